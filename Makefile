@@ -1,0 +1,36 @@
+# kiln: `make demo` and `make test` bootstrap everything they need.
+PY      ?= python3
+VENV    := .venv
+VPY     := $(VENV)/bin/python
+STAMP   := $(VENV)/.installed
+APT_PKGS := gcc make binutils
+
+.PHONY: demo test lint typecheck unit apt clean
+
+$(STAMP): pyproject.toml requirements.txt
+	$(PY) -m venv $(VENV)
+	$(VPY) -m pip install -q --upgrade pip
+	$(VPY) -m pip install -q -r requirements.txt
+	$(VPY) -m pip install -q --no-deps -e .
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(VPY) -m kiln.demo
+
+apt:
+	@if [ "$$(id -u)" = "0" ] && command -v apt-get >/dev/null; then \
+	  missing=""; for p in $(APT_PKGS); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	  if [ -n "$$missing" ]; then apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q $$missing; fi; \
+	fi
+
+lint: $(STAMP)
+	$(VPY) -m ruff check src tests bench
+	$(VPY) -m mypy
+
+unit: $(STAMP)
+	$(VPY) -m pytest tests
+
+test: apt lint unit
+
+clean:
+	rm -rf $(VENV) build .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,50 @@
+"""kiln: a Python-first tensor compiler.
+
+    mod = kiln.frontend.from_onnx("model.onnx")
+    ex = kiln.compile(mod, kiln.Target.from_host())
+    ex.export_library("model.so")
+    lib = kiln.runtime.load_module("model.so")
+    y = lib["main"](x)
+
+Submodules load lazily, so `import kiln.runtime` on a deploy host pulls in
+neither llvmlite nor onnx.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from kiln.errors import CompileError, FormatError, IRError, KilnError, TargetError
+
+__version__ = "0.1.0"
+
+# public name -> "module:attribute", resolved on first access.
+_LAZY = {
+    "Target": "kiln.target:Target",
+    "IRModule": "kiln.ir:IRModule",
+    "Artifact": "kiln.artifact:Artifact",
+    "ArtifactSet": "kiln.artifact:ArtifactSet",
+    "compile": "kiln.driver:compile",
+    "Executable": "kiln.driver:Executable",
+}
+_SUBMODULES = (
+    "artifact", "cli", "codegen", "export", "frontend", "ir", "ops", "runtime", "script",
+    "target", "transform",
+)
+
+__all__ = [
+    "CompileError", "FormatError", "IRError", "KilnError", "TargetError", "__version__",
+    *_LAZY, *_SUBMODULES,
+]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        module, _, attr = _LAZY[name].partition(":")
+        value = getattr(importlib.import_module(module), attr)
+        globals()[name] = value
+        return value
+    if name in _SUBMODULES:
+        return importlib.import_module(f"kiln.{name}")
+    raise AttributeError(f"module 'kiln' has no attribute {name!r}")

@@ -1,0 +1,131 @@
+"""Symbol names and the function-signature metadata every backend shares.
+
+The C ABI (docs/abi.md) in one place:
+- public packed entry of IR function `f`:  `{prefix}f`
+- its raw kernel (internal, hidden):        `{prefix}_kernel_f`
+- last-error accessor:                      `{prefix}_last_error`
+- library metadata (JSON):                  `{prefix}_metadata`
+- embedded constants (weights):             `{prefix}_consts`
+- embedded artifact blob:                   `{prefix}_blob`
+IR function names never start with "_", so these cannot collide.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kiln.errors import CompileError
+from kiln.ir import dtype as dt
+from kiln.ir.module import IRModule
+from kiln.ir.tensor import Buffer, PrimFunc, Var
+
+DEFAULT_PREFIX = "kiln_"
+LIBRARY_FORMAT = "kiln.library"
+LIBRARY_FORMAT_VERSION = 1
+
+# PrimFunc attributes that the graph lowering sets and the ABI reads.
+ATTR_NUM_OUTPUTS = "kiln.num_outputs"      # trailing buffer params the caller allocates
+ATTR_TUPLE_RESULT = "kiln.tuple_result"    # graph result was a tuple
+ATTR_GRAPH = "kiln.graph"                  # lowered from a graph-level function
+ATTR_OUTPUT_NAMES = "kiln.output_names"    # names of the outputs (e.g. ONNX output names)
+
+
+def check_prefix(prefix: str) -> str:
+    if not prefix or not (prefix.replace("_", "a")).isidentifier():
+        raise CompileError(f"system_lib_prefix {prefix!r} must be a non-empty C identifier")
+    return prefix
+
+
+def entry_symbol(prefix: str, name: str) -> str:
+    return f"{prefix}{name}"
+
+
+def kernel_symbol(prefix: str, name: str) -> str:
+    return f"{prefix}_kernel_{name}"
+
+
+def last_error_symbol(prefix: str) -> str:
+    return f"{prefix}_last_error"
+
+
+def metadata_symbol(prefix: str) -> str:
+    return f"{prefix}_metadata"
+
+
+def consts_symbol(prefix: str) -> str:
+    return f"{prefix}_consts"
+
+
+def blob_symbol(prefix: str) -> str:
+    return f"{prefix}_blob"
+
+
+# C element types of buffers and scalar parameters. 16-bit floats travel as
+# their bit pattern (uint16_t); kernels compute with them in float32.
+C_TYPES = {
+    "bool": "uint8_t", "int8": "int8_t", "int16": "int16_t", "int32": "int32_t",
+    "int64": "int64_t", "uint8": "uint8_t", "uint16": "uint16_t", "uint32": "uint32_t",
+    "uint64": "uint64_t", "float16": "uint16_t", "bfloat16": "uint16_t", "float32": "float",
+    "float64": "double",
+}
+
+# DLPack DLDataTypeCode per dtype.
+DL_CODES = {"int": 0, "uint": 1, "float": 2, "bfloat": 4, "bool": 6}
+
+
+def dl_dtype(dtype: str) -> tuple[int, int, int]:
+    """(code, bits, lanes) of DLPack's DLDataType for `dtype`."""
+    if dtype == "bfloat16":
+        return (DL_CODES["bfloat"], 16, 1)
+    if dtype == "bool":
+        return (DL_CODES["bool"], 8, 1)
+    return (DL_CODES[dt.kind(dtype)], dt.bits(dtype), 1)
+
+
+def param_info(p: Buffer | Var) -> dict[str, Any]:
+    if isinstance(p, Buffer):
+        return {"name": p.name, "kind": "tensor", "shape": list(p.shape), "dtype": p.dtype}
+    return {"name": p.name, "kind": "scalar", "dtype": p.dtype}
+
+
+def function_signature(name: str, fn: PrimFunc, prefix: str) -> dict[str, Any]:
+    """The JSON signature of one lowered function, as the metadata symbol carries it.
+
+    For a lowered graph function the last `kiln.num_outputs` buffers are results,
+    which the caller allocates; the rest are parameters.
+    """
+    n_out = int(fn.attrs.get(ATTR_NUM_OUTPUTS, 0))
+    params = [param_info(p) for p in fn.params]
+    split = len(params) - n_out
+    results = params[split:]
+    names = list(fn.attrs.get(ATTR_OUTPUT_NAMES, ()) or [r["name"] for r in results])
+    for r, rname in zip(results, names):
+        r["name"] = rname
+    return {
+        "name": name,
+        "symbol": entry_symbol(prefix, name),
+        "kind": "graph" if fn.attrs.get(ATTR_GRAPH) else "tensor",
+        "params": params[:split],
+        "results": results,
+        "tuple_result": bool(fn.attrs.get(ATTR_TUPLE_RESULT, False)),
+    }
+
+
+def library_metadata(mod: IRModule, prefix: str, **extra: Any) -> dict[str, Any]:
+    """The library metadata JSON object (docs/abi.md) of a lowered module."""
+    from kiln import __version__
+
+    funcs = {name: function_signature(name, fn, prefix) for name, fn in mod.prim_funcs().items()}
+    graph_left = sorted(mod.graph_funcs())
+    if graph_left:
+        raise CompileError(
+            f"graph-level functions {graph_left} were not lowered before codegen; "
+            "run the default graph pipeline or lower them yourself")
+    return {
+        "format": LIBRARY_FORMAT,
+        "version": LIBRARY_FORMAT_VERSION,
+        "kiln_version": __version__,
+        "prefix": prefix,
+        "functions": funcs,
+        **extra,
+    }

@@ -1,0 +1,557 @@
+"""Tensor-level IR: loops over buffers (kiln's TIR).
+
+Expressions (`PrimExpr`) and statements (`Stmt`) are frozen nodes compared by
+identity; `kiln.ir.structural_equal` compares them by structure. Python operators
+build expressions (`X[i] + 1`, `i * 4`, `a < b`); `==`/`!=` keep identity
+semantics so nodes stay usable as dict keys: use `a.eq(b)` / `a.ne(b)`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any, Union
+
+import numpy as np
+
+from kiln.errors import IRError
+from kiln.ir import dtype as dt
+from kiln.ir.dtype import INDEX_DTYPE, check_dtype
+
+# --------------------------------------------------------------------------- expressions
+
+ExprLike = Union["PrimExpr", int, float, bool]
+
+
+class PrimExpr:
+    """Base of scalar expressions. Every expression has a `dtype`."""
+
+    __slots__ = ()
+    dtype: str
+
+    # Arithmetic; Python scalars adopt the other operand's dtype.
+    def __add__(self, o: ExprLike) -> PrimExpr: return binary("add", self, o)
+    def __radd__(self, o: ExprLike) -> PrimExpr: return binary("add", o, self)
+    def __sub__(self, o: ExprLike) -> PrimExpr: return binary("sub", self, o)
+    def __rsub__(self, o: ExprLike) -> PrimExpr: return binary("sub", o, self)
+    def __mul__(self, o: ExprLike) -> PrimExpr: return binary("mul", self, o)
+    def __rmul__(self, o: ExprLike) -> PrimExpr: return binary("mul", o, self)
+    def __truediv__(self, o: ExprLike) -> PrimExpr: return binary("div", self, o)
+    def __rtruediv__(self, o: ExprLike) -> PrimExpr: return binary("div", o, self)
+    def __floordiv__(self, o: ExprLike) -> PrimExpr: return binary("floordiv", self, o)
+    def __rfloordiv__(self, o: ExprLike) -> PrimExpr: return binary("floordiv", o, self)
+    def __mod__(self, o: ExprLike) -> PrimExpr: return binary("floormod", self, o)
+    def __rmod__(self, o: ExprLike) -> PrimExpr: return binary("floormod", o, self)
+    def __and__(self, o: ExprLike) -> PrimExpr: return binary("and", self, o)
+    def __rand__(self, o: ExprLike) -> PrimExpr: return binary("and", o, self)
+    def __or__(self, o: ExprLike) -> PrimExpr: return binary("or", self, o)
+    def __ror__(self, o: ExprLike) -> PrimExpr: return binary("or", o, self)
+    def __xor__(self, o: ExprLike) -> PrimExpr: return binary("xor", self, o)
+    def __lshift__(self, o: ExprLike) -> PrimExpr: return binary("shl", self, o)
+    def __rshift__(self, o: ExprLike) -> PrimExpr: return binary("shr", self, o)
+    def __neg__(self) -> PrimExpr: return UnaryOp("neg", self)
+    def __invert__(self) -> PrimExpr: return UnaryOp("not", self)
+    def __lt__(self, o: ExprLike) -> PrimExpr: return compare("lt", self, o)
+    def __le__(self, o: ExprLike) -> PrimExpr: return compare("le", self, o)
+    def __gt__(self, o: ExprLike) -> PrimExpr: return compare("gt", self, o)
+    def __ge__(self, o: ExprLike) -> PrimExpr: return compare("ge", self, o)
+
+    def eq(self, o: ExprLike) -> PrimExpr:
+        return compare("eq", self, o)
+
+    def ne(self, o: ExprLike) -> PrimExpr:
+        return compare("ne", self, o)
+
+    def astype(self, dtype: str) -> PrimExpr:
+        return self if self.dtype == dtype else Cast(dtype, self)
+
+    def __bool__(self) -> bool:
+        raise IRError(
+            "a kiln PrimExpr has no truth value; use kiln IR control flow "
+            "(IfThenElse / Select) instead of Python `if`/`and`/`or`"
+        )
+
+    __hash__ = object.__hash__
+
+
+@dataclass(frozen=True, eq=False, slots=True)
+class Var(PrimExpr):
+    """A scalar variable: loop index, let binding or scalar parameter. `name` is a hint."""
+
+    name: str
+    dtype: str = INDEX_DTYPE
+
+    def __post_init__(self) -> None:
+        check_dtype(self.dtype)
+
+
+@dataclass(frozen=True, eq=False, slots=True)
+class Const(PrimExpr):
+    """A scalar literal."""
+
+    value: int | float | bool
+    dtype: str
+
+    def __post_init__(self) -> None:
+        check_dtype(self.dtype)
+        if dt.is_float(self.dtype):
+            object.__setattr__(self, "value", float(self.value))
+        elif dt.is_bool(self.dtype):
+            object.__setattr__(self, "value", bool(self.value))
+        else:
+            if isinstance(self.value, float) and not self.value.is_integer():
+                raise IRError(f"Const({self.value!r}) cannot have integer dtype {self.dtype}")
+            object.__setattr__(self, "value", int(self.value))
+
+
+# Binary arithmetic/bitwise ops. `div` is true division on floats and truncating
+# (C) division on integers; `mod` is C remainder; `floordiv`/`floormod` round down.
+BINARY_OPS = (
+    "add", "sub", "mul", "div", "floordiv", "floormod", "mod", "min", "max", "pow",
+    "and", "or", "xor", "shl", "shr",
+)
+COMPARE_OPS = ("eq", "ne", "lt", "le", "gt", "ge")
+UNARY_OPS = ("neg", "not")
+
+
+@dataclass(frozen=True, eq=False, slots=True)
+class BinaryOp(PrimExpr):
+    """`a <op> b`; both operands have the same dtype, which is the result's."""
+
+    op: str
+    a: PrimExpr
+    b: PrimExpr
+
+    def __post_init__(self) -> None:
+        if self.op not in BINARY_OPS:
+            raise IRError(f"unknown binary op {self.op!r}; known: {', '.join(BINARY_OPS)}")
+
+    @property
+    def dtype(self) -> str:  # type: ignore[override]
+        return self.a.dtype
+
+
+@dataclass(frozen=True, eq=False, slots=True)
+class Compare(PrimExpr):
+    """`a <op> b` giving bool."""
+
+    op: str
+    a: PrimExpr
+    b: PrimExpr
+
+    def __post_init__(self) -> None:
+        if self.op not in COMPARE_OPS:
+            raise IRError(f"unknown comparison {self.op!r}; known: {', '.join(COMPARE_OPS)}")
+
+    @property
+    def dtype(self) -> str:  # type: ignore[override]
+        return "bool"
+
+
+@dataclass(frozen=True, eq=False, slots=True)
+class UnaryOp(PrimExpr):
+    """`-a` (neg) or logical/bitwise not."""
+
+    op: str
+    a: PrimExpr
+
+    def __post_init__(self) -> None:
+        if self.op not in UNARY_OPS:
+            raise IRError(f"unknown unary op {self.op!r}; known: {', '.join(UNARY_OPS)}")
+
+    @property
+    def dtype(self) -> str:  # type: ignore[override]
+        return self.a.dtype
+
+
+@dataclass(frozen=True, eq=False, slots=True)
+class Select(PrimExpr):
+    """`cond ? true_value : false_value` (both sides may be evaluated)."""
+
+    cond: PrimExpr
+    true_value: PrimExpr
+    false_value: PrimExpr
+
+    @property
+    def dtype(self) -> str:  # type: ignore[override]
+        return self.true_value.dtype
+
+
+@dataclass(frozen=True, eq=False, slots=True)
+class Cast(PrimExpr):
+    """Convert `value` to `dtype` (C conversion rules; float->int truncates)."""
+
+    dtype: str
+    value: PrimExpr
+
+    def __post_init__(self) -> None:
+        check_dtype(self.dtype)
+
+
+@dataclass(frozen=True, eq=False, slots=True)
+class Load(PrimExpr):
+    """`buffer[indices]`, one index per buffer dimension."""
+
+    buffer: Buffer
+    indices: tuple[PrimExpr, ...]
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "indices", tuple(self.indices))
+
+    @property
+    def dtype(self) -> str:  # type: ignore[override]
+        return self.buffer.dtype
+
+
+# Math intrinsics: name -> number of arguments. Result dtype is the first argument's.
+INTRINSICS: dict[str, int] = {
+    "exp": 1, "exp2": 1, "expm1": 1, "log": 1, "log2": 1, "log1p": 1, "sqrt": 1, "rsqrt": 1,
+    "sin": 1, "cos": 1, "tan": 1, "tanh": 1, "sinh": 1, "cosh": 1, "asin": 1, "acos": 1,
+    "atan": 1, "asinh": 1, "acosh": 1, "atanh": 1, "erf": 1, "sigmoid": 1, "abs": 1,
+    "floor": 1, "ceil": 1, "round": 1, "trunc": 1, "isnan": 1, "isinf": 1,
+    "pow": 2, "atan2": 2, "fmod": 2,
+}
+# Intrinsics whose result is bool whatever the argument's dtype.
+BOOL_INTRINSICS = frozenset({"isnan", "isinf"})
+
+
+@dataclass(frozen=True, eq=False, slots=True)
+class Intrin(PrimExpr):
+    """A math intrinsic such as exp or sqrt. `round` rounds half to even."""
+
+    name: str
+    args: tuple[PrimExpr, ...]
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "args", tuple(self.args))
+        if self.name not in INTRINSICS:
+            known = ", ".join(sorted(INTRINSICS))
+            raise IRError(f"unknown intrinsic {self.name!r}; known: {known}")
+        if len(self.args) != INTRINSICS[self.name]:
+            raise IRError(
+                f"intrinsic {self.name} takes {INTRINSICS[self.name]} argument(s), "
+                f"got {len(self.args)}"
+            )
+
+    @property
+    def dtype(self) -> str:  # type: ignore[override]
+        return "bool" if self.name in BOOL_INTRINSICS else self.args[0].dtype
+
+
+@dataclass(frozen=True, slots=True)
+class ExternDependency:
+    """Where an external C function comes from (MLF `external_dependencies`, seed 004)."""
+
+    short_name: str
+    version_spec: str = ""
+    url: str = ""
+    url_type: str = ""
+    # Extra link inputs, e.g. ("-lm",) or ("-lopenblas",).
+    libs: tuple[str, ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "short_name": self.short_name, "version_spec": self.version_spec,
+            "url": self.url, "url_type": self.url_type, "libs": list(self.libs),
+        }
+
+
+@dataclass(frozen=True, eq=False, slots=True)
+class CallExtern(PrimExpr):
+    """Call the external C function `name` with scalar or buffer-pointer arguments.
+
+    A `Buffer` argument passes its data pointer. `dtype` is the C return type
+    (use "int32" for an int status and ignore it with `Evaluate`).
+    """
+
+    name: str
+    args: tuple[PrimExpr | Buffer, ...]
+    dtype: str
+    dependency: ExternDependency | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "args", tuple(self.args))
+        check_dtype(self.dtype)
+
+
+def const(value: int | float | bool, dtype: str | None = None) -> Const:
+    """A literal; the dtype defaults to int64, float32 or bool by Python type."""
+    if dtype is None:
+        dtype = "bool" if isinstance(value, bool) else (
+            "float32" if isinstance(value, float) else INDEX_DTYPE)
+    return Const(value, dtype)
+
+
+def as_expr(value: ExprLike, like: str | None = None) -> PrimExpr:
+    """Wrap a Python scalar as a Const of dtype `like` (or the default for its type)."""
+    if isinstance(value, PrimExpr):
+        return value
+    if isinstance(value, (bool, int, float, np.generic)):
+        scalar: int | float | bool = value.item() if isinstance(value, np.generic) else value
+        if like is not None and not (isinstance(scalar, float) and not dt.is_float(like)):
+            return Const(scalar, like)
+        return const(scalar)
+    raise IRError(f"cannot use {type(value).__name__} {value!r} as a kiln expression")
+
+
+def _pair(a: ExprLike, b: ExprLike) -> tuple[PrimExpr, PrimExpr]:
+    if isinstance(a, PrimExpr):
+        return a, as_expr(b, a.dtype)
+    if isinstance(b, PrimExpr):
+        return as_expr(a, b.dtype), b
+    return as_expr(a), as_expr(b)
+
+
+def binary(op: str, a: ExprLike, b: ExprLike) -> PrimExpr:
+    x, y = _pair(a, b)
+    if x.dtype != y.dtype:
+        raise IRError(f"{op}: operand dtypes differ ({x.dtype} vs {y.dtype}); insert a Cast")
+    return BinaryOp(op, x, y)
+
+
+def compare(op: str, a: ExprLike, b: ExprLike) -> PrimExpr:
+    x, y = _pair(a, b)
+    if x.dtype != y.dtype:
+        raise IRError(f"{op}: operand dtypes differ ({x.dtype} vs {y.dtype}); insert a Cast")
+    return Compare(op, x, y)
+
+
+def select(cond: PrimExpr, t: ExprLike, f: ExprLike) -> PrimExpr:
+    x, y = _pair(t, f)
+    return Select(cond, x, y)
+
+
+def min_(a: ExprLike, b: ExprLike) -> PrimExpr:
+    return binary("min", a, b)
+
+
+def max_(a: ExprLike, b: ExprLike) -> PrimExpr:
+    return binary("max", a, b)
+
+
+def intrin(name: str, *args: ExprLike) -> PrimExpr:
+    first = next((a for a in args if isinstance(a, PrimExpr)), None)
+    like = first.dtype if first is not None else None
+    return Intrin(name, tuple(as_expr(a, like) for a in args))
+
+
+# --------------------------------------------------------------------------- buffers
+
+BUFFER_SCOPES = ("global", "local")
+
+
+@dataclass(frozen=True, eq=False, slots=True)
+class Buffer:
+    """A dense row-major array: a function parameter or a local allocation.
+
+    `name` is a hint; buffers compare by identity. `X[i, j]` builds a Load.
+    """
+
+    name: str
+    shape: tuple[Any, ...]
+    dtype: str
+    scope: str = "global"
+
+    def __post_init__(self) -> None:
+        shape = tuple(int(d) if isinstance(d, (int, np.integer)) else d for d in self.shape)
+        object.__setattr__(self, "shape", shape)
+        check_dtype(self.dtype)
+        if self.scope not in BUFFER_SCOPES:
+            raise IRError(f"unknown buffer scope {self.scope!r}; known: {BUFFER_SCOPES}")
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    def numel(self) -> int:
+        n = 1
+        for d in self.shape:
+            if not isinstance(d, int):
+                raise IRError(f"buffer {self.name} has a symbolic shape {self.shape}")
+            n *= d
+        return n
+
+    def nbytes(self) -> int:
+        return self.numel() * dt.itemsize(self.dtype)
+
+    def strides(self) -> tuple[int, ...]:
+        """Row-major element strides."""
+        out: list[int] = []
+        step = 1
+        for d in reversed(self.shape):
+            out.append(step)
+            step *= int(d)
+        return tuple(reversed(out))
+
+    def __getitem__(self, idx: ExprLike | tuple[ExprLike, ...]) -> Load:
+        items = idx if isinstance(idx, tuple) else (idx,)
+        return Load(self, tuple(as_expr(i, INDEX_DTYPE) for i in items))
+
+    __hash__ = object.__hash__
+
+
+# --------------------------------------------------------------------------- statements
+
+
+class Stmt:
+    """Base of statements."""
+
+    __slots__ = ()
+    __hash__ = object.__hash__
+
+
+@dataclass(frozen=True, eq=False, slots=True)
+class Store(Stmt):
+    """`buffer[indices] = value`."""
+
+    buffer: Buffer
+    value: PrimExpr
+    indices: tuple[PrimExpr, ...]
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "indices", tuple(self.indices))
+
+
+@dataclass(frozen=True, eq=False, slots=True)
+class SeqStmt(Stmt):
+    """Statements run in order."""
+
+    body: tuple[Stmt, ...]
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "body", tuple(self.body))
+
+
+FOR_KINDS = ("serial", "parallel", "vectorized", "unrolled")
+
+
+@dataclass(frozen=True, eq=False, slots=True)
+class For(Stmt):
+    """`for var in range(start, start + extent)`; `kind` is a scheduling annotation."""
+
+    var: Var
+    start: PrimExpr
+    extent: PrimExpr
+    kind: str
+    body: Stmt
+
+    def __post_init__(self) -> None:
+        if self.kind not in FOR_KINDS:
+            raise IRError(f"unknown loop kind {self.kind!r}; known: {', '.join(FOR_KINDS)}")
+
+
+@dataclass(frozen=True, eq=False, slots=True)
+class LetStmt(Stmt):
+    """Bind `var = value` for the statements in `body`."""
+
+    var: Var
+    value: PrimExpr
+    body: Stmt
+
+
+@dataclass(frozen=True, eq=False, slots=True)
+class IfThenElse(Stmt):
+    cond: PrimExpr
+    then_body: Stmt
+    else_body: Stmt | None = None
+
+
+@dataclass(frozen=True, eq=False, slots=True)
+class Allocate(Stmt):
+    """A fresh buffer, valid inside `body` (stack for "local", heap for "global")."""
+
+    buffer: Buffer
+    body: Stmt
+
+
+@dataclass(frozen=True, eq=False, slots=True)
+class AllocConst(Stmt):
+    """Bind `buffer` to read-only constant data (weights) inside `body`."""
+
+    buffer: Buffer
+    data: np.ndarray
+    body: Stmt
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "data", readonly_array(self.data))
+
+
+@dataclass(frozen=True, eq=False, slots=True)
+class DeclBuffer(Stmt):
+    """`buffer` is a view of `source`'s storage at `byte_offset` (memory planning)."""
+
+    buffer: Buffer
+    source: Buffer
+    byte_offset: int
+    body: Stmt
+
+
+@dataclass(frozen=True, eq=False, slots=True)
+class Evaluate(Stmt):
+    """Evaluate an expression for its side effect (e.g. a CallExtern)."""
+
+    value: PrimExpr
+
+
+@dataclass(frozen=True, eq=False, slots=True)
+class CallFunc(Stmt):
+    """Call the tensor-level function `func` of the same module (buffers by pointer)."""
+
+    func: str
+    args: tuple[Buffer | PrimExpr, ...]
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "args", tuple(self.args))
+
+
+def readonly_array(data: Any) -> np.ndarray:
+    """A contiguous read-only array: `data` itself when it already is one, else a copy."""
+    arr = np.ascontiguousarray(data)
+    if arr.flags.writeable:
+        arr = arr.copy()
+        arr.flags.writeable = False
+    return arr
+
+
+def seq(*stmts: Stmt) -> Stmt:
+    """Flatten into one statement (a lone statement is returned as is)."""
+    flat: list[Stmt] = []
+    for s in stmts:
+        flat.extend(s.body if isinstance(s, SeqStmt) else (s,))
+    return flat[0] if len(flat) == 1 else SeqStmt(tuple(flat))
+
+
+# --------------------------------------------------------------------------- functions
+
+Param = Buffer | Var
+
+
+@dataclass(frozen=True, eq=False, slots=True)
+class PrimFunc:
+    """A tensor-level function: buffer and scalar parameters and a loop-nest body.
+
+    Outputs are written into parameter buffers (destination-passing style).
+    """
+
+    params: tuple[Param, ...]
+    body: Stmt
+    attrs: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "params", tuple(self.params))
+        object.__setattr__(self, "attrs", MappingProxyType(dict(self.attrs)))
+
+    def with_body(self, body: Stmt) -> PrimFunc:
+        return PrimFunc(self.params, body, dict(self.attrs))
+
+    def with_attrs(self, **attrs: Any) -> PrimFunc:
+        return PrimFunc(self.params, self.body, {**self.attrs, **attrs})
+
+    @property
+    def buffer_params(self) -> tuple[Buffer, ...]:
+        return tuple(p for p in self.params if isinstance(p, Buffer))
+
+
+def buffer_args(values: Sequence[Buffer | PrimExpr]) -> list[Buffer]:
+    return [v for v in values if isinstance(v, Buffer)]

@@ -1,0 +1,61 @@
+"""Value types of graph-level expressions: tensors and tuples (frozen, compared by value)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Union
+
+from kiln.errors import IRError
+from kiln.ir.dtype import check_dtype
+
+if TYPE_CHECKING:
+    from kiln.ir.tensor import PrimExpr
+
+# A dimension is a static int today; a PrimExpr (symbolic size) is reserved for later.
+Dim = Union[int, "PrimExpr"]
+
+
+@dataclass(frozen=True, slots=True)
+class TensorType:
+    """A dense, row-major tensor of `dtype` with `shape`."""
+
+    shape: tuple[Dim, ...]
+    dtype: str
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "shape", tuple(self.shape))
+        check_dtype(self.dtype)
+        for d in self.shape:
+            if isinstance(d, bool) or (isinstance(d, int) and d < 0):
+                raise IRError(f"bad dimension {d!r} in shape {self.shape}")
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    def numel(self) -> int:
+        n = 1
+        for d in self.shape:
+            if not isinstance(d, int):
+                raise IRError(f"shape {self.shape} is not static")
+            n *= d
+        return n
+
+    def __str__(self) -> str:
+        return f"Tensor({tuple(self.shape)}, {self.dtype!r})"
+
+
+@dataclass(frozen=True, slots=True)
+class TupleType:
+    """A tuple of values, e.g. the results of a function with several outputs."""
+
+    fields: tuple[Type, ...]
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "fields", tuple(self.fields))
+
+    def __str__(self) -> str:
+        return f"Tuple({', '.join(str(f) for f in self.fields)})"
+
+
+Type = TensorType | TupleType
