@@ -21,3 +21,7 @@ class IRError(ValueError):
 
 class CompileError(RuntimeError):
     """Code generation, a pass, or the system toolchain failed."""
+
+
+class ExportError(CompileError):
+    """An executable cannot be exported as asked (e.g. it holds an in-memory artifact)."""

@@ -9,6 +9,7 @@ The loader maps it with the library: nothing copies it.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 
@@ -39,6 +40,15 @@ class ConstantPool:
         self._chunks.append(np.ascontiguousarray(data))
         self.size = offset + data.nbytes
         return offset
+
+    def artifact(self, codegen_id: str, prefix: str, loader: str = "native") -> Any:
+        """The pool as a `constants.bin` Artifact with its symbol and alignment."""
+        from kiln.artifact import Artifact
+        from kiln.codegen.naming import consts_symbol
+
+        return Artifact(codegen_id, loader, CONSTANTS_FILE, self.to_bytes(),
+                        {"symbol": consts_symbol(prefix), "align": CONST_ALIGN,
+                         "count": len(self)})
 
     def offset(self, data: np.ndarray) -> int:
         return self._offsets[id(data)]

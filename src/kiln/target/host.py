@@ -1,0 +1,92 @@
+"""What LLVM knows about this machine and about triples, imported lazily.
+
+`kiln.runtime` imports nothing from the compiler side, and a deploy host may
+not have llvmlite at all; so llvmlite is imported only inside these functions,
+the first time one is called. Without llvmlite, the host triple falls back to
+a guess from `platform`, triple checking is skipped, and `host_config()` (which
+needs the CPU name and features) raises TargetError.
+"""
+
+from __future__ import annotations
+
+import functools
+import platform
+import sys
+from types import ModuleType
+from typing import Any
+
+from kiln.errors import TargetError
+
+
+@functools.cache
+def _llvm() -> ModuleType | None:
+    """llvmlite.binding with every target initialised, or None when not installed."""
+    try:
+        import llvmlite.binding as llvm
+    except ImportError:
+        return None
+    llvm.initialize_all_targets()
+    llvm.initialize_all_asmprinters()
+    return llvm
+
+
+def llvm_available() -> bool:
+    """Whether llvmlite can be imported."""
+    return _llvm() is not None
+
+
+@functools.cache
+def host_triple() -> str:
+    """The LLVM triple of this process, e.g. 'x86_64-unknown-linux-gnu'."""
+    llvm = _llvm()
+    if llvm is not None:
+        return str(llvm.get_process_triple())
+    machine = platform.machine().lower() or "unknown"
+    if sys.platform == "darwin":
+        return f"{machine}-apple-darwin"
+    if sys.platform == "win32":
+        return f"{machine}-pc-windows-msvc"
+    return f"{machine}-unknown-linux-gnu"
+
+
+def triple_arch(triple: str) -> str:
+    """The architecture part of a triple: 'aarch64' for 'aarch64-linux-gnu'."""
+    return triple.split("-", 1)[0]
+
+
+def check_triple(triple: str, where: str) -> None:
+    """Raise TargetError when LLVM has no backend for `triple` (skipped without llvmlite)."""
+    llvm = _llvm()
+    if llvm is None:
+        return
+    try:
+        llvm.Target.from_triple(triple)
+    except RuntimeError as err:
+        raise TargetError(
+            f"{where}: LLVM has no backend for triple '{triple}' ({err}). "
+            "Triples look like 'x86_64-linux-gnu', 'aarch64-linux-gnu', "
+            "'thumbv7em-none-eabi', 'riscv64-unknown-linux-gnu', 'wasm32-unknown-unknown'"
+        ) from None
+
+
+@functools.cache
+def _host_config() -> tuple[str, str, tuple[str, ...]]:
+    llvm = _llvm()
+    if llvm is None:
+        raise TargetError(
+            "Target.from_host() needs llvmlite to detect the CPU; install llvmlite "
+            "or write the target yourself, e.g. Target('llvm -mcpu=...')"
+        )
+    features: dict[str, bool] = dict(llvm.get_host_cpu_features())
+    mattr = tuple(("+" if on else "-") + name for name, on in sorted(features.items()))
+    return str(llvm.get_process_triple()), str(llvm.get_host_cpu_name()), mattr
+
+
+def host_config() -> dict[str, Any]:
+    """The `llvm` target config of this machine: triple, CPU name and CPU features.
+
+    Features are LLVM's view of the host ("+avx2", "-avx512f", ...), sorted by
+    name, both enabled and disabled ones, as `-mcpu=native` would pass them.
+    """
+    triple, cpu, mattr = _host_config()
+    return {"kind": "llvm", "mtriple": triple, "mcpu": cpu, "mattr": list(mattr)}
