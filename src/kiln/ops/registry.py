@@ -1,0 +1,120 @@
+"""The operator registry: one `OpDef` per graph-level operator.
+
+An operator's rules live together: type inference, the tensor-expression
+definition that legalization lowers to a PrimFunc, and a numpy reference that
+the interpreter and constant folding use. (The ONNX mapping sits beside the
+op's definition too, in the same module, see kiln/frontend/onnx.)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from kiln._registry import Registry
+from kiln.errors import IRError
+from kiln.ir import graph as g
+from kiln.ir.tensor import PrimFunc
+from kiln.ir.types import TensorType, TupleType, Type
+from kiln.ops import te
+
+# How an op may fuse (TVM's OpPattern): elementwise and broadcast ops fuse into
+# their producer; "anchor" ops (conv, matmul) take an elementwise epilogue.
+PATTERNS = ("elemwise", "broadcast", "injective", "reduce", "anchor", "opaque")
+
+Attrs = Mapping[str, Any]
+InferFn = Callable[[Sequence[TensorType], Attrs], Type]
+ComputeFn = Callable[[Sequence[te.Tensor], Attrs], "te.Tensor | tuple[te.Tensor, ...]"]
+ReferenceFn = Callable[..., Any]
+
+
+@dataclass(frozen=True)
+class OpDef:
+    """A graph-level operator: its type rule, its lowering and its numpy reference."""
+
+    name: str
+    pattern: str
+    infer: InferFn
+    compute: ComputeFn
+    reference: ReferenceFn
+
+    def infer_type(self, arg_types: Sequence[Type], attrs: Attrs) -> Type:
+        tensors: list[TensorType] = []
+        for k, t in enumerate(arg_types):
+            if not isinstance(t, TensorType):
+                raise IRError(f"operator {self.name}: argument {k} is {t}, not a tensor")
+            tensors.append(t)
+        return self.infer(tensors, attrs)
+
+    def legalize(self, call: g.Call) -> tuple[PrimFunc, str]:
+        """The PrimFunc(inputs..., outputs...) computing `call`, and a name hint."""
+        types = [_tensor_type(a.type) for a in call.args]
+        inputs = [te.placeholder(_static(t), t.dtype, f"x{k}") for k, t in enumerate(types)]
+        outs = self.compute(inputs, call.attrs)
+        outputs = outs if isinstance(outs, tuple) else (outs,)
+        return te.lower(inputs, outputs, self.name), self.name
+
+
+def _tensor_type(t: Type) -> TensorType:
+    if not isinstance(t, TensorType):
+        raise IRError(f"expected a tensor, got {t}")
+    return t
+
+
+def _static(t: TensorType) -> tuple[int, ...]:
+    if not all(isinstance(d, int) for d in t.shape):
+        raise IRError(f"operator lowering needs static shapes, got {t}")
+    return tuple(int(d) for d in t.shape)  # type: ignore[arg-type]
+
+
+OPS: Registry[OpDef] = Registry("operator")
+
+
+def register_op(name: str, *, pattern: str, infer: InferFn, compute: ComputeFn,
+                reference: ReferenceFn) -> OpDef:
+    if pattern not in PATTERNS:
+        raise IRError(f"unknown op pattern {pattern!r}; known: {', '.join(PATTERNS)}")
+    op = OpDef(name, pattern, infer, compute, reference)
+    OPS.register(name, op)
+    return op
+
+
+def get_op(name: str) -> OpDef:
+    _load_builtin_ops()
+    return OPS.get(name)
+
+
+def list_ops() -> list[str]:
+    _load_builtin_ops()
+    return OPS.names()
+
+
+def call(op: str, *args: g.Expr, **attrs: Any) -> g.Call:
+    """A graph `Call` of `op` with its result type inferred."""
+    opdef = get_op(op)
+    frozen = g.freeze_attrs(attrs)
+    return g.Call(op, tuple(args), frozen, opdef.infer_type([a.type for a in args], frozen))
+
+
+def evaluate_call(op: str, args: Sequence[np.ndarray], attrs: Attrs) -> Any:
+    """Run the numpy reference of `op` (constant folding, the interpreter)."""
+    return get_op(op).reference(*args, **dict(attrs))
+
+
+_LOADED = False
+
+
+def _load_builtin_ops() -> None:
+    global _LOADED
+    if not _LOADED:
+        _LOADED = True
+        import kiln.ops.builtin  # noqa: F401  (registers the built-in operators)
+
+
+def result_types(t: Type) -> tuple[TensorType, ...]:
+    if isinstance(t, TupleType):
+        return tuple(_tensor_type(f) for f in t.fields)
+    return (_tensor_type(t),)

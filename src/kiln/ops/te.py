@@ -1,0 +1,275 @@
+"""A small tensor-expression language for defining operators (in the spirit of TVM's TE).
+
+An operator's computation is written as index lambdas over `Tensor`s:
+
+    def relu(x: Tensor) -> Tensor:
+        return compute(x.shape, lambda *i: max_(x[i], const(0.0, x.dtype)), x.dtype, "relu")
+
+`lower(inputs, outputs, name)` turns such a definition into a tensor-level
+`PrimFunc` with one buffer parameter per input and per output. Accessing a
+`compute` tensor inlines its lambda (that is how elementwise chains fuse into
+their producer); a tensor created with `materialize=True` is computed once into
+a temporary buffer. `reduce(...)` inside a lambda emits an accumulator loop at
+the point of use and evaluates to the accumulated value.
+"""
+
+from __future__ import annotations
+
+import contextvars
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from kiln.errors import IRError
+from kiln.ir import dtype as dt
+from kiln.ir.dtype import INDEX_DTYPE
+from kiln.ir.tensor import (
+    Allocate,
+    Buffer,
+    Const,
+    ExprLike,
+    For,
+    PrimExpr,
+    PrimFunc,
+    Stmt,
+    Store,
+    Var,
+    as_expr,
+    max_,
+    min_,
+    select,
+    seq,
+)
+
+FCompute = Callable[..., PrimExpr]
+
+
+@dataclass(eq=False)
+class Tensor:
+    """A tensor value inside an operator definition: an input or a computed tensor."""
+
+    shape: tuple[int, ...]
+    dtype: str
+    name: str
+    fcompute: FCompute | None = None     # None: a placeholder (an input)
+    materialize: bool = False
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    def __getitem__(self, idx: ExprLike | Sequence[ExprLike]) -> PrimExpr:
+        items = tuple(idx) if isinstance(idx, (tuple, list)) else (idx,)
+        if len(items) != len(self.shape):
+            raise IRError(f"tensor {self.name} has {len(self.shape)} dims, indexed with "
+                          f"{len(items)}")
+        indices = tuple(as_expr(i, INDEX_DTYPE) for i in items)
+        return _context().access(self, indices)
+
+
+def placeholder(shape: Sequence[int], dtype: str, name: str = "x") -> Tensor:
+    """An operator input."""
+    dt.check_dtype(dtype)
+    return Tensor(tuple(int(d) for d in shape), dtype, name)
+
+
+def compute(shape: Sequence[int], fcompute: FCompute, dtype: str, name: str = "t", *,
+            materialize: bool = False) -> Tensor:
+    """A tensor whose element at `i` is `fcompute(*i)`."""
+    dt.check_dtype(dtype)
+    return Tensor(tuple(int(d) for d in shape), dtype, name, fcompute, materialize)
+
+
+@dataclass(frozen=True)
+class _Reducer:
+    combine: Callable[[PrimExpr, PrimExpr], PrimExpr]
+    init: Callable[[str], PrimExpr]
+
+
+def _lowest(dtype: str) -> PrimExpr:
+    if dt.is_float(dtype):
+        return Const(float("-inf"), dtype)
+    if dt.is_bool(dtype):
+        return Const(False, dtype)
+    bits = dt.bits(dtype)
+    return Const(-(1 << (bits - 1)) if dt.is_signed(dtype) else 0, dtype)
+
+
+def _highest(dtype: str) -> PrimExpr:
+    if dt.is_float(dtype):
+        return Const(float("inf"), dtype)
+    if dt.is_bool(dtype):
+        return Const(True, dtype)
+    bits = dt.bits(dtype)
+    return Const((1 << (bits - 1)) - 1 if dt.is_signed(dtype) else (1 << bits) - 1, dtype)
+
+
+REDUCERS: dict[str, _Reducer] = {
+    "sum": _Reducer(lambda a, b: a + b, lambda d: Const(0, d)),
+    "prod": _Reducer(lambda a, b: a * b, lambda d: Const(1, d)),
+    "max": _Reducer(max_, _lowest),
+    "min": _Reducer(min_, _highest),
+}
+
+
+def reduce(kind: str, body: FCompute, extents: Sequence[int], dtype: str,
+           init: ExprLike | None = None) -> PrimExpr:
+    """Reduce `body(*k)` over `k` in `extents` with `kind` (sum, prod, max, min).
+
+    Only valid inside a compute lambda while lowering: it emits the accumulator
+    loop right before the statement that uses the result.
+    """
+    if kind not in REDUCERS:
+        raise IRError(f"unknown reduction {kind!r}; known: {', '.join(REDUCERS)}")
+    return _context().reduce(REDUCERS[kind], body, tuple(int(e) for e in extents), dtype, init)
+
+
+def clamp_index(i: PrimExpr, extent: int) -> PrimExpr:
+    """`i` clamped into [0, extent): keeps a not-taken Select branch in bounds."""
+    return min_(max_(i, 0), extent - 1)
+
+
+def padded(t: Tensor, idx: Sequence[PrimExpr], pad_value: ExprLike) -> PrimExpr:
+    """`t[idx]` where every index is in range, else `pad_value` (reads stay in bounds)."""
+    conds: PrimExpr | None = None
+    safe: list[PrimExpr] = []
+    for i, extent in zip(idx, t.shape):
+        inside = (i >= 0) & (i < extent)
+        conds = inside if conds is None else conds & inside
+        safe.append(clamp_index(i, extent))
+    value = t[tuple(safe)]
+    if conds is None:
+        return value
+    return select(conds, value, as_expr(pad_value, t.dtype))
+
+
+# --------------------------------------------------------------------------- lowering
+
+_CTX: contextvars.ContextVar[_Lowering | None] = contextvars.ContextVar("kiln_te", default=None)
+
+
+def _context() -> _Lowering:
+    ctx = _CTX.get()
+    if ctx is None:
+        raise IRError("tensor expressions can only be evaluated while lowering (te.lower)")
+    return ctx
+
+
+class _Block:
+    def __init__(self) -> None:
+        self.stmts: list[Stmt] = []
+        self.allocs: list[Buffer] = []
+
+    def close(self) -> Stmt:
+        body = seq(*self.stmts)
+        for buf in reversed(self.allocs):
+            body = Allocate(buf, body)
+        return body
+
+
+class _Lowering:
+    def __init__(self, buffers: dict[Tensor, Buffer]) -> None:
+        self.buffers = buffers
+        self.blocks: list[_Block] = [_Block()]
+        self.counter = 0
+
+    def access(self, t: Tensor, idx: tuple[PrimExpr, ...]) -> PrimExpr:
+        buf = self.buffers.get(t)
+        if buf is not None:
+            return buf[idx]
+        if t.fcompute is None:
+            raise IRError(f"input tensor {t.name} is not an input of this operator")
+        if t.materialize:
+            return self.materialize(t)[idx]
+        return as_expr(t.fcompute(*idx), t.dtype)
+
+    def materialize(self, t: Tensor) -> Buffer:
+        """Compute `t` once into a temporary, before the statement being built."""
+        self.counter += 1
+        buf = Buffer(f"{t.name}_{self.counter}", t.shape, t.dtype)
+        self.buffers[t] = buf
+        outer = self.blocks[0]
+        outer.allocs.append(buf)
+        saved, self.blocks = self.blocks, [outer]
+        try:
+            self.store_all(t, buf)
+        finally:
+            self.blocks = saved
+        return buf
+
+    def emit(self, stmt: Stmt) -> None:
+        self.blocks[-1].stmts.append(stmt)
+
+    def loop_nest(self, shape: tuple[int, ...], name: str,
+                  body: Callable[[tuple[Var, ...]], None]) -> None:
+        """Emit `for i0.. in shape: body(i)` (body emits into the innermost block)."""
+        loop_vars = tuple(Var(f"{name}{k}" if len(shape) > 1 else name, INDEX_DTYPE)
+                          for k in range(len(shape)))
+        self.blocks.append(_Block())
+        body(loop_vars)
+        stmt = self.blocks.pop().close()
+        for v, extent in reversed(list(zip(loop_vars, shape))):
+            stmt = For(v, Const(0, INDEX_DTYPE), Const(extent, INDEX_DTYPE), "serial", stmt)
+        self.emit(stmt)
+
+    def reduce(self, reducer: _Reducer, body: FCompute, extents: tuple[int, ...], dtype: str,
+               init: ExprLike | None) -> PrimExpr:
+        self.counter += 1
+        acc = Buffer(f"acc{self.counter}", (1,), dtype, "local")
+        self.blocks[-1].allocs.append(acc)
+        start = reducer.init(dtype) if init is None else as_expr(init, dtype)
+        self.emit(Store(acc, start, (Const(0, INDEX_DTYPE),)))
+
+        def step(k: tuple[Var, ...]) -> None:
+            value = as_expr(body(*k), dtype)
+            self.emit(Store(acc, reducer.combine(acc[0], value), (Const(0, INDEX_DTYPE),)))
+
+        self.loop_nest(extents, "k", step)
+        return acc[0]
+
+    def store_all(self, t: Tensor, buf: Buffer) -> None:
+        assert t.fcompute is not None
+
+        def body(i: tuple[Var, ...]) -> None:
+            value = as_expr(t.fcompute(*i), t.dtype)  # type: ignore[misc]
+            self.emit(Store(buf, value, i))
+
+        if t.shape == ():
+            body(())
+        else:
+            self.loop_nest(t.shape, "i", body)
+
+
+def lower(inputs: Sequence[Tensor], outputs: Sequence[Tensor], name: str = "kernel",
+          attrs: dict[str, Any] | None = None) -> PrimFunc:
+    """Lower a tensor-expression definition to a PrimFunc(inputs..., outputs...)."""
+    buffers: dict[Tensor, Buffer] = {}
+    params: list[Buffer] = []
+    for t in inputs:
+        if t.fcompute is not None:
+            raise IRError(f"operator input {t.name} must be a placeholder")
+        buffers[t] = Buffer(t.name, t.shape, t.dtype)
+        params.append(buffers[t])
+    out_bufs: list[Buffer] = []
+    for k, t in enumerate(outputs):
+        buf = Buffer(f"out{k}" if len(outputs) > 1 else "out", t.shape, t.dtype)
+        out_bufs.append(buf)
+    ctx = _Lowering(buffers)
+    token = _CTX.set(ctx)
+    try:
+        for t, buf in zip(outputs, out_bufs):
+            if t.fcompute is None:
+                # the output is an input: copy it
+                ctx.loop_nest(t.shape, "i", _copy_body(ctx, buffers[t], buf))
+            else:
+                ctx.store_all(t, buf)
+        body = ctx.blocks[0].close()
+    finally:
+        _CTX.reset(token)
+    return PrimFunc(tuple(params + out_bufs), body, attrs or {})
+
+
+def _copy_body(ctx: _Lowering, src: Buffer, dst: Buffer) -> Callable[[tuple[Var, ...]], None]:
+    def body(i: tuple[Var, ...]) -> None:
+        ctx.emit(Store(dst, src[i], i))
+    return body
