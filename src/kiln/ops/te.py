@@ -86,7 +86,7 @@ class _Reducer:
     init: Callable[[str], PrimExpr]
 
 
-def _lowest(dtype: str) -> PrimExpr:
+def lowest_value(dtype: str) -> PrimExpr:
     if dt.is_float(dtype):
         return Const(float("-inf"), dtype)
     if dt.is_bool(dtype):
@@ -95,7 +95,7 @@ def _lowest(dtype: str) -> PrimExpr:
     return Const(-(1 << (bits - 1)) if dt.is_signed(dtype) else 0, dtype)
 
 
-def _highest(dtype: str) -> PrimExpr:
+def highest_value(dtype: str) -> PrimExpr:
     if dt.is_float(dtype):
         return Const(float("inf"), dtype)
     if dt.is_bool(dtype):
@@ -107,8 +107,8 @@ def _highest(dtype: str) -> PrimExpr:
 REDUCERS: dict[str, _Reducer] = {
     "sum": _Reducer(lambda a, b: a + b, lambda d: Const(0, d)),
     "prod": _Reducer(lambda a, b: a * b, lambda d: Const(1, d)),
-    "max": _Reducer(max_, _lowest),
-    "min": _Reducer(min_, _highest),
+    "max": _Reducer(max_, lowest_value),
+    "min": _Reducer(min_, highest_value),
 }
 
 
