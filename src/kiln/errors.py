@@ -25,3 +25,7 @@ class CompileError(RuntimeError):
 
 class ExportError(CompileError):
     """An executable cannot be exported as asked (e.g. it holds an in-memory artifact)."""
+
+
+class FrontendError(ValueError):
+    """A model file cannot be imported: malformed, unsupported ops, unbound shapes."""

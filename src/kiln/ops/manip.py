@@ -67,6 +67,12 @@ register_op("reshape", pattern="injective", infer=_reshape_infer, compute=_resha
             reference=lambda x, shape, **a: np.reshape(x, shape).copy())
 
 
+register_op("copy", pattern="elemwise", infer=lambda t, a: t[0],
+            compute=lambda ins, a: te.compute(ins[0].shape, lambda *i: ins[0][i], ins[0].dtype,
+                                              "copy"),
+            reference=lambda x, **a: np.array(x, copy=True))
+
+
 # --------------------------------------------------------------------------- transpose
 
 def _perm(attrs: Attrs, ndim: int) -> tuple[int, ...]:

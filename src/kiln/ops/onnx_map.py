@@ -1,0 +1,70 @@
+"""The ONNX-to-kiln mapping table that op modules fill beside their definitions.
+
+A converter receives the graph builder of the importer, the node's inputs as
+graph expressions (None for an omitted optional input), its attributes already
+decoded into Python values, and returns one expression per node output. It
+imports nothing from onnx: the frontend decodes protobufs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+
+import numpy as np
+
+from kiln._registry import Registry
+from kiln.ir import graph as g
+
+if TYPE_CHECKING:
+    from kiln.ir.types import TensorType
+
+
+class GraphContext(Protocol):
+    """What a converter may ask of the importer."""
+
+    opset: int
+
+    def call(self, op: str, *args: g.Expr, **attrs: Any) -> g.Expr:
+        """Emit (or constant-fold) an operator call."""
+        ...
+
+    def const(self, data: np.ndarray | float | int, dtype: str | None = None) -> g.Expr:
+        ...
+
+    def value(self, expr: g.Expr | None) -> np.ndarray | None:
+        """The constant value of `expr`, or None when it is not known at compile time."""
+        ...
+
+    def tensor_type(self, expr: g.Expr) -> TensorType:
+        ...
+
+
+Converter = Callable[[GraphContext, Sequence["g.Expr | None"], dict[str, Any]], Sequence[g.Expr]]
+
+
+@dataclass(frozen=True)
+class OnnxConverter:
+    op_type: str
+    fn: Converter
+    min_opset: int = 1
+
+
+ONNX_CONVERTERS: Registry[OnnxConverter] = Registry("ONNX operator")
+
+
+def onnx_op(*op_types: str, min_opset: int = 1) -> Callable[[Converter], Converter]:
+    """Register `fn` as the converter of ONNX `op_types`."""
+    def deco(fn: Converter) -> Converter:
+        for t in op_types:
+            ONNX_CONVERTERS.register(t, OnnxConverter(t, fn, min_opset))
+        return fn
+    return deco
+
+
+def converters() -> Registry[OnnxConverter]:
+    from kiln.ops.registry import _load_builtin_ops
+
+    _load_builtin_ops()
+    return ONNX_CONVERTERS
