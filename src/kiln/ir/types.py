@@ -33,11 +33,19 @@ class TensorType:
     def ndim(self) -> int:
         return len(self.shape)
 
-    def numel(self) -> int:
-        n = 1
+    @property
+    def static_shape(self) -> tuple[int, ...]:
+        """The shape as ints; IRError if a dimension is symbolic."""
+        out: list[int] = []
         for d in self.shape:
             if not isinstance(d, int):
                 raise IRError(f"shape {self.shape} is not static")
+            out.append(d)
+        return tuple(out)
+
+    def numel(self) -> int:
+        n = 1
+        for d in self.static_shape:
             n *= d
         return n
 

@@ -10,6 +10,7 @@ import numpy as np
 
 from kiln.errors import IRError
 from kiln.ir import dtype as dt
+from kiln.ir import graph as g
 from kiln.ir.tensor import (
     Cast,
     Const,
@@ -25,6 +26,7 @@ from kiln.ir.tensor import (
 from kiln.ir.types import TensorType, TupleType, Type
 from kiln.ops import te
 from kiln.ops.broadcast import broadcast_index, broadcast_shapes, broadcast_types
+from kiln.ops.onnx_map import Converter, GraphContext, onnx_op
 from kiln.ops.reduce import norm_axes
 from kiln.ops.registry import register_op
 
@@ -465,3 +467,310 @@ register_op("logical_not", pattern="elemwise",
 
 def _not_bool(t: TensorType) -> Type:
     raise IRError(f"logical_not needs a bool tensor, got {t.dtype}")
+
+
+# --------------------------------------------------------------------------- ONNX mapping
+
+def _need(ctx: GraphContext, expr: g.Expr | None, what: str) -> np.ndarray:
+    value = ctx.value(expr)
+    if value is None:
+        raise IRError(f"{what} must be a compile-time constant (kiln needs static shapes)")
+    return value
+
+
+def _one(inputs: Sequence[g.Expr | None]) -> g.Expr:
+    x = inputs[0]
+    if x is None:
+        raise IRError("the first input is missing")
+    return x
+
+
+@onnx_op("Reshape")
+def _reshape_onnx(ctx: GraphContext, inputs: Sequence[g.Expr | None],
+                  attrs: dict[str, Any]) -> list[g.Expr]:
+    x = _one(inputs)
+    shape_in = attrs.get("shape") if ctx.opset < 5 else _need(ctx, inputs[1], "Reshape shape")
+    assert shape_in is not None
+    src = ctx.tensor_type(x).static_shape
+    shape = [int(d) for d in np.asarray(shape_in).reshape(-1)]
+    allow_zero = bool(attrs.get("allowzero", 0))
+    for k, d in enumerate(shape):
+        if d == 0 and not allow_zero:
+            shape[k] = src[k]
+    if -1 in shape:
+        known = int(np.prod([d for d in shape if d != -1]))
+        shape[shape.index(-1)] = int(np.prod(src)) // max(known, 1)
+    return [ctx.call("reshape", x, shape=tuple(shape))]
+
+
+@onnx_op("Flatten")
+def _flatten_onnx(ctx: GraphContext, inputs: Sequence[g.Expr | None],
+                  attrs: dict[str, Any]) -> list[g.Expr]:
+    x = _one(inputs)
+    shape = ctx.tensor_type(x).static_shape
+    axis = int(attrs.get("axis", 1))
+    axis = axis + len(shape) if axis < 0 else axis
+    rows = int(np.prod(shape[:axis]))
+    return [ctx.call("reshape", x, shape=(rows, int(np.prod(shape[axis:]))))]
+
+
+@onnx_op("Squeeze")
+def _squeeze_onnx(ctx: GraphContext, inputs: Sequence[g.Expr | None],
+                  attrs: dict[str, Any]) -> list[g.Expr]:
+    x = _one(inputs)
+    shape = ctx.tensor_type(x).static_shape
+    if ctx.opset >= 13:
+        axes_v = ctx.value(inputs[1]) if len(inputs) > 1 else None
+        axes_raw = None if axes_v is None else tuple(int(a) for a in axes_v.reshape(-1))
+        if len(inputs) > 1 and inputs[1] is not None and axes_v is None:
+            raise IRError("Squeeze axes must be a compile-time constant")
+    else:
+        axes_raw = attrs.get("axes")
+    axes = norm_axes(axes_raw, len(shape)) if axes_raw is not None else tuple(
+        k for k, d in enumerate(shape) if d == 1)
+    for a in axes:
+        if shape[a] != 1:
+            raise IRError(f"Squeeze: dimension {a} has size {shape[a]}, not 1")
+    return [ctx.call("reshape", x, shape=tuple(d for k, d in enumerate(shape) if k not in axes))]
+
+
+@onnx_op("Unsqueeze")
+def _unsqueeze_onnx(ctx: GraphContext, inputs: Sequence[g.Expr | None],
+                    attrs: dict[str, Any]) -> list[g.Expr]:
+    x = _one(inputs)
+    shape = list(ctx.tensor_type(x).static_shape)
+    raw = (_need(ctx, inputs[1], "Unsqueeze axes").reshape(-1) if ctx.opset >= 13
+           else attrs["axes"])
+    axes = norm_axes(tuple(int(a) for a in raw), len(shape) + len(raw))
+    for a in axes:
+        shape.insert(a, 1)
+    return [ctx.call("reshape", x, shape=tuple(shape))]
+
+
+@onnx_op("Transpose")
+def _transpose_onnx(ctx: GraphContext, inputs: Sequence[g.Expr | None],
+                    attrs: dict[str, Any]) -> list[g.Expr]:
+    perm = attrs.get("perm")
+    return [ctx.call("transpose", _one(inputs), perm=None if perm is None else tuple(perm))]
+
+
+@onnx_op("Concat")
+def _concat_onnx(ctx: GraphContext, inputs: Sequence[g.Expr | None],
+                 attrs: dict[str, Any]) -> list[g.Expr]:
+    args = [x for x in inputs if x is not None and ctx.tensor_type(x).numel() > 0]
+    if not args:
+        raise IRError("Concat of only empty tensors")
+    axis = norm_axes(attrs["axis"], ctx.tensor_type(args[0]).ndim)[0]
+    if len(args) == 1:
+        return [ctx.call("copy", args[0])]
+    return [ctx.call("concat", *args, axis=axis)]
+
+
+@onnx_op("Split")
+def _split_onnx(ctx: GraphContext, inputs: Sequence[g.Expr | None],
+                attrs: dict[str, Any]) -> list[g.Expr]:
+    x = _one(inputs)
+    t = ctx.tensor_type(x)
+    axis = norm_axes(attrs.get("axis", 0), t.ndim)[0]
+    n = t.static_shape[axis]
+    if ctx.opset >= 13 and len(inputs) > 1 and inputs[1] is not None:
+        sizes = [int(s) for s in _need(ctx, inputs[1], "Split sizes").reshape(-1)]
+    elif "split" in attrs:
+        sizes = [int(s) for s in attrs["split"]]
+    else:
+        parts = int(attrs.get("num_outputs", 0)) or int(attrs.get("_num_outputs", 0))
+        if not parts:
+            raise IRError("Split needs split sizes or num_outputs")
+        step = -(-n // parts)
+        sizes = [min(step, n - k * step) for k in range(parts)]
+    out = ctx.call("split", x, axis=axis, sections=tuple(sizes))
+    return [_item(ctx, out, k) for k in range(len(sizes))]
+
+
+def _item(ctx: GraphContext, expr: g.Expr, k: int) -> g.Expr:
+    item = getattr(ctx, "item", None)
+    if item is None:
+        raise IRError("this importer cannot take tuple items")
+    result: g.Expr = item(expr, k)
+    return result
+
+
+@onnx_op("Slice")
+def _slice_onnx(ctx: GraphContext, inputs: Sequence[g.Expr | None],
+                attrs: dict[str, Any]) -> list[g.Expr]:
+    x = _one(inputs)
+    ndim = ctx.tensor_type(x).ndim
+    if ctx.opset >= 10:
+        starts = _need(ctx, inputs[1], "Slice starts").reshape(-1).tolist()
+        ends = _need(ctx, inputs[2], "Slice ends").reshape(-1).tolist()
+        axes_v = ctx.value(inputs[3]) if len(inputs) > 3 else None
+        steps_v = ctx.value(inputs[4]) if len(inputs) > 4 else None
+        axes = axes_v.reshape(-1).tolist() if axes_v is not None else list(range(len(starts)))
+        steps = steps_v.reshape(-1).tolist() if steps_v is not None else [1] * len(starts)
+    else:
+        starts, ends = list(attrs["starts"]), list(attrs["ends"])
+        axes = list(attrs.get("axes", range(len(starts))))
+        steps = [1] * len(starts)
+    big = 2 ** 62
+    ends = [max(min(int(e), big), -big) for e in ends]
+    starts = [max(min(int(s), big), -big) for s in starts]
+    return [ctx.call("strided_slice", x, starts=tuple(starts), ends=tuple(ends),
+                     axes=tuple(norm_axes(a, ndim)[0] for a in axes),
+                     steps=tuple(int(s) for s in steps))]
+
+
+@onnx_op("Gather")
+def _gather_onnx(ctx: GraphContext, inputs: Sequence[g.Expr | None],
+                 attrs: dict[str, Any]) -> list[g.Expr]:
+    x, idx = _one(inputs), inputs[1]
+    assert idx is not None
+    return [ctx.call("gather", x, idx, axis=norm_axes(attrs.get("axis", 0),
+                                                       ctx.tensor_type(x).ndim)[0])]
+
+
+@onnx_op("Expand")
+def _expand_onnx(ctx: GraphContext, inputs: Sequence[g.Expr | None],
+                 attrs: dict[str, Any]) -> list[g.Expr]:
+    shape = tuple(int(d) for d in _need(ctx, inputs[1], "Expand shape").reshape(-1))
+    return [ctx.call("broadcast_to", _one(inputs), shape=shape)]
+
+
+@onnx_op("Tile")
+def _tile_onnx(ctx: GraphContext, inputs: Sequence[g.Expr | None],
+               attrs: dict[str, Any]) -> list[g.Expr]:
+    reps = tuple(int(d) for d in _need(ctx, inputs[1], "Tile repeats").reshape(-1))
+    return [ctx.call("tile", _one(inputs), repeats=reps)]
+
+
+@onnx_op("Pad")
+def _pad_onnx(ctx: GraphContext, inputs: Sequence[g.Expr | None],
+              attrs: dict[str, Any]) -> list[g.Expr]:
+    x = _one(inputs)
+    ndim = ctx.tensor_type(x).ndim
+    if ctx.opset >= 11:
+        pads = [int(p) for p in _need(ctx, inputs[1], "Pad pads").reshape(-1)]
+        cval = ctx.value(inputs[2]) if len(inputs) > 2 else None
+        value = float(cval.reshape(-1)[0]) if cval is not None and cval.size else 0.0
+        axes_v = ctx.value(inputs[3]) if len(inputs) > 3 else None
+        if axes_v is not None:
+            axes = [norm_axes(int(a), ndim)[0] for a in axes_v.reshape(-1)]
+            full = [0] * (2 * ndim)
+            for k, a in enumerate(axes):
+                full[a], full[a + ndim] = pads[k], pads[k + len(axes)]
+            pads = full
+    else:
+        pads = [int(p) for p in attrs["pads"]]
+        value = float(attrs.get("value", 0.0))
+    mode = attrs.get("mode", "constant")
+    if any(p < 0 for p in pads):
+        raise IRError(f"Pad: negative pads {pads} are not supported")
+    return [ctx.call("pad", x, pads=tuple(pads), mode=mode, value=value)]
+
+
+@onnx_op("Cast")
+def _cast_onnx(ctx: GraphContext, inputs: Sequence[g.Expr | None],
+               attrs: dict[str, Any]) -> list[g.Expr]:
+    from onnx import helper
+
+    to = attrs["to"]
+    dtype = dt.from_numpy(helper.tensor_dtype_to_np_dtype(int(to)))
+    return [ctx.call("cast", _one(inputs), dtype=dtype)]
+
+
+@onnx_op("Where")
+def _where_onnx(ctx: GraphContext, inputs: Sequence[g.Expr | None],
+                attrs: dict[str, Any]) -> list[g.Expr]:
+    c, a, b = inputs
+    assert c is not None and a is not None and b is not None
+    return [ctx.call("where", c, a, b)]
+
+
+@onnx_op("Clip")
+def _clip_onnx(ctx: GraphContext, inputs: Sequence[g.Expr | None],
+               attrs: dict[str, Any]) -> list[g.Expr]:
+    x = _one(inputs)
+    if ctx.opset >= 11:
+        lo_v = ctx.value(inputs[1]) if len(inputs) > 1 and inputs[1] is not None else None
+        hi_v = ctx.value(inputs[2]) if len(inputs) > 2 and inputs[2] is not None else None
+        if (len(inputs) > 1 and inputs[1] is not None and lo_v is None) or (
+                len(inputs) > 2 and inputs[2] is not None and hi_v is None):
+            raise IRError("Clip min/max must be compile-time constants")
+        lo = None if lo_v is None else lo_v.reshape(-1)[0].item()
+        hi = None if hi_v is None else hi_v.reshape(-1)[0].item()
+    else:
+        lo, hi = attrs.get("min"), attrs.get("max")
+    return [ctx.call("clip", x, min=lo, max=hi)]
+
+
+def _cmp_converter(op: str) -> Converter:
+    def convert(ctx: GraphContext, inputs: Sequence[g.Expr | None],
+                attrs: dict[str, Any]) -> list[g.Expr]:
+        a, b = inputs[0], inputs[1]
+        assert a is not None and b is not None
+        return [ctx.call(op, a, b)]
+    return convert
+
+
+for _o, _k in {"Equal": "equal", "Less": "less", "LessOrEqual": "less_equal",
+               "Greater": "greater", "GreaterOrEqual": "greater_equal", "And": "logical_and",
+               "Or": "logical_or", "Xor": "logical_xor"}.items():
+    onnx_op(_o)(_cmp_converter(_k))
+
+
+@onnx_op("Not")
+def _not_onnx(ctx: GraphContext, inputs: Sequence[g.Expr | None],
+              attrs: dict[str, Any]) -> list[g.Expr]:
+    return [ctx.call("logical_not", _one(inputs))]
+
+
+@onnx_op("Identity", "Dropout")
+def _identity_onnx(ctx: GraphContext, inputs: Sequence[g.Expr | None],
+                   attrs: dict[str, Any]) -> list[g.Expr]:
+    x = _one(inputs)
+    outs = [x]
+    # Dropout's optional mask output: all true at inference.
+    t = ctx.tensor_type(x)
+    outs.append(ctx.const(np.ones(t.static_shape, dtype=bool)))
+    return outs
+
+
+@onnx_op("Shape")
+def _shape_onnx(ctx: GraphContext, inputs: Sequence[g.Expr | None],
+                attrs: dict[str, Any]) -> list[g.Expr]:
+    shape = ctx.tensor_type(_one(inputs)).static_shape
+    start = int(attrs.get("start", 0))
+    end = attrs.get("end")
+    return [ctx.const(np.array(shape[start:None if end is None else int(end)], dtype=np.int64))]
+
+
+@onnx_op("Size")
+def _size_onnx(ctx: GraphContext, inputs: Sequence[g.Expr | None],
+               attrs: dict[str, Any]) -> list[g.Expr]:
+    return [ctx.const(np.array(ctx.tensor_type(_one(inputs)).numel(), dtype=np.int64))]
+
+
+@onnx_op("Constant")
+def _constant_onnx(ctx: GraphContext, inputs: Sequence[g.Expr | None],
+                   attrs: dict[str, Any]) -> list[g.Expr]:
+    for key, dtype in (("value_float", np.float32), ("value_int", np.int64),
+                       ("value_floats", np.float32), ("value_ints", np.int64)):
+        if key in attrs:
+            return [ctx.const(np.array(attrs[key], dtype=dtype))]
+    if "value" not in attrs:
+        raise IRError(f"Constant without a supported value attribute (has {sorted(attrs)})")
+    return [ctx.const(np.asarray(attrs["value"]))]
+
+
+@onnx_op("ConstantOfShape")
+def _const_of_shape_onnx(ctx: GraphContext, inputs: Sequence[g.Expr | None],
+                         attrs: dict[str, Any]) -> list[g.Expr]:
+    shape = tuple(int(d) for d in _need(ctx, inputs[0], "ConstantOfShape shape").reshape(-1))
+    value = np.asarray(attrs.get("value", np.zeros(1, np.float32))).reshape(-1)
+    return [ctx.const(np.full(shape, value[0], dtype=value.dtype))]
+
+
+@onnx_op("Range")
+def _range_onnx(ctx: GraphContext, inputs: Sequence[g.Expr | None],
+                attrs: dict[str, Any]) -> list[g.Expr]:
+    start, limit, delta = (_need(ctx, x, "Range bounds") for x in inputs[:3])
+    return [ctx.const(np.arange(start.item(), limit.item(), delta.item(), dtype=start.dtype))]

@@ -13,10 +13,12 @@ import numpy as np
 
 from kiln.errors import IRError
 from kiln.ir import dtype as dt
+from kiln.ir import graph as g
 from kiln.ir.tensor import Cast, PrimExpr, as_expr
 from kiln.ir.types import TensorType, Type
 from kiln.ops import te
 from kiln.ops.broadcast import broadcast_index, broadcast_shapes
+from kiln.ops.onnx_map import GraphContext, onnx_op
 from kiln.ops.registry import register_op
 
 Attrs = Mapping[str, Any]
@@ -201,3 +203,95 @@ def _conv2d_ref(x: np.ndarray, w: np.ndarray, b: np.ndarray | None = None,
 
 register_op("conv2d", pattern="anchor", infer=_conv2d_infer, compute=_conv2d_compute,
             reference=_conv2d_ref)
+
+
+# --------------------------------------------------------------------------- ONNX mapping
+
+def _onnx_pads(attrs: dict[str, Any], spatial: Sequence[int], kernel: Sequence[int],
+               strides: Sequence[int], dilations: Sequence[int]) -> tuple[int, int, int, int]:
+    """ONNX pads/auto_pad for 2-D spatial dims -> (top, left, bottom, right)."""
+    auto = attrs.get("auto_pad", "NOTSET")
+    if auto in ("SAME_UPPER", "SAME_LOWER"):
+        pads = []
+        for size, k, s, d in zip(spatial, kernel, strides, dilations):
+            out = -(-size // s)
+            total = max(0, (out - 1) * s + (k - 1) * d + 1 - size)
+            small, big = total // 2, total - total // 2
+            pads.append((small, big) if auto == "SAME_UPPER" else (big, small))
+        return pads[0][0], pads[1][0], pads[0][1], pads[1][1]
+    if auto == "VALID":
+        return 0, 0, 0, 0
+    p = tuple(int(v) for v in attrs.get("pads", (0, 0, 0, 0)))
+    if len(p) != 4:
+        raise IRError(f"only 2-D convolution/pooling is supported, got pads {p}")
+    return p[0], p[1], p[2], p[3]
+
+
+def _conv_attrs(attrs: dict[str, Any], x: TensorType, kernel: Sequence[int]) -> dict[str, Any]:
+    if x.ndim != 4:
+        raise IRError(f"only 2-D (NCHW) convolution is supported, got input {x}")
+    strides = tuple(attrs.get("strides", (1, 1)))
+    dilations = tuple(attrs.get("dilations", (1, 1)))
+    spatial = list(x.static_shape[2:])
+    return {"strides": strides, "dilations": dilations,
+            "pads": _onnx_pads(attrs, spatial, kernel, strides, dilations)}
+
+
+@onnx_op("Conv")
+def _conv_onnx(ctx: GraphContext, inputs: Sequence[g.Expr | None],
+               attrs: dict[str, Any]) -> list[g.Expr]:
+    x, w, b = inputs[0], inputs[1], inputs[2] if len(inputs) > 2 else None
+    assert x is not None and w is not None
+    wt = ctx.tensor_type(w)
+    kernel = tuple(attrs.get("kernel_shape", wt.shape[2:]))
+    conv_attrs = _conv_attrs(attrs, ctx.tensor_type(x), kernel)
+    args = [x, w] if b is None else [x, w, b]
+    return [ctx.call("conv2d", *args, group=int(attrs.get("group", 1)), **conv_attrs)]
+
+
+@onnx_op("MatMul")
+def _matmul_onnx(ctx: GraphContext, inputs: Sequence[g.Expr | None],
+                 attrs: dict[str, Any]) -> list[g.Expr]:
+    a, b = inputs[0], inputs[1]
+    assert a is not None and b is not None
+    return [ctx.call("matmul", a, b)]
+
+
+@onnx_op("Gemm")
+def _gemm_onnx(ctx: GraphContext, inputs: Sequence[g.Expr | None],
+               attrs: dict[str, Any]) -> list[g.Expr]:
+    a, b = inputs[0], inputs[1]
+    c = inputs[2] if len(inputs) > 2 else None
+    assert a is not None and b is not None
+    if attrs.get("transA", 0):
+        a = ctx.call("transpose", a, perm=(1, 0))
+    if attrs.get("transB", 0):
+        b = ctx.call("transpose", b, perm=(1, 0))
+    y = ctx.call("matmul", a, b)
+    dtype = ctx.tensor_type(y).dtype
+    alpha, beta = float(attrs.get("alpha", 1.0)), float(attrs.get("beta", 1.0))
+    if alpha != 1.0:
+        y = ctx.call("multiply", y, ctx.const(alpha, dtype))
+    if c is not None:
+        if beta != 1.0:
+            c = ctx.call("multiply", c, ctx.const(beta, dtype))
+        y = ctx.call("add", y, c)
+    return [y]
+
+
+@onnx_op("BatchNormalization")
+def _batchnorm_onnx(ctx: GraphContext, inputs: Sequence[g.Expr | None],
+                    attrs: dict[str, Any]) -> list[g.Expr]:
+    x, scale, bias, mean, var = inputs[:5]
+    assert x is not None and scale is not None and bias is not None
+    assert mean is not None and var is not None
+    xt = ctx.tensor_type(x)
+    eps = float(attrs.get("epsilon", 1e-5))
+    # y = x * a + b with a = scale / sqrt(var + eps), b = bias - mean * a (per channel)
+    a = ctx.call("divide", scale, ctx.call("sqrt", ctx.call(
+        "add", var, ctx.const(eps, ctx.tensor_type(var).dtype))))
+    b = ctx.call("subtract", bias, ctx.call("multiply", mean, a))
+    shape = (xt.static_shape[1],) + (1,) * (xt.ndim - 2)
+    a = ctx.call("reshape", a, shape=shape)
+    b = ctx.call("reshape", b, shape=shape)
+    return [ctx.call("add", ctx.call("multiply", x, a), b)]

@@ -12,10 +12,12 @@ from typing import Any
 import numpy as np
 
 from kiln.errors import IRError
+from kiln.ir import graph as g
 from kiln.ir.tensor import Cast, PrimExpr, as_expr, min_, select
 from kiln.ir.types import TensorType, Type
 from kiln.ops import te
-from kiln.ops.nn import _pads, _pair
+from kiln.ops.nn import _onnx_pads, _pads, _pair
+from kiln.ops.onnx_map import GraphContext, onnx_op
 from kiln.ops.registry import register_op
 
 Attrs = Mapping[str, Any]
@@ -179,3 +181,42 @@ register_op("global_avg_pool", pattern="reduce", infer=_global_infer,
 register_op("global_max_pool", pattern="reduce", infer=_global_infer,
             compute=_global_compute("max"), reference=_global_ref("max"))
 
+
+
+# --------------------------------------------------------------------------- ONNX mapping
+
+def _pool_converter(op: str) -> Any:
+    def convert(ctx: GraphContext, inputs: Sequence[g.Expr | None],
+                attrs: dict[str, Any]) -> list[g.Expr]:
+        x = inputs[0]
+        assert x is not None
+        t = ctx.tensor_type(x)
+        if t.ndim != 4:
+            raise IRError(f"only 2-D pooling is supported, got input {t}")
+        kernel = tuple(int(k) for k in attrs["kernel_shape"])
+        strides = tuple(attrs.get("strides", (1, 1)))
+        dilations = tuple(attrs.get("dilations", (1, 1)))
+        pads = _onnx_pads(attrs, t.static_shape[2:], kernel, strides, dilations)
+        extra: dict[str, Any] = {}
+        if op == "avg_pool2d":
+            extra["count_include_pad"] = bool(attrs.get("count_include_pad", 0))
+        return [ctx.call(op, x, kernel_shape=kernel, strides=strides, dilations=dilations,
+                         pads=pads, ceil_mode=bool(attrs.get("ceil_mode", 0)), **extra)]
+    return convert
+
+
+onnx_op("MaxPool")(_pool_converter("max_pool2d"))
+onnx_op("AveragePool")(_pool_converter("avg_pool2d"))
+
+
+def _global_converter(op: str) -> Any:
+    def convert(ctx: GraphContext, inputs: Sequence[g.Expr | None],
+                attrs: dict[str, Any]) -> list[g.Expr]:
+        x = inputs[0]
+        assert x is not None
+        return [ctx.call(op, x)]
+    return convert
+
+
+onnx_op("GlobalAveragePool")(_global_converter("global_avg_pool"))
+onnx_op("GlobalMaxPool")(_global_converter("global_max_pool"))

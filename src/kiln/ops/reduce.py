@@ -9,9 +9,11 @@ from typing import Any
 import numpy as np
 
 from kiln.errors import IRError
+from kiln.ir import graph as g
 from kiln.ir.tensor import Cast, PrimExpr, intrin
 from kiln.ir.types import TensorType, Type
 from kiln.ops import te
+from kiln.ops.onnx_map import Converter, GraphContext, onnx_op
 from kiln.ops.registry import register_op
 
 Attrs = Mapping[str, Any]
@@ -224,3 +226,70 @@ def _layer_norm_ref(x: np.ndarray, scale: np.ndarray, bias: np.ndarray | None = 
 
 register_op("layer_norm", pattern="opaque", infer=_layer_norm_infer,
             compute=_layer_norm_compute, reference=_layer_norm_ref)
+
+
+# --------------------------------------------------------------------------- ONNX mapping
+
+ONNX_REDUCE = {
+    "ReduceSum": ("reduce_sum", 13), "ReduceMean": ("reduce_mean", 18),
+    "ReduceMax": ("reduce_max", 18), "ReduceMin": ("reduce_min", 18),
+    "ReduceProd": ("reduce_prod", 18), "ReduceL2": ("reduce_l2", 18),
+}
+
+
+def _reduce_converter(op: str, axes_input_since: int) -> Converter:
+    def convert(ctx: GraphContext, inputs: Sequence[g.Expr | None],
+                attrs: dict[str, Any]) -> list[g.Expr]:
+        x = inputs[0]
+        assert x is not None
+        ndim = ctx.tensor_type(x).ndim
+        axes: Any = attrs.get("axes")
+        if ctx.opset >= axes_input_since and len(inputs) > 1 and inputs[1] is not None:
+            known = ctx.value(inputs[1])
+            if known is None:
+                raise IRError(f"{op}: axes must be a constant")
+            axes = tuple(int(a) for a in known.reshape(-1))
+        if axes is not None and len(axes) == 0:
+            axes = None
+        if axes is None and attrs.get("noop_with_empty_axes", 0):
+            return [ctx.call("copy", x)]
+        return [ctx.call(op, x, axes=norm_axes(axes, ndim),
+                         keepdims=bool(attrs.get("keepdims", 1)))]
+    return convert
+
+
+for _onnx, (_kiln, _since) in ONNX_REDUCE.items():
+    onnx_op(_onnx)(_reduce_converter(_kiln, _since))
+
+
+def _softmax_converter(op: str) -> Converter:
+    def convert(ctx: GraphContext, inputs: Sequence[g.Expr | None],
+                attrs: dict[str, Any]) -> list[g.Expr]:
+        x = inputs[0]
+        assert x is not None
+        t = ctx.tensor_type(x)
+        if ctx.opset >= 13:
+            return [ctx.call(op, x, axis=norm_axes(attrs.get("axis", -1), t.ndim)[0])]
+        # Before opset 13 the input is coerced to 2-D at `axis` (default 1).
+        (axis,) = norm_axes(attrs.get("axis", 1), t.ndim)
+        shape = t.static_shape
+        rows = int(np.prod(shape[:axis]))
+        flat = ctx.call("reshape", x, shape=(rows, int(np.prod(shape[axis:]))))
+        y = ctx.call(op, flat, axis=1)
+        return [ctx.call("reshape", y, shape=shape)]
+    return convert
+
+
+onnx_op("Softmax")(_softmax_converter("softmax"))
+onnx_op("LogSoftmax")(_softmax_converter("log_softmax"))
+
+
+@onnx_op("LayerNormalization")
+def _layer_norm_onnx(ctx: GraphContext, inputs: Sequence[g.Expr | None],
+                     attrs: dict[str, Any]) -> list[g.Expr]:
+    x, scale = inputs[0], inputs[1]
+    bias = inputs[2] if len(inputs) > 2 else None
+    assert x is not None and scale is not None
+    args = [x, scale] if bias is None else [x, scale, bias]
+    return [ctx.call("layer_norm", *args, axis=int(attrs.get("axis", -1)),
+                     epsilon=float(attrs.get("epsilon", 1e-5)))]

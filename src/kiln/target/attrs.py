@@ -62,6 +62,17 @@ def normalize_type(type_: object) -> str:
         ) from None
 
 
+def suggest_name(name: str, choices: list[str] | tuple[str, ...]) -> str:
+    """" did you mean 'x'?" for the closest choice, also when only the case differs."""
+    hint = suggest(name, choices)
+    if hint:
+        return hint
+    by_lower = {choice.lower(): choice for choice in choices}
+    if name.lower() in by_lower:
+        return f" did you mean '{by_lower[name.lower()]}'?"
+    return suggest(name.lower(), choices)
+
+
 def show(value: object) -> str:
     """`value` as an error message quotes it: its type and its repr."""
     return f"{type(value).__name__} {value!r}"
@@ -106,10 +117,12 @@ class AttrSpec:
         text = self.type_name
         if self.choices is not None:
             text += " (one of " + ", ".join(repr(c) for c in self.choices) + ")"
-        if self.min is not None or self.max is not None:
-            low = "" if self.min is None else str(self.min)
-            high = "" if self.max is None else str(self.max)
-            text += f" in {low}..{high}"
+        if self.min is not None and self.max is not None:
+            text += f" in {self.min}..{self.max}"
+        elif self.min is not None:
+            text += f" >= {self.min}"
+        elif self.max is not None:
+            text += f" <= {self.max}"
         return text
 
     def check(self, value: object, where: str) -> Any:
@@ -126,7 +139,7 @@ class AttrSpec:
         if name == "bool":
             if isinstance(value, bool):
                 return value
-            raise TargetError(f"{where} expects bool, got {show(value)}")
+            raise TargetError(f"{where} expects bool, got {show(value)}{_hint(value, name)}")
         if name == "float":
             if isinstance(value, int | float) and not isinstance(value, bool):
                 return float(value)
@@ -169,17 +182,17 @@ class AttrSpec:
 
     def _check_str(self, value: object, where: str) -> str:
         if not isinstance(value, str):
-            raise TargetError(f"{where} expects str, got {show(value)}")
+            raise TargetError(f"{where} expects str, got {show(value)}{_hint(value, 'str')}")
         if self.choices is not None and value not in self.choices:
             raise TargetError(
                 f"{where} must be one of {', '.join(repr(c) for c in self.choices)}; "
-                f"got '{value}'.{suggest(value, self.choices)}"
+                f"got '{value}'.{suggest_name(value, self.choices)}"
             )
         return value
 
     def _check_int(self, value: object, where: str) -> int:
         if not isinstance(value, int) or isinstance(value, bool):
-            raise TargetError(f"{where} expects int, got {show(value)}")
+            raise TargetError(f"{where} expects int, got {show(value)}{_hint(value, 'int')}")
         if (self.min is not None and value < self.min) or (
             self.max is not None and value > self.max
         ):
@@ -202,6 +215,24 @@ class AttrSpec:
                     f"{where} expects {self.type_name}, but an item is {show(item)}"
                 )
         return tuple(value)
+
+
+def _hint(value: object, expected: str) -> str:
+    """A short fix for common wrong-type mistakes, or ''."""
+    if expected == "int" and isinstance(value, bool):
+        return "; a bool is not an int, write a number such as 1"
+    if expected == "int" and isinstance(value, str) and value.strip().lstrip("-").isdigit():
+        return f"; write {value.strip()} without quotes"
+    if expected == "int" and isinstance(value, float) and value.is_integer():
+        return f"; write {int(value)}"
+    words = _TRUE_WORDS | _FALSE_WORDS
+    if expected == "bool" and isinstance(value, str) and value.lower() in words:
+        return f"; write {str(value.lower() in _TRUE_WORDS).lower()} without quotes"
+    if expected == "bool" and isinstance(value, int) and value in (0, 1):
+        return f"; write {str(bool(value)).lower()}"
+    if expected == "str" and isinstance(value, list | tuple) and len(value) == 1:
+        return f"; write a single string such as {value[0]!r}"
+    return ""
 
 
 def canonical_features(features: tuple[str, ...], where: str) -> tuple[str, ...]:
