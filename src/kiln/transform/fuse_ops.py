@@ -1,0 +1,181 @@
+"""FuseOps: fuse elementwise chains into their producer (conv+bias+relu, matmul+add+gelu).
+
+A group starts at any operator call with a tensor result and grows while the
+next binding is an elementwise or broadcast op that consumes the group's last
+value (used nowhere else) at the same shape — so the fused value is read once
+per output element and inlining it costs nothing. The group becomes one
+PrimFunc: the ops' tensor-expression definitions are chained (`kiln.ops.te`
+inlines each intermediate into its consumer) and lowered once, and the group's
+bindings are replaced by one `CallTensor`. Single-op groups are left to
+LegalizeOps.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any
+
+from kiln.ir import graph as g
+from kiln.ir.module import BaseFunc, IRModule
+from kiln.ir.tensor import PrimFunc
+from kiln.ir.types import TensorType
+from kiln.transform.legalize_ops import ATTR_PRIVATE
+from kiln.transform.pass_base import Pass
+
+FUSABLE_TAIL = ("elemwise", "broadcast")
+
+
+@dataclass(frozen=True)
+class FuseOps(Pass):
+    """Fuse elementwise/broadcast consumers into their producing operator."""
+
+    name = "fuse-ops"
+    max_group: int = 8
+
+    def run(self, mod: IRModule) -> IRModule:
+        functions: dict[str, BaseFunc] = dict(mod.functions)
+        cache: dict[Any, str] = {}
+        changed = False
+        for fname, fn in mod.graph_funcs().items():
+            new = _fuse_function(fn, functions, cache, self.max_group)
+            if new is not fn:
+                functions[fname] = new
+                changed = True
+        return IRModule(functions, mod.attrs) if changed else mod
+
+
+def _pattern(op: str) -> str | None:
+    from kiln.ops import get_op
+
+    try:
+        return get_op(op).pattern
+    except KeyError:
+        return None
+
+
+def _uses(fn: g.Function) -> Counter[int]:
+    from kiln.transform.functor import iter_graph_exprs
+
+    counts: Counter[int] = Counter()
+    for e in [b.value for b in fn.bindings] + [fn.result]:
+        for sub in iter_graph_exprs(e):
+            if isinstance(sub, (g.Call, g.CallTensor, g.Tuple, g.TupleGetItem)):
+                for a in _operands(sub):
+                    if isinstance(a, g.Var):
+                        counts[id(a)] += 1
+    if isinstance(fn.result, g.Var):
+        counts[id(fn.result)] += 1
+    return counts
+
+
+def _operands(e: g.Expr) -> tuple[g.Expr, ...]:
+    if isinstance(e, (g.Call, g.CallTensor)):
+        return e.args
+    if isinstance(e, g.Tuple):
+        return e.fields
+    if isinstance(e, g.TupleGetItem):
+        return (e.tuple_value,)
+    return ()
+
+
+def _fuse_function(fn: g.Function, functions: dict[str, BaseFunc], cache: dict[Any, str],
+                   max_group: int) -> g.Function:
+    uses = _uses(fn)
+    groups: list[list[g.Binding]] = []
+    for b in fn.bindings:
+        value = b.value
+        current = groups[-1] if groups else None
+        if (current and isinstance(value, g.Call) and len(current) < max_group
+                and _pattern(value.op) in FUSABLE_TAIL
+                and _extends(current, value, uses)):
+            current.append(b)
+        elif isinstance(value, g.Call) and isinstance(value.ret_type, TensorType) \
+                and _pattern(value.op) is not None:
+            groups.append([b])
+        else:
+            groups.append([b])
+            groups.append([])  # a non-call binding closes any open group
+    if not any(len(grp) > 1 for grp in groups):
+        return fn
+    bindings: list[g.Binding] = []
+    for grp in groups:
+        if len(grp) <= 1:
+            bindings.extend(grp)
+            continue
+        bindings.append(_fuse_group(grp, functions, cache))
+    return g.Function(fn.params, tuple(bindings), fn.result, dict(fn.attrs))
+
+
+def _extends(group: list[g.Binding], call: g.Call, uses: Counter[int]) -> bool:
+    last = group[-1]
+    if not isinstance(last.value, g.Call):
+        return False
+    if not any(a is last.var for a in call.args):
+        return False
+    if uses[id(last.var)] != 1:
+        return False
+    # the fused value must be read at the consumer's own shape (no broadcast re-reads)
+    return last.var.type == call.ret_type and isinstance(call.ret_type, TensorType)
+
+
+def _fuse_group(group: list[g.Binding], functions: dict[str, BaseFunc],
+                cache: dict[Any, str]) -> g.Binding:
+    from kiln.ops import get_op, te
+
+    inside = {id(b.var): k for k, b in enumerate(group)}
+    externals: list[g.Expr] = []
+    ext_index: dict[int, int] = {}
+    key_parts: list[Any] = []
+    for b in group:
+        assert isinstance(b.value, g.Call)
+        refs = []
+        for a in b.value.args:
+            if id(a) in inside:
+                refs.append(("int", inside[id(a)]))
+            else:
+                if id(a) not in ext_index:
+                    ext_index[id(a)] = len(externals)
+                    externals.append(a)
+                refs.append(("ext", ext_index[id(a)]))
+        key_parts.append((b.value.op, tuple(b.value.attrs.items()), tuple(refs)))
+    key: Any = (tuple(key_parts), tuple(e.type for e in externals))
+    try:
+        hash(key)
+    except TypeError:  # an unhashable attribute: do not share
+        key = ("unshared", id(group[0]))
+    name = cache.get(key)
+    if name is None:
+        name = _unique(functions, "fused_" + "_".join(
+            b.value.op for b in group if isinstance(b.value, g.Call)))
+        functions[name] = _lower_group(group, externals, inside, get_op, te, name)
+        cache[key] = name
+    last = group[-1]
+    return g.Binding(last.var, g.CallTensor(name, tuple(externals), last.var.type))
+
+
+def _lower_group(group: list[g.Binding], externals: list[g.Expr], inside: dict[int, int],
+                 get_op: Any, te: Any, name: str) -> PrimFunc:
+    placeholders = []
+    for k, e in enumerate(externals):
+        t = e.type
+        assert isinstance(t, TensorType)
+        placeholders.append(te.placeholder(t.static_shape, t.dtype, f"x{k}"))
+    ext_pos = {id(e): k for k, e in enumerate(externals)}
+    values: list[Any] = []
+    for b in group:
+        assert isinstance(b.value, g.Call)
+        args = [values[inside[id(a)]] if id(a) in inside else placeholders[ext_pos[id(a)]]
+                for a in b.value.args]
+        out = get_op(b.value.op).compute(args, b.value.attrs)
+        values.append(out)
+    prim: PrimFunc = te.lower(placeholders, [values[-1]], name)
+    return prim.with_attrs(**{ATTR_PRIVATE: True})
+
+
+def _unique(functions: dict[str, BaseFunc], base: str) -> str:
+    name, n = base[:60], 0
+    while name in functions:
+        n += 1
+        name = f"{base[:60]}_{n}"
+    return name
