@@ -1,0 +1,1 @@
+"""The `kiln` command line (see `kiln --help`)."""
