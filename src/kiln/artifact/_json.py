@@ -1,0 +1,170 @@
+"""Read-only JSON values: the metadata of artifacts, blobs and archives.
+
+Metadata is copied on the way in and frozen: objects become `FrozenDict` and
+arrays `FrozenList` -- subclasses of dict and list that refuse mutation, so
+`json.dumps`, `==` against plain values and `meta["cflags"] + [...]` keep
+working. Anything that is not JSON (a set, bytes, NaN, a non-str key) is
+rejected with a ValueError that says where it was found.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import numbers
+from collections.abc import Mapping
+from typing import Any, NoReturn
+
+# Deeper nesting than this is almost certainly a cycle or an attack on the
+# recursion limit; real metadata is two or three levels deep.
+MAX_DEPTH = 64
+
+
+class FrozenDict(dict[str, Any]):
+    """A dict that refuses mutation; hashable, picklable, JSON-serializable."""
+
+    def _readonly(self, *args: Any, **kwargs: Any) -> NoReturn:
+        raise TypeError("artifact metadata is read-only; build a new dict, e.g. {**meta, 'k': v}")
+
+    __setitem__ = _readonly
+    __delitem__ = _readonly
+    __ior__ = _readonly
+    clear = _readonly
+    pop = _readonly
+    popitem = _readonly
+    setdefault = _readonly
+    update = _readonly
+
+    def __hash__(self) -> int:  # type: ignore[override]
+        return _json_hash(self)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # dict's default pickling calls __setitem__, which we forbid.
+        return (FrozenDict, (dict(self),))
+
+    def __repr__(self) -> str:
+        return dict.__repr__(self)
+
+
+class FrozenList(list[Any]):
+    """A list that refuses mutation; hashable, picklable, JSON-serializable."""
+
+    def _readonly(self, *args: Any, **kwargs: Any) -> NoReturn:
+        raise TypeError("artifact metadata is read-only; build a new list, e.g. [*xs, x]")
+
+    __setitem__ = _readonly
+    __delitem__ = _readonly
+    __iadd__ = _readonly
+    __imul__ = _readonly
+    append = _readonly
+    extend = _readonly
+    insert = _readonly
+    pop = _readonly
+    remove = _readonly
+    clear = _readonly
+    sort = _readonly
+    reverse = _readonly
+
+    def __hash__(self) -> int:  # type: ignore[override]
+        return _json_hash(self)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (FrozenList, (list(self),))
+
+    def __repr__(self) -> str:
+        return list.__repr__(self)
+
+
+def _json_hash(value: Any) -> int:
+    """A hash consistent with ==: key order ignored, 1 == 1.0 hash alike (as in Python)."""
+    if isinstance(value, dict):
+        return hash(frozenset((k, _json_hash(v)) for k, v in value.items()))
+    if isinstance(value, list):
+        return hash(tuple(_json_hash(v) for v in value))
+    return hash(value)
+
+
+def freeze(value: Any, where: str, _depth: int = 0) -> Any:
+    """A read-only deep copy of the JSON value `value`; ValueError naming `where` otherwise."""
+    if _depth > MAX_DEPTH:
+        raise ValueError(f"{where}: nested deeper than {MAX_DEPTH} levels (a cycle?)")
+    if value is None or isinstance(value, (bool, str)):
+        return value
+    if isinstance(value, numbers.Integral):
+        return int(value)
+    if isinstance(value, numbers.Real):
+        f = float(value)
+        if not math.isfinite(f):
+            raise ValueError(f"{where}: {f} is not valid JSON (only finite numbers are)")
+        return f
+    if isinstance(value, Mapping):
+        out = {}
+        for k, v in value.items():
+            if not isinstance(k, str):
+                raise ValueError(
+                    f"{where}: key {k!r} is a {type(k).__name__}; JSON object keys must be str")
+            out[k] = freeze(v, f"{where}[{k!r}]", _depth + 1)
+        return FrozenDict(out)
+    if isinstance(value, (list, tuple)):
+        return FrozenList(freeze(v, f"{where}[{i}]", _depth + 1) for i, v in enumerate(value))
+    raise ValueError(
+        f"{where}: a {type(value).__name__} is not JSON-able "
+        "(use None, bool, int, float, str, list or dict)")
+
+
+def freeze_object(value: Any, where: str) -> FrozenDict:
+    """`freeze` for a value that must be a JSON object (a mapping at the top)."""
+    if not isinstance(value, Mapping):
+        raise ValueError(f"{where} must be a mapping (a JSON object), got {type(value).__name__}")
+    frozen: FrozenDict = freeze(value, where)
+    return frozen
+
+
+def thaw(value: Any) -> Any:
+    """A plain, mutable deep copy (dicts and lists) of a frozen JSON value."""
+    if isinstance(value, dict):
+        return {k: thaw(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [thaw(v) for v in value]
+    return value
+
+
+def canonical_json(value: Any) -> str:
+    """One fixed text for a JSON value (sorted keys, no spaces): what checksums cover."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), allow_nan=False)
+
+
+def parse_json_object(text: str | bytes, where: str, error: type[Exception]) -> FrozenDict:
+    """Parse strict JSON (no NaN, no duplicate keys) that must be an object.
+
+    Every failure, including invalid UTF-8 and absurd nesting, raises `error`
+    with a message naming `where`.
+    """
+    try:
+        if isinstance(text, bytes):
+            text = text.decode("utf-8")
+        value = json.loads(text, object_pairs_hook=_no_duplicates,
+                           parse_constant=_reject_constant)
+    except UnicodeDecodeError as err:
+        raise error(f"{where}: expected UTF-8 text, found invalid byte at {err.start}") from None
+    except (ValueError, RecursionError) as err:
+        raise error(f"{where}: expected a JSON object, found invalid JSON ({err})") from None
+    if not isinstance(value, dict):
+        raise error(f"{where}: expected a JSON object, found a {type(value).__name__}")
+    try:
+        return freeze_object(value, where)
+    except ValueError as err:
+        raise error(str(err)) from None
+
+
+def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in pairs:
+        if k in out:
+            raise ValueError(f"duplicate key {k!r}")
+        out[k] = v
+    return out
+
+
+def _reject_constant(name: str) -> NoReturn:
+    raise ValueError(f"{name} is not valid JSON")

@@ -1,0 +1,296 @@
+"""The `.tar` artifact archive: an ArtifactSet as ordinary files plus a manifest.
+
+Layout (docs/format.md): `manifest.json` first, then one regular file per
+artifact at `<codegen_id>/<file_name>`. The manifest names the format and its
+version and lists every artifact with its loader, metadata, size and SHA-256,
+plus the library metadata; it carries a SHA-256 of its own canonical form.
+Anyone can unpack it with `tar xf` and read the generated code.
+
+`read_tar` never extracts to disk and trusts no member: links, devices,
+absolute or `..` paths, duplicates, unlisted files and hash mismatches are all
+FormatErrors.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import io
+import json
+import os
+import re
+import tarfile
+import tempfile
+from collections.abc import Callable, Mapping
+from typing import Any, NoReturn
+
+from kiln.artifact._json import canonical_json, freeze_object, parse_json_object, thaw
+from kiln.artifact.artifact import Artifact, ArtifactSet, require_serializable
+from kiln.errors import FormatError
+
+ARCHIVE_FORMAT = "kiln.artifacts"
+MANIFEST_NAME = "manifest.json"
+
+# Archive format versions. Readers accept MIN_SUPPORTED_VERSION..FORMAT_VERSION.
+# Bump for any change an older reader would misread (v1 readers reject unknown
+# manifest keys), add a dated line, and check in a new golden archive.
+#
+# 1 (2026-11-21): first version. manifest.json {format, version, kiln_version,
+#   artifacts: [{codegen_id, loader, file_name, size, sha256, metadata}],
+#   metadata, checksum} followed by <codegen_id>/<file_name> members.
+FORMAT_VERSION = 1
+MIN_SUPPORTED_VERSION = 1
+
+# A manifest is a few KB; refuse to read an absurd one into memory.
+MAX_MANIFEST_SIZE = 64 << 20
+
+_MANIFEST_KEYS = {"format", "version", "kiln_version", "artifacts", "metadata", "checksum"}
+_ENTRY_KEYS = {"codegen_id", "loader", "file_name", "size", "sha256", "metadata"}
+_SHA256_RE = re.compile(r"[0-9a-f]{64}")
+
+_Fail = Callable[[str], NoReturn]
+
+
+def manifest_checksum(manifest: Mapping[str, Any]) -> str:
+    """`sha256:<hex>` of the canonical JSON of `manifest` without its checksum key."""
+    body = {k: v for k, v in manifest.items() if k != "checksum"}
+    return "sha256:" + hashlib.sha256(canonical_json(body).encode("utf-8")).hexdigest()
+
+
+def member_name(artifact: Artifact) -> str:
+    """Path of `artifact` inside the archive."""
+    return f"{artifact.codegen_id}/{artifact.file_name}"
+
+
+def build_manifest(artifacts: list[Artifact], metadata: Mapping[str, Any]) -> dict[str, Any]:
+    """The manifest object of an archive holding `artifacts`."""
+    from kiln import __version__
+
+    manifest: dict[str, Any] = {
+        "format": ARCHIVE_FORMAT,
+        "version": FORMAT_VERSION,
+        "kiln_version": __version__,
+        "artifacts": [
+            {"codegen_id": a.codegen_id, "loader": a.loader, "file_name": a.file_name,
+             "size": a.size, "sha256": a.sha256(), "metadata": thaw(a.metadata)}
+            for a in artifacts
+        ],
+        "metadata": thaw(metadata),
+    }
+    manifest["checksum"] = manifest_checksum(manifest)
+    return manifest
+
+
+def write_tar(path: str | os.PathLike[str], artifacts: ArtifactSet,
+              metadata: Mapping[str, Any]) -> None:
+    """Write `artifacts` and the library `metadata` to a `.tar` at `path`, atomically.
+
+    The archive is built in a temporary file next to `path` and renamed over
+    it, so readers never see half an archive. Members have fixed owner, mode
+    and mtime, so equal inputs give equal bytes. An InMemoryArtifact raises
+    ExportError before anything is written.
+    """
+    arts = [require_serializable(a) for a in artifacts]
+    for a in arts:
+        if a.codegen_id == MANIFEST_NAME:
+            raise ValueError(f"codegen_id {a.codegen_id!r} collides with the archive manifest")
+    meta = freeze_object(metadata, "library metadata")
+    manifest = build_manifest(arts, meta)
+    manifest_bytes = (json.dumps(manifest, indent=2, ensure_ascii=False, allow_nan=False)
+                      + "\n").encode("utf-8")
+
+    path = os.fspath(path)
+    directory = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp",
+                               dir=directory)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            with tarfile.open(fileobj=f, mode="w", format=tarfile.PAX_FORMAT) as tar:
+                _add_file(tar, MANIFEST_NAME, manifest_bytes)
+                for a in arts:
+                    _add_file(tar, member_name(a), a.content)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+
+
+def _add_file(tar: tarfile.TarFile, name: str, data: bytes) -> None:
+    info = tarfile.TarInfo(name)
+    info.size = len(data)
+    info.mode = 0o644
+    info.mtime = 0
+    info.uid = info.gid = 0
+    info.uname = info.gname = ""
+    tar.addfile(info, io.BytesIO(data))
+
+
+def read_tar(path: str | os.PathLike[str]) -> tuple[ArtifactSet, dict[str, Any]]:
+    """Read an archive written by `write_tar`: (artifacts, library metadata).
+
+    Nothing is extracted to disk. Every member is checked; anything unexpected
+    raises FormatError naming the archive and the member.
+    """
+    path = os.fspath(path)
+    where = f"archive {path}"
+
+    def fail(message: str) -> NoReturn:
+        raise FormatError(f"{where}: {message}")
+
+    file_size = os.path.getsize(path)
+    members: dict[str, bytes] = {}
+    dirs: set[str] = set()
+    try:
+        with tarfile.open(path, mode="r:") as tar:
+            for info in tar:
+                name = _check_member_name(info.name, fail)
+                if name in members or name in dirs:
+                    fail(f"member '{name}' appears more than once")
+                if info.isdir():
+                    dirs.add(name)
+                    continue
+                if info.issym() or info.islnk():
+                    fail(f"member '{name}' is a link (to '{info.linkname}'); "
+                         "archives hold regular files only")
+                if not info.isreg():
+                    fail(f"member '{name}' is a device, FIFO or other special file; "
+                         "archives hold regular files only")
+                if info.size > file_size:
+                    fail(f"member '{name}' claims {info.size} bytes, more than the whole "
+                         f"file ({file_size}); the archive is damaged")
+                if name == MANIFEST_NAME and info.size > MAX_MANIFEST_SIZE:
+                    fail(f"{MANIFEST_NAME} is {info.size} bytes, over the "
+                         f"{MAX_MANIFEST_SIZE}-byte limit")
+                extracted = tar.extractfile(info)
+                if extracted is None:  # pragma: no cover - isreg() members always extract
+                    fail(f"member '{name}' has no data")
+                data = extracted.read()
+                if len(data) != info.size:
+                    fail(f"member '{name}' is truncated: expected {info.size} bytes, "
+                         f"found {len(data)}")
+                members[name] = data
+    except FormatError:
+        raise
+    except (tarfile.TarError, EOFError, UnicodeError, ValueError) as err:
+        # tarfile reports malformed headers with all of these.
+        fail(f"not a readable uncompressed tar archive ({err})")
+
+    if MANIFEST_NAME not in members:
+        fail(f"no {MANIFEST_NAME}: expected a kiln artifact archive")
+    manifest = parse_json_object(members.pop(MANIFEST_NAME), f"{where}: {MANIFEST_NAME}",
+                                 FormatError)
+    entries, metadata = _check_manifest(manifest, fail)
+
+    artifacts = ArtifactSet()
+    expected_dirs: set[str] = set()
+    expected_keys: set[tuple[str, str]] = set()
+    for i, entry in enumerate(entries):
+        try:
+            art = Artifact(entry["codegen_id"], entry["loader"], entry["file_name"], b"",
+                           entry["metadata"])
+        except ValueError as err:
+            fail(f"{MANIFEST_NAME} artifact {i}: {err}")
+        name = member_name(art)
+        if art.key in expected_keys:
+            fail(f"{MANIFEST_NAME} lists '{name}' twice")
+        expected_keys.add(art.key)
+        expected_dirs.add(art.codegen_id)
+        if name not in members:
+            fail(f"{MANIFEST_NAME} lists '{name}' but the archive has no such file")
+        data = members.pop(name)
+        if len(data) != entry["size"]:
+            fail(f"'{name}' is {len(data)} bytes, the manifest says {entry['size']}")
+        digest = hashlib.sha256(data).hexdigest()
+        if digest != entry["sha256"]:
+            fail(f"'{name}' sha256 mismatch: manifest says {entry['sha256'][:16]}..., "
+                 f"content hashes to {digest[:16]}... (the file was changed or damaged)")
+        try:
+            artifacts.add(Artifact(art.codegen_id, art.loader, art.file_name, data,
+                                   art.metadata))
+        except ValueError as err:
+            fail(f"{MANIFEST_NAME} artifact {i}: {err}")
+    if members:
+        fail(f"file(s) not listed in {MANIFEST_NAME}: {', '.join(sorted(members)[:8])}")
+    stray_dirs = dirs - expected_dirs
+    if stray_dirs:
+        fail(f"directory entries not matching any codegen_id: {', '.join(sorted(stray_dirs))}")
+    return artifacts, metadata
+
+
+def _check_member_name(raw: str, fail: _Fail) -> str:
+    """The member name without a trailing '/', after rejecting unsafe paths."""
+    if raw.startswith("/") or re.match(r"[A-Za-z]:", raw):
+        fail(f"member '{raw}' has an absolute path")
+    if "\\" in raw or "\0" in raw:
+        fail(f"member '{raw}' contains a backslash or NUL")
+    name = raw[:-1] if raw.endswith("/") else raw
+    parts = name.split("/")
+    if ".." in parts:
+        fail(f"member '{raw}' contains '..'")
+    if any(p in ("", ".") for p in parts):
+        fail(f"member '{raw}' is not a normalized relative path")
+    return name
+
+
+def _check_manifest(manifest: Mapping[str, Any],
+                    fail: _Fail) -> tuple[list[Mapping[str, Any]], dict[str, Any]]:
+    fmt = manifest.get("format")
+    if fmt != ARCHIVE_FORMAT:
+        fail(f"{MANIFEST_NAME}: expected format '{ARCHIVE_FORMAT}', found {fmt!r}")
+    version = manifest.get("version")
+    if not isinstance(version, int) or isinstance(version, bool):
+        fail(f"{MANIFEST_NAME}: expected an integer 'version', found {version!r}")
+    if version > FORMAT_VERSION:
+        from kiln import __version__
+
+        fail(f"archive format version {version} is newer than this kiln {__version__} "
+             f"supports (versions {MIN_SUPPORTED_VERSION}..{FORMAT_VERSION}); "
+             "upgrade kiln to read it")
+    if version < MIN_SUPPORTED_VERSION:
+        fail(f"archive format version {version} is too old: this kiln reads versions "
+             f"{MIN_SUPPORTED_VERSION}..{FORMAT_VERSION}")
+    keys = set(manifest)
+    if keys != _MANIFEST_KEYS:
+        _report_keys(f"{MANIFEST_NAME}", keys, _MANIFEST_KEYS, fail)
+    checksum = manifest["checksum"]
+    expected = manifest_checksum(manifest)
+    if checksum != expected:
+        fail(f"{MANIFEST_NAME} checksum mismatch: it says {str(checksum)[:24]}..., "
+             f"its content hashes to {expected[:24]}... (the manifest was changed or damaged)")
+    if not isinstance(manifest["kiln_version"], str):
+        fail(f"{MANIFEST_NAME}: 'kiln_version' must be a string")
+    if not isinstance(manifest["metadata"], Mapping):
+        fail(f"{MANIFEST_NAME}: 'metadata' must be an object")
+    entries = manifest["artifacts"]
+    if not isinstance(entries, (list, tuple)):
+        fail(f"{MANIFEST_NAME}: 'artifacts' must be a list")
+    for i, e in enumerate(entries):
+        where = f"{MANIFEST_NAME} artifact {i}"
+        if not isinstance(e, Mapping):
+            fail(f"{where} must be an object")
+        if set(e) != _ENTRY_KEYS:
+            _report_keys(where, set(e), _ENTRY_KEYS, fail)
+        size = e["size"]
+        if not isinstance(size, int) or isinstance(size, bool) or size < 0:
+            fail(f"{where}: 'size' must be a non-negative integer, found {size!r}")
+        if not isinstance(e["sha256"], str) or not _SHA256_RE.fullmatch(e["sha256"]):
+            fail(f"{where}: 'sha256' must be 64 lowercase hex digits")
+        if not isinstance(e["metadata"], Mapping):
+            fail(f"{where}: 'metadata' must be an object")
+    return list(entries), thaw(manifest["metadata"])
+
+
+def _report_keys(where: str, found: set[str], expected: set[str], fail: _Fail) -> NoReturn:
+    missing = sorted(expected - found)
+    extra = sorted(found - expected)
+    parts = []
+    if missing:
+        parts.append(f"missing key(s) {missing}")
+    if extra:
+        parts.append(f"unknown key(s) {extra} (written by a newer kiln?)")
+    fail(f"{where}: {'; '.join(parts)}")
+    raise AssertionError("unreachable")
