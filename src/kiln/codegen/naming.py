@@ -104,7 +104,8 @@ def function_signature(name: str, fn: PrimFunc, prefix: str) -> dict[str, Any]:
     return {
         "name": name,
         "symbol": entry_symbol(prefix, name),
-        "kind": "graph" if fn.attrs.get(ATTR_GRAPH) else "tensor",
+        # the caller allocates results whenever outputs are declared
+        "kind": "graph" if fn.attrs.get(ATTR_GRAPH) or n_out else "tensor",
         "params": params[:split],
         "results": results,
         "tuple_result": bool(fn.attrs.get(ATTR_TUPLE_RESULT, False)),

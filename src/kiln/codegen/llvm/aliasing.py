@@ -1,0 +1,235 @@
+"""Which buffer parameters of a kernel may carry LLVM's `noalias`.
+
+`noalias` on a pointer parameter promises that, during the call, memory
+reached through it is not reached through any other pointer. It lets LLVM
+vectorize without runtime overlap checks. kiln's rule (docs/codegen-llvm.md):
+
+- A buffer parameter the kernel may *write* (stores, through a view, in a
+  called kernel, or handed to an external C function) is `noalias`; read-only
+  parameters get nothing (two inputs may share memory).
+- Callers outside the module (the packed entries) must not pass overlapping
+  outputs and inputs: docs/abi.md already says results and inputs may not
+  alias.
+- Inside the module, every `CallFunc` is checked: if two buffer arguments may
+  overlap (same storage and intersecting byte ranges, or unknown ranges) and
+  the callee writes one of them, that callee gets no `noalias` at all. The same
+  happens to callees of such a kernel that receive two of its parameters.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from kiln.errors import IRError
+from kiln.ir.tensor import (
+    Allocate,
+    AllocConst,
+    Buffer,
+    CallExtern,
+    CallFunc,
+    DeclBuffer,
+    Evaluate,
+    For,
+    IfThenElse,
+    LetStmt,
+    PrimExpr,
+    PrimFunc,
+    SeqStmt,
+    Stmt,
+    Store,
+)
+
+
+@dataclass(frozen=True)
+class Region:
+    """Bytes of one storage: `root` is the param/allocation, offset/size None if unknown."""
+
+    root: object
+    offset: int | None
+    size: int | None
+
+    def may_overlap(self, other: Region) -> bool:
+        if self.root is not other.root:
+            return False
+        if None in (self.offset, self.size, other.offset, other.size):
+            return True
+        assert self.offset is not None and self.size is not None
+        assert other.offset is not None and other.size is not None
+        return self.offset < other.offset + other.size and other.offset < self.offset + self.size
+
+
+@dataclass
+class _CallSite:
+    callee: str
+    args: list[Region | None]  # None for scalar arguments
+
+
+@dataclass
+class _Summary:
+    """What one kernel does to its parameters, before looking at callees."""
+
+    params: dict[object, int]  # param buffer -> parameter index
+    stored: set[object]  # roots stored to (or handed to external code)
+    calls: list[_CallSite]
+
+
+@dataclass(frozen=True)
+class AliasInfo:
+    """Per kernel: parameter indices it may write, and those that may be `noalias`."""
+
+    written: dict[str, frozenset[int]]
+    noalias: dict[str, frozenset[int]]
+
+
+def analyze(funcs: dict[str, PrimFunc]) -> AliasInfo:
+    """Which buffer parameters each kernel writes and which may be marked `noalias`."""
+    summaries = {name: _summarize(fn) for name, fn in funcs.items()}
+    written = _written_params(summaries)
+    unsafe = _kernels_with_aliasing_calls(summaries, written)
+    return AliasInfo(
+        written={name: frozenset(w) for name, w in written.items()},
+        noalias={name: frozenset() if name in unsafe else frozenset(written[name])
+                 for name in funcs})
+
+
+def noalias_params(funcs: dict[str, PrimFunc]) -> dict[str, frozenset[int]]:
+    """Parameter indices that may be marked `noalias`, per kernel name."""
+    return analyze(funcs).noalias
+
+
+def _written_params(summaries: dict[str, _Summary]) -> dict[str, set[int]]:
+    written: dict[str, set[int]] = {
+        name: {s.params[r] for r in s.stored if r in s.params} for name, s in summaries.items()
+    }
+    changed = True
+    while changed:
+        changed = False
+        for name, s in summaries.items():
+            for call in s.calls:
+                callee_written = written.get(call.callee, set())
+                for index, region in enumerate(call.args):
+                    if region is None or index not in callee_written:
+                        continue
+                    param = s.params.get(region.root)
+                    if param is not None and param not in written[name]:
+                        written[name].add(param)
+                        changed = True
+    return written
+
+
+def _kernels_with_aliasing_calls(
+    summaries: dict[str, _Summary], written: dict[str, set[int]],
+) -> set[str]:
+    unsafe: set[str] = set()
+    changed = True
+    while changed:
+        changed = False
+        for name, s in summaries.items():
+            for call in s.calls:
+                if call.callee in unsafe or call.callee not in summaries:
+                    continue
+                if _call_may_alias(call, written[call.callee], s, caller_unsafe=name in unsafe):
+                    unsafe.add(call.callee)
+                    changed = True
+    return unsafe
+
+
+def _call_may_alias(call: _CallSite, callee_written: set[int], caller: _Summary,
+                    caller_unsafe: bool) -> bool:
+    buffers = [(i, r) for i, r in enumerate(call.args) if r is not None]
+    for a, (i, ri) in enumerate(buffers):
+        for j, rj in buffers[a + 1:]:
+            if i not in callee_written and j not in callee_written:
+                continue
+            if ri.may_overlap(rj):
+                return True
+            # Two parameters of a kernel without noalias may be the same memory.
+            if caller_unsafe and ri.root in caller.params and rj.root in caller.params:
+                return True
+    return False
+
+
+# ------------------------------------------------------------------ summarizing
+
+
+def _static_nbytes(buf: Buffer) -> int | None:
+    try:
+        return buf.nbytes()
+    except IRError:
+        return None
+
+
+def _summarize(fn: PrimFunc) -> _Summary:
+    params: dict[object, int] = {p: i for i, p in enumerate(fn.params) if isinstance(p, Buffer)}
+    regions = {p: Region(p, 0, _static_nbytes(p)) for p in fn.params if isinstance(p, Buffer)}
+    summary = _Summary(params, set(), [])
+    _visit(fn.body, regions, summary)
+    return summary
+
+
+def _region(buf: Buffer, regions: dict[Buffer, Region]) -> Region:
+    # A buffer not bound in this kernel is ill-formed IR; treat it as its own storage.
+    return regions.get(buf) or Region(buf, None, None)
+
+
+def _visit(stmt: Stmt, regions: dict[Buffer, Region], out: _Summary) -> None:
+    for expr in _stmt_exprs(stmt):
+        for sub in walk_expr(expr):
+            if isinstance(sub, CallExtern):
+                for arg in sub.args:
+                    if isinstance(arg, Buffer):
+                        out.stored.add(_region(arg, regions).root)
+    if isinstance(stmt, Store):
+        out.stored.add(_region(stmt.buffer, regions).root)
+    elif isinstance(stmt, SeqStmt):
+        for s in stmt.body:
+            _visit(s, regions, out)
+    elif isinstance(stmt, (For, LetStmt)):
+        _visit(stmt.body, regions, out)
+    elif isinstance(stmt, IfThenElse):
+        _visit(stmt.then_body, regions, out)
+        if stmt.else_body is not None:
+            _visit(stmt.else_body, regions, out)
+    elif isinstance(stmt, (Allocate, AllocConst)):
+        _visit(stmt.body, {**regions, stmt.buffer: Region(stmt.buffer, 0, None)}, out)
+    elif isinstance(stmt, DeclBuffer):
+        src = _region(stmt.source, regions)
+        offset = None if src.offset is None else src.offset + stmt.byte_offset
+        view = Region(src.root, offset, _static_nbytes(stmt.buffer))
+        _visit(stmt.body, {**regions, stmt.buffer: view}, out)
+    elif isinstance(stmt, CallFunc):
+        out.calls.append(_CallSite(stmt.func, [
+            _region(a, regions) if isinstance(a, Buffer) else None for a in stmt.args]))
+
+
+def _stmt_exprs(stmt: Stmt) -> Iterator[PrimExpr]:
+    """The expressions a statement holds directly (not those of nested statements)."""
+    if isinstance(stmt, Store):
+        yield stmt.value
+        yield from stmt.indices
+    elif isinstance(stmt, For):
+        yield stmt.start
+        yield stmt.extent
+    elif isinstance(stmt, LetStmt):
+        yield stmt.value
+    elif isinstance(stmt, IfThenElse):
+        yield stmt.cond
+    elif isinstance(stmt, Evaluate):
+        yield stmt.value
+    elif isinstance(stmt, CallFunc):
+        yield from (a for a in stmt.args if isinstance(a, PrimExpr))
+
+
+def walk_expr(expr: PrimExpr) -> Iterator[PrimExpr]:
+    """`expr` and every expression inside it."""
+    stack = [expr]
+    while stack:
+        e = stack.pop()
+        yield e
+        for name in getattr(e, "__slots__", ()):
+            child = getattr(e, name, None)
+            if isinstance(child, PrimExpr):
+                stack.append(child)
+            elif isinstance(child, tuple):
+                stack.extend(c for c in child if isinstance(c, PrimExpr))

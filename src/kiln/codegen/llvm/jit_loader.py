@@ -1,0 +1,176 @@
+"""The `llvmjit` loader: JIT-compile a module.bc artifact in this process.
+
+`load_llvmjit(artifacts, ctx)` is registered in the runtime as loader
+"llvmjit". It parses the bitcode, checks it was built for this machine,
+binds `{prefix}_consts` to a private, 64-byte aligned copy of constants.bin
+(per engine: nothing global changes), compiles with MCJIT and wraps each raw
+kernel in `kiln.runtime.RawKernelFunction`, which checks arguments in Python
+as the packed C entries do.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from kiln.codegen.constants import CONST_ALIGN, CONSTANTS_FILE
+from kiln.codegen.llvm.jit import BITCODE_FILE, JIT_FORMAT, JIT_FORMAT_VERSION
+from kiln.codegen.llvm.lower_to_llvm import ERROR_CODES
+from kiln.codegen.llvm.target_machine import llvm_binding
+from kiln.codegen.naming import consts_symbol, kernel_symbol
+from kiln.errors import FormatError, KilnError
+from kiln.runtime import LoadContext, Module, RawKernelFunction
+
+
+def load_llvmjit(artifacts: Sequence[Any], ctx: LoadContext | None = None) -> LLVMJITModule:
+    """Load the llvmjit artifacts (module.bc and optional constants.bin) as a Module."""
+    by_name: dict[str, Any] = {}
+    for a in artifacts:
+        if a.file_name in by_name:
+            raise FormatError(f"llvmjit: two artifacts named {a.file_name!r}")
+        if not getattr(a, "serializable", True):
+            raise FormatError(f"llvmjit: artifact {a.file_name!r} holds no bytes")
+        by_name[a.file_name] = a
+    unknown = sorted(set(by_name) - {BITCODE_FILE, CONSTANTS_FILE})
+    if unknown:
+        raise FormatError(f"llvmjit: unexpected artifact(s) {unknown}; the llvmjit loader "
+                          f"reads {BITCODE_FILE} and {CONSTANTS_FILE}")
+    if BITCODE_FILE not in by_name:
+        raise FormatError(f"llvmjit: no {BITCODE_FILE} among the artifacts "
+                          f"({', '.join(sorted(by_name)) or 'none'})")
+    return LLVMJITModule(by_name[BITCODE_FILE], by_name.get(CONSTANTS_FILE))
+
+
+class LLVMJITModule(Module):
+    """Kernels JIT-compiled by LLVM (MCJIT) in this process; keeps the engine alive.
+
+    Functions handed out keep this module (and so the machine code) alive even
+    after `close()`, so a stale function never calls freed code.
+    """
+
+    kind = "llvmjit"
+
+    def __init__(self, bitcode: Any, constants: Any | None = None) -> None:
+        meta = _check_metadata(bitcode.metadata)
+        library = dict(meta["metadata"])
+        super().__init__(metadata=library,
+                         artifacts=[a for a in (bitcode, constants) if a is not None])
+        llvm = llvm_binding()
+        try:
+            mod = llvm.parse_bitcode(bytes(bitcode.content))
+            mod.verify()
+        except RuntimeError as err:
+            raise FormatError(f"llvmjit: {BITCODE_FILE} is not valid LLVM bitcode: {err}"
+                              ) from None
+        self.prefix = str(meta["prefix"])
+        self.triple = str(meta["triple"])
+        _check_host(llvm, self.triple, str(meta.get("features", "")))
+        self._ir_text = str(mod)
+        self._tm = llvm.Target.from_triple(self.triple).create_target_machine(
+            cpu=str(meta.get("cpu", "")), features=str(meta.get("features", "")),
+            opt=int(meta.get("opt_level", 3)), reloc="default", codemodel="jitdefault",
+            jit=True)
+        self._engine = llvm.create_mcjit_compiler(mod, self._tm)
+        self._constants = self._bind_constants(mod, constants)
+        self._engine.finalize_object()
+        self._functions = self._wrap_kernels(library)
+
+    def _bind_constants(self, mod: Any, constants: Any | None) -> np.ndarray | None:
+        symbol = consts_symbol(self.prefix)
+        try:
+            gv = mod.get_global_variable(symbol)
+        except NameError:
+            return None  # no kernel reads constants
+        if constants is None:
+            raise FormatError(f"llvmjit: the kernels read constants ({symbol}) but there is no "
+                              f"{CONSTANTS_FILE} artifact")
+        data = bytes(constants.content)
+        # A private, aligned copy: the engine maps the symbol to it, nothing else sees it.
+        raw = np.zeros(len(data) + CONST_ALIGN, dtype=np.uint8)
+        start = (-raw.ctypes.data) % CONST_ALIGN
+        buf = raw[start:start + len(data)]
+        buf[:] = np.frombuffer(data, dtype=np.uint8)
+        buf.flags.writeable = False
+        self._engine.add_global_mapping(gv, buf.ctypes.data)
+        return raw
+
+    def _wrap_kernels(self, library: Mapping[str, Any]) -> dict[str, RawKernelFunction]:
+        functions: dict[str, RawKernelFunction] = {}
+        for name, signature in dict(library.get("functions", {})).items():
+            symbol = kernel_symbol(self.prefix, name)
+            address = self._engine.get_function_address(symbol)
+            if not address:
+                raise FormatError(f"llvmjit: {BITCODE_FILE} has no kernel {symbol!r} for "
+                                  f"function {name!r}")
+            functions[name] = RawKernelFunction(
+                signature, address, _last_error_text(name), keepalive=self)
+        return functions
+
+    def kernel_address(self, name: str) -> int:
+        """Address of the raw kernel of IR function `name` (for calls through ctypes)."""
+        if name not in self._functions:
+            raise KilnError(f"llvmjit: no kernel for function {name!r}; known: "
+                            f"{', '.join(self._functions) or '(none)'}")
+        return int(self._engine.get_function_address(kernel_symbol(self.prefix, name)))
+
+    # -- Module interface ------------------------------------------------------------
+
+    def _own_function(self, name: str) -> RawKernelFunction | None:
+        return self._functions.get(name)
+
+    def _own_names(self) -> list[str]:
+        return list(self._functions)
+
+    def inspect_source(self, fmt: str = "c") -> str:
+        """"ll": the LLVM IR being run; "asm": its assembly for this machine."""
+        if fmt == "ll":
+            return self._ir_text
+        if fmt == "asm":
+            llvm = llvm_binding()
+            return str(self._tm.emit_assembly(llvm.parse_assembly(self._ir_text)))
+        return super().inspect_source(fmt)
+
+    def close(self) -> None:
+        """Forget the functions; code stays mapped while a handed-out function lives."""
+        self._functions = {}
+        super().close()
+
+
+def _last_error_text(name: str) -> Any:
+    # A raw kernel reports only a code; every code a kiln llvm kernel returns is listed.
+    codes = "; ".join(f"code {code}: {msg}" for code, msg in ERROR_CODES.items())
+    if len(ERROR_CODES) == 1:
+        message = f"{name}: {next(iter(ERROR_CODES.values()))}"
+    else:  # pragma: no cover - one code today
+        message = f"{name}: kernel failed ({codes})"
+    return lambda: message
+
+
+def _check_metadata(meta: Mapping[str, Any]) -> Mapping[str, Any]:
+    if meta.get("format") != JIT_FORMAT:
+        raise FormatError(f"llvmjit: {BITCODE_FILE} metadata has format "
+                          f"{meta.get('format')!r}, expected {JIT_FORMAT!r}")
+    version = meta.get("version")
+    if not isinstance(version, int) or not 1 <= version <= JIT_FORMAT_VERSION:
+        raise FormatError(f"llvmjit: {BITCODE_FILE} metadata version {version!r} is not "
+                          f"supported (this kiln reads 1..{JIT_FORMAT_VERSION})")
+    missing = [k for k in ("metadata", "prefix", "triple") if k not in meta]
+    if missing:
+        raise FormatError(f"llvmjit: {BITCODE_FILE} metadata lacks {', '.join(missing)}")
+    return meta
+
+
+def _check_host(llvm: Any, triple: str, features: str) -> None:
+    """Refuse code for another architecture or needing CPU features this host lacks."""
+    host = str(llvm.get_process_triple())
+    if triple.split("-", 1)[0] != host.split("-", 1)[0]:
+        raise KilnError(f"llvmjit: the module was compiled for {triple}, but this process "
+                        f"runs on {host}; recompile it here")
+    host_features = dict(llvm.get_host_cpu_features())
+    missing = [f[1:] for f in features.split(",")
+               if f.startswith("+") and host_features.get(f[1:]) is False]
+    if missing:
+        raise KilnError(f"llvmjit: the module needs CPU feature(s) {', '.join(missing)} that "
+                        "this machine lacks; recompile it for this host")

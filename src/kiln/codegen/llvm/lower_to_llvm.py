@@ -1,0 +1,770 @@
+"""Lower the tensor-level functions of an IRModule to one llvmlite module.
+
+Each PrimFunc `f` becomes the raw kernel of docs/abi.md:
+
+    i32 @{prefix}_kernel_f(ptr %A, ptr %B, i64 %n, ...)
+
+one argument per IR parameter (a buffer is a pointer to its elements, a
+scalar its C type), returning 0 or an error code (`ERROR_CODES`). The node
+-> emitter dispatch tables `EXPR_RULES` and `STMT_RULES` are the whole
+translation; docs/codegen-llvm.md describes each rule.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from llvmlite import ir
+from llvmlite.ir.values import MDValue
+
+from kiln.codegen.constants import CONST_ALIGN, ConstantPool
+from kiln.codegen.llvm import arith
+from kiln.codegen.llvm.aliasing import analyze, walk_expr
+from kiln.codegen.llvm.arith import MathContext
+from kiln.codegen.llvm.decls import declare
+from kiln.codegen.llvm.dtypes import (
+    I1,
+    I8,
+    I32,
+    I64,
+    PTR,
+    c_type,
+    compute_type,
+    const_value,
+    is_half,
+    storage_type,
+)
+from kiln.codegen.llvm.float16 import HalfConversions
+from kiln.codegen.llvm.intrinsics import emit_intrinsic
+from kiln.codegen.naming import consts_symbol, kernel_symbol
+from kiln.errors import CompileError, IRError
+from kiln.ir import dtype as dt
+from kiln.ir.module import IRModule
+from kiln.ir.tensor import (
+    Allocate,
+    AllocConst,
+    BinaryOp,
+    Buffer,
+    CallExtern,
+    CallFunc,
+    Cast,
+    Compare,
+    Const,
+    DeclBuffer,
+    Evaluate,
+    For,
+    IfThenElse,
+    Intrin,
+    LetStmt,
+    Load,
+    PrimExpr,
+    PrimFunc,
+    Select,
+    SeqStmt,
+    Stmt,
+    Store,
+    UnaryOp,
+    Var,
+)
+
+# Non-zero kernel results; the host entry (kiln/codegen/host.py) maps them to
+# messages. A failing CallFunc passes its callee's code through unchanged.
+ERROR_OUT_OF_MEMORY = 1
+ERROR_CODES = {ERROR_OUT_OF_MEMORY: "out of memory allocating a workspace"}
+
+# Alignment of stack buffers (a cache line: lets the vectorizer use aligned access).
+LOCAL_ALIGN = 64
+
+
+@dataclass(frozen=True)
+class LoweringOptions:
+    """What the lowering needs to know about the target and the library."""
+
+    prefix: str
+    triple: str = ""
+    data_layout: str = ""
+    # Hidden visibility for kernels and the constants symbol: right for a
+    # shared library (nothing internal is exported), wrong for a JIT whose
+    # constants live at an arbitrary address (it needs a GOT-style access).
+    hidden: bool = True
+    pointer_bits: int = 64
+    fast_math: bool = False
+    native_roundeven: bool = True
+    # ABIs that pass 32-bit integers sign-extended in 64-bit registers (RISC-V 64...).
+    sext_int32: bool = False
+    # Function attributes ("target-cpu", "target-features", "prefer-vector-width").
+    function_attrs: tuple[tuple[str, str], ...] = ()
+
+
+# Fast-math flags used when the target enables fast-math: everything except
+# nnan/ninf, so isnan/isinf and NaN propagation keep working.
+FAST_MATH_FLAGS = ("reassoc", "contract", "arcp", "afn", "nsz")
+
+
+class _KernelAttributes(ir.values.FunctionAttributes):
+    """Function attributes plus LLVM string attributes such as "target-cpu"="znver5"."""
+
+    def __init__(self, strings: tuple[tuple[str, str], ...]) -> None:
+        super().__init__()
+        self.strings = strings
+
+    def _to_list(self, ret_type: ir.Type) -> list[str]:
+        out: list[str] = super()._to_list(ret_type)
+        out.extend(f'"{key}"="{value}"' for key, value in self.strings)
+        return out
+
+
+class _LoopID(MDValue):
+    """A distinct, self-referential `!llvm.loop` node (llvmlite has no such node)."""
+
+    def __init__(self, module: ir.Module, properties: list[ir.Value]) -> None:
+        super().__init__(module, properties, name=str(len(module.metadata)))
+
+    def descr(self, buf: list[str]) -> None:
+        ops = ", ".join([self.get_reference()] + [p.get_reference() for p in self.operands])
+        buf += (f"distinct !{{ {ops} }}", "\n")
+
+    def __eq__(self, other: object) -> bool:
+        return self is other
+
+    def __hash__(self) -> int:
+        return id(self)
+
+
+@dataclass
+class LoweredModule:
+    """The llvmlite module and facts about it the codegen reports."""
+
+    module: ir.Module
+    kernels: dict[str, str]  # IR function name -> kernel symbol
+    externs: dict[str, Any] = field(default_factory=dict)  # extern name -> dependency JSON
+    uses_constants: bool = False
+
+
+def lower_module(mod: IRModule, pool: ConstantPool, options: LoweringOptions) -> LoweredModule:
+    """Translate every PrimFunc of `mod` into one LLVM module (see the module docstring)."""
+    return _ModuleLowering(mod, pool, options).run()
+
+
+# ======================================================================= module
+
+
+def _opaque(value: Any) -> Any:
+    """Retype an llvmlite value from a typed pointer (`[n x T]*`) to the opaque `ptr`.
+
+    llvmlite still types allocas and globals with typed pointers; every buffer
+    address in a kernel is an opaque `ptr`, accessed with explicit element types.
+    """
+    value.type = PTR
+    return value
+
+
+class _ModuleLowering:
+    def __init__(self, mod: IRModule, pool: ConstantPool, options: LoweringOptions) -> None:
+        graph = sorted(mod.graph_funcs())
+        if graph:
+            raise CompileError(
+                f"the llvm backend compiles tensor-level functions only; graph-level "
+                f"functions {graph} were not lowered (run the graph pipeline first)")
+        self.mod = mod
+        self.pool = pool
+        self.options = options
+        self.module = ir.Module(name="kiln")
+        self.module.triple = options.triple
+        self.module.data_layout = options.data_layout
+        self.math = MathContext(
+            self.module, HalfConversions(self.module),
+            FAST_MATH_FLAGS if options.fast_math else (), options.native_roundeven)
+        self.size_t = ir.IntType(options.pointer_bits)
+        self.kernels: dict[str, ir.Function] = {}
+        self.funcs = mod.prim_funcs()
+        self.externs: dict[str, Any] = {}
+        self._consts: ir.GlobalVariable | None = None
+
+    def run(self) -> LoweredModule:
+        self.aliasing = analyze(dict(self.funcs))
+        for name, fn in self.funcs.items():
+            self.kernels[name] = self._declare_kernel(name, fn, self.aliasing.noalias[name])
+        for name, fn in self.funcs.items():
+            _FunctionLowering(self, name, fn, self.kernels[name]).run()
+        return LoweredModule(
+            self.module, {n: f.name for n, f in self.kernels.items()}, self.externs,
+            self._consts is not None)
+
+    def _declare_kernel(self, name: str, fn: PrimFunc, noalias: frozenset[int]) -> ir.Function:
+        seen: set[int] = set()
+        arg_types: list[ir.Type] = []
+        for p in fn.params:
+            if id(p) in seen:
+                raise CompileError(f"function {name!r}: parameter {p.name!r} is listed twice")
+            seen.add(id(p))
+            arg_types.append(PTR if isinstance(p, Buffer) else c_type(p.dtype))
+        _check_shape_vars(name, fn)
+        irfn = ir.Function(self.module, ir.FunctionType(I32, arg_types),
+                           kernel_symbol(self.options.prefix, name))
+        if self.options.hidden:
+            irfn.linkage = "hidden"  # printed as the visibility of an external definition
+        irfn.attributes = _KernelAttributes(self.options.function_attrs)
+        irfn.attributes.add("nounwind")
+        if self.options.sext_int32:
+            irfn.return_value.add_attribute("signext")
+        used: set[str] = set()
+        for index, (arg, p) in enumerate(zip(irfn.args, fn.params)):
+            hint = p.name if p.name.isidentifier() and p.name not in used else f"arg{index}"
+            used.add(hint)
+            arg.name = hint
+            if isinstance(p, Buffer) and index in noalias:
+                arg.add_attribute("noalias")
+        return irfn
+
+    # -- module-level objects --------------------------------------------------
+
+    def consts_global(self) -> ir.GlobalVariable:
+        """`@{prefix}_consts`: the external, 64-byte aligned constants blob."""
+        if self._consts is None:
+            gv = ir.GlobalVariable(self.module, ir.ArrayType(I8, 0),
+                                   consts_symbol(self.options.prefix))
+            gv.linkage = "external"
+            if self.options.hidden:
+                gv.storage_class = "hidden"
+            gv.global_constant = True
+            gv.align = CONST_ALIGN
+            self._consts = _opaque(gv)
+        return self._consts
+
+    def loop_metadata(self, kind: str) -> ir.Value | None:
+        """A fresh `!llvm.loop` node for a loop of `kind`, or None for plain loops."""
+        if kind == "vectorized":
+            props = [self.module.add_metadata([
+                ir.MetaDataString(self.module, "llvm.loop.vectorize.enable"),
+                ir.Constant(I1, 1)])]
+        elif kind == "unrolled":
+            props = [self.module.add_metadata([
+                ir.MetaDataString(self.module, "llvm.loop.unroll.full")])]
+        else:
+            return None
+        return _LoopID(self.module, props)
+
+    def extern_ext_attr(self, dtype: str) -> str | None:
+        """The C ABI extension attribute of a small integer crossing a call."""
+        bits = 8 if dt.is_bool(dtype) else dt.bits(dtype)
+        if dt.is_float(dtype) and not is_half(dtype):
+            return None
+        if bits < 32:
+            return "signext" if dt.kind(dtype) == "int" else "zeroext"
+        if bits == 32 and self.options.sext_int32 and not dt.is_float(dtype):
+            return "signext"
+        return None
+
+
+def _check_shape_vars(name: str, fn: PrimFunc) -> None:
+    """Symbolic parameter shapes may only use scalar parameters: kernels get no shapes."""
+    scalars = {p for p in fn.params if isinstance(p, Var)}
+    for p in fn.buffer_params:
+        for d in p.shape:
+            if not isinstance(d, PrimExpr):
+                continue
+            for v in walk_expr(d):
+                if isinstance(v, Var) and v not in scalars:
+                    raise CompileError(
+                        f"llvm codegen, function {name!r}: buffer {p.name!r} has the symbolic "
+                        f"shape {p.shape} whose variable {v.name!r} is not a scalar parameter; "
+                        "raw kernels receive pointers only, so pass every shape variable as a "
+                        "scalar parameter (or use static shapes)")
+
+
+# ======================================================================= functions
+
+
+class _FunctionLowering:
+    """Emits one kernel body. Scopes are structured, so SSA values bind directly."""
+
+    def __init__(self, parent: _ModuleLowering, name: str, fn: PrimFunc,
+                 irfn: ir.Function) -> None:
+        self.parent = parent
+        self.name = name
+        self.fn = fn
+        self.irfn = irfn
+        self.math = parent.math
+        self.entry = irfn.append_basic_block("entry")
+        self.alloca_b = ir.IRBuilder(self.entry)  # stack slots go in the entry block
+        self.body = irfn.append_basic_block("body")
+        self.b = ir.IRBuilder(self.body)
+        self.scalars: dict[Var, ir.Value] = {}
+        self.buffers: dict[Buffer, ir.Value] = {}
+        self.heap: list[ir.Value] = []  # live malloc'ed buffers, freed on any exit
+        self.readonly: set[Buffer] = set()  # AllocConst buffers and views of them
+
+    def error(self, message: str) -> CompileError:
+        return CompileError(f"llvm codegen, function {self.name!r}: {message}")
+
+    def run(self) -> None:
+        for arg, p in zip(self.irfn.args, self.fn.params):
+            if isinstance(p, Buffer):
+                self.buffers[p] = arg
+            else:
+                self.scalars[p] = self.from_storage(arg, p.dtype)
+        self.stmt(self.fn.body)
+        self.b.ret(ir.Constant(I32, 0))
+        self.alloca_b.branch(self.body)
+
+    # -- dispatch ----------------------------------------------------------------
+
+    def expr(self, e: PrimExpr) -> ir.Value:
+        rule = EXPR_RULES.get(type(e))
+        if rule is None:
+            raise self.error(f"no lowering for expression {type(e).__name__}")
+        return rule(self, e)
+
+    def stmt(self, s: Stmt) -> None:
+        rule = STMT_RULES.get(type(s))
+        if rule is None:
+            raise self.error(f"no lowering for statement {type(s).__name__}")
+        rule(self, s)
+
+    # -- memory helpers --------------------------------------------------------------
+
+    def from_storage(self, raw: ir.Value, dtype: str) -> ir.Value:
+        """A loaded (or C-passed) value of `dtype` as a compute value."""
+        if dt.is_bool(dtype):
+            return self.b.icmp_unsigned("!=", raw, ir.Constant(I8, 0))
+        if is_half(dtype):
+            return self.math.halfs.to_f32(self.b, raw, dtype)
+        return raw
+
+    def to_storage(self, value: ir.Value, dtype: str) -> ir.Value:
+        """A compute value of `dtype` as stored in memory (or passed to C)."""
+        if dt.is_bool(dtype):
+            return self.b.zext(value, I8)
+        if is_half(dtype):
+            return self.math.halfs.from_f32(self.b, value, dtype)
+        return value
+
+    def buffer_ptr(self, buf: Buffer) -> ir.Value:
+        ptr = self.buffers.get(buf)
+        if ptr is None:
+            raise self.error(
+                f"buffer {buf.name!r} is used outside the scope that defines it "
+                "(not a parameter, Allocate, AllocConst or DeclBuffer around this use)")
+        return ptr
+
+    def index_i64(self, e: PrimExpr) -> ir.Value:
+        """An integer expression widened (or narrowed) to i64 for address arithmetic."""
+        if not dt.is_int(e.dtype):
+            raise self.error(f"index or size expression has dtype {e.dtype}; "
+                             "indices must be integers")
+        v = self.expr(e)
+        bits = dt.bits(e.dtype)
+        if bits == 64:
+            return v
+        if bits > 64:  # pragma: no cover - no such dtype today
+            return self.b.trunc(v, I64)
+        return self.b.sext(v, I64) if dt.kind(e.dtype) == "int" else self.b.zext(v, I64)
+
+    def dim_i64(self, d: Any) -> ir.Value:
+        if isinstance(d, int):
+            return ir.Constant(I64, d)
+        if isinstance(d, PrimExpr):
+            return self.index_i64(d)
+        raise self.error(f"buffer dimension {d!r} is neither an int nor an expression")
+
+    def element_ptr(self, buf: Buffer, indices: tuple[PrimExpr, ...]) -> ir.Value:
+        """Address of `buf[indices]`: row-major flattening in i64."""
+        if len(indices) != buf.ndim:
+            raise self.error(f"buffer {buf.name!r} has {buf.ndim} dimension(s) but is indexed "
+                             f"with {len(indices)} index(es)")
+        base = self.buffer_ptr(buf)
+        if not indices:
+            return base
+        flat = self.index_i64(indices[0])
+        for dim, idx in zip(buf.shape[1:], indices[1:]):
+            flat = self.b.add(self.b.mul(flat, self.dim_i64(dim), flags=["nsw"]),
+                              self.index_i64(idx), flags=["nsw"])
+        return self.b.gep(base, [flat], inbounds=True, source_etype=storage_type(buf.dtype))
+
+    def byte_size(self, buf: Buffer) -> tuple[ir.Value, ir.Value]:
+        """(size of `buf` in bytes as size_t, whether that size does not fit size_t).
+
+        A shape computed at run time (e.g. from a negative or huge scalar) can
+        overflow; the caller treats that like a failed allocation.
+        """
+        size_t = self.parent.size_t
+        if all(isinstance(d, int) for d in buf.shape):
+            return ir.Constant(size_t, buf.nbytes()), ir.Constant(I1, 0)
+        n: ir.Value = ir.Constant(I64, dt.itemsize(buf.dtype))
+        overflow: ir.Value = ir.Constant(I1, 0)
+        for d in buf.shape:
+            product = self.b.umul_with_overflow(n, self.dim_i64(d))
+            n = self.b.extract_value(product, 0)
+            overflow = self.b.or_(overflow, self.b.extract_value(product, 1))
+        if size_t.width < 64:
+            too_big = self.b.icmp_unsigned(">", n, ir.Constant(I64, (1 << size_t.width) - 1))
+            return self.b.trunc(n, size_t), self.b.or_(overflow, too_big)
+        return n, overflow
+
+    # -- control helpers ---------------------------------------------------------------
+
+    def return_if(self, failed: ir.Value, code: ir.Value) -> None:
+        """If `failed`, free the live heap buffers and return `code`; else continue."""
+        err = self.b.append_basic_block("error")
+        ok = self.b.append_basic_block("ok")
+        self.b.cbranch(failed, err, ok)
+        self.b.position_at_end(err)
+        free = declare(self.parent.module, "free", ir.VoidType(), [PTR])
+        for ptr in reversed(self.heap):
+            self.b.call(free, [ptr])
+        self.b.ret(code)
+        self.b.position_at_end(ok)
+
+    def as_bool(self, e: PrimExpr) -> ir.Value:
+        v = self.expr(e)
+        return v if dt.is_bool(e.dtype) else arith.cast(self.math, self.b, v, e.dtype, "bool")
+
+    def same_dtypes(self, what: str, *exprs: PrimExpr) -> str:
+        dtypes = {e.dtype for e in exprs}
+        if len(dtypes) != 1:
+            raise self.error(f"{what}: operand dtypes differ ({', '.join(sorted(dtypes))}); "
+                             "insert a Cast")
+        return exprs[0].dtype
+
+
+# ======================================================================= expressions
+
+
+def _var(fl: _FunctionLowering, e: Var) -> ir.Value:
+    value = fl.scalars.get(e)
+    if value is None:
+        raise fl.error(f"variable {e.name!r} is used outside the scope that defines it")
+    return value
+
+
+def _const(fl: _FunctionLowering, e: Const) -> ir.Value:
+    return const_value(e.value, e.dtype)
+
+
+def _binary(fl: _FunctionLowering, e: BinaryOp) -> ir.Value:
+    dtype = fl.same_dtypes(f"binary op '{e.op}'", e.a, e.b)
+    x, y = fl.expr(e.a), fl.expr(e.b)
+    try:
+        return arith.binary(fl.math, fl.b, e.op, dtype, x, y)
+    except CompileError as err:
+        raise fl.error(str(err)) from None
+
+
+def _compare(fl: _FunctionLowering, e: Compare) -> ir.Value:
+    dtype = fl.same_dtypes(f"comparison '{e.op}'", e.a, e.b)
+    return arith.compare(fl.b, e.op, dtype, fl.expr(e.a), fl.expr(e.b))
+
+
+def _unary(fl: _FunctionLowering, e: UnaryOp) -> ir.Value:
+    try:
+        return arith.unary(fl.math, fl.b, e.op, e.dtype, fl.expr(e.a))
+    except CompileError as err:
+        raise fl.error(str(err)) from None
+
+
+def _select(fl: _FunctionLowering, e: Select) -> ir.Value:
+    fl.same_dtypes("select", e.true_value, e.false_value)
+    cond = fl.as_bool(e.cond)
+    return fl.b.select(cond, fl.expr(e.true_value), fl.expr(e.false_value))
+
+
+def _cast(fl: _FunctionLowering, e: Cast) -> ir.Value:
+    return arith.cast(fl.math, fl.b, fl.expr(e.value), e.value.dtype, e.dtype)
+
+
+def _load(fl: _FunctionLowering, e: Load) -> ir.Value:
+    ptr = fl.element_ptr(e.buffer, e.indices)
+    raw = fl.b.load(ptr, typ=storage_type(e.buffer.dtype), align=dt.itemsize(e.buffer.dtype))
+    return fl.from_storage(raw, e.buffer.dtype)
+
+
+def _intrin(fl: _FunctionLowering, e: Intrin) -> ir.Value:
+    dtype = fl.same_dtypes(f"intrinsic {e.name}", *e.args)
+    args = [fl.expr(a) for a in e.args]
+    try:
+        return emit_intrinsic(fl.math, fl.b, e.name, dtype, args)
+    except CompileError as err:
+        raise fl.error(str(err)) from None
+
+
+def _call_extern(fl: _FunctionLowering, e: CallExtern) -> ir.Value:
+    if not e.name.isidentifier():
+        raise fl.error(f"external function name {e.name!r} is not a C identifier")
+    values: list[ir.Value] = []
+    arg_types: list[ir.Type] = []
+    arg_attrs: dict[int, tuple[str, ...]] = {}
+    for index, a in enumerate(e.args):
+        if isinstance(a, Buffer):
+            values.append(fl.buffer_ptr(a))
+            arg_types.append(PTR)
+            continue
+        values.append(fl.to_storage(fl.expr(a), a.dtype))
+        arg_types.append(c_type(a.dtype))
+        ext = fl.parent.extern_ext_attr(a.dtype)
+        if ext:
+            arg_attrs[index] = (ext,)
+    if e.name.startswith(fl.parent.options.prefix):
+        raise fl.error(f"external function name {e.name!r} collides with kiln's symbols "
+                       f"(prefix {fl.parent.options.prefix!r})")
+    ret = c_type(e.dtype)
+    try:
+        callee = declare(fl.parent.module, e.name, ret, arg_types, what="external function")
+    except CompileError as err:
+        raise fl.error(str(err)) from None
+    for index, attrs in arg_attrs.items():
+        for attr in attrs:
+            callee.args[index].add_attribute(attr)
+    dep = e.dependency.to_json() if e.dependency is not None else None
+    fl.parent.externs.setdefault(e.name, dep)
+    raw = fl.b.call(callee, values, arg_attrs=arg_attrs or None)
+    return fl.from_storage(raw, e.dtype)
+
+
+EXPR_RULES: dict[type, Callable[[Any, Any], ir.Value]] = {
+    Var: _var,
+    Const: _const,
+    BinaryOp: _binary,
+    Compare: _compare,
+    UnaryOp: _unary,
+    Select: _select,
+    Cast: _cast,
+    Load: _load,
+    Intrin: _intrin,
+    CallExtern: _call_extern,
+}
+
+
+# ======================================================================= statements
+
+
+def _store(fl: _FunctionLowering, s: Store) -> None:
+    if s.buffer in fl.readonly:
+        raise fl.error(f"store into constant buffer {s.buffer.name!r}: AllocConst data is "
+                       "read-only (it lives in the library's read-only data)")
+    if s.value.dtype != s.buffer.dtype:
+        raise fl.error(f"store of a {s.value.dtype} value into {s.buffer.dtype} buffer "
+                       f"{s.buffer.name!r}; insert a Cast")
+    value = fl.to_storage(fl.expr(s.value), s.buffer.dtype)
+    ptr = fl.element_ptr(s.buffer, s.indices)
+    fl.b.store(value, ptr, align=dt.itemsize(s.buffer.dtype))
+
+
+def _seq(fl: _FunctionLowering, s: SeqStmt) -> None:
+    for child in s.body:
+        fl.stmt(child)
+
+
+def _for(fl: _FunctionLowering, s: For) -> None:
+    dtype = s.var.dtype
+    if not dt.is_int(dtype):
+        raise fl.error(f"loop variable {s.var.name!r} has dtype {dtype}; loops count integers")
+    if s.start.dtype != dtype or s.extent.dtype != dtype:
+        raise fl.error(f"loop {s.var.name!r}: start ({s.start.dtype}) and extent "
+                       f"({s.extent.dtype}) must have the loop variable's dtype {dtype}")
+    b = fl.b
+    start = fl.expr(s.start)
+    end = b.add(start, fl.expr(s.extent))
+    pre = b.block
+    header = b.append_basic_block(f"for.{s.var.name}")
+    body = b.append_basic_block(f"for.{s.var.name}.body")
+    latch = b.append_basic_block(f"for.{s.var.name}.next")
+    exit_ = b.append_basic_block(f"for.{s.var.name}.end")
+    b.branch(header)
+    b.position_at_end(header)
+    i = b.phi(compute_type(dtype), name=s.var.name)
+    i.add_incoming(start, pre)
+    signed = dt.kind(dtype) == "int"
+    cond = b.icmp_signed("<", i, end) if signed else b.icmp_unsigned("<", i, end)
+    b.cbranch(cond, body, exit_)
+    b.position_at_end(body)
+    previous = fl.scalars.get(s.var)
+    fl.scalars[s.var] = i
+    fl.stmt(s.body)
+    _restore(fl.scalars, s.var, previous)
+    b.branch(latch)
+    b.position_at_end(latch)
+    step = b.add(i, ir.Constant(i.type, 1), flags=["nsw"] if signed else ["nuw"])
+    i.add_incoming(step, latch)
+    back = b.branch(header)
+    md = fl.parent.loop_metadata(s.kind)
+    if md is not None:
+        back.set_metadata("llvm.loop", md)
+    b.position_at_end(exit_)
+
+
+def _restore(env: dict[Var, ir.Value], var: Var, previous: ir.Value | None) -> None:
+    if previous is None:
+        env.pop(var, None)
+    else:
+        env[var] = previous
+
+
+def _let(fl: _FunctionLowering, s: LetStmt) -> None:
+    if s.var.dtype != s.value.dtype:
+        raise fl.error(f"let {s.var.name!r}: variable dtype {s.var.dtype} differs from the "
+                       f"value's {s.value.dtype}")
+    value = fl.expr(s.value)
+    previous = fl.scalars.get(s.var)
+    fl.scalars[s.var] = value
+    fl.stmt(s.body)
+    _restore(fl.scalars, s.var, previous)
+
+
+def _if(fl: _FunctionLowering, s: IfThenElse) -> None:
+    cond = fl.as_bool(s.cond)
+    b = fl.b
+    then = b.append_basic_block("if.then")
+    merge = b.append_basic_block("if.end")
+    otherwise = b.append_basic_block("if.else") if s.else_body is not None else merge
+    b.cbranch(cond, then, otherwise)
+    b.position_at_end(then)
+    fl.stmt(s.then_body)
+    b.branch(merge)
+    if s.else_body is not None:
+        b.position_at_end(otherwise)
+        fl.stmt(s.else_body)
+        b.branch(merge)
+    b.position_at_end(merge)
+
+
+def _allocate(fl: _FunctionLowering, s: Allocate) -> None:
+    buf = s.buffer
+    if buf in fl.buffers:
+        raise fl.error(f"buffer {buf.name!r} is allocated twice")
+    if buf.scope == "local":
+        if not all(isinstance(d, int) for d in buf.shape):
+            raise fl.error(f"local buffer {buf.name!r} needs a static shape, got {buf.shape}; "
+                           "use scope 'global' for a dynamic size")
+        slot = fl.alloca_b.alloca(ir.ArrayType(storage_type(buf.dtype), max(buf.numel(), 1)),
+                                  name=buf.name)
+        slot.align = LOCAL_ALIGN
+        fl.buffers[buf] = _opaque(slot)
+        fl.stmt(s.body)
+        del fl.buffers[buf]
+        return
+    module = fl.parent.module
+    malloc = declare(module, "malloc", PTR, [fl.parent.size_t])
+    free = declare(module, "free", ir.VoidType(), [PTR])
+    size, overflow = fl.byte_size(buf)
+    oom = ir.Constant(I32, ERROR_OUT_OF_MEMORY)
+    if not isinstance(overflow, ir.Constant):
+        fl.return_if(overflow, oom)
+    # malloc(0) may return NULL legitimately: ask for at least one byte.
+    one = ir.Constant(fl.parent.size_t, 1)
+    size = fl.b.select(fl.b.icmp_unsigned("==", size, ir.Constant(size.type, 0)), one, size)
+    ptr = fl.b.call(malloc, [size], name=buf.name)
+    fl.return_if(fl.b.icmp_unsigned("==", ptr, ir.Constant(PTR, None)), oom)
+    fl.heap.append(ptr)
+    fl.buffers[buf] = ptr
+    fl.stmt(s.body)
+    del fl.buffers[buf]
+    fl.heap.pop()
+    fl.b.call(free, [ptr])
+
+
+def _alloc_const(fl: _FunctionLowering, s: AllocConst) -> None:
+    buf = s.buffer
+    try:
+        need = buf.nbytes()
+    except IRError as err:
+        raise fl.error(f"constant buffer {buf.name!r}: {err}") from None
+    if s.data.nbytes < need:
+        raise fl.error(f"constant buffer {buf.name!r} ({buf.dtype}, shape {buf.shape}) needs "
+                       f"{need} bytes but its data has {s.data.nbytes}")
+    offset = fl.parent.pool.add(s.data)
+    base = fl.parent.consts_global()
+    fl.buffers[buf] = fl.b.gep(base, [ir.Constant(I64, offset)], inbounds=True,
+                               source_etype=I8, name=buf.name)
+    fl.readonly.add(buf)
+    fl.stmt(s.body)
+    fl.readonly.discard(buf)
+    del fl.buffers[buf]
+
+
+def _decl_buffer(fl: _FunctionLowering, s: DeclBuffer) -> None:
+    buf, src = s.buffer, s.source
+    source = fl.buffer_ptr(src)
+    size = dt.itemsize(buf.dtype)
+    if s.byte_offset < 0 or s.byte_offset % size:
+        raise fl.error(f"view {buf.name!r} of {src.name!r} starts at byte {s.byte_offset}, "
+                       f"which is not a non-negative multiple of its element size {size}")
+    try:
+        end, limit = s.byte_offset + buf.nbytes(), src.nbytes()
+    except IRError:
+        end = limit = 0  # symbolic sizes: cannot check here
+    if end > limit:
+        raise fl.error(f"view {buf.name!r} covers bytes [{s.byte_offset}, {end}) but its "
+                       f"source {src.name!r} has only {limit}")
+    fl.buffers[buf] = fl.b.gep(source, [ir.Constant(I64, s.byte_offset)], inbounds=True,
+                               source_etype=I8, name=buf.name)
+    if src in fl.readonly:
+        fl.readonly.add(buf)
+    fl.stmt(s.body)
+    fl.readonly.discard(buf)
+    del fl.buffers[buf]
+
+
+def _evaluate(fl: _FunctionLowering, s: Evaluate) -> None:
+    fl.expr(s.value)
+
+
+def _call_func(fl: _FunctionLowering, s: CallFunc) -> None:
+    callee = fl.parent.funcs.get(s.func)
+    if callee is None:
+        from kiln._registry import suggest
+
+        names = list(fl.parent.funcs)
+        raise fl.error(f"CallFunc to unknown function {s.func!r}.{suggest(s.func, names)} "
+                       f"Tensor-level functions: {', '.join(names)}")
+    if len(s.args) != len(callee.params):
+        raise fl.error(f"CallFunc {s.func}: expected {len(callee.params)} arguments, "
+                       f"got {len(s.args)}")
+    values: list[ir.Value] = []
+    for index, (arg, param) in enumerate(zip(s.args, callee.params)):
+        where = f"CallFunc {s.func}: argument {index} ({param.name!r})"
+        if isinstance(param, Buffer):
+            if not isinstance(arg, Buffer):
+                raise fl.error(f"{where} is a buffer parameter but got a scalar")
+            if arg.dtype != param.dtype:
+                raise fl.error(f"{where} expects a {param.dtype} buffer, got {arg.dtype} "
+                               f"buffer {arg.name!r}")
+            _check_fits(fl, where, arg, param)
+            if arg in fl.readonly and index in fl.parent.aliasing.written[s.func]:
+                raise fl.error(f"{where}: {s.func} writes this parameter, but constant buffer "
+                               f"{arg.name!r} is read-only")
+            values.append(fl.buffer_ptr(arg))
+        else:
+            if isinstance(arg, Buffer):
+                raise fl.error(f"{where} is a scalar parameter but got buffer {arg.name!r}")
+            if arg.dtype != param.dtype:
+                raise fl.error(f"{where} expects {param.dtype}, got {arg.dtype}; insert a Cast")
+            values.append(fl.to_storage(fl.expr(arg), arg.dtype))
+    rc = fl.b.call(fl.parent.kernels[s.func], values)
+    fl.return_if(fl.b.icmp_signed("!=", rc, ir.Constant(I32, 0)), rc)
+
+
+def _check_fits(fl: _FunctionLowering, where: str, arg: Buffer, param: Buffer) -> None:
+    try:
+        have, need = arg.nbytes(), param.nbytes()
+    except IRError:
+        return
+    if have < need:
+        raise fl.error(f"{where} needs {need} bytes (shape {param.shape}) but buffer "
+                       f"{arg.name!r} has {have} (shape {arg.shape})")
+
+
+STMT_RULES: dict[type, Callable[[Any, Any], None]] = {
+    Store: _store,
+    SeqStmt: _seq,
+    For: _for,
+    LetStmt: _let,
+    IfThenElse: _if,
+    Allocate: _allocate,
+    AllocConst: _alloc_const,
+    DeclBuffer: _decl_buffer,
+    Evaluate: _evaluate,
+    CallFunc: _call_func,
+}
