@@ -5,27 +5,20 @@ Tensor-level nodes live in `kiln.ir.tensor`, graph-level nodes in
 the reference interpreter are re-exported here.
 """
 
+# The analyses are imported eagerly: kiln/ir/verify.py defines `verify` and
+# kiln/ir/evaluate.py `evaluate`, and importing such a submodule lazily would
+# replace the package attribute `kiln.ir.verify` (the function) with the module
+# object. They depend only on the IR core, so the cost is small.
 from kiln.ir import dtype, graph, tensor
 from kiln.ir.builder import IRBuilder
+from kiln.ir.evaluate import evaluate
 from kiln.ir.module import BaseFunc, IRModule
+from kiln.ir.structural import assert_structural_equal, structural_equal
 from kiln.ir.types import TensorType, TupleType, Type
+from kiln.ir.verify import verify
 
 __all__ = [
     "BaseFunc", "IRBuilder", "IRModule", "TensorType", "TupleType", "Type",
     "assert_structural_equal", "dtype", "evaluate", "graph", "structural_equal", "tensor",
     "verify",
 ]
-
-
-def __getattr__(name: str) -> object:
-    # Analyses live in their own modules and load on first use.
-    if name in ("structural_equal", "assert_structural_equal"):
-        from kiln.ir import structural
-        return getattr(structural, name)
-    if name == "verify":
-        from kiln.ir.verify import verify
-        return verify
-    if name == "evaluate":
-        from kiln.ir.evaluate import evaluate
-        return evaluate
-    raise AttributeError(f"module 'kiln.ir' has no attribute {name!r}")

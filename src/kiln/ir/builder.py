@@ -131,17 +131,18 @@ class IRBuilder:
             raise IRError("a statement needs an open prim_func scope")
         self._stack[-1].stmts.append(stmt)
 
-    def arg(self, name: str, shape: Sequence[Any], dtype: str) -> Buffer:
-        """Add a buffer parameter."""
-        buf = Buffer(name, tuple(shape), dtype)
+    def arg(self, name: str, shape: Sequence[Any], dtype: str, *,
+            buffer: Buffer | None = None) -> Buffer:
+        """Add a buffer parameter (`buffer=` adds an existing Buffer object)."""
+        buf = buffer if buffer is not None else Buffer(name, tuple(shape), dtype)
         self._prim().params.append(buf)
         return buf
 
-    def scalar_arg(self, name: str, dtype: str = INDEX_DTYPE) -> Var:
-        """Add a scalar parameter."""
-        var = Var(name, dtype)
-        self._prim().params.append(var)
-        return var
+    def scalar_arg(self, name: str, dtype: str = INDEX_DTYPE, *, var: Var | None = None) -> Var:
+        """Add a scalar parameter (`var=` adds an existing Var object)."""
+        v = var if var is not None else Var(name, dtype)
+        self._prim().params.append(v)
+        return v
 
     def func_attr(self, key: str, value: Any) -> None:
         if self._stack:
@@ -163,10 +164,16 @@ class IRBuilder:
     @contextmanager
     def for_range(
         self, start_or_extent: ExprLike, stop: ExprLike | None = None, *, name: str = "i",
-        kind: str = "serial", var: Var | None = None,
+        kind: str = "serial", var: Var | None = None, extent: ExprLike | None = None,
     ) -> Iterator[Var]:
-        """`for i in range(stop)` or `range(start, stop)`, like Python's range."""
-        if stop is None:
+        """`for i in range(stop)` or `range(start, stop)`, like Python's range;
+        `for_range(start, extent=n)` gives the extent itself (not folded)."""
+        if extent is not None:
+            if stop is not None:
+                raise IRError("for_range: pass either stop or extent=, not both")
+            start = as_expr(start_or_extent, INDEX_DTYPE)
+            ext = as_expr(extent, INDEX_DTYPE)
+        elif stop is None:
             start, ext = as_expr(0, INDEX_DTYPE), as_expr(start_or_extent, INDEX_DTYPE)
         else:
             start = as_expr(start_or_extent, INDEX_DTYPE)

@@ -507,7 +507,8 @@ class CallFunc(Stmt):
 
 def readonly_array(data: Any) -> np.ndarray:
     """A contiguous read-only array: `data` itself when it already is one, else a copy."""
-    arr = np.ascontiguousarray(data)
+    # np.asarray(order="C"), not np.ascontiguousarray: the latter turns a 0-d array into 1-d.
+    arr = np.asarray(data, order="C")
     if arr.flags.writeable:
         arr = arr.copy()
         arr.flags.writeable = False
