@@ -1,0 +1,539 @@
+"""Print an IRModule (or one function) as kiln.script DSL text.
+
+The text parses back (`kiln.script.from_source`) to a structurally equal
+module: every dtype, loop kind, buffer scope, attribute, extern dependency and
+constant is written out. Literals are typed (`T.float32(1.5)`) except int64
+ones where a plain Python int reads back as int64; names are made unique and
+valid from the nodes' hints.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import numpy as np
+
+from kiln.errors import IRError
+from kiln.ir import dtype as dt
+from kiln.ir import graph as g
+from kiln.ir import tensor as t
+from kiln.ir.dtype import INDEX_DTYPE
+from kiln.ir.module import BaseFunc, IRModule
+from kiln.ir.types import TensorType, TupleType, Type
+from kiln.script.literals import (
+    array_literal,
+    literal,
+    literal_is_exact,
+    quote,
+    special_float_name,
+)
+from kiln.script.metadata import ScriptText, format_section
+from kiln.script.names import Namer, is_plain_name, sanitize
+
+METADATA_MODES = ("auto", "inline", "reference")
+DEFAULT_INLINE_LIMIT = 16
+INDENT = "    "
+# Signatures longer than this put one parameter per line.
+_LINE_LIMIT = 100
+
+# Binding strength, as in Python's grammar (higher binds tighter).
+_ATOM, _POW, _UNARY, _MUL, _ADD, _SHIFT, _BAND, _BXOR, _BOR, _CMP = (
+    100, 90, 80, 70, 60, 50, 40, 30, 20, 10)
+_INFIX: dict[str, tuple[str, int]] = {
+    "add": ("+", _ADD), "sub": ("-", _ADD), "mul": ("*", _MUL), "floordiv": ("//", _MUL),
+    "floormod": ("%", _MUL), "pow": ("**", _POW), "and": ("&", _BAND), "or": ("|", _BOR),
+    "xor": ("^", _BXOR), "shl": ("<<", _SHIFT), "shr": (">>", _SHIFT),
+}
+_FUNC_BINARY = {"min": "T.min", "max": "T.max", "mod": "T.truncmod"}
+_COMPARE = {"eq": "==", "ne": "!=", "lt": "<", "le": "<=", "gt": ">", "ge": ">="}
+
+
+# --------------------------------------------------------------------------- API
+
+
+def print_module(
+    mod: IRModule, *, metadata: str = "auto", name: str = "Module",
+    inline_limit: int = DEFAULT_INLINE_LIMIT,
+) -> ScriptText:
+    """The module as DSL text: an `@ir_module` class with one method per function.
+
+    metadata: where constants with more than `inline_limit` elements go:
+      "auto"      -> `meta["key"]` references plus a `meta = {...}` section at the
+                     end of the text (self-contained);
+      "reference" -> `meta["key"]` references only; the arrays are in the
+                     returned text's `.metadata` (pass it to `from_source`, or
+                     `.save_metadata(path)` as a .npz side file);
+      "inline"    -> every constant inline as nested lists.
+    Constants with at most `inline_limit` elements print inline, except float
+    data holding a NaN with a payload or sign (no literal spells those bits),
+    which always goes by reference (in "inline" mode through a section).
+    """
+    if not isinstance(mod, IRModule):
+        raise IRError(f"print_module expects an IRModule, got {type(mod).__name__}")
+    if not name.isidentifier():
+        raise IRError(f"module class name {name!r} is not a Python identifier")
+    printer = _ModulePrinter(metadata, inline_limit)
+    lines = ["from kiln.script import G, I, T, ir_module", "", "", "@ir_module",
+             f"class {name}:"]
+    body: list[str] = []
+    if mod.attrs:
+        body.append(f"{INDENT}I.module_attrs({literal(dict(mod.attrs))})")
+    for fname, fn in mod.items():
+        if body:
+            body.append("")
+        body.extend(printer.function(fname, fn, INDENT))
+    lines.extend(body or [f"{INDENT}pass"])
+    return printer.finish("\n".join(lines) + "\n")
+
+
+def print_func(
+    func: BaseFunc, name: str = "main", *, metadata: str = "auto",
+    inline_limit: int = DEFAULT_INLINE_LIMIT,
+) -> ScriptText:
+    """One function as a decorated top-level `def`; `from_source` reads it back
+    as a one-function IRModule named `name`."""
+    if not isinstance(func, (t.PrimFunc, g.Function)):
+        raise IRError(f"print_func expects a PrimFunc or Function, got {type(func).__name__}")
+    printer = _ModulePrinter(metadata, inline_limit)
+    lines = ["from kiln.script import G, T", "", "", *printer.function(name, func, "")]
+    return printer.finish("\n".join(lines) + "\n")
+
+
+# --------------------------------------------------------------------------- module
+
+
+class _ModulePrinter:
+    """State shared by the functions of one module: the metadata table."""
+
+    def __init__(self, mode: str, inline_limit: int) -> None:
+        if mode not in METADATA_MODES:
+            raise IRError(f"unknown metadata mode {mode!r}; known: {', '.join(METADATA_MODES)}")
+        self.mode = mode
+        self.inline_limit = inline_limit
+        self.meta: dict[str, np.ndarray] = {}
+        self._meta_keys: dict[int, str] = {}
+        self._key_namer = Namer(frozenset())
+
+    def function(self, name: str, fn: BaseFunc, indent: str) -> list[str]:
+        if isinstance(fn, t.PrimFunc):
+            return _PrimPrinter(self, indent).function(name, fn)
+        if isinstance(fn, g.Function):
+            return _GraphPrinter(self, indent).function(name, fn)
+        raise IRError(f"cannot print {type(fn).__name__} {name!r}")
+
+    def finish(self, text: str) -> ScriptText:
+        # "inline" text still needs a section for data no literal can spell exactly.
+        if self.mode in ("auto", "inline") and self.meta:
+            return ScriptText(text + "\n\n" + format_section(self.meta))
+        return ScriptText(text, self.meta if self.mode == "reference" else None)
+
+    def data_args(self, arr: np.ndarray, hint: str) -> list[str]:
+        """Arguments that recreate `arr`: [nested list, dtype] or [meta reference]."""
+        try:
+            dtype = dt.from_numpy(arr.dtype)
+        except IRError:
+            dtype = ""
+        inline = self.mode == "inline" or arr.size <= self.inline_limit
+        if inline and dtype and literal_is_exact(arr):
+            args = [array_literal(arr), quote(dtype)]
+            if arr.size == 0 and arr.ndim != 1:
+                args.append(f"shape={literal(tuple(int(d) for d in arr.shape))}")
+            return args
+        key = self._meta_keys.get(id(arr))
+        if key is None:
+            key = self._key_namer.fresh(hint, "const")
+            self._meta_keys[id(arr)] = key
+            self.meta[key] = arr
+        return [f"meta[{quote(key)}]"]
+
+
+def _decorator(ns: str, kind: str, name: str, indent: str) -> tuple[str, str]:
+    """The decorator line and the `def` name for function `name`."""
+    if is_plain_name(name):
+        return f"{indent}@{ns}.{kind}", name
+    return f"{indent}@{ns}.{kind}(name={quote(name)})", sanitize(name, "f") + "_"
+
+
+def _signature(indent: str, name: str, params: list[str], ret: str) -> list[str]:
+    one_line = f"{indent}def {name}({', '.join(params)}){ret}:"
+    if len(one_line) <= _LINE_LIMIT or not params:
+        return [one_line]
+    inner = indent + INDENT
+    return [f"{indent}def {name}(", *(f"{inner}{p}," for p in params), f"{indent}){ret}:"]
+
+
+# --------------------------------------------------------------------------- tensor level
+
+
+def _is_plain(e: object, ctx: str | None) -> bool:
+    """True if Const `e` may print as a bare int: the parser reads it back as int64."""
+    return (isinstance(e, t.Const) and e.dtype == INDEX_DTYPE
+            and (ctx is None or ctx == INDEX_DTYPE))
+
+
+class _ExprPrinter:
+    """Tensor-level expressions, with Python precedence and typed literals."""
+
+    def __init__(self, namer: Namer) -> None:
+        self.namer = namer
+
+    def text(self, e: t.PrimExpr, ctx: str | None = None) -> str:
+        return self.expr(e, ctx)[0]
+
+    def var(self, v: t.Var) -> str:
+        return self.namer.name(v, v.name)
+
+    def buffer(self, b: t.Buffer) -> str:
+        return self.namer.name(b, b.name, "buf")
+
+    def typed_const(self, c: t.Const) -> str:
+        if isinstance(c.value, bool):
+            value = repr(c.value)
+        elif isinstance(c.value, float):
+            special = special_float_name(c.value)
+            value = quote(special) if special else repr(c.value)
+        else:
+            value = str(c.value)
+        return f"T.{c.dtype}({value})"
+
+    def expr(self, e: t.PrimExpr, ctx: str | None = None) -> tuple[str, int]:
+        """(text, binding strength) of `e`; `ctx` is the dtype a bare literal adopts."""
+        if isinstance(e, t.Const):
+            if _is_plain(e, ctx):
+                return str(e.value), (_UNARY if int(e.value) < 0 else _ATOM)
+            return self.typed_const(e), _ATOM
+        if isinstance(e, t.Var):
+            return self.var(e), _ATOM
+        if isinstance(e, t.BinaryOp):
+            return self._binary(e)
+        if isinstance(e, t.Compare):
+            sym = _COMPARE[e.op]
+            a, b = self._operands(e.a, e.b)
+            # `a ^ b == c` is `(a ^ b) == c` in Python, but few readers know it.
+            need_a = _ATOM if _is_bitwise(e.a) else _CMP + 1
+            need_b = _ATOM if _is_bitwise(e.b) else _CMP + 1
+            return f"{self._wrap(a, need_a)} {sym} {self._wrap(b, need_b)}", _CMP
+        if isinstance(e, t.UnaryOp):
+            sym = "-" if e.op == "neg" else "~"
+            operand = self.typed_const(e.a) if isinstance(e.a, t.Const) else None
+            if operand is None:
+                text, prec = self.expr(e.a)
+                operand = text if prec >= _ATOM else f"({text})"
+            return f"{sym}{operand}", _UNARY
+        if isinstance(e, t.Select):
+            return (f"T.select({self.text(e.cond)}, {self.text(e.true_value, e.false_value.dtype)}"
+                    f", {self.text(e.false_value, e.true_value.dtype)})"), _ATOM
+        if isinstance(e, t.Cast):
+            return f"T.cast({self.text(e.value)}, {quote(e.dtype)})", _ATOM
+        if isinstance(e, t.Load):
+            return f"{self.buffer(e.buffer)}[{self.indices(e.indices)}]", _ATOM
+        if isinstance(e, t.Intrin):
+            return f"T.{e.name}({', '.join(self._call_args(e.args))})", _ATOM
+        if isinstance(e, t.CallExtern):
+            return self._call_extern(e), _ATOM
+        raise IRError(f"cannot print tensor-level expression {type(e).__name__}")
+
+    def indices(self, indices: tuple[t.PrimExpr, ...]) -> str:
+        if not indices:
+            return "()"
+        return ", ".join(self.text(i, INDEX_DTYPE) for i in indices)
+
+    def shape(self, shape: tuple[Any, ...]) -> str:
+        dims = []
+        for d in shape:
+            if isinstance(d, int) and not isinstance(d, bool):
+                dims.append(str(d))
+            elif isinstance(d, t.Const):
+                dims.append(self.typed_const(d))  # a bare int would read back as int
+            elif isinstance(d, t.PrimExpr):
+                dims.append(self.text(d, INDEX_DTYPE))
+            else:
+                raise IRError(f"cannot print shape dimension {d!r}")
+        return f"({dims[0]},)" if len(dims) == 1 else f"({', '.join(dims)})"
+
+    @staticmethod
+    def _wrap(part: tuple[str, int], need: int) -> str:
+        text, prec = part
+        return text if prec >= need else f"({text})"
+
+    def _operands(self, a: t.PrimExpr, b: t.PrimExpr) -> tuple[tuple[str, int], tuple[str, int]]:
+        # Two bare literals would be folded by the parser (Python arithmetic):
+        # print the left one typed so the node survives.
+        if _is_plain(a, b.dtype) and _is_plain(b, a.dtype):
+            assert isinstance(a, t.Const)
+            return (self.typed_const(a), _ATOM), self.expr(b, a.dtype)
+        return self.expr(a, b.dtype), self.expr(b, a.dtype)
+
+    def _binary(self, e: t.BinaryOp) -> tuple[str, int]:
+        if e.op in _FUNC_BINARY or (e.op == "div" and not dt.is_float(e.dtype)):
+            fn = _FUNC_BINARY.get(e.op, "T.truncdiv")
+            return f"{fn}({self.text(e.a, e.b.dtype)}, {self.text(e.b, e.a.dtype)})", _ATOM
+        sym, prec = ("/", _MUL) if e.op == "div" else _INFIX[e.op]
+        a, b = self._operands(e.a, e.b)
+        if e.op == "pow":  # right-associative; the exponent may be a unary expression
+            return f"{self._wrap(a, _ATOM)} ** {self._wrap(b, _UNARY)}", _POW
+        left, right = prec, prec + 1
+        if e.op in _BITWISE:
+            # Python's precedence among & ^ | << >> surprises readers: parenthesize
+            # any other operator inside them.
+            left = _ATOM if _mixes_bitwise(e.a, e.op) else left
+            right = _ATOM if _mixes_bitwise(e.b, e.op) else right
+        return f"{self._wrap(a, left)} {sym} {self._wrap(b, right)}", prec
+
+    def _call_args(self, args: tuple[t.PrimExpr, ...]) -> list[str]:
+        out = []
+        for k, a in enumerate(args):
+            others = [x.dtype for j, x in enumerate(args) if j != k]
+            plain = _is_plain(a, None) and all(d == INDEX_DTYPE for d in others)
+            out.append(self.text(a) if plain or not isinstance(a, t.Const)
+                       else self.typed_const(a))
+        return out
+
+    def arg(self, a: t.PrimExpr | t.Buffer) -> str:
+        return self.buffer(a) if isinstance(a, t.Buffer) else self.text(a)
+
+    def _call_extern(self, e: t.CallExtern) -> str:
+        parts = [quote(e.name), *(self.arg(a) for a in e.args), f"dtype={quote(e.dtype)}"]
+        if e.dependency is not None:
+            parts.append(f"dependency={extern_dependency_text(e.dependency)}")
+        return f"T.call_extern({', '.join(parts)})"
+
+
+_BITWISE = frozenset({"and", "or", "xor", "shl", "shr"})
+
+
+def _is_bitwise(e: t.PrimExpr) -> bool:
+    return isinstance(e, t.BinaryOp) and e.op in _BITWISE
+
+
+def _mixes_bitwise(child: t.PrimExpr, op: str) -> bool:
+    """True if `child` is an infix operation other than `op` (or a comparison)."""
+    if isinstance(child, t.Compare):
+        return True
+    return isinstance(child, t.BinaryOp) and child.op != op and child.op in _INFIX
+
+
+def extern_dependency_text(dep: t.ExternDependency) -> str:
+    parts = [quote(dep.short_name)]
+    for key in ("version_spec", "url", "url_type"):
+        value = getattr(dep, key)
+        if value:
+            parts.append(f"{key}={quote(value)}")
+    if dep.libs:
+        parts.append(f"libs={literal(tuple(dep.libs))}")
+    return f"T.extern_dependency({', '.join(parts)})"
+
+
+class _PrimPrinter:
+    """One PrimFunc."""
+
+    def __init__(self, module: _ModulePrinter, indent: str) -> None:
+        self.module = module
+        self.indent = indent
+        self.namer = Namer()
+        self.ex = _ExprPrinter(self.namer)
+        self.lines: list[str] = []
+
+    def function(self, name: str, fn: t.PrimFunc) -> list[str]:
+        deco, def_name = _decorator("T", "prim_func", name, self.indent)
+        # Name every parameter first: buffer shapes may use later scalar params.
+        for p in fn.params:
+            if isinstance(p, t.Buffer):
+                self.ex.buffer(p)
+            else:
+                self.ex.var(p)
+        params = [self._param(p) for p in fn.params]
+        self.lines = [deco, *_signature(self.indent, def_name, params, "")]
+        inner = self.indent + INDENT
+        if fn.attrs:
+            self.lines.append(f"{inner}T.func_attr({literal(dict(fn.attrs))})")
+        self.stmt(fn.body, inner)
+        return self.lines
+
+    def _param(self, p: t.Param) -> str:
+        if isinstance(p, t.Buffer):
+            scope = "" if p.scope == "global" else f", scope={quote(p.scope)}"
+            return (f"{self.ex.buffer(p)}: T.Buffer({self.ex.shape(p.shape)}, "
+                    f"{quote(p.dtype)}{scope})")
+        if isinstance(p, t.Var):
+            return f"{self.ex.var(p)}: T.{p.dtype}"
+        raise IRError(f"cannot print PrimFunc parameter {p!r}")
+
+    def _emit(self, indent: str, text: str) -> None:
+        self.lines.append(indent + text)
+
+    def _block(self, s: t.Stmt, indent: str) -> None:
+        self.stmt(s, indent + INDENT)
+
+    def stmt(self, s: t.Stmt, indent: str) -> None:
+        handler = self._HANDLERS.get(type(s))
+        if handler is None:
+            raise IRError(f"cannot print tensor-level statement {type(s).__name__}")
+        handler(self, s, indent)
+
+    def _seq(self, s: t.SeqStmt, indent: str) -> None:
+        if not s.body:
+            self._emit(indent, "pass")
+        for child in s.body:
+            self.stmt(child, indent)
+
+    def _store(self, s: t.Store, indent: str) -> None:
+        target = f"{self.ex.buffer(s.buffer)}[{self.ex.indices(s.indices)}]"
+        self._emit(indent, f"{target} = {self.ex.text(s.value, s.buffer.dtype)}")
+
+    def _for(self, s: t.For, indent: str) -> None:
+        var = self.ex.var(s.var)
+        start, ext = s.start, s.extent
+        if (s.var.dtype == start.dtype == ext.dtype == INDEX_DTYPE
+                and isinstance(start, t.Const) and start.value == 0):
+            args = self.ex.text(ext, INDEX_DTYPE)
+        elif (isinstance(start, t.Const) and isinstance(ext, t.Const)
+              and start.dtype == ext.dtype == s.var.dtype and dt.is_int(start.dtype)):
+            stop = t.Const(int(start.value) + int(ext.value), start.dtype)
+            args = f"{self.ex.text(start, INDEX_DTYPE)}, {self.ex.text(stop, INDEX_DTYPE)}"
+        else:
+            args = f"{self.ex.text(start, INDEX_DTYPE)}, extent={self.ex.text(ext, INDEX_DTYPE)}"
+            if s.var.dtype != start.dtype:
+                args += f", dtype={quote(s.var.dtype)}"
+        self._emit(indent, f"for {var} in T.{s.kind}({args}):")
+        self._block(s.body, indent)
+
+    def _let(self, s: t.LetStmt, indent: str) -> None:
+        value = self.ex.text(s.value)
+        extra = "" if s.var.dtype == s.value.dtype else f", dtype={quote(s.var.dtype)}"
+        self._emit(indent, f"with T.let({value}{extra}) as {self.ex.var(s.var)}:")
+        self._block(s.body, indent)
+
+    def _if(self, s: t.IfThenElse, indent: str, keyword: str = "if") -> None:
+        self._emit(indent, f"{keyword} {self.ex.text(s.cond)}:")
+        self._block(s.then_body, indent)
+        if isinstance(s.else_body, t.IfThenElse):
+            self._if(s.else_body, indent, "elif")
+        elif s.else_body is not None:
+            self._emit(indent, "else:")
+            self._block(s.else_body, indent)
+
+    def _allocate(self, s: t.Allocate, indent: str) -> None:
+        b = s.buffer
+        self._emit(indent, f"with T.allocate({self.ex.shape(b.shape)}, {quote(b.dtype)}, "
+                           f"scope={quote(b.scope)}) as {self.ex.buffer(b)}:")
+        self._block(s.body, indent)
+
+    def _alloc_const(self, s: t.AllocConst, indent: str) -> None:
+        b = s.buffer
+        # The key follows the printed name, which is stable from one round trip to the next.
+        args = self.module.data_args(s.data, self.ex.buffer(b))
+        data_shape = tuple(int(d) for d in s.data.shape)
+        if b.shape != data_shape:
+            args.append(f"buffer_shape={self.ex.shape(b.shape)}")
+        try:
+            data_dtype = dt.from_numpy(s.data.dtype)
+        except IRError:
+            data_dtype = ""
+        if b.dtype != data_dtype:
+            args.append(f"buffer_dtype={quote(b.dtype)}")
+        if b.scope != "global":
+            args.append(f"scope={quote(b.scope)}")
+        self._emit(indent, f"with T.alloc_const({', '.join(args)}) as {self.ex.buffer(b)}:")
+        self._block(s.body, indent)
+
+    def _decl_buffer(self, s: t.DeclBuffer, indent: str) -> None:
+        b = s.buffer
+        scope = "" if b.scope == "global" else f", scope={quote(b.scope)}"
+        self._emit(indent, f"with T.decl_buffer({self.ex.shape(b.shape)}, {quote(b.dtype)}, "
+                           f"source={self.ex.buffer(s.source)}, byte_offset={s.byte_offset}"
+                           f"{scope}) as {self.ex.buffer(b)}:")
+        self._block(s.body, indent)
+
+    def _evaluate(self, s: t.Evaluate, indent: str) -> None:
+        self._emit(indent, f"T.evaluate({self.ex.text(s.value)})")
+
+    def _call_func(self, s: t.CallFunc, indent: str) -> None:
+        args = ", ".join(self.ex.arg(a) for a in s.args)
+        self._emit(indent, f"T.call_func({quote(s.func)}, [{args}])")
+
+    _HANDLERS: dict[type, Callable[[Any, Any, str], None]] = {
+        t.SeqStmt: _seq, t.Store: _store, t.For: _for, t.LetStmt: _let, t.IfThenElse: _if,
+        t.Allocate: _allocate, t.AllocConst: _alloc_const, t.DeclBuffer: _decl_buffer,
+        t.Evaluate: _evaluate, t.CallFunc: _call_func,
+    }
+
+
+# --------------------------------------------------------------------------- graph level
+
+
+class _GraphPrinter:
+    """One graph-level Function."""
+
+    def __init__(self, module: _ModulePrinter, indent: str) -> None:
+        self.module = module
+        self.indent = indent
+        self.namer = Namer()
+        self.ex = _ExprPrinter(self.namer)  # symbolic dims of tensor types
+
+    def function(self, name: str, fn: g.Function) -> list[str]:
+        deco, def_name = _decorator("G", "function", name, self.indent)
+        for p in fn.params:
+            self.var(p)
+        params = [f"{self.var(p)}: {self.type(p.var_type)}" for p in fn.params]
+        try:
+            ret = f" -> {self.type(fn.ret_type)}"
+        except IRError:  # ill-typed result: print the function anyway
+            ret = ""
+        lines = [deco, *_signature(self.indent, def_name, params, ret)]
+        inner = self.indent + INDENT
+        if fn.attrs:
+            lines.append(f"{inner}G.func_attr({literal(dict(fn.attrs))})")
+        for b in fn.bindings:
+            value = self.expr(b.value, b.var.var_type)
+            lines.append(f"{inner}{self.var(b.var)}: {self.type(b.var.var_type)} = {value}")
+        lines.append(f"{inner}return {self.expr(fn.result)}")
+        return lines
+
+    def var(self, v: g.Var) -> str:
+        return self.namer.name(v, v.name)
+
+    def type(self, ty: Type) -> str:
+        if isinstance(ty, TensorType):
+            return f"G.Tensor({self.ex.shape(ty.shape)}, {quote(ty.dtype)})"
+        if isinstance(ty, TupleType):
+            return f"G.Tuple({', '.join(self.type(f) for f in ty.fields)})"
+        raise IRError(f"cannot print graph type {ty!r}")
+
+    def expr(self, e: g.Expr, binding_type: Type | None = None) -> str:
+        """`e` as text; a Call may omit `ret=` when it equals the binding's type."""
+        if isinstance(e, g.Var):
+            return self.var(e)
+        if isinstance(e, g.Constant):
+            args = self.module.data_args(e.data, e.name or "const")
+            if e.name:
+                args.append(f"name={quote(e.name)}")
+            return f"G.const({', '.join(args)})"
+        if isinstance(e, g.Call):
+            parts = [quote(e.op), *(self.expr(a) for a in e.args)]
+            parts.extend(_call_attrs(e.attrs))
+            if binding_type is None or binding_type != e.ret_type:
+                parts.append(f"ret={self.type(e.ret_type)}")
+            return f"G.op({', '.join(parts)})"
+        if isinstance(e, g.CallTensor):
+            call_args = ", ".join(self.expr(a) for a in e.args)
+            return f"G.call_tensor({quote(e.func)}, [{call_args}], {self.type(e.ret_type)})"
+        if isinstance(e, g.Tuple):
+            fields = [self.expr(f) for f in e.fields]
+            return f"({fields[0]},)" if len(fields) == 1 else f"({', '.join(fields)})"
+        if isinstance(e, g.TupleGetItem):
+            return f"{self.expr(e.tuple_value)}[{e.index}]"
+        raise IRError(f"cannot print graph-level expression {type(e).__name__}")
+
+
+# Keyword names G.op itself takes; attributes with these names go in attrs={...}.
+_OP_KEYWORDS = frozenset({"ret", "attrs"})
+
+
+def _call_attrs(attrs: Mapping[str, Any]) -> list[str]:
+    if not attrs:
+        return []
+    if all(is_plain_name(k) and k not in _OP_KEYWORDS for k in attrs):
+        return [f"{k}={literal(v)}" for k, v in attrs.items()]
+    return [f"attrs={literal(dict(attrs))}"]
