@@ -1,0 +1,217 @@
+"""export_library: an ArtifactSet as one deployable file (.so, .tar or .a).
+
+- `.so`: the "native" artifacts are compiled/assembled (kiln.runtime.native), one
+  more object holding the blob (`{prefix}_blob`: the whole ArtifactSet minus the
+  bytes already linked in, plus the import tree) is added, and everything is
+  linked with `cc -shared`. Only the ABI symbols (docs/abi.md) are exported.
+  Without native artifacts the `.so` holds just the blob, for the loaders.
+- `.tar`: the artifact archive (kiln.artifact.archive), readable with `tar xf`.
+- `.a`: the same objects as the `.so`, combined into one relocatable object
+  whose only global symbols are the ABI symbols, archived with `ar`; next to
+  it a header `<name>.h` declaring the prefixed entry points, so libraries with
+  different `system_lib_prefix`es link into one C program.
+
+Every output is written to a temporary file in the target directory and
+renamed into place: a failed export leaves no partial file behind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import shlex
+import shutil
+import tempfile
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from kiln.artifact.archive import write_tar
+from kiln.artifact.artifact import NATIVE, AnyArtifact, ArtifactSet, require_serializable
+from kiln.artifact.blob import build_contents, pack
+from kiln.errors import ExportError
+from kiln.runtime import native
+
+SUFFIXES = {".so": "shared library", ".tar": "artifact archive",
+            ".a": "static library + header"}
+BLOB_ALIGN = 16
+
+FCompile = Callable[[Path, list[Path], Sequence[str]], None]
+
+
+def export_library(
+    artifacts: Iterable[AnyArtifact], metadata: Mapping[str, Any],
+    file_name: str | os.PathLike[str], *, prefix: str, fcompile: FCompile | None = None,
+    workspace_dir: str | os.PathLike[str] | None = None, cc: Any = None,
+    options: Sequence[str] | None = None,
+) -> Path:
+    """Write `artifacts` as the library `file_name`; the suffix picks the kind.
+
+    `metadata` is the library metadata (docs/abi.md); `prefix` the
+    `system_lib_prefix`. `cc` is the C compiler (default $CC or `cc`), `options`
+    extra flags for compiling C artifacts, `fcompile(out_path, objects,
+    options)` replaces the `.so` link step. Intermediate files go to
+    `workspace_dir` (kept) or a temporary directory (removed). An in-memory
+    artifact raises ExportError; an unknown suffix raises ValueError.
+    """
+    path = Path(file_name)
+    suffix = path.suffix.lower()
+    if suffix not in SUFFIXES:
+        valid = ", ".join(f"{s} ({what})" for s, what in SUFFIXES.items())
+        raise ValueError(f"cannot export to {path.name!r}: unknown suffix "
+                         f"{suffix or '(none)'!r}; valid suffixes: {valid}")
+    _check_prefix(prefix, metadata)
+    arts = ArtifactSet(require_serializable(a) for a in artifacts)
+    if isinstance(options, str):
+        options = shlex.split(options)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if suffix == ".tar":
+        write_tar(path, arts, metadata)
+        return path
+
+    native_arts = [a for a in arts if a.loader == NATIVE]
+    if not native_arts and suffix == ".a":
+        loaders = sorted({a.loader for a in arts}) or ["(no artifacts)"]
+        raise ExportError(
+            f"cannot export {path.name!r}: there is no native code to link into a static "
+            f"library (artifact loaders: {', '.join(loaders)}); export a .so or .tar, whose "
+            "blob carries these artifacts to their loaders")
+    with _workspace(workspace_dir) as work:
+        objects = native.compile_native(native_arts, work / "native", prefix=prefix, cc=cc,
+                                        options=options)
+        blob_file = work / "blob.bin"
+        blob_file.write_bytes(pack(build_contents(arts, metadata)))
+        objects.append(native.data_object(blob_file, f"{prefix}_blob", work / "blob.o",
+                                          align=BLOB_ALIGN, exported=True, cc=cc))
+        # Without native code the library only carries the blob (for the loaders).
+        exports = (abi_symbols(metadata, prefix) + native.native_exports(native_arts)
+                   if native_arts else [f"{prefix}_blob"])
+        if suffix == ".so":
+            with _atomic(path, 0o755) as tmp:
+                if fcompile is not None:
+                    fcompile(tmp, objects, list(options or ()))
+                else:
+                    native.link_shared(objects, tmp, cc=cc, exports=exports,
+                                       libs=native.native_libs(native_arts),
+                                       options=LINK_CHECKS)
+        else:
+            header = path.with_suffix(".h")
+            with _atomic(path, 0o644) as tmp_a, _atomic(header, 0o644) as tmp_h:
+                native.archive_static(objects, tmp_a, cc=cc, exports=exports, workdir=work,
+                                      member=f"{path.stem}.o")
+                tmp_h.write_text(static_header(metadata, prefix, header.name, path.name,
+                                               native.native_libs(native_arts)))
+    return path
+
+
+# Make the link fail (instead of the later dlopen) when a listed ABI symbol is
+# missing or some reference stays undefined: a kiln library is self-contained.
+LINK_CHECKS = ("-Wl,--no-undefined-version", "-Wl,-z,defs")
+
+
+def abi_symbols(metadata: Mapping[str, Any], prefix: str) -> list[str]:
+    """The symbols a kiln library exports (docs/abi.md): entries, error, metadata, blob."""
+    functions = metadata.get("functions", {})
+    symbols = [str(sig.get("symbol", f"{prefix}{name}")) for name, sig in functions.items()]
+    return [*symbols, f"{prefix}_last_error", f"{prefix}_metadata", f"{prefix}_blob"]
+
+
+def _check_prefix(prefix: str, metadata: Mapping[str, Any]) -> None:
+    if not isinstance(prefix, str) or not prefix or not prefix.replace("_", "a").isidentifier():
+        raise ValueError(f"prefix {prefix!r} must be a non-empty C identifier")
+    meta_prefix = metadata.get("prefix")
+    if meta_prefix is not None and meta_prefix != prefix:
+        raise ValueError(f"prefix {prefix!r} does not match the library metadata's prefix "
+                         f"{meta_prefix!r}")
+
+
+@contextlib.contextmanager
+def _workspace(workspace_dir: str | os.PathLike[str] | None) -> Iterator[Path]:
+    if workspace_dir is not None:
+        work = Path(workspace_dir)
+        work.mkdir(parents=True, exist_ok=True)
+        yield work
+        return
+    tmp = tempfile.mkdtemp(prefix="kiln-export-")
+    try:
+        yield Path(tmp)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def _atomic(path: Path, mode: int) -> Iterator[Path]:
+    """A temporary path next to `path`, renamed onto it if the block succeeds."""
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    tmp = Path(tmp_name)
+    try:
+        yield tmp
+        if not tmp.is_file() or tmp.stat().st_size == 0:
+            raise ExportError(f"exporting {path}: the link step produced no output")
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+# ------------------------------------------------------------------ the .a header
+def _c_comment(text: str) -> str:
+    return text.replace("*/", "* /")
+
+
+def _describe(p: Mapping[str, Any]) -> str:
+    if p.get("kind") == "tensor":
+        return f"{p['name']}: {p['dtype']}[{', '.join(str(d) for d in p['shape'])}]"
+    return f"{p['name']}: {p['dtype']}"
+
+
+def static_header(metadata: Mapping[str, Any], prefix: str, header_name: str,
+                  archive_name: str, libs: Sequence[str] = ()) -> str:
+    """C declarations of a static kiln library's entry points (all prefixed)."""
+    guard = re.sub(r"[^A-Za-z0-9]", "_", f"kiln_{prefix}_{header_name}").upper() + "_"
+    lines = [
+        f"/* {_c_comment(header_name)}: entry points of the kiln static library "
+        f"{_c_comment(archive_name)}.",
+        " * Generated by kiln.export.export_library; the calling convention is",
+        " * described in <kiln/kiln.h> (compile with -I$(python -c 'import kiln.runtime;",
+        " * print(kiln.runtime.include_dir())')).",
+        f" * Link with: {_c_comment(' '.join([archive_name, *libs, '-lm']))}",
+        " */",
+        f"#ifndef {guard}",
+        f"#define {guard}",
+        "",
+        "#include <kiln/kiln.h>",
+        "",
+        "#ifdef __cplusplus",
+        'extern "C" {',
+        "#endif",
+        "",
+    ]
+    for name, sig in metadata.get("functions", {}).items():
+        params = ", ".join(_describe(p) for p in sig.get("params", []))
+        results = ", ".join(_describe(r) for r in sig.get("results", []))
+        text = f"{name}({params})" + (f" -> ({results})" if results else "")
+        note = ("graph function: inputs, then one preallocated DLTensor* per result"
+                if sig.get("kind") == "graph" else "tensor function: exactly its parameters")
+        lines += [f"/* {_c_comment(text)}", f" * {note}. */",
+                  f"int32_t {sig.get('symbol', prefix + name)}(const KilnValue *args, "
+                  "const int32_t *type_codes, int32_t num_args);", ""]
+    lines += [
+        "/* Message of the last failed call on this thread. */",
+        f"const char *{prefix}_last_error(void);",
+        "/* Library metadata (JSON, docs/abi.md). */",
+        f"const char *{prefix}_metadata(void);",
+        "",
+        "#ifdef __cplusplus",
+        "}",
+        "#endif",
+        "",
+        f"#endif /* {guard} */",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+__all__ = ["SUFFIXES", "abi_symbols", "export_library", "static_header"]

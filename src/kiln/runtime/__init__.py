@@ -1,0 +1,22 @@
+"""kiln's runtime: load compiled libraries and call their functions.
+
+    lib = kiln.runtime.load_module("model.so")     # or "model.tar"
+    y = lib["main"](x)                              # numpy / DLPack in, numpy out
+
+This package imports nothing from the compiler side (no llvmlite, no onnx): a
+deploy host installs kiln and numpy and runs exported libraries. The C ABI is
+in docs/abi.md and `include_dir()/kiln/kiln.h`; the code-loading process in
+docs/runtime.md.
+"""
+
+from kiln.runtime.function import NativeFunction, PackedFunction, RawKernelFunction
+from kiln.runtime.loaders import LOADERS, LoadContext, get_loader, register_loader
+from kiln.runtime.loading import load_artifacts, load_module
+from kiln.runtime.module import FunctionTableModule, HostModule, LibraryModule, Module
+from kiln.runtime.native import include_dir
+
+__all__ = [
+    "LOADERS", "FunctionTableModule", "HostModule", "LibraryModule", "LoadContext", "Module",
+    "NativeFunction", "PackedFunction", "RawKernelFunction", "get_loader", "include_dir",
+    "load_artifacts", "load_module", "register_loader",
+]

@@ -1,0 +1,299 @@
+"""The C ABI (docs/abi.md) seen from Python: ctypes mirrors and one signature table.
+
+Everything kiln calls through ctypes is declared here, in `SIGNATURES`; nothing
+else in kiln spells a C signature. This module also turns Python values into
+packed arguments: numpy arrays and DLPack tensors become `DLTensor`s that point
+at the caller's memory (no copy), scalars become `KilnValue`s.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import operator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from kiln.errors import KilnError
+
+# ---------------------------------------------------------------- DLPack mirrors
+KDL_CPU = 1
+
+# DLDataTypeCode values.
+KDL_INT, KDL_UINT, KDL_FLOAT, KDL_OPAQUE, KDL_BFLOAT, KDL_COMPLEX, KDL_BOOL = 0, 1, 2, 3, 4, 5, 6
+
+
+class DLDevice(ctypes.Structure):
+    _fields_ = [("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32)]
+
+
+class DLDataType(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16)]
+
+
+class DLTensor(ctypes.Structure):
+    _fields_ = [
+        ("data", ctypes.c_void_p),
+        ("device", DLDevice),
+        ("ndim", ctypes.c_int32),
+        ("dtype", DLDataType),
+        ("shape", ctypes.POINTER(ctypes.c_int64)),
+        ("strides", ctypes.POINTER(ctypes.c_int64)),
+        ("byte_offset", ctypes.c_uint64),
+    ]
+
+
+class KilnValue(ctypes.Union):
+    _fields_ = [("v_int64", ctypes.c_int64), ("v_float64", ctypes.c_double),
+                ("v_handle", ctypes.c_void_p)]
+
+
+# Packed argument type codes.
+ARG_INT = 0
+ARG_FLOAT = 2
+ARG_DLTENSOR = 7
+
+# ---------------------------------------------------------------- the signature table
+# name -> (restype, argtypes). `packed` is every public entry `{prefix}name`.
+SIGNATURES: dict[str, tuple[Any, list[Any]]] = {
+    "packed": (ctypes.c_int32,
+               [ctypes.POINTER(KilnValue), ctypes.POINTER(ctypes.c_int32), ctypes.c_int32]),
+    "last_error": (ctypes.c_char_p, []),
+    "metadata": (ctypes.c_char_p, []),
+}
+
+
+def bind(lib: ctypes.CDLL, symbol: str, kind: str) -> Any:
+    """The function `symbol` of `lib`, typed by `SIGNATURES[kind]` (AttributeError if absent)."""
+    restype, argtypes = SIGNATURES[kind]
+    fn = lib[symbol]  # a fresh function object (getattr would cache and share it)
+    fn.restype = restype
+    fn.argtypes = argtypes
+    return fn
+
+
+def read_string(fn: Any) -> str:
+    """Call a `const char* (void)` function and decode its UTF-8 result ('' for NULL)."""
+    raw = fn()
+    return raw.decode("utf-8", errors="replace") if raw else ""
+
+
+# ---------------------------------------------------------------- dtypes
+# kiln dtype -> DLPack (code, bits), and the C type of a raw-kernel argument.
+# Mirrors kiln/codegen/naming.py (DL_CODES, C_TYPES); the runtime must not import codegen.
+DL_DTYPES: dict[str, tuple[int, int]] = {
+    "bool": (KDL_BOOL, 8),
+    "int8": (KDL_INT, 8), "int16": (KDL_INT, 16), "int32": (KDL_INT, 32), "int64": (KDL_INT, 64),
+    "uint8": (KDL_UINT, 8), "uint16": (KDL_UINT, 16), "uint32": (KDL_UINT, 32),
+    "uint64": (KDL_UINT, 64),
+    "float16": (KDL_FLOAT, 16), "bfloat16": (KDL_BFLOAT, 16), "float32": (KDL_FLOAT, 32),
+    "float64": (KDL_FLOAT, 64),
+}
+
+C_TYPES: dict[str, Any] = {
+    "bool": ctypes.c_uint8, "int8": ctypes.c_int8, "int16": ctypes.c_int16,
+    "int32": ctypes.c_int32, "int64": ctypes.c_int64, "uint8": ctypes.c_uint8,
+    "uint16": ctypes.c_uint16, "uint32": ctypes.c_uint32, "uint64": ctypes.c_uint64,
+    "float16": ctypes.c_uint16, "bfloat16": ctypes.c_uint16, "float32": ctypes.c_float,
+    "float64": ctypes.c_double,
+}
+
+_CODE_NAMES = {KDL_INT: "int", KDL_UINT: "uint", KDL_FLOAT: "float", KDL_OPAQUE: "handle",
+               KDL_BFLOAT: "bfloat", KDL_COMPLEX: "complex", KDL_BOOL: "bool"}
+
+
+def dtype_name(code: int, bits: int, lanes: int = 1) -> str:
+    """The name docs/abi.md gives a DLDataType in error messages ("float32", "int8x4")."""
+    if code == KDL_BOOL and bits == 8:
+        name = "bool"
+    elif code in _CODE_NAMES:
+        name = f"{_CODE_NAMES[code]}{bits}"
+    else:
+        name = f"dtype(code={code}, bits={bits})"
+    return name if lanes == 1 else f"{name}x{lanes}"
+
+
+def is_float_dtype(dtype: str) -> bool:
+    return DL_DTYPES[dtype][0] in (KDL_FLOAT, KDL_BFLOAT)
+
+
+def numpy_dtype(dtype: str) -> np.dtype[Any]:
+    """The numpy dtype of a kiln dtype; bfloat16 needs the ml_dtypes package."""
+    if dtype == "bfloat16":
+        try:
+            import ml_dtypes
+        except ImportError as exc:  # pragma: no cover - depends on the environment
+            raise KilnError("bfloat16 tensors need the ml_dtypes package") from exc
+        return np.dtype(ml_dtypes.bfloat16)
+    if dtype not in DL_DTYPES:
+        raise KilnError(f"unknown dtype {dtype!r} in a function signature")
+    return np.dtype(dtype)
+
+
+def dl_dtype_of(dtype: np.dtype[Any]) -> tuple[int, int] | None:
+    """DLPack (code, bits) of a numpy dtype, or None when DLPack cannot express it."""
+    if dtype.name == "bfloat16":
+        return (KDL_BFLOAT, 16)
+    kind = dtype.kind
+    bits = dtype.itemsize * 8
+    if kind == "b":
+        return (KDL_BOOL, 8)
+    if kind == "i":
+        return (KDL_INT, bits)
+    if kind == "u":
+        return (KDL_UINT, bits)
+    if kind == "f":
+        return (KDL_FLOAT, bits)
+    if kind == "c":
+        return (KDL_COMPLEX, bits)
+    return None
+
+
+def array_dtype_name(arr: np.ndarray) -> str:
+    """`dtype_name` of a numpy array's dtype (numpy's own name if DLPack has none)."""
+    dl = dl_dtype_of(arr.dtype)
+    return dtype_name(*dl) if dl is not None else arr.dtype.name
+
+
+def format_shape(shape: Any) -> str:
+    return "[" + ", ".join(str(int(d)) for d in shape) + "]"
+
+
+# ---------------------------------------------------------------- Python values -> arguments
+@dataclass(frozen=True)
+class Where:
+    """Which argument is being converted, for error messages: `f: argument 1 'Y': ...`."""
+
+    function: str
+    index: int
+    name: str
+
+    def error(self, message: str) -> KilnError:
+        return KilnError(f"{self.function}: argument {self.index} '{self.name}': {message}")
+
+
+def is_tensor(value: object) -> bool:
+    """True for a numpy array or anything exposing `__dlpack__`."""
+    return isinstance(value, np.ndarray) or hasattr(value, "__dlpack__")
+
+
+def is_scalar(value: object) -> bool:
+    return isinstance(value, (bool, int, float, np.bool_, np.integer, np.floating))
+
+
+def scalar_int(value: Any) -> int:
+    """The integer value of an int-coded scalar (Python/numpy int or bool)."""
+    if isinstance(value, (bool, np.bool_)):
+        return int(value)
+    return operator.index(value)
+
+
+def type_code_of(value: object) -> int | None:
+    """The packed type code a Python value travels with (None if it cannot travel).
+
+    `None` travels as a NULL tensor.
+    """
+    if value is None or is_tensor(value):
+        return ARG_DLTENSOR
+    if isinstance(value, (float, np.floating)):
+        return ARG_FLOAT
+    if is_scalar(value):
+        return ARG_INT
+    return None
+
+
+def to_numpy(value: object, where: Where) -> np.ndarray:
+    """A numpy view of a CPU tensor (numpy array or DLPack tensor), never a copy.
+
+    A tensor on another device is rejected with the same text the C entries use.
+    """
+    if isinstance(value, np.ndarray):
+        return value
+    device = getattr(value, "__dlpack_device__", None)
+    if device is not None:
+        try:
+            dev_type = int(device()[0])
+        except Exception as exc:
+            raise where.error(f"__dlpack_device__() failed: {exc}") from exc
+        if dev_type != KDL_CPU:
+            raise where.error(
+                f"expected a CPU tensor (device_type {KDL_CPU}), got device_type {dev_type}")
+    try:
+        return np.from_dlpack(value)  # type: ignore[arg-type]
+    except Exception as exc:
+        raise where.error(f"cannot read {type(value).__name__} through DLPack: {exc}") from exc
+
+
+def require_dl_dtype(array: np.ndarray, where: Where) -> tuple[int, int]:
+    """DLPack (code, bits) of the array's dtype; KilnError if DLPack has none (e.g. object)."""
+    dl = dl_dtype_of(array.dtype)
+    if dl is None:
+        raise where.error(f"numpy dtype {array.dtype.name} has no DLPack equivalent")
+    return dl
+
+
+class TensorArg:
+    """A DLTensor over a numpy array's memory; keeps the array (the owner) alive."""
+
+    __slots__ = ("array", "shape", "strides", "tensor")
+
+    def __init__(self, array: np.ndarray, where: Where) -> None:
+        dl = require_dl_dtype(array, where)
+        ndim = array.ndim
+        self.array = array
+        self.shape = (ctypes.c_int64 * ndim)(*array.shape)
+        self.strides: Any = None
+        if not array.flags.c_contiguous:
+            itemsize = array.dtype.itemsize
+            if any(s % itemsize for s in array.strides):
+                raise where.error("expected a contiguous tensor")
+            self.strides = (ctypes.c_int64 * ndim)(*(s // itemsize for s in array.strides))
+        t = DLTensor()
+        t.data = array.__array_interface__["data"][0]
+        t.device.device_type = KDL_CPU
+        t.device.device_id = 0
+        t.ndim = ndim
+        t.dtype.code, t.dtype.bits = dl
+        t.dtype.lanes = 1
+        t.shape = ctypes.cast(self.shape, ctypes.POINTER(ctypes.c_int64))
+        if self.strides is not None:
+            t.strides = ctypes.cast(self.strides, ctypes.POINTER(ctypes.c_int64))
+        t.byte_offset = 0
+        self.tensor = t
+
+
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+
+
+def pack_arguments(values: list[object], wheres: list[Where]) -> tuple[Any, Any, list[Any]]:
+    """(KilnValue array, type-code array, keep-alive list) for a packed call.
+
+    Each value travels with the type code of its Python type; the C entry then
+    checks it against the parameter (docs/abi.md).
+    """
+    n = len(values)
+    args = (KilnValue * n)()
+    codes = (ctypes.c_int32 * n)()
+    keep: list[Any] = []
+    for i, (value, where) in enumerate(zip(values, wheres)):
+        code = type_code_of(value)
+        if code is None:
+            raise where.error(
+                f"cannot pass {type(value).__name__}; expected a numpy array, a DLPack tensor "
+                "or a number")
+        if value is None:
+            args[i].v_handle = None
+        elif code == ARG_DLTENSOR:
+            targ = TensorArg(to_numpy(value, where), where)
+            keep.append(targ)
+            args[i].v_handle = ctypes.addressof(targ.tensor)
+        elif code == ARG_FLOAT:
+            args[i].v_float64 = float(value)  # type: ignore[arg-type]
+        else:
+            ivalue = scalar_int(value)
+            if not INT64_MIN <= ivalue <= INT64_MAX:
+                raise where.error(f"value {ivalue} does not fit in int64")
+            args[i].v_int64 = ivalue
+        codes[i] = code
+    return args, codes, keep

@@ -1,0 +1,306 @@
+"""Python wrappers of compiled functions.
+
+`PackedFunction` binds Python arguments to a function's signature (the JSON
+signature from the library metadata, docs/abi.md): positional or by IR
+parameter name; for a graph function it allocates the results (or checks the
+`out=` arrays) and returns them. Subclasses make the call:
+
+- `NativeFunction` calls a packed C entry `{prefix}name`; the entry checks the
+  arguments and reports through `{prefix}_last_error`.
+- `RawKernelFunction` calls a raw kernel `int32_t k(T0*, ..., S0, ...)` (what the
+  LLVM JIT produces) and performs the entry's checks itself, in Python, with the
+  same message texts.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from kiln._registry import suggest
+from kiln.errors import KilnError
+from kiln.runtime import ctypes_abi as abi
+from kiln.runtime.ctypes_abi import Where
+
+# Inclusive value range of integer scalar dtypes.
+_INT_RANGES = {
+    "bool": (0, 1),
+    **{f"int{b}": (-(2 ** (b - 1)), 2 ** (b - 1) - 1) for b in (8, 16, 32, 64)},
+    **{f"uint{b}": (0, 2**b - 1) for b in (8, 16, 32, 64)},
+}
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"
+
+
+def _describe_param(p: Mapping[str, Any]) -> str:
+    if p.get("kind") == "tensor":
+        return f"{p['name']}: {p['dtype']}{abi.format_shape(p['shape'])}"
+    return f"{p['name']}: {p['dtype']}"
+
+
+class PackedFunction:
+    """A callable kiln function: `f(*args, out=None, **kwargs)`.
+
+    Tensors are numpy arrays or DLPack tensors (torch, jax, ...) on the CPU and are
+    passed without copying. A tensor-level function writes into the buffers you
+    pass and returns None. A graph-level function returns a new array (a tuple
+    when it returns a tuple), or writes into `out=` (an array, or a tuple of
+    arrays) and returns that. For a tensor-level function, `out=` is simply its
+    parameter named `out`, if it has one.
+    """
+
+    def __init__(self, signature: Mapping[str, Any]) -> None:
+        self.signature: dict[str, Any] = dict(signature)
+        self.name: str = str(signature["name"])
+        self.kind: str = str(signature.get("kind", "tensor"))
+        self.params: list[dict[str, Any]] = [dict(p) for p in signature.get("params", [])]
+        self.results: list[dict[str, Any]] = [dict(r) for r in signature.get("results", [])]
+        self.tuple_result = bool(signature.get("tuple_result", False))
+        self._index = {p["name"]: i for i, p in enumerate(self.params)}
+        self._wheres = [Where(self.name, i, str(p["name"]))
+                        for i, p in enumerate(self.params + self.results)]
+
+    # -------------------------------------------------------------- calling
+    def __call__(self, *args: Any, out: Any = None, **kwargs: Any) -> Any:
+        if out is not None and self.kind != "graph":
+            if "out" in self._index:
+                kwargs["out"] = out
+            else:
+                raise KilnError(
+                    f"{self.name}: out= applies to graph-level functions; a tensor-level "
+                    "function writes into the buffers you pass as arguments")
+            out = None
+        values = self._bind(args, kwargs)
+        outputs = self._outputs(out) if self.kind == "graph" else []
+        self._invoke([*values, *outputs], self._wheres)
+        if self.kind != "graph":
+            return None
+        if out is not None:
+            return out
+        if len(outputs) == 1 and not self.tuple_result:
+            return outputs[0]
+        return tuple(outputs)
+
+    def _invoke(self, values: list[Any], wheres: list[Where]) -> None:
+        """Call the compiled code with every argument (parameters, then results)."""
+        raise NotImplementedError
+
+    # -------------------------------------------------------------- binding
+    def _bind(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> list[Any]:
+        n = len(self.params)
+        if len(args) > n:
+            raise KilnError(
+                f"{self.name}: expected {_plural(n, 'argument')}, got {len(args) + len(kwargs)}")
+        values: list[Any] = list(args) + [_MISSING] * (n - len(args))
+        for key, value in kwargs.items():
+            i = self._index.get(key)
+            if i is None:
+                names = list(self._index)
+                raise KilnError(
+                    f"{self.name}: unknown argument '{key}'.{suggest(key, names)} "
+                    f"Parameters: {', '.join(names) if names else '(none)'}")
+            if values[i] is not _MISSING:
+                raise KilnError(f"{self.name}: argument {i} '{key}' given twice")
+            values[i] = value
+        for i, value in enumerate(values):
+            if value is _MISSING:
+                raise KilnError(f"{self.name}: missing argument {i} '{self.params[i]['name']}'")
+            self._check_scalar_range(i, value)
+        return values
+
+    def _check_scalar_range(self, i: int, value: Any) -> None:
+        """An integer scalar must fit its parameter's dtype (C would wrap it silently)."""
+        p = self.params[i]
+        if p.get("kind") != "scalar" or abi.type_code_of(value) != abi.ARG_INT:
+            return
+        bounds = _INT_RANGES.get(p["dtype"])
+        ivalue = abi.scalar_int(value)
+        if bounds is not None and not bounds[0] <= ivalue <= bounds[1]:
+            raise self._wheres[i].error(f"value {ivalue} out of range for {p['dtype']}")
+
+    def _outputs(self, out: Any) -> list[np.ndarray]:
+        """Result arrays: freshly allocated, or the caller's `out=` after checking them."""
+        if out is None:
+            return [np.empty(tuple(r["shape"]), abi.numpy_dtype(r["dtype"])) for r in self.results]
+        outs = list(out) if isinstance(out, (tuple, list)) else [out]
+        if len(outs) != len(self.results):
+            raise KilnError(
+                f"{self.name}: out= has {len(outs)} arrays; the function has "
+                f"{_plural(len(self.results), 'result')}")
+        n = len(self.params)
+        checked = []
+        for j, (arr, r) in enumerate(zip(outs, self.results)):
+            where = self._wheres[n + j]
+            if not abi.is_tensor(arr):
+                raise where.error(f"out= needs arrays, got {type(arr).__name__}")
+            array = abi.to_numpy(arr, where)
+            abi.require_dl_dtype(array, where)
+            array = check_tensor(array, r, where)
+            if not array.flags.writeable:
+                raise where.error("the out= array is read-only")
+            checked.append(array)
+        return checked
+
+    # -------------------------------------------------------------- description
+    def __repr__(self) -> str:
+        params = ", ".join(_describe_param(p) for p in self.params)
+        text = f"{self.name}({params})"
+        if self.results:
+            text += " -> " + ", ".join(_describe_param(r) for r in self.results)
+        return f"<{type(self).__name__} {text}>"
+
+
+class _Missing:
+    def __repr__(self) -> str:
+        return "<missing>"
+
+
+_MISSING: Any = _Missing()
+
+
+def check_tensor(array: np.ndarray, param: Mapping[str, Any], where: Where) -> np.ndarray:
+    """docs/abi.md checks 3-4 on a CPU array (ndim, dtype, shape, contiguity)."""
+    shape = list(param["shape"])
+    if array.ndim != len(shape):
+        raise where.error(f"expected {_plural(len(shape), 'dimension')}, got {array.ndim}")
+    got = abi.array_dtype_name(array)
+    if got != param["dtype"]:
+        raise where.error(f"expected dtype {param['dtype']}, got {got}")
+    if list(array.shape) != shape:
+        raise where.error(
+            f"expected shape {abi.format_shape(shape)}, got {abi.format_shape(array.shape)}")
+    if not array.flags.c_contiguous:
+        raise where.error("expected a contiguous tensor")
+    return array
+
+
+class NativeFunction(PackedFunction):
+    """A packed C entry `{prefix}name` (KilnPackedFunc), called through ctypes.
+
+    The entry checks every argument; a non-zero return raises `KilnError` with
+    the entry's message from `last_error()`. `owner` (the library) is kept alive
+    and must not be closed when the function is called.
+    """
+
+    def __init__(
+        self, signature: Mapping[str, Any], c_func: Any,
+        last_error: Callable[[], str] | None = None, *, owner: Any = None,
+    ) -> None:
+        super().__init__(signature)
+        self.c_func = c_func
+        self.last_error = last_error
+        self.owner = owner
+
+    def _invoke(self, values: list[Any], wheres: list[Where]) -> None:
+        if self.owner is not None and getattr(self.owner, "closed", False):
+            raise KilnError(f"{self.name}: the library {self.owner!r} is closed")
+        args, codes, keep = abi.pack_arguments(values, wheres)
+        rc = self.c_func(args, codes, len(values))
+        del keep  # the tensors' owners had to live through the call
+        if rc != 0:
+            raise KilnError(_error_text(self.name, rc, self.last_error))
+
+
+class RawKernelFunction(PackedFunction):
+    """A raw kernel `int32_t k(T0 *p0, ..., S0 s0, ...)` at `address`, called via ctypes.
+
+    The kernel checks nothing, so this wrapper performs the packed entry's checks
+    (docs/abi.md) in Python first, with the same messages. `keepalive` holds
+    whatever owns the code (e.g. an LLVM execution engine).
+    """
+
+    def __init__(
+        self, signature: Mapping[str, Any], address: int,
+        last_error: Callable[[], str] | None = None, *, keepalive: Any = None,
+    ) -> None:
+        super().__init__(signature)
+        if not address:
+            raise KilnError(f"{self.name}: raw kernel address is NULL")
+        self.address = address
+        self.last_error = last_error
+        self.keepalive = keepalive
+        argtypes = [ctypes.c_void_p if p["kind"] == "tensor" else abi.C_TYPES[p["dtype"]]
+                    for p in self.params + self.results]
+        self._c_func = ctypes.CFUNCTYPE(ctypes.c_int32, *argtypes)(address)
+
+    def _invoke(self, values: list[Any], wheres: list[Where]) -> None:
+        c_args: list[Any] = []
+        keep: list[np.ndarray] = []
+        for value, param, where in zip(values, self.params + self.results, wheres):
+            if param["kind"] == "tensor":
+                array = checked_tensor(value, param, where)
+                keep.append(array)
+                c_args.append(array.__array_interface__["data"][0])
+            else:
+                c_args.append(checked_scalar(value, param, where))
+        rc = self._c_func(*c_args)
+        del keep
+        if rc != 0:
+            raise KilnError(_error_text(self.name, rc, self.last_error))
+
+
+def checked_tensor(value: Any, param: Mapping[str, Any], where: Where) -> np.ndarray:
+    """All of a packed entry's checks on a tensor argument; its numpy view (no copy)."""
+    check_type_code(abi.type_code_of(value), param, where, value)
+    if value is None:
+        raise where.error("expected a tensor, got NULL")
+    array = abi.to_numpy(value, where)
+    abi.require_dl_dtype(array, where)  # what NativeFunction's conversion would reject
+    return check_tensor(array, param, where)
+
+
+def check_type_code(code: int | None, param: Mapping[str, Any], where: Where,
+                     value: Any) -> None:
+    """Check 2 of docs/abi.md: the value's type code fits the parameter."""
+    if code is None:
+        raise where.error(
+            f"cannot pass {type(value).__name__}; expected a numpy array, a DLPack tensor "
+            "or a number")
+    if param["kind"] == "tensor":
+        if code != abi.ARG_DLTENSOR:
+            raise where.error(f"expected a tensor (type code {abi.ARG_DLTENSOR}), "
+                              f"got type code {code}")
+    elif abi.is_float_dtype(param["dtype"]):
+        if code not in (abi.ARG_FLOAT, abi.ARG_INT):
+            raise where.error(f"expected a float scalar (type code {abi.ARG_FLOAT}), "
+                              f"got type code {code}")
+    elif code != abi.ARG_INT:
+        raise where.error(f"expected an integer scalar (type code {abi.ARG_INT}), "
+                          f"got type code {code}")
+
+
+def checked_scalar(value: Any, param: Mapping[str, Any], where: Where) -> Any:
+    """The C value of a scalar argument (range was checked while binding)."""
+    check_type_code(abi.type_code_of(value), param, where, value)
+    dtype = param["dtype"]
+    if dtype == "float16":
+        return int(np.array(float(value), np.float16).view(np.uint16))
+    if dtype == "bfloat16":
+        return _bfloat16_bits(float(value))
+    if abi.is_float_dtype(dtype):
+        return float(value)
+    return abi.scalar_int(value)
+
+
+# Older spellings, kept for callers outside the runtime.
+_checked_tensor = checked_tensor
+_check_type_code = check_type_code
+_checked_scalar = checked_scalar
+
+
+def _bfloat16_bits(value: float) -> int:
+    """Bit pattern of `value` as bfloat16 (round to nearest even; NaN stays NaN)."""
+    bits = int(np.array(value, np.float32).view(np.uint32))
+    if value != value:
+        return 0x7FC0
+    return ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) & 0xFFFF
+
+
+def _error_text(name: str, rc: int, last_error: Callable[[], str] | None) -> str:
+    message = last_error() if last_error is not None else ""
+    return message or f"{name}: failed with code {rc} (no error message)"

@@ -1,0 +1,218 @@
+/*
+ * kiln.h -- the C ABI of libraries built by kiln (docs/abi.md).
+ *
+ * A library kiln exports (.so or .a) needs nothing but this header: no Python
+ * and no kiln runtime library. Every public IR function `name` is a packed
+ * entry `{prefix}name` with the KilnPackedFunc signature; tensors cross as
+ * DLPack DLTensor*, scalars as KilnValue.
+ *
+ *     #include <kiln/kiln.h>
+ *     float x[4] = {1, 2, 3, 4}, y[4];
+ *     int64_t shape[1] = {4};
+ *     DLTensor tx = kiln_tensor(x, 1, shape, KILN_FLOAT32);
+ *     DLTensor ty = kiln_tensor(y, 1, shape, KILN_FLOAT32);
+ *     KilnValue args[2]; int32_t codes[2];
+ *     kiln_set_tensor(args, codes, 0, &tx);
+ *     kiln_set_tensor(args, codes, 1, &ty);
+ *     if (kiln_main(args, codes, 2) != 0) puts(kiln__last_error());
+ *
+ * The DLPack part is written from the DLPack specification (v1.x). If you need
+ * all of DLPack (DLManagedTensor, ...), include <dlpack/dlpack.h> before this
+ * header; kiln.h then uses its definitions.
+ */
+#ifndef KILN_KILN_H_
+#define KILN_KILN_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(__cplusplus) || (defined(__STDC_VERSION__) && __STDC_VERSION__ >= 199901L)
+#define KILN_INLINE static inline
+#else
+#define KILN_INLINE static __inline__ /* C89 with GNU extensions */
+#endif
+
+/* ---------------------------------------------------------------- DLPack */
+#ifndef DLPACK_DLPACK_H_
+#define KILN_DLPACK_SUBSET 1
+
+#define DLPACK_MAJOR_VERSION 1
+#define DLPACK_MINOR_VERSION 0
+
+/* Where a tensor's memory lives. kiln's CPU libraries accept kDLCPU only. */
+typedef enum {
+  kDLCPU = 1,
+  kDLCUDA = 2,
+  kDLCUDAHost = 3,
+  kDLOpenCL = 4,
+  kDLVulkan = 7,
+  kDLMetal = 8,
+  kDLVPI = 9,
+  kDLROCM = 10,
+  kDLROCMHost = 11,
+  kDLExtDev = 12,
+  kDLCUDAManaged = 13,
+  kDLOneAPI = 14,
+  kDLWebGPU = 15,
+  kDLHexagon = 16,
+  kDLMAIA = 17
+} DLDeviceType;
+
+typedef struct {
+  DLDeviceType device_type;
+  int32_t device_id;
+} DLDevice;
+
+typedef enum {
+  kDLInt = 0,
+  kDLUInt = 1,
+  kDLFloat = 2,
+  kDLOpaqueHandle = 3,
+  kDLBfloat = 4,
+  kDLComplex = 5,
+  kDLBool = 6
+} DLDataTypeCode;
+
+/* Element type: code (a DLDataTypeCode), bits per lane, lanes (1 = scalar). */
+typedef struct {
+  uint8_t code;
+  uint8_t bits;
+  uint16_t lanes;
+} DLDataType;
+
+/*
+ * A tensor view. `shape` has `ndim` entries; `strides` (in elements) is NULL
+ * for a compact row-major tensor; the first element is at
+ * (char *)data + byte_offset.
+ */
+typedef struct {
+  void *data;
+  DLDevice device;
+  int32_t ndim;
+  DLDataType dtype;
+  int64_t *shape;
+  int64_t *strides;
+  uint64_t byte_offset;
+} DLTensor;
+#endif /* DLPACK_DLPACK_H_ */
+
+/* ------------------------------------------------------------- kiln ABI */
+/* Version of the packed calling convention described in docs/abi.md. */
+#define KILN_ABI_VERSION 1
+
+/* One argument of a packed call; which member is live is given by its type code. */
+typedef union {
+  int64_t v_int64;
+  double v_float64;
+  void *v_handle;
+} KilnValue;
+
+/* Type codes of packed arguments (values match TVM's / DLPack's usage). */
+enum {
+  KILN_ARG_INT = 0,      /* v_int64: integer and bool scalars */
+  KILN_ARG_FLOAT = 2,    /* v_float64: float scalars */
+  KILN_ARG_DLTENSOR = 7  /* v_handle: DLTensor* */
+};
+
+/*
+ * A public entry `{prefix}name`. Returns 0 on success; non-zero on failure,
+ * with the message in `{prefix}_last_error()` (thread-local).
+ */
+typedef int32_t (*KilnPackedFunc)(const KilnValue *args, const int32_t *type_codes,
+                                  int32_t num_args);
+
+/* `{prefix}_last_error` and `{prefix}_metadata`. */
+typedef const char *(*KilnStringFunc)(void);
+
+/* DLDataType of a scalar element type (lanes = 1). */
+KILN_INLINE DLDataType kiln_dtype(uint8_t code, uint8_t bits) {
+  DLDataType t;
+  t.code = code;
+  t.bits = bits;
+  t.lanes = 1;
+  return t;
+}
+
+/* DLDataType values of kiln's dtypes. */
+#define KILN_DTYPE(code_, bits_) kiln_dtype((uint8_t)(code_), (uint8_t)(bits_))
+#define KILN_BOOL KILN_DTYPE(kDLBool, 8)
+#define KILN_INT8 KILN_DTYPE(kDLInt, 8)
+#define KILN_INT16 KILN_DTYPE(kDLInt, 16)
+#define KILN_INT32 KILN_DTYPE(kDLInt, 32)
+#define KILN_INT64 KILN_DTYPE(kDLInt, 64)
+#define KILN_UINT8 KILN_DTYPE(kDLUInt, 8)
+#define KILN_UINT16 KILN_DTYPE(kDLUInt, 16)
+#define KILN_UINT32 KILN_DTYPE(kDLUInt, 32)
+#define KILN_UINT64 KILN_DTYPE(kDLUInt, 64)
+#define KILN_FLOAT16 KILN_DTYPE(kDLFloat, 16)
+#define KILN_BFLOAT16 KILN_DTYPE(kDLBfloat, 16)
+#define KILN_FLOAT32 KILN_DTYPE(kDLFloat, 32)
+#define KILN_FLOAT64 KILN_DTYPE(kDLFloat, 64)
+
+/* A compact CPU tensor over `data` (not copied; `shape` must outlive the tensor). */
+KILN_INLINE DLTensor kiln_tensor(void *data, int32_t ndim, int64_t *shape,
+                                   DLDataType dtype) {
+  DLTensor t;
+  t.data = data;
+  t.device.device_type = kDLCPU;
+  t.device.device_id = 0;
+  t.ndim = ndim;
+  t.dtype = dtype;
+  t.shape = shape;
+  t.strides = NULL;
+  t.byte_offset = 0;
+  return t;
+}
+
+/* Set packed argument `i` to a tensor, an integer or a float. */
+KILN_INLINE void kiln_set_tensor(KilnValue *args, int32_t *codes, int32_t i, DLTensor *t) {
+  args[i].v_handle = (void *)t;
+  codes[i] = KILN_ARG_DLTENSOR;
+}
+
+KILN_INLINE void kiln_set_int(KilnValue *args, int32_t *codes, int32_t i, int64_t v) {
+  args[i].v_int64 = v;
+  codes[i] = KILN_ARG_INT;
+}
+
+KILN_INLINE void kiln_set_float(KilnValue *args, int32_t *codes, int32_t i, double v) {
+  args[i].v_float64 = v;
+  codes[i] = KILN_ARG_FLOAT;
+}
+
+/* Number of elements of a tensor (1 for a 0-d tensor). */
+KILN_INLINE int64_t kiln_numel(const DLTensor *t) {
+  int64_t n = 1;
+  int32_t i;
+  for (i = 0; i < t->ndim; ++i) n *= t->shape[i];
+  return n;
+}
+
+/*
+ * Call a packed entry whose arguments are all tensors:
+ *     DLTensor *ts[] = {&x, &y};
+ *     rc = kiln_call_tensors(kiln_main, ts, 2);
+ * At most KILN_MAX_TENSOR_ARGS tensors; more returns -1 without calling.
+ */
+#ifndef KILN_MAX_TENSOR_ARGS
+#define KILN_MAX_TENSOR_ARGS 64
+#endif
+KILN_INLINE int32_t kiln_call_tensors(KilnPackedFunc fn, DLTensor *const *tensors,
+                                        int32_t n) {
+  KilnValue args[KILN_MAX_TENSOR_ARGS];
+  int32_t codes[KILN_MAX_TENSOR_ARGS];
+  int32_t i;
+  if (n < 0 || n > KILN_MAX_TENSOR_ARGS) return -1;
+  for (i = 0; i < n; ++i) kiln_set_tensor(args, codes, i, tensors[i]);
+  return fn(args, codes, n);
+}
+
+#ifdef __cplusplus
+} /* extern "C" */
+#endif
+
+#endif /* KILN_KILN_H_ */

@@ -1,0 +1,87 @@
+"""The loader registry: loader name -> function that turns artifacts into a Module.
+
+A loader is `fn(artifacts: list[Artifact], ctx: LoadContext) -> Module`. The
+code-loading process (kiln.runtime.loading) hands each loader group of an
+ArtifactSet, except "native" (linked into the host library) and "none"
+(inspection only), to the loader registered under its name and imports the
+result into the root module.
+
+Built-in loaders are registered lazily by "module:function" string, so a deploy
+host that never meets an `llvmjit` artifact never imports llvmlite.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from kiln._registry import Registry, RegistryError
+from kiln.errors import KilnError
+
+if TYPE_CHECKING:
+    from kiln.artifact import AnyArtifact
+    from kiln.runtime.module import Module
+
+# Loader names with a fixed meaning; they cannot be registered.
+NATIVE = "native"
+NONE = "none"
+
+
+@dataclass
+class LoadContext:
+    """What a loader may use besides its artifacts.
+
+    `prefix` and `metadata` are the library's `system_lib_prefix` and metadata
+    (docs/abi.md); `host` is the root module the result will be imported into
+    (a LibraryModule, whose native functions a loader may call, or a HostModule);
+    `workspace_dir` is a private directory for files the loader needs to write.
+    """
+
+    prefix: str
+    metadata: dict[str, Any] = field(default_factory=dict)
+    host: Module | None = None
+    workspace_dir: Path | None = None
+
+
+Loader = Callable[[list["AnyArtifact"], LoadContext], "Module"]
+
+LOADERS: Registry[Loader] = Registry("loader")
+LOADERS.register("llvmjit", lazy="kiln.codegen.llvm.jit_loader:load_llvmjit")
+LOADERS.register("python", lazy="kiln.codegen.python_backend:load_python")
+
+
+def register_loader(name: str, fn: Loader, *, override: bool = False) -> Loader:
+    """Register `fn` as the loader for artifacts whose `loader` is `name`."""
+    if name in (NATIVE, NONE):
+        raise KilnError(f"loader name '{name}' is reserved: 'native' artifacts are linked into "
+                        "the host library and 'none' artifacts are never loaded")
+    if not callable(fn):
+        raise TypeError(f"a loader must be callable, got {type(fn).__name__}")
+    LOADERS.register(name, fn, override=override)
+    return fn
+
+
+def get_loader(name: str) -> Loader:
+    """The loader registered as `name`; KilnError listing the known loaders otherwise."""
+    try:
+        return LOADERS.get(name)
+    except RegistryError as exc:
+        raise KilnError(f"{exc}. Register one with kiln.runtime.register_loader('{name}', fn)"
+                        ) from None
+    except ImportError as exc:
+        raise KilnError(f"the '{name}' loader cannot be imported ({exc}); is the compiler side "
+                        "of kiln installed? A deploy-only host can load 'native' code only"
+                        ) from exc
+
+
+def run_loader(name: str, artifacts: list[AnyArtifact], ctx: LoadContext) -> Module:
+    """Run loader `name` and check that it returned a Module."""
+    from kiln.runtime.module import Module
+
+    module = get_loader(name)(artifacts, ctx)
+    if not isinstance(module, Module):
+        raise KilnError(f"loader '{name}' returned {type(module).__name__}, not a "
+                        "kiln.runtime.Module")
+    return module

@@ -1,0 +1,211 @@
+"""The code-loading process: ArtifactSet or library file -> runtime Module tree.
+
+There is one path (DESIGN invariant 2, docs/runtime.md):
+
+1. `load_artifacts` links every "native" artifact into one real shared library
+   with the system toolchain -- by calling `export_library` to a private
+   directory, the very function that writes deployable `.so` files -- and then
+   loads that file with `load_module`. `Executable.jit()` therefore runs what
+   deploys.
+2. `load_module(".so")` dlopens the library (a `LibraryModule`, the root), reads
+   the embedded blob from the mapped `{prefix}_blob` symbol, hands every other
+   loader group to its registered loader, and imports the results into the root
+   following the blob's import tree.
+3. `load_module(".tar")` reads the archive and runs step 1.
+
+Without native artifacts the root is an empty `HostModule`. In-memory
+artifacts (a JIT engine, a Python callable) cannot go through a file; they are
+handed to their loader directly and imported into the root.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import shutil
+import tempfile
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from kiln.artifact.archive import read_tar
+from kiln.artifact.artifact import NATIVE, NONE, AnyArtifact, ArtifactSet
+from kiln.artifact.blob import HEADER_SIZE, BlobContents, blob_length, unpack
+from kiln.errors import FormatError
+from kiln.runtime.dynsym import find_blob_symbol
+from kiln.runtime.loaders import LoadContext, run_loader
+from kiln.runtime.module import HostModule, LibraryModule, Module
+
+LIBRARY_SUFFIXES = (".so", ".tar")
+
+
+def load_module(path: str | os.PathLike[str], *, prefix: str | None = None) -> Module:
+    """Load a library written by `export_library`: a `.so` or a `.tar`.
+
+    `prefix` picks the library when one `.so` holds several kiln libraries.
+    A damaged file or an unknown suffix raises FormatError.
+    """
+    p = Path(path)
+    suffix = p.suffix.lower()
+    if suffix not in LIBRARY_SUFFIXES:
+        raise FormatError(f"{p}: cannot load a {suffix or 'suffix-less'} file; kiln loads "
+                          f"{' and '.join(LIBRARY_SUFFIXES)} files written by export_library")
+    if not p.is_file():
+        raise FileNotFoundError(f"{p}: no such library file")
+    if suffix == ".tar":
+        artifacts, metadata = read_tar(p)
+        tar_prefix = metadata.get("prefix")
+        if not isinstance(tar_prefix, str):
+            raise FormatError(f"{p}: the archive's library metadata has no 'prefix'")
+        return load_artifacts(artifacts, metadata=metadata, prefix=tar_prefix)
+    return load_shared_library(p, prefix=prefix)
+
+
+def load_artifacts(
+    artifacts: Iterable[AnyArtifact], *, metadata: Mapping[str, Any], prefix: str,
+    workspace_dir: str | os.PathLike[str] | None = None, cc: Any = None,
+    fcompile: Any = None,
+) -> Module:
+    """THE code-loading process over an ArtifactSet (see the module docstring).
+
+    The native library is written to a fresh directory (inside `workspace_dir`
+    if given, then kept; otherwise a temporary one removed when the module is
+    closed or collected) so the loaded file stays on disk while it is mapped.
+    `cc` and `fcompile` are passed to `export_library`.
+    """
+    arts = artifacts if isinstance(artifacts, ArtifactSet) else ArtifactSet(artifacts)
+    stored = ArtifactSet(a for a in arts if a.serializable)
+    in_memory = [a for a in arts if not a.serializable]
+    meta = dict(metadata)
+
+    if any(a.loader == NATIVE for a in stored):
+        from kiln.export.library import export_library
+
+        if workspace_dir is not None:
+            Path(workspace_dir).mkdir(parents=True, exist_ok=True)
+        load_dir = tempfile.mkdtemp(prefix="kiln-load-", dir=workspace_dir)
+        try:
+            so_path = Path(load_dir) / "lib.so"
+            build_dir = Path(load_dir) / "build"
+            export_library(stored, meta, so_path, prefix=prefix, workspace_dir=build_dir, cc=cc,
+                           fcompile=fcompile)
+            if workspace_dir is None:
+                shutil.rmtree(build_dir, ignore_errors=True)
+            root: Module = load_shared_library(
+                so_path, prefix=prefix,
+                cleanup_dir=load_dir if workspace_dir is None else None)
+        except BaseException:
+            if workspace_dir is None:
+                shutil.rmtree(load_dir, ignore_errors=True)
+            raise
+    else:
+        inspect_only = [a for a in stored if a.loader == NONE]
+        root = HostModule(metadata=meta, artifacts=inspect_only)
+        ctx = LoadContext(prefix, meta, root, _path_or_none(workspace_dir))
+        try:
+            for loader, group in stored.by_loader().items():
+                if loader != NONE:
+                    root.import_module(run_loader(loader, group, ctx))
+        except BaseException:
+            root.close()
+            raise
+
+    if in_memory:
+        ctx = LoadContext(prefix, root.metadata, root, _path_or_none(workspace_dir))
+        try:
+            for loader, group in ArtifactSet(in_memory).by_loader().items():
+                root.import_module(run_loader(loader, group, ctx))
+        except BaseException:
+            root.close()
+            raise
+    return root
+
+
+def _path_or_none(path: str | os.PathLike[str] | None) -> Path | None:
+    return Path(path) if path is not None else None
+
+
+def load_shared_library(path: Path, *, prefix: str | None = None,
+                        cleanup_dir: str | None = None) -> LibraryModule:
+    """dlopen a kiln `.so`, unpack its blob, run its loader groups, build the tree.
+
+    The prefix is the name of the library's one `{prefix}_blob` data symbol
+    (found in the ELF dynamic symbol table, without running the file).
+    """
+    found = find_blob_symbol(str(path), prefix=prefix)
+    symbol, lib_prefix = found.name, found.prefix
+    root = LibraryModule(path, lib_prefix, cleanup_dir=cleanup_dir)
+    try:
+        contents = _read_blob(root, symbol, found.size)
+        blob_prefix = contents.metadata.get("prefix")
+        if blob_prefix is not None and blob_prefix != lib_prefix:
+            raise FormatError(f"{path}: blob symbol {symbol} belongs to prefix '{lib_prefix}' "
+                              f"but the blob's metadata says '{blob_prefix}'")
+        _build_tree(root, contents)
+    except BaseException:
+        root.close()
+        raise
+    return root
+
+
+def _read_blob(lib: LibraryModule, symbol: str, size: int) -> BlobContents:
+    """Unpack the blob straight from the library's mapped read-only data.
+
+    `size` is the symbol's ELF size: nothing beyond it is read, whatever the
+    (possibly damaged) blob header claims.
+    """
+    if size < HEADER_SIZE:
+        raise FormatError(f"{lib.path}: blob symbol {symbol} is {size} bytes, smaller than "
+                          f"a blob header ({HEADER_SIZE} bytes)")
+    address = ctypes.addressof(ctypes.c_uint8.in_dll(lib.cdll, symbol))
+    try:
+        length = blob_length(ctypes.string_at(address, HEADER_SIZE))
+        if length > size:
+            raise FormatError(f"blob header gives {length} bytes, but symbol {symbol} "
+                              f"holds only {size}")
+        view = memoryview((ctypes.c_uint8 * length).from_address(address)).cast("B")
+        try:
+            # unpack copies every artifact's bytes out, so nothing keeps
+            # pointing into the library after dlclose.
+            return unpack(view)
+        finally:
+            view.release()
+    except FormatError as exc:
+        raise FormatError(f"{lib.path}: {exc}") from None
+
+
+def _build_tree(root: LibraryModule, contents: BlobContents) -> None:
+    """Load modules 1.. with their loaders and import them following the CSR tree."""
+    if contents.modules[0].artifacts and not root.has_native:
+        raise FormatError(f"{root.path}: the blob lists native artifacts but the library "
+                          f"exports no {root.prefix}_metadata; the file is damaged")
+    items = list(contents.artifacts)
+    inspect_only = [items[i] for m in contents.modules if m.loader == NONE for i in m.artifacts]
+    root.artifacts = [*contents.module_artifacts(0), *inspect_only]
+    if not root.metadata:
+        root.metadata = dict(contents.metadata)
+
+    loaded: dict[int, Module] = {0: root}
+    ctx: LoadContext | None = None
+    for index in range(1, len(contents.modules)):
+        node = contents.modules[index]
+        if node.loader == NONE:
+            continue
+        if ctx is None:
+            ctx = LoadContext(root.prefix, root.metadata, root, None)
+        group: list[AnyArtifact] = list(contents.module_artifacts(index))
+        loaded[index] = run_loader(node.loader, group, ctx)
+
+    def import_children(parent: Module, index: int, seen: set[int]) -> None:
+        for child in contents.children(index):
+            if child in seen:
+                continue
+            seen.add(child)
+            if child in loaded:
+                if loaded[child] not in parent.imports:
+                    parent.import_module(loaded[child])
+            else:  # a skipped ("none") module: its children attach to the parent
+                import_children(parent, child, seen)
+
+    for index, module in loaded.items():
+        import_children(module, index, {index})

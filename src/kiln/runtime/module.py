@@ -1,0 +1,348 @@
+"""The runtime Module tree: what loading an ArtifactSet or a library gives you.
+
+The root of a tree is a `LibraryModule` (one dlopen'ed shared library holding all
+native code) or, when there is no native code, an empty `HostModule`. Every
+other loader group (docs/runtime.md) becomes a Module imported into the root.
+`get_function(name)` searches a module, then its imports depth-first.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import shutil
+import tempfile
+import weakref
+from _ctypes import dlclose as _dlclose
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from kiln._registry import suggest
+from kiln.errors import FormatError, KilnError
+from kiln.runtime import ctypes_abi as abi
+from kiln.runtime.function import NativeFunction, PackedFunction
+
+if TYPE_CHECKING:
+    from kiln.artifact import AnyArtifact
+
+LIBRARY_FORMAT = "kiln.library"
+SOURCE_FORMATS = ("c", "ll", "asm")
+MAX_LIBRARY_VERSION = 1  # newest library metadata version this runtime reads
+
+
+class Module:
+    """A node of the runtime module tree.
+
+    `kind` says what it is ("library", "host", or a loader's name); `imports` are
+    the modules it imported; `metadata` the library metadata (docs/abi.md);
+    `artifacts` the artifacts it was loaded from, kept for `inspect_source`.
+    Subclasses provide `_own_function` and `_own_names`.
+    """
+
+    kind = "module"
+
+    def __init__(self, *, metadata: dict[str, Any] | None = None,
+                 artifacts: Iterable[AnyArtifact] = ()) -> None:
+        self.imports: list[Module] = []
+        self.metadata: dict[str, Any] = dict(metadata or {})
+        self.artifacts: list[AnyArtifact] = list(artifacts)
+        self.closed = False
+
+    # -------------------------------------------------------------- functions
+    def _own_function(self, name: str) -> PackedFunction | None:
+        return None
+
+    def _own_names(self) -> list[str]:
+        return []
+
+    def import_module(self, module: Module) -> None:
+        """Make `module`'s functions reachable from this one."""
+        if module is self or self in module._walk():
+            raise KilnError(f"importing {module!r} into {self!r} would create a cycle")
+        self.imports.append(module)
+
+    def _walk(self) -> Iterator[Module]:
+        """This module, then its imports depth-first (each module once)."""
+        seen: set[int] = set()
+        stack: list[Module] = [self]
+        while stack:
+            m = stack.pop()
+            if id(m) in seen:
+                continue
+            seen.add(id(m))
+            yield m
+            stack.extend(reversed(m.imports))
+
+    def get_function(self, name: str, query_imports: bool = True) -> PackedFunction | None:
+        """The function `name` of this module (or of an import), or None."""
+        modules = self._walk() if query_imports else iter([self])
+        for m in modules:
+            fn = m._own_function(name)
+            if fn is not None:
+                return fn
+        return None
+
+    def implements_function(self, name: str, query_imports: bool = False) -> bool:
+        """True if this module (or, with `query_imports`, one of its imports) has `name`."""
+        return self.get_function(name, query_imports) is not None
+
+    def function_names(self) -> list[str]:
+        """Names of every function reachable from this module (own ones first)."""
+        names: list[str] = []
+        for m in self._walk():
+            names.extend(n for n in m._own_names() if n not in names)
+        return names
+
+    def __getitem__(self, name: str) -> PackedFunction:
+        fn = self.get_function(name)
+        if fn is None:
+            names = self.function_names()
+            raise KilnError(
+                f"no function '{name}' in {self!r}.{suggest(name, names)} "
+                f"Known: {', '.join(names) if names else '(none)'}")
+        return fn
+
+    def __contains__(self, name: object) -> bool:
+        return isinstance(name, str) and self.get_function(name) is not None
+
+    # -------------------------------------------------------------- inspection
+    def inspect_source(self, fmt: str = "c") -> str:
+        """The source of this module's code: "c" (C sources), "ll" or "asm".
+
+        "ll" and "asm" are rendered from LLVM bitcode / IR artifacts (or, for
+        "asm", object files) by `kiln.artifact.inspect_artifact`, which imports
+        llvmlite only then; with only C sources, "asm" is what `cc -S` makes of
+        them. A module with nothing to show in `fmt` shows its imports' source.
+        """
+        if fmt not in SOURCE_FORMATS:
+            raise ValueError(f"unknown source format {fmt!r}; choose 'c', 'll' or 'asm'")
+        own = self._own_source(fmt)
+        if own is not None:
+            return own
+        found = []
+        for module in self.imports:
+            try:
+                found.append(module.inspect_source(fmt))
+            except KilnError:
+                continue
+        if found:
+            return "\n".join(found)
+        needs = {"c": ".c", "ll": ".bc or .ll", "asm": ".bc, .ll, .o, .s or .c"}[fmt]
+        raise KilnError(
+            f"{self!r} has no artifact to show as {fmt!r} (needs {needs} with its content), "
+            f"nor do its imports; its artifacts: {_artifact_names(self.artifacts)}")
+
+    def _own_source(self, fmt: str) -> str | None:
+        """`inspect_source` from this module's own artifacts; None if none fits `fmt`."""
+        stored = [a for a in self.artifacts
+                  if a.serializable and not (a.metadata.get("linked") is True and not a.content)]
+        sources = [a for a in stored if a.extension in (".c", ".h")]
+        if fmt == "c":
+            if not sources:
+                return None
+            return "\n".join(f"// ---- {a.codegen_id}/{a.file_name}\n"
+                             f"{a.content.decode('utf-8', errors='replace')}" for a in sources)
+        preferred = [a for a in stored if a.extension in (".bc", ".ll")]
+        if not preferred and fmt == "asm":
+            preferred = [a for a in stored if a.extension in (".o", ".s")]
+            if not preferred and sources:
+                from kiln.runtime.native import c_to_assembly
+
+                return "\n".join(c_to_assembly(a) for a in sources if a.extension == ".c")
+        if not preferred:
+            return None
+        from kiln.artifact import inspect_artifact
+
+        return "\n".join(inspect_artifact(a, fmt) for a in preferred)
+
+    # -------------------------------------------------------------- lifetime
+    def close(self) -> None:
+        """Release this module and its imports; their functions stop working."""
+        for m in self.imports:
+            m.close()
+        self.closed = True
+
+    def __enter__(self) -> Module:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} kind={self.kind!r} functions={len(self._own_names())}>"
+
+
+def _artifact_names(artifacts: list[AnyArtifact]) -> str:
+    return ", ".join(f"{a.codegen_id}/{a.file_name}" for a in artifacts) or "(none)"
+
+
+class HostModule(Module):
+    """The empty root of a tree without native code; loader results are imported into it."""
+
+    kind = "host"
+
+
+class FunctionTableModule(Module):
+    """A module over a ready dict of PackedFunctions (handy for loaders)."""
+
+    def __init__(self, kind: str, functions: dict[str, PackedFunction], *,
+                 metadata: dict[str, Any] | None = None,
+                 artifacts: Iterable[AnyArtifact] = (), keepalive: Any = None) -> None:
+        super().__init__(metadata=metadata, artifacts=artifacts)
+        self.kind = kind
+        self.functions = dict(functions)
+        self.keepalive = keepalive
+
+    def _own_function(self, name: str) -> PackedFunction | None:
+        return None if self.closed else self.functions.get(name)
+
+    def _own_names(self) -> list[str]:
+        return list(self.functions)
+
+
+class LibraryModule(Module):
+    """A dlopen'ed kiln shared library: its packed entries as NativeFunctions.
+
+    Signatures come from the library's own `{prefix}_metadata()`. A library
+    without native code (only the blob, for other loaders) has no
+    `{prefix}_metadata` and no functions of its own: `has_native` is False.
+    `close()` dlcloses it (later calls raise KilnError); so does garbage
+    collection. `cleanup_dir`, if set, is a private directory removed with it.
+    """
+
+    kind = "library"
+
+    def __init__(self, path: str | os.PathLike[str], prefix: str, *,
+                 artifacts: Iterable[AnyArtifact] = (), cleanup_dir: str | None = None) -> None:
+        super().__init__(artifacts=artifacts)
+        self.path = Path(path).resolve()
+        self.prefix = prefix
+        self.cleanup_dir = cleanup_dir
+        self._cleanup: Any = None
+        self._handle: int | None = None
+        lib = _dlopen(self.path)
+        # The private directory goes when the module does, or at interpreter exit
+        # at the latest (a finalizer runs even when the module sits in a cycle).
+        self._cleanup = (weakref.finalize(self, shutil.rmtree, cleanup_dir, ignore_errors=True)
+                         if cleanup_dir is not None else None)
+        self.cdll = lib
+        self._handle = lib._handle
+        stat = self.path.stat()
+        self._file_id = (stat.st_dev, stat.st_ino)
+        _OPEN.setdefault(str(self.path), weakref.WeakSet()).add(self)
+        self._functions: dict[str, NativeFunction] = {}
+        self._last_error_fn: Any = None
+        try:
+            metadata_fn = abi.bind(lib, f"{prefix}_metadata", "metadata")
+        except AttributeError:
+            self.has_native = False  # a blob-only library
+            return
+        self.has_native = True
+        try:
+            self._last_error_fn = abi.bind(lib, f"{prefix}_last_error", "last_error")
+        except AttributeError:
+            self.close()
+            raise FormatError(f"{self.path}: exports {prefix}_metadata but not "
+                              f"{prefix}_last_error; not a kiln library") from None
+        self.metadata = _parse_library_metadata(abi.read_string(metadata_fn), self.path)
+        for name, sig in self.metadata.get("functions", {}).items():
+            try:
+                c_func = abi.bind(lib, sig["symbol"], "packed")
+            except AttributeError:
+                self.close()
+                raise FormatError(f"{self.path}: metadata lists function '{name}' but the "
+                                  f"library has no symbol {sig['symbol']}") from None
+            self._functions[name] = NativeFunction(sig, c_func, self.last_error, owner=self)
+
+    def last_error(self) -> str:
+        """`{prefix}_last_error()`: the message of the last failed call on this thread."""
+        if self.closed or self._last_error_fn is None:
+            return ""
+        return abi.read_string(self._last_error_fn)
+
+    def _own_function(self, name: str) -> PackedFunction | None:
+        return None if self.closed else self._functions.get(name)
+
+    def _own_names(self) -> list[str]:
+        return list(self._functions)
+
+    def close(self) -> None:
+        """dlclose the library (idempotent). Functions of a closed library raise KilnError."""
+        super().close()
+        self._release(_dlclose)
+        if self._cleanup is not None:
+            self._cleanup()  # idempotent
+
+    def _release(self, dlclose: Any) -> None:
+        handle, self._handle = self._handle, None
+        if handle is not None:
+            try:  # noqa: SIM105  (no contextlib: may run during shutdown)
+                dlclose(handle)
+            except OSError:
+                pass  # already unloaded: nothing left to release
+
+    def __del__(self, _dlclose: Any = _dlclose) -> None:
+        # Shutdown-safe: dlclose is bound as a default because module globals may
+        # already be gone when this runs during interpreter teardown.
+        if getattr(self, "_handle", None) is None:
+            return
+        self.closed = True
+        try:  # noqa: SIM105  (no contextlib: may run during shutdown)
+            self._release(_dlclose)
+        except Exception:
+            pass
+
+    def __repr__(self) -> str:
+        state = " closed" if self.closed else ""
+        return f"<LibraryModule {str(self.path)!r} prefix={self.prefix!r}{state}>"
+
+
+# Libraries currently open, by resolved path; see _dlopen.
+_OPEN: dict[str, weakref.WeakSet[LibraryModule]] = {}
+
+
+def _dlopen(path: Path) -> ctypes.CDLL:
+    """dlopen `path` RTLD_NOW | RTLD_LOCAL, never getting a stale library back.
+
+    The dynamic loader hands back an already-open library when the *name*
+    matches, even if the file was replaced since (e.g. exported again). If a
+    different file is open under this name, open the new one through a
+    uniquely named symlink instead.
+    """
+    stat = path.stat()
+    name = str(path)
+    for key in [k for k, mods in _OPEN.items() if not mods]:
+        del _OPEN[key]
+    stale = any(not m.closed and m._file_id != (stat.st_dev, stat.st_ino)
+                for m in list(_OPEN.get(name, ())))
+    link_dir = tempfile.mkdtemp(prefix="kiln-dlopen-") if stale else None
+    try:
+        if link_dir is not None:
+            name = os.path.join(link_dir, path.name)
+            os.symlink(path, name)
+        return ctypes.CDLL(name, mode=os.RTLD_NOW | os.RTLD_LOCAL)
+    except OSError as exc:
+        raise FormatError(f"{path}: cannot load as a shared library: {exc}") from None
+    finally:
+        if link_dir is not None:
+            shutil.rmtree(link_dir, ignore_errors=True)
+
+
+def _parse_library_metadata(text: str, path: Path) -> dict[str, Any]:
+    try:
+        meta = json.loads(text)
+    except ValueError as exc:
+        raise FormatError(f"{path}: library metadata is not valid JSON ({exc})") from None
+    if not isinstance(meta, dict) or meta.get("format") != LIBRARY_FORMAT:
+        found = meta.get("format") if isinstance(meta, dict) else type(meta).__name__
+        raise FormatError(f"{path}: expected library metadata of format "
+                          f"'{LIBRARY_FORMAT}', found {found!r}")
+    version = meta.get("version")
+    if not isinstance(version, int) or not 1 <= version <= MAX_LIBRARY_VERSION:
+        raise FormatError(f"{path}: library metadata version {version!r} is not supported "
+                          f"(this runtime reads 1..{MAX_LIBRARY_VERSION}); upgrade kiln")
+    if not isinstance(meta.get("functions"), dict):
+        raise FormatError(f"{path}: library metadata has no 'functions' object")
+    return meta

@@ -1,0 +1,289 @@
+"""The native linker: "native" artifacts -> object files -> one shared or static library.
+
+The system toolchain (`cc`, `ar`, `objcopy`) does the work, at export time and at
+load time alike:
+
+- `.o` artifacts are written as they are;
+- `.c` artifacts are compiled `cc -c -std=c99 -O2 -fPIC -fvisibility=hidden
+  -I<kiln include dir> <metadata cflags> <options>`;
+- `.bin` artifacts become read-only data symbols through a generated assembler
+  stub (`.incbin`), named `metadata["symbol"]` and aligned to `metadata["align"]`;
+- `link_shared` links the objects with `cc -shared` and a version script that
+  exports exactly the ABI symbols (docs/abi.md), `archive_static` makes a `.a`.
+
+Every toolchain failure raises CompileError quoting the command and its stderr.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from kiln.errors import CompileError
+
+if TYPE_CHECKING:
+    from kiln.artifact import AnyArtifact
+
+CFLAGS = ("-std=c99", "-O2", "-fPIC", "-fvisibility=hidden")
+DEFAULT_ALIGN = 16
+NATIVE_SUFFIXES = (".o", ".c", ".bin")
+
+
+def include_dir() -> str:
+    """The directory holding `kiln/kiln.h` (pass it to your compiler with -I)."""
+    return str(Path(__file__).resolve().parent / "include")
+
+
+def cc_command(cc: str | Sequence[str] | None = None) -> list[str]:
+    """The C compiler command: `cc`, else $CC, else "cc" (a string may hold arguments)."""
+    if cc is None:
+        cc = os.environ.get("CC") or "cc"
+    return shlex.split(cc) if isinstance(cc, str) else list(cc)
+
+
+def binutil(cc: Sequence[str], tool: str) -> str:
+    """The binutils `tool` matching a compiler: aarch64-linux-gnu-gcc -> aarch64-linux-gnu-ar."""
+    base = os.path.basename(cc[0])
+    for compiler in ("gcc", "clang", "cc"):
+        if base.endswith("-" + compiler):
+            return base[: -len(compiler)] + tool
+    return tool
+
+
+def run(cmd: Sequence[str], what: str) -> None:
+    """Run a toolchain command; CompileError with the command and stderr if it fails."""
+    try:
+        proc = subprocess.run(list(cmd), capture_output=True, text=True, check=False)
+    except FileNotFoundError:
+        raise CompileError(f"{what}: '{cmd[0]}' not found (command: {shlex.join(cmd)}); "
+                           "install a C toolchain (gcc, binutils) or pass cc=") from None
+    if proc.returncode != 0:
+        raise CompileError(f"{what} failed (exit {proc.returncode}): {shlex.join(cmd)}\n"
+                           f"{(proc.stderr or proc.stdout).strip()}")
+
+
+def _run_all(jobs: list[tuple[list[str], str]]) -> None:
+    """Run independent commands concurrently (a few at a time); report the first failure."""
+    limit = max(1, os.cpu_count() or 1)
+    pending = list(jobs)
+    running: list[tuple[subprocess.Popen[str], list[str], str]] = []
+    failure: str | None = None
+    while pending or running:
+        while pending and len(running) < limit and failure is None:
+            cmd, what = pending.pop(0)
+            try:
+                proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                        text=True)
+            except FileNotFoundError:
+                failure = (f"{what}: '{cmd[0]}' not found (command: {shlex.join(cmd)}); "
+                           "install a C toolchain (gcc, binutils) or pass cc=")
+                break
+            running.append((proc, cmd, what))
+        if not running:
+            break
+        proc, cmd, what = running.pop(0)
+        out, err = proc.communicate()
+        if proc.returncode != 0 and failure is None:
+            failure = (f"{what} failed (exit {proc.returncode}): {shlex.join(cmd)}\n"
+                       f"{(err or out).strip()}")
+    if failure is not None:
+        raise CompileError(failure)
+
+
+# ------------------------------------------------------------------ objects
+def _asm_string(path: Path) -> str:
+    text = str(path.resolve())
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def data_object_source(symbol: str, data_file: Path, *, align: int, exported: bool) -> str:
+    """Assembler source placing `data_file`'s bytes in .rodata as `symbol`."""
+    if not symbol.replace("_", "a").isidentifier():
+        raise CompileError(f"data symbol {symbol!r} is not a C identifier")
+    if align < 1 or align & (align - 1):
+        raise CompileError(f"alignment {align} of symbol {symbol} is not a power of two")
+    lines = [
+        f'\t.section .rodata.{symbol},"a",%progbits',
+        f"\t.balign {align}",
+        f"\t.globl {symbol}",
+        *([] if exported else [f"\t.hidden {symbol}"]),
+        f"\t.type {symbol},%object",
+        f"{symbol}:",
+        f"\t.incbin {_asm_string(data_file)}",
+        f"\t.size {symbol}, . - {symbol}",
+        '\t.section .note.GNU-stack,"",%progbits',
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def data_object(data_file: Path, symbol: str, out_obj: Path, *, align: int = DEFAULT_ALIGN,
+                exported: bool = False, cc: str | Sequence[str] | None = None) -> Path:
+    """Assemble `data_file` into an object defining the read-only symbol `symbol`."""
+    stub = out_obj.with_suffix(".s")
+    stub.write_text(data_object_source(symbol, data_file, align=align, exported=exported))
+    run([*cc_command(cc), "-c", "-o", str(out_obj), str(stub)], f"assembling {symbol}")
+    return out_obj
+
+
+def _cflags(metadata: Mapping[str, Any], key: str, where: str) -> list[str]:
+    value = metadata.get(key, ())
+    if isinstance(value, str):
+        return shlex.split(value)
+    if not all(isinstance(v, str) for v in value):
+        raise CompileError(f"{where}: metadata[{key!r}] must be a list of strings")
+    return list(value)
+
+
+def compile_native(
+    artifacts: Iterable[AnyArtifact], workdir: str | os.PathLike[str], *, prefix: str,
+    cc: str | Sequence[str] | None = None, options: Sequence[str] | None = None,
+) -> list[Path]:
+    """Object files for the "native" artifacts, written under `workdir`.
+
+    `.o` files are written as is, `.c` files compiled, `.bin` files turned into
+    data symbols. Any other suffix is a CompileError.
+    """
+    cc_cmd = cc_command(cc)
+    root = Path(workdir)
+    objects: list[Path] = []
+    jobs: list[tuple[list[str], str]] = []
+    for a in artifacts:
+        where = f"{a.codegen_id}/{a.file_name}"
+        folder = root / a.codegen_id
+        folder.mkdir(parents=True, exist_ok=True)
+        src = folder / a.file_name
+        src.write_bytes(a.content)
+        suffix = a.extension
+        if suffix == ".o":
+            objects.append(src)
+        elif suffix == ".c":
+            obj = folder / (a.file_name + ".o")
+            cmd = [*cc_cmd, "-c", *CFLAGS, f"-I{include_dir()}",
+                   *_cflags(a.metadata, "cflags", where), *(options or ()),
+                   "-o", str(obj), str(src)]
+            jobs.append((cmd, f"compiling {where}"))
+            objects.append(obj)
+        elif suffix == ".bin":
+            symbol = a.metadata.get("symbol")
+            if not isinstance(symbol, str):
+                raise CompileError(f"{where}: a native .bin artifact needs metadata['symbol']")
+            align = int(a.metadata.get("align", DEFAULT_ALIGN))
+            obj = folder / (a.file_name + ".o")
+            stub = folder / (a.file_name + ".s")
+            stub.write_text(data_object_source(
+                symbol, src, align=align, exported=bool(a.metadata.get("exported", False))))
+            jobs.append(([*cc_cmd, "-c", "-o", str(obj), str(stub)], f"assembling {where}"))
+            objects.append(obj)
+        else:
+            raise CompileError(
+                f"{where}: cannot link a native artifact with suffix {suffix or '(none)'!r}; "
+                f"native artifacts are {', '.join(NATIVE_SUFFIXES)}")
+    _run_all(jobs)
+    return objects
+
+
+def c_to_assembly(artifact: AnyArtifact, cc: str | Sequence[str] | None = None) -> str:
+    """The assembly `cc -S` makes of a C source artifact, with the flags it is built with."""
+    import tempfile
+
+    where = f"{artifact.codegen_id}/{artifact.file_name}"
+    with tempfile.TemporaryDirectory(prefix="kiln-asm-") as tmp:
+        src = Path(tmp) / artifact.file_name
+        src.write_bytes(artifact.content)
+        out = Path(tmp) / "out.s"
+        run([*cc_command(cc), "-S", *CFLAGS, f"-I{include_dir()}",
+             *_cflags(artifact.metadata, "cflags", where), "-o", str(out), str(src)],
+            f"compiling {where} to assembly")
+        return f"# ---- {where}\n" + out.read_text(errors="replace")
+
+
+def native_libs(artifacts: Iterable[AnyArtifact]) -> list[str]:
+    """Linker inputs the artifacts ask for (metadata["libs"]): "m" -> -lm, "-l..."/paths as is."""
+    libs: list[str] = []
+    for a in artifacts:
+        for lib in _cflags(a.metadata, "libs", f"{a.codegen_id}/{a.file_name}"):
+            flag = lib if lib.startswith("-") or "/" in lib else f"-l{lib}"
+            if flag not in libs:
+                libs.append(flag)
+    return libs
+
+
+def native_exports(artifacts: Iterable[AnyArtifact]) -> list[str]:
+    """Extra symbols artifacts export: exported `.bin` symbols and metadata["exports"]."""
+    names: list[str] = []
+    for a in artifacts:
+        if a.extension == ".bin" and a.metadata.get("exported") and "symbol" in a.metadata:
+            names.append(str(a.metadata["symbol"]))
+        names.extend(str(s) for s in a.metadata.get("exports", ()))
+    return names
+
+
+# ------------------------------------------------------------------ libraries
+def _version_script(exports: Iterable[str], path: Path) -> Path:
+    body = "".join(f"    {name};\n" for name in sorted(set(exports)))
+    path.write_text(f"{{\n  global:\n{body}  local: *;\n}};\n")
+    return path
+
+
+def link_shared(
+    objects: Sequence[Path], out_path: str | os.PathLike[str], *,
+    cc: str | Sequence[str] | None = None, libs: Sequence[str] = (),
+    exports: Iterable[str] | None = None, options: Sequence[str] = (),
+) -> Path:
+    """Link `objects` into the shared library `out_path` (`cc -shared ... -lm`).
+
+    With `exports`, a version script makes exactly those symbols visible.
+    """
+    out = Path(out_path)
+    cmd = [*cc_command(cc), "-shared", *options, "-o", str(out), *map(str, objects)]
+    if exports is not None:
+        script = _version_script(exports, out.parent / (out.name + ".map"))
+        cmd.append(f"-Wl,--version-script={script}")
+    try:
+        run([*cmd, *libs, "-lm"], f"linking {out.name}")
+    finally:
+        if exports is not None:
+            script.unlink(missing_ok=True)
+    return out
+
+
+def archive_static(
+    objects: Sequence[Path], out_path: str | os.PathLike[str], *,
+    cc: str | Sequence[str] | None = None, exports: Iterable[str] | None = None,
+    workdir: str | os.PathLike[str] | None = None, member: str = "kiln_library.o",
+) -> Path:
+    """Archive `objects` into the static library `out_path` with `ar rcs`.
+
+    With `exports`, the objects are first combined into one relocatable object
+    (`cc -r`, written to `workdir` as `member`) in which every other defined
+    symbol is made local (`objcopy --keep-global-symbols`), so two kiln libraries
+    with different prefixes link into one program without clashing on internal
+    helper names.
+    """
+    out = Path(out_path)
+    cc_cmd = cc_command(cc)
+    members = [Path(o) for o in objects]
+    if exports is not None:
+        scratch = Path(workdir) if workdir is not None else out.parent
+        combined = scratch / member
+        keep = scratch / (member + ".keep")
+        try:
+            run([*cc_cmd, "-r", "-nostdlib", "-o", str(combined), *map(str, members)],
+                f"combining objects for {out.name}")
+            keep.write_text("".join(f"{name}\n" for name in sorted(set(exports))))
+            run([binutil(cc_cmd, "objcopy"), f"--keep-global-symbols={keep}", str(combined)],
+                f"localizing internal symbols of {out.name}")
+            out.unlink(missing_ok=True)
+            run([binutil(cc_cmd, "ar"), "rcs", str(out), str(combined)], f"archiving {out.name}")
+        finally:
+            combined.unlink(missing_ok=True)
+            keep.unlink(missing_ok=True)
+        return out
+    out.unlink(missing_ok=True)  # ar would add to an existing archive
+    run([binutil(cc_cmd, "ar"), "rcs", str(out), *map(str, members)], f"archiving {out.name}")
+    return out

@@ -1,0 +1,24 @@
+"""Fixtures of the runtime tests: one hand-made library, linked once per session."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+import handmade_lib
+
+from kiln.runtime import Module, load_artifacts
+
+
+@pytest.fixture(scope="session")
+def hand_lib() -> Iterator[Module]:
+    """The hand-made library, loaded through the code-loading process (jit path)."""
+    mod = load_artifacts(handmade_lib.artifacts(), metadata=handmade_lib.library_metadata("kiln_"),
+                         prefix="kiln_")
+    yield mod
+    mod.close()

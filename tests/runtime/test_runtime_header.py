@@ -1,0 +1,110 @@
+"""kiln.h compiles cleanly everywhere, and the ctypes mirrors match its layout."""
+
+from __future__ import annotations
+
+import ctypes
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from kiln.runtime import ctypes_abi as abi
+from kiln.runtime import include_dir
+
+USE_HEADER = r"""
+#include <kiln/kiln.h>
+int main(void) {
+  float x[4] = {1, 2, 3, 4};
+  int64_t shape[1] = {4};
+  DLTensor t = kiln_tensor(x, 1, shape, KILN_FLOAT32);
+  KilnValue args[3];
+  int32_t codes[3];
+  kiln_set_tensor(args, codes, 0, &t);
+  kiln_set_int(args, codes, 1, 7);
+  kiln_set_float(args, codes, 2, 0.5);
+  return (int)(kiln_numel(&t) - 4) + codes[0] - KILN_ARG_DLTENSOR + codes[1] - KILN_ARG_INT
+         + codes[2] - KILN_ARG_FLOAT + (t.dtype.code != kDLFloat)
+         + (t.device.device_type != kDLCPU);
+}
+"""
+
+LAYOUT = r"""
+#include <stddef.h>
+#include <stdio.h>
+#include <kiln/kiln.h>
+int main(void) {
+  printf("%zu %zu %zu %zu\n", sizeof(DLDevice), sizeof(DLDataType), sizeof(DLTensor),
+         sizeof(KilnValue));
+  printf("%zu %zu %zu %zu %zu %zu %zu\n", offsetof(DLTensor, data), offsetof(DLTensor, device),
+         offsetof(DLTensor, ndim), offsetof(DLTensor, dtype), offsetof(DLTensor, shape),
+         offsetof(DLTensor, strides), offsetof(DLTensor, byte_offset));
+  printf("%d %d %d %d %d %d %d %d %d %d\n", DLPACK_MAJOR_VERSION, kDLCPU, kDLInt, kDLUInt,
+         kDLFloat, kDLBfloat, kDLBool, KILN_ARG_INT, KILN_ARG_FLOAT, KILN_ARG_DLTENSOR);
+  return 0;
+}
+"""
+
+
+def _build(tmp_path: Path, source: str, flags: list[str], compiler: str = "cc") -> Path:
+    src = tmp_path / "prog.c"
+    src.write_text(source)
+    exe = tmp_path / "prog"
+    cmd = [compiler, *flags, f"-I{include_dir()}", "-o", str(exe), str(src)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    assert proc.returncode == 0, f"{' '.join(cmd)}\n{proc.stderr}"
+    return exe
+
+
+def test_header_is_package_data() -> None:
+    header = Path(include_dir()) / "kiln" / "kiln.h"
+    assert header.is_file()
+    assert "KilnPackedFunc" in header.read_text()
+
+
+@pytest.mark.parametrize("std", ["c99", "c11", "gnu89"])
+def test_header_compiles_warning_free_in_c(tmp_path: Path, std: str) -> None:
+    pedantic = [] if std == "gnu89" else ["-pedantic"]
+    exe = _build(tmp_path, USE_HEADER, [f"-std={std}", "-Wall", "-Wextra", "-Werror", *pedantic])
+    assert subprocess.run([str(exe)], check=False).returncode == 0
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="no C++ compiler")
+def test_header_compiles_as_cplusplus(tmp_path: Path) -> None:
+    exe = _build(tmp_path, USE_HEADER, ["-x", "c++", "-Wall", "-Wextra", "-Werror", "-pedantic"],
+                 compiler="g++")
+    assert subprocess.run([str(exe)], check=False).returncode == 0
+
+
+def test_ctypes_mirrors_match_the_header(tmp_path: Path) -> None:
+    exe = _build(tmp_path, LAYOUT, ["-std=c99", "-Wall", "-Werror"])
+    proc = subprocess.run([str(exe)], capture_output=True, text=True, check=True)
+    lines = proc.stdout.split("\n")
+    sizes = [int(v) for v in lines[0].split()]
+    assert sizes == [ctypes.sizeof(abi.DLDevice), ctypes.sizeof(abi.DLDataType),
+                     ctypes.sizeof(abi.DLTensor), ctypes.sizeof(abi.KilnValue)]
+    offsets = [int(v) for v in lines[1].split()]
+    assert offsets == [getattr(abi.DLTensor, f).offset for f in
+                       ("data", "device", "ndim", "dtype", "shape", "strides", "byte_offset")]
+    consts = [int(v) for v in lines[2].split()]
+    assert consts == [1, abi.KDL_CPU, abi.KDL_INT, abi.KDL_UINT, abi.KDL_FLOAT, abi.KDL_BFLOAT,
+                      abi.KDL_BOOL, abi.ARG_INT, abi.ARG_FLOAT, abi.ARG_DLTENSOR]
+
+
+def test_runtime_dtype_tables_mirror_codegen_naming() -> None:
+    naming = pytest.importorskip("kiln.codegen.naming")
+    c_to_ctypes = {"float": ctypes.c_float, "double": ctypes.c_double,
+                   **{f"{s}int{b}_t": getattr(ctypes, f"c_{s}int{b}")
+                      for s in ("", "u") for b in (8, 16, 32, 64)}}
+    assert {k: c_to_ctypes[v] for k, v in naming.C_TYPES.items()} == abi.C_TYPES
+    for dtype, (code, bits) in abi.DL_DTYPES.items():
+        assert naming.dl_dtype(dtype) == (code, bits, 1)
+
+
+@pytest.mark.parametrize(("code", "bits", "lanes", "name"), [
+    (2, 32, 1, "float32"), (0, 64, 1, "int64"), (1, 8, 1, "uint8"), (6, 8, 1, "bool"),
+    (4, 16, 1, "bfloat16"), (5, 64, 1, "complex64"), (2, 32, 4, "float32x4"),
+    (9, 8, 1, "dtype(code=9, bits=8)"), (3, 64, 1, "handle64"),
+])
+def test_dtype_names_follow_the_abi(code: int, bits: int, lanes: int, name: str) -> None:
+    assert abi.dtype_name(code, bits, lanes) == name
