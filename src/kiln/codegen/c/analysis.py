@@ -1,0 +1,146 @@
+"""Read-only walks over tensor-level IR that the C printer needs before printing.
+
+C warns about unused locals and parameters (`-Wall -Wextra -Werror`), so the
+printer must know up front which variables and buffers are referenced; it also
+hoists the pointers of heap workspaces and needs every external function's
+prototype.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from kiln.ir.tensor import (
+    Allocate,
+    AllocConst,
+    BinaryOp,
+    Buffer,
+    CallExtern,
+    CallFunc,
+    Cast,
+    Compare,
+    Const,
+    DeclBuffer,
+    Evaluate,
+    For,
+    IfThenElse,
+    Intrin,
+    LetStmt,
+    Load,
+    PrimExpr,
+    Select,
+    SeqStmt,
+    Stmt,
+    Store,
+    UnaryOp,
+    Var,
+)
+
+Node = PrimExpr | Stmt
+
+
+def children(node: Node) -> tuple[Node, ...]:
+    """Direct expression and statement children (declared variables excluded)."""
+    if isinstance(node, (BinaryOp, Compare)):
+        return (node.a, node.b)
+    if isinstance(node, UnaryOp):
+        return (node.a,)
+    if isinstance(node, Select):
+        return (node.cond, node.true_value, node.false_value)
+    if isinstance(node, Cast):
+        return (node.value,)
+    if isinstance(node, Load):
+        return node.indices
+    if isinstance(node, Intrin):
+        return node.args
+    if isinstance(node, (CallExtern, CallFunc)):
+        return tuple(a for a in node.args if not isinstance(a, Buffer))
+    if isinstance(node, (Var, Const)):
+        return ()
+    if isinstance(node, Store):
+        return (node.value, *node.indices)
+    if isinstance(node, SeqStmt):
+        return node.body
+    if isinstance(node, For):
+        return (node.start, node.extent, node.body)
+    if isinstance(node, LetStmt):
+        return (node.value, node.body)
+    if isinstance(node, IfThenElse):
+        return (node.cond, node.then_body) + (
+            (node.else_body,) if node.else_body is not None else ())
+    if isinstance(node, (Allocate, AllocConst, DeclBuffer)):
+        return (node.body,)
+    if isinstance(node, Evaluate):
+        return (node.value,)
+    return ()
+
+
+def iter_nodes(root: Node) -> Iterator[Node]:
+    """Every node under `root` (included), parents before children."""
+    stack: list[Node] = [root]
+    while stack:
+        node = stack.pop()
+        yield node
+        stack.extend(reversed(children(node)))
+
+
+def referenced(root: Node) -> set[object]:
+    """Vars and Buffers that some expression or statement under `root` reads or writes.
+
+    A DeclBuffer view that is referenced makes its source referenced too.
+    """
+    refs: set[object] = set()
+    views: list[DeclBuffer] = []
+    for node in iter_nodes(root):
+        if isinstance(node, Var):
+            refs.add(node)
+        elif isinstance(node, (Load, Store)):
+            refs.add(node.buffer)
+        elif isinstance(node, (CallExtern, CallFunc)):
+            refs.update(a for a in node.args if isinstance(a, Buffer))
+        elif isinstance(node, DeclBuffer):
+            views.append(node)
+    changed = True
+    while changed:
+        changed = False
+        for view in views:
+            if view.buffer in refs and view.source not in refs:
+                refs.add(view.source)
+                changed = True
+    return refs
+
+
+def read_buffers(root: Node) -> set[Buffer]:
+    """Buffers whose contents or address something reads: loads, call arguments and
+    the sources of DeclBuffer views. A buffer outside this set is only stored to."""
+    out: set[Buffer] = set()
+    for node in iter_nodes(root):
+        if isinstance(node, Load):
+            out.add(node.buffer)
+        elif isinstance(node, (CallExtern, CallFunc)):
+            out.update(a for a in node.args if isinstance(a, Buffer))
+        elif isinstance(node, DeclBuffer):
+            out.add(node.source)
+    return out
+
+
+def has_side_effects(expr: PrimExpr) -> bool:
+    """True when `expr` calls an external function (the only impure expression)."""
+    return any(isinstance(n, CallExtern) for n in iter_nodes(expr))
+
+
+def heap_allocations(root: Node) -> list[Allocate]:
+    """Every `global` (heap) Allocate under `root`, each buffer once, in order."""
+    seen: dict[Buffer, Allocate] = {}
+    for node in iter_nodes(root):
+        if isinstance(node, Allocate) and node.buffer.scope == "global":
+            seen.setdefault(node.buffer, node)
+    return list(seen.values())
+
+
+def calls(root: Node) -> list[CallFunc]:
+    return [n for n in iter_nodes(root) if isinstance(n, CallFunc)]
+
+
+def extern_calls(root: Node) -> list[CallExtern]:
+    return [n for n in iter_nodes(root) if isinstance(n, CallExtern)]

@@ -1,0 +1,151 @@
+"""C compiler flags for the generated kernels, derived from the target.
+
+A native build (no `mtriple`, or one whose architecture is this machine's) gets
+flags for the system `cc`, which the runtime uses to build the library. A cross
+build (e.g. `c -mtriple=thumbv7em-none-eabihf -mcpu=cortex-m4`) gets the flags
+of the matching GCC cross compiler, recorded in the artifact metadata together
+with the compiler's name; kiln does not run it.
+
+Always present: `-std=c99`, `-fwrapv` (integer arithmetic wraps, as in the IR)
+and `-ffp-contract=off` (no fused multiply-add, so results match the IR
+interpreter); `-ffast-math` replaces the latter when the target asks for it.
+"""
+
+from __future__ import annotations
+
+import platform
+from typing import Any
+
+# Python's names for machines -> the architecture part of LLVM triples.
+_MACHINE_ARCH = {"amd64": "x86_64", "x64": "x86_64", "arm64": "aarch64", "i686": "i386"}
+
+
+def target_attr(target: Any, key: str, default: Any = None) -> Any:
+    """`target.get(key, default)`, tolerating None or objects without that attribute."""
+    if target is None:
+        return default
+    getter = getattr(target, "get", None)
+    if getter is None:
+        return default
+    try:
+        value = getter(key, default)
+    except (ValueError, KeyError, TypeError):  # an attribute the kind does not declare
+        return default
+    return default if value is None else value
+
+
+def host_arch() -> str:
+    machine = platform.machine().lower()
+    return _MACHINE_ARCH.get(machine, machine)
+
+
+def triple_arch(triple: str) -> str:
+    arch = triple.split("-", 1)[0].lower()
+    return _MACHINE_ARCH.get(arch, arch)
+
+
+def is_native(target: Any) -> bool:
+    """True when the system C compiler builds for this target."""
+    triple = target_attr(target, "mtriple")
+    return triple is None or triple_arch(triple) == host_arch()
+
+
+def cross_compiler(triple: str) -> str:
+    """The usual GCC cross compiler for a triple, e.g. 'arm-none-eabi-gcc'."""
+    parts = triple.lower().split("-")
+    arch = parts[0]
+    bare_metal = "none" in parts[1:]
+    if arch.startswith(("arm", "thumb")):
+        if bare_metal:
+            return "arm-none-eabi-gcc"
+        return "arm-linux-gnueabihf-gcc" if triple.endswith("hf") else "arm-linux-gnueabi-gcc"
+    if arch in ("aarch64", "arm64"):
+        return "aarch64-none-elf-gcc" if bare_metal else "aarch64-linux-gnu-gcc"
+    if arch.startswith("riscv"):
+        return f"{arch}-unknown-elf-gcc" if bare_metal else f"{arch}-linux-gnu-gcc"
+    return f"{triple}-gcc"
+
+
+# x86 features whose LLVM and GCC names agree (`+avx2` <-> `-mavx2`). LLVM knows
+# many more (a host target lists dozens); GCC would reject some, so others are
+# left to -march.
+X86_FEATURES = frozenset((
+    "sse", "sse2", "sse3", "ssse3", "sse4.1", "sse4.2", "sse4a", "avx", "avx2", "fma", "fma4",
+    "xop", "f16c", "bmi", "bmi2", "popcnt", "lzcnt", "avx512f", "avx512bw", "avx512cd", "avx512dq",
+    "avx512vl", "avx512vnni", "avx512bf16", "avx512fp16", "avx512ifma", "avx512vbmi", "avx512vbmi2",
+    "avx512bitalg", "avx512vpopcntdq", "avxvnni",
+))
+
+
+def _x86_feature_flags(mattr: Any) -> list[str]:
+    """Known LLVM features (+avx2, -avx512f) as GCC flags (-mavx2, -mno-avx512f)."""
+    out = []
+    for feature in mattr or ():
+        name = str(feature)
+        if name[1:] not in X86_FEATURES:
+            continue
+        out.append(f"-m{name[1:]}" if name.startswith("+") else f"-mno-{name[1:]}")
+    return out
+
+
+def bare_metal(target: Any) -> bool:
+    """True for a triple without an OS (`thumbv7em-none-eabi`): firmware, no threads, no PIC."""
+    triple = target_attr(target, "mtriple")
+    return triple is not None and "none" in str(triple).split("-")[1:]
+
+
+def arch_flags(target: Any) -> list[str]:
+    """CPU selection flags for the C compiler that builds for `target`."""
+    mcpu = target_attr(target, "mcpu")
+    if is_native(target):
+        arch = host_arch()
+        flags: list[str] = []
+        if mcpu:
+            # x86 GCC selects a CPU with -march; Arm, AArch64 and RISC-V GCC with -mcpu.
+            flags.append(f"-march={mcpu}" if arch in ("x86_64", "i386") else f"-mcpu={mcpu}")
+        if arch in ("x86_64", "i386"):
+            flags.extend(_x86_feature_flags(target_attr(target, "mattr", ())))
+        return [*flags, "-fPIC"]
+    triple = str(target_attr(target, "mtriple"))
+    arch = triple_arch(triple)
+    flags = [f"-mcpu={mcpu}"] if mcpu else []
+    if arch.startswith("thumb"):
+        flags.append("-mthumb")
+    float_abi = target_attr(target, "mfloat-abi")
+    if float_abi is None and arch.startswith(("arm", "thumb")) and triple.endswith("hf"):
+        float_abi = "hard"
+    if float_abi:
+        flags.append(f"-mfloat-abi={float_abi}")
+    mabi = target_attr(target, "mabi")
+    if mabi:
+        flags.append(f"-mabi={mabi}")
+    if not bare_metal(target):
+        flags.append("-fPIC")  # bare-metal firmware is linked statically
+    return flags
+
+
+def toolchain_metadata(target: Any) -> dict[str, Any]:
+    """`native`, and for a cross build the compiler to use and the triple."""
+    if is_native(target):
+        return {"native": True}
+    triple = str(target_attr(target, "mtriple"))
+    return {"native": False, "cc": cross_compiler(triple), "mtriple": triple}
+
+
+def kernel_cflags(target: Any) -> list[str]:
+    """Flags for kernels.c (`target` None: the host at -O2)."""
+    opt = target_attr(target, "opt-level", 2)
+    fp = "-ffast-math" if target_attr(target, "fast-math", False) else "-ffp-contract=off"
+    return ["-std=c99", f"-O{opt}", "-fwrapv", fp, *arch_flags(target)]
+
+
+def host_cflags(target: Any) -> list[str]:
+    """Flags for host.c: C11 for `_Thread_local`, otherwise like the kernels.
+
+    Firmware has no threads (and no TLS runtime): KILN_NO_THREADS makes the
+    error buffer a plain static.
+    """
+    flags = ["-std=c11", f"-O{target_attr(target, 'opt-level', 2)}", *arch_flags(target)]
+    if bare_metal(target):
+        flags.append("-DKILN_NO_THREADS")
+    return flags

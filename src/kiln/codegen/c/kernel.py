@@ -1,0 +1,455 @@
+"""Statements and whole kernels to C: a dispatch table from statement type to an emit method.
+
+One PrimFunc becomes one raw kernel (docs/abi.md, "Raw kernels"):
+
+    KILN_HIDDEN int32_t {prefix}_kernel_{name}(const float* X, ..., float* restrict Y, int64_t n)
+
+(qualifiers: kiln.codegen.c.signature) returning 0, or `STATUS_OUT_OF_MEMORY`
+when a heap workspace cannot be allocated (or the non-zero status of a kernel
+it calls). Heap workspaces (`Allocate` with scope "global") are pointers
+declared NULL at the top of the kernel, malloc'ed where the IR allocates them
+and freed where their scope ends; an error jumps to the single `done:` label,
+which frees whatever is still held.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from kiln.codegen.c.analysis import (
+    calls,
+    has_side_effects,
+    heap_allocations,
+    read_buffers,
+    referenced,
+)
+from kiln.codegen.c.context import (
+    STATUS_OUT_OF_MEMORY,
+    BufferRef,
+    FuncContext,
+    ModuleContext,
+    value_ctype,
+)
+from kiln.codegen.c.expr import ADD, CExpr, ExprEmitter, cast, infix, operand, paren
+from kiln.codegen.c.literals import int_literal
+from kiln.codegen.c.printer import CPrinter, NameScope
+from kiln.codegen.c.signature import param_ctype
+from kiln.codegen.naming import C_TYPES, consts_symbol, kernel_symbol
+from kiln.errors import IRError
+from kiln.ir import dtype as dt
+from kiln.ir.tensor import (
+    Allocate,
+    AllocConst,
+    BinaryOp,
+    Buffer,
+    CallExtern,
+    CallFunc,
+    Const,
+    DeclBuffer,
+    Evaluate,
+    For,
+    IfThenElse,
+    LetStmt,
+    PrimExpr,
+    PrimFunc,
+    SeqStmt,
+    Stmt,
+    Store,
+    Var,
+)
+
+# The C type of kernels' return value and of the status variable.
+STATUS_CTYPE = "int32_t"
+# Longest line the printer aims for.
+MAX_LINE = 100
+# GCC rejects larger `#pragma GCC unroll` counts.
+MAX_UNROLL = 65534
+
+
+def describe_params(fn: PrimFunc) -> str:
+    """`X: float32[4, 4], n: int64`, for comments."""
+    out = []
+    for p in fn.params:
+        if isinstance(p, Buffer):
+            out.append(f"{p.name}: {p.dtype}[{', '.join(str(d) for d in p.shape)}]")
+        else:
+            out.append(f"{p.name}: {p.dtype}")
+    return ", ".join(out)
+
+
+def tail_allocations(body: Stmt) -> set[Allocate]:
+    """Heap Allocates whose scope ends where the kernel ends (freed only at `done:`)."""
+    out: set[Allocate] = set()
+    s: Stmt | None = body
+    while s is not None:
+        if isinstance(s, Allocate):
+            out.add(s)
+            s = s.body
+        elif isinstance(s, SeqStmt):
+            s = s.body[-1] if s.body else None
+        elif isinstance(s, (LetStmt, AllocConst, DeclBuffer)):
+            s = s.body
+        else:
+            s = None
+    return out
+
+
+class KernelPrinter:
+    """Prints one PrimFunc as a raw kernel definition."""
+
+    def __init__(self, module: ModuleContext, name: str, fn: PrimFunc,
+                 reserved: set[str]) -> None:
+        self.fn = fn
+        self.name = name
+        self.symbol = kernel_symbol(module.prefix, name)
+        self.ctx = FuncContext(module, name, NameScope(reserved))
+        self.exprs = ExprEmitter(self.ctx)
+        self.p = CPrinter()
+        self.refs = referenced(fn.body)
+        self.read = read_buffers(fn.body)
+        # Unreferenced allocations print nothing (and would leave `done:` unused).
+        self.heap = [a for a in heap_allocations(fn.body) if a.buffer in self.refs]
+        self.freed_at_exit = tail_allocations(fn.body)
+        self.status: str | None = None
+        self.params: list[str] = []  # C parameter declarations
+        self.heap_ptr: dict[Buffer, str] = {}
+        self.quals = module.params[name]
+
+    # ------------------------------------------------------------------ kernel
+
+    def print(self) -> list[str]:
+        """The kernel definition; `self.prototype()` is valid afterwards."""
+        prologue = self.declare_params()
+        names = self.ctx.names
+        heap_names: list[str] = []
+        if self.heap or calls(self.fn.body):
+            self.status = names.fresh("status")
+            prologue.append(f"{STATUS_CTYPE} {self.status} = 0;")
+        for alloc in self.heap:
+            # Declared up front so `done:` can free it; usable only inside its Allocate.
+            buf = alloc.buffer
+            ptr = names.fresh(buf.name)
+            heap_names.append(ptr)
+            self.heap_ptr[buf] = ptr
+            prologue.append(f"{C_TYPES[buf.dtype]}* {ptr} = NULL;")
+
+        p = self.p
+        p.line(f"/* {self.name}({describe_params(self.fn)}) */")
+        with p.block(self.prototype(with_semicolon=False)):
+            p.extend(prologue)
+            self.stmt(self.fn.body)
+            if self.heap:
+                p.lines.append("done:")  # labels sit at the left margin
+                p.extend(f"free({ptr});" for ptr in heap_names)
+            p.line(f"return {self.status or 0};")
+        return p.lines
+
+    def prototype(self, *, with_semicolon: bool = True) -> str:
+        """The kernel's declarator; one parameter per line when it gets long."""
+        head = f"KILN_HIDDEN {STATUS_CTYPE} {self.symbol}("
+        params = self.params or ["void"]
+        text = head + ", ".join(params) + ")"
+        if len(text) > MAX_LINE - 2:
+            text = head + "\n" + ",\n".join(f"    {p}" for p in params) + ")"
+        return text + ";" if with_semicolon else text
+
+    def declare_params(self) -> list[str]:
+        """Name the parameters; return prologue lines (unused markers, float16 decoding)."""
+        names, ctx = self.ctx.names, self.ctx
+        prologue: list[str] = []
+        seen: set[object] = set()
+        for index, param in enumerate(self.fn.params):
+            if param in seen:
+                raise ctx.error(f"parameter '{param.name}' appears twice")
+            seen.add(param)
+            used = param in self.refs
+            if isinstance(param, Buffer):
+                name = names.fresh(param.name)
+                ctx.buffers[param] = BufferRef(name, const=index not in self.quals.written)
+                self.params.append(f"{param_ctype(param, index, self.quals)} {name}")
+            elif param.dtype in ("float16", "bfloat16"):
+                # 16-bit float scalars arrive as bit patterns (docs/abi.md).
+                bits = names.fresh(param.name + "_bits")
+                self.params.append(f"uint16_t {bits}")
+                if used:
+                    name = names.fresh(param.name)
+                    ctx.vars[param] = name
+                    decoded = self.exprs.from_bits(param.dtype, CExpr(bits))
+                    prologue.append(f"const float {name} = {decoded.text};")
+                    continue
+                name = bits
+            else:
+                name = names.fresh(param.name)
+                ctx.vars[param] = name
+                self.params.append(f"{C_TYPES[param.dtype]} {name}")
+            if not used:
+                prologue.append(f"(void){name}; /* unused */")
+        return prologue
+
+    # ------------------------------------------------------------------ statements
+
+    def stmt(self, s: Stmt) -> None:
+        fn = _STATEMENTS.get(type(s))
+        if fn is None:
+            raise self.ctx.error(f"the C backend cannot print statement {type(s).__name__}")
+        fn(self, s)
+
+    def block_body(self, s: Stmt) -> None:
+        """`s` as the body of a C block: indented, in its own name scope."""
+        with self.p.indented(), self.ctx.names.scope():
+            self.stmt(s)
+
+    def expr(self, e: PrimExpr) -> CExpr:
+        return self.exprs.emit(e)
+
+    def condition(self, e: PrimExpr) -> str:
+        c = self.expr(e)
+        return c.text if e.dtype == "bool" else infix("ne", c, CExpr("0")).text
+
+    def seq(self, s: SeqStmt) -> None:
+        for item in s.body:
+            self.stmt(item)
+
+    def store(self, s: Store) -> None:
+        buf = s.buffer
+        ref = self.ctx.buffer(buf)
+        if ref.const:
+            raise self.ctx.error(f"store into constant buffer '{buf.name}'")
+        if s.value.dtype != buf.dtype:
+            raise self.ctx.error(f"store of a {s.value.dtype} value into {buf.dtype} buffer "
+                                 f"'{buf.name}'; insert a Cast")
+        value = self.exprs.to_bits(buf.dtype, self.expr(s.value))
+        self.p.line(f"{ref.name}[{self.exprs.index(buf, s.indices)}] = {value.text};")
+
+    def for_(self, s: For) -> None:
+        var = s.var
+        ctype = value_ctype(var.dtype)
+        if not dt.is_int(var.dtype):
+            raise self.ctx.error(f"loop variable '{var.name}' has dtype {var.dtype}; "
+                                 "loops count with integers")
+        start = self.loop_bound(s.start, var)
+        if isinstance(s.start, Const) and isinstance(s.extent, Const):
+            end_value = int(s.start.value) + int(s.extent.value)
+            end = CExpr(int_literal(end_value, var.dtype)[0])
+        elif isinstance(s.start, Const) and int(s.start.value) == 0:
+            end = self.loop_bound(s.extent, var)
+        else:
+            end = self.loop_bound(BinaryOp("add", s.start, s.extent), var)
+        if s.kind == "vectorized":
+            self.ctx.module.macros.add("KILN_VECTORIZE")
+            self.p.line("KILN_VECTORIZE")
+        elif s.kind == "unrolled":
+            if isinstance(s.extent, Const) and int(s.extent.value) > 0:
+                self.ctx.module.macros.add("KILN_UNROLL")
+                self.p.line(f"KILN_UNROLL({min(int(s.extent.value), MAX_UNROLL)})")
+            else:
+                self.p.line("/* unrolled (extent unknown at compile time) */")
+        elif s.kind == "parallel":
+            self.p.line("/* parallel: runs serially (no thread pool in the C backend yet) */")
+        with self.ctx.names.scope():
+            name = self.ctx.names.fresh(var.name)
+            previous = self.ctx.vars.get(var)
+            self.ctx.vars[var] = name
+            head = (f"for ({ctype} {name} = {start.text}; {name} < {paren(end, ADD)}; "
+                    f"++{name})")
+            self.p.line(head + " {")
+            self.block_body(s.body)
+            self.p.line("}")
+            self.restore_var(var, previous)
+
+    def loop_bound(self, e: PrimExpr, var: Var) -> CExpr:
+        value = self.expr(e)
+        if e.dtype != var.dtype:
+            if not dt.is_int(e.dtype):
+                raise self.ctx.error(f"loop '{var.name}' has a {e.dtype} bound")
+            value = cast(value_ctype(var.dtype), value)
+        return value
+
+    def restore_var(self, var: Var, previous: str | None) -> None:
+        if previous is None:
+            self.ctx.vars.pop(var, None)
+        else:
+            self.ctx.vars[var] = previous
+
+    def let(self, s: LetStmt) -> None:
+        if s.value.dtype != s.var.dtype:
+            raise self.ctx.error(f"let '{s.var.name}': a {s.value.dtype} value bound to a "
+                                 f"{s.var.dtype} variable")
+        if s.var not in self.refs:
+            if has_side_effects(s.value):
+                self.p.line(f"(void){operand(self.expr(s.value))};")
+            self.stmt(s.body)
+            return
+        value = self.expr(s.value)
+        name = self.ctx.names.fresh(s.var.name)
+        self.p.line(f"const {value_ctype(s.var.dtype)} {name} = {value.text};")
+        previous = self.ctx.vars.get(s.var)
+        self.ctx.vars[s.var] = name
+        self.stmt(s.body)
+        self.restore_var(s.var, previous)
+
+    def if_(self, s: IfThenElse) -> None:
+        p = self.p
+        p.line(f"if ({self.condition(s.cond)}) {{")
+        self.block_body(s.then_body)
+        other = s.else_body
+        while isinstance(other, IfThenElse):
+            p.line(f"}} else if ({self.condition(other.cond)}) {{")
+            self.block_body(other.then_body)
+            other = other.else_body
+        if other is not None:
+            p.line("} else {")
+            self.block_body(other)
+        p.line("}")
+
+    def allocate(self, s: Allocate) -> None:
+        buf = s.buffer
+        if buf not in self.refs:
+            self.stmt(s.body)
+            return
+        numel = self.static_numel(buf)
+        ctype = C_TYPES[buf.dtype]
+        if buf.scope == "local":
+            name = self.ctx.names.fresh(buf.name)
+            # ISO C has no zero-length arrays; an empty buffer is never indexed.
+            self.p.line(f"{ctype} {name}[{max(numel, 1)}];")
+            if buf not in self.read:
+                self.p.line(f"(void){name}; /* written, never read */")
+            self.with_buffer(buf, BufferRef(name), s.body)
+            return
+        ptr = self.heap_ptr[buf]
+        count = str(max(numel, 1)) if numel < (1 << 31) else f"(size_t)UINT64_C({numel})"
+        self.ctx.module.uses_malloc = True
+        p = self.p
+        p.line(f"{ptr} = ({ctype}*)malloc(sizeof({ctype}) * {count});")
+        with p.block(f"if ({ptr} == NULL)"):
+            p.line(f"{self.status} = {STATUS_OUT_OF_MEMORY}; /* out of memory */")
+            p.line("goto done;")
+        self.with_buffer(buf, BufferRef(ptr), s.body)
+        if s not in self.freed_at_exit:
+            p.line(f"free({ptr});")
+            p.line(f"{ptr} = NULL; /* done: frees it again */")
+
+    def alloc_const(self, s: AllocConst) -> None:
+        buf = s.buffer
+        if buf not in self.refs:
+            self.stmt(s.body)
+            return
+        data = s.data
+        try:
+            data_dtype = dt.from_numpy(data.dtype)
+        except IRError:
+            data_dtype = str(data.dtype)
+        if data_dtype != buf.dtype or data.size != self.static_numel(buf):
+            raise self.ctx.error(
+                f"constant '{buf.name}' is declared {buf.dtype}{list(buf.shape)} but its data "
+                f"is {data_dtype}{list(data.shape)}")
+        module = self.ctx.module
+        offset = module.pool.add(data)
+        module.uses_consts = True
+        ctype = C_TYPES[buf.dtype]
+        name = self.ctx.names.fresh(buf.name)
+        self.p.line(f"const {ctype}* {name} = (const {ctype}*)"
+                    f"({consts_symbol(module.prefix)} + {offset});")
+        self.with_buffer(buf, BufferRef(name, const=True), s.body)
+
+    def decl_buffer(self, s: DeclBuffer) -> None:
+        buf, src = s.buffer, s.source
+        if buf not in self.refs:
+            self.stmt(s.body)
+            return
+        source = self.ctx.buffer(src)
+        end = s.byte_offset + self.static_numel(buf) * dt.itemsize(buf.dtype)
+        if s.byte_offset < 0 or end > self.static_numel(src) * dt.itemsize(src.dtype):
+            raise self.ctx.error(
+                f"buffer '{buf.name}' ({buf.dtype}{list(buf.shape)} at byte offset "
+                f"{s.byte_offset}) does not fit in '{src.name}' "
+                f"({src.dtype}{list(src.shape)})")
+        if s.byte_offset % dt.itemsize(buf.dtype) != 0:
+            raise self.ctx.error(f"buffer '{buf.name}' starts at byte offset {s.byte_offset}, "
+                                 f"not a multiple of its {buf.dtype} element size")
+        const = "const " if source.const else ""
+        ctype = C_TYPES[buf.dtype]
+        name = self.ctx.names.fresh(buf.name)
+        if s.byte_offset == 0 and C_TYPES[src.dtype] == ctype:
+            init = source.name
+        elif s.byte_offset == 0:
+            init = f"({const}{ctype}*){source.name}"
+        else:
+            init = (f"({const}{ctype}*)(({const}uint8_t*){source.name} + "
+                    f"{int_literal(s.byte_offset, 'int64')[0]})")
+        self.p.line(f"{const}{ctype}* {name} = {init};")
+        self.with_buffer(buf, BufferRef(name, const=source.const), s.body)
+
+    def with_buffer(self, buf: Buffer, ref: BufferRef, body: Stmt) -> None:
+        if buf in self.ctx.buffers:
+            raise self.ctx.error(f"buffer '{buf.name}' is declared twice in nested scopes")
+        self.ctx.buffers[buf] = ref
+        self.stmt(body)
+        del self.ctx.buffers[buf]
+
+    def static_numel(self, buf: Buffer) -> int:
+        if any(not isinstance(d, int) for d in buf.shape):
+            raise self.ctx.error(f"buffer '{buf.name}' has a symbolic shape {buf.shape}; "
+                                 "the C backend needs static shapes")
+        return buf.numel()
+
+    def evaluate(self, s: Evaluate) -> None:
+        if isinstance(s.value, CallExtern):
+            self.p.line(f"{self.exprs.call_extern(s.value, discard=True).text};")
+            return
+        value = self.expr(s.value)
+        if has_side_effects(s.value):
+            self.p.line(f"(void){operand(value)};")
+        # A pure expression evaluated for nothing prints nothing.
+
+    def call_func(self, s: CallFunc) -> None:
+        ctx = self.ctx
+        callee = ctx.module.mod.functions.get(s.func)
+        if not isinstance(callee, PrimFunc):
+            known = ", ".join(sorted(ctx.module.mod.prim_funcs())) or "(none)"
+            raise ctx.error(f"call to '{s.func}', which is not a tensor-level function of "
+                            f"the module (known: {known})")
+        if len(s.args) != len(callee.params):
+            raise ctx.error(f"call to '{s.func}' passes {len(s.args)} arguments; it takes "
+                            f"{len(callee.params)}")
+        args: list[str] = []
+        for i, (arg, param) in enumerate(zip(s.args, callee.params)):
+            where = f"call to '{s.func}', argument {i} '{param.name}'"
+            if isinstance(param, Buffer) != isinstance(arg, Buffer) or arg.dtype != param.dtype:
+                got = f"buffer {arg.dtype}" if isinstance(arg, Buffer) else f"{arg.dtype} value"
+                want = (f"buffer {param.dtype}" if isinstance(param, Buffer)
+                        else f"{param.dtype} value")
+                raise ctx.error(f"{where}: expected a {want}, got a {got}")
+            if isinstance(arg, Buffer):
+                ref = ctx.buffer(arg)
+                writes = i in ctx.module.params[s.func].written
+                args.append(f"({C_TYPES[arg.dtype]}*){ref.name}" if ref.const and writes
+                            else ref.name)
+            else:
+                args.append(self.exprs.to_bits(arg.dtype, self.expr(arg)).text)
+        symbol = kernel_symbol(ctx.module.prefix, s.func)
+        self.p.line(f"{self.status} = {symbol}({', '.join(args)});")
+        if self.heap:
+            self.p.line(f"if ({self.status} != 0) goto done;")
+        else:
+            self.p.line(f"if ({self.status} != 0) return {self.status};")
+
+
+def _table() -> dict[type, Callable[[KernelPrinter, Any], None]]:
+    return {
+        SeqStmt: KernelPrinter.seq,
+        Store: KernelPrinter.store,
+        For: KernelPrinter.for_,
+        LetStmt: KernelPrinter.let,
+        IfThenElse: KernelPrinter.if_,
+        Allocate: KernelPrinter.allocate,
+        AllocConst: KernelPrinter.alloc_const,
+        DeclBuffer: KernelPrinter.decl_buffer,
+        Evaluate: KernelPrinter.evaluate,
+        CallFunc: KernelPrinter.call_func,
+    }
+
+
+_STATEMENTS = _table()

@@ -1,0 +1,52 @@
+"""C parameter types of the raw kernels, shared by kernels.c and host.c.
+
+docs/abi.md: one argument per IR parameter; a buffer is a pointer to its
+element type, a scalar its C type (16-bit floats: their uint16_t bit pattern).
+The qualifiers follow what the kernel does with each buffer:
+
+- a buffer the kernel never writes (no store, no external call, no callee that
+  writes it) is `const T*`;
+- a written buffer is `T* restrict`, unless a call inside the module passes it
+  memory that overlaps another argument (then plain `T*`).
+
+This is the LLVM backend's `noalias` rule (kiln.codegen.llvm.aliasing), so the
+two backends promise callers the same thing: outputs do not overlap anything
+else (docs/abi.md), inputs may share memory with each other.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kiln.codegen.naming import C_TYPES
+from kiln.ir.tensor import Buffer, Param, PrimFunc
+
+
+@dataclass(frozen=True)
+class ParamQualifiers:
+    """Indices of the buffer parameters a kernel writes, and of those that are restrict."""
+
+    written: frozenset[int]
+    restrict: frozenset[int]
+
+
+def qualifiers(funcs: dict[str, PrimFunc]) -> dict[str, ParamQualifiers]:
+    """Per kernel: which buffer parameters are written and which may be `restrict`."""
+    try:
+        from kiln.codegen.llvm.aliasing import analyze
+    except ImportError:  # without the analysis: every buffer writable, none restrict
+        return {name: ParamQualifiers(
+            frozenset(i for i, p in enumerate(fn.params) if isinstance(p, Buffer)), frozenset())
+            for name, fn in funcs.items()}
+    info = analyze(funcs)
+    return {name: ParamQualifiers(info.written[name], info.noalias[name]) for name in funcs}
+
+
+def param_ctype(param: Param, index: int, quals: ParamQualifiers) -> str:
+    """The C type of parameter `index` of a raw kernel (no name)."""
+    ctype = C_TYPES[param.dtype]
+    if not isinstance(param, Buffer):
+        return ctype
+    if index not in quals.written:
+        return f"const {ctype}*"
+    return f"{ctype}* restrict" if index in quals.restrict else f"{ctype}*"
