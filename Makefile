@@ -3,7 +3,7 @@ PY      ?= python3
 VENV    := .venv
 VPY     := $(VENV)/bin/python
 STAMP   := $(VENV)/.installed
-APT_PKGS := gcc make binutils
+APT_PKGS := gcc make binutils gcc-arm-none-eabi libnewlib-arm-none-eabi
 
 .PHONY: demo test lint typecheck unit apt clean
 

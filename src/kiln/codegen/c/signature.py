@@ -9,7 +9,7 @@ The qualifiers follow what the kernel does with each buffer:
 - a written buffer is `T* restrict`, unless a call inside the module passes it
   memory that overlaps another argument (then plain `T*`).
 
-This is the LLVM backend's `noalias` rule (kiln.codegen.llvm.aliasing), so the
+This is the LLVM backend's `noalias` rule (kiln.codegen.aliasing), so the
 two backends promise callers the same thing: outputs do not overlap anything
 else (docs/abi.md), inputs may share memory with each other.
 """
@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from kiln.codegen.aliasing import analyze
 from kiln.codegen.naming import C_TYPES
 from kiln.ir.tensor import Buffer, Param, PrimFunc
 
@@ -32,12 +33,6 @@ class ParamQualifiers:
 
 def qualifiers(funcs: dict[str, PrimFunc]) -> dict[str, ParamQualifiers]:
     """Per kernel: which buffer parameters are written and which may be `restrict`."""
-    try:
-        from kiln.codegen.llvm.aliasing import analyze
-    except ImportError:  # without the analysis: every buffer writable, none restrict
-        return {name: ParamQualifiers(
-            frozenset(i for i, p in enumerate(fn.params) if isinstance(p, Buffer)), frozenset())
-            for name, fn in funcs.items()}
     info = analyze(funcs)
     return {name: ParamQualifiers(info.written[name], info.noalias[name]) for name in funcs}
 

@@ -19,9 +19,9 @@ from typing import Any
 from llvmlite import ir
 from llvmlite.ir.values import MDValue
 
+from kiln.codegen.aliasing import analyze, walk_expr
 from kiln.codegen.constants import CONST_ALIGN, ConstantPool
 from kiln.codegen.llvm import arith
-from kiln.codegen.llvm.aliasing import analyze, walk_expr
 from kiln.codegen.llvm.arith import MathContext
 from kiln.codegen.llvm.decls import declare
 from kiln.codegen.llvm.dtypes import (

@@ -1,0 +1,39 @@
+"""kiln.codegen: one backend per target kind, lowered IRModule -> ArtifactSet.
+
+    arts = kiln.codegen.build(lowered_mod, Target("llvm"), prefix="kiln_")
+
+`build` picks the codegen from the target's kind (see `registry`); backends
+live in subpackages (`llvm`, `c`, `python_backend`) and load on first use.
+`naming` (symbols, library metadata) and `constants` (the weight pool) are
+shared by every backend.
+"""
+
+from kiln.codegen.registry import (
+    BACKENDS_GROUP,
+    CODEGENS,
+    build,
+    codegen_for,
+    get_codegen,
+    graph_signature,
+    list_codegens,
+    load_backends,
+    register_codegen,
+    register_python_kind,
+    resolve_target,
+)
+
+__all__ = [
+    "BACKENDS_GROUP",
+    "CODEGENS",
+    "build",
+    "codegen_for",
+    "get_codegen",
+    "graph_signature",
+    "list_codegens",
+    "load_backends",
+    "register_codegen",
+    "register_python_kind",
+    "resolve_target",
+]
+
+register_python_kind()

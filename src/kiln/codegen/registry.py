@@ -1,0 +1,247 @@
+"""The codegen registry and the build dispatcher: lowered IRModule -> ArtifactSet.
+
+A codegen is a function
+
+    codegen(mod: IRModule, target: Target, *, prefix: str, pool: ConstantPool)
+        -> list[Artifact | InMemoryArtifact]
+
+returning every artifact for its target. Which codegen a target uses hangs off
+its kind (seed 002): the kind attribute `"codegen"` names a registered codegen
+or holds the function itself; without it, the codegen registered under the
+kind's name is used. Built-ins load lazily: "llvm", "llvmjit", "c", "python".
+
+External backends register with `register_codegen(name, fn)` (plus
+`kiln.target.register_kind` and `kiln.runtime.register_loader`), or ship a
+Python package with an entry point in the group `kiln.backends`:
+
+    [project.entry-points."kiln.backends"]
+    mydev = "mydev.kiln_plugin:register"     # a function taking no arguments
+
+Entry points are loaded lazily, the first time a codegen or target kind is
+not found (see `load_backends`).
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any
+
+from kiln._registry import Registry, RegistryError
+from kiln.codegen.naming import (
+    ATTR_OUTPUT_NAMES,
+    DEFAULT_PREFIX,
+    check_prefix,
+    entry_symbol,
+)
+from kiln.errors import CompileError, ExportError, IRError, TargetError
+from kiln.ir.module import IRModule
+
+if TYPE_CHECKING:
+    from kiln.artifact import AnyArtifact, ArtifactSet
+    from kiln.ir.graph import Function
+    from kiln.target import Target
+
+CodegenFn = Callable[..., "Iterable[AnyArtifact]"]
+
+BACKENDS_GROUP = "kiln.backends"
+
+CODEGENS: Registry[CodegenFn] = Registry("codegen")
+for _name, _path in {
+    "llvm": "kiln.codegen.llvm:codegen_llvm",
+    "llvmjit": "kiln.codegen.llvm:codegen_llvmjit",
+    "c": "kiln.codegen.c:codegen_c",
+    "python": "kiln.codegen.python_backend:codegen_python",
+}.items():
+    CODEGENS.register(_name, lazy=_path)
+
+
+def register_codegen(name: str, fn: CodegenFn, *, override: bool = False) -> CodegenFn:
+    """Register `fn` as the codegen called `name`; returns `fn`."""
+    if not callable(fn):
+        raise CompileError(f"codegen '{name}' must be callable, got {type(fn).__name__}")
+    try:
+        CODEGENS.register(name, fn, override=override)
+    except RegistryError as err:
+        raise CompileError(str(err)) from None
+    return fn
+
+
+def list_codegens() -> list[str]:
+    """Names of the registered codegens."""
+    return CODEGENS.names()
+
+
+def get_codegen(name: str) -> CodegenFn:
+    """The codegen registered as `name` (loading `kiln.backends` plug-ins on a miss)."""
+    if name not in CODEGENS:
+        load_backends()
+    try:
+        return CODEGENS.get(name)
+    except RegistryError as err:
+        failed = _failed_backends()
+        raise CompileError(f"{err}{failed}") from None
+    except ImportError as exc:
+        raise CompileError(f"codegen '{name}' cannot be imported: {exc}") from exc
+
+
+def codegen_for(target: Target) -> tuple[str, CodegenFn]:
+    """(name, function) of the codegen for `target`, from its kind (see module docstring)."""
+    attr = target.kind.get_attr("codegen")
+    if attr is None:
+        return target.kind.name, get_codegen(target.kind.name)
+    if isinstance(attr, str):
+        return attr, get_codegen(attr)
+    if callable(attr):
+        return _qualname(attr), attr
+    raise CompileError(
+        f"target kind '{target.kind.name}': attribute 'codegen' must name a registered "
+        f"codegen or be a function, got {type(attr).__name__} {attr!r}")
+
+
+def build(mod: IRModule, target: Target, *, prefix: str = DEFAULT_PREFIX) -> ArtifactSet:
+    """Run the target's codegen over a lowered module; the artifacts as an ArtifactSet.
+
+    The module's weights are gathered into a `ConstantPool` handed to the codegen.
+    """
+    from kiln.artifact import Artifact as PlainArtifact
+    from kiln.artifact import ArtifactSet, InMemoryArtifact
+    from kiln.codegen.constants import ConstantPool
+
+    check_prefix(prefix)
+    name, fn = codegen_for(target)
+    pool = ConstantPool.from_module(mod)
+    try:
+        result = fn(mod, target, prefix=prefix, pool=pool)
+    except (CompileError, IRError, TargetError, ExportError):
+        raise
+    except Exception as exc:
+        raise CompileError(f"codegen '{name}' failed: {type(exc).__name__}: {exc}") from exc
+    if isinstance(result, ArtifactSet):
+        return result
+    if isinstance(result, (PlainArtifact, InMemoryArtifact)) or not isinstance(result, Iterable):
+        raise CompileError(
+            f"codegen '{name}' returned {type(result).__name__}; a codegen returns a list "
+            "of Artifact / InMemoryArtifact")
+    items = list(result)
+    for item in items:
+        if not isinstance(item, (PlainArtifact, InMemoryArtifact)):
+            raise CompileError(
+                f"codegen '{name}' returned a {type(item).__name__} among its artifacts; "
+                "expected Artifact or InMemoryArtifact")
+    try:
+        return ArtifactSet(items)
+    except ValueError as exc:
+        raise CompileError(f"codegen '{name}': {exc}") from None
+
+
+def _qualname(fn: object) -> str:
+    module = getattr(fn, "__module__", None) or type(fn).__module__
+    qual = getattr(fn, "__qualname__", None) or type(fn).__qualname__
+    return f"{module}.{qual}"
+
+
+# --------------------------------------------------------------------------- plug-ins
+
+_BACKENDS: dict[str, str | None] = {}  # entry point name -> error text (None: loaded)
+_SCANNED = False
+
+
+def load_backends(*, force: bool = False) -> dict[str, str | None]:
+    """Load every `kiln.backends` entry point once; name -> error message or None.
+
+    Each entry point is a function taking no arguments that registers the
+    backend's target kind, codegen and loader. A failing plug-in does not stop
+    the others; its error is reported when a lookup then fails.
+    """
+    global _SCANNED
+    if _SCANNED and not force:
+        return dict(_BACKENDS)
+    _SCANNED = True
+    for ep in importlib.metadata.entry_points(group=BACKENDS_GROUP):
+        if ep.name in _BACKENDS and not force:
+            continue
+        try:
+            register = ep.load()
+            if callable(register):
+                register()
+            _BACKENDS[ep.name] = None
+        except Exception as exc:  # a broken plug-in must not break unrelated builds
+            _BACKENDS[ep.name] = f"{type(exc).__name__}: {exc}"
+    return dict(_BACKENDS)
+
+
+def _failed_backends() -> str:
+    failed = {k: v for k, v in _BACKENDS.items() if v is not None}
+    if not failed:
+        return ""
+    listed = "; ".join(f"{k}: {v}" for k, v in sorted(failed.items()))
+    return f" (kiln.backends plug-ins that failed to load: {listed})"
+
+
+def resolve_target(spec: Any) -> Target:
+    """`kiln.target.Target(spec)`, loading `kiln.backends` plug-ins if the kind is unknown."""
+    from kiln.target import Target
+
+    if isinstance(spec, Target):
+        return spec
+    try:
+        return Target(spec)
+    except TargetError as first:
+        before = dict(_BACKENDS)
+        if load_backends() == before:
+            raise
+        try:
+            return Target(spec)
+        except TargetError:
+            raise first from None
+
+
+# --------------------------------------------------------------------------- signatures
+
+
+def graph_signature(name: str, fn: Function, prefix: str = DEFAULT_PREFIX) -> dict[str, Any]:
+    """The metadata signature (docs/abi.md) of a graph function a codegen handles itself.
+
+    Same shape as `naming.function_signature` of its lowered form: params, then
+    results named by the "output_names" attribute (else out0, out1, ...).
+    """
+    from kiln.ir.types import TensorType, TupleType
+
+    def flat(ty: Any) -> list[TensorType]:
+        if isinstance(ty, TupleType):
+            return [x for f in ty.fields for x in flat(f)]
+        return [ty]
+
+    params = []
+    for p in fn.params:
+        if not isinstance(p.type, TensorType):
+            raise CompileError(f"graph function '{name}': parameter '{p.name}' is not a tensor")
+        params.append({"name": p.name, "kind": "tensor", "shape": list(p.type.shape),
+                       "dtype": p.type.dtype})
+    outs = flat(fn.ret_type)
+    names = fn.attrs.get("output_names", fn.attrs.get(ATTR_OUTPUT_NAMES))
+    if names is None:
+        names = [f"out{i}" for i in range(len(outs))]
+    elif isinstance(names, str):
+        names = [names]
+    results = [{"name": n, "kind": "tensor", "shape": list(t.shape), "dtype": t.dtype}
+               for n, t in zip(names, outs)]
+    return {"name": name, "symbol": entry_symbol(prefix, name), "kind": "graph",
+            "params": params, "results": results,
+            "tuple_result": isinstance(fn.ret_type, TupleType)}
+
+
+# --------------------------------------------------------------------------- the python kind
+
+
+def register_python_kind() -> None:
+    """Register target kind "python" (the reference interpreter) if nobody has yet."""
+    from kiln.target import TargetKind, list_kinds, register_kind
+
+    if "python" in list_kinds():
+        return
+    kind = TargetKind("python", {}, ("cpu",),
+                      doc="kiln's reference interpreter, in this process (in-memory only)")
+    kind.set_attr("codegen", "python")
+    register_kind(kind)
