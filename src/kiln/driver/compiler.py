@@ -1,0 +1,163 @@
+"""`kiln.compile`: IRModule + target -> Executable, the one streamlined flow (seed 003).
+
+1. resolve the target (argument, per-function `target` attribute, `with Target`,
+   else this machine);
+2. verify the IR;
+3. run the graph pipeline (default: legalize operators, drop dead code, lower
+   graph functions to PrimFuncs with a planned workspace) and the tensor
+   pipeline (default: simplify), inside the target's scope;
+4. verify the lowered IR;
+5. codegen through the registry (`kiln.codegen.build`), or take the artifacts
+   from the on-disk compile cache.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kiln.codegen.naming import DEFAULT_PREFIX, check_prefix, library_metadata
+from kiln.driver import cache
+from kiln.driver.executable import Executable
+from kiln.driver.fingerprint import module_fingerprint
+from kiln.errors import CompileError, IRError
+from kiln.ir.graph import Function
+from kiln.ir.module import IRModule
+from kiln.ir.tensor import PrimFunc
+from kiln.target import Target
+from kiln.transform.context import PassContext
+from kiln.transform.lower_graph import ATTR_WORKSPACE_BYTES
+from kiln.transform.pipeline import PipelineSpec, get_pipeline
+
+#: Function attribute giving the target of one function (heterogeneous builds).
+ATTR_TARGET = "target"
+
+
+def compile(
+    mod: IRModule | PrimFunc | Function, target: Any = None, *,
+    graph_pipeline: PipelineSpec = "default", tensor_pipeline: PipelineSpec = "default",
+    system_lib_prefix: str | None = None,
+) -> Executable:
+    """Compile `mod` for `target` into an Executable.
+
+    Args:
+        mod: the IRModule (a lone PrimFunc or graph Function becomes `main`).
+        target: a `kiln.target.Target` or anything `Target(...)` accepts; None
+            takes the target of `with Target(...)`, else this machine's llvm.
+            A function attribute "target" sets it per function; kiln compiles
+            one target per module and rejects a mix.
+        graph_pipeline: passes for graph-level functions: "default" (the target
+            kind's own, else kiln's), None (none), a pipeline name, a Pass, or a
+            callable IRModule -> IRModule.
+        tensor_pipeline: the same for the tensor-level functions.
+        system_lib_prefix: prefix of every exported C symbol (default "kiln_").
+
+    Raises:
+        IRError: the input or the lowered IR is ill-formed.
+        CompileError: a pass, the codegen or the toolchain failed.
+        TargetError: the target is malformed.
+    """
+    import kiln.codegen as codegen
+
+    mod = _as_module(mod)
+    tgt = _pick_target(mod, target)
+    prefix = check_prefix(system_lib_prefix if system_lib_prefix is not None else DEFAULT_PREFIX)
+    if tgt.kind.name == "composite":
+        raise CompileError(
+            "composite (heterogeneous) targets are not supported yet: compile each device's "
+            "functions as a separate module")
+
+    _verify(mod, "the input module")
+    with tgt:
+        graph = get_pipeline(graph_pipeline, "graph", target=tgt)
+        mod = graph(mod)
+        tensor = get_pipeline(tensor_pipeline, "tensor", target=tgt)
+        mod = tensor(mod)
+    _verify(mod, "the module after the graph and tensor pipelines")
+
+    metadata = executable_metadata(mod, prefix)
+    codegen_name, codegen_fn = codegen.codegen_for(tgt)
+    key = None
+    artifacts = None
+    if cache.cache_enabled(PassContext.current().config):
+        key = cache.cache_key(ir_fingerprint=module_fingerprint(mod),
+                              target_fingerprint=tgt.fingerprint(), prefix=prefix,
+                              codegen=f"{codegen_name}:{_qualname(codegen_fn)}")
+        artifacts = cache.lookup(key)
+    hit = artifacts is not None
+    if artifacts is None:
+        artifacts = codegen.build(mod, tgt, prefix=prefix)
+        if key is not None:
+            cache.store(key, artifacts, metadata)
+    return Executable(artifacts, mod, metadata, tgt, prefix, cache_hit=hit, cache_key=key)
+
+
+def executable_metadata(mod: IRModule, prefix: str) -> dict[str, Any]:
+    """Library metadata (docs/abi.md) of a lowered module, plus workspace sizes.
+
+    Graph functions left unlowered (a bring-your-own-codegen target that opted
+    out of lowering) have no native entry; they are listed under
+    "external_functions" so the native loader does not look for their symbols.
+    """
+    from kiln.codegen.registry import graph_signature
+
+    graph = mod.graph_funcs()
+    lowered = mod.without(*graph) if graph else mod
+    workspace = {name: int(fn.attrs[ATTR_WORKSPACE_BYTES])
+                 for name, fn in lowered.prim_funcs().items()
+                 if ATTR_WORKSPACE_BYTES in fn.attrs}
+    meta = library_metadata(lowered, prefix, workspace_bytes=workspace)
+    if graph:
+        meta["external_functions"] = {name: graph_signature(name, fn, prefix)
+                                      for name, fn in graph.items()}
+    return meta
+
+
+def _as_module(mod: Any) -> IRModule:
+    if isinstance(mod, IRModule):
+        return mod
+    if isinstance(mod, (PrimFunc, Function)):
+        return IRModule({"main": mod})
+    raise CompileError(
+        f"kiln.compile expects an IRModule (or a PrimFunc / graph Function), "
+        f"got {type(mod).__name__}")
+
+
+def _pick_target(mod: IRModule, target: Any) -> Target:
+    """The one target of this build (argument, function attributes or the context)."""
+    from kiln.codegen.registry import resolve_target
+
+    per_function: dict[str, Target] = {}
+    for name, fn in mod.items():
+        spec = fn.attrs.get(ATTR_TARGET)
+        if spec is not None:
+            per_function[name] = resolve_target(spec)
+    distinct = {str(t): t for t in per_function.values()}
+    if len(distinct) > 1:
+        listed = ", ".join(f"{n} -> {t.kind.name}" for n, t in sorted(per_function.items()))
+        raise CompileError(
+            f"functions of this module ask for different targets ({listed}); kiln compiles "
+            "one target per module: split the module by target and compile each part")
+    if target is not None:
+        tgt = resolve_target(target)
+        for name, t in per_function.items():
+            if t != tgt:
+                raise CompileError(
+                    f"function '{name}' has target attribute {t} but kiln.compile was asked "
+                    f"for {tgt}; remove the attribute or compile for its target")
+        return tgt
+    if distinct:
+        return next(iter(distinct.values()))
+    return Target.current(allow_none=True) or Target.from_host()
+
+
+def _verify(mod: IRModule, what: str) -> None:
+    from kiln.ir.verify import verify
+
+    try:
+        verify(mod)
+    except IRError as exc:
+        raise IRError(f"{what} is not valid IR: {exc}") from exc
+
+
+def _qualname(fn: object) -> str:
+    return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', type(fn).__name__)}"

@@ -1,0 +1,106 @@
+"""A structural content hash of an IRModule, for the compile cache.
+
+Two modules get the same fingerprint only if they are structurally identical,
+including every name hint (names become symbols and metadata), every attribute
+and the bytes of every constant. Variables and buffers are numbered by first
+appearance, so a module rebuilt from the same source hashes the same in any
+process. The walk is iterative (deep expression trees do not hit Python's
+recursion limit).
+
+The hash is computed from the IR itself rather than from printed kiln.script
+text: it covers the constants' bytes exactly and depends on no printer.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from kiln.ir import graph as g
+from kiln.ir import tensor as t
+from kiln.ir.module import IRModule
+
+# Objects compared by identity in the IR: numbered on first sight.
+_IDENTITY_TYPES = (t.Var, t.Buffer, g.Var)
+
+FINGERPRINT_VERSION = 1
+
+
+def module_fingerprint(mod: IRModule) -> str:
+    """Hex SHA-256 over the module's structure (see the module docstring)."""
+    h = hashlib.sha256()
+    h.update(f"kiln.ir.fingerprint/{FINGERPRINT_VERSION}\n".encode())
+    ids: dict[int, int] = {}
+    keep: list[object] = []  # keeps id() values unique during the walk
+    stack: list[Any] = [("module-attrs", _sorted_items(mod.attrs))]
+    for name in sorted(mod.functions):
+        stack.append(("function", name, mod.functions[name]))
+    stack.reverse()
+    while stack:
+        item = stack.pop()
+        if isinstance(item, _Token):
+            h.update(item.text.encode("utf-8", "surrogatepass"))
+            continue
+        children: list[Any] = []
+        h.update(_emit(item, ids, keep, children).encode("utf-8", "surrogatepass"))
+        stack.extend(reversed(children))
+    return h.hexdigest()
+
+
+@dataclasses.dataclass(frozen=True)
+class _Token:
+    text: str
+
+
+def _sorted_items(m: Mapping[str, Any]) -> tuple[tuple[str, Any], ...]:
+    return tuple(sorted(m.items(), key=lambda kv: str(kv[0])))
+
+
+def _emit(obj: Any, ids: dict[int, int], keep: list[object], children: list[Any]) -> str:
+    """Text for `obj` itself; its parts are appended to `children` (visited next, in order)."""
+    if obj is None or isinstance(obj, (bool, int, str)):
+        return f"{type(obj).__name__}:{obj!r};"
+    if isinstance(obj, float):
+        return f"float:{obj.hex()};"
+    if isinstance(obj, np.generic):
+        return f"np.{obj.dtype}:{obj.item()!r};"
+    if isinstance(obj, np.ndarray):
+        data = np.ascontiguousarray(obj)
+        digest = hashlib.sha256(data.tobytes()).hexdigest()
+        return f"array:{data.dtype.str}:{data.shape}:{digest};"
+    if isinstance(obj, _IDENTITY_TYPES):
+        key = id(obj)
+        if key in ids:
+            return f"ref:{ids[key]};"
+        ids[key] = len(ids)
+        keep.append(obj)
+        children.extend(_fields(obj))
+        children.append(_Token(");"))
+        return f"def:{ids[key]}:{type(obj).__name__}("
+    if isinstance(obj, Mapping):
+        for k, v in _sorted_items(obj):
+            children.extend([_Token(f"key:{k!s};"), v])
+        children.append(_Token("}"))
+        return "{"
+    if isinstance(obj, (tuple, list)):
+        children.extend(obj)
+        children.append(_Token("]"))
+        return f"[{len(obj)}:"
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        children.extend(_fields(obj))
+        children.append(_Token(")"))
+        return f"{type(obj).__module__}.{type(obj).__name__}("
+    # Anything else (e.g. a Target in an attribute): its text form. A repr
+    # holding an address only costs a cache miss, never a wrong hit.
+    return f"{type(obj).__module__}.{type(obj).__qualname__}:{obj!s};"
+
+
+def _fields(obj: Any) -> list[Any]:
+    out: list[Any] = []
+    for f in dataclasses.fields(obj):
+        out.extend([_Token(f"{f.name}="), getattr(obj, f.name)])
+    return out

@@ -1,0 +1,152 @@
+"""LegalizeOps: replace operator `Call`s by tensor-level functions + `CallTensor`.
+
+Each operator's lowering lives with the operator in `kiln.ops` (JAX style: an
+op's rules together). An op object found by `kiln.ops.get_op(name)` with a
+`legalize(call) -> (PrimFunc, name_hint)` method turns one call into a
+PrimFunc, which is added to the module (marked private, so dead-code
+elimination may drop it) and called with `CallTensor`. Calls with the same
+op, attributes and argument types share one PrimFunc.
+
+Every call that cannot be legalized is reported at once, with counts.
+"""
+
+from __future__ import annotations
+
+import importlib
+import re
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from kiln.errors import CompileError
+from kiln.ir import graph as g
+from kiln.ir.module import BaseFunc, IRModule
+from kiln.ir.tensor import PrimFunc
+from kiln.transform.pass_base import Pass
+
+#: PrimFunc attribute marking a function no caller outside the module needs.
+ATTR_PRIVATE = "kiln.private"
+
+
+def _op_lookup() -> Callable[[str], Any] | None:
+    """`kiln.ops.get_op`, or None while kiln.ops registers no operators."""
+    try:
+        ops = importlib.import_module("kiln.ops")
+    except ModuleNotFoundError as exc:
+        if exc.name != "kiln.ops":  # kiln.ops exists but is broken: say so
+            raise
+        return None
+    lookup = getattr(ops, "get_op", None)
+    return lookup if callable(lookup) else None
+
+
+def find_legalizer(name: str) -> Callable[[g.Call], tuple[PrimFunc, str]] | None:
+    """The `legalize` method of operator `name`, or None if kiln.ops has no rule for it."""
+    lookup = _op_lookup()
+    if lookup is None:
+        return None
+    try:
+        op = lookup(name)
+    except (KeyError, LookupError, ValueError):
+        return None
+    legalize = getattr(op, "legalize", None) if op is not None else None
+    return legalize if callable(legalize) else None
+
+
+@dataclass(frozen=True)
+class LegalizeOps(Pass):
+    """Lower every operator `Call` of graph functions to a PrimFunc + CallTensor."""
+
+    name = "legalize-ops"
+
+    def run(self, mod: IRModule) -> IRModule:
+        graph_funcs = mod.graph_funcs()
+        missing: Counter[str] = Counter()
+        for fn in graph_funcs.values():
+            for e in _all_exprs(fn):
+                if isinstance(e, g.Call) and find_legalizer(e.op) is None:
+                    missing[e.op] += 1
+        if missing:
+            listed = ", ".join(f"{op} (x{n})" for op, n in sorted(missing.items()))
+            raise CompileError(
+                f"cannot legalize {sum(missing.values())} operator call(s) of "
+                f"{len(missing)} operator(s): {listed}. No lowering rule is registered in "
+                "kiln.ops for them; register one, or lower these calls to call_tensor "
+                "yourself before compiling")
+        if not any(isinstance(e, g.Call) for fn in graph_funcs.values() for e in _all_exprs(fn)):
+            return mod
+        state = _State(dict(mod.functions))
+        for fname, fn in graph_funcs.items():
+            state.functions[fname] = _rewrite_function(fn, state)
+        return IRModule(state.functions, mod.attrs)
+
+
+class _State:
+    def __init__(self, functions: dict[str, BaseFunc]) -> None:
+        self.functions = functions
+        self.cache: dict[Any, str] = {}
+
+    def add_kernel(self, call: g.Call) -> str:
+        key: Any = (call.op, tuple(call.attrs.items()), tuple(a.type for a in call.args),
+               call.ret_type)
+        try:
+            hash(key)
+        except TypeError:  # an unhashable attribute: do not share
+            key = ("unshared", id(call))
+        if key in self.cache:
+            return self.cache[key]
+        legalize = find_legalizer(call.op)
+        assert legalize is not None  # checked before rewriting
+        result = legalize(call)
+        if not (isinstance(result, tuple) and len(result) == 2
+                and isinstance(result[0], PrimFunc)):
+            raise CompileError(
+                f"legalize rule of operator '{call.op}' returned {result!r}; "
+                "expected (PrimFunc, name_hint)")
+        prim, hint = result
+        name = self._unique(_identifier(str(hint) or call.op))
+        self.functions[name] = prim.with_attrs(**{ATTR_PRIVATE: True})
+        self.cache[key] = name
+        return name
+
+    def _unique(self, base: str) -> str:
+        name, n = base, 0
+        while name in self.functions:
+            n += 1
+            name = f"{base}_{n}"
+        return name
+
+
+def _identifier(hint: str) -> str:
+    name = re.sub(r"[^A-Za-z0-9_]", "_", hint).lstrip("_") or "kernel"
+    return f"op_{name}" if name[0].isdigit() else name
+
+
+def _rewrite(expr: g.Expr, state: _State) -> g.Expr:
+    if isinstance(expr, g.Call):
+        args = tuple(_rewrite(a, state) for a in expr.args)
+        call = g.Call(expr.op, args, expr.attrs, expr.ret_type)
+        return g.CallTensor(state.add_kernel(call), args, expr.ret_type)
+    if isinstance(expr, g.CallTensor):
+        return g.CallTensor(expr.func, tuple(_rewrite(a, state) for a in expr.args),
+                            expr.ret_type)
+    if isinstance(expr, g.Tuple):
+        return g.Tuple(tuple(_rewrite(f, state) for f in expr.fields))
+    if isinstance(expr, g.TupleGetItem):
+        return g.TupleGetItem(_rewrite(expr.tuple_value, state), expr.index)
+    return expr
+
+
+def _rewrite_function(fn: g.Function, state: _State) -> g.Function:
+    bindings = tuple(g.Binding(b.var, _rewrite(b.value, state)) for b in fn.bindings)
+    return g.Function(fn.params, bindings, _rewrite(fn.result, state), dict(fn.attrs))
+
+
+def _all_exprs(fn: g.Function) -> list[g.Expr]:
+    from kiln.transform.functor import iter_graph_exprs
+
+    out: list[g.Expr] = []
+    for e in [b.value for b in fn.bindings] + [fn.result]:
+        out.extend(iter_graph_exprs(e))
+    return out

@@ -1,0 +1,316 @@
+"""LowerGraphToTensor: each graph Function becomes a PrimFunc of the same name.
+
+The lowered function follows the destination-passing ABI (docs/abi.md):
+
+- graph parameters become input buffers, in order; the results (a tuple is
+  flattened) become trailing output buffers the caller allocates;
+- each `CallTensor` becomes `CallFunc(func, inputs + outputs)`;
+- tuples and `TupleGetItem` are resolved at compile time (no code);
+- each `Constant` becomes an `AllocConst` (weights, read-only);
+- a value that flows straight to the result is written directly into its
+  output buffer; a result that is a parameter, a constant, or a value already
+  returned in an earlier position is copied by an inline copy loop;
+- every other intermediate is a view (`DeclBuffer`) into ONE workspace arena,
+  a global `Allocate` of uint8, laid out by the static memory planner
+  (`memory_plan.py`): buffers that are never live together share bytes.
+
+Attributes of the result (`kiln.codegen.naming`): `kiln.graph`,
+`kiln.num_outputs`, `kiln.tuple_result`, `kiln.output_names` (from the
+function attribute "output_names", else `out0`, `out1`, ...) and
+`kiln.workspace_bytes` (the arena size).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from kiln.codegen.naming import (
+    ATTR_GRAPH,
+    ATTR_NUM_OUTPUTS,
+    ATTR_OUTPUT_NAMES,
+    ATTR_TUPLE_RESULT,
+)
+from kiln.errors import CompileError
+from kiln.ir import graph as g
+from kiln.ir import tensor as t
+from kiln.ir.module import BaseFunc, IRModule
+from kiln.ir.types import TensorType, TupleType
+from kiln.transform.memory_plan import (
+    DEFAULT_ALIGNMENT,
+    Block,
+    MemoryPlan,
+    live_ranges,
+    plan_memory,
+)
+from kiln.transform.pass_base import Pass
+
+#: PrimFunc attribute: bytes of the workspace arena the function allocates.
+ATTR_WORKSPACE_BYTES = "kiln.workspace_bytes"
+#: Graph Function attribute naming the outputs (e.g. ONNX output names).
+OUTPUT_NAMES = "output_names"
+
+
+@dataclass(frozen=True)
+class LowerGraphToTensor(Pass):
+    """Lower every graph-level function to a PrimFunc (see the module docstring)."""
+
+    name = "lower-graph-to-tensor"
+    alignment: int = DEFAULT_ALIGNMENT
+    strategy: str = "greedy-by-size"
+
+    def run(self, mod: IRModule) -> IRModule:
+        graph_funcs = mod.graph_funcs()
+        if not graph_funcs:
+            return mod
+        funcs: dict[str, BaseFunc] = dict(mod.functions)
+        for name, fn in graph_funcs.items():
+            funcs[name] = lower_function(name, fn, mod, alignment=self.alignment,
+                                         strategy=self.strategy).func
+        return IRModule(funcs, mod.attrs)
+
+
+# --------------------------------------------------------------------------- analysis
+
+
+@dataclass(eq=False)
+class _Slot:
+    """One tensor value of the graph function."""
+
+    kind: str  # "param" | "const" | "call"
+    type: TensorType
+    name: str
+    buffer: t.Buffer | None = None
+    data: np.ndarray | None = None
+    def_step: int = -1
+    uses: list[int] = field(default_factory=list)
+
+
+_Value = _Slot | tuple["_Value", ...]
+
+
+@dataclass
+class _Step:
+    func: str
+    inputs: list[_Slot]
+    outputs: list[_Slot]
+
+
+@dataclass(frozen=True)
+class LoweredGraph:
+    """The lowered PrimFunc, plus the memory plan's inputs and result (for tests)."""
+
+    func: t.PrimFunc
+    blocks: tuple[Block, ...]
+    plan: MemoryPlan
+    buffers: dict[object, t.Buffer]
+
+
+def _static_type(ty: object, where: str) -> TensorType:
+    if not isinstance(ty, TensorType):
+        raise CompileError(f"{where}: expected a tensor, got {ty}")
+    for d in ty.shape:
+        if not isinstance(d, int):
+            raise CompileError(f"{where}: symbolic shape {ty.shape} is not supported yet")
+    return ty
+
+
+def _flatten(v: _Value) -> list[_Slot]:
+    if isinstance(v, _Slot):
+        return [v]
+    return [s for item in v for s in _flatten(item)]
+
+
+class _Analyzer:
+    def __init__(self, fname: str, mod: IRModule) -> None:
+        self.fname = fname
+        self.mod = mod
+        self.env: dict[g.Var, _Value] = {}
+        self.consts: dict[g.Constant, _Slot] = {}
+        self.steps: list[_Step] = []
+
+    def resolve(self, expr: g.Expr, hint: str) -> _Value:
+        if isinstance(expr, g.Var):
+            if expr not in self.env:
+                raise CompileError(
+                    f"graph function '{self.fname}' uses variable '{expr.name}' before it is "
+                    "bound")
+            return self.env[expr]
+        if isinstance(expr, g.Constant):
+            slot = self.consts.get(expr)
+            if slot is None:
+                cname = expr.name or f"const{len(self.consts)}"
+                ty = _static_type(expr.type, f"{self.fname}: constant '{cname}'")
+                slot = _Slot("const", ty, cname, t.Buffer(cname, ty.shape, ty.dtype),
+                             data=expr.data)
+                self.consts[expr] = slot
+            return slot
+        if isinstance(expr, g.Tuple):
+            return tuple(self.resolve(f, f"{hint}_{i}") for i, f in enumerate(expr.fields))
+        if isinstance(expr, g.TupleGetItem):
+            value = self.resolve(expr.tuple_value, hint)
+            if isinstance(value, _Slot) or not 0 <= expr.index < len(value):
+                raise CompileError(
+                    f"graph function '{self.fname}': TupleGetItem index {expr.index} does not "
+                    f"fit a value of type {expr.tuple_value.type}")
+            return value[expr.index]
+        if isinstance(expr, g.CallTensor):
+            return self._call(expr, hint)
+        if isinstance(expr, g.Call):
+            raise CompileError(
+                f"graph function '{self.fname}' still calls operator '{expr.op}'; run the "
+                "LegalizeOps pass (part of the default graph pipeline) before lowering")
+        raise CompileError(
+            f"graph function '{self.fname}': cannot lower {type(expr).__name__} {expr!r}")
+
+    def _call(self, call: g.CallTensor, hint: str) -> _Value:
+        step_index = len(self.steps)
+        inputs = [s for a in call.args for s in _flatten(self.resolve(a, hint))]
+        out_types = call.out_types
+        outputs = [
+            _Slot("call", _static_type(ty, f"{self.fname}: output of '{call.func}'"),
+                  hint if len(out_types) == 1 else f"{hint}_{i}", def_step=step_index)
+            for i, ty in enumerate(out_types)
+        ]
+        self._check_callee(call.func, inputs, outputs)
+        for s in inputs:
+            s.uses.append(step_index)
+        self.steps.append(_Step(call.func, inputs, outputs))
+        if isinstance(call.ret_type, TupleType):
+            return tuple(outputs)
+        return outputs[0]
+
+    def _check_callee(self, func: str, inputs: list[_Slot], outputs: list[_Slot]) -> None:
+        where = f"graph function '{self.fname}': call_tensor '{func}'"
+        callee = self.mod.functions.get(func)
+        if callee is None:
+            known = ", ".join(sorted(self.mod.prim_funcs())) or "(none)"
+            raise CompileError(f"{where}: no such function in the module. PrimFuncs: {known}")
+        if not isinstance(callee, t.PrimFunc):
+            raise CompileError(f"{where}: '{func}' is a graph function, not a PrimFunc")
+        params = callee.params
+        args = inputs + outputs
+        if len(params) != len(args):
+            raise CompileError(
+                f"{where}: the PrimFunc takes {len(params)} parameters but the call passes "
+                f"{len(inputs)} inputs + {len(outputs)} outputs")
+        for i, (p, s) in enumerate(zip(params, args)):
+            role = "input" if i < len(inputs) else "output"
+            if not isinstance(p, t.Buffer):
+                raise CompileError(
+                    f"{where}: parameter {i} '{p.name}' is a scalar; call_tensor passes only "
+                    "tensors")
+            if tuple(p.shape) != tuple(s.type.shape) or p.dtype != s.type.dtype:
+                raise CompileError(
+                    f"{where}: parameter {i} '{p.name}' is {tuple(p.shape)} {p.dtype} but the "
+                    f"{role} passed is {tuple(s.type.shape)} {s.type.dtype}")
+
+
+# --------------------------------------------------------------------------- lowering
+
+
+def lower_function(name: str, fn: g.Function, mod: IRModule, *,
+                   alignment: int = DEFAULT_ALIGNMENT,
+                   strategy: str = "greedy-by-size") -> LoweredGraph:
+    """Lower one graph function (see the module docstring)."""
+    an = _Analyzer(name, mod)
+    params: list[t.Buffer] = []
+    for v in fn.params:
+        if isinstance(v.type, TupleType):
+            raise CompileError(
+                f"graph function '{name}': parameter '{v.name}' is a tuple {v.type}; the "
+                "lowered ABI takes flat tensors: pass the fields as separate parameters")
+        ty = _static_type(v.type, f"graph function '{name}': parameter '{v.name}'")
+        buf = t.Buffer(v.name, ty.shape, ty.dtype)
+        params.append(buf)
+        an.env[v] = _Slot("param", ty, v.name, buf)
+    for b in fn.bindings:
+        an.env[b.var] = an.resolve(b.value, b.var.name)
+    results = _flatten(an.resolve(fn.result, "result"))
+
+    out_names = _output_names(name, fn, len(results))
+    outs = [t.Buffer(n, s.type.shape, s.type.dtype) for n, s in zip(out_names, results)]
+
+    # A value computed by a call and returned is written straight into its
+    # output buffer (the first position it appears in); others are copied.
+    claimed: dict[_Slot, int] = {}
+    copies: list[tuple[t.Buffer, t.Buffer]] = []
+    for k, s in enumerate(results):
+        if s.kind == "call" and s not in claimed:
+            claimed[s] = k
+            s.buffer = outs[k]
+        else:
+            src = outs[claimed[s]] if s in claimed else s.buffer
+            assert src is not None
+            copies.append((outs[k], src))
+
+    # Everything else a call writes lives in the workspace arena.
+    inter = [s for step in an.steps for s in step.outputs if s not in claimed]
+    ranges = live_ranges({s: s.def_step for s in inter}, {s: s.uses for s in inter})
+    blocks = tuple(Block(s, _nbytes(s.type), *ranges[s]) for s in inter)
+    plan = plan_memory(blocks, alignment=alignment, strategy=strategy)
+    for s in inter:
+        s.buffer = t.Buffer(s.name, s.type.shape, s.type.dtype)
+
+    body: list[t.Stmt] = []
+    for step in an.steps:
+        args: list[t.Buffer | t.PrimExpr] = [_buf(s) for s in step.inputs + step.outputs]
+        body.append(t.CallFunc(step.func, tuple(args)))
+    body.extend(copy_stmt(dst, src) for dst, src in copies)
+    stmt = t.seq(*body) if body else t.Evaluate(t.Const(0, "int32"))
+
+    workspace = plan.total
+    if inter:
+        workspace = max(workspace, alignment)  # zero-size values still need a base pointer
+        arena = t.Buffer("workspace", (workspace,), "uint8", "global")
+        for s in reversed(inter):
+            stmt = t.DeclBuffer(_buf(s), arena, plan.offsets[s], stmt)
+        stmt = t.Allocate(arena, stmt)
+    for slot in reversed(list(an.consts.values())):
+        assert slot.data is not None
+        stmt = t.AllocConst(_buf(slot), slot.data, stmt)
+
+    attrs = {k: v for k, v in fn.attrs.items() if k != OUTPUT_NAMES}
+    attrs.update({
+        ATTR_GRAPH: True,
+        ATTR_NUM_OUTPUTS: len(outs),
+        ATTR_TUPLE_RESULT: isinstance(fn.ret_type, TupleType),
+        ATTR_OUTPUT_NAMES: tuple(out_names),
+        ATTR_WORKSPACE_BYTES: workspace,
+    })
+    prim = t.PrimFunc(tuple(params) + tuple(outs), stmt, attrs)
+    buffers: dict[object, t.Buffer] = {s: _buf(s) for s in inter}
+    return LoweredGraph(prim, blocks, plan, buffers)
+
+
+def _buf(s: _Slot) -> t.Buffer:
+    assert s.buffer is not None
+    return s.buffer
+
+
+def _nbytes(ty: TensorType) -> int:
+    from kiln.ir.dtype import itemsize
+
+    return ty.numel() * itemsize(ty.dtype)
+
+
+def _output_names(name: str, fn: g.Function, count: int) -> list[str]:
+    given = fn.attrs.get(OUTPUT_NAMES)
+    if given is None:
+        return [f"out{i}" for i in range(count)]
+    names = [given] if isinstance(given, str) else list(given)
+    if len(names) != count or not all(isinstance(n, str) and n for n in names):
+        raise CompileError(
+            f"graph function '{name}': attribute 'output_names' {given!r} must list "
+            f"{count} non-empty name(s), one per result")
+    return names
+
+
+def copy_stmt(dst: t.Buffer, src: t.Buffer) -> t.Stmt:
+    """Loops copying `src` into `dst` element by element (same shape and dtype)."""
+    loop_vars = [t.Var(f"i{d}") for d in range(len(dst.shape))]
+    stmt: t.Stmt = t.Store(dst, t.Load(src, tuple(loop_vars)), tuple(loop_vars))
+    for var, extent in reversed(list(zip(loop_vars, dst.shape))):
+        stmt = t.For(var, t.Const(0, var.dtype), t.Const(int(extent), var.dtype), "serial", stmt)
+    return stmt

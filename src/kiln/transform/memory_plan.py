@@ -1,0 +1,135 @@
+"""Static memory planning: place intermediate buffers in one workspace arena.
+
+Each buffer is a `Block` with a size in bytes and a live range `[start, end]`
+of step indices (inclusive: defined at `start`, last read at `end`). Two
+blocks whose live ranges overlap must not share bytes; blocks that are never
+live at the same time may reuse the same bytes. The plan gives every block an
+offset aligned to `alignment`, and the arena size (`total`) is the end of the
+highest block, rounded up to the alignment.
+
+Strategies (both place each block at the lowest aligned offset that fits
+between the already placed blocks it conflicts with):
+- "greedy-by-size": largest blocks first; usually the smallest arena.
+- "first-fit": blocks in order of definition.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Iterable, Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+
+from kiln.errors import CompileError
+
+STRATEGIES = ("greedy-by-size", "first-fit")
+DEFAULT_ALIGNMENT = 64
+
+
+@dataclass(frozen=True, slots=True)
+class Block:
+    """A buffer to place: `size` bytes, live from step `start` to step `end` inclusive."""
+
+    key: Hashable
+    size: int
+    start: int
+    end: int
+
+    def __post_init__(self) -> None:
+        if self.size < 0:
+            raise CompileError(f"block {self.key!r}: negative size {self.size}")
+        if self.end < self.start:
+            raise CompileError(
+                f"block {self.key!r}: live range ends ({self.end}) before it starts ({self.start})")
+
+    def overlaps_in_time(self, other: Block) -> bool:
+        return self.start <= other.end and other.start <= self.end
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    """Offsets (bytes into the arena) by block key, and the arena size."""
+
+    offsets: Mapping[Hashable, int]
+    total: int
+    alignment: int
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "offsets", MappingProxyType(dict(self.offsets)))
+
+
+def align_up(n: int, alignment: int) -> int:
+    return -(-n // alignment) * alignment
+
+
+def plan_memory(blocks: Iterable[Block], *, alignment: int = DEFAULT_ALIGNMENT,
+                strategy: str = "greedy-by-size") -> MemoryPlan:
+    """Assign non-conflicting aligned offsets to `blocks` (see the module docstring)."""
+    if alignment < 1 or alignment & (alignment - 1):
+        raise CompileError(f"memory plan alignment must be a power of two, got {alignment}")
+    if strategy not in STRATEGIES:
+        raise CompileError(f"unknown memory plan strategy {strategy!r}; known: {STRATEGIES}")
+    items = list(blocks)
+    keys = [b.key for b in items]
+    if len(set(keys)) != len(keys):
+        raise CompileError("memory plan: block keys must be unique")
+    order = list(range(len(items)))
+    if strategy == "greedy-by-size":
+        order.sort(key=lambda i: (-items[i].size, items[i].start, i))
+    else:
+        order.sort(key=lambda i: (items[i].start, i))
+    placed: list[tuple[Block, int]] = []
+    offsets: dict[Hashable, int] = {}
+    for i in order:
+        block = items[i]
+        offset = _lowest_fit(block, placed, alignment)
+        offsets[block.key] = offset
+        placed.append((block, offset))
+    total = max((align_up(off + b.size, alignment) for b, off in placed), default=0)
+    return MemoryPlan(offsets, total, alignment)
+
+
+def _lowest_fit(block: Block, placed: list[tuple[Block, int]], alignment: int) -> int:
+    """The lowest aligned offset where `block` clashes with no live-overlapping block."""
+    if block.size == 0:
+        return 0
+    busy = sorted((off, off + b.size) for b, off in placed
+                  if b.size > 0 and b.overlaps_in_time(block))
+    candidate = 0
+    for lo, hi in busy:
+        if candidate + block.size <= lo:
+            break
+        candidate = max(candidate, align_up(hi, alignment))
+    return candidate
+
+
+def check_plan(blocks: Iterable[Block], plan: MemoryPlan) -> None:
+    """Raise CompileError if two simultaneously live blocks share bytes (a planner bug)."""
+    items = list(blocks)
+    for block in items:
+        off = plan.offsets[block.key]
+        if off % plan.alignment:
+            raise CompileError(f"block {block.key!r} at offset {off} is not aligned")
+        if off + block.size > plan.total:
+            raise CompileError(f"block {block.key!r} ends past the arena ({plan.total} bytes)")
+    for i, a in enumerate(items):
+        for b in items[i + 1:]:
+            if not a.overlaps_in_time(b) or a.size == 0 or b.size == 0:
+                continue
+            oa, ob = plan.offsets[a.key], plan.offsets[b.key]
+            if oa < ob + b.size and ob < oa + a.size:
+                raise CompileError(
+                    f"blocks {a.key!r} [{oa}, {oa + a.size}) and {b.key!r} [{ob}, {ob + b.size}) "
+                    f"overlap while both are live")
+
+
+def live_ranges(defs: Mapping[Hashable, int],
+                uses: Mapping[Hashable, Iterable[int]]) -> dict[Hashable, tuple[int, int]]:
+    """Live range `(def step, last use step)` of each defined value.
+
+    A value never used stays live at its defining step only (it is still written).
+    """
+    out: dict[Hashable, tuple[int, int]] = {}
+    for key, start in defs.items():
+        last = max(uses.get(key, ()), default=start)
+        out[key] = (start, max(start, last))
+    return out

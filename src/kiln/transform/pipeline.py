@@ -1,0 +1,128 @@
+"""Named pipelines: what `kiln.compile(graph_pipeline=..., tensor_pipeline=...)` accepts.
+
+A pipeline spec is one of:
+- `"default"`: the target kind's own pipeline (kind attribute `"graph_pipeline"`
+  or `"tensor_pipeline"`, itself any spec below) or else kiln's default for the level;
+- `None` or `"none"`: no passes (the caller ran what it needed beforehand);
+- a registered pipeline name (`register_pipeline`), or a pass list spelled by
+  names, e.g. `"legalize-ops,dead-code-elimination"`;
+- a `Pass`, a list of passes/names, or any callable `IRModule -> IRModule`.
+
+Levels: "graph" pipelines run first, on the whole module, and normally end by
+lowering every graph function to a PrimFunc; "tensor" pipelines run next, on
+the lowered module.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from kiln._registry import Registry, RegistryError
+from kiln.errors import CompileError
+from kiln.transform.pass_base import ModulePassFromCallable, Pass, Sequential
+from kiln.transform.registry import get_pass, parse_passes
+
+if TYPE_CHECKING:
+    from kiln.target import Target
+
+LEVELS = ("graph", "tensor")
+
+PipelineFactory = Callable[[], Pass]
+PipelineSpec = Any  # str | None | Pass | Sequence[Pass | str] | Callable[[IRModule], IRModule]
+
+PIPELINES: Registry[PipelineFactory] = Registry("pipeline")
+
+
+def _check_level(level: str) -> None:
+    if level not in LEVELS:
+        raise CompileError(f"pipeline level must be one of {LEVELS}, got {level!r}")
+
+
+def register_pipeline(name: str, factory: PipelineFactory, *, level: str,
+                      override: bool = False) -> None:
+    """Register `factory() -> Pass` as the pipeline `name` of `level`."""
+    _check_level(level)
+    try:
+        PIPELINES.register(f"{level}/{name}", factory, override=override)
+    except RegistryError as err:
+        raise CompileError(str(err)) from None
+
+
+def list_pipelines(level: str) -> list[str]:
+    """Names of the pipelines registered for `level`."""
+    _check_level(level)
+    return [n.split("/", 1)[1] for n in PIPELINES.names() if n.startswith(f"{level}/")]
+
+
+def default_graph_pipeline() -> Sequential:
+    """Legalize operators, drop dead code, lower graph functions to PrimFuncs."""
+    from kiln.transform.dead_code import DeadCodeElimination
+    from kiln.transform.legalize_ops import LegalizeOps
+    from kiln.transform.lower_graph import LowerGraphToTensor
+
+    return Sequential([LegalizeOps(), DeadCodeElimination(), LowerGraphToTensor()],
+                      name="graph-default")
+
+
+def default_tensor_pipeline() -> Sequential:
+    """Simplify tensor-level arithmetic (scheduling passes will join here)."""
+    from kiln.transform.simplify import Simplify
+
+    return Sequential([Simplify()], name="tensor-default")
+
+
+def _empty(level: str) -> Callable[[], Pass]:
+    return lambda: Sequential([], name=f"{level}-none")
+
+
+register_pipeline("default", default_graph_pipeline, level="graph")
+register_pipeline("default", default_tensor_pipeline, level="tensor")
+for _level in LEVELS:
+    register_pipeline("none", _empty(_level), level=_level)
+
+
+def get_pipeline(spec: PipelineSpec = "default", level: str = "graph", *,
+                 target: Target | None = None) -> Pass:
+    """The pass that `spec` names at `level` (see the module docstring)."""
+    _check_level(level)
+    if spec is None:
+        return Sequential([], name=f"{level}-none")
+    if isinstance(spec, Pass):
+        return spec
+    if isinstance(spec, str):
+        if spec == "default" and target is not None:
+            own = target.kind.get_attr(f"{level}_pipeline")
+            if own is not None and own != "default":
+                return get_pipeline(own, level)
+        key = f"{level}/{spec}"
+        if key in PIPELINES:
+            return _call_factory(spec, PIPELINES.get(key))
+        if any(ch in spec for ch in ",{") or spec in _pass_names():
+            return Sequential(parse_passes(spec), name=spec)
+        known = ", ".join(list_pipelines(level))
+        raise CompileError(
+            f"unknown {level} pipeline '{spec}'. Pipelines: {known}; or give a Pass, a "
+            "callable IRModule -> IRModule, None, or pass names such as 'simplify'")
+    if isinstance(spec, Sequence):
+        return Sequential([get_pass(p) if isinstance(p, str) else p for p in spec],
+                          name=f"{level}-custom")
+    if callable(spec):
+        return ModulePassFromCallable(spec)
+    raise CompileError(
+        f"{level}_pipeline must be 'default', None, a pipeline name, a Pass or a callable "
+        f"IRModule -> IRModule; got {type(spec).__name__} {spec!r}")
+
+
+def _call_factory(name: str, factory: PipelineFactory) -> Pass:
+    p = factory()
+    if not isinstance(p, Pass):
+        raise CompileError(f"pipeline factory '{name}' returned {type(p).__name__}, not a Pass")
+    return p
+
+
+def _pass_names() -> list[str]:
+    from kiln.transform.registry import list_passes
+
+    return list_passes()
+

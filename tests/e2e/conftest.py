@@ -1,0 +1,27 @@
+"""End-to-end fixtures: IR samples on sys.path, a private compile cache for the session."""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent / "transform"))
+sys.path.insert(0, str(HERE.parent.parent))  # the IR corpus: `tests.corpus`
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _session_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    path = tmp_path_factory.mktemp("kiln-cache")
+    old = os.environ.get("KILN_CACHE_DIR")
+    os.environ["KILN_CACHE_DIR"] = str(path)
+    yield path
+    if old is None:
+        os.environ.pop("KILN_CACHE_DIR", None)
+    else:
+        os.environ["KILN_CACHE_DIR"] = old
