@@ -23,7 +23,6 @@ not found (see `load_backends`).
 
 from __future__ import annotations
 
-import importlib.metadata
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
@@ -44,7 +43,7 @@ if TYPE_CHECKING:
 
 CodegenFn = Callable[..., "Iterable[AnyArtifact]"]
 
-BACKENDS_GROUP = "kiln.backends"
+from kiln.runtime.plugins import BACKENDS_GROUP  # noqa: E402,F401
 
 CODEGENS: Registry[CodegenFn] = Registry("codegen")
 for _name, _path in {
@@ -142,41 +141,10 @@ def _qualname(fn: object) -> str:
 
 
 # --------------------------------------------------------------------------- plug-ins
-
-_BACKENDS: dict[str, str | None] = {}  # entry point name -> error text (None: loaded)
-_SCANNED = False
-
-
-def load_backends(*, force: bool = False) -> dict[str, str | None]:
-    """Load every `kiln.backends` entry point once; name -> error message or None.
-
-    Each entry point is a function taking no arguments that registers the
-    backend's target kind, codegen and loader. A failing plug-in does not stop
-    the others; its error is reported when a lookup then fails.
-    """
-    global _SCANNED
-    if _SCANNED and not force:
-        return dict(_BACKENDS)
-    _SCANNED = True
-    for ep in importlib.metadata.entry_points(group=BACKENDS_GROUP):
-        if ep.name in _BACKENDS and not force:
-            continue
-        try:
-            register = ep.load()
-            if callable(register):
-                register()
-            _BACKENDS[ep.name] = None
-        except Exception as exc:  # a broken plug-in must not break unrelated builds
-            _BACKENDS[ep.name] = f"{type(exc).__name__}: {exc}"
-    return dict(_BACKENDS)
-
-
-def _failed_backends() -> str:
-    failed = {k: v for k, v in _BACKENDS.items() if v is not None}
-    if not failed:
-        return ""
-    listed = "; ".join(f"{k}: {v}" for k, v in sorted(failed.items()))
-    return f" (kiln.backends plug-ins that failed to load: {listed})"
+# The `kiln.backends` entry-point scan lives in the runtime, so a deploy host can
+# load a plug-in's loader without the compiler; the codegen side reuses it.
+from kiln.runtime.plugins import failed_backends as _failed_backends  # noqa: E402
+from kiln.runtime.plugins import load_backends, scanned_backends  # noqa: E402
 
 
 def resolve_target(spec: Any) -> Target:
@@ -188,7 +156,7 @@ def resolve_target(spec: Any) -> Target:
     try:
         return Target(spec)
     except TargetError as first:
-        before = dict(_BACKENDS)
+        before = scanned_backends()
         if load_backends() == before:
             raise
         try:

@@ -65,11 +65,15 @@ def register_loader(name: str, fn: Loader, *, override: bool = False) -> Loader:
 
 def get_loader(name: str) -> Loader:
     """The loader registered as `name`; KilnError listing the known loaders otherwise."""
+    from kiln.runtime.plugins import failed_backends, load_backends
+
+    if name not in LOADERS:
+        load_backends()  # an installed plug-in may provide it
     try:
         return LOADERS.get(name)
     except RegistryError as exc:
         raise KilnError(f"{exc}. Register one with kiln.runtime.register_loader('{name}', fn)"
-                        ) from None
+                        f"{failed_backends()}") from None
     except ImportError as exc:
         raise KilnError(f"the '{name}' loader cannot be imported ({exc}); is the compiler side "
                         "of kiln installed? A deploy-only host can load 'native' code only"
