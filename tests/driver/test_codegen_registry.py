@@ -9,6 +9,7 @@ import ir_samples
 import pytest
 
 import kiln.codegen.registry as reg
+import kiln.runtime.plugins as plugins
 from kiln.artifact import Artifact, ArtifactSet, InMemoryArtifact
 from kiln.codegen import (
     build,
@@ -147,10 +148,10 @@ class _EntryPoint:
 @pytest.fixture
 def fake_entry_points(monkeypatch: pytest.MonkeyPatch) -> list[_EntryPoint]:
     eps: list[_EntryPoint] = []
-    monkeypatch.setattr(reg.importlib.metadata, "entry_points",
+    monkeypatch.setattr(plugins.importlib.metadata, "entry_points",
                         lambda group: eps if group == "kiln.backends" else [])
-    monkeypatch.setattr(reg, "_SCANNED", False)
-    monkeypatch.setattr(reg, "_BACKENDS", {})
+    monkeypatch.setattr(plugins, "_SCANNED", False)
+    monkeypatch.setattr(plugins, "_BACKENDS", {})
     return eps
 
 

@@ -56,12 +56,13 @@ def list_pipelines(level: str) -> list[str]:
 
 
 def default_graph_pipeline() -> Sequential:
-    """Legalize operators, drop dead code, lower graph functions to PrimFuncs."""
+    """Fuse elementwise chains, legalize operators, drop dead code, lower to PrimFuncs."""
     from kiln.transform.dead_code import DeadCodeElimination
+    from kiln.transform.fuse_ops import FuseOps
     from kiln.transform.legalize_ops import LegalizeOps
     from kiln.transform.lower_graph import LowerGraphToTensor
 
-    return Sequential([LegalizeOps(), DeadCodeElimination(), LowerGraphToTensor()],
+    return Sequential([FuseOps(), LegalizeOps(), DeadCodeElimination(), LowerGraphToTensor()],
                       name="graph-default")
 
 

@@ -20,6 +20,7 @@ from kiln.transform.pass_base import Pass
 
 PASSES: Registry[type[Pass]] = Registry("pass")
 for _name, _path in {
+    "fuse-ops": "kiln.transform.fuse_ops:FuseOps",
     "legalize-ops": "kiln.transform.legalize_ops:LegalizeOps",
     "dead-code-elimination": "kiln.transform.dead_code:DeadCodeElimination",
     "lower-graph-to-tensor": "kiln.transform.lower_graph:LowerGraphToTensor",
