@@ -20,6 +20,7 @@ from kiln.ir import graph as g
 from kiln.ir.module import BaseFunc, IRModule
 from kiln.ir.tensor import PrimFunc
 from kiln.ir.types import TensorType
+from kiln.ir.visitor import graph_children
 from kiln.transform.legalize_ops import ATTR_PRIVATE
 from kiln.transform.pass_base import Pass
 
@@ -61,22 +62,12 @@ def _uses(fn: g.Function) -> Counter[int]:
     for e in [b.value for b in fn.bindings] + [fn.result]:
         for sub in iter_graph_exprs(e):
             if isinstance(sub, (g.Call, g.CallTensor, g.Tuple, g.TupleGetItem)):
-                for a in _operands(sub):
+                for a in graph_children(sub):
                     if isinstance(a, g.Var):
                         counts[id(a)] += 1
     if isinstance(fn.result, g.Var):
         counts[id(fn.result)] += 1
     return counts
-
-
-def _operands(e: g.Expr) -> tuple[g.Expr, ...]:
-    if isinstance(e, (g.Call, g.CallTensor)):
-        return e.args
-    if isinstance(e, g.Tuple):
-        return e.fields
-    if isinstance(e, g.TupleGetItem):
-        return (e.tuple_value,)
-    return ()
 
 
 def _fuse_function(fn: g.Function, functions: dict[str, BaseFunc], cache: dict[Any, str],
