@@ -2,9 +2,9 @@
 
     .venv/bin/python bench/load.py [--mb 45] [--repeat 7]
 
-Builds (once, untimed) a hand-made kiln library whose weights are a 45 MB
-`constants.bin` artifact and whose one function `peek` reads three of them,
-plus a `.npy` of the same weights. Then, in this one process, it times
+Compiles (once, untimed) a graph with a 45 MB embedding table as a constant
+(`main(idx) = gather(table, idx)`) and exports it as one .so, plus a `.npy` of
+the same weights. Then, in this one process, it times
 `load_module` + the first call against `np.load`, and reports the resident
 memory growth (VmRSS) right after loading, before anything touches the
 weights. Goal: load in under 10 ms, and RSS growth far below the weight size,
@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
 import statistics
 import tempfile
 import time
@@ -24,70 +23,26 @@ from pathlib import Path
 
 import numpy as np
 
-from kiln.artifact import Artifact, ArtifactSet
-from kiln.export import export_library
+import kiln
+from kiln import ops
+from kiln.ir import IRBuilder
+from kiln.ir import graph as g
 from kiln.runtime import load_module
 
-PREFIX = "bench_"
-
-KERNEL = r"""
-#include <stdint.h>
-extern const float bench__consts[];
-__attribute__((visibility("hidden"))) int32_t bench__kernel_peek(float *y, int64_t n) {
-  y[0] = bench__consts[0];
-  y[1] = bench__consts[n / 2];
-  y[2] = bench__consts[n - 1];
-  return 0;
-}
-"""
-
-HOST = r"""
-#include <stdio.h>
-#include <kiln/kiln.h>
-#define EXPORT __attribute__((visibility("default")))
-static __thread char err[256];
-int32_t bench__kernel_peek(float *y, int64_t n);
-EXPORT const char *bench__last_error(void) { return err; }
-EXPORT const char *bench__metadata(void) { return "%(meta)s"; }
-EXPORT int32_t bench_peek(const KilnValue *args, const int32_t *codes, int32_t n) {
-  if (n != 1) { snprintf(err, sizeof err, "peek: expected 1 argument, got %%d", n); return -1; }
-  if (codes[0] != KILN_ARG_DLTENSOR || !args[0].v_handle) {
-    snprintf(err, sizeof err, "peek: argument 0 'y': expected a tensor (type code 7), "
-             "got type code %%d", codes[0]);
-    return -1;
-  }
-  const DLTensor *t = (const DLTensor *)args[0].v_handle;
-  if (t->device.device_type != kDLCPU || t->ndim != 1 || t->shape[0] != 3 ||
-      t->dtype.code != kDLFloat || t->dtype.bits != 32 || t->dtype.lanes != 1) {
-    snprintf(err, sizeof err, "peek: argument 0 'y': expected float32[3]");
-    return -1;
-  }
-  return bench__kernel_peek((float *)((char *)t->data + t->byte_offset), %(count)dLL);
-}
-"""
-
-
-def metadata() -> dict[str, object]:
-    sig = {"name": "peek", "symbol": f"{PREFIX}peek", "kind": "graph", "params": [],
-           "results": [{"name": "y", "kind": "tensor", "shape": [3], "dtype": "float32"}],
-           "tuple_result": False}
-    return {"format": "kiln.library", "version": 1, "kiln_version": "0.1.0", "prefix": PREFIX,
-            "functions": {"peek": sig}}
+ROW = 1024  # embedding width: each lookup touches 4 KiB of the table
 
 
 def build(folder: Path, megabytes: float) -> tuple[Path, Path, np.ndarray]:
-    count = int(megabytes * 2**20) // 4
-    weights = np.random.default_rng(0).standard_normal(count).astype(np.float32)
-    meta = metadata()
-    meta_c = json.dumps(meta, separators=(",", ":")).replace("\\", "\\\\").replace('"', '\\"')
-    arts = ArtifactSet([
-        Artifact("bench", "native", "kernels.c", KERNEL.encode()),
-        Artifact("host", "native", "host.c",
-                 (HOST % {"meta": meta_c, "count": count}).encode()),
-        Artifact("bench", "native", "constants.bin", weights.tobytes(),
-                 {"symbol": f"{PREFIX}_consts", "align": 64}),
-    ])
-    so = export_library(arts, meta, folder / "weights.so", prefix=PREFIX)
+    """Compile an embedding-lookup graph whose table holds `megabytes` of weights."""
+    rows = int(megabytes * 2**20) // (4 * ROW)
+    weights = np.random.default_rng(0).standard_normal((rows, ROW)).astype(np.float32)
+    ib = IRBuilder()
+    with ib.function("main"):
+        idx = ib.param("idx", (3,), "int64")
+        table = g.Constant(weights, "table")
+        ib.ret(ib.emit(ops.call("gather", table, idx, axis=0), "rows"))
+    ex = kiln.compile(ib.get(), "c")
+    so = Path(ex.export_library(str(folder / "weights.so")) or folder / "weights.so")
     npy = folder / "weights.npy"
     np.save(npy, weights)
     return so, npy, weights
@@ -111,13 +66,14 @@ def main() -> None:
         t0 = time.perf_counter()
         so, npy, weights = build(Path(tmp), opts.mb)
         build_s = time.perf_counter() - t0
-        expected = weights[[0, weights.size // 2, weights.size - 1]]
+        idx = np.array([0, len(weights) // 2, len(weights) - 1], dtype=np.int64)
+        expected = weights[idx]
         # Warm the page cache for both files so both sides read from memory.
         so.read_bytes()
         npy.read_bytes()
         # Warm the code paths (imports, pyelftools) once, untimed.
         with load_module(so) as lib:
-            lib["peek"]()
+            lib["main"](idx)
         np.load(npy)
 
         load_ms, call_ms, npload_ms, rss_lib, rss_np = [], [], [], [], []
@@ -128,7 +84,7 @@ def main() -> None:
             lib = load_module(so)
             t1 = time.perf_counter()
             rss_lib.append(rss_kib() - before)
-            y = lib["peek"]()
+            y = lib["main"](idx)
             t2 = time.perf_counter()
             assert np.array_equal(y, expected), (y, expected)
             load_ms.append((t1 - t0) * 1e3)
