@@ -129,10 +129,12 @@ def _concat_compute(inputs: Sequence[te.Tensor], attrs: Attrs) -> te.Tensor:
     out = _concat_infer([TensorType(t.shape, t.dtype) for t in inputs], attrs)
     assert isinstance(out, TensorType)
 
+    offsets = np.cumsum([0] + [t.shape[axis] for t in inputs])
+
     def element(*i: PrimExpr) -> PrimExpr:
-        offsets = np.cumsum([0] + [t.shape[axis] for t in inputs])
+        # the last input whose start is <= i[axis] holds the element
         value: PrimExpr | None = None
-        for t, start in reversed(list(zip(inputs, offsets[:-1]))):
+        for t, start in zip(inputs, offsets[:-1]):
             local = list(i)
             local[axis] = te.clamp_index(i[axis] - int(start), t.shape[axis])
             v = t[tuple(local)]
@@ -180,8 +182,9 @@ def _slice_compute(inputs: Sequence[te.Tensor], attrs: Attrs) -> te.Tensor:
 
 def _slice_ref(x: np.ndarray, **attrs: Any) -> np.ndarray:
     params = _slice_params(x.shape, attrs)
-    return x[tuple(slice(s, s + st * n, st) if n else slice(0, 0)
-                   for s, st, n in params)].copy()
+    # explicit index lists: a negative step's stop cannot be written as a slice bound
+    return x[np.ix_(*(np.arange(n, dtype=np.int64) * st + s for s, st, n in params))] \
+        if x.ndim else x.copy()
 
 
 register_op("strided_slice", pattern="injective", infer=_slice_infer, compute=_slice_compute,
@@ -312,8 +315,12 @@ def _pad_infer(types: Sequence[TensorType], attrs: Attrs) -> Type:
     x = types[0]
     widths = _pad_widths(attrs, x.ndim)
     mode = attrs.get("mode", "constant")
-    if mode not in ("constant", "edge", "reflect"):
-        raise IRError(f"pad: unknown mode {mode!r}; known: constant, edge, reflect")
+    if mode not in ("constant", "edge", "reflect", "wrap"):
+        raise IRError(f"pad: unknown mode {mode!r}; known: constant, edge, reflect, wrap")
+    if mode == "reflect" and any(d < 2 and (a or b) for d, (a, b) in zip(x.shape, widths)):
+        raise IRError(f"pad: reflect mode needs at least 2 elements along padded dims of {x}")
+    if mode == "reflect" and any(a >= d or b >= d for d, (a, b) in zip(x.shape, widths)):
+        raise IRError(f"pad: reflect pads {widths} must be smaller than the dims of {x}")
     return TensorType(tuple(int(d) + a + b for d, (a, b) in zip(x.shape, widths)), x.dtype)  # type: ignore[arg-type]
 
 
@@ -333,6 +340,8 @@ def _pad_compute(inputs: Sequence[te.Tensor], attrs: Attrs) -> te.Tensor:
         for s, d in zip(src, x.shape):
             if mode == "edge":
                 fixed.append(te.clamp_index(s, d))
+            elif mode == "wrap":
+                fixed.append(s % d)
             else:  # reflect: -1 -> 1, d -> d-2
                 r = select(s < 0, -s, s)
                 r = select(r >= d, 2 * (d - 1) - r, r)
@@ -347,6 +356,8 @@ def _pad_ref(x: np.ndarray, **attrs: Any) -> np.ndarray:
     mode = attrs.get("mode", "constant")
     if mode == "constant":
         return np.pad(x, widths, constant_values=attrs.get("value", 0))
+    if x.size == 0:
+        raise IRError(f"pad: mode {mode!r} cannot pad an empty tensor")
     return np.pad(x, widths, mode=mode)
 
 
@@ -410,9 +421,16 @@ def _clip_compute(inputs: Sequence[te.Tensor], attrs: Attrs) -> te.Tensor:
 
 
 register_op("clip", pattern="elemwise", infer=lambda t, a: t[0], compute=_clip_compute,
-            reference=lambda x, min=None, max=None, **a: np.clip(
-                x, -np.inf if min is None else min, np.inf if max is None else max
-            ).astype(x.dtype))
+            reference=lambda x, min=None, max=None, **a: _clip_ref(x, min, max))
+
+
+def _clip_ref(x: np.ndarray, lo: Any, hi: Any) -> np.ndarray:
+    out = x
+    if lo is not None:
+        out = np.maximum(out, np.asarray(lo).astype(x.dtype))
+    if hi is not None:
+        out = np.minimum(out, np.asarray(hi).astype(x.dtype))
+    return np.array(out, dtype=x.dtype)
 
 
 # --------------------------------------------------------------------------- comparisons, logic
@@ -578,21 +596,18 @@ def _split_onnx(ctx: GraphContext, inputs: Sequence[g.Expr | None],
     elif "split" in attrs:
         sizes = [int(s) for s in attrs["split"]]
     else:
-        parts = int(attrs.get("num_outputs", 0)) or int(attrs.get("_num_outputs", 0))
-        if not parts:
-            raise IRError("Split needs split sizes or num_outputs")
+        # opset 18: num_outputs, the last part may be smaller; before: equal parts
+        parts = int(attrs.get("num_outputs", 0)) or len(ctx.node_outputs)
+        if "num_outputs" not in attrs and n % parts:
+            raise IRError(f"Split: {n} elements do not split into {parts} equal parts")
         step = -(-n // parts)
-        sizes = [min(step, n - k * step) for k in range(parts)]
+        sizes = [max(0, min(step, n - k * step)) for k in range(parts)]
     out = ctx.call("split", x, axis=axis, sections=tuple(sizes))
     return [_item(ctx, out, k) for k in range(len(sizes))]
 
 
 def _item(ctx: GraphContext, expr: g.Expr, k: int) -> g.Expr:
-    item = getattr(ctx, "item", None)
-    if item is None:
-        raise IRError("this importer cannot take tuple items")
-    result: g.Expr = item(expr, k)
-    return result
+    return ctx.item(expr, k)
 
 
 @onnx_op("Slice")
@@ -723,15 +738,26 @@ def _not_onnx(ctx: GraphContext, inputs: Sequence[g.Expr | None],
     return [ctx.call("logical_not", _one(inputs))]
 
 
-@onnx_op("Identity", "Dropout")
+@onnx_op("Identity")
 def _identity_onnx(ctx: GraphContext, inputs: Sequence[g.Expr | None],
                    attrs: dict[str, Any]) -> list[g.Expr]:
+    return [_one(inputs)]
+
+
+@onnx_op("Dropout")
+def _dropout_onnx(ctx: GraphContext, inputs: Sequence[g.Expr | None],
+                  attrs: dict[str, Any]) -> list[g.Expr]:
     x = _one(inputs)
-    outs = [x]
-    # Dropout's optional mask output: all true at inference.
-    t = ctx.tensor_type(x)
-    outs.append(ctx.const(np.ones(t.static_shape, dtype=bool)))
-    return outs
+    training = bool(attrs.get("is_test", 1) == 0) if ctx.opset < 7 else False
+    if len(inputs) > 2 and inputs[2] is not None:
+        training = bool(_need(ctx, inputs[2], "Dropout training_mode").reshape(-1)[0])
+    ratio = float(attrs.get("ratio", 0.5))
+    if len(inputs) > 1 and inputs[1] is not None:
+        ratio = float(_need(ctx, inputs[1], "Dropout ratio").reshape(-1)[0])
+    if training and ratio > 0:
+        raise IRError("training-mode Dropout is random; kiln compiles inference graphs")
+    # Inference: the identity, and an all-true mask.
+    return [x, ctx.const(np.ones(ctx.tensor_type(x).static_shape, dtype=bool))]
 
 
 @onnx_op("Shape")
@@ -774,3 +800,496 @@ def _range_onnx(ctx: GraphContext, inputs: Sequence[g.Expr | None],
                 attrs: dict[str, Any]) -> list[g.Expr]:
     start, limit, delta = (_need(ctx, x, "Range bounds") for x in inputs[:3])
     return [ctx.const(np.arange(start.item(), limit.item(), delta.item(), dtype=start.dtype))]
+
+
+# --------------------------------------------------------------------------- trilu
+
+def _trilu_infer(types: Sequence[TensorType], attrs: Attrs) -> Type:
+    if types[0].ndim < 2:
+        raise IRError(f"trilu needs at least 2 dims, got {types[0]}")
+    return types[0]
+
+
+def _trilu_compute(inputs: Sequence[te.Tensor], attrs: Attrs) -> te.Tensor:
+    (x,) = inputs
+    k, upper = int(attrs.get("k", 0)), bool(attrs.get("upper", True))
+    zero = as_expr(0, x.dtype) if x.dtype != "bool" else as_expr(False)
+
+    def element(*i: PrimExpr) -> PrimExpr:
+        diag = i[-1] - i[-2]
+        keep = diag >= k if upper else diag <= k
+        return select(keep, x[i], zero)
+
+    return te.compute(x.shape, element, x.dtype, "trilu")
+
+
+def _trilu_ref(x: np.ndarray, **attrs: Any) -> np.ndarray:
+    k = int(attrs.get("k", 0))
+    return np.triu(x, k) if attrs.get("upper", True) else np.tril(x, k)
+
+
+register_op("trilu", pattern="injective", infer=_trilu_infer, compute=_trilu_compute,
+            reference=_trilu_ref)
+
+
+# --------------------------------------------------------------------------- gather_elements
+
+def _gather_elements_infer(types: Sequence[TensorType], attrs: Attrs) -> Type:
+    x, idx = types
+    norm_axes(attrs.get("axis", 0), x.ndim)
+    if idx.ndim != x.ndim or not dt.is_int(idx.dtype):
+        raise IRError(f"gather_elements: indices {idx} must be integers of the rank of {x}")
+    return TensorType(idx.shape, x.dtype)
+
+
+def _gather_elements_compute(inputs: Sequence[te.Tensor], attrs: Attrs) -> te.Tensor:
+    x, ind = inputs
+    (axis,) = norm_axes(attrs.get("axis", 0), x.ndim)
+    n = x.shape[axis]
+
+    def element(*i: PrimExpr) -> PrimExpr:
+        k = ind[i]
+        k = k if k.dtype == "int64" else Cast("int64", k)
+        k = select(k < 0, k + n, k)
+        return x[tuple(te.clamp_index(k, n) if d == axis else i[d] for d in range(x.ndim))]
+
+    return te.compute(ind.shape, element, x.dtype, "gather_elements")
+
+
+def _gather_elements_ref(x: np.ndarray, idx: np.ndarray, **attrs: Any) -> np.ndarray:
+    (axis,) = norm_axes(attrs.get("axis", 0), x.ndim)
+    idx = np.where(idx < 0, idx + x.shape[axis], idx)
+    return np.take_along_axis(x, idx.astype(np.int64), axis=axis)
+
+
+register_op("gather_elements", pattern="injective", infer=_gather_elements_infer,
+            compute=_gather_elements_compute, reference=_gather_elements_ref)
+
+
+# --------------------------------------------------------------------------- gather_nd
+
+def _index(ind: te.Tensor, idx: Sequence[PrimExpr], extent: int) -> PrimExpr:
+    """An index value read from `ind`, negative values counted from the end, clamped."""
+    k = ind[tuple(idx)]
+    k = k if k.dtype == "int64" else Cast("int64", k)
+    return te.clamp_index(select(k < 0, k + extent, k), extent)
+
+
+def _gather_nd_shape(data: Sequence[int], ind: Sequence[int], batch: int) -> tuple[int, ...]:
+    r = ind[-1] if ind else 0
+    if not ind or batch >= len(ind) or batch + r > len(data) or \
+            tuple(ind[:batch]) != tuple(data[:batch]):
+        raise IRError(f"gather_nd: indices {tuple(ind)} with batch_dims {batch} do not fit "
+                      f"data {tuple(data)}")
+    return (*ind[:-1], *data[batch + r:])
+
+
+def _gather_nd_infer(types: Sequence[TensorType], attrs: Attrs) -> Type:
+    x, idx = types
+    if not dt.is_int(idx.dtype):
+        raise IRError(f"gather_nd: indices must be integers, got {idx.dtype}")
+    shape = _gather_nd_shape(x.static_shape, idx.static_shape, int(attrs.get("batch_dims", 0)))
+    return TensorType(shape, x.dtype)
+
+
+def _gather_nd_compute(inputs: Sequence[te.Tensor], attrs: Attrs) -> te.Tensor:
+    x, ind = inputs
+    batch = int(attrs.get("batch_dims", 0))
+    shape = _gather_nd_shape(x.shape, ind.shape, batch)
+    r = ind.shape[-1]
+    lead = ind.ndim - 1
+
+    def element(*i: PrimExpr) -> PrimExpr:
+        picked = [_index(ind, (*i[:lead], as_expr(t)), x.shape[batch + t]) for t in range(r)]
+        return x[(*i[:batch], *picked, *i[lead:])]
+
+    return te.compute(shape, element, x.dtype, "gather_nd")
+
+
+def _gather_nd_ref(x: np.ndarray, idx: np.ndarray, **attrs: Any) -> np.ndarray:
+    batch = int(attrs.get("batch_dims", 0))
+    shape = _gather_nd_shape(x.shape, idx.shape, batch)
+    r = idx.shape[-1]
+    out = np.empty(shape, dtype=x.dtype)
+    for pos in np.ndindex(*idx.shape[:-1]):
+        key = tuple(int(v) for v in idx[pos])
+        src = (*pos[:batch], *(k + x.shape[batch + t] if k < 0 else k
+                               for t, k in enumerate(key)))
+        out[pos] = x[src]
+    del r
+    return out
+
+
+register_op("gather_nd", pattern="injective", infer=_gather_nd_infer,
+            compute=_gather_nd_compute, reference=_gather_nd_ref)
+
+
+# --------------------------------------------------------------------------- scatter
+
+SCATTER_REDUCTIONS = ("none", "add", "mul", "max", "min")
+
+
+def _scatter_check(attrs: Attrs) -> str:
+    red = str(attrs.get("reduction", "none"))
+    if red not in SCATTER_REDUCTIONS:
+        raise IRError(f"scatter: unknown reduction {red!r}; known: "
+                      f"{', '.join(SCATTER_REDUCTIONS)}")
+    return red
+
+
+def _neutral(kind: str, dtype: str) -> PrimExpr:
+    """The value that leaves a `kind` reduction unchanged."""
+    if kind == "max":
+        return te.lowest_value(dtype)
+    if kind == "min":
+        return te.highest_value(dtype)
+    return as_expr(0 if kind == "sum" else 1, dtype)
+
+
+def _scatter_combine(red: str, base: PrimExpr, matches: Callable[[str], PrimExpr]
+                     ) -> PrimExpr:
+    """`base` combined with the matching updates (`matches(kind)` reduces them)."""
+    if red == "add":
+        return base + matches("sum")
+    if red == "mul":
+        return base * matches("prod")
+    if red == "max":
+        return max_(base, matches("max"))
+    return min_(base, matches("min"))
+
+
+def _scatter_elements_infer(types: Sequence[TensorType], attrs: Attrs) -> Type:
+    x, idx, upd = types
+    norm_axes(attrs.get("axis", 0), x.ndim)
+    _scatter_check(attrs)
+    if idx.ndim != x.ndim or idx.shape != upd.shape or upd.dtype != x.dtype or \
+            not dt.is_int(idx.dtype):
+        raise IRError(f"scatter_elements: indices {idx} and updates {upd} must have one shape "
+                      f"and the rank of data {x}")
+    return x
+
+
+def _scatter_elements_compute(inputs: Sequence[te.Tensor], attrs: Attrs) -> te.Tensor:
+    x, ind, upd = inputs
+    (axis,) = norm_axes(attrs.get("axis", 0), x.ndim)
+    red = _scatter_check(attrs)
+    n = x.shape[axis]
+
+    def element(*i: PrimExpr) -> PrimExpr:
+        def src(k: PrimExpr) -> tuple[PrimExpr, ...]:
+            return tuple(k if d == axis else te.clamp_index(i[d], ind.shape[d])
+                         for d in range(x.ndim))
+
+        inside: PrimExpr = as_expr(True)
+        for d in range(x.ndim):
+            if d != axis and ind.shape[d] < x.shape[d]:
+                inside = inside & (i[d] < ind.shape[d])
+
+        def match(k: PrimExpr) -> PrimExpr:
+            return inside & _index(ind, src(k), n).eq(i[axis])
+
+        m = ind.shape[axis]
+        if red == "none":
+            last = te.reduce("max", lambda k: select(match(k), k, as_expr(-1)), (m,), "int64")
+            hit = upd[src(te.clamp_index(last, m))]
+            return select(last >= 0, hit, x[i])
+
+        def matches(kind: str) -> PrimExpr:
+            fill = _neutral(kind, x.dtype)
+            return te.reduce(kind, lambda k: select(match(k), upd[src(k)], fill), (m,), x.dtype)
+
+        return _scatter_combine(red, x[i], matches)
+
+    return te.compute(x.shape, element, x.dtype, "scatter_elements")
+
+
+_NP_REDUCE = {"add": np.add, "mul": np.multiply, "max": np.maximum, "min": np.minimum}
+
+
+def _scatter_elements_ref(x: np.ndarray, idx: np.ndarray, upd: np.ndarray,
+                          **attrs: Any) -> np.ndarray:
+    (axis,) = norm_axes(attrs.get("axis", 0), x.ndim)
+    red = _scatter_check(attrs)
+    out = x.copy()
+    for pos in np.ndindex(*idx.shape):
+        k = int(idx[pos])
+        dst = list(pos)
+        dst[axis] = k + x.shape[axis] if k < 0 else k
+        t = tuple(dst)
+        out[t] = upd[pos] if red == "none" else _NP_REDUCE[red](out[t], upd[pos])
+    return out
+
+
+register_op("scatter_elements", pattern="opaque", infer=_scatter_elements_infer,
+            compute=_scatter_elements_compute, reference=_scatter_elements_ref)
+
+
+def _scatter_nd_infer(types: Sequence[TensorType], attrs: Attrs) -> Type:
+    x, idx, upd = types
+    _scatter_check(attrs)
+    r = idx.static_shape[-1] if idx.ndim else 0
+    want = (*idx.static_shape[:-1], *x.static_shape[r:])
+    if not dt.is_int(idx.dtype) or r > x.ndim or upd.static_shape != want or \
+            upd.dtype != x.dtype:
+        raise IRError(f"scatter_nd: updates {upd} must have shape {want} for indices {idx} "
+                      f"into data {x}")
+    return x
+
+
+def _scatter_nd_compute(inputs: Sequence[te.Tensor], attrs: Attrs) -> te.Tensor:
+    x, ind, upd = inputs
+    red = _scatter_check(attrs)
+    r = ind.shape[-1]
+    lead = ind.shape[:-1]
+
+    def element(*i: PrimExpr) -> PrimExpr:
+        def match(*q: PrimExpr) -> PrimExpr:
+            ok: PrimExpr = as_expr(True)
+            for t in range(r):
+                ok = ok & _index(ind, (*q, as_expr(t)), x.shape[t]).eq(i[t])
+            return ok
+
+        if red == "none":
+            count = int(np.prod(lead))
+
+            def flat_match(f: PrimExpr) -> PrimExpr:
+                q = _unflatten(f, lead)
+                return select(match(*q), f, as_expr(-1))
+
+            last = te.reduce("max", flat_match, (count,), "int64")
+            q = _unflatten(te.clamp_index(last, count), lead)
+            return select(last >= 0, upd[(*q, *i[r:])], x[i])
+
+        def matches(kind: str) -> PrimExpr:
+            fill = _neutral(kind, x.dtype)
+            return te.reduce(kind, lambda *q: select(match(*q), upd[(*q, *i[r:])], fill), lead,
+                             x.dtype)
+
+        return _scatter_combine(red, x[i], matches)
+
+    return te.compute(x.shape, element, x.dtype, "scatter_nd")
+
+
+def _scatter_nd_ref(x: np.ndarray, idx: np.ndarray, upd: np.ndarray, **attrs: Any) -> np.ndarray:
+    red = _scatter_check(attrs)
+    out = x.copy()
+    for pos in np.ndindex(*idx.shape[:-1]):
+        key = tuple(int(k) + x.shape[t] if int(k) < 0 else int(k) for t, k in enumerate(idx[pos]))
+        out[key] = upd[pos] if red == "none" else _NP_REDUCE[red](out[key], upd[pos])
+    return out
+
+
+register_op("scatter_nd", pattern="opaque", infer=_scatter_nd_infer, compute=_scatter_nd_compute,
+            reference=_scatter_nd_ref)
+
+
+# --------------------------------------------------------------------------- reverse_sequence
+
+def _reverse_sequence_infer(types: Sequence[TensorType], attrs: Attrs) -> Type:
+    x, lens = types
+    b, t = int(attrs.get("batch_axis", 1)), int(attrs.get("time_axis", 0))
+    if {b, t} != {0, 1} or x.ndim < 2 or lens.static_shape != (x.static_shape[b],) or \
+            not dt.is_int(lens.dtype):
+        raise IRError(f"reverse_sequence: sequence_lens {lens} must be ({x.shape[b]},) ints "
+                      f"and batch/time axes 0 and 1, got {b}/{t}")
+    return x
+
+
+def _reverse_sequence_compute(inputs: Sequence[te.Tensor], attrs: Attrs) -> te.Tensor:
+    x, lens = inputs
+    b, t = int(attrs.get("batch_axis", 1)), int(attrs.get("time_axis", 0))
+    n = x.shape[t]
+
+    def element(*i: PrimExpr) -> PrimExpr:
+        length = lens[i[b]]
+        length = length if length.dtype == "int64" else Cast("int64", length)
+        src = list(i)
+        src[t] = select(i[t] < length, te.clamp_index(length - 1 - i[t], n), i[t])
+        return x[tuple(src)]
+
+    return te.compute(x.shape, element, x.dtype, "reverse_sequence")
+
+
+def _reverse_sequence_ref(x: np.ndarray, lens: np.ndarray, **attrs: Any) -> np.ndarray:
+    b, t = int(attrs.get("batch_axis", 1)), int(attrs.get("time_axis", 0))
+    out = x.copy()
+    for k, length in enumerate(lens):
+        sel: list[Any] = [slice(None)] * x.ndim
+        sel[b] = k
+        sel[t] = slice(0, int(length))
+        out[tuple(sel)] = np.flip(x[tuple(sel)], axis=t - (1 if t > b else 0))
+    return out
+
+
+register_op("reverse_sequence", pattern="injective", infer=_reverse_sequence_infer,
+            compute=_reverse_sequence_compute, reference=_reverse_sequence_ref)
+
+
+# --------------------------------------------------------------------------- ONNX: more mappings
+
+@onnx_op("Trilu")
+def _trilu_onnx(ctx: GraphContext, inputs: Sequence[g.Expr | None],
+                attrs: dict[str, Any]) -> list[g.Expr]:
+    k = 0
+    if len(inputs) > 1 and inputs[1] is not None:
+        k = int(_need(ctx, inputs[1], "Trilu k").reshape(-1)[0])
+    return [ctx.call("trilu", _one(inputs), k=k, upper=bool(attrs.get("upper", 1)))]
+
+
+@onnx_op("GatherElements")
+def _gather_elements_onnx(ctx: GraphContext, inputs: Sequence[g.Expr | None],
+                          attrs: dict[str, Any]) -> list[g.Expr]:
+    x, idx = _one(inputs), inputs[1]
+    assert idx is not None
+    axis = norm_axes(attrs.get("axis", 0), ctx.tensor_type(x).ndim)[0]
+    return [ctx.call("gather_elements", x, idx, axis=axis)]
+
+
+@onnx_op("CastLike")
+def _cast_like_onnx(ctx: GraphContext, inputs: Sequence[g.Expr | None],
+                    attrs: dict[str, Any]) -> list[g.Expr]:
+    like = inputs[1]
+    assert like is not None
+    return [ctx.call("cast", _one(inputs), dtype=ctx.tensor_type(like).dtype)]
+
+
+@onnx_op("DepthToSpace")
+def _depth_to_space_onnx(ctx: GraphContext, inputs: Sequence[g.Expr | None],
+                         attrs: dict[str, Any]) -> list[g.Expr]:
+    x = _one(inputs)
+    n, c, h, w = ctx.tensor_type(x).static_shape
+    b = int(attrs["blocksize"])
+    if c % (b * b):
+        raise IRError(f"DepthToSpace: {c} channels are not divisible by blocksize^2 = {b * b}")
+    if attrs.get("mode", "DCR") == "DCR":
+        y = ctx.call("reshape", x, shape=(n, b, b, c // (b * b), h, w))
+        y = ctx.call("transpose", y, perm=(0, 3, 4, 1, 5, 2))
+    else:  # CRD
+        y = ctx.call("reshape", x, shape=(n, c // (b * b), b, b, h, w))
+        y = ctx.call("transpose", y, perm=(0, 1, 4, 2, 5, 3))
+    return [ctx.call("reshape", y, shape=(n, c // (b * b), h * b, w * b))]
+
+
+@onnx_op("SpaceToDepth")
+def _space_to_depth_onnx(ctx: GraphContext, inputs: Sequence[g.Expr | None],
+                         attrs: dict[str, Any]) -> list[g.Expr]:
+    x = _one(inputs)
+    n, c, h, w = ctx.tensor_type(x).static_shape
+    b = int(attrs["blocksize"])
+    if h % b or w % b:
+        raise IRError(f"SpaceToDepth: spatial dims {h}x{w} are not divisible by blocksize {b}")
+    y = ctx.call("reshape", x, shape=(n, c, h // b, b, w // b, b))
+    # DCR: output channel = (row in block, column in block, c); CRD: (c, row, column)
+    perm = (0, 1, 3, 5, 2, 4) if attrs.get("mode", "DCR") == "CRD" else (0, 3, 5, 1, 2, 4)
+    y = ctx.call("transpose", y, perm=perm)
+    return [ctx.call("reshape", y, shape=(n, c * b * b, h // b, w // b))]
+
+
+@onnx_op("EyeLike")
+def _eye_like_onnx(ctx: GraphContext, inputs: Sequence[g.Expr | None],
+                   attrs: dict[str, Any]) -> list[g.Expr]:
+    from onnx import helper
+
+    t = ctx.tensor_type(_one(inputs))
+    if t.ndim != 2:
+        raise IRError(f"EyeLike needs a 2-D input, got {t}")
+    dtype = t.dtype if "dtype" not in attrs else dt.from_numpy(
+        helper.tensor_dtype_to_np_dtype(int(attrs["dtype"])))
+    rows, cols = t.static_shape
+    eye = np.eye(rows, cols, k=int(attrs.get("k", 0)), dtype=dt.to_numpy(dtype))
+    return [ctx.const(eye)]
+
+
+@onnx_op("OneHot")
+def _one_hot_onnx(ctx: GraphContext, inputs: Sequence[g.Expr | None],
+                  attrs: dict[str, Any]) -> list[g.Expr]:
+    indices, values = _one(inputs), inputs[2]
+    assert values is not None
+    depth = int(_need(ctx, inputs[1], "OneHot depth").reshape(-1)[0])
+    it = ctx.tensor_type(indices)
+    axis = norm_axes(int(attrs.get("axis", -1)), it.ndim + 1)[0]
+    idx = indices if it.dtype == "int64" else ctx.call("cast", indices, dtype="int64")
+    # negative indices count from the end
+    idx = ctx.call("where", ctx.call("less", idx, ctx.const(0, "int64")),
+                   ctx.call("add", idx, ctx.const(depth, "int64")), idx)
+    shape = list(it.static_shape)
+    shape.insert(axis, 1)
+    idx = ctx.call("reshape", idx, shape=tuple(shape))
+    iota_shape = [1] * len(shape)
+    iota_shape[axis] = depth
+    iota = ctx.const(np.arange(depth, dtype=np.int64).reshape(iota_shape))
+    hot = ctx.call("equal", idx, iota)
+    vt = ctx.tensor_type(values)
+    off = ctx.call("reshape", ctx.call("strided_slice", values, starts=(0,), ends=(1,),
+                                       axes=(0,), steps=(1,)), shape=())
+    on = ctx.call("reshape", ctx.call("strided_slice", values, starts=(1,), ends=(2,),
+                                      axes=(0,), steps=(1,)), shape=())
+    if vt.static_shape != (2,):
+        raise IRError(f"OneHot values must have shape (2,), got {vt.static_shape}")
+    return [ctx.call("where", hot, on, off)]
+
+
+@onnx_op("GatherND")
+def _gather_nd_onnx(ctx: GraphContext, inputs: Sequence[g.Expr | None],
+                    attrs: dict[str, Any]) -> list[g.Expr]:
+    idx = inputs[1]
+    assert idx is not None
+    return [ctx.call("gather_nd", _one(inputs), idx, batch_dims=int(attrs.get("batch_dims", 0)))]
+
+
+@onnx_op("ScatterElements", "Scatter")
+def _scatter_elements_onnx(ctx: GraphContext, inputs: Sequence[g.Expr | None],
+                           attrs: dict[str, Any]) -> list[g.Expr]:
+    x, idx, upd = _one(inputs), inputs[1], inputs[2]
+    assert idx is not None and upd is not None
+    axis = norm_axes(attrs.get("axis", 0), ctx.tensor_type(x).ndim)[0]
+    return [ctx.call("scatter_elements", x, idx, upd, axis=axis,
+                     reduction=str(attrs.get("reduction", "none")))]
+
+
+@onnx_op("ScatterND")
+def _scatter_nd_onnx(ctx: GraphContext, inputs: Sequence[g.Expr | None],
+                     attrs: dict[str, Any]) -> list[g.Expr]:
+    x, idx, upd = _one(inputs), inputs[1], inputs[2]
+    assert idx is not None and upd is not None
+    return [ctx.call("scatter_nd", x, idx, upd, reduction=str(attrs.get("reduction", "none")))]
+
+
+@onnx_op("ReverseSequence")
+def _reverse_sequence_onnx(ctx: GraphContext, inputs: Sequence[g.Expr | None],
+                           attrs: dict[str, Any]) -> list[g.Expr]:
+    lens = inputs[1]
+    assert lens is not None
+    return [ctx.call("reverse_sequence", _one(inputs), lens,
+                     batch_axis=int(attrs.get("batch_axis", 1)),
+                     time_axis=int(attrs.get("time_axis", 0)))]
+
+
+@onnx_op("CenterCropPad")
+def _center_crop_pad_onnx(ctx: GraphContext, inputs: Sequence[g.Expr | None],
+                          attrs: dict[str, Any]) -> list[g.Expr]:
+    x = _one(inputs)
+    shape = ctx.tensor_type(x).static_shape
+    target = [int(d) for d in _need(ctx, inputs[1], "CenterCropPad shape").reshape(-1)]
+    axes = [norm_axes(int(a), len(shape))[0] for a in attrs.get("axes", range(len(shape)))]
+    if len(axes) != len(target):
+        raise IRError(f"CenterCropPad: shape {target} needs one entry per axis {axes}")
+    starts, ends, crop_axes = [], [], []
+    pads = [0] * (2 * len(shape))
+    for a, want in zip(axes, target):
+        have = shape[a]
+        if want < have:        # crop, the extra element on the end side
+            start = (have - want) // 2
+            starts.append(start)
+            ends.append(start + want)
+            crop_axes.append(a)
+        elif want > have:      # pad with zeros, the extra element on the end side
+            pads[a] = (want - have) // 2
+            pads[a + len(shape)] = want - have - pads[a]
+    y = x
+    if crop_axes:
+        y = ctx.call("strided_slice", y, starts=tuple(starts), ends=tuple(ends),
+                     axes=tuple(crop_axes), steps=(1,) * len(crop_axes))
+    if any(pads):
+        y = ctx.call("pad", y, pads=tuple(pads), mode="constant", value=0.0)
+    return [y if y is not x else ctx.call("copy", x)]

@@ -1,11 +1,13 @@
-"""Neural-network anchor operators: matmul, conv2d, pooling.
+"""Neural-network anchor operators: matmul, einsum, convolution (1-3 spatial dims),
+transposed convolution, and local response normalisation.
 
-Attributes follow ONNX's spelling where one exists (strides, pads as
-(top, left, bottom, right), dilations, group), so the frontend maps 1:1.
+Attributes follow ONNX's spelling where one exists (strides, dilations, pads as
+(begins..., ends...), group), so the frontend maps 1:1; see kiln.ops.spatial.
 """
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -14,14 +16,33 @@ import numpy as np
 from kiln.errors import IRError
 from kiln.ir import dtype as dt
 from kiln.ir import graph as g
-from kiln.ir.tensor import Cast, PrimExpr, as_expr
+from kiln.ir.tensor import Cast, PrimExpr, as_expr, intrin, select
 from kiln.ir.types import TensorType, Type
-from kiln.ops import te
+from kiln.ops import spatial, te
+from kiln.ops._numpy import is_float
+from kiln.ops._numpy import widen as widen_np
 from kiln.ops.broadcast import broadcast_index, broadcast_shapes
 from kiln.ops.onnx_map import GraphContext, onnx_op
 from kiln.ops.registry import register_op
 
 Attrs = Mapping[str, Any]
+
+
+def acc_dtype(dtype: str) -> str:
+    """Accumulate 16-bit floats in float32 and small ints in int32 (then cast back)."""
+    if dtype in ("float16", "bfloat16"):
+        return "float32"
+    if dt.is_int(dtype) and dt.bits(dtype) < 32:
+        return "int32" if dt.is_signed(dtype) else "uint32"
+    return dtype
+
+
+def widen(x: PrimExpr, dtype: str) -> PrimExpr:
+    return x if x.dtype == dtype else Cast(dtype, x)
+
+
+def _tt(t: te.Tensor) -> TensorType:
+    return TensorType(t.shape, t.dtype)
 
 
 # --------------------------------------------------------------------------- matmul
@@ -50,15 +71,6 @@ def _matmul_infer(types: Sequence[TensorType], attrs: Attrs) -> Type:
     return TensorType(_matmul_shapes(a.shape, b.shape), a.dtype)  # type: ignore[arg-type]
 
 
-def _acc_dtype(dtype: str) -> str:
-    """Accumulate 16-bit floats in float32 and small ints in int32 (then cast back)."""
-    if dtype in ("float16", "bfloat16"):
-        return "float32"
-    if dt.is_int(dtype) and dt.bits(dtype) < 32:
-        return "int32" if dt.is_signed(dtype) else "uint32"
-    return dtype
-
-
 def _matmul_compute(inputs: Sequence[te.Tensor], attrs: Attrs) -> te.Tensor:
     a, b = inputs
     a_shape = (1, *a.shape) if a.ndim == 1 else a.shape
@@ -66,7 +78,7 @@ def _matmul_compute(inputs: Sequence[te.Tensor], attrs: Attrs) -> te.Tensor:
     out_shape = _matmul_shapes(a.shape, b.shape)
     batch_rank = len(broadcast_shapes(a_shape[:-2], b_shape[:-2]))
     k_extent = a_shape[-1]
-    acc = _acc_dtype(a.dtype)
+    acc = acc_dtype(a.dtype)
 
     def element(*i: PrimExpr) -> PrimExpr:
         full = list(i)
@@ -84,157 +96,384 @@ def _matmul_compute(inputs: Sequence[te.Tensor], attrs: Attrs) -> te.Tensor:
             idx = (*broadcast_index(batch, b_shape[:-2]), k, col)
             return b[idx[:-1] if b.ndim == 1 else idx]
 
-        total = te.reduce("sum", lambda k: _widen(a_at(k), acc) * _widen(b_at(k), acc),
+        total = te.reduce("sum", lambda k: widen(a_at(k), acc) * widen(b_at(k), acc),
                           (k_extent,), acc)
-        return _widen(total, a.dtype)
+        return widen(total, a.dtype)
 
     return te.compute(out_shape, element, a.dtype, "matmul")
 
 
-def _widen(x: PrimExpr, dtype: str) -> PrimExpr:
-    return x if x.dtype == dtype else Cast(dtype, x)
-
-
 def _matmul_ref(a: np.ndarray, b: np.ndarray, **attrs: Any) -> np.ndarray:
-    return np.matmul(a, b).astype(a.dtype)
+    return np.matmul(widen_np(a), widen_np(b)).astype(a.dtype)
 
 
 register_op("matmul", pattern="anchor", infer=_matmul_infer, compute=_matmul_compute,
             reference=_matmul_ref)
 
 
-# --------------------------------------------------------------------------- conv2d
+# --------------------------------------------------------------------------- einsum
 
-def _pair(attrs: Attrs, key: str, default: int) -> tuple[int, int]:
-    v = attrs.get(key, (default, default))
-    v = tuple(v) if isinstance(v, (tuple, list)) else (v, v)
-    if len(v) != 2:
-        raise IRError(f"{key} must have 2 values, got {v}")
-    return int(v[0]), int(v[1])
+def parse_einsum(equation: str, ranks: Sequence[int]) -> tuple[list[str], str]:
+    """Operand subscripts and the output subscript, with `...` expanded into
+    private letters (numpy rules: ellipsis dims are right-aligned and broadcast;
+    an implicit output lists the ellipsis, then the letters used once, sorted)."""
+    eq = equation.replace(" ", "")
+    lhs, arrow, rhs = eq.partition("->")
+    terms = lhs.split(",")
+    if len(terms) != len(ranks):
+        raise IRError(f"einsum {equation!r} has {len(terms)} operand(s), got {len(ranks)}")
+    ell_rank = 0
+    for term, rank in zip(terms, ranks):
+        letters = term.replace("...", "")
+        if not letters.isalpha() and letters:
+            raise IRError(f"einsum {equation!r}: subscripts must be letters")
+        if "..." in term:
+            ell_rank = max(ell_rank, rank - len(letters))
+        elif len(letters) != rank:
+            raise IRError(f"einsum {equation!r}: operand subscript {term!r} has "
+                          f"{len(letters)} letters for a {rank}-d operand")
+    ell = [chr(0x3B1 + k) for k in range(ell_rank)]   # greek letters: never user subscripts
+    out_terms = []
+    for term, rank in zip(terms, ranks):
+        if "..." in term:
+            pre, post = term.split("...")
+            n = rank - len(pre) - len(post)
+            if n < 0:
+                raise IRError(f"einsum {equation!r}: operand {term!r} has rank {rank}")
+            out_terms.append(pre + "".join(ell[ell_rank - n:]) + post)
+        else:
+            out_terms.append(term)
+    if arrow:
+        if "..." in rhs:
+            pre, post = rhs.split("...")
+            out = pre + "".join(ell) + post
+        else:
+            out = rhs
+    else:
+        counts: dict[str, int] = {}
+        for term in out_terms:
+            for c in term:
+                counts[c] = counts.get(c, 0) + 1
+        out = "".join(ell) + "".join(sorted(c for c, n in counts.items()
+                                            if n == 1 and c not in ell))
+    if len(set(out)) != len(out):
+        raise IRError(f"einsum {equation!r}: repeated output subscript")
+    return out_terms, out
 
 
-def _pads(attrs: Attrs) -> tuple[int, int, int, int]:
-    p = tuple(attrs.get("pads", (0, 0, 0, 0)))
-    if len(p) != 4:
-        raise IRError(f"pads must be (top, left, bottom, right), got {p}")
-    return int(p[0]), int(p[1]), int(p[2]), int(p[3])
+def _einsum_sizes(terms: Sequence[str], shapes: Sequence[Sequence[int]],
+                  equation: str) -> dict[str, int]:
+    sizes: dict[str, int] = {}
+    for term, shape in zip(terms, shapes):
+        for c, d in zip(term, shape):
+            d = int(d)
+            if sizes.get(c, 1) == 1:
+                sizes[c] = d
+            elif d not in (1, sizes[c]):
+                raise IRError(f"einsum {equation!r}: subscript {c!r} has sizes "
+                              f"{sizes[c]} and {d}")
+    return sizes
 
 
-def _conv_out(size: int, k: int, stride: int, dil: int, lo: int, hi: int) -> int:
-    return (size + lo + hi - dil * (k - 1) - 1) // stride + 1
+def _einsum_infer(types: Sequence[TensorType], attrs: Attrs) -> Type:
+    eq = str(attrs["equation"])
+    if len({t.dtype for t in types}) != 1:
+        raise IRError(f"einsum operands differ in dtype: {[t.dtype for t in types]}")
+    terms, out = parse_einsum(eq, [t.ndim for t in types])
+    sizes = _einsum_sizes(terms, [t.shape for t in types], eq)  # type: ignore[misc]
+    missing = [c for c in out if c not in sizes]
+    if missing:
+        raise IRError(f"einsum {eq!r}: output subscript {missing[0]!r} is not in any input")
+    return TensorType(tuple(sizes[c] for c in out), types[0].dtype)
 
 
-def _conv2d_infer(types: Sequence[TensorType], attrs: Attrs) -> Type:
+def _einsum_compute(inputs: Sequence[te.Tensor], attrs: Attrs) -> te.Tensor:
+    eq = str(attrs["equation"])
+    terms, out = parse_einsum(eq, [t.ndim for t in inputs])
+    sizes = _einsum_sizes(terms, [t.shape for t in inputs], eq)
+    summed = [c for c in dict.fromkeys("".join(terms)) if c not in out]
+    acc = acc_dtype(inputs[0].dtype)
+
+    def product(env: dict[str, PrimExpr]) -> PrimExpr:
+        value: PrimExpr | None = None
+        for t, term in zip(inputs, terms):
+            idx = tuple(as_expr(0) if d == 1 else env[c] for c, d in zip(term, t.shape))
+            v = widen(t[idx], acc)
+            value = v if value is None else value * v
+        assert value is not None
+        return value
+
+    def element(*i: PrimExpr) -> PrimExpr:
+        env = dict(zip(out, i))
+        if not summed:
+            return widen(product(env), inputs[0].dtype)
+        total = te.reduce("sum", lambda *k: product({**env, **dict(zip(summed, k))}),
+                          tuple(sizes[c] for c in summed), acc)
+        return widen(total, inputs[0].dtype)
+
+    return te.compute(tuple(sizes[c] for c in out), element, inputs[0].dtype, "einsum")
+
+
+def _einsum_ref(*operands: np.ndarray, equation: str, **attrs: Any) -> np.ndarray:
+    return np.asarray(np.einsum(equation, *(widen_np(o) for o in operands))).astype(
+        operands[0].dtype)
+
+
+register_op("einsum", pattern="anchor", infer=_einsum_infer, compute=_einsum_compute,
+            reference=_einsum_ref)
+
+
+# --------------------------------------------------------------------------- convolution
+
+def _conv_geometry(x: Sequence[int], w: Sequence[int], attrs: Attrs, what: str
+                   ) -> tuple[int, tuple[int, ...], tuple[int, ...], tuple[int, ...],
+                              tuple[int, ...]]:
+    """(rank, strides, dilations, pad begins, pad ends), checked against the shapes."""
+    rank = spatial.spatial_rank(x, what)
+    if len(w) != len(x):
+        raise IRError(f"{what}: weight {tuple(w)} and input {tuple(x)} differ in rank")
+    strides = spatial.ints(attrs, "strides", rank, 1)
+    dilations = spatial.ints(attrs, "dilations", rank, 1)
+    begins, ends = spatial.pads(attrs, rank)
+    if min(strides) < 1 or min(dilations) < 1:
+        raise IRError(f"{what}: strides and dilations must be >= 1")
+    return rank, strides, dilations, begins, ends
+
+
+def _conv_infer(types: Sequence[TensorType], attrs: Attrs) -> Type:
     x, w = types[0], types[1]
-    if x.ndim != 4 or w.ndim != 4:
-        raise IRError(f"conv2d expects NCHW input and OIHW weight, got {x} and {w}")
-    n, c, h, wd = x.shape
-    o, ci, kh, kw = w.shape
+    xs, ws = x.static_shape, w.static_shape
+    rank, strides, dilations, begins, ends = _conv_geometry(xs, ws, attrs, "conv")
     group = int(attrs.get("group", 1))
-    if c != ci * group:
-        raise IRError(f"conv2d: input has {c} channels, weight expects {ci} x group {group}")
-    if len(types) == 3 and tuple(types[2].shape) != (o,):
-        raise IRError(f"conv2d: bias shape {types[2].shape} must be ({o},)")
-    sh, sw = _pair(attrs, "strides", 1)
-    dh, dw = _pair(attrs, "dilations", 1)
-    pt, pl, pb, pr = _pads(attrs)
-    oh = _conv_out(h, kh, sh, dh, pt, pb)  # type: ignore[arg-type]
-    ow = _conv_out(wd, kw, sw, dw, pl, pr)  # type: ignore[arg-type]
-    if oh <= 0 or ow <= 0:
-        raise IRError(f"conv2d output would be empty ({oh}x{ow})")
-    return TensorType((n, o, oh, ow), x.dtype)
+    if group < 1 or xs[1] != ws[1] * group or ws[0] % group:
+        raise IRError(f"conv: input has {xs[1]} channels, weight {ws} with group {group} "
+                      f"expects {ws[1] * group} (and out channels divisible by group)")
+    if len(types) == 3 and tuple(types[2].shape) != (ws[0],):
+        raise IRError(f"conv: bias shape {types[2].shape} must be ({ws[0]},)")
+    if x.dtype != w.dtype:
+        raise IRError(f"conv: input and weight dtypes differ ({x.dtype} vs {w.dtype})")
+    out = tuple(spatial.conv_out(xs[2 + k], ws[2 + k], strides[k], dilations[k], begins[k],
+                                 ends[k]) for k in range(rank))
+    if min(out) <= 0:
+        raise IRError(f"conv output would be empty ({out})")
+    return TensorType((xs[0], ws[0], *out), x.dtype)
 
 
-def _conv2d_compute(inputs: Sequence[te.Tensor], attrs: Attrs) -> te.Tensor:
+def _conv_compute(inputs: Sequence[te.Tensor], attrs: Attrs) -> te.Tensor:
     x, w = inputs[0], inputs[1]
     bias = inputs[2] if len(inputs) == 3 else None
-    out = _conv2d_infer([TensorType(t.shape, t.dtype) for t in inputs], attrs)
+    out = _conv_infer([_tt(t) for t in inputs], attrs)
     assert isinstance(out, TensorType)
-    _, ci, kh, kw = w.shape
-    o = w.shape[0]
+    rank, strides, dilations, begins, _ = _conv_geometry(x.shape, w.shape, attrs, "conv")
+    ci, kernel = w.shape[1], w.shape[2:]
     group = int(attrs.get("group", 1))
-    per_group = o // group
-    sh, sw = _pair(attrs, "strides", 1)
-    dh, dw = _pair(attrs, "dilations", 1)
-    pt, pl, _, _ = _pads(attrs)
-    acc = _acc_dtype(x.dtype)
+    per_group = w.shape[0] // group
+    acc = acc_dtype(x.dtype)
 
-    def element(n: PrimExpr, oc: PrimExpr, oy: PrimExpr, ox: PrimExpr) -> PrimExpr:
-        g0 = (oc // per_group) * ci
+    def element(n: PrimExpr, oc: PrimExpr, *o: PrimExpr) -> PrimExpr:
+        first = (oc // per_group) * ci if group > 1 else as_expr(0)
 
-        def term(c: PrimExpr, ky: PrimExpr, kx: PrimExpr) -> PrimExpr:
-            iy = oy * sh + ky * dh - pt
-            ix = ox * sw + kx * dw - pl
-            xv = te.padded(x, (n, g0 + c, iy, ix), 0)
-            return _widen(xv, acc) * _widen(w[oc, c, ky, kx], acc)
+        def term(c: PrimExpr, *k: PrimExpr) -> PrimExpr:
+            pos = tuple(o[j] * strides[j] + k[j] * dilations[j] - begins[j]
+                        for j in range(rank))
+            xv = te.padded(x, (n, first + c, *pos), 0)
+            return widen(xv, acc) * widen(w[(oc, c, *k)], acc)
 
-        total = te.reduce("sum", term, (ci, kh, kw), acc)
+        total = te.reduce("sum", term, (ci, *kernel), acc)
         if bias is not None:
-            total = total + _widen(bias[oc], acc)
-        return _widen(total, x.dtype)
+            total = total + widen(bias[oc], acc)
+        return widen(total, x.dtype)
 
-    return te.compute(out.shape, element, x.dtype, "conv2d")  # type: ignore[arg-type]
+    return te.compute(out.static_shape, element, x.dtype, "conv")
 
 
-def _conv2d_ref(x: np.ndarray, w: np.ndarray, b: np.ndarray | None = None,
-                **attrs: Any) -> np.ndarray:
+def _conv_ref(x: np.ndarray, w: np.ndarray, b: np.ndarray | None = None,
+              **attrs: Any) -> np.ndarray:
+    rank, strides, dilations, begins, ends = _conv_geometry(x.shape, w.shape, attrs, "conv")
     group = int(attrs.get("group", 1))
-    sh, sw = _pair(attrs, "strides", 1)
-    dh, dw = _pair(attrs, "dilations", 1)
-    pt, pl, pb, pr = _pads(attrs)
-    xp = np.pad(x.astype(np.float64), ((0, 0), (0, 0), (pt, pb), (pl, pr)))
-    n, _, h, wd = xp.shape
-    o, ci, kh, kw = w.shape
-    oh = (h - dh * (kh - 1) - 1) // sh + 1
-    ow = (wd - dw * (kw - 1) - 1) // sw + 1
-    out = np.zeros((n, o, oh, ow))
-    per_group = o // group
-    for oc in range(o):
-        g0 = (oc // per_group) * ci
-        for ky in range(kh):
-            for kx in range(kw):
-                patch = xp[:, g0:g0 + ci, ky * dh: ky * dh + sh * (oh - 1) + 1: sh,
-                           kx * dw: kx * dw + sw * (ow - 1) + 1: sw]
-                out[:, oc] += np.einsum("nchw,c->nhw", patch, w[oc, :, ky, kx])
+    work = np.float64 if is_float(x) else np.int64
+    xp = np.pad(x.astype(work), ((0, 0), (0, 0), *zip(begins, ends)))
+    n, _c = x.shape[:2]
+    o, ci = w.shape[:2]
+    kernel = w.shape[2:]
+    out_sp = tuple((xp.shape[2 + j] - dilations[j] * (kernel[j] - 1) - 1) // strides[j] + 1
+                   for j in range(rank))
+    xg: Any = xp.reshape(n, group, ci, *xp.shape[2:])
+    wg: Any = w.astype(work).reshape(group, o // group, ci, *kernel)
+    out = np.zeros((n, group, o // group, *out_sp), dtype=work)
+    for k in itertools.product(*(range(d) for d in kernel)):
+        sl = tuple(slice(k[j] * dilations[j], k[j] * dilations[j]
+                         + strides[j] * (out_sp[j] - 1) + 1, strides[j]) for j in range(rank))
+        patch = xg[(slice(None), slice(None), slice(None), *sl)]
+        out += np.einsum("ngc...,goc->ngo...", patch, wg[(Ellipsis, *k)])
+    out = out.reshape(n, o, *out_sp)
     if b is not None:
-        out += b.reshape(1, -1, 1, 1)
+        out += b.astype(work).reshape(1, -1, *([1] * rank))
     return out.astype(x.dtype)
 
 
-register_op("conv2d", pattern="anchor", infer=_conv2d_infer, compute=_conv2d_compute,
-            reference=_conv2d_ref)
+for _rank in spatial.SPATIAL_RANKS:
+    register_op(f"conv{spatial.SUFFIX[_rank]}", pattern="anchor", infer=_conv_infer,
+                compute=_conv_compute, reference=_conv_ref)
+
+
+# --------------------------------------------------------------------------- conv transpose
+
+def _convt_geometry(x: Sequence[int], w: Sequence[int], attrs: Attrs
+                    ) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...], int]:
+    """(output spatial shape, strides, dilations, pad begins...) of a transposed conv."""
+    rank, strides, dilations, begins, ends = _conv_geometry(x, w, attrs, "conv_transpose")
+    out_pad = spatial.ints(attrs, "output_padding", rank, 0)
+    out = tuple(strides[j] * (x[2 + j] - 1) + out_pad[j] + (w[2 + j] - 1) * dilations[j] + 1
+                - begins[j] - ends[j] for j in range(rank))
+    if min(out) <= 0:
+        raise IRError(f"conv_transpose output would be empty ({out})")
+    return out, strides, dilations, rank
+
+
+def _convt_infer(types: Sequence[TensorType], attrs: Attrs) -> Type:
+    x, w = types[0].static_shape, types[1].static_shape
+    group = int(attrs.get("group", 1))
+    if group < 1 or x[1] != w[0] or w[0] % group:
+        raise IRError(f"conv_transpose: input has {x[1]} channels, weight {w} expects "
+                      f"{w[0]} (divisible by group {group})")
+    if len(types) == 3 and tuple(types[2].shape) != (w[1] * group,):
+        raise IRError(f"conv_transpose: bias shape {types[2].shape} must be ({w[1] * group},)")
+    out, *_ = _convt_geometry(x, w, attrs)
+    return TensorType((x[0], w[1] * group, *out), types[0].dtype)
+
+
+def _convt_compute(inputs: Sequence[te.Tensor], attrs: Attrs) -> te.Tensor:
+    x, w = inputs[0], inputs[1]
+    bias = inputs[2] if len(inputs) == 3 else None
+    out_t = _convt_infer([_tt(t) for t in inputs], attrs)
+    assert isinstance(out_t, TensorType)
+    _, strides, dilations, rank = _convt_geometry(x.shape, w.shape, attrs)
+    begins, _ = spatial.pads(attrs, rank)
+    group = int(attrs.get("group", 1))
+    cg, og = w.shape[0] // group, w.shape[1]
+    kernel = w.shape[2:]
+    acc = acc_dtype(x.dtype)
+
+    def element(n: PrimExpr, oc: PrimExpr, *o: PrimExpr) -> PrimExpr:
+        first = (oc // og) * cg if group > 1 else as_expr(0)
+        local = oc % og if group > 1 else oc
+
+        def term(c: PrimExpr, *k: PrimExpr) -> PrimExpr:
+            # output o receives input i where o = i * stride + k * dilation - pad
+            pos: list[PrimExpr] = []
+            ok: PrimExpr | None = None
+            for j in range(rank):
+                t = o[j] + begins[j] - k[j] * dilations[j]
+                if strides[j] > 1:
+                    divisible = (t % strides[j]).eq(0)
+                    ok = divisible if ok is None else ok & divisible
+                    t = t // strides[j]
+                pos.append(t)
+            xv = te.padded(x, (n, first + c, *pos), 0)
+            v = widen(xv, acc) * widen(w[(first + c, local, *k)], acc)
+            return v if ok is None else select(ok, v, as_expr(0, acc))
+
+        total = te.reduce("sum", term, (cg, *kernel), acc)
+        if bias is not None:
+            total = total + widen(bias[oc], acc)
+        return widen(total, x.dtype)
+
+    return te.compute(out_t.static_shape, element, x.dtype, "conv_transpose")
+
+
+def _convt_ref(x: np.ndarray, w: np.ndarray, b: np.ndarray | None = None,
+               **attrs: Any) -> np.ndarray:
+    out_sp, strides, dilations, rank = _convt_geometry(x.shape, w.shape, attrs)
+    begins, _ = spatial.pads(attrs, rank)
+    group = int(attrs.get("group", 1))
+    n, c = x.shape[:2]
+    cg, og = c // group, w.shape[1]
+    kernel = w.shape[2:]
+    work = np.float64 if is_float(x) else np.int64
+    # `full` holds every contribution; it starts at position `lo` <= 0 (negative pads)
+    lo = tuple(min(0, begins[j]) for j in range(rank))
+    full_sp = tuple(max(strides[j] * (x.shape[2 + j] - 1) + (kernel[j] - 1) * dilations[j] + 1,
+                        begins[j] + out_sp[j]) - lo[j] for j in range(rank))
+    full = np.zeros((n, group, og, *full_sp), dtype=work)
+    xg: Any = x.astype(work).reshape(n, group, cg, *x.shape[2:])
+    wg: Any = w.astype(work).reshape(group, cg, og, *kernel)
+    for k in itertools.product(*(range(d) for d in kernel)):
+        contrib = np.einsum("ngc...,gco->ngo...", xg, wg[(Ellipsis, *k)])
+        sl = tuple(slice(k[j] * dilations[j] - lo[j], k[j] * dilations[j] - lo[j]
+                         + strides[j] * (x.shape[2 + j] - 1) + 1, strides[j])
+                   for j in range(rank))
+        full[(slice(None), slice(None), slice(None), *sl)] += contrib
+    crop = tuple(slice(begins[j] - lo[j], begins[j] - lo[j] + out_sp[j]) for j in range(rank))
+    out = full[(slice(None), slice(None), slice(None), *crop)].reshape(n, group * og, *out_sp)
+    if b is not None:
+        out = out + b.astype(work).reshape(1, -1, *([1] * rank))
+    return out.astype(x.dtype)
+
+
+for _rank in spatial.SPATIAL_RANKS:
+    register_op(f"conv_transpose{spatial.SUFFIX[_rank]}", pattern="anchor",
+                infer=_convt_infer, compute=_convt_compute, reference=_convt_ref)
+
+
+# --------------------------------------------------------------------------- LRN
+
+def _lrn_window(attrs: Attrs) -> tuple[int, int, int]:
+    size = int(attrs["size"])
+    if size < 1:
+        raise IRError(f"lrn: size must be >= 1, got {size}")
+    return size, (size - 1) // 2, size - 1 - (size - 1) // 2
+
+
+def _lrn_infer(types: Sequence[TensorType], attrs: Attrs) -> Type:
+    x = types[0]
+    if x.ndim < 2 or not dt.is_float(x.dtype):
+        raise IRError(f"lrn expects a float (N, C, ...) tensor, got {x}")
+    _lrn_window(attrs)
+    return x
+
+
+def _lrn_compute(inputs: Sequence[te.Tensor], attrs: Attrs) -> te.Tensor:
+    (x,) = inputs
+    size, before, _ = _lrn_window(attrs)
+    acc = acc_dtype(x.dtype)
+    alpha = float(attrs.get("alpha", 1e-4)) / size
+    beta = float(attrs.get("beta", 0.75))
+    bias = float(attrs.get("bias", 1.0))
+
+    def element(n: PrimExpr, c: PrimExpr, *rest: PrimExpr) -> PrimExpr:
+        def sq(k: PrimExpr) -> PrimExpr:
+            v = widen(te.padded(x, (n, c - before + k, *rest), 0), acc)
+            return v * v
+        total = te.reduce("sum", sq, (size,), acc)
+        scale = intrin("pow", as_expr(bias, acc) + as_expr(alpha, acc) * total,
+                       as_expr(beta, acc))
+        return widen(widen(x[(n, c, *rest)], acc) / scale, x.dtype)
+
+    return te.compute(x.shape, element, x.dtype, "lrn")
+
+
+def _lrn_ref(x: np.ndarray, **attrs: Any) -> np.ndarray:
+    size, before, after = _lrn_window(attrs)
+    x64 = x.astype(np.float64)
+    sq = np.pad(x64 ** 2, ((0, 0), (before, after)) + ((0, 0),) * (x.ndim - 2))
+    total = sum(sq[:, k:k + x.shape[1]] for k in range(size))
+    alpha = float(attrs.get("alpha", 1e-4)) / size
+    out = x64 / (float(attrs.get("bias", 1.0)) + alpha * total) ** float(attrs.get("beta", 0.75))
+    return out.astype(x.dtype)
+
+
+register_op("lrn", pattern="opaque", infer=_lrn_infer, compute=_lrn_compute,
+            reference=_lrn_ref)
 
 
 # --------------------------------------------------------------------------- ONNX mapping
 
-def _onnx_pads(attrs: dict[str, Any], spatial: Sequence[int], kernel: Sequence[int],
-               strides: Sequence[int], dilations: Sequence[int]) -> tuple[int, int, int, int]:
-    """ONNX pads/auto_pad for 2-D spatial dims -> (top, left, bottom, right)."""
-    auto = attrs.get("auto_pad", "NOTSET")
-    if auto in ("SAME_UPPER", "SAME_LOWER"):
-        pads = []
-        for size, k, s, d in zip(spatial, kernel, strides, dilations):
-            out = -(-size // s)
-            total = max(0, (out - 1) * s + (k - 1) * d + 1 - size)
-            small, big = total // 2, total - total // 2
-            pads.append((small, big) if auto == "SAME_UPPER" else (big, small))
-        return pads[0][0], pads[1][0], pads[0][1], pads[1][1]
-    if auto == "VALID":
-        return 0, 0, 0, 0
-    p = tuple(int(v) for v in attrs.get("pads", (0, 0, 0, 0)))
-    if len(p) != 4:
-        raise IRError(f"only 2-D convolution/pooling is supported, got pads {p}")
-    return p[0], p[1], p[2], p[3]
-
-
-def _conv_attrs(attrs: dict[str, Any], x: TensorType, kernel: Sequence[int]) -> dict[str, Any]:
-    if x.ndim != 4:
-        raise IRError(f"only 2-D (NCHW) convolution is supported, got input {x}")
-    strides = tuple(attrs.get("strides", (1, 1)))
-    dilations = tuple(attrs.get("dilations", (1, 1)))
-    spatial = list(x.static_shape[2:])
-    return {"strides": strides, "dilations": dilations,
-            "pads": _onnx_pads(attrs, spatial, kernel, strides, dilations)}
+def _kernel(attrs: dict[str, Any], w: TensorType) -> tuple[int, ...]:
+    kernel = tuple(int(k) for k in attrs.get("kernel_shape", w.static_shape[2:]))
+    if kernel != w.static_shape[2:]:
+        raise IRError(f"kernel_shape {kernel} does not match the weight {w.static_shape}")
+    return kernel
 
 
 @onnx_op("Conv")
@@ -242,11 +481,49 @@ def _conv_onnx(ctx: GraphContext, inputs: Sequence[g.Expr | None],
                attrs: dict[str, Any]) -> list[g.Expr]:
     x, w, b = inputs[0], inputs[1], inputs[2] if len(inputs) > 2 else None
     assert x is not None and w is not None
-    wt = ctx.tensor_type(w)
-    kernel = tuple(attrs.get("kernel_shape", wt.shape[2:]))
-    conv_attrs = _conv_attrs(attrs, ctx.tensor_type(x), kernel)
+    xt, wt = ctx.tensor_type(x), ctx.tensor_type(w)
+    rank = spatial.spatial_rank(xt.static_shape, "Conv")
+    kernel = _kernel(attrs, wt)
+    strides = spatial.ints(attrs, "strides", rank, 1)
+    dilations = spatial.ints(attrs, "dilations", rank, 1)
+    pads = spatial.onnx_pads(attrs, xt.static_shape[2:], kernel, strides, dilations)
     args = [x, w] if b is None else [x, w, b]
-    return [ctx.call("conv2d", *args, group=int(attrs.get("group", 1)), **conv_attrs)]
+    return [ctx.call(f"conv{spatial.SUFFIX[rank]}", *args, group=int(attrs.get("group", 1)),
+                     strides=strides, dilations=dilations, pads=pads)]
+
+
+@onnx_op("ConvTranspose")
+def _conv_transpose_onnx(ctx: GraphContext, inputs: Sequence[g.Expr | None],
+                         attrs: dict[str, Any]) -> list[g.Expr]:
+    x, w, b = inputs[0], inputs[1], inputs[2] if len(inputs) > 2 else None
+    assert x is not None and w is not None
+    xt, wt = ctx.tensor_type(x), ctx.tensor_type(w)
+    rank = spatial.spatial_rank(xt.static_shape, "ConvTranspose")
+    kernel = _kernel(attrs, wt)
+    strides = spatial.ints(attrs, "strides", rank, 1)
+    dilations = spatial.ints(attrs, "dilations", rank, 1)
+    out_pad = spatial.ints(attrs, "output_padding", rank, 0)
+    auto = attrs.get("auto_pad", "NOTSET")
+    in_sp = xt.static_shape[2:]
+    if "output_shape" in attrs or auto in ("SAME_UPPER", "SAME_LOWER"):
+        target = tuple(int(d) for d in attrs.get("output_shape", ()))[-rank:] or tuple(
+            in_sp[j] * strides[j] for j in range(rank))
+        total = [strides[j] * (in_sp[j] - 1) + out_pad[j] + (kernel[j] - 1) * dilations[j] + 1
+                 - target[j] for j in range(rank)]
+        # a negative total pads the end with zeros (as output_padding would)
+        if auto == "SAME_UPPER":
+            pads = (*(t // 2 for t in total), *(t - t // 2 for t in total))
+        else:
+            pads = (*(t - t // 2 for t in total), *(t // 2 for t in total))
+    elif auto == "VALID" or "pads" not in attrs:
+        pads = (0,) * (2 * rank)
+    else:
+        b_, e_ = spatial.pads(attrs, rank)
+        pads = (*b_, *e_)
+    args = [x, w] if b is None else [x, w, b]
+    return [ctx.call(f"conv_transpose{spatial.SUFFIX[rank]}", *args,
+                     group=int(attrs.get("group", 1)), strides=strides, dilations=dilations,
+                     pads=pads, output_padding=out_pad)]
 
 
 @onnx_op("MatMul")
@@ -272,11 +549,39 @@ def _gemm_onnx(ctx: GraphContext, inputs: Sequence[g.Expr | None],
     alpha, beta = float(attrs.get("alpha", 1.0)), float(attrs.get("beta", 1.0))
     if alpha != 1.0:
         y = ctx.call("multiply", y, ctx.const(alpha, dtype))
-    if c is not None:
+    if c is not None and beta != 0.0:
         if beta != 1.0:
             c = ctx.call("multiply", c, ctx.const(beta, dtype))
         y = ctx.call("add", y, c)
     return [y]
+
+
+@onnx_op("Einsum")
+def _einsum_onnx(ctx: GraphContext, inputs: Sequence[g.Expr | None],
+                 attrs: dict[str, Any]) -> list[g.Expr]:
+    args = [x for x in inputs if x is not None]
+    eq = str(attrs["equation"]).replace(" ", "")
+    types = [ctx.tensor_type(x) for x in args]
+    terms, out = parse_einsum(eq, [t.ndim for t in types])
+    # The common patterns map onto existing ops: a transpose, a (batched) matmul.
+    if len(terms) == 1 and sorted(terms[0]) == sorted(out) and len(set(out)) == len(out):
+        perm = tuple(terms[0].index(c) for c in out)
+        return [ctx.call("transpose", args[0], perm=perm)]
+    if len(terms) == 2 and _is_matmul(terms[0], terms[1], out, types):
+        return [ctx.call("matmul", args[0], args[1])]
+    return [ctx.call("einsum", *args, equation=eq)]
+
+
+def _is_matmul(a: str, b: str, out: str, types: Sequence[TensorType]) -> bool:
+    """True for `...ij,...jk->...ik` with identical batch letters and shapes."""
+    if len(a) < 2 or len(a) != len(b) or len(out) != len(a):
+        return False
+    batch = a[:-2]
+    i, j, k = a[-2], a[-1], b[-1]
+    if len({i, j, k, *batch}) != len(batch) + 3:
+        return False
+    return (b[:-2] == batch and b[-2] == j and out == batch + i + k
+            and types[0].shape[:-2] == types[1].shape[:-2])
 
 
 @onnx_op("BatchNormalization")
@@ -287,11 +592,57 @@ def _batchnorm_onnx(ctx: GraphContext, inputs: Sequence[g.Expr | None],
     assert mean is not None and var is not None
     xt = ctx.tensor_type(x)
     eps = float(attrs.get("epsilon", 1e-5))
-    # y = x * a + b with a = scale / sqrt(var + eps), b = bias - mean * a (per channel)
-    a = ctx.call("divide", scale, ctx.call("sqrt", ctx.call(
-        "add", var, ctx.const(eps, ctx.tensor_type(var).dtype))))
+    if ctx.tensor_type(scale).ndim > 1 or not attrs.get("spatial", 1):
+        # opset 7-8 `spatial=0`: statistics per (C, spatial...) element
+        shape = xt.static_shape[1:]
+    else:
+        shape = (xt.static_shape[1],) + (1,) * (xt.ndim - 2)
+    training = bool(attrs.get("training_mode", 0)) and ctx.opset >= 14
+    if training:
+        return _batchnorm_training(ctx, x, scale, bias, mean, var, eps,
+                                   float(attrs.get("momentum", 0.9)))
+    # y = x * a + b with a = scale / sqrt(var + eps), b = bias - mean * a (per channel);
+    # constant statistics fold here, and fold-batchnorm merges a, b into a conv.
+    dtype = ctx.tensor_type(var).dtype
+    a = ctx.call("divide", scale, ctx.call("sqrt", ctx.call("add", var, ctx.const(eps, dtype))))
     b = ctx.call("subtract", bias, ctx.call("multiply", mean, a))
-    shape = (xt.static_shape[1],) + (1,) * (xt.ndim - 2)
     a = ctx.call("reshape", a, shape=shape)
     b = ctx.call("reshape", b, shape=shape)
     return [ctx.call("add", ctx.call("multiply", x, a), b)]
+
+
+def _batchnorm_training(ctx: GraphContext, x: g.Expr, scale: g.Expr, bias: g.Expr,
+                        mean: g.Expr, var: g.Expr, eps: float, momentum: float
+                        ) -> list[g.Expr]:
+    """Training mode: normalise with the batch statistics, update the running ones."""
+    xt = ctx.tensor_type(x)
+    dtype = xt.dtype
+    axes = tuple(k for k in range(xt.ndim) if k != 1)
+    shape = (xt.static_shape[1],) + (1,) * (xt.ndim - 2)
+    bmean = ctx.call("reduce_mean", x, axes=axes, keepdims=True)
+    centered = ctx.call("subtract", x, bmean)
+    bvar = ctx.call("reduce_mean", ctx.call("multiply", centered, centered), axes=axes,
+                    keepdims=True)
+    inv = ctx.call("sqrt", ctx.call("add", bvar, ctx.const(eps, dtype)))
+    y = ctx.call("divide", centered, inv)
+    y = ctx.call("add", ctx.call("multiply", y, ctx.call("reshape", scale, shape=shape)),
+                 ctx.call("reshape", bias, shape=shape))
+    outs = [y]
+    if len(ctx.node_outputs) > 1:
+        c = xt.static_shape[1]
+        keep = ctx.const(momentum, dtype)
+        take = ctx.const(1.0 - momentum, dtype)
+        for running, batch in ((mean, bmean), (var, bvar)):
+            current = ctx.call("reshape", batch, shape=(c,))
+            outs.append(ctx.call("add", ctx.call("multiply", running, keep),
+                                 ctx.call("multiply", current, take)))
+    return outs
+
+
+@onnx_op("LRN")
+def _lrn_onnx(ctx: GraphContext, inputs: Sequence[g.Expr | None],
+              attrs: dict[str, Any]) -> list[g.Expr]:
+    x = inputs[0]
+    assert x is not None
+    return [ctx.call("lrn", x, size=int(attrs["size"]), alpha=float(attrs.get("alpha", 1e-4)),
+                     beta=float(attrs.get("beta", 0.75)), bias=float(attrs.get("bias", 1.0)))]

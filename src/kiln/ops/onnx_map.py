@@ -25,6 +25,8 @@ class GraphContext(Protocol):
     """What a converter may ask of the importer."""
 
     opset: int
+    # The output names of the node being converted ("" for an omitted optional output).
+    node_outputs: tuple[str, ...]
 
     def call(self, op: str, *args: g.Expr, **attrs: Any) -> g.Expr:
         """Emit (or constant-fold) an operator call."""
@@ -38,6 +40,10 @@ class GraphContext(Protocol):
         ...
 
     def tensor_type(self, expr: g.Expr) -> TensorType:
+        ...
+
+    def item(self, expr: g.Expr, index: int) -> g.Expr:
+        """Element `index` of a tuple-valued expression."""
         ...
 
 

@@ -1,144 +1,179 @@
-"""Pooling: max_pool2d, avg_pool2d (NCHW), global_avg_pool, global_max_pool.
+"""Pooling over 1-3 spatial dims: max_pool{1,2,3}d, avg_pool{1,2,3}d, lp_pool{1,2,3}d,
+and global_{avg,max}_pool.
 
-Attributes: kernel_shape, strides, pads (top, left, bottom, right), dilations,
-ceil_mode, count_include_pad (avg only) — ONNX's meanings.
+Attributes: kernel_shape, strides, pads (begins..., ends...), dilations,
+ceil_mode, count_include_pad (avg), p (lp) — ONNX's meanings (kiln.ops.spatial).
 """
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
 from kiln.errors import IRError
+from kiln.ir import dtype as dt
 from kiln.ir import graph as g
-from kiln.ir.tensor import Cast, PrimExpr, as_expr, min_, select
+from kiln.ir.tensor import Cast, PrimExpr, as_expr, intrin, min_, select
 from kiln.ir.types import TensorType, Type
-from kiln.ops import te
-from kiln.ops.nn import _onnx_pads, _pads, _pair
+from kiln.ops import spatial, te
 from kiln.ops.onnx_map import GraphContext, onnx_op
 from kiln.ops.registry import register_op
 
 Attrs = Mapping[str, Any]
 
 
-def _out_size(size: int, k: int, s: int, d: int, lo: int, hi: int, ceil: bool) -> int:
-    span = size + lo + hi - d * (k - 1) - 1
-    out = (-(-span // s) if ceil else span // s) + 1
-    # ONNX/PyTorch: the last window must start inside the input or the left padding.
-    if ceil and (out - 1) * s >= size + lo:
-        out -= 1
-    return out
+class _Window:
+    """The checked geometry of a pooling op on an input of `shape`."""
 
+    def __init__(self, shape: Sequence[int], attrs: Attrs) -> None:
+        self.rank = spatial.spatial_rank(shape, "pooling")
+        if "kernel_shape" not in attrs:
+            raise IRError("pooling needs a kernel_shape attribute")
+        r = self.rank
+        self.kernel = spatial.ints(attrs, "kernel_shape", r, 1)
+        self.strides = spatial.ints(attrs, "strides", r, 1)
+        self.dilations = spatial.ints(attrs, "dilations", r, 1)
+        self.begins, self.ends = spatial.pads(attrs, r)
+        if min(self.kernel) < 1 or min(self.strides) < 1 or min(self.dilations) < 1:
+            raise IRError("pooling: kernel_shape, strides and dilations must be >= 1")
+        ceil = bool(attrs.get("ceil_mode", False))
+        self.size = tuple(int(d) for d in shape[2:])
+        self.out = tuple(spatial.pool_out(self.size[j], self.kernel[j], self.strides[j],
+                                          self.dilations[j], self.begins[j], self.ends[j], ceil)
+                         for j in range(r))
+        if min(self.out) <= 0:
+            raise IRError(f"pooling output would be empty ({self.out})")
+        self.out_shape = (int(shape[0]), int(shape[1]), *self.out)
 
-def _geometry(x: Sequence[int], attrs: Attrs) -> tuple[int, int, int, int, int, int, int, int,
-                                                       int, int]:
-    if len(x) != 4:
-        raise IRError(f"pooling expects an NCHW tensor, got shape {tuple(x)}")
-    if "kernel_shape" not in attrs:
-        raise IRError("pooling needs a kernel_shape attribute")
-    kh, kw = _pair(attrs, "kernel_shape", 1)
-    sh, sw = _pair(attrs, "strides", 1)
-    dh, dw = _pair(attrs, "dilations", 1)
-    pt, pl, pb, pr = _pads(attrs)
-    ceil = bool(attrs.get("ceil_mode", False))
-    oh = _out_size(x[2], kh, sh, dh, pt, pb, ceil)
-    ow = _out_size(x[3], kw, sw, dw, pl, pr, ceil)
-    if oh <= 0 or ow <= 0:
-        raise IRError(f"pooling output would be empty ({oh}x{ow})")
-    return kh, kw, sh, sw, dh, dw, pt, pl, oh, ow
+    def positions(self, o: Sequence[PrimExpr], k: Sequence[PrimExpr]) -> tuple[PrimExpr, ...]:
+        return tuple(o[j] * self.strides[j] + k[j] * self.dilations[j] - self.begins[j]
+                     for j in range(self.rank))
 
 
 def _pool_infer(types: Sequence[TensorType], attrs: Attrs) -> Type:
     x = types[0]
-    *_, oh, ow = _geometry(x.shape, attrs)  # type: ignore[arg-type]
-    return TensorType((x.shape[0], x.shape[1], oh, ow), x.dtype)
+    return TensorType(_Window(x.static_shape, attrs).out_shape, x.dtype)
+
+
+def _acc(dtype: str) -> str:
+    return "float32" if dtype in ("float16", "bfloat16") else dtype
 
 
 def _max_pool_compute(inputs: Sequence[te.Tensor], attrs: Attrs) -> te.Tensor:
     (x,) = inputs
-    kh, kw, sh, sw, dh, dw, pt, pl, oh, ow = _geometry(x.shape, attrs)
+    win = _Window(x.shape, attrs)
     lowest = te.lowest_value(x.dtype)
 
-    def element(n: PrimExpr, c: PrimExpr, oy: PrimExpr, ox: PrimExpr) -> PrimExpr:
-        return te.reduce("max", lambda ky, kx: te.padded(
-            x, (n, c, oy * sh + ky * dh - pt, ox * sw + kx * dw - pl), lowest),
-            (kh, kw), x.dtype)
+    def element(n: PrimExpr, c: PrimExpr, *o: PrimExpr) -> PrimExpr:
+        return te.reduce("max", lambda *k: te.padded(x, (n, c, *win.positions(o, k)), lowest),
+                         win.kernel, x.dtype)
 
-    return te.compute((x.shape[0], x.shape[1], oh, ow), element, x.dtype, "max_pool2d")
+    return te.compute(win.out_shape, element, x.dtype, "max_pool")
+
+
+def _count_inside(start: PrimExpr, k: int, d: int, lo: int, hi: int) -> PrimExpr:
+    """How many of start, start+d, ..., start+(k-1)d lie in [lo, hi)."""
+    total: PrimExpr = as_expr(0)
+    for j in range(k):
+        pos = start + j * d
+        total = total + select((pos >= lo) & (pos < hi), as_expr(1), as_expr(0))
+    return total
 
 
 def _avg_pool_compute(inputs: Sequence[te.Tensor], attrs: Attrs) -> te.Tensor:
     (x,) = inputs
-    kh, kw, sh, sw, dh, dw, pt, pl, oh, ow = _geometry(x.shape, attrs)
-    _, _, pb, pr = _pads(attrs)
+    win = _Window(x.shape, attrs)
     include_pad = bool(attrs.get("count_include_pad", False))
-    acc = "float32" if x.dtype in ("float16", "bfloat16") else x.dtype
-    h, w = x.shape[2], x.shape[3]
+    acc = _acc(x.dtype)
 
-    def element(n: PrimExpr, c: PrimExpr, oy: PrimExpr, ox: PrimExpr) -> PrimExpr:
-        y0, x0 = oy * sh - pt, ox * sw - pl
-
-        def term(ky: PrimExpr, kx: PrimExpr) -> PrimExpr:
-            v = te.padded(x, (n, c, y0 + ky * dh, x0 + kx * dw), 0)
+    def element(n: PrimExpr, c: PrimExpr, *o: PrimExpr) -> PrimExpr:
+        def term(*k: PrimExpr) -> PrimExpr:
+            v = te.padded(x, (n, c, *win.positions(o, k)), 0)
             return v if v.dtype == acc else Cast(acc, v)
 
-        total = te.reduce("sum", term, (kh, kw), acc)
-        if include_pad:
-            # windows are clipped to the padded extent (ONNX semantics)
-            ys = min_(y0 + (kh - 1) * dh + 1, h + pb) - y0
-            xs = min_(x0 + (kw - 1) * dw + 1, w + pr) - x0
-        else:
-            ys = _count_inside(y0, kh, dh, h)
-            xs = _count_inside(x0, kw, dw, w)
-        count = Cast(acc, ys * xs)
-        v = total / count
+        total = te.reduce("sum", term, win.kernel, acc)
+        count: PrimExpr = as_expr(1)
+        for j in range(win.rank):
+            start = o[j] * win.strides[j] - win.begins[j]
+            if include_pad and win.dilations[j] == 1:
+                # windows are clipped to the padded extent (ONNX semantics)
+                end = min_(start + win.kernel[j], win.size[j] + win.ends[j])
+                count = count * (end - start)
+            elif include_pad:
+                count = count * _count_inside(start, win.kernel[j], win.dilations[j],
+                                              -win.begins[j], win.size[j] + win.ends[j])
+            else:
+                count = count * _count_inside(start, win.kernel[j], win.dilations[j], 0,
+                                              win.size[j])
+        v = total / Cast(acc, count)
         return v if acc == x.dtype else Cast(x.dtype, v)
 
-    return te.compute((x.shape[0], x.shape[1], oh, ow), element, x.dtype, "avg_pool2d")
+    return te.compute(win.out_shape, element, x.dtype, "avg_pool")
 
 
-def _count_inside(start: PrimExpr, k: int, d: int, size: int) -> PrimExpr:
-    """How many of start, start+d, ..., start+(k-1)d lie in [0, size)."""
-    total: PrimExpr = as_expr(0)
-    for j in range(k):
-        pos = start + j * d
-        total = total + select((pos >= 0) & (pos < size), as_expr(1), as_expr(0))
-    return total
+def _lp_pool_compute(inputs: Sequence[te.Tensor], attrs: Attrs) -> te.Tensor:
+    (x,) = inputs
+    win = _Window(x.shape, attrs)
+    p = float(attrs.get("p", 2))
+    acc = _acc(x.dtype)
+
+    def element(n: PrimExpr, c: PrimExpr, *o: PrimExpr) -> PrimExpr:
+        def term(*k: PrimExpr) -> PrimExpr:
+            v = te.padded(x, (n, c, *win.positions(o, k)), 0)
+            v = intrin("abs", v if v.dtype == acc else Cast(acc, v))
+            return v * v if p == 2 else intrin("pow", v, as_expr(p, acc))
+
+        total = te.reduce("sum", term, win.kernel, acc)
+        v = intrin("sqrt", total) if p == 2 else intrin("pow", total, as_expr(1.0 / p, acc))
+        return v if acc == x.dtype else Cast(x.dtype, v)
+
+    return te.compute(win.out_shape, element, x.dtype, "lp_pool")
 
 
 def _pool_ref(x: np.ndarray, attrs: Attrs, kind: str) -> np.ndarray:
-    kh, kw, sh, sw, dh, dw, pt, pl, oh, ow = _geometry(x.shape, attrs)
-    _, _, pb, pr = _pads(attrs)
-    n, c, h, w = x.shape
-    pad_h = max(pb, (oh - 1) * sh + (kh - 1) * dh + 1 - h - pt)
-    pad_w = max(pr, (ow - 1) * sw + (kw - 1) * dw + 1 - w - pl)
+    """Window by window over an explicitly padded copy (independent of the lowering)."""
+    win = _Window(x.shape, attrs)
+    r = win.rank
+    # pad enough on the high side for ceil-mode windows that run past the padding
+    hi = [max(win.ends[j], (win.out[j] - 1) * win.strides[j]
+              + (win.kernel[j] - 1) * win.dilations[j] + 1 - win.size[j] - win.begins[j])
+          for j in range(r)]
     fill = -np.inf if kind == "max" else 0.0
-    xp = np.full((n, c, h + pt + pad_h, w + pl + pad_w), fill)
-    xp[:, :, pt:pt + h, pl:pl + w] = x
-    inside = np.zeros(xp.shape[2:])
-    inside[pt:pt + h, pl:pl + w] = 1
-    in_pad = np.zeros(xp.shape[2:])
-    in_pad[:h + pt + pb, :w + pl + pr] = 1
-    out = np.zeros((n, c, oh, ow))
-    for oy in range(oh):
-        for ox in range(ow):
-            ys = slice(oy * sh, oy * sh + (kh - 1) * dh + 1, dh)
-            xs = slice(ox * sw, ox * sw + (kw - 1) * dw + 1, dw)
-            win = xp[:, :, ys, xs]
-            if kind == "max":
-                out[:, :, oy, ox] = win.max(axis=(2, 3))
-            else:
-                cnt = (in_pad if attrs.get("count_include_pad", False) else inside)[ys, xs].sum()
-                out[:, :, oy, ox] = np.where(np.isinf(win), 0, win).sum(axis=(2, 3)) / cnt
+    xp = np.pad(x.astype(np.float64), ((0, 0), (0, 0), *zip(win.begins, hi)),
+                constant_values=fill)
+    inside = np.pad(np.ones(win.size), tuple(zip(win.begins, hi)))
+    in_pad = np.pad(np.ones(tuple(win.size[j] + win.begins[j] + win.ends[j] for j in range(r))),
+                    tuple((0, hi[j] - win.ends[j]) for j in range(r)))
+    out: Any = np.zeros(win.out_shape)
+    p = float(attrs.get("p", 2))
+    for o in itertools.product(*(range(d) for d in win.out)):
+        sl = tuple(slice(o[j] * win.strides[j], o[j] * win.strides[j]
+                         + (win.kernel[j] - 1) * win.dilations[j] + 1, win.dilations[j])
+                   for j in range(r))
+        block = xp[(slice(None), slice(None), *sl)]
+        axes = tuple(range(2, 2 + r))
+        if kind == "max":
+            value = block.max(axis=axes)
+        elif kind == "lp":
+            value = (np.abs(block) ** p).sum(axis=axes) ** (1.0 / p)
+        else:
+            mask = in_pad if attrs.get("count_include_pad", False) else inside
+            value = block.sum(axis=axes) / mask[sl].sum()
+        out[(slice(None), slice(None), *o)] = value
     return out.astype(x.dtype)
 
 
-register_op("max_pool2d", pattern="opaque", infer=_pool_infer, compute=_max_pool_compute,
-            reference=lambda x, **a: _pool_ref(x, a, "max"))
-register_op("avg_pool2d", pattern="opaque", infer=_pool_infer, compute=_avg_pool_compute,
-            reference=lambda x, **a: _pool_ref(x, a, "avg"))
+for _rank in spatial.SPATIAL_RANKS:
+    _sfx = spatial.SUFFIX[_rank]
+    register_op(f"max_pool{_sfx}", pattern="opaque", infer=_pool_infer,
+                compute=_max_pool_compute, reference=lambda x, **a: _pool_ref(x, a, "max"))
+    register_op(f"avg_pool{_sfx}", pattern="opaque", infer=_pool_infer,
+                compute=_avg_pool_compute, reference=lambda x, **a: _pool_ref(x, a, "avg"))
+    register_op(f"lp_pool{_sfx}", pattern="opaque", infer=_pool_infer,
+                compute=_lp_pool_compute, reference=lambda x, **a: _pool_ref(x, a, "lp"))
 
 
 def _global_infer(types: Sequence[TensorType], attrs: Attrs) -> Type:
@@ -151,19 +186,19 @@ def _global_infer(types: Sequence[TensorType], attrs: Attrs) -> Type:
 def _global_compute(kind: str) -> Any:
     def compute(inputs: Sequence[te.Tensor], attrs: Attrs) -> te.Tensor:
         (x,) = inputs
-        spatial = x.shape[2:]
-        count = int(np.prod(spatial))
-        acc = "float32" if x.dtype in ("float16", "bfloat16") else x.dtype
+        spatial_shape = x.shape[2:]
+        count = int(np.prod(spatial_shape))
+        acc = _acc(x.dtype)
 
         def element(n: PrimExpr, c: PrimExpr, *_: PrimExpr) -> PrimExpr:
             def body(*r: PrimExpr) -> PrimExpr:
                 v = x[(n, c, *r)]
                 return v if v.dtype == acc else Cast(acc, v)
-            total = te.reduce("sum" if kind == "avg" else "max", body, spatial, acc)
+            total = te.reduce("sum" if kind == "avg" else "max", body, spatial_shape, acc)
             v = total / count if kind == "avg" else total
             return v if acc == x.dtype else Cast(x.dtype, v)
 
-        shape = (*x.shape[:2], *([1] * len(spatial)))
+        shape = (*x.shape[:2], *([1] * len(spatial_shape)))
         return te.compute(shape, element, x.dtype, f"global_{kind}_pool")
     return compute
 
@@ -171,8 +206,9 @@ def _global_compute(kind: str) -> Any:
 def _global_ref(kind: str) -> Any:
     def ref(x: np.ndarray, **attrs: Any) -> np.ndarray:
         axes = tuple(range(2, x.ndim))
-        return (x.mean(axis=axes, keepdims=True) if kind == "avg"
-                else x.max(axis=axes, keepdims=True)).astype(x.dtype)
+        x64 = x.astype(np.float64)
+        return (x64.mean(axis=axes, keepdims=True) if kind == "avg"
+                else x64.max(axis=axes, keepdims=True)).astype(x.dtype)
     return ref
 
 
@@ -182,31 +218,41 @@ register_op("global_max_pool", pattern="reduce", infer=_global_infer,
             compute=_global_compute("max"), reference=_global_ref("max"))
 
 
-
 # --------------------------------------------------------------------------- ONNX mapping
 
-def _pool_converter(op: str) -> Any:
+def _pool_converter(kind: str) -> Any:
     def convert(ctx: GraphContext, inputs: Sequence[g.Expr | None],
                 attrs: dict[str, Any]) -> list[g.Expr]:
         x = inputs[0]
         assert x is not None
+        if kind == "max" and len(ctx.node_outputs) > 1 and ctx.node_outputs[1]:
+            raise IRError("MaxPool's second output (Indices) is not supported; drop it from "
+                          "the node's outputs")
         t = ctx.tensor_type(x)
-        if t.ndim != 4:
-            raise IRError(f"only 2-D pooling is supported, got input {t}")
-        kernel = tuple(int(k) for k in attrs["kernel_shape"])
-        strides = tuple(attrs.get("strides", (1, 1)))
-        dilations = tuple(attrs.get("dilations", (1, 1)))
-        pads = _onnx_pads(attrs, t.static_shape[2:], kernel, strides, dilations)
+        if kind == "max" and not (dt.is_float(t.dtype) or t.dtype in ("int8", "uint8")):
+            raise IRError(f"MaxPool of {t.dtype} is not supported (ONNX allows float, int8, "
+                          "uint8)")
+        rank = spatial.spatial_rank(t.static_shape, kind.capitalize() + "Pool")
+        if "kernel_shape" not in attrs:
+            raise IRError("the kernel_shape attribute is required")
+        kernel = spatial.ints(attrs, "kernel_shape", rank, 1)
+        strides = spatial.ints(attrs, "strides", rank, 1)
+        dilations = spatial.ints(attrs, "dilations", rank, 1)
+        pads = spatial.onnx_pads(attrs, t.static_shape[2:], kernel, strides, dilations)
         extra: dict[str, Any] = {}
-        if op == "avg_pool2d":
+        if kind == "avg":
             extra["count_include_pad"] = bool(attrs.get("count_include_pad", 0))
-        return [ctx.call(op, x, kernel_shape=kernel, strides=strides, dilations=dilations,
-                         pads=pads, ceil_mode=bool(attrs.get("ceil_mode", 0)), **extra)]
+        if kind == "lp":
+            extra["p"] = int(attrs.get("p", 2))
+        return [ctx.call(f"{kind}_pool{spatial.SUFFIX[rank]}", x, kernel_shape=kernel,
+                         strides=strides, dilations=dilations, pads=pads,
+                         ceil_mode=bool(attrs.get("ceil_mode", 0)), **extra)]
     return convert
 
 
-onnx_op("MaxPool")(_pool_converter("max_pool2d"))
-onnx_op("AveragePool")(_pool_converter("avg_pool2d"))
+onnx_op("MaxPool")(_pool_converter("max"))
+onnx_op("AveragePool")(_pool_converter("avg"))
+onnx_op("LpPool")(_pool_converter("lp"))
 
 
 def _global_converter(op: str) -> Any:

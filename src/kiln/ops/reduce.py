@@ -1,5 +1,12 @@
-"""Reductions and normalisations: reduce_{sum,mean,max,min,prod,l2}, softmax, log_softmax,
-layer_norm. `axes` are non-negative and sorted (the frontend normalises them)."""
+"""Reductions and normalisations: reduce_{sum,mean,max,min,prod,l1,l2,sum_square,log_sum},
+argmax/argmin, cumsum, softmax, log_softmax, layer_norm.
+
+`axes` attributes are non-negative and sorted (the frontend normalises them).
+Normalisations ONNX defines as compositions (InstanceNormalization,
+GroupNormalization, RMSNormalization, MeanVarianceNormalization,
+LpNormalization, ReduceLogSumExp, Hardmax) are mapped onto these ops by their
+converters at the bottom of this module.
+"""
 
 from __future__ import annotations
 
@@ -9,10 +16,12 @@ from typing import Any
 import numpy as np
 
 from kiln.errors import IRError
+from kiln.ir import dtype as dt
 from kiln.ir import graph as g
-from kiln.ir.tensor import Cast, PrimExpr, intrin
-from kiln.ir.types import TensorType, Type
+from kiln.ir.tensor import Cast, PrimExpr, as_expr, intrin, select
+from kiln.ir.types import TensorType, TupleType, Type
 from kiln.ops import te
+from kiln.ops._numpy import is_float, widen, work
 from kiln.ops.onnx_map import Converter, GraphContext, onnx_op
 from kiln.ops.registry import register_op
 
@@ -27,9 +36,9 @@ def norm_axes(axes: Any, ndim: int) -> tuple[int, ...]:
     out = []
     for a in items:
         a = int(a)
-        if not -ndim <= a < ndim:
+        if not -ndim <= a < max(ndim, 1):
             raise IRError(f"axis {a} is out of range for a {ndim}-d tensor")
-        out.append(a % ndim)
+        out.append(a % max(ndim, 1))
     if len(set(out)) != len(out):
         raise IRError(f"repeated axis in {tuple(items)}")
     return tuple(sorted(out))
@@ -44,13 +53,43 @@ def _compute_dtype(dtype: str) -> str:
     return "float32" if dtype in ("float16", "bfloat16") else dtype
 
 
+def _split_index(i: Sequence[PrimExpr], ndim: int, axes: Sequence[int],
+                 keep: bool) -> list[PrimExpr | None]:
+    """The output index `i` spread over the input dims (None for reduced dims)."""
+    kept = iter(i)
+    outer: list[PrimExpr | None] = []
+    for k in range(ndim):
+        if k in axes:
+            if keep:
+                next(kept)
+            outer.append(None)
+        else:
+            outer.append(next(kept))
+    return outer
+
+
+def _fill(outer: Sequence[PrimExpr | None], r: Sequence[PrimExpr]) -> tuple[PrimExpr, ...]:
+    rit = iter(r)
+    return tuple(next(rit) if o is None else o for o in outer)
+
+
+def _identity(kind: str, dtype: np.dtype[Any]) -> Any:
+    """The value of an empty max/min reduction (ONNX: -inf/+inf, or the int extremes)."""
+    if dtype == np.bool_:
+        return kind == "min"
+    if dtype.kind in "iu":
+        info = np.iinfo(dtype)
+        return info.min if kind == "max" else info.max
+    return -np.inf if kind == "max" else np.inf
+
+
 def _register_reduce(name: str, kind: str, post: Callable[[PrimExpr, int], PrimExpr] | None,
                      pre: Callable[[PrimExpr], PrimExpr] | None,
                      ref: Callable[..., np.ndarray]) -> None:
     def infer(types: Sequence[TensorType], attrs: Attrs) -> Type:
         x = types[0]
         axes = norm_axes(attrs.get("axes"), x.ndim)
-        return TensorType(_reduced_shape(x.shape, axes, bool(attrs.get("keepdims", True))),  # type: ignore[arg-type]
+        return TensorType(_reduced_shape(x.static_shape, axes, bool(attrs.get("keepdims", True))),
                           x.dtype)
 
     def compute(inputs: Sequence[te.Tensor], attrs: Attrs) -> te.Tensor:
@@ -63,20 +102,10 @@ def _register_reduce(name: str, kind: str, post: Callable[[PrimExpr, int], PrimE
         acc = _compute_dtype(x.dtype)
 
         def element(*i: PrimExpr) -> PrimExpr:
-            kept = iter(i)
-            outer: list[PrimExpr | None] = []
-            for k in range(x.ndim):
-                if k in axes:
-                    if keep:
-                        next(kept)
-                    outer.append(None)
-                else:
-                    outer.append(next(kept))
+            outer = _split_index(i, x.ndim, axes, keep)
 
             def body(*r: PrimExpr) -> PrimExpr:
-                rit = iter(r)
-                idx = tuple(next(rit) if o is None else o for o in outer)
-                v = x[idx]
+                v = x[_fill(outer, r)]
                 v = v if v.dtype == acc else Cast(acc, v)
                 return pre(v) if pre else v
 
@@ -89,7 +118,8 @@ def _register_reduce(name: str, kind: str, post: Callable[[PrimExpr, int], PrimE
     def reference(x: np.ndarray, **attrs: Any) -> np.ndarray:
         axes = norm_axes(attrs.get("axes"), x.ndim)
         keep = bool(attrs.get("keepdims", True))
-        return np.asarray(ref(x, axis=axes, keepdims=keep)).astype(x.dtype)
+        with np.errstate(all="ignore"):
+            return np.asarray(ref(x, axis=axes, keepdims=keep)).astype(x.dtype)
 
     register_op(name, pattern="reduce", infer=infer, compute=compute, reference=reference)
 
@@ -98,14 +128,220 @@ def _mean_post(total: PrimExpr, count: int) -> PrimExpr:
     return total / count
 
 
-_register_reduce("reduce_sum", "sum", None, None, np.sum)
-_register_reduce("reduce_mean", "sum", _mean_post, None, np.mean)
-_register_reduce("reduce_max", "max", None, None, np.max)
-_register_reduce("reduce_min", "min", None, None, np.min)
-_register_reduce("reduce_prod", "prod", None, None, np.prod)
+def _mean_ref(x: np.ndarray, axis: tuple[int, ...], keepdims: bool) -> np.ndarray:
+    total = np.sum(work(x), axis=axis, keepdims=keepdims)
+    count = int(np.prod([x.shape[a] for a in axis]))
+    if is_float(x):
+        return total / count
+    # integers: truncating division, like the kernel
+    return np.where(total < 0, -(-total // max(count, 1)), total // max(count, 1))
+
+
+def _extreme_ref(kind: str) -> Callable[..., np.ndarray]:
+    def ref(x: np.ndarray, axis: tuple[int, ...], keepdims: bool) -> np.ndarray:
+        fn = np.max if kind == "max" else np.min
+        return fn(x, axis=axis, keepdims=keepdims, initial=_identity(kind, x.dtype))
+    return ref
+
+
+_register_reduce("reduce_sum", "sum", None, None,
+                 lambda x, axis, keepdims: np.sum(work(x), axis=axis, keepdims=keepdims))
+_register_reduce("reduce_mean", "sum", _mean_post, None, _mean_ref)
+_register_reduce("reduce_max", "max", None, None, _extreme_ref("max"))
+_register_reduce("reduce_min", "min", None, None, _extreme_ref("min"))
+_register_reduce("reduce_prod", "prod", None, None,
+                 lambda x, axis, keepdims: np.prod(work(x), axis=axis, keepdims=keepdims))
+_register_reduce("reduce_l1", "sum", None, lambda v: intrin("abs", v) if dt.is_signed(v.dtype)
+                 else v,
+                 lambda x, axis, keepdims: np.sum(np.abs(work(x)), axis=axis, keepdims=keepdims))
 _register_reduce("reduce_l2", "sum", lambda t, n: intrin("sqrt", t), lambda v: v * v,
-                 lambda x, axis, keepdims: np.sqrt(np.sum(x.astype(np.float64) ** 2, axis=axis,
+                 lambda x, axis, keepdims: np.sqrt(np.sum(work(x) ** 2, axis=axis,
                                                           keepdims=keepdims)))
+_register_reduce("reduce_sum_square", "sum", None, lambda v: v * v,
+                 lambda x, axis, keepdims: np.sum(work(x) ** 2, axis=axis, keepdims=keepdims))
+_register_reduce("reduce_log_sum", "sum", lambda t, n: intrin("log", t), None,
+                 lambda x, axis, keepdims: np.log(np.sum(work(x), axis=axis,
+                                                         keepdims=keepdims)))
+
+
+# --------------------------------------------------------------------------- argmax, argmin
+
+def _arg_infer(types: Sequence[TensorType], attrs: Attrs) -> Type:
+    x = types[0]
+    (axis,) = norm_axes(attrs.get("axis", 0), x.ndim)
+    if x.static_shape[axis] == 0:
+        raise IRError(f"arg reduction over an empty axis {axis} of {x}")
+    return TensorType(_reduced_shape(x.static_shape, (axis,), bool(attrs.get("keepdims", True))),
+                      "int64")
+
+
+def _arg_compute(kind: str) -> Callable[[Sequence[te.Tensor], Attrs], te.Tensor]:
+    def compute(inputs: Sequence[te.Tensor], attrs: Attrs) -> te.Tensor:
+        (x,) = inputs
+        (axis,) = norm_axes(attrs.get("axis", 0), x.ndim)
+        keep = bool(attrs.get("keepdims", True))
+        last = bool(attrs.get("select_last_index", False))
+        n = x.shape[axis]
+        best_shape = _reduced_shape(x.shape, (axis,), True)
+        # pass 1: the extreme value; pass 2: the first (or last) index holding it
+        best = te.compute(best_shape, lambda *i: te.reduce(
+            kind, lambda r: x[tuple(r if k == axis else i[k] for k in range(x.ndim))],
+            (n,), x.dtype), x.dtype, f"arg{kind}_value", materialize=True)
+
+        def element(*i: PrimExpr) -> PrimExpr:
+            outer = _split_index(i, x.ndim, (axis,), keep)
+            full = tuple(as_expr(0) if o is None else o for o in outer)
+
+            def hit(r: PrimExpr) -> PrimExpr:
+                found = x[_fill(outer, (r,))].eq(best[full])
+                return select(found, r, as_expr(-1 if last else n))
+
+            return te.reduce("max" if last else "min", hit, (n,), "int64")
+
+        return te.compute(_reduced_shape(x.shape, (axis,), keep), element, "int64",
+                          f"arg{kind}")
+    return compute
+
+
+def _arg_ref(kind: str) -> Callable[..., np.ndarray]:
+    def ref(x: np.ndarray, **attrs: Any) -> np.ndarray:
+        (axis,) = norm_axes(attrs.get("axis", 0), x.ndim)
+        keep = bool(attrs.get("keepdims", True))
+        fn = np.argmax if kind == "max" else np.argmin
+        if attrs.get("select_last_index", False):
+            flipped = np.flip(x, axis=axis)
+            out = x.shape[axis] - 1 - fn(flipped, axis=axis)
+        else:
+            out = fn(x, axis=axis)
+        if keep:
+            out = np.expand_dims(out, axis)
+        return np.asarray(out, dtype=np.int64)
+    return ref
+
+
+register_op("argmax", pattern="reduce", infer=_arg_infer, compute=_arg_compute("max"),
+            reference=_arg_ref("max"))
+register_op("argmin", pattern="reduce", infer=_arg_infer, compute=_arg_compute("min"),
+            reference=_arg_ref("min"))
+
+
+# --------------------------------------------------------------------------- cumsum, cumprod
+
+def _cumulative_infer(types: Sequence[TensorType], attrs: Attrs) -> Type:
+    norm_axes(attrs.get("axis", 0), types[0].ndim)
+    return types[0]
+
+
+def _cumulative_compute(kind: str) -> Callable[[Sequence[te.Tensor], Attrs], te.Tensor]:
+    def compute(inputs: Sequence[te.Tensor], attrs: Attrs) -> te.Tensor:
+        (x,) = inputs
+        (axis,) = norm_axes(attrs.get("axis", 0), x.ndim)
+        exclusive, reverse = bool(attrs.get("exclusive", 0)), bool(attrs.get("reverse", 0))
+        acc = _compute_dtype(x.dtype)
+        neutral = as_expr(0 if kind == "sum" else 1, acc)
+
+        def element(*i: PrimExpr) -> PrimExpr:
+            here = i[axis]
+
+            def term(k: PrimExpr) -> PrimExpr:
+                if reverse:
+                    take = k > here if exclusive else k >= here
+                else:
+                    take = k < here if exclusive else k <= here
+                v = x[tuple(k if d == axis else i[d] for d in range(x.ndim))]
+                v = v if v.dtype == acc else Cast(acc, v)
+                return select(take, v, neutral)
+
+            total = te.reduce(kind, term, (x.shape[axis],), acc)
+            return total if acc == x.dtype else Cast(x.dtype, total)
+
+        return te.compute(x.shape, element, x.dtype, f"cum{kind}")
+    return compute
+
+
+def _cumulative_ref(kind: str) -> Callable[..., np.ndarray]:
+    def ref(x: np.ndarray, **attrs: Any) -> np.ndarray:
+        (axis,) = norm_axes(attrs.get("axis", 0), x.ndim)
+        v = widen(x)
+        if attrs.get("reverse", 0):
+            v = np.flip(v, axis)
+        out = (np.cumsum if kind == "sum" else np.cumprod)(v, axis=axis)
+        if attrs.get("exclusive", 0):
+            # shift by one along the axis, the neutral element first
+            first = np.take(np.zeros_like(out) if kind == "sum" else np.ones_like(out), [0],
+                            axis=axis)
+            out = np.concatenate([first, np.take(out, np.arange(out.shape[axis] - 1),
+                                                 axis=axis)], axis=axis)
+        if attrs.get("reverse", 0):
+            out = np.flip(out, axis)
+        return np.ascontiguousarray(out).astype(x.dtype)
+    return ref
+
+
+for _kind in ("sum", "prod"):
+    register_op(f"cum{_kind}", pattern="opaque", infer=_cumulative_infer,
+                compute=_cumulative_compute(_kind), reference=_cumulative_ref(_kind))
+
+
+# --------------------------------------------------------------------------- topk
+
+def _topk_infer(types: Sequence[TensorType], attrs: Attrs) -> Type:
+    x = types[0]
+    (axis,) = norm_axes(attrs.get("axis", -1), x.ndim)
+    k = int(attrs["k"])
+    if not 0 <= k <= x.static_shape[axis]:
+        raise IRError(f"topk: k = {k} is outside [0, {x.static_shape[axis]}] for {x}")
+    shape = list(x.static_shape)
+    shape[axis] = k
+    return TupleType((TensorType(tuple(shape), x.dtype), TensorType(tuple(shape), "int64")))
+
+
+def _topk_compute(inputs: Sequence[te.Tensor], attrs: Attrs) -> tuple[te.Tensor, te.Tensor]:
+    (x,) = inputs
+    (axis,) = norm_axes(attrs.get("axis", -1), x.ndim)
+    k, largest = int(attrs["k"]), bool(attrs.get("largest", 1))
+    n = x.shape[axis]
+
+    def at(i: Sequence[PrimExpr], m: PrimExpr) -> PrimExpr:
+        return x[tuple(m if d == axis else i[d] for d in range(x.ndim))]
+
+    # rank[i] = how many elements come before x[i] (better value, or equal and earlier)
+    def rank_of(*i: PrimExpr) -> PrimExpr:
+        def before(m: PrimExpr) -> PrimExpr:
+            a, b = at(i, m), x[i]
+            better = a > b if largest else a < b
+            return select(better | (a.eq(b) & (m < i[axis])), as_expr(1), as_expr(0))
+        return te.reduce("sum", before, (n,), "int64")
+
+    rank = te.compute(x.shape, rank_of, "int64", "rank", materialize=True)
+    shape = list(x.shape)
+    shape[axis] = k
+
+    def index_of(*j: PrimExpr) -> PrimExpr:
+        return te.reduce("min", lambda m: select(rank[tuple(m if d == axis else j[d] for d in
+                                                            range(x.ndim))].eq(j[axis]),
+                                                 m, as_expr(n)), (n,), "int64")
+
+    indices = te.compute(shape, index_of, "int64", "topk_indices", materialize=True)
+    values = te.compute(shape, lambda *j: at(j, te.clamp_index(indices[j], n)), x.dtype,
+                        "topk_values")
+    return values, indices
+
+
+def _topk_ref(x: np.ndarray, **attrs: Any) -> tuple[np.ndarray, np.ndarray]:
+    (axis,) = norm_axes(attrs.get("axis", -1), x.ndim)
+    k, n = int(attrs["k"]), x.shape[axis]
+    if attrs.get("largest", 1):
+        # descending values, ties by ascending index: sort the flipped axis stably
+        order = n - 1 - np.flip(np.argsort(np.flip(x, axis), axis=axis, kind="stable"), axis)
+    else:
+        order = np.argsort(x, axis=axis, kind="stable")
+    idx = np.take(order, np.arange(k), axis=axis).astype(np.int64)
+    return np.take_along_axis(x, idx, axis=axis), idx
+
+
+register_op("topk", pattern="opaque", infer=_topk_infer, compute=_topk_compute,
+            reference=_topk_ref)
 
 
 # --------------------------------------------------------------------------- softmax
@@ -169,6 +405,8 @@ register_op("log_softmax", pattern="opaque", infer=_same_type, compute=_softmax_
 
 def _layer_norm_infer(types: Sequence[TensorType], attrs: Attrs) -> Type:
     x = types[0]
+    if not dt.is_float(x.dtype):
+        raise IRError(f"layer_norm needs a float tensor, got {x}")
     axis = norm_axes(attrs.get("axis", -1), x.ndim)[0]
     norm_shape = tuple(x.shape[axis:])
     for t in types[1:]:
@@ -179,7 +417,8 @@ def _layer_norm_infer(types: Sequence[TensorType], attrs: Attrs) -> Type:
 
 
 def _layer_norm_compute(inputs: Sequence[te.Tensor], attrs: Attrs) -> te.Tensor:
-    x, scale = inputs[0], inputs[1]
+    x = inputs[0]
+    scale = inputs[1] if len(inputs) > 1 else None
     bias = inputs[2] if len(inputs) > 2 else None
     axis = norm_axes(attrs.get("axis", -1), x.ndim)[0]
     eps = float(attrs.get("epsilon", 1e-5))
@@ -200,9 +439,10 @@ def _layer_norm_compute(inputs: Sequence[te.Tensor], attrs: Attrs) -> te.Tensor:
 
     def element(*i: PrimExpr) -> PrimExpr:
         o, r = i[:axis], i[axis:]
-        norm = (at(o, r) - mean[o]) * intrin("rsqrt", var[o] + eps)
-        s = scale[r[len(r) - scale.ndim:]]
-        v = norm * (s if s.dtype == acc else Cast(acc, s))
+        v = (at(o, r) - mean[o]) * intrin("rsqrt", var[o] + eps)
+        if scale is not None:
+            s = scale[r[len(r) - scale.ndim:]]
+            v = v * (s if s.dtype == acc else Cast(acc, s))
         if bias is not None:
             b = bias[r[len(r) - bias.ndim:]]
             v = v + (b if b.dtype == acc else Cast(acc, b))
@@ -211,16 +451,18 @@ def _layer_norm_compute(inputs: Sequence[te.Tensor], attrs: Attrs) -> te.Tensor:
     return te.compute(x.shape, element, x.dtype, "layer_norm")
 
 
-def _layer_norm_ref(x: np.ndarray, scale: np.ndarray, bias: np.ndarray | None = None,
-                    **attrs: Any) -> np.ndarray:
+def _layer_norm_ref(x: np.ndarray, scale: np.ndarray | None = None,
+                    bias: np.ndarray | None = None, **attrs: Any) -> np.ndarray:
     axis = norm_axes(attrs.get("axis", -1), x.ndim)[0]
     axes = tuple(range(axis, x.ndim))
     x64 = x.astype(np.float64)
     mean = x64.mean(axis=axes, keepdims=True)
     var = ((x64 - mean) ** 2).mean(axis=axes, keepdims=True)
-    y = (x64 - mean) / np.sqrt(var + float(attrs.get("epsilon", 1e-5))) * scale
+    y = (x64 - mean) / np.sqrt(var + float(attrs.get("epsilon", 1e-5)))
+    if scale is not None:
+        y = y * scale.astype(np.float64)
     if bias is not None:
-        y = y + bias
+        y = y + bias.astype(np.float64)
     return y.astype(x.dtype)
 
 
@@ -230,11 +472,30 @@ register_op("layer_norm", pattern="opaque", infer=_layer_norm_infer,
 
 # --------------------------------------------------------------------------- ONNX mapping
 
+# ONNX op -> (kiln op, first opset taking axes as an input instead of an attribute)
 ONNX_REDUCE = {
     "ReduceSum": ("reduce_sum", 13), "ReduceMean": ("reduce_mean", 18),
     "ReduceMax": ("reduce_max", 18), "ReduceMin": ("reduce_min", 18),
-    "ReduceProd": ("reduce_prod", 18), "ReduceL2": ("reduce_l2", 18),
+    "ReduceProd": ("reduce_prod", 18), "ReduceL1": ("reduce_l1", 18),
+    "ReduceL2": ("reduce_l2", 18), "ReduceSumSquare": ("reduce_sum_square", 18),
+    "ReduceLogSum": ("reduce_log_sum", 18), "ReduceLogSumExp": ("log_sum_exp", 18),
 }
+
+
+def _reduce_axes(ctx: GraphContext, inputs: Sequence[g.Expr | None], attrs: dict[str, Any],
+                 axes_input_since: int) -> Any:
+    """The reduction axes: None for all, () for none (noop_with_empty_axes)."""
+    axes: Any = attrs.get("axes")
+    if ctx.opset >= axes_input_since and len(inputs) > 1 and inputs[1] is not None:
+        known = ctx.value(inputs[1])
+        if known is None:
+            raise IRError("the axes input must be a compile-time constant")
+        axes = tuple(int(a) for a in known.reshape(-1))
+    if axes is not None and len(axes) == 0:
+        axes = None
+    if axes is None and attrs.get("noop_with_empty_axes", 0):
+        return ()
+    return axes
 
 
 def _reduce_converter(op: str, axes_input_since: int) -> Converter:
@@ -242,24 +503,87 @@ def _reduce_converter(op: str, axes_input_since: int) -> Converter:
                 attrs: dict[str, Any]) -> list[g.Expr]:
         x = inputs[0]
         assert x is not None
-        ndim = ctx.tensor_type(x).ndim
-        axes: Any = attrs.get("axes")
-        if ctx.opset >= axes_input_since and len(inputs) > 1 and inputs[1] is not None:
-            known = ctx.value(inputs[1])
-            if known is None:
-                raise IRError(f"{op}: axes must be a constant")
-            axes = tuple(int(a) for a in known.reshape(-1))
-        if axes is not None and len(axes) == 0:
-            axes = None
-        if axes is None and attrs.get("noop_with_empty_axes", 0):
+        xt = ctx.tensor_type(x)
+        axes = _reduce_axes(ctx, inputs, attrs, axes_input_since)
+        keep = bool(attrs.get("keepdims", 1))
+        if axes == ():
             return [ctx.call("copy", x)]
-        return [ctx.call(op, x, axes=norm_axes(axes, ndim),
-                         keepdims=bool(attrs.get("keepdims", 1)))]
+        axes = norm_axes(axes, xt.ndim)
+        if xt.dtype == "bool" and op in ("reduce_max", "reduce_min"):
+            # max/min of bools are or/and: compute them on uint8
+            y = ctx.call(op, ctx.call("cast", x, dtype="uint8"), axes=axes, keepdims=keep)
+            return [ctx.call("cast", y, dtype="bool")]
+        if op == "log_sum_exp":
+            return [_log_sum_exp(ctx, x, axes, keep)]
+        return [ctx.call(op, x, axes=axes, keepdims=keep)]
     return convert
+
+
+def _log_sum_exp(ctx: GraphContext, x: g.Expr, axes: tuple[int, ...], keep: bool) -> g.Expr:
+    # log(sum(exp(x - m))) + m with m the max: no overflow
+    m = ctx.call("reduce_max", x, axes=axes, keepdims=True)
+    total = ctx.call("reduce_sum", ctx.call("exp", ctx.call("subtract", x, m)), axes=axes,
+                     keepdims=True)
+    y = ctx.call("add", ctx.call("log", total), m)
+    if not keep:
+        shape = _reduced_shape(ctx.tensor_type(x).static_shape, axes, False)
+        y = ctx.call("reshape", y, shape=shape)
+    return y
 
 
 for _onnx, (_kiln, _since) in ONNX_REDUCE.items():
     onnx_op(_onnx)(_reduce_converter(_kiln, _since))
+
+
+def _arg_converter(op: str) -> Converter:
+    def convert(ctx: GraphContext, inputs: Sequence[g.Expr | None],
+                attrs: dict[str, Any]) -> list[g.Expr]:
+        x = inputs[0]
+        assert x is not None
+        axis = norm_axes(attrs.get("axis", 0), ctx.tensor_type(x).ndim)[0]
+        return [ctx.call(op, x, axis=axis, keepdims=bool(attrs.get("keepdims", 1)),
+                         select_last_index=bool(attrs.get("select_last_index", 0)))]
+    return convert
+
+
+onnx_op("ArgMax")(_arg_converter("argmax"))
+onnx_op("ArgMin")(_arg_converter("argmin"))
+
+
+def _cumulative_converter(op: str) -> Converter:
+    def convert(ctx: GraphContext, inputs: Sequence[g.Expr | None],
+                attrs: dict[str, Any]) -> list[g.Expr]:
+        x = inputs[0]
+        assert x is not None
+        axis_v = ctx.value(inputs[1]) if len(inputs) > 1 else None
+        if axis_v is None:
+            raise IRError("the axis input must be a compile-time constant")
+        axis = norm_axes(int(axis_v.reshape(-1)[0]), ctx.tensor_type(x).ndim)[0]
+        return [ctx.call(op, x, axis=axis, exclusive=bool(attrs.get("exclusive", 0)),
+                         reverse=bool(attrs.get("reverse", 0)))]
+    return convert
+
+
+onnx_op("CumSum")(_cumulative_converter("cumsum"))
+onnx_op("CumProd")(_cumulative_converter("cumprod"))
+
+
+@onnx_op("TopK")
+def _topk_onnx(ctx: GraphContext, inputs: Sequence[g.Expr | None],
+               attrs: dict[str, Any]) -> list[g.Expr]:
+    x = inputs[0]
+    assert x is not None
+    if ctx.opset >= 10:
+        k_v = ctx.value(inputs[1]) if len(inputs) > 1 else None
+        if k_v is None:
+            raise IRError("the k input must be a compile-time constant")
+        k = int(k_v.reshape(-1)[0])
+    else:
+        k = int(attrs["k"])
+    axis = norm_axes(int(attrs.get("axis", -1)), ctx.tensor_type(x).ndim)[0]
+    # `sorted=0` allows any order: the sorted order is one of them
+    out = ctx.call("topk", x, k=k, axis=axis, largest=bool(attrs.get("largest", 1)))
+    return [ctx.item(out, 0), ctx.item(out, 1)]
 
 
 def _softmax_converter(op: str) -> Converter:
@@ -284,12 +608,143 @@ onnx_op("Softmax")(_softmax_converter("softmax"))
 onnx_op("LogSoftmax")(_softmax_converter("log_softmax"))
 
 
+@onnx_op("Hardmax")
+def _hardmax_onnx(ctx: GraphContext, inputs: Sequence[g.Expr | None],
+                  attrs: dict[str, Any]) -> list[g.Expr]:
+    x = inputs[0]
+    assert x is not None
+    t = ctx.tensor_type(x)
+    shape = t.static_shape
+    if ctx.opset >= 13:
+        (axis,) = norm_axes(attrs.get("axis", -1), t.ndim)
+        flat = x
+    else:   # coerced to 2-D at `axis`, like Softmax
+        (axis0,) = norm_axes(attrs.get("axis", 1), t.ndim)
+        flat = ctx.call("reshape", x, shape=(int(np.prod(shape[:axis0])),
+                                             int(np.prod(shape[axis0:]))))
+        axis = 1
+    ft = ctx.tensor_type(flat)
+    idx = ctx.call("argmax", flat, axis=axis, keepdims=True)
+    iota_shape = [1] * ft.ndim
+    iota_shape[axis] = ft.static_shape[axis]
+    iota = ctx.const(np.arange(ft.static_shape[axis], dtype=np.int64).reshape(iota_shape))
+    y = ctx.call("cast", ctx.call("equal", iota, idx), dtype=t.dtype)
+    if ctx.tensor_type(y).static_shape != ft.static_shape:
+        y = ctx.call("broadcast_to", y, shape=ft.static_shape)
+    return [y if flat is x else ctx.call("reshape", y, shape=shape)]
+
+
+def _normalized(ctx: GraphContext, x: g.Expr, axes: tuple[int, ...], eps: float
+                ) -> tuple[g.Expr, g.Expr, g.Expr]:
+    """(normalised x, mean, 1/sqrt(var + eps)) over `axes`, statistics kept as dims."""
+    dtype = ctx.tensor_type(x).dtype
+    mean = ctx.call("reduce_mean", x, axes=axes, keepdims=True)
+    centered = ctx.call("subtract", x, mean)
+    var = ctx.call("reduce_mean", ctx.call("multiply", centered, centered), axes=axes,
+                   keepdims=True)
+    inv = ctx.call("reciprocal", ctx.call("sqrt", ctx.call("add", var, ctx.const(eps, dtype))))
+    return ctx.call("multiply", centered, inv), mean, inv
+
+
+def _channel(ctx: GraphContext, v: g.Expr, ndim: int) -> g.Expr:
+    """A per-channel (C,) vector shaped to broadcast against an (N, C, ...) tensor."""
+    c = ctx.tensor_type(v).static_shape[0]
+    return ctx.call("reshape", v, shape=(c,) + (1,) * (ndim - 2))
+
+
 @onnx_op("LayerNormalization")
 def _layer_norm_onnx(ctx: GraphContext, inputs: Sequence[g.Expr | None],
                      attrs: dict[str, Any]) -> list[g.Expr]:
     x, scale = inputs[0], inputs[1]
     bias = inputs[2] if len(inputs) > 2 else None
     assert x is not None and scale is not None
+    t = ctx.tensor_type(x)
+    axis = norm_axes(int(attrs.get("axis", -1)), t.ndim)[0]
+    eps = float(attrs.get("epsilon", 1e-5))
     args = [x, scale] if bias is None else [x, scale, bias]
-    return [ctx.call("layer_norm", *args, axis=int(attrs.get("axis", -1)),
-                     epsilon=float(attrs.get("epsilon", 1e-5)))]
+    outs = [ctx.call("layer_norm", *args, axis=axis, epsilon=eps)]
+    if len(ctx.node_outputs) > 1:
+        # the optional Mean and InvStdDev outputs, in the stash type (float32 by default)
+        stash = "float32" if int(attrs.get("stash_type", 1)) == 1 else t.dtype
+        xs = x if stash == t.dtype else ctx.call("cast", x, dtype=stash)
+        _, mean, inv = _normalized(ctx, xs, tuple(range(axis, t.ndim)), eps)
+        outs += [mean, inv]
+    return outs
+
+
+@onnx_op("InstanceNormalization")
+def _instance_norm_onnx(ctx: GraphContext, inputs: Sequence[g.Expr | None],
+                        attrs: dict[str, Any]) -> list[g.Expr]:
+    x, scale, bias = inputs[:3]
+    assert x is not None and scale is not None and bias is not None
+    ndim = ctx.tensor_type(x).ndim
+    y = ctx.call("layer_norm", x, axis=2, epsilon=float(attrs.get("epsilon", 1e-5)))
+    y = ctx.call("multiply", y, _channel(ctx, scale, ndim))
+    return [ctx.call("add", y, _channel(ctx, bias, ndim))]
+
+
+@onnx_op("GroupNormalization")
+def _group_norm_onnx(ctx: GraphContext, inputs: Sequence[g.Expr | None],
+                     attrs: dict[str, Any]) -> list[g.Expr]:
+    x, scale, bias = inputs[:3]
+    assert x is not None and scale is not None and bias is not None
+    shape = ctx.tensor_type(x).static_shape
+    groups = int(attrs["num_groups"])
+    n, c = shape[:2]
+    if c % groups:
+        raise IRError(f"GroupNormalization: {c} channels do not split into {groups} groups")
+    grouped = ctx.call("reshape", x, shape=(n, groups, int(np.prod(shape[1:])) // groups))
+    y = ctx.call("layer_norm", grouped, axis=2, epsilon=float(attrs.get("epsilon", 1e-5)))
+    y = ctx.call("reshape", y, shape=shape)
+    if ctx.tensor_type(scale).static_shape[0] != c:
+        # opset 18: scale and bias per group
+        scale = ctx.call("reshape", ctx.call("broadcast_to", ctx.call(
+            "reshape", scale, shape=(groups, 1)), shape=(groups, c // groups)), shape=(c,))
+        bias = ctx.call("reshape", ctx.call("broadcast_to", ctx.call(
+            "reshape", bias, shape=(groups, 1)), shape=(groups, c // groups)), shape=(c,))
+    y = ctx.call("multiply", y, _channel(ctx, scale, len(shape)))
+    return [ctx.call("add", y, _channel(ctx, bias, len(shape)))]
+
+
+@onnx_op("MeanVarianceNormalization")
+def _mvn_onnx(ctx: GraphContext, inputs: Sequence[g.Expr | None],
+              attrs: dict[str, Any]) -> list[g.Expr]:
+    x = inputs[0]
+    assert x is not None
+    axes = norm_axes(attrs.get("axes", (0, 2, 3)), ctx.tensor_type(x).ndim)
+    return [_normalized(ctx, x, axes, 1e-9)[0]]
+
+
+@onnx_op("RMSNormalization")
+def _rms_norm_onnx(ctx: GraphContext, inputs: Sequence[g.Expr | None],
+                   attrs: dict[str, Any]) -> list[g.Expr]:
+    x, scale = inputs[0], inputs[1]
+    assert x is not None and scale is not None
+    t = ctx.tensor_type(x)
+    axis = norm_axes(int(attrs.get("axis", -1)), t.ndim)[0]
+    stash = "float32" if int(attrs.get("stash_type", 1)) == 1 else t.dtype
+    xs = x if stash == t.dtype else ctx.call("cast", x, dtype=stash)
+    ms = ctx.call("reduce_mean", ctx.call("multiply", xs, xs),
+                  axes=tuple(range(axis, t.ndim)), keepdims=True)
+    rms = ctx.call("sqrt", ctx.call("add", ms, ctx.const(float(attrs.get("epsilon", 1e-5)),
+                                                         stash)))
+    y = ctx.call("divide", xs, rms)
+    if stash != t.dtype:
+        y = ctx.call("cast", y, dtype=t.dtype)
+    return [ctx.call("multiply", y, scale)]
+
+
+@onnx_op("LpNormalization")
+def _lp_norm_onnx(ctx: GraphContext, inputs: Sequence[g.Expr | None],
+                  attrs: dict[str, Any]) -> list[g.Expr]:
+    x = inputs[0]
+    assert x is not None
+    t = ctx.tensor_type(x)
+    axis = norm_axes(int(attrs.get("axis", -1)), t.ndim)
+    p = int(attrs.get("p", 2))
+    if p not in (1, 2):
+        raise IRError(f"LpNormalization: p must be 1 or 2, got {p}")
+    norm = ctx.call("reduce_l2" if p == 2 else "reduce_l1", x, axes=axis, keepdims=True)
+    zero = ctx.const(0, t.dtype)
+    safe = ctx.call("where", ctx.call("equal", norm, zero), ctx.const(1, t.dtype), norm)
+    return [ctx.call("divide", x, safe)]

@@ -20,11 +20,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from kiln.errors import IRError
 from kiln.ir import dtype as dt
 from kiln.ir.dtype import INDEX_DTYPE
 from kiln.ir.tensor import (
     Allocate,
+    AllocConst,
     Buffer,
     Const,
     ExprLike,
@@ -51,8 +54,9 @@ class Tensor:
     shape: tuple[int, ...]
     dtype: str
     name: str
-    fcompute: FCompute | None = None     # None: a placeholder (an input)
+    fcompute: FCompute | None = None     # None: a placeholder (an input) or a constant
     materialize: bool = False
+    data: np.ndarray | None = None       # a constant table (see `const_tensor`)
 
     @property
     def ndim(self) -> int:
@@ -78,6 +82,16 @@ def compute(shape: Sequence[int], fcompute: FCompute, dtype: str, name: str = "t
     """A tensor whose element at `i` is `fcompute(*i)`."""
     dt.check_dtype(dtype)
     return Tensor(tuple(int(d) for d in shape), dtype, name, fcompute, materialize)
+
+
+def const_tensor(data: np.ndarray, name: str = "table") -> Tensor:
+    """A constant tensor baked into the lowered function (read-only data).
+
+    For lookup tables computed at lowering time (e.g. resize coordinates and
+    weights), so the kernel and the numpy reference share one computation.
+    """
+    arr = np.asarray(data)
+    return Tensor(tuple(int(d) for d in arr.shape), dt.from_numpy(arr.dtype), name, data=arr)
 
 
 @dataclass(frozen=True)
@@ -172,16 +186,28 @@ class _Lowering:
         self.buffers = buffers
         self.blocks: list[_Block] = [_Block()]
         self.counter = 0
+        self.constants: list[tuple[Buffer, np.ndarray]] = []
 
     def access(self, t: Tensor, idx: tuple[PrimExpr, ...]) -> PrimExpr:
         buf = self.buffers.get(t)
         if buf is not None:
             return buf[idx]
+        if t.data is not None:
+            return self.constant(t)[idx]
         if t.fcompute is None:
             raise IRError(f"input tensor {t.name} is not an input of this operator")
         if t.materialize:
             return self.materialize(t)[idx]
         return as_expr(t.fcompute(*idx), t.dtype)
+
+    def constant(self, t: Tensor) -> Buffer:
+        """The read-only buffer of constant tensor `t` (bound around the whole body)."""
+        assert t.data is not None
+        self.counter += 1
+        buf = Buffer(f"{t.name}_{self.counter}", t.shape, t.dtype)
+        self.buffers[t] = buf
+        self.constants.append((buf, t.data))
+        return buf
 
     def materialize(self, t: Tensor) -> Buffer:
         """Compute `t` once into a temporary, before the statement being built."""
@@ -246,7 +272,7 @@ def lower(inputs: Sequence[Tensor], outputs: Sequence[Tensor], name: str = "kern
     buffers: dict[Tensor, Buffer] = {}
     params: list[Buffer] = []
     for t in inputs:
-        if t.fcompute is not None:
+        if t.fcompute is not None or t.data is not None:
             raise IRError(f"operator input {t.name} must be a placeholder")
         buffers[t] = Buffer(t.name, t.shape, t.dtype)
         params.append(buffers[t])
@@ -258,12 +284,16 @@ def lower(inputs: Sequence[Tensor], outputs: Sequence[Tensor], name: str = "kern
     token = _CTX.set(ctx)
     try:
         for t, buf in zip(outputs, out_bufs):
-            if t.fcompute is None:
+            if t.fcompute is None and t in buffers:
                 # the output is an input: copy it
                 ctx.loop_nest(t.shape, "i", _copy_body(ctx, buffers[t], buf))
+            elif t.fcompute is None:
+                ctx.store_all(compute(t.shape, lambda *i, src=t: src[i], t.dtype, t.name), buf)
             else:
                 ctx.store_all(t, buf)
         body = ctx.blocks[0].close()
+        for cbuf, data in reversed(ctx.constants):
+            body = AllocConst(cbuf, data, body)
     finally:
         _CTX.reset(token)
     return PrimFunc(tuple(params + out_bufs), body, attrs or {})

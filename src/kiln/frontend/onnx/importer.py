@@ -4,6 +4,11 @@ model's inputs by name and holds its initializers as constants.
 Constant subgraphs (the Shape -> Gather -> Concat -> Reshape arithmetic that
 exporters emit) are folded while importing, with each op's numpy reference, so
 shape inputs are known when the converter of their consumer runs.
+
+Opsets: kiln's converters implement the semantics of ONNX opsets 7-21, branching
+on `ctx.opset` where an operator changed. A model older than opset 7 goes through
+ONNX's version converter first. A model newer than 21 is accepted: the opset
+22-28 revisions of the operators kiln supports only added element types.
 """
 
 from __future__ import annotations
@@ -14,63 +19,75 @@ from typing import Any
 
 import numpy as np
 
+from kiln._registry import suggest
 from kiln.errors import FrontendError, IRError
 from kiln.ir import graph as g
 from kiln.ir.builder import IRBuilder
-from kiln.ir.dtype import from_numpy
+from kiln.ir.dtype import from_numpy, to_numpy
 from kiln.ir.module import IRModule
 from kiln.ir.types import TensorType, Type
 from kiln.ops import registry as op_registry
 from kiln.ops.onnx_map import converters
 
 SUPPORTED_OPSETS = range(7, 22)
+# Older models are converted to this opset with onnx.version_converter.
+CONVERT_OLD_TO = 13
 
 
 def from_onnx(model: Any, shape_dict: dict[str, Any] | None = None) -> IRModule:
-    """Import `model` (a path, bytes or onnx.ModelProto).
+    """Import `model` (a path, bytes or onnx.ModelProto) as an IRModule.
 
-    `shape_dict` binds input shapes (needed for symbolic dimensions): a full
-    shape per input name, e.g. `{"input": (1, 3, 224, 224)}`.
+    `shape_dict` binds input shapes, e.g. `{"input": (1, 3, 224, 224)}`: it is
+    required for inputs with symbolic dimensions and must agree with the fixed
+    dimensions the model declares. The module's graph function `main` takes the
+    inputs in the model's order, under their ONNX names, and returns the
+    outputs in the model's order (attribute `output_names`).
+
+    Raises FrontendError for a missing or malformed file, unsupported
+    operators (all of them listed, with node names and counts), bad or missing
+    shapes, and values kiln needs at compile time but cannot compute.
     """
-    import onnx
-
     proto = _load(model)
     opset = _default_opset(proto)
     if opset < SUPPORTED_OPSETS.start:
-        try:
-            from onnx import version_converter
-
-            proto = version_converter.convert_version(proto, 13)
-            opset = 13
-        except Exception as exc:  # the converter raises many types
-            raise FrontendError(
-                f"model uses opset {opset}; kiln supports {SUPPORTED_OPSETS.start}-"
-                f"{SUPPORTED_OPSETS.stop - 1} and onnx's version converter failed: {exc}"
-            ) from exc
+        proto, opset = _upgrade(proto, opset)
     graph = proto.graph
     _check_supported(graph, opset)
-    return _Importer(onnx, graph, opset, shape_dict or {}).run()
+    _check_shape_dict(graph, shape_dict or {})
+    return _Importer(graph, opset, dict(shape_dict or {})).run()
 
 
 def _load(model: Any) -> Any:
     import onnx
+    from google.protobuf.message import DecodeError
 
     if isinstance(model, onnx.ModelProto):
         return model
     if isinstance(model, (bytes, bytearray)):
         try:
-            return onnx.load_from_string(bytes(model))
-        except Exception as exc:
-            raise FrontendError(f"these bytes are not an ONNX model: {exc}") from exc
+            proto = onnx.load_from_string(bytes(model))
+        except (DecodeError, ValueError, RuntimeError) as exc:
+            raise FrontendError(f"these {len(model)} bytes are not an ONNX model: {exc}") from exc
+        return _check_nonempty(proto, "the bytes")
+    if not isinstance(model, (str, os.PathLike)):
+        raise FrontendError(f"from_onnx expects a path, bytes or onnx.ModelProto, got "
+                            f"{type(model).__name__}")
     path = os.fspath(model)
     if not os.path.exists(path):
         raise FrontendError(f"ONNX model file {path!r} does not exist")
+    if os.path.isdir(path):
+        raise FrontendError(f"{path!r} is a directory, not an ONNX model file")
     try:
         proto = onnx.load(path)
-    except Exception as exc:
+    except (DecodeError, ValueError, RuntimeError, OSError) as exc:
         raise FrontendError(f"{path!r} is not a readable ONNX model: {exc}") from exc
+    return _check_nonempty(proto, repr(path))
+
+
+def _check_nonempty(proto: Any, what: str) -> Any:
+    # Protobuf parses many random byte strings into an empty message.
     if not proto.graph.node and not proto.graph.output:
-        raise FrontendError(f"{path!r} holds no ONNX graph (empty or not an ONNX file)")
+        raise FrontendError(f"{what} hold no ONNX graph (empty, truncated or not an ONNX file)")
     return proto
 
 
@@ -78,30 +95,90 @@ def _default_opset(proto: Any) -> int:
     for imp in proto.opset_import:
         if imp.domain in ("", "ai.onnx"):
             return int(imp.version)
-    raise FrontendError("the model does not import the default ONNX opset")
+    if not proto.opset_import:
+        # IR version < 3 models carry no opset_import: they are opset 1.
+        return 1
+    raise FrontendError("the model does not import the default ONNX opset (domain '')")
+
+
+def _upgrade(proto: Any, opset: int) -> tuple[Any, int]:
+    try:
+        from onnx import version_converter
+
+        return version_converter.convert_version(proto, CONVERT_OLD_TO), CONVERT_OLD_TO
+    except Exception as exc:  # the converter raises many types
+        raise FrontendError(
+            f"model uses opset {opset}; kiln supports {SUPPORTED_OPSETS.start}-"
+            f"{SUPPORTED_OPSETS.stop - 1} and onnx's version converter could not "
+            f"upgrade it: {exc}") from exc
+
+
+def _text(value: Any) -> str:
+    """A protobuf string field as text (a damaged file may hold invalid UTF-8 bytes)."""
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+
+
+def _op_key(node: Any) -> str:
+    op, domain = _text(node.op_type), _text(node.domain)
+    return op if domain in ("", "ai.onnx") else f"{domain}.{op}"
+
+
+def _node_label(node: Any, index: int) -> str:
+    if node.name:
+        return repr(_text(node.name))
+    out = next((_text(o) for o in node.output if o), "")
+    return f"#{index} (output {out!r})" if out else f"#{index}"
 
 
 def _check_supported(graph: Any, opset: int) -> None:
+    """Raise one FrontendError listing every unsupported op type, with counts and nodes."""
     table = converters()
     missing: Counter[str] = Counter()
     names: dict[str, list[str]] = {}
-    for node in graph.node:
-        key = node.op_type if node.domain in ("", "ai.onnx") else f"{node.domain}.{node.op_type}"
+    for k, node in enumerate(graph.node):
+        key = _op_key(node)
         if key not in table:
             missing[key] += 1
-            names.setdefault(key, []).append(node.name or f"<{node.op_type} #{missing[key]}>")
+            names.setdefault(key, []).append(_node_label(node, k))
     if missing:
-        lines = [f"  {op} x{count}: nodes {', '.join(names[op][:5])}"
-                 + (" ..." if len(names[op]) > 5 else "")
-                 for op, count in sorted(missing.items())]
+        lines = []
+        for op, count in sorted(missing.items()):
+            shown = names[op][:5]
+            more = f" and {count - len(shown)} more" if count > len(shown) else ""
+            lines.append(f"  {op} x{count}: node{'s' if count > 1 else ''} "
+                         f"{', '.join(shown)}{more}")
         raise FrontendError(
             f"the model uses {len(missing)} operator type(s) kiln does not support "
             f"(opset {opset}):\n" + "\n".join(lines))
 
 
+def _graph_inputs(graph: Any) -> list[Any]:
+    init_names = {t.name for t in graph.initializer}
+    return [i for i in graph.input if i.name not in init_names]
+
+
+def _check_shape_dict(graph: Any, shape_dict: dict[str, Any]) -> None:
+    inputs = [i.name for i in _graph_inputs(graph)]
+    for name, shape in shape_dict.items():
+        if name not in inputs:
+            raise FrontendError(
+                f"shape_dict names {name!r}, which is not an input of the model."
+                f"{suggest(str(name), inputs)} Inputs: {', '.join(inputs) or '(none)'}")
+        if isinstance(shape, (str, bytes)) or not hasattr(shape, "__iter__"):
+            raise FrontendError(f"shape_dict[{name!r}] must be a sequence of ints, got {shape!r}")
+        for d in shape:
+            if isinstance(d, bool) or not isinstance(d, (int, np.integer)) or d < 0:
+                raise FrontendError(
+                    f"shape_dict[{name!r}] = {tuple(shape)!r}: every dimension must be a "
+                    f"non-negative int, got {d!r}")
+
+
 def _decode_attr(attr: Any) -> Any:
     from onnx import helper, numpy_helper
 
+    if attr.type == attr.GRAPH or attr.type == attr.GRAPHS:
+        raise FrontendError(f"attribute {attr.name!r} holds a subgraph; kiln does not "
+                            "import control flow")
     value = helper.get_attribute_value(attr)
     if attr.type == attr.TENSOR:
         return numpy_helper.to_array(value)
@@ -113,18 +190,22 @@ def _decode_attr(attr: Any) -> Any:
 
 
 class _Importer:
-    def __init__(self, onnx: Any, graph: Any, opset: int, shape_dict: dict[str, Any]) -> None:
-        self.onnx = onnx
+    """Converts the nodes of one graph in order; it is the converters' GraphContext."""
+
+    def __init__(self, graph: Any, opset: int, shape_dict: dict[str, Any]) -> None:
         self.graph = graph
         self.opset = opset
         self.shape_dict = shape_dict
         self.values: dict[str, g.Expr] = {}
         self.ib = IRBuilder()
-        self.counter = 0
+        self.node_outputs: tuple[str, ...] = ()
+        self.params: set[g.Expr] = set()
+        self._where = "model"
 
     # ---------------------------------------------------------------- GraphContext
 
     def call(self, op: str, *args: g.Expr, **attrs: Any) -> g.Expr:
+        """Emit `op(*args, **attrs)`, folded into a Constant when every arg is constant."""
         try:
             expr = op_registry.call(op, *args, **attrs)
         except IRError as exc:
@@ -138,7 +219,7 @@ class _Importer:
         return self.ib.emit(expr, op)
 
     def const(self, data: np.ndarray | float | int, dtype: str | None = None) -> g.Expr:
-        arr = np.asarray(data) if dtype is None else np.asarray(data, dtype=dtype)
+        arr = np.asarray(data) if dtype is None else np.asarray(data, dtype=to_numpy(dtype))
         return g.Constant(arr)
 
     def value(self, expr: g.Expr | None) -> np.ndarray | None:
@@ -159,40 +240,45 @@ class _Importer:
     # ---------------------------------------------------------------- import
 
     def run(self) -> IRModule:
-        init_names = {t.name for t in self.graph.initializer}
-        with self.ib.function("main"):
-            for inp in self.graph.input:
-                if inp.name in init_names:
-                    continue
-                self.values[inp.name] = self.ib.param(inp.name, self._input_type(inp))
-            from onnx import numpy_helper
+        from onnx import numpy_helper
 
+        with self.ib.function("main"):
+            for inp in _graph_inputs(self.graph):
+                param = self.ib.param(inp.name, self._input_type(inp))
+                self.values[inp.name] = param
+                self.params.add(param)
             for init in self.graph.initializer:
-                self.values[init.name] = g.Constant(numpy_helper.to_array(init), init.name)
-            for node in self.graph.node:
-                self._convert(node)
+                try:
+                    data = numpy_helper.to_array(init)
+                    self.values[init.name] = g.Constant(data, init.name)
+                except Exception as exc:  # onnx raises several types for bad tensors
+                    raise FrontendError(f"initializer {_text(init.name)!r} cannot be read: "
+                                        f"{type(exc).__name__}: {exc}") from exc
+            for k, node in enumerate(self.graph.node):
+                self._convert(node, k)
             outputs = []
+            seen: set[g.Expr] = set()
             for out in self.graph.output:
                 if out.name not in self.values:
                     raise FrontendError(f"graph output {out.name!r} is produced by no node")
-                outputs.append(self._as_result(self.values[out.name], out.name))
+                outputs.append(self._as_result(self.values[out.name], seen))
+            if not outputs:
+                raise FrontendError("the model has no outputs")
             self.ib.func_attr("output_names", tuple(o.name for o in self.graph.output))
             self.ib.ret(outputs[0] if len(outputs) == 1 else g.Tuple(tuple(outputs)))
         return self.ib.get()
 
-    def _as_result(self, expr: g.Expr, name: str) -> g.Expr:
-        # A constant output still flows through main's bindings.
-        if isinstance(expr, g.Constant):
-            return self.ib.emit(op_registry.call("copy", expr), "const_out")
+    def _as_result(self, expr: g.Expr, seen: set[g.Expr]) -> g.Expr:
+        # Every output is a value computed by main's bindings, and a distinct one:
+        # constants, inputs passed through and repeated outputs get a copy.
+        if isinstance(expr, g.Constant) or expr in seen or expr in self.params:
+            expr = self.ib.emit(op_registry.call("copy", expr), "out")
+        seen.add(expr)
         return expr
 
-    @property
-    def _where(self) -> str:
-        return getattr(self, "_node_desc", "model")
-
-    def _convert(self, node: Any) -> None:
-        self._node_desc = f"node {node.name or '?'} ({node.op_type})"
-        conv = converters().get(node.op_type)
+    def _convert(self, node: Any, index: int) -> None:
+        self._where = f"node {_node_label(node, index)} ({_text(node.op_type)})"
+        conv = converters().get(_op_key(node))
         if self.opset < conv.min_opset:
             raise FrontendError(f"{self._where}: needs opset >= {conv.min_opset}")
         inputs: list[g.Expr | None] = []
@@ -202,44 +288,63 @@ class _Importer:
             elif name in self.values:
                 inputs.append(self.values[name])
             else:
-                raise FrontendError(f"{self._where}: input {name!r} is not defined before use")
-        attrs = {a.name: _decode_attr(a) for a in node.attribute}
+                raise FrontendError(f"{self._where}: input {name!r} is not defined before use "
+                                    "(the graph is not topologically sorted, or the name is "
+                                    "misspelled)")
+        self.node_outputs = tuple(node.output)
         try:
+            attrs = {a.name: _decode_attr(a) for a in node.attribute}
             outs = conv.fn(self, inputs, attrs)
-        except (IRError, KeyError, ValueError, TypeError) as exc:
-            if isinstance(exc, FrontendError):
+        except FrontendError as exc:
+            if str(exc).startswith("node "):
                 raise
+            raise FrontendError(f"{self._where}: {exc}") from exc
+        except KeyError as exc:
+            raise FrontendError(f"{self._where}: missing attribute or input {exc}") from exc
+        except (AssertionError, IndexError) as exc:
+            raise FrontendError(f"{self._where}: a required input is missing (the node has "
+                                f"{len(node.input)} input(s))") from exc
+        except (IRError, ValueError, TypeError, ArithmeticError) as exc:
             raise FrontendError(f"{self._where}: {exc}") from exc
         for name, value in zip(node.output, outs):
             if name:
                 self.values[name] = value
 
     def _input_type(self, inp: Any) -> Type:
+        if inp.type.WhichOneof("value") != "tensor_type":
+            kind = inp.type.WhichOneof("value") or "untyped"
+            raise FrontendError(f"input {inp.name!r} is a {kind.replace('_type', '')}; kiln "
+                                "imports tensor inputs only")
         tt = inp.type.tensor_type
-        if not tt.HasField("elem_type"):
-            raise FrontendError(f"input {inp.name!r} is not a tensor")
         from onnx import helper
 
-        dtype = from_numpy(helper.tensor_dtype_to_np_dtype(tt.elem_type))
+        try:
+            dtype = from_numpy(helper.tensor_dtype_to_np_dtype(tt.elem_type))
+        except (IRError, KeyError, TypeError, ValueError) as exc:
+            raise FrontendError(f"input {inp.name!r}: unsupported element type "
+                                f"{tt.elem_type}: {exc}") from exc
+        declared: list[int | str | None] = []
+        for d in tt.shape.dim:
+            if d.HasField("dim_value"):
+                declared.append(int(d.dim_value))
+            else:
+                declared.append(d.dim_param or None)
         if inp.name in self.shape_dict:
             shape = tuple(int(d) for d in self.shape_dict[inp.name])
-            declared = [d.dim_value if d.HasField("dim_value") else None for d in tt.shape.dim]
             if tt.HasField("shape") and (len(declared) != len(shape) or any(
-                    d is not None and d != s for d, s in zip(declared, shape))):
+                    isinstance(d, int) and d != s for d, s in zip(declared, shape))):
+                shown = tuple(d if d is not None else "?" for d in declared)
                 raise FrontendError(
                     f"shape_dict gives input {inp.name!r} shape {shape}, but the model "
-                    f"declares {tuple(d if d is not None else '?' for d in declared)}")
+                    f"declares {shown}")
             return TensorType(shape, dtype)
-        dims: list[int] = []
-        unbound: list[str] = []
-        for k, d in enumerate(tt.shape.dim):
-            if d.HasField("dim_value") and d.dim_value > 0:
-                dims.append(int(d.dim_value))
-            else:
-                unbound.append(d.dim_param or f"dim {k}")
+        if not tt.HasField("shape"):
+            raise FrontendError(f"input {inp.name!r} has no declared shape; pass "
+                                f"shape_dict={{{inp.name!r}: (...)}}")
+        unbound = [f"{d!r} (dim {k})" if d else f"dim {k}"
+                   for k, d in enumerate(declared) if not isinstance(d, int)]
         if unbound:
             raise FrontendError(
-                f"input {inp.name!r} has unbound dimension(s) {unbound}; pass "
+                f"input {inp.name!r} has unbound dimension(s) {', '.join(unbound)}; pass "
                 f"shape_dict={{{inp.name!r}: (...)}} with a full static shape")
-        return TensorType(tuple(dims), dtype)
-
+        return TensorType(tuple(int(d) for d in declared), dtype)  # type: ignore[arg-type]

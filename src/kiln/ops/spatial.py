@@ -1,0 +1,86 @@
+"""Window geometry shared by convolution and pooling over 1 to 3 spatial dims.
+
+Attributes use ONNX's spelling and layout: `strides`, `dilations` and
+`kernel_shape` have one entry per spatial dim; `pads` lists all begins, then all
+ends (`(top, left, bottom, right)` in 2-D). Tensors are channel-first
+(N, C, *spatial).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from kiln.errors import IRError
+
+SPATIAL_RANKS = (1, 2, 3)
+SUFFIX = {1: "1d", 2: "2d", 3: "3d"}
+
+
+def ints(attrs: Mapping[str, Any], key: str, count: int, default: int) -> tuple[int, ...]:
+    """`attrs[key]` as `count` ints (a scalar is repeated; absent means `default`)."""
+    v = attrs.get(key)
+    if v is None:
+        return (default,) * count
+    items = tuple(v) if isinstance(v, (tuple, list)) else (v,) * count
+    if len(items) != count:
+        raise IRError(f"{key} must have {count} value(s) (one per spatial dim), got {items}")
+    return tuple(int(x) for x in items)
+
+
+def pads(attrs: Mapping[str, Any], count: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(begins, ends) from `pads` = (begin_1..begin_n, end_1..end_n)."""
+    p = attrs.get("pads")
+    if p is None:
+        return (0,) * count, (0,) * count
+    p = tuple(int(x) for x in p)
+    if len(p) != 2 * count:
+        raise IRError(f"pads must have {2 * count} values (all begins, then all ends), got {p}")
+    return p[:count], p[count:]
+
+
+def spatial_rank(shape: Sequence[Any], what: str) -> int:
+    """The number of spatial dims of a channel-first tensor, checked."""
+    rank = len(shape) - 2
+    if rank not in SPATIAL_RANKS:
+        raise IRError(f"{what} expects an (N, C, spatial...) tensor with 1-3 spatial dims, "
+                      f"got shape {tuple(shape)}")
+    return rank
+
+
+def conv_out(size: int, k: int, stride: int, dil: int, lo: int, hi: int) -> int:
+    """Output length of a convolution window sweep (floor mode)."""
+    return (size + lo + hi - dil * (k - 1) - 1) // stride + 1
+
+
+def pool_out(size: int, k: int, stride: int, dil: int, lo: int, hi: int, ceil: bool) -> int:
+    """Output length of a pooling window sweep, ONNX/PyTorch rules for ceil_mode."""
+    span = size + lo + hi - dil * (k - 1) - 1
+    out = (-(-span // stride) if ceil else span // stride) + 1
+    # In ceil mode the last window must start inside the input or the left padding.
+    if ceil and (out - 1) * stride >= size + lo:
+        out -= 1
+    return out
+
+
+def onnx_pads(attrs: Mapping[str, Any], spatial: Sequence[int], kernel: Sequence[int],
+              strides: Sequence[int], dilations: Sequence[int]) -> tuple[int, ...]:
+    """ONNX `pads`/`auto_pad` resolved to explicit pads (begins..., ends...)."""
+    auto = attrs.get("auto_pad", "NOTSET")
+    n = len(spatial)
+    if auto in ("SAME_UPPER", "SAME_LOWER"):
+        begins, ends = [], []
+        for size, k, s, d in zip(spatial, kernel, strides, dilations):
+            out = -(-size // s)
+            total = max(0, (out - 1) * s + (k - 1) * d + 1 - size)
+            small, big = total // 2, total - total // 2
+            lo, hi = (small, big) if auto == "SAME_UPPER" else (big, small)
+            begins.append(lo)
+            ends.append(hi)
+        return (*begins, *ends)
+    if auto == "VALID":
+        return (0,) * (2 * n)
+    if auto not in ("NOTSET", ""):
+        raise IRError(f"unknown auto_pad {auto!r}; known: NOTSET, SAME_UPPER, SAME_LOWER, VALID")
+    b, e = pads(attrs, n)
+    return (*b, *e)

@@ -1,0 +1,130 @@
+"""FoldConstants: evaluate graph bindings whose inputs are all constants.
+
+An operator `Call` whose arguments are `Constant`s (directly, or through
+bindings that were folded before it) is replaced by a `Constant` holding its
+value, computed with the operator's numpy reference (`kiln.ops`). Tuple
+projections of folded tuples fold too. Bindings the function returns directly
+are kept as calls, so every output is still computed by the function (an
+output that is a bare constant has nowhere to live in destination-passing
+code). Calls whose folded value would be much larger than their inputs (a
+broadcast of a small constant to a huge tensor) are kept, to keep weights
+small; see `max_growth`.
+
+The ONNX importer already folds while importing; this pass catches what later
+rewrites expose (e.g. after fold-batchnorm, or on hand-written graphs).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from kiln.ir import graph as g
+from kiln.ir.module import IRModule
+from kiln.transform.pass_base import FunctionPass
+
+
+def substitute(expr: g.Expr, env: dict[g.Var, g.Expr]) -> g.Expr:
+    """`expr` with the variables of `env` replaced (rebuilds only what changes)."""
+    if isinstance(expr, g.Var):
+        return env.get(expr, expr)
+    if isinstance(expr, g.Call):
+        args = tuple(substitute(a, env) for a in expr.args)
+        if all(x is y for x, y in zip(args, expr.args)):
+            return expr
+        return g.Call(expr.op, args, expr.attrs, expr.ret_type)
+    if isinstance(expr, g.CallTensor):
+        args = tuple(substitute(a, env) for a in expr.args)
+        if all(x is y for x, y in zip(args, expr.args)):
+            return expr
+        return g.CallTensor(expr.func, args, expr.ret_type)
+    if isinstance(expr, g.Tuple):
+        fields = tuple(substitute(f, env) for f in expr.fields)
+        if all(x is y for x, y in zip(fields, expr.fields)):
+            return expr
+        return g.Tuple(fields)
+    if isinstance(expr, g.TupleGetItem):
+        value = substitute(expr.tuple_value, env)
+        return expr if value is expr.tuple_value else g.TupleGetItem(value, expr.index)
+    return expr
+
+
+def result_vars(expr: g.Expr) -> set[g.Var]:
+    """The variables a function result names directly (itself or its tuple fields)."""
+    if isinstance(expr, g.Var):
+        return {expr}
+    if isinstance(expr, g.Tuple):
+        out: set[g.Var] = set()
+        for f in expr.fields:
+            out |= result_vars(f)
+        return out
+    return set()
+
+
+def _is_const(e: g.Expr) -> bool:
+    return isinstance(e, g.Constant) or (
+        isinstance(e, g.Tuple) and all(_is_const(f) for f in e.fields))
+
+
+def _as_const(value: Any) -> g.Expr:
+    if isinstance(value, tuple):
+        return g.Tuple(tuple(_as_const(v) for v in value))
+    return g.Constant(np.asarray(value))
+
+
+def _numel(e: g.Expr) -> int:
+    if isinstance(e, g.Constant):
+        return int(e.data.size)
+    if isinstance(e, g.Tuple):
+        return sum(_numel(f) for f in e.fields)
+    return 0
+
+
+@dataclass(frozen=True)
+class FoldConstants(FunctionPass):
+    """Replace all-constant operator calls of graph functions by their values.
+
+    `max_growth`: a call is folded only if its value has at most this many times
+    the elements of its constant inputs, or at most `always_fold` elements.
+    """
+
+    name = "fold-constants"
+    level = "graph"
+    max_growth: int = 4
+    always_fold: int = 4096
+
+    def run_on_function(self, func: Any, name: str, mod: IRModule) -> g.Function:
+        from kiln.ops import evaluate_call
+
+        assert isinstance(func, g.Function)
+        keep_as_call = result_vars(func.result)
+        env: dict[g.Var, g.Expr] = {}
+        bindings: list[g.Binding] = []
+        changed = False
+        for b in func.bindings:
+            value = substitute(b.value, env)
+            changed = changed or value is not b.value
+            folded: g.Expr | None = None
+            if isinstance(value, g.Call) and all(isinstance(a, g.Constant) for a in value.args):
+                result = _as_const(evaluate_call(
+                    value.op, [a.data for a in value.args if isinstance(a, g.Constant)],
+                    value.attrs))
+                inputs = sum(_numel(a) for a in value.args)
+                if _numel(result) <= max(self.always_fold, self.max_growth * inputs):
+                    folded = result
+            elif isinstance(value, g.TupleGetItem) and isinstance(value.tuple_value, g.Tuple) \
+                    and _is_const(value.tuple_value):
+                folded = value.tuple_value.fields[value.index]
+            elif isinstance(value, g.Tuple) and _is_const(value):
+                folded = value
+            if folded is not None and b.var not in keep_as_call:
+                env[b.var] = folded
+                changed = True
+                continue
+            bindings.append(b if value is b.value else g.Binding(b.var, value))
+        if not changed:
+            return func
+        result = substitute(func.result, env)
+        return g.Function(func.params, tuple(bindings), result, dict(func.attrs))

@@ -1,0 +1,318 @@
+"""The ONNX importer: names, shapes, opsets, constant folding, and its error messages."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from kiln.errors import FrontendError
+from kiln.frontend import from_onnx
+from kiln.ir import evaluate
+from kiln.ir import graph as g
+from kiln.ir.types import TensorType
+
+
+def _model(nodes, inputs, outputs, inits=(), opset=17, **kw):
+    graph = helper.make_graph(nodes, "g", inputs, outputs, list(inits))
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], **kw)
+
+
+def _vi(name, shape, elem=TensorProto.FLOAT):
+    return helper.make_tensor_value_info(name, elem, shape)
+
+
+def _relu_model(shape=(2, 3), opset=17):
+    return _model([helper.make_node("Relu", ["x"], ["y"])], [_vi("x", shape)],
+                  [_vi("y", shape)], opset=opset)
+
+
+# --------------------------------------------------------------------------- names, shapes
+
+def test_inputs_and_outputs_keep_their_onnx_names_and_order() -> None:
+    nodes = [helper.make_node("Add", ["input.1", "bias"], ["sum"]),
+             helper.make_node("Relu", ["sum"], ["out:0"]),
+             helper.make_node("Neg", ["input.1"], ["second"])]
+    bias = numpy_helper.from_array(np.ones(3, np.float32), "bias")
+    model = _model(nodes, [_vi("input.1", [2, 3])], [_vi("out:0", [2, 3]), _vi("second", [2, 3])],
+                   [bias])
+    mod = from_onnx(model)
+    main = mod["main"]
+    assert [p.name for p in main.params] == ["input.1"]
+    assert main.attrs["output_names"] == ("out:0", "second")
+    x = np.arange(6, dtype=np.float32).reshape(2, 3) - 3
+    out, second = evaluate(mod, "main", x)
+    np.testing.assert_array_equal(out, np.maximum(x + 1, 0))
+    np.testing.assert_array_equal(second, -x)
+
+
+def test_shape_dict_binds_symbolic_dimensions() -> None:
+    model = _relu_model(shape=("batch", 3))
+    mod = from_onnx(model, {"x": (5, 3)})
+    assert mod["main"].params[0].type == TensorType((5, 3), "float32")
+    assert mod["main"].ret_type == TensorType((5, 3), "float32")
+
+
+def test_unbound_dimension_names_the_dimension_and_the_fix() -> None:
+    with pytest.raises(FrontendError, match=r"input 'x' has unbound dimension\(s\) 'batch' "
+                                            r"\(dim 0\); pass shape_dict=\{'x': \(\.\.\.\)\}"):
+        from_onnx(_relu_model(shape=("batch", 3)))
+
+
+def test_shape_dict_that_contradicts_the_model() -> None:
+    with pytest.raises(FrontendError, match=r"shape_dict gives input 'x' shape \(4, 3\), but the "
+                                            r"model declares \(2, 3\)"):
+        from_onnx(_relu_model(), {"x": (4, 3)})
+    with pytest.raises(FrontendError, match=r"shape \(2, 3, 1\), but the model declares"):
+        from_onnx(_relu_model(), {"x": (2, 3, 1)})
+
+
+def test_shape_dict_with_an_unknown_input_suggests_the_right_one() -> None:
+    model = _model([helper.make_node("Relu", ["image"], ["y"])], [_vi("image", [2])],
+                   [_vi("y", [2])])
+    with pytest.raises(FrontendError, match=r"shape_dict names 'imgae', which is not an input of "
+                                            r"the model\. did you mean 'image'\? Inputs: image"):
+        from_onnx(model, {"imgae": (2,)})
+
+
+@pytest.mark.parametrize("bad", [(2, -1), (2, 3.5), "23", 7])
+def test_shape_dict_values_must_be_int_sequences(bad) -> None:
+    with pytest.raises(FrontendError, match=r"shape_dict\['x'\]"):
+        from_onnx(_relu_model(), {"x": bad})
+
+
+def test_shape_arithmetic_folds_at_import() -> None:
+    # the exporter pattern: Shape -> Gather -> Unsqueeze -> Concat -> Reshape
+    nodes = [
+        helper.make_node("Shape", ["x"], ["s"]),
+        helper.make_node("Gather", ["s", "zero"], ["n"], axis=0),
+        helper.make_node("Unsqueeze", ["n", "zero_axes"], ["n1"]),
+        helper.make_node("Concat", ["n1", "minus_one"], ["shape"], axis=0),
+        helper.make_node("Reshape", ["x", "shape"], ["y"]),
+    ]
+    inits = [numpy_helper.from_array(np.array(0, np.int64), "zero"),
+             numpy_helper.from_array(np.array([0], np.int64), "zero_axes"),
+             numpy_helper.from_array(np.array([-1], np.int64), "minus_one")]
+    model = _model(nodes, [_vi("x", [2, 3, 4])], [_vi("y", [2, 12])], inits)
+    mod = from_onnx(model)
+    ops = [b.value.op for b in mod["main"].bindings if isinstance(b.value, g.Call)]
+    assert ops == ["reshape"]
+    x = np.random.default_rng(0).random((2, 3, 4), dtype=np.float32)
+    np.testing.assert_array_equal(evaluate(mod, "main", x), x.reshape(2, 12))
+
+
+def test_value_needed_at_compile_time_gets_a_clear_error() -> None:
+    nodes = [helper.make_node("Reshape", ["x", "shape"], ["y"], name="reshape_1")]
+    model = _model(nodes, [_vi("x", [2, 3]), _vi("shape", [2], TensorProto.INT64)],
+                   [_vi("y", [3, 2])])
+    with pytest.raises(FrontendError, match=r"node 'reshape_1' \(Reshape\): Reshape shape must "
+                                            r"be a compile-time constant"):
+        from_onnx(model)
+
+
+def test_constant_and_pass_through_outputs_are_computed_by_main() -> None:
+    nodes = [helper.make_node("Constant", [], ["c"], value=numpy_helper.from_array(
+        np.array([1.0, 2.0], np.float32))), helper.make_node("Identity", ["x"], ["y"])]
+    model = _model(nodes, [_vi("x", [2])], [_vi("c", [2]), _vi("y", [2]), _vi("x", [2])])
+    mod = from_onnx(model)
+    result = mod["main"].result
+    assert isinstance(result, g.Tuple)
+    bound = {b.var for b in mod["main"].bindings}
+    assert all(f in bound for f in result.fields)
+    assert len(set(result.fields)) == 3
+    c, y, x = evaluate(mod, "main", np.array([3.0, 4.0], np.float32))
+    np.testing.assert_array_equal(c, [1.0, 2.0])
+    np.testing.assert_array_equal(y, [3.0, 4.0])
+    np.testing.assert_array_equal(x, [3.0, 4.0])
+
+
+# --------------------------------------------------------------------------- opsets
+
+def test_old_opset_semantics_are_honoured() -> None:
+    # opset 7 Upsample with a scales attribute; opset 9 BatchNormalization
+    up = helper.make_node("Upsample", ["x"], ["y"], mode="nearest", scales=[1.0, 1.0, 2.0, 3.0])
+    model = _model([up], [_vi("x", [1, 1, 2, 2])], [_vi("y", [1, 1, 4, 6])], opset=7)
+    x = np.arange(4, dtype=np.float32).reshape(1, 1, 2, 2)
+    got = evaluate(from_onnx(model), "main", x)
+    np.testing.assert_array_equal(got, x.repeat(2, axis=2).repeat(3, axis=3))
+    # Softmax before opset 13 flattens at `axis`
+    sm = helper.make_node("Softmax", ["x"], ["y"], axis=1)
+    model = _model([sm], [_vi("x", [2, 3, 4])], [_vi("y", [2, 3, 4])], opset=11)
+    x = np.random.default_rng(1).random((2, 3, 4), dtype=np.float32)
+    flat = x.reshape(2, 12)
+    want = (np.exp(flat) / np.exp(flat).sum(axis=1, keepdims=True)).reshape(2, 3, 4)
+    np.testing.assert_allclose(evaluate(from_onnx(model), "main", x), want, rtol=1e-5)
+
+
+def test_models_older_than_opset_7_are_converted() -> None:
+    mod = from_onnx(_relu_model(opset=6))
+    x = np.array([[-1, 2, -3], [4, -5, 6]], np.float32)
+    np.testing.assert_array_equal(evaluate(mod, "main", x), np.maximum(x, 0))
+
+
+def test_a_model_without_the_default_opset_is_rejected() -> None:
+    model = _relu_model()
+    del model.opset_import[:]
+    model.opset_import.append(helper.make_opsetid("com.example", 1))
+    with pytest.raises(FrontendError, match="does not import the default ONNX opset"):
+        from_onnx(model)
+
+
+# --------------------------------------------------------------------------- bad input
+
+def test_unsupported_ops_are_all_listed_with_counts_and_node_names() -> None:
+    nodes = [
+        helper.make_node("Relu", ["x"], ["a"]),
+        helper.make_node("NonZero", ["a"], ["nz"], name="find_nonzero"),
+        helper.make_node("Unique", ["a"], ["u"]),
+        helper.make_node("Unique", ["x"], ["u2"], name="uniq_b"),
+        helper.make_node("FusedConv", ["x"], ["f"], domain="com.microsoft", name="fc"),
+        helper.make_node("Det", ["x"], ["d"], name="det"),
+    ]
+    model = _model(nodes, [_vi("x", [4]), _vi("k", [1], TensorProto.INT64)], [_vi("a", [4])],
+                   opset=17)
+    model.opset_import.append(helper.make_opsetid("com.microsoft", 1))
+    with pytest.raises(FrontendError) as info:
+        from_onnx(model)
+    text = str(info.value)
+    assert text.splitlines()[0] == ("the model uses 4 operator type(s) kiln does not support "
+                                    "(opset 17):")
+    assert "  NonZero x1: node 'find_nonzero'" in text
+    assert "  Det x1: node 'det'" in text
+    assert "  Unique x2: nodes #2 (output 'u'), 'uniq_b'" in text
+    assert "  com.microsoft.FusedConv x1: node 'fc'" in text
+    assert "Relu" not in text
+
+
+def test_many_nodes_of_one_unsupported_op_are_summarised() -> None:
+    nodes = [helper.make_node("NonZero", ["x"], [f"n{k}"], name=f"nz{k}") for k in range(8)]
+    model = _model(nodes, [_vi("x", [4])], [_vi("n0", [1, 4], TensorProto.INT64)])
+    with pytest.raises(FrontendError, match=r"NonZero x8: nodes 'nz0', 'nz1', 'nz2', 'nz3', "
+                                            r"'nz4' and 3 more"):
+        from_onnx(model)
+
+
+def test_missing_file(tmp_path) -> None:
+    with pytest.raises(FrontendError, match=r"ONNX model file '.*nope\.onnx' does not exist"):
+        from_onnx(tmp_path / "nope.onnx")
+
+
+def test_directory_instead_of_a_file(tmp_path) -> None:
+    with pytest.raises(FrontendError, match="is a directory, not an ONNX model file"):
+        from_onnx(tmp_path)
+
+
+@pytest.mark.parametrize("content", [b"", b"this is not a protobuf \xff\xfe\x00\x01",
+                                     b"\x08\x07" * 3])
+def test_malformed_file(tmp_path, content: bytes) -> None:
+    path = tmp_path / "bad.onnx"
+    path.write_bytes(content)
+    with pytest.raises(FrontendError, match=r"'.*bad\.onnx' (is not a readable ONNX model|hold "
+                                            r"no ONNX graph)"):
+        from_onnx(path)
+
+
+def test_truncated_model_file(tmp_path) -> None:
+    data = _relu_model().SerializeToString()
+    path = tmp_path / "cut.onnx"
+    path.write_bytes(data[: len(data) // 2])
+    with pytest.raises(FrontendError, match=r"cut\.onnx"):
+        from_onnx(path)
+
+
+def test_bytes_and_paths_are_accepted(tmp_path) -> None:
+    model = _relu_model()
+    path = tmp_path / "m.onnx"
+    onnx.save(model, path)
+    for source in (path, str(path), model.SerializeToString()):
+        assert from_onnx(source)["main"].params[0].name == "x"
+    with pytest.raises(FrontendError, match=r"these 4 bytes are not an ONNX model|hold no ONNX"):
+        from_onnx(b"\xff\xff\xff\xff")
+
+
+def test_wrong_argument_type() -> None:
+    with pytest.raises(FrontendError, match=r"expects a path, bytes or onnx\.ModelProto, got int"):
+        from_onnx(42)
+
+
+def test_node_using_an_undefined_value() -> None:
+    model = _model([helper.make_node("Relu", ["nowhere"], ["y"], name="r")], [_vi("x", [2])],
+                   [_vi("y", [2])])
+    with pytest.raises(FrontendError, match=r"node 'r' \(Relu\): input 'nowhere' is not defined "
+                                            "before use"):
+        from_onnx(model)
+
+
+def test_graph_output_produced_by_no_node() -> None:
+    model = _model([helper.make_node("Relu", ["x"], ["y"])], [_vi("x", [2])], [_vi("z", [2])])
+    with pytest.raises(FrontendError, match="graph output 'z' is produced by no node"):
+        from_onnx(model)
+
+
+def test_type_errors_name_the_node() -> None:
+    node = helper.make_node("MatMul", ["a", "b"], ["y"], name="mm")
+    model = _model([node], [_vi("a", [2, 3]), _vi("b", [4, 5])], [_vi("y", [2, 5])])
+    with pytest.raises(FrontendError, match=r"node 'mm' \(MatMul\): matmul: inner dimensions "
+                                            r"differ: \(2, 3\) @ \(4, 5\)"):
+        from_onnx(model)
+
+
+def test_missing_required_attribute_names_it() -> None:
+    node = helper.make_node("Concat", ["x", "x"], ["y"], name="cat")
+    model = _model([node], [_vi("x", [2])], [_vi("y", [4])])
+    with pytest.raises(FrontendError, match=r"node 'cat' \(Concat\): missing attribute or input "
+                                            "'axis'"):
+        from_onnx(model)
+
+
+def test_maxpool_indices_output_is_refused_clearly() -> None:
+    node = helper.make_node("MaxPool", ["x"], ["y", "idx"], kernel_shape=[2, 2], name="pool")
+    model = _model([node], [_vi("x", [1, 1, 4, 4])], [_vi("y", [1, 1, 3, 3])])
+    with pytest.raises(FrontendError, match=r"node 'pool' \(MaxPool\): MaxPool's second output "
+                                            r"\(Indices\) is not supported"):
+        from_onnx(model)
+
+
+def test_sequence_inputs_are_refused() -> None:
+    seq = helper.make_tensor_sequence_value_info("s", TensorProto.FLOAT, [2])
+    model = _model([helper.make_node("Identity", ["s"], ["y"])], [seq], [seq])
+    with pytest.raises(FrontendError, match="input 's' is a sequence; kiln imports tensor inputs"):
+        from_onnx(model)
+
+
+def test_corrupted_models_never_crash() -> None:
+    """Random byte flips in a valid model: a FrontendError or a good import, nothing else."""
+    data = bytearray(_model(
+        [helper.make_node("Conv", ["x", "w"], ["y"], pads=[1, 1, 1, 1]),
+         helper.make_node("Relu", ["y"], ["z"])],
+        [_vi("x", [1, 2, 5, 5])], [_vi("z", [1, 3, 5, 5])],
+        [numpy_helper.from_array(np.ones((3, 2, 3, 3), np.float32), "w")]).SerializeToString())
+    rng = np.random.default_rng(7)
+    outcomes = set()
+    for _ in range(150):
+        mutated = bytearray(data)
+        for pos in rng.integers(0, len(mutated), size=3):
+            mutated[pos] = int(rng.integers(0, 256))
+        try:
+            from_onnx(bytes(mutated))
+            outcomes.add("ok")
+        except FrontendError:
+            outcomes.add("error")
+    assert "error" in outcomes
+
+
+# --------------------------------------------------------------------------- printing
+
+def test_imported_model_prints_and_round_trips() -> None:
+    from kiln.ir import assert_structural_equal
+    from kiln.script import from_source
+
+    w = numpy_helper.from_array(np.random.default_rng(3).random((8, 4, 3, 3), np.float32), "w")
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c"], ["y"])]
+    mod = from_onnx(_model(nodes, [_vi("x", [1, 4, 6, 6])], [_vi("y", [1, 8, 6, 6])], [w]))
+    text = mod.script()
+    assert "def main(x:" in text
+    assert '"conv2d"' in text and '"relu"' in text
+    assert_structural_equal(from_source(text), mod)

@@ -1,0 +1,264 @@
+"""One or more test cases per registered operator: inputs and attributes.
+
+`CASES` maps op name -> list of OpCase; tests/ops/test_ops.py checks that every
+op registered in kiln.ops has at least one case, that type inference matches
+the numpy reference, and that the lowered PrimFunc computes the reference.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+Gen = Callable[[np.random.Generator], np.ndarray]
+
+
+def f32(*shape: int, low: float = -2.0, high: float = 2.0, dtype: str = "float32") -> Gen:
+    return lambda rng: rng.uniform(low, high, shape).astype(dtype)
+
+
+def ints(*shape: int, low: int = -20, high: int = 20, dtype: str = "int32") -> Gen:
+    return lambda rng: rng.integers(low, high, shape).astype(dtype)
+
+
+def nonzero_ints(*shape: int, dtype: str = "int32") -> Gen:
+    def gen(rng: np.random.Generator) -> np.ndarray:
+        v = rng.integers(1, 9, shape) * rng.choice([-1, 1], shape)
+        return v.astype(dtype)
+    return gen
+
+
+def bools(*shape: int) -> Gen:
+    return lambda rng: rng.integers(0, 2, shape).astype(bool)
+
+
+def const(value: Any, dtype: str) -> Gen:
+    return lambda rng: np.asarray(value, dtype=dtype)
+
+
+@dataclass
+class OpCase:
+    inputs: tuple[Gen, ...]
+    attrs: dict[str, Any] = field(default_factory=dict)
+    rtol: float = 1e-5
+    atol: float = 1e-6
+    note: str = ""
+
+
+X = f32(2, 3, 4)
+POS = f32(2, 3, 4, low=0.1, high=3.0)
+UNIT = f32(2, 3, 4, low=-0.9, high=0.9)
+IMG = f32(1, 2, 7, 6)
+
+
+def _unary(gen: Gen = X, **attrs: Any) -> list[OpCase]:
+    return [OpCase((gen,), attrs)]
+
+
+COL = f32(3, 1)
+
+
+def _binary(a: Gen = X, b: Gen = COL) -> list[OpCase]:
+    return [OpCase((a, b)), OpCase((f32(4), f32(2, 3, 4)))]
+
+
+CASES: dict[str, list[OpCase]] = {
+    # elementwise unary
+    "neg": _unary() + _unary(ints(5)), "abs": _unary() + _unary(ints(5, dtype="int8")),
+    "sign": _unary() + _unary(ints(6)), "sqrt": _unary(POS), "exp": _unary(),
+    "log": _unary(POS), "erf": _unary(), "floor": _unary(), "ceil": _unary(),
+    "round": [OpCase((const([0.5, 1.5, 2.5, -0.5, -1.5, 1.2, -2.7], "float32"),))],
+    "reciprocal": _unary(POS), "sin": _unary(), "cos": _unary(), "tan": _unary(UNIT),
+    "asin": _unary(UNIT), "acos": _unary(UNIT), "atan": _unary(), "sinh": _unary(),
+    "cosh": _unary(), "asinh": _unary(), "acosh": _unary(f32(5, low=1.0, high=4.0)),
+    "atanh": _unary(UNIT), "tanh": _unary(), "sigmoid": _unary(),
+    "relu": _unary() + _unary(ints(7)), "leaky_relu": _unary(alpha=0.2),
+    "elu": _unary(alpha=0.7), "selu": _unary(), "celu": _unary(alpha=1.5),
+    "hard_sigmoid": _unary(f32(10, low=-5, high=5), alpha=0.3, beta=0.4),
+    "hard_swish": _unary(f32(10, low=-5, high=5)),
+    "softplus": _unary(f32(6, low=-30, high=30)), "softsign": _unary(), "mish": _unary(),
+    "thresholded_relu": _unary(alpha=0.5), "shrink": _unary(lambd=0.6, bias=0.2),
+    "swish": _unary(alpha=1.3),
+    "gelu": _unary() + _unary(approximate="tanh"),
+    "bitwise_not": _unary(ints(6, dtype="int16")) + _unary(ints(6, low=0, high=200,
+                                                                   dtype="uint8")),
+    "isnan": _unary(const([0.0, np.nan, np.inf, -1.0], "float32")),
+    "isinf": _unary(const([0.0, np.nan, np.inf, -np.inf], "float32"))
+    + _unary(const([0.0, np.inf, -np.inf], "float32"), detect_negative=0),
+    "copy": _unary(),
+    "cast": [OpCase((X,), {"dtype": "int32"}), OpCase((f32(5),), {"dtype": "bool"}),
+             OpCase((ints(5),), {"dtype": "float16"}), OpCase((X,), {"dtype": "float64"})],
+    "clip": [OpCase((X,), {"min": -0.5, "max": 0.7}), OpCase((ints(8),), {"min": -3}),
+             OpCase((X,), {"max": 0.1})],
+    # elementwise binary (broadcasting)
+    "add": [*_binary(), OpCase((ints(3, 2), ints(2)))], "subtract": _binary(),
+    "multiply": _binary(),
+    "divide": [*_binary(X, f32(3, 1, low=0.5, high=2.0)), OpCase((ints(8), nonzero_ints(8)))],
+    "maximum": _binary(), "minimum": _binary(),
+    "power": [OpCase((POS, f32(3, 4, low=-2, high=2))),
+              OpCase((ints(6, low=-4, high=5), ints(6, low=0, high=4)))],
+    "prelu": [OpCase((X, f32(3, 1, low=0.0, high=0.5)))],
+    "mod": [OpCase((ints(10), nonzero_ints(10))),
+            OpCase((f32(8, low=-6, high=6), f32(8, low=0.5, high=3))),
+            OpCase((f32(8, low=-6, high=6), f32(8, low=-3, high=-0.5)))],
+    "fmod": [OpCase((ints(10), nonzero_ints(10))),
+             OpCase((f32(8, low=-6, high=6), f32(8, low=0.5, high=3)))],
+    "bitwise_and": [OpCase((ints(6), ints(6)))], "bitwise_or": [OpCase((ints(6), ints(6)))],
+    "bitwise_xor": [OpCase((ints(6), ints(6)))],
+    "left_shift": [OpCase((ints(6, low=0, high=9, dtype="uint8"),
+                           const([0, 1, 2, 7, 8, 9], "uint8")))],
+    "right_shift": [OpCase((ints(6, dtype="int32"), const([0, 1, 3, 31, 32, -1], "int32")))],
+    # comparisons and logic
+    "equal": [OpCase((ints(3, 4, low=0, high=3), ints(4, low=0, high=3)))],
+    "not_equal": [OpCase((ints(3, 4, low=0, high=3), ints(4, low=0, high=3)))],
+    "less": _binary(), "less_equal": [OpCase((ints(6, low=0, high=3), ints(6, low=0,
+                                                                           high=3)))],
+    "greater": _binary(), "greater_equal": [OpCase((ints(6, low=0, high=3),
+                                                    ints(6, low=0, high=3)))],
+    "logical_and": [OpCase((bools(3, 4), bools(4)))], "logical_or": [OpCase((bools(5),
+                                                                             bools(5)))],
+    "logical_xor": [OpCase((bools(5), bools(5)))], "logical_not": [OpCase((bools(5),))],
+    "where": [OpCase((bools(3, 1), X, f32(4)))],
+    # anchors
+    "matmul": [OpCase((f32(3, 4), f32(4, 5))), OpCase((f32(2, 3, 4), f32(4,))),
+               OpCase((f32(4,), f32(2, 4, 3))), OpCase((f32(2, 1, 3, 4), f32(3, 4, 2))),
+               OpCase((ints(3, 4, dtype="int8", low=-5, high=5),
+                       ints(4, 2, dtype="int8", low=-5, high=5)))],
+    "einsum": [OpCase((f32(2, 3, 4), f32(2, 4, 5)), {"equation": "bij,bjk->bik"}),
+               OpCase((f32(3, 3),), {"equation": "ii->i"}),
+               OpCase((f32(3, 4),), {"equation": "ij->"}),
+               OpCase((f32(2, 3), f32(2, 3)), {"equation": "ij,ij->i"}),
+               OpCase((f32(2, 5, 3), f32(3, 4)), {"equation": "...j,jk->...k"}),
+               OpCase((f32(3,), f32(4,)), {"equation": "i,j"})],
+    "conv1d": [OpCase((f32(1, 2, 9), f32(4, 2, 3)), {"strides": (2,), "pads": (1, 2)})],
+    "conv2d": [OpCase((IMG, f32(3, 2, 3, 3), f32(3)), {"pads": (1, 1, 1, 1)}),
+               OpCase((f32(1, 4, 6, 6), f32(4, 1, 3, 3)),
+                      {"group": 4, "strides": (2, 2), "dilations": (1, 2),
+                       "pads": (0, 1, 2, 1)}),
+               OpCase((f32(2, 4, 5, 5), f32(6, 2, 2, 2)), {"group": 2}),
+               OpCase((ints(1, 2, 4, 4, dtype="int8", low=-4, high=4),
+                       ints(2, 2, 2, 2, dtype="int8", low=-4, high=4)), {})],
+    "conv3d": [OpCase((f32(1, 2, 4, 5, 4), f32(2, 2, 2, 3, 2)),
+                      {"pads": (1, 0, 1, 0, 1, 1), "dilations": (1, 1, 2)})],
+    "conv_transpose1d": [OpCase((f32(1, 2, 5), f32(2, 3, 3)),
+                                {"strides": (2,), "pads": (1, 0), "output_padding": (1,)})],
+    "conv_transpose2d": [OpCase((f32(1, 2, 3, 4), f32(2, 3, 3, 3), f32(3)),
+                                {"strides": (3, 2), "pads": (1, 0, 1, 2)}),
+                         OpCase((f32(1, 4, 3, 3), f32(4, 1, 2, 2)),
+                                {"group": 2, "dilations": (2, 1)}),
+                         OpCase((f32(1, 1, 3, 3), f32(1, 2, 3, 3)),
+                                {"strides": (3, 2), "pads": (0, 0, -1, -1)})],
+    "conv_transpose3d": [OpCase((f32(1, 1, 2, 3, 2), f32(1, 2, 2, 2, 2)),
+                                {"strides": (1, 2, 1)})],
+    "lrn": [OpCase((f32(1, 5, 3, 2),), {"size": 3, "alpha": 0.01, "beta": 0.6, "bias": 1.5}),
+            OpCase((f32(2, 4, 3),), {"size": 2})],
+    # pooling
+    "max_pool1d": [OpCase((f32(1, 2, 9),), {"kernel_shape": (3,), "strides": (2,),
+                                            "pads": (1, 1), "ceil_mode": True})],
+    "max_pool2d": [OpCase((IMG,), {"kernel_shape": (3, 2), "strides": (2, 2),
+                                   "pads": (1, 0, 1, 1), "dilations": (1, 2)}),
+                   OpCase((ints(1, 1, 5, 5, dtype="int8"),), {"kernel_shape": (2, 2)})],
+    "max_pool3d": [OpCase((f32(1, 1, 4, 5, 3),), {"kernel_shape": (2, 2, 2),
+                                                  "ceil_mode": True, "strides": (2, 2, 2)})],
+    "avg_pool1d": [OpCase((f32(1, 2, 9),), {"kernel_shape": (4,), "strides": (3,),
+                                            "pads": (2, 2), "count_include_pad": True})],
+    "avg_pool2d": [OpCase((IMG,), {"kernel_shape": (3, 3), "strides": (2, 2),
+                                   "pads": (1, 1, 1, 1)}),
+                   OpCase((IMG,), {"kernel_shape": (3, 3), "strides": (2, 2),
+                                   "pads": (1, 1, 1, 1), "count_include_pad": True,
+                                   "ceil_mode": True}),
+                   OpCase((IMG,), {"kernel_shape": (2, 3), "dilations": (2, 2),
+                                   "pads": (1, 1, 1, 1), "count_include_pad": True})],
+    "avg_pool3d": [OpCase((f32(1, 1, 4, 4, 4),), {"kernel_shape": (3, 3, 3),
+                                                  "pads": (1, 1, 1, 1, 1, 1)})],
+    "lp_pool1d": [OpCase((f32(1, 2, 6),), {"kernel_shape": (3,), "p": 3})],
+    "lp_pool2d": [OpCase((IMG,), {"kernel_shape": (2, 2), "strides": (2, 2)})],
+    "lp_pool3d": [OpCase((f32(1, 1, 3, 3, 3),), {"kernel_shape": (2, 2, 2), "p": 1})],
+    "global_avg_pool": [OpCase((IMG,))], "global_max_pool": [OpCase((f32(2, 3, 4, 2, 2),))],
+    # reductions and normalisation
+    "reduce_sum": [OpCase((X,), {"axes": (0, 2), "keepdims": True}),
+                   OpCase((ints(3, 4),), {"axes": None, "keepdims": False})],
+    "reduce_mean": [OpCase((X,), {"axes": (1,), "keepdims": False}),
+                    OpCase((ints(3, 4),), {"axes": (1,)})],
+    "reduce_max": [OpCase((X,), {"axes": (2,)}), OpCase((f32(2, 0, 3),), {"axes": (1,)})],
+    "reduce_min": [OpCase((X,), {"axes": (0, 1), "keepdims": False})],
+    "reduce_prod": [OpCase((f32(2, 3, low=0.5, high=1.5),), {"axes": (1,)})],
+    "reduce_l1": [OpCase((X,), {"axes": (2,)})], "reduce_l2": [OpCase((X,), {"axes": (2,)})],
+    "reduce_sum_square": [OpCase((X,), {"axes": (0,)})],
+    "reduce_log_sum": [OpCase((POS,), {"axes": (1, 2)})],
+    "argmax": [OpCase((const([[1, 3, 3], [2, 2, 0]], "float32"),), {"axis": 1}),
+               OpCase((const([[1, 3, 3], [2, 2, 0]], "int32"),),
+                      {"axis": 1, "select_last_index": True, "keepdims": False})],
+    "argmin": [OpCase((X,), {"axis": 0, "keepdims": False})],
+    "cumprod": [OpCase((f32(2, 5, low=0.5, high=1.5),), {"axis": 1, "exclusive": True}),
+                OpCase((ints(6, low=-3, high=4),), {"axis": 0, "reverse": True})],
+    "topk": [OpCase((f32(3, 6),), {"k": 3, "axis": 1}),
+             OpCase((const([[1, 3, 3, 2], [5, 5, 5, 0]], "int32"),), {"k": 3, "axis": -1,
+                                                                      "largest": False}),
+             OpCase((const([[1, 3, 3, 2], [5, 5, 5, 0]], "float32"),), {"k": 2, "axis": 0})],
+    "cumsum": [OpCase((X,), {"axis": 1}), OpCase((X,), {"axis": 2, "exclusive": True,
+                                                      "reverse": True})],
+    "softmax": [OpCase((X,), {"axis": 1}), OpCase((f32(3, 5, low=-50, high=50),),
+                                                   {"axis": -1})],
+    "log_softmax": [OpCase((X,), {"axis": 2})],
+    "layer_norm": [OpCase((X, f32(4), f32(4)), {"axis": -1, "epsilon": 1e-3}),
+                   OpCase((X, f32(3, 4)), {"axis": 1}), OpCase((X,), {"axis": 2})],
+    # tensor manipulation
+    "reshape": [OpCase((X,), {"shape": (4, 6)}), OpCase((X,), {"shape": (24,)})],
+    "transpose": [OpCase((X,), {"perm": (2, 0, 1)}), OpCase((X,), {})],
+    "concat": [OpCase((X, f32(2, 1, 4), f32(2, 2, 4)), {"axis": 1})],
+    "split": [OpCase((f32(2, 7),), {"axis": 1, "sections": (2, 0, 5)})],
+    "strided_slice": [OpCase((X,), {"starts": (1, -1), "ends": (100, -4), "axes": (1, 2),
+                                    "steps": (1, -2)}),
+                      OpCase((X,), {"starts": (0,), "ends": (1,)})],
+    "gather": [OpCase((X, const([[0, -1], [1, 0]], "int64")), {"axis": 1}),
+               OpCase((X, const(1, "int32")), {"axis": 0})],
+    "gather_elements": [OpCase((f32(3, 3), const([[1, 2, 0], [2, -1, 0]], "int64")),
+                               {"axis": 0})],
+    "gather_nd": [OpCase((f32(2, 3, 4), const([[0, 1], [1, -1]], "int64")), {}),
+                  OpCase((f32(2, 3, 4), const([[[1], [0]], [[2], [2]]], "int64")),
+                         {"batch_dims": 1})],
+    "scatter_elements": [
+        OpCase((f32(3, 4), const([[1, 0, 2], [0, 2, 1]], "int64"), f32(2, 3)), {"axis": 0}),
+        OpCase((f32(3, 4), const([[1, 1], [-1, 0]], "int64"), f32(2, 2)),
+               {"axis": 1, "reduction": "add"}),
+        OpCase((f32(2, 3), const([[0, 0]], "int64"), f32(1, 2)), {"axis": 1,
+                                                                 "reduction": "max"})],
+    "scatter_nd": [
+        OpCase((f32(4, 3), const([[1], [3]], "int64"), f32(2, 3)), {}),
+        OpCase((f32(2, 3), const([[0, 1], [1, 2], [0, 1]], "int64"), f32(3)),
+               {"reduction": "mul"}),
+        OpCase((f32(2, 3), const([[0, 1], [-1, 0]], "int64"), f32(2)), {"reduction": "min"})],
+    "reverse_sequence": [OpCase((f32(4, 2, 3), const([3, 1], "int64")),
+                                {"batch_axis": 1, "time_axis": 0}),
+                         OpCase((f32(2, 4), const([4, 2], "int32")),
+                                {"batch_axis": 0, "time_axis": 1})],
+    "broadcast_to": [OpCase((f32(3, 1),), {"shape": (2, 3, 4)}),
+                     OpCase((f32(2, 3),), {"shape": (3, 1, 1)})],
+    "tile": [OpCase((f32(2, 3),), {"repeats": (2, 3)})],
+    "pad": [OpCase((f32(2, 3),), {"pads": (1, 0, 2, 3), "mode": "constant", "value": 1.5}),
+            OpCase((f32(3, 4),), {"pads": (2, 1, 1, 3), "mode": "reflect"}),
+            OpCase((f32(3, 4),), {"pads": (1, 2, 2, 1), "mode": "edge"}),
+            OpCase((f32(3, 4),), {"pads": (4, 1, 2, 5), "mode": "wrap"})],
+    "trilu": [OpCase((f32(4, 5),), {"k": 1, "upper": True}),
+              OpCase((f32(2, 3, 3),), {"k": -1, "upper": False})],
+    "resize": [OpCase((f32(1, 1, 3, 4),), {"sizes": (1, 1, 5, 7), "scales": (1, 1, 5 / 3, 7 / 4),
+                                           "mode": "linear"}),
+               OpCase((f32(1, 1, 4, 4),), {"sizes": (1, 1, 8, 2), "scales": (1, 1, 2.0, 0.5),
+                                           "mode": "nearest",
+                                           "coordinate_transformation_mode": "asymmetric",
+                                           "nearest_mode": "floor"}),
+               OpCase((f32(1, 1, 4, 4),), {"sizes": (1, 1, 3, 3), "scales": (1, 1, 0.8, 0.8),
+                                           "mode": "cubic", "exclude_outside": True}),
+               OpCase((f32(1, 1, 4, 4),), {"sizes": (1, 1, 3, 5), "scales": (1, 1, 0.75, 1.25),
+                                           "mode": "linear", "roi": (0, 0, 0.2, 0.1,
+                                                                     1, 1, 0.9, 1.2),
+                                           "coordinate_transformation_mode":
+                                               "tf_crop_and_resize",
+                                           "extrapolation_value": 7.0}),
+               OpCase((ints(1, 1, 3, 3, low=0, high=250, dtype="uint8"),),
+                      {"sizes": (1, 1, 5, 5), "scales": (1, 1, 5 / 3, 5 / 3), "mode": "cubic"})],
+}
