@@ -1,0 +1,45 @@
+"""The `kiln` command: compile the shipped model, inspect the result, run it, fail cleanly."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[2]
+MODEL = ROOT / "models" / "mlp.onnx"
+
+
+def kiln(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "kiln.cli.main", *args], cwd=cwd,
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_compile_inspect_run(tmp_path: Path) -> None:
+    import onnxruntime as ort
+
+    done = kiln("compile", str(MODEL), "-t", "c", "-o", "mlp.so", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    listing = kiln("inspect", "mlp.so", cwd=tmp_path)
+    assert listing.returncode == 0 and "host.c" in listing.stdout and "kernels.c" in listing.stdout
+    source = kiln("inspect", "mlp.so", "--artifact", "c/kernels.c", cwd=tmp_path)
+    assert "kiln__kernel_" in source.stdout
+
+    x = np.random.default_rng(0).standard_normal((1, 64)).astype(np.float32)
+    np.save(tmp_path / "x.npy", x)
+    ran = kiln("run", "mlp.so", "--input", "x=x.npy", cwd=tmp_path)
+    assert ran.returncode == 0, ran.stderr
+    want = ort.InferenceSession(str(MODEL), providers=["CPUExecutionProvider"]).run(
+        None, {"x": x})[0]
+    first = np.array2string(want.ravel()[:1], precision=4).strip("[]").split()[0]
+    assert first in ran.stdout
+
+
+def test_errors_are_reported_not_raised(tmp_path: Path) -> None:
+    bad_target = kiln("compile", str(MODEL), "-t", "llvmm", "-o", "x.so", cwd=tmp_path)
+    assert bad_target.returncode == 2
+    assert "did you mean 'llvm'" in bad_target.stderr and "Traceback" not in bad_target.stderr
+    missing = kiln("inspect", "nothing.so", cwd=tmp_path)
+    assert missing.returncode == 2 and "Traceback" not in missing.stderr
