@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from kiln import ops
-from kiln.ir import IRBuilder, IRModule, evaluate
+from kiln.ir import IRBuilder, IRModule, evaluate, verify
 from kiln.ir import graph as g
 from kiln.transform.fuse_ops import FuseOps
 from kiln.transform.pipeline import get_pipeline
@@ -43,6 +43,19 @@ def test_a_value_used_twice_is_not_fused_away() -> None:
     calls = [b.value for b in fused["main"].bindings]  # type: ignore[union-attr]
     assert any(isinstance(v, g.Call) and v.op == "conv2d" for v in calls)
     assert _kernels(fused) == ["fused_add_relu"]
+
+
+def test_a_value_read_by_an_alias_binding_is_not_fused_away() -> None:
+    ib = IRBuilder()
+    with ib.function("main"):
+        x = ib.param("x", (4,), "float32")
+        e = ib.emit(ops.call("exp", x), "e")
+        r = ib.emit(ops.call("relu", e), "r")
+        alias = ib.emit(e, "alias")  # a second reader of e, after the chain
+        ib.ret(g.Tuple((r, alias)))
+    fused = FuseOps().run(ib.get())
+    verify(fused)  # e is still bound: its alias reads it
+    assert _kernels(fused) == []
 
 
 def test_broadcast_reread_is_not_fused() -> None:

@@ -100,6 +100,7 @@ def _version(dist: str) -> str | None:
 
 
 def entry_path(key: str) -> Path:
+    """Where the archive of cache entry `key` lives."""
     return cache_dir() / "artifacts" / key[:2] / f"{key}.tar"
 
 

@@ -21,6 +21,7 @@ from kiln.ir import tensor as t
 from kiln.ir._recursion import deep_recursion
 from kiln.ir.dtype import INDEX_DTYPE
 from kiln.ir.module import BaseFunc, IRModule
+from kiln.ir.names import Namer
 from kiln.ir.types import TensorType, TupleType, Type
 
 # Python-like binding strength of infix operators (higher binds tighter).
@@ -35,29 +36,6 @@ _PREC_UNARY = 8
 _PREC_ATOM = 10
 _LOOP_KINDS = {"serial": "serial", "parallel": "parallel", "vectorized": "vectorized",
                "unrolled": "unroll"}
-
-
-class Namer:
-    """Gives each node (by identity) a unique printable name derived from its hint."""
-
-    def __init__(self) -> None:
-        self._names: dict[int, str] = {}
-        self._used: set[str] = set()
-        self._keep: list[object] = []  # keep nodes alive so ids stay unique
-
-    def name(self, node: object, hint: str) -> str:
-        key = id(node)
-        if key in self._names:
-            return self._names[key]
-        base = hint if hint.isidentifier() else "v"
-        cand, n = base, 0
-        while cand in self._used:
-            n += 1
-            cand = f"{base}_{n}"
-        self._used.add(cand)
-        self._names[key] = cand
-        self._keep.append(node)
-        return cand
 
 
 def format_const(c: t.Const) -> str:

@@ -97,9 +97,11 @@ class IRBuilder:
         return IRModule(self._functions, self._attrs)
 
     def module_attr(self, key: str, value: Any) -> None:
+        """Set a module attribute."""
         self._attrs[key] = value
 
     def add_function(self, name: str, fn: BaseFunc) -> None:
+        """Add an already-built function; IRError if `name` is taken or not a valid name."""
         check_function_name(name)
         if name in self._functions:
             raise IRError(f"function {name!r} is defined twice")
@@ -145,6 +147,7 @@ class IRBuilder:
         return v
 
     def func_attr(self, key: str, value: Any) -> None:
+        """Set an attribute of the open function."""
         if self._stack:
             self._prim().attrs[key] = value
         elif self._graph is not None:
@@ -189,6 +192,7 @@ class IRBuilder:
 
     @contextmanager
     def let(self, name: str, value: ExprLike, *, var: Var | None = None) -> Iterator[Var]:
+        """Bind a new variable to `value` for the block (`var=` binds an existing Var)."""
         val = as_expr(value)
         v = var if var is not None else Var(name, val.dtype)
         with self._scope() as frame:
@@ -197,6 +201,7 @@ class IRBuilder:
 
     @contextmanager
     def if_(self, cond: PrimExpr) -> Iterator[None]:
+        """The then branch of an IfThenElse; `else_()` right after it adds the else branch."""
         with self._scope() as frame:
             yield
         self._emit_stmt(IfThenElse(cond, _body(frame.stmts, "if"), None))
@@ -246,13 +251,16 @@ class IRBuilder:
                                    _body(frame.stmts, f"decl_buffer {name}")))
 
     def store(self, buffer: Buffer, indices: Sequence[ExprLike], value: ExprLike) -> None:
+        """`buffer[indices] = value` (a Python scalar value takes the buffer's dtype)."""
         self._emit_stmt(Store(buffer, as_expr(value, buffer.dtype),
                               tuple(as_expr(i, INDEX_DTYPE) for i in indices)))
 
     def evaluate(self, value: PrimExpr) -> None:
+        """Evaluate `value` for its side effect (e.g. a CallExtern)."""
         self._emit_stmt(Evaluate(value))
 
     def call_func(self, func: str, args: Sequence[Buffer | ExprLike]) -> None:
+        """Call PrimFunc `func` of the module with buffers and scalars."""
         self._emit_stmt(CallFunc(func, tuple(
             a if isinstance(a, Buffer) else as_expr(a) for a in args)))
 
@@ -306,6 +314,7 @@ class IRBuilder:
         return v
 
     def ret(self, value: g.Expr) -> None:
+        """Set the result of the open graph function (once)."""
         frame = self._gframe()
         if frame.result is not None:
             raise IRError("ret() called twice")

@@ -45,18 +45,22 @@ def check_dtype(dtype: str) -> str:
 
 
 def kind(dtype: str) -> str:
+    """"bool", "int", "uint" or "float"."""
     return DTYPES[check_dtype(dtype)][0]
 
 
 def bits(dtype: str) -> int:
+    """Width in bits (bool is stored in 8)."""
     return DTYPES[check_dtype(dtype)][1]
 
 
 def itemsize(dtype: str) -> int:
+    """Bytes one element takes in memory."""
     return max(1, bits(dtype) // 8)
 
 
 def is_float(dtype: str) -> bool:
+    """True for float16, bfloat16, float32 and float64."""
     return kind(dtype) == "float"
 
 
@@ -66,10 +70,12 @@ def is_int(dtype: str) -> bool:
 
 
 def is_signed(dtype: str) -> bool:
+    """True for signed integers and floats."""
     return kind(dtype) in ("int", "float")
 
 
 def is_bool(dtype: str) -> bool:
+    """True for bool."""
     return dtype == "bool"
 
 

@@ -127,6 +127,8 @@ class CallTensor(Expr):
 
 @dataclass(frozen=True, eq=False, slots=True)
 class Tuple(Expr):
+    """A tuple of values (several results, or a tuple-typed argument)."""
+
     fields: tuple[Expr, ...]
 
     def __post_init__(self) -> None:
@@ -139,6 +141,8 @@ class Tuple(Expr):
 
 @dataclass(frozen=True, eq=False, slots=True)
 class TupleGetItem(Expr):
+    """Field `index` of a tuple-typed value."""
+
     tuple_value: Expr
     index: int
 
@@ -177,4 +181,5 @@ class Function:
         return self.result.type
 
     def with_attrs(self, **attrs: Any) -> Function:
+        """This function with `attrs` added to (or replacing) its attributes."""
         return Function(self.params, self.bindings, self.result, {**self.attrs, **attrs})

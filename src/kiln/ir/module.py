@@ -63,21 +63,27 @@ class IRModule:
         return len(self._functions)
 
     def items(self) -> Iterator[tuple[str, BaseFunc]]:
+        """(name, function) pairs in module order."""
         return iter(self._functions.items())
 
     def prim_funcs(self) -> dict[str, PrimFunc]:
+        """The tensor-level functions by name."""
         return {k: f for k, f in self._functions.items() if isinstance(f, PrimFunc)}
 
     def graph_funcs(self) -> dict[str, Function]:
+        """The graph-level functions by name."""
         return {k: f for k, f in self._functions.items() if isinstance(f, Function)}
 
     def with_function(self, name: str, fn: BaseFunc) -> IRModule:
+        """A new module with `fn` added under `name` (replacing any function of that name)."""
         return IRModule({**self._functions, name: fn}, self._attrs)
 
     def without(self, *names: str) -> IRModule:
+        """A new module without the functions `names`."""
         return IRModule({k: f for k, f in self._functions.items() if k not in names}, self._attrs)
 
     def with_attrs(self, **attrs: Any) -> IRModule:
+        """A new module with `attrs` added to (or replacing) its attributes."""
         return IRModule(self._functions, {**self._attrs, **attrs})
 
     def script(self, **kwargs: Any) -> str:
@@ -91,6 +97,7 @@ class IRModule:
 
 
 def check_function_name(name: str) -> str:
+    """Return `name` if it can name a module function, else raise IRError saying why."""
     if not isinstance(name, str) or not name.isidentifier() or name.startswith("_"):
         raise IRError(
             f"function name {name!r} must be a C identifier not starting with '_' "

@@ -24,7 +24,7 @@ and the enclosing statement of each side.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -127,10 +127,14 @@ class _Comparer:
     def fail(self, reason: str) -> None:
         raise _Mismatch(reason)
 
-    def field(self, name: str, a: object, b: object) -> None:
+    def at(self, name: str, check: Callable[..., None], *args: Any, **kwargs: Any) -> None:
+        """Run `check(*args)` with `name` appended to the path (kept there if it fails)."""
         self.path.append(name)
-        self.node(a, b)
+        check(*args, **kwargs)
         self.path.pop()
+
+    def field(self, name: str, a: object, b: object) -> None:
+        self.at(name, self.node, a, b)
 
     def fields(self, name: str, xs: tuple[Any, ...], ys: tuple[Any, ...]) -> None:
         if len(xs) != len(ys):
@@ -196,9 +200,7 @@ class _Comparer:
             self.check("buffer scopes", a.scope, b.scope)
         elif isinstance(a, g.Var):
             assert isinstance(b, g.Var)
-            self.path.append(".var_type")
-            self.type(a.var_type, b.var_type, bind_dims)
-            self.path.pop()
+            self.at(".var_type", self.type, a.var_type, b.var_type, bind_dims)
 
     def dims(self, name: str, xs: tuple[Any, ...], ys: tuple[Any, ...],
              bind_dims: bool = False) -> None:
@@ -207,14 +209,11 @@ class _Comparer:
         for i, (x, y) in enumerate(zip(xs, ys)):
             if (bind_dims and isinstance(x, t.Var) and isinstance(y, t.Var)
                     and id(x) not in self.l2r and id(y) not in self.r2l):
-                self.path.append(f"{name}[{i}]")
-                self.define(x, y)
-                self.path.pop()
+                self.at(f"{name}[{i}]", self.define, x, y)
             elif isinstance(x, t.PrimExpr) and isinstance(y, t.PrimExpr):
                 self.field(f"{name}[{i}]", x, y)
             elif not values_equal(x, y):
-                self.path.append(f"{name}[{i}]")
-                self.fail(f"shapes differ: {tuple(xs)} vs {tuple(ys)}")
+                self.at(f"{name}[{i}]", self.fail, f"shapes differ: {tuple(xs)} vs {tuple(ys)}")
 
     def type(self, a: object, b: object, bind_dims: bool = False) -> None:
         if type(a) is not type(b):
@@ -228,9 +227,7 @@ class _Comparer:
             if len(a.fields) != len(b.fields):
                 self.fail(f"tuple types differ: {a} vs {b}")
             for i, (x, y) in enumerate(zip(a.fields, b.fields)):
-                self.path.append(f".fields[{i}]")
-                self.type(x, y, bind_dims)
-                self.path.pop()
+                self.at(f".fields[{i}]", self.type, x, y, bind_dims)
         else:
             self.check("types", a, b)
 
@@ -274,9 +271,7 @@ class _Comparer:
             self.fail(f"function names differ: only in lhs {only_l}, only in rhs {only_r}")
         self.attrs(a.attrs, b.attrs)
         for name in a.functions:
-            self.path.append(name)
-            self.node(a.functions[name], b.functions[name])
-            self.path.pop()
+            self.field(name, a.functions[name], b.functions[name])
 
     def node(self, a: object, b: object) -> None:
         self.nodes.append((a, b))
@@ -296,23 +291,19 @@ class _Comparer:
 
     # ------------------------------------------------------------------ functions
 
+    def params(self, xs: tuple[Any, ...], ys: tuple[Any, ...]) -> None:
+        if len(xs) != len(ys):
+            self.fail(f"parameter counts differ: {len(xs)} vs {len(ys)}")
+        for i, (p, q) in enumerate(zip(xs, ys)):
+            self.at(f".params[{i}]", self.define, p, q, bind_dims=True)
+
     def prim_func(self, a: t.PrimFunc, b: t.PrimFunc) -> None:
-        if len(a.params) != len(b.params):
-            self.fail(f"parameter counts differ: {len(a.params)} vs {len(b.params)}")
-        for i, (p, q) in enumerate(zip(a.params, b.params)):
-            self.path.append(f".params[{i}]")
-            self.define(p, q, bind_dims=True)
-            self.path.pop()
+        self.params(a.params, b.params)
         self.attrs(a.attrs, b.attrs)
         self.field(".body", a.body, b.body)
 
     def function(self, a: g.Function, b: g.Function) -> None:
-        if len(a.params) != len(b.params):
-            self.fail(f"parameter counts differ: {len(a.params)} vs {len(b.params)}")
-        for i, (p, q) in enumerate(zip(a.params, b.params)):
-            self.path.append(f".params[{i}]")
-            self.define(p, q, bind_dims=True)
-            self.path.pop()
+        self.params(a.params, b.params)
         self.attrs(a.attrs, b.attrs)
         if len(a.bindings) != len(b.bindings):
             self.fail(f"binding counts differ: {len(a.bindings)} vs {len(b.bindings)}")
@@ -322,9 +313,7 @@ class _Comparer:
 
     def binding(self, a: g.Binding, b: g.Binding) -> None:
         self.field(".value", a.value, b.value)
-        self.path.append(".var")
-        self.define(a.var, b.var, bind_dims=True)
-        self.path.pop()
+        self.at(".var", self.define, a.var, b.var, bind_dims=True)
 
     # ------------------------------------------------------------------ statements
 
@@ -332,9 +321,7 @@ class _Comparer:
         self.fields(".body", a.body, b.body)
 
     def store(self, a: t.Store, b: t.Store) -> None:
-        self.path.append(".buffer")
-        self.use(a.buffer, b.buffer)
-        self.path.pop()
+        self.at(".buffer", self.use, a.buffer, b.buffer)
         self.fields(".indices", a.indices, b.indices)
         self.field(".value", a.value, b.value)
 
@@ -342,60 +329,43 @@ class _Comparer:
         self.field(".start", a.start, b.start)
         self.field(".extent", a.extent, b.extent)
         if a.kind != b.kind:
-            self.path.append(".kind")
-            self.fail(f"loop kinds differ: {a.kind!r} vs {b.kind!r}")
-        self.path.append(".var")
-        self.define(a.var, b.var)
-        self.path.pop()
+            self.at(".kind", self.fail, f"loop kinds differ: {a.kind!r} vs {b.kind!r}")
+        self.at(".var", self.define, a.var, b.var)
         self.field(".body", a.body, b.body)
 
     def let(self, a: t.LetStmt, b: t.LetStmt) -> None:
         self.field(".value", a.value, b.value)
-        self.path.append(".var")
-        self.define(a.var, b.var)
-        self.path.pop()
+        self.at(".var", self.define, a.var, b.var)
         self.field(".body", a.body, b.body)
 
     def if_(self, a: t.IfThenElse, b: t.IfThenElse) -> None:
         self.field(".cond", a.cond, b.cond)
         self.field(".then_body", a.then_body, b.then_body)
         if (a.else_body is None) != (b.else_body is None):
-            self.path.append(".else_body")
-            self.fail("one side has an else branch, the other does not")
+            self.at(".else_body", self.fail, "one side has an else branch, the other does not")
         if a.else_body is not None:
             self.field(".else_body", a.else_body, b.else_body)
 
     def allocate(self, a: t.Allocate, b: t.Allocate) -> None:
-        self.path.append(".buffer")
-        self.define(a.buffer, b.buffer)
-        self.path.pop()
+        self.at(".buffer", self.define, a.buffer, b.buffer)
         self.field(".body", a.body, b.body)
 
     def alloc_const(self, a: t.AllocConst, b: t.AllocConst) -> None:
-        self.path.append(".data")
-        self.data(a.data, b.data)
-        self.path[-1] = ".buffer"
-        self.define(a.buffer, b.buffer)
-        self.path.pop()
+        self.at(".data", self.data, a.data, b.data)
+        self.at(".buffer", self.define, a.buffer, b.buffer)
         self.field(".body", a.body, b.body)
 
     def decl_buffer(self, a: t.DeclBuffer, b: t.DeclBuffer) -> None:
-        self.path.append(".source")
-        self.use(a.source, b.source)
-        self.path[-1] = ".byte_offset"
-        self.check("byte offsets", a.byte_offset, b.byte_offset)
-        self.path[-1] = ".buffer"
-        self.define(a.buffer, b.buffer)
-        self.path.pop()
+        self.at(".source", self.use, a.source, b.source)
+        self.at(".byte_offset", self.check, "byte offsets", a.byte_offset, b.byte_offset)
+        self.at(".buffer", self.define, a.buffer, b.buffer)
         self.field(".body", a.body, b.body)
 
     def evaluate(self, a: t.Evaluate, b: t.Evaluate) -> None:
         self.field(".value", a.value, b.value)
 
     def call_func(self, a: t.CallFunc, b: t.CallFunc) -> None:
-        self.path.append(".func")
-        self.check("callees", a.func, b.func)
-        self.path.pop()
+        self.at(".func", self.check, "callees", a.func, b.func)
         self.fields(".args", a.args, b.args)
 
     # ------------------------------------------------------------------ expressions
@@ -432,9 +402,7 @@ class _Comparer:
         self.field(".value", a.value, b.value)
 
     def load(self, a: t.Load, b: t.Load) -> None:
-        self.path.append(".buffer")
-        self.use(a.buffer, b.buffer)
-        self.path.pop()
+        self.at(".buffer", self.use, a.buffer, b.buffer)
         self.fields(".indices", a.indices, b.indices)
 
     def intrin(self, a: t.Intrin, b: t.Intrin) -> None:
@@ -446,9 +414,7 @@ class _Comparer:
         if a.name != b.name:
             self.fail(f"extern functions differ: {a.name!r} vs {b.name!r}")
         self.check("return dtypes", a.dtype, b.dtype)
-        self.path.append(".dependency")
-        self.check("extern dependencies", a.dependency, b.dependency)
-        self.path.pop()
+        self.at(".dependency", self.check, "extern dependencies", a.dependency, b.dependency)
         self.fields(".args", a.args, b.args)
 
     # ------------------------------------------------------------------ graph expressions
@@ -457,35 +423,27 @@ class _Comparer:
         self.use(a, b)
 
     def constant(self, a: g.Constant, b: g.Constant) -> None:
-        self.path.append(".data")
-        self.data(a.data, b.data)
-        self.path.pop()
+        self.at(".data", self.data, a.data, b.data)
 
     def call(self, a: g.Call, b: g.Call) -> None:
         if a.op != b.op:
             self.fail(f"operators differ: {a.op!r} vs {b.op!r}")
         self.fields(".args", a.args, b.args)
         self.attrs(a.attrs, b.attrs)
-        self.path.append(".ret_type")
-        self.type(a.ret_type, b.ret_type)
-        self.path.pop()
+        self.at(".ret_type", self.type, a.ret_type, b.ret_type)
 
     def call_tensor(self, a: g.CallTensor, b: g.CallTensor) -> None:
         if a.func != b.func:
-            self.path.append(".func")
-            self.fail(f"callees differ: {a.func!r} vs {b.func!r}")
+            self.at(".func", self.fail, f"callees differ: {a.func!r} vs {b.func!r}")
         self.fields(".args", a.args, b.args)
-        self.path.append(".ret_type")
-        self.type(a.ret_type, b.ret_type)
-        self.path.pop()
+        self.at(".ret_type", self.type, a.ret_type, b.ret_type)
 
     def tuple_(self, a: g.Tuple, b: g.Tuple) -> None:
         self.fields(".fields", a.fields, b.fields)
 
     def get_item(self, a: g.TupleGetItem, b: g.TupleGetItem) -> None:
         if a.index != b.index:
-            self.path.append(".index")
-            self.fail(f"tuple indices differ: {a.index} vs {b.index}")
+            self.at(".index", self.fail, f"tuple indices differ: {a.index} vs {b.index}")
         self.field(".tuple_value", a.tuple_value, b.tuple_value)
 
     def tensor_type(self, a: TensorType, b: TensorType) -> None:

@@ -8,7 +8,7 @@ semantics so nodes stay usable as dict keys: use `a.eq(b)` / `a.ne(b)`.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Union
@@ -304,6 +304,7 @@ def _pair(a: ExprLike, b: ExprLike) -> tuple[PrimExpr, PrimExpr]:
 
 
 def binary(op: str, a: ExprLike, b: ExprLike) -> PrimExpr:
+    """`a <op> b`; a Python scalar adopts the other operand's dtype, which must match."""
     x, y = _pair(a, b)
     if x.dtype != y.dtype:
         raise IRError(f"{op}: operand dtypes differ ({x.dtype} vs {y.dtype}); insert a Cast")
@@ -311,6 +312,7 @@ def binary(op: str, a: ExprLike, b: ExprLike) -> PrimExpr:
 
 
 def compare(op: str, a: ExprLike, b: ExprLike) -> PrimExpr:
+    """`a <op> b` (eq, ne, lt, le, gt, ge) giving bool; operand dtypes must match."""
     x, y = _pair(a, b)
     if x.dtype != y.dtype:
         raise IRError(f"{op}: operand dtypes differ ({x.dtype} vs {y.dtype}); insert a Cast")
@@ -318,19 +320,23 @@ def compare(op: str, a: ExprLike, b: ExprLike) -> PrimExpr:
 
 
 def select(cond: PrimExpr, t: ExprLike, f: ExprLike) -> PrimExpr:
+    """`cond ? t : f`; a Python scalar branch adopts the other branch's dtype."""
     x, y = _pair(t, f)
     return Select(cond, x, y)
 
 
 def min_(a: ExprLike, b: ExprLike) -> PrimExpr:
+    """The `min` BinaryOp."""
     return binary("min", a, b)
 
 
 def max_(a: ExprLike, b: ExprLike) -> PrimExpr:
+    """The `max` BinaryOp."""
     return binary("max", a, b)
 
 
 def intrin(name: str, *args: ExprLike) -> PrimExpr:
+    """Math intrinsic `name`; Python scalar arguments adopt the first expression's dtype."""
     first = next((a for a in args if isinstance(a, PrimExpr)), None)
     like = first.dtype if first is not None else None
     return Intrin(name, tuple(as_expr(a, like) for a in args))
@@ -452,6 +458,8 @@ class LetStmt(Stmt):
 
 @dataclass(frozen=True, eq=False, slots=True)
 class IfThenElse(Stmt):
+    """`if cond: then_body else: else_body` (no else branch when `else_body` is None)."""
+
     cond: PrimExpr
     then_body: Stmt
     else_body: Stmt | None = None
@@ -544,15 +552,14 @@ class PrimFunc:
         object.__setattr__(self, "attrs", MappingProxyType(dict(self.attrs)))
 
     def with_body(self, body: Stmt) -> PrimFunc:
+        """This function with another body (same params and attrs)."""
         return PrimFunc(self.params, body, dict(self.attrs))
 
     def with_attrs(self, **attrs: Any) -> PrimFunc:
+        """This function with `attrs` added to (or replacing) its attributes."""
         return PrimFunc(self.params, self.body, {**self.attrs, **attrs})
 
     @property
     def buffer_params(self) -> tuple[Buffer, ...]:
+        """The buffer parameters, in order (scalar parameters left out)."""
         return tuple(p for p in self.params if isinstance(p, Buffer))
-
-
-def buffer_args(values: Sequence[Buffer | PrimExpr]) -> list[Buffer]:
-    return [v for v in values if isinstance(v, Buffer)]

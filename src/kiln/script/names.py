@@ -1,4 +1,4 @@
-"""Printable names: unique, valid Python identifiers made from node name hints.
+"""Printable names for DSL text: `kiln.ir.names` plus the names the DSL reserves.
 
 Names are a printing concern: IR nodes carry a hint (`Var("i")`), and two
 distinct nodes with the same hint print as `i` and `i_1`.
@@ -8,19 +8,13 @@ from __future__ import annotations
 
 import keyword
 
+from kiln.ir import names as _ir_names
+from kiln.ir.names import sanitize
+
+__all__ = ["RESERVED", "Namer", "is_plain_name", "sanitize"]
+
 # Names the DSL text itself uses; a node hint equal to one of them is renamed.
 RESERVED = frozenset({"T", "G", "I", "meta", "ir_module", "range", "float"})
-
-
-def sanitize(hint: str, fallback: str = "v") -> str:
-    """`hint` turned into a valid Python identifier (not a keyword)."""
-    chars = [c if ("a" + c).isidentifier() else "_" for c in hint]
-    name = "".join(chars) or fallback
-    if not name.isidentifier():  # starts with a digit
-        name = f"{fallback}_{name}"
-    if keyword.iskeyword(name):
-        name += "_"
-    return name
 
 
 def is_plain_name(name: str) -> bool:
@@ -28,32 +22,8 @@ def is_plain_name(name: str) -> bool:
     return name.isidentifier() and not keyword.iskeyword(name) and name not in RESERVED
 
 
-class Namer:
-    """Gives each object (by identity) a unique name derived from its hint."""
+class Namer(_ir_names.Namer):
+    """A `kiln.ir.names.Namer` that by default never hands out the DSL's reserved names."""
 
     def __init__(self, reserved: frozenset[str] = RESERVED) -> None:
-        self._used: set[str] = set(reserved)
-        self._names: dict[int, str] = {}
-        self._keep: list[object] = []  # keeps ids valid while the namer lives
-
-    def fresh(self, hint: str, fallback: str = "v") -> str:
-        """A new unique name (not tied to an object)."""
-        base = sanitize(hint, fallback)
-        name = base
-        k = 1
-        while name in self._used:
-            name = f"{base}_{k}"
-            k += 1
-        self._used.add(name)
-        return name
-
-    def name(self, obj: object, hint: str, fallback: str = "v") -> str:
-        """The name of `obj`, assigned from `hint` on first sight."""
-        key = id(obj)
-        if key not in self._names:
-            self._names[key] = self.fresh(hint, fallback)
-            self._keep.append(obj)
-        return self._names[key]
-
-    def has(self, obj: object) -> bool:
-        return id(obj) in self._names
+        super().__init__(reserved)

@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import ast
 import math
+import operator
 import types
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any, NoReturn
 
@@ -36,6 +37,13 @@ from kiln.script.namespace import G_NAMES, I_NAMES, T_NAMES, G, I, T
 _MISSING = object()
 _NAMESPACES: dict[int, str] = {id(T): "T", id(G): "G", id(I): "I"}
 _NS_NAMES = {"T": T_NAMES, "G": G_NAMES, "I": I_NAMES}
+# Python arithmetic the parser computes itself on two plain numbers (`N * 2`).
+_PYTHON_BINOPS: dict[type[ast.operator], Callable[[Any, Any], Any]] = {
+    ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul,
+    ast.Div: operator.truediv, ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod,
+    ast.Pow: operator.pow, ast.LShift: operator.lshift, ast.RShift: operator.rshift,
+    ast.BitAnd: operator.and_, ast.BitOr: operator.or_, ast.BitXor: operator.xor,
+}
 # Values a name from the surrounding Python scope may stand for.
 _STATIC_TYPES = (int, float, bool, str, type(None), tuple, list, dict)
 
@@ -336,15 +344,7 @@ class Parser:
 
     def fold_binop(self, node: ast.BinOp, a: Any, b: Any) -> Any:
         """Python arithmetic on two plain numbers (as Python itself would compute it)."""
-        ops: dict[type, Any] = {
-            ast.Add: lambda x, y: x + y, ast.Sub: lambda x, y: x - y,
-            ast.Mult: lambda x, y: x * y, ast.Div: lambda x, y: x / y,
-            ast.FloorDiv: lambda x, y: x // y, ast.Mod: lambda x, y: x % y,
-            ast.Pow: lambda x, y: x ** y, ast.LShift: lambda x, y: x << y,
-            ast.RShift: lambda x, y: x >> y, ast.BitAnd: lambda x, y: x & y,
-            ast.BitOr: lambda x, y: x | y, ast.BitXor: lambda x, y: x ^ y,
-        }
-        fn = ops.get(type(node.op))
+        fn = _PYTHON_BINOPS.get(type(node.op))
         if fn is None:
             self.fail(node, f"operator {type(node.op).__name__} is not supported")
         try:

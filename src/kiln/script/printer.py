@@ -315,6 +315,7 @@ def _mixes_bitwise(child: t.PrimExpr, op: str) -> bool:
 
 
 def extern_dependency_text(dep: t.ExternDependency) -> str:
+    """`T.extern_dependency(...)` source that recreates `dep`."""
     parts = [quote(dep.short_name)]
     for key in ("version_spec", "url", "url_type"):
         value = getattr(dep, key)

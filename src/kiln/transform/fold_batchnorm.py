@@ -26,6 +26,7 @@ import numpy as np
 from kiln.ir import graph as g
 from kiln.ir.module import IRModule
 from kiln.ir.types import TensorType
+from kiln.transform.functor import var_use_counts
 from kiln.transform.pass_base import FunctionPass
 
 CONV_OPS = ("conv1d", "conv2d", "conv3d")
@@ -54,27 +55,6 @@ class _Conv:
     shift: np.ndarray
 
 
-def _uses(func: g.Function) -> Counter[g.Var]:
-    """How many times each variable is used (bindings and the result)."""
-    counts: Counter[g.Var] = Counter()
-    for b in func.bindings:
-        counts.update(_var_uses(b.value))
-    counts.update(_var_uses(func.result))
-    return counts
-
-
-def _var_uses(e: g.Expr) -> list[g.Var]:
-    if isinstance(e, g.Var):
-        return [e]
-    if isinstance(e, (g.Call, g.CallTensor)):
-        return [v for a in e.args for v in _var_uses(a)]
-    if isinstance(e, g.Tuple):
-        return [v for f in e.fields for v in _var_uses(f)]
-    if isinstance(e, g.TupleGetItem):
-        return _var_uses(e.tuple_value)
-    return []
-
-
 @dataclass(frozen=True)
 class FoldBatchNorm(FunctionPass):
     """Fold per-channel multiply/add chains after constant-weight convolutions."""
@@ -84,7 +64,7 @@ class FoldBatchNorm(FunctionPass):
 
     def run_on_function(self, func: Any, name: str, mod: IRModule) -> g.Function:
         assert isinstance(func, g.Function)
-        uses = _uses(func)
+        uses = var_use_counts(func)
         pending: dict[g.Var, _Conv] = {}     # var -> the convolution chain it holds
         absorbed: set[g.Var] = set()         # bindings folded into a later one
         for b in func.bindings:

@@ -23,32 +23,21 @@ import numpy as np
 
 from kiln.ir import graph as g
 from kiln.ir.module import IRModule
+from kiln.ir.visitor import GraphMutator
 from kiln.transform.pass_base import FunctionPass
+
+
+class _Substitute(GraphMutator):
+    def __init__(self, env: dict[g.Var, g.Expr]) -> None:
+        self.env = env
+
+    def visit_var(self, e: g.Var) -> g.Expr:
+        return self.env.get(e, e)
 
 
 def substitute(expr: g.Expr, env: dict[g.Var, g.Expr]) -> g.Expr:
     """`expr` with the variables of `env` replaced (rebuilds only what changes)."""
-    if isinstance(expr, g.Var):
-        return env.get(expr, expr)
-    if isinstance(expr, g.Call):
-        args = tuple(substitute(a, env) for a in expr.args)
-        if all(x is y for x, y in zip(args, expr.args)):
-            return expr
-        return g.Call(expr.op, args, expr.attrs, expr.ret_type)
-    if isinstance(expr, g.CallTensor):
-        args = tuple(substitute(a, env) for a in expr.args)
-        if all(x is y for x, y in zip(args, expr.args)):
-            return expr
-        return g.CallTensor(expr.func, args, expr.ret_type)
-    if isinstance(expr, g.Tuple):
-        fields = tuple(substitute(f, env) for f in expr.fields)
-        if all(x is y for x, y in zip(fields, expr.fields)):
-            return expr
-        return g.Tuple(fields)
-    if isinstance(expr, g.TupleGetItem):
-        value = substitute(expr.tuple_value, env)
-        return expr if value is expr.tuple_value else g.TupleGetItem(value, expr.index)
-    return expr
+    return _Substitute(env).visit_expr(expr)
 
 
 def result_vars(expr: g.Expr) -> set[g.Var]:

@@ -20,7 +20,7 @@ from kiln.ir import graph as g
 from kiln.ir.module import BaseFunc, IRModule
 from kiln.ir.tensor import PrimFunc
 from kiln.ir.types import TensorType
-from kiln.ir.visitor import graph_children
+from kiln.transform.functor import var_use_counts
 from kiln.transform.legalize_ops import ATTR_PRIVATE
 from kiln.transform.pass_base import Pass
 
@@ -55,24 +55,9 @@ def _pattern(op: str) -> str | None:
         return None
 
 
-def _uses(fn: g.Function) -> Counter[int]:
-    from kiln.transform.functor import iter_graph_exprs
-
-    counts: Counter[int] = Counter()
-    for e in [b.value for b in fn.bindings] + [fn.result]:
-        for sub in iter_graph_exprs(e):
-            if isinstance(sub, (g.Call, g.CallTensor, g.Tuple, g.TupleGetItem)):
-                for a in graph_children(sub):
-                    if isinstance(a, g.Var):
-                        counts[id(a)] += 1
-    if isinstance(fn.result, g.Var):
-        counts[id(fn.result)] += 1
-    return counts
-
-
 def _fuse_function(fn: g.Function, functions: dict[str, BaseFunc], cache: dict[Any, str],
                    max_group: int) -> g.Function:
-    uses = _uses(fn)
+    uses = var_use_counts(fn)
     groups: list[list[g.Binding]] = []
     for b in fn.bindings:
         value = b.value
@@ -98,13 +83,13 @@ def _fuse_function(fn: g.Function, functions: dict[str, BaseFunc], cache: dict[A
     return g.Function(fn.params, tuple(bindings), fn.result, dict(fn.attrs))
 
 
-def _extends(group: list[g.Binding], call: g.Call, uses: Counter[int]) -> bool:
+def _extends(group: list[g.Binding], call: g.Call, uses: Counter[g.Var]) -> bool:
     last = group[-1]
     if not isinstance(last.value, g.Call):
         return False
     if not any(a is last.var for a in call.args):
         return False
-    if uses[id(last.var)] != 1:
+    if uses[last.var] != 1:
         return False
     # the fused value must be read at the consumer's own shape (no broadcast re-reads)
     return last.var.type == call.ret_type and isinstance(call.ret_type, TensorType)

@@ -23,6 +23,8 @@ from kiln.errors import CompileError
 from kiln.ir import graph as g
 from kiln.ir.module import BaseFunc, IRModule
 from kiln.ir.tensor import PrimFunc
+from kiln.ir.visitor import GraphMutator
+from kiln.transform.functor import function_exprs
 from kiln.transform.pass_base import Pass
 
 #: PrimFunc attribute marking a function no caller outside the module needs.
@@ -64,7 +66,7 @@ class LegalizeOps(Pass):
         graph_funcs = mod.graph_funcs()
         missing: Counter[str] = Counter()
         for fn in graph_funcs.values():
-            for e in _all_exprs(fn):
+            for e in function_exprs(fn):
                 if isinstance(e, g.Call) and find_legalizer(e.op) is None:
                     missing[e.op] += 1
         if missing:
@@ -74,11 +76,12 @@ class LegalizeOps(Pass):
                 f"{len(missing)} operator(s): {listed}. No lowering rule is registered in "
                 "kiln.ops for them; register one, or lower these calls to call_tensor "
                 "yourself before compiling")
-        if not any(isinstance(e, g.Call) for fn in graph_funcs.values() for e in _all_exprs(fn)):
+        if not any(isinstance(e, g.Call)
+                   for fn in graph_funcs.values() for e in function_exprs(fn)):
             return mod
         state = _State(dict(mod.functions))
         for fname, fn in graph_funcs.items():
-            state.functions[fname] = _rewrite_function(fn, state)
+            state.functions[fname] = _Legalizer(state).visit_function(fn)
         return IRModule(state.functions, mod.attrs)
 
 
@@ -123,30 +126,13 @@ def _identifier(hint: str) -> str:
     return f"op_{name}" if name[0].isdigit() else name
 
 
-def _rewrite(expr: g.Expr, state: _State) -> g.Expr:
-    if isinstance(expr, g.Call):
-        args = tuple(_rewrite(a, state) for a in expr.args)
-        call = g.Call(expr.op, args, expr.attrs, expr.ret_type)
-        return g.CallTensor(state.add_kernel(call), args, expr.ret_type)
-    if isinstance(expr, g.CallTensor):
-        return g.CallTensor(expr.func, tuple(_rewrite(a, state) for a in expr.args),
-                            expr.ret_type)
-    if isinstance(expr, g.Tuple):
-        return g.Tuple(tuple(_rewrite(f, state) for f in expr.fields))
-    if isinstance(expr, g.TupleGetItem):
-        return g.TupleGetItem(_rewrite(expr.tuple_value, state), expr.index)
-    return expr
+class _Legalizer(GraphMutator):
+    """Replaces every operator Call (arguments first) by a CallTensor of its kernel."""
 
+    def __init__(self, state: _State) -> None:
+        self.state = state
 
-def _rewrite_function(fn: g.Function, state: _State) -> g.Function:
-    bindings = tuple(g.Binding(b.var, _rewrite(b.value, state)) for b in fn.bindings)
-    return g.Function(fn.params, bindings, _rewrite(fn.result, state), dict(fn.attrs))
-
-
-def _all_exprs(fn: g.Function) -> list[g.Expr]:
-    from kiln.transform.functor import iter_graph_exprs
-
-    out: list[g.Expr] = []
-    for e in [b.value for b in fn.bindings] + [fn.result]:
-        out.extend(iter_graph_exprs(e))
-    return out
+    def visit_call(self, e: g.Call) -> g.Expr:
+        call = super().visit_call(e)
+        assert isinstance(call, g.Call)
+        return g.CallTensor(self.state.add_kernel(call), call.args, call.ret_type)

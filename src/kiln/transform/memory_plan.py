@@ -58,6 +58,7 @@ class MemoryPlan:
 
 
 def align_up(n: int, alignment: int) -> int:
+    """`n` rounded up to a multiple of `alignment`."""
     return -(-n // alignment) * alignment
 
 

@@ -17,7 +17,7 @@ disabled-pass list. `Sequential` chains passes into a pipeline.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from kiln.errors import CompileError
@@ -184,10 +184,3 @@ def as_pass(p: Pass | Callable[[IRModule], IRModule]) -> Pass:
     if callable(p):
         return ModulePassFromCallable(p)
     raise CompileError(f"expected a Pass or a callable IRModule -> IRModule, got {p!r}")
-
-
-def pass_option_types(cls: type) -> Mapping[str, Any]:
-    """Field name -> declared type (as a string or type) of a dataclass pass."""
-    if not dataclasses.is_dataclass(cls):
-        return {}
-    return {f.name: f.type for f in dataclasses.fields(cls)}

@@ -46,10 +46,7 @@ def register_pass(cls: type[Pass], *, override: bool = False) -> type[Pass]:
 
 def get_pass(name: str, **options: Any) -> Pass:
     """An instance of the pass registered as `name`, with `options`."""
-    try:
-        cls = PASSES.get(name)
-    except RegistryError as err:
-        raise CompileError(str(err)) from None
+    cls = _pass_class(name)
     try:
         return cls(**options)
     except TypeError as exc:
@@ -84,12 +81,16 @@ def parse_passes(spec: str) -> list[Pass]:
     return passes
 
 
-def _parse_options(name: str, text: str) -> dict[str, Any]:
+def _pass_class(name: str) -> type[Pass]:
+    """The class registered as `name`; CompileError (listing the known ones) if none."""
     try:
-        cls = PASSES.get(name)
+        return PASSES.get(name)
     except RegistryError as err:
         raise CompileError(str(err)) from None
-    types = _field_types(cls)
+
+
+def _parse_options(name: str, text: str) -> dict[str, Any]:
+    types = _field_types(_pass_class(name))
     out: dict[str, Any] = {}
     for item in re.split(r"[\s,]+", text.strip()):
         if not item:

@@ -128,6 +128,7 @@ def _wrap(value: int, dtype: str) -> t.Const:
 
 
 def fold_cast(dtype: str, c: t.Const) -> t.Const | None:
+    """`Cast(dtype, c)` folded to a Const, or None where folding would not be exact."""
     src = c.dtype
     if "float16" in (src, dtype) or "bfloat16" in (src, dtype):
         return None
@@ -227,7 +228,10 @@ class _Simplifier(StmtExprMutator):
         extent = self.expr(s.extent)
         if isinstance(extent, t.Const) and extent.value == 1:
             return self.visit_LetStmt(t.LetStmt(s.var, s.start, s.body))
-        return self.generic_stmt(s)
+        start, body = self.expr(s.start), self.stmt(s.body)
+        if start is s.start and extent is s.extent and body is s.body:
+            return s
+        return t.For(s.var, start, extent, s.kind, body)
 
     def visit_LetStmt(self, s: t.LetStmt) -> t.Stmt:
         value = self.expr(s.value)

@@ -1,0 +1,189 @@
+"""Run-time helpers of the reference interpreter: what compiled PrimFuncs call.
+
+`kiln.ir.evaluate` compiles each PrimFunc into Python source
+(`kiln.ir._interp_compiler`); that code runs in the namespace `_BASE_NS`
+built here: integer division and shifts with C semantics, float16/bfloat16
+rounding, poisoned allocations, byte views, and the float intrinsics.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from kiln.ir import dtype as dt
+
+
+class _Fault(Exception):
+    """A run-time fault inside interpreted code (reported as KilnError)."""
+
+
+def _carrier(dtype: str) -> type:
+    """The numpy scalar type arithmetic of `dtype` uses (floats only)."""
+    return np.float64 if dtype == "float64" else np.float32
+
+
+def _np_dtype(dtype: str) -> np.dtype[Any]:
+    return dt.to_numpy(dtype)
+
+
+def _int_range(dtype: str) -> tuple[int, int]:
+    n = dt.bits(dtype)
+    if dtype == "bool":
+        return 0, 1
+    if dt.kind(dtype) == "uint":
+        return 0, (1 << n) - 1
+    return -(1 << (n - 1)), (1 << (n - 1)) - 1
+
+
+def _tdiv(a: int, b: int) -> int:
+    q = abs(a) // abs(b)
+    return q if (a >= 0) == (b >= 0) else -q
+
+
+def _tmod(a: int, b: int) -> int:
+    return a - b * _tdiv(a, b)
+
+
+def _ipow(a: int, b: int, bits: int) -> int:
+    if b >= 0:
+        return pow(a, b, 1 << bits)
+    if a == 0:
+        raise ZeroDivisionError
+    if a == 1:
+        return 1
+    if a == -1:
+        return 1 if b % 2 == 0 else -1
+    return 0
+
+
+def _shift_check(b: int, bits: int) -> None:
+    if not 0 <= b < bits:
+        raise _Fault(f"shift amount {b} is outside [0, {bits})")
+
+
+def _shl(a: int, b: int, bits: int) -> int:
+    _shift_check(b, bits)
+    return a << b
+
+
+def _shr(a: int, b: int, bits: int) -> int:
+    _shift_check(b, bits)
+    return a >> b
+
+
+def _sel(c: Any, x: Any, y: Any) -> Any:
+    return x if c else y
+
+
+def _f2i(x: Any) -> int:
+    if not np.isfinite(x):
+        raise _Fault(f"cannot convert {x} to an integer (undefined in C)")
+    return int(x)
+
+
+def _ffloordiv(a: Any, b: Any) -> Any:
+    return np.floor(a / b)
+
+
+def _ffloormod(a: Any, b: Any) -> Any:
+    return a - np.floor(a / b) * b
+
+
+def _converter(dtype: str) -> Callable[[Any], Any]:
+    """Converts an extern's result to the carrier of `dtype` (ints wrap)."""
+    if dtype == "bool":
+        return bool
+    if dt.is_int(dtype):
+        lo, hi = _int_range(dtype)
+        span = hi - lo + 1
+        return lambda x: (int(x) - lo) % span + lo
+    if dtype == "float16":
+        return _round16
+    if dtype == "bfloat16":
+        return _round_bf16
+    return _carrier(dtype)
+
+
+def _round16(x: Any) -> np.float32:
+    return np.float32(np.float16(x))
+
+
+def _round_bf16(x: Any) -> np.float32:
+    return np.float32(dt.to_numpy("bfloat16").type(np.float32(x)))
+
+
+def _alloc(count: int, dtype: np.dtype[Any]) -> np.ndarray:
+    if count < 0:
+        raise _Fault(f"cannot allocate {count} elements")
+    arr = np.empty(count, dtype=dtype)
+    if dtype.kind == "f" or dtype.name == "bfloat16":
+        arr[:] = np.nan
+    elif dtype.kind == "b":
+        arr[:] = True
+    else:
+        arr.view(np.uint8)[:] = 0xA5
+    return arr
+
+
+def _view(src: np.ndarray, offset: int, count: int, dtype: np.dtype[Any]) -> np.ndarray:
+    raw = src.view(np.uint8)
+    size = count * dtype.itemsize
+    if offset < 0 or offset + size > raw.size:
+        raise _Fault(f"DeclBuffer view [{offset}, {offset + size}) is outside its source "
+                     f"of {raw.size} bytes")
+    return raw[offset:offset + size].view(dtype)
+
+
+def _float_intrinsic(fn: Callable[..., Any], carrier: type) -> Callable[..., Any]:
+    if carrier is np.float64:
+        return fn
+
+    def run(*args: Any) -> Any:
+        return np.float32(fn(*args, dtype=np.float64))
+    return run
+
+
+_FLOAT_UFUNCS: dict[str, Callable[..., Any]] = {
+    "exp": np.exp, "exp2": np.exp2, "expm1": np.expm1, "log": np.log, "log2": np.log2,
+    "log1p": np.log1p, "sin": np.sin, "cos": np.cos, "tan": np.tan, "tanh": np.tanh,
+    "sinh": np.sinh, "cosh": np.cosh, "asin": np.arcsin, "acos": np.arccos,
+    "atan": np.arctan, "asinh": np.arcsinh, "acosh": np.arccosh, "atanh": np.arctanh,
+    "pow": np.power, "atan2": np.arctan2,
+}
+# Correctly rounded in any precision: applied to the carrier directly.
+_EXACT_UFUNCS: dict[str, Callable[..., Any]] = {
+    "sqrt": np.sqrt, "abs": np.abs, "floor": np.floor, "ceil": np.ceil, "trunc": np.trunc,
+    "round": np.rint, "fmod": np.fmod, "isnan": np.isnan, "isinf": np.isinf,
+}
+
+
+def _base_namespace() -> dict[str, Any]:
+    ns: dict[str, Any] = {
+        "_Fault": _Fault, "_tdiv": _tdiv, "_tmod": _tmod, "_ipow": _ipow, "_shl": _shl,
+        "_shr": _shr, "_sel": _sel, "_f2i": _f2i, "_ffloordiv": _ffloordiv,
+        "_ffloormod": _ffloormod, "_round16": _round16, "_round_bf16": _round_bf16,
+        "_alloc": _alloc, "_view": _view, "_F32": np.float32, "_F64": np.float64,
+        "_erf32": lambda x: np.float32(math.erf(x)), "_erf64": lambda x: np.float64(
+            math.erf(x)),
+    }
+    for name, fn in _FLOAT_UFUNCS.items():
+        ns[f"_{name}32"] = _float_intrinsic(fn, np.float32)
+        ns[f"_{name}64"] = fn
+    for name, fn in _EXACT_UFUNCS.items():
+        ns[f"_{name}"] = fn
+    return ns
+
+
+_BASE_NS = _base_namespace()
+
+
+
+def _text(node: object) -> str:
+    """One line of IR for a message."""
+    from kiln.ir._printer import Printer
+
+    return Printer().node(node)

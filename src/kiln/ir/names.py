@@ -1,0 +1,54 @@
+"""Printable names: unique, valid Python identifiers made from node name hints.
+
+Names are a printing concern: IR nodes carry a hint (`Var("i")`), and two
+distinct nodes with the same hint print as `i` and `i_1`. Both printers use
+this: the message printer of `kiln.ir` and the DSL printer of `kiln.script`
+(which also reserves the names the DSL text itself uses).
+"""
+
+from __future__ import annotations
+
+import keyword
+
+
+def sanitize(hint: str, fallback: str = "v") -> str:
+    """`hint` turned into a valid Python identifier (not a keyword)."""
+    chars = [c if ("a" + c).isidentifier() else "_" for c in hint]
+    name = "".join(chars) or fallback
+    if not name.isidentifier():  # starts with a digit
+        name = f"{fallback}_{name}"
+    if keyword.iskeyword(name):
+        name += "_"
+    return name
+
+
+class Namer:
+    """Gives each object (by identity) a unique name derived from its hint."""
+
+    def __init__(self, reserved: frozenset[str] = frozenset()) -> None:
+        self._used: set[str] = set(reserved)
+        self._names: dict[int, str] = {}
+        self._keep: list[object] = []  # keeps ids valid while the namer lives
+
+    def fresh(self, hint: str, fallback: str = "v") -> str:
+        """A new unique name (not tied to an object)."""
+        base = sanitize(hint, fallback)
+        name = base
+        k = 1
+        while name in self._used:
+            name = f"{base}_{k}"
+            k += 1
+        self._used.add(name)
+        return name
+
+    def name(self, obj: object, hint: str, fallback: str = "v") -> str:
+        """The name of `obj`, assigned from `hint` on first sight."""
+        key = id(obj)
+        if key not in self._names:
+            self._names[key] = self.fresh(hint, fallback)
+            self._keep.append(obj)
+        return self._names[key]
+
+    def has(self, obj: object) -> bool:
+        """True if `obj` already has a name."""
+        return id(obj) in self._names
