@@ -32,6 +32,14 @@ def test_agrees_with_pyelftools(exported: dict[str, Path]) -> None:
         expected = [(s.name, s["st_size"]) for s in table.iter_symbols()]
     assert [(name, size) for name, _kind, _shndx, size in dynamic_symbols(so)] == expected
 
+    # The shared reader behind both finders, over both symbol tables.
+    with open(so, "rb") as f:
+        tables = [s for s in ELFFile(f).iter_sections() if s.name in (".dynsym", ".symtab")]
+        expected_all = [(s.name, s["st_value"], s["st_size"])
+                        for table in tables for s in table.iter_symbols()]
+        found = elf.read_symbols(f.fileno(), so, (elf.SHT_DYNSYM, elf.SHT_SYMTAB))
+    assert [(s.name, s.value, s.size) for s in found.symbols] == expected_all
+
 
 def test_one_shared_library_holding_two_kiln_libraries_needs_a_prefix(tmp_path: Path) -> None:
     archives = [export_library(hm.artifacts(p), hm.library_metadata(p), tmp_path / f"{p}.a",

@@ -95,6 +95,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of the `kiln` command and its subcommands."""
     p = argparse.ArgumentParser(prog="kiln", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="command", required=True)
@@ -129,6 +130,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run the `kiln` command with `argv` (default: sys.argv[1:]); the exit code."""
     args = build_parser().parse_args(argv)
     try:
         code: int = args.func(args)

@@ -25,6 +25,7 @@ def broadcast_shapes(*shapes: Sequence[int]) -> tuple[int, ...]:
 
 
 def broadcast_types(types: Sequence[TensorType], dtype: str | None = None) -> TensorType:
+    """The result type of a broadcasting op: broadcast shape, common dtype (or `dtype`)."""
     dtypes = {t.dtype for t in types}
     if dtype is None:
         if len(dtypes) != 1:

@@ -23,7 +23,7 @@ from kiln.ir import graph as g
 from kiln.ir.tensor import Cast, PrimExpr, as_expr, intrin, max_, min_, select
 from kiln.ir.types import TensorType, Type
 from kiln.ops import te
-from kiln.ops.onnx_map import GraphContext, onnx_op
+from kiln.ops.onnx_map import GraphContext, need_constant, onnx_op
 from kiln.ops.registry import register_op
 
 Attrs = Mapping[str, Any]
@@ -277,9 +277,7 @@ register_op("resize", pattern="injective", infer=_resize_infer, compute=_resize_
 def _static(ctx: GraphContext, expr: g.Expr | None, what: str) -> np.ndarray | None:
     if expr is None:
         return None
-    value = ctx.value(expr)
-    if value is None:
-        raise IRError(f"{what} must be a compile-time constant (kiln needs static shapes)")
+    value = need_constant(ctx, expr, what)
     return value if value.size else None
 
 

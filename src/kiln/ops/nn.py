@@ -38,6 +38,7 @@ def acc_dtype(dtype: str) -> str:
 
 
 def widen(x: PrimExpr, dtype: str) -> PrimExpr:
+    """`x` cast to `dtype` (an accumulator type) unless it already has it."""
     return x if x.dtype == dtype else Cast(dtype, x)
 
 

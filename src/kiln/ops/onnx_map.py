@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 
 from kiln._registry import Registry
+from kiln.errors import IRError
 from kiln.ir import graph as g
 
 if TYPE_CHECKING:
@@ -70,7 +71,25 @@ def onnx_op(*op_types: str, min_opset: int = 1) -> Callable[[Converter], Convert
 
 
 def converters() -> Registry[OnnxConverter]:
+    """The ONNX converter registry, with the built-in converters loaded."""
     from kiln.ops.registry import _load_builtin_ops
 
     _load_builtin_ops()
     return ONNX_CONVERTERS
+
+
+# ------------------------------------------------------------------ converter helpers
+def first_input(inputs: Sequence[g.Expr | None]) -> g.Expr:
+    """The node's first input, which must be present."""
+    x = inputs[0]
+    if x is None:
+        raise IRError("the first input is missing")
+    return x
+
+
+def need_constant(ctx: GraphContext, expr: g.Expr | None, what: str) -> np.ndarray:
+    """The compile-time value of input `expr` (`what` names it in the error)."""
+    value = ctx.value(expr)
+    if value is None:
+        raise IRError(f"{what} must be a compile-time constant (kiln needs static shapes)")
+    return value

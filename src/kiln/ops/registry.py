@@ -42,6 +42,7 @@ class OpDef:
     reference: ReferenceFn
 
     def infer_type(self, arg_types: Sequence[Type], attrs: Attrs) -> Type:
+        """The result type of a call with `arg_types`; IRError if an argument is no tensor."""
         tensors: list[TensorType] = []
         for k, t in enumerate(arg_types):
             if not isinstance(t, TensorType):
@@ -75,6 +76,9 @@ OPS: Registry[OpDef] = Registry("operator")
 
 def register_op(name: str, *, pattern: str, infer: InferFn, compute: ComputeFn,
                 reference: ReferenceFn) -> OpDef:
+    """Register the operator `name`: its fusion `pattern` (one of PATTERNS), type rule,
+    lowering and numpy reference. A duplicate name raises RegistryError.
+    """
     if pattern not in PATTERNS:
         raise IRError(f"unknown op pattern {pattern!r}; known: {', '.join(PATTERNS)}")
     op = OpDef(name, pattern, infer, compute, reference)
@@ -83,11 +87,13 @@ def register_op(name: str, *, pattern: str, infer: InferFn, compute: ComputeFn,
 
 
 def get_op(name: str) -> OpDef:
+    """The OpDef of `name` (built-in operators are loaded on first use)."""
     _load_builtin_ops()
     return OPS.get(name)
 
 
 def list_ops() -> list[str]:
+    """The names of all registered operators, sorted."""
     _load_builtin_ops()
     return OPS.names()
 
@@ -115,6 +121,7 @@ def _load_builtin_ops() -> None:
 
 
 def result_types(t: Type) -> tuple[TensorType, ...]:
+    """The tensor types of a call's results: the fields of a tuple type, or the one type."""
     if isinstance(t, TupleType):
         return tuple(_tensor_type(f) for f in t.fields)
     return (_tensor_type(t),)

@@ -101,6 +101,7 @@ class _Reducer:
 
 
 def lowest_value(dtype: str) -> PrimExpr:
+    """The smallest value of `dtype` (-inf for floats): the neutral element of max."""
     if dt.is_float(dtype):
         return Const(float("-inf"), dtype)
     if dt.is_bool(dtype):
@@ -110,6 +111,7 @@ def lowest_value(dtype: str) -> PrimExpr:
 
 
 def highest_value(dtype: str) -> PrimExpr:
+    """The largest value of `dtype` (+inf for floats): the neutral element of min."""
     if dt.is_float(dtype):
         return Const(float("inf"), dtype)
     if dt.is_bool(dtype):
@@ -136,6 +138,23 @@ def reduce(kind: str, body: FCompute, extents: Sequence[int], dtype: str,
     if kind not in REDUCERS:
         raise IRError(f"unknown reduction {kind!r}; known: {', '.join(REDUCERS)}")
     return _context().reduce(REDUCERS[kind], body, tuple(int(e) for e in extents), dtype, init)
+
+
+def flat_index(idx: Sequence[PrimExpr], shape: Sequence[int]) -> PrimExpr:
+    """The row-major position of index `idx` in a tensor of `shape`."""
+    flat: PrimExpr = as_expr(0)
+    for i, d in zip(idx, shape):
+        flat = flat * d + i
+    return flat
+
+
+def unflatten_index(flat: PrimExpr, shape: Sequence[int]) -> tuple[PrimExpr, ...]:
+    """The index of row-major position `flat` in a tensor of `shape` (`flat_index` undone)."""
+    out: list[PrimExpr] = []
+    for d in reversed(shape):
+        out.append(flat % d if d != 1 else as_expr(0))
+        flat = flat // d
+    return tuple(reversed(out))
 
 
 def clamp_index(i: PrimExpr, extent: int) -> PrimExpr:

@@ -9,6 +9,7 @@ at the caller's memory (no copy), scalars become `KilnValue`s.
 from __future__ import annotations
 
 import ctypes
+import functools
 import operator
 from dataclasses import dataclass
 from typing import Any
@@ -131,8 +132,12 @@ def numpy_dtype(dtype: str) -> np.dtype[Any]:
     return np.dtype(dtype)
 
 
+@functools.lru_cache(maxsize=64)
 def dl_dtype_of(dtype: np.dtype[Any]) -> tuple[int, int] | None:
-    """DLPack (code, bits) of a numpy dtype, or None when DLPack cannot express it."""
+    """DLPack (code, bits) of a numpy dtype, or None when DLPack cannot express it.
+
+    Cached: every tensor argument of every call asks, and `dtype.name` is slow.
+    """
     if dtype.name == "bfloat16":
         return (KDL_BFLOAT, 16)
     kind = dtype.kind

@@ -15,6 +15,7 @@ parameter name; for a graph function it allocates the results (or checks the
 from __future__ import annotations
 
 import ctypes
+import functools
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -61,9 +62,13 @@ class PackedFunction:
         self.params: list[dict[str, Any]] = [dict(p) for p in signature.get("params", [])]
         self.results: list[dict[str, Any]] = [dict(r) for r in signature.get("results", [])]
         self.tuple_result = bool(signature.get("tuple_result", False))
+        # Derived once here, used by every call.
+        self._arguments = self.params + self.results  # what the compiled code takes
         self._index = {p["name"]: i for i, p in enumerate(self.params)}
-        self._wheres = [Where(self.name, i, str(p["name"]))
-                        for i, p in enumerate(self.params + self.results)]
+        self._wheres = [Where(self.name, i, str(p["name"])) for i, p in enumerate(self._arguments)]
+        # The value range of each integer scalar parameter (None for the others).
+        self._int_bounds = [_INT_RANGES.get(p["dtype"]) if p.get("kind") == "scalar" else None
+                            for p in self.params]
 
     # -------------------------------------------------------------- calling
     def __call__(self, *args: Any, out: Any = None, **kwargs: Any) -> Any:
@@ -107,26 +112,26 @@ class PackedFunction:
             if values[i] is not _MISSING:
                 raise KilnError(f"{self.name}: argument {i} '{key}' given twice")
             values[i] = value
-        for i, value in enumerate(values):
+        for i, (value, bounds) in enumerate(zip(values, self._int_bounds)):
             if value is _MISSING:
                 raise KilnError(f"{self.name}: missing argument {i} '{self.params[i]['name']}'")
-            self._check_scalar_range(i, value)
+            if bounds is not None and abi.type_code_of(value) == abi.ARG_INT:
+                # An integer scalar must fit its parameter's dtype (C would wrap it silently).
+                ivalue = abi.scalar_int(value)
+                if not bounds[0] <= ivalue <= bounds[1]:
+                    raise self._wheres[i].error(
+                        f"value {ivalue} out of range for {self.params[i]['dtype']}")
         return values
 
-    def _check_scalar_range(self, i: int, value: Any) -> None:
-        """An integer scalar must fit its parameter's dtype (C would wrap it silently)."""
-        p = self.params[i]
-        if p.get("kind") != "scalar" or abi.type_code_of(value) != abi.ARG_INT:
-            return
-        bounds = _INT_RANGES.get(p["dtype"])
-        ivalue = abi.scalar_int(value)
-        if bounds is not None and not bounds[0] <= ivalue <= bounds[1]:
-            raise self._wheres[i].error(f"value {ivalue} out of range for {p['dtype']}")
+    @functools.cached_property
+    def _result_layouts(self) -> list[tuple[tuple[int, ...], np.dtype[Any]]]:
+        """(shape, numpy dtype) of each result, for allocating them."""
+        return [(tuple(r["shape"]), abi.numpy_dtype(r["dtype"])) for r in self.results]
 
     def _outputs(self, out: Any) -> list[np.ndarray]:
         """Result arrays: freshly allocated, or the caller's `out=` after checking them."""
         if out is None:
-            return [np.empty(tuple(r["shape"]), abi.numpy_dtype(r["dtype"])) for r in self.results]
+            return [np.empty(shape, dtype) for shape, dtype in self._result_layouts]
         outs = list(out) if isinstance(out, (tuple, list)) else [out]
         if len(outs) != len(self.results):
             raise KilnError(
@@ -225,13 +230,13 @@ class RawKernelFunction(PackedFunction):
         self.last_error = last_error
         self.keepalive = keepalive
         argtypes = [ctypes.c_void_p if p["kind"] == "tensor" else abi.C_TYPES[p["dtype"]]
-                    for p in self.params + self.results]
+                    for p in self._arguments]
         self._c_func = ctypes.CFUNCTYPE(ctypes.c_int32, *argtypes)(address)
 
     def _invoke(self, values: list[Any], wheres: list[Where]) -> None:
         c_args: list[Any] = []
         keep: list[np.ndarray] = []
-        for value, param, where in zip(values, self.params + self.results, wheres):
+        for value, param, where in zip(values, self._arguments, wheres):
             if param["kind"] == "tensor":
                 array = checked_tensor(value, param, where)
                 keep.append(array)

@@ -1,0 +1,386 @@
+"""Indexing ops: gather, gather_elements, gather_nd, scatter_elements, scatter_nd,
+and the ONNX OneHot mapping."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from kiln.errors import IRError
+from kiln.ir import dtype as dt
+from kiln.ir import graph as g
+from kiln.ir.tensor import (
+    Cast,
+    PrimExpr,
+    as_expr,
+    max_,
+    min_,
+    select,
+)
+from kiln.ir.types import TensorType, Type
+from kiln.ops import te
+from kiln.ops.onnx_map import GraphContext, first_input, need_constant, onnx_op
+from kiln.ops.reduce import norm_axes
+from kiln.ops.registry import register_op
+
+Attrs = Mapping[str, Any]
+
+
+# --------------------------------------------------------------------- gather
+
+def _gather_infer(types: Sequence[TensorType], attrs: Attrs) -> Type:
+    x, idx = types
+    (axis,) = norm_axes(attrs.get("axis", 0), x.ndim)
+    if not dt.is_int(idx.dtype):
+        raise IRError(f"gather: indices must be integers, got {idx.dtype}")
+    return TensorType((*x.shape[:axis], *idx.shape, *x.shape[axis + 1:]), x.dtype)
+
+
+def _gather_compute(inputs: Sequence[te.Tensor], attrs: Attrs) -> te.Tensor:
+    x, ind = inputs
+    (axis,) = norm_axes(attrs.get("axis", 0), x.ndim)
+    out = _gather_infer([TensorType(x.shape, x.dtype), TensorType(ind.shape, ind.dtype)], attrs)
+    assert isinstance(out, TensorType)
+    n = x.shape[axis]
+
+    def element(*i: PrimExpr) -> PrimExpr:
+        k = ind[i[axis:axis + ind.ndim]]
+        k = k if k.dtype == "int64" else Cast("int64", k)
+        k = select(k < 0, k + n, k)  # negative indices count from the end (ONNX)
+        src = (*i[:axis], te.clamp_index(k, n), *i[axis + ind.ndim:])
+        return x[src]
+
+    return te.compute(out.shape, element, x.dtype, "gather")  # type: ignore[arg-type]
+
+
+register_op("gather", pattern="injective", infer=_gather_infer, compute=_gather_compute,
+            reference=lambda x, i, axis=0, **a: np.take(x, i, axis=axis))
+
+
+@onnx_op("Gather")
+def _gather_onnx(ctx: GraphContext, inputs: Sequence[g.Expr | None],
+                 attrs: dict[str, Any]) -> list[g.Expr]:
+    x, idx = first_input(inputs), inputs[1]
+    assert idx is not None
+    return [ctx.call("gather", x, idx, axis=norm_axes(attrs.get("axis", 0),
+                                                       ctx.tensor_type(x).ndim)[0])]
+
+
+# ------------------------------------------------------------ gather_elements
+
+def _gather_elements_infer(types: Sequence[TensorType], attrs: Attrs) -> Type:
+    x, idx = types
+    norm_axes(attrs.get("axis", 0), x.ndim)
+    if idx.ndim != x.ndim or not dt.is_int(idx.dtype):
+        raise IRError(f"gather_elements: indices {idx} must be integers of the rank of {x}")
+    return TensorType(idx.shape, x.dtype)
+
+
+def _gather_elements_compute(inputs: Sequence[te.Tensor], attrs: Attrs) -> te.Tensor:
+    x, ind = inputs
+    (axis,) = norm_axes(attrs.get("axis", 0), x.ndim)
+    n = x.shape[axis]
+
+    def element(*i: PrimExpr) -> PrimExpr:
+        k = ind[i]
+        k = k if k.dtype == "int64" else Cast("int64", k)
+        k = select(k < 0, k + n, k)
+        return x[tuple(te.clamp_index(k, n) if d == axis else i[d] for d in range(x.ndim))]
+
+    return te.compute(ind.shape, element, x.dtype, "gather_elements")
+
+
+def _gather_elements_ref(x: np.ndarray, idx: np.ndarray, **attrs: Any) -> np.ndarray:
+    (axis,) = norm_axes(attrs.get("axis", 0), x.ndim)
+    idx = np.where(idx < 0, idx + x.shape[axis], idx)
+    return np.take_along_axis(x, idx.astype(np.int64), axis=axis)
+
+
+register_op("gather_elements", pattern="injective", infer=_gather_elements_infer,
+            compute=_gather_elements_compute, reference=_gather_elements_ref)
+
+
+@onnx_op("GatherElements")
+def _gather_elements_onnx(ctx: GraphContext, inputs: Sequence[g.Expr | None],
+                          attrs: dict[str, Any]) -> list[g.Expr]:
+    x, idx = first_input(inputs), inputs[1]
+    assert idx is not None
+    axis = norm_axes(attrs.get("axis", 0), ctx.tensor_type(x).ndim)[0]
+    return [ctx.call("gather_elements", x, idx, axis=axis)]
+
+
+# ------------------------------------------------------------------ gather_nd
+
+def _index(ind: te.Tensor, idx: Sequence[PrimExpr], extent: int) -> PrimExpr:
+    """An index value read from `ind`, negative values counted from the end, clamped."""
+    k = ind[tuple(idx)]
+    k = k if k.dtype == "int64" else Cast("int64", k)
+    return te.clamp_index(select(k < 0, k + extent, k), extent)
+
+
+def _gather_nd_shape(data: Sequence[int], ind: Sequence[int], batch: int) -> tuple[int, ...]:
+    r = ind[-1] if ind else 0
+    if not ind or batch >= len(ind) or batch + r > len(data) or \
+            tuple(ind[:batch]) != tuple(data[:batch]):
+        raise IRError(f"gather_nd: indices {tuple(ind)} with batch_dims {batch} do not fit "
+                      f"data {tuple(data)}")
+    return (*ind[:-1], *data[batch + r:])
+
+
+def _gather_nd_infer(types: Sequence[TensorType], attrs: Attrs) -> Type:
+    x, idx = types
+    if not dt.is_int(idx.dtype):
+        raise IRError(f"gather_nd: indices must be integers, got {idx.dtype}")
+    shape = _gather_nd_shape(x.static_shape, idx.static_shape, int(attrs.get("batch_dims", 0)))
+    return TensorType(shape, x.dtype)
+
+
+def _gather_nd_compute(inputs: Sequence[te.Tensor], attrs: Attrs) -> te.Tensor:
+    x, ind = inputs
+    batch = int(attrs.get("batch_dims", 0))
+    shape = _gather_nd_shape(x.shape, ind.shape, batch)
+    r = ind.shape[-1]
+    lead = ind.ndim - 1
+
+    def element(*i: PrimExpr) -> PrimExpr:
+        picked = [_index(ind, (*i[:lead], as_expr(t)), x.shape[batch + t]) for t in range(r)]
+        return x[(*i[:batch], *picked, *i[lead:])]
+
+    return te.compute(shape, element, x.dtype, "gather_nd")
+
+
+def _gather_nd_ref(x: np.ndarray, idx: np.ndarray, **attrs: Any) -> np.ndarray:
+    batch = int(attrs.get("batch_dims", 0))
+    shape = _gather_nd_shape(x.shape, idx.shape, batch)
+    r = idx.shape[-1]
+    out = np.empty(shape, dtype=x.dtype)
+    for pos in np.ndindex(*idx.shape[:-1]):
+        key = tuple(int(v) for v in idx[pos])
+        src = (*pos[:batch], *(k + x.shape[batch + t] if k < 0 else k
+                               for t, k in enumerate(key)))
+        out[pos] = x[src]
+    del r
+    return out
+
+
+register_op("gather_nd", pattern="injective", infer=_gather_nd_infer,
+            compute=_gather_nd_compute, reference=_gather_nd_ref)
+
+
+@onnx_op("GatherND")
+def _gather_nd_onnx(ctx: GraphContext, inputs: Sequence[g.Expr | None],
+                    attrs: dict[str, Any]) -> list[g.Expr]:
+    idx = inputs[1]
+    assert idx is not None
+    return [ctx.call("gather_nd", first_input(inputs), idx,
+                     batch_dims=int(attrs.get("batch_dims", 0)))]
+
+
+# -------------------------------------------------------------------- scatter
+
+SCATTER_REDUCTIONS = ("none", "add", "mul", "max", "min")
+
+
+def _scatter_check(attrs: Attrs) -> str:
+    red = str(attrs.get("reduction", "none"))
+    if red not in SCATTER_REDUCTIONS:
+        raise IRError(f"scatter: unknown reduction {red!r}; known: "
+                      f"{', '.join(SCATTER_REDUCTIONS)}")
+    return red
+
+
+def _neutral(kind: str, dtype: str) -> PrimExpr:
+    """The value that leaves a `kind` reduction unchanged."""
+    if kind == "max":
+        return te.lowest_value(dtype)
+    if kind == "min":
+        return te.highest_value(dtype)
+    return as_expr(0 if kind == "sum" else 1, dtype)
+
+
+def _scatter_combine(red: str, base: PrimExpr, matches: Callable[[str], PrimExpr]
+                     ) -> PrimExpr:
+    """`base` combined with the matching updates (`matches(kind)` reduces them)."""
+    if red == "add":
+        return base + matches("sum")
+    if red == "mul":
+        return base * matches("prod")
+    if red == "max":
+        return max_(base, matches("max"))
+    return min_(base, matches("min"))
+
+
+def _scatter_elements_infer(types: Sequence[TensorType], attrs: Attrs) -> Type:
+    x, idx, upd = types
+    norm_axes(attrs.get("axis", 0), x.ndim)
+    _scatter_check(attrs)
+    if idx.ndim != x.ndim or idx.shape != upd.shape or upd.dtype != x.dtype or \
+            not dt.is_int(idx.dtype):
+        raise IRError(f"scatter_elements: indices {idx} and updates {upd} must have one shape "
+                      f"and the rank of data {x}")
+    return x
+
+
+def _scatter_elements_compute(inputs: Sequence[te.Tensor], attrs: Attrs) -> te.Tensor:
+    x, ind, upd = inputs
+    (axis,) = norm_axes(attrs.get("axis", 0), x.ndim)
+    red = _scatter_check(attrs)
+    n = x.shape[axis]
+
+    def element(*i: PrimExpr) -> PrimExpr:
+        def src(k: PrimExpr) -> tuple[PrimExpr, ...]:
+            return tuple(k if d == axis else te.clamp_index(i[d], ind.shape[d])
+                         for d in range(x.ndim))
+
+        inside: PrimExpr = as_expr(True)
+        for d in range(x.ndim):
+            if d != axis and ind.shape[d] < x.shape[d]:
+                inside = inside & (i[d] < ind.shape[d])
+
+        def match(k: PrimExpr) -> PrimExpr:
+            return inside & _index(ind, src(k), n).eq(i[axis])
+
+        m = ind.shape[axis]
+        if red == "none":
+            last = te.reduce("max", lambda k: select(match(k), k, as_expr(-1)), (m,), "int64")
+            hit = upd[src(te.clamp_index(last, m))]
+            return select(last >= 0, hit, x[i])
+
+        def matches(kind: str) -> PrimExpr:
+            fill = _neutral(kind, x.dtype)
+            return te.reduce(kind, lambda k: select(match(k), upd[src(k)], fill), (m,), x.dtype)
+
+        return _scatter_combine(red, x[i], matches)
+
+    return te.compute(x.shape, element, x.dtype, "scatter_elements")
+
+
+_NP_REDUCE = {"add": np.add, "mul": np.multiply, "max": np.maximum, "min": np.minimum}
+
+
+def _scatter_elements_ref(x: np.ndarray, idx: np.ndarray, upd: np.ndarray,
+                          **attrs: Any) -> np.ndarray:
+    (axis,) = norm_axes(attrs.get("axis", 0), x.ndim)
+    red = _scatter_check(attrs)
+    out = x.copy()
+    for pos in np.ndindex(*idx.shape):
+        k = int(idx[pos])
+        dst = list(pos)
+        dst[axis] = k + x.shape[axis] if k < 0 else k
+        t = tuple(dst)
+        out[t] = upd[pos] if red == "none" else _NP_REDUCE[red](out[t], upd[pos])
+    return out
+
+
+register_op("scatter_elements", pattern="opaque", infer=_scatter_elements_infer,
+            compute=_scatter_elements_compute, reference=_scatter_elements_ref)
+
+
+@onnx_op("ScatterElements", "Scatter")
+def _scatter_elements_onnx(ctx: GraphContext, inputs: Sequence[g.Expr | None],
+                           attrs: dict[str, Any]) -> list[g.Expr]:
+    x, idx, upd = first_input(inputs), inputs[1], inputs[2]
+    assert idx is not None and upd is not None
+    axis = norm_axes(attrs.get("axis", 0), ctx.tensor_type(x).ndim)[0]
+    return [ctx.call("scatter_elements", x, idx, upd, axis=axis,
+                     reduction=str(attrs.get("reduction", "none")))]
+
+
+def _scatter_nd_infer(types: Sequence[TensorType], attrs: Attrs) -> Type:
+    x, idx, upd = types
+    _scatter_check(attrs)
+    r = idx.static_shape[-1] if idx.ndim else 0
+    want = (*idx.static_shape[:-1], *x.static_shape[r:])
+    if not dt.is_int(idx.dtype) or r > x.ndim or upd.static_shape != want or \
+            upd.dtype != x.dtype:
+        raise IRError(f"scatter_nd: updates {upd} must have shape {want} for indices {idx} "
+                      f"into data {x}")
+    return x
+
+
+def _scatter_nd_compute(inputs: Sequence[te.Tensor], attrs: Attrs) -> te.Tensor:
+    x, ind, upd = inputs
+    red = _scatter_check(attrs)
+    r = ind.shape[-1]
+    lead = ind.shape[:-1]
+
+    def element(*i: PrimExpr) -> PrimExpr:
+        def match(*q: PrimExpr) -> PrimExpr:
+            ok: PrimExpr = as_expr(True)
+            for t in range(r):
+                ok = ok & _index(ind, (*q, as_expr(t)), x.shape[t]).eq(i[t])
+            return ok
+
+        if red == "none":
+            count = int(np.prod(lead))
+
+            def flat_match(f: PrimExpr) -> PrimExpr:
+                q = te.unflatten_index(f, lead)
+                return select(match(*q), f, as_expr(-1))
+
+            last = te.reduce("max", flat_match, (count,), "int64")
+            q = te.unflatten_index(te.clamp_index(last, count), lead)
+            return select(last >= 0, upd[(*q, *i[r:])], x[i])
+
+        def matches(kind: str) -> PrimExpr:
+            fill = _neutral(kind, x.dtype)
+            return te.reduce(kind, lambda *q: select(match(*q), upd[(*q, *i[r:])], fill), lead,
+                             x.dtype)
+
+        return _scatter_combine(red, x[i], matches)
+
+    return te.compute(x.shape, element, x.dtype, "scatter_nd")
+
+
+def _scatter_nd_ref(x: np.ndarray, idx: np.ndarray, upd: np.ndarray, **attrs: Any) -> np.ndarray:
+    red = _scatter_check(attrs)
+    out = x.copy()
+    for pos in np.ndindex(*idx.shape[:-1]):
+        key = tuple(int(k) + x.shape[t] if int(k) < 0 else int(k) for t, k in enumerate(idx[pos]))
+        out[key] = upd[pos] if red == "none" else _NP_REDUCE[red](out[key], upd[pos])
+    return out
+
+
+register_op("scatter_nd", pattern="opaque", infer=_scatter_nd_infer, compute=_scatter_nd_compute,
+            reference=_scatter_nd_ref)
+
+
+@onnx_op("ScatterND")
+def _scatter_nd_onnx(ctx: GraphContext, inputs: Sequence[g.Expr | None],
+                     attrs: dict[str, Any]) -> list[g.Expr]:
+    x, idx, upd = first_input(inputs), inputs[1], inputs[2]
+    assert idx is not None and upd is not None
+    return [ctx.call("scatter_nd", x, idx, upd, reduction=str(attrs.get("reduction", "none")))]
+
+
+# ------------------------------------------------------------- one_hot (ONNX)
+
+@onnx_op("OneHot")
+def _one_hot_onnx(ctx: GraphContext, inputs: Sequence[g.Expr | None],
+                  attrs: dict[str, Any]) -> list[g.Expr]:
+    indices, values = first_input(inputs), inputs[2]
+    assert values is not None
+    depth = int(need_constant(ctx, inputs[1], "OneHot depth").reshape(-1)[0])
+    it = ctx.tensor_type(indices)
+    axis = norm_axes(int(attrs.get("axis", -1)), it.ndim + 1)[0]
+    idx = indices if it.dtype == "int64" else ctx.call("cast", indices, dtype="int64")
+    # negative indices count from the end
+    idx = ctx.call("where", ctx.call("less", idx, ctx.const(0, "int64")),
+                   ctx.call("add", idx, ctx.const(depth, "int64")), idx)
+    shape = list(it.static_shape)
+    shape.insert(axis, 1)
+    idx = ctx.call("reshape", idx, shape=tuple(shape))
+    iota_shape = [1] * len(shape)
+    iota_shape[axis] = depth
+    iota = ctx.const(np.arange(depth, dtype=np.int64).reshape(iota_shape))
+    hot = ctx.call("equal", idx, iota)
+    vt = ctx.tensor_type(values)
+    off = ctx.call("reshape", ctx.call("strided_slice", values, starts=(0,), ends=(1,),
+                                       axes=(0,), steps=(1,)), shape=())
+    on = ctx.call("reshape", ctx.call("strided_slice", values, starts=(1,), ends=(2,),
+                                      axes=(0,), steps=(1,)), shape=())
+    if vt.static_shape != (2,):
+        raise IRError(f"OneHot values must have shape (2,), got {vt.static_shape}")
+    return [ctx.call("where", hot, on, off)]
