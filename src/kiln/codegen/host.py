@@ -15,6 +15,12 @@ kernel's non-zero status (1: a heap workspace could not be allocated).
 host.c includes only the C standard library: the DLPack and KilnValue
 definitions it needs are copied inline (same layout as kiln/kiln.h). It needs
 C11 for `_Thread_local` (GNU `__thread` is used before C11).
+
+When some kernel has a `parallel` loop, host.c also defines the hidden
+`{prefix}_parallel_for`, a small pthread pool the kernels run their outlined
+loops on (kiln.codegen.c.outline; docs/abi.md, "Parallel loops"); it then
+includes the POSIX headers too, and `-DKILN_NO_THREADS` (firmware) makes it
+run loops serially.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ from kiln.codegen.c.analysis import calls, heap_allocations
 from kiln.codegen.c.helpers import Helpers
 from kiln.codegen.c.kernel import describe_params
 from kiln.codegen.c.literals import INT_RANGES, MAX_STRING_LITERAL, c_string_literal
+from kiln.codegen.c.outline import has_parallel_loops, parallel_for_symbol
 from kiln.codegen.c.printer import CPrinter, NameScope
 from kiln.codegen.c.signature import param_ctype, qualifiers
 from kiln.codegen.naming import (
@@ -107,6 +114,308 @@ enum { KILN_DEVICE_CPU = 1 };
 #else
 #define KILN_THREAD_LOCAL __thread /* GNU C before C11 */
 #endif"""
+
+# Defined before any #include when host.c holds the thread pool: pthreads, sysconf
+# and sigset_t are POSIX, which a strict -std=c11 build does not declare otherwise.
+_POSIX_FEATURES = """\
+#if !defined(KILN_NO_THREADS) && !defined(_POSIX_C_SOURCE)
+#define _POSIX_C_SOURCE 200809L /* pthreads, sysconf (not in ISO C) */
+#endif"""
+
+_PARALLEL_INCLUDES = """\
+#if !defined(KILN_NO_THREADS)
+#include <pthread.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <unistd.h>
+#endif"""
+
+# The thread pool behind parallel loops (docs/abi.md, "Parallel loops"); `@` becomes
+# the reserved `{prefix}_host_`, PARALLEL_FOR the hidden `{prefix}_parallel_for`.
+_PARALLEL_RUNTIME = r"""/* ------------------------------------------------------- parallel loops
+   A kernel runs each parallel loop through PARALLEL_FOR (docs/abi.md,
+   "Parallel loops"): `body` is called on chunks [begin, end) of [0, n) by a
+   small pthread pool that lives in this library, so an exported library needs
+   no kiln runtime. The first non-zero status of a chunk is returned (the
+   remaining chunks are skipped). */
+typedef int32_t (*@body_fn)(int64_t begin, int64_t end, void* context);
+
+#if defined(KILN_NO_THREADS) || !(defined(__GNUC__) || defined(__clang__))
+
+/* Firmware (or a compiler without GNU atomics): a parallel loop runs serially. */
+KILN_HIDDEN int32_t PARALLEL_FOR(int64_t n, @body_fn body, void* context) {
+  return n > 0 ? body(0, n, context) : 0;
+}
+
+#else
+
+enum { @MAX_THREADS = 256, @CHUNKS_PER_THREAD = 4, @SPINS = 2000 };
+
+#define @load(x) __atomic_load_n(&(x), __ATOMIC_SEQ_CST)
+#define @store(x, v) __atomic_store_n(&(x), (v), __ATOMIC_SEQ_CST)
+#define @add(x, v) __atomic_fetch_add(&(x), (v), __ATOMIC_SEQ_CST)
+#if defined(__x86_64__) || defined(__i386__)
+#define @pause() __builtin_ia32_pause()
+#elif defined(__aarch64__) || (defined(__arm__) && defined(__ARM_ARCH) && __ARM_ARCH >= 7)
+#define @pause() __asm__ __volatile__("yield")
+#else
+#define @pause() ((void)0)
+#endif
+
+/* One loop at a time runs on the pool. The caller posts it and takes chunks
+   itself; every thread takes the next chunk index with an atomic increment, so
+   no lock is held while the loop runs. `generation` works like a sequence lock:
+   odd while the caller rewrites the loop's fields, even once they are posted. A
+   worker counts itself in `entered`, then checks that the generation it saw is
+   still current before it reads the fields, and counts itself out when done.
+   The caller makes the generation odd, waits until no worker is inside, writes
+   the fields, makes it even and wakes the workers; it returns once it has taken
+   the last chunk and no worker is inside (a worker waking up later finds no
+   chunk). Waiting threads spin briefly (a model's back-to-back loops need no
+   sleep and wake-up), then sleep on a condition variable (`lock`, which also
+   guards `busy` and `started`). */
+static struct {
+  pthread_mutex_t lock;
+  pthread_cond_t wake;      /* a loop was posted, or the workers must stop */
+  pthread_cond_t done;      /* the last worker left the loop */
+  pthread_t workers[@MAX_THREADS];
+  int threads;              /* KILN_NUM_THREADS, else the online CPUs (caller included) */
+  int started;              /* workers running */
+  int busy;                 /* some thread is running a loop on the pool */
+  int stop;                 /* atomic: the library is being unloaded */
+  unsigned long generation; /* atomic: odd while a loop is being posted */
+  int entered;              /* atomic: workers inside the posted loop */
+  int64_t next;             /* atomic: the next chunk to take */
+  int32_t status;           /* atomic: first non-zero status of a chunk */
+  @body_fn body;            /* the posted loop: written before `generation` */
+  void* context;
+  int64_t n;
+  int64_t chunk;
+  int64_t chunks;
+} @pool;
+static pthread_once_t @pool_once = PTHREAD_ONCE_INIT;
+static int @pool_ready;
+/* Set on pool threads, and on a caller while it runs a loop: nested loops run serially. */
+static KILN_THREAD_LOCAL int @in_parallel;
+
+/* KILN_NUM_THREADS if it is a positive integer, else the number of online CPUs. */
+static int @thread_count(void) {
+  const char* env = getenv("KILN_NUM_THREADS");
+  long n = 0;
+  if (env != NULL && *env != '\0') {
+    char* end = NULL;
+    n = strtol(env, &end, 10);
+    if (end == NULL || *end != '\0' || n < 1) {
+      n = 0;
+    }
+  }
+  if (n == 0) {
+    n = sysconf(_SC_NPROCESSORS_ONLN);
+  }
+  if (n < 1) {
+    n = 1;
+  }
+  return n > @MAX_THREADS ? @MAX_THREADS : (int)n;
+}
+
+/* fork(): the child has none of the workers. The lock is held across fork so the
+   child never inherits it locked mid-update; the child resets the pool and starts
+   new workers when it next runs a parallel loop. */
+static void @before_fork(void) {
+  pthread_mutex_lock(&@pool.lock);
+}
+
+static void @after_fork_parent(void) {
+  pthread_mutex_unlock(&@pool.lock);
+}
+
+static void @after_fork_child(void) {
+  pthread_mutex_unlock(&@pool.lock);
+  pthread_cond_init(&@pool.wake, NULL);
+  pthread_cond_init(&@pool.done, NULL);
+  @pool.started = 0;
+  @pool.busy = 0;
+  @store(@pool.stop, 0);
+  @store(@pool.entered, 0);
+  @store(@pool.generation, (@load(@pool.generation) + 1) & ~1UL); /* not mid-post */
+}
+
+static void @pool_init(void) {
+  pthread_mutex_init(&@pool.lock, NULL);
+  pthread_cond_init(&@pool.wake, NULL);
+  pthread_cond_init(&@pool.done, NULL);
+  @pool.threads = @thread_count();
+  pthread_atfork(@before_fork, @after_fork_parent, @after_fork_child);
+  @pool_ready = 1;
+}
+
+/* Run chunks of the posted loop until none is left or one has failed. */
+static void @run_chunks(void) {
+  for (;;) {
+    int64_t k = @add(@pool.next, 1);
+    int64_t begin, end;
+    int32_t status;
+    if (k >= @pool.chunks || @load(@pool.status) != 0) {
+      return;
+    }
+    begin = k * @pool.chunk;
+    end = @pool.n - begin > @pool.chunk ? begin + @pool.chunk : @pool.n;
+    status = @pool.body(begin, end, @pool.context);
+    if (status != 0) {
+      int32_t none = 0;
+      __atomic_compare_exchange_n(&@pool.status, &none, status, 0, __ATOMIC_SEQ_CST,
+                                  __ATOMIC_SEQ_CST);
+    }
+  }
+}
+
+/* A loop other than `seen` is posted (generation even and new). */
+static int @posted(unsigned long seen) {
+  unsigned long now = @load(@pool.generation);
+  return now != seen && (now & 1UL) == 0;
+}
+
+/* A worker: waits until a loop is posted, helps run it. */
+static void* @worker(void* arg) {
+  unsigned long seen = (unsigned long)(uintptr_t)arg;
+  @in_parallel = 1;
+  for (;;) {
+    unsigned long posted;
+    int spin;
+    for (spin = 0; spin < @SPINS && !@posted(seen) && !@load(@pool.stop); ++spin) {
+      @pause();
+    }
+    if (!@posted(seen)) {
+      pthread_mutex_lock(&@pool.lock);
+      while (!@load(@pool.stop) && !@posted(seen)) {
+        pthread_cond_wait(&@pool.wake, &@pool.lock);
+      }
+      pthread_mutex_unlock(&@pool.lock);
+    }
+    if (@load(@pool.stop)) {
+      return NULL;
+    }
+    posted = @load(@pool.generation);
+    @add(@pool.entered, 1);
+    /* Still that loop? Then its fields stay put until this worker leaves. */
+    if (@load(@pool.generation) == posted && (posted & 1UL) == 0) {
+      seen = posted;
+      @run_chunks();
+    }
+    if (@add(@pool.entered, -1) == 1) {
+      pthread_mutex_lock(&@pool.lock);
+      pthread_cond_signal(&@pool.done); /* only a caller waits on it */
+      pthread_mutex_unlock(&@pool.lock);
+    }
+  }
+}
+
+/* Start the missing workers (lock held). They block every signal: signals go to
+   the application's own threads. If the system refuses a thread, run with fewer. */
+static void @start_workers(void) {
+  sigset_t all, old;
+  sigfillset(&all);
+  pthread_sigmask(SIG_SETMASK, &all, &old);
+  while (@pool.started < @pool.threads - 1) {
+    void* seen = (void*)(uintptr_t)@load(@pool.generation);
+    if (pthread_create(&@pool.workers[@pool.started], NULL, @worker, seen) != 0) {
+      @pool.threads = @pool.started + 1;
+      break;
+    }
+    ++@pool.started;
+  }
+  pthread_sigmask(SIG_SETMASK, &old, NULL);
+}
+
+/* Wait until no worker is inside the posted loop (spin, then sleep). */
+static void @wait_workers(void) {
+  int spin;
+  for (spin = 0; spin < @SPINS && @load(@pool.entered) > 0; ++spin) {
+    @pause();
+  }
+  if (@load(@pool.entered) > 0) {
+    pthread_mutex_lock(&@pool.lock);
+    while (@load(@pool.entered) > 0) {
+      pthread_cond_wait(&@pool.done, &@pool.lock);
+    }
+    pthread_mutex_unlock(&@pool.lock);
+  }
+}
+
+KILN_HIDDEN int32_t PARALLEL_FOR(int64_t n, @body_fn body, void* context) {
+  int64_t chunks;
+  int32_t status;
+  if (n <= 0) {
+    return 0;
+  }
+  if (n == 1 || @in_parallel) {
+    return body(0, n, context);
+  }
+  pthread_once(&@pool_once, @pool_init);
+  pthread_mutex_lock(&@pool.lock);
+  if (!@pool.busy && @pool.started < @pool.threads - 1) {
+    @start_workers(); /* first use, or first use after fork() */
+  }
+  if (@pool.busy || @pool.started == 0) {
+    /* One thread configured, or another thread is running a loop: run serially. */
+    pthread_mutex_unlock(&@pool.lock);
+    return body(0, n, context);
+  }
+  @pool.busy = 1;
+  @store(@pool.generation, @load(@pool.generation) + 1); /* odd: being posted */
+  pthread_mutex_unlock(&@pool.lock);
+  @wait_workers(); /* a late worker may still be looking at the previous loop */
+  chunks = (int64_t)(@pool.started + 1) * @CHUNKS_PER_THREAD;
+  if (chunks > n) {
+    chunks = n;
+  }
+  @pool.body = body;
+  @pool.context = context;
+  @pool.n = n;
+  @pool.chunk = n / chunks + (n % chunks != 0);
+  @pool.chunks = n / @pool.chunk + (n % @pool.chunk != 0);
+  @store(@pool.next, 0);
+  @store(@pool.status, 0);
+  pthread_mutex_lock(&@pool.lock);
+  @store(@pool.generation, @load(@pool.generation) + 1); /* even: posted */
+  pthread_cond_broadcast(&@pool.wake);
+  pthread_mutex_unlock(&@pool.lock);
+  @in_parallel = 1;
+  @run_chunks();
+  @in_parallel = 0;
+  @wait_workers(); /* every chunk is taken: wait for those still running */
+  status = @load(@pool.status);
+  pthread_mutex_lock(&@pool.lock);
+  @pool.busy = 0;
+  pthread_mutex_unlock(&@pool.lock);
+  return status;
+}
+
+/* Unloading the library (dlclose, or exit): the workers run its code, so they must
+   exit before it is unmapped. */
+__attribute__((destructor)) static void @pool_stop(void) {
+  int i, started;
+  if (!@pool_ready) {
+    return;
+  }
+  pthread_mutex_lock(&@pool.lock);
+  @store(@pool.stop, 1);
+  started = @pool.started;
+  pthread_cond_broadcast(&@pool.wake);
+  pthread_mutex_unlock(&@pool.lock);
+  for (i = 0; i < started; ++i) {
+    pthread_join(@pool.workers[i], NULL);
+  }
+  pthread_mutex_lock(&@pool.lock);
+  @pool.started = 0;
+  @store(@pool.stop, 0);
+  pthread_mutex_unlock(&@pool.lock);
+}
+
+#endif /* KILN_NO_THREADS */"""
+
+# Linker input of the thread pool (glibc before 2.34 keeps pthreads in libpthread).
+PTHREAD_LIBS = ("-pthread",)
 
 # Static helpers of host.c, emitted when used; `@` becomes the reserved `{prefix}_host_`.
 _CHECKS: dict[str, str] = {
@@ -317,6 +626,8 @@ class HostPrinter:
         self.ns = f"{prefix}_host_"  # static helpers: reserved by docs/abi.md's `{prefix}_`
         self.metadata = metadata
         self.helpers = Helpers()
+        # Kernels with parallel loops call the thread pool defined here.
+        self.parallel = has_parallel_loops(mod)
         funcs = mod.prim_funcs()
         self.quals = qualifiers(funcs)
         # Globals of host.c that a local must not shadow.
@@ -341,13 +652,16 @@ class HostPrinter:
             f" * {HOST_FILE} -- generated by kiln {__version__}. Do not edit.",
             " * Checked packed entry points, last error and metadata of docs/abi.md.",
             " */",
+            *([_POSIX_FEATURES] if self.parallel else []),
             _PREAMBLE,
+            *([_PARALLEL_INCLUDES] if self.parallel else []),
             "",
             "/* Raw kernels (kernels.c / kernels.o). */",
             *(self.kernel_prototype(name, fn) for name, fn in funcs.items()),
             "",
             self.checks_text(),
             "",
+            *([self.parallel_runtime(), ""] if self.parallel else []),
             *self.helpers.lines(self.ns),
             *entries,
             *self.accessors(),
@@ -373,6 +687,11 @@ class HostPrinter:
         text = text.replace("@", self.ns)
         text = text.replace("ERROR_BUFFER_SIZE", str(ERROR_BUFFER_SIZE))
         return text.replace("ARGUMENT_ERROR", str(ARGUMENT_ERROR))
+
+    def parallel_runtime(self) -> str:
+        """The thread pool and `{prefix}_parallel_for` (serial under KILN_NO_THREADS)."""
+        text = _PARALLEL_RUNTIME.replace("PARALLEL_FOR", parallel_for_symbol(self.prefix))
+        return text.replace("@", self.ns)
 
     def kernel_prototype(self, name: str, fn: PrimFunc) -> str:
         """The raw kernel's declaration, with kernels.c's parameter types."""
@@ -509,13 +828,19 @@ def codegen_host(
     """`Artifact("host", "native", "host.c", ...)`: packed entries, last error, metadata.
 
     `metadata` is `kiln.codegen.naming.library_metadata(mod, prefix)`; `cflags`
-    defaults to `-std=c11 -O2 -fPIC` (backends pass their target's flags).
+    defaults to `-std=c11 -O2 -fPIC` (backends pass their target's flags). When
+    a kernel has a parallel loop, host.c also holds the thread pool and its
+    metadata asks the linker for `-pthread` (not with `-DKILN_NO_THREADS`, which
+    makes parallel loops serial for firmware).
     """
     from kiln.artifact import Artifact
 
+    flags = list(cflags if cflags is not None else DEFAULT_HOST_CFLAGS)
+    meta: dict[str, Any] = {"cflags": flags}
+    if has_parallel_loops(mod) and "-DKILN_NO_THREADS" not in flags:
+        meta["libs"] = list(PTHREAD_LIBS)
     source = host_source(mod, prefix=prefix, metadata=metadata)
-    return Artifact("host", "native", HOST_FILE, source.encode("utf-8"),
-                    {"cflags": list(cflags if cflags is not None else DEFAULT_HOST_CFLAGS)})
+    return Artifact("host", "native", HOST_FILE, source.encode("utf-8"), meta)
 
 
 __all__ = ["ARGUMENT_ERROR", "codegen_host", "host_source", "workspace_bytes"]

@@ -213,6 +213,11 @@ def native_libs(artifacts: Iterable[AnyArtifact]) -> list[str]:
     return libs
 
 
+def with_libm(libs: Sequence[str]) -> list[str]:
+    """`libs` plus -lm (generated code may call libm), each named once."""
+    return [*libs, "-lm"] if "-lm" not in libs else list(libs)
+
+
 def native_exports(artifacts: Iterable[AnyArtifact]) -> list[str]:
     """Extra symbols artifacts export: exported `.bin` symbols and metadata["exports"]."""
     names: list[str] = []
@@ -245,7 +250,7 @@ def link_shared(
         script = _version_script(exports, out.parent / (out.name + ".map"))
         cmd.append(f"-Wl,--version-script={script}")
     try:
-        run([*cmd, *libs, "-lm"], f"linking {out.name}")
+        run([*cmd, *with_libm(libs)], f"linking {out.name}")
     finally:
         if exports is not None:
             script.unlink(missing_ok=True)

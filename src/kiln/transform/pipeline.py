@@ -71,10 +71,14 @@ def default_graph_pipeline() -> Sequential:
 
 
 def default_tensor_pipeline() -> Sequential:
-    """Simplify tensor-level arithmetic (scheduling passes will join here)."""
+    """Simplify tensor-level arithmetic, put reductions' output loops innermost, then
+    run independent loop iterations in parallel."""
+    from kiln.transform.interchange_reductions import InterchangeReductions
+    from kiln.transform.parallelize import Parallelize
     from kiln.transform.simplify import Simplify
 
-    return Sequential([Simplify()], name="tensor-default")
+    return Sequential([Simplify(), InterchangeReductions(), Parallelize()],
+                      name="tensor-default")
 
 
 def _empty(level: str) -> Callable[[], Pass]:

@@ -27,6 +27,8 @@ for _name, _path in {
     "dead-code-elimination": "kiln.transform.dead_code:DeadCodeElimination",
     "lower-graph-to-tensor": "kiln.transform.lower_graph:LowerGraphToTensor",
     "simplify": "kiln.transform.simplify:Simplify",
+    "interchange-reductions": "kiln.transform.interchange_reductions:InterchangeReductions",
+    "parallelize": "kiln.transform.parallelize:Parallelize",
 }.items():
     PASSES.register(_name, lazy=_path)
 

@@ -17,9 +17,11 @@ from kiln.codegen.c.externs import ExternTable
 from kiln.codegen.c.flags import host_cflags, kernel_cflags, toolchain_metadata
 from kiln.codegen.c.helpers import Helpers
 from kiln.codegen.c.kernel import KernelPrinter
-from kiln.codegen.c.signature import qualifiers
+from kiln.codegen.c.outline import outline_parallel_loops, parallel_for_symbol
+from kiln.codegen.c.signature import ParamQualifiers, qualifiers
 from kiln.codegen.constants import ConstantPool
 from kiln.codegen.naming import (
+    C_TYPES,
     check_prefix,
     consts_symbol,
     kernel_symbol,
@@ -27,6 +29,7 @@ from kiln.codegen.naming import (
 )
 from kiln.errors import CompileError
 from kiln.ir.module import IRModule
+from kiln.ir.tensor import Buffer, Param, PrimFunc
 
 KERNELS_FILE = "kernels.c"
 CODEGEN_ID = "c"
@@ -64,26 +67,42 @@ _PRAGMA_MACROS = {
 def emit_kernels(mod: IRModule, *, prefix: str, pool: ConstantPool) -> tuple[str, dict[str, Any]]:
     """(kernels.c source, facts for the artifact metadata) of a lowered module."""
     check_prefix(prefix)
-    funcs = mod.prim_funcs()
     graph_left = sorted(mod.graph_funcs())
     if graph_left:
         raise CompileError(f"the C backend needs a lowered module; graph-level functions "
                            f"{graph_left} were not lowered to tensor-level functions")
+    # Parallel loops become loop-body kernels run by host.c's thread pool.
+    outlined = outline_parallel_loops(mod)
+    funcs = outlined.mod.prim_funcs()
+    bodies = outlined.bodies
     symbols = {kernel_symbol(prefix, name) for name in funcs} | {consts_symbol(prefix)}
+    if bodies:
+        symbols |= {parallel_for_symbol(prefix)}
+        symbols |= {f"{kernel_symbol(prefix, name)}_run" for name in bodies}
     externs = ExternTable(symbols)
     for name, fn in funcs.items():
         for node in extern_calls(fn.body):
             externs.add(node, f"C codegen of '{name}'")
     reserved = symbols | _extern_names(mod)
-    ctx = ModuleContext(mod, prefix, pool, Helpers(), externs, qualifiers(funcs))
+    quals = qualifiers(funcs)
+    ctx = ModuleContext(outlined.mod, prefix, pool, Helpers(), externs, quals,
+                        launches=outlined.launches)
 
     definitions: list[str] = []
     prototypes: list[str] = []
     for name, fn in funcs.items():
         printer = KernelPrinter(ctx, name, fn, reserved)
-        definitions.extend(printer.print())
+        lines = printer.print()
+        if name in bodies:
+            definitions.extend(_context_struct(prefix, name, fn, quals[name]))
+            definitions.extend(lines)
+            definitions.extend(_trampoline(prefix, name, fn))
+        else:
+            definitions.extend(lines)
         definitions.append("")
         prototypes.append(printer.prototype())
+    if bodies:
+        prototypes[:0] = [_PARALLEL_FOR_DECL.replace("@", parallel_for_symbol(prefix)), ""]
 
     from kiln import __version__
 
@@ -117,10 +136,51 @@ def emit_kernels(mod: IRModule, *, prefix: str, pool: ConstantPool) -> tuple[str
         # ISO C forbids an empty translation unit.
         out += ["typedef int kiln_no_kernels;", ""]
     info = {
-        "kernels": {name: kernel_symbol(prefix, name) for name in funcs},
+        "kernels": {name: kernel_symbol(prefix, name) for name in mod.prim_funcs()},
         "libs": ["-lm", *externs.libs],
     }
     return "\n".join(out).rstrip("\n") + "\n", info
+
+
+_PARALLEL_FOR_DECL = """\
+/* The library's thread pool (host.c): runs body over chunks of [0, n), returns
+   the first non-zero status of a chunk (docs/abi.md, "Parallel loops"). */
+KILN_HIDDEN int32_t @(int64_t n,
+    int32_t (*body)(int64_t begin, int64_t end, void* context), void* context);"""
+
+
+def _capture_ctype(param: Param, index: int, quals: ParamQualifiers) -> str:
+    """The context-struct field type of a loop body's parameter (no `restrict`)."""
+    if isinstance(param, Buffer):
+        ctype = C_TYPES[param.dtype]
+        return f"{ctype}*" if index in quals.written else f"const {ctype}*"
+    return C_TYPES[param.dtype]
+
+
+def _context_struct(prefix: str, name: str, fn: PrimFunc, quals: ParamQualifiers) -> list[str]:
+    """The struct a launch fills with the loop's captured values (none: no struct)."""
+    symbol = kernel_symbol(prefix, name)
+    fields = [f"  {_capture_ctype(p, i, quals)} p{i - 2};"
+              for i, p in enumerate(fn.params) if i >= 2]
+    if not fields:
+        return []
+    return [f"/* Captured values of {name}. */", f"struct {symbol}_ctx {{", *fields, "};", ""]
+
+
+def _trampoline(prefix: str, name: str, fn: PrimFunc) -> list[str]:
+    """`int32_t {symbol}_run(begin, end, context)`: what the thread pool calls."""
+    symbol = kernel_symbol(prefix, name)
+    captured = [f"c->p{i}" for i in range(len(fn.params) - 2)]
+    out = ["", f"static int32_t {symbol}_run(int64_t begin, int64_t end, void* context) {{"]
+    if captured:
+        out.append(f"  const struct {symbol}_ctx* c = context;")
+    else:
+        out.append("  (void)context;")
+    call = f"  return {symbol}(begin, end{''.join(', ' + c for c in captured)});"
+    if len(call) > 100:
+        call = f"  return {symbol}(\n      begin, end, {', '.join(captured)});"
+    out += [call, "}"]
+    return out
 
 
 def _extern_names(mod: IRModule) -> set[str]:

@@ -6,13 +6,14 @@ from dataclasses import dataclass, field
 
 from kiln.codegen.c.externs import ExternTable
 from kiln.codegen.c.helpers import Helpers
+from kiln.codegen.c.outline import Launch
 from kiln.codegen.c.printer import NameScope
 from kiln.codegen.c.signature import ParamQualifiers
 from kiln.codegen.constants import ConstantPool
 from kiln.errors import CompileError
 from kiln.ir import dtype as dt
 from kiln.ir.module import IRModule
-from kiln.ir.tensor import Buffer, Var
+from kiln.ir.tensor import Buffer, CallFunc, Var
 
 # The value an allocation failure returns from a kernel; host.c turns it into
 # "out of memory allocating a workspace of N bytes" (docs/codegen-c.md).
@@ -47,6 +48,8 @@ class ModuleContext:
     externs: ExternTable
     params: dict[str, ParamQualifiers]  # per kernel: written / restrict parameters
     macros: set[str] = field(default_factory=set)
+    # Parallel loops outlined into loop-body kernels (kiln.codegen.c.outline).
+    launches: dict[CallFunc, Launch] = field(default_factory=dict)
     uses_consts: bool = False
     uses_malloc: bool = False
 

@@ -33,6 +33,13 @@ from kiln.codegen.c.context import (
 )
 from kiln.codegen.c.expr import ADD, CExpr, ExprEmitter, cast, infix, operand, paren
 from kiln.codegen.c.literals import int_literal
+from kiln.codegen.c.outline import (
+    ATTR_PARALLEL_OF,
+    ATTR_PARALLEL_VAR,
+    COUNT_ARG,
+    FIRST_CAPTURE,
+    parallel_for_symbol,
+)
 from kiln.codegen.c.printer import CPrinter, NameScope
 from kiln.codegen.c.signature import param_ctype
 from kiln.codegen.naming import C_TYPES, consts_symbol, kernel_symbol
@@ -115,6 +122,8 @@ class KernelPrinter:
         self.params: list[str] = []  # C parameter declarations
         self.heap_ptr: dict[Buffer, str] = {}
         self.quals = module.params[name]
+        # An outlined parallel-loop body is private to kernels.c.
+        self.loop_of: str | None = fn.attrs.get(ATTR_PARALLEL_OF)
 
     # ------------------------------------------------------------------ kernel
 
@@ -135,7 +144,11 @@ class KernelPrinter:
             prologue.append(f"{C_TYPES[buf.dtype]}* {ptr} = NULL;")
 
         p = self.p
-        p.line(f"/* {self.name}({describe_params(self.fn)}) */")
+        if self.loop_of is not None:
+            p.line(f"/* Iterations [begin, end) of parallel loop "
+                   f"'{self.fn.attrs.get(ATTR_PARALLEL_VAR, '?')}' of {self.loop_of}. */")
+        else:
+            p.line(f"/* {self.name}({describe_params(self.fn)}) */")
         with p.block(self.prototype(with_semicolon=False)):
             p.extend(prologue)
             self.stmt(self.fn.body)
@@ -147,7 +160,8 @@ class KernelPrinter:
 
     def prototype(self, *, with_semicolon: bool = True) -> str:
         """The kernel's declarator; one parameter per line when it gets long."""
-        head = f"KILN_HIDDEN {STATUS_CTYPE} {self.symbol}("
+        linkage = "static" if self.loop_of is not None else "KILN_HIDDEN"
+        head = f"{linkage} {STATUS_CTYPE} {self.symbol}("
         params = self.params or ["void"]
         text = head + ", ".join(params) + ")"
         if len(text) > MAX_LINE - 2:
@@ -246,7 +260,9 @@ class KernelPrinter:
             else:
                 self.p.line("/* unrolled (extent unknown at compile time) */")
         elif s.kind == "parallel":
-            self.p.line("/* parallel: runs serially (no thread pool in the C backend yet) */")
+            # Outlined loops never get here (kiln.codegen.c.outline): this one is not
+            # an integer loop with matching bounds.
+            self.p.line("/* parallel: runs serially */")
         with self.ctx.names.scope():
             name = self.ctx.names.fresh(var.name)
             previous = self.ctx.vars.get(var)
@@ -406,6 +422,47 @@ class KernelPrinter:
 
     def call_func(self, s: CallFunc) -> None:
         ctx = self.ctx
+        launch = ctx.module.launches.get(s)
+        if launch is not None:
+            self.launch(s, launch.body)
+            return
+        args = self.call_args(s)
+        symbol = kernel_symbol(ctx.module.prefix, s.func)
+        self.p.line(f"{self.status} = {symbol}({', '.join(args)});")
+        self.check_status()
+
+    def check_status(self) -> None:
+        """Leave the kernel with the status of a failed call."""
+        if self.heap:
+            self.p.line(f"if ({self.status} != 0) goto done;")
+        else:
+            self.p.line(f"if ({self.status} != 0) return {self.status};")
+
+    def launch(self, s: CallFunc, body: str) -> None:
+        """Run an outlined parallel loop on the thread pool (kiln.codegen.c.outline)."""
+        ctx = self.ctx
+        args = self.call_args(s)
+        symbol = kernel_symbol(ctx.module.prefix, body)
+        captured = args[FIRST_CAPTURE:]
+        count = args[COUNT_ARG]
+        parallel_for = parallel_for_symbol(ctx.module.prefix)
+        p = self.p
+        if not captured:
+            p.line(f"{self.status} = {parallel_for}({count}, {symbol}_run, NULL);")
+        else:
+            p.line("{")
+            with p.indented(), ctx.names.scope():
+                name = ctx.names.fresh("parallel")
+                p.line(f"struct {symbol}_ctx {name};")
+                for k, value in enumerate(captured):
+                    p.line(f"{name}.p{k} = {value};")
+                p.line(f"{self.status} = {parallel_for}({count}, {symbol}_run, &{name});")
+            p.line("}")
+        self.check_status()
+
+    def call_args(self, s: CallFunc) -> list[str]:
+        """The C arguments of a call to kernel `s.func`, checked against its parameters."""
+        ctx = self.ctx
         callee = ctx.module.mod.functions.get(s.func)
         if not isinstance(callee, PrimFunc):
             known = ", ".join(sorted(ctx.module.mod.prim_funcs())) or "(none)"
@@ -429,12 +486,7 @@ class KernelPrinter:
                             else ref.name)
             else:
                 args.append(self.exprs.to_bits(arg.dtype, self.expr(arg)).text)
-        symbol = kernel_symbol(ctx.module.prefix, s.func)
-        self.p.line(f"{self.status} = {symbol}({', '.join(args)});")
-        if self.heap:
-            self.p.line(f"if ({self.status} != 0) goto done;")
-        else:
-            self.p.line(f"if ({self.status} != 0) return {self.status};")
+        return args
 
 
 def _table() -> dict[type, Callable[[KernelPrinter, Any], None]]:

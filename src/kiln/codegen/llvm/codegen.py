@@ -56,7 +56,7 @@ def compile_module(mod: IRModule, target: Any, *, prefix: str, pool: ConstantPoo
         prefix=prefix, triple=config.triple, data_layout=data_layout,
         hidden=not jit, pointer_bits=_pointer_bits(data_layout), fast_math=config.fast_math,
         native_roundeven=config.native_roundeven, sext_int32=config.sext_int32,
-        function_attrs=config.function_attrs())
+        function_attrs=config.function_attrs(), serial_parallel_for=jit)
     lowered = lower_module(mod, pool, options)
     llvm_mod = parse_and_verify(str(lowered.module))
     optimize(llvm_mod, tm, config.opt_level)
@@ -81,7 +81,7 @@ def codegen_llvm(mod: IRModule, target: Any, *, prefix: str, pool: ConstantPool)
     when `pool` holds constants, `constants.bin` (symbol `{prefix}_consts`).
     """
     from kiln.artifact import Artifact
-    from kiln.codegen.host import codegen_host  # written alongside the C backend
+    from kiln.codegen.host import DEFAULT_HOST_CFLAGS, codegen_host
 
     compiled = compile_module(mod, target, prefix=prefix, pool=pool)
     meta = compiled.metadata()
@@ -89,11 +89,15 @@ def codegen_llvm(mod: IRModule, target: Any, *, prefix: str, pool: ConstantPool)
     libs = sorted({lib for d in meta["extern_dependencies"] for lib in d.get("libs", ())})
     if not _bare_metal(compiled.config):
         libs = sorted({*libs, "-lm"})  # the kernels may call the C math library
+    # Firmware has no threads: host.c's parallel loops then run serially.
+    host_flags = [*DEFAULT_HOST_CFLAGS, "-DKILN_NO_THREADS"] if _bare_metal(
+        compiled.config) else None
     artifacts = [
         Artifact(CODEGEN_ID, "native", "kernels.o", obj, {**meta, "libs": libs}),
         Artifact(CODEGEN_ID, "none", "kernels.bc", compiled.module.as_bitcode(),
                  {**meta, "format": "llvm-bitcode"}),
-        codegen_host(mod, prefix=prefix, metadata=library_metadata(mod, prefix)),
+        codegen_host(mod, prefix=prefix, metadata=library_metadata(mod, prefix),
+                     cflags=host_flags),
     ]
     if len(pool):
         artifacts.append(pool.artifact(CODEGEN_ID, prefix))

@@ -20,6 +20,13 @@ from llvmlite import ir
 from llvmlite.ir.values import MDValue
 
 from kiln.codegen.aliasing import analyze, walk_expr
+from kiln.codegen.c.outline import (
+    COUNT_ARG,
+    FIRST_CAPTURE,
+    Launch,
+    outline_parallel_loops,
+    parallel_for_symbol,
+)
 from kiln.codegen.constants import CONST_ALIGN, ConstantPool
 from kiln.codegen.llvm import arith
 from kiln.codegen.llvm.arith import MathContext
@@ -96,6 +103,9 @@ class LoweringOptions:
     sext_int32: bool = False
     # Function attributes ("target-cpu", "target-features", "prefer-vector-width").
     function_attrs: tuple[tuple[str, str], ...] = ()
+    # Parallel loops call `{prefix}_parallel_for`: host.c's thread pool (False), or
+    # a serial definition emitted into this module (True: the JIT has no host.c).
+    serial_parallel_for: bool = False
 
 
 # Fast-math flags used when the target enables fast-math: everything except
@@ -133,12 +143,28 @@ class _LoopID(MDValue):
         return id(self)
 
 
+class _IndirectCallee:
+    """A call target held in an opaque `ptr` value, with its function type.
+
+    llvmlite reads a callee's type from its pointer type, which an opaque
+    pointer lacks; the printed call only needs the reference and the type.
+    """
+
+    def __init__(self, value: ir.Value, ftype: ir.FunctionType) -> None:
+        self.value = value
+        self.type = value.type
+        self.function_type = ftype
+
+    def get_reference(self) -> str:
+        return str(self.value.get_reference())
+
+
 @dataclass
 class LoweredModule:
     """The llvmlite module and facts about it the codegen reports."""
 
     module: ir.Module
-    kernels: dict[str, str]  # IR function name -> kernel symbol
+    kernels: dict[str, str]  # IR function name -> kernel symbol (outlined loops excluded)
     externs: dict[str, Any] = field(default_factory=dict)  # extern name -> dependency JSON
     uses_constants: bool = False
 
@@ -168,6 +194,14 @@ class _ModuleLowering:
             raise CompileError(
                 f"the llvm backend compiles tensor-level functions only; graph-level "
                 f"functions {graph} were not lowered (run the graph pipeline first)")
+        # Parallel loops become internal loop-body kernels run by `{prefix}_parallel_for`.
+        outlined = outline_parallel_loops(mod)
+        self.public = set(mod.prim_funcs())
+        self.launches: dict[CallFunc, Launch] = outlined.launches
+        self.bodies = outlined.bodies
+        self.trampolines: dict[str, ir.Function] = {}
+        self._parallel_for: ir.Function | None = None
+        mod = outlined.mod
         self.mod = mod
         self.pool = pool
         self.options = options
@@ -187,11 +221,13 @@ class _ModuleLowering:
         self.aliasing = analyze(dict(self.funcs))
         for name, fn in self.funcs.items():
             self.kernels[name] = self._declare_kernel(name, fn, self.aliasing.noalias[name])
+        for name in self.bodies:
+            self.trampolines[name] = self._trampoline(self.kernels[name])
         for name, fn in self.funcs.items():
             _FunctionLowering(self, name, fn, self.kernels[name]).run()
         return LoweredModule(
-            self.module, {n: f.name for n, f in self.kernels.items()}, self.externs,
-            self._consts is not None)
+            self.module, {n: f.name for n, f in self.kernels.items() if n in self.public},
+            self.externs, self._consts is not None)
 
     def _declare_kernel(self, name: str, fn: PrimFunc, noalias: frozenset[int]) -> ir.Function:
         seen: set[int] = set()
@@ -204,7 +240,9 @@ class _ModuleLowering:
         _check_shape_vars(name, fn)
         irfn = ir.Function(self.module, ir.FunctionType(I32, arg_types),
                            kernel_symbol(self.options.prefix, name))
-        if self.options.hidden:
+        if name in self.bodies:
+            irfn.linkage = "internal"  # an outlined parallel loop: private to the module
+        elif self.options.hidden:
             irfn.linkage = "hidden"  # printed as the visibility of an external definition
         irfn.attributes = _KernelAttributes(self.options.function_attrs)
         irfn.attributes.add("nounwind")
@@ -218,6 +256,60 @@ class _ModuleLowering:
             if isinstance(p, Buffer) and index in noalias:
                 arg.add_attribute("noalias")
         return irfn
+
+    # -- parallel loops ----------------------------------------------------------
+
+    def _trampoline(self, body: ir.Function) -> ir.Function:
+        """`i32 @{body}.run(i64 begin, i64 end, ptr context)`, what the thread pool calls:
+        loads the captured values from the context struct and calls the loop body."""
+        fn = ir.Function(self.module, ir.FunctionType(I32, [I64, I64, PTR]), f"{body.name}.run")
+        fn.linkage = "internal"
+        # The kernels' CPU and features: the body is inlined here.
+        fn.attributes = _KernelAttributes(self.options.function_attrs)
+        fn.attributes.add("nounwind")
+        begin, end, context = fn.args
+        begin.name, end.name, context.name = "begin", "end", "context"
+        b = ir.IRBuilder(fn.append_basic_block("entry"))
+        struct = self.context_type(body)
+        values = [begin, end]
+        for k, arg in enumerate(body.args[FIRST_CAPTURE:]):
+            slot = b.gep(context, [ir.Constant(I32, 0), ir.Constant(I32, k)], inbounds=True,
+                         source_etype=struct)
+            values.append(b.load(slot, typ=arg.type))
+        b.ret(b.call(body, values))
+        return fn
+
+    @staticmethod
+    def context_type(body: ir.Function) -> ir.LiteralStructType:
+        """The struct holding a loop body's captured values (its parameters after begin, end)."""
+        return ir.LiteralStructType([a.type for a in body.args[FIRST_CAPTURE:]])
+
+    def parallel_for(self) -> ir.Function:
+        """`i32 @{prefix}_parallel_for(i64 n, ptr body, ptr context)`: host.c's thread pool
+        (declared hidden), or for the JIT a serial definition in this module."""
+        if self._parallel_for is None:
+            fn = ir.Function(self.module, ir.FunctionType(I32, [I64, PTR, PTR]),
+                             parallel_for_symbol(self.options.prefix))
+            if self.options.serial_parallel_for:
+                fn.attributes = _KernelAttributes(self.options.function_attrs)
+            fn.attributes.add("nounwind")
+            if self.options.serial_parallel_for:
+                fn.linkage = "internal"
+                n, body, context = fn.args
+                entry = fn.append_basic_block("entry")
+                run = fn.append_basic_block("run")
+                empty = fn.append_basic_block("empty")
+                b = ir.IRBuilder(entry)
+                b.cbranch(b.icmp_signed(">", n, ir.Constant(I64, 0)), run, empty)
+                b.position_at_end(run)
+                callee = _IndirectCallee(body, ir.FunctionType(I32, [I64, I64, PTR]))
+                b.ret(b.call(callee, [ir.Constant(I64, 0), n, context]))
+                b.position_at_end(empty)
+                b.ret(ir.Constant(I32, 0))
+            elif self.options.hidden:
+                fn.linkage = "hidden"  # declared: host.c defines it in the same library
+            self._parallel_for = fn
+        return self._parallel_for
 
     # -- module-level objects --------------------------------------------------
 
@@ -742,8 +834,27 @@ def _call_func(fl: _FunctionLowering, s: CallFunc) -> None:
             if arg.dtype != param.dtype:
                 raise fl.error(f"{where} expects {param.dtype}, got {arg.dtype}; insert a Cast")
             values.append(fl.to_storage(fl.expr(arg), arg.dtype))
-    rc = fl.b.call(fl.parent.kernels[s.func], values)
+    launch = fl.parent.launches.get(s)
+    if launch is not None:
+        rc = _launch(fl, launch, values)
+    else:
+        rc = fl.b.call(fl.parent.kernels[s.func], values)
     fl.return_if(fl.b.icmp_signed("!=", rc, ir.Constant(I32, 0)), rc)
+
+
+def _launch(fl: _FunctionLowering, launch: Launch, values: list[ir.Value]) -> ir.Value:
+    """Run an outlined parallel loop: captured values into a stack context struct,
+    then `{prefix}_parallel_for(count, @{body}.run, context)` (kiln.codegen.c.outline)."""
+    parent = fl.parent
+    body = parent.kernels[launch.body]
+    struct = parent.context_type(body)
+    context = _opaque(fl.alloca_b.alloca(struct, name=f"{launch.var}.context"))
+    for k, value in enumerate(values[FIRST_CAPTURE:]):
+        slot = fl.b.gep(context, [ir.Constant(I32, 0), ir.Constant(I32, k)], inbounds=True,
+                        source_etype=struct)
+        fl.b.store(value, slot)
+    return fl.b.call(parent.parallel_for(),
+                     [values[COUNT_ARG], parent.trampolines[launch.body], context])
 
 
 def _check_fits(fl: _FunctionLowering, where: str, arg: Buffer, param: Buffer) -> None:

@@ -1,0 +1,608 @@
+"""Parallelize: mark loops whose iterations are independent `parallel`.
+
+The backends run a `parallel` loop on the library's thread pool
+(docs/abi.md, "Parallel loops"), so this pass must only mark loops whose
+iterations can run in any order, at the same time. It is conservative: a loop
+`for v in ...` is parallel only when
+
+- it is a `serial` integer loop, and nothing inside it is already `parallel`;
+- its body calls no other kernel (`CallFunc`) and no external function
+  except pure math (`CallExtern` of a libm function on scalars);
+- every buffer it writes that is not allocated inside it (those are private
+  to an iteration) is accessed, by every load and store in the loop, through
+  the same buffer with the same index expression `e(v)` in one dimension,
+  where `e` is affine in `v` with a non-zero constant coefficient and a part
+  that does not change during the loop. Indices are in range per dimension
+  (docs/ir.md), so distinct iterations touch disjoint slices of that buffer
+  and read nothing another iteration writes;
+- no other buffer that may share the written buffer's memory is accessed in
+  the loop: views (`DeclBuffer`) of one allocation conflict unless their byte
+  ranges are disjoint, and the parameters of a kernel that some call inside
+  the module passes overlapping memory (`kiln.codegen.aliasing`) all may
+  alias each other;
+- the estimated work, `extent * cost(body)` (cost: expression nodes, math
+  intrinsics weigh more, inner loops multiply), is at least `min_work`: a
+  launch costs a few microseconds.
+
+Which loop: in each loop nest the outermost candidate is taken; when a
+perfectly nested chain starts with short loops (fewer than `min_extent`
+iterations, e.g. a batch or group of 1-3), the first loop of the chain with
+at least `min_extent` iterations is taken instead (or the longest one). An
+innermost loop (the one the backend vectorizes) is taken only when no loop
+around it can be. A loop that cannot be parallel is searched for parallel
+loops inside it.
+Graph-level functions lowered to PrimFuncs (`kiln.graph`: a sequence of
+kernel calls) are left alone; their kernels are parallelized.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+from kiln.ir import dtype as dt
+from kiln.ir.module import IRModule
+from kiln.ir.tensor import (
+    Allocate,
+    AllocConst,
+    BinaryOp,
+    Buffer,
+    CallExtern,
+    CallFunc,
+    Cast,
+    Compare,
+    Const,
+    DeclBuffer,
+    Evaluate,
+    For,
+    IfThenElse,
+    Intrin,
+    LetStmt,
+    Load,
+    PrimExpr,
+    PrimFunc,
+    Select,
+    SeqStmt,
+    Stmt,
+    Store,
+    UnaryOp,
+    Var,
+    seq,
+)
+from kiln.transform.pass_base import FunctionPass
+
+# Pure C math functions a parallel loop may call (scalars in, scalar out).
+PURE_EXTERNS = frozenset(
+    base + suffix
+    for base in ("exp", "exp2", "expm1", "log", "log2", "log10", "log1p", "sqrt", "cbrt",
+                 "sin", "cos", "tan", "sinh", "cosh", "tanh", "asin", "acos", "atan", "asinh",
+                 "acosh", "atanh", "erf", "erfc", "fabs", "floor", "ceil", "trunc", "round",
+                 "rint", "nearbyint", "pow", "atan2", "fmod", "hypot", "fmin", "fmax",
+                 "copysign", "tgamma", "lgamma")
+    for suffix in ("", "f"))
+
+# Cost-model weights (units: one simple expression node).
+INTRINSIC_COST = 8
+UNKNOWN_EXTENT = 64  # a loop extent that is not a constant
+
+
+@dataclass(frozen=True)
+class Parallelize(FunctionPass):
+    """Mark loops with provably independent iterations `parallel` (module docstring)."""
+
+    name = "parallelize"
+    level = "tensor"
+    # Least estimated work (extent * body cost) worth a thread-pool launch: about
+    # 100x100 elementwise operations (a launch costs a few microseconds).
+    min_work: int = 100000
+    # Prefer a loop of a perfect nest with at least this many iterations.
+    min_extent: int = 8
+
+    def run(self, mod: IRModule) -> IRModule:
+        from kiln.codegen.aliasing import analyze  # an IR analysis shared with the backends
+
+        funcs = mod.prim_funcs()
+        info = analyze(dict(funcs))
+        # Kernels some call passes overlapping memory: their parameters may alias.
+        aliased = {name for name in funcs if info.noalias[name] != info.written[name]}
+        changed: dict[str, PrimFunc] = {}
+        for name, fn in funcs.items():
+            if fn.attrs.get("kiln.graph"):
+                continue
+            body = _Scheduler(self, fn, name in aliased).stmt(fn.body)
+            if body is not fn.body:
+                changed[name] = fn.with_body(body)
+        if not changed:
+            return mod
+        return IRModule({n: changed.get(n, f) for n, f in mod.functions.items()}, mod.attrs)
+
+
+# ------------------------------------------------------------------ choosing loops
+
+
+class _Scheduler:
+    def __init__(self, options: Parallelize, fn: PrimFunc, params_alias: bool) -> None:
+        self.options = options
+        self.storage = Storage(fn, params_alias)
+
+    def stmt(self, s: Stmt) -> Stmt:
+        """`s` with its chosen loops marked parallel (same object if none)."""
+        if isinstance(s, For):
+            return self.loop_nest(s)
+        if isinstance(s, SeqStmt):
+            items = [self.stmt(x) for x in s.body]
+            return s if all(a is b for a, b in zip(items, s.body)) else seq(*items)
+        if isinstance(s, LetStmt):
+            body = self.stmt(s.body)
+            return s if body is s.body else LetStmt(s.var, s.value, body)
+        if isinstance(s, IfThenElse):
+            then = self.stmt(s.then_body)
+            other = self.stmt(s.else_body) if s.else_body is not None else None
+            if then is s.then_body and other is s.else_body:
+                return s
+            return IfThenElse(s.cond, then, other)
+        if isinstance(s, Allocate):
+            body = self.stmt(s.body)
+            return s if body is s.body else Allocate(s.buffer, body)
+        if isinstance(s, AllocConst):
+            self.storage.bind_const(s.buffer)
+            body = self.stmt(s.body)
+            return s if body is s.body else AllocConst(s.buffer, s.data, body)
+        if isinstance(s, DeclBuffer):
+            self.storage.bind_view(s)
+            body = self.stmt(s.body)
+            return s if body is s.body else DeclBuffer(s.buffer, s.source, s.byte_offset, body)
+        return s
+
+    def loop_nest(self, top: For) -> Stmt:
+        chain = [top]
+        while isinstance(chain[-1].body, For):
+            chain.append(chain[-1].body)
+        safe = [loop for loop in chain if self.worth_it(loop) and self.independent(loop)]
+        if not safe:
+            # Nothing in this nest's chain: look for parallel loops deeper inside.
+            return self.below(chain[-1], chain)
+        # An innermost loop is what the backend vectorizes: split it only if nothing
+        # else can be parallel.
+        outer = [loop for loop in safe if _has_loop(loop.body)] or safe
+        long = [loop for loop in outer if _extent(loop) >= self.options.min_extent]
+        chosen = long[0] if long else max(outer, key=_extent)  # max keeps the first of ties
+        return _rebuild(chain, chosen, For(chosen.var, chosen.start, chosen.extent,
+                                           "parallel", chosen.body))
+
+    def below(self, innermost: For, chain: list[For]) -> Stmt:
+        body = self.stmt(innermost.body)
+        if body is innermost.body:
+            return chain[0]
+        return _rebuild(chain, innermost, For(innermost.var, innermost.start, innermost.extent,
+                                              innermost.kind, body))
+
+    def worth_it(self, loop: For) -> bool:
+        return (_extent(loop) >= 2
+                and _extent(loop) * _cost(loop.body) >= self.options.min_work)
+
+    def independent(self, loop: For) -> bool:
+        return loop_is_parallelizable(loop, self.storage)
+
+
+def _rebuild(chain: list[For], old: For, new: For) -> Stmt:
+    """The chain's top loop with `old` (a loop of the chain) replaced by `new`."""
+    index = chain.index(old)
+    out: Stmt = new
+    for loop in reversed(chain[:index]):
+        out = For(loop.var, loop.start, loop.extent, loop.kind, out)
+    return out
+
+
+def _has_loop(s: Stmt) -> bool:
+    return any(isinstance(x, For) for x in _stmts(s))
+
+
+def _extent(loop: For) -> int:
+    return int(loop.extent.value) if isinstance(loop.extent, Const) else UNKNOWN_EXTENT
+
+
+# ------------------------------------------------------------------ cost model
+
+
+def _expr_cost(e: PrimExpr) -> int:
+    total = 0
+    for node in _walk(e):
+        total += INTRINSIC_COST if isinstance(node, (Intrin, CallExtern)) else 1
+    return total
+
+
+def _cost(s: Stmt) -> int:
+    """Estimated work of one execution of `s` (expression nodes; loops multiply)."""
+    if isinstance(s, Store):
+        return 1 + _expr_cost(s.value) + sum(_expr_cost(i) for i in s.indices)
+    if isinstance(s, SeqStmt):
+        return sum(_cost(x) for x in s.body)
+    if isinstance(s, For):
+        return max(_extent(s), 0) * (1 + _cost(s.body))
+    if isinstance(s, LetStmt):
+        return _expr_cost(s.value) + _cost(s.body)
+    if isinstance(s, IfThenElse):
+        other = _cost(s.else_body) if s.else_body is not None else 0
+        return _expr_cost(s.cond) + max(_cost(s.then_body), other)
+    if isinstance(s, (Allocate, AllocConst, DeclBuffer)):
+        return _cost(s.body)
+    if isinstance(s, Evaluate):
+        return _expr_cost(s.value)
+    return 1
+
+
+# ------------------------------------------------------------------ storage
+
+
+@dataclass(frozen=True)
+class _Region:
+    """Where a buffer's bytes live: `root` storage, byte range (None: unknown)."""
+
+    root: object
+    offset: int | None
+    size: int | None
+
+    def overlaps(self, other: _Region) -> bool:
+        if self.root is not other.root:
+            return False
+        if None in (self.offset, self.size, other.offset, other.size):
+            return True
+        assert self.offset is not None and self.size is not None
+        assert other.offset is not None and other.size is not None
+        return self.offset < other.offset + other.size and other.offset < self.offset + self.size
+
+
+_PARAMS = object()  # the one root of all parameters of a kernel whose parameters may alias
+
+
+@dataclass
+class Storage:
+    """Regions of the buffers in scope of a function (parameters, allocations, views).
+
+    Walk the function in order and `bind_const` / `bind_view` each AllocConst and
+    DeclBuffer met, so a loop is analysed with the buffers around it.
+    """
+
+    fn: PrimFunc
+    params_alias: bool
+    regions: dict[Buffer, _Region] = field(default_factory=dict)
+    consts: set[Buffer] = field(default_factory=set)
+
+    def __post_init__(self) -> None:
+        for p in self.fn.buffer_params:
+            root = _PARAMS if self.params_alias else p
+            self.regions[p] = _Region(root, None if self.params_alias else 0, _nbytes(p))
+
+    def region(self, buf: Buffer) -> _Region:
+        # Allocations outside the loop and unknown buffers: their own storage.
+        return self.regions.get(buf) or _Region(buf, 0, _nbytes(buf))
+
+    def bind_const(self, buf: Buffer) -> None:
+        self.consts.add(buf)
+
+    def bind_view(self, s: DeclBuffer) -> None:
+        src = self.region(s.source)
+        offset = None if src.offset is None else src.offset + s.byte_offset
+        self.regions[s.buffer] = _Region(src.root, offset, _nbytes(s.buffer))
+        if s.source in self.consts:
+            self.consts.add(s.buffer)
+
+
+def _nbytes(buf: Buffer) -> int | None:
+    if all(isinstance(d, int) for d in buf.shape):
+        return buf.nbytes()
+    return None
+
+
+# ------------------------------------------------------------------ independence
+
+
+@dataclass
+class _Access:
+    buffer: Buffer
+    indices: tuple[PrimExpr, ...]
+    store: bool
+
+
+def loop_is_parallelizable(loop: For, storage: Storage) -> bool:
+    """True when distinct iterations of `loop` provably touch disjoint memory
+    (see the module docstring); `storage` describes the buffers in scope."""
+    if loop.kind != "serial" or not dt.is_int(loop.var.dtype):
+        return False
+    if loop.start.dtype != loop.var.dtype or loop.extent.dtype != loop.var.dtype:
+        return False
+    private: set[Buffer] = set()
+    inner_vars: set[Var] = {loop.var}
+    # Inner loop variables with a known range [lo, hi] (lets have none).
+    ranges: dict[Var, tuple[int, int]] = {}
+    accesses: list[_Access] = []
+    for s in _stmts(loop.body):
+        if isinstance(s, For):
+            if s.kind == "parallel":
+                return False
+            inner_vars.add(s.var)
+            span = _loop_range(s)
+            if span is not None:
+                ranges[s.var] = span
+        elif isinstance(s, LetStmt):
+            inner_vars.add(s.var)
+        elif isinstance(s, (Allocate, AllocConst)):
+            private.add(s.buffer)
+        elif isinstance(s, DeclBuffer):
+            if s.source in private:
+                private.add(s.buffer)
+            else:
+                return False  # a view of outer storage made inside the loop: keep it simple
+        elif isinstance(s, CallFunc):
+            return False
+        if isinstance(s, Store):
+            accesses.append(_Access(s.buffer, s.indices, True))
+        for e in _stmt_exprs(s):
+            for node in _walk(e):
+                if isinstance(node, Load):
+                    accesses.append(_Access(node.buffer, node.indices, False))
+                elif isinstance(node, CallExtern) and not _pure_extern(node):
+                    return False
+    shared = [a for a in accesses if a.buffer not in private]
+    written = {a.buffer for a in shared if a.store}
+    for buf in written:
+        if buf in storage.consts:
+            return False
+        region = storage.region(buf)
+        # Nothing else in the loop may reach the written bytes.
+        for a in shared:
+            if a.buffer is not buf and storage.region(a.buffer).overlaps(region):
+                return False
+        same = [a for a in shared if a.buffer is buf]
+        if not any(_owned_dimension(same, d, loop.var, inner_vars)
+                   or _owned_window(same, d, loop.var, inner_vars, ranges)
+                   for d in range(buf.ndim)):
+            return False
+    return True
+
+
+def _owned_dimension(accesses: list[_Access], d: int, var: Var, inner: set[Var]) -> bool:
+    """Every access uses the same index in dimension `d`, affine in `var` with a non-zero
+    constant coefficient and an otherwise loop-invariant part."""
+    first = accesses[0].indices[d]
+    if not _injective_in(first, var, inner):
+        return False
+    return all(_same_expr(a.indices[d], first) for a in accesses[1:])
+
+
+def _owned_window(accesses: list[_Access], d: int, var: Var, inner: set[Var],
+                  ranges: dict[Var, tuple[int, int]]) -> bool:
+    """Tiled indices: every access's index in dimension `d` is `c * var + w + s`, with
+    one non-zero constant `c` and one invariant part `s` (outer variables with the
+    same coefficients) for all, and `w` a combination of inner loop variables whose
+    values, over all accesses, span fewer than |c| elements (e.g. `jo * 64 + ji`
+    with `0 <= ji < 64`). Iteration `var` then stays inside its own window."""
+    forms = [_linear(a.indices[d]) for a in accesses]
+    if any(f is None for f in forms):
+        return False
+    coeff: int | None = None
+    outer: dict[Var, int] | None = None
+    low, high = None, None
+    for form in forms:
+        assert form is not None
+        terms, offset = form
+        c = terms.get(var, 0)
+        if c == 0 or (coeff is not None and c != coeff):
+            return False
+        coeff = c
+        here = {v: k for v, k in terms.items() if v is not var and v not in inner and k}
+        if outer is not None and here != outer:
+            return False
+        outer = here
+        lo = hi = offset
+        for v, k in terms.items():
+            if v is var or v not in inner or k == 0:
+                continue
+            if v not in ranges:
+                return False  # a let, or a loop of unknown extent
+            a, b = ranges[v]
+            lo += min(k * a, k * b)
+            hi += max(k * a, k * b)
+        low = lo if low is None else min(low, lo)
+        high = hi if high is None else max(high, hi)
+    assert coeff is not None and low is not None and high is not None
+    return high - low < abs(coeff)
+
+
+def _linear(e: PrimExpr) -> tuple[dict[Var, int], int] | None:
+    """`e` as sum(k * var) + constant with integer k, in 64-bit arithmetic (no
+    wrap-around for in-range indices); None for anything else."""
+    if isinstance(e, Var):
+        return ({e: 1}, 0) if dt.is_int(e.dtype) else None
+    if isinstance(e, Const):
+        return ({}, int(e.value)) if dt.is_int(e.dtype) else None
+    if isinstance(e, Cast):
+        # A widened variable keeps its value; other casts may wrap.
+        if (isinstance(e.value, Var) and dt.is_int(e.dtype) and dt.is_int(e.value.dtype)
+                and dt.bits(e.dtype) == 64 and dt.kind(e.value.dtype) == "int"):
+            return _linear(e.value)
+        return None
+    if not isinstance(e, BinaryOp) or dt.bits(e.dtype) != 64 or not dt.is_int(e.dtype):
+        return None
+    if e.op in ("add", "sub"):
+        a, b = _linear(e.a), _linear(e.b)
+        if a is None or b is None:
+            return None
+        sign = 1 if e.op == "add" else -1
+        terms = dict(a[0])
+        for v, k in b[0].items():
+            terms[v] = terms.get(v, 0) + sign * k
+        return terms, a[1] + sign * b[1]
+    if e.op == "mul":
+        a, b = _linear(e.a), _linear(e.b)
+        if a is None or b is None:
+            return None
+        if not b[0]:
+            a, b = b, a
+        if a[0]:  # a product of two variables
+            return None
+        return {v: k * a[1] for v, k in b[0].items()}, b[1] * a[1]
+    return None
+
+
+def _loop_range(loop: For) -> tuple[int, int] | None:
+    """[first, last] values of a loop's variable when the start is a constant and the
+    extent is at most a constant (`n` or `min(n, ...)`); None otherwise."""
+    if not isinstance(loop.start, Const):
+        return None
+    bound = _upper_bound(loop.extent)
+    if bound is None or bound < 1:
+        return None
+    start = int(loop.start.value)
+    return start, start + bound - 1
+
+
+def _upper_bound(e: PrimExpr) -> int | None:
+    if isinstance(e, Const):
+        return int(e.value)
+    if isinstance(e, BinaryOp) and e.op == "min":
+        bounds = [b for b in (_upper_bound(e.a), _upper_bound(e.b)) if b is not None]
+        return min(bounds) if bounds else None
+    return None
+
+
+def _injective_in(e: PrimExpr, var: Var, inner: set[Var]) -> bool:
+    coeff = _coefficient(e, var, inner)
+    return coeff is not None and coeff != 0
+
+
+def _coefficient(e: PrimExpr, var: Var, inner: set[Var]) -> int | None:
+    """The coefficient of `var` if `e` is `c * var + rest` with `rest` invariant in the
+    loop (no inner variable, no load); None when `e` has no such form."""
+    if e is var:
+        return 1
+    if isinstance(e, (Const,)):
+        return 0
+    if isinstance(e, Var):
+        return None if e in inner else 0
+    if isinstance(e, Cast):
+        # Widening an integer keeps distinct values distinct.
+        if (dt.is_int(e.dtype) and dt.is_int(e.value.dtype)
+                and dt.bits(e.dtype) >= dt.bits(e.value.dtype)
+                and (dt.kind(e.dtype) == dt.kind(e.value.dtype)
+                     or dt.bits(e.dtype) > dt.bits(e.value.dtype))):
+            return _coefficient(e.value, var, inner)
+        return None
+    if isinstance(e, UnaryOp) and e.op == "neg":
+        c = _coefficient(e.a, var, inner)
+        return None if c is None else -c
+    if isinstance(e, BinaryOp) and e.op in ("add", "sub"):
+        a, b = _coefficient(e.a, var, inner), _coefficient(e.b, var, inner)
+        if a is None or b is None:
+            return None
+        return a + b if e.op == "add" else a - b
+    if isinstance(e, BinaryOp) and e.op == "mul":
+        a, b = _coefficient(e.a, var, inner), _coefficient(e.b, var, inner)
+        if a is None or b is None:
+            return None
+        if a == 0 and b == 0:
+            return 0
+        # Only a constant factor keeps it linear and known non-zero; and it must not
+        # wrap distinct values together: 64-bit index arithmetic (in-range indices
+        # never come near 2**63), or an odd factor (a bijection modulo 2**bits).
+        factor = e.b if a != 0 else e.a
+        if not isinstance(factor, Const):
+            return None
+        if dt.bits(e.dtype) < 64 and int(factor.value) % 2 == 0:
+            return None
+        return (a or b) * int(factor.value)
+    if all(_coefficient(c, var, inner) == 0 for c in _children(e)) and not isinstance(e, Load):
+        return 0  # any other invariant expression
+    return None
+
+
+def _same_expr(a: PrimExpr, b: PrimExpr) -> bool:
+    """Structural equality of two expressions (variables and buffers by identity)."""
+    if a is b:
+        return True
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, Const):
+        return a.dtype == b.dtype and a.value == b.value  # type: ignore[attr-defined]
+    if isinstance(a, Var):
+        return False
+    if isinstance(a, (BinaryOp, Compare, UnaryOp, Intrin, CallExtern)):
+        if getattr(a, "op", None) != getattr(b, "op", None):
+            return False
+        if getattr(a, "name", None) != getattr(b, "name", None):
+            return False
+    if isinstance(a, Cast) and a.dtype != b.dtype:
+        return False
+    if isinstance(a, Load) and a.buffer is not b.buffer:  # type: ignore[attr-defined]
+        return False
+    ca, cb = _children(a), _children(b)
+    return len(ca) == len(cb) and all(_same_expr(x, y) for x, y in zip(ca, cb))
+
+
+def _pure_extern(e: CallExtern) -> bool:
+    return e.name in PURE_EXTERNS and not any(isinstance(a, Buffer) for a in e.args)
+
+
+# ------------------------------------------------------------------ walks
+
+
+def _children(e: PrimExpr) -> tuple[PrimExpr, ...]:
+    if isinstance(e, (BinaryOp, Compare)):
+        return (e.a, e.b)
+    if isinstance(e, UnaryOp):
+        return (e.a,)
+    if isinstance(e, Select):
+        return (e.cond, e.true_value, e.false_value)
+    if isinstance(e, Cast):
+        return (e.value,)
+    if isinstance(e, Load):
+        return e.indices
+    if isinstance(e, Intrin):
+        return e.args
+    if isinstance(e, CallExtern):
+        return tuple(a for a in e.args if isinstance(a, PrimExpr))
+    return ()
+
+
+def _walk(e: PrimExpr) -> Iterator[PrimExpr]:
+    stack = [e]
+    while stack:
+        x = stack.pop()
+        yield x
+        stack.extend(_children(x))
+
+
+def _stmts(s: Stmt) -> Iterator[Stmt]:
+    stack = [s]
+    while stack:
+        x = stack.pop()
+        yield x
+        if isinstance(x, SeqStmt):
+            stack.extend(reversed(x.body))
+        elif isinstance(x, (For, LetStmt, Allocate, AllocConst, DeclBuffer)):
+            stack.append(x.body)
+        elif isinstance(x, IfThenElse):
+            if x.else_body is not None:
+                stack.append(x.else_body)
+            stack.append(x.then_body)
+
+
+def _stmt_exprs(s: Stmt) -> tuple[PrimExpr, ...]:
+    """Expressions a statement holds directly, including symbolic sizes it allocates."""
+    if isinstance(s, Store):
+        return (s.value, *s.indices)
+    if isinstance(s, For):
+        return (s.start, s.extent)
+    if isinstance(s, LetStmt):
+        return (s.value,)
+    if isinstance(s, IfThenElse):
+        return (s.cond,)
+    if isinstance(s, Evaluate):
+        return (s.value,)
+    if isinstance(s, Allocate):
+        return tuple(d for d in s.buffer.shape if isinstance(d, PrimExpr))
+    return ()
+
+
+__all__ = ["Parallelize", "Storage", "loop_is_parallelizable"]
