@@ -48,7 +48,6 @@ from kiln.ir.tensor import (
     Evaluate,
     For,
     IfThenElse,
-    Intrin,
     LetStmt,
     Load,
     PrimExpr,
@@ -57,10 +56,10 @@ from kiln.ir.tensor import (
     SeqStmt,
     Stmt,
     Store,
-    UnaryOp,
     Var,
     seq,
 )
+from kiln.ir.visitor import expr_children
 from kiln.transform.parallelize import Parallelize
 from kiln.transform.pipeline import get_pipeline
 from kiln.transform.registry import parse_passes
@@ -242,21 +241,8 @@ def _over(buf: Buffer, body: object) -> Stmt:
 
 
 def _children(e: PrimExpr) -> tuple[PrimExpr, ...]:
-    if isinstance(e, (BinaryOp, Compare)):
-        return (e.a, e.b)
-    if isinstance(e, UnaryOp):
-        return (e.a,)
-    if isinstance(e, Select):
-        return (e.cond, e.true_value, e.false_value)
-    if isinstance(e, Cast):
-        return (e.value,)
-    if isinstance(e, Load):
-        return e.indices
-    if isinstance(e, Intrin):
-        return e.args
-    if isinstance(e, CallExtern):
-        return tuple(a for a in e.args if isinstance(a, PrimExpr))
-    return ()
+    """Operand expressions of `e` (buffer arguments of extern calls left out)."""
+    return tuple(c for c in expr_children(e) if isinstance(c, PrimExpr))
 
 
 def _walk(e: PrimExpr) -> Iterator[PrimExpr]:

@@ -61,7 +61,6 @@ from kiln.ir.tensor import (
     Load,
     PrimExpr,
     PrimFunc,
-    Select,
     SeqStmt,
     Stmt,
     Store,
@@ -69,6 +68,7 @@ from kiln.ir.tensor import (
     Var,
     seq,
 )
+from kiln.ir.visitor import expr_children
 from kiln.transform.pass_base import FunctionPass
 
 # Pure C math functions a parallel loop may call (scalars in, scalar out).
@@ -548,21 +548,8 @@ def _pure_extern(e: CallExtern) -> bool:
 
 
 def _children(e: PrimExpr) -> tuple[PrimExpr, ...]:
-    if isinstance(e, (BinaryOp, Compare)):
-        return (e.a, e.b)
-    if isinstance(e, UnaryOp):
-        return (e.a,)
-    if isinstance(e, Select):
-        return (e.cond, e.true_value, e.false_value)
-    if isinstance(e, Cast):
-        return (e.value,)
-    if isinstance(e, Load):
-        return e.indices
-    if isinstance(e, Intrin):
-        return e.args
-    if isinstance(e, CallExtern):
-        return tuple(a for a in e.args if isinstance(a, PrimExpr))
-    return ()
+    """Operand expressions of `e` (buffer arguments of extern calls left out)."""
+    return tuple(c for c in expr_children(e) if isinstance(c, PrimExpr))
 
 
 def _walk(e: PrimExpr) -> Iterator[PrimExpr]:
