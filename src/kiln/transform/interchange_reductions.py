@@ -50,8 +50,6 @@ from kiln.ir.tensor import (
     Const,
     DeclBuffer,
     For,
-    IfThenElse,
-    LetStmt,
     Load,
     PrimExpr,
     PrimFunc,
@@ -62,7 +60,7 @@ from kiln.ir.tensor import (
     seq,
 )
 from kiln.transform.functor import StmtExprMutator, iter_stmts
-from kiln.transform.parallelize import Storage, loop_is_parallelizable
+from kiln.transform.parallelize import LoopRewriter, Storage, loop_is_parallelizable
 from kiln.transform.pass_base import FunctionPass
 
 INDEX = "int64"
@@ -95,42 +93,18 @@ class InterchangeReductions(FunctionPass):
         return IRModule({n: changed.get(n, f) for n, f in mod.functions.items()}, mod.attrs)
 
 
-class _Interchanger:
+class _Interchanger(LoopRewriter):
     def __init__(self, tile: int, storage: Storage) -> None:
         self.tile = max(1, tile)
         self.storage = storage
 
-    def stmt(self, s: Stmt) -> Stmt:
-        if isinstance(s, For):
-            done = self.interchange(s)
-            if done is not None:
-                return done
-            body = self.stmt(s.body)
-            return s if body is s.body else For(s.var, s.start, s.extent, s.kind, body)
-        if isinstance(s, SeqStmt):
-            items = [self.stmt(x) for x in s.body]
-            return s if all(a is b for a, b in zip(items, s.body)) else seq(*items)
-        if isinstance(s, LetStmt):
-            body = self.stmt(s.body)
-            return s if body is s.body else LetStmt(s.var, s.value, body)
-        if isinstance(s, IfThenElse):
-            then = self.stmt(s.then_body)
-            other = self.stmt(s.else_body) if s.else_body is not None else None
-            if then is s.then_body and other is s.else_body:
-                return s
-            return IfThenElse(s.cond, then, other)
-        if isinstance(s, Allocate):
-            body = self.stmt(s.body)
-            return s if body is s.body else Allocate(s.buffer, body)
-        if isinstance(s, AllocConst):
-            self.storage.bind_const(s.buffer)
-            body = self.stmt(s.body)
-            return s if body is s.body else AllocConst(s.buffer, s.data, body)
-        if isinstance(s, DeclBuffer):
-            self.storage.bind_view(s)
-            body = self.stmt(s.body)
-            return s if body is s.body else DeclBuffer(s.buffer, s.source, s.byte_offset, body)
-        return s
+    def visit_for(self, loop: For) -> Stmt:
+        done = self.interchange(loop)
+        if done is not None:
+            return done
+        body = self.stmt(loop.body)
+        return loop if body is loop.body else For(loop.var, loop.start, loop.extent, loop.kind,
+                                                   body)
 
     def interchange(self, loop: For) -> Stmt | None:
         """The rewritten loop, or None when it does not have the expected shape."""

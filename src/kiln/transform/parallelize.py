@@ -120,15 +120,20 @@ class Parallelize(FunctionPass):
 # ------------------------------------------------------------------ choosing loops
 
 
-class _Scheduler:
-    def __init__(self, options: Parallelize, fn: PrimFunc, params_alias: bool) -> None:
-        self.options = options
-        self.storage = Storage(fn, params_alias)
+class LoopRewriter:
+    """Rebuilds a statement tree, handing every outermost `For` to `visit_for` and
+    recording the constants and views met on the way in `storage`. The schedule
+    passes (parallelize, interchange-reductions) share this walk."""
+
+    storage: Storage
+
+    def visit_for(self, loop: For) -> Stmt:
+        raise NotImplementedError
 
     def stmt(self, s: Stmt) -> Stmt:
-        """`s` with its chosen loops marked parallel (same object if none)."""
+        """`s` rewritten (the same object when nothing changed)."""
         if isinstance(s, For):
-            return self.loop_nest(s)
+            return self.visit_for(s)
         if isinstance(s, SeqStmt):
             items = [self.stmt(x) for x in s.body]
             return s if all(a is b for a, b in zip(items, s.body)) else seq(*items)
@@ -153,6 +158,16 @@ class _Scheduler:
             body = self.stmt(s.body)
             return s if body is s.body else DeclBuffer(s.buffer, s.source, s.byte_offset, body)
         return s
+
+
+class _Scheduler(LoopRewriter):
+    def __init__(self, options: Parallelize, fn: PrimFunc, params_alias: bool) -> None:
+        self.options = options
+        self.storage = Storage(fn, params_alias)
+
+    def visit_for(self, loop: For) -> Stmt:
+        """The loop nest with its chosen loop marked parallel (same object if none)."""
+        return self.loop_nest(loop)
 
     def loop_nest(self, top: For) -> Stmt:
         chain = [top]
