@@ -26,7 +26,10 @@ FORBIDDEN: list[tuple[str, str]] = [
     *(("ir", other) for other in ("transform", "codegen", "ops", "frontend", "script",
                                    "driver")),
     ("transform", "codegen"),
+    # The host entries and C-family text serve both backends (codegen/cfamily).
     ("codegen/llvm", "codegen/c"),
+    ("codegen/host", "codegen/c"),
+    ("codegen/cfamily", "codegen/c"),
     *(("runtime", other) for other in COMPILER),
     *(("artifact", other) for other in COMPILER),
 ]

@@ -49,6 +49,7 @@ from kiln.ir._printer import (
     quote_function,
 )
 from kiln.ir._recursion import deep_recursion
+from kiln.ir.attrs import ATTR_NUM_OUTPUTS, ATTR_OUTPUT_NAMES
 from kiln.ir.module import BaseFunc, IRModule
 from kiln.ir.types import TensorType, TupleType, Type
 from kiln.ir.visitor import StmtExprVisitor
@@ -65,8 +66,6 @@ _BITWISE_OPS = frozenset({"and", "or", "xor"})
 # Intrinsics that accept integer arguments as well as floats.
 _INT_INTRINSICS = frozenset({"abs"})
 
-ATTR_NUM_OUTPUTS = "kiln.num_outputs"
-ATTR_OUTPUT_NAMES = "kiln.output_names"
 
 
 def verify(mod_or_func: IRModule | BaseFunc, *, name: str | None = None) -> None:

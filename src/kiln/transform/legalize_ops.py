@@ -21,14 +21,12 @@ from typing import Any
 
 from kiln.errors import CompileError
 from kiln.ir import graph as g
+from kiln.ir.attrs import ATTR_PRIVATE
 from kiln.ir.module import BaseFunc, IRModule
 from kiln.ir.tensor import PrimFunc
 from kiln.ir.visitor import GraphMutator
 from kiln.transform.functor import function_exprs
 from kiln.transform.pass_base import Pass
-
-#: PrimFunc attribute marking a function no caller outside the module needs.
-ATTR_PRIVATE = "kiln.private"
 
 
 def _op_lookup() -> Callable[[str], Any] | None:
