@@ -28,13 +28,13 @@ import pytest
 from c_helpers import WARNINGS, build, have_cc
 
 import kiln
-from kiln import ops
+from kiln import evaluate, ops
 from kiln.codegen.c import codegen_c
 from kiln.codegen.constants import ConstantPool
 from kiln.codegen.llvm import codegen_llvm
 from kiln.driver import Executable
 from kiln.errors import KilnError
-from kiln.ir import IRBuilder, IRModule, evaluate
+from kiln.ir import IRBuilder, IRModule
 from kiln.ir import graph as g
 from kiln.ir.tensor import Cast, Const, For, PrimFunc, Var, select
 from kiln.runtime import include_dir, load_module
