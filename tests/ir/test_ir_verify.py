@@ -338,3 +338,36 @@ def test_symbolic_shapes() -> None:
 def test_verify_rejects_non_ir() -> None:
     with pytest.raises(IRError, match="verify expects an IRModule, PrimFunc or graph Function"):
         verify("nope")  # type: ignore[arg-type]
+
+
+# --------------------------------------------------------------------------- quoting
+
+
+def quoted_lines(message: str) -> list[str]:
+    """The quoted function lines of a verifier message, without numbers and markers."""
+    return [line.split(" | ", 1)[1] for line in message.splitlines() if " | " in line]
+
+
+def test_the_quote_is_the_dsl_text() -> None:
+    from kiln.script import print_func
+
+    i = Var("i")
+    fn = PrimFunc((X, Y), loop(i, 4, Store(Y, t.Cast("float64", X[i]), (i,))))
+    message = fails(IRModule({"f": fn}), "insert a Cast")
+    dsl = print_func(fn, "f").splitlines()
+    quoted = quoted_lines(message)
+    assert quoted and all(line in dsl for line in quoted)
+    assert quoted[-1] == '        Y[i] = T.cast(X[i], "float64")'
+
+
+def test_the_quote_survives_attributes_no_literal_spells() -> None:
+    class Opaque:
+        def __repr__(self) -> str:
+            return "<opaque>"
+
+    i = Var("i")
+    fn = PrimFunc((X, Y), loop(i, 4, Store(Y, t.Cast("float64", X[i]), (i,))),
+                  {"target": Opaque()})
+    message = fails(IRModule({"f": fn}), "insert a Cast")
+    assert "    T.func_attr({'target': <opaque>})" in quoted_lines(message)
+    assert '> 5 |         Y[i] = T.cast(X[i], "float64")' in message

@@ -113,7 +113,7 @@ def print_func(
 class _ModulePrinter:
     """State shared by the functions of one module: the metadata table."""
 
-    def __init__(self, mode: str, inline_limit: int) -> None:
+    def __init__(self, mode: str, inline_limit: int, *, for_messages: bool = False) -> None:
         if mode not in METADATA_MODES:
             raise IRError(f"unknown metadata mode {mode!r}; known: {', '.join(METADATA_MODES)}")
         self.mode = mode
@@ -121,6 +121,16 @@ class _ModulePrinter:
         self.meta: dict[str, np.ndarray] = {}
         self._meta_keys: dict[int, str] = {}
         self._key_namer = Namer(frozenset())
+        # Messages quote ill-formed IR too: an attribute no literal spells prints as repr.
+        self.for_messages = for_messages
+
+    def literal(self, value: Any) -> str:
+        try:
+            return literal(value)
+        except IRError:
+            if not self.for_messages:
+                raise
+            return repr(value)
 
     def function(self, name: str, fn: BaseFunc, indent: str) -> list[str]:
         if isinstance(fn, t.PrimFunc):
@@ -359,7 +369,7 @@ class _PrimPrinter:
         self.lines = [deco, *_signature(self.indent, def_name, params, "")]
         inner = self.indent + INDENT
         if fn.attrs:
-            self.lines.append(f"{inner}T.func_attr({literal(dict(fn.attrs))})")
+            self.lines.append(f"{inner}T.func_attr({self.module.literal(dict(fn.attrs))})")
         self.stmt(fn.body, inner)
         return self.lines
 
@@ -506,7 +516,7 @@ class _GraphPrinter:
         lines = [deco, *_signature(self.indent, def_name, params, ret)]
         inner = self.indent + INDENT
         if fn.attrs:
-            lines.append(f"{inner}G.func_attr({literal(dict(fn.attrs))})")
+            lines.append(f"{inner}G.func_attr({self.module.literal(dict(fn.attrs))})")
         for b in fn.bindings:
             self.spans[id(b)] = (len(lines), len(lines))
             lines.append(f"{inner}{self.binding(b)}")
@@ -540,7 +550,7 @@ class _GraphPrinter:
             return f"G.const({', '.join(args)})"
         if isinstance(e, g.Call):
             parts = [quote(e.op), *(self.expr(a) for a in e.args)]
-            parts.extend(_call_attrs(e.attrs))
+            parts.extend(_call_attrs(e.attrs, self.module.literal))
             if binding_type is None or binding_type != e.ret_type:
                 parts.append(f"ret={self.type(e.ret_type)}")
             return f"G.op({', '.join(parts)})"
@@ -559,7 +569,7 @@ class _GraphPrinter:
 _OP_KEYWORDS = frozenset({"ret", "attrs"})
 
 
-def _call_attrs(attrs: Mapping[str, Any]) -> list[str]:
+def _call_attrs(attrs: Mapping[str, Any], literal: Callable[[Any], str]) -> list[str]:
     if not attrs:
         return []
     if all(is_plain_name(k) and k not in _OP_KEYWORDS for k in attrs):
@@ -580,7 +590,7 @@ class NodeText:
     """
 
     def __init__(self, ex: _ExprPrinter | None = None) -> None:
-        module = _ModulePrinter("reference", DEFAULT_INLINE_LIMIT)
+        module = _ModulePrinter("reference", DEFAULT_INLINE_LIMIT, for_messages=True)
         self._prim = _PrimPrinter(module, "")
         self._graph = _GraphPrinter(module, "")
         if ex is not None:
@@ -664,7 +674,7 @@ class Printed:
 def print_function(name: str, fn: BaseFunc) -> Printed:
     """`fn` as DSL text with line spans, for messages: constants above the inline
     limit print as `meta[...]` references (the text has no metadata section)."""
-    module = _ModulePrinter("reference", DEFAULT_INLINE_LIMIT)
+    module = _ModulePrinter("reference", DEFAULT_INLINE_LIMIT, for_messages=True)
     if isinstance(fn, t.PrimFunc):
         prim = _PrimPrinter(module, "")
         lines = prim.function(name, fn)
