@@ -65,7 +65,8 @@ def rel_l2(actual: np.ndarray, expected: np.ndarray) -> float:
     """Relative L2 error of `actual` against `expected`."""
     actual = np.asarray(actual, dtype=np.float64)
     expected = np.asarray(expected, dtype=np.float64)
-    return float(np.linalg.norm(actual - expected) / max(np.linalg.norm(expected), 1e-30))
+    scale = max(float(np.linalg.norm(expected)), 1e-30)
+    return float(np.linalg.norm(actual - expected)) / scale
 
 
 def short_error(exc: BaseException, width: int = 90) -> str:
