@@ -1,25 +1,35 @@
-"""kiln's exception types, importable without the compiler (the runtime uses them)."""
+"""kiln's exception types, importable without the compiler (the runtime uses them).
+
+Every kiln error derives from `KilnError`, so `except kiln.KilnError` catches
+them all. Each also keeps the builtin base it had before the hierarchy existed
+(`ValueError` for bad input, `RuntimeError` for failures), so code catching
+those keeps working.
+"""
 
 from __future__ import annotations
 
 
-class KilnError(RuntimeError):
+class KilnError(Exception):
+    """The base of every error kiln raises on purpose."""
+
+
+class CallError(KilnError, RuntimeError):
     """A compiled function rejected its arguments or failed while running."""
 
 
-class TargetError(ValueError):
+class TargetError(KilnError, ValueError):
     """A target spec is malformed: unknown kind, tag or attribute, or a wrong type."""
 
 
-class FormatError(ValueError):
+class FormatError(KilnError, ValueError):
     """A file kiln reads (library blob, artifact archive, MLF) is damaged or unsupported."""
 
 
-class IRError(ValueError):
+class IRError(KilnError, ValueError):
     """Ill-formed IR: the verifier's or the DSL parser's complaint."""
 
 
-class CompileError(RuntimeError):
+class CompileError(KilnError, RuntimeError):
     """Code generation, a pass, or the system toolchain failed."""
 
 
@@ -27,5 +37,9 @@ class ExportError(CompileError):
     """An executable cannot be exported as asked (e.g. it holds an in-memory artifact)."""
 
 
-class FrontendError(ValueError):
+class FrontendError(KilnError, ValueError):
     """A model file cannot be imported: malformed, unsupported ops, unbound shapes."""
+
+
+class MissingDependencyError(KilnError, ImportError):
+    """A kiln feature needs a package that is not installed (the message names it)."""

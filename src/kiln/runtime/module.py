@@ -23,6 +23,7 @@ from kiln._registry import suggest
 from kiln.errors import FormatError, KilnError
 from kiln.runtime import ctypes_abi as abi
 from kiln.runtime.function import NativeFunction, PackedFunction
+from kiln.runtime.lifetime import CallGuard
 
 if TYPE_CHECKING:
     from kiln.artifact import AnyArtifact
@@ -208,8 +209,9 @@ class LibraryModule(Module):
     Signatures come from the library's own `{prefix}_metadata()`. A library
     without native code (only the blob, for other loaders) has no
     `{prefix}_metadata` and no functions of its own: `has_native` is False.
-    `close()` dlcloses it (later calls raise KilnError); so does garbage
-    collection. `cleanup_dir`, if set, is a private directory removed with it.
+    `close()` waits for calls in flight on other threads, then dlcloses it
+    (later calls raise CallError); so does garbage collection. `cleanup_dir`,
+    if set, is a private directory removed with it.
     """
 
     kind = "library"
@@ -222,6 +224,7 @@ class LibraryModule(Module):
         self.cleanup_dir = cleanup_dir
         self._cleanup: Any = None
         self._handle: int | None = None
+        self._guard = CallGuard(f"the library {str(self.path)!r}")
         lib = _dlopen(self.path)
         # The private directory goes when the module does, or at interpreter exit
         # at the latest (a finalizer runs even when the module sits in a cycle).
@@ -254,7 +257,8 @@ class LibraryModule(Module):
                 self.close()
                 raise FormatError(f"{self.path}: metadata lists function '{name}' but the "
                                   f"library has no symbol {sig['symbol']}") from None
-            self._functions[name] = NativeFunction(sig, c_func, self.last_error, owner=self)
+            self._functions[name] = NativeFunction(sig, c_func, self.last_error, owner=self,
+                                                   guard=self._guard)
 
     def last_error(self) -> str:
         """`{prefix}_last_error()`: the message of the last failed call on this thread."""
@@ -269,7 +273,11 @@ class LibraryModule(Module):
         return list(self._functions)
 
     def close(self) -> None:
-        """dlclose the library (idempotent). Functions of a closed library raise KilnError."""
+        """dlclose the library (idempotent) once the calls in flight have returned.
+
+        Functions of a closed library raise CallError.
+        """
+        self._guard.close()
         super().close()
         self._release(_dlclose)
         if self._cleanup is not None:
