@@ -43,3 +43,24 @@ class FrontendError(KilnError, ValueError):
 
 class MissingDependencyError(KilnError, ImportError):
     """A kiln feature needs a package that is not installed (the message names it)."""
+
+
+# pip package of each optional dependency, by the top-level module kiln imports.
+_PACKAGES = {"llvmlite": "llvmlite", "onnx": "onnx", "onnxruntime": "onnxruntime",
+             "elftools": "pyelftools", "ml_dtypes": "ml_dtypes", "google": "protobuf"}
+
+
+def missing_dependency(exc: ImportError, feature: str) -> MissingDependencyError | None:
+    """The error to raise when `feature` failed because `exc` could not import a dependency.
+
+    None when `exc` is not about one of kiln's optional packages (then it is a bug
+    to report as it is).
+    """
+    top = (exc.name or "").split(".")[0]
+    package = _PACKAGES.get(top)
+    if package is None:
+        return None
+    return MissingDependencyError(
+        f"{feature} needs the '{package}' package, which is not installed here "
+        f"(pip install {package}); a deploy host with kiln.runtime alone can load and run "
+        "exported libraries but not compile")

@@ -288,3 +288,78 @@ def test_pass_context_wraps_a_bug_in_a_pass() -> None:
 
     with pytest.raises(CompileError, match="pass 'buggy' failed: KeyError: 'missing'"):
         PassContext().run_pass(ModulePassFromCallable(buggy), _add_one_module())
+
+
+# ------------------------------------------------------------------ clear errors (issue 11)
+def test_symbol_the_loader_cannot_find_is_a_format_error(hand_lib: Module,
+                                                         tmp_path: Path) -> None:
+    """.dynsym names a blob the GNU hash table does not know: dlsym fails."""
+    data = Path(hand_lib.path).read_bytes()
+    assert data.count(b"\0kiln__blob\0") >= 1
+    damaged = tmp_path / "damaged.so"
+    damaged.write_bytes(data.replace(b"\0kiln__blob\0", b"\0kilm__blob\0"))
+    with pytest.raises(kiln.FormatError, match=r"damaged\.so: the ELF symbol table lists "
+                                               r"kilm__blob, but the dynamic loader cannot "
+                                               r"find it \(.*\); the file is damaged"):
+        load_module(damaged)
+
+
+def test_non_ascii_prefix_is_refused_before_codegen() -> None:
+    with pytest.raises(kiln.CompileError, match="system_lib_prefix 'kïln_' must be a non-empty "
+                                                r"C identifier \(ASCII"):
+        kiln.compile(_add_one_module(), "c", system_lib_prefix="kïln_")
+
+
+@pytest.mark.parametrize("suffix", [".so", ".tar"])
+def test_exporting_onto_a_directory_is_an_export_error(tmp_path: Path, suffix: str) -> None:
+    ex = kiln.compile(_add_one_module(), "c")
+    folder = tmp_path / f"lib{suffix}"
+    folder.mkdir()
+    with pytest.raises(kiln.ExportError, match=f"cannot export to '{folder}': it is a directory"):
+        ex.export_library(folder)
+    assert list(folder.iterdir()) == [] and sorted(p.name for p in tmp_path.iterdir()) == [
+        folder.name]
+
+
+def test_write_tar_onto_a_directory_is_an_export_error(tmp_path: Path) -> None:
+    from kiln.artifact import archive
+
+    with pytest.raises(kiln.ExportError, match="it is a directory"):
+        archive.write_tar(tmp_path, hm.artifacts(), hm.library_metadata("kiln_"))
+
+
+BLOCK_COMPILER = """
+    import sys
+    class _Block:
+        def find_spec(self, name, path=None, target=None):
+            if name.split(".")[0] in ("llvmlite", "onnx", "onnxruntime"):
+                raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+            return None
+    sys.meta_path.insert(0, _Block())
+"""
+
+
+def test_compiler_entry_points_name_the_missing_package() -> None:
+    script = BLOCK_COMPILER + """
+    import kiln
+    from kiln.ir import IRBuilder
+    ib = IRBuilder()
+    with ib.prim_func("f"):
+        x = ib.arg("X", (4,), "float32")
+        with ib.for_range(4, name="i") as i:
+            ib.store(x, [i], x[i] + 1.0)
+    for call in (lambda: kiln.frontend.from_onnx(sys.argv[1]),
+                 lambda: kiln.compile(ib.get(), "llvm")):
+        try:
+            call()
+        except kiln.MissingDependencyError as exc:
+            assert isinstance(exc, ImportError) and isinstance(exc, kiln.KilnError)
+            print(exc)
+    """
+    model = Path(__file__).resolve().parents[2] / "models" / "mlp.onnx"
+    proc = _run(script, str(model))
+    assert proc.returncode == 0, proc.stderr
+    onnx_line, llvm_line = proc.stdout.splitlines()
+    assert onnx_line.startswith("importing an ONNX model needs the 'onnx' package, which is "
+                                "not installed here (pip install onnx)")
+    assert llvm_line.startswith("codegen 'llvm' needs the 'llvmlite' package")

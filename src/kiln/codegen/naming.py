@@ -31,8 +31,10 @@ ATTR_OUTPUT_NAMES = "kiln.output_names"    # names of the outputs (e.g. ONNX out
 
 
 def check_prefix(prefix: str) -> str:
-    if not prefix or not (prefix.replace("_", "a")).isidentifier():
-        raise CompileError(f"system_lib_prefix {prefix!r} must be a non-empty C identifier")
+    # isidentifier() accepts any Unicode letter; C symbols (and the linker) want ASCII.
+    if not prefix or not prefix.isascii() or not prefix.replace("_", "a").isidentifier():
+        raise CompileError(f"system_lib_prefix {prefix!r} must be a non-empty C identifier "
+                           "(ASCII letters, digits and '_', not starting with a digit)")
     return prefix
 
 

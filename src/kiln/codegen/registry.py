@@ -33,7 +33,7 @@ from kiln.codegen.naming import (
     check_prefix,
     entry_symbol,
 )
-from kiln.errors import CompileError, ExportError, IRError, TargetError
+from kiln.errors import CompileError, ExportError, IRError, TargetError, missing_dependency
 from kiln.ir.module import IRModule
 
 if TYPE_CHECKING:
@@ -81,6 +81,9 @@ def get_codegen(name: str) -> CodegenFn:
         failed = _failed_backends()
         raise CompileError(f"{err}{failed}") from None
     except ImportError as exc:
+        missing = missing_dependency(exc, f"codegen '{name}'")
+        if missing is not None:
+            raise missing from exc
         raise CompileError(f"codegen '{name}' cannot be imported: {exc}") from exc
 
 

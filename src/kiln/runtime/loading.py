@@ -157,7 +157,11 @@ def _read_blob(lib: LibraryModule, symbol: str, size: int) -> BlobContents:
     if size < HEADER_SIZE:
         raise FormatError(f"{lib.path}: blob symbol {symbol} is {size} bytes, smaller than "
                           f"a blob header ({HEADER_SIZE} bytes)")
-    address = ctypes.addressof(ctypes.c_uint8.in_dll(lib.cdll, symbol))
+    try:
+        address = ctypes.addressof(ctypes.c_uint8.in_dll(lib.cdll, symbol))
+    except ValueError as exc:  # ctypes: the dynamic loader's lookup failed
+        raise FormatError(f"{lib.path}: the ELF symbol table lists {symbol}, but the dynamic "
+                          f"loader cannot find it ({exc}); the file is damaged") from None
     try:
         length = blob_length(ctypes.string_at(address, HEADER_SIZE))
         if length > size:
