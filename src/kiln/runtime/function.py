@@ -149,8 +149,8 @@ class PackedFunction:
                 continue
             array = abi.to_numpy(value, self._wheres[i])
             abi.require_dl_dtype(array, self._wheres[i])
-            if check_shapes:
-                check_tensor(array, self.params[i], self._wheres[i])
+            if check_shapes and not self._fits(i, array):
+                check_tensor(array, self.params[i], self._wheres[i])  # raises, naming it
             screened[i] = array
         return screened
 
@@ -175,6 +175,17 @@ class PackedFunction:
                     raise self._wheres[i].error(
                         f"overlaps argument {j} '{self._wheres[j].name}' in memory; the "
                         "function writes it while reading the other, so pass distinct arrays")
+
+    def _fits(self, i: int, array: np.ndarray) -> bool:
+        """True if `array` has argument i's shape, dtype and a contiguous layout (fast path)."""
+        shape, dtype = self._layouts[i]
+        return array.shape == shape and array.dtype == dtype and array.flags.c_contiguous
+
+    @functools.cached_property
+    def _layouts(self) -> dict[int, tuple[tuple[int, ...], np.dtype[Any]]]:
+        """(shape, numpy dtype) of each tensor argument, by argument index."""
+        return {i: (tuple(self._arguments[i]["shape"]),
+                    abi.numpy_dtype(self._arguments[i]["dtype"])) for i in self._tensors}
 
     @functools.cached_property
     def _result_layouts(self) -> list[tuple[tuple[int, ...], np.dtype[Any]]]:
