@@ -119,21 +119,25 @@ class Module:
         """
         if fmt not in SOURCE_FORMATS:
             raise ValueError(f"unknown source format {fmt!r}; choose 'c', 'll' or 'asm'")
-        own = self._own_source(fmt)
-        if own is not None:
-            return own
-        found = []
-        for module in self.imports:
-            try:
-                found.append(module.inspect_source(fmt))
-            except KilnError:
-                continue
-        if found:
-            return "\n".join(found)
+        found = self._find_source(fmt)
+        if found is not None:
+            return found
         needs = {"c": ".c", "ll": ".bc or .ll", "asm": ".bc, .ll, .o, .s or .c"}[fmt]
         raise KilnError(
             f"{self!r} has no artifact to show as {fmt!r} (needs {needs} with its content), "
             f"nor do its imports; its artifacts: {_artifact_names(self.artifacts)}")
+
+    def _find_source(self, fmt: str) -> str | None:
+        """This module's source in `fmt`, else its imports' (None if nothing fits).
+
+        A damaged artifact raises (FormatError): only "nothing to show" moves on.
+        """
+        own = self._own_source(fmt)
+        if own is not None:
+            return own
+        found = [text for module in self.imports
+                 if (text := module._find_source(fmt)) is not None]
+        return "\n".join(found) if found else None
 
     def _own_source(self, fmt: str) -> str | None:
         """`inspect_source` from this module's own artifacts; None if none fits `fmt`."""

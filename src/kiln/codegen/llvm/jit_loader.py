@@ -128,14 +128,15 @@ class LLVMJITModule(Module):
     def _own_names(self) -> list[str]:
         return list(self._functions)
 
-    def inspect_source(self, fmt: str = "c") -> str:
+    def _own_source(self, fmt: str) -> str | None:
         """"ll": the LLVM IR being run; "asm": its assembly for this machine."""
         if fmt == "ll":
             return self._ir_text
         if fmt == "asm":
+            # This IR was parsed and verified in this process already (it runs here).
             llvm = llvm_binding()
             return str(self._tm.emit_assembly(llvm.parse_assembly(self._ir_text)))
-        return super().inspect_source(fmt)
+        return super()._own_source(fmt)
 
     def close(self) -> None:
         """Wait for calls in flight, then free the code; later calls raise CallError."""
