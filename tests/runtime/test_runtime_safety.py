@@ -363,3 +363,15 @@ def test_compiler_entry_points_name_the_missing_package() -> None:
     assert onnx_line.startswith("importing an ONNX model needs the 'onnx' package, which is "
                                 "not installed here (pip install onnx)")
     assert llvm_line.startswith("codegen 'llvm' needs the 'llvmlite' package")
+
+
+def test_damaged_signature_in_library_metadata_is_a_format_error(hand_lib: Module,
+                                                                  tmp_path: Path) -> None:
+    data = Path(hand_lib.path).read_bytes()
+    assert b'"name":"k","kind":"scalar","dtype":"int32"' in data
+    damaged = tmp_path / "damaged.so"
+    damaged.write_bytes(data.replace(b'"name":"k","kind":"scalar","dtype":"int32"',
+                                     b'"name":"k","kind":"scalar","dtype":"int33"'))
+    with pytest.raises(kiln.FormatError, match=r"damaged\.so: library metadata: function "
+                                               r"'scale_add': k: unknown dtype 'int33'"):
+        load_module(damaged)

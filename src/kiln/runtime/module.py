@@ -253,8 +253,17 @@ class LibraryModule(Module):
             self.close()
             raise FormatError(f"{self.path}: exports {prefix}_metadata but not "
                               f"{prefix}_last_error; not a kiln library") from None
-        self.metadata = _parse_library_metadata(abi.read_string(metadata_fn), self.path)
+        try:
+            self.metadata = _parse_library_metadata(abi.read_string(metadata_fn), self.path)
+        except FormatError:
+            self.close()
+            raise
         for name, sig in self.metadata.get("functions", {}).items():
+            try:
+                _check_signature(name, sig)
+            except FormatError as exc:
+                self.close()
+                raise FormatError(f"{self.path}: library metadata: {exc}") from None
             try:
                 c_func = abi.bind(lib, sig["symbol"], "packed")
             except AttributeError:
@@ -340,6 +349,37 @@ def _dlopen(path: Path) -> ctypes.CDLL:
     finally:
         if link_dir is not None:
             shutil.rmtree(link_dir, ignore_errors=True)
+
+
+def _check_signature(name: str, sig: Any) -> None:
+    """FormatError unless `sig` is a function signature as docs/abi.md describes it."""
+    def fail(what: str) -> FormatError:
+        return FormatError(f"function {name!r}: {what}")
+
+    if not isinstance(sig, dict):
+        raise fail(f"signature is a {type(sig).__name__}, not an object")
+    symbol = sig.get("symbol")
+    if not isinstance(symbol, str) or not symbol.isascii() or \
+            not symbol.replace("_", "a").isidentifier():
+        raise fail(f"symbol {symbol!r} is not a C identifier")
+    for key in ("params", "results"):
+        entries = sig.get(key, [])
+        if not isinstance(entries, list):
+            raise fail(f"'{key}' is not a list")
+        for p in entries:
+            if not isinstance(p, dict) or not isinstance(p.get("name"), str):
+                raise fail(f"an entry of '{key}' has no name")
+            if p.get("dtype") not in abi.DL_DTYPES:
+                raise fail(f"{p['name']}: unknown dtype {p.get('dtype')!r}")
+            kind = p.get("kind")
+            shape = p.get("shape")
+            if kind == "tensor":
+                if not isinstance(shape, list) or not all(
+                        isinstance(d, int) and not isinstance(d, bool) and d >= 0
+                        for d in shape):
+                    raise fail(f"{p['name']}: shape {shape!r} is not a list of sizes")
+            elif kind != "scalar":
+                raise fail(f"{p['name']}: kind {kind!r} is neither 'tensor' nor 'scalar'")
 
 
 def _parse_library_metadata(text: str, path: Path) -> dict[str, Any]:
