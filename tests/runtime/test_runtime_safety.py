@@ -375,3 +375,10 @@ def test_damaged_signature_in_library_metadata_is_a_format_error(hand_lib: Modul
     with pytest.raises(kiln.FormatError, match=r"damaged\.so: library metadata: function "
                                                r"'scale_add': k: unknown dtype 'int33'"):
         load_module(damaged)
+
+
+def test_loading_a_directory_is_a_format_error(tmp_path: Path) -> None:
+    folder = tmp_path / "lib.so"
+    folder.mkdir()
+    with pytest.raises(kiln.FormatError, match=r"lib\.so: is a directory, not a library file"):
+        load_module(folder)

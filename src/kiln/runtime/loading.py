@@ -50,6 +50,8 @@ def load_module(path: str | os.PathLike[str], *, prefix: str | None = None) -> M
     if suffix not in LIBRARY_SUFFIXES:
         raise FormatError(f"{p}: cannot load a {suffix or 'suffix-less'} file; kiln loads "
                           f"{' and '.join(LIBRARY_SUFFIXES)} files written by export_library")
+    if p.is_dir():
+        raise FormatError(f"{p}: is a directory, not a library file")
     if not p.is_file():
         raise FileNotFoundError(f"{p}: no such library file")
     if suffix == ".tar":
