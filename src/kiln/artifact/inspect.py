@@ -1,4 +1,4 @@
-"""Inspectors: human-readable views of artifacts (seed 000, "Debuggability").
+"""Inspectors: human-readable views of artifacts.
 
 An inspector offers one or more named *views* of an artifact, e.g. the `.bc`
 inspector shows LLVM bitcode as IR text (`"ll"`) or as target assembly

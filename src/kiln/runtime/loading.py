@@ -1,6 +1,6 @@
 """The code-loading process: ArtifactSet or library file -> runtime Module tree.
 
-There is one path (DESIGN invariant 2, docs/runtime.md):
+There is one path (docs/runtime.md):
 
 1. `load_artifacts` links every "native" artifact into one real shared library
    with the system toolchain -- by calling `export_library` to a private
