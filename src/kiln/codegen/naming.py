@@ -101,10 +101,10 @@ def function_signature(name: str, fn: PrimFunc, prefix: str,
     """
     n_out = int(fn.attrs.get(ATTR_NUM_OUTPUTS, 0))
     params = [param_info(p) for p in fn.params]
-    for i, info in enumerate(params):
+    split = len(params) - n_out
+    for i, info in enumerate(params[:split]):  # results are always written
         if i in written and info["kind"] == "tensor":
             info["written"] = True
-    split = len(params) - n_out
     results = params[split:]
     names = list(fn.attrs.get(ATTR_OUTPUT_NAMES, ()) or [r["name"] for r in results])
     for r, rname in zip(results, names):
