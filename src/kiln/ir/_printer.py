@@ -18,7 +18,6 @@ from dataclasses import dataclass, field
 from kiln.ir import dtype as dt
 from kiln.ir import graph as g
 from kiln.ir import tensor as t
-from kiln.ir._recursion import deep_recursion
 from kiln.ir.dtype import INDEX_DTYPE
 from kiln.ir.module import BaseFunc, IRModule
 from kiln.ir.names import Namer
@@ -273,20 +272,16 @@ class Lines:
                 self.stmt(s.else_body, depth + 1)
         elif isinstance(s, t.Allocate):
             b = s.buffer
-            self.emit(depth, f'with T.allocate({_shape(b.shape)}, "{b.dtype}", "{b.scope}") '
-                             f"as {p.buffer(b)}:")
-            self.stmt(s.body, depth + 1)
+            self.emit(depth, f'{p.buffer(b)} = T.allocate({_shape(b.shape)}, "{b.dtype}", '
+                             f'"{b.scope}")')
         elif isinstance(s, t.AllocConst):
             b = s.buffer
-            self.emit(depth, f'with T.alloc_const({_shape(b.shape)}, "{b.dtype}", '
-                             f"data={format_array(s.data)}) as {p.buffer(b)}:")
-            self.stmt(s.body, depth + 1)
+            self.emit(depth, f'{p.buffer(b)} = T.alloc_const({_shape(b.shape)}, "{b.dtype}", '
+                             f"data={format_array(s.data)})")
         elif isinstance(s, t.DeclBuffer):
             b = s.buffer
-            self.emit(depth, f'with T.decl_buffer({_shape(b.shape)}, "{b.dtype}", '
-                             f"{p.buffer(s.source)}, byte_offset={s.byte_offset}) "
-                             f"as {p.buffer(b)}:")
-            self.stmt(s.body, depth + 1)
+            self.emit(depth, f'{p.buffer(b)} = T.decl_buffer({_shape(b.shape)}, "{b.dtype}", '
+                             f"{p.buffer(s.source)}, byte_offset={s.byte_offset})")
         elif isinstance(s, t.Evaluate):
             self.emit(depth, f"T.evaluate({p.expr(s.value)})")
         elif isinstance(s, t.CallFunc):
@@ -335,16 +330,15 @@ def print_function(name: str, fn: BaseFunc, printer: Printer | None = None) -> P
 
 def print_ir(node: object) -> str:
     """Multi-line text of a module, a function or a statement (for humans)."""
-    with deep_recursion("print"):
-        if isinstance(node, IRModule):
-            return "\n\n".join(print_function(n, f).text() for n, f in node.items())
-        if isinstance(node, (t.PrimFunc, g.Function)):
-            return print_function("func", node).text()
-        if isinstance(node, t.Stmt):
-            out = Lines(Printer())
-            out.stmt(node, 0)
-            return "\n".join(out.lines)
-        return Printer().node(node)
+    if isinstance(node, IRModule):
+        return "\n\n".join(print_function(n, f).text() for n, f in node.items())
+    if isinstance(node, (t.PrimFunc, g.Function)):
+        return print_function("func", node).text()
+    if isinstance(node, t.Stmt):
+        out = Lines(Printer())
+        out.stmt(node, 0)
+        return "\n".join(out.lines)
+    return Printer().node(node)
 
 
 FunctionPrinter = Callable[[str, BaseFunc], Printed]
@@ -383,7 +377,8 @@ def excerpt(printed: Printed, node: object, context: int = 3) -> str:
     else:
         first, last = span
         # A statement with a body is marked by its header line only.
-        if last > first and not isinstance(node, (t.Store, t.Evaluate, t.CallFunc)):
+        if last > first and not isinstance(node, (t.Store, t.Evaluate, t.CallFunc,
+                                                  *t.DECLARATIONS)):
             last = first
         lo, hi, mark = max(0, first - context), min(len(lines) - 1, last + context), (first, last)
     out = []

@@ -417,9 +417,9 @@ class _PrimPrinter:
 
     def _allocate(self, s: t.Allocate, indent: str) -> None:
         b = s.buffer
-        self._emit(indent, f"with T.allocate({self.ex.shape(b.shape)}, {quote(b.dtype)}, "
-                           f"scope={quote(b.scope)}) as {self.ex.buffer(b)}:")
-        self._block(s.body, indent)
+        # A declaration: the buffer is in scope for the rest of the block.
+        self._emit(indent, f"{self.ex.buffer(b)} = T.allocate({self.ex.shape(b.shape)}, "
+                           f"{quote(b.dtype)}, scope={quote(b.scope)})")
 
     def _alloc_const(self, s: t.AllocConst, indent: str) -> None:
         b = s.buffer
@@ -436,16 +436,14 @@ class _PrimPrinter:
             args.append(f"buffer_dtype={quote(b.dtype)}")
         if b.scope != "global":
             args.append(f"scope={quote(b.scope)}")
-        self._emit(indent, f"with T.alloc_const({', '.join(args)}) as {self.ex.buffer(b)}:")
-        self._block(s.body, indent)
+        self._emit(indent, f"{self.ex.buffer(b)} = T.alloc_const({', '.join(args)})")
 
     def _decl_buffer(self, s: t.DeclBuffer, indent: str) -> None:
         b = s.buffer
         scope = "" if b.scope == "global" else f", scope={quote(b.scope)}"
-        self._emit(indent, f"with T.decl_buffer({self.ex.shape(b.shape)}, {quote(b.dtype)}, "
-                           f"source={self.ex.buffer(s.source)}, byte_offset={s.byte_offset}"
-                           f"{scope}) as {self.ex.buffer(b)}:")
-        self._block(s.body, indent)
+        self._emit(indent, f"{self.ex.buffer(b)} = T.decl_buffer({self.ex.shape(b.shape)}, "
+                           f"{quote(b.dtype)}, source={self.ex.buffer(s.source)}, "
+                           f"byte_offset={s.byte_offset}{scope})")
 
     def _evaluate(self, s: t.Evaluate, indent: str) -> None:
         self._emit(indent, f"T.evaluate({self.ex.text(s.value)})")

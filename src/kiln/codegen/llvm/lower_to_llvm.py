@@ -388,6 +388,9 @@ class _FunctionLowering:
         self.buffers: dict[Buffer, ir.Value] = {}
         self.heap: list[ir.Value] = []  # live malloc'ed buffers, freed on any exit
         self.readonly: set[Buffer] = set()  # AllocConst buffers and views of them
+        # Buffers declared in each open statement list, with their malloc'ed pointer if
+        # any: a declaration's scope (and a heap buffer's lifetime) ends with its list.
+        self.blocks: list[list[tuple[Buffer, ir.Value | None]]] = []
 
     def error(self, message: str) -> CompileError:
         return CompileError(f"llvm codegen, function {self.name!r}: {message}")
@@ -398,7 +401,7 @@ class _FunctionLowering:
                 self.buffers[p] = arg
             else:
                 self.scalars[p] = self.from_storage(arg, p.dtype)
-        self.stmt(self.fn.body)
+        self.block(self.fn.body)
         self.b.ret(ir.Constant(I32, 0))
         self.alloca_b.branch(self.body)
 
@@ -415,6 +418,28 @@ class _FunctionLowering:
         if rule is None:
             raise self.error(f"no lowering for statement {type(s).__name__}")
         rule(self, s)
+
+    def block(self, s: Stmt) -> None:
+        """`s` as a statement list: the declarations in it end where it ends."""
+        self.blocks.append([])
+        for item in s.body if isinstance(s, SeqStmt) else (s,):
+            self.stmt(item)
+        for buf, heap_ptr in reversed(self.blocks.pop()):
+            del self.buffers[buf]
+            self.readonly.discard(buf)
+            if heap_ptr is not None:
+                self.heap.pop()
+                free = declare(self.parent.module, "free", ir.VoidType(), [PTR])
+                self.b.call(free, [heap_ptr])
+
+    def declare(self, buf: Buffer, ptr: ir.Value, *, heap: bool = False) -> None:
+        """Bring `buf` into scope until the enclosing statement list ends."""
+        if buf in self.buffers:
+            raise self.error(f"buffer {buf.name!r} is declared twice")
+        self.buffers[buf] = ptr
+        if heap:
+            self.heap.append(ptr)
+        self.blocks[-1].append((buf, ptr if heap else None))
 
     # -- memory helpers --------------------------------------------------------------
 
@@ -645,8 +670,7 @@ def _store(fl: _FunctionLowering, s: Store) -> None:
 
 
 def _seq(fl: _FunctionLowering, s: SeqStmt) -> None:
-    for child in s.body:
-        fl.stmt(child)
+    fl.block(s)
 
 
 def _for(fl: _FunctionLowering, s: For) -> None:
@@ -674,7 +698,7 @@ def _for(fl: _FunctionLowering, s: For) -> None:
     b.position_at_end(body)
     previous = fl.scalars.get(s.var)
     fl.scalars[s.var] = i
-    fl.stmt(s.body)
+    fl.block(s.body)
     _restore(fl.scalars, s.var, previous)
     b.branch(latch)
     b.position_at_end(latch)
@@ -701,7 +725,7 @@ def _let(fl: _FunctionLowering, s: LetStmt) -> None:
     value = fl.expr(s.value)
     previous = fl.scalars.get(s.var)
     fl.scalars[s.var] = value
-    fl.stmt(s.body)
+    fl.block(s.body)
     _restore(fl.scalars, s.var, previous)
 
 
@@ -713,11 +737,11 @@ def _if(fl: _FunctionLowering, s: IfThenElse) -> None:
     otherwise = b.append_basic_block("if.else") if s.else_body is not None else merge
     b.cbranch(cond, then, otherwise)
     b.position_at_end(then)
-    fl.stmt(s.then_body)
+    fl.block(s.then_body)
     b.branch(merge)
     if s.else_body is not None:
         b.position_at_end(otherwise)
-        fl.stmt(s.else_body)
+        fl.block(s.else_body)
         b.branch(merge)
     b.position_at_end(merge)
 
@@ -733,13 +757,10 @@ def _allocate(fl: _FunctionLowering, s: Allocate) -> None:
         slot = fl.alloca_b.alloca(ir.ArrayType(storage_type(buf.dtype), max(buf.numel(), 1)),
                                   name=buf.name)
         slot.align = LOCAL_ALIGN
-        fl.buffers[buf] = _opaque(slot)
-        fl.stmt(s.body)
-        del fl.buffers[buf]
+        fl.declare(buf, _opaque(slot))
         return
     module = fl.parent.module
     malloc = declare(module, "malloc", PTR, [fl.parent.size_t])
-    free = declare(module, "free", ir.VoidType(), [PTR])
     size, overflow = fl.byte_size(buf)
     oom = ir.Constant(I32, ERROR_OUT_OF_MEMORY)
     if not isinstance(overflow, ir.Constant):
@@ -749,12 +770,7 @@ def _allocate(fl: _FunctionLowering, s: Allocate) -> None:
     size = fl.b.select(fl.b.icmp_unsigned("==", size, ir.Constant(size.type, 0)), one, size)
     ptr = fl.b.call(malloc, [size], name=buf.name)
     fl.return_if(fl.b.icmp_unsigned("==", ptr, ir.Constant(PTR, None)), oom)
-    fl.heap.append(ptr)
-    fl.buffers[buf] = ptr
-    fl.stmt(s.body)
-    del fl.buffers[buf]
-    fl.heap.pop()
-    fl.b.call(free, [ptr])
+    fl.declare(buf, ptr, heap=True)
 
 
 def _alloc_const(fl: _FunctionLowering, s: AllocConst) -> None:
@@ -768,12 +784,9 @@ def _alloc_const(fl: _FunctionLowering, s: AllocConst) -> None:
                        f"{need} bytes but its data has {s.data.nbytes}")
     offset = fl.parent.pool.add(s.data)
     base = fl.parent.consts_global()
-    fl.buffers[buf] = fl.b.gep(base, [ir.Constant(I64, offset)], inbounds=True,
-                               source_etype=I8, name=buf.name)
+    fl.declare(buf, fl.b.gep(base, [ir.Constant(I64, offset)], inbounds=True,
+                             source_etype=I8, name=buf.name))
     fl.readonly.add(buf)
-    fl.stmt(s.body)
-    fl.readonly.discard(buf)
-    del fl.buffers[buf]
 
 
 def _decl_buffer(fl: _FunctionLowering, s: DeclBuffer) -> None:
@@ -790,13 +803,10 @@ def _decl_buffer(fl: _FunctionLowering, s: DeclBuffer) -> None:
     if end > limit:
         raise fl.error(f"view {buf.name!r} covers bytes [{s.byte_offset}, {end}) but its "
                        f"source {src.name!r} has only {limit}")
-    fl.buffers[buf] = fl.b.gep(source, [ir.Constant(I64, s.byte_offset)], inbounds=True,
-                               source_etype=I8, name=buf.name)
+    fl.declare(buf, fl.b.gep(source, [ir.Constant(I64, s.byte_offset)], inbounds=True,
+                             source_etype=I8, name=buf.name))
     if src in fl.readonly:
         fl.readonly.add(buf)
-    fl.stmt(s.body)
-    fl.readonly.discard(buf)
-    del fl.buffers[buf]
 
 
 def _evaluate(fl: _FunctionLowering, s: Evaluate) -> None:
