@@ -84,6 +84,12 @@ ERROR_CODES = {ERROR_OUT_OF_MEMORY: "out of memory allocating a workspace"}
 # Alignment of stack buffers (a cache line: lets the vectorizer use aligned access).
 LOCAL_ALIGN = 64
 
+# A function making more kernel calls than this (a lowered graph `main` of a big model)
+# calls its kernels without inlining them: inlining thousands of loop nests into one
+# function makes LLVM's optimizer superlinear (2,000 calls: ~25 s instead of ~2 s), and a
+# kernel's loops gain nothing from being inlined into a sequence of calls.
+MAX_INLINED_CALL_SITES = 32
+
 
 @dataclass(frozen=True)
 class LoweringOptions:
@@ -391,6 +397,8 @@ class _FunctionLowering:
         # Buffers declared in each open statement list, with their malloc'ed pointer if
         # any: a declaration's scope (and a heap buffer's lifetime) ends with its list.
         self.blocks: list[list[tuple[Buffer, ir.Value | None]]] = []
+        calls = sum(isinstance(x, CallFunc) for x in _statements(fn.body))
+        self.call_attrs = ("noinline",) if calls > MAX_INLINED_CALL_SITES else ()
 
     def error(self, message: str) -> CompileError:
         return CompileError(f"llvm codegen, function {self.name!r}: {message}")
@@ -657,6 +665,24 @@ EXPR_RULES: dict[type, Callable[[Any, Any], ir.Value]] = {
 # ======================================================================= statements
 
 
+def _statements(s: Stmt) -> list[Stmt]:
+    """Every statement under `s` (itself included)."""
+    out: list[Stmt] = []
+    stack = [s]
+    while stack:
+        x = stack.pop()
+        out.append(x)
+        if isinstance(x, SeqStmt):
+            stack.extend(x.body)
+        elif isinstance(x, (For, LetStmt)):
+            stack.append(x.body)
+        elif isinstance(x, IfThenElse):
+            stack.append(x.then_body)
+            if x.else_body is not None:
+                stack.append(x.else_body)
+    return out
+
+
 def _store(fl: _FunctionLowering, s: Store) -> None:
     if s.buffer in fl.readonly:
         raise fl.error(f"store into constant buffer {s.buffer.name!r}: AllocConst data is "
@@ -848,7 +874,7 @@ def _call_func(fl: _FunctionLowering, s: CallFunc) -> None:
     if launch is not None:
         rc = _launch(fl, launch, values)
     else:
-        rc = fl.b.call(fl.parent.kernels[s.func], values)
+        rc = fl.b.call(fl.parent.kernels[s.func], values, attrs=fl.call_attrs)
     fl.return_if(fl.b.icmp_signed("!=", rc, ir.Constant(I32, 0)), rc)
 
 
