@@ -297,3 +297,43 @@ def test_printer_rejects_what_it_cannot_print() -> None:
     f = t.PrimFunc((X,), t.Store(X, t.const(0), (t.const(0),)), {"obj": object()})
     with pytest.raises(IRError, match="cannot print attribute value"):
         print_module(IRModule({"f": f}))
+
+
+def test_declarations_print_flat_and_the_with_form_still_parses() -> None:
+    """`buf = T.allocate(...)` is a statement scoped to the rest of its block; the older
+    `with T.allocate(...) as buf:` spelling parses into the same flat IR."""
+    flat = from_source('''
+@T.prim_func
+def f(X: T.Buffer((4,), "float32"), Y: T.Buffer((4,), "float32")):
+    arena = T.allocate((32,), "uint8", scope="global")
+    W = T.alloc_const([1.0, 2.0, 3.0, 4.0], "float32")
+    v = T.decl_buffer((4,), "float32", source=arena, byte_offset=16)
+    for i in T.serial(4):
+        acc = T.allocate((1,), "float32", scope="local")
+        acc[0] = X[i] * W[i]
+        v[i] = acc[0]
+    for i in T.serial(4):
+        Y[i] = v[i]
+''')
+    nested = from_source('''
+@T.prim_func
+def f(X: T.Buffer((4,), "float32"), Y: T.Buffer((4,), "float32")):
+    with T.allocate((32,), "uint8", scope="global") as arena:
+        with T.alloc_const([1.0, 2.0, 3.0, 4.0], "float32") as W, \\
+                T.decl_buffer((4,), "float32", source=arena, byte_offset=16) as v:
+            for i in T.serial(4):
+                with T.allocate((1,), "float32", scope="local") as acc:
+                    acc[0] = X[i] * W[i]
+                    v[i] = acc[0]
+            for i in T.serial(4):
+                Y[i] = v[i]
+''')
+    assert_roundtrip_equal(nested, flat)
+    body = flat["f"].body
+    assert isinstance(body, t.SeqStmt)
+    assert [type(s).__name__ for s in body.body] == [
+        "Allocate", "AllocConst", "DeclBuffer", "For", "For"]
+    text = roundtrip(flat)
+    assert "    v = T.decl_buffer((4,), \"float32\", source=arena, byte_offset=16)\n" in text
+    assert "        acc = T.allocate((1,), \"float32\", scope=\"local\")\n" in text
+    assert "with T.allocate" not in text
