@@ -611,6 +611,18 @@ def test_too_deep_expression_is_a_clear_error() -> None:
         structural_equal(mod, _chain_module(5000))
     with pytest.raises(IRError, match="nested too deeply"):
         evaluate(mod, "f", np.zeros(4, np.float32), np.zeros(1, np.int32))
+    from kiln.ir._printer import print_ir
+    from kiln.script import from_source, print_module
+
+    with pytest.raises(IRError, match="nested too deeply"):
+        print_ir(mod)
+    with pytest.raises(IRError, match="nested too deeply"):
+        print_module(mod)
+    # Python parses a long `a + b + ...` fine; kiln's parser then reports the depth.
+    deep = ("@T.prim_func\ndef f(X: T.Buffer((4,), \"float32\"), Y: T.Buffer((4,), "
+            "\"float32\")):\n    Y[0] = " + " + ".join(["X[0]"] * 5000) + "\n")
+    with pytest.raises(IRError, match="nested too deeply"):
+        from_source(deep)
 
 
 def test_variable_reused_in_sibling_scopes_gets_fresh_bounds() -> None:

@@ -643,8 +643,9 @@ def _compile(func: t.PrimFunc, name: str) -> _Compiled:
     except RecursionError:
         # Statement lists are flat; only a hand-built expression thousands of operators
         # deep gets here (FuseOps caps the operators in one kernel).
-        raise IRError(f"evaluate {name}: an expression is nested too deeply to walk; bind "
-                      "parts of it to variables (LetStmt)") from None
+        raise IRError(f"evaluate {name}: the IR is nested too deeply to walk (an expression "
+                      "or nested statements thousands of levels deep); split long expressions "
+                      "with LetStmt bindings") from None
     _CACHE[id(func)] = compiled
     while len(_CACHE) > _CACHE_SIZE:
         _CACHE.popitem(last=False)

@@ -15,6 +15,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from kiln.errors import IRError
 from kiln.ir import dtype as dt
 from kiln.ir import graph as g
 from kiln.ir import tensor as t
@@ -330,6 +331,15 @@ def print_function(name: str, fn: BaseFunc, printer: Printer | None = None) -> P
 
 def print_ir(node: object) -> str:
     """Multi-line text of a module, a function or a statement (for humans)."""
+    try:
+        return _print_ir(node)
+    except RecursionError:
+        # Statement lists are flat; only hand-built IR thousands of levels deep gets here.
+        raise IRError("print: the IR is nested too deeply to print (an expression or nested "
+                      "statements thousands of levels deep)") from None
+
+
+def _print_ir(node: object) -> str:
     if isinstance(node, IRModule):
         return "\n\n".join(print_function(n, f).text() for n, f in node.items())
     if isinstance(node, (t.PrimFunc, g.Function)):

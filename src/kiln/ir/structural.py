@@ -73,8 +73,9 @@ def assert_structural_equal(a: object, b: object, *, map_free_vars: bool = False
 def _too_deep(what: str) -> IRError:
     # Statement lists are flat, so only a hand-built expression thousands of operators
     # deep gets here (FuseOps caps the operators fused into one kernel).
-    return IRError(f"{what}: an expression is nested too deeply to walk; bind parts of it "
-                   "to variables (LetStmt)")
+    return IRError(f"{what}: the IR is nested too deeply to walk (an expression or nested "
+                   "statements thousands of levels deep); split long expressions with LetStmt "
+                   "bindings")
 
 
 def _same_float(x: float, y: float) -> bool:

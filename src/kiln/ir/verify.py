@@ -91,8 +91,9 @@ def verify(mod_or_func: IRModule | BaseFunc, *, name: str | None = None) -> None
         except RecursionError:
             # Statement lists are flat; only a hand-built expression thousands of
             # operators deep gets here (FuseOps caps the operators in one kernel).
-            raise IRError(f"verify: function '{fname}' has an expression nested too deeply "
-                          "to walk; bind parts of it to variables (LetStmt)") from None
+            raise IRError(f"verify: function '{fname}' is nested too deeply to walk (an "
+                          "expression or nested statements thousands of levels deep); split "
+                          "long expressions with LetStmt bindings") from None
 
 
 class _Fault(Exception):

@@ -116,10 +116,17 @@ class _ModulePrinter:
         self._key_namer = Namer(frozenset())
 
     def function(self, name: str, fn: BaseFunc, indent: str) -> list[str]:
-        if isinstance(fn, t.PrimFunc):
-            return _PrimPrinter(self, indent).function(name, fn)
-        if isinstance(fn, g.Function):
-            return _GraphPrinter(self, indent).function(name, fn)
+        try:
+            if isinstance(fn, t.PrimFunc):
+                return _PrimPrinter(self, indent).function(name, fn)
+            if isinstance(fn, g.Function):
+                return _GraphPrinter(self, indent).function(name, fn)
+        except RecursionError:
+            # Statement lists are flat and fused kernels are capped, so only hand-built
+            # IR thousands of levels deep gets here; the frame limit is never raised.
+            raise IRError(f"cannot print function {name!r}: it is nested too deeply (an "
+                          "expression or nested statements thousands of levels deep); split "
+                          "long expressions with LetStmt bindings") from None
         raise IRError(f"cannot print {type(fn).__name__} {name!r}")
 
     def finish(self, text: str) -> ScriptText:
