@@ -110,6 +110,18 @@ def test_five_thousand_node_elementwise_chain(target: str) -> None:
     np.testing.assert_allclose(exe(EW_X), _reference(model, EW_X), rtol=1e-5, atol=1e-6)
 
 
+def test_five_thousand_foldable_nodes() -> None:
+    """A long chain on a weight alone is folded to one constant (import and FoldConstants)."""
+    nodes = [helper.make_node("Sigmoid" if k % 2 else "Neg", [f"c{k}"], [f"c{k + 1}"])
+             for k in range(5000)]
+    nodes.append(helper.make_node("Add", ["c5000", "x"], ["y"]))
+    weight = numpy_helper.from_array(np.linspace(-2.0, 2.0, 8, dtype=np.float32), "c0")
+    model = _model(nodes, "y", (8,), [weight])
+    mod = from_onnx(model)
+    exe = kiln.compile(mod, "llvm")
+    np.testing.assert_allclose(exe(EW_X), _reference(model, EW_X), rtol=1e-5, atol=1e-6)
+
+
 def test_lowered_main_is_flat_and_round_trips() -> None:
     lowered = _lowered(matmul_chain(2000))
     main = lowered["main"]
