@@ -5,11 +5,12 @@ from __future__ import annotations
 from typing import Any
 
 
-def from_onnx(model: Any, shape_dict: dict[str, Any] | None = None) -> Any:
-    """Import an ONNX model (path, bytes or ModelProto); see kiln.frontend.onnx."""
+def from_onnx(model: Any, shape_dict: dict[str, Any] | None = None, **options: Any) -> Any:
+    """Import an ONNX model (path, bytes or ModelProto); see kiln.frontend.onnx
+    (`options`: `max_fold_bytes`, the constant-folding budget)."""
     from kiln.frontend.onnx import from_onnx as _from_onnx
 
-    return _from_onnx(model, shape_dict)
+    return _from_onnx(model, shape_dict, **options)
 
 
 __all__ = ["from_onnx"]

@@ -363,6 +363,9 @@ def _one_hot_onnx(ctx: GraphContext, inputs: Sequence[g.Expr | None],
     indices, values = first_input(inputs), inputs[2]
     assert values is not None
     depth = int(need_constant(ctx, inputs[1], "OneHot depth").reshape(-1)[0])
+    if depth < 1:
+        raise IRError(f"OneHot depth must be positive, got {depth}")
+    ctx.check_materialize(depth * 8, f"OneHot depth {depth}")
     it = ctx.tensor_type(indices)
     axis = norm_axes(int(attrs.get("axis", -1)), it.ndim + 1)[0]
     idx = indices if it.dtype == "int64" else ctx.call("cast", indices, dtype="int64")
