@@ -17,6 +17,7 @@ import numpy as np
 from kiln.errors import IRError
 from kiln.ir import dtype as dt
 from kiln.ir import graph as g
+from kiln.ir.kernel_errors import KERNEL_ERRORS, op_error_code
 from kiln.ir.tensor import (
     Cast,
     PrimExpr,
@@ -611,11 +612,19 @@ def _reverse_sequence_compute(inputs: Sequence[te.Tensor], attrs: Attrs) -> te.T
         src[t] = select(i[t] < length, te.clamp_index(length - 1 - i[t], n), i[t])
         return x[tuple(src)]
 
-    return te.compute(x.shape, element, x.dtype, "reverse_sequence")
+    def length_ok(k: PrimExpr) -> PrimExpr:
+        length = lens[(k,)]
+        length = length if length.dtype == "int64" else Cast("int64", length)
+        return (length >= 0) & (length <= n)
+
+    check = te.Check(lens.shape, length_ok, op_error_code("reverse_sequence"))
+    return te.compute(x.shape, element, x.dtype, "reverse_sequence", checks=[check])
 
 
 def _reverse_sequence_ref(x: np.ndarray, lens: np.ndarray, **attrs: Any) -> np.ndarray:
     b, t = int(attrs.get("batch_axis", 1)), int(attrs.get("time_axis", 0))
+    if lens.size and (int(lens.min()) < 0 or int(lens.max()) > x.shape[t]):
+        raise IRError(KERNEL_ERRORS[op_error_code("reverse_sequence")])
     out = x.copy()
     for k, length in enumerate(lens):
         sel: list[Any] = [slice(None)] * x.ndim

@@ -46,6 +46,7 @@ from kiln.codegen.naming import C_TYPES, consts_symbol, kernel_symbol
 from kiln.errors import IRError
 from kiln.ir import dtype as dt
 from kiln.ir.tensor import (
+    CHECK_INTRINSIC,
     Allocate,
     AllocConst,
     BinaryOp,
@@ -57,6 +58,7 @@ from kiln.ir.tensor import (
     Evaluate,
     For,
     IfThenElse,
+    Intrin,
     LetStmt,
     PrimExpr,
     PrimFunc,
@@ -412,6 +414,9 @@ class KernelPrinter:
         return buf.numel()
 
     def evaluate(self, s: Evaluate) -> None:
+        if isinstance(s.value, Intrin) and s.value.name == CHECK_INTRINSIC:
+            self.check(s.value)
+            return
         if isinstance(s.value, CallExtern):
             self.p.line(f"{self.exprs.call_extern(s.value, discard=True).text};")
             return
@@ -419,6 +424,17 @@ class KernelPrinter:
         if has_side_effects(s.value):
             self.p.line(f"(void){operand(value)};")
         # A pure expression evaluated for nothing prints nothing.
+
+    def check(self, e: Intrin) -> None:
+        """The `check` intrinsic: leave the kernel with its error code if `cond` is false."""
+        cond, code = e.args
+        assert isinstance(code, Const)
+        with self.p.block(f"if (!({self.condition(cond)}))"):
+            if self.status is None:  # no heap workspace to free
+                self.p.line(f"return {int(code.value)}; /* failed check */")
+            else:
+                self.p.line(f"{self.status} = {int(code.value)}; /* failed check */")
+                self.check_status()
 
     def call_func(self, s: CallFunc) -> None:
         ctx = self.ctx
