@@ -13,6 +13,7 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+import kiln
 from kiln.errors import FrontendError
 from kiln.frontend import from_onnx
 from kiln.ir import evaluate
@@ -274,6 +275,7 @@ def test_bad_max_fold_bytes_is_rejected() -> None:
 
 
 _BROADCAST_GRAPH = """
+import kiln
 import numpy as np
 from kiln.ir import graph as g
 from kiln.ir.builder import IRBuilder
@@ -302,3 +304,35 @@ def test_fold_constants_pass_decides_on_the_type_before_evaluating() -> None:
     scope: dict = {}
     exec(_BROADCAST_GRAPH, scope)
     assert scope["folded_ops"]((4, 4)) == ["add"]
+
+
+def test_a_tiny_model_does_not_compile_into_huge_artifacts() -> None:
+    # 115 bytes of ONNX asking for a 64 MiB constant: folding it would put it in the
+    # artifacts; kept as an operator, the kernel fills the output at run time.
+    model = _const_of_shape([4096, 4096], value=1.5)
+    model.graph.node.pop()  # no Add: the ConstantOfShape is the output
+    model.graph.output[0].name = "c"
+    del model.graph.input[:]
+    assert len(model.SerializeToString()) < 200
+    ex = kiln.compile(from_onnx(model), "c")
+    assert sum(a.size or 0 for a in ex.artifacts) < 1 << 20
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    np.testing.assert_array_equal(ex["main"](), sess.run(None, {})[0])
+
+
+@pytest.mark.parametrize("scales", [[1.0, 1.0, 1e9, 1e9], [1.0, 1.0, float("inf"), 1.0],
+                                    [1.0, 1.0, float("nan"), 1.0]])
+def test_resize_with_absurd_scales_fails_at_import_naming_the_node(scales) -> None:
+    inits = [numpy_helper.from_array(np.array(scales, np.float32), "scales")]
+    node = helper.make_node("Resize", ["x", "", "scales"], ["y"], name="up")
+    model = _model([node], [_vi("x", [1, 1, 2, 2])], [_vi("y", None)], inits)
+    proc = _run_isolated(f"""
+        from kiln.errors import FrontendError
+        from kiln.frontend import from_onnx
+        try:
+            from_onnx({model.SerializeToString()!r})
+        except FrontendError as exc:
+            print("FrontendError:", exc)
+    """)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("FrontendError: node 'up' (Resize): "), proc.stdout
