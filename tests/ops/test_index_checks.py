@@ -21,7 +21,16 @@ from kiln.frontend import from_onnx
 from kiln.ir import evaluate, verify
 from kiln.ir.kernel_errors import op_error_code
 from kiln.ir.module import IRModule
-from kiln.ir.tensor import CHECK_INTRINSIC, Buffer, Const, Evaluate, Intrin, PrimFunc
+from kiln.ir.tensor import (
+    CHECK_INTRINSIC,
+    Buffer,
+    Cast,
+    Const,
+    Evaluate,
+    Intrin,
+    PrimFunc,
+    Store,
+)
 
 # kiln's op behind each ONNX node: what the error message names.
 KILN_OP = {"Gather": "gather", "GatherElements": "gather_elements", "GatherND": "gather_nd",
@@ -105,3 +114,10 @@ def test_interpreter_raises_for_a_hand_written_check() -> None:
 def test_verifier_rejects_malformed_checks(cond, code, message) -> None:
     with pytest.raises(IRError, match=message):
         verify(_check_func(cond, code))
+
+
+def test_verifier_rejects_a_check_inside_an_expression() -> None:
+    check = Intrin(CHECK_INTRINSIC, (X_BELOW_3, Const(2, "int32")))
+    body = Store(X, Cast("int32", check), (Const(0, "int64"),))
+    with pytest.raises(IRError, match="'check' is valid only as the value of an Evaluate"):
+        verify(IRModule({"f": PrimFunc((X,), body)}))

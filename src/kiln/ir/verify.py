@@ -469,11 +469,18 @@ class _PrimFuncVerifier(StmtExprVisitor):
         for i in e.indices:
             self.visit_expr(i)
 
+    def visit_evaluate(self, s: t.Evaluate) -> None:
+        e = s.value
+        if isinstance(e, t.Intrin) and e.name == t.CHECK_INTRINSIC:
+            self.check_check(e)
+            for a in e.args:
+                self.visit_expr(a)
+            return
+        super().visit_evaluate(s)
+
     def visit_intrin(self, e: t.Intrin) -> None:
         if e.name == t.CHECK_INTRINSIC:
-            self.check_check(e)
-            super().visit_intrin(e)
-            return
+            self.fault("intrinsic 'check' is valid only as the value of an Evaluate", e)
         first = e.args[0].dtype
         if not dt.is_float(first) and not (e.name in _INT_INTRINSICS and dt.is_int(first)):
             need = "a float or integer" if e.name in _INT_INTRINSICS else "a float"
