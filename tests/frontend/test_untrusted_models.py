@@ -94,6 +94,22 @@ def test_graphs_onnxruntime_rejects_raise_naming_the_value(make, message) -> Non
         from_onnx(model)
 
 
+def test_a_cycle_is_rejected_naming_the_value_read_before_it_is_written() -> None:
+    nodes = [helper.make_node("Relu", ["b"], ["a"], name="first"),
+             helper.make_node("Add", ["x", "a"], ["b"], name="second")]
+    model = _model(nodes, [_vi("x", [2])], [_vi("b", [2])])
+    _ort_rejects(model)
+    with pytest.raises(FrontendError, match=r"node 'first' \(Relu\): input 'b' is not defined "
+                                            r"before use"):
+        from_onnx(model)
+
+
+def test_an_input_with_an_empty_name_is_rejected() -> None:
+    model = _model([helper.make_node("Relu", [""], ["y"])], [_vi("", [2])], [_vi("y", [2])])
+    with pytest.raises(FrontendError, match=r"graph input #0 has an empty name"):
+        from_onnx(model)
+
+
 def test_negative_input_dimension_is_a_frontend_error_naming_the_input() -> None:
     # onnxruntime reads dim_value -1 as an unknown dimension; kiln needs static shapes.
     with pytest.raises(FrontendError, match=r"input 'x' has a negative dimension -1 in shape "

@@ -65,10 +65,14 @@ def check_graph(graph: Any, *, in_memory: bool) -> None:
     have no directory to be found in.
     """
     inputs = [_text(i.name) for i in graph.input]
+    inits = [_text(t.name) for t in graph.initializer]
+    for kind, names in (("input", inputs), ("initializer", inits)):
+        if "" in names:
+            raise FrontendError(f"graph {kind} #{names.index('')} has an empty name (an empty "
+                                "name marks an omitted optional input in ONNX)")
     dup = _duplicates(inputs)
     if dup:
         raise FrontendError(f"the graph declares input(s) {_shown(dup)} more than once")
-    inits = [_text(t.name) for t in graph.initializer]
     dup = _duplicates(inits)
     if dup:
         raise FrontendError(f"the graph has several initializers named {_shown(dup)}")
