@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from kiln.errors import IRError
 from kiln.ir import dtype as dt
 from kiln.ir import graph as g
 from kiln.ir.module import IRModule
@@ -146,7 +147,10 @@ class FoldConstants(FunctionPass):
 
     def _within_budget(self, call: g.Call) -> bool:
         # Decided on the call's type: evaluating first would already allocate the value.
-        numel = _type_numel(call.type)
+        try:
+            numel = _type_numel(call.type)
+        except IRError:  # a symbolic shape: not a constant's
+            return False
         if numel > max(self.always_fold, self.max_growth * sum(_numel(a) for a in call.args)):
             return False
         nbytes = type_bytes(call.type)
