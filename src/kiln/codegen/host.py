@@ -46,6 +46,7 @@ from kiln.codegen.naming import (
 )
 from kiln.errors import CompileError
 from kiln.ir import dtype as dt
+from kiln.ir.kernel_errors import ERROR_OUT_OF_MEMORY, KERNEL_ERRORS
 from kiln.ir.module import IRModule
 from kiln.ir.tensor import Buffer, PrimFunc
 from kiln.transform.outline import has_parallel_loops
@@ -580,12 +581,18 @@ static int32_t @kernel_failed(const char* fn, int32_t status, long long workspac
     @fail("%s: out of memory allocating a workspace of %lld bytes", fn, workspace_bytes);
   } else if (status == 1) {
     @fail("%s: out of memory allocating a workspace", fn);
-  } else {
+__CHECK_MESSAGES__  } else {
     @fail("%s: kernel failed with status %d", fn, (int)status);
   }
   return status;
 }""",
 }
+
+# Failed `check` intrinsics (kiln.ir.kernel_errors): the message names the operator.
+_CHECKS["kernel_failed"] = _CHECKS["kernel_failed"].replace("__CHECK_MESSAGES__", "".join(
+    f"  }} else if (status == {code}) {{\n    @fail(\"%s: %s\", fn, "
+    f"{c_string_literal(message)});\n"
+    for code, message in KERNEL_ERRORS.items() if code != ERROR_OUT_OF_MEMORY))
 
 
 def _static_shape(fn_name: str, buf: Buffer) -> list[int]:

@@ -5,19 +5,19 @@ from __future__ import annotations
 from typing import Any
 
 
-def from_onnx(model: Any, shape_dict: dict[str, Any] | None = None) -> Any:
-    """Import an ONNX model (path, bytes or ModelProto); see kiln.frontend.onnx."""
+def from_onnx(model: Any, shape_dict: dict[str, Any] | None = None, **options: Any) -> Any:
+    """Import an ONNX model (path, bytes or ModelProto); see kiln.frontend.onnx
+    (`options`: `max_fold_bytes`, the constant-folding budget)."""
     from kiln.errors import missing_dependency
 
     try:
         from kiln.frontend.onnx import from_onnx as _from_onnx
-
-        return _from_onnx(model, shape_dict)
     except ImportError as exc:  # onnx (or protobuf) absent: say which package to install
         missing = missing_dependency(exc, "importing an ONNX model")
         if missing is None:
             raise
         raise missing from exc
+    return _from_onnx(model, shape_dict, **options)
 
 
 __all__ = ["from_onnx"]

@@ -559,7 +559,13 @@ class _Compiler:
         fn = "_F64" if dst == "float64" else "_F32"
         return _V(f"{fn}({v.code})", depth=depth)
 
+    def check(self, e: t.Intrin) -> _V:
+        cond, code = (self.expr(a) for a in e.args)
+        return _V(f"_check({cond.code}, {code.code})", depth=max(cond.depth, code.depth) + 1)
+
     def intrin(self, e: t.Intrin) -> _V:
+        if e.name == t.CHECK_INTRINSIC:
+            return self.check(e)
         args = [self.expr(a) for a in e.args]
         codes = ", ".join(a.code for a in args)
         depth = max(a.depth for a in args) + 1

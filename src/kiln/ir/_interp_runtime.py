@@ -161,8 +161,17 @@ _EXACT_UFUNCS: dict[str, Callable[..., Any]] = {
 }
 
 
+def _check(ok: Any, code: int) -> None:
+    """The `check` intrinsic: fail the kernel with error `code` unless `ok`."""
+    if not ok:
+        from kiln.ir.kernel_errors import error_message
+
+        raise _Fault(error_message(code))
+
+
 def _base_namespace() -> dict[str, Any]:
     ns: dict[str, Any] = {
+        "_check": _check,
         "_Fault": _Fault, "_tdiv": _tdiv, "_tmod": _tmod, "_ipow": _ipow, "_shl": _shl,
         "_shr": _shr, "_sel": _sel, "_f2i": _f2i, "_ffloordiv": _ffloordiv,
         "_ffloormod": _ffloormod, "_round16": _round16, "_round_bf16": _round_bf16,

@@ -204,6 +204,10 @@ class Load(PrimExpr):
         return self.buffer.dtype
 
 
+# `Evaluate(Intrin("check", (cond, code)))`: the kernel fails with error `code`
+# (an int32 Const of kiln.ir.kernel_errors) when the bool `cond` is false; the one
+# intrinsic with an effect, valid only as the value of an Evaluate (docs/ir.md).
+CHECK_INTRINSIC = "check"
 # Math intrinsics: name -> number of arguments. Result dtype is the first argument's.
 INTRINSICS: dict[str, int] = {
     "exp": 1, "exp2": 1, "expm1": 1, "log": 1, "log2": 1, "log1p": 1, "sqrt": 1, "rsqrt": 1,
@@ -211,6 +215,7 @@ INTRINSICS: dict[str, int] = {
     "atan": 1, "asinh": 1, "acosh": 1, "atanh": 1, "erf": 1, "sigmoid": 1, "abs": 1,
     "floor": 1, "ceil": 1, "round": 1, "trunc": 1, "isnan": 1, "isinf": 1,
     "pow": 2, "atan2": 2, "fmod": 2,
+    CHECK_INTRINSIC: 2,
 }
 # Intrinsics whose result is bool whatever the argument's dtype.
 BOOL_INTRINSICS = frozenset({"isnan", "isinf"})

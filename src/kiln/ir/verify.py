@@ -478,13 +478,35 @@ class _PrimFuncVerifier(StmtExprVisitor):
                        f"{e.false_value.dtype})", e)
         super().visit_select(e)
 
+    def check_check(self, e: t.Intrin) -> None:
+        from kiln.ir.kernel_errors import KERNEL_ERRORS
+
+        cond, code = e.args
+        if cond.dtype != "bool":
+            self.fault(f"intrinsic 'check' needs a bool condition, got {cond.dtype}", e)
+        if not (isinstance(code, t.Const) and code.dtype == "int32"
+                and int(code.value) in KERNEL_ERRORS and int(code.value) > 1):
+            self.fault(f"intrinsic 'check' needs an int32 constant error code of "
+                       f"kiln.ir.kernel_errors, got {code}", e)
+
     def visit_load(self, e: t.Load) -> None:
         self.check_use(e.buffer, at=e)
         self.check_indices(e.buffer, e.indices, e, "Load")
         for i in e.indices:
             self.visit_expr(i)
 
+    def visit_evaluate(self, s: t.Evaluate) -> None:
+        e = s.value
+        if isinstance(e, t.Intrin) and e.name == t.CHECK_INTRINSIC:
+            self.check_check(e)
+            for a in e.args:
+                self.visit_expr(a)
+            return
+        super().visit_evaluate(s)
+
     def visit_intrin(self, e: t.Intrin) -> None:
+        if e.name == t.CHECK_INTRINSIC:
+            self.fault("intrinsic 'check' is valid only as the value of an Evaluate", e)
         first = e.args[0].dtype
         if not dt.is_float(first) and not (e.name in _INT_INTRINSICS and dt.is_int(first)):
             need = "a float or integer" if e.name in _INT_INTRINSICS else "a float"

@@ -281,6 +281,10 @@ def _static(ctx: GraphContext, expr: g.Expr | None, what: str) -> np.ndarray | N
     return value if value.size else None
 
 
+# Bytes of coordinate tables per output position of one axis (an estimate: 4 taps).
+_TABLE_BYTES = 64
+
+
 def resize_call(ctx: GraphContext, x: g.Expr, *, scales: Sequence[float] | None,
                 sizes: Sequence[int] | None, roi: Sequence[float] | None,
                 axes: Sequence[int] | None, policy: str, **attrs: Any) -> g.Expr:
@@ -322,6 +326,12 @@ def resize_call(ctx: GraphContext, x: g.Expr, *, scales: Sequence[float] | None,
         for n, a in enumerate(axes):
             full_roi[a] = float(roi[n])
             full_roi[a + rank] = float(roi[n + len(axes)])
+    if any(not math.isfinite(s) for s in full_scales) or any(d < 0 for d in full_sizes):
+        raise IRError(f"Resize to shape {tuple(full_sizes)} with scales {tuple(full_scales)} "
+                      "is impossible")
+    # The kernel's per-axis coordinate tables (an index and a weight per tap) are
+    # computed at compile time: bound them like a folded constant.
+    ctx.check_materialize(_TABLE_BYTES * sum(full_sizes), f"Resize to shape {tuple(full_sizes)}")
     return ctx.call("resize", x, sizes=tuple(full_sizes), scales=tuple(full_scales),
                     roi=None if full_roi is None else tuple(full_roi), **attrs)
 

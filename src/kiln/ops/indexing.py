@@ -11,6 +11,7 @@ import numpy as np
 from kiln.errors import IRError
 from kiln.ir import dtype as dt
 from kiln.ir import graph as g
+from kiln.ir.kernel_errors import KERNEL_ERRORS, op_error_code
 from kiln.ir.tensor import (
     Cast,
     PrimExpr,
@@ -26,6 +27,33 @@ from kiln.ops.reduce import norm_axes
 from kiln.ops.registry import register_op
 
 Attrs = Mapping[str, Any]
+
+
+# ------------------------------------------------------- index range checks
+# ONNX indexing ops reject indices outside [-n, n) (onnxruntime: "indices element
+# out of data bounds"); kernels verify them before computing (te.Check) and the
+# numpy references raise the same message. The kernels still clamp, so memory
+# stays safe whatever the order of evaluation.
+
+def _as_int64(k: PrimExpr) -> PrimExpr:
+    return k if k.dtype == "int64" else Cast("int64", k)
+
+
+def index_check(op: str, ind: te.Tensor, extent: int, component: int | None = None
+                ) -> te.Check:
+    """Every index of `ind` (or its last-axis `component`) is in [-extent, extent)."""
+    def ok(*j: PrimExpr) -> PrimExpr:
+        k = _as_int64(ind[j if component is None else (*j, as_expr(component))])
+        return (k >= -extent) & (k < extent)
+
+    shape = ind.shape if component is None else ind.shape[:-1]
+    return te.Check(shape, ok, op_error_code(op))
+
+
+def check_indices(op: str, idx: np.ndarray, extent: int) -> None:
+    """The reference's version of `index_check`: IRError with the kernel's message."""
+    if idx.size and (int(idx.min()) < -extent or int(idx.max()) >= extent):
+        raise IRError(KERNEL_ERRORS[op_error_code(op)])
 
 
 # --------------------------------------------------------------------- gather
@@ -52,11 +80,17 @@ def _gather_compute(inputs: Sequence[te.Tensor], attrs: Attrs) -> te.Tensor:
         src = (*i[:axis], te.clamp_index(k, n), *i[axis + ind.ndim:])
         return x[src]
 
-    return te.compute(out.shape, element, x.dtype, "gather")  # type: ignore[arg-type]
+    return te.compute(out.shape, element, x.dtype, "gather",  # type: ignore[arg-type]
+                      checks=[index_check("gather", ind, n)])
+
+
+def _gather_ref(x: np.ndarray, idx: np.ndarray, axis: int = 0, **attrs: Any) -> np.ndarray:
+    check_indices("gather", idx, x.shape[axis])
+    return np.take(x, idx, axis=axis)
 
 
 register_op("gather", pattern="injective", infer=_gather_infer, compute=_gather_compute,
-            reference=lambda x, i, axis=0, **a: np.take(x, i, axis=axis))
+            reference=_gather_ref)
 
 
 @onnx_op("Gather")
@@ -89,11 +123,13 @@ def _gather_elements_compute(inputs: Sequence[te.Tensor], attrs: Attrs) -> te.Te
         k = select(k < 0, k + n, k)
         return x[tuple(te.clamp_index(k, n) if d == axis else i[d] for d in range(x.ndim))]
 
-    return te.compute(ind.shape, element, x.dtype, "gather_elements")
+    return te.compute(ind.shape, element, x.dtype, "gather_elements",
+                      checks=[index_check("gather_elements", ind, n)])
 
 
 def _gather_elements_ref(x: np.ndarray, idx: np.ndarray, **attrs: Any) -> np.ndarray:
     (axis,) = norm_axes(attrs.get("axis", 0), x.ndim)
+    check_indices("gather_elements", idx, x.shape[axis])
     idx = np.where(idx < 0, idx + x.shape[axis], idx)
     return np.take_along_axis(x, idx.astype(np.int64), axis=axis)
 
@@ -148,13 +184,16 @@ def _gather_nd_compute(inputs: Sequence[te.Tensor], attrs: Attrs) -> te.Tensor:
         picked = [_index(ind, (*i[:lead], as_expr(t)), x.shape[batch + t]) for t in range(r)]
         return x[(*i[:batch], *picked, *i[lead:])]
 
-    return te.compute(shape, element, x.dtype, "gather_nd")
+    checks = [index_check("gather_nd", ind, x.shape[batch + t], t) for t in range(r)]
+    return te.compute(shape, element, x.dtype, "gather_nd", checks=checks)
 
 
 def _gather_nd_ref(x: np.ndarray, idx: np.ndarray, **attrs: Any) -> np.ndarray:
     batch = int(attrs.get("batch_dims", 0))
     shape = _gather_nd_shape(x.shape, idx.shape, batch)
     r = idx.shape[-1]
+    for t in range(r):
+        check_indices("gather_nd", idx[..., t], x.shape[batch + t])
     out = np.empty(shape, dtype=x.dtype)
     for pos in np.ndindex(*idx.shape[:-1]):
         key = tuple(int(v) for v in idx[pos])
@@ -254,7 +293,8 @@ def _scatter_elements_compute(inputs: Sequence[te.Tensor], attrs: Attrs) -> te.T
 
         return _scatter_combine(red, x[i], matches)
 
-    return te.compute(x.shape, element, x.dtype, "scatter_elements")
+    return te.compute(x.shape, element, x.dtype, "scatter_elements",
+                      checks=[index_check("scatter_elements", ind, n)])
 
 
 _NP_REDUCE = {"add": np.add, "mul": np.multiply, "max": np.maximum, "min": np.minimum}
@@ -264,6 +304,7 @@ def _scatter_elements_ref(x: np.ndarray, idx: np.ndarray, upd: np.ndarray,
                           **attrs: Any) -> np.ndarray:
     (axis,) = norm_axes(attrs.get("axis", 0), x.ndim)
     red = _scatter_check(attrs)
+    check_indices("scatter_elements", idx, x.shape[axis])
     out = x.copy()
     for pos in np.ndindex(*idx.shape):
         k = int(idx[pos])
@@ -331,11 +372,14 @@ def _scatter_nd_compute(inputs: Sequence[te.Tensor], attrs: Attrs) -> te.Tensor:
 
         return _scatter_combine(red, x[i], matches)
 
-    return te.compute(x.shape, element, x.dtype, "scatter_nd")
+    checks = [index_check("scatter_nd", ind, x.shape[t], t) for t in range(r)]
+    return te.compute(x.shape, element, x.dtype, "scatter_nd", checks=checks)
 
 
 def _scatter_nd_ref(x: np.ndarray, idx: np.ndarray, upd: np.ndarray, **attrs: Any) -> np.ndarray:
     red = _scatter_check(attrs)
+    for t in range(idx.shape[-1] if idx.ndim else 0):
+        check_indices("scatter_nd", idx[..., t], x.shape[t])
     out = x.copy()
     for pos in np.ndindex(*idx.shape[:-1]):
         key = tuple(int(k) + x.shape[t] if int(k) < 0 else int(k) for t, k in enumerate(idx[pos]))
@@ -363,6 +407,9 @@ def _one_hot_onnx(ctx: GraphContext, inputs: Sequence[g.Expr | None],
     indices, values = first_input(inputs), inputs[2]
     assert values is not None
     depth = int(need_constant(ctx, inputs[1], "OneHot depth").reshape(-1)[0])
+    if depth < 1:
+        raise IRError(f"OneHot depth must be positive, got {depth}")
+    ctx.check_materialize(depth * 8, f"OneHot depth {depth}")
     it = ctx.tensor_type(indices)
     axis = norm_axes(int(attrs.get("axis", -1)), it.ndim + 1)[0]
     idx = indices if it.dtype == "int64" else ctx.call("cast", indices, dtype="int64")

@@ -8,6 +8,7 @@ Indexing ops live in `indexing.py`; cast, where, clip, comparisons and logic in
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -16,6 +17,7 @@ import numpy as np
 from kiln.errors import IRError
 from kiln.ir import dtype as dt
 from kiln.ir import graph as g
+from kiln.ir.kernel_errors import KERNEL_ERRORS, op_error_code
 from kiln.ir.tensor import (
     Cast,
     PrimExpr,
@@ -610,11 +612,19 @@ def _reverse_sequence_compute(inputs: Sequence[te.Tensor], attrs: Attrs) -> te.T
         src[t] = select(i[t] < length, te.clamp_index(length - 1 - i[t], n), i[t])
         return x[tuple(src)]
 
-    return te.compute(x.shape, element, x.dtype, "reverse_sequence")
+    def length_ok(k: PrimExpr) -> PrimExpr:
+        length = lens[(k,)]
+        length = length if length.dtype == "int64" else Cast("int64", length)
+        return (length >= 0) & (length <= n)
+
+    check = te.Check(lens.shape, length_ok, op_error_code("reverse_sequence"))
+    return te.compute(x.shape, element, x.dtype, "reverse_sequence", checks=[check])
 
 
 def _reverse_sequence_ref(x: np.ndarray, lens: np.ndarray, **attrs: Any) -> np.ndarray:
     b, t = int(attrs.get("batch_axis", 1)), int(attrs.get("time_axis", 0))
+    if lens.size and (int(lens.min()) < 0 or int(lens.max()) > x.shape[t]):
+        raise IRError(KERNEL_ERRORS[op_error_code("reverse_sequence")])
     out = x.copy()
     for k, length in enumerate(lens):
         sel: list[Any] = [slice(None)] * x.ndim
@@ -658,8 +668,10 @@ def _dropout_onnx(ctx: GraphContext, inputs: Sequence[g.Expr | None],
         ratio = float(need_constant(ctx, inputs[1], "Dropout ratio").reshape(-1)[0])
     if training and ratio > 0:
         raise IRError("training-mode Dropout is random; kiln compiles inference graphs")
-    # Inference: the identity, and an all-true mask.
-    return [x, ctx.const(np.ones(ctx.tensor_type(x).static_shape, dtype=bool))]
+    # Inference: the identity, and an all-true mask (folded only within the budget).
+    mask = ctx.call("broadcast_to", ctx.const(np.array(True)),
+                    shape=ctx.tensor_type(x).static_shape)
+    return [x, mask]
 
 
 @onnx_op("Shape")
@@ -695,14 +707,27 @@ def _const_of_shape_onnx(ctx: GraphContext, inputs: Sequence[g.Expr | None],
     shape_v = need_constant(ctx, inputs[0], "ConstantOfShape shape")
     shape = tuple(int(d) for d in shape_v.reshape(-1))
     value = np.asarray(attrs.get("value", np.zeros(1, np.float32))).reshape(-1)
-    return [ctx.const(np.full(shape, value[0], dtype=value.dtype))]
+    if value.size != 1:
+        raise IRError(f"ConstantOfShape value must hold one element, got {value.size}")
+    if any(d < 0 for d in shape):
+        raise IRError(f"ConstantOfShape shape {shape} has a negative dimension")
+    # A broadcast: folded when it fits the fold budget, else filled at run time.
+    return [ctx.call("broadcast_to", ctx.const(value.reshape(())), shape=shape)]
 
 
 @onnx_op("Range")
 def _range_onnx(ctx: GraphContext, inputs: Sequence[g.Expr | None],
                 attrs: dict[str, Any]) -> list[g.Expr]:
     start, limit, delta = (need_constant(ctx, x, "Range bounds") for x in inputs[:3])
-    return [ctx.const(np.arange(start.item(), limit.item(), delta.item(), dtype=start.dtype))]
+    a, b, d = (v.reshape(-1)[0].item() if v.size == 1 else None for v in (start, limit, delta))
+    if a is None or b is None or d is None:
+        raise IRError("Range start, limit and delta must be scalars")
+    if d == 0 or not all(math.isfinite(v) for v in (a, b, d)):
+        raise IRError(f"Range({a}, {b}, {d}): delta must be non-zero and the bounds finite")
+    exact = all(isinstance(v, int) for v in (a, b, d))
+    count = max(-((a - b) // d) if exact else math.ceil((b - a) / d), 0)
+    ctx.check_materialize(count * start.dtype.itemsize, f"Range({a}, {b}, {d})")
+    return [ctx.const(np.arange(a, b, d, dtype=start.dtype))]
 
 
 @onnx_op("EyeLike")
@@ -716,5 +741,8 @@ def _eye_like_onnx(ctx: GraphContext, inputs: Sequence[g.Expr | None],
     dtype = t.dtype if "dtype" not in attrs else dt.from_numpy(
         helper.tensor_dtype_to_np_dtype(int(attrs["dtype"])))
     rows, cols = t.static_shape
-    eye = np.eye(rows, cols, k=int(attrs.get("k", 0)), dtype=dt.to_numpy(dtype))
-    return [ctx.const(eye)]
+    k = int(attrs.get("k", 0))
+    # (i + k == j) from a column and a row of indices: folded within the budget.
+    col = ctx.const(np.arange(rows, dtype=np.int64).reshape(rows, 1) + k)
+    row = ctx.const(np.arange(cols, dtype=np.int64).reshape(1, cols))
+    return [ctx.call("cast", ctx.call("equal", col, row), dtype=dtype)]

@@ -47,6 +47,14 @@ class GraphContext(Protocol):
         """Element `index` of a tuple-valued expression."""
         ...
 
+    def why_unknown(self, expr: g.Expr | None) -> str:
+        """Why `expr` has no compile-time value when the fold budget is the reason, else ""."""
+        ...
+
+    def check_materialize(self, nbytes: int, what: str) -> None:
+        """IRError naming `what` if a constant of `nbytes` exceeds the fold budget."""
+        ...
+
 
 Converter = Callable[[GraphContext, Sequence["g.Expr | None"], dict[str, Any]], Sequence[g.Expr]]
 
@@ -91,5 +99,7 @@ def need_constant(ctx: GraphContext, expr: g.Expr | None, what: str) -> np.ndarr
     """The compile-time value of input `expr` (`what` names it in the error)."""
     value = ctx.value(expr)
     if value is None:
-        raise IRError(f"{what} must be a compile-time constant (kiln needs static shapes)")
+        reason = ctx.why_unknown(expr)
+        raise IRError(f"{what} must be a compile-time constant (kiln needs static shapes)"
+                      + (f"; {reason}" if reason else ""))
     return value

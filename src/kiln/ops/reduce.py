@@ -627,6 +627,8 @@ def _hardmax_onnx(ctx: GraphContext, inputs: Sequence[g.Expr | None],
     idx = ctx.call("argmax", flat, axis=axis, keepdims=True)
     iota_shape = [1] * ft.ndim
     iota_shape[axis] = ft.static_shape[axis]
+    ctx.check_materialize(8 * ft.static_shape[axis], f"Hardmax over an axis of "
+                          f"{ft.static_shape[axis]}")
     iota = ctx.const(np.arange(ft.static_shape[axis], dtype=np.int64).reshape(iota_shape))
     y = ctx.call("cast", ctx.call("equal", iota, idx), dtype=t.dtype)
     if ctx.tensor_type(y).static_shape != ft.static_shape:

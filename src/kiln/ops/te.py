@@ -11,6 +11,11 @@ An operator's computation is written as index lambdas over `Tensor`s:
 their producer); a tensor created with `materialize=True` is computed once into
 a temporary buffer. `reduce(...)` inside a lambda emits an accumulator loop at
 the point of use and evaluates to the accumulated value.
+
+A computed tensor may carry `checks`: conditions on data (e.g. every index
+read from an input is in range) that the kernel verifies in a serial loop nest
+before the tensor is first computed, failing with the check's error code
+(kiln.ir.kernel_errors) through the `check` intrinsic.
 """
 
 from __future__ import annotations
@@ -26,12 +31,15 @@ from kiln.errors import IRError
 from kiln.ir import dtype as dt
 from kiln.ir.dtype import INDEX_DTYPE
 from kiln.ir.tensor import (
+    CHECK_INTRINSIC,
     Allocate,
     AllocConst,
     Buffer,
     Const,
+    Evaluate,
     ExprLike,
     For,
+    Intrin,
     PrimExpr,
     PrimFunc,
     Stmt,
@@ -47,6 +55,15 @@ from kiln.ir.tensor import (
 FCompute = Callable[..., PrimExpr]
 
 
+@dataclass(frozen=True)
+class Check:
+    """`fcond(*i)` must hold for every `i` in `shape`, else the kernel fails with `code`."""
+
+    shape: tuple[int, ...]
+    fcond: FCompute
+    code: int
+
+
 @dataclass(eq=False)
 class Tensor:
     """A tensor value inside an operator definition: an input or a computed tensor."""
@@ -57,6 +74,7 @@ class Tensor:
     fcompute: FCompute | None = None     # None: a placeholder (an input) or a constant
     materialize: bool = False
     data: np.ndarray | None = None       # a constant table (see `const_tensor`)
+    checks: tuple[Check, ...] = ()       # verified before the tensor is computed
 
     @property
     def ndim(self) -> int:
@@ -78,10 +96,11 @@ def placeholder(shape: Sequence[int], dtype: str, name: str = "x") -> Tensor:
 
 
 def compute(shape: Sequence[int], fcompute: FCompute, dtype: str, name: str = "t", *,
-            materialize: bool = False) -> Tensor:
-    """A tensor whose element at `i` is `fcompute(*i)`."""
+            materialize: bool = False, checks: Sequence[Check] = ()) -> Tensor:
+    """A tensor whose element at `i` is `fcompute(*i)`, computed after `checks` passed."""
     dt.check_dtype(dtype)
-    return Tensor(tuple(int(d) for d in shape), dtype, name, fcompute, materialize)
+    return Tensor(tuple(int(d) for d in shape), dtype, name, fcompute, materialize,
+                  checks=tuple(checks))
 
 
 def const_tensor(data: np.ndarray, name: str = "table") -> Tensor:
@@ -204,6 +223,7 @@ class _Lowering:
         self.blocks: list[_Block] = [_Block()]
         self.counter = 0
         self.constants: list[tuple[Buffer, np.ndarray]] = []
+        self.checked: set[Tensor] = set()
 
     def access(self, t: Tensor, idx: tuple[PrimExpr, ...]) -> PrimExpr:
         buf = self.buffers.get(t)
@@ -213,6 +233,8 @@ class _Lowering:
             return self.constant(t)[idx]
         if t.fcompute is None:
             raise IRError(f"input tensor {t.name} is not an input of this operator")
+        if t.checks and t not in self.checked:
+            self.in_outer_block(lambda: self.emit_checks(t))
         if t.materialize:
             return self.materialize(t)[idx]
         return as_expr(t.fcompute(*idx), t.dtype)
@@ -231,14 +253,30 @@ class _Lowering:
         self.counter += 1
         buf = Buffer(f"{t.name}_{self.counter}", t.shape, t.dtype)
         self.buffers[t] = buf
-        outer = self.blocks[0]
-        outer.allocs.append(buf)
-        saved, self.blocks = self.blocks, [outer]
+        self.blocks[0].allocs.append(buf)
+        self.in_outer_block(lambda: self.store_all(t, buf))
+        return buf
+
+    def in_outer_block(self, emit: Callable[[], None]) -> None:
+        """Run `emit` with statements going before the statement being built."""
+        saved, self.blocks = self.blocks, [self.blocks[0]]
         try:
-            self.store_all(t, buf)
+            emit()
         finally:
             self.blocks = saved
-        return buf
+
+    def emit_checks(self, t: Tensor) -> None:
+        """The serial loop nests verifying `t.checks` (once per tensor)."""
+        self.checked.add(t)
+        for check in t.checks:
+            def body(i: tuple[Var, ...], check: Check = check) -> None:
+                ok = as_expr(check.fcond(*i), "bool")
+                self.emit(Evaluate(Intrin(CHECK_INTRINSIC, (ok, Const(check.code, "int32")))))
+
+            if check.shape == ():
+                body(())
+            else:
+                self.loop_nest(check.shape, "c", body)
 
     def emit(self, stmt: Stmt) -> None:
         self.blocks[-1].stmts.append(stmt)
@@ -272,6 +310,8 @@ class _Lowering:
 
     def store_all(self, t: Tensor, buf: Buffer) -> None:
         assert t.fcompute is not None
+        if t.checks and t not in self.checked:
+            self.emit_checks(t)
 
         def body(i: tuple[Var, ...]) -> None:
             value = as_expr(t.fcompute(*i), t.dtype)  # type: ignore[misc]

@@ -44,6 +44,7 @@ from kiln.ir import dtype as dt
 from kiln.ir.attrs import ATTR_GRAPH
 from kiln.ir.module import IRModule
 from kiln.ir.tensor import (
+    CHECK_INTRINSIC,
     Allocate,
     AllocConst,
     BinaryOp,
@@ -354,6 +355,8 @@ def loop_is_parallelizable(loop: For, storage: Storage) -> bool:
                     accesses.append(_Access(node.buffer, node.indices, False))
                 elif isinstance(node, CallExtern) and not _pure_extern(node):
                     return False
+                elif isinstance(node, Intrin) and node.name == CHECK_INTRINSIC:
+                    return False  # a failing check returns from the kernel: serial only
     shared = [a for a in accesses if a.buffer not in private]
     written = {a.buffer for a in shared if a.store}
     for buf in written:

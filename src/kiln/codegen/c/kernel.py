@@ -40,6 +40,7 @@ from kiln.errors import IRError
 from kiln.ir import dtype as dt
 from kiln.ir.attrs import ATTR_PARALLEL_OF, ATTR_PARALLEL_VAR
 from kiln.ir.tensor import (
+    CHECK_INTRINSIC,
     Allocate,
     AllocConst,
     BinaryOp,
@@ -51,6 +52,7 @@ from kiln.ir.tensor import (
     Evaluate,
     For,
     IfThenElse,
+    Intrin,
     LetStmt,
     PrimExpr,
     PrimFunc,
@@ -408,6 +410,9 @@ class KernelPrinter:
         return buf.numel()
 
     def evaluate(self, s: Evaluate) -> None:
+        if isinstance(s.value, Intrin) and s.value.name == CHECK_INTRINSIC:
+            self.check(s.value)
+            return
         if isinstance(s.value, CallExtern):
             self.p.line(f"{self.exprs.call_extern(s.value, discard=True).text};")
             return
@@ -415,6 +420,17 @@ class KernelPrinter:
         if has_side_effects(s.value):
             self.p.line(f"(void){operand(value)};")
         # A pure expression evaluated for nothing prints nothing.
+
+    def check(self, e: Intrin) -> None:
+        """The `check` intrinsic: leave the kernel with its error code if `cond` is false."""
+        cond, code = e.args
+        assert isinstance(code, Const)
+        with self.p.block(f"if (!({self.condition(cond)}))"):
+            if self.status is None:  # no heap workspace to free
+                self.p.line(f"return {int(code.value)}; /* failed check */")
+            else:
+                self.p.line(f"{self.status} = {int(code.value)}; /* failed check */")
+                self.check_status()
 
     def call_func(self, s: CallFunc) -> None:
         ctx = self.ctx

@@ -41,8 +41,10 @@ from kiln.codegen.llvm.intrinsics import emit_intrinsic
 from kiln.codegen.naming import consts_symbol, kernel_symbol, parallel_for_symbol
 from kiln.errors import CompileError, IRError
 from kiln.ir import dtype as dt
+from kiln.ir.kernel_errors import ERROR_OUT_OF_MEMORY, KERNEL_ERRORS
 from kiln.ir.module import IRModule
 from kiln.ir.tensor import (
+    CHECK_INTRINSIC,
     Allocate,
     AllocConst,
     BinaryOp,
@@ -77,8 +79,7 @@ from kiln.transform.outline import (
 
 # Non-zero kernel results; the host entry (kiln/codegen/host.py) maps them to
 # messages. A failing CallFunc passes its callee's code through unchanged.
-ERROR_OUT_OF_MEMORY = 1
-ERROR_CODES = {ERROR_OUT_OF_MEMORY: "out of memory allocating a workspace"}
+ERROR_CODES = KERNEL_ERRORS
 
 # Alignment of stack buffers (a cache line: lets the vectorizer use aligned access).
 LOCAL_ALIGN = 64
@@ -835,6 +836,12 @@ def _decl_buffer(fl: _FunctionLowering, s: DeclBuffer) -> None:
 
 
 def _evaluate(fl: _FunctionLowering, s: Evaluate) -> None:
+    if isinstance(s.value, Intrin) and s.value.name == CHECK_INTRINSIC:
+        # The `check` intrinsic: return its error code when the condition is false.
+        cond, code = s.value.args
+        assert isinstance(code, Const)
+        fl.return_if(fl.b.not_(fl.as_bool(cond)), ir.Constant(I32, int(code.value)))
+        return
     fl.expr(s.value)
 
 

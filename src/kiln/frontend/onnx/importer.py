@@ -21,6 +21,7 @@ import numpy as np
 
 from kiln._registry import suggest
 from kiln.errors import FrontendError, IRError
+from kiln.frontend.onnx.validate import check_graph, check_shape, itemsize
 from kiln.ir import graph as g
 from kiln.ir.attrs import ATTR_GIVEN_OUTPUT_NAMES
 from kiln.ir.builder import IRBuilder
@@ -29,13 +30,22 @@ from kiln.ir.module import IRModule
 from kiln.ir.types import TensorType, Type
 from kiln.ops import registry as op_registry
 from kiln.ops.onnx_map import converters
+from kiln.transform.fold_constants import DEFAULT_FOLD_BUDGET, type_bytes
 
 SUPPORTED_OPSETS = range(7, 22)
 # Older models are converted to this opset with onnx.version_converter.
 CONVERT_OLD_TO = 13
 
 
-def from_onnx(model: Any, shape_dict: dict[str, Any] | None = None) -> IRModule:
+# Constant folding while importing materialises at most this many bytes per
+# value (beyond what the model's own data grows to, see `_Importer.call`).
+DEFAULT_MAX_FOLD_BYTES = DEFAULT_FOLD_BUDGET
+# A folded value may be this many times larger than the model data it derives from.
+FOLD_GROWTH = 4
+
+
+def from_onnx(model: Any, shape_dict: dict[str, Any] | None = None, *,
+              max_fold_bytes: int = DEFAULT_MAX_FOLD_BYTES) -> IRModule:
     """Import `model` (a path, bytes or onnx.ModelProto) as an IRModule.
 
     `shape_dict` binds input shapes, e.g. `{"input": (1, 3, 224, 224)}`: it is
@@ -44,18 +54,30 @@ def from_onnx(model: Any, shape_dict: dict[str, Any] | None = None) -> IRModule:
     inputs in the model's order, under their ONNX names, and returns the
     outputs in the model's order (attribute `output_names`).
 
+    `max_fold_bytes` bounds constant folding (docs/onnx.md, "Limits"): an
+    operator whose inputs are all constant is evaluated at import only if its
+    value takes at most this many bytes (or at most FOLD_GROWTH times the model
+    data it derives from); otherwise it stays in the graph and runs at run time.
+    Values kiln must know at import (shapes, Range) that exceed it raise.
+
     Raises FrontendError for a missing or malformed file, unsupported
     operators (all of them listed, with node names and counts), bad or missing
-    shapes, and values kiln needs at compile time but cannot compute.
+    shapes, graphs onnxruntime rejects (duplicate names, two producers of one
+    value, impossible shapes), and values kiln needs at compile time but cannot
+    compute.
     """
+    if isinstance(max_fold_bytes, bool) or not isinstance(max_fold_bytes, int) or \
+            max_fold_bytes < 0:
+        raise FrontendError(f"max_fold_bytes must be a non-negative int, got {max_fold_bytes!r}")
     proto = _load(model)
     opset = _default_opset(proto)
     if opset < SUPPORTED_OPSETS.start:
         proto, opset = _upgrade(proto, opset)
     graph = proto.graph
+    check_graph(graph, in_memory=not isinstance(model, (str, os.PathLike)))
     _check_supported(graph, opset)
     _check_shape_dict(graph, shape_dict or {})
-    return _Importer(graph, opset, dict(shape_dict or {})).run()
+    return _Importer(graph, opset, dict(shape_dict or {}), max_fold_bytes).run()
 
 
 def _load(model: Any) -> Any:
@@ -73,6 +95,8 @@ def _load(model: Any) -> Any:
     if not isinstance(model, (str, os.PathLike)):
         raise FrontendError(f"from_onnx expects a path, bytes or onnx.ModelProto, got "
                             f"{type(model).__name__}")
+    from onnx.checker import ValidationError
+
     path = os.fspath(model)
     if not os.path.exists(path):
         raise FrontendError(f"ONNX model file {path!r} does not exist")
@@ -80,6 +104,8 @@ def _load(model: Any) -> Any:
         raise FrontendError(f"{path!r} is a directory, not an ONNX model file")
     try:
         proto = onnx.load(path)
+    except ValidationError as exc:  # onnx checks external data locations while loading
+        raise FrontendError(f"{path!r}: its external data cannot be loaded: {exc}") from exc
     except (DecodeError, ValueError, RuntimeError, OSError) as exc:
         raise FrontendError(f"{path!r} is not a readable ONNX model: {exc}") from exc
     return _check_nonempty(proto, repr(path))
@@ -159,7 +185,8 @@ def _graph_inputs(graph: Any) -> list[Any]:
 
 
 def _check_shape_dict(graph: Any, shape_dict: dict[str, Any]) -> None:
-    inputs = [i.name for i in _graph_inputs(graph)]
+    elem_types = {i.name: i.type.tensor_type.elem_type for i in _graph_inputs(graph)}
+    inputs = list(elem_types)
     for name, shape in shape_dict.items():
         if name not in inputs:
             raise FrontendError(
@@ -172,6 +199,7 @@ def _check_shape_dict(graph: Any, shape_dict: dict[str, Any]) -> None:
                 raise FrontendError(
                     f"shape_dict[{name!r}] = {tuple(shape)!r}: every dimension must be a "
                     f"non-negative int, got {d!r}")
+        check_shape(f"shape_dict[{name!r}]", shape, itemsize(elem_types[name]))
 
 
 def _decode_attr(attr: Any) -> Any:
@@ -193,10 +221,16 @@ def _decode_attr(attr: Any) -> Any:
 class _Importer:
     """Converts the nodes of one graph in order; it is the converters' GraphContext."""
 
-    def __init__(self, graph: Any, opset: int, shape_dict: dict[str, Any]) -> None:
+    def __init__(self, graph: Any, opset: int, shape_dict: dict[str, Any],
+                 max_fold_bytes: int = DEFAULT_MAX_FOLD_BYTES) -> None:
         self.graph = graph
         self.opset = opset
         self.shape_dict = shape_dict
+        self.max_fold_bytes = max_fold_bytes
+        # Folded constants -> bytes of model data they derive from (others: their own size).
+        self._origin: dict[int, tuple[g.Constant, int]] = {}
+        # Calls left unfolded for the budget -> why (for "must be a constant" errors).
+        self._unfolded: dict[g.Expr, str] = {}
         self.values: dict[str, g.Expr] = {}
         self.ib = IRBuilder()
         self.node_outputs: tuple[str, ...] = ()
@@ -211,13 +245,42 @@ class _Importer:
             expr = op_registry.call(op, *args, **attrs)
         except IRError as exc:
             raise FrontendError(f"{self._where}: {exc}") from exc
-        if all(isinstance(a, g.Constant) for a in args):
-            folded = op_registry.evaluate_call(
-                op, [a.data for a in args if isinstance(a, g.Constant)], expr.attrs)
-            if isinstance(folded, tuple):
-                return g.Tuple(tuple(g.Constant(np.asarray(f)) for f in folded))
-            return g.Constant(np.asarray(folded))
+        consts = [a for a in args if isinstance(a, g.Constant)]
+        if len(consts) == len(args):
+            # The size comes from the inferred type, before anything is materialised:
+            # a tiny model can ask for terabytes (ConstantOfShape, Expand, Tile...).
+            origin = sum(self._origin_bytes(a) for a in consts)
+            nbytes = type_bytes(expr.type)
+            if nbytes <= max(self.max_fold_bytes, FOLD_GROWTH * origin):
+                folded = op_registry.evaluate_call(op, [a.data for a in consts], expr.attrs)
+                if isinstance(folded, tuple):
+                    return g.Tuple(tuple(self._folded(f, origin) for f in folded))
+                return self._folded(folded, origin)
+            var = self.ib.emit(expr, op)
+            self._unfolded[var] = (f"{self._where} computes it at run time: its value of "
+                                   f"{nbytes} bytes is above the fold budget of "
+                                   f"{self.max_fold_bytes} bytes (from_onnx max_fold_bytes)")
+            return var
         return self.ib.emit(expr, op)
+
+    def _folded(self, value: Any, origin: int) -> g.Constant:
+        const = g.Constant(np.asarray(value))
+        self._origin[id(const)] = (const, origin)
+        return const
+
+    def _origin_bytes(self, const: g.Constant) -> int:
+        entry = self._origin.get(id(const))
+        return entry[1] if entry is not None else int(const.data.nbytes)
+
+    def why_unknown(self, expr: g.Expr | None) -> str:
+        """Why `expr` has no compile-time value, when the budget is the reason ("" if not)."""
+        return self._unfolded.get(expr, "") if expr is not None else ""
+
+    def check_materialize(self, nbytes: int, what: str) -> None:
+        """IRError unless a constant of `nbytes` that the model asks for fits the budget."""
+        if nbytes > self.max_fold_bytes:
+            raise IRError(f"{what} would materialise {nbytes} bytes at import, above the fold "
+                          f"budget of {self.max_fold_bytes} bytes (from_onnx max_fold_bytes)")
 
     def const(self, data: np.ndarray | float | int, dtype: str | None = None) -> g.Expr:
         arr = np.asarray(data) if dtype is None else np.asarray(data, dtype=to_numpy(dtype))

@@ -1,0 +1,106 @@
+"""Structural checks of an untrusted ONNX graph, run before anything is converted.
+
+onnxruntime (and `onnx.checker`) reject graphs that break single assignment or
+declare impossible tensors; kiln rejects the same ones up front, with a
+FrontendError that names the values at fault, instead of importing a graph in
+which one name silently wins over another.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+import numpy as np
+
+from kiln.errors import FrontendError
+
+# Every tensor's byte size must fit the int64 sizes and strides of the ABI
+# (docs/abi.md); a larger shape cannot be a real tensor.
+MAX_TENSOR_BYTES = (1 << 63) - 1
+
+
+def _text(value: Any) -> str:
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+
+
+def _duplicates(names: list[str]) -> list[str]:
+    return sorted(n for n, c in Counter(names).items() if c > 1)
+
+
+def _shown(names: list[str], limit: int = 5) -> str:
+    more = f" and {len(names) - limit} more" if len(names) > limit else ""
+    return ", ".join(repr(n) for n in names[:limit]) + more
+
+
+def itemsize(elem_type: int) -> int:
+    """Bytes per element of ONNX element type `elem_type` (1 when unknown: checked later)."""
+    from onnx import helper
+
+    try:
+        return int(np.dtype(helper.tensor_dtype_to_np_dtype(elem_type)).itemsize)
+    except (KeyError, TypeError, ValueError):
+        return 1
+
+
+def check_shape(what: str, dims: Any, elem_size: int) -> None:
+    """FrontendError naming `what` if a dimension is negative or the byte size overflows."""
+    dims = [int(d) for d in dims]
+    bad = [d for d in dims if d < 0]
+    if bad:
+        raise FrontendError(f"{what} has a negative dimension {bad[0]} in shape {tuple(dims)}")
+    nbytes = elem_size
+    for d in dims:
+        nbytes *= d
+    if nbytes > MAX_TENSOR_BYTES:
+        raise FrontendError(f"{what} has shape {tuple(dims)}: {nbytes} bytes, more than any "
+                            f"tensor can hold (the limit is 2**63 - 1 bytes)")
+
+
+def check_graph(graph: Any, *, in_memory: bool) -> None:
+    """Reject graphs onnxruntime rejects: duplicate inputs, initializers or producers,
+    initializers and inputs of impossible shapes, external data kiln cannot locate.
+
+    `in_memory`: the model came as bytes or a ModelProto, so external data files
+    have no directory to be found in.
+    """
+    inputs = [_text(i.name) for i in graph.input]
+    inits = [_text(t.name) for t in graph.initializer]
+    for kind, names in (("input", inputs), ("initializer", inits)):
+        if "" in names:
+            raise FrontendError(f"graph {kind} #{names.index('')} has an empty name (an empty "
+                                "name marks an omitted optional input in ONNX)")
+    dup = _duplicates(inputs)
+    if dup:
+        raise FrontendError(f"the graph declares input(s) {_shown(dup)} more than once")
+    dup = _duplicates(inits)
+    if dup:
+        raise FrontendError(f"the graph has several initializers named {_shown(dup)}")
+    producers: dict[str, str] = {n: "a graph input" for n in inputs}
+    producers.update({n: "an initializer" for n in inits})
+    for k, node in enumerate(graph.node):
+        label = repr(_text(node.name)) if node.name else f"#{k}"
+        here = f"node {label} ({_text(node.op_type)})"
+        for out in node.output:
+            name = _text(out)
+            if not name:
+                continue
+            if name in producers:
+                raise FrontendError(f"value {name!r} is written by {here} and also by "
+                                    f"{producers[name]}; a value has one producer")
+            producers[name] = here
+    for t in graph.initializer:
+        what = f"initializer {_text(t.name)!r}"
+        check_shape(what, t.dims, itemsize(t.data_type))
+        if in_memory and t.data_location == t.EXTERNAL:
+            location = next((_text(e.value) for e in t.external_data if e.key == "location"),
+                            "?")
+            raise FrontendError(f"{what} keeps its data in the external file {location!r}; "
+                                "pass the model's path to from_onnx so the file can be found "
+                                "next to it")
+    for inp in graph.input:
+        if inp.type.WhichOneof("value") != "tensor_type":
+            continue
+        tt = inp.type.tensor_type
+        fixed = [int(d.dim_value) for d in tt.shape.dim if d.HasField("dim_value")]
+        check_shape(f"input {_text(inp.name)!r}", fixed, itemsize(tt.elem_type))

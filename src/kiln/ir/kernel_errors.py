@@ -1,0 +1,48 @@
+"""The error codes a kernel returns, and their messages.
+
+A kernel (docs/abi.md) returns 0 or one of these codes; host.c's entry turns
+the code into the message of the call's exception, and the reference
+interpreter raises the message directly. Code 1 is an allocation failure;
+the others are failed `check` intrinsics (docs/ir.md, "Checks"): data-dependent
+conditions an operator verifies while running, such as an index read from a
+tensor being in range. Codes are part of the compiled artifact: never renumber.
+"""
+
+from __future__ import annotations
+
+from kiln.errors import IRError
+
+ERROR_OUT_OF_MEMORY = 1
+
+KERNEL_ERRORS: dict[int, str] = {
+    ERROR_OUT_OF_MEMORY: "out of memory allocating a workspace",
+    2: "gather: an index is out of range [-n, n) for an axis of size n",
+    3: "gather_elements: an index is out of range [-n, n) for an axis of size n",
+    4: "gather_nd: an index is out of range [-n, n) for an axis of size n",
+    5: "scatter_elements: an index is out of range [-n, n) for an axis of size n",
+    6: "scatter_nd: an index is out of range [-n, n) for an axis of size n",
+    7: "reverse_sequence: a sequence length is out of range [0, n] for a time axis of size n",
+}
+
+_BY_MESSAGE = {message: code for code, message in KERNEL_ERRORS.items()}
+
+
+def error_code(message: str) -> int:
+    """The code of `message` (one of KERNEL_ERRORS' messages)."""
+    code = _BY_MESSAGE.get(message)
+    if code is None:
+        raise IRError(f"no kernel error code has the message {message!r}")
+    return code
+
+
+def op_error_code(op: str) -> int:
+    """The code of the check that operator `op` fails (its message starts with `op:`)."""
+    for code, message in KERNEL_ERRORS.items():
+        if message.startswith(f"{op}: "):
+            return code
+    raise IRError(f"operator {op!r} has no kernel error code")
+
+
+def error_message(code: int) -> str:
+    """The message of kernel error `code` (a generic one for an unknown code)."""
+    return KERNEL_ERRORS.get(code, f"kernel failed with status {code}")
