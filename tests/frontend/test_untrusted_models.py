@@ -14,9 +14,9 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import kiln
+from kiln import evaluate
 from kiln.errors import FrontendError
 from kiln.frontend import from_onnx
-from kiln.ir import evaluate
 from kiln.ir import graph as g
 
 

@@ -16,9 +16,10 @@ import pytest
 from index_check_cases import cases
 from onnx import numpy_helper
 
+from kiln import evaluate
 from kiln.errors import FrontendError, IRError, KilnError
 from kiln.frontend import from_onnx
-from kiln.ir import evaluate, verify
+from kiln.ir import verify
 from kiln.ir.kernel_errors import op_error_code
 from kiln.ir.module import IRModule
 from kiln.ir.tensor import (

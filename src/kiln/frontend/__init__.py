@@ -12,12 +12,13 @@ def from_onnx(model: Any, shape_dict: dict[str, Any] | None = None, **options: A
 
     try:
         from kiln.frontend.onnx import from_onnx as _from_onnx
+
+        return _from_onnx(model, shape_dict, **options)
     except ImportError as exc:  # onnx (or protobuf) absent: say which package to install
         missing = missing_dependency(exc, "importing an ONNX model")
         if missing is None:
             raise
         raise missing from exc
-    return _from_onnx(model, shape_dict, **options)
 
 
 __all__ = ["from_onnx"]
