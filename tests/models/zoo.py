@@ -24,8 +24,8 @@ run the full depth on small inputs while the benchmark uses the published sizes:
   LayerNormalization, GELU via Erf, attention mask applied by Where;
 - `vit` (17): ViT-B/16 patch embedding (16x16 stride-16 conv, class token by
   Expand, position embedding) and a pre-norm encoder layer;
-- `vgg19` (13, benchmark only): 16 convs and three dense layers, ~548 MB of
-  weights at 224x224.
+- `vgg19` (13, benchmark only): 16 convs and three dense layers, 575 MB
+  (548 MiB) of weights at 224x224.
 
 Weights are He-scaled (ReLU-family activations) or 1/sqrt(fan-in) (linear layers)
 from a seeded numpy generator; BatchNormalization is present with running statistics
@@ -56,6 +56,14 @@ class ZooBuilder(GraphBuilder):
         self.batch = batch
         self.hw = hw  # spatial size of the tensor being built (square images)
 
+    def normal(self, std: float, *shape: int) -> np.ndarray:
+        """float32 N(0, std^2) samples, drawn in float32 (fast for 100 M-element weights)."""
+        return self.rng.standard_normal(shape, np.float32) * np.float32(std)
+
+    def weight(self, *shape: int, fan_in: int | None = None, hint: str = "w") -> str:
+        fan = fan_in or int(np.prod(shape[1:])) or 1
+        return self.const(self.normal(1 / math.sqrt(fan), *shape), hint)
+
     # --------------------------------------------------------------- convolution
 
     def conv2d(self, x: str, cin: int, cout: int, k: int, stride: int = 1, group: int = 1,
@@ -63,8 +71,7 @@ class ZooBuilder(GraphBuilder):
                gain: float = 2.0) -> str:
         """A k x k convolution; updates `hw`. gain 2 is He scaling (ReLU follows)."""
         fan_in = cin // group * k * k
-        w = self.const(self.rng.normal(0, math.sqrt(gain / fan_in), (cout, cin // group, k, k))
-                       .astype(np.float32), "w")
+        w = self.const(self.normal(math.sqrt(gain / fan_in), cout, cin // group, k, k), "w")
         args = [x, w]
         if bias:
             args.append(self.const(self.rng.normal(0, 0.02, cout).astype(np.float32), "b"))
@@ -131,10 +138,8 @@ class ZooBuilder(GraphBuilder):
 
     def dense3(self, x: str, din: int, dout: int, std: float | None = None) -> str:
         """x @ W + b on a [batch, seq, din] tensor (MatMul + Add, as exporters emit it)."""
-        w = self.rng.standard_normal((din, dout), np.float32) * np.float32(
-            std or 1 / math.sqrt(din))
-        b = self.rng.normal(0, 0.02, dout).astype(np.float32)
-        return self.op("Add", self.op("MatMul", x, self.const(w, "w")), self.const(b, "b"))
+        w = self.const(self.normal(std or 1 / math.sqrt(din), din, dout), "w")
+        return self.op("Add", self.op("MatMul", x, w), self.const(self.normal(0.02, dout), "b"))
 
     def layer_norm(self, x: str, dim: int, decomposed: bool = False) -> str:
         gamma = self.const(self.rng.uniform(0.8, 1.2, dim).astype(np.float32), "ln_g")
@@ -420,7 +425,7 @@ def efficientnet(image: int = 224, batch: int = 1, classes: int = 1000,
 
 def vgg19(image: int = 224, batch: int = 1, classes: int = 1000) -> onnx.ModelProto:
     """VGG-19 at opset 13: 16 3x3 convs, five max pools, 4096-4096-classes dense head
-    (at 224x224: 143.7 M parameters, ~548 MB of float32 weights)."""
+    (at 224x224: 143.7 M parameters, 575 MB = 548 MiB of float32 weights)."""
     b = ZooBuilder(17, batch, image)
     h, cin = "image", 3
     for width, n in ((64, 2), (128, 2), (256, 4), (512, 4), (512, 4)):
@@ -445,13 +450,12 @@ def bert(seq: int = 128, batch: int = 2, layers: int = 12, dim: int = 768, heads
     layers with LayerNormalization, GELU via Erf and the attention mask applied by Where;
     outputs the last hidden state and the tanh pooler."""
     b = ZooBuilder(18, batch, 0)
-    words = b.op("Gather", b.const(b.rng.standard_normal((vocab, dim), np.float32), "wte"),
+    words = b.op("Gather", b.const(b.normal(1.0, vocab, dim), "wte"),
                  "input_ids", axis=0)
     # position ids: arange(512)[:, :seq], the slice bound read off input_ids' shape
     positions = b.op("Slice", b.const(np.arange(MAX_POSITIONS, dtype=np.int64)[None], "pos_ids"),
                      b.ints(0), b.seq_len_1d("input_ids"), b.ints(1))
-    pos = b.op("Gather", b.const(b.rng.normal(0, 1, (MAX_POSITIONS, dim)).astype(np.float32),
-                                 "wpe"), positions, axis=0)
+    pos = b.op("Gather", b.const(b.normal(1.0, MAX_POSITIONS, dim), "wpe"), positions, axis=0)
     segment = b.const(b.rng.normal(0, 1, (1, dim)).astype(np.float32), "segment")
     h = b.layer_norm(b.op("Add", b.op("Add", words, pos), segment), dim)
 
