@@ -20,8 +20,9 @@ a fresh, empty `KILN_CACHE_DIR`, as a user would:
 
 One process per model keeps one model's memory out of the next one's figure.
 Then compile times of elementwise chains of 1k, 2k and 4k nodes (Add / Sigmoid /
-Sub / Tanh of a 64-element input) show how compile time grows with graph size
-(`ms/node` stays flat when the growth is linear). A model that fails to compile
+Sub / Tanh of a 64-element input), each in a process warmed up by compiling a
+one-node model first, show how compile time grows with graph size (`ms/node`
+stays flat when the growth is linear). A model that fails to compile
 is skipped with a one-line reason. Prints a table; asserts nothing (this is not
 a test).
 """
@@ -88,8 +89,10 @@ def peak_rss() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
-def worker(path: str, target_text: str, out_dir: str) -> None:
-    """Runs in the child process: import, compile, export; prints one JSON line."""
+def worker(path: str, target_text: str, out_dir: str, warm: bool) -> None:
+    """Runs in the child process: import, compile, export; prints one JSON line.
+    warm: compile a one-node model first (uncached), so the figures leave out
+    kiln's lazy imports and LLVM's initialisation."""
     import llvmlite.binding  # noqa: F401  (the base figure includes every library kiln uses)
     import numpy  # noqa: F401
     import onnx  # noqa: F401
@@ -99,6 +102,11 @@ def worker(path: str, target_text: str, out_dir: str) -> None:
 
     base = peak_rss()
     target = kiln.Target.from_host() if target_text == "host" else kiln.Target(target_text)
+    if warm:
+        from kiln.transform import PassContext
+
+        with PassContext(config={"kiln.cache": False}):
+            kiln.compile(from_onnx(chain(1).SerializeToString()), target)
     t0 = time.perf_counter()
     mod = from_onnx(path)
     t1 = time.perf_counter()
@@ -114,20 +122,25 @@ def worker(path: str, target_text: str, out_dir: str) -> None:
                       "library_bytes": library.stat().st_size, "cache_hit": ex.cache_hit}))
 
 
-def measure(model, target: str) -> dict[str, object]:  # model: onnx.ModelProto
+def measure(model, target: str, warm: bool = False) -> dict[str, object]:
+    # model: onnx.ModelProto
     """Save `model`, compile it in a fresh process with an empty cache; the worker's
     figures, or {"error": one line} when it fails."""
     import onnx
+
+    import kiln
 
     with tempfile.TemporaryDirectory(prefix="kiln-bench-") as tmp:
         path = Path(tmp) / "model.onnx"
         onnx.save(model, path)
         env = dict(os.environ, KILN_CACHE_DIR=str(Path(tmp) / "cache"))
+        # the worker imports the same kiln as this process
+        kiln_root = str(Path(kiln.__file__).resolve().parents[1])
         env["PYTHONPATH"] = os.pathsep.join(
-            [str(ROOT / "src"), *filter(None, [os.environ.get("PYTHONPATH")])])
+            [kiln_root, *filter(None, [os.environ.get("PYTHONPATH")])])
         proc = subprocess.run([sys.executable, __file__, "--worker", str(path), "--target",
-                               target, "--out-dir", tmp], env=env, capture_output=True,
-                              text=True)
+                               target, "--out-dir", tmp, *(["--warm"] if warm else [])],
+                              env=env, capture_output=True, text=True)
     if proc.returncode != 0:
         lines = (proc.stderr or proc.stdout or f"exit status {proc.returncode}").splitlines()
         return {"error": (lines or ["?"])[-1][:150]}
@@ -145,9 +158,10 @@ def main() -> None:
     parser.add_argument("--target", default="host", help="kiln target (default: this host)")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--out-dir", help=argparse.SUPPRESS)
+    parser.add_argument("--warm", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
-        worker(args.worker, args.target, args.out_dir)
+        worker(args.worker, args.target, args.out_dir, args.warm)
         return
 
     import zoo
@@ -193,7 +207,7 @@ def main() -> None:
         print(header)
         print("-" * len(header))
     for n in sizes:
-        r = measure(chain(n), args.target)
+        r = measure(chain(n), args.target, warm=True)
         if "error" in r:
             print(f"{n:>11}   skipped: {r['error']}")
             continue
