@@ -27,6 +27,7 @@ _LAZY = {
     "ArtifactSet": "kiln.artifact:ArtifactSet",
     "compile": "kiln.driver:compile",
     "Executable": "kiln.driver:Executable",
+    "evaluate": "kiln.ops:evaluate",
 }
 _SUBMODULES = (
     "artifact", "cli", "codegen", "export", "frontend", "ir", "ops", "runtime", "script",

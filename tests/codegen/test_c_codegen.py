@@ -13,7 +13,7 @@ import pytest
 from c_helpers import WARNINGS, build, compile_c, have_cc
 
 from kiln.codegen.c import codegen_c, emit_kernels
-from kiln.codegen.c.literals import bfloat16_round, float_literal, int_literal
+from kiln.codegen.cfamily.literals import bfloat16_round, float_literal, int_literal
 from kiln.codegen.constants import ConstantPool
 from kiln.errors import CompileError
 from kiln.ir import IRBuilder, IRModule, TensorType

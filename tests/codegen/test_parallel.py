@@ -28,20 +28,20 @@ import pytest
 from c_helpers import WARNINGS, build, have_cc
 
 import kiln
-from kiln import ops
+from kiln import evaluate, ops
 from kiln.codegen.c import codegen_c
-from kiln.codegen.c.outline import outline_parallel_loops
 from kiln.codegen.constants import ConstantPool
 from kiln.codegen.llvm import codegen_llvm
 from kiln.driver import Executable
 from kiln.errors import KilnError
-from kiln.ir import IRBuilder, IRModule, evaluate
+from kiln.ir import IRBuilder, IRModule
 from kiln.ir import graph as g
 from kiln.ir.tensor import Cast, Const, For, PrimFunc, Var, select
 from kiln.runtime import include_dir, load_module
 from kiln.target import Target
 from kiln.transform import PassContext
 from kiln.transform.functor import iter_stmts
+from kiln.transform.outline import outline_parallel_loops
 
 pytestmark = pytest.mark.skipif(not have_cc(), reason="needs a C compiler")
 

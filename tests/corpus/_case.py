@@ -18,7 +18,8 @@ from typing import Any
 
 import numpy as np
 
-from kiln.ir import IRModule, evaluate
+from kiln import evaluate  # kiln.ir's interpreter with kiln's operators
+from kiln.ir import IRModule
 from kiln.ir import dtype as dt
 from kiln.ir import graph as g
 from kiln.ir import tensor as t

@@ -7,9 +7,9 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from kiln import evaluate
 from kiln.errors import FrontendError
 from kiln.frontend import from_onnx
-from kiln.ir import evaluate
 from kiln.ir import graph as g
 from kiln.ir.types import TensorType
 

@@ -10,8 +10,9 @@ from typing import Any
 import numpy as np
 import pytest
 
+import kiln
 from kiln.errors import IRError, KilnError
-from kiln.ir import IRBuilder, IRModule, TensorType, TupleType, evaluate
+from kiln.ir import Interpreter, IRBuilder, IRModule, TensorType, TupleType, evaluate
 from kiln.ir import dtype as dt
 from kiln.ir import graph as g
 from kiln.ir import tensor as t
@@ -491,24 +492,30 @@ def test_graph_call_uses_operator_references() -> None:
         z = ib.emit(ops.call("transpose", y, perm=(1, 0)), "z")
         ib.ret(g.Tuple((z, y)))
     x = np.arange(6, dtype=np.float32).reshape(2, 3)
-    z, y = evaluate(ib.get(), "main", x)
+    z, y = Interpreter(ops=ops.get_op)(ib.get(), "main", x)
     np.testing.assert_array_equal(y, x + 1)
     np.testing.assert_array_equal(z, (x + 1).T)
     assert z.flags.c_contiguous
+    # kiln.evaluate is the same interpreter with kiln's operators.
+    z2, y2 = kiln.evaluate(ib.get(), "main", x)
+    np.testing.assert_array_equal(z2, z)
+    np.testing.assert_array_equal(y2, y)
+    # kiln.ir knows no operators: without a resolver a Call says where to get one.
+    with pytest.raises(IRError, match=r"operator 'add': this interpreter has no op resolver; "
+                                      r"run the module with kiln\.evaluate"):
+        evaluate(ib.get(), "main", x)
 
 
-def test_graph_call_without_reference(monkeypatch: pytest.MonkeyPatch) -> None:
-    ops = pytest.importorskip("kiln.ops")
-
+def test_graph_call_without_reference() -> None:
     class NoReference:
         reference = None
 
-    monkeypatch.setattr(ops, "get_op", lambda name: NoReference())
     x = g.Var("x", TensorType((2,), "float32"))
     fn = g.Function((x,), (), g.Call("mystery", (x,), {}, TensorType((2,), "float32")))
+    interpret = Interpreter(ops=lambda name: NoReference())
     with pytest.raises(IRError, match="operator 'mystery' has no reference implementation; "
                                       "legalize it first"):
-        evaluate(IRModule({"main": fn}), "main", np.zeros(2, np.float32))
+        interpret(IRModule({"main": fn}), "main", np.zeros(2, np.float32))
 
 
 def test_graph_tuples_constants_and_argument_checks() -> None:

@@ -123,10 +123,10 @@ def test_different_constant_reports_path_and_both_sides() -> None:
     message = mismatch(add_module(1.0), add_module(2.0))
     assert message.startswith("structural mismatch at add_one.body.body.value.b: ")
     assert "constant values differ: 1.0 vs 2.0" in message
-    assert "lhs: T.float32(1)" in message
-    assert "rhs: T.float32(2)" in message
-    assert "in lhs: Y[i] = X[i] + T.float32(1)" in message
-    assert "in rhs: Y[i] = X[i] + T.float32(2)" in message
+    assert "lhs: T.float32(1.0)" in message
+    assert "rhs: T.float32(2.0)" in message
+    assert "in lhs: Y[i] = X[i] + T.float32(1.0)" in message
+    assert "in rhs: Y[i] = X[i] + T.float32(2.0)" in message
 
 
 def test_different_dtype() -> None:
@@ -215,7 +215,10 @@ def test_graph_functions() -> None:
     assert structural_equal(graph_module(data), graph_module(data.copy()))
     message = mismatch(graph_module(data), graph_module(np.array([1.0, 0.0], np.float32)))
     assert "main.bindings[0].value.data" in message
-    assert "in lhs: c = R.const(c: <float32 array (2,)>)" in message
+    assert ('in lhs: c: G.Tensor((2,), "float32") = G.const([1.0, -0.0], "float32", '
+            'name="c")') in message
+    assert ('in rhs: c: G.Tensor((2,), "float32") = G.const([1.0, 0.0], "float32", '
+            'name="c")') in message
     message = mismatch(graph_module(data, 0), graph_module(data, 1))
     assert "main.bindings[2].value.index" in message
 

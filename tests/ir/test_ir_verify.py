@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import numpy as np
 import pytest
 
@@ -11,7 +9,6 @@ from kiln.errors import IRError
 from kiln.ir import IRBuilder, IRModule, TensorType, TupleType, verify
 from kiln.ir import graph as g
 from kiln.ir import tensor as t
-from kiln.ir._printer import Printed, print_function, set_function_printer
 from kiln.ir.tensor import Buffer, Const, For, PrimFunc, Store, Var, const, seq
 
 F32 = TensorType((4,), "float32")
@@ -66,8 +63,9 @@ def test_use_outside_scope_buffer() -> None:
         with ib.for_range(4) as j:
             ib.store(B, [j], T[j] * 2.0)
     message = fails(ib.get(), "function 'f': use of buffer 'T' outside its scope "
-                              "(its Allocate ended)", "at: T[i_1]")
-    assert "> " in message and "B[i_1] = T[i_1] * T.float32(2)" in message
+                              "(its Allocate ended)", "at: T_1[i_1]")
+    # Quoted as DSL text: the buffer hint `T` is the DSL's namespace, so it prints `T_1`.
+    assert "> 7 |         B[i_1] = T_1[i_1] * T.float32(2.0)" in message
 
 
 def test_loop_variable_outside_its_loop() -> None:
@@ -109,8 +107,8 @@ def test_wrong_dtype_in_store() -> None:
     body = loop(i, 4, Store(Y, t.Cast("float64", X[i]), (i,)))
     message = fails(prim(body, X, Y),
                     "Store to buffer 'Y': value dtype float64 differs from the buffer dtype "
-                    "float32; insert a Cast", 'at: T.Cast("float64", X[i])')
-    assert "Y[i] = T.Cast" in message
+                    "float32; insert a Cast", 'at: T.cast(X[i], "float64")')
+    assert '> 4 |         Y[i] = T.cast(X[i], "float64")' in message
 
 
 def test_index_count_and_dtype() -> None:
@@ -193,7 +191,7 @@ def test_call_func_wrong_arity() -> None:
     mod = callee_module(t.CallFunc("scale", (X,)), X, Y)
     message = fails(mod, "function 'caller': CallFunc to 'scale' passes 1 argument(s) but it "
                          "takes 3 (A, B, s)")
-    assert '> ' in message and 'T.call_func("scale", X)' in message
+    assert '> 3 |     T.call_func("scale", [X])' in message
 
 
 def test_call_func_missing_kinds_shapes_dtypes() -> None:
@@ -257,7 +255,8 @@ def test_graph_scopes_and_types() -> None:
                               g.Binding(y, g.CallTensor("copy", (x,), F32))), z)
     message = fails(IRModule({"main": early}),
                     "function 'main': graph variable 'y' is used before its definition")
-    assert '> ' in message and 'z = R.call_tensor("copy", (y,)' in message
+    assert ('> 3 |     z: G.Tensor((4,), "float32") = G.call_tensor("copy", [y], '
+            'G.Tensor((4,), "float32"))') in message
     pair = g.Var("pair", TupleType((F32, F32)))
     bad_index = g.Function((x,), (g.Binding(pair, g.Tuple((x, x))),
                                   g.Binding(y, g.TupleGetItem(pair, 2))), y)
@@ -341,20 +340,34 @@ def test_verify_rejects_non_ir() -> None:
         verify("nope")  # type: ignore[arg-type]
 
 
-@pytest.fixture
-def plain_printer() -> Iterator[None]:
-    def printer(name: str, fn: t.PrimFunc | g.Function) -> Printed:
-        printed = print_function(name, fn)
-        return Printed([f"CUSTOM {line}" for line in printed.lines], printed.spans)
-
-    set_function_printer(printer)
-    try:
-        yield
-    finally:
-        set_function_printer(None)
+# --------------------------------------------------------------------------- quoting
 
 
-def test_the_context_printer_is_pluggable(plain_printer: None) -> None:
+def quoted_lines(message: str) -> list[str]:
+    """The quoted function lines of a verifier message, without numbers and markers."""
+    return [line.split(" | ", 1)[1] for line in message.splitlines() if " | " in line]
+
+
+def test_the_quote_is_the_dsl_text() -> None:
+    from kiln.script import print_func
+
     i = Var("i")
-    message = fails(prim(loop(i, 4, Store(Y, t.Cast("float64", X[i]), (i,))), X, Y))
-    assert "CUSTOM" in message
+    fn = PrimFunc((X, Y), loop(i, 4, Store(Y, t.Cast("float64", X[i]), (i,))))
+    message = fails(IRModule({"f": fn}), "insert a Cast")
+    dsl = print_func(fn, "f").splitlines()
+    quoted = quoted_lines(message)
+    assert quoted and all(line in dsl for line in quoted)
+    assert quoted[-1] == '        Y[i] = T.cast(X[i], "float64")'
+
+
+def test_the_quote_survives_attributes_no_literal_spells() -> None:
+    class Opaque:
+        def __repr__(self) -> str:
+            return "<opaque>"
+
+    i = Var("i")
+    fn = PrimFunc((X, Y), loop(i, 4, Store(Y, t.Cast("float64", X[i]), (i,))),
+                  {"target": Opaque()})
+    message = fails(IRModule({"f": fn}), "insert a Cast")
+    assert "    T.func_attr({'target': <opaque>})" in quoted_lines(message)
+    assert '> 5 |         Y[i] = T.cast(X[i], "float64")' in message

@@ -8,8 +8,9 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from kiln import evaluate
 from kiln.frontend import from_onnx
-from kiln.ir import IRBuilder, IRModule, evaluate
+from kiln.ir import IRBuilder, IRModule
 from kiln.ir import graph as g
 from kiln.ir.types import TensorType
 from kiln.ops import call

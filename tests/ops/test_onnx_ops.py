@@ -18,8 +18,8 @@ import onnxruntime as ort
 import pytest
 from onnx import helper, numpy_helper
 
+from kiln import evaluate
 from kiln.frontend import from_onnx
-from kiln.ir import evaluate
 from kiln.ops.onnx_map import converters
 from kiln.transform.legalize_ops import LegalizeOps
 

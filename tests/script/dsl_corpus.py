@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from kiln.script.metadata import format_section
+from kiln.ir.metadata import format_section
 
 DSL_CORPUS: dict[str, str] = {}
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from kiln import ops
-from kiln.ir import IRBuilder, IRModule, evaluate, verify
+from kiln import evaluate, ops
+from kiln.ir import IRBuilder, IRModule, verify
 from kiln.ir import graph as g
 from kiln.transform.fuse_ops import FuseOps
 from kiln.transform.pipeline import get_pipeline

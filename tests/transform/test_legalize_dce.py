@@ -53,7 +53,7 @@ def test_legalize_with_real_ops_shares_kernels() -> None:
     assert set(out) == {"main", *names}
 
 
-def test_legalized_names_avoid_existing_functions(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_legalized_names_avoid_existing_functions() -> None:
     ib = IRBuilder()
     ir_samples.add_kernels(ib, names=("neg",))
     with ib.function("main"):
@@ -67,20 +67,22 @@ def test_legalized_names_avoid_existing_functions(monkeypatch: pytest.MonkeyPatc
             assert c.attrs["k"] == 1
             return kernel, "neg"  # type: ignore[return-value]
 
-    monkeypatch.setattr(kiln.ops, "get_op", lambda name: Op())
-    out = LegalizeOps()(mod)
+    # The pass takes its operators from the op resolver it is given.
+    out = LegalizeOps(ops=lambda name: Op())(mod)
     main = out["main"]
     assert main.bindings[0].value.func == "neg_1"  # type: ignore[union-attr]
     assert out["neg"] is kernel
 
 
-def test_bad_legalize_rule(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_bad_legalize_rule() -> None:
     class Op:
         def legalize(self, c: g.Call) -> object:
             return "not a function"
 
-    monkeypatch.setattr(kiln.ops, "get_op", lambda name: Op())
     with pytest.raises(CompileError, match="legalize rule of operator 'mine' returned"):
+        LegalizeOps(ops=lambda name: Op())(_op_module(["mine"]))
+    # kiln.ops itself has no operator 'mine'.
+    with pytest.raises(CompileError, match=r"mine \(x1\)"):
         LegalizeOps()(_op_module(["mine"]))
 
 

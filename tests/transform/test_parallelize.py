@@ -30,9 +30,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kiln import ops
+from kiln import evaluate, ops
 from kiln.errors import KilnError
-from kiln.ir import IRBuilder, IRModule, evaluate
+from kiln.ir import IRBuilder, IRModule
 from kiln.ir import graph as g
 from kiln.ir.tensor import (
     Allocate,

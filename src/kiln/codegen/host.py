@@ -18,7 +18,7 @@ C11 for `_Thread_local` (GNU `__thread` is used before C11).
 
 When some kernel has a `parallel` loop, host.c also defines the hidden
 `{prefix}_parallel_for`, a small pthread pool the kernels run their outlined
-loops on (kiln.codegen.c.outline; docs/abi.md, "Parallel loops"); it then
+loops on (kiln.transform.outline; docs/abi.md, "Parallel loops"); it then
 includes the POSIX headers too, and `-DKILN_NO_THREADS` (firmware) makes it
 run loops serially.
 """
@@ -29,13 +29,11 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from kiln.codegen.c.analysis import calls, heap_allocations
-from kiln.codegen.c.helpers import Helpers
-from kiln.codegen.c.kernel import describe_params
-from kiln.codegen.c.literals import INT_RANGES, MAX_STRING_LITERAL, c_string_literal
-from kiln.codegen.c.outline import has_parallel_loops, parallel_for_symbol
-from kiln.codegen.c.printer import CPrinter, NameScope
-from kiln.codegen.c.signature import param_ctype, qualifiers
+from kiln.codegen.cfamily.analysis import calls, heap_allocations
+from kiln.codegen.cfamily.helpers import Helpers
+from kiln.codegen.cfamily.literals import INT_RANGES, MAX_STRING_LITERAL, c_string_literal
+from kiln.codegen.cfamily.printer import CPrinter, NameScope
+from kiln.codegen.cfamily.signature import describe_params, param_ctype, qualifiers
 from kiln.codegen.naming import (
     C_TYPES,
     check_prefix,
@@ -44,11 +42,13 @@ from kiln.codegen.naming import (
     kernel_symbol,
     last_error_symbol,
     metadata_symbol,
+    parallel_for_symbol,
 )
 from kiln.errors import CompileError
 from kiln.ir import dtype as dt
 from kiln.ir.module import IRModule
 from kiln.ir.tensor import Buffer, PrimFunc
+from kiln.transform.outline import has_parallel_loops
 
 HOST_FILE = "host.c"
 DEFAULT_HOST_CFLAGS = ("-std=c11", "-O2", "-fPIC")

@@ -7,6 +7,7 @@ The C ABI (docs/abi.md) in one place:
 - library metadata (JSON):                  `{prefix}_metadata`
 - embedded constants (weights):             `{prefix}_consts`
 - embedded artifact blob:                   `{prefix}_blob`
+- thread pool entry (hidden):               `{prefix}_parallel_for`
 IR function names never start with "_", so these cannot collide.
 """
 
@@ -16,6 +17,7 @@ from typing import Any
 
 from kiln.errors import CompileError
 from kiln.ir import dtype as dt
+from kiln.ir.attrs import ATTR_GRAPH, ATTR_NUM_OUTPUTS, ATTR_OUTPUT_NAMES, ATTR_TUPLE_RESULT
 from kiln.ir.module import IRModule
 from kiln.ir.tensor import Buffer, PrimFunc, Var
 
@@ -23,17 +25,16 @@ DEFAULT_PREFIX = "kiln_"
 LIBRARY_FORMAT = "kiln.library"
 LIBRARY_FORMAT_VERSION = 1
 
-# PrimFunc attributes that the graph lowering sets and the ABI reads.
-ATTR_NUM_OUTPUTS = "kiln.num_outputs"      # trailing buffer params the caller allocates
-ATTR_TUPLE_RESULT = "kiln.tuple_result"    # graph result was a tuple
-ATTR_GRAPH = "kiln.graph"                  # lowered from a graph-level function
-ATTR_OUTPUT_NAMES = "kiln.output_names"    # names of the outputs (e.g. ONNX output names)
-
 
 def check_prefix(prefix: str) -> str:
     if not prefix or not (prefix.replace("_", "a")).isidentifier():
         raise CompileError(f"system_lib_prefix {prefix!r} must be a non-empty C identifier")
     return prefix
+
+
+def parallel_for_symbol(prefix: str) -> str:
+    """The thread pool's entry in host.c (hidden): `{prefix}_parallel_for`."""
+    return f"{prefix}_parallel_for"
 
 
 def entry_symbol(prefix: str, name: str) -> str:

@@ -79,7 +79,7 @@ class InterpretedFunction(PackedFunction):
         self.module = mod
 
     def _invoke(self, values: list[Any], wheres: list[Any]) -> None:
-        from kiln.ir.evaluate import evaluate
+        from kiln.ops import evaluate  # graph functions may still call operators
 
         args: list[Any] = []
         for value, param, where in zip(values, self.params + self.results, wheres):

@@ -27,13 +27,9 @@ from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 from kiln._registry import Registry, RegistryError
-from kiln.codegen.naming import (
-    ATTR_OUTPUT_NAMES,
-    DEFAULT_PREFIX,
-    check_prefix,
-    entry_symbol,
-)
+from kiln.codegen.naming import DEFAULT_PREFIX, check_prefix, entry_symbol
 from kiln.errors import CompileError, ExportError, IRError, TargetError
+from kiln.ir.attrs import ATTR_GIVEN_OUTPUT_NAMES, ATTR_OUTPUT_NAMES
 from kiln.ir.module import IRModule
 
 if TYPE_CHECKING:
@@ -188,7 +184,7 @@ def graph_signature(name: str, fn: Function, prefix: str = DEFAULT_PREFIX) -> di
         params.append({"name": p.name, "kind": "tensor", "shape": list(p.type.shape),
                        "dtype": p.type.dtype})
     outs = flat(fn.ret_type)
-    names = fn.attrs.get("output_names", fn.attrs.get(ATTR_OUTPUT_NAMES))
+    names = fn.attrs.get(ATTR_GIVEN_OUTPUT_NAMES, fn.attrs.get(ATTR_OUTPUT_NAMES))
     if names is None:
         names = [f"out{i}" for i in range(len(outs))]
     elif isinstance(names, str):

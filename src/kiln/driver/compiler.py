@@ -20,16 +20,13 @@ from kiln.driver import cache
 from kiln.driver.executable import Executable
 from kiln.driver.fingerprint import module_fingerprint
 from kiln.errors import CompileError, IRError
+from kiln.ir.attrs import ATTR_TARGET, ATTR_WORKSPACE_BYTES
 from kiln.ir.graph import Function
 from kiln.ir.module import IRModule
 from kiln.ir.tensor import PrimFunc
 from kiln.target import Target
 from kiln.transform.context import PassContext
-from kiln.transform.lower_graph import ATTR_WORKSPACE_BYTES
 from kiln.transform.pipeline import PipelineSpec, get_pipeline
-
-#: Function attribute giving the target of one function (heterogeneous builds).
-ATTR_TARGET = "target"
 
 
 def compile(

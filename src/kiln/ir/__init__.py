@@ -11,14 +11,14 @@ the reference interpreter are re-exported here.
 # object. They depend only on the IR core, so the cost is small.
 from kiln.ir import dtype, graph, tensor
 from kiln.ir.builder import IRBuilder
-from kiln.ir.evaluate import evaluate
+from kiln.ir.evaluate import Interpreter, evaluate
 from kiln.ir.module import BaseFunc, IRModule
 from kiln.ir.structural import assert_structural_equal, structural_equal
 from kiln.ir.types import TensorType, TupleType, Type
 from kiln.ir.verify import verify
 
 __all__ = [
-    "BaseFunc", "IRBuilder", "IRModule", "TensorType", "TupleType", "Type",
+    "BaseFunc", "IRBuilder", "IRModule", "Interpreter", "TensorType", "TupleType", "Type",
     "assert_structural_equal", "dtype", "evaluate", "graph", "structural_equal", "tensor",
     "verify",
 ]

@@ -184,6 +184,6 @@ _BASE_NS = _base_namespace()
 
 def _text(node: object) -> str:
     """One line of IR for a message."""
-    from kiln.ir._printer import Printer
+    from kiln.ir.printer import NodeText
 
-    return Printer().node(node)
+    return NodeText().node(node)

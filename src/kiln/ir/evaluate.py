@@ -42,8 +42,11 @@ Intrinsics and externs
   scalars, and memcpy / memmove / memset on buffers (their pointer result reads
   as 0); `register_extern_reference` adds more. Others raise IRError.
 - `CallFunc` runs the callee on the caller's buffers (checked like arguments).
-- Graph `Call`s run the operator's numpy reference from `kiln.ops`; the result
-  must fit the call's type.
+- Graph `Call`s run the operator's numpy reference, found by the interpreter's op
+  resolver (`Interpreter(ops=...)`: a callable from an operator name to an object
+  with `reference(*arrays, **attrs)`); the result must fit the call's type.
+  `kiln.ir` knows no operators: `kiln.evaluate` is this interpreter with kiln's
+  own (`kiln.ops.get_op`); plain `evaluate` runs graph functions without Calls.
 Shapes
 - A buffer parameter's dimension may be symbolic: a fresh Var is bound from the
   argument's shape; any other expression (of scalar parameters and bound shape
@@ -69,6 +72,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -99,11 +103,30 @@ from kiln.ir.module import IRModule
 from kiln.ir.types import TensorType, TupleType, Type
 
 __all__ = [
-    "EXTERN_REFERENCES", "ExternReference", "evaluate", "python_source",
-    "register_extern_reference",
+    "EXTERN_REFERENCES", "ExternReference", "Interpreter", "OpResolver", "evaluate",
+    "python_source", "register_extern_reference",
 ]
 
+#: Operator name -> an object whose `reference(*arrays, **attrs)` computes the op.
+OpResolver = Callable[[str], Any]
+
 # --------------------------------------------------------------------------- public API
+
+
+@dataclass(frozen=True)
+class Interpreter:
+    """The reference interpreter, with the op resolver graph-level `Call`s use.
+
+        Interpreter(ops=kiln.ops.get_op)(mod, "main", x)   # what kiln.evaluate does
+
+    Without `ops` a graph `Call` is an error that says where to find one.
+    """
+
+    ops: OpResolver | None = None
+
+    def __call__(self, mod: IRModule, name: str, *args: Any, **kwargs: Any) -> Any:
+        """Run function `name` of `mod` (see `evaluate`)."""
+        return _evaluate(mod, name, args, kwargs, self.ops)
 
 
 def evaluate(mod: IRModule, name: str, *args: Any, **kwargs: Any) -> Any:
@@ -113,8 +136,14 @@ def evaluate(mod: IRModule, name: str, *args: Any, **kwargs: Any) -> Any:
     dtypes; outputs are written in place) and Python scalars; returns None.
     Graph Function: `args` are numpy arrays (tuples for tuple parameters);
     returns an array, or a tuple for a tuple result. Keyword arguments name
-    parameters by their name hint.
+    parameters by their name hint. Operator `Call`s need an op resolver: use
+    `kiln.evaluate` (kiln's operators) or `Interpreter(ops=...)`.
     """
+    return _evaluate(mod, name, args, kwargs, None)
+
+
+def _evaluate(mod: IRModule, name: str, args: Sequence[Any], kwargs: dict[str, Any],
+              ops: OpResolver | None) -> Any:
     if not isinstance(mod, IRModule):
         raise IRError(f"evaluate expects an IRModule, got {type(mod).__name__}")
     fn = mod[name]
@@ -122,7 +151,7 @@ def evaluate(mod: IRModule, name: str, *args: Any, **kwargs: Any) -> Any:
     if isinstance(fn, t.PrimFunc):
         _run_prim(mod, name, fn, full)
         return None
-    return _GraphRunner(mod).run(name, fn, full)
+    return _GraphRunner(mod, ops).run(name, fn, full)
 
 
 def python_source(func: t.PrimFunc, name: str = "func") -> str:
@@ -308,8 +337,9 @@ class _Shapes:
 
 
 class _GraphRunner:
-    def __init__(self, mod: IRModule) -> None:
+    def __init__(self, mod: IRModule, ops: OpResolver | None) -> None:
         self.mod = mod
+        self.ops = ops
         self.shapes = _Shapes()
 
     def run(self, name: str, fn: g.Function, args: Sequence[Any]) -> Any:
@@ -361,7 +391,7 @@ class _GraphRunner:
         return tuple(outs) if isinstance(e.ret_type, TupleType) else outs[0]
 
     def call_op(self, fname: str, e: g.Call, args: list[Any]) -> Any:
-        reference = _op_reference(e.op)
+        reference = _op_reference(e.op, self.ops)
         try:
             result = reference(*args, **dict(e.attrs))
         except (IRError, KilnError):
@@ -409,17 +439,14 @@ class _GraphRunner:
         return _contiguous(arr)
 
 
-def _op_reference(op: str) -> Callable[..., Any]:
+def _op_reference(op: str, ops: OpResolver | None) -> Callable[..., Any]:
+    if ops is None:
+        raise IRError(f"operator '{op}': this interpreter has no op resolver; run the module "
+                      "with kiln.evaluate (kiln's operators) or Interpreter(ops=...), or "
+                      "legalize the calls first")
     legalize = f"operator '{op}' has no reference implementation; legalize it first"
     try:
-        import kiln.ops as ops
-    except ImportError:
-        raise IRError(legalize) from None
-    get_op = getattr(ops, "get_op", None)
-    if get_op is None:
-        raise IRError(legalize)
-    try:
-        spec = get_op(op)
+        spec = ops(op)
     except Exception as exc:  # the registry's message names the op and the known ones
         raise IRError(str(exc) if op in str(exc) else f"unknown operator '{op}': {exc}") \
             from None

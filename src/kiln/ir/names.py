@@ -1,14 +1,21 @@
 """Printable names: unique, valid Python identifiers made from node name hints.
 
 Names are a printing concern: IR nodes carry a hint (`Var("i")`), and two
-distinct nodes with the same hint print as `i` and `i_1`. Both printers use
-this: the message printer of `kiln.ir` and the DSL printer of `kiln.script`
-(which also reserves the names the DSL text itself uses).
+distinct nodes with the same hint print as `i` and `i_1`; a hint equal to a name
+the DSL text itself uses (`T`, `G`, `meta`, ...) is renamed too.
 """
 
 from __future__ import annotations
 
 import keyword
+
+# Names the DSL text itself uses; a node hint equal to one of them is renamed.
+RESERVED = frozenset({"T", "G", "I", "meta", "ir_module", "range", "float"})
+
+
+def is_plain_name(name: str) -> bool:
+    """True if `name` can be printed as is (valid, not a keyword, not reserved)."""
+    return name.isidentifier() and not keyword.iskeyword(name) and name not in RESERVED
 
 
 def sanitize(hint: str, fallback: str = "v") -> str:
@@ -25,7 +32,7 @@ def sanitize(hint: str, fallback: str = "v") -> str:
 class Namer:
     """Gives each object (by identity) a unique name derived from its hint."""
 
-    def __init__(self, reserved: frozenset[str] = frozenset()) -> None:
+    def __init__(self, reserved: frozenset[str] = RESERVED) -> None:
         self._used: set[str] = set(reserved)
         self._names: dict[int, str] = {}
         self._keep: list[object] = []  # keeps ids valid while the namer lives

@@ -31,9 +31,9 @@ import numpy as np
 
 from kiln.ir import graph as g
 from kiln.ir import tensor as t
-from kiln.ir._printer import Printer
 from kiln.ir._recursion import deep_recursion
 from kiln.ir.module import IRModule
+from kiln.ir.printer import NodeText
 from kiln.ir.types import TensorType, TupleType
 
 __all__ = ["assert_structural_equal", "structural_equal"]
@@ -105,8 +105,8 @@ class _Comparer:
         self._keep: list[object] = []  # keeps mapped nodes alive so ids stay unique
         self.path: list[str] = []
         self.nodes: list[tuple[object, object]] = []
-        self.lp = Printer()
-        self.rp = Printer()
+        self.lp = NodeText()
+        self.rp = NodeText()
 
     # ------------------------------------------------------------------ reporting
 

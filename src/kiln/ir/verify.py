@@ -41,15 +41,10 @@ from kiln.errors import IRError
 from kiln.ir import dtype as dt
 from kiln.ir import graph as g
 from kiln.ir import tensor as t
-from kiln.ir._printer import (
-    Printer,
-    custom_function_printer,
-    excerpt,
-    print_function,
-    quote_function,
-)
 from kiln.ir._recursion import deep_recursion
+from kiln.ir.attrs import ATTR_NUM_OUTPUTS, ATTR_OUTPUT_NAMES
 from kiln.ir.module import BaseFunc, IRModule
+from kiln.ir.printer import NodeText, print_function
 from kiln.ir.types import TensorType, TupleType, Type
 from kiln.ir.visitor import StmtExprVisitor
 
@@ -65,8 +60,6 @@ _BITWISE_OPS = frozenset({"and", "or", "xor"})
 # Intrinsics that accept integer arguments as well as floats.
 _INT_INTRINSICS = frozenset({"abs"})
 
-ATTR_NUM_OUTPUTS = "kiln.num_outputs"
-ATTR_OUTPUT_NAMES = "kiln.output_names"
 
 
 def verify(mod_or_func: IRModule | BaseFunc, *, name: str | None = None) -> None:
@@ -107,19 +100,16 @@ def _verify_function(name: str, fn: BaseFunc, mod: IRModule | None) -> None:
 
 
 def _report(name: str, fn: BaseFunc, fault: _Fault) -> str:
-    printer = Printer()
+    nodes = NodeText()
     try:
-        # Our own printer shares its names with the `at:` line; a plugged-in one may not.
-        if custom_function_printer() is None:
-            printed = print_function(name, fn, printer)
-        else:
-            printed = quote_function(name, fn)
-        quoted = excerpt(printed, fault.where)
+        printed = print_function(name, fn)
+        nodes = printed.nodes  # the `at:` line uses the names of the quoted text
+        quoted = printed.excerpt(fault.where)
     except Exception as exc:  # never hide the fault behind a printer failure
         quoted = f"    (could not print the function: {exc})"
     lines = [f"function '{name}': {fault.message}"]
     if fault.node is not None and fault.node is not fault.where:
-        lines.append(f"  at: {printer.node(fault.node)}")
+        lines.append(f"  at: {nodes.node(fault.node)}")
     lines.append(quoted)
     return "\n".join(lines)
 

@@ -23,11 +23,11 @@
 from its source file. docs/ir.md describes the language.
 """
 
+from kiln.ir.metadata import ScriptText, load_metadata, save_metadata
+from kiln.ir.printer import print_func, print_module
 from kiln.script.decorators import ir_module
 from kiln.script.diagnostics import ScriptError
-from kiln.script.metadata import ScriptText, load_metadata, save_metadata
 from kiln.script.namespace import G, I, T
-from kiln.script.printer import print_func, print_module
 from kiln.script.source import from_source
 
 __all__ = [

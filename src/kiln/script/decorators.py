@@ -23,9 +23,9 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from kiln.errors import IRError
+from kiln.ir.metadata import MetadataLike, resolve_metadata
 from kiln.ir.module import IRModule
 from kiln.script.diagnostics import Source
-from kiln.script.metadata import MetadataLike, resolve_metadata
 
 
 class DeferredFunction:

@@ -28,10 +28,10 @@ from kiln.errors import IRError
 from kiln.ir import dtype as dt
 from kiln.ir.builder import IRBuilder
 from kiln.ir.dtype import DTYPES
+from kiln.ir.metadata import Metadata, decode_entry
 from kiln.ir.module import IRModule
 from kiln.ir.tensor import BUFFER_SCOPES, readonly_array
 from kiln.script.diagnostics import ScriptError, Source
-from kiln.script.metadata import Metadata, decode_entry
 from kiln.script.namespace import G_NAMES, I_NAMES, T_NAMES, G, I, T
 
 _MISSING = object()

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from kiln.errors import IRError
+from kiln.ir.metadata import MetadataLike, resolve_metadata
 from kiln.ir.module import IRModule
 from kiln.script.diagnostics import Source
-from kiln.script.metadata import MetadataLike, resolve_metadata
 from kiln.script.parser import default_env, parse_source
 
 

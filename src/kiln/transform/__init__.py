@@ -9,6 +9,7 @@
 See docs/passes.md.
 """
 
+from kiln.ir.attrs import ATTR_PRIVATE, ATTR_WORKSPACE_BYTES
 from kiln.transform.context import PassContext
 from kiln.transform.dead_code import DeadCodeElimination
 from kiln.transform.instruments import (
@@ -17,8 +18,8 @@ from kiln.transform.instruments import (
     PassTiming,
     TimingInstrument,
 )
-from kiln.transform.legalize_ops import ATTR_PRIVATE, LegalizeOps
-from kiln.transform.lower_graph import ATTR_WORKSPACE_BYTES, LowerGraphToTensor
+from kiln.transform.legalize_ops import LegalizeOps
+from kiln.transform.lower_graph import LowerGraphToTensor
 from kiln.transform.memory_plan import Block, MemoryPlan, plan_memory
 from kiln.transform.pass_base import FunctionPass, Pass, Sequential, function_pass
 from kiln.transform.pipeline import get_pipeline, list_pipelines, register_pipeline

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from kiln.ir.attrs import ATTR_GRAPH
 from kiln.ir.module import IRModule
 from kiln.ir.tensor import (
     Allocate,
@@ -83,7 +84,7 @@ class InterchangeReductions(FunctionPass):
         aliased = {name for name in funcs if info.noalias[name] != info.written[name]}
         changed: dict[str, PrimFunc] = {}
         for name, fn in funcs.items():
-            if fn.attrs.get("kiln.graph"):
+            if fn.attrs.get(ATTR_GRAPH):
                 continue
             body = _Interchanger(self.tile, Storage(fn, name in aliased)).stmt(fn.body)
             if body is not fn.body:

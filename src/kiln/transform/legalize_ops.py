@@ -1,9 +1,9 @@
 """LegalizeOps: replace operator `Call`s by tensor-level functions + `CallTensor`.
 
 Each operator's lowering lives with the operator in `kiln.ops` (JAX style: an
-op's rules together). An op object found by `kiln.ops.get_op(name)` with a
-`legalize(call) -> (PrimFunc, name_hint)` method turns one call into a
-PrimFunc, which is added to the module (marked private, so dead-code
+op's rules together). An op object found by the pass's op resolver (default
+`kiln.ops.get_op(name)`) with a `legalize(call) -> (PrimFunc, name_hint)`
+method turns one call into a PrimFunc, which is added to the module (marked private, so dead-code
 elimination may drop it) and called with `CallTensor`. Calls with the same
 op, attributes and argument types share one PrimFunc.
 
@@ -12,7 +12,6 @@ Every call that cannot be legalized is reported at once, with counts.
 
 from __future__ import annotations
 
-import importlib
 import re
 from collections import Counter
 from collections.abc import Callable
@@ -21,33 +20,28 @@ from typing import Any
 
 from kiln.errors import CompileError
 from kiln.ir import graph as g
+from kiln.ir.attrs import ATTR_PRIVATE
 from kiln.ir.module import BaseFunc, IRModule
 from kiln.ir.tensor import PrimFunc
 from kiln.ir.visitor import GraphMutator
 from kiln.transform.functor import function_exprs
 from kiln.transform.pass_base import Pass
 
-#: PrimFunc attribute marking a function no caller outside the module needs.
-ATTR_PRIVATE = "kiln.private"
+#: Operator name -> an object with `legalize(call) -> (PrimFunc, name_hint)`.
+OpResolver = Callable[[str], Any]
 
 
-def _op_lookup() -> Callable[[str], Any] | None:
-    """`kiln.ops.get_op`, or None while kiln.ops registers no operators."""
-    try:
-        ops = importlib.import_module("kiln.ops")
-    except ModuleNotFoundError as exc:
-        if exc.name != "kiln.ops":  # kiln.ops exists but is broken: say so
-            raise
-        return None
-    lookup = getattr(ops, "get_op", None)
-    return lookup if callable(lookup) else None
+def _kiln_ops(name: str) -> Any:
+    from kiln.ops import get_op  # loads the built-in operators on first use
+
+    return get_op(name)
 
 
-def find_legalizer(name: str) -> Callable[[g.Call], tuple[PrimFunc, str]] | None:
-    """The `legalize` method of operator `name`, or None if kiln.ops has no rule for it."""
-    lookup = _op_lookup()
-    if lookup is None:
-        return None
+def find_legalizer(name: str, ops: OpResolver | None = None
+                   ) -> Callable[[g.Call], tuple[PrimFunc, str]] | None:
+    """The `legalize` method of operator `name` (from `ops`, by default kiln.ops's
+    registry), or None if there is no rule for it."""
+    lookup = ops or _kiln_ops
     try:
         op = lookup(name)
     except (KeyError, LookupError, ValueError):
@@ -58,36 +52,42 @@ def find_legalizer(name: str) -> Callable[[g.Call], tuple[PrimFunc, str]] | None
 
 @dataclass(frozen=True)
 class LegalizeOps(Pass):
-    """Lower every operator `Call` of graph functions to a PrimFunc + CallTensor."""
+    """Lower every operator `Call` of graph functions to a PrimFunc + CallTensor.
+
+    `ops` resolves an operator name to its definition (default: `kiln.ops.get_op`).
+    """
 
     name = "legalize-ops"
+    ops: OpResolver | None = None
 
     def run(self, mod: IRModule) -> IRModule:
         graph_funcs = mod.graph_funcs()
         missing: Counter[str] = Counter()
         for fn in graph_funcs.values():
             for e in function_exprs(fn):
-                if isinstance(e, g.Call) and find_legalizer(e.op) is None:
+                if isinstance(e, g.Call) and find_legalizer(e.op, self.ops) is None:
                     missing[e.op] += 1
         if missing:
             listed = ", ".join(f"{op} (x{n})" for op, n in sorted(missing.items()))
             raise CompileError(
                 f"cannot legalize {sum(missing.values())} operator call(s) of "
                 f"{len(missing)} operator(s): {listed}. No lowering rule is registered in "
-                "kiln.ops for them; register one, or lower these calls to call_tensor "
+                "kiln.ops (or the pass's op resolver) for them; register one, or lower these "
+                "calls to call_tensor "
                 "yourself before compiling")
         if not any(isinstance(e, g.Call)
                    for fn in graph_funcs.values() for e in function_exprs(fn)):
             return mod
-        state = _State(dict(mod.functions))
+        state = _State(dict(mod.functions), self.ops)
         for fname, fn in graph_funcs.items():
             state.functions[fname] = _Legalizer(state).visit_function(fn)
         return IRModule(state.functions, mod.attrs)
 
 
 class _State:
-    def __init__(self, functions: dict[str, BaseFunc]) -> None:
+    def __init__(self, functions: dict[str, BaseFunc], ops: OpResolver | None) -> None:
         self.functions = functions
+        self.ops = ops
         self.cache: dict[Any, str] = {}
 
     def add_kernel(self, call: g.Call) -> str:
@@ -99,7 +99,7 @@ class _State:
             key = ("unshared", id(call))
         if key in self.cache:
             return self.cache[key]
-        legalize = find_legalizer(call.op)
+        legalize = find_legalizer(call.op, self.ops)
         assert legalize is not None  # checked before rewriting
         result = legalize(call)
         if not (isinstance(result, tuple) and len(result) == 2

@@ -14,7 +14,7 @@ The lowered function follows the destination-passing ABI (docs/abi.md):
   a global `Allocate` of uint8, laid out by the static memory planner
   (`memory_plan.py`): buffers that are never live together share bytes.
 
-Attributes of the result (`kiln.codegen.naming`): `kiln.graph`,
+Attributes of the result (`kiln.ir.attrs`): `kiln.graph`,
 `kiln.num_outputs`, `kiln.tuple_result`, `kiln.output_names` (from the
 function attribute "output_names", else `out0`, `out1`, ...) and
 `kiln.workspace_bytes` (the arena size).
@@ -26,15 +26,17 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from kiln.codegen.naming import (
+from kiln.errors import CompileError
+from kiln.ir import graph as g
+from kiln.ir import tensor as t
+from kiln.ir.attrs import (
+    ATTR_GIVEN_OUTPUT_NAMES,
     ATTR_GRAPH,
     ATTR_NUM_OUTPUTS,
     ATTR_OUTPUT_NAMES,
     ATTR_TUPLE_RESULT,
+    ATTR_WORKSPACE_BYTES,
 )
-from kiln.errors import CompileError
-from kiln.ir import graph as g
-from kiln.ir import tensor as t
 from kiln.ir.module import BaseFunc, IRModule
 from kiln.ir.types import TensorType, TupleType
 from kiln.transform.memory_plan import (
@@ -45,11 +47,6 @@ from kiln.transform.memory_plan import (
     plan_memory,
 )
 from kiln.transform.pass_base import Pass
-
-#: PrimFunc attribute: bytes of the workspace arena the function allocates.
-ATTR_WORKSPACE_BYTES = "kiln.workspace_bytes"
-#: Graph Function attribute naming the outputs (e.g. ONNX output names).
-OUTPUT_NAMES = "output_names"
 
 
 @dataclass(frozen=True)
@@ -271,7 +268,7 @@ def lower_function(name: str, fn: g.Function, mod: IRModule, *,
         assert slot.data is not None
         stmt = t.AllocConst(_buf(slot), slot.data, stmt)
 
-    attrs = {k: v for k, v in fn.attrs.items() if k != OUTPUT_NAMES}
+    attrs = {k: v for k, v in fn.attrs.items() if k != ATTR_GIVEN_OUTPUT_NAMES}
     attrs.update({
         ATTR_GRAPH: True,
         ATTR_NUM_OUTPUTS: len(outs),
@@ -296,7 +293,7 @@ def _nbytes(ty: TensorType) -> int:
 
 
 def _output_names(name: str, fn: g.Function, count: int) -> list[str]:
-    given = fn.attrs.get(OUTPUT_NAMES)
+    given = fn.attrs.get(ATTR_GIVEN_OUTPUT_NAMES)
     if given is None:
         return [f"out{i}" for i in range(count)]
     names = [given] if isinstance(given, str) else list(given)

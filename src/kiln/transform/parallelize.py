@@ -41,6 +41,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from kiln.ir import dtype as dt
+from kiln.ir.attrs import ATTR_GRAPH
 from kiln.ir.module import IRModule
 from kiln.ir.tensor import (
     Allocate,
@@ -107,7 +108,7 @@ class Parallelize(FunctionPass):
         aliased = {name for name in funcs if info.noalias[name] != info.written[name]}
         changed: dict[str, PrimFunc] = {}
         for name, fn in funcs.items():
-            if fn.attrs.get("kiln.graph"):
+            if fn.attrs.get(ATTR_GRAPH):
                 continue
             body = _Scheduler(self, fn, name in aliased).stmt(fn.body)
             if body is not fn.body:

@@ -11,14 +11,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from kiln.codegen.c.analysis import extern_calls
 from kiln.codegen.c.context import ModuleContext
 from kiln.codegen.c.externs import ExternTable
 from kiln.codegen.c.flags import host_cflags, kernel_cflags, toolchain_metadata
-from kiln.codegen.c.helpers import Helpers
 from kiln.codegen.c.kernel import KernelPrinter
-from kiln.codegen.c.outline import outline_parallel_loops, parallel_for_symbol
-from kiln.codegen.c.signature import ParamQualifiers, qualifiers
+from kiln.codegen.cfamily.analysis import extern_calls
+from kiln.codegen.cfamily.helpers import Helpers
+from kiln.codegen.cfamily.signature import ParamQualifiers, qualifiers
 from kiln.codegen.constants import ConstantPool
 from kiln.codegen.naming import (
     C_TYPES,
@@ -26,10 +25,12 @@ from kiln.codegen.naming import (
     consts_symbol,
     kernel_symbol,
     library_metadata,
+    parallel_for_symbol,
 )
 from kiln.errors import CompileError
 from kiln.ir.module import IRModule
 from kiln.ir.tensor import Buffer, Param, PrimFunc
+from kiln.transform.outline import outline_parallel_loops
 
 KERNELS_FILE = "kernels.c"
 CODEGEN_ID = "c"

@@ -5,15 +5,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from kiln.codegen.c.externs import ExternTable
-from kiln.codegen.c.helpers import Helpers
-from kiln.codegen.c.outline import Launch
-from kiln.codegen.c.printer import NameScope
-from kiln.codegen.c.signature import ParamQualifiers
+from kiln.codegen.cfamily.helpers import Helpers
+from kiln.codegen.cfamily.printer import NameScope
+from kiln.codegen.cfamily.signature import ParamQualifiers
 from kiln.codegen.constants import ConstantPool
 from kiln.errors import CompileError
 from kiln.ir import dtype as dt
 from kiln.ir.module import IRModule
 from kiln.ir.tensor import Buffer, CallFunc, Var
+from kiln.transform.outline import Launch
 
 # The value an allocation failure returns from a kernel; host.c turns it into
 # "out of memory allocating a workspace of N bytes" (docs/codegen-c.md).
@@ -48,7 +48,7 @@ class ModuleContext:
     externs: ExternTable
     params: dict[str, ParamQualifiers]  # per kernel: written / restrict parameters
     macros: set[str] = field(default_factory=set)
-    # Parallel loops outlined into loop-body kernels (kiln.codegen.c.outline).
+    # Parallel loops outlined into loop-body kernels (kiln.transform.outline).
     launches: dict[CallFunc, Launch] = field(default_factory=dict)
     uses_consts: bool = False
     uses_malloc: bool = False

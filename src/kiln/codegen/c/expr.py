@@ -21,8 +21,8 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from kiln.codegen.c.context import FuncContext, value_ctype
-from kiln.codegen.c.helpers import suffix
-from kiln.codegen.c.literals import float_literal, int_literal
+from kiln.codegen.cfamily.helpers import suffix
+from kiln.codegen.cfamily.literals import float_literal, int_literal
 from kiln.codegen.naming import C_TYPES
 from kiln.ir import dtype as dt
 from kiln.ir.tensor import (

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kiln.codegen.c.printer import C_KEYWORDS, HELPER_PREFIX
+from kiln.codegen.cfamily.printer import C_KEYWORDS, HELPER_PREFIX
 from kiln.codegen.naming import C_TYPES
 from kiln.errors import CompileError
 from kiln.ir import dtype as dt

@@ -4,7 +4,7 @@ One PrimFunc becomes one raw kernel (docs/abi.md, "Raw kernels"):
 
     KILN_HIDDEN int32_t {prefix}_kernel_{name}(const float* X, ..., float* restrict Y, int64_t n)
 
-(qualifiers: kiln.codegen.c.signature) returning 0, or `STATUS_OUT_OF_MEMORY`
+(qualifiers: kiln.codegen.cfamily.signature) returning 0, or `STATUS_OUT_OF_MEMORY`
 when a heap workspace cannot be allocated (or the non-zero status of a kernel
 it calls). Heap workspaces (`Allocate` with scope "global") are pointers
 declared NULL at the top of the kernel, malloc'ed where the IR allocates them
@@ -17,13 +17,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from kiln.codegen.c.analysis import (
-    calls,
-    has_side_effects,
-    heap_allocations,
-    read_buffers,
-    referenced,
-)
 from kiln.codegen.c.context import (
     STATUS_OUT_OF_MEMORY,
     BufferRef,
@@ -32,19 +25,20 @@ from kiln.codegen.c.context import (
     value_ctype,
 )
 from kiln.codegen.c.expr import ADD, CExpr, ExprEmitter, cast, infix, operand, paren
-from kiln.codegen.c.literals import int_literal
-from kiln.codegen.c.outline import (
-    ATTR_PARALLEL_OF,
-    ATTR_PARALLEL_VAR,
-    COUNT_ARG,
-    FIRST_CAPTURE,
-    parallel_for_symbol,
+from kiln.codegen.cfamily.analysis import (
+    calls,
+    has_side_effects,
+    heap_allocations,
+    read_buffers,
+    referenced,
 )
-from kiln.codegen.c.printer import CPrinter, NameScope
-from kiln.codegen.c.signature import param_ctype
-from kiln.codegen.naming import C_TYPES, consts_symbol, kernel_symbol
+from kiln.codegen.cfamily.literals import int_literal
+from kiln.codegen.cfamily.printer import CPrinter, NameScope
+from kiln.codegen.cfamily.signature import describe_params, param_ctype
+from kiln.codegen.naming import C_TYPES, consts_symbol, kernel_symbol, parallel_for_symbol
 from kiln.errors import IRError
 from kiln.ir import dtype as dt
+from kiln.ir.attrs import ATTR_PARALLEL_OF, ATTR_PARALLEL_VAR
 from kiln.ir.tensor import (
     Allocate,
     AllocConst,
@@ -65,6 +59,7 @@ from kiln.ir.tensor import (
     Store,
     Var,
 )
+from kiln.transform.outline import COUNT_ARG, FIRST_CAPTURE
 
 # The C type of kernels' return value and of the status variable.
 STATUS_CTYPE = "int32_t"
@@ -72,17 +67,6 @@ STATUS_CTYPE = "int32_t"
 MAX_LINE = 100
 # GCC rejects larger `#pragma GCC unroll` counts.
 MAX_UNROLL = 65534
-
-
-def describe_params(fn: PrimFunc) -> str:
-    """`X: float32[4, 4], n: int64`, for comments."""
-    out = []
-    for p in fn.params:
-        if isinstance(p, Buffer):
-            out.append(f"{p.name}: {p.dtype}[{', '.join(str(d) for d in p.shape)}]")
-        else:
-            out.append(f"{p.name}: {p.dtype}")
-    return ", ".join(out)
 
 
 def tail_allocations(body: Stmt) -> set[Allocate]:
@@ -260,7 +244,7 @@ class KernelPrinter:
             else:
                 self.p.line("/* unrolled (extent unknown at compile time) */")
         elif s.kind == "parallel":
-            # Outlined loops never get here (kiln.codegen.c.outline): this one is not
+            # Outlined loops never get here (kiln.transform.outline): this one is not
             # an integer loop with matching bounds.
             self.p.line("/* parallel: runs serially */")
         with self.ctx.names.scope():
@@ -439,7 +423,7 @@ class KernelPrinter:
             self.p.line(f"if ({self.status} != 0) return {self.status};")
 
     def launch(self, s: CallFunc, body: str) -> None:
-        """Run an outlined parallel loop on the thread pool (kiln.codegen.c.outline)."""
+        """Run an outlined parallel loop on the thread pool (kiln.transform.outline)."""
         ctx = self.ctx
         args = self.call_args(s)
         symbol = kernel_symbol(ctx.module.prefix, body)

@@ -20,13 +20,6 @@ from llvmlite import ir
 from llvmlite.ir.values import MDValue
 
 from kiln.codegen.aliasing import analyze, walk_expr
-from kiln.codegen.c.outline import (
-    COUNT_ARG,
-    FIRST_CAPTURE,
-    Launch,
-    outline_parallel_loops,
-    parallel_for_symbol,
-)
 from kiln.codegen.constants import CONST_ALIGN, ConstantPool
 from kiln.codegen.llvm import arith
 from kiln.codegen.llvm.arith import MathContext
@@ -45,7 +38,7 @@ from kiln.codegen.llvm.dtypes import (
 )
 from kiln.codegen.llvm.float16 import HalfConversions
 from kiln.codegen.llvm.intrinsics import emit_intrinsic
-from kiln.codegen.naming import consts_symbol, kernel_symbol
+from kiln.codegen.naming import consts_symbol, kernel_symbol, parallel_for_symbol
 from kiln.errors import CompileError, IRError
 from kiln.ir import dtype as dt
 from kiln.ir.module import IRModule
@@ -74,6 +67,12 @@ from kiln.ir.tensor import (
     Store,
     UnaryOp,
     Var,
+)
+from kiln.transform.outline import (
+    COUNT_ARG,
+    FIRST_CAPTURE,
+    Launch,
+    outline_parallel_loops,
 )
 
 # Non-zero kernel results; the host entry (kiln/codegen/host.py) maps them to
@@ -844,7 +843,7 @@ def _call_func(fl: _FunctionLowering, s: CallFunc) -> None:
 
 def _launch(fl: _FunctionLowering, launch: Launch, values: list[ir.Value]) -> ir.Value:
     """Run an outlined parallel loop: captured values into a stack context struct,
-    then `{prefix}_parallel_for(count, @{body}.run, context)` (kiln.codegen.c.outline)."""
+    then `{prefix}_parallel_for(count, @{body}.run, context)` (kiln.transform.outline)."""
     parent = fl.parent
     body = parent.kernels[launch.body]
     struct = parent.context_type(body)

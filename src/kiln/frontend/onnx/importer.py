@@ -22,6 +22,7 @@ import numpy as np
 from kiln._registry import suggest
 from kiln.errors import FrontendError, IRError
 from kiln.ir import graph as g
+from kiln.ir.attrs import ATTR_GIVEN_OUTPUT_NAMES
 from kiln.ir.builder import IRBuilder
 from kiln.ir.dtype import from_numpy, to_numpy
 from kiln.ir.module import IRModule
@@ -264,7 +265,7 @@ class _Importer:
                 outputs.append(self._as_result(self.values[out.name], seen))
             if not outputs:
                 raise FrontendError("the model has no outputs")
-            self.ib.func_attr("output_names", tuple(o.name for o in self.graph.output))
+            self.ib.func_attr(ATTR_GIVEN_OUTPUT_NAMES, tuple(o.name for o in self.graph.output))
             self.ib.ret(outputs[0] if len(outputs) == 1 else g.Tuple(tuple(outputs)))
         return self.ib.get()
 

@@ -45,3 +45,14 @@ def param_ctype(param: Param, index: int, quals: ParamQualifiers) -> str:
     if index not in quals.written:
         return f"const {ctype}*"
     return f"{ctype}* restrict" if index in quals.restrict else f"{ctype}*"
+
+
+def describe_params(fn: PrimFunc) -> str:
+    """`X: float32[4, 4], n: int64`, for comments."""
+    out = []
+    for p in fn.params:
+        if isinstance(p, Buffer):
+            out.append(f"{p.name}: {p.dtype}[{', '.join(str(d) for d in p.shape)}]")
+        else:
+            out.append(f"{p.name}: {p.dtype}")
+    return ", ".join(out)

@@ -5,11 +5,18 @@ module: every dtype, loop kind, buffer scope, attribute, extern dependency and
 constant is written out. Literals are typed (`T.float32(1.5)`) except int64
 ones where a plain Python int reads back as int64; names are made unique and
 valid from the nodes' hints.
+
+It is also the IR's only printer for messages: `print_function` records the
+lines each statement and binding occupies (the verifier quotes the lines around
+a fault, `Printed.excerpt`), and `NodeText` gives one line for any node
+(structural-equality diffs, interpreter errors). It lives in `kiln.ir` so the
+IR needs nothing above it; `kiln.script` re-exports `print_module` / `print_func`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -19,17 +26,17 @@ from kiln.ir import dtype as dt
 from kiln.ir import graph as g
 from kiln.ir import tensor as t
 from kiln.ir.dtype import INDEX_DTYPE
-from kiln.ir.module import BaseFunc, IRModule
-from kiln.ir.types import TensorType, TupleType, Type
-from kiln.script.literals import (
+from kiln.ir.literals import (
     array_literal,
     literal,
     literal_is_exact,
     quote,
     special_float_name,
 )
-from kiln.script.metadata import ScriptText, format_section
-from kiln.script.names import Namer, is_plain_name, sanitize
+from kiln.ir.metadata import ScriptText, format_section
+from kiln.ir.module import BaseFunc, IRModule
+from kiln.ir.names import Namer, is_plain_name, sanitize
+from kiln.ir.types import TensorType, TupleType, Type
 
 METADATA_MODES = ("auto", "inline", "reference")
 DEFAULT_INLINE_LIMIT = 16
@@ -106,7 +113,7 @@ def print_func(
 class _ModulePrinter:
     """State shared by the functions of one module: the metadata table."""
 
-    def __init__(self, mode: str, inline_limit: int) -> None:
+    def __init__(self, mode: str, inline_limit: int, *, for_messages: bool = False) -> None:
         if mode not in METADATA_MODES:
             raise IRError(f"unknown metadata mode {mode!r}; known: {', '.join(METADATA_MODES)}")
         self.mode = mode
@@ -114,6 +121,16 @@ class _ModulePrinter:
         self.meta: dict[str, np.ndarray] = {}
         self._meta_keys: dict[int, str] = {}
         self._key_namer = Namer(frozenset())
+        # Messages quote ill-formed IR too: an attribute no literal spells prints as repr.
+        self.for_messages = for_messages
+
+    def literal(self, value: Any) -> str:
+        try:
+            return literal(value)
+        except IRError:
+            if not self.for_messages:
+                raise
+            return repr(value)
 
     def function(self, name: str, fn: BaseFunc, indent: str) -> list[str]:
         if isinstance(fn, t.PrimFunc):
@@ -335,6 +352,10 @@ class _PrimPrinter:
         self.namer = Namer()
         self.ex = _ExprPrinter(self.namer)
         self.lines: list[str] = []
+        # id(statement) -> (first, last) line in `lines`; `keep` holds the nodes so ids stay
+        # unique while the spans are used.
+        self.spans: dict[int, tuple[int, int]] = {}
+        self.keep: list[object] = []
 
     def function(self, name: str, fn: t.PrimFunc) -> list[str]:
         deco, def_name = _decorator("T", "prim_func", name, self.indent)
@@ -348,7 +369,7 @@ class _PrimPrinter:
         self.lines = [deco, *_signature(self.indent, def_name, params, "")]
         inner = self.indent + INDENT
         if fn.attrs:
-            self.lines.append(f"{inner}T.func_attr({literal(dict(fn.attrs))})")
+            self.lines.append(f"{inner}T.func_attr({self.module.literal(dict(fn.attrs))})")
         self.stmt(fn.body, inner)
         return self.lines
 
@@ -371,7 +392,13 @@ class _PrimPrinter:
         handler = self._HANDLERS.get(type(s))
         if handler is None:
             raise IRError(f"cannot print tensor-level statement {type(s).__name__}")
+        first = len(self.lines)
         handler(self, s, indent)
+        self._span(s, first)
+
+    def _span(self, node: object, first: int) -> None:
+        self.spans[id(node)] = (first, len(self.lines) - 1)
+        self.keep.append(node)
 
     def _seq(self, s: t.SeqStmt, indent: str) -> None:
         if not s.body:
@@ -410,7 +437,9 @@ class _PrimPrinter:
         self._emit(indent, f"{keyword} {self.ex.text(s.cond)}:")
         self._block(s.then_body, indent)
         if isinstance(s.else_body, t.IfThenElse):
+            first = len(self.lines)
             self._if(s.else_body, indent, "elif")
+            self._span(s.else_body, first)
         elif s.else_body is not None:
             self._emit(indent, "else:")
             self._block(s.else_body, indent)
@@ -472,6 +501,8 @@ class _GraphPrinter:
         self.indent = indent
         self.namer = Namer()
         self.ex = _ExprPrinter(self.namer)  # symbolic dims of tensor types
+        self.spans: dict[int, tuple[int, int]] = {}  # id(binding or result) -> its line
+        self.keep: list[object] = []
 
     def function(self, name: str, fn: g.Function) -> list[str]:
         deco, def_name = _decorator("G", "function", name, self.indent)
@@ -485,12 +516,18 @@ class _GraphPrinter:
         lines = [deco, *_signature(self.indent, def_name, params, ret)]
         inner = self.indent + INDENT
         if fn.attrs:
-            lines.append(f"{inner}G.func_attr({literal(dict(fn.attrs))})")
+            lines.append(f"{inner}G.func_attr({self.module.literal(dict(fn.attrs))})")
         for b in fn.bindings:
-            value = self.expr(b.value, b.var.var_type)
-            lines.append(f"{inner}{self.var(b.var)}: {self.type(b.var.var_type)} = {value}")
+            self.spans[id(b)] = (len(lines), len(lines))
+            lines.append(f"{inner}{self.binding(b)}")
+        self.spans[id(fn.result)] = (len(lines), len(lines))
+        self.keep.extend((*fn.bindings, fn.result))
         lines.append(f"{inner}return {self.expr(fn.result)}")
         return lines
+
+    def binding(self, b: g.Binding) -> str:
+        value = self.expr(b.value, b.var.var_type)
+        return f"{self.var(b.var)}: {self.type(b.var.var_type)} = {value}"
 
     def var(self, v: g.Var) -> str:
         return self.namer.name(v, v.name)
@@ -513,7 +550,7 @@ class _GraphPrinter:
             return f"G.const({', '.join(args)})"
         if isinstance(e, g.Call):
             parts = [quote(e.op), *(self.expr(a) for a in e.args)]
-            parts.extend(_call_attrs(e.attrs))
+            parts.extend(_call_attrs(e.attrs, self.module.literal))
             if binding_type is None or binding_type != e.ret_type:
                 parts.append(f"ret={self.type(e.ret_type)}")
             return f"G.op({', '.join(parts)})"
@@ -532,9 +569,118 @@ class _GraphPrinter:
 _OP_KEYWORDS = frozenset({"ret", "attrs"})
 
 
-def _call_attrs(attrs: Mapping[str, Any]) -> list[str]:
+def _call_attrs(attrs: Mapping[str, Any], literal: Callable[[Any], str]) -> list[str]:
     if not attrs:
         return []
     if all(is_plain_name(k) and k not in _OP_KEYWORDS for k in attrs):
         return [f"{k}={literal(v)}" for k, v in attrs.items()]
     return [f"attrs={literal(dict(attrs))}"]
+
+
+# --------------------------------------------------------------------------- messages
+
+
+class NodeText:
+    """One line of DSL text for any node, for messages; names stay consistent across
+    calls (and with the function text a `Printed` came from).
+
+    Statements print their first line (`for i in T.serial(4): ...` for one with a
+    body). Ill-formed IR is what messages describe, so a node the DSL cannot spell
+    prints as `<TypeName>` instead of raising.
+    """
+
+    def __init__(self, ex: _ExprPrinter | None = None) -> None:
+        module = _ModulePrinter("reference", DEFAULT_INLINE_LIMIT, for_messages=True)
+        self._prim = _PrimPrinter(module, "")
+        self._graph = _GraphPrinter(module, "")
+        if ex is not None:
+            self._prim.ex, self._prim.namer = ex, ex.namer
+        self._graph.ex, self._graph.namer = self._prim.ex, self._prim.namer
+
+    def node(self, node: object) -> str:
+        """`node` as one line."""
+        try:
+            return self._text(node)
+        except Exception:  # a message must not fail on the IR it reports
+            return f"<{type(node).__name__}>"
+
+    def _text(self, node: object) -> str:
+        if isinstance(node, t.Stmt):
+            self._prim.lines = []
+            self._prim.stmt(node, "")
+            lines = self._prim.lines
+            return lines[0] + (" ..." if len(lines) > 1 else "")
+        if isinstance(node, t.Buffer):
+            return self._prim.ex.buffer(node)
+        if isinstance(node, t.PrimExpr):
+            return self._prim.ex.text(node)
+        if isinstance(node, g.Binding):
+            return self._graph.binding(node)
+        if isinstance(node, g.Expr):
+            return self._graph.expr(node)
+        if isinstance(node, (TensorType, TupleType)):
+            return self._graph.type(node)
+        if isinstance(node, t.PrimFunc):
+            return f"<PrimFunc({', '.join(self._prim._param(p) for p in node.params)})>"
+        if isinstance(node, g.Function):
+            params = ", ".join(f"{self._graph.var(p)}: {self._graph.type(p.var_type)}"
+                               for p in node.params)
+            return f"<Function({params})>"
+        if isinstance(node, np.ndarray):
+            return f"<{node.dtype} array {tuple(node.shape)}>"
+        return repr(node)
+
+
+@dataclass
+class Printed:
+    """A function's DSL text with the lines of each statement and binding."""
+
+    lines: list[str]
+    # id(node) -> (first line, last line), 0-based, inclusive.
+    spans: dict[int, tuple[int, int]] = field(default_factory=dict)
+    # One-line text of nodes, named as in `lines`.
+    nodes: NodeText = field(default_factory=NodeText)
+    keep: list[object] = field(default_factory=list)  # the spanned nodes, so ids stay valid
+
+    def text(self) -> str:
+        return "\n".join(self.lines)
+
+    def excerpt(self, node: object, context: int = 3) -> str:
+        """Numbered lines around `node`, its line(s) marked `>`; the start of the
+        function if `node` has no line of its own."""
+        lines = self.lines
+        span = self.spans.get(id(node))
+        width = len(str(len(lines)))
+        if span is None:
+            lo, hi, mark = 0, min(len(lines), 2 * context + 4) - 1, (-1, -1)
+        else:
+            first, last = span
+            # A statement with a body is marked by its header line only.
+            if last > first and not isinstance(node, (t.Store, t.Evaluate, t.CallFunc)):
+                last = first
+            lo, hi = max(0, first - context), min(len(lines) - 1, last + context)
+            mark = (first, last)
+        out = []
+        if lo > 0:
+            out.append(" " * (width + 5) + "...")
+        for i in range(lo, hi + 1):
+            arrow = ">" if mark[0] <= i <= mark[1] else " "
+            out.append(f"  {arrow} {i + 1:>{width}} | {lines[i]}")
+        if hi < len(lines) - 1:
+            out.append(" " * (width + 5) + "...")
+        return "\n".join(out)
+
+
+def print_function(name: str, fn: BaseFunc) -> Printed:
+    """`fn` as DSL text with line spans, for messages: constants above the inline
+    limit print as `meta[...]` references (the text has no metadata section)."""
+    module = _ModulePrinter("reference", DEFAULT_INLINE_LIMIT, for_messages=True)
+    if isinstance(fn, t.PrimFunc):
+        prim = _PrimPrinter(module, "")
+        lines = prim.function(name, fn)
+        return Printed(lines, prim.spans, NodeText(prim.ex), prim.keep)
+    if isinstance(fn, g.Function):
+        graph = _GraphPrinter(module, "")
+        lines = graph.function(name, fn)
+        return Printed(lines, graph.spans, NodeText(graph.ex), graph.keep)
+    raise IRError(f"cannot print {type(fn).__name__} {name!r}")

@@ -23,7 +23,7 @@ import numpy as np
 
 from kiln.errors import IRError
 from kiln.ir.dtype import from_numpy, to_numpy
-from kiln.script.literals import literal, quote
+from kiln.ir.literals import literal, quote
 
 Metadata = dict[str, np.ndarray]
 MetadataLike = Mapping[str, np.ndarray] | str | os.PathLike[str] | None

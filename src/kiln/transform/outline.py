@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from kiln.codegen.aliasing import analyze
 from kiln.errors import CompileError
 from kiln.ir import dtype as dt
+from kiln.ir.attrs import ATTR_PARALLEL_OF, ATTR_PARALLEL_VAR, ATTR_PRIVATE
 from kiln.ir.module import BaseFunc, IRModule
 from kiln.ir.tensor import (
     Allocate,
@@ -64,15 +65,7 @@ from kiln.ir.tensor import (
     seq,
 )
 
-# Attributes of an outlined loop body (for comments and inspection).
-ATTR_PARALLEL_OF = "kiln.parallel_loop_of"   # the kernel the loop came from
-ATTR_PARALLEL_VAR = "kiln.parallel_loop_var"  # the loop variable's name hint
 INDEX = "int64"
-
-
-def parallel_for_symbol(prefix: str) -> str:
-    """The thread pool's entry in host.c (hidden): `{prefix}_parallel_for`."""
-    return f"{prefix}_parallel_for"
 
 
 # A launch CallFunc's arguments: (0, iteration count, captured values...), matching
@@ -202,7 +195,7 @@ class _Outliner:
         name = self.fresh_name()
         params: tuple[Buffer | Var, ...] = (begin, end, *buffers, *scalars)
         self.bodies[name] = PrimFunc(params, body, {
-            "kiln.private": True, ATTR_PARALLEL_OF: self.name,
+            ATTR_PRIVATE: True, ATTR_PARALLEL_OF: self.name,
             ATTR_PARALLEL_VAR: loop.var.name})
         count = loop.extent if loop.extent.dtype == INDEX else Cast(INDEX, loop.extent)
         launch = CallFunc(name, (Const(0, INDEX), count, *buffers, *scalars))
@@ -382,13 +375,10 @@ def _written_buffers(body: Stmt, funcs: dict[str, PrimFunc],
 
 
 __all__ = [
-    "ATTR_PARALLEL_OF",
-    "ATTR_PARALLEL_VAR",
     "COUNT_ARG",
     "FIRST_CAPTURE",
     "Launch",
     "Outlined",
     "has_parallel_loops",
     "outline_parallel_loops",
-    "parallel_for_symbol",
 ]

@@ -1,0 +1,76 @@
+"""What bench/models.py and bench/kernels.py share: timing, the host line, errors.
+
+Not a benchmark itself. The bench scripts run as `python bench/<name>.py`, so
+this folder is first on `sys.path` and they import it as `harness`.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+
+import numpy as np
+
+import kiln
+
+# Features worth naming when describing a CPU (the host target lists ~150).
+NOTABLE_FEATURES = (
+    "sse4.2", "avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512vnni",
+    "avx512bf16", "avx512fp16", "avxvnni", "amx-tile", "amx-bf16", "amx-int8",
+    "neon", "fp-armv8", "dotprod", "i8mm", "bf16", "sve", "sve2", "sme", "v", "zvfh",
+)
+
+
+def describe_target(target: kiln.target.Target) -> str:
+    """`mcpu` and the notable `+features` of a target, e.g. 'znver5 (avx2 fma avx512f ...)'."""
+    mattr = target.get("mattr", ()) or ()
+    enabled = {f[1:] for f in mattr if f.startswith("+")}
+    notable = [f for f in NOTABLE_FEATURES if f in enabled]
+    return f"{target.get('mcpu', '') or '?'} ({' '.join(notable) or 'no notable features'})"
+
+
+def alternating_blocks_ms(fns: dict[str, Callable[[], object]], calls: int,
+                          rounds: int = 5) -> dict[str, float]:
+    """Median milliseconds per call of each function: `rounds` rounds, each running
+    every function in its own block of calls (after a pause and one warm-up call),
+    so slow drift of a shared machine hits all alike while each runtime's thread
+    pool runs undisturbed by the other's spinning threads."""
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    rounds = max(1, min(rounds, calls))
+    per_block = max(1, calls // rounds)
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            time.sleep(0.05)  # let the other runtime's spinning threads go to sleep
+            fn()
+            for _ in range(per_block):
+                start = time.perf_counter()
+                fn()
+                times[name].append(time.perf_counter() - start)
+    return {name: statistics.median(t) * 1e3 for name, t in times.items()}
+
+
+def calls_within(fns: dict[str, Callable[[], object]], repeat: int, seconds: float) -> int:
+    """How many timed calls of each function fit in about `seconds` in all (at most
+    `repeat`, at least 3), judged from one call of each (which also warms them up)."""
+    one = 0.0
+    for fn in fns.values():
+        start = time.perf_counter()
+        fn()
+        one += time.perf_counter() - start
+    return max(3, min(repeat, int(seconds / max(one, 1e-9))))
+
+
+def rel_l2(actual: np.ndarray, expected: np.ndarray) -> float:
+    """Relative L2 error of `actual` against `expected`."""
+    actual = np.asarray(actual, dtype=np.float64)
+    expected = np.asarray(expected, dtype=np.float64)
+    scale = max(float(np.linalg.norm(expected)), 1e-30)
+    return float(np.linalg.norm(actual - expected)) / scale
+
+
+def short_error(exc: BaseException, width: int = 90) -> str:
+    """One line naming an exception: its type and the start of its first line."""
+    first = (str(exc).strip().splitlines() or [""])[0]
+    text = f"{type(exc).__name__}: {first}" if first else type(exc).__name__
+    return text if len(text) <= width else text[: width - 3] + "..."

@@ -1,0 +1,349 @@
+"""Kernel benchmark: one GEMM or convolution, kiln vs numpy's BLAS vs onnxruntime.
+
+    .venv/bin/python bench/kernels.py [--kernels gemm,conv,dw | NAME,...] [--repeat 20]
+                                      [--seconds 3] [--target llvm] [--keep-openblas-coretype]
+
+Each kernel is a one-node ONNX model with its weights as initializers
+(MatMul with a constant right-hand side, or Conv with constant weights and
+bias, batch 1, NCHW, float32):
+
+- `gemm`: MatMul MxKxN, square 256..2048 and tall-skinny / BERT-like shapes;
+- `conv`: single convolutions with ResNet-18's 3x3 and 1x1 shapes (and its
+  7x7 stem, and two MobileNetV2 1x1 layers);
+- `dw`: depthwise 3x3 convolutions of MobileNetV2.
+
+The model is compiled with `kiln.compile(from_onnx(model), target)` (default:
+`Target.from_host()`) and run against a one-node onnxruntime session
+(`intra_op_num_threads=2`, CPU provider) and a numpy reference in this same
+process: for GEMM `a @ b`; for a dense convolution numpy's BLAS GEMM of the
+im2col matrices (`w[Cout, Cin*kh*kw] @ cols[Cin*kh*kw, Ho*Wo]`; building the
+columns is not timed, so this is what BLAS reaches on the convolution's GEMM
+shape); for a depthwise convolution nine shifted multiply-adds over the
+padded input. Each runtime is timed in alternating blocks of calls (median
+of up to `--repeat` calls, fewer when `--seconds` per kernel would not hold
+them). numpy runs twice, with OpenBLAS on one thread (`np1`) and on two
+(`np2`): on a loaded 2-core machine OpenBLAS's two threads wait for each
+other and can be far slower than one. Columns: GFLOP/s of each (FLOP = 2 x
+multiply-adds); kiln's, the better numpy's and ort's as a percentage of this
+machine's float32 FMA peak on two cores (`%pk`; measured first by
+bench/peak.py's generated kernel); kiln's throughput as a percentage of the
+better numpy's and of onnxruntime's (higher is better); the relative L2 error
+of kiln's output against onnxruntime's; kiln's compile time.
+
+These machines set `OPENBLAS_CORETYPE`, which pins OpenBLAS to an older
+kernel set; unless `--keep-openblas-coretype` is given the script re-executes
+itself without it, so numpy's BLAS picks the kernels for this CPU. The header
+prints which core OpenBLAS uses and how many threads. kiln's parallel loops
+use `KILN_NUM_THREADS` threads (default: every online CPU). Prints a table;
+asserts nothing (this is not a test).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import os
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import onnx
+from harness import alternating_blocks_ms, calls_within, describe_target, rel_l2, short_error
+from onnx import TensorProto, helper, numpy_helper
+from peak import measure_peak
+
+import kiln
+from kiln.frontend import from_onnx
+
+DROPPED_CORETYPE = "KILN_BENCH_DROPPED_OPENBLAS_CORETYPE"
+
+
+@dataclass(frozen=True)
+class Gemm:
+    """MatMul of a[M, K] (input) by b[K, N] (constant)."""
+
+    m: int
+    k: int
+    n: int
+
+    @property
+    def name(self) -> str:
+        return f"gemm {self.m}x{self.k}x{self.n}"
+
+    @property
+    def group(self) -> str:
+        return "gemm"
+
+    @property
+    def flop(self) -> int:
+        return 2 * self.m * self.k * self.n
+
+
+@dataclass(frozen=True)
+class Conv:
+    """Conv of x[1, cin, size, size] with a k x k kernel, 'same' padding, bias."""
+
+    cin: int
+    cout: int
+    size: int
+    k: int = 3
+    stride: int = 1
+    depthwise: bool = False
+
+    @property
+    def name(self) -> str:
+        kind = "dw" if self.depthwise else "conv"
+        s = f"/{self.stride}" if self.stride != 1 else ""
+        return f"{kind}{self.k}x{self.k}{s} {self.cin}>{self.cout} @{self.size}"
+
+    @property
+    def group(self) -> str:
+        return "dw" if self.depthwise else "conv"
+
+    @property
+    def groups(self) -> int:
+        return self.cin if self.depthwise else 1
+
+    @property
+    def out_size(self) -> int:
+        return (self.size + 2 * (self.k // 2) - self.k) // self.stride + 1
+
+    @property
+    def flop(self) -> int:
+        return (2 * self.cout * self.out_size**2 * (self.cin // self.groups) * self.k * self.k)
+
+
+Kernel = Gemm | Conv
+
+KERNELS: list[Kernel] = [
+    Gemm(256, 256, 256), Gemm(512, 512, 512), Gemm(1024, 1024, 1024), Gemm(2048, 2048, 2048),
+    Gemm(2048, 2048, 64), Gemm(64, 2048, 2048),  # tall-skinny: narrow output, short input
+    Gemm(128, 768, 768), Gemm(128, 768, 3072), Gemm(128, 3072, 768),  # BERT-base, seq 128
+    # ResNet-18: 3x3 of each stage, a stride-2 3x3, the 1x1/2 projections, the 7x7/2 stem
+    Conv(64, 64, 56), Conv(128, 128, 28), Conv(256, 256, 14), Conv(512, 512, 7),
+    Conv(64, 128, 56, stride=2), Conv(64, 128, 56, k=1, stride=2),
+    Conv(256, 512, 14, k=1, stride=2), Conv(3, 64, 224, k=7, stride=2),
+    # MobileNetV2 1x1 expansion / projection and depthwise layers
+    Conv(24, 144, 56, k=1), Conv(144, 24, 56, k=1),
+    Conv(144, 144, 56, depthwise=True), Conv(96, 96, 112, stride=2, depthwise=True),
+    Conv(960, 960, 7, depthwise=True),
+]
+
+
+def one_node_model(kernel: Kernel, rng: np.random.Generator
+                   ) -> tuple[onnx.ModelProto, np.ndarray, list[np.ndarray]]:
+    """The one-node ONNX model of `kernel`, an input, and its constant operands."""
+    if isinstance(kernel, Gemm):
+        x = rng.standard_normal((kernel.m, kernel.k)).astype(np.float32)
+        consts = [(rng.standard_normal((kernel.k, kernel.n)) / np.sqrt(kernel.k)).astype(
+            np.float32)]
+        node = helper.make_node("MatMul", ["x", "c0"], ["y"])
+        out_shape = [kernel.m, kernel.n]
+    else:
+        x = rng.standard_normal((1, kernel.cin, kernel.size, kernel.size)).astype(np.float32)
+        fan_in = kernel.cin // kernel.groups * kernel.k**2
+        consts = [(rng.standard_normal((kernel.cout, kernel.cin // kernel.groups, kernel.k,
+                                        kernel.k)) / np.sqrt(fan_in)).astype(np.float32),
+                  rng.standard_normal(kernel.cout).astype(np.float32) * 0.1]
+        node = helper.make_node("Conv", ["x", "c0", "c1"], ["y"],
+                                kernel_shape=[kernel.k, kernel.k], pads=[kernel.k // 2] * 4,
+                                strides=[kernel.stride] * 2, group=kernel.groups)
+        out_shape = [1, kernel.cout, kernel.out_size, kernel.out_size]
+    graph = helper.make_graph(
+        [node], kernel.name.replace(" ", "_"),
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(x.shape))],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, out_shape)],
+        [numpy_helper.from_array(c, f"c{i}") for i, c in enumerate(consts)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    return model, x, consts
+
+
+def numpy_reference(kernel: Kernel, x: np.ndarray, consts: list[np.ndarray]
+                    ) -> tuple[Callable[[], np.ndarray], Callable[[np.ndarray], np.ndarray]]:
+    """The timed numpy call, and how to turn its result into the kernel's output."""
+    if isinstance(kernel, Gemm):
+        b = consts[0]
+        return (lambda: x @ b), (lambda y: y)
+    w, bias = consts
+    k, s, ho = kernel.k, kernel.stride, kernel.out_size
+    padded = np.pad(x[0], ((0, 0), (k // 2, k // 2), (k // 2, k // 2)))
+    span = s * (ho - 1) + 1
+
+    def tap(i: int, j: int) -> np.ndarray:
+        return padded[:, i:i + span:s, j:j + span:s]
+
+    if kernel.depthwise:
+        taps = [(tap(i, j), w[:, 0, i, j, None, None]) for i in range(k) for j in range(k)]
+
+        def depthwise() -> np.ndarray:
+            acc = taps[0][0] * taps[0][1]
+            for t, wt in taps[1:]:
+                acc += t * wt
+            return acc
+
+        return depthwise, lambda y: (y + bias[:, None, None])[None]
+    # im2col: rows ordered (cin, i, j) as w.reshape(cout, -1)
+    cols = np.ascontiguousarray(np.stack([tap(i, j) for i in range(k) for j in range(k)],
+                                         axis=1).reshape(kernel.cin * k * k, ho * ho))
+    wmat = np.ascontiguousarray(w.reshape(kernel.cout, -1))
+    return (lambda: wmat @ cols), lambda y: (y + bias[:, None]).reshape(1, kernel.cout, ho, ho)
+
+
+def run(kernel: Kernel, target: kiln.target.Target, repeat: int, seconds: float,
+        blas: OpenBlas | None) -> dict[str, float] | str:
+    """GFLOP/s of kiln, numpy and ort on `kernel`, or why kiln could not run it."""
+    import onnxruntime as ort
+
+    model, x, consts = one_node_model(kernel, np.random.default_rng(0))
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 2
+    session = ort.InferenceSession(model.SerializeToString(), options,
+                                   providers=["CPUExecutionProvider"])
+    feed = {"x": x}
+    expected = session.run(None, feed)[0]
+    np_call, np_output = numpy_reference(kernel, x, consts)
+    np_error = rel_l2(np_output(np_call()), expected)
+    if np_error > 1e-4:  # the reference computes something else: a bug in this script
+        raise AssertionError(f"{kernel.name}: numpy reference differs from ort ({np_error:.1e})")
+
+    start = time.perf_counter()
+    try:
+        ex = kiln.compile(from_onnx(model), target)
+        fn = ex["main"]
+        actual = np.asarray(fn(x))
+    except Exception as exc:  # a benchmark reports what fails and goes on
+        return short_error(exc)
+    compile_s = time.perf_counter() - start
+
+    fns = {"kiln": lambda: fn(x), "numpy1": numpy_on_threads(np_call, blas, 1),
+           "numpy2": numpy_on_threads(np_call, blas, 2),
+           "ort": lambda: session.run(None, feed)}
+    calls = calls_within(fns, repeat, seconds)
+    ms = alternating_blocks_ms(fns, calls)
+    result = {f"{name}_gflops": kernel.flop / (t * 1e-3) / 1e9 for name, t in ms.items()}
+    return {**result, "compile_s": compile_s, "rel_l2": rel_l2(actual, expected),
+            "calls": calls, "cache_hit": float(ex.cache_hit)}
+
+
+@dataclass(frozen=True)
+class OpenBlas:
+    """numpy's OpenBLAS: its core type, and its thread count (which can be set)."""
+
+    library: str
+    corename: str
+    get_threads: Callable[[], int]
+    set_threads: Callable[[int], None]
+
+
+def find_openblas() -> OpenBlas | None:
+    """The OpenBLAS numpy loaded (Linux: found in /proc/self/maps), or None."""
+    try:
+        with open("/proc/self/maps") as maps:
+            paths = {line.split()[-1] for line in maps if "openblas" in line.lower()}
+    except OSError:
+        return None
+    for path in sorted(paths):
+        lib = ctypes.CDLL(path)  # already loaded: the same handle
+        for prefix, suffix in (("openblas_", ""), ("scipy_openblas_", "64_"),
+                               ("openblas_", "64_")):
+            names = [f"{prefix}{what}{suffix}"
+                     for what in ("get_corename", "get_num_threads", "set_num_threads")]
+            if all(hasattr(lib, name) for name in names):
+                corename, get_threads, set_threads = (getattr(lib, name) for name in names)
+                corename.restype = ctypes.c_char_p
+                return OpenBlas(os.path.basename(path), corename().decode(), get_threads,
+                                set_threads)
+    return None
+
+
+def numpy_on_threads(call: Callable[[], object], blas: OpenBlas | None, threads: int
+                     ) -> Callable[[], object]:
+    """`call` run with numpy's OpenBLAS on `threads` threads (as is without OpenBLAS)."""
+    if blas is None:
+        return call
+
+    def on_threads() -> object:
+        blas.set_threads(threads)  # a store into OpenBLAS's settings: ~1 us
+        return call()
+
+    return on_threads
+
+
+def selected(spec: str) -> list[Kernel]:
+    """Kernels named by a comma-separated list of groups (gemm, conv, dw) or names."""
+    items = [item.strip() for item in spec.split(",")]
+    picked = [k for k in KERNELS if k.group in items or k.name in items]
+    unknown = set(items) - {k.group for k in KERNELS} - {k.name for k in KERNELS}
+    if unknown or not picked:
+        names = "; ".join(k.name for k in KERNELS)
+        raise SystemExit(f"unknown kernels {sorted(unknown)}; choose groups gemm, conv, dw "
+                         f"or names: {names}")
+    return picked
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--kernels", default="gemm,conv,dw",
+                        help="comma-separated groups (gemm, conv, dw) or kernel names")
+    parser.add_argument("--repeat", type=int, default=20, help="most timed calls per runtime")
+    parser.add_argument("--seconds", type=float, default=3.0,
+                        help="time budget per kernel for the timed calls (all runtimes)")
+    parser.add_argument("--target", default=None, help="kiln target (default: this host)")
+    parser.add_argument("--keep-openblas-coretype", action="store_true",
+                        help="keep OPENBLAS_CORETYPE for numpy (default: re-run without it)")
+    args = parser.parse_args()
+    if "OPENBLAS_CORETYPE" in os.environ and not args.keep_openblas_coretype:
+        # OpenBLAS reads it when numpy loads: only a fresh process can drop it.
+        env = dict(os.environ)
+        env[DROPPED_CORETYPE] = env.pop("OPENBLAS_CORETYPE")
+        sys.stdout.flush()
+        os.execve(sys.executable, [sys.executable, *sys.argv], env)
+    kernels = selected(args.kernels)
+    target = kiln.target.Target.from_host() if args.target is None else kiln.target.Target(
+        args.target)
+
+    coretype = os.environ.get("OPENBLAS_CORETYPE")
+    if coretype is not None:
+        how = f"OPENBLAS_CORETYPE={coretype} kept"
+    elif DROPPED_CORETYPE in os.environ:
+        how = f"OPENBLAS_CORETYPE={os.environ[DROPPED_CORETYPE]} removed (re-executed)"
+    else:
+        how = "OPENBLAS_CORETYPE not set"
+    peak = measure_peak(threads=2)
+    blas = find_openblas()
+    blas_text = (f"OpenBLAS core {blas.corename}, {blas.get_threads()} threads by default "
+                 f"({blas.library}); timed on 1 and on 2 threads"
+                 if blas is not None else "not OpenBLAS (threads not set)")
+    threads = os.environ.get("KILN_NUM_THREADS", f"all ({os.cpu_count()})")
+    print(f"target: {target.kind.name} {describe_target(target)}")
+    print(peak.describe())
+    print(f"numpy {np.__version__}: {blas_text}; {how}")
+    print(f"KILN_NUM_THREADS: {threads}   ort threads: 2   median of up to {args.repeat} "
+          f"calls in {args.seconds:g} s, alternating blocks; %pk: percent of "
+          f"{peak.all_threads:.0f} GFLOP/s")
+    header = (f"{'kernel':<24} {'MFLOP':>6} {'kiln GF/s':>9} {'np1 GF/s':>8} {'np2 GF/s':>8} "
+              f"{'ort GF/s':>8} {'kiln %pk':>8} {'np %pk':>6} {'ort %pk':>7} {'kiln %np':>8} "
+              f"{'kiln %ort':>9} {'rel L2':>7} {'compile s':>9}")
+    print(header)
+    print("-" * len(header))
+    for kernel in kernels:
+        r = run(kernel, target, args.repeat, args.seconds, blas)
+        if isinstance(r, str):
+            print(f"{kernel.name:<24} skipped: {r}", flush=True)
+            continue
+        k, o = r["kiln_gflops"], r["ort_gflops"]
+        n1, n2 = r["numpy1_gflops"], r["numpy2_gflops"]
+        n = max(n1, n2)
+        pk = 100 / peak.all_threads
+        print(f"{kernel.name:<24} {kernel.flop / 1e6:>6.0f} {k:>9.1f} {n1:>8.1f} {n2:>8.1f} "
+              f"{o:>8.1f} {k * pk:>8.1f} {n * pk:>6.1f} {o * pk:>7.1f} {100 * k / n:>8.0f} "
+              f"{100 * k / o:>9.0f} {r['rel_l2']:>7.0e} {r['compile_s']:>9.2f}"
+              f"{' (cache hit)' if r['cache_hit'] else ''}", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,36 @@
+"""The function attributes kiln itself reads and writes, by name.
+
+A function's `attrs` is an open mapping (users and importers add their own keys,
+printed and compared like any other), so the keys stay plain `str` values; what
+this module fixes is the spelling of the ones kiln's passes and backends agree on.
+`kiln.`-prefixed keys are set by kiln; the two unprefixed ones are for users.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+# Set by the user (or the ONNX importer) on a graph function.
+ATTR_GIVEN_OUTPUT_NAMES: Final = "output_names"  # names of the results, in order
+ATTR_TARGET: Final = "target"                    # compile this function for this target
+
+# Set by LegalizeOps / FuseOps on the PrimFuncs they create: reachable only through a
+# call, so dead-code elimination may drop them and they get no public entry.
+ATTR_PRIVATE: Final = "kiln.private"
+
+# Set by LowerGraphToTensor on the PrimFunc a graph function becomes; the ABI reads them.
+ATTR_GRAPH: Final = "kiln.graph"                  # lowered from a graph-level function
+ATTR_NUM_OUTPUTS: Final = "kiln.num_outputs"      # trailing buffer params the caller allocates
+ATTR_TUPLE_RESULT: Final = "kiln.tuple_result"    # the graph result was a tuple
+ATTR_OUTPUT_NAMES: Final = "kiln.output_names"    # names of those output buffers
+ATTR_WORKSPACE_BYTES: Final = "kiln.workspace_bytes"  # size of the workspace arena
+
+# Set by loop outlining (kiln.transform.outline) on an outlined parallel loop body.
+ATTR_PARALLEL_OF: Final = "kiln.parallel_loop_of"   # the kernel the loop came from
+ATTR_PARALLEL_VAR: Final = "kiln.parallel_loop_var"  # the loop variable's name hint
+
+KILN_ATTRS: Final = frozenset({
+    ATTR_PRIVATE, ATTR_GRAPH, ATTR_NUM_OUTPUTS, ATTR_TUPLE_RESULT, ATTR_OUTPUT_NAMES,
+    ATTR_WORKSPACE_BYTES, ATTR_PARALLEL_OF, ATTR_PARALLEL_VAR,
+})
+"""Every attribute key kiln sets itself."""

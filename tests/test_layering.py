@@ -1,0 +1,144 @@
+"""The package layering, read from the source (docs/ir.md, "Layers").
+
+Every `import` and `from ... import` in every module of src/kiln counts, including
+the ones inside functions and under `if TYPE_CHECKING:`, and so does
+`importlib.import_module("kiln....")` with a literal name: a lazy import is
+still a dependency.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+import kiln
+
+SRC = Path(kiln.__file__).resolve().parent
+
+# Packages that make up the compiler: what `runtime` and `artifact` must not need.
+COMPILER = ("ir", "script", "transform", "codegen", "ops", "frontend", "driver", "target")
+
+# (importing layer, imported layer) pairs that must not occur; "codegen/llvm" is a
+# path prefix, so the rule also covers its submodules.
+FORBIDDEN: list[tuple[str, str]] = [
+    *(("ir", other) for other in ("transform", "codegen", "ops", "frontend", "script",
+                                   "driver")),
+    ("transform", "codegen"),
+    # The host entries and C-family text serve both backends (codegen/cfamily).
+    ("codegen/llvm", "codegen/c"),
+    ("codegen/host", "codegen/c"),
+    ("codegen/cfamily", "codegen/c"),
+    *(("runtime", other) for other in COMPILER),
+    *(("artifact", other) for other in COMPILER),
+]
+
+
+def _module_name(path: Path) -> str:
+    parts = ["kiln", *path.relative_to(SRC).with_suffix("").parts]
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _resolve(module: str, is_package: bool, level: int, name: str | None) -> str:
+    """The absolute name of a (possibly relative) `from` import."""
+    if level == 0:
+        return name or ""
+    base = module.split(".")
+    if not is_package:
+        base.pop()
+    base = base[: len(base) - (level - 1)]
+    return ".".join([*base, name] if name else base)
+
+
+def _is_module(dotted: str) -> bool:
+    parts = dotted.split(".")
+    if parts[0] != "kiln":
+        return False
+    path = SRC.joinpath(*parts[1:])
+    return path.is_dir() or path.with_suffix(".py").is_file()
+
+
+def imports_in(source: str, module: str, is_package: bool = False) -> list[tuple[int, str]]:
+    """(line, absolute module name) of every import in `source`, nested ones included."""
+    found: list[tuple[int, str]] = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            found.extend((node.lineno, alias.name) for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = _resolve(module, is_package, node.level, node.module)
+            found.append((node.lineno, base))
+            # `from kiln import ops` imports the package kiln.ops.
+            found.extend((node.lineno, f"{base}.{alias.name}") for alias in node.names
+                         if _is_module(f"{base}.{alias.name}"))
+        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+              and node.func.attr == "import_module" and node.args
+              and isinstance(node.args[0], ast.Constant)
+              and isinstance(node.args[0].value, str)):
+            found.append((node.lineno, node.args[0].value))
+    return found
+
+
+def imports_of(path: Path) -> list[tuple[int, str]]:
+    return imports_in(path.read_text(encoding="utf-8"), _module_name(path),
+                      path.name == "__init__.py")
+
+
+def _layer(dotted: str) -> str:
+    """"kiln.codegen.llvm.jit" -> "codegen/llvm/jit" (empty outside kiln)."""
+    parts = dotted.split(".")
+    return "/".join(parts[1:]) if parts[0] == "kiln" else ""
+
+
+def _within(layer: str, prefix: str) -> bool:
+    return layer == prefix or layer.startswith(prefix + "/")
+
+
+def offences(module: str, imports: list[tuple[int, str]]) -> list[tuple[int, str, str]]:
+    """(line, imported module, broken rule) for each import `module` must not make."""
+    here = _layer(module)
+    out = []
+    for line, target in imports:
+        there = _layer(target)
+        for src, dst in FORBIDDEN:
+            if _within(here, src) and _within(there, dst) and not _within(there, src):
+                out.append((line, target, f"{src} must not import {dst}"))
+    return out
+
+
+def violations(files: list[Path]) -> list[str]:
+    return [f"{path.relative_to(SRC.parent)}:{line}: imports {target} ({rule})"
+            for path in files
+            for line, target, rule in offences(_module_name(path), imports_of(path))]
+
+
+def test_layering_holds() -> None:
+    files = sorted(SRC.rglob("*.py"))
+    assert len(files) > 100  # the walk found the package
+    bad = violations(files)
+    assert not bad, "layering violations:\n" + "\n".join(bad)
+
+
+@pytest.mark.parametrize("source, expected", [
+    ("from kiln.codegen.naming import x\n", "kiln.codegen.naming"),
+    ("def f():\n    import kiln.ops as ops\n", "kiln.ops"),
+    ("def f():\n    from kiln import ops\n", "kiln.ops"),
+    ("from ..codegen import naming\n", "kiln.codegen.naming"),
+    ("if TYPE_CHECKING:\n    from kiln.transform import Pass\n", "kiln.transform"),
+    ("import importlib\nimportlib.import_module('kiln.frontend')\n", "kiln.frontend"),
+])
+def test_the_walk_sees_every_kind_of_import(source: str, expected: str) -> None:
+    # The same text in a module of kiln.ir breaks a rule; in kiln.driver it does not.
+    found = imports_in(source, "kiln.ir.probe")
+    assert expected in [name for _, name in found]
+    assert [target for _, target, _ in offences("kiln.ir.probe", found)]
+    assert not offences("kiln.driver.probe", imports_in(source, "kiln.driver.probe"))
+
+
+def test_codegen_llvm_rule_is_about_the_c_backend_only() -> None:
+    found = imports_in("from kiln.codegen.c.kernel import x\nfrom kiln.codegen import naming\n",
+                       "kiln.codegen.llvm.probe")
+    assert [target for _, target, _ in offences("kiln.codegen.llvm.probe", found)] == [
+        "kiln.codegen.c.kernel"]
