@@ -38,6 +38,10 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import onnx
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests" / "models"))
@@ -46,17 +50,7 @@ MB = 1e6
 CHAIN_OPS = ("Add", "Sigmoid", "Sub", "Tanh")
 
 
-def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return "unknown CPU"
-
-
-def chain(nodes: int):  # -> onnx.ModelProto
+def chain(nodes: int) -> onnx.ModelProto:
     """`nodes` elementwise nodes in one chain; the binary ones reuse the input."""
     from onnx import TensorProto, helper
 
@@ -122,8 +116,7 @@ def worker(path: str, target_text: str, out_dir: str, warm: bool) -> None:
                       "library_bytes": library.stat().st_size, "cache_hit": ex.cache_hit}))
 
 
-def measure(model, target: str, warm: bool = False) -> dict[str, object]:
-    # model: onnx.ModelProto
+def measure(model: onnx.ModelProto, target: str, warm: bool = False) -> dict[str, Any]:
     """Save `model`, compile it in a fresh process with an empty cache; the worker's
     figures, or {"error": one line} when it fails."""
     import onnx
@@ -165,11 +158,16 @@ def main() -> None:
         return
 
     import zoo
+    from harness import describe_target
 
     import kiln
 
-    builders = {name: (lambda e=entry: e.model(args.size)) for name, entry in zoo.ZOO.items()}
-    builders["vgg19"] = (lambda: zoo.vgg19(image=224 if args.size == "full" else 64))
+    def build(name: str) -> onnx.ModelProto:
+        if name == "vgg19":
+            return zoo.vgg19(image=224 if args.size == "full" else 64)
+        return zoo.ZOO[name].model(args.size)
+
+    builders = [*zoo.ZOO, "vgg19"]
     names = args.models.split(",") if args.models else list(builders)
     unknown = [n for n in names if n not in builders]
     if unknown:
@@ -177,16 +175,16 @@ def main() -> None:
 
     host = kiln.Target.from_host()
     target = host if args.target == "host" else kiln.Target(args.target)
-    print(f"CPU: {cpu_name()} (kiln host target: {host.kind.name} -mcpu={host.get('mcpu')})")
-    print(f"target: {target.kind.name}   sizes: {args.size}   one fresh process and empty "
-          f"KILN_CACHE_DIR per model   RSS/w = (peak - base) / weights")
+    print(f"host: {describe_target(host)}   target: {target.kind.name}   sizes: {args.size}")
+    print("one fresh process and empty KILN_CACHE_DIR per model; "
+          "RSS/w = (peak - base) / weights")
     header = (f"{'model':<13} {'weights MB':>10} {'import s':>8} {'compile s':>9} "
               f"{'export s':>8} {'total s':>7} {'peak MB':>8} {'base MB':>7} {'peak/w':>6} "
               f"{'RSS/w':>6} {'cache MB':>8}")
     print(header)
     print("-" * len(header))
     for name in names:
-        model = builders[name]()
+        model = build(name)
         weights = zoo.weight_bytes(model)
         r = measure(model, args.target)
         del model
