@@ -15,7 +15,17 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from kiln.errors import CompileError, FormatError, IRError, KilnError, TargetError
+from kiln.errors import (
+    CallError,
+    CompileError,
+    ExportError,
+    FormatError,
+    FrontendError,
+    IRError,
+    KilnError,
+    MissingDependencyError,
+    TargetError,
+)
 
 __version__ = "0.1.0"
 
@@ -35,7 +45,8 @@ _SUBMODULES = (
 )
 
 __all__ = [
-    "CompileError", "FormatError", "IRError", "KilnError", "TargetError", "__version__",
+    "CallError", "CompileError", "ExportError", "FormatError", "FrontendError", "IRError",
+    "KilnError", "MissingDependencyError", "TargetError", "__version__",
     *_LAZY, *_SUBMODULES,
 ]
 

@@ -13,10 +13,12 @@ import importlib
 from collections.abc import Callable, Iterator
 from typing import Generic, TypeVar
 
+from kiln.errors import KilnError
+
 T = TypeVar("T")
 
 
-class RegistryError(KeyError):
+class RegistryError(KilnError, KeyError):
     """A name is unknown to a registry, or registered twice."""
 
     def __str__(self) -> str:  # KeyError quotes its argument; we want plain text.

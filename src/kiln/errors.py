@@ -1,25 +1,35 @@
-"""kiln's exception types, importable without the compiler (the runtime uses them)."""
+"""kiln's exception types, importable without the compiler (the runtime uses them).
+
+Every kiln error derives from `KilnError`, so `except kiln.KilnError` catches
+them all. Each also keeps the builtin base it had before the hierarchy existed
+(`ValueError` for bad input, `RuntimeError` for failures), so code catching
+those keeps working.
+"""
 
 from __future__ import annotations
 
 
-class KilnError(RuntimeError):
+class KilnError(Exception):
+    """The base of every error kiln raises on purpose."""
+
+
+class CallError(KilnError, RuntimeError):
     """A compiled function rejected its arguments or failed while running."""
 
 
-class TargetError(ValueError):
+class TargetError(KilnError, ValueError):
     """A target spec is malformed: unknown kind, tag or attribute, or a wrong type."""
 
 
-class FormatError(ValueError):
+class FormatError(KilnError, ValueError):
     """A file kiln reads (library blob, artifact archive, MLF) is damaged or unsupported."""
 
 
-class IRError(ValueError):
+class IRError(KilnError, ValueError):
     """Ill-formed IR: the verifier's or the DSL parser's complaint."""
 
 
-class CompileError(RuntimeError):
+class CompileError(KilnError, RuntimeError):
     """Code generation, a pass, or the system toolchain failed."""
 
 
@@ -27,5 +37,30 @@ class ExportError(CompileError):
     """An executable cannot be exported as asked (e.g. it holds an in-memory artifact)."""
 
 
-class FrontendError(ValueError):
+class FrontendError(KilnError, ValueError):
     """A model file cannot be imported: malformed, unsupported ops, unbound shapes."""
+
+
+class MissingDependencyError(KilnError, ImportError):
+    """A kiln feature needs a package that is not installed (the message names it)."""
+
+
+# pip package of each optional dependency, by the top-level module kiln imports.
+_PACKAGES = {"llvmlite": "llvmlite", "onnx": "onnx", "onnxruntime": "onnxruntime",
+             "elftools": "pyelftools", "ml_dtypes": "ml_dtypes", "google": "protobuf"}
+
+
+def missing_dependency(exc: ImportError, feature: str) -> MissingDependencyError | None:
+    """The error to raise when `feature` failed because `exc` could not import a dependency.
+
+    None when `exc` is not about one of kiln's optional packages (then it is a bug
+    to report as it is).
+    """
+    top = (exc.name or "").split(".")[0]
+    package = _PACKAGES.get(top)
+    if package is None:
+        return None
+    return MissingDependencyError(
+        f"{feature} needs the '{package}' package, which is not installed here "
+        f"(pip install {package}); a deploy host with kiln.runtime alone can load and run "
+        "exported libraries but not compile")

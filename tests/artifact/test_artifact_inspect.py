@@ -5,12 +5,22 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import signal
 import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
 from kiln._registry import RegistryError
-from kiln.artifact import Artifact, InMemoryArtifact, available_views, inspect_artifact
+from kiln.artifact import (
+    Artifact,
+    ArtifactSet,
+    InMemoryArtifact,
+    archive,
+    available_views,
+    inspect_artifact,
+)
 from kiln.artifact import inspect as insp
 from kiln.errors import FormatError
 
@@ -81,6 +91,44 @@ def test_llvm_ir_text_views():
 def test_bad_bitcode_is_a_format_error():
     with pytest.raises(FormatError, match=re.escape("llvm/kernels.bc: LLVM could not parse it")):
         inspect_artifact(Artifact("llvm", "none", "kernels.bc", b"BC\xc0\xde garbage"))
+
+
+# One byte of valid llvmlite 0.50 bitcode changed (a function's value-symbol-table
+# offset): LLVM's reader asserts and aborts the process instead of reporting it.
+CRAFTED_BC = Path(__file__).parent / "data" / "crafted_vst_offset.bc"
+
+
+def test_crafted_bitcode_aborts_llvm_itself():
+    """The fixture is a real danger: parsed in-process, LLVM kills the interpreter."""
+    proc = subprocess.run(
+        [sys.executable, "-c", "import sys, llvmlite.binding as l; "
+         "l.parse_bitcode(open(sys.argv[1], 'rb').read())", str(CRAFTED_BC)],
+        capture_output=True, text=True, timeout=120, check=False)
+    assert proc.returncode == -signal.SIGABRT, (proc.returncode, proc.stderr[-500:])
+
+
+@pytest.mark.parametrize("view", ["ll", "asm"])
+def test_crafted_bitcode_is_a_format_error_not_a_crash(view):
+    a = Artifact("llvm", "none", "kernels.bc", CRAFTED_BC.read_bytes())
+    with pytest.raises(FormatError, match=re.escape("llvm/kernels.bc: LLVM crashed reading it "
+                                                    "(SIGABRT: ")) as info:
+        inspect_artifact(a, view)
+    assert str(info.value).endswith("the file is damaged or crafted")
+
+
+def test_kiln_inspect_of_crafted_bitcode_in_a_consistent_tar(tmp_path):
+    """The manifest's hashes match the crafted member, so only LLVM sees the damage."""
+    tar = tmp_path / "crafted.tar"
+    arts = ArtifactSet([Artifact("llvm", "none", "kernels.bc", CRAFTED_BC.read_bytes())])
+    archive.write_tar(tar, arts, {"format": "kiln.library", "version": 1, "functions": {}})
+    assert archive.read_tar(tar)[0][0].content == CRAFTED_BC.read_bytes()  # hashes check out
+    proc = subprocess.run([sys.executable, "-m", "kiln.cli.main", "inspect", str(tar),
+                           "--artifact", "llvm/kernels.bc", "--format", "ll"],
+                          capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.startswith("kiln inspect: error: llvm/kernels.bc: LLVM crashed reading "
+                                  "it (SIGABRT")
+    assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr
 
 
 def test_object_from_llvm_disassembly_and_symbols():

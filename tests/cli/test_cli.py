@@ -43,3 +43,33 @@ def test_errors_are_reported_not_raised(tmp_path: Path) -> None:
     assert "did you mean 'llvm'" in bad_target.stderr and "Traceback" not in bad_target.stderr
     missing = kiln("inspect", "nothing.so", cwd=tmp_path)
     assert missing.returncode == 2 and "Traceback" not in missing.stderr
+
+
+def test_compile_on_a_runtime_only_host_is_one_line(tmp_path: Path) -> None:
+    """llvmlite and onnx unimportable: `kiln compile` names the package, no traceback."""
+    script = (
+        "import sys\n"
+        "class _Block:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name.split('.')[0] in ('llvmlite', 'onnx', 'onnxruntime'):\n"
+        "            raise ModuleNotFoundError(f'No module named {name!r}', name=name)\n"
+        "sys.meta_path.insert(0, _Block())\n"
+        "from kiln.cli.main import main\n"
+        "sys.exit(main(sys.argv[1:]))\n")
+    proc = subprocess.run([sys.executable, "-c", script, "compile", str(MODEL), "-t", "c",
+                           "-o", "x.so"], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in proc.stderr
+    assert lines[0].startswith("kiln compile: error: importing an ONNX model needs the 'onnx' "
+                               "package, which is not installed here (pip install onnx)")
+
+
+def test_compile_onto_a_directory_is_one_line(tmp_path: Path) -> None:
+    (tmp_path / "out.so").mkdir()
+    proc = kiln("compile", str(MODEL), "-t", "c", "-o", "out.so", cwd=tmp_path)
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == ("kiln compile: error: cannot export to 'out.so': it is a "
+                                   "directory; give the library's file name, e.g. "
+                                   "'out.so/model.so'")

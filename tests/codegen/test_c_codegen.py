@@ -31,6 +31,7 @@ from kiln.ir.tensor import (
     Store,
     Var,
     const,
+    seq,
 )
 from kiln.target import Target
 
@@ -297,8 +298,8 @@ def test_empty_module_zero_sized_local_and_unused_workspace(tmp_path: Path) -> N
     tmp = Buffer("tmp", (0,), "float32", "local")
     i = Var("i")
     spare = Buffer("spare", (8,), "float32", "global")  # no malloc, no `done:` label
-    body = Allocate(spare, Allocate(tmp, For(i, const(0), const(0), "serial",
-                                              Store(tmp, const(1.0, "float32"), (i,)))))
+    body = seq(Allocate(spare), Allocate(tmp),
+               For(i, const(0), const(0), "serial", Store(tmp, const(1.0, "float32"), (i,))))
     mod = IRModule({"zero": PrimFunc((y,), body)})
     lib = build(mod, tmp_path / "zero")
     assert lib.call("zero", np.zeros(1, np.float32)) == 0

@@ -19,7 +19,7 @@ from c_helpers import CLibrary, build_many, have_cc
 
 from kiln.codegen.c import emit_kernels
 from kiln.codegen.constants import ConstantPool
-from kiln.errors import CompileError, IRError, KilnError
+from kiln.errors import CallError, CompileError, IRError
 from kiln.ir import IRModule
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the `corpus` package
@@ -79,7 +79,7 @@ def test_corpus_function_matches_interpreter(libraries: dict[str, CLibrary | str
     args = case.args(func_name, np.random.default_rng(seed))
     try:
         expected = run_interpreter(case, func_name, args)
-    except (KilnError, IRError) as exc:  # a corpus problem, reported by the corpus's own tests
+    except (CallError, IRError) as exc:  # a corpus problem, reported by the corpus's own tests
         pytest.skip(f"the interpreter rejects this corpus case: {exc}")
     actual = [a.copy() if isinstance(a, np.ndarray) else a for a in args]
     lib.run(func_name, *actual)

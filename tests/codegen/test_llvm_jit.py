@@ -17,7 +17,7 @@ from kiln.codegen.constants import ConstantPool
 from kiln.codegen.llvm import codegen_llvmjit
 from kiln.codegen.llvm.jit_loader import LLVMJITModule, load_llvmjit
 from kiln.codegen.naming import library_metadata
-from kiln.errors import FormatError, KilnError
+from kiln.errors import CallError, FormatError, KilnError
 from kiln.ir import IRBuilder, IRModule
 from kiln.ir.tensor import Cast
 from kiln.runtime import LoadContext, load_artifacts
@@ -105,13 +105,15 @@ def test_reloading_copied_bytes_gives_the_same_results() -> None:
     assert first.kernel_address("addw") != second.kernel_address("addw")
 
 
-def test_functions_survive_module_close() -> None:
+def test_functions_stop_at_module_close() -> None:
     m = jit(_module())
     fn = m["count"]
+    np.testing.assert_array_equal(fn(1), [0, 1, 2, 3])
     m.close()
     with pytest.raises(KilnError, match="no function 'count'"):
         m["count"]
-    np.testing.assert_array_equal(fn(1), [0, 1, 2, 3])
+    with pytest.raises(CallError, match="count: the llvmjit module is closed"):
+        fn(1)
 
 
 def test_arguments_are_checked_before_the_kernel_runs() -> None:

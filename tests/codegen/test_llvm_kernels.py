@@ -312,3 +312,18 @@ def test_shape_variable_that_is_not_a_parameter_is_rejected() -> None:
         ib.store(x, [0], 1.0)
     with pytest.raises(CompileError, match=r"parameter 'X' has the symbolic shape .* need static"):
         jit(ib.get())
+
+
+def test_heap_allocation_in_a_loop_body_is_freed_each_iteration() -> None:
+    """A declaration's lifetime is the rest of its block: the loop body here."""
+    ib = IRBuilder()
+    with ib.prim_func("loop_alloc"):
+        y = ib.arg("Y", (3,), "float32")
+        with ib.for_range(3, name="i") as i:
+            t = ib.declare_allocate("t", (2,), "float32", "global")
+            ib.store(t, [0], Cast("float32", i))
+            ib.store(y, [i], t[0] * 2.0)
+    m = jit(ib.get())
+    y = np.zeros(3, np.float32)
+    m["loop_alloc"](y)
+    assert y.tolist() == [0.0, 2.0, 4.0]  # (the lowered IR is checked in test_llvm_lowering)

@@ -9,7 +9,11 @@ import pytest
 from llvm_helpers import PREFIX, compiled, elementwise
 
 from kiln.codegen.constants import ConstantPool
-from kiln.codegen.llvm.lower_to_llvm import LoweringOptions, lower_module
+from kiln.codegen.llvm.lower_to_llvm import (
+    MAX_INLINED_CALL_SITES,
+    LoweringOptions,
+    lower_module,
+)
 from kiln.codegen.llvm.target_machine import llvm_binding, parse_and_verify
 from kiln.errors import CompileError
 from kiln.ir import IRBuilder, IRModule
@@ -278,3 +282,41 @@ def test_verifier_failure_is_reported_with_the_ir() -> None:
     llvm_binding()
     with pytest.raises(CompileError, match="LLVM rejected the IR generated for kiln kernels"):
         parse_and_verify("define i32 @f() {\n  ret i64 0\n}\n")
+
+
+def test_heap_declaration_is_freed_where_its_block_ends() -> None:
+    """A declaration's lifetime is the rest of its block: malloc and free both sit in the
+    loop body, before the back edge."""
+    ib = IRBuilder()
+    with ib.prim_func("loop_alloc"):
+        y = ib.arg("Y", (3,), "float32")
+        with ib.for_range(3, name="i") as i:
+            t = ib.declare_allocate("t", (2,), "float32", "global")
+            ib.store(t, [0], Cast("float32", i))
+            ib.store(y, [i], t[0])
+    lines = [line.strip() for line in _lower(ib.get()).splitlines()]
+    malloc = next(k for k, line in enumerate(lines) if '@"malloc"' in line)
+    labels = [line for line in lines[:malloc] if line.endswith(":")]
+    assert labels[-1] == "for.i.body:"  # allocated in the loop body
+    free = lines.index('call void @"free"(ptr %"t")')
+    assert lines[free + 1] == 'br label %"for.i.next"'  # freed before the next iteration
+
+
+def test_a_function_with_many_calls_does_not_inline_them() -> None:
+    def module(calls: int) -> IRModule:
+        ib = IRBuilder()
+        with ib.prim_func("bump"):
+            x = ib.arg("X", (1,), "float32")
+            ib.store(x, [0], x[0] + 1.0)
+        with ib.prim_func("main"):
+            x = ib.arg("X", (1,), "float32")
+            for _ in range(calls):
+                ib.call_func("bump", [x])
+        return ib.get()
+
+    few = _lower(module(MAX_INLINED_CALL_SITES))
+    many = _lower(module(MAX_INLINED_CALL_SITES + 1))
+    assert "noinline" not in few
+    calls = [line for line in many.splitlines() if "call" in line and "kernel_bump" in line]
+    assert len(calls) == MAX_INLINED_CALL_SITES + 1
+    assert all("noinline" in line or "#" in line for line in calls)

@@ -282,8 +282,9 @@ def _dense_const() -> IRModule:
     with ib.prim_func("dense_const"):
         X = ib.arg("X", (2, 8), "float32")
         Y = ib.arg("Y", (2, 4), "float32")
-        with (ib.alloc_const("W", DENSE_W) as W, ib.alloc_const("b", DENSE_B) as b,
-              loop_nest(ib, (2, 4)) as (i, j)):
+        W = ib.declare_const("W", DENSE_W)
+        b = ib.declare_const("b", DENSE_B)
+        with loop_nest(ib, (2, 4)) as (i, j):
             ib.store(Y, [i, j], b[j])
             with ib.for_range(8, name="k") as k:
                 ib.store(Y, [i, j], Y[i, j] + X[i, k] * W[j, k])

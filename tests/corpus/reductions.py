@@ -106,11 +106,11 @@ def _cumsum() -> IRModule:
     with ib.prim_func("cummean"):
         X = ib.arg("X", (12,), "float32")
         Y = ib.arg("Y", (12,), "float32")
-        with ib.allocate("run", (1,), "float32", "local") as run:
-            ib.store(run, [0], f32(0.0))
-            with ib.for_range(12, name="j") as j:
-                ib.store(run, [0], run[0] + X[j])
-                ib.store(Y, [j], run[0] / Cast("float32", j + 1))
+        run = ib.declare_allocate("run", (1,), "float32", "local")
+        ib.store(run, [0], f32(0.0))
+        with ib.for_range(12, name="j") as j:
+            ib.store(run, [0], run[0] + X[j])
+            ib.store(Y, [j], run[0] / Cast("float32", j + 1))
     return ib.get()
 
 

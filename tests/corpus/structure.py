@@ -126,11 +126,11 @@ def _call_func() -> IRModule:
     with ib.prim_func("combine"):
         X = ib.arg("X", (8,), "float32")
         Y = ib.arg("Y", (8,), "float32")
-        with ib.allocate("tmp", (8,), "float32") as tmp:
-            ib.call_func("fill", [tmp, f32(1.0)])
-            ib.call_func("scale_add", [X, tmp, f32(2.0)])
-            ib.call_func("fill", [Y, f32(0.0)])
-            ib.call_func("scale_add", [tmp, Y, f32(0.5)])
+        tmp = ib.declare_allocate("tmp", (8,), "float32")
+        ib.call_func("fill", [tmp, f32(1.0)])
+        ib.call_func("scale_add", [X, tmp, f32(2.0)])
+        ib.call_func("fill", [Y, f32(0.0)])
+        ib.call_func("scale_add", [tmp, Y, f32(0.5)])
     return ib.get()
 
 
@@ -189,20 +189,20 @@ def _decl_buffer_arena() -> IRModule:
     with ib.prim_func("arena_views"):
         X = ib.arg("X", (8,), "float32")
         Y = ib.arg("Y", (8,), "float32")
-        with ib.allocate("arena", (64,), "uint8") as arena:
-            with ib.decl_buffer("scaled", (8,), "float32", arena, 0) as f, \
-                    ib.decl_buffer("truncated", (8,), "int32", arena, 32) as n:
-                with ib.for_range(8, name="i") as i:
-                    ib.store(f, [i], X[i] * 2.5)
-                    ib.store(n, [i], Cast("int32", f[i]))
-                with ib.for_range(8, name="i") as i:
-                    ib.store(Y, [i], Cast("float32", n[i]) - f[i])
-            # The same bytes reused with another type once the first views are dead.
-            with ib.decl_buffer("half", (4,), "float32", arena, 48) as h:
-                with ib.for_range(4, name="i") as i:
-                    ib.store(h, [i], Y[i * 2] + Y[i * 2 + 1])
-                with ib.for_range(4, name="i") as i:
-                    ib.store(Y, [i], h[i])
+        arena = ib.declare_allocate("arena", (64,), "uint8")
+        f = ib.declare_view("scaled", (8,), "float32", arena, 0)
+        n = ib.declare_view("truncated", (8,), "int32", arena, 32)
+        with ib.for_range(8, name="i") as i:
+            ib.store(f, [i], X[i] * 2.5)
+            ib.store(n, [i], Cast("int32", f[i]))
+        with ib.for_range(8, name="i") as i:
+            ib.store(Y, [i], Cast("float32", n[i]) - f[i])
+        # The same bytes reused with another type once the first views are no longer read.
+        h = ib.declare_view("half", (4,), "float32", arena, 48)
+        with ib.for_range(4, name="i") as i:
+            ib.store(h, [i], Y[i * 2] + Y[i * 2 + 1])
+        with ib.for_range(4, name="i") as i:
+            ib.store(Y, [i], h[i])
     return ib.get()
 
 

@@ -16,7 +16,7 @@ import pytest
 
 import kiln
 from kiln.driver import Executable
-from kiln.errors import KilnError
+from kiln.errors import CallError
 from kiln.ir import IRModule
 from kiln.ir import graph as g
 from kiln.ir.types import TensorType, TupleType
@@ -139,7 +139,7 @@ def test_compiled_function_matches_interpreter(case_name: str, func_name: str,
     args = case.args(func_name, np.random.default_rng(seed))
     try:
         expected = run_interpreter(case, func_name, args)
-    except KilnError as exc:  # e.g. a division by zero: the inputs are not valid for it
+    except CallError as exc:  # e.g. a division by zero: the inputs are not valid for it
         pytest.skip(f"the interpreter rejects random inputs for this function: {exc}")
     signature = ex.metadata["functions"][func_name]
     if isinstance(case.module()[func_name], g.Function):

@@ -58,7 +58,9 @@ def test_use_outside_scope_buffer() -> None:
     with ib.prim_func("f"):
         A = ib.arg("A", (4,), "float32")
         B = ib.arg("B", (4,), "float32")
-        with ib.allocate("T", (4,), "float32") as T, ib.for_range(4) as i:
+        # A declaration's scope is the rest of its block: here the loop body.
+        with ib.for_range(4) as i:
+            T = ib.declare_allocate("T", (4,), "float32")
             ib.store(T, [i], A[i])
         with ib.for_range(4) as j:
             ib.store(B, [j], T[j] * 2.0)
@@ -66,6 +68,23 @@ def test_use_outside_scope_buffer() -> None:
                               "(its Allocate ended)", "at: T_1[i_1]")
     # Quoted as DSL text: the buffer hint `T` is the DSL's namespace, so it prints `T_1`.
     assert "> 7 |         B[i_1] = T_1[i_1] * T.float32(2.0)" in message
+
+
+def test_declaration_scope_is_the_rest_of_its_block() -> None:
+    """Used before its declaration in the same list, or after its list ended: both caught;
+    used after it in the same flat list: fine."""
+    T = Buffer("T", (4,), "float32")
+    i = Var("i")
+    ok = seq(t.Allocate(T), loop(i, 4, Store(T, X[i], (i,))), loop(i, 4, Store(Y, T[i], (i,))))
+    verify(prim(ok, X, Y))
+    early = seq(loop(i, 4, Store(Y, T[i], (i,))), t.Allocate(T))
+    fails(prim(early, X, Y), "use of buffer 'T' before its definition")
+    # (t.seq would splice the inner list and widen T's scope: build the nesting by hand.)
+    inner = t.SeqStmt((t.SeqStmt((t.Allocate(T), Store(T, X[0], (const(0),)))),
+                       Store(Y, T[0], (const(0),))))
+    fails(prim(inner, X, Y), "use of buffer 'T' outside its scope (its Allocate ended)")
+    twice = seq(t.Allocate(T), t.Allocate(T), Store(Y, X[0], (const(0),)))
+    fails(prim(twice, X, Y), "redefinition of buffer 'T' by a Allocate")
 
 
 def test_loop_variable_outside_its_loop() -> None:
@@ -88,7 +107,7 @@ def test_redefinition_of_bound_variable() -> None:
     body = loop(i, 4, loop(i, 4, Store(Y, X[i], (i,))))
     fails(prim(body, X, Y), "redefinition of variable 'i' by a loop: it is already bound by "
                             "an enclosing loop")
-    fails(prim(t.Allocate(X, Store(X, const(1.0, "float32"), (const(0),))), X),
+    fails(prim(seq(t.Allocate(X), Store(X, const(1.0, "float32"), (const(0),))), X),
           "redefinition of buffer 'X' by a Allocate")
     fails(prim(Store(X, const(1.0, "float32"), (const(0),)), X, X),
           "parameter 1 'X' appears twice")
@@ -281,12 +300,12 @@ def test_graph_scopes_and_types() -> None:
 def test_alloc_const_mismatch() -> None:
     W = Buffer("W", (2, 2), "float32")
     body = Store(Y, W[const(0), const(0)], (const(0),))
-    fails(prim(t.AllocConst(W, np.zeros((2, 3), np.float32), body), Y),
+    fails(prim(seq(t.AllocConst(W, np.zeros((2, 3), np.float32)), body), Y),
           "AllocConst buffer 'W' has shape (2, 2) but its data has shape (2, 3)")
-    fails(prim(t.AllocConst(W, np.zeros((2, 2), np.float64), body), Y),
+    fails(prim(seq(t.AllocConst(W, np.zeros((2, 2), np.float64)), body), Y),
           "AllocConst buffer 'W' has dtype float32 but its data is float64")
     store = Store(W, const(1.0, "float32"), (const(0), const(0)))
-    fails(prim(t.AllocConst(W, np.zeros((2, 2), np.float32), store), Y),
+    fails(prim(seq(t.AllocConst(W, np.zeros((2, 2), np.float32)), store), Y),
           "store to constant buffer 'W' (AllocConst data is read-only)")
 
 
@@ -294,22 +313,22 @@ def test_decl_buffer_bounds() -> None:
     arena = Buffer("arena", (16,), "uint8")
     view = Buffer("view", (4,), "float32")
     body = Store(view, const(0.0, "float32"), (const(0),))
-    verify(prim(t.Allocate(arena, t.DeclBuffer(view, arena, 0, body))))
-    fails(prim(t.Allocate(arena, t.DeclBuffer(view, arena, 4, body))),
+    verify(prim(seq(t.Allocate(arena), seq(t.DeclBuffer(view, arena, 0), body))))
+    fails(prim(seq(t.Allocate(arena), seq(t.DeclBuffer(view, arena, 4), body))),
           "DeclBuffer 'view' covers bytes [4, 20) but its source 'arena' has 16 bytes")
     small = Buffer("view", (2,), "float32")
-    fails(prim(t.Allocate(arena, t.DeclBuffer(small, arena, 2, Store(
+    fails(prim(seq(t.Allocate(arena), seq(t.DeclBuffer(small, arena, 2), Store(
         small, const(0.0, "float32"), (const(0),))))),
         "DeclBuffer 'view' starts at byte 2, not a multiple of its element size 4")
 
 
 def test_local_allocation_too_large_for_the_stack() -> None:
     big = Buffer("scratch", (128, 256), "float32", "local")
-    body = t.Allocate(big, Store(big, const(0.0, "float32"), (const(0), const(0))))
+    body = seq(t.Allocate(big), Store(big, const(0.0, "float32"), (const(0), const(0))))
     fails(prim(body), "Allocate of buffer 'scratch' in scope 'local' needs 131072 bytes, more "
                       "than the 65536-byte stack limit; use scope \"global\" (heap) instead")
     ok = Buffer("scratch", (128, 256), "float32", "global")
-    verify(prim(t.Allocate(ok, Store(ok, const(0.0, "float32"), (const(0), const(0))))))
+    verify(prim(seq(t.Allocate(ok), Store(ok, const(0.0, "float32"), (const(0), const(0))))))
 
 
 def test_lowering_output_attributes() -> None:

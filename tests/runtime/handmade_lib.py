@@ -37,6 +37,11 @@ def _t(name: str, shape: list[int], dtype: str) -> dict[str, Any]:
     return {"name": name, "kind": "tensor", "shape": shape, "dtype": dtype}
 
 
+def _w(param: dict[str, Any]) -> dict[str, Any]:
+    """A tensor parameter the function writes (docs/abi.md: "written": true)."""
+    return {**param, "written": True}
+
+
 def _s(name: str, dtype: str) -> dict[str, Any]:
     return {"name": name, "kind": "scalar", "dtype": dtype}
 
@@ -49,9 +54,9 @@ def signatures(prefix: str) -> dict[str, dict[str, Any]]:
 
     return {
         "add_one": sig("add_one", "tensor",
-                       [_t("X", [4], "float32"), _t("Y", [4], "float32")], []),
+                       [_t("X", [4], "float32"), _w(_t("Y", [4], "float32"))], []),
         "scale_add": sig("scale_add", "tensor",
-                         [_t("X", [2, 3], "float32"), _t("Y", [2, 3], "float32"),
+                         [_t("X", [2, 3], "float32"), _w(_t("Y", [2, 3], "float32")),
                           _s("alpha", "float32"), _s("k", "int32")], []),
         "main": sig("main", "graph", [_t("x", [4], "float32")], [_t("y", [4], "float32")]),
         "split": sig("split", "graph", [_t("x", [3], "int64")],

@@ -13,7 +13,7 @@ import handmade_lib as hm
 import numpy as np
 import pytest
 
-from kiln.errors import KilnError
+from kiln.errors import CallError, KilnError
 from kiln.runtime import Module, RawKernelFunction
 
 F32 = np.float32
@@ -117,6 +117,13 @@ X23 = np.ones((2, 3), F32)
 Y23 = np.zeros((2, 3), F32)
 X4 = np.ones(4, F32)
 Y4 = np.zeros(4, F32)
+RO4 = np.frombuffer(bytes(16), F32)  # a read-only view of immutable bytes
+SHARED = np.zeros(6, F32)
+READ_ONLY = ("the array is read-only but the function writes into it; pass a writable array "
+             "(e.g. a copy)")
+BYTE_ORDER = ("numpy dtype '>f4' has non-native byte order; convert it first with "
+              "array.astype(array.dtype.newbyteorder('='))")
+OVERLAP = "in memory; the function writes it while reading the other, so pass distinct arrays"
 
 # (function, args, kwargs, expected message). The C entries produce most of these.
 BAD_CALLS: list[tuple[str, tuple[Any, ...], dict[str, Any], str]] = [
@@ -163,6 +170,15 @@ BAD_CALLS: list[tuple[str, tuple[Any, ...], dict[str, Any], str]] = [
     ("main", (X4, X4), {}, "main: expected 1 argument, got 2"),
     ("split", (np.arange(3),), {"out": (np.zeros(3, np.int64), np.zeros(2))},
      "split: argument 2 'b': expected shape [3], got [2]"),
+    ("add_one", (X4, RO4), {}, f"add_one: argument 1 'Y': {READ_ONLY}"),
+    ("add_one", (X4, DLPackOnly(RO4)), {}, f"add_one: argument 1 'Y': {READ_ONLY}"),
+    ("add_one", (X4.astype(">f4"), Y4), {}, f"add_one: argument 0 'X': {BYTE_ORDER}"),
+    ("add_one", (X4, Y4.astype(">f4")), {}, f"add_one: argument 1 'Y': {BYTE_ORDER}"),
+    ("main", (X4,), {"out": Y4.astype(">f4")}, f"main: argument 1 'y': {BYTE_ORDER}"),
+    ("add_one", (SHARED[:4], SHARED[2:]), {},
+     f"add_one: argument 1 'Y': overlaps argument 0 'X' {OVERLAP}"),
+    ("main", (SHARED[2:],), {"out": SHARED[:4]},
+     f"main: argument 1 'y': overlaps argument 0 'x' {OVERLAP}"),
     ("add_one", (X4,), {"out": Y4},
      "add_one: out= applies to graph-level functions; a tensor-level function writes into "
      "the buffers you pass as arguments"),
@@ -174,7 +190,7 @@ BAD_CALLS: list[tuple[str, tuple[Any, ...], dict[str, Any], str]] = [
 def test_bad_calls_raise_kiln_error_naming_the_parameter(
         hand_lib: Module, name: str, args: tuple[Any, ...], kwargs: dict[str, Any],
         message: str) -> None:
-    with pytest.raises(KilnError) as info:
+    with pytest.raises(CallError) as info:
         hand_lib[name](*args, **kwargs)
     assert str(info.value) == message
 
@@ -201,7 +217,7 @@ def test_bad_calls_never_crash_the_process(hand_lib: Module, tmp_path: Path) -> 
         import sys
         sys.path.insert(0, {str(Path(__file__).parent)!r})
         import test_runtime_functions as t
-        from kiln.errors import KilnError
+        from kiln.errors import CallError, KilnError
         from kiln.runtime import load_module
         lib = load_module({str(hand_lib.path)!r})
         for name, args, kwargs, message in t.BAD_CALLS:

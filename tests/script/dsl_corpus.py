@@ -68,11 +68,11 @@ _add("reduce_sum", '''
 def reduce_sum(A: T.Buffer((4, 8), "float32"), B: T.Buffer((4,), "float32")):
     """Sum over axis 1 with a stack accumulator."""
     for i in T.serial(4):
-        with T.allocate((1,), "float32", scope="local") as acc:
-            acc[0] = T.float32(0)
-            for k in T.serial(8):
-                acc[0] = acc[0] + A[i, k]
-            B[i] = acc[0]
+        acc = T.allocate((1,), "float32", scope="local")
+        acc[0] = T.float32(0)
+        for k in T.serial(8):
+            acc[0] = acc[0] + A[i, k]
+        B[i] = acc[0]
 ''')
 
 _add("reduce_max", '''
@@ -90,11 +90,11 @@ _add("reduce_mean", '''
 def reduce_mean(A: T.Buffer((3, 4, 5), "float32"), B: T.Buffer((3, 5), "float32")):
     for i in T.serial(3):
         for k in T.serial(5):
-            with T.allocate((1,), "float32", scope="local") as acc:
-                acc[0] = 0.0
-                for j in T.serial(4):
-                    acc[0] += A[i, j, k]
-                B[i, k] = acc[0] / T.float32(4)
+            acc = T.allocate((1,), "float32", scope="local")
+            acc[0] = 0.0
+            for j in T.serial(4):
+                acc[0] += A[i, j, k]
+            B[i, k] = acc[0] / T.float32(4)
 ''')
 
 _add("matmul", '''
@@ -115,11 +115,11 @@ def batch_matmul(A: T.Buffer((2, 4, 8), "float32"), B: T.Buffer((2, 8, 3), "floa
     for b in T.serial(2):
         for i in T.serial(4):
             for j in T.serial(3):
-                with T.allocate((1,), "float32", scope="local") as acc:
-                    acc[0] = T.float32(0)
-                    for k in T.unrolled(8):
-                        acc[0] = acc[0] + A[b, i, k] * B[b, k, j]
-                    C[b, i, j] = acc[0]
+                acc = T.allocate((1,), "float32", scope="local")
+                acc[0] = T.float32(0)
+                for k in T.unrolled(8):
+                    acc[0] = acc[0] + A[b, i, k] * B[b, k, j]
+                C[b, i, j] = acc[0]
 ''')
 
 _add("conv2d_nchw_pad", '''
@@ -131,15 +131,15 @@ def conv2d(X: T.Buffer((1, 2, 5, 5), "float32"), W: T.Buffer((4, 2, 3, 3), "floa
         for oc in T.serial(4):
             for oh in T.serial(5):
                 for ow in T.serial(5):
-                    with T.allocate((1,), "float32", scope="local") as acc:
-                        acc[0] = T.float32(0)
-                        for ic in T.serial(2):
-                            for kh in T.serial(3):
-                                for kw in T.serial(3):
-                                    with T.let(oh + kh - 1) as ih, T.let(ow + kw - 1) as iw:
-                                        if (ih >= 0) & (ih < 5) & (iw >= 0) & (iw < 5):
-                                            acc[0] = acc[0] + X[n, ic, ih, iw] * W[oc, ic, kh, kw]
-                        Y[n, oc, oh, ow] = acc[0]
+                    acc = T.allocate((1,), "float32", scope="local")
+                    acc[0] = T.float32(0)
+                    for ic in T.serial(2):
+                        for kh in T.serial(3):
+                            for kw in T.serial(3):
+                                with T.let(oh + kh - 1) as ih, T.let(ow + kw - 1) as iw:
+                                    if (ih >= 0) & (ih < 5) & (iw >= 0) & (iw < 5):
+                                        acc[0] = acc[0] + X[n, ic, ih, iw] * W[oc, ic, kh, kw]
+                    Y[n, oc, oh, ow] = acc[0]
 ''')
 
 _add("depthwise_conv2d_select", '''
@@ -177,29 +177,29 @@ def avg_pool2d(X: T.Buffer((1, 2, 4, 4), "float32"), Y: T.Buffer((1, 2, 2, 2), "
     for c in T.serial(2):
         for oh in T.serial(2):
             for ow in T.serial(2):
-                with T.allocate((1,), "float32", scope="local") as acc:
-                    acc[0] = T.float32(0)
-                    for kh in T.serial(2):
-                        for kw in T.serial(2):
-                            acc[0] = acc[0] + X[0, c, oh * 2 + kh, ow * 2 + kw]
-                    Y[0, c, oh, ow] = acc[0] * T.float32(0.25)
+                acc = T.allocate((1,), "float32", scope="local")
+                acc[0] = T.float32(0)
+                for kh in T.serial(2):
+                    for kw in T.serial(2):
+                        acc[0] = acc[0] + X[0, c, oh * 2 + kh, ow * 2 + kw]
+                Y[0, c, oh, ow] = acc[0] * T.float32(0.25)
 ''')
 
 _add("softmax", '''
 @T.prim_func
 def softmax(X: T.Buffer((2, 8), "float32"), Y: T.Buffer((2, 8), "float32")):
     for i in T.serial(2):
-        with T.allocate((1,), "float32", scope="local") as mx:
-            with T.allocate((1,), "float32", scope="local") as total:
-                mx[0] = T.float32("-inf")
-                for j in T.serial(8):
-                    mx[0] = T.max(mx[0], X[i, j])
-                total[0] = T.float32(0)
-                for j in T.serial(8):
-                    Y[i, j] = T.exp(X[i, j] - mx[0])
-                    total[0] = total[0] + Y[i, j]
-                for j in T.serial(8):
-                    Y[i, j] = Y[i, j] / total[0]
+        mx = T.allocate((1,), "float32", scope="local")
+        total = T.allocate((1,), "float32", scope="local")
+        mx[0] = T.float32("-inf")
+        for j in T.serial(8):
+            mx[0] = T.max(mx[0], X[i, j])
+        total[0] = T.float32(0)
+        for j in T.serial(8):
+            Y[i, j] = T.exp(X[i, j] - mx[0])
+            total[0] = total[0] + Y[i, j]
+        for j in T.serial(8):
+            Y[i, j] = Y[i, j] / total[0]
 ''')
 
 _add("layer_norm", '''
@@ -207,19 +207,19 @@ _add("layer_norm", '''
 def layer_norm(X: T.Buffer((2, 8), "float32"), gamma: T.Buffer((8,), "float32"),
                beta: T.Buffer((8,), "float32"), Y: T.Buffer((2, 8), "float32")):
     for i in T.serial(2):
-        with T.allocate((2,), "float32", scope="local") as stats:
-            stats[0] = 0.0
-            stats[1] = 0.0
-            for j in T.serial(8):
-                stats[0] += X[i, j]
-            stats[0] = stats[0] / 8
-            for j in T.serial(8):
-                with T.let(X[i, j] - stats[0]) as d:
-                    stats[1] += d * d
-            stats[1] = stats[1] / 8
-            for j in T.serial(8):
-                Y[i, j] = (X[i, j] - stats[0]) * T.rsqrt(stats[1] + T.float32(1e-05)) * gamma[j] \\
-                    + beta[j]
+        stats = T.allocate((2,), "float32", scope="local")
+        stats[0] = 0.0
+        stats[1] = 0.0
+        for j in T.serial(8):
+            stats[0] += X[i, j]
+        stats[0] = stats[0] / 8
+        for j in T.serial(8):
+            with T.let(X[i, j] - stats[0]) as d:
+                stats[1] += d * d
+        stats[1] = stats[1] / 8
+        for j in T.serial(8):
+            Y[i, j] = (X[i, j] - stats[0]) * T.rsqrt(stats[1] + T.float32(1e-05)) * gamma[j] \\
+                + beta[j]
 ''')
 
 _add("transpose", '''
@@ -320,35 +320,35 @@ class CallFunc:
 
     @T.prim_func
     def scale_twice(A: T.Buffer((8,), "float32"), B: T.Buffer((8,), "float32")):
-        with T.allocate((8,), "float32", scope="global") as tmp:
-            T.call_func("scale", [A, tmp, 8, T.float32(2)])
-            T.call_func("scale", [tmp, B, 8, T.float32(3)])
+        tmp = T.allocate((8,), "float32", scope="global")
+        T.call_func("scale", [A, tmp, 8, T.float32(2)])
+        T.call_func("scale", [tmp, B, 8, T.float32(3)])
 ''')
 
 _add("alloc_const_inline", '''
 @T.prim_func
 def laplace(X: T.Buffer((5, 5), "float32"), Y: T.Buffer((3, 3), "float32")):
-    with T.alloc_const([[0.0, 1.0, 0.0], [1.0, -4.0, 1.0], [0.0, 1.0, 0.0]], "float32") as K:
-        for i in T.serial(3):
-            for j in T.serial(3):
-                Y[i, j] = T.float32(0)
-                for di in T.serial(3):
-                    for dj in T.serial(3):
-                        Y[i, j] = Y[i, j] + X[i + di, j + dj] * K[di, dj]
+    K = T.alloc_const([[0.0, 1.0, 0.0], [1.0, -4.0, 1.0], [0.0, 1.0, 0.0]], "float32")
+    for i in T.serial(3):
+        for j in T.serial(3):
+            Y[i, j] = T.float32(0)
+            for di in T.serial(3):
+                for dj in T.serial(3):
+                    Y[i, j] = Y[i, j] + X[i + di, j + dj] * K[di, dj]
 ''')
 
 _add("decl_buffer_arena", '''
 @T.prim_func
 def arena_views(X: T.Buffer((4,), "float32"), Y: T.Buffer((4,), "float32")):
-    with T.allocate((64,), "uint8", scope="global") as arena:
-        with T.decl_buffer((4,), "float32", source=arena, byte_offset=0) as a:
-            with T.decl_buffer((4,), "float32", source=arena, byte_offset=16) as b:
-                for i in T.serial(4):
-                    a[i] = X[i] * 2.0
-                for i in T.serial(4):
-                    b[i] = a[i] + 1.0
-                for i in T.serial(4):
-                    Y[i] = b[i]
+    arena = T.allocate((64,), "uint8", scope="global")
+    a = T.decl_buffer((4,), "float32", source=arena, byte_offset=0)
+    b = T.decl_buffer((4,), "float32", source=arena, byte_offset=16)
+    for i in T.serial(4):
+        a[i] = X[i] * 2.0
+    for i in T.serial(4):
+        b[i] = a[i] + 1.0
+    for i in T.serial(4):
+        Y[i] = b[i]
 ''')
 
 _add("mlp_graph", '''
@@ -603,11 +603,11 @@ from kiln.script import G, T, ir_module
 class WithMetadata:
     @T.prim_func
     def fc(X: T.Buffer((12,), "float32"), Y: T.Buffer((4,), "float32")):
-        with T.alloc_const(meta["fc.weight"]) as W:
-            for i in T.serial(4):
-                Y[i] = T.float32(0)
-                for k in T.serial(12):
-                    Y[i] = Y[i] + W[i, k] * X[k]
+        W = T.alloc_const(meta["fc.weight"])
+        for i in T.serial(4):
+            Y[i] = T.float32(0)
+            for k in T.serial(12):
+                Y[i] = Y[i] + W[i, k] * X[k]
 
     @G.function
     def main(x: G.Tensor((20,), "float64")) -> G.Tensor((20,), "float64"):

@@ -77,11 +77,12 @@ def test_closure_values_arrays_and_meta_dict() -> None:
     class Mod:
         @T.prim_func
         def k(X: T.Buffer((rows, 3), dtype), Y: T.Buffer((rows,), dtype)):
-            with T.alloc_const(weights) as W, T.alloc_const(meta["bias"]) as Bias:
-                for i in T.serial(rows):
-                    Y[i] = Bias[i]
-                    for j in T.serial(3):
-                        Y[i] = Y[i] + W[i, j] * X[i, j]
+            W = T.alloc_const(weights)
+            Bias = T.alloc_const(meta["bias"])
+            for i in T.serial(rows):
+                Y[i] = Bias[i]
+                for j in T.serial(3):
+                    Y[i] = Y[i] + W[i, j] * X[i, j]
 
         @G.function
         def main(x: G.Tensor((rows, 3), dtype)) -> G.Tensor((rows,), dtype):

@@ -139,13 +139,13 @@ def stmts(draw: st.DrawFn, depth: int = 3) -> t.Stmt:
         return t.IfThenElse(draw(exprs("bool", 2)), body, other)
     if kind == "allocate":
         shape = tuple(draw(st.lists(st.integers(0, 9), max_size=3)))
-        return t.Allocate(t.Buffer("tmp", shape, dtype, draw(st.sampled_from(t.BUFFER_SCOPES))),
-                          body)
+        scope = draw(st.sampled_from(t.BUFFER_SCOPES))
+        return t.seq(t.Allocate(t.Buffer("tmp", shape, dtype, scope)), body)
     if kind == "decl":
-        return t.DeclBuffer(t.Buffer("view", (2,), dtype), BUFS["uint8"],
-                            draw(st.integers(0, 6)), body)
+        view = t.Buffer("view", (2,), dtype)
+        return t.seq(t.DeclBuffer(view, BUFS["uint8"], draw(st.integers(0, 6))), body)
     arr = draw(arrays(dtype, 24))
-    return t.AllocConst(t.Buffer("w", arr.shape, dtype), arr, body)
+    return t.seq(t.AllocConst(t.Buffer("w", arr.shape, dtype), arr), body)
 
 
 @SETTINGS

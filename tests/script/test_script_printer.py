@@ -150,11 +150,12 @@ def test_every_statement_kind_with_unusual_fields() -> None:
     wdata = np.arange(4, dtype=np.float16).reshape(2, 2)
     x = t.Var("x", "int32")
     body = t.seq(
-        t.Allocate(L, t.seq(
+        t.seq(t.Allocate(L), t.seq(
             t.LetStmt(x, t.const(3), t.Store(L, x, (t.const(0),))),  # var dtype != value dtype
-            t.DeclBuffer(ib_view, L, 8, t.Store(ib_view, t.Const(1.5, "float32"), (t.const(1),))),
+            t.DeclBuffer(ib_view, L, 8),
+            t.Store(ib_view, t.Const(1.5, "float32"), (t.const(1),)),
         )),
-        t.AllocConst(W, wdata, t.Store(A, W[0], (t.const(0), t.const(0)))),
+        t.seq(t.AllocConst(W, wdata), t.Store(A, W[0], (t.const(0), t.const(0)))),
         t.IfThenElse(n > 2, t.Evaluate(t.const(0)), t.IfThenElse(n > 1, t.SeqStmt(()))),
         t.IfThenElse(n < 0, t.SeqStmt(()), None),
         t.Evaluate(t.CallExtern("puts", (A, n, t.Const(1.0, "float64")), "int32", None)),
@@ -164,8 +165,8 @@ def test_every_statement_kind_with_unusual_fields() -> None:
         t.CallFunc("h", ()),
     )
     text = roundtrip(prim(body, A, n, attrs={"a": [1, 2.5, "s", None, (True,)], "b": {}}))
-    assert 'with T.alloc_const([[0.0, 1.0], [2.0, 3.0]], "float16", buffer_shape=(4,), ' \
-           'buffer_dtype="float32", scope="local") as W:' in text
+    assert 'W = T.alloc_const([[0.0, 1.0], [2.0, 3.0]], "float16", buffer_shape=(4,), ' \
+           'buffer_dtype="float32", scope="local")' in text
     assert "elif n > 1:" in text
     assert 'with T.let(3, dtype="int32") as x:' in text
 
@@ -296,3 +297,43 @@ def test_printer_rejects_what_it_cannot_print() -> None:
     f = t.PrimFunc((X,), t.Store(X, t.const(0), (t.const(0),)), {"obj": object()})
     with pytest.raises(IRError, match="cannot print attribute value"):
         print_module(IRModule({"f": f}))
+
+
+def test_declarations_print_flat_and_the_with_form_still_parses() -> None:
+    """`buf = T.allocate(...)` is a statement scoped to the rest of its block; the older
+    `with T.allocate(...) as buf:` spelling parses into the same flat IR."""
+    flat = from_source('''
+@T.prim_func
+def f(X: T.Buffer((4,), "float32"), Y: T.Buffer((4,), "float32")):
+    arena = T.allocate((32,), "uint8", scope="global")
+    W = T.alloc_const([1.0, 2.0, 3.0, 4.0], "float32")
+    v = T.decl_buffer((4,), "float32", source=arena, byte_offset=16)
+    for i in T.serial(4):
+        acc = T.allocate((1,), "float32", scope="local")
+        acc[0] = X[i] * W[i]
+        v[i] = acc[0]
+    for i in T.serial(4):
+        Y[i] = v[i]
+''')
+    nested = from_source('''
+@T.prim_func
+def f(X: T.Buffer((4,), "float32"), Y: T.Buffer((4,), "float32")):
+    with T.allocate((32,), "uint8", scope="global") as arena:
+        with T.alloc_const([1.0, 2.0, 3.0, 4.0], "float32") as W, \\
+                T.decl_buffer((4,), "float32", source=arena, byte_offset=16) as v:
+            for i in T.serial(4):
+                with T.allocate((1,), "float32", scope="local") as acc:
+                    acc[0] = X[i] * W[i]
+                    v[i] = acc[0]
+            for i in T.serial(4):
+                Y[i] = v[i]
+''')
+    assert_roundtrip_equal(nested, flat)
+    body = flat["f"].body
+    assert isinstance(body, t.SeqStmt)
+    assert [type(s).__name__ for s in body.body] == [
+        "Allocate", "AllocConst", "DeclBuffer", "For", "For"]
+    text = roundtrip(flat)
+    assert "    v = T.decl_buffer((4,), \"float32\", source=arena, byte_offset=16)\n" in text
+    assert "        acc = T.allocate((1,), \"float32\", scope=\"local\")\n" in text
+    assert "with T.allocate" not in text

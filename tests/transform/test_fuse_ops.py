@@ -7,7 +7,7 @@ import numpy as np
 from kiln import evaluate, ops
 from kiln.ir import IRBuilder, IRModule, verify
 from kiln.ir import graph as g
-from kiln.transform.fuse_ops import FuseOps
+from kiln.transform.fuse_ops import MAX_FUSED_OPS, FuseOps
 from kiln.transform.pipeline import get_pipeline
 
 RNG = np.random.default_rng(7)
@@ -78,3 +78,30 @@ def test_fused_and_unfused_pipelines_agree_with_the_interpreter() -> None:
         evaluate(lowered, "main", x, *outs)  # the lowered main writes its outputs
         for o, w in zip(outs, wants):
             np.testing.assert_allclose(o, w, rtol=1e-5, atol=1e-5)
+
+
+def _elementwise_chain(n: int) -> IRModule:
+    ib = IRBuilder()
+    with ib.function("main"):
+        x = ib.param("x", (4,), "float32")
+        v = x
+        for k in range(n):
+            v = ib.emit(ops.call("tanh" if k % 2 else "neg", v), f"e{k}")
+        ib.ret(v)
+    return ib.get()
+
+
+def test_fusion_is_capped_so_expressions_stay_shallow() -> None:
+    """A long elementwise chain becomes several kernels of at most `max_group` ops."""
+    n = 1000
+    mod = _elementwise_chain(n)
+    fused = FuseOps().run(mod)
+    assert FuseOps().max_group == MAX_FUSED_OPS
+    assert len(fused["main"].bindings) == n // MAX_FUSED_OPS  # type: ignore[union-attr]
+    small = FuseOps(max_group=3).run(mod)
+    assert len(small["main"].bindings) == -(-n // 3)  # type: ignore[union-attr]
+    x = RNG.standard_normal(4).astype("float32")
+    want = evaluate(mod, "main", x)
+    # (The unfused graph runs each op's numpy reference; 1,000 ops accumulate rounding.)
+    np.testing.assert_allclose(evaluate(fused, "main", x), want, rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(evaluate(small, "main", x), want, rtol=1e-4, atol=1e-6)

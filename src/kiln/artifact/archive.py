@@ -26,7 +26,7 @@ from typing import Any, NoReturn
 
 from kiln.artifact._json import canonical_json, freeze_object, parse_json_object, thaw
 from kiln.artifact.artifact import Artifact, ArtifactSet, require_serializable
-from kiln.errors import FormatError
+from kiln.errors import ExportError, FormatError
 
 ARCHIVE_FORMAT = "kiln.artifacts"
 MANIFEST_NAME = "manifest.json"
@@ -100,6 +100,8 @@ def write_tar(path: str | os.PathLike[str], artifacts: ArtifactSet,
                       + "\n").encode("utf-8")
 
     path = os.fspath(path)
+    if os.path.isdir(path):
+        raise ExportError(f"cannot write the archive to {path!r}: it is a directory")
     directory = os.path.dirname(os.path.abspath(path))
     fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp",
                                dir=directory)

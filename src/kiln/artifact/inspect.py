@@ -1,4 +1,4 @@
-"""Inspectors: human-readable views of artifacts (seed 000, "Debuggability").
+"""Inspectors: human-readable views of artifacts.
 
 An inspector offers one or more named *views* of an artifact, e.g. the `.bc`
 inspector shows LLVM bitcode as IR text (`"ll"`) or as target assembly
@@ -6,8 +6,9 @@ inspector shows LLVM bitcode as IR text (`"ll"`) or as target assembly
 `inspect_artifact` looks them up in that order and falls back to a size +
 hexdump view, so every artifact can be looked at.
 
-Built-in views need no compiler at import time: llvmlite is imported when a
-bitcode view runs, and its absence gives an explanatory text, not a crash.
+Built-in views need no compiler at import time: a bitcode or LLVM IR view runs
+llvmlite in a child process (LLVM aborts on malformed bitcode, and an artifact
+may come from an untrusted file), and its absence gives an explanatory text.
 """
 
 from __future__ import annotations
@@ -254,55 +255,104 @@ def _asm_text_view(a: AnyArtifact) -> str:
     return _text(a, "assembly")
 
 
-# -- LLVM (lazy llvmlite) ---------------------------------------------------
+# -- LLVM (in a child process) --------------------------------------------------
+#
+# LLVM's readers assert (abort the process) on malformed bitcode rather than
+# report an error, and an artifact may come from an untrusted file. So LLVM
+# parses and prints in a child interpreter: a crash there becomes a FormatError
+# here (docs/security.md).
 
 _NO_LLVMLITE = ("llvmlite is not installed, so LLVM {what} cannot be shown as text "
                 "(pip install llvmlite). The artifact holds {size} bytes; use fmt='hex' "
                 "to see them.")
 
+# Exit codes of _LLVM_CHILD besides 0 (its stdout is the view).
+_PARSE_FAILED, _NO_TARGET = 3, 4
 
-@functools.cache
-def _llvm() -> Any:
-    """llvmlite.binding with every target and asm printer initialised, or None."""
-    try:
-        import llvmlite.binding as llvm
-    except ImportError:
-        return None
-    # llvmlite 0.50: llvm.initialize() raises; these two are what emitting needs.
-    llvm.initialize_all_targets()
-    llvm.initialize_all_asmprinters()
-    return llvm
+# argv: path of the input, view ("ll" or "asm"). Bitcode starts with "BC" or with
+# the bitcode wrapper magic 0x0B17C0DE; anything else is read as LLVM IR text.
+_LLVM_CHILD = """
+import sys
+import llvmlite.binding as llvm
+path, view = sys.argv[1], sys.argv[2]
+with open(path, "rb") as f:
+    data = f.read()
+try:
+    if data[:2] == b"BC" or data[:4] == b"\\xde\\xc0\\x17\\x0b":
+        mod = llvm.parse_bitcode(data)
+    else:
+        mod = llvm.parse_assembly(data.decode("utf-8"))
+    if view == "asm":
+        mod.verify()
+except (RuntimeError, UnicodeDecodeError) as err:
+    sys.stderr.write(str(err))
+    sys.exit(3)
+if view == "ll":
+    sys.stdout.write(str(mod))
+    sys.exit(0)
+llvm.initialize_all_targets()
+llvm.initialize_all_asmprinters()
+triple = mod.triple or llvm.get_process_triple()
+try:
+    target = llvm.Target.from_triple(triple)
+except RuntimeError as err:
+    sys.stderr.write(f"LLVM has no target for triple {triple!r} ({err})")
+    sys.exit(4)
+machine = target.create_target_machine(reloc="pic", codemodel="default")
+sys.stdout.write(str(machine.emit_assembly(mod)))
+"""
 
 
-def _parse_llvm(a: AnyArtifact, llvm: Any) -> Any:
+def _has_llvmlite() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("llvmlite") is not None
+
+
+def _llvm_view(a: AnyArtifact, view: str) -> str:
+    """LLVM's text ("ll") or assembly ("asm") of a .bc/.ll artifact, made in a child process."""
+    import signal
+    import sys
+
     data = _content(a)
-    try:
-        if data[:2] == b"BC" or data[:4] == b"\xde\xc0\x17\x0b":
-            return llvm.parse_bitcode(data)
-        return llvm.parse_assembly(data.decode("utf-8"))
-    except (RuntimeError, UnicodeDecodeError) as err:
-        raise FormatError(f"{_name(a)}: LLVM could not parse it ({err})") from None
+    with tempfile.TemporaryDirectory(prefix="kiln-inspect-") as tmp:
+        path = os.path.join(tmp, "input")
+        with open(path, "wb") as f:
+            f.write(data)
+        try:
+            proc = subprocess.run([sys.executable, "-c", _LLVM_CHILD, path, view],
+                                  capture_output=True, text=True, timeout=300, check=False)
+        except subprocess.TimeoutExpired:
+            raise FormatError(f"{_name(a)}: LLVM did not finish reading it in 300 s") from None
+    if proc.returncode == 0:
+        return proc.stdout
+    detail = proc.stderr.strip()
+    if proc.returncode == _PARSE_FAILED:
+        raise FormatError(f"{_name(a)}: LLVM could not parse it ({detail})")
+    if proc.returncode == _NO_TARGET:
+        raise ValueError(f"{_name(a)}: {detail}")
+    if proc.returncode < 0:
+        try:
+            how = signal.Signals(-proc.returncode).name
+        except ValueError:
+            how = f"signal {-proc.returncode}"
+        last = detail.splitlines()[-1][:300] if detail else "no message"
+        raise FormatError(f"{_name(a)}: LLVM crashed reading it ({how}: {last}); the file "
+                          "is damaged or crafted")
+    raise FormatError(f"{_name(a)}: the LLVM reader failed (exit {proc.returncode}): "
+                      f"{detail[-300:]}")
 
 
 def _bitcode_ll_view(a: AnyArtifact) -> str:
-    llvm = _llvm()
-    if llvm is None:
+    if not _has_llvmlite():
         return _NO_LLVMLITE.format(what="bitcode", size=len(_content(a)))
-    return str(_parse_llvm(a, llvm))
+    return _llvm_view(a, "ll")
 
 
 def _llvm_asm_view(a: AnyArtifact) -> str:
-    llvm = _llvm()
-    if llvm is None:
+    if not _has_llvmlite():
         return _NO_LLVMLITE.format(what="code", size=len(_content(a)))
-    mod = _parse_llvm(a, llvm)
-    triple = mod.triple or llvm.get_process_triple()
-    try:
-        target = llvm.Target.from_triple(triple)
-    except RuntimeError as err:
-        raise ValueError(f"{_name(a)}: LLVM has no target for triple {triple!r} ({err})") from None
-    machine = target.create_target_machine(reloc="pic", codemodel="default")
-    return str(machine.emit_assembly(mod))
+    return _llvm_view(a, "asm")
 
 
 # -- object files ------------------------------------------------------------

@@ -16,10 +16,11 @@ from typing import Any
 
 import numpy as np
 
-from kiln.errors import CompileError, FormatError, FrontendError, IRError, KilnError, TargetError
+from kiln.errors import KilnError, missing_dependency
 
-USER_ERRORS = (CompileError, FormatError, FrontendError, IRError, KilnError, TargetError,
-               FileNotFoundError, ValueError)
+# Errors about the user's input or environment: one line on stderr, exit code 2.
+# Every kiln error is one (KilnError is their base); so are missing files.
+USER_ERRORS = (KilnError, OSError, ValueError)
 
 
 def _parse_shapes(items: Sequence[str]) -> dict[str, tuple[int, ...]]:
@@ -137,6 +138,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return code
     except USER_ERRORS as exc:
         print(f"kiln {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except ImportError as exc:
+        missing = missing_dependency(exc, f"kiln {args.command}")
+        if missing is None:
+            raise
+        print(f"kiln {args.command}: error: {missing}", file=sys.stderr)
         return 2
 
 

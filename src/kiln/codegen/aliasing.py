@@ -183,24 +183,30 @@ def _visit(stmt: Stmt, regions: dict[Buffer, Region], out: _Summary) -> None:
     if isinstance(stmt, Store):
         out.stored.add(_region(stmt.buffer, regions).root)
     elif isinstance(stmt, SeqStmt):
+        # A declaration's region holds for the rest of this list.
+        inner = dict(regions)
         for s in stmt.body:
-            _visit(s, regions, out)
+            _declare(s, inner)
+            _visit(s, inner, out)
     elif isinstance(stmt, (For, LetStmt)):
         _visit(stmt.body, regions, out)
     elif isinstance(stmt, IfThenElse):
         _visit(stmt.then_body, regions, out)
         if stmt.else_body is not None:
             _visit(stmt.else_body, regions, out)
-    elif isinstance(stmt, (Allocate, AllocConst)):
-        _visit(stmt.body, {**regions, stmt.buffer: Region(stmt.buffer, 0, None)}, out)
-    elif isinstance(stmt, DeclBuffer):
-        src = _region(stmt.source, regions)
-        offset = None if src.offset is None else src.offset + stmt.byte_offset
-        view = Region(src.root, offset, _static_nbytes(stmt.buffer))
-        _visit(stmt.body, {**regions, stmt.buffer: view}, out)
     elif isinstance(stmt, CallFunc):
         out.calls.append(_CallSite(stmt.func, [
             _region(a, regions) if isinstance(a, Buffer) else None for a in stmt.args]))
+
+
+def _declare(stmt: Stmt, regions: dict[Buffer, Region]) -> None:
+    """Add the region of the buffer `stmt` declares, if it is a declaration."""
+    if isinstance(stmt, (Allocate, AllocConst)):
+        regions[stmt.buffer] = Region(stmt.buffer, 0, None)
+    elif isinstance(stmt, DeclBuffer):
+        src = _region(stmt.source, regions)
+        offset = None if src.offset is None else src.offset + stmt.byte_offset
+        regions[stmt.buffer] = Region(src.root, offset, _static_nbytes(stmt.buffer))
 
 
 def _stmt_exprs(stmt: Stmt) -> Iterator[PrimExpr]:

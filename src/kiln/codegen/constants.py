@@ -74,25 +74,17 @@ class ConstantPool:
 
 
 def iter_alloc_consts(stmt: Stmt) -> Iterator[AllocConst]:
-    """Every AllocConst inside `stmt`, outermost first."""
-    from kiln.ir.tensor import (
-        Allocate,
-        DeclBuffer,
-        For,
-        IfThenElse,
-        LetStmt,
-        SeqStmt,
-    )
+    """Every AllocConst inside `stmt`, in program order."""
+    from kiln.ir.tensor import For, IfThenElse, LetStmt, SeqStmt
 
     stack = [stmt]
     while stack:
         s = stack.pop()
         if isinstance(s, AllocConst):
             yield s
-            stack.append(s.body)
         elif isinstance(s, SeqStmt):
             stack.extend(reversed(s.body))
-        elif isinstance(s, (For, LetStmt, Allocate, DeclBuffer)):
+        elif isinstance(s, (For, LetStmt)):
             stack.append(s.body)
         elif isinstance(s, IfThenElse):
             if s.else_body is not None:

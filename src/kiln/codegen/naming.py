@@ -27,8 +27,10 @@ LIBRARY_FORMAT_VERSION = 1
 
 
 def check_prefix(prefix: str) -> str:
-    if not prefix or not (prefix.replace("_", "a")).isidentifier():
-        raise CompileError(f"system_lib_prefix {prefix!r} must be a non-empty C identifier")
+    # isidentifier() accepts any Unicode letter; C symbols (and the linker) want ASCII.
+    if not prefix or not prefix.isascii() or not prefix.replace("_", "a").isidentifier():
+        raise CompileError(f"system_lib_prefix {prefix!r} must be a non-empty C identifier "
+                           "(ASCII letters, digits and '_', not starting with a digit)")
     return prefix
 
 
@@ -89,15 +91,21 @@ def param_info(p: Buffer | Var) -> dict[str, Any]:
     return {"name": p.name, "kind": "scalar", "dtype": p.dtype}
 
 
-def function_signature(name: str, fn: PrimFunc, prefix: str) -> dict[str, Any]:
+def function_signature(name: str, fn: PrimFunc, prefix: str,
+                       written: frozenset[int] = frozenset()) -> dict[str, Any]:
     """The JSON signature of one lowered function, as the metadata symbol carries it.
 
     For a lowered graph function the last `kiln.num_outputs` buffers are results,
-    which the caller allocates; the rest are parameters.
+    which the caller allocates; the rest are parameters. A tensor parameter whose
+    index is in `written` (the function stores into it) is marked `"written": true`,
+    so the runtime can refuse read-only or overlapping buffers there.
     """
     n_out = int(fn.attrs.get(ATTR_NUM_OUTPUTS, 0))
     params = [param_info(p) for p in fn.params]
     split = len(params) - n_out
+    for i, info in enumerate(params[:split]):  # results are always written
+        if i in written and info["kind"] == "tensor":
+            info["written"] = True
     results = params[split:]
     names = list(fn.attrs.get(ATTR_OUTPUT_NAMES, ()) or [r["name"] for r in results])
     for r, rname in zip(results, names):
@@ -116,8 +124,12 @@ def function_signature(name: str, fn: PrimFunc, prefix: str) -> dict[str, Any]:
 def library_metadata(mod: IRModule, prefix: str, **extra: Any) -> dict[str, Any]:
     """The library metadata JSON object (docs/abi.md) of a lowered module."""
     from kiln import __version__
+    from kiln.codegen.aliasing import analyze
 
-    funcs = {name: function_signature(name, fn, prefix) for name, fn in mod.prim_funcs().items()}
+    prims = mod.prim_funcs()
+    written = analyze(prims).written
+    funcs = {name: function_signature(name, fn, prefix, written.get(name, frozenset()))
+             for name, fn in prims.items()}
     graph_left = sorted(mod.graph_funcs())
     if graph_left:
         raise CompileError(

@@ -19,7 +19,7 @@ import numpy as np
 
 from kiln.codegen.constants import ConstantPool
 from kiln.codegen.naming import library_metadata
-from kiln.errors import KilnError
+from kiln.errors import FormatError
 from kiln.ir.graph import Function
 from kiln.ir.module import IRModule
 from kiln.runtime import ctypes_abi as abi
@@ -53,7 +53,7 @@ def load_python(artifacts: list[Any], ctx: Any) -> Any:
     for art in artifacts:
         mod = getattr(art, "value", None)
         if not isinstance(mod, IRModule):
-            raise KilnError(
+            raise FormatError(
                 f"python loader: artifact {art.codegen_id}/{art.file_name} does not hold an "
                 f"IRModule (got {type(mod).__name__})")
         meta = dict(art.metadata).get("metadata") or library_metadata(mod, ctx.prefix)

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from kiln._registry import Registry, RegistryError
 from kiln.codegen.naming import DEFAULT_PREFIX, check_prefix, entry_symbol
-from kiln.errors import CompileError, ExportError, IRError, TargetError
+from kiln.errors import CompileError, ExportError, IRError, TargetError, missing_dependency
 from kiln.ir.attrs import ATTR_GIVEN_OUTPUT_NAMES, ATTR_OUTPUT_NAMES
 from kiln.ir.module import IRModule
 
@@ -77,6 +77,9 @@ def get_codegen(name: str) -> CodegenFn:
         failed = _failed_backends()
         raise CompileError(f"{err}{failed}") from None
     except ImportError as exc:
+        missing = missing_dependency(exc, f"codegen '{name}'")
+        if missing is not None:
+            raise missing from exc
         raise CompileError(f"codegen '{name}' cannot be imported: {exc}") from exc
 
 

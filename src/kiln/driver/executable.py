@@ -1,4 +1,4 @@
-"""Executable: what `kiln.compile` returns (seed 003).
+"""Executable: what `kiln.compile` returns.
 
 It holds the artifacts (plain data), the lowered IR that went to codegen, the
 library metadata and the target. Nothing runs until you ask:
@@ -16,9 +16,10 @@ from __future__ import annotations
 
 import inspect
 import os
+import threading
 from typing import TYPE_CHECKING, Any
 
-from kiln.errors import CompileError
+from kiln.errors import CompileError, ExportError
 from kiln.ir.module import IRModule
 
 if TYPE_CHECKING:
@@ -41,6 +42,8 @@ class Executable:
         self.cache_hit = cache_hit
         self.cache_key = cache_key
         self._module: Module | None = None
+        # The first call may come from several threads at once: link and load once.
+        self._jit_lock = threading.Lock()
 
     # ------------------------------------------------------------------ running
 
@@ -53,23 +56,31 @@ class Executable:
         directory) and dlopen'ed. `cc` is the C compiler command (default $CC
         or cc). `fcompile` is the link step `fcompile(out_path, objects, options)`
         as for `export_library`; a string or list there is taken as `cc`.
+        Thread-safe: concurrent first calls link and load the library once.
         """
-        if self._module is None or force_recompile:
-            from kiln.runtime.loading import load_artifacts
+        module = self._module
+        if module is not None and not force_recompile:
+            return module
+        with self._jit_lock:
+            if self._module is None or force_recompile:
+                self._module = self._load(fcompile, workspace_dir, cc)
+            return self._module
 
-            kwargs: dict[str, Any] = {}
-            if isinstance(fcompile, (str, list, tuple)):
-                cc = fcompile if cc is None else cc
-            elif fcompile is not None:
-                if "fcompile" not in inspect.signature(load_artifacts).parameters:
-                    raise CompileError(
-                        "this kiln runtime links jit() libraries with `cc` only; pass "
-                        "jit(cc=...) or use export_library(fcompile=...) + load_module")
-                kwargs["fcompile"] = fcompile
-            self._module = load_artifacts(self.artifacts, metadata=self.metadata,
-                                          prefix=self.prefix, workspace_dir=workspace_dir,
-                                          cc=cc, **kwargs)
-        return self._module
+    def _load(self, fcompile: Any, workspace_dir: str | os.PathLike[str] | None,
+              cc: Any) -> Module:
+        from kiln.runtime.loading import load_artifacts
+
+        kwargs: dict[str, Any] = {}
+        if isinstance(fcompile, (str, list, tuple)):
+            cc = fcompile if cc is None else cc
+        elif fcompile is not None:
+            if "fcompile" not in inspect.signature(load_artifacts).parameters:
+                raise CompileError(
+                    "this kiln runtime links jit() libraries with `cc` only; pass "
+                    "jit(cc=...) or use export_library(fcompile=...) + load_module")
+            kwargs["fcompile"] = fcompile
+        return load_artifacts(self.artifacts, metadata=self.metadata, prefix=self.prefix,
+                              workspace_dir=workspace_dir, cc=cc, **kwargs)
 
     def __getitem__(self, name: str) -> Any:
         """The function `name` of the loaded module (jit() on first use)."""
@@ -91,9 +102,14 @@ class Executable:
         """Write a deployable library: `.so`, `.tar` or `.a` (+ header), by suffix.
 
         In-memory artifacts (the python and llvmjit backends' JIT forms) cannot
-        be exported and raise ExportError.
+        be exported and raise ExportError, as does a `file_name` that is a directory.
         """
         from kiln.export import export_library
+
+        if os.path.isdir(file_name):
+            raise ExportError(f"cannot export to {os.fspath(file_name)!r}: it is a directory; "
+                              "give the library's file name, e.g. "
+                              f"{os.path.join(os.fspath(file_name), 'model.so')!r}")
 
         return export_library(self.artifacts, self.metadata, file_name, prefix=self.prefix,
                               fcompile=fcompile, workspace_dir=workspace_dir, cc=cc,

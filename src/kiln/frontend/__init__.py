@@ -7,9 +7,17 @@ from typing import Any
 
 def from_onnx(model: Any, shape_dict: dict[str, Any] | None = None) -> Any:
     """Import an ONNX model (path, bytes or ModelProto); see kiln.frontend.onnx."""
-    from kiln.frontend.onnx import from_onnx as _from_onnx
+    from kiln.errors import missing_dependency
 
-    return _from_onnx(model, shape_dict)
+    try:
+        from kiln.frontend.onnx import from_onnx as _from_onnx
+
+        return _from_onnx(model, shape_dict)
+    except ImportError as exc:  # onnx (or protobuf) absent: say which package to install
+        missing = missing_dependency(exc, "importing an ONNX model")
+        if missing is None:
+            raise
+        raise missing from exc
 
 
 __all__ = ["from_onnx"]

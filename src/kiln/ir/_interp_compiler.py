@@ -32,7 +32,6 @@ from kiln.ir._interp_runtime import (
     _round_bf16,
     _text,
 )
-from kiln.ir._recursion import deep_recursion
 
 
 @dataclass
@@ -82,6 +81,8 @@ class _Compiler:
         self.layouts: dict[int, _Layout] = {}
         self._counter = itertools.count()
         self._keep: list[object] = []
+        # Buffers declared in each open block; their scope ends with the block.
+        self.blocks: list[list[t.Buffer]] = []
 
     # ------------------------------------------------------------------ naming
 
@@ -134,7 +135,7 @@ class _Compiler:
                     self.emit(1, f"{shape_of} = {name}.shape")
                 self.define_layout(p, 1, shape_of)
                 self.emit(1, f"{name} = {name}.reshape(-1)")
-        self.stmt(self.func.body, 1)
+        self.block(self.func.body, 1)
         header = f"def _kernel(_rt, {', '.join(params)}):" if params else "def _kernel(_rt):"
         source = "\n".join([header, *self.lines]) + "\n"
         sites = self.sites
@@ -161,14 +162,26 @@ class _Compiler:
 
     def body(self, s: t.Stmt, depth: int) -> None:
         before = len(self.lines)
-        self.stmt(s, depth)
+        self.block(s, depth)
         if len(self.lines) == before:
             self.emit(depth, "pass")
 
+    def block(self, s: t.Stmt, depth: int) -> None:
+        """A statement list: the declarations in it go out of scope at its end."""
+        self.blocks.append([])
+        subs = s.body if isinstance(s, t.SeqStmt) else (s,)
+        for sub in subs:
+            self.stmt(sub, depth)
+        for b in self.blocks.pop():
+            self.end_scope(b)
+
+    def declare(self, b: t.Buffer) -> str:
+        self.blocks[-1].append(b)
+        return self.ident(b)
+
     def stmt(self, s: t.Stmt, depth: int) -> None:
         if isinstance(s, t.SeqStmt):
-            for sub in s.body:
-                self.stmt(sub, depth)
+            self.block(s, depth)
         elif isinstance(s, t.Store):
             index = self.flat_index(s.buffer, s.indices, "store to")
             value = self.expr(s.value)
@@ -186,7 +199,7 @@ class _Compiler:
             self.ranges.pop(id(s.var), None)
             if value.lo is not None and value.hi is not None:
                 self.ranges[id(s.var)] = (value.lo, value.hi)
-            self.stmt(s.body, depth)
+            self.block(s.body, depth)
             self.end_scope(s.var)
         elif isinstance(s, t.IfThenElse):
             cond = self.expr(s.cond)
@@ -198,31 +211,25 @@ class _Compiler:
         elif isinstance(s, t.Allocate):
             b = s.buffer
             npdt = self.const(_np_dtype(b.dtype), "dt")
-            name = self.ident(b)
+            name = self.declare(b)
             layout = self.define_layout(b, depth)
             self.emit(depth, f"{name} = _alloc({layout.numel}, {npdt})")
-            self.stmt(s.body, depth)
-            self.end_scope(b)
         elif isinstance(s, t.AllocConst):
             data = s.data.reshape(-1)
             if data.dtype != _np_dtype(s.buffer.dtype) or s.data.shape != s.buffer.shape:
                 raise IRError(f"{self.name}: AllocConst data {s.data.dtype}{s.data.shape} "
                               f"does not match buffer '{s.buffer.name}' (run kiln.ir.verify)")
-            name = self.ident(s.buffer)
+            name = self.declare(s.buffer)
             self.define_layout(s.buffer, depth)
             self.emit(depth, f"{name} = {self.const(data, 'w')}")
-            self.stmt(s.body, depth)
-            self.end_scope(s.buffer)
         elif isinstance(s, t.DeclBuffer):
             b = s.buffer
             npdt = self.const(_np_dtype(b.dtype), "dt")
             src = self.lookup(s.source)
-            name = self.ident(b)
+            name = self.declare(b)
             layout = self.define_layout(b, depth)
             self.emit(depth, f"{name} = _view({src}, {int(s.byte_offset)}, "
                              f"{layout.numel}, {npdt})")
-            self.stmt(s.body, depth)
-            self.end_scope(b)
         elif isinstance(s, t.Evaluate):
             self.emit(depth, self.expr(s.value).code)
         elif isinstance(s, t.CallFunc):
@@ -631,8 +638,14 @@ def _compile(func: t.PrimFunc, name: str) -> _Compiled:
     if hit is not None and hit.func is func:
         _CACHE.move_to_end(id(func))
         return hit
-    with deep_recursion(f"evaluate {name}"):
+    try:
         compiled = _Compiler(func, name).compile()
+    except RecursionError:
+        # Statement lists are flat; only a hand-built expression thousands of operators
+        # deep gets here (FuseOps caps the operators in one kernel).
+        raise IRError(f"evaluate {name}: the IR is nested too deeply to walk (an expression "
+                      "or nested statements thousands of levels deep); split long expressions "
+                      "with LetStmt bindings") from None
     _CACHE[id(func)] = compiled
     while len(_CACHE) > _CACHE_SIZE:
         _CACHE.popitem(last=False)

@@ -18,7 +18,7 @@ from kiln.ir import dtype as dt
 
 
 class _Fault(Exception):
-    """A run-time fault inside interpreted code (reported as KilnError)."""
+    """A run-time fault inside interpreted code (reported as CallError)."""
 
 
 def _carrier(dtype: str) -> type:

@@ -219,36 +219,59 @@ class IRBuilder:
         self._stack[-1].stmts[-1] = IfThenElse(last.cond, last.then_body,
                                                _body(frame.stmts, "else"))
 
+    # Declarations are flat statements scoped to the rest of the enclosing block
+    # (see `kiln.ir.tensor.Allocate`). The `with` form is kept for readability: it
+    # emits the declaration on entry and the statements inside it land in the same
+    # block, so the buffer stays visible after the `with` too.
+
     @contextmanager
     def allocate(
         self, name: str, shape: Sequence[Any], dtype: str, scope: str = "global", *,
         buffer: Buffer | None = None,
     ) -> Iterator[Buffer]:
+        """Declare a fresh buffer for the rest of the block (`declare_allocate` without `with`)."""
+        yield self.declare_allocate(name, shape, dtype, scope, buffer=buffer)
+
+    def declare_allocate(
+        self, name: str, shape: Sequence[Any], dtype: str, scope: str = "global", *,
+        buffer: Buffer | None = None,
+    ) -> Buffer:
+        """Emit an `Allocate` declaration and return its buffer."""
         buf = buffer if buffer is not None else Buffer(name, tuple(shape), dtype, scope)
-        with self._scope() as frame:
-            yield buf
-        self._emit_stmt(Allocate(buf, _body(frame.stmts, f"allocate {name}")))
+        self._emit_stmt(Allocate(buf))
+        return buf
 
     @contextmanager
     def alloc_const(
         self, name: str, data: np.ndarray, *, buffer: Buffer | None = None,
     ) -> Iterator[Buffer]:
+        """Declare a constant buffer for the rest of the block (`declare_const` without `with`)."""
+        yield self.declare_const(name, data, buffer=buffer)
+
+    def declare_const(self, name: str, data: np.ndarray, *, buffer: Buffer | None = None,
+                      ) -> Buffer:
+        """Emit an `AllocConst` declaration and return its buffer."""
         arr = np.asarray(data)
         buf = buffer if buffer is not None else Buffer(name, arr.shape, from_numpy(arr.dtype))
-        with self._scope() as frame:
-            yield buf
-        self._emit_stmt(AllocConst(buf, arr, _body(frame.stmts, f"alloc_const {name}")))
+        self._emit_stmt(AllocConst(buf, arr))
+        return buf
 
     @contextmanager
     def decl_buffer(
         self, name: str, shape: Sequence[Any], dtype: str, source: Buffer, byte_offset: int = 0,
         *, buffer: Buffer | None = None,
     ) -> Iterator[Buffer]:
+        """Declare a view for the rest of the block (`declare_view` without `with`)."""
+        yield self.declare_view(name, shape, dtype, source, byte_offset, buffer=buffer)
+
+    def declare_view(
+        self, name: str, shape: Sequence[Any], dtype: str, source: Buffer, byte_offset: int = 0,
+        *, buffer: Buffer | None = None,
+    ) -> Buffer:
+        """Emit a `DeclBuffer` declaration and return its buffer."""
         buf = buffer if buffer is not None else Buffer(name, tuple(shape), dtype)
-        with self._scope() as frame:
-            yield buf
-        self._emit_stmt(DeclBuffer(buf, source, byte_offset,
-                                   _body(frame.stmts, f"decl_buffer {name}")))
+        self._emit_stmt(DeclBuffer(buf, source, byte_offset))
+        return buf
 
     def store(self, buffer: Buffer, indices: Sequence[ExprLike], value: ExprLike) -> None:
         """`buffer[indices] = value` (a Python scalar value takes the buffer's dtype)."""

@@ -17,7 +17,7 @@ Operators
   `mod`: C remainder (sign of the dividend; C `fmod` on floats).
   `floordiv` / `floormod`: round toward minus infinity (floormod has the sign
   of the divisor); on floats `floor(a / b)` and `a - floor(a / b) * b`.
-  Integer division or remainder by zero is an error (KilnError).
+  Integer division or remainder by zero is an error (CallError).
 - `min` / `max`: `b if b < a else a` / `b if b > a else a` (with a NaN operand the
   result is unspecified). `pow` on integers wraps; a negative exponent gives
   the truncated quotient (0 unless the base is 1 or -1).
@@ -52,7 +52,7 @@ Shapes
   argument's shape; any other expression (of scalar parameters and bound shape
   vars) is checked against it. Graph types bind their dimension Vars the same way.
 Memory
-- Every access is bounds-checked per dimension (a fault is a KilnError naming
+- Every access is bounds-checked per dimension (a fault is a CallError naming
   the buffer), except where the interpreter proves the index in range.
 - `Allocate` memory starts poisoned (floats NaN, integers 0xA5 bytes, bool True)
   so reading it before writing shows up as a wrong answer, not a lucky zero.
@@ -77,7 +77,7 @@ from typing import Any
 
 import numpy as np
 
-from kiln.errors import IRError, KilnError
+from kiln.errors import CallError, IRError
 from kiln.ir import dtype as dt
 from kiln.ir import graph as g
 from kiln.ir import tensor as t
@@ -170,15 +170,15 @@ def _merge_kwargs(name: str, params: list[str], args: Sequence[Any],
     full: list[Any] = list(args) + [_MISSING] * max(0, len(params) - len(args))
     for key, value in kwargs.items():
         if key not in params:
-            raise KilnError(f"{name}: no parameter named {key!r}; parameters: "
+            raise CallError(f"{name}: no parameter named {key!r}; parameters: "
                             f"{', '.join(params)}")
         k = params.index(key)
         if full[k] is not _MISSING:
-            raise KilnError(f"{name}: parameter {key!r} given twice")
+            raise CallError(f"{name}: parameter {key!r} given twice")
         full[k] = value
     missing = [p for p, v in zip(params, full) if v is _MISSING]
     if missing:
-        raise KilnError(f"{name}: missing argument(s) {', '.join(missing)}")
+        raise CallError(f"{name}: missing argument(s) {', '.join(missing)}")
     return full
 
 
@@ -189,19 +189,19 @@ def _scalar_arg(where: str, p: t.Var, a: Any) -> Any:
     dtype = p.dtype
     if dtype == "bool":
         if not isinstance(a, (bool, np.bool_)):
-            raise KilnError(f"{where}: expected a bool scalar, got {type(a).__name__}")
+            raise CallError(f"{where}: expected a bool scalar, got {type(a).__name__}")
         return bool(a)
     if dt.is_int(dtype):
         if isinstance(a, (bool, np.bool_)) or not isinstance(a, (int, np.integer)):
-            raise KilnError(f"{where}: expected an integer scalar ({dtype}), got "
+            raise CallError(f"{where}: expected an integer scalar ({dtype}), got "
                             f"{type(a).__name__}")
         lo, hi = _int_range(dtype)
         if not lo <= int(a) <= hi:
-            raise KilnError(f"{where}: {int(a)} does not fit {dtype}")
+            raise CallError(f"{where}: {int(a)} does not fit {dtype}")
         return int(a)
     if isinstance(a, (bool, np.bool_)) or not isinstance(a, (int, float, np.integer,
                                                              np.floating)):
-        raise KilnError(f"{where}: expected a float scalar ({dtype}), got {type(a).__name__}")
+        raise CallError(f"{where}: expected a float scalar ({dtype}), got {type(a).__name__}")
     if dtype == "float16":
         return _round16(a)
     if dtype == "bfloat16":
@@ -213,7 +213,7 @@ def _prepare_args(name: str, fn: t.PrimFunc, args: Sequence[Any]) -> list[Any]:
     params = fn.params
     if len(args) != len(params):
         names = ", ".join(p.name for p in params)
-        raise KilnError(f"{name}: expected {len(params)} arguments ({names}), got {len(args)}")
+        raise CallError(f"{name}: expected {len(params)} arguments ({names}), got {len(args)}")
     flat: list[Any] = []
     for k, (p, a) in enumerate(zip(params, args)):
         where = f"{name}: argument {k} '{p.name}'"
@@ -222,15 +222,15 @@ def _prepare_args(name: str, fn: t.PrimFunc, args: Sequence[Any]) -> list[Any]:
             continue
         want = _np_dtype(p.dtype)
         if not isinstance(a, np.ndarray):
-            raise KilnError(f"{where}: expected a numpy array of shape {tuple(p.shape)} and "
+            raise CallError(f"{where}: expected a numpy array of shape {tuple(p.shape)} and "
                             f"dtype {p.dtype}, got {type(a).__name__}")
         if a.dtype != want:
-            raise KilnError(f"{where}: expected dtype {p.dtype}, got {a.dtype}")
+            raise CallError(f"{where}: expected dtype {p.dtype}, got {a.dtype}")
         if a.ndim != len(p.shape) or any(isinstance(d, int) and d != n
                                          for d, n in zip(p.shape, a.shape)):
-            raise KilnError(f"{where}: expected shape {_shape_text(p.shape)}, got {a.shape}")
+            raise CallError(f"{where}: expected shape {_shape_text(p.shape)}, got {a.shape}")
         if not a.flags.c_contiguous:
-            raise KilnError(f"{where}: expected a contiguous array (use np.ascontiguousarray)")
+            raise CallError(f"{where}: expected a contiguous array (use np.ascontiguousarray)")
         flat.append(a)
     return flat
 
@@ -270,12 +270,12 @@ def _run_prim(mod: IRModule, name: str, fn: t.PrimFunc, args: Sequence[Any]) -> 
         with np.errstate(all="ignore"):
             compiled.run(_Runtime(mod), *prepared)
     except _Fault as exc:
-        raise KilnError(f"{name}: {exc}") from None
+        raise CallError(f"{name}: {exc}") from None
     except ZeroDivisionError:
-        raise KilnError(f"{name}: integer division or remainder by zero") from None
+        raise CallError(f"{name}: integer division or remainder by zero") from None
     except ValueError as exc:
         if "read-only" in str(exc):
-            raise KilnError(f"{name}: a store wrote to a read-only array ({exc}); pass "
+            raise CallError(f"{name}: a store wrote to a read-only array ({exc}); pass "
                             "writable output arrays") from None
         raise
 
@@ -345,7 +345,7 @@ class _GraphRunner:
     def run(self, name: str, fn: g.Function, args: Sequence[Any]) -> Any:
         if len(args) != len(fn.params):
             names = ", ".join(p.name for p in fn.params)
-            raise KilnError(f"{name}: expected {len(fn.params)} arguments ({names}), "
+            raise CallError(f"{name}: expected {len(fn.params)} arguments ({names}), "
                             f"got {len(args)}")
         env: dict[int, Any] = {}
         keep: list[object] = []
@@ -394,10 +394,10 @@ class _GraphRunner:
         reference = _op_reference(e.op, self.ops)
         try:
             result = reference(*args, **dict(e.attrs))
-        except (IRError, KilnError):
+        except (IRError, CallError):
             raise
         except Exception as exc:
-            raise KilnError(f"{fname}: the reference of operator '{e.op}' failed: "
+            raise CallError(f"{fname}: the reference of operator '{e.op}' failed: "
                             f"{type(exc).__name__}: {exc}") from exc
         return self.conform(f"{fname}: operator '{e.op}'", e.ret_type, result)
 
@@ -405,17 +405,17 @@ class _GraphRunner:
         """Check a graph argument against its declared type."""
         if isinstance(ty, TupleType):
             if not isinstance(value, (tuple, list)) or len(value) != len(ty.fields):
-                raise KilnError(f"{where}: expected a tuple of {len(ty.fields)} arrays")
+                raise CallError(f"{where}: expected a tuple of {len(ty.fields)} arrays")
             return tuple(self.check_arg(f"{where}[{i}]", f, v)
                          for i, (f, v) in enumerate(zip(ty.fields, value)))
         if not isinstance(value, np.ndarray):
-            raise KilnError(f"{where}: expected a numpy array of shape {_shape_text(ty.shape)} "
+            raise CallError(f"{where}: expected a numpy array of shape {_shape_text(ty.shape)} "
                             f"and dtype {ty.dtype}, got {type(value).__name__}")
         if value.dtype != _np_dtype(ty.dtype):
-            raise KilnError(f"{where}: expected dtype {ty.dtype}, got {value.dtype}")
+            raise CallError(f"{where}: expected dtype {ty.dtype}, got {value.dtype}")
         complaint = self.shapes.match(ty, value.shape)
         if complaint:
-            raise KilnError(f"{where}: {complaint}")
+            raise CallError(f"{where}: {complaint}")
         return value
 
     def conform(self, where: str, ty: Type, value: Any) -> Any:

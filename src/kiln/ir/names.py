@@ -35,16 +35,22 @@ class Namer:
     def __init__(self, reserved: frozenset[str] = RESERVED) -> None:
         self._used: set[str] = set(reserved)
         self._names: dict[int, str] = {}
+        # Next suffix to try per base: the suffixes below it are all taken, so a
+        # thousand `relu`s cost linear time, not quadratic.
+        self._next: dict[str, int] = {}
         self._keep: list[object] = []  # keeps ids valid while the namer lives
 
     def fresh(self, hint: str, fallback: str = "v") -> str:
         """A new unique name (not tied to an object)."""
         base = sanitize(hint, fallback)
         name = base
-        k = 1
-        while name in self._used:
+        k = self._next.get(base, 1)
+        if name in self._used:
             name = f"{base}_{k}"
-            k += 1
+            while name in self._used:
+                k += 1
+                name = f"{base}_{k}"
+            self._next[base] = k + 1
         self._used.add(name)
         return name
 

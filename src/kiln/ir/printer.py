@@ -133,10 +133,17 @@ class _ModulePrinter:
             return repr(value)
 
     def function(self, name: str, fn: BaseFunc, indent: str) -> list[str]:
-        if isinstance(fn, t.PrimFunc):
-            return _PrimPrinter(self, indent).function(name, fn)
-        if isinstance(fn, g.Function):
-            return _GraphPrinter(self, indent).function(name, fn)
+        try:
+            if isinstance(fn, t.PrimFunc):
+                return _PrimPrinter(self, indent).function(name, fn)
+            if isinstance(fn, g.Function):
+                return _GraphPrinter(self, indent).function(name, fn)
+        except RecursionError:
+            # Statement lists are flat and fused kernels are capped, so only hand-built
+            # IR thousands of levels deep gets here; the frame limit is never raised.
+            raise IRError(f"cannot print function {name!r}: it is nested too deeply (an "
+                          "expression or nested statements thousands of levels deep); split "
+                          "long expressions with LetStmt bindings") from None
         raise IRError(f"cannot print {type(fn).__name__} {name!r}")
 
     def finish(self, text: str) -> ScriptText:
@@ -446,9 +453,9 @@ class _PrimPrinter:
 
     def _allocate(self, s: t.Allocate, indent: str) -> None:
         b = s.buffer
-        self._emit(indent, f"with T.allocate({self.ex.shape(b.shape)}, {quote(b.dtype)}, "
-                           f"scope={quote(b.scope)}) as {self.ex.buffer(b)}:")
-        self._block(s.body, indent)
+        # A declaration: the buffer is in scope for the rest of the block.
+        self._emit(indent, f"{self.ex.buffer(b)} = T.allocate({self.ex.shape(b.shape)}, "
+                           f"{quote(b.dtype)}, scope={quote(b.scope)})")
 
     def _alloc_const(self, s: t.AllocConst, indent: str) -> None:
         b = s.buffer
@@ -465,16 +472,14 @@ class _PrimPrinter:
             args.append(f"buffer_dtype={quote(b.dtype)}")
         if b.scope != "global":
             args.append(f"scope={quote(b.scope)}")
-        self._emit(indent, f"with T.alloc_const({', '.join(args)}) as {self.ex.buffer(b)}:")
-        self._block(s.body, indent)
+        self._emit(indent, f"{self.ex.buffer(b)} = T.alloc_const({', '.join(args)})")
 
     def _decl_buffer(self, s: t.DeclBuffer, indent: str) -> None:
         b = s.buffer
         scope = "" if b.scope == "global" else f", scope={quote(b.scope)}"
-        self._emit(indent, f"with T.decl_buffer({self.ex.shape(b.shape)}, {quote(b.dtype)}, "
-                           f"source={self.ex.buffer(s.source)}, byte_offset={s.byte_offset}"
-                           f"{scope}) as {self.ex.buffer(b)}:")
-        self._block(s.body, indent)
+        self._emit(indent, f"{self.ex.buffer(b)} = T.decl_buffer({self.ex.shape(b.shape)}, "
+                           f"{quote(b.dtype)}, source={self.ex.buffer(s.source)}, "
+                           f"byte_offset={s.byte_offset}{scope})")
 
     def _evaluate(self, s: t.Evaluate, indent: str) -> None:
         self._emit(indent, f"T.evaluate({self.ex.text(s.value)})")

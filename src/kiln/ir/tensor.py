@@ -129,7 +129,7 @@ class BinaryOp(PrimExpr):
 
     @property
     def dtype(self) -> str:  # type: ignore[override]
-        return self.a.dtype
+        return _result_dtype(self)
 
 
 @dataclass(frozen=True, eq=False, slots=True)
@@ -162,7 +162,7 @@ class UnaryOp(PrimExpr):
 
     @property
     def dtype(self) -> str:  # type: ignore[override]
-        return self.a.dtype
+        return _result_dtype(self)
 
 
 @dataclass(frozen=True, eq=False, slots=True)
@@ -175,7 +175,7 @@ class Select(PrimExpr):
 
     @property
     def dtype(self) -> str:  # type: ignore[override]
-        return self.true_value.dtype
+        return _result_dtype(self)
 
 
 @dataclass(frozen=True, eq=False, slots=True)
@@ -236,7 +236,7 @@ class Intrin(PrimExpr):
 
     @property
     def dtype(self) -> str:  # type: ignore[override]
-        return "bool" if self.name in BOOL_INTRINSICS else self.args[0].dtype
+        return _result_dtype(self)
 
 
 @dataclass(frozen=True, slots=True)
@@ -273,6 +273,22 @@ class CallExtern(PrimExpr):
     def __post_init__(self) -> None:
         object.__setattr__(self, "args", tuple(self.args))
         check_dtype(self.dtype)
+
+
+def _result_dtype(e: PrimExpr) -> str:
+    """The dtype of an operator that takes its operand's, found by a loop: an
+    expression chain may be deeper than Python's frame limit allows to recurse."""
+    while True:
+        if isinstance(e, (BinaryOp, UnaryOp)):
+            e = e.a
+        elif isinstance(e, Select):
+            e = e.true_value
+        elif isinstance(e, Intrin) and e.name not in BOOL_INTRINSICS:
+            e = e.args[0]
+        elif isinstance(e, Intrin):
+            return "bool"
+        else:
+            return e.dtype
 
 
 def const(value: int | float | bool, dtype: str | None = None) -> Const:
@@ -465,21 +481,29 @@ class IfThenElse(Stmt):
     else_body: Stmt | None = None
 
 
+# Declarations: `Allocate`, `AllocConst` and `DeclBuffer` have no body. Like a C
+# declaration, each one's scope runs from the statement after it to the end of the
+# enclosing statement list (the `SeqStmt` it stands in, or the loop/branch/function
+# body it is). Keeping them flat means a model with thousands of weights is one long
+# `SeqStmt`, not thousands of nested scopes that every walk would recurse through.
+
+
 @dataclass(frozen=True, eq=False, slots=True)
 class Allocate(Stmt):
-    """A fresh buffer, valid inside `body` (stack for "local", heap for "global")."""
+    """Declare a fresh buffer (stack for "local", heap for "global") for the rest of the block.
+
+    A "global" allocation is freed when the enclosing block ends.
+    """
 
     buffer: Buffer
-    body: Stmt
 
 
 @dataclass(frozen=True, eq=False, slots=True)
 class AllocConst(Stmt):
-    """Bind `buffer` to read-only constant data (weights) inside `body`."""
+    """Declare `buffer` bound to read-only constant data (weights) for the rest of the block."""
 
     buffer: Buffer
     data: np.ndarray
-    body: Stmt
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "data", readonly_array(self.data))
@@ -487,12 +511,15 @@ class AllocConst(Stmt):
 
 @dataclass(frozen=True, eq=False, slots=True)
 class DeclBuffer(Stmt):
-    """`buffer` is a view of `source`'s storage at `byte_offset` (memory planning)."""
+    """Declare `buffer`, a view of `source`'s storage at `byte_offset`, for the rest of the
+    block (memory planning)."""
 
     buffer: Buffer
     source: Buffer
     byte_offset: int
-    body: Stmt
+
+
+DECLARATIONS = (Allocate, AllocConst, DeclBuffer)
 
 
 @dataclass(frozen=True, eq=False, slots=True)
@@ -524,11 +551,18 @@ def readonly_array(data: Any) -> np.ndarray:
 
 
 def seq(*stmts: Stmt) -> Stmt:
-    """Flatten into one statement (a lone statement is returned as is)."""
+    """Flatten into one statement (a lone non-declaration statement is returned as is).
+
+    Splicing a nested `SeqStmt` widens the scope of the declarations in it to the end
+    of the outer list; buffers are identity objects, so no name can be captured.
+    A lone declaration stays wrapped in a `SeqStmt` so it keeps a block of its own.
+    """
     flat: list[Stmt] = []
     for s in stmts:
         flat.extend(s.body if isinstance(s, SeqStmt) else (s,))
-    return flat[0] if len(flat) == 1 else SeqStmt(tuple(flat))
+    if len(flat) == 1 and not isinstance(flat[0], DECLARATIONS):
+        return flat[0]
+    return SeqStmt(tuple(flat))
 
 
 # --------------------------------------------------------------------------- functions

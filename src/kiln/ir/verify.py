@@ -5,7 +5,9 @@ anything), so this is where a malformed tree is caught before a backend turns
 it into a crash. Checks, tensor level:
 - every Var / Buffer is used inside the scope that defines it (function
   parameter, loop, let, Allocate, AllocConst, DeclBuffer), is not used before
-  its definition, and is not bound again while already in scope;
+  its definition, and is not bound again while already in scope; a declaration
+  (Allocate, AllocConst, DeclBuffer) is in scope from the next statement to the
+  end of the block it stands in (its SeqStmt, loop/branch/let body, function body);
 - dtypes: Store value vs buffer, BinaryOp / Compare operands alike and valid for
   the op, integer indices (one per dimension), bool conditions (If, Select),
   integer loop variables, let values, intrinsic arguments, constants that fit
@@ -25,9 +27,10 @@ function and the node and quotes the printed function around it, e.g.
 
     IRError: function 'add_one': use of buffer 'T' outside its scope (its Allocate ended)
       at: T[i]
-        3 |     with T.allocate((4,), "float32", "global") as T:
-        4 |         ...
-      > 5 |     Y[i] = T[i]
+        3 |     for i in T.serial(4):
+        4 |         T = T.allocate((4,), "float32", "global")
+        5 |         ...
+      > 6 |     Y[i] = T[i]
 """
 
 from __future__ import annotations
@@ -41,7 +44,6 @@ from kiln.errors import IRError
 from kiln.ir import dtype as dt
 from kiln.ir import graph as g
 from kiln.ir import tensor as t
-from kiln.ir._recursion import deep_recursion
 from kiln.ir.attrs import ATTR_NUM_OUTPUTS, ATTR_OUTPUT_NAMES
 from kiln.ir.module import BaseFunc, IRModule
 from kiln.ir.printer import NodeText, print_function
@@ -76,9 +78,15 @@ def verify(mod_or_func: IRModule | BaseFunc, *, name: str | None = None) -> None
     else:
         raise IRError(f"verify expects an IRModule, PrimFunc or graph Function, "
                       f"got {type(mod_or_func).__name__}")
-    with deep_recursion("verify"):
-        for fname, fn in functions:
+    for fname, fn in functions:
+        try:
             _verify_function(fname, fn, mod)
+        except RecursionError:
+            # Statement lists are flat; only a hand-built expression thousands of
+            # operators deep gets here (FuseOps caps the operators in one kernel).
+            raise IRError(f"verify: function '{fname}' is nested too deeply to walk (an "
+                          "expression or nested statements thousands of levels deep); split "
+                          "long expressions with LetStmt bindings") from None
 
 
 class _Fault(Exception):
@@ -166,6 +174,8 @@ class _PrimFuncVerifier(StmtExprVisitor):
         self.scopes = _Scopes()
         self.const_buffers: set[int] = set()
         self.where: list[object] = [fn]
+        # Declarations of each open block, ended when the block ends.
+        self.blocks: list[list[t.Buffer]] = []
         collector = _DefCollector()
         collector.visit_stmt(fn.body)
         self.defined_later = collector.ids
@@ -176,7 +186,7 @@ class _PrimFuncVerifier(StmtExprVisitor):
 
     def run(self) -> None:
         self.check_params()
-        self.visit_stmt(self.fn.body)
+        self.block(self.fn.body)
 
     # ------------------------------------------------------------------ scopes
 
@@ -225,6 +235,32 @@ class _PrimFuncVerifier(StmtExprVisitor):
             yield
         finally:
             self.scopes.end(node)
+
+    def block(self, s: t.Stmt) -> None:
+        """Visit a block; the declarations made in it end with it."""
+        self.blocks.append([])
+        try:
+            self.visit_stmt(s)
+        finally:
+            for b in self.blocks.pop():
+                self.scopes.end(b)
+
+    def declare(self, b: t.Buffer, what: str) -> None:
+        """A declaration: `b` is in scope until the enclosing block ends."""
+        if id(b) in self.scopes.live:
+            self.fault(f"redefinition of buffer '{b.name}' by a {what}: it is already "
+                       f"bound by an enclosing {self.scopes.live[id(b)]}", b)
+        self.scopes.define(b, what)
+        self.blocks[-1].append(b)
+
+    def visit_seq_stmt(self, s: t.SeqStmt) -> None:
+        self.blocks.append([])
+        try:
+            for sub in s.body:
+                self.visit_stmt(sub)
+        finally:
+            for b in self.blocks.pop():
+                self.scopes.end(b)
 
     def check_use(self, node: t.Var | t.Buffer, at: object = None) -> None:
         """`node` must be in scope; `at` is the node to show (e.g. the Load of a buffer)."""
@@ -302,7 +338,7 @@ class _PrimFuncVerifier(StmtExprVisitor):
         self.visit_expr(s.start)
         self.visit_expr(s.extent)
         with self.binding(v, "loop"):
-            self.visit_stmt(s.body)
+            self.block(s.body)
 
     def visit_let_stmt(self, s: t.LetStmt) -> None:
         if s.value.dtype != s.var.dtype:
@@ -310,13 +346,16 @@ class _PrimFuncVerifier(StmtExprVisitor):
                        f"variable dtype {s.var.dtype}", s.value)
         self.visit_expr(s.value)
         with self.binding(s.var, "let"):
-            self.visit_stmt(s.body)
+            self.block(s.body)
 
     def visit_if_then_else(self, s: t.IfThenElse) -> None:
         if s.cond.dtype != "bool":
             self.fault(f"if condition has dtype {s.cond.dtype}; it must be bool "
                        "(compare with 0 explicitly)", s.cond)
-        super().visit_if_then_else(s)
+        self.visit_expr(s.cond)
+        self.block(s.then_body)
+        if s.else_body is not None:
+            self.block(s.else_body)
 
     def visit_allocate(self, s: t.Allocate) -> None:
         b = s.buffer
@@ -325,8 +364,7 @@ class _PrimFuncVerifier(StmtExprVisitor):
             self.fault(f"Allocate of buffer '{b.name}' in scope 'local' needs {b.nbytes()} "
                        f"bytes, more than the {STACK_LIMIT_BYTES}-byte stack limit; "
                        "use scope \"global\" (heap) instead", b)
-        with self.binding(b, "Allocate"):
-            self.visit_stmt(s.body)
+        self.declare(b, "Allocate")
 
     def visit_alloc_const(self, s: t.AllocConst) -> None:
         b = s.buffer
@@ -343,8 +381,7 @@ class _PrimFuncVerifier(StmtExprVisitor):
             self.fault(f"AllocConst buffer '{b.name}' has dtype {b.dtype} but its data is "
                        f"{data_dtype}", b)
         self.const_buffers.add(id(b))
-        with self.binding(b, "AllocConst"):
-            self.visit_stmt(s.body)
+        self.declare(b, "AllocConst")
 
     def visit_decl_buffer(self, s: t.DeclBuffer) -> None:
         b, src = s.buffer, s.source
@@ -360,8 +397,7 @@ class _PrimFuncVerifier(StmtExprVisitor):
                        f"of its element size {dt.itemsize(b.dtype)} ({b.dtype})", b)
         if id(src) in self.const_buffers:
             self.const_buffers.add(id(b))
-        with self.binding(b, "DeclBuffer"):
-            self.visit_stmt(s.body)
+        self.declare(b, "DeclBuffer")
 
     def visit_call_func(self, s: t.CallFunc) -> None:
         for a in s.args:

@@ -136,18 +136,16 @@ class StmtExprVisitor:
         if s.else_body is not None:
             self.visit_stmt(s.else_body)
 
+    # Declarations have no body: their scope is the rest of the enclosing block.
     def visit_allocate(self, s: t.Allocate) -> None:
         self.visit_buffer_def(s.buffer)
-        self.visit_stmt(s.body)
 
     def visit_alloc_const(self, s: t.AllocConst) -> None:
         self.visit_buffer_def(s.buffer)
-        self.visit_stmt(s.body)
 
     def visit_decl_buffer(self, s: t.DeclBuffer) -> None:
         self.visit_buffer_use(s.source)
         self.visit_buffer_def(s.buffer)
-        self.visit_stmt(s.body)
 
     def visit_evaluate(self, s: t.Evaluate) -> None:
         self.visit_expr(s.value)
@@ -261,19 +259,16 @@ class StmtExprMutator:
         return t.IfThenElse(cond, then, other)
 
     def visit_allocate(self, s: t.Allocate) -> t.Stmt:
-        buf, body = self.visit_buffer(s.buffer), self.visit_stmt(s.body)
-        return s if buf is s.buffer and body is s.body else t.Allocate(buf, body)
+        buf = self.visit_buffer(s.buffer)
+        return s if buf is s.buffer else t.Allocate(buf)
 
     def visit_alloc_const(self, s: t.AllocConst) -> t.Stmt:
-        buf, body = self.visit_buffer(s.buffer), self.visit_stmt(s.body)
-        return s if buf is s.buffer and body is s.body else t.AllocConst(buf, s.data, body)
+        buf = self.visit_buffer(s.buffer)
+        return s if buf is s.buffer else t.AllocConst(buf, s.data)
 
     def visit_decl_buffer(self, s: t.DeclBuffer) -> t.Stmt:
         buf, src = self.visit_buffer(s.buffer), self.visit_buffer(s.source)
-        body = self.visit_stmt(s.body)
-        if buf is s.buffer and src is s.source and body is s.body:
-            return s
-        return t.DeclBuffer(buf, src, s.byte_offset, body)
+        return s if buf is s.buffer and src is s.source else t.DeclBuffer(buf, src, s.byte_offset)
 
     def visit_evaluate(self, s: t.Evaluate) -> t.Stmt:
         value = self.visit_expr(s.value)

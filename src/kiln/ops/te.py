@@ -194,10 +194,8 @@ class _Block:
         self.allocs: list[Buffer] = []
 
     def close(self) -> Stmt:
-        body = seq(*self.stmts)
-        for buf in reversed(self.allocs):
-            body = Allocate(buf, body)
-        return body
+        # Declarations first: each is in scope for the rest of the block.
+        return seq(*(Allocate(buf) for buf in self.allocs), *self.stmts)
 
 
 class _Lowering:
@@ -310,9 +308,8 @@ def lower(inputs: Sequence[Tensor], outputs: Sequence[Tensor], name: str = "kern
                 ctx.store_all(compute(t.shape, lambda *i, src=t: src[i], t.dtype, t.name), buf)
             else:
                 ctx.store_all(t, buf)
-        body = ctx.blocks[0].close()
-        for cbuf, data in reversed(ctx.constants):
-            body = AllocConst(cbuf, data, body)
+        body = seq(*(AllocConst(cbuf, data) for cbuf, data in ctx.constants),
+                   ctx.blocks[0].close())
     finally:
         _CTX.reset(token)
     return PrimFunc(tuple(params + out_bufs), body, attrs or {})

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from kiln.errors import KilnError
+from kiln.errors import CallError
 
 # ---------------------------------------------------------------- DLPack mirrors
 KDL_CPU = 1
@@ -125,10 +125,10 @@ def numpy_dtype(dtype: str) -> np.dtype[Any]:
         try:
             import ml_dtypes
         except ImportError as exc:  # pragma: no cover - depends on the environment
-            raise KilnError("bfloat16 tensors need the ml_dtypes package") from exc
+            raise CallError("bfloat16 tensors need the ml_dtypes package") from exc
         return np.dtype(ml_dtypes.bfloat16)
     if dtype not in DL_DTYPES:
-        raise KilnError(f"unknown dtype {dtype!r} in a function signature")
+        raise CallError(f"unknown dtype {dtype!r} in a function signature")
     return np.dtype(dtype)
 
 
@@ -174,8 +174,8 @@ class Where:
     index: int
     name: str
 
-    def error(self, message: str) -> KilnError:
-        return KilnError(f"{self.function}: argument {self.index} '{self.name}': {message}")
+    def error(self, message: str) -> CallError:
+        return CallError(f"{self.function}: argument {self.index} '{self.name}': {message}")
 
 
 def is_tensor(value: object) -> bool:
@@ -231,10 +231,19 @@ def to_numpy(value: object, where: Where) -> np.ndarray:
 
 
 def require_dl_dtype(array: np.ndarray, where: Where) -> tuple[int, int]:
-    """DLPack (code, bits) of the array's dtype; KilnError if DLPack has none (e.g. object)."""
-    dl = dl_dtype_of(array.dtype)
+    """DLPack (code, bits) of the array's dtype; CallError if DLPack has none (e.g. object).
+
+    A non-native byte order (`dtype('>f4')` here) is refused: compiled code reads
+    memory in this machine's order, and DLPack has no way to say otherwise.
+    """
+    dtype = array.dtype
+    if not dtype.isnative:
+        raise where.error(
+            f"numpy dtype {dtype.str!r} has non-native byte order; convert it first with "
+            f"array.astype(array.dtype.newbyteorder('='))")
+    dl = dl_dtype_of(dtype)
     if dl is None:
-        raise where.error(f"numpy dtype {array.dtype.name} has no DLPack equivalent")
+        raise where.error(f"numpy dtype {dtype.name} has no DLPack equivalent")
     return dl
 
 

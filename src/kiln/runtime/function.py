@@ -22,9 +22,10 @@ from typing import Any
 import numpy as np
 
 from kiln._registry import suggest
-from kiln.errors import KilnError
+from kiln.errors import CallError
 from kiln.runtime import ctypes_abi as abi
 from kiln.runtime.ctypes_abi import Where
+from kiln.runtime.lifetime import CallGuard
 
 # Inclusive value range of integer scalar dtypes.
 _INT_RANGES = {
@@ -69,6 +70,11 @@ class PackedFunction:
         # The value range of each integer scalar parameter (None for the others).
         self._int_bounds = [_INT_RANGES.get(p["dtype"]) if p.get("kind") == "scalar" else None
                             for p in self.params]
+        # Tensor arguments, and those the code writes: every result, and each parameter
+        # the metadata marks "written" (libraries older than that mark carry none).
+        self._tensors = [i for i, p in enumerate(self._arguments) if p.get("kind") == "tensor"]
+        self._written = frozenset(i for i in self._tensors
+                                  if i >= len(self.params) or self._arguments[i].get("written"))
 
     # -------------------------------------------------------------- calling
     def __call__(self, *args: Any, out: Any = None, **kwargs: Any) -> Any:
@@ -76,12 +82,15 @@ class PackedFunction:
             if "out" in self._index:
                 kwargs["out"] = out
             else:
-                raise KilnError(
+                raise CallError(
                     f"{self.name}: out= applies to graph-level functions; a tensor-level "
                     "function writes into the buffers you pass as arguments")
             out = None
         values = self._bind(args, kwargs)
+        allocating = self.kind == "graph" and out is None
+        values = self._screen(values, check_shapes=allocating)
         outputs = self._outputs(out) if self.kind == "graph" else []
+        self._check_written([*values, *outputs])
         self._invoke([*values, *outputs], self._wheres)
         if self.kind != "graph":
             return None
@@ -99,22 +108,22 @@ class PackedFunction:
     def _bind(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> list[Any]:
         n = len(self.params)
         if len(args) > n:
-            raise KilnError(
+            raise CallError(
                 f"{self.name}: expected {_plural(n, 'argument')}, got {len(args) + len(kwargs)}")
         values: list[Any] = list(args) + [_MISSING] * (n - len(args))
         for key, value in kwargs.items():
             i = self._index.get(key)
             if i is None:
                 names = list(self._index)
-                raise KilnError(
+                raise CallError(
                     f"{self.name}: unknown argument '{key}'.{suggest(key, names)} "
                     f"Parameters: {', '.join(names) if names else '(none)'}")
             if values[i] is not _MISSING:
-                raise KilnError(f"{self.name}: argument {i} '{key}' given twice")
+                raise CallError(f"{self.name}: argument {i} '{key}' given twice")
             values[i] = value
         for i, (value, bounds) in enumerate(zip(values, self._int_bounds)):
             if value is _MISSING:
-                raise KilnError(f"{self.name}: missing argument {i} '{self.params[i]['name']}'")
+                raise CallError(f"{self.name}: missing argument {i} '{self.params[i]['name']}'")
             if bounds is not None and abi.type_code_of(value) == abi.ARG_INT:
                 # An integer scalar must fit its parameter's dtype (C would wrap it silently).
                 ivalue = abi.scalar_int(value)
@@ -122,6 +131,61 @@ class PackedFunction:
                     raise self._wheres[i].error(
                         f"value {ivalue} out of range for {self.params[i]['dtype']}")
         return values
+
+    def _screen(self, values: list[Any], *, check_shapes: bool) -> list[Any]:
+        """Tensor parameters as numpy views (DLPack read once), checked for byte order.
+
+        With `check_shapes` (results about to be allocated) the inputs' ndim, dtype,
+        shape and layout are checked too, so a wrong call allocates nothing. Values
+        that are not tensors stay as they are: the compiled entry reports them.
+        """
+        screened = list(values)
+        n = len(self.params)
+        for i in self._tensors:
+            if i >= n:
+                break
+            value = values[i]
+            if not abi.is_tensor(value):
+                continue
+            array = abi.to_numpy(value, self._wheres[i])
+            abi.require_dl_dtype(array, self._wheres[i])
+            if check_shapes and not self._fits(i, array):
+                check_tensor(array, self.params[i], self._wheres[i])  # raises, naming it
+            screened[i] = array
+        return screened
+
+    def _check_written(self, values: list[Any]) -> None:
+        """Refuse a read-only buffer the code writes, and one overlapping another argument.
+
+        The compiled code writes through raw pointers: numpy's read-only flag and
+        its aliasing rules are invisible to it (docs/abi.md).
+        """
+        if not self._written:
+            return
+        arrays = [(i, v) for i in self._tensors if isinstance(v := values[i], np.ndarray)]
+        for i, w in arrays:
+            if i not in self._written:
+                continue
+            if not w.flags.writeable:
+                raise self._wheres[i].error(
+                    "the array is read-only but the function writes into it; pass a writable "
+                    "array (e.g. a copy)")
+            for j, other in arrays:
+                if j != i and np.may_share_memory(w, other) and np.shares_memory(w, other):
+                    raise self._wheres[i].error(
+                        f"overlaps argument {j} '{self._wheres[j].name}' in memory; the "
+                        "function writes it while reading the other, so pass distinct arrays")
+
+    def _fits(self, i: int, array: np.ndarray) -> bool:
+        """True if `array` has argument i's shape, dtype and a contiguous layout (fast path)."""
+        shape, dtype = self._layouts[i]
+        return array.shape == shape and array.dtype == dtype and array.flags.c_contiguous
+
+    @functools.cached_property
+    def _layouts(self) -> dict[int, tuple[tuple[int, ...], np.dtype[Any]]]:
+        """(shape, numpy dtype) of each tensor argument, by argument index."""
+        return {i: (tuple(self._arguments[i]["shape"]),
+                    abi.numpy_dtype(self._arguments[i]["dtype"])) for i in self._tensors}
 
     @functools.cached_property
     def _result_layouts(self) -> list[tuple[tuple[int, ...], np.dtype[Any]]]:
@@ -134,7 +198,7 @@ class PackedFunction:
             return [np.empty(shape, dtype) for shape, dtype in self._result_layouts]
         outs = list(out) if isinstance(out, (tuple, list)) else [out]
         if len(outs) != len(self.results):
-            raise KilnError(
+            raise CallError(
                 f"{self.name}: out= has {len(outs)} arrays; the function has "
                 f"{_plural(len(self.results), 'result')}")
         n = len(self.params)
@@ -149,6 +213,11 @@ class PackedFunction:
             if not array.flags.writeable:
                 raise where.error("the out= array is read-only")
             checked.append(array)
+        for j, array in enumerate(checked):
+            for k in range(j):
+                if np.shares_memory(array, checked[k]):
+                    raise self._wheres[n + j].error(
+                        f"the out= array overlaps out= array {k} in memory")
         return checked
 
     # -------------------------------------------------------------- description
@@ -187,28 +256,38 @@ def check_tensor(array: np.ndarray, param: Mapping[str, Any], where: Where) -> n
 class NativeFunction(PackedFunction):
     """A packed C entry `{prefix}name` (KilnPackedFunc), called through ctypes.
 
-    The entry checks every argument; a non-zero return raises `KilnError` with
-    the entry's message from `last_error()`. `owner` (the library) is kept alive
-    and must not be closed when the function is called.
+    The entry checks every argument; a non-zero return raises `CallError` with
+    the entry's message from `last_error()`. `owner` (the library) is kept alive;
+    `guard` (its CallGuard) makes `close()` wait for calls in flight, and calls
+    after it raise CallError.
     """
 
     def __init__(
         self, signature: Mapping[str, Any], c_func: Any,
         last_error: Callable[[], str] | None = None, *, owner: Any = None,
+        guard: CallGuard | None = None,
     ) -> None:
         super().__init__(signature)
         self.c_func = c_func
         self.last_error = last_error
         self.owner = owner
+        self.guard = guard
 
     def _invoke(self, values: list[Any], wheres: list[Where]) -> None:
-        if self.owner is not None and getattr(self.owner, "closed", False):
-            raise KilnError(f"{self.name}: the library {self.owner!r} is closed")
         args, codes, keep = abi.pack_arguments(values, wheres)
-        rc = self.c_func(args, codes, len(values))
+        guard = self.guard
+        if guard is not None:
+            guard.enter(self.name)
+        try:
+            rc = self.c_func(args, codes, len(values))
+            # Read on this thread, before close() may unload the library.
+            message = _error_text(self.name, rc, self.last_error) if rc != 0 else ""
+        finally:
+            if guard is not None:
+                guard.exit()
         del keep  # the tensors' owners had to live through the call
         if rc != 0:
-            raise KilnError(_error_text(self.name, rc, self.last_error))
+            raise CallError(message)
 
 
 class RawKernelFunction(PackedFunction):
@@ -216,16 +295,20 @@ class RawKernelFunction(PackedFunction):
 
     The kernel checks nothing, so this wrapper performs the packed entry's checks
     (docs/abi.md) in Python first, with the same messages. `keepalive` holds
-    whatever owns the code (e.g. an LLVM execution engine).
+    whatever owns the code (e.g. an LLVM execution engine); `guard`, if given,
+    is its CallGuard: the owner's `close()` waits for running calls and later
+    calls raise CallError.
     """
 
     def __init__(
         self, signature: Mapping[str, Any], address: int,
         last_error: Callable[[], str] | None = None, *, keepalive: Any = None,
+        guard: CallGuard | None = None,
     ) -> None:
         super().__init__(signature)
+        self.guard = guard
         if not address:
-            raise KilnError(f"{self.name}: raw kernel address is NULL")
+            raise CallError(f"{self.name}: raw kernel address is NULL")
         self.address = address
         self.last_error = last_error
         self.keepalive = keepalive
@@ -243,10 +326,17 @@ class RawKernelFunction(PackedFunction):
                 c_args.append(array.__array_interface__["data"][0])
             else:
                 c_args.append(checked_scalar(value, param, where))
-        rc = self._c_func(*c_args)
+        guard = self.guard
+        if guard is not None:
+            guard.enter(self.name)
+        try:
+            rc = self._c_func(*c_args)
+        finally:
+            if guard is not None:
+                guard.exit()
         del keep
         if rc != 0:
-            raise KilnError(_error_text(self.name, rc, self.last_error))
+            raise CallError(_error_text(self.name, rc, self.last_error))
 
 
 def checked_tensor(value: Any, param: Mapping[str, Any], where: Where) -> np.ndarray:

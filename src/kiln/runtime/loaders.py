@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kiln._registry import Registry, RegistryError
-from kiln.errors import KilnError
+from kiln.errors import KilnError, missing_dependency
 
 if TYPE_CHECKING:
     from kiln.artifact import AnyArtifact
@@ -75,6 +75,9 @@ def get_loader(name: str) -> Loader:
         raise KilnError(f"{exc}. Register one with kiln.runtime.register_loader('{name}', fn)"
                         f"{failed_backends()}") from None
     except ImportError as exc:
+        missing = missing_dependency(exc, f"loading '{name}' artifacts")
+        if missing is not None:
+            raise missing from exc
         raise KilnError(f"the '{name}' loader cannot be imported ({exc}); is the compiler side "
                         "of kiln installed? A deploy-only host can load 'native' code only"
                         ) from exc

@@ -1,6 +1,6 @@
 """The code-loading process: ArtifactSet or library file -> runtime Module tree.
 
-There is one path (DESIGN invariant 2, docs/runtime.md):
+There is one path (docs/runtime.md):
 
 1. `load_artifacts` links every "native" artifact into one real shared library
    with the system toolchain -- by calling `export_library` to a private
@@ -50,6 +50,8 @@ def load_module(path: str | os.PathLike[str], *, prefix: str | None = None) -> M
     if suffix not in LIBRARY_SUFFIXES:
         raise FormatError(f"{p}: cannot load a {suffix or 'suffix-less'} file; kiln loads "
                           f"{' and '.join(LIBRARY_SUFFIXES)} files written by export_library")
+    if p.is_dir():
+        raise FormatError(f"{p}: is a directory, not a library file")
     if not p.is_file():
         raise FileNotFoundError(f"{p}: no such library file")
     if suffix == ".tar":
@@ -157,7 +159,11 @@ def _read_blob(lib: LibraryModule, symbol: str, size: int) -> BlobContents:
     if size < HEADER_SIZE:
         raise FormatError(f"{lib.path}: blob symbol {symbol} is {size} bytes, smaller than "
                           f"a blob header ({HEADER_SIZE} bytes)")
-    address = ctypes.addressof(ctypes.c_uint8.in_dll(lib.cdll, symbol))
+    try:
+        address = ctypes.addressof(ctypes.c_uint8.in_dll(lib.cdll, symbol))
+    except ValueError as exc:  # ctypes: the dynamic loader's lookup failed
+        raise FormatError(f"{lib.path}: the ELF symbol table lists {symbol}, but the dynamic "
+                          f"loader cannot find it ({exc}); the file is damaged") from None
     try:
         length = blob_length(ctypes.string_at(address, HEADER_SIZE))
         if length > size:

@@ -23,6 +23,7 @@ from kiln._registry import suggest
 from kiln.errors import FormatError, KilnError
 from kiln.runtime import ctypes_abi as abi
 from kiln.runtime.function import NativeFunction, PackedFunction
+from kiln.runtime.lifetime import CallGuard
 
 if TYPE_CHECKING:
     from kiln.artifact import AnyArtifact
@@ -118,21 +119,25 @@ class Module:
         """
         if fmt not in SOURCE_FORMATS:
             raise ValueError(f"unknown source format {fmt!r}; choose 'c', 'll' or 'asm'")
-        own = self._own_source(fmt)
-        if own is not None:
-            return own
-        found = []
-        for module in self.imports:
-            try:
-                found.append(module.inspect_source(fmt))
-            except KilnError:
-                continue
-        if found:
-            return "\n".join(found)
+        found = self._find_source(fmt)
+        if found is not None:
+            return found
         needs = {"c": ".c", "ll": ".bc or .ll", "asm": ".bc, .ll, .o, .s or .c"}[fmt]
         raise KilnError(
             f"{self!r} has no artifact to show as {fmt!r} (needs {needs} with its content), "
             f"nor do its imports; its artifacts: {_artifact_names(self.artifacts)}")
+
+    def _find_source(self, fmt: str) -> str | None:
+        """This module's source in `fmt`, else its imports' (None if nothing fits).
+
+        A damaged artifact raises (FormatError): only "nothing to show" moves on.
+        """
+        own = self._own_source(fmt)
+        if own is not None:
+            return own
+        found = [text for module in self.imports
+                 if (text := module._find_source(fmt)) is not None]
+        return "\n".join(found) if found else None
 
     def _own_source(self, fmt: str) -> str | None:
         """`inspect_source` from this module's own artifacts; None if none fits `fmt`."""
@@ -208,8 +213,9 @@ class LibraryModule(Module):
     Signatures come from the library's own `{prefix}_metadata()`. A library
     without native code (only the blob, for other loaders) has no
     `{prefix}_metadata` and no functions of its own: `has_native` is False.
-    `close()` dlcloses it (later calls raise KilnError); so does garbage
-    collection. `cleanup_dir`, if set, is a private directory removed with it.
+    `close()` waits for calls in flight on other threads, then dlcloses it
+    (later calls raise CallError); so does garbage collection. `cleanup_dir`,
+    if set, is a private directory removed with it.
     """
 
     kind = "library"
@@ -222,6 +228,7 @@ class LibraryModule(Module):
         self.cleanup_dir = cleanup_dir
         self._cleanup: Any = None
         self._handle: int | None = None
+        self._guard = CallGuard(f"the library {str(self.path)!r}")
         lib = _dlopen(self.path)
         # The private directory goes when the module does, or at interpreter exit
         # at the latest (a finalizer runs even when the module sits in a cycle).
@@ -246,15 +253,25 @@ class LibraryModule(Module):
             self.close()
             raise FormatError(f"{self.path}: exports {prefix}_metadata but not "
                               f"{prefix}_last_error; not a kiln library") from None
-        self.metadata = _parse_library_metadata(abi.read_string(metadata_fn), self.path)
+        try:
+            self.metadata = _parse_library_metadata(abi.read_string(metadata_fn), self.path)
+        except FormatError:
+            self.close()
+            raise
         for name, sig in self.metadata.get("functions", {}).items():
+            try:
+                _check_signature(name, sig)
+            except FormatError as exc:
+                self.close()
+                raise FormatError(f"{self.path}: library metadata: {exc}") from None
             try:
                 c_func = abi.bind(lib, sig["symbol"], "packed")
             except AttributeError:
                 self.close()
                 raise FormatError(f"{self.path}: metadata lists function '{name}' but the "
                                   f"library has no symbol {sig['symbol']}") from None
-            self._functions[name] = NativeFunction(sig, c_func, self.last_error, owner=self)
+            self._functions[name] = NativeFunction(sig, c_func, self.last_error, owner=self,
+                                                   guard=self._guard)
 
     def last_error(self) -> str:
         """`{prefix}_last_error()`: the message of the last failed call on this thread."""
@@ -269,7 +286,11 @@ class LibraryModule(Module):
         return list(self._functions)
 
     def close(self) -> None:
-        """dlclose the library (idempotent). Functions of a closed library raise KilnError."""
+        """dlclose the library (idempotent) once the calls in flight have returned.
+
+        Functions of a closed library raise CallError.
+        """
+        self._guard.close()
         super().close()
         self._release(_dlclose)
         if self._cleanup is not None:
@@ -328,6 +349,37 @@ def _dlopen(path: Path) -> ctypes.CDLL:
     finally:
         if link_dir is not None:
             shutil.rmtree(link_dir, ignore_errors=True)
+
+
+def _check_signature(name: str, sig: Any) -> None:
+    """FormatError unless `sig` is a function signature as docs/abi.md describes it."""
+    def fail(what: str) -> FormatError:
+        return FormatError(f"function {name!r}: {what}")
+
+    if not isinstance(sig, dict):
+        raise fail(f"signature is a {type(sig).__name__}, not an object")
+    symbol = sig.get("symbol")
+    if not isinstance(symbol, str) or not symbol.isascii() or \
+            not symbol.replace("_", "a").isidentifier():
+        raise fail(f"symbol {symbol!r} is not a C identifier")
+    for key in ("params", "results"):
+        entries = sig.get(key, [])
+        if not isinstance(entries, list):
+            raise fail(f"'{key}' is not a list")
+        for p in entries:
+            if not isinstance(p, dict) or not isinstance(p.get("name"), str):
+                raise fail(f"an entry of '{key}' has no name")
+            if p.get("dtype") not in abi.DL_DTYPES:
+                raise fail(f"{p['name']}: unknown dtype {p.get('dtype')!r}")
+            kind = p.get("kind")
+            shape = p.get("shape")
+            if kind == "tensor":
+                if not isinstance(shape, list) or not all(
+                        isinstance(d, int) and not isinstance(d, bool) and d >= 0
+                        for d in shape):
+                    raise fail(f"{p['name']}: shape {shape!r} is not a list of sizes")
+            elif kind != "scalar":
+                raise fail(f"{p['name']}: kind {kind!r} is neither 'tensor' nor 'scalar'")
 
 
 def _parse_library_metadata(text: str, path: Path) -> dict[str, Any]:

@@ -46,9 +46,9 @@ _STMT_FUNCS = {
     "vectorized": "a loop iterator: `for i in T.vectorized(n):`",
     "unrolled": "a loop iterator: `for i in T.unrolled(n):`",
     "let": "a scope: `with T.let(value) as x:`",
-    "allocate": "a scope: `with T.allocate(shape, dtype, scope=...) as buf:`",
-    "alloc_const": "a scope: `with T.alloc_const(data) as buf:`",
-    "decl_buffer": "a scope: `with T.decl_buffer(shape, dtype, source=...) as buf:`",
+    "allocate": "a declaration: `buf = T.allocate(shape, dtype, scope=...)`",
+    "alloc_const": "a declaration: `buf = T.alloc_const(data)`",
+    "decl_buffer": "a declaration: `buf = T.decl_buffer(shape, dtype, source=...)`",
     "evaluate": "a statement: `T.evaluate(expr)`",
     "call_func": "a statement: `T.call_func(\"name\", [args])`",
     "func_attr": "a statement at the top of the function body",
@@ -177,7 +177,8 @@ class TensorFunctionParser:
         elif isinstance(node, ast.Assign):
             if len(node.targets) != 1:
                 self.fail(node, "one assignment target per statement")
-            self._store(node, node.targets[0], node.value)
+            if not self._declaration(node.targets[0], node.value):
+                self._store(node, node.targets[0], node.value)
         elif isinstance(node, ast.AugAssign):
             self._aug_store(node)
         elif isinstance(node, ast.AnnAssign):
@@ -192,8 +193,9 @@ class TensorFunctionParser:
                             "buffer parameters")
         else:
             self.fail(node, f"unsupported statement `{type(node).__name__.lower()}` in a "
-                            "@T.prim_func; use T.serial loops, if/else, `with T.let/"
-                            "T.allocate/...` scopes and buffer stores")
+                            "@T.prim_func; use T.serial loops, if/else, `with T.let(...)` "
+                            "scopes, `buf = T.allocate/T.alloc_const/T.decl_buffer(...)` "
+                            "declarations and buffer stores")
 
     def _for(self, node: ast.For) -> None:
         if node.orelse:
@@ -229,8 +231,23 @@ class TensorFunctionParser:
                                extent=extent) as v:
             self.block(node.body, {name: v})
 
+    def _declaration(self, target: ast.expr, value: ast.expr) -> bool:
+        """`name = T.allocate/T.alloc_const/T.decl_buffer(...)`: a declaration whose
+        buffer is in scope for the rest of the block (False: not a declaration)."""
+        ref = self.p.dsl_ref(value.func) if isinstance(value, ast.Call) else None
+        declare = self._DECLARATIONS.get(ref[1]) if ref is not None and ref[0] == "T" else None
+        if declare is None or ref is None or not isinstance(value, ast.Call):
+            return False
+        if not isinstance(target, ast.Name):
+            self.fail(target, f"T.{ref[1]}(...) declares a buffer: assign it to a single "
+                              f"name, `buf = T.{ref[1]}(...)`")
+        self.p.scopes[-1][target.id] = declare(self, value, target.id)
+        return True
+
     def _with(self, node: ast.With, items: list[ast.withitem]) -> None:
-        """`with T.let/T.allocate/T.alloc_const/T.decl_buffer(...) as name:` (items nest)."""
+        """`with T.let(...) as name:`; the older `with T.allocate/T.alloc_const/
+        T.decl_buffer(...) as name:` form still parses: it declares the buffer in the
+        enclosing block and names it for the `with` body (items nest)."""
         item = items[0]
         call = item.context_expr
         ref = self.p.dsl_ref(call.func) if isinstance(call, ast.Call) else None
@@ -260,17 +277,14 @@ class TensorFunctionParser:
         with self.ib.let(name, value, var=var) as v:
             yield v
 
-    @contextmanager
-    def _open_allocate(self, call: ast.Call, name: str) -> Iterator[Buffer]:
+    def _allocate(self, call: ast.Call, name: str) -> Buffer:
         params = ("shape", "dtype", "scope")
         kws = self.p.keywords(call, "T.allocate", params)
         args = _bind_args(self.p, call, "T.allocate", call.args, kws, params, required=2)
         shape, dtype = self.shape(args["shape"]), self.p.dtype_arg(args["dtype"])
-        with self.ib.allocate(name, shape, dtype, self.p.scope_arg(args.get("scope"))) as buf:
-            yield buf
+        return self.ib.declare_allocate(name, shape, dtype, self.p.scope_arg(args.get("scope")))
 
-    @contextmanager
-    def _open_alloc_const(self, call: ast.Call, name: str) -> Iterator[Buffer]:
+    def _alloc_const(self, call: ast.Call, name: str) -> Buffer:
         arr, kws = self.p.data(call, "T.alloc_const", ("buffer_shape", "buffer_dtype", "scope"))
         buffer = None
         if kws:  # the buffer's own shape / dtype / scope differ from the data's
@@ -278,11 +292,9 @@ class TensorFunctionParser:
             dtype = (self.p.dtype_arg(kws["buffer_dtype"]) if "buffer_dtype" in kws
                      else dt.from_numpy(arr.dtype))
             buffer = Buffer(name, shape, dtype, self.p.scope_arg(kws.get("scope")))
-        with self.ib.alloc_const(name, arr, buffer=buffer) as buf:
-            yield buf
+        return self.ib.declare_const(name, arr, buffer=buffer)
 
-    @contextmanager
-    def _open_decl_buffer(self, call: ast.Call, name: str) -> Iterator[Buffer]:
+    def _decl_buffer(self, call: ast.Call, name: str) -> Buffer:
         params = ("shape", "dtype", "source", "byte_offset", "scope")
         kws = self.p.keywords(call, "T.decl_buffer", params)
         args = _bind_args(self.p, call, "T.decl_buffer", call.args, kws, params, required=2)
@@ -295,12 +307,21 @@ class TensorFunctionParser:
             if "byte_offset" in args else 0
         buf = Buffer(name, self.shape(args["shape"]), self.p.dtype_arg(args["dtype"]),
                      self.p.scope_arg(args.get("scope")))
-        with self.ib.decl_buffer(name, buf.shape, buf.dtype, source, offset, buffer=buf):
-            yield buf
+        return self.ib.declare_view(name, buf.shape, buf.dtype, source, offset, buffer=buf)
+
+    _DECLARATIONS: dict[str, Callable[[Any, ast.Call, str], Buffer]] = {
+        "allocate": _allocate, "alloc_const": _alloc_const, "decl_buffer": _decl_buffer,
+    }
+
+    @contextmanager
+    def _open_declaration(self, call: ast.Call, name: str) -> Iterator[Buffer]:
+        ref = self.p.dsl_ref(call.func)
+        assert ref is not None
+        yield self._DECLARATIONS[ref[1]](self, call, name)
 
     _SCOPES: dict[str, Callable[[Any, ast.Call, str], AbstractContextManager[Any]]] = {
-        "let": _open_let, "allocate": _open_allocate, "alloc_const": _open_alloc_const,
-        "decl_buffer": _open_decl_buffer,
+        "let": _open_let, "allocate": _open_declaration, "alloc_const": _open_declaration,
+        "decl_buffer": _open_declaration,
     }
 
     def _if(self, node: ast.If) -> None:

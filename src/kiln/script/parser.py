@@ -65,7 +65,15 @@ def parse_source(
         lineno = exc.lineno or 1
         raise source.error_at(lineno, max(0, (exc.offset or 1) - 1),
                               f"invalid syntax: {exc.msg}") from None
-    return Parser(source, env, metadata or {}).module(tree)
+    except (RecursionError, MemoryError):
+        raise source.error_at(1, 0, "the text is nested too deeply for Python's parser") \
+            from None
+    try:
+        return Parser(source, env, metadata or {}).module(tree)
+    except RecursionError:
+        raise source.error_at(1, 0, "the text is nested too deeply to parse (an expression "
+                                    "thousands of levels deep); split long expressions with "
+                                    "T.let") from None
 
 
 class Parser:

@@ -14,7 +14,7 @@ from collections.abc import Iterable, Mapping
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
-from kiln.errors import CompileError, IRError, KilnError, TargetError
+from kiln.errors import CompileError, KilnError
 from kiln.ir.module import IRModule
 
 if TYPE_CHECKING:
@@ -23,9 +23,10 @@ if TYPE_CHECKING:
 
 _LOCAL = threading.local()
 
-# Exceptions that already explain themselves; anything else a pass raises is
-# wrapped in a CompileError naming the pass.
-_KNOWN_ERRORS = (CompileError, IRError, TargetError, KilnError)
+# Every kiln error (FrontendError, FormatError, IRError, CompileError, ...) already
+# names what is at fault and keeps its type; anything else a pass raises is a bug
+# in the pass and is wrapped in a CompileError naming the pass.
+_KNOWN_ERRORS = (KilnError,)
 
 
 class PassContext:

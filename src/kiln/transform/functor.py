@@ -63,7 +63,7 @@ def iter_stmts(stmt: t.Stmt) -> Iterator[t.Stmt]:
         yield s
         if isinstance(s, t.SeqStmt):
             stack.extend(reversed(s.body))
-        elif isinstance(s, (t.For, t.LetStmt, t.Allocate, t.AllocConst, t.DeclBuffer)):
+        elif isinstance(s, (t.For, t.LetStmt)):
             stack.append(s.body)
         elif isinstance(s, t.IfThenElse):
             if s.else_body is not None:

@@ -8,6 +8,11 @@ PrimFunc: the ops' tensor-expression definitions are chained (`kiln.ops.te`
 inlines each intermediate into its consumer) and lowered once, and the group's
 bindings are replaced by one `CallTensor`. Single-op groups are left to
 LegalizeOps.
+
+A group holds at most `max_group` ops (default `MAX_FUSED_OPS`): the fused
+kernel's expression nests one level per op, so the cap keeps every expression
+shallow however long the chain is (a 5,000-op elementwise chain becomes many
+kernels, not one 5,000-deep expression that no recursive walk could handle).
 """
 
 from __future__ import annotations
@@ -25,6 +30,8 @@ from kiln.transform.functor import var_use_counts
 from kiln.transform.pass_base import Pass
 
 FUSABLE_TAIL = ("elemwise", "broadcast")
+# The most ops fused into one kernel (the FuseOps option `max_group`).
+MAX_FUSED_OPS = 8
 
 
 @dataclass(frozen=True)
@@ -32,7 +39,7 @@ class FuseOps(Pass):
     """Fuse elementwise/broadcast consumers into their producing operator."""
 
     name = "fuse-ops"
-    max_group: int = 8
+    max_group: int = MAX_FUSED_OPS
 
     def run(self, mod: IRModule) -> IRModule:
         functions: dict[str, BaseFunc] = dict(mod.functions)

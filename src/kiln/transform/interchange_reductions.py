@@ -112,18 +112,20 @@ class _Interchanger(LoopRewriter):
         if (loop.kind != "serial" or loop.var.dtype != INDEX or not _is_const(loop.start, 0)
                 or not isinstance(loop.extent, Const) or int(loop.extent.value) < 2):
             return None
+        # The body: scalar accumulators declared first, then the statements.
+        items = list(loop.body.body) if isinstance(loop.body, SeqStmt) else [loop.body]
         accs: list[Buffer] = []
-        inner = loop.body
-        while isinstance(inner, Allocate):
-            buf = inner.buffer
+        while items and isinstance(items[0], Allocate):
+            decl = items.pop(0)
+            assert isinstance(decl, Allocate)
+            buf = decl.buffer
             if buf.scope != "local" or buf.shape != (1,):
                 return None
             accs.append(buf)
-            inner = inner.body
-        statements = list(inner.body) if isinstance(inner, SeqStmt) else [inner]
+        statements = items
         if not accs or not any(isinstance(x, For) for x in statements):
             return None
-        for x in iter_stmts(inner):
+        for x in (y for st in statements for y in iter_stmts(st)):
             if isinstance(x, (Allocate, AllocConst, DeclBuffer, CallFunc)):
                 return None
             if isinstance(x, For) and x.kind == "parallel":
@@ -164,10 +166,7 @@ class _Interchanger(LoopRewriter):
                 "add", BinaryOp("mul", tile, Const(self.tile, INDEX)), lane)
             body = _Substitute(loop.var, index, vectors, lane).stmt(statement)
             out.append(_innermost(body, _LaneLoop(lane, count)))
-        result = seq(*out)
-        for buf in reversed(list(vectors.values())):
-            result = Allocate(buf, result)
-        return result
+        return seq(*(Allocate(buf) for buf in vectors.values()), *out)
 
 
 def _is_const(e: PrimExpr, value: int) -> bool:

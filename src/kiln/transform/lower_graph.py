@@ -255,18 +255,24 @@ def lower_function(name: str, fn: g.Function, mod: IRModule, *,
         args: list[t.Buffer | t.PrimExpr] = [_buf(s) for s in step.inputs + step.outputs]
         body.append(t.CallFunc(step.func, tuple(args)))
     body.extend(copy_stmt(dst, src) for dst, src in copies)
-    stmt = t.seq(*body) if body else t.Evaluate(t.Const(0, "int32"))
+    if not body:
+        body.append(t.Evaluate(t.Const(0, "int32")))
 
+    # One flat statement list (declarations are scoped to the rest of it, see
+    # kiln.ir.tensor.Allocate): workspace, constants, views into the workspace, calls.
+    decls: list[t.Stmt] = []
     workspace = plan.total
+    arena: t.Buffer | None = None
     if inter:
         workspace = max(workspace, alignment)  # zero-size values still need a base pointer
         arena = t.Buffer("workspace", (workspace,), "uint8", "global")
-        for s in reversed(inter):
-            stmt = t.DeclBuffer(_buf(s), arena, plan.offsets[s], stmt)
-        stmt = t.Allocate(arena, stmt)
-    for slot in reversed(list(an.consts.values())):
+        decls.append(t.Allocate(arena))
+    for slot in an.consts.values():
         assert slot.data is not None
-        stmt = t.AllocConst(_buf(slot), slot.data, stmt)
+        decls.append(t.AllocConst(_buf(slot), slot.data))
+    if arena is not None:
+        decls.extend(t.DeclBuffer(_buf(s), arena, plan.offsets[s]) for s in inter)
+    stmt = t.seq(*decls, *body)
 
     attrs = {k: v for k, v in fn.attrs.items() if k != ATTR_GIVEN_OUTPUT_NAMES}
     attrs.update({

@@ -154,7 +154,13 @@ class _Outliner:
             body = self.stmt(s.body, consts)
             return s if body is s.body else For(s.var, s.start, s.extent, s.kind, body)
         if isinstance(s, SeqStmt):
-            items = [self.stmt(x, consts) for x in s.body]
+            items = []
+            for x in s.body:
+                items.append(self.stmt(x, consts))
+                # A declaration's scope is the rest of this list.
+                if isinstance(x, AllocConst) or (
+                        isinstance(x, DeclBuffer) and x.source in consts):
+                    consts = consts | {x.buffer}
             return s if all(a is b for a, b in zip(items, s.body)) else seq(*items)
         if isinstance(s, LetStmt):
             body = self.stmt(s.body, consts)
@@ -165,16 +171,6 @@ class _Outliner:
             if then is s.then_body and other is s.else_body:
                 return s
             return IfThenElse(s.cond, then, other)
-        if isinstance(s, Allocate):
-            body = self.stmt(s.body, consts)
-            return s if body is s.body else Allocate(s.buffer, body)
-        if isinstance(s, AllocConst):
-            body = self.stmt(s.body, consts | {s.buffer})
-            return s if body is s.body else AllocConst(s.buffer, s.data, body)
-        if isinstance(s, DeclBuffer):
-            inner = consts | {s.buffer} if s.source in consts else consts
-            body = self.stmt(s.body, inner)
-            return s if body is s.body else DeclBuffer(s.buffer, s.source, s.byte_offset, body)
         return s
 
     def outline(self, loop: For, consts: frozenset[Buffer]) -> Stmt:
@@ -246,12 +242,6 @@ def _demote_parallel(s: Stmt) -> Stmt:
     if isinstance(s, IfThenElse):
         other = _demote_parallel(s.else_body) if s.else_body is not None else None
         return IfThenElse(s.cond, _demote_parallel(s.then_body), other)
-    if isinstance(s, Allocate):
-        return Allocate(s.buffer, _demote_parallel(s.body))
-    if isinstance(s, AllocConst):
-        return AllocConst(s.buffer, s.data, _demote_parallel(s.body))
-    if isinstance(s, DeclBuffer):
-        return DeclBuffer(s.buffer, s.source, s.byte_offset, _demote_parallel(s.body))
     return s
 
 
@@ -265,7 +255,7 @@ def _stmts(s: Stmt) -> Iterator[Stmt]:
         yield x
         if isinstance(x, SeqStmt):
             stack.extend(reversed(x.body))
-        elif isinstance(x, (For, LetStmt, Allocate, AllocConst, DeclBuffer)):
+        elif isinstance(x, (For, LetStmt)):
             stack.append(x.body)
         elif isinstance(x, IfThenElse):
             if x.else_body is not None:

@@ -147,17 +147,11 @@ class LoopRewriter:
             if then is s.then_body and other is s.else_body:
                 return s
             return IfThenElse(s.cond, then, other)
-        if isinstance(s, Allocate):
-            body = self.stmt(s.body)
-            return s if body is s.body else Allocate(s.buffer, body)
+        # Declarations (no body): what follows them in the list sees their buffer.
         if isinstance(s, AllocConst):
             self.storage.bind_const(s.buffer)
-            body = self.stmt(s.body)
-            return s if body is s.body else AllocConst(s.buffer, s.data, body)
-        if isinstance(s, DeclBuffer):
+        elif isinstance(s, DeclBuffer):
             self.storage.bind_view(s)
-            body = self.stmt(s.body)
-            return s if body is s.body else DeclBuffer(s.buffer, s.source, s.byte_offset, body)
         return s
 
 
@@ -242,7 +236,7 @@ def _cost(s: Stmt) -> int:
         other = _cost(s.else_body) if s.else_body is not None else 0
         return _expr_cost(s.cond) + max(_cost(s.then_body), other)
     if isinstance(s, (Allocate, AllocConst, DeclBuffer)):
-        return _cost(s.body)
+        return 0
     if isinstance(s, Evaluate):
         return _expr_cost(s.value)
     return 1
@@ -583,7 +577,7 @@ def _stmts(s: Stmt) -> Iterator[Stmt]:
         yield x
         if isinstance(x, SeqStmt):
             stack.extend(reversed(x.body))
-        elif isinstance(x, (For, LetStmt, Allocate, AllocConst, DeclBuffer)):
+        elif isinstance(x, (For, LetStmt)):
             stack.append(x.body)
         elif isinstance(x, IfThenElse):
             if x.else_body is not None:

@@ -70,17 +70,21 @@ MAX_UNROLL = 65534
 
 
 def tail_allocations(body: Stmt) -> set[Allocate]:
-    """Heap Allocates whose scope ends where the kernel ends (freed only at `done:`)."""
+    """Heap Allocates whose scope ends where the kernel ends (freed only at `done:`).
+
+    Those are the declarations of the function body's own statement list and, when
+    its last statement is a nested list or a let, of that one's (and so on).
+    """
     out: set[Allocate] = set()
     s: Stmt | None = body
     while s is not None:
-        if isinstance(s, Allocate):
-            out.add(s)
-            s = s.body
-        elif isinstance(s, SeqStmt):
-            s = s.body[-1] if s.body else None
-        elif isinstance(s, (LetStmt, AllocConst, DeclBuffer)):
-            s = s.body
+        items = s.body if isinstance(s, SeqStmt) else (s,)
+        out.update(x for x in items if isinstance(x, Allocate))
+        last = items[-1] if items else None
+        if isinstance(last, SeqStmt):
+            s = last
+        elif isinstance(last, LetStmt):
+            s = last.body
         else:
             s = None
     return out
@@ -105,6 +109,9 @@ class KernelPrinter:
         self.status: str | None = None
         self.params: list[str] = []  # C parameter declarations
         self.heap_ptr: dict[Buffer, str] = {}
+        # Buffers declared in each open statement list (with their Allocate when it
+        # is a heap one): their scope, and a heap buffer's lifetime, end with the list.
+        self.blocks: list[list[tuple[Buffer, Allocate | None]]] = []
         self.quals = module.params[name]
         # An outlined parallel-loop body is private to kernels.c.
         self.loop_of: str | None = fn.attrs.get(ATTR_PARALLEL_OF)
@@ -135,7 +142,7 @@ class KernelPrinter:
             p.line(f"/* {self.name}({describe_params(self.fn)}) */")
         with p.block(self.prototype(with_semicolon=False)):
             p.extend(prologue)
-            self.stmt(self.fn.body)
+            self.block(self.fn.body)
             if self.heap:
                 p.lines.append("done:")  # labels sit at the left margin
                 p.extend(f"free({ptr});" for ptr in heap_names)
@@ -196,7 +203,26 @@ class KernelPrinter:
     def block_body(self, s: Stmt) -> None:
         """`s` as the body of a C block: indented, in its own name scope."""
         with self.p.indented(), self.ctx.names.scope():
-            self.stmt(s)
+            self.block(s)
+
+    def block(self, s: Stmt) -> None:
+        """`s` as a statement list: the declarations in it end where it ends."""
+        self.blocks.append([])
+        for item in s.body if isinstance(s, SeqStmt) else (s,):
+            self.stmt(item)
+        for buf, alloc in reversed(self.blocks.pop()):
+            del self.ctx.buffers[buf]
+            if alloc is not None and alloc not in self.freed_at_exit:
+                ptr = self.heap_ptr[buf]
+                self.p.line(f"free({ptr});")
+                self.p.line(f"{ptr} = NULL; /* done: frees it again */")
+
+    def declare(self, buf: Buffer, ref: BufferRef, alloc: Allocate | None = None) -> None:
+        """Bring `buf` into scope until the enclosing statement list ends."""
+        if buf in self.ctx.buffers:
+            raise self.ctx.error(f"buffer '{buf.name}' is declared twice in nested scopes")
+        self.ctx.buffers[buf] = ref
+        self.blocks[-1].append((buf, alloc))
 
     def expr(self, e: PrimExpr) -> CExpr:
         return self.exprs.emit(e)
@@ -206,8 +232,7 @@ class KernelPrinter:
         return c.text if e.dtype == "bool" else infix("ne", c, CExpr("0")).text
 
     def seq(self, s: SeqStmt) -> None:
-        for item in s.body:
-            self.stmt(item)
+        self.block(s)
 
     def store(self, s: Store) -> None:
         buf = s.buffer
@@ -279,14 +304,14 @@ class KernelPrinter:
         if s.var not in self.refs:
             if has_side_effects(s.value):
                 self.p.line(f"(void){operand(self.expr(s.value))};")
-            self.stmt(s.body)
+            self.block(s.body)
             return
         value = self.expr(s.value)
         name = self.ctx.names.fresh(s.var.name)
         self.p.line(f"const {value_ctype(s.var.dtype)} {name} = {value.text};")
         previous = self.ctx.vars.get(s.var)
         self.ctx.vars[s.var] = name
-        self.stmt(s.body)
+        self.block(s.body)
         self.restore_var(s.var, previous)
 
     def if_(self, s: IfThenElse) -> None:
@@ -306,7 +331,6 @@ class KernelPrinter:
     def allocate(self, s: Allocate) -> None:
         buf = s.buffer
         if buf not in self.refs:
-            self.stmt(s.body)
             return
         numel = self.static_numel(buf)
         ctype = C_TYPES[buf.dtype]
@@ -316,7 +340,7 @@ class KernelPrinter:
             self.p.line(f"{ctype} {name}[{max(numel, 1)}];")
             if buf not in self.read:
                 self.p.line(f"(void){name}; /* written, never read */")
-            self.with_buffer(buf, BufferRef(name), s.body)
+            self.declare(buf, BufferRef(name))
             return
         ptr = self.heap_ptr[buf]
         count = str(max(numel, 1)) if numel < (1 << 31) else f"(size_t)UINT64_C({numel})"
@@ -326,15 +350,11 @@ class KernelPrinter:
         with p.block(f"if ({ptr} == NULL)"):
             p.line(f"{self.status} = {STATUS_OUT_OF_MEMORY}; /* out of memory */")
             p.line("goto done;")
-        self.with_buffer(buf, BufferRef(ptr), s.body)
-        if s not in self.freed_at_exit:
-            p.line(f"free({ptr});")
-            p.line(f"{ptr} = NULL; /* done: frees it again */")
+        self.declare(buf, BufferRef(ptr), s)
 
     def alloc_const(self, s: AllocConst) -> None:
         buf = s.buffer
         if buf not in self.refs:
-            self.stmt(s.body)
             return
         data = s.data
         try:
@@ -352,12 +372,11 @@ class KernelPrinter:
         name = self.ctx.names.fresh(buf.name)
         self.p.line(f"const {ctype}* {name} = (const {ctype}*)"
                     f"({consts_symbol(module.prefix)} + {offset});")
-        self.with_buffer(buf, BufferRef(name, const=True), s.body)
+        self.declare(buf, BufferRef(name, const=True))
 
     def decl_buffer(self, s: DeclBuffer) -> None:
         buf, src = s.buffer, s.source
         if buf not in self.refs:
-            self.stmt(s.body)
             return
         source = self.ctx.buffer(src)
         end = s.byte_offset + self.static_numel(buf) * dt.itemsize(buf.dtype)
@@ -380,14 +399,7 @@ class KernelPrinter:
             init = (f"({const}{ctype}*)(({const}uint8_t*){source.name} + "
                     f"{int_literal(s.byte_offset, 'int64')[0]})")
         self.p.line(f"{const}{ctype}* {name} = {init};")
-        self.with_buffer(buf, BufferRef(name, const=source.const), s.body)
-
-    def with_buffer(self, buf: Buffer, ref: BufferRef, body: Stmt) -> None:
-        if buf in self.ctx.buffers:
-            raise self.ctx.error(f"buffer '{buf.name}' is declared twice in nested scopes")
-        self.ctx.buffers[buf] = ref
-        self.stmt(body)
-        del self.ctx.buffers[buf]
+        self.declare(buf, BufferRef(name, const=source.const))
 
     def static_numel(self, buf: Buffer) -> int:
         if any(not isinstance(d, int) for d in buf.shape):

@@ -12,7 +12,6 @@ from collections.abc import Iterator
 
 from kiln.ir.tensor import (
     Allocate,
-    AllocConst,
     BinaryOp,
     Buffer,
     CallExtern,
@@ -68,8 +67,6 @@ def children(node: Node) -> tuple[Node, ...]:
     if isinstance(node, IfThenElse):
         return (node.cond, node.then_body) + (
             (node.else_body,) if node.else_body is not None else ())
-    if isinstance(node, (Allocate, AllocConst, DeclBuffer)):
-        return (node.body,)
     if isinstance(node, Evaluate):
         return (node.value,)
     return ()

@@ -20,8 +20,9 @@ from kiln.codegen.llvm.jit import BITCODE_FILE, JIT_FORMAT, JIT_FORMAT_VERSION
 from kiln.codegen.llvm.lower_to_llvm import ERROR_CODES
 from kiln.codegen.llvm.target_machine import llvm_binding
 from kiln.codegen.naming import consts_symbol, kernel_symbol
-from kiln.errors import FormatError, KilnError
+from kiln.errors import CallError, FormatError, KilnError
 from kiln.runtime import LoadContext, Module, RawKernelFunction
+from kiln.runtime.lifetime import CallGuard
 
 
 def load_llvmjit(artifacts: Sequence[Any], ctx: LoadContext | None = None) -> LLVMJITModule:
@@ -46,8 +47,9 @@ def load_llvmjit(artifacts: Sequence[Any], ctx: LoadContext | None = None) -> LL
 class LLVMJITModule(Module):
     """Kernels JIT-compiled by LLVM (MCJIT) in this process; keeps the engine alive.
 
-    Functions handed out keep this module (and so the machine code) alive even
-    after `close()`, so a stale function never calls freed code.
+    `close()` waits for calls in flight on other threads, then drops the
+    engine (freeing the machine code); functions handed out before raise
+    CallError from then on instead of running.
     """
 
     kind = "llvmjit"
@@ -57,6 +59,7 @@ class LLVMJITModule(Module):
         library = dict(meta["metadata"])
         super().__init__(metadata=library,
                          artifacts=[a for a in (bitcode, constants) if a is not None])
+        self._guard = CallGuard("the llvmjit module")
         llvm = llvm_binding()
         try:
             mod = llvm.parse_bitcode(bytes(bitcode.content))
@@ -105,11 +108,13 @@ class LLVMJITModule(Module):
                 raise FormatError(f"llvmjit: {BITCODE_FILE} has no kernel {symbol!r} for "
                                   f"function {name!r}")
             functions[name] = RawKernelFunction(
-                signature, address, _last_error_text(name), keepalive=self)
+                signature, address, _last_error_text(name), keepalive=self, guard=self._guard)
         return functions
 
     def kernel_address(self, name: str) -> int:
         """Address of the raw kernel of IR function `name` (for calls through ctypes)."""
+        if self._engine is None:
+            raise CallError(f"llvmjit: kernel {name!r}: the module is closed")
         if name not in self._functions:
             raise KilnError(f"llvmjit: no kernel for function {name!r}; known: "
                             f"{', '.join(self._functions) or '(none)'}")
@@ -123,18 +128,22 @@ class LLVMJITModule(Module):
     def _own_names(self) -> list[str]:
         return list(self._functions)
 
-    def inspect_source(self, fmt: str = "c") -> str:
+    def _own_source(self, fmt: str) -> str | None:
         """"ll": the LLVM IR being run; "asm": its assembly for this machine."""
         if fmt == "ll":
             return self._ir_text
         if fmt == "asm":
+            # This IR was parsed and verified in this process already (it runs here).
             llvm = llvm_binding()
             return str(self._tm.emit_assembly(llvm.parse_assembly(self._ir_text)))
-        return super().inspect_source(fmt)
+        return super()._own_source(fmt)
 
     def close(self) -> None:
-        """Forget the functions; code stays mapped while a handed-out function lives."""
+        """Wait for calls in flight, then free the code; later calls raise CallError."""
+        self._guard.close()
         self._functions = {}
+        self._engine = None  # no call runs and none can start: the code may go
+        self._constants = None
         super().close()
 
 

@@ -83,6 +83,12 @@ ERROR_CODES = {ERROR_OUT_OF_MEMORY: "out of memory allocating a workspace"}
 # Alignment of stack buffers (a cache line: lets the vectorizer use aligned access).
 LOCAL_ALIGN = 64
 
+# A function making more kernel calls than this (a lowered graph `main` of a big model)
+# calls its kernels without inlining them: inlining thousands of loop nests into one
+# function makes LLVM's optimizer superlinear (2,000 calls: ~25 s instead of ~2 s), and a
+# kernel's loops gain nothing from being inlined into a sequence of calls.
+MAX_INLINED_CALL_SITES = 32
+
 
 @dataclass(frozen=True)
 class LoweringOptions:
@@ -387,6 +393,11 @@ class _FunctionLowering:
         self.buffers: dict[Buffer, ir.Value] = {}
         self.heap: list[ir.Value] = []  # live malloc'ed buffers, freed on any exit
         self.readonly: set[Buffer] = set()  # AllocConst buffers and views of them
+        # Buffers declared in each open statement list, with their malloc'ed pointer if
+        # any: a declaration's scope (and a heap buffer's lifetime) ends with its list.
+        self.blocks: list[list[tuple[Buffer, ir.Value | None]]] = []
+        calls = sum(isinstance(x, CallFunc) for x in _statements(fn.body))
+        self.call_attrs = ("noinline",) if calls > MAX_INLINED_CALL_SITES else ()
 
     def error(self, message: str) -> CompileError:
         return CompileError(f"llvm codegen, function {self.name!r}: {message}")
@@ -397,7 +408,7 @@ class _FunctionLowering:
                 self.buffers[p] = arg
             else:
                 self.scalars[p] = self.from_storage(arg, p.dtype)
-        self.stmt(self.fn.body)
+        self.block(self.fn.body)
         self.b.ret(ir.Constant(I32, 0))
         self.alloca_b.branch(self.body)
 
@@ -414,6 +425,28 @@ class _FunctionLowering:
         if rule is None:
             raise self.error(f"no lowering for statement {type(s).__name__}")
         rule(self, s)
+
+    def block(self, s: Stmt) -> None:
+        """`s` as a statement list: the declarations in it end where it ends."""
+        self.blocks.append([])
+        for item in s.body if isinstance(s, SeqStmt) else (s,):
+            self.stmt(item)
+        for buf, heap_ptr in reversed(self.blocks.pop()):
+            del self.buffers[buf]
+            self.readonly.discard(buf)
+            if heap_ptr is not None:
+                self.heap.pop()
+                free = declare(self.parent.module, "free", ir.VoidType(), [PTR])
+                self.b.call(free, [heap_ptr])
+
+    def declare(self, buf: Buffer, ptr: ir.Value, *, heap: bool = False) -> None:
+        """Bring `buf` into scope until the enclosing statement list ends."""
+        if buf in self.buffers:
+            raise self.error(f"buffer {buf.name!r} is declared twice")
+        self.buffers[buf] = ptr
+        if heap:
+            self.heap.append(ptr)
+        self.blocks[-1].append((buf, ptr if heap else None))
 
     # -- memory helpers --------------------------------------------------------------
 
@@ -631,6 +664,24 @@ EXPR_RULES: dict[type, Callable[[Any, Any], ir.Value]] = {
 # ======================================================================= statements
 
 
+def _statements(s: Stmt) -> list[Stmt]:
+    """Every statement under `s` (itself included)."""
+    out: list[Stmt] = []
+    stack = [s]
+    while stack:
+        x = stack.pop()
+        out.append(x)
+        if isinstance(x, SeqStmt):
+            stack.extend(x.body)
+        elif isinstance(x, (For, LetStmt)):
+            stack.append(x.body)
+        elif isinstance(x, IfThenElse):
+            stack.append(x.then_body)
+            if x.else_body is not None:
+                stack.append(x.else_body)
+    return out
+
+
 def _store(fl: _FunctionLowering, s: Store) -> None:
     if s.buffer in fl.readonly:
         raise fl.error(f"store into constant buffer {s.buffer.name!r}: AllocConst data is "
@@ -644,8 +695,7 @@ def _store(fl: _FunctionLowering, s: Store) -> None:
 
 
 def _seq(fl: _FunctionLowering, s: SeqStmt) -> None:
-    for child in s.body:
-        fl.stmt(child)
+    fl.block(s)
 
 
 def _for(fl: _FunctionLowering, s: For) -> None:
@@ -673,7 +723,7 @@ def _for(fl: _FunctionLowering, s: For) -> None:
     b.position_at_end(body)
     previous = fl.scalars.get(s.var)
     fl.scalars[s.var] = i
-    fl.stmt(s.body)
+    fl.block(s.body)
     _restore(fl.scalars, s.var, previous)
     b.branch(latch)
     b.position_at_end(latch)
@@ -700,7 +750,7 @@ def _let(fl: _FunctionLowering, s: LetStmt) -> None:
     value = fl.expr(s.value)
     previous = fl.scalars.get(s.var)
     fl.scalars[s.var] = value
-    fl.stmt(s.body)
+    fl.block(s.body)
     _restore(fl.scalars, s.var, previous)
 
 
@@ -712,11 +762,11 @@ def _if(fl: _FunctionLowering, s: IfThenElse) -> None:
     otherwise = b.append_basic_block("if.else") if s.else_body is not None else merge
     b.cbranch(cond, then, otherwise)
     b.position_at_end(then)
-    fl.stmt(s.then_body)
+    fl.block(s.then_body)
     b.branch(merge)
     if s.else_body is not None:
         b.position_at_end(otherwise)
-        fl.stmt(s.else_body)
+        fl.block(s.else_body)
         b.branch(merge)
     b.position_at_end(merge)
 
@@ -732,13 +782,10 @@ def _allocate(fl: _FunctionLowering, s: Allocate) -> None:
         slot = fl.alloca_b.alloca(ir.ArrayType(storage_type(buf.dtype), max(buf.numel(), 1)),
                                   name=buf.name)
         slot.align = LOCAL_ALIGN
-        fl.buffers[buf] = _opaque(slot)
-        fl.stmt(s.body)
-        del fl.buffers[buf]
+        fl.declare(buf, _opaque(slot))
         return
     module = fl.parent.module
     malloc = declare(module, "malloc", PTR, [fl.parent.size_t])
-    free = declare(module, "free", ir.VoidType(), [PTR])
     size, overflow = fl.byte_size(buf)
     oom = ir.Constant(I32, ERROR_OUT_OF_MEMORY)
     if not isinstance(overflow, ir.Constant):
@@ -748,12 +795,7 @@ def _allocate(fl: _FunctionLowering, s: Allocate) -> None:
     size = fl.b.select(fl.b.icmp_unsigned("==", size, ir.Constant(size.type, 0)), one, size)
     ptr = fl.b.call(malloc, [size], name=buf.name)
     fl.return_if(fl.b.icmp_unsigned("==", ptr, ir.Constant(PTR, None)), oom)
-    fl.heap.append(ptr)
-    fl.buffers[buf] = ptr
-    fl.stmt(s.body)
-    del fl.buffers[buf]
-    fl.heap.pop()
-    fl.b.call(free, [ptr])
+    fl.declare(buf, ptr, heap=True)
 
 
 def _alloc_const(fl: _FunctionLowering, s: AllocConst) -> None:
@@ -767,12 +809,9 @@ def _alloc_const(fl: _FunctionLowering, s: AllocConst) -> None:
                        f"{need} bytes but its data has {s.data.nbytes}")
     offset = fl.parent.pool.add(s.data)
     base = fl.parent.consts_global()
-    fl.buffers[buf] = fl.b.gep(base, [ir.Constant(I64, offset)], inbounds=True,
-                               source_etype=I8, name=buf.name)
+    fl.declare(buf, fl.b.gep(base, [ir.Constant(I64, offset)], inbounds=True,
+                             source_etype=I8, name=buf.name))
     fl.readonly.add(buf)
-    fl.stmt(s.body)
-    fl.readonly.discard(buf)
-    del fl.buffers[buf]
 
 
 def _decl_buffer(fl: _FunctionLowering, s: DeclBuffer) -> None:
@@ -789,13 +828,10 @@ def _decl_buffer(fl: _FunctionLowering, s: DeclBuffer) -> None:
     if end > limit:
         raise fl.error(f"view {buf.name!r} covers bytes [{s.byte_offset}, {end}) but its "
                        f"source {src.name!r} has only {limit}")
-    fl.buffers[buf] = fl.b.gep(source, [ir.Constant(I64, s.byte_offset)], inbounds=True,
-                               source_etype=I8, name=buf.name)
+    fl.declare(buf, fl.b.gep(source, [ir.Constant(I64, s.byte_offset)], inbounds=True,
+                             source_etype=I8, name=buf.name))
     if src in fl.readonly:
         fl.readonly.add(buf)
-    fl.stmt(s.body)
-    fl.readonly.discard(buf)
-    del fl.buffers[buf]
 
 
 def _evaluate(fl: _FunctionLowering, s: Evaluate) -> None:
@@ -837,7 +873,7 @@ def _call_func(fl: _FunctionLowering, s: CallFunc) -> None:
     if launch is not None:
         rc = _launch(fl, launch, values)
     else:
-        rc = fl.b.call(fl.parent.kernels[s.func], values)
+        rc = fl.b.call(fl.parent.kernels[s.func], values, attrs=fl.call_attrs)
     fl.return_if(fl.b.icmp_signed("!=", rc, ir.Constant(I32, 0)), rc)
 
 
