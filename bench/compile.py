@@ -1,0 +1,218 @@
+"""Compile benchmark: cold compile time, export time, peak RSS and cache bytes.
+
+    .venv/bin/python bench/compile.py [--models resnet50,bert] [--size full|test]
+                                      [--chains 1000,2000,4000] [--target c]
+
+For each model of tests/models/zoo.py (at its published input size by default:
+224x224 images, BERT at sequence 128) plus `vgg19` (575 MB = 548 MiB of float32
+weights), the model is saved as an .onnx file and compiled in a fresh Python process with
+a fresh, empty `KILN_CACHE_DIR`, as a user would:
+
+- `import s`: `kiln.frontend.from_onnx(path)`;
+- `compile s`: `kiln.compile(mod, target)` (passes + codegen, cold cache);
+- `export s`: `ex.export_library(model.so)` (link into one shared library);
+- `peak MB`: the process's resident-set high-water mark (`VmHWM`) at the end
+  (the linker is a separate process), and the same after the imports only
+  (`base MB`: Python, numpy, onnx, llvmlite, kiln);
+- `weights MB`: bytes of the model's initializers; `peak/w` divides the peak
+  RSS by them, `RSS/w` the peak minus the base;
+- `cache`: bytes under the cache directory after the compile.
+
+One process per model keeps one model's memory out of the next one's figure.
+Then compile times of elementwise chains of 1k, 2k and 4k nodes (Add / Sigmoid /
+Sub / Tanh of a 64-element input), each in a process warmed up by compiling a
+one-node model first, show how compile time grows with graph size (`ms/node`
+stays flat when the growth is linear). A model that fails to compile
+is skipped with a one-line reason. Prints a table; asserts nothing (this is not
+a test).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import onnx
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests" / "models"))
+
+MB = 1e6
+CHAIN_OPS = ("Add", "Sigmoid", "Sub", "Tanh")
+
+
+def chain(nodes: int) -> onnx.ModelProto:
+    """`nodes` elementwise nodes in one chain; the binary ones reuse the input."""
+    from onnx import TensorProto, helper
+
+    graph_nodes = []
+    h = "x"
+    for i in range(nodes):
+        op = CHAIN_OPS[i % len(CHAIN_OPS)]
+        inputs = [h, "x"] if op in ("Add", "Sub") else [h]
+        out = "y" if i == nodes - 1 else f"h{i}"
+        graph_nodes.append(helper.make_node(op, inputs, [out]))
+        h = out
+    vi = helper.make_tensor_value_info
+    graph = helper.make_graph(graph_nodes, f"chain{nodes}",
+                              [vi("x", TensorProto.FLOAT, [1, 64])],
+                              [vi("y", TensorProto.FLOAT, [1, 64])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
+def peak_rss() -> int:
+    """This process's peak resident set in bytes: VmHWM (ru_maxrss survives exec
+    on Linux, so in a child it can report the parent's size instead)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def worker(path: str, target_text: str, out_dir: str, warm: bool) -> None:
+    """Runs in the child process: import, compile, export; prints one JSON line.
+    warm: compile a one-node model first (uncached), so the figures leave out
+    kiln's lazy imports and LLVM's initialisation."""
+    import llvmlite.binding  # noqa: F401  (the base figure includes every library kiln uses)
+    import numpy  # noqa: F401
+    import onnx  # noqa: F401
+
+    import kiln
+    from kiln.frontend import from_onnx
+
+    base = peak_rss()
+    target = kiln.Target.from_host() if target_text == "host" else kiln.Target(target_text)
+    if warm:
+        from kiln.transform import PassContext
+
+        with PassContext(config={"kiln.cache": False}):
+            kiln.compile(from_onnx(chain(1).SerializeToString()), target)
+    t0 = time.perf_counter()
+    mod = from_onnx(path)
+    t1 = time.perf_counter()
+    ex = kiln.compile(mod, target)
+    t2 = time.perf_counter()
+    cache = sum(f.stat().st_size for f in Path(os.environ["KILN_CACHE_DIR"]).rglob("*")
+                if f.is_file())
+    library = Path(out_dir) / "model.so"
+    ex.export_library(library)
+    t3 = time.perf_counter()
+    print(json.dumps({"import_s": t1 - t0, "compile_s": t2 - t1, "export_s": t3 - t2,
+                      "base_rss": base, "peak_rss": peak_rss(), "cache_bytes": cache,
+                      "library_bytes": library.stat().st_size, "cache_hit": ex.cache_hit}))
+
+
+def measure(model: onnx.ModelProto, target: str, warm: bool = False) -> dict[str, Any]:
+    """Save `model`, compile it in a fresh process with an empty cache; the worker's
+    figures, or {"error": one line} when it fails."""
+    import onnx
+
+    import kiln
+
+    with tempfile.TemporaryDirectory(prefix="kiln-bench-") as tmp:
+        path = Path(tmp) / "model.onnx"
+        onnx.save(model, path)
+        env = dict(os.environ, KILN_CACHE_DIR=str(Path(tmp) / "cache"))
+        # the worker imports the same kiln as this process
+        kiln_root = str(Path(kiln.__file__).resolve().parents[1])
+        env["PYTHONPATH"] = os.pathsep.join(
+            [kiln_root, *filter(None, [os.environ.get("PYTHONPATH")])])
+        proc = subprocess.run([sys.executable, __file__, "--worker", str(path), "--target",
+                               target, "--out-dir", tmp, *(["--warm"] if warm else [])],
+                              env=env, capture_output=True, text=True)
+    if proc.returncode != 0:
+        lines = (proc.stderr or proc.stdout or f"exit status {proc.returncode}").splitlines()
+        return {"error": (lines or ["?"])[-1][:150]}
+    return json.loads(proc.stdout.splitlines()[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--models", default=None,
+                        help="comma-separated zoo names and/or vgg19 (default: all)")
+    parser.add_argument("--size", default="full", choices=("full", "test", "shallow"),
+                        help="input size of the zoo entries (default: published sizes)")
+    parser.add_argument("--chains", default="1000,2000,4000",
+                        help="node counts of the elementwise chains ('' for none)")
+    parser.add_argument("--target", default="host", help="kiln target (default: this host)")
+    parser.add_argument("--worker", help=argparse.SUPPRESS)
+    parser.add_argument("--out-dir", help=argparse.SUPPRESS)
+    parser.add_argument("--warm", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        worker(args.worker, args.target, args.out_dir, args.warm)
+        return
+
+    import zoo
+    from harness import describe_target
+
+    import kiln
+
+    def build(name: str) -> onnx.ModelProto:
+        if name == "vgg19":
+            return zoo.vgg19(image=224 if args.size == "full" else 64)
+        return zoo.ZOO[name].model(args.size)
+
+    builders = [*zoo.ZOO, "vgg19"]
+    names = args.models.split(",") if args.models else list(builders)
+    unknown = [n for n in names if n not in builders]
+    if unknown:
+        parser.error(f"unknown model(s) {', '.join(unknown)}; known: {', '.join(builders)}")
+
+    host = kiln.Target.from_host()
+    target = host if args.target == "host" else kiln.Target(args.target)
+    print(f"host: {describe_target(host)}   target: {target.kind.name}   sizes: {args.size}")
+    print("one fresh process and empty KILN_CACHE_DIR per model; "
+          "RSS/w = (peak - base) / weights")
+    header = (f"{'model':<13} {'weights MB':>10} {'import s':>8} {'compile s':>9} "
+              f"{'export s':>8} {'total s':>7} {'peak MB':>8} {'base MB':>7} {'peak/w':>6} "
+              f"{'RSS/w':>6} {'cache MB':>8}")
+    print(header)
+    print("-" * len(header))
+    for name in names:
+        model = build(name)
+        weights = zoo.weight_bytes(model)
+        r = measure(model, args.target)
+        del model
+        if "error" in r:
+            print(f"{name:<13} {weights / MB:>10.1f}   skipped: {r['error']}")
+            continue
+        total = r["import_s"] + r["compile_s"] + r["export_s"]
+        print(f"{name:<13} {weights / MB:>10.1f} {r['import_s']:>8.2f} {r['compile_s']:>9.2f} "
+              f"{r['export_s']:>8.2f} {total:>7.2f} {r['peak_rss'] / MB:>8.0f} "
+              f"{r['base_rss'] / MB:>7.0f} {r['peak_rss'] / weights:>6.2f} "
+              f"{(r['peak_rss'] - r['base_rss']) / weights:>6.2f} "
+              f"{r['cache_bytes'] / MB:>8.1f}", flush=True)
+
+    sizes = [int(n) for n in args.chains.split(",") if n]
+    if sizes:
+        print()
+        header = f"{'chain nodes':>11} {'import s':>8} {'compile s':>9} {'ms/node':>8}"
+        print(header)
+        print("-" * len(header))
+    for n in sizes:
+        r = measure(chain(n), args.target, warm=True)
+        if "error" in r:
+            print(f"{n:>11}   skipped: {r['error']}")
+            continue
+        total = r["import_s"] + r["compile_s"]
+        print(f"{n:>11} {r['import_s']:>8.2f} {r['compile_s']:>9.2f} {total / n * 1e3:>8.2f}",
+              flush=True)
+
+
+if __name__ == "__main__":
+    main()
