@@ -7,7 +7,9 @@ The C ABI (docs/abi.md) in one place:
 - library metadata (JSON):                  `{prefix}_metadata`
 - embedded constants (weights):             `{prefix}_consts`
 - embedded artifact blob:                   `{prefix}_blob`
-IR function names never start with "_", so these cannot collide.
+IR function names never start with "_", so these cannot collide. `f` stands for
+`kiln.escape.symbol_name(f)`: the name itself when it is plain ASCII and at
+most 200 characters, else a stable mangled `_x<hash>_<hint>` (docs/abi.md).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from __future__ import annotations
 from typing import Any
 
 from kiln.errors import CompileError
+from kiln.escape import is_c_identifier, symbol_name
 from kiln.ir import dtype as dt
 from kiln.ir.module import IRModule
 from kiln.ir.tensor import Buffer, PrimFunc, Var
@@ -30,18 +33,23 @@ ATTR_GRAPH = "kiln.graph"                  # lowered from a graph-level function
 ATTR_OUTPUT_NAMES = "kiln.output_names"    # names of the outputs (e.g. ONNX output names)
 
 
+# Longest system_lib_prefix: it starts every symbol of the library.
+MAX_PREFIX = 64
+
+
 def check_prefix(prefix: str) -> str:
-    if not prefix or not (prefix.replace("_", "a")).isidentifier():
-        raise CompileError(f"system_lib_prefix {prefix!r} must be a non-empty C identifier")
+    if not is_c_identifier(prefix) or len(prefix) > MAX_PREFIX:
+        raise CompileError(f"system_lib_prefix {prefix!r} must be a non-empty C identifier (ASCII, "
+                           f"at most {MAX_PREFIX} characters)")
     return prefix
 
 
 def entry_symbol(prefix: str, name: str) -> str:
-    return f"{prefix}{name}"
+    return f"{prefix}{symbol_name(name)}"
 
 
 def kernel_symbol(prefix: str, name: str) -> str:
-    return f"{prefix}_kernel_{name}"
+    return f"{prefix}_kernel_{symbol_name(name)}"
 
 
 def last_error_symbol(prefix: str) -> str:

@@ -28,6 +28,7 @@ from kiln.codegen.naming import (
     library_metadata,
 )
 from kiln.errors import CompileError
+from kiln.escape import c_comment
 from kiln.ir.module import IRModule
 from kiln.ir.tensor import Buffer, Param, PrimFunc
 
@@ -164,7 +165,8 @@ def _context_struct(prefix: str, name: str, fn: PrimFunc, quals: ParamQualifiers
               for i, p in enumerate(fn.params) if i >= 2]
     if not fields:
         return []
-    return [f"/* Captured values of {name}. */", f"struct {symbol}_ctx {{", *fields, "};", ""]
+    return [f"/* Captured values of {c_comment(name)}. */", f"struct {symbol}_ctx {{",
+            *fields, "};", ""]
 
 
 def _trampoline(prefix: str, name: str, fn: PrimFunc) -> list[str]:

@@ -44,6 +44,7 @@ from kiln.codegen.c.printer import CPrinter, NameScope
 from kiln.codegen.c.signature import param_ctype
 from kiln.codegen.naming import C_TYPES, consts_symbol, kernel_symbol
 from kiln.errors import IRError
+from kiln.escape import c_comment
 from kiln.ir import dtype as dt
 from kiln.ir.tensor import (
     Allocate,
@@ -75,7 +76,7 @@ MAX_UNROLL = 65534
 
 
 def describe_params(fn: PrimFunc) -> str:
-    """`X: float32[4, 4], n: int64`, for comments."""
+    """`X: float32[4, 4], n: int64` (raw names: comments pass it through c_comment)."""
     out = []
     for p in fn.params:
         if isinstance(p, Buffer):
@@ -145,10 +146,11 @@ class KernelPrinter:
 
         p = self.p
         if self.loop_of is not None:
+            var = str(self.fn.attrs.get(ATTR_PARALLEL_VAR, ""))
             p.line(f"/* Iterations [begin, end) of parallel loop "
-                   f"'{self.fn.attrs.get(ATTR_PARALLEL_VAR, '?')}' of {self.loop_of}. */")
+                   f"{c_comment(repr(var))} of {c_comment(self.loop_of)}. */")
         else:
-            p.line(f"/* {self.name}({describe_params(self.fn)}) */")
+            p.line(f"/* {c_comment(f'{self.name}({describe_params(self.fn)})')} */")
         with p.block(self.prototype(with_semicolon=False)):
             p.extend(prologue)
             self.stmt(self.fn.body)
