@@ -36,6 +36,7 @@ _SCRIPT = textwrap.dedent("""
     ib = IRBuilder()
     for d, op in itertools.product(cases, OPS):
         n = len(cases[d][0])
+        minus_one = -1 if dt.kind(d) == "int" else (1 << dt.bits(d)) - 1
         with ib.prim_func(f"{op}_{d}"):
             x = ib.arg("X", (n,), d)
             y = ib.arg("Y", (n,), d)
@@ -43,7 +44,7 @@ _SCRIPT = textwrap.dedent("""
             with ib.for_range(n, name="i") as i:
                 ib.store(z, [i, 0], BinaryOp(op, x[i], y[i]))
                 ib.store(z, [i, 1], BinaryOp(op, x[i], const(0, d)))
-                ib.store(z, [i, 2], BinaryOp(op, x[i], const(-1 if dt.kind(d) == "int" else (1 << dt.bits(d)) - 1, d)))
+                ib.store(z, [i, 2], BinaryOp(op, x[i], const(minus_one, d)))
     exe = kiln.compile(ib.get(), sys.argv[1])
     out = {}
     for d, op in itertools.product(cases, OPS):
