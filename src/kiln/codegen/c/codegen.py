@@ -27,6 +27,7 @@ from kiln.codegen.naming import (
     kernel_symbol,
     library_metadata,
 )
+from kiln.codegen.sizes import check_buffer_sizes, target_pointer_bits
 from kiln.errors import CompileError
 from kiln.escape import c_comment
 from kiln.ir.module import IRModule
@@ -198,6 +199,7 @@ def codegen_c(mod: IRModule, target: Any, *, prefix: str, pool: ConstantPool) ->
     from kiln.artifact import Artifact
     from kiln.codegen.host import codegen_host
 
+    check_buffer_sizes(mod, target_pointer_bits(target))
     source, info = emit_kernels(mod, prefix=prefix, pool=pool)
     toolchain = toolchain_metadata(target)
     kernels = Artifact(CODEGEN_ID, "native", KERNELS_FILE, source.encode("utf-8"),
