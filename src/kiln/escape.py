@@ -9,8 +9,8 @@ alphabet cannot end the construct it is placed in:
 - `c_string_literal`: one C string literal, every byte escaped as needed;
 - `c_char_array`: the initializer of a `char[]` (literals, or a byte list when
   long): names in error messages, the metadata JSON;
-- `c_comment`: text for inside `/* ... */`: printable ASCII without `*`, `/`,
-  `\\`, `?`, bounded length;
+- `c_comment`: text for inside `/* ... */`: printable ASCII without `*`, `\\`,
+  `?` or `"`, bounded length;
 - `c_identifier`: `[A-Za-z][A-Za-z0-9_]*` of bounded length: C locals, LLVM
   value names;
 - `symbol_name`: the part of a library symbol that stands for a function
@@ -40,10 +40,10 @@ MAX_COMMENT = 120
 _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _PLAIN_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_]*")
 _NOT_IDENT_CHAR = re.compile(r"[^A-Za-z0-9_]")
-# Characters kept in comments: no `*` or `/` (no comment can end or start),
-# no `\` (no line splice), no `?` (no trigraph), nothing outside printable ASCII.
+# Characters kept in comments: no `*` (so neither `*/` nor `/*` can form), no `\`
+# (no line splice), no `?` (no trigraph), nothing outside printable ASCII.
 _COMMENT_SAFE = frozenset(
-    "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789 _.,:;=+-[]()<>!#%&|~'{}^@$")
+    "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789 _.,:;=+-[]()<>!#%&|~'{}^@$/")
 # The mangled-name marker: entries of mangled names start with `{prefix}_x`.
 _MANGLED = "_x"
 _HASH_CHARS = 16
@@ -87,16 +87,17 @@ def c_char_array(text: str, *, width: int = 80) -> list[str]:
     """Lines of the initializer of `static const char x[] = <lines>;` holding `text`.
 
     A string literal (split into chunks of `width` characters) while the UTF-8
-    text fits in MAX_STRING_LITERAL bytes, else a brace list of byte values
-    ending in 0 (a long name must not make `-pedantic` warn). The C array
+    text fits in MAX_STRING_LITERAL bytes, else a brace list of octal character
+    constants ending in `'\\000'` (a long name must not make `-pedantic` warn). The C array
     then holds exactly the UTF-8 bytes of `text` and a terminating NUL.
     """
     data = utf8(text)
     if len(data) <= MAX_STRING_LITERAL:
         chunks = [text[i:i + width] for i in range(0, len(text), width)] or [""]
         return [c_string_literal(chunk) for chunk in chunks]
-    values = [*data, 0]
-    lines = [", ".join(str(b) for b in values[i:i + 16]) for i in range(0, len(values), 16)]
+    # Octal character constants: a `char` may be signed, and 240 would not fit it.
+    values = [f"'\\{b:03o}'" for b in (*data, 0)]
+    lines = [", ".join(values[i:i + 12]) for i in range(0, len(values), 12)]
     return ["{", *(f"  {line}," for line in lines), "}"]
 
 
