@@ -14,7 +14,6 @@ from __future__ import annotations
 import struct
 from typing import Any
 
-from kiln.codegen.c.analysis import iter_nodes
 from kiln.errors import CompileError
 from kiln.ir import dtype as dt
 from kiln.ir.module import IRModule
@@ -55,6 +54,8 @@ def max_object_bytes(pointer_bits: int) -> int:
 
 def check_buffer_sizes(mod: IRModule, pointer_bits: int) -> None:
     """CompileError if some buffer of `mod` is larger than one object of the target."""
+    from kiln.codegen.c.analysis import iter_nodes  # kiln.codegen.c imports this module
+
     limit = max_object_bytes(pointer_bits)
     for name, fn in mod.prim_funcs().items():
         buffers: list[tuple[str, Buffer]] = [("parameter", p) for p in fn.params
