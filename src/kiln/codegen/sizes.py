@@ -43,8 +43,11 @@ def triple_pointer_bits(triple: str | None) -> int:
 
 def target_pointer_bits(target: Any) -> int:
     """Pointer width of a `kiln.target.Target` of kind `c` (None: this machine)."""
-    triple = target.get("mtriple") if target is not None and hasattr(target, "get") else None
-    return triple_pointer_bits(triple)
+    try:  # like kiln.codegen.c.flags.target_attr: any object, or None, is this machine
+        triple = target.get("mtriple")
+    except Exception:
+        triple = None
+    return triple_pointer_bits(triple if isinstance(triple, str) else None)
 
 
 def max_object_bytes(pointer_bits: int) -> int:

@@ -586,7 +586,8 @@ def _intrin(fl: _FunctionLowering, e: Intrin) -> ir.Value:
 
 def _call_extern(fl: _FunctionLowering, e: CallExtern) -> ir.Value:
     if not is_c_identifier(e.name):
-        raise fl.error(f"external function name {e.name!r} is not an ASCII C identifier")
+        raise fl.error(f"external function name {e.name!r} is not a C identifier "
+                       "(ASCII letters, digits and _)")
     values: list[ir.Value] = []
     arg_types: list[ir.Type] = []
     arg_attrs: dict[int, tuple[str, ...]] = {}

@@ -107,10 +107,11 @@ static KILN_UNUSED KILN_PRINTF(1, 2) int32_t kiln_host_fail(const char* format, 
 }
 
 /* Like kiln_host_fail, for argument `index` of `fn`: "fn: argument 1 'Y': <message>". */
-static KILN_UNUSED KILN_PRINTF(4, 5) int32_t kiln_host_arg_fail(const char* fn, int32_t index, const char* param,
-    const char* format, ...) {
+static KILN_UNUSED KILN_PRINTF(4, 5) int32_t kiln_host_arg_fail(const char* fn, int32_t index,
+    const char* param, const char* format, ...) {
   va_list ap;
-  int n = snprintf(kiln_host_error, sizeof kiln_host_error, "%s: argument %d '%s': ", fn, (int)index, param);
+  int n = snprintf(kiln_host_error, sizeof kiln_host_error, "%s: argument %d '%s': ", fn,
+      (int)index, param);
   if (n < 0 || (size_t)n >= sizeof kiln_host_error) {
     return KILN_HOST_ARGUMENT_ERROR;
   }
@@ -137,7 +138,8 @@ static KILN_UNUSED void kiln_host_dtype_name(char* out, size_t size, DLDataType 
 }
 
 /* A shape as error messages show it: "[4, 5]". */
-static KILN_UNUSED void kiln_host_shape_text(char* out, size_t size, const int64_t* shape, int32_t ndim) {
+static KILN_UNUSED void kiln_host_shape_text(char* out, size_t size, const int64_t* shape,
+    int32_t ndim) {
   size_t used = 0;
   int32_t d;
   out[0] = '\0';
@@ -156,8 +158,8 @@ static KILN_UNUSED void kiln_host_shape_text(char* out, size_t size, const int64
 
 /* Checks 2-5 of docs/abi.md for tensor argument `index`; on success *data is the
    address of its first element. */
-static KILN_UNUSED int32_t kiln_host_tensor(void** data, const char* fn, int32_t index, const char* param,
-    KilnValue arg, int32_t type_code, int32_t ndim, const int64_t* shape,
+static KILN_UNUSED int32_t kiln_host_tensor(void** data, const char* fn, int32_t index,
+    const char* param, KilnValue arg, int32_t type_code, int32_t ndim, const int64_t* shape,
     uint8_t code, uint8_t bits, size_t align) {
   const DLTensor* t = (const DLTensor*)arg.v_handle;
   DLDataType want;
@@ -165,7 +167,8 @@ static KILN_UNUSED int32_t kiln_host_tensor(void** data, const char* fn, int32_t
   int32_t d;
   char want_text[256], got_text[256];
   if (type_code != KILN_ARG_DLTENSOR) {
-    return kiln_host_arg_fail(fn, index, param, "expected a tensor (type code %d), got type code %d",
+    return kiln_host_arg_fail(fn, index, param,
+        "expected a tensor (type code %d), got type code %d",
         KILN_ARG_DLTENSOR, (int)type_code);
   }
   if (t == NULL) {
@@ -219,8 +222,8 @@ static KILN_UNUSED int32_t kiln_host_tensor(void** data, const char* fn, int32_t
 }
 
 /* An integer (or bool) scalar argument, range-checked against its dtype. */
-static KILN_UNUSED int32_t kiln_host_int(int64_t* out, const char* fn, int32_t index, const char* param,
-    KilnValue arg, int32_t type_code, int64_t lo, int64_t hi,
+static KILN_UNUSED int32_t kiln_host_int(int64_t* out, const char* fn, int32_t index,
+    const char* param, KilnValue arg, int32_t type_code, int64_t lo, int64_t hi,
     const char* dtype) {
   if (type_code != KILN_ARG_INT) {
     return kiln_host_arg_fail(fn, index, param, "expected an integer scalar (type code %d), got "
@@ -235,8 +238,8 @@ static KILN_UNUSED int32_t kiln_host_int(int64_t* out, const char* fn, int32_t i
 }
 
 /* A float scalar argument; an integer is accepted too. */
-static KILN_UNUSED int32_t kiln_host_float(double* out, const char* fn, int32_t index, const char* param,
-    KilnValue arg, int32_t type_code) {
+static KILN_UNUSED int32_t kiln_host_float(double* out, const char* fn, int32_t index,
+    const char* param, KilnValue arg, int32_t type_code) {
   if (type_code == KILN_ARG_FLOAT) {
     *out = arg.v_float64;
   } else if (type_code == KILN_ARG_INT) {
@@ -250,7 +253,8 @@ static KILN_UNUSED int32_t kiln_host_float(double* out, const char* fn, int32_t 
 
 /* The message of a kernel's non-zero status (docs/codegen-c.md, "Error codes");
    `workspace_bytes` is 0 when the failed allocation's size is not known. */
-static KILN_UNUSED int32_t kiln_host_kernel_failed(const char* fn, int32_t status, long long workspace_bytes) {
+static KILN_UNUSED int32_t kiln_host_kernel_failed(const char* fn, int32_t status,
+    long long workspace_bytes) {
   if (status == 1 && workspace_bytes > 0) {
     kiln_host_fail("%s: out of memory allocating a workspace of %lld bytes", fn, workspace_bytes);
   } else if (status == 1) {
@@ -273,28 +277,28 @@ static KILN_UNUSED int32_t kiln_host_kernel_failed(const char* fn, int32_t statu
    small pthread pool that lives in this library, so an exported library needs
    no kiln runtime. The first non-zero status of a chunk is returned (the
    remaining chunks are skipped). */
-typedef int32_t (*kiln_host_body_fn)(int64_t begin, int64_t end, void* context);
+typedef int32_t (*kiln_pool_body_fn)(int64_t begin, int64_t end, void* context);
 
 #if defined(KILN_NO_THREADS) || !(defined(__GNUC__) || defined(__clang__))
 
 /* Firmware (or a compiler without GNU atomics): a parallel loop runs serially. */
-KILN_HIDDEN int32_t KILN_PARALLEL_FOR(int64_t n, kiln_host_body_fn body, void* context) {
+KILN_HIDDEN int32_t KILN_PARALLEL_FOR(int64_t n, kiln_pool_body_fn body, void* context) {
   return n > 0 ? body(0, n, context) : 0;
 }
 
 #else
 
-enum { kiln_host_MAX_THREADS = 256, kiln_host_CHUNKS_PER_THREAD = 4, kiln_host_SPINS = 2000 };
+enum { KILN_POOL_MAX_THREADS = 256, KILN_POOL_CHUNKS_PER_THREAD = 4, KILN_POOL_SPINS = 2000 };
 
-#define kiln_host_load(x) __atomic_load_n(&(x), __ATOMIC_SEQ_CST)
-#define kiln_host_store(x, v) __atomic_store_n(&(x), (v), __ATOMIC_SEQ_CST)
-#define kiln_host_add(x, v) __atomic_fetch_add(&(x), (v), __ATOMIC_SEQ_CST)
+#define KILN_LOAD(x) __atomic_load_n(&(x), __ATOMIC_SEQ_CST)
+#define KILN_STORE(x, v) __atomic_store_n(&(x), (v), __ATOMIC_SEQ_CST)
+#define KILN_ADD(x, v) __atomic_fetch_add(&(x), (v), __ATOMIC_SEQ_CST)
 #if defined(__x86_64__) || defined(__i386__)
-#define kiln_host_pause() __builtin_ia32_pause()
+#define KILN_PAUSE() __builtin_ia32_pause()
 #elif defined(__aarch64__) || (defined(__arm__) && defined(__ARM_ARCH) && __ARM_ARCH >= 7)
-#define kiln_host_pause() __asm__ __volatile__("yield")
+#define KILN_PAUSE() __asm__ __volatile__("yield")
 #else
-#define kiln_host_pause() ((void)0)
+#define KILN_PAUSE() ((void)0)
 #endif
 
 /* One loop at a time runs on the pool. The caller posts it and takes chunks
@@ -313,7 +317,7 @@ static struct {
   pthread_mutex_t lock;
   pthread_cond_t wake;      /* a loop was posted, or the workers must stop */
   pthread_cond_t done;      /* the last worker left the loop */
-  pthread_t workers[kiln_host_MAX_THREADS];
+  pthread_t workers[KILN_POOL_MAX_THREADS];
   int threads;              /* KILN_NUM_THREADS, else the online CPUs (caller included) */
   int started;              /* workers running */
   int busy;                 /* some thread is running a loop on the pool */
@@ -322,19 +326,19 @@ static struct {
   int entered;              /* atomic: workers inside the posted loop */
   int64_t next;             /* atomic: the next chunk to take */
   int32_t status;           /* atomic: first non-zero status of a chunk */
-  kiln_host_body_fn body;            /* the posted loop: written before `generation` */
+  kiln_pool_body_fn body;            /* the posted loop: written before `generation` */
   void* context;
   int64_t n;
   int64_t chunk;
   int64_t chunks;
-} kiln_host_pool;
-static pthread_once_t kiln_host_pool_once = PTHREAD_ONCE_INIT;
-static int kiln_host_pool_ready;
+} kiln_pool;
+static pthread_once_t kiln_pool_once = PTHREAD_ONCE_INIT;
+static int kiln_pool_ready;
 /* Set on pool threads, and on a caller while it runs a loop: nested loops run serially. */
-static KILN_THREAD_LOCAL int kiln_host_in_parallel;
+static KILN_THREAD_LOCAL int kiln_pool_in_parallel;
 
 /* KILN_NUM_THREADS if it is a positive integer, else the number of online CPUs. */
-static int kiln_host_thread_count(void) {
+static int kiln_pool_thread_count(void) {
   const char* env = getenv("KILN_NUM_THREADS");
   long n = 0;
   if (env != NULL && *env != '\0') {
@@ -350,201 +354,202 @@ static int kiln_host_thread_count(void) {
   if (n < 1) {
     n = 1;
   }
-  return n > kiln_host_MAX_THREADS ? kiln_host_MAX_THREADS : (int)n;
+  return n > KILN_POOL_MAX_THREADS ? KILN_POOL_MAX_THREADS : (int)n;
 }
 
 /* fork(): the child has none of the workers. The lock is held across fork so the
    child never inherits it locked mid-update; the child resets the pool and starts
    new workers when it next runs a parallel loop. */
-static void kiln_host_before_fork(void) {
-  pthread_mutex_lock(&kiln_host_pool.lock);
+static void kiln_pool_before_fork(void) {
+  pthread_mutex_lock(&kiln_pool.lock);
 }
 
-static void kiln_host_after_fork_parent(void) {
-  pthread_mutex_unlock(&kiln_host_pool.lock);
+static void kiln_pool_after_fork_parent(void) {
+  pthread_mutex_unlock(&kiln_pool.lock);
 }
 
-static void kiln_host_after_fork_child(void) {
-  pthread_mutex_unlock(&kiln_host_pool.lock);
-  pthread_cond_init(&kiln_host_pool.wake, NULL);
-  pthread_cond_init(&kiln_host_pool.done, NULL);
-  kiln_host_pool.started = 0;
-  kiln_host_pool.busy = 0;
-  kiln_host_store(kiln_host_pool.stop, 0);
-  kiln_host_store(kiln_host_pool.entered, 0);
-  kiln_host_store(kiln_host_pool.generation, (kiln_host_load(kiln_host_pool.generation) + 1) & ~1UL); /* not mid-post */
+static void kiln_pool_after_fork_child(void) {
+  pthread_mutex_unlock(&kiln_pool.lock);
+  pthread_cond_init(&kiln_pool.wake, NULL);
+  pthread_cond_init(&kiln_pool.done, NULL);
+  kiln_pool.started = 0;
+  kiln_pool.busy = 0;
+  KILN_STORE(kiln_pool.stop, 0);
+  KILN_STORE(kiln_pool.entered, 0);
+  KILN_STORE(kiln_pool.generation, (KILN_LOAD(kiln_pool.generation) + 1) & ~1UL); /* not mid-post */
 }
 
-static void kiln_host_pool_init(void) {
-  pthread_mutex_init(&kiln_host_pool.lock, NULL);
-  pthread_cond_init(&kiln_host_pool.wake, NULL);
-  pthread_cond_init(&kiln_host_pool.done, NULL);
-  kiln_host_pool.threads = kiln_host_thread_count();
-  pthread_atfork(kiln_host_before_fork, kiln_host_after_fork_parent, kiln_host_after_fork_child);
-  kiln_host_pool_ready = 1;
+static void kiln_pool_init(void) {
+  pthread_mutex_init(&kiln_pool.lock, NULL);
+  pthread_cond_init(&kiln_pool.wake, NULL);
+  pthread_cond_init(&kiln_pool.done, NULL);
+  kiln_pool.threads = kiln_pool_thread_count();
+  pthread_atfork(kiln_pool_before_fork, kiln_pool_after_fork_parent, kiln_pool_after_fork_child);
+  kiln_pool_ready = 1;
 }
 
 /* Run chunks of the posted loop until none is left or one has failed. */
-static void kiln_host_run_chunks(void) {
+static void kiln_pool_run_chunks(void) {
   for (;;) {
-    int64_t k = kiln_host_add(kiln_host_pool.next, 1);
+    int64_t k = KILN_ADD(kiln_pool.next, 1);
     int64_t begin, end;
     int32_t status;
-    if (k >= kiln_host_pool.chunks || kiln_host_load(kiln_host_pool.status) != 0) {
+    if (k >= kiln_pool.chunks || KILN_LOAD(kiln_pool.status) != 0) {
       return;
     }
-    begin = k * kiln_host_pool.chunk;
-    end = kiln_host_pool.n - begin > kiln_host_pool.chunk ? begin + kiln_host_pool.chunk : kiln_host_pool.n;
-    status = kiln_host_pool.body(begin, end, kiln_host_pool.context);
+    begin = k * kiln_pool.chunk;
+    end = kiln_pool.n - begin > kiln_pool.chunk ? begin + kiln_pool.chunk : kiln_pool.n;
+    status = kiln_pool.body(begin, end, kiln_pool.context);
     if (status != 0) {
       int32_t none = 0;
-      __atomic_compare_exchange_n(&kiln_host_pool.status, &none, status, 0, __ATOMIC_SEQ_CST,
+      __atomic_compare_exchange_n(&kiln_pool.status, &none, status, 0, __ATOMIC_SEQ_CST,
                                   __ATOMIC_SEQ_CST);
     }
   }
 }
 
 /* A loop other than `seen` is posted (generation even and new). */
-static int kiln_host_posted(unsigned long seen) {
-  unsigned long now = kiln_host_load(kiln_host_pool.generation);
+static int kiln_pool_posted(unsigned long seen) {
+  unsigned long now = KILN_LOAD(kiln_pool.generation);
   return now != seen && (now & 1UL) == 0;
 }
 
 /* A worker: waits until a loop is posted, helps run it. */
-static void* kiln_host_worker(void* arg) {
+static void* kiln_pool_worker(void* arg) {
   unsigned long seen = (unsigned long)(uintptr_t)arg;
-  kiln_host_in_parallel = 1;
+  kiln_pool_in_parallel = 1;
   for (;;) {
     unsigned long posted;
     int spin;
-    for (spin = 0; spin < kiln_host_SPINS && !kiln_host_posted(seen) && !kiln_host_load(kiln_host_pool.stop); ++spin) {
-      kiln_host_pause();
+    for (spin = 0; spin < KILN_POOL_SPINS && !kiln_pool_posted(seen) && !KILN_LOAD(kiln_pool.stop);
+         ++spin) {
+      KILN_PAUSE();
     }
-    if (!kiln_host_posted(seen)) {
-      pthread_mutex_lock(&kiln_host_pool.lock);
-      while (!kiln_host_load(kiln_host_pool.stop) && !kiln_host_posted(seen)) {
-        pthread_cond_wait(&kiln_host_pool.wake, &kiln_host_pool.lock);
+    if (!kiln_pool_posted(seen)) {
+      pthread_mutex_lock(&kiln_pool.lock);
+      while (!KILN_LOAD(kiln_pool.stop) && !kiln_pool_posted(seen)) {
+        pthread_cond_wait(&kiln_pool.wake, &kiln_pool.lock);
       }
-      pthread_mutex_unlock(&kiln_host_pool.lock);
+      pthread_mutex_unlock(&kiln_pool.lock);
     }
-    if (kiln_host_load(kiln_host_pool.stop)) {
+    if (KILN_LOAD(kiln_pool.stop)) {
       return NULL;
     }
-    posted = kiln_host_load(kiln_host_pool.generation);
-    kiln_host_add(kiln_host_pool.entered, 1);
+    posted = KILN_LOAD(kiln_pool.generation);
+    KILN_ADD(kiln_pool.entered, 1);
     /* Still that loop? Then its fields stay put until this worker leaves. */
-    if (kiln_host_load(kiln_host_pool.generation) == posted && (posted & 1UL) == 0) {
+    if (KILN_LOAD(kiln_pool.generation) == posted && (posted & 1UL) == 0) {
       seen = posted;
-      kiln_host_run_chunks();
+      kiln_pool_run_chunks();
     }
-    if (kiln_host_add(kiln_host_pool.entered, -1) == 1) {
-      pthread_mutex_lock(&kiln_host_pool.lock);
-      pthread_cond_signal(&kiln_host_pool.done); /* only a caller waits on it */
-      pthread_mutex_unlock(&kiln_host_pool.lock);
+    if (KILN_ADD(kiln_pool.entered, -1) == 1) {
+      pthread_mutex_lock(&kiln_pool.lock);
+      pthread_cond_signal(&kiln_pool.done); /* only a caller waits on it */
+      pthread_mutex_unlock(&kiln_pool.lock);
     }
   }
 }
 
 /* Start the missing workers (lock held). They block every signal: signals go to
    the application's own threads. If the system refuses a thread, run with fewer. */
-static void kiln_host_start_workers(void) {
+static void kiln_pool_start_workers(void) {
   sigset_t all, old;
   sigfillset(&all);
   pthread_sigmask(SIG_SETMASK, &all, &old);
-  while (kiln_host_pool.started < kiln_host_pool.threads - 1) {
-    void* seen = (void*)(uintptr_t)kiln_host_load(kiln_host_pool.generation);
-    if (pthread_create(&kiln_host_pool.workers[kiln_host_pool.started], NULL, kiln_host_worker, seen) != 0) {
-      kiln_host_pool.threads = kiln_host_pool.started + 1;
+  while (kiln_pool.started < kiln_pool.threads - 1) {
+    void* seen = (void*)(uintptr_t)KILN_LOAD(kiln_pool.generation);
+    if (pthread_create(&kiln_pool.workers[kiln_pool.started], NULL, kiln_pool_worker, seen) != 0) {
+      kiln_pool.threads = kiln_pool.started + 1;
       break;
     }
-    ++kiln_host_pool.started;
+    ++kiln_pool.started;
   }
   pthread_sigmask(SIG_SETMASK, &old, NULL);
 }
 
 /* Wait until no worker is inside the posted loop (spin, then sleep). */
-static void kiln_host_wait_workers(void) {
+static void kiln_pool_wait_workers(void) {
   int spin;
-  for (spin = 0; spin < kiln_host_SPINS && kiln_host_load(kiln_host_pool.entered) > 0; ++spin) {
-    kiln_host_pause();
+  for (spin = 0; spin < KILN_POOL_SPINS && KILN_LOAD(kiln_pool.entered) > 0; ++spin) {
+    KILN_PAUSE();
   }
-  if (kiln_host_load(kiln_host_pool.entered) > 0) {
-    pthread_mutex_lock(&kiln_host_pool.lock);
-    while (kiln_host_load(kiln_host_pool.entered) > 0) {
-      pthread_cond_wait(&kiln_host_pool.done, &kiln_host_pool.lock);
+  if (KILN_LOAD(kiln_pool.entered) > 0) {
+    pthread_mutex_lock(&kiln_pool.lock);
+    while (KILN_LOAD(kiln_pool.entered) > 0) {
+      pthread_cond_wait(&kiln_pool.done, &kiln_pool.lock);
     }
-    pthread_mutex_unlock(&kiln_host_pool.lock);
+    pthread_mutex_unlock(&kiln_pool.lock);
   }
 }
 
-KILN_HIDDEN int32_t KILN_PARALLEL_FOR(int64_t n, kiln_host_body_fn body, void* context) {
+KILN_HIDDEN int32_t KILN_PARALLEL_FOR(int64_t n, kiln_pool_body_fn body, void* context) {
   int64_t chunks;
   int32_t status;
   if (n <= 0) {
     return 0;
   }
-  if (n == 1 || kiln_host_in_parallel) {
+  if (n == 1 || kiln_pool_in_parallel) {
     return body(0, n, context);
   }
-  pthread_once(&kiln_host_pool_once, kiln_host_pool_init);
-  pthread_mutex_lock(&kiln_host_pool.lock);
-  if (!kiln_host_pool.busy && kiln_host_pool.started < kiln_host_pool.threads - 1) {
-    kiln_host_start_workers(); /* first use, or first use after fork() */
+  pthread_once(&kiln_pool_once, kiln_pool_init);
+  pthread_mutex_lock(&kiln_pool.lock);
+  if (!kiln_pool.busy && kiln_pool.started < kiln_pool.threads - 1) {
+    kiln_pool_start_workers(); /* first use, or first use after fork() */
   }
-  if (kiln_host_pool.busy || kiln_host_pool.started == 0) {
+  if (kiln_pool.busy || kiln_pool.started == 0) {
     /* One thread configured, or another thread is running a loop: run serially. */
-    pthread_mutex_unlock(&kiln_host_pool.lock);
+    pthread_mutex_unlock(&kiln_pool.lock);
     return body(0, n, context);
   }
-  kiln_host_pool.busy = 1;
-  kiln_host_store(kiln_host_pool.generation, kiln_host_load(kiln_host_pool.generation) + 1); /* odd: being posted */
-  pthread_mutex_unlock(&kiln_host_pool.lock);
-  kiln_host_wait_workers(); /* a late worker may still be looking at the previous loop */
-  chunks = (int64_t)(kiln_host_pool.started + 1) * kiln_host_CHUNKS_PER_THREAD;
+  kiln_pool.busy = 1;
+  KILN_STORE(kiln_pool.generation, KILN_LOAD(kiln_pool.generation) + 1); /* odd: being posted */
+  pthread_mutex_unlock(&kiln_pool.lock);
+  kiln_pool_wait_workers(); /* a late worker may still be looking at the previous loop */
+  chunks = (int64_t)(kiln_pool.started + 1) * KILN_POOL_CHUNKS_PER_THREAD;
   if (chunks > n) {
     chunks = n;
   }
-  kiln_host_pool.body = body;
-  kiln_host_pool.context = context;
-  kiln_host_pool.n = n;
-  kiln_host_pool.chunk = n / chunks + (n % chunks != 0);
-  kiln_host_pool.chunks = n / kiln_host_pool.chunk + (n % kiln_host_pool.chunk != 0);
-  kiln_host_store(kiln_host_pool.next, 0);
-  kiln_host_store(kiln_host_pool.status, 0);
-  pthread_mutex_lock(&kiln_host_pool.lock);
-  kiln_host_store(kiln_host_pool.generation, kiln_host_load(kiln_host_pool.generation) + 1); /* even: posted */
-  pthread_cond_broadcast(&kiln_host_pool.wake);
-  pthread_mutex_unlock(&kiln_host_pool.lock);
-  kiln_host_in_parallel = 1;
-  kiln_host_run_chunks();
-  kiln_host_in_parallel = 0;
-  kiln_host_wait_workers(); /* every chunk is taken: wait for those still running */
-  status = kiln_host_load(kiln_host_pool.status);
-  pthread_mutex_lock(&kiln_host_pool.lock);
-  kiln_host_pool.busy = 0;
-  pthread_mutex_unlock(&kiln_host_pool.lock);
+  kiln_pool.body = body;
+  kiln_pool.context = context;
+  kiln_pool.n = n;
+  kiln_pool.chunk = n / chunks + (n % chunks != 0);
+  kiln_pool.chunks = n / kiln_pool.chunk + (n % kiln_pool.chunk != 0);
+  KILN_STORE(kiln_pool.next, 0);
+  KILN_STORE(kiln_pool.status, 0);
+  pthread_mutex_lock(&kiln_pool.lock);
+  KILN_STORE(kiln_pool.generation, KILN_LOAD(kiln_pool.generation) + 1); /* even: posted */
+  pthread_cond_broadcast(&kiln_pool.wake);
+  pthread_mutex_unlock(&kiln_pool.lock);
+  kiln_pool_in_parallel = 1;
+  kiln_pool_run_chunks();
+  kiln_pool_in_parallel = 0;
+  kiln_pool_wait_workers(); /* every chunk is taken: wait for those still running */
+  status = KILN_LOAD(kiln_pool.status);
+  pthread_mutex_lock(&kiln_pool.lock);
+  kiln_pool.busy = 0;
+  pthread_mutex_unlock(&kiln_pool.lock);
   return status;
 }
 
 /* Unloading the library (dlclose, or exit): the workers run its code, so they must
    exit before it is unmapped. */
-__attribute__((destructor)) static void kiln_host_pool_stop(void) {
+__attribute__((destructor)) static void kiln_pool_stop(void) {
   int i, started;
-  if (!kiln_host_pool_ready) {
+  if (!kiln_pool_ready) {
     return;
   }
-  pthread_mutex_lock(&kiln_host_pool.lock);
-  kiln_host_store(kiln_host_pool.stop, 1);
-  started = kiln_host_pool.started;
-  pthread_cond_broadcast(&kiln_host_pool.wake);
-  pthread_mutex_unlock(&kiln_host_pool.lock);
+  pthread_mutex_lock(&kiln_pool.lock);
+  KILN_STORE(kiln_pool.stop, 1);
+  started = kiln_pool.started;
+  pthread_cond_broadcast(&kiln_pool.wake);
+  pthread_mutex_unlock(&kiln_pool.lock);
   for (i = 0; i < started; ++i) {
-    pthread_join(kiln_host_pool.workers[i], NULL);
+    pthread_join(kiln_pool.workers[i], NULL);
   }
-  pthread_mutex_lock(&kiln_host_pool.lock);
-  kiln_host_pool.started = 0;
-  kiln_host_store(kiln_host_pool.stop, 0);
-  pthread_mutex_unlock(&kiln_host_pool.lock);
+  pthread_mutex_lock(&kiln_pool.lock);
+  kiln_pool.started = 0;
+  KILN_STORE(kiln_pool.stop, 0);
+  pthread_mutex_unlock(&kiln_pool.lock);
 }
 
 #endif /* KILN_NO_THREADS */
