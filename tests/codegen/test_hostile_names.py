@@ -264,3 +264,21 @@ def test_hostile_onnx_names_load_and_run_in_a_fresh_process(target: str, tmp_pat
         capture_output=True, text=True, check=True).stdout)
     assert defined_dynamic_symbols(so) == abi_symbols(meta)
     assert "pwned" not in all_symbol_names(so)
+
+
+@pytest.mark.parametrize("target", ["c", "llvm"])
+def test_names_that_spell_the_same_identifier(target: str, tmp_path: Path) -> None:
+    """`a b`, `a_b`, `a\\nb` all spell `a_b`; both backends still keep them apart."""
+    ib = IRBuilder()
+    with ib.prim_func("f"):
+        xs = [ib.arg(name, (4,), "float32") for name in ("a b", "a_b", "a\nb", "arg1", "arg1")]
+        y = ib.arg("arg2", (4,), "float32")
+        with ib.for_range(4, name="a b") as i:
+            ib.store(y, [i], xs[0][i] + xs[1][i] * 2.0 + xs[2][i] * 3.0 + xs[3][i] * 4.0
+                     + xs[4][i] * 5.0)
+    so = build_with_werror(ib.get(), target, tmp_path)
+    lib = load_module(str(so))
+    ones = np.ones(4, np.float32)
+    out = np.zeros(4, np.float32)
+    lib["f"](ones, ones * 10, ones * 100, ones * 1000, ones * 10000, out)
+    np.testing.assert_array_equal(out, np.full(4, 1 + 20 + 300 + 4000 + 50000, np.float32))

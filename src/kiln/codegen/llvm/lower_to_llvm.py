@@ -252,7 +252,10 @@ class _ModuleLowering:
         used: set[str] = set()
         for index, (arg, p) in enumerate(zip(irfn.args, fn.params)):
             hint = c_identifier(p.name)
-            hint = hint if hint not in used else f"arg{index}"
+            if hint in used:  # two names may spell the same identifier
+                hint = f"arg{index}"
+                while hint in used:
+                    hint += "_"
             used.add(hint)
             arg.name = hint
             if isinstance(p, Buffer) and index in noalias:
