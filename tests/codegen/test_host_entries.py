@@ -223,7 +223,17 @@ def test_artifact_and_default_flags() -> None:
     assert (art.codegen_id, art.loader, art.file_name) == ("host", "native", "host.c")
     assert list(art.metadata["cflags"]) == ["-std=c11", "-O2", "-fPIC"]
     text = art.content.decode()
-    includes = {line.split()[1] for line in text.splitlines() if line.startswith("#include")}
+    # Without parallel loops the POSIX headers of the thread pool stay out: the
+    # preprocessor keeps only the C standard library's #includes.
+    assert "#define KILN_HOST_PARALLEL" not in text
+    kept = subprocess.run([CC, "-std=c11", "-E", "-dI", "-x", "c", "-"], input=text,
+                          capture_output=True, text=True, check=True).stdout
+    includes, current = set(), ""
+    for line in kept.splitlines():
+        if line.startswith("# ") and '"' in line:  # a line marker names the current file
+            current = line.split('"')[1]
+        elif line.startswith("#include") and current == "<stdin>":
+            includes.add(line.split()[1])
     assert includes == {"<stdarg.h>", "<stddef.h>", "<stdint.h>", "<stdio.h>", "<string.h>"}
 
 

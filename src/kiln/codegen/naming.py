@@ -8,7 +8,9 @@ The C ABI (docs/abi.md) in one place:
 - embedded constants (weights):             `{prefix}_consts`
 - embedded artifact blob:                   `{prefix}_blob`
 - thread pool entry (hidden):               `{prefix}_parallel_for`
-IR function names never start with "_", so these cannot collide.
+IR function names never start with "_", so these cannot collide. `f` stands for
+`kiln.escape.symbol_name(f)`: the name itself when it is plain ASCII and at
+most 200 characters, else a stable mangled `_x<hash>_<hint>` (docs/abi.md).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from __future__ import annotations
 from typing import Any
 
 from kiln.errors import CompileError
+from kiln.escape import is_c_identifier, symbol_name
 from kiln.ir import dtype as dt
 from kiln.ir.attrs import ATTR_GRAPH, ATTR_NUM_OUTPUTS, ATTR_OUTPUT_NAMES, ATTR_TUPLE_RESULT
 from kiln.ir.module import IRModule
@@ -26,11 +29,14 @@ LIBRARY_FORMAT = "kiln.library"
 LIBRARY_FORMAT_VERSION = 1
 
 
+# Longest system_lib_prefix: it starts every symbol of the library.
+MAX_PREFIX = 64
+
+
 def check_prefix(prefix: str) -> str:
-    # isidentifier() accepts any Unicode letter; C symbols (and the linker) want ASCII.
-    if not prefix or not prefix.isascii() or not prefix.replace("_", "a").isidentifier():
-        raise CompileError(f"system_lib_prefix {prefix!r} must be a non-empty C identifier "
-                           "(ASCII letters, digits and '_', not starting with a digit)")
+    if not is_c_identifier(prefix) or len(prefix) > MAX_PREFIX:
+        raise CompileError(f"system_lib_prefix {prefix!r} must be a non-empty C identifier (ASCII, "
+                           f"at most {MAX_PREFIX} characters)")
     return prefix
 
 
@@ -40,11 +46,11 @@ def parallel_for_symbol(prefix: str) -> str:
 
 
 def entry_symbol(prefix: str, name: str) -> str:
-    return f"{prefix}{name}"
+    return f"{prefix}{symbol_name(name)}"
 
 
 def kernel_symbol(prefix: str, name: str) -> str:
-    return f"{prefix}_kernel_{name}"
+    return f"{prefix}_kernel_{symbol_name(name)}"
 
 
 def last_error_symbol(prefix: str) -> str:

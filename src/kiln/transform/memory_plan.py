@@ -23,6 +23,18 @@ from kiln.errors import CompileError
 
 STRATEGIES = ("greedy-by-size", "first-fit")
 DEFAULT_ALIGNMENT = 64
+# Largest block or arena: byte sizes and offsets are int64 in every backend (the
+# code generators check the target's own, possibly 32-bit, limit: kiln.codegen.sizes).
+MAX_BYTES = (1 << 63) - 1
+
+
+def _label(key: Hashable) -> str:
+    """How errors name a block: its `name` (graph values have one), else its key."""
+    name = getattr(key, "name", None)
+    if not isinstance(name, str):
+        return f"block {key!r}"
+    ty = getattr(key, "type", None)
+    return f"tensor {name!r}" + (f" ({ty})" if ty is not None else "")
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,7 +48,10 @@ class Block:
 
     def __post_init__(self) -> None:
         if self.size < 0:
-            raise CompileError(f"block {self.key!r}: negative size {self.size}")
+            raise CompileError(f"{_label(self.key)}: negative size {self.size}")
+        if self.size > MAX_BYTES:
+            raise CompileError(f"{_label(self.key)} needs {self.size} bytes, more than any "
+                               f"target can address in one object ({MAX_BYTES} bytes)")
         if self.end < self.start:
             raise CompileError(
                 f"block {self.key!r}: live range ends ({self.end}) before it starts ({self.start})")
@@ -86,6 +101,12 @@ def plan_memory(blocks: Iterable[Block], *, alignment: int = DEFAULT_ALIGNMENT,
         offsets[block.key] = offset
         placed.append((block, offset))
     total = max((align_up(off + b.size, alignment) for b, off in placed), default=0)
+    if total > MAX_BYTES:
+        largest = max(items, key=lambda b: b.size)
+        raise CompileError(
+            f"the workspace arena needs {total} bytes, more than any target can address in "
+            f"one object ({MAX_BYTES} bytes); its largest value is {_label(largest.key)} "
+            f"({largest.size} bytes)")
     return MemoryPlan(offsets, total, alignment)
 
 

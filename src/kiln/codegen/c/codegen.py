@@ -27,7 +27,9 @@ from kiln.codegen.naming import (
     library_metadata,
     parallel_for_symbol,
 )
+from kiln.codegen.sizes import check_buffer_sizes, target_pointer_bits
 from kiln.errors import CompileError
+from kiln.escape import c_comment
 from kiln.ir.module import IRModule
 from kiln.ir.tensor import Buffer, Param, PrimFunc
 from kiln.transform.outline import outline_parallel_loops
@@ -165,7 +167,8 @@ def _context_struct(prefix: str, name: str, fn: PrimFunc, quals: ParamQualifiers
               for i, p in enumerate(fn.params) if i >= 2]
     if not fields:
         return []
-    return [f"/* Captured values of {name}. */", f"struct {symbol}_ctx {{", *fields, "};", ""]
+    return [f"/* Captured values of {c_comment(name)}. */", f"struct {symbol}_ctx {{",
+            *fields, "};", ""]
 
 
 def _trampoline(prefix: str, name: str, fn: PrimFunc) -> list[str]:
@@ -197,6 +200,7 @@ def codegen_c(mod: IRModule, target: Any, *, prefix: str, pool: ConstantPool) ->
     from kiln.artifact import Artifact
     from kiln.codegen.host import codegen_host
 
+    check_buffer_sizes(mod, target_pointer_bits(target))
     source, info = emit_kernels(mod, prefix=prefix, pool=pool)
     toolchain = toolchain_metadata(target)
     kernels = Artifact(CODEGEN_ID, "native", KERNELS_FILE, source.encode("utf-8"),

@@ -11,7 +11,10 @@ Semantics follow the IR interpreter:
 - float16 / bfloat16 are storage types: values compute in float and are rounded
   to the 16-bit type only by a Store or a Cast;
 - `div` is `/` (C truncation on integers), `mod` is `%` / `fmod`, `floordiv` and
-  `floormod` round toward negative infinity (helpers), min/max propagate NaN.
+  `floormod` round toward negative infinity (helpers), min/max propagate NaN;
+- integer `div`/`mod`/`floordiv`/`floormod` never trap: unless the divisor is a
+  constant other than 0 and -1 they call helpers where a zero divisor gives 0
+  and `INT_MIN / -1` gives INT_MIN (the llvm backend's rule, docs/codegen-llvm.md).
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from typing import Any
 
 from kiln.codegen.c.context import FuncContext, value_ctype
 from kiln.codegen.cfamily.helpers import suffix
-from kiln.codegen.cfamily.literals import float_literal, int_literal
+from kiln.codegen.cfamily.literals import float_literal, int_literal, wrap_int
 from kiln.codegen.naming import C_TYPES
 from kiln.ir import dtype as dt
 from kiln.ir.tensor import (
@@ -234,7 +237,8 @@ class ExprEmitter:
             return self.bool_binary(e.op, a, b)
         if dt.is_float(d):
             return self.float_binary(e.op, a, b, d)
-        return self.wrap(d, e.op, self.int_binary(e.op, a, b, d))
+        safe = isinstance(e.b, Const) and wrap_int(int(e.b.value), d) not in (0, -1)
+        return self.wrap(d, e.op, self.int_binary(e.op, a, b, d, safe_divisor=safe))
 
     def bool_binary(self, op: str, a: CExpr, b: CExpr) -> CExpr:
         # bools are 0 or 1: min is `and`, max is `or`.
@@ -255,7 +259,9 @@ class ExprEmitter:
             return call(self.helpers.use(f"kiln_{op}_{s}"), a, b)
         raise self.ctx.error(f"binary op '{op}' needs integer operands, got {d}")
 
-    def int_binary(self, op: str, a: CExpr, b: CExpr, d: str) -> CExpr:
+    def int_binary(self, op: str, a: CExpr, b: CExpr, d: str, *,
+                   safe_divisor: bool = False) -> CExpr:
+        """`a op b` on integers; `safe_divisor`: b is a constant other than 0 and -1."""
         s = suffix(d)
         signed = dt.kind(d) == "int"
         if op == "shl" and (signed or narrow(d)):
@@ -268,11 +274,14 @@ class ExprEmitter:
                 a = cast(C_TYPES[d], a)
             return infix(op, a, b)
         a, b = self.typed_pair(d, a, b)
-        if op in ("add", "sub", "mul", "div", "mod", "and", "or", "xor"):
-            return infix(op, a, b, typed=a.typed or b.typed)
         if op in ("floordiv", "floormod") and not signed:
-            return infix("div" if op == "floordiv" else "mod", a, b, typed=a.typed or b.typed)
-        if op in ("floordiv", "floormod", "min", "max", "pow"):
+            op = "div" if op == "floordiv" else "mod"
+        if op in ("div", "mod") and safe_divisor:
+            return infix(op, a, b, typed=a.typed or b.typed)
+        if op in ("add", "sub", "mul", "and", "or", "xor"):
+            return infix(op, a, b, typed=a.typed or b.typed)
+        if op in ("div", "mod", "floordiv", "floormod", "min", "max", "pow"):
+            # Integer division by 0 (or INT_MIN / -1) traps in C: guarded helpers.
             return call(self.helpers.use(f"kiln_{op}_{s}"), a, b)
         raise self.ctx.error(f"unknown binary op '{op}'")
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from kiln.codegen.cfamily.printer import C_KEYWORDS, HELPER_PREFIX
 from kiln.codegen.naming import C_TYPES
 from kiln.errors import CompileError
+from kiln.escape import is_c_identifier
 from kiln.ir import dtype as dt
 from kiln.ir.tensor import Buffer, CallExtern, PrimExpr
 
@@ -88,7 +89,7 @@ class ExternTable:
 
     def add(self, call: CallExtern, where: str) -> Prototype:
         name = call.name
-        if (not name.isidentifier() or not name.isascii() or name in C_KEYWORDS
+        if (not is_c_identifier(name) or name in C_KEYWORDS
                 or name.startswith(HELPER_PREFIX) or name in self._reserved):
             raise CompileError(
                 f"{where}: call_extern name {name!r} cannot be used in C: it must be an ASCII "

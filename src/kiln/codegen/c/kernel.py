@@ -37,6 +37,7 @@ from kiln.codegen.cfamily.printer import CPrinter, NameScope
 from kiln.codegen.cfamily.signature import describe_params, param_ctype
 from kiln.codegen.naming import C_TYPES, consts_symbol, kernel_symbol, parallel_for_symbol
 from kiln.errors import IRError
+from kiln.escape import c_comment
 from kiln.ir import dtype as dt
 from kiln.ir.attrs import ATTR_PARALLEL_OF, ATTR_PARALLEL_VAR
 from kiln.ir.tensor import (
@@ -138,10 +139,11 @@ class KernelPrinter:
 
         p = self.p
         if self.loop_of is not None:
+            var = str(self.fn.attrs.get(ATTR_PARALLEL_VAR, ""))
             p.line(f"/* Iterations [begin, end) of parallel loop "
-                   f"'{self.fn.attrs.get(ATTR_PARALLEL_VAR, '?')}' of {self.loop_of}. */")
+                   f"{c_comment(repr(var))} of {c_comment(self.loop_of)}. */")
         else:
-            p.line(f"/* {self.name}({describe_params(self.fn)}) */")
+            p.line(f"/* {c_comment(f'{self.name}({describe_params(self.fn)})')} */")
         with p.block(self.prototype(with_semicolon=False)):
             p.extend(prologue)
             self.block(self.fn.body)

@@ -195,13 +195,69 @@ def _float_fn(s: str, base: str) -> str:
     return base + "f" if s == "f32" else base
 
 
+def _negate(s: str, a: str) -> str:
+    """`-a` wrapping like the IR (`-INT_MIN` is INT_MIN), computed unsigned."""
+    t = SUFFIX_CTYPES[s]
+    u = "uint64_t" if s == "i64" else "uint32_t"
+    return f"({t})(({u})0 - ({u}){a})"
+
+
+def _div(s: str) -> str | None:
+    t = SUFFIX_CTYPES[s]
+    if s in ("i32", "i64"):
+        return f"""
+/* a / b truncated, as the IR defines it on every input (docs/codegen-c.md): by
+   zero 0, and INT_MIN / -1 wraps to INT_MIN; C's `/` would trap on both. */
+static inline {t} kiln_div_{s}({t} a, {t} b) {{
+  if (b == 0) {{
+    return 0;
+  }}
+  return b == -1 ? {_negate(s, "a")} : a / b;
+}}
+"""
+    if s in ("u32", "u64"):
+        return f"""
+/* a / b; by zero 0 (docs/codegen-c.md). */
+static inline {t} kiln_div_{s}({t} a, {t} b) {{
+  return b == 0 ? 0 : a / b;
+}}
+"""
+    return None
+
+
+def _mod(s: str) -> str | None:
+    t = SUFFIX_CTYPES[s]
+    if s in ("i32", "i64"):
+        return f"""
+/* a % b with the sign of a; by zero (and by -1, which C's `%` may trap on) 0. */
+static inline {t} kiln_mod_{s}({t} a, {t} b) {{
+  return (b == 0 || b == -1) ? 0 : a % b;
+}}
+"""
+    if s in ("u32", "u64"):
+        return f"""
+/* a % b; by zero 0 (docs/codegen-c.md). */
+static inline {t} kiln_mod_{s}({t} a, {t} b) {{
+  return b == 0 ? 0 : a % b;
+}}
+"""
+    return None
+
+
 def _floordiv(s: str) -> str | None:
     t = SUFFIX_CTYPES[s]
     if s in ("i32", "i64"):
         return f"""
-/* a / b rounded toward negative infinity. */
+/* a / b rounded toward negative infinity; by zero 0, INT_MIN / -1 is INT_MIN. */
 static inline {t} kiln_floordiv_{s}({t} a, {t} b) {{
-  {t} q = a / b;
+  {t} q;
+  if (b == 0) {{
+    return 0;
+  }}
+  if (b == -1) {{
+    return {_negate(s, "a")};
+  }}
+  q = a / b;
   return (a % b != 0 && (a < 0) != (b < 0)) ? q - 1 : q;
 }}
 """
@@ -218,9 +274,13 @@ def _floormod(s: str) -> str | None:
     t = SUFFIX_CTYPES[s]
     if s in ("i32", "i64"):
         return f"""
-/* a - b * floor(a / b): the remainder takes the sign of b. */
+/* a - b * floor(a / b): the remainder takes the sign of b; by zero or -1, 0. */
 static inline {t} kiln_floormod_{s}({t} a, {t} b) {{
-  {t} r = a % b;
+  {t} r;
+  if (b == 0 || b == -1) {{
+    return 0;
+  }}
+  r = a % b;
   return (r != 0 && (r < 0) != (b < 0)) ? r + b : r;
 }}
 """
@@ -286,6 +346,8 @@ static inline {t} kiln_abs_{s}({t} a) {{
 
 
 _BY_OP: dict[str, Callable[[str], str | None]] = {
+    "div": _div,
+    "mod": _mod,
     "floordiv": _floordiv,
     "floormod": _floormod,
     "min": _minmax("min", "<"),

@@ -1,4 +1,4 @@
-"""C spellings of IR literals and of strings.
+"""C spellings of IR literals (strings: kiln.escape).
 
 Float literals are exact: the value is first rounded to its dtype (as the IR
 interpreter does), then printed with the shortest decimal that reads back to the
@@ -14,10 +14,6 @@ import numpy as np
 
 from kiln.errors import CompileError
 from kiln.ir import dtype as dt
-
-# The largest string literal ISO C99 compilers must accept is 4095 characters;
-# -pedantic warns beyond it.
-MAX_STRING_LITERAL = 4000
 
 
 def round_float(value: float, dtype: str) -> float:
@@ -104,24 +100,3 @@ def int_literal(value: int, dtype: str) -> tuple[str, bool]:
     if dtype == "int32" and value == -(1 << 31):
         return "INT32_MIN", True
     return str(value), dtype in ("int32", "int16", "int8", "uint16", "uint8", "bool")
-
-
-def c_string_literal(text: str) -> str:
-    """`text` (encoded as UTF-8) as one C string literal, with every needed escape.
-
-    Non-ASCII bytes use three-digit octal escapes (hex escapes would swallow a
-    following hex digit); `?` is escaped so no trigraph can form.
-    """
-    out = ['"']
-    for byte in text.encode("utf-8"):
-        ch = chr(byte)
-        if ch in '"\\?':
-            out.append("\\" + ch)
-        elif ch == "\n":
-            out.append("\\n")
-        elif 0x20 <= byte < 0x7F:
-            out.append(ch)
-        else:
-            out.append(f"\\{byte:03o}")
-    out.append('"')
-    return "".join(out)

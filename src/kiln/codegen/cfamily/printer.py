@@ -8,9 +8,10 @@ point, so two sibling loops may both use `i` while nested ones get `i`, `i_1`.
 from __future__ import annotations
 
 import keyword
-import re
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
+
+from kiln.escape import c_identifier
 
 INDENT = "  "
 
@@ -42,14 +43,14 @@ C_LIBRARY_NAMES = frozenset((
 # Prefix of the static helper functions and macros the C backend defines.
 HELPER_PREFIX = "kiln_"
 
-_NOT_IDENT = re.compile(r"[^A-Za-z0-9_]")
-
 
 def sanitize(hint: str) -> str:
-    """A valid, non-reserved C identifier built from a name hint."""
-    name = _NOT_IDENT.sub("_", hint or "v")
-    if not name or name[0].isdigit() or name.startswith("_"):
-        name = "v" + ("" if name.startswith("_") else "_") + name
+    """A valid, non-reserved C identifier built from a name hint (any string).
+
+    kiln.escape.c_identifier spells it (ASCII, bounded length); names C or the
+    generated code already use get a `v_` in front.
+    """
+    name = c_identifier(hint)
     if (name in C_KEYWORDS or name in C_LIBRARY_NAMES or keyword.iskeyword(name)
             or name.lower().startswith(HELPER_PREFIX) or name.startswith("KILN_")):
         name = "v_" + name

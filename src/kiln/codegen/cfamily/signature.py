@@ -48,7 +48,7 @@ def param_ctype(param: Param, index: int, quals: ParamQualifiers) -> str:
 
 
 def describe_params(fn: PrimFunc) -> str:
-    """`X: float32[4, 4], n: int64`, for comments."""
+    """`X: float32[4, 4], n: int64` (raw names: comments pass it through c_comment)."""
     out = []
     for p in fn.params:
         if isinstance(p, Buffer):

@@ -19,6 +19,7 @@ from kiln.codegen.llvm.target_machine import (
     parse_and_verify,
 )
 from kiln.codegen.naming import check_prefix, library_metadata
+from kiln.codegen.sizes import check_buffer_sizes
 from kiln.ir.module import IRModule
 
 CODEGEN_ID = "llvm"
@@ -52,6 +53,7 @@ def compile_module(mod: IRModule, target: Any, *, prefix: str, pool: ConstantPoo
     config = machine_config(target, jit=jit)
     tm = config.target_machine()
     data_layout = str(tm.target_data)
+    check_buffer_sizes(mod, _pointer_bits(data_layout))
     options = LoweringOptions(
         prefix=prefix, triple=config.triple, data_layout=data_layout,
         hidden=not jit, pointer_bits=_pointer_bits(data_layout), fast_math=config.fast_math,

@@ -40,6 +40,7 @@ from kiln.codegen.llvm.float16 import HalfConversions
 from kiln.codegen.llvm.intrinsics import emit_intrinsic
 from kiln.codegen.naming import consts_symbol, kernel_symbol, parallel_for_symbol
 from kiln.errors import CompileError, IRError
+from kiln.escape import c_identifier, is_c_identifier
 from kiln.ir import dtype as dt
 from kiln.ir.kernel_errors import ERROR_OUT_OF_MEMORY, KERNEL_ERRORS
 from kiln.ir.module import IRModule
@@ -256,7 +257,11 @@ class _ModuleLowering:
             irfn.return_value.add_attribute("signext")
         used: set[str] = set()
         for index, (arg, p) in enumerate(zip(irfn.args, fn.params)):
-            hint = p.name if p.name.isidentifier() and p.name not in used else f"arg{index}"
+            hint = c_identifier(p.name)
+            if hint in used:  # two names may spell the same identifier
+                hint = f"arg{index}"
+                while hint in used:
+                    hint += "_"
             used.add(hint)
             arg.name = hint
             if isinstance(p, Buffer) and index in noalias:
@@ -616,8 +621,9 @@ def _intrin(fl: _FunctionLowering, e: Intrin) -> ir.Value:
 
 
 def _call_extern(fl: _FunctionLowering, e: CallExtern) -> ir.Value:
-    if not e.name.isidentifier():
-        raise fl.error(f"external function name {e.name!r} is not a C identifier")
+    if not is_c_identifier(e.name):
+        raise fl.error(f"external function name {e.name!r} is not a C identifier "
+                       "(ASCII letters, digits and _)")
     values: list[ir.Value] = []
     arg_types: list[ir.Type] = []
     arg_attrs: dict[int, tuple[str, ...]] = {}
@@ -710,13 +716,14 @@ def _for(fl: _FunctionLowering, s: For) -> None:
     start = fl.expr(s.start)
     end = b.add(start, fl.expr(s.extent))
     pre = b.block
-    header = b.append_basic_block(f"for.{s.var.name}")
-    body = b.append_basic_block(f"for.{s.var.name}.body")
-    latch = b.append_basic_block(f"for.{s.var.name}.next")
-    exit_ = b.append_basic_block(f"for.{s.var.name}.end")
+    var = c_identifier(s.var.name)  # value names: kiln.escape spells them
+    header = b.append_basic_block(f"for.{var}")
+    body = b.append_basic_block(f"for.{var}.body")
+    latch = b.append_basic_block(f"for.{var}.next")
+    exit_ = b.append_basic_block(f"for.{var}.end")
     b.branch(header)
     b.position_at_end(header)
-    i = b.phi(compute_type(dtype), name=s.var.name)
+    i = b.phi(compute_type(dtype), name=var)
     i.add_incoming(start, pre)
     signed = dt.kind(dtype) == "int"
     cond = b.icmp_signed("<", i, end) if signed else b.icmp_unsigned("<", i, end)
@@ -781,7 +788,7 @@ def _allocate(fl: _FunctionLowering, s: Allocate) -> None:
             raise fl.error(f"local buffer {buf.name!r} needs a static shape, got {buf.shape}; "
                            "use scope 'global' for a dynamic size")
         slot = fl.alloca_b.alloca(ir.ArrayType(storage_type(buf.dtype), max(buf.numel(), 1)),
-                                  name=buf.name)
+                                  name=c_identifier(buf.name))
         slot.align = LOCAL_ALIGN
         fl.declare(buf, _opaque(slot))
         return
@@ -794,7 +801,7 @@ def _allocate(fl: _FunctionLowering, s: Allocate) -> None:
     # malloc(0) may return NULL legitimately: ask for at least one byte.
     one = ir.Constant(fl.parent.size_t, 1)
     size = fl.b.select(fl.b.icmp_unsigned("==", size, ir.Constant(size.type, 0)), one, size)
-    ptr = fl.b.call(malloc, [size], name=buf.name)
+    ptr = fl.b.call(malloc, [size], name=c_identifier(buf.name))
     fl.return_if(fl.b.icmp_unsigned("==", ptr, ir.Constant(PTR, None)), oom)
     fl.declare(buf, ptr, heap=True)
 
@@ -811,7 +818,7 @@ def _alloc_const(fl: _FunctionLowering, s: AllocConst) -> None:
     offset = fl.parent.pool.add(s.data)
     base = fl.parent.consts_global()
     fl.declare(buf, fl.b.gep(base, [ir.Constant(I64, offset)], inbounds=True,
-                             source_etype=I8, name=buf.name))
+                             source_etype=I8, name=c_identifier(buf.name)))
     fl.readonly.add(buf)
 
 
@@ -830,7 +837,7 @@ def _decl_buffer(fl: _FunctionLowering, s: DeclBuffer) -> None:
         raise fl.error(f"view {buf.name!r} covers bytes [{s.byte_offset}, {end}) but its "
                        f"source {src.name!r} has only {limit}")
     fl.declare(buf, fl.b.gep(source, [ir.Constant(I64, s.byte_offset)], inbounds=True,
-                             source_etype=I8, name=buf.name))
+                             source_etype=I8, name=c_identifier(buf.name)))
     if src in fl.readonly:
         fl.readonly.add(buf)
 
@@ -890,7 +897,7 @@ def _launch(fl: _FunctionLowering, launch: Launch, values: list[ir.Value]) -> ir
     parent = fl.parent
     body = parent.kernels[launch.body]
     struct = parent.context_type(body)
-    context = _opaque(fl.alloca_b.alloca(struct, name=f"{launch.var}.context"))
+    context = _opaque(fl.alloca_b.alloca(struct, name=f"{c_identifier(launch.var)}.context"))
     for k, value in enumerate(values[FIRST_CAPTURE:]):
         slot = fl.b.gep(context, [ir.Constant(I32, 0), ir.Constant(I32, k)], inbounds=True,
                         source_etype=struct)

@@ -1,0 +1,569 @@
+/*
+ * kiln_host.c -- the part of every generated host.c that is the same for every
+ * model (docs/abi.md, docs/codegen-c.md): the DLPack/KilnValue layout, the
+ * argument checks of the packed entries, the thread-local last error and the
+ * thread pool of parallel loops.
+ *
+ * kiln.codegen.host writes host.c as: a few #defines, this file verbatim, then
+ * the model's part (raw kernel prototypes, one packed entry per function, the
+ * metadata). Nothing model-specific is in here, so it is reviewed and compiled
+ * as C: tests build it alone with `cc -std=c11 -Wall -Wextra -Werror -c`, with
+ * and without KILN_HOST_PARALLEL and KILN_NO_THREADS.
+ *
+ * Configuration (defined before this text, or on the command line):
+ *   KILN_HOST_PARALLEL  define the thread pool: some kernel has a parallel loop;
+ *   KILN_PARALLEL_FOR   the pool's symbol, `{prefix}_parallel_for` (hidden);
+ *   KILN_NO_THREADS     firmware: no pthreads, parallel loops run serially.
+ *
+ * It includes only the C standard library (and, for the pool, POSIX threads):
+ * the DLPack and KilnValue definitions are copied inline with the layout of
+ * kiln/kiln.h. C11 for `_Thread_local` (GNU `__thread` before C11).
+ */
+/* Before any #include when the thread pool is in: pthreads, sysconf and
+   sigset_t are POSIX, which a strict -std=c11 build does not declare otherwise. */
+#if defined(KILN_HOST_PARALLEL) && !defined(KILN_NO_THREADS) && !defined(_POSIX_C_SOURCE)
+#define _POSIX_C_SOURCE 200809L /* pthreads, sysconf (not in ISO C) */
+#endif
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+
+/* DLPack and KilnValue, laid out exactly as docs/abi.md and kiln/kiln.h say
+   (host.c includes nothing but the C standard library). */
+typedef struct {
+  int32_t device_type;
+  int32_t device_id;
+} DLDevice;
+
+typedef struct {
+  uint8_t code;
+  uint8_t bits;
+  uint16_t lanes;
+} DLDataType;
+
+typedef struct {
+  void* data;
+  DLDevice device;
+  int32_t ndim;
+  DLDataType dtype;
+  int64_t* shape;
+  int64_t* strides;
+  uint64_t byte_offset;
+} DLTensor;
+
+typedef union {
+  int64_t v_int64;
+  double v_float64;
+  void* v_handle;
+} KilnValue;
+
+enum { KILN_ARG_INT = 0, KILN_ARG_FLOAT = 2, KILN_ARG_DLTENSOR = 7 };
+enum { KILN_DEVICE_CPU = 1 };
+
+#if defined(__GNUC__) || defined(__clang__)
+#define KILN_HIDDEN __attribute__((visibility("hidden")))
+#define KILN_EXPORT __attribute__((visibility("default")))
+#define KILN_PRINTF(f, a) __attribute__((format(printf, f, a)))
+#define KILN_UNUSED __attribute__((unused)) /* helpers a model may not need */
+#else
+#define KILN_HIDDEN
+#define KILN_EXPORT
+#define KILN_PRINTF(f, a)
+#define KILN_UNUSED
+#endif
+
+#if defined(KILN_NO_THREADS)
+#define KILN_THREAD_LOCAL /* single-threaded firmware: one static buffer */
+#elif defined(__STDC_VERSION__) && __STDC_VERSION__ >= 201112L
+#define KILN_THREAD_LOCAL _Thread_local
+#else
+#define KILN_THREAD_LOCAL __thread /* GNU C before C11 */
+#endif
+#if defined(KILN_HOST_PARALLEL) && !defined(KILN_NO_THREADS)
+#include <pthread.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <unistd.h>
+#endif
+
+/* ------------------------------------------------------- argument checks */
+
+/* The return value of an entry whose arguments were rejected. */
+#define KILN_HOST_ARGUMENT_ERROR (-1)
+/* Bytes of the thread-local error message buffer. */
+#define KILN_HOST_ERROR_SIZE 1024
+
+static KILN_THREAD_LOCAL char kiln_host_error[KILN_HOST_ERROR_SIZE];
+
+/* Format the message of a failed call into this thread's error buffer. */
+static KILN_UNUSED KILN_PRINTF(1, 2) int32_t kiln_host_fail(const char* format, ...) {
+  va_list ap;
+  va_start(ap, format);
+  vsnprintf(kiln_host_error, sizeof kiln_host_error, format, ap);
+  va_end(ap);
+  return KILN_HOST_ARGUMENT_ERROR;
+}
+
+/* Like kiln_host_fail, for argument `index` of `fn`: "fn: argument 1 'Y': <message>". */
+static KILN_UNUSED KILN_PRINTF(4, 5) int32_t kiln_host_arg_fail(const char* fn, int32_t index,
+    const char* param, const char* format, ...) {
+  va_list ap;
+  int n = snprintf(kiln_host_error, sizeof kiln_host_error, "%s: argument %d '%s': ", fn,
+      (int)index, param);
+  if (n < 0 || (size_t)n >= sizeof kiln_host_error) {
+    return KILN_HOST_ARGUMENT_ERROR;
+  }
+  va_start(ap, format);
+  vsnprintf(kiln_host_error + n, sizeof kiln_host_error - (size_t)n, format, ap);
+  va_end(ap);
+  return KILN_HOST_ARGUMENT_ERROR;
+}
+
+/* A DLDataType as error messages name it: "float32", "bool", "int8x4". */
+static KILN_UNUSED void kiln_host_dtype_name(char* out, size_t size, DLDataType t) {
+  static const char* const names[] = {"int", "uint", "float", "handle", "bfloat", "complex"};
+  int n;
+  if (t.code == 6 && t.bits == 8) {
+    n = snprintf(out, size, "bool");
+  } else if (t.code < 6) {
+    n = snprintf(out, size, "%s%u", names[t.code], (unsigned)t.bits);
+  } else {
+    n = snprintf(out, size, "dtype(code=%u, bits=%u)", (unsigned)t.code, (unsigned)t.bits);
+  }
+  if (t.lanes != 1 && n > 0 && (size_t)n < size) {
+    snprintf(out + n, size - (size_t)n, "x%u", (unsigned)t.lanes);
+  }
+}
+
+/* A shape as error messages show it: "[4, 5]". */
+static KILN_UNUSED void kiln_host_shape_text(char* out, size_t size, const int64_t* shape,
+    int32_t ndim) {
+  size_t used = 0;
+  int32_t d;
+  out[0] = '\0';
+  for (d = 0; d < ndim && used + 1 < size; ++d) {
+    int n = snprintf(out + used, size - used, "%s%lld", d == 0 ? "[" : ", ",
+        (long long)shape[d]);
+    if (n < 0) {
+      return;
+    }
+    used += (size_t)n;
+  }
+  if (used + 1 < size) {
+    snprintf(out + used, size - used, "%s", ndim == 0 ? "[]" : "]");
+  }
+}
+
+/* Checks 2-5 of docs/abi.md for tensor argument `index`; on success *data is the
+   address of its first element. */
+static KILN_UNUSED int32_t kiln_host_tensor(void** data, const char* fn, int32_t index,
+    const char* param, KilnValue arg, int32_t type_code, int32_t ndim, const int64_t* shape,
+    uint8_t code, uint8_t bits, size_t align) {
+  const DLTensor* t = (const DLTensor*)arg.v_handle;
+  DLDataType want;
+  int64_t numel = 1, stride = 1;
+  int32_t d;
+  char want_text[256], got_text[256];
+  if (type_code != KILN_ARG_DLTENSOR) {
+    return kiln_host_arg_fail(fn, index, param,
+        "expected a tensor (type code %d), got type code %d",
+        KILN_ARG_DLTENSOR, (int)type_code);
+  }
+  if (t == NULL) {
+    return kiln_host_arg_fail(fn, index, param, "expected a tensor, got NULL");
+  }
+  if (t->device.device_type != KILN_DEVICE_CPU) {
+    return kiln_host_arg_fail(fn, index, param, "expected a CPU tensor (device_type %d), got "
+        "device_type %d", KILN_DEVICE_CPU, (int)t->device.device_type);
+  }
+  if (t->ndim != ndim) {
+    return kiln_host_arg_fail(fn, index, param, "expected %d dimension%s, got %d", (int)ndim,
+        ndim == 1 ? "" : "s", (int)t->ndim);
+  }
+  if (t->dtype.code != code || t->dtype.bits != bits || t->dtype.lanes != 1) {
+    want.code = code;
+    want.bits = bits;
+    want.lanes = 1;
+    kiln_host_dtype_name(want_text, sizeof want_text, want);
+    kiln_host_dtype_name(got_text, sizeof got_text, t->dtype);
+    return kiln_host_arg_fail(fn, index, param, "expected dtype %s, got %s", want_text, got_text);
+  }
+  for (d = 0; d < ndim; ++d) {
+    if (t->shape == NULL || t->shape[d] != shape[d]) {
+      kiln_host_shape_text(want_text, sizeof want_text, shape, ndim);
+      if (t->shape == NULL) {
+        snprintf(got_text, sizeof got_text, "NULL");
+      } else {
+        kiln_host_shape_text(got_text, sizeof got_text, t->shape, ndim);
+      }
+      return kiln_host_arg_fail(fn, index, param, "expected shape %s, got %s", want_text, got_text);
+    }
+    numel *= shape[d];
+  }
+  if (t->strides != NULL && numel != 0) {
+    for (d = ndim - 1; d >= 0; --d) {
+      if (shape[d] != 1 && t->strides[d] != stride) {
+        return kiln_host_arg_fail(fn, index, param, "expected a contiguous tensor");
+      }
+      stride *= shape[d];
+    }
+  }
+  *data = t->data == NULL ? NULL : (void*)((char*)t->data + t->byte_offset);
+  if (numel != 0 && t->data == NULL) {
+    return kiln_host_arg_fail(fn, index, param, "data is NULL");
+  }
+  if (numel != 0 && (uintptr_t)*data % align != 0) {
+    return kiln_host_arg_fail(fn, index, param, "data is not aligned to its %u-byte elements",
+        (unsigned)align);
+  }
+  return 0;
+}
+
+/* An integer (or bool) scalar argument, range-checked against its dtype. */
+static KILN_UNUSED int32_t kiln_host_int(int64_t* out, const char* fn, int32_t index,
+    const char* param, KilnValue arg, int32_t type_code, int64_t lo, int64_t hi,
+    const char* dtype) {
+  if (type_code != KILN_ARG_INT) {
+    return kiln_host_arg_fail(fn, index, param, "expected an integer scalar (type code %d), got "
+        "type code %d", KILN_ARG_INT, (int)type_code);
+  }
+  if (arg.v_int64 < lo || arg.v_int64 > hi) {
+    return kiln_host_arg_fail(fn, index, param, "value %lld out of range for %s",
+        (long long)arg.v_int64, dtype);
+  }
+  *out = arg.v_int64;
+  return 0;
+}
+
+/* A float scalar argument; an integer is accepted too. */
+static KILN_UNUSED int32_t kiln_host_float(double* out, const char* fn, int32_t index,
+    const char* param, KilnValue arg, int32_t type_code) {
+  if (type_code == KILN_ARG_FLOAT) {
+    *out = arg.v_float64;
+  } else if (type_code == KILN_ARG_INT) {
+    *out = (double)arg.v_int64;
+  } else {
+    return kiln_host_arg_fail(fn, index, param, "expected a float scalar (type code %d), got type "
+        "code %d", KILN_ARG_FLOAT, (int)type_code);
+  }
+  return 0;
+}
+
+/* The message of a kernel's non-zero status (docs/codegen-c.md, "Error codes");
+   `workspace_bytes` is 0 when the failed allocation's size is not known. */
+#if defined(KILN_HOST_CHECK_MESSAGES)
+/* Messages of the kernels' failed checks by status code (0 where a code has none):
+   host.c defines the initializer from kiln.ir.kernel_errors. */
+static const char* const kiln_host_check_messages[] = KILN_HOST_CHECK_MESSAGES;
+#endif
+
+static KILN_UNUSED int32_t kiln_host_kernel_failed(const char* fn, int32_t status,
+    long long workspace_bytes) {
+  if (status == 1 && workspace_bytes > 0) {
+    kiln_host_fail("%s: out of memory allocating a workspace of %lld bytes", fn, workspace_bytes);
+  } else if (status == 1) {
+    kiln_host_fail("%s: out of memory allocating a workspace", fn);
+#if defined(KILN_HOST_CHECK_MESSAGES)
+  } else if (status > 1
+      && (size_t)status < sizeof kiln_host_check_messages / sizeof kiln_host_check_messages[0]
+      && kiln_host_check_messages[status] != 0) {
+    kiln_host_fail("%s: %s", fn, kiln_host_check_messages[status]);
+#endif
+  } else {
+    kiln_host_fail("%s: kernel failed with status %d", fn, (int)status);
+  }
+  return status;
+}
+
+#if defined(KILN_HOST_PARALLEL)
+
+#if !defined(KILN_PARALLEL_FOR)
+#define KILN_PARALLEL_FOR kiln_parallel_for /* standalone builds of this file */
+#endif
+
+/* ------------------------------------------------------- parallel loops
+   A kernel runs each parallel loop through KILN_PARALLEL_FOR (docs/abi.md,
+   "Parallel loops"): `body` is called on chunks [begin, end) of [0, n) by a
+   small pthread pool that lives in this library, so an exported library needs
+   no kiln runtime. The first non-zero status of a chunk is returned (the
+   remaining chunks are skipped). */
+typedef int32_t (*kiln_pool_body_fn)(int64_t begin, int64_t end, void* context);
+
+#if defined(KILN_NO_THREADS) || !(defined(__GNUC__) || defined(__clang__))
+
+/* Firmware (or a compiler without GNU atomics): a parallel loop runs serially. */
+KILN_HIDDEN int32_t KILN_PARALLEL_FOR(int64_t n, kiln_pool_body_fn body, void* context) {
+  return n > 0 ? body(0, n, context) : 0;
+}
+
+#else
+
+enum { KILN_POOL_MAX_THREADS = 256, KILN_POOL_CHUNKS_PER_THREAD = 4, KILN_POOL_SPINS = 2000 };
+
+#define KILN_LOAD(x) __atomic_load_n(&(x), __ATOMIC_SEQ_CST)
+#define KILN_STORE(x, v) __atomic_store_n(&(x), (v), __ATOMIC_SEQ_CST)
+#define KILN_ADD(x, v) __atomic_fetch_add(&(x), (v), __ATOMIC_SEQ_CST)
+#if defined(__x86_64__) || defined(__i386__)
+#define KILN_PAUSE() __builtin_ia32_pause()
+#elif defined(__aarch64__) || (defined(__arm__) && defined(__ARM_ARCH) && __ARM_ARCH >= 7)
+#define KILN_PAUSE() __asm__ __volatile__("yield")
+#else
+#define KILN_PAUSE() ((void)0)
+#endif
+
+/* One loop at a time runs on the pool. The caller posts it and takes chunks
+   itself; every thread takes the next chunk index with an atomic increment, so
+   no lock is held while the loop runs. `generation` works like a sequence lock:
+   odd while the caller rewrites the loop's fields, even once they are posted. A
+   worker counts itself in `entered`, then checks that the generation it saw is
+   still current before it reads the fields, and counts itself out when done.
+   The caller makes the generation odd, waits until no worker is inside, writes
+   the fields, makes it even and wakes the workers; it returns once it has taken
+   the last chunk and no worker is inside (a worker waking up later finds no
+   chunk). Waiting threads spin briefly (a model's back-to-back loops need no
+   sleep and wake-up), then sleep on a condition variable (`lock`, which also
+   guards `busy` and `started`). */
+static struct {
+  pthread_mutex_t lock;
+  pthread_cond_t wake;      /* a loop was posted, or the workers must stop */
+  pthread_cond_t done;      /* the last worker left the loop */
+  pthread_t workers[KILN_POOL_MAX_THREADS];
+  int threads;              /* KILN_NUM_THREADS, else the online CPUs (caller included) */
+  int started;              /* workers running */
+  int busy;                 /* some thread is running a loop on the pool */
+  int stop;                 /* atomic: the library is being unloaded */
+  unsigned long generation; /* atomic: odd while a loop is being posted */
+  int entered;              /* atomic: workers inside the posted loop */
+  int64_t next;             /* atomic: the next chunk to take */
+  int32_t status;           /* atomic: first non-zero status of a chunk */
+  kiln_pool_body_fn body;            /* the posted loop: written before `generation` */
+  void* context;
+  int64_t n;
+  int64_t chunk;
+  int64_t chunks;
+} kiln_pool;
+static pthread_once_t kiln_pool_once = PTHREAD_ONCE_INIT;
+static int kiln_pool_ready;
+/* Set on pool threads, and on a caller while it runs a loop: nested loops run serially. */
+static KILN_THREAD_LOCAL int kiln_pool_in_parallel;
+
+/* KILN_NUM_THREADS if it is a positive integer, else the number of online CPUs. */
+static int kiln_pool_thread_count(void) {
+  const char* env = getenv("KILN_NUM_THREADS");
+  long n = 0;
+  if (env != NULL && *env != '\0') {
+    char* end = NULL;
+    n = strtol(env, &end, 10);
+    if (end == NULL || *end != '\0' || n < 1) {
+      n = 0;
+    }
+  }
+  if (n == 0) {
+    n = sysconf(_SC_NPROCESSORS_ONLN);
+  }
+  if (n < 1) {
+    n = 1;
+  }
+  return n > KILN_POOL_MAX_THREADS ? KILN_POOL_MAX_THREADS : (int)n;
+}
+
+/* fork(): the child has none of the workers. The lock is held across fork so the
+   child never inherits it locked mid-update; the child resets the pool and starts
+   new workers when it next runs a parallel loop. */
+static void kiln_pool_before_fork(void) {
+  pthread_mutex_lock(&kiln_pool.lock);
+}
+
+static void kiln_pool_after_fork_parent(void) {
+  pthread_mutex_unlock(&kiln_pool.lock);
+}
+
+static void kiln_pool_after_fork_child(void) {
+  pthread_mutex_unlock(&kiln_pool.lock);
+  pthread_cond_init(&kiln_pool.wake, NULL);
+  pthread_cond_init(&kiln_pool.done, NULL);
+  kiln_pool.started = 0;
+  kiln_pool.busy = 0;
+  KILN_STORE(kiln_pool.stop, 0);
+  KILN_STORE(kiln_pool.entered, 0);
+  KILN_STORE(kiln_pool.generation, (KILN_LOAD(kiln_pool.generation) + 1) & ~1UL); /* not mid-post */
+}
+
+static void kiln_pool_init(void) {
+  pthread_mutex_init(&kiln_pool.lock, NULL);
+  pthread_cond_init(&kiln_pool.wake, NULL);
+  pthread_cond_init(&kiln_pool.done, NULL);
+  kiln_pool.threads = kiln_pool_thread_count();
+  pthread_atfork(kiln_pool_before_fork, kiln_pool_after_fork_parent, kiln_pool_after_fork_child);
+  kiln_pool_ready = 1;
+}
+
+/* Run chunks of the posted loop until none is left or one has failed. */
+static void kiln_pool_run_chunks(void) {
+  for (;;) {
+    int64_t k = KILN_ADD(kiln_pool.next, 1);
+    int64_t begin, end;
+    int32_t status;
+    if (k >= kiln_pool.chunks || KILN_LOAD(kiln_pool.status) != 0) {
+      return;
+    }
+    begin = k * kiln_pool.chunk;
+    end = kiln_pool.n - begin > kiln_pool.chunk ? begin + kiln_pool.chunk : kiln_pool.n;
+    status = kiln_pool.body(begin, end, kiln_pool.context);
+    if (status != 0) {
+      int32_t none = 0;
+      __atomic_compare_exchange_n(&kiln_pool.status, &none, status, 0, __ATOMIC_SEQ_CST,
+                                  __ATOMIC_SEQ_CST);
+    }
+  }
+}
+
+/* A loop other than `seen` is posted (generation even and new). */
+static int kiln_pool_posted(unsigned long seen) {
+  unsigned long now = KILN_LOAD(kiln_pool.generation);
+  return now != seen && (now & 1UL) == 0;
+}
+
+/* A worker: waits until a loop is posted, helps run it. */
+static void* kiln_pool_worker(void* arg) {
+  unsigned long seen = (unsigned long)(uintptr_t)arg;
+  kiln_pool_in_parallel = 1;
+  for (;;) {
+    unsigned long posted;
+    int spin;
+    for (spin = 0; spin < KILN_POOL_SPINS && !kiln_pool_posted(seen) && !KILN_LOAD(kiln_pool.stop);
+         ++spin) {
+      KILN_PAUSE();
+    }
+    if (!kiln_pool_posted(seen)) {
+      pthread_mutex_lock(&kiln_pool.lock);
+      while (!KILN_LOAD(kiln_pool.stop) && !kiln_pool_posted(seen)) {
+        pthread_cond_wait(&kiln_pool.wake, &kiln_pool.lock);
+      }
+      pthread_mutex_unlock(&kiln_pool.lock);
+    }
+    if (KILN_LOAD(kiln_pool.stop)) {
+      return NULL;
+    }
+    posted = KILN_LOAD(kiln_pool.generation);
+    KILN_ADD(kiln_pool.entered, 1);
+    /* Still that loop? Then its fields stay put until this worker leaves. */
+    if (KILN_LOAD(kiln_pool.generation) == posted && (posted & 1UL) == 0) {
+      seen = posted;
+      kiln_pool_run_chunks();
+    }
+    if (KILN_ADD(kiln_pool.entered, -1) == 1) {
+      pthread_mutex_lock(&kiln_pool.lock);
+      pthread_cond_signal(&kiln_pool.done); /* only a caller waits on it */
+      pthread_mutex_unlock(&kiln_pool.lock);
+    }
+  }
+}
+
+/* Start the missing workers (lock held). They block every signal: signals go to
+   the application's own threads. If the system refuses a thread, run with fewer. */
+static void kiln_pool_start_workers(void) {
+  sigset_t all, old;
+  sigfillset(&all);
+  pthread_sigmask(SIG_SETMASK, &all, &old);
+  while (kiln_pool.started < kiln_pool.threads - 1) {
+    void* seen = (void*)(uintptr_t)KILN_LOAD(kiln_pool.generation);
+    if (pthread_create(&kiln_pool.workers[kiln_pool.started], NULL, kiln_pool_worker, seen) != 0) {
+      kiln_pool.threads = kiln_pool.started + 1;
+      break;
+    }
+    ++kiln_pool.started;
+  }
+  pthread_sigmask(SIG_SETMASK, &old, NULL);
+}
+
+/* Wait until no worker is inside the posted loop (spin, then sleep). */
+static void kiln_pool_wait_workers(void) {
+  int spin;
+  for (spin = 0; spin < KILN_POOL_SPINS && KILN_LOAD(kiln_pool.entered) > 0; ++spin) {
+    KILN_PAUSE();
+  }
+  if (KILN_LOAD(kiln_pool.entered) > 0) {
+    pthread_mutex_lock(&kiln_pool.lock);
+    while (KILN_LOAD(kiln_pool.entered) > 0) {
+      pthread_cond_wait(&kiln_pool.done, &kiln_pool.lock);
+    }
+    pthread_mutex_unlock(&kiln_pool.lock);
+  }
+}
+
+KILN_HIDDEN int32_t KILN_PARALLEL_FOR(int64_t n, kiln_pool_body_fn body, void* context) {
+  int64_t chunks;
+  int32_t status;
+  if (n <= 0) {
+    return 0;
+  }
+  if (n == 1 || kiln_pool_in_parallel) {
+    return body(0, n, context);
+  }
+  pthread_once(&kiln_pool_once, kiln_pool_init);
+  pthread_mutex_lock(&kiln_pool.lock);
+  if (!kiln_pool.busy && kiln_pool.started < kiln_pool.threads - 1) {
+    kiln_pool_start_workers(); /* first use, or first use after fork() */
+  }
+  if (kiln_pool.busy || kiln_pool.started == 0) {
+    /* One thread configured, or another thread is running a loop: run serially. */
+    pthread_mutex_unlock(&kiln_pool.lock);
+    return body(0, n, context);
+  }
+  kiln_pool.busy = 1;
+  KILN_STORE(kiln_pool.generation, KILN_LOAD(kiln_pool.generation) + 1); /* odd: being posted */
+  pthread_mutex_unlock(&kiln_pool.lock);
+  kiln_pool_wait_workers(); /* a late worker may still be looking at the previous loop */
+  chunks = (int64_t)(kiln_pool.started + 1) * KILN_POOL_CHUNKS_PER_THREAD;
+  if (chunks > n) {
+    chunks = n;
+  }
+  kiln_pool.body = body;
+  kiln_pool.context = context;
+  kiln_pool.n = n;
+  kiln_pool.chunk = n / chunks + (n % chunks != 0);
+  kiln_pool.chunks = n / kiln_pool.chunk + (n % kiln_pool.chunk != 0);
+  KILN_STORE(kiln_pool.next, 0);
+  KILN_STORE(kiln_pool.status, 0);
+  pthread_mutex_lock(&kiln_pool.lock);
+  KILN_STORE(kiln_pool.generation, KILN_LOAD(kiln_pool.generation) + 1); /* even: posted */
+  pthread_cond_broadcast(&kiln_pool.wake);
+  pthread_mutex_unlock(&kiln_pool.lock);
+  kiln_pool_in_parallel = 1;
+  kiln_pool_run_chunks();
+  kiln_pool_in_parallel = 0;
+  kiln_pool_wait_workers(); /* every chunk is taken: wait for those still running */
+  status = KILN_LOAD(kiln_pool.status);
+  pthread_mutex_lock(&kiln_pool.lock);
+  kiln_pool.busy = 0;
+  pthread_mutex_unlock(&kiln_pool.lock);
+  return status;
+}
+
+/* Unloading the library (dlclose, or exit): the workers run its code, so they must
+   exit before it is unmapped. */
+__attribute__((destructor)) static void kiln_pool_stop(void) {
+  int i, started;
+  if (!kiln_pool_ready) {
+    return;
+  }
+  pthread_mutex_lock(&kiln_pool.lock);
+  KILN_STORE(kiln_pool.stop, 1);
+  started = kiln_pool.started;
+  pthread_cond_broadcast(&kiln_pool.wake);
+  pthread_mutex_unlock(&kiln_pool.lock);
+  for (i = 0; i < started; ++i) {
+    pthread_join(kiln_pool.workers[i], NULL);
+  }
+  pthread_mutex_lock(&kiln_pool.lock);
+  kiln_pool.started = 0;
+  KILN_STORE(kiln_pool.stop, 0);
+  pthread_mutex_unlock(&kiln_pool.lock);
+}
+
+#endif /* KILN_NO_THREADS */
+
+#endif /* KILN_HOST_PARALLEL */

@@ -1,0 +1,57 @@
+"""kiln_host.c, the model-independent C of every host.c, is a real C file.
+
+It ships next to kiln.h (package data) and must compile on its own, strictly,
+in every configuration host.c uses it in: plain, with the thread pool, and with
+the pool under KILN_NO_THREADS (firmware).
+"""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+from c_helpers import CC, have_cc
+
+from kiln.codegen.host import (
+    ARGUMENT_ERROR,
+    ERROR_BUFFER_SIZE,
+    HOST_RUNTIME_FILE,
+    host_runtime_path,
+    host_runtime_source,
+)
+from kiln.runtime import include_dir
+
+pytestmark = pytest.mark.skipif(not have_cc(), reason="needs a C compiler")
+
+CONFIGS = {
+    "checks only": [],
+    "thread pool": ["-DKILN_HOST_PARALLEL"],
+    "pool without threads": ["-DKILN_HOST_PARALLEL", "-DKILN_NO_THREADS"],
+    "no threads": ["-DKILN_NO_THREADS"],
+}
+
+
+def test_ships_next_to_kiln_h() -> None:
+    path = host_runtime_path()
+    assert path == Path(include_dir()) / "kiln" / HOST_RUNTIME_FILE
+    assert path.is_file() and (path.parent / "kiln.h").is_file()
+    # The constants Python documents are the ones the C file uses.
+    text = host_runtime_source()
+    assert f"#define KILN_HOST_ARGUMENT_ERROR ({ARGUMENT_ERROR})" in text
+    assert f"#define KILN_HOST_ERROR_SIZE {ERROR_BUFFER_SIZE}" in text
+
+
+@pytest.mark.parametrize("std", ["-std=c11", "-std=c99"])
+@pytest.mark.parametrize("config", list(CONFIGS))
+def test_compiles_standalone_with_werror(config: str, std: str, tmp_path: Path) -> None:
+    obj = tmp_path / "kiln_host.o"
+    proc = subprocess.run(
+        [CC, std, "-Wall", "-Wextra", "-Werror", "-pedantic", *CONFIGS[config], "-c",
+         str(host_runtime_path()), "-o", str(obj)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    symbols = subprocess.run(["nm", "-g", "--defined-only", str(obj)], capture_output=True,
+                             text=True, check=True).stdout.split()
+    # Only the pool's entry is global; every check helper is static.
+    assert ("kiln_parallel_for" in symbols) == ("-DKILN_HOST_PARALLEL" in CONFIGS[config])
+    assert [s for s in symbols if s.startswith("kiln_") and s != "kiln_parallel_for"] == []
