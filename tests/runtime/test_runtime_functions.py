@@ -290,9 +290,9 @@ def test_raw_kernel_failure_reports_last_error(tmp_path: Path) -> None:
     address = ctypes.cast(lib.k, ctypes.c_void_p).value
     assert address is not None
     sig = {"name": "k", "kind": "tensor", "params": [hm._t("x", [2], "float32")], "results": []}
-    fn = RawKernelFunction(sig, address, lambda: "k: workspace allocation failed",
+    fn = RawKernelFunction(sig, address, lambda code: f"k: workspace allocation failed ({code})",
                            keepalive=lib)
-    with pytest.raises(KilnError, match=r"^k: workspace allocation failed$"):
+    with pytest.raises(KilnError, match=r"^k: workspace allocation failed \(3\)$"):
         fn(np.zeros(2, F32))
     silent = RawKernelFunction(sig, address, keepalive=lib)
     with pytest.raises(KilnError, match=r"^k: failed with code 3 \(no error message\)$"):

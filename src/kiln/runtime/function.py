@@ -294,7 +294,9 @@ class RawKernelFunction(PackedFunction):
     """A raw kernel `int32_t k(T0 *p0, ..., S0 s0, ...)` at `address`, called via ctypes.
 
     The kernel checks nothing, so this wrapper performs the packed entry's checks
-    (docs/abi.md) in Python first, with the same messages. `keepalive` holds
+    (docs/abi.md) in Python first, with the same messages. A kernel reports a
+    failure only by its return code: `error_message(code)` spells it (else a
+    generic message names the code). `keepalive` holds
     whatever owns the code (e.g. an LLVM execution engine); `guard`, if given,
     is its CallGuard: the owner's `close()` waits for running calls and later
     calls raise CallError.
@@ -302,7 +304,7 @@ class RawKernelFunction(PackedFunction):
 
     def __init__(
         self, signature: Mapping[str, Any], address: int,
-        last_error: Callable[[], str] | None = None, *, keepalive: Any = None,
+        error_message: Callable[[int], str] | None = None, *, keepalive: Any = None,
         guard: CallGuard | None = None,
     ) -> None:
         super().__init__(signature)
@@ -310,7 +312,7 @@ class RawKernelFunction(PackedFunction):
         if not address:
             raise CallError(f"{self.name}: raw kernel address is NULL")
         self.address = address
-        self.last_error = last_error
+        self.error_message = error_message
         self.keepalive = keepalive
         argtypes = [ctypes.c_void_p if p["kind"] == "tensor" else abi.C_TYPES[p["dtype"]]
                     for p in self._arguments]
@@ -336,7 +338,8 @@ class RawKernelFunction(PackedFunction):
                 guard.exit()
         del keep
         if rc != 0:
-            raise CallError(_error_text(self.name, rc, self.last_error))
+            message = self.error_message(rc) if self.error_message is not None else ""
+            raise CallError(message or f"{self.name}: failed with code {rc} (no error message)")
 
 
 def checked_tensor(value: Any, param: Mapping[str, Any], where: Where) -> np.ndarray:

@@ -10,7 +10,7 @@ as the packed C entries do.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -108,7 +108,7 @@ class LLVMJITModule(Module):
                 raise FormatError(f"llvmjit: {BITCODE_FILE} has no kernel {symbol!r} for "
                                   f"function {name!r}")
             functions[name] = RawKernelFunction(
-                signature, address, _last_error_text(name), keepalive=self, guard=self._guard)
+                signature, address, _error_message(name), keepalive=self, guard=self._guard)
         return functions
 
     def kernel_address(self, name: str) -> int:
@@ -147,14 +147,9 @@ class LLVMJITModule(Module):
         super().close()
 
 
-def _last_error_text(name: str) -> Any:
-    # A raw kernel reports only a code; every code a kiln llvm kernel returns is listed.
-    codes = "; ".join(f"code {code}: {msg}" for code, msg in ERROR_CODES.items())
-    if len(ERROR_CODES) == 1:
-        message = f"{name}: {next(iter(ERROR_CODES.values()))}"
-    else:  # pragma: no cover - one code today
-        message = f"{name}: kernel failed ({codes})"
-    return lambda: message
+def _error_message(name: str) -> Callable[[int], str]:
+    """The call's message for a kernel's return code (kiln.ir.kernel_errors)."""
+    return lambda code: f"{name}: {ERROR_CODES.get(code, f'kernel failed with status {code}')}"
 
 
 def _check_metadata(meta: Mapping[str, Any]) -> Mapping[str, Any]:
