@@ -14,7 +14,7 @@ from kiln.artifact import Artifact, ArtifactSet, InMemoryArtifact, blob
 from kiln.artifact.blob import BlobContents, ModuleNode
 from kiln.errors import ExportError, FormatError
 
-ARTS, MODS, TREE, META = 1, 2, 3, 4
+ARTS, MODS, TREE, META, LINKED = 1, 2, 3, 4, 5
 
 
 def sample_set() -> ArtifactSet:
@@ -144,10 +144,10 @@ def test_pack_rejects_inconsistent_contents():
 def test_header_and_section_table_match_the_documented_layout():
     data = blob.pack(nested_contents())
     magic, version, flags, total, count, reserved = struct.unpack_from("<8sIIQII", data, 0)
-    assert (magic, version, flags, total, count, reserved) == (b"KILNBLOB", 1, 0, len(data), 4, 0)
+    assert (magic, version, flags, total, count, reserved) == (b"KILNBLOB", 2, 0, len(data), 5, 0)
     assert blob.HEADER_SIZE == 32
     entries = [struct.unpack_from("<IIQQ", data, 32 + 24 * i) for i in range(count)]
-    assert [e[0] for e in entries] == [ARTS, MODS, TREE, META]
+    assert [e[0] for e in entries] == [ARTS, MODS, TREE, META, LINKED]
     for _kind, res, offset, length in entries:
         assert res == 0 and offset % 8 == 0 and offset + length <= total - 32
     assert data[-32:] == hashlib.sha256(data[:-32]).digest()
@@ -157,6 +157,9 @@ def test_header_and_section_table_match_the_documented_layout():
     # The metadata section is compact UTF-8 JSON.
     _, _, off, length = entries[3]
     assert data[off:off + length] == b'{"m":1}'
+    # No linked data: LINKED_DATA is just a zero count.
+    _, _, off, length = entries[4]
+    assert data[off:off + length] == u32(0)
 
 
 def test_hand_assembled_blob_is_read():
@@ -203,9 +206,9 @@ def test_wrong_magic():
 
 
 def test_versions_outside_the_supported_range():
-    expect_error(patched(8, "<I", 2), "format version 2 is newer", "versions 1..1",
+    expect_error(patched(8, "<I", 3), "format version 3 is newer", "versions 1..2",
                  "upgrade kiln")
-    expect_error(patched(8, "<I", 0), "format version 0 is too old", "versions 1..1")
+    expect_error(patched(8, "<I", 0), "format version 0 is too old", "versions 1..2")
     # blob_length still works on a newer blob: the first 24 bytes never change.
     assert blob.blob_length(patched(8, "<I", 7)) == len(GOOD)
 
@@ -233,7 +236,7 @@ def test_checksum_mismatch():
 
 def section_entry(kind: int) -> tuple[int, int, int]:
     """(table offset, section offset, section length) of section `kind` in GOOD."""
-    for i in range(4):
+    for i in range(5):
         k, _, off, length = struct.unpack_from("<IIQQ", GOOD, 32 + 24 * i)
         if k == kind:
             return 32 + 24 * i, off, length
