@@ -330,7 +330,12 @@ def lookup(key: str) -> ArtifactSet | None:
             chunks = None
             if item.get("chunk_size") is not None:
                 chunks = (int(item["chunk_size"]), bytes.fromhex(item["metadata"]["chunk_sha256"]))
-            _check_object(name, data, chunks)
+            try:
+                _check_object(name, data, chunks)
+            except FormatError:
+                with contextlib.suppress(OSError):  # damaged: the next store rewrites it
+                    object_path(name).unlink()
+                raise
             artifacts.add(Artifact(item["codegen_id"], item["loader"], item["file_name"], data,
                                    item["metadata"]))
     except (FormatError, OSError, KeyError, TypeError, ValueError) as exc:
@@ -352,8 +357,8 @@ def store(key: str, artifacts: ArtifactSet, metadata: dict[str, Any]) -> bool:
     Objects already present are not written again. A cache that cannot be
     written (read-only home, full disk, unsafe directory) never fails a build.
     """
-    from kiln.artifact.artifact import require_serializable
     from kiln.artifact._json import thaw
+    from kiln.artifact.artifact import require_serializable
 
     if not artifacts.serializable:
         return False
@@ -484,6 +489,7 @@ def evict(limit: int) -> int:
     for path, _st in entries:
         for name in _entry_objects(path):
             users[name] = users.get(name, 0) + 1
+    evicted: set[str] = set()
     for path, st in entries:
         if total <= limit:
             break
@@ -495,11 +501,13 @@ def evict(limit: int) -> int:
             users[name] -= 1
             if users[name] == 0:
                 total -= sizes.get(name, 0)
+                evicted.add(name)
     now = time.time()
     for name, p in objects.items():
         if users.get(name, 0) == 0:
             with contextlib.suppress(FileNotFoundError):
-                if now - p.stat().st_mtime > _GRACE_SECONDS or total > limit:
+                # An object no entry ever used may belong to a store still under way.
+                if name in evicted or now - p.stat().st_mtime > _GRACE_SECONDS:
                     p.unlink()
     return before - usage()
 

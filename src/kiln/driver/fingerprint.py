@@ -86,7 +86,7 @@ def _emit(obj: Any, ids: dict[int, int], keep: list[object], children: list[Any]
     if isinstance(obj, np.ndarray):
         data = np.ascontiguousarray(obj)
         # hashlib reads the array's memory: no .tobytes() copy.
-        digest = hashlib.sha256(data.reshape(-1).view(np.uint8)).hexdigest()
+        digest = hashlib.sha256(data.reshape(-1).view(np.uint8).data).hexdigest()
         return f"array:{data.dtype.str}:{data.shape}:{digest};"
     if isinstance(obj, _IDENTITY_TYPES):
         key = id(obj)

@@ -82,7 +82,6 @@ def codegen_llvm(mod: IRModule, target: Any, *, prefix: str, pool: ConstantPool)
     """
     from kiln.artifact import Artifact
     from kiln.codegen.host import DEFAULT_HOST_CFLAGS, codegen_host
-
     from kiln.transform.instruments import timed_step
 
     with timed_step("codegen.lower_optimize"):
