@@ -166,7 +166,11 @@ def _read_blob(lib: LibraryModule, symbol: str, size: int) -> BlobContents:
     if size < HEADER_SIZE:
         raise FormatError(f"{lib.path}: blob symbol {symbol} is {size} bytes, smaller than "
                           f"a blob header ({HEADER_SIZE} bytes)")
-    address = ctypes.addressof(ctypes.c_uint8.in_dll(lib.cdll, symbol))
+    try:
+        address = ctypes.addressof(ctypes.c_uint8.in_dll(lib.cdll, symbol))
+    except ValueError:  # listed in .dynsym, but the loader's hash lookup disagrees
+        raise FormatError(f"{lib.path}: the dynamic loader cannot resolve the blob symbol "
+                          f"{symbol} (a damaged symbol table)") from None
     try:
         length = blob_length(ctypes.string_at(address, HEADER_SIZE))
         if length > size:
