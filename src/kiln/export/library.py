@@ -43,6 +43,7 @@ from kiln.artifact.artifact import (
 from kiln.artifact.blob import build_contents, pack, place_linked
 from kiln.artifact.integrity import CHUNK_SIZE, DIGEST_SIZE, chunk_count, chunk_digests
 from kiln.errors import CompileError, ExportError
+from kiln.export.data_object import DataSymbol, machine_of, write_data_object
 from kiln.runtime import native
 
 SUFFIXES = {".so": "shared library", ".tar": "artifact archive",
@@ -95,7 +96,7 @@ def export_library(
             objects = native.compile_native(code, work / "native", prefix=prefix, cc=cc,
                                             options=options)
         with _step("export.data"):
-            objects.append(blob_object(arts, metadata, prefix, work, cc=cc))
+            objects.append(blob_object(arts, metadata, prefix, work, cc=cc, like=objects))
         # Without native code the library only carries the blob (for the loaders).
         exports = (abi_symbols(metadata, prefix) + native.native_exports(native_arts)
                    if native_arts else [f"{prefix}_blob"])
@@ -148,12 +149,15 @@ def _asm_path(path: Path) -> str:
 
 
 def blob_object(arts: ArtifactSet, metadata: Mapping[str, Any], prefix: str, work: Path, *,
-                cc: Any = None) -> Path:
+                cc: Any = None, like: Sequence[Path] = ()) -> Path:
     """One object: `{prefix}_blob`, then the native data artifacts, in one section.
 
     The data (`.bin`, e.g. the weights) follows the blob at the offsets its
     LINKED_DATA section records; the blob symbol's size spans both, so the
-    runtime reads the data within the symbol it found.
+    runtime reads the data within the symbol it found. When `like` holds a
+    64-bit little-endian ELF object of the same library, the object is written
+    directly (kiln.export.data_object: the weights hit the disk once);
+    otherwise the assembler builds it with `.incbin`.
     """
     contents = build_contents(arts, metadata)
     data: list[tuple[int, Artifact]] = []
@@ -174,9 +178,22 @@ def blob_object(arts: ArtifactSet, metadata: Mapping[str, Any], prefix: str, wor
         data.append((i, art))
     contents, end = place_linked(
         contents, [(i, a.size, *_digests(a)) for i, a in data], align)
-    blob_file = work / "blob.bin"
-    blob_file.write_bytes(pack(contents))
+    packed = pack(contents)
     name = f"{prefix}_blob"
+    end = max(end, len(packed))
+    machine = next((m for o in like if (m := machine_of(o)) is not None), None)
+    if machine is not None:
+        obj = work / "blob.o"
+        symbols = [DataSymbol(name, 0, end, hidden=False)]
+        pieces: list[tuple[int, bytes | memoryview]] = [(0, packed)]
+        for record, (_i, art) in zip(contents.linked, data):
+            symbols.append(DataSymbol(str(art.metadata["symbol"]), record.offset, record.length,
+                                      hidden=not art.metadata.get("exported")))
+            pieces.append((record.offset, art.content))
+        write_data_object(obj, machine, f".rodata.{name}", align, pieces, symbols, end)
+        return obj
+    blob_file = work / "blob.bin"
+    blob_file.write_bytes(packed)
     lines = [f'\t.section .rodata.{name},"a",%progbits', f"\t.balign {align}",
              f"\t.globl {name}", f"\t.type {name},%object", f"{name}:",
              f"\t.incbin {_asm_path(blob_file)}"]
@@ -190,7 +207,7 @@ def blob_object(arts: ArtifactSet, metadata: Mapping[str, Any], prefix: str, wor
                   f"\t.type {symbol},%object", f"{symbol}:",
                   f"\t.incbin {_asm_path(data_file)}", f"\t.size {symbol}, {record.length}"]
         pos = record.offset + record.length
-    lines += [f"\t.size {name}, {max(end, pos)}", '\t.section .note.GNU-stack,"",%progbits', ""]
+    lines += [f"\t.size {name}, {end}", '\t.section .note.GNU-stack,"",%progbits', ""]
     stub = work / "blob.s"
     stub.write_text("\n".join(lines))
     obj = work / "blob.o"
