@@ -72,23 +72,62 @@ class ConstantPool:
         if self._bytes is None:
             parts: list[Any] = []
             end = 0
-            for data in self._keep:
-                off = self._offsets[id(data)]
+            for off, view in self._pieces():
                 if off > end:
                     parts.append(bytes(off - end))
                 # A view of the array's memory: b"".join copies it once, into the result.
-                parts.append(np.ascontiguousarray(data).reshape(-1).view(np.uint8).data)
-                end = off + data.nbytes
+                parts.append(view)
+                end = off + len(view)
             self._bytes = b"".join(parts)
         return self._bytes
 
     def chunk_digests(self) -> bytes:
-        """Chunked SHA-256 of the blob (kiln.artifact.integrity), computed once."""
+        """Chunked SHA-256 of the blob (kiln.artifact.integrity), computed once.
+
+        Hashed straight from the arrays when the blob is not built yet, so the
+        driver can key the cache before codegen without holding a second copy
+        of the weights during it.
+        """
         from kiln.artifact.integrity import chunk_digests
 
         if self._digests is None:
-            self._digests = chunk_digests(self.to_bytes())
+            self._digests = (chunk_digests(self._bytes) if self._bytes is not None
+                             else self._stream_digests())
         return self._digests
+
+    def _pieces(self) -> Iterator[tuple[int, memoryview]]:
+        """(offset, bytes) of every array, in blob order, without copying."""
+        for data in self._keep:
+            view = np.ascontiguousarray(data).reshape(-1).view(np.uint8).data
+            yield self._offsets[id(data)], view
+
+    def _stream_digests(self) -> bytes:
+        import hashlib
+
+        from kiln.artifact.integrity import CHUNK_SIZE
+
+        out = []
+        h = hashlib.sha256()
+        pos = 0  # bytes of the blob fed to the hashes so far
+
+        def feed(piece: memoryview | bytes) -> None:
+            nonlocal h, pos
+            while len(piece):
+                room = CHUNK_SIZE - pos % CHUNK_SIZE
+                h.update(piece[:room])
+                pos += min(room, len(piece))
+                piece = piece[room:]
+                if pos % CHUNK_SIZE == 0:
+                    out.append(h.digest())
+                    h = hashlib.sha256()
+
+        for offset, view in self._pieces():
+            while pos < offset:  # zero padding, at most CONST_ALIGN bytes
+                feed(bytes(offset - pos))
+            feed(view)
+        if pos % CHUNK_SIZE:
+            out.append(h.digest())
+        return b"".join(out)
 
     def integrity(self) -> dict[str, Any]:
         """Artifact metadata recording the blob's chunk hashes (docs/format.md)."""
