@@ -381,3 +381,82 @@ def test_fuzz_mutated_blobs(mutation):
         # Accepted after re-sealing: the blob must mean exactly what it says,
         # i.e. writing the result again reads back to the same contents.
         assert blob.unpack(blob.pack(result)) == result
+
+
+# -- LINKED_DATA (version 2) ------------------------------------------------------
+
+def linked_contents() -> BlobContents:
+    """sample_set as export stores it, the 1024 bytes of constants.bin placed after the blob."""
+    c = blob.build_contents(sample_set(), LIB_META)
+    digests = hashlib.sha256(bytes(range(256)) * 4).digest()
+    placed, end = blob.place_linked(c, [(3, 1024, 4096, digests)], 64)
+    assert end == placed.linked[0].offset + 1024
+    return placed
+
+
+def test_place_linked_puts_the_data_aligned_after_the_blob():
+    c = linked_contents()
+    data = blob.pack(c)
+    (record,) = c.linked
+    assert record.offset == -(-len(data) // 64) * 64 and record.offset >= len(data)
+    assert blob.unpack(data).linked == c.linked
+    # The record, as docs/format.md lays it out.
+    entries = [struct.unpack_from("<IIQQ", data, 32 + 24 * i) for i in range(5)]
+    _, _, off, length = entries[4]
+    assert data[off:off + length] == (u32(1) + struct.pack("<IIQQ", 3, 4096, record.offset, 1024)
+                                      + hashlib.sha256(bytes(range(256)) * 4).digest())
+
+
+def linked_blob(record: bytes) -> bytes:
+    """linked_contents with its LINKED_DATA body replaced by `record` (resealed, v2)."""
+    good = blob.pack(linked_contents())
+    sections = []
+    for i in range(5):
+        kind, _, off, length = struct.unpack_from("<IIQQ", good, 32 + 24 * i)
+        sections.append((kind, record if kind == LINKED else good[off:off + length]))
+    return assemble(sections, version=2)
+
+
+def test_linked_data_records_are_checked():
+    digest = bytes(32)
+    far = 1 << 20
+    cases = [
+        (u32(1) + struct.pack("<IIQQ", 9, 4096, far, 1024) + digest,
+         "refers to artifact 9, but there are 6"),
+        (u32(1) + struct.pack("<IIQQ", 2, 4096, far, 13) + digest,
+         "host/host.c) is not a linked native stub"),
+        (u32(1) + struct.pack("<IIQQ", 3, 4096, far, 1000) + digest,
+         "length 1000 differs from the size 1024"),
+        (u32(1) + struct.pack("<IIQQ", 3, 3000, far, 1024) + digest,
+         "chunk size 3000; expected a power of two"),
+        (u32(1) + struct.pack("<IIQQ", 3, 4096, 40, 1024) + digest,
+         "offset 40 lies inside the blob"),
+        (u32(1) + struct.pack("<IIQQ", 3, 4096, far, 1024),
+         "linked data 0 digests needs 32 bytes"),
+        (u32(2) + (struct.pack("<IIQQ", 3, 4096, far, 1024) + digest) * 2,
+         "artifact 3 is listed twice"),
+        (u32(0xFFFFFF), "linked data count is 16777215"),
+    ]
+    for record, message in cases:
+        expect_error(linked_blob(record), message)
+
+
+def test_a_version_1_blob_may_not_hold_linked_data():
+    good = blob.pack(linked_contents())
+    sections = []
+    for i in range(5):
+        kind, _, off, length = struct.unpack_from("<IIQQ", good, 32 + 24 * i)
+        sections.append((kind, good[off:off + length]))
+    expect_error(assemble(sections, version=1), "section 4 has unknown kind 5",
+                 "expected one of [1, 2, 3, 4]")
+    expect_error(assemble(sections[:4], version=2), "missing section(s) LINKED_DATA")
+    # Without it, version 1 reads, with no linked data.
+    assert blob.unpack(assemble(sections[:4], version=1)).linked == ()
+
+
+def test_pack_refuses_inconsistent_linked_data():
+    c = linked_contents()
+    bad = BlobContents(c.artifacts, c.modules, c.row_ptr, c.child_indices, c.metadata,
+                       (blob.LinkedData(2, 4096, 13, 4096, bytes(32)),))  # host.c: source
+    with pytest.raises(ValueError, match="is not a linked native stub"):
+        blob.pack(bad)
