@@ -14,7 +14,7 @@ from kiln.artifact import Artifact, ArtifactSet, InMemoryArtifact, blob
 from kiln.artifact.blob import BlobContents, ModuleNode
 from kiln.errors import ExportError, FormatError
 
-ARTS, MODS, TREE, META = 1, 2, 3, 4
+ARTS, MODS, TREE, META, LINKED = 1, 2, 3, 4, 5
 
 
 def sample_set() -> ArtifactSet:
@@ -144,10 +144,10 @@ def test_pack_rejects_inconsistent_contents():
 def test_header_and_section_table_match_the_documented_layout():
     data = blob.pack(nested_contents())
     magic, version, flags, total, count, reserved = struct.unpack_from("<8sIIQII", data, 0)
-    assert (magic, version, flags, total, count, reserved) == (b"KILNBLOB", 1, 0, len(data), 4, 0)
+    assert (magic, version, flags, total, count, reserved) == (b"KILNBLOB", 2, 0, len(data), 5, 0)
     assert blob.HEADER_SIZE == 32
     entries = [struct.unpack_from("<IIQQ", data, 32 + 24 * i) for i in range(count)]
-    assert [e[0] for e in entries] == [ARTS, MODS, TREE, META]
+    assert [e[0] for e in entries] == [ARTS, MODS, TREE, META, LINKED]
     for _kind, res, offset, length in entries:
         assert res == 0 and offset % 8 == 0 and offset + length <= total - 32
     assert data[-32:] == hashlib.sha256(data[:-32]).digest()
@@ -157,6 +157,9 @@ def test_header_and_section_table_match_the_documented_layout():
     # The metadata section is compact UTF-8 JSON.
     _, _, off, length = entries[3]
     assert data[off:off + length] == b'{"m":1}'
+    # No linked data: LINKED_DATA is just a zero count.
+    _, _, off, length = entries[4]
+    assert data[off:off + length] == u32(0)
 
 
 def test_hand_assembled_blob_is_read():
@@ -203,9 +206,9 @@ def test_wrong_magic():
 
 
 def test_versions_outside_the_supported_range():
-    expect_error(patched(8, "<I", 2), "format version 2 is newer", "versions 1..1",
+    expect_error(patched(8, "<I", 3), "format version 3 is newer", "versions 1..2",
                  "upgrade kiln")
-    expect_error(patched(8, "<I", 0), "format version 0 is too old", "versions 1..1")
+    expect_error(patched(8, "<I", 0), "format version 0 is too old", "versions 1..2")
     # blob_length still works on a newer blob: the first 24 bytes never change.
     assert blob.blob_length(patched(8, "<I", 7)) == len(GOOD)
 
@@ -233,7 +236,7 @@ def test_checksum_mismatch():
 
 def section_entry(kind: int) -> tuple[int, int, int]:
     """(table offset, section offset, section length) of section `kind` in GOOD."""
-    for i in range(4):
+    for i in range(5):
         k, _, off, length = struct.unpack_from("<IIQQ", GOOD, 32 + 24 * i)
         if k == kind:
             return 32 + 24 * i, off, length
@@ -378,3 +381,82 @@ def test_fuzz_mutated_blobs(mutation):
         # Accepted after re-sealing: the blob must mean exactly what it says,
         # i.e. writing the result again reads back to the same contents.
         assert blob.unpack(blob.pack(result)) == result
+
+
+# -- LINKED_DATA (version 2) ------------------------------------------------------
+
+def linked_contents() -> BlobContents:
+    """sample_set as export stores it, the 1024 bytes of constants.bin placed after the blob."""
+    c = blob.build_contents(sample_set(), LIB_META)
+    digests = hashlib.sha256(bytes(range(256)) * 4).digest()
+    placed, end = blob.place_linked(c, [(3, 1024, 4096, digests)], 64)
+    assert end == placed.linked[0].offset + 1024
+    return placed
+
+
+def test_place_linked_puts_the_data_aligned_after_the_blob():
+    c = linked_contents()
+    data = blob.pack(c)
+    (record,) = c.linked
+    assert record.offset == -(-len(data) // 64) * 64 and record.offset >= len(data)
+    assert blob.unpack(data).linked == c.linked
+    # The record, as docs/format.md lays it out.
+    entries = [struct.unpack_from("<IIQQ", data, 32 + 24 * i) for i in range(5)]
+    _, _, off, length = entries[4]
+    assert data[off:off + length] == (u32(1) + struct.pack("<IIQQ", 3, 4096, record.offset, 1024)
+                                      + hashlib.sha256(bytes(range(256)) * 4).digest())
+
+
+def linked_blob(record: bytes) -> bytes:
+    """linked_contents with its LINKED_DATA body replaced by `record` (resealed, v2)."""
+    good = blob.pack(linked_contents())
+    sections = []
+    for i in range(5):
+        kind, _, off, length = struct.unpack_from("<IIQQ", good, 32 + 24 * i)
+        sections.append((kind, record if kind == LINKED else good[off:off + length]))
+    return assemble(sections, version=2)
+
+
+def test_linked_data_records_are_checked():
+    digest = bytes(32)
+    far = 1 << 20
+    cases = [
+        (u32(1) + struct.pack("<IIQQ", 9, 4096, far, 1024) + digest,
+         "refers to artifact 9, but there are 6"),
+        (u32(1) + struct.pack("<IIQQ", 2, 4096, far, 13) + digest,
+         "host/host.c) is not a linked native stub"),
+        (u32(1) + struct.pack("<IIQQ", 3, 4096, far, 1000) + digest,
+         "length 1000 differs from the size 1024"),
+        (u32(1) + struct.pack("<IIQQ", 3, 3000, far, 1024) + digest,
+         "chunk size 3000; expected a power of two"),
+        (u32(1) + struct.pack("<IIQQ", 3, 4096, 40, 1024) + digest,
+         "offset 40 lies inside the blob"),
+        (u32(1) + struct.pack("<IIQQ", 3, 4096, far, 1024),
+         "linked data 0 digests needs 32 bytes"),
+        (u32(2) + (struct.pack("<IIQQ", 3, 4096, far, 1024) + digest) * 2,
+         "artifact 3 is listed twice"),
+        (u32(0xFFFFFF), "linked data count is 16777215"),
+    ]
+    for record, message in cases:
+        expect_error(linked_blob(record), message)
+
+
+def test_a_version_1_blob_may_not_hold_linked_data():
+    good = blob.pack(linked_contents())
+    sections = []
+    for i in range(5):
+        kind, _, off, length = struct.unpack_from("<IIQQ", good, 32 + 24 * i)
+        sections.append((kind, good[off:off + length]))
+    expect_error(assemble(sections, version=1), "section 4 has unknown kind 5",
+                 "expected one of [1, 2, 3, 4]")
+    expect_error(assemble(sections[:4], version=2), "missing section(s) LINKED_DATA")
+    # Without it, version 1 reads, with no linked data.
+    assert blob.unpack(assemble(sections[:4], version=1)).linked == ()
+
+
+def test_pack_refuses_inconsistent_linked_data():
+    c = linked_contents()
+    bad = BlobContents(c.artifacts, c.modules, c.row_ptr, c.child_indices, c.metadata,
+                       (blob.LinkedData(2, 4096, 13, 4096, bytes(32)),))  # host.c: source
+    with pytest.raises(ValueError, match="is not a linked native stub"):
+        blob.pack(bad)

@@ -16,6 +16,7 @@ from kiln.artifact.blob import ModuleNode
 
 GOLDEN = Path(__file__).resolve().parent.parent / "golden"
 BLOB_V1 = GOLDEN / "blob_v1_2026-11-21.bin"
+BLOB_V2 = GOLDEN / "blob_v2_2026-11-22.bin"
 ARCHIVE_V1 = GOLDEN / "archive_v1_2026-11-21.tar"
 
 EXPECTED_BLOB_ARTIFACTS = [
@@ -65,14 +66,53 @@ def test_blob_v1_golden_header_by_hand():
     assert table == [(1, 0, 128, 566), (2, 0, 696, 91), (3, 0, 792, 40), (4, 0, 832, 228)]
 
 
-def test_blob_v1_writer_still_produces_the_golden_bytes():
-    """The v1 writer is fully specified by docs/format.md: same input, same bytes."""
+def test_blob_v1_golden_has_no_linked_data():
+    assert blob.unpack(BLOB_V1.read_bytes()).linked == ()
+
+
+# Version 2 (2026-11-22): the same library plus a LINKED_DATA record for the
+# 4096 zero bytes of constants.bin (artifact 2), placed 64-byte aligned after
+# the 1184-byte blob, hashed as one 4096-byte chunk.
+ZEROS_4096_SHA256 = bytes.fromhex(
+    "ad7facb2586fc6e966c004d7d1d16b024f5805ff7cb47c7a85dabd8b48892ca7")
+
+
+def test_blob_v2_golden_file_reads_back():
+    data = BLOB_V2.read_bytes()
+    assert len(data) == 1184
+    c = blob.unpack(data)
+    got = [(a.codegen_id, a.loader, a.file_name, a.content, a.metadata) for a in c.artifacts]
+    assert got == EXPECTED_BLOB_ARTIFACTS
+    assert c.modules == (ModuleNode("native", (0, 1, 2)), ModuleNode("none", (3,)),
+                         ModuleNode("llvmjit", (4, 5)), ModuleNode("dsp_loader", (6,)))
+    assert (c.row_ptr, c.child_indices) == ((0, 2, 2, 3, 3), (1, 2, 3))
+    assert c.metadata == EXPECTED_BLOB_METADATA
+    assert c.linked == (blob.LinkedData(2, 1216, 4096, 4096, ZEROS_4096_SHA256),)
+
+
+def test_blob_v2_golden_header_by_hand():
+    data = BLOB_V2.read_bytes()
+    assert data[:8] == b"KILNBLOB"
+    assert struct.unpack_from("<IIQII", data, 8) == (2, 0, 1184, 5, 0)
+    assert data[-32:] == hashlib.sha256(data[:-32]).digest()
+    table = [struct.unpack_from("<IIQQ", data, 32 + 24 * i) for i in range(5)]
+    assert table == [(1, 0, 152, 566), (2, 0, 720, 91), (3, 0, 816, 40), (4, 0, 856, 228),
+                     (5, 0, 1088, 60)]
+    # LINKED_DATA: u32 count, then u32 artifact, u32 chunk size, u64 offset, u64 length,
+    # one 32-byte SHA-256 per chunk.
+    assert data[1088:1148] == (struct.pack("<IIIQQ", 1, 2, 4096, 1216, 4096)
+                               + ZEROS_4096_SHA256)
+
+
+def test_blob_writer_still_produces_the_v2_golden_bytes():
+    """The writer is fully specified by docs/format.md: same input, same bytes."""
     contents = blob.BlobContents(
         ArtifactSet(Artifact(*row) for row in EXPECTED_BLOB_ARTIFACTS),
         (ModuleNode("native", (0, 1, 2)), ModuleNode("none", (3,)),
          ModuleNode("llvmjit", (4, 5)), ModuleNode("dsp_loader", (6,))),
-        (0, 2, 2, 3, 3), (1, 2, 3), EXPECTED_BLOB_METADATA)
-    assert blob.pack(contents) == BLOB_V1.read_bytes()
+        (0, 2, 2, 3, 3), (1, 2, 3), EXPECTED_BLOB_METADATA,
+        (blob.LinkedData(2, 1216, 4096, 4096, ZEROS_4096_SHA256),))
+    assert blob.pack(contents) == BLOB_V2.read_bytes()
 
 
 def test_archive_v1_golden_file_reads_back():

@@ -224,8 +224,8 @@ def test_fcompile_replaces_the_link_step(tmp_path: Path) -> None:
                         fcompile=fcompile, options=["-DUNUSED_FLAG=1"])
     (out, objects, options), = seen
     assert out.parent == tmp_path and out != so  # linked into a temporary, then renamed
-    assert sorted(o.name for o in objects) == ["blob.o", "constants.bin.o", "host.c.o",
-                                              "kernels.c.o"]
+    # The weights are assembled into blob.o, right after the blob (docs/format.md).
+    assert sorted(o.name for o in objects) == ["blob.o", "host.c.o", "kernels.c.o"]
     assert options == ["-DUNUSED_FLAG=1"]
     with load_module(so) as lib:
         np.testing.assert_array_equal(lib["main"](np.zeros(4, np.float32)), hm.WEIGHTS)

@@ -1,9 +1,10 @@
 """Generate the dated golden files for the kiln blob and archive formats.
 
 Run once per format version and check the output in; never regenerate an
-existing file (it guards that newer kilns still read old files):
+existing file (it guards that newer kilns still read old files). Only the files
+of the current versions that do not exist yet are written:
 
-    .venv/bin/python tests/golden/make_golden.py 2026-11-21
+    .venv/bin/python tests/golden/make_golden.py 2026-11-22
 
 tests/artifact/test_artifact_golden.py holds the expected contents, written
 out by hand, and compares what the current reader finds in these files.
@@ -11,6 +12,7 @@ out by hand, and compares what the current reader finds in these files.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import sys
 
@@ -50,7 +52,12 @@ def blob_contents() -> blob.BlobContents:
     # root imports none and llvmjit; llvmjit imports dsp_loader.
     row_ptr = (0, 2, 2, 3, 3)
     child_indices = (1, 2, 3)
-    return blob.BlobContents(arts, modules, row_ptr, child_indices, LIBRARY_METADATA)
+    contents = blob.BlobContents(arts, modules, row_ptr, child_indices, LIBRARY_METADATA)
+    # Version 2: the 4096 bytes of constants.bin (artifact 2; zeros here) follow the
+    # blob, 64-byte aligned, hashed in one 4096-byte chunk.
+    placed, _end = blob.place_linked(
+        contents, [(2, 4096, 4096, hashlib.sha256(bytes(4096)).digest())], 64)
+    return placed
 
 
 def archive_artifacts() -> ArtifactSet:
@@ -67,15 +74,21 @@ def archive_artifacts() -> ArtifactSet:
 def main(date: str) -> None:
     blob_path = os.path.join(HERE, f"blob_v{blob.FORMAT_VERSION}_{date}.bin")
     tar_path = os.path.join(HERE, f"archive_v{archive.FORMAT_VERSION}_{date}.tar")
-    for path in (blob_path, tar_path):
-        if os.path.exists(path):
-            sys.exit(f"{path} exists; golden files are never regenerated")
-    with open(blob_path, "wb") as f:
-        f.write(blob.pack(blob_contents()))
-    archive.write_tar(tar_path, archive_artifacts(), {"format": "kiln.library", "version": 1,
-                                                      "prefix": "kiln_", "functions": {}})
-    print(f"wrote {blob_path}\nwrote {tar_path}")
+    blob_exists = any(n.startswith(f"blob_v{blob.FORMAT_VERSION}_") for n in os.listdir(HERE))
+    tar_exists = any(n.startswith(f"archive_v{archive.FORMAT_VERSION}_")
+                     for n in os.listdir(HERE))
+    if blob_exists and tar_exists:
+        sys.exit("golden files of the current versions exist; they are never regenerated")
+    if not blob_exists:
+        with open(blob_path, "wb") as f:
+            f.write(blob.pack(blob_contents()))
+        print(f"wrote {blob_path}")
+    if not tar_exists:
+        archive.write_tar(tar_path, archive_artifacts(), {"format": "kiln.library",
+                                                          "version": 1, "prefix": "kiln_",
+                                                          "functions": {}})
+        print(f"wrote {tar_path}")
 
 
 if __name__ == "__main__":
-    main(sys.argv[1] if len(sys.argv) > 1 else "2026-11-21")
+    main(sys.argv[1] if len(sys.argv) > 1 else "2026-11-22")

@@ -18,7 +18,7 @@ import itertools
 import json
 import struct
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from enum import IntEnum
 from typing import Any, NoReturn
 
@@ -30,6 +30,7 @@ from kiln.artifact.artifact import (
     check_name,
     require_serializable,
 )
+from kiln.artifact.integrity import DIGEST_SIZE, MAX_CHUNK_SIZE, MIN_CHUNK_SIZE, chunk_count
 from kiln.errors import FormatError
 
 MAGIC = b"KILNBLOB"
@@ -42,7 +43,11 @@ MAGIC = b"KILNBLOB"
 # 1 (2026-11-21): first version. 32-byte header (magic, version, flags,
 #   total length, section count), section table, sections ARTIFACTS, MODULES,
 #   IMPORT_TREE (CSR, seed 001) and METADATA, 32-byte SHA-256 trailer.
-FORMAT_VERSION = 1
+# 2 (2026-11-22): new section LINKED_DATA (kind 5): where the linked data
+#   (the weights) lies after the blob in the library and the SHA-256 of each
+#   of its chunks, so the runtime can check the weights (docs/format.md).
+#   Version-1 blobs are still read (they carry no weight hashes).
+FORMAT_VERSION = 2
 MIN_SUPPORTED_VERSION = 1
 
 # magic, version, flags, total length, section count, reserved (0).
@@ -59,15 +64,23 @@ MAX_SECTIONS = 64
 
 _U32 = struct.Struct("<I")
 _U64 = struct.Struct("<Q")
+# LINKED_DATA record: artifact index, chunk size, offset, length (then the digests).
+_LINKED = struct.Struct("<IIQQ")
 
 
 class SectionKind(IntEnum):
-    """The sections of a version-1 blob; each appears exactly once."""
+    """The sections of a blob; each appears exactly once (LINKED_DATA from version 2)."""
 
     ARTIFACTS = 1
     MODULES = 2
     IMPORT_TREE = 3
     METADATA = 4
+    LINKED_DATA = 5
+
+
+def _kinds(version: int) -> tuple[SectionKind, ...]:
+    """The sections a blob of `version` holds."""
+    return tuple(SectionKind)[:4] if version == 1 else tuple(SectionKind)
 
 
 # Native artifacts whose content build_contents keeps even when dropping linked
@@ -88,6 +101,22 @@ class ModuleNode:
 
 
 @dataclass(frozen=True)
+class LinkedData:
+    """Where the bytes of a linked data artifact (the weights) lie, and their hashes.
+
+    The library places them after the blob, in the same read-only section:
+    `offset` counts from the first byte of the blob. `digests` holds the SHA-256
+    of each `chunk_size` piece (kiln.artifact.integrity), 32 bytes each.
+    """
+
+    artifact: int       # index into BlobContents.artifacts (a linked stub)
+    offset: int
+    length: int
+    chunk_size: int
+    digests: bytes = field(repr=False)
+
+
+@dataclass(frozen=True)
 class BlobContents:
     """Everything a blob carries, as Python values."""
 
@@ -96,6 +125,7 @@ class BlobContents:
     row_ptr: tuple[int, ...]          # CSR import tree over modules (seed 001)
     child_indices: tuple[int, ...]
     metadata: Mapping[str, Any]       # library metadata JSON (docs/abi.md)
+    linked: tuple[LinkedData, ...] = ()  # linked data after the blob (version 2)
 
     def children(self, module: int) -> tuple[int, ...]:
         """Indices of the modules that module `module` imports."""
@@ -161,11 +191,14 @@ def pack(contents: BlobContents) -> bytes:
                      contents.child_indices, _raise_value_error)
     meta = freeze_object(contents.metadata, "library metadata")
 
+    _check_linked(arts, contents.linked, None, _raise_value_error)
+
     sections = {
         SectionKind.ARTIFACTS: _encode_artifacts(arts),
         SectionKind.MODULES: _encode_modules(contents.modules),
         SectionKind.IMPORT_TREE: _encode_tree(contents.row_ptr, contents.child_indices),
         SectionKind.METADATA: _json_bytes(meta),
+        SectionKind.LINKED_DATA: _encode_linked(contents.linked),
     }
     table_end = HEADER_SIZE + SECTION_ENTRY_SIZE * len(sections)
     offset = _align(table_end)
@@ -213,6 +246,35 @@ def _encode_modules(modules: tuple[ModuleNode, ...]) -> bytes:
         out += _str(m.loader) + _U32.pack(len(m.artifacts))
         out += b"".join(_U32.pack(i) for i in m.artifacts)
     return bytes(out)
+
+
+def _encode_linked(linked: tuple[LinkedData, ...]) -> bytes:
+    out = bytearray(_U32.pack(len(linked)))
+    for d in linked:
+        out += _LINKED.pack(d.artifact, d.chunk_size, d.offset, d.length) + d.digests
+    return bytes(out)
+
+
+def packed_length(contents: BlobContents) -> int:
+    """The byte length `pack(contents)` gives; LinkedData offsets do not change it."""
+    return len(pack(contents))
+
+
+def place_linked(contents: BlobContents, data: list[tuple[int, int, int, bytes]],
+                 align: int) -> tuple[BlobContents, int]:
+    """Contents whose LINKED_DATA places `data` after the blob; and where the data ends.
+
+    `data` is (artifact index, length, chunk_size, digests) per linked artifact,
+    laid out in that order, each at an `align`-aligned offset from the blob start.
+    """
+    placeholder = tuple(LinkedData(i, 0, n, c, d) for i, n, c, d in data)
+    end = packed_length(replace(contents, linked=placeholder))
+    linked = []
+    for i, n, c, d in data:
+        offset = -(-end // align) * align
+        linked.append(LinkedData(i, offset, n, c, d))
+        end = offset + n
+    return replace(contents, linked=tuple(linked)), end
 
 
 def _encode_tree(row_ptr: tuple[int, ...], child_indices: tuple[int, ...]) -> bytes:
@@ -289,7 +351,7 @@ def unpack(data: bytes | bytearray | memoryview) -> BlobContents:
         _fail(f"checksum mismatch: stored sha256 {expected.hex()[:16]}..., "
               f"computed {actual.hex()[:16]}... (the blob is damaged)")
 
-    sections = _read_section_table(view, count, body_end)
+    sections = _read_section_table(view, count, body_end, _kinds(version))
     artifacts = _decode_artifacts(view, sections[SectionKind.ARTIFACTS])
     try:
         artifact_set = ArtifactSet(artifacts)
@@ -301,11 +363,15 @@ def unpack(data: bytes | bytearray | memoryview) -> BlobContents:
     metadata = parse_json_object(bytes(view[start:end]), "kiln blob: METADATA section",
                                  FormatError)
     _check_structure([a.loader for a in artifacts], modules, row_ptr, child_indices, _fail)
-    return BlobContents(artifact_set, modules, row_ptr, child_indices, metadata)
+    linked: tuple[LinkedData, ...] = ()
+    if SectionKind.LINKED_DATA in sections:
+        linked = _decode_linked(view, sections[SectionKind.LINKED_DATA])
+        _check_linked(artifacts, linked, total, _fail)
+    return BlobContents(artifact_set, modules, row_ptr, child_indices, metadata, linked)
 
 
-def _read_section_table(view: memoryview, count: int,
-                        body_end: int) -> dict[SectionKind, tuple[int, int]]:
+def _read_section_table(view: memoryview, count: int, body_end: int,
+                        kinds: tuple[SectionKind, ...]) -> dict[SectionKind, tuple[int, int]]:
     if count > MAX_SECTIONS:
         _fail(f"section count {count} exceeds the maximum {MAX_SECTIONS}")
     table_end = HEADER_SIZE + count * SECTION_ENTRY_SIZE
@@ -316,11 +382,10 @@ def _read_section_table(view: memoryview, count: int,
     for i in range(count):
         raw_kind, reserved, offset, length = _SECTION.unpack_from(
             view, HEADER_SIZE + i * SECTION_ENTRY_SIZE)
-        try:
-            kind = SectionKind(raw_kind)
-        except ValueError:
+        if raw_kind not in kinds:
             _fail(f"section {i} has unknown kind {raw_kind}; "
-                  f"expected one of {[int(k) for k in SectionKind]}")
+                  f"expected one of {[int(k) for k in kinds]}")
+        kind = SectionKind(raw_kind)
         if reserved != 0:
             _fail(f"section {i} ({kind.name}): reserved field must be 0, found {reserved}")
         if kind in found:
@@ -329,7 +394,7 @@ def _read_section_table(view: memoryview, count: int,
             _fail(f"section {kind.name} [{offset}, {offset}+{length}) is out of bounds: "
                   f"sections must lie within [{table_end}, {body_end})")
         found[kind] = (offset, offset + length)
-    missing = [k.name for k in SectionKind if k not in found]
+    missing = [k.name for k in kinds if k not in found]
     if missing:
         _fail(f"missing section(s) {', '.join(missing)}")
     spans = sorted((start, end, kind) for kind, (start, end) in found.items())
@@ -431,6 +496,57 @@ def _decode_modules(view: memoryview, span: tuple[int, int]) -> tuple[ModuleNode
         out.append(ModuleNode(loader, r.u32_array(f"module {i} artifact indices")))
     r.done()
     return tuple(out)
+
+
+_MIN_LINKED_SIZE = _LINKED.size
+
+
+def _decode_linked(view: memoryview, span: tuple[int, int]) -> tuple[LinkedData, ...]:
+    r = _Reader(view, span, "LINKED_DATA")
+    out = []
+    for i in range(r.count("linked data count", _MIN_LINKED_SIZE)):
+        r._need(_LINKED.size, f"linked data {i} record")
+        artifact, chunk, offset, length = _LINKED.unpack_from(view, r.pos)
+        r.pos += _LINKED.size
+        if not (MIN_CHUNK_SIZE <= chunk <= MAX_CHUNK_SIZE and chunk & (chunk - 1) == 0):
+            _fail(f"LINKED_DATA section: linked data {i} has chunk size {chunk}; expected a "
+                  f"power of two in [{MIN_CHUNK_SIZE}, {MAX_CHUNK_SIZE}]")
+        digests = r.raw(chunk_count(length, chunk) * DIGEST_SIZE, f"linked data {i} digests")
+        out.append(LinkedData(int(artifact), int(offset), int(length), int(chunk), digests))
+    r.done()
+    return tuple(out)
+
+
+def _check_linked(artifacts: list[Artifact], linked: tuple[LinkedData, ...],
+                  total: int | None, fail: Callable[[str], NoReturn]) -> None:
+    """Each record names a distinct linked native stub of that size, after the blob."""
+    seen: set[int] = set()
+    spans = []
+    for i, d in enumerate(linked):
+        where = f"LINKED_DATA record {i}"
+        if not 0 <= d.artifact < len(artifacts):
+            fail(f"{where} refers to artifact {d.artifact}, but there are {len(artifacts)}")
+        a = artifacts[d.artifact]
+        if d.artifact in seen:
+            fail(f"{where}: artifact {d.artifact} is listed twice")
+        seen.add(d.artifact)
+        if a.loader != NATIVE or not is_linked(a) or a.content:
+            fail(f"{where}: artifact {d.artifact} ({a.codegen_id}/{a.file_name}) is not a "
+                 "linked native stub")
+        if a.metadata.get("size") != d.length:
+            fail(f"{where}: length {d.length} differs from the size "
+                 f"{a.metadata.get('size')!r} of artifact {a.codegen_id}/{a.file_name}")
+        if len(d.digests) != chunk_count(d.length, d.chunk_size) * DIGEST_SIZE:
+            fail(f"{where}: {d.length} bytes in chunks of {d.chunk_size} need "
+                 f"{chunk_count(d.length, d.chunk_size)} digests")
+        if total is not None and d.offset < total:
+            fail(f"{where}: offset {d.offset} lies inside the blob ({total} bytes); linked "
+                 "data follows the blob")
+        spans.append((d.offset, d.offset + d.length, i))
+    spans.sort()
+    for (s0, e0, i0), (s1, _e1, i1) in itertools.pairwise(spans):
+        if s1 < e0:
+            fail(f"LINKED_DATA records {i0} [{s0}, {e0}) and {i1} (from {s1}) overlap")
 
 
 def _decode_tree(view: memoryview,
@@ -539,12 +655,17 @@ def describe(contents: BlobContents) -> str:
         kids = contents.children(i)
         names = ", ".join(f"{items[a].codegen_id}/{items[a].file_name}" for a in m.artifacts)
         lines.append(f"  module {i} [{m.loader}] imports {list(kids)}: {names or '(no artifacts)'}")
+    for d in contents.linked:
+        a = items[d.artifact]
+        lines.append(f"  linked data {a.codegen_id}/{a.file_name}: {d.length} bytes at blob "
+                     f"offset {d.offset}, {len(d.digests) // DIGEST_SIZE} chunk SHA-256s")
     lines.append(f"  metadata: {canonical_json(contents.metadata)[:120]}")
     return "\n".join(lines)
 
 
 __all__ = [
     "CHECKSUM_SIZE", "FORMAT_VERSION", "HEADER_SIZE", "MAGIC", "MIN_SUPPORTED_VERSION",
-    "BlobContents", "ModuleNode", "SectionKind", "blob_length", "build_contents",
-    "describe", "is_linked", "pack", "unpack",
+    "BlobContents", "LinkedData", "ModuleNode", "SectionKind", "blob_length",
+    "build_contents", "describe", "is_linked", "pack", "packed_length", "place_linked",
+    "unpack",
 ]

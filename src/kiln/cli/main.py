@@ -95,6 +95,41 @@ def _cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _human(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    raise AssertionError("unreachable")
+
+
+def _cmd_cache(args: argparse.Namespace) -> int:
+    from kiln.driver import cache
+
+    if args.action == "list":
+        entries = cache.list_entries()
+        for e in entries:
+            used = time.strftime("%Y-%m-%d %H:%M", time.localtime(e.last_used))
+            print(f"{e.key[:16]}  {_human(e.size):>10}  last used {used}  "
+                  f"{', '.join(e.artifacts)}")
+        print(f"{len(entries)} entries, {_human(cache.usage())} on disk in {cache.cache_dir()}")
+    elif args.action == "info":
+        facts = cache.info()
+        cap = facts["max_bytes"]
+        print(f"directory: {facts['dir']}\nenabled:   {facts['enabled']}\n"
+              f"entries:   {facts['entries']}\nobjects:   {facts['objects']}\n"
+              f"size:      {_human(facts['bytes'])} of {_human(cap) if cap else 'no limit'} "
+              "($KILN_CACHE_MAX)")
+    else:
+        try:
+            freed = cache.clear()
+        except PermissionError as exc:
+            print(f"kiln cache: error: {exc}", file=sys.stderr)
+            return 2
+        print(f"removed {_human(freed)} from {cache.cache_dir()}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the `kiln` command and its subcommands."""
     p = argparse.ArgumentParser(prog="kiln", description=__doc__,
@@ -127,6 +162,10 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--function", default="main")
     r.add_argument("--input", action="append", default=[], help="NAME=path.npy (repeatable)")
     r.set_defaults(func=_cmd_run)
+
+    k = sub.add_parser("cache", help="list, describe or clear the compile cache")
+    k.add_argument("action", choices=("list", "info", "clear"))
+    k.set_defaults(func=_cmd_cache)
     return p
 
 

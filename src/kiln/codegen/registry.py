@@ -34,6 +34,7 @@ from kiln.ir.module import IRModule
 
 if TYPE_CHECKING:
     from kiln.artifact import AnyArtifact, ArtifactSet
+    from kiln.codegen.constants import ConstantPool
     from kiln.ir.graph import Function
     from kiln.target import Target
 
@@ -97,10 +98,13 @@ def codegen_for(target: Target) -> tuple[str, CodegenFn]:
         f"codegen or be a function, got {type(attr).__name__} {attr!r}")
 
 
-def build(mod: IRModule, target: Target, *, prefix: str = DEFAULT_PREFIX) -> ArtifactSet:
+def build(mod: IRModule, target: Target, *, prefix: str = DEFAULT_PREFIX,
+          pool: ConstantPool | None = None) -> ArtifactSet:
     """Run the target's codegen over a lowered module; the artifacts as an ArtifactSet.
 
-    The module's weights are gathered into a `ConstantPool` handed to the codegen.
+    The module's weights are gathered into a `ConstantPool` handed to the codegen
+    (`pool`, if given, must be `ConstantPool.from_module(mod)`: the driver builds it
+    once and reuses its hashes).
     """
     from kiln.artifact import Artifact as PlainArtifact
     from kiln.artifact import ArtifactSet, InMemoryArtifact
@@ -108,7 +112,7 @@ def build(mod: IRModule, target: Target, *, prefix: str = DEFAULT_PREFIX) -> Art
 
     check_prefix(prefix)
     name, fn = codegen_for(target)
-    pool = ConstantPool.from_module(mod)
+    pool = pool if pool is not None else ConstantPool.from_module(mod)
     try:
         result = fn(mod, target, prefix=prefix, pool=pool)
     except (CompileError, IRError, TargetError, ExportError):

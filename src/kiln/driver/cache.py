@@ -1,12 +1,31 @@
 """The on-disk compile cache: codegen output keyed by what determines it.
 
-Key: SHA-256 over the lowered module's structural fingerprint, the target's
-fingerprint, the kiln version and a hash of kiln's own sources, the llvmlite
-version, the symbol prefix and the codegen's identity.
-Value: the ArtifactSet as a `.tar` archive (`kiln.artifact.archive`), written
-atomically (temporary file + rename) so concurrent builds never see half a
-file. In-memory artifacts are never cached. A damaged entry is deleted and
-counts as a miss.
+Key: SHA-256 over the lowered module's structural fingerprint (whose weights
+part is the constant pool's chunked digest, computed once per compile), the
+target's fingerprint, the kiln version and a hash of kiln's own sources, the
+llvmlite version, the symbol prefix and the codegen's identity.
+
+Layout under the cache directory (docs/compile.md):
+
+    v2/entries/<key>.json      one per build: artifact names, metadata, object names,
+                               the library metadata and a SHA-256 of the entry itself
+    v2/objects/<aa>/<name>     artifact contents, content-addressed: stored once, shared
+                               by every entry (recompiles of one model store no new weights)
+
+An object's name is the SHA-256 of its bytes, or for data carrying chunk hashes
+(the weights) the digest of those hashes (`kiln.artifact.integrity.tree_digest`),
+so storing hashes nothing twice. Every read checks the file's owner and
+permissions (refused unless owned by this user and not writable by group or
+others, like the cache directory itself) and its hash, before anything is used.
+Files are written to a temporary name and renamed; there is no fsync: a file
+damaged by a crash fails its hash and counts as a miss. In-memory artifacts are
+never cached.
+
+Size: at most `$KILN_CACHE_MAX` bytes (default 2G; "500M", "2G", "1.5G", plain
+bytes; "0" = no limit). When a store goes over it, the least recently used
+entries (an entry's mtime is touched on every hit) are evicted, then the objects
+no entry uses. `list_entries()`, `info()` and `clear()` (also `kiln cache
+list|info|clear`) manage it.
 
 Location: `$KILN_CACHE_DIR`, else `~/.cache/kiln`. Disable with
 `KILN_CACHE=0` or `PassContext(config={"kiln.cache": False})`.
@@ -20,6 +39,13 @@ import hashlib
 import importlib.metadata
 import json
 import os
+import re
+import shutil
+import stat
+import tempfile
+import time
+import warnings
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -27,9 +53,19 @@ from typing import TYPE_CHECKING, Any
 from kiln.errors import FormatError
 
 if TYPE_CHECKING:
-    from kiln.artifact import ArtifactSet
+    from kiln.artifact import Artifact, ArtifactSet
 
-CACHE_FORMAT = 1
+CACHE_FORMAT = 2
+LAYOUT = "v2"
+ENTRY_FORMAT = "kiln.cache-entry"
+DEFAULT_MAX_BYTES = 2 << 30
+# Objects this young are never collected: another process may be storing an
+# entry that uses them.
+_GRACE_SECONDS = 60.0
+
+
+class CacheWarning(UserWarning):
+    """The cache directory or an entry is not safe to use (wrong owner or permissions)."""
 _OFF = ("0", "off", "false", "no")
 
 
@@ -99,27 +135,218 @@ def _version(dist: str) -> str | None:
         return None
 
 
+# ------------------------------------------------------------------ size cap
+
+_SIZE_RE = re.compile(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([kmgt]?)(?:i?b)?\s*", re.IGNORECASE)
+
+
+def parse_size(text: str) -> int:
+    """Bytes from "500M", "2G", "1.5g", "300KiB", "123" (powers of 1024); ValueError otherwise."""
+    m = _SIZE_RE.fullmatch(text)
+    if m is None:
+        raise ValueError(f"cannot read {text!r} as a size: use bytes or a number with K, M, G "
+                         "or T (powers of 1024), e.g. 500M or 2G")
+    scale = 1024 ** ("kmgt".find(m.group(2).lower()) + 1) if m.group(2) else 1
+    return int(float(m.group(1)) * scale)
+
+
+def max_bytes() -> int | None:
+    """The size cap: $KILN_CACHE_MAX (None when "0"), else DEFAULT_MAX_BYTES."""
+    env = os.environ.get("KILN_CACHE_MAX", "").strip()
+    if not env:
+        return DEFAULT_MAX_BYTES
+    try:
+        value = parse_size(env)
+    except ValueError as exc:
+        warnings.warn(f"KILN_CACHE_MAX: {exc}; using the default {DEFAULT_MAX_BYTES} bytes",
+                      CacheWarning, stacklevel=2)
+        return DEFAULT_MAX_BYTES
+    return value or None
+
+
+# ------------------------------------------------------------------ paths and safety
+
+def _root() -> Path:
+    return cache_dir() / LAYOUT
+
+
 def entry_path(key: str) -> Path:
-    """Where the archive of cache entry `key` lives."""
-    return cache_dir() / "artifacts" / key[:2] / f"{key}.tar"
+    """Where the index of cache entry `key` lives."""
+    return _root() / "entries" / f"{key}.json"
+
+
+def object_path(name: str) -> Path:
+    """Where the content-addressed object `name` lives."""
+    return _root() / "objects" / name[:2] / name
+
+
+def _unsafe(st: os.stat_result, what: str) -> str | None:
+    """Why a file or directory with this lstat may not be trusted, or None."""
+    if stat.S_ISLNK(st.st_mode):
+        return f"{what} is a symbolic link"
+    if hasattr(os, "getuid") and st.st_uid != os.getuid():
+        return f"{what} is owned by uid {st.st_uid}, not by you (uid {os.getuid()})"
+    if st.st_mode & 0o022:
+        return f"{what} is writable by group or others (mode {stat.S_IMODE(st.st_mode):o})"
+    return None
+
+
+class _Unsafe(FormatError):
+    """A cache file we may not trust (another owner, writable by others): left alone."""
+
+
+_WARNED: set[str] = set()
+
+
+def _warn(message: str) -> None:
+    if message not in _WARNED:
+        _WARNED.add(message)
+        warnings.warn(f"kiln compile cache: {message}; not using it (compiling instead)",
+                      CacheWarning, stacklevel=3)
+
+
+def _safe_dirs(create: bool) -> bool:
+    """The cache directories exist (made 0700 with `create`) and are safe to use."""
+    root = cache_dir()
+    for path in (root, root / LAYOUT, root / LAYOUT / "entries", root / LAYOUT / "objects"):
+        try:
+            st = os.lstat(path)
+        except FileNotFoundError:
+            if not create:
+                return False
+            # OSError (read-only home, a file in the way) goes to the caller.
+            path.mkdir(mode=0o700, parents=path == root)
+            st = os.lstat(path)
+        if not stat.S_ISDIR(st.st_mode) and not stat.S_ISLNK(st.st_mode):
+            if create:
+                raise NotADirectoryError(f"{path} is not a directory")
+            return False
+        problem = _unsafe(st, f"directory {path}")
+        if problem:
+            _warn(problem)
+            return False
+    return True
+
+
+def _read_checked(path: Path) -> bytes:
+    """The bytes of `path` if it is a regular file we may trust; OSError/FormatError otherwise."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise FormatError(f"{path} is not a regular file")
+        problem = _unsafe(st, f"file {path}")
+        if problem:
+            _warn(problem)
+            raise _Unsafe(problem)
+        with os.fdopen(fd, "rb", closefd=False) as f:
+            return f.read()
+    finally:
+        os.close(fd)
+
+
+def _write_atomic(path: Path, parts: list[Any]) -> None:
+    """Write `parts` to a temporary file next to `path` (mode 0600) and rename it there.
+
+    No fsync: every read checks the hash, so a torn file is only a miss.
+    """
+    path.parent.mkdir(mode=0o700, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            for part in parts:
+                f.write(part)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+
+
+# ------------------------------------------------------------------ objects
+
+def _object_name(a: Artifact) -> tuple[str, tuple[int, bytes] | None]:
+    """(content address, (chunk size, chunk digests) when the artifact carries them)."""
+    from kiln.artifact.integrity import DIGEST_SIZE, chunk_count, tree_digest
+
+    size, hexed = a.metadata.get("chunk_size"), a.metadata.get("chunk_sha256")
+    if isinstance(size, int) and isinstance(hexed, str):
+        with contextlib.suppress(ValueError):
+            digests = bytes.fromhex(hexed)
+            if size > 0 and len(digests) == chunk_count(a.size, size) * DIGEST_SIZE:
+                return "c" + tree_digest(digests, a.size, size), (size, digests)
+    return hashlib.sha256(a.content).hexdigest(), None
+
+
+def _check_object(name: str, data: bytes, chunks: tuple[int, bytes] | None) -> None:
+    from kiln.artifact.integrity import verify
+
+    if chunks is not None:
+        verify(data, chunks[1], chunks[0], f"cache object {name}")
+    elif hashlib.sha256(data).hexdigest() != name:
+        raise FormatError(f"cache object {name}: SHA-256 mismatch (the file is damaged)")
+
+
+# ------------------------------------------------------------------ entries
+
+def _entry_checksum(entry: Mapping[str, Any]) -> str:
+    body = {k: v for k, v in entry.items() if k != "checksum"}
+    return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
+
+
+def _parse_entry(raw: bytes, key: str) -> dict[str, Any]:
+    try:
+        entry = json.loads(raw)
+    except ValueError as exc:
+        raise FormatError(f"cache entry {key}: not JSON ({exc})") from None
+    if (not isinstance(entry, dict) or entry.get("format") != ENTRY_FORMAT
+            or entry.get("version") != CACHE_FORMAT
+            or not isinstance(entry.get("artifacts"), list)):
+        raise FormatError(f"cache entry {key}: not a version-{CACHE_FORMAT} kiln cache entry")
+    if entry.get("checksum") != _entry_checksum(entry):
+        raise FormatError(f"cache entry {key}: checksum mismatch (the entry is damaged)")
+    return entry
 
 
 def lookup(key: str) -> ArtifactSet | None:
-    """The cached ArtifactSet for `key`, or None (a damaged entry is removed)."""
-    from kiln.artifact.archive import read_tar
+    """The cached ArtifactSet for `key`, or None.
+
+    A damaged entry or object is deleted and counts as a miss (and an error);
+    an unsafe one (wrong owner or permissions) is left alone, warned about and
+    not used.
+    """
+    from kiln.artifact import Artifact, ArtifactSet
 
     path = entry_path(key)
-    if not path.is_file():
+    if not _safe_dirs(create=False) or not path.is_file():
         STATS.misses += 1
         return None
     try:
-        artifacts, _meta = read_tar(path)
-    except (FormatError, OSError):
+        entry = _parse_entry(_read_checked(path), key)
+        artifacts = ArtifactSet()
+        for item in entry["artifacts"]:
+            name = str(item["object"])
+            data = _read_checked(object_path(name))
+            chunks = None
+            if item.get("chunk_size") is not None:
+                chunks = (int(item["chunk_size"]), bytes.fromhex(item["metadata"]["chunk_sha256"]))
+            try:
+                _check_object(name, data, chunks)
+            except FormatError:
+                with contextlib.suppress(OSError):  # damaged: the next store rewrites it
+                    object_path(name).unlink()
+                raise
+            artifacts.add(Artifact(item["codegen_id"], item["loader"], item["file_name"], data,
+                                   item["metadata"]))
+    except (FormatError, OSError, KeyError, TypeError, ValueError) as exc:
         STATS.errors += 1
         STATS.misses += 1
-        with contextlib.suppress(OSError):
-            path.unlink()
+        if not isinstance(exc, _Unsafe):  # damaged: rebuild it; unsafe: not ours to touch
+            with contextlib.suppress(OSError):
+                path.unlink()
         return None
+    with contextlib.suppress(OSError):
+        os.utime(path)  # most recently used
     STATS.hits += 1
     return artifacts
 
@@ -127,18 +354,174 @@ def lookup(key: str) -> ArtifactSet | None:
 def store(key: str, artifacts: ArtifactSet, metadata: dict[str, Any]) -> bool:
     """Save `artifacts` under `key`; False (and nothing written) if any is in-memory.
 
-    A cache that cannot be written (read-only home, full disk) never fails a build.
+    Objects already present are not written again. A cache that cannot be
+    written (read-only home, full disk, unsafe directory) never fails a build.
     """
-    from kiln.artifact.archive import write_tar
+    from kiln.artifact._json import thaw
+    from kiln.artifact.artifact import require_serializable
 
     if not artifacts.serializable:
         return False
-    path = entry_path(key)
+    arts = [require_serializable(a) for a in artifacts]
+    cap = max_bytes()
+    if cap is not None and sum(a.size for a in arts) > cap:
+        return False  # would evict everything, then itself
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        write_tar(path, artifacts, metadata)  # temp file + os.replace
-    except OSError:
+        if not _safe_dirs(create=True):
+            return False
+        items = []
+        for a in arts:
+            name, chunks = _object_name(a)
+            target = object_path(name)
+            if not target.is_file() or target.stat().st_size != a.size:
+                _write_atomic(target, [a.content])
+            else:
+                os.utime(target)  # keeps it out of the grace-period collection race
+            items.append({"codegen_id": a.codegen_id, "loader": a.loader,
+                          "file_name": a.file_name, "metadata": thaw(a.metadata),
+                          "size": a.size, "object": name,
+                          "chunk_size": chunks[0] if chunks else None})
+        from kiln import __version__
+
+        entry: dict[str, Any] = {"format": ENTRY_FORMAT, "version": CACHE_FORMAT,
+                                 "kiln_version": __version__, "created": time.time(),
+                                 "artifacts": items, "metadata": metadata}
+        entry["checksum"] = _entry_checksum(entry)
+        _write_atomic(entry_path(key), [json.dumps(entry, sort_keys=True).encode()])
+    except (OSError, TypeError, ValueError):
         STATS.errors += 1
         return False
     STATS.stores += 1
+    if cap is not None:
+        evict(cap)
     return True
+
+
+# ------------------------------------------------------------------ management
+
+@dataclass(frozen=True)
+class CacheEntry:
+    """One cache entry as `list_entries` reports it."""
+
+    key: str
+    size: int             # the entry plus the objects it uses (shared ones counted fully)
+    last_used: float      # seconds since the epoch (the entry's mtime)
+    created: float
+    artifacts: tuple[str, ...]   # "codegen_id/file_name"
+    kiln_version: str
+
+
+def _entries() -> list[tuple[Path, os.stat_result]]:
+    folder = _root() / "entries"
+    out = []
+    with contextlib.suppress(FileNotFoundError):
+        for p in folder.iterdir():
+            if p.suffix == ".json" and not p.name.startswith("."):
+                with contextlib.suppress(FileNotFoundError):
+                    out.append((p, p.stat()))
+    return out
+
+
+def _objects() -> dict[str, Path]:
+    out = {}
+    with contextlib.suppress(FileNotFoundError):
+        for sub in (_root() / "objects").iterdir():
+            if sub.is_dir():
+                for p in sub.iterdir():
+                    if not p.name.startswith("."):
+                        out[p.name] = p
+    return out
+
+
+def _entry_objects(path: Path) -> list[str]:
+    try:
+        entry = json.loads(path.read_bytes())
+        return [str(item["object"]) for item in entry["artifacts"]]
+    except (OSError, ValueError, KeyError, TypeError):
+        return []
+
+
+def list_entries() -> list[CacheEntry]:
+    """Every entry of the cache, most recently used first."""
+    objects = _objects()
+    out = []
+    for path, st in _entries():
+        try:
+            entry = json.loads(path.read_bytes())
+            items = entry["artifacts"]
+            size = st.st_size + sum(objects[str(i["object"])].stat().st_size
+                                    for i in items if str(i["object"]) in objects)
+            out.append(CacheEntry(path.stem, size, st.st_mtime, float(entry.get("created", 0)),
+                                  tuple(f"{i['codegen_id']}/{i['file_name']}" for i in items),
+                                  str(entry.get("kiln_version", "?"))))
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+    return sorted(out, key=lambda e: e.last_used, reverse=True)
+
+
+def usage() -> int:
+    """Bytes the cache holds on disk (entries and objects)."""
+    total = sum(st.st_size for _p, st in _entries())
+    for p in _objects().values():
+        with contextlib.suppress(FileNotFoundError):
+            total += p.stat().st_size
+    return total
+
+
+def info() -> dict[str, Any]:
+    """The cache's directory, size cap, entry and object counts and bytes used."""
+    return {"dir": str(cache_dir()), "max_bytes": max_bytes(), "entries": len(_entries()),
+            "objects": len(_objects()), "bytes": usage(), "enabled": cache_enabled()}
+
+
+def evict(limit: int) -> int:
+    """Evict least recently used entries until the cache holds at most `limit` bytes.
+
+    Then removes objects no entry uses (except very recent ones, which a
+    concurrent store may be about to use). Returns the bytes freed.
+    """
+    before = usage()
+    entries = sorted(_entries(), key=lambda e: e[1].st_mtime)
+    total = before
+    objects = _objects()
+    sizes = {n: p.stat().st_size for n, p in objects.items() if p.exists()}
+    users: dict[str, int] = {}
+    for path, _st in entries:
+        for name in _entry_objects(path):
+            users[name] = users.get(name, 0) + 1
+    evicted: set[str] = set()
+    for path, st in entries:
+        if total <= limit:
+            break
+        names = _entry_objects(path)
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+        total -= st.st_size
+        for name in names:
+            users[name] -= 1
+            if users[name] == 0:
+                total -= sizes.get(name, 0)
+                evicted.add(name)
+    now = time.time()
+    for name, p in objects.items():
+        if users.get(name, 0) == 0:
+            with contextlib.suppress(FileNotFoundError):
+                # An object no entry ever used may belong to a store still under way.
+                if name in evicted or now - p.stat().st_mtime > _GRACE_SECONDS:
+                    p.unlink()
+    return before - usage()
+
+
+def clear() -> int:
+    """Remove every entry and object (and entries of older cache layouts); bytes freed."""
+    root = cache_dir()
+    freed = usage()
+    with contextlib.suppress(FileNotFoundError):
+        st = os.lstat(root)
+        problem = _unsafe(st, f"directory {root}")
+        if problem:
+            raise PermissionError(f"kiln compile cache: {problem}; refusing to clear it")
+    for sub in (root / LAYOUT, root / "artifacts"):  # "artifacts": the version-1 layout
+        if sub.is_dir() and not sub.is_symlink():
+            shutil.rmtree(sub, ignore_errors=True)
+    return freed

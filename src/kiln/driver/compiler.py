@@ -7,8 +7,13 @@
    graph functions to PrimFuncs with a planned workspace) and the tensor
    pipeline (default: simplify), inside the target's scope;
 4. verify the lowered IR;
-5. codegen through the registry (`kiln.codegen.build`), or take the artifacts
+5. gather the weights into one ConstantPool (one copy, hashed once in chunks;
+   the digest feeds the cache key, the cache and the library's weight check);
+6. codegen through the registry (`kiln.codegen.build`), or take the artifacts
    from the on-disk compile cache.
+
+Every step after the pipelines is timed through `kiln.transform.instruments.
+timed_step`, so a `TimingInstrument` in the PassContext reports it.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from kiln.ir.module import IRModule
 from kiln.ir.tensor import PrimFunc
 from kiln.target import Target
 from kiln.transform.context import PassContext
+from kiln.transform.instruments import timed_step
 from kiln.transform.pipeline import PipelineSpec, get_pipeline
 
 
@@ -71,20 +77,29 @@ def compile(
         mod = tensor(mod)
     _verify(mod, "the module after the graph and tensor pipelines")
 
+    from kiln.codegen.constants import ConstantPool
+
     metadata = executable_metadata(mod, prefix)
     codegen_name, codegen_fn = codegen.codegen_for(tgt)
     key = None
     artifacts = None
+    with timed_step("constants"):
+        pool = ConstantPool.from_module(mod)
     if cache.cache_enabled(PassContext.current().config):
-        key = cache.cache_key(ir_fingerprint=module_fingerprint(mod),
-                              target_fingerprint=tgt.fingerprint(), prefix=prefix,
-                              codegen=f"{codegen_name}:{_qualname(codegen_fn)}")
-        artifacts = cache.lookup(key)
+        with timed_step("fingerprint"):
+            key = cache.cache_key(ir_fingerprint=module_fingerprint(mod, pool),
+                                  target_fingerprint=tgt.fingerprint(), prefix=prefix,
+                                  codegen=f"{codegen_name}:{_qualname(codegen_fn)}")
+        with timed_step("cache.lookup"):
+            artifacts = cache.lookup(key)
     hit = artifacts is not None
     if artifacts is None:
-        artifacts = codegen.build(mod, tgt, prefix=prefix)
+        with timed_step("codegen"):
+            artifacts = codegen.build(mod, tgt, prefix=prefix, pool=pool)
         if key is not None:
-            cache.store(key, artifacts, metadata)
+            with timed_step("cache.store"):
+                cache.store(key, artifacts, metadata)
+    del pool  # the artifacts hold the one copy of the weights now
     return Executable(artifacts, mod, metadata, tgt, prefix, cache_hit=hit, cache_key=key)
 
 

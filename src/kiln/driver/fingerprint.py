@@ -9,6 +9,10 @@ recursion limit).
 
 The hash is computed from the IR itself rather than from printed kiln.script
 text: it covers the constants' bytes exactly and depends on no printer.
+
+Given the module's `ConstantPool`, constants in the pool are named by their
+offset and the pool's chunked digest (computed once, and reused for the cache
+and the library's weight check) instead of being hashed a second time.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -24,16 +28,24 @@ from kiln.ir import graph as g
 from kiln.ir import tensor as t
 from kiln.ir.module import IRModule
 
+if TYPE_CHECKING:
+    from kiln.codegen.constants import ConstantPool
+
 # Objects compared by identity in the IR: numbered on first sight.
 _IDENTITY_TYPES = (t.Var, t.Buffer, g.Var)
 
-FINGERPRINT_VERSION = 1
+FINGERPRINT_VERSION = 2
 
 
-def module_fingerprint(mod: IRModule) -> str:
-    """Hex SHA-256 over the module's structure (see the module docstring)."""
+def module_fingerprint(mod: IRModule, pool: ConstantPool | None = None) -> str:
+    """Hex SHA-256 over the module's structure (see the module docstring).
+
+    `pool`, if given, must be `ConstantPool.from_module(mod)`.
+    """
     h = hashlib.sha256()
     h.update(f"kiln.ir.fingerprint/{FINGERPRINT_VERSION}\n".encode())
+    if pool is not None:
+        h.update(f"pool:{pool.fingerprint()}\n".encode())
     ids: dict[int, int] = {}
     keep: list[object] = []  # keeps id() values unique during the walk
     stack: list[Any] = [("module-attrs", _sorted_items(mod.attrs))]
@@ -46,7 +58,10 @@ def module_fingerprint(mod: IRModule) -> str:
             h.update(item.text.encode("utf-8", "surrogatepass"))
             continue
         children: list[Any] = []
-        h.update(_emit(item, ids, keep, children).encode("utf-8", "surrogatepass"))
+        offset = pool.find(item) if pool is not None and isinstance(item, np.ndarray) else None
+        text = (f"pooled:{offset}:{item.dtype.str}:{item.shape};" if offset is not None
+                else _emit(item, ids, keep, children))
+        h.update(text.encode("utf-8", "surrogatepass"))
         stack.extend(reversed(children))
     return h.hexdigest()
 
@@ -70,7 +85,8 @@ def _emit(obj: Any, ids: dict[int, int], keep: list[object], children: list[Any]
         return f"np.{obj.dtype}:{obj.item()!r};"
     if isinstance(obj, np.ndarray):
         data = np.ascontiguousarray(obj)
-        digest = hashlib.sha256(data.tobytes()).hexdigest()
+        # hashlib reads the array's memory: no .tobytes() copy.
+        digest = hashlib.sha256(data.reshape(-1).view(np.uint8).data).hexdigest()
         return f"array:{data.dtype.str}:{data.shape}:{digest};"
     if isinstance(obj, _IDENTITY_TYPES):
         key = id(obj)

@@ -1,10 +1,14 @@
 """export_library: an ArtifactSet as one deployable file (.so, .tar or .a).
 
-- `.so`: the "native" artifacts are compiled/assembled (kiln.runtime.native), one
-  more object holding the blob (`{prefix}_blob`: the whole ArtifactSet minus the
-  bytes already linked in, plus the import tree) is added, and everything is
-  linked with `cc -shared`. Only the ABI symbols (docs/abi.md) are exported.
-  Without native artifacts the `.so` holds just the blob, for the loaders.
+- `.so`: the "native" code artifacts are compiled (kiln.runtime.native); one
+  more object holds the blob (`{prefix}_blob`: the whole ArtifactSet minus the
+  bytes already linked in, plus the import tree) and, right after it in the
+  same read-only section, the native data artifacts (`.bin`: the weights, as
+  `{prefix}_consts`). The blob's LINKED_DATA section records where each lies
+  and the SHA-256 of each 4 MiB chunk, so `load_module` can check the weights
+  (docs/format.md). Everything is linked with `cc -shared`; only the ABI
+  symbols (docs/abi.md) are exported. Without native artifacts the `.so`
+  holds just the blob, for the loaders.
 - `.tar`: the artifact archive (kiln.artifact.archive), readable with `tar xf`.
 - `.a`: the same objects as the `.so`, combined into one relocatable object
   whose only global symbols are the ABI symbols, archived with `ar`; next to
@@ -22,16 +26,25 @@ import os
 import re
 import shlex
 import shutil
+import sys
 import tempfile
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from kiln.artifact.archive import write_tar
-from kiln.artifact.artifact import NATIVE, AnyArtifact, ArtifactSet, require_serializable
-from kiln.artifact.blob import build_contents, pack
-from kiln.errors import ExportError
+from kiln.artifact.artifact import (
+    NATIVE,
+    AnyArtifact,
+    Artifact,
+    ArtifactSet,
+    require_serializable,
+)
+from kiln.artifact.blob import build_contents, pack, place_linked
+from kiln.artifact.integrity import CHUNK_SIZE, DIGEST_SIZE, chunk_count, chunk_digests
+from kiln.errors import CompileError, ExportError
 from kiln.escape import c_comment, is_c_identifier
+from kiln.export.data_object import DataSymbol, machine_of, write_data_object
 from kiln.runtime import native
 
 SUFFIXES = {".so": "shared library", ".tar": "artifact archive",
@@ -78,19 +91,19 @@ def export_library(
             f"cannot export {path.name!r}: there is no native code to link into a static "
             f"library (artifact loaders: {', '.join(loaders)}); export a .so or .tar, whose "
             "blob carries these artifacts to their loaders")
-    with _workspace(workspace_dir) as work:
-        objects = native.compile_native(native_arts, work / "native", prefix=prefix, cc=cc,
-                                        options=options)
-        blob_file = work / "blob.bin"
-        blob_file.write_bytes(pack(build_contents(arts, metadata)))
-        objects.append(native.data_object(blob_file, f"{prefix}_blob", work / "blob.o",
-                                          align=BLOB_ALIGN, exported=True, cc=cc))
+    with _workspace(workspace_dir) as work, _step("export"):
+        code = [a for a in native_arts if a.extension != ".bin"]
+        with _step("export.compile"):
+            objects = native.compile_native(code, work / "native", prefix=prefix, cc=cc,
+                                            options=options)
+        with _step("export.data"):
+            objects.append(blob_object(arts, metadata, prefix, work, cc=cc, like=objects))
         # Without native code the library only carries the blob (for the loaders).
         exports = (abi_symbols(metadata, prefix) + native.native_exports(native_arts)
                    if native_arts else [f"{prefix}_blob"])
         _check_symbols(exports)
         if suffix == ".so":
-            with _atomic(path, 0o755) as tmp:
+            with _atomic(path, 0o755) as tmp, _step("export.link"):
                 if fcompile is not None:
                     fcompile(tmp, objects, list(options or ()))
                 else:
@@ -105,6 +118,104 @@ def export_library(
                 tmp_h.write_text(static_header(metadata, prefix, header.name, path.name,
                                                native.native_libs(native_arts)))
     return path
+
+
+def _step(name: str) -> contextlib.AbstractContextManager[None]:
+    """Report `name` to the PassContext's instruments, if the compiler is loaded.
+
+    The runtime exports through here too (jit, `.tar` loading) and must not
+    import the compiler: without kiln.transform no PassContext can be active.
+    """
+    instruments = sys.modules.get("kiln.transform.instruments")
+    if instruments is None:
+        return contextlib.nullcontext()
+    step: contextlib.AbstractContextManager[None] = instruments.timed_step(name)
+    return step
+
+
+def _digests(a: Artifact) -> tuple[int, bytes]:
+    """(chunk size, chunk SHA-256s) of a data artifact: from its metadata, else computed."""
+    meta = a.metadata
+    size, hexed = meta.get("chunk_size"), meta.get("chunk_sha256")
+    if isinstance(size, int) and isinstance(hexed, str):
+        with contextlib.suppress(ValueError):
+            digests = bytes.fromhex(hexed)
+            if len(digests) == chunk_count(a.size, size) * DIGEST_SIZE:
+                return size, digests
+    return CHUNK_SIZE, chunk_digests(a.content)
+
+
+def _asm_path(path: Path) -> str:
+    text = str(path.resolve())
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def blob_object(arts: ArtifactSet, metadata: Mapping[str, Any], prefix: str, work: Path, *,
+                cc: Any = None, like: Sequence[Path] = ()) -> Path:
+    """One object: `{prefix}_blob`, then the native data artifacts, in one section.
+
+    The data (`.bin`, e.g. the weights) follows the blob at the offsets its
+    LINKED_DATA section records; the blob symbol's size spans both, so the
+    runtime reads the data within the symbol it found. When `like` holds a
+    64-bit little-endian ELF object of the same library, the object is written
+    directly (kiln.export.data_object: the weights hit the disk once);
+    otherwise the assembler builds it with `.incbin`.
+    """
+    contents = build_contents(arts, metadata)
+    data: list[tuple[int, Artifact]] = []
+    align = BLOB_ALIGN
+    for i, a in enumerate(arts):
+        art = require_serializable(a)
+        if art.loader != NATIVE or art.extension != ".bin":
+            continue
+        symbol = art.metadata.get("symbol")
+        if not isinstance(symbol, str) or not symbol.replace("_", "a").isidentifier():
+            raise CompileError(f"{art.codegen_id}/{art.file_name}: a native .bin artifact "
+                               "needs metadata['symbol'], a C identifier")
+        a_align = int(art.metadata.get("align", native.DEFAULT_ALIGN))
+        if a_align < 1 or a_align & (a_align - 1):
+            raise CompileError(f"{art.codegen_id}/{art.file_name}: alignment {a_align} "
+                               "is not a power of two")
+        align = max(align, a_align)
+        data.append((i, art))
+    contents, end = place_linked(
+        contents, [(i, a.size, *_digests(a)) for i, a in data], align)
+    packed = pack(contents)
+    name = f"{prefix}_blob"
+    end = max(end, len(packed))
+    machine = next((m for o in like if (m := machine_of(o)) is not None), None)
+    if machine is not None:
+        obj = work / "blob.o"
+        symbols = [DataSymbol(name, 0, end, hidden=False)]
+        pieces: list[tuple[int, bytes | memoryview]] = [(0, packed)]
+        for record, (_i, art) in zip(contents.linked, data):
+            symbols.append(DataSymbol(str(art.metadata["symbol"]), record.offset, record.length,
+                                      hidden=not art.metadata.get("exported")))
+            pieces.append((record.offset, art.content))
+        write_data_object(obj, machine, f".rodata.{name}", align, pieces, symbols, end)
+        return obj
+    blob_file = work / "blob.bin"
+    blob_file.write_bytes(packed)
+    lines = [f'\t.section .rodata.{name},"a",%progbits', f"\t.balign {align}",
+             f"\t.globl {name}", f"\t.type {name},%object", f"{name}:",
+             f"\t.incbin {_asm_path(blob_file)}"]
+    pos = blob_file.stat().st_size
+    for record, (i, art) in zip(contents.linked, data):
+        data_file = work / f"data{i}.bin"
+        data_file.write_bytes(art.content)
+        symbol = str(art.metadata["symbol"])
+        lines += [f"\t.skip {record.offset - pos}", f"\t.globl {symbol}",
+                  *([] if art.metadata.get("exported") else [f"\t.hidden {symbol}"]),
+                  f"\t.type {symbol},%object", f"{symbol}:",
+                  f"\t.incbin {_asm_path(data_file)}", f"\t.size {symbol}, {record.length}"]
+        pos = record.offset + record.length
+    lines += [f"\t.size {name}, {end}", '\t.section .note.GNU-stack,"",%progbits', ""]
+    stub = work / "blob.s"
+    stub.write_text("\n".join(lines))
+    obj = work / "blob.o"
+    native.run([*native.cc_command(cc), "-c", "-o", str(obj), str(stub)],
+               f"assembling {name} and the linked data")
+    return obj
 
 
 # Make the link fail (instead of the later dlopen) when a listed ABI symbol is

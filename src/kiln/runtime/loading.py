@@ -35,15 +35,20 @@ from kiln.errors import FormatError
 from kiln.runtime.dynsym import find_blob_symbol
 from kiln.runtime.loaders import LoadContext, run_loader
 from kiln.runtime.module import HostModule, LibraryModule, Module
+from kiln.runtime.weights import check_weights
 
 LIBRARY_SUFFIXES = (".so", ".tar")
 
 
-def load_module(path: str | os.PathLike[str], *, prefix: str | None = None) -> Module:
+def load_module(path: str | os.PathLike[str], *, prefix: str | None = None,
+                verify_weights: bool | str | None = None) -> Module:
     """Load a library written by `export_library`: a `.so` or a `.tar`.
 
     `prefix` picks the library when one `.so` holds several kiln libraries.
-    A damaged file or an unknown suffix raises FormatError.
+    A damaged file or an unknown suffix raises FormatError. `verify_weights`
+    says when a `.so`'s weights are checked against the hashes in its blob:
+    "lazy" (before the first call; the default), True (now) or False (never,
+    for trusted files); see kiln.runtime.weights.
     """
     p = Path(path)
     suffix = p.suffix.lower()
@@ -60,7 +65,7 @@ def load_module(path: str | os.PathLike[str], *, prefix: str | None = None) -> M
         if not isinstance(tar_prefix, str):
             raise FormatError(f"{p}: the archive's library metadata has no 'prefix'")
         return load_artifacts(artifacts, metadata=metadata, prefix=tar_prefix)
-    return load_shared_library(p, prefix=prefix)
+    return load_shared_library(p, prefix=prefix, verify_weights=verify_weights)
 
 
 def load_artifacts(
@@ -93,9 +98,10 @@ def load_artifacts(
                            fcompile=fcompile)
             if workspace_dir is None:
                 shutil.rmtree(build_dir, ignore_errors=True)
+            # Just linked from artifacts in memory: nothing to check the weights against.
             root: Module = load_shared_library(
                 so_path, prefix=prefix,
-                cleanup_dir=load_dir if workspace_dir is None else None)
+                cleanup_dir=load_dir if workspace_dir is None else None, verify_weights=False)
         except BaseException:
             if workspace_dir is None:
                 shutil.rmtree(load_dir, ignore_errors=True)
@@ -128,7 +134,8 @@ def _path_or_none(path: str | os.PathLike[str] | None) -> Path | None:
 
 
 def load_shared_library(path: Path, *, prefix: str | None = None,
-                        cleanup_dir: str | None = None) -> LibraryModule:
+                        cleanup_dir: str | None = None,
+                        verify_weights: bool | str | None = None) -> LibraryModule:
     """dlopen a kiln `.so`, unpack its blob, run its loader groups, build the tree.
 
     The prefix is the name of the library's one `{prefix}_blob` data symbol
@@ -144,6 +151,8 @@ def load_shared_library(path: Path, *, prefix: str | None = None,
             raise FormatError(f"{path}: blob symbol {symbol} belongs to prefix '{lib_prefix}' "
                               f"but the blob's metadata says '{blob_prefix}'")
         _build_tree(root, contents)
+        address = ctypes.addressof(ctypes.c_uint8.in_dll(root.cdll, symbol))
+        check_weights(root, address, found.size, contents, verify_weights)
     except BaseException:
         root.close()
         raise

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import re
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,6 +33,40 @@ class PassInstrument:
     def run_after_pass(self, mod: IRModule, p: Pass) -> None:
         """Called with the module `p` returned."""
 
+    def record_step(self, name: str, depth: int, seconds: float) -> None:
+        """Called when a backend step (codegen, link, export, ...) ends; see `timed_step`."""
+
+
+_STEPS = threading.local()  # per thread: how many steps are open
+
+
+@contextlib.contextmanager
+def timed_step(name: str) -> Iterator[None]:
+    """Time a compile step outside the pass pipelines and tell the current instruments.
+
+    kiln wraps its backend steps in this: `fingerprint`, `cache.lookup`,
+    `codegen` (with `codegen.<backend step>` inside, e.g. `codegen.emit_object`),
+    `cache.store`, and `export` (with `export.compile`, `export.data`,
+    `export.link`). Steps nest (depth counts the enclosing steps). A step that
+    raises is not reported.
+    """
+    from kiln.transform.context import PassContext
+
+    instruments = PassContext.current().instruments
+    if not instruments:
+        yield
+        return
+    depth = getattr(_STEPS, "depth", 0)
+    _STEPS.depth = depth + 1
+    start = time.perf_counter()
+    try:
+        yield
+    finally:
+        _STEPS.depth = depth
+    seconds = time.perf_counter() - start
+    for inst in instruments:
+        inst.record_step(name, depth, seconds)
+
 
 @dataclass(frozen=True)
 class PassTiming:
@@ -42,19 +78,30 @@ class PassTiming:
 
 
 class TimingInstrument(PassInstrument):
-    """Measures the wall time of every pass run; `report()` prints a table.
+    """Measures the wall time of every pass run and backend step; `report()` prints a table.
 
     Nested passes (the members of a Sequential) are indented under it; their
-    times are included in the container's.
+    times are included in the container's. `steps` holds the backend steps
+    (`timed_step`: codegen, object emission, cache, link, export) in the order
+    they ended.
     """
 
     def __init__(self) -> None:
         self.timings: list[PassTiming] = []
+        self.steps: list[PassTiming] = []
         self._open: list[tuple[int, float]] = []  # (index into timings, start time)
 
     def enter_pass_ctx(self) -> None:
         self.timings.clear()
+        self.steps.clear()
         self._open.clear()
+
+    def record_step(self, name: str, depth: int, seconds: float) -> None:
+        self.steps.append(PassTiming(name, depth, seconds))
+
+    def step_seconds(self, name: str) -> float:
+        """Total seconds of every run of the step `name` (0.0 if it never ran)."""
+        return sum(x.seconds for x in self.steps if x.name == name)
 
     def run_before_pass(self, mod: IRModule, p: Pass) -> None:
         self.timings.append(PassTiming(p.name, len(self._open), 0.0))
@@ -78,6 +125,12 @@ class TimingInstrument(PassInstrument):
         lines += [f"{name:<{width}}  {sec * 1e3:9.3f}  {100 * sec / total:6.1f}"
                   for name, sec in rows]
         lines.append(f"{'total':<{width}}  {self.total() * 1e3:9.3f}  {100.0:6.1f}")
+        if self.steps:
+            steps = [(("  " * x.depth) + x.name, x.seconds) for x in self.steps]
+            w = max([len(r[0]) for r in steps] + [4])
+            lines.append("")
+            lines.append(f"{'step':<{w}}  {'ms':>9}")
+            lines += [f"{name:<{w}}  {sec * 1e3:9.3f}" for name, sec in steps]
         return "\n".join(lines)
 
 

@@ -84,10 +84,13 @@ def codegen_llvm(mod: IRModule, target: Any, *, prefix: str, pool: ConstantPool)
     """
     from kiln.artifact import Artifact
     from kiln.codegen.host import DEFAULT_HOST_CFLAGS, codegen_host
+    from kiln.transform.instruments import timed_step
 
-    compiled = compile_module(mod, target, prefix=prefix, pool=pool)
+    with timed_step("codegen.lower_optimize"):
+        compiled = compile_module(mod, target, prefix=prefix, pool=pool)
     meta = compiled.metadata()
-    obj = compiled.target_machine.emit_object(compiled.module)
+    with timed_step("codegen.emit_object"):
+        obj = compiled.target_machine.emit_object(compiled.module)
     libs = sorted({lib for d in meta["extern_dependencies"] for lib in d.get("libs", ())})
     if not _bare_metal(compiled.config):
         libs = sorted({*libs, "-lm"})  # the kernels may call the C math library
@@ -102,7 +105,8 @@ def codegen_llvm(mod: IRModule, target: Any, *, prefix: str, pool: ConstantPool)
                      cflags=host_flags),
     ]
     if len(pool):
-        artifacts.append(pool.artifact(CODEGEN_ID, prefix))
+        with timed_step("codegen.constants"):
+            artifacts.append(pool.artifact(CODEGEN_ID, prefix))
     return artifacts
 
 

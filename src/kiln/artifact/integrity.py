@@ -1,0 +1,83 @@
+"""Chunked SHA-256 of large data (the weights): one hash pass, checked in pieces.
+
+Weights are hashed once, when the constant pool is built, in fixed-size chunks
+(`CHUNK_SIZE`, 4 MiB). The list of chunk digests is reused everywhere:
+
+- the compile-cache key and the cache's content address (`tree_digest`),
+- the library blob's LINKED_DATA section (docs/format.md), which the runtime
+  checks the mapped weights against (`verify`),
+- the cache's check of a stored weights file before it is used.
+
+Chunks let the check run on several threads (hashlib releases the GIL) and
+name the damaged byte range. Nothing here imports the compiler.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from concurrent.futures import ThreadPoolExecutor
+
+from kiln.errors import FormatError
+
+BytesLike = bytes | bytearray | memoryview
+
+CHUNK_SIZE = 1 << 22
+DIGEST_SIZE = 32
+MIN_CHUNK_SIZE = 1 << 12
+MAX_CHUNK_SIZE = 1 << 30
+# Below this, threads cost more than they save.
+_PARALLEL_MIN = 4 * CHUNK_SIZE
+
+
+def chunk_count(length: int, chunk_size: int = CHUNK_SIZE) -> int:
+    """Number of chunks of `length` bytes (the last one may be short)."""
+    return -(-length // chunk_size)
+
+
+def _view(data: BytesLike) -> memoryview:
+    view = memoryview(data)
+    return view if view.ndim == 1 and view.itemsize == 1 else view.cast("B")
+
+
+def chunk_digests(data: BytesLike, chunk_size: int = CHUNK_SIZE) -> bytes:
+    """The concatenated SHA-256 digests of each `chunk_size` piece of `data`."""
+    view = _view(data)
+    spans = [(i, min(i + chunk_size, len(view))) for i in range(0, len(view), chunk_size)]
+
+    def one(span: tuple[int, int]) -> bytes:
+        return hashlib.sha256(view[span[0]:span[1]]).digest()
+
+    if len(view) < _PARALLEL_MIN or (os.cpu_count() or 1) < 2:
+        return b"".join(map(one, spans))
+    with ThreadPoolExecutor(max_workers=min(4, os.cpu_count() or 1)) as pool:
+        return b"".join(pool.map(one, spans))
+
+
+def tree_digest(digests: bytes, length: int, chunk_size: int = CHUNK_SIZE) -> str:
+    """Hex SHA-256 naming data by its chunk digests (a content address)."""
+    h = hashlib.sha256(f"kiln.chunked-sha256/{chunk_size}/{length}\n".encode())
+    h.update(digests)
+    return h.hexdigest()
+
+
+def verify(data: BytesLike, digests: bytes, chunk_size: int, what: str) -> None:
+    """FormatError naming `what` and the first damaged byte range unless `data` matches."""
+    view = _view(data)
+    if len(digests) != chunk_count(len(view), chunk_size) * DIGEST_SIZE:
+        raise FormatError(f"{what}: {len(view)} bytes need "
+                          f"{chunk_count(len(view), chunk_size)} chunk digests, the record has "
+                          f"{len(digests) // DIGEST_SIZE}")
+    actual = chunk_digests(view, chunk_size)
+    if actual == digests:
+        return
+    for i in range(0, len(actual), DIGEST_SIZE):
+        if actual[i:i + DIGEST_SIZE] != digests[i:i + DIGEST_SIZE]:
+            start = i // DIGEST_SIZE * chunk_size
+            end = min(start + chunk_size, len(view))
+            raise FormatError(f"{what}: SHA-256 mismatch in bytes [{start}, {end}) of "
+                              f"{len(view)} (the data is damaged)")
+    raise AssertionError("unreachable")
+
+
+__all__ = ["CHUNK_SIZE", "DIGEST_SIZE", "chunk_count", "chunk_digests", "tree_digest", "verify"]

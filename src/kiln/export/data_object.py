@@ -1,0 +1,123 @@
+"""A relocatable ELF object holding read-only data, written straight from Python.
+
+The blob and the weights go into the library as data. Through the assembler
+(`.incbin`) the weights are written to disk twice before the link (a data file,
+then the assembler's object); this writes the object once, streaming each
+piece from memory. It covers 64-bit little-endian ELF (x86-64, AArch64,
+RISC-V 64, ...): the machine, OS ABI and flags are copied from an object the C
+compiler made for the same library, so the linker sees a matching input. For
+anything else `export_library` falls back to the assembler.
+
+Layout (System V gABI): ELF header, the data section `.rodata.<name>` (flags
+SHF_ALLOC, at its alignment), `.note.GNU-stack` (empty: no executable stack),
+`.symtab`, `.strtab`, `.shstrtab`, then the section headers.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+_EHDR = struct.Struct("<16sHHIQQQIHHHHHH")
+_SHDR = struct.Struct("<IIQQQQIIQQ")
+_SYM = struct.Struct("<IBBHQQ")
+ELFCLASS64, ELFDATA2LSB, ET_REL = 2, 1, 1
+SHT_PROGBITS, SHT_SYMTAB, SHT_STRTAB = 1, 2, 3
+SHF_ALLOC = 0x2
+STB_GLOBAL, STT_OBJECT = 1, 1
+STV_DEFAULT, STV_HIDDEN = 0, 2
+
+
+@dataclass(frozen=True)
+class DataSymbol:
+    """A global object symbol at `offset` in the section, `size` bytes long."""
+
+    name: str
+    offset: int
+    size: int
+    hidden: bool
+
+
+@dataclass(frozen=True)
+class Machine:
+    """What the linker checks of an input object: OS ABI, machine and flags."""
+
+    osabi: int
+    machine: int
+    flags: int
+
+
+def machine_of(obj: Path) -> Machine | None:
+    """The machine of a 64-bit little-endian relocatable ELF object; None for anything else."""
+    with open(obj, "rb") as f:
+        head = f.read(_EHDR.size)
+    if len(head) < _EHDR.size or head[:4] != b"\x7fELF":
+        return None
+    if head[4] != ELFCLASS64 or head[5] != ELFDATA2LSB:
+        return None
+    ident, e_type, machine, _v, _e, _ph, _sh, flags, *_rest = _EHDR.unpack(head)
+    if e_type != ET_REL:
+        return None
+    return Machine(ident[7], machine, flags)
+
+
+def write_data_object(path: Path, machine: Machine, section: str, align: int,
+                      pieces: Sequence[tuple[int, bytes | memoryview]],
+                      symbols: Sequence[DataSymbol], size: int) -> None:
+    """Write an object whose section `section` holds `pieces` (offset, bytes), `size` long.
+
+    Gaps between pieces are zero. Every symbol is global; `hidden` ones are
+    not exported from the shared library.
+    """
+    strtab = bytearray(b"\0")
+    sym_names = []
+    for s in symbols:
+        sym_names.append(len(strtab))
+        strtab += s.name.encode() + b"\0"
+    shstrtab = bytearray(b"\0")
+    names = {}
+    for n in (section, ".note.GNU-stack", ".symtab", ".strtab", ".shstrtab"):
+        names[n] = len(shstrtab)
+        shstrtab += n.encode() + b"\0"
+    symtab = bytearray(_SYM.size)  # the null symbol
+    for s, name_off in zip(symbols, sym_names):
+        symtab += _SYM.pack(name_off, (STB_GLOBAL << 4) | STT_OBJECT,
+                            STV_HIDDEN if s.hidden else STV_DEFAULT, 1, s.offset, s.size)
+
+    data_off = -(-_EHDR.size // align) * align
+    symtab_off = -(-(data_off + size) // 8) * 8
+    strtab_off = symtab_off + len(symtab)
+    shstrtab_off = strtab_off + len(strtab)
+    shdr_off = -(-(shstrtab_off + len(shstrtab)) // 8) * 8
+    headers = [
+        bytes(_SHDR.size),
+        _SHDR.pack(names[section], SHT_PROGBITS, SHF_ALLOC, 0, data_off, size, 0, 0, align, 0),
+        _SHDR.pack(names[".note.GNU-stack"], SHT_PROGBITS, 0, 0, data_off, 0, 0, 0, 1, 0),
+        _SHDR.pack(names[".symtab"], SHT_SYMTAB, 0, 0, symtab_off, len(symtab), 4, 1, 8,
+                   _SYM.size),
+        _SHDR.pack(names[".strtab"], SHT_STRTAB, 0, 0, strtab_off, len(strtab), 0, 0, 1, 0),
+        _SHDR.pack(names[".shstrtab"], SHT_STRTAB, 0, 0, shstrtab_off, len(shstrtab), 0, 0,
+                   1, 0),
+    ]
+    ident = b"\x7fELF" + bytes([ELFCLASS64, ELFDATA2LSB, 1, machine.osabi]) + bytes(8)
+    ehdr = _EHDR.pack(ident, ET_REL, machine.machine, 1, 0, 0, shdr_off, machine.flags,
+                      _EHDR.size, 0, 0, _SHDR.size, len(headers), len(headers) - 1)
+    with open(path, "wb") as f:
+        f.write(ehdr)
+        f.write(bytes(data_off - _EHDR.size))
+        pos = 0
+        for offset, piece in sorted(pieces, key=lambda p: p[0]):
+            f.write(bytes(offset - pos))
+            f.write(piece)  # straight from the artifact's memory
+            pos = offset + len(piece)
+        f.write(bytes(symtab_off - data_off - pos))
+        f.write(symtab)
+        f.write(strtab)
+        f.write(shstrtab)
+        f.write(bytes(shdr_off - shstrtab_off - len(shstrtab)))
+        f.write(b"".join(headers))
+
+
+__all__ = ["DataSymbol", "Machine", "machine_of", "write_data_object"]

@@ -1,0 +1,172 @@
+"""The compile cache's storage: shared weights, hash and permission checks, size cap, CLI."""
+
+from __future__ import annotations
+
+import os
+import stat
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import kiln
+from kiln.cli.main import main as kiln_main
+from kiln.driver import CACHE_STATS, cache
+from kiln.ir import IRBuilder, IRModule
+from kiln.ir import graph as g
+
+ROWS = 64
+
+
+def weights_module(seed: int = 0) -> tuple[IRModule, np.ndarray]:
+    """main(x) = x + table (a 64x64 float32 constant: 16 KiB of weights)."""
+    table = np.random.default_rng(seed).standard_normal((ROWS, ROWS)).astype(np.float32)
+    ib = IRBuilder()
+    with ib.function("main"):
+        x = ib.param("x", (ROWS, ROWS), "float32")
+        ib.ret(ib.emit(kiln.ops.call("add", x, g.Constant(table, "table")), "y"))
+    return ib.get(), table
+
+
+@pytest.fixture(autouse=True)
+def _stats() -> Iterator[None]:
+    CACHE_STATS.reset()
+    yield
+
+
+def objects() -> dict[str, Path]:
+    root = cache.cache_dir() / cache.LAYOUT / "objects"
+    return {p.name: p for p in root.rglob("*") if p.is_file()}
+
+
+def weights_objects() -> list[Path]:
+    """Objects named by chunk hashes: the weights (docs/compile.md)."""
+    return [p for name, p in objects().items() if name.startswith("c")]
+
+
+def test_weights_are_stored_once_and_the_hit_runs() -> None:
+    mod, table = weights_module()
+    kiln.compile(mod, "c")
+    kiln.compile(mod, "c", system_lib_prefix="other_")  # a second entry, same weights
+    assert CACHE_STATS.stores == 2 and len(cache.list_entries()) == 2
+    (stored,) = weights_objects()
+    assert stored.read_bytes() == table.tobytes()
+    ex = kiln.compile(weights_module()[0], "c")
+    assert ex.cache_hit
+    x = np.ones((ROWS, ROWS), np.float32)
+    np.testing.assert_array_equal(ex["main"](x), x + table)
+
+
+def test_damaged_weights_object_is_a_miss_and_is_rebuilt() -> None:
+    mod, table = weights_module()
+    kiln.compile(mod, "c")
+    (stored,) = weights_objects()
+    data = bytearray(stored.read_bytes())
+    data[100] ^= 0x10
+    stored.write_bytes(bytes(data))
+    ex = kiln.compile(weights_module()[0], "c")
+    assert not ex.cache_hit and CACHE_STATS.errors == 1
+    x = np.zeros((ROWS, ROWS), np.float32)
+    np.testing.assert_array_equal(ex["main"](x), table)  # rebuilt from the IR, not the file
+    assert kiln.compile(weights_module()[0], "c").cache_hit
+
+
+def test_entries_writable_by_others_are_refused_not_deleted() -> None:
+    ex = kiln.compile(weights_module()[0], "c")
+    assert ex.cache_key is not None
+    entry = cache.entry_path(ex.cache_key)
+    entry.chmod(0o666)
+    with pytest.warns(cache.CacheWarning, match="writable by group or others"):
+        again = kiln.compile(weights_module()[0], "c")
+    assert not again.cache_hit and entry.exists()
+
+
+def test_objects_writable_by_others_are_refused() -> None:
+    kiln.compile(weights_module()[0], "c")
+    (stored,) = weights_objects()
+    stored.chmod(0o646)
+    with pytest.warns(cache.CacheWarning, match="writable by group or others"):
+        assert not kiln.compile(weights_module()[0], "c").cache_hit
+
+
+def test_an_unsafe_cache_directory_is_not_used(_private_cache: Path) -> None:
+    _private_cache.chmod(0o777)
+    try:
+        with pytest.warns(cache.CacheWarning, match=f"directory {_private_cache} is writable"):
+            kiln.compile(weights_module()[0], "c")
+        assert CACHE_STATS.stores == 0 and not (_private_cache / cache.LAYOUT).exists()
+    finally:
+        _private_cache.chmod(0o700)
+
+
+@pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() != 0,
+                    reason="giving a file to another user needs root")
+def test_entries_owned_by_another_user_are_refused() -> None:
+    ex = kiln.compile(weights_module()[0], "c")
+    assert ex.cache_key is not None
+    os.chown(cache.entry_path(ex.cache_key), 4242, -1)
+    with pytest.warns(cache.CacheWarning, match="owned by uid 4242"):
+        assert not kiln.compile(weights_module()[0], "c").cache_hit
+
+
+def test_new_cache_files_are_private() -> None:
+    ex = kiln.compile(weights_module()[0], "c")
+    assert ex.cache_key is not None
+    for path in [cache.entry_path(ex.cache_key), *objects().values()]:
+        assert stat.S_IMODE(path.stat().st_mode) & 0o022 == 0
+    assert stat.S_IMODE((cache.cache_dir() / cache.LAYOUT).stat().st_mode) == 0o700
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    ("123", 123), ("500M", 500 << 20), ("2G", 2 << 30), ("1.5g", 3 << 29),
+    ("300KiB", 300 << 10), ("1T", 1 << 40), (" 64 mb ", 64 << 20)])
+def test_parse_size(text: str, expected: int) -> None:
+    assert cache.parse_size(text) == expected
+
+
+def test_parse_size_rejects_nonsense() -> None:
+    with pytest.raises(ValueError, match=r"e\.g\. 500M or 2G"):
+        cache.parse_size("lots")
+
+
+def test_size_cap_evicts_the_least_recently_used(monkeypatch: pytest.MonkeyPatch) -> None:
+    keys = []
+    for seed in range(3):
+        ex = kiln.compile(weights_module(seed)[0], "c")
+        keys.append(ex.cache_key)
+        os.utime(cache.entry_path(str(ex.cache_key)), (1000 + seed, 1000 + seed))
+    assert {e.key for e in cache.list_entries()} == set(keys)
+    # Use entry 0 again: entry 1 becomes the least recently used.
+    assert kiln.compile(weights_module(0)[0], "c").cache_hit
+    cap = cache.usage() + 1024  # room for three entries, not four
+    monkeypatch.setenv("KILN_CACHE_MAX", str(cap))
+    kiln.compile(weights_module(3)[0], "c")  # the store that goes over the cap
+    left = {e.key for e in cache.list_entries()}
+    assert keys[0] in left and keys[1] not in left
+    assert cache.usage() <= cap
+    # The evicted entry's weights went with it.
+    assert len(weights_objects()) == len(left)
+
+
+def test_an_entry_larger_than_the_cap_is_not_stored(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("KILN_CACHE_MAX", "1K")
+    kiln.compile(weights_module()[0], "c")
+    assert CACHE_STATS.stores == 0 and cache.list_entries() == []
+
+
+def test_list_info_and_clear(capsys: pytest.CaptureFixture[str]) -> None:
+    ex = kiln.compile(weights_module()[0], "c")
+    (entry,) = cache.list_entries()
+    assert entry.key == ex.cache_key and "c/constants.bin" in entry.artifacts
+    assert entry.size >= ROWS * ROWS * 4
+    facts = cache.info()
+    assert facts["entries"] == 1 and facts["bytes"] == cache.usage() >= entry.size
+    assert kiln_main(["cache", "list"]) == 0
+    assert ex.cache_key[:16] in capsys.readouterr().out
+    assert kiln_main(["cache", "info"]) == 0
+    assert "entries:   1" in capsys.readouterr().out
+    assert kiln_main(["cache", "clear"]) == 0
+    assert "removed" in capsys.readouterr().out
+    assert cache.list_entries() == [] and cache.usage() == 0
+    assert not kiln.compile(weights_module()[0], "c").cache_hit

@@ -1,0 +1,64 @@
+"""The blob + weights object: written directly (ELF) or by the assembler, the same result."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import numpy as np
+
+import kiln
+from kiln.artifact import ArtifactSet
+from kiln.artifact.elf import read_blob
+from kiln.export.library import blob_object
+from kiln.ir import IRBuilder
+from kiln.ir import graph as g
+
+
+def _executable() -> kiln.driver.executable.Executable:
+    table = np.arange(3000, dtype=np.float32)
+    ib = IRBuilder()
+    with ib.function("main"):
+        x = ib.param("x", (3000,), "float32")
+        ib.ret(ib.emit(kiln.ops.call("add", x, g.Constant(table, "table")), "y"))
+    return kiln.compile(ib.get(), "c")
+
+
+def _symbols(obj: Path) -> dict[str, tuple[str, ...]]:
+    """name -> (value, size, type, bind, visibility) from `readelf -sW`."""
+    out = subprocess.run(["readelf", "-sW", str(obj)], capture_output=True, text=True,
+                         check=True).stdout
+    rows = {}
+    for line in out.splitlines():
+        f = line.split()
+        if len(f) == 8 and f[7].startswith("kiln_"):
+            rows[f[7]] = (f[1], f[2], f[3], f[4], f[5])
+    return rows
+
+
+def _section(obj: Path, name: str) -> bytes:
+    out = obj.with_suffix(".section")
+    subprocess.run(["objcopy", "-O", "binary", f"--only-section={name}", str(obj), str(out)],
+                   check=True)
+    return out.read_bytes()
+
+
+def test_direct_object_matches_the_assembler_one(tmp_path: Path) -> None:
+    ex = _executable()
+    arts = ArtifactSet(ex.artifacts)
+    (tmp_path / "asm").mkdir()
+    (tmp_path / "elf").mkdir()
+    by_asm = blob_object(arts, ex.metadata, "kiln_", tmp_path / "asm")
+    # Any object of the same machine: the assembler's says which machine that is.
+    by_elf = blob_object(arts, ex.metadata, "kiln_", tmp_path / "elf", like=[by_asm])
+    assert by_elf.read_bytes()[:4] == b"\x7fELF"
+    symbols = _symbols(by_elf)
+    assert symbols == _symbols(by_asm)
+    assert symbols["kiln__consts"][3:] == ("GLOBAL", "HIDDEN")
+    assert symbols["kiln__blob"][3:] == ("GLOBAL", "DEFAULT")
+    section = ".rodata.kiln__blob"
+    assert _section(by_elf, section) == _section(by_asm, section)
+    assert read_blob(by_elf) == read_blob(by_asm)
+    # The weights sit where the blob says, after it.
+    data = _section(by_elf, section)
+    assert np.arange(3000, dtype=np.float32).tobytes() in data
