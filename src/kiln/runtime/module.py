@@ -346,6 +346,9 @@ def _dlopen(path: Path) -> ctypes.CDLL:
         return ctypes.CDLL(name, mode=os.RTLD_NOW | os.RTLD_LOCAL)
     except OSError as exc:
         raise FormatError(f"{path}: cannot load as a shared library: {exc}") from None
+    except UnicodeDecodeError:  # ctypes decodes dlerror(), which quotes the file's bytes
+        raise FormatError(f"{path}: cannot load as a shared library: the dynamic loader "
+                          "rejected it (a damaged symbol or section name)") from None
     finally:
         if link_dir is not None:
             shutil.rmtree(link_dir, ignore_errors=True)
