@@ -592,7 +592,7 @@ def test_every_statement_and_expression_kind_is_covered(mod: IRModule) -> None:
     """The module above really exercises every IR node type the backend prints."""
     from kiln.codegen.c.expr import _EMITTERS
     from kiln.codegen.c.kernel import _STATEMENTS
-    from kiln.codegen.cfamily.analysis import iter_nodes
+    from kiln.ir.visitor import iter_nodes
 
     seen = {type(n) for fn in mod.prim_funcs().values() for n in iter_nodes(fn.body)}
     missing = (set(_EMITTERS) | set(_STATEMENTS)) - seen

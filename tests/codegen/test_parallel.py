@@ -37,10 +37,10 @@ from kiln.errors import CompileError, KilnError
 from kiln.ir import IRBuilder, IRModule
 from kiln.ir import graph as g
 from kiln.ir.tensor import Cast, Const, For, PrimFunc, Var, select
+from kiln.ir.visitor import iter_stmts
 from kiln.runtime import include_dir, load_module
 from kiln.target import Target
 from kiln.transform import PassContext
-from kiln.transform.functor import iter_stmts
 from kiln.transform.outline import outline_parallel_loops
 
 pytestmark = pytest.mark.skipif(not have_cc(), reason="needs a C compiler")

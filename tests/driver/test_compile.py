@@ -250,6 +250,6 @@ def test_call_tensor_graph_with_dead_binding_is_cleaned() -> None:
 
 
 def _iter_calls(stmt: t.Stmt) -> list[t.CallFunc]:
-    from kiln.transform.functor import iter_stmts
+    from kiln.ir.visitor import iter_stmts
 
     return [s for s in iter_stmts(stmt) if isinstance(s, t.CallFunc)]

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import sys
+from dataclasses import dataclass
+
 import numpy as np
 import pytest
 
@@ -14,9 +17,19 @@ from kiln.ir.visitor import (
     GraphVisitor,
     StmtExprMutator,
     StmtExprVisitor,
+    StmtMutator,
+    StmtVisitor,
+    child_fields,
+    definitions,
     expr_children,
     graph_children,
+    iter_exprs,
+    iter_nodes,
+    iter_stmts,
+    operands,
     post_order_visit,
+    pre_order_visit,
+    stmt_children,
     substitute,
 )
 
@@ -176,3 +189,127 @@ def test_graph_mutator_renames_and_drops() -> None:
             return None if b is fn.bindings[-1] else b
 
     assert len(DropLast().visit_function(fn).bindings) == 1
+
+
+# --------------------------------------------------------------------------- derived fields
+
+
+def test_child_fields_are_derived_from_the_dataclass_fields() -> None:
+    assert child_fields(t.For).walk == (
+        ("start", "expr"), ("extent", "expr"), ("var", "var_def"), ("body", "stmt"))
+    assert child_fields(t.Store).of("expr") == ("value", "indices")
+    assert child_fields(t.Load).of("buffer") == ("buffer",)
+    assert child_fields(t.CallExtern).of("expr") == ("args",)  # buffers may be among them
+    assert child_fields(t.Const).walk == ()
+    assert child_fields(g.TupleGetItem).of("expr") == ("tuple_value",)
+
+
+@dataclass(frozen=True, eq=False, slots=True)
+class Repeat(t.Stmt):
+    """A node class the walkers were never written for."""
+
+    count: t.PrimExpr
+    body: t.Stmt
+    label: str = ""
+
+
+def test_a_new_node_class_is_walked_without_new_walking_code() -> None:
+    n = t.Var("n")
+    Y = t.Buffer("Y", (4,), "int64")
+    store = t.Store(Y, n * 2, (t.const(0),))
+    node = Repeat(n + 1, store, "twice")
+    assert stmt_children(node) == (store,)
+    assert expr_children(node) == (node.count,)
+    assert list(iter_stmts(node)) == [node, store]
+
+    class Sub(StmtExprMutator):
+        def visit_repeat(self, s: Repeat) -> t.Stmt:
+            return self.generic_visit(s)
+
+        def visit_var(self, e: t.Var) -> t.PrimExpr:
+            return t.const(3) if e is n else e
+
+    new = Sub().visit_stmt(node)
+    assert isinstance(new, Repeat) and new.label == "twice"
+    assert structural_equal(new.count, t.const(3) + 1)
+    assert isinstance(new.body, t.Store) and new.body.buffer is Y
+    assert structural_equal(new.body.value, t.const(3) * 2)
+    untouched = Repeat(t.const(1), t.Evaluate(t.const(0)))
+    assert Sub().visit_stmt(untouched) is untouched
+
+
+def test_statement_visitor_does_not_enter_expressions() -> None:
+    fn = sample()["f"]
+    assert isinstance(fn, t.PrimFunc)
+    seen: list[str] = []
+
+    class Stmts(StmtVisitor):
+        def visit_store(self, s: t.Store) -> None:
+            seen.append("store")
+            super().visit_store(s)
+
+        def visit_load(self, e: t.Load) -> None:  # never called: expressions are not entered
+            seen.append("load")
+
+    Stmts().visit_func(fn)
+    assert seen == ["store", "store", "store"]
+
+
+def test_statement_mutator_rewrites_statements_only() -> None:
+    mod = sample()
+    fn = mod["f"]
+    assert isinstance(fn, t.PrimFunc)
+    assert StmtMutator().visit_func(fn) is fn
+
+    class Unroll(StmtMutator):
+        def visit_for(self, s: t.For) -> t.Stmt:
+            body = self.visit_stmt(s.body)
+            return t.For(s.var, s.start, s.extent, "unrolled", body)
+
+    new = Unroll().visit_func(fn)
+    assert [s.kind for s in iter_stmts(new.body) if isinstance(s, t.For)] == ["unrolled"] * 2
+    x = np.arange(16, dtype=np.float32).reshape(4, 4)
+    y1, y2 = np.zeros(4, np.float32), np.zeros(4, np.float32)
+    evaluate(mod, "f", x, y1)
+    evaluate(mod.with_function("f", new), "f", x, y2)
+    np.testing.assert_array_equal(y1, y2)
+
+
+def test_pre_order_visit_prunes_when_told() -> None:
+    fn = sample()["f"]
+    assert isinstance(fn, t.PrimFunc)
+    everything: list[str] = []
+    pre_order_visit(fn, lambda n: everything.append(type(n).__name__))
+    assert everything[0] == "For" and everything.count("Load") == 3
+    assert everything == [type(n).__name__ for n in iter_nodes(fn.body)]
+
+    outer: list[str] = []
+
+    def stop_at_inner_loop(n: object) -> bool:
+        outer.append(type(n).__name__)
+        return not (isinstance(n, t.For) and n.var.name == "j")
+
+    pre_order_visit(fn, stop_at_inner_loop)
+    assert outer.count("For") == 2 and outer.count("Load") == 1  # only Y[i] = acc[0]
+
+
+def test_operands_and_definitions_in_evaluation_order() -> None:
+    fn = sample()["f"]
+    assert isinstance(fn, t.PrimFunc)
+    loops = [s for s in iter_stmts(fn.body) if isinstance(s, t.For)]
+    assert [v.name for s in loops for v in definitions(s)] == ["i", "j"]  # type: ignore[union-attr]
+    store = next(s for s in iter_stmts(loops[1]) if isinstance(s, t.Store))
+    assert operands(store)[0] is store.buffer
+    load = next(e for e in iter_exprs(store.value) if isinstance(e, t.Load))
+    assert operands(load) == (load.buffer, *load.indices)
+
+
+def test_long_statement_lists_are_walked_without_recursion() -> None:
+    Y = t.Buffer("Y", (1,), "int64")
+    n = 5 * sys.getrecursionlimit()
+    body = t.SeqStmt(tuple(t.Store(Y, t.const(k), (t.const(0),)) for k in range(n)))
+    fn = t.PrimFunc((Y,), body)
+    StmtExprVisitor().visit_func(fn)
+    assert StmtExprMutator().visit_func(fn) is fn
+    assert sum(1 for _ in iter_stmts(body)) == n + 1
+    assert sum(1 for _ in iter_nodes(body)) == 1 + 3 * n

@@ -19,18 +19,9 @@ def _run(func: t.PrimFunc, *arrays: np.ndarray, out_shapes, out_dtype="float32")
 
 
 def _count(stmt: t.Stmt, kind: type) -> int:
-    from kiln.transform.functor import StmtExprMutator
+    from kiln.ir.visitor import iter_stmts
 
-    found = []
-
-    class Finder(StmtExprMutator):
-        def stmt(self, s: t.Stmt) -> t.Stmt:
-            if isinstance(s, kind):
-                found.append(s)
-            return super().stmt(s)
-
-    Finder().stmt(stmt)
-    return len(found)
+    return sum(isinstance(s, kind) for s in iter_stmts(stmt))
 
 
 def test_compute_tensors_inline_into_their_consumer() -> None:

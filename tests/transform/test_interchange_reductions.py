@@ -19,7 +19,7 @@ from kiln import ops
 from kiln.errors import CallError
 from kiln.ir import IRBuilder, IRModule, evaluate, verify
 from kiln.ir.tensor import Allocate, Buffer, Const, For, PrimExpr, PrimFunc, Var
-from kiln.transform.functor import iter_stmts
+from kiln.ir.visitor import iter_stmts
 from kiln.transform.interchange_reductions import InterchangeReductions
 from kiln.transform.parallelize import Parallelize
 from kiln.transform.pipeline import get_pipeline

@@ -15,8 +15,8 @@ from kiln.ir import IRBuilder, IRModule
 from kiln.ir import graph as g
 from kiln.ir import tensor as t
 from kiln.ir.types import TensorType, TupleType
+from kiln.ir.visitor import iter_stmts
 from kiln.transform import LowerGraphToTensor
-from kiln.transform.functor import iter_stmts
 
 HAVE_EVALUATE = importlib.util.find_spec("kiln.ir.evaluate") is not None
 needs_evaluate = pytest.mark.skipif(not HAVE_EVALUATE, reason="kiln.ir.evaluate not written yet")

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from kiln.errors import CompileError
 from kiln.ir import IRBuilder, IRModule
 from kiln.ir import tensor as t
-from kiln.transform.functor import iter_stmts
+from kiln.ir.visitor import iter_stmts
 from kiln.transform.lower_graph import lower_function
 from kiln.transform.memory_plan import (
     STRATEGIES,

@@ -14,7 +14,8 @@ from typing import Any
 import numpy as np
 
 from kiln.ir.module import IRModule
-from kiln.ir.tensor import AllocConst, Stmt
+from kiln.ir.tensor import AllocConst
+from kiln.ir.visitor import iter_stmts
 
 CONST_ALIGN = 64
 CONSTANTS_FILE = "constants.bin"
@@ -146,25 +147,7 @@ class ConstantPool:
         """A pool holding every AllocConst of every tensor-level function, in order."""
         pool = cls()
         for fn in mod.prim_funcs().values():
-            for node in iter_alloc_consts(fn.body):
-                pool.add(node.data)
+            for node in iter_stmts(fn.body):
+                if isinstance(node, AllocConst):
+                    pool.add(node.data)
         return pool
-
-
-def iter_alloc_consts(stmt: Stmt) -> Iterator[AllocConst]:
-    """Every AllocConst inside `stmt`, in program order."""
-    from kiln.ir.tensor import For, IfThenElse, LetStmt, SeqStmt
-
-    stack = [stmt]
-    while stack:
-        s = stack.pop()
-        if isinstance(s, AllocConst):
-            yield s
-        elif isinstance(s, SeqStmt):
-            stack.extend(reversed(s.body))
-        elif isinstance(s, (For, LetStmt)):
-            stack.append(s.body)
-        elif isinstance(s, IfThenElse):
-            if s.else_body is not None:
-                stack.append(s.else_body)
-            stack.append(s.then_body)

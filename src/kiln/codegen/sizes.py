@@ -57,7 +57,7 @@ def max_object_bytes(pointer_bits: int) -> int:
 
 def check_buffer_sizes(mod: IRModule, pointer_bits: int) -> None:
     """CompileError if some buffer of `mod` is larger than one object of the target."""
-    from kiln.codegen.cfamily.analysis import iter_nodes
+    from kiln.ir.visitor import iter_nodes
 
     limit = max_object_bytes(pointer_bits)
     for name, fn in mod.prim_funcs().items():

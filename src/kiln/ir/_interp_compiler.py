@@ -180,65 +180,74 @@ class _Compiler:
         return self.ident(b)
 
     def stmt(self, s: t.Stmt, depth: int) -> None:
-        if isinstance(s, t.SeqStmt):
-            self.block(s, depth)
-        elif isinstance(s, t.Store):
-            index = self.flat_index(s.buffer, s.indices, "store to")
-            value = self.expr(s.value)
-            if s.value.dtype != s.buffer.dtype:
-                raise IRError(f"{self.name}: Store to '{s.buffer.name}' of a {s.value.dtype} "
-                              f"value into a {s.buffer.dtype} buffer (run kiln.ir.verify)")
-            self.emit(depth, f"{self.lookup(s.buffer)}[{index}] = {value.code}")
-        elif isinstance(s, t.For):
-            self.for_(s, depth)
-        elif isinstance(s, t.LetStmt):
-            value = self.expr(s.value)
-            name = self.ident(s.var)
-            self.emit(depth, f"{name} = {value.code}")
-            # (Always reset: a variable bound again in a sibling scope gets new bounds.)
-            self.ranges.pop(id(s.var), None)
-            if value.lo is not None and value.hi is not None:
-                self.ranges[id(s.var)] = (value.lo, value.hi)
-            self.block(s.body, depth)
-            self.end_scope(s.var)
-        elif isinstance(s, t.IfThenElse):
-            cond = self.expr(s.cond)
-            self.emit(depth, f"if {cond.code}:")
-            self.body(s.then_body, depth + 1)
-            if s.else_body is not None:
-                self.emit(depth, "else:")
-                self.body(s.else_body, depth + 1)
-        elif isinstance(s, t.Allocate):
-            b = s.buffer
-            npdt = self.const(_np_dtype(b.dtype), "dt")
-            name = self.declare(b)
-            layout = self.define_layout(b, depth)
-            self.emit(depth, f"{name} = _alloc({layout.numel}, {npdt})")
-        elif isinstance(s, t.AllocConst):
-            data = s.data.reshape(-1)
-            if data.dtype != _np_dtype(s.buffer.dtype) or s.data.shape != s.buffer.shape:
-                raise IRError(f"{self.name}: AllocConst data {s.data.dtype}{s.data.shape} "
-                              f"does not match buffer '{s.buffer.name}' (run kiln.ir.verify)")
-            name = self.declare(s.buffer)
-            self.define_layout(s.buffer, depth)
-            self.emit(depth, f"{name} = {self.const(data, 'w')}")
-        elif isinstance(s, t.DeclBuffer):
-            b = s.buffer
-            npdt = self.const(_np_dtype(b.dtype), "dt")
-            src = self.lookup(s.source)
-            name = self.declare(b)
-            layout = self.define_layout(b, depth)
-            self.emit(depth, f"{name} = _view({src}, {int(s.byte_offset)}, "
-                             f"{layout.numel}, {npdt})")
-        elif isinstance(s, t.Evaluate):
-            self.emit(depth, self.expr(s.value).code)
-        elif isinstance(s, t.CallFunc):
-            args = [self.shaped(a) if isinstance(a, t.Buffer) else self.expr(a).code
-                    for a in s.args]
-            packed = "".join(f"{a}, " for a in args)
-            self.emit(depth, f"_rt.call({s.func!r}, ({packed}))")
-        else:
+        rule = _STMT_RULES.get(type(s))
+        if rule is None:
             raise IRError(f"{self.name}: the interpreter has no rule for {type(s).__name__}")
+        rule(self, s, depth)
+
+    def seq(self, s: t.SeqStmt, depth: int) -> None:
+        self.block(s, depth)
+
+    def store(self, s: t.Store, depth: int) -> None:
+        index = self.flat_index(s.buffer, s.indices, "store to")
+        value = self.expr(s.value)
+        if s.value.dtype != s.buffer.dtype:
+            raise IRError(f"{self.name}: Store to '{s.buffer.name}' of a {s.value.dtype} "
+                          f"value into a {s.buffer.dtype} buffer (run kiln.ir.verify)")
+        self.emit(depth, f"{self.lookup(s.buffer)}[{index}] = {value.code}")
+
+    def let(self, s: t.LetStmt, depth: int) -> None:
+        value = self.expr(s.value)
+        name = self.ident(s.var)
+        self.emit(depth, f"{name} = {value.code}")
+        # (Always reset: a variable bound again in a sibling scope gets new bounds.)
+        self.ranges.pop(id(s.var), None)
+        if value.lo is not None and value.hi is not None:
+            self.ranges[id(s.var)] = (value.lo, value.hi)
+        self.block(s.body, depth)
+        self.end_scope(s.var)
+
+    def if_(self, s: t.IfThenElse, depth: int) -> None:
+        cond = self.expr(s.cond)
+        self.emit(depth, f"if {cond.code}:")
+        self.body(s.then_body, depth + 1)
+        if s.else_body is not None:
+            self.emit(depth, "else:")
+            self.body(s.else_body, depth + 1)
+
+    def allocate(self, s: t.Allocate, depth: int) -> None:
+        b = s.buffer
+        npdt = self.const(_np_dtype(b.dtype), "dt")
+        name = self.declare(b)
+        layout = self.define_layout(b, depth)
+        self.emit(depth, f"{name} = _alloc({layout.numel}, {npdt})")
+
+    def alloc_const(self, s: t.AllocConst, depth: int) -> None:
+        data = s.data.reshape(-1)
+        if data.dtype != _np_dtype(s.buffer.dtype) or s.data.shape != s.buffer.shape:
+            raise IRError(f"{self.name}: AllocConst data {s.data.dtype}{s.data.shape} "
+                          f"does not match buffer '{s.buffer.name}' (run kiln.ir.verify)")
+        name = self.declare(s.buffer)
+        self.define_layout(s.buffer, depth)
+        self.emit(depth, f"{name} = {self.const(data, 'w')}")
+
+    def decl_buffer(self, s: t.DeclBuffer, depth: int) -> None:
+        b = s.buffer
+        npdt = self.const(_np_dtype(b.dtype), "dt")
+        src = self.lookup(s.source)
+        name = self.declare(b)
+        layout = self.define_layout(b, depth)
+        self.emit(depth, f"{name} = _view({src}, {int(s.byte_offset)}, "
+                         f"{layout.numel}, {npdt})")
+
+    def evaluate(self, s: t.Evaluate, depth: int) -> None:
+        self.emit(depth, self.expr(s.value).code)
+
+    def call_func(self, s: t.CallFunc, depth: int) -> None:
+        args = [self.shaped(a) if isinstance(a, t.Buffer) else self.expr(a).code
+                for a in s.args]
+        packed = "".join(f"{a}, " for a in args)
+        self.emit(depth, f"_rt.call({s.func!r}, ({packed}))")
 
     def for_(self, s: t.For, depth: int) -> None:
         if not dt.is_int(s.var.dtype):
@@ -620,6 +629,19 @@ class _Compiler:
             return _V(code, lo, hi, depth)
         return _V(code, depth=depth)
 
+
+_STMT_RULES: dict[type, Callable[[_Compiler, Any, int], None]] = {
+    t.SeqStmt: _Compiler.seq,
+    t.Store: _Compiler.store,
+    t.For: _Compiler.for_,
+    t.LetStmt: _Compiler.let,
+    t.IfThenElse: _Compiler.if_,
+    t.Allocate: _Compiler.allocate,
+    t.AllocConst: _Compiler.alloc_const,
+    t.DeclBuffer: _Compiler.decl_buffer,
+    t.Evaluate: _Compiler.evaluate,
+    t.CallFunc: _Compiler.call_func,
+}
 
 _EXPR_RULES: dict[type, Callable[[_Compiler, Any], _V]] = {
     t.Var: _Compiler.var,

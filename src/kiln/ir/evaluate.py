@@ -358,25 +358,34 @@ class _GraphRunner:
         return _own(self.expr(name, fn.result, env))
 
     def expr(self, fname: str, e: g.Expr, env: dict[int, Any]) -> Any:
-        if isinstance(e, g.Var):
-            if id(e) not in env:
-                raise IRError(f"{fname}: graph variable '{e.name}' is used before its "
-                              "definition (run kiln.ir.verify)")
-            return env[id(e)]
-        if isinstance(e, g.Constant):
-            return e.data
-        if isinstance(e, g.Tuple):
-            return tuple(self.expr(fname, f, env) for f in e.fields)
-        if isinstance(e, g.TupleGetItem):
-            value = self.expr(fname, e.tuple_value, env)
-            if not isinstance(value, tuple) or not 0 <= e.index < len(value):
-                raise IRError(f"{fname}: TupleGetItem index {e.index} does not fit the value")
-            return value[e.index]
-        if isinstance(e, g.CallTensor):
-            return self.call_tensor(fname, e, [self.expr(fname, a, env) for a in e.args])
-        if isinstance(e, g.Call):
-            return self.call_op(fname, e, [self.expr(fname, a, env) for a in e.args])
-        raise IRError(f"{fname}: the interpreter has no rule for {type(e).__name__}")
+        rule = _GRAPH_RULES.get(type(e))
+        if rule is None:
+            raise IRError(f"{fname}: the interpreter has no rule for {type(e).__name__}")
+        return rule(self, fname, e, env)
+
+    def var(self, fname: str, e: g.Var, env: dict[int, Any]) -> Any:
+        if id(e) not in env:
+            raise IRError(f"{fname}: graph variable '{e.name}' is used before its "
+                          "definition (run kiln.ir.verify)")
+        return env[id(e)]
+
+    def constant(self, fname: str, e: g.Constant, env: dict[int, Any]) -> Any:
+        return e.data
+
+    def tuple_(self, fname: str, e: g.Tuple, env: dict[int, Any]) -> Any:
+        return tuple(self.expr(fname, f, env) for f in e.fields)
+
+    def get_item(self, fname: str, e: g.TupleGetItem, env: dict[int, Any]) -> Any:
+        value = self.expr(fname, e.tuple_value, env)
+        if not isinstance(value, tuple) or not 0 <= e.index < len(value):
+            raise IRError(f"{fname}: TupleGetItem index {e.index} does not fit the value")
+        return value[e.index]
+
+    def call_tensor_expr(self, fname: str, e: g.CallTensor, env: dict[int, Any]) -> Any:
+        return self.call_tensor(fname, e, [self.expr(fname, a, env) for a in e.args])
+
+    def call_op_expr(self, fname: str, e: g.Call, env: dict[int, Any]) -> Any:
+        return self.call_op(fname, e, [self.expr(fname, a, env) for a in e.args])
 
     def call_tensor(self, fname: str, e: g.CallTensor, args: list[Any]) -> Any:
         callee = self.mod[e.func]
@@ -437,6 +446,17 @@ class _GraphRunner:
                               f"type is {ty}")
             arr = arr.astype(want)
         return _contiguous(arr)
+
+
+# Graph interpreter dispatch table: expression type -> the method that evaluates it.
+_GRAPH_RULES: dict[type, Callable[[_GraphRunner, str, Any, dict[int, Any]], Any]] = {
+    g.Var: _GraphRunner.var,
+    g.Constant: _GraphRunner.constant,
+    g.Tuple: _GraphRunner.tuple_,
+    g.TupleGetItem: _GraphRunner.get_item,
+    g.CallTensor: _GraphRunner.call_tensor_expr,
+    g.Call: _GraphRunner.call_op_expr,
+}
 
 
 def _op_reference(op: str, ops: OpResolver | None) -> Callable[..., Any]:

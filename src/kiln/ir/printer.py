@@ -223,40 +223,53 @@ class _ExprPrinter:
 
     def expr(self, e: t.PrimExpr, ctx: str | None = None) -> tuple[str, int]:
         """(text, binding strength) of `e`; `ctx` is the dtype a bare literal adopts."""
-        if isinstance(e, t.Const):
-            if _is_plain(e, ctx):
-                return str(e.value), (_UNARY if int(e.value) < 0 else _ATOM)
-            return self.typed_const(e), _ATOM
-        if isinstance(e, t.Var):
-            return self.var(e), _ATOM
-        if isinstance(e, t.BinaryOp):
-            return self._binary(e)
-        if isinstance(e, t.Compare):
-            sym = _COMPARE[e.op]
-            a, b = self._operands(e.a, e.b)
-            # `a ^ b == c` is `(a ^ b) == c` in Python, but few readers know it.
-            need_a = _ATOM if _is_bitwise(e.a) else _CMP + 1
-            need_b = _ATOM if _is_bitwise(e.b) else _CMP + 1
-            return f"{self._wrap(a, need_a)} {sym} {self._wrap(b, need_b)}", _CMP
-        if isinstance(e, t.UnaryOp):
-            sym = "-" if e.op == "neg" else "~"
-            operand = self.typed_const(e.a) if isinstance(e.a, t.Const) else None
-            if operand is None:
-                text, prec = self.expr(e.a)
-                operand = text if prec >= _ATOM else f"({text})"
-            return f"{sym}{operand}", _UNARY
-        if isinstance(e, t.Select):
-            return (f"T.select({self.text(e.cond)}, {self.text(e.true_value, e.false_value.dtype)}"
-                    f", {self.text(e.false_value, e.true_value.dtype)})"), _ATOM
-        if isinstance(e, t.Cast):
-            return f"T.cast({self.text(e.value)}, {quote(e.dtype)})", _ATOM
-        if isinstance(e, t.Load):
-            return f"{self.buffer(e.buffer)}[{self.indices(e.indices)}]", _ATOM
-        if isinstance(e, t.Intrin):
-            return f"T.{e.name}({', '.join(self._call_args(e.args))})", _ATOM
-        if isinstance(e, t.CallExtern):
-            return self._call_extern(e), _ATOM
-        raise IRError(f"cannot print tensor-level expression {type(e).__name__}")
+        rule = _EXPR_RULES.get(type(e))
+        if rule is None:
+            raise IRError(f"cannot print tensor-level expression {type(e).__name__}")
+        return rule(self, e, ctx)
+
+    def _const(self, e: t.Const, ctx: str | None) -> tuple[str, int]:
+        if _is_plain(e, ctx):
+            return str(e.value), (_UNARY if int(e.value) < 0 else _ATOM)
+        return self.typed_const(e), _ATOM
+
+    def _var(self, e: t.Var, ctx: str | None) -> tuple[str, int]:
+        return self.var(e), _ATOM
+
+    def _binary_op(self, e: t.BinaryOp, ctx: str | None) -> tuple[str, int]:
+        return self._binary(e)
+
+    def _compare(self, e: t.Compare, ctx: str | None) -> tuple[str, int]:
+        sym = _COMPARE[e.op]
+        a, b = self._operands(e.a, e.b)
+        # `a ^ b == c` is `(a ^ b) == c` in Python, but few readers know it.
+        need_a = _ATOM if _is_bitwise(e.a) else _CMP + 1
+        need_b = _ATOM if _is_bitwise(e.b) else _CMP + 1
+        return f"{self._wrap(a, need_a)} {sym} {self._wrap(b, need_b)}", _CMP
+
+    def _unary(self, e: t.UnaryOp, ctx: str | None) -> tuple[str, int]:
+        sym = "-" if e.op == "neg" else "~"
+        operand = self.typed_const(e.a) if isinstance(e.a, t.Const) else None
+        if operand is None:
+            text, prec = self.expr(e.a)
+            operand = text if prec >= _ATOM else f"({text})"
+        return f"{sym}{operand}", _UNARY
+
+    def _select(self, e: t.Select, ctx: str | None) -> tuple[str, int]:
+        return (f"T.select({self.text(e.cond)}, {self.text(e.true_value, e.false_value.dtype)}"
+                f", {self.text(e.false_value, e.true_value.dtype)})"), _ATOM
+
+    def _cast(self, e: t.Cast, ctx: str | None) -> tuple[str, int]:
+        return f"T.cast({self.text(e.value)}, {quote(e.dtype)})", _ATOM
+
+    def _load(self, e: t.Load, ctx: str | None) -> tuple[str, int]:
+        return f"{self.buffer(e.buffer)}[{self.indices(e.indices)}]", _ATOM
+
+    def _intrin(self, e: t.Intrin, ctx: str | None) -> tuple[str, int]:
+        return f"T.{e.name}({', '.join(self._call_args(e.args))})", _ATOM
+
+    def _extern(self, e: t.CallExtern, ctx: str | None) -> tuple[str, int]:
+        return self._call_extern(e), _ATOM
 
     def indices(self, indices: tuple[t.PrimExpr, ...]) -> str:
         if not indices:
@@ -322,6 +335,15 @@ class _ExprPrinter:
         if e.dependency is not None:
             parts.append(f"dependency={extern_dependency_text(e.dependency)}")
         return f"T.call_extern({', '.join(parts)})"
+
+
+# Dispatch tables: node type -> the method that prints it.
+_EXPR_RULES: dict[type, Callable[[_ExprPrinter, Any, str | None], tuple[str, int]]] = {
+    t.Const: _ExprPrinter._const, t.Var: _ExprPrinter._var, t.BinaryOp: _ExprPrinter._binary_op,
+    t.Compare: _ExprPrinter._compare, t.UnaryOp: _ExprPrinter._unary,
+    t.Select: _ExprPrinter._select, t.Cast: _ExprPrinter._cast, t.Load: _ExprPrinter._load,
+    t.Intrin: _ExprPrinter._intrin, t.CallExtern: _ExprPrinter._extern,
+}
 
 
 _BITWISE = frozenset({"and", "or", "xor", "shl", "shr"})
@@ -546,28 +568,44 @@ class _GraphPrinter:
 
     def expr(self, e: g.Expr, binding_type: Type | None = None) -> str:
         """`e` as text; a Call may omit `ret=` when it equals the binding's type."""
-        if isinstance(e, g.Var):
-            return self.var(e)
-        if isinstance(e, g.Constant):
-            args = self.module.data_args(e.data, e.name or "const")
-            if e.name:
-                args.append(f"name={quote(e.name)}")
-            return f"G.const({', '.join(args)})"
-        if isinstance(e, g.Call):
-            parts = [quote(e.op), *(self.expr(a) for a in e.args)]
-            parts.extend(_call_attrs(e.attrs, self.module.literal))
-            if binding_type is None or binding_type != e.ret_type:
-                parts.append(f"ret={self.type(e.ret_type)}")
-            return f"G.op({', '.join(parts)})"
-        if isinstance(e, g.CallTensor):
-            call_args = ", ".join(self.expr(a) for a in e.args)
-            return f"G.call_tensor({quote(e.func)}, [{call_args}], {self.type(e.ret_type)})"
-        if isinstance(e, g.Tuple):
-            fields = [self.expr(f) for f in e.fields]
-            return f"({fields[0]},)" if len(fields) == 1 else f"({', '.join(fields)})"
-        if isinstance(e, g.TupleGetItem):
-            return f"{self.expr(e.tuple_value)}[{e.index}]"
-        raise IRError(f"cannot print graph-level expression {type(e).__name__}")
+        rule = _GRAPH_RULES.get(type(e))
+        if rule is None:
+            raise IRError(f"cannot print graph-level expression {type(e).__name__}")
+        return rule(self, e, binding_type)
+
+    def _var(self, e: g.Var, binding_type: Type | None) -> str:
+        return self.var(e)
+
+    def _constant(self, e: g.Constant, binding_type: Type | None) -> str:
+        args = self.module.data_args(e.data, e.name or "const")
+        if e.name:
+            args.append(f"name={quote(e.name)}")
+        return f"G.const({', '.join(args)})"
+
+    def _call(self, e: g.Call, binding_type: Type | None) -> str:
+        parts = [quote(e.op), *(self.expr(a) for a in e.args)]
+        parts.extend(_call_attrs(e.attrs, self.module.literal))
+        if binding_type is None or binding_type != e.ret_type:
+            parts.append(f"ret={self.type(e.ret_type)}")
+        return f"G.op({', '.join(parts)})"
+
+    def _call_tensor(self, e: g.CallTensor, binding_type: Type | None) -> str:
+        call_args = ", ".join(self.expr(a) for a in e.args)
+        return f"G.call_tensor({quote(e.func)}, [{call_args}], {self.type(e.ret_type)})"
+
+    def _tuple(self, e: g.Tuple, binding_type: Type | None) -> str:
+        fields = [self.expr(f) for f in e.fields]
+        return f"({fields[0]},)" if len(fields) == 1 else f"({', '.join(fields)})"
+
+    def _get_item(self, e: g.TupleGetItem, binding_type: Type | None) -> str:
+        return f"{self.expr(e.tuple_value)}[{e.index}]"
+
+
+_GRAPH_RULES: dict[type, Callable[[_GraphPrinter, Any, Type | None], str]] = {
+    g.Var: _GraphPrinter._var, g.Constant: _GraphPrinter._constant, g.Call: _GraphPrinter._call,
+    g.CallTensor: _GraphPrinter._call_tensor, g.Tuple: _GraphPrinter._tuple,
+    g.TupleGetItem: _GraphPrinter._get_item,
+}
 
 
 # Keyword names G.op itself takes; attributes with these names go in attrs={...}.

@@ -1,12 +1,20 @@
 """Generic traversal and rewriting of IR, so passes do not re-implement walking.
 
+The children of a node are derived once per node class from its dataclass
+fields (`child_fields`): a field holding statements, expressions or buffers
+(or a tuple of them) is a child; a field typed `Var` binds a variable; the
+buffer fields listed in `BUFFER_DEFINITIONS` bind a buffer. Every walker below
+runs on that description, so a new node class needs no walking code.
+
 Tensor level (`kiln.ir.tensor`):
-- `StmtExprVisitor`: walks statements and expressions; override `visit_<node>`
-  methods (e.g. `visit_for`, `visit_load`) and call the base method to recurse.
-- `StmtExprMutator`: rebuilds the tree bottom-up; a node whose children did
-  not change is returned as is (identity preserved), so "nothing changed" is
-  `new is old`.
-- `expr_children`, `post_order_visit`, `substitute` for quick jobs.
+- `StmtVisitor` / `StmtMutator`: statements only (expressions are not entered).
+- `StmtExprVisitor` / `StmtExprMutator`: statements and expressions.
+  Override `visit_<node>` methods (e.g. `visit_for`, `visit_load`) and call the
+  base method to recurse. Mutators rebuild bottom-up; a node whose children did
+  not change is returned as is, so "nothing changed" is `new is old`.
+- `expr_children`, `stmt_children`, `operands`, `definitions`, `iter_stmts`,
+  `iter_exprs`, `iter_nodes`, `pre_order_visit` (with pruning), `post_order_visit`,
+  `substitute` for quick jobs.
 
 Graph level (`kiln.ir.graph`):
 - `GraphVisitor` / `GraphMutator` over `Function` bindings and expressions;
@@ -25,9 +33,12 @@ Method names are `visit_` + the node class name in snake case: `visit_binary_op`
 
 from __future__ import annotations
 
-import functools
+import dataclasses
 import re
-from collections.abc import Callable, Mapping, Sequence
+import types
+import typing
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from kiln.errors import IRError
@@ -36,19 +47,138 @@ from kiln.ir import tensor as t
 
 _N = TypeVar("_N")
 
+# --------------------------------------------------------------------------- child fields
 
-@functools.cache
+# Buffer fields that bind a new buffer for the statements after them (the other
+# buffer fields use one). Variables need no table: a field typed `Var` (rather
+# than `PrimExpr`) binds its variable.
+BUFFER_DEFINITIONS: Mapping[type, tuple[str, ...]] = {
+    t.Allocate: ("buffer",),
+    t.AllocConst: ("buffer",),
+    t.DeclBuffer: ("buffer",),
+}
+
+# Roles of a field, in the order a walk visits them: uses before definitions,
+# definitions before the statements they scope.
+EXPR, BUFFER, VAR_DEF, BUFFER_DEF, STMT = "expr", "buffer", "var_def", "buffer_def", "stmt"
+_RANK = {EXPR: 0, BUFFER: 0, VAR_DEF: 1, BUFFER_DEF: 1, STMT: 2}
+
+
+@dataclass(frozen=True)
+class ChildFields:
+    """What the fields of one node class hold.
+
+    `walk` lists `(field, role)` in visiting order; `names` all dataclass fields
+    in constructor order (a rebuilt node passes them positionally).
+    An `expr` field holds an expression, or a tuple of expressions and buffers
+    (call arguments); a `stmt` field a statement, None, or a tuple of statements.
+    """
+
+    walk: tuple[tuple[str, str], ...]
+    names: tuple[str, ...]
+
+    def of(self, role: str) -> tuple[str, ...]:
+        return tuple(name for name, r in self.walk if r == role)
+
+
+def _leaf_types(hint: Any) -> tuple[set[type], bool]:
+    """The classes an annotation admits (None dropped) and whether it is a tuple of them."""
+    origin = typing.get_origin(hint)
+    if origin is tuple:
+        inner, _ = _leaf_types(typing.get_args(hint)[0])
+        return inner, True
+    if origin in (typing.Union, types.UnionType):
+        out: set[type] = set()
+        for arg in typing.get_args(hint):
+            if arg is not type(None):
+                out |= _leaf_types(arg)[0]
+        return out, False
+    return ({hint} if isinstance(hint, type) else {object}), False
+
+
+def _role(cls: type, name: str, hint: Any) -> str | None:
+    leaves, is_tuple = _leaf_types(hint)
+    if not leaves:
+        return None
+    if all(issubclass(c, t.Stmt) for c in leaves):
+        return STMT
+    if leaves == {t.Var} and not is_tuple:
+        return VAR_DEF
+    if leaves == {t.Buffer} and not is_tuple:
+        return BUFFER_DEF if name in BUFFER_DEFINITIONS.get(cls, ()) else BUFFER
+    if all(issubclass(c, (t.PrimExpr, t.Buffer, g.Expr)) for c in leaves):
+        return EXPR
+    return None
+
+
+_FIELDS: dict[type, ChildFields] = {}
+
+
+def child_fields(cls: type) -> ChildFields:
+    """The child fields of node class `cls`, derived from its annotations (cached)."""
+    found = _FIELDS.get(cls)
+    if found is None:
+        found = ChildFields((), ())
+        if dataclasses.is_dataclass(cls):
+            hints = typing.get_type_hints(cls)
+            names = tuple(f.name for f in dataclasses.fields(cls))
+            roles = [(n, _role(cls, n, hints[n])) for n in names]
+            walk = sorted(((n, r) for n, r in roles if r is not None),
+                          key=lambda nr: _RANK[nr[1]])
+            found = ChildFields(tuple(walk), names)
+        _FIELDS[cls] = found
+    return found
+
+
+def _values(node: object, names: tuple[str, ...]) -> Iterator[Any]:
+    """The values held in fields `names`, tuples flattened and None dropped."""
+    for name in names:
+        value = getattr(node, name)
+        if isinstance(value, tuple):
+            yield from value
+        elif value is not None:
+            yield value
+
+
+def _rebuild(node: _N, new: dict[str, Any]) -> _N:
+    """`node` with the fields in `new` replaced (itself when none changed)."""
+    changed = False
+    for name, value in new.items():
+        old = getattr(node, name)
+        if isinstance(value, tuple):
+            changed = changed or not _same(value, old)
+        else:
+            changed = changed or value is not old
+    if not changed:
+        return node
+    return type(node)(*(new.get(n, getattr(node, n)) for n in child_fields(type(node)).names))
+
+
 def _method_name(cls: type) -> str:
     return "visit_" + re.sub(r"(?<!^)(?=[A-Z])", "_", cls.__name__).lower()
 
 
+_HANDLERS: dict[tuple[type, type], Callable[[Any, Any], Any] | None] = {}
+
+
+def _handler(walker: type, node: type) -> Callable[[Any, Any], Any] | None:
+    key = (walker, node)
+    if key not in _HANDLERS:
+        _HANDLERS[key] = None
+        # Walk the MRO so a subclass of a node type reaches its parent's method.
+        for cls in node.__mro__:
+            method = getattr(walker, _method_name(cls), None)
+            if method is not None and cls not in (object, t.PrimExpr, t.Stmt, g.Expr):
+                _HANDLERS[key] = method
+                break
+    return _HANDLERS[key]
+
+
 def _dispatch(obj: object, node: object, kind: str) -> Any:
-    # Walk the MRO so a subclass of a node type reaches its parent's method.
-    for cls in type(node).__mro__:
-        method = getattr(obj, _method_name(cls), None)
-        if method is not None and cls not in (object, t.PrimExpr, t.Stmt, g.Expr):
-            return method(node)
-    raise IRError(f"{type(obj).__name__}: no visit method for {kind} {type(node).__name__}")
+    method = _handler(type(obj), type(node))
+    if method is None:
+        raise IRError(f"{type(obj).__name__}: no visit method for {kind} {type(node).__name__}")
+    return method(obj, node)
 
 
 def _same(a: Sequence[object], b: Sequence[object]) -> bool:
@@ -58,25 +188,109 @@ def _same(a: Sequence[object], b: Sequence[object]) -> bool:
 # --------------------------------------------------------------------------- tensor level
 
 
-def expr_children(e: t.PrimExpr) -> tuple[t.PrimExpr | t.Buffer, ...]:
-    """Direct operands of an expression (Load indices, call arguments, ...)."""
-    if isinstance(e, (t.BinaryOp, t.Compare)):
-        return (e.a, e.b)
-    if isinstance(e, t.UnaryOp):
-        return (e.a,)
-    if isinstance(e, t.Select):
-        return (e.cond, e.true_value, e.false_value)
-    if isinstance(e, t.Cast):
-        return (e.value,)
-    if isinstance(e, t.Load):
-        return e.indices
-    if isinstance(e, (t.Intrin, t.CallExtern)):
-        return e.args
-    return ()
+def expr_children(node: t.PrimExpr | t.Stmt) -> tuple[t.PrimExpr | t.Buffer, ...]:
+    """Expression operands of an expression or statement (Load indices, call arguments,
+    a Store's value and indices, loop bounds...); call arguments may be buffers."""
+    return tuple(_values(node, child_fields(type(node)).of(EXPR)))
 
 
-class StmtExprVisitor:
-    """Read-only walk over tensor-level IR in program order."""
+def stmt_children(s: t.Stmt) -> tuple[t.Stmt, ...]:
+    """The statements directly inside `s` (a loop's body, a sequence's items...)."""
+    return tuple(_values(s, child_fields(type(s)).of(STMT)))
+
+
+def operands(node: t.PrimExpr | t.Stmt) -> tuple[t.PrimExpr | t.Buffer, ...]:
+    """The expressions and buffers `node` uses directly, in evaluation order (a Load's
+    buffer before its indices, a Store's buffer, a view's source, call arguments)."""
+    fields = child_fields(type(node))
+    return tuple(_values(node, tuple(n for n, r in fields.walk if r in (EXPR, BUFFER))))
+
+
+def definitions(s: t.Stmt) -> tuple[t.Var | t.Buffer, ...]:
+    """The variables and buffers statement `s` binds (a loop's variable, an allocation)."""
+    fields = child_fields(type(s))
+    return tuple(_values(s, tuple(n for n, r in fields.walk if r in (VAR_DEF, BUFFER_DEF))))
+
+
+def iter_stmts(stmt: t.Stmt) -> Iterator[t.Stmt]:
+    """Every statement inside `stmt` (itself included), in program order."""
+    stack = [stmt]
+    while stack:
+        s = stack.pop()
+        yield s
+        stack.extend(reversed(stmt_children(s)))
+
+
+def iter_exprs(*exprs: t.PrimExpr) -> Iterator[t.PrimExpr]:
+    """Every expression inside `exprs` (themselves included), parents first."""
+    stack = list(reversed(exprs))
+    while stack:
+        e = stack.pop()
+        yield e
+        stack.extend(c for c in reversed(expr_children(e)) if isinstance(c, t.PrimExpr))
+
+
+def _node_children(node: object) -> list[t.Stmt | t.PrimExpr]:
+    fields = child_fields(type(node))
+    names = tuple(n for n, r in fields.walk if r in (EXPR, STMT))
+    return [c for c in _values(node, names) if isinstance(c, (t.PrimExpr, t.Stmt))]
+
+
+def iter_nodes(root: t.Stmt | t.PrimExpr) -> Iterator[t.Stmt | t.PrimExpr]:
+    """Every statement and expression under `root` (included), parents first, in
+    program order. Bound variables and buffers are not nodes of their own."""
+    stack = [root]
+    while stack:
+        x = stack.pop()
+        yield x
+        stack.extend(reversed(_node_children(x)))
+
+
+def pre_order_visit(node: t.Stmt | t.PrimExpr | t.PrimFunc,
+                    fn: Callable[[Any], bool | None]) -> None:
+    """Call `fn` on every statement and expression under `node`, parents first, in
+    program order; when `fn` returns False the node's children are skipped."""
+    stack: list[t.Stmt | t.PrimExpr] = [node.body if isinstance(node, t.PrimFunc) else node]
+    while stack:
+        x = stack.pop()
+        if fn(x) is not False:
+            stack.extend(reversed(_node_children(x)))
+
+
+class StmtVisitor:
+    """Read-only walk over the statements of tensor-level IR in program order;
+    expressions are not entered. Override `visit_<statement>` and call the base
+    method to recurse."""
+
+    def visit_func(self, fn: t.PrimFunc) -> None:
+        self.visit_stmt(fn.body)
+
+    def visit_stmt(self, s: t.Stmt) -> None:
+        _dispatch(self, s, "statement")
+
+    def generic_visit(self, node: t.Stmt | t.PrimExpr) -> None:
+        """Visit the children of `node` (the default of every `visit_<node>`)."""
+        for sub in stmt_children(node) if isinstance(node, t.Stmt) else ():
+            self.visit_stmt(sub)
+
+    def visit_seq_stmt(self, s: t.SeqStmt) -> None:
+        for sub in s.body:
+            self.visit_stmt(sub)
+
+    def visit_store(self, s: t.Store) -> None: self.generic_visit(s)
+    def visit_for(self, s: t.For) -> None: self.generic_visit(s)
+    def visit_let_stmt(self, s: t.LetStmt) -> None: self.generic_visit(s)
+    def visit_if_then_else(self, s: t.IfThenElse) -> None: self.generic_visit(s)
+    def visit_allocate(self, s: t.Allocate) -> None: self.generic_visit(s)
+    def visit_alloc_const(self, s: t.AllocConst) -> None: self.generic_visit(s)
+    def visit_decl_buffer(self, s: t.DeclBuffer) -> None: self.generic_visit(s)
+    def visit_evaluate(self, s: t.Evaluate) -> None: self.generic_visit(s)
+    def visit_call_func(self, s: t.CallFunc) -> None: self.generic_visit(s)
+
+
+class StmtExprVisitor(StmtVisitor):
+    """Read-only walk over statements and expressions of tensor-level IR in program
+    order, with hooks for the definitions and uses of variables and buffers."""
 
     def visit_func(self, fn: t.PrimFunc) -> None:
         for p in fn.params:
@@ -85,9 +299,6 @@ class StmtExprVisitor:
             else:
                 self.visit_var_def(p)
         self.visit_stmt(fn.body)
-
-    def visit_stmt(self, s: t.Stmt) -> None:
-        _dispatch(self, s, "statement")
 
     def visit_expr(self, e: t.PrimExpr) -> None:
         _dispatch(self, e, "expression")
@@ -102,99 +313,78 @@ class StmtExprVisitor:
     def visit_buffer_use(self, b: t.Buffer) -> None:
         pass
 
-    def _arg(self, a: t.PrimExpr | t.Buffer) -> None:
-        if isinstance(a, t.Buffer):
-            self.visit_buffer_use(a)
-        else:
-            self.visit_expr(a)
+    def generic_visit(self, node: t.Stmt | t.PrimExpr) -> None:
+        for name, role in child_fields(type(node)).walk:
+            value = getattr(node, name)
+            for x in value if isinstance(value, tuple) else (value,):
+                if x is None:
+                    continue
+                if role == STMT:
+                    self.visit_stmt(x)
+                elif role == VAR_DEF:
+                    self.visit_var_def(x)
+                elif role == BUFFER_DEF:
+                    self.visit_buffer_def(x)
+                elif isinstance(x, t.Buffer):
+                    self.visit_buffer_use(x)
+                else:
+                    self.visit_expr(x)
 
-    # statements
-    def visit_seq_stmt(self, s: t.SeqStmt) -> None:
-        for sub in s.body:
-            self.visit_stmt(sub)
-
-    def visit_store(self, s: t.Store) -> None:
-        self.visit_buffer_use(s.buffer)
-        for i in s.indices:
-            self.visit_expr(i)
-        self.visit_expr(s.value)
-
-    def visit_for(self, s: t.For) -> None:
-        self.visit_expr(s.start)
-        self.visit_expr(s.extent)
-        self.visit_var_def(s.var)
-        self.visit_stmt(s.body)
-
-    def visit_let_stmt(self, s: t.LetStmt) -> None:
-        self.visit_expr(s.value)
-        self.visit_var_def(s.var)
-        self.visit_stmt(s.body)
-
-    def visit_if_then_else(self, s: t.IfThenElse) -> None:
-        self.visit_expr(s.cond)
-        self.visit_stmt(s.then_body)
-        if s.else_body is not None:
-            self.visit_stmt(s.else_body)
-
-    # Declarations have no body: their scope is the rest of the enclosing block.
-    def visit_allocate(self, s: t.Allocate) -> None:
-        self.visit_buffer_def(s.buffer)
-
-    def visit_alloc_const(self, s: t.AllocConst) -> None:
-        self.visit_buffer_def(s.buffer)
-
-    def visit_decl_buffer(self, s: t.DeclBuffer) -> None:
-        self.visit_buffer_use(s.source)
-        self.visit_buffer_def(s.buffer)
-
-    def visit_evaluate(self, s: t.Evaluate) -> None:
-        self.visit_expr(s.value)
-
-    def visit_call_func(self, s: t.CallFunc) -> None:
-        for a in s.args:
-            self._arg(a)
-
-    # expressions
-    def visit_var(self, e: t.Var) -> None:
-        pass
-
-    def visit_const(self, e: t.Const) -> None:
-        pass
-
-    def visit_binary_op(self, e: t.BinaryOp) -> None:
-        self.visit_expr(e.a)
-        self.visit_expr(e.b)
-
-    def visit_compare(self, e: t.Compare) -> None:
-        self.visit_expr(e.a)
-        self.visit_expr(e.b)
-
-    def visit_unary_op(self, e: t.UnaryOp) -> None:
-        self.visit_expr(e.a)
-
-    def visit_select(self, e: t.Select) -> None:
-        self.visit_expr(e.cond)
-        self.visit_expr(e.true_value)
-        self.visit_expr(e.false_value)
-
-    def visit_cast(self, e: t.Cast) -> None:
-        self.visit_expr(e.value)
-
-    def visit_load(self, e: t.Load) -> None:
-        self.visit_buffer_use(e.buffer)
-        for i in e.indices:
-            self.visit_expr(i)
-
-    def visit_intrin(self, e: t.Intrin) -> None:
-        for a in e.args:
-            self.visit_expr(a)
-
-    def visit_call_extern(self, e: t.CallExtern) -> None:
-        for a in e.args:
-            self._arg(a)
+    def visit_var(self, e: t.Var) -> None: self.generic_visit(e)
+    def visit_const(self, e: t.Const) -> None: self.generic_visit(e)
+    def visit_binary_op(self, e: t.BinaryOp) -> None: self.generic_visit(e)
+    def visit_compare(self, e: t.Compare) -> None: self.generic_visit(e)
+    def visit_unary_op(self, e: t.UnaryOp) -> None: self.generic_visit(e)
+    def visit_select(self, e: t.Select) -> None: self.generic_visit(e)
+    def visit_cast(self, e: t.Cast) -> None: self.generic_visit(e)
+    def visit_load(self, e: t.Load) -> None: self.generic_visit(e)
+    def visit_intrin(self, e: t.Intrin) -> None: self.generic_visit(e)
+    def visit_call_extern(self, e: t.CallExtern) -> None: self.generic_visit(e)
 
 
-class StmtExprMutator:
+class StmtMutator:
+    """Rebuilds the statements of tensor-level IR bottom-up; expressions are kept as
+    they are. Unchanged subtrees keep their identity."""
+
+    def visit_func(self, fn: t.PrimFunc) -> t.PrimFunc:
+        body = self.visit_stmt(fn.body)
+        return fn if body is fn.body else fn.with_body(body)
+
+    def visit_stmt(self, s: t.Stmt) -> t.Stmt:
+        result: t.Stmt = _dispatch(self, s, "statement")
+        return result
+
+    def generic_visit(self, node: _N) -> _N:
+        """`node` with its children rewritten (the default of every `visit_<node>`)."""
+        new: dict[str, Any] = {}
+        for name, role in child_fields(type(node)).walk:
+            if role == STMT:
+                new[name] = self._rewrite(getattr(node, name), role)
+        return _rebuild(node, new)
+
+    def _rewrite(self, value: Any, role: str) -> Any:
+        if isinstance(value, tuple):
+            return tuple(self._rewrite(x, role) for x in value)
+        if value is None:
+            return None
+        return self.visit_stmt(value)
+
+    def visit_seq_stmt(self, s: t.SeqStmt) -> t.Stmt:
+        body = tuple(self.visit_stmt(x) for x in s.body)
+        return s if _same(body, s.body) else t.seq(*body)
+
+    def visit_store(self, s: t.Store) -> t.Stmt: return self.generic_visit(s)
+    def visit_for(self, s: t.For) -> t.Stmt: return self.generic_visit(s)
+    def visit_let_stmt(self, s: t.LetStmt) -> t.Stmt: return self.generic_visit(s)
+    def visit_if_then_else(self, s: t.IfThenElse) -> t.Stmt: return self.generic_visit(s)
+    def visit_allocate(self, s: t.Allocate) -> t.Stmt: return self.generic_visit(s)
+    def visit_alloc_const(self, s: t.AllocConst) -> t.Stmt: return self.generic_visit(s)
+    def visit_decl_buffer(self, s: t.DeclBuffer) -> t.Stmt: return self.generic_visit(s)
+    def visit_evaluate(self, s: t.Evaluate) -> t.Stmt: return self.generic_visit(s)
+    def visit_call_func(self, s: t.CallFunc) -> t.Stmt: return self.generic_visit(s)
+
+
+class StmtExprMutator(StmtMutator):
     """Rebuilds tensor-level IR bottom-up; unchanged subtrees keep their identity.
 
     `visit_buffer` is applied to every buffer reference (definitions and uses),
@@ -209,10 +399,6 @@ class StmtExprMutator:
             return fn
         return t.PrimFunc(params, body, dict(fn.attrs))
 
-    def visit_stmt(self, s: t.Stmt) -> t.Stmt:
-        result: t.Stmt = _dispatch(self, s, "statement")
-        return result
-
     def visit_expr(self, e: t.PrimExpr) -> t.PrimExpr:
         result: t.PrimExpr = _dispatch(self, e, "expression")
         return result
@@ -220,105 +406,34 @@ class StmtExprMutator:
     def visit_buffer(self, b: t.Buffer) -> t.Buffer:
         return b
 
-    def _arg(self, a: t.PrimExpr | t.Buffer) -> t.PrimExpr | t.Buffer:
-        return self.visit_buffer(a) if isinstance(a, t.Buffer) else self.visit_expr(a)
+    def generic_visit(self, node: _N) -> _N:
+        new: dict[str, Any] = {}
+        for name, role in child_fields(type(node)).walk:
+            if role != VAR_DEF:
+                new[name] = self._rewrite(getattr(node, name), role)
+        return _rebuild(node, new)
 
-    def _exprs(self, es: tuple[t.PrimExpr, ...]) -> tuple[t.PrimExpr, ...]:
-        return tuple(self.visit_expr(e) for e in es)
+    def _rewrite(self, value: Any, role: str) -> Any:
+        if isinstance(value, tuple):
+            return tuple(self._rewrite(x, role) for x in value)
+        if value is None:
+            return None
+        if isinstance(value, t.Buffer):
+            return self.visit_buffer(value)
+        if role == STMT:
+            return self.visit_stmt(value)
+        return self.visit_expr(value)
 
-    # statements
-    def visit_seq_stmt(self, s: t.SeqStmt) -> t.Stmt:
-        body = tuple(self.visit_stmt(x) for x in s.body)
-        return s if _same(body, s.body) else t.seq(*body)
-
-    def visit_store(self, s: t.Store) -> t.Stmt:
-        buf, value, idx = self.visit_buffer(s.buffer), self.visit_expr(s.value), \
-            self._exprs(s.indices)
-        if buf is s.buffer and value is s.value and _same(idx, s.indices):
-            return s
-        return t.Store(buf, value, idx)
-
-    def visit_for(self, s: t.For) -> t.Stmt:
-        start, extent, body = self.visit_expr(s.start), self.visit_expr(s.extent), \
-            self.visit_stmt(s.body)
-        if start is s.start and extent is s.extent and body is s.body:
-            return s
-        return t.For(s.var, start, extent, s.kind, body)
-
-    def visit_let_stmt(self, s: t.LetStmt) -> t.Stmt:
-        value, body = self.visit_expr(s.value), self.visit_stmt(s.body)
-        if value is s.value and body is s.body:
-            return s
-        return t.LetStmt(s.var, value, body)
-
-    def visit_if_then_else(self, s: t.IfThenElse) -> t.Stmt:
-        cond, then = self.visit_expr(s.cond), self.visit_stmt(s.then_body)
-        other = self.visit_stmt(s.else_body) if s.else_body is not None else None
-        if cond is s.cond and then is s.then_body and other is s.else_body:
-            return s
-        return t.IfThenElse(cond, then, other)
-
-    def visit_allocate(self, s: t.Allocate) -> t.Stmt:
-        buf = self.visit_buffer(s.buffer)
-        return s if buf is s.buffer else t.Allocate(buf)
-
-    def visit_alloc_const(self, s: t.AllocConst) -> t.Stmt:
-        buf = self.visit_buffer(s.buffer)
-        return s if buf is s.buffer else t.AllocConst(buf, s.data)
-
-    def visit_decl_buffer(self, s: t.DeclBuffer) -> t.Stmt:
-        buf, src = self.visit_buffer(s.buffer), self.visit_buffer(s.source)
-        return s if buf is s.buffer and src is s.source else t.DeclBuffer(buf, src, s.byte_offset)
-
-    def visit_evaluate(self, s: t.Evaluate) -> t.Stmt:
-        value = self.visit_expr(s.value)
-        return s if value is s.value else t.Evaluate(value)
-
-    def visit_call_func(self, s: t.CallFunc) -> t.Stmt:
-        args = tuple(self._arg(a) for a in s.args)
-        return s if _same(args, s.args) else t.CallFunc(s.func, args)
-
-    # expressions
-    def visit_var(self, e: t.Var) -> t.PrimExpr:
-        return e
-
-    def visit_const(self, e: t.Const) -> t.PrimExpr:
-        return e
-
-    def visit_binary_op(self, e: t.BinaryOp) -> t.PrimExpr:
-        a, b = self.visit_expr(e.a), self.visit_expr(e.b)
-        return e if a is e.a and b is e.b else t.BinaryOp(e.op, a, b)
-
-    def visit_compare(self, e: t.Compare) -> t.PrimExpr:
-        a, b = self.visit_expr(e.a), self.visit_expr(e.b)
-        return e if a is e.a and b is e.b else t.Compare(e.op, a, b)
-
-    def visit_unary_op(self, e: t.UnaryOp) -> t.PrimExpr:
-        a = self.visit_expr(e.a)
-        return e if a is e.a else t.UnaryOp(e.op, a)
-
-    def visit_select(self, e: t.Select) -> t.PrimExpr:
-        c, x, y = (self.visit_expr(e.cond), self.visit_expr(e.true_value),
-                   self.visit_expr(e.false_value))
-        if c is e.cond and x is e.true_value and y is e.false_value:
-            return e
-        return t.Select(c, x, y)
-
-    def visit_cast(self, e: t.Cast) -> t.PrimExpr:
-        v = self.visit_expr(e.value)
-        return e if v is e.value else t.Cast(e.dtype, v)
-
-    def visit_load(self, e: t.Load) -> t.PrimExpr:
-        buf, idx = self.visit_buffer(e.buffer), self._exprs(e.indices)
-        return e if buf is e.buffer and _same(idx, e.indices) else t.Load(buf, idx)
-
-    def visit_intrin(self, e: t.Intrin) -> t.PrimExpr:
-        args = self._exprs(e.args)
-        return e if _same(args, e.args) else t.Intrin(e.name, args)
-
-    def visit_call_extern(self, e: t.CallExtern) -> t.PrimExpr:
-        args = tuple(self._arg(a) for a in e.args)
-        return e if _same(args, e.args) else t.CallExtern(e.name, args, e.dtype, e.dependency)
+    def visit_var(self, e: t.Var) -> t.PrimExpr: return self.generic_visit(e)
+    def visit_const(self, e: t.Const) -> t.PrimExpr: return self.generic_visit(e)
+    def visit_binary_op(self, e: t.BinaryOp) -> t.PrimExpr: return self.generic_visit(e)
+    def visit_compare(self, e: t.Compare) -> t.PrimExpr: return self.generic_visit(e)
+    def visit_unary_op(self, e: t.UnaryOp) -> t.PrimExpr: return self.generic_visit(e)
+    def visit_select(self, e: t.Select) -> t.PrimExpr: return self.generic_visit(e)
+    def visit_cast(self, e: t.Cast) -> t.PrimExpr: return self.generic_visit(e)
+    def visit_load(self, e: t.Load) -> t.PrimExpr: return self.generic_visit(e)
+    def visit_intrin(self, e: t.Intrin) -> t.PrimExpr: return self.generic_visit(e)
+    def visit_call_extern(self, e: t.CallExtern) -> t.PrimExpr: return self.generic_visit(e)
 
 
 class _PostOrder(StmtExprVisitor):
@@ -374,13 +489,7 @@ def substitute(node: _N, vmap: Mapping[t.Var, t.PrimExpr]) -> _N:
 
 def graph_children(e: g.Expr) -> tuple[g.Expr, ...]:
     """Direct operands of a graph expression."""
-    if isinstance(e, (g.Call, g.CallTensor)):
-        return e.args
-    if isinstance(e, g.Tuple):
-        return e.fields
-    if isinstance(e, g.TupleGetItem):
-        return (e.tuple_value,)
-    return ()
+    return tuple(_values(e, child_fields(type(e)).of(EXPR)))
 
 
 class GraphVisitor:
@@ -403,26 +512,17 @@ class GraphVisitor:
     def visit_expr(self, e: g.Expr) -> None:
         _dispatch(self, e, "graph expression")
 
-    def visit_var(self, e: g.Var) -> None:
-        pass
+    def generic_visit(self, e: g.Expr) -> None:
+        """Visit the operands of `e` (the default of every `visit_<node>`)."""
+        for x in graph_children(e):
+            self.visit_expr(x)
 
-    def visit_constant(self, e: g.Constant) -> None:
-        pass
-
-    def visit_call(self, e: g.Call) -> None:
-        for a in e.args:
-            self.visit_expr(a)
-
-    def visit_call_tensor(self, e: g.CallTensor) -> None:
-        for a in e.args:
-            self.visit_expr(a)
-
-    def visit_tuple(self, e: g.Tuple) -> None:
-        for f in e.fields:
-            self.visit_expr(f)
-
-    def visit_tuple_get_item(self, e: g.TupleGetItem) -> None:
-        self.visit_expr(e.tuple_value)
+    def visit_var(self, e: g.Var) -> None: self.generic_visit(e)
+    def visit_constant(self, e: g.Constant) -> None: self.generic_visit(e)
+    def visit_call(self, e: g.Call) -> None: self.generic_visit(e)
+    def visit_call_tensor(self, e: g.CallTensor) -> None: self.generic_visit(e)
+    def visit_tuple(self, e: g.Tuple) -> None: self.generic_visit(e)
+    def visit_tuple_get_item(self, e: g.TupleGetItem) -> None: self.generic_visit(e)
 
 
 class GraphMutator:
@@ -452,27 +552,18 @@ class GraphMutator:
         result: g.Expr = _dispatch(self, e, "graph expression")
         return result
 
-    def _exprs(self, es: tuple[g.Expr, ...]) -> tuple[g.Expr, ...]:
-        return tuple(self.visit_expr(e) for e in es)
+    def generic_visit(self, e: g.Expr) -> g.Expr:
+        """`e` with its operands rewritten (itself when none changed)."""
+        new: dict[str, Any] = {}
+        for name in child_fields(type(e)).of(EXPR):
+            value = getattr(e, name)
+            new[name] = (tuple(self.visit_expr(x) for x in value) if isinstance(value, tuple)
+                         else self.visit_expr(value))
+        return _rebuild(e, new)
 
-    def visit_var(self, e: g.Var) -> g.Expr:
-        return e
-
-    def visit_constant(self, e: g.Constant) -> g.Expr:
-        return e
-
-    def visit_call(self, e: g.Call) -> g.Expr:
-        args = self._exprs(e.args)
-        return e if _same(args, e.args) else g.Call(e.op, args, dict(e.attrs), e.ret_type)
-
-    def visit_call_tensor(self, e: g.CallTensor) -> g.Expr:
-        args = self._exprs(e.args)
-        return e if _same(args, e.args) else g.CallTensor(e.func, args, e.ret_type)
-
-    def visit_tuple(self, e: g.Tuple) -> g.Expr:
-        fields = self._exprs(e.fields)
-        return e if _same(fields, e.fields) else g.Tuple(fields)
-
-    def visit_tuple_get_item(self, e: g.TupleGetItem) -> g.Expr:
-        v = self.visit_expr(e.tuple_value)
-        return e if v is e.tuple_value else g.TupleGetItem(v, e.index)
+    def visit_var(self, e: g.Var) -> g.Expr: return self.generic_visit(e)
+    def visit_constant(self, e: g.Constant) -> g.Expr: return self.generic_visit(e)
+    def visit_call(self, e: g.Call) -> g.Expr: return self.generic_visit(e)
+    def visit_call_tensor(self, e: g.CallTensor) -> g.Expr: return self.generic_visit(e)
+    def visit_tuple(self, e: g.Tuple) -> g.Expr: return self.generic_visit(e)
+    def visit_tuple_get_item(self, e: g.TupleGetItem) -> g.Expr: return self.generic_visit(e)

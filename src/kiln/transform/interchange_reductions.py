@@ -40,6 +40,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from kiln.ir.aliasing import analyze
 from kiln.ir.attrs import ATTR_GRAPH
 from kiln.ir.module import IRModule
 from kiln.ir.tensor import (
@@ -60,7 +61,7 @@ from kiln.ir.tensor import (
     Var,
     seq,
 )
-from kiln.transform.functor import StmtExprMutator, iter_stmts
+from kiln.ir.visitor import StmtExprMutator, iter_exprs, iter_stmts
 from kiln.transform.parallelize import LoopRewriter, Storage, loop_is_parallelizable
 from kiln.transform.pass_base import FunctionPass
 
@@ -77,8 +78,6 @@ class InterchangeReductions(FunctionPass):
     tile: int = 64
 
     def run(self, mod: IRModule) -> IRModule:
-        from kiln.codegen.aliasing import analyze  # an IR analysis shared with the backends
-
         funcs = mod.prim_funcs()
         info = analyze(dict(funcs))
         aliased = {name for name in funcs if info.noalias[name] != info.written[name]}
@@ -86,7 +85,7 @@ class InterchangeReductions(FunctionPass):
         for name, fn in funcs.items():
             if fn.attrs.get(ATTR_GRAPH):
                 continue
-            body = _Interchanger(self.tile, Storage(fn, name in aliased)).stmt(fn.body)
+            body = _Interchanger(self.tile, Storage(fn, name in aliased)).visit_stmt(fn.body)
             if body is not fn.body:
                 changed[name] = fn.with_body(body)
         if not changed:
@@ -103,9 +102,7 @@ class _Interchanger(LoopRewriter):
         done = self.interchange(loop)
         if done is not None:
             return done
-        body = self.stmt(loop.body)
-        return loop if body is loop.body else For(loop.var, loop.start, loop.extent, loop.kind,
-                                                   body)
+        return super().visit_for(loop)
 
     def interchange(self, loop: For) -> Stmt | None:
         """The rewritten loop, or None when it does not have the expected shape."""
@@ -152,7 +149,7 @@ class _Interchanger(LoopRewriter):
         """The output loop's iterations are independent once each has its own
         accumulator (what the interchange reorders)."""
         wide = {a: Buffer(a.name, (extent,), a.dtype, "local") for a in accs}
-        body = _Substitute(loop.var, loop.var, wide, loop.var).stmt(seq(*statements))
+        body = _Substitute(loop.var, loop.var, wide, loop.var).visit_stmt(seq(*statements))
         return loop_is_parallelizable(For(loop.var, loop.start, loop.extent, "serial", body),
                                       self.storage)
 
@@ -164,7 +161,7 @@ class _Interchanger(LoopRewriter):
             lane = Var(f"{loop.var.name}_{k}" if len(statements) > 1 else loop.var.name, INDEX)
             index: PrimExpr = lane if tile is None else BinaryOp(
                 "add", BinaryOp("mul", tile, Const(self.tile, INDEX)), lane)
-            body = _Substitute(loop.var, index, vectors, lane).stmt(statement)
+            body = _Substitute(loop.var, index, vectors, lane).visit_stmt(statement)
             out.append(_innermost(body, _LaneLoop(lane, count)))
         return seq(*(Allocate(buf) for buf in vectors.values()), *out)
 
@@ -177,25 +174,10 @@ def _outer_bounds_free_of(s: Stmt, var: Var) -> bool:
     """The bounds of the perfectly nested loops at the top of `s` (the ones the output
     loop moves inside) do not read `var`."""
     while isinstance(s, For):
-        if any(isinstance(x, Var) and x is var for x in _vars(s.start, s.extent)):
+        if any(isinstance(x, Var) and x is var for x in iter_exprs(s.start, s.extent)):
             return False
         s = s.body
     return True
-
-
-def _vars(*exprs: PrimExpr) -> list[PrimExpr]:
-    out: list[PrimExpr] = []
-    stack = list(exprs)
-    while stack:
-        e = stack.pop()
-        out.append(e)
-        for name in getattr(e, "__slots__", ()):
-            child = getattr(e, name, None)
-            if isinstance(child, PrimExpr):
-                stack.append(child)
-            elif isinstance(child, tuple):
-                stack.extend(c for c in child if isinstance(c, PrimExpr))
-    return out
 
 
 @dataclass(frozen=True)
@@ -227,21 +209,21 @@ class _Substitute(StmtExprMutator):
         self.vectors = vectors
         self.lane = lane
 
-    def visit_Var(self, e: Var) -> PrimExpr:
+    def visit_var(self, e: Var) -> PrimExpr:
         return self.index if e is self.var else e
 
-    def visit_Load(self, e: Load) -> PrimExpr:
+    def visit_load(self, e: Load) -> PrimExpr:
         vector = self.vectors.get(e.buffer)
         if vector is not None:
             return Load(vector, (self.lane,))
-        return self.generic_expr(e)
+        return super().visit_load(e)
 
-    def visit_Store(self, s: Store) -> Stmt:
+    def visit_store(self, s: Store) -> Stmt:
         vector = self.vectors.get(s.buffer)
-        value = self.expr(s.value)
+        value = self.visit_expr(s.value)
         if vector is not None:
             return Store(vector, value, (self.lane,))
-        indices = tuple(self.expr(i) for i in s.indices)
+        indices = tuple(self.visit_expr(i) for i in s.indices)
         return Store(s.buffer, value, indices)
 
 

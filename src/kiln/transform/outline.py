@@ -17,7 +17,7 @@ Captured: every variable and buffer the loop uses that is bound outside it
 plus the scalar parameters symbolic shapes of captured buffers refer to.
 Buffers allocated inside the loop stay inside: each iteration range gets its
 own. Representing the launch as a CallFunc lets the aliasing analysis
-(`kiln.codegen.aliasing`) decide `restrict` / `noalias` for the loop body's
+(`kiln.ir.aliasing`) decide `restrict` / `noalias` for the loop body's
 parameters exactly as for any other call.
 
 A `parallel` loop nested in another one runs serially (the outer loop already
@@ -32,38 +32,28 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from kiln.codegen.aliasing import analyze
 from kiln.errors import CompileError
 from kiln.ir import dtype as dt
+from kiln.ir.aliasing import analyze
 from kiln.ir.attrs import ATTR_PARALLEL_OF, ATTR_PARALLEL_VAR, ATTR_PRIVATE
 from kiln.ir.module import BaseFunc, IRModule
 from kiln.ir.tensor import (
-    Allocate,
     AllocConst,
     BinaryOp,
     Buffer,
-    CallExtern,
     CallFunc,
     Cast,
-    Compare,
     Const,
     DeclBuffer,
-    Evaluate,
     For,
-    IfThenElse,
-    Intrin,
     LetStmt,
-    Load,
     PrimExpr,
     PrimFunc,
-    Select,
-    SeqStmt,
     Stmt,
     Store,
-    UnaryOp,
     Var,
-    seq,
 )
+from kiln.ir.visitor import StmtMutator, definitions, iter_stmts, operands
 
 INDEX = "int64"
 
@@ -101,7 +91,7 @@ def has_parallel_loops(mod: IRModule) -> bool:
     """True if some tensor-level function holds a loop of kind `parallel` (host.c then
     defines the thread pool, which the kernels call)."""
     return any(isinstance(s, For) and s.kind == "parallel"
-               for fn in mod.prim_funcs().values() for s in _stmts(fn.body))
+               for fn in mod.prim_funcs().values() for s in iter_stmts(fn.body))
 
 
 def outline_parallel_loops(mod: IRModule) -> Outlined:
@@ -118,16 +108,19 @@ def outline_parallel_loops(mod: IRModule) -> Outlined:
             out[name] = fn
             continue
         outliner = _Outliner(name, funcs, written, taken)
-        body = outliner.stmt(fn.body, frozenset())
+        body = outliner.visit_stmt(fn.body)
         out.update(outliner.bodies)  # loop bodies before their kernel
         out[name] = fn if body is fn.body else fn.with_body(body)
         launches.update(outliner.launches)
     return Outlined(IRModule(out, mod.attrs), launches)
 
 
-class _Outliner:
+class _Outliner(StmtMutator):
+    """Replaces the outermost parallel loops of one kernel by launches."""
+
     def __init__(self, name: str, funcs: dict[str, PrimFunc],
                  written: dict[str, frozenset[int]], taken: set[str]) -> None:
+        self.consts: set[Buffer] = set()
         self.name = name
         self.funcs = funcs
         self.written = written
@@ -143,39 +136,25 @@ class _Outliner:
         self.taken.add(name)
         return name
 
-    def stmt(self, s: Stmt, consts: frozenset[Buffer]) -> Stmt:
-        """`s` with its outermost parallel loops replaced by launches.
+    # Read-only buffers met so far (AllocConst and views of them): a buffer object is
+    # bound once, so the set only grows.
+    def visit_for(self, s: For) -> Stmt:
+        if s.kind == "parallel" and _outlinable(s):
+            return self.outline(s, frozenset(self.consts))
+        return super().visit_for(s)
 
-        `consts` are the read-only buffers in scope (AllocConst and views of them).
-        """
-        if isinstance(s, For):
-            if s.kind == "parallel" and _outlinable(s):
-                return self.outline(s, consts)
-            body = self.stmt(s.body, consts)
-            return s if body is s.body else For(s.var, s.start, s.extent, s.kind, body)
-        if isinstance(s, SeqStmt):
-            items = []
-            for x in s.body:
-                items.append(self.stmt(x, consts))
-                # A declaration's scope is the rest of this list.
-                if isinstance(x, AllocConst) or (
-                        isinstance(x, DeclBuffer) and x.source in consts):
-                    consts = consts | {x.buffer}
-            return s if all(a is b for a, b in zip(items, s.body)) else seq(*items)
-        if isinstance(s, LetStmt):
-            body = self.stmt(s.body, consts)
-            return s if body is s.body else LetStmt(s.var, s.value, body)
-        if isinstance(s, IfThenElse):
-            then = self.stmt(s.then_body, consts)
-            other = self.stmt(s.else_body, consts) if s.else_body is not None else None
-            if then is s.then_body and other is s.else_body:
-                return s
-            return IfThenElse(s.cond, then, other)
-        return s
+    def visit_alloc_const(self, s: AllocConst) -> Stmt:
+        self.consts.add(s.buffer)
+        return super().visit_alloc_const(s)
+
+    def visit_decl_buffer(self, s: DeclBuffer) -> Stmt:
+        if s.source in self.consts:
+            self.consts.add(s.buffer)
+        return super().visit_decl_buffer(s)
 
     def outline(self, loop: For, consts: frozenset[Buffer]) -> Stmt:
         dtype = loop.var.dtype
-        inner = _demote_parallel(loop.body)
+        inner = _DemoteParallel().visit_stmt(loop.body)
         buffers, scalars = _captures(loop, inner)
         self.check_constants(loop, inner, consts)
         begin, end = Var("begin", INDEX), Var("end", INDEX)
@@ -201,7 +180,7 @@ class _Outliner:
     def check_constants(self, loop: For, body: Stmt, consts: frozenset[Buffer]) -> None:
         """Storing into a constant is an error the backends report; keep reporting it
         when the store moves into a loop body where the constant is a parameter."""
-        views = [s for s in _stmts(body) if isinstance(s, DeclBuffer)]
+        views = [s for s in iter_stmts(body) if isinstance(s, DeclBuffer)]
         readonly = set(consts)
         changed = True
         while changed:  # views of constants declared inside the loop are read-only too
@@ -228,97 +207,42 @@ def _is_zero(e: PrimExpr) -> bool:
     return isinstance(e, Const) and e.value == 0
 
 
-def _demote_parallel(s: Stmt) -> Stmt:
-    """`s` with nested parallel loops made serial (they would run serially anyway)."""
-    if not any(isinstance(x, For) and x.kind == "parallel" for x in _stmts(s)):
-        return s
-    if isinstance(s, For):
-        kind = "serial" if s.kind == "parallel" else s.kind
-        return For(s.var, s.start, s.extent, kind, _demote_parallel(s.body))
-    if isinstance(s, SeqStmt):
-        return seq(*(_demote_parallel(x) for x in s.body))
-    if isinstance(s, LetStmt):
-        return LetStmt(s.var, s.value, _demote_parallel(s.body))
-    if isinstance(s, IfThenElse):
-        other = _demote_parallel(s.else_body) if s.else_body is not None else None
-        return IfThenElse(s.cond, _demote_parallel(s.then_body), other)
-    return s
+class _DemoteParallel(StmtMutator):
+    """Nested parallel loops made serial (they would run serially anyway)."""
+
+    def visit_for(self, s: For) -> Stmt:
+        body = self.visit_stmt(s.body)
+        if s.kind != "parallel" and body is s.body:
+            return s
+        return For(s.var, s.start, s.extent, "serial" if s.kind == "parallel" else s.kind, body)
 
 
 # ------------------------------------------------------------------ walks
 
 
-def _stmts(s: Stmt) -> Iterator[Stmt]:
-    stack = [s]
-    while stack:
-        x = stack.pop()
-        yield x
-        if isinstance(x, SeqStmt):
-            stack.extend(reversed(x.body))
-        elif isinstance(x, (For, LetStmt)):
-            stack.append(x.body)
-        elif isinstance(x, IfThenElse):
-            if x.else_body is not None:
-                stack.append(x.else_body)
-            stack.append(x.then_body)
-
-
 def _stmt_parts(s: Stmt) -> tuple[list[PrimExpr], list[Buffer]]:
     """Expressions and buffers a statement uses directly (not its nested statements)."""
-    if isinstance(s, Store):
-        return [s.value, *s.indices], [s.buffer]
-    if isinstance(s, For):
-        return [s.start, s.extent], []
-    if isinstance(s, LetStmt):
-        return [s.value], []
-    if isinstance(s, IfThenElse):
-        return [s.cond], []
-    if isinstance(s, Evaluate):
-        return [s.value], []
-    if isinstance(s, CallFunc):
-        return ([a for a in s.args if isinstance(a, PrimExpr)],
-                [a for a in s.args if isinstance(a, Buffer)])
-    if isinstance(s, DeclBuffer):
-        return [], [s.source]
-    return [], []
+    parts = operands(s)
+    return ([x for x in parts if isinstance(x, PrimExpr)],
+            [x for x in parts if isinstance(x, Buffer)])
 
 
 def _expr_uses(e: PrimExpr) -> Iterator[Var | Buffer]:
     """Variables and buffers in `e`, in evaluation order."""
-    stack: list[PrimExpr] = [e]
+    stack: list[PrimExpr | Buffer] = [e]
     while stack:
         x = stack.pop()
-        if isinstance(x, Var):
+        if isinstance(x, (Var, Buffer)):
             yield x
-        elif isinstance(x, Load):
-            yield x.buffer
-            stack.extend(reversed(x.indices))
-        elif isinstance(x, (BinaryOp, Compare)):
-            stack.extend((x.b, x.a))
-        elif isinstance(x, UnaryOp):
-            stack.append(x.a)
-        elif isinstance(x, Select):
-            stack.extend((x.false_value, x.true_value, x.cond))
-        elif isinstance(x, Cast):
-            stack.append(x.value)
-        elif isinstance(x, Intrin):
-            stack.extend(reversed(x.args))
-        elif isinstance(x, CallExtern):
-            for a in reversed(x.args):
-                if isinstance(a, Buffer):
-                    yield a
-                else:
-                    stack.append(a)
+        else:
+            stack.extend(reversed(operands(x)))
 
 
 def _captures(loop: For, body: Stmt) -> tuple[list[Buffer], list[Var]]:
     """Buffers and scalars the loop uses but does not bind, in first-use order."""
     bound: set[object] = {loop.var}
-    for s in _stmts(body):
-        if isinstance(s, (For, LetStmt)):
-            bound.add(s.var)
-        elif isinstance(s, (Allocate, AllocConst, DeclBuffer)):
-            bound.add(s.buffer)
+    for s in iter_stmts(body):
+        bound.update(definitions(s))
     buffers: dict[Buffer, None] = {}
     scalars: dict[Var, None] = {}
 
@@ -337,15 +261,17 @@ def _captures(loop: For, body: Stmt) -> tuple[list[Buffer], list[Var]]:
 
     for node in _expr_uses(loop.start):
         use(node)
-    for s in _stmts(body):
+    for s in iter_stmts(body):
         exprs, bufs = _stmt_parts(s)
         for b in bufs:
             use(b)
         for e in exprs:
             for node in _expr_uses(e):
                 use(node)
-        if isinstance(s, (Allocate, AllocConst, DeclBuffer)):
-            for d in s.buffer.shape:  # a local buffer's symbolic size
+        for bound_here in definitions(s):
+            if not isinstance(bound_here, Buffer):
+                continue
+            for d in bound_here.shape:  # a local buffer's symbolic size
                 if isinstance(d, PrimExpr):
                     for node in _expr_uses(d):
                         use(node)
@@ -355,7 +281,7 @@ def _captures(loop: For, body: Stmt) -> tuple[list[Buffer], list[Var]]:
 def _written_buffers(body: Stmt, funcs: dict[str, PrimFunc],
                      written: dict[str, frozenset[int]]) -> Iterator[Buffer]:
     """Buffers stored to inside `body`, directly or by a called kernel."""
-    for s in _stmts(body):
+    for s in iter_stmts(body):
         if isinstance(s, Store):
             yield s.buffer
         elif isinstance(s, CallFunc) and s.func in funcs:

@@ -18,7 +18,7 @@ iterations can run in any order, at the same time. It is conservative: a loop
 - no other buffer that may share the written buffer's memory is accessed in
   the loop: views (`DeclBuffer`) of one allocation conflict unless their byte
   ranges are disjoint, and the parameters of a kernel that some call inside
-  the module passes overlapping memory (`kiln.codegen.aliasing`) all may
+  the module passes overlapping memory (`kiln.ir.aliasing`) all may
   alias each other;
 - the estimated work, `extent * cost(body)` (cost: expression nodes, math
   intrinsics weigh more, inner loops multiply), is at least `min_work`: a
@@ -37,10 +37,10 @@ kernel calls) are left alone; their kernels are parallelized.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from kiln.ir import dtype as dt
+from kiln.ir.aliasing import analyze
 from kiln.ir.attrs import ATTR_GRAPH
 from kiln.ir.module import IRModule
 from kiln.ir.tensor import (
@@ -55,7 +55,6 @@ from kiln.ir.tensor import (
     Compare,
     Const,
     DeclBuffer,
-    Evaluate,
     For,
     IfThenElse,
     Intrin,
@@ -63,14 +62,12 @@ from kiln.ir.tensor import (
     Load,
     PrimExpr,
     PrimFunc,
-    SeqStmt,
     Stmt,
     Store,
     UnaryOp,
     Var,
-    seq,
 )
-from kiln.ir.visitor import expr_children
+from kiln.ir.visitor import StmtMutator, expr_children, iter_exprs, iter_stmts, stmt_children
 from kiln.transform.pass_base import FunctionPass
 
 # Pure C math functions a parallel loop may call (scalars in, scalar out).
@@ -101,8 +98,6 @@ class Parallelize(FunctionPass):
     min_extent: int = 8
 
     def run(self, mod: IRModule) -> IRModule:
-        from kiln.codegen.aliasing import analyze  # an IR analysis shared with the backends
-
         funcs = mod.prim_funcs()
         info = analyze(dict(funcs))
         # Kernels some call passes overlapping memory: their parameters may alias.
@@ -111,7 +106,7 @@ class Parallelize(FunctionPass):
         for name, fn in funcs.items():
             if fn.attrs.get(ATTR_GRAPH):
                 continue
-            body = _Scheduler(self, fn, name in aliased).stmt(fn.body)
+            body = _Scheduler(self, fn, name in aliased).visit_stmt(fn.body)
             if body is not fn.body:
                 changed[name] = fn.with_body(body)
         if not changed:
@@ -122,38 +117,20 @@ class Parallelize(FunctionPass):
 # ------------------------------------------------------------------ choosing loops
 
 
-class LoopRewriter:
-    """Rebuilds a statement tree, handing every outermost `For` to `visit_for` and
-    recording the constants and views met on the way in `storage`. The schedule
-    passes (parallelize, interchange-reductions) share this walk."""
+class LoopRewriter(StmtMutator):
+    """Rebuilds a statement tree, handing every outermost `For` to `visit_for` (which
+    subclasses override) and recording the constants and views met on the way in
+    `storage`. The schedule passes (parallelize, interchange-reductions) share this walk."""
 
     storage: Storage
 
-    def visit_for(self, loop: For) -> Stmt:
-        raise NotImplementedError
+    def visit_alloc_const(self, s: AllocConst) -> Stmt:
+        self.storage.bind_const(s.buffer)
+        return super().visit_alloc_const(s)
 
-    def stmt(self, s: Stmt) -> Stmt:
-        """`s` rewritten (the same object when nothing changed)."""
-        if isinstance(s, For):
-            return self.visit_for(s)
-        if isinstance(s, SeqStmt):
-            items = [self.stmt(x) for x in s.body]
-            return s if all(a is b for a, b in zip(items, s.body)) else seq(*items)
-        if isinstance(s, LetStmt):
-            body = self.stmt(s.body)
-            return s if body is s.body else LetStmt(s.var, s.value, body)
-        if isinstance(s, IfThenElse):
-            then = self.stmt(s.then_body)
-            other = self.stmt(s.else_body) if s.else_body is not None else None
-            if then is s.then_body and other is s.else_body:
-                return s
-            return IfThenElse(s.cond, then, other)
-        # Declarations (no body): what follows them in the list sees their buffer.
-        if isinstance(s, AllocConst):
-            self.storage.bind_const(s.buffer)
-        elif isinstance(s, DeclBuffer):
-            self.storage.bind_view(s)
-        return s
+    def visit_decl_buffer(self, s: DeclBuffer) -> Stmt:
+        self.storage.bind_view(s)
+        return super().visit_decl_buffer(s)
 
 
 class _Scheduler(LoopRewriter):
@@ -182,7 +159,7 @@ class _Scheduler(LoopRewriter):
                                            "parallel", chosen.body))
 
     def below(self, innermost: For, chain: list[For]) -> Stmt:
-        body = self.stmt(innermost.body)
+        body = self.visit_stmt(innermost.body)
         if body is innermost.body:
             return chain[0]
         return _rebuild(chain, innermost, For(innermost.var, innermost.start, innermost.extent,
@@ -206,7 +183,7 @@ def _rebuild(chain: list[For], old: For, new: For) -> Stmt:
 
 
 def _has_loop(s: Stmt) -> bool:
-    return any(isinstance(x, For) for x in _stmts(s))
+    return any(isinstance(x, For) for x in iter_stmts(s))
 
 
 def _extent(loop: For) -> int:
@@ -218,29 +195,22 @@ def _extent(loop: For) -> int:
 
 def _expr_cost(e: PrimExpr) -> int:
     total = 0
-    for node in _walk(e):
+    for node in iter_exprs(e):
         total += INTRINSIC_COST if isinstance(node, (Intrin, CallExtern)) else 1
     return total
 
 
 def _cost(s: Stmt) -> int:
     """Estimated work of one execution of `s` (expression nodes; loops multiply)."""
-    if isinstance(s, Store):
-        return 1 + _expr_cost(s.value) + sum(_expr_cost(i) for i in s.indices)
-    if isinstance(s, SeqStmt):
-        return sum(_cost(x) for x in s.body)
     if isinstance(s, For):
         return max(_extent(s), 0) * (1 + _cost(s.body))
-    if isinstance(s, LetStmt):
-        return _expr_cost(s.value) + _cost(s.body)
     if isinstance(s, IfThenElse):
         other = _cost(s.else_body) if s.else_body is not None else 0
         return _expr_cost(s.cond) + max(_cost(s.then_body), other)
-    if isinstance(s, (Allocate, AllocConst, DeclBuffer)):
-        return 0
-    if isinstance(s, Evaluate):
-        return _expr_cost(s.value)
-    return 1
+    if isinstance(s, CallFunc):
+        return 1
+    own = sum(_expr_cost(e) for e in expr_children(s) if isinstance(e, PrimExpr))
+    return own + int(isinstance(s, Store)) + sum(_cost(x) for x in stmt_children(s))
 
 
 # ------------------------------------------------------------------ storage
@@ -328,7 +298,7 @@ def loop_is_parallelizable(loop: For, storage: Storage) -> bool:
     # Inner loop variables with a known range [lo, hi] (lets have none).
     ranges: dict[Var, tuple[int, int]] = {}
     accesses: list[_Access] = []
-    for s in _stmts(loop.body):
+    for s in iter_stmts(loop.body):
         if isinstance(s, For):
             if s.kind == "parallel":
                 return False
@@ -350,7 +320,7 @@ def loop_is_parallelizable(loop: For, storage: Storage) -> bool:
         if isinstance(s, Store):
             accesses.append(_Access(s.buffer, s.indices, True))
         for e in _stmt_exprs(s):
-            for node in _walk(e):
+            for node in iter_exprs(e):
                 if isinstance(node, Load):
                     accesses.append(_Access(node.buffer, node.indices, False))
                 elif isinstance(node, CallExtern) and not _pure_extern(node):
@@ -565,44 +535,12 @@ def _children(e: PrimExpr) -> tuple[PrimExpr, ...]:
     return tuple(c for c in expr_children(e) if isinstance(c, PrimExpr))
 
 
-def _walk(e: PrimExpr) -> Iterator[PrimExpr]:
-    stack = [e]
-    while stack:
-        x = stack.pop()
-        yield x
-        stack.extend(_children(x))
-
-
-def _stmts(s: Stmt) -> Iterator[Stmt]:
-    stack = [s]
-    while stack:
-        x = stack.pop()
-        yield x
-        if isinstance(x, SeqStmt):
-            stack.extend(reversed(x.body))
-        elif isinstance(x, (For, LetStmt)):
-            stack.append(x.body)
-        elif isinstance(x, IfThenElse):
-            if x.else_body is not None:
-                stack.append(x.else_body)
-            stack.append(x.then_body)
-
-
 def _stmt_exprs(s: Stmt) -> tuple[PrimExpr, ...]:
     """Expressions a statement holds directly, including symbolic sizes it allocates."""
-    if isinstance(s, Store):
-        return (s.value, *s.indices)
-    if isinstance(s, For):
-        return (s.start, s.extent)
-    if isinstance(s, LetStmt):
-        return (s.value,)
-    if isinstance(s, IfThenElse):
-        return (s.cond,)
-    if isinstance(s, Evaluate):
-        return (s.value,)
+    exprs = tuple(e for e in expr_children(s) if isinstance(e, PrimExpr))
     if isinstance(s, Allocate):
-        return tuple(d for d in s.buffer.shape if isinstance(d, PrimExpr))
-    return ()
+        exprs += tuple(d for d in s.buffer.shape if isinstance(d, PrimExpr))
+    return exprs
 
 
 __all__ = ["Parallelize", "Storage", "loop_is_parallelizable"]

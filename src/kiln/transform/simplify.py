@@ -23,7 +23,7 @@ import numpy as np
 from kiln.ir import dtype as dt
 from kiln.ir import tensor as t
 from kiln.ir.module import IRModule
-from kiln.transform.functor import StmtExprMutator
+from kiln.ir.visitor import StmtExprMutator
 from kiln.transform.pass_base import FunctionPass
 
 
@@ -35,18 +35,18 @@ class Simplify(FunctionPass):
     level = "tensor"
 
     def run_on_function(self, func: t.PrimFunc, name: str, mod: IRModule) -> t.PrimFunc:
-        body = _Simplifier().stmt(func.body)
+        body = _Simplifier().visit_stmt(func.body)
         return func if body is func.body else func.with_body(body)
 
 
 def simplify_expr(e: t.PrimExpr) -> t.PrimExpr:
     """`e` simplified (same object when nothing changed)."""
-    return _Simplifier().expr(e)
+    return _Simplifier().visit_expr(e)
 
 
 def simplify_stmt(s: t.Stmt) -> t.Stmt:
     """`s` simplified (same object when nothing changed)."""
-    return _Simplifier().stmt(s)
+    return _Simplifier().visit_stmt(s)
 
 
 def _np_scalar(c: t.Const) -> Any:
@@ -147,11 +147,11 @@ class _Simplifier(StmtExprMutator):
 
     # ------------------------------------------------------------------ expressions
 
-    def visit_Var(self, e: t.Var) -> t.PrimExpr:
+    def visit_var(self, e: t.Var) -> t.PrimExpr:
         return self.subst.get(e, e)
 
-    def visit_BinaryOp(self, e: t.BinaryOp) -> t.PrimExpr:
-        e2 = self.generic_expr(e)
+    def visit_binary_op(self, e: t.BinaryOp) -> t.PrimExpr:
+        e2 = super().visit_binary_op(e)
         if not isinstance(e2, t.BinaryOp):
             return e2
         a, b, op = e2.a, e2.b, e2.op
@@ -184,15 +184,15 @@ class _Simplifier(StmtExprMutator):
                 return b
         return e2
 
-    def visit_Compare(self, e: t.Compare) -> t.PrimExpr:
-        e2 = self.generic_expr(e)
+    def visit_compare(self, e: t.Compare) -> t.PrimExpr:
+        e2 = super().visit_compare(e)
         if (isinstance(e2, t.Compare) and isinstance(e2.a, t.Const)
                 and isinstance(e2.b, t.Const) and e2.a.dtype not in ("float16", "bfloat16")):
             return t.Const(bool(_COMPARE[e2.op](_np_scalar(e2.a), _np_scalar(e2.b))), "bool")
         return e2
 
-    def visit_UnaryOp(self, e: t.UnaryOp) -> t.PrimExpr:
-        e2 = self.generic_expr(e)
+    def visit_unary_op(self, e: t.UnaryOp) -> t.PrimExpr:
+        e2 = super().visit_unary_op(e)
         if isinstance(e2, t.UnaryOp) and isinstance(e2.a, t.Const):
             c = e2.a
             if e2.op == "neg" and dt.is_float(c.dtype) and c.dtype in ("float32", "float64"):
@@ -205,8 +205,8 @@ class _Simplifier(StmtExprMutator):
                 return _wrap(~int(c.value), c.dtype)
         return e2
 
-    def visit_Cast(self, e: t.Cast) -> t.PrimExpr:
-        e2 = self.generic_expr(e)
+    def visit_cast(self, e: t.Cast) -> t.PrimExpr:
+        e2 = super().visit_cast(e)
         if isinstance(e2, t.Cast):
             if e2.value.dtype == e2.dtype:
                 return e2.value
@@ -216,42 +216,42 @@ class _Simplifier(StmtExprMutator):
                     return folded
         return e2
 
-    def visit_Select(self, e: t.Select) -> t.PrimExpr:
-        e2 = self.generic_expr(e)
+    def visit_select(self, e: t.Select) -> t.PrimExpr:
+        e2 = super().visit_select(e)
         if isinstance(e2, t.Select) and isinstance(e2.cond, t.Const):
             return e2.true_value if e2.cond.value else e2.false_value
         return e2
 
     # ------------------------------------------------------------------ statements
 
-    def visit_For(self, s: t.For) -> t.Stmt:
-        extent = self.expr(s.extent)
+    def visit_for(self, s: t.For) -> t.Stmt:
+        extent = self.visit_expr(s.extent)
         if isinstance(extent, t.Const) and extent.value == 1:
-            return self.visit_LetStmt(t.LetStmt(s.var, s.start, s.body))
-        start, body = self.expr(s.start), self.stmt(s.body)
+            return self.visit_let_stmt(t.LetStmt(s.var, s.start, s.body))
+        start, body = self.visit_expr(s.start), self.visit_stmt(s.body)
         if start is s.start and extent is s.extent and body is s.body:
             return s
         return t.For(s.var, start, extent, s.kind, body)
 
-    def visit_LetStmt(self, s: t.LetStmt) -> t.Stmt:
-        value = self.expr(s.value)
+    def visit_let_stmt(self, s: t.LetStmt) -> t.Stmt:
+        value = self.visit_expr(s.value)
         if isinstance(value, (t.Const, t.Var)):
             self.subst[s.var] = value
             try:
-                return self.stmt(s.body)
+                return self.visit_stmt(s.body)
             finally:
                 del self.subst[s.var]
-        body = self.stmt(s.body)
+        body = self.visit_stmt(s.body)
         if value is s.value and body is s.body:
             return s
         return t.LetStmt(s.var, value, body)
 
-    def visit_IfThenElse(self, s: t.IfThenElse) -> t.Stmt:
-        cond = self.expr(s.cond)
+    def visit_if_then_else(self, s: t.IfThenElse) -> t.Stmt:
+        cond = self.visit_expr(s.cond)
         if isinstance(cond, t.Const):
             if cond.value:
-                return self.stmt(s.then_body)
+                return self.visit_stmt(s.then_body)
             if s.else_body is not None:
-                return self.stmt(s.else_body)
+                return self.visit_stmt(s.else_body)
             return t.Evaluate(t.Const(0, "int32"))
-        return self.generic_stmt(s)
+        return super().visit_if_then_else(s)

@@ -8,77 +8,21 @@ prototype.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 from kiln.ir.tensor import (
     Allocate,
-    BinaryOp,
     Buffer,
     CallExtern,
     CallFunc,
-    Cast,
-    Compare,
-    Const,
     DeclBuffer,
-    Evaluate,
-    For,
-    IfThenElse,
-    Intrin,
-    LetStmt,
     Load,
     PrimExpr,
-    Select,
-    SeqStmt,
     Stmt,
     Store,
-    UnaryOp,
     Var,
 )
+from kiln.ir.visitor import iter_nodes
 
 Node = PrimExpr | Stmt
-
-
-def children(node: Node) -> tuple[Node, ...]:
-    """Direct expression and statement children (declared variables excluded)."""
-    if isinstance(node, (BinaryOp, Compare)):
-        return (node.a, node.b)
-    if isinstance(node, UnaryOp):
-        return (node.a,)
-    if isinstance(node, Select):
-        return (node.cond, node.true_value, node.false_value)
-    if isinstance(node, Cast):
-        return (node.value,)
-    if isinstance(node, Load):
-        return node.indices
-    if isinstance(node, Intrin):
-        return node.args
-    if isinstance(node, (CallExtern, CallFunc)):
-        return tuple(a for a in node.args if not isinstance(a, Buffer))
-    if isinstance(node, (Var, Const)):
-        return ()
-    if isinstance(node, Store):
-        return (node.value, *node.indices)
-    if isinstance(node, SeqStmt):
-        return node.body
-    if isinstance(node, For):
-        return (node.start, node.extent, node.body)
-    if isinstance(node, LetStmt):
-        return (node.value, node.body)
-    if isinstance(node, IfThenElse):
-        return (node.cond, node.then_body) + (
-            (node.else_body,) if node.else_body is not None else ())
-    if isinstance(node, Evaluate):
-        return (node.value,)
-    return ()
-
-
-def iter_nodes(root: Node) -> Iterator[Node]:
-    """Every node under `root` (included), parents before children."""
-    stack: list[Node] = [root]
-    while stack:
-        node = stack.pop()
-        yield node
-        stack.extend(reversed(children(node)))
 
 
 def referenced(root: Node) -> set[object]:

@@ -9,7 +9,7 @@ The qualifiers follow what the kernel does with each buffer:
 - a written buffer is `T* restrict`, unless a call inside the module passes it
   memory that overlaps another argument (then plain `T*`).
 
-This is the LLVM backend's `noalias` rule (kiln.codegen.aliasing), so the
+This is the LLVM backend's `noalias` rule (kiln.ir.aliasing), so the
 two backends promise callers the same thing: outputs do not overlap anything
 else (docs/abi.md), inputs may share memory with each other.
 """
@@ -18,8 +18,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kiln.codegen.aliasing import analyze
 from kiln.codegen.naming import C_TYPES
+from kiln.ir.aliasing import analyze
 from kiln.ir.tensor import Buffer, Param, PrimFunc
 
 

@@ -19,7 +19,6 @@ from typing import Any
 from llvmlite import ir
 from llvmlite.ir.values import MDValue
 
-from kiln.codegen.aliasing import analyze, walk_expr
 from kiln.codegen.constants import CONST_ALIGN, ConstantPool
 from kiln.codegen.llvm import arith
 from kiln.codegen.llvm.arith import MathContext
@@ -42,6 +41,7 @@ from kiln.codegen.naming import consts_symbol, kernel_symbol, parallel_for_symbo
 from kiln.errors import CompileError, IRError
 from kiln.escape import c_identifier, is_c_identifier
 from kiln.ir import dtype as dt
+from kiln.ir.aliasing import analyze
 from kiln.ir.kernel_errors import ERROR_OUT_OF_MEMORY, KERNEL_ERRORS
 from kiln.ir.module import IRModule
 from kiln.ir.tensor import (
@@ -71,6 +71,7 @@ from kiln.ir.tensor import (
     UnaryOp,
     Var,
 )
+from kiln.ir.visitor import iter_exprs
 from kiln.transform.outline import (
     COUNT_ARG,
     FIRST_CAPTURE,
@@ -369,7 +370,7 @@ def _check_shape_vars(name: str, fn: PrimFunc) -> None:
         for d in p.shape:
             if not isinstance(d, PrimExpr):
                 continue
-            for v in walk_expr(d):
+            for v in iter_exprs(d):
                 if isinstance(v, Var) and v not in scalars:
                     raise CompileError(
                         f"llvm codegen, function {name!r}: buffer {p.name!r} has the symbolic "

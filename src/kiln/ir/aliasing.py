@@ -18,7 +18,6 @@ vectorize without runtime overlap checks. kiln's rule (docs/codegen-llvm.md):
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from dataclasses import dataclass
 
 from kiln.errors import IRError
@@ -29,7 +28,6 @@ from kiln.ir.tensor import (
     CallExtern,
     CallFunc,
     DeclBuffer,
-    Evaluate,
     For,
     IfThenElse,
     LetStmt,
@@ -39,6 +37,7 @@ from kiln.ir.tensor import (
     Stmt,
     Store,
 )
+from kiln.ir.visitor import expr_children, iter_exprs
 
 
 @dataclass(frozen=True)
@@ -174,12 +173,12 @@ def _region(buf: Buffer, regions: dict[Buffer, Region]) -> Region:
 
 
 def _visit(stmt: Stmt, regions: dict[Buffer, Region], out: _Summary) -> None:
-    for expr in _stmt_exprs(stmt):
-        for sub in walk_expr(expr):
-            if isinstance(sub, CallExtern):
-                for arg in sub.args:
-                    if isinstance(arg, Buffer):
-                        out.stored.add(_region(arg, regions).root)
+    # External functions may write the buffers handed to them.
+    for sub in iter_exprs(*(e for e in expr_children(stmt) if isinstance(e, PrimExpr))):
+        if isinstance(sub, CallExtern):
+            for arg in sub.args:
+                if isinstance(arg, Buffer):
+                    out.stored.add(_region(arg, regions).root)
     if isinstance(stmt, Store):
         out.stored.add(_region(stmt.buffer, regions).root)
     elif isinstance(stmt, SeqStmt):
@@ -207,35 +206,3 @@ def _declare(stmt: Stmt, regions: dict[Buffer, Region]) -> None:
         src = _region(stmt.source, regions)
         offset = None if src.offset is None else src.offset + stmt.byte_offset
         regions[stmt.buffer] = Region(src.root, offset, _static_nbytes(stmt.buffer))
-
-
-def _stmt_exprs(stmt: Stmt) -> Iterator[PrimExpr]:
-    """The expressions a statement holds directly (not those of nested statements)."""
-    if isinstance(stmt, Store):
-        yield stmt.value
-        yield from stmt.indices
-    elif isinstance(stmt, For):
-        yield stmt.start
-        yield stmt.extent
-    elif isinstance(stmt, LetStmt):
-        yield stmt.value
-    elif isinstance(stmt, IfThenElse):
-        yield stmt.cond
-    elif isinstance(stmt, Evaluate):
-        yield stmt.value
-    elif isinstance(stmt, CallFunc):
-        yield from (a for a in stmt.args if isinstance(a, PrimExpr))
-
-
-def walk_expr(expr: PrimExpr) -> Iterator[PrimExpr]:
-    """`expr` and every expression inside it."""
-    stack = [expr]
-    while stack:
-        e = stack.pop()
-        yield e
-        for name in getattr(e, "__slots__", ()):
-            child = getattr(e, name, None)
-            if isinstance(child, PrimExpr):
-                stack.append(child)
-            elif isinstance(child, tuple):
-                stack.extend(c for c in child if isinstance(c, PrimExpr))
