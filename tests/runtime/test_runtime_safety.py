@@ -317,6 +317,9 @@ def test_exporting_onto_a_directory_is_an_export_error(tmp_path: Path, suffix: s
     folder.mkdir()
     with pytest.raises(kiln.ExportError, match=f"cannot export to '{folder}': it is a directory"):
         ex.export_library(folder)
+    # The lower-level entry refuses it the same way.
+    with pytest.raises(kiln.ExportError, match="it is a directory"):
+        kiln.export.export_library(ex.artifacts, ex.metadata, folder, prefix=ex.prefix)
     assert list(folder.iterdir()) == [] and sorted(p.name for p in tmp_path.iterdir()) == [
         folder.name]
 

@@ -19,7 +19,7 @@ import os
 import threading
 from typing import TYPE_CHECKING, Any
 
-from kiln.errors import CompileError, ExportError
+from kiln.errors import CompileError
 from kiln.ir.module import IRModule
 
 if TYPE_CHECKING:
@@ -105,11 +105,6 @@ class Executable:
         be exported and raise ExportError, as does a `file_name` that is a directory.
         """
         from kiln.export import export_library
-
-        if os.path.isdir(file_name):
-            raise ExportError(f"cannot export to {os.fspath(file_name)!r}: it is a directory; "
-                              "give the library's file name, e.g. "
-                              f"{os.path.join(os.fspath(file_name), 'model.so')!r}")
 
         return export_library(self.artifacts, self.metadata, file_name, prefix=self.prefix,
                               fcompile=fcompile, workspace_dir=workspace_dir, cc=cc,

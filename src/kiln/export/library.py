@@ -67,9 +67,13 @@ def export_library(
     extra flags for compiling C artifacts, `fcompile(out_path, objects,
     options)` replaces the `.so` link step. Intermediate files go to
     `workspace_dir` (kept) or a temporary directory (removed). An in-memory
-    artifact raises ExportError; an unknown suffix raises ValueError.
+    artifact raises ExportError, as does a `file_name` that is a directory; an
+    unknown suffix raises ValueError.
     """
     path = Path(file_name)
+    if path.is_dir():
+        raise ExportError(f"cannot export to {os.fspath(path)!r}: it is a directory; give the "
+                          f"library's file name, e.g. {os.fspath(path / 'model.so')!r}")
     suffix = path.suffix.lower()
     if suffix not in SUFFIXES:
         valid = ", ".join(f"{s} ({what})" for s, what in SUFFIXES.items())
