@@ -40,7 +40,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from kiln.ir import dtype as dt
-from kiln.ir.aliasing import analyze
+from kiln.ir.aliasing import Region, analyze
 from kiln.ir.attrs import ATTR_GRAPH
 from kiln.ir.module import IRModule
 from kiln.ir.tensor import (
@@ -216,24 +216,6 @@ def _cost(s: Stmt) -> int:
 # ------------------------------------------------------------------ storage
 
 
-@dataclass(frozen=True)
-class _Region:
-    """Where a buffer's bytes live: `root` storage, byte range (None: unknown)."""
-
-    root: object
-    offset: int | None
-    size: int | None
-
-    def overlaps(self, other: _Region) -> bool:
-        if self.root is not other.root:
-            return False
-        if None in (self.offset, self.size, other.offset, other.size):
-            return True
-        assert self.offset is not None and self.size is not None
-        assert other.offset is not None and other.size is not None
-        return self.offset < other.offset + other.size and other.offset < self.offset + self.size
-
-
 _PARAMS = object()  # the one root of all parameters of a kernel whose parameters may alias
 
 
@@ -247,17 +229,17 @@ class Storage:
 
     fn: PrimFunc
     params_alias: bool
-    regions: dict[Buffer, _Region] = field(default_factory=dict)
+    regions: dict[Buffer, Region] = field(default_factory=dict)
     consts: set[Buffer] = field(default_factory=set)
 
     def __post_init__(self) -> None:
         for p in self.fn.buffer_params:
             root = _PARAMS if self.params_alias else p
-            self.regions[p] = _Region(root, None if self.params_alias else 0, _nbytes(p))
+            self.regions[p] = Region(root, None if self.params_alias else 0, _nbytes(p))
 
-    def region(self, buf: Buffer) -> _Region:
+    def region(self, buf: Buffer) -> Region:
         # Allocations outside the loop and unknown buffers: their own storage.
-        return self.regions.get(buf) or _Region(buf, 0, _nbytes(buf))
+        return self.regions.get(buf) or Region(buf, 0, _nbytes(buf))
 
     def bind_const(self, buf: Buffer) -> None:
         self.consts.add(buf)
@@ -265,7 +247,7 @@ class Storage:
     def bind_view(self, s: DeclBuffer) -> None:
         src = self.region(s.source)
         offset = None if src.offset is None else src.offset + s.byte_offset
-        self.regions[s.buffer] = _Region(src.root, offset, _nbytes(s.buffer))
+        self.regions[s.buffer] = Region(src.root, offset, _nbytes(s.buffer))
         if s.source in self.consts:
             self.consts.add(s.buffer)
 
@@ -335,7 +317,7 @@ def loop_is_parallelizable(loop: For, storage: Storage) -> bool:
         region = storage.region(buf)
         # Nothing else in the loop may reach the written bytes.
         for a in shared:
-            if a.buffer is not buf and storage.region(a.buffer).overlaps(region):
+            if a.buffer is not buf and storage.region(a.buffer).may_overlap(region):
                 return False
         same = [a for a in shared if a.buffer is buf]
         if not any(_owned_dimension(same, d, loop.var, inner_vars)
