@@ -26,7 +26,7 @@ def test_bad_target_is_one_line(tmp_path: Path) -> None:
 def test_bad_input_file_is_one_line(built: Path) -> None:
     (built / "bad.npy").write_bytes(b"not numpy at all")
     line = one_line_error(run_kiln("run", "mlp.so", "--input", "x=bad.npy", cwd=built))
-    assert line.startswith("kiln run: error:")
+    assert line.startswith("kiln run: error: --input x=bad.npy:") and "not a .npy" in line
     line = one_line_error(run_kiln("run", "mlp.so", "--input", "x=absent.npy", cwd=built))
     assert "absent.npy" in line
 

@@ -42,7 +42,10 @@ def load_any(path: str) -> tuple[Any, dict[str, Any], str]:
         head = f.read(8)
     if not head.startswith(AR_MAGIC):
         artifacts, metadata = load_with_metadata(path)
-        kind = {ELF_MAGIC[:4]: "shared library"}.get(head[:4], "artifact archive or blob")
+        from kiln.artifact.blob import MAGIC
+
+        kind = ("shared library" if head.startswith(ELF_MAGIC)
+                else "blob" if head.startswith(MAGIC) else "artifact archive")
         return artifacts, metadata, kind
     # A static library: kiln puts its blob symbol into one of the objects.
     for body in _ar_members(path):

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
@@ -35,10 +36,7 @@ def gather_inputs(items: Sequence[str], npz: str | None, fill: str | None,
     """The named arrays for the call, from --input NAME=FILE, --inputs FILE.npz and --fill."""
     names = [p["name"] for p in inputs]
     expected = ", ".join(names) or "(none)"
-    given: dict[str, Any] = {}
-    if npz is not None:
-        with np.load(npz, allow_pickle=False) as archive:
-            given.update({k: archive[k] for k in archive.files})
+    files: dict[str, str] = {}
     for item in items:
         name, sep, path = item.partition("=")
         if not sep:
@@ -46,11 +44,18 @@ def gather_inputs(items: Sequence[str], npz: str | None, fill: str | None,
                 raise ValueError(f"--input {item!r} needs a name: NAME=FILE.npy, where NAME is "
                                  f"one of the function's inputs: {expected}")
             name, path = names[0], item
-        given[name] = np.load(path, allow_pickle=False)
-    unknown = sorted(set(given) - set(names))
+        files[name] = path
+    given: dict[str, Any] = {}
+    if npz is not None:
+        with _reading("--inputs ", npz), np.load(npz, allow_pickle=False) as archive:
+            given.update({k: archive[k] for k in archive.files})
+    unknown = sorted((set(given) | set(files)) - set(names))
     if unknown:
         raise ValueError(f"unknown input {', '.join(map(repr, unknown))}; "
                          f"the function's inputs are: {expected}")
+    for name, path in files.items():
+        with _reading(f"--input {name}=", path):
+            given[name] = np.load(path, allow_pickle=False)
     rng = np.random.default_rng(seed)
     for p in inputs:
         if p["name"] in given:
@@ -65,6 +70,20 @@ def gather_inputs(items: Sequence[str], npz: str | None, fill: str | None,
         dtype = _dtype(p["dtype"])
         given[p["name"]] = _filled(tuple(shape), dtype, fill, rng)
     return given
+
+
+@contextmanager
+def _reading(option: str, path: str) -> Iterator[None]:
+    """Name the option and file in the error of a file numpy cannot read."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(6)
+        if not head.startswith((b"\x93NUMPY", b"PK")):  # .npy magic, .npz is a zip
+            raise ValueError(f"not a .npy or .npz file (it starts with {head!r})")
+        yield
+    except (OSError, ValueError, EOFError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise ValueError(f"{option}{path}: cannot read it as a numpy file: {reason}") from None
 
 
 def _filled(shape: tuple[int, ...], dtype: np.dtype[Any], fill: str,
