@@ -58,3 +58,25 @@ def test_reader_gone_before_the_write_is_quiet(tmp_path: Path) -> None:
     proc = subprocess.run(["bash", "-c", command.replace("echo $?", "echo ${PIPESTATUS[0]}")],
                           cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert proc.stderr.strip() == "141"  # 128 + SIGPIPE, as a shell tool killed by it
+
+
+def test_a_bug_is_one_line_and_debug_anywhere_shows_it(tmp_path: Path) -> None:
+    """An unexpected exception inside a command: exit 1, one line asking for --debug."""
+    script = (
+        "import sys\n"
+        "import kiln.cli.targets as t\n"
+        "def broken():\n"
+        "    raise RuntimeError('simulated bug')\n"
+        "t.cmd_kinds = broken\n"
+        "from kiln.cli.main import main\n"
+        "sys.exit(main(sys.argv[1:]))\n")
+    proc = subprocess.run([sys.executable, "-c", script, "targets", "kinds"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1
+    line = one_line_error(proc)
+    assert "internal error: RuntimeError: simulated bug" in line and "--debug" in line
+    for argv in (["--debug", "targets", "kinds"], ["targets", "kinds", "--debug"]):
+        shown = subprocess.run([sys.executable, "-c", script, *argv], cwd=tmp_path,
+                               capture_output=True, text=True, timeout=300)
+        assert shown.returncode != 0 and "Traceback" in shown.stderr
+        assert "simulated bug" in shown.stderr

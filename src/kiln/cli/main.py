@@ -18,6 +18,7 @@ import os
 import sys
 import time
 from collections.abc import Sequence
+from typing import Any
 
 from kiln.errors import KilnError, missing_dependency
 
@@ -116,13 +117,21 @@ def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the `kiln` command and its subcommands."""
     from kiln import __version__
 
-    p = argparse.ArgumentParser(prog="kiln", description=__doc__,
+    # --debug is accepted before or after the command (SUPPRESS: a later default of
+    # False must not overwrite an earlier --debug).
+    debug = argparse.ArgumentParser(add_help=False)
+    debug.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                       help="show the traceback of an error")
+    p = argparse.ArgumentParser(prog="kiln", description=__doc__, parents=[debug],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--version", action="version", version=f"kiln {__version__}")
-    p.add_argument("--debug", action="store_true", help="show the traceback of an error")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    c = sub.add_parser("compile", help="compile an ONNX model to .so, .tar or .a")
+    def verb(subs: Any, name: str, summary: str) -> argparse.ArgumentParser:
+        parser: argparse.ArgumentParser = subs.add_parser(name, parents=[debug], help=summary)
+        return parser
+
+    c = verb(sub, "compile", "compile an ONNX model to .so, .tar or .a")
     c.add_argument("model", help="path of the .onnx model")
     c.add_argument("-t", "--target", default="host",
                    help="target: 'host' (default), a kind, a tag, or JSON")
@@ -132,7 +141,7 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--prefix", default=None, help="system_lib_prefix for the C symbols")
     c.set_defaults(func=_cmd_compile)
 
-    i = sub.add_parser("inspect", help="what a .so, .tar or .a holds: functions, artifacts")
+    i = verb(sub, "inspect", "what a .so, .tar or .a holds: functions, artifacts")
     i.add_argument("file")
     i.add_argument("--artifact", help="CODEGEN/FILE to show, e.g. llvm/kernels.bc")
     i.add_argument("--format", default=None,
@@ -140,16 +149,16 @@ def build_parser() -> argparse.ArgumentParser:
                         "c, ll, asm, json, hex, symbols")
     i.set_defaults(func=_cmd_inspect)
 
-    t = sub.add_parser("targets", help="list target tags or kinds, or describe one")
+    t = verb(sub, "targets", "list target tags or kinds, or describe one")
     tsub = t.add_subparsers(dest="verb", required=True, metavar="VERB")
-    tl = tsub.add_parser("list", help="the target tags, with whether kiln can compile for them")
+    tl = verb(tsub, "list", "the target tags, with whether kiln can compile for them")
     tl.add_argument("--kind", default=None, help="only the tags of this kind")
-    ts = tsub.add_parser("show", help="describe a kind (its attributes) or a tag (its config)")
+    ts = verb(tsub, "show", "describe a kind (its attributes) or a tag (its config)")
     ts.add_argument("name")
-    tsub.add_parser("kinds", help="the target kinds, with whether a codegen exists")
+    verb(tsub, "kinds", "the target kinds, with whether a codegen exists")
     t.set_defaults(func=_cmd_targets)
 
-    r = sub.add_parser("run", help="load a library and call one of its functions")
+    r = verb(sub, "run", "load a library and call one of its functions")
     r.add_argument("file")
     r.add_argument("--function", default="main", help="function to call (default: main)")
     r.add_argument("--input", action="append", default=[], metavar="NAME=FILE.npy",
@@ -169,7 +178,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="untimed calls before the timed ones (default 3)")
     r.set_defaults(func=_cmd_run)
 
-    k = sub.add_parser("cache", help="list, describe or clear the compile cache")
+    k = verb(sub, "cache", "list, describe or clear the compile cache")
     k.add_argument("action", choices=("list", "info", "clear"))
     k.set_defaults(func=_cmd_cache)
     return p
@@ -192,6 +201,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     words = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(normalize_argv(words))
+    args.debug = getattr(args, "debug", False)
     where = f"kiln {args.command}"
     try:
         code: int = args.func(args)
