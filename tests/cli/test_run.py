@@ -67,3 +67,36 @@ def test_input_mistakes_name_what_is_expected(built: Path) -> None:
     line = one_line_error(run_kiln("run", "mlp.so", "--fill", "zeros", "--function", "nope",
                                    cwd=built))
     assert "no function 'nope'" in line and "main" in line
+
+
+def _two_in_two_out(path: Path) -> None:
+    """s = a + b, d = a - b over float32 (2, 3)."""
+    from onnx import TensorProto, helper, save
+
+    spec = [helper.make_tensor_value_info(n, TensorProto.FLOAT, [2, 3]) for n in "abs"]
+    graph = helper.make_graph(
+        [helper.make_node("Add", ["a", "b"], ["s"]), helper.make_node("Sub", ["a", "b"], ["d"])],
+        "two", spec[:2], [spec[2], helper.make_tensor_value_info("d", TensorProto.FLOAT, [2, 3])])
+    save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+
+
+def test_several_inputs_and_outputs_by_name(tmp_path: Path) -> None:
+    _two_in_two_out(tmp_path / "two.onnx")
+    done = run_kiln("compile", "two.onnx", "-t", "llvm", "-o", "two.so", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    rng = np.random.default_rng(3)
+    a, b = (rng.standard_normal((2, 3)).astype(np.float32) for _ in range(2))
+    np.save(tmp_path / "b.npy", b)
+    np.savez(tmp_path / "a.npz", a=a)
+    ran = run_kiln("run", "two.so", "--inputs", "a.npz", "--input", "b=b.npy",
+                   "--outputs", "out.npz", cwd=tmp_path)
+    assert ran.returncode == 0, ran.stderr
+    assert [line.split(":")[0] for line in ran.stdout.splitlines()] == ["s", "d"]
+    with np.load(tmp_path / "out.npz") as out:
+        np.testing.assert_allclose(out["s"], a + b, rtol=1e-6)
+        np.testing.assert_allclose(out["d"], a - b, rtol=1e-6)
+    line = one_line_error(run_kiln("run", "two.so", "--input", "b.npy", cwd=tmp_path))
+    assert "needs a name" in line and "a, b" in line
+    line = one_line_error(run_kiln("run", "two.so", "--fill", "zeros", "--output", "o.npy",
+                                   cwd=tmp_path))
+    assert "--outputs" in line

@@ -125,6 +125,9 @@ def cmd_run(path: str, function: str, items: Sequence[str], npz: str | None, fil
         raise ValueError("--repeat and --warmup take counts >= 0")
     lib = load_module(path)
     ins, outs = _signature(lib, function)
+    if output is not None and len(outs) != 1:
+        raise ValueError(f"--output takes one array but {function} has {len(outs)} "
+                         "outputs; use --outputs FILE.npz")
     fn = lib[function]
     args = gather_inputs(items, npz, fill, ins)
     result = fn(**args)
@@ -135,9 +138,6 @@ def cmd_run(path: str, function: str, items: Sequence[str], npz: str | None, fil
     named = dict(zip(names, values))
     lines = [summary(n, v) for n, v in named.items()]
     if output is not None:
-        if len(named) != 1:
-            raise ValueError(f"--output takes one array but {function} has {len(named)} "
-                             "outputs; use --outputs FILE.npz")
         np.save(output, np.asarray(values[0]))
     if outputs_npz is not None:
         arrays: dict[str, Any] = {n: np.asarray(v) for n, v in named.items()}
