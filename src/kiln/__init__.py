@@ -27,7 +27,7 @@ from kiln.errors import (
     TargetError,
 )
 
-__version__ = "0.1.0"
+__version__ = "0.1.0"  # the one version source (pyproject reads it)
 
 # public name -> "module:attribute", resolved on first access.
 _LAZY = {

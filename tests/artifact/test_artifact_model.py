@@ -255,7 +255,7 @@ def test_inspect_table_lists_every_artifact():
 # -- layering -------------------------------------------------------------------
 
 def test_kiln_artifact_imports_nothing_from_the_compiler(tmp_path):
-    """A deploy host reads artifacts without llvmlite, onnx or the IR (DESIGN.md)."""
+    """A deploy host reads artifacts without llvmlite, onnx or the IR (docs/runtime.md)."""
     script = textwrap.dedent(f"""
         import sys
         for name in ("llvmlite", "llvmlite.binding", "onnx"):

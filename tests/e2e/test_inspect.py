@@ -1,4 +1,4 @@
-"""Every piece of a compiled executable can be named and shown (seed 000, Debuggability):
+"""Every piece of a compiled executable can be named and shown (docs/artifacts.md):
 `ArtifactSet.inspect()` lists the artifacts, and a loaded module shows its C source,
 LLVM IR and assembly."""
 

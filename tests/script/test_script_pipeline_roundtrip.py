@@ -1,4 +1,4 @@
-"""The DSL round trip holds at every stage of compilation (seed 003, G0): after each
+"""The DSL round trip holds at every stage of compilation: after each
 pass of the default graph and tensor pipelines, the module prints, parses back and
 is structurally equal — for the IR corpus and for an operator graph that goes
 through fusion, legalization and memory planning."""

@@ -1,4 +1,4 @@
-"""A malformed target names the offending part and suggests the fix (invariant 7)."""
+"""A malformed target names the offending part and suggests the fix (docs/targets.md)."""
 
 from __future__ import annotations
 

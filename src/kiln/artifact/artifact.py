@@ -1,6 +1,6 @@
 """Artifact, InMemoryArtifact and ArtifactSet: what a codegen hands back.
 
-An artifact is plain data (seed 000, choice C0): which codegen made it, which
+An artifact is plain data (docs/artifacts.md): which codegen made it, which
 loader loads it, a file name unique within the codegen, the bytes, and a small
 read-only JSON metadata mapping. Nothing here knows a codegen or a runtime.
 """

@@ -1,8 +1,8 @@
 """The library blob: the ArtifactSet and module tree embedded in every kiln .so.
 
 Every library kiln links carries one read-only symbol `{prefix}_blob` holding
-this format (byte layout in docs/format.md). It follows TVM's module blob
-(seed 001) -- a list of modules, each a loader plus its artifacts, and the
+this format (byte layout in docs/format.md). It follows Apache TVM's module
+blob -- a list of modules, each a loader plus its artifacts, and the
 import tree in CSR form -- with a magic, a format version, a section table and
 a SHA-256 checksum, so a reader can tell a damaged or newer blob from a good one.
 
@@ -42,7 +42,7 @@ MAGIC = b"KILNBLOB"
 #
 # 1 (2026-11-21): first version. 32-byte header (magic, version, flags,
 #   total length, section count), section table, sections ARTIFACTS, MODULES,
-#   IMPORT_TREE (CSR, seed 001) and METADATA, 32-byte SHA-256 trailer.
+#   IMPORT_TREE (CSR, as in TVM's blob) and METADATA, 32-byte SHA-256 trailer.
 # 2 (2026-11-22): new section LINKED_DATA (kind 5): where the linked data
 #   (the weights) lies after the blob in the library and the SHA-256 of each
 #   of its chunks, so the runtime can check the weights (docs/format.md).
@@ -122,7 +122,7 @@ class BlobContents:
 
     artifacts: ArtifactSet
     modules: tuple[ModuleNode, ...]   # modules[0] is the root (the native host library)
-    row_ptr: tuple[int, ...]          # CSR import tree over modules (seed 001)
+    row_ptr: tuple[int, ...]          # CSR import tree over modules (docs/format.md)
     child_indices: tuple[int, ...]
     metadata: Mapping[str, Any]       # library metadata JSON (docs/abi.md)
     linked: tuple[LinkedData, ...] = ()  # linked data after the blob (version 2)

@@ -1,20 +1,24 @@
 """`kiln`: compile a model to one deployable file, inspect artifacts, list targets.
 
-    kiln compile model.onnx -t llvm -o model.so [--shape input=1,3,224,224]
-    kiln inspect model.so [--artifact llvm/kernels.bc --format ll]
-    kiln targets [--tags | --kinds] [NAME]
-    kiln run model.so [--input x=x.npy] [--function main]
+    kiln compile model.onnx -t llvm -o model.so [--shape x=1,64]
+    kiln inspect model.so [--format text|json] [--artifact llvm/kernels.bc --format ll]
+    kiln targets list [--kind K] | kiln targets show NAME | kiln targets kinds
+    kiln run model.so --input x=x.npy | --inputs in.npz | --fill random|zeros
+             [--output y.npy | --outputs out.npz] [--repeat N --warmup M] [--function main]
+    kiln cache list|info|clear
+
+Errors are one line on stderr and exit code 2 (1 for an unexpected failure);
+--debug shows the traceback.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from collections.abc import Sequence
 from typing import Any
-
-import numpy as np
 
 from kiln.errors import KilnError, missing_dependency
 
@@ -48,50 +52,29 @@ def _cmd_compile(args: argparse.Namespace) -> int:
 
 
 def _cmd_inspect(args: argparse.Namespace) -> int:
-    from kiln.artifact import inspect_artifact, load
+    from kiln.cli.inspect import cmd_inspect
 
-    artifacts = load(args.file)
-    if args.artifact is None:
-        print(artifacts.inspect())
-        return 0
-    codegen_id, _, file_name = args.artifact.partition("/")
-    found = artifacts.get(codegen_id, file_name)
-    if found is None:
-        names = ", ".join(f"{a.codegen_id}/{a.file_name}" for a in artifacts)
-        raise ValueError(f"no artifact {args.artifact!r} in {args.file}; it has: {names}")
-    print(inspect_artifact(found, args.format))
+    print(cmd_inspect(args.file, args.artifact, args.format))
     return 0
 
 
 def _cmd_targets(args: argparse.Namespace) -> int:
-    from kiln import target
+    from kiln.cli import targets
 
-    if args.name:
-        print(target.describe(args.name))
-    elif args.kinds:
-        print("\n".join(target.list_kinds()))
+    if args.verb == "show":
+        print(targets.cmd_show(args.name))
+    elif args.verb == "kinds":
+        print(targets.cmd_kinds())
     else:
-        print("\n".join(target.list_tags()))
+        print(targets.cmd_list(args.kind))
     return 0
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    from kiln.runtime import load_module
+    from kiln.cli.run import cmd_run
 
-    lib = load_module(args.file)
-    fn = lib[args.function]
-    inputs: dict[str, Any] = {}
-    for item in args.input:
-        name, _, path = item.partition("=")
-        inputs[name] = np.load(path)
-    t0 = time.perf_counter()
-    out = fn(**inputs)
-    dt = (time.perf_counter() - t0) * 1e3
-    outs = out if isinstance(out, tuple) else (out,)
-    for k, o in enumerate(outs):
-        if o is not None:
-            print(f"output {k}: shape {o.shape} dtype {o.dtype}\n{o}")
-    print(f"{args.function}: {dt:.3f} ms")
+    print(cmd_run(args.file, args.function, args.input, args.inputs, args.fill, args.output,
+                  args.outputs, args.repeat, args.warmup))
     return 0
 
 
@@ -132,11 +115,23 @@ def _cmd_cache(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the `kiln` command and its subcommands."""
-    p = argparse.ArgumentParser(prog="kiln", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = p.add_subparsers(dest="command", required=True)
+    from kiln import __version__
 
-    c = sub.add_parser("compile", help="compile an ONNX model to .so, .tar or .a")
+    # --debug is accepted before or after the command (SUPPRESS: a later default of
+    # False must not overwrite an earlier --debug).
+    debug = argparse.ArgumentParser(add_help=False)
+    debug.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                       help="show the traceback of an error")
+    p = argparse.ArgumentParser(prog="kiln", description=__doc__, parents=[debug],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--version", action="version", version=f"kiln {__version__}")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def verb(subs: Any, name: str, summary: str) -> argparse.ArgumentParser:
+        parser: argparse.ArgumentParser = subs.add_parser(name, parents=[debug], help=summary)
+        return parser
+
+    c = verb(sub, "compile", "compile an ONNX model to .so, .tar or .a")
     c.add_argument("model", help="path of the .onnx model")
     c.add_argument("-t", "--target", default="host",
                    help="target: 'host' (default), a kind, a tag, or JSON")
@@ -146,46 +141,95 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--prefix", default=None, help="system_lib_prefix for the C symbols")
     c.set_defaults(func=_cmd_compile)
 
-    i = sub.add_parser("inspect", help="list (or show) the artifacts inside a .so or .tar")
+    i = verb(sub, "inspect", "what a .so, .tar or .a holds: functions, artifacts")
     i.add_argument("file")
     i.add_argument("--artifact", help="CODEGEN/FILE to show, e.g. llvm/kernels.bc")
-    i.add_argument("--format", default=None, help="view: c, ll, asm, json, hex, symbols")
+    i.add_argument("--format", default=None,
+                   help="text (default) or json for the report; with --artifact the view: "
+                        "c, ll, asm, json, hex, symbols")
     i.set_defaults(func=_cmd_inspect)
 
-    t = sub.add_parser("targets", help="list target tags or kinds, or describe one")
-    t.add_argument("name", nargs="?")
-    t.add_argument("--kinds", action="store_true", help="list kinds instead of tags")
+    t = verb(sub, "targets", "list target tags or kinds, or describe one")
+    tsub = t.add_subparsers(dest="verb", required=True, metavar="VERB")
+    tl = verb(tsub, "list", "the target tags, with whether kiln can compile for them")
+    tl.add_argument("--kind", default=None, help="only the tags of this kind")
+    ts = verb(tsub, "show", "describe a kind (its attributes) or a tag (its config)")
+    ts.add_argument("name")
+    verb(tsub, "kinds", "the target kinds, with whether a codegen exists")
     t.set_defaults(func=_cmd_targets)
 
-    r = sub.add_parser("run", help="load a library and call one of its functions")
+    r = verb(sub, "run", "load a library and call one of its functions")
     r.add_argument("file")
-    r.add_argument("--function", default="main")
-    r.add_argument("--input", action="append", default=[], help="NAME=path.npy (repeatable)")
+    r.add_argument("--function", default="main", help="function to call (default: main)")
+    r.add_argument("--input", action="append", default=[], metavar="NAME=FILE.npy",
+                   help="one input from a .npy file (repeatable); the name may be left out "
+                        "when the function has exactly one input")
+    r.add_argument("--inputs", default=None, metavar="FILE.npz",
+                   help="inputs from a .npz archive, by name")
+    r.add_argument("--fill", choices=("random", "zeros"), default=None,
+                   help="make up the inputs not given (static shapes only; random is seeded)")
+    r.add_argument("--output", default=None, metavar="FILE.npy",
+                   help="save the only output")
+    r.add_argument("--outputs", default=None, metavar="FILE.npz",
+                   help="save every output, by name")
+    r.add_argument("--repeat", type=int, default=0, metavar="N",
+                   help="time N more calls and print median, p90 and min latency")
+    r.add_argument("--warmup", type=int, default=3, metavar="M",
+                   help="untimed calls before the timed ones (default 3)")
     r.set_defaults(func=_cmd_run)
 
-    k = sub.add_parser("cache", help="list, describe or clear the compile cache")
+    k = verb(sub, "cache", "list, describe or clear the compile cache")
     k.add_argument("action", choices=("list", "info", "clear"))
     k.set_defaults(func=_cmd_cache)
     return p
 
 
+def _quiet_closed_pipe() -> int:
+    """stdout's reader went away (`kiln ... | head`): say nothing more, as the shell expects.
+
+    Python's documented recipe (the `signal` module's note on SIGPIPE): point
+    stdout at devnull so the interpreter's final flush cannot fail again.
+    """
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    return 141  # 128 + SIGPIPE, what a shell reports for a killed writer
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the `kiln` command with `argv` (default: sys.argv[1:]); the exit code."""
-    args = build_parser().parse_args(argv)
+    from kiln.cli.targets import normalize_argv
+
+    words = list(sys.argv[1:] if argv is None else argv)
+    args = build_parser().parse_args(normalize_argv(words))
+    args.debug = getattr(args, "debug", False)
+    where = f"kiln {args.command}"
     try:
         code: int = args.func(args)
+        sys.stdout.flush()
         return code
+    except BrokenPipeError:
+        return _quiet_closed_pipe()
+    except KeyboardInterrupt:
+        print(f"{where}: interrupted", file=sys.stderr)
+        return 130
     except USER_ERRORS as exc:
-        print(f"kiln {args.command}: error: {exc}", file=sys.stderr)
+        if args.debug:
+            raise
+        print(f"{where}: error: {exc}", file=sys.stderr)
         return 2
     except ImportError as exc:
-        missing = missing_dependency(exc, f"kiln {args.command}")
-        if missing is None:
+        missing = missing_dependency(exc, where)
+        if args.debug:
             raise
-        print(f"kiln {args.command}: error: {missing}", file=sys.stderr)
+        print(f"{where}: error: {missing if missing is not None else exc}", file=sys.stderr)
         return 2
+    except Exception as exc:
+        if args.debug:
+            raise
+        print(f"{where}: internal error: {type(exc).__name__}: {exc} "
+              "(rerun with --debug for the traceback, and please report it)", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":
     sys.exit(main())
-

@@ -6,7 +6,7 @@ A codegen is a function
         -> list[Artifact | InMemoryArtifact]
 
 returning every artifact for its target. Which codegen a target uses hangs off
-its kind (seed 002): the kind attribute `"codegen"` names a registered codegen
+its kind (docs/targets.md): the kind attribute `"codegen"` names a registered codegen
 or holds the function itself; without it, the codegen registered under the
 kind's name is used. Built-ins load lazily: "llvm", "llvmjit", "c", "python".
 

@@ -1,4 +1,4 @@
-"""`kiln.compile`: IRModule + target -> Executable, the one streamlined flow (seed 003).
+"""`kiln.compile`: IRModule + target -> Executable, the one streamlined flow (docs/compile.md).
 
 1. resolve the target (argument, per-function `target` attribute, `with Target`,
    else this machine);

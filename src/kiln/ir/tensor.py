@@ -246,7 +246,7 @@ class Intrin(PrimExpr):
 
 @dataclass(frozen=True, slots=True)
 class ExternDependency:
-    """Where an external C function comes from (MLF `external_dependencies`, seed 004)."""
+    """Where an external C function comes from (MLF `external_dependencies`)."""
 
     short_name: str
     version_spec: str = ""

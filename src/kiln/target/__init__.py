@@ -1,4 +1,4 @@
-"""Targets: what kiln compiles for (seed 002, the TVM target RFC).
+"""Targets: what kiln compiles for (after Apache TVM's target RFC; docs/targets.md).
 
     >>> from kiln.target import Target
     >>> t = Target("llvm -mtriple=aarch64-linux-gnu -mattr=+neon")

@@ -271,7 +271,7 @@ COMMON_OPTIONS: dict[str, AttrSpec] = {
 }
 
 #: Names that TVM accepts as target attributes but that do not change the
-#: generated code (seed 002: "would this option change the generated module?").
+#: generated code (Apache TVM's target RFC: "would this option change the generated module?").
 #: kiln rejects them with the reason and where the setting belongs instead.
 NOT_TARGET_ATTRS: dict[str, str] = {
     "num-cores": (

@@ -1,6 +1,6 @@
 """The target kinds kiln ships: their attribute schemas and canonicalizers.
 
-Only attributes that change the generated code are declared (seed 002:
+Only attributes that change the generated code are declared (Apache TVM's target RFC:
 "would this option change the contents of the generated module?"). Thread
 counts, device ids, linker and loader settings belong to the runtime or to
 export, and are rejected with an explanation (see `attrs.NOT_TARGET_ATTRS`).

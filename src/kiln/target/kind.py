@@ -1,10 +1,10 @@
 """`TargetKind`: the schema and the per-kind registry of one code generator family.
 
 A kind is what TVM calls a target id: `llvm`, `cuda`, `c`, ... It declares the
-typed attributes a target of that kind accepts (seed 002, schema validation),
+typed attributes a target of that kind accepts (schema validation, docs/targets.md),
 the default `keys`, an optional canonicalizer that fills or checks attributes,
 and a small registry of named per-kind attributes that later parts of the
-compiler set and read (seed 002 C2): `"codegen"`, `"tensor_pipeline"`,
+compiler set and read (docs/targets.md, "Per-kind attributes"): `"codegen"`, `"tensor_pipeline"`,
 `"loader"`, ...
 """
 

@@ -1,6 +1,6 @@
 """The registry of target kinds: the built-in ones plus any a backend registers.
 
-Bring-your-own-codegen (seed 002): an external backend makes a `TargetKind`
+Bring-your-own-codegen (docs/targets.md): an external backend makes a `TargetKind`
 with its attribute schema, registers it with `register_kind`, and sets its
 per-kind attributes (`kind.set_attr("codegen", ...)`); `Target({"kind": ...})`
 then validates against that schema like any built-in kind.

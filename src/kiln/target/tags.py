@@ -1,4 +1,4 @@
-"""Target tags: short canonical names for real hardware (seed 002, C3).
+"""Target tags: short canonical names for real hardware (docs/targets.md, "Tags").
 
 Tags are data: one JSON file per vendor in `kiln/target/tags/`, read the first
 time a tag is looked up. Each file is

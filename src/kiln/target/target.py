@@ -1,6 +1,6 @@
 """`Target`: an immutable, validated, canonical description of what to compile for.
 
-A target configures the compiler only (seed 002; DESIGN invariant 6): every
+A target configures the compiler only (docs/targets.md, Apache TVM's target RFC): every
 attribute changes generated code. Building one runs the same steps whatever
 the spec's form (kind name, tag, dict, JSON, command line):
 

@@ -1,7 +1,7 @@
 """The `llvmjit` codegen: lowered IRModule -> bitcode (+ constants) run by LLVM's JIT.
 
-llvmjit is the one target that never becomes a shared library (DESIGN
-invariant 2's documented exception): its artifacts have loader "llvmjit" and
+llvmjit is the one target that never becomes a shared library (the documented
+exception, docs/codegen-llvm.md): its artifacts have loader "llvmjit" and
 `kiln.codegen.llvm.jit_loader.load_llvmjit` compiles them in memory. The
 bitcode artifact *is* the saved form: an ArtifactSet holding it can be
 archived and loaded again through the same loader.

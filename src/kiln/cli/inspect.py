@@ -1,0 +1,149 @@
+"""`kiln inspect`: what a kiln `.so`, `.tar` or `.a` holds, without running it."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from typing import Any
+
+from kiln.errors import FormatError
+
+AR_MAGIC = b"!<arch>\n"
+
+
+def _ar_members(path: str) -> list[bytes]:
+    """The contents of the members of a Unix `ar` archive (the common System V/GNU layout)."""
+    with open(path, "rb") as f:
+        data = f.read()
+    members, pos = [], len(AR_MAGIC)
+    while pos + 60 <= len(data):
+        header = data[pos:pos + 60]
+        if header[58:60] != b"`\n":
+            raise FormatError(f"{path}: damaged ar member header at byte {pos}")
+        try:
+            size = int(header[48:58].decode("ascii").strip())
+        except ValueError:
+            raise FormatError(f"{path}: damaged ar member size at byte {pos}") from None
+        name = header[:16].decode("ascii", "replace").strip()
+        body = data[pos + 60:pos + 60 + size]
+        if name not in ("/", "//", "/SYM64/"):  # symbol and long-name tables
+            members.append(body)
+        pos += 60 + size + (size & 1)
+    return members
+
+
+def load_any(path: str) -> tuple[Any, dict[str, Any], str]:
+    """(artifacts, library metadata, file kind) of a kiln `.so`, `.tar`, blob or `.a`."""
+    from kiln.artifact import load_with_metadata
+    from kiln.artifact.elf import ELF_MAGIC
+
+    with open(path, "rb") as f:
+        head = f.read(8)
+    if not head.startswith(AR_MAGIC):
+        artifacts, metadata = load_with_metadata(path)
+        from kiln.artifact.blob import MAGIC
+
+        kind = ("shared library" if head.startswith(ELF_MAGIC)
+                else "blob" if head.startswith(MAGIC) else "artifact archive")
+        return artifacts, metadata, kind
+    # A static library: kiln puts its blob symbol into one of the objects.
+    for body in _ar_members(path):
+        if not body.startswith(ELF_MAGIC):
+            continue
+        with tempfile.NamedTemporaryFile(suffix=".o", delete=False) as tmp:
+            tmp.write(body)
+        try:
+            artifacts, metadata = load_with_metadata(tmp.name)
+        except FormatError:
+            continue
+        finally:
+            os.unlink(tmp.name)
+        return artifacts, metadata, "static library"
+    raise FormatError(f"{path}: a static library with no kiln blob in any of its objects")
+
+
+def _tensor(p: dict[str, Any]) -> dict[str, Any]:
+    return {"name": p.get("name"), "shape": p.get("shape"), "dtype": p.get("dtype")}
+
+
+def describe(path: str) -> dict[str, Any]:
+    """Everything `kiln inspect` reports about `path`, as plain JSON-able data."""
+    artifacts, metadata, kind = load_any(path)
+    functions = {}
+    for name, fn in (metadata.get("functions") or {}).items():
+        params = fn.get("params", [])
+        functions[name] = {
+            "kind": fn.get("kind"),
+            "inputs": [_tensor(p) for p in params if not p.get("written")],
+            "outputs": ([_tensor(p) for p in fn.get("results", [])]
+                        + [_tensor(p) for p in params if p.get("written")]),
+        }
+    rows, targets, weight_bytes = [], [], 0
+    for a in artifacts:
+        meta = dict(a.metadata)
+        size = int(meta.get("size", a.size)) if meta.get("linked") else a.size
+        rows.append({"codegen": a.codegen_id, "loader": a.loader, "name": a.file_name,
+                     "size": size, "linked": bool(meta.get("linked"))})
+        if "chunk_sha256" in meta:  # the constants blob: the model's weights
+            weight_bytes += size
+        if "triple" in meta:
+            t = {"codegen": a.codegen_id, "triple": meta["triple"], "cpu": meta.get("cpu", "")}
+            if t not in targets:
+                targets.append(t)
+    return {
+        "file": path, "kind": kind, "format": metadata.get("format"),
+        "format_version": metadata.get("version"), "kiln_version": metadata.get("kiln_version"),
+        "prefix": metadata.get("prefix"), "targets": targets, "functions": functions,
+        "artifacts": rows, "weight_bytes": weight_bytes,
+    }
+
+
+def _shape(t: dict[str, Any]) -> str:
+    shape = t.get("shape")
+    return "?" if shape is None else "(" + ", ".join(str(d) for d in shape) + ")"
+
+
+def as_text(info: dict[str, Any]) -> str:
+    """The human-readable report of `describe`."""
+    from kiln.cli.targets import format_table
+
+    lines = [f"{info['file']}: kiln {info['kind']}",
+             f"  format:   {info['format']} version {info['format_version']} "
+             f"(written by kiln {info['kiln_version']}), symbol prefix {info['prefix']!r}"]
+    for t in info["targets"]:
+        lines.append(f"  target:   {t['codegen']}: {t['triple']}"
+                     + (f" cpu={t['cpu']}" if t["cpu"] else ""))
+    lines.append(f"  weights:  {info['weight_bytes']} bytes")
+    lines.append("functions:")
+    for name, fn in info["functions"].items():
+        lines.append(f"  {name} ({fn['kind']})")
+        for role in ("inputs", "outputs"):
+            for t in fn[role]:
+                lines.append(f"    {role[:-1]:<7}{t['name']:<12}{_shape(t):<16}{t['dtype']}")
+    lines.append("artifacts:")
+    rows = [(a["codegen"], a["loader"], a["name"],
+             f"{a['size']}" + (" (linked)" if a["linked"] else ""))
+            for a in info["artifacts"]]
+    table = format_table(("codegen", "loader", "name", "size"), rows)
+    lines.extend("  " + line for line in table.splitlines())
+    return "\n".join(lines)
+
+
+def cmd_inspect(path: str, artifact: str | None, fmt: str | None) -> str:
+    """The output of `kiln inspect` (see the command's --help)."""
+    if artifact is None:
+        if fmt not in (None, "text", "json"):
+            raise ValueError(f"--format {fmt!r} without --artifact: use text or json")
+        info = describe(path)
+        return json.dumps(info, indent=2) if fmt == "json" else as_text(info)
+    from kiln.artifact import inspect_artifact
+
+    artifacts, _, _ = load_any(path)
+    codegen_id, _, file_name = artifact.partition("/")
+    found = artifacts.get(codegen_id, file_name)
+    if found is None:
+        names = ", ".join(f"{a.codegen_id}/{a.file_name}" for a in artifacts)
+        raise ValueError(f"no artifact {artifact!r} in {path}; it has: {names}")
+    text: str = inspect_artifact(found, fmt)
+    return text

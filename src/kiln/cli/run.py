@@ -1,0 +1,154 @@
+"""`kiln run`: load a library, call one function on inputs from files (or filled), report."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+import numpy as np
+
+
+def _dtype(name: str) -> np.dtype[Any]:
+    try:
+        return np.dtype(name)
+    except TypeError:
+        import ml_dtypes  # bfloat16 and the float8 types
+
+        return np.dtype(getattr(ml_dtypes, name))
+
+
+def _signature(lib: Any, function: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(inputs, outputs) of `function` from the library metadata: name, shape, dtype each."""
+    fn_meta = (lib.metadata or {}).get("functions", {}).get(function)
+    if fn_meta is None:
+        names = ", ".join(lib.function_names())
+        raise ValueError(f"no function {function!r} in the library; it has: {names}")
+    params = fn_meta.get("params", [])
+    inputs = [p for p in params if not p.get("written")]
+    outputs = list(fn_meta.get("results", [])) + [p for p in params if p.get("written")]
+    return inputs, outputs
+
+
+def gather_inputs(items: Sequence[str], npz: str | None, fill: str | None,
+                  inputs: list[dict[str, Any]], seed: int = 0) -> dict[str, Any]:
+    """The named arrays for the call, from --input NAME=FILE, --inputs FILE.npz and --fill."""
+    names = [p["name"] for p in inputs]
+    expected = ", ".join(names) or "(none)"
+    files: dict[str, str] = {}
+    for item in items:
+        name, sep, path = item.partition("=")
+        if not sep:
+            if len(names) != 1:
+                raise ValueError(f"--input {item!r} needs a name: NAME=FILE.npy, where NAME is "
+                                 f"one of the function's inputs: {expected}")
+            name, path = names[0], item
+        files[name] = path
+    given: dict[str, Any] = {}
+    if npz is not None:
+        with _reading("--inputs ", npz), np.load(npz, allow_pickle=False) as archive:
+            given.update({k: archive[k] for k in archive.files})
+    unknown = sorted((set(given) | set(files)) - set(names))
+    if unknown:
+        raise ValueError(f"unknown input {', '.join(map(repr, unknown))}; "
+                         f"the function's inputs are: {expected}")
+    for name, path in files.items():
+        with _reading(f"--input {name}=", path):
+            given[name] = np.load(path, allow_pickle=False)
+    rng = np.random.default_rng(seed)
+    for p in inputs:
+        if p["name"] in given:
+            continue
+        if fill is None:
+            raise ValueError(f"input {p['name']!r} not given: pass --input "
+                             f"{p['name']}=FILE.npy, --inputs FILE.npz or --fill random|zeros")
+        shape = p.get("shape") or []
+        if not all(isinstance(d, int) for d in shape):
+            raise ValueError(f"input {p['name']!r} has symbolic shape {shape}: "
+                             "--fill needs a static shape; give the input in a file")
+        dtype = _dtype(p["dtype"])
+        given[p["name"]] = _filled(tuple(shape), dtype, fill, rng)
+    return given
+
+
+@contextmanager
+def _reading(option: str, path: str) -> Iterator[None]:
+    """Name the option and file in the error of a file numpy cannot read."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(6)
+        if not head.startswith((b"\x93NUMPY", b"PK")):  # .npy magic, .npz is a zip
+            raise ValueError(f"not a .npy or .npz file (it starts with {head!r})")
+        yield
+    except (OSError, ValueError, EOFError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise ValueError(f"{option}{path}: cannot read it as a numpy file: {reason}") from None
+
+
+def _filled(shape: tuple[int, ...], dtype: np.dtype[Any], fill: str,
+            rng: np.random.Generator) -> Any:
+    if fill == "zeros":
+        return np.zeros(shape, dtype)
+    if dtype == np.bool_:
+        return rng.integers(0, 2, shape).astype(dtype)
+    if np.issubdtype(dtype, np.integer):
+        return rng.integers(0, 10, shape).astype(dtype)
+    return rng.standard_normal(shape).astype(dtype)
+
+
+def summary(name: str, value: Any) -> str:
+    """One line: name, shape, dtype, and min/max/mean of a non-empty numeric array."""
+    arr = np.asarray(value)
+    line = f"{name}: shape {tuple(arr.shape)} dtype {arr.dtype}"
+    if arr.size and (np.issubdtype(arr.dtype, np.number) or arr.dtype.kind in "fb"
+                     or arr.dtype.name.startswith(("bfloat", "float8"))):
+        wide = arr.astype(np.float64)
+        line += f"  min {wide.min():.6g} max {wide.max():.6g} mean {wide.mean():.6g}"
+    return line
+
+
+def latency_table(times_ms: list[float], warmup: int) -> str:
+    """Median, p90 and min of the timed calls (warm-up calls excluded)."""
+    t = np.asarray(times_ms)
+    return (f"latency over {len(t)} calls ({warmup} warm-up excluded), ms:\n"
+            f"  median {np.median(t):10.4f}\n  p90    {np.percentile(t, 90):10.4f}\n"
+            f"  min    {t.min():10.4f}")
+
+
+def cmd_run(path: str, function: str, items: Sequence[str], npz: str | None, fill: str | None,
+            output: str | None, outputs_npz: str | None, repeat: int, warmup: int) -> str:
+    """Load `path`, call `function` once (then `warmup` + `repeat` more times), the report."""
+    from kiln.runtime import load_module
+
+    if repeat < 0 or warmup < 0:
+        raise ValueError("--repeat and --warmup take counts >= 0")
+    lib = load_module(path)
+    ins, outs = _signature(lib, function)
+    if output is not None and len(outs) != 1:
+        raise ValueError(f"--output takes one array but {function} has {len(outs)} "
+                         "outputs; use --outputs FILE.npz")
+    fn = lib[function]
+    args = gather_inputs(items, npz, fill, ins)
+    result = fn(**args)
+    values = list(result) if isinstance(result, tuple) else [result]
+    names = [o.get("name") or f"output{k}" for k, o in enumerate(outs)]
+    if len(names) != len(values):
+        names = [f"output{k}" for k in range(len(values))]
+    named = dict(zip(names, values))
+    lines = [summary(n, v) for n, v in named.items()]
+    if output is not None:
+        np.save(output, np.asarray(values[0]))
+    if outputs_npz is not None:
+        arrays: dict[str, Any] = {n: np.asarray(v) for n, v in named.items()}
+        np.savez(outputs_npz, **arrays)
+    if repeat:
+        for _ in range(warmup):
+            fn(**args)
+        times = []
+        for _ in range(repeat):
+            t0 = time.perf_counter()
+            fn(**args)
+            times.append((time.perf_counter() - t0) * 1e3)
+        lines.append(latency_table(times, warmup))
+    return "\n".join(lines)
