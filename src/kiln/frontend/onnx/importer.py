@@ -264,7 +264,12 @@ class _Importer:
         return self.ib.emit(expr, op)
 
     def _folded(self, value: Any, origin: int) -> g.Constant:
-        const = g.Constant(np.asarray(value))
+        data = np.asarray(value)
+        if data.flags.writeable and data.flags.c_contiguous and data.base is None:
+            # A fresh result of the reference that nothing else holds: freeze it in
+            # place rather than let Constant copy it (a folded weight can be 400 MB).
+            data.flags.writeable = False
+        const = g.Constant(data)
         self._origin[id(const)] = (const, origin)
         return const
 
