@@ -595,15 +595,15 @@ def _chain_module(terms: int) -> IRModule:
 
 
 def test_long_expressions() -> None:
-    """A 150-term chain (more operators than FuseOps puts in one kernel) walks fine."""
+    """A 120-term chain (far more operators than FuseOps puts in one kernel) walks fine."""
     from kiln.ir import structural_equal, verify
 
-    mod = _chain_module(150)
+    mod = _chain_module(120)
     verify(mod)
-    assert structural_equal(mod, _chain_module(150))
+    assert structural_equal(mod, _chain_module(120))
     y = np.zeros(1, np.int32)
     evaluate(mod, "f", np.array([1, 2, 3, 4], np.float32), y)
-    assert y[0] == 1 + sum((1, 2, 3, 4)[k % 4] for k in range(150))
+    assert y[0] == 1 + sum((1, 2, 3, 4)[k % 4] for k in range(120))
 
 
 def test_too_deep_expression_is_a_clear_error() -> None:
@@ -643,3 +643,45 @@ def test_variable_reused_in_sibling_scopes_gets_fresh_bounds() -> None:
     with pytest.raises(KilnError, match="index 2147483647 is out of bounds"):
         evaluate(mod, "f", np.array([2**31 - 1, 0, 0, 0], np.int32), y)
     assert y[1] == -2  # (2**31 - 1) * 2 wrapped
+
+
+def _module_at_depth(depth: int) -> IRModule:
+    """`_chain_module` with as many terms as make its nesting exactly `depth`."""
+    from kiln.ir.visitor import nesting_depth
+
+    terms = depth
+    while nesting_depth(_chain_module(terms)["f"]) > depth:
+        terms -= 1
+    mod = _chain_module(terms)
+    assert nesting_depth(mod["f"]) == depth
+    return mod
+
+
+def test_every_walker_accepts_ir_at_the_nesting_limit_and_refuses_one_more() -> None:
+    """At MAX_NESTING every walker (verify, compare, print, parse, interpret, both native
+    backends) runs within Python's default frame limit; one level more is refused up
+    front by the guard with a clear IRError, never a RecursionError."""
+    import sys
+
+    import kiln
+    from kiln.ir import structural_equal, verify
+    from kiln.ir.visitor import MAX_NESTING
+    from kiln.script import from_source, print_module
+
+    assert sys.getrecursionlimit() == 1000
+    mod = _module_at_depth(MAX_NESTING)
+    verify(mod)
+    assert structural_equal(mod, _module_at_depth(MAX_NESTING))
+    assert structural_equal(from_source(print_module(mod)), mod)
+    x = np.array([1, 2, 3, 4], np.float32)
+    want = np.zeros(1, np.int32)
+    evaluate(mod, "f", x, want)
+    for target in ("llvm", "c"):
+        got = np.zeros(1, np.int32)
+        kiln.compile(mod, target)["f"](x, got)
+        np.testing.assert_array_equal(got, want)
+    deeper = _module_at_depth(MAX_NESTING + 1)
+    for walk in (verify, lambda m: structural_equal(m, m), print_module,
+                 lambda m: evaluate(m, "f", x, np.zeros(1, np.int32))):
+        with pytest.raises(IRError, match=rf"nested too deeply \(depth {MAX_NESTING + 1} > "):
+            walk(deeper)

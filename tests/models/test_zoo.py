@@ -21,6 +21,7 @@ import zoo
 import kiln
 from kiln.frontend import from_onnx
 from kiln.ir import assert_structural_equal
+from kiln.ir.visitor import MAX_NESTING, nesting_depth
 from kiln.script import from_source, print_module
 
 TARGETS = ("llvm", "c")
@@ -89,6 +90,8 @@ def test_model_matches_onnxruntime(case, target: str) -> None:
     # the lowered module (weights by reference) prints and parses back unchanged
     text = print_module(ex.ir, metadata="reference")
     assert_structural_equal(from_source(text, metadata=text.metadata), ex.ir)
+    # Generated IR stays shallow, far from the walkers' limit (kiln.ir.visitor).
+    assert max(nesting_depth(f) for f in ex.ir.prim_funcs().values()) <= MAX_NESTING // 3
 
 
 def test_opsets_9_to_17_all_appear() -> None:

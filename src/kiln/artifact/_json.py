@@ -12,11 +12,12 @@ from __future__ import annotations
 import json
 import math
 import numbers
+import re
 from collections.abc import Mapping
 from typing import Any, NoReturn
 
 # Deeper nesting than this is almost certainly a cycle or an attack on the
-# recursion limit; real metadata is two or three levels deep.
+# parser; real metadata is two or three levels deep.
 MAX_DEPTH = 64
 
 
@@ -140,14 +141,20 @@ def parse_json_object(text: str | bytes, where: str, error: type[Exception]) -> 
     Every failure, including invalid UTF-8 and absurd nesting, raises `error`
     with a message naming `where`.
     """
-    try:
-        if isinstance(text, bytes):
+    if isinstance(text, bytes):
+        try:
             text = text.decode("utf-8")
+        except UnicodeDecodeError as err:
+            raise error(f"{where}: expected UTF-8 text, found invalid byte at "
+                        f"{err.start}") from None
+    depth = _bracket_depth(text)
+    if depth > MAX_DEPTH:
+        raise error(f"{where}: expected a JSON object, found JSON nested {depth} levels deep "
+                    f"(at most {MAX_DEPTH})")
+    try:
         value = json.loads(text, object_pairs_hook=_no_duplicates,
                            parse_constant=_reject_constant)
-    except UnicodeDecodeError as err:
-        raise error(f"{where}: expected UTF-8 text, found invalid byte at {err.start}") from None
-    except (ValueError, RecursionError) as err:
+    except ValueError as err:
         raise error(f"{where}: expected a JSON object, found invalid JSON ({err})") from None
     if not isinstance(value, dict):
         raise error(f"{where}: expected a JSON object, found a {type(value).__name__}")
@@ -155,6 +162,20 @@ def parse_json_object(text: str | bytes, where: str, error: type[Exception]) -> 
         return freeze_object(value, where)
     except ValueError as err:
         raise error(str(err)) from None
+
+
+_STRING = re.compile(r'"(?:[^"\\]|\\.)*"')
+_BRACKET = re.compile(r"[\[\]{}]")
+
+
+def _bracket_depth(text: str) -> int:
+    """How deeply the arrays and objects of JSON `text` nest (strings skipped), found
+    before json.loads so absurd nesting never reaches the recursive stdlib parser."""
+    depth = deepest = 0
+    for ch in _BRACKET.findall(_STRING.sub("", text)):
+        depth += 1 if ch in "[{" else -1
+        deepest = max(deepest, depth)
+    return deepest
 
 
 def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:

@@ -246,6 +246,38 @@ def iter_nodes(root: t.Stmt | t.PrimExpr) -> Iterator[t.Stmt | t.PrimExpr]:
         stack.extend(reversed(_node_children(x)))
 
 
+#: The deepest nesting of statements and expressions kiln's walkers accept. Generated
+#: IR stays far below it (statement lists are flat, declarations have no body and
+#: FuseOps caps the operators of one kernel); hand-built IR deeper than this is refused
+#: up front by `check_nesting`, so no recursive walker ever runs out of frames. The
+#: walkers take 4 to 5 Python frames per level: 150 levels stay well inside
+#: Python's default limit of 1,000 frames, with room for the caller's own frames.
+MAX_NESTING = 150
+
+
+def nesting_depth(node: t.Stmt | t.PrimExpr | t.PrimFunc) -> int:
+    """The longest chain of nested statements and expressions under `node` (a lone
+    expression is 1; a Store of `a + b` is 3). Computed without recursion."""
+    root = node.body if isinstance(node, t.PrimFunc) else node
+    deepest = 0
+    stack: list[tuple[t.Stmt | t.PrimExpr, int]] = [(root, 1)]
+    while stack:
+        x, depth = stack.pop()
+        deepest = max(deepest, depth)
+        stack.extend((c, depth + 1) for c in _node_children(x))
+    return deepest
+
+
+def check_nesting(node: object, what: str) -> None:
+    """IRError if tensor-level `node` nests deeper than MAX_NESTING (other nodes pass:
+    graph functions are flat). `what` names the caller and the function in the message."""
+    if isinstance(node, (t.Stmt, t.PrimExpr, t.PrimFunc)):
+        depth = nesting_depth(node)
+        if depth > MAX_NESTING:
+            raise IRError(f"{what}: the IR is nested too deeply (depth {depth} > "
+                          f"{MAX_NESTING}); split long expressions with LetStmt bindings")
+
+
 def pre_order_visit(node: t.Stmt | t.PrimExpr | t.PrimFunc,
                     fn: Callable[[Any], bool | None]) -> None:
     """Call `fn` on every statement and expression under `node`, parents first, in

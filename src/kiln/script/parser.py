@@ -31,6 +31,7 @@ from kiln.ir.dtype import DTYPES
 from kiln.ir.metadata import Metadata, decode_entry
 from kiln.ir.module import IRModule
 from kiln.ir.tensor import BUFFER_SCOPES, readonly_array
+from kiln.ir.visitor import MAX_NESTING
 from kiln.script.diagnostics import ScriptError, Source
 from kiln.script.namespace import G_NAMES, I_NAMES, T_NAMES, G, I, T
 
@@ -66,14 +67,31 @@ def parse_source(
         raise source.error_at(lineno, max(0, (exc.offset or 1) - 1),
                               f"invalid syntax: {exc.msg}") from None
     except (RecursionError, MemoryError):
+        # CPython's own parser gives up on text nested tens of thousands of levels deep.
         raise source.error_at(1, 0, "the text is nested too deeply for Python's parser") \
             from None
-    try:
-        return Parser(source, env, metadata or {}).module(tree)
-    except RecursionError:
-        raise source.error_at(1, 0, "the text is nested too deeply to parse (an expression "
-                                    "thousands of levels deep); split long expressions with "
-                                    "T.let") from None
+    depth = _ast_depth(tree)
+    if depth > MAX_SOURCE_NESTING:
+        raise source.error_at(1, 0, f"the text is nested too deeply to parse (depth {depth} > "
+                                    f"{MAX_SOURCE_NESTING}); split long expressions with T.let")
+    return Parser(source, env, metadata or {}).module(tree)
+
+
+#: Deepest Python syntax tree the DSL parser walks: the IR's own limit
+#: (kiln.ir.visitor.MAX_NESTING) plus the levels of the module, class, function and
+#: statement syntax around an expression.
+MAX_SOURCE_NESTING = MAX_NESTING + 32
+
+
+def _ast_depth(tree: ast.AST) -> int:
+    """How deeply `tree` nests, found without recursion."""
+    deepest = 0
+    stack = [(tree, 1)]
+    while stack:
+        node, depth = stack.pop()
+        deepest = max(deepest, depth)
+        stack.extend((child, depth + 1) for child in ast.iter_child_nodes(node))
+    return deepest
 
 
 class Parser:
