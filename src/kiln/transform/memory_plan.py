@@ -93,14 +93,14 @@ def plan_memory(blocks: Iterable[Block], *, alignment: int = DEFAULT_ALIGNMENT,
         order.sort(key=lambda i: (-items[i].size, items[i].start, i))
     else:
         order.sort(key=lambda i: (items[i].start, i))
-    placed: list[tuple[Block, int]] = []
+    placed = _PlacedBlocks()
     offsets: dict[Hashable, int] = {}
     for i in order:
         block = items[i]
-        offset = _lowest_fit(block, placed, alignment)
+        offset = _lowest_fit(block, placed.busy(block), alignment)
         offsets[block.key] = offset
-        placed.append((block, offset))
-    total = max((align_up(off + b.size, alignment) for b, off in placed), default=0)
+        placed.add(block, offset)
+    total = max((align_up(offsets[b.key] + b.size, alignment) for b in items), default=0)
     if total > MAX_BYTES:
         largest = max(items, key=lambda b: b.size)
         raise CompileError(
@@ -110,12 +110,40 @@ def plan_memory(blocks: Iterable[Block], *, alignment: int = DEFAULT_ALIGNMENT,
     return MemoryPlan(offsets, total, alignment)
 
 
-def _lowest_fit(block: Block, placed: list[tuple[Block, int]], alignment: int) -> int:
-    """The lowest aligned offset where `block` clashes with no live-overlapping block."""
+class _PlacedBlocks:
+    """Placed blocks filed by time bucket, so a new block's conflicts are looked for
+    among the blocks live near its own steps, not among all of them: planning a
+    model whose values live a few steps each takes time linear in their number."""
+
+    BUCKET_STEPS = 32
+
+    def __init__(self) -> None:
+        self.buckets: dict[int, list[tuple[Block, int]]] = {}
+
+    def _keys(self, block: Block) -> range:
+        return range(block.start // self.BUCKET_STEPS, block.end // self.BUCKET_STEPS + 1)
+
+    def add(self, block: Block, offset: int) -> None:
+        if block.size > 0:
+            for k in self._keys(block):
+                self.buckets.setdefault(k, []).append((block, offset))
+
+    def busy(self, block: Block) -> list[tuple[int, int]]:
+        """Sorted byte ranges of the placed blocks live at some step `block` is."""
+        if block.size == 0:
+            return []
+        found: dict[int, tuple[int, int]] = {}
+        for k in self._keys(block):
+            for other, off in self.buckets.get(k, ()):
+                if other.overlaps_in_time(block):
+                    found[id(other)] = (off, off + other.size)
+        return sorted(found.values())
+
+
+def _lowest_fit(block: Block, busy: list[tuple[int, int]], alignment: int) -> int:
+    """The lowest aligned offset where `block` clashes with none of the `busy` ranges."""
     if block.size == 0:
         return 0
-    busy = sorted((off, off + b.size) for b, off in placed
-                  if b.size > 0 and b.overlaps_in_time(block))
     candidate = 0
     for lo, hi in busy:
         if candidate + block.size <= lo:
