@@ -12,11 +12,13 @@ from __future__ import annotations
 import json
 import math
 import numbers
+import re
 from collections.abc import Mapping
 from typing import Any, NoReturn
 
-# Deeper nesting than this is almost certainly a cycle or an attack on the
-# recursion limit; real metadata is two or three levels deep.
+# Deeper nesting than this is almost certainly a cycle or an attack on Python's
+# frame limit (json.loads and freezing go one frame per level); real metadata is
+# two or three levels deep.
 MAX_DEPTH = 64
 
 
@@ -143,11 +145,18 @@ def parse_json_object(text: str | bytes, where: str, error: type[Exception]) -> 
     try:
         if isinstance(text, bytes):
             text = text.decode("utf-8")
-        value = json.loads(text, object_pairs_hook=_no_duplicates,
-                           parse_constant=_reject_constant)
     except UnicodeDecodeError as err:
         raise error(f"{where}: expected UTF-8 text, found invalid byte at {err.start}") from None
-    except (ValueError, RecursionError) as err:
+    # json.loads recurses per level: measure the nesting first, without recursion.
+    # (`freeze` counts the outer object as level 0, brackets count it as 1.)
+    depth = _text_depth(text)
+    if depth > MAX_DEPTH + 1:
+        raise error(f"{where}: expected a JSON object, found invalid JSON (nested "
+                    f"{depth} levels deep, deeper than {MAX_DEPTH})")
+    try:
+        value = json.loads(text, object_pairs_hook=_no_duplicates,
+                           parse_constant=_reject_constant)
+    except ValueError as err:
         raise error(f"{where}: expected a JSON object, found invalid JSON ({err})") from None
     if not isinstance(value, dict):
         raise error(f"{where}: expected a JSON object, found a {type(value).__name__}")
@@ -155,6 +164,22 @@ def parse_json_object(text: str | bytes, where: str, error: type[Exception]) -> 
         return freeze_object(value, where)
     except ValueError as err:
         raise error(str(err)) from None
+
+
+_STRING_OR_BRACKET = re.compile(r'"(?:[^"\\]|\\.)*"?|[\[\]{}]')
+
+
+def _text_depth(text: str) -> int:
+    """The deepest bracket nesting of JSON text, strings skipped (an iterative scan)."""
+    depth = deepest = 0
+    for m in _STRING_OR_BRACKET.finditer(text):
+        c = m.group()
+        if c in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif c in "]}":
+            depth -= 1
+    return deepest
 
 
 def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:

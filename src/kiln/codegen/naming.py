@@ -130,7 +130,7 @@ def function_signature(name: str, fn: PrimFunc, prefix: str,
 def library_metadata(mod: IRModule, prefix: str, **extra: Any) -> dict[str, Any]:
     """The library metadata JSON object (docs/abi.md) of a lowered module."""
     from kiln import __version__
-    from kiln.codegen.aliasing import analyze
+    from kiln.ir.aliasing import analyze
 
     prims = mod.prim_funcs()
     written = analyze(prims).written

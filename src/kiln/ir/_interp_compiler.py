@@ -32,6 +32,7 @@ from kiln.ir._interp_runtime import (
     _round_bf16,
     _text,
 )
+from kiln.ir.visitor import check_nesting
 
 
 @dataclass
@@ -146,7 +147,7 @@ class _Compiler:
         self.ns["_oob"] = oob
         try:
             code = compile(source, f"<kiln.evaluate {self.name}>", "exec")
-        except (SyntaxError, RecursionError, MemoryError) as exc:
+        except (SyntaxError, MemoryError) as exc:
             raise IRError(f"{self.name}: the interpreter cannot compile this function "
                           f"({type(exc).__name__}: {exc})") from exc
         exec(code, self.ns)
@@ -666,14 +667,8 @@ def _compile(func: t.PrimFunc, name: str) -> _Compiled:
     if hit is not None and hit.func is func:
         _CACHE.move_to_end(id(func))
         return hit
-    try:
-        compiled = _Compiler(func, name).compile()
-    except RecursionError:
-        # Statement lists are flat; only a hand-built expression thousands of operators
-        # deep gets here (FuseOps caps the operators in one kernel).
-        raise IRError(f"evaluate {name}: the IR is nested too deeply to walk (an expression "
-                      "or nested statements thousands of levels deep); split long expressions "
-                      "with LetStmt bindings") from None
+    check_nesting(func, f"evaluate {name}")
+    compiled = _Compiler(func, name).compile()
     _CACHE[id(func)] = compiled
     while len(_CACHE) > _CACHE_SIZE:
         _CACHE.popitem(last=False)

@@ -37,6 +37,7 @@ from kiln.ir.metadata import ScriptText, format_section
 from kiln.ir.module import BaseFunc, IRModule
 from kiln.ir.names import Namer, is_plain_name, sanitize
 from kiln.ir.types import TensorType, TupleType, Type
+from kiln.ir.visitor import check_nesting
 
 METADATA_MODES = ("auto", "inline", "reference")
 DEFAULT_INLINE_LIMIT = 16
@@ -133,17 +134,11 @@ class _ModulePrinter:
             return repr(value)
 
     def function(self, name: str, fn: BaseFunc, indent: str) -> list[str]:
-        try:
-            if isinstance(fn, t.PrimFunc):
-                return _PrimPrinter(self, indent).function(name, fn)
-            if isinstance(fn, g.Function):
-                return _GraphPrinter(self, indent).function(name, fn)
-        except RecursionError:
-            # Statement lists are flat and fused kernels are capped, so only hand-built
-            # IR thousands of levels deep gets here; the frame limit is never raised.
-            raise IRError(f"cannot print function {name!r}: it is nested too deeply (an "
-                          "expression or nested statements thousands of levels deep); split "
-                          "long expressions with LetStmt bindings") from None
+        check_nesting(fn, f"cannot print function {name!r}")
+        if isinstance(fn, t.PrimFunc):
+            return _PrimPrinter(self, indent).function(name, fn)
+        if isinstance(fn, g.Function):
+            return _GraphPrinter(self, indent).function(name, fn)
         raise IRError(f"cannot print {type(fn).__name__} {name!r}")
 
     def finish(self, text: str) -> ScriptText:

@@ -29,12 +29,12 @@ from typing import Any
 
 import numpy as np
 
-from kiln.errors import IRError
 from kiln.ir import graph as g
 from kiln.ir import tensor as t
 from kiln.ir.module import IRModule
 from kiln.ir.printer import NodeText
 from kiln.ir.types import TensorType, TupleType
+from kiln.ir.visitor import check_nesting
 
 __all__ = ["assert_structural_equal", "structural_equal"]
 
@@ -47,35 +47,31 @@ class _Mismatch(Exception):
 
 def structural_equal(a: object, b: object, *, map_free_vars: bool = False) -> bool:
     """True if `a` and `b` are the same IR up to renaming of bound variables."""
+    _check_depth("structural_equal", a, b)
     try:
         _Comparer(map_free_vars).root(a, b)
     except _Mismatch:
         return False
-    except RecursionError:
-        raise _too_deep("structural_equal") from None
     return True
 
 
 def assert_structural_equal(a: object, b: object, *, map_free_vars: bool = False) -> None:
     """Raise AssertionError naming the path to the first difference, with both sides."""
+    _check_depth("assert_structural_equal", a, b)
     cmp = _Comparer(map_free_vars)
     try:
         cmp.root(a, b)
     except _Mismatch as exc:
         message = cmp.describe(exc.reason)
-    except RecursionError:
-        raise _too_deep("assert_structural_equal") from None
     else:
         return
     raise AssertionError(message)
 
 
-def _too_deep(what: str) -> IRError:
-    # Statement lists are flat, so only a hand-built expression thousands of operators
-    # deep gets here (FuseOps caps the operators fused into one kernel).
-    return IRError(f"{what}: the IR is nested too deeply to walk (an expression or nested "
-                   "statements thousands of levels deep); split long expressions with LetStmt "
-                   "bindings")
+def _check_depth(what: str, a: object, b: object) -> None:
+    # The comparison recurses over expressions: refuse hand-built IR too deep for it.
+    check_nesting(a, f"{what} (first argument)")
+    check_nesting(b, f"{what} (second argument)")
 
 
 def _same_float(x: float, y: float) -> bool:

@@ -48,7 +48,7 @@ from kiln.ir.attrs import ATTR_NUM_OUTPUTS, ATTR_OUTPUT_NAMES
 from kiln.ir.module import BaseFunc, IRModule
 from kiln.ir.printer import NodeText, print_function
 from kiln.ir.types import TensorType, TupleType, Type
-from kiln.ir.visitor import StmtExprVisitor
+from kiln.ir.visitor import StmtExprVisitor, check_nesting
 
 __all__ = ["STACK_LIMIT_BYTES", "verify"]
 
@@ -79,14 +79,8 @@ def verify(mod_or_func: IRModule | BaseFunc, *, name: str | None = None) -> None
         raise IRError(f"verify expects an IRModule, PrimFunc or graph Function, "
                       f"got {type(mod_or_func).__name__}")
     for fname, fn in functions:
-        try:
-            _verify_function(fname, fn, mod)
-        except RecursionError:
-            # Statement lists are flat; only a hand-built expression thousands of
-            # operators deep gets here (FuseOps caps the operators in one kernel).
-            raise IRError(f"verify: function '{fname}' is nested too deeply to walk (an "
-                          "expression or nested statements thousands of levels deep); split "
-                          "long expressions with LetStmt bindings") from None
+        check_nesting(fn, f"verify: function '{fname}'")
+        _verify_function(fname, fn, mod)
 
 
 class _Fault(Exception):

@@ -44,6 +44,7 @@ from typing import Any, TypeVar
 from kiln.errors import IRError
 from kiln.ir import graph as g
 from kiln.ir import tensor as t
+from kiln.ir.module import IRModule
 
 _N = TypeVar("_N")
 
@@ -255,6 +256,61 @@ def pre_order_visit(node: t.Stmt | t.PrimExpr | t.PrimFunc,
         x = stack.pop()
         if fn(x) is not False:
             stack.extend(reversed(_node_children(x)))
+
+
+# How deep a statement or expression tree may nest for the recursive walkers
+# (verify, structural_equal, the printer, the interpreter). The deepest of them
+# spends about five Python frames per level, so 150 levels stay well inside
+# Python's default limit of 1,000 frames with room for the caller's own stack.
+# Generated IR never comes near it: statement lists are flat (a let or a
+# declaration is a statement beside the next, not around it) and FuseOps caps the
+# operators fused into one expression. The frame limit itself is never raised.
+MAX_NESTING = 150
+
+
+def _depth_children(x: object) -> list[object]:
+    if isinstance(x, g.Function):
+        return [*(b.value for b in x.bindings), x.result]
+    if isinstance(x, g.Expr):
+        return list(graph_children(x))
+    if isinstance(x, t.PrimFunc):
+        return [x.body]
+    if isinstance(x, (t.Stmt, t.PrimExpr)):
+        return list(_node_children(x))
+    return []
+
+
+def nesting_depth(node: object) -> int:
+    """The largest number of nested statements and expressions on one path from
+    `node` down (a leaf is 1); walks a PrimFunc, graph Function, IRModule, statement
+    or expression without recursion. A PrimFunc or Function adds no level."""
+    roots: list[object]
+    if isinstance(node, IRModule):
+        roots = list(node.functions.values())
+    else:
+        roots = [node]
+    deepest = 0
+    stack: list[tuple[object, int]] = []
+    for root in roots:
+        if isinstance(root, (t.PrimFunc, g.Function)):
+            stack.extend((c, 1) for c in _depth_children(root))
+        else:
+            stack.append((root, 1))
+        while stack:
+            x, d = stack.pop()
+            deepest = max(deepest, d)
+            stack.extend((c, d + 1) for c in _depth_children(x))
+    return deepest
+
+
+def check_nesting(node: object, what: str, limit: int = MAX_NESTING) -> None:
+    """Raise IRError naming `what` if `node` nests deeper than `limit` levels
+    (`nesting_depth`), before a recursive walker would run out of Python frames."""
+    depth = nesting_depth(node)
+    if depth > limit:
+        raise IRError(f"{what}: nested too deeply (depth {depth} > limit {limit}): an "
+                      "expression or nested statements this deep are hand-built; split "
+                      "long expressions with let bindings")
 
 
 class StmtVisitor:
