@@ -635,10 +635,14 @@ def test_variable_reused_in_sibling_scopes_gets_fresh_bounds() -> None:
     X = Buffer("X", (4,), "int32")
     Y = Buffer("Y", (4,), "int32")
     v = Var("v", "int32")
-    first = t.LetStmt(v, const(1, "int32"), Store(Y, v, (const(0),)))
+    i, j = Var("i"), Var("j")
+    # Each let is flat, in scope to the end of its own loop body.
+    first = t.For(i, const(0), const(1), "serial",
+                  t.seq(t.LetStmt(v, const(1, "int32")), Store(Y, v, (const(0),))))
     # Second binding: unbounded value, so v + v must wrap and X[v] must be checked.
-    second = t.LetStmt(v, X[const(0)], t.seq(Store(Y, v + v, (const(1),)),
-                                              Store(Y, X[v], (const(2),))))
+    second = t.For(j, const(0), const(1), "serial",
+                   t.seq(t.LetStmt(v, X[const(0)]), Store(Y, v + v, (const(1),)),
+                         Store(Y, X[v], (const(2),))))
     mod = IRModule({"f": PrimFunc((X, Y), t.seq(first, second))})
     y = np.zeros(4, np.int32)
     with pytest.raises(KilnError, match="index 2147483647 is out of bounds"):

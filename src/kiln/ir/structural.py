@@ -342,7 +342,6 @@ class _Comparer:
     def let(self, a: t.LetStmt, b: t.LetStmt) -> None:
         self.field(".value", a.value, b.value)
         self.at(".var", self.define, a.var, b.var)
-        self.field(".body", a.body, b.body)
 
     def if_(self, a: t.IfThenElse, b: t.IfThenElse) -> None:
         self.field(".cond", a.cond, b.cond)
