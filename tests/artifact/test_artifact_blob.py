@@ -294,7 +294,7 @@ def test_bad_strings_json_and_names_inside_sections():
     expect_error(section_blob(ARTS, one("a", "none", "f", '{"x":1,"x":2}')),
                  "duplicate key 'x'")
     expect_error(section_blob(ARTS, one("a", "none", "f", "[" * 100000 + "]" * 100000)),
-                 "JSON nested 100000 levels deep")
+                 "nested 100000 levels deep")
     expect_error(section_blob(ARTS, one("a", "none", "../../etc/passwd", "{}")),
                  "artifact 0: file_name", "path separator")
     expect_error(section_blob(META, b"\xff"), "METADATA section: expected UTF-8")

@@ -279,3 +279,17 @@ def test_kiln_artifact_imports_nothing_from_the_compiler(tmp_path):
                           env={**os.environ, "PYTHONWARNINGS": "error"}, check=False)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "ok"
+
+
+def test_deeply_nested_json_text_is_refused_before_parsing():
+    """json.loads recurses per level; a hostile text 100,000 brackets deep is measured
+    first and refused with the same clear error, strings with brackets are not counted."""
+    from kiln.artifact._json import MAX_DEPTH, parse_json_object
+
+    deep = '{"a": ' + "[" * 100_000 + "]" * 100_000 + "}"
+    with pytest.raises(ValueError, match=r"^meta: expected a JSON object, found invalid JSON "
+                                         rf"\(nested 100001 levels deep, "
+                                         rf"deeper than {MAX_DEPTH}\)"):
+        parse_json_object(deep, "meta", ValueError)
+    ok = '{"s": "' + "[" * 1000 + '", "a": ' + "[" * (MAX_DEPTH - 1) + "]" * (MAX_DEPTH - 1) + "}"
+    assert parse_json_object(ok, "meta", ValueError)["s"] == "[" * 1000

@@ -45,7 +45,7 @@ def test_well_formed_module_passes() -> None:
 
 def test_use_before_definition() -> None:
     i, v = Var("i"), Var("v", "float32")
-    body = loop(i, 4, seq(Store(Y, v, (i,)), t.LetStmt(v, X[i], Store(Y, v, (i,)))))
+    body = loop(i, 4, seq(Store(Y, v, (i,)), t.LetStmt(v, X[i]), Store(Y, v, (i,))))
     message = fails(prim(body, X, Y), "function 'f': use of variable 'v' before its definition")
     # The faulty statement is quoted and marked.
     assert ">" in message and "Y[i] = v" in message
@@ -138,7 +138,7 @@ def test_index_count_and_dtype() -> None:
     fails(prim(loop(i, 4, Store(Y, X[i], (i, i))), X, Y),
           "Store of buffer 'Y' has 2 indices but the buffer has 1 dimension(s)")
     f = Var("f", "float32")
-    body = t.LetStmt(f, const(0.0, "float32"), Store(Y, t.Load(X, (f,)), (const(0),)))
+    body = seq(t.LetStmt(f, const(0.0, "float32")), Store(Y, t.Load(X, (f,)), (const(0),)))
     fails(prim(body, X, Y), "index 0 of Load of buffer 'X' has dtype float32; indices must be "
                             "integers")
 
@@ -182,7 +182,7 @@ def test_loop_variable_dtype() -> None:
 
 def test_let_intrinsic_and_constant_dtypes() -> None:
     v = Var("v", "int32")
-    fails(prim(t.LetStmt(v, const(1), Store(Y, const(1.0, "float32"), (const(0),))), Y),
+    fails(prim(seq(t.LetStmt(v, const(1)), Store(Y, const(1.0, "float32"), (const(0),))), Y),
           "let 'v': value dtype int64 differs from the variable dtype int32")
     i = Var("i")
     fails(prim(loop(i, 4, Store(Y, t.Cast("float32", t.Intrin("exp", (i,))), (i,))), Y),

@@ -494,7 +494,17 @@ def math_ops(X: T.Buffer((8,), "float32"), Y: T.Buffer((8, 13), "float32"),
         Flags[i, 1] = T.isinf(X[i]) | (X[i] != X[i])
 ''')
 
-_add("let_nested", '''
+_add("lets", '''
+@T.prim_func
+def lets(A: T.Buffer((4, 4), "float32"), B: T.Buffer((4,), "float32")):
+    for i in T.serial(4):
+        base = T.let(i * 4)
+        base32 = T.let(T.cast(base, "int32"), dtype="int32")
+        ends = T.let(A[i, 0] + A[i, 3])
+        B[i] = ends * T.cast(base32 + 1, "float32")
+''')
+
+_add("let_nested_with_form", '''
 @T.prim_func
 def lets(A: T.Buffer((4, 4), "float32"), B: T.Buffer((4,), "float32")):
     for i in T.serial(4):

@@ -133,7 +133,7 @@ def stmts(draw: st.DrawFn, depth: int = 3) -> t.Stmt:
         return t.For(t.Var("i"), start, draw(exprs("int64", 1)),
                      draw(st.sampled_from(t.FOR_KINDS)), body)
     if kind == "let":
-        return t.LetStmt(t.Var("x", dtype), draw(exprs(dtype, 2)), body)
+        return t.seq(t.LetStmt(t.Var("x", dtype), draw(exprs(dtype, 2))), body)
     if kind == "if":
         other = draw(st.none() | stmts(depth - 1))
         return t.IfThenElse(draw(exprs("bool", 2)), body, other)

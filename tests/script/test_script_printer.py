@@ -34,11 +34,13 @@ def test_duplicate_and_invalid_name_hints_become_unique_valid_names() -> None:
     i1, i2, bad, kw, ns = (t.Var("i"), t.Var("i"), t.Var("x.1"), t.Var("for"), t.Var("T"))
     empty = t.Var("")
     inner = t.For(i2, t.const(0), t.const(4), "serial", t.Store(A, t.const(1.0), (i1, i2)))
-    body = t.For(i1, t.const(0), t.const(4), "serial", t.LetStmt(
-        bad, i1 + 1, t.LetStmt(kw, bad * 2, t.LetStmt(ns, kw, t.LetStmt(empty, ns, inner)))))
+    body = t.For(i1, t.const(0), t.const(4), "serial", t.seq(
+        t.LetStmt(bad, i1 + 1), t.LetStmt(kw, bad * 2), t.LetStmt(ns, kw),
+        t.LetStmt(empty, ns), inner))
     text = roundtrip(prim(body, A))
     assert "for i in T.serial(4):" in text and "for i_1 in T.serial(4):" in text
-    assert "as x_1:" in text and "as for_:" in text and "as T_1:" in text and "as v:" in text
+    assert "x_1 = T.let(" in text and "for_ = T.let(" in text and "T_1 = T.let(" in text
+    assert "v = T.let(" in text
     assert "A[i, i_1] = T.float32(1.0)" in text
 
 
@@ -151,7 +153,7 @@ def test_every_statement_kind_with_unusual_fields() -> None:
     x = t.Var("x", "int32")
     body = t.seq(
         t.seq(t.Allocate(L), t.seq(
-            t.LetStmt(x, t.const(3), t.Store(L, x, (t.const(0),))),  # var dtype != value dtype
+            t.LetStmt(x, t.const(3)), t.Store(L, x, (t.const(0),)),  # var dtype != value dtype
             t.DeclBuffer(ib_view, L, 8),
             t.Store(ib_view, t.Const(1.5, "float32"), (t.const(1),)),
         )),
@@ -168,7 +170,7 @@ def test_every_statement_kind_with_unusual_fields() -> None:
     assert 'W = T.alloc_const([[0.0, 1.0], [2.0, 3.0]], "float16", buffer_shape=(4,), ' \
            'buffer_dtype="float32", scope="local")' in text
     assert "elif n > 1:" in text
-    assert 'with T.let(3, dtype="int32") as x:' in text
+    assert 'x = T.let(3, dtype="int32")' in text
 
 
 def test_empty_bodies_and_pass() -> None:

@@ -85,8 +85,6 @@ def map_parallel_loops(s: Stmt, fn: object) -> Stmt:
         return For(s.var, s.start, s.extent, s.kind, map_parallel_loops(s.body, fn))
     if isinstance(s, SeqStmt):
         return seq(*(map_parallel_loops(x, fn) for x in s.body))
-    if isinstance(s, LetStmt):
-        return LetStmt(s.var, s.value, map_parallel_loops(s.body, fn))
     if isinstance(s, IfThenElse):
         other = map_parallel_loops(s.else_body, fn) if s.else_body is not None else None
         return IfThenElse(s.cond, map_parallel_loops(s.then_body, fn), other)
@@ -114,7 +112,7 @@ def reverse_parallel_loops(fn: PrimFunc) -> PrimFunc:
         k = Var(f"{loop.var.name}_rev", loop.var.dtype)
         last = BinaryOp("sub", BinaryOp("add", loop.start, loop.extent), Const(1, loop.var.dtype))
         return For(k, Const(0, loop.var.dtype), loop.extent, "serial",
-                   LetStmt(loop.var, BinaryOp("sub", last, k), loop.body))
+                   seq(LetStmt(loop.var, BinaryOp("sub", last, k)), loop.body))
 
     return fn.with_body(map_parallel_loops(fn.body, reverse))
 
@@ -202,7 +200,7 @@ class _Detector:
             return seq(*self.reads(s.start, s.extent),
                        For(s.var, s.start, s.extent, s.kind, self.stmt(s.body)))
         if isinstance(s, LetStmt):
-            return seq(*self.reads(s.value), LetStmt(s.var, s.value, self.stmt(s.body)))
+            return seq(*self.reads(s.value), s)
         if isinstance(s, IfThenElse):
             other = self.stmt(s.else_body) if s.else_body is not None else None
             return seq(*self.reads(s.cond), IfThenElse(s.cond, self.stmt(s.then_body), other))
@@ -266,8 +264,6 @@ def parallel_loops(fn: PrimFunc) -> list[str]:
             walk(s.then_body)
             if s.else_body is not None:
                 walk(s.else_body)
-        elif isinstance(s, LetStmt):
-            walk(s.body)
 
     walk(fn.body)
     return names

@@ -119,8 +119,23 @@ def test_single_iteration_loop_and_lets_are_substituted() -> None:
 def test_let_of_non_constant_stays() -> None:
     x = t.Buffer("x", (8,), "int32")
     v = t.Var("v", "int32")
-    s = t.LetStmt(v, x[0] + 1, t.Store(x, v, (c(1, "int64"),)))
+    s = t.seq(t.LetStmt(v, x[0] + 1), t.Store(x, v, (c(1, "int64"),)))
     assert simplify_stmt(s) is s
+
+
+def test_constant_let_is_substituted_into_the_rest_of_its_list_only() -> None:
+    """A flat let bound to a constant is dropped and substituted up to the end of the
+    statement list it stands in, not into the statements after that list."""
+    x = t.Buffer("x", (8,), "int32")
+    v, i = t.Var("v", "int32"), t.Var("i", "int64")
+    inner = t.seq(t.LetStmt(v, c(5)), t.Store(x, v + 1, (i,)))
+    s = t.seq(t.For(i, c(0, "int64"), c(2, "int64"), "serial", inner),
+              t.Store(x, c(7), (c(3, "int64"),)))
+    out = simplify_stmt(s)
+    assert isinstance(out, t.SeqStmt) and isinstance(out.body[0], t.For)
+    store = out.body[0].body
+    assert isinstance(store, t.Store) and store.value.value == 6  # type: ignore[attr-defined]
+    assert out.body[1] is s.body[1]  # type: ignore[attr-defined]
 
 
 def test_constant_if() -> None:

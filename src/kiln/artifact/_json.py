@@ -16,8 +16,9 @@ import re
 from collections.abc import Mapping
 from typing import Any, NoReturn
 
-# Deeper nesting than this is almost certainly a cycle or an attack on the
-# parser; real metadata is two or three levels deep.
+# Deeper nesting than this is almost certainly a cycle or an attack on Python's
+# frame limit (json.loads and freezing go one frame per level); real metadata is
+# two or three levels deep.
 MAX_DEPTH = 64
 
 
@@ -141,16 +142,17 @@ def parse_json_object(text: str | bytes, where: str, error: type[Exception]) -> 
     Every failure, including invalid UTF-8 and absurd nesting, raises `error`
     with a message naming `where`.
     """
-    if isinstance(text, bytes):
-        try:
+    try:
+        if isinstance(text, bytes):
             text = text.decode("utf-8")
-        except UnicodeDecodeError as err:
-            raise error(f"{where}: expected UTF-8 text, found invalid byte at "
-                        f"{err.start}") from None
-    depth = _bracket_depth(text)
-    if depth > MAX_DEPTH:
-        raise error(f"{where}: expected a JSON object, found JSON nested {depth} levels deep "
-                    f"(at most {MAX_DEPTH})")
+    except UnicodeDecodeError as err:
+        raise error(f"{where}: expected UTF-8 text, found invalid byte at {err.start}") from None
+    # json.loads recurses per level: measure the nesting first, without recursion.
+    # (`freeze` counts the outer object as level 0, brackets count it as 1.)
+    depth = _text_depth(text)
+    if depth > MAX_DEPTH + 1:
+        raise error(f"{where}: expected a JSON object, found invalid JSON (nested "
+                    f"{depth} levels deep, deeper than {MAX_DEPTH})")
     try:
         value = json.loads(text, object_pairs_hook=_no_duplicates,
                            parse_constant=_reject_constant)
@@ -164,17 +166,19 @@ def parse_json_object(text: str | bytes, where: str, error: type[Exception]) -> 
         raise error(str(err)) from None
 
 
-_STRING = re.compile(r'"(?:[^"\\]|\\.)*"')
-_BRACKET = re.compile(r"[\[\]{}]")
+_STRING_OR_BRACKET = re.compile(r'"(?:[^"\\]|\\.)*"?|[\[\]{}]')
 
 
-def _bracket_depth(text: str) -> int:
-    """How deeply the arrays and objects of JSON `text` nest (strings skipped), found
-    before json.loads so absurd nesting never reaches the recursive stdlib parser."""
+def _text_depth(text: str) -> int:
+    """The deepest bracket nesting of JSON text, strings skipped (an iterative scan)."""
     depth = deepest = 0
-    for ch in _BRACKET.findall(_STRING.sub("", text)):
-        depth += 1 if ch in "[{" else -1
-        deepest = max(deepest, depth)
+    for m in _STRING_OR_BRACKET.finditer(text):
+        c = m.group()
+        if c in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif c in "]}":
+            depth -= 1
     return deepest
 
 

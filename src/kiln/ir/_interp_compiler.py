@@ -83,7 +83,7 @@ class _Compiler:
         self._counter = itertools.count()
         self._keep: list[object] = []
         # Buffers declared in each open block; their scope ends with the block.
-        self.blocks: list[list[t.Buffer]] = []
+        self.blocks: list[list[t.Var | t.Buffer]] = []
 
     # ------------------------------------------------------------------ naming
 
@@ -200,13 +200,12 @@ class _Compiler:
     def let(self, s: t.LetStmt, depth: int) -> None:
         value = self.expr(s.value)
         name = self.ident(s.var)
+        self.blocks[-1].append(s.var)
         self.emit(depth, f"{name} = {value.code}")
         # (Always reset: a variable bound again in a sibling scope gets new bounds.)
         self.ranges.pop(id(s.var), None)
         if value.lo is not None and value.hi is not None:
             self.ranges[id(s.var)] = (value.lo, value.hi)
-        self.block(s.body, depth)
-        self.end_scope(s.var)
 
     def if_(self, s: t.IfThenElse, depth: int) -> None:
         cond = self.expr(s.cond)

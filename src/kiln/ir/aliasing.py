@@ -30,7 +30,6 @@ from kiln.ir.tensor import (
     DeclBuffer,
     For,
     IfThenElse,
-    LetStmt,
     PrimExpr,
     PrimFunc,
     SeqStmt,
@@ -187,7 +186,7 @@ def _visit(stmt: Stmt, regions: dict[Buffer, Region], out: _Summary) -> None:
         for s in stmt.body:
             _declare(s, inner)
             _visit(s, inner, out)
-    elif isinstance(stmt, (For, LetStmt)):
+    elif isinstance(stmt, For):
         _visit(stmt.body, regions, out)
     elif isinstance(stmt, IfThenElse):
         _visit(stmt.then_body, regions, out)

@@ -192,12 +192,17 @@ class IRBuilder:
 
     @contextmanager
     def let(self, name: str, value: ExprLike, *, var: Var | None = None) -> Iterator[Var]:
-        """Bind a new variable to `value` for the block (`var=` binds an existing Var)."""
+        """Bind a new variable to `value` for the rest of the block (`declare_let` without
+        `with`; `var=` binds an existing Var). The binding is a flat `LetStmt`, so the
+        variable stays visible after the `with` too."""
+        yield self.declare_let(name, value, var=var)
+
+    def declare_let(self, name: str, value: ExprLike, *, var: Var | None = None) -> Var:
+        """Emit a `LetStmt` binding a new variable (or `var`) to `value` and return it."""
         val = as_expr(value)
         v = var if var is not None else Var(name, val.dtype)
-        with self._scope() as frame:
-            yield v
-        self._emit_stmt(LetStmt(v, val, _body(frame.stmts, f"let {name}")))
+        self._emit_stmt(LetStmt(v, val))
+        return v
 
     @contextmanager
     def if_(self, cond: PrimExpr) -> Iterator[None]:

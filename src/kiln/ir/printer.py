@@ -454,8 +454,7 @@ class _PrimPrinter:
     def _let(self, s: t.LetStmt, indent: str) -> None:
         value = self.ex.text(s.value)
         extra = "" if s.var.dtype == s.value.dtype else f", dtype={quote(s.var.dtype)}"
-        self._emit(indent, f"with T.let({value}{extra}) as {self.ex.var(s.var)}:")
-        self._block(s.body, indent)
+        self._emit(indent, f"{self.ex.var(s.var)} = T.let({value}{extra})")
 
     def _if(self, s: t.IfThenElse, indent: str, keyword: str = "if") -> None:
         self._emit(indent, f"{keyword} {self.ex.text(s.cond)}:")

@@ -470,11 +470,15 @@ class For(Stmt):
 
 @dataclass(frozen=True, eq=False, slots=True)
 class LetStmt(Stmt):
-    """Bind `var = value` for the statements in `body`."""
+    """Bind `var = value` for the rest of the enclosing statement list.
+
+    Flat like the declarations below: `value` is evaluated once, here, and a chain
+    of lets is a run of statements side by side, not nested scopes. A let in a
+    loop body binds its variable afresh on every iteration.
+    """
 
     var: Var
     value: PrimExpr
-    body: Stmt
 
 
 @dataclass(frozen=True, eq=False, slots=True)
@@ -486,7 +490,7 @@ class IfThenElse(Stmt):
     else_body: Stmt | None = None
 
 
-# Declarations: `Allocate`, `AllocConst` and `DeclBuffer` have no body. Like a C
+# Declarations: `Allocate`, `AllocConst` and `DeclBuffer` (and `LetStmt`) have no body. Like a C
 # declaration, each one's scope runs from the statement after it to the end of the
 # enclosing statement list (the `SeqStmt` it stands in, or the loop/branch/function
 # body it is). Keeping them flat means a model with thousands of weights is one long
@@ -565,7 +569,7 @@ def seq(*stmts: Stmt) -> Stmt:
     flat: list[Stmt] = []
     for s in stmts:
         flat.extend(s.body if isinstance(s, SeqStmt) else (s,))
-    if len(flat) == 1 and not isinstance(flat[0], DECLARATIONS):
+    if len(flat) == 1 and not isinstance(flat[0], (*DECLARATIONS, LetStmt)):
         return flat[0]
     return SeqStmt(tuple(flat))
 

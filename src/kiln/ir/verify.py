@@ -169,7 +169,7 @@ class _PrimFuncVerifier(StmtExprVisitor):
         self.const_buffers: set[int] = set()
         self.where: list[object] = [fn]
         # Declarations of each open block, ended when the block ends.
-        self.blocks: list[list[t.Buffer]] = []
+        self.blocks: list[list[t.Buffer | t.Var]] = []
         collector = _DefCollector()
         collector.visit_stmt(fn.body)
         self.defined_later = collector.ids
@@ -239,10 +239,11 @@ class _PrimFuncVerifier(StmtExprVisitor):
             for b in self.blocks.pop():
                 self.scopes.end(b)
 
-    def declare(self, b: t.Buffer, what: str) -> None:
-        """A declaration: `b` is in scope until the enclosing block ends."""
+    def declare(self, b: t.Buffer | t.Var, what: str) -> None:
+        """A declaration or let: `b` is in scope until the enclosing block ends."""
         if id(b) in self.scopes.live:
-            self.fault(f"redefinition of buffer '{b.name}' by a {what}: it is already "
+            kind = "variable" if isinstance(b, t.Var) else "buffer"
+            self.fault(f"redefinition of {kind} '{b.name}' by a {what}: it is already "
                        f"bound by an enclosing {self.scopes.live[id(b)]}", b)
         self.scopes.define(b, what)
         self.blocks[-1].append(b)
@@ -339,8 +340,7 @@ class _PrimFuncVerifier(StmtExprVisitor):
             self.fault(f"let '{s.var.name}': value dtype {s.value.dtype} differs from the "
                        f"variable dtype {s.var.dtype}", s.value)
         self.visit_expr(s.value)
-        with self.binding(s.var, "let"):
-            self.block(s.body)
+        self.declare(s.var, "let")
 
     def visit_if_then_else(self, s: t.IfThenElse) -> None:
         if s.cond.dtype != "bool":

@@ -44,6 +44,7 @@ from typing import Any, TypeVar
 from kiln.errors import IRError
 from kiln.ir import graph as g
 from kiln.ir import tensor as t
+from kiln.ir.module import IRModule
 
 _N = TypeVar("_N")
 
@@ -246,38 +247,6 @@ def iter_nodes(root: t.Stmt | t.PrimExpr) -> Iterator[t.Stmt | t.PrimExpr]:
         stack.extend(reversed(_node_children(x)))
 
 
-#: The deepest nesting of statements and expressions kiln's walkers accept. Generated
-#: IR stays far below it (statement lists are flat, declarations have no body and
-#: FuseOps caps the operators of one kernel); hand-built IR deeper than this is refused
-#: up front by `check_nesting`, so no recursive walker ever runs out of frames. The
-#: walkers take 4 to 5 Python frames per level: 150 levels stay well inside
-#: Python's default limit of 1,000 frames, with room for the caller's own frames.
-MAX_NESTING = 150
-
-
-def nesting_depth(node: t.Stmt | t.PrimExpr | t.PrimFunc) -> int:
-    """The longest chain of nested statements and expressions under `node` (a lone
-    expression is 1; a Store of `a + b` is 3). Computed without recursion."""
-    root = node.body if isinstance(node, t.PrimFunc) else node
-    deepest = 0
-    stack: list[tuple[t.Stmt | t.PrimExpr, int]] = [(root, 1)]
-    while stack:
-        x, depth = stack.pop()
-        deepest = max(deepest, depth)
-        stack.extend((c, depth + 1) for c in _node_children(x))
-    return deepest
-
-
-def check_nesting(node: object, what: str) -> None:
-    """IRError if tensor-level `node` nests deeper than MAX_NESTING (other nodes pass:
-    graph functions are flat). `what` names the caller and the function in the message."""
-    if isinstance(node, (t.Stmt, t.PrimExpr, t.PrimFunc)):
-        depth = nesting_depth(node)
-        if depth > MAX_NESTING:
-            raise IRError(f"{what}: the IR is nested too deeply (depth {depth} > "
-                          f"{MAX_NESTING}); split long expressions with LetStmt bindings")
-
-
 def pre_order_visit(node: t.Stmt | t.PrimExpr | t.PrimFunc,
                     fn: Callable[[Any], bool | None]) -> None:
     """Call `fn` on every statement and expression under `node`, parents first, in
@@ -287,6 +256,61 @@ def pre_order_visit(node: t.Stmt | t.PrimExpr | t.PrimFunc,
         x = stack.pop()
         if fn(x) is not False:
             stack.extend(reversed(_node_children(x)))
+
+
+# How deep a statement or expression tree may nest for the recursive walkers
+# (verify, structural_equal, the printer, the interpreter). The deepest of them
+# spends about five Python frames per level, so 150 levels stay well inside
+# Python's default limit of 1,000 frames with room for the caller's own stack.
+# Generated IR never comes near it: statement lists are flat (a let or a
+# declaration is a statement beside the next, not around it) and FuseOps caps the
+# operators fused into one expression. The frame limit itself is never raised.
+MAX_NESTING = 150
+
+
+def _depth_children(x: object) -> list[object]:
+    if isinstance(x, g.Function):
+        return [*(b.value for b in x.bindings), x.result]
+    if isinstance(x, g.Expr):
+        return list(graph_children(x))
+    if isinstance(x, t.PrimFunc):
+        return [x.body]
+    if isinstance(x, (t.Stmt, t.PrimExpr)):
+        return list(_node_children(x))
+    return []
+
+
+def nesting_depth(node: object) -> int:
+    """The largest number of nested statements and expressions on one path from
+    `node` down (a leaf is 1); walks a PrimFunc, graph Function, IRModule, statement
+    or expression without recursion. A PrimFunc or Function adds no level."""
+    roots: list[object]
+    if isinstance(node, IRModule):
+        roots = list(node.functions.values())
+    else:
+        roots = [node]
+    deepest = 0
+    stack: list[tuple[object, int]] = []
+    for root in roots:
+        if isinstance(root, (t.PrimFunc, g.Function)):
+            stack.extend((c, 1) for c in _depth_children(root))
+        else:
+            stack.append((root, 1))
+        while stack:
+            x, d = stack.pop()
+            deepest = max(deepest, d)
+            stack.extend((c, d + 1) for c in _depth_children(x))
+    return deepest
+
+
+def check_nesting(node: object, what: str, limit: int = MAX_NESTING) -> None:
+    """Raise IRError naming `what` if `node` nests deeper than `limit` levels
+    (`nesting_depth`), before a recursive walker would run out of Python frames."""
+    depth = nesting_depth(node)
+    if depth > limit:
+        raise IRError(f"{what}: nested too deeply (depth {depth} > limit {limit}): an "
+                      "expression or nested statements this deep are hand-built; split "
+                      "long expressions with let bindings")
 
 
 class StmtVisitor:

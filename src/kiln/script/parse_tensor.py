@@ -45,7 +45,7 @@ _STMT_FUNCS = {
     "parallel": "a loop iterator: `for i in T.parallel(n):`",
     "vectorized": "a loop iterator: `for i in T.vectorized(n):`",
     "unrolled": "a loop iterator: `for i in T.unrolled(n):`",
-    "let": "a scope: `with T.let(value) as x:`",
+    "let": "a binding: `x = T.let(value)`",
     "allocate": "a declaration: `buf = T.allocate(shape, dtype, scope=...)`",
     "alloc_const": "a declaration: `buf = T.alloc_const(data)`",
     "decl_buffer": "a declaration: `buf = T.decl_buffer(shape, dtype, source=...)`",
@@ -183,7 +183,7 @@ class TensorFunctionParser:
             self._aug_store(node)
         elif isinstance(node, ast.AnnAssign):
             self.fail(node, "annotated assignment is graph-level syntax; bind a scalar with "
-                            "`with T.let(value) as x:`")
+                            "`x = T.let(value)`")
         elif isinstance(node, ast.Expr):
             self._expr_stmt(node, top)
         elif isinstance(node, ast.Pass):
@@ -193,8 +193,8 @@ class TensorFunctionParser:
                             "buffer parameters")
         else:
             self.fail(node, f"unsupported statement `{type(node).__name__.lower()}` in a "
-                            "@T.prim_func; use T.serial loops, if/else, `with T.let(...)` "
-                            "scopes, `buf = T.allocate/T.alloc_const/T.decl_buffer(...)` "
+                            "@T.prim_func; use T.serial loops, if/else, `x = T.let(...)` bindings, "
+                            "`buf = T.allocate/T.alloc_const/T.decl_buffer(...)` "
                             "declarations and buffer stores")
 
     def _for(self, node: ast.For) -> None:
@@ -232,22 +232,25 @@ class TensorFunctionParser:
             self.block(node.body, {name: v})
 
     def _declaration(self, target: ast.expr, value: ast.expr) -> bool:
-        """`name = T.allocate/T.alloc_const/T.decl_buffer(...)`: a declaration whose
-        buffer is in scope for the rest of the block (False: not a declaration)."""
+        """`name = T.let/T.allocate/T.alloc_const/T.decl_buffer(...)`: a let or a
+        declaration whose variable or buffer is in scope for the rest of the block
+        (False: not a declaration)."""
         ref = self.p.dsl_ref(value.func) if isinstance(value, ast.Call) else None
         declare = self._DECLARATIONS.get(ref[1]) if ref is not None and ref[0] == "T" else None
         if declare is None or ref is None or not isinstance(value, ast.Call):
             return False
         if not isinstance(target, ast.Name):
-            self.fail(target, f"T.{ref[1]}(...) declares a buffer: assign it to a single "
-                              f"name, `buf = T.{ref[1]}(...)`")
+            what = "binds a variable" if ref[1] == "let" else "declares a buffer"
+            self.fail(target, f"T.{ref[1]}(...) {what}: assign it to a single "
+                              f"name, `x = T.{ref[1]}(...)`")
         self.p.scopes[-1][target.id] = declare(self, value, target.id)
         return True
 
     def _with(self, node: ast.With, items: list[ast.withitem]) -> None:
-        """`with T.let(...) as name:`; the older `with T.allocate/T.alloc_const/
-        T.decl_buffer(...) as name:` form still parses: it declares the buffer in the
-        enclosing block and names it for the `with` body (items nest)."""
+        """The older `with T.let/T.allocate/T.alloc_const/T.decl_buffer(...) as name:`
+        form still parses: it binds the variable or declares the buffer in the
+        enclosing block (a flat statement) and names it for the `with` body (items
+        nest)."""
         item = items[0]
         call = item.context_expr
         ref = self.p.dsl_ref(call.func) if isinstance(call, ast.Call) else None
@@ -266,16 +269,14 @@ class TensorFunctionParser:
             else:
                 self.stmts(node.body)
 
-    @contextmanager
-    def _open_let(self, call: ast.Call, name: str) -> Iterator[Var]:
+    def _let(self, call: ast.Call, name: str) -> Var:
         kws = self.p.keywords(call, "T.let", ("dtype",))
         if len(call.args) != 1:
-            self.fail(call, "T.let takes the value only (the name comes from `as x`): "
-                            "`with T.let(value) as x:`")
+            self.fail(call, "T.let takes the value only (the name comes from the "
+                            "assignment): `x = T.let(value)`")
         value = self.prim(call.args[0])
         var = Var(name, self.p.dtype_arg(kws["dtype"])) if "dtype" in kws else None
-        with self.ib.let(name, value, var=var) as v:
-            yield v
+        return self.ib.declare_let(name, value, var=var)
 
     def _allocate(self, call: ast.Call, name: str) -> Buffer:
         params = ("shape", "dtype", "scope")
@@ -309,18 +310,19 @@ class TensorFunctionParser:
                      self.p.scope_arg(args.get("scope")))
         return self.ib.declare_view(name, buf.shape, buf.dtype, source, offset, buffer=buf)
 
-    _DECLARATIONS: dict[str, Callable[[Any, ast.Call, str], Buffer]] = {
-        "allocate": _allocate, "alloc_const": _alloc_const, "decl_buffer": _decl_buffer,
+    _DECLARATIONS: dict[str, Callable[[Any, ast.Call, str], Buffer | Var]] = {
+        "let": _let, "allocate": _allocate, "alloc_const": _alloc_const,
+        "decl_buffer": _decl_buffer,
     }
 
     @contextmanager
-    def _open_declaration(self, call: ast.Call, name: str) -> Iterator[Buffer]:
+    def _open_declaration(self, call: ast.Call, name: str) -> Iterator[Buffer | Var]:
         ref = self.p.dsl_ref(call.func)
         assert ref is not None
         yield self._DECLARATIONS[ref[1]](self, call, name)
 
     _SCOPES: dict[str, Callable[[Any, ast.Call, str], AbstractContextManager[Any]]] = {
-        "let": _open_let, "allocate": _open_declaration, "alloc_const": _open_declaration,
+        "let": _open_declaration, "allocate": _open_declaration, "alloc_const": _open_declaration,
         "decl_buffer": _open_declaration,
     }
 
@@ -336,7 +338,7 @@ class TensorFunctionParser:
         if isinstance(target, ast.Name):
             self.fail(target, f"cannot assign to {target.id!r}: store into a buffer "
                               f"(`A[i] = value`) or bind a scalar with "
-                              f"`with T.let(value) as {target.id}:`")
+                              f"`{target.id} = T.let(value)`")
         if not isinstance(target, ast.Subscript):
             self.fail(target, "the target of an assignment is a buffer element: A[i, j]")
         buf = self.expr(target.value)

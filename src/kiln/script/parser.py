@@ -34,6 +34,7 @@ from kiln.ir.tensor import BUFFER_SCOPES, readonly_array
 from kiln.ir.visitor import MAX_NESTING
 from kiln.script.diagnostics import ScriptError, Source
 from kiln.script.namespace import G_NAMES, I_NAMES, T_NAMES, G, I, T
+from kiln.script.nesting import ast_depth, text_depth_bound
 
 _MISSING = object()
 _NAMESPACES: dict[int, str] = {id(T): "T", id(G): "G", id(I): "I"}
@@ -45,6 +46,12 @@ _PYTHON_BINOPS: dict[type[ast.operator], Callable[[Any, Any], Any]] = {
     ast.Pow: operator.pow, ast.LShift: operator.lshift, ast.RShift: operator.rshift,
     ast.BitAnd: operator.and_, ast.BitOr: operator.or_, ast.BitXor: operator.xor,
 }
+# Levels of syntax tree around a function's statements (module, class, function,
+# decorator) beyond the IR's own nesting limit.
+_WRAPPER_LEVELS = 8
+# `text_depth_bound` over-counts (dotted names, keywords); past this bound the text
+# could exhaust the frames of `ast.parse` itself (about three levels per frame).
+_TEXT_BOUND_LIMIT = 4 * MAX_NESTING
 # Values a name from the surrounding Python scope may stand for.
 _STATIC_TYPES = (int, float, bool, str, type(None), tuple, list, dict)
 
@@ -60,38 +67,27 @@ def parse_source(
     source: Source, *, env: Mapping[str, Any], metadata: Metadata | None = None,
 ) -> IRModule:
     """Parse `source` (a module, a class or decorated functions) into an IRModule."""
+    # Python's parser and the DSL parser recurse per level of the syntax tree: refuse
+    # text nested too deeply for them first (the frame limit is never raised).
+    limit = MAX_NESTING + _WRAPPER_LEVELS
+    bound = text_depth_bound(source.text)
+    if bound > _TEXT_BOUND_LIMIT:
+        raise source.error_at(1, 0, f"the text is nested too deeply (depth up to {bound} > "
+                                    f"limit {_TEXT_BOUND_LIMIT}); split long expressions "
+                                    "with T.let")
     try:
         tree = ast.parse(source.text, filename=source.filename or "<kiln.script>")
     except SyntaxError as exc:
         lineno = exc.lineno or 1
         raise source.error_at(lineno, max(0, (exc.offset or 1) - 1),
                               f"invalid syntax: {exc.msg}") from None
-    except (RecursionError, MemoryError):
-        # CPython's own parser gives up on text nested tens of thousands of levels deep.
-        raise source.error_at(1, 0, "the text is nested too deeply for Python's parser") \
-            from None
-    depth = _ast_depth(tree)
-    if depth > MAX_SOURCE_NESTING:
-        raise source.error_at(1, 0, f"the text is nested too deeply to parse (depth {depth} > "
-                                    f"{MAX_SOURCE_NESTING}); split long expressions with T.let")
+    except MemoryError:
+        raise source.error_at(1, 0, "the text is too complex for Python's parser") from None
+    depth = ast_depth(tree)
+    if depth > limit:
+        raise source.error_at(1, 0, f"the text is nested too deeply (depth {depth} > limit "
+                                    f"{limit}); split long expressions with T.let")
     return Parser(source, env, metadata or {}).module(tree)
-
-
-#: Deepest Python syntax tree the DSL parser walks: the IR's own limit
-#: (kiln.ir.visitor.MAX_NESTING) plus the levels of the module, class, function and
-#: statement syntax around an expression.
-MAX_SOURCE_NESTING = MAX_NESTING + 32
-
-
-def _ast_depth(tree: ast.AST) -> int:
-    """How deeply `tree` nests, found without recursion."""
-    deepest = 0
-    stack = [(tree, 1)]
-    while stack:
-        node, depth = stack.pop()
-        deepest = max(deepest, depth)
-        stack.extend((child, depth + 1) for child in ast.iter_child_nodes(node))
-    return deepest
 
 
 class Parser:

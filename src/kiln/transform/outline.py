@@ -52,6 +52,7 @@ from kiln.ir.tensor import (
     Stmt,
     Store,
     Var,
+    seq,
 )
 from kiln.ir.visitor import StmtMutator, definitions, iter_stmts, operands
 
@@ -166,7 +167,7 @@ class _Outliner(StmtMutator):
             k = Var(f"{loop.var.name}_k", INDEX)
             offset: PrimExpr = k if dtype == INDEX else Cast(dtype, k)
             body = For(k, begin, extent, "serial",
-                       LetStmt(loop.var, BinaryOp("add", loop.start, offset), inner))
+                       seq(LetStmt(loop.var, BinaryOp("add", loop.start, offset)), inner))
         name = self.fresh_name()
         params: tuple[Buffer | Var, ...] = (begin, end, *buffers, *scalars)
         self.bodies[name] = PrimFunc(params, body, {

@@ -9,8 +9,9 @@
   `x * 1`, `1 * x`, `x - 0.0`, `x + -0.0` for floats (`x + 0.0` is not an
   identity: it turns -0.0 into +0.0);
 - `Select` / `IfThenElse` on a constant condition keep the taken branch;
-- a loop of extent 1 becomes `let var = start` and a `let` bound to a constant
-  or a variable is substituted into its body.
+- a loop of extent 1 starting at a constant or a variable is replaced by its
+  body with the start substituted, and a `let` bound to a constant or a variable
+  is dropped and substituted into the rest of its statement list.
 """
 
 from __future__ import annotations
@@ -226,25 +227,53 @@ class _Simplifier(StmtExprMutator):
 
     def visit_for(self, s: t.For) -> t.Stmt:
         extent = self.visit_expr(s.extent)
-        if isinstance(extent, t.Const) and extent.value == 1:
-            return self.visit_let_stmt(t.LetStmt(s.var, s.start, s.body))
-        start, body = self.visit_expr(s.start), self.visit_stmt(s.body)
+        start = self.visit_expr(s.start)
+        if (isinstance(extent, t.Const) and extent.value == 1
+                and isinstance(start, (t.Const, t.Var))):
+            previous = self.subst.get(s.var)
+            self.subst[s.var] = start
+            try:
+                return self.visit_stmt(s.body)
+            finally:
+                self._restore(s.var, previous)
+        body = self.visit_stmt(s.body)
         if start is s.start and extent is s.extent and body is s.body:
             return s
         return t.For(s.var, start, extent, s.kind, body)
 
-    def visit_let_stmt(self, s: t.LetStmt) -> t.Stmt:
-        value = self.visit_expr(s.value)
-        if isinstance(value, (t.Const, t.Var)):
-            self.subst[s.var] = value
-            try:
-                return self.visit_stmt(s.body)
-            finally:
-                del self.subst[s.var]
-        body = self.visit_stmt(s.body)
-        if value is s.value and body is s.body:
+    def _restore(self, var: t.Var, previous: t.PrimExpr | None) -> None:
+        if previous is None:
+            del self.subst[var]
+        else:
+            self.subst[var] = previous
+
+    def visit_seq_stmt(self, s: t.SeqStmt) -> t.Stmt:
+        # A let is in scope for the rest of its list: a substituted one is dropped
+        # and its substitution ends with the list.
+        out: list[t.Stmt] = []
+        bound: list[tuple[t.Var, t.PrimExpr | None]] = []
+        try:
+            for x in s.body:
+                if isinstance(x, t.LetStmt):
+                    value = self.visit_expr(x.value)
+                    if isinstance(value, (t.Const, t.Var)):
+                        bound.append((x.var, self.subst.get(x.var)))
+                        self.subst[x.var] = value
+                        continue
+                    out.append(x if value is x.value else t.LetStmt(x.var, value))
+                else:
+                    out.append(self.visit_stmt(x))
+        finally:
+            for var, previous in reversed(bound):
+                self._restore(var, previous)
+        if len(out) == len(s.body) and all(a is b for a, b in zip(out, s.body)):
             return s
-        return t.LetStmt(s.var, value, body)
+        return t.seq(*out)
+
+    def visit_let_stmt(self, s: t.LetStmt) -> t.Stmt:
+        # A let alone in its block (nothing follows it to substitute into).
+        value = self.visit_expr(s.value)
+        return s if value is s.value else t.LetStmt(s.var, value)
 
     def visit_if_then_else(self, s: t.IfThenElse) -> t.Stmt:
         cond = self.visit_expr(s.cond)

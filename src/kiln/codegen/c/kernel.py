@@ -76,7 +76,7 @@ def tail_allocations(body: Stmt) -> set[Allocate]:
     """Heap Allocates whose scope ends where the kernel ends (freed only at `done:`).
 
     Those are the declarations of the function body's own statement list and, when
-    its last statement is a nested list or a let, of that one's (and so on).
+    its last statement is a nested list, of that one's (and so on).
     """
     out: set[Allocate] = set()
     s: Stmt | None = body
@@ -84,12 +84,7 @@ def tail_allocations(body: Stmt) -> set[Allocate]:
         items = s.body if isinstance(s, SeqStmt) else (s,)
         out.update(x for x in items if isinstance(x, Allocate))
         last = items[-1] if items else None
-        if isinstance(last, SeqStmt):
-            s = last
-        elif isinstance(last, LetStmt):
-            s = last.body
-        else:
-            s = None
+        s = last if isinstance(last, SeqStmt) else None
     return out
 
 
@@ -115,6 +110,8 @@ class KernelPrinter:
         # Buffers declared in each open statement list (with their Allocate when it
         # is a heap one): their scope, and a heap buffer's lifetime, end with the list.
         self.blocks: list[list[tuple[Buffer, Allocate | None]]] = []
+        # Let variables bound in each open statement list, with the C name each hid.
+        self.let_blocks: list[list[tuple[Var, str | None]]] = []
         self.quals = module.params[name]
         # An outlined parallel-loop body is private to kernels.c.
         self.loop_of: str | None = fn.attrs.get(ATTR_PARALLEL_OF)
@@ -212,8 +209,11 @@ class KernelPrinter:
     def block(self, s: Stmt) -> None:
         """`s` as a statement list: the declarations in it end where it ends."""
         self.blocks.append([])
+        self.let_blocks.append([])
         for item in s.body if isinstance(s, SeqStmt) else (s,):
             self.stmt(item)
+        for var, previous in reversed(self.let_blocks.pop()):
+            self.restore_var(var, previous)
         for buf, alloc in reversed(self.blocks.pop()):
             del self.ctx.buffers[buf]
             if alloc is not None and alloc not in self.freed_at_exit:
@@ -308,15 +308,14 @@ class KernelPrinter:
         if s.var not in self.refs:
             if has_side_effects(s.value):
                 self.p.line(f"(void){operand(self.expr(s.value))};")
-            self.block(s.body)
             return
+        # A declaration in the current C block; the variable is known until the
+        # enclosing statement list ends (`block`).
         value = self.expr(s.value)
         name = self.ctx.names.fresh(s.var.name)
         self.p.line(f"const {value_ctype(s.var.dtype)} {name} = {value.text};")
-        previous = self.ctx.vars.get(s.var)
+        self.let_blocks[-1].append((s.var, self.ctx.vars.get(s.var)))
         self.ctx.vars[s.var] = name
-        self.block(s.body)
-        self.restore_var(s.var, previous)
 
     def if_(self, s: IfThenElse) -> None:
         p = self.p

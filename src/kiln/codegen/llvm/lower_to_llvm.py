@@ -403,6 +403,8 @@ class _FunctionLowering:
         # Buffers declared in each open statement list, with their malloc'ed pointer if
         # any: a declaration's scope (and a heap buffer's lifetime) ends with its list.
         self.blocks: list[list[tuple[Buffer, ir.Value | None]]] = []
+        # Let variables bound in each open statement list, with the value each hid.
+        self.let_blocks: list[list[tuple[Var, ir.Value | None]]] = []
         calls = sum(isinstance(x, CallFunc) for x in _statements(fn.body))
         self.call_attrs = ("noinline",) if calls > MAX_INLINED_CALL_SITES else ()
 
@@ -436,8 +438,11 @@ class _FunctionLowering:
     def block(self, s: Stmt) -> None:
         """`s` as a statement list: the declarations in it end where it ends."""
         self.blocks.append([])
+        self.let_blocks.append([])
         for item in s.body if isinstance(s, SeqStmt) else (s,):
             self.stmt(item)
+        for var, previous in reversed(self.let_blocks.pop()):
+            _restore(self.scalars, var, previous)
         for buf, heap_ptr in reversed(self.blocks.pop()):
             del self.buffers[buf]
             self.readonly.discard(buf)
@@ -681,7 +686,7 @@ def _statements(s: Stmt) -> list[Stmt]:
         out.append(x)
         if isinstance(x, SeqStmt):
             stack.extend(x.body)
-        elif isinstance(x, (For, LetStmt)):
+        elif isinstance(x, For):
             stack.append(x.body)
         elif isinstance(x, IfThenElse):
             stack.append(x.then_body)
@@ -756,11 +761,11 @@ def _let(fl: _FunctionLowering, s: LetStmt) -> None:
     if s.var.dtype != s.value.dtype:
         raise fl.error(f"let {s.var.name!r}: variable dtype {s.var.dtype} differs from the "
                        f"value's {s.value.dtype}")
+    # An SSA value computed here, where the let stands; the variable is known until
+    # the enclosing statement list ends (`block`).
     value = fl.expr(s.value)
-    previous = fl.scalars.get(s.var)
+    fl.let_blocks[-1].append((s.var, fl.scalars.get(s.var)))
     fl.scalars[s.var] = value
-    fl.block(s.body)
-    _restore(fl.scalars, s.var, previous)
 
 
 def _if(fl: _FunctionLowering, s: IfThenElse) -> None:
