@@ -10,6 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kiln.target import AttrSpec, Target, get_kind, list_tags
+from kiln.target.host import host_triple
+from kiln.target.llvm_names import llvm_names
 
 SETTINGS = settings(max_examples=100, deadline=None)
 
@@ -64,6 +66,15 @@ def attribute_sets(draw: st.DrawFn, kinds: tuple[str, ...]) -> dict[str, Any]:
     if kind_name in ("llvm", "c") and draw(st.booleans()):
         spec["mtriple"] = draw(st.sampled_from(ARM_TRIPLES))
         spec["mfloat-abi"] = draw(st.sampled_from(["hard", "soft", "softfp"]))
+    if kind_name in ("llvm", "llvmjit"):
+        # LLVM checks CPU and feature names per triple: draw names it knows.
+        names = llvm_names(spec.get("mtriple") or host_triple())
+        assert names is not None
+        if "mcpu" in spec:
+            spec["mcpu"] = draw(st.sampled_from(sorted(names.cpus)))
+        if "mattr" in spec:
+            spec["mattr"] = draw(st.lists(st.tuples(st.sampled_from("+-"), st.sampled_from(
+                sorted(names.features))).map("".join), max_size=6))
     if "cpu" not in get_kind(kind_name).default_keys and draw(st.booleans()):
         spec["host"] = draw(attribute_sets(("llvm", "c")))
     return spec
@@ -133,10 +144,14 @@ CPU_TAGS = sorted(name for name in list_tags() if Target(name).kind.name in ("ll
 @given(st.sampled_from(CPU_TAGS), attribute_sets(("llvm",)))
 def test_tag_overrides_round_trip(tag: str, overrides: dict[str, Any]) -> None:
     base = Target(tag)
+    skip = {"kind", "mtriple", "mfloat-abi", "host"}
+    drawn_for = (overrides.get("mtriple") or host_triple()).split("-")[0]
+    if (base.get("mtriple") or host_triple()).split("-")[0] != drawn_for:
+        skip |= {"mcpu", "mattr"}  # LLVM names drawn for another architecture
     changes = {
         name: value
         for name, value in overrides.items()
-        if name in base.kind.options and name not in ("kind", "mtriple", "mfloat-abi", "host")
+        if name in base.kind.options and name not in skip
     }
     target = Target({"tag": tag, **changes})
     assert target.tag == base.tag

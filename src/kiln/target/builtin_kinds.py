@@ -15,6 +15,7 @@ from kiln.errors import TargetError
 from kiln.target.attrs import AttrSpec, canonical_features
 from kiln.target.host import check_triple, host_triple, triple_arch
 from kiln.target.kind import TargetKind
+from kiln.target.llvm_names import check_cpu_names
 
 _FLOAT_ABIS = ("hard", "soft", "softfp")
 _CUDA_ARCH = re.compile(r"sm_[1-9][0-9]{1,2}[af]?")
@@ -73,7 +74,9 @@ def _canonicalize_llvm(attrs: dict[str, Any]) -> dict[str, Any]:
     if attrs.get("mtriple") is None:
         attrs["mtriple"] = host_triple()
     check_triple(attrs["mtriple"], "attribute 'mtriple' of target kind 'llvm'")
-    return _check_cpu_attrs(attrs, "llvm")
+    attrs = _check_cpu_attrs(attrs, "llvm")
+    check_cpu_names(attrs["mtriple"], attrs.get("mcpu"), attrs["mattr"], "llvm")
+    return attrs
 
 
 def _canonicalize_llvmjit(attrs: dict[str, Any]) -> dict[str, Any]:
@@ -86,7 +89,9 @@ def _canonicalize_llvmjit(attrs: dict[str, Any]) -> dict[str, Any]:
             f"attribute 'mtriple' of target kind 'llvmjit' is '{attrs['mtriple']}', but "
             f"llvmjit runs code in this process ({host}); use kind 'llvm' to cross-compile"
         )
-    return _check_cpu_attrs(attrs, "llvmjit")
+    attrs = _check_cpu_attrs(attrs, "llvmjit")
+    check_cpu_names(attrs["mtriple"], attrs.get("mcpu"), attrs["mattr"], "llvmjit")
+    return attrs
 
 
 def _canonicalize_c(attrs: dict[str, Any]) -> dict[str, Any]:

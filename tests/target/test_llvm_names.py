@@ -1,0 +1,51 @@
+"""mcpu/mattr typos are TargetErrors when the target is built, never an LLVM abort."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from kiln.errors import TargetError
+from kiln.target import Target, list_tags
+
+TYPOS = [
+    ({"kind": "llvm", "mcpu": "skylakee"}, r"LLVM knows no CPU 'skylakee' for x86_64; "
+                                           r"did you mean 'skylake'\?"),
+    ({"kind": "llvm", "mattr": ["+avx5112f"]}, r"no feature 'avx5112f' .* 'avx512f'"),
+    ({"kind": "llvm", "mtriple": "aarch64-linux-gnu", "mcpu": "cortex-a77x"},
+     r"no CPU 'cortex-a77x' for aarch64; did you mean 'cortex-a77'"),
+    ({"kind": "llvm", "mtriple": "aarch64-linux-gnu", "mattr": ["+neon", "-sve2x"]},
+     r"no feature 'sve2x' for aarch64"),
+    ({"kind": "llvmjit", "mcpu": "znver55"}, r"target kind 'llvmjit': LLVM knows no CPU"),
+]
+
+
+@pytest.mark.parametrize(("spec", "message"), TYPOS)
+def test_typos_raise_target_error(spec: dict[str, object], message: str) -> None:
+    if spec["kind"] == "llvm" and "mtriple" not in spec:
+        spec = {**spec, "mtriple": "x86_64-unknown-linux-gnu"}
+    with pytest.raises(TargetError, match=message):
+        Target(spec)
+
+
+def test_the_typo_that_used_to_abort_is_caught_in_process() -> None:
+    """`skylakee` once aborted the whole process inside LLVM at code generation."""
+    code = ("import kiln\n"
+            "try:\n"
+            "    kiln.compile(kiln.ir.IRModule({}), '{\"kind\":\"llvm\",\"mtriple\":"
+            "\"x86_64-linux-gnu\",\"mcpu\":\"skylakee\"}')\n"
+            "except kiln.errors.TargetError as e:\n"
+            "    print('TargetError:', e)\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "TargetError:" in proc.stdout and "did you mean 'skylake'" in proc.stdout
+
+
+def test_every_llvm_tag_passes() -> None:
+    for tag in list_tags():
+        target = Target(tag)
+        if target.kind.name == "llvm":
+            assert target.get("mcpu") is None or isinstance(target.get("mcpu"), str)
