@@ -45,7 +45,7 @@ def _cmd_compile(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     mod = from_onnx(args.model, _parse_shapes(args.shape))
     ex = kiln.compile(mod, target, system_lib_prefix=args.prefix)
-    ex.export_library(args.output)
+    ex.export_library(args.output, cc=args.cc)
     print(f"compiled {args.model} for {target.kind.name} -> {args.output} "
           f"in {time.perf_counter() - t0:.2f} s")
     return 0
@@ -139,6 +139,9 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--shape", action="append", default=[],
                    help="bind an input shape: NAME=D0,D1,... (repeatable)")
     c.add_argument("--prefix", default=None, help="system_lib_prefix for the C symbols")
+    c.add_argument("--cc", default=None,
+                   help="C compiler for the export (default: $CC, else the one the target "
+                        "needs, e.g. aarch64-linux-gnu-gcc)")
     c.set_defaults(func=_cmd_compile)
 
     i = verb(sub, "inspect", "what a .so, .tar or .a holds: functions, artifacts")

@@ -46,6 +46,7 @@ from kiln.artifact.integrity import CHUNK_SIZE, DIGEST_SIZE, chunk_count, chunk_
 from kiln.errors import CompileError, ExportError
 from kiln.escape import c_comment, is_c_identifier
 from kiln.export.data_object import DataSymbol, machine_of, write_data_object
+from kiln.export.toolchain import default_compiler
 from kiln.runtime import native
 
 SUFFIXES = {".so": "shared library", ".tar": "artifact archive",
@@ -64,7 +65,8 @@ def export_library(
     """Write `artifacts` as the library `file_name`; the suffix picks the kind.
 
     `metadata` is the library metadata (docs/abi.md); `prefix` the
-    `system_lib_prefix`. `cc` is the C compiler (default $CC or `cc`), `options`
+    `system_lib_prefix`. `cc` is the C compiler (default $CC, else the one the
+    artifacts' target needs: kiln.export.toolchain), `options`
     extra flags for compiling C artifacts, `fcompile(out_path, objects,
     options)` replaces the `.so` link step. Intermediate files go to
     `workspace_dir` (kept) or a temporary directory (removed). An in-memory
@@ -82,6 +84,8 @@ def export_library(
                          f"{suffix or '(none)'!r}; valid suffixes: {valid}")
     _check_prefix(prefix, metadata)
     arts = ArtifactSet(require_serializable(a) for a in artifacts)
+    if cc is None and not os.environ.get("CC") and suffix != ".tar":
+        cc = default_compiler(arts)  # a cross compiler for another target
     if isinstance(options, str):
         options = shlex.split(options)
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -32,6 +32,7 @@ from kiln.artifact.archive import read_tar
 from kiln.artifact.artifact import NATIVE, NONE, AnyArtifact, ArtifactSet
 from kiln.artifact.blob import HEADER_SIZE, BlobContents, blob_length, unpack
 from kiln.errors import FormatError
+from kiln.runtime.cpu_features import check_cpu
 from kiln.runtime.dynsym import find_blob_symbol
 from kiln.runtime.loaders import LoadContext, run_loader
 from kiln.runtime.module import HostModule, LibraryModule, Module
@@ -150,6 +151,7 @@ def load_shared_library(path: Path, *, prefix: str | None = None,
         if blob_prefix is not None and blob_prefix != lib_prefix:
             raise FormatError(f"{path}: blob symbol {symbol} belongs to prefix '{lib_prefix}' "
                               f"but the blob's metadata says '{blob_prefix}'")
+        _check_cpu_features(contents, path)
         _build_tree(root, contents)
         address = ctypes.addressof(ctypes.c_uint8.in_dll(root.cdll, symbol))
         check_weights(root, address, found.size, contents, verify_weights)
@@ -157,6 +159,15 @@ def load_shared_library(path: Path, *, prefix: str | None = None,
         root.close()
         raise
     return root
+
+
+def _check_cpu_features(contents: BlobContents, path: Path) -> None:
+    """Refuse native code needing CPU features this machine lacks, before any call."""
+    for art in contents.artifacts:
+        meta = art.metadata
+        if art.loader == NATIVE and isinstance(meta.get("requires_features"), (list, tuple)):
+            check_cpu([str(f) for f in meta["requires_features"]], str(meta.get("triple", "")),
+                      f"{path.name} ({art.codegen_id}/{art.file_name})")
 
 
 def _read_blob(lib: LibraryModule, symbol: str, size: int) -> BlobContents:

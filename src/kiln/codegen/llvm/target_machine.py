@@ -79,7 +79,10 @@ class MachineConfig:
         return tuple(attrs)
 
     def to_json(self) -> dict[str, Any]:
+        from kiln.codegen.cpu_requirements import required_features
+
         return {"triple": self.triple, "cpu": self.cpu, "features": self.features,
+                "requires_features": required_features(self.triple, self.cpu, self.features),
                 "abi": self.abi, "opt_level": self.opt_level, "reloc": self.reloc,
                 "codemodel": self.codemodel}
 
