@@ -1,0 +1,113 @@
+"""examples/c_deploy runs an exported library from plain C: on this machine (.so via
+dlopen, .a linked statically) and, cross-built for aarch64, under qemu-aarch64."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import kiln
+from kiln.runtime.native import include_dir
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "c_deploy" / "deploy.c"
+IN_SHAPE, OUT_SHAPE = (1, 3, 16, 16), (1, 10)
+
+
+def _cnn(path: Path) -> None:
+    rng = np.random.default_rng(7)
+    w = rng.standard_normal((8, 3, 3, 3)).astype(np.float32) * 0.3
+    fc = rng.standard_normal((10, 8)).astype(np.float32)
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c"], ["r"]),
+             helper.make_node("GlobalAveragePool", ["r"], ["p"]),
+             helper.make_node("Flatten", ["p"], ["f"]),
+             helper.make_node("Gemm", ["f", "fc"], ["y"], transB=1)]
+    graph = helper.make_graph(
+        nodes, "cnn", [helper.make_tensor_value_info("x", TensorProto.FLOAT, IN_SHAPE)],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, OUT_SHAPE)],
+        initializer=[numpy_helper.from_array(w, "w"), numpy_helper.from_array(fc, "fc")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, path)
+
+
+def _shape(s: tuple[int, ...]) -> str:
+    return ",".join(map(str, s))
+
+
+def _run(cmd: list[str], tmp: Path, x: np.ndarray) -> np.ndarray:
+    (tmp / "in.bin").write_bytes(x.tobytes())
+    out = tmp / "out.bin"
+    out.unlink(missing_ok=True)
+    proc = subprocess.run([*cmd, str(tmp / "in.bin"), _shape(IN_SHAPE), str(out),
+                           _shape(OUT_SHAPE)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    return np.frombuffer(out.read_bytes(), np.float32).reshape(OUT_SHAPE)
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, np.ndarray, np.ndarray]:
+    tmp = tmp_path_factory.mktemp("cnn")
+    _cnn(tmp / "cnn.onnx")
+    x = np.random.default_rng(3).standard_normal(IN_SHAPE).astype(np.float32)
+    want = ort.InferenceSession(str(tmp / "cnn.onnx")).run(None, {"x": x})[0]
+    return tmp / "cnn.onnx", x, want
+
+
+def _compile(onnx_path: Path, target: str) -> kiln.driver.executable.Executable:
+    return kiln.compile(kiln.frontend.from_onnx(str(onnx_path)), target)
+
+
+def test_host_shared_and_static(tmp_path: Path, model: tuple[Path, np.ndarray, np.ndarray],
+                                ) -> None:
+    onnx_path, x, want = model
+    ex = _compile(onnx_path, "llvm")
+    so = ex.export_library(tmp_path / "cnn.so")
+    exe = tmp_path / "deploy"
+    subprocess.run(["cc", "-std=c99", "-Wall", "-Werror", f"-I{include_dir()}", str(EXAMPLE),
+                    "-ldl", "-o", str(exe)], check=True)
+    np.testing.assert_allclose(_run([str(exe), str(so), "kiln_"], tmp_path, x), want,
+                               rtol=1e-4, atol=1e-5)
+    a = ex.export_library(tmp_path / "cnn.a")
+    static = tmp_path / "deploy_static"
+    subprocess.run(["cc", "-std=c99", "-Wall", "-Werror", f"-I{include_dir()}",
+                    "-DKILN_STATIC_ENTRY=kiln_main", "-DKILN_STATIC_ERROR=kiln__last_error",
+                    str(EXAMPLE), str(a), "-lm", "-lpthread", "-o", str(static)], check=True)
+    np.testing.assert_allclose(_run([str(static), "-", "-"], tmp_path, x), want,
+                               rtol=1e-4, atol=1e-5)
+    # A wrong shape is the library's clear error, from C.
+    (tmp_path / "in.bin").write_bytes(x.tobytes())
+    proc = subprocess.run([str(exe), str(so), "kiln_", str(tmp_path / "in.bin"), "3,16,16,1",
+                           str(tmp_path / "o.bin"), _shape(OUT_SHAPE)], capture_output=True,
+                          text=True)
+    assert proc.returncode == 1 and "main failed:" in proc.stderr and "shape" in proc.stderr
+
+
+@pytest.mark.skipif(not (shutil.which("aarch64-linux-gnu-gcc") and shutil.which("qemu-aarch64")),
+                    reason="needs aarch64-linux-gnu-gcc and qemu-user (make test installs them)")
+def test_aarch64_under_qemu(tmp_path: Path, model: tuple[Path, np.ndarray, np.ndarray],
+                            monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("CC", raising=False)
+    onnx_path, x, want = model
+    ex = _compile(onnx_path, "raspberry-pi/4b-aarch64")
+    so = ex.export_library(tmp_path / "cnn.so")  # no cc given: the cross compiler
+    a = ex.export_library(tmp_path / "cnn.a")
+    qemu = ["qemu-aarch64", "-L", "/usr/aarch64-linux-gnu"]
+    exe = tmp_path / "deploy"
+    subprocess.run(["aarch64-linux-gnu-gcc", f"-I{include_dir()}", str(EXAMPLE), "-ldl",
+                    "-o", str(exe)], check=True)
+    host = _run([*qemu, str(exe), str(so), "kiln_"], tmp_path, x)
+    np.testing.assert_allclose(host, want, rtol=1e-4, atol=1e-5)
+    static = tmp_path / "deploy_static"
+    subprocess.run(["aarch64-linux-gnu-gcc", f"-I{include_dir()}",
+                    "-DKILN_STATIC_ENTRY=kiln_main", "-DKILN_STATIC_ERROR=kiln__last_error",
+                    str(EXAMPLE), str(a), "-lm", "-lpthread", "-o", str(static)], check=True)
+    np.testing.assert_allclose(_run([*qemu, str(static), "-", "-"], tmp_path, x), want,
+                               rtol=1e-4, atol=1e-5)
