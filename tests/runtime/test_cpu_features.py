@@ -95,3 +95,30 @@ def test_host_library_records_and_passes(tmp_path: Path) -> None:
     lib = kiln.runtime.load_module(ex.export_library(tmp_path / "m.so"))
     x = np.linspace(-1, 1, 64, dtype=np.float32)
     np.testing.assert_array_equal(lib["main"](x), np.maximum(x, 0))
+
+
+def test_c_entry_checks_features_on_first_call(tmp_path: Path) -> None:
+    """Plain C callers get the same protection: host.c checks the features on the first
+    call of any entry (x86, GCC/clang builtins)."""
+    import numpy as np
+
+    from kiln.codegen.host import C_CHECKABLE_X86
+    from kiln.runtime.native import include_dir
+
+    ex = kiln.compile(_module(), {"kind": "llvm", "mcpu": "skylake-avx512"})
+    host_c = bytes(next(a for a in ex.artifacts if a.file_name == "host.c").content).decode()
+    assert 'X("avx512f")' in host_c and 'X("avx2")' in host_c
+    absent = [f for f in C_CHECKABLE_X86 if missing_features([f], "x86_64", cpuinfo_flags())]
+    if not absent:
+        pytest.skip("this CPU has every feature the C entry check knows")
+    lib = kiln.compile(_module(), {"kind": "llvm", "mattr": [f"+{absent[0]}"]}) \
+        .export_library(tmp_path / "m.so")
+    example = Path(__file__).resolve().parents[2] / "examples" / "c_deploy" / "deploy.c"
+    exe = tmp_path / "deploy"
+    subprocess.run(["cc", f"-I{include_dir()}", str(example), "-ldl", "-o", str(exe)],
+                   check=True)
+    (tmp_path / "in.bin").write_bytes(np.ones(64, np.float32).tobytes())
+    proc = subprocess.run([str(exe), str(lib), "kiln_", str(tmp_path / "in.bin"), "64",
+                           str(tmp_path / "out.bin"), "64"], capture_output=True, text=True)
+    assert proc.returncode == 1, (proc.returncode, proc.stderr)
+    assert f"this CPU lacks the '{absent[0]}' feature" in proc.stderr

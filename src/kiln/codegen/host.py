@@ -73,6 +73,14 @@ HOST_RUNTIME_FILE = "kiln_host.c"
 _INLINE_NAME = 200
 
 
+# x86 features (LLVM names) that GCC's and clang's __builtin_cpu_supports both know.
+C_CHECKABLE_X86 = (
+    "sse3", "ssse3", "sse4.1", "sse4.2", "popcnt", "avx", "avx2", "fma", "bmi", "bmi2",
+    "avx512f", "avx512vl", "avx512bw", "avx512dq", "avx512cd", "avx512vnni", "avx512bf16",
+    "avx512vbmi", "avx512vbmi2", "avx512ifma", "avx512bitalg", "avx512vpopcntdq",
+)
+
+
 def host_runtime_path() -> Path:
     """Where kiln_host.c is installed: `kiln.runtime.include_dir()/kiln/kiln_host.c`."""
     kiln_dir = Path(__file__).resolve().parent.parent
@@ -138,8 +146,11 @@ def workspace_bytes(mod: IRModule, name: str) -> tuple[int, bool]:
 class HostPrinter:
     """Prints host.c for one module: kiln_host.c, then the model's entries."""
 
-    def __init__(self, mod: IRModule, prefix: str, metadata: Mapping[str, Any]) -> None:
+    def __init__(self, mod: IRModule, prefix: str, metadata: Mapping[str, Any],
+                 cpu_features: Sequence[str] = ()) -> None:
         self.mod = mod
+        # x86 features the kernels need that the C compiler's CPU check can name.
+        self.cpu_features = [f for f in cpu_features if f in C_CHECKABLE_X86]
         self.prefix = check_prefix(prefix)
         self.ns = f"{prefix}_host_"  # static helpers: reserved by docs/abi.md's `{prefix}_`
         self.metadata = metadata
@@ -171,6 +182,10 @@ class HostPrinter:
             entries.extend(self.entry(name, fn))
             entries.append("")
         config = [check_messages_define()]
+        if self.cpu_features:
+            # kiln_host.c checks these on the first call of any entry (x86, GCC/clang).
+            listed = " ".join(f'X("{f}")' for f in self.cpu_features)
+            config.append(f"#define KILN_HOST_CPU_FEATURES(X) {listed}")
         if self.parallel:
             config += ["#define KILN_HOST_PARALLEL 1",
                        f"#define KILN_PARALLEL_FOR {parallel_for_symbol(self.prefix)}"]
@@ -250,6 +265,8 @@ class HostPrinter:
             p.extend(decls)
             p.line("int32_t status;")
             p.line(f"{ns}error[0] = '\\0';")
+            with p.block(f"if (!{ns}cpu_ok(fn))"):
+                p.line("return KILN_HOST_ARGUMENT_ERROR;")
             noun = "argument" if n == 1 else "arguments"
             with p.block(f"if (num_args != {n})"):
                 p.line(f'return {ns}fail("%s: expected {n} {noun}, got %d", fn, (int)num_args);')
@@ -323,14 +340,16 @@ def _int64(value: int) -> str:
     return str(value) if -(1 << 31) < value < (1 << 31) else f"INT64_C({value})"
 
 
-def host_source(mod: IRModule, *, prefix: str, metadata: Mapping[str, Any]) -> str:
-    """The text of host.c for `mod` (see the module docstring)."""
-    return HostPrinter(mod, prefix, metadata).render()
+def host_source(mod: IRModule, *, prefix: str, metadata: Mapping[str, Any],
+                cpu_features: Sequence[str] = ()) -> str:
+    """The text of host.c for `mod` (see the module docstring); `cpu_features` (LLVM
+    names) are checked on the first call of any entry."""
+    return HostPrinter(mod, prefix, metadata, cpu_features).render()
 
 
 def codegen_host(
     mod: IRModule, *, prefix: str, metadata: Mapping[str, Any],
-    cflags: Sequence[str] | None = None,
+    cflags: Sequence[str] | None = None, cpu_features: Sequence[str] = (),
 ) -> Any:
     """`Artifact("host", "native", "host.c", ...)`: packed entries, last error, metadata.
 
@@ -346,7 +365,7 @@ def codegen_host(
     meta: dict[str, Any] = {"cflags": flags}
     if has_parallel_loops(mod) and "-DKILN_NO_THREADS" not in flags:
         meta["libs"] = list(PTHREAD_LIBS)
-    source = host_source(mod, prefix=prefix, metadata=metadata)
+    source = host_source(mod, prefix=prefix, metadata=metadata, cpu_features=cpu_features)
     return Artifact("host", "native", HOST_FILE, source.encode("utf-8"), meta)
 
 

@@ -102,7 +102,7 @@ def codegen_llvm(mod: IRModule, target: Any, *, prefix: str, pool: ConstantPool)
         Artifact(CODEGEN_ID, "none", "kernels.bc", compiled.module.as_bitcode(),
                  {**meta, "format": "llvm-bitcode"}),
         codegen_host(mod, prefix=prefix, metadata=library_metadata(mod, prefix),
-                     cflags=host_flags),
+                     cflags=host_flags, cpu_features=meta["requires_features"]),
     ]
     # LLVM's module and machine code are no longer needed: free them before the
     # weights are copied into their artifact (that copy sets the compile's peak memory).

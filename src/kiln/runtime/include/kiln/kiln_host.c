@@ -251,6 +251,39 @@ static KILN_UNUSED int32_t kiln_host_float(double* out, const char* fn, int32_t 
   return 0;
 }
 
+/* CPU features the kernels were compiled for (KILN_HOST_CPU_FEATURES, an X-list the
+   generated part defines), checked on the first call of any entry: a program on a
+   CPU without them gets an error instead of an illegal instruction. x86 only, with
+   the GCC/clang builtins; elsewhere, and without the list, nothing is checked. */
+#if defined(KILN_HOST_CPU_FEATURES) && (defined(__x86_64__) || defined(__i386__)) && \
+    (defined(__GNUC__) || defined(__clang__))
+static int kiln_host_cpu_checked; /* 1 once the features were found */
+#define KILN_HOST_CPU_MISSING(f) \
+  if (!__builtin_cpu_supports(f)) return f;
+static const char* kiln_host_cpu_missing(void) {
+  __builtin_cpu_init();
+  KILN_HOST_CPU_FEATURES(KILN_HOST_CPU_MISSING)
+  return NULL;
+}
+static KILN_UNUSED int kiln_host_cpu_ok(const char* fn) {
+  const char* missing;
+  if (__atomic_load_n(&kiln_host_cpu_checked, __ATOMIC_RELAXED)) return 1;
+  missing = kiln_host_cpu_missing();
+  if (missing != NULL) {
+    kiln_host_fail("%s: this CPU lacks the '%s' feature the library was compiled for; "
+                   "rebuild it for this machine or for a baseline both have", fn, missing);
+    return 0;
+  }
+  __atomic_store_n(&kiln_host_cpu_checked, 1, __ATOMIC_RELAXED);
+  return 1;
+}
+#else
+static KILN_UNUSED int kiln_host_cpu_ok(const char* fn) {
+  (void)fn;
+  return 1;
+}
+#endif
+
 /* The message of a kernel's non-zero status (docs/codegen-c.md, "Error codes");
    `workspace_bytes` is 0 when the failed allocation's size is not known. */
 #if defined(KILN_HOST_CHECK_MESSAGES)
