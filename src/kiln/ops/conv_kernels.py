@@ -1,0 +1,353 @@
+"""Hand-scheduled 2-D convolution kernels (float32): blocked direct and depthwise.
+
+Both build tensor-level loop nests directly (no `te.compute`), shaped so that
+LLVM keeps a register tile of accumulators and vectorizes it:
+
+- **blocked direct convolution** (`blocked_conv_body`): the weight is packed at
+  compile time into `[group][co_block][ci][kh][kw][cb]` (`pack_blocked_weight`),
+  `cb` output channels side by side (a multiple of the vector width). An output
+  tile is `tile_w` output positions x `cb` output channels held in a stack array
+  of accumulators; for every `(ci, kh, kw)` each of the `tile_w` input values is
+  broadcast and multiplied with one contiguous `cb`-wide weight row
+  (onnxruntime's NCHWc convolution and TVM's `conv2d_NCHWc` work this way). The
+  tile's statements are fully unrolled, so the accumulators become registers.
+- **depthwise convolution** (`depthwise_conv_body`): one channel per group; the
+  tile runs along the output row (`tile_w` columns), the `kh * kw` weights are
+  scalars broadcast over it.
+
+Padding is applied once, outside the inner loops: the input is copied into a
+zero-bordered workspace and the inner loops read it without bounds checks.
+Each output value passes through `epilogue(value, (n, c, oh, ow))` as it is
+stored (bias, activations, a residual add: whatever elementwise ops were fused).
+The tiles of the blocked kernel form one `parallel` loop (threads split them
+evenly); the depthwise kernel's loops over channels and rows are left to the
+`parallelize` pass.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from kiln.errors import IRError
+from kiln.ir.dtype import INDEX_DTYPE
+from kiln.ir.tensor import (
+    Allocate,
+    Buffer,
+    Const,
+    For,
+    IfThenElse,
+    PrimExpr,
+    Stmt,
+    Store,
+    Var,
+    as_expr,
+    select,
+    seq,
+)
+from kiln.ops.te import clamp_index
+
+Epilogue = Callable[[PrimExpr, tuple[PrimExpr, ...]], PrimExpr]
+Reader = Callable[[PrimExpr, PrimExpr, PrimExpr, PrimExpr], PrimExpr]
+
+
+@dataclass(frozen=True)
+class ConvShape:
+    """A 2-D convolution's geometry (NCHW input, OIHW weight, ONNX pads)."""
+
+    n: int
+    c_in: int
+    h: int
+    w: int
+    c_out: int
+    kh: int
+    kw: int
+    stride: tuple[int, int]
+    dilation: tuple[int, int]
+    pads: tuple[int, int, int, int]   # top, left, bottom, right
+    groups: int = 1
+
+    @property
+    def out_h(self) -> int:
+        return (self.h + self.pads[0] + self.pads[2] - self.dilation[0] * (self.kh - 1)
+                - 1) // self.stride[0] + 1
+
+    @property
+    def out_w(self) -> int:
+        return (self.w + self.pads[1] + self.pads[3] - self.dilation[1] * (self.kw - 1)
+                - 1) // self.stride[1] + 1
+
+    @property
+    def ci_group(self) -> int:
+        return self.c_in // self.groups
+
+    @property
+    def co_group(self) -> int:
+        return self.c_out // self.groups
+
+    @property
+    def depthwise(self) -> bool:
+        return self.groups == self.c_in == self.c_out and self.groups > 1
+
+
+@dataclass(frozen=True)
+class Tiling:
+    """Register tile of the blocked kernel: `tile_w` columns x `cb` output channels."""
+
+    cb: int
+    tile_w: int
+
+
+def vector_lanes(features: Sequence[str], triple: str) -> int:
+    """float32 lanes of the widest vector unit the target has (LLVM feature spelling)."""
+    feats = set(features)
+    if "+avx512f" in feats:
+        return 16
+    if "+avx" in feats or "+avx2" in feats:
+        return 8
+    return 4  # SSE, NEON, and the fallback for anything else
+
+
+def choose_tiling(shape: ConvShape, lanes: int) -> Tiling:
+    """`cb` = two vectors of output channels (one when the group has no more), `tile_w` 6
+    columns: 12 vector accumulators, which fit AVX2's 16 registers with a weight row and a
+    broadcast, and leave AVX-512/NEON's 32 room to spare."""
+    cb = lanes if shape.co_group <= lanes else 2 * lanes
+    return Tiling(cb=cb, tile_w=6)
+
+
+def pack_blocked_weight(w: np.ndarray, groups: int, cb: int) -> np.ndarray:
+    """OIHW weight -> `[group][co_block][ci][kh][kw][cb]`, output channels padded with zeros."""
+    co, ci, kh, kw = w.shape
+    cog = co // groups
+    blocks = -(-cog // cb)
+    wg = w.reshape(groups, cog, ci, kh, kw)
+    padded = np.zeros((groups, blocks * cb, ci, kh, kw), dtype=w.dtype)
+    padded[:, :cog] = wg
+    packed = padded.reshape(groups, blocks, cb, ci, kh, kw).transpose(0, 1, 3, 4, 5, 2)
+    return np.ascontiguousarray(packed)
+
+
+def unpack_blocked_weight(wp: np.ndarray, c_out: int) -> np.ndarray:
+    """`pack_blocked_weight` undone: the OIHW weight with `c_out` output channels."""
+    groups, blocks, ci, kh, kw, cb = wp.shape
+    cog = c_out // groups
+    w = wp.transpose(0, 1, 5, 2, 3, 4).reshape(groups, blocks * cb, ci, kh, kw)[:, :cog]
+    return np.ascontiguousarray(w.reshape(c_out, ci, kh, kw))
+
+
+# --------------------------------------------------------------------------- helpers
+
+def _c(v: int) -> Const:
+    return Const(v, INDEX_DTYPE)
+
+
+def _loop(name: str, extent: int, body: Callable[[Var], Stmt], kind: str = "serial",
+          start: int = 0) -> Stmt:
+    v = Var(name, INDEX_DTYPE)
+    return For(v, _c(start), _c(extent), kind, body(v))
+
+
+def _nest(names: Sequence[str], extents: Sequence[int],
+          body: Callable[..., Stmt], kind: str = "serial") -> Stmt:
+    """A loop nest over `extents` (loops of extent 1 are left out)."""
+    vs = [Var(n, INDEX_DTYPE) for n in names]
+    idx: list[PrimExpr] = [v if e > 1 else _c(0) for v, e in zip(vs, extents)]
+    stmt = body(*idx)
+    for v, e in reversed(list(zip(vs, extents))):
+        if e > 1:
+            stmt = For(v, _c(0), _c(e), kind, stmt)
+    return stmt
+
+
+def madd(acc: PrimExpr, a: PrimExpr, b: PrimExpr) -> PrimExpr:
+    """`acc + a * b`: what the accumulating loops compute."""
+    return acc + a * b
+
+
+def padded_input(x: Buffer, shape: ConvShape) -> tuple[Reader, list[Stmt]]:
+    """A reader `(n, c, row, col) -> value` of the zero-padded input (`row`, `col` in
+    padded coordinates) and the statements preparing it: with padding, the input is
+    copied once into a zero-bordered workspace, so the select runs once per input
+    element and the convolution loops read without bounds checks."""
+    top, left, bottom, right = shape.pads
+    if min(shape.pads) < 0:
+        raise IRError(f"conv kernel: negative pads {shape.pads} are not supported")
+    if not any(shape.pads):
+        return (lambda n, c, i, j: x[n, c, i, j]), []
+    dims = (shape.n, shape.c_in, shape.h + top + bottom, shape.w + left + right)
+    xp = Buffer("xpad", dims, x.dtype)
+
+    def fill(n: PrimExpr, c: PrimExpr, i: PrimExpr, j: PrimExpr) -> Stmt:
+        si, sj = i - top, j - left
+        inside = (si >= 0) & (si < shape.h) & (sj >= 0) & (sj < shape.w)
+        value = select(inside, x[n, c, clamp_index(si, shape.h), clamp_index(sj, shape.w)],
+                       as_expr(0.0, x.dtype))
+        return Store(xp, value, (n, c, i, j))
+
+    return (lambda n, c, i, j: xp[n, c, i, j]), [
+        Allocate(xp), _nest(("n", "c", "i", "j"), dims, fill)]
+
+
+def _row_tiles(out_w: int, tile_w: int) -> list[tuple[int, int, int]]:
+    """(first tile start, number of full tiles, width) runs covering one output row."""
+    full = out_w // tile_w
+    runs = [(0, full, tile_w)] if full else []
+    rest = out_w - full * tile_w
+    if rest:
+        runs.append((full * tile_w, 1, rest))
+    return runs
+
+
+# --------------------------------------------------------------------------- blocked
+
+def blocked_conv_body(shape: ConvShape, x: Buffer, wp: Buffer, out: Buffer,
+                      tiling: Tiling, epilogue: Epilogue) -> Stmt:
+    """The loop nest of a blocked direct convolution reading packed weights `wp`
+    (`pack_blocked_weight` layout) and writing `epilogue(acc, index)` into `out` (NCHW).
+
+    A tile holds `tile_w` output positions of the flattened (oh, ow) plane spaced
+    `step = positions // tile_w` apart (tile `t` takes `t, t + step, ...`), and a last
+    tile the `positions % tile_w` left over. Spacing them keeps neighbouring tile
+    positions apart in memory, so LLVM's SLP vectorizer packs the accumulators along
+    output channels (one weight row times one broadcast input) instead of along
+    positions, which would need a broadcast per weight."""
+    cb, tile_w = tiling.cb, tiling.tile_w
+    cig, cog = shape.ci_group, shape.co_group
+    blocks = -(-cog // cb)
+    ow_n = shape.out_w
+    positions = shape.out_h * ow_n
+    tile_w = min(tile_w, positions)
+    step, tail = divmod(positions, tile_w)
+    sh, sw = shape.stride
+    dh, dw = shape.dilation
+    acc_t = out.dtype
+    xp, prologue = padded_input(x, shape)
+
+    def tile(n: PrimExpr, g: PrimExpr, ob: PrimExpr, where: list[PrimExpr]) -> Stmt:
+        width = len(where)
+        acc = Buffer("acc", (width, cb), acc_t, "local")
+        zero = [Store(acc, as_expr(0.0, acc_t), (_c(r), _c(v)))
+                for r in range(width) for v in range(cb)]
+        rows = [p // ow_n for p in where]
+        cols = [p % ow_n for p in where]
+
+        def step_(ci: PrimExpr, kh: PrimExpr, kw: PrimExpr) -> Stmt:
+            stmts: list[Stmt] = []
+            for r in range(width):
+                xv = xp(n, g * cig + ci, rows[r] * sh + kh * dh, cols[r] * sw + kw * dw)
+                for v in range(cb):
+                    w = wp[g, ob, ci, kh, kw, _c(v)]
+                    stmts.append(Store(acc, madd(acc[_c(r), _c(v)], xv, w), (_c(r), _c(v))))
+            return seq(*stmts)
+
+        red = _nest(("ci", "kh", "kw"), (cig, shape.kh, shape.kw), step_)
+        # The accumulators are read at constant indices only, so LLVM keeps them in
+        # registers; copying them out row by row into `stage` gives its SLP vectorizer
+        # stores contiguous along output channels to start from, and it then vectorizes
+        # the whole tile that way. The epilogue loop reads `stage`.
+        stage = Buffer("stage", (width, cb), acc_t, "local")
+        copy = [Store(stage, acc[_c(r), _c(v)], (_c(r), _c(v)))
+                for r in range(width) for v in range(cb)]
+
+        def emit(v: Var) -> Stmt:
+            oc_local = ob * cb + v
+            oc = g * cog + oc_local if shape.groups > 1 else oc_local
+            body = seq(*(Store(out, epilogue(stage[_c(r), v], (n, oc, rows[r], cols[r])),
+                               (n, oc, rows[r], cols[r])) for r in range(width)))
+            return IfThenElse(oc_local < cog, body) if cog % cb else body
+
+        return seq(Allocate(acc), Allocate(stage), *zero, red, *copy, _loop("v", cb, emit))
+
+    def spaced(n: PrimExpr, g: PrimExpr, ob: PrimExpr, t: PrimExpr) -> Stmt:
+        return tile(n, g, ob, [t + r * step for r in range(tile_w)])
+
+    def last(n: PrimExpr, g: PrimExpr, ob: PrimExpr) -> Stmt:
+        return tile(n, g, ob, [_c(step * tile_w + r) for r in range(tail)])
+
+    tiles = step + (1 if tail else 0)
+    return seq(*prologue, _parallel_tiles(
+        (shape.n, shape.groups, blocks, tiles),
+        lambda n, g, ob, t: spaced(n, g, ob, t) if not tail else
+        IfThenElse(t < step, spaced(n, g, ob, t), last(n, g, ob))))
+
+
+def _parallel_tiles(extents: Sequence[int], body: Callable[..., Stmt]) -> Stmt:
+    """`for i0, i1, ...` in `extents` as one loop over the flattened index, marked
+    `parallel` (the backends split it evenly over threads; its iterations write disjoint
+    output tiles, which the `parallelize` pass cannot see through the div/mod)."""
+    total = 1
+    for e in extents:
+        total *= e
+    t = Var("tile", INDEX_DTYPE)
+    idx: list[PrimExpr] = []
+    rest: PrimExpr = t
+    for k in range(len(extents) - 1, -1, -1):
+        e = extents[k]
+        if e == 1:
+            idx.append(_c(0))
+        elif k == 0:
+            idx.append(rest)
+        else:
+            idx.append(rest % e)
+            rest = rest // e
+    idx.reverse()
+    kind = "parallel" if total > 1 else "serial"
+    return For(t, _c(0), _c(total), kind, body(*idx))
+
+
+def _tiles_loop(n: int, groups: int, blocks: int, rows: int,
+                row: Callable[[PrimExpr, PrimExpr, PrimExpr, PrimExpr], Stmt]) -> Stmt:
+    """`for n, g, block, row` around the tiles of one output row (loops of extent 1 left
+    out). Every loop writes a disjoint slice of the output, so `parallelize` picks the
+    first with enough iterations: rows for large images, channel blocks for small ones."""
+    return _nest(("n", "g", "ob", "oh"), (n, groups, blocks, rows), row)
+
+
+# --------------------------------------------------------------------------- depthwise
+
+def depthwise_tile_width(shape: ConvShape, lanes: int) -> int:
+    """Columns per depthwise tile: two vectors, at most the row."""
+    return min(2 * lanes, shape.out_w)
+
+
+def depthwise_conv_body(shape: ConvShape, x: Buffer, w: Buffer, out: Buffer, tile_w: int,
+                        epilogue: Epilogue) -> Stmt:
+    """The loop nest of a depthwise convolution (`groups == c_in == c_out`); `w` is the
+    OIHW weight (C, 1, kh, kw)."""
+    if not shape.depthwise:
+        raise IRError(f"depthwise kernel needs groups == channels, got {shape}")
+    oh_n, ow_n = shape.out_h, shape.out_w
+    sh, sw = shape.stride
+    dh, dw = shape.dilation
+    acc_t = out.dtype
+    xp, prologue = padded_input(x, shape)
+
+    def tile(n: PrimExpr, c: PrimExpr, oh: PrimExpr, ow0: PrimExpr, width: int) -> Stmt:
+        acc = Buffer("acc", (width,), acc_t, "local")
+        zero = [Store(acc, as_expr(0.0, acc_t), (_c(r),)) for r in range(width)]
+
+        def step(kh: PrimExpr, kw: PrimExpr) -> Stmt:
+            wv = w[c, _c(0), kh, kw]
+            row = oh * sh + kh * dh
+            return seq(*(Store(acc, madd(acc[_c(r)], xp(n, c, row, (ow0 + r) * sw + kw * dw),
+                                         wv), (_c(r),)) for r in range(width)))
+
+        red = _nest(("kh", "kw"), (shape.kh, shape.kw), step)
+        stores = [Store(out, epilogue(acc[_c(r)], (n, c, oh, ow0 + r)), (n, c, oh, ow0 + r))
+                  for r in range(width)]
+        return seq(Allocate(acc), *zero, red, *stores)
+
+    def row(n: PrimExpr, c: PrimExpr, _ob: PrimExpr, oh: PrimExpr) -> Stmt:
+        parts: list[Stmt] = []
+        for start, count, width in _row_tiles(ow_n, tile_w):
+            if count == 1:
+                parts.append(tile(n, c, oh, _c(start), width))
+            else:
+                parts.append(_loop("owt", count, lambda t, wd=width, s=start:
+                                   tile(n, c, oh, t * wd + s, wd)))
+        return seq(*parts)
+
+    return seq(*prologue, _tiles_loop(shape.n, shape.c_in, 1, oh_n, row))
