@@ -346,8 +346,10 @@ def depthwise_conv_body(shape: ConvShape, x: Buffer, w: Buffer, out: Buffer, til
             if count == 1:
                 parts.append(tile(n, c, oh, _c(start), width))
             else:
-                parts.append(_loop("owt", count, lambda t, wd=width, s=start:
-                                   tile(n, c, oh, t * wd + s, wd)))
+                def run(t: Var, wd: int = width, s: int = start) -> Stmt:
+                    return tile(n, c, oh, t * wd + s, wd)
+
+                parts.append(_loop("owt", count, run))
         return seq(*parts)
 
     return seq(*prologue, _tiles_loop(shape.n, shape.c_in, 1, oh_n, row))
