@@ -58,16 +58,17 @@ def target_lanes(target: Any = None) -> int:
         target = Target.current()
     if target is None:
         return 4
-    feats = [str(f) for f in (target.get("mattr") or ())]
+    attrs = target.attrs  # kinds without mattr/mcpu/mtriple (python, c) simply lack them
+    feats = [str(f) for f in (attrs.get("mattr") or ())]
     if "-avx512f" in feats:
         feats = [f for f in feats if f != "+avx512f"]
-    mcpu = str(target.get("mcpu") or "")
+    mcpu = str(attrs.get("mcpu") or "")
     if not any(f.startswith("+avx") for f in feats):
         if mcpu.startswith(_AVX512_CPUS) and "-avx512f" not in feats:
             feats.append("+avx512f")
         elif mcpu.startswith(_AVX2_CPUS) or mcpu.startswith(_AVX512_CPUS):
             feats.append("+avx2")
-    return ck.vector_lanes(feats, str(target.get("mtriple") or ""))
+    return ck.vector_lanes(feats, str(attrs.get("mtriple") or ""))
 
 
 def conv_shape(x: Sequence[int], c_out: int, kernel: Sequence[int], attrs: Attrs) -> ck.ConvShape:
