@@ -44,13 +44,11 @@ from kiln.ir.tensor import (
     Store,
     Var,
     as_expr,
-    select,
     seq,
 )
-from kiln.ops.te import clamp_index
 
 Epilogue = Callable[[PrimExpr, tuple[PrimExpr, ...]], PrimExpr]
-Reader = Callable[[PrimExpr, PrimExpr, PrimExpr, PrimExpr], PrimExpr]
+
 
 
 @dataclass(frozen=True)
@@ -167,28 +165,46 @@ def madd(acc: PrimExpr, a: PrimExpr, b: PrimExpr) -> PrimExpr:
     return acc + a * b
 
 
-def padded_input(x: Buffer, shape: ConvShape) -> tuple[Reader, list[Stmt]]:
-    """A reader `(n, c, row, col) -> value` of the zero-padded input (`row`, `col` in
-    padded coordinates) and the statements preparing it: with padding, the input is
-    copied once into a zero-bordered workspace, so the select runs once per input
-    element and the convolution loops read without bounds checks."""
+PhaseReader = Callable[[PrimExpr, PrimExpr, PrimExpr, PrimExpr, PrimExpr], PrimExpr]
+
+
+def padded_input(x: Buffer, shape: ConvShape, phases: int = 1
+                 ) -> tuple[PhaseReader, list[Stmt]]:
+    """A reader `(n, c, row, phase, q) -> value` of the zero-padded input at padded column
+    `q * phases + phase`, and the statements preparing it.
+
+    With padding (or `phases > 1`) the input is copied once into a workspace: zeroed,
+    then the image copied row by row (both loops vectorize), so the convolution loops
+    read without bounds checks. `phases` splits the columns by their remainder modulo
+    the stride: a stride-2 convolution then reads neighbouring outputs' inputs from
+    neighbouring addresses."""
     top, left, bottom, right = shape.pads
     if min(shape.pads) < 0:
         raise IRError(f"conv kernel: negative pads {shape.pads} are not supported")
-    if not any(shape.pads):
-        return (lambda n, c, i, j: x[n, c, i, j]), []
-    dims = (shape.n, shape.c_in, shape.h + top + bottom, shape.w + left + right)
+    if not any(shape.pads) and phases == 1:
+        return (lambda n, c, i, p, q: x[n, c, i, q]), []
+    hp, wp = shape.h + top + bottom, shape.w + left + right
+    wq = -(-wp // phases)
+    dims = (shape.n, shape.c_in, phases, hp, wq)
     xp = Buffer("xpad", dims, x.dtype)
+    zero = _nest(("n", "c", "p", "i", "q"), dims,
+                 lambda n, c, p, i, q: Store(xp, as_expr(0.0, x.dtype), (n, c, p, i, q)))
+    copies: list[Stmt] = []
+    for p in range(phases):
+        # padded column q * phases + p holds input column q * phases + p - left
+        lo = max(0, -(-(left - p) // phases))
+        hi = min(wq - 1, (left + shape.w - 1 - p) // phases)
+        if hi < lo:
+            continue
 
-    def fill(n: PrimExpr, c: PrimExpr, i: PrimExpr, j: PrimExpr) -> Stmt:
-        si, sj = i - top, j - left
-        inside = (si >= 0) & (si < shape.h) & (sj >= 0) & (sj < shape.w)
-        value = select(inside, x[n, c, clamp_index(si, shape.h), clamp_index(sj, shape.w)],
-                       as_expr(0.0, x.dtype))
-        return Store(xp, value, (n, c, i, j))
+        def copy(n: PrimExpr, c: PrimExpr, i: PrimExpr, q: PrimExpr, p: int = p,
+                 lo: int = lo) -> Stmt:
+            col = (q + lo) * phases + (p - left)
+            return Store(xp, x[n, c, i, col], (n, c, _c(p), i + top, q + lo))
 
-    return (lambda n, c, i, j: xp[n, c, i, j]), [
-        Allocate(xp), _nest(("n", "c", "i", "j"), dims, fill)]
+        copies.append(_nest(("n", "c", "i", "q"), (shape.n, shape.c_in, shape.h, hi - lo + 1),
+                            copy))
+    return (lambda n, c, i, p, q: xp[n, c, p, i, q]), [Allocate(xp), zero, *copies]
 
 
 def _row_tiles(out_w: int, tile_w: int) -> list[tuple[int, int, int]]:
@@ -237,7 +253,7 @@ def blocked_conv_body(shape: ConvShape, x: Buffer, wp: Buffer, out: Buffer,
         def step_(ci: PrimExpr, kh: PrimExpr, kw: PrimExpr) -> Stmt:
             stmts: list[Stmt] = []
             for r in range(width):
-                xv = xp(n, g * cig + ci, rows[r] * sh + kh * dh, cols[r] * sw + kw * dw)
+                xv = xp(n, g * cig + ci, rows[r] * sh + kh * dh, _c(0), cols[r] * sw + kw * dw)
                 for v in range(cb):
                     w = wp[g, ob, ci, kh, kw, _c(v)]
                     stmts.append(Store(acc, madd(acc[_c(r), _c(v)], xv, w), (_c(r), _c(v))))
@@ -323,7 +339,7 @@ def depthwise_conv_body(shape: ConvShape, x: Buffer, w: Buffer, out: Buffer, til
     sh, sw = shape.stride
     dh, dw = shape.dilation
     acc_t = out.dtype
-    xp, prologue = padded_input(x, shape)
+    xp, prologue = padded_input(x, shape, phases=sw)
 
     def tile(n: PrimExpr, c: PrimExpr, oh: PrimExpr, ow0: PrimExpr, width: int) -> Stmt:
         acc = Buffer("acc", (width,), acc_t, "local")
@@ -332,7 +348,11 @@ def depthwise_conv_body(shape: ConvShape, x: Buffer, w: Buffer, out: Buffer, til
         def step(kh: PrimExpr, kw: PrimExpr) -> Stmt:
             wv = w[c, _c(0), kh, kw]
             row = oh * sh + kh * dh
-            return seq(*(Store(acc, madd(acc[_c(r)], xp(n, c, row, (ow0 + r) * sw + kw * dw),
+            # column (ow0 + r) * sw + kw * dw lies in phase (kw * dw) % sw at
+            # ow0 + r + (kw * dw) // sw: consecutive in r whatever the stride
+            tap = kw * dw
+            phase, shift = (tap % sw, tap // sw) if sw > 1 else (_c(0), tap)
+            return seq(*(Store(acc, madd(acc[_c(r)], xp(n, c, row, phase, ow0 + r + shift),
                                          wv), (_c(r),)) for r in range(width)))
 
         red = _nest(("kh", "kw"), (shape.kh, shape.kw), step)
