@@ -39,11 +39,13 @@ from kiln.ir.tensor import (
     Const,
     For,
     IfThenElse,
+    LetStmt,
     PrimExpr,
     Stmt,
     Store,
     Var,
     as_expr,
+    min_,
     seq,
 )
 
@@ -225,38 +227,61 @@ def blocked_conv_body(shape: ConvShape, x: Buffer, wp: Buffer, out: Buffer,
     (`pack_blocked_weight` layout) and writing `epilogue(acc, index)` into `out` (NCHW).
 
     A tile holds `tile_w` output positions of the flattened (oh, ow) plane spaced
-    `step = positions // tile_w` apart (tile `t` takes `t, t + step, ...`), and a last
-    tile the `positions % tile_w` left over. Spacing them keeps neighbouring tile
-    positions apart in memory, so LLVM's SLP vectorizer packs the accumulators along
-    output channels (one weight row times one broadcast input) instead of along
-    positions, which would need a broadcast per weight."""
+    `step = ceil(positions / tile_w)` apart: tile `t` takes `t, t + step, ...`.
+    Spacing them keeps neighbouring tile positions apart in memory, so LLVM's SLP
+    vectorizer packs the accumulators along output channels (one weight row times
+    one broadcast input) instead of along positions, which would need a broadcast
+    per weight. Positions past the end (the last tiles' last slots) read the last
+    position and store nothing, so one tile shape covers every image."""
     cb, tile_w = tiling.cb, tiling.tile_w
     cig, cog = shape.ci_group, shape.co_group
     blocks = -(-cog // cb)
     ow_n = shape.out_w
     positions = shape.out_h * ow_n
     tile_w = min(tile_w, positions)
-    step, tail = divmod(positions, tile_w)
+    step = -(-positions // tile_w)
+    # slot r of tile t is position t + r * step; it may pass the end when its largest
+    # value, step - 1 + r * step, does
+    overflow = [step - 1 + r * step >= positions for r in range(tile_w)]
     sh, sw = shape.stride
     dh, dw = shape.dilation
     acc_t = out.dtype
     xp, prologue = padded_input(x, shape)
 
-    def tile(n: PrimExpr, g: PrimExpr, ob: PrimExpr, where: list[PrimExpr]) -> Stmt:
-        width = len(where)
-        acc = Buffer("acc", (width, cb), acc_t, "local")
-        zero = [Store(acc, as_expr(0.0, acc_t), (_c(r), _c(v)))
-                for r in range(width) for v in range(cb)]
-        rows = [p // ow_n for p in where]
-        cols = [p % ow_n for p in where]
+    def tile(n: PrimExpr, g: PrimExpr, ob: PrimExpr, t: PrimExpr) -> Stmt:
+        acc = Buffer("acc", (tile_w, cb), acc_t, "local")
+        head: list[Stmt] = [Allocate(acc)]
+        head += [Store(acc, as_expr(0.0, acc_t), (_c(r), _c(v)))
+                 for r in range(tile_w) for v in range(cb)]
+        rows: list[PrimExpr] = []
+        cols: list[PrimExpr] = []
+        for r in range(tile_w):
+            pos: PrimExpr = t + r * step
+            if overflow[r]:
+                pos = min_(pos, positions - 1)
+            rv, cv = Var(f"oh{r}", INDEX_DTYPE), Var(f"ow{r}", INDEX_DTYPE)
+            head += [LetStmt(rv, pos // ow_n), LetStmt(cv, pos % ow_n)]
+            rows.append(rv)
+            cols.append(cv)
 
         def step_(ci: PrimExpr, kh: PrimExpr, kw: PrimExpr) -> Stmt:
+            # one load per input value and per weight, bound once: the multiply-adds
+            # below only name them (smaller IR, faster to compile)
             stmts: list[Stmt] = []
-            for r in range(width):
-                xv = xp(n, g * cig + ci, rows[r] * sh + kh * dh, _c(0), cols[r] * sw + kw * dw)
+            xs, ws = [], []
+            for r in range(tile_w):
+                xv = Var(f"x{r}", acc_t)
+                stmts.append(LetStmt(xv, xp(n, g * cig + ci, rows[r] * sh + kh * dh, _c(0),
+                                            cols[r] * sw + kw * dw)))
+                xs.append(xv)
+            for v in range(cb):
+                wv = Var(f"w{v}", acc_t)
+                stmts.append(LetStmt(wv, wp[g, ob, ci, kh, kw, _c(v)]))
+                ws.append(wv)
+            for r in range(tile_w):
                 for v in range(cb):
-                    w = wp[g, ob, ci, kh, kw, _c(v)]
-                    stmts.append(Store(acc, madd(acc[_c(r), _c(v)], xv, w), (_c(r), _c(v))))
+                    stmts.append(Store(acc, madd(acc[_c(r), _c(v)], xs[r], ws[v]),
+                                       (_c(r), _c(v))))
             return seq(*stmts)
 
         red = _nest(("ci", "kh", "kw"), (cig, shape.kh, shape.kw), step_)
@@ -264,30 +289,26 @@ def blocked_conv_body(shape: ConvShape, x: Buffer, wp: Buffer, out: Buffer,
         # registers; copying them out row by row into `stage` gives its SLP vectorizer
         # stores contiguous along output channels to start from, and it then vectorizes
         # the whole tile that way. The epilogue loop reads `stage`.
-        stage = Buffer("stage", (width, cb), acc_t, "local")
+        stage = Buffer("stage", (tile_w, cb), acc_t, "local")
         copy = [Store(stage, acc[_c(r), _c(v)], (_c(r), _c(v)))
-                for r in range(width) for v in range(cb)]
+                for r in range(tile_w) for v in range(cb)]
 
         def emit(v: Var) -> Stmt:
             oc_local = ob * cb + v
             oc = g * cog + oc_local if shape.groups > 1 else oc_local
-            body = seq(*(Store(out, epilogue(stage[_c(r), v], (n, oc, rows[r], cols[r])),
-                               (n, oc, rows[r], cols[r])) for r in range(width)))
+            stores: list[Stmt] = []
+            for r in range(tile_w):
+                idx = (n, oc, rows[r], cols[r])
+                st: Stmt = Store(out, epilogue(stage[_c(r), v], idx), idx)
+                if overflow[r]:
+                    st = IfThenElse(t + r * step < positions, st)
+                stores.append(st)
+            body = seq(*stores)
             return IfThenElse(oc_local < cog, body) if cog % cb else body
 
-        return seq(Allocate(acc), Allocate(stage), *zero, red, *copy, _loop("v", cb, emit))
+        return seq(*head, Allocate(stage), red, *copy, _loop("v", cb, emit))
 
-    def spaced(n: PrimExpr, g: PrimExpr, ob: PrimExpr, t: PrimExpr) -> Stmt:
-        return tile(n, g, ob, [t + r * step for r in range(tile_w)])
-
-    def last(n: PrimExpr, g: PrimExpr, ob: PrimExpr) -> Stmt:
-        return tile(n, g, ob, [_c(step * tile_w + r) for r in range(tail)])
-
-    tiles = step + (1 if tail else 0)
-    return seq(*prologue, _parallel_tiles(
-        (shape.n, shape.groups, blocks, tiles),
-        lambda n, g, ob, t: spaced(n, g, ob, t) if not tail else
-        IfThenElse(t < step, spaced(n, g, ob, t), last(n, g, ob))))
+    return seq(*prologue, _parallel_tiles((shape.n, shape.groups, blocks, step), tile))
 
 
 def _parallel_tiles(extents: Sequence[int], body: Callable[..., Stmt]) -> Stmt:
