@@ -146,6 +146,7 @@ CASES: dict[str, list[OpCase]] = {
                        OpCase((f32(1, 4, 6, 5), f32(2, 1, 2, 3, 3, 4)),
                               {"channels": 6, "group": 2, "strides": (2, 2),
                                "pads": (0, 1, 2, 1)})],
+    "conv2d_pointwise": [OpCase((f32(1, 5, 3, 7), f32(3, 5, 6), f32(13)), {"channels": 13})],
     "conv2d_depthwise": [OpCase((f32(1, 4, 6, 6), f32(4, 1, 3, 3), f32(4)),
                                 {"group": 4, "dilations": (1, 2), "pads": (1, 2, 1, 0)})],
     "conv3d": [OpCase((f32(1, 2, 4, 5, 4), f32(2, 2, 2, 3, 2)),

@@ -2,6 +2,7 @@
 
 One ONNX model holds every edge case as an independent branch (so each backend
 compiles once): remainders of the output-channel block and of the position tile,
+pointwise (1x1) convolutions with row and channel remainders,
 1-wide and 1x1 images, odd channel counts, stride 2, dilation, grouped and
 depthwise convolutions, asymmetric padding, a 7x7/2 stem, batch 2, and the
 epilogues FuseOps attaches (bias, ReLU, Clip, residual Add). It runs on llvm and
@@ -56,7 +57,13 @@ CASES: list[dict[str, Any]] = [
     dict(x=(1, 3, 20, 17), co=16, k=7, strides=(2, 2), pads=(3, 3, 3, 3), tail=("Relu",)),
     # no padding (the kernel reads the input directly), 33 channels: 3 blocks at 16 lanes
     dict(x=(1, 5, 6, 6), co=33, k=3, pads=(0, 0, 0, 0)),
+    # pointwise (1x1 over rows >= 16 wide): a full row tile and a remainder, 13 channels
+    # (two blocks of 6 and one channel), residual add
+    dict(x=(1, 5, 3, 37), co=13, k=1, pads=(0, 0, 0, 0), tail=("Add", "Relu")),
+    # pointwise, batch 2, a row of exactly one tile at 8 lanes
+    dict(x=(2, 4, 2, 16), co=7, k=1, pads=(0, 0, 0, 0), bias=False),
 ]
+POINTWISE = 2
 
 
 def _out_hw(case: dict[str, Any]) -> tuple[int, int]:
@@ -135,6 +142,8 @@ def test_every_convolution_uses_a_hand_written_kernel(native: kiln.driver.Execut
     used = [k for k in kinds if k is not None]
     assert len(used) == len(CASES)
     assert used.count("conv2d_depthwise") == 2
+    # rows of 16 and 37 are pointwise at 4, 8 and 16 lanes alike
+    assert used.count("conv2d_pointwise") == POINTWISE
 
 
 def test_matches_onnxruntime(native: kiln.driver.Executable,
@@ -173,9 +182,19 @@ def test_threads_in_a_fresh_process(native: kiln.driver.Executable, tmp_path: Pa
 def test_the_rewrite_is_visible_in_the_graph() -> None:
     mod = get_pass("block-convolutions", lanes=8)(from_onnx(MODEL))
     text = print_module(mod)
-    assert text.count("conv2d_blocked") == len(CASES) - 2
+    assert text.count("conv2d_blocked") == len(CASES) - 2 - POINTWISE
     assert text.count("conv2d_depthwise") == 2
+    assert text.count("conv2d_pointwise") == POINTWISE
     assert "conv2d(" not in text
+
+
+def test_pointwise_weight_round_trip() -> None:
+    w = RNG.standard_normal((13, 5, 1, 1)).astype(np.float32)
+    packed = ck.pack_pointwise_weight(w)
+    assert packed.shape == (3, 5, 6)
+    assert np.all(packed[2, :, 1:] == 0)
+    np.testing.assert_array_equal(packed[1, 4, 2], w[8, 4, 0, 0])
+    np.testing.assert_array_equal(ck.unpack_pointwise_weight(packed, 13), w)
 
 
 def test_packed_weight_round_trip() -> None:

@@ -394,3 +394,87 @@ def depthwise_conv_body(shape: ConvShape, x: Buffer, w: Buffer, out: Buffer, til
         return seq(*parts)
 
     return seq(*prologue, _tiles_loop(shape.n, shape.c_in, 1, oh_n, row))
+
+
+# --------------------------------------------------------------------------- pointwise
+
+POINTWISE_ROWS = 6
+
+
+def pack_pointwise_weight(w: np.ndarray, rows: int = POINTWISE_ROWS) -> np.ndarray:
+    """(co, ci, 1, 1) weight -> `[co_block][ci][rows]`, output channels padded with zeros."""
+    co, ci = w.shape[:2]
+    blocks = -(-co // rows)
+    padded = np.zeros((blocks * rows, ci), dtype=w.dtype)
+    padded[:co] = w.reshape(co, ci)
+    return np.ascontiguousarray(padded.reshape(blocks, rows, ci).transpose(0, 2, 1))
+
+
+def unpack_pointwise_weight(wp: np.ndarray, c_out: int) -> np.ndarray:
+    """`pack_pointwise_weight` undone: the (c_out, ci, 1, 1) weight."""
+    blocks, ci, rows = wp.shape
+    w = wp.transpose(0, 2, 1).reshape(blocks * rows, ci)[:c_out]
+    return np.ascontiguousarray(w.reshape(c_out, ci, 1, 1))
+
+
+def pointwise_tile_width(width: int, lanes: int) -> int:
+    """Columns per pointwise tile: two vectors, at most the row."""
+    return min(2 * lanes, width)
+
+
+def pointwise_conv_body(shape: ConvShape, x: Buffer, wp: Buffer, out: Buffer, tile_w: int,
+                        epilogue: Epilogue) -> Stmt:
+    """A 1x1, stride-1, unpadded, ungrouped convolution as a matrix product
+    out[co, p] = sum_ci w[co, ci] * x[ci, p]: a tile is `rows` output channels x
+    `tile_w` consecutive columns of one row (vectors along the columns, contiguous in
+    both `x` and `out`); each step broadcasts `rows` weights (contiguous in the
+    `pack_pointwise_weight` layout) against one input row segment."""
+    if (shape.kh, shape.kw, shape.stride, shape.groups) != (1, 1, (1, 1), 1) or any(shape.pads):
+        raise IRError(f"pointwise kernel needs a 1x1 stride-1 unpadded convolution: {shape}")
+    blocks, ci_n, rows = (int(d) for d in wp.shape)
+    acc_t = out.dtype
+
+    def tile(n: PrimExpr, ob: PrimExpr, oh: PrimExpr, ow0: PrimExpr, width: int) -> Stmt:
+        acc = Buffer("acc", (rows, width), acc_t, "local")
+        head: list[Stmt] = [Allocate(acc)]
+        head += [Store(acc, as_expr(0.0, acc_t), (_c(r), _c(j)))
+                 for r in range(rows) for j in range(width)]
+
+        def step(ci: Var) -> Stmt:
+            stmts: list[Stmt] = []
+            xs, ws = [], []
+            for j in range(width):
+                xv = Var(f"x{j}", acc_t)
+                stmts.append(LetStmt(xv, x[n, ci, oh, ow0 + j]))
+                xs.append(xv)
+            for r in range(rows):
+                wv = Var(f"w{r}", acc_t)
+                stmts.append(LetStmt(wv, wp[ob, ci, _c(r)]))
+                ws.append(wv)
+            stmts += [Store(acc, madd(acc[_c(r), _c(j)], xs[j], ws[r]), (_c(r), _c(j)))
+                      for r in range(rows) for j in range(width)]
+            return seq(*stmts)
+
+        body: list[Stmt] = [*head, _loop("ci", ci_n, step)]
+        for r in range(rows):
+            co = ob * rows + r
+            stores = seq(*(Store(out, epilogue(acc[_c(r), _c(j)], (n, co, oh, ow0 + j)),
+                                 (n, co, oh, ow0 + j)) for j in range(width)))
+            if shape.c_out % rows and r >= shape.c_out % rows:
+                stores = IfThenElse(co < shape.c_out, stores)
+            body.append(stores)
+        return seq(*body)
+
+    runs = _row_tiles(shape.w, tile_w)
+    per_row = sum(count for _, count, _ in runs)
+
+    def run(n: PrimExpr, ob: PrimExpr, oh: PrimExpr, t: PrimExpr) -> Stmt:
+        # tile t of the row: the full tiles first, then the remainder
+        start, count, width = runs[0]
+        main = tile(n, ob, oh, t * width + start if count > 1 else _c(start), width)
+        if len(runs) == 1:
+            return main
+        rs, _, rw = runs[1]
+        return IfThenElse(t < count, main, tile(n, ob, oh, _c(rs), rw))
+
+    return _parallel_tiles((shape.n, blocks, shape.h, per_row), run)

@@ -5,6 +5,9 @@ and float32 operands becomes
 
 - `conv2d_depthwise` when every group has one input and one output channel
   (MobileNet's depthwise layers): same operands and attributes;
+- `conv2d_pointwise` for a 1x1, stride-1, unpadded, ungrouped convolution over
+  rows at least one vector wide (MobileNet's expansions and projections): the
+  weight packed into `[co_block][ci][6]`, a matrix-product tile along the rows;
 - `conv2d_blocked` otherwise: the weight is packed here, at compile time, into
   `[group][co_block][ci][kh][kw][cb]` with `cb` = one or two vectors of the
   target's float32 lanes (AVX-512 16, AVX2 8, NEON/SSE 4), so the kernel reads
@@ -64,7 +67,7 @@ def _target_lanes() -> int:
 
 def _rewrite(call: g.Call, lanes: int) -> g.Call | None:
     from kiln.ops import conv_kernels as ck
-    from kiln.ops.conv_direct import BLOCKED, DEPTHWISE, conv_shape
+    from kiln.ops.conv_direct import BLOCKED, DEPTHWISE, POINTWISE, conv_shape
 
     if call.op != "conv2d" or len(call.args) not in (2, 3):
         return None
@@ -82,8 +85,13 @@ def _rewrite(call: g.Call, lanes: int) -> g.Call | None:
         return None
     if shape.depthwise and wd.shape[1] == 1:
         return g.Call(DEPTHWISE, call.args, call.attrs, call.ret_type)
+    attrs = {**dict(call.attrs), "channels": shape.c_out}
+    if (shape.kh, shape.kw, shape.stride, shape.groups) == (1, 1, (1, 1), 1) and \
+            not any(shape.pads) and shape.w >= lanes:
+        packed = g.Constant(ck.pack_pointwise_weight(wd), w.name)
+        args = (x, packed) if bias is None else (x, packed, bias)
+        return g.Call(POINTWISE, args, attrs, call.ret_type)
     cb = ck.choose_tiling(shape, lanes).cb
     packed = g.Constant(ck.pack_blocked_weight(wd, shape.groups, cb), w.name)
     args = (x, packed) if bias is None else (x, packed, bias)
-    attrs = {**dict(call.attrs), "channels": shape.c_out}
     return g.Call(BLOCKED, args, attrs, call.ret_type)
