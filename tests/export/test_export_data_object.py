@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -15,11 +16,11 @@ from kiln.ir import IRBuilder
 from kiln.ir import graph as g
 
 
-def _executable() -> kiln.driver.executable.Executable:
-    table = np.arange(3000, dtype=np.float32)
+def _executable(n: int = 3000) -> kiln.driver.executable.Executable:
+    table = np.arange(n, dtype=np.float32)
     ib = IRBuilder()
     with ib.function("main"):
-        x = ib.param("x", (3000,), "float32")
+        x = ib.param("x", (n,), "float32")
         ib.ret(ib.emit(kiln.ops.call("add", x, g.Constant(table, "table")), "y"))
     return kiln.compile(ib.get(), "c")
 
@@ -62,3 +63,35 @@ def test_direct_object_matches_the_assembler_one(tmp_path: Path) -> None:
     # The weights sit where the blob says, after it.
     data = _section(by_elf, section)
     assert np.arange(3000, dtype=np.float32).tobytes() in data
+
+
+def test_weights_reach_the_disk_once(tmp_path: Path) -> None:
+    """A .so's object only reserves the weights (NOBITS); they are written into the
+    linked library, where they sit right after the blob, equal to the artifact."""
+    n = 1 << 20
+    ex = _executable(n)
+    work = tmp_path / "work"
+    lib = ex.export_library(tmp_path / "m.so", workspace_dir=work)
+    consts = next(a for a in ex.artifacts if a.file_name == "constants.bin")
+    obj = work / "blob.o"
+    assert obj.stat().st_size < consts.size  # the weights are not in the object
+    headers = subprocess.run(["readelf", "-SW", str(obj)], capture_output=True, text=True,
+                             check=True).stdout
+    assert ".rodata.kiln__blob.reserved" in headers and "NOBITS" in headers
+    symbols = {row[7]: int(row[1], 16) for line in subprocess.run(
+        ["readelf", "-sW", str(lib)], capture_output=True, text=True, check=True
+    ).stdout.splitlines() if len(row := line.split()) == 8 and row[7].startswith("kiln__")}
+    rodata = subprocess.run(["readelf", "-SW", str(lib)], capture_output=True, text=True,
+                            check=True).stdout
+    line = next(x for x in rodata.splitlines() if " .rodata " in x).split()
+    at = line.index("PROGBITS")
+    addr, offset = int(line[at + 1], 16), int(line[at + 2], 16)
+    start = symbols["kiln__consts"] - addr + offset
+    assert Path(lib).read_bytes()[start:start + consts.size] == bytes(consts.content)
+    assert len(read_blob(lib)) > 0
+    out = subprocess.run(
+        [sys.executable, "-c", "import sys, numpy as np, kiln; m = kiln.runtime.load_module("
+         "sys.argv[1], verify_weights=True); y = m['main'](np.ones(int(sys.argv[2]), "
+         "np.float32)); print(float(y[0]), float(y[-1]))", str(lib), str(n)],
+        capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["1.0", f"{float(n)}"]

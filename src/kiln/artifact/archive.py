@@ -121,14 +121,31 @@ def write_tar(path: str | os.PathLike[str], artifacts: ArtifactSet,
         raise
 
 
-def _add_file(tar: tarfile.TarFile, name: str, data: bytes) -> None:
+def _add_file(tar: tarfile.TarFile, name: str, data: bytes | memoryview) -> None:
     info = tarfile.TarInfo(name)
     info.size = len(data)
     info.mode = 0o644
     info.mtime = 0
     info.uid = info.gid = 0
     info.uname = info.gname = ""
-    tar.addfile(info, io.BytesIO(data))
+    tar.addfile(info, _ViewReader(memoryview(data)))
+
+
+class _ViewReader(io.RawIOBase):
+    """A file over bytes already in memory (io.BytesIO would copy a memoryview)."""
+
+    def __init__(self, view: memoryview) -> None:
+        self.view, self.pos = view, 0
+
+    def readable(self) -> bool:
+        return True
+
+    def read(self, size: int | None = -1) -> bytes:
+        stop = len(self.view) if size is None or size < 0 else min(len(self.view),
+                                                                    self.pos + size)
+        out = bytes(self.view[self.pos:stop])
+        self.pos = stop
+        return out
 
 
 def read_tar(path: str | os.PathLike[str]) -> tuple[ArtifactSet, dict[str, Any]]:

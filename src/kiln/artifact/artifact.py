@@ -83,6 +83,9 @@ def extension(file_name: str) -> str:
 class Artifact:
     """One piece of generated code or data, as plain bytes plus metadata.
 
+    `content` is bytes, or a read-only memoryview of bytes kept as is (a large
+    weight blob is not copied for its artifact).
+
     `codegen_id` names the codegen that made it, `loader` the loader that turns
     it into runnable code (`"native"`: linked into the host library; `"none"`:
     carried for inspection only; any other name: a runtime loader), and
@@ -92,7 +95,7 @@ class Artifact:
     codegen_id: str
     loader: str
     file_name: str
-    content: bytes = field(repr=False)
+    content: bytes | memoryview = field(repr=False)
     metadata: Mapping[str, Any] = field(default_factory=FrozenDict)
 
     serializable: ClassVar[bool] = True
@@ -106,7 +109,12 @@ class Artifact:
             raise ValueError("content must be bytes, got str; encode text with .encode()")
         if not isinstance(content, (bytes, bytearray, memoryview)):
             raise ValueError(f"content must be bytes, got {type(content).__name__}")
-        object.__setattr__(self, "content", bytes(content))
+        # A read-only byte view is kept as it is (the weights of a large model are
+        # not copied for their artifact, see ConstantPool); anything else is frozen
+        # into bytes.
+        if not (isinstance(content, memoryview) and content.readonly and
+                content.contiguous and content.format == "B" and content.ndim == 1):
+            object.__setattr__(self, "content", bytes(content))
         object.__setattr__(self, "metadata", _check_metadata(self.metadata))
 
     @property

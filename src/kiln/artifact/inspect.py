@@ -203,7 +203,7 @@ def hexdump(data: bytes, limit: int = 256) -> str:
 
 
 def _content(a: AnyArtifact) -> bytes:
-    return a.content  # raises ExportError for in-memory artifacts
+    return bytes(a.content)  # raises ExportError for in-memory artifacts
 
 
 def _name(a: AnyArtifact) -> str:

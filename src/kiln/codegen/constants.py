@@ -19,6 +19,18 @@ from kiln.ir.visitor import iter_stmts
 
 CONST_ALIGN = 64
 CONSTANTS_FILE = "constants.bin"
+# An arena becomes the blob only if the module's constants fill this much of it.
+ARENA_MIN_USE = 0.99
+
+
+def _owner(data: np.ndarray) -> np.ndarray | None:
+    """The array owning `data`'s memory (numpy collapses view chains to it)."""
+    base = data.base
+    if base is None:
+        return None
+    while isinstance(base, np.ndarray) and base.base is not None:
+        base = base.base
+    return base if isinstance(base, np.ndarray) else None
 
 
 class ConstantPool:
@@ -34,7 +46,7 @@ class ConstantPool:
         self._offsets: dict[int, int] = {}
         self._keep: list[np.ndarray] = []  # keeps ids stable while the pool lives
         self.size = 0
-        self._bytes: bytes | None = None
+        self._bytes: bytes | memoryview | None = None
         self._digests: bytes | None = None
 
     def add(self, data: np.ndarray) -> int:
@@ -42,6 +54,8 @@ class ConstantPool:
         key = id(data)
         if key in self._offsets:
             return self._offsets[key]
+        if self._bytes is not None and self._offsets:  # an adopted arena: copy from now on
+            self._bytes = None
         offset = -(-self.size // CONST_ALIGN) * CONST_ALIGN
         self._offsets[key] = offset
         self._keep.append(data)
@@ -68,19 +82,26 @@ class ConstantPool:
     def __len__(self) -> int:
         return len(self._keep)
 
-    def to_bytes(self) -> bytes:
-        """The blob: every array at its offset, zero padding between (built once)."""
+    def to_bytes(self) -> bytes | memoryview:
+        """The blob: every array at its offset, zero padding between (built once;
+        a read-only view of the arena when `from_module` adopted one)."""
         if self._bytes is None:
-            parts: list[Any] = []
-            end = 0
-            for off, view in self._pieces():
-                if off > end:
-                    parts.append(bytes(off - end))
-                # A view of the array's memory: b"".join copies it once, into the result.
-                parts.append(view)
-                end = off + len(view)
-            self._bytes = b"".join(parts)
+            # Views of the arrays' memory: b"".join copies them once, into the result.
+            self._bytes = b"".join(self.parts())
         return self._bytes
+
+    def parts(self) -> Iterator[bytes | memoryview]:
+        """The blob in order as zero padding and views of the arrays (nothing joined),
+        for writing it out without building it (e.g. into the compile cache)."""
+        if self._bytes is not None:
+            yield memoryview(self._bytes)
+            return
+        end = 0
+        for off, view in self._pieces():
+            if off > end:
+                yield bytes(off - end)
+            yield view
+            end = off + len(view)
 
     def chunk_digests(self) -> bytes:
         """Chunked SHA-256 of the blob (kiln.artifact.integrity), computed once.
@@ -122,10 +143,8 @@ class ConstantPool:
                     out.append(h.digest())
                     h = hashlib.sha256()
 
-        for offset, view in self._pieces():
-            while pos < offset:  # zero padding, at most CONST_ALIGN bytes
-                feed(bytes(offset - pos))
-            feed(view)
+        for part in self.parts():
+            feed(part)
         if pos % CHUNK_SIZE:
             out.append(h.digest())
         return b"".join(out)
@@ -144,10 +163,52 @@ class ConstantPool:
 
     @classmethod
     def from_module(cls, mod: IRModule) -> ConstantPool:
-        """A pool holding every AllocConst of every tensor-level function, in order."""
+        """A pool holding every AllocConst of every tensor-level function, in order
+        (or at their places in the arena they all live in, see `_adopt_arena`)."""
         pool = cls()
         for fn in mod.prim_funcs().values():
             for node in iter_stmts(fn.body):
                 if isinstance(node, AllocConst):
                     pool.add(node.data)
+        pool._adopt_arena()
         return pool
+
+    def _adopt_arena(self) -> None:
+        """Use the arena the arrays live in as the blob, when it already is one.
+
+        The ONNX importer reads all weights into one aligned arena
+        (kiln.frontend.onnx.raw_data). When every array of the pool is a
+        contiguous view of one such buffer at a CONST_ALIGN-aligned place, no
+        two overlap, and they fill most of it (little data the module dropped),
+        the arena is the blob as it stands: the weights are not copied again.
+        """
+        if not self._keep:
+            return
+        root = _owner(self._keep[0])
+        if root is None or root.dtype != np.uint8 or root.ndim != 1 or \
+                not root.flags.c_contiguous:
+            return
+        skip = -root.ctypes.data % CONST_ALIGN  # the blob starts at the first aligned byte
+        base = root.ctypes.data + skip
+        places = []
+        for data in self._keep:
+            if _owner(data) is not root or not data.flags.c_contiguous:
+                return
+            start = data.ctypes.data - base
+            if start % CONST_ALIGN or start < 0 or skip + start + data.nbytes > root.nbytes:
+                return
+            places.append((start, data.nbytes, id(data)))
+        places.sort()
+        end = used = 0
+        for start, nbytes, _ in places:
+            if start < end:
+                return  # overlapping views
+            end, used = start + nbytes, used + nbytes
+        if used < ARENA_MIN_USE * end:
+            return
+        self._offsets = {key: start for start, _, key in places}
+        self.size = end
+        view = root[skip:skip + end].view()
+        view.flags.writeable = False
+        self._bytes = view.data
+        self._digests = None

@@ -43,9 +43,10 @@ import re
 import shutil
 import stat
 import tempfile
+import threading
 import time
 import warnings
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -245,7 +246,7 @@ def _read_checked(path: Path) -> bytes:
         os.close(fd)
 
 
-def _write_atomic(path: Path, parts: list[Any]) -> None:
+def _write_atomic(path: Path, parts: Iterable[Any]) -> None:
     """Write `parts` to a temporary file next to `path` (mode 0600) and rename it there.
 
     No fsync: every read checks the hash, so a torn file is only a miss.
@@ -267,15 +268,56 @@ def _write_atomic(path: Path, parts: list[Any]) -> None:
 
 def _object_name(a: Artifact) -> tuple[str, tuple[int, bytes] | None]:
     """(content address, (chunk size, chunk digests) when the artifact carries them)."""
-    from kiln.artifact.integrity import DIGEST_SIZE, chunk_count, tree_digest
+    from kiln.artifact.integrity import DIGEST_SIZE, chunk_count
 
     size, hexed = a.metadata.get("chunk_size"), a.metadata.get("chunk_sha256")
     if isinstance(size, int) and isinstance(hexed, str):
         with contextlib.suppress(ValueError):
             digests = bytes.fromhex(hexed)
             if size > 0 and len(digests) == chunk_count(a.size, size) * DIGEST_SIZE:
-                return "c" + tree_digest(digests, a.size, size), (size, digests)
+                return chunked_object_name(a.size, size, digests), (size, digests)
     return hashlib.sha256(a.content).hexdigest(), None
+
+
+def chunked_object_name(size: int, chunk_size: int, digests: bytes) -> str:
+    """The content address of an object known by its chunk hashes (e.g. the weights),
+    the same name `store` gives an artifact carrying them in its metadata."""
+    from kiln.artifact.integrity import tree_digest
+
+    return "c" + tree_digest(digests, size, chunk_size)
+
+
+def store_object_async(name: str, size: int,
+                       parts: Iterable[bytes | memoryview]) -> threading.Thread | None:
+    """Start writing one object (`size` bytes, in `parts`) in a background thread.
+
+    The compile driver writes the weights this way while the code generator
+    runs (both release the GIL), so a large model's cache write costs no wall
+    time; `store` then finds the object present. Join the thread before
+    `store`. None when the cache cannot hold the object or it is there already.
+    Failures are counted in STATS.errors, never raised: the cache never fails a build.
+    """
+    cap = max_bytes()
+    if cap is not None and size > cap:
+        return None
+    try:
+        if not _safe_dirs(create=True):
+            return None
+        target = object_path(name)
+        if target.is_file() and target.stat().st_size == size:
+            return None
+    except OSError:
+        return None
+
+    def write() -> None:
+        try:
+            _write_atomic(target, parts)
+        except (OSError, ValueError):
+            STATS.errors += 1
+
+    thread = threading.Thread(target=write, name="kiln-cache-write", daemon=False)
+    thread.start()
+    return thread
 
 
 def _check_object(name: str, data: bytes, chunks: tuple[int, bytes] | None) -> None:

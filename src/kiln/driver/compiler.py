@@ -94,8 +94,21 @@ def compile(
             artifacts = cache.lookup(key)
     hit = artifacts is not None
     if artifacts is None:
-        with timed_step("codegen"):
-            artifacts = codegen.build(mod, tgt, prefix=prefix, pool=pool)
+        writer = None
+        if key is not None and pool.size:
+            from kiln.artifact.integrity import CHUNK_SIZE
+
+            # The weights go to the cache while the code generator runs.
+            writer = cache.store_object_async(
+                cache.chunked_object_name(pool.size, CHUNK_SIZE, pool.chunk_digests()),
+                pool.size, pool.parts())
+        try:
+            with timed_step("codegen"):
+                artifacts = codegen.build(mod, tgt, prefix=prefix, pool=pool)
+        finally:
+            if writer is not None:
+                with timed_step("cache.weights"):
+                    writer.join()
         if key is not None:
             with timed_step("cache.store"):
                 cache.store(key, artifacts, metadata)

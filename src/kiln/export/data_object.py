@@ -9,7 +9,8 @@ compiler made for the same library, so the linker sees a matching input. For
 anything else `export_library` falls back to the assembler.
 
 Layout (System V gABI): ELF header, the data section `.rodata.<name>` (flags
-SHF_ALLOC, at its alignment), `.note.GNU-stack` (empty: no executable stack),
+SHF_ALLOC, at its alignment), optionally a NOBITS section reserving room for
+data written after the link, `.note.GNU-stack` (empty: no executable stack),
 `.symtab`, `.strtab`, `.shstrtab`, then the section headers.
 """
 
@@ -24,7 +25,7 @@ _EHDR = struct.Struct("<16sHHIQQQIHHHHHH")
 _SHDR = struct.Struct("<IIQQQQIIQQ")
 _SYM = struct.Struct("<IBBHQQ")
 ELFCLASS64, ELFDATA2LSB, ET_REL = 2, 1, 1
-SHT_PROGBITS, SHT_SYMTAB, SHT_STRTAB = 1, 2, 3
+SHT_PROGBITS, SHT_SYMTAB, SHT_STRTAB, SHT_NOBITS = 1, 2, 3, 8
 SHF_ALLOC = 0x2
 STB_GLOBAL, STT_OBJECT = 1, 1
 STV_DEFAULT, STV_HIDDEN = 0, 2
@@ -65,38 +66,63 @@ def machine_of(obj: Path) -> Machine | None:
 
 def write_data_object(path: Path, machine: Machine, section: str, align: int,
                       pieces: Sequence[tuple[int, bytes | memoryview]],
-                      symbols: Sequence[DataSymbol], size: int) -> None:
+                      symbols: Sequence[DataSymbol], size: int,
+                      reserved_from: int | None = None) -> None:
     """Write an object whose section `section` holds `pieces` (offset, bytes), `size` long.
 
     Gaps between pieces are zero. Every symbol is global; `hidden` ones are
     not exported from the shared library.
+
+    With `reserved_from` (a multiple of `align`), bytes from there to `size`
+    are only reserved: they go into a second section `{section}.reserved` of
+    type NOBITS (no bytes in the object) that the linker places right after the
+    first one and lays out as zeros (without writing them: the library file
+    has a hole there), for the caller to fill in the linked library. The pieces
+    must end before it; symbols may span both sections.
     """
+    split = size if reserved_from is None else reserved_from
+    if (reserved_from is not None and split % align) or not 0 <= split <= size or \
+            any(off + len(p) > split for off, p in pieces):
+        raise ValueError(f"reserved_from={reserved_from}: must be a multiple of {align} "
+                         f"in [0, {size}] after every piece")
+    sections = [section, ".note.GNU-stack", ".symtab", ".strtab", ".shstrtab"]
+    if reserved_from is not None:
+        sections.insert(1, f"{section}.reserved")
+    index = {n: i + 1 for i, n in enumerate(sections)}
     strtab = bytearray(b"\0")
     sym_names = []
-    for s in symbols:
+    for sym in symbols:
         sym_names.append(len(strtab))
-        strtab += s.name.encode() + b"\0"
+        strtab += sym.name.encode() + b"\0"
     shstrtab = bytearray(b"\0")
     names = {}
-    for n in (section, ".note.GNU-stack", ".symtab", ".strtab", ".shstrtab"):
+    for n in sections:
         names[n] = len(shstrtab)
         shstrtab += n.encode() + b"\0"
     symtab = bytearray(_SYM.size)  # the null symbol
-    for s, name_off in zip(symbols, sym_names):
+    for sym, name_off in zip(symbols, sym_names):
+        in_reserved = reserved_from is not None and sym.offset >= split and sym.size
+        shndx, value = ((index[f"{section}.reserved"], sym.offset - split) if in_reserved
+                        else (index[section], sym.offset))
         symtab += _SYM.pack(name_off, (STB_GLOBAL << 4) | STT_OBJECT,
-                            STV_HIDDEN if s.hidden else STV_DEFAULT, 1, s.offset, s.size)
+                            STV_HIDDEN if sym.hidden else STV_DEFAULT, shndx, value, sym.size)
 
     data_off = -(-_EHDR.size // align) * align
-    symtab_off = -(-(data_off + size) // 8) * 8
+    symtab_off = -(-(data_off + split) // 8) * 8
     strtab_off = symtab_off + len(symtab)
     shstrtab_off = strtab_off + len(strtab)
     shdr_off = -(-(shstrtab_off + len(shstrtab)) // 8) * 8
     headers = [
         bytes(_SHDR.size),
-        _SHDR.pack(names[section], SHT_PROGBITS, SHF_ALLOC, 0, data_off, size, 0, 0, align, 0),
+        _SHDR.pack(names[section], SHT_PROGBITS, SHF_ALLOC, 0, data_off, split, 0, 0, align, 0),
+    ]
+    if reserved_from is not None:
+        headers.append(_SHDR.pack(names[f"{section}.reserved"], SHT_NOBITS, SHF_ALLOC, 0,
+                                  data_off + split, size - split, 0, 0, align, 0))
+    headers += [
         _SHDR.pack(names[".note.GNU-stack"], SHT_PROGBITS, 0, 0, data_off, 0, 0, 0, 1, 0),
-        _SHDR.pack(names[".symtab"], SHT_SYMTAB, 0, 0, symtab_off, len(symtab), 4, 1, 8,
-                   _SYM.size),
+        _SHDR.pack(names[".symtab"], SHT_SYMTAB, 0, 0, symtab_off, len(symtab),
+                   index[".strtab"], 1, 8, _SYM.size),
         _SHDR.pack(names[".strtab"], SHT_STRTAB, 0, 0, strtab_off, len(strtab), 0, 0, 1, 0),
         _SHDR.pack(names[".shstrtab"], SHT_STRTAB, 0, 0, shstrtab_off, len(shstrtab), 0, 0,
                    1, 0),

@@ -29,6 +29,7 @@ import shutil
 import sys
 import tempfile
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -100,8 +101,12 @@ def export_library(
         with _step("export.compile"):
             objects = native.compile_native(code, work / "native", prefix=prefix, cc=cc,
                                             options=options)
+        # A .so linked here gets its data written after the link (no second copy on disk).
+        deferred: list[LinkedData] | None = [] if suffix == ".so" and fcompile is None \
+            else None
         with _step("export.data"):
-            objects.append(blob_object(arts, metadata, prefix, work, cc=cc, like=objects))
+            objects.append(blob_object(arts, metadata, prefix, work, cc=cc, like=objects,
+                                       deferred=deferred))
         # Without native code the library only carries the blob (for the loaders).
         exports = (abi_symbols(metadata, prefix) + native.native_exports(native_arts)
                    if native_arts else [f"{prefix}_blob"])
@@ -113,7 +118,9 @@ def export_library(
                 else:
                     native.link_shared(objects, tmp, cc=cc, exports=exports,
                                        libs=native.native_libs(native_arts),
-                                       options=LINK_CHECKS)
+                                       options=LINK_OPTIONS)
+                    if deferred:
+                        fill_linked_data(tmp, prefix, deferred)
         else:
             header = path.with_suffix(".h")
             with _atomic(path, 0o644) as tmp_a, _atomic(header, 0o644) as tmp_h:
@@ -155,7 +162,8 @@ def _asm_path(path: Path) -> str:
 
 
 def blob_object(arts: ArtifactSet, metadata: Mapping[str, Any], prefix: str, work: Path, *,
-                cc: Any = None, like: Sequence[Path] = ()) -> Path:
+                cc: Any = None, like: Sequence[Path] = (),
+                deferred: list[LinkedData] | None = None) -> Path:
     """One object: `{prefix}_blob`, then the native data artifacts, in one section.
 
     The data (`.bin`, e.g. the weights) follows the blob at the offsets its
@@ -164,6 +172,12 @@ def blob_object(arts: ArtifactSet, metadata: Mapping[str, Any], prefix: str, wor
     64-bit little-endian ELF object of the same library, the object is written
     directly (kiln.export.data_object: the weights hit the disk once);
     otherwise the assembler builds it with `.incbin`.
+
+    With `deferred` (a list) and a directly written object, the data is not
+    written at all: the object only reserves room for it (a NOBITS section,
+    which the linker lays out as a hole of the library file) and `deferred`
+    receives a LinkedData per artifact for `fill_linked_data` to write into
+    the linked library: the weights reach the disk once, in the library.
     """
     contents = build_contents(arts, metadata)
     data: list[tuple[int, Artifact]] = []
@@ -193,10 +207,16 @@ def blob_object(arts: ArtifactSet, metadata: Mapping[str, Any], prefix: str, wor
         symbols = [DataSymbol(name, 0, end, hidden=False)]
         pieces: list[tuple[int, bytes | memoryview]] = [(0, packed)]
         for record, (_i, art) in zip(contents.linked, data):
-            symbols.append(DataSymbol(str(art.metadata["symbol"]), record.offset, record.length,
+            symbol = str(art.metadata["symbol"])
+            symbols.append(DataSymbol(symbol, record.offset, record.length,
                                       hidden=not art.metadata.get("exported")))
-            pieces.append((record.offset, art.content))
-        write_data_object(obj, machine, f".rodata.{name}", align, pieces, symbols, end)
+            if deferred is None:
+                pieces.append((record.offset, art.content))
+            else:
+                deferred.append(LinkedData(symbol, record.offset, art.content))
+        reserved = -(-len(packed) // align) * align if deferred else None
+        write_data_object(obj, machine, f".rodata.{name}", align, pieces, symbols, end,
+                          reserved_from=reserved)
         return obj
     blob_file = work / "blob.bin"
     blob_file.write_bytes(packed)
@@ -222,9 +242,47 @@ def blob_object(arts: ArtifactSet, metadata: Mapping[str, Any], prefix: str, wor
     return obj
 
 
+@dataclass(frozen=True)
+class LinkedData:
+    """A data artifact (e.g. the weights) to write into a linked library:
+    its symbol, its offset from the blob symbol and its bytes."""
+
+    symbol: str
+    offset: int
+    content: bytes | memoryview
+
+
+def fill_linked_data(library: Path, prefix: str, deferred: Sequence[LinkedData]) -> None:
+    """Write the data `blob_object` only reserved into the linked `library`, at its
+    offsets from the `{prefix}_blob` symbol (checked against the data symbols'
+    addresses where the library keeps its symbol table)."""
+    from kiln.artifact.elf import SHT_SYMTAB, find_blob_symbol, read_symbols
+
+    path = os.fspath(library)
+    with open(library, "r+b") as f:
+        sym = find_blob_symbol(f, path, prefix=prefix)
+        table = {s.name: s.value for s in read_symbols(f.fileno(), path, (SHT_SYMTAB,)).symbols}
+        blob_at = table.get(sym.name)
+        for item in deferred:
+            start = sym.file_offset + item.offset
+            placed = table.get(item.symbol)
+            if start + len(item.content) > sym.section_end or (
+                    blob_at is not None and placed is not None and
+                    placed - blob_at != item.offset):
+                raise ExportError(f"{library.name}: the linker did not place '{item.symbol}' "
+                                  f"{item.offset} bytes after '{sym.name}' in section "
+                                  f"{sym.section}; cannot write the linked data")
+            f.seek(start)
+            f.write(item.content)
+
+
 # Make the link fail (instead of the later dlopen) when a listed ABI symbol is
 # missing or some reference stays undefined: a kiln library is self-contained.
 LINK_CHECKS = ("-Wl,--no-undefined-version", "-Wl,-z,defs")
+# No build ID: the linker would hash the whole output, weights included (seconds
+# for a large model, and it reads the reserved weights' hole back); the blob's
+# own hashes identify the library.
+LINK_OPTIONS = (*LINK_CHECKS, "-Wl,--build-id=none")
 
 
 def abi_symbols(metadata: Mapping[str, Any], prefix: str) -> list[str]:

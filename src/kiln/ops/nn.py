@@ -65,18 +65,32 @@ def _matmul_shapes(a: Sequence[int], b: Sequence[int]) -> tuple[int, ...]:
     return out
 
 
+def _b_shape(b: Sequence[int], attrs: Attrs) -> tuple[int, ...]:
+    """B's shape as matmul reads it: with `transpose_b`, B is stored [..., N, K]
+    (ONNX Gemm's transB) and read transposed, so its data is never copied."""
+    b = tuple(b)
+    if attrs.get("transpose_b"):
+        if len(b) < 2:
+            raise IRError("matmul(transpose_b=True): B must have at least two dimensions")
+        return (*b[:-2], b[-1], b[-2])
+    return b
+
+
 def _matmul_infer(types: Sequence[TensorType], attrs: Attrs) -> Type:
     a, b = types
     if a.dtype != b.dtype:
         raise IRError(f"matmul: operand dtypes differ ({a.dtype} vs {b.dtype})")
-    return TensorType(_matmul_shapes(a.shape, b.shape), a.dtype)  # type: ignore[arg-type]
+    shape = _matmul_shapes(a.shape, _b_shape(b.shape, attrs))  # type: ignore[arg-type]
+    return TensorType(shape, a.dtype)
 
 
 def _matmul_compute(inputs: Sequence[te.Tensor], attrs: Attrs) -> te.Tensor:
     a, b = inputs
+    trans_b = bool(attrs.get("transpose_b"))
+    logical_b = _b_shape(b.shape, attrs)
     a_shape = (1, *a.shape) if a.ndim == 1 else a.shape
-    b_shape = (*b.shape, 1) if b.ndim == 1 else b.shape
-    out_shape = _matmul_shapes(a.shape, b.shape)
+    b_shape = (*logical_b, 1) if b.ndim == 1 else logical_b
+    out_shape = _matmul_shapes(a.shape, logical_b)
     batch_rank = len(broadcast_shapes(a_shape[:-2], b_shape[:-2]))
     k_extent = a_shape[-1]
     acc = acc_dtype(a.dtype)
@@ -94,7 +108,7 @@ def _matmul_compute(inputs: Sequence[te.Tensor], attrs: Attrs) -> te.Tensor:
             return a[idx[-1:] if a.ndim == 1 else idx]
 
         def b_at(k: PrimExpr) -> PrimExpr:
-            idx = (*broadcast_index(batch, b_shape[:-2]), k, col)
+            idx = (*broadcast_index(batch, b_shape[:-2]), *((col, k) if trans_b else (k, col)))
             return b[idx[:-1] if b.ndim == 1 else idx]
 
         total = te.reduce("sum", lambda k: widen(a_at(k), acc) * widen(b_at(k), acc),
@@ -105,6 +119,8 @@ def _matmul_compute(inputs: Sequence[te.Tensor], attrs: Attrs) -> te.Tensor:
 
 
 def _matmul_ref(a: np.ndarray, b: np.ndarray, **attrs: Any) -> np.ndarray:
+    if attrs.get("transpose_b"):
+        b = np.swapaxes(b, -1, -2)
     return np.matmul(widen_np(a), widen_np(b)).astype(a.dtype)
 
 
@@ -543,9 +559,8 @@ def _gemm_onnx(ctx: GraphContext, inputs: Sequence[g.Expr | None],
     assert a is not None and b is not None
     if attrs.get("transA", 0):
         a = ctx.call("transpose", a, perm=(1, 0))
-    if attrs.get("transB", 0):
-        b = ctx.call("transpose", b, perm=(1, 0))
-    y = ctx.call("matmul", a, b)
+    # transB: matmul reads B transposed in place (a weight is never copied for it).
+    y = ctx.call("matmul", a, b, **({"transpose_b": True} if attrs.get("transB", 0) else {}))
     dtype = ctx.tensor_type(y).dtype
     alpha, beta = float(attrs.get("alpha", 1.0)), float(attrs.get("beta", 1.0))
     if alpha != 1.0:

@@ -148,7 +148,8 @@ class Module:
             if not sources:
                 return None
             return "\n".join(f"// ---- {a.codegen_id}/{a.file_name}\n"
-                             f"{a.content.decode('utf-8', errors='replace')}" for a in sources)
+                             f"{bytes(a.content).decode('utf-8', errors='replace')}"
+                             for a in sources)
         preferred = [a for a in stored if a.extension in (".bc", ".ll")]
         if not preferred and fmt == "asm":
             preferred = [a for a in stored if a.extension in (".o", ".s")]

@@ -104,6 +104,9 @@ def codegen_llvm(mod: IRModule, target: Any, *, prefix: str, pool: ConstantPool)
         codegen_host(mod, prefix=prefix, metadata=library_metadata(mod, prefix),
                      cflags=host_flags),
     ]
+    # LLVM's module and machine code are no longer needed: free them before the
+    # weights are copied into their artifact (that copy sets the compile's peak memory).
+    del compiled, obj
     if len(pool):
         with timed_step("codegen.constants"):
             artifacts.append(pool.artifact(CODEGEN_ID, prefix))

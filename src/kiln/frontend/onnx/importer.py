@@ -21,6 +21,7 @@ import numpy as np
 
 from kiln._registry import suggest
 from kiln.errors import FrontendError, IRError
+from kiln.frontend.onnx.raw_data import load_with_views
 from kiln.frontend.onnx.validate import check_graph, check_shape, itemsize
 from kiln.ir import graph as g
 from kiln.ir.attrs import ATTR_GIVEN_OUTPUT_NAMES
@@ -69,29 +70,34 @@ def from_onnx(model: Any, shape_dict: dict[str, Any] | None = None, *,
     if isinstance(max_fold_bytes, bool) or not isinstance(max_fold_bytes, int) or \
             max_fold_bytes < 0:
         raise FrontendError(f"max_fold_bytes must be a non-negative int, got {max_fold_bytes!r}")
-    proto = _load(model)
+    proto, views = _load(model)
     opset = _default_opset(proto)
     if opset < SUPPORTED_OPSETS.start:
+        for i, array in views.items():  # the converter needs the data inside the proto
+            proto.graph.initializer[i].raw_data = array.tobytes()
+        views = {}
         proto, opset = _upgrade(proto, opset)
     graph = proto.graph
     check_graph(graph, in_memory=not isinstance(model, (str, os.PathLike)))
     _check_supported(graph, opset)
     _check_shape_dict(graph, shape_dict or {})
-    return _Importer(graph, opset, dict(shape_dict or {}), max_fold_bytes).run()
+    return _Importer(graph, opset, dict(shape_dict or {}), max_fold_bytes, views).run()
 
 
-def _load(model: Any) -> Any:
+def _load(model: Any) -> tuple[Any, dict[int, Any]]:
+    """The ModelProto and, for a file, its initializers' data as views of the file's
+    bytes by initializer index (kiln.frontend.onnx.raw_data); others decode later."""
     import onnx
     from google.protobuf.message import DecodeError
 
     if isinstance(model, onnx.ModelProto):
-        return model
+        return model, {}
     if isinstance(model, (bytes, bytearray)):
         try:
             proto = onnx.load_from_string(bytes(model))
         except (DecodeError, ValueError, RuntimeError) as exc:
             raise FrontendError(f"these {len(model)} bytes are not an ONNX model: {exc}") from exc
-        return _check_nonempty(proto, "the bytes")
+        return _check_nonempty(proto, "the bytes"), {}
     if not isinstance(model, (str, os.PathLike)):
         raise FrontendError(f"from_onnx expects a path, bytes or onnx.ModelProto, got "
                             f"{type(model).__name__}")
@@ -103,12 +109,12 @@ def _load(model: Any) -> Any:
     if os.path.isdir(path):
         raise FrontendError(f"{path!r} is a directory, not an ONNX model file")
     try:
-        proto = onnx.load(path)
+        proto, views = load_with_views(path)
     except ValidationError as exc:  # onnx checks external data locations while loading
         raise FrontendError(f"{path!r}: its external data cannot be loaded: {exc}") from exc
     except (DecodeError, ValueError, RuntimeError, OSError) as exc:
         raise FrontendError(f"{path!r} is not a readable ONNX model: {exc}") from exc
-    return _check_nonempty(proto, repr(path))
+    return _check_nonempty(proto, repr(path)), views
 
 
 def _check_nonempty(proto: Any, what: str) -> Any:
@@ -222,8 +228,10 @@ class _Importer:
     """Converts the nodes of one graph in order; it is the converters' GraphContext."""
 
     def __init__(self, graph: Any, opset: int, shape_dict: dict[str, Any],
-                 max_fold_bytes: int = DEFAULT_MAX_FOLD_BYTES) -> None:
+                 max_fold_bytes: int = DEFAULT_MAX_FOLD_BYTES,
+                 views: dict[int, Any] | None = None) -> None:
         self.graph = graph
+        self.views = views or {}  # initializer index -> its data, read already
         self.opset = opset
         self.shape_dict = shape_dict
         self.max_fold_bytes = max_fold_bytes
@@ -316,9 +324,9 @@ class _Importer:
                 param = self.ib.param(inp.name, self._input_type(inp))
                 self.values[inp.name] = param
                 self.params.add(param)
-            for init in self.graph.initializer:
+            for i, init in enumerate(self.graph.initializer):
                 try:
-                    data = numpy_helper.to_array(init)
+                    data = self.views[i] if i in self.views else numpy_helper.to_array(init)
                     self.values[init.name] = g.Constant(data, init.name)
                 except Exception as exc:  # onnx raises several types for bad tensors
                     raise FrontendError(f"initializer {_text(init.name)!r} cannot be read: "
