@@ -39,6 +39,7 @@ from kiln.ir.tensor import (
     Const,
     For,
     IfThenElse,
+    Intrin,
     LetStmt,
     PrimExpr,
     Stmt,
@@ -163,8 +164,10 @@ def _nest(names: Sequence[str], extents: Sequence[int],
 
 
 def madd(acc: PrimExpr, a: PrimExpr, b: PrimExpr) -> PrimExpr:
-    """`acc + a * b`: what the accumulating loops compute."""
-    return acc + a * b
+    """`acc + a * b` rounded once (the `fma` intrinsic: one FMA instruction where the
+    target has them; the accumulation order matches onnxruntime's kernels, which use
+    FMAs too)."""
+    return Intrin("fma", (a, b, acc))
 
 
 PhaseReader = Callable[[PrimExpr, PrimExpr, PrimExpr, PrimExpr, PrimExpr], PrimExpr]
