@@ -606,10 +606,10 @@ class _Compiler:
             # float32: the product is exact in float64, so only the sum rounds (twice:
             # to float64, then float32; a true fma rounds once, which differs in rare
             # ties). float64: a product and a sum, each rounded.
-            a, b, c = (x.code for x in args)
+            x, y, z = (v.code for v in args)
             if width == "32":
-                return _V(f"_F32(_F64({a}) * _F64({b}) + _F64({c}))", depth=depth)
-            return _V(f"(({a}) * ({b}) + ({c}))", depth=depth)
+                return _V(f"_F32(_F64({x}) * _F64({y}) + _F64({z}))", depth=depth)
+            return _V(f"(({x}) * ({y}) + ({z}))", depth=depth)
         raise IRError(f"{self.name}: the interpreter has no rule for intrinsic '{name}' "
                       f"({carrier})")
 
