@@ -2,7 +2,7 @@
 
 One ONNX model holds every edge case as an independent branch (so each backend
 compiles once): remainders of the output-channel block and of the position tile,
-pointwise (1x1) convolutions with row and channel remainders,
+row-tiled convolutions (1x1, and few input channels) with row and channel remainders,
 1-wide and 1x1 images, odd channel counts, stride 2, dilation, grouped and
 depthwise convolutions, asymmetric padding, a 7x7/2 stem, batch 2, and the
 epilogues FuseOps attaches (bias, ReLU, Clip, residual Add). It runs on llvm and
@@ -25,6 +25,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 import kiln
 from kiln.frontend import from_onnx
+from kiln.ir import graph as g
 from kiln.ir.printer import print_module
 from kiln.ops import conv_kernels as ck
 from kiln.ops.conv_direct import target_lanes
@@ -57,13 +58,22 @@ CASES: list[dict[str, Any]] = [
     dict(x=(1, 3, 20, 17), co=16, k=7, strides=(2, 2), pads=(3, 3, 3, 3), tail=("Relu",)),
     # no padding (the kernel reads the input directly), 33 channels: 3 blocks at 16 lanes
     dict(x=(1, 5, 6, 6), co=33, k=3, pads=(0, 0, 0, 0)),
-    # pointwise (1x1 over rows >= 16 wide): a full row tile and a remainder, 13 channels
-    # (two blocks of 6 and one channel), residual add
+    # Row-tiled at any vector width up to 16 lanes (output rows >= 16 wide):
+    # 1x1 with a full row tile and a remainder, 13 channels (two blocks of 6 and one),
+    # residual add
     dict(x=(1, 5, 3, 37), co=13, k=1, pads=(0, 0, 0, 0), tail=("Add", "Relu")),
-    # pointwise, batch 2, a row of exactly one tile at 8 lanes
+    # 1x1, batch 2, a row of exactly one tile at 8 lanes
     dict(x=(2, 4, 2, 16), co=7, k=1, pads=(0, 0, 0, 0), bias=False),
+    # 3x3 over 3 channels (few taps), stride 2 (split by phase), asymmetric pads,
+    # dilation 2 along the row
+    dict(x=(1, 3, 8, 40), co=7, k=3, strides=(2, 2), pads=(1, 0, 2, 1), dil=(1, 2)),
+    # 3x3 over 2 channels, stride 1, bias + ReLU
+    dict(x=(1, 2, 5, 20), co=6, k=3, pads=(1, 1, 1, 1), tail=("Relu",)),
 ]
-POINTWISE = 2
+ROWS = 4  # the last cases
+# the kernel each case gets at 8 lanes
+AT_8_LANES = ["conv2d_blocked"] * 3 + ["conv2d_depthwise"] * 2 + ["conv2d_blocked"] * 4 \
+    + ["conv2d_rows"] * ROWS
 
 
 def _out_hw(case: dict[str, Any]) -> tuple[int, int]:
@@ -142,8 +152,8 @@ def test_every_convolution_uses_a_hand_written_kernel(native: kiln.driver.Execut
     used = [k for k in kinds if k is not None]
     assert len(used) == len(CASES)
     assert used.count("conv2d_depthwise") == 2
-    # rows of 16 and 37 are pointwise at 4, 8 and 16 lanes alike
-    assert used.count("conv2d_pointwise") == POINTWISE
+    # narrower targets tile more layers by rows
+    assert used.count("conv2d_rows") >= ROWS
 
 
 def test_matches_onnxruntime(native: kiln.driver.Executable,
@@ -181,20 +191,20 @@ def test_threads_in_a_fresh_process(native: kiln.driver.Executable, tmp_path: Pa
 
 def test_the_rewrite_is_visible_in_the_graph() -> None:
     mod = get_pass("block-convolutions", lanes=8)(from_onnx(MODEL))
+    calls = [b.value.op for b in mod["main"].bindings if isinstance(b.value, g.Call)
+             and b.value.op.startswith("conv")]
+    assert calls == AT_8_LANES
     text = print_module(mod)
-    assert text.count("conv2d_blocked") == len(CASES) - 2 - POINTWISE
-    assert text.count("conv2d_depthwise") == 2
-    assert text.count("conv2d_pointwise") == POINTWISE
-    assert "conv2d(" not in text
+    assert "conv2d_rows" in text and "conv2d(" not in text
 
 
-def test_pointwise_weight_round_trip() -> None:
-    w = RNG.standard_normal((13, 5, 1, 1)).astype(np.float32)
-    packed = ck.pack_pointwise_weight(w)
-    assert packed.shape == (3, 5, 6)
-    assert np.all(packed[2, :, 1:] == 0)
-    np.testing.assert_array_equal(packed[1, 4, 2], w[8, 4, 0, 0])
-    np.testing.assert_array_equal(ck.unpack_pointwise_weight(packed, 13), w)
+def test_rows_weight_round_trip() -> None:
+    w = RNG.standard_normal((13, 5, 3, 2)).astype(np.float32)
+    packed = ck.pack_rows_weight(w)
+    assert packed.shape == (3, 5, 3, 2, 6)
+    assert np.all(packed[2, ..., 1:] == 0)
+    np.testing.assert_array_equal(packed[1, 4, 2, 1, 2], w[8, 4, 2, 1])
+    np.testing.assert_array_equal(ck.unpack_rows_weight(packed, 13), w)
 
 
 def test_packed_weight_round_trip() -> None:

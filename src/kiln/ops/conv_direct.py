@@ -9,9 +9,9 @@ visible in the graph (and in its kiln.script text):
   side by side, zero-padded), attribute `channels` the real output channel count;
 - `conv2d_depthwise(x, w[, bias])`: one input and one output channel per group
   (`group == channels`); same attributes as `conv2d`;
-- `conv2d_pointwise(x, wp[, bias])`: a 1x1, stride-1, unpadded, ungrouped
-  convolution (a matrix product per image), `wp` packed into
-  `[co_block][ci][rows]` (`pack_pointwise_weight`), attribute `channels`.
+- `conv2d_rows(x, wp[, bias])`: an ungrouped convolution tiled along output rows
+  (1x1 convolutions and layers with few input channels), `wp` packed into
+  `[co_block][ci][kh][kw][rows]` (`pack_rows_weight`), attribute `channels`.
 
 Both keep `conv2d`'s meaning (NCHW in and out, ONNX pads), type rule and numpy
 reference; their tensor-expression definitions (used when a kernel cannot be
@@ -41,7 +41,7 @@ from kiln.ops.registry import OPS, OpDef
 
 BLOCKED = "conv2d_blocked"
 DEPTHWISE = "conv2d_depthwise"
-POINTWISE = "conv2d_pointwise"
+ROWS = "conv2d_rows"
 Attrs = Mapping[str, Any]
 
 # mcpu names (prefixes) whose widest float unit is 512 / 256 bits, when a target
@@ -132,33 +132,35 @@ def _blocked_ref(x: np.ndarray, wp: np.ndarray, b: np.ndarray | None = None,
     return _conv_ref(x, w, b, **attrs)
 
 
-# --------------------------------------------------------------------------- pointwise op
+# --------------------------------------------------------------------------- row-tiled op
 
-def _pointwise_oihw(types: Sequence[Any], attrs: Attrs) -> tuple[int, ...]:
+def _rows_oihw(types: Sequence[Any], attrs: Attrs) -> tuple[int, ...]:
     wp = tuple(int(d) for d in types[1].shape)
     channels = int(attrs["channels"])
-    if len(wp) != 3 or not (wp[0] - 1) * wp[2] < channels <= wp[0] * wp[2]:
-        raise IRError(f"{POINTWISE}: packed weight {wp} must be [block][ci][rows] holding "
-                      f"{channels} output channels")
-    return (channels, wp[1], 1, 1)
+    if len(wp) != 5 or int(attrs.get("group", 1)) != 1 or \
+            not (wp[0] - 1) * wp[4] < channels <= wp[0] * wp[4]:
+        raise IRError(f"{ROWS}: packed weight {wp} must be [block][ci][kh][kw][rows] holding "
+                      f"{channels} output channels, ungrouped")
+    return (channels, wp[1], wp[2], wp[3])
 
 
-def _pointwise_infer(types: Sequence[TensorType], attrs: Attrs) -> Type:
-    oihw = TensorType(_pointwise_oihw(types, attrs), types[1].dtype)
+def _rows_infer(types: Sequence[TensorType], attrs: Attrs) -> Type:
+    oihw = TensorType(_rows_oihw(types, attrs), types[1].dtype)
     return _conv_infer([types[0], oihw, *types[2:]], attrs)
 
 
-def _pointwise_compute(inputs: Sequence[te.Tensor], attrs: Attrs) -> te.Tensor:
-    oihw = _pointwise_oihw(inputs, attrs)
+def _rows_compute(inputs: Sequence[te.Tensor], attrs: Attrs) -> te.Tensor:
+    oihw = _rows_oihw(inputs, attrs)
     wp = inputs[1]
-    rows = wp.shape[2]
-    w = te.compute(oihw, lambda o, i, a, b: wp[o // rows, i, o % rows], wp.dtype, "weight")
+    rows = wp.shape[4]
+    w = te.compute(oihw, lambda o, i, a, b: wp[o // rows, i, a, b, o % rows], wp.dtype,
+                   "weight")
     return _conv_compute([inputs[0], w, *inputs[2:]], attrs)
 
 
-def _pointwise_ref(x: np.ndarray, wp: np.ndarray, b: np.ndarray | None = None,
-                   **attrs: Any) -> np.ndarray:
-    return _conv_ref(x, ck.unpack_pointwise_weight(wp, int(attrs["channels"])), b, **attrs)
+def _rows_ref(x: np.ndarray, wp: np.ndarray, b: np.ndarray | None = None,
+              **attrs: Any) -> np.ndarray:
+    return _conv_ref(x, ck.unpack_rows_weight(wp, int(attrs["channels"])), b, **attrs)
 
 
 # --------------------------------------------------------------------------- lowering
@@ -206,8 +208,9 @@ class DirectConvOp(OpDef):
         if self.name == BLOCKED:
             oihw = _blocked_oihw(args, attrs)
             shape = conv_shape(x.shape, oihw[0], oihw[2:], attrs)
-        elif self.name == POINTWISE:
-            shape = conv_shape(x.shape, int(attrs["channels"]), (1, 1), attrs)
+        elif self.name == ROWS:
+            oihw = _rows_oihw(args, attrs)
+            shape = conv_shape(x.shape, oihw[0], oihw[2:], attrs)
         else:
             shape = conv_shape(x.shape, w.shape[0], w.shape[2:], attrs)
             if not shape.depthwise:
@@ -239,9 +242,9 @@ class DirectConvOp(OpDef):
         if self.name == BLOCKED:
             tiling = ck.Tiling(cb=w.shape[5], tile_w=ck.choose_tiling(shape, lanes).tile_w)
             body = ck.blocked_conv_body(shape, xb, wb, out, tiling, epilogue)
-        elif self.name == POINTWISE:
-            body = ck.pointwise_conv_body(shape, xb, wb, out,
-                                          ck.pointwise_tile_width(shape.w, lanes), epilogue)
+        elif self.name == ROWS:
+            body = ck.rows_conv_body(shape, xb, wb, out,
+                                     ck.rows_tile_width(shape.out_w, lanes), epilogue)
         else:
             body = ck.depthwise_conv_body(shape, xb, wb, out,
                                           ck.depthwise_tile_width(shape, lanes), epilogue)
@@ -255,4 +258,4 @@ def _register(name: str, infer: Any, compute: Any, reference: Any) -> None:
 
 _register(BLOCKED, _blocked_infer, _blocked_compute, _blocked_ref)
 _register(DEPTHWISE, _conv_infer, _conv_compute, _conv_ref)
-_register(POINTWISE, _pointwise_infer, _pointwise_compute, _pointwise_ref)
+_register(ROWS, _rows_infer, _rows_compute, _rows_ref)

@@ -399,43 +399,49 @@ def depthwise_conv_body(shape: ConvShape, x: Buffer, w: Buffer, out: Buffer, til
     return seq(*prologue, _tiles_loop(shape.n, shape.c_in, 1, oh_n, row))
 
 
-# --------------------------------------------------------------------------- pointwise
+# --------------------------------------------------------------------------- row tiles
 
-POINTWISE_ROWS = 6
+ROW_TILE_CHANNELS = 6
 
 
-def pack_pointwise_weight(w: np.ndarray, rows: int = POINTWISE_ROWS) -> np.ndarray:
-    """(co, ci, 1, 1) weight -> `[co_block][ci][rows]`, output channels padded with zeros."""
-    co, ci = w.shape[:2]
+def pack_rows_weight(w: np.ndarray, rows: int = ROW_TILE_CHANNELS) -> np.ndarray:
+    """OIHW weight -> `[co_block][ci][kh][kw][rows]`, output channels padded with zeros."""
+    co, ci, kh, kw = w.shape
     blocks = -(-co // rows)
-    padded = np.zeros((blocks * rows, ci), dtype=w.dtype)
-    padded[:co] = w.reshape(co, ci)
-    return np.ascontiguousarray(padded.reshape(blocks, rows, ci).transpose(0, 2, 1))
+    padded = np.zeros((blocks * rows, ci, kh, kw), dtype=w.dtype)
+    padded[:co] = w
+    return np.ascontiguousarray(
+        padded.reshape(blocks, rows, ci, kh, kw).transpose(0, 2, 3, 4, 1))
 
 
-def unpack_pointwise_weight(wp: np.ndarray, c_out: int) -> np.ndarray:
-    """`pack_pointwise_weight` undone: the (c_out, ci, 1, 1) weight."""
-    blocks, ci, rows = wp.shape
-    w = wp.transpose(0, 2, 1).reshape(blocks * rows, ci)[:c_out]
-    return np.ascontiguousarray(w.reshape(c_out, ci, 1, 1))
+def unpack_rows_weight(wp: np.ndarray, c_out: int) -> np.ndarray:
+    """`pack_rows_weight` undone: the OIHW weight with `c_out` output channels."""
+    blocks, ci, kh, kw, rows = wp.shape
+    w = wp.transpose(0, 4, 1, 2, 3).reshape(blocks * rows, ci, kh, kw)[:c_out]
+    return np.ascontiguousarray(w)
 
 
-def pointwise_tile_width(width: int, lanes: int) -> int:
-    """Columns per pointwise tile: two vectors, at most the row."""
+def rows_tile_width(width: int, lanes: int) -> int:
+    """Output columns per row tile: two vectors, at most the row."""
     return min(2 * lanes, width)
 
 
-def pointwise_conv_body(shape: ConvShape, x: Buffer, wp: Buffer, out: Buffer, tile_w: int,
-                        epilogue: Epilogue) -> Stmt:
-    """A 1x1, stride-1, unpadded, ungrouped convolution as a matrix product
-    out[co, p] = sum_ci w[co, ci] * x[ci, p]: a tile is `rows` output channels x
-    `tile_w` consecutive columns of one row (vectors along the columns, contiguous in
-    both `x` and `out`); each step broadcasts `rows` weights (contiguous in the
-    `pack_pointwise_weight` layout) against one input row segment."""
-    if (shape.kh, shape.kw, shape.stride, shape.groups) != (1, 1, (1, 1), 1) or any(shape.pads):
-        raise IRError(f"pointwise kernel needs a 1x1 stride-1 unpadded convolution: {shape}")
-    blocks, ci_n, rows = (int(d) for d in wp.shape)
+def rows_conv_body(shape: ConvShape, x: Buffer, wp: Buffer, out: Buffer, tile_w: int,
+                   epilogue: Epilogue) -> Stmt:
+    """An ungrouped convolution tiled along output rows: a tile is `rows` output
+    channels x `tile_w` consecutive columns of one output row, vectors along the
+    columns (contiguous in the input, split by stride phase as in the depthwise kernel,
+    and in the output); each (ci, kh, kw) step broadcasts `rows` weights (contiguous in
+    the `pack_rows_weight` layout) against one input row segment. For a 1x1 stride-1
+    convolution this is a matrix-product tile; it suits layers with few input channels
+    (the blocked kernel's tile would spend more on its epilogue than on the sums)."""
+    if shape.groups != 1:
+        raise IRError(f"row-tiled conv kernel needs an ungrouped convolution: {shape}")
+    blocks, ci_n, _, _, rows = (int(d) for d in wp.shape)
+    sh, sw = shape.stride
+    dh, dw = shape.dilation
     acc_t = out.dtype
+    xp, prologue = padded_input(x, shape, phases=sw)
 
     def tile(n: PrimExpr, ob: PrimExpr, oh: PrimExpr, ow0: PrimExpr, width: int) -> Stmt:
         acc = Buffer("acc", (rows, width), acc_t, "local")
@@ -443,22 +449,24 @@ def pointwise_conv_body(shape: ConvShape, x: Buffer, wp: Buffer, out: Buffer, ti
         head += [Store(acc, as_expr(0.0, acc_t), (_c(r), _c(j)))
                  for r in range(rows) for j in range(width)]
 
-        def step(ci: Var) -> Stmt:
+        def step(ci: PrimExpr, kh: PrimExpr, kw: PrimExpr) -> Stmt:
+            tap = kw * dw
+            phase, shift = (tap % sw, tap // sw) if sw > 1 else (_c(0), tap)
             stmts: list[Stmt] = []
             xs, ws = [], []
             for j in range(width):
                 xv = Var(f"x{j}", acc_t)
-                stmts.append(LetStmt(xv, x[n, ci, oh, ow0 + j]))
+                stmts.append(LetStmt(xv, xp(n, ci, oh * sh + kh * dh, phase, ow0 + j + shift)))
                 xs.append(xv)
             for r in range(rows):
                 wv = Var(f"w{r}", acc_t)
-                stmts.append(LetStmt(wv, wp[ob, ci, _c(r)]))
+                stmts.append(LetStmt(wv, wp[ob, ci, kh, kw, _c(r)]))
                 ws.append(wv)
             stmts += [Store(acc, madd(acc[_c(r), _c(j)], xs[j], ws[r]), (_c(r), _c(j)))
                       for r in range(rows) for j in range(width)]
             return seq(*stmts)
 
-        body: list[Stmt] = [*head, _loop("ci", ci_n, step)]
+        body: list[Stmt] = [*head, _nest(("ci", "kh", "kw"), (ci_n, shape.kh, shape.kw), step)]
         for r in range(rows):
             co = ob * rows + r
             stores = seq(*(Store(out, epilogue(acc[_c(r), _c(j)], (n, co, oh, ow0 + j)),
@@ -468,7 +476,7 @@ def pointwise_conv_body(shape: ConvShape, x: Buffer, wp: Buffer, out: Buffer, ti
             body.append(stores)
         return seq(*body)
 
-    runs = _row_tiles(shape.w, tile_w)
+    runs = _row_tiles(shape.out_w, tile_w)
     per_row = sum(count for _, count, _ in runs)
 
     def run(n: PrimExpr, ob: PrimExpr, oh: PrimExpr, t: PrimExpr) -> Stmt:
@@ -480,4 +488,4 @@ def pointwise_conv_body(shape: ConvShape, x: Buffer, wp: Buffer, out: Buffer, ti
         rs, _, rw = runs[1]
         return IfThenElse(t < count, main, tile(n, ob, oh, _c(rs), rw))
 
-    return _parallel_tiles((shape.n, blocks, shape.h, per_row), run)
+    return seq(*prologue, _parallel_tiles((shape.n, blocks, shape.out_h, per_row), run))

@@ -5,9 +5,11 @@ and float32 operands becomes
 
 - `conv2d_depthwise` when every group has one input and one output channel
   (MobileNet's depthwise layers): same operands and attributes;
-- `conv2d_pointwise` for a 1x1, stride-1, unpadded, ungrouped convolution over
-  rows at least one vector wide (MobileNet's expansions and projections): the
-  weight packed into `[co_block][ci][6]`, a matrix-product tile along the rows;
+- `conv2d_rows` for an ungrouped convolution with output rows at least one vector
+  wide that is 1x1 (MobileNet's expansions and projections: a matrix-product tile)
+  or sums over few inputs (`ci * kh * kw < ROWS_MAX_TAPS`, e.g. a first layer on
+  3 channels): the weight packed into `[co_block][ci][kh][kw][6]`, tiles of 6
+  channels x 2 vectors of one output row;
 - `conv2d_blocked` otherwise: the weight is packed here, at compile time, into
   `[group][co_block][ci][kh][kw][cb]` with `cb` = one or two vectors of the
   target's float32 lanes (AVX-512 16, AVX2 8, NEON/SSE 4), so the kernel reads
@@ -30,10 +32,15 @@ from kiln.ir.module import IRModule
 from kiln.ir.types import TensorType
 from kiln.transform.pass_base import FunctionPass
 
+# Below this many multiply-adds per output, the blocked kernel's per-tile epilogue
+# outweighs its sums: such layers go to the row-tiled kernel.
+ROWS_MAX_TAPS = 64
+
 
 @dataclass(frozen=True)
 class BlockConvolutions(FunctionPass):
-    """Rewrite float32 `conv2d` calls to `conv2d_blocked` / `conv2d_depthwise`.
+    """Rewrite float32 `conv2d` calls to `conv2d_blocked` / `conv2d_rows` /
+    `conv2d_depthwise`.
 
     `lanes` (0: from the current target) sets the vector width the weights are packed for.
     """
@@ -67,7 +74,7 @@ def _target_lanes() -> int:
 
 def _rewrite(call: g.Call, lanes: int) -> g.Call | None:
     from kiln.ops import conv_kernels as ck
-    from kiln.ops.conv_direct import BLOCKED, DEPTHWISE, POINTWISE, conv_shape
+    from kiln.ops.conv_direct import BLOCKED, DEPTHWISE, ROWS, conv_shape
 
     if call.op != "conv2d" or len(call.args) not in (2, 3):
         return None
@@ -86,11 +93,12 @@ def _rewrite(call: g.Call, lanes: int) -> g.Call | None:
     if shape.depthwise and wd.shape[1] == 1:
         return g.Call(DEPTHWISE, call.args, call.attrs, call.ret_type)
     attrs = {**dict(call.attrs), "channels": shape.c_out}
-    if (shape.kh, shape.kw, shape.stride, shape.groups) == (1, 1, (1, 1), 1) and \
-            not any(shape.pads) and shape.w >= lanes:
-        packed = g.Constant(ck.pack_pointwise_weight(wd), w.name)
+    pointwise = (shape.kh, shape.kw) == (1, 1)
+    few_taps = shape.ci_group * shape.kh * shape.kw < ROWS_MAX_TAPS
+    if shape.groups == 1 and shape.out_w >= lanes and (pointwise or few_taps):
+        packed = g.Constant(ck.pack_rows_weight(wd), w.name)
         args = (x, packed) if bias is None else (x, packed, bias)
-        return g.Call(POINTWISE, args, attrs, call.ret_type)
+        return g.Call(ROWS, args, attrs, call.ret_type)
     cb = ck.choose_tiling(shape, lanes).cb
     packed = g.Constant(ck.pack_blocked_weight(wd, shape.groups, cb), w.name)
     args = (x, packed) if bias is None else (x, packed, bias)
