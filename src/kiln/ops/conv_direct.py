@@ -216,7 +216,7 @@ class DirectConvOp(OpDef):
             if not shape.depthwise:
                 return None
         conv_out = (shape.n, shape.c_out, shape.out_h, shape.out_w)
-        out = Buffer("out", out_shape or conv_out, "float32")
+        out = Buffer("out", out_shape or conv_out, final.dtype if final is not None else "float32")
         bias = buffers[args[2]] if len(args) > 2 else None
         value_buf = Buffer("conv_value", conv_out, "float32")
         mapping = dict(buffers)

@@ -248,7 +248,7 @@ def blocked_conv_body(shape: ConvShape, x: Buffer, wp: Buffer, out: Buffer,
     overflow = [step - 1 + r * step >= positions for r in range(tile_w)]
     sh, sw = shape.stride
     dh, dw = shape.dilation
-    acc_t = out.dtype
+    acc_t = x.dtype  # accumulate in the input dtype (float32); the epilogue may cast
     xp, prologue = padded_input(x, shape)
 
     def tile(n: PrimExpr, g: PrimExpr, ob: PrimExpr, t: PrimExpr) -> Stmt:
@@ -362,7 +362,7 @@ def depthwise_conv_body(shape: ConvShape, x: Buffer, w: Buffer, out: Buffer, til
     oh_n, ow_n = shape.out_h, shape.out_w
     sh, sw = shape.stride
     dh, dw = shape.dilation
-    acc_t = out.dtype
+    acc_t = x.dtype  # accumulate in the input dtype (float32); the epilogue may cast
     xp, prologue = padded_input(x, shape, phases=sw)
 
     def tile(n: PrimExpr, c: PrimExpr, oh: PrimExpr, ow0: PrimExpr, width: int) -> Stmt:
@@ -440,7 +440,7 @@ def rows_conv_body(shape: ConvShape, x: Buffer, wp: Buffer, out: Buffer, tile_w:
     blocks, ci_n, _, _, rows = (int(d) for d in wp.shape)
     sh, sw = shape.stride
     dh, dw = shape.dilation
-    acc_t = out.dtype
+    acc_t = x.dtype  # accumulate in the input dtype (float32); the epilogue may cast
     xp, prologue = padded_input(x, shape, phases=sw)
 
     def tile(n: PrimExpr, ob: PrimExpr, oh: PrimExpr, ow0: PrimExpr, width: int) -> Stmt:
