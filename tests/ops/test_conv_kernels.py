@@ -25,10 +25,11 @@ from onnx import TensorProto, helper, numpy_helper
 
 import kiln
 from kiln.frontend import from_onnx
+from kiln.ir import IRModule
 from kiln.ir import graph as g
 from kiln.ir.printer import print_module
 from kiln.ops import conv_kernels as ck
-from kiln.ops.conv_direct import target_lanes
+from kiln.ops.conv_direct import target_has_fma, target_lanes
 from kiln.target import Target
 from kiln.transform import get_pass
 
@@ -224,6 +225,22 @@ def test_packed_weight_round_trip() -> None:
 ])
 def test_vector_width_follows_the_target(spec: str, lanes: int) -> None:
     assert target_lanes(Target(spec)) == lanes
+
+
+@pytest.mark.parametrize(("spec", "fma"), [
+    ("llvm -mcpu=znver5", True), ("llvm -mcpu=haswell", True), ("llvm -mattr=+avx2,+fma", True),
+    ("llvm -mcpu=haswell -mattr=-fma", False), ("llvm", False), ("c", False),
+    ("llvm -mtriple=aarch64-linux-gnu -mattr=+neon", True),
+])
+def test_fused_multiply_add_follows_the_target(spec: str, fma: bool) -> None:
+    assert target_has_fma(Target(spec)) is fma
+
+
+def test_kernels_fuse_multiply_adds_only_with_fma_hardware(
+        native: kiln.driver.Executable) -> None:
+    kernels = [f for f in native.ir.functions.values() if f.attrs.get("kiln.conv_kernel")]
+    text = print_module(IRModule({f"k{i}": f for i, f in enumerate(kernels)}))
+    assert ("T.fma(" in text) is target_has_fma(native.target)
 
 
 def test_aarch64_compiles_with_neon_blocks() -> None:

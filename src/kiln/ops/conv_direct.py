@@ -75,6 +75,27 @@ def target_lanes(target: Any = None) -> int:
     return ck.vector_lanes(feats, str(attrs.get("mtriple") or ""))
 
 
+def target_has_fma(target: Any = None) -> bool:
+    """Whether `target` (default: the current one) has fused multiply-add instructions:
+    AArch64, or x86 with `+fma` or a CPU from Haswell / Zen on. Without them the
+    kernels multiply and add separately (an `fma` would be a libm call)."""
+    if target is None:
+        from kiln.target import Target
+
+        target = Target.current()
+    if target is None:
+        return False
+    attrs = target.attrs
+    triple = str(attrs.get("mtriple") or "")
+    if triple.startswith(("aarch64", "arm64")):
+        return True
+    feats = [str(f) for f in (attrs.get("mattr") or ())]
+    if "-fma" in feats:
+        return False
+    mcpu = str(attrs.get("mcpu") or "")
+    return "+fma" in feats or mcpu.startswith(_AVX512_CPUS + _AVX2_CPUS)
+
+
 def conv_shape(x: Sequence[int], c_out: int, kernel: Sequence[int], attrs: Attrs) -> ck.ConvShape:
     """The `ConvShape` of a 2-D convolution call (NCHW input shape `x`)."""
     strides = spatial.ints(attrs, "strides", 2, 1)
@@ -237,17 +258,18 @@ class DirectConvOp(OpDef):
                 epilogue(value_buf[zero], zero)
             except IRError:
                 return None
-        lanes = target_lanes()
+        lanes, fused = target_lanes(), target_has_fma()
         xb, wb = buffers[x], buffers[w]
         if self.name == BLOCKED:
             tiling = ck.Tiling(cb=w.shape[5], tile_w=ck.choose_tiling(shape, lanes).tile_w)
-            body = ck.blocked_conv_body(shape, xb, wb, out, tiling, epilogue)
+            body = ck.blocked_conv_body(shape, xb, wb, out, tiling, epilogue, fused)
         elif self.name == ROWS:
             body = ck.rows_conv_body(shape, xb, wb, out,
-                                     ck.rows_tile_width(shape.out_w, lanes), epilogue)
+                                     ck.rows_tile_width(shape.out_w, lanes), epilogue, fused)
         else:
             body = ck.depthwise_conv_body(shape, xb, wb, out,
-                                          ck.depthwise_tile_width(shape, lanes), epilogue)
+                                          ck.depthwise_tile_width(shape, lanes), epilogue,
+                                          fused)
         return PrimFunc((*(buffers[t] for t in params), out), body,
                         {"kiln.conv_kernel": self.name})
 

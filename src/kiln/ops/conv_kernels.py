@@ -163,11 +163,11 @@ def _nest(names: Sequence[str], extents: Sequence[int],
     return stmt
 
 
-def madd(acc: PrimExpr, a: PrimExpr, b: PrimExpr) -> PrimExpr:
-    """`acc + a * b` rounded once (the `fma` intrinsic: one FMA instruction where the
-    target has them; the accumulation order matches onnxruntime's kernels, which use
-    FMAs too)."""
-    return Intrin("fma", (a, b, acc))
+def madd(acc: PrimExpr, a: PrimExpr, b: PrimExpr, fused: bool = True) -> PrimExpr:
+    """`acc + a * b`: rounded once (the `fma` intrinsic, one instruction) when `fused`,
+    which callers set when the target has FMA hardware (elsewhere `fma` would be a
+    libm call per multiply-add)."""
+    return Intrin("fma", (a, b, acc)) if fused else acc + a * b
 
 
 PhaseReader = Callable[[PrimExpr, PrimExpr, PrimExpr, PrimExpr, PrimExpr], PrimExpr]
@@ -225,7 +225,7 @@ def _row_tiles(out_w: int, tile_w: int) -> list[tuple[int, int, int]]:
 # --------------------------------------------------------------------------- blocked
 
 def blocked_conv_body(shape: ConvShape, x: Buffer, wp: Buffer, out: Buffer,
-                      tiling: Tiling, epilogue: Epilogue) -> Stmt:
+                      tiling: Tiling, epilogue: Epilogue, fused: bool = True) -> Stmt:
     """The loop nest of a blocked direct convolution reading packed weights `wp`
     (`pack_blocked_weight` layout) and writing `epilogue(acc, index)` into `out` (NCHW).
 
@@ -283,7 +283,7 @@ def blocked_conv_body(shape: ConvShape, x: Buffer, wp: Buffer, out: Buffer,
                 ws.append(wv)
             for r in range(tile_w):
                 for v in range(cb):
-                    stmts.append(Store(acc, madd(acc[_c(r), _c(v)], xs[r], ws[v]),
+                    stmts.append(Store(acc, madd(acc[_c(r), _c(v)], xs[r], ws[v], fused),
                                        (_c(r), _c(v))))
             return seq(*stmts)
 
@@ -354,7 +354,7 @@ def depthwise_tile_width(shape: ConvShape, lanes: int) -> int:
 
 
 def depthwise_conv_body(shape: ConvShape, x: Buffer, w: Buffer, out: Buffer, tile_w: int,
-                        epilogue: Epilogue) -> Stmt:
+                        epilogue: Epilogue, fused: bool = True) -> Stmt:
     """The loop nest of a depthwise convolution (`groups == c_in == c_out`); `w` is the
     OIHW weight (C, 1, kh, kw)."""
     if not shape.depthwise:
@@ -377,7 +377,7 @@ def depthwise_conv_body(shape: ConvShape, x: Buffer, w: Buffer, out: Buffer, til
             tap = kw * dw
             phase, shift = (tap % sw, tap // sw) if sw > 1 else (_c(0), tap)
             return seq(*(Store(acc, madd(acc[_c(r)], xp(n, c, row, phase, ow0 + r + shift),
-                                         wv), (_c(r),)) for r in range(width)))
+                                         wv, fused), (_c(r),)) for r in range(width)))
 
         red = _nest(("kh", "kw"), (shape.kh, shape.kw), step)
         stores = [Store(out, epilogue(acc[_c(r)], (n, c, oh, ow0 + r)), (n, c, oh, ow0 + r))
@@ -427,7 +427,7 @@ def rows_tile_width(width: int, lanes: int) -> int:
 
 
 def rows_conv_body(shape: ConvShape, x: Buffer, wp: Buffer, out: Buffer, tile_w: int,
-                   epilogue: Epilogue) -> Stmt:
+                   epilogue: Epilogue, fused: bool = True) -> Stmt:
     """An ungrouped convolution tiled along output rows: a tile is `rows` output
     channels x `tile_w` consecutive columns of one output row, vectors along the
     columns (contiguous in the input, split by stride phase as in the depthwise kernel,
@@ -462,7 +462,7 @@ def rows_conv_body(shape: ConvShape, x: Buffer, wp: Buffer, out: Buffer, tile_w:
                 wv = Var(f"w{r}", acc_t)
                 stmts.append(LetStmt(wv, wp[ob, ci, kh, kw, _c(r)]))
                 ws.append(wv)
-            stmts += [Store(acc, madd(acc[_c(r), _c(j)], xs[j], ws[r]), (_c(r), _c(j)))
+            stmts += [Store(acc, madd(acc[_c(r), _c(j)], xs[j], ws[r], fused), (_c(r), _c(j)))
                       for r in range(rows) for j in range(width)]
             return seq(*stmts)
 
