@@ -602,6 +602,14 @@ class _Compiler:
             return _V(f"({one} / ({one} + _exp{width}(-{codes})))", depth=depth)
         if name == "erf":
             return _V(f"_erf{width}({codes})", depth=depth)
+        if name == "fma":
+            # float32: the product is exact in float64, so only the sum rounds (twice:
+            # to float64, then float32; a true fma rounds once, which differs in rare
+            # ties). float64: a product and a sum, each rounded.
+            x, y, z = (v.code for v in args)
+            if width == "32":
+                return _V(f"_F32(_F64({x}) * _F64({y}) + _F64({z}))", depth=depth)
+            return _V(f"(({x}) * ({y}) + ({z}))", depth=depth)
         raise IRError(f"{self.name}: the interpreter has no rule for intrinsic '{name}' "
                       f"({carrier})")
 

@@ -215,6 +215,8 @@ INTRINSICS: dict[str, int] = {
     "atan": 1, "asinh": 1, "acosh": 1, "atanh": 1, "erf": 1, "sigmoid": 1, "abs": 1,
     "floor": 1, "ceil": 1, "round": 1, "trunc": 1, "isnan": 1, "isinf": 1,
     "pow": 2, "atan2": 2, "fmod": 2,
+    # fma(a, b, c) = a * b + c rounded once (IEEE fusedMultiplyAdd), floats only
+    "fma": 3,
     CHECK_INTRINSIC: 2,
 }
 # Intrinsics whose result is bool whatever the argument's dtype.

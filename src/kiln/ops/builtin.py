@@ -1,3 +1,13 @@
 """Imports every module that registers built-in operators."""
 
-from kiln.ops import elementwise, image, indexing, logic, manip, nn, pool, reduce  # noqa: F401
+from kiln.ops import (  # noqa: F401
+    conv_direct,
+    elementwise,
+    image,
+    indexing,
+    logic,
+    manip,
+    nn,
+    pool,
+    reduce,
+)

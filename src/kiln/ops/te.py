@@ -355,6 +355,24 @@ def lower(inputs: Sequence[Tensor], outputs: Sequence[Tensor], name: str = "kern
     return PrimFunc(tuple(params + out_bufs), body, attrs or {})
 
 
+def inline_expr(t: Tensor, idx: Sequence[ExprLike], buffers: dict[Tensor, Buffer]) -> PrimExpr:
+    """`t[idx]` as one expression, reading the tensors in `buffers` from those buffers.
+
+    For kernels built by hand that apply an elementwise chain as they store
+    (kiln.ops.conv_direct). IRError if `t` needs statements: a reduction, a
+    materialized or constant tensor, or checks.
+    """
+    ctx = _Lowering(dict(buffers))
+    token = _CTX.set(ctx)
+    try:
+        value = as_expr(t[tuple(idx)], t.dtype)
+    finally:
+        _CTX.reset(token)
+    if ctx.blocks[0].stmts or ctx.blocks[0].allocs or ctx.constants:
+        raise IRError(f"tensor {t.name} needs statements; it cannot be inlined into a store")
+    return value
+
+
 def _copy_body(ctx: _Lowering, src: Buffer, dst: Buffer) -> Callable[[tuple[Var, ...]], None]:
     def body(i: tuple[Var, ...]) -> None:
         ctx.emit(Store(dst, src[i], i))

@@ -146,12 +146,22 @@ def _lower_group(group: list[g.Binding], externals: list[g.Expr], inside: dict[i
         placeholders.append(te.placeholder(t.static_shape, t.dtype, f"x{k}"))
     ext_pos = {id(e): k for k, e in enumerate(externals)}
     values: list[Any] = []
+    anchor_args: list[Any] = []
     for b in group:
         assert isinstance(b.value, g.Call)
         args = [values[inside[id(a)]] if id(a) in inside else placeholders[ext_pos[id(a)]]
                 for a in b.value.args]
         out = get_op(b.value.op).compute(args, b.value.attrs)
         values.append(out)
+        anchor_args = anchor_args or args
+    # An op with a hand-written kernel may build it with the group as its epilogue.
+    first = group[0].value
+    assert isinstance(first, g.Call)
+    lower_fused = getattr(get_op(first.op), "lower_fused", None)
+    if lower_fused is not None:
+        fused = lower_fused(placeholders, anchor_args, first.attrs, values[0], values[-1], name)
+        if fused is not None:
+            return fused.with_attrs(**{ATTR_PRIVATE: True})
     prim: PrimFunc = te.lower(placeholders, [values[-1]], name)
     return prim.with_attrs(**{ATTR_PRIVATE: True})
 

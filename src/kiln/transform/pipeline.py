@@ -56,9 +56,10 @@ def list_pipelines(level: str) -> list[str]:
 
 
 def default_graph_pipeline() -> Sequential:
-    """Fold constants and BatchNorm, fuse elementwise chains, legalize operators, drop dead
-    code, lower to PrimFuncs. BatchNorm folding must precede fusion, which would otherwise
-    swallow the multiply/add it folds into the convolution."""
+    """Fold constants and BatchNorm, pick the convolution kernels, fuse elementwise chains,
+    legalize operators, drop dead code, lower to PrimFuncs. BatchNorm folding must precede
+    fusion, which would otherwise swallow the multiply/add it folds into the convolution."""
+    from kiln.transform.conv_blocking import BlockConvolutions
     from kiln.transform.dead_code import DeadCodeElimination
     from kiln.transform.fold_batchnorm import FoldBatchNorm
     from kiln.transform.fold_constants import FoldConstants
@@ -66,8 +67,9 @@ def default_graph_pipeline() -> Sequential:
     from kiln.transform.legalize_ops import LegalizeOps
     from kiln.transform.lower_graph import LowerGraphToTensor
 
-    return Sequential([FoldConstants(), FoldBatchNorm(), FuseOps(), LegalizeOps(),
-                       DeadCodeElimination(), LowerGraphToTensor()], name="graph-default")
+    return Sequential([FoldConstants(), FoldBatchNorm(), BlockConvolutions(), FuseOps(),
+                       LegalizeOps(), DeadCodeElimination(), LowerGraphToTensor()],
+                      name="graph-default")
 
 
 def default_tensor_pipeline() -> Sequential:

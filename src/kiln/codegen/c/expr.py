@@ -115,7 +115,7 @@ _MATH_FN = {
     "sinh": "sinh", "cosh": "cosh", "asin": "asin", "acos": "acos", "atan": "atan",
     "asinh": "asinh", "acosh": "acosh", "atanh": "atanh", "erf": "erf", "abs": "fabs",
     "floor": "floor", "ceil": "ceil", "trunc": "trunc", "pow": "pow", "atan2": "atan2",
-    "fmod": "fmod",
+    "fmod": "fmod", "fma": "fma",
     # Half to even under the default rounding mode (kiln never changes the mode).
     "round": "rint",
 }

@@ -118,7 +118,7 @@ INTRINSICS: dict[str, IntrinEmitter] = {
     "tanh": _libm("tanh"), "sinh": _libm("sinh"), "cosh": _libm("cosh"),
     "asin": _libm("asin"), "acos": _libm("acos"), "atan": _libm("atan"),
     "asinh": _libm("asinh"), "acosh": _libm("acosh"), "atanh": _libm("atanh"),
-    "erf": _libm("erf"), "atan2": _libm("atan2"),
+    "erf": _libm("erf"), "atan2": _libm("atan2"), "fma": _llvm("fma"),
     "floor": _rounding("floor"), "ceil": _rounding("ceil"), "trunc": _rounding("trunc"),
     "round": _rounding("round"),
     "abs": _abs, "rsqrt": _rsqrt, "sigmoid": _sigmoid, "isnan": _isnan, "isinf": _isinf,

@@ -1,0 +1,283 @@
+"""2-D convolution operators lowered by the hand-scheduled kernels of `kiln.ops.conv_kernels`.
+
+The `block-convolutions` graph pass (kiln.transform.conv_blocking) rewrites a
+float32 `conv2d` with a constant weight into one of these, so the rewrite is
+visible in the graph (and in its kiln.script text):
+
+- `conv2d_blocked(x, wp[, bias])`: `wp` is the weight packed at compile time into
+  `[group][co_block][ci][kh][kw][cb]` (`pack_blocked_weight`; `cb` output channels
+  side by side, zero-padded), attribute `channels` the real output channel count;
+- `conv2d_depthwise(x, w[, bias])`: one input and one output channel per group
+  (`group == channels`); same attributes as `conv2d`;
+- `conv2d_rows(x, wp[, bias])`: an ungrouped convolution tiled along output rows
+  (1x1 convolutions and layers with few input channels), `wp` packed into
+  `[co_block][ci][kh][kw][rows]` (`pack_rows_weight`), attribute `channels`.
+
+Both keep `conv2d`'s meaning (NCHW in and out, ONNX pads), type rule and numpy
+reference; their tensor-expression definitions (used when a kernel cannot be
+built, e.g. for another dtype) unpack the weight on the fly. `legalize` builds
+the kernel; `lower_fused` builds it with an elementwise epilogue that FuseOps
+grouped after the convolution (bias, BatchNorm folded into the weights,
+ReLU/Clip/Sigmoid/SiLU, a residual add), applied as each output is stored.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from kiln.errors import IRError
+from kiln.ir import graph as g
+from kiln.ir.tensor import Buffer, Load, PrimExpr, PrimFunc, as_expr
+from kiln.ir.types import TensorType, Type
+from kiln.ir.visitor import StmtExprMutator
+from kiln.ops import conv_kernels as ck
+from kiln.ops import spatial, te
+from kiln.ops.nn import _conv_compute, _conv_infer, _conv_ref
+from kiln.ops.registry import OPS, OpDef
+
+BLOCKED = "conv2d_blocked"
+DEPTHWISE = "conv2d_depthwise"
+ROWS = "conv2d_rows"
+Attrs = Mapping[str, Any]
+
+# mcpu names (prefixes) whose widest float unit is 512 / 256 bits, when a target
+# names a CPU but lists no features.
+_AVX512_CPUS = ("skylake-avx512", "cascadelake", "cooperlake", "icelake", "tigerlake",
+                "sapphirerapids", "graniterapids", "emeraldrapids", "znver4", "znver5",
+                "x86-64-v4", "rocketlake", "cannonlake")
+_AVX2_CPUS = ("haswell", "broadwell", "skylake", "znver1", "znver2", "znver3", "alderlake",
+              "raptorlake", "meteorlake", "x86-64-v3", "bdver4", "arrowlake", "lunarlake")
+
+
+def target_lanes(target: Any = None) -> int:
+    """float32 lanes of the widest vector unit of `target` (default: the current one):
+    16 with AVX-512F, 8 with AVX/AVX2, else 4 (SSE, NEON, unknown)."""
+    if target is None:
+        from kiln.target import Target
+
+        target = Target.current()
+    if target is None:
+        return 4
+    attrs = target.attrs  # kinds without mattr/mcpu/mtriple (python, c) simply lack them
+    feats = [str(f) for f in (attrs.get("mattr") or ())]
+    if "-avx512f" in feats:
+        feats = [f for f in feats if f != "+avx512f"]
+    mcpu = str(attrs.get("mcpu") or "")
+    if not any(f.startswith("+avx") for f in feats):
+        if mcpu.startswith(_AVX512_CPUS) and "-avx512f" not in feats:
+            feats.append("+avx512f")
+        elif mcpu.startswith(_AVX2_CPUS) or mcpu.startswith(_AVX512_CPUS):
+            feats.append("+avx2")
+    return ck.vector_lanes(feats, str(attrs.get("mtriple") or ""))
+
+
+def target_has_fma(target: Any = None) -> bool:
+    """Whether `target` (default: the current one) has fused multiply-add instructions:
+    AArch64, or x86 with `+fma` or a CPU from Haswell / Zen on. Without them the
+    kernels multiply and add separately (an `fma` would be a libm call)."""
+    if target is None:
+        from kiln.target import Target
+
+        target = Target.current()
+    if target is None:
+        return False
+    attrs = target.attrs
+    triple = str(attrs.get("mtriple") or "")
+    if triple.startswith(("aarch64", "arm64")):
+        return True
+    feats = [str(f) for f in (attrs.get("mattr") or ())]
+    if "-fma" in feats:
+        return False
+    mcpu = str(attrs.get("mcpu") or "")
+    return "+fma" in feats or mcpu.startswith(_AVX512_CPUS + _AVX2_CPUS)
+
+
+def conv_shape(x: Sequence[int], c_out: int, kernel: Sequence[int], attrs: Attrs) -> ck.ConvShape:
+    """The `ConvShape` of a 2-D convolution call (NCHW input shape `x`)."""
+    strides = spatial.ints(attrs, "strides", 2, 1)
+    dilations = spatial.ints(attrs, "dilations", 2, 1)
+    begins, ends = spatial.pads(attrs, 2)
+    return ck.ConvShape(int(x[0]), int(x[1]), int(x[2]), int(x[3]), int(c_out),
+                        int(kernel[0]), int(kernel[1]), (strides[0], strides[1]),
+                        (dilations[0], dilations[1]),
+                        (begins[0], begins[1], ends[0], ends[1]), int(attrs.get("group", 1)))
+
+
+# --------------------------------------------------------------------------- blocked op
+
+def _blocked_oihw(types: Sequence[Any], attrs: Attrs) -> tuple[int, ...]:
+    """The OIHW weight shape a packed `wp` stands for (checked)."""
+    wp = tuple(int(d) for d in types[1].shape)
+    if len(wp) != 6:
+        raise IRError(f"{BLOCKED}: packed weight must be 6-D [group][block][ci][kh][kw][cb], "
+                      f"got {wp}")
+    groups, blocks, ci, kh, kw, cb = wp
+    channels = int(attrs["channels"])
+    if int(attrs.get("group", 1)) != groups or channels % groups or \
+            not (blocks - 1) * cb < channels // groups <= blocks * cb:
+        raise IRError(f"{BLOCKED}: packed weight {wp} does not hold {channels} output channels "
+                      f"in {attrs.get('group', 1)} group(s)")
+    return (channels, ci, kh, kw)
+
+
+def _blocked_infer(types: Sequence[TensorType], attrs: Attrs) -> Type:
+    oihw = TensorType(_blocked_oihw(types, attrs), types[1].dtype)
+    return _conv_infer([types[0], oihw, *types[2:]], attrs)
+
+
+def _unpacked(wp: te.Tensor, oihw: tuple[int, ...], groups: int) -> te.Tensor:
+    cb = wp.shape[5]
+    cog = oihw[0] // groups
+
+    def element(o: PrimExpr, i: PrimExpr, a: PrimExpr, b: PrimExpr) -> PrimExpr:
+        local = o % cog if groups > 1 else o
+        grp = o // cog if groups > 1 else 0
+        return wp[grp, local // cb, i, a, b, local % cb]
+
+    return te.compute(oihw, element, wp.dtype, "weight")
+
+
+def _blocked_compute(inputs: Sequence[te.Tensor], attrs: Attrs) -> te.Tensor:
+    oihw = _blocked_oihw(inputs, attrs)
+    w = _unpacked(inputs[1], oihw, int(attrs.get("group", 1)))
+    return _conv_compute([inputs[0], w, *inputs[2:]], attrs)
+
+
+def _blocked_ref(x: np.ndarray, wp: np.ndarray, b: np.ndarray | None = None,
+                 **attrs: Any) -> np.ndarray:
+    w = ck.unpack_blocked_weight(wp, int(attrs["channels"]))
+    return _conv_ref(x, w, b, **attrs)
+
+
+# --------------------------------------------------------------------------- row-tiled op
+
+def _rows_oihw(types: Sequence[Any], attrs: Attrs) -> tuple[int, ...]:
+    wp = tuple(int(d) for d in types[1].shape)
+    channels = int(attrs["channels"])
+    if len(wp) != 5 or int(attrs.get("group", 1)) != 1 or \
+            not (wp[0] - 1) * wp[4] < channels <= wp[0] * wp[4]:
+        raise IRError(f"{ROWS}: packed weight {wp} must be [block][ci][kh][kw][rows] holding "
+                      f"{channels} output channels, ungrouped")
+    return (channels, wp[1], wp[2], wp[3])
+
+
+def _rows_infer(types: Sequence[TensorType], attrs: Attrs) -> Type:
+    oihw = TensorType(_rows_oihw(types, attrs), types[1].dtype)
+    return _conv_infer([types[0], oihw, *types[2:]], attrs)
+
+
+def _rows_compute(inputs: Sequence[te.Tensor], attrs: Attrs) -> te.Tensor:
+    oihw = _rows_oihw(inputs, attrs)
+    wp = inputs[1]
+    rows = wp.shape[4]
+    w = te.compute(oihw, lambda o, i, a, b: wp[o // rows, i, a, b, o % rows], wp.dtype,
+                   "weight")
+    return _conv_compute([inputs[0], w, *inputs[2:]], attrs)
+
+
+def _rows_ref(x: np.ndarray, wp: np.ndarray, b: np.ndarray | None = None,
+              **attrs: Any) -> np.ndarray:
+    return _conv_ref(x, ck.unpack_rows_weight(wp, int(attrs["channels"])), b, **attrs)
+
+
+# --------------------------------------------------------------------------- lowering
+
+class _Substitute(StmtExprMutator):
+    """Replaces every load of `buffer` by `value` (the accumulator being stored)."""
+
+    def __init__(self, buffer: Buffer, value: PrimExpr) -> None:
+        self.buffer = buffer
+        self.value = value
+
+    def visit_load(self, e: Load) -> PrimExpr:
+        if e.buffer is self.buffer:
+            return self.value
+        return super().visit_load(e)
+
+
+@dataclass(frozen=True)
+class DirectConvOp(OpDef):
+    """A convolution op whose kernel is built by hand (`legalize`, `lower_fused`)."""
+
+    def legalize(self, call: g.Call) -> tuple[PrimFunc, str]:
+        types = [a.type for a in call.args]
+        inputs = [te.placeholder(t.static_shape, t.dtype, f"x{k}")  # type: ignore[union-attr]
+                  for k, t in enumerate(types)]
+        prim = self.lower_fused(inputs, inputs, call.attrs, None, None, self.name)
+        if prim is None:
+            return super().legalize(call)
+        return prim, self.name
+
+    def lower_fused(self, params: Sequence[te.Tensor], args: Sequence[te.Tensor], attrs: Attrs,
+                    anchor: te.Tensor | None, result: te.Tensor | None,
+                    name: str) -> PrimFunc | None:
+        """The kernel computing `result` (an elementwise chain over `anchor`, this op applied
+        to `args`; None: the op alone) with buffer parameters `params` + the output, or
+        None when the hand-written kernel does not apply (FuseOps then lowers the group
+        through tensor expressions)."""
+        x, w = args[0], args[1]
+        if x.dtype != "float32" or w.dtype != "float32" or any(
+                t.dtype != "float32" for t in params):
+            return None
+        final = result if result is not None else None
+        out_shape = final.shape if final is not None else None
+        buffers = {t: Buffer(t.name, t.shape, t.dtype) for t in params}
+        if self.name == BLOCKED:
+            oihw = _blocked_oihw(args, attrs)
+            shape = conv_shape(x.shape, oihw[0], oihw[2:], attrs)
+        elif self.name == ROWS:
+            oihw = _rows_oihw(args, attrs)
+            shape = conv_shape(x.shape, oihw[0], oihw[2:], attrs)
+        else:
+            shape = conv_shape(x.shape, w.shape[0], w.shape[2:], attrs)
+            if not shape.depthwise:
+                return None
+        conv_out = (shape.n, shape.c_out, shape.out_h, shape.out_w)
+        out = Buffer("out", out_shape or conv_out, final.dtype if final is not None else "float32")
+        bias = buffers[args[2]] if len(args) > 2 else None
+        value_buf = Buffer("conv_value", conv_out, "float32")
+        mapping = dict(buffers)
+        if anchor is not None:
+            mapping[anchor] = value_buf
+
+        def epilogue(v: PrimExpr, idx: tuple[PrimExpr, ...]) -> PrimExpr:
+            if bias is not None:
+                v = v + bias[idx[1]]
+            if final is None:
+                return v
+            expr = te.inline_expr(final, idx, mapping)
+            return _Substitute(value_buf, v).visit_expr(expr)
+
+        if final is not None:
+            try:  # an epilogue needing statements (a reduction, a table) is not fused here
+                zero = (as_expr(0),) * 4
+                epilogue(value_buf[zero], zero)
+            except IRError:
+                return None
+        lanes, fused = target_lanes(), target_has_fma()
+        xb, wb = buffers[x], buffers[w]
+        if self.name == BLOCKED:
+            tiling = ck.Tiling(cb=w.shape[5], tile_w=ck.choose_tiling(shape, lanes).tile_w)
+            body = ck.blocked_conv_body(shape, xb, wb, out, tiling, epilogue, fused)
+        elif self.name == ROWS:
+            body = ck.rows_conv_body(shape, xb, wb, out,
+                                     ck.rows_tile_width(shape.out_w, lanes), epilogue, fused)
+        else:
+            body = ck.depthwise_conv_body(shape, xb, wb, out,
+                                          ck.depthwise_tile_width(shape, lanes), epilogue,
+                                          fused)
+        return PrimFunc((*(buffers[t] for t in params), out), body,
+                        {"kiln.conv_kernel": self.name})
+
+
+def _register(name: str, infer: Any, compute: Any, reference: Any) -> None:
+    OPS.register(name, DirectConvOp(name, "anchor", infer, compute, reference))
+
+
+_register(BLOCKED, _blocked_infer, _blocked_compute, _blocked_ref)
+_register(DEPTHWISE, _conv_infer, _conv_compute, _conv_ref)
+_register(ROWS, _rows_infer, _rows_compute, _rows_ref)

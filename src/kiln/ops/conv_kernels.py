@@ -1,0 +1,491 @@
+"""Hand-scheduled 2-D convolution kernels (float32): blocked direct and depthwise.
+
+Both build tensor-level loop nests directly (no `te.compute`), shaped so that
+LLVM keeps a register tile of accumulators and vectorizes it:
+
+- **blocked direct convolution** (`blocked_conv_body`): the weight is packed at
+  compile time into `[group][co_block][ci][kh][kw][cb]` (`pack_blocked_weight`),
+  `cb` output channels side by side (a multiple of the vector width). An output
+  tile is `tile_w` output positions x `cb` output channels held in a stack array
+  of accumulators; for every `(ci, kh, kw)` each of the `tile_w` input values is
+  broadcast and multiplied with one contiguous `cb`-wide weight row
+  (onnxruntime's NCHWc convolution and TVM's `conv2d_NCHWc` work this way). The
+  tile's statements are fully unrolled, so the accumulators become registers.
+- **depthwise convolution** (`depthwise_conv_body`): one channel per group; the
+  tile runs along the output row (`tile_w` columns), the `kh * kw` weights are
+  scalars broadcast over it.
+
+Padding is applied once, outside the inner loops: the input is copied into a
+zero-bordered workspace and the inner loops read it without bounds checks.
+Each output value passes through `epilogue(value, (n, c, oh, ow))` as it is
+stored (bias, activations, a residual add: whatever elementwise ops were fused).
+The tiles of the blocked kernel form one `parallel` loop (threads split them
+evenly); the depthwise kernel's loops over channels and rows are left to the
+`parallelize` pass.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from kiln.errors import IRError
+from kiln.ir.dtype import INDEX_DTYPE
+from kiln.ir.tensor import (
+    Allocate,
+    Buffer,
+    Const,
+    For,
+    IfThenElse,
+    Intrin,
+    LetStmt,
+    PrimExpr,
+    Stmt,
+    Store,
+    Var,
+    as_expr,
+    min_,
+    seq,
+)
+
+Epilogue = Callable[[PrimExpr, tuple[PrimExpr, ...]], PrimExpr]
+
+
+
+@dataclass(frozen=True)
+class ConvShape:
+    """A 2-D convolution's geometry (NCHW input, OIHW weight, ONNX pads)."""
+
+    n: int
+    c_in: int
+    h: int
+    w: int
+    c_out: int
+    kh: int
+    kw: int
+    stride: tuple[int, int]
+    dilation: tuple[int, int]
+    pads: tuple[int, int, int, int]   # top, left, bottom, right
+    groups: int = 1
+
+    @property
+    def out_h(self) -> int:
+        return (self.h + self.pads[0] + self.pads[2] - self.dilation[0] * (self.kh - 1)
+                - 1) // self.stride[0] + 1
+
+    @property
+    def out_w(self) -> int:
+        return (self.w + self.pads[1] + self.pads[3] - self.dilation[1] * (self.kw - 1)
+                - 1) // self.stride[1] + 1
+
+    @property
+    def ci_group(self) -> int:
+        return self.c_in // self.groups
+
+    @property
+    def co_group(self) -> int:
+        return self.c_out // self.groups
+
+    @property
+    def depthwise(self) -> bool:
+        return self.groups == self.c_in == self.c_out and self.groups > 1
+
+
+@dataclass(frozen=True)
+class Tiling:
+    """Register tile of the blocked kernel: `tile_w` columns x `cb` output channels."""
+
+    cb: int
+    tile_w: int
+
+
+def vector_lanes(features: Sequence[str], triple: str) -> int:
+    """float32 lanes of the widest vector unit the target has (LLVM feature spelling)."""
+    feats = set(features)
+    if "+avx512f" in feats:
+        return 16
+    if "+avx" in feats or "+avx2" in feats:
+        return 8
+    return 4  # SSE, NEON, and the fallback for anything else
+
+
+def choose_tiling(shape: ConvShape, lanes: int) -> Tiling:
+    """`cb` = two vectors of output channels (one when the group has no more), `tile_w` 6
+    columns: 12 vector accumulators, which fit AVX2's 16 registers with a weight row and a
+    broadcast, and leave AVX-512/NEON's 32 room to spare."""
+    cb = lanes if shape.co_group <= lanes else 2 * lanes
+    return Tiling(cb=cb, tile_w=6)
+
+
+def pack_blocked_weight(w: np.ndarray, groups: int, cb: int) -> np.ndarray:
+    """OIHW weight -> `[group][co_block][ci][kh][kw][cb]`, output channels padded with zeros."""
+    co, ci, kh, kw = w.shape
+    cog = co // groups
+    blocks = -(-cog // cb)
+    wg = w.reshape(groups, cog, ci, kh, kw)
+    padded = np.zeros((groups, blocks * cb, ci, kh, kw), dtype=w.dtype)
+    padded[:, :cog] = wg
+    packed = padded.reshape(groups, blocks, cb, ci, kh, kw).transpose(0, 1, 3, 4, 5, 2)
+    return np.ascontiguousarray(packed)
+
+
+def unpack_blocked_weight(wp: np.ndarray, c_out: int) -> np.ndarray:
+    """`pack_blocked_weight` undone: the OIHW weight with `c_out` output channels."""
+    groups, blocks, ci, kh, kw, cb = wp.shape
+    cog = c_out // groups
+    w = wp.transpose(0, 1, 5, 2, 3, 4).reshape(groups, blocks * cb, ci, kh, kw)[:, :cog]
+    return np.ascontiguousarray(w.reshape(c_out, ci, kh, kw))
+
+
+# --------------------------------------------------------------------------- helpers
+
+def _c(v: int) -> Const:
+    return Const(v, INDEX_DTYPE)
+
+
+def _loop(name: str, extent: int, body: Callable[[Var], Stmt], kind: str = "serial",
+          start: int = 0) -> Stmt:
+    v = Var(name, INDEX_DTYPE)
+    return For(v, _c(start), _c(extent), kind, body(v))
+
+
+def _nest(names: Sequence[str], extents: Sequence[int],
+          body: Callable[..., Stmt], kind: str = "serial") -> Stmt:
+    """A loop nest over `extents` (loops of extent 1 are left out)."""
+    vs = [Var(n, INDEX_DTYPE) for n in names]
+    idx: list[PrimExpr] = [v if e > 1 else _c(0) for v, e in zip(vs, extents)]
+    stmt = body(*idx)
+    for v, e in reversed(list(zip(vs, extents))):
+        if e > 1:
+            stmt = For(v, _c(0), _c(e), kind, stmt)
+    return stmt
+
+
+def madd(acc: PrimExpr, a: PrimExpr, b: PrimExpr, fused: bool = True) -> PrimExpr:
+    """`acc + a * b`: rounded once (the `fma` intrinsic, one instruction) when `fused`,
+    which callers set when the target has FMA hardware (elsewhere `fma` would be a
+    libm call per multiply-add)."""
+    return Intrin("fma", (a, b, acc)) if fused else acc + a * b
+
+
+PhaseReader = Callable[[PrimExpr, PrimExpr, PrimExpr, PrimExpr, PrimExpr], PrimExpr]
+
+
+def padded_input(x: Buffer, shape: ConvShape, phases: int = 1
+                 ) -> tuple[PhaseReader, list[Stmt]]:
+    """A reader `(n, c, row, phase, q) -> value` of the zero-padded input at padded column
+    `q * phases + phase`, and the statements preparing it.
+
+    With padding (or `phases > 1`) the input is copied once into a workspace: zeroed,
+    then the image copied row by row (both loops vectorize), so the convolution loops
+    read without bounds checks. `phases` splits the columns by their remainder modulo
+    the stride: a stride-2 convolution then reads neighbouring outputs' inputs from
+    neighbouring addresses."""
+    top, left, bottom, right = shape.pads
+    if min(shape.pads) < 0:
+        raise IRError(f"conv kernel: negative pads {shape.pads} are not supported")
+    if not any(shape.pads) and phases == 1:
+        return (lambda n, c, i, p, q: x[n, c, i, q]), []
+    hp, wp = shape.h + top + bottom, shape.w + left + right
+    wq = -(-wp // phases)
+    dims = (shape.n, shape.c_in, phases, hp, wq)
+    xp = Buffer("xpad", dims, x.dtype)
+    zero = _nest(("n", "c", "p", "i", "q"), dims,
+                 lambda n, c, p, i, q: Store(xp, as_expr(0.0, x.dtype), (n, c, p, i, q)))
+    copies: list[Stmt] = []
+    for p in range(phases):
+        # padded column q * phases + p holds input column q * phases + p - left
+        lo = max(0, -(-(left - p) // phases))
+        hi = min(wq - 1, (left + shape.w - 1 - p) // phases)
+        if hi < lo:
+            continue
+
+        def copy(n: PrimExpr, c: PrimExpr, i: PrimExpr, q: PrimExpr, p: int = p,
+                 lo: int = lo) -> Stmt:
+            col = (q + lo) * phases + (p - left)
+            return Store(xp, x[n, c, i, col], (n, c, _c(p), i + top, q + lo))
+
+        copies.append(_nest(("n", "c", "i", "q"), (shape.n, shape.c_in, shape.h, hi - lo + 1),
+                            copy))
+    return (lambda n, c, i, p, q: xp[n, c, p, i, q]), [Allocate(xp), zero, *copies]
+
+
+def _row_tiles(out_w: int, tile_w: int) -> list[tuple[int, int, int]]:
+    """(first tile start, number of full tiles, width) runs covering one output row."""
+    full = out_w // tile_w
+    runs = [(0, full, tile_w)] if full else []
+    rest = out_w - full * tile_w
+    if rest:
+        runs.append((full * tile_w, 1, rest))
+    return runs
+
+
+# --------------------------------------------------------------------------- blocked
+
+def blocked_conv_body(shape: ConvShape, x: Buffer, wp: Buffer, out: Buffer,
+                      tiling: Tiling, epilogue: Epilogue, fused: bool = True) -> Stmt:
+    """The loop nest of a blocked direct convolution reading packed weights `wp`
+    (`pack_blocked_weight` layout) and writing `epilogue(acc, index)` into `out` (NCHW).
+
+    A tile holds `tile_w` output positions of the flattened (oh, ow) plane spaced
+    `step = ceil(positions / tile_w)` apart: tile `t` takes `t, t + step, ...`.
+    Spacing them keeps neighbouring tile positions apart in memory, so LLVM's SLP
+    vectorizer packs the accumulators along output channels (one weight row times
+    one broadcast input) instead of along positions, which would need a broadcast
+    per weight. Positions past the end (the last tiles' last slots) read the last
+    position and store nothing, so one tile shape covers every image."""
+    cb, tile_w = tiling.cb, tiling.tile_w
+    cig, cog = shape.ci_group, shape.co_group
+    blocks = -(-cog // cb)
+    ow_n = shape.out_w
+    positions = shape.out_h * ow_n
+    tile_w = min(tile_w, positions)
+    step = -(-positions // tile_w)
+    # slot r of tile t is position t + r * step; it may pass the end when its largest
+    # value, step - 1 + r * step, does
+    overflow = [step - 1 + r * step >= positions for r in range(tile_w)]
+    sh, sw = shape.stride
+    dh, dw = shape.dilation
+    acc_t = x.dtype  # accumulate in the input dtype (float32); the epilogue may cast
+    xp, prologue = padded_input(x, shape)
+
+    def tile(n: PrimExpr, g: PrimExpr, ob: PrimExpr, t: PrimExpr) -> Stmt:
+        acc = Buffer("acc", (tile_w, cb), acc_t, "local")
+        head: list[Stmt] = [Allocate(acc)]
+        head += [Store(acc, as_expr(0.0, acc_t), (_c(r), _c(v)))
+                 for r in range(tile_w) for v in range(cb)]
+        rows: list[PrimExpr] = []
+        cols: list[PrimExpr] = []
+        for r in range(tile_w):
+            pos: PrimExpr = t + r * step
+            if overflow[r]:
+                pos = min_(pos, positions - 1)
+            rv, cv = Var(f"oh{r}", INDEX_DTYPE), Var(f"ow{r}", INDEX_DTYPE)
+            head += [LetStmt(rv, pos // ow_n), LetStmt(cv, pos % ow_n)]
+            rows.append(rv)
+            cols.append(cv)
+
+        def step_(ci: PrimExpr, kh: PrimExpr, kw: PrimExpr) -> Stmt:
+            # one load per input value and per weight, bound once: the multiply-adds
+            # below only name them (smaller IR, faster to compile)
+            stmts: list[Stmt] = []
+            xs, ws = [], []
+            for r in range(tile_w):
+                xv = Var(f"x{r}", acc_t)
+                stmts.append(LetStmt(xv, xp(n, g * cig + ci, rows[r] * sh + kh * dh, _c(0),
+                                            cols[r] * sw + kw * dw)))
+                xs.append(xv)
+            for v in range(cb):
+                wv = Var(f"w{v}", acc_t)
+                stmts.append(LetStmt(wv, wp[g, ob, ci, kh, kw, _c(v)]))
+                ws.append(wv)
+            for r in range(tile_w):
+                for v in range(cb):
+                    stmts.append(Store(acc, madd(acc[_c(r), _c(v)], xs[r], ws[v], fused),
+                                       (_c(r), _c(v))))
+            return seq(*stmts)
+
+        red = _nest(("ci", "kh", "kw"), (cig, shape.kh, shape.kw), step_)
+        # The accumulators are read at constant indices only, so LLVM keeps them in
+        # registers; copying them out row by row into `stage` gives its SLP vectorizer
+        # stores contiguous along output channels to start from, and it then vectorizes
+        # the whole tile that way. The epilogue loop reads `stage`.
+        stage = Buffer("stage", (tile_w, cb), acc_t, "local")
+        copy = [Store(stage, acc[_c(r), _c(v)], (_c(r), _c(v)))
+                for r in range(tile_w) for v in range(cb)]
+
+        def emit(v: Var) -> Stmt:
+            oc_local = ob * cb + v
+            oc = g * cog + oc_local if shape.groups > 1 else oc_local
+            stores: list[Stmt] = []
+            for r in range(tile_w):
+                idx = (n, oc, rows[r], cols[r])
+                st: Stmt = Store(out, epilogue(stage[_c(r), v], idx), idx)
+                if overflow[r]:
+                    st = IfThenElse(t + r * step < positions, st)
+                stores.append(st)
+            body = seq(*stores)
+            return IfThenElse(oc_local < cog, body) if cog % cb else body
+
+        return seq(*head, Allocate(stage), red, *copy, _loop("v", cb, emit))
+
+    return seq(*prologue, _parallel_tiles((shape.n, shape.groups, blocks, step), tile))
+
+
+def _parallel_tiles(extents: Sequence[int], body: Callable[..., Stmt]) -> Stmt:
+    """`for i0, i1, ...` in `extents` as one loop over the flattened index, marked
+    `parallel` (the backends split it evenly over threads; its iterations write disjoint
+    output tiles, which the `parallelize` pass cannot see through the div/mod)."""
+    total = 1
+    for e in extents:
+        total *= e
+    t = Var("tile", INDEX_DTYPE)
+    idx: list[PrimExpr] = []
+    rest: PrimExpr = t
+    for k in range(len(extents) - 1, -1, -1):
+        e = extents[k]
+        if e == 1:
+            idx.append(_c(0))
+        elif k == 0:
+            idx.append(rest)
+        else:
+            idx.append(rest % e)
+            rest = rest // e
+    idx.reverse()
+    kind = "parallel" if total > 1 else "serial"
+    return For(t, _c(0), _c(total), kind, body(*idx))
+
+
+def _tiles_loop(n: int, groups: int, blocks: int, rows: int,
+                row: Callable[[PrimExpr, PrimExpr, PrimExpr, PrimExpr], Stmt]) -> Stmt:
+    """`for n, g, block, row` around the tiles of one output row (loops of extent 1 left
+    out). Every loop writes a disjoint slice of the output, so `parallelize` picks the
+    first with enough iterations: rows for large images, channel blocks for small ones."""
+    return _nest(("n", "g", "ob", "oh"), (n, groups, blocks, rows), row)
+
+
+# --------------------------------------------------------------------------- depthwise
+
+def depthwise_tile_width(shape: ConvShape, lanes: int) -> int:
+    """Columns per depthwise tile: two vectors, at most the row."""
+    return min(2 * lanes, shape.out_w)
+
+
+def depthwise_conv_body(shape: ConvShape, x: Buffer, w: Buffer, out: Buffer, tile_w: int,
+                        epilogue: Epilogue, fused: bool = True) -> Stmt:
+    """The loop nest of a depthwise convolution (`groups == c_in == c_out`); `w` is the
+    OIHW weight (C, 1, kh, kw)."""
+    if not shape.depthwise:
+        raise IRError(f"depthwise kernel needs groups == channels, got {shape}")
+    oh_n, ow_n = shape.out_h, shape.out_w
+    sh, sw = shape.stride
+    dh, dw = shape.dilation
+    acc_t = x.dtype  # accumulate in the input dtype (float32); the epilogue may cast
+    xp, prologue = padded_input(x, shape, phases=sw)
+
+    def tile(n: PrimExpr, c: PrimExpr, oh: PrimExpr, ow0: PrimExpr, width: int) -> Stmt:
+        acc = Buffer("acc", (width,), acc_t, "local")
+        zero = [Store(acc, as_expr(0.0, acc_t), (_c(r),)) for r in range(width)]
+
+        def step(kh: PrimExpr, kw: PrimExpr) -> Stmt:
+            wv = w[c, _c(0), kh, kw]
+            row = oh * sh + kh * dh
+            # column (ow0 + r) * sw + kw * dw lies in phase (kw * dw) % sw at
+            # ow0 + r + (kw * dw) // sw: consecutive in r whatever the stride
+            tap = kw * dw
+            phase, shift = (tap % sw, tap // sw) if sw > 1 else (_c(0), tap)
+            return seq(*(Store(acc, madd(acc[_c(r)], xp(n, c, row, phase, ow0 + r + shift),
+                                         wv, fused), (_c(r),)) for r in range(width)))
+
+        red = _nest(("kh", "kw"), (shape.kh, shape.kw), step)
+        stores = [Store(out, epilogue(acc[_c(r)], (n, c, oh, ow0 + r)), (n, c, oh, ow0 + r))
+                  for r in range(width)]
+        return seq(Allocate(acc), *zero, red, *stores)
+
+    def row(n: PrimExpr, c: PrimExpr, _ob: PrimExpr, oh: PrimExpr) -> Stmt:
+        parts: list[Stmt] = []
+        for start, count, width in _row_tiles(ow_n, tile_w):
+            if count == 1:
+                parts.append(tile(n, c, oh, _c(start), width))
+            else:
+                def run(t: Var, wd: int = width, s: int = start) -> Stmt:
+                    return tile(n, c, oh, t * wd + s, wd)
+
+                parts.append(_loop("owt", count, run))
+        return seq(*parts)
+
+    return seq(*prologue, _tiles_loop(shape.n, shape.c_in, 1, oh_n, row))
+
+
+# --------------------------------------------------------------------------- row tiles
+
+ROW_TILE_CHANNELS = 6
+
+
+def pack_rows_weight(w: np.ndarray, rows: int = ROW_TILE_CHANNELS) -> np.ndarray:
+    """OIHW weight -> `[co_block][ci][kh][kw][rows]`, output channels padded with zeros."""
+    co, ci, kh, kw = w.shape
+    blocks = -(-co // rows)
+    padded = np.zeros((blocks * rows, ci, kh, kw), dtype=w.dtype)
+    padded[:co] = w
+    return np.ascontiguousarray(
+        padded.reshape(blocks, rows, ci, kh, kw).transpose(0, 2, 3, 4, 1))
+
+
+def unpack_rows_weight(wp: np.ndarray, c_out: int) -> np.ndarray:
+    """`pack_rows_weight` undone: the OIHW weight with `c_out` output channels."""
+    blocks, ci, kh, kw, rows = wp.shape
+    w = wp.transpose(0, 4, 1, 2, 3).reshape(blocks * rows, ci, kh, kw)[:c_out]
+    return np.ascontiguousarray(w)
+
+
+def rows_tile_width(width: int, lanes: int) -> int:
+    """Output columns per row tile: two vectors, at most the row."""
+    return min(2 * lanes, width)
+
+
+def rows_conv_body(shape: ConvShape, x: Buffer, wp: Buffer, out: Buffer, tile_w: int,
+                   epilogue: Epilogue, fused: bool = True) -> Stmt:
+    """An ungrouped convolution tiled along output rows: a tile is `rows` output
+    channels x `tile_w` consecutive columns of one output row, vectors along the
+    columns (contiguous in the input, split by stride phase as in the depthwise kernel,
+    and in the output); each (ci, kh, kw) step broadcasts `rows` weights (contiguous in
+    the `pack_rows_weight` layout) against one input row segment. For a 1x1 stride-1
+    convolution this is a matrix-product tile; it suits layers with few input channels
+    (the blocked kernel's tile would spend more on its epilogue than on the sums)."""
+    if shape.groups != 1:
+        raise IRError(f"row-tiled conv kernel needs an ungrouped convolution: {shape}")
+    blocks, ci_n, _, _, rows = (int(d) for d in wp.shape)
+    sh, sw = shape.stride
+    dh, dw = shape.dilation
+    acc_t = x.dtype  # accumulate in the input dtype (float32); the epilogue may cast
+    xp, prologue = padded_input(x, shape, phases=sw)
+
+    def tile(n: PrimExpr, ob: PrimExpr, oh: PrimExpr, ow0: PrimExpr, width: int) -> Stmt:
+        acc = Buffer("acc", (rows, width), acc_t, "local")
+        head: list[Stmt] = [Allocate(acc)]
+        head += [Store(acc, as_expr(0.0, acc_t), (_c(r), _c(j)))
+                 for r in range(rows) for j in range(width)]
+
+        def step(ci: PrimExpr, kh: PrimExpr, kw: PrimExpr) -> Stmt:
+            tap = kw * dw
+            phase, shift = (tap % sw, tap // sw) if sw > 1 else (_c(0), tap)
+            stmts: list[Stmt] = []
+            xs, ws = [], []
+            for j in range(width):
+                xv = Var(f"x{j}", acc_t)
+                stmts.append(LetStmt(xv, xp(n, ci, oh * sh + kh * dh, phase, ow0 + j + shift)))
+                xs.append(xv)
+            for r in range(rows):
+                wv = Var(f"w{r}", acc_t)
+                stmts.append(LetStmt(wv, wp[ob, ci, kh, kw, _c(r)]))
+                ws.append(wv)
+            stmts += [Store(acc, madd(acc[_c(r), _c(j)], xs[j], ws[r], fused), (_c(r), _c(j)))
+                      for r in range(rows) for j in range(width)]
+            return seq(*stmts)
+
+        body: list[Stmt] = [*head, _nest(("ci", "kh", "kw"), (ci_n, shape.kh, shape.kw), step)]
+        for r in range(rows):
+            co = ob * rows + r
+            stores = seq(*(Store(out, epilogue(acc[_c(r), _c(j)], (n, co, oh, ow0 + j)),
+                                 (n, co, oh, ow0 + j)) for j in range(width)))
+            if shape.c_out % rows and r >= shape.c_out % rows:
+                stores = IfThenElse(co < shape.c_out, stores)
+            body.append(stores)
+        return seq(*body)
+
+    runs = _row_tiles(shape.out_w, tile_w)
+    per_row = sum(count for _, count, _ in runs)
+
+    def run(n: PrimExpr, ob: PrimExpr, oh: PrimExpr, t: PrimExpr) -> Stmt:
+        # tile t of the row: the full tiles first, then the remainder
+        start, count, width = runs[0]
+        main = tile(n, ob, oh, t * width + start if count > 1 else _c(start), width)
+        if len(runs) == 1:
+            return main
+        rs, _, rw = runs[1]
+        return IfThenElse(t < count, main, tile(n, ob, oh, _c(rs), rw))
+
+    return seq(*prologue, _parallel_tiles((shape.n, blocks, shape.out_h, per_row), run))

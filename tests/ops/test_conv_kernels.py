@@ -1,0 +1,260 @@
+"""The hand-scheduled convolution kernels (kiln.ops.conv_kernels) against onnxruntime.
+
+One ONNX model holds every edge case as an independent branch (so each backend
+compiles once): remainders of the output-channel block and of the position tile,
+row-tiled convolutions (1x1, and few input channels) with row and channel remainders,
+1-wide and 1x1 images, odd channel counts, stride 2, dilation, grouped and
+depthwise convolutions, asymmetric padding, a 7x7/2 stem, batch 2, and the
+epilogues FuseOps attaches (bias, ReLU, Clip, residual Add). It runs on llvm and
+c, in this process and in fresh processes with 1 and 2 threads.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import kiln
+from kiln.frontend import from_onnx
+from kiln.ir import IRModule
+from kiln.ir import graph as g
+from kiln.ir.printer import print_module
+from kiln.ops import conv_kernels as ck
+from kiln.ops.conv_direct import target_has_fma, target_lanes
+from kiln.target import Target
+from kiln.transform import get_pass
+
+ort = pytest.importorskip("onnxruntime")
+
+RNG = np.random.default_rng(11)
+TOL = 1e-5
+
+# (input shape, out channels, kernel, strides, pads, dilations, group, tail ops)
+CASES: list[dict[str, Any]] = [
+    # 63 positions: 10 spaced tiles of 6 and a tail of 3; 5 channels < one block
+    dict(x=(1, 3, 9, 7), co=5, k=3, pads=(1, 1, 1, 1), tail=("Relu",)),
+    # 20 channels: a full and a partial block at 8 lanes; stride 2, asymmetric pads
+    dict(x=(1, 8, 9, 7), co=20, k=3, strides=(2, 2), pads=(0, 1, 2, 1), tail=("Clip", "Add")),
+    # grouped (2 groups of 3 channels), dilation 2, no bias
+    dict(x=(2, 6, 8, 8), co=6, k=3, pads=(2, 2, 2, 2), dil=(2, 2), group=2, bias=False),
+    # depthwise, stride 2, asymmetric pads; ReLU6 as Clip
+    dict(x=(1, 8, 9, 7), co=8, k=3, strides=(2, 2), pads=(1, 0, 1, 1), group=8,
+         tail=("Clip",)),
+    # depthwise on a row wider than two tiles at 16 lanes (full tiles + remainder)
+    dict(x=(1, 3, 4, 37), co=3, k=3, pads=(1, 1, 1, 1), group=3, tail=("Relu",)),
+    # a 1-wide image
+    dict(x=(1, 4, 5, 1), co=7, k=3, pads=(1, 1, 1, 1)),
+    # a 1x1 image and a 1x1 kernel, residual add
+    dict(x=(1, 3, 1, 1), co=4, k=1, pads=(0, 0, 0, 0), tail=("Add",)),
+    # the 7x7/2 stem, odd output width
+    dict(x=(1, 3, 20, 17), co=16, k=7, strides=(2, 2), pads=(3, 3, 3, 3), tail=("Relu",)),
+    # no padding (the kernel reads the input directly), 33 channels: 3 blocks at 16 lanes
+    dict(x=(1, 5, 6, 6), co=33, k=3, pads=(0, 0, 0, 0)),
+    # Row-tiled at any vector width up to 16 lanes (output rows >= 16 wide):
+    # 1x1 with a full row tile and a remainder, 13 channels (two blocks of 6 and one),
+    # residual add
+    dict(x=(1, 5, 3, 37), co=13, k=1, pads=(0, 0, 0, 0), tail=("Add", "Relu")),
+    # 1x1, batch 2, a row of exactly one tile at 8 lanes
+    dict(x=(2, 4, 2, 16), co=7, k=1, pads=(0, 0, 0, 0), bias=False),
+    # 3x3 over 3 channels (few taps), stride 2 (split by phase), asymmetric pads,
+    # dilation 2 along the row
+    dict(x=(1, 3, 8, 40), co=7, k=3, strides=(2, 2), pads=(1, 0, 2, 1), dil=(1, 2)),
+    # 3x3 over 2 channels, stride 1, bias + ReLU
+    dict(x=(1, 2, 5, 20), co=6, k=3, pads=(1, 1, 1, 1), tail=("Relu",)),
+]
+ROWS = 4  # the last cases
+# the kernel each case gets at 8 lanes
+AT_8_LANES = ["conv2d_blocked"] * 3 + ["conv2d_depthwise"] * 2 + ["conv2d_blocked"] * 4 \
+    + ["conv2d_rows"] * ROWS
+
+
+def _out_hw(case: dict[str, Any]) -> tuple[int, int]:
+    _, _, h, w = case["x"]
+    k, (pt, pl, pb, pr) = case["k"], case["pads"]
+    sh, sw = case.get("strides", (1, 1))
+    dh, dw = case.get("dil", (1, 1))
+    return (h + pt + pb - dh * (k - 1) - 1) // sh + 1, (w + pl + pr - dw * (k - 1) - 1) // sw + 1
+
+
+def build_model() -> onnx.ModelProto:
+    nodes, inputs, outputs, inits = [], [], [], []
+    for i, case in enumerate(CASES):
+        n, c, _, _ = case["x"]
+        group = case.get("group", 1)
+        w = (RNG.standard_normal((case["co"], c // group, case["k"], case["k"])) * 0.3)
+        inits.append(numpy_helper.from_array(w.astype(np.float32), f"w{i}"))
+        args = [f"x{i}", f"w{i}"]
+        if case.get("bias", True):
+            inits.append(numpy_helper.from_array(
+                RNG.standard_normal(case["co"]).astype(np.float32), f"b{i}"))
+            args.append(f"b{i}")
+        nodes.append(helper.make_node(
+            "Conv", args, [f"c{i}"], strides=list(case.get("strides", (1, 1))),
+            pads=list(case["pads"]), dilations=list(case.get("dil", (1, 1))), group=group))
+        inputs.append(helper.make_tensor_value_info(f"x{i}", TensorProto.FLOAT, list(case["x"])))
+        oshape = [n, case["co"], *_out_hw(case)]
+        last = f"c{i}"
+        for j, op in enumerate(case.get("tail", ())):
+            out = f"t{i}_{j}"
+            if op == "Relu":
+                nodes.append(helper.make_node("Relu", [last], [out]))
+            elif op == "Clip":
+                inits += [numpy_helper.from_array(np.array(0.0, np.float32), f"lo{i}"),
+                          numpy_helper.from_array(np.array(6.0, np.float32), f"hi{i}")]
+                nodes.append(helper.make_node("Clip", [last, f"lo{i}", f"hi{i}"], [out]))
+            else:
+                inputs.append(helper.make_tensor_value_info(f"r{i}", TensorProto.FLOAT, oshape))
+                nodes.append(helper.make_node("Add", [last, f"r{i}"], [out]))
+            last = out
+        outputs.append(helper.make_tensor_value_info(last, TensorProto.FLOAT, oshape))
+    graph = helper.make_graph(nodes, "convs", inputs, outputs, initializer=inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
+MODEL = build_model()
+FEEDS = {v.name: RNG.standard_normal([d.dim_value for d in v.type.tensor_type.shape.dim])
+         .astype(np.float32) for v in MODEL.graph.input}
+
+
+@pytest.fixture(scope="module")
+def reference() -> list[np.ndarray]:
+    sess = ort.InferenceSession(MODEL.SerializeToString(), providers=["CPUExecutionProvider"])
+    return list(sess.run(None, FEEDS))
+
+
+def assert_close(got: list[np.ndarray], want: list[np.ndarray]) -> None:
+    assert len(got) == len(want)
+    for k, (a, b) in enumerate(zip(got, want)):
+        assert a.shape == b.shape, (k, CASES[k])
+        err = np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30)
+        assert err < TOL, (k, CASES[k], err)
+
+
+@pytest.fixture(scope="module", params=["llvm", "c"])
+def native(request: pytest.FixtureRequest) -> kiln.driver.Executable:
+    target = Target.from_host() if request.param == "llvm" else Target("c")
+    return kiln.compile(from_onnx(MODEL), target)
+
+
+def test_every_convolution_uses_a_hand_written_kernel(native: kiln.driver.Executable) -> None:
+    kinds = [f.attrs.get("kiln.conv_kernel") for f in native.ir.functions.values()
+             if not f.attrs.get("kiln.graph")]
+    used = [k for k in kinds if k is not None]
+    assert len(used) == len(CASES)
+    assert used.count("conv2d_depthwise") == 2
+    # narrower targets tile more layers by rows
+    assert used.count("conv2d_rows") >= ROWS
+
+
+def test_matches_onnxruntime(native: kiln.driver.Executable,
+                             reference: list[np.ndarray]) -> None:
+    got = native(*FEEDS.values())
+    assert_close(list(got), reference)
+
+
+FRESH = textwrap.dedent("""
+    import sys
+    import numpy as np
+    from kiln.runtime import load_module
+
+    lib = load_module(sys.argv[1])
+    feeds = np.load(sys.argv[2], allow_pickle=True).item()
+    out = lib["main"](*feeds.values())
+    np.save(sys.argv[3], {k: np.asarray(o) for k, o in enumerate(out)}, allow_pickle=True)
+    lib.close()
+""")
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_threads_in_a_fresh_process(native: kiln.driver.Executable, tmp_path: Path,
+                                    threads: int, reference: list[np.ndarray]) -> None:
+    lib, feeds, result = tmp_path / "convs.so", tmp_path / "in.npy", tmp_path / "out.npy"
+    native.export_library(lib)
+    np.save(feeds, FEEDS, allow_pickle=True)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path), KILN_NUM_THREADS=str(threads))
+    proc = subprocess.run([sys.executable, "-c", FRESH, str(lib), str(feeds), str(result)],
+                          capture_output=True, text=True, timeout=120, env=env)
+    assert proc.returncode == 0, proc.stderr
+    got = np.load(result, allow_pickle=True).item()
+    assert_close([got[k] for k in range(len(got))], reference)
+
+
+def test_the_rewrite_is_visible_in_the_graph() -> None:
+    mod = get_pass("block-convolutions", lanes=8)(from_onnx(MODEL))
+    calls = [b.value.op for b in mod["main"].bindings if isinstance(b.value, g.Call)
+             and b.value.op.startswith("conv")]
+    assert calls == AT_8_LANES
+    text = print_module(mod)
+    assert "conv2d_rows" in text and "conv2d(" not in text
+
+
+def test_rows_weight_round_trip() -> None:
+    w = RNG.standard_normal((13, 5, 3, 2)).astype(np.float32)
+    packed = ck.pack_rows_weight(w)
+    assert packed.shape == (3, 5, 3, 2, 6)
+    assert np.all(packed[2, ..., 1:] == 0)
+    np.testing.assert_array_equal(packed[1, 4, 2, 1, 2], w[8, 4, 2, 1])
+    np.testing.assert_array_equal(ck.unpack_rows_weight(packed, 13), w)
+
+
+def test_packed_weight_round_trip() -> None:
+    w = RNG.standard_normal((20, 3, 3, 3)).astype(np.float32)
+    packed = ck.pack_blocked_weight(w, groups=2, cb=8)
+    assert packed.shape == (2, 2, 3, 3, 3, 8)          # 10 channels per group: 2 blocks of 8
+    assert np.all(packed[1, 1, :, :, :, 2:] == 0)      # zero padding past channel 10
+    np.testing.assert_array_equal(packed[1, 0, 2, 1, 0, 3], w[10 + 3, 2, 1, 0])
+    np.testing.assert_array_equal(ck.unpack_blocked_weight(packed, 20), w)
+
+
+@pytest.mark.parametrize(("spec", "lanes"), [
+    ("llvm -mcpu=znver5", 16), ("llvm -mcpu=skylake-avx512", 16), ("llvm -mcpu=haswell", 8),
+    ("llvm -mcpu=znver3", 8), ("llvm -mattr=+avx2,+fma", 8),
+    ("llvm -mcpu=znver4 -mattr=-avx512f", 8), ("llvm", 4),
+    ("llvm -mtriple=aarch64-linux-gnu -mattr=+neon", 4), ("c", 4),
+])
+def test_vector_width_follows_the_target(spec: str, lanes: int) -> None:
+    assert target_lanes(Target(spec)) == lanes
+
+
+@pytest.mark.parametrize(("spec", "fma"), [
+    ("llvm -mcpu=znver5", True), ("llvm -mcpu=haswell", True), ("llvm -mattr=+avx2,+fma", True),
+    ("llvm -mcpu=haswell -mattr=-fma", False), ("llvm", False), ("c", False),
+    ("llvm -mtriple=aarch64-linux-gnu -mattr=+neon", True),
+])
+def test_fused_multiply_add_follows_the_target(spec: str, fma: bool) -> None:
+    assert target_has_fma(Target(spec)) is fma
+
+
+def test_kernels_fuse_multiply_adds_only_with_fma_hardware(
+        native: kiln.driver.Executable) -> None:
+    kernels = [f for f in native.ir.functions.values() if f.attrs.get("kiln.conv_kernel")]
+    text = print_module(IRModule({f"k{i}": f for i, f in enumerate(kernels)}))
+    assert ("T.fma(" in text) is target_has_fma(native.target)
+
+
+def test_aarch64_compiles_with_neon_blocks() -> None:
+    target = Target("llvm -mtriple=aarch64-linux-gnu -mattr=+neon")
+    ex = kiln.compile(from_onnx(MODEL), target)
+    consts = [b.data.shape for f in ex.ir.functions.values()
+              for b in _alloc_consts(f) if b.data.ndim == 6]
+    assert consts and all(shape[-1] in (4, 8) for shape in consts)
+    assert any(str(a).endswith(".o") or ".o" in str(a) for a in ex.artifacts)
+
+
+def _alloc_consts(func: Any) -> list[Any]:
+    from kiln.ir.tensor import AllocConst
+    from kiln.ir.visitor import iter_stmts
+
+    return [s for s in iter_stmts(func.body) if isinstance(s, AllocConst)] \
+        if hasattr(func, "body") else []
