@@ -38,10 +38,11 @@ _LAZY = {
     "compile": "kiln.driver:compile",
     "Executable": "kiln.driver:Executable",
     "evaluate": "kiln.ops:evaluate",
+    "export_model_library_format": "kiln.export.mlf:export_model_library_format",
 }
 _SUBMODULES = (
-    "artifact", "cli", "codegen", "export", "frontend", "ir", "ops", "runtime", "script",
-    "target", "transform",
+    "artifact", "cli", "codegen", "export", "frontend", "ir", "mlf", "ops", "runtime",
+    "script", "target", "transform",
 )
 
 __all__ = [

@@ -109,6 +109,11 @@ def compile(
             if writer is not None:
                 with timed_step("cache.weights"):
                     writer.join()
+        from kiln.export.dependencies import collect_dependencies
+
+        deps = collect_dependencies(artifacts)
+        if deps:  # in the library metadata too (kiln inspect, docs/mlf.md)
+            metadata["external_dependencies"] = [d.to_json() for d in deps]
         if key is not None:
             with timed_step("cache.store"):
                 cache.store(key, artifacts, metadata)

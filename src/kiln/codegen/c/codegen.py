@@ -119,7 +119,16 @@ def emit_kernels(mod: IRModule, *, prefix: str, pool: ConstantPool) -> tuple[str
         "#include <stdint.h>",
     ]
     if ctx.uses_malloc:
-        out.append("#include <stdlib.h>")
+        out += ["#include <stdlib.h>",
+                "/* Heap buffers. A build without malloc (Model Library Format, docs/mlf.md)",
+                "   defines both names to its own allocator. */",
+                "#ifndef KILN_MALLOC",
+                "#define KILN_MALLOC malloc",
+                "#define KILN_FREE free",
+                "#else",
+                "void* KILN_MALLOC(size_t size);",
+                "void KILN_FREE(void* ptr);",
+                "#endif"]
     if ctx.helpers.needs_string_h or "string.h" in externs.headers():
         out.append("#include <string.h>")
     out += ["", _HIDDEN_MACRO, ""]

@@ -146,7 +146,7 @@ class KernelPrinter:
             self.block(self.fn.body)
             if self.heap:
                 p.lines.append("done:")  # labels sit at the left margin
-                p.extend(f"free({ptr});" for ptr in heap_names)
+                p.extend(f"KILN_FREE({ptr});" for ptr in heap_names)
             p.line(f"return {self.status or 0};")
         return p.lines
 
@@ -218,7 +218,7 @@ class KernelPrinter:
             del self.ctx.buffers[buf]
             if alloc is not None and alloc not in self.freed_at_exit:
                 ptr = self.heap_ptr[buf]
-                self.p.line(f"free({ptr});")
+                self.p.line(f"KILN_FREE({ptr});")
                 self.p.line(f"{ptr} = NULL; /* done: frees it again */")
 
     def declare(self, buf: Buffer, ref: BufferRef, alloc: Allocate | None = None) -> None:
@@ -349,7 +349,7 @@ class KernelPrinter:
         count = str(max(numel, 1)) if numel < (1 << 31) else f"(size_t)UINT64_C({numel})"
         self.ctx.module.uses_malloc = True
         p = self.p
-        p.line(f"{ptr} = ({ctype}*)malloc(sizeof({ctype}) * {count});")
+        p.line(f"{ptr} = ({ctype}*)KILN_MALLOC(sizeof({ctype}) * {count});")
         with p.block(f"if ({ptr} == NULL)"):
             p.line(f"{self.status} = {STATUS_OUT_OF_MEMORY}; /* out of memory */")
             p.line("goto done;")

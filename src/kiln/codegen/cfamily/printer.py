@@ -30,7 +30,8 @@ C_KEYWORDS = frozenset((
 C_LIBRARY_NAMES = frozenset((
     "int8_t", "int16_t", "int32_t", "int64_t", "uint8_t", "uint16_t", "uint32_t", "uint64_t",
     "intptr_t", "uintptr_t", "size_t", "ptrdiff_t", "NULL", "INFINITY", "NAN", "HUGE_VAL",
-    "HUGE_VALF", "errno", "memcpy", "memset", "malloc", "free", "exp", "expf", "exp2", "exp2f",
+    "HUGE_VALF", "errno", "memcpy", "memset", "malloc", "free", "KILN_MALLOC", "KILN_FREE",
+    "exp", "expf", "exp2", "exp2f",
     "expm1", "expm1f", "log", "logf", "log2", "log2f", "log1p", "log1pf", "sqrt", "sqrtf", "sin",
     "sinf", "cos", "cosf", "tan", "tanf", "tanh", "tanhf", "sinh", "sinhf", "cosh", "coshf", "asin",
     "asinf", "acos", "acosf", "atan", "atanf", "asinh", "asinhf", "acosh", "acoshf", "atanh",

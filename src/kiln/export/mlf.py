@@ -1,0 +1,302 @@
+"""Model Library Format: a compiled model as a tree of sources for firmware builds.
+
+`export_model_library_format(executable, path)` writes an uncompressed tar
+(layout and metadata in docs/mlf.md):
+
+    metadata.json                     version, model, target, memory, I/O, deps, build
+    codegen/host/src/*.c              generated C (kernels.c with the c target, host.c)
+                                      and <model>_mlf.c, the plain C interface
+    codegen/host/lib/*.o              generated objects (llvm targets)
+    codegen/host/include/<model>.h    the plain C interface
+    parameters/<model>.params         the weights: the `{prefix}_consts` image
+    parameters/<model>_params.c       the same bytes as an aligned `const` array
+    src/<model>.py                    the compiled IR as kiln DSL text
+    runtime/include/kiln/kiln.h       kiln's C header
+
+The interface allocates nothing: `<model>_run(inputs..., outputs..., workspace)`
+takes a caller-provided 64-byte aligned workspace of `<MODEL>_WORKSPACE_BYTES`
+(or, built with `-D<MODEL>_STATIC_WORKSPACE`, uses a static one for NULL), and
+the kernels' heap buffers come from that workspace through a stack allocator
+(`KILN_MALLOC`/`KILN_FREE` of kernels.c), so with the c target the archive's
+code references neither malloc nor free. Entries run serially
+(`-DKILN_NO_THREADS`).
+"""
+
+from __future__ import annotations
+
+import datetime
+import io
+import json
+import os
+import tarfile
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from kiln.artifact.artifact import NATIVE
+from kiln.errors import ExportError
+from kiln.escape import c_comment, is_c_identifier
+from kiln.export.dependencies import collect_dependencies
+
+MLF_VERSION = 1
+WORKSPACE_ALIGN = 64
+# Stack allocator slots: heap buffers alive at once (main's arena + one kernel's).
+MAX_LIVE_BUFFERS = 64
+_C_DTYPES = {"float32": "KILN_FLOAT32", "float64": "KILN_FLOAT64", "float16": "KILN_FLOAT16",
+             "int8": "KILN_INT8", "int16": "KILN_INT16", "int32": "KILN_INT32",
+             "int64": "KILN_INT64", "uint8": "KILN_UINT8", "uint16": "KILN_UINT16",
+             "uint32": "KILN_UINT32", "uint64": "KILN_UINT64", "bool": "KILN_BOOL"}
+
+
+def _heap_bytes(executable: Any) -> int:
+    """Bytes the kernels' heap buffers need at most: main's own (the arena) plus the
+    largest total of any one kernel it calls (each frees its buffers before returning),
+    with alignment slack per buffer."""
+    from kiln.ir import dtype as dt
+    from kiln.ir.tensor import Allocate
+    from kiln.ir.visitor import iter_stmts
+
+    totals: dict[str, int] = {}
+    for name, fn in executable.ir.prim_funcs().items():
+        total = 0
+        for s in iter_stmts(fn.body):
+            if isinstance(s, Allocate) and s.buffer.scope == "global":
+                count = 1
+                for d in s.buffer.shape:
+                    if not isinstance(d, int):
+                        raise ExportError(f"Model Library Format: buffer '{s.buffer.name}' of "
+                                          f"'{name}' has a symbolic size")
+                    count *= d
+                total += max(count * dt.itemsize(s.buffer.dtype), 1) + WORKSPACE_ALIGN
+        totals[name] = total
+    main = totals.pop("main", 0)
+    return main + max(totals.values(), default=0)
+
+
+def _signature(metadata: Mapping[str, Any]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    main = metadata.get("functions", {}).get("main")
+    if main is None or main.get("kind") != "graph":
+        raise ExportError("Model Library Format needs a graph function 'main' (a model "
+                          "imported with kiln.frontend.from_onnx has one)")
+    ins = [dict(p) for p in main.get("params", [])]
+    outs = [dict(r) for r in main.get("results", [])]
+    for p in [*ins, *outs]:
+        if p.get("kind") != "tensor" or p.get("dtype") not in _C_DTYPES:
+            raise ExportError(f"Model Library Format: main's '{p.get('name')}' is not a "
+                              "tensor of a supported dtype")
+    return ins, outs
+
+
+def _nbytes(p: Mapping[str, Any]) -> int:
+    from kiln.ir import dtype as dt
+
+    count = 1
+    for d in p["shape"]:
+        count *= int(d)
+    return count * dt.itemsize(p["dtype"])
+
+
+def interface_header(model: str, prefix: str, ins: Sequence[Mapping[str, Any]],
+                     outs: Sequence[Mapping[str, Any]], workspace: int) -> str:
+    """`<model>.h`: sizes and `<model>_run`."""
+    upper = model.upper()
+    params = [f"const void* in{i} /* {c_comment(str(p['name']))}: {p['dtype']}"
+              f"{list(p['shape'])} */" for i, p in enumerate(ins)]
+    params += [f"void* out{i} /* {c_comment(str(p['name']))}: {p['dtype']}"
+               f"{list(p['shape'])} */" for i, p in enumerate(outs)]
+    lines = [
+        f"/* {model}.h -- plain C interface of a kiln Model Library Format archive.",
+        " * Nothing is allocated: pass a workspace of "
+        f"{upper}_WORKSPACE_BYTES bytes, {WORKSPACE_ALIGN}-byte aligned",
+        f" * (or build {model}_mlf.c with -D{upper}_STATIC_WORKSPACE and pass NULL).",
+        f" * Returns 0, or non-zero with the message in {prefix}_last_error(). */",
+        f"#ifndef {upper}_MLF_H_", f"#define {upper}_MLF_H_", "",
+        "#include <stdint.h>", "",
+        "#ifdef __cplusplus", 'extern "C" {', "#endif", "",
+        f"#define {upper}_WORKSPACE_BYTES {workspace}",
+        f"#define {upper}_NUM_INPUTS {len(ins)}",
+        f"#define {upper}_NUM_OUTPUTS {len(outs)}",
+        *(f"#define {upper}_INPUT{i}_BYTES {_nbytes(p)}" for i, p in enumerate(ins)),
+        *(f"#define {upper}_OUTPUT{i}_BYTES {_nbytes(p)}" for i, p in enumerate(outs)),
+        "",
+        f"int32_t {model}_run({', '.join([*params, 'void* workspace'])});",
+        f"const char* {prefix}_last_error(void);",
+        "",
+        "#ifdef __cplusplus", "}", "#endif", f"#endif /* {upper}_MLF_H_ */", "",
+    ]
+    return "\n".join(lines)
+
+
+def interface_source(model: str, prefix: str, ins: Sequence[Mapping[str, Any]],
+                     outs: Sequence[Mapping[str, Any]]) -> str:
+    """`<model>_mlf.c`: the stack allocator over the workspace and `<model>_run`."""
+    upper = model.upper()
+    n = len(ins) + len(outs)
+    shapes, tensors = [], []
+    for i, p in enumerate([*ins, *outs]):
+        kind, k = ("in", i) if i < len(ins) else ("out", i - len(ins))
+        dims = ", ".join(f"INT64_C({int(d)})" for d in p["shape"]) or "0"
+        shapes.append(f"  static int64_t shape{i}[{max(len(p['shape']), 1)}] = {{{dims}}};")
+        cast = "(void*)" if kind == "in" else ""
+        tensors.append(f"  t[{i}] = kiln_tensor({cast}{kind}{k}, {len(p['shape'])}, shape{i}, "
+                       f"{_C_DTYPES[p['dtype']]});")
+        tensors.append(f"  kiln_set_tensor(args, codes, {i}, &t[{i}]);")
+    params = [f"const void* in{i}" for i in range(len(ins))]
+    params += [f"void* out{i}" for i in range(len(outs))]
+    return "\n".join([
+        f"/* {model}_mlf.c -- generated by kiln: the plain C interface of {model}.h. */",
+        "#include <stddef.h>", "#include <stdint.h>", "", "#include <kiln/kiln.h>",
+        f'#include "{model}.h"', "",
+        f"int32_t {prefix}main(const KilnValue* args, const int32_t* type_codes, "
+        "int32_t num_args);", "",
+        "/* The kernels' heap buffers: a stack in the workspace. A buffer freed out of",
+        "   order is popped once everything above it is freed too. */",
+        f"static uint8_t* {model}_arena;",
+        f"static size_t {model}_arena_size, {model}_arena_top, {model}_depth;",
+        f"static size_t {model}_starts[{MAX_LIVE_BUFFERS}], "
+        f"{model}_tops[{MAX_LIVE_BUFFERS}];",
+        f"static unsigned char {model}_freed[{MAX_LIVE_BUFFERS}];", "",
+        f"void* {model}_mlf_malloc(size_t size);",
+        f"void {model}_mlf_free(void* ptr);", "",
+        f"void* {model}_mlf_malloc(size_t size) {{",
+        f"  size_t start = ({model}_arena_top + {WORKSPACE_ALIGN - 1}u) & "
+        f"~(size_t){WORKSPACE_ALIGN - 1}u;",
+        f"  if ({model}_arena == NULL || {model}_depth == {MAX_LIVE_BUFFERS} ||",
+        f"      start > {model}_arena_size || size > {model}_arena_size - start) return NULL;",
+        f"  {model}_starts[{model}_depth] = start;",
+        f"  {model}_tops[{model}_depth] = {model}_arena_top;",
+        f"  {model}_freed[{model}_depth++] = 0;",
+        f"  {model}_arena_top = start + (size ? size : 1);",
+        f"  return {model}_arena + start;",
+        "}", "",
+        f"void {model}_mlf_free(void* ptr) {{",
+        "  size_t i;",
+        "  if (ptr == NULL) return;",
+        f"  for (i = {model}_depth; i-- > 0;) {{",
+        f"    if ({model}_arena + {model}_starts[i] == (uint8_t*)ptr) {{",
+        f"      {model}_freed[i] = 1;",
+        "      break;", "    }", "  }",
+        f"  while ({model}_depth > 0 && {model}_freed[{model}_depth - 1]) {{",
+        f"    {model}_arena_top = {model}_tops[--{model}_depth];",
+        "  }", "}", "",
+        f"#ifdef {upper}_STATIC_WORKSPACE",
+        f"static _Alignas({WORKSPACE_ALIGN}) uint8_t "
+        f"{model}_static_workspace[{upper}_WORKSPACE_BYTES];",
+        "#endif", "",
+        f"int32_t {model}_run({', '.join([*params, 'void* workspace'])}) {{",
+        f"  KilnValue args[{n}];", f"  int32_t codes[{n}];", f"  DLTensor t[{n}];",
+        *shapes,
+        f"#ifdef {upper}_STATIC_WORKSPACE",
+        f"  if (workspace == NULL) workspace = {model}_static_workspace;",
+        "#endif",
+        f"  {model}_arena = (uint8_t*)workspace;",
+        f"  {model}_arena_size = workspace == NULL ? 0 : {upper}_WORKSPACE_BYTES;",
+        f"  {model}_arena_top = 0;", f"  {model}_depth = 0;",
+        *tensors,
+        f"  return {prefix}main(args, codes, {n});",
+        "}", "",
+    ])
+
+
+def params_source(prefix: str, data: bytes | memoryview) -> str:
+    """`<model>_params.c`: the weights as one aligned read-only array (lands in flash)."""
+    symbol = f"{prefix}_consts"
+    body = bytes(data)
+    rows = [", ".join(f"0x{b:02x}" for b in body[i:i + 16]) for i in range(0, len(body), 16)]
+    return "\n".join([
+        "/* Generated by kiln: the model's weights (the .params file of parameters/, as C). */",
+        "#include <stdint.h>", "",
+        f"extern const uint8_t {symbol}[{max(len(body), 1)}];",
+        f"_Alignas(64) const uint8_t {symbol}[{max(len(body), 1)}] = {{",
+        *(f"  {row}," for row in rows or ["0"]),
+        "};", "",
+    ])
+
+
+def export_model_library_format(executable: Any, path: str | os.PathLike[str], *,
+                                model_name: str = "model") -> Path:
+    """Write `executable` as a Model Library Format tar at `path` (docs/mlf.md)."""
+    if not is_c_identifier(model_name) or model_name.startswith("kiln"):
+        raise ExportError(f"model_name {model_name!r} must be a C identifier not starting "
+                          "with 'kiln'")
+    from kiln import __version__
+    from kiln.runtime.native import include_dir
+
+    prefix = executable.prefix
+    arts = list(executable.artifacts)
+    if any(not a.serializable for a in arts):
+        raise ExportError("Model Library Format needs a native target (llvm or c); this "
+                          "executable holds in-memory artifacts")
+    ins, outs = _signature(executable.metadata)
+    workspace = _heap_bytes(executable)
+    files: dict[str, bytes] = {}
+    build: dict[str, list[str]] = {}
+    consts = b""
+    for a in arts:
+        if a.loader != NATIVE:
+            continue
+        if a.file_name == "constants.bin":
+            consts = bytes(a.content)
+        elif a.extension == ".c":
+            member = f"codegen/host/src/{a.file_name}"
+            files[member] = bytes(a.content)
+            flags = [f for f in a.metadata.get("cflags", []) if f not in ("-fPIC",)]
+            if a.file_name == "kernels.c":
+                flags += [f"-DKILN_MALLOC={model_name}_mlf_malloc",
+                          f"-DKILN_FREE={model_name}_mlf_free"]
+            else:
+                flags += ["-DKILN_NO_THREADS"]
+            build[member] = sorted(set(flags), key=flags.index)
+        elif a.extension == ".o":
+            files[f"codegen/host/lib/{a.file_name}"] = bytes(a.content)
+        else:
+            raise ExportError(f"Model Library Format: no place for native artifact "
+                              f"{a.codegen_id}/{a.file_name}")
+    files[f"codegen/host/include/{model_name}.h"] = interface_header(
+        model_name, prefix, ins, outs, workspace).encode()
+    iface = f"codegen/host/src/{model_name}_mlf.c"
+    files[iface] = interface_source(model_name, prefix, ins, outs).encode()
+    build[iface] = ["-std=c11"]
+    files[f"parameters/{model_name}.params"] = consts
+    params_c = f"parameters/{model_name}_params.c"
+    files[params_c] = params_source(prefix, consts).encode()
+    build[params_c] = ["-std=c11"]
+    files[f"src/{model_name}.py"] = executable.ir.script().encode()
+    files["runtime/include/kiln/kiln.h"] = (Path(include_dir()) / "kiln" / "kiln.h").read_bytes()
+    io_bytes = sum(_nbytes(p) for p in [*ins, *outs])
+    metadata = {
+        "version": MLF_VERSION,
+        "model_name": model_name,
+        "kiln_version": __version__,
+        "export_datetime": datetime.datetime.now(datetime.UTC).strftime(
+            "%Y-%m-%dT%H:%M:%SZ"),
+        "target": executable.target.export(),
+        "prefix": prefix,
+        "memory": {"main": {"workspace_bytes": workspace, "constants_bytes": len(consts),
+                            "io_bytes": io_bytes}},
+        "inputs": [{"name": p["name"], "shape": list(p["shape"]), "dtype": p["dtype"]}
+                   for p in ins],
+        "outputs": [{"name": p["name"], "shape": list(p["shape"]), "dtype": p["dtype"]}
+                    for p in outs],
+        "external_dependencies": [d.to_json() for d in collect_dependencies(arts)],
+        "build": {"cflags": build,
+                  "include_dirs": ["codegen/host/include", "runtime/include"],
+                  "libs": ["-lm"]},
+    }
+    files["metadata.json"] = (json.dumps(metadata, indent=2, sort_keys=True) + "\n").encode()
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.name}.tmp")
+    with tarfile.open(tmp, "w", format=tarfile.PAX_FORMAT) as tar:
+        for name in sorted(files):
+            info = tarfile.TarInfo(name)
+            info.size = len(files[name])
+            info.mode = 0o644
+            info.mtime = 0
+            tar.addfile(info, io.BytesIO(files[name]))
+    os.replace(tmp, out)
+    return out
+
+
+__all__ = ["MLF_VERSION", "export_model_library_format", "interface_header",
+           "interface_source", "params_source"]
