@@ -21,6 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kiln.errors import IRError
+from kiln.ir.attrs import ATTR_EXTERN_READS
 from kiln.ir.tensor import (
     Allocate,
     AllocConst,
@@ -70,6 +71,7 @@ class _Summary:
     params: dict[object, int]  # param buffer -> parameter index
     stored: set[object]  # roots stored to (or handed to external code)
     calls: list[_CallSite]
+    extern_reads: frozenset[object] = frozenset()  # params external calls only read
 
 
 @dataclass(frozen=True)
@@ -161,7 +163,9 @@ def _static_nbytes(buf: Buffer) -> int | None:
 def _summarize(fn: PrimFunc) -> _Summary:
     params: dict[object, int] = {p: i for i, p in enumerate(fn.params) if isinstance(p, Buffer)}
     regions = {p: Region(p, 0, _static_nbytes(p)) for p in fn.params if isinstance(p, Buffer)}
-    summary = _Summary(params, set(), [])
+    reads = set(fn.attrs.get(ATTR_EXTERN_READS, ()))
+    summary = _Summary(params, set(), [], frozenset(p for p in params
+                                                    if getattr(p, "name", None) in reads))
     _visit(fn.body, regions, summary)
     return summary
 
@@ -177,7 +181,9 @@ def _visit(stmt: Stmt, regions: dict[Buffer, Region], out: _Summary) -> None:
         if isinstance(sub, CallExtern):
             for arg in sub.args:
                 if isinstance(arg, Buffer):
-                    out.stored.add(_region(arg, regions).root)
+                    root = _region(arg, regions).root
+                    if root not in out.extern_reads:
+                        out.stored.add(root)
     if isinstance(stmt, Store):
         out.stored.add(_region(stmt.buffer, regions).root)
     elif isinstance(stmt, SeqStmt):

@@ -24,6 +24,9 @@ ATTR_NUM_OUTPUTS: Final = "kiln.num_outputs"      # trailing buffer params the c
 ATTR_TUPLE_RESULT: Final = "kiln.tuple_result"    # the graph result was a tuple
 ATTR_OUTPUT_NAMES: Final = "kiln.output_names"    # names of those output buffers
 ATTR_WORKSPACE_BYTES: Final = "kiln.workspace_bytes"  # size of the workspace arena
+# Names of buffer parameters the function's external calls only read (e.g. the
+# operands of cblas_sgemm); without it a buffer handed to external code counts as written.
+ATTR_EXTERN_READS: Final = "kiln.extern_reads"
 
 # Set by loop outlining (kiln.transform.outline) on an outlined parallel loop body.
 ATTR_PARALLEL_OF: Final = "kiln.parallel_loop_of"   # the kernel the loop came from

@@ -1,6 +1,7 @@
 """Imports every module that registers built-in operators."""
 
 from kiln.ops import (  # noqa: F401
+    cblas,
     conv_direct,
     elementwise,
     image,

@@ -66,8 +66,11 @@ def default_graph_pipeline() -> Sequential:
     from kiln.transform.fuse_ops import FuseOps
     from kiln.transform.legalize_ops import LegalizeOps
     from kiln.transform.lower_graph import LowerGraphToTensor
+    from kiln.transform.use_cblas import UseCBLAS, target_wants_cblas
 
-    return Sequential([FoldConstants(), FoldBatchNorm(), BlockConvolutions(), FuseOps(),
+    # On a target with libs: ["cblas"], matrix products call CBLAS (kiln.ops.cblas).
+    blas = [UseCBLAS()] if target_wants_cblas() else []
+    return Sequential([FoldConstants(), FoldBatchNorm(), *blas, BlockConvolutions(), FuseOps(),
                        LegalizeOps(), DeadCodeElimination(), LowerGraphToTensor()],
                       name="graph-default")
 

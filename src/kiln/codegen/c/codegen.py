@@ -150,6 +150,7 @@ def emit_kernels(mod: IRModule, *, prefix: str, pool: ConstantPool) -> tuple[str
     info = {
         "kernels": {name: kernel_symbol(prefix, name) for name in mod.prim_funcs()},
         "libs": ["-lm", *externs.libs],
+        "extern_dependencies": list(externs.dependencies.values()),
     }
     return "\n".join(out).rstrip("\n") + "\n", info
 

@@ -86,6 +86,7 @@ class ExternTable:
         self._protos: dict[str, Prototype] = {}
         self._calls: dict[str, tuple[str, tuple[str, ...]]] = {}  # the signature calls use
         self.libs: list[str] = []
+        self.dependencies: dict[str, dict[str, object]] = {}  # short name -> record
 
     def add(self, call: CallExtern, where: str) -> Prototype:
         name = call.name
@@ -121,6 +122,7 @@ class ExternTable:
         self._protos[name] = proto
         self._calls[name] = (ret, args)
         if call.dependency is not None:
+            self.dependencies.setdefault(call.dependency.short_name, call.dependency.to_json())
             for lib in call.dependency.libs:
                 if lib not in self.libs:
                     self.libs.append(lib)
