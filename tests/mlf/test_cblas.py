@@ -69,6 +69,9 @@ def test_cblas_matches_and_is_recorded(tmp_path: Path, kind: str) -> None:
     got = np.load(tmp_path / "y.npy")
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
     np.testing.assert_allclose(got, default, rtol=1e-4, atol=1e-4)
+    shown = subprocess.run([sys.executable, "-m", "kiln", "inspect", str(lib)],
+                           capture_output=True, text=True, check=True).stdout
+    assert "depends:  cblas >=0.3 (url: https://www.openblas.net)" in shown
     needed = subprocess.run(["readelf", "-d", str(lib)], capture_output=True, text=True,
                             check=True).stdout
     assert "libopenblas" in needed

@@ -96,6 +96,7 @@ def describe(path: str) -> dict[str, Any]:
         "format_version": metadata.get("version"), "kiln_version": metadata.get("kiln_version"),
         "prefix": metadata.get("prefix"), "targets": targets, "functions": functions,
         "artifacts": rows, "weight_bytes": weight_bytes,
+        "external_dependencies": list(metadata.get("external_dependencies") or []),
     }
 
 
@@ -115,6 +116,9 @@ def as_text(info: dict[str, Any]) -> str:
         lines.append(f"  target:   {t['codegen']}: {t['triple']}"
                      + (f" cpu={t['cpu']}" if t["cpu"] else ""))
     lines.append(f"  weights:  {info['weight_bytes']} bytes")
+    for d in info["external_dependencies"]:
+        lines.append(f"  depends:  {d.get('short_name')} {d.get('version_spec', '')} "
+                     f"({d.get('url_type')}: {d.get('url') or '-'})")
     lines.append("functions:")
     for name, fn in info["functions"].items():
         lines.append(f"  {name} ({fn['kind']})")
