@@ -179,7 +179,9 @@ def test_lone_function_becomes_main() -> None:
     ex(x, o)
     np.testing.assert_array_equal(o, 2 * x)
     with pytest.raises(CompileError, match="expects an IRModule"):
-        kiln.compile("not a module", "python")  # type: ignore[arg-type]
+        kiln.compile(42, "python")
+    with pytest.raises(kiln.FrontendError, match="does not exist"):
+        kiln.compile("no-such-model.onnx", "python")
 
 
 def test_target_selection() -> None:

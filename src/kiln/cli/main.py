@@ -44,10 +44,20 @@ def _cmd_compile(args: argparse.Namespace) -> int:
     target = kiln.Target(args.target) if args.target != "host" else kiln.Target.from_host()
     t0 = time.perf_counter()
     mod = from_onnx(args.model, _parse_shapes(args.shape))
-    ex = kiln.compile(mod, target, system_lib_prefix=args.prefix)
-    ex.export_library(args.output, cc=args.cc)
+    from kiln.transform import PassContext
+    from kiln.transform.instruments import TimingInstrument
+
+    timing = TimingInstrument()
+    with PassContext(instruments=[timing] if args.timings else []):
+        ex = kiln.compile(mod, target, system_lib_prefix=args.prefix)
+        if args.mlf:
+            kiln.export_model_library_format(ex, args.output, model_name=args.mlf)
+        else:
+            ex.export_library(args.output, cc=args.cc)
     print(f"compiled {args.model} for {target.kind.name} -> {args.output} "
           f"in {time.perf_counter() - t0:.2f} s")
+    if args.timings:
+        print(timing.report())
     return 0
 
 
@@ -139,6 +149,10 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--shape", action="append", default=[],
                    help="bind an input shape: NAME=D0,D1,... (repeatable)")
     c.add_argument("--prefix", default=None, help="system_lib_prefix for the C symbols")
+    c.add_argument("--mlf", metavar="MODEL_NAME", default=None,
+                   help="write a Model Library Format tar (docs/mlf.md) with this model name")
+    c.add_argument("--timings", action="store_true",
+                   help="print the time of every pass and backend step")
     c.add_argument("--cc", default=None,
                    help="C compiler for the export (default: $CC, else the one the target "
                         "needs, e.g. aarch64-linux-gnu-gcc)")

@@ -18,6 +18,7 @@ timed_step`, so a `TimingInstrument` in the PassContext reports it.
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from kiln.codegen.naming import DEFAULT_PREFIX, check_prefix, library_metadata
@@ -36,14 +37,16 @@ from kiln.transform.pipeline import PipelineSpec, get_pipeline
 
 
 def compile(
-    mod: IRModule | PrimFunc | Function, target: Any = None, *,
+    mod: IRModule | PrimFunc | Function | str | os.PathLike[str] | Any, target: Any = None, *,
     graph_pipeline: PipelineSpec = "default", tensor_pipeline: PipelineSpec = "default",
     system_lib_prefix: str | None = None,
 ) -> Executable:
     """Compile `mod` for `target` into an Executable.
 
     Args:
-        mod: the IRModule (a lone PrimFunc or graph Function becomes `main`).
+        mod: the IRModule (a lone PrimFunc or graph Function becomes `main`), or an
+            ONNX model (a path or an onnx.ModelProto), imported with
+            `kiln.frontend.from_onnx`'s defaults.
         target: a `kiln.target.Target` or anything `Target(...)` accepts; None
             takes the target of `with Target(...)`, else this machine's llvm.
             A function attribute "target" sets it per function; kiln compiles
@@ -147,9 +150,14 @@ def _as_module(mod: Any) -> IRModule:
         return mod
     if isinstance(mod, (PrimFunc, Function)):
         return IRModule({"main": mod})
+    if isinstance(mod, (str, os.PathLike)) or type(mod).__name__ == "ModelProto":
+        from kiln.frontend import from_onnx
+
+        return from_onnx(mod)  # an ONNX file or model: imported with default options
     raise CompileError(
-        f"kiln.compile expects an IRModule (or a PrimFunc / graph Function), "
-        f"got {type(mod).__name__}")
+        f"kiln.compile expects an IRModule (or a PrimFunc / graph Function), an ONNX "
+        f"file path or an onnx.ModelProto, got {type(mod).__name__}; for import options "
+        "use kiln.frontend.from_onnx(model, shape_dict=...)")
 
 
 def _pick_target(mod: IRModule, target: Any) -> Target:

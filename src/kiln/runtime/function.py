@@ -49,12 +49,16 @@ class PackedFunction:
     """A callable kiln function: `f(*args, out=None, **kwargs)`.
 
     Tensors are numpy arrays or DLPack tensors (torch, jax, ...) on the CPU and are
-    passed without copying. A tensor-level function writes into the buffers you
+    passed without copying (a compiled library copies a strided input, such as a
+    transpose, that the function only reads). A tensor-level function writes into the buffers you
     pass and returns None. A graph-level function returns a new array (a tuple
     when it returns a tuple), or writes into `out=` (an array, or a tuple of
     arrays) and returns that. For a tensor-level function, `out=` is simply its
     parameter named `out`, if it has one.
     """
+
+    # Whether strided inputs are copied (signatures trusted to say what is written).
+    copies_strided_inputs = False
 
     def __init__(self, signature: Mapping[str, Any]) -> None:
         self.signature: dict[str, Any] = dict(signature)
@@ -149,10 +153,25 @@ class PackedFunction:
                 continue
             array = abi.to_numpy(value, self._wheres[i])
             abi.require_dl_dtype(array, self._wheres[i])
+            if not array.flags.c_contiguous and self._copy_ok(i):
+                # A strided input (a transpose, a slice) is copied, as onnxruntime does;
+                # buffers the function writes must be contiguous (they are not copied).
+                array = np.ascontiguousarray(array)
             if check_shapes and not self._fits(i, array):
                 check_tensor(array, self.params[i], self._wheres[i])  # raises, naming it
             screened[i] = array
         return screened
+
+    def _copy_ok(self, i: int) -> bool:
+        """Whether parameter i is only read, so a strided array may be copied for it. Only
+        compiled libraries' signatures are trusted to say (`copies_strided_inputs`): a
+        graph entry's parameters are its inputs, a tensor function marks what it writes."""
+        if not self.copies_strided_inputs:
+            return False
+        if self.kind == "graph" and self.results:
+            return True  # parameters are the inputs; the results are allocated apart
+        marks = [bool(p.get("written")) for p in self.params]
+        return any(marks) and not marks[i]
 
     def _check_written(self, values: list[Any]) -> None:
         """Refuse a read-only buffer the code writes, and one overlapping another argument.
@@ -261,6 +280,8 @@ class NativeFunction(PackedFunction):
     `guard` (its CallGuard) makes `close()` wait for calls in flight, and calls
     after it raise CallError.
     """
+
+    copies_strided_inputs = True
 
     def __init__(
         self, signature: Mapping[str, Any], c_func: Any,
