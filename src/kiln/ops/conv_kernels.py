@@ -349,8 +349,8 @@ def _tiles_loop(n: int, groups: int, blocks: int, rows: int,
 # --------------------------------------------------------------------------- depthwise
 
 def depthwise_tile_width(shape: ConvShape, lanes: int) -> int:
-    """Columns per depthwise tile: two vectors, at most the row."""
-    return min(2 * lanes, shape.out_w)
+    """Columns per depthwise tile: as for the row-tiled kernel (`rows_tile_width`)."""
+    return rows_tile_width(shape.out_w, lanes)
 
 
 def depthwise_conv_body(shape: ConvShape, x: Buffer, w: Buffer, out: Buffer, tile_w: int,
