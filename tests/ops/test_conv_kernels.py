@@ -73,8 +73,8 @@ CASES: list[dict[str, Any]] = [
 ]
 ROWS = 4  # the last cases
 # the kernel each case gets at 8 lanes
-AT_8_LANES = ["conv2d_blocked"] * 3 + ["conv2d_depthwise"] * 2 + ["conv2d_blocked"] * 4 \
-    + ["conv2d_rows"] * ROWS
+AT_8_LANES = ["conv2d_blocked"] * 3 + ["conv2d_depthwise"] * 2 + ["conv2d_blocked"] * 2 \
+    + ["conv2d_rows", "conv2d_blocked"] + ["conv2d_rows"] * ROWS
 
 
 def _out_hw(case: dict[str, Any]) -> tuple[int, int]:

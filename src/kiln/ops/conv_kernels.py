@@ -192,24 +192,40 @@ def padded_input(x: Buffer, shape: ConvShape, phases: int = 1
     wq = -(-wp // phases)
     dims = (shape.n, shape.c_in, phases, hp, wq)
     xp = Buffer("xpad", dims, x.dtype)
-    zero = _nest(("n", "c", "p", "i", "q"), dims,
-                 lambda n, c, p, i, q: Store(xp, as_expr(0.0, x.dtype), (n, c, p, i, q)))
-    copies: list[Stmt] = []
-    for p in range(phases):
-        # padded column q * phases + p holds input column q * phases + p - left
-        lo = max(0, -(-(left - p) // phases))
-        hi = min(wq - 1, (left + shape.w - 1 - p) // phases)
-        if hi < lo:
-            continue
+    zero = as_expr(0.0, x.dtype)
 
-        def copy(n: PrimExpr, c: PrimExpr, i: PrimExpr, q: PrimExpr, p: int = p,
-                 lo: int = lo) -> Stmt:
-            col = (q + lo) * phases + (p - left)
-            return Store(xp, x[n, c, i, col], (n, c, _c(p), i + top, q + lo))
+    def fill(n: PrimExpr, c: PrimExpr) -> Stmt:
+        # Each element written once: the border zeroed, the image copied (vectorized).
+        parts: list[Stmt] = []
 
-        copies.append(_nest(("n", "c", "i", "q"), (shape.n, shape.c_in, shape.h, hi - lo + 1),
-                            copy))
-    return (lambda n, c, i, p, q: xp[n, c, p, i, q]), [Allocate(xp), zero, *copies]
+        def zeros(p: int, rows: tuple[int, int], cols: tuple[int, int]) -> None:
+            if rows[1] > rows[0] and cols[1] > cols[0]:
+                parts.append(_loop("i", rows[1] - rows[0], lambda i: _loop(
+                    "q", cols[1] - cols[0], lambda q: Store(
+                        xp, zero, (n, c, _c(p), i, q)), start=cols[0]), start=rows[0]))
+
+        for p in range(phases):
+            # padded column q * phases + p holds input column q * phases + p - left
+            lo = max(0, -(-(left - p) // phases))
+            hi = min(wq - 1, (left + shape.w - 1 - p) // phases)
+            if hi < lo:
+                zeros(p, (0, hp), (0, wq))
+                continue
+            zeros(p, (0, top), (0, wq))
+            zeros(p, (top + shape.h, hp), (0, wq))
+            zeros(p, (top, top + shape.h), (0, lo))
+            zeros(p, (top, top + shape.h), (hi + 1, wq))
+
+            def copy(i: Var, p: int = p, lo: int = lo, hi: int = hi) -> Stmt:
+                return _loop("q", hi - lo + 1, lambda q: Store(
+                    xp, x[n, c, i, q * phases + (p - left)], (n, c, _c(p), i + top, q)),
+                    start=lo)
+
+            parts.append(_loop("i", shape.h, copy))
+        return seq(*parts)
+
+    return (lambda n, c, i, p, q: xp[n, c, p, i, q]), [
+        Allocate(xp), _nest(("n", "c"), (shape.n, shape.c_in), fill)]
 
 
 def _row_tiles(out_w: int, tile_w: int) -> list[tuple[int, int, int]]:
@@ -349,8 +365,8 @@ def _tiles_loop(n: int, groups: int, blocks: int, rows: int,
 # --------------------------------------------------------------------------- depthwise
 
 def depthwise_tile_width(shape: ConvShape, lanes: int) -> int:
-    """Columns per depthwise tile: two vectors, at most the row."""
-    return min(2 * lanes, shape.out_w)
+    """Columns per depthwise tile: as for the row-tiled kernel (`rows_tile_width`)."""
+    return rows_tile_width(shape.out_w, lanes)
 
 
 def depthwise_conv_body(shape: ConvShape, x: Buffer, w: Buffer, out: Buffer, tile_w: int,
@@ -422,8 +438,15 @@ def unpack_rows_weight(wp: np.ndarray, c_out: int) -> np.ndarray:
 
 
 def rows_tile_width(width: int, lanes: int) -> int:
-    """Output columns per row tile: two vectors, at most the row."""
-    return min(2 * lanes, width)
+    """Output columns per row tile: up to two vectors, preferring a divisor of the row
+    of at least one vector (112 -> 28 at 16 lanes): then every tile has one shape and
+    the kernel holds one copy of the tile's code instead of two (compile time)."""
+    if width <= 2 * lanes:
+        return width
+    for w in range(2 * lanes, lanes - 1, -1):
+        if width % w == 0:
+            return w
+    return 2 * lanes
 
 
 def rows_conv_body(shape: ConvShape, x: Buffer, wp: Buffer, out: Buffer, tile_w: int,
