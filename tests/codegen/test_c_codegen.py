@@ -284,7 +284,7 @@ def test_heap_allocation_inside_a_loop_is_freed_each_iteration(tmp_path: Path) -
     lib.run("loop_alloc", y)
     assert y.tolist() == [0.0, 2.0, 4.0]
     body = lib.source().split("kernel_loop_alloc(float* restrict Y) {")[1]
-    assert body.count("free(t);") == 2 and "t = NULL;" in body
+    assert body.count("KILN_FREE(t);") == 2 and "t = NULL;" in body
 
 
 @needs_cc

@@ -138,7 +138,7 @@ BAD_ARGS_SCRIPT = textwrap.dedent("""
         "count": lambda: main(x, x, x),
         "dtype": lambda: main(x, x.astype(np.float64)),
         "shape": lambda: main(np.zeros(9, np.float32), x),
-        "layout": lambda: main(np.zeros(16, np.float32)[::2], x),
+        "layout": lambda: main(x, x, out=np.zeros(16, np.float32)[::2]),
         "kind": lambda: main(x, 3.0),
     }
     for name, call in cases.items():
@@ -160,7 +160,8 @@ def test_bad_arguments_raise_kiln_error_in_a_fresh_process(exported: Path) -> No
     assert got["count"] == "main: expected 2 arguments, got 3"
     assert got["dtype"] == "main: argument 1 'y': expected dtype float32, got float64"
     assert got["shape"] == "main: argument 0 'x': expected shape [8], got [9]"
-    assert got["layout"] == "main: argument 0 'x': expected a contiguous tensor"
+    # A strided input is copied; a strided buffer the function writes is refused.
+    assert got["layout"] == "main: argument 2 'out0': expected a contiguous tensor"
     assert got["kind"].startswith("main: argument 1 'y': expected a tensor")
 
 

@@ -123,6 +123,8 @@ CASES: dict[str, list[OpCase]] = {
     "logical_xor": [OpCase((bools(5), bools(5)))], "logical_not": [OpCase((bools(5),))],
     "where": [OpCase((bools(3, 1), X, f32(4)))],
     # anchors
+    "cblas_matmul": [OpCase((f32(3, 4), f32(4, 5))),
+                     OpCase((f32(2, 3, 4), f32(5, 4)), {"transpose_b": True})],
     "matmul": [OpCase((f32(3, 4), f32(4, 5))), OpCase((f32(2, 3, 4), f32(4,))),
                OpCase((f32(4,), f32(2, 4, 3))), OpCase((f32(2, 1, 3, 4), f32(3, 4, 2))),
                OpCase((ints(3, 4, dtype="int8", low=-5, high=5),

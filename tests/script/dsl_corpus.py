@@ -306,7 +306,7 @@ def copy_extern(A: T.Buffer((16,), "float32"), B: T.Buffer((16,), "float32")):
     T.evaluate(T.call_extern("memcpy", B, A, T.uint64(64), dtype="uint64",
                              dependency=T.extern_dependency("libc", version_spec=">=2.17",
                                                             url="https://www.gnu.org/software/libc/",
-                                                            url_type="homepage")))
+                                                            url_type="url")))
 ''')
 
 _add("call_func", '''

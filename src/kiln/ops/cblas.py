@@ -22,6 +22,7 @@ import numpy as np
 from kiln.errors import IRError
 from kiln.ir import graph as g
 from kiln.ir.attrs import ATTR_EXTERN_READS
+from kiln.ir.evaluate import register_extern_reference
 from kiln.ir.tensor import (
     Buffer,
     CallExtern,
@@ -118,6 +119,28 @@ def _compute(inputs: Sequence[te.Tensor], attrs: Mapping[str, Any]) -> te.Tensor
     return _matmul_compute(inputs, attrs)
 
 
+def _sgemm_reference(order: int, trans_a: int, trans_b: int, m: int, n: int, k: int,
+                     alpha: float, a: np.ndarray, lda: int, b: np.ndarray, ldb: int,
+                     beta: float, c: np.ndarray, ldc: int) -> int:
+    """What cblas_sgemm computes (row-major), on the flat buffers: kiln's interpreter
+    runs `cblas_matmul` kernels with it."""
+    if order != ROW_MAJOR or trans_a != NO_TRANS:
+        raise IRError("cblas_sgemm reference: only row-major, untransposed A")
+    am = a[:m * lda].reshape(m, lda)[:, :k].astype(np.float64)
+    rows, cols = (n, k) if trans_b == TRANS else (k, n)
+    bm = b[:rows * ldb].reshape(rows, ldb)[:, :cols].astype(np.float64)
+    if trans_b == TRANS:
+        bm = bm.T
+    cm = c[:m * ldc].reshape(m, ldc)
+    product = alpha * (am @ bm)
+    # beta == 0: C is not read (it may hold anything, NaN included), as in CBLAS.
+    cm[:, :n] = (product if beta == 0 else product + beta * cm[:, :n]).astype(np.float32)
+    return 0
+
+
+register_extern_reference(
+    "cblas_sgemm", ("int", "int", "int", "int", "int", "int", "float32", "buffer", "int",
+                    "buffer", "int", "float32", "buffer", "int"), None, _sgemm_reference)
 OPS.register(NAME, CBLASMatmulOp(NAME, "opaque", _infer, _compute, _matmul_ref))
 
 __all__ = ["CBLAS", "NAME", "supports"]
