@@ -39,6 +39,7 @@ _LAZY = {
     "Executable": "kiln.driver:Executable",
     "evaluate": "kiln.ops:evaluate",
     "export_model_library_format": "kiln.export.mlf:export_model_library_format",
+    "cuda": "kiln.runtime.cuda_device:cuda",
 }
 _SUBMODULES = (
     "artifact", "cli", "codegen", "export", "frontend", "ir", "mlf", "ops", "runtime",

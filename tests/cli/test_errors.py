@@ -23,6 +23,14 @@ def test_bad_target_is_one_line(tmp_path: Path) -> None:
     assert "'llvmm'" in line and "did you mean 'llvm'" in line
 
 
+def test_kind_without_codegen_names_the_kinds_that_have_one(tmp_path: Path) -> None:
+    line = one_line_error(run_kiln("compile", str(MODEL), "-t", "cuda", "-o", "m.so",
+                                   cwd=tmp_path))
+    assert "target kind 'cuda' has no code generator" in line
+    assert "kinds with one: c, llvm" in line
+    assert not (tmp_path / "m.so").exists()
+
+
 def test_bad_input_file_is_one_line(built: Path) -> None:
     (built / "bad.npy").write_bytes(b"not numpy at all")
     line = one_line_error(run_kiln("run", "mlp.so", "--input", "x=bad.npy", cwd=built))

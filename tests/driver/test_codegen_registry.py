@@ -82,8 +82,12 @@ def test_builtin_kinds_dispatch() -> None:
 
 
 def test_unknown_codegen_lists_choices(toy_kind: TargetKind) -> None:
-    with pytest.raises(CompileError, match=r"unknown codegen 'toyreg'.*Known: .*llvm"):
+    with pytest.raises(CompileError,
+                       match=r"target kind 'toyreg' has no code generator.*kinds with one: c, "):
         codegen_for(Target("toyreg"))
+    with pytest.raises(CompileError, match=r"'cuda' has no code generator.*llvm") as err:
+        codegen_for(Target("cuda"))
+    assert "cuda" not in str(err.value).split("kinds with one:")[1].split(".")[0]
     with pytest.raises(CompileError, match="did you mean 'llvm'"):
         get_codegen("llvn")
 

@@ -88,7 +88,17 @@ def codegen_for(target: Target) -> tuple[str, CodegenFn]:
     """(name, function) of the codegen for `target`, from its kind (see module docstring)."""
     attr = target.kind.get_attr("codegen")
     if attr is None:
-        return target.kind.name, get_codegen(target.kind.name)
+        name = target.kind.name
+        if name not in CODEGENS:
+            load_backends()
+        if name not in CODEGENS:
+            # Name the kinds a user can compile for, not just the codegen names.
+            raise CompileError(
+                f"target kind '{name}' has no code generator in this installation; "
+                f"kinds with one: {', '.join(kinds_with_codegen())}. A backend registers "
+                "one with kiln.codegen.register_codegen or a 'kiln.backends' plug-in"
+                f"{_failed_backends()}")
+        return name, get_codegen(name)
     if isinstance(attr, str):
         return attr, get_codegen(attr)
     if callable(attr):
@@ -96,6 +106,18 @@ def codegen_for(target: Target) -> tuple[str, CodegenFn]:
     raise CompileError(
         f"target kind '{target.kind.name}': attribute 'codegen' must name a registered "
         f"codegen or be a function, got {type(attr).__name__} {attr!r}")
+
+
+def kinds_with_codegen() -> list[str]:
+    """Names of the registered target kinds a codegen is available for."""
+    from kiln.target.registry import get_kind, list_kinds
+
+    out = []
+    for kind in list_kinds():
+        attr = get_kind(kind).get_attr("codegen")
+        if callable(attr) or (attr or kind) in CODEGENS:
+            out.append(kind)
+    return out
 
 
 def build(mod: IRModule, target: Target, *, prefix: str = DEFAULT_PREFIX,
