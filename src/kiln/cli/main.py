@@ -33,7 +33,10 @@ def _parse_shapes(items: Sequence[str]) -> dict[str, tuple[int, ...]]:
         name, sep, dims = item.rpartition("=")
         if not sep or not name:
             raise ValueError(f"--shape expects NAME=D0,D1,..., got {item!r}")
-        shapes[name] = tuple(int(d) for d in dims.split(",") if d)
+        try:
+            shapes[name] = tuple(int(d) for d in dims.split(",") if d)
+        except ValueError:
+            raise ValueError(f"--shape {item}: dimensions must be integers") from None
     return shapes
 
 
