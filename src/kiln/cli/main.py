@@ -1,7 +1,7 @@
 """`kiln`: compile a model to one deployable file, inspect artifacts, list targets.
 
     kiln compile model.onnx -t llvm -o model.so [--shape x=1,64]
-    kiln inspect model.so [--format text|json] [--artifact llvm/kernels.bc --format ll]
+    kiln inspect model.so [--format text|json] [--show llvm/kernels.bc --format ll]
     kiln targets list [--kind K] | kiln targets show NAME | kiln targets kinds
     kiln run model.so --input x=x.npy | --inputs in.npz | --fill random|zeros
              [--output y.npy | --outputs out.npz] [--repeat N --warmup M] [--function main]
@@ -33,7 +33,10 @@ def _parse_shapes(items: Sequence[str]) -> dict[str, tuple[int, ...]]:
         name, sep, dims = item.rpartition("=")
         if not sep or not name:
             raise ValueError(f"--shape expects NAME=D0,D1,..., got {item!r}")
-        shapes[name] = tuple(int(d) for d in dims.split(",") if d)
+        try:
+            shapes[name] = tuple(int(d) for d in dims.split(",") if d)
+        except ValueError:
+            raise ValueError(f"--shape {item}: dimensions must be integers") from None
     return shapes
 
 
@@ -160,7 +163,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     i = verb(sub, "inspect", "what a .so, .tar or .a holds: functions, artifacts")
     i.add_argument("file")
-    i.add_argument("--artifact", help="CODEGEN/FILE to show, e.g. llvm/kernels.bc")
+    i.add_argument("--artifact", "--show", dest="artifact",
+                   help="CODEGEN/FILE to show, e.g. llvm/kernels.bc")
     i.add_argument("--format", default=None,
                    help="text (default) or json for the report; with --artifact the view: "
                         "c, ll, asm, json, hex, symbols")

@@ -1,0 +1,33 @@
+"""kiln compile --shape: bind an input's shape by input name; bad values are one line."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import onnx
+from kiln_cli import MODEL, one_line_error, run_kiln
+from onnx import TensorProto, helper
+
+
+def test_shape_by_input_name_reaches_the_signature(tmp_path: Path) -> None:
+    # a Relu whose batch dimension is symbolic: --shape pins it
+    graph = helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["y"])], "relu",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 64])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 64])])
+    onnx.save(helper.make_model(graph), tmp_path / "relu.onnx")
+    done = run_kiln("compile", "relu.onnx", "-t", "llvm", "-o", "m.so", "--shape", "x=3,64",
+                    cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    shown = run_kiln("inspect", "m.so", "--format", "json", cwd=tmp_path)
+    assert shown.returncode == 0, shown.stderr
+    main = json.loads(shown.stdout)["functions"]["main"]
+    assert main["inputs"] == [{"name": "x", "shape": [3, 64], "dtype": "float32"}]
+
+
+def test_non_integer_shape_is_one_line(tmp_path: Path) -> None:
+    line = one_line_error(run_kiln("compile", str(MODEL), "-t", "llvm", "-o", "m.so",
+                                   "--shape", "x=1,abc", cwd=tmp_path))
+    assert "--shape x=1,abc" in line and "integers" in line
+    assert not (tmp_path / "m.so").exists()
