@@ -1,10 +1,11 @@
 """`kiln`: compile a model to one deployable file, inspect artifacts, list targets.
 
-    kiln compile model.onnx -t llvm -o model.so [--shape x=1,64]
+    kiln compile model.onnx -t llvm -o model.so [--shape x=1,64] [--profile]
     kiln inspect model.so [--format text|json] [--show llvm/kernels.bc --format ll]
     kiln targets list [--kind K] | kiln targets show NAME | kiln targets kinds
     kiln run model.so --input x=x.npy | --inputs in.npz | --fill random|zeros
              [--output y.npy | --outputs out.npz] [--repeat N --warmup M] [--function main]
+             [--profile]
     kiln cache list|info|clear
 
 Errors are one line on stderr and exit code 2 (1 for an unexpected failure);
@@ -52,7 +53,7 @@ def _cmd_compile(args: argparse.Namespace) -> int:
 
     timing = TimingInstrument()
     with PassContext(instruments=[timing] if args.timings else []):
-        ex = kiln.compile(mod, target, system_lib_prefix=args.prefix)
+        ex = kiln.compile(mod, target, system_lib_prefix=args.prefix, profile=args.profile)
         if args.mlf:
             kiln.export_model_library_format(ex, args.output, model_name=args.mlf)
         else:
@@ -87,7 +88,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from kiln.cli.run import cmd_run
 
     print(cmd_run(args.file, args.function, args.input, args.inputs, args.fill, args.output,
-                  args.outputs, args.repeat, args.warmup))
+                  args.outputs, args.repeat, args.warmup, args.profile))
     return 0
 
 
@@ -156,6 +157,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="write a Model Library Format tar (docs/mlf.md) with this model name")
     c.add_argument("--timings", action="store_true",
                    help="print the time of every pass and backend step")
+    c.add_argument("--profile", action="store_true",
+                   help="time every kernel call in the library (read with kiln run --profile)")
     c.add_argument("--cc", default=None,
                    help="C compiler for the export (default: $CC, else the one the target "
                         "needs, e.g. aarch64-linux-gnu-gcc)")
@@ -197,6 +200,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="time N more calls and print median, p90 and min latency")
     r.add_argument("--warmup", type=int, default=3, metavar="M",
                    help="untimed calls before the timed ones (default 3)")
+    r.add_argument("--profile", action="store_true",
+                   help="print per-kernel times (library built with kiln compile --profile)")
     r.set_defaults(func=_cmd_run)
 
     k = verb(sub, "cache", "list, describe or clear the compile cache")

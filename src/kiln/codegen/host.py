@@ -47,6 +47,7 @@ from kiln.codegen.naming import (
     last_error_symbol,
     metadata_symbol,
     parallel_for_symbol,
+    profile_symbol,
 )
 from kiln.errors import CompileError
 from kiln.escape import c_char_array, c_comment, c_string_literal, utf8
@@ -186,6 +187,7 @@ class HostPrinter:
             # kiln_host.c checks these on the first call of any entry (x86, GCC/clang).
             listed = " ".join(f'X("{f}")' for f in self.cpu_features)
             config.append(f"#define KILN_HOST_CPU_FEATURES(X) {listed}")
+        config += self.profile_config()
         if self.parallel:
             config += ["#define KILN_HOST_PARALLEL 1",
                        f"#define KILN_PARALLEL_FOR {parallel_for_symbol(self.prefix)}"]
@@ -208,6 +210,19 @@ class HostPrinter:
             *self.accessors(),
         ]
         return "\n".join(out).rstrip("\n") + "\n"
+
+    def profile_config(self) -> list[str]:
+        """The #defines of kiln_host.c's profiling counters (none without profile sites)."""
+        sites = self.metadata.get("profile", {}).get("sites", [])
+        if not sites:
+            return []
+        functions = ", ".join(c_string_literal(s["function"]) for s in sites)
+        kernels = ", ".join(c_string_literal(s["kernel"] or "") for s in sites)
+        return [f"#define KILN_HOST_PROFILE {len(sites)}",
+                *(f"#define KILN_PROFILE_{n.upper()} {profile_symbol(self.prefix, 'profile_' + n)}"
+                  for n in ("start", "stop", "read", "reset")),
+                f"#define KILN_HOST_PROFILE_FUNCTIONS {{{functions}}}",
+                f"#define KILN_HOST_PROFILE_KERNELS {{{kernels}}}"]
 
     def kernel_prototype(self, name: str, fn: PrimFunc) -> str:
         """The raw kernel's declaration, with kernels.c's parameter types."""

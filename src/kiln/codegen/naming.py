@@ -8,6 +8,8 @@ The C ABI (docs/abi.md) in one place:
 - embedded constants (weights):             `{prefix}_consts`
 - embedded artifact blob:                   `{prefix}_blob`
 - thread pool entry (hidden):               `{prefix}_parallel_for`
+- profiling timers (hidden, profile=True):  `{prefix}_profile_start`, `{prefix}_profile_stop`
+- profiling counters (profile=True):        `{prefix}_profile_read`, `{prefix}_profile_reset`
 IR function names never start with "_", so these cannot collide. `f` stands for
 `kiln.escape.symbol_name(f)`: the name itself when it is plain ASCII and at
 most 200 characters, else a stable mangled `_x<hash>_<hint>` (docs/abi.md).
@@ -20,13 +22,24 @@ from typing import Any
 from kiln.errors import CompileError
 from kiln.escape import is_c_identifier, symbol_name
 from kiln.ir import dtype as dt
-from kiln.ir.attrs import ATTR_GRAPH, ATTR_NUM_OUTPUTS, ATTR_OUTPUT_NAMES, ATTR_TUPLE_RESULT
+from kiln.ir.attrs import (
+    ATTR_GRAPH,
+    ATTR_NUM_OUTPUTS,
+    ATTR_OUTPUT_NAMES,
+    ATTR_PROFILE_SITES,
+    ATTR_TUPLE_RESULT,
+)
 from kiln.ir.module import IRModule
 from kiln.ir.tensor import Buffer, PrimFunc, Var
 
 DEFAULT_PREFIX = "kiln_"
 LIBRARY_FORMAT = "kiln.library"
-LIBRARY_FORMAT_VERSION = 1
+# Library metadata versions (docs/abi.md, "Library metadata"); readers accept 1..newest.
+#   1 (2026-11): functions with signatures, workspace_bytes, external_dependencies.
+#   2 (2026-11-22): optional "profile" (kernel-call timer sites of a library built with
+#     profile=True, read through {prefix}_profile_read) and "graphs" (each lowered graph
+#     function's kernel calls, tensors and workspace offsets: `kiln inspect --report`).
+LIBRARY_FORMAT_VERSION = 2
 
 
 # Longest system_lib_prefix: it starts every symbol of the library.
@@ -43,6 +56,15 @@ def check_prefix(prefix: str) -> str:
 def parallel_for_symbol(prefix: str) -> str:
     """The thread pool's entry in host.c (hidden): `{prefix}_parallel_for`."""
     return f"{prefix}_parallel_for"
+
+
+PROFILE_EXPORTS = ("profile_read", "profile_reset")
+
+
+def profile_symbol(prefix: str, name: str) -> str:
+    """`{prefix}_{name}` for a profiling timer intrinsic (`profile_start`, `profile_stop`,
+    hidden, in host.c) or a profiling export of PROFILE_EXPORTS (docs/abi.md, "Profiling")."""
+    return f"{prefix}_{name}"
 
 
 def entry_symbol(prefix: str, name: str) -> str:
@@ -141,6 +163,10 @@ def library_metadata(mod: IRModule, prefix: str, **extra: Any) -> dict[str, Any]
         raise CompileError(
             f"graph-level functions {graph_left} were not lowered before codegen; "
             "run the default graph pipeline or lower them yourself")
+    sites = mod.attrs.get(ATTR_PROFILE_SITES, ())
+    if sites:  # kiln.transform.profile ran: the timer sites, in site order
+        extra = {"profile": {"sites": [{"function": f, "kernel": k} for f, k in sites]},
+                 **extra}
     return {
         "format": LIBRARY_FORMAT,
         "version": LIBRARY_FORMAT_VERSION,

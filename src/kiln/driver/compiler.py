@@ -39,7 +39,7 @@ from kiln.transform.pipeline import PipelineSpec, get_pipeline
 def compile(
     mod: IRModule | PrimFunc | Function | str | os.PathLike[str] | Any, target: Any = None, *,
     graph_pipeline: PipelineSpec = "default", tensor_pipeline: PipelineSpec = "default",
-    system_lib_prefix: str | None = None,
+    system_lib_prefix: str | None = None, profile: bool = False,
 ) -> Executable:
     """Compile `mod` for `target` into an Executable.
 
@@ -56,6 +56,10 @@ def compile(
             callable IRModule -> IRModule.
         tensor_pipeline: the same for the tensor-level functions.
         system_lib_prefix: prefix of every exported C symbol (default "kiln_").
+        profile: time every kernel call of the lowered graph functions (llvm and c
+            codegens; kiln.transform.profile). The loaded module's `profile()` returns
+            the counters, `kiln run --profile` prints them (docs/cli.md). Off: no timer
+            code at all.
 
     Raises:
         IRError: the input or the lowered IR is ill-formed.
@@ -79,11 +83,13 @@ def compile(
         tensor = get_pipeline(tensor_pipeline, "tensor", target=tgt)
         mod = tensor(mod)
     _verify(mod, "the module after the graph and tensor pipelines")
+    codegen_name, codegen_fn = codegen.codegen_for(tgt)
+    if profile:
+        mod = _instrument(mod, codegen_name)
 
     from kiln.codegen.constants import ConstantPool
 
     metadata = executable_metadata(mod, prefix)
-    codegen_name, codegen_fn = codegen.codegen_for(tgt)
     key = None
     artifacts = None
     with timed_step("constants"):
@@ -122,6 +128,24 @@ def compile(
                 cache.store(key, artifacts, metadata)
     del pool  # the artifacts hold the one copy of the weights now
     return Executable(artifacts, mod, metadata, tgt, prefix, cache_hit=hit, cache_key=key)
+
+
+# Code generators whose libraries carry host.c, where the profiling counters live.
+PROFILING_CODEGENS = ("llvm", "c")
+
+
+def _instrument(mod: IRModule, codegen_name: str) -> IRModule:
+    """`mod` with timers around its kernel calls (kiln.transform.profile)."""
+    from kiln.transform.profile import ProfileKernelCalls
+
+    if codegen_name not in PROFILING_CODEGENS:
+        raise CompileError(
+            f"profile=True needs a native library with host.c (codegen "
+            f"{' or '.join(PROFILING_CODEGENS)}); the {codegen_name!r} codegen has none")
+    with timed_step("profile"):
+        mod = ProfileKernelCalls()(mod)
+    _verify(mod, "the module with profiling timers")
+    return mod
 
 
 def executable_metadata(mod: IRModule, prefix: str) -> dict[str, Any]:

@@ -32,6 +32,10 @@ ATTR_EXTERN_READS: Final = "kiln.extern_reads"
 ATTR_PARALLEL_OF: Final = "kiln.parallel_loop_of"   # the kernel the loop came from
 ATTR_PARALLEL_VAR: Final = "kiln.parallel_loop_var"  # the loop variable's name hint
 
+# Module attribute set by ProfileKernelCalls (kiln.transform.profile): one
+# (function, kernel or None) pair per timer site, in site order.
+ATTR_PROFILE_SITES: Final = "kiln.profile_sites"
+
 KILN_ATTRS: Final = frozenset({
     ATTR_PRIVATE, ATTR_GRAPH, ATTR_NUM_OUTPUTS, ATTR_TUPLE_RESULT, ATTR_OUTPUT_NAMES,
     ATTR_WORKSPACE_BYTES, ATTR_PARALLEL_OF, ATTR_PARALLEL_VAR,

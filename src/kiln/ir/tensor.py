@@ -208,6 +208,13 @@ class Load(PrimExpr):
 # (an int32 Const of kiln.ir.kernel_errors) when the bool `cond` is false; the one
 # intrinsic with an effect, valid only as the value of an Evaluate (docs/ir.md).
 CHECK_INTRINSIC = "check"
+# Kernel-call timers (kiln.transform.profile): `profile_start(site)` reads a monotonic
+# clock in nanoseconds, `profile_stop(site, start)` adds the time since `start` and one
+# call to the counters of `site`. Both take and give int64; they have an effect, so no
+# pass may drop or move them (docs/ir.md, "Profiling").
+PROFILE_START = "profile_start"
+PROFILE_STOP = "profile_stop"
+PROFILE_INTRINSICS = frozenset({PROFILE_START, PROFILE_STOP})
 # Math intrinsics: name -> number of arguments. Result dtype is the first argument's.
 INTRINSICS: dict[str, int] = {
     "exp": 1, "exp2": 1, "expm1": 1, "log": 1, "log2": 1, "log1p": 1, "sqrt": 1, "rsqrt": 1,
@@ -218,6 +225,7 @@ INTRINSICS: dict[str, int] = {
     # fma(a, b, c) = a * b + c rounded once (IEEE fusedMultiplyAdd), floats only
     "fma": 3,
     CHECK_INTRINSIC: 2,
+    PROFILE_START: 1, PROFILE_STOP: 2,
 }
 # Intrinsics whose result is bool whatever the argument's dtype.
 BOOL_INTRINSICS = frozenset({"isnan", "isinf"})

@@ -62,6 +62,12 @@ SIGNATURES: dict[str, tuple[Any, list[Any]]] = {
                [ctypes.POINTER(KilnValue), ctypes.POINTER(ctypes.c_int32), ctypes.c_int32]),
     "last_error": (ctypes.c_char_p, []),
     "metadata": (ctypes.c_char_p, []),
+    # {prefix}_profile_read(site, &function, &kernel, &calls, &total_ns) and _reset().
+    "profile_read": (ctypes.c_int32,
+                     [ctypes.c_int32, ctypes.POINTER(ctypes.c_char_p),
+                      ctypes.POINTER(ctypes.c_char_p), ctypes.POINTER(ctypes.c_uint64),
+                      ctypes.POINTER(ctypes.c_uint64)]),
+    "profile_reset": (None, []),
 }
 
 

@@ -24,13 +24,14 @@ from kiln.errors import FormatError, KilnError
 from kiln.runtime import ctypes_abi as abi
 from kiln.runtime.function import NativeFunction, PackedFunction
 from kiln.runtime.lifetime import CallGuard
+from kiln.runtime.profile import ProfileCounters, ProfileRow, not_profiled
 
 if TYPE_CHECKING:
     from kiln.artifact import AnyArtifact
 
 LIBRARY_FORMAT = "kiln.library"
 SOURCE_FORMATS = ("c", "ll", "asm")
-MAX_LIBRARY_VERSION = 1  # newest library metadata version this runtime reads
+MAX_LIBRARY_VERSION = 2  # newest library metadata version this runtime reads
 
 
 class Module:
@@ -95,6 +96,23 @@ class Module:
         for m in self._walk():
             names.extend(n for n in m._own_names() if n not in names)
         return names
+
+    # -------------------------------------------------------------- profiling
+    def _profile_counters(self) -> ProfileCounters:
+        for m in self._walk():
+            counters = getattr(m, "_profile", None)
+            if counters is not None and not m.closed:
+                return counters
+        raise not_profiled(repr(self))
+
+    def profile(self) -> list[ProfileRow]:
+        """Per-kernel timings of a library built with profile=True, one row per timer
+        site (kiln.runtime.profile); KilnError for a library built without."""
+        return self._profile_counters().read()
+
+    def profile_reset(self) -> None:
+        """Zero the profiling counters (KilnError for a library built without them)."""
+        self._profile_counters().reset()
 
     def __getitem__(self, name: str) -> PackedFunction:
         fn = self.get_function(name)
@@ -242,6 +260,7 @@ class LibraryModule(Module):
         _OPEN.setdefault(str(self.path), weakref.WeakSet()).add(self)
         self._functions: dict[str, NativeFunction] = {}
         self._last_error_fn: Any = None
+        self._profile: ProfileCounters | None = None
         try:
             metadata_fn = abi.bind(lib, f"{prefix}_metadata", "metadata")
         except AttributeError:
@@ -259,6 +278,14 @@ class LibraryModule(Module):
         except FormatError:
             self.close()
             raise
+        sites = self.metadata.get("profile", {}).get("sites", [])
+        if sites:
+            try:
+                self._profile = ProfileCounters(lib, prefix, len(sites))
+            except AttributeError:
+                self.close()
+                raise FormatError(f"{self.path}: metadata lists profiling sites but the "
+                                  f"library has no {prefix}_profile_read") from None
         for name, sig in self.metadata.get("functions", {}).items():
             try:
                 _check_signature(name, sig)

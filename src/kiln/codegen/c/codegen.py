@@ -26,13 +26,15 @@ from kiln.codegen.naming import (
     kernel_symbol,
     library_metadata,
     parallel_for_symbol,
+    profile_symbol,
 )
 from kiln.codegen.sizes import check_buffer_sizes, target_pointer_bits
 from kiln.errors import CompileError
 from kiln.escape import c_comment
 from kiln.ir.module import IRModule
-from kiln.ir.tensor import Buffer, Param, PrimFunc
+from kiln.ir.tensor import PROFILE_INTRINSICS, Buffer, Param, PrimFunc
 from kiln.transform.outline import outline_parallel_loops
+from kiln.transform.profile import profile_sites
 
 KERNELS_FILE = "kernels.c"
 CODEGEN_ID = "c"
@@ -79,6 +81,9 @@ def emit_kernels(mod: IRModule, *, prefix: str, pool: ConstantPool) -> tuple[str
     funcs = outlined.mod.prim_funcs()
     bodies = outlined.bodies
     symbols = {kernel_symbol(prefix, name) for name in funcs} | {consts_symbol(prefix)}
+    profiled = bool(profile_sites(mod))
+    if profiled:
+        symbols |= {profile_symbol(prefix, n) for n in sorted(PROFILE_INTRINSICS)}
     if bodies:
         symbols |= {parallel_for_symbol(prefix)}
         symbols |= {f"{kernel_symbol(prefix, name)}_run" for name in bodies}
@@ -106,6 +111,8 @@ def emit_kernels(mod: IRModule, *, prefix: str, pool: ConstantPool) -> tuple[str
         prototypes.append(printer.prototype())
     if bodies:
         prototypes[:0] = [_PARALLEL_FOR_DECL.replace("@", parallel_for_symbol(prefix)), ""]
+    if profiled:
+        prototypes[:0] = [_PROFILE_DECLS.replace("@", f"{prefix}_"), ""]
 
     from kiln import __version__
 
@@ -154,6 +161,11 @@ def emit_kernels(mod: IRModule, *, prefix: str, pool: ConstantPool) -> tuple[str
     }
     return "\n".join(out).rstrip("\n") + "\n", info
 
+
+_PROFILE_DECLS = """\
+/* Kernel-call timers (host.c; kiln.transform.profile, docs/abi.md "Profiling"). */
+KILN_HIDDEN int64_t @profile_start(int64_t site);
+KILN_HIDDEN int64_t @profile_stop(int64_t site, int64_t start);"""
 
 _PARALLEL_FOR_DECL = """\
 /* The library's thread pool (host.c): runs body over chunks of [0, n), returns

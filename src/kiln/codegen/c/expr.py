@@ -26,9 +26,10 @@ from typing import Any
 from kiln.codegen.c.context import FuncContext, value_ctype
 from kiln.codegen.cfamily.helpers import suffix
 from kiln.codegen.cfamily.literals import float_literal, int_literal, wrap_int
-from kiln.codegen.naming import C_TYPES
+from kiln.codegen.naming import C_TYPES, profile_symbol
 from kiln.ir import dtype as dt
 from kiln.ir.tensor import (
+    PROFILE_INTRINSICS,
     BinaryOp,
     Buffer,
     CallExtern,
@@ -339,6 +340,8 @@ class ExprEmitter:
         if any(a.dtype != d for a in e.args):
             raise self.ctx.error(f"intrinsic {name}: argument dtypes differ "
                                  f"({', '.join(a.dtype for a in e.args)})")
+        if name in PROFILE_INTRINSICS:  # host.c's timers (kiln.transform.profile)
+            return call(profile_symbol(self.ctx.module.prefix, name), *args)
         if not dt.is_float(d):
             return self.int_intrin(name, args, d)
         f32 = d != "float64"

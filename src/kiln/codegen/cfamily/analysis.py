@@ -9,11 +9,13 @@ prototype.
 from __future__ import annotations
 
 from kiln.ir.tensor import (
+    PROFILE_INTRINSICS,
     Allocate,
     Buffer,
     CallExtern,
     CallFunc,
     DeclBuffer,
+    Intrin,
     Load,
     PrimExpr,
     Stmt,
@@ -66,8 +68,10 @@ def read_buffers(root: Node) -> set[Buffer]:
 
 
 def has_side_effects(expr: PrimExpr) -> bool:
-    """True when `expr` calls an external function (the only impure expression)."""
-    return any(isinstance(n, CallExtern) for n in iter_nodes(expr))
+    """True when `expr` calls an external function or reads a profiling timer."""
+    return any(isinstance(n, CallExtern)
+               or (isinstance(n, Intrin) and n.name in PROFILE_INTRINSICS)
+               for n in iter_nodes(expr))
 
 
 def heap_allocations(root: Node) -> list[Allocate]:

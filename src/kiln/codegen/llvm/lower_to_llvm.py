@@ -37,7 +37,12 @@ from kiln.codegen.llvm.dtypes import (
 )
 from kiln.codegen.llvm.float16 import HalfConversions
 from kiln.codegen.llvm.intrinsics import emit_intrinsic
-from kiln.codegen.naming import consts_symbol, kernel_symbol, parallel_for_symbol
+from kiln.codegen.naming import (
+    consts_symbol,
+    kernel_symbol,
+    parallel_for_symbol,
+    profile_symbol,
+)
 from kiln.errors import CompileError, IRError
 from kiln.escape import c_identifier, is_c_identifier
 from kiln.ir import dtype as dt
@@ -46,6 +51,7 @@ from kiln.ir.kernel_errors import ERROR_OUT_OF_MEMORY, KERNEL_ERRORS
 from kiln.ir.module import IRModule
 from kiln.ir.tensor import (
     CHECK_INTRINSIC,
+    PROFILE_INTRINSICS,
     Allocate,
     AllocConst,
     BinaryOp,
@@ -618,6 +624,12 @@ def _load(fl: _FunctionLowering, e: Load) -> ir.Value:
 
 
 def _intrin(fl: _FunctionLowering, e: Intrin) -> ir.Value:
+    if e.name in PROFILE_INTRINSICS:  # host.c's timers (kiln.transform.profile)
+        timer = declare(fl.parent.module, profile_symbol(fl.parent.options.prefix, e.name),
+                        I64, [I64] * len(e.args), what="profiling timer")
+        if fl.parent.options.hidden:
+            timer.linkage = "hidden"  # declared: host.c defines it in the same library
+        return fl.b.call(timer, [fl.expr(a) for a in e.args])
     dtype = fl.same_dtypes(f"intrinsic {e.name}", *e.args)
     args = [fl.expr(a) for a in e.args]
     try:

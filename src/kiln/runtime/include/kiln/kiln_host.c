@@ -13,7 +13,10 @@
  * Configuration (defined before this text, or on the command line):
  *   KILN_HOST_PARALLEL  define the thread pool: some kernel has a parallel loop;
  *   KILN_PARALLEL_FOR   the pool's symbol, `{prefix}_parallel_for` (hidden);
- *   KILN_NO_THREADS     firmware: no pthreads, parallel loops run serially.
+ *   KILN_NO_THREADS     firmware: no pthreads, parallel loops run serially;
+ *   KILN_HOST_PROFILE   the number of kernel-call timer sites (profile=True), with
+ *                       KILN_PROFILE_{START,STOP,READ,RESET} their symbols and
+ *                       KILN_HOST_PROFILE_FUNCTIONS / _KERNELS the names of the sites.
  *
  * It includes only the C standard library (and, for the pool, POSIX threads):
  * the DLPack and KilnValue definitions are copied inline with the layout of
@@ -21,8 +24,9 @@
  */
 /* Before any #include when the thread pool is in: pthreads, sysconf and
    sigset_t are POSIX, which a strict -std=c11 build does not declare otherwise. */
-#if defined(KILN_HOST_PARALLEL) && !defined(KILN_NO_THREADS) && !defined(_POSIX_C_SOURCE)
-#define _POSIX_C_SOURCE 200809L /* pthreads, sysconf (not in ISO C) */
+#if ((defined(KILN_HOST_PARALLEL) && !defined(KILN_NO_THREADS)) || defined(KILN_HOST_PROFILE)) \
+    && !defined(_POSIX_C_SOURCE)
+#define _POSIX_C_SOURCE 200809L /* pthreads, sysconf, clock_gettime (not in ISO C) */
 #endif
 #include <stdarg.h>
 #include <stddef.h>
@@ -600,3 +604,100 @@ __attribute__((destructor)) static void kiln_pool_stop(void) {
 #endif /* KILN_NO_THREADS */
 
 #endif /* KILN_HOST_PARALLEL */
+
+#if defined(KILN_HOST_PROFILE)
+
+/* ------------------------------------------------------- profiling
+   Counters of the kernel-call timers that kiln.transform.profile puts around
+   every kernel call of a lowered graph function, and around its whole body
+   (docs/abi.md, "Profiling"). Counts are summed over every thread that calls
+   the library (relaxed atomic adds with GCC/clang). A firmware build without
+   clock_gettime defines KILN_PROFILE_CLOCK_NS() to its own nanosecond clock. */
+#include <time.h>
+
+#if !defined(KILN_PROFILE_START) /* standalone builds of this file */
+#define KILN_PROFILE_START kiln_profile_start
+#define KILN_PROFILE_STOP kiln_profile_stop
+#define KILN_PROFILE_READ kiln_profile_read
+#define KILN_PROFILE_RESET kiln_profile_reset
+#endif
+#if !defined(KILN_HOST_PROFILE_FUNCTIONS)
+#define KILN_HOST_PROFILE_FUNCTIONS {0}
+#define KILN_HOST_PROFILE_KERNELS {0}
+#endif
+
+#if defined(__GNUC__) || defined(__clang__)
+#define KILN_PROFILE_ADD(x, v) __atomic_fetch_add(&(x), (v), __ATOMIC_RELAXED)
+#define KILN_PROFILE_SET(x, v) __atomic_store_n(&(x), (v), __ATOMIC_RELAXED)
+#define KILN_PROFILE_GET(x) __atomic_load_n(&(x), __ATOMIC_RELAXED)
+#else
+#define KILN_PROFILE_ADD(x, v) ((x) += (v))
+#define KILN_PROFILE_SET(x, v) ((x) = (v))
+#define KILN_PROFILE_GET(x) (x)
+#endif
+
+static const char* const kiln_host_profile_functions[KILN_HOST_PROFILE] =
+    KILN_HOST_PROFILE_FUNCTIONS;
+static const char* const kiln_host_profile_kernels[KILN_HOST_PROFILE] = KILN_HOST_PROFILE_KERNELS;
+static uint64_t kiln_host_profile_calls[KILN_HOST_PROFILE];
+static uint64_t kiln_host_profile_ns[KILN_HOST_PROFILE];
+
+static int64_t kiln_host_clock_ns(void) {
+#if defined(KILN_PROFILE_CLOCK_NS)
+  return (int64_t)KILN_PROFILE_CLOCK_NS();
+#else
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (int64_t)ts.tv_sec * 1000000000 + (int64_t)ts.tv_nsec;
+#endif
+}
+
+/* The clock, read where a timed region starts. */
+KILN_HIDDEN int64_t KILN_PROFILE_START(int64_t site) {
+  (void)site;
+  return kiln_host_clock_ns();
+}
+
+/* One more call of `site`, which took the time since `start`. */
+KILN_HIDDEN int64_t KILN_PROFILE_STOP(int64_t site, int64_t start) {
+  int64_t elapsed = kiln_host_clock_ns() - start;
+  if (site >= 0 && site < KILN_HOST_PROFILE) {
+    KILN_PROFILE_ADD(kiln_host_profile_calls[site], 1u);
+    KILN_PROFILE_ADD(kiln_host_profile_ns[site], (uint64_t)(elapsed > 0 ? elapsed : 0));
+  }
+  return 0;
+}
+
+/* The counters of `site` (0 <= site < the number of sites): 0, or -1 past the last
+   site. `function` is the calling function; `kernel` the called kernel, or "" for
+   the site that times the function's whole body. Any output may be NULL. */
+KILN_EXPORT int32_t KILN_PROFILE_READ(int32_t site, const char** function, const char** kernel,
+                                      uint64_t* calls, uint64_t* total_ns) {
+  if (site < 0 || site >= KILN_HOST_PROFILE) {
+    return -1;
+  }
+  if (function != NULL) {
+    *function = kiln_host_profile_functions[site] ? kiln_host_profile_functions[site] : "";
+  }
+  if (kernel != NULL) {
+    *kernel = kiln_host_profile_kernels[site] ? kiln_host_profile_kernels[site] : "";
+  }
+  if (calls != NULL) {
+    *calls = KILN_PROFILE_GET(kiln_host_profile_calls[site]);
+  }
+  if (total_ns != NULL) {
+    *total_ns = KILN_PROFILE_GET(kiln_host_profile_ns[site]);
+  }
+  return 0;
+}
+
+/* Zero every counter. */
+KILN_EXPORT void KILN_PROFILE_RESET(void) {
+  int32_t site;
+  for (site = 0; site < KILN_HOST_PROFILE; ++site) {
+    KILN_PROFILE_SET(kiln_host_profile_calls[site], 0u);
+    KILN_PROFILE_SET(kiln_host_profile_ns[site], 0u);
+  }
+}
+
+#endif /* KILN_HOST_PROFILE */
