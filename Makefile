@@ -3,7 +3,7 @@ PY      ?= python3
 VENV    := .venv
 VPY     := $(VENV)/bin/python
 STAMP   := $(VENV)/.installed
-APT_PKGS := gcc make binutils gcc-arm-none-eabi libnewlib-arm-none-eabi gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user libopenblas-dev lld
+APT_PKGS := gcc make binutils gcc-arm-none-eabi libnewlib-arm-none-eabi gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user libopenblas-dev lld chromium
 
 .PHONY: demo test lint typecheck unit apt clean
 

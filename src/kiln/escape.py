@@ -15,7 +15,9 @@ alphabet cannot end the construct it is placed in:
   value names;
 - `symbol_name`: the part of a library symbol that stands for a function
   (docs/abi.md, "Symbols");
-- `is_c_identifier`: the check for prefixes, extern names and exported symbols.
+- `is_c_identifier`: the check for prefixes, extern names and exported symbols;
+- `html_text`: text or a quoted attribute value of an HTML page (`kiln inspect
+  --report`).
 
 This module is a leaf (standard library only) so the exporter and the runtime
 side may use it as well as the code generators.
@@ -24,6 +26,7 @@ side may use it as well as the code generators.
 from __future__ import annotations
 
 import hashlib
+import html
 import re
 
 # ISO C99 compilers must accept string literals of 4095 characters; -pedantic
@@ -47,6 +50,11 @@ _COMMENT_SAFE = frozenset(
 # The mangled-name marker: entries of mangled names start with `{prefix}_x`.
 _MANGLED = "_x"
 _HASH_CHARS = 16
+
+
+def html_text(text: object) -> str:
+    """`text` for HTML element content or a double-quoted attribute: `& < > " '` escaped."""
+    return html.escape(str(text), quote=True)
 
 
 def utf8(text: str) -> bytes:

@@ -2,6 +2,7 @@
 
     kiln compile model.onnx -t llvm -o model.so [--shape x=1,64] [--profile]
     kiln inspect model.so [--format text|json] [--show llvm/kernels.bc --format ll]
+                          [--report report.html]
     kiln targets list [--kind K] | kiln targets show NAME | kiln targets kinds
     kiln run model.so --input x=x.npy | --inputs in.npz | --fill random|zeros
              [--output y.npy | --outputs out.npz] [--repeat N --warmup M] [--function main]
@@ -68,6 +69,13 @@ def _cmd_compile(args: argparse.Namespace) -> int:
 def _cmd_inspect(args: argparse.Namespace) -> int:
     from kiln.cli.inspect import cmd_inspect
 
+    if args.report is not None:
+        from kiln.cli.inspect import load_any
+        from kiln.cli.report import write_report
+
+        _, metadata, _ = load_any(args.file)
+        print(write_report(metadata or {}, os.path.basename(args.file), args.report))
+        return 0
     print(cmd_inspect(args.file, args.artifact, args.format))
     return 0
 
@@ -171,6 +179,8 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("--format", default=None,
                    help="text (default) or json for the report; with --artifact the view: "
                         "c, ll, asm, json, hex, symbols")
+    i.add_argument("--report", metavar="PAGE.html", default=None,
+                   help="write a self-contained HTML page: the kernel graph and memory plan")
     i.set_defaults(func=_cmd_inspect)
 
     t = verb(sub, "targets", "list target tags or kinds, or describe one")

@@ -163,6 +163,11 @@ def library_metadata(mod: IRModule, prefix: str, **extra: Any) -> dict[str, Any]
         raise CompileError(
             f"graph-level functions {graph_left} were not lowered before codegen; "
             "run the default graph pipeline or lower them yourself")
+    from kiln.codegen.graph_summary import graph_summaries
+
+    graphs = graph_summaries(prims, written)
+    if graphs:  # the kernel calls and memory plan of each lowered graph function
+        extra = {"graphs": graphs, **extra}
     sites = mod.attrs.get(ATTR_PROFILE_SITES, ())
     if sites:  # kiln.transform.profile ran: the timer sites, in site order
         extra = {"profile": {"sites": [{"function": f, "kernel": k} for f, k in sites]},

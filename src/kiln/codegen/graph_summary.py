@@ -1,0 +1,81 @@
+"""The "graphs" entry of the library metadata: what `kiln inspect --report` draws.
+
+For every lowered graph function (a PrimFunc that calls kernels with
+`CallFunc`), the summary lists its tensors and its kernel calls in order:
+
+    {"tensors": [{"name": "relu", "shape": [1, 8, 16, 16], "dtype": "float32",
+                  "bytes": 8192, "kind": "workspace", "offset": 0}, ...],
+     "kernels": [{"name": "fused_conv2d_relu", "inputs": [0, 1, 2], "outputs": [3]}, ...],
+     "workspace_bytes": 10240}
+
+`kind` is "input" or "output" (the function's parameters and results),
+"weight" (AllocConst), "workspace" (a view at `offset` bytes into the planned
+workspace arena, kiln.transform.memory_plan), or "buffer" (any other
+allocation). Kernel inputs and outputs index `tensors`; an argument the callee
+writes (kiln.ir.aliasing) is an output. Scalars are left out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from kiln.ir.attrs import ATTR_NUM_OUTPUTS, ATTR_WORKSPACE_BYTES
+from kiln.ir.tensor import Allocate, AllocConst, Buffer, CallFunc, DeclBuffer, PrimFunc
+from kiln.ir.visitor import iter_stmts
+
+
+def _size(buf: Buffer) -> int | None:
+    return buf.nbytes() if all(isinstance(d, int) for d in buf.shape) else None
+
+
+def graph_summary(fn: PrimFunc, written: Mapping[str, frozenset[int]]) -> dict[str, Any] | None:
+    """The summary of `fn` (see the module docstring), None if it calls no kernel."""
+    index: dict[Buffer, int] = {}
+    tensors: list[dict[str, Any]] = []
+
+    def add(buf: Buffer, kind: str, offset: int | None = None) -> None:
+        index[buf] = len(tensors)
+        entry: dict[str, Any] = {"name": buf.name, "shape": list(buf.shape),
+                                 "dtype": buf.dtype, "bytes": _size(buf), "kind": kind}
+        if offset is not None:
+            entry["offset"] = offset
+        tensors.append(entry)
+
+    buffers = fn.buffer_params
+    n_out = int(fn.attrs.get(ATTR_NUM_OUTPUTS, 0))
+    for k, buf in enumerate(buffers):
+        add(buf, "output" if k >= len(buffers) - n_out else "input")
+    arenas = {s.buffer for s in iter_stmts(fn.body) if isinstance(s, Allocate)}
+    kernels: list[dict[str, Any]] = []
+    for s in iter_stmts(fn.body):
+        if isinstance(s, AllocConst):
+            add(s.buffer, "weight")
+        elif isinstance(s, DeclBuffer):
+            planned = s.source in arenas
+            add(s.buffer, "workspace" if planned else "buffer",
+                s.byte_offset if planned else None)
+        elif isinstance(s, CallFunc):
+            writes = written.get(s.func, frozenset())
+            call: dict[str, Any] = {"name": s.func, "inputs": [], "outputs": []}
+            for k, arg in enumerate(s.args):
+                if isinstance(arg, Buffer):
+                    if arg not in index:
+                        add(arg, "buffer")
+                    call["outputs" if k in writes else "inputs"].append(index[arg])
+            kernels.append(call)
+    if not kernels:
+        return None
+    return {"tensors": tensors, "kernels": kernels,
+            "workspace_bytes": int(fn.attrs.get(ATTR_WORKSPACE_BYTES, 0))}
+
+
+def graph_summaries(funcs: Mapping[str, PrimFunc],
+                    written: Mapping[str, frozenset[int]]) -> dict[str, Any]:
+    """The summaries of every function of `funcs` that calls kernels, by name."""
+    out = {}
+    for name, fn in funcs.items():
+        summary = graph_summary(fn, written)
+        if summary is not None:
+            out[name] = summary
+    return out
