@@ -44,21 +44,26 @@ def _parse_shapes(items: Sequence[str]) -> dict[str, tuple[int, ...]]:
 
 def _cmd_compile(args: argparse.Namespace) -> int:
     import kiln
+    from kiln.cli.progress import CompileProgress
     from kiln.frontend import from_onnx
+    from kiln.transform import PassContext
+    from kiln.transform.instruments import PassInstrument, TimingInstrument
 
     target = kiln.Target(args.target) if args.target != "host" else kiln.Target.from_host()
     t0 = time.perf_counter()
-    mod = from_onnx(args.model, _parse_shapes(args.shape))
-    from kiln.transform import PassContext
-    from kiln.transform.instruments import TimingInstrument
-
     timing = TimingInstrument()
-    with PassContext(instruments=[timing] if args.timings else []):
-        ex = kiln.compile(mod, target, system_lib_prefix=args.prefix, profile=args.profile)
-        if args.mlf:
-            kiln.export_model_library_format(ex, args.output, model_name=args.mlf)
-        else:
-            ex.export_library(args.output, cc=args.cc)
+    with CompileProgress(os.path.basename(args.model)) as progress:
+        progress.stage("importing the ONNX model")
+        mod = from_onnx(args.model, _parse_shapes(args.shape))
+        instruments: list[PassInstrument] = [timing] if args.timings else []
+        if progress.enabled:
+            instruments.append(progress)
+        with PassContext(instruments=instruments):
+            ex = kiln.compile(mod, target, system_lib_prefix=args.prefix, profile=args.profile)
+            if args.mlf:
+                kiln.export_model_library_format(ex, args.output, model_name=args.mlf)
+            else:
+                ex.export_library(args.output, cc=args.cc)
     print(f"compiled {args.model} for {target.kind.name} -> {args.output} "
           f"in {time.perf_counter() - t0:.2f} s")
     if args.timings:

@@ -20,6 +20,7 @@ from typing import Any
 from kiln.escape import html_text as h
 
 NODE_W, NODE_H, GAP_X, GAP_Y, MARGIN = 230, 58, 28, 54, 16
+SKIP_BOW = 56  # how far an edge that skips layers bows out to the right
 MEMORY_H, MEMORY_LEFT, MEMORY_TOP = 360, 84, 14
 # Bar colours of the memory plan, cycled.
 PALETTE = ("#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948", "#b07aa1",
@@ -130,10 +131,10 @@ def _layout(nodes: dict[str, _Node]) -> tuple[int, int]:
         for c, node in enumerate(row):
             column[node.key] = c
     widest = max((len(row) for row in layers), default=1)
-    width = MARGIN * 2 + widest * NODE_W + (widest - 1) * GAP_X
+    width = MARGIN * 2 + widest * NODE_W + (widest - 1) * GAP_X + SKIP_BOW
     for row in layers:
         used = len(row) * NODE_W + (len(row) - 1) * GAP_X
-        left = (width - used) / 2
+        left = (width - SKIP_BOW - used) / 2
         for c, node in enumerate(row):
             node.x = left + c * (NODE_W + GAP_X)
             node.y = MARGIN + node.layer * (NODE_H + GAP_Y)
@@ -154,12 +155,17 @@ def graph_svg(fname: str, g: dict[str, Any]) -> str:
     for node in nodes.values():
         for pred, t in node.preds:
             src = nodes[pred]
-            x1, y1 = src.x + NODE_W / 2, src.y + NODE_H
-            x2, y2 = node.x + NODE_W / 2, node.y
-            bend = GAP_Y / 2
+            if node.layer - src.layer > 1:  # skips layers: bow out right of the boxes
+                x1, y1 = src.x + NODE_W, src.y + NODE_H / 2
+                x2, y2 = node.x + NODE_W, node.y + NODE_H / 2
+                c1, c2 = (x1 + SKIP_BOW, y1), (x2 + SKIP_BOW, y2)
+            else:
+                x1, y1 = src.x + NODE_W / 2, src.y + NODE_H
+                x2, y2 = node.x + NODE_W / 2, node.y
+                c1, c2 = (x1, y1 + GAP_Y / 2), (x2, y2 - GAP_Y / 2)
             parts.append(
                 f'<path class="edge" data-tensor="{h(fname)}:{t}" marker-end="url(#arrow)" '
-                f'd="M {x1:.1f} {y1:.1f} C {x1:.1f} {y1 + bend:.1f} {x2:.1f} {y2 - bend:.1f} '
+                f'd="M {x1:.1f} {y1:.1f} C {c1[0]:.1f} {c1[1]:.1f} {c2[0]:.1f} {c2[1]:.1f} '
                 f'{x2:.1f} {y2:.1f}"><title>{h(tensors[t]["name"])}: '
                 f'{h(_shape(tensors[t]))}</title></path>')
     for node in nodes.values():
@@ -275,9 +281,7 @@ def render_report(metadata: dict[str, Any], source: str) -> str:
             f"<p>library metadata version {h(metadata.get('version', '?'))}, built by kiln "
             f"{h(metadata.get('kiln_version', '?'))}, symbol prefix "
             f"{h(metadata.get('prefix', '?'))}"
-            f"{', with profiling timers' if metadata.get('profile') else ''}</p>",
-            "<h2>Functions</h2>",
-            _table(["function", "kind", "parameters", "results"], _signature_rows(metadata))]
+            f"{', with profiling timers' if metadata.get('profile') else ''}</p>"]
     if not graphs:
         body.append('<p class="note">This library\'s metadata holds no graph summary (it '
                     "was written before library metadata version 2, or it has no lowered "
@@ -285,6 +289,8 @@ def render_report(metadata: dict[str, Any], source: str) -> str:
                     "plan pictures.</p>")
     for fname, g in graphs.items():
         body.append(_function_section(fname, g))
+    body += ["<h2>Functions</h2>",
+             _table(["function", "kind", "parameters", "results"], _signature_rows(metadata))]
     return "\n".join([
         "<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
         f"<title>kiln report: {h(source)}</title>", f"<style>{STYLE}</style></head><body>",

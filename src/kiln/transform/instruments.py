@@ -33,6 +33,9 @@ class PassInstrument:
     def run_after_pass(self, mod: IRModule, p: Pass) -> None:
         """Called with the module `p` returned."""
 
+    def enter_step(self, name: str, depth: int) -> None:
+        """Called when a backend step (codegen, link, export, ...) starts; see `timed_step`."""
+
     def record_step(self, name: str, depth: int, seconds: float) -> None:
         """Called when a backend step (codegen, link, export, ...) ends; see `timed_step`."""
 
@@ -57,6 +60,8 @@ def timed_step(name: str) -> Iterator[None]:
         yield
         return
     depth = getattr(_STEPS, "depth", 0)
+    for inst in instruments:
+        inst.enter_step(name, depth)
     _STEPS.depth = depth + 1
     start = time.perf_counter()
     try:
