@@ -1,4 +1,4 @@
-"""`kiln inspect`: what a kiln `.so`, `.tar` or `.a` holds, without running it."""
+"""`kiln inspect`: what a kiln `.so`, `.tar`, `.a` or MLF tar holds, without running it."""
 
 from __future__ import annotations
 
@@ -33,6 +33,14 @@ def _ar_members(path: str) -> list[bytes]:
     return members
 
 
+def report_metadata(path: str) -> dict[str, Any]:
+    """The metadata `kiln inspect --report` draws: the library's, or an MLF archive's."""
+    mlf = _mlf_members(path)
+    if mlf is not None:
+        return mlf_metadata(mlf, path)
+    return load_any(path)[1] or {}
+
+
 def load_any(path: str) -> tuple[Any, dict[str, Any], str]:
     """(artifacts, library metadata, file kind) of a kiln `.so`, `.tar`, blob or `.a`."""
     from kiln.artifact import load_with_metadata
@@ -63,12 +71,82 @@ def load_any(path: str) -> tuple[Any, dict[str, Any], str]:
     raise FormatError(f"{path}: a static library with no kiln blob in any of its objects")
 
 
+MLF_KIND = "Model Library Format archive"
+
+
+def _mlf_members(path: str) -> dict[str, bytes] | None:
+    """The files of a Model Library Format tar (docs/mlf.md) by path, or None if `path`
+    is not one (not a tar, or a tar without MLF's metadata.json)."""
+    import tarfile
+
+    if not tarfile.is_tarfile(path):
+        return None
+    with tarfile.open(path) as tar:
+        members = {m.name.removeprefix("./"): m for m in tar.getmembers() if m.isfile()}
+        if "metadata.json" not in members or "manifest.json" in members:
+            return None
+        files = {}
+        for name, member in members.items():
+            f = tar.extractfile(member)
+            if f is not None:
+                files[name] = f.read()
+    return files
+
+
+def mlf_metadata(files: dict[str, bytes], path: str) -> dict[str, Any]:
+    """The MLF metadata.json, with its model's entry point as a library-style "functions"."""
+    try:
+        meta: dict[str, Any] = json.loads(files["metadata.json"])
+    except ValueError as exc:
+        raise FormatError(f"{path}: metadata.json is not JSON: {exc}") from None
+    if not isinstance(meta, dict) or "model_name" not in meta:
+        raise FormatError(f"{path}: metadata.json has no model_name: not a Model Library "
+                          "Format archive")
+    meta.setdefault("functions", {"main": {"kind": "graph", "params": meta.get("inputs", []),
+                                           "results": meta.get("outputs", [])}})
+    return meta
+
+
+def _describe_mlf(path: str, files: dict[str, bytes]) -> dict[str, Any]:
+    meta = mlf_metadata(files, path)
+    functions = {name: {"kind": fn.get("kind"),
+                        "inputs": [_tensor(p) for p in fn.get("params", [])],
+                        "outputs": [_tensor(p) for p in fn.get("results", [])]}
+                 for name, fn in meta["functions"].items()}
+    target = meta.get("target") or {}
+    return {
+        "file": path, "kind": MLF_KIND, "format": "mlf", "format_version": meta.get("version"),
+        "kiln_version": meta.get("kiln_version"), "prefix": meta.get("prefix"),
+        "targets": [{"codegen": target.get("kind", "?"), "triple": target.get("mtriple", ""),
+                     "cpu": target.get("mcpu", "")}] if target else [],
+        "functions": functions,
+        "artifacts": [{"codegen": "mlf", "loader": "none", "name": name, "size": len(data),
+                       "linked": False} for name, data in files.items()],
+        "weight_bytes": sum(len(d) for n, d in files.items()
+                            if n.startswith("parameters/") and n.endswith(".params")),
+        "external_dependencies": list(meta.get("external_dependencies") or []),
+    }
+
+
+def _show_mlf(path: str, files: dict[str, bytes], member: str) -> str:
+    if member not in files:
+        raise ValueError(f"no file {member!r} in {path}; it has: {', '.join(files)}")
+    try:
+        return files[member].decode("utf-8")
+    except UnicodeDecodeError:
+        raise ValueError(f"{path}: {member} is binary ({len(files[member])} bytes); "
+                         "extract it with tar") from None
+
+
 def _tensor(p: dict[str, Any]) -> dict[str, Any]:
     return {"name": p.get("name"), "shape": p.get("shape"), "dtype": p.get("dtype")}
 
 
 def describe(path: str) -> dict[str, Any]:
     """Everything `kiln inspect` reports about `path`, as plain JSON-able data."""
+    mlf = _mlf_members(path)
+    if mlf is not None:
+        return _describe_mlf(path, mlf)
     artifacts, metadata, kind = load_any(path)
     functions = {}
     for name, fn in (metadata.get("functions") or {}).items():
@@ -113,7 +191,7 @@ def as_text(info: dict[str, Any]) -> str:
              f"  format:   {info['format']} version {info['format_version']} "
              f"(written by kiln {info['kiln_version']}), symbol prefix {info['prefix']!r}"]
     for t in info["targets"]:
-        lines.append(f"  target:   {t['codegen']}: {t['triple']}"
+        lines.append(f"  target:   {t['codegen']}" + (f": {t['triple']}" if t["triple"] else "")
                      + (f" cpu={t['cpu']}" if t["cpu"] else ""))
     lines.append(f"  weights:  {info['weight_bytes']} bytes")
     for d in info["external_dependencies"]:
@@ -143,6 +221,9 @@ def cmd_inspect(path: str, artifact: str | None, fmt: str | None) -> str:
         return json.dumps(info, indent=2) if fmt == "json" else as_text(info)
     from kiln.artifact import inspect_artifact
 
+    mlf = _mlf_members(path)
+    if mlf is not None:
+        return _show_mlf(path, mlf, artifact)
     artifacts, _, _ = load_any(path)
     codegen_id, _, file_name = artifact.partition("/")
     found = artifacts.get(codegen_id, file_name)

@@ -75,11 +75,11 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
     from kiln.cli.inspect import cmd_inspect
 
     if args.report is not None:
-        from kiln.cli.inspect import load_any
+        from kiln.cli.inspect import report_metadata
         from kiln.cli.report import write_report
 
-        _, metadata, _ = load_any(args.file)
-        print(write_report(metadata or {}, os.path.basename(args.file), args.report))
+        metadata = report_metadata(args.file)
+        print(write_report(metadata, os.path.basename(args.file), args.report))
         return 0
     print(cmd_inspect(args.file, args.artifact, args.format))
     return 0
@@ -177,7 +177,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "needs, e.g. aarch64-linux-gnu-gcc)")
     c.set_defaults(func=_cmd_compile)
 
-    i = verb(sub, "inspect", "what a .so, .tar or .a holds: functions, artifacts")
+    i = verb(sub, "inspect", "what a .so, .tar, .a or MLF tar holds: functions, artifacts")
     i.add_argument("file")
     i.add_argument("--artifact", "--show", dest="artifact",
                    help="CODEGEN/FILE to show, e.g. llvm/kernels.bc")

@@ -283,10 +283,10 @@ def render_report(metadata: dict[str, Any], source: str) -> str:
             f"{h(metadata.get('prefix', '?'))}"
             f"{', with profiling timers' if metadata.get('profile') else ''}</p>"]
     if not graphs:
-        body.append('<p class="note">This library\'s metadata holds no graph summary (it '
-                    "was written before library metadata version 2, or it has no lowered "
-                    "graph function): recompile it with this kiln for the graph and memory "
-                    "plan pictures.</p>")
+        body.append('<p class="note">This file\'s metadata holds no graph summary (a '
+                    "library written before library metadata version 2, a Model Library "
+                    "Format archive, or no lowered graph function): a .so, .tar or .a built "
+                    "by this kiln has the graph and memory plan pictures.</p>")
     for fname, g in graphs.items():
         body.append(_function_section(fname, g))
     body += ["<h2>Functions</h2>",
@@ -303,6 +303,6 @@ def write_report(metadata: dict[str, Any], source: str, out: str) -> str:
         f.write(render_report(metadata, source))
     graphs = metadata.get("graphs") or {}
     if not graphs:
-        return (f"wrote {out} (signatures only: {source} has no graph summary; recompile "
-                "it with this kiln for the pictures)")
+        return (f"wrote {out} (signatures only: the metadata of {source} holds no graph "
+                "summary; a .so, .tar or .a built by this kiln has one)")
     return f"wrote {out}: graph and memory plan of {', '.join(graphs)}"
