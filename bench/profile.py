@@ -14,6 +14,7 @@ Prints a table; asserts nothing (this is not a test).
 from __future__ import annotations
 
 import argparse
+from functools import partial
 from pathlib import Path
 
 import harness
@@ -43,7 +44,7 @@ def main() -> None:
             inputs = [rng.standard_normal(p["shape"]).astype(p["dtype"]) for p in sig]
             timed.profile_reset()
             ms = harness.alternating_blocks_ms(
-                {"off": lambda: plain["main"](*inputs), "on": lambda: timed["main"](*inputs)},
+                {"off": partial(plain["main"], *inputs), "on": partial(timed["main"], *inputs)},
                 args.calls)
             rows = timed.profile()
             whole = sum(r.total_ns for r in rows if r.kernel is None)
