@@ -122,3 +122,59 @@ def test_run_profile_without_timers_is_one_clear_line(built: Path) -> None:
     line = one_line_error(run_kiln("run", "mlp.so", "--fill", "random", "--profile",
                                    cwd=built))
     assert "built without profiling timers" in line and "--profile" in line
+
+
+DEPLOY_C = r"""
+#include <stdio.h>
+#include <string.h>
+#include "cnn.h"
+
+int main(void) {
+  static float image[1 * 3 * 16 * 16];
+  static float logits[10];
+  int64_t in_shape[4] = {1, 3, 16, 16}, out_shape[2] = {1, 10};
+  DLTensor in = kiln_tensor(image, 4, in_shape, KILN_FLOAT32);
+  DLTensor out = kiln_tensor(logits, 2, out_shape, KILN_FLOAT32);
+  DLTensor *tensors[2] = {&in, &out};
+  const char *function, *kernel;
+  uint64_t calls, total_ns, kernels_ns = 0, whole_ns = 0;
+  int32_t site;
+  for (int i = 0; i < 5; ++i) {
+    if (kiln_call_tensors(kiln_main, tensors, 2) != 0) {
+      printf("error %s\n", kiln__last_error());
+      return 1;
+    }
+  }
+  for (site = 0; kiln__profile_read(site, &function, &kernel, &calls, &total_ns) == 0; ++site) {
+    printf("%s %s %llu\n", function, kernel[0] ? kernel : "-", (unsigned long long)calls);
+    if (kernel[0]) kernels_ns += total_ns; else whole_ns = total_ns;
+  }
+  kiln__profile_reset();
+  kiln__profile_read(0, NULL, NULL, &calls, NULL);
+  printf("sites %d kernels<=whole %d after-reset %llu\n", (int)site,
+         kernels_ns <= whole_ns && kernels_ns > 0, (unsigned long long)calls);
+  return 0;
+}
+"""
+
+
+def test_profile_from_c_through_the_static_library_header(tmp_path: Path) -> None:
+    """The .a's generated header declares the profiling accessors; a C program reads them."""
+    from kiln.runtime import include_dir
+
+    done = run_kiln("compile", str(CNN), "-t", "c", "--profile", "-o", "cnn.a", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    (tmp_path / "deploy.c").write_text(DEPLOY_C)
+    header = (tmp_path / "cnn.h").read_text()
+    link = re.search(r"Link with: (.*)", header)
+    assert link and "kiln__profile_read(" in header
+    built = subprocess.run(["cc", "-std=c11", "-Wall", "-Werror", f"-I{include_dir()}",
+                            "deploy.c", *link.group(1).split(), "-o", "deploy"],
+                           cwd=tmp_path, capture_output=True, text=True)
+    assert built.returncode == 0, built.stderr
+    ran = subprocess.run(["./deploy"], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert ran.returncode == 0, ran.stdout + ran.stderr
+    lines = ran.stdout.splitlines()
+    callees = lowered_callees()
+    assert lines[:-1] == [f"main {c} 5" for c in callees] + ["main - 5"]
+    assert lines[-1] == f"sites {len(callees) + 1} kernels<=whole 1 after-reset 0"

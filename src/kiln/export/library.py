@@ -395,6 +395,16 @@ def static_header(metadata: Mapping[str, Any], prefix: str, header_name: str,
         "/* Library metadata (JSON, docs/abi.md). */",
         f"const char *{prefix}_metadata(void);",
         "",
+    ]
+    if metadata.get("profile"):
+        lines += [
+            "/* Per-kernel timings (built with profile=True; docs/abi.md, \"Profiling\"). */",
+            f"int32_t {prefix}_profile_read(int32_t site, const char **function, "
+            "const char **kernel, uint64_t *calls, uint64_t *total_ns);",
+            f"void {prefix}_profile_reset(void);",
+            "",
+        ]
+    lines += [
         "#ifdef __cplusplus",
         "}",
         "#endif",
