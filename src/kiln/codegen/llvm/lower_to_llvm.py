@@ -37,12 +37,7 @@ from kiln.codegen.llvm.dtypes import (
 )
 from kiln.codegen.llvm.float16 import HalfConversions
 from kiln.codegen.llvm.intrinsics import emit_intrinsic
-from kiln.codegen.naming import (
-    consts_symbol,
-    kernel_symbol,
-    parallel_for_symbol,
-    profile_symbol,
-)
+from kiln.codegen.naming import consts_symbol, kernel_symbol, parallel_for_symbol, profile_symbol
 from kiln.errors import CompileError, IRError
 from kiln.escape import c_identifier, is_c_identifier
 from kiln.ir import dtype as dt
