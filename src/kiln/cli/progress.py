@@ -22,6 +22,16 @@ from kiln.transform.pass_base import Pass
 SHOW_AFTER = 1.0
 
 
+def _console(out: IO[str]) -> Any:
+    """A rich console writing to `out`, or None when rich is not installed (an install
+    without it compiles without the display)."""
+    try:
+        from rich.console import Console
+    except ImportError:
+        return None
+    return Console(file=out)
+
+
 class CompileProgress(PassInstrument):
     """A one-line live display of the running pass or backend step.
 
@@ -35,9 +45,7 @@ class CompileProgress(PassInstrument):
         out = stream if stream is not None else sys.stderr
         self.console: Any = None
         if out.isatty():
-            from rich.console import Console
-
-            self.console = Console(file=out)
+            self.console = _console(out)
         self.enabled = bool(self.console is not None and self.console.is_terminal
                             and not self.console.is_dumb_terminal)
         self.show_after = show_after
