@@ -46,15 +46,19 @@ def graph_summary(fn: PrimFunc, written: Mapping[str, frozenset[int]]) -> dict[s
     n_out = int(fn.attrs.get(ATTR_NUM_OUTPUTS, 0))
     for k, buf in enumerate(buffers):
         add(buf, "output" if k >= len(buffers) - n_out else "input")
-    arenas = {s.buffer for s in iter_stmts(fn.body) if isinstance(s, Allocate)}
+    # Byte offset into the arena of every buffer placed in it (views of views add up).
+    placed: dict[Buffer, int] = {s.buffer: 0 for s in iter_stmts(fn.body)
+                                 if isinstance(s, Allocate)}
     kernels: list[dict[str, Any]] = []
     for s in iter_stmts(fn.body):
         if isinstance(s, AllocConst):
             add(s.buffer, "weight")
         elif isinstance(s, DeclBuffer):
-            planned = s.source in arenas
-            add(s.buffer, "workspace" if planned else "buffer",
-                s.byte_offset if planned else None)
+            if s.source in placed:
+                placed[s.buffer] = placed[s.source] + s.byte_offset
+                add(s.buffer, "workspace", placed[s.buffer])
+            else:
+                add(s.buffer, "buffer")
         elif isinstance(s, CallFunc):
             writes = written.get(s.func, frozenset())
             call: dict[str, Any] = {"name": s.func, "inputs": [], "outputs": []}
