@@ -45,7 +45,7 @@ def test_live_workspace_tensors_never_share_bytes(compiled: kiln.Executable) -> 
     placed = [(t, i) for t, i in enumerate(g["tensors"]) if i["kind"] == "workspace" and t in span]
     assert placed
     for t, a in placed:
-        assert 0 <= a["offset"] and a["offset"] + a["bytes"] <= g["workspace_bytes"]
+        assert a["offset"] >= 0 and a["offset"] + a["bytes"] <= g["workspace_bytes"]
         for u, b in placed:
             live_together = span[t][0] <= span[u][1] and span[u][0] <= span[t][1]
             disjoint = (a["offset"] + a["bytes"] <= b["offset"]
