@@ -29,7 +29,11 @@ CONFIGS = {
     "thread pool": ["-DKILN_HOST_PARALLEL"],
     "pool without threads": ["-DKILN_HOST_PARALLEL", "-DKILN_NO_THREADS"],
     "no threads": ["-DKILN_NO_THREADS"],
+    "profiling": ["-DKILN_HOST_PROFILE=3"],
+    "profiling without threads": ["-DKILN_HOST_PROFILE=3", "-DKILN_NO_THREADS"],
 }
+PROFILE_SYMBOLS = ["kiln_profile_read", "kiln_profile_reset", "kiln_profile_start",
+                   "kiln_profile_stop"]
 
 
 def test_ships_next_to_kiln_h() -> None:
@@ -52,6 +56,10 @@ def test_compiles_standalone_with_werror(config: str, std: str, tmp_path: Path) 
     assert proc.returncode == 0, proc.stderr
     symbols = subprocess.run(["nm", "-g", "--defined-only", str(obj)], capture_output=True,
                              text=True, check=True).stdout.split()
-    # Only the pool's entry is global; every check helper is static.
+    # Only the pool's entry and the profiling timers are global; every check helper is static.
     assert ("kiln_parallel_for" in symbols) == ("-DKILN_HOST_PARALLEL" in CONFIGS[config])
-    assert [s for s in symbols if s.startswith("kiln_") and s != "kiln_parallel_for"] == []
+    profiled = any(flag.startswith("-DKILN_HOST_PROFILE") for flag in CONFIGS[config])
+    assert sorted(s for s in symbols if s.startswith("kiln_profile")) == (
+        PROFILE_SYMBOLS if profiled else [])
+    assert [s for s in symbols if s.startswith("kiln_") and s != "kiln_parallel_for"
+            and not s.startswith("kiln_profile")] == []
