@@ -5,7 +5,7 @@ VPY     := $(VENV)/bin/python
 STAMP   := $(VENV)/.installed
 APT_PKGS := gcc make binutils gcc-arm-none-eabi libnewlib-arm-none-eabi gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user libopenblas-dev lld
 
-.PHONY: demo test lint typecheck unit apt clean
+.PHONY: demo test lint typecheck unit apt clean docs
 
 $(STAMP): pyproject.toml requirements.txt
 	$(PY) -m venv $(VENV)
@@ -31,6 +31,10 @@ unit: $(STAMP)
 	$(VPY) -m pytest tests
 
 test: apt lint unit
+
+# The API reference, generated from the docstrings of the public names.
+docs: $(STAMP)
+	$(VPY) -m pdoc -o build/api kiln
 
 clean:
 	rm -rf $(VENV) build .pytest_cache .mypy_cache .ruff_cache

@@ -7,8 +7,10 @@ docs/**/*.md, so a new page is picked up by itself):
   namespace, from a scratch directory holding links to the repository's `models/`
   and `examples/`. A block whose first line starts with `>>>` is a doctest: its
   printed output must match (whitespace-normalized, `...` as a wildcard).
-- ```sh, ```bash and ```console blocks run with `bash -e -o pipefail` in the same
+- ```sh, ```bash and ```console blocks run with `bash -e` in the same
   directory at their place in the order; `kiln` and `python` are this checkout's.
+  No `pipefail`, as in a user's shell: `kiln inspect m.so | head` is fine, so a
+  command whose status matters must not be piped.
   In ```console blocks only `$ ` lines are commands. Lines that start with `make`,
   `pip`, `apt-get` or `sudo` change the machine and are skipped (the Makefile and
   tests/packaging cover them), and so are `pytest` runs (the suite runs itself).
@@ -71,7 +73,7 @@ def shell_script(block: Block) -> str:
     lines = [f": skipped {line.strip()!r}" if SKIPPED_COMMANDS.match(line) else line
              for line in lines]
     # Line 1 is never part of a block (it holds at least the fence).
-    header = 'set -eo pipefail; trap \'echo "failed at line $LINENO" >&2\' ERR'
+    header = 'set -e; trap \'echo "failed at line $LINENO" >&2\' ERR'
     return header + "\n" * (block.line - 1) + "\n".join(lines) + "\n"
 
 
