@@ -9,7 +9,8 @@ docs/**/*.md, so a new page is picked up by itself):
   printed output must match (whitespace-normalized, `...` as a wildcard).
 - ```sh, ```bash and ```console blocks run with `bash -e` in the same
   directory at their place in the order; `kiln` and `python` are this checkout's.
-  No `pipefail`, as in a user's shell: `kiln inspect m.so | head` is fine, so a
+  Shell variables set in one block are defined in the next ones, as in one
+  terminal. No `pipefail`, as in a user's shell: `kiln inspect m.so | head` is fine, so a
   command whose status matters must not be piped.
   In ```console blocks only `$ ` lines are commands. Lines that start with `make`,
   `pip`, `apt-get` or `sudo` change the machine and are skipped (the Makefile and
@@ -73,7 +74,10 @@ def shell_script(block: Block) -> str:
     lines = [f": skipped {line.strip()!r}" if SKIPPED_COMMANDS.match(line) else line
              for line in lines]
     # Line 1 is never part of a block (it holds at least the fence).
-    header = 'set -e; trap \'echo "failed at line $LINENO" >&2\' ERR'
+    # Variables carry over to the page's next block (`set -a` exports them), as in a terminal.
+    header = ("set -e -a; if [ -f .shell_vars ]; then . ./.shell_vars; fi; "
+              "trap 'export -p > .shell_vars' EXIT; "
+              "trap 'echo \"failed at line $LINENO\" >&2' ERR")
     return header + "\n" * (block.line - 1) + "\n".join(lines) + "\n"
 
 

@@ -82,7 +82,8 @@ def test_a_failing_block_is_named_by_its_line(tmp_path: Path, text: str, line: i
 
 
 def test_blocks_of_a_page_share_one_namespace_in_order(tmp_path: Path) -> None:
-    text = ("# p\n```python\nimport json\nx = 41\n```\n```sh\necho 42 > n.txt\n```\n"
-            "```python\n>>> x + int(open('n.txt').read()) - 42\n41\n```\n")
+    text = ("# p\n```python\nimport json\nx = 41\n```\n```sh\nN=42\necho $N > n.txt\n```\n"
+            "```python\n>>> x + int(open('n.txt').read()) - 42\n41\n```\n"
+            "```sh\ntest \"$N\" = 42\n```\n")
     proc = _run_page(tmp_path, text)
     assert proc.returncode == 0, proc.stderr
