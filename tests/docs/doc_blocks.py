@@ -14,7 +14,8 @@ docs/**/*.md, so a new page is picked up by itself):
   command whose status matters must not be piped.
   In ```console blocks only `$ ` lines are commands. Lines that start with `make`,
   `pip`, `apt-get` or `sudo` change the machine and are skipped (the Makefile and
-  tests/packaging cover them), and so are `pytest` runs (the suite runs itself).
+  tests/packaging cover them), and so are `pytest` runs (the suite runs itself)
+  and `python bench/...` (benchmarks take minutes and print timings to read).
 - ```c blocks that are complete programs (they define `main`) are compiled with
   `cc -Wall -Werror` against kiln's header; other C fragments are not compiled.
 - Everything else (```text, ```json, ```llvm, ```toml, untagged) is not executed:
@@ -38,7 +39,8 @@ from pathlib import Path
 FENCE = re.compile(r"^```([\w+-]*)[^\n]*\n(.*?)^```[ \t]*$", re.M | re.S)
 RUN = {"python": "python", "py": "python", "sh": "sh", "bash": "sh", "console": "console",
        "c": "c"}
-SKIPPED_COMMANDS = re.compile(r"^\s*(make|pip|pip3|apt-get|sudo|(python -m )?pytest)(\s|$)")
+SKIPPED_COMMANDS = re.compile(
+    r"^\s*(make|pip|pip3|apt-get|sudo|(python -m )?pytest|(\S*/)?python3? bench/\S+)(\s|$)")
 
 
 @dataclass(frozen=True)

@@ -33,7 +33,7 @@ def _shims(bin_dir: Path) -> None:
 @pytest.mark.parametrize("page", PAGES, ids=[str(p.relative_to(ROOT)) for p in PAGES])
 def test_code_blocks_run(page: Path, tmp_path: Path) -> None:
     if not blocks(page.read_text()):
-        pytest.skip(f"{page.name} has no runnable block")
+        pytest.skip(f"{page.relative_to(ROOT)} has no runnable block")
     for name in ("models", "examples"):
         (tmp_path / name).symlink_to(ROOT / name)
     _shims(tmp_path / ".bin")
@@ -54,10 +54,14 @@ def test_blocks_are_found_with_their_lines() -> None:
 
 
 def test_machine_changing_lines_are_skipped() -> None:
-    (block,) = blocks("x\n```sh\nmake demo\npip install kiln-tensor\nkiln --version\n```\n")
+    page = ("x\n```sh\nmake demo\npip install kiln-tensor\nkiln --version\n"
+            ".venv/bin/python bench/models.py --models small\npython bench_notes.py\n```\n")
+    (block,) = blocks(page)
     script = shell_script(block).splitlines()
-    assert script[2:5] == [": skipped 'make demo'", ": skipped 'pip install kiln-tensor'",
-                           "kiln --version"]
+    assert script[2:7] == [": skipped 'make demo'", ": skipped 'pip install kiln-tensor'",
+                           "kiln --version",
+                           ": skipped '.venv/bin/python bench/models.py --models small'",
+                           "python bench_notes.py"]
 
 
 def _run_page(tmp_path: Path, text: str) -> subprocess.CompletedProcess[str]:
@@ -73,7 +77,7 @@ def _run_page(tmp_path: Path, text: str) -> subprocess.CompletedProcess[str]:
     ("# p\n```python\n>>> 1 + 1\n3\n```\n", 3),
     ("# p\n```sh\ntrue\nfalse\necho never\n```\n", 3),
     ("# p\n```c\nint main(void) { int unused; return 0; }\n```\n", 3),
-])
+], ids=["python", "doctest", "sh", "c"])
 def test_a_failing_block_is_named_by_its_line(tmp_path: Path, text: str, line: int) -> None:
     proc = _run_page(tmp_path, text)
     assert proc.returncode == 1
