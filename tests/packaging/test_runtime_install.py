@@ -14,6 +14,7 @@ import shutil
 import subprocess
 import sys
 import textwrap
+import tomllib
 import zipfile
 from pathlib import Path
 
@@ -105,3 +106,13 @@ def test_runtime_wheel_loads_and_runs_with_numpy_only(tmp_path: Path) -> None:
     _run(venv / "bin" / "kiln", "run", library, "--input", f"x={tmp_path / 'x.npy'}",
          "--output", tmp_path / "y_cli.npy", cwd=work)
     np.testing.assert_allclose(np.load(tmp_path / "y_cli.npy"), expected, rtol=1e-5, atol=1e-6)
+
+
+def test_the_version_is_written_once() -> None:
+    """`kiln.__version__` is the one source: pyproject reads it, nothing in src/ repeats it."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert "version" not in project and "version" in project["dynamic"]
+    literal = repr(kiln.__version__)[1:-1]
+    repeats = [str(p.relative_to(ROOT)) for p in (ROOT / "src").rglob("*.py")
+               if literal in p.read_text() and p != ROOT / "src" / "kiln" / "__init__.py"]
+    assert repeats == [], f"the version string {literal!r} is repeated in {repeats}"
