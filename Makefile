@@ -5,7 +5,7 @@ VPY     := $(VENV)/bin/python
 STAMP   := $(VENV)/.installed
 APT_PKGS := gcc make binutils gcc-arm-none-eabi libnewlib-arm-none-eabi gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user libopenblas-dev lld
 
-.PHONY: demo test lint typecheck unit apt clean docs
+.PHONY: demo test lint typecheck unit apt clean
 
 $(STAMP): pyproject.toml requirements.txt
 	$(PY) -m venv $(VENV)
@@ -33,6 +33,7 @@ unit: $(STAMP)
 test: apt lint unit
 
 # The API reference, generated from the docstrings of the public names.
+.PHONY: docs
 docs: $(STAMP)
 	$(VPY) -m pdoc -o build/api kiln
 
