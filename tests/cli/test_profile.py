@@ -65,7 +65,8 @@ def test_run_profile_sums_to_the_whole_call(tmp_path: Path, backend: str) -> Non
 @pytest.mark.parametrize("backend", ["llvm", "c"])
 def test_python_profile_in_a_fresh_process(tmp_path: Path, backend: str) -> None:
     """profile() rows from Python; the whole call is timed in ns (a fraction of the wall
-    time around the same calls, which adds Python's argument packing); reset zeroes."""
+    time around the same calls, which adds Python's argument packing; a busy machine may
+    stretch the wall time, hence the loose bound); reset zeroes."""
     lib = tmp_path / "cnn.so"
     kiln.compile(str(CNN), backend, profile=True).export_library(lib)
     script = textwrap.dedent(f"""
@@ -77,13 +78,14 @@ def test_python_profile_in_a_fresh_process(tmp_path: Path, backend: str) -> None
         lib.profile_reset()
         assert all(r.calls == 0 and r.total_ns == 0 for r in lib.profile())
         t0 = time.perf_counter_ns()
-        for _ in range(20):
+        for _ in range(200):
             lib["main"](x)
         wall = time.perf_counter_ns() - t0
         rows = lib.profile()
         whole = [r for r in rows if r.kernel is None]
-        assert len(whole) == 1 and whole[0].calls == 20, rows
-        assert 0.05 * wall < whole[0].total_ns < wall, (whole, wall)
+        assert len(whole) == 1 and whole[0].calls == 200, rows
+        # Nanoseconds: inside the wall time, and not 1000 times too small (microseconds).
+        assert 0.01 * wall < whole[0].total_ns < wall, (whole, wall)
         print(",".join(r.kernel for r in rows if r.kernel))
     """)
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
