@@ -29,25 +29,38 @@ def page(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return where / "report.html"
 
 
+# Appended to a copy of the page: Chromium writes each SVG element's rendered box into
+# the DOM, so --dump-dom shows what was laid out, not just what the file says.
+MEASURE = """<script>
+document.querySelectorAll('svg, svg rect, svg g').forEach(function (e) {
+  var b = e.getBoundingClientRect();
+  e.setAttribute('data-box', Math.round(b.width) + 'x' + Math.round(b.height));
+});
+</script>"""
+
+
 class SvgShapes(HTMLParser):
-    """Per <svg id=...>: its <rect>s of non-zero size and its <g> node boxes."""
+    """Per <svg id=...>: its rendered box, and its <rect>s and <g>s rendered non-empty."""
 
     def __init__(self) -> None:
         super().__init__()
         self.svg: str | None = None
+        self.boxes: dict[str, tuple[int, int]] = {}
         self.rects: dict[str, list[dict[str, str]]] = {}
         self.groups: dict[str, int] = {}
 
     def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
         a = {k: v or "" for k, v in attrs}
+        w, _, h = a.get("data-box", "0x0").partition("x")
+        rendered = int(w) > 0 and int(h) > 0
         if tag == "svg":
             self.svg = a.get("id", "")
+            self.boxes[self.svg] = (int(w), int(h))
             self.rects.setdefault(self.svg, [])
             self.groups.setdefault(self.svg, 0)
-        elif self.svg is not None and tag == "rect":
-            if float(a.get("width", 0)) > 0 and float(a.get("height", 0)) > 0:
-                self.rects[self.svg].append(a)
-        elif self.svg is not None and tag == "g":
+        elif self.svg is not None and tag == "rect" and rendered:
+            self.rects[self.svg].append(a)
+        elif self.svg is not None and tag == "g" and rendered:
             self.groups[self.svg] += 1
 
     def handle_endtag(self, tag: str) -> None:
@@ -71,7 +84,9 @@ def test_chromium_renders_the_graph_and_the_memory_plan(page: Path, tmp_path: Pa
              "--disable-background-networking", "--disable-component-update", "--disable-sync",
              "--no-first-run", f"--user-data-dir={tmp_path / 'profile'}",
              "--window-size=1200,1800"]
-    dom = subprocess.run([*flags, "--dump-dom", page.as_uri()], capture_output=True,
+    measured = tmp_path / "measured.html"
+    measured.write_text(page.read_text().replace("</body>", MEASURE + "</body>"))
+    dom = subprocess.run([*flags, "--dump-dom", measured.as_uri()], capture_output=True,
                          text=True, timeout=120)
     assert dom.returncode == 0, dom.stderr
     shot = tmp_path / "report.png"
@@ -85,6 +100,7 @@ def test_chromium_renders_the_graph_and_the_memory_plan(page: Path, tmp_path: Pa
     graph = metadata["graphs"]["main"]
     kernels = len(graph["kernels"])
     io = sum(1 for t in graph["tensors"] if t["kind"] in ("input", "output"))
+    assert min(shapes.boxes["graph-main"]) > 100 and min(shapes.boxes["memory-main"]) > 100
     # One box per kernel call and per input/output tensor.
     assert shapes.groups["graph-main"] == kernels + io
     assert len(shapes.rects["graph-main"]) == kernels + io
