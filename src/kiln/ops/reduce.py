@@ -23,7 +23,8 @@ from kiln.ir.types import TensorType, TupleType, Type
 from kiln.ops import te
 from kiln.ops._numpy import is_float, widen, work
 from kiln.ops.onnx_map import Converter, GraphContext, onnx_op
-from kiln.ops.registry import register_op
+from kiln.ops.registry import OPS, register_op
+from kiln.ops.row_kernels import RowOp
 
 Attrs = Mapping[str, Any]
 
@@ -395,10 +396,12 @@ def _log_softmax_ref(x: np.ndarray, axis: int = -1, **attrs: Any) -> np.ndarray:
     return (s - np.log(np.exp(s).sum(axis=axis, keepdims=True))).astype(x.dtype)
 
 
-register_op("softmax", pattern="opaque", infer=_same_type, compute=_softmax_compute(False),
-            reference=_softmax_ref)
-register_op("log_softmax", pattern="opaque", infer=_same_type, compute=_softmax_compute(True),
-            reference=_log_softmax_ref)
+# Row kernels built by hand (kiln.ops.row_kernels); FuseOps fuses elementwise chains
+# on both sides of them.
+OPS.register("softmax", RowOp("softmax", "reduce", _same_type, _softmax_compute(False),
+                              _softmax_ref))
+OPS.register("log_softmax", RowOp("log_softmax", "reduce", _same_type, _softmax_compute(True),
+                                  _log_softmax_ref))
 
 
 # --------------------------------------------------------------------------- layer norm
@@ -466,8 +469,8 @@ def _layer_norm_ref(x: np.ndarray, scale: np.ndarray | None = None,
     return y.astype(x.dtype)
 
 
-register_op("layer_norm", pattern="opaque", infer=_layer_norm_infer,
-            compute=_layer_norm_compute, reference=_layer_norm_ref)
+OPS.register("layer_norm", RowOp("layer_norm", "reduce", _layer_norm_infer, _layer_norm_compute,
+                                 _layer_norm_ref))
 
 
 # --------------------------------------------------------------------------- ONNX mapping

@@ -1,0 +1,271 @@
+"""Row kernels: softmax, log_softmax and layer_norm over the last axis, built by hand.
+
+Their tensor-expression definitions (kiln.ops.reduce) materialize a row max and
+a row sum (softmax) or a mean and a variance (layer_norm) in global arrays, each
+in its own loop nest, then normalize in a third. These kernels walk one row at
+a time instead, every row's statistics held in `lanes` stack accumulators (the
+innermost loops are `vectorized` of constant extent, lanes along the row):
+
+- softmax: pass 1 the row max; pass 2 `e = exp(x - max)` stored into the
+  output while summing; pass 3, over the output only (in cache), `e * (1/sum)`.
+  One `exp` per element (an online max/sum in two passes would need three: two
+  while rescaling the running sum, one to normalize);
+- log_softmax: pass 1 the max; pass 2 the sum of `exp(x - max)`; pass 3
+  `x - max - log(sum)`;
+- layer_norm: one pass of shifted sums `sum(x - k)` and `sum((x - k)^2)`, `k`
+  the row's first element (so float32 keeps its accuracy when the mean is large
+  against the spread), then `(x - mean) * rsqrt(var + eps) * scale + bias`.
+
+Rows split over threads (the row loop is `parallel` when the tensor holds at
+least `PARALLEL_MIN_ELEMENTS`). FuseOps may hand these kernels an elementwise
+chain on each side (`lower_fused`): producers are inlined where the row is read
+(a scale, a mask, a residual add), consumers where the result is stored.
+Other dtypes and axes keep the tensor-expression definitions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from kiln.errors import IRError
+from kiln.ir.dtype import INDEX_DTYPE
+from kiln.ir.tensor import (
+    Allocate,
+    Buffer,
+    Const,
+    For,
+    LetStmt,
+    PrimExpr,
+    PrimFunc,
+    Stmt,
+    Store,
+    Var,
+    as_expr,
+    intrin,
+    max_,
+    seq,
+)
+from kiln.ops import te
+from kiln.ops.conv_direct import _Substitute, target_lanes
+from kiln.ops.registry import HandBuiltOp
+
+Attrs = Mapping[str, Any]
+SOFTMAX, LOG_SOFTMAX, LAYER_NORM = "softmax", "log_softmax", "layer_norm"
+F32 = "float32"
+# A row loop runs on the thread pool from this many elements on (below, a launch
+# costs more than the rows it would share out).
+PARALLEL_MIN_ELEMENTS = 16384
+
+Reader = Callable[[PrimExpr], PrimExpr]  # the row's element j (an index expression)
+
+
+def _c(v: int) -> Const:
+    return Const(v, INDEX_DTYPE)
+
+
+def _tree(values: Sequence[PrimExpr], combine: Callable[[PrimExpr, PrimExpr], PrimExpr]
+          ) -> PrimExpr:
+    """`values` combined pairwise (a balanced tree: shallow, and sums stay accurate)."""
+    items = list(values)
+    while len(items) > 1:
+        items = [combine(items[k], items[k + 1]) if k + 1 < len(items) else items[k]
+                 for k in range(0, len(items), 2)]
+    return items[0]
+
+
+@dataclass(frozen=True)
+class RowLoops:
+    """Loops over one row of `n` elements in chunks of `lanes` (vectorized) plus a tail."""
+
+    n: int
+    lanes: int
+
+    def each(self, body: Callable[[PrimExpr, PrimExpr], Stmt]) -> Stmt:
+        """`body(j, lane)` for every element j of the row, lane = j's accumulator."""
+        chunks, tail = divmod(self.n, self.lanes)
+        parts: list[Stmt] = []
+        if chunks:
+            c, lane = Var("c", INDEX_DTYPE), Var("l", INDEX_DTYPE)
+            inner = For(lane, _c(0), _c(self.lanes), "vectorized",
+                        body(c * self.lanes + lane, lane))
+            parts.append(For(c, _c(0), _c(chunks), "serial", inner) if chunks > 1 else
+                         _bind_zero(c, inner))
+        if tail:
+            lane = Var("t", INDEX_DTYPE)
+            parts.append(For(lane, _c(0), _c(tail), "serial",
+                             body(lane + chunks * self.lanes, lane)))
+        return seq(*parts)
+
+    def accumulators(self, name: str, init: PrimExpr) -> tuple[Buffer, list[Stmt]]:
+        """A stack array of one accumulator per lane, and the statements setting it."""
+        acc = Buffer(name, (self.lanes,), init.dtype, "local")
+        lane = Var("l", INDEX_DTYPE)
+        return acc, [Allocate(acc), For(lane, _c(0), _c(self.lanes), "vectorized",
+                                        Store(acc, init, (lane,)))]
+
+    def combined(self, acc: Buffer, combine: Callable[[PrimExpr, PrimExpr], PrimExpr]
+                 ) -> PrimExpr:
+        return _tree([acc[_c(k)] for k in range(self.lanes)], combine)
+
+
+def _bind_zero(var: Var, body: Stmt) -> Stmt:
+    return seq(LetStmt(var, _c(0)), body)
+
+
+def _let(name: str, value: PrimExpr) -> tuple[Var, Stmt]:
+    v = Var(name, value.dtype)
+    return v, LetStmt(v, value)
+
+
+def softmax_row(loops: RowLoops, read: Reader, out_at: Callable[[PrimExpr], Any],
+                store: Callable[[PrimExpr, PrimExpr], Stmt], log: bool) -> Stmt:
+    """One row of softmax (or log_softmax): `read(j)` is the input element j,
+    `store(j, v)` writes result element j (applying any epilogue), `out_at(j)` reads
+    back what pass 2 stored (softmax only)."""
+    m, init_m = loops.accumulators("row_max", te.lowest_value(F32))
+    s, init_s = loops.accumulators("row_sum", as_expr(0.0, F32))
+    pass1 = loops.each(lambda j, lane: Store(m, max_(m[lane], read(j)), (lane,)))
+    mx, let_mx = _let("mx", loops.combined(m, max_))
+    if log:
+        pass2 = loops.each(lambda j, lane: Store(
+            s, s[lane] + intrin("exp", read(j) - mx), (lane,)))
+        shift, let_shift = _let("shift", mx + intrin("log", loops.combined(s, _add)))
+        pass3 = loops.each(lambda j, lane: store(j, read(j) - shift))
+        return seq(*init_m, pass1, let_mx, *init_s, pass2, let_shift, pass3)
+
+    def exp_and_sum(j: PrimExpr, lane: PrimExpr) -> Stmt:
+        e, let_e = _let("e", intrin("exp", read(j) - mx))
+        buf, idx = out_at(j)
+        return seq(let_e, Store(buf, e, idx), Store(s, s[lane] + e, (lane,)))
+
+    pass2 = loops.each(exp_and_sum)
+    inv, let_inv = _let("inv", as_expr(1.0, F32) / loops.combined(s, _add))
+
+    def scale(j: PrimExpr, lane: PrimExpr) -> Stmt:
+        buf, idx = out_at(j)
+        return store(j, buf[idx] * inv)
+
+    return seq(*init_m, pass1, let_mx, *init_s, pass2, let_inv, loops.each(scale))
+
+
+def layer_norm_row(loops: RowLoops, read: Reader, store: Callable[[PrimExpr, PrimExpr], Stmt],
+                   affine: Callable[[PrimExpr, PrimExpr], PrimExpr], eps: float) -> Stmt:
+    """One row of layer_norm: shifted sums in one pass, then normalize; `affine(j, y)`
+    applies scale and bias to normalized element j."""
+    k, let_k = _let("k", read(_c(0)))
+    s1, init1 = loops.accumulators("sum", as_expr(0.0, F32))
+    s2, init2 = loops.accumulators("sum_sq", as_expr(0.0, F32))
+
+    def accumulate(j: PrimExpr, lane: PrimExpr) -> Stmt:
+        d, let_d = _let("d", read(j) - k)
+        return seq(let_d, Store(s1, s1[lane] + d, (lane,)), Store(s2, s2[lane] + d * d, (lane,)))
+
+    n = as_expr(float(loops.n), F32)
+    mean_d, let_mean_d = _let("mean_d", loops.combined(s1, _add) / n)
+    var = max_(loops.combined(s2, _add) / n - mean_d * mean_d, as_expr(0.0, F32))
+    rstd, let_rstd = _let("rstd", intrin("rsqrt", var + as_expr(eps, F32)))
+    mean, let_mean = _let("mean", k + mean_d)
+    pass2 = loops.each(lambda j, lane: store(j, affine(j, (read(j) - mean) * rstd)))
+    return seq(let_k, *init1, *init2, loops.each(accumulate), let_mean_d, let_rstd, let_mean,
+               pass2)
+
+
+def _add(a: PrimExpr, b: PrimExpr) -> PrimExpr:
+    return a + b
+
+
+def _unflatten(r: PrimExpr, shape: Sequence[int]) -> tuple[list[Stmt], list[PrimExpr]]:
+    """The multi-index of flat row `r` over `shape`, bound once per row."""
+    lets: list[Stmt] = []
+    idx: list[PrimExpr] = []
+    for k, e in enumerate(te.unflatten_index(r, shape)):
+        if isinstance(e, (Const, Var)):
+            idx.append(e)
+            continue
+        v, let = _let(f"i{k}", e)
+        lets.append(let)
+        idx.append(v)
+    return lets, idx
+
+
+@dataclass(frozen=True)
+class RowOp(HandBuiltOp):
+    """softmax / log_softmax / layer_norm with hand-built row kernels (`lower_fused`).
+
+    `fuses_producers`: FuseOps may fuse an elementwise chain producing the row
+    input into the kernel, not only one consuming its result.
+    """
+
+    fuses_producers = True
+
+    def lower_fused(self, params: Sequence[te.Tensor], args: Sequence[te.Tensor], attrs: Attrs,
+                    anchor: te.Tensor | None, result: te.Tensor | None,
+                    name: str) -> PrimFunc | None:
+        """The kernel computing `result` (an elementwise chain over `anchor`, this op
+        applied to `args`, which may be elementwise chains over `params`; None: the op
+        alone) with buffer parameters `params` + the output; None when the hand-built
+        kernel does not apply (another dtype or axis, a chain needing statements)."""
+        x = args[0]
+        final = result if result is not None else anchor
+        if x.dtype != F32 or (final is not None and final.dtype != F32) or \
+                any(t.dtype != F32 for t in args[1:]):
+            return None
+        axis = int(attrs.get("axis", -1)) % max(x.ndim, 1)
+        if x.ndim == 0 or axis != x.ndim - 1:
+            return None
+        n = x.shape[-1]
+        outer = x.shape[:-1]
+        buffers = {t: Buffer(t.name, t.shape, t.dtype) for t in params}
+        out = Buffer("out", x.shape, F32)
+        value_buf = Buffer("row_value", x.shape, F32)
+        mapping = dict(buffers)
+        if anchor is not None:
+            mapping[anchor] = value_buf
+        zero = (_c(0),) * x.ndim
+        try:  # a chain needing statements (a reduction, a table) is not fused here
+            te.inline_expr(x, zero, buffers)
+            if result is not None:
+                te.inline_expr(result, zero, mapping)
+        except IRError:
+            return None
+        r = Var("row", INDEX_DTYPE)
+        lets, o = _unflatten(r, outer)
+
+        def index(j: PrimExpr) -> tuple[PrimExpr, ...]:
+            return (*o, j)
+
+        def read(j: PrimExpr) -> PrimExpr:
+            return te.inline_expr(x, index(j), buffers)
+
+        def store(j: PrimExpr, v: PrimExpr) -> Stmt:
+            if result is not None:
+                v = _Substitute(value_buf, v).visit_expr(te.inline_expr(result, index(j), mapping))
+            return Store(out, v, index(j))
+
+        loops = RowLoops(n, min(target_lanes(), max(n, 1)))
+        if self.name == LAYER_NORM:
+            scale = args[1] if len(args) > 1 else None
+            bias = args[2] if len(args) > 2 else None
+
+            def affine(j: PrimExpr, y: PrimExpr) -> PrimExpr:
+                for t, combine in ((scale, "mul"), (bias, "add")):
+                    if t is None:
+                        continue
+                    tail = tuple(index(j)[x.ndim - t.ndim:])
+                    v = te.inline_expr(t, tail, buffers)
+                    y = y * v if combine == "mul" else y + v
+                return y
+
+            row = layer_norm_row(loops, read, store, affine, float(attrs.get("epsilon", 1e-5)))
+        else:
+            row = softmax_row(loops, read, lambda j: (out, index(j)), store,
+                              self.name == LOG_SOFTMAX)
+        rows = 1
+        for d in outer:
+            rows *= d
+        kind = "parallel" if rows > 1 and rows * n >= PARALLEL_MIN_ELEMENTS else "serial"
+        body: Stmt = seq(*lets, row)
+        body = For(r, _c(0), _c(rows), kind, body) if rows > 1 else _bind_zero(r, body)
+        return PrimFunc((*(buffers[t] for t in params), out), body, {"kiln.row_kernel": self.name})
