@@ -1,7 +1,7 @@
 """Row kernels (kiln.ops.row_kernels) against onnxruntime, on llvm and c, 1 and 2 threads.
 
-One ONNX model holds every case as an output: softmax, log_softmax and
-layer_norm over rows of 1, 7 and 1000 elements, with elementwise producers that
+One ONNX model holds every case as an output: softmax, log_softmax,
+layer_norm and reductions (global pooling too) over rows of 1, 7 and 1000 elements, with elementwise producers that
 FuseOps computes inside the row kernel (a scale, a mask through Where or Add, a
 residual Add) and consumers applied as the kernel stores, large and negative
 values (softmax stability, a layer_norm mean far from zero), and a small
@@ -128,6 +128,19 @@ def cases() -> Model:
         where = m.op("Where", keep, x, m.const(np.array(-1e9, np.float32)))
         m.output(m.op("Mul", m.op("Softmax", where, axis=-1), r))
         m.output(m.op("Relu", layer_norm(m, m.op("Sub", x, r), n)))
+        # reductions over trailing axes, with a producer (x * x) and a consumer
+        m.output(m.op("ReduceMean", x, axes=[-1]))
+        m.output(m.op("Sqrt", m.op("ReduceMean", m.op("Mul", x, x), axes=[-1], keepdims=0)))
+        m.output(m.op("ReduceMax", x, axes=[-1]))
+        m.output(m.op("ReduceMin", r, axes=[-1], keepdims=0))
+        m.output(m.op("ReduceL2", x, axes=[-1]))
+        m.output(m.op("ReduceSum", x, m.const(np.array([1, 2], np.int64))))
+    m.output(m.op("ReduceProd", m.input("p", randn(6, 9, scale=0.2, offset=1)), axes=[1]))
+    m.output(m.op("ReduceSum", m.input("mid", randn(3, 4, 5)),
+                  m.const(np.array([1], np.int64))))                # not trailing
+    image = m.input("image", randn(2, 19, 7, 7, scale=3))
+    m.output(m.op("GlobalAveragePool", image))
+    m.output(m.op("Relu", m.op("GlobalMaxPool", m.op("Neg", image))))
     big = m.input("big", randn(4, 33, scale=3e3))          # softmax stability
     m.output(m.op("Softmax", big, axis=-1))
     m.output(m.op("LogSoftmax", m.op("Neg", big), axis=-1))
@@ -175,16 +188,15 @@ def _row_kernels(ex: kiln.driver.Executable) -> dict[str, object]:
             if f.attrs.get("kiln.row_kernel")}
 
 
-def test_last_axis_rows_use_the_hand_built_kernels(compiled: kiln.driver.Executable) -> None:
+def test_trailing_axis_rows_use_the_hand_built_kernels(compiled: kiln.driver.Executable) -> None:
     kinds = list(_row_kernels(compiled).values())
-    # every softmax, log_softmax and layer_norm but the one over a middle axis
-    ops = [n.op_type for n in MODEL.graph.node]
-    rows = ops.count("Softmax") + ops.count("LogSoftmax") + ops.count("LayerNormalization")
-    assert len(kinds) <= rows - 1  # identical kernels are shared
-    assert set(kinds) == {"softmax", "log_softmax", "layer_norm"}
+    assert set(kinds) == {"softmax", "log_softmax", "layer_norm", "reduce_mean", "reduce_max",
+                          "reduce_min", "reduce_l2", "reduce_sum", "reduce_prod",
+                          "global_avg_pool", "global_max_pool"}
     # fused groups with producers and consumers are built by the row kernels too
     for name in ("fused_multiply_add_softmax", "fused_where_softmax_multiply",
-                 "fused_subtract_layer_norm_relu"):
+                 "fused_subtract_layer_norm_relu", "fused_multiply_reduce_mean_sqrt",
+                 "fused_neg_global_max_pool_relu"):
         assert compiled.ir.functions[name].attrs.get("kiln.row_kernel"), name
 
 
@@ -193,10 +205,10 @@ def test_big_tensors_split_rows_over_threads_small_ones_do_not(
     seen = set()
     for name in _row_kernels(compiled):
         fn = compiled.ir.functions[name]
-        out = fn.params[-1]
+        elements = max(p.numel() for p in fn.params)  # the row op's input
         loops = [s for s in iter_stmts(fn.body) if isinstance(s, For) and s.var.name == "row"]
         parallel = any(s.kind == "parallel" for s in loops)
-        assert parallel == (out.numel() >= PARALLEL_MIN_ELEMENTS and out.shape[-1] < out.numel())
+        assert parallel == (elements >= PARALLEL_MIN_ELEMENTS and bool(loops)), name
         seen.add(parallel)
     assert seen == {True, False}
 

@@ -24,7 +24,7 @@ from kiln.ops import te
 from kiln.ops._numpy import is_float, widen, work
 from kiln.ops.onnx_map import Converter, GraphContext, onnx_op
 from kiln.ops.registry import OPS, register_op
-from kiln.ops.row_kernels import RowOp
+from kiln.ops.row_kernels import RowOp, RowReduceOp
 
 Attrs = Mapping[str, Any]
 
@@ -122,7 +122,12 @@ def _register_reduce(name: str, kind: str, post: Callable[[PrimExpr, int], PrimE
         with np.errstate(all="ignore"):
             return np.asarray(ref(x, axis=axes, keepdims=keep)).astype(x.dtype)
 
-    register_op(name, pattern="reduce", infer=infer, compute=compute, reference=reference)
+    OPS.register(name, RowReduceOp(name, "reduce", infer, compute, reference, kind=kind,
+                                   pre=pre, post=post, axes_of=_reduce_axes_of))
+
+
+def _reduce_axes_of(attrs: Attrs, ndim: int) -> tuple[int, ...]:
+    return norm_axes(attrs.get("axes"), ndim)
 
 
 def _mean_post(total: PrimExpr, count: int) -> PrimExpr:

@@ -1,4 +1,4 @@
-"""Row kernels: softmax, log_softmax and layer_norm over the last axis, built by hand.
+"""Row kernels: softmax, log_softmax, layer_norm and reductions over trailing axes, by hand.
 
 Their tensor-expression definitions (kiln.ops.reduce) materialize a row max and
 a row sum (softmax) or a mean and a variance (layer_norm) in global arrays, each
@@ -14,7 +14,10 @@ innermost loops are `vectorized` of constant extent, lanes along the row):
   `x - max - log(sum)`;
 - layer_norm: one pass of shifted sums `sum(x - k)` and `sum((x - k)^2)`, `k`
   the row's first element (so float32 keeps its accuracy when the mean is large
-  against the spread), then `(x - mean) * rsqrt(var + eps) * scale + bias`.
+  against the spread), then `(x - mean) * rsqrt(var + eps) * scale + bias`;
+- reductions over trailing axes (reduce_sum/mean/max/..., global pooling): one
+  pass, `lanes` partial results combined at the end (a single accumulator
+  would be a serial chain the backend cannot vectorize).
 
 Rows split over threads (the row loop is `parallel` when the tensor holds at
 least `PARALLEL_MIN_ELEMENTS`). FuseOps may hand these kernels an elementwise
@@ -34,6 +37,7 @@ from kiln.ir.dtype import INDEX_DTYPE
 from kiln.ir.tensor import (
     Allocate,
     Buffer,
+    Cast,
     Const,
     For,
     LetStmt,
@@ -45,8 +49,10 @@ from kiln.ir.tensor import (
     as_expr,
     intrin,
     max_,
+    min_,
     seq,
 )
+from kiln.ir.types import TensorType
 from kiln.ops import te
 from kiln.ops.conv_direct import _Substitute, target_lanes
 from kiln.ops.registry import HandBuiltOp
@@ -269,3 +275,100 @@ class RowOp(HandBuiltOp):
         body: Stmt = seq(*lets, row)
         body = For(r, _c(0), _c(rows), kind, body) if rows > 1 else _bind_zero(r, body)
         return PrimFunc((*(buffers[t] for t in params), out), body, {"kiln.row_kernel": self.name})
+
+
+# --------------------------------------------------------------------------- reductions
+
+_COMBINE: dict[str, Callable[[PrimExpr, PrimExpr], PrimExpr]] = {
+    "sum": _add, "prod": lambda a, b: a * b, "max": max_, "min": min_}
+
+
+def _identity(kind: str) -> PrimExpr:
+    if kind == "max":
+        return te.lowest_value(F32)
+    if kind == "min":
+        return te.highest_value(F32)
+    return as_expr(1.0 if kind == "prod" else 0.0, F32)
+
+
+def reduce_row(loops: RowLoops, read: Reader, kind: str,
+               pre: Callable[[PrimExpr], PrimExpr] | None) -> tuple[list[Stmt], PrimExpr]:
+    """Statements reducing one row with `kind` over `pre(read(j))`, and the total."""
+    combine = _COMBINE[kind]
+    acc, init = loops.accumulators("partial", _identity(kind))
+
+    def step(j: PrimExpr, lane: PrimExpr) -> Stmt:
+        v = read(j)
+        return Store(acc, combine(acc[lane], pre(v) if pre else v), (lane,))
+
+    total, let_total = _let("total", loops.combined(acc, combine))
+    return [*init, loops.each(step), let_total], total
+
+
+@dataclass(frozen=True)
+class RowReduceOp(HandBuiltOp):
+    """A reduction whose kernel is built by hand when its axes are the trailing ones (a
+    contiguous block per output element): `kind` combines `pre(x)` over the block, then
+    `post(total, count)`; `axes_of(attrs, ndim)` are the reduced axes."""
+
+    kind: str = "sum"
+    pre: Callable[[PrimExpr], PrimExpr] | None = None
+    post: Callable[[PrimExpr, int], PrimExpr] | None = None
+    axes_of: Callable[[Attrs, int], tuple[int, ...]] | None = None
+
+    fuses_producers = True
+
+    def lower_fused(self, params: Sequence[te.Tensor], args: Sequence[te.Tensor], attrs: Attrs,
+                    anchor: te.Tensor | None, result: te.Tensor | None,
+                    name: str) -> PrimFunc | None:
+        x = args[0]
+        out_t = result if result is not None else anchor
+        assert self.axes_of is not None
+        axes = self.axes_of(attrs, x.ndim)
+        if x.dtype != F32 or (out_t is not None and out_t.dtype != F32) or not axes or \
+                axes != tuple(range(x.ndim - len(axes), x.ndim)) or 0 in x.shape:
+            return None
+        inner = x.shape[x.ndim - len(axes):]
+        outer = x.shape[:x.ndim - len(axes)]
+        reduced = self.infer([TensorType(x.shape, x.dtype)], attrs)
+        assert isinstance(reduced, TensorType)
+        out_shape = reduced.static_shape
+        buffers = {t: Buffer(t.name, t.shape, t.dtype) for t in params}
+        out = Buffer("out", out_shape, F32)
+        value_buf = Buffer("row_value", out_shape, F32)
+        mapping = dict(buffers)
+        if anchor is not None:
+            mapping[anchor] = value_buf
+        zero = (_c(0),) * x.ndim
+        try:
+            te.inline_expr(x, zero, buffers)
+            if result is not None:
+                te.inline_expr(result, (_c(0),) * len(out_shape), mapping)
+        except IRError:
+            return None
+        r = Var("row", INDEX_DTYPE)
+        lets, o = _unflatten(r, outer)
+        out_lets, out_idx = _unflatten(r, out_shape)
+        count = 1
+        for d in inner:
+            count *= d
+
+        def read(j: PrimExpr) -> PrimExpr:
+            idx = (j,) if len(inner) == 1 else te.unflatten_index(j, inner)
+            return te.inline_expr(x, (*o, *idx), buffers)
+
+        loops = RowLoops(count, min(target_lanes(), count))
+        stmts, total = reduce_row(loops, read, self.kind, self.pre)
+        v = self.post(total, count) if self.post else total
+        v = v if v.dtype == F32 else Cast(F32, v)
+        if result is not None:
+            v = _Substitute(value_buf, v).visit_expr(
+                te.inline_expr(result, tuple(out_idx), mapping))
+        rows = 1
+        for d in outer:
+            rows *= d
+        kind = "parallel" if rows > 1 and rows * count >= PARALLEL_MIN_ELEMENTS else "serial"
+        body: Stmt = seq(*lets, *out_lets, *stmts, Store(out, v, tuple(out_idx)))
+        body = For(r, _c(0), _c(rows), kind, body) if rows > 1 else _bind_zero(r, body)
+        return PrimFunc((*(buffers[t] for t in params), out), body,
+                        {"kiln.row_kernel": self.name})

@@ -10,7 +10,7 @@ bindings are replaced by one `CallTensor`. Single-op groups are left to
 LegalizeOps.
 
 A row op (an OpDef with `fuses_producers`: softmax, log_softmax, layer_norm,
-kiln.ops.row_kernels) also joins a group of elementwise ops whose value is
+the reductions, kiln.ops.row_kernels) also joins a group of elementwise ops whose value is
 its first argument and read nowhere else: its kernel computes that chain as it
 reads each row (the attention's scale and mask before softmax, the residual
 add before layer_norm), and the group goes on growing past it as usual.
@@ -129,7 +129,7 @@ def _feeds_row_op(group: list[g.Binding], call: g.Call, uses: Counter[g.Var]) ->
         return False
     if not call.args or call.args[0] is not last.var or uses[last.var] != 1:
         return False
-    return isinstance(call.ret_type, TensorType) and last.var.type == call.ret_type
+    return isinstance(call.ret_type, TensorType) and isinstance(last.var.type, TensorType)
 
 
 def _fuse_group(group: list[g.Binding], functions: dict[str, BaseFunc],
