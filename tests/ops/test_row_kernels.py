@@ -1,9 +1,10 @@
 """Row kernels (kiln.ops.row_kernels) against onnxruntime, on llvm and c, 1 and 2 threads.
 
 One ONNX model holds every case as an output: softmax, log_softmax,
-layer_norm and reductions (global pooling too) over rows of 1, 7 and 1000 elements, with elementwise producers that
-FuseOps computes inside the row kernel (a scale, a mask through Where or Add, a
-residual Add) and consumers applied as the kernel stores, large and negative
+layer_norm and reductions (global pooling too) over rows of 1, 7 and 1000
+elements, with elementwise producers that FuseOps computes inside the row
+kernel (a scale, a mask through Where or Add, a residual Add) and consumers
+applied as the kernel stores, large and negative
 values (softmax stability, a layer_norm mean far from zero), and a small
 post-norm encoder block end to end.
 """
@@ -25,11 +26,12 @@ from kiln.frontend import from_onnx
 from kiln.ir import graph as g
 from kiln.ir.tensor import For
 from kiln.ir.visitor import iter_stmts
-from kiln.ops.row_kernels import PARALLEL_MIN_ELEMENTS
 from kiln.script import print_module
 from kiln.transform import get_pass
 
 RNG = np.random.default_rng(11)
+# The default tensor pipeline with every provably independent loop parallel.
+ALL_PARALLEL = "simplify,interchange-reductions,parallelize{min_work=0}"
 F = TensorProto.FLOAT
 
 
@@ -200,24 +202,35 @@ def test_trailing_axis_rows_use_the_hand_built_kernels(compiled: kiln.driver.Exe
         assert compiled.ir.functions[name].attrs.get("kiln.row_kernel"), name
 
 
-def test_big_tensors_split_rows_over_threads_small_ones_do_not(
-        compiled: kiln.driver.Executable) -> None:
-    seen = set()
-    for name in _row_kernels(compiled):
-        fn = compiled.ir.functions[name]
-        elements = max(p.numel() for p in fn.params)  # the row op's input
-        loops = [s for s in iter_stmts(fn.body) if isinstance(s, For) and s.var.name == "row"]
-        parallel = any(s.kind == "parallel" for s in loops)
-        assert parallel == (elements >= PARALLEL_MIN_ELEMENTS and bool(loops)), name
-        seen.add(parallel)
-    assert seen == {True, False}
+def _parallel_row_loops(ex: kiln.driver.Executable) -> dict[str, bool]:
+    """Each row kernel with more than one row: whether one of its row loops is parallel."""
+    found = {}
+    for name in _row_kernels(ex):
+        fn = ex.ir.functions[name]
+        loops = [s for s in iter_stmts(fn.body) if isinstance(s, For)
+                 and s.var.name.startswith("i")]  # the row loops (Rows.vars)
+        if loops:
+            found[name] = any(s.kind == "parallel" for s in loops)
+    return found
+
+
+def test_parallelize_proves_rows_independent() -> None:
+    ex = kiln.compile(from_onnx(MODEL), "llvm", tensor_pipeline=ALL_PARALLEL)
+    found = _parallel_row_loops(ex)
+    assert found and all(found.values()), found
+
+
+def test_tiny_row_kernels_stay_serial(compiled: kiln.driver.Executable) -> None:
+    found = _parallel_row_loops(compiled)
+    assert found["softmax"] is False  # 20 rows of 1
+    assert found["fused_multiply_add_softmax_1"] is False  # 20 rows of 7
 
 
 @pytest.mark.parametrize("threads", [1, 2])
 def test_threads_in_a_fresh_process(tmp_path: Path, threads: int,
                                     expected: list[np.ndarray]) -> None:
-    # Rows large enough to be split over threads, with fused producers and consumers.
-    ex = kiln.compile(from_onnx(MODEL), "llvm")
+    # Every row loop split over threads, with fused producers and consumers.
+    ex = kiln.compile(from_onnx(MODEL), "llvm", tensor_pipeline=ALL_PARALLEL)
     assert_close(outputs_in_fresh_process(ex, CASES.feeds, tmp_path, threads), expected)
 
 

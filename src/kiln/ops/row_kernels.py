@@ -19,10 +19,11 @@ innermost loops are `vectorized` of constant extent, lanes along the row):
   pass, `lanes` partial results combined at the end (a single accumulator
   would be a serial chain the backend cannot vectorize).
 
-Rows split over threads (the row loop is `parallel` when the tensor holds at
-least `PARALLEL_MIN_ELEMENTS`). FuseOps may hand these kernels an elementwise
-chain on each side (`lower_fused`): producers are inlined where the row is read
-(a scale, a mask, a residual add), consumers where the result is stored.
+Rows split over threads: the row loops write disjoint slices of the output, so
+the `parallelize` pass marks one `parallel` when the work pays for it. FuseOps
+may hand these kernels an elementwise chain on each side (`lower_fused`):
+producers are inlined where the row is read (a scale, a mask, a residual add),
+consumers where the result is stored.
 Other dtypes and axes keep the tensor-expression definitions.
 """
 
@@ -60,9 +61,6 @@ from kiln.ops.registry import HandBuiltOp
 Attrs = Mapping[str, Any]
 SOFTMAX, LOG_SOFTMAX, LAYER_NORM = "softmax", "log_softmax", "layer_norm"
 F32 = "float32"
-# A row loop runs on the thread pool from this many elements on (below, a launch
-# costs more than the rows it would share out).
-PARALLEL_MIN_ELEMENTS = 16384
 
 Reader = Callable[[PrimExpr], PrimExpr]  # the row's element j (an index expression)
 
@@ -182,18 +180,27 @@ def _add(a: PrimExpr, b: PrimExpr) -> PrimExpr:
     return a + b
 
 
-def _unflatten(r: PrimExpr, shape: Sequence[int]) -> tuple[list[Stmt], list[PrimExpr]]:
-    """The multi-index of flat row `r` over `shape`, bound once per row."""
-    lets: list[Stmt] = []
-    idx: list[PrimExpr] = []
-    for k, e in enumerate(te.unflatten_index(r, shape)):
-        if isinstance(e, (Const, Var)):
-            idx.append(e)
-            continue
-        v, let = _let(f"i{k}", e)
-        lets.append(let)
-        idx.append(v)
-    return lets, idx
+@dataclass(frozen=True)
+class Rows:
+    """The loop nest over the rows (`outer`, the dims before the reduced ones): `index`
+    is a row's index, loops of extent 1 left out. The loops are `serial`; each row
+    writes its own slice of the output, so the `parallelize` pass splits them over
+    threads when the work pays for a launch (its `min_work`)."""
+
+    outer: tuple[int, ...]
+
+    @property
+    def vars(self) -> list[Var]:
+        return [Var(f"i{k}", INDEX_DTYPE) for k in range(len(self.outer))]
+
+    def around(self, index_vars: list[Var], body: Stmt) -> Stmt:
+        for v, d in reversed(list(zip(index_vars, self.outer))):
+            if d > 1:
+                body = For(v, _c(0), _c(d), "serial", body)
+        return body
+
+    def index(self, index_vars: list[Var]) -> tuple[PrimExpr, ...]:
+        return tuple(v if d > 1 else _c(0) for v, d in zip(index_vars, self.outer))
 
 
 @dataclass(frozen=True)
@@ -236,8 +243,9 @@ class RowOp(HandBuiltOp):
                 te.inline_expr(result, zero, mapping)
         except IRError:
             return None
-        r = Var("row", INDEX_DTYPE)
-        lets, o = _unflatten(r, outer)
+        rows = Rows(tuple(outer))
+        row_vars = rows.vars
+        o = rows.index(row_vars)
 
         def index(j: PrimExpr) -> tuple[PrimExpr, ...]:
             return (*o, j)
@@ -268,13 +276,8 @@ class RowOp(HandBuiltOp):
         else:
             row = softmax_row(loops, read, lambda j: (out, index(j)), store,
                               self.name == LOG_SOFTMAX)
-        rows = 1
-        for d in outer:
-            rows *= d
-        kind = "parallel" if rows > 1 and rows * n >= PARALLEL_MIN_ELEMENTS else "serial"
-        body: Stmt = seq(*lets, row)
-        body = For(r, _c(0), _c(rows), kind, body) if rows > 1 else _bind_zero(r, body)
-        return PrimFunc((*(buffers[t] for t in params), out), body, {"kiln.row_kernel": self.name})
+        return PrimFunc((*(buffers[t] for t in params), out), rows.around(row_vars, row),
+                        {"kiln.row_kernel": self.name})
 
 
 # --------------------------------------------------------------------------- reductions
@@ -346,9 +349,11 @@ class RowReduceOp(HandBuiltOp):
                 te.inline_expr(result, (_c(0),) * len(out_shape), mapping)
         except IRError:
             return None
-        r = Var("row", INDEX_DTYPE)
-        lets, o = _unflatten(r, outer)
-        out_lets, out_idx = _unflatten(r, out_shape)
+        rows = Rows(tuple(outer))
+        row_vars = rows.vars
+        o = rows.index(row_vars)
+        # the output keeps the row dims, then 1s for the reduced ones with keepdims
+        out_idx = (*o, *(_c(0),) * (len(out_shape) - len(o)))
         count = 1
         for d in inner:
             count *= d
@@ -364,11 +369,6 @@ class RowReduceOp(HandBuiltOp):
         if result is not None:
             v = _Substitute(value_buf, v).visit_expr(
                 te.inline_expr(result, tuple(out_idx), mapping))
-        rows = 1
-        for d in outer:
-            rows *= d
-        kind = "parallel" if rows > 1 and rows * count >= PARALLEL_MIN_ELEMENTS else "serial"
-        body: Stmt = seq(*lets, *out_lets, *stmts, Store(out, v, tuple(out_idx)))
-        body = For(r, _c(0), _c(rows), kind, body) if rows > 1 else _bind_zero(r, body)
-        return PrimFunc((*(buffers[t] for t in params), out), body,
+        body = seq(*stmts, Store(out, v, out_idx))
+        return PrimFunc((*(buffers[t] for t in params), out), rows.around(row_vars, body),
                         {"kiln.row_kernel": self.name})
