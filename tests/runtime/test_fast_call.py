@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from kiln.errors import CallError
-from kiln.runtime import Module
+from kiln.runtime import Module, NativeFunction
 from kiln.runtime import ctypes_abi as abi
 
 F32 = np.float32
@@ -126,3 +126,19 @@ def test_a_call_while_slots_are_taken_builds_its_own(hand_lib: Module) -> None:
         assert held.tensors[0].data is None  # not written by the call above
     finally:
         pool.give_back(held)
+
+
+@pytest.mark.parametrize(("params", "results", "fast"), [
+    ([{"name": "x", "kind": "tensor", "dtype": "float32", "shape": [2, 3]}],
+     [{"name": "y", "kind": "tensor", "dtype": "float32", "shape": [2, 3]}], True),
+    ([{"name": "x", "kind": "tensor", "dtype": "float32", "shape": ["n", 3]}],
+     [{"name": "y", "kind": "tensor", "dtype": "float32", "shape": ["n", 3]}], False),
+    ([{"name": "x", "kind": "tensor", "dtype": "float32", "shape": [2]},
+      {"name": "k", "kind": "scalar", "dtype": "int32"}],
+     [{"name": "y", "kind": "tensor", "dtype": "float32", "shape": [2]}], False),
+])
+def test_only_static_all_tensor_signatures_prebuild_arguments(
+        params: list[dict[str, Any]], results: list[dict[str, Any]], fast: bool) -> None:
+    sig = {"name": "g", "kind": "graph", "params": params, "results": results}
+    fn = NativeFunction(sig, c_func=None)
+    assert (fn._slot_pool is not None) is fast

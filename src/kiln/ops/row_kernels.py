@@ -125,7 +125,7 @@ def _let(name: str, value: PrimExpr) -> tuple[Var, Stmt]:
     return v, LetStmt(v, value)
 
 
-# exp on [-87.3, 0] (Cephes' expf): x = n ln2 + r with |r| <= ln2/2, a degree-7
+# exp on [-87, 0] (Cephes' expf): x = n ln2 + r with |r| <= ln2/2, a degree-7
 # polynomial for exp(r) (error about 1 ulp), times 2^n.
 _LN2_HI, _LN2_LO, _LOG2E = 0.693359375, -2.12194440e-4, 1.44269504088896341
 _EXP_POLY = (1.9875691500e-4, 1.3981999507e-3, 8.3334519073e-3, 4.1665795894e-2,

@@ -315,10 +315,12 @@ class NativeFunction(PackedFunction):
         self.last_error = last_error
         self.owner = owner
         self.guard = guard
-        # The fast path: a graph function taking only tensors, none of them written.
+        # The fast path: a graph function taking only tensors of static shapes, none of
+        # its parameters written.
         self._slot_pool: SlotPool | None = None
         if (self.kind == "graph" and self.results and not self._written - self._results_set
-                and all(p.get("kind") == "tensor" for p in self._arguments)):
+                and all(p.get("kind") == "tensor" and all(isinstance(d, int) for d in p["shape"])
+                        for p in self._arguments)):
             self._slot_pool = SlotPool([(tuple(p["shape"]), str(p["dtype"]))
                                         for p in self._arguments])
 
