@@ -285,3 +285,13 @@ def test_vectorizable_exp_matches_numpy(target: str) -> None:
     nan = np.full(n, np.nan, np.float32)
     fn(nan, got)
     assert np.all(np.isnan(got))
+
+
+def test_an_expanding_chain_is_not_fused_into_a_row_op() -> None:
+    m = Model()
+    big = m.op("Relu", m.op("Expand", m.input("x", randn(4)),
+                            m.const(np.array([64, 4], np.int64))))
+    m.output(m.op("ReduceSum", big, m.const(np.array([-1], np.int64))))
+    mod = get_pass("fuse-ops")(get_pass("fold-constants")(from_onnx(m.build())))
+    called = [b.value.func for b in mod["main"].bindings if isinstance(b.value, g.CallTensor)]
+    assert called == ["fused_broadcast_to_relu"]  # reduce_sum reads it materialized

@@ -129,7 +129,30 @@ def _feeds_row_op(group: list[g.Binding], call: g.Call, uses: Counter[g.Var]) ->
         return False
     if not call.args or call.args[0] is not last.var or uses[last.var] != 1:
         return False
-    return isinstance(call.ret_type, TensorType) and isinstance(last.var.type, TensorType)
+    if not isinstance(call.ret_type, TensorType):
+        return False
+    # A chain that expands its inputs (broadcast_to a huge shape) stays materialized: the
+    # memory plan then checks its size, and the row op never loops over more elements
+    # than some input of the chain holds.
+    for b in group:
+        assert isinstance(b.value, g.Call)
+        size = _numel(b.var.type)
+        inputs = [_numel(a.type) for a in b.value.args]
+        if size is None or not inputs or None in inputs or size > max(n or 0 for n in inputs):
+            return False
+    return True
+
+
+def _numel(t: object) -> int | None:
+    """Elements of a static tensor type; None for anything else."""
+    if not isinstance(t, TensorType):
+        return None
+    n = 1
+    for d in t.shape:
+        if not isinstance(d, int):
+            return None
+        n *= d
+    return n
 
 
 def _fuse_group(group: list[g.Binding], functions: dict[str, BaseFunc],
