@@ -553,7 +553,7 @@ def small_cnn() -> IRModule:
         r = ib.emit(ops.call("relu", c), "r")
         p = ib.emit(ops.call("max_pool2d", r, kernel_shape=(2, 2), strides=(2, 2)), "p")
         f = ib.emit(ops.call("reshape", p, shape=(1, 16 * 12 * 12)), "f")
-        d = g.Constant(rng.standard_normal((16 * 12 * 12, 64)).astype(np.float32) * 0.01, "d")
+        d = g.Constant(rng.standard_normal((16 * 12 * 12, 256)).astype(np.float32) * 0.01, "d")
         ib.ret(ib.emit(ops.call("matmul", f, d), "y"))
     return ib.get()
 

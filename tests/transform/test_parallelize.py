@@ -349,7 +349,7 @@ def elementwise(n: int = 64) -> Callable[[IRBuilder], None]:
 
 
 def test_elementwise_nest_gets_a_parallel_outer_loop() -> None:
-    mod = schedule(one(elementwise(128)))
+    mod = schedule(one(elementwise(128)), min_work=100_000)
     assert parallel_loops(mod["f"]) == ["i"]  # type: ignore[arg-type]
     check_parallel_loops(mod, "f", [np.ones((128, 128), np.float32),
                                     np.zeros((128, 128), np.float32)])

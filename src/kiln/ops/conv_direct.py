@@ -30,14 +30,13 @@ from typing import Any
 import numpy as np
 
 from kiln.errors import IRError
-from kiln.ir import graph as g
 from kiln.ir.tensor import Buffer, Load, PrimExpr, PrimFunc, as_expr
 from kiln.ir.types import TensorType, Type
 from kiln.ir.visitor import StmtExprMutator
 from kiln.ops import conv_kernels as ck
 from kiln.ops import spatial, te
 from kiln.ops.nn import _conv_compute, _conv_infer, _conv_ref
-from kiln.ops.registry import OPS, OpDef
+from kiln.ops.registry import OPS, HandBuiltOp
 
 BLOCKED = "conv2d_blocked"
 DEPTHWISE = "conv2d_depthwise"
@@ -200,17 +199,8 @@ class _Substitute(StmtExprMutator):
 
 
 @dataclass(frozen=True)
-class DirectConvOp(OpDef):
+class DirectConvOp(HandBuiltOp):
     """A convolution op whose kernel is built by hand (`legalize`, `lower_fused`)."""
-
-    def legalize(self, call: g.Call) -> tuple[PrimFunc, str]:
-        types = [a.type for a in call.args]
-        inputs = [te.placeholder(t.static_shape, t.dtype, f"x{k}")  # type: ignore[union-attr]
-                  for k, t in enumerate(types)]
-        prim = self.lower_fused(inputs, inputs, call.attrs, None, None, self.name)
-        if prim is None:
-            return super().legalize(call)
-        return prim, self.name
 
     def lower_fused(self, params: Sequence[te.Tensor], args: Sequence[te.Tensor], attrs: Attrs,
                     anchor: te.Tensor | None, result: te.Tensor | None,

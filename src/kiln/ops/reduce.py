@@ -23,7 +23,8 @@ from kiln.ir.types import TensorType, TupleType, Type
 from kiln.ops import te
 from kiln.ops._numpy import is_float, widen, work
 from kiln.ops.onnx_map import Converter, GraphContext, onnx_op
-from kiln.ops.registry import register_op
+from kiln.ops.registry import OPS, register_op
+from kiln.ops.row_kernels import RowOp, RowReduceOp
 
 Attrs = Mapping[str, Any]
 
@@ -121,7 +122,12 @@ def _register_reduce(name: str, kind: str, post: Callable[[PrimExpr, int], PrimE
         with np.errstate(all="ignore"):
             return np.asarray(ref(x, axis=axes, keepdims=keep)).astype(x.dtype)
 
-    register_op(name, pattern="reduce", infer=infer, compute=compute, reference=reference)
+    OPS.register(name, RowReduceOp(name, "reduce", infer, compute, reference, kind=kind,
+                                   pre=pre, post=post, axes_of=_reduce_axes_of))
+
+
+def _reduce_axes_of(attrs: Attrs, ndim: int) -> tuple[int, ...]:
+    return norm_axes(attrs.get("axes"), ndim)
 
 
 def _mean_post(total: PrimExpr, count: int) -> PrimExpr:
@@ -395,10 +401,12 @@ def _log_softmax_ref(x: np.ndarray, axis: int = -1, **attrs: Any) -> np.ndarray:
     return (s - np.log(np.exp(s).sum(axis=axis, keepdims=True))).astype(x.dtype)
 
 
-register_op("softmax", pattern="opaque", infer=_same_type, compute=_softmax_compute(False),
-            reference=_softmax_ref)
-register_op("log_softmax", pattern="opaque", infer=_same_type, compute=_softmax_compute(True),
-            reference=_log_softmax_ref)
+# Row kernels built by hand (kiln.ops.row_kernels); FuseOps fuses elementwise chains
+# on both sides of them.
+OPS.register("softmax", RowOp("softmax", "reduce", _same_type, _softmax_compute(False),
+                              _softmax_ref))
+OPS.register("log_softmax", RowOp("log_softmax", "reduce", _same_type, _softmax_compute(True),
+                                  _log_softmax_ref))
 
 
 # --------------------------------------------------------------------------- layer norm
@@ -466,8 +474,8 @@ def _layer_norm_ref(x: np.ndarray, scale: np.ndarray | None = None,
     return y.astype(x.dtype)
 
 
-register_op("layer_norm", pattern="opaque", infer=_layer_norm_infer,
-            compute=_layer_norm_compute, reference=_layer_norm_ref)
+OPS.register("layer_norm", RowOp("layer_norm", "reduce", _layer_norm_infer, _layer_norm_compute,
+                                 _layer_norm_ref))
 
 
 # --------------------------------------------------------------------------- ONNX mapping

@@ -59,6 +59,29 @@ class OpDef:
         return te.lower(inputs, outputs, self.name), self.name
 
 
+@dataclass(frozen=True)
+class HandBuiltOp(OpDef):
+    """An operator whose kernel is built by hand (`lower_fused`), which FuseOps may also
+    ask for with an elementwise chain around the op; its tensor-expression definition
+    stays the fallback when the hand-built kernel does not apply."""
+
+    def legalize(self, call: g.Call) -> tuple[PrimFunc, str]:
+        types = [_tensor_type(a.type) for a in call.args]
+        inputs = [te.placeholder(_static(t), t.dtype, f"x{k}") for k, t in enumerate(types)]
+        prim = self.lower_fused(inputs, inputs, call.attrs, None, None, self.name)
+        if prim is None:
+            return super().legalize(call)
+        return prim, self.name
+
+    def lower_fused(self, params: Sequence[te.Tensor], args: Sequence[te.Tensor], attrs: Attrs,
+                    anchor: te.Tensor | None, result: te.Tensor | None,
+                    name: str) -> PrimFunc | None:
+        """The kernel computing `result` (an elementwise chain over `anchor`, this op applied
+        to `args`; None: the op alone) with buffer parameters `params` + the output, or
+        None when the hand-built kernel does not apply."""
+        return None
+
+
 def _tensor_type(t: Type) -> TensorType:
     if not isinstance(t, TensorType):
         raise IRError(f"expected a tensor, got {t}")

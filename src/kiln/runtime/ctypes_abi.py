@@ -253,6 +253,21 @@ def require_dl_dtype(array: np.ndarray, where: Where) -> tuple[int, int]:
     return dl
 
 
+_char_from_buffer = ctypes.c_char.from_buffer
+
+
+def data_address(array: np.ndarray) -> int:
+    """The address of a numpy array's first element.
+
+    Through the buffer protocol when the array is writable and contiguous (a
+    fraction of the cost of building `__array_interface__`), else through that.
+    """
+    try:
+        return ctypes.addressof(_char_from_buffer(array))  # type: ignore[arg-type]
+    except (TypeError, ValueError, BufferError):  # read-only, strided or empty
+        return int(array.__array_interface__["data"][0])
+
+
 class TensorArg:
     """A DLTensor over a numpy array's memory; keeps the array (the owner) alive."""
 
@@ -270,7 +285,7 @@ class TensorArg:
                 raise where.error("expected a contiguous tensor")
             self.strides = (ctypes.c_int64 * ndim)(*(s // itemsize for s in array.strides))
         t = DLTensor()
-        t.data = array.__array_interface__["data"][0]
+        t.data = data_address(array)
         t.device.device_type = KDL_CPU
         t.device.device_id = 0
         t.ndim = ndim

@@ -24,6 +24,7 @@ import numpy as np
 from kiln._registry import suggest
 from kiln.errors import CallError
 from kiln.runtime import ctypes_abi as abi
+from kiln.runtime.call_slots import SlotPool
 from kiln.runtime.ctypes_abi import Where
 from kiln.runtime.lifetime import CallGuard
 
@@ -254,6 +255,27 @@ class _Missing:
 
 
 _MISSING: Any = _Missing()
+_SLOW: Any = _Missing()  # the fast path declines; take the general one
+
+
+def _fits_exactly(array: Any, layout: tuple[tuple[int, ...], np.dtype[Any]]) -> bool:
+    """A numpy array of exactly this shape and dtype (native byte order), C-contiguous."""
+    return (isinstance(array, np.ndarray) and array.shape == layout[0]
+            and array.dtype == layout[1] and array.flags.c_contiguous)
+
+
+def _any_written_overlap(addresses: list[int], sizes: list[int], first_written: int) -> bool:
+    """Whether a written buffer (index >= first_written) overlaps any other one.
+
+    The buffers are contiguous, so overlapping byte ranges mean shared memory.
+    """
+    for i in range(first_written, len(addresses)):
+        start, end = addresses[i], addresses[i] + sizes[i]
+        for j in range(len(addresses)):
+            if j != i and sizes[i] and sizes[j] and (
+                    addresses[j] < end and start < addresses[j] + sizes[j]):
+                return True
+    return False
 
 
 def check_tensor(array: np.ndarray, param: Mapping[str, Any], where: Where) -> np.ndarray:
@@ -293,22 +315,88 @@ class NativeFunction(PackedFunction):
         self.last_error = last_error
         self.owner = owner
         self.guard = guard
+        # The fast path: a graph function taking only tensors of static shapes, none of
+        # its parameters written.
+        self._slot_pool: SlotPool | None = None
+        if (self.kind == "graph" and self.results and not self._written - self._results_set
+                and all(p.get("kind") == "tensor" and all(isinstance(d, int) for d in p["shape"])
+                        for p in self._arguments)):
+            self._slot_pool = SlotPool([(tuple(p["shape"]), str(p["dtype"]))
+                                        for p in self._arguments])
 
-    def _invoke(self, values: list[Any], wheres: list[Where]) -> None:
-        args, codes, keep = abi.pack_arguments(values, wheres)
+    @functools.cached_property
+    def _results_set(self) -> frozenset[int]:
+        return frozenset(range(len(self.params), len(self._arguments)))
+
+    def __call__(self, *args: Any, out: Any = None, **kwargs: Any) -> Any:
+        if self._slot_pool is not None and not kwargs:
+            result = self._call_fast(args, out)
+            if result is not _SLOW:
+                return result
+        # Anything unusual (keywords, a wrong or strided tensor, a DLPack object):
+        # the general path, which checks everything and names what is wrong.
+        return super().__call__(*args, out=out, **kwargs)
+
+    def _call_fast(self, args: tuple[Any, ...], out: Any) -> Any:
+        """Call with prebuilt arguments when every tensor fits the signature exactly
+        (numpy array, shape, native dtype, C-contiguous; `out=` also writable and apart
+        from the others); `_SLOW` (nothing done) otherwise."""
+        layouts = self._layouts
+        n = len(self.params)
+        if len(args) != n:
+            return _SLOW
+        addresses = []
+        for i, array in enumerate(args):
+            if not _fits_exactly(array, layouts[i]):
+                return _SLOW
+            addresses.append(abi.data_address(array))
+        if out is None:
+            outputs = [np.empty(shape, dtype) for shape, dtype in self._result_layouts]
+            addresses.extend(abi.data_address(o) for o in outputs)
+        else:
+            outputs = list(out) if isinstance(out, (tuple, list)) else [out]
+            if len(outputs) != len(self.results):
+                return _SLOW
+            for j, array in enumerate(outputs):
+                if not (_fits_exactly(array, layouts[n + j]) and array.flags.writeable):
+                    return _SLOW
+                addresses.append(abi.data_address(array))
+            sizes = [a.nbytes for a in (*args, *outputs)]
+            if _any_written_overlap(addresses, sizes, n):
+                return _SLOW  # the general path names the overlap
+        pool = self._slot_pool
+        assert pool is not None
+        slots = pool.take()
+        try:
+            slots.set_data(addresses)
+            self._run(slots.values, slots.codes, slots.count)
+        finally:
+            pool.give_back(slots)
+        if out is not None:
+            return out
+        if len(outputs) == 1 and not self.tuple_result:
+            return outputs[0]
+        return tuple(outputs)
+
+    def _run(self, args: Any, codes: Any, n: int) -> None:
+        """Call the C entry on packed arguments; CallError with its message if it fails."""
         guard = self.guard
         if guard is not None:
             guard.enter(self.name)
         try:
-            rc = self.c_func(args, codes, len(values))
+            rc = self.c_func(args, codes, n)
             # Read on this thread, before close() may unload the library.
             message = _error_text(self.name, rc, self.last_error) if rc != 0 else ""
         finally:
             if guard is not None:
                 guard.exit()
-        del keep  # the tensors' owners had to live through the call
         if rc != 0:
             raise CallError(message)
+
+    def _invoke(self, values: list[Any], wheres: list[Where]) -> None:
+        args, codes, keep = abi.pack_arguments(values, wheres)
+        self._run(args, codes, len(values))
+        del keep  # the tensors' owners had to live through the call
 
 
 class RawKernelFunction(PackedFunction):

@@ -9,6 +9,12 @@ inlines each intermediate into its consumer) and lowered once, and the group's
 bindings are replaced by one `CallTensor`. Single-op groups are left to
 LegalizeOps.
 
+A row op (an OpDef with `fuses_producers`: softmax, log_softmax, layer_norm,
+the reductions, kiln.ops.row_kernels) also joins a group of elementwise ops whose value is
+its first argument and read nowhere else: its kernel computes that chain as it
+reads each row (the attention's scale and mask before softmax, the residual
+add before layer_norm), and the group goes on growing past it as usual.
+
 A group holds at most `max_group` ops (default `MAX_FUSED_OPS`): the fused
 kernel's expression nests one level per op, so the cap keeps every expression
 shallow however long the chain is (a 5,000-op elementwise chain becomes many
@@ -73,6 +79,9 @@ def _fuse_function(fn: g.Function, functions: dict[str, BaseFunc], cache: dict[A
                 and _pattern(value.op) in FUSABLE_TAIL
                 and _extends(current, value, uses)):
             current.append(b)
+        elif (current and isinstance(value, g.Call) and len(current) < max_group
+                and _fuses_producers(value.op) and _feeds_row_op(current, value, uses)):
+            current.append(b)  # an elementwise chain computed where the row op reads it
         elif isinstance(value, g.Call) and isinstance(value.ret_type, TensorType) \
                 and _pattern(value.op) is not None:
             groups.append([b])
@@ -100,6 +109,50 @@ def _extends(group: list[g.Binding], call: g.Call, uses: Counter[g.Var]) -> bool
         return False
     # the fused value must be read at the consumer's own shape (no broadcast re-reads)
     return last.var.type == call.ret_type and isinstance(call.ret_type, TensorType)
+
+
+def _fuses_producers(op: str) -> bool:
+    from kiln.ops import get_op
+
+    try:
+        return bool(getattr(get_op(op), "fuses_producers", False))
+    except KeyError:
+        return False
+
+
+def _feeds_row_op(group: list[g.Binding], call: g.Call, uses: Counter[g.Var]) -> bool:
+    """Whether `group` is an elementwise chain whose value is `call`'s first argument
+    only (a row op such as softmax or layer_norm then computes it as it reads a row)."""
+    last = group[-1]
+    if not all(isinstance(b.value, g.Call) and _pattern(b.value.op) in FUSABLE_TAIL
+               for b in group):
+        return False
+    if not call.args or call.args[0] is not last.var or uses[last.var] != 1:
+        return False
+    if not isinstance(call.ret_type, TensorType):
+        return False
+    # A chain that expands its inputs (broadcast_to a huge shape) stays materialized: the
+    # memory plan then checks its size, and the row op never loops over more elements
+    # than some input of the chain holds.
+    for b in group:
+        assert isinstance(b.value, g.Call)
+        size = _numel(b.var.type)
+        inputs = [_numel(a.type) for a in b.value.args]
+        if size is None or not inputs or None in inputs or size > max(n or 0 for n in inputs):
+            return False
+    return True
+
+
+def _numel(t: object) -> int | None:
+    """Elements of a static tensor type; None for anything else."""
+    if not isinstance(t, TensorType):
+        return None
+    n = 1
+    for d in t.shape:
+        if not isinstance(d, int):
+            return None
+        n *= d
+    return n
 
 
 def _fuse_group(group: list[g.Binding], functions: dict[str, BaseFunc],
@@ -146,20 +199,23 @@ def _lower_group(group: list[g.Binding], externals: list[g.Expr], inside: dict[i
         placeholders.append(te.placeholder(t.static_shape, t.dtype, f"x{k}"))
     ext_pos = {id(e): k for k, e in enumerate(externals)}
     values: list[Any] = []
-    anchor_args: list[Any] = []
+    arguments: list[list[Any]] = []
     for b in group:
         assert isinstance(b.value, g.Call)
         args = [values[inside[id(a)]] if id(a) in inside else placeholders[ext_pos[id(a)]]
                 for a in b.value.args]
         out = get_op(b.value.op).compute(args, b.value.attrs)
         values.append(out)
-        anchor_args = anchor_args or args
-    # An op with a hand-written kernel may build it with the group as its epilogue.
-    first = group[0].value
+        arguments.append(args)
+    # An op with a hand-written kernel may build it with the group as its epilogue (and,
+    # for a row op, the elementwise chain before it as its prologue, in its arguments).
+    k = next((k for k, b in enumerate(group) if isinstance(b.value, g.Call)
+              and _pattern(b.value.op) not in FUSABLE_TAIL), 0)
+    first = group[k].value
     assert isinstance(first, g.Call)
     lower_fused = getattr(get_op(first.op), "lower_fused", None)
     if lower_fused is not None:
-        fused = lower_fused(placeholders, anchor_args, first.attrs, values[0], values[-1], name)
+        fused = lower_fused(placeholders, arguments[k], first.attrs, values[k], values[-1], name)
         if fused is not None:
             return fused.with_attrs(**{ATTR_PRIVATE: True})
     prim: PrimFunc = te.lower(placeholders, [values[-1]], name)

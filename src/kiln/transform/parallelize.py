@@ -21,8 +21,9 @@ iterations can run in any order, at the same time. It is conservative: a loop
   the module passes overlapping memory (`kiln.ir.aliasing`) all may
   alias each other;
 - the estimated work, `extent * cost(body)` (cost: expression nodes, math
-  intrinsics weigh more, inner loops multiply), is at least `min_work`: a
-  launch costs a few microseconds.
+  intrinsics weigh more, calls into the C math library most, inner loops
+  multiply), is at least `min_work`: a launch costs a few microseconds, more
+  on a busy machine.
 
 Which loop: in each loop nest the outermost candidate is taken; when a
 perfectly nested chain starts with short loops (fewer than `min_extent`
@@ -80,8 +81,15 @@ PURE_EXTERNS = frozenset(
                  "copysign", "tgamma", "lgamma")
     for suffix in ("", "f"))
 
-# Cost-model weights (units: one simple expression node).
+# Cost-model weights (units: one simple expression node). Intrinsics the backends
+# emit as a few instructions weigh INTRINSIC_COST; the others (exp, log, erf, tanh,
+# ...) and external calls are calls into the C math library, not vectorized, each
+# costing tens of cycles: LIBM_CALL_COST (bench/rows.py: a softmax element with one
+# `expf` costs about as much as 60 nodes of a vectorized dense layer).
 INTRINSIC_COST = 8
+LIBM_CALL_COST = 64
+CHEAP_INTRINSICS = frozenset({"sqrt", "rsqrt", "fma", "abs", "floor", "ceil", "trunc",
+                              "round", "isnan", "isinf", CHECK_INTRINSIC})
 UNKNOWN_EXTENT = 64  # a loop extent that is not a constant
 
 
@@ -92,8 +100,10 @@ class Parallelize(FunctionPass):
     name = "parallelize"
     level = "tensor"
     # Least estimated work (extent * body cost) worth a thread-pool launch: about
-    # 100x100 elementwise operations (a launch costs a few microseconds).
-    min_work: int = 100000
+    # 10-50 us of one thread's work. A launch costs a few microseconds on idle
+    # cores, far more when the other cores are busy (the caller waits for a chunk a
+    # descheduled worker took), so loops of a few microseconds stay serial.
+    min_work: int = 1_000_000
     # Prefer a loop of a perfect nest with at least this many iterations.
     min_extent: int = 8
 
@@ -196,7 +206,10 @@ def _extent(loop: For) -> int:
 def _expr_cost(e: PrimExpr) -> int:
     total = 0
     for node in iter_exprs(e):
-        total += INTRINSIC_COST if isinstance(node, (Intrin, CallExtern)) else 1
+        if isinstance(node, Intrin):
+            total += INTRINSIC_COST if node.name in CHEAP_INTRINSICS else LIBM_CALL_COST
+        else:
+            total += LIBM_CALL_COST if isinstance(node, CallExtern) else 1
     return total
 
 

@@ -1,0 +1,408 @@
+"""Row kernels: softmax, log_softmax, layer_norm and reductions over trailing axes, by hand.
+
+Their tensor-expression definitions (kiln.ops.reduce) materialize a row max and
+a row sum (softmax) or a mean and a variance (layer_norm) in global arrays, each
+in its own loop nest, then normalize in a third. These kernels walk one row at
+a time instead, every row's statistics held in `lanes` stack accumulators (the
+innermost loops are `vectorized` of constant extent, lanes along the row):
+
+- softmax: pass 1 the row max; pass 2 `e = exp(x - max)` stored into the
+  output while summing; pass 3, over the output only (in cache), `e * (1/sum)`.
+  One `exp` per element (an online max/sum in two passes would need three: two
+  while rescaling the running sum, one to normalize);
+- log_softmax: pass 1 the max; pass 2 the sum of `exp(x - max)`; pass 3
+  `x - max - log(sum)`;
+- layer_norm: one pass of shifted sums `sum(x - k)` and `sum((x - k)^2)`, `k`
+  the row's first element (so float32 keeps its accuracy when the mean is large
+  against the spread), then `(x - mean) * rsqrt(var + eps) * scale + bias`;
+- reductions over trailing axes (reduce_sum/mean/max/..., global pooling): one
+  pass, `lanes` partial results combined at the end (a single accumulator
+  would be a serial chain the backend cannot vectorize).
+
+Rows split over threads: the row loops write disjoint slices of the output, so
+the `parallelize` pass marks one `parallel` when the work pays for it. FuseOps
+may hand these kernels an elementwise chain on each side (`lower_fused`):
+producers are inlined where the row is read (a scale, a mask, a residual add),
+consumers where the result is stored.
+Other dtypes and axes keep the tensor-expression definitions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from kiln.errors import IRError
+from kiln.ir.dtype import INDEX_DTYPE
+from kiln.ir.tensor import (
+    Allocate,
+    Buffer,
+    Cast,
+    Const,
+    For,
+    LetStmt,
+    PrimExpr,
+    PrimFunc,
+    Stmt,
+    Store,
+    Var,
+    as_expr,
+    compare,
+    intrin,
+    max_,
+    min_,
+    select,
+    seq,
+)
+from kiln.ir.types import TensorType
+from kiln.ops import te
+from kiln.ops.conv_direct import _Substitute, target_lanes
+from kiln.ops.registry import HandBuiltOp
+
+Attrs = Mapping[str, Any]
+SOFTMAX, LOG_SOFTMAX, LAYER_NORM = "softmax", "log_softmax", "layer_norm"
+F32 = "float32"
+
+Reader = Callable[[PrimExpr], PrimExpr]  # the row's element j (an index expression)
+
+
+def _c(v: int) -> Const:
+    return Const(v, INDEX_DTYPE)
+
+
+def _tree(values: Sequence[PrimExpr], combine: Callable[[PrimExpr, PrimExpr], PrimExpr]
+          ) -> PrimExpr:
+    """`values` combined pairwise (a balanced tree: shallow, and sums stay accurate)."""
+    items = list(values)
+    while len(items) > 1:
+        items = [combine(items[k], items[k + 1]) if k + 1 < len(items) else items[k]
+                 for k in range(0, len(items), 2)]
+    return items[0]
+
+
+@dataclass(frozen=True)
+class RowLoops:
+    """Loops over one row of `n` elements in chunks of `lanes` (vectorized) plus a tail."""
+
+    n: int
+    lanes: int
+
+    def each(self, body: Callable[[PrimExpr, PrimExpr], Stmt]) -> Stmt:
+        """`body(j, lane)` for every element j of the row, lane = j's accumulator."""
+        chunks, tail = divmod(self.n, self.lanes)
+        parts: list[Stmt] = []
+        if chunks:
+            c, lane = Var("c", INDEX_DTYPE), Var("l", INDEX_DTYPE)
+            inner = For(lane, _c(0), _c(self.lanes), "vectorized",
+                        body(c * self.lanes + lane, lane))
+            parts.append(For(c, _c(0), _c(chunks), "serial", inner) if chunks > 1 else
+                         _bind_zero(c, inner))
+        if tail:
+            lane = Var("t", INDEX_DTYPE)
+            parts.append(For(lane, _c(0), _c(tail), "serial",
+                             body(lane + chunks * self.lanes, lane)))
+        return seq(*parts)
+
+    def accumulators(self, name: str, init: PrimExpr) -> tuple[Buffer, list[Stmt]]:
+        """A stack array of one accumulator per lane, and the statements setting it."""
+        acc = Buffer(name, (self.lanes,), init.dtype, "local")
+        lane = Var("l", INDEX_DTYPE)
+        return acc, [Allocate(acc), For(lane, _c(0), _c(self.lanes), "vectorized",
+                                        Store(acc, init, (lane,)))]
+
+    def combined(self, acc: Buffer, combine: Callable[[PrimExpr, PrimExpr], PrimExpr]
+                 ) -> PrimExpr:
+        return _tree([acc[_c(k)] for k in range(self.lanes)], combine)
+
+
+def _bind_zero(var: Var, body: Stmt) -> Stmt:
+    return seq(LetStmt(var, _c(0)), body)
+
+
+def _let(name: str, value: PrimExpr) -> tuple[Var, Stmt]:
+    v = Var(name, value.dtype)
+    return v, LetStmt(v, value)
+
+
+# exp on [-87, 0] (Cephes' expf): x = n ln2 + r with |r| <= ln2/2, a degree-7
+# polynomial for exp(r) (error about 1 ulp), times 2^n.
+_LN2_HI, _LN2_LO, _LOG2E = 0.693359375, -2.12194440e-4, 1.44269504088896341
+_EXP_POLY = (1.9875691500e-4, 1.3981999507e-3, 8.3334519073e-3, 4.1665795894e-2,
+             1.6666665459e-1, 5.0000001201e-1)
+_EXP_FLOOR = -87.0  # exp(-87) ~ 1.6e-38: 2^n stays a normal number above it
+
+
+def exp_nonpositive(x: PrimExpr) -> PrimExpr:
+    """`exp(x)` for float32 `x <= 0` (softmax's `x - max`) in plain arithmetic the loop
+    vectorizer can widen: libm's `expf` is a scalar call per element. 2^n (n in
+    [-126, 0]) is a product of one power of two per bit of -n, picked with selects
+    (the IR has no bit casts). Below -87 the result is 0 (float32's exp there is
+    under 2^-126, irrelevant next to the row max's exp(0) = 1); NaN stays NaN."""
+    f = lambda v: as_expr(v, F32)  # noqa: E731
+    clamped = max_(x, f(_EXP_FLOOR))
+    n = intrin("floor", clamped * f(_LOG2E) + f(0.5))
+    r = clamped - n * f(_LN2_HI) - n * f(_LN2_LO)
+    poly: PrimExpr = f(_EXP_POLY[0])
+    for c in _EXP_POLY[1:]:
+        poly = poly * r + f(c)
+    e_r = poly * (r * r) + r + f(1.0)
+    bits = Cast("int32", -n)
+    scale: PrimExpr = f(1.0)
+    for k in range(7):
+        bit = (bits >> as_expr(k, "int32")) & as_expr(1, "int32")
+        scale = scale * select(compare("ne", bit, as_expr(0, "int32")), f(2.0 ** -(2 ** k)),
+                               f(1.0))
+    y = select(compare("lt", x, f(_EXP_FLOOR)), f(0.0), e_r * scale)
+    return select(intrin("isnan", x), x, y)
+
+
+def softmax_row(loops: RowLoops, read: Reader, out_at: Callable[[PrimExpr], Any],
+                store: Callable[[PrimExpr, PrimExpr], Stmt], log: bool) -> Stmt:
+    """One row of softmax (or log_softmax): `read(j)` is the input element j,
+    `store(j, v)` writes result element j (applying any epilogue), `out_at(j)` reads
+    back what pass 2 stored (softmax only)."""
+    m, init_m = loops.accumulators("row_max", te.lowest_value(F32))
+    s, init_s = loops.accumulators("row_sum", as_expr(0.0, F32))
+    pass1 = loops.each(lambda j, lane: Store(m, max_(m[lane], read(j)), (lane,)))
+    mx, let_mx = _let("mx", loops.combined(m, max_))
+    if log:
+        pass2 = loops.each(lambda j, lane: Store(
+            s, s[lane] + exp_nonpositive(read(j) - mx), (lane,)))
+        shift, let_shift = _let("shift", mx + intrin("log", loops.combined(s, _add)))
+        pass3 = loops.each(lambda j, lane: store(j, read(j) - shift))
+        return seq(*init_m, pass1, let_mx, *init_s, pass2, let_shift, pass3)
+
+    def exp_and_sum(j: PrimExpr, lane: PrimExpr) -> Stmt:
+        e, let_e = _let("e", exp_nonpositive(read(j) - mx))
+        buf, idx = out_at(j)
+        return seq(let_e, Store(buf, e, idx), Store(s, s[lane] + e, (lane,)))
+
+    pass2 = loops.each(exp_and_sum)
+    inv, let_inv = _let("inv", as_expr(1.0, F32) / loops.combined(s, _add))
+
+    def scale(j: PrimExpr, lane: PrimExpr) -> Stmt:
+        buf, idx = out_at(j)
+        return store(j, buf[idx] * inv)
+
+    return seq(*init_m, pass1, let_mx, *init_s, pass2, let_inv, loops.each(scale))
+
+
+def layer_norm_row(loops: RowLoops, read: Reader, store: Callable[[PrimExpr, PrimExpr], Stmt],
+                   affine: Callable[[PrimExpr, PrimExpr], PrimExpr], eps: float) -> Stmt:
+    """One row of layer_norm: shifted sums in one pass, then normalize; `affine(j, y)`
+    applies scale and bias to normalized element j."""
+    k, let_k = _let("k", read(_c(0)))
+    s1, init1 = loops.accumulators("sum", as_expr(0.0, F32))
+    s2, init2 = loops.accumulators("sum_sq", as_expr(0.0, F32))
+
+    def accumulate(j: PrimExpr, lane: PrimExpr) -> Stmt:
+        d, let_d = _let("d", read(j) - k)
+        return seq(let_d, Store(s1, s1[lane] + d, (lane,)), Store(s2, s2[lane] + d * d, (lane,)))
+
+    n = as_expr(float(loops.n), F32)
+    mean_d, let_mean_d = _let("mean_d", loops.combined(s1, _add) / n)
+    var = max_(loops.combined(s2, _add) / n - mean_d * mean_d, as_expr(0.0, F32))
+    rstd, let_rstd = _let("rstd", intrin("rsqrt", var + as_expr(eps, F32)))
+    mean, let_mean = _let("mean", k + mean_d)
+    pass2 = loops.each(lambda j, lane: store(j, affine(j, (read(j) - mean) * rstd)))
+    return seq(let_k, *init1, *init2, loops.each(accumulate), let_mean_d, let_rstd, let_mean,
+               pass2)
+
+
+def _add(a: PrimExpr, b: PrimExpr) -> PrimExpr:
+    return a + b
+
+
+@dataclass(frozen=True)
+class Rows:
+    """The loop nest over the rows (`outer`, the dims before the reduced ones): `index`
+    is a row's index, loops of extent 1 left out. The loops are `serial`; each row
+    writes its own slice of the output, so the `parallelize` pass splits them over
+    threads when the work pays for a launch (its `min_work`)."""
+
+    outer: tuple[int, ...]
+
+    @property
+    def vars(self) -> list[Var]:
+        return [Var(f"i{k}", INDEX_DTYPE) for k in range(len(self.outer))]
+
+    def around(self, index_vars: list[Var], body: Stmt) -> Stmt:
+        for v, d in reversed(list(zip(index_vars, self.outer))):
+            if d > 1:
+                body = For(v, _c(0), _c(d), "serial", body)
+        return body
+
+    def index(self, index_vars: list[Var]) -> tuple[PrimExpr, ...]:
+        return tuple(v if d > 1 else _c(0) for v, d in zip(index_vars, self.outer))
+
+
+@dataclass(frozen=True)
+class RowOp(HandBuiltOp):
+    """softmax / log_softmax / layer_norm with hand-built row kernels (`lower_fused`).
+
+    `fuses_producers`: FuseOps may fuse an elementwise chain producing the row
+    input into the kernel, not only one consuming its result.
+    """
+
+    fuses_producers = True
+
+    def lower_fused(self, params: Sequence[te.Tensor], args: Sequence[te.Tensor], attrs: Attrs,
+                    anchor: te.Tensor | None, result: te.Tensor | None,
+                    name: str) -> PrimFunc | None:
+        """The kernel computing `result` (an elementwise chain over `anchor`, this op
+        applied to `args`, which may be elementwise chains over `params`; None: the op
+        alone) with buffer parameters `params` + the output; None when the hand-built
+        kernel does not apply (another dtype or axis, a chain needing statements)."""
+        x = args[0]
+        final = result if result is not None else anchor
+        if x.dtype != F32 or (final is not None and final.dtype != F32) or \
+                any(t.dtype != F32 for t in args[1:]):
+            return None
+        axis = int(attrs.get("axis", -1)) % max(x.ndim, 1)
+        if x.ndim == 0 or axis != x.ndim - 1:
+            return None
+        n = x.shape[-1]
+        outer = x.shape[:-1]
+        buffers = {t: Buffer(t.name, t.shape, t.dtype) for t in params}
+        out = Buffer("out", x.shape, F32)
+        value_buf = Buffer("row_value", x.shape, F32)
+        mapping = dict(buffers)
+        if anchor is not None:
+            mapping[anchor] = value_buf
+        zero = (_c(0),) * x.ndim
+        try:  # a chain needing statements (a reduction, a table) is not fused here
+            te.inline_expr(x, zero, buffers)
+            if result is not None:
+                te.inline_expr(result, zero, mapping)
+        except IRError:
+            return None
+        rows = Rows(tuple(outer))
+        row_vars = rows.vars
+        o = rows.index(row_vars)
+
+        def index(j: PrimExpr) -> tuple[PrimExpr, ...]:
+            return (*o, j)
+
+        def read(j: PrimExpr) -> PrimExpr:
+            return te.inline_expr(x, index(j), buffers)
+
+        def store(j: PrimExpr, v: PrimExpr) -> Stmt:
+            if result is not None:
+                v = _Substitute(value_buf, v).visit_expr(te.inline_expr(result, index(j), mapping))
+            return Store(out, v, index(j))
+
+        loops = RowLoops(n, min(target_lanes(), max(n, 1)))
+        if self.name == LAYER_NORM:
+            scale = args[1] if len(args) > 1 else None
+            bias = args[2] if len(args) > 2 else None
+
+            def affine(j: PrimExpr, y: PrimExpr) -> PrimExpr:
+                for t, combine in ((scale, "mul"), (bias, "add")):
+                    if t is None:
+                        continue
+                    tail = tuple(index(j)[x.ndim - t.ndim:])
+                    v = te.inline_expr(t, tail, buffers)
+                    y = y * v if combine == "mul" else y + v
+                return y
+
+            row = layer_norm_row(loops, read, store, affine, float(attrs.get("epsilon", 1e-5)))
+        else:
+            row = softmax_row(loops, read, lambda j: (out, index(j)), store,
+                              self.name == LOG_SOFTMAX)
+        return PrimFunc((*(buffers[t] for t in params), out), rows.around(row_vars, row),
+                        {"kiln.row_kernel": self.name})
+
+
+# --------------------------------------------------------------------------- reductions
+
+_COMBINE: dict[str, Callable[[PrimExpr, PrimExpr], PrimExpr]] = {
+    "sum": _add, "prod": lambda a, b: a * b, "max": max_, "min": min_}
+
+
+def _identity(kind: str) -> PrimExpr:
+    if kind == "max":
+        return te.lowest_value(F32)
+    if kind == "min":
+        return te.highest_value(F32)
+    return as_expr(1.0 if kind == "prod" else 0.0, F32)
+
+
+def reduce_row(loops: RowLoops, read: Reader, kind: str,
+               pre: Callable[[PrimExpr], PrimExpr] | None) -> tuple[list[Stmt], PrimExpr]:
+    """Statements reducing one row with `kind` over `pre(read(j))`, and the total."""
+    combine = _COMBINE[kind]
+    acc, init = loops.accumulators("partial", _identity(kind))
+
+    def step(j: PrimExpr, lane: PrimExpr) -> Stmt:
+        v = read(j)
+        return Store(acc, combine(acc[lane], pre(v) if pre else v), (lane,))
+
+    total, let_total = _let("total", loops.combined(acc, combine))
+    return [*init, loops.each(step), let_total], total
+
+
+@dataclass(frozen=True)
+class RowReduceOp(HandBuiltOp):
+    """A reduction whose kernel is built by hand when its axes are the trailing ones (a
+    contiguous block per output element): `kind` combines `pre(x)` over the block, then
+    `post(total, count)`; `axes_of(attrs, ndim)` are the reduced axes."""
+
+    kind: str = "sum"
+    pre: Callable[[PrimExpr], PrimExpr] | None = None
+    post: Callable[[PrimExpr, int], PrimExpr] | None = None
+    axes_of: Callable[[Attrs, int], tuple[int, ...]] | None = None
+
+    fuses_producers = True
+
+    def lower_fused(self, params: Sequence[te.Tensor], args: Sequence[te.Tensor], attrs: Attrs,
+                    anchor: te.Tensor | None, result: te.Tensor | None,
+                    name: str) -> PrimFunc | None:
+        x = args[0]
+        out_t = result if result is not None else anchor
+        assert self.axes_of is not None
+        axes = self.axes_of(attrs, x.ndim)
+        if x.dtype != F32 or (out_t is not None and out_t.dtype != F32) or not axes or \
+                axes != tuple(range(x.ndim - len(axes), x.ndim)) or 0 in x.shape:
+            return None
+        inner = x.shape[x.ndim - len(axes):]
+        outer = x.shape[:x.ndim - len(axes)]
+        reduced = self.infer([TensorType(x.shape, x.dtype)], attrs)
+        assert isinstance(reduced, TensorType)
+        out_shape = reduced.static_shape
+        buffers = {t: Buffer(t.name, t.shape, t.dtype) for t in params}
+        out = Buffer("out", out_shape, F32)
+        value_buf = Buffer("row_value", out_shape, F32)
+        mapping = dict(buffers)
+        if anchor is not None:
+            mapping[anchor] = value_buf
+        zero = (_c(0),) * x.ndim
+        try:
+            te.inline_expr(x, zero, buffers)
+            if result is not None:
+                te.inline_expr(result, (_c(0),) * len(out_shape), mapping)
+        except IRError:
+            return None
+        rows = Rows(tuple(outer))
+        row_vars = rows.vars
+        o = rows.index(row_vars)
+        # the output keeps the row dims, then 1s for the reduced ones with keepdims
+        out_idx = (*o, *(_c(0),) * (len(out_shape) - len(o)))
+        count = 1
+        for d in inner:
+            count *= d
+
+        def read(j: PrimExpr) -> PrimExpr:
+            idx = (j,) if len(inner) == 1 else te.unflatten_index(j, inner)
+            return te.inline_expr(x, (*o, *idx), buffers)
+
+        loops = RowLoops(count, min(target_lanes(), count))
+        stmts, total = reduce_row(loops, read, self.kind, self.pre)
+        v = self.post(total, count) if self.post else total
+        v = v if v.dtype == F32 else Cast(F32, v)
+        if result is not None:
+            v = _Substitute(value_buf, v).visit_expr(
+                te.inline_expr(result, tuple(out_idx), mapping))
+        body = seq(*stmts, Store(out, v, out_idx))
+        return PrimFunc((*(buffers[t] for t in params), out), rows.around(row_vars, body),
+                        {"kiln.row_kernel": self.name})
