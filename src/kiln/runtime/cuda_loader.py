@@ -126,7 +126,7 @@ class CudaModule(Module):
                     nbytes = int(p["nbytes"])
                     dptr = _ok(cu.cuMemAlloc(max(nbytes, 1)), "cuMemAlloc")
                     device_ptrs.append((int(dptr), host, nbytes if p["access"] != "read" else 0))
-                    if p["access"] != "write" and nbytes:
+                    if nbytes:  # written buffers too: a kernel may write only part of one
                         _ok(cu.cuMemcpyHtoD(dptr, host, nbytes), "cuMemcpyHtoD")
                     values.append(dptr)
                     types.append(None)
