@@ -31,21 +31,30 @@ def built(request: pytest.FixtureRequest) -> tuple[str, kiln.Executable]:
     return request.param, kiln.compile(model, CUDA)
 
 
+def _device(arts: kiln.artifact.ArtifactSet, name: str) -> kiln.artifact.Artifact:
+    """The cuda artifact `name` (its file name is prefixed with the device's target key)."""
+    (art,) = [a for a in arts if a.codegen_id == "cuda" and a.file_name.endswith("_" + name)]
+    assert isinstance(art, kiln.artifact.Artifact)
+    assert art.target_key.startswith("cuda-") and art.file_name == f"{art.target_key}_{name}"
+    return art
+
+
 def _text(ex: kiln.Executable, name: str) -> str:
-    art = ex.artifacts.get("cuda", name)
-    assert art is not None, name
-    return bytes(art.content).decode()
+    return bytes(_device(ex.artifacts, name).content).decode()
 
 
 def test_device_artifacts_and_native_host_code(built: tuple[str, kiln.Executable]) -> None:
     _, ex = built
     loaders = {a.key: a.loader for a in ex.artifacts}
     for name in ("kernels.cu", "kernels.ptx", "kernels.json"):
-        assert loaders[("cuda", name)] == "cuda"
+        assert _device(ex.artifacts, name).loader == "cuda"
     # The graph function is native host code; the kernels it calls are launch stubs.
     assert loaders[("llvm", "kernels.o")] == "native"
     assert loaders[("host", "host.c")] == "native"
-    assert loaders[("cuda", "launch.c")] == "native"
+    assert _device(ex.artifacts, "launch.c").loader == "native"
+    # Host code carries no target key; every device artifact the same one.
+    assert {a.target_key for a in ex.artifacts if a.codegen_id != "cuda"} == {""}
+    assert len({a.target_key for a in ex.artifacts if a.codegen_id == "cuda"}) == 1
     assert '"target": ' in ex.ir.script()
     kinds = {n: f.attrs["target"] for n, f in ex.ir.items()}
     assert json.loads(kinds.pop("main"))["kind"] == "llvm"
@@ -92,15 +101,15 @@ def test_nvcc_compiles_the_source(built: tuple[str, kiln.Executable], tmp_path: 
 
 def test_each_artifact_inspects_alone(built: tuple[str, kiln.Executable]) -> None:
     _, ex = built
-    assert "__global__" in inspect_artifact(ex.artifacts.get("cuda", "kernels.cu"))
-    assert ".entry" in inspect_artifact(ex.artifacts.get("cuda", "kernels.ptx"))
-    assert '"kiln-cuda-functions"' in inspect_artifact(ex.artifacts.get("cuda", "kernels.json"))
+    assert "__global__" in inspect_artifact(_device(ex.artifacts, "kernels.cu"))
+    assert ".entry" in inspect_artifact(_device(ex.artifacts, "kernels.ptx"))
+    assert '"kiln-cuda-functions"' in inspect_artifact(_device(ex.artifacts, "kernels.json"))
 
 
 CALL = """
 import sys, numpy as np, kiln
 lib = kiln.runtime.load_module(sys.argv[1])
-names = sorted(a.file_name for a in lib.imports[0].artifacts)
+names = sorted(a.file_name.split("_", 1)[1] for a in lib.imports[0].artifacts)
 print("cuda", lib.imports[0].kind, ",".join(names))
 try:
     lib["main"](np.load(sys.argv[2]))
@@ -128,15 +137,9 @@ def test_export_load_and_call_without_a_gpu(built: tuple[str, kiln.Executable],
     lines = proc.stdout.splitlines()
     assert lines[0] == "cuda cuda kernels.cu,kernels.json,kernels.ptx"
     assert lines[1].startswith("error main: no CUDA device")
-    # The blob carries the device code: read back without loading anything.
+    # The blob carries the device code and its target key: read back without loading.
     arts = kiln.artifact.load(path)
-    assert _text_of(arts, "kernels.ptx") == _text(ex, "kernels.ptx")
-
-
-def _text_of(arts: kiln.artifact.ArtifactSet, name: str) -> str:
-    art = arts.get("cuda", name)
-    assert art is not None
-    return bytes(art.content).decode()
+    assert _device(arts, "kernels.ptx") == _device(ex.artifacts, "kernels.ptx")
 
 
 def test_inspect_show_prints_one_device_artifact(built: tuple[str, kiln.Executable],
@@ -145,9 +148,9 @@ def test_inspect_show_prints_one_device_artifact(built: tuple[str, kiln.Executab
     path = tmp_path / "model.so"
     ex.export_library(path)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
-    proc = subprocess.run([sys.executable, "-m", "kiln", "inspect", str(path), "--show",
-                           "cuda/kernels.ptx"], capture_output=True, text=True, timeout=300,
-                          env=env)
+    shown = f"cuda/{_device(ex.artifacts, 'kernels.ptx').file_name}"
+    proc = subprocess.run([sys.executable, "-m", "kiln", "inspect", str(path), "--show", shown],
+                          capture_output=True, text=True, timeout=300, env=env)
     assert proc.returncode == 0, proc.stderr
     assert ".entry" in proc.stdout and "__global__" not in proc.stdout
 

@@ -13,6 +13,7 @@ import pytest
 from tests.codegen.cuda_nets import cnn, onnxruntime_outputs
 
 import kiln
+from kiln.artifact.artifact import device_key
 from kiln.driver.split import assign_targets, target_of
 from kiln.errors import CompileError
 from kiln.frontend import from_onnx
@@ -36,10 +37,13 @@ def test_kernels_are_shared_between_llvm_and_c(split: kiln.Executable) -> None:
     kernels = [k for name, k in kinds.items() if name != "main"]
     assert kernels.count("c") >= 3 and kernels.count("llvm") >= 3
     keys = {a.key for a in split.artifacts}
-    assert {("llvm", "kernels.o"), ("c", "kernels.c"), ("host", "host.c")} <= keys
+    assert {("llvm", "kernels.o"), ("host", "host.c")} <= keys  # the host's: no target key
+    (c_kernels,) = [a for a in split.artifacts if a.codegen_id == "c"]
+    assert c_kernels.target_key == device_key("c", Target("c").fingerprint())
+    assert c_kernels.file_name == f"{c_kernels.target_key}_kernels.c"
     # One weights blob for both code generators.
     assert [a.file_name for a in split.artifacts].count("constants.bin") == 1
-    c_source = split.artifacts.get("c", "kernels.c").content.decode()
+    c_source = bytes(c_kernels.content).decode()
     for name, kind in kinds.items():
         defined = f"kiln__kernel_{name}(" in c_source and kind == "c"
         assert defined == (kind == "c"), name
@@ -103,3 +107,33 @@ def test_a_kernel_annotated_by_hand_keeps_its_target() -> None:
     assert target_of(assigned["main"]) == host
     with pytest.raises(CompileError, match="asks for target c but this build has llvm"):
         assign_targets(pinned, host, [Target("llvm -opt-level=2")])
+
+
+def test_two_devices_of_one_kind_stay_distinct_through_export_load_and_mlf(
+        tmp_path: Path) -> None:
+    """Two llvm devices that differ only in their code (optimisation level): each one's
+    artifacts carry its target key, in the library, the .tar and the MLF archive."""
+    import tarfile
+
+    from kiln.export.mlf import export_model_library_format
+
+    model, feeds = cnn()
+    devices = [Target("llvm -opt-level=1"), Target("llvm -opt-level=2")]
+    ex = kiln.compile(model, {"kind": "composite", "devices": [str(d) for d in devices],
+                              "host": "llvm"})
+    keys = {device_key("llvm", d.fingerprint()) for d in devices}
+    objects = sorted(a.file_name for a in ex.artifacts if a.file_name.endswith("kernels.o"))
+    assert objects == sorted(["kernels.o", *(f"{k}_kernels.o" for k in keys)])
+    expected = onnxruntime_outputs(model, feeds)
+    for suffix in (".so", ".tar"):
+        path = tmp_path / f"two{suffix}"
+        ex.export_library(path)
+        lib = kiln.runtime.load_module(path)
+        np.testing.assert_allclose(lib["main"](*feeds.values()), expected, rtol=1e-4,
+                                   atol=1e-4)
+        assert {a.target_key for a in kiln.artifact.load(path)} == {"", *keys}
+    export_model_library_format(ex, tmp_path / "two.mlf.tar")
+    with tarfile.open(tmp_path / "two.mlf.tar") as tar:
+        names = tar.getnames()
+    for key in keys:
+        assert any(n.endswith(f"codegen/host/lib/{key}_kernels.o") for n in names), names

@@ -29,6 +29,7 @@ from __future__ import annotations
 from typing import Any
 
 from kiln.artifact import ArtifactSet
+from kiln.artifact.artifact import device_key, with_target_key
 from kiln.codegen.constants import CONSTANTS_FILE, ConstantPool
 from kiln.codegen.naming import library_metadata
 from kiln.errors import CompileError
@@ -159,14 +160,16 @@ def _codegen(mod: IRModule, groups: dict[str, tuple[Target, list[str]]], host_ke
             if a.file_name == CONSTANTS_FILE and key != host_key:
                 continue  # one weights blob, the host's
             cpu_features += [str(f) for f in a.metadata.get("requires_features", ())]
-            out.append(a)
+            # A device's artifacts carry its target key (distinct names per device).
+            out.append(a if key == host_key else
+                       with_target_key(a, device_key(t.kind.name, t.fingerprint())))
     out.append(codegen_host(mod, prefix=prefix, metadata=library_metadata(mod, prefix),
                             cflags=host_flags, cpu_features=sorted(set(cpu_features))))
     try:
         return ArtifactSet(out)
-    except ValueError as exc:
-        raise CompileError(f"the targets of this build produce clashing artifacts: {exc}; "
-                           "give each device a different kind") from None
+    except ValueError as exc:  # not expected: target keys keep the devices' names apart
+        raise CompileError(f"the targets of this build produce clashing artifacts: {exc}"
+                           ) from None
 
 
 __all__ = ["assign_targets", "compile_split", "host_and_devices", "is_split_target",

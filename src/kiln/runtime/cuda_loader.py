@@ -49,9 +49,11 @@ _SET_LAUNCHER = (None, [LAUNCHER, ctypes.c_void_p])
 def load_cuda(artifacts: list[AnyArtifact], ctx: LoadContext) -> CudaModule:
     """The loader registered as "cuda" (kiln.runtime.loaders)."""
     by_name = {a.file_name: a for a in artifacts}
-    table_art = next((a for a in artifacts if a.file_name.endswith(".json")), None)
-    if table_art is None:
-        raise FormatError("cuda artifacts without a function table (kernels.json)")
+    tables = [a for a in artifacts if a.file_name.endswith(".json")]
+    if len(tables) != 1:
+        raise FormatError(f"a library holds the kernels of one CUDA target; found "
+                          f"{len(tables)} function tables (kernels.json)")
+    table_art = tables[0]
     try:
         table = json.loads(bytes(table_art.content).decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
@@ -59,7 +61,9 @@ def load_cuda(artifacts: list[AnyArtifact], ctx: LoadContext) -> CudaModule:
     if not isinstance(table, dict) or table.get("format") != TABLE_FORMAT:
         raise FormatError(f"cuda function table {table_art.file_name} is not a "
                           f"{TABLE_FORMAT} file")
-    ptx_art = by_name.get(str(table.get("ptx")))
+    # A device's file names start with its target key (kiln.artifact.with_target_key).
+    key = table_art.target_key
+    ptx_art = by_name.get(f"{key}_{table.get('ptx')}" if key else str(table.get("ptx")))
     if ptx_art is None:
         raise FormatError(f"the cuda function table names PTX {table.get('ptx')!r}, which "
                           "the library does not hold")
