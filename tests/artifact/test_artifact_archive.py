@@ -46,10 +46,11 @@ def test_round_trip_and_layout(tmp_path):
                      "jit/k\u00e9rnels.bc"]
     assert kernels == b"int f(void) { return 1; }\n"
     assert all(m.isreg() and m.mode == 0o644 and m.mtime == 0 for m in members)
-    assert manifest["format"] == "kiln.artifacts" and manifest["version"] == 1
+    assert manifest["format"] == "kiln.artifacts" and manifest["version"] == 2
     assert manifest["metadata"] == META
     assert manifest["artifacts"][1] == {
-        "codegen_id": "c", "loader": "native", "file_name": "constants.bin", "size": 256,
+        "codegen_id": "c", "loader": "native", "file_name": "constants.bin", "target_key": "",
+        "size": 256,
         "sha256": hashlib.sha256(bytes(range(256))).hexdigest(),
         "metadata": {"symbol": "kiln__consts", "align": 64}}
     assert manifest["checksum"] == manifest_checksum(manifest)
@@ -213,8 +214,11 @@ def test_manifest_schema_and_versions(tmp_path):
     members = members_of(sample_set())
     cases = []
     m = good_manifest()
-    m["version"] = 2
-    cases.append((resealed(m), "archive format version 2 is newer", "upgrade kiln"))
+    m["version"] = 3
+    cases.append((resealed(m), "archive format version 3 is newer", "upgrade kiln"))
+    m = good_manifest()
+    m["version"] = 1  # version 1 entries have no target_key
+    cases.append((resealed(m), "unknown key(s) ['target_key']"))
     m = good_manifest()
     m["version"] = 0
     cases.append((resealed(m), "archive format version 0 is too old"))

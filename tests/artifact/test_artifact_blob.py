@@ -144,7 +144,7 @@ def test_pack_rejects_inconsistent_contents():
 def test_header_and_section_table_match_the_documented_layout():
     data = blob.pack(nested_contents())
     magic, version, flags, total, count, reserved = struct.unpack_from("<8sIIQII", data, 0)
-    assert (magic, version, flags, total, count, reserved) == (b"KILNBLOB", 2, 0, len(data), 5, 0)
+    assert (magic, version, flags, total, count, reserved) == (b"KILNBLOB", 3, 0, len(data), 5, 0)
     assert blob.HEADER_SIZE == 32
     entries = [struct.unpack_from("<IIQQ", data, 32 + 24 * i) for i in range(count)]
     assert [e[0] for e in entries] == [ARTS, MODS, TREE, META, LINKED]
@@ -206,9 +206,9 @@ def test_wrong_magic():
 
 
 def test_versions_outside_the_supported_range():
-    expect_error(patched(8, "<I", 3), "format version 3 is newer", "versions 1..2",
+    expect_error(patched(8, "<I", 4), "format version 4 is newer", "versions 1..3",
                  "upgrade kiln")
-    expect_error(patched(8, "<I", 0), "format version 0 is too old", "versions 1..2")
+    expect_error(patched(8, "<I", 0), "format version 0 is too old", "versions 1..3")
     # blob_length still works on a newer blob: the first 24 bytes never change.
     assert blob.blob_length(patched(8, "<I", 7)) == len(GOOD)
 
@@ -262,10 +262,10 @@ def test_section_table_errors():
 def section_blob(kind: int, body: bytes) -> bytes:
     """GOOD with section `kind` replaced by `body` (a fresh, valid envelope)."""
     sections = []
-    for k in (ARTS, MODS, TREE, META):
+    for k in (ARTS, MODS, TREE, META, LINKED):
         _, off, length = section_entry(k)
         sections.append((k, body if k == kind else GOOD[off:off + length]))
-    return assemble(sections)
+    return assemble(sections, version=blob.FORMAT_VERSION)
 
 
 def test_huge_counts_are_rejected_before_allocating():
@@ -273,17 +273,18 @@ def test_huge_counts_are_rejected_before_allocating():
                  "need at least")
     expect_error(section_blob(MODS, u32(0xFFFFFFFF)), "module count is 4294967295")
     expect_error(section_blob(TREE, u32(0xFFFFFFFF)), "length of row_ptr is 4294967295")
-    huge_content = (u32(1) + string("a") + string("none") + string("f") + string("{}")
+    huge_content = (u32(1) + string("a") + string("none") + string("f") + string("")
+                    + string("{}")
                     + struct.pack("<Q", 2**63))
     expect_error(section_blob(ARTS, huge_content), "artifact 0 content needs",
                  "truncated or corrupt")
-    huge_string = u32(1) + u32(0xFFFFFFF0) + bytes(20)
+    huge_string = u32(1) + u32(0xFFFFFFF0) + bytes(24)
     expect_error(section_blob(ARTS, huge_string), "artifact 0 codegen_id needs 4294967280")
 
 
 def test_bad_strings_json_and_names_inside_sections():
     one = lambda cid, loader, name, meta: (  # noqa: E731
-        u32(1) + string(cid) + string(loader) + string(name) + string(meta)
+        u32(1) + string(cid) + string(loader) + string(name) + string("") + string(meta)
         + struct.pack("<Q", 0))
     expect_error(section_blob(ARTS, one(b"\xff\xfe", "none", "f", "{}")),
                  "artifact 0 codegen_id is not valid UTF-8")
@@ -319,7 +320,8 @@ def test_trailing_bytes_and_structure_errors_inside_sections():
                  "module 0 refers to artifact 7, but there are 4 artifacts")
     expect_error(section_blob(MODS, u32(1) + string("bad loader") + u32(0)),
                  "module 0 loader 'bad loader' is not a valid name")
-    dup_arts = (u32(2) + (string("a") + string("native") + string("f") + string("{}")
+    dup_arts = (u32(2) + (string("a") + string("native") + string("f") + string("")
+                          + string("{}")
                           + struct.pack("<Q", 0)) * 2)
     expect_error(section_blob(ARTS, dup_arts), "duplicate artifact a/f")
 
@@ -408,13 +410,13 @@ def test_place_linked_puts_the_data_aligned_after_the_blob():
 
 
 def linked_blob(record: bytes) -> bytes:
-    """linked_contents with its LINKED_DATA body replaced by `record` (resealed, v2)."""
+    """linked_contents with its LINKED_DATA body replaced by `record` (resealed)."""
     good = blob.pack(linked_contents())
     sections = []
     for i in range(5):
         kind, _, off, length = struct.unpack_from("<IIQQ", good, 32 + 24 * i)
         sections.append((kind, record if kind == LINKED else good[off:off + length]))
-    return assemble(sections, version=2)
+    return assemble(sections, version=blob.FORMAT_VERSION)
 
 
 def test_linked_data_records_are_checked():
@@ -450,8 +452,9 @@ def test_a_version_1_blob_may_not_hold_linked_data():
     expect_error(assemble(sections, version=1), "section 4 has unknown kind 5",
                  "expected one of [1, 2, 3, 4]")
     expect_error(assemble(sections[:4], version=2), "missing section(s) LINKED_DATA")
-    # Without it, version 1 reads, with no linked data.
-    assert blob.unpack(assemble(sections[:4], version=1)).linked == ()
+    expect_error(assemble(sections[:4], version=3), "missing section(s) LINKED_DATA")
+    # Without it, version 1 reads, with no linked data: the golden v1 file
+    # (tests/artifact/test_artifact_golden.py, test_blob_v1_golden_has_no_linked_data).
 
 
 def test_pack_refuses_inconsistent_linked_data():

@@ -17,7 +17,9 @@ from kiln.artifact.blob import ModuleNode
 GOLDEN = Path(__file__).resolve().parent.parent / "golden"
 BLOB_V1 = GOLDEN / "blob_v1_2026-11-21.bin"
 BLOB_V2 = GOLDEN / "blob_v2_2026-11-22.bin"
+BLOB_V3 = GOLDEN / "blob_v3_2026-11-22.bin"
 ARCHIVE_V1 = GOLDEN / "archive_v1_2026-11-21.tar"
+ARCHIVE_V2 = GOLDEN / "archive_v2_2026-11-22.tar"
 
 EXPECTED_BLOB_ARTIFACTS = [
     ("host", "native", "host.c", b"int kiln__x = 1;\n", {"cflags": ["-O2"]}),
@@ -104,15 +106,50 @@ def test_blob_v2_golden_header_by_hand():
                                + ZEROS_4096_SHA256)
 
 
-def test_blob_writer_still_produces_the_v2_golden_bytes():
-    """The writer is fully specified by docs/format.md: same input, same bytes."""
-    contents = blob.BlobContents(
-        ArtifactSet(Artifact(*row) for row in EXPECTED_BLOB_ARTIFACTS),
+# Version 3 (2026-11-22): the same library, each artifact record with a target key;
+# the dsp artifact is a device's ("dsp-0123abcd", its file name prefixed with it).
+EXPECTED_V3_ARTIFACTS = [(*row, "") for row in EXPECTED_BLOB_ARTIFACTS[:6]] + [
+    ("dsp", "dsp_loader", "dsp-0123abcd_cmd.stream", b"\x01\x00\x00\x00RUN\x00",
+     {"device": "dsp0", "ratio": 0.5, "nested": {"a": [1, None, True]}}, "dsp-0123abcd")]
+
+
+def _v3_contents() -> blob.BlobContents:
+    return blob.BlobContents(
+        ArtifactSet(Artifact(*row[:5], target_key=row[5]) for row in EXPECTED_V3_ARTIFACTS),
         (ModuleNode("native", (0, 1, 2)), ModuleNode("none", (3,)),
          ModuleNode("llvmjit", (4, 5)), ModuleNode("dsp_loader", (6,))),
         (0, 2, 2, 3, 3), (1, 2, 3), EXPECTED_BLOB_METADATA,
-        (blob.LinkedData(2, 1216, 4096, 4096, ZEROS_4096_SHA256),))
-    assert blob.pack(contents) == BLOB_V2.read_bytes()
+        (blob.LinkedData(2, 1280, 4096, 4096, ZEROS_4096_SHA256),))
+
+
+def test_blob_v3_golden_file_reads_back():
+    data = BLOB_V3.read_bytes()
+    assert len(data) == 1240
+    c = blob.unpack(data)
+    got = [(a.codegen_id, a.loader, a.file_name, a.content, a.metadata, a.target_key)
+           for a in c.artifacts]
+    assert got == EXPECTED_V3_ARTIFACTS
+    assert c.metadata == EXPECTED_BLOB_METADATA
+    assert c.linked == (blob.LinkedData(2, 1280, 4096, 4096, ZEROS_4096_SHA256),)
+
+
+def test_blob_v3_golden_header_by_hand():
+    data = BLOB_V3.read_bytes()
+    assert struct.unpack_from("<IIQII", data, 8) == (3, 0, 1240, 5, 0)
+    table = [struct.unpack_from("<IIQQ", data, 32 + 24 * i) for i in range(5)]
+    # ARTIFACTS (566 bytes in v2) grows by one target_key length word per artifact
+    # (7 x 4), the key "dsp-0123abcd" (12) and its file-name prefix (13): 619.
+    assert table[0] == (1, 0, 152, 619)
+    # The first artifact record: codegen_id, loader, file_name, target_key "" (v3).
+    assert data[152:156] == struct.pack("<I", 7)
+    assert data[156 + 4:156 + 8 + 4 + 6 + 4 + 6 + 4] == (
+        b"host" + struct.pack("<I", 6) + b"native" + struct.pack("<I", 6) + b"host.c"
+        + struct.pack("<I", 0))
+
+
+def test_blob_writer_produces_the_v3_golden_bytes():
+    """The writer is fully specified by docs/format.md: same input, same bytes."""
+    assert blob.pack(_v3_contents()) == BLOB_V3.read_bytes()
 
 
 def test_archive_v1_golden_file_reads_back():
@@ -126,4 +163,14 @@ def test_archive_v1_golden_file_reads_back():
          {"symbol": "kiln__consts", "align": 64, "count": 1}),
         ("llvm", "none", "kernels.bc", b"BC\xc0\xde\x35\x14\x00\x00", {}),
     ]
+    assert meta == {"format": "kiln.library", "version": 1, "prefix": "kiln_", "functions": {}}
+
+
+def test_archive_v2_golden_file_reads_back():
+    arts, meta = load_with_metadata(ARCHIVE_V2)
+    got = [(a.codegen_id, a.file_name, a.target_key) for a in arts]
+    assert got == [("c", "kernels.c", ""), ("host", "host.c", ""), ("c", "constants.bin", ""),
+                   ("llvm", "kernels.bc", ""),
+                   ("cuda", "cuda-0123abcd_kernels.ptx", "cuda-0123abcd")]
+    assert arts.get("cuda", "cuda-0123abcd_kernels.ptx").content == b"// PTX\n"
     assert meta == {"format": "kiln.library", "version": 1, "prefix": "kiln_", "functions": {}}

@@ -40,8 +40,10 @@ def blob_contents() -> blob.BlobContents:
         Artifact("llvm", "none", "kernels.bc", b"BC\xc0\xde\x00\x01\x02\x03"),
         Artifact("jit", "llvmjit", "kernels.bc", b"BC\xc0\xde\xff", {"opt": 3}),
         Artifact("jit", "llvmjit", "constants.bin", bytes(range(16)), {"align": 64}),
-        Artifact("dsp", "dsp_loader", "cmd.stream", b"\x01\x00\x00\x00RUN\x00",
-                 {"device": "dsp0", "ratio": 0.5, "nested": {"a": [1, None, True]}}),
+        # From blob version 3 the device artifact carries a target key.
+        Artifact("dsp", "dsp_loader", "dsp-0123abcd_cmd.stream", b"\x01\x00\x00\x00RUN\x00",
+                 {"device": "dsp0", "ratio": 0.5, "nested": {"a": [1, None, True]}},
+                 target_key="dsp-0123abcd"),
     ])
     modules = (
         blob.ModuleNode("native", (0, 1, 2)),
@@ -68,6 +70,9 @@ def archive_artifacts() -> ArtifactSet:
         Artifact("c", "native", "constants.bin", bytes([0, 0, 128, 63]) * 4,
                  {"symbol": "kiln__consts", "align": 64, "count": 1}),
         Artifact("llvm", "none", "kernels.bc", b"BC\xc0\xde\x35\x14\x00\x00"),
+        # From archive version 2 artifacts carry a target key.
+        Artifact("cuda", "cuda", "cuda-0123abcd_kernels.ptx", b"// PTX\n", {"arch": "sm_90"},
+                 target_key="cuda-0123abcd"),
     ])
 
 

@@ -38,14 +38,17 @@ MANIFEST_NAME = "manifest.json"
 # 1 (2026-11-21): first version. manifest.json {format, version, kiln_version,
 #   artifacts: [{codegen_id, loader, file_name, size, sha256, metadata}],
 #   metadata, checksum} followed by <codegen_id>/<file_name> members.
-FORMAT_VERSION = 1
+# 2 (2026-11-22): every artifact entry has "target_key" ("" for host code; see
+#   docs/artifacts.md). Version-1 archives are still read (target_key "").
+FORMAT_VERSION = 2
 MIN_SUPPORTED_VERSION = 1
 
 # A manifest is a few KB; refuse to read an absurd one into memory.
 MAX_MANIFEST_SIZE = 64 << 20
 
 _MANIFEST_KEYS = {"format", "version", "kiln_version", "artifacts", "metadata", "checksum"}
-_ENTRY_KEYS = {"codegen_id", "loader", "file_name", "size", "sha256", "metadata"}
+_ENTRY_KEYS_V1 = {"codegen_id", "loader", "file_name", "size", "sha256", "metadata"}
+_ENTRY_KEYS = {*_ENTRY_KEYS_V1, "target_key"}
 _SHA256_RE = re.compile(r"[0-9a-f]{64}")
 
 _Fail = Callable[[str], NoReturn]
@@ -72,7 +75,8 @@ def build_manifest(artifacts: list[Artifact], metadata: Mapping[str, Any]) -> di
         "kiln_version": __version__,
         "artifacts": [
             {"codegen_id": a.codegen_id, "loader": a.loader, "file_name": a.file_name,
-             "size": a.size, "sha256": a.sha256(), "metadata": thaw(a.metadata)}
+             "target_key": a.target_key, "size": a.size, "sha256": a.sha256(),
+             "metadata": thaw(a.metadata)}
             for a in artifacts
         ],
         "metadata": thaw(metadata),
@@ -210,7 +214,7 @@ def read_tar(path: str | os.PathLike[str]) -> tuple[ArtifactSet, dict[str, Any]]
     for i, entry in enumerate(entries):
         try:
             art = Artifact(entry["codegen_id"], entry["loader"], entry["file_name"], b"",
-                           entry["metadata"])
+                           entry["metadata"], entry.get("target_key", ""))
         except ValueError as err:
             fail(f"{MANIFEST_NAME} artifact {i}: {err}")
         name = member_name(art)
@@ -229,7 +233,7 @@ def read_tar(path: str | os.PathLike[str]) -> tuple[ArtifactSet, dict[str, Any]]
                  f"content hashes to {digest[:16]}... (the file was changed or damaged)")
         try:
             artifacts.add(Artifact(art.codegen_id, art.loader, art.file_name, data,
-                                   art.metadata))
+                                   art.metadata, art.target_key))
         except ValueError as err:
             fail(f"{MANIFEST_NAME} artifact {i}: {err}")
     if members:
@@ -287,12 +291,15 @@ def _check_manifest(manifest: Mapping[str, Any],
     entries = manifest["artifacts"]
     if not isinstance(entries, (list, tuple)):
         fail(f"{MANIFEST_NAME}: 'artifacts' must be a list")
+    entry_keys = _ENTRY_KEYS if manifest["version"] >= 2 else _ENTRY_KEYS_V1
     for i, e in enumerate(entries):
         where = f"{MANIFEST_NAME} artifact {i}"
         if not isinstance(e, Mapping):
             fail(f"{where} must be an object")
-        if set(e) != _ENTRY_KEYS:
-            _report_keys(where, set(e), _ENTRY_KEYS, fail)
+        if set(e) != entry_keys:
+            _report_keys(where, set(e), entry_keys, fail)
+        if not isinstance(e.get("target_key", ""), str):
+            fail(f"{where}: 'target_key' must be a string")
         size = e["size"]
         if not isinstance(size, int) or isinstance(size, bool) or size < 0:
             fail(f"{where}: 'size' must be a non-negative integer, found {size!r}")

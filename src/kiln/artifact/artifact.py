@@ -69,6 +69,33 @@ def check_file_name(value: object) -> str:
     return value
 
 
+def check_target_key(key: object, file_name: str) -> str:
+    """Validate a target key ("" or a short name) and the file-name prefix it implies."""
+    if key == "":
+        return ""
+    check_name("target_key", key)
+    assert isinstance(key, str)
+    if not file_name.startswith(f"{key}_"):
+        raise ValueError(f"file_name {file_name!r} of an artifact with target_key {key!r} "
+                         f"must start with '{key}_' (see with_target_key)")
+    return key
+
+
+def device_key(kind: str, fingerprint: str) -> str:
+    """The target key of a device target: its kind and 8 hex digits of its fingerprint."""
+    return f"{kind}-{fingerprint[:8]}"
+
+
+def with_target_key(artifact: AnyArtifact, key: str) -> AnyArtifact:
+    """`artifact` marked as generated for device target `key`, its file name prefixed."""
+    from dataclasses import replace
+
+    if artifact.target_key:
+        raise ValueError(f"artifact {artifact.codegen_id}/{artifact.file_name} already has "
+                         f"target_key {artifact.target_key!r}")
+    return replace(artifact, file_name=f"{key}_{artifact.file_name}", target_key=key)
+
+
 def _check_metadata(value: object) -> FrozenDict:
     return freeze_object(value, "metadata")
 
@@ -90,6 +117,12 @@ class Artifact:
     it into runnable code (`"native"`: linked into the host library; `"none"`:
     carried for inspection only; any other name: a runtime loader), and
     `file_name` is unique within the codegen. Invalid fields raise ValueError.
+
+    `target_key` names the device target the artifact was generated for in a
+    heterogeneous build ("" for the host's, or a single-target build's): a short
+    stable name such as `cuda-1a2b3c4d` (`device_key`). The file name then starts
+    with `<target_key>_`, so two devices' artifacts stay distinct in every
+    container (blob, archive, MLF); `with_target_key` adds both.
     """
 
     codegen_id: str
@@ -97,6 +130,7 @@ class Artifact:
     file_name: str
     content: bytes | memoryview = field(repr=False)
     metadata: Mapping[str, Any] = field(default_factory=FrozenDict)
+    target_key: str = ""
 
     serializable: ClassVar[bool] = True
 
@@ -104,6 +138,7 @@ class Artifact:
         check_name("codegen_id", self.codegen_id)
         check_name("loader", self.loader)
         check_file_name(self.file_name)
+        check_target_key(self.target_key, self.file_name)
         content = self.content
         if isinstance(content, str):
             raise ValueError("content must be bytes, got str; encode text with .encode()")
@@ -136,8 +171,9 @@ class Artifact:
         return hashlib.sha256(self.content).hexdigest()
 
     def __repr__(self) -> str:
+        key = f", target_key={self.target_key!r}" if self.target_key else ""
         return (f"Artifact({self.codegen_id!r}, {self.loader!r}, {self.file_name!r}, "
-                f"<{self.size} bytes>, metadata={dict(self.metadata)!r})")
+                f"<{self.size} bytes>, metadata={dict(self.metadata)!r}{key})")
 
 
 @dataclass(frozen=True, eq=False)
@@ -153,6 +189,7 @@ class InMemoryArtifact:
     file_name: str
     value: object = field(repr=False)
     metadata: Mapping[str, Any] = field(default_factory=FrozenDict)
+    target_key: str = ""
 
     serializable: ClassVar[bool] = False
 
@@ -160,6 +197,7 @@ class InMemoryArtifact:
         check_name("codegen_id", self.codegen_id)
         check_name("loader", self.loader)
         check_file_name(self.file_name)
+        check_target_key(self.target_key, self.file_name)
         object.__setattr__(self, "metadata", _check_metadata(self.metadata))
 
     @property
@@ -286,6 +324,8 @@ class ArtifactSet:
                 "sha256": a.sha256() if isinstance(a, Artifact) else None,
                 "metadata": thaw(a.metadata),
             }
+            if a.target_key:
+                entry["target_key"] = a.target_key
             out.append(entry)
         return out
 

@@ -47,7 +47,11 @@ MAGIC = b"KILNBLOB"
 #   (the weights) lies after the blob in the library and the SHA-256 of each
 #   of its chunks, so the runtime can check the weights (docs/format.md).
 #   Version-1 blobs are still read (they carry no weight hashes).
-FORMAT_VERSION = 2
+# 3 (2026-11-22): each ARTIFACTS record holds the artifact's target_key (a str
+#   after file_name; "" for host code), so the artifacts of two devices of a
+#   heterogeneous build stay distinct (docs/artifacts.md). Versions 1 and 2 are
+#   still read (their artifacts have target_key "").
+FORMAT_VERSION = 3
 MIN_SUPPORTED_VERSION = 1
 
 # magic, version, flags, total length, section count, reserved (0).
@@ -177,7 +181,7 @@ def _linked_stub(a: Artifact) -> Artifact:
     if is_linked(a) and not a.content:
         return a  # already a stub (e.g. artifacts read back from a .so)
     meta = {**a.metadata, "linked": True, "size": len(a.content)}
-    return Artifact(a.codegen_id, a.loader, a.file_name, b"", meta)
+    return Artifact(a.codegen_id, a.loader, a.file_name, b"", meta, a.target_key)
 
 
 # --------------------------------------------------------------------------
@@ -233,7 +237,7 @@ def _json_bytes(value: Any) -> bytes:
 def _encode_artifacts(arts: list[Artifact]) -> bytes:
     out = bytearray(_U32.pack(len(arts)))
     for a in arts:
-        out += _str(a.codegen_id) + _str(a.loader) + _str(a.file_name)
+        out += _str(a.codegen_id) + _str(a.loader) + _str(a.file_name) + _str(a.target_key)
         meta = _json_bytes(a.metadata)
         out += _U32.pack(len(meta)) + meta
         out += _U64.pack(len(a.content)) + a.content
@@ -352,7 +356,7 @@ def unpack(data: bytes | bytearray | memoryview) -> BlobContents:
               f"computed {actual.hex()[:16]}... (the blob is damaged)")
 
     sections = _read_section_table(view, count, body_end, _kinds(version))
-    artifacts = _decode_artifacts(view, sections[SectionKind.ARTIFACTS])
+    artifacts = _decode_artifacts(view, sections[SectionKind.ARTIFACTS], version)
     try:
         artifact_set = ArtifactSet(artifacts)
     except ValueError as err:
@@ -465,23 +469,25 @@ class _Reader:
 
 
 # Smallest possible encodings, used to bound counts before allocating.
-_MIN_ARTIFACT_SIZE = 4 * 4 + 8   # four empty strings + content length
+_MIN_ARTIFACT_SIZE = 4 * 4 + 8   # four empty strings + content length (five from version 3)
 _MIN_MODULE_SIZE = 4 + 4         # empty loader + artifact count
 
 
-def _decode_artifacts(view: memoryview, span: tuple[int, int]) -> list[Artifact]:
+def _decode_artifacts(view: memoryview, span: tuple[int, int], version: int) -> list[Artifact]:
     r = _Reader(view, span, "ARTIFACTS")
     out = []
-    for i in range(r.count("artifact count", _MIN_ARTIFACT_SIZE)):
+    keyed = version >= 3
+    for i in range(r.count("artifact count", _MIN_ARTIFACT_SIZE + 4 * keyed)):
         codegen_id = r.text(f"artifact {i} codegen_id")
         loader = r.text(f"artifact {i} loader")
         file_name = r.text(f"artifact {i} file_name")
+        target_key = r.text(f"artifact {i} target_key") if keyed else ""
         meta_raw = r.raw(r.u32(f"artifact {i} metadata length"), f"artifact {i} metadata")
         meta = parse_json_object(meta_raw, f"kiln blob: metadata of artifact {i} "
                                  f"({codegen_id}/{file_name})", FormatError)
         content = r.raw(r.u64(f"artifact {i} content length"), f"artifact {i} content")
         try:
-            out.append(Artifact(codegen_id, loader, file_name, content, meta))
+            out.append(Artifact(codegen_id, loader, file_name, content, meta, target_key))
         except ValueError as err:
             _fail(f"artifact {i}: {err}")
     r.done()

@@ -481,7 +481,7 @@ def _register_builtins() -> None:
     register_inspector({"c": _c_view}, ext=(".c", ".h", ".cc", ".cpp", ".cxx", ".hpp", ".cu"))
     register_inspector({"ll": _bitcode_ll_view, "asm": _llvm_asm_view}, ext=".bc")
     register_inspector({"ll": _ll_text_view, "asm": _llvm_asm_view}, ext=".ll")
-    register_inspector({"asm": _asm_text_view}, ext=(".s", ".asm"))
+    register_inspector({"asm": _asm_text_view}, ext=(".s", ".asm", ".ptx"))
     register_inspector({"object": _object_view, "asm": _disassembly,
                         "symbols": _object_symbols}, ext=".o")
     register_inspector({"hex": _hex_view}, ext=".bin")

@@ -8,7 +8,8 @@ A codegen is a function
 returning every artifact for its target. Which codegen a target uses hangs off
 its kind (docs/targets.md): the kind attribute `"codegen"` names a registered codegen
 or holds the function itself; without it, the codegen registered under the
-kind's name is used. Built-ins load lazily: "llvm", "llvmjit", "c", "python".
+kind's name is used. Built-ins load lazily: "llvm", "llvmjit", "c", "python", "cuda"
+(device kernels only: a cuda target compiles through kiln.driver.split).
 
 External backends register with `register_codegen(name, fn)` (plus
 `kiln.target.register_kind` and `kiln.runtime.register_loader`), or ship a
@@ -48,6 +49,7 @@ for _name, _path in {
     "llvmjit": "kiln.codegen.llvm:codegen_llvmjit",
     "c": "kiln.codegen.c:codegen_c",
     "python": "kiln.codegen.python_backend:codegen_python",
+    "cuda": "kiln.codegen.cuda.codegen:codegen_cuda",
 }.items():
     CODEGENS.register(_name, lazy=_path)
 

@@ -379,7 +379,7 @@ def lookup(key: str) -> ArtifactSet | None:
                     object_path(name).unlink()
                 raise
             artifacts.add(Artifact(item["codegen_id"], item["loader"], item["file_name"], data,
-                                   item["metadata"]))
+                                   item["metadata"], item.get("target_key", "")))
     except (FormatError, OSError, KeyError, TypeError, ValueError) as exc:
         STATS.errors += 1
         STATS.misses += 1
@@ -420,7 +420,8 @@ def store(key: str, artifacts: ArtifactSet, metadata: dict[str, Any]) -> bool:
             else:
                 os.utime(target)  # keeps it out of the grace-period collection race
             items.append({"codegen_id": a.codegen_id, "loader": a.loader,
-                          "file_name": a.file_name, "metadata": thaw(a.metadata),
+                          "file_name": a.file_name, "target_key": a.target_key,
+                          "metadata": thaw(a.metadata),
                           "size": a.size, "object": name,
                           "chunk_size": chunks[0] if chunks else None})
         from kiln import __version__

@@ -71,10 +71,12 @@ def compile(
     mod = _as_module(mod)
     tgt = _pick_target(mod, target)
     prefix = check_prefix(system_lib_prefix if system_lib_prefix is not None else DEFAULT_PREFIX)
-    if tgt.kind.name == "composite":
-        raise CompileError(
-            "composite (heterogeneous) targets are not supported yet: compile each device's "
-            "functions as a separate module")
+    from kiln.driver import split
+
+    if split.is_split_target(tgt):  # a host and devices (kiln/driver/split.py)
+        _verify(mod, "the input module")
+        return split.compile_split(mod, tgt, graph_pipeline=graph_pipeline,
+                                   tensor_pipeline=tensor_pipeline, prefix=prefix)
 
     _verify(mod, "the input module")
     with tgt:
@@ -202,7 +204,7 @@ def _pick_target(mod: IRModule, target: Any) -> Target:
     if target is not None:
         tgt = resolve_target(target)
         for name, t in per_function.items():
-            if t != tgt:
+            if t != tgt and not (tgt.kind.name == "composite" or "gpu" in tgt.keys):
                 raise CompileError(
                     f"function '{name}' has target attribute {t} but kiln.compile was asked "
                     f"for {tgt}; remove the attribute or compile for its target")

@@ -33,7 +33,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from kiln.artifact.artifact import NATIVE
+from kiln.artifact.artifact import NATIVE, Artifact
 from kiln.errors import ExportError
 from kiln.escape import c_comment, is_c_identifier
 from kiln.export.dependencies import collect_dependencies
@@ -234,6 +234,8 @@ def export_model_library_format(executable: Any, path: str | os.PathLike[str], *
     consts = b""
     for a in arts:
         if a.loader != NATIVE:
+            if a.target_key and isinstance(a, Artifact):  # a device's code (e.g. CUDA PTX)
+                files[f"codegen/{a.codegen_id}/{a.file_name}"] = bytes(a.content)
             continue
         if a.file_name == "constants.bin":
             consts = bytes(a.content)
@@ -241,7 +243,8 @@ def export_model_library_format(executable: Any, path: str | os.PathLike[str], *
             member = f"codegen/host/src/{a.file_name}"
             files[member] = bytes(a.content)
             flags = [f for f in a.metadata.get("cflags", []) if f not in ("-fPIC",)]
-            if a.file_name == "kernels.c":
+            # A device's file names start with its target key (docs/artifacts.md).
+            if a.file_name.removeprefix(f"{a.target_key}_") == "kernels.c":
                 flags += [f"-DKILN_MALLOC={model_name}_mlf_malloc",
                           f"-DKILN_FREE={model_name}_mlf_free"]
             else:

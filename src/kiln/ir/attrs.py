@@ -28,6 +28,10 @@ ATTR_WORKSPACE_BYTES: Final = "kiln.workspace_bytes"  # size of the workspace ar
 # operands of cblas_sgemm); without it a buffer handed to external code counts as written.
 ATTR_EXTERN_READS: Final = "kiln.extern_reads"
 
+# Set by the heterogeneous build (kiln.driver.split) on the kernels another target's
+# code generator defines: the host's codegen declares them instead of compiling them.
+ATTR_EXTERNAL: Final = "kiln.external"
+
 # Set by loop outlining (kiln.transform.outline) on an outlined parallel loop body.
 ATTR_PARALLEL_OF: Final = "kiln.parallel_loop_of"   # the kernel the loop came from
 ATTR_PARALLEL_VAR: Final = "kiln.parallel_loop_var"  # the loop variable's name hint
@@ -38,6 +42,6 @@ ATTR_PROFILE_SITES: Final = "kiln.profile_sites"
 
 KILN_ATTRS: Final = frozenset({
     ATTR_PRIVATE, ATTR_GRAPH, ATTR_NUM_OUTPUTS, ATTR_TUPLE_RESULT, ATTR_OUTPUT_NAMES,
-    ATTR_WORKSPACE_BYTES, ATTR_PARALLEL_OF, ATTR_PARALLEL_VAR,
+    ATTR_WORKSPACE_BYTES, ATTR_PARALLEL_OF, ATTR_PARALLEL_VAR, ATTR_EXTERNAL,
 })
 """Every attribute key kiln sets itself."""

@@ -13,6 +13,8 @@ from __future__ import annotations
 from kiln.errors import IRError
 
 ERROR_OUT_OF_MEMORY = 1
+ERROR_NO_CUDA_DEVICE = 8
+ERROR_CUDA_LAUNCH = 9
 
 KERNEL_ERRORS: dict[int, str] = {
     ERROR_OUT_OF_MEMORY: "out of memory allocating a workspace",
@@ -22,6 +24,10 @@ KERNEL_ERRORS: dict[int, str] = {
     5: "scatter_elements: an index is out of range [-n, n) for an axis of size n",
     6: "scatter_nd: an index is out of range [-n, n) for an axis of size n",
     7: "reverse_sequence: a sequence length is out of range [0, n] for a time axis of size n",
+    # Returned by the launch stubs of a CUDA library (kiln.codegen.cuda).
+    8: "no CUDA device: this library's CUDA kernels run only on a machine with a GPU and "
+       "cuda-python (pip install 'kiln[cuda]'; docs/gpu.md)",
+    9: "a CUDA kernel launch failed",
 }
 
 _BY_MESSAGE = {message: code for code, message in KERNEL_ERRORS.items()}

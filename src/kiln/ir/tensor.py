@@ -460,7 +460,9 @@ class SeqStmt(Stmt):
         object.__setattr__(self, "body", tuple(self.body))
 
 
-FOR_KINDS = ("serial", "parallel", "vectorized", "unrolled")
+# "block_x" / "thread_x": a GPU kernel's iterations bound to CUDA's blockIdx.x and
+# threadIdx.x (kiln.transform.gpu_schedule); anywhere else they run as serial loops.
+FOR_KINDS = ("serial", "parallel", "vectorized", "unrolled", "block_x", "thread_x")
 
 
 @dataclass(frozen=True, eq=False, slots=True)

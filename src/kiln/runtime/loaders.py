@@ -50,6 +50,7 @@ Loader = Callable[[list["AnyArtifact"], LoadContext], "Module"]
 LOADERS: Registry[Loader] = Registry("loader")
 LOADERS.register("llvmjit", lazy="kiln.codegen.llvm.jit_loader:load_llvmjit")
 LOADERS.register("python", lazy="kiln.codegen.python_backend:load_python")
+LOADERS.register("cuda", lazy="kiln.runtime.cuda_loader:load_cuda")
 
 
 def register_loader(name: str, fn: Loader, *, override: bool = False) -> Loader:

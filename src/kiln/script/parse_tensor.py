@@ -45,6 +45,8 @@ _STMT_FUNCS = {
     "parallel": "a loop iterator: `for i in T.parallel(n):`",
     "vectorized": "a loop iterator: `for i in T.vectorized(n):`",
     "unrolled": "a loop iterator: `for i in T.unrolled(n):`",
+    "block_x": "a GPU block loop: `for b in T.block_x(n):`",
+    "thread_x": "a GPU thread loop: `for t in T.thread_x(n):`",
     "let": "a binding: `x = T.let(value)`",
     "allocate": "a declaration: `buf = T.allocate(shape, dtype, scope=...)`",
     "alloc_const": "a declaration: `buf = T.alloc_const(data)`",

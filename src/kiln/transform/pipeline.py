@@ -86,12 +86,40 @@ def default_tensor_pipeline() -> Sequential:
                       name="tensor-default")
 
 
+def gpu_graph_pipeline() -> Sequential:
+    """The default graph pipeline without the CPU convolution kernels (BlockConvolutions
+    and CBLAS pick register-tiled CPU kernels with heap scratch buffers)."""
+    from kiln.transform.dead_code import DeadCodeElimination
+    from kiln.transform.fold_batchnorm import FoldBatchNorm
+    from kiln.transform.fold_constants import FoldConstants
+    from kiln.transform.fuse_ops import FuseOps
+    from kiln.transform.legalize_ops import LegalizeOps
+    from kiln.transform.lower_graph import LowerGraphToTensor
+
+    return Sequential([FoldConstants(), FoldBatchNorm(), FuseOps(), LegalizeOps(),
+                       DeadCodeElimination(), LowerGraphToTensor()], name="graph-gpu")
+
+
+def gpu_tensor_pipeline() -> Sequential:
+    """The default tensor pipeline, every independent loop marked whatever its work (a GPU
+    thread is cheap), then loops bound to blocks and threads (kiln.transform.gpu_schedule)."""
+    from kiln.transform.gpu_schedule import BindGpuThreads
+    from kiln.transform.interchange_reductions import InterchangeReductions
+    from kiln.transform.parallelize import Parallelize
+    from kiln.transform.simplify import Simplify
+
+    return Sequential([Simplify(), InterchangeReductions(), Parallelize(min_work=1),
+                       BindGpuThreads()], name="tensor-gpu")
+
+
 def _empty(level: str) -> Callable[[], Pass]:
     return lambda: Sequential([], name=f"{level}-none")
 
 
 register_pipeline("default", default_graph_pipeline, level="graph")
 register_pipeline("default", default_tensor_pipeline, level="tensor")
+register_pipeline("gpu", gpu_graph_pipeline, level="graph")
+register_pipeline("gpu", gpu_tensor_pipeline, level="tensor")
 for _level in LEVELS:
     register_pipeline("none", _empty(_level), level=_level)
 

@@ -31,6 +31,7 @@ for _name, _path in {
     "simplify": "kiln.transform.simplify:Simplify",
     "interchange-reductions": "kiln.transform.interchange_reductions:InterchangeReductions",
     "parallelize": "kiln.transform.parallelize:Parallelize",
+    "bind-gpu-threads": "kiln.transform.gpu_schedule:BindGpuThreads",
 }.items():
     PASSES.register(_name, lazy=_path)
 

@@ -31,6 +31,7 @@ from kiln.codegen.naming import (
 from kiln.codegen.sizes import check_buffer_sizes, target_pointer_bits
 from kiln.errors import CompileError
 from kiln.escape import c_comment
+from kiln.ir.attrs import ATTR_EXTERNAL
 from kiln.ir.module import IRModule
 from kiln.ir.tensor import PROFILE_INTRINSICS, Buffer, Param, PrimFunc
 from kiln.transform.outline import outline_parallel_loops
@@ -100,6 +101,9 @@ def emit_kernels(mod: IRModule, *, prefix: str, pool: ConstantPool) -> tuple[str
     prototypes: list[str] = []
     for name, fn in funcs.items():
         printer = KernelPrinter(ctx, name, fn, reserved)
+        if fn.attrs.get(ATTR_EXTERNAL):  # defined by another target's code (driver/split)
+            prototypes.append(printer.prototype())
+            continue
         lines = printer.print()
         if name in bodies:
             definitions.extend(_context_struct(prefix, name, fn, quals[name]))

@@ -43,6 +43,7 @@ from kiln.errors import CompileError, IRError
 from kiln.escape import c_identifier, is_c_identifier
 from kiln.ir import dtype as dt
 from kiln.ir.aliasing import analyze
+from kiln.ir.attrs import ATTR_EXTERNAL
 from kiln.ir.kernel_errors import ERROR_OUT_OF_MEMORY, KERNEL_ERRORS
 from kiln.ir.module import IRModule
 from kiln.ir.tensor import (
@@ -234,7 +235,8 @@ class _ModuleLowering:
         for name in self.bodies:
             self.trampolines[name] = self._trampoline(self.kernels[name])
         for name, fn in self.funcs.items():
-            _FunctionLowering(self, name, fn, self.kernels[name]).run()
+            if not fn.attrs.get(ATTR_EXTERNAL):  # else another codegen defines it: declared
+                _FunctionLowering(self, name, fn, self.kernels[name]).run()
         return LoweredModule(
             self.module, {n: f.name for n, f in self.kernels.items() if n in self.public},
             self.externs, self._consts is not None)
