@@ -151,7 +151,7 @@ def _loop(name: str, extent: int, body: Callable[[Var], Stmt], kind: str = "seri
     return For(v, _c(start), _c(extent), kind, body(v))
 
 
-def _lanes(name: str, extent: int, body: Callable[[PrimExpr], Stmt]) -> Stmt:
+def lanes_loop(name: str, extent: int, body: Callable[[PrimExpr], Stmt]) -> Stmt:
     """`for name in T.vectorized(extent)`: the lanes of a register tile. The llvm backend
     emits such a loop as vector instructions (kiln.codegen.llvm.vector_loops), one per
     statement, so a tile costs one IR statement per row instead of one per element."""
@@ -263,8 +263,8 @@ def _store_row(acc_t: str, width: int, value: Callable[[PrimExpr], PrimExpr],
     then only read as whole vectors and stay in registers, whatever the epilogue holds
     (an epilogue the backend cannot vectorize reads the row one element at a time)."""
     row = Buffer("row", (width,), acc_t, "local")
-    return [Allocate(row), _lanes("j", width, lambda j: Store(row, value(j), (j,))),
-            _lanes("j", width, lambda j: Store(out, epilogue(row[j], index(j)), index(j)))]
+    return [Allocate(row), lanes_loop("j", width, lambda j: Store(row, value(j), (j,))),
+            lanes_loop("j", width, lambda j: Store(out, epilogue(row[j], index(j)), index(j)))]
 
 
 # --------------------------------------------------------------------------- blocked
@@ -298,7 +298,7 @@ def blocked_conv_body(shape: ConvShape, x: Buffer, wp: Buffer, out: Buffer,
 
     def tile(n: PrimExpr, g: PrimExpr, ob: PrimExpr, t: PrimExpr) -> Stmt:
         acc = Buffer("acc", (tile_w, cb), acc_t, "local")
-        head: list[Stmt] = [Allocate(acc), _lanes("v", cb, lambda v: seq(*(
+        head: list[Stmt] = [Allocate(acc), lanes_loop("v", cb, lambda v: seq(*(
             Store(acc, as_expr(0.0, acc_t), (_c(r), v)) for r in range(tile_w))))]
         rows: list[PrimExpr] = []
         cols: list[PrimExpr] = []
@@ -327,14 +327,14 @@ def blocked_conv_body(shape: ConvShape, x: Buffer, wp: Buffer, out: Buffer,
                     Store(acc, madd(acc[_c(r), v], xs[r], wv, fused), (_c(r), v))
                     for r in range(tile_w)))
 
-            return seq(*stmts, _lanes("v", cb, lanes))
+            return seq(*stmts, lanes_loop("v", cb, lanes))
 
         red = _nest(("ci", "kh", "kw"), (cig, shape.kh, shape.kw), step_)
         # The accumulators are read at constant rows and whole vectors only, so LLVM keeps
         # them in registers; they are copied to `stage`, which the epilogue loop reads
         # one output channel at a time.
         stage = Buffer("stage", (tile_w, cb), acc_t, "local")
-        copy = _lanes("v", cb, lambda v: seq(*(
+        copy = lanes_loop("v", cb, lambda v: seq(*(
             Store(stage, acc[_c(r), v], (_c(r), v)) for r in range(tile_w))))
 
         def emit(v: Var) -> Stmt:
@@ -418,7 +418,7 @@ def depthwise_conv_body(shape: ConvShape, x: Buffer, w: Buffer, out: Buffer, til
 
     def tile(n: PrimExpr, c: PrimExpr, oh: PrimExpr, ow0: PrimExpr, width: int) -> Stmt:
         acc = Buffer("acc", (width,), acc_t, "local")
-        zero = _lanes("r", width, lambda r: Store(acc, as_expr(0.0, acc_t), (r,)))
+        zero = lanes_loop("r", width, lambda r: Store(acc, as_expr(0.0, acc_t), (r,)))
 
         def step(kh: PrimExpr, kw: PrimExpr) -> Stmt:
             wv = Var("w", acc_t)
@@ -427,7 +427,7 @@ def depthwise_conv_body(shape: ConvShape, x: Buffer, w: Buffer, out: Buffer, til
             # ow0 + r + (kw * dw) // sw: consecutive in r whatever the stride
             tap = kw * dw
             phase, shift = (tap % sw, tap // sw) if sw > 1 else (_c(0), tap)
-            return seq(LetStmt(wv, w[c, _c(0), kh, kw]), _lanes("r", width, lambda r: Store(
+            return seq(LetStmt(wv, w[c, _c(0), kh, kw]), lanes_loop("r", width, lambda r: Store(
                 acc, madd(acc[r], xp(n, c, row, phase, ow0 + r + shift), wv, fused), (r,))))
 
         red = _nest(("kh", "kw"), (shape.kh, shape.kw), step)
@@ -500,7 +500,7 @@ def rows_conv_body(shape: ConvShape, x: Buffer, wp: Buffer, out: Buffer, tile_w:
 
     def tile(n: PrimExpr, ob: PrimExpr, oh: PrimExpr, ow0: PrimExpr, width: int) -> Stmt:
         acc = Buffer("acc", (rows, width), acc_t, "local")
-        head: list[Stmt] = [Allocate(acc), _lanes("j", width, lambda j: seq(*(
+        head: list[Stmt] = [Allocate(acc), lanes_loop("j", width, lambda j: seq(*(
             Store(acc, as_expr(0.0, acc_t), (_c(r), j)) for r in range(rows))))]
 
         def step(ci: PrimExpr, kh: PrimExpr, kw: PrimExpr) -> Stmt:
@@ -519,7 +519,7 @@ def rows_conv_body(shape: ConvShape, x: Buffer, wp: Buffer, out: Buffer, tile_w:
                            *(Store(acc, madd(acc[_c(r), j], xv, ws[r], fused), (_c(r), j))
                              for r in range(rows)))
 
-            return seq(*stmts, _lanes("j", width, lanes))
+            return seq(*stmts, lanes_loop("j", width, lanes))
 
         body: list[Stmt] = [*head, _nest(("ci", "kh", "kw"), (ci_n, shape.kh, shape.kw), step)]
         for r in range(rows):

@@ -9,7 +9,7 @@ the SLP vectorizer happens to find.
 
 A loop is emitted this way when (`vector_lanes` checks it):
 
-- its extent is a constant from 2 to `MAX_LANES`;
+- its extent is a constant from 2 to `MAX_LANES` (LLVM splits wide vectors into registers);
 - its body holds stores and lets only (a let whose value depends on the loop variable
   binds a vector);
 - every expression that depends on the loop variable is a float32/float64 `add`, `sub`,
@@ -58,7 +58,7 @@ from kiln.ir.visitor import iter_exprs
 if TYPE_CHECKING:
     from kiln.codegen.llvm.lower_to_llvm import _FunctionLowering
 
-MAX_LANES = 64
+MAX_LANES = 256
 VECTOR_DTYPES = frozenset({"float32", "float64"})
 VECTOR_BINARY = frozenset({"add", "sub", "mul", "div", "min", "max"})
 VECTOR_INTRINSICS = frozenset({"fma"})

@@ -1,0 +1,20 @@
+"""Suite-wide settings.
+
+Each pytest-xdist worker gets its own compile cache (kiln.driver.cache), so two
+workers never evict or write one cache directory at once and a test never depends
+on what another process compiled. A run without xdist keeps the caller's cache
+setting.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import shutil
+import tempfile
+
+_worker = os.environ.get("PYTEST_XDIST_WORKER")
+if _worker and "KILN_CACHE_DIR" not in os.environ:
+    _cache = tempfile.mkdtemp(prefix=f"kiln-cache-{_worker}-")
+    os.environ["KILN_CACHE_DIR"] = _cache
+    atexit.register(shutil.rmtree, _cache, ignore_errors=True)
