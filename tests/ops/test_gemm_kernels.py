@@ -1,0 +1,221 @@
+"""The GEMM micro-kernel (kiln.ops.gemm_kernels) against onnxruntime and the interpreter.
+
+One ONNX model holds every edge case as an independent branch (so each backend
+compiles once): remainders of the row tile (M), of the panel width (N) and odd K,
+a 1-wide output, K = 1, matrix-vector products (M = 1, the wide tile), Gemm's
+transB / alpha / beta / bias, leading dims flattened into rows, products of two
+activations with broadcast batch dims and a transposed B (packed at run time), and
+the epilogues FuseOps attaches (bias, ReLU, Clip, Sigmoid, residual Add). It runs
+on llvm and c, in this process and in fresh processes with 1 and 2 threads.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+from test_conv_kernels import FRESH
+
+import kiln
+from kiln.frontend import from_onnx
+from kiln.ir import assert_structural_equal
+from kiln.ir import graph as g
+from kiln.ops import gemm_kernels as gk
+from kiln.ops.gemm import target_tiling
+from kiln.script import from_source, print_module
+from kiln.target import Target
+from kiln.transform import get_pass
+
+ort = pytest.importorskip("onnxruntime")
+
+RNG = np.random.default_rng(12)
+TOL = 1e-5
+
+# a: A's shape; b: B's shape (w: a constant weight, else an input); node: MatMul or Gemm
+# (with its attributes); tail: the elementwise ops after it
+CASES: list[dict[str, Any]] = [
+    # Gemm transB, alpha, beta * bias, ReLU: 7 rows (a full tile of 6 and 1), 19 columns
+    dict(a=(7, 5), b=(19, 5), w=True, node="Gemm", attrs=dict(transB=1, alpha=0.5, beta=2.0),
+         bias=True, tail=("Relu",)),
+    # a matrix-vector product (M = 1), 10 columns (less than one panel), odd K
+    dict(a=(1, 33), b=(33, 10), w=True),
+    # K = 1, 13 rows (two full tiles of 6 and one row)
+    dict(a=(13, 1), b=(1, 3), w=True, tail=("Clip",)),
+    # a 1-wide output
+    dict(a=(5, 8), b=(8, 1), w=True),
+    # leading dims flattened into rows (2 x 3 = 6), a residual add and a sigmoid
+    dict(a=(2, 3, 17), b=(17, 40), w=True, tail=("Add", "Sigmoid")),
+    # GEMV at a width of several panels with a remainder, Gemm bias + ReLU (an MLP layer)
+    dict(a=(1, 64), b=(64, 200), w=True, node="Gemm", bias=True, tail=("Relu",)),
+    # large enough to run in parallel: 9 row tiles x 5 panels, K not a multiple of 8
+    dict(a=(50, 301), b=(301, 70), w=True, node="Gemm", bias=True),
+    # two activations, batch dims broadcast (A [2, 1], B [3]), packed at run time
+    dict(a=(2, 1, 7, 8), b=(3, 8, 9), tail=("Clip",)),
+    # Gemm transB on an activation B (read transposed while packing)
+    dict(a=(6, 12), b=(20, 12), node="Gemm", attrs=dict(transB=1)),
+    # attention-like: [1, 4] heads, 33 x 16 @ 16 x 33, in parallel, a residual add
+    dict(a=(1, 4, 33, 16), b=(1, 4, 16, 33), tail=("Add",)),
+    # a constant B with batch dims (packed at run time like an activation)
+    dict(a=(2, 5, 6), b=(2, 6, 4), w=True),
+]
+
+
+def _out_shape(case: dict[str, Any]) -> list[int]:
+    a, b = case["a"], case["b"]
+    if case.get("attrs", {}).get("transB"):
+        b = (*b[:-2], b[-1], b[-2])
+    batch = np.broadcast_shapes(a[:-2], b[:-2])
+    return [*batch, a[-2], b[-1]]
+
+
+def build_model() -> onnx.ModelProto:
+    nodes, inputs, outputs, inits = [], [], [], []
+    for i, case in enumerate(CASES):
+        inputs.append(helper.make_tensor_value_info(f"a{i}", TensorProto.FLOAT, list(case["a"])))
+        if case.get("w"):
+            w = RNG.standard_normal(case["b"]) / np.sqrt(case["b"][-2])
+            inits.append(numpy_helper.from_array(w.astype(np.float32), f"b{i}"))
+        else:
+            inputs.append(helper.make_tensor_value_info(f"b{i}", TensorProto.FLOAT,
+                                                        list(case["b"])))
+        oshape = _out_shape(case)
+        args = [f"a{i}", f"b{i}"]
+        if case.get("bias"):
+            inits.append(numpy_helper.from_array(
+                RNG.standard_normal(oshape[-1]).astype(np.float32), f"c{i}"))
+            args.append(f"c{i}")
+        nodes.append(helper.make_node(case.get("node", "MatMul"), args, [f"p{i}"],
+                                      **case.get("attrs", {})))
+        last = f"p{i}"
+        for j, op in enumerate(case.get("tail", ())):
+            out = f"t{i}_{j}"
+            if op == "Clip":
+                inits += [numpy_helper.from_array(np.array(-0.5, np.float32), f"lo{i}"),
+                          numpy_helper.from_array(np.array(0.5, np.float32), f"hi{i}")]
+                nodes.append(helper.make_node("Clip", [last, f"lo{i}", f"hi{i}"], [out]))
+            elif op == "Add":
+                inputs.append(helper.make_tensor_value_info(f"r{i}", TensorProto.FLOAT, oshape))
+                nodes.append(helper.make_node("Add", [last, f"r{i}"], [out]))
+            else:
+                nodes.append(helper.make_node(op, [last], [out]))
+            last = out
+        outputs.append(helper.make_tensor_value_info(last, TensorProto.FLOAT, oshape))
+    graph = helper.make_graph(nodes, "gemms", inputs, outputs, initializer=inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
+MODEL = build_model()
+FEEDS = {v.name: RNG.standard_normal([d.dim_value for d in v.type.tensor_type.shape.dim])
+         .astype(np.float32) for v in MODEL.graph.input}
+
+
+@pytest.fixture(scope="module")
+def reference() -> list[np.ndarray]:
+    sess = ort.InferenceSession(MODEL.SerializeToString(), providers=["CPUExecutionProvider"])
+    return list(sess.run(None, FEEDS))
+
+
+def assert_close(got: list[np.ndarray], want: list[np.ndarray]) -> None:
+    assert len(got) == len(want)
+    for k, (a, b) in enumerate(zip(got, want)):
+        assert a.shape == b.shape, (k, CASES[k])
+        err = np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30)
+        assert err < TOL, (k, CASES[k], err)
+
+
+@pytest.fixture(scope="module", params=["llvm", "c"])
+def native(request: pytest.FixtureRequest) -> kiln.driver.Executable:
+    target = Target.from_host() if request.param == "llvm" else Target("c")
+    return kiln.compile(from_onnx(MODEL), target)
+
+
+def test_every_product_uses_the_gemm_kernel(native: kiln.driver.Executable) -> None:
+    kinds = [f.attrs.get("kiln.gemm_kernel") for f in native.ir.functions.values()
+             if not f.attrs.get("kiln.graph")]
+    used = [k for k in kinds if k is not None]
+    assert len(used) == len(CASES)
+    assert used.count("matmul_tiled") == 4  # the activations' and the batched constant B
+
+
+def test_matches_onnxruntime(native: kiln.driver.Executable,
+                             reference: list[np.ndarray]) -> None:
+    assert_close(list(native(*FEEDS.values())), reference)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_threads_in_a_fresh_process(native: kiln.driver.Executable, tmp_path: Path,
+                                    threads: int, reference: list[np.ndarray]) -> None:
+    lib, feeds, result = tmp_path / "gemms.so", tmp_path / "in.npy", tmp_path / "out.npy"
+    native.export_library(lib)
+    np.save(feeds, FEEDS, allow_pickle=True)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path), KILN_NUM_THREADS=str(threads))
+    proc = subprocess.run([sys.executable, "-c", FRESH, str(lib), str(feeds), str(result)],
+                          capture_output=True, text=True, timeout=120, env=env)
+    assert proc.returncode == 0, proc.stderr
+    got = np.load(result, allow_pickle=True).item()
+    assert_close([got[k] for k in range(len(got))], reference)
+
+
+def test_the_interpreter_runs_the_kernels(reference: list[np.ndarray]) -> None:
+    # the python target evaluates the same kernel IR in the reference interpreter
+    small = [k for k, c in enumerate(CASES) if np.prod(_out_shape(c)) * c["a"][-1] < 5000]
+    ex = kiln.compile(from_onnx(MODEL), "python")
+    got = list(ex(*FEEDS.values()))
+    assert len(small) >= 5
+    assert_close([got[k] for k in small], [reference[k] for k in small])
+
+
+def test_the_rewrite_is_visible_in_the_graph_and_round_trips() -> None:
+    mod = get_pass("block-matmuls")(from_onnx(MODEL))
+    ops = [b.value.op for b in mod["main"].bindings if isinstance(b.value, g.Call)
+           and b.value.op.startswith("matmul")]
+    assert ops == ["matmul_packed"] * 7 + ["matmul_tiled"] * 4
+    text = print_module(mod)
+    assert "matmul_packed" in text and "matmul(" not in text
+    assert_structural_equal(from_source(text), mod)
+
+
+def test_packed_b_round_trip() -> None:
+    b = RNG.standard_normal((5, 19)).astype(np.float32)
+    packed = gk.pack_b(b, 8)
+    assert packed.shape == (3, 5, 8)
+    assert np.all(packed[2, :, 3:] == 0)
+    np.testing.assert_array_equal(packed[1, 4, 2], b[4, 10])
+    np.testing.assert_array_equal(gk.unpack_b(packed, 19), b)
+
+
+@pytest.mark.parametrize(("spec", "m", "tile"), [
+    ("llvm -mcpu=znver3", 128, (6, 16)), ("llvm -mcpu=znver5", 128, (8, 32)),
+    ("llvm -mtriple=aarch64-linux-gnu -mattr=+neon", 128, (8, 8)), ("llvm", 128, (6, 8)),
+    ("llvm -mcpu=znver3", 1, (1, 64)), ("llvm -mcpu=znver3", 2, (2, 32)),
+    ("llvm -mcpu=znver3", 5, (5, 16)), ("c", 3, (3, 12)),
+])
+def test_tile_follows_the_target(spec: str, m: int, tile: tuple[int, int]) -> None:
+    t = target_tiling(m, 1000, Target(spec))
+    assert (t.mr, t.nr) == tile
+
+
+def test_narrow_products_are_not_padded_to_a_wide_tile() -> None:
+    assert target_tiling(1, 10, Target("llvm -mcpu=znver3")).nr == 16
+    assert target_tiling(1, 3, Target("llvm -mcpu=znver3")).nr == 8
+
+
+def test_aarch64_compiles_with_neon_panels() -> None:
+    from kiln.ir.tensor import AllocConst
+    from kiln.ir.visitor import iter_stmts
+
+    target = Target("llvm -mtriple=aarch64-linux-gnu -mattr=+neon")
+    ex = kiln.compile(from_onnx(MODEL), target)
+    panels = [s.data.shape for f in ex.ir.functions.values() if hasattr(f, "body")
+              for s in iter_stmts(f.body) if isinstance(s, AllocConst) and s.data.ndim == 3]
+    assert panels and all(shape[-1] % 4 == 0 for shape in panels)
+    assert any(".o" in str(a) for a in ex.artifacts)
