@@ -11,13 +11,10 @@ c, in this process and in fresh processes with 1 and 2 threads.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-import textwrap
 from pathlib import Path
 from typing import Any
 
+import kernel_checks
 import numpy as np
 import onnx
 import pytest
@@ -134,11 +131,7 @@ def reference() -> list[np.ndarray]:
 
 
 def assert_close(got: list[np.ndarray], want: list[np.ndarray]) -> None:
-    assert len(got) == len(want)
-    for k, (a, b) in enumerate(zip(got, want)):
-        assert a.shape == b.shape, (k, CASES[k])
-        err = np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30)
-        assert err < TOL, (k, CASES[k], err)
+    kernel_checks.assert_close(got, want, CASES, TOL)
 
 
 @pytest.fixture(scope="module", params=["llvm", "c"])
@@ -163,31 +156,11 @@ def test_matches_onnxruntime(native: kiln.driver.Executable,
     assert_close(list(got), reference)
 
 
-FRESH = textwrap.dedent("""
-    import sys
-    import numpy as np
-    from kiln.runtime import load_module
-
-    lib = load_module(sys.argv[1])
-    feeds = np.load(sys.argv[2], allow_pickle=True).item()
-    out = lib["main"](*feeds.values())
-    np.save(sys.argv[3], {k: np.asarray(o) for k, o in enumerate(out)}, allow_pickle=True)
-    lib.close()
-""")
-
-
 @pytest.mark.parametrize("threads", [1, 2])
 def test_threads_in_a_fresh_process(native: kiln.driver.Executable, tmp_path: Path,
                                     threads: int, reference: list[np.ndarray]) -> None:
-    lib, feeds, result = tmp_path / "convs.so", tmp_path / "in.npy", tmp_path / "out.npy"
-    native.export_library(lib)
-    np.save(feeds, FEEDS, allow_pickle=True)
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path), KILN_NUM_THREADS=str(threads))
-    proc = subprocess.run([sys.executable, "-c", FRESH, str(lib), str(feeds), str(result)],
-                          capture_output=True, text=True, timeout=120, env=env)
-    assert proc.returncode == 0, proc.stderr
-    got = np.load(result, allow_pickle=True).item()
-    assert_close([got[k] for k in range(len(got))], reference)
+    assert_close(kernel_checks.run_in_fresh_process(native, FEEDS, tmp_path, threads),
+                 reference)
 
 
 def test_the_rewrite_is_visible_in_the_graph() -> None:

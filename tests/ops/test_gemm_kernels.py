@@ -11,17 +11,14 @@ on llvm and c, in this process and in fresh processes with 1 and 2 threads.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
+import kernel_checks
 import numpy as np
 import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
-from test_conv_kernels import FRESH
 
 import kiln
 from kiln.frontend import from_onnx
@@ -125,11 +122,7 @@ def reference() -> list[np.ndarray]:
 
 
 def assert_close(got: list[np.ndarray], want: list[np.ndarray]) -> None:
-    assert len(got) == len(want)
-    for k, (a, b) in enumerate(zip(got, want)):
-        assert a.shape == b.shape, (k, CASES[k])
-        err = np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30)
-        assert err < TOL, (k, CASES[k], err)
+    kernel_checks.assert_close(got, want, CASES, TOL)
 
 
 @pytest.fixture(scope="module", params=["llvm", "c"])
@@ -154,15 +147,8 @@ def test_matches_onnxruntime(native: kiln.driver.Executable,
 @pytest.mark.parametrize("threads", [1, 2])
 def test_threads_in_a_fresh_process(native: kiln.driver.Executable, tmp_path: Path,
                                     threads: int, reference: list[np.ndarray]) -> None:
-    lib, feeds, result = tmp_path / "gemms.so", tmp_path / "in.npy", tmp_path / "out.npy"
-    native.export_library(lib)
-    np.save(feeds, FEEDS, allow_pickle=True)
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path), KILN_NUM_THREADS=str(threads))
-    proc = subprocess.run([sys.executable, "-c", FRESH, str(lib), str(feeds), str(result)],
-                          capture_output=True, text=True, timeout=120, env=env)
-    assert proc.returncode == 0, proc.stderr
-    got = np.load(result, allow_pickle=True).item()
-    assert_close([got[k] for k in range(len(got))], reference)
+    assert_close(kernel_checks.run_in_fresh_process(native, FEEDS, tmp_path, threads),
+                 reference)
 
 
 def test_the_interpreter_runs_the_kernels(reference: list[np.ndarray]) -> None:
