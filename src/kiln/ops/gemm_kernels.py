@@ -33,9 +33,11 @@ from kiln.ir.dtype import INDEX_DTYPE
 from kiln.ir.tensor import (
     Allocate,
     Buffer,
+    CallExtern,
     Const,
     For,
     IfThenElse,
+    Intrin,
     LetStmt,
     PrimExpr,
     Stmt,
@@ -45,6 +47,7 @@ from kiln.ir.tensor import (
     min_,
     seq,
 )
+from kiln.ir.visitor import iter_exprs
 from kiln.ops.broadcast import broadcast_index
 from kiln.ops.conv_kernels import Epilogue, _parallel_tiles, madd
 
@@ -225,6 +228,7 @@ def gemm_body(shape: GemmShape, tiling: GemmTiling, a: Buffer, b_at: BReader, ou
     mtiles, panels = -(-m // mr), -(-n // nr)
     last_rows = m - (mtiles - 1) * mr  # rows of the last row tile
     acc_t = a.dtype  # accumulate in float32; the epilogue may cast
+    two_pass = out.dtype == acc_t and _calls_a_library(epilogue, out.ndim)
 
     def tile(bflat: PrimExpr, panel: PrimExpr, mt: PrimExpr) -> Stmt:
         head: list[Stmt] = []
@@ -251,21 +255,43 @@ def gemm_body(shape: GemmShape, tiling: GemmTiling, a: Buffer, b_at: BReader, ou
                 for r in range(mr) for v in range(nr)]
         n0 = panel * nr if panels > 1 else _c(0)
         width: PrimExpr = _c(nr) if n % nr == 0 else min_(nr, n - n0)
-        stores: list[Stmt] = []
-        for r in range(mr):
+
+        def row_loop(r: int, from_out: bool, apply: bool) -> Stmt:
+            """Row r of the tile stored: `stage` (or `out` itself) through the epilogue
+            when `apply`."""
             v = Var("v", INDEX_DTYPE)
             idx = (*o_pre[r], n0 + v)
+            value: PrimExpr = out[idx] if from_out else stage[_c(r), v]
             st: Stmt = For(v, _c(0), width, "serial",
-                           Store(out, epilogue(stage[_c(r), v], idx), idx))
-            if r >= last_rows:
-                st = IfThenElse(mt * mr + r < m, st)
-            stores.append(st)
+                           Store(out, epilogue(value, idx) if apply else value, idx))
+            return IfThenElse(mt * mr + r < m, st) if r >= last_rows else st
+
+        if two_pass:
+            # the sums are stored as they are, then the epilogue runs over the tile in L1
+            # on its own: calls in it (erf, exp) would otherwise spill the accumulators
+            stores = [row_loop(r, False, False) for r in range(mr)]
+            stores += [row_loop(r, True, True) for r in range(mr)]
+        else:
+            stores = [row_loop(r, False, True) for r in range(mr)]
         return seq(*head, *red, Allocate(stage), *copy, *stores)
 
     loop = _parallel_tiles((shape.batches, panels, mtiles), tile)
     if shape.madds < SERIAL_MAX_MADDS and isinstance(loop, For):
         loop = For(loop.var, loop.start, loop.extent, "serial", loop.body)
     return seq(*prologue, loop)
+
+
+# Intrinsics that become instructions (the others are math library calls).
+_INSTRUCTIONS = frozenset({"fma", "sqrt", "abs", "floor", "ceil", "round", "trunc", "isnan",
+                           "isinf"})
+
+
+def _calls_a_library(epilogue: Epilogue, ndim: int) -> bool:
+    """Whether the epilogue calls functions (a math library's erf, exp, ...)."""
+    zero = (_c(0),) * ndim
+    probe = epilogue(Var("probe", "float32"), zero)
+    return any(isinstance(e, CallExtern) or (isinstance(e, Intrin) and e.name not in
+                                            _INSTRUCTIONS) for e in iter_exprs(probe))
 
 
 def pack_b_at_run_time(b: Buffer, b_batch: tuple[int, ...], k: int, n: int, nr: int,
