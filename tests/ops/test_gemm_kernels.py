@@ -11,6 +11,7 @@ on llvm and c, in this process and in fresh processes with 1 and 2 threads.
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -218,3 +219,27 @@ def test_aarch64_compiles_with_neon_panels() -> None:
               for s in iter_stmts(f.body) if isinstance(s, AllocConst) and s.data.ndim == 3]
     assert panels and all(shape[-1] % 4 == 0 for shape in panels)
     assert any(".o" in str(a) for a in ex.artifacts)
+
+
+@pytest.mark.parametrize("target", ["llvm", "c"])
+def test_float32_erf_is_arithmetic_within_5e7(target: str) -> None:
+    # GELU's erf in the epilogues above: a rational approximation that vectorizes
+    from kiln.ir import IRBuilder
+    from kiln.ir.tensor import Intrin
+    from kiln.ir.visitor import iter_nodes
+
+    x = np.concatenate([np.linspace(-6, 6, 4001), [0.0, -0.0, 1e-30, -3e-8, 3.9, 4.1, 50,
+                                                   np.inf, -np.inf, np.nan]]).astype(np.float32)
+    ib = IRBuilder()
+    with ib.function("main"):
+        ib.ret(ib.emit(kiln.ops.call("erf", ib.param("x", x.shape, "float32")), "e"))
+    ex = kiln.compile(ib.get(), Target.from_host() if target == "llvm" else Target(target))
+    assert not any(isinstance(n, Intrin) and n.name == "erf" for f in ex.ir.functions.values()
+                   if hasattr(f, "body") for n in iter_nodes(f.body))
+    got = np.asarray(ex(x)).astype(np.float64)
+    want = np.array([math.erf(float(v)) if not np.isnan(v) else np.nan for v in x])
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    ok = ~np.isnan(want)
+    assert np.abs(got[ok] - want[ok]).max() < 5e-7
+    tiny = ok & (np.abs(x) < 1e-3) & (x != 0)
+    assert np.all(np.abs(got[tiny] / want[tiny] - 1) < 1e-6)  # relative near zero
