@@ -158,6 +158,11 @@ def test_matches_onnxruntime(native: kiln.driver.Executable,
     assert_close(list(native(*FEEDS.values())), reference)
 
 
+def test_compiled_kernels_round_trip_through_the_dsl(native: kiln.driver.Executable) -> None:
+    text = print_module(native.ir, metadata="reference")
+    assert_structural_equal(from_source(text, metadata=text.metadata), native.ir)
+
+
 @pytest.mark.parametrize("threads", [1, 2])
 def test_threads_in_a_fresh_process(native: kiln.driver.Executable, tmp_path: Path,
                                     threads: int, reference: list[np.ndarray]) -> None:

@@ -312,16 +312,16 @@ def pack_b_at_run_time(b: Buffer, b_batch: tuple[int, ...], k: int, n: int, nr: 
         kk, v = Var("k", INDEX_DTYPE), Var("v", INDEX_DTYPE)
         width: PrimExpr = _c(nr) if n % nr == 0 else min_(nr, n - n0)
         src = b[(*bidx, n0 + v, kk)] if transposed else b[(*bidx, kk, n0 + v)]
-        inner = For(v, _c(0), width, "serial", Store(ws, src, (bf, p, kk, v)))
+        copy = Store(ws, src, (bf, p, kk, v))
         # transposed: B's rows run along k, so k is the inner loop of the copy
-        body: Stmt = (For(v, _c(0), width, "serial",
-                          For(kk, _c(0), _c(k), "serial", Store(ws, src, (bf, p, kk, v))))
-                      if transposed else For(kk, _c(0), _c(k), "serial", inner))
+        body: Stmt = (For(v, _c(0), width, "serial", For(kk, _c(0), _c(k), "serial", copy))
+                      if transposed else
+                      For(kk, _c(0), _c(k), "serial", For(v, _c(0), width, "serial", copy)))
         parts = [*lets, body]
-        if n % nr:
-            z = Var("z", INDEX_DTYPE)
-            parts.append(For(kk, _c(0), _c(k), "serial", For(
-                z, width, _c(nr) - width, "serial", Store(ws, zero, (bf, p, kk, z)))))
+        if n % nr:  # the last panel's columns past n are zero
+            kz, z = Var("k", INDEX_DTYPE), Var("z", INDEX_DTYPE)
+            parts.append(For(kz, _c(0), _c(k), "serial", For(
+                z, width, _c(nr) - width, "serial", Store(ws, zero, (bf, p, kz, z)))))
         return seq(*parts)
 
     pack = _parallel_tiles((bb, panels), panel_copy)
