@@ -36,7 +36,6 @@ from kiln.ir.tensor import (
     CallExtern,
     Const,
     For,
-    IfThenElse,
     Intrin,
     LetStmt,
     PrimExpr,
@@ -235,7 +234,7 @@ def gemm_body(shape: GemmShape, tiling: GemmTiling, a: Buffer, b_at: BReader, ou
         bidx = _unflatten(bflat, shape.batch, "i", head)
         a_batch = tuple(as_expr(i, INDEX_DTYPE)
                         for i in broadcast_index(bidx, shape.a_batch))
-        a_pre, o_pre = [], []
+        a_pre = []
         for r in range(mr):
             row: PrimExpr = mt * mr + r if mtiles > 1 else _c(r)
             if r >= last_rows:  # the last tile's surplus rows read the last row
@@ -244,7 +243,6 @@ def gemm_body(shape: GemmShape, tiling: GemmTiling, a: Buffer, b_at: BReader, ou
             head.append(LetStmt(rv, row))
             ridx = _unflatten(rv, shape.rows, f"r{r}_", head)
             a_pre.append((*a_batch, *ridx))
-            o_pre.append((*bidx, *ridx))
         a_rows = [(lambda kk, p=p: a[(*p, kk)]) for p in a_pre]
         acc, red = register_tile(mr, nr, shape.k, a_rows,
                                  lambda kk, v: b_at(bidx, panel, kk, v), acc_t, fused)
@@ -256,23 +254,28 @@ def gemm_body(shape: GemmShape, tiling: GemmTiling, a: Buffer, b_at: BReader, ou
         n0 = panel * nr if panels > 1 else _c(0)
         width: PrimExpr = _c(nr) if n % nr == 0 else min_(nr, n - n0)
 
-        def row_loop(r: int, from_out: bool, apply: bool) -> Stmt:
-            """Row r of the tile stored: `stage` (or `out` itself) through the epilogue
-            when `apply`."""
-            v = Var("v", INDEX_DTYPE)
-            idx = (*o_pre[r], n0 + v)
-            value: PrimExpr = out[idx] if from_out else stage[_c(r), v]
-            st: Stmt = For(v, _c(0), width, "serial",
-                           Store(out, epilogue(value, idx) if apply else value, idx))
-            return IfThenElse(mt * mr + r < m, st) if r >= last_rows else st
+        # the rows this tile stores: all but in the last tile
+        rows_here: PrimExpr = _c(mr) if last_rows == mr else min_(mr, m - mt * mr)
+
+        def store_loops(from_out: bool, apply: bool) -> Stmt:
+            """The tile stored row by row from `stage` (or `out` itself), through the
+            epilogue when `apply`: one loop nest, so the epilogue is in the IR once."""
+            r, v = Var("r", INDEX_DTYPE), Var("v", INDEX_DTYPE)
+            lets: list[Stmt] = []
+            rv = Var("row", INDEX_DTYPE)
+            lets.append(LetStmt(rv, mt * mr + r if mtiles > 1 else r))
+            idx = (*bidx, *_unflatten(rv, shape.rows, "o", lets), n0 + v)
+            value: PrimExpr = out[idx] if from_out else stage[r, v]
+            row = For(v, _c(0), width, "serial",
+                      Store(out, epilogue(value, idx) if apply else value, idx))
+            return For(r, _c(0), rows_here, "serial", seq(*lets, row))
 
         if two_pass:
             # the sums are stored as they are, then the epilogue runs over the tile in L1
-            # on its own: calls in it (erf, exp) would otherwise spill the accumulators
-            stores = [row_loop(r, False, False) for r in range(mr)]
-            stores += [row_loop(r, True, True) for r in range(mr)]
+            # on its own: calls in it (exp) would otherwise spill the accumulators
+            stores = [store_loops(False, False), store_loops(True, True)]
         else:
-            stores = [row_loop(r, False, True) for r in range(mr)]
+            stores = [store_loops(False, True)]
         return seq(*head, *red, Allocate(stage), *copy, *stores)
 
     loop = _parallel_tiles((shape.batches, panels, mtiles), tile)
