@@ -7,7 +7,8 @@ Each kernel is a one-node ONNX model with its weights as initializers
 (MatMul with a constant right-hand side, or Conv with constant weights and
 bias, batch 1, NCHW, float32):
 
-- `gemm`: MatMul MxKxN, square 256..2048 and tall-skinny / BERT-like shapes;
+- `gemm`: MatMul MxKxN, square 256..2048, tall-skinny / BERT-like shapes and
+  matrix-vector products (M = 1);
 - `conv`: single convolutions with ResNet-18's 3x3 and 1x1 shapes (and its
   7x7 stem, and two MobileNetV2 1x1 layers);
 - `dw`: depthwise 3x3 convolutions of MobileNetV2.
@@ -121,6 +122,7 @@ KERNELS: list[Kernel] = [
     Gemm(256, 256, 256), Gemm(512, 512, 512), Gemm(1024, 1024, 1024), Gemm(2048, 2048, 2048),
     Gemm(2048, 2048, 64), Gemm(64, 2048, 2048),  # tall-skinny: narrow output, short input
     Gemm(128, 768, 768), Gemm(128, 768, 3072), Gemm(128, 3072, 768),  # BERT-base, seq 128
+    Gemm(1, 784, 512), Gemm(1, 4096, 4096),  # matrix-vector: the MLP's first layer, a big one
     # ResNet-18: 3x3 of each stage, a stride-2 3x3, the 1x1/2 projections, the 7x7/2 stem
     Conv(64, 64, 56), Conv(128, 128, 28), Conv(256, 256, 14), Conv(512, 512, 7),
     Conv(64, 128, 56, stride=2), Conv(64, 128, 56, k=1, stride=2),

@@ -129,6 +129,12 @@ CASES: dict[str, list[OpCase]] = {
                OpCase((f32(4,), f32(2, 4, 3))), OpCase((f32(2, 1, 3, 4), f32(3, 4, 2))),
                OpCase((ints(3, 4, dtype="int8", low=-5, high=5),
                        ints(4, 2, dtype="int8", low=-5, high=5)))],
+    # B packed as [panels][K][nr]: 19 columns in 3 panels of 8 (the last zero-padded)
+    "matmul_packed": [OpCase((f32(7, 5), f32(3, 5, 8)), {"n": 19}),
+                      OpCase((f32(2, 3, 4), f32(1, 4, 16)), {"n": 16}),
+                      OpCase((f32(4,), f32(2, 4, 4)), {"n": 5})],
+    "matmul_tiled": [OpCase((f32(2, 1, 7, 4), f32(3, 4, 9))),
+                     OpCase((f32(2, 5, 3), f32(2, 6, 3)), {"transpose_b": True})],
     "einsum": [OpCase((f32(2, 3, 4), f32(2, 4, 5)), {"equation": "bij,bjk->bik"}),
                OpCase((f32(3, 3),), {"equation": "ii->i"}),
                OpCase((f32(3, 4),), {"equation": "ij->"}),

@@ -14,6 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import kernel_checks
 import numpy as np
 import onnx
 import pytest
@@ -131,11 +132,7 @@ def reference() -> list[np.ndarray]:
 
 
 def assert_close(got: list[np.ndarray], want: list[np.ndarray]) -> None:
-    assert len(got) == len(want)
-    for k, (a, b) in enumerate(zip(got, want)):
-        assert a.shape == b.shape, (k, CASES[k])
-        err = np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30)
-        assert err < TOL, (k, CASES[k], err)
+    kernel_checks.assert_close(got, want, CASES, TOL)
 
 
 @pytest.fixture(scope="module", params=["llvm", "c"])

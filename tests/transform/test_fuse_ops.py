@@ -105,3 +105,58 @@ def test_fusion_is_capped_so_expressions_stay_shallow() -> None:
     # (The unfused graph runs each op's numpy reference; 1,000 ops accumulate rounding.)
     np.testing.assert_allclose(evaluate(fused, "main", x), want, rtol=1e-4, atol=1e-6)
     np.testing.assert_allclose(evaluate(small, "main", x), want, rtol=1e-4, atol=1e-6)
+
+
+def _silu_after(op: str, *args: g.Expr, **attrs: object) -> IRModule:
+    """`y = op(args)` followed by `y * sigmoid(y)`: the tail reads y twice."""
+    ib = IRBuilder()
+    with ib.function("main"):
+        x = ib.param("x", (3, 5), "float32")
+        y = ib.emit(ops.call(op, x, *args, **attrs), "y")
+        s = ib.emit(ops.call("sigmoid", y), "s")
+        ib.ret(ib.emit(ops.call("multiply", y, s), "m"))
+    return ib.get()
+
+
+def test_a_tail_reading_a_value_twice_fuses_when_the_value_is_cheap() -> None:
+    w = g.Constant(RNG.standard_normal((5, 4)).astype("float32"), "w")
+    b = g.Constant(RNG.standard_normal((4,)).astype("float32"), "b")
+    ib = IRBuilder()
+    with ib.function("main"):
+        x = ib.param("x", (3, 5), "float32")
+        y = ib.emit(ops.call("matmul", x, w), "y")
+        a = ib.emit(ops.call("add", y, b), "a")
+        s = ib.emit(ops.call("sigmoid", a), "s")
+        ib.ret(ib.emit(ops.call("multiply", a, s), "m"))
+    mod = ib.get()
+    fused = FuseOps().run(mod)
+    assert _kernels(fused) == ["fused_matmul_add_sigmoid_multiply"]
+    x = RNG.standard_normal((3, 5)).astype("float32")
+    np.testing.assert_allclose(evaluate(fused, "main", x), evaluate(mod, "main", x),
+                               rtol=1e-6)
+
+
+def test_an_anchor_read_twice_fuses_only_into_a_hand_written_kernel() -> None:
+    # a tensor-expression reduction would be recomputed per read: the tail stays apart
+    assert _kernels(FuseOps().run(_silu_after("reduce_sum", axes=(1,), keepdims=True))) \
+        == ["fused_sigmoid_multiply"]
+    w = g.Constant(RNG.standard_normal((4, 5, 8)).astype("float32"), "w")  # packed panels
+    mod = _silu_after("matmul_packed", w, n=30)
+    fused = FuseOps().run(mod)
+    assert _kernels(fused) == ["fused_matmul_packed_sigmoid_multiply"]
+    x = RNG.standard_normal((3, 5)).astype("float32")
+    np.testing.assert_allclose(evaluate(fused, "main", x), evaluate(mod, "main", x),
+                               rtol=1e-5, atol=1e-6)
+
+
+def test_a_value_read_outside_the_group_ends_it() -> None:
+    ib = IRBuilder()
+    with ib.function("main"):
+        x = ib.param("x", (4,), "float32")
+        e = ib.emit(ops.call("exp", x), "e")
+        s = ib.emit(ops.call("sigmoid", e), "s")
+        m = ib.emit(ops.call("multiply", e, s), "m")
+        ib.ret(g.Tuple((m, s)))  # s is a result too: no group may swallow it or e
+    fused = FuseOps().run(ib.get())
+    verify(fused)
+    assert _kernels(fused) == []

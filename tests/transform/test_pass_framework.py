@@ -162,9 +162,9 @@ def test_timing_instrument_reports_nested_passes() -> None:
         get_pipeline("default", "graph")(_module())
     names = [t.name for t in timing.timings]
     assert names == ["graph-default", "fold-constants", "fold-batchnorm", "block-convolutions",
-                     "fuse-ops", "legalize-ops", "dead-code-elimination",
+                     "block-matmuls", "fuse-ops", "legalize-ops", "dead-code-elimination",
                      "lower-graph-to-tensor"]
-    assert [t.depth for t in timing.timings] == [0, 1, 1, 1, 1, 1, 1, 1]
+    assert [t.depth for t in timing.timings] == [0, 1, 1, 1, 1, 1, 1, 1, 1]
     assert all(t.seconds >= 0 for t in timing.timings)
     assert timing.total() == timing.timings[0].seconds
     report = timing.report().splitlines()
@@ -181,11 +181,12 @@ def test_dump_ir_to_directory_and_callback(tmp_path: Path) -> None:
         get_pipeline("default", "graph")(_module())
     files = sorted(p.name for p in (tmp_path / "dumps").iterdir())
     assert files == ["000_fold-constants.py", "001_fold-batchnorm.py",
-                     "002_block-convolutions.py", "003_fuse-ops.py", "004_legalize-ops.py",
-                     "005_dead-code-elimination.py", "006_lower-graph-to-tensor.py"]
+                     "002_block-convolutions.py", "003_block-matmuls.py", "004_fuse-ops.py",
+                     "005_legalize-ops.py", "006_dead-code-elimination.py",
+                     "007_lower-graph-to-tensor.py"]
     assert [n for n, _ in texts] == ["fold-constants", "fold-batchnorm", "block-convolutions",
-                                     "fuse-ops", "legalize-ops", "dead-code-elimination",
-                                     "lower-graph-to-tensor"]
+                                     "block-matmuls", "fuse-ops", "legalize-ops",
+                                     "dead-code-elimination", "lower-graph-to-tensor"]
     last = (tmp_path / "dumps" / files[-1]).read_text()
     assert "def main(" in last and last == texts[-1][1]  # kiln.script text
 

@@ -4,6 +4,7 @@ from kiln.ops import (  # noqa: F401
     cblas,
     conv_direct,
     elementwise,
+    gemm,
     image,
     indexing,
     logic,

@@ -30,11 +30,11 @@ from typing import Any
 import numpy as np
 
 from kiln.errors import IRError
-from kiln.ir.tensor import Buffer, Load, PrimExpr, PrimFunc, as_expr
+from kiln.ir.tensor import PrimExpr, PrimFunc
 from kiln.ir.types import TensorType, Type
-from kiln.ir.visitor import StmtExprMutator
 from kiln.ops import conv_kernels as ck
 from kiln.ops import spatial, te
+from kiln.ops.epilogue import fused_store
 from kiln.ops.nn import _conv_compute, _conv_infer, _conv_ref
 from kiln.ops.registry import OPS, HandBuiltOp
 
@@ -185,19 +185,6 @@ def _rows_ref(x: np.ndarray, wp: np.ndarray, b: np.ndarray | None = None,
 
 # --------------------------------------------------------------------------- lowering
 
-class _Substitute(StmtExprMutator):
-    """Replaces every load of `buffer` by `value` (the accumulator being stored)."""
-
-    def __init__(self, buffer: Buffer, value: PrimExpr) -> None:
-        self.buffer = buffer
-        self.value = value
-
-    def visit_load(self, e: Load) -> PrimExpr:
-        if e.buffer is self.buffer:
-            return self.value
-        return super().visit_load(e)
-
-
 @dataclass(frozen=True)
 class DirectConvOp(HandBuiltOp):
     """A convolution op whose kernel is built by hand (`legalize`, `lower_fused`)."""
@@ -205,17 +192,11 @@ class DirectConvOp(HandBuiltOp):
     def lower_fused(self, params: Sequence[te.Tensor], args: Sequence[te.Tensor], attrs: Attrs,
                     anchor: te.Tensor | None, result: te.Tensor | None,
                     name: str) -> PrimFunc | None:
-        """The kernel computing `result` (an elementwise chain over `anchor`, this op applied
-        to `args`; None: the op alone) with buffer parameters `params` + the output, or
-        None when the hand-written kernel does not apply (FuseOps then lowers the group
-        through tensor expressions)."""
+        """The convolution kernel (see `HandBuiltOp.lower_fused`)."""
         x, w = args[0], args[1]
         if x.dtype != "float32" or w.dtype != "float32" or any(
                 t.dtype != "float32" for t in params):
             return None
-        final = result if result is not None else None
-        out_shape = final.shape if final is not None else None
-        buffers = {t: Buffer(t.name, t.shape, t.dtype) for t in params}
         if self.name == BLOCKED:
             oihw = _blocked_oihw(args, attrs)
             shape = conv_shape(x.shape, oihw[0], oihw[2:], attrs)
@@ -227,27 +208,11 @@ class DirectConvOp(HandBuiltOp):
             if not shape.depthwise:
                 return None
         conv_out = (shape.n, shape.c_out, shape.out_h, shape.out_w)
-        out = Buffer("out", out_shape or conv_out, final.dtype if final is not None else "float32")
-        bias = buffers[args[2]] if len(args) > 2 else None
-        value_buf = Buffer("conv_value", conv_out, "float32")
-        mapping = dict(buffers)
-        if anchor is not None:
-            mapping[anchor] = value_buf
-
-        def epilogue(v: PrimExpr, idx: tuple[PrimExpr, ...]) -> PrimExpr:
-            if bias is not None:
-                v = v + bias[idx[1]]
-            if final is None:
-                return v
-            expr = te.inline_expr(final, idx, mapping)
-            return _Substitute(value_buf, v).visit_expr(expr)
-
-        if final is not None:
-            try:  # an epilogue needing statements (a reduction, a table) is not fused here
-                zero = (as_expr(0),) * 4
-                epilogue(value_buf[zero], zero)
-            except IRError:
-                return None
+        store = fused_store(params, anchor, result, conv_out,
+                            bias=args[2] if len(args) > 2 else None)
+        if store is None:  # an epilogue needing statements (a reduction, a table)
+            return None
+        buffers, out, epilogue = store.buffers, store.out, store.epilogue
         lanes, fused = target_lanes(), target_has_fma()
         xb, wb = buffers[x], buffers[w]
         if self.name == BLOCKED:

@@ -1,9 +1,11 @@
 """FuseOps: fuse elementwise chains into their producer (conv+bias+relu, matmul+add+gelu).
 
 A group starts at any operator call with a tensor result and grows while the
-next binding is an elementwise or broadcast op that consumes the group's last
-value (used nowhere else) at the same shape — so the fused value is read once
-per output element and inlining it costs nothing. The group becomes one
+next binding is an elementwise or broadcast op that reads the group's values
+at its own shape; it is then cut back until no value but the last is read
+outside the group. A value may be read by several ops of the group (GELU's
+`x * (erf(x / sqrt 2) + 1) / 2`): inlined, it is recomputed per reader, which
+for elementwise values costs less than writing and reading it back. The group becomes one
 PrimFunc: the ops' tensor-expression definitions are chained (`kiln.ops.te`
 inlines each intermediate into its consumer) and lowered once, and the group's
 bindings are replaced by one `CallTensor`. Single-op groups are left to
@@ -70,24 +72,7 @@ def _pattern(op: str) -> str | None:
 
 def _fuse_function(fn: g.Function, functions: dict[str, BaseFunc], cache: dict[Any, str],
                    max_group: int) -> g.Function:
-    uses = var_use_counts(fn)
-    groups: list[list[g.Binding]] = []
-    for b in fn.bindings:
-        value = b.value
-        current = groups[-1] if groups else None
-        if (current and isinstance(value, g.Call) and len(current) < max_group
-                and _pattern(value.op) in FUSABLE_TAIL
-                and _extends(current, value, uses)):
-            current.append(b)
-        elif (current and isinstance(value, g.Call) and len(current) < max_group
-                and _fuses_producers(value.op) and _feeds_row_op(current, value, uses)):
-            current.append(b)  # an elementwise chain computed where the row op reads it
-        elif isinstance(value, g.Call) and isinstance(value.ret_type, TensorType) \
-                and _pattern(value.op) is not None:
-            groups.append([b])
-        else:
-            groups.append([b])
-            groups.append([])  # a non-call binding closes any open group
+    groups = _groups(fn.bindings, var_use_counts(fn), max_group)
     if not any(len(grp) > 1 for grp in groups):
         return fn
     bindings: list[g.Binding] = []
@@ -99,16 +84,72 @@ def _fuse_function(fn: g.Function, functions: dict[str, BaseFunc], cache: dict[A
     return g.Function(fn.params, tuple(bindings), fn.result, dict(fn.attrs))
 
 
-def _extends(group: list[g.Binding], call: g.Call, uses: Counter[g.Var]) -> bool:
-    last = group[-1]
-    if not isinstance(last.value, g.Call):
+def _groups(bindings: tuple[g.Binding, ...], uses: Counter[g.Var],
+            max_group: int) -> list[list[g.Binding]]:
+    """Consecutive bindings cut into groups: an op call with a tensor result, then the
+    elementwise/broadcast calls after it that read the group's values (`_extends`), cut
+    back to the longest start whose inner values nothing outside reads (`_closed`)."""
+    groups: list[list[g.Binding]] = []
+    i = 0
+    while i < len(bindings):
+        value = bindings[i].value
+        if not (isinstance(value, g.Call) and isinstance(value.ret_type, TensorType)
+                and _pattern(value.op) is not None):
+            groups.append([bindings[i]])
+            i += 1
+            continue
+        grp = [bindings[i]]
+        while i + len(grp) < len(bindings) and len(grp) < max_group:
+            nxt = bindings[i + len(grp)].value
+            if not (_extends(grp, nxt) or (
+                    isinstance(nxt, g.Call) and _fuses_producers(nxt.op)
+                    and _feeds_row_op(grp, nxt, uses))):
+                break
+            # an elementwise tail, or the chain a row op (softmax, layer_norm) computes
+            # as it reads its rows
+            grp.append(bindings[i + len(grp)])
+        while not _closed(grp, uses):
+            grp.pop()
+        groups.append(grp)
+        i += len(grp)
+    return groups
+
+
+def _extends(group: list[g.Binding], value: g.Expr) -> bool:
+    """Whether `value` is an elementwise/broadcast call reading one of the group's values,
+    each at the call's own shape (no broadcast re-reads). A value may be read several
+    times in the group (GELU's `x * (erf(x / sqrt 2) + 1) / 2`)."""
+    if not (isinstance(value, g.Call) and _pattern(value.op) in FUSABLE_TAIL
+            and isinstance(value.ret_type, TensorType)):
         return False
-    if not any(a is last.var for a in call.args):
+    members = {id(b.var): b.var for b in group}
+    read = [a for a in value.args if id(a) in members]
+    if not read or any(a.type != value.ret_type for a in read):
         return False
-    if uses[last.var] != 1:
-        return False
-    # the fused value must be read at the consumer's own shape (no broadcast re-reads)
-    return last.var.type == call.ret_type and isinstance(call.ret_type, TensorType)
+    # The first value is read once unless a hand-written kernel applies the tail to its
+    # accumulator: a tensor-expression anchor (a reduction) would be recomputed per read.
+    first = group[0]
+    assert isinstance(first.value, g.Call)
+    calls = [b.value for b in group[1:] if isinstance(b.value, g.Call)] + [value]
+    reads = sum(a is first.var for c in calls for a in c.args)
+    return reads <= 1 or _has_hand_kernel(first.value.op)
+
+
+def _has_hand_kernel(op: str) -> bool:
+    from kiln.ops import get_op
+
+    return getattr(get_op(op), "lower_fused", None) is not None
+
+
+def _closed(group: list[g.Binding], uses: Counter[g.Var]) -> bool:
+    """Whether every group value but the last is read only inside the group (the kernel
+    writes only the last)."""
+    inside: Counter[int] = Counter()
+    for b in group:
+        assert isinstance(b.value, g.Call)
+        for a in b.value.args:
+            inside[id(a)] += 1
+    return all(inside[id(b.var)] == uses[b.var] for b in group[:-1])
 
 
 def _fuses_producers(op: str) -> bool:

@@ -56,9 +56,10 @@ def list_pipelines(level: str) -> list[str]:
 
 
 def default_graph_pipeline() -> Sequential:
-    """Fold constants and BatchNorm, pick the convolution kernels, fuse elementwise chains,
-    legalize operators, drop dead code, lower to PrimFuncs. BatchNorm folding must precede
-    fusion, which would otherwise swallow the multiply/add it folds into the convolution."""
+    """Fold constants and BatchNorm, pick the convolution and matrix-product kernels, fuse
+    elementwise chains, legalize operators, drop dead code, lower to PrimFuncs. BatchNorm
+    folding must precede fusion, which would otherwise swallow the multiply/add it folds
+    into the convolution."""
     from kiln.transform.conv_blocking import BlockConvolutions
     from kiln.transform.dead_code import DeadCodeElimination
     from kiln.transform.fold_batchnorm import FoldBatchNorm
@@ -66,12 +67,14 @@ def default_graph_pipeline() -> Sequential:
     from kiln.transform.fuse_ops import FuseOps
     from kiln.transform.legalize_ops import LegalizeOps
     from kiln.transform.lower_graph import LowerGraphToTensor
+    from kiln.transform.matmul_blocking import BlockMatmuls
     from kiln.transform.use_cblas import UseCBLAS, target_wants_cblas
 
     # On a target with libs: ["cblas"], matrix products call CBLAS (kiln.ops.cblas).
     blas = [UseCBLAS()] if target_wants_cblas() else []
-    return Sequential([FoldConstants(), FoldBatchNorm(), *blas, BlockConvolutions(), FuseOps(),
-                       LegalizeOps(), DeadCodeElimination(), LowerGraphToTensor()],
+    return Sequential([FoldConstants(), FoldBatchNorm(), *blas, BlockConvolutions(),
+                       BlockMatmuls(), FuseOps(), LegalizeOps(), DeadCodeElimination(),
+                       LowerGraphToTensor()],
                       name="graph-default")
 
 

@@ -1,0 +1,341 @@
+"""The GEMM micro-kernel (float32): register tiles over packed B panels.
+
+`C = A @ B` is cut into register tiles of `mr` rows x `nr` columns (`GemmTiling`).
+B is read as panels `[ceil(N / nr)][K][nr]` (`pack_b`, zero-padded past N): for
+each `k` one tile step loads one contiguous `nr`-wide row of the panel and
+broadcasts one A value per row (A is read in place, row-major), then issues
+`mr * nr` multiply-adds into an accumulator array read and written at constant
+indices only, so LLVM keeps it in vector registers (onnxruntime's MLAS SGEMM
+kernels, IREE's mmt4d micro-kernels and oneDNN's brgemm all hold such a tile).
+A constant B is packed at compile time (kiln.transform.matmul_blocking); a B
+that is an activation (attention's Q @ K^T and P @ V) is packed into a
+workspace at run time by `pack_b_at_run_time`, a copy of K x N elements against
+M x N x K multiply-adds.
+
+Remainders need no second tile: the last row tile's surplus rows read the last
+row of A and store nothing, the last panel's surplus columns multiply B's zero
+padding and are not stored. Each output value passes through
+`epilogue(value, index)` as it is stored (bias, activation, residual add: the
+elementwise ops FuseOps grouped after the product). The tiles of all products
+(batch x panel x row tile, panel-major so that a thread's consecutive tiles
+reuse one B panel from L2) form one `parallel` loop, split evenly over threads.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from kiln.errors import IRError
+from kiln.ir.dtype import INDEX_DTYPE
+from kiln.ir.tensor import (
+    Allocate,
+    Buffer,
+    CallExtern,
+    Const,
+    For,
+    Intrin,
+    LetStmt,
+    PrimExpr,
+    Stmt,
+    Store,
+    Var,
+    as_expr,
+    min_,
+    seq,
+)
+from kiln.ir.visitor import iter_exprs
+from kiln.ops.broadcast import broadcast_index
+from kiln.ops.conv_kernels import Epilogue, _parallel_tiles, madd
+
+# A tile's accumulators: at least 8 independent chains keep two FMA pipes with a
+# 4-cycle latency busy; more than 16 only grows the unrolled IR (compile time).
+MIN_ACCUMULATORS = 8
+MAX_ACCUMULATORS = 16
+# Products with fewer multiply-adds than this run on one thread: below it a parallel
+# launch and the split B panels cost more than the second core gains.
+SERIAL_MAX_MADDS = 1 << 16
+
+
+@dataclass(frozen=True)
+class GemmTiling:
+    """A register tile of `mr` rows x `nr` columns (`nr` a multiple of the vector lanes)."""
+
+    mr: int
+    nr: int
+
+
+def vector_registers(lanes: int, triple: str) -> int:
+    """Vector registers of the target: 32 on AArch64 (NEON) and with AVX-512, else 16
+    (AVX2, SSE, and the conservative guess for anything else)."""
+    if triple.startswith(("aarch64", "arm64")) or lanes >= 16:
+        return 32
+    return 16
+
+
+def choose_gemm_tiling(m: int, n: int, lanes: int, registers: int) -> GemmTiling:
+    """The tile shape for an `m` x `n` product on a target with `lanes` float32 lanes and
+    `registers` vector registers.
+
+    A tile is 2 vectors wide and as tall as the registers allow next to the B row (2
+    vectors) and one broadcast A value, at most `MAX_ACCUMULATORS` accumulators:
+    AVX2 (16 registers) 6 x 16, AVX-512 (32) 8 x 32, NEON (32) 8 x 8, SSE 6 x 8.
+    Each step then loads 2 vectors and `mr` scalars for `2 * mr` vector FMAs.
+
+    A product with fewer rows than that (`m` = 1: a matrix-vector product, the dense
+    layers of a model at batch 1) takes all its rows in one tile and widens the tile
+    instead, to keep `MIN_ACCUMULATORS` chains: 1 x 8 vectors, 2 x 4, ... Such a
+    product streams B once; the width keeps every lane and both FMA pipes busy.
+    """
+    vecs = 2
+    mr = min(MAX_ACCUMULATORS, registers - vecs - 1) // vecs
+    if m < mr:
+        mr = m
+        vecs = min(8, max(2, -(-MIN_ACCUMULATORS // m)))
+    # no wider than N rounded up to whole vectors (a 10-column layer is not padded to 64)
+    vecs = max(1, min(vecs, -(-n // lanes)))
+    return GemmTiling(mr=max(1, mr), nr=vecs * lanes)
+
+
+def pack_b(b: np.ndarray, nr: int) -> np.ndarray:
+    """B `[K, N]` -> panels `[ceil(N / nr)][K][nr]`, the columns past N zero."""
+    k, n = b.shape
+    panels = -(-n // nr)
+    padded = np.zeros((k, panels * nr), dtype=b.dtype)
+    padded[:, :n] = b
+    return np.ascontiguousarray(padded.reshape(k, panels, nr).transpose(1, 0, 2))
+
+
+def unpack_b(bp: np.ndarray, n: int) -> np.ndarray:
+    """`pack_b` undone: B `[K, n]`."""
+    panels, k, nr = bp.shape
+    return np.ascontiguousarray(bp.transpose(1, 0, 2).reshape(k, panels * nr)[:, :n])
+
+
+@dataclass(frozen=True)
+class GemmShape:
+    """The products one kernel computes: `out[*batch, *rows, n] = A @ B` where the tiles
+    loop over the output's `batch` dims (one product each; A's batch dims `a_batch`
+    broadcast to them) and the `rows` dims are flattened into one product's M rows
+    (all of A's leading dims when B is one constant matrix)."""
+
+    batch: tuple[int, ...]
+    a_batch: tuple[int, ...]
+    rows: tuple[int, ...]
+    n: int
+    k: int
+
+    @property
+    def m(self) -> int:
+        return _prod(self.rows)
+
+    @property
+    def batches(self) -> int:
+        return _prod(self.batch)
+
+    @property
+    def madds(self) -> int:
+        return self.batches * self.m * self.n * self.k
+
+
+# B's value at (the output's batch index, panel, k, lane within the panel)
+BReader = Callable[[tuple[PrimExpr, ...], PrimExpr, PrimExpr, int], PrimExpr]
+
+
+def _prod(dims: Sequence[int]) -> int:
+    total = 1
+    for d in dims:
+        total *= int(d)
+    return total
+
+
+def _c(v: int) -> Const:
+    return Const(v, INDEX_DTYPE)
+
+
+def _unflatten(flat: PrimExpr, dims: Sequence[int], name: str,
+               lets: list[Stmt]) -> tuple[PrimExpr, ...]:
+    """The index into `dims` of the row-major flat index `flat` (bound once in `lets`)."""
+    if len(dims) <= 1:
+        return (flat,) if dims else ()
+    idx: list[PrimExpr] = []
+    rest = flat
+    for k in range(len(dims) - 1, -1, -1):
+        if k == 0:
+            part = rest
+        elif dims[k] == 1:
+            idx.append(_c(0))
+            continue
+        else:
+            part = rest % dims[k]
+            rest = rest // dims[k]
+        v = Var(f"{name}{k}", INDEX_DTYPE)
+        lets.append(LetStmt(v, part))
+        idx.append(v)
+    idx.reverse()
+    return tuple(idx)
+
+
+def register_tile(mr: int, nr: int, k: int, a_rows: Sequence[Callable[[PrimExpr], PrimExpr]],
+                  b_row: Callable[[PrimExpr, int], PrimExpr], dtype: str,
+                  fused: bool) -> tuple[Buffer, list[Stmt]]:
+    """The micro-kernel: `acc[r, v] = sum over kk < k of a_rows[r](kk) * b_row(kk, v)`.
+
+    Returns the `local` accumulator buffer `acc[mr][nr]` and the statements computing it.
+    Each step binds the `nr` B values (one contiguous panel row; `v` is the lane index)
+    and the `mr` A values once and writes the `mr * nr` multiply-adds out, at constant
+    accumulator indices: LLVM promotes `acc` to registers and packs each row's `nr`
+    multiply-adds into vector FMAs along `v`.
+    """
+    acc = Buffer("acc", (mr, nr), dtype, "local")
+    zero = as_expr(0.0, dtype)
+    stmts: list[Stmt] = [Allocate(acc)]
+    stmts += [Store(acc, zero, (_c(r), _c(v))) for r in range(mr) for v in range(nr)]
+
+    def step(kk: Var) -> Stmt:
+        body: list[Stmt] = []
+        bs, xs = [], []
+        for v in range(nr):
+            bv = Var(f"b{v}", dtype)
+            body.append(LetStmt(bv, b_row(kk, v)))
+            bs.append(bv)
+        for r in range(mr):
+            av = Var(f"a{r}", dtype)
+            body.append(LetStmt(av, a_rows[r](kk)))
+            xs.append(av)
+        body += [Store(acc, madd(acc[_c(r), _c(v)], xs[r], bs[v], fused), (_c(r), _c(v)))
+                 for r in range(mr) for v in range(nr)]
+        return seq(*body)
+
+    kk = Var("k", INDEX_DTYPE)
+    stmts.append(For(kk, _c(0), _c(k), "serial", step(kk)))
+    return acc, stmts
+
+
+def gemm_body(shape: GemmShape, tiling: GemmTiling, a: Buffer, b_at: BReader, out: Buffer,
+              epilogue: Epilogue, fused: bool = True,
+              prologue: Sequence[Stmt] = ()) -> Stmt:
+    """The loop nest of `out = epilogue(A @ B)`: `a` is A (`[*a_batch, *rows, k]`, read
+    in place), `b_at` reads B's panels, `out` is `[*batch, *rows, n]`; `prologue` runs
+    first (a run-time packing of B)."""
+    m, n = shape.m, shape.n
+    if m < 1 or n < 1:
+        raise IRError(f"gemm kernel: empty product {shape}")
+    mr, nr = min(tiling.mr, m), tiling.nr
+    mtiles, panels = -(-m // mr), -(-n // nr)
+    last_rows = m - (mtiles - 1) * mr  # rows of the last row tile
+    acc_t = a.dtype  # accumulate in float32; the epilogue may cast
+    two_pass = out.dtype == acc_t and _calls_a_library(epilogue, out.ndim)
+
+    def tile(bflat: PrimExpr, panel: PrimExpr, mt: PrimExpr) -> Stmt:
+        head: list[Stmt] = []
+        bidx = _unflatten(bflat, shape.batch, "i", head)
+        a_batch = tuple(as_expr(i, INDEX_DTYPE)
+                        for i in broadcast_index(bidx, shape.a_batch))
+        a_pre = []
+        for r in range(mr):
+            row: PrimExpr = mt * mr + r if mtiles > 1 else _c(r)
+            if r >= last_rows:  # the last tile's surplus rows read the last row
+                row = min_(row, m - 1)
+            rv = Var(f"m{r}", INDEX_DTYPE)
+            head.append(LetStmt(rv, row))
+            ridx = _unflatten(rv, shape.rows, f"r{r}_", head)
+            a_pre.append((*a_batch, *ridx))
+        a_rows = [(lambda kk, p=p: a[(*p, kk)]) for p in a_pre]
+        acc, red = register_tile(mr, nr, shape.k, a_rows,
+                                 lambda kk, v: b_at(bidx, panel, kk, v), acc_t, fused)
+        # Copied out at constant indices, the accumulators stay registers; the stores
+        # below loop over `stage` (contiguous along the output row: vectorized).
+        stage = Buffer("stage", (mr, nr), acc_t, "local")
+        copy = [Store(stage, acc[_c(r), _c(v)], (_c(r), _c(v)))
+                for r in range(mr) for v in range(nr)]
+        n0 = panel * nr if panels > 1 else _c(0)
+        width: PrimExpr = _c(nr) if n % nr == 0 else min_(nr, n - n0)
+
+        # the rows this tile stores: all but in the last tile
+        rows_here: PrimExpr = _c(mr) if last_rows == mr else min_(mr, m - mt * mr)
+
+        def store_loops(from_out: bool, apply: bool) -> Stmt:
+            """The tile stored row by row from `stage` (or `out` itself), through the
+            epilogue when `apply`: one loop nest, so the epilogue is in the IR once."""
+            r, v = Var("r", INDEX_DTYPE), Var("v", INDEX_DTYPE)
+            lets: list[Stmt] = []
+            rv = Var("row", INDEX_DTYPE)
+            lets.append(LetStmt(rv, mt * mr + r if mtiles > 1 else r))
+            idx = (*bidx, *_unflatten(rv, shape.rows, "o", lets), n0 + v)
+            value: PrimExpr = out[idx] if from_out else stage[r, v]
+            row = For(v, _c(0), width, "serial",
+                      Store(out, epilogue(value, idx) if apply else value, idx))
+            return For(r, _c(0), rows_here, "serial", seq(*lets, row))
+
+        if two_pass:
+            # the sums are stored as they are, then the epilogue runs over the tile in L1
+            # on its own: calls in it (exp) would otherwise spill the accumulators
+            stores = [store_loops(False, False), store_loops(True, True)]
+        else:
+            stores = [store_loops(False, True)]
+        return seq(*head, *red, Allocate(stage), *copy, *stores)
+
+    loop = _parallel_tiles((shape.batches, panels, mtiles), tile)
+    if shape.madds < SERIAL_MAX_MADDS and isinstance(loop, For):
+        loop = For(loop.var, loop.start, loop.extent, "serial", loop.body)
+    return seq(*prologue, loop)
+
+
+# Intrinsics that become instructions (the others are math library calls).
+_INSTRUCTIONS = frozenset({"fma", "sqrt", "abs", "floor", "ceil", "round", "trunc", "isnan",
+                           "isinf"})
+
+
+def _calls_a_library(epilogue: Epilogue, ndim: int) -> bool:
+    """Whether the epilogue calls functions (a math library's erf, exp, ...)."""
+    zero = (_c(0),) * ndim
+    probe = epilogue(Var("probe", "float32"), zero)
+    return any(isinstance(e, CallExtern) or (isinstance(e, Intrin) and e.name not in
+                                            _INSTRUCTIONS) for e in iter_exprs(probe))
+
+
+def pack_b_at_run_time(b: Buffer, b_batch: tuple[int, ...], k: int, n: int, nr: int,
+                       transposed: bool
+                       ) -> tuple[list[Stmt], BReader]:
+    """Statements packing the activation `b` (`[*b_batch, k, n]`, or `[*b_batch, n, k]`
+    when `transposed`) into a workspace `[prod(b_batch)][panels][k][nr]` (zero past n),
+    and the reader of it (indexed by the output's batch index, broadcast to B's)."""
+    panels = -(-n // nr)
+    bb = _prod(b_batch)
+    ws = Buffer("b_packed", (bb, panels, k, nr), b.dtype)
+    zero = as_expr(0.0, b.dtype)
+
+    def panel_copy(bf: PrimExpr, p: PrimExpr) -> Stmt:
+        lets: list[Stmt] = []
+        bidx = _unflatten(bf, b_batch, "j", lets)
+        n0 = p * nr if panels > 1 else _c(0)
+        kk, v = Var("k", INDEX_DTYPE), Var("v", INDEX_DTYPE)
+        width: PrimExpr = _c(nr) if n % nr == 0 else min_(nr, n - n0)
+        src = b[(*bidx, n0 + v, kk)] if transposed else b[(*bidx, kk, n0 + v)]
+        copy = Store(ws, src, (bf, p, kk, v))
+        # transposed: B's rows run along k, so k is the inner loop of the copy
+        body: Stmt = (For(v, _c(0), width, "serial", For(kk, _c(0), _c(k), "serial", copy))
+                      if transposed else
+                      For(kk, _c(0), _c(k), "serial", For(v, _c(0), width, "serial", copy)))
+        parts = [*lets, body]
+        if n % nr:  # the last panel's columns past n are zero
+            kz, z = Var("k", INDEX_DTYPE), Var("z", INDEX_DTYPE)
+            parts.append(For(kz, _c(0), _c(k), "serial", For(
+                z, width, _c(nr) - width, "serial", Store(ws, zero, (bf, p, kz, z)))))
+        return seq(*parts)
+
+    pack = _parallel_tiles((bb, panels), panel_copy)
+    if bb * panels * k * nr < SERIAL_MAX_MADDS and isinstance(pack, For):
+        pack = For(pack.var, pack.start, pack.extent, "serial", pack.body)
+
+    def read(oidx: tuple[PrimExpr, ...], p: PrimExpr, kk: PrimExpr, v: int) -> PrimExpr:
+        flat: PrimExpr = _c(0)
+        for i, d in zip(broadcast_index(oidx, b_batch), b_batch):
+            if d > 1:
+                flat = flat * d + as_expr(i, INDEX_DTYPE)
+        return ws[flat, p, kk, _c(v)]
+
+    return [Allocate(ws), pack], read

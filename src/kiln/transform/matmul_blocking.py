@@ -1,0 +1,81 @@
+"""BlockMatmuls: put float32 matrix products on the GEMM micro-kernel.
+
+A `matmul` with float32 operands and static shapes becomes
+
+- `matmul_packed(a, bp)` when B is one constant matrix (a dense layer's weight,
+  with Gemm's `transpose_b` applied): B is packed here, at compile time, into
+  panels `[ceil(N / nr)][K][nr]` for the register tile the target and the
+  product's row count call for (kiln.ops.gemm_kernels.choose_gemm_tiling), so
+  the run time never repacks;
+- `matmul_tiled(a, b)` when both operands have rank >= 2 and B is not one
+  constant matrix (attention's batched products): its kernel packs B at run
+  time.
+
+The kernels are in kiln.ops.gemm_kernels; docs/performance.md, "Matrix
+products", describes them. The pass runs before fuse-ops, which fuses the
+elementwise tail (Gemm's alpha and bias, activations, a residual add) into the
+new op's kernel, and after use-cblas (a target that asks for CBLAS keeps it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from kiln.ir import graph as g
+from kiln.ir.module import IRModule
+from kiln.ir.types import TensorType
+from kiln.transform.pass_base import FunctionPass
+
+
+@dataclass(frozen=True)
+class BlockMatmuls(FunctionPass):
+    """Rewrite float32 `matmul` calls to `matmul_packed` / `matmul_tiled`."""
+
+    name = "block-matmuls"
+    level = "graph"
+
+    def run_on_function(self, func: Any, name: str, mod: IRModule) -> g.Function:
+        assert isinstance(func, g.Function)
+        changed = False
+        bindings: list[g.Binding] = []
+        for b in func.bindings:
+            new = _rewrite(b.value) if isinstance(b.value, g.Call) else None
+            if new is not None:
+                changed = True
+                bindings.append(g.Binding(b.var, new))
+            else:
+                bindings.append(b)
+        if not changed:
+            return func
+        return g.Function(func.params, tuple(bindings), func.result, dict(func.attrs))
+
+
+def _static_f32(t: Any) -> bool:
+    return (isinstance(t, TensorType) and t.dtype == "float32"
+            and all(isinstance(d, int) for d in t.shape))
+
+
+def _rewrite(call: g.Call) -> g.Call | None:
+    from kiln.ops import gemm
+    from kiln.ops import gemm_kernels as gk
+
+    if call.op != "matmul" or len(call.args) != 2:
+        return None
+    a, b = call.args
+    if not (_static_f32(a.type) and _static_f32(b.type)):
+        return None
+    a_shape = a.type.static_shape  # type: ignore[union-attr]
+    b_shape = b.type.static_shape  # type: ignore[union-attr]
+    if isinstance(b, g.Constant) and len(b_shape) == 2:
+        data = b.data.T if call.attrs.get("transpose_b") else b.data
+        n = data.shape[1]
+        m = 1
+        for d in a_shape[:-1]:
+            m *= d
+        tiling = gemm.target_tiling(m, n)
+        packed = g.Constant(gk.pack_b(data, tiling.nr), b.name)
+        return g.Call(gemm.PACKED, (a, packed), g.freeze_attrs({"n": n}), call.ret_type)
+    if len(a_shape) >= 2 and len(b_shape) >= 2:
+        return g.Call(gemm.TILED, call.args, call.attrs, call.ret_type)
+    return None

@@ -1,0 +1,253 @@
+"""The GEMM micro-kernel (kiln.ops.gemm_kernels) against onnxruntime and the interpreter.
+
+One ONNX model holds every edge case as an independent branch (so each backend
+compiles once): remainders of the row tile (M), of the panel width (N) and odd K,
+a 1-wide output, K = 1, matrix-vector products (M = 1, the wide tile), Gemm's
+transB / alpha / beta / bias, leading dims flattened into rows, products of two
+activations with broadcast batch dims and a transposed B (packed at run time), and
+the epilogues FuseOps attaches (bias, ReLU, Clip, Sigmoid, residual Add). It runs
+on llvm and c, in this process and in fresh processes with 1 and 2 threads.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import kernel_checks
+import numpy as np
+import onnx
+import pytest
+from fresh_process import outputs_in_fresh_process
+from onnx import TensorProto, helper, numpy_helper
+
+import kiln
+from kiln.frontend import from_onnx
+from kiln.ir import assert_structural_equal
+from kiln.ir import graph as g
+from kiln.ops import gemm_kernels as gk
+from kiln.ops.gemm import target_tiling
+from kiln.script import from_source, print_module
+from kiln.target import Target
+from kiln.transform import get_pass
+
+ort = pytest.importorskip("onnxruntime")
+
+RNG = np.random.default_rng(12)
+TOL = 1e-5
+
+# a: A's shape; b: B's shape (w: a constant weight, else an input); node: MatMul or Gemm
+# (with its attributes); tail: the elementwise ops after it
+CASES: list[dict[str, Any]] = [
+    # Gemm transB, alpha, beta * bias, ReLU: 7 rows (a full tile of 6 and 1), 19 columns
+    dict(a=(7, 5), b=(19, 5), w=True, node="Gemm", attrs=dict(transB=1, alpha=0.5, beta=2.0),
+         bias=True, tail=("Relu",)),
+    # a matrix-vector product (M = 1), 10 columns (less than one panel), odd K
+    dict(a=(1, 33), b=(33, 10), w=True),
+    # K = 1, 13 rows (two full tiles of 6 and one row)
+    dict(a=(13, 1), b=(1, 3), w=True, tail=("Clip",)),
+    # a 1-wide output
+    dict(a=(5, 8), b=(8, 1), w=True),
+    # leading dims flattened into rows (2 x 3 = 6), a residual add and a sigmoid
+    dict(a=(2, 3, 17), b=(17, 40), w=True, tail=("Add", "Sigmoid")),
+    # GEMV at a width of several panels with a remainder, Gemm bias + ReLU (an MLP layer)
+    dict(a=(1, 64), b=(64, 200), w=True, node="Gemm", bias=True, tail=("Relu",)),
+    # large enough to run in parallel: 9 row tiles x 5 panels, K not a multiple of 8
+    dict(a=(50, 301), b=(301, 70), w=True, node="Gemm", bias=True),
+    # two activations, batch dims broadcast (A [2, 1], B [3]), packed at run time
+    dict(a=(2, 1, 7, 8), b=(3, 8, 9), tail=("Clip",)),
+    # Gemm transB on an activation B (read transposed while packing)
+    dict(a=(6, 12), b=(20, 12), node="Gemm", attrs=dict(transB=1)),
+    # attention-like: [1, 4] heads, 33 x 16 @ 16 x 33, in parallel, a residual add
+    dict(a=(1, 4, 33, 16), b=(1, 4, 16, 33), tail=("Add",)),
+    # a constant B with batch dims (packed at run time like an activation)
+    dict(a=(2, 5, 6), b=(2, 6, 4), w=True),
+    # bias + GELU with Erf (x read twice: the tail is a DAG; erf is a library call, so
+    # the epilogue runs as a second pass over the tile)
+    dict(a=(9, 24), b=(24, 20), w=True, node="Gemm", bias=True, tail=("Gelu",)),
+]
+
+
+def _out_shape(case: dict[str, Any]) -> list[int]:
+    a, b = case["a"], case["b"]
+    if case.get("attrs", {}).get("transB"):
+        b = (*b[:-2], b[-1], b[-2])
+    batch = np.broadcast_shapes(a[:-2], b[:-2])
+    return [*batch, a[-2], b[-1]]
+
+
+def build_model() -> onnx.ModelProto:
+    nodes, inputs, outputs, inits = [], [], [], []
+    for i, case in enumerate(CASES):
+        inputs.append(helper.make_tensor_value_info(f"a{i}", TensorProto.FLOAT, list(case["a"])))
+        if case.get("w"):
+            w = RNG.standard_normal(case["b"]) / np.sqrt(case["b"][-2])
+            inits.append(numpy_helper.from_array(w.astype(np.float32), f"b{i}"))
+        else:
+            inputs.append(helper.make_tensor_value_info(f"b{i}", TensorProto.FLOAT,
+                                                        list(case["b"])))
+        oshape = _out_shape(case)
+        args = [f"a{i}", f"b{i}"]
+        if case.get("bias"):
+            inits.append(numpy_helper.from_array(
+                RNG.standard_normal(oshape[-1]).astype(np.float32), f"c{i}"))
+            args.append(f"c{i}")
+        nodes.append(helper.make_node(case.get("node", "MatMul"), args, [f"p{i}"],
+                                      **case.get("attrs", {})))
+        last = f"p{i}"
+        for j, op in enumerate(case.get("tail", ())):
+            out = f"t{i}_{j}"
+            if op == "Clip":
+                inits += [numpy_helper.from_array(np.array(-0.5, np.float32), f"lo{i}"),
+                          numpy_helper.from_array(np.array(0.5, np.float32), f"hi{i}")]
+                nodes.append(helper.make_node("Clip", [last, f"lo{i}", f"hi{i}"], [out]))
+            elif op == "Gelu":
+                inits += [numpy_helper.from_array(np.array(v, np.float32), f"{c}{i}")
+                          for c, v in (("sq", np.sqrt(2)), ("one", 1.0), ("half", 0.5))]
+                erf = helper.make_node("Erf", [f"d{i}"], [f"e{i}"])
+                nodes += [helper.make_node("Div", [last, f"sq{i}"], [f"d{i}"]), erf,
+                          helper.make_node("Add", [f"e{i}", f"one{i}"], [f"s{i}"]),
+                          helper.make_node("Mul", [last, f"s{i}"], [f"g{i}"]),
+                          helper.make_node("Mul", [f"g{i}", f"half{i}"], [out])]
+            elif op == "Add":
+                inputs.append(helper.make_tensor_value_info(f"r{i}", TensorProto.FLOAT, oshape))
+                nodes.append(helper.make_node("Add", [last, f"r{i}"], [out]))
+            else:
+                nodes.append(helper.make_node(op, [last], [out]))
+            last = out
+        outputs.append(helper.make_tensor_value_info(last, TensorProto.FLOAT, oshape))
+    graph = helper.make_graph(nodes, "gemms", inputs, outputs, initializer=inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
+MODEL = build_model()
+FEEDS = {v.name: RNG.standard_normal([d.dim_value for d in v.type.tensor_type.shape.dim])
+         .astype(np.float32) for v in MODEL.graph.input}
+
+
+@pytest.fixture(scope="module")
+def reference() -> list[np.ndarray]:
+    sess = ort.InferenceSession(MODEL.SerializeToString(), providers=["CPUExecutionProvider"])
+    return list(sess.run(None, FEEDS))
+
+
+def assert_close(got: list[np.ndarray], want: list[np.ndarray]) -> None:
+    kernel_checks.assert_close(got, want, CASES, TOL)
+
+
+@pytest.fixture(scope="module", params=["llvm", "c"])
+def native(request: pytest.FixtureRequest) -> kiln.driver.Executable:
+    target = Target.from_host() if request.param == "llvm" else Target("c")
+    return kiln.compile(from_onnx(MODEL), target)
+
+
+def test_every_product_uses_the_gemm_kernel(native: kiln.driver.Executable) -> None:
+    kinds = [f.attrs.get("kiln.gemm_kernel") for f in native.ir.functions.values()
+             if not f.attrs.get("kiln.graph")]
+    used = [k for k in kinds if k is not None]
+    assert len(used) == len(CASES)
+    assert used.count("matmul_tiled") == 4  # the activations' and the batched constant B
+    gelu = [n for n in native.ir.functions if "erf" in n]
+    assert gelu and all(native.ir[n].attrs.get("kiln.gemm_kernel") for n in gelu)
+
+
+def test_matches_onnxruntime(native: kiln.driver.Executable,
+                             reference: list[np.ndarray]) -> None:
+    assert_close(list(native(*FEEDS.values())), reference)
+
+
+def test_compiled_kernels_round_trip_through_the_dsl(native: kiln.driver.Executable) -> None:
+    text = print_module(native.ir, metadata="reference")
+    assert_structural_equal(from_source(text, metadata=text.metadata), native.ir)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_threads_in_a_fresh_process(native: kiln.driver.Executable, tmp_path: Path,
+                                    threads: int, reference: list[np.ndarray]) -> None:
+    assert_close(outputs_in_fresh_process(native, FEEDS, tmp_path, threads),
+                 reference)
+
+
+def test_the_interpreter_runs_the_kernels(reference: list[np.ndarray]) -> None:
+    # the python target evaluates the same kernel IR in the reference interpreter
+    small = [k for k, c in enumerate(CASES) if np.prod(_out_shape(c)) * c["a"][-1] < 5000]
+    ex = kiln.compile(from_onnx(MODEL), "python")
+    got = list(ex(*FEEDS.values()))
+    assert len(small) >= 5
+    assert_close([got[k] for k in small], [reference[k] for k in small])
+
+
+def test_the_rewrite_is_visible_in_the_graph_and_round_trips() -> None:
+    mod = get_pass("block-matmuls")(from_onnx(MODEL))
+    ops = [b.value.op for b in mod["main"].bindings if isinstance(b.value, g.Call)
+           and b.value.op.startswith("matmul")]
+    assert ops == ["matmul_packed"] * 7 + ["matmul_tiled"] * 4 + ["matmul_packed"]
+    text = print_module(mod)
+    assert "matmul_packed" in text and "matmul(" not in text
+    assert_structural_equal(from_source(text), mod)
+
+
+def test_packed_b_round_trip() -> None:
+    b = RNG.standard_normal((5, 19)).astype(np.float32)
+    packed = gk.pack_b(b, 8)
+    assert packed.shape == (3, 5, 8)
+    assert np.all(packed[2, :, 3:] == 0)
+    np.testing.assert_array_equal(packed[1, 4, 2], b[4, 10])
+    np.testing.assert_array_equal(gk.unpack_b(packed, 19), b)
+
+
+@pytest.mark.parametrize(("spec", "m", "tile"), [
+    ("llvm -mcpu=znver3", 128, (6, 16)), ("llvm -mcpu=znver5", 128, (8, 32)),
+    ("llvm -mtriple=aarch64-linux-gnu -mattr=+neon", 128, (8, 8)), ("llvm", 128, (6, 8)),
+    ("llvm -mcpu=znver3", 1, (1, 64)), ("llvm -mcpu=znver3", 2, (2, 32)),
+    ("llvm -mcpu=znver3", 5, (5, 16)), ("c", 3, (3, 12)),
+])
+def test_tile_follows_the_target(spec: str, m: int, tile: tuple[int, int]) -> None:
+    t = target_tiling(m, 1000, Target(spec))
+    assert (t.mr, t.nr) == tile
+
+
+def test_narrow_products_are_not_padded_to_a_wide_tile() -> None:
+    assert target_tiling(1, 10, Target("llvm -mcpu=znver3")).nr == 16
+    assert target_tiling(1, 3, Target("llvm -mcpu=znver3")).nr == 8
+
+
+@pytest.mark.parametrize(("spec", "lanes"), [
+    ("llvm -mtriple=aarch64-linux-gnu -mattr=+neon", 4), ("llvm -mcpu=znver5", 16)])
+def test_other_targets_compile_with_their_panels(spec: str, lanes: int) -> None:
+    # NEON (8 x 8 tiles) and AVX-512 (8 x 32): compiled to an object, not run here
+    with Target(spec):
+        mod = get_pass("block-matmuls")(from_onnx(MODEL))
+    panels = [b.value.args[1].type.shape for b in mod["main"].bindings
+              if isinstance(b.value, g.Call) and b.value.op == "matmul_packed"]
+    assert panels and all(shape[-1] % lanes == 0 for shape in panels)
+    assert max(shape[-1] for shape in panels) >= 2 * lanes
+    ex = kiln.compile(from_onnx(MODEL), Target(spec))
+    assert any(".o" in str(a) for a in ex.artifacts)
+
+
+@pytest.mark.parametrize("target", ["llvm", "c"])
+def test_float32_erf_is_arithmetic_within_5e7(target: str) -> None:
+    # GELU's erf in the epilogues above: a rational approximation that vectorizes
+    from kiln.ir import IRBuilder
+    from kiln.ir.tensor import Intrin
+    from kiln.ir.visitor import iter_nodes
+
+    x = np.concatenate([np.linspace(-6, 6, 4001), [0.0, -0.0, 1e-30, -3e-8, 3.9, 4.1, 50,
+                                                   np.inf, -np.inf, np.nan]]).astype(np.float32)
+    ib = IRBuilder()
+    with ib.function("main"):
+        ib.ret(ib.emit(kiln.ops.call("erf", ib.param("x", x.shape, "float32")), "e"))
+    ex = kiln.compile(ib.get(), Target.from_host() if target == "llvm" else Target(target))
+    assert not any(isinstance(n, Intrin) and n.name == "erf" for f in ex.ir.functions.values()
+                   if hasattr(f, "body") for n in iter_nodes(f.body))
+    got = np.asarray(ex(x)).astype(np.float64)
+    want = np.array([math.erf(float(v)) if not np.isnan(v) else np.nan for v in x])
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    ok = ~np.isnan(want)
+    assert np.abs(got[ok] - want[ok]).max() < 5e-7
+    tiny = ok & (np.abs(x) < 1e-3) & (x != 0)
+    assert np.all(np.abs(got[tiny] / want[tiny] - 1) < 1e-6)  # relative near zero
