@@ -48,7 +48,7 @@ from kiln.ir.tensor import (
 )
 from kiln.ir.visitor import iter_exprs
 from kiln.ops.broadcast import broadcast_index
-from kiln.ops.conv_kernels import Epilogue, _parallel_tiles, madd
+from kiln.ops.conv_kernels import Epilogue, _parallel_tiles, lanes_loop, madd
 
 # A tile's accumulators: at least 8 independent chains keep two FMA pipes with a
 # 4-cycle latency busy; more than 16 only grows the unrolled IR (compile time).
@@ -141,7 +141,7 @@ class GemmShape:
 
 
 # B's value at (the output's batch index, panel, k, lane within the panel)
-BReader = Callable[[tuple[PrimExpr, ...], PrimExpr, PrimExpr, int], PrimExpr]
+BReader = Callable[[tuple[PrimExpr, ...], PrimExpr, PrimExpr, PrimExpr], PrimExpr]
 
 
 def _prod(dims: Sequence[int]) -> int:
@@ -179,35 +179,36 @@ def _unflatten(flat: PrimExpr, dims: Sequence[int], name: str,
 
 
 def register_tile(mr: int, nr: int, k: int, a_rows: Sequence[Callable[[PrimExpr], PrimExpr]],
-                  b_row: Callable[[PrimExpr, int], PrimExpr], dtype: str,
+                  b_row: Callable[[PrimExpr, PrimExpr], PrimExpr], dtype: str,
                   fused: bool) -> tuple[Buffer, list[Stmt]]:
     """The micro-kernel: `acc[r, v] = sum over kk < k of a_rows[r](kk) * b_row(kk, v)`.
 
     Returns the `local` accumulator buffer `acc[mr][nr]` and the statements computing it.
-    Each step binds the `nr` B values (one contiguous panel row; `v` is the lane index)
-    and the `mr` A values once and writes the `mr * nr` multiply-adds out, at constant
-    accumulator indices: LLVM promotes `acc` to registers and packs each row's `nr`
-    multiply-adds into vector FMAs along `v`.
+    Each step binds the `mr` A values once and runs one `vectorized` loop over the panel
+    row's `nr` lanes: one B vector load and `mr` vector FMAs (the llvm backend emits the
+    loop as vector instructions, kiln.codegen.llvm.vector_loops). The accumulators are
+    touched only as whole rows at constant indices: LLVM keeps them in registers.
     """
     acc = Buffer("acc", (mr, nr), dtype, "local")
     zero = as_expr(0.0, dtype)
-    stmts: list[Stmt] = [Allocate(acc)]
-    stmts += [Store(acc, zero, (_c(r), _c(v))) for r in range(mr) for v in range(nr)]
+    stmts: list[Stmt] = [Allocate(acc), lanes_loop("v", nr, lambda v: seq(*(
+        Store(acc, zero, (_c(r), v)) for r in range(mr))))]
 
     def step(kk: Var) -> Stmt:
         body: list[Stmt] = []
-        bs, xs = [], []
-        for v in range(nr):
-            bv = Var(f"b{v}", dtype)
-            body.append(LetStmt(bv, b_row(kk, v)))
-            bs.append(bv)
+        xs = []
         for r in range(mr):
             av = Var(f"a{r}", dtype)
             body.append(LetStmt(av, a_rows[r](kk)))
             xs.append(av)
-        body += [Store(acc, madd(acc[_c(r), _c(v)], xs[r], bs[v], fused), (_c(r), _c(v)))
-                 for r in range(mr) for v in range(nr)]
-        return seq(*body)
+
+        def lanes(v: PrimExpr) -> Stmt:
+            bv = Var("b", dtype)
+            return seq(LetStmt(bv, b_row(kk, v)), *(
+                Store(acc, madd(acc[_c(r), v], xs[r], bv, fused), (_c(r), v))
+                for r in range(mr)))
+
+        return seq(*body, lanes_loop("v", nr, lanes))
 
     kk = Var("k", INDEX_DTYPE)
     stmts.append(For(kk, _c(0), _c(k), "serial", step(kk)))
@@ -249,8 +250,8 @@ def gemm_body(shape: GemmShape, tiling: GemmTiling, a: Buffer, b_at: BReader, ou
         # Copied out at constant indices, the accumulators stay registers; the stores
         # below loop over `stage` (contiguous along the output row: vectorized).
         stage = Buffer("stage", (mr, nr), acc_t, "local")
-        copy = [Store(stage, acc[_c(r), _c(v)], (_c(r), _c(v)))
-                for r in range(mr) for v in range(nr)]
+        copy = [lanes_loop("v", nr, lambda v: seq(*(
+            Store(stage, acc[_c(r), v], (_c(r), v)) for r in range(mr))))]
         n0 = panel * nr if panels > 1 else _c(0)
         width: PrimExpr = _c(nr) if n % nr == 0 else min_(nr, n - n0)
 
@@ -266,7 +267,9 @@ def gemm_body(shape: GemmShape, tiling: GemmTiling, a: Buffer, b_at: BReader, ou
             lets.append(LetStmt(rv, mt * mr + r if mtiles > 1 else r))
             idx = (*bidx, *_unflatten(rv, shape.rows, "o", lets), n0 + v)
             value: PrimExpr = out[idx] if from_out else stage[r, v]
-            row = For(v, _c(0), width, "serial",
+            # whole panels store as vectors when the epilogue allows (vector_loops)
+            kind = "vectorized" if isinstance(width, Const) else "serial"
+            row = For(v, _c(0), width, kind,
                       Store(out, epilogue(value, idx) if apply else value, idx))
             return For(r, _c(0), rows_here, "serial", seq(*lets, row))
 
@@ -331,11 +334,11 @@ def pack_b_at_run_time(b: Buffer, b_batch: tuple[int, ...], k: int, n: int, nr: 
     if bb * panels * k * nr < SERIAL_MAX_MADDS and isinstance(pack, For):
         pack = For(pack.var, pack.start, pack.extent, "serial", pack.body)
 
-    def read(oidx: tuple[PrimExpr, ...], p: PrimExpr, kk: PrimExpr, v: int) -> PrimExpr:
+    def read(oidx: tuple[PrimExpr, ...], p: PrimExpr, kk: PrimExpr, v: PrimExpr) -> PrimExpr:
         flat: PrimExpr = _c(0)
         for i, d in zip(broadcast_index(oidx, b_batch), b_batch):
             if d > 1:
                 flat = flat * d + as_expr(i, INDEX_DTYPE)
-        return ws[flat, p, kk, _c(v)]
+        return ws[flat, p, kk, v]
 
     return [Allocate(ws), pack], read
