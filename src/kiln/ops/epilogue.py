@@ -20,7 +20,7 @@ from kiln.ops import te
 from kiln.ops.conv_kernels import Epilogue
 
 
-class _Substitute(StmtExprMutator):
+class SubstituteLoad(StmtExprMutator):
     """Replaces every load of `buffer` by `value` (the accumulator being stored)."""
 
     def __init__(self, buffer: Buffer, value: PrimExpr) -> None:
@@ -66,7 +66,7 @@ def fused_store(params: Sequence[te.Tensor], anchor: te.Tensor | None,
         if result is None:
             return v
         expr = te.inline_expr(result, idx, mapping)
-        return _Substitute(value_buf, v).visit_expr(expr)
+        return SubstituteLoad(value_buf, v).visit_expr(expr)
 
     if result is not None:
         try:

@@ -57,7 +57,8 @@ from kiln.ir.tensor import (
 )
 from kiln.ir.types import TensorType
 from kiln.ops import te
-from kiln.ops.conv_direct import _Substitute, target_lanes
+from kiln.ops.conv_direct import target_lanes
+from kiln.ops.epilogue import SubstituteLoad
 from kiln.ops.registry import HandBuiltOp
 
 Attrs = Mapping[str, Any]
@@ -289,7 +290,8 @@ class RowOp(HandBuiltOp):
 
         def store(j: PrimExpr, v: PrimExpr) -> Stmt:
             if result is not None:
-                v = _Substitute(value_buf, v).visit_expr(te.inline_expr(result, index(j), mapping))
+                v = SubstituteLoad(value_buf, v).visit_expr(
+                    te.inline_expr(result, index(j), mapping))
             return Store(out, v, index(j))
 
         loops = RowLoops(n, min(target_lanes(), max(n, 1)))
@@ -401,7 +403,7 @@ class RowReduceOp(HandBuiltOp):
         v = self.post(total, count) if self.post else total
         v = v if v.dtype == F32 else Cast(F32, v)
         if result is not None:
-            v = _Substitute(value_buf, v).visit_expr(
+            v = SubstituteLoad(value_buf, v).visit_expr(
                 te.inline_expr(result, tuple(out_idx), mapping))
         body = seq(*stmts, Store(out, v, out_idx))
         return PrimFunc((*(buffers[t] for t in params), out), rows.around(row_vars, body),
