@@ -125,6 +125,7 @@ def _describe_mlf(path: str, files: dict[str, bytes]) -> dict[str, Any]:
         "weight_bytes": sum(len(d) for n, d in files.items()
                             if n.startswith("parameters/") and n.endswith(".params")),
         "external_dependencies": list(meta.get("external_dependencies") or []),
+        "profile_sites": 0,  # MLF's metadata.json does not list them
     }
 
 
