@@ -57,6 +57,8 @@ def test_run_profile_sums_to_the_whole_call(tmp_path: Path, backend: str) -> Non
     assert ran.returncode == 0, ran.stderr
     kernels, summed, whole = table(ran.stdout)
     assert list(kernels) == lowered_callees()
+    shown = run_kiln("inspect", "cnn.so", cwd=tmp_path)
+    assert f"profile:  {len(kernels) + 1} timer sites" in shown.stdout
     assert all(calls == 30 for calls, _ in kernels.values())
     assert summed == pytest.approx(sum(ms for _, ms in kernels.values()), abs=1e-3)
     assert 0.8 * whole <= summed <= 1.2 * whole, ran.stdout

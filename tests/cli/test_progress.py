@@ -29,11 +29,13 @@ def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return where
 
 
-def run_on_terminal(args: list[str], cwd: Path) -> tuple[int, bytes]:
-    """Exit code and everything `python -m kiln ARGS` wrote to its pseudo-terminal."""
+def run_on_terminal(args: list[str], cwd: Path, **env_vars: str) -> tuple[int, bytes]:
+    """Exit code and everything `python -m kiln ARGS` wrote to its pseudo-terminal
+    (the compile cache off unless `env_vars` say otherwise)."""
     main, side = pty.openpty()
     env = {**os.environ, "TERM": "xterm", "KILN_CACHE": "off",
-           "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])}
+           "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")]),
+           **env_vars}
     proc = subprocess.Popen([sys.executable, "-m", "kiln", *args], cwd=cwd, env=env,
                             stdin=side, stdout=side, stderr=side)
     os.close(side)
@@ -65,3 +67,32 @@ def test_no_progress_when_piped(model: Path, monkeypatch: pytest.MonkeyPatch) ->
     assert "compiling" not in done.stdout + done.stderr
     assert "\x1b[" not in done.stdout + done.stderr
     assert done.stderr == "" and done.stdout.startswith(f"compiled {BIG} for llvm")
+
+
+
+def test_the_line_waits_for_the_delay() -> None:
+    """CompileProgress on a pseudo-terminal: nothing when the work ends before the delay,
+    the line (then erased) when it runs past it."""
+    import time
+
+    from kiln.cli.progress import CompileProgress
+
+    def written(show_after: float, work: float) -> bytes:
+        main, side = pty.openpty()
+        os.set_blocking(main, False)
+        with open(side, "w", closefd=True) as terminal:
+            with CompileProgress("m.onnx", stream=terminal, show_after=show_after) as p:
+                assert p.enabled
+                p.stage("pass simplify")
+                time.sleep(work)
+            terminal.flush()
+            try:
+                return os.read(main, 65536)
+            except BlockingIOError:  # nothing was written
+                return b""
+            finally:
+                os.close(main)
+
+    assert written(show_after=30.0, work=0.0) == b""
+    shown = written(show_after=0.0, work=0.5)
+    assert b"compiling m.onnx: pass simplify (0 passes done)" in shown

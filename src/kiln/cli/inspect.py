@@ -125,6 +125,7 @@ def _describe_mlf(path: str, files: dict[str, bytes]) -> dict[str, Any]:
         "weight_bytes": sum(len(d) for n, d in files.items()
                             if n.startswith("parameters/") and n.endswith(".params")),
         "external_dependencies": list(meta.get("external_dependencies") or []),
+        "profile_sites": 0,  # MLF's metadata.json does not list them
     }
 
 
@@ -175,6 +176,7 @@ def describe(path: str) -> dict[str, Any]:
         "prefix": metadata.get("prefix"), "targets": targets, "functions": functions,
         "artifacts": rows, "weight_bytes": weight_bytes,
         "external_dependencies": list(metadata.get("external_dependencies") or []),
+        "profile_sites": len((metadata.get("profile") or {}).get("sites", [])),
     }
 
 
@@ -194,6 +196,8 @@ def as_text(info: dict[str, Any]) -> str:
         lines.append(f"  target:   {t['codegen']}" + (f": {t['triple']}" if t["triple"] else "")
                      + (f" cpu={t['cpu']}" if t["cpu"] else ""))
     lines.append(f"  weights:  {info['weight_bytes']} bytes")
+    if info.get("profile_sites"):
+        lines.append(f"  profile:  {info['profile_sites']} timer sites (kiln run --profile)")
     for d in info["external_dependencies"]:
         lines.append(f"  depends:  {d.get('short_name')} {d.get('version_spec', '')} "
                      f"({d.get('url_type')}: {d.get('url') or '-'})")
