@@ -295,3 +295,20 @@ def test_an_expanding_chain_is_not_fused_into_a_row_op() -> None:
     mod = get_pass("fuse-ops")(get_pass("fold-constants")(from_onnx(m.build())))
     called = [b.value.func for b in mod["main"].bindings if isinstance(b.value, g.CallTensor)]
     assert called == ["fused_broadcast_to_relu"]  # reduce_sum reads it materialized
+
+
+@pytest.mark.parametrize("target", ["llvm", "c"])
+def test_large_inputs_and_fully_masked_rows(target: str) -> None:
+    m = Model()
+    large = m.input("large", randn(3, 8, offset=1e4))  # log_softmax keeps x - max exact
+    m.output(m.op("LogSoftmax", large, axis=-1))
+    x = m.input("x", randn(3, 8))
+    keep = m.const(np.array([[True] * 8, [False] * 8, [True, False] * 4]))  # row 1: none
+    m.output(m.op("Softmax", m.op("Where", keep, x, m.const(np.array(-np.inf, np.float32))),
+                  axis=-1))
+    model = m.build()
+    want = reference(model, m.feeds)
+    got = kiln.compile(from_onnx(model), target)(*m.feeds.values())
+    for a, b in zip(got, want):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)  # NaN where ort has NaN
+    assert np.isnan(want[1][1]).all()

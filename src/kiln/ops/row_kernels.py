@@ -141,7 +141,8 @@ def exp_nonpositive(x: PrimExpr) -> PrimExpr:
     (the IR has no bit casts). Below -87 the result is 0 (float32's exp there is
     under 2^-126, irrelevant next to the row max's exp(0) = 1); NaN stays NaN."""
     f = lambda v: as_expr(v, F32)  # noqa: E731
-    clamped = max_(x, f(_EXP_FLOOR))
+    # into [-87, 0], NaN included (it must not reach the float -> int conversion)
+    clamped = select(compare("ge", x, f(_EXP_FLOOR)), min_(x, f(0.0)), f(_EXP_FLOOR))
     n = intrin("floor", clamped * f(_LOG2E) + f(0.5))
     r = clamped - n * f(_LN2_HI) - n * f(_LN2_LO)
     poly: PrimExpr = f(_EXP_POLY[0])
@@ -170,8 +171,9 @@ def softmax_row(loops: RowLoops, read: Reader, out_at: Callable[[PrimExpr], Any]
     if log:
         pass2 = loops.each(lambda j, lane: Store(
             s, s[lane] + exp_nonpositive(read(j) - mx), (lane,)))
-        shift, let_shift = _let("shift", mx + intrin("log", loops.combined(s, _add)))
-        pass3 = loops.each(lambda j, lane: store(j, read(j) - shift))
+        log_sum, let_shift = _let("log_sum", intrin("log", loops.combined(s, _add)))
+        # (x - max) first: max + log_sum would round away the low bits of large inputs
+        pass3 = loops.each(lambda j, lane: store(j, (read(j) - mx) - log_sum))
         return seq(*init_m, pass1, let_mx, *init_s, pass2, let_shift, pass3)
 
     def exp_and_sum(j: PrimExpr, lane: PrimExpr) -> Stmt:
