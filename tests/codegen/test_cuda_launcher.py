@@ -87,11 +87,11 @@ class InterpreterDriver:
         return (0,)
 
 
-@pytest.mark.parametrize("name", sorted(NETS))
+@pytest.mark.parametrize(("name", "host"), [("cnn", "llvm"), ("encoder", "llvm"), ("cnn", "c")])
 def test_host_code_launches_every_kernel_through_the_loader(
-        name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+        name: str, host: str, monkeypatch: pytest.MonkeyPatch) -> None:
     model, feeds = NETS[name]()
-    ex = kiln.compile(model, CUDA)
+    ex = kiln.compile(model, {**CUDA, "host": {"kind": host}})
     lib = ex.jit()
     (cuda,) = [m for m in lib.imports if isinstance(m, cuda_loader.CudaModule)]
     driver = InterpreterDriver(ex, cuda.table)
