@@ -137,3 +137,12 @@ def test_two_devices_of_one_kind_stay_distinct_through_export_load_and_mlf(
         names = tar.getnames()
     for key in keys:
         assert any(n.endswith(f"codegen/host/lib/{key}_kernels.o") for n in names), names
+
+
+def test_a_c_host_calls_kernels_compiled_by_llvm() -> None:
+    model, feeds = cnn()
+    ex = kiln.compile(model, {"kind": "composite", "devices": ["c", "llvm"], "host": "c"})
+    kinds = {target_of(fn).kind.name for name, fn in ex.ir.items() if name != "main"}
+    assert kinds == {"c", "llvm"}
+    np.testing.assert_allclose(ex(*feeds.values()), onnxruntime_outputs(model, feeds),
+                               rtol=1e-4, atol=1e-4)

@@ -50,7 +50,8 @@ def compile(
         target: a `kiln.target.Target` or anything `Target(...)` accepts; None
             takes the target of `with Target(...)`, else this machine's llvm.
             A function attribute "target" sets it per function; kiln compiles
-            one target per module and rejects a mix.
+            one target per module and rejects a mix, except for composite and GPU
+            targets, which split the module by that attribute (kiln/driver/split.py).
         graph_pipeline: passes for graph-level functions: "default" (the target
             kind's own, else kiln's), None (none), a pipeline name, a Pass, or a
             callable IRModule -> IRModule.
@@ -189,6 +190,7 @@ def _as_module(mod: Any) -> IRModule:
 def _pick_target(mod: IRModule, target: Any) -> Target:
     """The one target of this build (argument, function attributes or the context)."""
     from kiln.codegen.registry import resolve_target
+    from kiln.driver import split
 
     per_function: dict[str, Target] = {}
     for name, fn in mod.items():
@@ -204,7 +206,7 @@ def _pick_target(mod: IRModule, target: Any) -> Target:
     if target is not None:
         tgt = resolve_target(target)
         for name, t in per_function.items():
-            if t != tgt and not (tgt.kind.name == "composite" or "gpu" in tgt.keys):
+            if t != tgt and not split.is_split_target(tgt):
                 raise CompileError(
                     f"function '{name}' has target attribute {t} but kiln.compile was asked "
                     f"for {tgt}; remove the attribute or compile for its target")

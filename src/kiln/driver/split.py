@@ -112,7 +112,7 @@ def compile_split(mod: IRModule, target: Target, *, graph_pipeline: PipelineSpec
     with timed_step("constants"):
         pool = ConstantPool.from_module(mod)
     with timed_step("codegen"):
-        artifacts = _codegen(mod, groups, str(host), prefix, pool, metadata)
+        artifacts = _codegen(mod, groups, str(host), prefix, pool)
     return Executable(artifacts, mod, metadata, target, prefix, cache_hit=False, cache_key=None)
 
 
@@ -139,7 +139,7 @@ def _group(mod: IRModule) -> dict[str, tuple[Target, list[str]]]:
 
 
 def _codegen(mod: IRModule, groups: dict[str, tuple[Target, list[str]]], host_key: str,
-             prefix: str, pool: ConstantPool, metadata: dict[str, Any]) -> ArtifactSet:
+             prefix: str, pool: ConstantPool) -> ArtifactSet:
     from kiln.codegen.host import DEFAULT_HOST_CFLAGS, codegen_host
     from kiln.codegen.registry import build
 

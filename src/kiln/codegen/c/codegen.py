@@ -102,6 +102,7 @@ def emit_kernels(mod: IRModule, *, prefix: str, pool: ConstantPool) -> tuple[str
     for name, fn in funcs.items():
         printer = KernelPrinter(ctx, name, fn, reserved)
         if fn.attrs.get(ATTR_EXTERNAL):  # defined by another target's code (driver/split)
+            printer.declare_params()  # names the parameters of the prototype
             prototypes.append(printer.prototype())
             continue
         lines = printer.print()

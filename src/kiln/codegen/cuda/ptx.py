@@ -54,9 +54,9 @@ LIBDEVICE_ENV = "KILN_LIBDEVICE"
 
 def device_ptx(mod: Any, launches: Mapping[str, Any], *, prefix: str, arch: str,
                pool: Any) -> str:
-    """PTX for the per-thread functions `mod` (kiln.codegen.cuda.kernels) with one
-    `ptx_kernel` entry per launch, named `entry_symbol(prefix, name)`-style by
-    `kernel_entry`; math functions come from CUDA's libdevice (`libdevice_path`)."""
+    """PTX for the per-thread functions `mod` (kiln.codegen.cuda.kernels): one
+    `ptx_kernel` entry per launch, named `kernel_entry(prefix, name)`, passing
+    ctaid.x and tid.x; math functions come from CUDA's libdevice (`libdevice_path`)."""
     from llvmlite import ir
 
     from kiln.codegen.llvm.lower_to_llvm import LoweringOptions, lower_module
