@@ -53,6 +53,8 @@ def test_every_kernel_is_bound_and_most_threads_are_used(name: str) -> None:
     wide = [n for n, (grid, block) in shapes.items() if block == 256 and grid > 1]
     assert len(wide) >= 3, shapes
     assert sum(grid * block for grid, block in shapes.values()) > 10 * len(shapes)
+    if name == "cnn":  # one thread per output element of the first convolution
+        assert shapes["fused_conv2d_relu"] == (16 * 64 * 64 // 256, 256)
 
 
 def test_scheduled_ir_round_trips_through_the_dsl() -> None:

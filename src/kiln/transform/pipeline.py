@@ -104,15 +104,16 @@ def gpu_graph_pipeline() -> Sequential:
 
 
 def gpu_tensor_pipeline() -> Sequential:
-    """The default tensor pipeline, every independent loop marked whatever its work (a GPU
-    thread is cheap), then loops bound to blocks and threads (kiln.transform.gpu_schedule)."""
+    """Simplify, mark every independent loop whatever its work (a GPU thread is cheap),
+    then bind loops to blocks and threads (kiln.transform.gpu_schedule). Unlike the CPU
+    pipeline, reductions keep their output loops outermost: each output element is then
+    one thread's (a register accumulator), instead of a row of accumulators per thread."""
     from kiln.transform.gpu_schedule import BindGpuThreads
-    from kiln.transform.interchange_reductions import InterchangeReductions
     from kiln.transform.parallelize import Parallelize
     from kiln.transform.simplify import Simplify
 
-    return Sequential([Simplify(), InterchangeReductions(), Parallelize(min_work=1),
-                       BindGpuThreads()], name="tensor-gpu")
+    return Sequential([Simplify(), Parallelize(min_work=1), BindGpuThreads()],
+                      name="tensor-gpu")
 
 
 def _empty(level: str) -> Callable[[], Pass]:
