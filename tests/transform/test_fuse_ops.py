@@ -137,9 +137,13 @@ def test_a_tail_reading_a_value_twice_fuses_when_the_value_is_cheap() -> None:
 
 
 def test_an_anchor_read_twice_fuses_only_into_a_hand_written_kernel() -> None:
-    # a tensor-expression reduction would be recomputed per read: the tail stays apart
-    assert _kernels(FuseOps().run(_silu_after("reduce_sum", axes=(1,), keepdims=True))) \
+    # a tensor-expression reduction (over a leading axis: no row kernel) would be
+    # recomputed per read: the tail stays apart
+    assert _kernels(FuseOps().run(_silu_after("reduce_sum", axes=(0,), keepdims=True))) \
         == ["fused_sigmoid_multiply"]
+    # over the trailing axis the row kernel applies the tail to its total
+    assert _kernels(FuseOps().run(_silu_after("reduce_sum", axes=(1,), keepdims=True))) \
+        == ["fused_reduce_sum_sigmoid_multiply"]
     w = g.Constant(RNG.standard_normal((4, 5, 8)).astype("float32"), "w")  # packed panels
     mod = _silu_after("matmul_packed", w, n=30)
     fused = FuseOps().run(mod)

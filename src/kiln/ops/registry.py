@@ -65,6 +65,11 @@ class HandBuiltOp(OpDef):
     ask for with an elementwise chain around the op; its tensor-expression definition
     stays the fallback when the hand-built kernel does not apply."""
 
+    def builds(self, call: g.Call) -> bool:
+        """Whether the hand-built kernel applies to `call` (decided from its types and
+        attributes, without building it); `lower_fused` may still decline a fused chain."""
+        return True
+
     def legalize(self, call: g.Call) -> tuple[PrimFunc, str]:
         types = [_tensor_type(a.type) for a in call.args]
         inputs = [te.placeholder(_static(t), t.dtype, f"x{k}") for k, t in enumerate(types)]

@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kiln.errors import IRError
+from kiln.ir import graph as g
 from kiln.ir.dtype import INDEX_DTYPE
 from kiln.ir.tensor import (
     Allocate,
@@ -250,6 +251,13 @@ class RowOp(HandBuiltOp):
 
     fuses_producers = True
 
+    def builds(self, call: g.Call) -> bool:
+        t = call.args[0].type if call.args else None
+        if not (isinstance(t, TensorType) and t.dtype == F32 and t.shape):
+            return False
+        axis = call.attrs.get("axis", -1)
+        return isinstance(axis, int) and axis % len(t.shape) == len(t.shape) - 1
+
     def lower_fused(self, params: Sequence[te.Tensor], args: Sequence[te.Tensor], attrs: Attrs,
                     anchor: te.Tensor | None, result: te.Tensor | None,
                     name: str) -> PrimFunc | None:
@@ -358,6 +366,16 @@ class RowReduceOp(HandBuiltOp):
     axes_of: Callable[[Attrs, int], tuple[int, ...]] | None = None
 
     fuses_producers = True
+
+    def _trailing_axes(self, shape: Sequence[Any], attrs: Attrs) -> bool:
+        assert self.axes_of is not None
+        axes = self.axes_of(attrs, len(shape))
+        return bool(axes) and axes == tuple(range(len(shape) - len(axes), len(shape)))
+
+    def builds(self, call: g.Call) -> bool:
+        t = call.args[0].type if call.args else None
+        return (isinstance(t, TensorType) and t.dtype == F32 and 0 not in t.shape
+                and self._trailing_axes(t.shape, call.attrs))
 
     def lower_fused(self, params: Sequence[te.Tensor], args: Sequence[te.Tensor], attrs: Attrs,
                     anchor: te.Tensor | None, result: te.Tensor | None,

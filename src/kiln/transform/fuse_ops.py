@@ -132,13 +132,17 @@ def _extends(group: list[g.Binding], value: g.Expr) -> bool:
     assert isinstance(first.value, g.Call)
     calls = [b.value for b in group[1:] if isinstance(b.value, g.Call)] + [value]
     reads = sum(a is first.var for c in calls for a in c.args)
-    return reads <= 1 or _has_hand_kernel(first.value.op)
+    return reads <= 1 or _has_hand_kernel(first.value)
 
 
-def _has_hand_kernel(op: str) -> bool:
+def _has_hand_kernel(call: g.Call) -> bool:
+    """Whether `call`'s kernel is built by hand (it applies the tail to a value in
+    registers, however often the tail reads it)."""
     from kiln.ops import get_op
+    from kiln.ops.registry import HandBuiltOp
 
-    return getattr(get_op(op), "lower_fused", None) is not None
+    op = get_op(call.op)
+    return isinstance(op, HandBuiltOp) and op.builds(call)
 
 
 def _closed(group: list[g.Binding], uses: Counter[g.Var]) -> bool:
