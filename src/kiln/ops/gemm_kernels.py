@@ -48,7 +48,7 @@ from kiln.ir.tensor import (
 )
 from kiln.ir.visitor import iter_exprs
 from kiln.ops.broadcast import broadcast_index
-from kiln.ops.conv_kernels import Epilogue, _parallel_tiles, madd
+from kiln.ops.conv_kernels import Epilogue, _lanes, _parallel_tiles, madd
 
 # A tile's accumulators: at least 8 independent chains keep two FMA pipes with a
 # 4-cycle latency busy; more than 16 only grows the unrolled IR (compile time).
@@ -141,7 +141,7 @@ class GemmShape:
 
 
 # B's value at (the output's batch index, panel, k, lane within the panel)
-BReader = Callable[[tuple[PrimExpr, ...], PrimExpr, PrimExpr, int], PrimExpr]
+BReader = Callable[[tuple[PrimExpr, ...], PrimExpr, PrimExpr, PrimExpr], PrimExpr]
 
 
 def _prod(dims: Sequence[int]) -> int:
@@ -179,35 +179,33 @@ def _unflatten(flat: PrimExpr, dims: Sequence[int], name: str,
 
 
 def register_tile(mr: int, nr: int, k: int, a_rows: Sequence[Callable[[PrimExpr], PrimExpr]],
-                  b_row: Callable[[PrimExpr, int], PrimExpr], dtype: str,
+                  b_row: Callable[[PrimExpr, PrimExpr], PrimExpr], dtype: str,
                   fused: bool) -> tuple[Buffer, list[Stmt]]:
     """The micro-kernel: `acc[r, v] = sum over kk < k of a_rows[r](kk) * b_row(kk, v)`.
 
     Returns the `local` accumulator buffer `acc[mr][nr]` and the statements computing it.
-    Each step binds the `nr` B values (one contiguous panel row; `v` is the lane index)
-    and the `mr` A values once and writes the `mr * nr` multiply-adds out, at constant
-    accumulator indices: LLVM promotes `acc` to registers and packs each row's `nr`
-    multiply-adds into vector FMAs along `v`.
+    Each step binds the `mr` A values once (scalars, broadcast) and runs the lanes `v`
+    of the panel row as one `vectorized` loop: per lane, one B value and `mr`
+    multiply-adds into the accumulators, at constant rows and whole vectors only, so
+    LLVM keeps them in registers (the llvm backend emits the loop as vector
+    instructions: one statement per tile row instead of one per element).
     """
     acc = Buffer("acc", (mr, nr), dtype, "local")
     zero = as_expr(0.0, dtype)
-    stmts: list[Stmt] = [Allocate(acc)]
-    stmts += [Store(acc, zero, (_c(r), _c(v))) for r in range(mr) for v in range(nr)]
+    stmts: list[Stmt] = [Allocate(acc), _lanes("v", nr, lambda v: seq(*(
+        Store(acc, zero, (_c(r), v)) for r in range(mr))))]
 
     def step(kk: Var) -> Stmt:
-        body: list[Stmt] = []
-        bs, xs = [], []
-        for v in range(nr):
-            bv = Var(f"b{v}", dtype)
-            body.append(LetStmt(bv, b_row(kk, v)))
-            bs.append(bv)
-        for r in range(mr):
-            av = Var(f"a{r}", dtype)
-            body.append(LetStmt(av, a_rows[r](kk)))
-            xs.append(av)
-        body += [Store(acc, madd(acc[_c(r), _c(v)], xs[r], bs[v], fused), (_c(r), _c(v)))
-                 for r in range(mr) for v in range(nr)]
-        return seq(*body)
+        xs = [Var(f"a{r}", dtype) for r in range(mr)]
+        lets: list[Stmt] = [LetStmt(av, a_rows[r](kk)) for r, av in enumerate(xs)]
+
+        def lane(v: PrimExpr) -> Stmt:
+            bv = Var("b", dtype)
+            return seq(LetStmt(bv, b_row(kk, v)), *(
+                Store(acc, madd(acc[_c(r), v], xs[r], bv, fused), (_c(r), v))
+                for r in range(mr)))
+
+        return seq(*lets, _lanes("v", nr, lane))
 
     kk = Var("k", INDEX_DTYPE)
     stmts.append(For(kk, _c(0), _c(k), "serial", step(kk)))
@@ -246,11 +244,11 @@ def gemm_body(shape: GemmShape, tiling: GemmTiling, a: Buffer, b_at: BReader, ou
         a_rows = [(lambda kk, p=p: a[(*p, kk)]) for p in a_pre]
         acc, red = register_tile(mr, nr, shape.k, a_rows,
                                  lambda kk, v: b_at(bidx, panel, kk, v), acc_t, fused)
-        # Copied out at constant indices, the accumulators stay registers; the stores
-        # below loop over `stage` (contiguous along the output row: vectorized).
+        # Copied out at constant rows as whole vectors, the accumulators stay registers; the
+        # stores below loop over `stage` (contiguous along the output row).
         stage = Buffer("stage", (mr, nr), acc_t, "local")
-        copy = [Store(stage, acc[_c(r), _c(v)], (_c(r), _c(v)))
-                for r in range(mr) for v in range(nr)]
+        copy = _lanes("v", nr, lambda v: seq(*(Store(stage, acc[_c(r), v], (_c(r), v))
+                                                for r in range(mr))))
         n0 = panel * nr if panels > 1 else _c(0)
         width: PrimExpr = _c(nr) if n % nr == 0 else min_(nr, n - n0)
 
@@ -276,7 +274,7 @@ def gemm_body(shape: GemmShape, tiling: GemmTiling, a: Buffer, b_at: BReader, ou
             stores = [store_loops(False, False), store_loops(True, True)]
         else:
             stores = [store_loops(False, True)]
-        return seq(*head, *red, Allocate(stage), *copy, *stores)
+        return seq(*head, *red, Allocate(stage), copy, *stores)
 
     loop = _parallel_tiles((shape.batches, panels, mtiles), tile)
     if shape.madds < SERIAL_MAX_MADDS and isinstance(loop, For):
@@ -331,11 +329,11 @@ def pack_b_at_run_time(b: Buffer, b_batch: tuple[int, ...], k: int, n: int, nr: 
     if bb * panels * k * nr < SERIAL_MAX_MADDS and isinstance(pack, For):
         pack = For(pack.var, pack.start, pack.extent, "serial", pack.body)
 
-    def read(oidx: tuple[PrimExpr, ...], p: PrimExpr, kk: PrimExpr, v: int) -> PrimExpr:
+    def read(oidx: tuple[PrimExpr, ...], p: PrimExpr, kk: PrimExpr, v: PrimExpr) -> PrimExpr:
         flat: PrimExpr = _c(0)
         for i, d in zip(broadcast_index(oidx, b_batch), b_batch):
             if d > 1:
                 flat = flat * d + as_expr(i, INDEX_DTYPE)
-        return ws[flat, p, kk, _c(v)]
+        return ws[flat, p, kk, v]
 
     return [Allocate(ws), pack], read
