@@ -184,10 +184,11 @@ def register_tile(mr: int, nr: int, k: int, a_rows: Sequence[Callable[[PrimExpr]
     """The micro-kernel: `acc[r, v] = sum over kk < k of a_rows[r](kk) * b_row(kk, v)`.
 
     Returns the `local` accumulator buffer `acc[mr][nr]` and the statements computing it.
-    Each step binds the `mr` A values once and runs one `vectorized` loop over the panel
-    row's `nr` lanes: one B vector load and `mr` vector FMAs (the llvm backend emits the
-    loop as vector instructions, kiln.codegen.llvm.vector_loops). The accumulators are
-    touched only as whole rows at constant indices: LLVM keeps them in registers.
+    Each step binds the `mr` A values once (scalars, broadcast) and runs the lanes `v`
+    of the panel row as one `vectorized` loop: per lane, one B value and `mr`
+    multiply-adds into the accumulators, at constant rows and whole vectors only, so
+    LLVM keeps them in registers (the llvm backend emits the loop as vector
+    instructions: one statement per tile row instead of one per element).
     """
     acc = Buffer("acc", (mr, nr), dtype, "local")
     zero = as_expr(0.0, dtype)
@@ -195,20 +196,16 @@ def register_tile(mr: int, nr: int, k: int, a_rows: Sequence[Callable[[PrimExpr]
         Store(acc, zero, (_c(r), v)) for r in range(mr))))]
 
     def step(kk: Var) -> Stmt:
-        body: list[Stmt] = []
-        xs = []
-        for r in range(mr):
-            av = Var(f"a{r}", dtype)
-            body.append(LetStmt(av, a_rows[r](kk)))
-            xs.append(av)
+        xs = [Var(f"a{r}", dtype) for r in range(mr)]
+        lets: list[Stmt] = [LetStmt(av, a_rows[r](kk)) for r, av in enumerate(xs)]
 
-        def lanes(v: PrimExpr) -> Stmt:
+        def lane(v: PrimExpr) -> Stmt:
             bv = Var("b", dtype)
             return seq(LetStmt(bv, b_row(kk, v)), *(
                 Store(acc, madd(acc[_c(r), v], xs[r], bv, fused), (_c(r), v))
                 for r in range(mr)))
 
-        return seq(*body, lanes_loop("v", nr, lanes))
+        return seq(*lets, lanes_loop("v", nr, lane))
 
     kk = Var("k", INDEX_DTYPE)
     stmts.append(For(kk, _c(0), _c(k), "serial", step(kk)))
@@ -247,11 +244,11 @@ def gemm_body(shape: GemmShape, tiling: GemmTiling, a: Buffer, b_at: BReader, ou
         a_rows = [(lambda kk, p=p: a[(*p, kk)]) for p in a_pre]
         acc, red = register_tile(mr, nr, shape.k, a_rows,
                                  lambda kk, v: b_at(bidx, panel, kk, v), acc_t, fused)
-        # Copied out at constant indices, the accumulators stay registers; the stores
-        # below loop over `stage` (contiguous along the output row: vectorized).
+        # Copied out at constant rows as whole vectors, the accumulators stay registers; the
+        # stores below loop over `stage` (contiguous along the output row).
         stage = Buffer("stage", (mr, nr), acc_t, "local")
-        copy = [lanes_loop("v", nr, lambda v: seq(*(
-            Store(stage, acc[_c(r), v], (_c(r), v)) for r in range(mr))))]
+        copy = lanes_loop("v", nr, lambda v: seq(*(Store(stage, acc[_c(r), v], (_c(r), v))
+                                                for r in range(mr))))
         n0 = panel * nr if panels > 1 else _c(0)
         width: PrimExpr = _c(nr) if n % nr == 0 else min_(nr, n - n0)
 
@@ -279,7 +276,7 @@ def gemm_body(shape: GemmShape, tiling: GemmTiling, a: Buffer, b_at: BReader, ou
             stores = [store_loops(False, False), store_loops(True, True)]
         else:
             stores = [store_loops(False, True)]
-        return seq(*head, *red, Allocate(stage), *copy, *stores)
+        return seq(*head, *red, Allocate(stage), copy, *stores)
 
     loop = _parallel_tiles((shape.batches, panels, mtiles), tile)
     if shape.madds < SERIAL_MAX_MADDS and isinstance(loop, For):
