@@ -28,7 +28,7 @@ lint: $(STAMP)
 	$(VPY) -m mypy
 
 unit: $(STAMP)
-	$(VPY) -m pytest tests
+	$(VPY) -m pytest tests -n auto
 
 test: apt lint unit
 
