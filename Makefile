@@ -32,5 +32,10 @@ unit: $(STAMP)
 
 test: apt lint unit
 
+# The API reference, generated from the docstrings of the public names.
+.PHONY: docs
+docs: $(STAMP)
+	$(VPY) -m pdoc -o build/api kiln
+
 clean:
 	rm -rf $(VENV) build .pytest_cache .mypy_cache .ruff_cache

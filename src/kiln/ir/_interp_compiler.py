@@ -430,11 +430,13 @@ class _Compiler:
         op = e.op
         if op in ("min", "max"):
             fn = "min" if op == "min" else "max"
+            if dt.is_float(dtype):
+                fn = "_f" + fn  # a NaN operand gives NaN, as in the backends
             lo = hi = None
             if None not in (a.lo, a.hi, b.lo, b.hi):
                 pick = min if op == "min" else max
                 lo, hi = pick(a.lo, b.lo), pick(a.hi, b.hi)  # type: ignore[type-var]
-            # Python's min/max return the first operand on ties and when unordered.
+            # Python's min/max return the first operand on ties.
             return _V(f"{fn}({a.code}, {b.code})", lo, hi, depth)
         if dtype == "bool":
             return self.bool_binary(op, a, b, depth)

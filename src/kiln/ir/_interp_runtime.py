@@ -85,6 +85,16 @@ def _f2i(x: Any) -> int:
     return int(x)
 
 
+def _fmin(a: Any, b: Any) -> Any:
+    """min of two floats as the backends compute it: ties give the first, NaN wins."""
+    return a if (a <= b or a != a) else b
+
+
+def _fmax(a: Any, b: Any) -> Any:
+    """max of two floats as the backends compute it: ties give the first, NaN wins."""
+    return a if (a >= b or a != a) else b
+
+
 def _ffloordiv(a: Any, b: Any) -> Any:
     return np.floor(a / b)
 
@@ -173,8 +183,9 @@ def _base_namespace() -> dict[str, Any]:
     ns: dict[str, Any] = {
         "_check": _check,
         "_Fault": _Fault, "_tdiv": _tdiv, "_tmod": _tmod, "_ipow": _ipow, "_shl": _shl,
-        "_shr": _shr, "_sel": _sel, "_f2i": _f2i, "_ffloordiv": _ffloordiv,
-        "_ffloormod": _ffloormod, "_round16": _round16, "_round_bf16": _round_bf16,
+        "_shr": _shr, "_sel": _sel, "_f2i": _f2i, "_fmin": _fmin, "_fmax": _fmax,
+        "_ffloordiv": _ffloordiv, "_ffloormod": _ffloormod, "_round16": _round16,
+        "_round_bf16": _round_bf16,
         "_alloc": _alloc, "_view": _view, "_F32": np.float32, "_F64": np.float64,
         "_erf32": lambda x: np.float32(math.erf(x)), "_erf64": lambda x: np.float64(
             math.erf(x)),

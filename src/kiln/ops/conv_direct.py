@@ -254,12 +254,12 @@ class DirectConvOp(HandBuiltOp):
             tiling = ck.Tiling(cb=w.shape[5], tile_w=ck.choose_tiling(shape, lanes).tile_w)
             body = ck.blocked_conv_body(shape, xb, wb, out, tiling, epilogue, fused)
         elif self.name == ROWS:
-            body = ck.rows_conv_body(shape, xb, wb, out,
-                                     ck.rows_tile_width(shape.out_w, lanes), epilogue, fused)
+            body = ck.rows_conv_body(shape, xb, wb, out, ck.rows_tile_width(shape.out_w, lanes),
+                                     epilogue, fused, lanes)
         else:
             body = ck.depthwise_conv_body(shape, xb, wb, out,
                                           ck.depthwise_tile_width(shape, lanes), epilogue,
-                                          fused)
+                                          fused, lanes)
         return PrimFunc((*(buffers[t] for t in params), out), body,
                         {"kiln.conv_kernel": self.name})
 

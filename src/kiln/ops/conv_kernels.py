@@ -151,6 +151,13 @@ def _loop(name: str, extent: int, body: Callable[[Var], Stmt], kind: str = "seri
     return For(v, _c(start), _c(extent), kind, body(v))
 
 
+def _lanes(name: str, extent: int, body: Callable[[PrimExpr], Stmt]) -> Stmt:
+    """`for name in T.vectorized(extent)`: the lanes of a register tile. The llvm backend
+    emits such a loop as vector instructions (kiln.codegen.llvm.vector_loops), one per
+    statement, so a tile costs one IR statement per row instead of one per element."""
+    return _loop(name, extent, body, kind="vectorized") if extent > 1 else body(_c(0))
+
+
 def _nest(names: Sequence[str], extents: Sequence[int],
           body: Callable[..., Stmt], kind: str = "serial") -> Stmt:
     """A loop nest over `extents` (loops of extent 1 are left out)."""
@@ -228,14 +235,36 @@ def padded_input(x: Buffer, shape: ConvShape, phases: int = 1
         Allocate(xp), _nest(("n", "c"), (shape.n, shape.c_in), fill)]
 
 
-def _row_tiles(out_w: int, tile_w: int) -> list[tuple[int, int, int]]:
-    """(first tile start, number of full tiles, width) runs covering one output row."""
+def _row_tiles(out_w: int, tile_w: int, lanes: int) -> list[tuple[int, int, int]]:
+    """(first tile start, number of tiles, width) runs covering one output row: tiles of
+    `tile_w`, then what is left as whole vectors, then the last few columns. Widths that
+    are whole vectors fill the registers; any other width costs a partial register per
+    accumulator row."""
+    runs = []
     full = out_w // tile_w
-    runs = [(0, full, tile_w)] if full else []
-    rest = out_w - full * tile_w
+    if full:
+        runs.append((0, full, tile_w))
+    start = full * tile_w
+    rest = out_w - start
+    if rest >= lanes and rest % lanes:
+        runs.append((start, 1, rest // lanes * lanes))
+        start += rest // lanes * lanes
+        rest = out_w - start
     if rest:
-        runs.append((full * tile_w, 1, rest))
+        runs.append((start, 1, rest))
     return runs
+
+
+def _store_row(acc_t: str, width: int, value: Callable[[PrimExpr], PrimExpr],
+               index: Callable[[PrimExpr], tuple[PrimExpr, ...]], out: Buffer,
+               epilogue: Epilogue) -> list[Stmt]:
+    """Store `width` accumulators `value(j)` through the epilogue at `index(j)` (consecutive
+    in the output). They are copied to a stack row first: the accumulators themselves are
+    then only read as whole vectors and stay in registers, whatever the epilogue holds
+    (an epilogue the backend cannot vectorize reads the row one element at a time)."""
+    row = Buffer("row", (width,), acc_t, "local")
+    return [Allocate(row), _lanes("j", width, lambda j: Store(row, value(j), (j,))),
+            _lanes("j", width, lambda j: Store(out, epilogue(row[j], index(j)), index(j)))]
 
 
 # --------------------------------------------------------------------------- blocked
@@ -269,9 +298,8 @@ def blocked_conv_body(shape: ConvShape, x: Buffer, wp: Buffer, out: Buffer,
 
     def tile(n: PrimExpr, g: PrimExpr, ob: PrimExpr, t: PrimExpr) -> Stmt:
         acc = Buffer("acc", (tile_w, cb), acc_t, "local")
-        head: list[Stmt] = [Allocate(acc)]
-        head += [Store(acc, as_expr(0.0, acc_t), (_c(r), _c(v)))
-                 for r in range(tile_w) for v in range(cb)]
+        head: list[Stmt] = [Allocate(acc), _lanes("v", cb, lambda v: seq(*(
+            Store(acc, as_expr(0.0, acc_t), (_c(r), v)) for r in range(tile_w))))]
         rows: list[PrimExpr] = []
         cols: list[PrimExpr] = []
         for r in range(tile_w):
@@ -284,33 +312,30 @@ def blocked_conv_body(shape: ConvShape, x: Buffer, wp: Buffer, out: Buffer,
             cols.append(cv)
 
         def step_(ci: PrimExpr, kh: PrimExpr, kw: PrimExpr) -> Stmt:
-            # one load per input value and per weight, bound once: the multiply-adds
-            # below only name them (smaller IR, faster to compile)
+            # one load per input value, bound once; the weight row is one vector load
             stmts: list[Stmt] = []
-            xs, ws = [], []
+            xs = []
             for r in range(tile_w):
                 xv = Var(f"x{r}", acc_t)
                 stmts.append(LetStmt(xv, xp(n, g * cig + ci, rows[r] * sh + kh * dh, _c(0),
                                             cols[r] * sw + kw * dw)))
                 xs.append(xv)
-            for v in range(cb):
-                wv = Var(f"w{v}", acc_t)
-                stmts.append(LetStmt(wv, wp[g, ob, ci, kh, kw, _c(v)]))
-                ws.append(wv)
-            for r in range(tile_w):
-                for v in range(cb):
-                    stmts.append(Store(acc, madd(acc[_c(r), _c(v)], xs[r], ws[v], fused),
-                                       (_c(r), _c(v))))
-            return seq(*stmts)
+
+            def lanes(v: PrimExpr) -> Stmt:
+                wv = Var("w", acc_t)
+                return seq(LetStmt(wv, wp[g, ob, ci, kh, kw, v]), *(
+                    Store(acc, madd(acc[_c(r), v], xs[r], wv, fused), (_c(r), v))
+                    for r in range(tile_w)))
+
+            return seq(*stmts, _lanes("v", cb, lanes))
 
         red = _nest(("ci", "kh", "kw"), (cig, shape.kh, shape.kw), step_)
-        # The accumulators are read at constant indices only, so LLVM keeps them in
-        # registers; copying them out row by row into `stage` gives its SLP vectorizer
-        # stores contiguous along output channels to start from, and it then vectorizes
-        # the whole tile that way. The epilogue loop reads `stage`.
+        # The accumulators are read at constant rows and whole vectors only, so LLVM keeps
+        # them in registers; they are copied to `stage`, which the epilogue loop reads
+        # one output channel at a time.
         stage = Buffer("stage", (tile_w, cb), acc_t, "local")
-        copy = [Store(stage, acc[_c(r), _c(v)], (_c(r), _c(v)))
-                for r in range(tile_w) for v in range(cb)]
+        copy = _lanes("v", cb, lambda v: seq(*(
+            Store(stage, acc[_c(r), v], (_c(r), v)) for r in range(tile_w))))
 
         def emit(v: Var) -> Stmt:
             oc_local = ob * cb + v
@@ -325,7 +350,7 @@ def blocked_conv_body(shape: ConvShape, x: Buffer, wp: Buffer, out: Buffer,
             body = seq(*stores)
             return IfThenElse(oc_local < cog, body) if cog % cb else body
 
-        return seq(*head, Allocate(stage), red, *copy, _loop("v", cb, emit))
+        return seq(*head, Allocate(stage), red, copy, _loop("v", cb, emit))
 
     return seq(*prologue, _parallel_tiles((shape.n, shape.groups, blocks, step), tile))
 
@@ -333,25 +358,35 @@ def blocked_conv_body(shape: ConvShape, x: Buffer, wp: Buffer, out: Buffer,
 def _parallel_tiles(extents: Sequence[int], body: Callable[..., Stmt]) -> Stmt:
     """`for i0, i1, ...` in `extents` as one loop over the flattened index, marked
     `parallel` (the backends split it evenly over threads; its iterations write disjoint
-    output tiles, which the `parallelize` pass cannot see through the div/mod)."""
+    output tiles, which the `parallelize` pass cannot see through the div/mod). Each index
+    is computed once per tile and bound to a variable (the tile reads them many times)."""
     total = 1
     for e in extents:
         total *= e
     t = Var("tile", INDEX_DTYPE)
-    idx: list[PrimExpr] = []
+    values: list[PrimExpr] = []
     rest: PrimExpr = t
     for k in range(len(extents) - 1, -1, -1):
         e = extents[k]
         if e == 1:
-            idx.append(_c(0))
+            values.append(_c(0))
         elif k == 0:
-            idx.append(rest)
+            values.append(rest)
         else:
-            idx.append(rest % e)
+            values.append(rest % e)
             rest = rest // e
-    idx.reverse()
+    values.reverse()
+    idx: list[PrimExpr] = []
+    lets: list[Stmt] = []
+    for k, v in enumerate(values):
+        if isinstance(v, (Const, Var)):
+            idx.append(v)
+        else:
+            var = Var(f"i{k}", INDEX_DTYPE)
+            lets.append(LetStmt(var, v))
+            idx.append(var)
     kind = "parallel" if total > 1 else "serial"
-    return For(t, _c(0), _c(total), kind, body(*idx))
+    return For(t, _c(0), _c(total), kind, seq(*lets, body(*idx)))
 
 
 def _tiles_loop(n: int, groups: int, blocks: int, rows: int,
@@ -370,7 +405,7 @@ def depthwise_tile_width(shape: ConvShape, lanes: int) -> int:
 
 
 def depthwise_conv_body(shape: ConvShape, x: Buffer, w: Buffer, out: Buffer, tile_w: int,
-                        epilogue: Epilogue, fused: bool = True) -> Stmt:
+                        epilogue: Epilogue, fused: bool, lanes: int) -> Stmt:
     """The loop nest of a depthwise convolution (`groups == c_in == c_out`); `w` is the
     OIHW weight (C, 1, kh, kw)."""
     if not shape.depthwise:
@@ -383,26 +418,26 @@ def depthwise_conv_body(shape: ConvShape, x: Buffer, w: Buffer, out: Buffer, til
 
     def tile(n: PrimExpr, c: PrimExpr, oh: PrimExpr, ow0: PrimExpr, width: int) -> Stmt:
         acc = Buffer("acc", (width,), acc_t, "local")
-        zero = [Store(acc, as_expr(0.0, acc_t), (_c(r),)) for r in range(width)]
+        zero = _lanes("r", width, lambda r: Store(acc, as_expr(0.0, acc_t), (r,)))
 
         def step(kh: PrimExpr, kw: PrimExpr) -> Stmt:
-            wv = w[c, _c(0), kh, kw]
+            wv = Var("w", acc_t)
             row = oh * sh + kh * dh
             # column (ow0 + r) * sw + kw * dw lies in phase (kw * dw) % sw at
             # ow0 + r + (kw * dw) // sw: consecutive in r whatever the stride
             tap = kw * dw
             phase, shift = (tap % sw, tap // sw) if sw > 1 else (_c(0), tap)
-            return seq(*(Store(acc, madd(acc[_c(r)], xp(n, c, row, phase, ow0 + r + shift),
-                                         wv, fused), (_c(r),)) for r in range(width)))
+            return seq(LetStmt(wv, w[c, _c(0), kh, kw]), _lanes("r", width, lambda r: Store(
+                acc, madd(acc[r], xp(n, c, row, phase, ow0 + r + shift), wv, fused), (r,))))
 
         red = _nest(("kh", "kw"), (shape.kh, shape.kw), step)
-        stores = [Store(out, epilogue(acc[_c(r)], (n, c, oh, ow0 + r)), (n, c, oh, ow0 + r))
-                  for r in range(width)]
-        return seq(Allocate(acc), *zero, red, *stores)
+        return seq(Allocate(acc), zero, red,
+                   *_store_row(acc_t, width, lambda r: acc[r], lambda r: (n, c, oh, ow0 + r),
+                               out, epilogue))
 
     def row(n: PrimExpr, c: PrimExpr, _ob: PrimExpr, oh: PrimExpr) -> Stmt:
         parts: list[Stmt] = []
-        for start, count, width in _row_tiles(ow_n, tile_w):
+        for start, count, width in _row_tiles(ow_n, tile_w, lanes):
             if count == 1:
                 parts.append(tile(n, c, oh, _c(start), width))
             else:
@@ -438,19 +473,16 @@ def unpack_rows_weight(wp: np.ndarray, c_out: int) -> np.ndarray:
 
 
 def rows_tile_width(width: int, lanes: int) -> int:
-    """Output columns per row tile: up to two vectors, preferring a divisor of the row
-    of at least one vector (112 -> 28 at 16 lanes): then every tile has one shape and
-    the kernel holds one copy of the tile's code instead of two (compile time)."""
-    if width <= 2 * lanes:
-        return width
-    for w in range(2 * lanes, lanes - 1, -1):
-        if width % w == 0:
-            return w
-    return 2 * lanes
+    """Output columns per row tile: two vectors (12 accumulators for 6 rows fit AVX2's 16
+    registers with an input vector pair and a broadcast weight), one for narrower rows,
+    the whole row when it is narrower than a vector."""
+    if width >= 2 * lanes:
+        return 2 * lanes
+    return lanes if width >= lanes else width
 
 
 def rows_conv_body(shape: ConvShape, x: Buffer, wp: Buffer, out: Buffer, tile_w: int,
-                   epilogue: Epilogue, fused: bool = True) -> Stmt:
+                   epilogue: Epilogue, fused: bool, lanes: int) -> Stmt:
     """An ungrouped convolution tiled along output rows: a tile is `rows` output
     channels x `tile_w` consecutive columns of one output row, vectors along the
     columns (contiguous in the input, split by stride phase as in the depthwise kernel,
@@ -468,47 +500,53 @@ def rows_conv_body(shape: ConvShape, x: Buffer, wp: Buffer, out: Buffer, tile_w:
 
     def tile(n: PrimExpr, ob: PrimExpr, oh: PrimExpr, ow0: PrimExpr, width: int) -> Stmt:
         acc = Buffer("acc", (rows, width), acc_t, "local")
-        head: list[Stmt] = [Allocate(acc)]
-        head += [Store(acc, as_expr(0.0, acc_t), (_c(r), _c(j)))
-                 for r in range(rows) for j in range(width)]
+        head: list[Stmt] = [Allocate(acc), _lanes("j", width, lambda j: seq(*(
+            Store(acc, as_expr(0.0, acc_t), (_c(r), j)) for r in range(rows))))]
 
         def step(ci: PrimExpr, kh: PrimExpr, kw: PrimExpr) -> Stmt:
             tap = kw * dw
             phase, shift = (tap % sw, tap // sw) if sw > 1 else (_c(0), tap)
             stmts: list[Stmt] = []
-            xs, ws = [], []
-            for j in range(width):
-                xv = Var(f"x{j}", acc_t)
-                stmts.append(LetStmt(xv, xp(n, ci, oh * sh + kh * dh, phase, ow0 + j + shift)))
-                xs.append(xv)
+            ws = []
             for r in range(rows):
                 wv = Var(f"w{r}", acc_t)
                 stmts.append(LetStmt(wv, wp[ob, ci, kh, kw, _c(r)]))
                 ws.append(wv)
-            stmts += [Store(acc, madd(acc[_c(r), _c(j)], xs[j], ws[r], fused), (_c(r), _c(j)))
-                      for r in range(rows) for j in range(width)]
-            return seq(*stmts)
+
+            def lanes(j: PrimExpr) -> Stmt:
+                xv = Var("x", acc_t)
+                return seq(LetStmt(xv, xp(n, ci, oh * sh + kh * dh, phase, ow0 + j + shift)),
+                           *(Store(acc, madd(acc[_c(r), j], xv, ws[r], fused), (_c(r), j))
+                             for r in range(rows)))
+
+            return seq(*stmts, _lanes("j", width, lanes))
 
         body: list[Stmt] = [*head, _nest(("ci", "kh", "kw"), (ci_n, shape.kh, shape.kw), step)]
         for r in range(rows):
             co = ob * rows + r
-            stores = seq(*(Store(out, epilogue(acc[_c(r), _c(j)], (n, co, oh, ow0 + j)),
-                                 (n, co, oh, ow0 + j)) for j in range(width)))
+            def value(j: PrimExpr, r: int = r) -> PrimExpr:
+                return acc[_c(r), j]
+
+            def index(j: PrimExpr, co: PrimExpr = co) -> tuple[PrimExpr, ...]:
+                return (n, co, oh, ow0 + j)
+
+            stores = seq(*_store_row(acc_t, width, value, index, out, epilogue))
             if shape.c_out % rows and r >= shape.c_out % rows:
                 stores = IfThenElse(co < shape.c_out, stores)
             body.append(stores)
         return seq(*body)
 
-    runs = _row_tiles(shape.out_w, tile_w)
+    runs = _row_tiles(shape.out_w, tile_w, lanes)
     per_row = sum(count for _, count, _ in runs)
 
     def run(n: PrimExpr, ob: PrimExpr, oh: PrimExpr, t: PrimExpr) -> Stmt:
-        # tile t of the row: the full tiles first, then the remainder
+        # tile t of the row: the full tiles first, then the remainders
         start, count, width = runs[0]
-        main = tile(n, ob, oh, t * width + start if count > 1 else _c(start), width)
-        if len(runs) == 1:
-            return main
-        rs, _, rw = runs[1]
-        return IfThenElse(t < count, main, tile(n, ob, oh, _c(rs), rw))
+        stmt = tile(n, ob, oh, t * width + start if count > 1 else _c(start), width)
+        first = count
+        for rs, _, rw in runs[1:]:
+            stmt = IfThenElse(t < first, stmt, tile(n, ob, oh, _c(rs), rw))
+            first += 1
+        return stmt
 
     return seq(*prologue, _parallel_tiles((shape.n, blocks, shape.out_h, per_row), run))

@@ -114,9 +114,20 @@ def _safe_divisor(b: ir.IRBuilder, dtype: str, y: ir.Value) -> tuple[ir.Value, i
     return b.select(bad, _one(ty), y), is_zero
 
 
+def _const_divisor(y: ir.Value) -> int | None:
+    """The value of a constant integer divisor other than 0 and -1 (the two that need the
+    guards below), else None. Index arithmetic divides by constants: emitting the guards
+    there only makes LLVM fold them away again."""
+    if isinstance(y, ir.Constant) and isinstance(y.constant, int) and y.constant not in (0, -1):
+        return int(y.constant)
+    return None
+
+
 def _div(cx: MathContext, b: ir.IRBuilder, dtype: str, x: ir.Value, y: ir.Value) -> ir.Value:
     if dt.is_float(dtype):
         return b.fdiv(x, y, flags=cx.fastmath)
+    if _const_divisor(y) is not None:
+        return b.udiv(x, y) if dt.kind(dtype) == "uint" else b.sdiv(x, y)
     ty = x.type
     d, is_zero = _safe_divisor(b, dtype, y)
     if dt.kind(dtype) == "uint":
@@ -130,6 +141,8 @@ def _div(cx: MathContext, b: ir.IRBuilder, dtype: str, x: ir.Value, y: ir.Value)
 def _mod(cx: MathContext, b: ir.IRBuilder, dtype: str, x: ir.Value, y: ir.Value) -> ir.Value:
     if dt.is_float(dtype):
         return b.frem(x, y, flags=cx.fastmath)
+    if _const_divisor(y) is not None:
+        return b.urem(x, y) if dt.kind(dtype) == "uint" else b.srem(x, y)
     d, is_zero = _safe_divisor(b, dtype, y)
     r = b.urem(x, d) if dt.kind(dtype) == "uint" else b.srem(x, d)  # x % -1 == x % 1 == 0
     return b.select(is_zero, _zero(x.type), r)
@@ -148,6 +161,11 @@ def _floordiv(cx: MathContext, b: ir.IRBuilder, dtype: str, x: ir.Value, y: ir.V
     ty = x.type
     q = _div(cx, b, dtype, x, y)
     r = _mod(cx, b, dtype, x, y)
+    c = _const_divisor(y)
+    if c is not None:  # round toward -inf: the remainder's sign must be the divisor's
+        wrong = (b.icmp_signed("<", r, _zero(ty)) if c > 0
+                 else b.icmp_signed(">", r, _zero(ty)))
+        return b.sub(q, b.zext(wrong, ty))
     # Round toward -inf: step down when the remainder is non-zero and signs differ.
     differ = b.xor(b.icmp_signed("<", r, _zero(ty)), b.icmp_signed("<", y, _zero(ty)))
     step = b.and_(b.icmp_signed("!=", r, _zero(ty)), differ)
@@ -163,6 +181,11 @@ def _floormod(cx: MathContext, b: ir.IRBuilder, dtype: str, x: ir.Value, y: ir.V
         return _mod(cx, b, dtype, x, y)
     ty = x.type
     r = _mod(cx, b, dtype, x, y)
+    c = _const_divisor(y)
+    if c is not None:
+        wrong = (b.icmp_signed("<", r, _zero(ty)) if c > 0
+                 else b.icmp_signed(">", r, _zero(ty)))
+        return b.select(wrong, b.add(r, y), r)
     differ = b.xor(b.icmp_signed("<", r, _zero(ty)), b.icmp_signed("<", y, _zero(ty)))
     fix = b.and_(b.icmp_signed("!=", r, _zero(ty)), differ)
     return b.select(fix, b.add(r, y), r)

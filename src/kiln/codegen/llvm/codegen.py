@@ -59,10 +59,15 @@ def compile_module(mod: IRModule, target: Any, *, prefix: str, pool: ConstantPoo
         hidden=not jit, pointer_bits=_pointer_bits(data_layout), fast_math=config.fast_math,
         native_roundeven=config.native_roundeven, sext_int32=config.sext_int32,
         function_attrs=config.function_attrs(), serial_parallel_for=jit)
-    lowered = lower_module(mod, pool, options)
-    llvm_mod = parse_and_verify(str(lowered.module))
-    optimize(llvm_mod, tm, config.opt_level)
-    llvm_mod.verify()
+    from kiln.transform.instruments import timed_step
+
+    with timed_step("codegen.lower"):
+        lowered = lower_module(mod, pool, options)
+    with timed_step("codegen.parse"):
+        llvm_mod = parse_and_verify(str(lowered.module))
+    with timed_step("codegen.optimize"):
+        optimize(llvm_mod, tm, config.opt_level)
+        llvm_mod.verify()
     return CompiledModule(llvm_mod, tm, config, lowered)
 
 

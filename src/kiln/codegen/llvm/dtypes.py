@@ -63,7 +63,9 @@ def compute_type(dtype: str) -> ir.Type:
 
 
 def float_suffix(ty: ir.Type) -> str:
-    """LLVM's overload suffix of a float type ("f32"/"f64")."""
+    """LLVM's overload suffix of a float type or vector of floats ("f32", "v8f32")."""
+    if isinstance(ty, ir.VectorType):
+        return f"v{ty.count}{float_suffix(ty.element)}"
     return "f32" if ty == F32 else "f64"
 
 
