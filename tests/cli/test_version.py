@@ -18,4 +18,8 @@ def test_pyproject_reads_the_version_from_the_package() -> None:
 
 
 def test_installed_metadata_agrees() -> None:
-    assert metadata.version("kiln") == kiln.__version__
+    """The installed distribution (named in pyproject: `kiln` is taken on the package
+    index) reports the package's version."""
+    name = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["name"]
+    assert name == "kiln-tensor"
+    assert metadata.version(name) == kiln.__version__
