@@ -30,6 +30,7 @@ from typing import Any
 from kiln.ir import graph as g
 from kiln.ir.module import IRModule
 from kiln.ir.types import TensorType
+from kiln.transform.functor import rewrite_calls
 from kiln.transform.pass_base import FunctionPass
 
 # Below this many multiply-adds per output the row-tiled kernel beat the blocked one
@@ -53,18 +54,7 @@ class BlockConvolutions(FunctionPass):
     def run_on_function(self, func: Any, name: str, mod: IRModule) -> g.Function:
         assert isinstance(func, g.Function)
         lanes = self.lanes or _target_lanes()
-        changed = False
-        bindings: list[g.Binding] = []
-        for b in func.bindings:
-            new = _rewrite(b.value, lanes) if isinstance(b.value, g.Call) else None
-            if new is not None:
-                changed = True
-                bindings.append(g.Binding(b.var, new))
-            else:
-                bindings.append(b)
-        if not changed:
-            return func
-        return g.Function(func.params, tuple(bindings), func.result, dict(func.attrs))
+        return rewrite_calls(func, lambda call: _rewrite(call, lanes))
 
 
 def _target_lanes() -> int:

@@ -8,7 +8,7 @@ lives in `kiln.ir.visitor`.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from kiln.ir import graph as g
 from kiln.ir import tensor as t
@@ -44,3 +44,20 @@ def called_functions(fn: g.Function | t.PrimFunc) -> set[str]:
     if isinstance(fn, g.Function):
         return {e.func for e in function_exprs(fn) if isinstance(e, g.CallTensor)}
     return {s.func for s in visitor.iter_stmts(fn.body) if isinstance(s, t.CallFunc)}
+
+
+def rewrite_calls(fn: g.Function, rewrite: Callable[[g.Call], g.Expr | None]) -> g.Function:
+    """`fn` with each binding whose value is an operator call replaced by `rewrite(call)`
+    when that is not None (the same object when nothing changed)."""
+    bindings: list[g.Binding] = []
+    changed = False
+    for b in fn.bindings:
+        new = rewrite(b.value) if isinstance(b.value, g.Call) else None
+        if new is None:
+            bindings.append(b)
+        else:
+            bindings.append(g.Binding(b.var, new))
+            changed = True
+    if not changed:
+        return fn
+    return g.Function(fn.params, tuple(bindings), fn.result, dict(fn.attrs))

@@ -25,6 +25,7 @@ from typing import Any
 from kiln.ir import graph as g
 from kiln.ir.module import IRModule
 from kiln.ir.types import TensorType
+from kiln.transform.functor import rewrite_calls
 from kiln.transform.pass_base import FunctionPass
 
 
@@ -37,18 +38,7 @@ class BlockMatmuls(FunctionPass):
 
     def run_on_function(self, func: Any, name: str, mod: IRModule) -> g.Function:
         assert isinstance(func, g.Function)
-        changed = False
-        bindings: list[g.Binding] = []
-        for b in func.bindings:
-            new = _rewrite(b.value) if isinstance(b.value, g.Call) else None
-            if new is not None:
-                changed = True
-                bindings.append(g.Binding(b.var, new))
-            else:
-                bindings.append(b)
-        if not changed:
-            return func
-        return g.Function(func.params, tuple(bindings), func.result, dict(func.attrs))
+        return rewrite_calls(func, _rewrite)
 
 
 def _static_f32(t: Any) -> bool:

@@ -13,6 +13,7 @@ from typing import Any
 from kiln.ir import graph as g
 from kiln.ir.module import IRModule
 from kiln.ir.types import TensorType
+from kiln.transform.functor import rewrite_calls
 from kiln.transform.pass_base import FunctionPass
 
 
@@ -39,20 +40,17 @@ class UseCBLAS(FunctionPass):
         assert isinstance(func, g.Function)
         if not (self.force or target_wants_cblas()):
             return func
-        bindings, changed = [], False
-        for b in func.bindings:
-            v = b.value
-            if isinstance(v, g.Call) and v.op == "matmul" and len(v.args) == 2:
-                at, bt = v.args[0].type, v.args[1].type
-                if isinstance(at, TensorType) and isinstance(bt, TensorType) and \
-                        cblas.supports(at, bt, v.attrs):
-                    bindings.append(g.Binding(b.var, op_call(cblas.NAME, *v.args, **v.attrs)))
-                    changed = True
-                    continue
-            bindings.append(b)
-        if not changed:
-            return func
-        return g.Function(func.params, tuple(bindings), func.result, dict(func.attrs))
+
+        def rewrite(v: g.Call) -> g.Expr | None:
+            if v.op != "matmul" or len(v.args) != 2:
+                return None
+            at, bt = v.args[0].type, v.args[1].type
+            if isinstance(at, TensorType) and isinstance(bt, TensorType) and \
+                    cblas.supports(at, bt, v.attrs):
+                return op_call(cblas.NAME, *v.args, **v.attrs)
+            return None
+
+        return rewrite_calls(func, rewrite)
 
 
 __all__ = ["UseCBLAS"]
