@@ -7,6 +7,8 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
+import onnx
+import onnxruntime as ort
 
 
 def assert_close(got: Sequence[np.ndarray], want: Sequence[np.ndarray],
@@ -17,3 +19,16 @@ def assert_close(got: Sequence[np.ndarray], want: Sequence[np.ndarray],
         assert a.shape == b.shape, (k, cases[k])
         err = np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30)
         assert err < tol, (k, cases[k], err)
+
+
+def random_feeds(model: onnx.ModelProto, rng: np.random.Generator) -> dict[str, np.ndarray]:
+    """A float32 standard-normal array for every (static-shape) graph input."""
+    return {v.name: rng.standard_normal([d.dim_value for d in v.type.tensor_type.shape.dim])
+            .astype(np.float32) for v in model.graph.input}
+
+
+def onnxruntime_outputs(model: onnx.ModelProto, feeds: dict[str, np.ndarray]
+                        ) -> list[np.ndarray]:
+    """The model's outputs on `feeds` from onnxruntime's CPU provider (the reference)."""
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    return list(sess.run(None, feeds))

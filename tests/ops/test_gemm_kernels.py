@@ -124,14 +124,12 @@ def build_model() -> onnx.ModelProto:
 
 
 MODEL = build_model()
-FEEDS = {v.name: RNG.standard_normal([d.dim_value for d in v.type.tensor_type.shape.dim])
-         .astype(np.float32) for v in MODEL.graph.input}
+FEEDS = kernel_checks.random_feeds(MODEL, RNG)
 
 
 @pytest.fixture(scope="module")
 def reference() -> list[np.ndarray]:
-    sess = ort.InferenceSession(MODEL.SerializeToString(), providers=["CPUExecutionProvider"])
-    return list(sess.run(None, FEEDS))
+    return kernel_checks.onnxruntime_outputs(MODEL, FEEDS)
 
 
 def assert_close(got: list[np.ndarray], want: list[np.ndarray]) -> None:
