@@ -87,7 +87,7 @@ def constant_offset(buf: Buffer, a: tuple[PrimExpr, ...], b: tuple[PrimExpr, ...
     strides = _row_major_strides(buf)
     diff = 0
     for k, (x, y) in enumerate(zip(a, b)):
-        if x is y or (isinstance(x, Var) and x == y):
+        if x is y:
             continue
         if isinstance(x, Const) and isinstance(y, Const):
             if strides is None and k != len(a) - 1:

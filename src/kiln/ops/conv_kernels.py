@@ -10,7 +10,9 @@ LLVM keeps a register tile of accumulators and vectorizes it:
   of accumulators; for every `(ci, kh, kw)` each of the `tile_w` input values is
   broadcast and multiplied with one contiguous `cb`-wide weight row
   (onnxruntime's NCHWc convolution and TVM's `conv2d_NCHWc` work this way). The
-  tile's statements are fully unrolled, so the accumulators become registers.
+  channel lanes are a `vectorized` loop (`lanes_loop`), emitted as vector
+  instructions; the accumulators are only touched as whole vectors at constant
+  rows, so they become registers.
 - **depthwise convolution** (`depthwise_conv_body`): one channel per group; the
   tile runs along the output row (`tile_w` columns), the `kh * kw` weights are
   scalars broadcast over it.
@@ -276,11 +278,10 @@ def blocked_conv_body(shape: ConvShape, x: Buffer, wp: Buffer, out: Buffer,
 
     A tile holds `tile_w` output positions of the flattened (oh, ow) plane spaced
     `step = ceil(positions / tile_w)` apart: tile `t` takes `t, t + step, ...`.
-    Spacing them keeps neighbouring tile positions apart in memory, so LLVM's SLP
-    vectorizer packs the accumulators along output channels (one weight row times
-    one broadcast input) instead of along positions, which would need a broadcast
-    per weight. Positions past the end (the last tiles' last slots) read the last
-    position and store nothing, so one tile shape covers every image."""
+    (The spacing dates from scalar tiles, where it steered LLVM's SLP vectorizer to
+    pack along output channels; the vectors now run along channels explicitly.)
+    Positions past the end (the last tiles' last slots) read the last position and
+    store nothing, so one tile shape covers every image."""
     cb, tile_w = tiling.cb, tiling.tile_w
     cig, cog = shape.ci_group, shape.co_group
     blocks = -(-cog // cb)
