@@ -86,7 +86,10 @@ def test_every_node_class_has_a_handler(name: str, handled: Callable[[], Iterabl
     assert not missing, f"{name} has no handler for {missing}"
 
 
-@pytest.mark.parametrize("cls", sorted(STMTS | EXPRS | GRAPH_EXPRS, key=lambda c: c.__name__),
+# Sorted by module and name: graph.Var and tensor.Var share a name, and every
+# pytest-xdist worker must collect the same tests in the same order.
+@pytest.mark.parametrize("cls", sorted(STMTS | EXPRS | GRAPH_EXPRS,
+                                       key=lambda c: (c.__module__, c.__name__)),
                          ids=lambda c: f"{c.__module__.rsplit('.', 1)[-1]}.{c.__name__}")
 def test_every_ir_field_is_a_child_or_a_plain_attribute(cls: type) -> None:
     """The walkers' derived child fields cover every field holding IR: a field left out
