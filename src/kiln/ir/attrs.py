@@ -14,6 +14,12 @@ from typing import Final
 ATTR_GIVEN_OUTPUT_NAMES: Final = "output_names"  # names of the results, in order
 ATTR_TARGET: Final = "target"                    # compile this function for this target
 
+# Set by the ONNX importer (or the user) on a graph function with symbolic dimensions,
+# and kept on the PrimFunc it lowers to: one `(name, min, max)` triple per dimension
+# variable (kiln.ir.shape_expr), sorted by name; `max` is None when unbounded. The
+# packed entry checks every bound before any kernel runs (docs/dynamic-shapes.md).
+ATTR_DIM_BOUNDS: Final = "kiln.dim_bounds"
+
 # Set by LegalizeOps / FuseOps on the PrimFuncs they create: reachable only through a
 # call, so dead-code elimination may drop them and they get no public entry.
 ATTR_PRIVATE: Final = "kiln.private"
@@ -42,6 +48,6 @@ ATTR_PROFILE_SITES: Final = "kiln.profile_sites"
 
 KILN_ATTRS: Final = frozenset({
     ATTR_PRIVATE, ATTR_GRAPH, ATTR_NUM_OUTPUTS, ATTR_TUPLE_RESULT, ATTR_OUTPUT_NAMES,
-    ATTR_WORKSPACE_BYTES, ATTR_PARALLEL_OF, ATTR_PARALLEL_VAR, ATTR_EXTERNAL,
+    ATTR_WORKSPACE_BYTES, ATTR_PARALLEL_OF, ATTR_PARALLEL_VAR, ATTR_EXTERNAL, ATTR_DIM_BOUNDS,
 })
 """Every attribute key kiln sets itself."""

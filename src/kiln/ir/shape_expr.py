@@ -1,0 +1,336 @@
+"""Symbolic tensor dimensions: canonical forms, equality, products and exact division.
+
+A dimension (`kiln.ir.types.Dim`) is an `int` or an int64 `PrimExpr` over
+dimension variables: `Var(name, "int64")`, one object per distinct name in a
+function (`batch`, `seq`). Shape rules build expressions such as `seq * 4` or
+`(h + 2 - 3) // 2 + 1`; this module brings them to one canonical form so that two
+spellings of one size compare equal and print alike.
+
+The canonical form is a polynomial with integer coefficients over *atoms*: a
+dimension variable, or an expression that is not a polynomial (a floor division
+or remainder that does not divide out, `min`, `max`, ...), itself canonical
+inside. `simplify_dim` returns an `int` when the value is constant.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from kiln.errors import IRError
+from kiln.ir import dtype as dt
+from kiln.ir.dtype import INDEX_DTYPE
+from kiln.ir.tensor import BinaryOp, Cast, Const, PrimExpr, Var
+from kiln.ir.types import Dim
+
+# An atom: a dimension variable, or a canonical non-polynomial expression.
+_AtomKey = tuple[Any, ...]
+_Mono = tuple[tuple[_AtomKey, int], ...]          # sorted (atom, power) pairs
+_Poly = dict[_Mono, int]                          # monomial -> coefficient (non-zero)
+
+
+def dim_var(name: str) -> Var:
+    """A fresh dimension variable (int64)."""
+    return Var(name, INDEX_DTYPE)
+
+
+class _Canon:
+    """Converts expressions to polynomials, remembering each atom's expression."""
+
+    def __init__(self) -> None:
+        self.atoms: dict[_AtomKey, PrimExpr] = {}
+
+    # ------------------------------------------------------------------ to polynomial
+
+    def poly(self, d: Dim) -> _Poly:
+        if isinstance(d, bool):
+            raise IRError(f"bad dimension {d!r}")
+        if isinstance(d, int):
+            return {(): d} if d else {}
+        if isinstance(d, Const):
+            return self.poly(int(d.value))
+        if isinstance(d, Var):
+            return self._atom(("var", d.name, id(d)), d)
+        if isinstance(d, Cast) and dt.kind(d.value.dtype) in ("int", "uint"):
+            return self.poly(d.value)
+        if isinstance(d, BinaryOp):
+            return self._binary(d)
+        raise IRError(f"unsupported dimension expression {d!r}")
+
+    def _atom(self, key: _AtomKey, expr: PrimExpr) -> _Poly:
+        self.atoms.setdefault(key, expr)
+        return {((key, 1),): 1}
+
+    def _binary(self, e: BinaryOp) -> _Poly:
+        a, b = self.poly(e.a), self.poly(e.b)
+        if e.op == "add":
+            return _add(a, b, 1)
+        if e.op == "sub":
+            return _add(a, b, -1)
+        if e.op == "mul":
+            return _mul(a, b)
+        ca, cb = _constant(a), _constant(b)
+        if ca is not None and cb is not None:
+            return self.poly(_fold(e.op, ca, cb))
+        if e.op in ("floordiv", "floormod", "div", "mod") and cb is not None and cb > 0:
+            if all(c % cb == 0 for c in a.values()):
+                if e.op in ("floordiv", "div"):
+                    return {m: c // cb for m, c in a.items()}
+                return {}
+            if cb == 1:
+                return a if e.op in ("floordiv", "div") else {}
+        if e.op in ("min", "max") and a == b:
+            return a
+        key = (e.op, _poly_key(a), _poly_key(b))
+        return self._atom(key, BinaryOp(e.op, self.expr(a), self.expr(b)))
+
+    # ------------------------------------------------------------------ back to Dim
+
+    def expr(self, p: _Poly) -> Dim:
+        const = p.get((), 0)
+        terms = sorted((m for m in p if m), key=lambda m: (-_degree(m), m))
+        out: PrimExpr | None = None
+        for m in terms:
+            coeff = p[m]
+            term: PrimExpr | None = None
+            for key, power in m:
+                for _ in range(power):
+                    atom = self.atoms[key]
+                    term = atom if term is None else term * atom
+            assert term is not None
+            if out is None:
+                out = term * coeff if coeff != 1 else term
+            elif coeff < 0:
+                out = out - (term * -coeff if coeff != -1 else term)
+            else:
+                out = out + (term * coeff if coeff != 1 else term)
+        if out is None:
+            return const
+        if const > 0:
+            return out + const
+        if const < 0:
+            return out - (-const)
+        return out
+
+
+def _fold(op: str, a: int, b: int) -> int:
+    if op in ("floordiv", "floormod") and b == 0:
+        raise IRError(f"division by zero in a dimension ({op} {a}, {b})")
+    if op in ("div", "mod") and b == 0:
+        raise IRError(f"division by zero in a dimension ({op} {a}, {b})")
+    table = {
+        "floordiv": lambda: a // b, "floormod": lambda: a % b,
+        "div": lambda: abs(a) // abs(b) * (1 if (a >= 0) == (b > 0) else -1),
+        "mod": lambda: a - b * (abs(a) // abs(b) * (1 if (a >= 0) == (b > 0) else -1)),
+        "min": lambda: min(a, b), "max": lambda: max(a, b),
+    }
+    if op not in table:
+        raise IRError(f"unsupported operator {op!r} in a dimension")
+    return int(table[op]())
+
+
+def _constant(p: _Poly) -> int | None:
+    if not p:
+        return 0
+    if len(p) == 1 and () in p:
+        return p[()]
+    return None
+
+
+def _degree(m: _Mono) -> int:
+    return sum(power for _, power in m)
+
+
+def _poly_key(p: _Poly) -> tuple[Any, ...]:
+    return tuple(sorted(p.items()))
+
+
+def _add(a: _Poly, b: _Poly, sign: int) -> _Poly:
+    out = dict(a)
+    for m, c in b.items():
+        v = out.get(m, 0) + sign * c
+        if v:
+            out[m] = v
+        else:
+            out.pop(m, None)
+    return out
+
+
+def _mono_mul(x: _Mono, y: _Mono) -> _Mono:
+    powers: dict[_AtomKey, int] = dict(x)
+    for key, p in y:
+        powers[key] = powers.get(key, 0) + p
+    return tuple(sorted(powers.items()))
+
+
+def _mul(a: _Poly, b: _Poly) -> _Poly:
+    out: _Poly = {}
+    for ma, ca in a.items():
+        for mb, cb in b.items():
+            m = _mono_mul(ma, mb)
+            v = out.get(m, 0) + ca * cb
+            if v:
+                out[m] = v
+            else:
+                out.pop(m, None)
+    return out
+
+
+def _mono_div(x: _Mono, y: _Mono) -> _Mono | None:
+    powers = dict(x)
+    for key, p in y:
+        if powers.get(key, 0) < p:
+            return None
+        powers[key] -= p
+        if not powers[key]:
+            del powers[key]
+    return tuple(sorted(powers.items()))
+
+
+# ---------------------------------------------------------------------- public API
+
+
+def simplify_dim(d: Dim) -> Dim:
+    """The canonical form of `d`: an `int` when constant, else a canonical PrimExpr."""
+    c = _Canon()
+    return c.expr(c.poly(d))
+
+
+def simplify_shape(shape: Iterable[Dim]) -> tuple[Dim, ...]:
+    """`simplify_dim` of every dimension."""
+    return tuple(simplify_dim(d) for d in shape)
+
+
+def dims_equal(a: Dim, b: Dim) -> bool | None:
+    """True if `a == b` for every value of the variables, False if never, None if it depends."""
+    c = _Canon()
+    diff = _add(c.poly(a), c.poly(b), -1)
+    k = _constant(diff)
+    if k is None:
+        return None
+    return k == 0
+
+
+def is_static(d: Dim | Sequence[Dim]) -> bool:
+    """Whether a dimension (or every dimension of a shape) is a plain int."""
+    if isinstance(d, (int, PrimExpr)):
+        return isinstance(simplify_dim(d), int)
+    return all(is_static(x) for x in d)
+
+
+def dim_product(dims: Iterable[Dim]) -> Dim:
+    """The product of `dims` (1 for none), canonical."""
+    c = _Canon()
+    p: _Poly = {(): 1}
+    for d in dims:
+        p = _mul(p, c.poly(d))
+    return c.expr(p)
+
+
+def exact_div(a: Dim, b: Dim) -> Dim | None:
+    """`a / b` when `b` divides `a` for every value of the variables (as polynomials), else None.
+
+    Handles a monomial divisor (`batch*seq*768 / (seq*12)` = `batch*64`) and a
+    divisor proportional to `a`; `b == 0` gives None.
+    """
+    c = _Canon()
+    pa, pb = c.poly(a), c.poly(b)
+    if not pb:
+        return None
+    if not pa:
+        return 0
+    if len(pb) == 1:
+        ((mb, cb),) = pb.items()
+        out: _Poly = {}
+        for ma, ca in pa.items():
+            m = _mono_div(ma, mb)
+            if m is None or ca % cb:
+                return None
+            out[m] = ca // cb
+        return c.expr(out)
+    ratios = {ma: pa.get(ma, 0) for ma in pb}
+    first_m = next(iter(pb))
+    if pa.keys() != pb.keys() or ratios[first_m] % pb[first_m]:
+        return None
+    k = ratios[first_m] // pb[first_m]
+    if all(pa[m] == k * pb[m] for m in pb):
+        return k
+    return None
+
+
+def dim_vars(x: Dim | Iterable[Dim]) -> tuple[Var, ...]:
+    """The dimension variables `x` mentions (a dim or a shape), unique, sorted by name."""
+    found: dict[int, Var] = {}
+
+    def visit(e: Any) -> None:
+        if isinstance(e, Var):
+            found.setdefault(id(e), e)
+        elif isinstance(e, BinaryOp):
+            visit(e.a)
+            visit(e.b)
+        elif isinstance(e, Cast):
+            visit(e.value)
+
+    if isinstance(x, (int, PrimExpr)):
+        visit(x)
+    else:
+        for d in x:
+            visit(d)
+    return tuple(sorted(found.values(), key=lambda v: v.name))
+
+
+def eval_dim(d: Dim, values: Mapping[str, int]) -> int:
+    """The value of `d` with each variable given by name in `values` (KeyError names it)."""
+    if isinstance(d, int):
+        return d
+    if isinstance(d, Const):
+        return int(d.value)
+    if isinstance(d, Var):
+        if d.name not in values:
+            raise KeyError(d.name)
+        return int(values[d.name])
+    if isinstance(d, Cast):
+        return eval_dim(d.value, values)
+    if isinstance(d, BinaryOp):
+        a, b = eval_dim(d.a, values), eval_dim(d.b, values)
+        if d.op == "add":
+            return a + b
+        if d.op == "sub":
+            return a - b
+        if d.op == "mul":
+            return a * b
+        return _fold(d.op, a, b)
+    raise IRError(f"unsupported dimension expression {d!r}")
+
+
+_TEXT_OPS = {"add": "+", "sub": "-", "mul": "*", "floordiv": "//", "floormod": "%"}
+_PRECEDENCE = {"add": 1, "sub": 1, "mul": 2, "floordiv": 2, "floormod": 2}
+
+
+def dim_text(d: Dim) -> str:
+    """`d` as Python-like text: `seq*4`, `batch*seq`, `(h - 1)//2 + 1`, `64`."""
+
+    def text(e: Any, parent: int) -> str:
+        if isinstance(e, int):
+            return str(e)
+        if isinstance(e, Const):
+            return str(int(e.value))
+        if isinstance(e, Var):
+            return e.name
+        if isinstance(e, Cast):
+            return text(e.value, parent)
+        if isinstance(e, BinaryOp) and e.op in _TEXT_OPS:
+            prec = _PRECEDENCE[e.op]
+            sep = "*" if e.op == "mul" else f" {_TEXT_OPS[e.op]} " if prec == 1 else _TEXT_OPS[e.op]
+            s = f"{text(e.a, prec)}{sep}{text(e.b, prec + 1)}"
+            return f"({s})" if prec < parent else s
+        if isinstance(e, BinaryOp):
+            return f"{e.op}({text(e.a, 0)}, {text(e.b, 0)})"
+        raise IRError(f"unsupported dimension expression {e!r}")
+
+    return text(simplify_dim(d), 0)
+
+
+def shape_text(shape: Iterable[Dim]) -> str:
+    """`[batch, seq, 64]`."""
+    return "[" + ", ".join(dim_text(d) for d in shape) + "]"

@@ -1,0 +1,68 @@
+"""kiln.ir.shape_expr: canonical symbolic dimensions, checked against integer evaluation."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from kiln.errors import IRError
+from kiln.ir.shape_expr import (
+    dim_product,
+    dim_text,
+    dim_var,
+    dim_vars,
+    dims_equal,
+    eval_dim,
+    exact_div,
+    is_static,
+    shape_text,
+    simplify_dim,
+)
+
+B, S, H = dim_var("batch"), dim_var("seq"), dim_var("h")
+SAMPLES = [dict(zip(("batch", "seq", "h"), v))
+           for v in itertools.product((1, 2, 7), (1, 5, 128), (3, 8, 225))]
+
+EXPRS = [
+    B * S * 768, S * 4, S + S + S + S - 2 * S, (H + 2 * 1 - 3) // 2 + 1, (H * 2 + 2) // 2,
+    (H - 1) % 4, B * (S + 1) - B, 3 * (B + S) - B * 0, (S * 12) // 12 + (H // 1),
+]
+
+
+@pytest.mark.parametrize("expr", EXPRS, ids=range(len(EXPRS)))
+def test_canonical_form_keeps_the_value(expr):
+    canon = simplify_dim(expr)
+    for values in SAMPLES:
+        assert eval_dim(canon, values) == eval_dim(expr, values)
+
+
+def test_equal_spellings_are_equal():
+    assert dims_equal(S * 4, S + S + S + S) is True
+    assert dims_equal(B * S, S * B) is True
+    assert dims_equal(S + 1, S) is False
+    assert dims_equal(S, B) is None
+    assert dims_equal((H + 2 - 3) // 2 + 1, (H - 1) // 2 + 1) is True
+    assert simplify_dim(S - S + 3) == 3 and is_static(S - S + 3) and not is_static([S, 4])
+
+
+def test_exact_division():
+    q = exact_div(B * S * 768, S * 12)
+    assert q is not None and dims_equal(q, B * 64) is True
+    assert exact_div(2 * S + 2, S + 1) == 2
+    assert exact_div(S, B) is None
+    assert exact_div(S * 3, 2) is None
+    assert exact_div(S, 0) is None
+    assert exact_div(0, S) == 0
+
+
+def test_products_vars_and_text():
+    assert dims_equal(dim_product([B, 3, S, 2]), 6 * B * S) is True
+    assert dim_product([]) == 1
+    assert [v.name for v in dim_vars([S * B, 4, H])] == ["batch", "h", "seq"]
+    assert dim_text((H + 2 - 3) // 2 + 1) == "(h - 1)//2 + 1"
+    assert shape_text([B, S * 4, 64]) == "[batch, seq*4, 64]"
+    with pytest.raises(KeyError, match="seq"):
+        eval_dim(S + 1, {"batch": 1})
+    with pytest.raises(IRError, match="division by zero"):
+        simplify_dim(S - S + (B // (S - S)) * 0 + 4 // (H - H + 0 * B))
