@@ -20,7 +20,7 @@ from typing import Any
 from kiln.errors import IRError
 from kiln.ir import dtype as dt
 from kiln.ir.dtype import INDEX_DTYPE
-from kiln.ir.tensor import BinaryOp, Cast, Const, PrimExpr, Var
+from kiln.ir.tensor import BinaryOp, Cast, Const, PrimExpr, Var, as_expr
 from kiln.ir.types import Dim
 
 # An atom: a dimension variable, or a canonical non-polynomial expression.
@@ -82,7 +82,7 @@ class _Canon:
         if e.op in ("min", "max") and a == b:
             return a
         key = (e.op, _poly_key(a), _poly_key(b))
-        return self._atom(key, BinaryOp(e.op, self.expr(a), self.expr(b)))
+        return self._atom(key, BinaryOp(e.op, as_expr(self.expr(a)), as_expr(self.expr(b))))
 
     # ------------------------------------------------------------------ back to Dim
 
