@@ -45,9 +45,11 @@ class MissingDependencyError(KilnError, ImportError):
     """A kiln feature needs a package that is not installed (the message names it)."""
 
 
-# pip package of each optional dependency, by the top-level module kiln imports.
+# pip package of each optional dependency, by the top-level module kiln imports, and
+# the extra of the kiln-tensor distribution that brings it (pyproject.toml).
 _PACKAGES = {"llvmlite": "llvmlite", "onnx": "onnx", "onnxruntime": "onnxruntime",
              "elftools": "pyelftools", "ml_dtypes": "ml_dtypes", "google": "protobuf"}
+_EXTRAS = {"ml_dtypes": "ml-dtypes", "onnxruntime": "test"}
 
 
 def missing_dependency(exc: ImportError, feature: str) -> MissingDependencyError | None:
@@ -62,5 +64,6 @@ def missing_dependency(exc: ImportError, feature: str) -> MissingDependencyError
         return None
     return MissingDependencyError(
         f"{feature} needs the '{package}' package, which is not installed here "
-        f"(pip install {package}); a deploy host with kiln.runtime alone can load and run "
+        f"(pip install \"kiln-tensor[{_EXTRAS.get(top, 'compiler')}]\", or pip install "
+        f"{package}); a deploy host with kiln.runtime alone can load and run "
         "exported libraries but not compile")

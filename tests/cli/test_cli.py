@@ -64,7 +64,8 @@ def test_compile_on_a_runtime_only_host_is_one_line(tmp_path: Path) -> None:
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in proc.stderr
     assert lines[0].startswith("kiln compile: error: importing an ONNX model needs the 'onnx' "
-                               "package, which is not installed here (pip install onnx)")
+                               "package, which is not installed here (pip install "
+                               "\"kiln-tensor[compiler]\", or pip install onnx)")
 
 
 def test_compile_onto_a_directory_is_one_line(tmp_path: Path) -> None:

@@ -3,6 +3,7 @@ aarch64 tag, with no CC set; a missing one names the package to install."""
 
 from __future__ import annotations
 
+import platform
 import shutil
 import struct
 import subprocess
@@ -12,7 +13,7 @@ from pathlib import Path
 import pytest
 
 import kiln
-from kiln.errors import MissingDependencyError
+from kiln.errors import FormatError, MissingDependencyError
 from kiln.ir import IRBuilder
 
 EM_AARCH64 = 183
@@ -48,6 +49,15 @@ def test_aarch64_library_without_cc(tmp_path: Path, target: str,
     members = subprocess.run(["aarch64-linux-gnu-objdump", "-f", str(a)], capture_output=True,
                              text=True, check=True).stdout
     assert "aarch64" in members
+
+
+@needs_cross
+@pytest.mark.skipif(platform.machine() != "x86_64", reason="loads an aarch64 library on x86_64")
+def test_loading_a_library_for_another_machine_names_both(tmp_path: Path) -> None:
+    so = kiln.compile(_module(), "raspberry-pi/4b-aarch64").export_library(tmp_path / "m.so")
+    with pytest.raises(FormatError, match=r"built for aarch64, but this machine is x86_64; "
+                                          r"run it on aarch64 hardware \(or under qemu-aarch64"):
+        kiln.runtime.load_module(so)
 
 
 @needs_cross

@@ -364,7 +364,8 @@ def test_compiler_entry_points_name_the_missing_package() -> None:
     assert proc.returncode == 0, proc.stderr
     onnx_line, llvm_line = proc.stdout.splitlines()
     assert onnx_line.startswith("importing an ONNX model needs the 'onnx' package, which is "
-                                "not installed here (pip install onnx)")
+                                "not installed here (pip install \"kiln-tensor[compiler]\", "
+                                "or pip install onnx)")
     assert llvm_line.startswith("codegen 'llvm' needs the 'llvmlite' package")
 
 

@@ -36,6 +36,11 @@ STT_OBJECT = 1
 SHN_UNDEF = 0
 SHN_LORESERVE = 0xFF00
 _SHN_NAMES = {0xFFF1: "SHN_ABS", 0xFFF2: "SHN_COMMON", 0xFFFF: "SHN_XINDEX"}
+# e_machine values of the instruction sets kiln targets, and `platform.machine()` names.
+ELF_MACHINES = {3: "x86", 40: "arm", 62: "x86_64", 183: "aarch64", 243: "riscv",
+                258: "loongarch", 21: "ppc64", 8: "mips"}
+_HOST_MACHINES = {"x86_64": 62, "amd64": 62, "aarch64": 183, "arm64": 183, "riscv64": 243,
+                  "ppc64le": 21, "ppc64": 21, "loongarch64": 258, "i386": 3, "i686": 3}
 MAX_SYMBOLS = 1 << 20  # a kiln library exports a handful; refuse absurd tables
 
 # (ELF header, section header, symbol) layouts per (class, byte order). Section and
@@ -81,6 +86,7 @@ class ElfSymbols:
 
     path: str
     e_type: int
+    machine: int  # e_machine (EM_*): the instruction set the file was built for
     shstrndx: int
     sections: tuple[Section, ...]
     symbols: tuple[Symbol, ...]
@@ -121,7 +127,8 @@ def read_symbols(fd: int, path: str, table_types: tuple[int, ...]) -> ElfSymbols
                           f"({ident[4:6].hex() if len(ident) >= 6 else 'truncated'})")
     ehdr_fmt, shdr_fmt, sym_fmt = layouts
     ehdr = ehdr_fmt.unpack(_read(fd, 0, ehdr_fmt.size, file_size, "the ELF header", path))
-    e_type, shoff, shentsize, shnum, shstrndx = ehdr[1], ehdr[6], ehdr[11], ehdr[12], ehdr[13]
+    e_type, machine = ehdr[1], ehdr[2]
+    shoff, shentsize, shnum, shstrndx = ehdr[6], ehdr[11], ehdr[12], ehdr[13]
     if shoff == 0 or shnum == 0:
         raise FormatError(f"{path}: the ELF file has no section headers")
     if shentsize != shdr_fmt.size:
@@ -153,7 +160,7 @@ def read_symbols(fd: int, path: str, table_types: tuple[int, ...]) -> ElfSymbols
                                   "string table")
             name = names[name_off:end].decode("utf-8", errors="replace")
             symbols.append(Symbol(name, info & 0xF, shndx, value, size))
-    return ElfSymbols(path, e_type, shstrndx, sections, tuple(symbols), bool(tables))
+    return ElfSymbols(path, e_type, machine, shstrndx, sections, tuple(symbols), bool(tables))
 
 
 def section_name(elf: ElfSymbols, fd: int, index: int) -> str:
@@ -272,3 +279,15 @@ def _locate(elf: ElfSymbols, fd: int, sym: Symbol) -> BlobSymbol:
                           f"section {section_label}")
     return BlobSymbol(name, section.offset + delta, sym.size, section_label,
                       section.offset + section.size)
+
+
+def host_machine() -> int | None:
+    """The ELF e_machine of this machine's instruction set (None if kiln does not know it)."""
+    import platform
+
+    return _HOST_MACHINES.get(platform.machine().lower())
+
+
+def machine_name(machine: int) -> str:
+    """`aarch64` for EM_AARCH64; `machine 42` for one kiln does not name."""
+    return ELF_MACHINES.get(machine, f"machine {machine}")

@@ -26,7 +26,7 @@ KERNEL_ERRORS: dict[int, str] = {
     7: "reverse_sequence: a sequence length is out of range [0, n] for a time axis of size n",
     # Returned by the launch stubs of a CUDA library (kiln.codegen.cuda).
     8: "no CUDA device: this library's CUDA kernels run only on a machine with a GPU and "
-       "cuda-python (pip install 'kiln[cuda]'; docs/gpu.md)",
+       "cuda-python (pip install 'kiln-tensor[cuda]'; docs/gpu.md)",
     9: "a CUDA kernel launch failed",
 }
 

@@ -2,7 +2,7 @@
 
 A target says what code to generate (`cuda -arch=sm_90`); which GPU runs it is
 chosen when the library is called, as in DLPack's (device_type, device_id).
-The driver binding (NVIDIA's `cuda-python`, extra `kiln[cuda]`, docs/gpu.md) is
+The driver binding (NVIDIA's `cuda-python`, extra `kiln-tensor[cuda]`, docs/gpu.md) is
 imported only when a device is actually needed, so a machine without a GPU can
 still load, inspect and export a library holding CUDA artifacts.
 """
@@ -52,7 +52,7 @@ def _driver() -> ModuleType:
             continue
     raise CallError(
         "no CUDA device available: the CUDA driver binding 'cuda-python' is not installed "
-        "(pip install 'kiln[cuda]'; see docs/gpu.md)")
+        "(pip install 'kiln-tensor[cuda]'; see docs/gpu.md)")
 
 
 def _check(driver: ModuleType, result: Any, what: str) -> Any:

@@ -20,7 +20,7 @@ from kiln.artifact.elf import (
     SHN_UNDEF,
     SHT_DYNSYM,
     STT_OBJECT,
-    Symbol,
+    ElfSymbols,
     choose_blob,
     read_symbols,
 )
@@ -33,6 +33,7 @@ class BlobSymbol:
 
     name: str
     size: int
+    machine: int  # ELF e_machine of the library
 
     @property
     def prefix(self) -> str:
@@ -40,7 +41,7 @@ class BlobSymbol:
         return self.name[: -len(BLOB_SUFFIX)]
 
 
-def _dynamic_symbols(path: str) -> tuple[Symbol, ...]:
+def _dynamic_symbols(path: str) -> ElfSymbols:
     fd = os.open(path, os.O_RDONLY)
     try:
         elf = read_symbols(fd, path, (SHT_DYNSYM,))
@@ -49,17 +50,18 @@ def _dynamic_symbols(path: str) -> tuple[Symbol, ...]:
     if not elf.has_table:
         raise FormatError(f"{path}: the ELF file has no dynamic symbol table; expected a "
                           "kiln shared library")
-    return elf.symbols
+    return elf
 
 
 def dynamic_symbols(path: str) -> list[tuple[str, int, int, int]]:
     """(name, type, section index, size) of every `.dynsym` entry of the ELF file `path`."""
-    return [(s.name, s.type, s.shndx, s.size) for s in _dynamic_symbols(path)]
+    return [(s.name, s.type, s.shndx, s.size) for s in _dynamic_symbols(path).symbols]
 
 
 def find_blob_symbol(path: str, *, prefix: str | None = None) -> BlobSymbol:
     """The library's `{prefix}_blob` symbol (the only one, unless `prefix` picks one)."""
-    symbols = _dynamic_symbols(path)
+    elf = _dynamic_symbols(path)
+    symbols = elf.symbols
     wanted = None if prefix is None else prefix + BLOB_SUFFIX
     candidates = {
         s.name: s for s in symbols
@@ -76,4 +78,4 @@ def find_blob_symbol(path: str, *, prefix: str | None = None) -> BlobSymbol:
         raise FormatError(f"{path}: no {what}: not a library exported by kiln (or the blob "
                           "symbol was stripped)")
     ((name, sym),) = candidates.items()
-    return BlobSymbol(name, sym.size)
+    return BlobSymbol(name, sym.size, elf.machine)

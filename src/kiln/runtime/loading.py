@@ -31,6 +31,7 @@ from typing import Any
 from kiln.artifact.archive import read_tar
 from kiln.artifact.artifact import NATIVE, NONE, AnyArtifact, ArtifactSet
 from kiln.artifact.blob import HEADER_SIZE, BlobContents, blob_length, unpack
+from kiln.artifact.elf import host_machine, machine_name
 from kiln.errors import FormatError
 from kiln.runtime.cpu_features import check_cpu
 from kiln.runtime.dynsym import find_blob_symbol
@@ -144,6 +145,7 @@ def load_shared_library(path: Path, *, prefix: str | None = None,
     """
     found = find_blob_symbol(str(path), prefix=prefix)
     symbol, lib_prefix = found.name, found.prefix
+    _check_machine(found.machine, path)
     root = LibraryModule(path, lib_prefix, cleanup_dir=cleanup_dir)
     try:
         contents = _read_blob(root, symbol, found.size)
@@ -159,6 +161,18 @@ def load_shared_library(path: Path, *, prefix: str | None = None,
         root.close()
         raise
     return root
+
+
+def _check_machine(machine: int, path: Path) -> None:
+    """A library for another instruction set cannot be dlopen'ed: say so before trying
+    (the dynamic loader's own message is a misleading "No such file or directory")."""
+    host = host_machine()
+    if host is not None and machine != host:
+        raise FormatError(
+            f"{path}: built for {machine_name(machine)}, but this machine is "
+            f"{machine_name(host)}; run it on {machine_name(machine)} hardware (or under "
+            f"qemu-{machine_name(machine)} with that target's sysroot), or compile for this "
+            "machine's target")
 
 
 def _check_cpu_features(contents: BlobContents, path: Path) -> None:
