@@ -3,6 +3,12 @@
     .venv/bin/python bench/models.py [--repeat 30] [--seconds 20] [--target llvm]
                                      [--models mlp,cnn | small | full | all]
 
+With `--dynamic`, the table compares code compiled for symbolic dimensions
+with code compiled for one static size, on the same model: the encoder with
+symbolic `(batch, seq)` run at (1, 32) and (1, 128), and ResNet-18 with a
+symbolic batch run at batch 1. The static build is the same ONNX file with
+`shape_dict` pinning the sizes; the goal is dynamic/static <= 1.25.
+
 The models (bench/nets.py, onnx.helper, deterministic weights): the small
 `mlp`, `cnn` and `resnet` (the default set, `small`), and the full-size
 `resnet18` and `mobilenetv2` (224x224), `encoder` (2 layers, width 256,
@@ -32,7 +38,7 @@ import time
 
 import numpy as np
 from harness import alternating_blocks_ms, calls_within, describe_target, rel_l2, short_error
-from nets import FULL, MODELS, SMALL
+from nets import FULL, MODELS, SMALL, symbolic_dims
 
 import kiln
 from kiln.frontend import from_onnx
@@ -81,6 +87,61 @@ def run(name: str, target: kiln.target.Target, repeat: int, seconds: float,
             "calls": calls, "cache_hit": float(ex.cache_hit)}
 
 
+# (model, its symbolic dims by axis, the sizes to run at) for --dynamic
+DYNAMIC_CASES = [
+    ("encoder", {0: "batch", 1: "seq"}, {"batch": 1, "seq": 32}),
+    ("encoder", {0: "batch", 1: "seq"}, {"batch": 1, "seq": 128}),
+    ("resnet18", {0: "batch"}, {"batch": 1}),
+]
+
+
+def run_dynamic(name: str, dims: dict[int, str], sizes: dict[str, int],
+                target: kiln.target.Target, repeat: int, seconds: float) -> dict[str, float]:
+    """Time code compiled for symbolic dims against code compiled for `sizes`, and ort."""
+    import onnxruntime as ort
+
+    model, shapes = MODELS[name]()
+    model = symbolic_dims(model, dims)
+    rng = np.random.default_rng(42)
+    feed = {}
+    for x, shape in shapes.items():
+        shape = [sizes[dims[k]] if k in dims else n for k, n in enumerate(shape)]
+        feed[x] = rng.standard_normal(shape).astype(np.float32)
+    args = list(feed.values())
+    try:
+        static = kiln.compile(from_onnx(model, shape_dict=dict(sizes)), target)["main"]
+        dynamic = kiln.compile(from_onnx(model), target)["main"]
+        actual = np.asarray(dynamic(*args))
+    except Exception as exc:  # a benchmark reports what fails and goes on
+        raise Skipped(short_error(exc)) from exc
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 2
+    session = ort.InferenceSession(model.SerializeToString(), options,
+                                   providers=["CPUExecutionProvider"])
+    expected = session.run(None, feed)[0]
+    fns = {"static": lambda: static(*args), "dynamic": lambda: dynamic(*args),
+           "ort": lambda: session.run(None, feed)}
+    ms = alternating_blocks_ms(fns, calls_within(fns, repeat, seconds))
+    return {"static_ms": ms["static"], "dynamic_ms": ms["dynamic"], "ort_ms": ms["ort"],
+            "ratio": ms["dynamic"] / ms["static"], "rel_l2": rel_l2(actual, expected)}
+
+
+def print_dynamic(target: kiln.target.Target, repeat: int, seconds: float) -> None:
+    header = (f"{'model':<10} {'sizes':<18} {'static ms':>9} {'dyn ms':>9} {'dyn/stat':>8} "
+              f"{'ort ms':>9} {'rel L2':>9}")
+    print(header)
+    print("-" * len(header))
+    for name, dims, sizes in DYNAMIC_CASES:
+        label = ",".join(f"{k}={v}" for k, v in sizes.items())
+        try:
+            r = run_dynamic(name, dims, sizes, target, repeat, seconds)
+        except Skipped as exc:
+            print(f"{name:<10} {label:<18} skipped: {exc}", flush=True)
+            continue
+        print(f"{name:<10} {label:<18} {r['static_ms']:>9.3f} {r['dynamic_ms']:>9.3f} "
+              f"{r['ratio']:>8.2f} {r['ort_ms']:>9.3f} {r['rel_l2']:>9.1e}", flush=True)
+
+
 def model_names(spec: str) -> list[str]:
     """Model names from a comma-separated list of names and set names."""
     names: list[str] = []
@@ -105,6 +166,8 @@ def main() -> None:
                              f"({', '.join(MODEL_SETS)}); default: small")
     parser.add_argument("--tensor-pipeline", default="default",
                         help="kiln's tensor pipeline, e.g. 'simplify' (no parallel loops)")
+    parser.add_argument("--dynamic", action="store_true",
+                        help="compare symbolic-shape builds with static ones instead")
     args = parser.parse_args()
     names = model_names(args.models)
     target = kiln.target.Target.from_host() if args.target is None else kiln.target.Target(
@@ -114,6 +177,9 @@ def main() -> None:
     print(f"tensor pipeline: {args.tensor_pipeline}   KILN_NUM_THREADS: {threads}   "
           f"ort threads: 2   median of up to {args.repeat} calls in {args.seconds:g} s, "
           f"alternating blocks")
+    if args.dynamic:
+        print_dynamic(target, args.repeat, args.seconds)
+        return
     header = (f"{'model':<12} {'compile s':>9} {'kiln ms':>9} {'ort ms':>9} {'kiln/ort':>9} "
               f"{'rel L2':>9} {'calls':>5}")
     print(header)

@@ -112,6 +112,20 @@ class Graph:
         return model, inputs
 
 
+def symbolic_dims(model: onnx.ModelProto, dims: dict[int, str]) -> onnx.ModelProto:
+    """A copy of `model` whose inputs' and outputs' dimension `k` is the symbol `dims[k]`
+    (e.g. `{0: "batch", 1: "seq"}`): what an exporter writes for dynamic axes."""
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    for value in [*out.graph.input, *out.graph.output]:
+        for k, name in dims.items():
+            dim = value.type.tensor_type.shape.dim[k]
+            dim.Clear()
+            dim.dim_param = name
+    onnx.checker.check_model(out)
+    return out
+
+
 # -------------------------------------------------------------- small models
 
 
@@ -208,8 +222,10 @@ def transformer_encoder(name: str, seed: int, layers: int, dim: int, heads: int,
         return g.op("LayerNormalization", x, g.const(g.rng.uniform(0.8, 1.2, dim), "ln_g"),
                     g.const(g.rng.normal(0, 0.1, dim), "ln_b"), axis=-1, epsilon=1e-5)
 
-    heads_shape = g.const(np.array([1, seq, heads, dh], np.int64), "heads")
-    merged_shape = g.const(np.array([1, seq, dim], np.int64), "merged")
+    # 0 copies the input's dimension: the same model serves any (batch, seq)
+    # once its input dims are made symbolic (`symbolic_dims`).
+    heads_shape = g.const(np.array([0, 0, heads, dh], np.int64), "heads")
+    merged_shape = g.const(np.array([0, 0, dim], np.int64), "merged")
     scale = g.const(np.array(math.sqrt(dh)), "scale")
     sqrt2 = g.const(np.array(math.sqrt(2)), "sqrt2")
     one = g.const(np.array(1.0), "one")
