@@ -54,10 +54,13 @@ def test_shape_dict_binds_symbolic_dimensions() -> None:
     assert mod["main"].ret_type == TensorType((5, 3), "float32")
 
 
-def test_unbound_dimension_names_the_dimension_and_the_fix() -> None:
-    with pytest.raises(FrontendError, match=r"input 'x' has unbound dimension\(s\) 'batch' "
-                                            r"\(dim 0\); pass shape_dict=\{'x': \(\.\.\.\)\}"):
-        from_onnx(_relu_model(shape=("batch", 3)))
+def test_unbound_dimension_becomes_a_dimension_variable() -> None:
+    # tests/frontend/test_dynamic_import.py covers dynamic models in depth.
+    mod = from_onnx(_relu_model(shape=("batch", 3)))
+    (batch, three) = mod["main"].params[0].type.shape
+    assert batch.name == "batch" and three == 3
+    x = np.arange(-6, 6, dtype=np.float32).reshape(4, 3)
+    np.testing.assert_array_equal(evaluate(mod, "main", x), np.maximum(x, 0))
 
 
 def test_shape_dict_that_contradicts_the_model() -> None:
@@ -71,8 +74,9 @@ def test_shape_dict_that_contradicts_the_model() -> None:
 def test_shape_dict_with_an_unknown_input_suggests_the_right_one() -> None:
     model = _model([helper.make_node("Relu", ["image"], ["y"])], [_vi("image", [2])],
                    [_vi("y", [2])])
-    with pytest.raises(FrontendError, match=r"shape_dict names 'imgae', which is not an input of "
-                                            r"the model\. did you mean 'image'\? Inputs: image"):
+    with pytest.raises(FrontendError, match=r"shape_dict names 'imgae', which is neither an input "
+                                            r"nor a dimension of the model\. did you mean "
+                                            r"'image'\? Inputs: image"):
         from_onnx(model, {"imgae": (2,)})
 
 

@@ -3,24 +3,41 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import overload
 
 from kiln.errors import IRError
+from kiln.ir.shape_expr import dim_text, dims_equal, shape_text, simplify_dim
 from kiln.ir.tensor import PrimExpr, Var
-from kiln.ir.types import TensorType
+from kiln.ir.types import Dim, TensorType
 
 
-def broadcast_shapes(*shapes: Sequence[int]) -> tuple[int, ...]:
-    """The numpy broadcast of `shapes`; IRError naming both shapes when they clash."""
+@overload
+def broadcast_shapes(*shapes: Sequence[int]) -> tuple[int, ...]: ...
+
+
+@overload
+def broadcast_shapes(*shapes: Sequence[Dim]) -> tuple[Dim, ...]: ...
+
+
+def broadcast_shapes(*shapes: Sequence[Dim]) -> tuple[Dim, ...]:
+    """The numpy broadcast of `shapes`; IRError naming both shapes when they clash.
+
+    A symbolic dimension is taken to be other than 1 (it broadcasts against 1 and
+    against itself); two symbolic dimensions must be provably equal.
+    """
     rank = max((len(s) for s in shapes), default=0)
-    out = [1] * rank
+    out: list[Dim] = [1] * rank
     for s in shapes:
         for k, d in enumerate(s):
             pos = rank - len(s) + k
-            if out[pos] == 1:
-                out[pos] = int(d)
-            elif d not in (1, out[pos]):
-                raise IRError(f"shapes {[tuple(x) for x in shapes]} do not broadcast "
-                              f"(dimension {pos}: {out[pos]} vs {d})")
+            d = simplify_dim(d)
+            if isinstance(out[pos], int) and out[pos] == 1:
+                out[pos] = d
+            elif not (isinstance(d, int) and d == 1) and dims_equal(out[pos], d) is not True:
+                maybe = " (kiln cannot prove them equal)" if dims_equal(out[pos], d) is None \
+                    else ""
+                raise IRError(f"shapes {[shape_text(x) for x in shapes]} do not broadcast "
+                              f"(dimension {pos}: {dim_text(out[pos])} vs {dim_text(d)}{maybe})")
     return tuple(out)
 
 
@@ -31,11 +48,12 @@ def broadcast_types(types: Sequence[TensorType], dtype: str | None = None) -> Te
         if len(dtypes) != 1:
             raise IRError(f"operand dtypes differ: {sorted(dtypes)}; insert a Cast")
         dtype = dtypes.pop()
-    return TensorType(broadcast_shapes(*[t.shape for t in types]), dtype)  # type: ignore[arg-type]
+    return TensorType(broadcast_shapes(*[t.shape for t in types]), dtype)
 
 
-def broadcast_index(out_idx: Sequence[PrimExpr | Var], in_shape: Sequence[int]
+def broadcast_index(out_idx: Sequence[PrimExpr | Var], in_shape: Sequence[Dim]
                     ) -> tuple[PrimExpr | int, ...]:
     """The input index that output index `out_idx` reads under broadcasting."""
     offset = len(out_idx) - len(in_shape)
-    return tuple(0 if d == 1 else out_idx[offset + k] for k, d in enumerate(in_shape))
+    return tuple(0 if isinstance(d, int) and d == 1 else out_idx[offset + k]
+                 for k, d in enumerate(in_shape))

@@ -76,7 +76,7 @@ def _where_infer(types: Sequence[TensorType], attrs: Attrs) -> Type:
     c, a, b = types
     if c.dtype != "bool":
         raise IRError(f"where: condition must be bool, got {c.dtype}")
-    shape = broadcast_shapes(c.shape, a.shape, b.shape)  # type: ignore[arg-type]
+    shape = broadcast_shapes(c.shape, a.shape, b.shape)
     return TensorType(shape, broadcast_types([a, b]).dtype)
 
 

@@ -18,16 +18,32 @@ from kiln.errors import IRError
 from kiln.ir import dtype as dt
 from kiln.ir import graph as g
 from kiln.ir.kernel_errors import KERNEL_ERRORS, op_error_code
+from kiln.ir.shape_expr import (
+    dim_product,
+    dim_text,
+    dims_equal,
+    exact_div,
+    is_static,
+    shape_text,
+    simplify_dim,
+)
 from kiln.ir.tensor import (
     Cast,
     PrimExpr,
     as_expr,
     select,
 )
-from kiln.ir.types import TensorType, TupleType, Type
+from kiln.ir.types import Dim, TensorType, TupleType, Type
 from kiln.ops import te
 from kiln.ops.broadcast import broadcast_index, broadcast_shapes
-from kiln.ops.onnx_map import GraphContext, first_input, need_constant, onnx_op
+from kiln.ops.onnx_map import (
+    GraphContext,
+    first_input,
+    need_constant,
+    need_dims,
+    need_static,
+    onnx_op,
+)
 from kiln.ops.reduce import norm_axes
 from kiln.ops.registry import register_op
 
@@ -36,23 +52,78 @@ Attrs = Mapping[str, Any]
 
 # -------------------------------------------------------------------- reshape
 
+def reshape_target(src: Sequence[Dim], shape: Sequence[int]) -> tuple[Dim, ...]:
+    """The shape that a reshape's `shape` attribute describes for an input of shape `src`.
+
+    Entries are sizes, except `-1`: the remaining size (at most one), and `-2 - k`:
+    the size of input dimension `k`. The last two let a static attribute describe a
+    symbolic shape (`(-2, -3, 4, 16)` views `[batch, seq, 64]` as `[batch, seq, 4, 16]`).
+    """
+    out: list[Dim] = []
+    for d in shape:
+        d = int(d)
+        if d <= -2:
+            if -2 - d >= len(src):
+                raise IRError(f"reshape: shape {tuple(shape)} copies input dimension {-2 - d}, "
+                              f"but the input has {len(src)}")
+            out.append(simplify_dim(src[-2 - d]))
+        else:
+            out.append(d)
+    rest = [k for k, d in enumerate(out) if isinstance(d, int) and d == -1]
+    if len(rest) > 1:
+        raise IRError(f"reshape: shape {tuple(shape)} has more than one -1")
+    if rest:
+        known = dim_product(d for k, d in enumerate(out) if k != rest[0])
+        size = exact_div(dim_product(src), known)
+        if size is None:
+            raise IRError(f"reshape: cannot view {shape_text(src)} as {tuple(shape)}: "
+                          f"{dim_text(dim_product(src))} is not a multiple of {dim_text(known)}")
+        out[rest[0]] = size
+    return tuple(out)
+
+
+def reshape_attr(src: Sequence[Dim], target: Sequence[Dim]) -> tuple[int, ...]:
+    """The reshape `shape` attribute (see `reshape_target`) that views `src` as `target`;
+    IRError when a symbolic target dimension is neither an input dimension nor the rest."""
+    out: list[int] = []
+    free: list[int] = []
+    for d in target:
+        d = simplify_dim(d)
+        if isinstance(d, int):
+            out.append(d)
+            continue
+        same = [k for k, s in enumerate(src) if dims_equal(s, d) is True]
+        if same:
+            out.append(-2 - same[0])
+        else:
+            free.append(len(out))
+            out.append(-1)
+    if len(free) > 1:
+        raise IRError(f"reshape: cannot view {shape_text(src)} as {shape_text(target)}: more "
+                      "than one target dimension is a new symbolic size")
+    return tuple(out)
+
+
 def _reshape_infer(types: Sequence[TensorType], attrs: Attrs) -> Type:
     x = types[0]
-    shape = tuple(int(d) for d in attrs["shape"])
-    if int(np.prod(shape)) != x.numel() or any(d < 0 for d in shape):
-        raise IRError(f"reshape: cannot view {x} as shape {shape}")
+    shape = reshape_target(x.shape, attrs["shape"])
+    if any(isinstance(d, int) and d < 0 for d in shape) or \
+            dims_equal(dim_product(shape), dim_product(x.shape)) is not True:
+        raise IRError(f"reshape: cannot view {x} as shape {shape_text(shape)}")
     return TensorType(shape, x.dtype)
 
 
 def _reshape_compute(inputs: Sequence[te.Tensor], attrs: Attrs) -> te.Tensor:
     (x,) = inputs
-    shape = tuple(int(d) for d in attrs["shape"])
+    shape: Any = reshape_target(x.shape, attrs["shape"])
     return te.compute(shape, lambda *i: x[te.unflatten_index(te.flat_index(i, shape), x.shape)],
                       x.dtype, "reshape")
 
 
 register_op("reshape", pattern="injective", infer=_reshape_infer, compute=_reshape_compute,
-            reference=lambda x, shape, **a: np.reshape(x, shape).copy())
+            reference=lambda x, shape, **a: np.reshape(
+                x, tuple(int(d) for d in reshape_target(x.shape, shape))  # type: ignore[arg-type]
+            ).copy())
 
 
 register_op("copy", pattern="elemwise", infer=lambda t, a: t[0],
@@ -66,36 +137,53 @@ def _reshape_onnx(ctx: GraphContext, inputs: Sequence[g.Expr | None],
                   attrs: dict[str, Any]) -> list[g.Expr]:
     x = first_input(inputs)
     shape_in = (attrs.get("shape") if ctx.opset < 5
-                else need_constant(ctx, inputs[1], "Reshape shape"))
+                else need_dims(ctx, inputs[1], "Reshape shape"))
     assert shape_in is not None
-    src = ctx.tensor_type(x).static_shape
-    shape = [int(d) for d in np.asarray(shape_in).reshape(-1)]
+    src = ctx.tensor_type(x).shape
+    shape: list[Dim] = list(np.asarray(shape_in, dtype=object).reshape(-1))
     allow_zero = bool(attrs.get("allowzero", 0))
     for k, d in enumerate(shape):
-        if d == 0 and not allow_zero:
+        if isinstance(d, (int, np.integer)) and d == 0 and not allow_zero:
             shape[k] = src[k]
-    if -1 in shape:
-        known = int(np.prod([d for d in shape if d != -1]))
-        shape[shape.index(-1)] = int(np.prod(src)) // max(known, 1)
-    return [ctx.call("reshape", x, shape=tuple(shape))]
+    return [_reshape_to(ctx, x, shape)]
+
+
+def _reshape_to(ctx: GraphContext, x: g.Expr, target: Sequence[Dim]) -> g.Expr:
+    """`x` viewed as `shape` (dimensions, at most one -1)."""
+    src = ctx.tensor_type(x).shape
+    shape: list[Dim] = [int(d) if isinstance(d, (int, np.integer)) else d for d in target]
+    if is_static(shape) and is_static(src):
+        ints = [int(d) for d in shape]  # type: ignore[arg-type]
+        if -1 in ints:
+            known = int(np.prod([d for d in ints if d != -1]))
+            ints[ints.index(-1)] = int(np.prod(src)) // max(known, 1)  # type: ignore[arg-type]
+        return ctx.call("reshape", x, shape=tuple(ints))
+    rest = [k for k, d in enumerate(shape) if isinstance(d, int) and d == -1]
+    if rest:
+        whole = dim_product(d for k, d in enumerate(shape) if k != rest[0])
+        size = exact_div(dim_product(src), whole)
+        if size is None:
+            raise IRError(f"cannot view {shape_text(src)} as {shape_text(shape)}: "
+                          f"{dim_text(dim_product(src))} is not a multiple of {dim_text(whole)}")
+        shape[rest[0]] = size
+    return ctx.call("reshape", x, shape=reshape_attr(src, shape))
 
 
 @onnx_op("Flatten")
 def _flatten_onnx(ctx: GraphContext, inputs: Sequence[g.Expr | None],
                   attrs: dict[str, Any]) -> list[g.Expr]:
     x = first_input(inputs)
-    shape = ctx.tensor_type(x).static_shape
+    shape = ctx.tensor_type(x).shape
     axis = int(attrs.get("axis", 1))
     axis = axis + len(shape) if axis < 0 else axis
-    rows = int(np.prod(shape[:axis]))
-    return [ctx.call("reshape", x, shape=(rows, int(np.prod(shape[axis:]))))]
+    return [_reshape_to(ctx, x, (dim_product(shape[:axis]), dim_product(shape[axis:])))]
 
 
 @onnx_op("Squeeze")
 def _squeeze_onnx(ctx: GraphContext, inputs: Sequence[g.Expr | None],
                   attrs: dict[str, Any]) -> list[g.Expr]:
     x = first_input(inputs)
-    shape = ctx.tensor_type(x).static_shape
+    shape = ctx.tensor_type(x).shape
     if ctx.opset >= 13:
         axes_v = ctx.value(inputs[1]) if len(inputs) > 1 else None
         axes_raw = None if axes_v is None else tuple(int(a) for a in axes_v.reshape(-1))
@@ -104,24 +192,24 @@ def _squeeze_onnx(ctx: GraphContext, inputs: Sequence[g.Expr | None],
     else:
         axes_raw = attrs.get("axes")
     axes = norm_axes(axes_raw, len(shape)) if axes_raw is not None else tuple(
-        k for k, d in enumerate(shape) if d == 1)
+        k for k, d in enumerate(shape) if isinstance(d, int) and d == 1)
     for a in axes:
-        if shape[a] != 1:
-            raise IRError(f"Squeeze: dimension {a} has size {shape[a]}, not 1")
-    return [ctx.call("reshape", x, shape=tuple(d for k, d in enumerate(shape) if k not in axes))]
+        if not (isinstance(shape[a], int) and shape[a] == 1):
+            raise IRError(f"Squeeze: dimension {a} has size {dim_text(shape[a])}, not 1")
+    return [_reshape_to(ctx, x, tuple(d for k, d in enumerate(shape) if k not in axes))]
 
 
 @onnx_op("Unsqueeze")
 def _unsqueeze_onnx(ctx: GraphContext, inputs: Sequence[g.Expr | None],
                     attrs: dict[str, Any]) -> list[g.Expr]:
     x = first_input(inputs)
-    shape = list(ctx.tensor_type(x).static_shape)
+    shape: list[Dim] = list(ctx.tensor_type(x).shape)
     raw = (need_constant(ctx, inputs[1], "Unsqueeze axes").reshape(-1) if ctx.opset >= 13
            else attrs["axes"])
     axes = norm_axes(tuple(int(a) for a in raw), len(shape) + len(raw))
-    for a in axes:
+    for a in sorted(axes):
         shape.insert(a, 1)
-    return [ctx.call("reshape", x, shape=tuple(shape))]
+    return [_reshape_to(ctx, x, tuple(shape))]
 
 
 # ------------------------------------------------------------------ transpose
@@ -383,7 +471,7 @@ def _split_onnx(ctx: GraphContext, inputs: Sequence[g.Expr | None],
 
 def _bto_infer(types: Sequence[TensorType], attrs: Attrs) -> Type:
     x = types[0]
-    return TensorType(broadcast_shapes(x.shape, tuple(attrs["shape"])), x.dtype)  # type: ignore[arg-type]
+    return TensorType(broadcast_shapes(x.shape, tuple(attrs["shape"])), x.dtype)
 
 
 def _bto_compute(inputs: Sequence[te.Tensor], attrs: Attrs) -> te.Tensor:
@@ -400,8 +488,21 @@ register_op("broadcast_to", pattern="broadcast", infer=_bto_infer, compute=_bto_
 @onnx_op("Expand")
 def _expand_onnx(ctx: GraphContext, inputs: Sequence[g.Expr | None],
                  attrs: dict[str, Any]) -> list[g.Expr]:
-    shape = tuple(int(d) for d in need_constant(ctx, inputs[1], "Expand shape").reshape(-1))
-    return [ctx.call("broadcast_to", first_input(inputs), shape=shape)]
+    x = first_input(inputs)
+    target = list(need_dims(ctx, inputs[1], "Expand shape").reshape(-1))
+    src = ctx.tensor_type(x).shape
+    # A symbolic target dimension is the input's own (aligned right): 1 keeps it.
+    shape: list[int] = []
+    for k, d in enumerate(target):
+        pos = k - (len(target) - len(src))
+        if isinstance(d, (int, np.integer)):
+            shape.append(int(d))
+        elif pos >= 0 and dims_equal(src[pos], d) is True:
+            shape.append(1)
+        else:
+            raise IRError(f"Expand to {shape_text(target)}: the symbolic size {dim_text(d)} "
+                          "is not the input's own dimension; kiln cannot broadcast to it")
+    return [ctx.call("broadcast_to", x, shape=tuple(shape))]
 
 
 def _tile_infer(types: Sequence[TensorType], attrs: Attrs) -> Type:
@@ -427,7 +528,7 @@ register_op("tile", pattern="injective", infer=_tile_infer, compute=_tile_comput
 @onnx_op("Tile")
 def _tile_onnx(ctx: GraphContext, inputs: Sequence[g.Expr | None],
                attrs: dict[str, Any]) -> list[g.Expr]:
-    reps = tuple(int(d) for d in need_constant(ctx, inputs[1], "Tile repeats").reshape(-1))
+    reps = tuple(int(d) for d in need_static(ctx, inputs[1], "Tile repeats"))
     return [ctx.call("tile", first_input(inputs), repeats=reps)]
 
 
@@ -648,6 +749,33 @@ def _reverse_sequence_onnx(ctx: GraphContext, inputs: Sequence[g.Expr | None],
                      time_axis=int(attrs.get("time_axis", 0)))]
 
 
+# --------------------------------------------------------------------- shape_of
+
+def _shape_of_infer(types: Sequence[TensorType], attrs: Attrs) -> Type:
+    x = types[0]
+    start, end = int(attrs["start"]), int(attrs["end"])
+    if not 0 <= start <= end <= x.ndim:
+        raise IRError(f"shape_of: dimensions {start}:{end} are not within the {x.ndim} of {x}")
+    return TensorType((end - start,), "int64")
+
+
+def _shape_of_compute(inputs: Sequence[te.Tensor], attrs: Attrs) -> te.Tensor:
+    (x,) = inputs
+    dims = [as_expr(d).astype("int64") for d in x.shape[int(attrs["start"]):int(attrs["end"])]]
+
+    def element(i: PrimExpr) -> PrimExpr:
+        value = dims[-1]
+        for k in range(len(dims) - 2, -1, -1):
+            value = select(i.eq(k), dims[k], value)
+        return value
+
+    return te.compute((len(dims),), element, "int64", "shape_of")
+
+
+register_op("shape_of", pattern="opaque", infer=_shape_of_infer, compute=_shape_of_compute,
+            reference=lambda x, start, end, **a: np.array(x.shape[start:end], dtype=np.int64))
+
+
 # ---------------------------------------------- ONNX ops that need no kiln op
 
 @onnx_op("Identity")
@@ -669,24 +797,40 @@ def _dropout_onnx(ctx: GraphContext, inputs: Sequence[g.Expr | None],
     if training and ratio > 0:
         raise IRError("training-mode Dropout is random; kiln compiles inference graphs")
     # Inference: the identity, and an all-true mask (folded only within the budget).
-    mask = ctx.call("broadcast_to", ctx.const(np.array(True)),
-                    shape=ctx.tensor_type(x).static_shape)
-    return [x, mask]
+    shape = ctx.tensor_type(x).shape
+    if len(ctx.node_outputs) < 2 or not ctx.node_outputs[1]:
+        return [x]
+    if not is_static(shape):  # true everywhere, of x's symbolic shape
+        yes = ctx.const(np.array(True))
+        return [x, ctx.call("where", ctx.call("isnan", x), yes, yes)]
+    return [x, ctx.call("broadcast_to", ctx.const(np.array(True)),
+                        shape=ctx.tensor_type(x).static_shape)]
 
 
 @onnx_op("Shape")
 def _shape_onnx(ctx: GraphContext, inputs: Sequence[g.Expr | None],
                 attrs: dict[str, Any]) -> list[g.Expr]:
-    shape = ctx.tensor_type(first_input(inputs)).static_shape
+    x = first_input(inputs)
+    shape = ctx.tensor_type(x).shape
     start = int(attrs.get("start", 0))
     end = attrs.get("end")
-    return [ctx.const(np.array(shape[start:None if end is None else int(end)], dtype=np.int64))]
+    part = shape[start:None if end is None else int(end)]
+    if is_static(part):
+        return [ctx.const(np.array(part, dtype=np.int64))]
+    # Symbolic: computed at run time; the importer follows its value as dimensions.
+    lo, hi, _ = slice(start, None if end is None else int(end)).indices(len(shape))
+    return [ctx.call("shape_of", x, start=lo, end=max(lo, hi))]
 
 
 @onnx_op("Size")
 def _size_onnx(ctx: GraphContext, inputs: Sequence[g.Expr | None],
                attrs: dict[str, Any]) -> list[g.Expr]:
-    return [ctx.const(np.array(ctx.tensor_type(first_input(inputs)).numel(), dtype=np.int64))]
+    x = first_input(inputs)
+    shape = ctx.tensor_type(x).shape
+    if is_static(shape):
+        return [ctx.const(np.array(ctx.tensor_type(x).numel(), dtype=np.int64))]
+    return [ctx.call("reduce_prod", ctx.call("shape_of", x, start=0, end=len(shape)),
+                     axes=(0,), keepdims=False)]
 
 
 @onnx_op("Constant")
@@ -704,8 +848,7 @@ def _constant_onnx(ctx: GraphContext, inputs: Sequence[g.Expr | None],
 @onnx_op("ConstantOfShape")
 def _const_of_shape_onnx(ctx: GraphContext, inputs: Sequence[g.Expr | None],
                          attrs: dict[str, Any]) -> list[g.Expr]:
-    shape_v = need_constant(ctx, inputs[0], "ConstantOfShape shape")
-    shape = tuple(int(d) for d in shape_v.reshape(-1))
+    shape = tuple(int(d) for d in need_static(ctx, inputs[0], "ConstantOfShape shape"))
     value = np.asarray(attrs.get("value", np.zeros(1, np.float32))).reshape(-1)
     if value.size != 1:
         raise IRError(f"ConstantOfShape value must hold one element, got {value.size}")
@@ -718,7 +861,7 @@ def _const_of_shape_onnx(ctx: GraphContext, inputs: Sequence[g.Expr | None],
 @onnx_op("Range")
 def _range_onnx(ctx: GraphContext, inputs: Sequence[g.Expr | None],
                 attrs: dict[str, Any]) -> list[g.Expr]:
-    start, limit, delta = (need_constant(ctx, x, "Range bounds") for x in inputs[:3])
+    start, limit, delta = (need_static(ctx, x, "Range bounds") for x in inputs[:3])
     a, b, d = (v.reshape(-1)[0].item() if v.size == 1 else None for v in (start, limit, delta))
     if a is None or b is None or d is None:
         raise IRError("Range start, limit and delta must be scalars")

@@ -43,6 +43,11 @@ class GraphContext(Protocol):
     def tensor_type(self, expr: g.Expr) -> TensorType:
         ...
 
+    def dims(self, expr: g.Expr | None) -> np.ndarray | None:
+        """The value of `expr` as dimensions: its constant value, or for a shape computed
+        from symbolic dimensions an object array of ints and PrimExprs (None: unknown)."""
+        ...
+
     def item(self, expr: g.Expr, index: int) -> g.Expr:
         """Element `index` of a tuple-valued expression."""
         ...
@@ -103,3 +108,25 @@ def need_constant(ctx: GraphContext, expr: g.Expr | None, what: str) -> np.ndarr
         raise IRError(f"{what} must be a compile-time constant (kiln needs static shapes)"
                       + (f"; {reason}" if reason else ""))
     return value
+
+
+def need_dims(ctx: GraphContext, expr: g.Expr | None, what: str) -> np.ndarray:
+    """The value of input `expr` as dimensions (ints and symbolic PrimExprs, see
+    GraphContext.dims); `what` names it in the error."""
+    value = ctx.dims(expr)
+    if value is None:
+        return need_constant(ctx, expr, what)
+    return value
+
+
+def need_static(ctx: GraphContext, expr: g.Expr | None, what: str) -> np.ndarray:
+    """The compile-time value of input `expr` as a flat array, which must not depend on a
+    symbolic dimension (`what` names it in the error)."""
+    value = ctx.dims(expr)
+    if value is not None and value.dtype == object:
+        from kiln.ir.shape_expr import dim_text
+
+        shown = ", ".join(dim_text(d) for d in value.reshape(-1))
+        raise IRError(f"{what} is [{shown}]: it depends on a symbolic dimension, and kiln "
+                      "needs it at compile time")
+    return need_constant(ctx, expr, what).reshape(-1) if value is None else value.reshape(-1)

@@ -15,16 +15,19 @@ from __future__ import annotations
 
 import os
 from collections import Counter
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
-from kiln._registry import suggest
 from kiln.errors import FrontendError, IRError
+from kiln.frontend.onnx.dims import Declared, InputDims, declared_dims
 from kiln.frontend.onnx.raw_data import load_with_views
+from kiln.frontend.onnx.shape_values import evaluate as evaluate_shape
+from kiln.frontend.onnx.shape_values import is_constant, shape_value
 from kiln.frontend.onnx.validate import check_graph, check_shape, itemsize
 from kiln.ir import graph as g
-from kiln.ir.attrs import ATTR_GIVEN_OUTPUT_NAMES
+from kiln.ir.attrs import ATTR_DIM_BOUNDS, ATTR_GIVEN_OUTPUT_NAMES
 from kiln.ir.builder import IRBuilder
 from kiln.ir.dtype import from_numpy, to_numpy
 from kiln.ir.module import IRModule
@@ -49,10 +52,13 @@ def from_onnx(model: Any, shape_dict: dict[str, Any] | None = None, *,
               max_fold_bytes: int = DEFAULT_MAX_FOLD_BYTES) -> IRModule:
     """Import `model` (a path, bytes or onnx.ModelProto) as an IRModule.
 
-    `shape_dict` binds input shapes, e.g. `{"input": (1, 3, 224, 224)}`: it is
-    required for inputs with symbolic dimensions and must agree with the fixed
-    dimensions the model declares. The module's graph function `main` takes the
-    inputs in the model's order, under their ONNX names, and returns the
+    Symbolic dimensions (`dim_param`s, and dynamic dims without a name) become
+    dimension variables, one per name (kiln.frontend.onnx.dims). `shape_dict` may
+    pin them by input (`{"x": (1, None, 64)}`, None keeps a dim symbolic) or by
+    name (`{"batch": 1}`), or bound them (`{"seq": range(1, 513)}`); it must agree
+    with the fixed dimensions the model declares. The bounds of the remaining
+    variables are the function attribute `kiln.dim_bounds`. The module's graph
+    function `main` takes the inputs in the model's order, under their ONNX names, and returns the
     outputs in the model's order (attribute `output_names`).
 
     `max_fold_bytes` bounds constant folding (docs/onnx.md, "Limits"): an
@@ -80,8 +86,10 @@ def from_onnx(model: Any, shape_dict: dict[str, Any] | None = None, *,
     graph = proto.graph
     check_graph(graph, in_memory=not isinstance(model, (str, os.PathLike)))
     _check_supported(graph, opset)
-    _check_shape_dict(graph, shape_dict or {})
-    return _Importer(graph, opset, dict(shape_dict or {}), max_fold_bytes, views).run()
+    if shape_dict is not None and not isinstance(shape_dict, Mapping):
+        raise FrontendError(f"shape_dict must be a dict, got {type(shape_dict).__name__}")
+    dims = _input_dims(graph, dict(shape_dict or {}))
+    return _Importer(graph, opset, dims, max_fold_bytes, views).run()
 
 
 def _load(model: Any) -> tuple[Any, dict[int, Any]]:
@@ -190,22 +198,13 @@ def _graph_inputs(graph: Any) -> list[Any]:
     return [i for i in graph.input if i.name not in init_names]
 
 
-def _check_shape_dict(graph: Any, shape_dict: dict[str, Any]) -> None:
-    elem_types = {i.name: i.type.tensor_type.elem_type for i in _graph_inputs(graph)}
-    inputs = list(elem_types)
-    for name, shape in shape_dict.items():
-        if name not in inputs:
-            raise FrontendError(
-                f"shape_dict names {name!r}, which is not an input of the model."
-                f"{suggest(str(name), inputs)} Inputs: {', '.join(inputs) or '(none)'}")
-        if isinstance(shape, (str, bytes)) or not hasattr(shape, "__iter__"):
-            raise FrontendError(f"shape_dict[{name!r}] must be a sequence of ints, got {shape!r}")
-        for d in shape:
-            if isinstance(d, bool) or not isinstance(d, (int, np.integer)) or d < 0:
-                raise FrontendError(
-                    f"shape_dict[{name!r}] = {tuple(shape)!r}: every dimension must be a "
-                    f"non-negative int, got {d!r}")
-        check_shape(f"shape_dict[{name!r}]", shape, itemsize(elem_types[name]))
+def _input_dims(graph: Any, shape_dict: dict[str, Any]) -> InputDims:
+    """The inputs' dimensions resolved against `shape_dict` (pins, bounds, variables)."""
+    declared: dict[str, list[Declared] | None] = {}
+    for inp in _graph_inputs(graph):
+        tt = inp.type.tensor_type
+        declared[inp.name] = declared_dims(tt) if inp.type.HasField("tensor_type") else None
+    return InputDims(declared, shape_dict)
 
 
 def _decode_attr(attr: Any) -> Any:
@@ -227,19 +226,21 @@ def _decode_attr(attr: Any) -> Any:
 class _Importer:
     """Converts the nodes of one graph in order; it is the converters' GraphContext."""
 
-    def __init__(self, graph: Any, opset: int, shape_dict: dict[str, Any],
+    def __init__(self, graph: Any, opset: int, dims: InputDims,
                  max_fold_bytes: int = DEFAULT_MAX_FOLD_BYTES,
                  views: dict[int, Any] | None = None) -> None:
         self.graph = graph
         self.views = views or {}  # initializer index -> its data, read already
         self.opset = opset
-        self.shape_dict = shape_dict
+        self.input_dims = dims
         self.max_fold_bytes = max_fold_bytes
         # Folded constants -> bytes of model data they derive from (others: their own size).
         self._origin: dict[int, tuple[g.Constant, int]] = {}
         # Calls left unfolded for the budget -> why (for "must be a constant" errors).
         self._unfolded: dict[g.Expr, str] = {}
         self.values: dict[str, g.Expr] = {}
+        # Values computed from symbolic dimensions -> their elements as dimensions.
+        self.shape_values: dict[g.Expr, np.ndarray] = {}
         self.ib = IRBuilder()
         self.node_outputs: tuple[str, ...] = ()
         self.params: set[g.Expr] = set()
@@ -269,7 +270,39 @@ class _Importer:
                                    f"{nbytes} bytes is above the fold budget of "
                                    f"{self.max_fold_bytes} bytes (from_onnx max_fold_bytes)")
             return var
-        return self.ib.emit(expr, op)
+        known = self._shape_value(op, args, expr)
+        if known is not None and is_constant(known):
+            return self._folded(known.astype(to_numpy(self.tensor_type(expr).dtype)),
+                                int(known.size) * 8)
+        var = self.ib.emit(expr, op)
+        if known is not None:
+            self.shape_values[var] = known
+        return var
+
+    def _shape_value(self, op: str, args: tuple[g.Expr, ...], expr: g.Call) -> Any:
+        """The value of `expr` as dimensions (shape_values) when it is shape arithmetic
+        on symbolic dimensions, else None."""
+        if op == "shape_of":
+            x = self.tensor_type(args[0])
+            start, end = int(expr.attrs["start"]), int(expr.attrs["end"])  # type: ignore[arg-type]
+            return shape_value(x.shape[start:end])
+        if not any(a in self.shape_values for a in args) or not isinstance(
+                expr.type, TensorType):
+            return None
+        values = []
+        for a in args:
+            if a in self.shape_values:
+                values.append(self.shape_values[a])
+            elif isinstance(a, g.Constant):
+                values.append(a.data)
+            else:
+                return None
+        return evaluate_shape(op, values, expr.attrs, expr.type.dtype)
+
+    def dims(self, expr: g.Expr | None) -> np.ndarray | None:
+        if isinstance(expr, g.Constant):
+            return expr.data
+        return self.shape_values.get(expr) if expr is not None else None
 
     def _folded(self, value: Any, origin: int) -> g.Constant:
         data = np.asarray(value)
@@ -342,6 +375,8 @@ class _Importer:
             if not outputs:
                 raise FrontendError("the model has no outputs")
             self.ib.func_attr(ATTR_GIVEN_OUTPUT_NAMES, tuple(o.name for o in self.graph.output))
+            if self.input_dims.vars:
+                self.ib.func_attr(ATTR_DIM_BOUNDS, self.input_dims.dim_bounds())
             self.ib.ret(outputs[0] if len(outputs) == 1 else g.Tuple(tuple(outputs)))
         return self.ib.get()
 
@@ -400,28 +435,11 @@ class _Importer:
         except (IRError, KeyError, TypeError, ValueError) as exc:
             raise FrontendError(f"input {inp.name!r}: unsupported element type "
                                 f"{tt.elem_type}: {exc}") from exc
-        declared: list[int | str | None] = []
-        for d in tt.shape.dim:
-            if d.HasField("dim_value"):
-                declared.append(int(d.dim_value))
-            else:
-                declared.append(d.dim_param or None)
-        if inp.name in self.shape_dict:
-            shape = tuple(int(d) for d in self.shape_dict[inp.name])
-            if tt.HasField("shape") and (len(declared) != len(shape) or any(
-                    isinstance(d, int) and d != s for d, s in zip(declared, shape))):
-                shown = tuple(d if d is not None else "?" for d in declared)
-                raise FrontendError(
-                    f"shape_dict gives input {inp.name!r} shape {shape}, but the model "
-                    f"declares {shown}")
-            return TensorType(shape, dtype)
-        if not tt.HasField("shape"):
+        shape = self.input_dims.shape(inp.name)
+        if shape is None:
             raise FrontendError(f"input {inp.name!r} has no declared shape; pass "
                                 f"shape_dict={{{inp.name!r}: (...)}}")
-        unbound = [f"{d!r} (dim {k})" if d else f"dim {k}"
-                   for k, d in enumerate(declared) if not isinstance(d, int)]
-        if unbound:
-            raise FrontendError(
-                f"input {inp.name!r} has unbound dimension(s) {', '.join(unbound)}; pass "
-                f"shape_dict={{{inp.name!r}: (...)}} with a full static shape")
-        return TensorType(tuple(int(d) for d in declared), dtype)  # type: ignore[arg-type]
+        elem_size = itemsize(tt.elem_type)
+        check_shape(f"input {inp.name!r}", [d if isinstance(d, int) else 1 for d in shape],
+                    elem_size)
+        return TensorType(shape, dtype)

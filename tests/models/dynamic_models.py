@@ -1,0 +1,128 @@
+"""ONNX models with symbolic dimensions, built with onnx.helper (deterministic weights).
+
+- `encoder(batch, seq, layers, width)`: a transformer encoder over `features`
+  `[batch, seq, width]` with an attention `mask` `[batch, seq]` (int64, 1 = keep)
+  sharing `seq`; multi-head attention (MatMul, Transpose, Softmax, the mask applied
+  with Where), LayerNormalization, GELU as Erf. With `torch_style=False` the head
+  reshapes use 0/-1 targets; with `torch_style=True` they take their targets from
+  Shape -> Gather -> Unsqueeze -> Concat subgraphs, as PyTorch exports them.
+- `cnn(batch)`: Conv, BatchNormalization, Relu, MaxPool, GlobalAveragePool, Flatten,
+  Gemm over `image` `[batch, 3, 16, 16]`.
+
+A dimension argument that is a str is a `dim_param`; an int fixes it; None leaves it
+dynamic and unnamed. `feeds(model, sizes)` draws inputs for given dimension values.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import onnx
+from builders import GraphBuilder
+from onnx import TensorProto, helper
+
+Dim = int | str | None
+
+
+def _vi(name: str, shape: list[Dim], elem: int = TensorProto.FLOAT) -> onnx.ValueInfoProto:
+    return helper.make_tensor_value_info(name, elem, shape)
+
+
+def encoder(batch: Dim = "batch", seq: Dim = "seq", layers: int = 2, width: int = 64,
+            heads: int = 4, ffn: int = 128, torch_style: bool = False) -> onnx.ModelProto:
+    """A `layers`-layer transformer encoder with symbolic `(batch, seq)` (module docstring)."""
+    b = GraphBuilder(12)
+    dh = width // heads
+    i64 = lambda *v: b.const(np.array(v, np.int64), "shape")  # noqa: E731
+
+    def proj(x: str, din: int, dout: int) -> str:
+        return b.op("Add", b.op("MatMul", x, b.weight(din, dout, fan_in=din)),
+                    b.const(b.rng.normal(0, 0.1, dout).astype(np.float32), "b"))
+
+    def layer_norm(x: str) -> str:
+        return b.op("LayerNormalization", x,
+                    b.const(b.rng.uniform(0.8, 1.2, width).astype(np.float32), "ln_g"),
+                    b.const(b.rng.normal(0, 0.1, width).astype(np.float32), "ln_b"),
+                    axis=-1, epsilon=1e-5)
+
+    def dims_of(x: str) -> tuple[str, str]:
+        shape = b.op("Shape", x)
+        return tuple(b.op("Unsqueeze", b.op("Gather", shape, b.const(np.array(a, np.int64), "i"),
+                                            axis=0), i64(0)) for a in (0, 1))  # type: ignore[return-value]
+
+    def split_heads(x: str) -> str:
+        if torch_style:
+            n, s = dims_of(x)
+            target = b.op("Concat", n, s, i64(heads, dh), axis=0)
+        else:
+            target = i64(0, 0, heads, dh)
+        return b.op("Transpose", b.op("Reshape", x, target), perm=[0, 2, 1, 3])
+
+    def merge_heads(ctx: str, like: str) -> str:
+        ctx = b.op("Transpose", ctx, perm=[0, 2, 1, 3])
+        if torch_style:
+            n, s = dims_of(like)
+            target = b.op("Concat", n, s, i64(-1), axis=0)
+        else:
+            target = i64(0, 0, -1)
+        return b.op("Reshape", ctx, target)
+
+    # mask [batch, seq] -> padded positions [batch, 1, 1, seq]
+    padded = b.op("Unsqueeze", b.op("Equal", "mask", i64(0)), i64(1, 2))
+    big_negative = b.const(np.array(-1e4, np.float32), "neg")
+
+    def attention(x: str) -> str:
+        q, k, v = (split_heads(proj(x, width, width)) for _ in range(3))
+        scores = b.op("Div", b.op("MatMul", q, b.op("Transpose", k, perm=[0, 1, 3, 2])),
+                      b.const(np.array(math.sqrt(dh), np.float32), "scale"))
+        scores = b.op("Where", padded, big_negative, scores)
+        ctx = b.op("MatMul", b.op("Softmax", scores, axis=-1), v)
+        return proj(merge_heads(ctx, x), width, width)
+
+    def gelu_erf(x: str) -> str:
+        erf = b.op("Erf", b.op("Div", x, b.const(np.array(math.sqrt(2), np.float32), "r2")))
+        one = b.const(np.array(1.0, np.float32), "one")
+        half = b.const(np.array(0.5, np.float32), "half")
+        return b.op("Mul", b.op("Mul", x, b.op("Add", erf, one)), half)
+
+    h = "features"
+    for _ in range(layers):
+        h = layer_norm(b.op("Add", h, attention(h)))
+        h = layer_norm(b.op("Add", h, proj(gelu_erf(proj(h, width, ffn)), ffn, width)))
+    b.nodes.append(helper.make_node("Identity", [h], ["encoded"]))
+    return b.model([_vi("features", [batch, seq, width]),
+                    _vi("mask", [batch, seq], TensorProto.INT64)],
+                   [_vi("encoded", [batch, seq, width])], 17,
+                   "encoder_torch" if torch_style else "encoder")
+
+
+def cnn(batch: Dim = "batch") -> onnx.ModelProto:
+    """A small CNN with a symbolic batch (module docstring)."""
+    b = GraphBuilder(13)
+    h = b.op("Relu", b.bn(b.conv("image", 3, 8, 3), 8))
+    h = b.op("MaxPool", h, kernel_shape=[2, 2], strides=[2, 2])
+    h = b.op("Relu", b.conv(h, 8, 16, 3, stride=2))
+    h = b.op("Flatten", b.op("GlobalAveragePool", h), axis=1)
+    out = b.linear(h, 16, 10)
+    b.nodes.append(helper.make_node("Identity", [out], ["logits"]))
+    return b.model([_vi("image", [batch, 3, 16, 16])], [_vi("logits", [batch, 10])], 13, "cnn")
+
+
+def feeds(model: onnx.ModelProto, sizes: dict[str, int], seed: int = 0) -> dict[str, np.ndarray]:
+    """Inputs for `model` with its dimensions named in `sizes` at those values.
+
+    An int64 input is an attention mask: each row keeps a random prefix (at least one).
+    """
+    rng = np.random.default_rng(seed)
+    out: dict[str, np.ndarray] = {}
+    for vi in model.graph.input:
+        tt = vi.type.tensor_type
+        shape = [d.dim_value if d.HasField("dim_value") else sizes[d.dim_param]
+                 for d in tt.shape.dim]
+        if tt.elem_type == TensorProto.INT64:
+            keep = rng.integers(1, shape[-1] + 1, size=shape[:-1])
+            out[vi.name] = (np.arange(shape[-1]) < keep[..., None]).astype(np.int64)
+        else:
+            out[vi.name] = rng.standard_normal(shape).astype(np.float32)
+    return out
