@@ -16,6 +16,7 @@ import numpy as np
 from kiln.errors import IRError
 from kiln.ir import dtype as dt
 from kiln.ir import graph as g
+from kiln.ir.shape_expr import dim_text, dims_equal, shape_text, simplify_dim
 from kiln.ir.tensor import Cast, PrimExpr, as_expr, intrin, select
 from kiln.ir.types import TensorType, Type
 from kiln.ops import spatial, te
@@ -42,6 +43,15 @@ def widen(x: PrimExpr, dtype: str) -> PrimExpr:
     return x if x.dtype == dtype else Cast(dtype, x)
 
 
+def _static_dim(t: TensorType, axis: int, what: str) -> int:
+    """Dimension `axis` of `t`, which must be static (IRError naming `what` if not)."""
+    d = t.shape[axis]
+    if not isinstance(d, int):
+        raise IRError(f"{what}: dimension {axis} of {shape_text(t.shape)} must be static, "
+                      f"got {dim_text(d)}")
+    return d
+
+
 def _tt(t: te.Tensor) -> TensorType:
     return TensorType(t.shape, t.dtype)
 
@@ -54,8 +64,8 @@ def _matmul_shapes(a: Sequence[int], b: Sequence[int]) -> tuple[int, ...]:
         raise IRError("matmul operands must have at least one dimension")
     a2 = (1, *a) if len(a) == 1 else tuple(a)
     b2 = (*b, 1) if len(b) == 1 else tuple(b)
-    if a2[-1] != b2[-2]:
-        raise IRError(f"matmul: inner dimensions differ: {tuple(a)} @ {tuple(b)}")
+    if dims_equal(a2[-1], b2[-2]) is not True:
+        raise IRError(f"matmul: inner dimensions differ: {shape_text(a)} @ {shape_text(b)}")
     batch = broadcast_shapes(a2[:-2], b2[:-2])
     out = (*batch, a2[-2], b2[-1])
     if len(a) == 1:
@@ -242,7 +252,7 @@ register_op("einsum", pattern="anchor", infer=_einsum_infer, compute=_einsum_com
 
 # --------------------------------------------------------------------------- convolution
 
-def _conv_geometry(x: Sequence[int], w: Sequence[int], attrs: Attrs, what: str
+def _conv_geometry(x: Sequence[Any], w: Sequence[int], attrs: Attrs, what: str
                    ) -> tuple[int, tuple[int, ...], tuple[int, ...], tuple[int, ...],
                               tuple[int, ...]]:
     """(rank, strides, dilations, pad begins, pad ends), checked against the shapes."""
@@ -259,8 +269,9 @@ def _conv_geometry(x: Sequence[int], w: Sequence[int], attrs: Attrs, what: str
 
 def _conv_infer(types: Sequence[TensorType], attrs: Attrs) -> Type:
     x, w = types[0], types[1]
-    xs, ws = x.static_shape, w.static_shape
+    xs, ws = x.shape, w.static_shape
     rank, strides, dilations, begins, ends = _conv_geometry(xs, ws, attrs, "conv")
+    _static_dim(x, 1, "conv")
     group = int(attrs.get("group", 1))
     if group < 1 or xs[1] != ws[1] * group or ws[0] % group:
         raise IRError(f"conv: input has {xs[1]} channels, weight {ws} with group {group} "
@@ -269,9 +280,9 @@ def _conv_infer(types: Sequence[TensorType], attrs: Attrs) -> Type:
         raise IRError(f"conv: bias shape {types[2].shape} must be ({ws[0]},)")
     if x.dtype != w.dtype:
         raise IRError(f"conv: input and weight dtypes differ ({x.dtype} vs {w.dtype})")
-    out = tuple(spatial.conv_out(xs[2 + k], ws[2 + k], strides[k], dilations[k], begins[k],
-                                 ends[k]) for k in range(rank))
-    if min(out) <= 0:
+    out = tuple(simplify_dim(spatial.conv_out(xs[2 + k], ws[2 + k], strides[k], dilations[k],
+                                              begins[k], ends[k])) for k in range(rank))
+    if min((d for d in out if isinstance(d, int)), default=1) <= 0:
         raise IRError(f"conv output would be empty ({out})")
     return TensorType((xs[0], ws[0], *out), x.dtype)
 
@@ -499,11 +510,11 @@ def _conv_onnx(ctx: GraphContext, inputs: Sequence[g.Expr | None],
     x, w, b = inputs[0], inputs[1], inputs[2] if len(inputs) > 2 else None
     assert x is not None and w is not None
     xt, wt = ctx.tensor_type(x), ctx.tensor_type(w)
-    rank = spatial.spatial_rank(xt.static_shape, "Conv")
+    rank = spatial.spatial_rank(xt.shape, "Conv")
     kernel = _kernel(attrs, wt)
     strides = spatial.ints(attrs, "strides", rank, 1)
     dilations = spatial.ints(attrs, "dilations", rank, 1)
-    pads = spatial.onnx_pads(attrs, xt.static_shape[2:], kernel, strides, dilations)
+    pads = spatial.onnx_pads(attrs, xt.shape[2:], kernel, strides, dilations)
     args = [x, w] if b is None else [x, w, b]
     return [ctx.call(f"conv{spatial.SUFFIX[rank]}", *args, group=int(attrs.get("group", 1)),
                      strides=strides, dilations=dilations, pads=pads)]
@@ -612,7 +623,7 @@ def _batchnorm_onnx(ctx: GraphContext, inputs: Sequence[g.Expr | None],
         # opset 7-8 `spatial=0`: statistics per (C, spatial...) element
         shape = xt.static_shape[1:]
     else:
-        shape = (xt.static_shape[1],) + (1,) * (xt.ndim - 2)
+        shape = (_static_dim(xt, 1, "BatchNormalization"),) + (1,) * (xt.ndim - 2)
     training = bool(attrs.get("training_mode", 0)) and ctx.opset >= 14
     if training:
         return _batchnorm_training(ctx, x, scale, bias, mean, var, eps,

@@ -16,6 +16,7 @@ import numpy as np
 from kiln.errors import IRError
 from kiln.ir import dtype as dt
 from kiln.ir import graph as g
+from kiln.ir.shape_expr import is_static, shape_text, simplify_dim
 from kiln.ir.tensor import Cast, PrimExpr, as_expr, intrin, min_, select
 from kiln.ir.types import TensorType, Type
 from kiln.ops import spatial, te
@@ -29,7 +30,7 @@ Attrs = Mapping[str, Any]
 class _Window:
     """The checked geometry of a pooling op on an input of `shape`."""
 
-    def __init__(self, shape: Sequence[int], attrs: Attrs) -> None:
+    def __init__(self, shape: Sequence[Any], attrs: Attrs) -> None:
         self.rank = spatial.spatial_rank(shape, "pooling")
         if "kernel_shape" not in attrs:
             raise IRError("pooling needs a kernel_shape attribute")
@@ -41,13 +42,17 @@ class _Window:
         if min(self.kernel) < 1 or min(self.strides) < 1 or min(self.dilations) < 1:
             raise IRError("pooling: kernel_shape, strides and dilations must be >= 1")
         ceil = bool(attrs.get("ceil_mode", False))
-        self.size = tuple(int(d) for d in shape[2:])
-        self.out = tuple(spatial.pool_out(self.size[j], self.kernel[j], self.strides[j],
-                                          self.dilations[j], self.begins[j], self.ends[j], ceil)
-                         for j in range(r))
-        if min(self.out) <= 0:
+        # Any: ints for kernels; a symbolic dimension only reaches the type (infer).
+        self.size: tuple[Any, ...] = tuple(simplify_dim(d) for d in shape[2:])
+        if ceil and not is_static(self.size):
+            raise IRError(f"pooling with ceil_mode over symbolic dimensions {shape_text(shape)} "
+                          "is not supported")
+        self.out: tuple[Any, ...] = tuple(simplify_dim(spatial.pool_out(
+            self.size[j], self.kernel[j], self.strides[j], self.dilations[j], self.begins[j],
+            self.ends[j], ceil)) for j in range(r))
+        if min((d for d in self.out if isinstance(d, int)), default=1) <= 0:
             raise IRError(f"pooling output would be empty ({self.out})")
-        self.out_shape = (int(shape[0]), int(shape[1]), *self.out)
+        self.out_shape: tuple[Any, ...] = (shape[0], shape[1], *self.out)
 
     def positions(self, o: Sequence[PrimExpr], k: Sequence[PrimExpr]) -> tuple[PrimExpr, ...]:
         return tuple(o[j] * self.strides[j] + k[j] * self.dilations[j] - self.begins[j]
@@ -56,7 +61,7 @@ class _Window:
 
 def _pool_infer(types: Sequence[TensorType], attrs: Attrs) -> Type:
     x = types[0]
-    return TensorType(_Window(x.static_shape, attrs).out_shape, x.dtype)
+    return TensorType(_Window(x.shape, attrs).out_shape, x.dtype)
 
 
 def _acc(dtype: str) -> str:
@@ -244,13 +249,13 @@ def _pool_converter(kind: str) -> Any:
         if kind == "max" and not (dt.is_float(t.dtype) or t.dtype in ("int8", "uint8")):
             raise IRError(f"MaxPool of {t.dtype} is not supported (ONNX allows float, int8, "
                           "uint8)")
-        rank = spatial.spatial_rank(t.static_shape, kind.capitalize() + "Pool")
+        rank = spatial.spatial_rank(t.shape, kind.capitalize() + "Pool")
         if "kernel_shape" not in attrs:
             raise IRError("the kernel_shape attribute is required")
         kernel = spatial.ints(attrs, "kernel_shape", rank, 1)
         strides = spatial.ints(attrs, "strides", rank, 1)
         dilations = spatial.ints(attrs, "dilations", rank, 1)
-        pads = spatial.onnx_pads(attrs, t.static_shape[2:], kernel, strides, dilations)
+        pads = spatial.onnx_pads(attrs, t.shape[2:], kernel, strides, dilations)
         extra: dict[str, Any] = {}
         if kind == "avg":
             extra["count_include_pad"] = bool(attrs.get("count_include_pad", 0))

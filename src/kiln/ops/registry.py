@@ -17,6 +17,7 @@ import numpy as np
 from kiln._registry import Registry
 from kiln.errors import IRError
 from kiln.ir import graph as g
+from kiln.ir.shape_expr import is_static, shape_text, simplify_shape
 from kiln.ir.tensor import PrimFunc
 from kiln.ir.types import TensorType, TupleType, Type
 from kiln.ops import te
@@ -48,7 +49,19 @@ class OpDef:
             if not isinstance(t, TensorType):
                 raise IRError(f"operator {self.name}: argument {k} is {t}, not a tensor")
             tensors.append(t)
-        return self.infer(tensors, attrs)
+        if all(is_static(t.shape) for t in tensors):
+            return self.infer(tensors, attrs)
+        # Symbolic dimensions: a rule written for static shapes fails with a clear error
+        # naming the op and the dimensions; results are kept canonical (shape_expr).
+        try:
+            out = self.infer(tensors, attrs)
+        except (TypeError, ValueError, ArithmeticError, IRError) as exc:
+            if isinstance(exc, IRError) and "is not static" not in str(exc):
+                raise
+            shapes = ", ".join(shape_text(t.shape) for t in tensors)
+            raise IRError(f"operator {self.name} does not support symbolic dimensions "
+                          f"(arguments {shapes}); pin them with shape_dict") from exc
+        return _canonical(out)
 
     def legalize(self, call: g.Call) -> tuple[PrimFunc, str]:
         """The PrimFunc(inputs..., outputs...) computing `call`, and a name hint."""
@@ -85,6 +98,12 @@ class HandBuiltOp(OpDef):
         to `args`; None: the op alone) with buffer parameters `params` + the output, or
         None when the hand-built kernel does not apply."""
         return None
+
+
+def _canonical(t: Type) -> Type:
+    if isinstance(t, TupleType):
+        return TupleType(tuple(_canonical(f) for f in t.fields))
+    return TensorType(simplify_shape(t.shape), t.dtype)
 
 
 def _tensor_type(t: Type) -> TensorType:

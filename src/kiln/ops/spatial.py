@@ -48,12 +48,12 @@ def spatial_rank(shape: Sequence[Any], what: str) -> int:
     return rank
 
 
-def conv_out(size: int, k: int, stride: int, dil: int, lo: int, hi: int) -> int:
-    """Output length of a convolution window sweep (floor mode)."""
+def conv_out(size: Any, k: int, stride: int, dil: int, lo: int, hi: int) -> int:
+    """Output length of a convolution window sweep (floor mode); `size` may be symbolic."""
     return (size + lo + hi - dil * (k - 1) - 1) // stride + 1
 
 
-def pool_out(size: int, k: int, stride: int, dil: int, lo: int, hi: int, ceil: bool) -> int:
+def pool_out(size: Any, k: int, stride: int, dil: int, lo: int, hi: int, ceil: bool) -> int:
     """Output length of a pooling window sweep, ONNX/PyTorch rules for ceil_mode."""
     span = size + lo + hi - dil * (k - 1) - 1
     out = (-(-span // stride) if ceil else span // stride) + 1
@@ -63,12 +63,15 @@ def pool_out(size: int, k: int, stride: int, dil: int, lo: int, hi: int, ceil: b
     return out
 
 
-def onnx_pads(attrs: Mapping[str, Any], spatial: Sequence[int], kernel: Sequence[int],
+def onnx_pads(attrs: Mapping[str, Any], spatial: Sequence[Any], kernel: Sequence[int],
               strides: Sequence[int], dilations: Sequence[int]) -> tuple[int, ...]:
     """ONNX `pads`/`auto_pad` resolved to explicit pads (begins..., ends...)."""
     auto = attrs.get("auto_pad", "NOTSET")
     n = len(spatial)
     if auto in ("SAME_UPPER", "SAME_LOWER"):
+        if any(not isinstance(d, int) for d in spatial):
+            raise IRError(f"auto_pad {auto} over symbolic spatial dimensions is not supported "
+                          "(the pads would depend on the size)")
         begins, ends = [], []
         for size, k, s, d in zip(spatial, kernel, strides, dilations):
             out = -(-size // s)
