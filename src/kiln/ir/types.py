@@ -39,7 +39,9 @@ class TensorType:
         out: list[int] = []
         for d in self.shape:
             if not isinstance(d, int):
-                raise IRError(f"shape {self.shape} is not static")
+                from kiln.ir.shape_expr import shape_text  # shape_expr imports this module
+
+                raise IRError(f"shape {shape_text(self.shape)} is not static")
             out.append(d)
         return tuple(out)
 

@@ -287,11 +287,21 @@ def _concat_infer(types: Sequence[TensorType], attrs: Attrs) -> Type:
     (axis,) = norm_axes(attrs.get("axis", 0), first.ndim)
     for t in types[1:]:
         if t.dtype != first.dtype or t.ndim != first.ndim or any(
-                a != b for k, (a, b) in enumerate(zip(t.shape, first.shape)) if k != axis):
-            raise IRError(f"concat: {t} does not fit {first} along axis {axis}")
+                dims_equal(a, b) is not True
+                for k, (a, b) in enumerate(zip(t.shape, first.shape)) if k != axis):
+            raise IRError(f"concat: {t.dtype}{shape_text(t.shape)} does not fit "
+                          f"{first.dtype}{shape_text(first.shape)} along axis {axis}")
     shape = list(first.shape)
-    shape[axis] = sum(_dim(t.shape[axis]) for t in types)
+    shape[axis] = sum_dims(t.shape[axis] for t in types)
     return TensorType(tuple(shape), first.dtype)
+
+
+def sum_dims(dims: Any) -> Dim:
+    """The sum of `dims`, canonical."""
+    total: Dim = 0
+    for d in dims:
+        total = total + d
+    return simplify_dim(total)
 
 
 def _dim(d: object) -> int:
@@ -328,7 +338,9 @@ register_op("concat", pattern="injective", infer=_concat_infer, compute=_concat_
 @onnx_op("Concat")
 def _concat_onnx(ctx: GraphContext, inputs: Sequence[g.Expr | None],
                  attrs: dict[str, Any]) -> list[g.Expr]:
-    args = [x for x in inputs if x is not None and ctx.tensor_type(x).numel() > 0]
+    # Inputs of size 0 drop out (a symbolic dimension is taken to be non-zero).
+    args = [x for x in inputs if x is not None and not any(
+        isinstance(d, int) and d == 0 for d in ctx.tensor_type(x).shape)]
     if not args:
         raise IRError("Concat of only empty tensors")
     axis = norm_axes(attrs["axis"], ctx.tensor_type(args[0]).ndim)[0]

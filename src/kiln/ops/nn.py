@@ -16,7 +16,7 @@ import numpy as np
 from kiln.errors import IRError
 from kiln.ir import dtype as dt
 from kiln.ir import graph as g
-from kiln.ir.shape_expr import dim_text, dims_equal, shape_text, simplify_dim
+from kiln.ir.shape_expr import dim_text, dims_equal, is_static, shape_text, simplify_dim
 from kiln.ir.tensor import Cast, PrimExpr, as_expr, intrin, select
 from kiln.ir.types import TensorType, Type
 from kiln.ops import spatial, te
@@ -65,7 +65,8 @@ def _matmul_shapes(a: Sequence[int], b: Sequence[int]) -> tuple[int, ...]:
     a2 = (1, *a) if len(a) == 1 else tuple(a)
     b2 = (*b, 1) if len(b) == 1 else tuple(b)
     if dims_equal(a2[-1], b2[-2]) is not True:
-        raise IRError(f"matmul: inner dimensions differ: {shape_text(a)} @ {shape_text(b)}")
+        shown = [str(tuple(x)) if is_static(x) else shape_text(x) for x in (a, b)]
+        raise IRError(f"matmul: inner dimensions differ: {shown[0]} @ {shown[1]}")
     batch = broadcast_shapes(a2[:-2], b2[:-2])
     out = (*batch, a2[-2], b2[-1])
     if len(a) == 1:

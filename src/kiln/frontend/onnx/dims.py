@@ -81,9 +81,10 @@ class InputDims:
         for inp, dims in self.declared.items():
             for k, d in enumerate(dims or []):
                 if d is None and dims is not None:
-                    dims[k] = key = f"{inp}_dim{k}"
+                    # a key no dim_param spells (the name itself may be taken)
+                    dims[k] = key = f"\0{inp}_dim{k}"
                     self.auto.add(key)
-                    self.names[key] = self._fresh(identifier(key), used)
+                    self.names[key] = self._fresh(identifier(key[1:]), used)
 
     @staticmethod
     def _fresh(name: str, used: set[str]) -> str:

@@ -417,6 +417,10 @@ class _Importer:
             raise FrontendError(f"{self._where}: a required input is missing (the node has "
                                 f"{len(node.input)} input(s))") from exc
         except (IRError, ValueError, TypeError, ArithmeticError) as exc:
+            if isinstance(exc, IRError) and "is not static" in str(exc):
+                raise FrontendError(f"{self._where}: kiln does not import this operator over "
+                                    f"symbolic dimensions yet ({exc}); pin them with "
+                                    "shape_dict") from exc
             raise FrontendError(f"{self._where}: {exc}") from exc
         for name, value in zip(node.output, outs):
             if name:

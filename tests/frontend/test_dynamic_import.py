@@ -1,0 +1,241 @@
+"""ONNX models with symbolic dimensions: import, shape_dict, shape subgraphs, errors.
+
+The imported graph functions run in the reference interpreter (`kiln.evaluate`),
+which binds the dimension variables from the arguments, and are compared with
+onnxruntime at several sizes.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper
+
+from kiln import evaluate
+from kiln.errors import FrontendError
+from kiln.frontend.onnx import from_onnx
+from kiln.ir.attrs import ATTR_DIM_BOUNDS
+from kiln.ir.shape_expr import shape_text
+from kiln.ir.tensor import Var
+from kiln.ir.types import TensorType
+from kiln.script import from_source, print_module
+
+sys.path.insert(0, str(Path(__file__).parents[1] / "models"))
+from dynamic_models import cnn, encoder, feeds
+
+ENCODER_SIZES = [(1, 1), (1, 32), (3, 7), (2, 200)]
+
+
+def _run_both(model: onnx.ModelProto, sizes: dict[str, int], mod=None) -> None:
+    mod = mod or from_onnx(model)
+    inputs = feeds(model, sizes)
+    session = ort.InferenceSession(model.SerializeToString(),
+                                   providers=["CPUExecutionProvider"])
+    expected = session.run(None, inputs)[0]
+    actual = np.asarray(evaluate(mod, "main", *inputs.values()))
+    assert actual.shape == expected.shape
+    np.testing.assert_allclose(actual, expected, rtol=1e-4, atol=1e-4)
+
+
+def _shape(mod, k: int = 0) -> str:
+    return shape_text(mod["main"].params[k].type.shape)
+
+
+def _model(nodes: list, inputs: list, outputs: list, inits=()) -> onnx.ModelProto:
+    """A model of `nodes`; inputs and outputs as (name, elem type, shape) triples."""
+    graph = helper.make_graph(
+        nodes, "g", [helper.make_tensor_value_info(n, e, s) for n, e, s in inputs],
+        [helper.make_tensor_value_info(n, e, s) for n, e, s in outputs], list(inits))
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def _single(node: onnx.NodeProto, inputs: list, inits=()) -> onnx.ModelProto:
+    return _model([node], inputs, [(node.output[0], TensorProto.FLOAT, None)], inits)
+
+
+@pytest.fixture(scope="module", params=[False, True], ids=["zero_minus_one", "torch_style"])
+def encoder_case(request):
+    model = encoder(torch_style=request.param)
+    return model, from_onnx(model)
+
+
+@pytest.mark.parametrize("batch,seq", ENCODER_SIZES)
+def test_encoder_matches_onnxruntime_at_every_size(encoder_case, batch: int, seq: int) -> None:
+    model, mod = encoder_case
+    _run_both(model, {"batch": batch, "seq": seq}, mod)
+
+
+def test_encoder_types_are_symbolic_and_shared(encoder_case) -> None:
+    _, mod = encoder_case
+    main = mod["main"]
+    assert _shape(mod, 0) == "[batch, seq, 64]" and _shape(mod, 1) == "[batch, seq]"
+    features, mask = (p.type.shape for p in main.params)
+    assert features[0] is mask[0] and features[1] is mask[1]  # one Var per name
+    assert shape_text(main.ret_type.shape) == "[batch, seq, 64]"
+    assert main.attrs[ATTR_DIM_BOUNDS] == (("batch", 1, None), ("seq", 1, None))
+    # Reshapes got symbolic targets: no shape computation is left but the dead chains.
+    text = mod.script()
+    assert "G.Tensor((batch, seq, 4, 16)" in text.replace('"', "")
+
+
+@pytest.mark.parametrize("batch", [1, 3, 8])
+def test_cnn_with_symbolic_batch_matches_onnxruntime(batch: int) -> None:
+    model = cnn()
+    mod = from_onnx(model)
+    assert _shape(mod) == "[batch, 3, 16, 16]"
+    _run_both(model, {"batch": batch}, mod)
+
+
+@pytest.mark.parametrize("build", [lambda: encoder(), lambda: encoder(torch_style=True),
+                                   lambda: cnn()], ids=["encoder", "encoder_torch", "cnn"])
+def test_dynamic_modules_round_trip_through_the_script(build) -> None:
+    model = build()
+    mod = from_onnx(model)
+    text = print_module(mod, metadata="reference")
+    again = from_source(text, metadata=text.metadata)
+    assert print_module(again, metadata="reference") == text
+    sizes = {"batch": 2, "seq": 5}
+    inputs = list(feeds(model, sizes).values())
+    np.testing.assert_array_equal(np.asarray(evaluate(again, "main", *inputs)),
+                                  np.asarray(evaluate(mod, "main", *inputs)))
+
+
+# ------------------------------------------------------------------ shape_dict
+
+
+def test_shape_dict_pins_by_dimension_name() -> None:
+    mod = from_onnx(encoder(), {"batch": 1})
+    assert _shape(mod, 0) == "[1, seq, 64]" and _shape(mod, 1) == "[1, seq]"
+    assert mod["main"].attrs[ATTR_DIM_BOUNDS] == (("seq", 1, None),)
+    _run_both(encoder(), {"batch": 1, "seq": 9}, mod)
+
+
+def test_shape_dict_pins_by_input_and_none_keeps_a_dimension() -> None:
+    mod = from_onnx(encoder(), {"features": (2, None, 64)})
+    assert _shape(mod, 0) == "[2, seq, 64]" and _shape(mod, 1) == "[2, seq]"
+
+
+def test_shape_dict_pinning_everything_gives_a_static_module() -> None:
+    mod = from_onnx(encoder(), {"batch": 2, "seq": 6})
+    assert mod["main"].params[0].type == TensorType((2, 6, 64), "float32")
+    assert ATTR_DIM_BOUNDS not in mod["main"].attrs
+    _run_both(encoder(), {"batch": 2, "seq": 6}, mod)
+
+
+def test_shape_dict_range_bounds_a_dimension() -> None:
+    mod = from_onnx(encoder(), {"seq": range(1, 513), "batch": range(0, 9)})
+    assert mod["main"].attrs[ATTR_DIM_BOUNDS] == (("batch", 0, 8), ("seq", 1, 512))
+    assert _shape(mod) == "[batch, seq, 64]"
+
+
+def test_unnamed_dynamic_dims_get_fresh_unique_names() -> None:
+    f = TensorProto.FLOAT
+    # a dim_param spelled like the name made up for x's unnamed dimension
+    mod = from_onnx(_model([helper.make_node("Relu", ["x"], ["z"])],
+                           [("x", f, [None, 4]), ("y", f, ["x_dim0", 4])], [("z", f, None)]))
+    (dx, _), (dy, _) = (p.type.shape for p in mod["main"].params)
+    assert isinstance(dx, Var) and isinstance(dy, Var)
+    assert dx is not dy and dx.name != dy.name
+    assert {dx.name, dy.name} == {"x_dim0", "x_dim0_2"}
+    a = np.ones((3, 4), np.float32)
+    np.testing.assert_array_equal(evaluate(mod, "main", a, np.ones((5, 4), np.float32)), a)
+
+
+def test_dim_names_that_are_not_identifiers_are_rewritten() -> None:
+    model = _single(helper.make_node("Relu", ["x"], ["y"]),
+                    [("x", TensorProto.FLOAT, ["batch size", "2n"])])
+    mod = from_onnx(model)
+    assert _shape(mod) == "[batch_size, d_2n]"
+    # shape_dict still takes the model's spelling
+    assert _shape(from_onnx(model, {"batch size": 3})) == "[3, d_2n]"
+
+
+@pytest.mark.parametrize("shape_dict,message", [
+    ({"btach": 1}, r"shape_dict names 'btach', which is neither an input nor a dimension of "
+                   r"the model\. did you mean 'batch'\? Inputs: features, mask; dimensions: "
+                   r"batch, seq"),
+    ({"features": (2, None, 64), "mask": (3, None)},
+     r"shape_dict\['mask'\]\[0\] pins dimension 'batch' to 3, but "
+     r"shape_dict\['features'\]\[0\] pins it to 2"),
+    ({"batch": 4, "features": (2, None, 64)},
+     r"pins dimension 'batch' to 2, but shape_dict\['batch'\] pins it to 4"),
+    ({"seq": range(1, 10, 2)}, r"shape_dict\['seq'\] = range\(1, 10, 2\): a dimension range "
+                               r"must be non-empty, with step 1"),
+    ({"seq": -3}, r"shape_dict\['seq'\] must be a non-negative int .* or a range"),
+    ({"seq": range(1, 9), "mask": (1, 20)}, r"pins dimension 'seq' to 20, outside its range "
+                                            r"1\.\.8"),
+    ({"features": (2, None, 32)}, r"shape_dict gives input 'features' shape \(2, None, 32\), "
+                                  r"but the model declares \('batch', 'seq', 64\)"),
+    ({"features": (2, "x", 64)}, r"must be a non-negative int or None"),
+])
+def test_bad_shape_dict_entries_are_clear_errors(shape_dict, message: str) -> None:
+    with pytest.raises(FrontendError, match=message):
+        from_onnx(encoder(), shape_dict)
+
+
+# ------------------------------------------------------------------ shape rules, errors
+
+
+def test_symbolic_shape_rules_give_canonical_expressions() -> None:
+    f = TensorProto.FLOAT
+    concat = _single(helper.make_node("Concat", ["a", "b"], ["y"], axis=1),
+                     [("a", f, ["n", "s"]), ("b", f, ["n", "s"])])
+    assert shape_text(from_onnx(concat)["main"].ret_type.shape) == "[n, s*2]"
+    conv = _single(helper.make_node("MaxPool", ["x"], ["y"], kernel_shape=[3, 3],
+                                    strides=[2, 2], pads=[1, 1, 1, 1]),
+                   [("x", f, ["n", 3, "h", "w"])])
+    assert shape_text(from_onnx(conv)["main"].ret_type.shape) == \
+        "[n, 3, (h - 1)//2 + 1, (w - 1)//2 + 1]"
+    flat = _single(helper.make_node("Flatten", ["x"], ["y"], axis=2),
+                   [("x", f, ["n", "s", 4, 8])])
+    assert shape_text(from_onnx(flat)["main"].ret_type.shape) == "[n*s, 32]"
+    x = np.random.default_rng(0).standard_normal((2, 3, 4, 8)).astype(np.float32)
+    np.testing.assert_array_equal(evaluate(from_onnx(flat), "main", x), x.reshape(6, 32))
+
+
+F = TensorProto.FLOAT
+ERROR_CASES = {
+    "broadcast": (lambda: _single(helper.make_node("Add", ["a", "b"], ["y"]),
+                                  [("a", F, ["n", "s"]), ("b", F, ["n", "t"])]),
+                  r"\(Add\): shapes \['\[n, s\]', '\[n, t\]'\] do not broadcast \(dimension 1: "
+                  r"s vs t \(kiln cannot prove them equal\)\)"),
+    "data_dependent_reshape": (
+        lambda: _single(helper.make_node("Reshape", ["x", "s"], ["y"], name="view"),
+                        [("x", F, ["n", 4]), ("s", TensorProto.INT64, [2])]),
+        r"node 'view' \(Reshape\): Reshape shape must be a compile-time constant"),
+    "fill_to_symbolic_shape": (
+        lambda: _model([helper.make_node("Shape", ["x"], ["sh"]),
+                        helper.make_node("ConstantOfShape", ["sh"], ["y"], name="fill")],
+                       [("x", F, ["n", 4])], [("y", F, None)]),
+        r"node 'fill' \(ConstantOfShape\): ConstantOfShape shape is \[n, 4\]: it depends on "
+        r"a symbolic dimension"),
+    "rule_without_symbolic_support": (
+        lambda: _single(helper.make_node("TopK", ["x", "k"], ["y", "i"], axis=0),
+                        [("x", F, ["n", 4])],
+                        [onnx.numpy_helper.from_array(np.array([2], np.int64), "k")]),
+        r"\(TopK\): .*\[n, 4\]"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(ERROR_CASES))
+def test_import_errors_name_the_node_and_the_dimensions(case: str) -> None:
+    build, message = ERROR_CASES[case]
+    with pytest.raises(FrontendError, match=message):
+        from_onnx(build())
+
+
+def test_shape_value_used_as_data_is_computed_at_run_time() -> None:
+    # Shape(x) * 2 as the model's output: the value exists only at run time.
+    f = TensorProto.FLOAT
+    mod = from_onnx(_model([helper.make_node("Shape", ["x"], ["sh"]),
+                            helper.make_node("Mul", ["sh", "two"], ["y"])],
+                           [("x", f, ["n", "s"])], [("y", TensorProto.INT64, [2])],
+                           [onnx.numpy_helper.from_array(np.array(2, np.int64), "two")]))
+    for shape in ((3, 5), (1, 9)):
+        np.testing.assert_array_equal(evaluate(mod, "main", np.zeros(shape, np.float32)),
+                                      np.array(shape) * 2)
