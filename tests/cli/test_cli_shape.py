@@ -31,3 +31,36 @@ def test_non_integer_shape_is_one_line(tmp_path: Path) -> None:
                                    "--shape", "x=1,abc", cwd=tmp_path))
     assert "--shape x=1,abc" in line and "integers" in line
     assert not (tmp_path / "m.so").exists()
+
+
+def _relu_batch(tmp_path: Path) -> None:
+    graph = helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["y"])], "relu",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 64])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 64])])
+    onnx.save(helper.make_model(graph), tmp_path / "relu.onnx")
+
+
+def test_shape_by_dimension_name_pins_it(tmp_path: Path) -> None:
+    _relu_batch(tmp_path)
+    done = run_kiln("compile", "relu.onnx", "-t", "llvm", "-o", "m.so", "--shape", "batch=5",
+                    cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    shown = run_kiln("inspect", "m.so", "--format", "json", cwd=tmp_path)
+    main = json.loads(shown.stdout)["functions"]["main"]
+    assert main["inputs"] == [{"name": "x", "shape": [5, 64], "dtype": "float32"}]
+
+
+def test_bad_dimension_entries_are_one_line(tmp_path: Path) -> None:
+    _relu_batch(tmp_path)
+    line = one_line_error(run_kiln("compile", "relu.onnx", "-t", "llvm", "-o", "m.so",
+                                   "--shape", "btach=5", cwd=tmp_path))
+    assert "'btach', which is neither an input nor a dimension" in line
+    assert "did you mean 'batch'?" in line
+    line = one_line_error(run_kiln("compile", "relu.onnx", "-t", "llvm", "-o", "m.so",
+                                   "--shape", "batch=1:x", cwd=tmp_path))
+    assert "--shape batch=1:x" in line and "MIN:MAX" in line
+    line = one_line_error(run_kiln("compile", "relu.onnx", "-t", "llvm", "-o", "m.so",
+                                   "--shape", "x=?,32", cwd=tmp_path))
+    assert "shape_dict gives input 'x' shape (None, 32), but the model declares" in line
+    assert not (tmp_path / "m.so").exists()

@@ -239,3 +239,38 @@ def test_shape_value_used_as_data_is_computed_at_run_time() -> None:
     for shape in ((3, 5), (1, 9)):
         np.testing.assert_array_equal(evaluate(mod, "main", np.zeros(shape, np.float32)),
                                       np.array(shape) * 2)
+
+
+def _i64(name: str, *values: int) -> onnx.TensorProto:
+    return onnx.numpy_helper.from_array(np.array(values, np.int64), name)
+
+
+SLICE_CASES = {
+    # (nodes, initializers, the output shape's text)
+    "tail": ([helper.make_node("Slice", ["x", "st", "en", "ax"], ["y"])],
+             [_i64("st", 1), _i64("en", 2 ** 62), _i64("ax", 1)], "[n, min(1, s)*-1 + s]"),
+    "from_the_end": ([helper.make_node("Slice", ["x", "st", "en", "ax"], ["y"])],
+                     [_i64("st", -3), _i64("en", -1), _i64("ax", 1)],
+                     "[n, max(s - 3, 0)*-1 + max(s - 1, 0)]"),
+    "end_from_shape": ([helper.make_node("Shape", ["x"], ["sh"]),
+                        helper.make_node("Gather", ["sh", "one"], ["s1"], axis=0),
+                        helper.make_node("Sub", ["s1", "one"], ["e"]),
+                        helper.make_node("Unsqueeze", ["e", "zero"], ["e1"]),
+                        helper.make_node("Slice", ["x", "st", "e1", "ax"], ["y"])],
+                       [_i64("st", 0), _i64("ax", 1), _i64("zero", 0),
+                        onnx.numpy_helper.from_array(np.array(1, np.int64), "one")],
+                       "[n, max(s - 1, 0)]"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(SLICE_CASES))
+def test_slices_along_symbolic_dims_clamp_like_onnxruntime(case: str) -> None:
+    nodes, inits, text = SLICE_CASES[case]
+    model = _model(nodes, [("x", F, ["n", "s"])], [("y", F, None)], inits)
+    mod = from_onnx(model)
+    assert shape_text(mod["main"].ret_type.shape) == text
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    for shape in ((2, 5), (1, 1), (3, 2)):
+        x = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
+        np.testing.assert_array_equal(np.asarray(evaluate(mod, "main", x)),
+                                      session.run(None, {"x": x})[0])

@@ -1,6 +1,7 @@
 """`kiln`: compile a model to one deployable file, inspect artifacts, list targets.
 
-    kiln compile model.onnx -t llvm -o model.so [--shape x=1,64] [--profile]
+    kiln compile model.onnx -t llvm -o model.so [--shape x=1,64 | batch=1 | seq=1:512]
+                 [--profile]
     kiln inspect model.so [--format text|json] [--show llvm/kernels.bc --format ll]
                           [--report report.html]
     kiln targets list [--kind K] | kiln targets show NAME | kiln targets kinds
@@ -29,16 +30,28 @@ from kiln.errors import KilnError, missing_dependency
 USER_ERRORS = (KilnError, OSError, ValueError)
 
 
-def _parse_shapes(items: Sequence[str]) -> dict[str, tuple[int, ...]]:
-    shapes: dict[str, tuple[int, ...]] = {}
+def _parse_shapes(items: Sequence[str]) -> dict[str, Any]:
+    """`--shape` values as a from_onnx shape_dict: `x=1,?,64` (an input's shape, `?`
+    keeps a dimension symbolic), `batch=1` (pins a dimension, or a 1-D input's shape),
+    `seq=1:512` (bounds a dimension, both ends included)."""
+    shapes: dict[str, Any] = {}
     for item in items:
         name, sep, dims = item.rpartition("=")
         if not sep or not name:
-            raise ValueError(f"--shape expects NAME=D0,D1,..., got {item!r}")
+            raise ValueError(f"--shape expects NAME=D0,D1,..., NAME=SIZE or NAME=MIN:MAX, "
+                             f"got {item!r}")
         try:
-            shapes[name] = tuple(int(d) for d in dims.split(",") if d)
+            if ":" in dims:
+                lo, _, hi = dims.partition(":")
+                shapes[name] = range(int(lo), int(hi) + 1)
+            elif "," in dims or not dims:
+                shapes[name] = tuple(None if d.strip() == "?" else int(d)
+                                     for d in dims.split(",") if d)
+            else:
+                shapes[name] = int(dims)
         except ValueError:
-            raise ValueError(f"--shape {item}: dimensions must be integers") from None
+            raise ValueError(f"--shape {item}: dimensions must be integers or '?', a range "
+                             "MIN:MAX of integers") from None
     return shapes
 
 
@@ -164,7 +177,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="target: 'host' (default), a kind, a tag, or JSON")
     c.add_argument("-o", "--output", required=True, help="output file (.so, .tar or .a)")
     c.add_argument("--shape", action="append", default=[],
-                   help="bind an input shape: NAME=D0,D1,... (repeatable)")
+                   help="bind an input shape NAME=D0,?,D2 ('?' stays symbolic), pin a "
+                        "dimension NAME=SIZE or bound it NAME=MIN:MAX (repeatable)")
     c.add_argument("--prefix", default=None, help="system_lib_prefix for the C symbols")
     c.add_argument("--mlf", metavar="MODEL_NAME", default=None,
                    help="write a Model Library Format tar (docs/mlf.md) with this model name")

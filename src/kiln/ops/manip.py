@@ -31,6 +31,8 @@ from kiln.ir.tensor import (
     Cast,
     PrimExpr,
     as_expr,
+    max_,
+    min_,
     select,
 )
 from kiln.ir.types import Dim, TensorType, TupleType, Type
@@ -351,25 +353,59 @@ def _concat_onnx(ctx: GraphContext, inputs: Sequence[g.Expr | None],
 
 # -------------------------------------------------------------- slice / split
 
-def _slice_params(shape: Sequence[int], attrs: Attrs) -> list[tuple[int, int, int]]:
-    """Per-axis (start, step, length) with numpy slice semantics, clamped."""
+def _slice_params(shape: Sequence[Dim], attrs: Attrs) -> list[tuple[Any, int, Any]]:
+    """Per-axis (start, step, length) with numpy slice semantics, clamped.
+
+    Along a symbolic dimension `n` (step > 0) start and length are exact expressions
+    with min/max (`min(e, n) - min(s, n)`), canonical; ints otherwise.
+    """
     starts, ends = list(attrs["starts"]), list(attrs["ends"])
     axes = list(attrs.get("axes") or range(len(starts)))
     steps = list(attrs.get("steps") or [1] * len(starts))
-    out = [(0, 1, int(d)) for d in shape]
+    out: list[tuple[Any, int, Any]] = [(0, 1, d) for d in shape]
     for s, e, a, st in zip(starts, ends, axes, steps):
         a = norm_axes(a, len(shape))[0]
         if st == 0:
             raise IRError("slice: step 0 is not allowed")
-        sl = slice(int(s), int(e), int(st)).indices(int(shape[a]))
-        length = len(range(*sl))
-        out[a] = (sl[0], sl[2], length)
+        n = shape[a]
+        if isinstance(n, int):
+            sl = slice(int(s), int(e), int(st)).indices(n)
+            out[a] = (sl[0], sl[2], len(range(*sl)))
+            continue
+        if st < 0:
+            raise IRError(f"slice: a negative step along the symbolic dimension {dim_text(n)} "
+                          "is not supported")
+        s, e = int(s), int(e)
+        lo, hi = _clamped_bound(s, n), _clamped_bound(e, n)
+        if (s >= 0) == (e >= 0) and e <= s:
+            out[a] = (lo, int(st), 0)
+            continue
+        # hi >= lo when both bounds count from the same end (e > s), start at 0, or
+        # end at n: no clamp needed.
+        exact = (s >= 0) == (e >= 0) or s == 0 or e >= _TO_THE_END
+        span: Any = hi - lo if exact else max_(hi - lo, 0)
+        out[a] = (lo, int(st), simplify_dim(span if st == 1 else (span + (st - 1)) // st))
     return out
+
+
+# A slice bound at least this large is "to the end" of any dimension.
+_TO_THE_END = 2 ** 31
+
+
+def _clamped_bound(b: int, n: PrimExpr) -> Dim:
+    """A slice bound `b` (negative: from the end) clamped to [0, n], as an expression."""
+    if b == 0:
+        return 0
+    if b >= _TO_THE_END:
+        return n
+    if b > 0:
+        return simplify_dim(min_(as_expr(b).astype(n.dtype), n))
+    return simplify_dim(max_(n + b, 0))
 
 
 def _slice_infer(types: Sequence[TensorType], attrs: Attrs) -> Type:
     x = types[0]
-    return TensorType(tuple(p[2] for p in _slice_params(x.shape, attrs)), x.dtype)  # type: ignore[arg-type]
+    return TensorType(tuple(p[2] for p in _slice_params(x.shape, attrs)), x.dtype)
 
 
 def _slice_compute(inputs: Sequence[te.Tensor], attrs: Attrs) -> te.Tensor:
@@ -397,11 +433,16 @@ def _slice_onnx(ctx: GraphContext, inputs: Sequence[g.Expr | None],
     x = first_input(inputs)
     ndim = ctx.tensor_type(x).ndim
     if ctx.opset >= 10:
-        starts = need_constant(ctx, inputs[1], "Slice starts").reshape(-1).tolist()
-        ends = need_constant(ctx, inputs[2], "Slice ends").reshape(-1).tolist()
+        starts = need_dims(ctx, inputs[1], "Slice starts").reshape(-1).tolist()
+        ends = need_dims(ctx, inputs[2], "Slice ends").reshape(-1).tolist()
         axes_v = ctx.value(inputs[3]) if len(inputs) > 3 else None
         steps_v = ctx.value(inputs[4]) if len(inputs) > 4 else None
         axes = axes_v.reshape(-1).tolist() if axes_v is not None else list(range(len(starts)))
+        shape = ctx.tensor_type(x).shape
+        starts = [_bound_from_end(b, shape[norm_axes(a, ndim)[0]], "start")
+                  for b, a in zip(starts, axes)]
+        ends = [_bound_from_end(b, shape[norm_axes(a, ndim)[0]], "end")
+                for b, a in zip(ends, axes)]
         steps = steps_v.reshape(-1).tolist() if steps_v is not None else [1] * len(starts)
     else:
         starts, ends = list(attrs["starts"]), list(attrs["ends"])
@@ -413,6 +454,18 @@ def _slice_onnx(ctx: GraphContext, inputs: Sequence[g.Expr | None],
     return [ctx.call("strided_slice", x, starts=tuple(starts), ends=tuple(ends),
                      axes=tuple(norm_axes(a, ndim)[0] for a in axes),
                      steps=tuple(int(s) for s in steps))]
+
+
+def _bound_from_end(b: Any, n: Dim, what: str) -> int:
+    """A Slice bound as an int: a symbolic one must be `n - k` for the axis' size `n`
+    (it becomes `-k`, or the end of the axis for `k = 0`)."""
+    if isinstance(b, (int, np.integer)):
+        return int(b)
+    k = simplify_dim(b - n)
+    if isinstance(k, int) and k <= 0:
+        return k if k < 0 else 2 ** 62
+    raise IRError(f"Slice {what} {dim_text(b)} along a dimension of size {dim_text(n)}: a "
+                  "symbolic bound must be the size minus a constant")
 
 
 def _split_infer(types: Sequence[TensorType], attrs: Attrs) -> Type:

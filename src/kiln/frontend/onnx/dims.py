@@ -7,7 +7,8 @@ variable `<input>_dim<k>`. Names that are not identifiers are rewritten (`batch 
 
 `shape_dict` entries are keyed by input name or by dimension name:
 
-- `{"x": (1, None, 64)}`: the shape of input `x`; `None` keeps a dimension symbolic;
+- `{"x": (1, None, 64)}`: the shape of input `x`; `None` keeps a dimension symbolic
+  (an int is the shape of a 1-D input);
 - `{"batch": 1}`: pins a dimension to a size everywhere it occurs;
 - `{"seq": range(1, 513)}`: bounds a dimension (min 1, max 512), kept symbolic.
 
@@ -118,6 +119,8 @@ class InputDims:
                                 f"{key!r}) or a range (bounds it), got {value!r}")
 
     def _input_entry(self, inp: str, shape: Any) -> None:
+        if _is_int(shape):  # the size of a 1-D input (`kiln compile --shape x=5`)
+            shape = (shape,)
         if isinstance(shape, (str, bytes)) or not hasattr(shape, "__iter__"):
             raise FrontendError(f"shape_dict[{inp!r}] must be a sequence of ints, got {shape!r}")
         shape = tuple(shape)
