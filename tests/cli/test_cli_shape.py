@@ -10,13 +10,17 @@ from kiln_cli import MODEL, one_line_error, run_kiln
 from onnx import TensorProto, helper
 
 
-def test_shape_by_input_name_reaches_the_signature(tmp_path: Path) -> None:
-    # a Relu whose batch dimension is symbolic: --shape pins it
+def _relu_batch(tmp_path: Path) -> None:
+    """relu.onnx: a Relu whose batch dimension is symbolic."""
     graph = helper.make_graph(
         [helper.make_node("Relu", ["x"], ["y"])], "relu",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 64])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 64])])
     onnx.save(helper.make_model(graph), tmp_path / "relu.onnx")
+
+
+def test_shape_by_input_name_reaches_the_signature(tmp_path: Path) -> None:
+    _relu_batch(tmp_path)
     done = run_kiln("compile", "relu.onnx", "-t", "llvm", "-o", "m.so", "--shape", "x=3,64",
                     cwd=tmp_path)
     assert done.returncode == 0, done.stderr
@@ -31,14 +35,6 @@ def test_non_integer_shape_is_one_line(tmp_path: Path) -> None:
                                    "--shape", "x=1,abc", cwd=tmp_path))
     assert "--shape x=1,abc" in line and "integers" in line
     assert not (tmp_path / "m.so").exists()
-
-
-def _relu_batch(tmp_path: Path) -> None:
-    graph = helper.make_graph(
-        [helper.make_node("Relu", ["x"], ["y"])], "relu",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 64])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 64])])
-    onnx.save(helper.make_model(graph), tmp_path / "relu.onnx")
 
 
 def test_shape_by_dimension_name_pins_it(tmp_path: Path) -> None:

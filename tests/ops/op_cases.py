@@ -230,6 +230,7 @@ CASES: dict[str, list[OpCase]] = {
     "transpose": [OpCase((X,), {"perm": (2, 0, 1)}), OpCase((X,), {})],
     "concat": [OpCase((X, f32(2, 1, 4), f32(2, 2, 4)), {"axis": 1})],
     "split": [OpCase((f32(2, 7),), {"axis": 1, "sections": (2, 0, 5)})],
+    "shape_of": [OpCase((X,), {"start": 0, "end": 3}), OpCase((X,), {"start": 1, "end": 2})],
     "strided_slice": [OpCase((X,), {"starts": (1, -1), "ends": (100, -4), "axes": (1, 2),
                                     "steps": (1, -2)}),
                       OpCase((X,), {"starts": (0,), "ends": (1,)})],

@@ -22,7 +22,6 @@ from kiln.ir.shape_expr import (
     dim_product,
     dim_text,
     dims_equal,
-    exact_div,
     is_static,
     shape_text,
     simplify_dim,
@@ -48,70 +47,20 @@ from kiln.ops.onnx_map import (
 )
 from kiln.ops.reduce import norm_axes
 from kiln.ops.registry import register_op
+from kiln.ops.reshape_dims import fill_rest, reshape_attr, reshape_target
 
 Attrs = Mapping[str, Any]
 
 
 # -------------------------------------------------------------------- reshape
 
-def reshape_target(src: Sequence[Dim], shape: Sequence[int]) -> tuple[Dim, ...]:
-    """The shape that a reshape's `shape` attribute describes for an input of shape `src`.
-
-    Entries are sizes, except `-1`: the remaining size (at most one), and `-2 - k`:
-    the size of input dimension `k`. The last two let a static attribute describe a
-    symbolic shape (`(-2, -3, 4, 16)` views `[batch, seq, 64]` as `[batch, seq, 4, 16]`).
-    """
-    out: list[Dim] = []
-    for d in shape:
-        d = int(d)
-        if d <= -2:
-            if -2 - d >= len(src):
-                raise IRError(f"reshape: shape {tuple(shape)} copies input dimension {-2 - d}, "
-                              f"but the input has {len(src)}")
-            out.append(simplify_dim(src[-2 - d]))
-        else:
-            out.append(d)
-    rest = [k for k, d in enumerate(out) if isinstance(d, int) and d == -1]
-    if len(rest) > 1:
-        raise IRError(f"reshape: shape {tuple(shape)} has more than one -1")
-    if rest:
-        known = dim_product(d for k, d in enumerate(out) if k != rest[0])
-        size = exact_div(dim_product(src), known)
-        if size is None:
-            raise IRError(f"reshape: cannot view {shape_text(src)} as {tuple(shape)}: "
-                          f"{dim_text(dim_product(src))} is not a multiple of {dim_text(known)}")
-        out[rest[0]] = size
-    return tuple(out)
-
-
-def reshape_attr(src: Sequence[Dim], target: Sequence[Dim]) -> tuple[int, ...]:
-    """The reshape `shape` attribute (see `reshape_target`) that views `src` as `target`;
-    IRError when a symbolic target dimension is neither an input dimension nor the rest."""
-    out: list[int] = []
-    free: list[int] = []
-    for d in target:
-        d = simplify_dim(d)
-        if isinstance(d, int):
-            out.append(d)
-            continue
-        same = [k for k, s in enumerate(src) if dims_equal(s, d) is True]
-        if same:
-            out.append(-2 - same[0])
-        else:
-            free.append(len(out))
-            out.append(-1)
-    if len(free) > 1:
-        raise IRError(f"reshape: cannot view {shape_text(src)} as {shape_text(target)}: more "
-                      "than one target dimension is a new symbolic size")
-    return tuple(out)
-
-
 def _reshape_infer(types: Sequence[TensorType], attrs: Attrs) -> Type:
     x = types[0]
     shape = reshape_target(x.shape, attrs["shape"])
     if any(isinstance(d, int) and d < 0 for d in shape) or \
             dims_equal(dim_product(shape), dim_product(x.shape)) is not True:
-        raise IRError(f"reshape: cannot view {x} as shape {shape_text(shape)}")
+        raise IRError(f"reshape: cannot view {x.dtype}{shape_text(x.shape)} as shape "
+                      f"{shape_text(shape)}")
     return TensorType(shape, x.dtype)
 
 
@@ -160,15 +109,7 @@ def _reshape_to(ctx: GraphContext, x: g.Expr, target: Sequence[Dim]) -> g.Expr:
             known = int(np.prod([d for d in ints if d != -1]))
             ints[ints.index(-1)] = int(np.prod(src)) // max(known, 1)  # type: ignore[arg-type]
         return ctx.call("reshape", x, shape=tuple(ints))
-    rest = [k for k, d in enumerate(shape) if isinstance(d, int) and d == -1]
-    if rest:
-        whole = dim_product(d for k, d in enumerate(shape) if k != rest[0])
-        size = exact_div(dim_product(src), whole)
-        if size is None:
-            raise IRError(f"cannot view {shape_text(src)} as {shape_text(shape)}: "
-                          f"{dim_text(dim_product(src))} is not a multiple of {dim_text(whole)}")
-        shape[rest[0]] = size
-    return ctx.call("reshape", x, shape=reshape_attr(src, shape))
+    return ctx.call("reshape", x, shape=reshape_attr(src, fill_rest(src, shape)))
 
 
 @onnx_op("Flatten")
@@ -575,7 +516,7 @@ def _tile_infer(types: Sequence[TensorType], attrs: Attrs) -> Type:
     reps = tuple(int(r) for r in attrs["repeats"])
     if len(reps) != x.ndim:
         raise IRError(f"tile: repeats {reps} must have one entry per dim of {x}")
-    return TensorType(tuple(int(d) * r for d, r in zip(x.shape, reps)), x.dtype)  # type: ignore[arg-type]
+    return TensorType(tuple(simplify_dim(d * r) for d, r in zip(x.shape, reps)), x.dtype)
 
 
 def _tile_compute(inputs: Sequence[te.Tensor], attrs: Attrs) -> te.Tensor:
@@ -612,11 +553,17 @@ def _pad_infer(types: Sequence[TensorType], attrs: Attrs) -> Type:
     mode = attrs.get("mode", "constant")
     if mode not in ("constant", "edge", "reflect", "wrap"):
         raise IRError(f"pad: unknown mode {mode!r}; known: constant, edge, reflect, wrap")
-    if mode == "reflect" and any(d < 2 and (a or b) for d, (a, b) in zip(x.shape, widths)):
+    if mode == "reflect" and any(not isinstance(d, int) and (a or b)
+                                 for d, (a, b) in zip(x.shape, widths)):
+        raise IRError(f"pad: reflect mode along a symbolic dimension of "
+                      f"{shape_text(x.shape)} is not supported")
+    static = [(d, w) for d, w in zip(x.shape, widths) if isinstance(d, int)]
+    if mode == "reflect" and any(d < 2 and (a or b) for d, (a, b) in static):
         raise IRError(f"pad: reflect mode needs at least 2 elements along padded dims of {x}")
-    if mode == "reflect" and any(a >= d or b >= d for d, (a, b) in zip(x.shape, widths)):
+    if mode == "reflect" and any(a >= d or b >= d for d, (a, b) in static):
         raise IRError(f"pad: reflect pads {widths} must be smaller than the dims of {x}")
-    return TensorType(tuple(int(d) + a + b for d, (a, b) in zip(x.shape, widths)), x.dtype)  # type: ignore[arg-type]
+    return TensorType(tuple(simplify_dim(d + a + b) for d, (a, b) in zip(x.shape, widths)),
+                      x.dtype)
 
 
 def _pad_compute(inputs: Sequence[te.Tensor], attrs: Attrs) -> te.Tensor:

@@ -24,6 +24,7 @@ from kiln.ops import te
 from kiln.ops._numpy import is_float, widen, work
 from kiln.ops.onnx_map import Converter, GraphContext, onnx_op
 from kiln.ops.registry import OPS, register_op
+from kiln.ops.reshape_dims import reshape_attr
 from kiln.ops.row_kernels import RowOp, RowReduceOp
 
 Attrs = Mapping[str, Any]
@@ -45,7 +46,8 @@ def norm_axes(axes: Any, ndim: int) -> tuple[int, ...]:
     return tuple(sorted(out))
 
 
-def _reduced_shape(shape: Sequence[int], axes: Sequence[int], keepdims: bool) -> tuple[int, ...]:
+def _reduced_shape(shape: Sequence[Any], axes: Sequence[int], keepdims: bool
+                   ) -> tuple[Any, ...]:
     return tuple(1 if k in axes else d for k, d in enumerate(shape)
                  if keepdims or k not in axes)
 
@@ -90,7 +92,7 @@ def _register_reduce(name: str, kind: str, post: Callable[[PrimExpr, int], PrimE
     def infer(types: Sequence[TensorType], attrs: Attrs) -> Type:
         x = types[0]
         axes = norm_axes(attrs.get("axes"), x.ndim)
-        return TensorType(_reduced_shape(x.static_shape, axes, bool(attrs.get("keepdims", True))),
+        return TensorType(_reduced_shape(x.shape, axes, bool(attrs.get("keepdims", True))),
                           x.dtype)
 
     def compute(inputs: Sequence[te.Tensor], attrs: Attrs) -> te.Tensor:
@@ -175,9 +177,9 @@ _register_reduce("reduce_log_sum", "sum", lambda t, n: intrin("log", t), None,
 def _arg_infer(types: Sequence[TensorType], attrs: Attrs) -> Type:
     x = types[0]
     (axis,) = norm_axes(attrs.get("axis", 0), x.ndim)
-    if x.static_shape[axis] == 0:
+    if isinstance(x.shape[axis], int) and x.shape[axis] == 0:
         raise IRError(f"arg reduction over an empty axis {axis} of {x}")
-    return TensorType(_reduced_shape(x.static_shape, (axis,), bool(attrs.get("keepdims", True))),
+    return TensorType(_reduced_shape(x.shape, (axis,), bool(attrs.get("keepdims", True))),
                       "int64")
 
 
@@ -534,8 +536,8 @@ def _log_sum_exp(ctx: GraphContext, x: g.Expr, axes: tuple[int, ...], keep: bool
                      keepdims=True)
     y = ctx.call("add", ctx.call("log", total), m)
     if not keep:
-        shape = _reduced_shape(ctx.tensor_type(x).static_shape, axes, False)
-        y = ctx.call("reshape", y, shape=shape)
+        src = ctx.tensor_type(y).shape
+        y = ctx.call("reshape", y, shape=reshape_attr(src, _reduced_shape(src, axes, False)))
     return y
 
 
