@@ -34,6 +34,7 @@ from kiln.ir.module import IRModule
 from kiln.ir.types import TensorType, Type
 from kiln.ops import registry as op_registry
 from kiln.ops.onnx_map import converters
+from kiln.transform.dead_code import remove_dead_bindings
 from kiln.transform.fold_constants import DEFAULT_FOLD_BUDGET, type_bytes
 
 SUPPORTED_OPSETS = range(7, 22)
@@ -378,7 +379,13 @@ class _Importer:
             if self.input_dims.vars:
                 self.ib.func_attr(ATTR_DIM_BOUNDS, self.input_dims.dim_bounds())
             self.ib.ret(outputs[0] if len(outputs) == 1 else g.Tuple(tuple(outputs)))
-        return self.ib.get()
+        mod = self.ib.get()
+        if self.shape_values:
+            # Shape computations whose values became static attributes are dead.
+            main = mod["main"]
+            assert isinstance(main, g.Function)
+            mod = mod.with_function("main", remove_dead_bindings(main))
+        return mod
 
     def _as_result(self, expr: g.Expr, seen: set[g.Expr]) -> g.Expr:
         # Every output is a value computed by main's bindings, and a distinct one:
