@@ -209,12 +209,14 @@ ERROR_CASES = {
         lambda: _single(helper.make_node("Reshape", ["x", "s"], ["y"], name="view"),
                         [("x", F, ["n", 4]), ("s", TensorProto.INT64, [2])]),
         r"node 'view' \(Reshape\): Reshape shape must be a compile-time constant"),
-    "fill_to_symbolic_shape": (
+    "fill_to_a_size_no_input_has": (
         lambda: _model([helper.make_node("Shape", ["x"], ["sh"]),
-                        helper.make_node("ConstantOfShape", ["sh"], ["y"], name="fill")],
-                       [("x", F, ["n", 4])], [("y", F, None)]),
-        r"node 'fill' \(ConstantOfShape\): ConstantOfShape shape is \[n, 4\]: it depends on "
-        r"a symbolic dimension"),
+                        helper.make_node("Mul", ["sh", "two"], ["twice"]),
+                        helper.make_node("ConstantOfShape", ["twice"], ["y"], name="fill")],
+                       [("x", F, ["n", 4])], [("y", F, None)],
+                       [onnx.numpy_helper.from_array(np.array(2, np.int64), "two")]),
+        r"node 'fill' \(ConstantOfShape\): the size n\*2 is no input's dimension: kiln "
+        r"cannot make a tensor of shape \[n\*2, 8\]"),
     "rule_without_symbolic_support": (
         lambda: _single(helper.make_node("TopK", ["x", "k"], ["y", "i"], axis=0),
                         [("x", F, ["n", 4])],
@@ -275,3 +277,24 @@ def test_slices_along_symbolic_dims_clamp_like_onnxruntime(case: str) -> None:
         x = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
         np.testing.assert_array_equal(np.asarray(evaluate(mod, "main", x)),
                                       session.run(None, {"x": x})[0])
+
+
+def test_fills_and_expands_to_symbolic_shapes_read_the_sizes_at_run_time() -> None:
+    # ConstantOfShape(Shape(x)) and the attention-mask pattern Expand(mask, Shape(scores))
+    fill = onnx.helper.make_tensor("v", TensorProto.FLOAT, [1], [1.5])
+    nodes = [helper.make_node("Shape", ["x"], ["sh"]),
+             helper.make_node("ConstantOfShape", ["sh"], ["ones"], value=fill),
+             helper.make_node("Unsqueeze", ["m", "ax"], ["m4"]),
+             helper.make_node("Expand", ["m4", "sh"], ["wide"]),
+             helper.make_node("Add", ["ones", "wide"], ["y"])]
+    model = _model(nodes, [("x", F, ["b", "h", "s", "s"]), ("m", F, ["b", "s"])],
+                   [("y", F, None)], [_i64("ax", 1, 2)])
+    mod = from_onnx(model)
+    assert shape_text(mod["main"].ret_type.shape) == "[b, h, s, s]"
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(0)
+    for b, h, s in ((1, 2, 1), (3, 2, 5)):
+        feed = {"x": rng.standard_normal((b, h, s, s)).astype(np.float32),
+                "m": rng.standard_normal((b, s)).astype(np.float32)}
+        np.testing.assert_array_equal(np.asarray(evaluate(mod, "main", *feed.values())),
+                                      session.run(None, feed)[0])

@@ -505,9 +505,8 @@ def _expand_onnx(ctx: GraphContext, inputs: Sequence[g.Expr | None],
             shape.append(int(d))
         elif pos >= 0 and dims_equal(src[pos], d) is True:
             shape.append(1)
-        else:
-            raise IRError(f"Expand to {shape_text(target)}: the symbolic size {dim_text(d)} "
-                          "is not the input's own dimension; kiln cannot broadcast to it")
+        else:  # a new symbolic size: broadcast against a tensor that has it
+            return [ctx.call("where", ctx.true_of_shape(target), x, x)]
     return [ctx.call("broadcast_to", x, shape=tuple(shape))]
 
 
@@ -860,10 +859,15 @@ def _constant_onnx(ctx: GraphContext, inputs: Sequence[g.Expr | None],
 @onnx_op("ConstantOfShape")
 def _const_of_shape_onnx(ctx: GraphContext, inputs: Sequence[g.Expr | None],
                          attrs: dict[str, Any]) -> list[g.Expr]:
-    shape = tuple(int(d) for d in need_static(ctx, inputs[0], "ConstantOfShape shape"))
+    dims = [int(d) if isinstance(d, (int, np.integer)) else d
+            for d in need_dims(ctx, inputs[0], "ConstantOfShape shape").reshape(-1)]
     value = np.asarray(attrs.get("value", np.zeros(1, np.float32))).reshape(-1)
     if value.size != 1:
         raise IRError(f"ConstantOfShape value must hold one element, got {value.size}")
+    if not is_static(dims):
+        fill = ctx.const(value.reshape(()))
+        return [ctx.call("where", ctx.true_of_shape(dims), fill, fill)]
+    shape = tuple(int(d) for d in dims)
     if any(d < 0 for d in shape):
         raise IRError(f"ConstantOfShape shape {shape} has a negative dimension")
     # A broadcast: folded when it fits the fold budget, else filled at run time.

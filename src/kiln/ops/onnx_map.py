@@ -43,6 +43,11 @@ class GraphContext(Protocol):
     def tensor_type(self, expr: g.Expr) -> TensorType:
         ...
 
+    def true_of_shape(self, shape: Sequence[Any]) -> g.Expr:
+        """An all-true bool tensor of `shape` (dimensions; symbolic ones read at run time
+        from the model's inputs): `where(it, x, x)` broadcasts `x` to `shape`."""
+        ...
+
     def dims(self, expr: g.Expr | None) -> np.ndarray | None:
         """The value of `expr` as dimensions: its constant value, or for a shape computed
         from symbolic dimensions an object array of ints and PrimExprs (None: unknown)."""

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import os
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -31,9 +31,11 @@ from kiln.ir.attrs import ATTR_DIM_BOUNDS, ATTR_GIVEN_OUTPUT_NAMES
 from kiln.ir.builder import IRBuilder
 from kiln.ir.dtype import from_numpy, to_numpy
 from kiln.ir.module import IRModule
-from kiln.ir.types import TensorType, Type
+from kiln.ir.shape_expr import dim_text, dims_equal, shape_text
+from kiln.ir.types import Dim, TensorType, Type
 from kiln.ops import registry as op_registry
 from kiln.ops.onnx_map import converters
+from kiln.ops.reshape_dims import reshape_attr
 from kiln.transform.dead_code import remove_dead_bindings
 from kiln.transform.fold_constants import DEFAULT_FOLD_BUDGET, type_bytes
 
@@ -299,6 +301,36 @@ class _Importer:
             else:
                 return None
         return evaluate_shape(op, values, expr.attrs, expr.type.dtype)
+
+    def true_of_shape(self, shape: Sequence[Dim]) -> g.Expr:
+        """An all-true bool tensor of `shape`. A symbolic dimension is read at run time from
+        an input of the model that has it; IRError if no input does (`seq*2`)."""
+        yes = g.Constant(np.array(True))
+        out: g.Expr | None = None
+        for k, d in enumerate(shape):
+            if isinstance(d, int):
+                continue
+            found = next(((p, j) for p in self.params
+                          for j, pd in enumerate(self.tensor_type(p).shape)
+                          if not isinstance(pd, int) and dims_equal(pd, d) is True), None)
+            if found is None:
+                raise IRError(f"the size {dim_text(d)} is no input's dimension: kiln cannot "
+                              f"make a tensor of shape {shape_text(shape)}")
+            param, axis = found
+            # [1, .., d, .., 1]: the input summed over its other axes (any values do)
+            line = param if self.tensor_type(param).dtype != "bool" else \
+                self.call("cast", param, dtype="uint8")
+            others = tuple(j for j in range(self.tensor_type(param).ndim) if j != axis)
+            if others:
+                line = self.call("reduce_sum", line, axes=others, keepdims=True)
+            target: list[Dim] = [1] * len(shape)
+            target[k] = d
+            line = self.call("reshape", line, shape=reshape_attr(
+                self.tensor_type(line).shape, target))
+            line = self.call("where", self.call("cast", line, dtype="bool"), yes, yes)
+            out = line if out is None else self.call("logical_and", out, line)
+        static = tuple(d if isinstance(d, int) else 1 for d in shape)
+        return self.call("broadcast_to", yes if out is None else out, shape=static)
 
     def dims(self, expr: g.Expr | None) -> np.ndarray | None:
         if isinstance(expr, g.Constant):
