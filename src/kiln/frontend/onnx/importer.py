@@ -483,6 +483,7 @@ class _Importer:
             raise FrontendError(f"input {inp.name!r} has no declared shape; pass "
                                 f"shape_dict={{{inp.name!r}: (...)}}")
         elem_size = itemsize(tt.elem_type)
-        check_shape(f"input {inp.name!r}", [d if isinstance(d, int) else 1 for d in shape],
-                    elem_size)
+        given = inp.name in self.input_dims.shape_dict
+        check_shape(f"shape_dict[{inp.name!r}]" if given else f"input {inp.name!r}",
+                    [d if isinstance(d, int) else 1 for d in shape], elem_size)
         return TensorType(shape, dtype)
