@@ -298,3 +298,32 @@ def test_fills_and_expands_to_symbolic_shapes_read_the_sizes_at_run_time() -> No
                 "m": rng.standard_normal((b, s)).astype(np.float32)}
         np.testing.assert_array_equal(np.asarray(evaluate(mod, "main", *feed.values())),
                                       session.run(None, feed)[0])
+
+
+@pytest.mark.parametrize("style", ["range", "slice"])
+def test_position_ids_up_to_a_symbolic_length(style: str) -> None:
+    # BERT-style exports: Range(0, seq) or a constant position_ids[:, :seq], then a lookup
+    table = onnx.numpy_helper.from_array(
+        np.random.default_rng(1).standard_normal((16, 8)).astype(np.float32), "table")
+    nodes = [helper.make_node("Shape", ["x"], ["sh"]),
+             helper.make_node("Gather", ["sh", "one"], ["seq"], axis=0)]
+    inits = [table, onnx.numpy_helper.from_array(np.array(1, np.int64), "one")]
+    if style == "range":
+        nodes += [helper.make_node("Range", ["zero", "seq", "one"], ["r"]),
+                  helper.make_node("Unsqueeze", ["r", "ax0"], ["pos"])]
+        inits += [onnx.numpy_helper.from_array(np.array(0, np.int64), "zero"), _i64("ax0", 0)]
+    else:
+        nodes += [helper.make_node("Unsqueeze", ["seq", "ax0"], ["end"]),
+                  helper.make_node("Slice", ["ids", "st", "end", "ax1"], ["pos"])]
+        inits += [onnx.numpy_helper.from_array(np.arange(16, dtype=np.int64)[None], "ids"),
+                  _i64("ax0", 0), _i64("st", 0), _i64("ax1", 1)]
+    nodes += [helper.make_node("Gather", ["table", "pos"], ["emb"], axis=0),
+              helper.make_node("Add", ["x", "emb"], ["y"])]
+    model = _model(nodes, [("x", F, ["b", "s", 8])], [("y", F, None)], inits)
+    mod = from_onnx(model)
+    assert shape_text(mod["main"].ret_type.shape) == "[b, s, 8]"
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    for b, s in ((1, 1), (2, 5), (3, 16)):
+        x = np.random.default_rng(s).standard_normal((b, s, 8)).astype(np.float32)
+        np.testing.assert_allclose(np.asarray(evaluate(mod, "main", x)),
+                                   session.run(None, {"x": x})[0], rtol=1e-6)

@@ -379,12 +379,13 @@ def _slice_onnx(ctx: GraphContext, inputs: Sequence[g.Expr | None],
         axes_v = ctx.value(inputs[3]) if len(inputs) > 3 else None
         steps_v = ctx.value(inputs[4]) if len(inputs) > 4 else None
         axes = axes_v.reshape(-1).tolist() if axes_v is not None else list(range(len(starts)))
+        steps = steps_v.reshape(-1).tolist() if steps_v is not None else [1] * len(starts)
+        x, starts, ends, axes, steps = _gather_symbolic_ends(ctx, x, starts, ends, axes, steps)
         shape = ctx.tensor_type(x).shape
         starts = [_bound_from_end(b, shape[norm_axes(a, ndim)[0]], "start")
                   for b, a in zip(starts, axes)]
         ends = [_bound_from_end(b, shape[norm_axes(a, ndim)[0]], "end")
                 for b, a in zip(ends, axes)]
-        steps = steps_v.reshape(-1).tolist() if steps_v is not None else [1] * len(starts)
     else:
         starts, ends = list(attrs["starts"]), list(attrs["ends"])
         axes = list(attrs.get("axes", range(len(starts))))
@@ -395,6 +396,43 @@ def _slice_onnx(ctx: GraphContext, inputs: Sequence[g.Expr | None],
     return [ctx.call("strided_slice", x, starts=tuple(starts), ends=tuple(ends),
                      axes=tuple(norm_axes(a, ndim)[0] for a in axes),
                      steps=tuple(int(s) for s in steps))]
+
+
+def _gather_symbolic_ends(ctx: GraphContext, x: g.Expr, starts: list[Any], ends: list[Any],
+                          axes: list[Any], steps: list[Any]) -> tuple[g.Expr, list[Any],
+                                                                      list[Any], list[Any],
+                                                                      list[Any]]:
+    """Axes sliced `[s:e]` (step 1, s >= 0 static) up to a symbolic `e` that is not the
+    axis' size minus a constant (`pos_ids[:, :seq]`): gathered with the indices
+    s..e-1, counted at run time (past the axis' end the gather's index check fails).
+    Returns `x` and the remaining slice parameters."""
+    shape = ctx.tensor_type(x).shape
+    keep: list[int] = []
+    for k, (b, e, a, st) in enumerate(zip(starts, ends, axes, steps)):
+        axis = norm_axes(a, len(shape))[0]
+        simple = isinstance(e, (int, np.integer)) or (
+            isinstance(simplify_dim(e - shape[axis]), int))
+        if simple or not isinstance(b, (int, np.integer)) or b < 0 or st != 1:
+            keep.append(k)
+            continue
+        idx = _iota(ctx, simplify_dim(e - int(b)), int(b), 1, "int64")
+        x = ctx.call("gather", x, idx, axis=axis)
+    return (x, [starts[k] for k in keep], [ends[k] for k in keep], [axes[k] for k in keep],
+            [steps[k] for k in keep])
+
+
+def _iota(ctx: GraphContext, length: Dim, start: int | float, delta: int | float,
+          dtype: str) -> g.Expr:
+    """`start + delta * [0, 1, .., length - 1]` for a symbolic `length`, counted at run
+    time (an exclusive cumulative sum of ones of that length)."""
+    one = ctx.const(np.array(1, dtype=dtype))
+    idx = ctx.call("cumsum", ctx.call("where", ctx.true_of_shape([length]), one, one),
+                   axis=0, exclusive=1)
+    if delta != 1:
+        idx = ctx.call("multiply", idx, ctx.const(np.array(delta, dtype=dtype)))
+    if start != 0:
+        idx = ctx.call("add", idx, ctx.const(np.array(start, dtype=dtype)))
+    return idx
 
 
 def _bound_from_end(b: Any, n: Dim, what: str) -> int:
@@ -877,7 +915,10 @@ def _const_of_shape_onnx(ctx: GraphContext, inputs: Sequence[g.Expr | None],
 @onnx_op("Range")
 def _range_onnx(ctx: GraphContext, inputs: Sequence[g.Expr | None],
                 attrs: dict[str, Any]) -> list[g.Expr]:
-    start, limit, delta = (need_static(ctx, x, "Range bounds") for x in inputs[:3])
+    bounds = [need_dims(ctx, x, "Range bounds").reshape(-1) for x in inputs[:3]]
+    if any(v.dtype == object for v in bounds):
+        return [_symbolic_range(ctx, bounds, ctx.tensor_type(first_input(inputs)).dtype)]
+    start, limit, delta = bounds
     a, b, d = (v.reshape(-1)[0].item() if v.size == 1 else None for v in (start, limit, delta))
     if a is None or b is None or d is None:
         raise IRError("Range start, limit and delta must be scalars")
@@ -887,6 +928,19 @@ def _range_onnx(ctx: GraphContext, inputs: Sequence[g.Expr | None],
     count = max(-((a - b) // d) if exact else math.ceil((b - a) / d), 0)
     ctx.check_materialize(count * start.dtype.itemsize, f"Range({a}, {b}, {d})")
     return [ctx.const(np.arange(a, b, d, dtype=start.dtype))]
+
+
+def _symbolic_range(ctx: GraphContext, bounds: list[np.ndarray], dtype: str) -> g.Expr:
+    """Range with a symbolic limit (`Range(0, seq, 1)`): start and delta static, delta > 0."""
+    if any(v.size != 1 for v in bounds):
+        raise IRError("Range start, limit and delta must be scalars")
+    a, b, d = (v[0] for v in bounds)
+    if isinstance(a, PrimExpr) or isinstance(d, PrimExpr) or d <= 0:
+        raise IRError(f"Range({dim_text(a)}, {dim_text(b)}, {dim_text(d)}): over a symbolic "
+                      "dimension, only the limit may be symbolic, with a positive delta")
+    length = simplify_dim((b - int(a) + (int(d) - 1)) // int(d))
+    return _iota(ctx, length, a.item() if hasattr(a, "item") else a,
+                 d.item() if hasattr(d, "item") else d, dtype)
 
 
 @onnx_op("EyeLike")
