@@ -327,3 +327,38 @@ def test_position_ids_up_to_a_symbolic_length(style: str) -> None:
         x = np.random.default_rng(s).standard_normal((b, s, 8)).astype(np.float32)
         np.testing.assert_allclose(np.asarray(evaluate(mod, "main", x)),
                                    session.run(None, {"x": x})[0], rtol=1e-6)
+
+
+SHAPE_VALUE_CASES = {
+    # Reshape(x, Cast(Unsqueeze(Size(x)))): x flattened
+    "size_cast": ([helper.make_node("Size", ["x"], ["n"]),
+                   helper.make_node("Unsqueeze", ["n", "ax0"], ["n1"]),
+                   helper.make_node("Cast", ["n1"], ["t"], to=TensorProto.INT64)],
+                  "[b*s*4]"),
+    # the Where(Equal(t, -1), 1, t) guard of Expand exports, then Slice and Concat
+    "where_equal_slice": ([helper.make_node("Shape", ["x"], ["sh"]),
+                           helper.make_node("Gather", ["sh", "zero"], ["b"], axis=0),
+                           helper.make_node("Unsqueeze", ["b", "ax0"], ["b1"]),
+                           helper.make_node("Concat", ["b1", "minus1"], ["t0"], axis=0),
+                           helper.make_node("Equal", ["t0", "minus1"], ["is_m1"]),
+                           helper.make_node("Where", ["is_m1", "ones", "t0"], ["w"]),
+                           helper.make_node("Slice", ["w", "zero1", "one1"], ["w0"]),
+                           helper.make_node("Concat", ["w0", "minus1"], ["t"], axis=0)],
+                          "[b, s*4]"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(SHAPE_VALUE_CASES))
+def test_shape_arithmetic_folds_to_symbolic_reshape_targets(case: str) -> None:
+    nodes, text = SHAPE_VALUE_CASES[case]
+    inits = [_i64("ax0", 0), _i64("minus1", -1), _i64("ones", 1, 1), _i64("zero1", 0),
+             _i64("one1", 1), onnx.numpy_helper.from_array(np.array(0, np.int64), "zero")]
+    model = _model([*nodes, helper.make_node("Reshape", ["x", "t"], ["y"])],
+                   [("x", F, ["b", "s", 4])], [("y", F, None)], inits)
+    mod = from_onnx(model)
+    assert shape_text(mod["main"].ret_type.shape) == text
+    assert "shape_of" not in mod.script()
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    x = np.random.default_rng(0).standard_normal((3, 5, 4)).astype(np.float32)
+    np.testing.assert_array_equal(np.asarray(evaluate(mod, "main", x)),
+                                  session.run(None, {"x": x})[0])

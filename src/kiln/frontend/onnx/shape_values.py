@@ -18,7 +18,7 @@ import numpy as np
 
 from kiln.ir import dtype as dt
 from kiln.ir.shape_expr import dim_product, dims_equal, simplify_dim
-from kiln.ir.tensor import PrimExpr
+from kiln.ir.tensor import BinaryOp, Const, PrimExpr, Var
 from kiln.ops import registry as op_registry
 
 # Ops whose numpy reference moves elements without computing on them: it runs on
@@ -61,9 +61,29 @@ def _elementwise(fn: Callable[..., Any], *args: np.ndarray) -> np.ndarray:
 
 def _equal(a: Any, b: Any) -> bool:
     same = dims_equal(a, b)
+    if same is None and (_below_zero(a) and _nonnegative(b) or
+                         _below_zero(b) and _nonnegative(a)):
+        return False  # `Equal(shape, -1)` guards: a size is never negative
     if same is None:
         raise Unknown
     return same
+
+
+def _below_zero(d: Any) -> bool:
+    return isinstance(d, int) and d < 0
+
+
+def _nonnegative(d: Any) -> bool:
+    """Whether `d` is provably >= 0: sums and products of sizes (dimension variables)."""
+    if isinstance(d, int):
+        return d >= 0
+    if isinstance(d, Var):
+        return True
+    if isinstance(d, BinaryOp) and d.op in ("add", "mul", "floordiv", "min", "max"):
+        return _nonnegative(d.a) and _nonnegative(d.b)
+    if isinstance(d, Const):
+        return int(d.value) >= 0
+    return False
 
 
 def evaluate(op: str, args: Sequence[np.ndarray], attrs: Mapping[str, Any],
