@@ -61,8 +61,8 @@ def _elementwise(fn: Callable[..., Any], *args: np.ndarray) -> np.ndarray:
 
 def _equal(a: Any, b: Any) -> bool:
     same = dims_equal(a, b)
-    if same is None and (_below_zero(a) and _nonnegative(b) or
-                         _below_zero(b) and _nonnegative(a)):
+    if same is None and ((_below_zero(a) and _nonnegative(b)) or
+                         (_below_zero(b) and _nonnegative(a))):
         return False  # `Equal(shape, -1)` guards: a size is never negative
     if same is None:
         raise Unknown
