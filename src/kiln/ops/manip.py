@@ -495,7 +495,9 @@ def _split_onnx(ctx: GraphContext, inputs: Sequence[g.Expr | None],
     x = first_input(inputs)
     t = ctx.tensor_type(x)
     axis = norm_axes(attrs.get("axis", 0), t.ndim)[0]
-    n = t.static_shape[axis]
+    n = t.shape[axis]
+    if not isinstance(n, int):
+        raise IRError(f"Split along the symbolic dimension {dim_text(n)} is not supported")
     if ctx.opset >= 13 and len(inputs) > 1 and inputs[1] is not None:
         sizes = [int(s) for s in need_constant(ctx, inputs[1], "Split sizes").reshape(-1)]
     elif "split" in attrs:

@@ -18,6 +18,7 @@ import numpy as np
 from kiln.errors import IRError
 from kiln.ir import dtype as dt
 from kiln.ir import graph as g
+from kiln.ir.shape_expr import dim_product, shape_text
 from kiln.ir.tensor import Cast, PrimExpr, as_expr, intrin, select
 from kiln.ir.types import TensorType, TupleType, Type
 from kiln.ops import te
@@ -297,9 +298,12 @@ def _topk_infer(types: Sequence[TensorType], attrs: Attrs) -> Type:
     x = types[0]
     (axis,) = norm_axes(attrs.get("axis", -1), x.ndim)
     k = int(attrs["k"])
-    if not 0 <= k <= x.static_shape[axis]:
-        raise IRError(f"topk: k = {k} is outside [0, {x.static_shape[axis]}] for {x}")
-    shape = list(x.static_shape)
+    n = x.shape[axis]
+    if not isinstance(n, int):
+        raise IRError(f"topk: the axis {axis} of {shape_text(x.shape)} must be static")
+    if not 0 <= k <= n:
+        raise IRError(f"topk: k = {k} is outside [0, {n}] for {x}")
+    shape = list(x.shape)
     shape[axis] = k
     return TupleType((TensorType(tuple(shape), x.dtype), TensorType(tuple(shape), "int64")))
 
@@ -606,11 +610,13 @@ def _softmax_converter(op: str) -> Converter:
             return [ctx.call(op, x, axis=norm_axes(attrs.get("axis", -1), t.ndim)[0])]
         # Before opset 13 the input is coerced to 2-D at `axis` (default 1).
         (axis,) = norm_axes(attrs.get("axis", 1), t.ndim)
-        shape = t.static_shape
-        rows = int(np.prod(shape[:axis]))
-        flat = ctx.call("reshape", x, shape=(rows, int(np.prod(shape[axis:]))))
+        if axis == t.ndim - 1:  # the coerced 2-D rows are the last axis already
+            return [ctx.call(op, x, axis=axis)]
+        shape = t.shape
+        flat_shape = (dim_product(shape[:axis]), dim_product(shape[axis:]))
+        flat = ctx.call("reshape", x, shape=reshape_attr(shape, flat_shape))
         y = ctx.call(op, flat, axis=1)
-        return [ctx.call("reshape", y, shape=shape)]
+        return [ctx.call("reshape", y, shape=reshape_attr(flat_shape, shape))]
     return convert
 
 
