@@ -173,6 +173,8 @@ def test_dim_names_that_are_not_identifiers_are_rewritten() -> None:
     ({"features": (2, None, 32)}, r"shape_dict gives input 'features' shape \(2, None, 32\), "
                                   r"but the model declares \('batch', 'seq', 64\)"),
     ({"features": (2, "x", 64)}, r"must be a non-negative int or None"),
+    ({"mask": range(1, 4)}, r"shape_dict\['mask'\] = range\(1, 4\): 'mask' is an input; a range "
+                            r"bounds a dimension and is keyed by its name"),
 ])
 def test_bad_shape_dict_entries_are_clear_errors(shape_dict, message: str) -> None:
     with pytest.raises(FrontendError, match=message):

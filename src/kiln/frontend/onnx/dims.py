@@ -121,6 +121,9 @@ class InputDims:
     def _input_entry(self, inp: str, shape: Any) -> None:
         if _is_int(shape):  # the size of a 1-D input (`kiln compile --shape x=5`)
             shape = (shape,)
+        if isinstance(shape, range):
+            raise FrontendError(f"shape_dict[{inp!r}] = {shape!r}: {inp!r} is an input; a "
+                                "range bounds a dimension and is keyed by its name")
         if isinstance(shape, (str, bytes)) or not hasattr(shape, "__iter__"):
             raise FrontendError(f"shape_dict[{inp!r}] must be a sequence of ints, got {shape!r}")
         shape = tuple(shape)
