@@ -61,8 +61,8 @@ def from_onnx(model: Any, shape_dict: dict[str, Any] | None = None, *,
     name (`{"batch": 1}`), or bound them (`{"seq": range(1, 513)}`); it must agree
     with the fixed dimensions the model declares. The bounds of the remaining
     variables are the function attribute `kiln.dim_bounds`. The module's graph
-    function `main` takes the inputs in the model's order, under their ONNX names, and returns the
-    outputs in the model's order (attribute `output_names`).
+    function `main` takes the inputs in the model's order, under their ONNX names,
+    and returns the outputs in the model's order (attribute `output_names`).
 
     `max_fold_bytes` bounds constant folding (docs/onnx.md, "Limits"): an
     operator whose inputs are all constant is evaluated at import only if its
@@ -244,6 +244,7 @@ class _Importer:
         self.values: dict[str, g.Expr] = {}
         # Values computed from symbolic dimensions -> their elements as dimensions.
         self.shape_values: dict[g.Expr, np.ndarray] = {}
+        self._true_of: dict[str, g.Expr] = {}  # shape text -> true_of_shape(shape)
         self.ib = IRBuilder()
         self.node_outputs: tuple[str, ...] = ()
         self.params: set[g.Expr] = set()
@@ -305,12 +306,19 @@ class _Importer:
     def true_of_shape(self, shape: Sequence[Dim]) -> g.Expr:
         """An all-true bool tensor of `shape`. A symbolic dimension is read at run time from
         an input of the model that has it; IRError if no input does (`seq*2`)."""
+        key = shape_text(shape)
+        if key not in self._true_of:
+            self._true_of[key] = self._make_true_of_shape(shape)
+        return self._true_of[key]
+
+    def _make_true_of_shape(self, shape: Sequence[Dim]) -> g.Expr:
+        inputs = [self.values[i.name] for i in _graph_inputs(self.graph)]  # in model order
         yes = g.Constant(np.array(True))
         out: g.Expr | None = None
         for k, d in enumerate(shape):
             if isinstance(d, int):
                 continue
-            found = next(((p, j) for p in self.params
+            found = next(((p, j) for p in inputs
                           for j, pd in enumerate(self.tensor_type(p).shape)
                           if not isinstance(pd, int) and dims_equal(pd, d) is True), None)
             if found is None:
