@@ -247,12 +247,6 @@ def sum_dims(dims: Any) -> Dim:
     return simplify_dim(total)
 
 
-def _dim(d: object) -> int:
-    if not isinstance(d, int):
-        raise IRError(f"a static dimension is required here, got {d}")
-    return d
-
-
 def _concat_compute(inputs: Sequence[te.Tensor], attrs: Attrs) -> te.Tensor:
     (axis,) = norm_axes(attrs.get("axis", 0), inputs[0].ndim)
     out = _concat_infer([TensorType(t.shape, t.dtype) for t in inputs], attrs)
