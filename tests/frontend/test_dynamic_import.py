@@ -143,6 +143,10 @@ def test_unnamed_dynamic_dims_get_fresh_unique_names() -> None:
     assert isinstance(dx, Var) and isinstance(dy, Var)
     assert dx is not dy and dx.name != dy.name
     assert {dx.name, dy.name} == {"x_dim0", "x_dim0_2"}
+    # the made-up names pin like dim_params
+    pinned = from_onnx(_model([helper.make_node("Relu", ["x"], ["z"])],
+                              [("x", f, [None, 4])], [("z", f, None)]), {"x_dim0": 3})
+    assert pinned["main"].params[0].type == TensorType((3, 4), "float32")
     a = np.ones((3, 4), np.float32)
     np.testing.assert_array_equal(evaluate(mod, "main", a, np.ones((5, 4), np.float32)), a)
 
@@ -154,6 +158,7 @@ def test_dim_names_that_are_not_identifiers_are_rewritten() -> None:
     assert _shape(mod) == "[batch_size, d_2n]"
     # shape_dict still takes the model's spelling
     assert _shape(from_onnx(model, {"batch size": 3})) == "[3, d_2n]"
+    assert _shape(from_onnx(model, {"d_2n": 5})) == "[batch_size, 5]"
 
 
 @pytest.mark.parametrize("shape_dict,message", [

@@ -12,7 +12,8 @@ variable `<input>_dim<k>`. Names that are not identifiers are rewritten (`batch 
 - `{"batch": 1}`: pins a dimension to a size everywhere it occurs;
 - `{"seq": range(1, 513)}`: bounds a dimension (min 1, max 512), kept symbolic.
 
-An input's name wins over a dimension of the same name.
+A dimension may also be named as kiln names it (`batch_size`, `x_dim1`). An
+input's name wins over a dimension of the same name.
 """
 
 from __future__ import annotations
@@ -99,6 +100,9 @@ class InputDims:
     # ------------------------------------------------------------------ shape_dict
 
     def _dim_entry(self, key: str, value: Any) -> None:
+        by_var = {v: k for k, v in self.names.items()}  # `batch_size`, `x_dim1` as kiln names them
+        if key not in self.names and key in by_var:
+            key = by_var[key]
         if key not in self.names:
             named = [n for n in self.names if n not in self.auto]
             known = list(self.declared) + named
