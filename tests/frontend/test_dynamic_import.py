@@ -369,3 +369,18 @@ def test_shape_arithmetic_folds_to_symbolic_reshape_targets(case: str) -> None:
     x = np.random.default_rng(0).standard_normal((3, 5, 4)).astype(np.float32)
     np.testing.assert_array_equal(np.asarray(evaluate(mod, "main", x)),
                                   session.run(None, {"x": x})[0])
+
+
+def test_conv_transpose_with_a_symbolic_batch() -> None:
+    w = onnx.numpy_helper.from_array(
+        np.random.default_rng(2).standard_normal((3, 2, 3, 3)).astype(np.float32), "w")
+    model = _model([helper.make_node("ConvTranspose", ["x", "w"], ["y"], strides=[2, 2],
+                                     pads=[1, 1, 1, 1])],
+                   [("x", F, ["n", 3, 5, 5])], [("y", F, None)], [w])
+    mod = from_onnx(model)
+    assert shape_text(mod["main"].ret_type.shape) == "[n, 2, 9, 9]"
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    for n in (1, 3):
+        x = np.random.default_rng(n).standard_normal((n, 3, 5, 5)).astype(np.float32)
+        np.testing.assert_allclose(np.asarray(evaluate(mod, "main", x)),
+                                   session.run(None, {"x": x})[0], rtol=1e-4, atol=1e-5)

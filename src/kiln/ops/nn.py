@@ -361,7 +361,10 @@ def _convt_geometry(x: Sequence[int], w: Sequence[int], attrs: Attrs
 
 
 def _convt_infer(types: Sequence[TensorType], attrs: Attrs) -> Type:
-    x, w = types[0].static_shape, types[1].static_shape
+    # the batch may be symbolic; channels and spatial dims are static
+    batch = types[0].shape[0] if types[0].ndim else 0
+    x = (0, *TensorType(types[0].shape[1:], types[0].dtype).static_shape)
+    w = types[1].static_shape
     group = int(attrs.get("group", 1))
     if group < 1 or x[1] != w[0] or w[0] % group:
         raise IRError(f"conv_transpose: input has {x[1]} channels, weight {w} expects "
@@ -369,7 +372,7 @@ def _convt_infer(types: Sequence[TensorType], attrs: Attrs) -> Type:
     if len(types) == 3 and tuple(types[2].shape) != (w[1] * group,):
         raise IRError(f"conv_transpose: bias shape {types[2].shape} must be ({w[1] * group},)")
     out, *_ = _convt_geometry(x, w, attrs)
-    return TensorType((x[0], w[1] * group, *out), types[0].dtype)
+    return TensorType((batch, w[1] * group, *out), types[0].dtype)
 
 
 def _convt_compute(inputs: Sequence[te.Tensor], attrs: Attrs) -> te.Tensor:
@@ -527,14 +530,14 @@ def _conv_transpose_onnx(ctx: GraphContext, inputs: Sequence[g.Expr | None],
     x, w, b = inputs[0], inputs[1], inputs[2] if len(inputs) > 2 else None
     assert x is not None and w is not None
     xt, wt = ctx.tensor_type(x), ctx.tensor_type(w)
-    rank = spatial.spatial_rank(xt.static_shape, "ConvTranspose")
+    rank = spatial.spatial_rank(xt.shape, "ConvTranspose")
     kernel = _kernel(attrs, wt)
     strides = spatial.ints(attrs, "strides", rank, 1)
     dilations = spatial.ints(attrs, "dilations", rank, 1)
     out_pad = spatial.ints(attrs, "output_padding", rank, 0)
     auto = attrs.get("auto_pad", "NOTSET")
-    in_sp = xt.static_shape[2:]
     if "output_shape" in attrs or auto in ("SAME_UPPER", "SAME_LOWER"):
+        in_sp = TensorType(xt.shape[2:], xt.dtype).static_shape
         target = tuple(int(d) for d in attrs.get("output_shape", ()))[-rank:] or tuple(
             in_sp[j] * strides[j] for j in range(rank))
         total = [strides[j] * (in_sp[j] - 1) + out_pad[j] + (kernel[j] - 1) * dilations[j] + 1
