@@ -28,7 +28,7 @@ from kiln.script import from_source, print_module
 sys.path.insert(0, str(Path(__file__).parents[1] / "models"))
 from dynamic_models import cnn, encoder, feeds
 
-ENCODER_SIZES = [(1, 1), (1, 32), (3, 7), (2, 200)]
+ENCODER_SIZES = [(1, 1), (1, 32), (3, 7), (2, 200), (1, 512)]
 
 
 def _run_both(model: onnx.ModelProto, sizes: dict[str, int], mod=None) -> None:
