@@ -302,6 +302,14 @@ class _Shapes:
     def dim(self, d: Any) -> int:
         return d if isinstance(d, int) else self.eval(d)
 
+    def by_name(self, fname: str, name: str) -> int:
+        """The value of the bound dimension variable called `name`."""
+        for v in self._keep:
+            if isinstance(v, t.Var) and v.name == name:
+                return self.values[id(v)]
+        raise IRError(f"{fname}: a kernel takes dimension '{name}', which no argument of "
+                      "the caller bound")
+
     def shape(self, ty: TensorType) -> tuple[int, ...]:
         return tuple(self.dim(d) for d in ty.shape)
 
@@ -396,7 +404,11 @@ class _GraphRunner:
             shape = self.shapes.shape(ty)
             outs.append(_alloc(math.prod(shape), _np_dtype(ty.dtype)).reshape(shape))
         ins = [_contiguous(a) if isinstance(a, np.ndarray) else a for a in args]
-        _run_prim(self.mod, e.func, callee, [*ins, *outs])
+        # A kernel with symbolic shapes takes its dimensions as trailing int64 scalars,
+        # named as the caller's dimension variables (docs/ir.md).
+        dims = [self.shapes.by_name(fname, p.name)
+                for p in callee.params[len(ins) + len(outs):] if isinstance(p, t.Var)]
+        _run_prim(self.mod, e.func, callee, [*ins, *outs, *dims])
         return tuple(outs) if isinstance(e.ret_type, TupleType) else outs[0]
 
     def call_op(self, fname: str, e: g.Call, args: list[Any]) -> Any:

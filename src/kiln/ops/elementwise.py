@@ -346,7 +346,7 @@ def _register_binary(name: str, fn: BinaryFn,
         a, b = inputs
         shape = broadcast_types([TensorType(a.shape, a.dtype), TensorType(b.shape, b.dtype)])
         return te.compute(
-            shape.static_shape,
+            te.dims(shape.shape),
             lambda *i: fn(a[broadcast_index(i, a.shape)], b[broadcast_index(i, b.shape)]),
             a.dtype, name)
 

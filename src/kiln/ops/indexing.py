@@ -80,7 +80,7 @@ def _gather_compute(inputs: Sequence[te.Tensor], attrs: Attrs) -> te.Tensor:
         src = (*i[:axis], te.clamp_index(k, n), *i[axis + ind.ndim:])
         return x[src]
 
-    return te.compute(out.shape, element, x.dtype, "gather",  # type: ignore[arg-type]
+    return te.compute(out.shape, element, x.dtype, "gather",
                       checks=[index_check("gather", ind, n)])
 
 

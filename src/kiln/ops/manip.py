@@ -265,7 +265,7 @@ def _concat_compute(inputs: Sequence[te.Tensor], attrs: Attrs) -> te.Tensor:
         assert value is not None
         return value
 
-    return te.compute(out.shape, element, out.dtype, "concat")  # type: ignore[arg-type]
+    return te.compute(out.shape, element, out.dtype, "concat")
 
 
 register_op("concat", pattern="injective", infer=_concat_infer, compute=_concat_compute,
@@ -556,7 +556,7 @@ def _tile_compute(inputs: Sequence[te.Tensor], attrs: Attrs) -> te.Tensor:
     (x,) = inputs
     out = _tile_infer([TensorType(x.shape, x.dtype)], attrs)
     assert isinstance(out, TensorType)
-    return te.compute(out.shape, lambda *i: x[tuple(k % d for k, d in zip(i, x.shape))],  # type: ignore[arg-type]
+    return te.compute(out.shape, lambda *i: x[tuple(k % d for k, d in zip(i, x.shape))],
                       x.dtype, "tile")
 
 
@@ -623,7 +623,7 @@ def _pad_compute(inputs: Sequence[te.Tensor], attrs: Attrs) -> te.Tensor:
                 fixed.append(te.clamp_index(r, d))
         return x[tuple(fixed)]
 
-    return te.compute(out.shape, element, x.dtype, "pad")  # type: ignore[arg-type]
+    return te.compute(out.shape, element, x.dtype, "pad")
 
 
 def _pad_ref(x: np.ndarray, **attrs: Any) -> np.ndarray:

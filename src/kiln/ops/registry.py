@@ -66,7 +66,7 @@ class OpDef:
     def legalize(self, call: g.Call) -> tuple[PrimFunc, str]:
         """The PrimFunc(inputs..., outputs...) computing `call`, and a name hint."""
         types = [_tensor_type(a.type) for a in call.args]
-        inputs = [te.placeholder(_static(t), t.dtype, f"x{k}") for k, t in enumerate(types)]
+        inputs = [te.placeholder(t.shape, t.dtype, f"x{k}") for k, t in enumerate(types)]
         outs = self.compute(inputs, call.attrs)
         outputs = outs if isinstance(outs, tuple) else (outs,)
         return te.lower(inputs, outputs, self.name), self.name
@@ -85,6 +85,9 @@ class HandBuiltOp(OpDef):
 
     def legalize(self, call: g.Call) -> tuple[PrimFunc, str]:
         types = [_tensor_type(a.type) for a in call.args]
+        if not all(is_static(t.shape) for t in types):
+            # Hand-built kernels assume static shapes; symbolic ones take the te definition.
+            return super().legalize(call)
         inputs = [te.placeholder(_static(t), t.dtype, f"x{k}") for k, t in enumerate(types)]
         prim = self.lower_fused(inputs, inputs, call.attrs, None, None, self.name)
         if prim is None:

@@ -23,13 +23,14 @@ from __future__ import annotations
 import contextvars
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
 from kiln.errors import IRError
 from kiln.ir import dtype as dt
 from kiln.ir.dtype import INDEX_DTYPE
+from kiln.ir.shape_expr import dim_vars, simplify_dim
 from kiln.ir.tensor import (
     CHECK_INTRINSIC,
     Allocate,
@@ -89,17 +90,26 @@ class Tensor:
         return _context().access(self, indices)
 
 
-def placeholder(shape: Sequence[int], dtype: str, name: str = "x") -> Tensor:
-    """An operator input."""
+def dims(shape: Sequence[int | PrimExpr]) -> tuple[int, ...]:
+    """`shape` with canonical dimensions: ints, or int64 expressions over dimension
+    variables (kiln.ir.shape_expr) for a symbolic shape. Typed as ints so the static
+    shape arithmetic of operator definitions type-checks; a symbolic dimension is a
+    PrimExpr, which supports the same arithmetic and lowers to a loop extent."""
+    return tuple(cast(int, simplify_dim(d if isinstance(d, PrimExpr) else int(d)))
+                 for d in shape)
+
+
+def placeholder(shape: Sequence[int | PrimExpr], dtype: str, name: str = "x") -> Tensor:
+    """An operator input (its dims may be symbolic, see `dims`)."""
     dt.check_dtype(dtype)
-    return Tensor(tuple(int(d) for d in shape), dtype, name)
+    return Tensor(dims(shape), dtype, name)
 
 
-def compute(shape: Sequence[int], fcompute: FCompute, dtype: str, name: str = "t", *,
-            materialize: bool = False, checks: Sequence[Check] = ()) -> Tensor:
+def compute(shape: Sequence[int | PrimExpr], fcompute: FCompute, dtype: str,
+            name: str = "t", *, materialize: bool = False, checks: Sequence[Check] = ()) -> Tensor:
     """A tensor whose element at `i` is `fcompute(*i)`, computed after `checks` passed."""
     dt.check_dtype(dtype)
-    return Tensor(tuple(int(d) for d in shape), dtype, name, fcompute, materialize,
+    return Tensor(dims(shape), dtype, name, fcompute, materialize,
                   checks=tuple(checks))
 
 
@@ -156,7 +166,7 @@ def reduce(kind: str, body: FCompute, extents: Sequence[int], dtype: str,
     """
     if kind not in REDUCERS:
         raise IRError(f"unknown reduction {kind!r}; known: {', '.join(REDUCERS)}")
-    return _context().reduce(REDUCERS[kind], body, tuple(int(e) for e in extents), dtype, init)
+    return _context().reduce(REDUCERS[kind], body, dims(extents), dtype, init)
 
 
 def flat_index(idx: Sequence[PrimExpr], shape: Sequence[int]) -> PrimExpr:
@@ -171,7 +181,7 @@ def unflatten_index(flat: PrimExpr, shape: Sequence[int]) -> tuple[PrimExpr, ...
     """The index of row-major position `flat` in a tensor of `shape` (`flat_index` undone)."""
     out: list[PrimExpr] = []
     for d in reversed(shape):
-        out.append(flat % d if d != 1 else as_expr(0))
+        out.append(as_expr(0) if isinstance(d, int) and d == 1 else flat % d)
         flat = flat // d
     return tuple(reversed(out))
 
@@ -290,7 +300,7 @@ class _Lowering:
         body(loop_vars)
         stmt = self.blocks.pop().close()
         for v, extent in reversed(list(zip(loop_vars, shape))):
-            stmt = For(v, Const(0, INDEX_DTYPE), Const(extent, INDEX_DTYPE), "serial", stmt)
+            stmt = For(v, Const(0, INDEX_DTYPE), as_expr(extent, INDEX_DTYPE), "serial", stmt)
         self.emit(stmt)
 
     def reduce(self, reducer: _Reducer, body: FCompute, extents: tuple[int, ...], dtype: str,
@@ -352,7 +362,19 @@ def lower(inputs: Sequence[Tensor], outputs: Sequence[Tensor], name: str = "kern
                    ctx.blocks[0].close())
     finally:
         _CTX.reset(token)
-    return PrimFunc(tuple(params + out_bufs), body, attrs or {})
+    return with_dim_params(PrimFunc(tuple(params + out_bufs), body, attrs or {}))
+
+
+def with_dim_params(prim: PrimFunc) -> PrimFunc:
+    """`prim` taking, after its parameters, one int64 scalar per dimension variable of its
+    buffer parameters' shapes (sorted by name) that it does not take yet: the calling
+    convention of kernels with symbolic shapes (docs/ir.md). Unchanged when static."""
+    taken = {id(p) for p in prim.params}
+    extra = [v for v in dim_vars(d for b in prim.buffer_params for d in b.shape)
+             if id(v) not in taken]
+    if not extra:
+        return prim
+    return PrimFunc((*prim.params, *extra), prim.body, dict(prim.attrs))
 
 
 def inline_expr(t: Tensor, idx: Sequence[ExprLike], buffers: dict[Tensor, Buffer]) -> PrimExpr:

@@ -32,6 +32,7 @@ from typing import Any
 from kiln.ir import graph as g
 from kiln.ir.attrs import ATTR_PRIVATE
 from kiln.ir.module import BaseFunc, IRModule
+from kiln.ir.shape_expr import is_static
 from kiln.ir.tensor import PrimFunc
 from kiln.ir.types import TensorType
 from kiln.transform.functor import var_use_counts
@@ -241,7 +242,7 @@ def _lower_group(group: list[g.Binding], externals: list[g.Expr], inside: dict[i
     for k, e in enumerate(externals):
         t = e.type
         assert isinstance(t, TensorType)
-        placeholders.append(te.placeholder(t.static_shape, t.dtype, f"x{k}"))
+        placeholders.append(te.placeholder(t.shape, t.dtype, f"x{k}"))
     ext_pos = {id(e): k for k, e in enumerate(externals)}
     values: list[Any] = []
     arguments: list[list[Any]] = []
@@ -259,7 +260,9 @@ def _lower_group(group: list[g.Binding], externals: list[g.Expr], inside: dict[i
     first = group[k].value
     assert isinstance(first, g.Call)
     lower_fused = getattr(get_op(first.op), "lower_fused", None)
-    if lower_fused is not None:
+    # Hand-built kernels assume static shapes; symbolic ones take the te definitions.
+    static = all(is_static(e.type.shape) for e in externals if isinstance(e.type, TensorType))
+    if lower_fused is not None and static:
         fused = lower_fused(placeholders, arguments[k], first.attrs, values[k], values[-1], name)
         if fused is not None:
             return fused.with_attrs(**{ATTR_PRIVATE: True})

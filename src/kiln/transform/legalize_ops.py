@@ -108,6 +108,9 @@ class _State:
                 f"legalize rule of operator '{call.op}' returned {result!r}; "
                 "expected (PrimFunc, name_hint)")
         prim, hint = result
+        from kiln.ops.te import with_dim_params
+
+        prim = with_dim_params(prim)  # hand-built kernels may omit them
         name = self._unique(_identifier(str(hint) or call.op))
         self.functions[name] = prim.with_attrs(**{ATTR_PRIVATE: True})
         self.cache[key] = name
