@@ -38,6 +38,19 @@ def _layer_norm(x: np.ndarray, w: np.ndarray, b: np.ndarray) -> np.ndarray:
     return (x - mu) / np.sqrt(var + 1e-5) * w + b
 
 
+def _conv_grouped(x: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """conv2d, stride 2, pad 1, 2 groups (the conv_symbolic_batch case)."""
+    xp = np.pad(x, ((0, 0), (0, 0), (1, 1), (1, 1)))
+    out = np.zeros((x.shape[0], 6, 5, 5), np.float32)
+    for grp in range(2):
+        xs, ws = xp[:, 2 * grp:2 * grp + 2], w[3 * grp:3 * grp + 3]
+        for i in range(5):
+            for j in range(5):
+                patch = xs[:, :, 2 * i:2 * i + 3, 2 * j:2 * j + 3]
+                out[:, 3 * grp:3 * grp + 3, i, j] = np.einsum("nchw,ochw->no", patch, ws)
+    return out
+
+
 # name -> (graph source with dimension variable n, input shapes given n, numpy reference)
 CASES: dict[str, tuple[str, Callable[[int], list[tuple[int, ...]]], Callable[..., Any]]] = {
     "broadcast_add_relu": ('''
@@ -87,6 +100,31 @@ def main(x: G.Tensor((n, 3, 4), "float32")) -> G.Tensor((4, n, 3), "float32"):
     y: G.Tensor((4, n, 3), "float32") = G.op("transpose", x, perm=(2, 0, 1))
     return y
 ''', lambda n: [(n, 3, 4)], lambda x: x.transpose(2, 0, 1)),
+    "concat_slice_reshape": ('''
+@G.function
+def main(x: G.Tensor((n, 6), "float32"), y: G.Tensor((n, 2), "float32")
+         ) -> G.Tensor((n, 2, 3), "float32"):
+    c: G.Tensor((n, 8), "float32") = G.op("concat", x, y, axis=1)
+    s: G.Tensor((n, 6), "float32") = G.op("strided_slice", c, starts=(1,), ends=(7,), axes=(1,))
+    r: G.Tensor((n, 2, 3), "float32") = G.op("reshape", s, shape=(-1, 2, 3))
+    return r
+''', lambda n: [(n, 6), (n, 2)],
+        lambda x, y: np.concatenate([x, y], 1)[:, 1:7].reshape(-1, 2, 3)),
+    "conv_symbolic_batch": ('''
+@G.function
+def main(x: G.Tensor((n, 4, 9, 9), "float32"), w: G.Tensor((6, 2, 3, 3), "float32")
+         ) -> G.Tensor((n, 6, 5, 5), "float32"):
+    y: G.Tensor((n, 6, 5, 5), "float32") = G.op("conv2d", x, w, strides=(2, 2),
+        pads=(1, 1, 1, 1), dilations=(1, 1), group=2, auto_pad="NOTSET")
+    return y
+''', lambda n: [(n, 4, 9, 9), (6, 2, 3, 3)], _conv_grouped),
+    "max_pool": ('''
+@G.function
+def main(x: G.Tensor((n, 3, 6, 6), "float32")) -> G.Tensor((n, 3, 3, 3), "float32"):
+    y: G.Tensor((n, 3, 3, 3), "float32") = G.op("max_pool2d", x, kernel_shape=(2, 2),
+                                                strides=(2, 2))
+    return y
+''', lambda n: [(n, 3, 6, 6)], lambda x: x.reshape(x.shape[0], 3, 3, 2, 3, 2).max((3, 5))),
 }
 
 

@@ -313,7 +313,7 @@ def _conv_compute(inputs: Sequence[te.Tensor], attrs: Attrs) -> te.Tensor:
             total = total + widen(bias[oc], acc)
         return widen(total, x.dtype)
 
-    return te.compute(out.static_shape, element, x.dtype, "conv")
+    return te.compute(te.dims(out.shape), element, x.dtype, "conv")
 
 
 def _conv_ref(x: np.ndarray, w: np.ndarray, b: np.ndarray | None = None,
@@ -411,7 +411,7 @@ def _convt_compute(inputs: Sequence[te.Tensor], attrs: Attrs) -> te.Tensor:
             total = total + widen(bias[oc], acc)
         return widen(total, x.dtype)
 
-    return te.compute(out_t.static_shape, element, x.dtype, "conv_transpose")
+    return te.compute(te.dims(out_t.shape), element, x.dtype, "conv_transpose")
 
 
 def _convt_ref(x: np.ndarray, w: np.ndarray, b: np.ndarray | None = None,
