@@ -203,6 +203,15 @@ def _run_graph(fn: g.Function, kernels: dict[str, Any], args: list[np.ndarray],
     return env[id(fn.result)]
 
 
+def _check_sizes(case: str, mod: IRModule, kernels: dict[str, Any]) -> None:
+    fn = mod["main"]
+    assert isinstance(fn, g.Function)
+    for n in SIZES:
+        args = _inputs(case, n)
+        got = _run_graph(fn, kernels, args, {"n": n})
+        np.testing.assert_allclose(got, CASES[case][2](*args), rtol=1e-4, atol=1e-5)
+
+
 @pytest.mark.parametrize("case", sorted(CASES))
 @pytest.mark.parametrize("threads", ["1", "2"])
 def test_llvm_kernels_at_several_sizes(case: str, threads: str,
@@ -210,10 +219,53 @@ def test_llvm_kernels_at_several_sizes(case: str, threads: str,
     monkeypatch.setenv("KILN_NUM_THREADS", threads)
     mod = _legalized(CASES[case][0])
     engine, kernels = _llvm_kernels(mod)
-    fn = mod["main"]
-    assert isinstance(fn, g.Function)
-    for n in SIZES:
-        args = _inputs(case, n)
-        got = _run_graph(fn, kernels, args, {"n": n})
-        np.testing.assert_allclose(got, CASES[case][2](*args), rtol=1e-4, atol=1e-5)
+    _check_sizes(case, mod, kernels)
     del engine
+
+
+def _c_kernels(mod: IRModule, directory: Any) -> tuple[Any, dict[str, Any]]:
+    """Every PrimFunc of `mod` through the serial tensor passes and the C backend's kernel
+    source (`cc -Werror`), each exported through a wrapper taking pointers and int64s."""
+    import subprocess
+
+    from kiln.codegen.c.codegen import emit_kernels, kernel_cflags
+    from kiln.codegen.constants import ConstantPool
+    from kiln.target import Target
+    from kiln.transform.interchange_reductions import InterchangeReductions
+    from kiln.transform.simplify import Simplify
+
+    prims = {k: f for k, f in mod.functions.items() if isinstance(f, PrimFunc)}
+    tmod = InterchangeReductions()(Simplify()(IRModule(prims)))
+    pool = ConstantPool.from_module(tmod)
+    source, _ = emit_kernels(tmod, prefix="kiln_", pool=pool)
+    assert len(pool) == 0  # these cases have no constants to link
+    wrappers = []
+    for name, f in tmod.functions.items():
+        assert isinstance(f, PrimFunc)
+        params = ", ".join(f"void* a{k}" if isinstance(p, Buffer) else f"int64_t a{k}"
+                           for k, p in enumerate(f.params))
+        args = ", ".join(f"a{k}" for k in range(len(f.params)))
+        wrappers.append(f'__attribute__((visibility("default"))) int32_t export_{name}('
+                        f"{params}) {{ return kiln__kernel_{name}({args}); }}")
+    c_file, so_file = directory / "kernels.c", directory / "kernels.so"
+    c_file.write_text(source + "\n" + "\n".join(wrappers) + "\n")
+    subprocess.run(["cc", *kernel_cflags(Target("c")), "-Werror", "-shared", "-fPIC",
+                    "-o", str(so_file), str(c_file), "-lm"], check=True)
+    lib = ctypes.CDLL(str(so_file))
+    kernels = {}
+    for name, f in tmod.functions.items():
+        assert isinstance(f, PrimFunc)
+        fn = getattr(lib, f"export_{name}")
+        fn.restype = ctypes.c_int32
+        fn.argtypes = [ctypes.c_void_p if isinstance(p, Buffer) else ctypes.c_int64
+                       for p in f.params]
+        kernels[name] = (f, fn)
+    return lib, kernels
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_c_kernels_at_several_sizes(case: str, tmp_path: Any) -> None:
+    mod = _legalized(CASES[case][0])
+    lib, kernels = _c_kernels(mod, tmp_path)
+    _check_sizes(case, mod, kernels)
+    del lib

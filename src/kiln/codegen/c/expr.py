@@ -186,8 +186,11 @@ class ExprEmitter:
             raise self.ctx.error(f"buffer '{buf.name}' has {buf.ndim} dimensions but is "
                                  f"indexed with {len(indices)}")
         if any(not isinstance(d, int) for d in buf.shape):
-            raise self.ctx.error(f"buffer '{buf.name}' has a symbolic shape {buf.shape}; "
-                                 "the C backend needs static shapes")
+            # Dims are int64 scalars of the kernel: the row-major offset as one expression.
+            flat: PrimExpr = Const(0, "int64")
+            for idx, d in zip(indices, buf.shape):
+                flat = flat * d + (idx if idx.dtype == "int64" else Cast("int64", idx))
+            return cast("int64_t", self.emit(flat)).text
         terms: list[str] = []
         offset = 0
         for idx, stride in zip(indices, buf.strides()):

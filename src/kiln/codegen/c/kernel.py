@@ -40,6 +40,7 @@ from kiln.errors import IRError
 from kiln.escape import c_comment
 from kiln.ir import dtype as dt
 from kiln.ir.attrs import ATTR_PARALLEL_OF, ATTR_PARALLEL_VAR
+from kiln.ir.shape_expr import dim_product
 from kiln.ir.tensor import (
     CHECK_INTRINSIC,
     Allocate,
@@ -61,6 +62,7 @@ from kiln.ir.tensor import (
     Stmt,
     Store,
     Var,
+    as_expr,
 )
 from kiln.transform.outline import COUNT_ARG, FIRST_CAPTURE
 
@@ -335,8 +337,11 @@ class KernelPrinter:
         buf = s.buffer
         if buf not in self.refs:
             return
-        numel = self.static_numel(buf)
         ctype = C_TYPES[buf.dtype]
+        if buf.scope != "local" and not all(isinstance(d, int) for d in buf.shape):
+            self.allocate_symbolic(s)
+            return
+        numel = self.static_numel(buf)
         if buf.scope == "local":
             name = self.ctx.names.fresh(buf.name)
             # ISO C has no zero-length arrays; an empty buffer is never indexed.
@@ -350,6 +355,22 @@ class KernelPrinter:
         self.ctx.module.uses_malloc = True
         p = self.p
         p.line(f"{ptr} = ({ctype}*)KILN_MALLOC(sizeof({ctype}) * {count});")
+        with p.block(f"if ({ptr} == NULL)"):
+            p.line(f"{self.status} = {STATUS_OUT_OF_MEMORY}; /* out of memory */")
+            p.line("goto done;")
+        self.declare(buf, BufferRef(ptr), s)
+
+    def allocate_symbolic(self, s: Allocate) -> None:
+        """A heap temporary whose size is an expression of the kernel's dim scalars."""
+        buf = s.buffer
+        ctype = C_TYPES[buf.dtype]
+        numel = self.expr(as_expr(dim_product(buf.shape), "int64")).text
+        ptr = self.heap_ptr[buf]
+        self.ctx.module.uses_malloc = True
+        p = self.p
+        # At least one element: malloc(0) may return NULL, and an empty buffer is never read.
+        p.line(f"{ptr} = ({ctype}*)KILN_MALLOC(sizeof({ctype}) * "
+               f"(size_t)((int64_t)({numel}) > 0 ? (int64_t)({numel}) : 1));")
         with p.block(f"if ({ptr} == NULL)"):
             p.line(f"{self.status} = {STATUS_OUT_OF_MEMORY}; /* out of memory */")
             p.line("goto done;")
