@@ -24,7 +24,7 @@ from kiln.script.source import from_source
 from kiln.transform.pipeline import default_graph_pipeline, default_tensor_pipeline
 
 RNG = np.random.default_rng(12)
-SIZES = (1, 2, 7, 33)
+SIZES = (1, 2, 7, 33, 64)
 
 
 def _softmax(x: np.ndarray) -> np.ndarray:
@@ -49,6 +49,12 @@ def _conv_grouped(x: np.ndarray, w: np.ndarray) -> np.ndarray:
                 patch = xs[:, :, 2 * i:2 * i + 3, 2 * j:2 * j + 3]
                 out[:, 3 * grp:3 * grp + 3, i, j] = np.einsum("nchw,ochw->no", patch, ws)
     return out
+
+
+# Constant weights of the dense case: packed at compile time (block-matmuls), N = 37
+# is no multiple of a panel.
+W = np.round(RNG.standard_normal((19, 37)), 3).astype(np.float32)
+BIAS = np.round(RNG.standard_normal(37), 3).astype(np.float32)
 
 
 # name -> (graph source with dimension variable n, input shapes given n, numpy reference)
@@ -125,6 +131,16 @@ def main(x: G.Tensor((n, 3, 6, 6), "float32")) -> G.Tensor((n, 3, 3, 3), "float3
                                                 strides=(2, 2))
     return y
 ''', lambda n: [(n, 3, 6, 6)], lambda x: x.reshape(x.shape[0], 3, 3, 2, 3, 2).max((3, 5))),
+    "dense_packed_bias_relu": (f'''
+@G.function
+def main(x: G.Tensor((n, 19), "float32")) -> G.Tensor((n, 37), "float32"):
+    y: G.Tensor((n, 37), "float32") = G.op(
+        "matmul", x, G.const({W.tolist()}, "float32", name="w"))
+    z: G.Tensor((n, 37), "float32") = G.op(
+        "add", y, G.const({BIAS.tolist()}, "float32", name="b"))
+    r: G.Tensor((n, 37), "float32") = G.op("relu", z)
+    return r
+''', lambda n: [(n, 19)], lambda x: np.maximum(x @ W + BIAS, 0)),
 }
 
 
@@ -152,6 +168,8 @@ def test_kernels_take_their_dims_as_trailing_scalars(case: str) -> None:
         tail = f.params[n_bufs:]
         assert [p.name for p in tail] == ["n"], f.params
         assert isinstance(tail[0], Var) and tail[0].dtype == "int64"
+    if case == "dense_packed_bias_relu":  # the GEMM micro-kernel, not the te fallback
+        assert [f.attrs.get("kiln.gemm_kernel") for f in prims] == ["matmul_packed"]
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
@@ -193,10 +211,14 @@ def _run_graph(fn: g.Function, kernels: dict[str, Any], args: list[np.ndarray],
     env: dict[int, np.ndarray] = {id(p): a for p, a in zip(fn.params, args)}
     for b in fn.bindings:
         call = b.value
+        if isinstance(call, g.Constant):
+            env[id(b.var)] = np.ascontiguousarray(call.data)
+            continue
         assert isinstance(call, g.CallTensor) and isinstance(b.var.type, TensorType)
         f, kernel = kernels[call.func]
         out = np.empty([eval_dim(d, dims) for d in b.var.type.shape], np.float32)
-        ins = [env[id(a)] for a in call.args]
+        ins = [np.ascontiguousarray(a.data) if isinstance(a, g.Constant) else env[id(a)]
+               for a in call.args]
         scalars = [dims[p.name] for p in f.params[len(ins) + 1:]]
         assert kernel(*(a.ctypes.data for a in [*ins, out]), *scalars) == 0
         env[id(b.var)] = out
@@ -248,7 +270,12 @@ def _c_kernels(mod: IRModule, directory: Any) -> tuple[Any, dict[str, Any]]:
         wrappers.append(f'__attribute__((visibility("default"))) int32_t export_{name}('
                         f"{params}) {{ return kiln__kernel_{name}({args}); }}")
     c_file, so_file = directory / "kernels.c", directory / "kernels.so"
-    c_file.write_text(source + "\n" + "\n".join(wrappers) + "\n")
+    # The hand-built kernels' parallel tile loops call the host's thread pool: run the
+    # whole range in this thread instead (host.c is dyn-abi's layer).
+    serial_pool = ("int32_t kiln__parallel_for(int64_t n, int32_t (*body)(int64_t, int64_t, "
+                   "void*), void* context) { return n > 0 ? body(0, n, context) : 0; }")
+    uses_pool = "kiln__parallel_for" in source
+    c_file.write_text("\n".join([source, *wrappers, serial_pool if uses_pool else ""]) + "\n")
     subprocess.run(["cc", *kernel_cflags(Target("c")), "-Werror", "-shared", "-fPIC",
                     "-o", str(so_file), str(c_file), "-lm"], check=True)
     lib = ctypes.CDLL(str(so_file))

@@ -369,7 +369,7 @@ def _parallel_tiles(extents: Sequence[int], body: Callable[..., Stmt]) -> Stmt:
     rest: PrimExpr = t
     for k in range(len(extents) - 1, -1, -1):
         e = extents[k]
-        if e == 1:
+        if isinstance(e, int) and e == 1:
             values.append(_c(0))
         elif k == 0:
             values.append(rest)
@@ -386,8 +386,9 @@ def _parallel_tiles(extents: Sequence[int], body: Callable[..., Stmt]) -> Stmt:
             var = Var(f"i{k}", INDEX_DTYPE)
             lets.append(LetStmt(var, v))
             idx.append(var)
-    kind = "parallel" if total > 1 else "serial"
-    return For(t, _c(0), _c(total), kind, seq(*lets, body(*idx)))
+    # a symbolic extent (a dim scalar) counts as more than one tile
+    kind = "parallel" if not isinstance(total, int) or total > 1 else "serial"
+    return For(t, _c(0), as_expr(total, INDEX_DTYPE), kind, seq(*lets, body(*idx)))
 
 
 def _tiles_loop(n: int, groups: int, blocks: int, rows: int,

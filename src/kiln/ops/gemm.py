@@ -23,11 +23,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
 from kiln.errors import IRError
+from kiln.ir.shape_expr import is_static
 from kiln.ir.tensor import PrimExpr, PrimFunc
 from kiln.ir.types import TensorType, Type
 from kiln.ops import gemm_kernels as gk
@@ -39,6 +40,8 @@ from kiln.ops.nn import _b_shape, _matmul_compute, _matmul_infer, _matmul_ref
 from kiln.ops.registry import OPS, HandBuiltOp
 
 PACKED = "matmul_packed"
+#: The row count M assumed when choosing a tile for symbolic M (a full-height tile).
+TYPICAL_ROWS = 64
 TILED = "matmul_tiled"
 Attrs = Mapping[str, Any]
 
@@ -93,7 +96,11 @@ def _packed_ref(a: np.ndarray, bp: np.ndarray, **attrs: Any) -> np.ndarray:
 
 @dataclass(frozen=True)
 class GemmOp(HandBuiltOp):
-    """A matrix product built on the GEMM micro-kernel (`legalize`, `lower_fused`)."""
+    """A matrix product built on the GEMM micro-kernel (`legalize`, `lower_fused`).
+    `matmul_packed` also takes symbolic rows (M = batch*seq): static tiles, a
+    symbolic tile count, and a last tile clamped to the rows there are."""
+
+    supports_symbolic: ClassVar[bool] = True
 
     def lower_fused(self, params: Sequence[te.Tensor], args: Sequence[te.Tensor], attrs: Attrs,
                     anchor: te.Tensor | None, result: te.Tensor | None,
@@ -102,6 +109,8 @@ class GemmOp(HandBuiltOp):
         a, b = args[0], args[1]
         if any(t.dtype != "float32" for t in (a, b, *params)):
             return None
+        if self.name != PACKED and not is_static((*a.shape, *b.shape)):
+            return None  # run-time packing of B needs static shapes: the te definition
         if self.name == PACKED:
             k, n = _packed_kn(args, attrs)
             shape = gk.GemmShape((), (), tuple(a.shape[:-1]), n, k)
@@ -118,7 +127,7 @@ class GemmOp(HandBuiltOp):
         if store is None:
             return None
         ab, bb = store.buffers[a], store.buffers[b]
-        tiling = target_tiling(shape.m, shape.n)
+        tiling = target_tiling(shape.m if isinstance(shape.m, int) else TYPICAL_ROWS, shape.n)
         prologue: list[Any] = []
         b_at: gk.BReader
         if self.name == PACKED:

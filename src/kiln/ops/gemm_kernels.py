@@ -25,11 +25,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import cast
 
 import numpy as np
 
 from kiln.errors import IRError
 from kiln.ir.dtype import INDEX_DTYPE
+from kiln.ir.shape_expr import dim_product
 from kiln.ir.tensor import (
     Allocate,
     Buffer,
@@ -145,10 +147,8 @@ BReader = Callable[[tuple[PrimExpr, ...], PrimExpr, PrimExpr, PrimExpr], PrimExp
 
 
 def _prod(dims: Sequence[int]) -> int:
-    total = 1
-    for d in dims:
-        total *= int(d)
-    return total
+    # symbolic dims (kiln.ops.te.dims) make a symbolic product
+    return cast(int, dim_product(dims))
 
 
 def _c(v: int) -> Const:
@@ -219,11 +219,15 @@ def gemm_body(shape: GemmShape, tiling: GemmTiling, a: Buffer, b_at: BReader, ou
     in place), `b_at` reads B's panels, `out` is `[*batch, *rows, n]`; `prologue` runs
     first (a run-time packing of B)."""
     m, n = shape.m, shape.n
-    if m < 1 or n < 1:
+    static_m = isinstance(m, int)  # else an expression of the kernel's dim scalars
+    if (static_m and m < 1) or n < 1:
         raise IRError(f"gemm kernel: empty product {shape}")
-    mr, nr = min(tiling.mr, m), tiling.nr
-    mtiles, panels = -(-m // mr), -(-n // nr)
+    mr, nr = min(tiling.mr, m) if static_m else tiling.mr, tiling.nr
+    mtiles, panels = (m + mr - 1) // mr, -(-n // nr)
     last_rows = m - (mtiles - 1) * mr  # rows of the last row tile
+    many_tiles = not static_m or mtiles > 1
+    # symbolic M: any row but the first may be past the end (M >= 1 when a tile runs)
+    surplus_from = last_rows if static_m else 1
     acc_t = a.dtype  # accumulate in float32; the epilogue may cast
     two_pass = out.dtype == acc_t and _calls_a_library(epilogue, out.ndim)
 
@@ -234,8 +238,8 @@ def gemm_body(shape: GemmShape, tiling: GemmTiling, a: Buffer, b_at: BReader, ou
                         for i in broadcast_index(bidx, shape.a_batch))
         a_pre = []
         for r in range(mr):
-            row: PrimExpr = mt * mr + r if mtiles > 1 else _c(r)
-            if r >= last_rows:  # the last tile's surplus rows read the last row
+            row: PrimExpr = mt * mr + r if many_tiles else _c(r)
+            if r >= surplus_from:  # the last tile's surplus rows read the last row
                 row = min_(row, m - 1)
             rv = Var(f"m{r}", INDEX_DTYPE)
             head.append(LetStmt(rv, row))
@@ -253,7 +257,8 @@ def gemm_body(shape: GemmShape, tiling: GemmTiling, a: Buffer, b_at: BReader, ou
         width: PrimExpr = _c(nr) if n % nr == 0 else min_(nr, n - n0)
 
         # the rows this tile stores: all but in the last tile
-        rows_here: PrimExpr = _c(mr) if last_rows == mr else min_(mr, m - mt * mr)
+        rows_here: PrimExpr = (_c(mr) if static_m and last_rows == mr
+                               else min_(mr, m - mt * mr))
 
         def store_loops(from_out: bool, apply: bool) -> Stmt:
             """The tile stored row by row from `stage` (or `out` itself), through the
@@ -261,7 +266,7 @@ def gemm_body(shape: GemmShape, tiling: GemmTiling, a: Buffer, b_at: BReader, ou
             r, v = Var("r", INDEX_DTYPE), Var("v", INDEX_DTYPE)
             lets: list[Stmt] = []
             rv = Var("row", INDEX_DTYPE)
-            lets.append(LetStmt(rv, mt * mr + r if mtiles > 1 else r))
+            lets.append(LetStmt(rv, mt * mr + r if many_tiles else r))
             idx = (*bidx, *_unflatten(rv, shape.rows, "o", lets), n0 + v)
             value: PrimExpr = out[idx] if from_out else stage[r, v]
             # whole panels store as vectors when the epilogue allows (vector_loops)
@@ -279,7 +284,8 @@ def gemm_body(shape: GemmShape, tiling: GemmTiling, a: Buffer, b_at: BReader, ou
         return seq(*head, *red, Allocate(stage), copy, *stores)
 
     loop = _parallel_tiles((shape.batches, panels, mtiles), tile)
-    if shape.madds < SERIAL_MAX_MADDS and isinstance(loop, For):
+    if isinstance(shape.madds, int) and shape.madds < SERIAL_MAX_MADDS \
+            and isinstance(loop, For):
         loop = For(loop.var, loop.start, loop.extent, "serial", loop.body)
     return seq(*prologue, loop)
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -78,6 +78,9 @@ class HandBuiltOp(OpDef):
     ask for with an elementwise chain around the op; its tensor-expression definition
     stays the fallback when the hand-built kernel does not apply."""
 
+    #: Whether `lower_fused` accepts symbolic dims (it may still return None for them).
+    supports_symbolic: ClassVar[bool] = False
+
     def builds(self, call: g.Call) -> bool:
         """Whether the hand-built kernel applies to `call` (decided from its types and
         attributes, without building it); `lower_fused` may still decline a fused chain."""
@@ -85,10 +88,10 @@ class HandBuiltOp(OpDef):
 
     def legalize(self, call: g.Call) -> tuple[PrimFunc, str]:
         types = [_tensor_type(a.type) for a in call.args]
-        if not all(is_static(t.shape) for t in types):
-            # Hand-built kernels assume static shapes; symbolic ones take the te definition.
+        if not self.supports_symbolic and not all(is_static(t.shape) for t in types):
+            # This hand-built kernel assumes static shapes: take the te definition.
             return super().legalize(call)
-        inputs = [te.placeholder(_static(t), t.dtype, f"x{k}") for k, t in enumerate(types)]
+        inputs = [te.placeholder(t.shape, t.dtype, f"x{k}") for k, t in enumerate(types)]
         prim = self.lower_fused(inputs, inputs, call.attrs, None, None, self.name)
         if prim is None:
             return super().legalize(call)

@@ -262,10 +262,11 @@ def _lower_group(group: list[g.Binding], externals: list[g.Expr], inside: dict[i
     lower_fused = getattr(get_op(first.op), "lower_fused", None)
     # Hand-built kernels assume static shapes; symbolic ones take the te definitions.
     static = all(is_static(e.type.shape) for e in externals if isinstance(e.type, TensorType))
-    if lower_fused is not None and static:
+    if lower_fused is not None and (static or getattr(get_op(first.op), "supports_symbolic",
+                                                      False)):
         fused = lower_fused(placeholders, arguments[k], first.attrs, values[k], values[-1], name)
-        if fused is not None:
-            return fused.with_attrs(**{ATTR_PRIVATE: True})
+        if fused is not None:  # hand-built kernels may leave the dim scalars to us
+            return te.with_dim_params(fused).with_attrs(**{ATTR_PRIVATE: True})
     prim: PrimFunc = te.lower(placeholders, [values[-1]], name)
     return prim.with_attrs(**{ATTR_PRIVATE: True})
 

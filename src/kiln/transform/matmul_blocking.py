@@ -53,19 +53,22 @@ def _rewrite(call: g.Call) -> g.Call | None:
     if call.op != "matmul" or len(call.args) != 2:
         return None
     a, b = call.args
+    if (isinstance(b, g.Constant) and b.data.ndim == 2 and isinstance(a.type, TensorType)
+            and a.type.dtype == "float32" == b.type.dtype and a.type.ndim >= 1
+            and isinstance(a.type.shape[-1], int)):
+        # Constant B: A's rows may be symbolic (M = batch*seq); the tile is static.
+        data = b.data.T if call.attrs.get("transpose_b") else b.data
+        n = data.shape[1]
+        m = 1
+        for d in a.type.shape[:-1]:
+            m *= d if isinstance(d, int) else gemm.TYPICAL_ROWS
+        tiling = gemm.target_tiling(m, n)
+        packed = g.Constant(gk.pack_b(data, tiling.nr), b.name)
+        return g.Call(gemm.PACKED, (a, packed), g.freeze_attrs({"n": n}), call.ret_type)
     if not (_static_f32(a.type) and _static_f32(b.type)):
         return None
     a_shape = a.type.static_shape  # type: ignore[union-attr]
     b_shape = b.type.static_shape  # type: ignore[union-attr]
-    if isinstance(b, g.Constant) and len(b_shape) == 2:
-        data = b.data.T if call.attrs.get("transpose_b") else b.data
-        n = data.shape[1]
-        m = 1
-        for d in a_shape[:-1]:
-            m *= d
-        tiling = gemm.target_tiling(m, n)
-        packed = g.Constant(gk.pack_b(data, tiling.nr), b.name)
-        return g.Call(gemm.PACKED, (a, packed), g.freeze_attrs({"n": n}), call.ret_type)
     if len(a_shape) >= 2 and len(b_shape) >= 2:
         return g.Call(gemm.TILED, call.args, call.attrs, call.ret_type)
     return None
