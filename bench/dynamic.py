@@ -1,0 +1,150 @@
+"""Dynamic-shape kernel benchmark: kernels compiled for a symbolic dim vs the same op
+compiled for the static size, timed at that size.
+
+    .venv/bin/python bench/dynamic.py [--repeat 50] [--seconds 2]
+
+Each case is a one-op graph module (kiln.script) in two versions: with a dimension
+variable `n` (rows M = n of a GEMM with constant 768x768 weights, the batch of a
+3x3 convolution, the rows of softmax / layer_norm) and with `n` replaced by the size
+timed. Both run the default graph pipeline up to legalization and the default
+tensor pipeline, are compiled by the llvm backend for `Target.from_host()` and
+called as raw kernels (the symbolic one with `n` as its trailing int64 scalar),
+timed in alternating blocks (bench/harness.py). Columns: milliseconds per call of
+each, dynamic / static (the goal is at most 1.25), and whether the two outputs
+agree. Prints a table; asserts nothing (this is not a test). The graph-level
+(model) comparison needs the packed entries of dynamic graphs (lower-graph-to-tensor).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import sys
+from typing import Any
+
+import numpy as np
+from harness import alternating_blocks_ms, calls_within, describe_target, rel_l2
+
+from kiln.codegen.constants import ConstantPool
+from kiln.codegen.llvm.codegen import compile_module
+from kiln.ir import graph as g
+from kiln.ir.module import IRModule
+from kiln.ir.tensor import Buffer, PrimFunc
+from kiln.script.source import from_source
+from kiln.target import Target
+from kiln.transform.pipeline import default_graph_pipeline, default_tensor_pipeline
+
+RNG = np.random.default_rng(0)
+W768 = RNG.standard_normal((768, 768)).astype(np.float32) * 0.03
+WCONV = RNG.standard_normal((32, 16, 3, 3)).astype(np.float32) * 0.1
+
+# name, sizes, graph source with dim `n` ({N} is replaced by "n" or the size), input shape
+CASES: list[tuple[str, tuple[int, ...], str, Any]] = [
+    ("gemm M x 768 x 768", (32, 128), '''
+@G.function
+def main(x: G.Tensor(({N}, 768), "float32")) -> G.Tensor(({N}, 768), "float32"):
+    y: G.Tensor(({N}, 768), "float32") = G.op("matmul", x, G.const(W, "float32"))
+    return y
+''', lambda n: (n, 768)),
+    ("conv 3x3 16->32 @56", (1,), '''
+@G.function
+def main(x: G.Tensor(({N}, 16, 56, 56), "float32")) -> G.Tensor(({N}, 32, 56, 56), "float32"):
+    y: G.Tensor(({N}, 32, 56, 56), "float32") = G.op("conv2d", x, G.const(WC, "float32"),
+        strides=(1, 1), pads=(1, 1, 1, 1), dilations=(1, 1), group=1, auto_pad="NOTSET")
+    return y
+''', lambda n: (n, 16, 56, 56)),
+    ("softmax rows x 512", (128,), '''
+@G.function
+def main(x: G.Tensor(({N}, 512), "float32")) -> G.Tensor(({N}, 512), "float32"):
+    y: G.Tensor(({N}, 512), "float32") = G.op("softmax", x, axis=-1)
+    return y
+''', lambda n: (n, 512)),
+    ("layer_norm rows x 768", (128,), '''
+@G.function
+def main(x: G.Tensor(({N}, 768), "float32"), w: G.Tensor((768,), "float32"),
+         b: G.Tensor((768,), "float32")) -> G.Tensor(({N}, 768), "float32"):
+    y: G.Tensor(({N}, 768), "float32") = G.op("layer_norm", x, w, b, axis=-1, epsilon=1e-5)
+    return y
+''', lambda n: (n, 768)),
+]
+
+
+def build(src: str, target: Target) -> tuple[Any, PrimFunc, Any, list[np.ndarray]]:
+    """The module's only kernel compiled (MCJIT), its PrimFunc, a ctypes function, and
+    the constant arguments of its call (in argument order, None for the graph inputs)."""
+    from llvmlite import binding as llvm
+
+    text = src.replace("G.const(W,", f"G.const({W768.tolist()},").replace(
+        "G.const(WC,", f"G.const({WCONV.tolist()},")
+    mod = from_source(text)
+    for p in default_graph_pipeline().passes:
+        if p.name == "lower-graph-to-tensor":
+            break
+        mod = p(mod)
+    fn = mod["main"]
+    assert isinstance(fn, g.Function) and len(fn.bindings) == 1
+    call = fn.bindings[0].value
+    assert isinstance(call, g.CallTensor)
+    consts = [np.ascontiguousarray(a.data) if isinstance(a, g.Constant) else None
+              for a in call.args]
+    prims = {k: f for k, f in mod.functions.items() if isinstance(f, PrimFunc)}
+    tmod = default_tensor_pipeline()(IRModule(prims))
+    c = compile_module(tmod, target, prefix="kiln_", pool=ConstantPool.from_module(tmod),
+                       jit=True)
+    engine = llvm.create_mcjit_compiler(llvm.parse_bitcode(c.module.as_bitcode()),
+                                        c.target_machine)
+    engine.finalize_object()
+    f = tmod.functions[call.func]
+    assert isinstance(f, PrimFunc)
+    sig = [ctypes.c_void_p if isinstance(p, Buffer) else ctypes.c_int64 for p in f.params]
+    kernel = ctypes.CFUNCTYPE(ctypes.c_int32, *sig)(
+        engine.get_function_address(f"kiln__kernel_{call.func}"))
+    return engine, f, kernel, consts
+
+
+def _kernel_kind(f: PrimFunc) -> str:
+    """The hand-built kernel's name (its `kiln.*_kernel` attribute), else "te"."""
+    return next((str(v) for k, v in f.attrs.items() if k.endswith("_kernel")), "te")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--repeat", type=int, default=50)
+    ap.add_argument("--seconds", type=float, default=2.0)
+    args = ap.parse_args()
+    target = Target.from_host()
+    print(f"target: {describe_target(target)}")
+    print(f"{'case':<24} {'n':>5} {'static ms':>10} {'dynamic ms':>11} {'dyn/static':>10} "
+          f"{'rel L2':>8}  kernels (static | dynamic)")
+    for name, sizes, src, in_shape in CASES:
+        dyn = build(src.replace("{N}", "n"), target)
+        for n in sizes:
+            st = build(src.replace("{N}", str(n)), target)
+            # graph inputs shared; each version passes its own constants (packed or not)
+            data = [RNG.standard_normal(in_shape(n) if k == 0 else (in_shape(n)[-1],))
+                    .astype(np.float32) for k in range(len(st[3]))]
+            out_shape = [int(d) for d in st[1].buffer_params[-1].shape]
+            outs = {"static": np.empty(out_shape, np.float32),
+                    "dynamic": np.empty(out_shape, np.float32)}
+
+            def call(which: str, built: Any, extra: tuple[int, ...],
+                     data: list[np.ndarray] = data,
+                     outs: dict[str, np.ndarray] = outs) -> Any:
+                kernel = built[2]
+                ptrs = [(c if c is not None else d).ctypes.data
+                        for c, d in zip(built[3], data)]
+                out = outs[which].ctypes.data
+                return lambda: kernel(*ptrs, out, *extra)
+
+            fns = {"static": call("static", st, ()), "dynamic": call("dynamic", dyn, (n,))}
+            calls = calls_within(fns, args.repeat, args.seconds)
+            ms = alternating_blocks_ms(fns, calls)
+            kinds = " | ".join(_kernel_kind(b[1]) for b in (st, dyn))
+            print(f"{name:<24} {n:>5} {ms['static']:>10.3f} {ms['dynamic']:>11.3f} "
+                  f"{ms['dynamic'] / ms['static']:>10.2f} "
+                  f"{rel_l2(outs['dynamic'], outs['static']):>8.1e}  {kinds}")
+            sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()
