@@ -168,8 +168,11 @@ def test_kernels_take_their_dims_as_trailing_scalars(case: str) -> None:
         tail = f.params[n_bufs:]
         assert [p.name for p in tail] == ["n"], f.params
         assert isinstance(tail[0], Var) and tail[0].dtype == "int64"
-    if case == "dense_packed_bias_relu":  # the GEMM micro-kernel, not the te fallback
+    # the hand-built kernels, not the te fallbacks
+    if case == "dense_packed_bias_relu":
         assert [f.attrs.get("kiln.gemm_kernel") for f in prims] == ["matmul_packed"]
+    if case in ("softmax_rows", "layer_norm_rows"):
+        assert [f.attrs.get("kiln.row_kernel") for f in prims] == [case.split("_rows")[0]]
 
 
 @pytest.mark.parametrize("case", sorted(CASES))

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 from kiln.errors import IRError
 from kiln.ir import graph as g
@@ -233,12 +233,18 @@ class Rows:
 
     def around(self, index_vars: list[Var], body: Stmt) -> Stmt:
         for v, d in reversed(list(zip(index_vars, self.outer))):
-            if d > 1:
-                body = For(v, _c(0), _c(d), "serial", body)
+            if _loops(d):
+                body = For(v, _c(0), as_expr(d, INDEX_DTYPE), "serial", body)
         return body
 
     def index(self, index_vars: list[Var]) -> tuple[PrimExpr, ...]:
-        return tuple(v if d > 1 else _c(0) for v, d in zip(index_vars, self.outer))
+        return tuple(v if _loops(d) else _c(0) for v, d in zip(index_vars, self.outer))
+
+
+def _loops(d: int) -> bool:
+    """Whether a row dim needs a loop: more than one row, or a symbolic count (a dim
+    scalar of the kernel)."""
+    return not isinstance(d, int) or d > 1
 
 
 @dataclass(frozen=True)
@@ -250,6 +256,8 @@ class RowOp(HandBuiltOp):
     """
 
     fuses_producers = True
+    #: Symbolic row counts are loop extents; the row length must be static.
+    supports_symbolic: ClassVar[bool] = True
 
     def builds(self, call: g.Call) -> bool:
         t = call.args[0].type if call.args else None
@@ -271,7 +279,8 @@ class RowOp(HandBuiltOp):
                 any(t.dtype != F32 for t in args[1:]):
             return None
         axis = int(attrs.get("axis", -1)) % max(x.ndim, 1)
-        if x.ndim == 0 or axis != x.ndim - 1:
+        if x.ndim == 0 or axis != x.ndim - 1 or not isinstance(x.shape[-1], int) or \
+                not all(isinstance(d, int) for t in args[1:] for d in t.shape):
             return None
         n = x.shape[-1]
         outer = x.shape[:-1]
