@@ -38,23 +38,56 @@ def _layer_norm(x: np.ndarray, w: np.ndarray, b: np.ndarray) -> np.ndarray:
     return (x - mu) / np.sqrt(var + 1e-5) * w + b
 
 
-def _conv_grouped(x: np.ndarray, w: np.ndarray) -> np.ndarray:
-    """conv2d, stride 2, pad 1, 2 groups (the conv_symbolic_batch case)."""
-    xp = np.pad(x, ((0, 0), (0, 0), (1, 1), (1, 1)))
-    out = np.zeros((x.shape[0], 6, 5, 5), np.float32)
-    for grp in range(2):
-        xs, ws = xp[:, 2 * grp:2 * grp + 2], w[3 * grp:3 * grp + 3]
-        for i in range(5):
-            for j in range(5):
-                patch = xs[:, :, 2 * i:2 * i + 3, 2 * j:2 * j + 3]
-                out[:, 3 * grp:3 * grp + 3, i, j] = np.einsum("nchw,ochw->no", patch, ws)
+def _conv(x: np.ndarray, w: np.ndarray, stride: int, pad: int, groups: int) -> np.ndarray:
+    """NCHW conv2d with square stride and padding (the reference of the conv cases)."""
+    xp = np.pad(x, ((0, 0), (0, 0), (pad, pad), (pad, pad)))
+    co, ci, kh, kw = w.shape
+    oh, ow = (xp.shape[2] - kh) // stride + 1, (xp.shape[3] - kw) // stride + 1
+    out = np.zeros((x.shape[0], co, oh, ow), np.float32)
+    per = co // groups
+    for grp in range(groups):
+        xs, ws = xp[:, ci * grp:ci * (grp + 1)], w[per * grp:per * (grp + 1)]
+        for i in range(oh):
+            for j in range(ow):
+                patch = xs[:, :, stride * i:stride * i + kh, stride * j:stride * j + kw]
+                out[:, per * grp:per * (grp + 1), i, j] = np.einsum("nchw,ochw->no", patch, ws)
     return out
+
+
+def _conv_grouped(x: np.ndarray, w: np.ndarray) -> np.ndarray:
+    return _conv(x, w, 2, 1, 2)
 
 
 # Constant weights of the dense case: packed at compile time (block-matmuls), N = 37
 # is no multiple of a panel.
 W = np.round(RNG.standard_normal((19, 37)), 3).astype(np.float32)
 BIAS = np.round(RNG.standard_normal(37), 3).astype(np.float32)
+# Constant conv weights: block-convolutions picks the row-tiled, blocked (groups) and
+# depthwise kernels, whose batch loop is then symbolic.
+W_ROWS = np.round(RNG.standard_normal((8, 3, 3, 3)), 3).astype(np.float32)
+W_GROUPS = np.round(RNG.standard_normal((6, 2, 3, 3)), 3).astype(np.float32)
+W_DW = np.round(RNG.standard_normal((4, 1, 3, 3)), 3).astype(np.float32)
+CONV_KERNELS = {"conv_rows": "conv2d_rows", "conv_blocked_groups": "conv2d_blocked",
+                "conv_depthwise": "conv2d_depthwise"}
+
+
+def _conv_case(c_in: int, hw: int, w: np.ndarray, stride: int, groups: int,
+               relu: bool = False) -> tuple[str, Any, Any]:
+    """A conv2d (3x3, pad 1) with constant weights `w` over `[n, c_in, hw, hw]`."""
+    c_out, o = w.shape[0], (hw + 2 - 3) // stride + 1
+    t = f'G.Tensor((n, {c_out}, {o}, {o}), "float32")'
+    src = f'''
+@G.function
+def main(x: G.Tensor((n, {c_in}, {hw}, {hw}), "float32")) -> {t}:
+    y: {t} = G.op("conv2d", x, G.const({w.tolist()}, "float32", name="w"),
+        strides=({stride}, {stride}), pads=(1, 1, 1, 1), dilations=(1, 1), group={groups},
+        auto_pad="NOTSET")
+    return y
+'''
+    if relu:
+        src = src.replace("    return y\n", f'    r: {t} = G.op("relu", y)\n    return r\n')
+    return (src, lambda n: [(n, c_in, hw, hw)],
+            lambda x: np.maximum(_conv(x, w, stride, 1, groups), 0 if relu else -np.inf))
 
 
 # name -> (graph source with dimension variable n, input shapes given n, numpy reference)
@@ -141,6 +174,9 @@ def main(x: G.Tensor((n, 19), "float32")) -> G.Tensor((n, 37), "float32"):
     r: G.Tensor((n, 37), "float32") = G.op("relu", z)
     return r
 ''', lambda n: [(n, 19)], lambda x: np.maximum(x @ W + BIAS, 0)),
+    "conv_rows": _conv_case(3, 10, W_ROWS, 1, 1, relu=True),
+    "conv_blocked_groups": _conv_case(4, 9, W_GROUPS, 2, 2),
+    "conv_depthwise": _conv_case(4, 7, W_DW, 1, 4),
 }
 
 
@@ -171,6 +207,8 @@ def test_kernels_take_their_dims_as_trailing_scalars(case: str) -> None:
     # the hand-built kernels, not the te fallbacks
     if case == "dense_packed_bias_relu":
         assert [f.attrs.get("kiln.gemm_kernel") for f in prims] == ["matmul_packed"]
+    if case in CONV_KERNELS:
+        assert [f.attrs.get("kiln.conv_kernel") for f in prims] == [CONV_KERNELS[case]]
     if case in ("softmax_rows", "layer_norm_rows"):
         assert [f.attrs.get("kiln.row_kernel") for f in prims] == [case.split("_rows")[0]]
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar, cast
 
 import numpy as np
 
@@ -95,12 +95,16 @@ def target_has_fma(target: Any = None) -> bool:
     return "+fma" in feats or mcpu.startswith(_AVX512_CPUS + _AVX2_CPUS)
 
 
-def conv_shape(x: Sequence[int], c_out: int, kernel: Sequence[int], attrs: Attrs) -> ck.ConvShape:
+def conv_shape(x: Sequence[int | PrimExpr], c_out: int, kernel: Sequence[int],
+               attrs: Attrs) -> ck.ConvShape:
     """The `ConvShape` of a 2-D convolution call (NCHW input shape `x`)."""
     strides = spatial.ints(attrs, "strides", 2, 1)
     dilations = spatial.ints(attrs, "dilations", 2, 1)
     begins, ends = spatial.pads(attrs, 2)
-    return ck.ConvShape(int(x[0]), int(x[1]), int(x[2]), int(x[3]), int(c_out),
+    # the batch may be symbolic (an int64 expression): only the kernels' batch loops see it
+    batch = cast(int, x[0]) if isinstance(x[0], PrimExpr) else int(x[0])
+    c, h, w = (int(cast(int, d)) for d in x[1:4])
+    return ck.ConvShape(batch, c, h, w, int(c_out),
                         int(kernel[0]), int(kernel[1]), (strides[0], strides[1]),
                         (dilations[0], dilations[1]),
                         (begins[0], begins[1], ends[0], ends[1]), int(attrs.get("group", 1)))
@@ -187,7 +191,10 @@ def _rows_ref(x: np.ndarray, wp: np.ndarray, b: np.ndarray | None = None,
 
 @dataclass(frozen=True)
 class DirectConvOp(HandBuiltOp):
-    """A convolution op whose kernel is built by hand (`legalize`, `lower_fused`)."""
+    """A convolution op whose kernel is built by hand (`legalize`, `lower_fused`); the
+    batch may be symbolic (channels and image sizes static)."""
+
+    supports_symbolic: ClassVar[bool] = True
 
     def lower_fused(self, params: Sequence[te.Tensor], args: Sequence[te.Tensor], attrs: Attrs,
                     anchor: te.Tensor | None, result: te.Tensor | None,
@@ -197,6 +204,9 @@ class DirectConvOp(HandBuiltOp):
         if x.dtype != "float32" or w.dtype != "float32" or any(
                 t.dtype != "float32" for t in params):
             return None
+        if not all(isinstance(d, int) for t in args for d in (t.shape[1:] if t is x
+                                                              else t.shape)):
+            return None  # only the batch may be symbolic
         if self.name == BLOCKED:
             oihw = _blocked_oihw(args, attrs)
             shape = conv_shape(x.shape, oihw[0], oihw[2:], attrs)

@@ -164,11 +164,13 @@ def _nest(names: Sequence[str], extents: Sequence[int],
           body: Callable[..., Stmt], kind: str = "serial") -> Stmt:
     """A loop nest over `extents` (loops of extent 1 are left out)."""
     vs = [Var(n, INDEX_DTYPE) for n in names]
-    idx: list[PrimExpr] = [v if e > 1 else _c(0) for v, e in zip(vs, extents)]
+    # a symbolic extent (the batch: a dim scalar of the kernel) always loops
+    loops = [not isinstance(e, int) or e > 1 for e in extents]
+    idx: list[PrimExpr] = [v if lp else _c(0) for v, lp in zip(vs, loops)]
     stmt = body(*idx)
-    for v, e in reversed(list(zip(vs, extents))):
-        if e > 1:
-            stmt = For(v, _c(0), _c(e), kind, stmt)
+    for v, e, lp in reversed(list(zip(vs, extents, loops))):
+        if lp:
+            stmt = For(v, _c(0), as_expr(e, INDEX_DTYPE), kind, stmt)
     return stmt
 
 

@@ -74,11 +74,12 @@ def _rewrite(call: g.Call, lanes: int) -> g.Call | None:
     if not isinstance(w, g.Constant) or (bias is not None and not isinstance(bias, g.Constant)):
         return None
     xt = x.type
+    # the batch may be symbolic; the kernels' tiles need static channels and image sizes
     if not (isinstance(xt, TensorType) and xt.dtype == "float32" and w.type.dtype == "float32"
-            and all(isinstance(d, int) for d in xt.shape)):
+            and xt.ndim == 4 and all(isinstance(d, int) for d in xt.shape[1:])):
         return None
     wd = w.data
-    shape = conv_shape(xt.static_shape, wd.shape[0], wd.shape[2:], call.attrs)
+    shape = conv_shape(xt.shape, wd.shape[0], wd.shape[2:], call.attrs)
     if min(shape.pads) < 0:
         return None
     if shape.depthwise and wd.shape[1] == 1:
