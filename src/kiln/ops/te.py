@@ -368,7 +368,8 @@ def lower(inputs: Sequence[Tensor], outputs: Sequence[Tensor], name: str = "kern
 def with_dim_params(prim: PrimFunc) -> PrimFunc:
     """`prim` taking, after its parameters, one int64 scalar per dimension variable of its
     buffer parameters' shapes (sorted by name) that it does not take yet: the calling
-    convention of kernels with symbolic shapes (docs/ir.md). Unchanged when static."""
+    convention of kernels with symbolic shapes (docs/ir.md, "Kernels with symbolic
+    shapes"). Unchanged when static."""
     taken = {id(p) for p in prim.params}
     extra = [v for v in dim_vars(d for b in prim.buffer_params for d in b.shape)
              if id(v) not in taken]
