@@ -174,6 +174,20 @@ def main(x: G.Tensor((n, 19), "float32")) -> G.Tensor((n, 37), "float32"):
     r: G.Tensor((n, 37), "float32") = G.op("relu", z)
     return r
 ''', lambda n: [(n, 19)], lambda x: np.maximum(x @ W + BIAS, 0)),
+    "gather_rows": ('''
+@G.function
+def main(t: G.Tensor((10, 6), "float32"), i: G.Tensor((n,), "int64")
+         ) -> G.Tensor((n, 6), "float32"):
+    y: G.Tensor((n, 6), "float32") = G.op("gather", t, i, axis=0)
+    return y
+''', lambda n: [(10, 6), RNG.integers(-10, 10, n)], lambda t, i: t[i]),
+    "avg_pool": ('''
+@G.function
+def main(x: G.Tensor((n, 3, 6, 6), "float32")) -> G.Tensor((n, 3, 3, 3), "float32"):
+    y: G.Tensor((n, 3, 3, 3), "float32") = G.op("avg_pool2d", x, kernel_shape=(2, 2),
+                                                strides=(2, 2))
+    return y
+''', lambda n: [(n, 3, 6, 6)], lambda x: x.reshape(x.shape[0], 3, 3, 2, 3, 2).mean((3, 5))),
     "conv_rows": _conv_case(3, 10, W_ROWS, 1, 1, relu=True),
     "conv_blocked_groups": _conv_case(4, 9, W_GROUPS, 2, 2),
     "conv_depthwise": _conv_case(4, 7, W_DW, 1, 4),
@@ -190,7 +204,9 @@ def _legalized(src: str) -> IRModule:
 
 
 def _inputs(case: str, n: int) -> list[np.ndarray]:
-    return [RNG.standard_normal(s).astype(np.float32) for s in CASES[case][1](n)]
+    """Standard-normal float32 arrays of the case's shapes (arrays given are taken as is)."""
+    return [s if isinstance(s, np.ndarray) else RNG.standard_normal(s).astype(np.float32)
+            for s in CASES[case][1](n)]
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
