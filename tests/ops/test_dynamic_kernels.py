@@ -90,6 +90,22 @@ def main(x: G.Tensor((n, {c_in}, {hw}, {hw}), "float32")) -> {t}:
             lambda x: np.maximum(_conv(x, w, stride, 1, groups), 0 if relu else -np.inf))
 
 
+def _pool_case(kind: str) -> tuple[str, Any, Any]:
+    """A 2x2 stride-2 `{kind}_pool2d` over `[n, 3, 6, 6]`."""
+    src = f'''
+@G.function
+def main(x: G.Tensor((n, 3, 6, 6), "float32")) -> G.Tensor((n, 3, 3, 3), "float32"):
+    y: G.Tensor((n, 3, 3, 3), "float32") = G.op("{kind}_pool2d", x, kernel_shape=(2, 2),
+                                                strides=(2, 2))
+    return y
+'''
+    def reference(x: np.ndarray) -> np.ndarray:
+        windows = x.reshape(x.shape[0], 3, 3, 2, 3, 2)
+        return windows.max((3, 5)) if kind == "max" else windows.mean((3, 5))
+
+    return src, lambda n: [(n, 3, 6, 6)], reference
+
+
 # name -> (graph source with dimension variable n, input shapes given n, numpy reference)
 CASES: dict[str, tuple[str, Callable[[int], list[tuple[int, ...]]], Callable[..., Any]]] = {
     "broadcast_add_relu": ('''
@@ -157,13 +173,7 @@ def main(x: G.Tensor((n, 4, 9, 9), "float32"), w: G.Tensor((6, 2, 3, 3), "float3
         pads=(1, 1, 1, 1), dilations=(1, 1), group=2, auto_pad="NOTSET")
     return y
 ''', lambda n: [(n, 4, 9, 9), (6, 2, 3, 3)], _conv_grouped),
-    "max_pool": ('''
-@G.function
-def main(x: G.Tensor((n, 3, 6, 6), "float32")) -> G.Tensor((n, 3, 3, 3), "float32"):
-    y: G.Tensor((n, 3, 3, 3), "float32") = G.op("max_pool2d", x, kernel_shape=(2, 2),
-                                                strides=(2, 2))
-    return y
-''', lambda n: [(n, 3, 6, 6)], lambda x: x.reshape(x.shape[0], 3, 3, 2, 3, 2).max((3, 5))),
+    "max_pool": _pool_case("max"),
     "dense_packed_bias_relu": (f'''
 @G.function
 def main(x: G.Tensor((n, 19), "float32")) -> G.Tensor((n, 37), "float32"):
@@ -181,13 +191,7 @@ def main(t: G.Tensor((10, 6), "float32"), i: G.Tensor((n,), "int64")
     y: G.Tensor((n, 6), "float32") = G.op("gather", t, i, axis=0)
     return y
 ''', lambda n: [(10, 6), RNG.integers(-10, 10, n)], lambda t, i: t[i]),
-    "avg_pool": ('''
-@G.function
-def main(x: G.Tensor((n, 3, 6, 6), "float32")) -> G.Tensor((n, 3, 3, 3), "float32"):
-    y: G.Tensor((n, 3, 3, 3), "float32") = G.op("avg_pool2d", x, kernel_shape=(2, 2),
-                                                strides=(2, 2))
-    return y
-''', lambda n: [(n, 3, 6, 6)], lambda x: x.reshape(x.shape[0], 3, 3, 2, 3, 2).mean((3, 5))),
+    "avg_pool": _pool_case("avg"),
     "conv_rows": _conv_case(3, 10, W_ROWS, 1, 1, relu=True),
     "conv_blocked_groups": _conv_case(4, 9, W_GROUPS, 2, 2),
     "conv_depthwise": _conv_case(4, 7, W_DW, 1, 4),
