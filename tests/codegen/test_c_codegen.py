@@ -369,9 +369,14 @@ def test_error_unknown_callee_and_bad_arguments() -> None:
 
 
 def test_error_symbolic_shape_and_float_only_intrinsic() -> None:
-    n = Var("n")
+    # Kernels take symbolic shapes (tests/ops/test_dynamic_kernels.py); a register-sized
+    # `local` temporary of symbolic size has no C array type.
+    n = Var("n", "int64")
     x = Buffer("X", (n,), "float32")
-    mod = IRModule({"f": PrimFunc((x, n), Store(x, const(1.0, "float32"), (const(0),)))})
+    tmp = Buffer("t", (n,), "float32", "local")
+    mod = IRModule({"f": PrimFunc((x, n), seq(
+        Allocate(tmp), Store(tmp, const(1.0, "float32"), (const(0),)),
+        Store(x, tmp[0], (const(0),))))})
     assert "symbolic shape" in compile_error(mod)
     mod = one_func(lambda ib, y: ib.store(y, [0], Cast("float32", Intrin(
         "exp", (const(1, "int32"),)))))

@@ -357,3 +357,23 @@ def test_c_kernels_at_several_sizes(case: str, tmp_path: Any) -> None:
     lib, kernels = _c_kernels(mod, tmp_path)
     _check_sizes(case, mod, kernels)
     del lib
+
+
+def test_identical_symbolic_calls_share_one_kernel() -> None:
+    mod = _legalized('''
+@G.function
+def main(x: G.Tensor((n, 5), "float32"), y: G.Tensor((n, 5), "float32")
+         ) -> G.Tuple(G.Tensor((n, 5), "float32"), G.Tensor((n, 5), "float32")):
+    a: G.Tensor((n, 5), "float32") = G.op("softmax", x, axis=-1)
+    b: G.Tensor((n, 5), "float32") = G.op("softmax", y, axis=-1)
+    return (a, b)
+''')
+    fn = mod["main"]
+    assert isinstance(fn, g.Function)
+    called = [b.value.func for b in fn.bindings if isinstance(b.value, g.CallTensor)]
+    kernels = [k for k, f in mod.functions.items() if isinstance(f, PrimFunc)]
+    assert len(called) == 2 and len(set(called)) == 1 and kernels == called[:1]
+    x, y = (RNG.standard_normal((3, 5)).astype(np.float32) for _ in range(2))
+    got = evaluate(mod, "main", x, y)
+    np.testing.assert_allclose(got[0], _softmax(x), rtol=1e-5)
+    np.testing.assert_allclose(got[1], _softmax(y), rtol=1e-5)

@@ -118,12 +118,6 @@ def _tensor_type(t: Type) -> TensorType:
     return t
 
 
-def _static(t: TensorType) -> tuple[int, ...]:
-    if not all(isinstance(d, int) for d in t.shape):
-        raise IRError(f"operator lowering needs static shapes, got {t}")
-    return tuple(int(d) for d in t.shape)  # type: ignore[arg-type]
-
-
 OPS: Registry[OpDef] = Registry("operator")
 
 
