@@ -38,7 +38,7 @@ TOL = 1e-5
 
 # (input shape, out channels, kernel, strides, pads, dilations, group, tail ops)
 CASES: list[dict[str, Any]] = [
-    # 63 positions: 10 spaced tiles of 6 and a tail of 3; 5 channels < one block
+    # 63 positions: 10 tiles of 6 and a last tile with 3 positions; 5 channels < one block
     dict(x=(1, 3, 9, 7), co=5, k=3, pads=(1, 1, 1, 1), tail=("Relu",)),
     # 20 channels: a full and a partial block at 8 lanes; stride 2, asymmetric pads
     dict(x=(1, 8, 9, 7), co=20, k=3, strides=(2, 2), pads=(0, 1, 2, 1), tail=("Clip", "Add")),
