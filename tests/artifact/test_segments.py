@@ -27,6 +27,9 @@ def test_segments_equal_the_joined_bytes(cuts: list[int]) -> None:
     seg = _split(DATA, cuts)
     assert len(seg) == len(DATA) and bytes(seg) == DATA
     assert seg == DATA and seg == _split(DATA, [3, 7000])
+    assert list(seg) == list(DATA) and seg[-1] == DATA[-1] and seg[4095] == DATA[4095]
+    for part in (slice(None), slice(4000, 4200), slice(-5, None), slice(10, 3), slice(1, 99, 7)):
+        assert seg[part] == DATA[part]
     changed = bytearray(DATA)
     changed[-1] ^= 1
     assert seg != bytes(changed) and seg != DATA[:-1]

@@ -11,7 +11,7 @@ few readers that need one buffer (the JIT, MLF, inspection).
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
-from typing import IO, Any, TypeAlias
+from typing import IO, Any, TypeAlias, overload
 
 
 class Segments:
@@ -42,6 +42,39 @@ class Segments:
 
     def __bytes__(self) -> bytes:
         return b"".join(self._parts)
+
+    def __iter__(self) -> Iterator[int]:
+        """The byte values, like iterating bytes."""
+        for part in self._parts:
+            yield from part
+
+    @overload
+    def __getitem__(self, index: int) -> int: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> bytes: ...
+
+    def __getitem__(self, index: int | slice) -> int | bytes:
+        """A byte value, or a slice as bytes (only the pieces it covers are copied)."""
+        if isinstance(index, slice):
+            start, stop, step = index.indices(self._size)
+            if step != 1:
+                return bytes(self)[index]
+            out, pos = [], 0
+            for part in self._parts:
+                end = pos + len(part)
+                if end > start and pos < stop:
+                    out.append(part[max(start - pos, 0):min(stop, end) - pos])
+                pos = end
+            return b"".join(out)
+        i = index + self._size if index < 0 else index
+        if not 0 <= i < self._size:
+            raise IndexError("Segments index out of range")
+        for part in self._parts:
+            if i < len(part):
+                return int(part[i])
+            i -= len(part)
+        raise AssertionError("unreachable")
 
     def __eq__(self, other: object) -> bool:
         if isinstance(other, Segments):
