@@ -23,7 +23,9 @@ from onnx import TensorProto, helper, numpy_helper
 import kiln
 from kiln.codegen.constants import ConstantPool
 from kiln.frontend import from_onnx
+from kiln.ir import assert_structural_equal
 from kiln.ir import graph as g
+from kiln.script import from_source, print_module
 from kiln.target import Target
 from kiln.transform import get_pass
 
@@ -93,6 +95,11 @@ def test_every_product_uses_the_gemv_kernel(native: kiln.driver.Executable) -> N
 
 def test_matches_onnxruntime(native: kiln.driver.Executable) -> None:
     kernel_checks.assert_close(list(native(*FEEDS.values())), REFERENCE, CASES, TOL)
+
+
+def test_compiled_kernels_round_trip_through_the_dsl(native: kiln.driver.Executable) -> None:
+    text = print_module(native.ir, metadata="reference")
+    assert_structural_equal(from_source(text, metadata=text.metadata), native.ir)
 
 
 @pytest.mark.parametrize("threads", [1, 2])
