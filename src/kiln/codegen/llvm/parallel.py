@@ -5,10 +5,10 @@ ResNet-50's kernels: seconds). The kernels are independent functions, so
 `split_module_text` cuts the lowered module into parts of similar size: each
 part's text defines its share of the non-internal functions and only declares
 the others (their symbols stay hidden: the parts' objects are linked into one
-library, where hidden symbols resolve to each other); internal helpers are
-printed in every part and the optimizer drops those a part does not use. Each
-part gets its own LLVMContext and TargetMachine, which LLVM allows to work
-concurrently.
+library, where hidden symbols resolve to each other), with the internal
+helpers its share uses (the parallel loop bodies; one used by two parts is
+defined in both, privately). Each part gets its own LLVMContext and
+TargetMachine, which LLVM allows to work concurrently.
 
 llvmlite serialises every call into LLVM with one process-wide lock (its
 `ffi.lib` wrappers), so the long calls (running the pass pipeline, emitting an
@@ -56,19 +56,40 @@ def _size(fn: Any) -> int:
     return sum(len(block.instructions) for block in fn.blocks)
 
 
+def _work(fn: Any) -> int:
+    """A function's share of the optimizer's work: its instructions but calls (the
+    graph entry, mostly calls of kernels, is quick to optimise however long)."""
+    return sum(1 for block in fn.blocks for instr in block.instructions
+               if getattr(instr, "opname", "") != "call")
+
+
+def _uses(fn: Any, names: Any) -> set[str]:
+    """The functions named in `names` that `fn`'s instructions refer to."""
+    return {op.name for block in fn.blocks for instr in block.instructions
+            for op in getattr(instr, "operands", ()) if getattr(op, "name", None) in names}
+
+
 def split_module_text(module: Any, parts: int) -> list[str]:
     """The llvmlite `ir.Module` as `parts` module texts (fewer when it has fewer
     non-internal functions), each defining a share of them of similar size, the
-    largest first."""
+    largest first. A part defines the internal functions its share uses (their
+    parallel loop bodies) and declares every other function."""
     defined = [f for f in module.functions if f.blocks]
     local = {f.name: f for f in defined if f.linkage in _LOCAL_LINKAGES}
     shared = [f for f in defined if f.linkage not in _LOCAL_LINKAGES]
 
+    def closure(fns: list[Any]) -> set[str]:
+        seen: set[str] = set()
+        todo = [name for f in fns for name in _uses(f, local)]
+        while todo:
+            name = todo.pop()
+            if name not in seen:
+                seen.add(name)
+                todo += _uses(local[name], local)
+        return seen
+
     def weight(fn: Any) -> int:
-        # a kernel with the internal helpers it references (its parallel loop bodies)
-        used = {op.name for block in fn.blocks for instr in block.instructions
-                for op in getattr(instr, "operands", ()) if getattr(op, "name", None) in local}
-        return _size(fn) + sum(_size(local[name]) for name in used)
+        return _work(fn) + sum(_work(local[name]) for name in closure([fn]))
 
     parts = max(1, min(parts, len(shared)))
     groups: list[list[Any]] = [[] for _ in range(parts)]
@@ -77,19 +98,23 @@ def split_module_text(module: Any, parts: int) -> list[str]:
         i = loads.index(min(loads))
         groups[i].append(fn)
         loads[i] += weight(fn)
+    if parts == 1:
+        return [str(module)]
     texts = []
     # the heaviest first: threads taking parts in this order end close together
     for _, group in sorted(zip(loads, groups), key=lambda lg: -lg[0]):
-        mine = {id(f) for f in group}
-        others = [f for f in shared if id(f) not in mine]
-        saved = [f.blocks for f in others]
+        mine = {id(f) for f in group} | {id(local[n]) for n in closure(group)}
+        others = [f for f in defined if id(f) not in mine]
+        saved = [(f.blocks, f.linkage) for f in others]
         try:
-            for f in others:
-                f.blocks = []  # printed as a declaration
+            for f in others:  # printed as an external declaration
+                f.blocks = []
+                if f.linkage in _LOCAL_LINKAGES:
+                    f.linkage = ""
             texts.append(str(module))
         finally:
-            for f, blocks in zip(others, saved):
-                f.blocks = blocks
+            for f, (blocks, linkage) in zip(others, saved):
+                f.blocks, f.linkage = blocks, linkage
     return texts
 
 
