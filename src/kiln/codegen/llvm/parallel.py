@@ -33,7 +33,7 @@ from kiln.codegen.llvm.target_machine import (
 
 # Below this many LLVM instructions one module is compiled: a second thread would
 # save less than the duplicated declarations and the merge of the bitcode cost.
-SPLIT_MIN_INSTRUCTIONS = 20_000
+SPLIT_MIN_INSTRUCTIONS = 4_000
 # Parts per thread: the optimizer's time per part is hard to predict from its size,
 # so the threads take the parts from a queue (largest first) to even out.
 PARTS_PER_THREAD = 3
