@@ -97,3 +97,23 @@ def test_the_merged_bitcode_defines_every_kernel(split: kiln.driver.Executable) 
     mod.verify()
     defined = {f.name for f in mod.functions if not f.is_declaration}
     assert set(bc.metadata["functions"]) <= defined
+
+
+def test_split_declares_the_other_parts_functions_and_keeps_a_defined_global_whole() -> None:
+    from llvmlite import ir
+
+    from kiln.codegen.llvm.parallel import split_module_text
+
+    module = ir.Module("m")
+    i32 = ir.IntType(32)
+    for name in ("f", "g"):
+        fn = ir.Function(module, ir.FunctionType(i32, []), name)
+        ir.IRBuilder(fn.append_basic_block()).ret(ir.Constant(i32, 1))
+    texts = split_module_text(module, 2)
+    assert len(texts) == 2
+    assert [t.count("define") for t in texts] == [1, 1]
+    assert all(t.count("declare") == 1 for t in texts)
+    table = ir.GlobalVariable(module, i32, "table")
+    table.initializer = ir.Constant(i32, 7)
+    (whole,) = split_module_text(module, 2)
+    assert whole.count("define") == 2 and "declare" not in whole

@@ -91,6 +91,11 @@ def split_module_text(module: Any, parts: int) -> list[str]:
     def weight(fn: Any) -> int:
         return _work(fn) + sum(_work(local[name]) for name in closure([fn]))
 
+    from llvmlite import ir
+
+    if any(isinstance(v, ir.GlobalVariable) and v.initializer is not None
+           and v.linkage not in _LOCAL_LINKAGES for v in module.global_values):
+        parts = 1  # a global variable the parts would each define: keep one module
     parts = max(1, min(parts, len(shared)))
     groups: list[list[Any]] = [[] for _ in range(parts)]
     loads = [0] * parts
