@@ -7,6 +7,9 @@ A `matmul` with float32 operands and static shapes becomes
   panels `[ceil(N / nr)][K][nr]` for the register tile the target and the
   product's row count call for (kiln.ops.gemm_kernels.choose_gemm_tiling), so
   the run time never repacks;
+- `matmul_gemv(a, b)` when B is one constant matrix stored `[N][K]` (Gemm's
+  `transB`) and A has one row (a dense layer at batch 1): the kernel reads B in
+  place, so the weight stays the importer's array (no packed copy);
 - `matmul_tiled(a, b)` when both operands have rank >= 2 and B is not one
   constant matrix (attention's batched products): its kernel packs B at run
   time.
@@ -58,11 +61,13 @@ def _rewrite(call: g.Call) -> g.Call | None:
     a_shape = a.type.static_shape  # type: ignore[union-attr]
     b_shape = b.type.static_shape  # type: ignore[union-attr]
     if isinstance(b, g.Constant) and len(b_shape) == 2:
-        data = b.data.T if call.attrs.get("transpose_b") else b.data
-        n = data.shape[1]
         m = 1
         for d in a_shape[:-1]:
             m *= d
+        if m == 1 and call.attrs.get("transpose_b") and b.data.flags.c_contiguous:
+            return g.Call(gemm.GEMV, call.args, call.attrs, call.ret_type)
+        data = b.data.T if call.attrs.get("transpose_b") else b.data
+        n = data.shape[1]
         tiling = gemm.target_tiling(m, n)
         packed = g.Constant(gk.pack_b(data, tiling.nr), b.name)
         return g.Call(gemm.PACKED, (a, packed), g.freeze_attrs({"n": n}), call.ret_type)
