@@ -44,7 +44,10 @@ R = TypeVar("R")
 
 
 def compile_threads() -> int:
-    """How many modules to compile at once: the CPUs this process may use, at most 2."""
+    """How many modules to compile at once: the CPUs this process may use, at most 2
+    (1 when this llvmlite does not expose its unlocked ctypes functions)."""
+    if not _has_unlocked_calls():
+        return 1
     try:
         cpus = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
@@ -128,11 +131,22 @@ def module_instructions(module: Any) -> int:
     return sum(_size(f) for f in module.functions)
 
 
-def _unlocked(name: str) -> Callable[..., Any]:
-    """llvmlite's ctypes function `name`, called without llvmlite's global lock."""
+def _has_unlocked_calls() -> bool:
+    """Whether llvmlite's wrappers still expose their ctypes functions (`_cfn`, an
+    internal of llvmlite 0.50): without them the parts compile one after another."""
     from llvmlite.binding import ffi
 
-    return getattr(ffi.lib, name)._cfn
+    return all(hasattr(getattr(ffi.lib, name, None), "_cfn") for name in
+               ("LLVMPY_RunNewModulePassManager", "LLVMPY_TargetMachineEmitToMemory"))
+
+
+def _unlocked(name: str) -> Callable[..., Any]:
+    """llvmlite's ctypes function `name`, called without llvmlite's global lock (the
+    locked wrapper when this llvmlite has no `_cfn`; `compile_threads` is then 1)."""
+    from llvmlite.binding import ffi
+
+    fn = getattr(ffi.lib, name)
+    return getattr(fn, "_cfn", fn)
 
 
 class Part:
