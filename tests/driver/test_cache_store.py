@@ -41,8 +41,9 @@ def objects() -> dict[str, Path]:
 
 
 def weights_objects() -> list[Path]:
-    """Objects named by chunk hashes: the weights (docs/compile.md)."""
-    return [p for name, p in objects().items() if name.startswith("c")]
+    """Objects named by chunk hashes: the weights (docs/compile.md): "c" and 64 hex
+    digits (a plain SHA-256 name has 64 and may start with "c" too)."""
+    return [p for name, p in objects().items() if name.startswith("c") and len(name) == 65]
 
 
 def test_weights_are_stored_once_and_the_hit_runs() -> None:

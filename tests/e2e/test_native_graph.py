@@ -192,7 +192,7 @@ def test_llvmjit_bitcode_saved_and_reloaded(tmp_path: Path) -> None:
     saved = []
     for a in arts:
         path = tmp_path / f"{a.codegen_id}__{a.file_name}"
-        path.write_bytes(a.content)
+        path.write_bytes(bytes(a.content))  # weights may be Segments
         saved.append((a, path))
     reloaded = ArtifactSet(Artifact(a.codegen_id, a.loader, a.file_name, p.read_bytes(),
                                     dict(a.metadata)) for a, p in saved)

@@ -258,10 +258,10 @@ def _i64(name: str, *values: int) -> onnx.TensorProto:
 SLICE_CASES = {
     # (nodes, initializers, the output shape's text)
     "tail": ([helper.make_node("Slice", ["x", "st", "en", "ax"], ["y"])],
-             [_i64("st", 1), _i64("en", 2 ** 62), _i64("ax", 1)], "[n, min(1, s)*-1 + s]"),
+             [_i64("st", 1), _i64("en", 2 ** 62), _i64("ax", 1)], "[n, s - min(1, s)]"),
     "from_the_end": ([helper.make_node("Slice", ["x", "st", "en", "ax"], ["y"])],
                      [_i64("st", -3), _i64("en", -1), _i64("ax", 1)],
-                     "[n, max(s - 3, 0)*-1 + max(s - 1, 0)]"),
+                     "[n, max(s - 1, 0) - max(s - 3, 0)]"),
     "end_from_shape": ([helper.make_node("Shape", ["x"], ["sh"]),
                         helper.make_node("Gather", ["sh", "one"], ["s1"], axis=0),
                         helper.make_node("Sub", ["s1", "one"], ["e"]),

@@ -19,6 +19,7 @@ from kiln.ir.shape_expr import (
     shape_text,
     simplify_dim,
 )
+from kiln.ir.tensor import min_
 
 B, S, H = dim_var("batch"), dim_var("seq"), dim_var("h")
 SAMPLES = [dict(zip(("batch", "seq", "h"), v))
@@ -27,6 +28,7 @@ SAMPLES = [dict(zip(("batch", "seq", "h"), v))
 EXPRS = [
     B * S * 768, S * 4, S + S + S + S - 2 * S, (H + 2 * 1 - 3) // 2 + 1, (H * 2 + 2) // 2,
     (H - 1) % 4, B * (S + 1) - B, 3 * (B + S) - B * 0, (S * 12) // 12 + (H // 1),
+    3 - S, -S, -(2 * S) - B + 4, S - min_(1, S),
 ]
 
 
@@ -62,6 +64,8 @@ def test_products_vars_and_text():
     assert [v.name for v in dim_vars([S * B, 4, H])] == ["batch", "h", "seq"]
     assert dim_text((H + 2 - 3) // 2 + 1) == "(h - 1)//2 + 1"
     assert shape_text([B, S * 4, 64]) == "[batch, seq*4, 64]"
+    assert dim_text(min_(1, S) * -1 + S) == "seq - min(1, seq)"
+    assert dim_text(3 - S) == "3 - seq" and dim_text(-S) == "-seq"
     with pytest.raises(KeyError, match="seq"):
         eval_dim(S + 1, {"batch": 1})
     with pytest.raises(IRError, match="division by zero"):

@@ -32,3 +32,14 @@ def onnxruntime_outputs(model: onnx.ModelProto, feeds: dict[str, np.ndarray]
     """The model's outputs on `feeds` from onnxruntime's CPU provider (the reference)."""
     sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     return list(sess.run(None, feeds))
+
+
+def branches_model(name: str, nodes: list[Any], inputs: list[Any], outputs: list[Any],
+                   inits: list[Any]) -> onnx.ModelProto:
+    """An opset-17 model of independent branches (one per kernel case)."""
+    from onnx import helper
+
+    graph = helper.make_graph(nodes, name, inputs, outputs, initializer=inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model

@@ -133,6 +133,9 @@ CASES: dict[str, list[OpCase]] = {
     "matmul_packed": [OpCase((f32(7, 5), f32(3, 5, 8)), {"n": 19}),
                       OpCase((f32(2, 3, 4), f32(1, 4, 16)), {"n": 16}),
                       OpCase((f32(4,), f32(2, 4, 4)), {"n": 5})],
+    # one row of A; B stored [N][K] (Gemm's transB) and read in place
+    "matmul_gemv": [OpCase((f32(1, 5), f32(7, 5)), {"transpose_b": True}),
+                    OpCase((f32(1, 33), f32(19, 33)), {"transpose_b": True})],
     "matmul_tiled": [OpCase((f32(2, 1, 7, 4), f32(3, 4, 9))),
                      OpCase((f32(2, 5, 3), f32(2, 6, 3)), {"transpose_b": True})],
     "einsum": [OpCase((f32(2, 3, 4), f32(2, 4, 5)), {"equation": "bij,bjk->bik"}),

@@ -38,7 +38,7 @@ TOL = 1e-5
 
 # (input shape, out channels, kernel, strides, pads, dilations, group, tail ops)
 CASES: list[dict[str, Any]] = [
-    # 63 positions: 10 spaced tiles of 6 and a tail of 3; 5 channels < one block
+    # 63 positions: 10 tiles of 6 and a last tile with 3 positions; 5 channels < one block
     dict(x=(1, 3, 9, 7), co=5, k=3, pads=(1, 1, 1, 1), tail=("Relu",)),
     # 20 channels: a full and a partial block at 8 lanes; stride 2, asymmetric pads
     dict(x=(1, 8, 9, 7), co=20, k=3, strides=(2, 2), pads=(0, 1, 2, 1), tail=("Clip", "Add")),
@@ -57,6 +57,9 @@ CASES: list[dict[str, Any]] = [
     dict(x=(1, 3, 20, 17), co=16, k=7, strides=(2, 2), pads=(3, 3, 3, 3), tail=("Relu",)),
     # no padding (the kernel reads the input directly), 33 channels: 3 blocks at 16 lanes
     dict(x=(1, 5, 6, 6), co=33, k=3, pads=(0, 0, 0, 0)),
+    # a strided 1x1 (a projection shortcut) on rows two vectors wide: blocked, not
+    # row-tiled; 99 positions: 16 tiles of 6 and one of 3
+    dict(x=(1, 6, 18, 22), co=10, k=1, strides=(2, 2), pads=(0, 0, 0, 0), tail=("Relu",)),
     # Row-tiled at any vector width up to 16 lanes (output rows >= 16 wide):
     # 1x1 with a full row tile and a remainder, 13 channels (two blocks of 6 and one),
     # residual add
@@ -72,7 +75,7 @@ CASES: list[dict[str, Any]] = [
 ROWS = 4  # the last cases
 # the kernel each case gets at 8 lanes
 AT_8_LANES = ["conv2d_blocked"] * 3 + ["conv2d_depthwise"] * 2 + ["conv2d_blocked"] * 2 \
-    + ["conv2d_rows", "conv2d_blocked"] + ["conv2d_rows"] * ROWS
+    + ["conv2d_rows"] + ["conv2d_blocked"] * 2 + ["conv2d_rows"] * ROWS
 
 
 def _out_hw(case: dict[str, Any]) -> tuple[int, int]:

@@ -34,7 +34,8 @@ def test_bad_ordinal_is_a_kiln_error(bad: object) -> None:
 
 @pytest.mark.skipif(_has_binding(), reason="cuda-python is installed: tests/gpu covers it")
 def test_without_the_binding_using_a_device_says_no_cuda_device() -> None:
-    with pytest.raises(CallError, match=r"no CUDA device available.*cuda-python.*kiln\[cuda\]") \
+    with pytest.raises(CallError,
+                       match=r"no CUDA device available.*cuda-python.*kiln-tensor\[cuda\]") \
             as err:
         require_device(kiln.cuda(0))
     assert isinstance(err.value, KilnError)

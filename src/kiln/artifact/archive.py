@@ -26,6 +26,7 @@ from typing import Any, NoReturn
 
 from kiln.artifact._json import canonical_json, freeze_object, parse_json_object, thaw
 from kiln.artifact.artifact import Artifact, ArtifactSet, require_serializable
+from kiln.artifact.segments import Content, content_parts
 from kiln.errors import ExportError, FormatError
 
 ARCHIVE_FORMAT = "kiln.artifacts"
@@ -125,31 +126,42 @@ def write_tar(path: str | os.PathLike[str], artifacts: ArtifactSet,
         raise
 
 
-def _add_file(tar: tarfile.TarFile, name: str, data: bytes | memoryview) -> None:
+def _add_file(tar: tarfile.TarFile, name: str, data: Content) -> None:
     info = tarfile.TarInfo(name)
     info.size = len(data)
     info.mode = 0o644
     info.mtime = 0
     info.uid = info.gid = 0
     info.uname = info.gname = ""
-    tar.addfile(info, _ViewReader(memoryview(data)))
+    tar.addfile(info, _PartsReader(data))
 
 
-class _ViewReader(io.RawIOBase):
-    """A file over bytes already in memory (io.BytesIO would copy a memoryview)."""
+class _PartsReader(io.RawIOBase):
+    """A file over content already in memory, read piece by piece (io.BytesIO would
+    copy a memoryview, and a Segments content is never joined)."""
 
-    def __init__(self, view: memoryview) -> None:
-        self.view, self.pos = view, 0
+    def __init__(self, data: Content) -> None:
+        self.parts = content_parts(data)
+        self.view = memoryview(b"")
 
     def readable(self) -> bool:
         return True
 
     def read(self, size: int | None = -1) -> bytes:
-        stop = len(self.view) if size is None or size < 0 else min(len(self.view),
-                                                                    self.pos + size)
-        out = bytes(self.view[self.pos:stop])
-        self.pos = stop
-        return out
+        out = []
+        want = -1 if size is None or size < 0 else size
+        while want:
+            if not len(self.view):
+                part = next(self.parts, None)
+                if part is None:
+                    break
+                self.view = memoryview(part).cast("B")
+                continue
+            take = len(self.view) if want < 0 else min(want, len(self.view))
+            out.append(bytes(self.view[:take]))
+            self.view = self.view[take:]
+            want = want - take if want > 0 else want
+        return b"".join(out)
 
 
 def read_tar(path: str | os.PathLike[str]) -> tuple[ArtifactSet, dict[str, Any]]:

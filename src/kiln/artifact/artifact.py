@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, TypeAlias
 
 from kiln.artifact._json import FrozenDict, freeze_object, thaw
+from kiln.artifact.segments import Content, Segments, content_parts
 from kiln.errors import ExportError
 
 # codegen ids and loader names end up as directory names (archives) and in
@@ -110,8 +111,9 @@ def extension(file_name: str) -> str:
 class Artifact:
     """One piece of generated code or data, as plain bytes plus metadata.
 
-    `content` is bytes, or a read-only memoryview of bytes kept as is (a large
-    weight blob is not copied for its artifact).
+    `content` is bytes, a read-only memoryview of bytes kept as is, or
+    `Segments` (pieces never joined): a large weight blob is not copied for its
+    artifact. Write content with `kiln.artifact.segments.write_content`.
 
     `codegen_id` names the codegen that made it, `loader` the loader that turns
     it into runnable code (`"native"`: linked into the host library; `"none"`:
@@ -128,7 +130,7 @@ class Artifact:
     codegen_id: str
     loader: str
     file_name: str
-    content: bytes | memoryview = field(repr=False)
+    content: Content = field(repr=False)
     metadata: Mapping[str, Any] = field(default_factory=FrozenDict)
     target_key: str = ""
 
@@ -142,6 +144,9 @@ class Artifact:
         content = self.content
         if isinstance(content, str):
             raise ValueError("content must be bytes, got str; encode text with .encode()")
+        if isinstance(content, Segments):
+            object.__setattr__(self, "metadata", _check_metadata(self.metadata))
+            return
         if not isinstance(content, (bytes, bytearray, memoryview)):
             raise ValueError(f"content must be bytes, got {type(content).__name__}")
         # A read-only byte view is kept as it is (the weights of a large model are
@@ -168,7 +173,10 @@ class Artifact:
 
     def sha256(self) -> str:
         """Hex SHA-256 of the content."""
-        return hashlib.sha256(self.content).hexdigest()
+        h = hashlib.sha256()
+        for part in content_parts(self.content):
+            h.update(part)
+        return h.hexdigest()
 
     def __repr__(self) -> str:
         key = f", target_key={self.target_key!r}" if self.target_key else ""

@@ -31,6 +31,7 @@ from kiln.artifact.artifact import (
     require_serializable,
 )
 from kiln.artifact.integrity import DIGEST_SIZE, MAX_CHUNK_SIZE, MIN_CHUNK_SIZE, chunk_count
+from kiln.artifact.segments import content_parts
 from kiln.errors import FormatError
 
 MAGIC = b"KILNBLOB"
@@ -240,7 +241,9 @@ def _encode_artifacts(arts: list[Artifact]) -> bytes:
         out += _str(a.codegen_id) + _str(a.loader) + _str(a.file_name) + _str(a.target_key)
         meta = _json_bytes(a.metadata)
         out += _U32.pack(len(meta)) + meta
-        out += _U64.pack(len(a.content)) + a.content
+        out += _U64.pack(len(a.content))
+        for part in content_parts(a.content):
+            out += part
     return bytes(out)
 
 

@@ -16,8 +16,10 @@ from __future__ import annotations
 
 import hashlib
 import os
+from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 
+from kiln.artifact.segments import Segments
 from kiln.errors import FormatError
 
 BytesLike = bytes | bytearray | memoryview
@@ -40,8 +42,10 @@ def _view(data: BytesLike) -> memoryview:
     return view if view.ndim == 1 and view.itemsize == 1 else view.cast("B")
 
 
-def chunk_digests(data: BytesLike, chunk_size: int = CHUNK_SIZE) -> bytes:
+def chunk_digests(data: BytesLike | Segments, chunk_size: int = CHUNK_SIZE) -> bytes:
     """The concatenated SHA-256 digests of each `chunk_size` piece of `data`."""
+    if isinstance(data, Segments):
+        return stream_digests(data.parts(), chunk_size)
     view = _view(data)
     spans = [(i, min(i + chunk_size, len(view))) for i in range(0, len(view), chunk_size)]
 
@@ -52,6 +56,26 @@ def chunk_digests(data: BytesLike, chunk_size: int = CHUNK_SIZE) -> bytes:
         return b"".join(map(one, spans))
     with ThreadPoolExecutor(max_workers=min(4, os.cpu_count() or 1)) as pool:
         return b"".join(pool.map(one, spans))
+
+
+def stream_digests(parts: Iterable[BytesLike], chunk_size: int = CHUNK_SIZE) -> bytes:
+    """`chunk_digests` of the concatenation of `parts`, without building it (one thread)."""
+    out = []
+    h = hashlib.sha256()
+    pos = 0  # bytes fed to the hashes so far
+    for part in parts:
+        piece = _view(part)
+        while len(piece):
+            room = chunk_size - pos % chunk_size
+            h.update(piece[:room])
+            pos += min(room, len(piece))
+            piece = piece[room:]
+            if pos % chunk_size == 0:
+                out.append(h.digest())
+                h = hashlib.sha256()
+    if pos % chunk_size:
+        out.append(h.digest())
+    return b"".join(out)
 
 
 def tree_digest(digests: bytes, length: int, chunk_size: int = CHUNK_SIZE) -> str:
@@ -80,4 +104,5 @@ def verify(data: BytesLike, digests: bytes, chunk_size: int, what: str) -> None:
     raise AssertionError("unreachable")
 
 
-__all__ = ["CHUNK_SIZE", "DIGEST_SIZE", "chunk_count", "chunk_digests", "tree_digest", "verify"]
+__all__ = ["CHUNK_SIZE", "DIGEST_SIZE", "chunk_count", "chunk_digests", "stream_digests",
+           "tree_digest", "verify"]

@@ -4,6 +4,12 @@ Every backend places weights the same way: one `constants.bin` artifact (loader
 `native`) that the linker turns into a read-only, 64-byte aligned symbol
 `{prefix}_consts`; kernels address a constant as `{prefix}_consts + offset`.
 The loader maps it with the library: nothing copies it.
+
+The artifact's content is the arrays themselves (`Segments`: views of the
+importer's arena and of the arrays the compiler packed, with zero padding
+between), or one view of the arena when every constant lies in it: the
+weights are never joined into a second full copy while compiling; the library,
+archive and cache writers stream the pieces.
 """
 
 from __future__ import annotations
@@ -13,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from kiln.artifact.segments import Segments
 from kiln.ir.module import IRModule
 from kiln.ir.tensor import AllocConst
 from kiln.ir.visitor import iter_stmts
@@ -36,17 +43,17 @@ def _owner(data: np.ndarray) -> np.ndarray | None:
 class ConstantPool:
     """Offsets of constant arrays inside one blob; the same array is stored once.
 
-    The blob is built once (`to_bytes`: one copy of the weights, joined straight
-    from the arrays' memory) and hashed once in chunks (`chunk_digests`); the
-    driver reuses both for the cache key, the cache and the library's weight
-    check (kiln.artifact.integrity).
+    The blob is never built while compiling (`content`: the arrays' memory as
+    pieces) and hashed once in chunks (`chunk_digests`); the driver reuses the
+    hashes for the cache key, the cache and the library's weight check
+    (kiln.artifact.integrity).
     """
 
     def __init__(self) -> None:
         self._offsets: dict[int, int] = {}
         self._keep: list[np.ndarray] = []  # keeps ids stable while the pool lives
         self.size = 0
-        self._bytes: bytes | memoryview | None = None
+        self._arena: memoryview | None = None  # the adopted arena (see _adopt_arena)
         self._digests: bytes | None = None
 
     def add(self, data: np.ndarray) -> int:
@@ -54,13 +61,12 @@ class ConstantPool:
         key = id(data)
         if key in self._offsets:
             return self._offsets[key]
-        if self._bytes is not None and self._offsets:  # an adopted arena: copy from now on
-            self._bytes = None
+        self._arena = None  # from now on the arrays are pieces of their own
         offset = -(-self.size // CONST_ALIGN) * CONST_ALIGN
         self._offsets[key] = offset
         self._keep.append(data)
         self.size = offset + data.nbytes
-        self._bytes = self._digests = None  # the blob changed
+        self._digests = None  # the blob changed
         return offset
 
     def artifact(self, codegen_id: str, prefix: str, loader: str = "native") -> Any:
@@ -68,7 +74,7 @@ class ConstantPool:
         from kiln.artifact import Artifact
         from kiln.codegen.naming import consts_symbol
 
-        return Artifact(codegen_id, loader, CONSTANTS_FILE, self.to_bytes(),
+        return Artifact(codegen_id, loader, CONSTANTS_FILE, self.content(),
                         {"symbol": consts_symbol(prefix), "align": CONST_ALIGN,
                          "count": len(self), **self.integrity()})
 
@@ -82,19 +88,21 @@ class ConstantPool:
     def __len__(self) -> int:
         return len(self._keep)
 
+    def content(self) -> memoryview | Segments:
+        """The blob without a copy: a read-only view of the arena when `from_module`
+        adopted one, else `Segments` of the arrays' memory and the padding between."""
+        return self._arena if self._arena is not None else Segments(self.parts())
+
     def to_bytes(self) -> bytes | memoryview:
-        """The blob: every array at its offset, zero padding between (built once;
-        a read-only view of the arena when `from_module` adopted one)."""
-        if self._bytes is None:
-            # Views of the arrays' memory: b"".join copies them once, into the result.
-            self._bytes = b"".join(self.parts())
-        return self._bytes
+        """The blob as one buffer: every array at its offset, zero padding between
+        (joined on each call: a full copy, unless it is the adopted arena's view)."""
+        return self._arena if self._arena is not None else b"".join(self.parts())
 
     def parts(self) -> Iterator[bytes | memoryview]:
         """The blob in order as zero padding and views of the arrays (nothing joined),
         for writing it out without building it (e.g. into the compile cache)."""
-        if self._bytes is not None:
-            yield memoryview(self._bytes)
+        if self._arena is not None:
+            yield self._arena
             return
         end = 0
         for off, view in self._pieces():
@@ -113,41 +121,14 @@ class ConstantPool:
         from kiln.artifact.integrity import chunk_digests
 
         if self._digests is None:
-            self._digests = (chunk_digests(self._bytes) if self._bytes is not None
-                             else self._stream_digests())
+            self._digests = chunk_digests(self.content())
         return self._digests
 
     def _pieces(self) -> Iterator[tuple[int, memoryview]]:
         """(offset, bytes) of every array, in blob order, without copying."""
         for data in self._keep:
-            view = np.ascontiguousarray(data).reshape(-1).view(np.uint8).data
+            view = np.ascontiguousarray(data).reshape(-1).view(np.uint8).data.toreadonly()
             yield self._offsets[id(data)], view
-
-    def _stream_digests(self) -> bytes:
-        import hashlib
-
-        from kiln.artifact.integrity import CHUNK_SIZE
-
-        out = []
-        h = hashlib.sha256()
-        pos = 0  # bytes of the blob fed to the hashes so far
-
-        def feed(piece: memoryview | bytes) -> None:
-            nonlocal h, pos
-            while len(piece):
-                room = CHUNK_SIZE - pos % CHUNK_SIZE
-                h.update(piece[:room])
-                pos += min(room, len(piece))
-                piece = piece[room:]
-                if pos % CHUNK_SIZE == 0:
-                    out.append(h.digest())
-                    h = hashlib.sha256()
-
-        for part in self.parts():
-            feed(part)
-        if pos % CHUNK_SIZE:
-            out.append(h.digest())
-        return b"".join(out)
 
     def integrity(self) -> dict[str, Any]:
         """Artifact metadata recording the blob's chunk hashes (docs/format.md)."""
@@ -210,5 +191,5 @@ class ConstantPool:
         self.size = end
         view = root[skip:skip + end].view()
         view.flags.writeable = False
-        self._bytes = view.data
+        self._arena = view.data
         self._digests = None

@@ -51,6 +51,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from kiln.artifact.segments import content_parts
 from kiln.errors import FormatError
 
 if TYPE_CHECKING:
@@ -276,7 +277,7 @@ def _object_name(a: Artifact) -> tuple[str, tuple[int, bytes] | None]:
             digests = bytes.fromhex(hexed)
             if size > 0 and len(digests) == chunk_count(a.size, size) * DIGEST_SIZE:
                 return chunked_object_name(a.size, size, digests), (size, digests)
-    return hashlib.sha256(a.content).hexdigest(), None
+    return a.sha256(), None
 
 
 def chunked_object_name(size: int, chunk_size: int, digests: bytes) -> str:
@@ -416,7 +417,7 @@ def store(key: str, artifacts: ArtifactSet, metadata: dict[str, Any]) -> bool:
             name, chunks = _object_name(a)
             target = object_path(name)
             if not target.is_file() or target.stat().st_size != a.size:
-                _write_atomic(target, [a.content])
+                _write_atomic(target, content_parts(a.content))
             else:
                 os.utime(target)  # keeps it out of the grace-period collection race
             items.append({"codegen_id": a.codegen_id, "loader": a.loader,

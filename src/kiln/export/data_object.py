@@ -21,6 +21,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from kiln.artifact.segments import Content, write_content
+
 _EHDR = struct.Struct("<16sHHIQQQIHHHHHH")
 _SHDR = struct.Struct("<IIQQQQIIQQ")
 _SYM = struct.Struct("<IBBHQQ")
@@ -65,7 +67,7 @@ def machine_of(obj: Path) -> Machine | None:
 
 
 def write_data_object(path: Path, machine: Machine, section: str, align: int,
-                      pieces: Sequence[tuple[int, bytes | memoryview]],
+                      pieces: Sequence[tuple[int, Content]],
                       symbols: Sequence[DataSymbol], size: int,
                       reserved_from: int | None = None) -> None:
     """Write an object whose section `section` holds `pieces` (offset, bytes), `size` long.
@@ -136,7 +138,7 @@ def write_data_object(path: Path, machine: Machine, section: str, align: int,
         pos = 0
         for offset, piece in sorted(pieces, key=lambda p: p[0]):
             f.write(bytes(offset - pos))
-            f.write(piece)  # straight from the artifact's memory
+            write_content(f, piece)  # straight from the artifact's memory
             pos = offset + len(piece)
         f.write(bytes(symtab_off - data_off - pos))
         f.write(symtab)

@@ -43,6 +43,7 @@ from kiln.artifact.artifact import (
 )
 from kiln.artifact.blob import build_contents, pack, place_linked
 from kiln.artifact.integrity import CHUNK_SIZE, DIGEST_SIZE, chunk_count, chunk_digests
+from kiln.artifact.segments import Content, write_content
 from kiln.errors import CompileError, ExportError
 from kiln.escape import c_comment, is_c_identifier
 from kiln.export.data_object import DataSymbol, machine_of, write_data_object
@@ -209,7 +210,7 @@ def blob_object(arts: ArtifactSet, metadata: Mapping[str, Any], prefix: str, wor
     if machine is not None:
         obj = work / "blob.o"
         symbols = [DataSymbol(name, 0, end, hidden=False)]
-        pieces: list[tuple[int, bytes | memoryview]] = [(0, packed)]
+        pieces: list[tuple[int, Content]] = [(0, packed)]
         for record, (_i, art) in zip(contents.linked, data):
             symbol = str(art.metadata["symbol"])
             symbols.append(DataSymbol(symbol, record.offset, record.length,
@@ -230,7 +231,8 @@ def blob_object(arts: ArtifactSet, metadata: Mapping[str, Any], prefix: str, wor
     pos = blob_file.stat().st_size
     for record, (i, art) in zip(contents.linked, data):
         data_file = work / f"data{i}.bin"
-        data_file.write_bytes(art.content)
+        with open(data_file, "wb") as f:
+            write_content(f, art.content)
         symbol = str(art.metadata["symbol"])
         lines += [f"\t.skip {record.offset - pos}", f"\t.globl {symbol}",
                   *([] if art.metadata.get("exported") else [f"\t.hidden {symbol}"]),
@@ -253,7 +255,7 @@ class LinkedData:
 
     symbol: str
     offset: int
-    content: bytes | memoryview
+    content: Content
 
 
 def fill_linked_data(library: Path, prefix: str, deferred: Sequence[LinkedData]) -> None:
@@ -277,7 +279,7 @@ def fill_linked_data(library: Path, prefix: str, deferred: Sequence[LinkedData])
                                   f"{item.offset} bytes after '{sym.name}' in section "
                                   f"{sym.section}; cannot write the linked data")
             f.seek(start)
-            f.write(item.content)
+            write_content(f, item.content)
 
 
 # Make the link fail (instead of the later dlopen) when a listed ABI symbol is

@@ -20,7 +20,7 @@ from typing import Any
 from kiln.errors import IRError
 from kiln.ir import dtype as dt
 from kiln.ir.dtype import INDEX_DTYPE
-from kiln.ir.tensor import BinaryOp, Cast, Const, PrimExpr, Var, as_expr
+from kiln.ir.tensor import BinaryOp, Cast, Const, PrimExpr, UnaryOp, Var, as_expr
 from kiln.ir.types import Dim
 
 # An atom: a dimension variable, or a canonical non-polynomial expression.
@@ -55,6 +55,8 @@ class _Canon:
             return self.poly(d.value)
         if isinstance(d, BinaryOp):
             return self._binary(d)
+        if isinstance(d, UnaryOp) and d.op == "neg":
+            return {m: -c for m, c in self.poly(d.a).items()}
         raise IRError(f"unsupported dimension expression {d!r}")
 
     def _atom(self, key: _AtomKey, expr: PrimExpr) -> _Poly:
@@ -88,7 +90,8 @@ class _Canon:
 
     def expr(self, p: _Poly) -> Dim:
         const = p.get((), 0)
-        terms = sorted((m for m in p if m), key=lambda m: (-_degree(m), m))
+        # positive terms first, so `seq - min(1, seq)` rather than `min(1, seq)*-1 + seq`
+        terms = sorted((m for m in p if m), key=lambda m: (p[m] < 0, -_degree(m), m))
         out: PrimExpr | None = None
         for m in terms:
             coeff = p[m]
@@ -98,7 +101,11 @@ class _Canon:
                     atom = self.atoms[key]
                     term = atom if term is None else term * atom
             assert term is not None
-            if out is None:
+            if out is None and coeff < 0 and const > 0:  # `3 - s`, not `s*-1 + 3`
+                out, const = as_expr(const) - (term * -coeff if coeff != -1 else term), 0
+            elif out is None and coeff < 0:
+                out = -(term * -coeff if coeff != -1 else term)
+            elif out is None:
                 out = term * coeff if coeff != 1 else term
             elif coeff < 0:
                 out = out - (term * -coeff if coeff != -1 else term)
@@ -270,6 +277,8 @@ def dim_vars(x: Dim | Iterable[Dim]) -> tuple[Var, ...]:
             visit(e.b)
         elif isinstance(e, Cast):
             visit(e.value)
+        elif isinstance(e, UnaryOp):
+            visit(e.a)
 
     if isinstance(x, (int, PrimExpr)):
         visit(x)
@@ -291,6 +300,8 @@ def eval_dim(d: Dim, values: Mapping[str, int]) -> int:
         return int(values[d.name])
     if isinstance(d, Cast):
         return eval_dim(d.value, values)
+    if isinstance(d, UnaryOp) and d.op == "neg":
+        return -eval_dim(d.a, values)
     if isinstance(d, BinaryOp):
         a, b = eval_dim(d.a, values), eval_dim(d.b, values)
         if d.op == "add":
@@ -319,6 +330,8 @@ def dim_text(d: Dim) -> str:
             return e.name
         if isinstance(e, Cast):
             return text(e.value, parent)
+        if isinstance(e, UnaryOp) and e.op == "neg":
+            return f"-{text(e.a, 3)}"
         if isinstance(e, BinaryOp) and e.op in _TEXT_OPS:
             prec = _PRECEDENCE[e.op]
             sep = "*" if e.op == "mul" else f" {_TEXT_OPS[e.op]} " if prec == 1 else _TEXT_OPS[e.op]

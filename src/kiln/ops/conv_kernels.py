@@ -278,22 +278,23 @@ def blocked_conv_body(shape: ConvShape, x: Buffer, wp: Buffer, out: Buffer,
     """The loop nest of a blocked direct convolution reading packed weights `wp`
     (`pack_blocked_weight` layout) and writing `epilogue(acc, index)` into `out` (NCHW).
 
-    A tile holds `tile_w` output positions of the flattened (oh, ow) plane spaced
-    `step = ceil(positions / tile_w)` apart: tile `t` takes `t, t + step, ...`.
-    (The spacing dates from scalar tiles, where it steered LLVM's SLP vectorizer to
-    pack along output channels; the vectors now run along channels explicitly.)
-    Positions past the end (the last tiles' last slots) read the last position and
-    store nothing, so one tile shape covers every image."""
+    A tile holds `tile_w` consecutive output positions of the flattened (oh, ow) plane:
+    tile `t` takes `t * tile_w, ..., t * tile_w + tile_w - 1` (a run may wrap onto the
+    next row). Consecutive positions read neighbouring input columns, so one tile's
+    `ci * kh * kw` steps touch about a cache line per input row and channel, and the
+    next tile reuses them from L1; positions spread over the plane touched a line per
+    position, which left the large middle layers waiting on L2. Positions past the end
+    (the last tile's last slots) read the last position and store nothing, so one tile
+    shape covers every image."""
     cb, tile_w = tiling.cb, tiling.tile_w
     cig, cog = shape.ci_group, shape.co_group
     blocks = -(-cog // cb)
     ow_n = shape.out_w
     positions = shape.out_h * ow_n
     tile_w = min(tile_w, positions)
-    step = -(-positions // tile_w)
-    # slot r of tile t is position t + r * step; it may pass the end when its largest
-    # value, step - 1 + r * step, does
-    overflow = [step - 1 + r * step >= positions for r in range(tile_w)]
+    tiles = -(-positions // tile_w)
+    # slot r of tile t is position t * tile_w + r; it may pass the end in the last tile
+    overflow = [(tiles - 1) * tile_w + r >= positions for r in range(tile_w)]
     sh, sw = shape.stride
     dh, dw = shape.dilation
     acc_t = x.dtype  # accumulate in the input dtype (float32); the epilogue may cast
@@ -306,7 +307,7 @@ def blocked_conv_body(shape: ConvShape, x: Buffer, wp: Buffer, out: Buffer,
         rows: list[PrimExpr] = []
         cols: list[PrimExpr] = []
         for r in range(tile_w):
-            pos: PrimExpr = t + r * step
+            pos: PrimExpr = t * tile_w + r
             if overflow[r]:
                 pos = min_(pos, positions - 1)
             rv, cv = Var(f"oh{r}", INDEX_DTYPE), Var(f"ow{r}", INDEX_DTYPE)
@@ -348,14 +349,14 @@ def blocked_conv_body(shape: ConvShape, x: Buffer, wp: Buffer, out: Buffer,
                 idx = (n, oc, rows[r], cols[r])
                 st: Stmt = Store(out, epilogue(stage[_c(r), v], idx), idx)
                 if overflow[r]:
-                    st = IfThenElse(t + r * step < positions, st)
+                    st = IfThenElse(t * tile_w + r < positions, st)
                 stores.append(st)
             body = seq(*stores)
             return IfThenElse(oc_local < cog, body) if cog % cb else body
 
         return seq(*head, Allocate(stage), red, copy, _loop("v", cb, emit))
 
-    return seq(*prologue, _parallel_tiles((shape.n, shape.groups, blocks, step), tile))
+    return seq(*prologue, _parallel_tiles((shape.n, shape.groups, blocks, tiles), tile))
 
 
 def _parallel_tiles(extents: Sequence[int], body: Callable[..., Stmt]) -> Stmt:

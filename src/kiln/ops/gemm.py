@@ -8,6 +8,9 @@ kiln.script text):
   `[ceil(N / nr)][K][nr]` (`gemm_kernels.pack_b`, zero-padded), attribute `n`
   the real column count; `a` is `[..., K]` (all leading dims are rows), the
   result `[..., n]`. Gemm's `transB` is applied while packing.
+- `matmul_gemv(a, b)`: a matrix-vector product (A has one row) with B a constant
+  stored `[N][K]` (Gemm's `transB`, attribute `transpose_b`), read in place by
+  `gemv_kernels.gemv_body`: the weight is not packed, so it is not copied;
 - `matmul_tiled(a, b)`: both operands are activations of rank >= 2 (attention's
   Q @ K^T and P @ V, batch dims broadcast); same attributes and meaning as
   `matmul`; the kernel packs B into a workspace at run time.
@@ -32,6 +35,7 @@ from kiln.ir.shape_expr import is_static
 from kiln.ir.tensor import PrimExpr, PrimFunc
 from kiln.ir.types import TensorType, Type
 from kiln.ops import gemm_kernels as gk
+from kiln.ops import gemv_kernels as gv
 from kiln.ops import te
 from kiln.ops.broadcast import broadcast_shapes
 from kiln.ops.conv_direct import target_has_fma, target_lanes
@@ -43,6 +47,7 @@ PACKED = "matmul_packed"
 #: The row count M assumed when choosing a tile for symbolic M (a full-height tile).
 TYPICAL_ROWS = 64
 TILED = "matmul_tiled"
+GEMV = "matmul_gemv"
 Attrs = Mapping[str, Any]
 
 
@@ -111,6 +116,8 @@ class GemmOp(HandBuiltOp):
             return None
         if self.name != PACKED and not is_static((*a.shape, *b.shape)):
             return None  # run-time packing of B needs static shapes: the te definition
+        if self.name == GEMV:
+            return _lower_gemv(params, args, attrs, anchor, result)
         if self.name == PACKED:
             k, n = _packed_kn(args, attrs)
             shape = gk.GemmShape((), (), tuple(a.shape[:-1]), n, k)
@@ -143,5 +150,22 @@ class GemmOp(HandBuiltOp):
                         {"kiln.gemm_kernel": self.name})
 
 
+def _lower_gemv(params: Sequence[te.Tensor], args: Sequence[te.Tensor], attrs: Attrs,
+                anchor: te.Tensor | None, result: te.Tensor | None) -> PrimFunc | None:
+    """The matrix-vector kernel, B `[N][K]` read in place (None: not one row of A)."""
+    a, b = args[0], args[1]
+    if not attrs.get("transpose_b") or b.ndim != 2 or any(d != 1 for d in a.shape[:-1]):
+        return None
+    n, k = (int(d) for d in b.shape)
+    store = fused_store(params, anchor, result, (*a.shape[:-1], n))
+    if store is None:
+        return None
+    body = gv.gemv_body(k, n, store.buffers[a], store.buffers[b], store.out, store.epilogue,
+                        target_lanes(), target_has_fma())
+    return PrimFunc((*(store.buffers[t] for t in params), store.out), body,
+                    {"kiln.gemm_kernel": GEMV})
+
+
 OPS.register(PACKED, GemmOp(PACKED, "anchor", _packed_infer, _packed_compute, _packed_ref))
 OPS.register(TILED, GemmOp(TILED, "anchor", _matmul_infer, _matmul_compute, _matmul_ref))
+OPS.register(GEMV, GemmOp(GEMV, "anchor", _matmul_infer, _matmul_compute, _matmul_ref))

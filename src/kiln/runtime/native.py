@@ -23,6 +23,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from kiln.artifact.segments import write_content
 from kiln.errors import CompileError
 
 if TYPE_CHECKING:
@@ -157,7 +158,8 @@ def compile_native(
         folder = root / a.codegen_id
         folder.mkdir(parents=True, exist_ok=True)
         src = folder / a.file_name
-        src.write_bytes(a.content)
+        with open(src, "wb") as f:
+            write_content(f, a.content)
         suffix = a.extension
         if suffix == ".o":
             objects.append(src)
@@ -194,7 +196,8 @@ def c_to_assembly(artifact: AnyArtifact, cc: str | Sequence[str] | None = None) 
     where = f"{artifact.codegen_id}/{artifact.file_name}"
     with tempfile.TemporaryDirectory(prefix="kiln-asm-") as tmp:
         src = Path(tmp) / artifact.file_name
-        src.write_bytes(artifact.content)
+        with open(src, "wb") as f:
+            write_content(f, artifact.content)
         out = Path(tmp) / "out.s"
         run([*cc_command(cc), "-S", *CFLAGS, f"-I{include_dir()}",
              *_cflags(artifact.metadata, "cflags", where), "-o", str(out), str(src)],

@@ -6,7 +6,8 @@ and float32 operands becomes
 - `conv2d_depthwise` when every group has one input and one output channel
   (MobileNet's depthwise layers): same operands and attributes;
 - `conv2d_rows` for an ungrouped convolution with output rows at least one vector
-  wide that is 1x1 (MobileNet's expansions and projections: a matrix-product tile)
+  wide that is 1x1 with stride 1 (MobileNet's expansions and projections: a
+  matrix-product tile)
   or sums over few inputs (`ci * kh * kw < ROWS_MAX_TAPS`, e.g. a first layer on
   3 channels, a 3x3 layer on 32): the weight packed into `[co_block][ci][kh][kw][6]`, tiles of 6
   channels x 2 vectors of one output row;
@@ -85,9 +86,14 @@ def _rewrite(call: g.Call, lanes: int) -> g.Call | None:
     if shape.depthwise and wd.shape[1] == 1:
         return g.Call(DEPTHWISE, call.args, call.attrs, call.ret_type)
     attrs = {**dict(call.attrs), "channels": shape.c_out}
+    # A strided 1x1 layer (ResNet's projection shortcuts) goes to the blocked kernel,
+    # which reads the input in place: the row-tiled one would first copy the whole input
+    # split by stride phase, most of it never read.
     pointwise = (shape.kh, shape.kw) == (1, 1)
+    strided_pointwise = pointwise and shape.stride != (1, 1) and not any(shape.pads)
     few_taps = shape.ci_group * shape.kh * shape.kw < ROWS_MAX_TAPS
-    if shape.groups == 1 and shape.out_w >= lanes and (pointwise or few_taps):
+    if (shape.groups == 1 and shape.out_w >= lanes and (pointwise or few_taps)
+            and not strided_pointwise):
         packed = g.Constant(ck.pack_rows_weight(wd), w.name)
         args = (x, packed) if bias is None else (x, packed, bias)
         return g.Call(ROWS, args, attrs, call.ret_type)

@@ -7,6 +7,9 @@ A `matmul` with float32 operands and static shapes becomes
   panels `[ceil(N / nr)][K][nr]` for the register tile the target and the
   product's row count call for (kiln.ops.gemm_kernels.choose_gemm_tiling), so
   the run time never repacks;
+- `matmul_gemv(a, b)` when B is one constant matrix stored `[N][K]` (Gemm's
+  `transB`) and A has one row (a dense layer at batch 1): the kernel reads B in
+  place, so the weight stays the importer's array (no packed copy);
 - `matmul_tiled(a, b)` when both operands have rank >= 2 and B is not one
   constant matrix (attention's batched products): its kernel packs B at run
   time.
@@ -57,11 +60,15 @@ def _rewrite(call: g.Call) -> g.Call | None:
             and a.type.dtype == "float32" == b.type.dtype and a.type.ndim >= 1
             and isinstance(a.type.shape[-1], int)):
         # Constant B: A's rows may be symbolic (M = batch*seq); the tile is static.
-        data = b.data.T if call.attrs.get("transpose_b") else b.data
-        n = data.shape[1]
         m = 1
         for d in a.type.shape[:-1]:
             m *= d if isinstance(d, int) else gemm.TYPICAL_ROWS
+        static_rows = all(isinstance(d, int) for d in a.type.shape)
+        if static_rows and m == 1 and call.attrs.get("transpose_b") \
+                and b.data.flags.c_contiguous:
+            return g.Call(gemm.GEMV, call.args, call.attrs, call.ret_type)
+        data = b.data.T if call.attrs.get("transpose_b") else b.data
+        n = data.shape[1]
         tiling = gemm.target_tiling(m, n)
         packed = g.Constant(gk.pack_b(data, tiling.nr), b.name)
         return g.Call(gemm.PACKED, (a, packed), g.freeze_attrs({"n": n}), call.ret_type)

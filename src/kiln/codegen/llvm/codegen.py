@@ -12,6 +12,16 @@ from kiln.codegen.llvm.lower_to_llvm import (
     LoweringOptions,
     lower_module,
 )
+from kiln.codegen.llvm.parallel import (
+    PARTS_PER_THREAD,
+    SPLIT_MIN_INSTRUCTIONS,
+    Part,
+    compile_threads,
+    merged_bitcode,
+    module_instructions,
+    run_all,
+    split_module_text,
+)
 from kiln.codegen.llvm.target_machine import (
     MachineConfig,
     machine_config,
@@ -36,19 +46,37 @@ class CompiledModule:
 
     def metadata(self) -> dict[str, Any]:
         """Artifact metadata shared by the object and the bitcode."""
-        deps = [d for d in self.lowered.externs.values() if d is not None]
-        return {
-            **self.config.to_json(),
-            "functions": sorted(self.lowered.kernels.values()),
-            "externs": sorted(self.lowered.externs),
-            "extern_dependencies": deps,
-            "error_codes": {str(code): msg for code, msg in ERROR_CODES.items()},
-        }
+        return _metadata(self.config, self.lowered)
+
+
+def _metadata(config: MachineConfig, lowered: LoweredModule) -> dict[str, Any]:
+    deps = [d for d in lowered.externs.values() if d is not None]
+    return {
+        **config.to_json(),
+        "functions": sorted(lowered.kernels.values()),
+        "externs": sorted(lowered.externs),
+        "extern_dependencies": deps,
+        "error_codes": {str(code): msg for code, msg in ERROR_CODES.items()},
+    }
 
 
 def compile_module(mod: IRModule, target: Any, *, prefix: str, pool: ConstantPool,
                    jit: bool = False) -> CompiledModule:
     """Lower, verify and optimise `mod` for `target` (any object with `.get`)."""
+    from kiln.transform.instruments import timed_step
+
+    config, tm, lowered = _lower(mod, target, prefix=prefix, pool=pool, jit=jit)
+    with timed_step("codegen.parse"):
+        llvm_mod = parse_and_verify(str(lowered.module))
+    with timed_step("codegen.optimize"):
+        optimize(llvm_mod, tm, config.opt_level)
+        llvm_mod.verify()
+    return CompiledModule(llvm_mod, tm, config, lowered)
+
+
+def _lower(mod: IRModule, target: Any, *, prefix: str, pool: ConstantPool,
+           jit: bool) -> tuple[MachineConfig, Any, LoweredModule]:
+    """The machine configuration, its TargetMachine and `mod` lowered to llvmlite IR."""
     check_prefix(prefix)
     config = machine_config(target, jit=jit)
     tm = config.target_machine()
@@ -62,13 +90,27 @@ def compile_module(mod: IRModule, target: Any, *, prefix: str, pool: ConstantPoo
     from kiln.transform.instruments import timed_step
 
     with timed_step("codegen.lower"):
-        lowered = lower_module(mod, pool, options)
+        return config, tm, lower_module(mod, pool, options)
+
+
+def _optimized_parts(mod: IRModule, target: Any, *, prefix: str,
+                     pool: ConstantPool
+                     ) -> tuple[MachineConfig, LoweredModule, list[Part], int]:
+    """`mod` lowered, then parsed and optimised as one LLVM module, or as several on
+    threads when it is large (kiln.codegen.llvm.parallel)."""
+    from kiln.transform.instruments import timed_step
+
+    config, _, lowered = _lower(mod, target, prefix=prefix, pool=pool, jit=False)
+    threads = compile_threads()
+    if _bare_metal(config) or module_instructions(lowered.module) < SPLIT_MIN_INSTRUCTIONS:
+        threads = 1
     with timed_step("codegen.parse"):
-        llvm_mod = parse_and_verify(str(lowered.module))
+        texts = split_module_text(lowered.module, threads * PARTS_PER_THREAD
+                                  if threads > 1 else 1)
+        parts = [Part(text, config, "kiln kernels") for text in texts]
     with timed_step("codegen.optimize"):
-        optimize(llvm_mod, tm, config.opt_level)
-        llvm_mod.verify()
-    return CompiledModule(llvm_mod, tm, config, lowered)
+        run_all(lambda part: part.optimize(config.opt_level), parts, threads)
+    return config, lowered, parts, threads
 
 
 def _pointer_bits(data_layout: str) -> int:
@@ -92,26 +134,26 @@ def codegen_llvm(mod: IRModule, target: Any, *, prefix: str, pool: ConstantPool)
     from kiln.transform.instruments import timed_step
 
     with timed_step("codegen.lower_optimize"):
-        compiled = compile_module(mod, target, prefix=prefix, pool=pool)
-    meta = compiled.metadata()
+        config, lowered, parts, threads = _optimized_parts(mod, target, prefix=prefix,
+                                                           pool=pool)
+    meta = _metadata(config, lowered)
     with timed_step("codegen.emit_object"):
-        obj = compiled.target_machine.emit_object(compiled.module)
+        objects = run_all(Part.emit_object, parts, threads)
+        bitcode = merged_bitcode(parts)
     libs = sorted({lib for d in meta["extern_dependencies"] for lib in d.get("libs", ())})
-    if not _bare_metal(compiled.config):
+    if not _bare_metal(config):
         libs = sorted({*libs, "-lm"})  # the kernels may call the C math library
     # Firmware has no threads: host.c's parallel loops then run serially.
-    host_flags = [*DEFAULT_HOST_CFLAGS, "-DKILN_NO_THREADS"] if _bare_metal(
-        compiled.config) else None
-    artifacts = [
-        Artifact(CODEGEN_ID, "native", "kernels.o", obj, {**meta, "libs": libs}),
-        Artifact(CODEGEN_ID, "none", "kernels.bc", compiled.module.as_bitcode(),
-                 {**meta, "format": "llvm-bitcode"}),
+    host_flags = [*DEFAULT_HOST_CFLAGS, "-DKILN_NO_THREADS"] if _bare_metal(config) else None
+    # One object per part (kernels.o, kernels_1.o, ...), linked into one library.
+    artifacts = [Artifact(CODEGEN_ID, "native", "kernels.o" if i == 0 else f"kernels_{i}.o",
+                          obj, {**meta, "libs": libs}) for i, obj in enumerate(objects)]
+    artifacts += [
+        Artifact(CODEGEN_ID, "none", "kernels.bc", bitcode, {**meta, "format": "llvm-bitcode"}),
         codegen_host(mod, prefix=prefix, metadata=library_metadata(mod, prefix),
                      cflags=host_flags, cpu_features=meta["requires_features"]),
     ]
-    # LLVM's module and machine code are no longer needed: free them before the
-    # weights are copied into their artifact (that copy sets the compile's peak memory).
-    del compiled, obj
+    del parts, objects  # LLVM's modules and machine code are no longer needed
     if len(pool):
         with timed_step("codegen.constants"):
             artifacts.append(pool.artifact(CODEGEN_ID, prefix))

@@ -157,11 +157,12 @@ def _riscv_default_abi(arch: str, mattr: list[str]) -> str:
     return base
 
 
-def parse_and_verify(llvm_ir: str, where: str = "kiln kernels") -> Any:
-    """Parse LLVM IR text and run LLVM's verifier; CompileError quotes the failure."""
+def parse_and_verify(llvm_ir: str, where: str = "kiln kernels", context: Any = None) -> Any:
+    """Parse LLVM IR text (into `context`, default the global one) and run LLVM's
+    verifier; CompileError quotes the failure."""
     llvm = llvm_binding()
     try:
-        mod = llvm.parse_assembly(llvm_ir)
+        mod = llvm.parse_assembly(llvm_ir, context)
         mod.verify()
     except RuntimeError as err:
         raise CompileError(
@@ -177,8 +178,8 @@ def _excerpt(text: str, limit: int = 200) -> str:
     return "\n".join(lines[:limit]) + f"\n... ({len(lines) - limit} more lines)"
 
 
-def optimize(mod: Any, tm: Any, opt_level: int) -> None:
-    """Run LLVM's default module pipeline at `opt_level` (new pass manager)."""
+def pipeline(tm: Any, opt_level: int) -> Any:
+    """The pass builder of LLVM's default module pipeline at `opt_level` (new pass manager)."""
     llvm = llvm_binding()
     pto = llvm.create_pipeline_tuning_options(speed_level=opt_level)
     vectorize = opt_level >= 2
@@ -186,5 +187,10 @@ def optimize(mod: Any, tm: Any, opt_level: int) -> None:
     pto.slp_vectorization = vectorize
     pto.loop_interleaving = vectorize
     pto.loop_unrolling = opt_level >= 1
-    pb = llvm.create_pass_builder(tm, pto)
+    return llvm.create_pass_builder(tm, pto)
+
+
+def optimize(mod: Any, tm: Any, opt_level: int) -> None:
+    """Run LLVM's default module pipeline at `opt_level` (new pass manager)."""
+    pb = pipeline(tm, opt_level)
     pb.getModulePassManager().run(mod, pb)
