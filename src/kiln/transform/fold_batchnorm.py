@@ -34,8 +34,10 @@ CONV_OPS = ("conv1d", "conv2d", "conv3d")
 
 def _per_channel(c: g.Constant, out: TensorType) -> np.ndarray | None:
     """`c` as a (C,) float64 vector when it scales/shifts channels only, else None."""
-    shape = out.static_shape
-    channels = shape[1]
+    shape = out.shape  # the batch and spatial dims may be symbolic
+    channels = shape[1] if len(shape) > 1 else None
+    if not isinstance(channels, int):
+        return None
     data = c.data
     if data.ndim > len(shape) or c.type.dtype != out.dtype:
         return None

@@ -38,6 +38,7 @@ from kiln.ir.attrs import (
     ATTR_WORKSPACE_BYTES,
 )
 from kiln.ir.module import BaseFunc, IRModule
+from kiln.ir.shape_expr import dim_vars, shape_text
 from kiln.ir.types import TensorType, TupleType
 from kiln.transform.memory_plan import (
     DEFAULT_ALIGNMENT,
@@ -107,9 +108,14 @@ class LoweredGraph:
 def _static_type(ty: object, where: str) -> TensorType:
     if not isinstance(ty, TensorType):
         raise CompileError(f"{where}: expected a tensor, got {ty}")
-    for d in ty.shape:
-        if not isinstance(d, int):
-            raise CompileError(f"{where}: symbolic shape {ty.shape} is not supported yet")
+    names = [v.name for v in dim_vars(ty.shape)]
+    if names:
+        pins = ", ".join(f"{n!r}: ..." for n in names)
+        raise CompileError(
+            f"{where}: symbolic shape {shape_text(ty.shape)}: native code for symbolic "
+            f"dimensions is not built yet (docs/dynamic-shapes.md); pin them at import, "
+            f"from_onnx(..., shape_dict={{{pins}}}) or kiln compile --shape "
+            f"{names[0]}=N; kiln.evaluate runs the symbolic module as it is")
     return ty
 
 
