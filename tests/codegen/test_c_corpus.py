@@ -19,6 +19,8 @@ from c_helpers import CLibrary, build_many, have_cc
 
 from kiln.codegen.c import emit_kernels
 from kiln.codegen.constants import ConstantPool
+from kiln.codegen.host import host_source
+from kiln.codegen.naming import library_metadata
 from kiln.errors import CallError, CompileError, IRError
 from kiln.ir import IRModule
 
@@ -41,9 +43,11 @@ def _functions() -> list[Any]:
 
 
 def _unsupported(mod: IRModule) -> str | None:
-    """Why the C backend rejects `mod` by design (symbolic shapes), else None."""
+    """Why the C backend rejects `mod` by design (symbolic shapes: kernels whose shape
+    variables are not parameters, packed entries of symbolic functions), else None."""
     try:
         emit_kernels(mod, prefix="probe_", pool=ConstantPool.from_module(mod))
+        host_source(mod, prefix="probe_", metadata=library_metadata(mod, "probe_"))
     except CompileError as exc:
         if "symbolic shape" in str(exc):
             return str(exc)

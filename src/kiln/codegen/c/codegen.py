@@ -17,7 +17,7 @@ from kiln.codegen.c.flags import host_cflags, kernel_cflags, toolchain_metadata
 from kiln.codegen.c.kernel import KernelPrinter
 from kiln.codegen.cfamily.analysis import extern_calls
 from kiln.codegen.cfamily.helpers import Helpers
-from kiln.codegen.cfamily.signature import ParamQualifiers, qualifiers
+from kiln.codegen.cfamily.signature import ParamQualifiers, check_shape_vars, qualifiers
 from kiln.codegen.constants import ConstantPool
 from kiln.codegen.naming import (
     C_TYPES,
@@ -100,6 +100,7 @@ def emit_kernels(mod: IRModule, *, prefix: str, pool: ConstantPool) -> tuple[str
     definitions: list[str] = []
     prototypes: list[str] = []
     for name, fn in funcs.items():
+        check_shape_vars("C codegen", name, fn)
         printer = KernelPrinter(ctx, name, fn, reserved)
         if fn.attrs.get(ATTR_EXTERNAL):  # defined by another target's code (driver/split)
             printer.declare_params()  # names the parameters of the prototype

@@ -19,8 +19,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kiln.codegen.naming import C_TYPES
+from kiln.errors import CompileError
 from kiln.ir.aliasing import analyze
-from kiln.ir.tensor import Buffer, Param, PrimFunc
+from kiln.ir.tensor import Buffer, Param, PrimExpr, PrimFunc, Var
+from kiln.ir.visitor import iter_exprs
 
 
 @dataclass(frozen=True)
@@ -56,3 +58,20 @@ def describe_params(fn: PrimFunc) -> str:
         else:
             out.append(f"{p.name}: {p.dtype}")
     return ", ".join(out)
+
+
+def check_shape_vars(backend: str, name: str, fn: PrimFunc) -> None:
+    """Symbolic parameter shapes may only use scalar parameters: raw kernels get pointers,
+    not shapes, so a shape variable that is not a parameter has no value in the kernel."""
+    scalars = {p for p in fn.params if isinstance(p, Var)}
+    for p in fn.buffer_params:
+        for d in p.shape:
+            if not isinstance(d, PrimExpr):
+                continue
+            for v in iter_exprs(d):
+                if isinstance(v, Var) and v not in scalars:
+                    raise CompileError(
+                        f"{backend}, function {name!r}: buffer {p.name!r} has the symbolic "
+                        f"shape {p.shape} whose variable {v.name!r} is not a scalar parameter; "
+                        "raw kernels receive pointers only, so pass every shape variable as a "
+                        "scalar parameter (or use static shapes)")

@@ -19,6 +19,7 @@ from typing import Any
 from llvmlite import ir
 from llvmlite.ir.values import MDValue
 
+from kiln.codegen.cfamily.signature import check_shape_vars
 from kiln.codegen.constants import CONST_ALIGN, ConstantPool
 from kiln.codegen.llvm import arith
 from kiln.codegen.llvm.arith import MathContext
@@ -74,7 +75,6 @@ from kiln.ir.tensor import (
     UnaryOp,
     Var,
 )
-from kiln.ir.visitor import iter_exprs
 from kiln.transform.outline import (
     COUNT_ARG,
     FIRST_CAPTURE,
@@ -249,7 +249,7 @@ class _ModuleLowering:
                 raise CompileError(f"function {name!r}: parameter {p.name!r} is listed twice")
             seen.add(id(p))
             arg_types.append(PTR if isinstance(p, Buffer) else c_type(p.dtype))
-        _check_shape_vars(name, fn)
+        check_shape_vars("llvm codegen", name, fn)
         irfn = ir.Function(self.module, ir.FunctionType(I32, arg_types),
                            kernel_symbol(self.options.prefix, name))
         if name in self.bodies:
@@ -365,22 +365,6 @@ class _ModuleLowering:
         if bits == 32 and self.options.sext_int32 and not dt.is_float(dtype):
             return "signext"
         return None
-
-
-def _check_shape_vars(name: str, fn: PrimFunc) -> None:
-    """Symbolic parameter shapes may only use scalar parameters: kernels get no shapes."""
-    scalars = {p for p in fn.params if isinstance(p, Var)}
-    for p in fn.buffer_params:
-        for d in p.shape:
-            if not isinstance(d, PrimExpr):
-                continue
-            for v in iter_exprs(d):
-                if isinstance(v, Var) and v not in scalars:
-                    raise CompileError(
-                        f"llvm codegen, function {name!r}: buffer {p.name!r} has the symbolic "
-                        f"shape {p.shape} whose variable {v.name!r} is not a scalar parameter; "
-                        "raw kernels receive pointers only, so pass every shape variable as a "
-                        "scalar parameter (or use static shapes)")
 
 
 # ======================================================================= functions
