@@ -152,14 +152,19 @@ def _poly_key(p: _Poly) -> tuple[Any, ...]:
     return tuple(sorted(p.items()))
 
 
+def _accumulate(out: _Poly, m: _Mono, c: int) -> None:
+    """`out[m] += c`, dropping the term when it cancels (coefficients stay non-zero)."""
+    v = out.get(m, 0) + c
+    if v:
+        out[m] = v
+    else:
+        out.pop(m, None)
+
+
 def _add(a: _Poly, b: _Poly, sign: int) -> _Poly:
     out = dict(a)
     for m, c in b.items():
-        v = out.get(m, 0) + sign * c
-        if v:
-            out[m] = v
-        else:
-            out.pop(m, None)
+        _accumulate(out, m, sign * c)
     return out
 
 
@@ -174,12 +179,7 @@ def _mul(a: _Poly, b: _Poly) -> _Poly:
     out: _Poly = {}
     for ma, ca in a.items():
         for mb, cb in b.items():
-            m = _mono_mul(ma, mb)
-            v = out.get(m, 0) + ca * cb
-            if v:
-                out[m] = v
-            else:
-                out.pop(m, None)
+            _accumulate(out, _mono_mul(ma, mb), ca * cb)
     return out
 
 
