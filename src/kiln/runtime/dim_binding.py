@@ -1,0 +1,78 @@
+"""Bind a function's dimension variables from the shapes of its input arrays.
+
+The packed entry of a function with symbolic dimensions (docs/dynamic-shapes.md)
+reads each dimension variable from the first input dimension that is exactly that
+variable and checks every other occurrence and every bound, before any kernel
+runs. This module is that check on the Python side, with the texts of
+docs/abi.md, so a deploy host (numpy only) reports the same errors as C.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from kiln.errors import CallError
+
+#: One dimension of a signature: a static size or the name of a dimension variable.
+DimSpec = int | str
+
+
+def bind_dims(
+    func: str,
+    params: Sequence[tuple[str, Sequence[DimSpec]]],
+    shapes: Sequence[Sequence[int]],
+    bounds: Mapping[str, tuple[int, int | None]],
+) -> dict[str, int]:
+    """Return ``{variable: size}`` read from ``shapes``, the inputs' shapes.
+
+    ``params`` lists each input as ``(name, dims)``; ``bounds`` maps each variable
+    to ``(min, max)`` (``max`` None when unbounded). Raises :class:`CallError`
+    naming the dimension and both arguments when a variable has two sizes, and
+    naming the bound when a size is outside it.
+    """
+    if len(params) != len(shapes):
+        noun = "argument" if len(params) == 1 else "arguments"
+        raise CallError(f"{func}: expected {len(params)} {noun}, got {len(shapes)}")
+    seen: dict[str, tuple[int, int, str]] = {}
+    for index, ((pname, dims), shape) in enumerate(zip(params, shapes, strict=True)):
+        if len(dims) != len(shape):
+            noun = "dimension" if len(dims) == 1 else "dimensions"
+            raise CallError(
+                f"{func}: argument {index} '{pname}': expected {len(dims)} {noun}, "
+                f"got {len(shape)}"
+            )
+        for dim, size in zip(dims, shape, strict=True):
+            if isinstance(dim, int):
+                if dim != size:
+                    raise CallError(
+                        f"{func}: argument {index} '{pname}': expected shape "
+                        f"{_shape_text(dims)}, got {_shape_text(shape)}"
+                    )
+                continue
+            if dim not in seen:
+                seen[dim] = (int(size), index, pname)
+                continue
+            first, first_index, first_name = seen[dim]
+            if first != size:
+                raise CallError(
+                    f"{func}: dimension '{dim}' is {first} in argument {first_index} "
+                    f"'{first_name}' but {size} in argument {index} '{pname}'"
+                )
+    values = {name: size for name, (size, _, _) in seen.items()}
+    for name, (low, high) in sorted(bounds.items()):
+        if name not in values:
+            raise CallError(f"{func}: dimension '{name}' appears in no input")
+        if values[name] < low:
+            raise CallError(
+                f"{func}: dimension '{name}' = {values[name]} is below its minimum {low}"
+            )
+        if high is not None and values[name] > high:
+            raise CallError(
+                f"{func}: dimension '{name}' = {values[name]} is above its maximum {high}"
+            )
+    return values
+
+
+def _shape_text(dims: Sequence[DimSpec]) -> str:
+    """``[batch, 64]``: the shape form of docs/abi.md, variables by name."""
+    return "[" + ", ".join(str(d) for d in dims) + "]"

@@ -1,0 +1,67 @@
+"""bind_dims: dimension variables read from input shapes, checked with the docs/abi.md texts."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from kiln.errors import CallError
+from kiln.runtime.dim_binding import bind_dims
+
+PARAMS = [("ids", ("batch", "seq")), ("mask", ("batch", "seq")), ("w", (64,))]
+BOUNDS = {"batch": (1, None), "seq": (1, 512)}
+
+
+def _shapes(*arrays: np.ndarray) -> list[tuple[int, ...]]:
+    return [a.shape for a in arrays]
+
+
+@pytest.mark.parametrize(("batch", "seq"), [(1, 1), (3, 7), (2, 512)])
+def test_binds_each_variable_from_the_first_input(batch: int, seq: int) -> None:
+    ids = np.zeros((batch, seq), np.int64)
+    mask = np.ones((batch, seq), np.float32)
+    got = bind_dims("main", PARAMS, _shapes(ids, mask, np.zeros(64)), BOUNDS)
+    assert got == {"batch": batch, "seq": seq}
+
+
+def test_a_variable_with_two_sizes_names_both_arguments() -> None:
+    shapes = _shapes(np.zeros((2, 7)), np.zeros((2, 9)), np.zeros(64))
+    with pytest.raises(CallError) as err:
+        bind_dims("main", PARAMS, shapes, BOUNDS)
+    assert str(err.value) == (
+        "main: dimension 'seq' is 7 in argument 0 'ids' but 9 in argument 1 'mask'"
+    )
+
+
+@pytest.mark.parametrize(
+    ("seq", "text"),
+    [
+        (0, "main: dimension 'seq' = 0 is below its minimum 1"),
+        (513, "main: dimension 'seq' = 513 is above its maximum 512"),
+    ],
+)
+def test_bounds(seq: int, text: str) -> None:
+    shapes = _shapes(np.zeros((1, seq)), np.zeros((1, seq)), np.zeros(64))
+    with pytest.raises(CallError) as err:
+        bind_dims("main", PARAMS, shapes, BOUNDS)
+    assert str(err.value) == text
+
+
+def test_static_dimension_and_rank_mismatch() -> None:
+    with pytest.raises(CallError, match=r"argument 2 'w': expected shape \[64\], got \[63\]"):
+        bind_dims("main", PARAMS, [(1, 2), (1, 2), (63,)], BOUNDS)
+    with pytest.raises(CallError, match="argument 0 'ids': expected 2 dimensions, got 1"):
+        bind_dims("main", PARAMS, [(2,), (1, 2), (64,)], BOUNDS)
+    with pytest.raises(CallError, match="main: expected 3 arguments, got 2"):
+        bind_dims("main", PARAMS, [(1, 2), (1, 2)], BOUNDS)
+
+
+def test_a_bounded_variable_no_input_names_is_an_error() -> None:
+    with pytest.raises(CallError, match="main: dimension 'seq' appears in no input"):
+        bind_dims("main", [("x", ("batch",))], [(2,)], BOUNDS)
+
+
+def test_a_static_mismatch_prints_the_variables_by_name() -> None:
+    with pytest.raises(CallError) as err:
+        bind_dims("main", [("x", ("batch", 4))], [(2, 5)], {"batch": (1, None)})
+    assert str(err.value) == "main: argument 0 'x': expected shape [batch, 4], got [2, 5]"
