@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from kiln.errors import CallError
-from kiln.runtime.dim_binding import bind_dims
+from kiln.runtime.dim_binding import bind_dims, eval_dim_text
 
 PARAMS = [("ids", ("batch", "seq")), ("mask", ("batch", "seq")), ("w", (64,))]
 BOUNDS = {"batch": (1, None), "seq": (1, 512)}
@@ -65,3 +65,31 @@ def test_a_static_mismatch_prints_the_variables_by_name() -> None:
     with pytest.raises(CallError) as err:
         bind_dims("main", [("x", ("batch", 4))], [(2, 5)], {"batch": (1, None)})
     assert str(err.value) == "main: argument 0 'x': expected shape [batch, 4], got [2, 5]"
+
+
+@pytest.mark.parametrize("build", [
+    lambda b, s: s * 4,
+    lambda b, s: b * s + 3,
+    lambda b, s: (s - 1) // 2 + 1,
+    lambda b, s: (b * s) % 5 - s,
+])
+@pytest.mark.parametrize(("batch", "seq"), [(1, 1), (3, 7), (2, 200)])
+def test_dim_text_evaluates_as_the_compiler_does(build, batch: int, seq: int) -> None:
+    from kiln.ir.shape_expr import dim_text, dim_var, eval_dim, simplify_dim
+
+    dim = simplify_dim(build(dim_var("batch"), dim_var("seq")))
+    values = {"batch": batch, "seq": seq}
+    assert eval_dim_text(dim_text(dim), values) == eval_dim(dim, values)
+
+
+@pytest.mark.parametrize(
+    "text", ["__import__('os')", "seq.real", "seq ** 2", "[seq]", "1.5", "seq +", "seq // 0"]
+)
+def test_dim_text_outside_the_form_is_refused(text: str) -> None:
+    with pytest.raises(CallError):
+        eval_dim_text(text, {"seq": 3})
+
+
+def test_dim_text_names_a_missing_variable() -> None:
+    with pytest.raises(CallError, match="no value for 'seq'"):
+        eval_dim_text("seq*2", {"batch": 1})

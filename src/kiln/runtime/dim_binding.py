@@ -9,7 +9,9 @@ docs/abi.md, so a deploy host (numpy only) reports the same errors as C.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import ast
+import operator
+from collections.abc import Callable, Mapping, Sequence
 
 from kiln.errors import CallError
 
@@ -76,3 +78,52 @@ def bind_dims(
 def _shape_text(dims: Sequence[DimSpec]) -> str:
     """``[batch, 64]``: the shape form of docs/abi.md, variables by name."""
     return "[" + ", ".join(str(d) for d in dims) + "]"
+
+
+_BINARY: dict[type[ast.operator], Callable[[int, int], int]] = {
+    ast.Add: operator.add,
+    ast.Sub: operator.sub,
+    ast.Mult: operator.mul,
+    ast.FloorDiv: operator.floordiv,
+    ast.Mod: operator.mod,
+}
+_CALLS: dict[str, Callable[[int, int], int]] = {"min": min, "max": max}
+
+
+def eval_dim_text(text: str, values: Mapping[str, int]) -> int:
+    """The size a dimension's text (``seq*4``, ``(h - 1)//2 + 1``) has for ``values``.
+
+    Reads the form ``kiln.ir.shape_expr.dim_text`` writes into metadata (integer
+    ``+ - * // %``, unary minus, ``min``/``max``), with Python's floor semantics as
+    the compiler's; anything else is a :class:`CallError`, never evaluated.
+    """
+    try:
+        tree = ast.parse(text, mode="eval")
+    except SyntaxError as err:
+        raise CallError(f"bad dimension text {text!r}") from err
+
+    def walk(node: ast.AST) -> int:
+        if isinstance(node, ast.Constant) and type(node.value) is int:
+            return node.value
+        if isinstance(node, ast.Name):
+            if node.id not in values:
+                raise CallError(f"dimension text {text!r}: no value for '{node.id}'")
+            return int(values[node.id])
+        if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+            return -walk(node.operand)
+        if isinstance(node, ast.BinOp) and type(node.op) in _BINARY:
+            left, right = walk(node.left), walk(node.right)
+            if isinstance(node.op, ast.FloorDiv | ast.Mod) and right == 0:
+                raise CallError(f"dimension text {text!r}: division by zero")
+            return _BINARY[type(node.op)](left, right)
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id in _CALLS
+            and len(node.args) == 2
+            and not node.keywords
+        ):
+            return _CALLS[node.func.id](walk(node.args[0]), walk(node.args[1]))
+        raise CallError(f"unsupported dimension text {text!r}")
+
+    return walk(tree.body)
