@@ -93,3 +93,13 @@ def test_dim_text_outside_the_form_is_refused(text: str) -> None:
 def test_dim_text_names_a_missing_variable() -> None:
     with pytest.raises(CallError, match="no value for 'seq'"):
         eval_dim_text("seq*2", {"batch": 1})
+
+
+def test_an_expression_dimension_is_checked_after_binding() -> None:
+    params = [("x", ("batch", "seq")), ("pairs", ("batch", "seq*2"))]
+    assert bind_dims("main", params, [(2, 7), (2, 14)], BOUNDS) == {"batch": 2, "seq": 7}
+    with pytest.raises(CallError) as err:
+        bind_dims("main", params, [(2, 7), (2, 13)], BOUNDS)
+    assert str(err.value) == (
+        "main: argument 1 'pairs': expected shape [batch, seq*2], got [2, 13]"
+    )

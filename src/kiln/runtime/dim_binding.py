@@ -15,7 +15,8 @@ from collections.abc import Callable, Mapping, Sequence
 
 from kiln.errors import CallError
 
-#: One dimension of a signature: a static size or the name of a dimension variable.
+#: One dimension of a signature: a static size, the name of a dimension variable,
+#: or an expression over them in ``dim_text`` form (``seq*2``).
 DimSpec = int | str
 
 
@@ -51,6 +52,8 @@ def bind_dims(
                         f"{_shape_text(dims)}, got {_shape_text(shape)}"
                     )
                 continue
+            if not dim.isidentifier():
+                continue  # an expression such as seq*2: checked once every variable is bound
             if dim not in seen:
                 seen[dim] = (int(size), index, pname)
                 continue
@@ -61,6 +64,14 @@ def bind_dims(
                     f"'{first_name}' but {size} in argument {index} '{pname}'"
                 )
     values = {name: size for name, (size, _, _) in seen.items()}
+    for index, ((pname, dims), shape) in enumerate(zip(params, shapes, strict=True)):
+        for dim, size in zip(dims, shape, strict=True):
+            is_expression = isinstance(dim, str) and not dim.isidentifier()
+            if is_expression and eval_dim_text(str(dim), values) != size:
+                raise CallError(
+                    f"{func}: argument {index} '{pname}': expected shape "
+                    f"{_shape_text(dims)}, got {_shape_text(shape)}"
+                )
     for name, (low, high) in sorted(bounds.items()):
         if name not in values:
             raise CallError(f"{func}: dimension '{name}' appears in no input")
