@@ -1,0 +1,140 @@
+"""Bind a function's dimension variables from the shapes of its input arrays.
+
+The packed entry of a function with symbolic dimensions (docs/dynamic-shapes.md)
+reads each dimension variable from the first input dimension that is exactly that
+variable and checks every other occurrence and every bound, before any kernel
+runs. This module is that check on the Python side, with the texts of
+docs/abi.md, so a deploy host (numpy only) reports the same errors as C.
+"""
+
+from __future__ import annotations
+
+import ast
+import operator
+from collections.abc import Callable, Mapping, Sequence
+
+from kiln.errors import CallError
+
+#: One dimension of a signature: a static size, the name of a dimension variable,
+#: or an expression over them in ``dim_text`` form (``seq*2``).
+DimSpec = int | str
+
+
+def bind_dims(
+    func: str,
+    params: Sequence[tuple[str, Sequence[DimSpec]]],
+    shapes: Sequence[Sequence[int]],
+    bounds: Mapping[str, tuple[int, int | None]],
+) -> dict[str, int]:
+    """Return ``{variable: size}`` read from ``shapes``, the inputs' shapes.
+
+    ``params`` lists each input as ``(name, dims)``; ``bounds`` maps each variable
+    to ``(min, max)`` (``max`` None when unbounded). Raises :class:`CallError`
+    naming the dimension and both arguments when a variable has two sizes, and
+    naming the bound when a size is outside it.
+    """
+    if len(params) != len(shapes):
+        noun = "argument" if len(params) == 1 else "arguments"
+        raise CallError(f"{func}: expected {len(params)} {noun}, got {len(shapes)}")
+    seen: dict[str, tuple[int, int, str]] = {}
+    for index, ((pname, dims), shape) in enumerate(zip(params, shapes, strict=True)):
+        if len(dims) != len(shape):
+            noun = "dimension" if len(dims) == 1 else "dimensions"
+            raise CallError(
+                f"{func}: argument {index} '{pname}': expected {len(dims)} {noun}, "
+                f"got {len(shape)}"
+            )
+        for dim, size in zip(dims, shape, strict=True):
+            if isinstance(dim, int):
+                if dim != size:
+                    raise CallError(
+                        f"{func}: argument {index} '{pname}': expected shape "
+                        f"{_shape_text(dims)}, got {_shape_text(shape)}"
+                    )
+                continue
+            if not dim.isidentifier():
+                continue  # an expression such as seq*2: checked once every variable is bound
+            if dim not in seen:
+                seen[dim] = (int(size), index, pname)
+                continue
+            first, first_index, first_name = seen[dim]
+            if first != size:
+                raise CallError(
+                    f"{func}: dimension '{dim}' is {first} in argument {first_index} "
+                    f"'{first_name}' but {size} in argument {index} '{pname}'"
+                )
+    values = {name: size for name, (size, _, _) in seen.items()}
+    for index, ((pname, dims), shape) in enumerate(zip(params, shapes, strict=True)):
+        for dim, size in zip(dims, shape, strict=True):
+            is_expression = isinstance(dim, str) and not dim.isidentifier()
+            if is_expression and eval_dim_text(str(dim), values) != size:
+                raise CallError(
+                    f"{func}: argument {index} '{pname}': expected shape "
+                    f"{_shape_text(dims)}, got {_shape_text(shape)}"
+                )
+    for name, (low, high) in sorted(bounds.items()):
+        if name not in values:
+            raise CallError(f"{func}: dimension '{name}' appears in no input")
+        if values[name] < low:
+            raise CallError(
+                f"{func}: dimension '{name}' = {values[name]} is below its minimum {low}"
+            )
+        if high is not None and values[name] > high:
+            raise CallError(
+                f"{func}: dimension '{name}' = {values[name]} is above its maximum {high}"
+            )
+    return values
+
+
+def _shape_text(dims: Sequence[DimSpec]) -> str:
+    """``[batch, 64]``: the shape form of docs/abi.md, variables by name."""
+    return "[" + ", ".join(str(d) for d in dims) + "]"
+
+
+_BINARY: dict[type[ast.operator], Callable[[int, int], int]] = {
+    ast.Add: operator.add,
+    ast.Sub: operator.sub,
+    ast.Mult: operator.mul,
+    ast.FloorDiv: operator.floordiv,
+    ast.Mod: operator.mod,
+}
+_CALLS: dict[str, Callable[[int, int], int]] = {"min": min, "max": max}
+
+
+def eval_dim_text(text: str, values: Mapping[str, int]) -> int:
+    """The size a dimension's text (``seq*4``, ``(h - 1)//2 + 1``) has for ``values``.
+
+    Reads the form ``kiln.ir.shape_expr.dim_text`` writes into metadata (integer
+    ``+ - * // %``, unary minus, ``min``/``max``), with Python's floor semantics as
+    the compiler's; anything else is a :class:`CallError`, never evaluated.
+    """
+    try:
+        tree = ast.parse(text, mode="eval")
+    except SyntaxError as err:
+        raise CallError(f"bad dimension text {text!r}") from err
+
+    def walk(node: ast.AST) -> int:
+        if isinstance(node, ast.Constant) and type(node.value) is int:
+            return node.value
+        if isinstance(node, ast.Name):
+            if node.id not in values:
+                raise CallError(f"dimension text {text!r}: no value for '{node.id}'")
+            return int(values[node.id])
+        if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+            return -walk(node.operand)
+        if isinstance(node, ast.BinOp) and type(node.op) in _BINARY:
+            left, right = walk(node.left), walk(node.right)
+            if isinstance(node.op, ast.FloorDiv | ast.Mod) and right == 0:
+                raise CallError(f"dimension text {text!r}: division by zero")
+            return _BINARY[type(node.op)](left, right)
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id in _CALLS
+            and len(node.args) == 2
+            and not node.keywords
+        ):
+            return _CALLS[node.func.id](walk(node.args[0]), walk(node.args[1]))
+        raise CallError(f"unsupported dimension text {text!r}")
+
+    return walk(tree.body)
