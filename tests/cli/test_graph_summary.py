@@ -6,6 +6,7 @@ import pytest
 from kiln_cli import ROOT
 
 import kiln
+from kiln.codegen.naming import LIBRARY_FORMAT_VERSION
 from kiln.ir.tensor import Buffer, CallFunc
 from kiln.ir.visitor import iter_stmts
 from kiln.runtime import load_module
@@ -56,5 +57,5 @@ def test_live_workspace_tensors_never_share_bytes(compiled: kiln.Executable) -> 
 def test_the_summary_is_in_the_library(compiled: kiln.Executable, tmp_path) -> None:
     compiled.export_library(tmp_path / "m.so")
     lib = load_module(str(tmp_path / "m.so"))
-    assert lib.metadata["version"] == 2
+    assert lib.metadata["version"] == LIBRARY_FORMAT_VERSION
     assert lib.metadata["graphs"] == compiled.metadata["graphs"]

@@ -3,7 +3,7 @@
 - `encoder(batch, seq, layers, width)`: a transformer encoder over `features`
   `[batch, seq, width]` with an attention `mask` `[batch, seq]` (int64, 1 = keep)
   sharing `seq`; multi-head attention (MatMul, Transpose, Softmax, the mask applied
-  with Where), LayerNormalization, GELU as Erf. With `torch_style=False` the head
+  with Where), LayerNormalization, GELU as Erf (`gelu_op`: the Gelu operator). With `torch_style=False` the head
   reshapes use 0/-1 targets; with `torch_style=True` they take their targets from
   Shape -> Gather -> Unsqueeze -> Concat subgraphs, as PyTorch exports them.
 - `cnn(batch)`: Conv, BatchNormalization, Relu, MaxPool, GlobalAveragePool, Flatten,
@@ -30,7 +30,8 @@ def _vi(name: str, shape: list[Dim], elem: int = TensorProto.FLOAT) -> onnx.Valu
 
 
 def encoder(batch: Dim = "batch", seq: Dim = "seq", layers: int = 2, width: int = 64,
-            heads: int = 4, ffn: int = 128, torch_style: bool = False) -> onnx.ModelProto:
+            heads: int = 4, ffn: int = 128, torch_style: bool = False,
+            gelu_op: bool = False) -> onnx.ModelProto:
     """A `layers`-layer transformer encoder with symbolic `(batch, seq)` (module docstring)."""
     b = GraphBuilder(12)
     dh = width // heads
@@ -81,6 +82,8 @@ def encoder(batch: Dim = "batch", seq: Dim = "seq", layers: int = 2, width: int 
         return proj(merge_heads(ctx, x), width, width)
 
     def gelu_erf(x: str) -> str:
+        if gelu_op:  # the opset-20 operator
+            return b.op("Gelu", x)
         erf = b.op("Erf", b.op("Div", x, b.const(np.array(math.sqrt(2), np.float32), "r2")))
         one = b.const(np.array(1.0, np.float32), "one")
         half = b.const(np.array(0.5, np.float32), "half")
@@ -93,7 +96,7 @@ def encoder(batch: Dim = "batch", seq: Dim = "seq", layers: int = 2, width: int 
     b.nodes.append(helper.make_node("Identity", [h], ["encoded"]))
     return b.model([_vi("features", [batch, seq, width]),
                     _vi("mask", [batch, seq], TensorProto.INT64)],
-                   [_vi("encoded", [batch, seq, width])], 17,
+                   [_vi("encoded", [batch, seq, width])], 20 if gelu_op else 17,
                    "encoder_torch" if torch_style else "encoder")
 
 

@@ -169,8 +169,8 @@ def test_unlegalized_call_is_rejected() -> None:
 @pytest.mark.parametrize(("kernel", "args", "ty", "message"), [
     ("nope", 1, F32, "no such function in the module"),
     ("add", 1, F32, "takes 3 parameters but the call passes 1 inputs"),
-    ("neg", 1, TensorType((N,), "float64"), "parameter 1 'out' is \\(8,\\) float32 but the "
-                                            "output passed is \\(8,\\) float64"),
+    ("neg", 1, TensorType((N,), "float64"), "parameter 1 'out' is \\[8\\] float32 but the "
+                                            "output passed is \\[8\\] float64"),
 ])
 def test_bad_call_tensor(kernel: str, args: int, ty: TensorType, message: str) -> None:
     ib = IRBuilder()

@@ -157,6 +157,9 @@ def describe(path: str) -> dict[str, Any]:
             "inputs": [_tensor(p) for p in params if not p.get("written")],
             "outputs": ([_tensor(p) for p in fn.get("results", [])]
                         + [_tensor(p) for p in params if p.get("written")]),
+            # symbolic dimensions: the sizes each call reads from its inputs, and their bounds
+            "dims": [{"name": d.get("name"), "min": d.get("min"), "max": d.get("max")}
+                     for d in fn.get("dims") or []],
         }
     rows, targets, weight_bytes = [], [], 0
     for a in artifacts:
@@ -207,6 +210,9 @@ def as_text(info: dict[str, Any]) -> str:
         for role in ("inputs", "outputs"):
             for t in fn[role]:
                 lines.append(f"    {role[:-1]:<7}{t['name']:<12}{_shape(t):<16}{t['dtype']}")
+        for d in fn.get("dims", []):
+            high = "" if d["max"] is None else f" <= {d['max']}"
+            lines.append(f"    {'dim':<7}{d['name']:<12}{d['min']} <= {d['name']}{high}")
     lines.append("artifacts:")
     rows = [(a["codegen"], a["loader"], a["name"],
              f"{a['size']}" + (" (linked)" if a["linked"] else ""))

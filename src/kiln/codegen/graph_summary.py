@@ -20,8 +20,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from kiln.codegen.naming import param_info
 from kiln.ir.attrs import ATTR_NUM_OUTPUTS, ATTR_WORKSPACE_BYTES
-from kiln.ir.tensor import Allocate, AllocConst, Buffer, CallFunc, DeclBuffer, PrimFunc
+from kiln.ir.shape_expr import dim_text, simplify_dim
+from kiln.ir.tensor import Allocate, AllocConst, Buffer, CallFunc, DeclBuffer, PrimFunc, as_expr
+from kiln.ir.types import Dim
 from kiln.ir.visitor import iter_stmts
 
 
@@ -34,12 +37,12 @@ def graph_summary(fn: PrimFunc, written: Mapping[str, frozenset[int]]) -> dict[s
     index: dict[Buffer, int] = {}
     tensors: list[dict[str, Any]] = []
 
-    def add(buf: Buffer, kind: str, offset: int | None = None) -> None:
+    def add(buf: Buffer, kind: str, offset: Dim | None = None) -> None:
         index[buf] = len(tensors)
-        entry: dict[str, Any] = {"name": buf.name, "shape": list(buf.shape),
+        entry: dict[str, Any] = {"name": buf.name, "shape": param_info(buf)["shape"],
                                  "dtype": buf.dtype, "bytes": _size(buf), "kind": kind}
-        if offset is not None:
-            entry["offset"] = offset
+        if offset is not None:  # bytes, or the text of an expression (symbolic sizes)
+            entry["offset"] = offset if isinstance(offset, int) else dim_text(offset)
         tensors.append(entry)
 
     buffers = fn.buffer_params
@@ -47,7 +50,7 @@ def graph_summary(fn: PrimFunc, written: Mapping[str, frozenset[int]]) -> dict[s
     for k, buf in enumerate(buffers):
         add(buf, "output" if k >= len(buffers) - n_out else "input")
     # Byte offset into the arena of every buffer placed in it (views of views add up).
-    placed: dict[Buffer, int] = {s.buffer: 0 for s in iter_stmts(fn.body)
+    placed: dict[Buffer, Dim] = {s.buffer: 0 for s in iter_stmts(fn.body)
                                  if isinstance(s, Allocate)}
     kernels: list[dict[str, Any]] = []
     for s in iter_stmts(fn.body):
@@ -55,7 +58,8 @@ def graph_summary(fn: PrimFunc, written: Mapping[str, frozenset[int]]) -> dict[s
             add(s.buffer, "weight")
         elif isinstance(s, DeclBuffer):
             if s.source in placed:
-                placed[s.buffer] = placed[s.source] + s.byte_offset
+                placed[s.buffer] = simplify_dim(as_expr(placed[s.source], "int64")
+                                                + s.byte_offset)
                 add(s.buffer, "workspace", placed[s.buffer])
             else:
                 add(s.buffer, "buffer")
@@ -71,7 +75,8 @@ def graph_summary(fn: PrimFunc, written: Mapping[str, frozenset[int]]) -> dict[s
     if not kernels:
         return None
     return {"tensors": tensors, "kernels": kernels,
-            "workspace_bytes": int(fn.attrs.get(ATTR_WORKSPACE_BYTES, 0))}
+            # an int, or the text of an expression of the dimension variables
+            "workspace_bytes": fn.attrs.get(ATTR_WORKSPACE_BYTES, 0)}
 
 
 def graph_summaries(funcs: Mapping[str, PrimFunc],

@@ -30,6 +30,7 @@ import functools
 import json
 import re
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +39,7 @@ from kiln.codegen.cfamily.helpers import Helpers
 from kiln.codegen.cfamily.literals import INT_RANGES
 from kiln.codegen.cfamily.printer import CPrinter, NameScope
 from kiln.codegen.cfamily.signature import describe_params, param_ctype, qualifiers
+from kiln.codegen.host_dims import TensorArg, dim_c, emit_binding, is_symbolic, or_return
 from kiln.codegen.naming import (
     C_TYPES,
     check_prefix,
@@ -46,15 +48,18 @@ from kiln.codegen.naming import (
     kernel_symbol,
     last_error_symbol,
     metadata_symbol,
+    output_shapes_symbol,
     parallel_for_symbol,
     profile_symbol,
 )
 from kiln.errors import CompileError
 from kiln.escape import c_char_array, c_comment, c_string_literal, utf8
 from kiln.ir import dtype as dt
+from kiln.ir.attrs import ATTR_NUM_OUTPUTS
 from kiln.ir.kernel_errors import ERROR_OUT_OF_MEMORY, KERNEL_ERRORS
 from kiln.ir.module import IRModule
-from kiln.ir.tensor import Buffer, PrimFunc
+from kiln.ir.shape_expr import graph_dims
+from kiln.ir.tensor import Buffer, PrimFunc, Var
 from kiln.transform.outline import has_parallel_loops
 
 HOST_FILE = "host.c"
@@ -72,6 +77,7 @@ PTHREAD_LIBS = ("-pthread",)
 HOST_RUNTIME_FILE = "kiln_host.c"
 # Longest name written inline as a string literal; longer ones get a static array.
 _INLINE_NAME = 200
+_NS = "kiln_host_"  # kiln_host.c's static helpers
 
 
 # x86 features (LLVM names) that GCC's and clang's __builtin_cpu_supports both know.
@@ -113,13 +119,6 @@ def check_messages_define() -> str:
     items = ["0" if code == ERROR_OUT_OF_MEMORY or code not in KERNEL_ERRORS
              else c_string_literal(KERNEL_ERRORS[code]) for code in range(top + 1)]
     return f"#define KILN_HOST_CHECK_MESSAGES {{{', '.join(items)}}}"
-
-
-def _static_shape(fn_name: str, buf: Buffer) -> list[int]:
-    if any(not isinstance(d, int) for d in buf.shape):
-        raise CompileError(f"host entry of '{fn_name}': parameter '{buf.name}' has a symbolic "
-                           f"shape {buf.shape}; packed entries need static shapes")
-    return [int(d) for d in buf.shape]
 
 
 def workspace_bytes(mod: IRModule, name: str) -> tuple[int, bool]:
@@ -232,10 +231,12 @@ class HostPrinter:
                 f"({', '.join(params) or 'void'});")
 
     def entry(self, name: str, fn: PrimFunc) -> list[str]:
-        """The packed entry of `name`: checks in docs/abi.md order, then the kernel call."""
+        """The packed entry of `name`: checks in docs/abi.md order, then the kernel call;
+        for a graph function with symbolic dimensions also its output-shapes entry."""
+        dims = graph_dims(fn)
+        packed = fn.params[:len(fn.params) - len(dims)]
         p = CPrinter()
-        ns = "kiln_host_"  # kiln_host.c's static helpers
-        n = len(fn.params)
+        n = len(packed)
         names = NameScope(self.reserved | {"args", "type_codes", "num_args", "status", "fn"})
         p.line(f"/* {c_comment(f'{name}({describe_params(fn)})')} */")
         p.line(f"KILN_EXPORT int32_t {entry_symbol(self.prefix, name)}"
@@ -243,70 +244,114 @@ class HostPrinter:
         p.line("    int32_t num_args) {")
         with p.indented():
             self.string_array(p, "fn", name)
-            decls: list[str] = []
-            checks: list[str] = []
-            call_args: list[str] = []
-            for i, q in enumerate(fn.params):
-                local = names.fresh(q.name)
-                param_name = c_string_literal(q.name)
-                if len(utf8(q.name)) > _INLINE_NAME:
-                    param_name = names.fresh(f"{q.name}_name")
-                    self.string_array(p, param_name, q.name)
-                where = f"fn, {i}, {param_name}, args[{i}], type_codes[{i}]"
-                if isinstance(q, Buffer):
-                    shape = _static_shape(name, q)
-                    code, bits, _ = dl_dtype(q.dtype)
-                    shape_arg = "NULL"
-                    if shape:
-                        shape_arg = names.fresh(f"{q.name}_shape")
-                        p.line(f"static const int64_t {shape_arg}[{len(shape)}] = "
-                               f"{{{', '.join(str(d) for d in shape)}}};")
-                    decls.append(f"void* {local} = NULL;")
-                    checks.append(f"{ns}tensor(&{local}, {where}, {len(shape)}, {shape_arg}, "
-                                  f"{code}, {bits}, {dt.itemsize(q.dtype)})")
-                    call_args.append(local)  # void* converts to the kernel's pointer type
-                elif dt.is_float(q.dtype):
-                    decls.append(f"double {local} = 0;")
-                    checks.append(f"{ns}float(&{local}, {where})")
-                    call_args.append(self.float_scalar(q.dtype, local))
-                else:
-                    lo, hi = (0, 1) if q.dtype == "bool" else INT_RANGES[q.dtype]
-                    hi = min(hi, (1 << 63) - 1)  # values cross as int64_t
-                    decls.append(f"int64_t {local} = 0;")
-                    checks.append(f"{ns}int(&{local}, {where}, {_int64(lo)}, {_int64(hi)}, "
-                                  f"{c_string_literal(q.dtype)})")
-                    ctype = C_TYPES[q.dtype]
-                    call_args.append(local if ctype == "int64_t" else f"({ctype}){local}")
-            p.extend(decls)
+            args = self.arguments(p, names, packed)
+            p.extend(args.decls)
             p.line("int32_t status;")
-            p.line(f"{ns}error[0] = '\\0';")
-            with p.block(f"if (!{ns}cpu_ok(fn))"):
+            p.line(f"{_NS}error[0] = '\\0';")
+            with p.block(f"if (!{_NS}cpu_ok(fn))"):
                 p.line("return KILN_HOST_ARGUMENT_ERROR;")
             noun = "argument" if n == 1 else "arguments"
             with p.block(f"if (num_args != {n})"):
-                p.line(f'return {ns}fail("%s: expected {n} {noun}, got %d", fn, (int)num_args);')
+                p.line(f'return {_NS}fail("%s: expected {n} {noun}, got %d", fn, (int)num_args);')
             if n:
                 with p.block("if (args == NULL || type_codes == NULL)"):
-                    p.line(f'return {ns}fail("%s: args or type_codes is NULL", fn);')
+                    p.line(f'return {_NS}fail("%s: args or type_codes is NULL", fn);')
                 # Argument by argument, each check in order; the first failure wins.
-                p.line(f"if ({checks[0]} != 0{' ||' if len(checks) > 1 else ') {'}")
-                for j, check in enumerate(checks[1:], 1):
-                    tail = " ||" if j < len(checks) - 1 else ") {"
-                    p.line(f"    {check} != 0{tail}")
-                with p.indented():
-                    p.line("return KILN_HOST_ARGUMENT_ERROR;")
-                p.line("}")
+                or_return(p, args.checks)
             else:
                 p.line("(void)args;")
                 p.line("(void)type_codes;")
+            call_args = list(args.call_args)
+            if args.symbolic:
+                bound = emit_binding(p, names, name, fn, args.tensors, args.given)
+                call_args += [bound[d.name] for d in dims]
             symbol = kernel_symbol(self.prefix, name)
             p.line(f"status = {symbol}({', '.join(call_args)});")
             size, exact = workspace_bytes(self.mod, name)
             # Report a size only when it is the one workspace size that can have failed.
             reported = size if exact else 0
-            p.line(f"return status == 0 ? 0 : {ns}kernel_failed(fn, status, {reported});")
+            p.line(f"return status == 0 ? 0 : {_NS}kernel_failed(fn, status, {reported});")
         p.line("}")
+        if dims:
+            p.line("")
+            self.output_shapes_entry(p, name, fn, packed)
         return p.lines
+
+    def output_shapes_entry(self, p: CPrinter, name: str, fn: PrimFunc,
+                            packed: Sequence[Buffer | Var]) -> None:
+        """`{prefix}_output_shapes_{name}(args, type_codes, num_args, shapes)`: given the
+        inputs only, run the entry's checks on them and write every result's dims, one
+        after the other, into `shapes` (docs/abi.md, "Symbolic shapes")."""
+        n_out = int(fn.attrs.get(ATTR_NUM_OUTPUTS, 0))
+        inputs, outputs = packed[:len(packed) - n_out], packed[len(packed) - n_out:]
+        n = len(inputs)
+        names = NameScope(self.reserved | {"args", "type_codes", "num_args", "shapes", "fn"})
+        p.line(f"/* The result shapes of {c_comment(name)} for these inputs. */")
+        p.line(f"KILN_EXPORT int32_t {output_shapes_symbol(self.prefix, name)}"
+               "(const KilnValue* args,")
+        p.line("    const int32_t* type_codes, int32_t num_args, int64_t* shapes) {")
+        with p.indented():
+            self.string_array(p, "fn", name)
+            args = self.arguments(p, names, inputs)
+            p.extend(args.decls)
+            p.line(f"{_NS}error[0] = '\\0';")
+            noun = "argument" if n == 1 else "arguments"
+            with p.block(f"if (num_args != {n})"):
+                p.line(f'return {_NS}fail("%s: expected {n} {noun}, got %d", fn, (int)num_args);')
+            with p.block("if (args == NULL || type_codes == NULL || shapes == NULL)"):
+                p.line(f'return {_NS}fail("%s: args, type_codes or shapes is NULL", fn);')
+            or_return(p, args.checks)
+            bound = emit_binding(p, names, name, fn, args.tensors, args.given)
+            for local in args.call_args:
+                p.line(f"(void){local};")
+            k = 0
+            for out in outputs:
+                assert isinstance(out, Buffer)
+                for d in out.shape:
+                    p.line(f"shapes[{k}] = {dim_c(d, bound)};")
+                    k += 1
+            p.line("return 0;")
+        p.line("}")
+
+    def arguments(self, p: CPrinter, names: NameScope,
+                  params: Sequence[Buffer | Var]) -> _Arguments:
+        """The locals, checks and kernel arguments of an entry's packed arguments."""
+        args = _Arguments()
+        for i, q in enumerate(params):
+            local = names.fresh(q.name)
+            param_name = c_string_literal(q.name)
+            if len(utf8(q.name)) > _INLINE_NAME:
+                param_name = names.fresh(f"{q.name}_name")
+                self.string_array(p, param_name, q.name)
+            where = f"fn, {i}, {param_name}, args[{i}], type_codes[{i}]"
+            if isinstance(q, Buffer):
+                code, bits, _ = dl_dtype(q.dtype)
+                shape_arg = "NULL"
+                if is_symbolic(q):  # checked once the dimensions are bound
+                    args.symbolic = True
+                    args.tensors.append(TensorArg(i, q, param_name))
+                elif q.shape:
+                    shape_arg = names.fresh(f"{q.name}_shape")
+                    p.line(f"static const int64_t {shape_arg}[{len(q.shape)}] = "
+                           f"{{{', '.join(str(d) for d in q.shape)}}};")
+                args.decls.append(f"void* {local} = NULL;")
+                args.checks.append(f"{_NS}tensor(&{local}, {where}, {len(q.shape)}, "
+                                   f"{shape_arg}, {code}, {bits}, {dt.itemsize(q.dtype)})")
+                args.call_args.append(local)  # void* converts to the kernel's pointer type
+            elif dt.is_float(q.dtype):
+                args.decls.append(f"double {local} = 0;")
+                args.checks.append(f"{_NS}float(&{local}, {where})")
+                args.call_args.append(self.float_scalar(q.dtype, local))
+            else:
+                lo, hi = (0, 1) if q.dtype == "bool" else INT_RANGES[q.dtype]
+                hi = min(hi, (1 << 63) - 1)  # values cross as int64_t
+                args.decls.append(f"int64_t {local} = 0;")
+                args.checks.append(f"{_NS}int(&{local}, {where}, {_int64(lo)}, {_int64(hi)}, "
+                                   f"{c_string_literal(q.dtype)})")
+                ctype = C_TYPES[q.dtype]
+                args.call_args.append(local if ctype == "int64_t" else f"({ctype}){local}")
+                args.given[q.name] = (local, i, param_name)
+        return args
 
     @staticmethod
     def string_array(p: CPrinter, name: str, text: str) -> None:
@@ -345,6 +390,18 @@ class HostPrinter:
             "}",
         ]
         return out
+
+
+@dataclass
+class _Arguments:
+    """What `HostPrinter.arguments` gathers for an entry."""
+
+    decls: list[str] = field(default_factory=list)
+    checks: list[str] = field(default_factory=list)
+    call_args: list[str] = field(default_factory=list)
+    tensors: list[TensorArg] = field(default_factory=list)  # those of symbolic shape
+    given: dict[str, tuple[str, int, str]] = field(default_factory=dict)  # int scalars
+    symbolic: bool = False
 
 
 def _int64(value: int) -> str:

@@ -30,6 +30,7 @@ from kiln.ir.attrs import (
     ATTR_TUPLE_RESULT,
 )
 from kiln.ir.module import IRModule
+from kiln.ir.shape_expr import dim_bounds, dim_text, graph_dims
 from kiln.ir.tensor import Buffer, PrimFunc, Var
 
 DEFAULT_PREFIX = "kiln_"
@@ -39,7 +40,10 @@ LIBRARY_FORMAT = "kiln.library"
 #   2 (2026-11-22): optional "profile" (kernel-call timer sites of a library built with
 #     profile=True, read through {prefix}_profile_read) and "graphs" (each lowered graph
 #     function's kernel calls, tensors and workspace offsets: `kiln inspect --report`).
-LIBRARY_FORMAT_VERSION = 2
+#   3 (2026-11-23): symbolic dimensions: a tensor's shape may hold strings (a variable or
+#     an expression, `"seq*2"`), and a graph function with them lists its "dims" (name,
+#     min, max) and its "output_shapes_symbol".
+LIBRARY_FORMAT_VERSION = 3
 
 
 # Longest system_lib_prefix: it starts every symbol of the library.
@@ -73,6 +77,12 @@ def entry_symbol(prefix: str, name: str) -> str:
 
 def kernel_symbol(prefix: str, name: str) -> str:
     return f"{prefix}_kernel_{symbol_name(name)}"
+
+
+def output_shapes_symbol(prefix: str, name: str) -> str:
+    """The entry that tells a caller the result shapes of a graph function with symbolic
+    dimensions (docs/abi.md): `{prefix}_output_shapes_{name}`."""
+    return f"{prefix}_output_shapes_{symbol_name(name)}"
 
 
 def last_error_symbol(prefix: str) -> str:
@@ -114,8 +124,10 @@ def dl_dtype(dtype: str) -> tuple[int, int, int]:
 
 
 def param_info(p: Buffer | Var) -> dict[str, Any]:
+    """A parameter's JSON: a symbolic dimension is its text (`"seq*2"`), ints stay ints."""
     if isinstance(p, Buffer):
-        return {"name": p.name, "kind": "tensor", "shape": list(p.shape), "dtype": p.dtype}
+        shape = [d if isinstance(d, int) else dim_text(d) for d in p.shape]
+        return {"name": p.name, "kind": "tensor", "shape": shape, "dtype": p.dtype}
     return {"name": p.name, "kind": "scalar", "dtype": p.dtype}
 
 
@@ -129,7 +141,8 @@ def function_signature(name: str, fn: PrimFunc, prefix: str,
     so the runtime can refuse read-only or overlapping buffers there.
     """
     n_out = int(fn.attrs.get(ATTR_NUM_OUTPUTS, 0))
-    params = [param_info(p) for p in fn.params]
+    dims = graph_dims(fn)  # read from the tensors by the entry, not passed
+    params = [param_info(p) for p in fn.params[:len(fn.params) - len(dims)]]
     split = len(params) - n_out
     for i, info in enumerate(params[:split]):  # results are always written
         if i in written and info["kind"] == "tensor":
@@ -138,9 +151,16 @@ def function_signature(name: str, fn: PrimFunc, prefix: str,
     names = list(fn.attrs.get(ATTR_OUTPUT_NAMES, ()) or [r["name"] for r in results])
     for r, rname in zip(results, names):
         r["name"] = rname
+    extra: dict[str, Any] = {}
+    if dims:
+        bounds = dim_bounds(fn)
+        extra = {"dims": [{"name": d.name, "min": bounds.get(d.name, (1, None))[0],
+                           "max": bounds.get(d.name, (1, None))[1]} for d in dims],
+                 "output_shapes_symbol": output_shapes_symbol(prefix, name)}
     return {
         "name": name,
         "symbol": entry_symbol(prefix, name),
+        **extra,
         # the caller allocates results whenever outputs are declared
         "kind": "graph" if fn.attrs.get(ATTR_GRAPH) or n_out else "tensor",
         "params": params[:split],

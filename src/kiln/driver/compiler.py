@@ -162,7 +162,7 @@ def executable_metadata(mod: IRModule, prefix: str) -> dict[str, Any]:
 
     graph = mod.graph_funcs()
     lowered = mod.without(*graph) if graph else mod
-    workspace = {name: int(fn.attrs[ATTR_WORKSPACE_BYTES])
+    workspace = {name: fn.attrs[ATTR_WORKSPACE_BYTES]  # an int, or a symbolic size's text
                  for name, fn in lowered.prim_funcs().items()
                  if ATTR_WORKSPACE_BYTES in fn.attrs}
     meta = library_metadata(lowered, prefix, workspace_bytes=workspace)

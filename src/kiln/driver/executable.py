@@ -128,6 +128,9 @@ class Executable:
             if workspace.get(name):
                 text += f"   [workspace {workspace[name]} bytes]"
             lines.append(text)
+            for d in sig.get("dims", []):  # symbolic dimensions and their bounds
+                high = "" if d.get("max") is None else f" <= {d['max']}"
+                lines.append(f"      dim {d['name']}: {d['min']} <= {d['name']}{high}")
         lines.append("  artifacts:")
         lines.extend("    " + row for row in self.artifacts.inspect().splitlines())
         return "\n".join(lines)
@@ -139,5 +142,5 @@ class Executable:
 
 def _describe(p: dict[str, Any]) -> str:
     if p.get("kind") == "tensor":
-        return f"{p['name']}: {p['dtype']}{list(p['shape'])}"
+        return f"{p['name']}: {p['dtype']}[{', '.join(str(d) for d in p['shape'])}]"
     return f"{p['name']}: {p['dtype']}"

@@ -237,7 +237,9 @@ class _Compiler:
         src = self.lookup(s.source)
         name = self.declare(b)
         layout = self.define_layout(b, depth)
-        self.emit(depth, f"{name} = _view({src}, {int(s.byte_offset)}, "
+        offset = (str(s.byte_offset) if isinstance(s.byte_offset, int)
+                  else self.expr(s.byte_offset).code)
+        self.emit(depth, f"{name} = _view({src}, {offset}, "
                          f"{layout.numel}, {npdt})")
 
     def evaluate(self, s: t.Evaluate, depth: int) -> None:

@@ -209,5 +209,7 @@ def _declare(stmt: Stmt, regions: dict[Buffer, Region]) -> None:
         regions[stmt.buffer] = Region(stmt.buffer, 0, None)
     elif isinstance(stmt, DeclBuffer):
         src = _region(stmt.source, regions)
-        offset = None if src.offset is None else src.offset + stmt.byte_offset
+        offset = None  # an offset expression (symbolic sizes): unknown here
+        if src.offset is not None and isinstance(stmt.byte_offset, int):
+            offset = src.offset + stmt.byte_offset
         regions[stmt.buffer] = Region(src.root, offset, _static_nbytes(stmt.buffer))

@@ -263,14 +263,16 @@ class IRBuilder:
 
     @contextmanager
     def decl_buffer(
-        self, name: str, shape: Sequence[Any], dtype: str, source: Buffer, byte_offset: int = 0,
+        self, name: str, shape: Sequence[Any], dtype: str, source: Buffer,
+        byte_offset: int | PrimExpr = 0,
         *, buffer: Buffer | None = None,
     ) -> Iterator[Buffer]:
         """Declare a view for the rest of the block (`declare_view` without `with`)."""
         yield self.declare_view(name, shape, dtype, source, byte_offset, buffer=buffer)
 
     def declare_view(
-        self, name: str, shape: Sequence[Any], dtype: str, source: Buffer, byte_offset: int = 0,
+        self, name: str, shape: Sequence[Any], dtype: str, source: Buffer,
+        byte_offset: int | PrimExpr = 0,
         *, buffer: Buffer | None = None,
     ) -> Buffer:
         """Emit a `DeclBuffer` declaration and return its buffer."""

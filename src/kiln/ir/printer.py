@@ -495,7 +495,10 @@ class _PrimPrinter:
         scope = "" if b.scope == "global" else f", scope={quote(b.scope)}"
         self._emit(indent, f"{self.ex.buffer(b)} = T.decl_buffer({self.ex.shape(b.shape)}, "
                            f"{quote(b.dtype)}, source={self.ex.buffer(s.source)}, "
-                           f"byte_offset={s.byte_offset}{scope})")
+                           f"byte_offset={self._offset(s.byte_offset)}{scope})")
+
+    def _offset(self, offset: int | t.PrimExpr) -> str:
+        return str(offset) if isinstance(offset, int) else self.ex.expr(offset, "int64")[0]
 
     def _evaluate(self, s: t.Evaluate, indent: str) -> None:
         self._emit(indent, f"T.evaluate({self.ex.text(s.value)})")

@@ -19,8 +19,9 @@ from typing import Any
 
 from kiln.errors import IRError
 from kiln.ir import dtype as dt
+from kiln.ir.attrs import ATTR_DIM_BOUNDS, ATTR_GRAPH
 from kiln.ir.dtype import INDEX_DTYPE
-from kiln.ir.tensor import BinaryOp, Cast, Const, PrimExpr, UnaryOp, Var, as_expr
+from kiln.ir.tensor import BinaryOp, Cast, Const, PrimExpr, PrimFunc, UnaryOp, Var, as_expr
 from kiln.ir.types import Dim
 
 # An atom: a dimension variable, or a canonical non-polynomial expression.
@@ -218,6 +219,16 @@ def dims_equal(a: Dim, b: Dim) -> bool | None:
     return k == 0
 
 
+def dim_at_least(a: Dim, b: Dim) -> bool:
+    """True if `a >= b` for every value of the variables, taking each variable to be
+    non-negative (sizes are): `a - b` has no negative coefficient and only plain variables.
+    False when that cannot be shown (not: when it is false)."""
+    c = _Canon()
+    diff = _add(c.poly(a), c.poly(b), -1)
+    return all(coeff >= 0 and all(key[0] == "var" for key, _ in m)
+               for m, coeff in diff.items())
+
+
 def is_static(d: Dim | Sequence[Dim]) -> bool:
     """Whether a dimension (or every dimension of a shape) is a plain int."""
     if isinstance(d, (int, PrimExpr)):
@@ -347,3 +358,25 @@ def dim_text(d: Dim) -> str:
 def shape_text(shape: Iterable[Dim]) -> str:
     """`[batch, seq, 64]`."""
     return "[" + ", ".join(dim_text(d) for d in shape) + "]"
+
+
+def graph_dims(fn: PrimFunc) -> tuple[Var, ...]:
+    """The dimension scalars a lowered graph function takes last, which its packed entry
+    reads from the tensors instead of taking them (docs/dynamic-shapes.md)."""
+    if not fn.attrs.get(ATTR_GRAPH):
+        return ()
+    tail: list[Var] = []
+    for q in reversed(fn.params):
+        if not isinstance(q, Var):
+            break
+        tail.append(q)
+    return tuple(reversed(tail))
+
+
+def dim_bounds(fn: PrimFunc) -> dict[str, tuple[int, int | None]]:
+    """`{variable: (min, max)}` of `kiln.dim_bounds` (min 1, no max when not given)."""
+    bounds: dict[str, tuple[int, int | None]] = {}
+    for entry in fn.attrs.get(ATTR_DIM_BOUNDS, ()) or ():
+        name, low, high = entry
+        bounds[str(name)] = (int(low), None if high is None else int(high))
+    return bounds

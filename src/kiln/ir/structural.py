@@ -360,7 +360,10 @@ class _Comparer:
 
     def decl_buffer(self, a: t.DeclBuffer, b: t.DeclBuffer) -> None:
         self.at(".source", self.use, a.source, b.source)
-        self.at(".byte_offset", self.check, "byte offsets", a.byte_offset, b.byte_offset)
+        if isinstance(a.byte_offset, int) or isinstance(b.byte_offset, int):
+            self.at(".byte_offset", self.check, "byte offsets", a.byte_offset, b.byte_offset)
+        else:
+            self.field(".byte_offset", a.byte_offset, b.byte_offset)
         self.at(".buffer", self.define, a.buffer, b.buffer)
 
     def evaluate(self, a: t.Evaluate, b: t.Evaluate) -> None:

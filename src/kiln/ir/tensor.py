@@ -533,11 +533,15 @@ class AllocConst(Stmt):
 @dataclass(frozen=True, eq=False, slots=True)
 class DeclBuffer(Stmt):
     """Declare `buffer`, a view of `source`'s storage at `byte_offset`, for the rest of the
-    block (memory planning)."""
+    block (memory planning).
+
+    The offset is an int, or an int64 expression over the function's scalar
+    parameters when sizes are symbolic (a workspace laid out at entry,
+    docs/dynamic-shapes.md)."""
 
     buffer: Buffer
     source: Buffer
-    byte_offset: int
+    byte_offset: int | PrimExpr
 
 
 DECLARATIONS = (Allocate, AllocConst, DeclBuffer)

@@ -45,6 +45,7 @@ from kiln.ir import dtype as dt
 from kiln.ir import graph as g
 from kiln.ir import tensor as t
 from kiln.ir.attrs import ATTR_NUM_OUTPUTS, ATTR_OUTPUT_NAMES
+from kiln.ir.shape_expr import graph_dims
 from kiln.ir.module import BaseFunc, IRModule
 from kiln.ir.printer import NodeText, print_function
 from kiln.ir.types import TensorType, TupleType, Type
@@ -205,7 +206,8 @@ class _PrimFuncVerifier(StmtExprVisitor):
         if ATTR_NUM_OUTPUTS not in attrs:
             return
         n = attrs[ATTR_NUM_OUTPUTS]
-        params = self.fn.params
+        # outputs come last, before a graph function's dimension scalars
+        params = self.fn.params[:len(self.fn.params) - len(graph_dims(self.fn))]
         if not isinstance(n, int) or isinstance(n, bool) or not 0 <= n <= len(params):
             self.fault(f"attribute {ATTR_NUM_OUTPUTS}={n!r} must be an int between 0 and "
                        f"the number of parameters ({len(params)})")
@@ -381,6 +383,13 @@ class _PrimFuncVerifier(StmtExprVisitor):
         b, src = s.buffer, s.source
         self.check_use(src)
         self.check_shape(b, "DeclBuffer", allow_symbolic=True)
+        if not isinstance(s.byte_offset, int):  # laid out at entry over symbolic sizes
+            if s.byte_offset.dtype != "int64":
+                self.fault(f"DeclBuffer '{b.name}' has a {s.byte_offset.dtype} byte offset; "
+                           "an offset expression is int64", b)
+            self.visit_expr(s.byte_offset)
+            self.declare(b, "DeclBuffer")
+            return
         static = _is_static(b) and _is_static(src)
         end = s.byte_offset + (b.nbytes() if static else 0)
         if s.byte_offset < 0 or (static and end > src.nbytes()):

@@ -107,7 +107,9 @@ def _role(cls: type, name: str, hint: Any) -> str | None:
         return VAR_DEF
     if leaves == {t.Buffer} and not is_tuple:
         return BUFFER_DEF if name in BUFFER_DEFINITIONS.get(cls, ()) else BUFFER
-    if all(issubclass(c, (t.PrimExpr, t.Buffer, g.Expr)) for c in leaves):
+    # `int | PrimExpr` (a DeclBuffer's byte offset): walked when it is an expression.
+    exprs = leaves - {int}
+    if exprs and all(issubclass(c, (t.PrimExpr, t.Buffer, g.Expr)) for c in exprs):
         return EXPR
     return None
 
@@ -137,7 +139,7 @@ def _values(node: object, names: tuple[str, ...]) -> Iterator[Any]:
         value = getattr(node, name)
         if isinstance(value, tuple):
             yield from value
-        elif value is not None:
+        elif value is not None and not isinstance(value, int):  # an int offset: no node
             yield value
 
 
@@ -373,7 +375,7 @@ class StmtExprVisitor(StmtVisitor):
         for name, role in child_fields(type(node)).walk:
             value = getattr(node, name)
             for x in value if isinstance(value, tuple) else (value,):
-                if x is None:
+                if x is None or isinstance(x, int):  # an int byte offset: no node
                     continue
                 if role == STMT:
                     self.visit_stmt(x)
@@ -472,8 +474,8 @@ class StmtExprMutator(StmtMutator):
     def _rewrite(self, value: Any, role: str) -> Any:
         if isinstance(value, tuple):
             return tuple(self._rewrite(x, role) for x in value)
-        if value is None:
-            return None
+        if value is None or isinstance(value, int):
+            return value
         if isinstance(value, t.Buffer):
             return self.visit_buffer(value)
         if role == STMT:

@@ -168,7 +168,8 @@ def array_dtype_name(arr: np.ndarray) -> str:
 
 
 def format_shape(shape: Any) -> str:
-    return "[" + ", ".join(str(int(d)) for d in shape) + "]"
+    """`[2, 5]`; a symbolic dimension prints as its text: `[batch, seq*2]`."""
+    return "[" + ", ".join(d if isinstance(d, str) else str(int(d)) for d in shape) + "]"
 
 
 # ---------------------------------------------------------------- Python values -> arguments

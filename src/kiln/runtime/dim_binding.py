@@ -25,35 +25,36 @@ def bind_dims(
     params: Sequence[tuple[str, Sequence[DimSpec]]],
     shapes: Sequence[Sequence[int]],
     bounds: Mapping[str, tuple[int, int | None]],
+    *,
+    indices: Sequence[int] | None = None,
+    given: Mapping[str, tuple[int, int, str]] | None = None,
 ) -> dict[str, int]:
-    """Return ``{variable: size}`` read from ``shapes``, the inputs' shapes.
+    """Return ``{variable: size}`` read from ``shapes``, the tensors' shapes.
 
-    ``params`` lists each input as ``(name, dims)``; ``bounds`` maps each variable
-    to ``(min, max)`` (``max`` None when unbounded). Raises :class:`CallError`
-    naming the dimension and both arguments when a variable has two sizes, and
-    naming the bound when a size is outside it.
+    ``params`` lists each tensor as ``(name, dims)`` (``indices``: their argument
+    positions, else 0, 1, ...); ``bounds`` maps each variable to ``(min, max)``
+    (``max`` None when unbounded); ``given`` maps variables the caller passes as
+    scalars to ``(value, argument index, name)``. The checks run in the order of the
+    C entry (docs/abi.md, check 7): each variable is bound at its first plain
+    occurrence and every later one must agree; then the bounds, by name; then each
+    tensor's whole shape. Raises :class:`CallError` with the entry's texts.
     """
     if len(params) != len(shapes):
         noun = "argument" if len(params) == 1 else "arguments"
         raise CallError(f"{func}: expected {len(params)} {noun}, got {len(shapes)}")
-    seen: dict[str, tuple[int, int, str]] = {}
-    for index, ((pname, dims), shape) in enumerate(zip(params, shapes, strict=True)):
+    where = list(indices) if indices is not None else list(range(len(params)))
+    for index, (pname, dims), shape in zip(where, params, shapes, strict=True):
         if len(dims) != len(shape):
             noun = "dimension" if len(dims) == 1 else "dimensions"
             raise CallError(
                 f"{func}: argument {index} '{pname}': expected {len(dims)} {noun}, "
                 f"got {len(shape)}"
             )
+    seen: dict[str, tuple[int, int, str]] = dict(given or {})
+    for index, (pname, dims), shape in zip(where, params, shapes, strict=True):
         for dim, size in zip(dims, shape, strict=True):
-            if isinstance(dim, int):
-                if dim != size:
-                    raise CallError(
-                        f"{func}: argument {index} '{pname}': expected shape "
-                        f"{_shape_text(dims)}, got {_shape_text(shape)}"
-                    )
-                continue
-            if not dim.isidentifier():
-                continue  # an expression such as seq*2: checked once every variable is bound
+            if not isinstance(dim, str) or not dim.isidentifier():
+                continue  # a size or an expression such as seq*2: checked below
             if dim not in seen:
                 seen[dim] = (int(size), index, pname)
                 continue
@@ -64,14 +65,6 @@ def bind_dims(
                     f"'{first_name}' but {size} in argument {index} '{pname}'"
                 )
     values = {name: size for name, (size, _, _) in seen.items()}
-    for index, ((pname, dims), shape) in enumerate(zip(params, shapes, strict=True)):
-        for dim, size in zip(dims, shape, strict=True):
-            is_expression = isinstance(dim, str) and not dim.isidentifier()
-            if is_expression and eval_dim_text(str(dim), values) != size:
-                raise CallError(
-                    f"{func}: argument {index} '{pname}': expected shape "
-                    f"{_shape_text(dims)}, got {_shape_text(shape)}"
-                )
     for name, (low, high) in sorted(bounds.items()):
         if name not in values:
             raise CallError(f"{func}: dimension '{name}' appears in no input")
@@ -82,6 +75,15 @@ def bind_dims(
         if high is not None and values[name] > high:
             raise CallError(
                 f"{func}: dimension '{name}' = {values[name]} is above its maximum {high}"
+            )
+    for index, (pname, dims), shape in zip(where, params, shapes, strict=True):
+        if all(isinstance(d, str) and d.isidentifier() for d in dims):
+            continue  # every dimension was bound or checked above
+        want = [d if isinstance(d, int) else eval_dim_text(str(d), values) for d in dims]
+        if list(shape) != want:
+            raise CallError(
+                f"{func}: argument {index} '{pname}': expected shape "
+                f"{_shape_text(dims)}, got {_shape_text(shape)}"
             )
     return values
 
@@ -101,6 +103,33 @@ _BINARY: dict[type[ast.operator], Callable[[int, int], int]] = {
 _CALLS: dict[str, Callable[[int, int], int]] = {"min": min, "max": max}
 
 
+# Longest dimension text a library's metadata may hold (the compiler's are far shorter).
+MAX_DIM_TEXT = 1024
+
+
+def is_dim_text(text: str) -> bool:
+    """Whether `text` is a dimension as metadata writes it: a variable name or an
+    expression `eval_dim_text` reads (checked for form only, never evaluated)."""
+    if len(text) > MAX_DIM_TEXT:
+        return False
+    try:
+        tree = ast.parse(text, mode="eval")
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return False
+    allowed = (ast.Expression, ast.Constant, ast.Name, ast.Load, ast.UnaryOp, ast.USub,
+               ast.BinOp, ast.Call, *_BINARY)
+    for node in ast.walk(tree):
+        if not isinstance(node, allowed):
+            return False
+        if isinstance(node, ast.Constant) and type(node.value) is not int:
+            return False
+        if isinstance(node, ast.Call) and not (
+                isinstance(node.func, ast.Name) and node.func.id in _CALLS
+                and len(node.args) == 2 and not node.keywords):
+            return False
+    return True
+
+
 def eval_dim_text(text: str, values: Mapping[str, int]) -> int:
     """The size a dimension's text (``seq*4``, ``(h - 1)//2 + 1``) has for ``values``.
 
@@ -108,10 +137,9 @@ def eval_dim_text(text: str, values: Mapping[str, int]) -> int:
     ``+ - * // %``, unary minus, ``min``/``max``), with Python's floor semantics as
     the compiler's; anything else is a :class:`CallError`, never evaluated.
     """
-    try:
-        tree = ast.parse(text, mode="eval")
-    except SyntaxError as err:
-        raise CallError(f"bad dimension text {text!r}") from err
+    if not is_dim_text(text):
+        raise CallError(f"unsupported dimension text {text[:80]!r}")
+    tree = ast.parse(text, mode="eval")
 
     def walk(node: ast.AST) -> int:
         if isinstance(node, ast.Constant) and type(node.value) is int:

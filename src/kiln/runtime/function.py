@@ -26,6 +26,7 @@ from kiln.errors import CallError
 from kiln.runtime import ctypes_abi as abi
 from kiln.runtime.call_slots import SlotPool
 from kiln.runtime.ctypes_abi import Where
+from kiln.runtime.dim_binding import bind_dims, eval_dim_text
 from kiln.runtime.lifetime import CallGuard
 
 # Inclusive value range of integer scalar dtypes.
@@ -80,6 +81,13 @@ class PackedFunction:
         self._tensors = [i for i, p in enumerate(self._arguments) if p.get("kind") == "tensor"]
         self._written = frozenset(i for i in self._tensors
                                   if i >= len(self.params) or self._arguments[i].get("written"))
+        # Symbolic shapes (docs/dynamic-shapes.md): a dimension may be a variable's name or
+        # an expression's text; a graph function lists its variables with their bounds.
+        self.symbolic = any(isinstance(d, str) for i in self._tensors
+                            for d in self._arguments[i]["shape"])
+        self.dims: dict[str, tuple[int, int | None]] = {
+            str(d["name"]): (int(d["min"]), None if d.get("max") is None else int(d["max"]))
+            for d in signature.get("dims", [])}
 
     # -------------------------------------------------------------- calling
     def __call__(self, *args: Any, out: Any = None, **kwargs: Any) -> Any:
@@ -94,7 +102,12 @@ class PackedFunction:
         values = self._bind(args, kwargs)
         allocating = self.kind == "graph" and out is None
         values = self._screen(values, check_shapes=allocating)
-        outputs = self._outputs(out) if self.kind == "graph" else []
+        if self.kind == "graph" and self.symbolic:
+            given = self._outputs(out) if out is not None else []
+            sizes = self.bind_symbolic([*values, *given])
+            outputs = given if out is not None else self._allocate(sizes)
+        else:
+            outputs = self._outputs(out) if self.kind == "graph" else []
         self._check_written([*values, *outputs])
         self._invoke([*values, *outputs], self._wheres)
         if self.kind != "graph":
@@ -108,6 +121,39 @@ class PackedFunction:
     def _invoke(self, values: list[Any], wheres: list[Where]) -> None:
         """Call the compiled code with every argument (parameters, then results)."""
         raise NotImplementedError
+
+    # -------------------------------------------------------------- symbolic shapes
+    def bind_symbolic(self, values: Sequence[Any]) -> dict[str, int]:
+        """The dimension variables' sizes for these arguments (arrays so far; results
+        when given), checked as the C entry checks them (`bind_dims`, docs/abi.md)."""
+        tensors = [i for i in self._tensors
+                   if i < len(values) and isinstance(values[i], np.ndarray)]
+        given = {}
+        for i, p in enumerate(self.params):
+            if p.get("kind") == "scalar" and self._int_bounds[i] is not None \
+                    and abi.type_code_of(values[i]) == abi.ARG_INT:
+                given[str(p["name"])] = (abi.scalar_int(values[i]), i, str(p["name"]))
+        return bind_dims(self.name, [(str(self._arguments[i]["name"]), self._arguments[i]["shape"])
+                                     for i in tensors],
+                         [values[i].shape for i in tensors], self.dims,
+                         indices=tensors, given=given)
+
+    def concrete_shape(self, i: int, sizes: Mapping[str, int]) -> tuple[int, ...]:
+        """Argument i's shape for these sizes of the dimension variables."""
+        return tuple(d if isinstance(d, int) else eval_dim_text(d, sizes)
+                     for d in self._arguments[i]["shape"])
+
+    def _allocate(self, sizes: Mapping[str, int]) -> list[np.ndarray]:
+        n = len(self.params)
+        return [np.empty(self.concrete_shape(n + j, sizes), dtype)
+                for j, (_, dtype) in enumerate(self._result_layouts)]
+
+    def output_shapes(self, *args: Any, **kwargs: Any) -> list[tuple[int, ...]]:
+        """The shapes of the results for these inputs, without running the function."""
+        values = self._screen(self._bind(args, kwargs), check_shapes=True)
+        sizes = self.bind_symbolic(values) if self.symbolic else {}
+        n = len(self.params)
+        return [self.concrete_shape(n + j, sizes) for j in range(len(self.results))]
 
     # -------------------------------------------------------------- binding
     def _bind(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> list[Any]:
@@ -279,14 +325,16 @@ def _any_written_overlap(addresses: list[int], sizes: list[int], first_written: 
 
 
 def check_tensor(array: np.ndarray, param: Mapping[str, Any], where: Where) -> np.ndarray:
-    """docs/abi.md checks 3-4 on a CPU array (ndim, dtype, shape, contiguity)."""
+    """docs/abi.md checks 3-4 on a CPU array (ndim, dtype, shape, contiguity); a symbolic
+    shape is left to `bind_dims`, which checks it once the variables are bound."""
     shape = list(param["shape"])
     if array.ndim != len(shape):
         raise where.error(f"expected {_plural(len(shape), 'dimension')}, got {array.ndim}")
     got = abi.array_dtype_name(array)
     if got != param["dtype"]:
         raise where.error(f"expected dtype {param['dtype']}, got {got}")
-    if list(array.shape) != shape:
+    symbolic = any(isinstance(d, str) for d in shape)
+    if not symbolic and list(array.shape) != shape:
         raise where.error(
             f"expected shape {abi.format_shape(shape)}, got {abi.format_shape(array.shape)}")
     if not array.flags.c_contiguous:
@@ -425,18 +473,30 @@ class RawKernelFunction(PackedFunction):
         self.keepalive = keepalive
         argtypes = [ctypes.c_void_p if p["kind"] == "tensor" else abi.C_TYPES[p["dtype"]]
                     for p in self._arguments]
+        # A graph function's kernel takes its dimension variables last, sorted by name.
+        argtypes += [ctypes.c_int64] * len(self.dims)
         self._c_func = ctypes.CFUNCTYPE(ctypes.c_int32, *argtypes)(address)
 
     def _invoke(self, values: list[Any], wheres: list[Where]) -> None:
         c_args: list[Any] = []
         keep: list[np.ndarray] = []
-        for value, param, where in zip(values, self._arguments, wheres):
+        arguments = self._arguments
+        sizes: dict[str, int] = {}
+        if self.symbolic:  # the entry's checks with the shapes these sizes give
+            for i in self._tensors:
+                checked_tensor(values[i], arguments[i], wheres[i])  # before any shape
+            sizes = self.bind_symbolic([abi.to_numpy(v, w) if abi.is_tensor(v) else v
+                                        for v, w in zip(values, wheres)])
+            arguments = [dict(p, shape=list(self.concrete_shape(i, sizes)))
+                         if p["kind"] == "tensor" else p for i, p in enumerate(arguments)]
+        for value, param, where in zip(values, arguments, wheres):
             if param["kind"] == "tensor":
                 array = checked_tensor(value, param, where)
                 keep.append(array)
                 c_args.append(array.__array_interface__["data"][0])
             else:
                 c_args.append(checked_scalar(value, param, where))
+        c_args += [sizes[name] for name in sorted(self.dims)]
         guard = self.guard
         if guard is not None:
             guard.enter(self.name)

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 from kiln._registry import suggest
 from kiln.errors import FormatError, KilnError
 from kiln.runtime import ctypes_abi as abi
+from kiln.runtime.dim_binding import is_dim_text
 from kiln.runtime.function import NativeFunction, PackedFunction
 from kiln.runtime.lifetime import CallGuard
 from kiln.runtime.profile import ProfileCounters, ProfileRow, not_profiled
@@ -31,7 +32,7 @@ if TYPE_CHECKING:
 
 LIBRARY_FORMAT = "kiln.library"
 SOURCE_FORMATS = ("c", "ll", "asm")
-MAX_LIBRARY_VERSION = 2  # newest library metadata version this runtime reads
+MAX_LIBRARY_VERSION = 3  # newest library metadata version this runtime reads
 
 
 class Module:
@@ -406,11 +407,26 @@ def _check_signature(name: str, sig: Any) -> None:
             shape = p.get("shape")
             if kind == "tensor":
                 if not isinstance(shape, list) or not all(
-                        isinstance(d, int) and not isinstance(d, bool) and d >= 0
+                        (isinstance(d, int) and not isinstance(d, bool) and d >= 0)
+                        or (isinstance(d, str) and is_dim_text(d))
                         for d in shape):
                     raise fail(f"{p['name']}: shape {shape!r} is not a list of sizes")
             elif kind != "scalar":
                 raise fail(f"{p['name']}: kind {kind!r} is neither 'tensor' nor 'scalar'")
+    dims = sig.get("dims", [])
+    if not isinstance(dims, list) or not all(
+            isinstance(d, dict) and isinstance(d.get("name"), str) and d["name"].isidentifier()
+            and _is_size(d.get("min")) and (d.get("max") is None or _is_size(d.get("max")))
+            for d in dims):
+        raise fail(f"'dims' {dims!r} is not a list of {{name, min, max}}")
+    shapes = sig.get("output_shapes_symbol")
+    if dims and (not isinstance(shapes, str) or not shapes.isascii()
+                 or not shapes.replace("_", "a").isidentifier()):
+        raise fail(f"output_shapes_symbol {shapes!r} is not a C identifier")
+
+
+def _is_size(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 def _parse_library_metadata(text: str, path: Path) -> dict[str, Any]:

@@ -306,8 +306,11 @@ class TensorFunctionParser:
         source = self.expr(args["source"])
         if not isinstance(source, Buffer):
             self.fail(args["source"], "source= must be a buffer")
-        offset = self.p.int_arg(args["byte_offset"], "byte_offset") \
-            if "byte_offset" in args else 0
+        offset: Any = 0
+        if "byte_offset" in args:  # an int, or an expression over shape variables
+            offset = self._dim(args["byte_offset"], self.expr(args["byte_offset"]))
+            if isinstance(offset, t.Const):
+                offset = int(offset.value)
         buf = Buffer(name, self.shape(args["shape"]), self.p.dtype_arg(args["dtype"]),
                      self.p.scope_arg(args.get("scope")))
         return self.ib.declare_view(name, buf.shape, buf.dtype, source, offset, buffer=buf)

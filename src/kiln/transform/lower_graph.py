@@ -14,6 +14,13 @@ The lowered function follows the destination-passing ABI (docs/abi.md):
   a global `Allocate` of uint8, laid out by the static memory planner
   (`memory_plan.py`): buffers that are never live together share bytes.
 
+Symbolic shapes (docs/dynamic-shapes.md): the lowered function takes one int64
+scalar per dimension variable after its buffers (sorted by name, the calling
+convention of kernels, docs/ir.md), and passes each callee the ones it takes, by
+name. Intermediates of static size keep the static plan; the others are placed
+after it by `plan_symbolic`, at offsets that are expressions of those scalars, and
+the arena's size is one too (computed once per call).
+
 Attributes of the result (`kiln.ir.attrs`): `kiln.graph`,
 `kiln.num_outputs`, `kiln.tuple_result`, `kiln.output_names` (from the
 function attribute "output_names", else `out0`, `out1`, ...) and
@@ -22,6 +29,7 @@ function attribute "output_names", else `out0`, `out1`, ...) and
 
 from __future__ import annotations
 
+from collections.abc import Hashable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -29,6 +37,7 @@ import numpy as np
 from kiln.errors import CompileError
 from kiln.ir import graph as g
 from kiln.ir import tensor as t
+from kiln.ir.dtype import itemsize
 from kiln.ir.attrs import (
     ATTR_GIVEN_OUTPUT_NAMES,
     ATTR_GRAPH,
@@ -38,14 +47,15 @@ from kiln.ir.attrs import (
     ATTR_WORKSPACE_BYTES,
 )
 from kiln.ir.module import BaseFunc, IRModule
-from kiln.ir.shape_expr import dim_vars, shape_text
-from kiln.ir.types import TensorType, TupleType
+from kiln.ir.shape_expr import dim_product, dim_text, dim_vars, is_static, shape_text
+from kiln.ir.types import Dim, TensorType, TupleType
 from kiln.transform.memory_plan import (
     DEFAULT_ALIGNMENT,
     Block,
     MemoryPlan,
     live_ranges,
     plan_memory,
+    plan_symbolic,
 )
 from kiln.transform.pass_base import Pass
 
@@ -105,17 +115,17 @@ class LoweredGraph:
     buffers: dict[object, t.Buffer]
 
 
-def _static_type(ty: object, where: str) -> TensorType:
+def _tensor_type(ty: object, where: str) -> TensorType:
     if not isinstance(ty, TensorType):
         raise CompileError(f"{where}: expected a tensor, got {ty}")
-    names = [v.name for v in dim_vars(ty.shape)]
-    if names:
-        pins = ", ".join(f"{n!r}: ..." for n in names)
-        raise CompileError(
-            f"{where}: symbolic shape {shape_text(ty.shape)}: native code for symbolic "
-            f"dimensions is not built yet (docs/dynamic-shapes.md); pin them at import, "
-            f"from_onnx(..., shape_dict={{{pins}}}) or kiln compile --shape "
-            f"{names[0]}=N; kiln.evaluate runs the symbolic module as it is")
+    return ty
+
+
+def _static_type(ty: object, where: str) -> TensorType:
+    ty = _tensor_type(ty, where)
+    if not is_static(ty.shape):
+        raise CompileError(f"{where}: a constant needs a static shape, got "
+                           f"{shape_text(ty.shape)}")
     return ty
 
 
@@ -172,7 +182,7 @@ class _Analyzer:
         inputs = [s for a in call.args for s in _flatten(self.resolve(a, hint))]
         out_types = call.out_types
         outputs = [
-            _Slot("call", _static_type(ty, f"{self.fname}: output of '{call.func}'"),
+            _Slot("call", _tensor_type(ty, f"{self.fname}: output of '{call.func}'"),
                   hint if len(out_types) == 1 else f"{hint}_{i}", def_step=step_index)
             for i, ty in enumerate(out_types)
         ]
@@ -192,22 +202,24 @@ class _Analyzer:
             raise CompileError(f"{where}: no such function in the module. PrimFuncs: {known}")
         if not isinstance(callee, t.PrimFunc):
             raise CompileError(f"{where}: '{func}' is a graph function, not a PrimFunc")
-        params = callee.params
         args = inputs + outputs
-        if len(params) != len(args):
+        params, dims = callee.params[:len(args)], callee.params[len(args):]
+        if len(params) != len(args) or not all(isinstance(d, t.Var) for d in dims):
             raise CompileError(
-                f"{where}: the PrimFunc takes {len(params)} parameters but the call passes "
-                f"{len(inputs)} inputs + {len(outputs)} outputs")
+                f"{where}: the PrimFunc takes {len(callee.params)} parameters but the call "
+                f"passes {len(inputs)} inputs + {len(outputs)} outputs (and a kernel's "
+                "dimension scalars come last)")
         for i, (p, s) in enumerate(zip(params, args)):
             role = "input" if i < len(inputs) else "output"
             if not isinstance(p, t.Buffer):
                 raise CompileError(
                     f"{where}: parameter {i} '{p.name}' is a scalar; call_tensor passes only "
                     "tensors")
-            if tuple(p.shape) != tuple(s.type.shape) or p.dtype != s.type.dtype:
+            # A kernel's dimension variables are its caller's, by name (docs/ir.md).
+            if shape_text(p.shape) != shape_text(s.type.shape) or p.dtype != s.type.dtype:
                 raise CompileError(
-                    f"{where}: parameter {i} '{p.name}' is {tuple(p.shape)} {p.dtype} but the "
-                    f"{role} passed is {tuple(s.type.shape)} {s.type.dtype}")
+                    f"{where}: parameter {i} '{p.name}' is {shape_text(p.shape)} {p.dtype} "
+                    f"but the {role} passed is {shape_text(s.type.shape)} {s.type.dtype}")
 
 
 # --------------------------------------------------------------------------- lowering
@@ -224,13 +236,22 @@ def lower_function(name: str, fn: g.Function, mod: IRModule, *,
             raise CompileError(
                 f"graph function '{name}': parameter '{v.name}' is a tuple {v.type}; the "
                 "lowered ABI takes flat tensors: pass the fields as separate parameters")
-        ty = _static_type(v.type, f"graph function '{name}': parameter '{v.name}'")
+        ty = _tensor_type(v.type, f"graph function '{name}': parameter '{v.name}'")
         buf = t.Buffer(v.name, ty.shape, ty.dtype)
         params.append(buf)
         an.env[v] = _Slot("param", ty, v.name, buf)
     for b in fn.bindings:
         an.env[b.var] = an.resolve(b.value, b.var.name)
     results = _flatten(an.resolve(fn.result, "result"))
+    # The dimension scalars: every variable of the parameters' shapes, read at entry.
+    dims = {v.name: v for v in dim_vars(d for p in params for d in p.shape)}
+    for s in [*results, *(o for step in an.steps for o in step.outputs)]:
+        unknown = sorted({v.name for v in dim_vars(s.type.shape)} - set(dims))
+        if unknown:
+            raise CompileError(
+                f"graph function '{name}': value '{s.name}' has shape "
+                f"{shape_text(s.type.shape)}, whose dimension {unknown[0]!r} no parameter's "
+                "shape gives (a size known only at run time is not supported)")
 
     out_names = _output_names(name, fn, len(results))
     outs = [t.Buffer(n, s.type.shape, s.type.dtype) for n, s in zip(out_names, results)]
@@ -251,14 +272,25 @@ def lower_function(name: str, fn: g.Function, mod: IRModule, *,
     # Everything else a call writes lives in the workspace arena.
     inter = [s for step in an.steps for s in step.outputs if s not in claimed]
     ranges = live_ranges({s: s.def_step for s in inter}, {s: s.uses for s in inter})
-    blocks = tuple(Block(s, _nbytes(s.type), *ranges[s]) for s in inter)
+    static = [s for s in inter if is_static(s.type.shape)]
+    blocks = tuple(Block(s, s.type.numel() * itemsize(s.type.dtype), *ranges[s])
+                   for s in static)
     plan = plan_memory(blocks, alignment=alignment, strategy=strategy)
+    offsets: dict[Hashable, Dim] = dict(plan.offsets)
+    workspace: Dim = plan.total
+    if len(static) < len(inter):
+        symbolic = [(s, _nbytes(s.type), *ranges[s]) for s in inter if s not in plan.offsets]
+        placed, workspace = plan_symbolic(symbolic, plan.total, alignment=alignment)
+        offsets.update(placed)
     for s in inter:
         s.buffer = t.Buffer(s.name, s.type.shape, s.type.dtype)
 
     body: list[t.Stmt] = []
     for step in an.steps:
         args: list[t.Buffer | t.PrimExpr] = [_buf(s) for s in step.inputs + step.outputs]
+        callee = mod.functions[step.func]
+        assert isinstance(callee, t.PrimFunc)
+        args += [dims[p.name] for p in callee.params[len(args):]]
         body.append(t.CallFunc(step.func, tuple(args)))
     body.extend(copy_stmt(dst, src) for dst, src in copies)
     if not body:
@@ -267,17 +299,17 @@ def lower_function(name: str, fn: g.Function, mod: IRModule, *,
     # One flat statement list (declarations are scoped to the rest of it, see
     # kiln.ir.tensor.Allocate): workspace, constants, views into the workspace, calls.
     decls: list[t.Stmt] = []
-    workspace = plan.total
     arena: t.Buffer | None = None
     if inter:
-        workspace = max(workspace, alignment)  # zero-size values still need a base pointer
+        if isinstance(workspace, int):  # zero-size values still need a base pointer
+            workspace = max(workspace, alignment)
         arena = t.Buffer("workspace", (workspace,), "uint8", "global")
         decls.append(t.Allocate(arena))
     for slot in an.consts.values():
         assert slot.data is not None
         decls.append(t.AllocConst(_buf(slot), slot.data))
     if arena is not None:
-        decls.extend(t.DeclBuffer(_buf(s), arena, plan.offsets[s]) for s in inter)
+        decls.extend(t.DeclBuffer(_buf(s), arena, _offset(offsets[s])) for s in inter)
     stmt = t.seq(*decls, *body)
 
     attrs = {k: v for k, v in fn.attrs.items() if k != ATTR_GIVEN_OUTPUT_NAMES}
@@ -286,9 +318,11 @@ def lower_function(name: str, fn: g.Function, mod: IRModule, *,
         ATTR_NUM_OUTPUTS: len(outs),
         ATTR_TUPLE_RESULT: isinstance(fn.ret_type, TupleType),
         ATTR_OUTPUT_NAMES: tuple(out_names),
-        ATTR_WORKSPACE_BYTES: workspace,
+        # bytes, or for symbolic sizes the text of the expression (metadata shows it)
+        ATTR_WORKSPACE_BYTES: workspace if isinstance(workspace, int) else dim_text(workspace),
     })
-    prim = t.PrimFunc(tuple(params) + tuple(outs), stmt, attrs)
+    dim_params = tuple(dims[n] for n in sorted(dims))
+    prim = t.PrimFunc(tuple(params) + tuple(outs) + dim_params, stmt, attrs)
     buffers: dict[object, t.Buffer] = {s: _buf(s) for s in inter}
     return LoweredGraph(prim, blocks, plan, buffers)
 
@@ -298,10 +332,12 @@ def _buf(s: _Slot) -> t.Buffer:
     return s.buffer
 
 
-def _nbytes(ty: TensorType) -> int:
-    from kiln.ir.dtype import itemsize
+def _nbytes(ty: TensorType) -> Dim:
+    return dim_product((*ty.shape, itemsize(ty.dtype)))
 
-    return ty.numel() * itemsize(ty.dtype)
+
+def _offset(offset: Dim) -> int | t.PrimExpr:
+    return offset if isinstance(offset, int) else t.as_expr(offset, "int64")
 
 
 def _output_names(name: str, fn: g.Function, count: int) -> list[str]:
@@ -321,5 +357,5 @@ def copy_stmt(dst: t.Buffer, src: t.Buffer) -> t.Stmt:
     loop_vars = [t.Var(f"i{d}") for d in range(len(dst.shape))]
     stmt: t.Stmt = t.Store(dst, t.Load(src, tuple(loop_vars)), tuple(loop_vars))
     for var, extent in reversed(list(zip(loop_vars, dst.shape))):
-        stmt = t.For(var, t.Const(0, var.dtype), t.Const(int(extent), var.dtype), "serial", stmt)
+        stmt = t.For(var, t.Const(0, var.dtype), t.as_expr(extent, var.dtype), "serial", stmt)
     return stmt

@@ -15,11 +15,15 @@ between the already placed blocks it conflicts with):
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Iterable, Mapping
+from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
 
 from kiln.errors import CompileError
+from kiln.ir.dtype import INDEX_DTYPE
+from kiln.ir.shape_expr import dim_at_least, simplify_dim
+from kiln.ir.tensor import BinaryOp, as_expr
+from kiln.ir.types import Dim
 
 STRATEGIES = ("greedy-by-size", "first-fit")
 DEFAULT_ALIGNMENT = 64
@@ -183,3 +187,66 @@ def live_ranges(defs: Mapping[Hashable, int],
         last = max(uses.get(key, ()), default=start)
         out[key] = (start, max(start, last))
     return out
+
+
+# --------------------------------------------------------------------------- symbolic sizes
+
+
+@dataclass
+class _Slot:
+    """Bytes shared by symbolic blocks that are never live together: as large as the
+    largest of them (`sizes` keeps those no other one is known to cover)."""
+
+    sizes: list[Dim]
+    free_after: int
+
+
+def plan_symbolic(blocks: Sequence[tuple[Hashable, Dim, int, int]], base: int, *,
+                  alignment: int = DEFAULT_ALIGNMENT) -> tuple[dict[Hashable, Dim], Dim]:
+    """Offsets of blocks whose sizes are expressions of dimension variables, and the end.
+
+    `blocks` are `(key, size, start, end)` (live range as for `Block`), placed from byte
+    `base` on (after the static plan). Taken in definition order, each block joins a
+    slot no block of which is still live, preferring one at least as large (the
+    sizes compared for every value of the variables, `dim_at_least`), else it opens a
+    new slot. Slots are laid end to end, each rounded up to `alignment`; offsets and
+    the end are expressions the function evaluates once at entry
+    (docs/dynamic-shapes.md, "Memory").
+    """
+    slots: list[_Slot] = []
+    member: dict[Hashable, int] = {}
+    for key, size, start, end in sorted(blocks, key=lambda b: (b[2], b[3])):
+        free = [i for i, s in enumerate(slots) if s.free_after < start]
+        covering = [i for i in free if any(dim_at_least(d, size) for d in slots[i].sizes)]
+        grown = [i for i in free if all(dim_at_least(size, d) for d in slots[i].sizes)]
+        pick = (covering or grown or free or [len(slots)])[0]
+        if pick == len(slots):
+            slots.append(_Slot([], -1))
+        slot = slots[pick]
+        if not covering:
+            slot.sizes = [d for d in slot.sizes if not dim_at_least(size, d)] + [size]
+        slot.free_after = end
+        member[key] = pick
+    starts: list[Dim] = []
+    offset: Dim = align_up(base, alignment)
+    for slot in slots:
+        starts.append(offset)
+        # the largest of multiples of `alignment` is one
+        offset = simplify_dim(offset + _largest([_aligned(d, alignment) for d in slot.sizes]))
+    return {key: starts[i] for key, i in member.items()}, offset
+
+
+def _largest(sizes: Sequence[Dim]) -> Dim:
+    out = sizes[0]
+    for d in sizes[1:]:
+        out = BinaryOp("max", as_expr(out, INDEX_DTYPE), as_expr(d, INDEX_DTYPE))
+    return simplify_dim(out)
+
+
+def _aligned(size: Dim, alignment: int) -> Dim:
+    """`size` rounded up to a multiple of `alignment` (as is when every term is one)."""
+    if simplify_dim(BinaryOp("floormod", as_expr(size, INDEX_DTYPE),
+                             as_expr(alignment, INDEX_DTYPE))) == 0:
+        return size
+    return simplify_dim((as_expr(size, INDEX_DTYPE) + (alignment - 1)) // alignment
+                        * alignment)

@@ -259,7 +259,9 @@ class Storage:
 
     def bind_view(self, s: DeclBuffer) -> None:
         src = self.region(s.source)
-        offset = None if src.offset is None else src.offset + s.byte_offset
+        offset = None  # an offset expression (symbolic sizes): unknown here
+        if src.offset is not None and isinstance(s.byte_offset, int):
+            offset = src.offset + s.byte_offset
         self.regions[s.buffer] = Region(src.root, offset, _nbytes(s.buffer))
         if s.source in self.consts:
             self.consts.add(s.buffer)

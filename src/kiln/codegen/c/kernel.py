@@ -403,15 +403,11 @@ class KernelPrinter:
         if buf not in self.refs:
             return
         source = self.ctx.buffer(src)
-        end = s.byte_offset + self.static_numel(buf) * dt.itemsize(buf.dtype)
-        if s.byte_offset < 0 or end > self.static_numel(src) * dt.itemsize(src.dtype):
-            raise self.ctx.error(
-                f"buffer '{buf.name}' ({buf.dtype}{list(buf.shape)} at byte offset "
-                f"{s.byte_offset}) does not fit in '{src.name}' "
-                f"({src.dtype}{list(src.shape)})")
-        if s.byte_offset % dt.itemsize(buf.dtype) != 0:
-            raise self.ctx.error(f"buffer '{buf.name}' starts at byte offset {s.byte_offset}, "
-                                 f"not a multiple of its {buf.dtype} element size")
+        if isinstance(s.byte_offset, int):
+            self.check_view(s)
+            offset = int_literal(s.byte_offset, "int64")[0]
+        else:  # a workspace laid out at entry: the planner placed it (symbolic sizes)
+            offset = f"({self.expr(s.byte_offset).text})"
         const = "const " if source.const else ""
         ctype = C_TYPES[buf.dtype]
         name = self.ctx.names.fresh(buf.name)
@@ -420,10 +416,24 @@ class KernelPrinter:
         elif s.byte_offset == 0:
             init = f"({const}{ctype}*){source.name}"
         else:
-            init = (f"({const}{ctype}*)(({const}uint8_t*){source.name} + "
-                    f"{int_literal(s.byte_offset, 'int64')[0]})")
+            init = f"({const}{ctype}*)(({const}uint8_t*){source.name} + {offset})"
         self.p.line(f"{const}{ctype}* {name} = {init};")
         self.declare(buf, BufferRef(name, const=source.const))
+
+    def check_view(self, s: DeclBuffer) -> None:
+        """A view at a constant offset lies inside its source and is aligned to its elements."""
+        buf, src = s.buffer, s.source
+        assert isinstance(s.byte_offset, int)
+        static = all(isinstance(d, int) for d in (*buf.shape, *src.shape))
+        end = s.byte_offset + (buf.nbytes() if static else 0)
+        if s.byte_offset < 0 or (static and end > src.nbytes()):
+            raise self.ctx.error(
+                f"buffer '{buf.name}' ({buf.dtype}{list(buf.shape)} at byte offset "
+                f"{s.byte_offset}) does not fit in '{src.name}' "
+                f"({src.dtype}{list(src.shape)})")
+        if s.byte_offset % dt.itemsize(buf.dtype) != 0:
+            raise self.ctx.error(f"buffer '{buf.name}' starts at byte offset {s.byte_offset}, "
+                                 f"not a multiple of its {buf.dtype} element size")
 
     def static_numel(self, buf: Buffer) -> int:
         if any(not isinstance(d, int) for d in buf.shape):

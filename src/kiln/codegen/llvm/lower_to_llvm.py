@@ -849,6 +849,13 @@ def _decl_buffer(fl: _FunctionLowering, s: DeclBuffer) -> None:
     buf, src = s.buffer, s.source
     source = fl.buffer_ptr(src)
     size = dt.itemsize(buf.dtype)
+    if not isinstance(s.byte_offset, int):  # laid out at entry (symbolic sizes)
+        offset = fl.index_i64(s.byte_offset)
+        fl.declare(buf, fl.b.gep(source, [offset], inbounds=True, source_etype=I8,
+                                 name=c_identifier(buf.name)))
+        if src in fl.readonly:
+            fl.readonly.add(buf)
+        return
     if s.byte_offset < 0 or s.byte_offset % size:
         raise fl.error(f"view {buf.name!r} of {src.name!r} starts at byte {s.byte_offset}, "
                        f"which is not a non-negative multiple of its element size {size}")

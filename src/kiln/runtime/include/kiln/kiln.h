@@ -125,6 +125,16 @@ enum {
 typedef int32_t (*KilnPackedFunc)(const KilnValue *args, const int32_t *type_codes,
                                   int32_t num_args);
 
+/*
+ * `{prefix}_output_shapes_{name}` of a graph function with symbolic dimensions
+ * (docs/abi.md, "Symbolic shapes"): given the inputs only (`num_args` of them), it
+ * checks them as `{prefix}name` would and writes every result's dimensions, one
+ * result after the other, into `shapes`. Returns 0, or non-zero with the message
+ * in `{prefix}_last_error()`.
+ */
+typedef int32_t (*KilnOutputShapesFunc)(const KilnValue *args, const int32_t *type_codes,
+                                        int32_t num_args, int64_t *shapes);
+
 /* `{prefix}_last_error` and `{prefix}_metadata`. */
 typedef const char *(*KilnStringFunc)(void);
 

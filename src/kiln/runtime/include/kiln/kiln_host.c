@@ -161,7 +161,8 @@ static KILN_UNUSED void kiln_host_shape_text(char* out, size_t size, const int64
 }
 
 /* Checks 2-5 of docs/abi.md for tensor argument `index`; on success *data is the
-   address of its first element. */
+   address of its first element. A NULL `shape` (ndim > 0) takes any shape: a symbolic
+   one, checked by the entry once its dimensions are bound (kiln_host_bind_dim). */
 static KILN_UNUSED int32_t kiln_host_tensor(void** data, const char* fn, int32_t index,
     const char* param, KilnValue arg, int32_t type_code, int32_t ndim, const int64_t* shape,
     uint8_t code, uint8_t bits, size_t align) {
@@ -194,6 +195,18 @@ static KILN_UNUSED int32_t kiln_host_tensor(void** data, const char* fn, int32_t
     kiln_host_dtype_name(got_text, sizeof got_text, t->dtype);
     return kiln_host_arg_fail(fn, index, param, "expected dtype %s, got %s", want_text, got_text);
   }
+  if (shape == NULL && ndim > 0) {
+    if (t->shape == NULL) {
+      return kiln_host_arg_fail(fn, index, param, "shape is NULL");
+    }
+    for (d = 0; d < ndim; ++d) {
+      if (t->shape[d] < 0) {
+        return kiln_host_arg_fail(fn, index, param, "dimension %d is negative (%lld)", (int)d,
+            (long long)t->shape[d]);
+      }
+    }
+    shape = t->shape;
+  }
   for (d = 0; d < ndim; ++d) {
     if (t->shape == NULL || t->shape[d] != shape[d]) {
       kiln_host_shape_text(want_text, sizeof want_text, shape, ndim);
@@ -223,6 +236,80 @@ static KILN_UNUSED int32_t kiln_host_tensor(void** data, const char* fn, int32_t
         (unsigned)align);
   }
   return 0;
+}
+
+/* Symbolic dimensions (docs/dynamic-shapes.md). Dimension `dim` of an argument is `got`:
+   the first occurrence of a variable binds it (*first_index < 0), every later one must
+   agree. */
+static KILN_UNUSED int32_t kiln_host_bind_dim(const char* fn, const char* dim, int64_t* value,
+    int32_t* first_index, const char** first_param, int32_t index, const char* param,
+    int64_t got) {
+  if (*first_index < 0) {
+    *value = got;
+    *first_index = index;
+    *first_param = param;
+    return 0;
+  }
+  if (*value != got) {
+    return kiln_host_fail("%s: dimension '%s' is %lld in argument %d '%s' but %lld in argument "
+        "%d '%s'", fn, dim, (long long)*value, (int)*first_index, *first_param, (long long)got,
+        (int)index, param);
+  }
+  return 0;
+}
+
+/* A bound variable against its declared range (max < 0: no maximum). */
+static KILN_UNUSED int32_t kiln_host_dim_range(const char* fn, const char* dim, int64_t value,
+    int64_t min, int64_t max) {
+  if (value < min) {
+    return kiln_host_fail("%s: dimension '%s' = %lld is below its minimum %lld", fn, dim,
+        (long long)value, (long long)min);
+  }
+  if (max >= 0 && value > max) {
+    return kiln_host_fail("%s: dimension '%s' = %lld is above its maximum %lld", fn, dim,
+        (long long)value, (long long)max);
+  }
+  return 0;
+}
+
+/* Tensor argument `index` against the shape `want` its signature gives for the bound
+   variables; the message shows `want_text` ("[batch, seq*2]"), else `want`. */
+static KILN_UNUSED int32_t kiln_host_shape_is(const char* fn, int32_t index, const char* param,
+    KilnValue arg, int32_t ndim, const int64_t* want, const char* want_text) {
+  const DLTensor* t = (const DLTensor*)arg.v_handle;
+  char want_buf[256], got_text[256];
+  int32_t d;
+  for (d = 0; d < ndim; ++d) {
+    if (t->shape[d] != want[d]) {
+      if (want_text == NULL) {
+        kiln_host_shape_text(want_buf, sizeof want_buf, want, ndim);
+        want_text = want_buf;
+      }
+      kiln_host_shape_text(got_text, sizeof got_text, t->shape, ndim);
+      return kiln_host_arg_fail(fn, index, param, "expected shape %s, got %s", want_text,
+          got_text);
+    }
+  }
+  return 0;
+}
+
+/* Python's // and % on int64 (floor semantics), as shape expressions use them. */
+static KILN_UNUSED int64_t kiln_host_floordiv(int64_t a, int64_t b) {
+  int64_t q;
+  if (b == 0) {
+    return 0; /* never a divisor of a valid shape: the checks then report the mismatch */
+  }
+  q = a / b;
+  return (a % b != 0 && ((a < 0) != (b < 0))) ? q - 1 : q;
+}
+
+static KILN_UNUSED int64_t kiln_host_floormod(int64_t a, int64_t b) {
+  int64_t r;
+  if (b == 0) {
+    return 0;
+  }
+  r = a % b;
+  return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r;
 }
 
 /* An integer (or bool) scalar argument, range-checked against its dtype. */
