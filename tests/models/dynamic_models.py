@@ -3,9 +3,10 @@
 - `encoder(batch, seq, layers, width)`: a transformer encoder over `features`
   `[batch, seq, width]` with an attention `mask` `[batch, seq]` (int64, 1 = keep)
   sharing `seq`; multi-head attention (MatMul, Transpose, Softmax, the mask applied
-  with Where), LayerNormalization, GELU as Erf (`gelu_op`: the Gelu operator). With `torch_style=False` the head
-  reshapes use 0/-1 targets; with `torch_style=True` they take their targets from
-  Shape -> Gather -> Unsqueeze -> Concat subgraphs, as PyTorch exports them.
+  with Where), LayerNormalization, GELU as Erf (`gelu_op`: the Gelu operator). With
+  `torch_style=False` the head reshapes use 0/-1 targets; with `torch_style=True`
+  they take their targets from Shape -> Gather -> Unsqueeze -> Concat subgraphs, as
+  PyTorch exports them.
 - `cnn(batch)`: Conv, BatchNormalization, Relu, MaxPool, GlobalAveragePool, Flatten,
   Gemm over `image` `[batch, 3, 16, 16]`.
 

@@ -45,9 +45,9 @@ from kiln.ir import dtype as dt
 from kiln.ir import graph as g
 from kiln.ir import tensor as t
 from kiln.ir.attrs import ATTR_NUM_OUTPUTS, ATTR_OUTPUT_NAMES
-from kiln.ir.shape_expr import graph_dims
 from kiln.ir.module import BaseFunc, IRModule
 from kiln.ir.printer import NodeText, print_function
+from kiln.ir.shape_expr import graph_dims
 from kiln.ir.types import TensorType, TupleType, Type
 from kiln.ir.visitor import StmtExprVisitor, check_nesting
 

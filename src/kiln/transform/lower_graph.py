@@ -37,7 +37,6 @@ import numpy as np
 from kiln.errors import CompileError
 from kiln.ir import graph as g
 from kiln.ir import tensor as t
-from kiln.ir.dtype import itemsize
 from kiln.ir.attrs import (
     ATTR_GIVEN_OUTPUT_NAMES,
     ATTR_GRAPH,
@@ -46,6 +45,7 @@ from kiln.ir.attrs import (
     ATTR_TUPLE_RESULT,
     ATTR_WORKSPACE_BYTES,
 )
+from kiln.ir.dtype import itemsize
 from kiln.ir.module import BaseFunc, IRModule
 from kiln.ir.shape_expr import dim_product, dim_text, dim_vars, is_static, shape_text
 from kiln.ir.types import Dim, TensorType, TupleType
