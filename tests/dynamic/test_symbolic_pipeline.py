@@ -2,9 +2,9 @@
 
 The graph pipeline (fold-constants ... legalize-ops) runs on the symbolic module and
 the legalized module, its kernels taking their dimensions as trailing scalars, still
-computes what onnxruntime does at several sizes (run by the interpreter). Native code
-for a symbolic `main` is not built yet: `kiln.compile` says so, naming the dimensions
-and how to pin them; the pinned build compiles and matches onnxruntime.
+computes what onnxruntime does at several sizes (run by the interpreter); the native
+build for symbolic sizes and the build with the sizes pinned both match onnxruntime
+(tests/dynamic/test_native_dynamic.py runs the symbolic build at many sizes).
 """
 
 from __future__ import annotations
@@ -18,7 +18,6 @@ import onnxruntime as ort
 import pytest
 
 import kiln
-from kiln.errors import CompileError
 from kiln.frontend.onnx import from_onnx
 from kiln.ir.module import IRModule
 from kiln.transform.pipeline import default_graph_pipeline
@@ -65,17 +64,13 @@ def test_the_legalized_symbolic_module_matches_onnxruntime(name: str) -> None:
 
 @pytest.mark.parametrize("target", ["llvm", "c"])
 @pytest.mark.parametrize("name", MODELS)
-def test_compile_names_the_symbolic_dims_and_the_pinned_build_runs(name: str,
-                                                                   target: str) -> None:
+def test_the_symbolic_and_the_pinned_build_agree_with_onnxruntime(name: str,
+                                                                 target: str) -> None:
     build, sizes = MODELS[name]
     model = build()
-    dims = sorted(sizes[-1])
-    with pytest.raises(CompileError) as err:
-        kiln.compile(from_onnx(model), target)
-    message = str(err.value)
-    assert "native code for symbolic dimensions is not built yet" in message
-    assert "shape_dict={" + ", ".join(f"'{d}': ..." for d in dims) + "}" in message
     pinned = sizes[-1]
-    fn = kiln.compile(from_onnx(model, shape_dict=pinned), target)["main"]
     feed = feeds(model, pinned)
-    assert _rel_l2(np.asarray(fn(*feed.values())), _onnxruntime(model, feed)) < 1e-4
+    expected = _onnxruntime(model, feed)
+    for mod in (from_onnx(model), from_onnx(model, shape_dict=pinned)):
+        fn = kiln.compile(mod, target)["main"]
+        assert _rel_l2(np.asarray(fn(*feed.values())), expected) < 1e-4

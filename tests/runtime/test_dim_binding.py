@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from kiln.errors import CallError
-from kiln.runtime.dim_binding import bind_dims, eval_dim_text
+from kiln.runtime.dim_binding import bind_dims, eval_dim_text, is_dim_text
 
 PARAMS = [("ids", ("batch", "seq")), ("mask", ("batch", "seq")), ("w", (64,))]
 BOUNDS = {"batch": (1, None), "seq": (1, 512)}
@@ -103,3 +103,16 @@ def test_an_expression_dimension_is_checked_after_binding() -> None:
     assert str(err.value) == (
         "main: argument 1 'pairs': expected shape [batch, seq*2], got [2, 13]"
     )
+
+
+@pytest.mark.parametrize("text", ["seq", "seq*4", "(h - 1)//2 + 1", "max(seq, 2) % 3", "-b"])
+def test_dimension_texts_of_the_compiler_are_accepted(text: str) -> None:
+    assert is_dim_text(text)
+
+
+@pytest.mark.parametrize("text", ["__import__('os').system('x')", "seq.real", "seq if 1 else 2",
+                                  "[seq]", "1.5", "min(seq)", "lambda: 1", "x" * 2000, "(" * 300])
+def test_hostile_dimension_texts_are_refused_unevaluated(text: str) -> None:
+    assert not is_dim_text(text)
+    with pytest.raises(CallError):
+        eval_dim_text(text, {"seq": 1, "x": 1})

@@ -209,7 +209,7 @@ def as_text(info: dict[str, Any]) -> str:
         lines.append(f"  {name} ({fn['kind']})")
         for role in ("inputs", "outputs"):
             for t in fn[role]:
-                lines.append(f"    {role[:-1]:<7}{t['name']:<12}{_shape(t):<16}{t['dtype']}")
+                lines.append(f"    {role[:-1]:<7}{t['name']:<12}{_shape(t):<15} {t['dtype']}")
         for d in fn.get("dims", []):
             high = "" if d["max"] is None else f" <= {d['max']}"
             lines.append(f"    {'dim':<7}{d['name']:<12}{d['min']} <= {d['name']}{high}")

@@ -295,6 +295,9 @@ def abi_symbols(metadata: Mapping[str, Any], prefix: str) -> list[str]:
     """The symbols a kiln library exports (docs/abi.md): entries, error, metadata, blob."""
     functions = metadata.get("functions", {})
     symbols = [str(sig.get("symbol", f"{prefix}{name}")) for name, sig in functions.items()]
+    # graph functions with symbolic dimensions: the entry telling C callers result shapes
+    symbols += [str(sig["output_shapes_symbol"]) for sig in functions.values()
+                if sig.get("output_shapes_symbol")]
     if metadata.get("profile"):  # built with profile=True: the counters' accessors
         symbols += [f"{prefix}_{name}" for name in ("profile_read", "profile_reset")]
     return [*symbols, f"{prefix}_last_error", f"{prefix}_metadata", f"{prefix}_blob"]

@@ -64,8 +64,11 @@ def _heap_bytes(executable: Any) -> int:
                 count = 1
                 for d in s.buffer.shape:
                     if not isinstance(d, int):
-                        raise ExportError(f"Model Library Format: buffer '{s.buffer.name}' of "
-                                          f"'{name}' has a symbolic size")
+                        raise ExportError(
+                            f"Model Library Format: buffer '{s.buffer.name}' of '{name}' has a "
+                            "symbolic size; firmware gets one workspace of fixed size, so pin "
+                            "the model's dimensions (from_onnx(..., shape_dict=...), kiln "
+                            "compile --shape; docs/dynamic-shapes.md)")
                     count *= d
                 total += max(count * dt.itemsize(s.buffer.dtype), 1) + WORKSPACE_ALIGN
         totals[name] = total
