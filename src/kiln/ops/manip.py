@@ -22,6 +22,7 @@ from kiln.ir.shape_expr import (
     dim_product,
     dim_text,
     dims_equal,
+    exact_div,
     is_static,
     shape_text,
     simplify_dim,
@@ -67,8 +68,49 @@ def _reshape_infer(types: Sequence[TensorType], attrs: Attrs) -> Type:
 def _reshape_compute(inputs: Sequence[te.Tensor], attrs: Attrs) -> te.Tensor:
     (x,) = inputs
     shape: Any = reshape_target(x.shape, attrs["shape"])
-    return te.compute(shape, lambda *i: x[te.unflatten_index(te.flat_index(i, shape), x.shape)],
-                      x.dtype, "reshape")
+    groups = reshape_groups(tuple(x.shape), tuple(shape))
+
+    def element(*i: Any) -> Any:
+        idx: list[Any] = []
+        for (xa, xb), (ya, yb) in groups:  # flatten and split only within a group
+            if xb - xa == 1 and yb - ya == 1:
+                idx.append(i[ya])
+            else:
+                idx.extend(te.unflatten_index(te.flat_index(i[ya:yb], shape[ya:yb]),
+                                              x.shape[xa:xb]))
+        return x[tuple(idx)]
+
+    return te.compute(shape, element, x.dtype, "reshape")
+
+
+def reshape_groups(src: tuple[Any, ...], dst: tuple[Any, ...]
+                   ) -> list[tuple[tuple[int, int], tuple[int, int]]]:
+    """Runs of axes `((a, b), (c, d))` with `src[a:b]` and `dst[c:d]` of equal size, as
+    short as the sizes allow: a reshape only merges and splits axes within a run, so an
+    axis kept as it is (a symbolic `seq`) is indexed directly instead of through a
+    division by the other dims. One run of everything when no finer split is found."""
+    whole = [((0, len(src)), (0, len(dst)))]
+    groups: list[tuple[tuple[int, int], tuple[int, int]]] = []
+    i = j = 0
+    while i < len(src) and j < len(dst):
+        a, c = i, j
+        px, py = src[i], dst[j]
+        i, j = i + 1, j + 1
+        while dims_equal(px, py) is not True:
+            if i < len(src) and exact_div(py, px) is not None:
+                px, i = dim_product((px, src[i])), i + 1
+            elif j < len(dst) and exact_div(px, py) is not None:
+                py, j = dim_product((py, dst[j])), j + 1
+            else:
+                return whole
+        groups.append(((a, i), (c, j)))
+    if not groups:
+        return whole
+    (a, _), (c, _) = groups[-1]  # trailing axes of size 1 join the last run
+    if any(d != 1 for d in src[i:]) or any(d != 1 for d in dst[j:]):
+        return whole
+    groups[-1] = ((a, len(src)), (c, len(dst)))
+    return groups
 
 
 register_op("reshape", pattern="injective", infer=_reshape_infer, compute=_reshape_compute,

@@ -36,6 +36,7 @@ from typing import Any, ClassVar
 from kiln.errors import IRError
 from kiln.ir import graph as g
 from kiln.ir.dtype import INDEX_DTYPE
+from kiln.ir.shape_expr import dim_product
 from kiln.ir.tensor import (
     Allocate,
     Buffer,
@@ -85,13 +86,23 @@ def _tree(values: Sequence[PrimExpr], combine: Callable[[PrimExpr, PrimExpr], Pr
 
 @dataclass(frozen=True)
 class RowLoops:
-    """Loops over one row of `n` elements in chunks of `lanes` (vectorized) plus a tail."""
+    """Loops over one row of `n` elements in chunks of `lanes` (vectorized) plus a tail;
+    `n` may be symbolic (a dim scalar of the kernel): then so are the loop extents."""
 
-    n: int
+    n: int | PrimExpr
     lanes: int
 
     def each(self, body: Callable[[PrimExpr, PrimExpr], Stmt]) -> Stmt:
         """`body(j, lane)` for every element j of the row, lane = j's accumulator."""
+        if not isinstance(self.n, int):
+            n = as_expr(self.n, INDEX_DTYPE)
+            c, lane, t = Var("c", INDEX_DTYPE), Var("l", INDEX_DTYPE), Var("t", INDEX_DTYPE)
+            count, let_count = _let("chunks", n // self.lanes)
+            vector = For(lane, _c(0), _c(self.lanes), "vectorized",
+                         body(c * self.lanes + lane, lane))
+            rest = For(t, _c(0), n - count * self.lanes, "serial",
+                       body(t + count * self.lanes, t))
+            return seq(let_count, For(c, _c(0), count, "serial", vector), rest)
         chunks, tail = divmod(self.n, self.lanes)
         parts: list[Stmt] = []
         if chunks:
@@ -204,7 +215,7 @@ def layer_norm_row(loops: RowLoops, read: Reader, store: Callable[[PrimExpr, Pri
         d, let_d = _let("d", read(j) - k)
         return seq(let_d, Store(s1, s1[lane] + d, (lane,)), Store(s2, s2[lane] + d * d, (lane,)))
 
-    n = as_expr(float(loops.n), F32)
+    n = as_expr(float(loops.n), F32) if isinstance(loops.n, int) else Cast(F32, loops.n)
     mean_d, let_mean_d = _let("mean_d", loops.combined(s1, _add) / n)
     var = max_(loops.combined(s2, _add) / n - mean_d * mean_d, as_expr(0.0, F32))
     rstd, let_rstd = _let("rstd", intrin("rsqrt", var + as_expr(eps, F32)))
@@ -225,13 +236,24 @@ class Rows:
     writes its own slice of the output, so the `parallelize` pass splits them over
     threads when the work pays for a launch (its `min_work`)."""
 
-    outer: tuple[int, ...]
+    outer: tuple[int | PrimExpr, ...]
 
     @property
     def vars(self) -> list[Var]:
         return [Var(f"i{k}", INDEX_DTYPE) for k in range(len(self.outer))]
 
     def around(self, index_vars: list[Var], body: Stmt) -> Stmt:
+        if not all(isinstance(d, int) for d in self.outer):
+            # Symbolic row counts: one parallel loop over every row, not a loop per dim
+            # (the outermost, which threads would split, may be 1 at run time: a batch of
+            # one). Rows are independent; `parallelize` cannot see it through the
+            # divisions that recover the row's index, so the loop is marked here.
+            row = Var("row", INDEX_DTYPE)
+            index = te.unflatten_index(row, self.outer)  # type: ignore[arg-type]
+            lets = [LetStmt(v, i) for v, i, d in zip(index_vars, index, self.outer)
+                    if _loops(d)]
+            return For(row, _c(0), as_expr(dim_product(self.outer), INDEX_DTYPE), "parallel",
+                       seq(*lets, body))
         for v, d in reversed(list(zip(index_vars, self.outer))):
             if _loops(d):
                 body = For(v, _c(0), as_expr(d, INDEX_DTYPE), "serial", body)
@@ -241,7 +263,7 @@ class Rows:
         return tuple(v if _loops(d) else _c(0) for v, d in zip(index_vars, self.outer))
 
 
-def _loops(d: int) -> bool:
+def _loops(d: int | PrimExpr) -> bool:
     """Whether a row dim needs a loop: more than one row, or a symbolic count (a dim
     scalar of the kernel)."""
     return not isinstance(d, int) or d > 1
@@ -256,7 +278,7 @@ class RowOp(HandBuiltOp):
     """
 
     fuses_producers = True
-    #: Symbolic row counts are loop extents; the row length must be static.
+    #: Symbolic row counts and row lengths are loop extents (static vector chunks).
     supports_symbolic: ClassVar[bool] = True
 
     def builds(self, call: g.Call) -> bool:
@@ -279,7 +301,7 @@ class RowOp(HandBuiltOp):
                 any(t.dtype != F32 for t in args[1:]):
             return None
         axis = int(attrs.get("axis", -1)) % max(x.ndim, 1)
-        if x.ndim == 0 or axis != x.ndim - 1 or not isinstance(x.shape[-1], int) or \
+        if x.ndim == 0 or axis != x.ndim - 1 or \
                 not all(isinstance(d, int) for t in args[1:] for d in t.shape):
             return None
         n = x.shape[-1]
@@ -313,8 +335,11 @@ class RowOp(HandBuiltOp):
                     te.inline_expr(result, index(j), mapping))
             return Store(out, v, index(j))
 
-        loops = RowLoops(n, min(target_lanes(), max(n, 1)))
+        lanes = target_lanes()
+        loops = RowLoops(n, min(lanes, max(n, 1)) if isinstance(n, int) else lanes)
         if self.name == LAYER_NORM:
+            if not isinstance(n, int):
+                return None  # its shift reads element 0, which an empty row lacks
             scale = args[1] if len(args) > 1 else None
             bias = args[2] if len(args) > 2 else None
 

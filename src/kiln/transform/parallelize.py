@@ -90,7 +90,10 @@ INTRINSIC_COST = 8
 LIBM_CALL_COST = 64
 CHEAP_INTRINSICS = frozenset({"sqrt", "rsqrt", "fma", "abs", "floor", "ceil", "trunc",
                               "round", "isnan", "isinf", CHECK_INTRINSIC})
-UNKNOWN_EXTENT = 64  # a loop extent that is not a constant
+# A loop extent that is not a constant: a symbolic size (batch x seq rows), taken to be
+# large, since a loop left serial costs a whole core at large sizes while a launch at
+# small ones costs a few microseconds.
+UNKNOWN_EXTENT = 1024
 
 
 @dataclass(frozen=True)
