@@ -167,3 +167,16 @@ def test_inspect_shows_the_symbolic_shapes(libraries) -> None:
     assert re.search(r"dim\s+seq\s+1 <= seq", proc.stdout)
     assert load_module(str(so)).metadata["functions"]["main"]["params"][1]["shape"] == [
         "batch", "seq"]
+
+
+def test_the_llvmjit_target_checks_and_runs_in_python() -> None:
+    """llvmjit has no C entry: RawKernelFunction binds, checks and passes the dims."""
+    model = _encoder()
+    main = kiln.compile(from_onnx(model), "llvmjit")["main"]
+    assert type(main).__name__ == "RawKernelFunction"
+    for b, s in ((1, 1), (3, 7), (2, 40)):
+        feed = feeds(model, {"batch": b, "seq": s})
+        assert _rel_l2(main(*feed.values()), _reference(model, feed)) < 1e-4
+    with pytest.raises(CallError, match=re.escape(
+            "main: dimension 'seq' is 7 in argument 0 'features' but 9 in argument 1 'mask'")):
+        main(np.zeros((2, 7, 32), np.float32), np.ones((2, 9), np.int64))

@@ -14,7 +14,6 @@ from typing import Any
 from kiln.codegen.constants import ConstantPool
 from kiln.codegen.llvm.codegen import compile_module
 from kiln.codegen.naming import library_metadata
-from kiln.errors import CompileError
 from kiln.ir.module import IRModule
 
 CODEGEN_ID = "llvmjit"
@@ -35,7 +34,6 @@ def codegen_llvmjit(mod: IRModule, target: Any, *, prefix: str,
     """
     from kiln.artifact import Artifact
 
-    _check_static_params(mod)
     compiled = compile_module(mod, target, prefix=prefix, pool=pool, jit=True)
     meta = {
         **compiled.metadata(),
@@ -50,14 +48,3 @@ def codegen_llvmjit(mod: IRModule, target: Any, *, prefix: str,
     if len(pool):
         artifacts.append(pool.artifact(CODEGEN_ID, prefix, loader=LOADER))
     return artifacts
-
-
-def _check_static_params(mod: IRModule) -> None:
-    """Entry points check shapes from the metadata, which holds static shapes only."""
-    for name, fn in mod.prim_funcs().items():
-        for buf in fn.buffer_params:
-            if any(not isinstance(d, int) for d in buf.shape):
-                raise CompileError(
-                    f"llvmjit: function {name!r}: parameter {buf.name!r} has the symbolic "
-                    f"shape {buf.shape}; entry points (and the library metadata) need "
-                    "static shapes")
