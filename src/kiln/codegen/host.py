@@ -236,37 +236,19 @@ class HostPrinter:
         dims = graph_dims(fn)
         packed = fn.params[:len(fn.params) - len(dims)]
         p = CPrinter()
-        n = len(packed)
         names = NameScope(self.reserved | {"args", "type_codes", "num_args", "status", "fn"})
         p.line(f"/* {c_comment(f'{name}({describe_params(fn)})')} */")
         p.line(f"KILN_EXPORT int32_t {entry_symbol(self.prefix, name)}"
                "(const KilnValue* args, const int32_t* type_codes,")
         p.line("    int32_t num_args) {")
         with p.indented():
-            self.string_array(p, "fn", name)
-            args = self.arguments(p, names, packed)
-            p.extend(args.decls)
-            p.line("int32_t status;")
-            p.line(f"{_NS}error[0] = '\\0';")
-            with p.block(f"if (!{_NS}cpu_ok(fn))"):
-                p.line("return KILN_HOST_ARGUMENT_ERROR;")
-            noun = "argument" if n == 1 else "arguments"
-            with p.block(f"if (num_args != {n})"):
-                p.line(f'return {_NS}fail("%s: expected {n} {noun}, got %d", fn, (int)num_args);')
-            if n:
-                with p.block("if (args == NULL || type_codes == NULL)"):
-                    p.line(f'return {_NS}fail("%s: args or type_codes is NULL", fn);')
-                # Argument by argument, each check in order; the first failure wins.
-                or_return(p, args.checks)
-            else:
-                p.line("(void)args;")
-                p.line("(void)type_codes;")
+            args = self.prologue(p, names, name, packed, ("args", "type_codes"))
             call_args = list(args.call_args)
             if args.symbolic:
                 bound = emit_binding(p, names, name, fn, args.tensors, args.given)
                 call_args += [bound[d.name] for d in dims]
             symbol = kernel_symbol(self.prefix, name)
-            p.line(f"status = {symbol}({', '.join(call_args)});")
+            p.line(f"int32_t status = {symbol}({', '.join(call_args)});")
             size, exact = workspace_bytes(self.mod, name)
             # Report a size only when it is the one workspace size that can have failed.
             reported = size if exact else 0
@@ -284,23 +266,13 @@ class HostPrinter:
         after the other, into `shapes` (docs/abi.md, "Symbolic shapes")."""
         n_out = int(fn.attrs.get(ATTR_NUM_OUTPUTS, 0))
         inputs, outputs = packed[:len(packed) - n_out], packed[len(packed) - n_out:]
-        n = len(inputs)
         names = NameScope(self.reserved | {"args", "type_codes", "num_args", "shapes", "fn"})
         p.line(f"/* The result shapes of {c_comment(name)} for these inputs. */")
         p.line(f"KILN_EXPORT int32_t {output_shapes_symbol(self.prefix, name)}"
                "(const KilnValue* args,")
         p.line("    const int32_t* type_codes, int32_t num_args, int64_t* shapes) {")
         with p.indented():
-            self.string_array(p, "fn", name)
-            args = self.arguments(p, names, inputs)
-            p.extend(args.decls)
-            p.line(f"{_NS}error[0] = '\\0';")
-            noun = "argument" if n == 1 else "arguments"
-            with p.block(f"if (num_args != {n})"):
-                p.line(f'return {_NS}fail("%s: expected {n} {noun}, got %d", fn, (int)num_args);')
-            with p.block("if (args == NULL || type_codes == NULL || shapes == NULL)"):
-                p.line(f'return {_NS}fail("%s: args, type_codes or shapes is NULL", fn);')
-            or_return(p, args.checks)
+            args = self.prologue(p, names, name, inputs, ("args", "type_codes", "shapes"))
             bound = emit_binding(p, names, name, fn, args.tensors, args.given)
             for local in args.call_args:
                 p.line(f"(void){local};")
@@ -312,6 +284,31 @@ class HostPrinter:
                     k += 1
             p.line("return 0;")
         p.line("}")
+
+    def prologue(self, p: CPrinter, names: NameScope, name: str,
+                 params: Sequence[Buffer | Var], pointers: Sequence[str]) -> _Arguments:
+        """The start of an entry: its name, locals, and checks 1-6 of docs/abi.md in order
+        (`pointers`: the pointer parameters that must not be NULL)."""
+        n = len(params)
+        self.string_array(p, "fn", name)
+        args = self.arguments(p, names, params)
+        p.extend(args.decls)
+        p.line(f"{_NS}error[0] = '\\0';")
+        with p.block(f"if (!{_NS}cpu_ok(fn))"):
+            p.line("return KILN_HOST_ARGUMENT_ERROR;")
+        noun = "argument" if n == 1 else "arguments"
+        with p.block(f"if (num_args != {n})"):
+            p.line(f'return {_NS}fail("%s: expected {n} {noun}, got %d", fn, (int)num_args);')
+        if n or len(pointers) > 2:
+            which = ", ".join(pointers[:-1]) + " or " + pointers[-1]
+            with p.block(f"if ({' || '.join(f'{q} == NULL' for q in pointers)})"):
+                p.line(f'return {_NS}fail("%s: {which} is NULL", fn);')
+            # Argument by argument, each check in order; the first failure wins.
+            or_return(p, args.checks)
+        else:
+            p.line("(void)args;")
+            p.line("(void)type_codes;")
+        return args
 
     def arguments(self, p: CPrinter, names: NameScope,
                   params: Sequence[Buffer | Var]) -> _Arguments:
