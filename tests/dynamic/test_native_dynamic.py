@@ -16,7 +16,6 @@ from pathlib import Path
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 import pytest
 
 import kiln
@@ -27,7 +26,7 @@ from kiln.script import from_source
 from kiln.transform.pipeline import default_graph_pipeline
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "models"))
-from dynamic_models import cnn, encoder, feeds
+from dynamic_models import cnn, encoder, feeds, reference, rel_l2
 
 TARGETS = ["llvm", "c"]
 ENCODER_SIZES = [(1, 1), (1, 32), (3, 7), (2, 200), (1, 512)]
@@ -51,15 +50,6 @@ np.savez(sys.argv[3], **out)
 
 def _encoder() -> onnx.ModelProto:
     return encoder(layers=2, width=32, heads=2, ffn=64, gelu_op=True)
-
-
-def _reference(model: onnx.ModelProto, feed: dict[str, np.ndarray]) -> np.ndarray:
-    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
-    return np.asarray(session.run(None, feed)[0])
-
-
-def _rel_l2(actual: np.ndarray, expected: np.ndarray) -> float:
-    return float(np.linalg.norm(actual - expected) / max(np.linalg.norm(expected), 1e-30))
 
 
 @pytest.fixture(scope="module", params=TARGETS)
@@ -92,9 +82,9 @@ def test_the_encoder_runs_every_size_from_one_library(libraries, tmp_path) -> No
     feeds_list = [feeds(model, {"batch": b, "seq": s}) for b, s in ENCODER_SIZES]
     fresh = _run_fresh(so, feeds_list, tmp_path)
     for (b, s), feed, got in zip(ENCODER_SIZES, feeds_list, fresh):
-        want = _reference(model, feed)
+        want = reference(model, feed)
         assert got.shape == (b, s, 32)
-        assert _rel_l2(got, want) < 1e-4, (b, s)
+        assert rel_l2(got, want) < 1e-4, (b, s)
         in_process = exe["main"](*feed.values())
         np.testing.assert_array_equal(in_process, got)  # same code, bit for bit
 
@@ -105,7 +95,7 @@ def test_the_cnn_runs_every_batch_from_one_library(libraries, tmp_path) -> None:
     feeds_list = [feeds(model, {"batch": b}) for b in CNN_BATCHES]
     for batch, feed, got in zip(CNN_BATCHES, feeds_list, _run_fresh(so, feeds_list, tmp_path)):
         assert got.shape == (batch, 10)
-        assert _rel_l2(got, _reference(model, feed)) < 1e-4, batch
+        assert rel_l2(got, reference(model, feed)) < 1e-4, batch
 
 
 def test_out_and_output_shapes(libraries) -> None:
@@ -144,7 +134,7 @@ def test_a_dimension_outside_its_bounds_is_refused() -> None:
                                                   "maximum 4")):
         main(feeds(model, {"batch": 5})["image"])
     feed = feeds(model, {"batch": 3})
-    assert _rel_l2(main(feed["image"]), _reference(model, feed)) < 1e-4
+    assert rel_l2(main(feed["image"]), reference(model, feed)) < 1e-4
     assert "1 <= batch" not in exe.inspect() and "2 <= batch <= 4" in exe.inspect()
 
 
@@ -176,7 +166,7 @@ def test_the_llvmjit_target_checks_and_runs_in_python() -> None:
     assert type(main).__name__ == "RawKernelFunction"
     for b, s in ((1, 1), (3, 7), (2, 40)):
         feed = feeds(model, {"batch": b, "seq": s})
-        assert _rel_l2(main(*feed.values()), _reference(model, feed)) < 1e-4
+        assert rel_l2(main(*feed.values()), reference(model, feed)) < 1e-4
     with pytest.raises(CallError, match=re.escape(
             "main: dimension 'seq' is 7 in argument 0 'features' but 9 in argument 1 'mask'")):
         main(np.zeros((2, 7, 32), np.float32), np.ones((2, 9), np.int64))

@@ -130,3 +130,16 @@ def feeds(model: onnx.ModelProto, sizes: dict[str, int], seed: int = 0) -> dict[
         else:
             out[vi.name] = rng.standard_normal(shape).astype(np.float32)
     return out
+
+
+def reference(model: onnx.ModelProto, feed: dict[str, np.ndarray]) -> np.ndarray:
+    """onnxruntime's first output of `model` on `feed` (the tests' reference)."""
+    import onnxruntime as ort
+
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    return np.asarray(session.run(None, feed)[0])
+
+
+def rel_l2(actual: np.ndarray, expected: np.ndarray) -> float:
+    """Relative L2 error (the tolerance the model tests use: < 1e-4)."""
+    return float(np.linalg.norm(actual - expected) / max(np.linalg.norm(expected), 1e-30))
