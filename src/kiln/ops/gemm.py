@@ -114,8 +114,8 @@ class GemmOp(HandBuiltOp):
         a, b = args[0], args[1]
         if any(t.dtype != "float32" for t in (a, b, *params)):
             return None
-        if self.name != PACKED and not is_static((*a.shape, *b.shape)):
-            return None  # run-time packing of B needs static shapes: the te definition
+        if self.name == GEMV and not is_static((*a.shape, *b.shape)):
+            return None
         if self.name == GEMV:
             return _lower_gemv(params, args, attrs, anchor, result)
         if self.name == PACKED:
@@ -134,7 +134,8 @@ class GemmOp(HandBuiltOp):
         if store is None:
             return None
         ab, bb = store.buffers[a], store.buffers[b]
-        tiling = target_tiling(shape.m if isinstance(shape.m, int) else TYPICAL_ROWS, shape.n)
+        tiling = target_tiling(shape.m if isinstance(shape.m, int) else TYPICAL_ROWS,
+                               shape.n if isinstance(shape.n, int) else TYPICAL_ROWS)
         prologue: list[Any] = []
         b_at: gk.BReader
         if self.name == PACKED:

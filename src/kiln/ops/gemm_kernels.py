@@ -165,7 +165,7 @@ def _unflatten(flat: PrimExpr, dims: Sequence[int], name: str,
     for k in range(len(dims) - 1, -1, -1):
         if k == 0:
             part = rest
-        elif dims[k] == 1:
+        elif isinstance(dims[k], int) and dims[k] == 1:
             idx.append(_c(0))
             continue
         else:
@@ -208,7 +208,7 @@ def register_tile(mr: int, nr: int, k: int, a_rows: Sequence[Callable[[PrimExpr]
         return seq(*lets, lanes_loop("v", nr, lane))
 
     kk = Var("k", INDEX_DTYPE)
-    stmts.append(For(kk, _c(0), _c(k), "serial", step(kk)))
+    stmts.append(For(kk, _c(0), as_expr(k, INDEX_DTYPE), "serial", step(kk)))
     return acc, stmts
 
 
@@ -220,10 +220,12 @@ def gemm_body(shape: GemmShape, tiling: GemmTiling, a: Buffer, b_at: BReader, ou
     first (a run-time packing of B)."""
     m, n = shape.m, shape.n
     static_m = isinstance(m, int)  # else an expression of the kernel's dim scalars
-    if (static_m and m < 1) or n < 1:
+    if (static_m and m < 1) or (isinstance(n, int) and n < 1):
         raise IRError(f"gemm kernel: empty product {shape}")
     mr, nr = min(tiling.mr, m) if static_m else tiling.mr, tiling.nr
-    mtiles, panels = (m + mr - 1) // mr, -(-n // nr)
+    # a symbolic N (attention's seq) makes a symbolic panel count, the last one partial
+    mtiles, panels = (m + mr - 1) // mr, (n + nr - 1) // nr
+    whole_panels = isinstance(n, int) and n % nr == 0
     last_rows = m - (mtiles - 1) * mr  # rows of the last row tile
     many_tiles = not static_m or mtiles > 1
     # symbolic M: any row but the first may be past the end (M >= 1 when a tile runs)
@@ -253,8 +255,8 @@ def gemm_body(shape: GemmShape, tiling: GemmTiling, a: Buffer, b_at: BReader, ou
         stage = Buffer("stage", (mr, nr), acc_t, "local")
         copy = lanes_loop("v", nr, lambda v: seq(*(Store(stage, acc[_c(r), v], (_c(r), v))
                                                 for r in range(mr))))
-        n0 = panel * nr if panels > 1 else _c(0)
-        width: PrimExpr = _c(nr) if n % nr == 0 else min_(nr, n - n0)
+        n0 = panel * nr if not isinstance(panels, int) or panels > 1 else _c(0)
+        width: PrimExpr = _c(nr) if whole_panels else min_(nr, n - n0)
 
         # the rows this tile stores: all but in the last tile
         rows_here: PrimExpr = (_c(mr) if static_m and last_rows == mr
@@ -309,7 +311,8 @@ def pack_b_at_run_time(b: Buffer, b_batch: tuple[int, ...], k: int, n: int, nr: 
     """Statements packing the activation `b` (`[*b_batch, k, n]`, or `[*b_batch, n, k]`
     when `transposed`) into a workspace `[prod(b_batch)][panels][k][nr]` (zero past n),
     and the reader of it (indexed by the output's batch index, broadcast to B's)."""
-    panels = -(-n // nr)
+    panels = (n + nr - 1) // nr
+    whole_panels = isinstance(n, int) and n % nr == 0
     bb = _prod(b_batch)
     ws = Buffer("b_packed", (bb, panels, k, nr), b.dtype)
     zero = as_expr(0.0, b.dtype)
@@ -317,30 +320,32 @@ def pack_b_at_run_time(b: Buffer, b_batch: tuple[int, ...], k: int, n: int, nr: 
     def panel_copy(bf: PrimExpr, p: PrimExpr) -> Stmt:
         lets: list[Stmt] = []
         bidx = _unflatten(bf, b_batch, "j", lets)
-        n0 = p * nr if panels > 1 else _c(0)
+        n0 = p * nr if not isinstance(panels, int) or panels > 1 else _c(0)
         kk, v = Var("k", INDEX_DTYPE), Var("v", INDEX_DTYPE)
-        width: PrimExpr = _c(nr) if n % nr == 0 else min_(nr, n - n0)
+        width: PrimExpr = _c(nr) if whole_panels else min_(nr, n - n0)
+        kx = as_expr(k, INDEX_DTYPE)
         src = b[(*bidx, n0 + v, kk)] if transposed else b[(*bidx, kk, n0 + v)]
         copy = Store(ws, src, (bf, p, kk, v))
         # transposed: B's rows run along k, so k is the inner loop of the copy
-        body: Stmt = (For(v, _c(0), width, "serial", For(kk, _c(0), _c(k), "serial", copy))
+        body: Stmt = (For(v, _c(0), width, "serial", For(kk, _c(0), kx, "serial", copy))
                       if transposed else
-                      For(kk, _c(0), _c(k), "serial", For(v, _c(0), width, "serial", copy)))
+                      For(kk, _c(0), kx, "serial", For(v, _c(0), width, "serial", copy)))
         parts = [*lets, body]
-        if n % nr:  # the last panel's columns past n are zero
+        if not whole_panels:  # the last panel's columns past n are zero
             kz, z = Var("k", INDEX_DTYPE), Var("z", INDEX_DTYPE)
-            parts.append(For(kz, _c(0), _c(k), "serial", For(
+            parts.append(For(kz, _c(0), kx, "serial", For(
                 z, width, _c(nr) - width, "serial", Store(ws, zero, (bf, p, kz, z)))))
         return seq(*parts)
 
     pack = _parallel_tiles((bb, panels), panel_copy)
-    if bb * panels * k * nr < SERIAL_MAX_MADDS and isinstance(pack, For):
+    work = dim_product((bb, panels, k, nr))
+    if isinstance(work, int) and work < SERIAL_MAX_MADDS and isinstance(pack, For):
         pack = For(pack.var, pack.start, pack.extent, "serial", pack.body)
 
     def read(oidx: tuple[PrimExpr, ...], p: PrimExpr, kk: PrimExpr, v: PrimExpr) -> PrimExpr:
         flat: PrimExpr = _c(0)
         for i, d in zip(broadcast_index(oidx, b_batch), b_batch):
-            if d > 1:
+            if not isinstance(d, int) or d > 1:
                 flat = flat * d + as_expr(i, INDEX_DTYPE)
         return ws[flat, p, kk, v]
 

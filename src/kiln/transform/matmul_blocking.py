@@ -1,6 +1,6 @@
 """BlockMatmuls: put float32 matrix products on the GEMM micro-kernel.
 
-A `matmul` with float32 operands and static shapes becomes
+A `matmul` with float32 operands becomes
 
 - `matmul_packed(a, bp)` when B is one constant matrix (a dense layer's weight,
   with Gemm's `transpose_b` applied): B is packed here, at compile time, into
@@ -44,9 +44,12 @@ class BlockMatmuls(FunctionPass):
         return rewrite_calls(func, _rewrite)
 
 
-def _static_f32(t: Any) -> bool:
-    return (isinstance(t, TensorType) and t.dtype == "float32"
-            and all(isinstance(d, int) for d in t.shape))
+def _f32(t: Any) -> bool:
+    return isinstance(t, TensorType) and t.dtype == "float32"
+
+
+def _rank(t: Any) -> int:
+    return t.ndim if isinstance(t, TensorType) else 0
 
 
 def _rewrite(call: g.Call) -> g.Call | None:
@@ -72,10 +75,8 @@ def _rewrite(call: g.Call) -> g.Call | None:
         tiling = gemm.target_tiling(m, n)
         packed = g.Constant(gk.pack_b(data, tiling.nr), b.name)
         return g.Call(gemm.PACKED, (a, packed), g.freeze_attrs({"n": n}), call.ret_type)
-    if not (_static_f32(a.type) and _static_f32(b.type)):
-        return None
-    a_shape = a.type.static_shape  # type: ignore[union-attr]
-    b_shape = b.type.static_shape  # type: ignore[union-attr]
-    if len(a_shape) >= 2 and len(b_shape) >= 2:
+    # Both operands activations (attention): dims may be symbolic (batch, seq); the
+    # kernel keeps static tiles over symbolic rows, panels and depth.
+    if _f32(a.type) and _f32(b.type) and min(_rank(a.type), _rank(b.type)) >= 2:
         return g.Call(gemm.TILED, call.args, call.attrs, call.ret_type)
     return None
