@@ -170,3 +170,16 @@ def test_the_llvmjit_target_checks_and_runs_in_python() -> None:
     with pytest.raises(CallError, match=re.escape(
             "main: dimension 'seq' is 7 in argument 0 'features' but 9 in argument 1 'mask'")):
         main(np.zeros((2, 7, 32), np.float32), np.ones((2, 9), np.int64))
+
+
+def test_kiln_run_fills_symbolic_inputs_at_the_sizes_given(libraries) -> None:
+    _, so = libraries["encoder"]
+    run = [sys.executable, "-m", "kiln", "run", str(so), "--fill", "random"]
+    proc = subprocess.run([*run, "--size", "batch=2", "--size", "seq=9"],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert "encoded: shape (2, 9, 32) dtype float32" in proc.stdout
+    proc = subprocess.run(run, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2
+    assert "input 'features' has the symbolic shape [batch, seq, 32]" in proc.stderr
+    assert "--size NAME=N" in proc.stderr

@@ -5,7 +5,7 @@
     kiln inspect model.so [--format text|json] [--show llvm/kernels.bc --format ll]
                           [--report report.html]
     kiln targets list [--kind K] | kiln targets show NAME | kiln targets kinds
-    kiln run model.so --input x=x.npy | --inputs in.npz | --fill random|zeros
+    kiln run model.so --input x=x.npy | --inputs in.npz | --fill random|zeros [--size seq=N]
              [--output y.npy | --outputs out.npz] [--repeat N --warmup M] [--function main]
              [--profile]
     kiln cache list|info|clear
@@ -114,7 +114,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from kiln.cli.run import cmd_run
 
     print(cmd_run(args.file, args.function, args.input, args.inputs, args.fill, args.output,
-                  args.outputs, args.repeat, args.warmup, args.profile))
+                  args.outputs, args.repeat, args.warmup, args.profile, args.size))
     return 0
 
 
@@ -220,7 +220,11 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--inputs", default=None, metavar="FILE.npz",
                    help="inputs from a .npz archive, by name")
     r.add_argument("--fill", choices=("random", "zeros"), default=None,
-                   help="make up the inputs not given (static shapes only; random is seeded)")
+                   help="make up the inputs not given (random is seeded; symbolic "
+                        "dimensions take their --size)")
+    r.add_argument("--size", action="append", default=[], metavar="NAME=N",
+                   help="the size of a symbolic dimension of filled inputs (repeatable), "
+                        "e.g. --size batch=4 --size seq=128")
     r.add_argument("--output", default=None, metavar="FILE.npy",
                    help="save the only output")
     r.add_argument("--outputs", default=None, metavar="FILE.npz",

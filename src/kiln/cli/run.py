@@ -31,9 +31,28 @@ def _signature(lib: Any, function: str) -> tuple[list[dict[str, Any]], list[dict
     return inputs, outputs
 
 
+def parse_sizes(items: Sequence[str]) -> dict[str, int]:
+    """`--size seq=7` values: the size of each named dimension variable."""
+    sizes: dict[str, int] = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        try:
+            if not sep or not name:
+                raise ValueError
+            sizes[name] = int(value)
+            if sizes[name] < 0:
+                raise ValueError
+        except ValueError:
+            raise ValueError(f"--size expects NAME=N with N >= 0 (a dimension variable of "
+                             f"the function's inputs), got {item!r}") from None
+    return sizes
+
+
 def gather_inputs(items: Sequence[str], npz: str | None, fill: str | None,
-                  inputs: list[dict[str, Any]], seed: int = 0) -> dict[str, Any]:
-    """The named arrays for the call, from --input NAME=FILE, --inputs FILE.npz and --fill."""
+                  inputs: list[dict[str, Any]], seed: int = 0,
+                  sizes: dict[str, int] | None = None) -> dict[str, Any]:
+    """The named arrays for the call, from --input NAME=FILE, --inputs FILE.npz and --fill
+    (symbolic dimensions of filled inputs take their `sizes`, from --size)."""
     names = [p["name"] for p in inputs]
     expected = ", ".join(names) or "(none)"
     files: dict[str, str] = {}
@@ -65,8 +84,17 @@ def gather_inputs(items: Sequence[str], npz: str | None, fill: str | None,
                              f"{p['name']}=FILE.npy, --inputs FILE.npz or --fill random|zeros")
         shape = p.get("shape") or []
         if not all(isinstance(d, int) for d in shape):
-            raise ValueError(f"input {p['name']!r} has symbolic shape {shape}: "
-                             "--fill needs a static shape; give the input in a file")
+            from kiln.errors import CallError
+            from kiln.runtime.dim_binding import eval_dim_text
+
+            try:
+                shape = [d if isinstance(d, int) else eval_dim_text(d, sizes or {})
+                         for d in shape]
+            except CallError:
+                text = "[" + ", ".join(str(d) for d in p["shape"]) + "]"
+                raise ValueError(f"input {p['name']!r} has the symbolic shape {text}: give "
+                                 "each dimension's size to --fill it (--size NAME=N) or the "
+                                 "input in a file") from None
         dtype = _dtype(p["dtype"])
         given[p["name"]] = _filled(tuple(shape), dtype, fill, rng)
     return given
@@ -147,7 +175,7 @@ def profile_table(rows: Sequence[Any], function: str) -> str:
 
 def cmd_run(path: str, function: str, items: Sequence[str], npz: str | None, fill: str | None,
             output: str | None, outputs_npz: str | None, repeat: int, warmup: int,
-            profile: bool = False) -> str:
+            profile: bool = False, size_items: Sequence[str] = ()) -> str:
     """Load `path`, call `function` once (then `warmup` + `repeat` more times), the report.
 
     With `profile` (a library built with profiling timers) the counters are reset
@@ -166,7 +194,7 @@ def cmd_run(path: str, function: str, items: Sequence[str], npz: str | None, fil
         raise ValueError(f"--output takes one array but {function} has {len(outs)} "
                          "outputs; use --outputs FILE.npz")
     fn = lib[function]
-    args = gather_inputs(items, npz, fill, ins)
+    args = gather_inputs(items, npz, fill, ins, sizes=parse_sizes(size_items))
     result = fn(**args)
     values = list(result) if isinstance(result, tuple) else [result]
     names = [o.get("name") or f"output{k}" for k, o in enumerate(outs)]
