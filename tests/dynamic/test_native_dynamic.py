@@ -157,6 +157,11 @@ def test_inspect_shows_the_symbolic_shapes(libraries) -> None:
     assert re.search(r"dim\s+seq\s+1 <= seq", proc.stdout)
     assert load_module(str(so)).metadata["functions"]["main"]["params"][1]["shape"] == [
         "batch", "seq"]
+    report = so.with_suffix(".html")
+    proc = subprocess.run([sys.executable, "-m", "kiln", "inspect", str(so), "--report",
+                           str(report)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert "workspace batch*seq*" in report.read_text()  # the size's expression
 
 
 def test_the_llvmjit_target_checks_and_runs_in_python() -> None:

@@ -64,6 +64,11 @@ def _shape(t: dict[str, Any]) -> str:
     return f"{dims} {t.get('dtype', '?')}"
 
 
+def _workspace(size: Any) -> str:
+    """A workspace's size: bytes, or the expression of a symbolic one (its text)."""
+    return size if isinstance(size, str) else _bytes(size or 0)
+
+
 def _bytes(n: float) -> str:
     for unit in ("B", "KiB", "MiB"):
         if n < 1024:
@@ -197,9 +202,12 @@ def memory_svg(fname: str, g: dict[str, Any]) -> str:
     """The memory plan: workspace offset (down) against kernel call index (across)."""
     tensors, calls = g["tensors"], len(g["kernels"])
     span = lifetimes(g)
+    # drawn: workspace tensors of static size and place (symbolic ones are in the table)
     planned = [(t, info) for t, info in enumerate(tensors)
-               if info["kind"] == "workspace" and t in span and info.get("bytes")]
-    total = max([g.get("workspace_bytes") or 0]
+               if info["kind"] == "workspace" and t in span and info.get("bytes")
+               and isinstance(info.get("offset"), int)]
+    static_total = g.get("workspace_bytes")
+    total = max([static_total if isinstance(static_total, int) else 0]
                 + [info["offset"] + info["bytes"] for _, info in planned] + [1])
     col = max(14.0, min(60.0, 900.0 / max(calls, 1)))
     width = int(MEMORY_LEFT + calls * col + MARGIN)
@@ -262,7 +270,7 @@ def _function_section(fname: str, g: dict[str, Any]) -> str:
             for t, info in enumerate(tensors)]
     return "\n".join([
         f"<h2>{h(fname)}: {len(g['kernels'])} kernel calls, workspace "
-        f"{h(_bytes(g.get('workspace_bytes') or 0))}</h2>",
+        f"{h(_workspace(g.get('workspace_bytes')))}</h2>",
         "<h3>Graph</h3>", graph_svg(fname, g),
         "<h3>Memory plan</h3>",
         "<p>Each bar is a tensor of the workspace arena: down, its byte offset and size; "
