@@ -188,3 +188,19 @@ def test_kiln_run_fills_symbolic_inputs_at_the_sizes_given(libraries) -> None:
     assert proc.returncode == 2
     assert "input 'features' has the symbolic shape [batch, seq, 32]" in proc.stderr
     assert "--size NAME=N" in proc.stderr
+
+
+@pytest.mark.parametrize("dim", ["if", "batch size", "名前", "None", "0"])
+def test_any_dim_param_name_round_trips_through_a_library(dim: str, tmp_path) -> None:
+    """A dim_param is a model's string: it becomes an identifier that no Python keyword
+    spells, so the library's metadata and the C entry hold it safely."""
+    model = cnn(dim)
+    exe = kiln.compile(from_onnx(model), "c")
+    exe.export_library(tmp_path / "m.so")
+    lib = load_module(str(tmp_path / "m.so"))
+    (name,) = [d["name"] for d in lib.metadata["functions"]["main"]["dims"]]
+    assert name.isidentifier()
+    feed = feeds(model, {dim: 3})
+    assert rel_l2(lib["main"](*feed.values()), reference(model, feed)) < 1e-4
+    with pytest.raises(CallError, match=re.escape(f"dimension '{name}' = 0 is below")):
+        lib["main"](np.zeros((0, 3, 16, 16), np.float32))

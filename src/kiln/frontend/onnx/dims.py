@@ -18,6 +18,7 @@ input's name wins over a dimension of the same name.
 
 from __future__ import annotations
 
+import keyword
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -40,9 +41,12 @@ def _is_int(v: Any) -> bool:
 
 
 def identifier(name: str) -> str:
-    """`name` made a valid identifier (other characters become `_`)."""
+    """`name` made a valid identifier (other characters become `_`) that is no Python
+    keyword, so a size's text in library metadata (`seq*2`) reads back as an
+    expression (kiln.runtime.dim_binding) and the DSL prints it as a name."""
     text = re.sub(r"\W", "_", name, flags=re.ASCII)
-    return text if text and not text[0].isdigit() else f"d_{text}"
+    text = text if text and not text[0].isdigit() else f"d_{text}"
+    return f"{text}_" if keyword.iskeyword(text) or keyword.issoftkeyword(text) else text
 
 
 @dataclass
