@@ -57,6 +57,13 @@ class ArgumentSlots:
         for t, address in zip(self.tensors, addresses):
             t.data = address
 
+    def set_shapes(self, shapes: Sequence[Sequence[int]]) -> None:
+        """Write each tensor's shape (a signature with symbolic dimensions: the sizes of
+        this call; the rank stays the signature's)."""
+        for array, shape in zip(self.shapes, shapes):
+            for d, size in enumerate(shape):
+                array[d] = size
+
 
 class SlotPool:
     """`ArgumentSlots` of one signature for calls in flight; grows to the calls at once.

@@ -10,6 +10,7 @@ docs/abi.md, so a deploy host (numpy only) reports the same errors as C.
 from __future__ import annotations
 
 import ast
+import functools
 import operator
 from collections.abc import Callable, Mapping, Sequence
 
@@ -135,34 +136,51 @@ def eval_dim_text(text: str, values: Mapping[str, int]) -> int:
 
     Reads the form ``kiln.ir.shape_expr.dim_text`` writes into metadata (integer
     ``+ - * // %``, unary minus, ``min``/``max``), with Python's floor semantics as
-    the compiler's; anything else is a :class:`CallError`, never evaluated.
+    the compiler's; anything else is a :class:`CallError`, never evaluated. Each text
+    is read once (`compile_dim_text`); a call evaluates the result.
     """
+    return compile_dim_text(text)(values)
+
+
+SizeOf = Callable[[Mapping[str, int]], int]
+
+
+@functools.lru_cache(maxsize=4096)
+def compile_dim_text(text: str) -> SizeOf:
+    """A function of the variables' values computing `text` (see `eval_dim_text`)."""
     if not is_dim_text(text):
         raise CallError(f"unsupported dimension text {text[:80]!r}")
     tree = ast.parse(text, mode="eval")
 
-    def walk(node: ast.AST) -> int:
+    def build(node: ast.AST) -> SizeOf:
         if isinstance(node, ast.Constant) and type(node.value) is int:
-            return node.value
+            value = node.value
+            return lambda values: value
         if isinstance(node, ast.Name):
-            if node.id not in values:
-                raise CallError(f"dimension text {text!r}: no value for '{node.id}'")
-            return int(values[node.id])
-        if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
-            return -walk(node.operand)
-        if isinstance(node, ast.BinOp) and type(node.op) in _BINARY:
-            left, right = walk(node.left), walk(node.right)
-            if isinstance(node.op, ast.FloorDiv | ast.Mod) and right == 0:
-                raise CallError(f"dimension text {text!r}: division by zero")
-            return _BINARY[type(node.op)](left, right)
-        if (
-            isinstance(node, ast.Call)
-            and isinstance(node.func, ast.Name)
-            and node.func.id in _CALLS
-            and len(node.args) == 2
-            and not node.keywords
-        ):
-            return _CALLS[node.func.id](walk(node.args[0]), walk(node.args[1]))
-        raise CallError(f"unsupported dimension text {text!r}")
+            name = node.id
 
-    return walk(tree.body)
+            def lookup(values: Mapping[str, int]) -> int:
+                if name not in values:
+                    raise CallError(f"dimension text {text!r}: no value for '{name}'")
+                return int(values[name])
+
+            return lookup
+        if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+            operand = build(node.operand)
+            return lambda values: -operand(values)
+        if isinstance(node, ast.BinOp) and type(node.op) in _BINARY:
+            left, right, op = build(node.left), build(node.right), _BINARY[type(node.op)]
+            divides = isinstance(node.op, ast.FloorDiv | ast.Mod)
+
+            def binary(values: Mapping[str, int]) -> int:
+                a, b = left(values), right(values)
+                if divides and b == 0:
+                    raise CallError(f"dimension text {text!r}: division by zero")
+                return op(a, b)
+
+            return binary
+        assert isinstance(node, ast.Call) and isinstance(node.func, ast.Name)  # is_dim_text
+        first, second, pick = build(node.args[0]), build(node.args[1]), _CALLS[node.func.id]
+        return lambda values: pick(first(values), second(values))
+
+    return build(tree.body)

@@ -26,7 +26,7 @@ from kiln.errors import CallError
 from kiln.runtime import ctypes_abi as abi
 from kiln.runtime.call_slots import SlotPool
 from kiln.runtime.ctypes_abi import Where
-from kiln.runtime.dim_binding import bind_dims, eval_dim_text
+from kiln.runtime.dim_binding import bind_dims, compile_dim_text, eval_dim_text
 from kiln.runtime.lifetime import CallGuard
 
 # Inclusive value range of integer scalar dtypes.
@@ -304,6 +304,43 @@ _MISSING: Any = _Missing()
 _SLOW: Any = _Missing()  # the fast path declines; take the general one
 
 
+class SymbolicSizes:
+    """The fast path's view of a signature with symbolic dimensions: each variable read
+    from its first plain occurrence among the inputs, and the shapes every argument then
+    has. `shapes` answers None for anything else (a size that disagrees, out of its
+    bounds, a missing rank): the general path then reports it with the entry's text."""
+
+    def __init__(self, params: Sequence[Mapping[str, Any]], results: Sequence[Mapping[str, Any]],
+                 bounds: Mapping[str, tuple[int, int | None]]) -> None:
+        self.first: dict[str, tuple[int, int]] = {}
+        for i, p in enumerate(params):
+            for axis, d in enumerate(p["shape"]):
+                if isinstance(d, str) and d.isidentifier():
+                    self.first.setdefault(d, (i, axis))
+        self.ranks = [len(p["shape"]) for p in params]
+        self.bounds = dict(bounds)
+        self.dims = [[d if isinstance(d, int) else compile_dim_text(d) for d in p["shape"]]
+                     for p in (*params, *results)]
+
+    def shapes(self, args: Sequence[Any]) -> list[tuple[int, ...]] | None:
+        try:
+            sizes = {name: args[i].shape[axis] for name, (i, axis) in self.first.items()}
+        except (AttributeError, IndexError):
+            return None
+        for name, (low, high) in self.bounds.items():
+            size = sizes.get(name)
+            if size is None or size < low or (high is not None and size > high):
+                return None
+        try:
+            shapes = [tuple(d if isinstance(d, int) else d(sizes) for d in dims)
+                      for dims in self.dims]
+        except CallError:
+            return None
+        if any(getattr(a, "shape", None) != s for a, s in zip(args, shapes)):
+            return None
+        return shapes
+
+
 def _fits_exactly(array: Any, layout: tuple[tuple[int, ...], np.dtype[Any]]) -> bool:
     """A numpy array of exactly this shape and dtype (native byte order), C-contiguous."""
     return (isinstance(array, np.ndarray) and array.shape == layout[0]
@@ -366,11 +403,15 @@ class NativeFunction(PackedFunction):
         # The fast path: a graph function taking only tensors of static shapes, none of
         # its parameters written.
         self._slot_pool: SlotPool | None = None
+        self._sizes: SymbolicSizes | None = None
         if (self.kind == "graph" and self.results and not self._written - self._results_set
-                and all(p.get("kind") == "tensor" and all(isinstance(d, int) for d in p["shape"])
-                        for p in self._arguments)):
-            self._slot_pool = SlotPool([(tuple(p["shape"]), str(p["dtype"]))
+                and all(p.get("kind") == "tensor" for p in self._arguments)):
+            # symbolic dimensions: placeholders the call overwrites with its sizes
+            self._slot_pool = SlotPool([(tuple(d if isinstance(d, int) else 0
+                                               for d in p["shape"]), str(p["dtype"]))
                                         for p in self._arguments])
+            if self.symbolic:
+                self._sizes = SymbolicSizes(self.params, self.results, self.dims)
 
     @functools.cached_property
     def _results_set(self) -> frozenset[int]:
@@ -393,13 +434,20 @@ class NativeFunction(PackedFunction):
         n = len(self.params)
         if len(args) != n:
             return _SLOW
+        shapes: list[tuple[int, ...]] | None = None
+        if self._sizes is not None:  # this call's layouts, if its arguments are valid
+            shapes = self._sizes.shapes(args)
+            if shapes is None:
+                return _SLOW
+            layouts = {i: (shape, layouts[i][1]) for i, shape in enumerate(shapes)}
         addresses = []
         for i, array in enumerate(args):
             if not _fits_exactly(array, layouts[i]):
                 return _SLOW
             addresses.append(abi.data_address(array))
         if out is None:
-            outputs = [np.empty(shape, dtype) for shape, dtype in self._result_layouts]
+            outputs = [np.empty(layouts[n + j][0], dtype)
+                       for j, (_, dtype) in enumerate(self._result_layouts)]
             addresses.extend(abi.data_address(o) for o in outputs)
         else:
             outputs = list(out) if isinstance(out, (tuple, list)) else [out]
@@ -416,6 +464,8 @@ class NativeFunction(PackedFunction):
         assert pool is not None
         slots = pool.take()
         try:
+            if shapes is not None:
+                slots.set_shapes(shapes)
             slots.set_data(addresses)
             self._run(slots.values, slots.codes, slots.count)
         finally:
