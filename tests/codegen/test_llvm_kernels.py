@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+import re
 
 import ml_dtypes
 import numpy as np
@@ -305,13 +306,24 @@ def test_shape_variable_that_is_not_a_parameter_is_rejected() -> None:
         ib.store(x, [0, 0], 1.0)
     with pytest.raises(CompileError, match="variable 'm' is not a scalar parameter"):
         compiled(ib.get())
+
+
+
+def test_a_shape_variable_that_is_a_parameter_sizes_the_buffer() -> None:
+    """llvmjit entries check a symbolic buffer against the scalar that sizes it."""
     ib = IRBuilder()
     with ib.prim_func("g"):
         n = ib.scalar_arg("n", "int64")
         x = ib.arg("X", (n,), "float32")
-        ib.store(x, [0], 1.0)
-    with pytest.raises(CompileError, match=r"parameter 'X' has the symbolic shape .* need static"):
-        jit(ib.get())
+        with ib.for_range(n, name="i") as i:
+            ib.store(x, [i], 2.0)
+    g = jit(ib.get())["g"]
+    out = np.zeros(3, np.float32)
+    g(3, out)
+    np.testing.assert_array_equal(out, [2.0, 2.0, 2.0])
+    with pytest.raises(KilnError, match=re.escape(
+            "g: dimension 'n' is 3 in argument 0 'n' but 4 in argument 1 'X'")):
+        g(3, np.zeros(4, np.float32))
 
 
 def test_heap_allocation_in_a_loop_body_is_freed_each_iteration() -> None:
