@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from kiln.codegen.cfamily.printer import CPrinter, NameScope
 from kiln.errors import CompileError
 from kiln.escape import c_string_literal
+from kiln.ir.attrs import ATTR_GRAPH
 from kiln.ir.shape_expr import dim_bounds, dim_vars, shape_text
 from kiln.ir.tensor import BinaryOp, Buffer, Cast, Const, PrimExpr, PrimFunc, UnaryOp, Var
 
@@ -104,9 +105,14 @@ def emit_binding(p: CPrinter, names: NameScope, fn_name: str, fn: PrimFunc,
                 checks.append(
                     f"{_NS}bind_dim(fn, {c_string_literal(d.name)}, &{locals_[d.name]}, &{at}, "
                     f"&{where}, {arg.index}, {arg.name_c}, {shape}[{axis}])")
+    # A graph function's variables are sizes of at least 1 unless `kiln.dim_bounds` says
+    # otherwise (its metadata lists them so); a kernel's scalars only as that attribute says.
     bounds = dim_bounds(fn)
+    default = (1, None) if fn.attrs.get(ATTR_GRAPH) else None
     for var in variables:
-        low, high = bounds.get(var, (1, None))
+        if var not in bounds and default is None:
+            continue
+        low, high = bounds.get(var) or default or (0, None)
         checks.append(f"{_NS}dim_range(fn, {c_string_literal(var)}, {locals_[var]}, "
                       f"{dim_c(low, {})}, {dim_c(-1 if high is None else high, {})})")
     for arg in tensors:
