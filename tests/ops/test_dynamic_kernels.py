@@ -25,6 +25,9 @@ from kiln.transform.pipeline import default_graph_pipeline, default_tensor_pipel
 
 RNG = np.random.default_rng(12)
 SIZES = (1, 2, 7, 33, 64)
+# attention's products: seq around the register tile (6 x 16 on AVX2) and past 128
+SEQ_SIZES = (1, 7, 33, 200)
+HEAD = 24  # no multiple of the vector width
 
 
 def _softmax(x: np.ndarray) -> np.ndarray:
@@ -104,6 +107,54 @@ def main(x: G.Tensor((n, 3, 6, 6), "float32")) -> G.Tensor((n, 3, 3, 3), "float3
         return windows.max((3, 5)) if kind == "max" else windows.mean((3, 5))
 
     return src, lambda n: [(n, 3, 6, 6)], reference
+
+
+def _attention_case(product: str) -> tuple[str, Any, Any]:
+    """One of attention's batched products over a symbolic seq `n`, 2 heads, head dim
+    HEAD: "scores" `Q @ K^T` (seq is M and N; K given as K^T, its batch broadcast
+    from 1), "scores_tb" the same with K stored `[seq, HEAD]` (`transpose_b`),
+    "context" `P @ V` (seq is M and the depth K)."""
+    scores = 'G.Tensor((2, n, n), "float32")'
+    if product == "context":
+        src = f'''
+@G.function
+def main(p: {scores}, v: G.Tensor((2, n, {HEAD}), "float32")
+         ) -> G.Tensor((2, n, {HEAD}), "float32"):
+    y: G.Tensor((2, n, {HEAD}), "float32") = G.op("matmul", p, v)
+    return y
+'''
+        return src, lambda n: [(2, n, n), (2, n, HEAD)], lambda p, v: p @ v
+    if product == "scores_tb":
+        src = f'''
+@G.function
+def main(q: G.Tensor((2, n, {HEAD}), "float32"), k: G.Tensor((2, n, {HEAD}), "float32")
+         ) -> {scores}:
+    y: {scores} = G.op("matmul", q, k, transpose_b=True)
+    return y
+'''
+        return (src, lambda n: [(2, n, HEAD), (2, n, HEAD)],
+                lambda q, k: q @ k.transpose(0, 2, 1))
+    src = f'''
+@G.function
+def main(q: G.Tensor((2, n, {HEAD}), "float32"), kt: G.Tensor((1, {HEAD}, n), "float32")
+         ) -> {scores}:
+    y: {scores} = G.op("matmul", q, kt)
+    return y
+'''
+    return src, lambda n: [(2, n, HEAD), (1, HEAD, n)], lambda q, kt: q @ kt
+
+
+def _reduce_case(op: str, in_shape: str, out_shape: str, attrs: str,
+                 shapes: Callable[[int], tuple[int, ...]], reference: Callable[..., Any]
+                 ) -> tuple[str, Any, Any]:
+    """A one-op reduction `op(x, attrs)` from `in_shape` to `out_shape` (texts over n)."""
+    src = f'''
+@G.function
+def main(x: G.Tensor({in_shape}, "float32")) -> G.Tensor({out_shape}, "float32"):
+    y: G.Tensor({out_shape}, "float32") = G.op("{op}", x{attrs})
+    return y
+'''
+    return src, lambda n: [shapes(n)], reference
 
 
 # name -> (graph source with dimension variable n, input shapes given n, numpy reference)
@@ -195,7 +246,35 @@ def main(t: G.Tensor((10, 6), "float32"), i: G.Tensor((n,), "int64")
     "conv_rows": _conv_case(3, 10, W_ROWS, 1, 1, relu=True),
     "conv_blocked_groups": _conv_case(4, 9, W_GROUPS, 2, 2),
     "conv_depthwise": _conv_case(4, 7, W_DW, 1, 4),
+    "attention_scores": _attention_case("scores"),
+    "attention_scores_transpose_b": _attention_case("scores_tb"),
+    "attention_context": _attention_case("context"),
+    # reductions over trailing axes (row kernels) with a symbolic row count or length
+    "reduce_mean_length": _reduce_case("reduce_mean", "(3, n)", "(3, 1)",
+                                       ", axes=(1,), keepdims=True", lambda n: (3, n),
+                                       lambda x: x.mean(1, keepdims=True)),
+    "reduce_max_rows_and_length": _reduce_case(
+        "reduce_max", "(n, 2, n)", "(n,)", ", axes=(1, 2), keepdims=False",
+        lambda n: (n, 2, n), lambda x: x.max((1, 2))),
+    "global_avg_pool": _reduce_case("global_avg_pool", "(n, 4, 3, 5)", "(n, 4, 1, 1)", "",
+                                    lambda n: (n, 4, 3, 5),
+                                    lambda x: x.mean((2, 3), keepdims=True)),
+    "global_max_pool_spatial": _reduce_case("global_max_pool", "(2, 3, n, 3)", "(2, 3, 1, 1)",
+                                            "", lambda n: (2, 3, n, 3),
+                                            lambda x: x.max((2, 3), keepdims=True)),
+    # a leading axis: the tensor-expression kernel, its reduction extent symbolic
+    "reduce_mean_leading_axis": _reduce_case("reduce_mean", "(n, 5)", "(5,)",
+                                             ", axes=(0,), keepdims=False", lambda n: (n, 5),
+                                             lambda x: x.mean(0)),
 }
+ROW_REDUCTIONS = {"reduce_sum_rows": "reduce_sum", "reduce_mean_length": "reduce_mean",
+                  "reduce_max_rows_and_length": "reduce_max",
+                  "global_avg_pool": "global_avg_pool",
+                  "global_max_pool_spatial": "global_max_pool"}
+
+
+def _sizes(case: str) -> tuple[int, ...]:
+    return SEQ_SIZES if case.startswith("attention_") else SIZES
 
 
 def _legalized(src: str) -> IRModule:
@@ -231,12 +310,16 @@ def test_kernels_take_their_dims_as_trailing_scalars(case: str) -> None:
         assert [f.attrs.get("kiln.conv_kernel") for f in prims] == [CONV_KERNELS[case]]
     if case in ("softmax_rows", "layer_norm_rows"):
         assert [f.attrs.get("kiln.row_kernel") for f in prims] == [case.split("_rows")[0]]
+    if case in ROW_REDUCTIONS:
+        assert [f.attrs.get("kiln.row_kernel") for f in prims] == [ROW_REDUCTIONS[case]]
+    if case.startswith("attention_") or case == "attention_matmul":
+        assert [f.attrs.get("kiln.gemm_kernel") for f in prims] == ["matmul_tiled"]
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_interpreter_passes_dims_by_name(case: str) -> None:
     mod = _legalized(CASES[case][0])
-    for n in SIZES:
+    for n in _sizes(case):
         args = _inputs(case, n)
         np.testing.assert_allclose(evaluate(mod, "main", *args), CASES[case][2](*args),
                                    rtol=1e-4, atol=1e-5)
@@ -289,7 +372,7 @@ def _run_graph(fn: g.Function, kernels: dict[str, Any], args: list[np.ndarray],
 def _check_sizes(case: str, mod: IRModule, kernels: dict[str, Any]) -> None:
     fn = mod["main"]
     assert isinstance(fn, g.Function)
-    for n in SIZES:
+    for n in _sizes(case):
         args = _inputs(case, n)
         got = _run_graph(fn, kernels, args, {"n": n})
         np.testing.assert_allclose(got, CASES[case][2](*args), rtol=1e-4, atol=1e-5)

@@ -22,7 +22,7 @@ from kiln.ir.types import TensorType, Type
 from kiln.ops import spatial, te
 from kiln.ops.onnx_map import GraphContext, onnx_op
 from kiln.ops.registry import OPS, register_op
-from kiln.ops.row_kernels import RowReduceOp
+from kiln.ops.row_kernels import RowReduceOp, mean_of
 
 Attrs = Mapping[str, Any]
 
@@ -222,14 +222,10 @@ def _spatial_axes(attrs: Attrs, ndim: int) -> tuple[int, ...]:
     return tuple(range(2, ndim))
 
 
-def _mean(total: PrimExpr, count: int) -> PrimExpr:
-    return total / count
-
-
 # Built by hand as reductions over the trailing (spatial) axes (kiln.ops.row_kernels).
 OPS.register("global_avg_pool", RowReduceOp(
     "global_avg_pool", "reduce", _global_infer, _global_compute("avg"), _global_ref("avg"),
-    kind="sum", post=_mean, axes_of=_spatial_axes))
+    kind="sum", post=mean_of, axes_of=_spatial_axes))
 OPS.register("global_max_pool", RowReduceOp(
     "global_max_pool", "reduce", _global_infer, _global_compute("max"), _global_ref("max"),
     kind="max", axes_of=_spatial_axes))

@@ -26,7 +26,7 @@ from kiln.ops._numpy import is_float, widen, work
 from kiln.ops.onnx_map import Converter, GraphContext, onnx_op
 from kiln.ops.registry import OPS, register_op
 from kiln.ops.reshape_dims import reshape_attr
-from kiln.ops.row_kernels import RowOp, RowReduceOp
+from kiln.ops.row_kernels import RowOp, RowReduceOp, mean_of
 
 Attrs = Mapping[str, Any]
 
@@ -87,7 +87,7 @@ def _identity(kind: str, dtype: np.dtype[Any]) -> Any:
     return -np.inf if kind == "max" else np.inf
 
 
-def _register_reduce(name: str, kind: str, post: Callable[[PrimExpr, int], PrimExpr] | None,
+def _register_reduce(name: str, kind: str, post: Callable[[PrimExpr, Any], PrimExpr] | None,
                      pre: Callable[[PrimExpr], PrimExpr] | None,
                      ref: Callable[..., np.ndarray]) -> None:
     def infer(types: Sequence[TensorType], attrs: Attrs) -> Type:
@@ -102,7 +102,7 @@ def _register_reduce(name: str, kind: str, post: Callable[[PrimExpr, int], PrimE
         keep = bool(attrs.get("keepdims", True))
         out_shape = _reduced_shape(x.shape, axes, keep)
         extents = tuple(x.shape[a] for a in axes)
-        count = int(np.prod(extents)) if extents else 1
+        count = dim_product(extents)  # an expression when an extent is symbolic
         acc = _compute_dtype(x.dtype)
 
         def element(*i: PrimExpr) -> PrimExpr:
@@ -133,10 +133,6 @@ def _reduce_axes_of(attrs: Attrs, ndim: int) -> tuple[int, ...]:
     return norm_axes(attrs.get("axes"), ndim)
 
 
-def _mean_post(total: PrimExpr, count: int) -> PrimExpr:
-    return total / count
-
-
 def _mean_ref(x: np.ndarray, axis: tuple[int, ...], keepdims: bool) -> np.ndarray:
     total = np.sum(work(x), axis=axis, keepdims=keepdims)
     count = int(np.prod([x.shape[a] for a in axis]))
@@ -155,7 +151,7 @@ def _extreme_ref(kind: str) -> Callable[..., np.ndarray]:
 
 _register_reduce("reduce_sum", "sum", None, None,
                  lambda x, axis, keepdims: np.sum(work(x), axis=axis, keepdims=keepdims))
-_register_reduce("reduce_mean", "sum", _mean_post, None, _mean_ref)
+_register_reduce("reduce_mean", "sum", mean_of, None, _mean_ref)
 _register_reduce("reduce_max", "max", None, None, _extreme_ref("max"))
 _register_reduce("reduce_min", "min", None, None, _extreme_ref("min"))
 _register_reduce("reduce_prod", "prod", None, None,

@@ -229,6 +229,12 @@ def _add(a: PrimExpr, b: PrimExpr) -> PrimExpr:
     return a + b
 
 
+def mean_of(total: PrimExpr, count: int | PrimExpr) -> PrimExpr:
+    """`total / count`; a symbolic `count` (a product of int64 dim scalars) is converted to
+    the total's dtype first."""
+    return total / (count if isinstance(count, int) else Cast(total.dtype, count))
+
+
 @dataclass(frozen=True)
 class Rows:
     """The loop nest over the rows (`outer`, the dims before the reduced ones): `index`
@@ -396,10 +402,12 @@ class RowReduceOp(HandBuiltOp):
 
     kind: str = "sum"
     pre: Callable[[PrimExpr], PrimExpr] | None = None
-    post: Callable[[PrimExpr, int], PrimExpr] | None = None
+    post: Callable[[PrimExpr, Any], PrimExpr] | None = None
     axes_of: Callable[[Attrs, int], tuple[int, ...]] | None = None
 
     fuses_producers = True
+    #: Symbolic row counts and reduced extents are loop extents (static vector chunks).
+    supports_symbolic: ClassVar[bool] = True
 
     def _trailing_axes(self, shape: Sequence[Any], attrs: Attrs) -> bool:
         assert self.axes_of is not None
@@ -425,7 +433,7 @@ class RowReduceOp(HandBuiltOp):
         outer = x.shape[:x.ndim - len(axes)]
         reduced = self.infer([TensorType(x.shape, x.dtype)], attrs)
         assert isinstance(reduced, TensorType)
-        out_shape = reduced.static_shape
+        out_shape = tuple(reduced.shape)
         buffers = {t: Buffer(t.name, t.shape, t.dtype) for t in params}
         out = Buffer("out", out_shape, F32)
         value_buf = Buffer("row_value", out_shape, F32)
@@ -444,15 +452,14 @@ class RowReduceOp(HandBuiltOp):
         o = rows.index(row_vars)
         # the output keeps the row dims, then 1s for the reduced ones with keepdims
         out_idx = (*o, *(_c(0),) * (len(out_shape) - len(o)))
-        count = 1
-        for d in inner:
-            count *= d
+        count = dim_product(inner)  # an expression of the dim scalars when symbolic
 
         def read(j: PrimExpr) -> PrimExpr:
             idx = (j,) if len(inner) == 1 else te.unflatten_index(j, inner)
             return te.inline_expr(x, (*o, *idx), buffers)
 
-        loops = RowLoops(count, min(target_lanes(), count))
+        lanes = target_lanes()
+        loops = RowLoops(count, min(lanes, count) if isinstance(count, int) else lanes)
         stmts, total = reduce_row(loops, read, self.kind, self.pre)
         v = self.post(total, count) if self.post else total
         v = v if v.dtype == F32 else Cast(F32, v)
