@@ -59,7 +59,7 @@ from kiln.ir.tensor import (
     Var,
     seq,
 )
-from kiln.ir.visitor import expr_children
+from kiln.ir.visitor import expr_children, iter_stmts
 from kiln.transform.parallelize import Parallelize
 from kiln.transform.pipeline import get_pipeline
 from kiln.transform.registry import parse_passes
@@ -593,6 +593,43 @@ def test_existing_parallel_loops_are_kept_and_not_nested() -> None:
             ib.store(y, [i, j], 1.0)
 
     mod = one(build)
+    assert schedule(mod, min_work=0) is mod
+
+
+def _symbolic_nest(outer_kind: str) -> IRModule:
+    """Y[b, 64, n, 16] = a + c + d + e over symbolic b and n (the kernel's dim scalars),
+    the outer loop `outer_kind` (a kernel builder may mark it parallel itself)."""
+    b, n = Var("b", "int64"), Var("n", "int64")
+
+    def build(ib: IRBuilder) -> None:
+        y = ib.arg("Y", (b, 64, n, 16), "float32")
+        ib.scalar_arg("b", var=b)
+        ib.scalar_arg("n", var=n)
+        with ib.for_range(b, name="a", kind=outer_kind) as a, \
+                ib.for_range(64, name="c") as c, ib.for_range(n, name="d") as d, \
+                ib.for_range(16, name="e") as e:
+            ib.store(y, [a, c, d, e], Cast("float32", a + c + d + e))
+    return one(build)
+
+
+def test_a_symbolic_batch_loop_is_split_with_the_loop_inside_it() -> None:
+    """A batch of one must still split: the symbolic batch loop and the 64 channels
+    become one parallel loop over b * 64 (indices recovered by division)."""
+    mod = schedule(_symbolic_nest("serial"), min_work=0)
+    fn = mod["f"]
+    assert isinstance(fn, PrimFunc)
+    assert parallel_loops(fn) == ["a_flat"]
+    (loop,) = [s for s in iter_stmts(fn.body) if isinstance(s, For) and s.kind == "parallel"]
+    assert isinstance(loop.extent, BinaryOp) and loop.extent.op == "mul"
+    for b, n in ((1, 3), (3, 2)):
+        check_parallel_loops(mod, "f", [np.zeros((b, 64, n, 16), np.float32), b, n])
+        out = np.zeros((b, 64, n, 16), np.float32)
+        evaluate(mod, "f", out, b, n)
+        np.testing.assert_array_equal(out, np.indices((b, 64, n, 16)).sum(0))
+
+
+def test_nothing_inside_a_loop_the_kernel_marked_parallel_is_split() -> None:
+    mod = _symbolic_nest("parallel")
     assert schedule(mod, min_work=0) is mod
 
 

@@ -31,7 +31,14 @@ iterations, e.g. a batch or group of 1-3), the first loop of the chain with
 at least `min_extent` iterations is taken instead (or the longest one). An
 innermost loop (the one the backend vectorizes) is taken only when no loop
 around it can be. A loop that cannot be parallel is searched for parallel
-loops inside it.
+loops inside it; a loop a kernel's builder marked `parallel` is left as it is,
+and nothing inside it is split again.
+Symbolic extents: an extent bounded by a constant (`min(8, n - 8 * i)`) counts
+as that constant, another one as UNKNOWN_EXTENT iterations. A chosen loop of
+symbolic extent (a batch that may be 1 at run time) is merged with the
+independent loops right inside it (up to COLLAPSE_EXTENT iterations of theirs)
+into one parallel loop over the product, the indices recovered by division,
+so that a batch of one still splits its channels or rows.
 Graph-level functions lowered to PrimFuncs (`kiln.graph`: a sequence of
 kernel calls) are left alone; their kernels are parallelized.
 """
@@ -67,6 +74,7 @@ from kiln.ir.tensor import (
     Store,
     UnaryOp,
     Var,
+    seq,
 )
 from kiln.ir.visitor import StmtMutator, expr_children, iter_exprs, iter_stmts, stmt_children
 from kiln.transform.pass_base import FunctionPass
@@ -94,6 +102,9 @@ CHEAP_INTRINSICS = frozenset({"sqrt", "rsqrt", "fma", "abs", "floor", "ceil", "t
 # large, since a loop left serial costs a whole core at large sizes while a launch at
 # small ones costs a few microseconds.
 UNKNOWN_EXTENT = 1024
+# A symbolic loop chosen to split is merged with the loops inside it up to this many
+# iterations of theirs: a batch of one then still spreads its channels over threads.
+COLLAPSE_EXTENT = 64
 
 
 @dataclass(frozen=True)
@@ -159,6 +170,10 @@ class _Scheduler(LoopRewriter):
         chain = [top]
         while isinstance(chain[-1].body, For):
             chain.append(chain[-1].body)
+        if any(loop.kind == "parallel" for loop in chain):
+            # marked by the kernel's builder (rows of a symbolic count): its body already
+            # runs on the pool, so nothing in or around it is split again
+            return top
         safe = [loop for loop in chain if self.worth_it(loop) and self.independent(loop)]
         if not safe:
             # Nothing in this nest's chain: look for parallel loops deeper inside.
@@ -168,6 +183,9 @@ class _Scheduler(LoopRewriter):
         outer = [loop for loop in safe if _has_loop(loop.body)] or safe
         long = [loop for loop in outer if _extent(loop) >= self.options.min_extent]
         chosen = long[0] if long else max(outer, key=_extent)  # max keeps the first of ties
+        group = _collapsible(chain, chosen, outer)
+        if len(group) > 1:
+            return _rebuild(chain, chosen, _collapsed(group))
         return _rebuild(chain, chosen, For(chosen.var, chosen.start, chosen.extent,
                                            "parallel", chosen.body))
 
@@ -195,12 +213,53 @@ def _rebuild(chain: list[For], old: For, new: For) -> Stmt:
     return out
 
 
+def _collapsible(chain: list[For], chosen: For, outer: list[For]) -> list[For]:
+    """`chosen` and the loops right inside it to split as one loop: when `chosen` has a
+    symbolic extent (a batch that may be 1 at run time, a seq that may be short), the
+    next independent loops of the chain join it until their constant extents reach
+    COLLAPSE_EXTENT. Each of them is independent with the others fixed, so every
+    combination of their indices touches its own slice."""
+    if isinstance(chosen.extent, Const):
+        return [chosen]
+    group = [chosen]
+    constant = 1
+    for loop in chain[chain.index(chosen) + 1:]:
+        if constant >= COLLAPSE_EXTENT or not any(loop is x for x in outer):
+            break
+        group.append(loop)
+        if isinstance(loop.extent, Const):
+            constant *= int(loop.extent.value)
+    if any(not (isinstance(x.start, Const) and x.start.value == 0) for x in group):
+        return [chosen]
+    return group
+
+
+def _collapsed(group: list[For]) -> For:
+    """The perfect nest `group` (loops from 0) as one `parallel` loop over the product of
+    their extents, each loop's variable recovered from the flat index."""
+    flat = Var(f"{group[0].var.name}_flat", group[0].var.dtype)
+    lets: list[Stmt] = []
+    rest: PrimExpr = flat
+    for k in range(len(group) - 1, -1, -1):
+        loop = group[k]
+        lets.append(LetStmt(loop.var, rest if k == 0 else rest % loop.extent))
+        rest = rest // loop.extent
+    lets.reverse()
+    extent: PrimExpr = group[0].extent
+    for loop in group[1:]:
+        extent = extent * loop.extent
+    return For(flat, Const(0, flat.dtype), extent, "parallel", seq(*lets, group[-1].body))
+
+
 def _has_loop(s: Stmt) -> bool:
     return any(isinstance(x, For) for x in iter_stmts(s))
 
 
 def _extent(loop: For) -> int:
-    return int(loop.extent.value) if isinstance(loop.extent, Const) else UNKNOWN_EXTENT
+    """The loop's iteration count, or its constant bound (`min(8, n - i)`), else
+    UNKNOWN_EXTENT."""
+    bound = _upper_bound(loop.extent)
+    return bound if bound is not None else UNKNOWN_EXTENT
 
 
 # ------------------------------------------------------------------ cost model
