@@ -1,7 +1,7 @@
 """Dynamic-shape kernel benchmark: kernels compiled for a symbolic dim vs the same op
 compiled for the static size, timed at that size.
 
-    .venv/bin/python bench/dynamic.py [--repeat 50] [--seconds 2]
+    .venv/bin/python bench/dynamic.py [--repeat 50] [--seconds 2] [--case attention]
 
 Each case is a one-op graph module (kiln.script) in two versions: with dimension
 variables `b` / `n` (rows M = n of a GEMM with constant 768x768 weights; attention's
@@ -164,12 +164,13 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--repeat", type=int, default=50)
     ap.add_argument("--seconds", type=float, default=2.0)
+    ap.add_argument("--case", default="", help="only the cases whose name holds this text")
     args = ap.parse_args()
     target = Target.from_host()
     print(f"target: {describe_target(target)}")
     print(f"{'case':<24} {'size':>9} {'static ms':>10} {'dynamic ms':>11} {'dyn/static':>10} "
           f"{'rel L2':>8}  kernels (static | dynamic)")
-    for name, sizes, src, in_shapes in CASES:
+    for name, sizes, src, in_shapes in (c for c in CASES if args.case in c[0]):
         dyn = build(_source(src, None), target)
         for dims in sizes:
             st = build(_source(src, dims), target)

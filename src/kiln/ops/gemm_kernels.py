@@ -38,6 +38,7 @@ from kiln.ir.tensor import (
     CallExtern,
     Const,
     For,
+    IfThenElse,
     Intrin,
     LetStmt,
     PrimExpr,
@@ -45,6 +46,7 @@ from kiln.ir.tensor import (
     Store,
     Var,
     as_expr,
+    compare,
     min_,
     seq,
 )
@@ -262,9 +264,10 @@ def gemm_body(shape: GemmShape, tiling: GemmTiling, a: Buffer, b_at: BReader, ou
         rows_here: PrimExpr = (_c(mr) if static_m and last_rows == mr
                                else min_(mr, m - mt * mr))
 
-        def store_loops(from_out: bool, apply: bool) -> Stmt:
-            """The tile stored row by row from `stage` (or `out` itself), through the
-            epilogue when `apply`: one loop nest, so the epilogue is in the IR once."""
+        def store_loops(from_out: bool, apply: bool, cols: PrimExpr) -> Stmt:
+            """The tile's `cols` columns stored row by row from `stage` (or `out` itself),
+            through the epilogue when `apply`: one loop nest, so the epilogue is in the IR
+            once per column count."""
             r, v = Var("r", INDEX_DTYPE), Var("v", INDEX_DTYPE)
             lets: list[Stmt] = []
             rv = Var("row", INDEX_DTYPE)
@@ -272,17 +275,28 @@ def gemm_body(shape: GemmShape, tiling: GemmTiling, a: Buffer, b_at: BReader, ou
             idx = (*bidx, *_unflatten(rv, shape.rows, "o", lets), n0 + v)
             value: PrimExpr = out[idx] if from_out else stage[r, v]
             # whole panels store as vectors when the epilogue allows (vector_loops)
-            kind = "vectorized" if isinstance(width, Const) else "serial"
-            row = For(v, _c(0), width, kind,
+            kind = "vectorized" if isinstance(cols, Const) else "serial"
+            row = For(v, _c(0), cols, kind,
                       Store(out, epilogue(value, idx) if apply else value, idx))
             return For(r, _c(0), rows_here, "serial", seq(*lets, row))
+
+        def panel_stores(from_out: bool, apply: bool) -> Stmt:
+            """Whole panels store `nr` columns as vectors; a partial last panel (N no
+            multiple of nr, or symbolic) stores the columns there are, one by one."""
+            if isinstance(width, Const):
+                return store_loops(from_out, apply, width)
+            if isinstance(n, int) and n < nr:  # one partial panel
+                return store_loops(from_out, apply, width)
+            return IfThenElse(compare("ge", n - n0, _c(nr)),
+                              store_loops(from_out, apply, _c(nr)),
+                              store_loops(from_out, apply, width))
 
         if two_pass:
             # the sums are stored as they are, then the epilogue runs over the tile in L1
             # on its own: calls in it (exp) would otherwise spill the accumulators
-            stores = [store_loops(False, False), store_loops(True, True)]
+            stores = [panel_stores(False, False), panel_stores(True, True)]
         else:
-            stores = [store_loops(False, True)]
+            stores = [panel_stores(False, True)]
         return seq(*head, *red, Allocate(stage), copy, *stores)
 
     loop = _parallel_tiles((shape.batches, panels, mtiles), tile)
@@ -321,21 +335,30 @@ def pack_b_at_run_time(b: Buffer, b_batch: tuple[int, ...], k: int, n: int, nr: 
         lets: list[Stmt] = []
         bidx = _unflatten(bf, b_batch, "j", lets)
         n0 = p * nr if not isinstance(panels, int) or panels > 1 else _c(0)
-        kk, v = Var("k", INDEX_DTYPE), Var("v", INDEX_DTYPE)
-        width: PrimExpr = _c(nr) if whole_panels else min_(nr, n - n0)
         kx = as_expr(k, INDEX_DTYPE)
-        src = b[(*bidx, n0 + v, kk)] if transposed else b[(*bidx, kk, n0 + v)]
-        copy = Store(ws, src, (bf, p, kk, v))
-        # transposed: B's rows run along k, so k is the inner loop of the copy
-        body: Stmt = (For(v, _c(0), width, "serial", For(kk, _c(0), kx, "serial", copy))
-                      if transposed else
-                      For(kk, _c(0), kx, "serial", For(v, _c(0), width, "serial", copy)))
-        parts = [*lets, body]
-        if not whole_panels:  # the last panel's columns past n are zero
+
+        def copy(width: PrimExpr) -> Stmt:
+            kk, v = Var("k", INDEX_DTYPE), Var("v", INDEX_DTYPE)
+            src = b[(*bidx, n0 + v, kk)] if transposed else b[(*bidx, kk, n0 + v)]
+            put = Store(ws, src, (bf, p, kk, v))
+            # transposed: B's rows run along k, so k is the inner loop of the copy
+            body: Stmt = (For(v, _c(0), width, "serial", For(kk, _c(0), kx, "serial", put))
+                          if transposed else
+                          For(kk, _c(0), kx, "serial", For(v, _c(0), width, "serial", put)))
+            if isinstance(width, Const):
+                return body
+            # the last panel's columns past n are zero
             kz, z = Var("k", INDEX_DTYPE), Var("z", INDEX_DTYPE)
-            parts.append(For(kz, _c(0), kx, "serial", For(
+            return seq(body, For(kz, _c(0), kx, "serial", For(
                 z, width, _c(nr) - width, "serial", Store(ws, zero, (bf, p, kz, z)))))
-        return seq(*parts)
+
+        if whole_panels:
+            return seq(*lets, copy(_c(nr)))
+        partial = copy(min_(nr, n - n0))
+        if isinstance(n, int) and n < nr:  # one partial panel
+            return seq(*lets, partial)
+        # whole panels copy `nr` columns (a constant extent the backend vectorizes)
+        return seq(*lets, IfThenElse(compare("ge", n - n0, _c(nr)), copy(_c(nr)), partial))
 
     pack = _parallel_tiles((bb, panels), panel_copy)
     work = dim_product((bb, panels, k, nr))
