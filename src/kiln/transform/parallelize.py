@@ -45,6 +45,7 @@ kernel calls) are left alone; their kernels are parallelized.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from kiln.ir import dtype as dt
@@ -183,7 +184,7 @@ class _Scheduler(LoopRewriter):
         outer = [loop for loop in safe if _has_loop(loop.body)] or safe
         long = [loop for loop in outer if _extent(loop) >= self.options.min_extent]
         chosen = long[0] if long else max(outer, key=_extent)  # max keeps the first of ties
-        group = _collapsible(chain, chosen, outer)
+        group = _collapsible(chain, chosen, self.independent)
         if len(group) > 1:
             return _rebuild(chain, chosen, _collapsed(group))
         return _rebuild(chain, chosen, For(chosen.var, chosen.start, chosen.extent,
@@ -213,18 +214,20 @@ def _rebuild(chain: list[For], old: For, new: For) -> Stmt:
     return out
 
 
-def _collapsible(chain: list[For], chosen: For, outer: list[For]) -> list[For]:
+def _collapsible(chain: list[For], chosen: For, independent: Callable[[For], bool]
+                 ) -> list[For]:
     """`chosen` and the loops right inside it to split as one loop: when `chosen` has a
     symbolic extent (a batch that may be 1 at run time, a seq that may be short), the
-    next independent loops of the chain join it until their constant extents reach
-    COLLAPSE_EXTENT. Each of them is independent with the others fixed, so every
-    combination of their indices touches its own slice."""
+    next independent loops of the chain (not the innermost, which the backend
+    vectorizes) join it until their constant extents reach COLLAPSE_EXTENT. Each of
+    them is independent with the others fixed, so every combination of their indices
+    touches its own slice."""
     if isinstance(chosen.extent, Const):
         return [chosen]
     group = [chosen]
     constant = 1
     for loop in chain[chain.index(chosen) + 1:]:
-        if constant >= COLLAPSE_EXTENT or not any(loop is x for x in outer):
+        if constant >= COLLAPSE_EXTENT or not _has_loop(loop.body) or not independent(loop):
             break
         group.append(loop)
         if isinstance(loop.extent, Const):
