@@ -7,6 +7,7 @@ from kiln.ops import (  # noqa: F401
     gemm,
     image,
     indexing,
+    layout,
     logic,
     manip,
     nn,

@@ -1,0 +1,153 @@
+"""NchwcLayout: keep activations in the blocked NCHW{b}c layout through convolution chains.
+
+After `block-convolutions`, every ungrouped `conv2d_blocked` becomes a
+`conv2d_nchwc` whose input and output are NCHW{b}c (kiln.ops.layout; `b` = the
+target's float32 vector lanes, the kernel's output-channel vector), and the
+layout-agnostic ops between such convolutions follow it:
+
+- unary elementwise ops (Relu, Clip, Sigmoid, ...) and binary elementwise ops
+  whose two operands are blocked tensors of one shape (a residual Add): the same
+  op on the 5-D tensor;
+
+A region is entered with one `layout_transform(x, src="NCHW", dst="NCHW{b}c")`
+per NCHW tensor it reads, and a tensor it produces is reordered back (one
+`layout_transform(..., dst="NCHW")`, bound to the original variable) just
+before its first other consumer (a depthwise or row-tiled convolution, a
+concat, a global pooling, a Flatten, ...) or the function's result. Padding
+channels (up to a multiple of `b`) are zeros at the region's entry and at each
+convolution's output; every blocked consumer ignores them (the convolutions sum
+over the real input channels only; the way back drops them).
+
+The pass runs after block-convolutions (whose packed weights it keeps) and
+before fuse-ops, which fuses each `conv2d_nchwc` with its elementwise tail as
+for `conv2d_blocked`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from kiln.ir import graph as g
+from kiln.ir.module import IRModule
+from kiln.ir.types import TensorType
+from kiln.transform.pass_base import FunctionPass
+
+
+@dataclass(frozen=True)
+class NchwcLayout(FunctionPass):
+    """Convert chains of `conv2d_blocked` + elementwise ops to NCHW{b}c.
+
+    `lanes` (0: from the current target) is the channel block `b`.
+    """
+
+    name = "nchwc-layout"
+    level = "graph"
+    lanes: int = 0
+
+    def run_on_function(self, func: Any, name: str, mod: IRModule) -> g.Function:
+        assert isinstance(func, g.Function)
+        from kiln.ops.conv_direct import target_lanes
+
+        return _Rewriter(self.lanes or target_lanes()).run(func)
+
+
+class _Rewriter:
+    def __init__(self, block: int) -> None:
+        from kiln.ops.layout import blocked_layout
+
+        self.block = block
+        self.layout = blocked_layout(block)
+        self.bindings: list[g.Binding] = []
+        self.blocked: dict[g.Var, g.Var] = {}     # NCHW var -> its NCHW{b}c value
+        self.plain: set[g.Var] = set()            # vars bound (or params) in NCHW
+
+    def run(self, fn: g.Function) -> g.Function:
+        self.plain.update(fn.params)
+        changed = False
+        for b in fn.bindings:
+            new = self._blocked_call(b) if isinstance(b.value, g.Call) else None
+            if new is None:
+                for arg in _vars_in(b.value):
+                    self._materialize(arg)
+                self.bindings.append(b)
+                self.plain.add(b.var)
+            else:
+                changed = True
+                var = g.Var(b.var.name + "_c", new.ret_type)
+                self.bindings.append(g.Binding(var, new))
+                self.blocked[b.var] = var
+        if not changed:
+            return fn
+        for arg in _vars_in(fn.result):
+            self._materialize(arg)
+        return g.Function(fn.params, tuple(self.bindings), fn.result, dict(fn.attrs))
+
+    # ------------------------------------------------------------------ reorders
+
+    def _materialize(self, var: g.Var) -> None:
+        """Bind `var` (NCHW) from its blocked value before its first NCHW reader."""
+        from kiln.ops.registry import call
+
+        if var in self.plain or var not in self.blocked:
+            return
+        t = var.type
+        assert isinstance(t, TensorType)
+        value = call("layout_transform", self.blocked[var], src=self.layout, dst="NCHW",
+                     channels=t.shape[1])
+        self.bindings.append(g.Binding(var, value))
+        self.plain.add(var)
+
+    def _to_blocked(self, x: g.Expr) -> g.Expr:
+        """The NCHW{b}c value of `x` (reordered once per variable)."""
+        from kiln.ops.registry import call
+
+        if isinstance(x, g.Var) and x in self.blocked:
+            return self.blocked[x]
+        value = call("layout_transform", x, src="NCHW", dst=self.layout)
+        if not isinstance(x, g.Var):
+            return value
+        var = g.Var(x.name + "_c", value.ret_type)
+        self.bindings.append(g.Binding(var, value))
+        self.blocked[x] = var
+        return var
+
+    # ------------------------------------------------------------------ ops
+
+    def _blocked_call(self, b: g.Binding) -> g.Call | None:
+        from kiln.ops.registry import call, get_op
+
+        c = b.value
+        assert isinstance(c, g.Call)
+        if c.op == "conv2d_blocked":
+            return self._conv(c)
+        if not c.args or not _is_plain_4d(c.ret_type):
+            return None
+        pattern = get_op(c.op).pattern
+        if pattern in ("elemwise", "broadcast") and all(
+                isinstance(a, g.Var) and a in self.blocked and a.type == c.ret_type
+                for a in c.args):
+            return call(c.op, *(self.blocked[a] for a in c.args if isinstance(a, g.Var)),
+                        **c.attrs)
+        return None
+
+    def _conv(self, c: g.Call) -> g.Call | None:
+        from kiln.ops.conv_direct import NCHWC
+        from kiln.ops.registry import call
+
+        x, wt = c.args[0], c.args[1].type
+        if (c.attrs.get("group", 1) != 1 or not isinstance(wt, TensorType)
+                or wt.shape[5] % self.block or not _is_plain_4d(x.type)):
+            return None
+        return call(NCHWC, self._to_blocked(x), *c.args[1:], **c.attrs)
+
+
+def _is_plain_4d(t: Any) -> bool:
+    return isinstance(t, TensorType) and t.ndim == 4 and t.dtype == "float32" and all(
+        isinstance(d, int) for d in t.shape[1:])
+
+
+def _vars_in(expr: g.Expr) -> list[g.Var]:
+    from kiln.transform.functor import graph_vars_used
+
+    return list(dict.fromkeys(graph_vars_used(expr)))
