@@ -25,6 +25,7 @@ for `conv2d_blocked`.
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,8 +34,9 @@ from kiln.ir.module import IRModule
 from kiln.ir.types import TensorType
 from kiln.transform.pass_base import FunctionPass
 
-# A region must hold this many convolutions: a lone one between two reorders (as
-# between MobileNetV2's depthwise layers) measured slower than staying NCHW.
+# A region must hold this many convolutions, and more than it has reorders: lone
+# convolutions and pairs between reorders (as between MobileNetV2's depthwise layers)
+# measured slower than staying NCHW.
 MIN_REGION_CONVS = 2
 
 
@@ -77,14 +79,17 @@ class _Rewriter:
         self.plain: set[g.Var] = set()            # vars bound (or params) in NCHW
         self.region: dict[g.Var, g.Var] = {}      # blocked (original) var -> a conv of its region
         self.parent: dict[g.Var, g.Var] = {}      # union-find over the blocked convs
+        self.reorders: list[g.Var] = []           # a conv of the region of each reorder
 
     def small_regions(self, min_convs: int) -> set[g.Var]:
-        """The convolutions (original result vars) of regions holding fewer than
-        `min_convs` of them."""
+        """The convolutions (original result vars) of regions that do not pay: fewer than
+        `min_convs` convolutions, or no more convolutions than reorders in and out."""
         members: dict[g.Var, list[g.Var]] = {}
         for conv in self.parent:
             members.setdefault(self._root(conv), []).append(conv)
-        return {c for group in members.values() if len(group) < min_convs for c in group}
+        reorders = Counter(self._root(c) for c in self.reorders)
+        return {c for root, group in members.items()
+                if len(group) < max(min_convs, reorders[root] + 1) for c in group}
 
     def _root(self, conv: g.Var) -> g.Var:
         while self.parent[conv] is not conv:
@@ -138,16 +143,18 @@ class _Rewriter:
         assert isinstance(t, TensorType)
         value = call("layout_transform", self.blocked[var], src=self.layout, dst="NCHW",
                      channels=t.shape[1])
+        self.reorders.append(self.region[var])
         self.bindings.append(g.Binding(var, value))
         self.plain.add(var)
 
-    def _to_blocked(self, x: g.Expr) -> g.Expr:
-        """The NCHW{b}c value of `x` (reordered once per variable)."""
+    def _to_blocked(self, x: g.Expr, conv: g.Var) -> g.Expr:
+        """The NCHW{b}c value of `x` (reordered once per variable) for `conv`'s input."""
         from kiln.ops.registry import call
 
         if isinstance(x, g.Var) and x in self.blocked:
             return self.blocked[x]
         value = call("layout_transform", x, src="NCHW", dst=self.layout)
+        self.reorders.append(conv)
         if not isinstance(x, g.Var):
             return value
         var = g.Var(x.name + "_c", value.ret_type)
@@ -163,7 +170,7 @@ class _Rewriter:
         c = b.value
         assert isinstance(c, g.Call)
         if c.op == "conv2d_blocked":
-            return None if b.var in self.skip else self._conv(c)
+            return None if b.var in self.skip else self._conv(c, b.var)
         if not c.args or not _is_plain_4d(c.ret_type):
             return None
         pattern = get_op(c.op).pattern
@@ -174,7 +181,7 @@ class _Rewriter:
                         **c.attrs)
         return None
 
-    def _conv(self, c: g.Call) -> g.Call | None:
+    def _conv(self, c: g.Call, var: g.Var) -> g.Call | None:
         from kiln.ops.conv_direct import NCHWC
         from kiln.ops.registry import call
 
@@ -182,7 +189,7 @@ class _Rewriter:
         if (c.attrs.get("group", 1) != 1 or not isinstance(wt, TensorType)
                 or wt.shape[5] % self.block or not _is_plain_4d(x.type)):
             return None
-        return call(NCHWC, self._to_blocked(x), *c.args[1:], **c.attrs)
+        return call(NCHWC, self._to_blocked(x, var), *c.args[1:], **c.attrs)
 
 
 def _is_plain_4d(t: Any) -> bool:
