@@ -12,5 +12,6 @@ from kiln.ops import (  # noqa: F401
     manip,
     nn,
     pool,
+    pool_nchwc,
     reduce,
 )

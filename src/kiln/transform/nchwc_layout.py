@@ -8,6 +8,7 @@ layout-agnostic ops between such convolutions follow it:
 - unary elementwise ops (Relu, Clip, Sigmoid, ...) and binary elementwise ops
   whose two operands are blocked tensors of one shape (a residual Add): the same
   op on the 5-D tensor;
+- 2-D max and average pooling: `pool2d_nchwc` (kiln.ops.pool_nchwc).
 
 A region is entered with one `layout_transform(x, src="NCHW", dst="NCHW{b}c")`
 per NCHW tensor it reads, and a tensor it produces is reordered back (one
@@ -42,7 +43,7 @@ MIN_REGION_CONVS = 2
 
 @dataclass(frozen=True)
 class NchwcLayout(FunctionPass):
-    """Convert chains of `conv2d_blocked` + elementwise ops to NCHW{b}c.
+    """Convert chains of `conv2d_blocked` + elementwise ops + pooling to NCHW{b}c.
 
     `lanes` (0: from the current target) is the channel block `b`.
     """
@@ -165,6 +166,7 @@ class _Rewriter:
     # ------------------------------------------------------------------ ops
 
     def _blocked_call(self, b: g.Binding) -> g.Call | None:
+        from kiln.ops.pool_nchwc import POOL_NCHWC, POOLS
         from kiln.ops.registry import call, get_op
 
         c = b.value
@@ -179,6 +181,8 @@ class _Rewriter:
                 for a in c.args):
             return call(c.op, *(self.blocked[a] for a in c.args if isinstance(a, g.Var)),
                         **c.attrs)
+        if c.op in POOLS and isinstance(c.args[0], g.Var) and c.args[0] in self.blocked:
+            return call(POOL_NCHWC, self.blocked[c.args[0]], pool=c.op, **c.attrs)
         return None
 
     def _conv(self, c: g.Call, var: g.Var) -> g.Call | None:
