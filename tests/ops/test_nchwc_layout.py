@@ -186,3 +186,22 @@ def test_bad_layout_transforms_are_refused(attrs: dict[str, object]) -> None:
     with pytest.raises(IRError, match="layout_transform"):
         get_op("layout_transform").infer_type([TensorType((1, 2, 3, 3, 8), "float32")],
                                               g.freeze_attrs(attrs))
+
+
+def test_a_symbolic_batch_stays_the_outer_loop() -> None:
+    model = onnx.ModelProto()
+    model.CopyFrom(MODEL)
+    for v in model.graph.input:
+        v.type.tensor_type.shape.dim[0].dim_param = "N"
+    mod = from_onnx(model)
+    with Target.from_host():
+        for p in parse_passes(BEFORE + ",nchwc-layout,fuse-ops,legalize-ops"):
+            mod = p(mod)
+    kernels = [f for f in mod.functions.values()
+               if f.attrs.get("kiln.conv_kernel") == "conv2d_nchwc"]
+    # the hand-built kernels take the batch as their trailing dim scalar
+    assert kernels and all(f.params[-1].name == "N" for f in kernels)
+    feeds = {k: np.concatenate([v, v[:1]]) for k, v in FEEDS.items()}  # batch 3
+    want = kernel_checks.onnxruntime_outputs(model, feeds)
+    got = kiln.evaluate(mod, "main", *feeds.values())
+    kernel_checks.assert_close([np.asarray(o) for o in got], want, CASES, TOL)
