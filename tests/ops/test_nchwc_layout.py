@@ -143,6 +143,15 @@ def test_the_block_follows_the_target() -> None:
     assert 'dst="NCHW16c"' in text and 'dst="NCHW8c"' not in text
 
 
+def test_aarch64_compiles_with_neon_blocks() -> None:
+    target = Target("llvm -mtriple=aarch64-linux-gnu -mattr=+neon")
+    ex = kiln.compile(from_onnx(MODEL), target, graph_pipeline="nchwc")
+    kernels = [f for f in ex.ir.functions.values()
+               if f.attrs.get("kiln.conv_kernel") == "conv2d_nchwc"]
+    # NEON's 4 float32 lanes: outputs (the last parameter) in blocks of 4 channels
+    assert kernels and all(f.params[-1].shape[-1] == 4 for f in kernels)
+
+
 def test_matches_onnxruntime(native: kiln.driver.Executable,
                              reference: list[np.ndarray]) -> None:
     kinds = [f.attrs.get("kiln.conv_kernel") for f in native.ir.functions.values()]
