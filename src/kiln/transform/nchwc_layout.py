@@ -1,6 +1,6 @@
 """NchwcLayout: keep activations in the blocked NCHW{b}c layout through convolution chains.
 
-After `block-convolutions`, every ungrouped `conv2d_blocked` becomes a
+After `block-convolutions`, an ungrouped `conv2d_blocked` becomes a
 `conv2d_nchwc` whose input and output are NCHW{b}c (kiln.ops.layout; `b` = the
 target's float32 vector lanes, the kernel's output-channel vector), and the
 layout-agnostic ops between such convolutions follow it:
@@ -18,6 +18,11 @@ concat, a global pooling, a Flatten, ...) or the function's result. Padding
 channels (up to a multiple of `b`) are zeros at the region's entry and at each
 convolution's output; every blocked consumer ignores them (the convolutions sum
 over the real input channels only; the way back drops them).
+
+A region (blocked values connected through these ops) is kept only when it holds
+at least `min_convs` convolutions and more convolutions than reorders; the
+convolutions of the others stay `conv2d_blocked` and the pass runs again without
+them.
 
 The pass runs after block-convolutions (whose packed weights it keeps) and
 before fuse-ops, which fuses each `conv2d_nchwc` with its elementwise tail as
@@ -45,7 +50,8 @@ MIN_REGION_CONVS = 2
 class NchwcLayout(FunctionPass):
     """Convert chains of `conv2d_blocked` + elementwise ops + pooling to NCHW{b}c.
 
-    `lanes` (0: from the current target) is the channel block `b`.
+    `lanes` (0: from the current target) is the channel block `b`; `min_convs` the
+    fewest convolutions a region keeps its layout with.
     """
 
     name = "nchwc-layout"
