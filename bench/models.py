@@ -26,7 +26,8 @@ faster) and the relative L2 error of kiln's output against ort's. A model
 kiln cannot compile or run prints one line `skipped: <reason>` and the run
 goes on. kiln's parallel loops use `KILN_NUM_THREADS` threads (default:
 every online CPU); `--tensor-pipeline simplify` compiles without the
-Parallelize pass (the "before" figures of docs/performance.md).
+Parallelize pass (the "before" figures of docs/performance.md);
+`--graph-pipeline nchwc` adds the blocked activation layout (nchwc-layout).
 Prints a table; asserts nothing (this is not a test).
 """
 
