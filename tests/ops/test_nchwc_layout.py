@@ -4,7 +4,7 @@ onnxruntime.
 One ONNX model holds the cases as branches: a residual block and one more 3x3
 convolution (bias, ReLU, Add) whose result feeds a max pool (kept blocked), a global
 average pool + Flatten + Gemm, and the graph output; after the pool a stride-2 3x3
-convolution with Clip and a strided 1x1 convolution, concatenated (in NCHW); a chain of
+convolution with Clip and a strided 1x1 convolution, concatenated (blocked); a chain of
 stride-2 1x1 and 3x3 convolutions on 3 input channels through 13 and 20 (not multiples
 of the block). Batch 2. It is compiled with the `nchwc` graph pipeline on llvm and c,
 and run in this process and in fresh processes with 1 and 2 threads.
@@ -111,15 +111,16 @@ def test_the_pass_keeps_conv_chains_blocked() -> None:
     assert names.count("conv2d_nchwc") == 8 and "conv2d_blocked" not in names
     transforms = [b.value for b in mod["main"].bindings if isinstance(b.value, g.Call)
                   and b.value.op == "layout_transform"]
-    # in: x, y; out: r (read by the global pool and the output), c and s (the concat), u
-    assert sorted(t.attrs["dst"] for t in transforms) == ["NCHW"] * 4 + ["NCHW8c"] * 2
+    # in: x, y; out: r (read by the global pool and the output), the concat, u
+    assert sorted(t.attrs["dst"] for t in transforms) == ["NCHW"] * 3 + ["NCHW8c"] * 2
     assert all(t.ret_type.shape[-1] == 8 for t in transforms if t.attrs["dst"] != "NCHW")
-    # the residual Add, the activations and the max pool run on the blocked tensors
+    # the residual Add, the activations, the max pool and the concat (40 + 40 channels:
+    # whole blocks) run on the blocked tensors
     blocked = [b.value.op for b in mod["main"].bindings if isinstance(b.value, g.Call)
                and b.var.type.ndim == 5 and b.value.op not in ("conv2d_nchwc",
                                                                 "layout_transform")]
-    assert sorted(blocked) == ["add", "clip", "pool2d_nchwc", "relu", "relu", "relu",
-                               "relu", "sigmoid"]
+    assert sorted(blocked) == ["add", "clip", "concat", "pool2d_nchwc", "relu", "relu",
+                               "relu", "relu", "sigmoid"]
 
 
 def test_regions_that_do_not_pay_stay_nchw() -> None:

@@ -8,13 +8,16 @@ layout-agnostic ops between such convolutions follow it:
 - unary elementwise ops (Relu, Clip, Sigmoid, ...) and binary elementwise ops
   whose two operands are blocked tensors of one shape (a residual Add): the same
   op on the 5-D tensor;
-- 2-D max and average pooling: `pool2d_nchwc` (kiln.ops.pool_nchwc).
+- 2-D max and average pooling: `pool2d_nchwc` (kiln.ops.pool_nchwc);
+- a channel concat of blocked tensors whose channel counts are multiples of `b`:
+  `concat` along the block axis.
 
 A region is entered with one `layout_transform(x, src="NCHW", dst="NCHW{b}c")`
 per NCHW tensor it reads, and a tensor it produces is reordered back (one
 `layout_transform(..., dst="NCHW")`, bound to the original variable) just
 before its first other consumer (a depthwise or row-tiled convolution, a
-concat, a global pooling, a Flatten, ...) or the function's result. Padding
+concat of partial blocks, a global pooling, a Flatten, ...) or the function's
+result. Padding
 channels (up to a multiple of `b`) are zeros at the region's entry and at each
 convolution's output; every blocked consumer ignores them (the convolutions sum
 over the real input channels only; the way back drops them).
@@ -187,9 +190,21 @@ class _Rewriter:
                 for a in c.args):
             return call(c.op, *(self.blocked[a] for a in c.args if isinstance(a, g.Var)),
                         **c.attrs)
+        if c.op == "concat" and self._whole_blocks(c):
+            # channel blocks are whole, so the blocked tensors concatenate block-wise
+            return call("concat", *(self.blocked[a] for a in c.args if isinstance(a, g.Var)),
+                        axis=1)
         if c.op in POOLS and isinstance(c.args[0], g.Var) and c.args[0] in self.blocked:
             return call(POOL_NCHWC, self.blocked[c.args[0]], pool=c.op, **c.attrs)
         return None
+
+    def _whole_blocks(self, c: g.Call) -> bool:
+        """Whether `c` (a concat) joins blocked tensors along channels that fill whole
+        blocks (no padding channels between its parts)."""
+        axis = c.attrs.get("axis", 0)
+        return isinstance(axis, int) and axis % 4 == 1 and all(
+            isinstance(a, g.Var) and a in self.blocked and isinstance(a.type, TensorType)
+            and a.type.shape[1] % self.block == 0 for a in c.args)
 
     def _conv(self, c: g.Call, var: g.Var) -> g.Call | None:
         from kiln.ops.conv_direct import NCHWC
