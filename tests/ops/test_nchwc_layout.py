@@ -215,3 +215,20 @@ def test_a_symbolic_batch_stays_the_outer_loop() -> None:
     want = kernel_checks.onnxruntime_outputs(model, feeds)
     got = kiln.evaluate(mod, "main", *feeds.values())
     kernel_checks.assert_close([np.asarray(o) for o in got], want, CASES, TOL)
+
+
+@pytest.mark.parametrize("target", ["llvm", "c"])
+def test_a_symbolic_batch_runs_natively(target: str) -> None:
+    """One library for every batch, blocked regions included (llvm and c)."""
+    model = onnx.ModelProto()
+    model.CopyFrom(MODEL)
+    for v in model.graph.input:
+        v.type.tensor_type.shape.dim[0].dim_param = "N"
+    ex = kiln.compile(from_onnx(model), target, graph_pipeline="nchwc")
+    assert any(f.attrs.get("kiln.conv_kernel") == "conv2d_nchwc"
+               for f in ex.ir.prim_funcs().values())
+    for batch in (1, 3):
+        feeds = {k: np.concatenate([v, v])[:batch] for k, v in FEEDS.items()}
+        want = kernel_checks.onnxruntime_outputs(model, feeds)
+        got = ex["main"](*feeds.values())
+        kernel_checks.assert_close([np.asarray(o) for o in got], want, CASES, TOL)
