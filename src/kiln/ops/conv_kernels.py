@@ -470,6 +470,24 @@ def _parallel_tiles(extents: Sequence[int], body: Callable[..., Stmt]) -> Stmt:
     return For(t, _c(0), as_expr(total, INDEX_DTYPE), kind, seq(*lets, body(*idx)))
 
 
+def parallel_when(build: Callable[[], Stmt], work: int | PrimExpr, threshold: int) -> Stmt:
+    """The loop `build()` makes (a `parallel` For) run in parallel only when `work`
+    reaches `threshold`: serial when `work` is a smaller int; for a symbolic `work`
+    (sizes known at run time) built twice, parallel and serial, chosen at run time,
+    since a launch costs more than a small loop gains. (Built twice, not copied: each
+    copy binds its own variables and buffers.)"""
+    loop = build()
+    if not isinstance(loop, For) or loop.kind != "parallel":
+        return loop
+    if isinstance(work, int):
+        return loop if work >= threshold else For(loop.var, loop.start, loop.extent,
+                                                   "serial", loop.body)
+    again = build()
+    assert isinstance(again, For)
+    serial = For(again.var, again.start, again.extent, "serial", again.body)
+    return IfThenElse(as_expr(work, INDEX_DTYPE) >= threshold, loop, serial)
+
+
 def _tiles_loop(n: int, groups: int, blocks: int, rows: int,
                 row: Callable[[PrimExpr, PrimExpr, PrimExpr, PrimExpr], Stmt]) -> Stmt:
     """`for n, g, block, row` around the tiles of one output row (loops of extent 1 left

@@ -50,7 +50,7 @@ from kiln.ir.tensor import (
 )
 from kiln.ir.visitor import iter_exprs
 from kiln.ops.broadcast import broadcast_index
-from kiln.ops.conv_kernels import Epilogue, _parallel_tiles, lanes_loop, madd
+from kiln.ops.conv_kernels import Epilogue, _parallel_tiles, lanes_loop, madd, parallel_when
 
 # A tile's accumulators: at least 8 independent chains keep two FMA pipes with a
 # 4-cycle latency busy; more than 16 only grows the unrolled IR (compile time).
@@ -285,10 +285,8 @@ def gemm_body(shape: GemmShape, tiling: GemmTiling, a: Buffer, b_at: BReader, ou
             stores = [store_loops(False, True)]
         return seq(*head, *red, Allocate(stage), copy, *stores)
 
-    loop = _parallel_tiles((shape.batches, panels, mtiles), tile)
-    if isinstance(shape.madds, int) and shape.madds < SERIAL_MAX_MADDS \
-            and isinstance(loop, For):
-        loop = For(loop.var, loop.start, loop.extent, "serial", loop.body)
+    loop = parallel_when(lambda: _parallel_tiles((shape.batches, panels, mtiles), tile),
+                         shape.madds, SERIAL_MAX_MADDS)
     return seq(*prologue, loop)
 
 
@@ -337,10 +335,8 @@ def pack_b_at_run_time(b: Buffer, b_batch: tuple[int, ...], k: int, n: int, nr: 
                 z, width, _c(nr) - width, "serial", Store(ws, zero, (bf, p, kz, z)))))
         return seq(*parts)
 
-    pack = _parallel_tiles((bb, panels), panel_copy)
-    work = dim_product((bb, panels, k, nr))
-    if isinstance(work, int) and work < SERIAL_MAX_MADDS and isinstance(pack, For):
-        pack = For(pack.var, pack.start, pack.extent, "serial", pack.body)
+    pack = parallel_when(lambda: _parallel_tiles((bb, panels), panel_copy),
+                         dim_product((bb, panels, k, nr)), SERIAL_MAX_MADDS)
 
     def read(oidx: tuple[PrimExpr, ...], p: PrimExpr, kk: PrimExpr, v: PrimExpr) -> PrimExpr:
         flat: PrimExpr = _c(0)
