@@ -26,7 +26,8 @@ faster) and the relative L2 error of kiln's output against ort's. A model
 kiln cannot compile or run prints one line `skipped: <reason>` and the run
 goes on. kiln's parallel loops use `KILN_NUM_THREADS` threads (default:
 every online CPU); `--tensor-pipeline simplify` compiles without the
-Parallelize pass (the "before" figures of docs/performance.md).
+Parallelize pass (the "before" figures of docs/performance.md);
+`--graph-pipeline nchwc` adds the blocked activation layout (nchwc-layout).
 Prints a table; asserts nothing (this is not a test).
 """
 
@@ -51,7 +52,7 @@ class Skipped(Exception):
 
 
 def run(name: str, target: kiln.target.Target, repeat: int, seconds: float,
-        tensor_pipeline: str) -> dict[str, float]:
+        tensor_pipeline: str, graph_pipeline: str = "default") -> dict[str, float]:
     """Compile and time one model; raises Skipped when kiln fails on it."""
     import onnxruntime as ort
 
@@ -62,7 +63,8 @@ def run(name: str, target: kiln.target.Target, repeat: int, seconds: float,
 
     start = time.perf_counter()
     try:
-        ex = kiln.compile(from_onnx(model), target, tensor_pipeline=tensor_pipeline)
+        ex = kiln.compile(from_onnx(model), target, graph_pipeline=graph_pipeline,
+                          tensor_pipeline=tensor_pipeline)
         fn = ex["main"]  # links and loads the library
     except Exception as exc:  # a benchmark reports what fails and goes on
         raise Skipped(f"compile: {short_error(exc)}") from exc
@@ -164,6 +166,8 @@ def main() -> None:
     parser.add_argument("--models", default="small",
                         help=f"comma-separated names ({', '.join(MODELS)}) or sets "
                              f"({', '.join(MODEL_SETS)}); default: small")
+    parser.add_argument("--graph-pipeline", default="default",
+                        help="kiln's graph pipeline, e.g. 'nchwc' (blocked activation layout)")
     parser.add_argument("--tensor-pipeline", default="default",
                         help="kiln's tensor pipeline, e.g. 'simplify' (no parallel loops)")
     parser.add_argument("--dynamic", action="store_true",
@@ -174,7 +178,8 @@ def main() -> None:
         args.target)
     threads = os.environ.get("KILN_NUM_THREADS", f"all ({os.cpu_count()})")
     print(f"target: {target.kind.name} {describe_target(target)}")
-    print(f"tensor pipeline: {args.tensor_pipeline}   KILN_NUM_THREADS: {threads}   "
+    print(f"graph pipeline: {args.graph_pipeline}   tensor pipeline: {args.tensor_pipeline}   "
+          f"KILN_NUM_THREADS: {threads}   "
           f"ort threads: 2   median of up to {args.repeat} calls in {args.seconds:g} s, "
           f"alternating blocks")
     if args.dynamic:
@@ -186,7 +191,8 @@ def main() -> None:
     print("-" * len(header))
     for name in names:
         try:
-            r = run(name, target, args.repeat, args.seconds, args.tensor_pipeline)
+            r = run(name, target, args.repeat, args.seconds, args.tensor_pipeline,
+                    args.graph_pipeline)
         except Skipped as exc:
             print(f"{name:<12} skipped: {exc}", flush=True)
             continue

@@ -229,6 +229,19 @@ def dim_at_least(a: Dim, b: Dim) -> bool:
                for m, coeff in diff.items())
 
 
+def monomial(d: Dim) -> tuple[int, Dim] | None:
+    """`(c, m)` when `d` is `c * m` for a positive int `c` and a product `m` of
+    variables (`batch*seq*256` -> `(256, batch*seq)`), else None (a constant, a sum)."""
+    c = _Canon()
+    p = c.poly(d)
+    if len(p) != 1:
+        return None
+    ((mono, coeff),) = p.items()
+    if not mono or coeff <= 0 or any(key[0] != "var" for key, _ in mono):
+        return None
+    return coeff, c.expr({mono: 1})
+
+
 def is_static(d: Dim | Sequence[Dim]) -> bool:
     """Whether a dimension (or every dimension of a shape) is a plain int."""
     if isinstance(d, (int, PrimExpr)):

@@ -7,9 +7,11 @@ from kiln.ops import (  # noqa: F401
     gemm,
     image,
     indexing,
+    layout,
     logic,
     manip,
     nn,
     pool,
+    pool_nchwc,
     reduce,
 )

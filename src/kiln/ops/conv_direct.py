@@ -11,7 +11,11 @@ visible in the graph (and in its kiln.script text):
   (`group == channels`); same attributes as `conv2d`;
 - `conv2d_rows(x, wp[, bias])`: an ungrouped convolution tiled along output rows
   (1x1 convolutions and layers with few input channels), `wp` packed into
-  `[co_block][ci][kh][kw][rows]` (`pack_rows_weight`), attribute `channels`.
+  `[co_block][ci][kh][kw][rows]` (`pack_rows_weight`), attribute `channels`;
+- `conv2d_nchwc(x, wp[, bias])`: `conv2d_blocked` (ungrouped) on activations in the
+  blocked NCHW{b}c layout (kiln.ops.layout): `x` is `[N][ceil(ci/b)][H][W][b]`, the
+  result `[N][ceil(co/b)][OH][OW][b]` with its padding channels zero; the
+  `nchwc-layout` pass (kiln.transform.nchwc_layout) introduces it.
 
 Both keep `conv2d`'s meaning (NCHW in and out, ONNX pads), type rule and numpy
 reference; their tensor-expression definitions (used when a kernel cannot be
@@ -30,10 +34,10 @@ from typing import Any, ClassVar, cast
 import numpy as np
 
 from kiln.errors import IRError
-from kiln.ir.tensor import PrimExpr, PrimFunc
+from kiln.ir.tensor import Buffer, PrimExpr, PrimFunc, as_expr, min_, select
 from kiln.ir.types import TensorType, Type
 from kiln.ops import conv_kernels as ck
-from kiln.ops import spatial, te
+from kiln.ops import layout, spatial, te
 from kiln.ops.epilogue import fused_store
 from kiln.ops.nn import _conv_compute, _conv_infer, _conv_ref
 from kiln.ops.registry import OPS, HandBuiltOp
@@ -41,6 +45,7 @@ from kiln.ops.registry import OPS, HandBuiltOp
 BLOCKED = "conv2d_blocked"
 DEPTHWISE = "conv2d_depthwise"
 ROWS = "conv2d_rows"
+NCHWC = "conv2d_nchwc"
 Attrs = Mapping[str, Any]
 
 # mcpu names (prefixes) whose widest float unit is 512 / 256 bits, when a target
@@ -156,6 +161,54 @@ def _blocked_ref(x: np.ndarray, wp: np.ndarray, b: np.ndarray | None = None,
     return _conv_ref(x, w, b, **attrs)
 
 
+# --------------------------------------------------------------------------- NCHWc op
+
+def _nchwc_oihw(types: Sequence[Any], attrs: Attrs) -> tuple[int, ...]:
+    """The OIHW weight of a `conv2d_nchwc` call (checked against its blocked input)."""
+    oihw = _blocked_oihw(types, attrs)
+    x = tuple(types[0].shape)
+    if int(attrs.get("group", 1)) != 1 or len(x) != 5 or \
+            int(x[1]) != -(-oihw[1] // int(x[4])) or int(types[1].shape[5]) % int(x[4]):
+        raise IRError(f"{NCHWC}: input {x} must be NCHW<b>c holding the weight's {oihw[1]} "
+                      f"input channels, ungrouped, with a packed channel tile a multiple of b")
+    return oihw
+
+
+def _nchw_of(x: Sequence[Any], channels: int) -> tuple[Any, ...]:
+    return (x[0], channels, x[2], x[3])
+
+
+def _nchwc_infer(types: Sequence[TensorType], attrs: Attrs) -> Type:
+    oihw = _nchwc_oihw(types, attrs)
+    x = types[0]
+    out = _conv_infer([TensorType(_nchw_of(x.shape, oihw[1]), x.dtype),
+                       TensorType(oihw, types[1].dtype), *types[2:]], attrs)
+    assert isinstance(out, TensorType)
+    return TensorType(layout.block_shape(out.shape, cast(int, x.shape[4])), out.dtype)
+
+
+def _nchwc_compute(inputs: Sequence[te.Tensor], attrs: Attrs) -> te.Tensor:
+    oihw = _nchwc_oihw(inputs, attrs)
+    x = inputs[0]
+    b = int(x.shape[4])
+    plain = te.compute(_nchw_of(x.shape, oihw[1]),
+                       lambda n, c, h, w: x[n, c // b, h, w, c % b], x.dtype, "x_nchw")
+    out = _blocked_compute([plain, *inputs[1:]], attrs)
+    co = oihw[0]
+
+    def blocked(n: PrimExpr, cb: PrimExpr, h: PrimExpr, w: PrimExpr, v: PrimExpr) -> PrimExpr:
+        ch = cb * b + v
+        return select(ch < co, out[n, min_(ch, co - 1), h, w], as_expr(0.0, out.dtype))
+
+    return te.compute(layout.block_shape(out.shape, b), blocked, out.dtype, "conv_nchwc")
+
+
+def _nchwc_ref(x: np.ndarray, wp: np.ndarray, b: np.ndarray | None = None,
+               **attrs: Any) -> np.ndarray:
+    plain = layout.from_blocked(x, int(wp.shape[2]))
+    return layout.to_blocked(_blocked_ref(plain, wp, b, **attrs), int(x.shape[4]))
+
+
 # --------------------------------------------------------------------------- row-tiled op
 
 def _rows_oihw(types: Sequence[Any], attrs: Attrs) -> tuple[int, ...]:
@@ -207,7 +260,11 @@ class DirectConvOp(HandBuiltOp):
         if not all(isinstance(d, int) for t in args for d in (t.shape[1:] if t is x
                                                               else t.shape)):
             return None  # only the batch may be symbolic
-        if self.name == BLOCKED:
+        block = int(x.shape[4]) if self.name == NCHWC else 0
+        if self.name == NCHWC:
+            oihw = _nchwc_oihw(args, attrs)
+            shape = conv_shape(_nchw_of(x.shape, oihw[1]), oihw[0], oihw[2:], attrs)
+        elif self.name == BLOCKED:
             oihw = _blocked_oihw(args, attrs)
             shape = conv_shape(x.shape, oihw[0], oihw[2:], attrs)
         elif self.name == ROWS:
@@ -217,17 +274,22 @@ class DirectConvOp(HandBuiltOp):
             shape = conv_shape(x.shape, w.shape[0], w.shape[2:], attrs)
             if not shape.depthwise:
                 return None
-        conv_out = (shape.n, shape.c_out, shape.out_h, shape.out_w)
+        conv_out: tuple[Any, ...] = (shape.n, shape.c_out, shape.out_h, shape.out_w)
+        bias = args[2] if len(args) > 2 else None
+        if block:
+            conv_out = layout.block_shape(conv_out, block)
         store = fused_store(params, anchor, result, conv_out,
-                            bias=args[2] if len(args) > 2 else None)
+                            bias=None if block else bias)
         if store is None:  # an epilogue needing statements (a reduction, a table)
             return None
         buffers, out, epilogue = store.buffers, store.out, store.epilogue
+        if block and bias is not None:
+            epilogue = _blocked_bias(epilogue, buffers[bias], block, shape.c_out)
         lanes, fused = target_lanes(), target_has_fma()
         xb, wb = buffers[x], buffers[w]
-        if self.name == BLOCKED:
+        if block or self.name == BLOCKED:
             tiling = ck.Tiling(cb=w.shape[5], tile_w=ck.choose_tiling(shape, lanes).tile_w)
-            body = ck.blocked_conv_body(shape, xb, wb, out, tiling, epilogue, fused)
+            body = ck.blocked_conv_body(shape, xb, wb, out, tiling, epilogue, fused, block)
         elif self.name == ROWS:
             body = ck.rows_conv_body(shape, xb, wb, out, ck.rows_tile_width(shape.out_w, lanes),
                                      epilogue, fused, lanes)
@@ -239,6 +301,17 @@ class DirectConvOp(HandBuiltOp):
                         {"kiln.conv_kernel": self.name})
 
 
+def _blocked_bias(epilogue: ck.Epilogue, bias: Buffer, block: int,
+                  channels: int) -> ck.Epilogue:
+    """`epilogue` after adding the bias of the NCHW{block}c output index's channel (a
+    padding lane reads the last channel's: its value is replaced by zero)."""
+    def with_bias(v: PrimExpr, idx: tuple[PrimExpr, ...]) -> PrimExpr:
+        ch = idx[1] * block + idx[4]
+        return epilogue(v + bias[min_(ch, channels - 1) if channels % block else ch], idx)
+
+    return with_bias
+
+
 def _register(name: str, infer: Any, compute: Any, reference: Any) -> None:
     OPS.register(name, DirectConvOp(name, "anchor", infer, compute, reference))
 
@@ -246,3 +319,4 @@ def _register(name: str, infer: Any, compute: Any, reference: Any) -> None:
 _register(BLOCKED, _blocked_infer, _blocked_compute, _blocked_ref)
 _register(DEPTHWISE, _conv_infer, _conv_compute, _conv_ref)
 _register(ROWS, _rows_infer, _rows_compute, _rows_ref)
+_register(NCHWC, _nchwc_infer, _nchwc_compute, _nchwc_ref)

@@ -49,6 +49,7 @@ from kiln.ir.tensor import (
     Var,
     as_expr,
     min_,
+    select,
     seq,
 )
 
@@ -239,6 +240,46 @@ def padded_input(x: Buffer, shape: ConvShape, phases: int = 1
         Allocate(xp), _nest(("n", "c"), (shape.n, shape.c_in), fill)]
 
 
+def padded_blocked_input(x: Buffer, shape: ConvShape, block: int
+                         ) -> tuple[PhaseReader, list[Stmt]]:
+    """`padded_input` for an NCHW{block}c input `x` (one phase): the reader takes the
+    channel `c` and reads `[c/block][row][col][c%block]`; with padding the input is
+    copied into a zero-bordered NCHW{block}c workspace (border zeroed, image copied one
+    `block`-wide vector at a time)."""
+    top, left, bottom, right = shape.pads
+    if min(shape.pads) < 0:
+        raise IRError(f"conv kernel: negative pads {shape.pads} are not supported")
+    if not any(shape.pads):
+        return (lambda n, c, i, p, q: x[n, c // block, i, q, c % block]), []
+    hp, wp = shape.h + top + bottom, shape.w + left + right
+    cblocks = -(-shape.c_in // block)
+    xp = Buffer("xpad", (shape.n, cblocks, hp, wp, block), x.dtype)
+    zero = as_expr(0.0, x.dtype)
+
+    def fill(n: PrimExpr, cb: PrimExpr) -> Stmt:
+        def rect(rows: tuple[int, int], cols: tuple[int, int],
+                 value: Callable[[PrimExpr, PrimExpr, PrimExpr], PrimExpr]) -> list[Stmt]:
+            if rows[1] <= rows[0] or cols[1] <= cols[0]:
+                return []
+            return [_loop("i", rows[1] - rows[0], lambda i: _loop(
+                "q", cols[1] - cols[0], lambda q: lanes_loop("v", block, lambda v: Store(
+                    xp, value(i, q, v), (n, cb, i, q, v))), start=cols[0]), start=rows[0])]
+
+        def zeros(i: PrimExpr, q: PrimExpr, v: PrimExpr) -> PrimExpr:
+            return zero
+
+        def image(i: PrimExpr, q: PrimExpr, v: PrimExpr) -> PrimExpr:
+            return x[n, cb, i - top, q - left, v]
+
+        return seq(*rect((0, top), (0, wp), zeros), *rect((top + shape.h, hp), (0, wp), zeros),
+                   *rect((top, top + shape.h), (0, left), zeros),
+                   *rect((top, top + shape.h), (left + shape.w, wp), zeros),
+                   *rect((top, top + shape.h), (left, left + shape.w), image))
+
+    return (lambda n, c, i, p, q: xp[n, c // block, i, q, c % block]), [
+        Allocate(xp), _nest(("n", "c"), (shape.n, cblocks), fill)]
+
+
 def _row_tiles(out_w: int, tile_w: int, lanes: int) -> list[tuple[int, int, int]]:
     """(first tile start, number of tiles, width) runs covering one output row: tiles of
     `tile_w`, then what is left as whole vectors, then the last few columns. Widths that
@@ -274,9 +315,16 @@ def _store_row(acc_t: str, width: int, value: Callable[[PrimExpr], PrimExpr],
 # --------------------------------------------------------------------------- blocked
 
 def blocked_conv_body(shape: ConvShape, x: Buffer, wp: Buffer, out: Buffer,
-                      tiling: Tiling, epilogue: Epilogue, fused: bool = True) -> Stmt:
+                      tiling: Tiling, epilogue: Epilogue, fused: bool = True,
+                      block: int = 0) -> Stmt:
     """The loop nest of a blocked direct convolution reading packed weights `wp`
     (`pack_blocked_weight` layout) and writing `epilogue(acc, index)` into `out` (NCHW).
+
+    With `block` > 0 (a divisor of `cb`, ungrouped) input and output are NCHW{block}c
+    (kiln.ops.layout): the input is read as `x[n][ci/block][h][w][ci%block]` and each
+    output position stores `cb / block` contiguous vectors at index
+    `(n, oc/block, oh, ow, oc%block)`; output channels past the real ones in the last
+    block are stored as zeros (their epilogue is not applied).
 
     A tile holds `tile_w` consecutive output positions of the flattened (oh, ow) plane:
     tile `t` takes `t * tile_w, ..., t * tile_w + tile_w - 1` (a run may wrap onto the
@@ -298,7 +346,11 @@ def blocked_conv_body(shape: ConvShape, x: Buffer, wp: Buffer, out: Buffer,
     sh, sw = shape.stride
     dh, dw = shape.dilation
     acc_t = x.dtype  # accumulate in the input dtype (float32); the epilogue may cast
-    xp, prologue = padded_input(x, shape)
+    if block and (shape.groups != 1 or cb % block):
+        raise IRError(f"NCHW{block}c conv kernel needs an ungrouped convolution and a "
+                      f"channel tile that is a multiple of {block}: {shape}, cb={cb}")
+    xp, prologue = padded_blocked_input(x, shape, block) if block else padded_input(x, shape)
+    out_blocks = -(-cog // block) if block else 0
 
     def tile(n: PrimExpr, g: PrimExpr, ob: PrimExpr, t: PrimExpr) -> Stmt:
         acc = Buffer("acc", (tile_w, cb), acc_t, "local")
@@ -341,6 +393,29 @@ def blocked_conv_body(shape: ConvShape, x: Buffer, wp: Buffer, out: Buffer,
         copy = lanes_loop("v", cb, lambda v: seq(*(
             Store(stage, acc[_c(r), v], (_c(r), v)) for r in range(tile_w))))
 
+        def emit_blocked() -> Stmt:
+            # one contiguous vector of `block` output channels per position and sub-block
+            stores: list[Stmt] = []
+            for r in range(tile_w):
+                for sub in range(cb // block):
+                    obk = ob * (cb // block) + sub
+
+                    def lane(v: PrimExpr, r: int = r, sub: int = sub,
+                             obk: PrimExpr = obk) -> Stmt:
+                        idx = (n, obk, rows[r], cols[r], v)
+                        value = epilogue(stage[_c(r), _c(sub * block) + v], idx)
+                        if cog % block:  # the last block's padding lanes hold zeros
+                            value = select(obk * block + v < cog, value, as_expr(0.0, acc_t))
+                        return Store(out, value, idx)
+
+                    st: Stmt = lanes_loop("v", block, lane)
+                    if blocks * cb > out_blocks * block:  # a sub-block past the output
+                        st = IfThenElse(obk < out_blocks, st)
+                    if overflow[r]:
+                        st = IfThenElse(t * tile_w + r < positions, st)
+                    stores.append(st)
+            return seq(*stores)
+
         def emit(v: Var) -> Stmt:
             oc_local = ob * cb + v
             oc = g * cog + oc_local if shape.groups > 1 else oc_local
@@ -354,7 +429,8 @@ def blocked_conv_body(shape: ConvShape, x: Buffer, wp: Buffer, out: Buffer,
             body = seq(*stores)
             return IfThenElse(oc_local < cog, body) if cog % cb else body
 
-        return seq(*head, Allocate(stage), red, copy, _loop("v", cb, emit))
+        out_stmt = emit_blocked() if block else _loop("v", cb, emit)
+        return seq(*head, Allocate(stage), red, copy, out_stmt)
 
     return seq(*prologue, _parallel_tiles((shape.n, shape.groups, blocks, tiles), tile))
 
@@ -392,6 +468,24 @@ def _parallel_tiles(extents: Sequence[int], body: Callable[..., Stmt]) -> Stmt:
     # a symbolic extent (a dim scalar) counts as more than one tile
     kind = "parallel" if not isinstance(total, int) or total > 1 else "serial"
     return For(t, _c(0), as_expr(total, INDEX_DTYPE), kind, seq(*lets, body(*idx)))
+
+
+def parallel_when(build: Callable[[], Stmt], work: int | PrimExpr, threshold: int) -> Stmt:
+    """The loop `build()` makes (a `parallel` For) run in parallel only when `work`
+    reaches `threshold`: serial when `work` is a smaller int; for a symbolic `work`
+    (sizes known at run time) built twice, parallel and serial, chosen at run time,
+    since a launch costs more than a small loop gains. (Built twice, not copied: each
+    copy binds its own variables and buffers.)"""
+    loop = build()
+    if not isinstance(loop, For) or loop.kind != "parallel":
+        return loop
+    if isinstance(work, int):
+        return loop if work >= threshold else For(loop.var, loop.start, loop.extent,
+                                                   "serial", loop.body)
+    again = build()
+    assert isinstance(again, For)
+    serial = For(again.var, again.start, again.extent, "serial", again.body)
+    return IfThenElse(as_expr(work, INDEX_DTYPE) >= threshold, loop, serial)
 
 
 def _tiles_loop(n: int, groups: int, blocks: int, rows: int,

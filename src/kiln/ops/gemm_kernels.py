@@ -52,7 +52,7 @@ from kiln.ir.tensor import (
 )
 from kiln.ir.visitor import iter_exprs
 from kiln.ops.broadcast import broadcast_index
-from kiln.ops.conv_kernels import Epilogue, _parallel_tiles, lanes_loop, madd
+from kiln.ops.conv_kernels import Epilogue, _parallel_tiles, lanes_loop, madd, parallel_when
 
 # A tile's accumulators: at least 8 independent chains keep two FMA pipes with a
 # 4-cycle latency busy; more than 16 only grows the unrolled IR (compile time).
@@ -299,10 +299,8 @@ def gemm_body(shape: GemmShape, tiling: GemmTiling, a: Buffer, b_at: BReader, ou
             stores = [panel_stores(False, True)]
         return seq(*head, *red, Allocate(stage), copy, *stores)
 
-    loop = _parallel_tiles((shape.batches, panels, mtiles), tile)
-    if isinstance(shape.madds, int) and shape.madds < SERIAL_MAX_MADDS \
-            and isinstance(loop, For):
-        loop = For(loop.var, loop.start, loop.extent, "serial", loop.body)
+    loop = parallel_when(lambda: _parallel_tiles((shape.batches, panels, mtiles), tile),
+                         shape.madds, SERIAL_MAX_MADDS)
     return seq(*prologue, loop)
 
 
@@ -360,10 +358,8 @@ def pack_b_at_run_time(b: Buffer, b_batch: tuple[int, ...], k: int, n: int, nr: 
         # whole panels copy `nr` columns (a constant extent the backend vectorizes)
         return seq(*lets, IfThenElse(compare("ge", n - n0, _c(nr)), copy(_c(nr)), partial))
 
-    pack = _parallel_tiles((bb, panels), panel_copy)
-    work = dim_product((bb, panels, k, nr))
-    if isinstance(work, int) and work < SERIAL_MAX_MADDS and isinstance(pack, For):
-        pack = For(pack.var, pack.start, pack.extent, "serial", pack.body)
+    pack = parallel_when(lambda: _parallel_tiles((bb, panels), panel_copy),
+                         dim_product((bb, panels, k, nr)), SERIAL_MAX_MADDS)
 
     def read(oidx: tuple[PrimExpr, ...], p: PrimExpr, kk: PrimExpr, v: PrimExpr) -> PrimExpr:
         flat: PrimExpr = _c(0)

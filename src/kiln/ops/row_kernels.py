@@ -60,11 +60,15 @@ from kiln.ir.tensor import (
 from kiln.ir.types import TensorType
 from kiln.ops import te
 from kiln.ops.conv_direct import target_lanes
+from kiln.ops.conv_kernels import parallel_when
 from kiln.ops.epilogue import SubstituteLoad
 from kiln.ops.registry import HandBuiltOp
 
 Attrs = Mapping[str, Any]
 SOFTMAX, LOG_SOFTMAX, LAYER_NORM = "softmax", "log_softmax", "layer_norm"
+# Elements below which a row kernel with a symbolic row count stays on one thread (a
+# launch costs a few microseconds; a row element a few nanoseconds).
+PARALLEL_MIN_WORK = 1 << 15
 F32 = "float32"
 
 Reader = Callable[[PrimExpr], PrimExpr]  # the row's element j (an index expression)
@@ -100,7 +104,8 @@ class RowLoops:
             count, let_count = _let("chunks", n // self.lanes)
             vector = For(lane, _c(0), _c(self.lanes), "vectorized",
                          body(c * self.lanes + lane, lane))
-            rest = For(t, _c(0), n - count * self.lanes, "serial",
+            # the tail has fewer than `lanes` elements: the bound says so to `parallelize`
+            rest = For(t, _c(0), min_(self.lanes - 1, n - count * self.lanes), "serial",
                        body(t + count * self.lanes, t))
             return seq(let_count, For(c, _c(0), count, "serial", vector), rest)
         chunks, tail = divmod(self.n, self.lanes)
@@ -243,30 +248,39 @@ class Rows:
     threads when the work pays for a launch (its `min_work`)."""
 
     outer: tuple[int | PrimExpr, ...]
+    row_work: int | PrimExpr = 1  # elements of one row (a symbolic row count's loop)
 
-    @property
-    def vars(self) -> list[Var]:
-        return [Var(f"i{k}", INDEX_DTYPE) for k in range(len(self.outer))]
+    def around(self, row: Callable[[tuple[PrimExpr, ...]], Stmt]) -> Stmt:
+        """The loops over every row around `row(index)`, the statements of one row."""
+        if all(isinstance(d, int) for d in self.outer):
+            index_vars = [Var(f"i{k}", INDEX_DTYPE) for k in range(len(self.outer))]
+            body = row(tuple(v if _loops(d) else _c(0)
+                             for v, d in zip(index_vars, self.outer)))
+            for v, d in reversed(list(zip(index_vars, self.outer))):
+                if _loops(d):
+                    body = For(v, _c(0), as_expr(d, INDEX_DTYPE), "serial", body)
+            return body
+        # Symbolic row counts: one parallel loop over every row, not a loop per dim (the
+        # outermost, which threads would split, may be 1 at run time: a batch of one).
+        # Rows are independent; `parallelize` cannot see it through the divisions that
+        # recover the row's index, so the loop is marked here, and taken only when the
+        # rows hold enough work (`parallel_when`).
+        count = dim_product(self.outer)
 
-    def around(self, index_vars: list[Var], body: Stmt) -> Stmt:
-        if not all(isinstance(d, int) for d in self.outer):
-            # Symbolic row counts: one parallel loop over every row, not a loop per dim
-            # (the outermost, which threads would split, may be 1 at run time: a batch of
-            # one). Rows are independent; `parallelize` cannot see it through the
-            # divisions that recover the row's index, so the loop is marked here.
-            row = Var("row", INDEX_DTYPE)
-            index = te.unflatten_index(row, self.outer)  # type: ignore[arg-type]
-            lets = [LetStmt(v, i) for v, i, d in zip(index_vars, index, self.outer)
-                    if _loops(d)]
-            return For(row, _c(0), as_expr(dim_product(self.outer), INDEX_DTYPE), "parallel",
-                       seq(*lets, body))
-        for v, d in reversed(list(zip(index_vars, self.outer))):
-            if _loops(d):
-                body = For(v, _c(0), as_expr(d, INDEX_DTYPE), "serial", body)
-        return body
+        def loop() -> For:
+            r = Var("row", INDEX_DTYPE)
+            lets: list[Stmt] = []
+            index: list[PrimExpr] = []
+            for k, (i, d) in enumerate(zip(te.unflatten_index(r, self.outer),  # type: ignore[arg-type]
+                                           self.outer)):
+                v = Var(f"i{k}", INDEX_DTYPE)
+                if _loops(d):
+                    lets.append(LetStmt(v, i))
+                index.append(v if _loops(d) else _c(0))
+            return For(r, _c(0), as_expr(count, INDEX_DTYPE), "parallel",
+                       seq(*lets, row(tuple(index))))
 
-    def index(self, index_vars: list[Var]) -> tuple[PrimExpr, ...]:
-        return tuple(v if _loops(d) else _c(0) for v, d in zip(index_vars, self.outer))
+        return parallel_when(loop, count * self.row_work, PARALLEL_MIN_WORK)
 
 
 def _loops(d: int | PrimExpr) -> bool:
@@ -325,9 +339,19 @@ class RowOp(HandBuiltOp):
                 te.inline_expr(result, zero, mapping)
         except IRError:
             return None
-        rows = Rows(tuple(outer))
-        row_vars = rows.vars
-        o = rows.index(row_vars)
+        if self.name == LAYER_NORM and not isinstance(n, int):
+            return None  # its shift reads element 0, which an empty row lacks
+        rows = Rows(tuple(outer), n)
+        kernel = rows.around(lambda o: self._row(o, x, args, attrs, n, buffers, mapping,
+                                                 value_buf, out, result))
+        return PrimFunc((*(buffers[t] for t in params), out), kernel,
+                        {"kiln.row_kernel": self.name})
+
+    def _row(self, o: tuple[PrimExpr, ...], x: te.Tensor, args: Sequence[te.Tensor],
+             attrs: Attrs, n: int | PrimExpr, buffers: dict[te.Tensor, Buffer],
+             mapping: dict[te.Tensor, Buffer], value_buf: Buffer, out: Buffer,
+             result: te.Tensor | None) -> Stmt:
+        """The statements of the row at outer index `o`."""
 
         def index(j: PrimExpr) -> tuple[PrimExpr, ...]:
             return (*o, j)
@@ -344,8 +368,6 @@ class RowOp(HandBuiltOp):
         lanes = target_lanes()
         loops = RowLoops(n, min(lanes, max(n, 1)) if isinstance(n, int) else lanes)
         if self.name == LAYER_NORM:
-            if not isinstance(n, int):
-                return None  # its shift reads element 0, which an empty row lacks
             scale = args[1] if len(args) > 1 else None
             bias = args[2] if len(args) > 2 else None
 
@@ -358,12 +380,9 @@ class RowOp(HandBuiltOp):
                     y = y * v if combine == "mul" else y + v
                 return y
 
-            row = layer_norm_row(loops, read, store, affine, float(attrs.get("epsilon", 1e-5)))
-        else:
-            row = softmax_row(loops, read, lambda j: (out, index(j)), store,
-                              self.name == LOG_SOFTMAX)
-        return PrimFunc((*(buffers[t] for t in params), out), rows.around(row_vars, row),
-                        {"kiln.row_kernel": self.name})
+            return layer_norm_row(loops, read, store, affine, float(attrs.get("epsilon", 1e-5)))
+        return softmax_row(loops, read, lambda j: (out, index(j)), store,
+                           self.name == LOG_SOFTMAX)
 
 
 # --------------------------------------------------------------------------- reductions
@@ -447,25 +466,25 @@ class RowReduceOp(HandBuiltOp):
                 te.inline_expr(result, (_c(0),) * len(out_shape), mapping)
         except IRError:
             return None
-        rows = Rows(tuple(outer))
-        row_vars = rows.vars
-        o = rows.index(row_vars)
-        # the output keeps the row dims, then 1s for the reduced ones with keepdims
-        out_idx = (*o, *(_c(0),) * (len(out_shape) - len(o)))
         count = dim_product(inner)  # an expression of the dim scalars when symbolic
 
-        def read(j: PrimExpr) -> PrimExpr:
-            idx = (j,) if len(inner) == 1 else te.unflatten_index(j, inner)
-            return te.inline_expr(x, (*o, *idx), buffers)
+        def row(o: tuple[PrimExpr, ...]) -> Stmt:
+            # the output keeps the row dims, then 1s for the reduced ones with keepdims
+            out_idx = (*o, *(_c(0),) * (len(out_shape) - len(o)))
 
-        lanes = target_lanes()
-        loops = RowLoops(count, min(lanes, count) if isinstance(count, int) else lanes)
-        stmts, total = reduce_row(loops, read, self.kind, self.pre)
-        v = self.post(total, count) if self.post else total
-        v = v if v.dtype == F32 else Cast(F32, v)
-        if result is not None:
-            v = SubstituteLoad(value_buf, v).visit_expr(
-                te.inline_expr(result, tuple(out_idx), mapping))
-        body = seq(*stmts, Store(out, v, out_idx))
-        return PrimFunc((*(buffers[t] for t in params), out), rows.around(row_vars, body),
+            def read(j: PrimExpr) -> PrimExpr:
+                idx = (j,) if len(inner) == 1 else te.unflatten_index(j, inner)
+                return te.inline_expr(x, (*o, *idx), buffers)
+
+            lanes = target_lanes()
+            loops = RowLoops(count, min(lanes, count) if isinstance(count, int) else lanes)
+            stmts, total = reduce_row(loops, read, self.kind, self.pre)
+            v = self.post(total, count) if self.post else total
+            v = v if v.dtype == F32 else Cast(F32, v)
+            if result is not None:
+                v = SubstituteLoad(value_buf, v).visit_expr(
+                    te.inline_expr(result, tuple(out_idx), mapping))
+            return seq(*stmts, Store(out, v, out_idx))
+
+        return PrimFunc((*(buffers[t] for t in params), out), Rows(tuple(outer), count).around(row),
                         {"kiln.row_kernel": self.name})

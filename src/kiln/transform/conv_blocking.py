@@ -19,8 +19,9 @@ and float32 operands becomes
 The kernels themselves are in kiln.ops.conv_kernels; docs/performance.md,
 "Convolution", describes them. The pass runs after fold-batchnorm (which
 folds into `conv2d` weights) and before fuse-ops (which fuses the elementwise
-tail into the new op's kernel). Activations stay NCHW: no layout changes
-between ops.
+tail into the new op's kernel). Activations stay NCHW here; the `nchwc-layout`
+pass (kiln.transform.nchwc_layout) may then move chains of `conv2d_blocked` to
+the blocked NCHW{b}c layout.
 """
 
 from __future__ import annotations

@@ -15,13 +15,21 @@ between the already placed blocks it conflicts with):
 
 from __future__ import annotations
 
+import math
 from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
 
 from kiln.errors import CompileError
 from kiln.ir.dtype import INDEX_DTYPE
-from kiln.ir.shape_expr import dim_at_least, simplify_dim
+from kiln.ir.shape_expr import (
+    dim_at_least,
+    dim_text,
+    dim_vars,
+    eval_dim,
+    monomial,
+    simplify_dim,
+)
 from kiln.ir.tensor import BinaryOp, as_expr
 from kiln.ir.types import Dim
 
@@ -206,20 +214,49 @@ def plan_symbolic(blocks: Sequence[tuple[Hashable, Dim, int, int]], base: int, *
     """Offsets of blocks whose sizes are expressions of dimension variables, and the end.
 
     `blocks` are `(key, size, start, end)` (live range as for `Block`), placed from byte
-    `base` on (after the static plan). Taken in definition order, each block joins a
-    slot no block of which is still live, preferring one at least as large (the
-    sizes compared for every value of the variables, `dim_at_least`), else it opens a
-    new slot. Slots are laid end to end, each rounded up to `alignment`; offsets and
-    the end are expressions the function evaluates once at entry
-    (docs/dynamic-shapes.md, "Memory").
+    `base` on (after the static plan). Blocks whose sizes are multiples of one product
+    of variables get the static plan of the multiples, scaled by the product. The
+    others are taken in definition order: each joins a slot no block of which is
+    still live, preferring one at least as large for every value of the variables
+    (`dim_at_least`), else the one it grows least at typical sizes, else a new slot.
+    Classes and slots are laid end to end; offsets and the end are expressions the
+    function evaluates once at entry (docs/dynamic-shapes.md, "Memory").
     """
+    offset: Dim = align_up(base, alignment)
+    offsets: dict[Hashable, Dim] = {}
+    # Blocks whose sizes are multiples of one product of variables (every value of a
+    # CNN with a symbolic batch; the `batch*seq` rows of a transformer): the static
+    # plan of their multiples, scaled by the product, holds for every value of it.
+    classes: dict[str, list[tuple[Hashable, int, int, int, Dim]]] = {}
+    rest = []
+    for key, size, start, end in blocks:
+        factored = monomial(size)
+        if factored is None:
+            rest.append((key, size, start, end))
+        else:
+            classes.setdefault(dim_text(factored[1]), []).append(
+                (key, factored[0], start, end, factored[1]))
+    for members in classes.values():
+        scale = members[0][4]
+        # offsets in units of `scale` bytes: aligned as far as every size is (an offset of
+        # 64 units for 16-byte multiples would waste 4x), at most to `alignment`
+        common = math.gcd(*(c for _, c, _, _, _ in members))
+        unit_alignment = min(alignment, common & -common)
+        plan = plan_memory([Block(k, c, a, b) for k, c, a, b, _ in members],
+                           alignment=unit_alignment)
+        for key, _, _, _, _ in members:
+            offsets[key] = simplify_dim(offset + plan.offsets[key] * as_expr(scale, INDEX_DTYPE))
+        offset = simplify_dim(offset + plan.total * as_expr(scale, INDEX_DTYPE))
     slots: list[_Slot] = []
     member: dict[Hashable, int] = {}
-    for key, size, start, end in sorted(blocks, key=lambda b: (b[2], b[3])):
+    for key, size, start, end in sorted(rest, key=lambda b: (b[2], b[3])):
         free = [i for i, s in enumerate(slots) if s.free_after < start]
         covering = [i for i in free if any(dim_at_least(d, size) for d in slots[i].sizes)]
-        grown = [i for i in free if all(dim_at_least(size, d) for d in slots[i].sizes)]
-        pick = (covering or grown or free or [len(slots)])[0]
+        here = _typical(size)
+        # the free slot this block grows least at typical sizes (the smallest that covers)
+        pick = min(covering or free or [len(slots)], key=lambda i: (
+            i == len(slots), max(0, here - _typical_slot(slots[i])) if i < len(slots) else 0,
+            _typical_slot(slots[i]) if i < len(slots) else 0))
         if pick == len(slots):
             slots.append(_Slot([], -1))
         slot = slots[pick]
@@ -228,12 +265,25 @@ def plan_symbolic(blocks: Sequence[tuple[Hashable, Dim, int, int]], base: int, *
         slot.free_after = end
         member[key] = pick
     starts: list[Dim] = []
-    offset: Dim = align_up(base, alignment)
     for slot in slots:
         starts.append(offset)
         # the largest of multiples of `alignment` is one
         offset = simplify_dim(offset + _largest([_aligned(d, alignment) for d in slot.sizes]))
-    return {key: starts[i] for key, i in member.items()}, offset
+    offsets.update({key: starts[i] for key, i in member.items()})
+    return offsets, offset
+
+
+# The size a dimension variable is taken to have when choosing between slots (only for
+# the choice: every offset holds for every size).
+TYPICAL_DIM = 64
+
+
+def _typical(size: Dim) -> int:
+    return eval_dim(size, {v.name: TYPICAL_DIM for v in dim_vars(size)})
+
+
+def _typical_slot(slot: _Slot) -> int:
+    return max(_typical(d) for d in slot.sizes)
 
 
 def _largest(sizes: Sequence[Dim]) -> Dim:

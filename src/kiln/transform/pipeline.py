@@ -55,11 +55,22 @@ def list_pipelines(level: str) -> list[str]:
     return [n.split("/", 1)[1] for n in PIPELINES.names() if n.startswith(f"{level}/")]
 
 
-def default_graph_pipeline() -> Sequential:
+# Whether the default graph pipeline keeps convolution chains in NCHW{b}c
+# (kiln.transform.nchwc_layout); the "nchwc" pipeline always does.
+NCHWC_BY_DEFAULT = False
+
+
+def nchwc_graph_pipeline() -> Sequential:
+    """The default graph pipeline with the `nchwc-layout` pass after block-convolutions."""
+    return default_graph_pipeline(nchwc=True)
+
+
+def default_graph_pipeline(nchwc: bool = NCHWC_BY_DEFAULT) -> Sequential:
     """Fold constants and BatchNorm, pick the convolution and matrix-product kernels, fuse
     elementwise chains, legalize operators, drop dead code, lower to PrimFuncs. BatchNorm
     folding must precede fusion, which would otherwise swallow the multiply/add it folds
-    into the convolution."""
+    into the convolution. `nchwc`: keep convolution chains in the blocked activation
+    layout (kiln.transform.nchwc_layout) between picking kernels and fusing."""
     from kiln.transform.conv_blocking import BlockConvolutions
     from kiln.transform.dead_code import DeadCodeElimination
     from kiln.transform.fold_batchnorm import FoldBatchNorm
@@ -72,7 +83,10 @@ def default_graph_pipeline() -> Sequential:
 
     # On a target with libs: ["cblas"], matrix products call CBLAS (kiln.ops.cblas).
     blas = [UseCBLAS()] if target_wants_cblas() else []
-    return Sequential([FoldConstants(), FoldBatchNorm(), *blas, BlockConvolutions(),
+    from kiln.transform.nchwc_layout import NchwcLayout
+
+    layout = [NchwcLayout()] if nchwc else []
+    return Sequential([FoldConstants(), FoldBatchNorm(), *blas, BlockConvolutions(), *layout,
                        BlockMatmuls(), FuseOps(), LegalizeOps(), DeadCodeElimination(),
                        LowerGraphToTensor()],
                       name="graph-default")
@@ -122,6 +136,7 @@ def _empty(level: str) -> Callable[[], Pass]:
 
 register_pipeline("default", default_graph_pipeline, level="graph")
 register_pipeline("default", default_tensor_pipeline, level="tensor")
+register_pipeline("nchwc", nchwc_graph_pipeline, level="graph")
 register_pipeline("gpu", gpu_graph_pipeline, level="graph")
 register_pipeline("gpu", gpu_tensor_pipeline, level="tensor")
 for _level in LEVELS:

@@ -23,6 +23,7 @@ for _name, _path in {
     "fold-constants": "kiln.transform.fold_constants:FoldConstants",
     "fold-batchnorm": "kiln.transform.fold_batchnorm:FoldBatchNorm",
     "block-convolutions": "kiln.transform.conv_blocking:BlockConvolutions",
+    "nchwc-layout": "kiln.transform.nchwc_layout:NchwcLayout",
     "block-matmuls": "kiln.transform.matmul_blocking:BlockMatmuls",
     "use-cblas": "kiln.transform.use_cblas:UseCBLAS",
     "fuse-ops": "kiln.transform.fuse_ops:FuseOps",

@@ -1,0 +1,76 @@
+"""`pool2d_nchwc`: a 2-D max / average pool applied to an NCHW{b}c tensor (kiln.ops.layout).
+
+    y = pool2d_nchwc(x, pool="max_pool2d", kernel_shape=..., strides=..., pads=..., ...)
+
+`pool` names the NCHW pooling op (`max_pool2d` or `avg_pool2d`, kiln.ops.pool) whose
+attributes follow; the window moves over dims 2 and 3 and every channel lane of
+every block is pooled independently (padding lanes too: their values carry no
+meaning). The definition reuses the NCHW op's on a channel-merged view of the
+blocked tensor, so both agree by construction. The `nchwc-layout` pass
+(kiln.transform.nchwc_layout) introduces it inside blocked regions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any, cast
+
+import numpy as np
+
+from kiln.errors import IRError
+from kiln.ir.tensor import PrimExpr
+from kiln.ir.types import TensorType, Type
+from kiln.ops import layout, te
+from kiln.ops.registry import get_op, register_op
+
+POOL_NCHWC = "pool2d_nchwc"
+POOLS = ("max_pool2d", "avg_pool2d")
+Attrs = Mapping[str, Any]
+
+
+def _split(attrs: Attrs) -> tuple[str, dict[str, Any]]:
+    pool = str(attrs.get("pool", ""))
+    if pool not in POOLS:
+        raise IRError(f"{POOL_NCHWC}: `pool` must be one of {POOLS}, got {pool!r}")
+    return pool, {k: v for k, v in attrs.items() if k != "pool"}
+
+
+def _merged(shape: Sequence[Any]) -> tuple[Any, ...]:
+    if len(shape) != 5:
+        raise IRError(f"{POOL_NCHWC}: input must be NCHW<b>c (5-D), got {tuple(shape)}")
+    n, cb, h, w, b = shape
+    return (n, cb * b, h, w)
+
+
+def _infer(types: Sequence[TensorType], attrs: Attrs) -> Type:
+    pool, rest = _split(attrs)
+    (x,) = types
+    out = get_op(pool).infer([TensorType(_merged(x.shape), x.dtype)], rest)
+    assert isinstance(out, TensorType)
+    return TensorType(layout.block_shape(out.shape, cast(int, x.shape[4])), out.dtype)
+
+
+def _compute(inputs: Sequence[te.Tensor], attrs: Attrs) -> te.Tensor:
+    pool, rest = _split(attrs)
+    (x,) = inputs
+    b = x.shape[4]
+    merged = te.compute(_merged(x.shape), lambda n, c, h, w: x[n, c // b, h, w, c % b],
+                        x.dtype, "x_merged")
+    out = get_op(pool).compute([merged], rest)
+    assert isinstance(out, te.Tensor)
+
+    def blocked(n: PrimExpr, cb: PrimExpr, h: PrimExpr, w: PrimExpr, v: PrimExpr) -> PrimExpr:
+        return out[n, cb * b + v, h, w]
+
+    return te.compute(layout.block_shape(out.shape, b), blocked, x.dtype, "pool_nchwc")
+
+
+def _reference(x: np.ndarray, **attrs: Any) -> np.ndarray:
+    pool, rest = _split(attrs)
+    cb, b = x.shape[1], x.shape[4]
+    plain = layout.from_blocked(x, cb * b)
+    return layout.to_blocked(get_op(pool).reference(plain, **rest), b)
+
+
+register_op(POOL_NCHWC, pattern="opaque", infer=_infer, compute=_compute,
+            reference=_reference)

@@ -1,0 +1,228 @@
+"""NchwcLayout: keep activations in the blocked NCHW{b}c layout through convolution chains.
+
+After `block-convolutions`, an ungrouped `conv2d_blocked` becomes a
+`conv2d_nchwc` whose input and output are NCHW{b}c (kiln.ops.layout; `b` = the
+target's float32 vector lanes, the kernel's output-channel vector), and the
+layout-agnostic ops between such convolutions follow it:
+
+- unary elementwise ops (Relu, Clip, Sigmoid, ...) and binary elementwise ops
+  whose two operands are blocked tensors of one shape (a residual Add): the same
+  op on the 5-D tensor;
+- 2-D max and average pooling: `pool2d_nchwc` (kiln.ops.pool_nchwc);
+- a channel concat of blocked tensors whose channel counts are multiples of `b`:
+  `concat` along the block axis.
+
+A region is entered with one `layout_transform(x, src="NCHW", dst="NCHW{b}c")`
+per NCHW tensor it reads, and a tensor it produces is reordered back (one
+`layout_transform(..., dst="NCHW")`, bound to the original variable) just
+before its first other consumer (a depthwise or row-tiled convolution, a
+concat of partial blocks, a global pooling, a Flatten, ...) or the function's
+result. Padding
+channels (up to a multiple of `b`) are zeros at the region's entry and at each
+convolution's output; every blocked consumer ignores them (the convolutions sum
+over the real input channels only; the way back drops them).
+
+A region (blocked values connected through these ops) is kept only when it holds
+at least `min_convs` convolutions and more convolutions than reorders; the
+convolutions of the others stay `conv2d_blocked` and the pass runs again without
+them.
+
+The pass runs after block-convolutions (whose packed weights it keeps) and
+before fuse-ops, which fuses each `conv2d_nchwc` with its elementwise tail as
+for `conv2d_blocked`.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any
+
+from kiln.ir import graph as g
+from kiln.ir.module import IRModule
+from kiln.ir.types import TensorType
+from kiln.transform.pass_base import FunctionPass
+
+# A region must hold this many convolutions, and more than it has reorders: lone
+# convolutions and pairs between reorders (as between MobileNetV2's depthwise layers)
+# measured slower than staying NCHW.
+MIN_REGION_CONVS = 2
+
+
+@dataclass(frozen=True)
+class NchwcLayout(FunctionPass):
+    """Convert chains of `conv2d_blocked` + elementwise ops + pooling to NCHW{b}c.
+
+    `lanes` (0: from the current target) is the channel block `b`; `min_convs` the
+    fewest convolutions a region keeps its layout with.
+    """
+
+    name = "nchwc-layout"
+    level = "graph"
+    lanes: int = 0
+    min_convs: int = MIN_REGION_CONVS
+
+    def run_on_function(self, func: Any, name: str, mod: IRModule) -> g.Function:
+        assert isinstance(func, g.Function)
+        from kiln.ops.conv_direct import target_lanes
+
+        block = self.lanes or target_lanes()
+        skip: set[g.Var] = set()
+        while True:  # each round leaves out the convolutions of regions too small to pay
+            rewriter = _Rewriter(block, skip)
+            new = rewriter.run(func)
+            small = rewriter.small_regions(self.min_convs)
+            if not small:
+                return new
+            skip |= small
+
+
+class _Rewriter:
+    def __init__(self, block: int, skip: set[g.Var]) -> None:
+        from kiln.ops.layout import blocked_layout
+
+        self.block = block
+        self.skip = skip                          # convolutions (by result) to leave NCHW
+        self.layout = blocked_layout(block)
+        self.bindings: list[g.Binding] = []
+        self.blocked: dict[g.Var, g.Var] = {}     # NCHW var -> its NCHW{b}c value
+        self.plain: set[g.Var] = set()            # vars bound (or params) in NCHW
+        self.region: dict[g.Var, g.Var] = {}      # blocked (original) var -> a conv of its region
+        self.parent: dict[g.Var, g.Var] = {}      # union-find over the blocked convs
+        self.reorders: list[g.Var] = []           # a conv of the region of each reorder
+
+    def small_regions(self, min_convs: int) -> set[g.Var]:
+        """The convolutions (original result vars) of regions that do not pay: fewer than
+        `min_convs` convolutions, or no more convolutions than reorders in and out."""
+        members: dict[g.Var, list[g.Var]] = {}
+        for conv in self.parent:
+            members.setdefault(self._root(conv), []).append(conv)
+        reorders = Counter(self._root(c) for c in self.reorders)
+        return {c for root, group in members.items()
+                if len(group) < max(min_convs, reorders[root] + 1) for c in group}
+
+    def _root(self, conv: g.Var) -> g.Var:
+        while self.parent[conv] is not conv:
+            conv = self.parent[conv]
+        return conv
+
+    def _join_binding(self, b: g.Binding) -> None:
+        """Record the region of `b` (now blocked): its blocked arguments' regions, merged,
+        plus the binding itself when it is a convolution."""
+        assert isinstance(b.value, g.Call)
+        roots = list(dict.fromkeys(self._root(self.region[a]) for a in b.value.args
+                                   if isinstance(a, g.Var) and a in self.region))
+        if b.value.op == "conv2d_blocked":
+            self.parent[b.var] = b.var
+            roots.append(b.var)
+        for r in roots[1:]:
+            self.parent[r] = roots[0]
+        self.region[b.var] = roots[0]
+
+    def run(self, fn: g.Function) -> g.Function:
+        self.plain.update(fn.params)
+        changed = False
+        for b in fn.bindings:
+            new = self._blocked_call(b) if isinstance(b.value, g.Call) else None
+            if new is None:
+                for arg in _vars_in(b.value):
+                    self._materialize(arg)
+                self.bindings.append(b)
+                self.plain.add(b.var)
+            else:
+                changed = True
+                var = g.Var(b.var.name + "_c", new.ret_type)
+                self._join_binding(b)
+                self.bindings.append(g.Binding(var, new))
+                self.blocked[b.var] = var
+        if not changed:
+            return fn
+        for arg in _vars_in(fn.result):
+            self._materialize(arg)
+        return g.Function(fn.params, tuple(self.bindings), fn.result, dict(fn.attrs))
+
+    # ------------------------------------------------------------------ reorders
+
+    def _materialize(self, var: g.Var) -> None:
+        """Bind `var` (NCHW) from its blocked value before its first NCHW reader."""
+        from kiln.ops.registry import call
+
+        if var in self.plain or var not in self.blocked:
+            return
+        t = var.type
+        assert isinstance(t, TensorType)
+        value = call("layout_transform", self.blocked[var], src=self.layout, dst="NCHW",
+                     channels=t.shape[1])
+        self.reorders.append(self.region[var])
+        self.bindings.append(g.Binding(var, value))
+        self.plain.add(var)
+
+    def _to_blocked(self, x: g.Expr, conv: g.Var) -> g.Expr:
+        """The NCHW{b}c value of `x` (reordered once per variable) for `conv`'s input."""
+        from kiln.ops.registry import call
+
+        if isinstance(x, g.Var) and x in self.blocked:
+            return self.blocked[x]
+        value = call("layout_transform", x, src="NCHW", dst=self.layout)
+        self.reorders.append(conv)
+        if not isinstance(x, g.Var):
+            return value
+        var = g.Var(x.name + "_c", value.ret_type)
+        self.bindings.append(g.Binding(var, value))
+        self.blocked[x] = var
+        return var
+
+    # ------------------------------------------------------------------ ops
+
+    def _blocked_call(self, b: g.Binding) -> g.Call | None:
+        from kiln.ops.pool_nchwc import POOL_NCHWC, POOLS
+        from kiln.ops.registry import call, get_op
+
+        c = b.value
+        assert isinstance(c, g.Call)
+        if c.op == "conv2d_blocked":
+            return None if b.var in self.skip else self._conv(c, b.var)
+        if not c.args or not _is_plain_4d(c.ret_type):
+            return None
+        pattern = get_op(c.op).pattern
+        if pattern in ("elemwise", "broadcast") and all(
+                isinstance(a, g.Var) and a in self.blocked and a.type == c.ret_type
+                for a in c.args):
+            return call(c.op, *(self.blocked[a] for a in c.args if isinstance(a, g.Var)),
+                        **c.attrs)
+        if c.op == "concat" and self._whole_blocks(c):
+            # channel blocks are whole, so the blocked tensors concatenate block-wise
+            return call("concat", *(self.blocked[a] for a in c.args if isinstance(a, g.Var)),
+                        axis=1)
+        if c.op in POOLS and isinstance(c.args[0], g.Var) and c.args[0] in self.blocked:
+            return call(POOL_NCHWC, self.blocked[c.args[0]], pool=c.op, **c.attrs)
+        return None
+
+    def _whole_blocks(self, c: g.Call) -> bool:
+        """Whether `c` (a concat) joins blocked tensors along channels that fill whole
+        blocks (no padding channels between its parts)."""
+        axis = c.attrs.get("axis", 0)
+        return isinstance(axis, int) and axis % 4 == 1 and all(
+            isinstance(a, g.Var) and a in self.blocked and isinstance(a.type, TensorType)
+            and a.type.shape[1] % self.block == 0 for a in c.args)
+
+    def _conv(self, c: g.Call, var: g.Var) -> g.Call | None:
+        from kiln.ops.conv_direct import NCHWC
+        from kiln.ops.registry import call
+
+        x, wt = c.args[0], c.args[1].type
+        if (c.attrs.get("group", 1) != 1 or not isinstance(wt, TensorType)
+                or wt.shape[5] % self.block or not _is_plain_4d(x.type)):
+            return None
+        return call(NCHWC, self._to_blocked(x, var), *c.args[1:], **c.attrs)
+
+
+def _is_plain_4d(t: Any) -> bool:
+    return isinstance(t, TensorType) and t.ndim == 4 and t.dtype == "float32" and all(
+        isinstance(d, int) for d in t.shape[1:])
+
+
+def _vars_in(expr: g.Expr) -> list[g.Var]:
+    from kiln.transform.functor import graph_vars_used
+
+    return list(dict.fromkeys(graph_vars_used(expr)))
