@@ -460,3 +460,18 @@ def main(x: G.Tensor((n, 5), "float32"), y: G.Tensor((n, 5), "float32")
     got = evaluate(mod, "main", x, y)
     np.testing.assert_allclose(got[0], _softmax(x), rtol=1e-5)
     np.testing.assert_allclose(got[1], _softmax(y), rtol=1e-5)
+
+
+@pytest.mark.parametrize("case", ["attention_scores", "attention_context", "max_pool",
+                                  "conv_rows", "reduce_max_rows_and_length"])
+def test_scheduled_symbolic_kernels_round_trip_through_the_dsl(case: str) -> None:
+    """The kernels after the tensor pipeline (a partial last GEMM panel's remainder
+    path, loops parallelize merged over a symbolic batch) print and parse back."""
+    from kiln.ir import assert_structural_equal
+    from kiln.script import print_module
+
+    mod = _legalized(CASES[case][0])
+    prims = {k: f for k, f in mod.functions.items() if isinstance(f, PrimFunc)}
+    tmod = default_tensor_pipeline()(IRModule(prims))
+    text = print_module(tmod, metadata="reference")
+    assert_structural_equal(from_source(text, metadata=text.metadata), tmod)
