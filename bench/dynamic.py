@@ -5,16 +5,17 @@ compiled for the static size, timed at that size.
 
 Each case is a one-op graph module (kiln.script) in two versions: with dimension
 variables `b` / `n` (rows M = n of a GEMM with constant 768x768 weights; attention's
-batched products and softmax of a BERT-base-like encoder, 12 heads of 64, batch b,
-seq n; the batch of a 3x3 convolution and of ResNet-18's max and global pooling;
-the rows of softmax / layer_norm / reduce_mean) and with them replaced by the sizes
-timed. Both run the default graph pipeline up to legalization and the default
-tensor pipeline, are compiled by the llvm backend for `Target.from_host()` and
-called as raw kernels (the symbolic one with its dims as trailing int64 scalars),
-timed in alternating blocks (bench/harness.py). Columns: milliseconds per call of
-each, dynamic / static (the goal is at most 1.25), and whether the two outputs
-agree. Prints a table; asserts nothing (this is not a test). The graph-level
-(model) comparison needs the packed entries of dynamic graphs (lower-graph-to-tensor).
+batched products, softmax and head split (a transpose) of a BERT-base-like encoder,
+12 heads of 64, batch b, seq n; the batch of a 3x3 convolution and of ResNet-18's
+max and global pooling; the rows of softmax / layer_norm / reduce_mean) and with
+them replaced by the sizes timed. Both run the default graph pipeline up to
+legalization and the default tensor pipeline, are compiled by the llvm backend for
+`Target.from_host()` and called as raw kernels (the symbolic one with its dims as
+trailing int64 scalars), timed in alternating blocks (bench/harness.py). Columns:
+milliseconds per call of each, dynamic / static (the goal is at most 1.25), and
+whether the two outputs agree. Prints a table; asserts nothing (this is not a test).
+The graph-level (model) comparison needs the packed entries of dynamic graphs
+(lower-graph-to-tensor).
 """
 
 from __future__ import annotations
@@ -72,6 +73,12 @@ def main(x: G.Tensor(({B}, 12, {N}, {N}), "float32")) -> G.Tensor(({B}, 12, {N},
     y: G.Tensor(({B}, 12, {N}, {N}), "float32") = G.op("softmax", x, axis=-1)
     return y
 ''', lambda d: [(d["b"], 12, d["n"], d["n"])]),
+    ("attention head split", BERT_SEQS, '''
+@G.function
+def main(x: G.Tensor(({B}, {N}, 12, 64), "float32")) -> G.Tensor(({B}, 12, {N}, 64), "float32"):
+    y: G.Tensor(({B}, 12, {N}, 64), "float32") = G.op("transpose", x, perm=(0, 2, 1, 3))
+    return y
+''', lambda d: [(d["b"], d["n"], 12, 64)]),
     ("conv 3x3 16->32 @56", [{"n": 1}], '''
 @G.function
 def main(x: G.Tensor(({N}, 16, 56, 56), "float32")) -> G.Tensor(({N}, 32, 56, 56), "float32"):

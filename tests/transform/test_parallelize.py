@@ -628,6 +628,28 @@ def test_a_symbolic_batch_loop_is_split_with_the_loop_inside_it() -> None:
         np.testing.assert_array_equal(out, np.indices((b, 64, n, 16)).sum(0))
 
 
+def test_a_symbolic_loop_goes_parallel_only_with_the_work_for_it() -> None:
+    """With a work threshold, the merged loop is taken at run time only when b * 64
+    iterations pay for a launch; else a copy of the serial nest runs (its own variables:
+    the module prints and parses back)."""
+    from kiln.ir import assert_structural_equal
+    from kiln.script import from_source, print_module
+
+    mod = schedule(_symbolic_nest("serial"), min_work=100_000_000)
+    fn = mod["f"]
+    assert isinstance(fn, PrimFunc) and isinstance(fn.body, IfThenElse)
+    assert parallel_loops(fn) == ["a_flat"]
+    assert fn.body.else_body is not None and not any(
+        isinstance(s, For) and s.kind == "parallel" for s in iter_stmts(fn.body.else_body))
+    for b, n in ((1, 3), (12, 2)):  # 64 iterations: serial; 768: parallel
+        check_parallel_loops(mod, "f", [np.zeros((b, 64, n, 16), np.float32), b, n])
+        out = np.zeros((b, 64, n, 16), np.float32)
+        evaluate(mod, "f", out, b, n)
+        np.testing.assert_array_equal(out, np.indices((b, 64, n, 16)).sum(0))
+    text = print_module(mod)
+    assert_structural_equal(from_source(text), mod)
+
+
 def test_nothing_inside_a_loop_the_kernel_marked_parallel_is_split() -> None:
     mod = _symbolic_nest("parallel")
     assert schedule(mod, min_work=0) is mod

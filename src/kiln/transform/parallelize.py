@@ -38,7 +38,9 @@ as that constant, another one as UNKNOWN_EXTENT iterations. A chosen loop of
 symbolic extent (a batch that may be 1 at run time) is merged with the
 independent loops right inside it (up to COLLAPSE_EXTENT iterations of theirs)
 into one parallel loop over the product, the indices recovered by division,
-so that a batch of one still splits its channels or rows.
+so that a batch of one still splits its channels or rows. A parallel loop of
+symbolic extent runs only when its extent at run time gives `min_work`; else a
+copy of the serial nest runs (fresh variables: each copy binds its own).
 Graph-level functions lowered to PrimFuncs (`kiln.graph`: a sequence of
 kernel calls) are left alone; their kernels are parallelized.
 """
@@ -46,7 +48,8 @@ kernel calls) are left alone; their kernels are parallelized.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from typing import TypeVar
 
 from kiln.ir import dtype as dt
 from kiln.ir.aliasing import Region, analyze
@@ -75,9 +78,20 @@ from kiln.ir.tensor import (
     Store,
     UnaryOp,
     Var,
+    compare,
     seq,
 )
-from kiln.ir.visitor import StmtMutator, expr_children, iter_exprs, iter_stmts, stmt_children
+from kiln.ir.visitor import (
+    VAR_DEF,
+    StmtExprMutator,
+    StmtMutator,
+    child_fields,
+    definitions,
+    expr_children,
+    iter_exprs,
+    iter_stmts,
+    stmt_children,
+)
 from kiln.transform.pass_base import FunctionPass
 
 # Pure C math functions a parallel loop may call (scalars in, scalar out).
@@ -103,6 +117,7 @@ CHEAP_INTRINSICS = frozenset({"sqrt", "rsqrt", "fma", "abs", "floor", "ceil", "t
 # large, since a loop left serial costs a whole core at large sizes while a launch at
 # small ones costs a few microseconds.
 UNKNOWN_EXTENT = 1024
+_N = TypeVar("_N")
 # A symbolic loop chosen to split is merged with the loops inside it up to this many
 # iterations of theirs: a batch of one then still spreads its channels over threads.
 COLLAPSE_EXTENT = 64
@@ -185,10 +200,21 @@ class _Scheduler(LoopRewriter):
         long = [loop for loop in outer if _extent(loop) >= self.options.min_extent]
         chosen = long[0] if long else max(outer, key=_extent)  # max keeps the first of ties
         group = _collapsible(chain, chosen, self.independent)
-        if len(group) > 1:
-            return _rebuild(chain, chosen, _collapsed(group))
-        return _rebuild(chain, chosen, For(chosen.var, chosen.start, chosen.extent,
-                                           "parallel", chosen.body))
+        loop = _collapsed(group) if len(group) > 1 else For(
+            chosen.var, chosen.start, chosen.extent, "parallel", chosen.body)
+        return _rebuild(chain, chosen, self.when_worth_it(loop, chosen, group[-1].body))
+
+    def when_worth_it(self, loop: For, serial: For, body: Stmt) -> Stmt:
+        """`loop` (parallel, each iteration running `body`), or for a symbolic extent: the
+        parallel loop when the extent at run time gives `min_work`, else a copy of the
+        serial nest `serial` (a launch costs more than a small loop gains)."""
+        if isinstance(loop.extent, Const):
+            return loop
+        least = -(-self.options.min_work // max(_cost(body), 1))  # iterations that pay
+        if least <= 2:
+            return loop
+        return IfThenElse(compare("ge", loop.extent, Const(least, loop.extent.dtype)), loop,
+                          _FreshCopy().visit_stmt(serial))
 
     def below(self, innermost: For, chain: list[For]) -> Stmt:
         body = self.visit_stmt(innermost.body)
@@ -205,7 +231,7 @@ class _Scheduler(LoopRewriter):
         return loop_is_parallelizable(loop, self.storage)
 
 
-def _rebuild(chain: list[For], old: For, new: For) -> Stmt:
+def _rebuild(chain: list[For], old: For, new: Stmt) -> Stmt:
     """The chain's top loop with `old` (a loop of the chain) replaced by `new`."""
     index = chain.index(old)
     out: Stmt = new
@@ -252,6 +278,38 @@ def _collapsed(group: list[For]) -> For:
     for loop in group[1:]:
         extent = extent * loop.extent
     return For(flat, Const(0, flat.dtype), extent, "parallel", seq(*lets, group[-1].body))
+
+
+class _FreshCopy(StmtExprMutator):
+    """A copy of a statement binding fresh variables and buffers of the same names (a
+    loop emitted twice: each copy binds its own)."""
+
+    def __init__(self) -> None:
+        self.vars: dict[Var, Var] = {}
+        self.buffers: dict[Buffer, Buffer] = {}
+
+    def visit_stmt(self, s: Stmt) -> Stmt:
+        for d in definitions(s):
+            if isinstance(d, Var):
+                self.vars.setdefault(d, Var(d.name, d.dtype))
+            elif d not in self.buffers:
+                shape = tuple(x if isinstance(x, int) else self.visit_expr(x) for x in d.shape)
+                self.buffers[d] = Buffer(d.name, shape, d.dtype, d.scope)
+        return super().visit_stmt(s)
+
+    def generic_visit(self, node: _N) -> _N:
+        new: dict[str, object] = {}
+        for name, role in child_fields(type(node)).walk:
+            value = getattr(node, name)
+            new[name] = (self.vars.get(value, value) if role == VAR_DEF
+                         else self._rewrite(value, role))
+        return replace(node, **new)  # type: ignore[type-var]
+
+    def visit_var(self, e: Var) -> PrimExpr:
+        return self.vars.get(e, e)
+
+    def visit_buffer(self, b: Buffer) -> Buffer:
+        return self.buffers.get(b, b)
 
 
 def _has_loop(s: Stmt) -> bool:
