@@ -72,6 +72,26 @@ class GraphBuilder:
         return self.op("Gemm", x, self.weight(dout, din), self.const(
             self.rng.normal(0, 0.1, dout).astype(np.float32), "b"), transB=1)
 
+    def proj(self, x: str, din: int, dout: int) -> str:
+        """A transformer's dense layer: MatMul by a `[din, dout]` weight, then a bias Add."""
+        return self.op("Add", self.op("MatMul", x, self.weight(din, dout, fan_in=din)),
+                       self.const(self.rng.normal(0, 0.1, dout).astype(np.float32), "b"))
+
+    def layer_norm(self, x: str, dim: int) -> str:
+        """LayerNormalization over the last axis (`dim` wide), random scale and bias."""
+        return self.op("LayerNormalization", x,
+                       self.const(self.rng.uniform(0.8, 1.2, dim).astype(np.float32), "ln_g"),
+                       self.const(self.rng.normal(0, 0.1, dim).astype(np.float32), "ln_b"),
+                       axis=-1, epsilon=1e-5)
+
+    def gelu_erf(self, x: str) -> str:
+        """GELU spelled with Erf, as exporters before the opset-20 Gelu write it."""
+        erf = self.op("Erf", self.op("Div", x, self.const(np.array(math.sqrt(2), np.float32),
+                                                           "r2")))
+        one = self.const(np.array(1.0, np.float32), "one")
+        half = self.const(np.array(0.5, np.float32), "half")
+        return self.op("Mul", self.op("Mul", x, self.op("Add", erf, one)), half)
+
     def model(self, inputs: list[onnx.ValueInfoProto], outputs: list[onnx.ValueInfoProto],
               opset: int, name: str) -> onnx.ModelProto:
         graph = helper.make_graph(self.nodes, name, inputs, outputs, self.inits)
@@ -170,15 +190,10 @@ def transformer(batch: int = 2, seq: int = 8, dim: int = 32, heads: int = 4,
                                        axis=0), b.const(np.array([0], np.int64), "ax"))
                 for a in axes]
 
-    def proj(x: str, din: int, dout: int) -> str:
-        return b.op("Add", b.op("MatMul", x, b.weight(din, dout, fan_in=din)),
-                    b.const(b.rng.normal(0, 0.1, dout).astype(np.float32), "b"))
+    proj = b.proj
 
     def layer_norm(x: str) -> str:
-        return b.op("LayerNormalization", x,
-                    b.const(b.rng.uniform(0.8, 1.2, dim).astype(np.float32), "ln_g"),
-                    b.const(b.rng.normal(0, 0.1, dim).astype(np.float32), "ln_b"),
-                    axis=-1, epsilon=1e-5)
+        return b.layer_norm(x, dim)
 
     def split_heads(x: str) -> str:
         n, s = dims_of(x, 0, 1)
@@ -196,17 +211,11 @@ def transformer(batch: int = 2, seq: int = 8, dim: int = 32, heads: int = 4,
             np.array([-1], np.int64), "m1"), axis=0))
         return proj(merged, dim, dim)
 
-    def gelu_erf(x: str) -> str:
-        erf = b.op("Erf", b.op("Div", x, b.const(np.array(math.sqrt(2), np.float32), "r2")))
-        one = b.const(np.array(1.0, np.float32), "one")
-        half = b.const(np.array(0.5, np.float32), "half")
-        return b.op("Mul", b.op("Mul", x, b.op("Add", erf, one)), half)
-
     h = "tokens"
     for layer in range(2):
         h = layer_norm(b.op("Add", h, attention(h)))
         inner = proj(h, dim, ffn)
-        inner = gelu_erf(inner) if layer == 0 else b.op("Gelu", inner)
+        inner = b.gelu_erf(inner) if layer == 0 else b.op("Gelu", inner)
         h = layer_norm(b.op("Add", h, proj(inner, ffn, dim)))
     b.nodes.append(helper.make_node("Identity", [h], ["encoded"]))
     return b.model([_vi("tokens", [batch, seq, dim])], [_vi("encoded", [batch, seq, dim])], 20,

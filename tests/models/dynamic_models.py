@@ -38,15 +38,10 @@ def encoder(batch: Dim = "batch", seq: Dim = "seq", layers: int = 2, width: int 
     dh = width // heads
     i64 = lambda *v: b.const(np.array(v, np.int64), "shape")  # noqa: E731
 
-    def proj(x: str, din: int, dout: int) -> str:
-        return b.op("Add", b.op("MatMul", x, b.weight(din, dout, fan_in=din)),
-                    b.const(b.rng.normal(0, 0.1, dout).astype(np.float32), "b"))
+    proj = b.proj
 
     def layer_norm(x: str) -> str:
-        return b.op("LayerNormalization", x,
-                    b.const(b.rng.uniform(0.8, 1.2, width).astype(np.float32), "ln_g"),
-                    b.const(b.rng.normal(0, 0.1, width).astype(np.float32), "ln_b"),
-                    axis=-1, epsilon=1e-5)
+        return b.layer_norm(x, width)
 
     def dims_of(x: str) -> tuple[str, str]:
         shape = b.op("Shape", x)
@@ -82,18 +77,13 @@ def encoder(batch: Dim = "batch", seq: Dim = "seq", layers: int = 2, width: int 
         ctx = b.op("MatMul", b.op("Softmax", scores, axis=-1), v)
         return proj(merge_heads(ctx, x), width, width)
 
-    def gelu_erf(x: str) -> str:
-        if gelu_op:  # the opset-20 operator
-            return b.op("Gelu", x)
-        erf = b.op("Erf", b.op("Div", x, b.const(np.array(math.sqrt(2), np.float32), "r2")))
-        one = b.const(np.array(1.0, np.float32), "one")
-        half = b.const(np.array(0.5, np.float32), "half")
-        return b.op("Mul", b.op("Mul", x, b.op("Add", erf, one)), half)
+    def gelu(x: str) -> str:
+        return b.op("Gelu", x) if gelu_op else b.gelu_erf(x)  # Gelu: the opset-20 operator
 
     h = "features"
     for _ in range(layers):
         h = layer_norm(b.op("Add", h, attention(h)))
-        h = layer_norm(b.op("Add", h, proj(gelu_erf(proj(h, width, ffn)), ffn, width)))
+        h = layer_norm(b.op("Add", h, proj(gelu(proj(h, width, ffn)), ffn, width)))
     b.nodes.append(helper.make_node("Identity", [h], ["encoded"]))
     return b.model([_vi("features", [batch, seq, width]),
                     _vi("mask", [batch, seq], TensorProto.INT64)],
