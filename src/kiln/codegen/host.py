@@ -39,7 +39,7 @@ from kiln.codegen.cfamily.helpers import Helpers
 from kiln.codegen.cfamily.literals import INT_RANGES
 from kiln.codegen.cfamily.printer import CPrinter, NameScope
 from kiln.codegen.cfamily.signature import describe_params, param_ctype, qualifiers
-from kiln.codegen.host_dims import TensorArg, dim_c, emit_binding, is_symbolic, or_return
+from kiln.codegen.host_dims import TensorArg, dim_c, emit_binding, int64_literal, or_return
 from kiln.codegen.naming import (
     C_TYPES,
     check_prefix,
@@ -58,7 +58,7 @@ from kiln.ir import dtype as dt
 from kiln.ir.attrs import ATTR_NUM_OUTPUTS
 from kiln.ir.kernel_errors import ERROR_OUT_OF_MEMORY, KERNEL_ERRORS
 from kiln.ir.module import IRModule
-from kiln.ir.shape_expr import graph_dims
+from kiln.ir.shape_expr import graph_dims, is_static
 from kiln.ir.tensor import Buffer, PrimFunc, Var
 from kiln.transform.outline import has_parallel_loops
 
@@ -324,7 +324,7 @@ class HostPrinter:
             if isinstance(q, Buffer):
                 code, bits, _ = dl_dtype(q.dtype)
                 shape_arg = "NULL"
-                if is_symbolic(q):  # checked once the dimensions are bound
+                if not is_static(q.shape):  # checked once the dimensions are bound
                     args.symbolic = True
                     args.tensors.append(TensorArg(i, q, param_name))
                 elif q.shape:
@@ -343,8 +343,8 @@ class HostPrinter:
                 lo, hi = (0, 1) if q.dtype == "bool" else INT_RANGES[q.dtype]
                 hi = min(hi, (1 << 63) - 1)  # values cross as int64_t
                 args.decls.append(f"int64_t {local} = 0;")
-                args.checks.append(f"{_NS}int(&{local}, {where}, {_int64(lo)}, {_int64(hi)}, "
-                                   f"{c_string_literal(q.dtype)})")
+                args.checks.append(f"{_NS}int(&{local}, {where}, {int64_literal(lo)}, "
+                                   f"{int64_literal(hi)}, {c_string_literal(q.dtype)})")
                 ctype = C_TYPES[q.dtype]
                 args.call_args.append(local if ctype == "int64_t" else f"({ctype}){local}")
                 args.given[q.name] = (local, i, param_name)
@@ -399,14 +399,6 @@ class _Arguments:
     tensors: list[TensorArg] = field(default_factory=list)  # those of symbolic shape
     given: dict[str, tuple[str, int, str]] = field(default_factory=dict)  # int scalars
     symbolic: bool = False
-
-
-def _int64(value: int) -> str:
-    if value == -(1 << 63):
-        return "INT64_MIN"
-    if value == (1 << 63) - 1:
-        return "INT64_MAX"
-    return str(value) if -(1 << 31) < value < (1 << 31) else f"INT64_C({value})"
 
 
 def host_source(mod: IRModule, *, prefix: str, metadata: Mapping[str, Any],

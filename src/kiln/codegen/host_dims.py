@@ -27,15 +27,19 @@ _C_CALLS = {"floordiv": f"{_NS}floordiv", "div": f"{_NS}floordiv",
             "floormod": f"{_NS}floormod", "mod": f"{_NS}floormod"}
 
 
-def is_symbolic(buf: Buffer) -> bool:
-    """Whether a buffer's shape mentions a dimension variable."""
-    return any(not isinstance(d, int) for d in buf.shape)
+def int64_literal(value: int) -> str:
+    """An int64_t value as C text (a plain literal when it fits an `int`)."""
+    if value == -(1 << 63):
+        return "INT64_MIN"
+    if value == (1 << 63) - 1:
+        return "INT64_MAX"
+    return str(value) if -(1 << 31) < value < (1 << 31) else f"INT64_C({value})"
 
 
 def dim_c(d: int | PrimExpr, names: Mapping[str, str]) -> str:
     """A dimension as an int64 C expression over the locals `names` (by variable name)."""
     if isinstance(d, int):
-        return f"INT64_C({d})" if not -(1 << 31) < d < (1 << 31) else f"(int64_t){d}"
+        return int64_literal(d)
     if isinstance(d, Const):
         return dim_c(int(d.value), names)
     if isinstance(d, Var):
@@ -114,7 +118,7 @@ def emit_binding(p: CPrinter, names: NameScope, fn_name: str, fn: PrimFunc,
             continue
         low, high = bounds.get(var) or default or (0, None)
         checks.append(f"{_NS}dim_range(fn, {c_string_literal(var)}, {locals_[var]}, "
-                      f"{dim_c(low, {})}, {dim_c(-1 if high is None else high, {})})")
+                      f"{int64_literal(low)}, {int64_literal(-1 if high is None else high)})")
     for arg in tensors:
         if all(isinstance(d, Var) for d in arg.buffer.shape):
             continue  # every dimension was bound or checked above

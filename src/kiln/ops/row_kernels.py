@@ -242,10 +242,10 @@ def mean_of(total: PrimExpr, count: int | PrimExpr) -> PrimExpr:
 
 @dataclass(frozen=True)
 class Rows:
-    """The loop nest over the rows (`outer`, the dims before the reduced ones): `index`
-    is a row's index, loops of extent 1 left out. The loops are `serial`; each row
-    writes its own slice of the output, so the `parallelize` pass splits them over
-    threads when the work pays for a launch (its `min_work`)."""
+    """The loop nest over the rows (`outer`, the dims before the reduced ones), loops of
+    extent 1 left out. Static loops are `serial`; each row writes its own slice of the
+    output, so the `parallelize` pass splits them over threads when the work pays for a
+    launch (its `min_work`). Symbolic row counts: see `around`."""
 
     outer: tuple[int | PrimExpr, ...]
     row_work: int | PrimExpr = 1  # elements of one row (a symbolic row count's loop)

@@ -317,7 +317,6 @@ class SymbolicSizes:
             for axis, d in enumerate(p["shape"]):
                 if isinstance(d, str) and d.isidentifier():
                     self.first.setdefault(d, (i, axis))
-        self.ranks = [len(p["shape"]) for p in params]
         self.bounds = dict(bounds)
         self.dims = [[d if isinstance(d, int) else compile_dim_text(d) for d in p["shape"]]
                      for p in (*params, *results)]
