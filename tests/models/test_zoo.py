@@ -103,3 +103,39 @@ def test_example_attention_mask_hides_positions() -> None:
     mask = feeds["attention_mask"]
     assert mask[0].all() and not mask[-1].all()
     assert (feeds["input_ids"] < 16).all()
+
+
+def _symbolic(model: onnx.ModelProto, axes: dict[int, str]) -> onnx.ModelProto:
+    """`model` with its inputs' dims at `axes` named (dynamic axes, as exporters write
+    them) and its outputs' shapes left to inference."""
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    for vi in out.graph.input:
+        for axis, name in axes.items():
+            dim = vi.type.tensor_type.shape.dim[axis]
+            dim.Clear()
+            dim.dim_param = name
+    for vi in out.graph.output:
+        vi.type.tensor_type.ClearField("shape")
+    return out
+
+
+@pytest.mark.parametrize(("name", "axes", "sizes"), [
+    ("resnet50", {0: "batch"}, [{"batch": 1}, {"batch": 2}]),
+    ("bert", {0: "batch", 1: "seq"}, [{"batch": 1, "seq": 16}, {"batch": 2, "seq": 9}]),
+])
+def test_symbolic_sizes_at_full_depth(name: str, axes: dict[int, str],
+                                      sizes: list[dict[str, int]]) -> None:
+    """ResNet-50 with a symbolic batch and the 12-layer BERT-base encoder with symbolic
+    (batch, seq): compiled once, run at two sizes, against onnxruntime."""
+    entry = zoo.ZOO[name]
+    model = _symbolic(entry.model("test"), axes)
+    main = kiln.compile(from_onnx(model), "llvm")["main"]
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    for size in sizes:
+        feeds = zoo.example_inputs(entry.build(**{**entry.test, **size}))
+        got = main(*feeds.values())
+        got = got if isinstance(got, tuple) else (got,)
+        for g, w in zip(got, session.run(None, feeds), strict=True):
+            assert g.shape == w.shape
+            assert rel_l2(g, w) < MAX_REL_L2, (name, size)
