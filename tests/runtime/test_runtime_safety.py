@@ -386,3 +386,17 @@ def test_loading_a_directory_is_a_format_error(tmp_path: Path) -> None:
     folder.mkdir()
     with pytest.raises(kiln.FormatError, match=r"lib\.so: is a directory, not a library file"):
         load_module(folder)
+
+
+def test_a_shape_that_is_not_a_dimension_text_is_a_format_error(hand_lib: Module,
+                                                                 tmp_path: Path) -> None:
+    """Symbolic dims in metadata are text (docs/abi.md): one outside that form is refused
+    at load, never evaluated."""
+    data = Path(hand_lib.path).read_bytes()
+    assert b'"shape":[2,3]' in data
+    damaged = tmp_path / "damaged.so"
+    damaged.write_bytes(data.replace(b'"shape":[2,3]', b'"shape":["~"]'))
+    with pytest.raises(kiln.FormatError, match=r"damaged\.so: library metadata: function "
+                                               r"'scale_add': X: shape \['~'\] is not a list "
+                                               r"of sizes"):
+        load_module(damaged)
