@@ -16,10 +16,12 @@ alphabet cannot end the construct it is placed in:
 - `symbol_name`: the part of a library symbol that stands for a function
   (docs/abi.md, "Symbols");
 - `is_c_identifier`: the check for prefixes, extern names and exported symbols;
+- `int64_literal`: an `int64_t` value as C text (numbers are not user strings, but
+  every generated file spells them this one way);
 - `html_text`: text or a quoted attribute value of an HTML page (`kiln inspect
   --report`).
 
-This module is a leaf (standard library only) so the exporter and the runtime
+This module is a leaf (standard library and kiln.errors only) so the exporter and the runtime
 side may use it as well as the code generators.
 """
 
@@ -28,6 +30,8 @@ from __future__ import annotations
 import hashlib
 import html
 import re
+
+from kiln.errors import CompileError
 
 # ISO C99 compilers must accept string literals of 4095 characters; -pedantic
 # warns beyond that, so longer strings become byte lists.
@@ -65,6 +69,19 @@ def utf8(text: str) -> bytes:
 def digest(text: str, chars: int = _HASH_CHARS) -> str:
     """A stable lowercase hex digest of `text` (SHA-256, first `chars` digits)."""
     return hashlib.sha256(utf8(text)).hexdigest()[:chars]
+
+
+def int64_literal(value: int) -> str:
+    """An `int64_t` value as C text: a plain literal when it fits an `int`, else
+    `INT64_C(...)`; the two extremes by name (`-9223372036854775808` is not a literal)."""
+    value = int(value)
+    if not -(1 << 63) <= value < (1 << 63):
+        raise CompileError(f"{value} does not fit int64_t")
+    if value == -(1 << 63):
+        return "INT64_MIN"
+    if value == (1 << 63) - 1:
+        return "INT64_MAX"
+    return str(value) if -(1 << 31) < value < (1 << 31) else f"INT64_C({value})"
 
 
 def c_string_literal(text: str) -> str:
@@ -168,6 +185,7 @@ __all__ = [
     "c_identifier",
     "c_string_literal",
     "digest",
+    "int64_literal",
     "is_c_identifier",
     "symbol_name",
     "utf8",

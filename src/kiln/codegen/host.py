@@ -39,7 +39,7 @@ from kiln.codegen.cfamily.helpers import Helpers
 from kiln.codegen.cfamily.literals import INT_RANGES
 from kiln.codegen.cfamily.printer import CPrinter, NameScope
 from kiln.codegen.cfamily.signature import describe_params, param_ctype, qualifiers
-from kiln.codegen.host_dims import TensorArg, dim_c, emit_binding, int64_literal, or_return
+from kiln.codegen.host_dims import TensorArg, dim_c, emit_binding, or_return
 from kiln.codegen.naming import (
     C_TYPES,
     check_prefix,
@@ -53,7 +53,7 @@ from kiln.codegen.naming import (
     profile_symbol,
 )
 from kiln.errors import CompileError
-from kiln.escape import c_char_array, c_comment, c_string_literal, utf8
+from kiln.escape import c_char_array, c_comment, c_string_literal, int64_literal, utf8
 from kiln.ir import dtype as dt
 from kiln.ir.attrs import ATTR_NUM_OUTPUTS
 from kiln.ir.kernel_errors import ERROR_OUT_OF_MEMORY, KERNEL_ERRORS

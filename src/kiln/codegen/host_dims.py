@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from kiln.codegen.cfamily.printer import CPrinter, NameScope
 from kiln.errors import CompileError
-from kiln.escape import c_string_literal
+from kiln.escape import c_string_literal, int64_literal
 from kiln.ir.attrs import ATTR_GRAPH
 from kiln.ir.shape_expr import dim_bounds, dim_vars, shape_text
 from kiln.ir.tensor import BinaryOp, Buffer, Cast, Const, PrimExpr, PrimFunc, UnaryOp, Var
@@ -25,15 +25,6 @@ _NS = "kiln_host_"  # kiln_host.c's static helpers
 _C_BINARY = {"add": "+", "sub": "-", "mul": "*"}
 _C_CALLS = {"floordiv": f"{_NS}floordiv", "div": f"{_NS}floordiv",
             "floormod": f"{_NS}floormod", "mod": f"{_NS}floormod"}
-
-
-def int64_literal(value: int) -> str:
-    """An int64_t value as C text (a plain literal when it fits an `int`)."""
-    if value == -(1 << 63):
-        return "INT64_MIN"
-    if value == (1 << 63) - 1:
-        return "INT64_MAX"
-    return str(value) if -(1 << 31) < value < (1 << 31) else f"INT64_C({value})"
 
 
 def dim_c(d: int | PrimExpr, names: Mapping[str, str]) -> str:

@@ -35,7 +35,7 @@ from typing import Any
 
 from kiln.artifact.artifact import NATIVE, Artifact
 from kiln.errors import ExportError
-from kiln.escape import c_comment, is_c_identifier
+from kiln.escape import c_comment, int64_literal, is_c_identifier
 from kiln.export.dependencies import collect_dependencies
 
 MLF_VERSION = 1
@@ -138,7 +138,7 @@ def interface_source(model: str, prefix: str, ins: Sequence[Mapping[str, Any]],
     shapes, tensors = [], []
     for i, p in enumerate([*ins, *outs]):
         kind, k = ("in", i) if i < len(ins) else ("out", i - len(ins))
-        dims = ", ".join(f"INT64_C({int(d)})" for d in p["shape"]) or "0"
+        dims = ", ".join(int64_literal(int(d)) for d in p["shape"]) or "0"
         shapes.append(f"  static int64_t shape{i}[{max(len(p['shape']), 1)}] = {{{dims}}};")
         cast = "(void*)" if kind == "in" else ""
         tensors.append(f"  t[{i}] = kiln_tensor({cast}{kind}{k}, {len(p['shape'])}, shape{i}, "
