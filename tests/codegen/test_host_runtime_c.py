@@ -56,10 +56,11 @@ def test_compiles_standalone_with_werror(config: str, std: str, tmp_path: Path) 
     assert proc.returncode == 0, proc.stderr
     symbols = subprocess.run(["nm", "-g", "--defined-only", str(obj)], capture_output=True,
                              text=True, check=True).stdout.split()
-    # Only the pool's entry and the profiling timers are global; every check helper is static.
+    # Only the pool's entry, the profiling timers and the CPU check are global; every
+    # check helper is static.
     assert ("kiln_parallel_for" in symbols) == ("-DKILN_HOST_PARALLEL" in CONFIGS[config])
     profiled = any(flag.startswith("-DKILN_HOST_PROFILE") for flag in CONFIGS[config])
     assert sorted(s for s in symbols if s.startswith("kiln_profile")) == (
         PROFILE_SYMBOLS if profiled else [])
     assert [s for s in symbols if s.startswith("kiln_") and s != "kiln_parallel_for"
-            and not s.startswith("kiln_profile")] == []
+            and not s.startswith("kiln_profile")] == ["kiln_cpu_missing"]

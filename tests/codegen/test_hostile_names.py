@@ -45,10 +45,12 @@ WERROR = ["-std=c11", "-Wall", "-Wextra", "-Werror", "-pedantic", "-c"]
 
 
 def abi_symbols(metadata: dict) -> set[str]:
-    """The dynamic symbols docs/abi.md promises: entries, last error, metadata, blob."""
+    """The dynamic symbols docs/abi.md promises: entries, last error, metadata, CPU check,
+    blob."""
     prefix = metadata["prefix"]
     return ({sig["symbol"] for sig in metadata["functions"].values()}
-            | {f"{prefix}_last_error", f"{prefix}_metadata", f"{prefix}_blob"})
+            | {f"{prefix}_last_error", f"{prefix}_metadata", f"{prefix}_cpu_missing",
+               f"{prefix}_blob"})
 
 
 def defined_dynamic_symbols(path: Path) -> set[str]:

@@ -110,7 +110,7 @@ def test_exported_symbols_are_exactly_the_abi(exported: dict[str, Path]) -> None
     nm = _run(["nm", "-D", "--defined-only", str(exported[".so"])]).stdout
     symbols = {line.split()[-1] for line in nm.splitlines()}
     assert symbols == {"kiln_add_one", "kiln_scale_add", "kiln_main", "kiln_split",
-                       "kiln__last_error", "kiln__metadata", "kiln__blob"}
+                       "kiln__last_error", "kiln__metadata", "kiln__cpu_missing", "kiln__blob"}
     kinds = {line.split()[-1]: line.split()[-2] for line in nm.splitlines()}
     assert kinds["kiln__blob"] == "R"  # read-only data
 

@@ -3,8 +3,9 @@
 The real codegens and the host-entry generator are written elsewhere; these
 tests need libraries now, so this module writes them by hand, following
 docs/abi.md to the letter: raw kernels `{p}_kernel_f` (kernels.c), a generated
-host.c with checked packed entries, `{p}_last_error`, `{p}_metadata`, and the
-weights as a `constants.bin` artifact linked as `{p}_consts`.
+host.c with checked packed entries, `{p}_last_error`, `{p}_metadata`,
+`{p}_cpu_missing`, and the weights as a `constants.bin` artifact linked as
+`{p}_consts`.
 
 Functions (and their numpy references in `reference`):
 - add_one  (tensor): X f32[4], Y f32[4]              Y = X + 1
@@ -113,6 +114,11 @@ static int32_t fail(const char *fmt, ...) {
 
 KILN_EXPORT const char *{p}_last_error(void) { return last_error; }
 KILN_EXPORT const char *{p}_metadata(void) { return "{meta}"; }
+/* Plain C kernels need no CPU feature beyond the baseline: none is missing. */
+KILN_EXPORT int32_t {p}_cpu_missing(char *out, int32_t size) {
+  if (out != NULL && size > 0) out[0] = '\0';
+  return 0;
+}
 
 static void dtype_name(DLDataType t, char *buf, size_t n) {
   static const char *names[] = {"int", "uint", "float", "handle", "bfloat", "complex", "bool"};

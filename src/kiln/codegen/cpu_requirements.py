@@ -1,65 +1,118 @@
-"""The CPU features a library's native code may use, recorded for the loader.
+"""The CPU features a library's native code may use, asked of LLVM itself.
 
-kiln.runtime.cpu_features compares them with the running CPU when a library is
-loaded. They are the `+` features of the target's `mattr` and those its `mcpu`
-implies, minus the `-` ones. LLVM does not list what a CPU name implies through
-llvmlite, so: for this machine's own CPU name, LLVM's host feature map; for an
-x86 CPU name, the features the C compiler enables for `-march=<mcpu>` (GCC's
-and LLVM's x86 CPU and ISA-extension names agree); otherwise the explicit
-features only.
+The features a target enables are the feature bits of LLVM's subtarget for
+(triple, mcpu, mattr): what `mcpu` implies (APX and AVX10 on `diamondrapids`,
+which no curated list or older GCC knows), plus `+` features, minus `-` ones.
+llvmlite does not list them, but LLVM's inliner can tell: it inlines a callee
+into a caller only when the target says the two are compatible, and on x86 and
+AArch64 that means the callee's feature bits are a subset of the caller's. So
+one module holds a caller with the target's CPU and features and, per candidate
+feature `f`, a small callee with the same CPU and features plus `+f`; after
+LLVM's O2 pipeline, the callees that were inlined are exactly the candidates the
+target already has. (The callees are not `alwaysinline`: the always-inliner
+ignores target compatibility.)
+
+Candidates are the features the running CPU can be checked for
+(kiln.runtime.cpu_features.TABLES: an ISA extension with a cpuid or hwcap bit;
+tuning flags are not candidates), and on an x86 build machine every key of
+LLVM's host feature map: one the table cannot decide that the target enables is
+a CompileError, not a silent gap at load time. Recorded are the implied ones
+except the table's `system` rows (OS and intrinsic-only instructions kiln's
+code never contains, which hypervisors often hide).
 """
 
 from __future__ import annotations
 
 import functools
-import shutil
-import subprocess
+import threading
 
-from kiln.runtime.cpu_features import checkable_features
+from kiln.errors import CompileError
+from kiln.runtime.cpu_features import CPUFeature, table_arch, table_for
+
+_PROBE = threading.Lock()
+
+
+def _probe_ir(triple: str, cpu: str, features: str, candidates: list[str]) -> str:
+    """The module of the inlining probe (see the module docstring)."""
+    def attrs(extra: str) -> str:
+        fs = ",".join(f for f in (features, extra) if f)
+        out = [f'"target-cpu"="{cpu}"'] if cpu else []
+        return " ".join([*out, f'"target-features"="{fs}"'])
+
+    lines = [f'target triple = "{triple}"', "declare void @sink(i32)"]
+    for i in range(len(candidates)):
+        lines += [f"define internal void @f{i}() #{i + 1} {{",
+                  f"  call void @sink(i32 {i})", "  ret void", "}"]
+    lines += ["define void @caller() #0 {",
+              *(f"  call void @f{i}()" for i in range(len(candidates))), "  ret void", "}",
+              f"attributes #0 = {{ {attrs('')} }}"]
+    lines += [f"attributes #{i + 1} = {{ {attrs('+' + f)} }}" for i, f in enumerate(candidates)]
+    return "\n".join(lines) + "\n"
 
 
 @functools.cache
-def _x86_march_features(cpu: str) -> frozenset[str]:
-    """ISA extensions `cc -march=cpu` enables (empty when the compiler does not know cpu)."""
-    cc = shutil.which("cc") or shutil.which("gcc")
-    if cc is None:
-        return frozenset()
-    try:
-        proc = subprocess.run([cc, f"-march={cpu}", "-Q", "--help=target"],
-                              capture_output=True, text=True, timeout=30)
-    except (OSError, subprocess.SubprocessError):
-        return frozenset()
-    if proc.returncode != 0:
-        return frozenset()
-    out = set()
-    for line in proc.stdout.splitlines():
-        words = line.split()
-        if len(words) == 2 and words[0].startswith("-m") and words[1] == "[enabled]":
-            out.add(words[0][2:])
-    return frozenset(out)
-
-
-def _host_features(cpu: str) -> frozenset[str] | None:
+def implied_features(triple: str, cpu: str, features: str,
+                     candidates: tuple[str, ...]) -> frozenset[str]:
+    """The names of `candidates` LLVM's subtarget for (triple, cpu, features) has."""
     from kiln.codegen.llvm.target_machine import llvm_binding
 
+    if not candidates:
+        return frozenset()
     llvm = llvm_binding()
-    if str(llvm.get_host_cpu_name()) != cpu:
-        return None
-    return frozenset(name for name, on in dict(llvm.get_host_cpu_features()).items() if on)
+    text = _probe_ir(triple, cpu, features, list(candidates))
+    with _PROBE:  # one probe at a time: each builds its own context and pass manager
+        try:
+            tm = llvm.Target.from_triple(triple).create_target_machine(
+                cpu=cpu, features=features, opt=2)
+            mod = llvm.parse_assembly(text, llvm.create_context())
+        except RuntimeError as err:
+            raise CompileError(f"cannot ask LLVM which CPU features {triple} "
+                               f"(cpu {cpu!r}, features {features!r}) has: {err}") from None
+        pb = llvm.create_pass_builder(tm, llvm.create_pipeline_tuning_options(speed_level=2))
+        pb.getModulePassManager().run(mod, pb)
+        left = {fn.name for fn in mod.functions}
+    return frozenset(f for i, f in enumerate(candidates) if f"f{i}" not in left)
+
+
+def _candidates(triple: str) -> tuple[str, ...]:
+    """Feature names to probe: the table's, and on an x86 build machine compiling for
+    x86 every key of LLVM's host feature map (the ISA extensions LLVM can detect)."""
+    from kiln.codegen.llvm.target_machine import llvm_binding
+
+    names = set(table_for(triple))
+    llvm = llvm_binding()
+    if table_arch(triple) == "x86" and table_arch(str(llvm.get_process_triple())) == "x86":
+        names |= set(dict(llvm.get_host_cpu_features()))
+    return tuple(sorted(names))
 
 
 def required_features(triple: str, cpu: str, features: str) -> list[str]:
-    """LLVM feature names the code for (triple, cpu, features) may use, sorted."""
-    enabled = {f[1:] for f in features.split(",") if f.startswith("+")}
-    disabled = {f[1:] for f in features.split(",") if f.startswith("-")}
-    arch = triple.split("-", 1)[0]
-    if cpu and cpu not in ("generic", "native"):
-        implied = _host_features(cpu)
-        if implied is None and arch in ("x86_64", "i686"):
-            # Only the ISA extensions the loader can check (GCC also lists ABI options).
-            implied = _x86_march_features(cpu) & checkable_features(arch)
-        enabled |= implied or set()
-    return sorted(enabled - disabled)
+    """LLVM names of the checkable CPU features the code for (triple, cpu, features)
+    may use, sorted; [] for a triple kiln cannot check (kiln.runtime.cpu_features).
+    CompileError when the target enables an ISA extension the table cannot decide."""
+    table = table_for(triple)
+    if not table:
+        return []
+    implied = implied_features(triple, cpu, features, _candidates(triple))
+    unknown = sorted(implied - set(table))
+    if unknown:
+        raise CompileError(
+            f"the target (triple {triple}, cpu {cpu!r}) enables CPU features kiln cannot "
+            f"check on the machine that loads the library: {', '.join(unknown)}; add them "
+            "to kiln.runtime.cpu_features.TABLES (cpuid/hwcap bits, as LLVM's "
+            "sys::getHostCPUFeatures detects them), or disable them with mattr "
+            f"({', '.join('-' + f for f in unknown)})")
+    return sorted(f for f in implied if not table[f].system)
 
 
-__all__ = ["required_features"]
+def feature_rows(triple: str, names: list[str] | tuple[str, ...]) -> list[CPUFeature]:
+    """The table rows of `names` (a `requires_features` list) for host.c's check."""
+    table = table_for(triple)
+    unknown = sorted(set(names) - set(table))
+    if unknown:
+        raise CompileError(f"cannot check CPU features {', '.join(unknown)} for {triple}: "
+                           "kiln.runtime.cpu_features.TABLES does not describe them")
+    return [table[name] for name in sorted(set(names))]
+
+
+__all__ = ["feature_rows", "implied_features", "required_features"]

@@ -43,6 +43,7 @@ from kiln.codegen.host_dims import TensorArg, dim_c, emit_binding, or_return
 from kiln.codegen.naming import (
     C_TYPES,
     check_prefix,
+    cpu_missing_symbol,
     dl_dtype,
     entry_symbol,
     kernel_symbol,
@@ -60,6 +61,7 @@ from kiln.ir.kernel_errors import ERROR_OUT_OF_MEMORY, KERNEL_ERRORS
 from kiln.ir.module import IRModule
 from kiln.ir.shape_expr import graph_dims, is_static
 from kiln.ir.tensor import Buffer, PrimFunc, Var
+from kiln.runtime.cpu_features import CPUFeature
 from kiln.transform.outline import has_parallel_loops
 
 HOST_FILE = "host.c"
@@ -78,14 +80,6 @@ HOST_RUNTIME_FILE = "kiln_host.c"
 # Longest name written inline as a string literal; longer ones get a static array.
 _INLINE_NAME = 200
 _NS = "kiln_host_"  # kiln_host.c's static helpers
-
-
-# x86 features (LLVM names) that GCC's and clang's __builtin_cpu_supports both know.
-C_CHECKABLE_X86 = (
-    "sse3", "ssse3", "sse4.1", "sse4.2", "popcnt", "avx", "avx2", "fma", "bmi", "bmi2",
-    "avx512f", "avx512vl", "avx512bw", "avx512dq", "avx512cd", "avx512vnni", "avx512bf16",
-    "avx512vbmi", "avx512vbmi2", "avx512ifma", "avx512bitalg", "avx512vpopcntdq",
-)
 
 
 def host_runtime_path() -> Path:
@@ -121,6 +115,22 @@ def check_messages_define() -> str:
     return f"#define KILN_HOST_CHECK_MESSAGES {{{', '.join(items)}}}"
 
 
+def cpu_features_config(prefix: str, features: Sequence[CPUFeature]) -> list[str]:
+    """The #defines of kiln_host.c's CPU check: `{prefix}_cpu_missing`, and the rows
+    (kiln.runtime.cpu_features.TABLES) of the features the kernels need, if any."""
+    config = [f"#define KILN_HOST_CPU_MISSING {cpu_missing_symbol(prefix)}"]
+    if not features:
+        return config
+    rows = []
+    for f in features:
+        fields = ", ".join(f"{{{b.leaf:#x}u, {b.subleaf}u, {int(b.reg)}u, {b.shift}u, "
+                           f"{b.mask:#x}u, {b.at_least}u}}" for b in f.fields)
+        rows.append(f"{{{c_string_literal(f.name)}, {f.xcr0:#x}u, {len(f.fields)}u, "
+                    f"{{{fields}}}}}")
+    return [*config, "#define KILN_HOST_CPU_FEATURES { \\",
+            *(f"  {row}, \\" for row in rows), "}"]
+
+
 def workspace_bytes(mod: IRModule, name: str) -> tuple[int, bool]:
     """(largest heap workspace in bytes, whether all have that size) of `name` and its callees."""
     sizes: set[int] = set()
@@ -147,10 +157,9 @@ class HostPrinter:
     """Prints host.c for one module: kiln_host.c, then the model's entries."""
 
     def __init__(self, mod: IRModule, prefix: str, metadata: Mapping[str, Any],
-                 cpu_features: Sequence[str] = ()) -> None:
+                 cpu_features: Sequence[CPUFeature] = ()) -> None:
         self.mod = mod
-        # x86 features the kernels need that the C compiler's CPU check can name.
-        self.cpu_features = [f for f in cpu_features if f in C_CHECKABLE_X86]
+        self.cpu_features = list(cpu_features)  # checked on the first call of any entry
         self.prefix = check_prefix(prefix)
         self.ns = f"{prefix}_host_"  # static helpers: reserved by docs/abi.md's `{prefix}_`
         self.metadata = metadata
@@ -181,11 +190,7 @@ class HostPrinter:
         for name, fn in funcs.items():
             entries.extend(self.entry(name, fn))
             entries.append("")
-        config = [check_messages_define()]
-        if self.cpu_features:
-            # kiln_host.c checks these on the first call of any entry (x86, GCC/clang).
-            listed = " ".join(f'X("{f}")' for f in self.cpu_features)
-            config.append(f"#define KILN_HOST_CPU_FEATURES(X) {listed}")
+        config = [check_messages_define(), *cpu_features_config(self.prefix, self.cpu_features)]
         config += self.profile_config()
         if self.parallel:
             config += ["#define KILN_HOST_PARALLEL 1",
@@ -402,15 +407,15 @@ class _Arguments:
 
 
 def host_source(mod: IRModule, *, prefix: str, metadata: Mapping[str, Any],
-                cpu_features: Sequence[str] = ()) -> str:
-    """The text of host.c for `mod` (see the module docstring); `cpu_features` (LLVM
-    names) are checked on the first call of any entry."""
+                cpu_features: Sequence[CPUFeature] = ()) -> str:
+    """The text of host.c for `mod` (see the module docstring); `cpu_features` (rows of
+    kiln.runtime.cpu_features.TABLES) are checked on the first call of any entry."""
     return HostPrinter(mod, prefix, metadata, cpu_features).render()
 
 
 def codegen_host(
     mod: IRModule, *, prefix: str, metadata: Mapping[str, Any],
-    cflags: Sequence[str] | None = None, cpu_features: Sequence[str] = (),
+    cflags: Sequence[str] | None = None, cpu_features: Sequence[CPUFeature] = (),
 ) -> Any:
     """`Artifact("host", "native", "host.c", ...)`: packed entries, last error, metadata.
 

@@ -5,6 +5,7 @@ The C ABI (docs/abi.md) in one place:
 - its raw kernel (internal, hidden):        `{prefix}_kernel_f`
 - last-error accessor:                      `{prefix}_last_error`
 - library metadata (JSON):                  `{prefix}_metadata`
+- missing CPU features:                     `{prefix}_cpu_missing`
 - embedded constants (weights):             `{prefix}_consts`
 - embedded artifact blob:                   `{prefix}_blob`
 - thread pool entry (hidden):               `{prefix}_parallel_for`
@@ -91,6 +92,12 @@ def last_error_symbol(prefix: str) -> str:
 
 def metadata_symbol(prefix: str) -> str:
     return f"{prefix}_metadata"
+
+
+def cpu_missing_symbol(prefix: str) -> str:
+    """`int32_t {prefix}_cpu_missing(char* out, int32_t size)`: the CPU features the
+    library's code needs that this CPU lacks (docs/abi.md, "CPU features")."""
+    return f"{prefix}_cpu_missing"
 
 
 def consts_symbol(prefix: str) -> str:

@@ -36,6 +36,7 @@ from kiln.errors import CompileError
 from kiln.ir.attrs import ATTR_EXTERNAL, ATTR_GRAPH, ATTR_TARGET
 from kiln.ir.module import IRModule
 from kiln.ir.tensor import PrimFunc
+from kiln.runtime.cpu_features import CPUFeature
 from kiln.target import Target
 from kiln.transform.instruments import timed_step
 from kiln.transform.pipeline import PipelineSpec, get_pipeline
@@ -140,12 +141,13 @@ def _group(mod: IRModule) -> dict[str, tuple[Target, list[str]]]:
 
 def _codegen(mod: IRModule, groups: dict[str, tuple[Target, list[str]]], host_key: str,
              prefix: str, pool: ConstantPool) -> ArtifactSet:
+    from kiln.codegen.cpu_requirements import feature_rows
     from kiln.codegen.host import DEFAULT_HOST_CFLAGS, codegen_host
     from kiln.codegen.registry import build
 
     out: list[Any] = []
     host_flags: list[str] = list(DEFAULT_HOST_CFLAGS)
-    cpu_features: list[str] = []
+    cpu_features: list[CPUFeature] = []
     for key, (t, names) in groups.items():
         if key == host_key:
             # The host compiles its own functions; the others' kernels are external symbols.
@@ -159,12 +161,15 @@ def _codegen(mod: IRModule, groups: dict[str, tuple[Target, list[str]]], host_ke
                 continue
             if a.file_name == CONSTANTS_FILE and key != host_key:
                 continue  # one weights blob, the host's
-            cpu_features += [str(f) for f in a.metadata.get("requires_features", ())]
+            if a.metadata.get("requires_features"):
+                cpu_features += feature_rows(str(a.metadata["triple"]),
+                                             [str(f) for f in a.metadata["requires_features"]])
             # A device's artifacts carry its target key (distinct names per device).
             out.append(a if key == host_key else
                        with_target_key(a, device_key(t.kind.name, t.fingerprint())))
     out.append(codegen_host(mod, prefix=prefix, metadata=library_metadata(mod, prefix),
-                            cflags=host_flags, cpu_features=sorted(set(cpu_features))))
+                            cflags=host_flags,
+                            cpu_features=list(dict.fromkeys(cpu_features))))
     try:
         return ArtifactSet(out)
     except ValueError as exc:  # not expected: target keys keep the devices' names apart

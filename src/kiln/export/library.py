@@ -292,7 +292,8 @@ LINK_OPTIONS = (*LINK_CHECKS, "-Wl,--build-id=none")
 
 
 def abi_symbols(metadata: Mapping[str, Any], prefix: str) -> list[str]:
-    """The symbols a kiln library exports (docs/abi.md): entries, error, metadata, blob."""
+    """The symbols a kiln library exports (docs/abi.md): entries, error, metadata, the CPU
+    check, blob."""
     functions = metadata.get("functions", {})
     symbols = [str(sig.get("symbol", f"{prefix}{name}")) for name, sig in functions.items()]
     # graph functions with symbolic dimensions: the entry telling C callers result shapes
@@ -300,7 +301,8 @@ def abi_symbols(metadata: Mapping[str, Any], prefix: str) -> list[str]:
                 if sig.get("output_shapes_symbol")]
     if metadata.get("profile"):  # built with profile=True: the counters' accessors
         symbols += [f"{prefix}_{name}" for name in ("profile_read", "profile_reset")]
-    return [*symbols, f"{prefix}_last_error", f"{prefix}_metadata", f"{prefix}_blob"]
+    return [*symbols, f"{prefix}_last_error", f"{prefix}_metadata", f"{prefix}_cpu_missing",
+            f"{prefix}_blob"]
 
 
 def _check_symbols(symbols: Iterable[str]) -> None:
@@ -399,6 +401,9 @@ def static_header(metadata: Mapping[str, Any], prefix: str, header_name: str,
         f"const char *{prefix}_last_error(void);",
         "/* Library metadata (JSON, docs/abi.md). */",
         f"const char *{prefix}_metadata(void);",
+        "/* CPU features the code needs that this CPU lacks, comma-separated into out;",
+        " * returns how many (docs/abi.md, \"CPU features\"). */",
+        f"int32_t {prefix}_cpu_missing(char *out, int32_t size);",
         "",
     ]
     if metadata.get("profile"):

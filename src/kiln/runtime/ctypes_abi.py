@@ -62,6 +62,8 @@ SIGNATURES: dict[str, tuple[Any, list[Any]]] = {
                [ctypes.POINTER(KilnValue), ctypes.POINTER(ctypes.c_int32), ctypes.c_int32]),
     "last_error": (ctypes.c_char_p, []),
     "metadata": (ctypes.c_char_p, []),
+    # {prefix}_cpu_missing(out, size): the CPU features this machine lacks (docs/abi.md).
+    "cpu_missing": (ctypes.c_int32, [ctypes.c_char_p, ctypes.c_int32]),
     # {prefix}_profile_read(site, &function, &kernel, &calls, &total_ns) and _reset().
     "profile_read": (ctypes.c_int32,
                      [ctypes.c_int32, ctypes.POINTER(ctypes.c_char_p),

@@ -33,7 +33,7 @@ from kiln.artifact.artifact import NATIVE, NONE, AnyArtifact, ArtifactSet
 from kiln.artifact.blob import HEADER_SIZE, BlobContents, blob_length, unpack
 from kiln.artifact.elf import host_machine, machine_name
 from kiln.errors import FormatError
-from kiln.runtime.cpu_features import check_cpu
+from kiln.runtime.cpu_features import check_library
 from kiln.runtime.dynsym import find_blob_symbol
 from kiln.runtime.loaders import LoadContext, run_loader
 from kiln.runtime.module import HostModule, LibraryModule, Module
@@ -153,7 +153,7 @@ def load_shared_library(path: Path, *, prefix: str | None = None,
         if blob_prefix is not None and blob_prefix != lib_prefix:
             raise FormatError(f"{path}: blob symbol {symbol} belongs to prefix '{lib_prefix}' "
                               f"but the blob's metadata says '{blob_prefix}'")
-        _check_cpu_features(contents, path)
+        _check_cpu_features(root, contents, path)
         _build_tree(root, contents)
         address = ctypes.addressof(ctypes.c_uint8.in_dll(root.cdll, symbol))
         check_weights(root, address, found.size, contents, verify_weights)
@@ -175,13 +175,17 @@ def _check_machine(machine: int, path: Path) -> None:
             "machine's target")
 
 
-def _check_cpu_features(contents: BlobContents, path: Path) -> None:
-    """Refuse native code needing CPU features this machine lacks, before any call."""
+def _check_cpu_features(lib: LibraryModule, contents: BlobContents, path: Path) -> None:
+    """Refuse native code needing CPU features this machine lacks, before any call: the
+    library's own `{prefix}_cpu_missing` reads the CPU (kiln.runtime.cpu_features)."""
+    required: list[str] = []
+    triple = ""
     for art in contents.artifacts:
         meta = art.metadata
         if art.loader == NATIVE and isinstance(meta.get("requires_features"), (list, tuple)):
-            check_cpu([str(f) for f in meta["requires_features"]], str(meta.get("triple", "")),
-                      f"{path.name} ({art.codegen_id}/{art.file_name})")
+            required += [str(f) for f in meta["requires_features"]]
+            triple = triple or str(meta.get("triple", ""))
+    check_library(lib.cdll, lib.prefix, required, triple, path.name)
 
 
 def _read_blob(lib: LibraryModule, symbol: str, size: int) -> BlobContents:

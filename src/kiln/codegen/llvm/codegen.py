@@ -130,6 +130,7 @@ def codegen_llvm(mod: IRModule, target: Any, *, prefix: str, pool: ConstantPool)
     when `pool` holds constants, `constants.bin` (symbol `{prefix}_consts`).
     """
     from kiln.artifact import Artifact
+    from kiln.codegen.cpu_requirements import feature_rows
     from kiln.codegen.host import DEFAULT_HOST_CFLAGS, codegen_host
     from kiln.transform.instruments import timed_step
 
@@ -151,7 +152,8 @@ def codegen_llvm(mod: IRModule, target: Any, *, prefix: str, pool: ConstantPool)
     artifacts += [
         Artifact(CODEGEN_ID, "none", "kernels.bc", bitcode, {**meta, "format": "llvm-bitcode"}),
         codegen_host(mod, prefix=prefix, metadata=library_metadata(mod, prefix),
-                     cflags=host_flags, cpu_features=meta["requires_features"]),
+                     cflags=host_flags,
+                     cpu_features=feature_rows(config.triple, meta["requires_features"])),
     ]
     del parts, objects  # LLVM's modules and machine code are no longer needed
     if len(pool):

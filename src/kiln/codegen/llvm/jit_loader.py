@@ -69,7 +69,7 @@ class LLVMJITModule(Module):
                               ) from None
         self.prefix = str(meta["prefix"])
         self.triple = str(meta["triple"])
-        _check_host(llvm, self.triple, str(meta.get("features", "")))
+        _check_host(llvm, self.triple, str(meta.get("cpu", "")), str(meta.get("features", "")))
         self._ir_text = str(mod)
         self._tm = llvm.Target.from_triple(self.triple).create_target_machine(
             cpu=str(meta.get("cpu", "")), features=str(meta.get("features", "")),
@@ -166,15 +166,21 @@ def _check_metadata(meta: Mapping[str, Any]) -> Mapping[str, Any]:
     return meta
 
 
-def _check_host(llvm: Any, triple: str, features: str) -> None:
-    """Refuse code for another architecture or needing CPU features this host lacks."""
+def _check_host(llvm: Any, triple: str, cpu: str, features: str) -> None:
+    """Refuse code for another architecture or needing CPU features this host lacks
+    (every feature LLVM's subtarget for (triple, cpu, features) has, not only `+x`)."""
+    from kiln.codegen.cpu_requirements import required_features
+    from kiln.runtime.cpu_features import CPUFeatureError, skip_requested
+
     host = str(llvm.get_process_triple())
     if triple.split("-", 1)[0] != host.split("-", 1)[0]:
         raise KilnError(f"llvmjit: the module was compiled for {triple}, but this process "
                         f"runs on {host}; recompile it here")
+    if skip_requested():
+        return
     host_features = dict(llvm.get_host_cpu_features())
-    missing = [f[1:] for f in features.split(",")
-               if f.startswith("+") and host_features.get(f[1:]) is False]
+    missing = [f for f in required_features(triple, cpu, features)
+               if host_features.get(f) is False]
     if missing:
-        raise KilnError(f"llvmjit: the module needs CPU feature(s) {', '.join(missing)} that "
-                        "this machine lacks; recompile it for this host")
+        raise CPUFeatureError(f"llvmjit: the module needs CPU feature(s) {', '.join(missing)} "
+                              "that this machine lacks; recompile it for this host")

@@ -16,9 +16,12 @@
  *   KILN_NO_THREADS     firmware: no pthreads, parallel loops run serially;
  *   KILN_HOST_PROFILE   the number of kernel-call timer sites (profile=True), with
  *                       KILN_PROFILE_{START,STOP,READ,RESET} their symbols and
- *                       KILN_HOST_PROFILE_FUNCTIONS / _KERNELS the names of the sites.
+ *                       KILN_HOST_PROFILE_FUNCTIONS / _KERNELS the names of the sites;
+ *   KILN_HOST_CPU_FEATURES  the rows of the CPU features the kernels need, checked on
+ *                       the first call, and KILN_HOST_CPU_MISSING `{prefix}_cpu_missing`.
  *
- * It includes only the C standard library (and, for the pool, POSIX threads):
+ * It includes only the C standard library (and, for the pool, POSIX threads; for
+ * the CPU check the compiler's <cpuid.h> on x86, <sys/auxv.h> on AArch64 Linux):
  * the DLPack and KilnValue definitions are copied inline with the layout of
  * kiln/kiln.h. C11 for `_Thread_local` (GNU `__thread` before C11).
  */
@@ -32,6 +35,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 /* DLPack and KilnValue, laid out exactly as docs/abi.md and kiln/kiln.h say
@@ -88,7 +92,6 @@ enum { KILN_DEVICE_CPU = 1 };
 #if defined(KILN_HOST_PARALLEL) && !defined(KILN_NO_THREADS)
 #include <pthread.h>
 #include <signal.h>
-#include <stdlib.h>
 #include <unistd.h>
 #endif
 
@@ -342,27 +345,147 @@ static KILN_UNUSED int32_t kiln_host_float(double* out, const char* fn, int32_t 
   return 0;
 }
 
-/* CPU features the kernels were compiled for (KILN_HOST_CPU_FEATURES, an X-list the
-   generated part defines), checked on the first call of any entry: a program on a
-   CPU without them gets an error instead of an illegal instruction. x86 only, with
-   the GCC/clang builtins; elsewhere, and without the list, nothing is checked. */
-#if defined(KILN_HOST_CPU_FEATURES) && (defined(__x86_64__) || defined(__i386__)) && \
-    (defined(__GNUC__) || defined(__clang__))
-static int kiln_host_cpu_checked; /* 1 once the features were found */
-#define KILN_HOST_CPU_MISSING(f) \
-  if (!__builtin_cpu_supports(f)) return f;
-static const char* kiln_host_cpu_missing(void) {
-  __builtin_cpu_init();
-  KILN_HOST_CPU_FEATURES(KILN_HOST_CPU_MISSING)
-  return NULL;
+/* ------------------------------------------------------- CPU features
+   KILN_HOST_CPU_FEATURES, when the generated part defines it, initializes the
+   rows below: the CPU features the kernels were compiled for, each with how to
+   detect it (kiln.runtime.cpu_features.TABLES, LLVM names). The exported
+   KILN_HOST_CPU_MISSING (`{prefix}_cpu_missing`) writes the names of those this
+   CPU lacks into `out`, comma-separated (a name that does not fit in `size`
+   bytes is left out), and returns how many; -1 when this build cannot read the
+   CPU's identification. Python's loader calls it right after dlopen, and the
+   first call of any entry runs it, so a program on a CPU without the features
+   gets an error instead of an illegal instruction. x86 (GCC/clang): cpuid and
+   xgetbv; AArch64 Linux: getauxval(AT_HWCAP/AT_HWCAP2). This code itself needs
+   only the baseline instruction set (host.c is not compiled for the target CPU). */
+#if !defined(KILN_HOST_CPU_MISSING)
+#define KILN_HOST_CPU_MISSING kiln_cpu_missing /* standalone builds of this file */
+#endif
+
+typedef struct {
+  uint32_t leaf, subleaf;  /* x86: the cpuid inputs; AArch64: the auxv entry (AT_HWCAP = 16) */
+  uint32_t reg, shift;     /* x86: 0..3 = EAX..EDX; the field's lowest bit */
+  uint32_t mask, at_least; /* holds when ((word >> shift) & mask) >= at_least */
+} kiln_host_cpu_field;
+
+typedef struct {
+  const char* name;        /* LLVM's name of the feature */
+  uint64_t xcr0;           /* x86: the register state the OS must save (XGETBV(0) bits) */
+  uint32_t n_fields;
+  kiln_host_cpu_field fields[3];
+} kiln_host_cpu_feature;
+
+#if (defined(__x86_64__) || defined(__i386__)) && (defined(__GNUC__) || defined(__clang__))
+#include <cpuid.h>
+#define KILN_HOST_CPU_READABLE 1
+/* Register `reg` of cpuid(leaf, subleaf); 0 for a leaf beyond the CPU's maximum
+   (basic or extended), and, as LLVM does, for a sub-leaf of leaf 7 beyond 7.0's EAX. */
+static KILN_UNUSED uint64_t kiln_host_cpu_word(uint32_t leaf, uint32_t subleaf, uint32_t reg) {
+  unsigned int r[4] = {0, 0, 0, 0};
+  unsigned int top = __get_cpuid_max(leaf & 0x80000000u, NULL);
+  if (top == 0 || leaf > top) {
+    return 0;
+  }
+  if (leaf == 7 && subleaf > 0) {
+    __cpuid_count(7, 0, r[0], r[1], r[2], r[3]);
+    if (r[0] < subleaf) {
+      return 0;
+    }
+  }
+  __cpuid_count(leaf, subleaf, r[0], r[1], r[2], r[3]);
+  return r[reg & 3u];
 }
+/* XCR0, the register state the OS saves; 0 unless OSXSAVE says xgetbv may run. */
+static KILN_UNUSED uint64_t kiln_host_cpu_xcr0(void) {
+  uint32_t lo, hi;
+  if (((kiln_host_cpu_word(1, 0, 2) >> 27) & 1u) == 0) {
+    return 0;
+  }
+  __asm__ __volatile__("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+  return ((uint64_t)hi << 32) | lo;
+}
+#elif defined(__aarch64__) && defined(__linux__)
+#include <sys/auxv.h>
+#define KILN_HOST_CPU_READABLE 1
+static KILN_UNUSED uint64_t kiln_host_cpu_word(uint32_t leaf, uint32_t subleaf, uint32_t reg) {
+  (void)subleaf;
+  (void)reg;
+  return (uint64_t)getauxval((unsigned long)leaf);
+}
+static KILN_UNUSED uint64_t kiln_host_cpu_xcr0(void) {
+  return 0;
+}
+#endif
+
+#if defined(KILN_HOST_CPU_FEATURES)
+static const kiln_host_cpu_feature kiln_host_cpu_features[] = KILN_HOST_CPU_FEATURES;
+#endif
+
+KILN_EXPORT int32_t KILN_HOST_CPU_MISSING(char* out, int32_t size);
+KILN_EXPORT int32_t KILN_HOST_CPU_MISSING(char* out, int32_t size) {
+  int32_t count = 0;
+  if (out != NULL && size > 0) {
+    out[0] = '\0';
+  }
+#if defined(KILN_HOST_CPU_FEATURES) && defined(KILN_HOST_CPU_READABLE)
+  {
+    const size_t n = sizeof kiln_host_cpu_features / sizeof kiln_host_cpu_features[0];
+    const uint64_t xcr0 = kiln_host_cpu_xcr0();
+    size_t used = 0, i;
+    for (i = 0; i < n; ++i) {
+      const kiln_host_cpu_feature* f = &kiln_host_cpu_features[i];
+      int has = (xcr0 & f->xcr0) == f->xcr0;
+      uint32_t j;
+      for (j = 0; has && j < f->n_fields; ++j) {
+        const kiln_host_cpu_field* b = &f->fields[j];
+        has = ((kiln_host_cpu_word(b->leaf, b->subleaf, b->reg) >> b->shift) & b->mask)
+              >= b->at_least;
+      }
+      if (!has) {
+        size_t len = strlen(f->name);
+        ++count;
+        if (out != NULL && size > 0 && used + (used > 0) + len < (size_t)size) {
+          if (used > 0) {
+            out[used++] = ',';
+          }
+          memcpy(out + used, f->name, len + 1);
+          used += len;
+        }
+      }
+    }
+  }
+#elif defined(KILN_HOST_CPU_FEATURES)
+  count = -1; /* features to check, but no way to read them in this build */
+#endif
+  return count;
+}
+
+/* Whether KILN_SKIP_CPU_CHECK asks to skip the check (set, and neither "" nor "0"). */
+static KILN_UNUSED int kiln_host_cpu_skipped(void) {
+  const char* skip = getenv("KILN_SKIP_CPU_CHECK");
+  return skip != NULL && skip[0] != '\0' && strcmp(skip, "0") != 0;
+}
+
+/* Run once, on the first call of any entry: 0 (with the error set) when this CPU lacks
+   a feature the kernels need. */
+#if defined(KILN_HOST_CPU_FEATURES) && (defined(__GNUC__) || defined(__clang__))
+static int kiln_host_cpu_checked; /* 1 once the features were found */
 static KILN_UNUSED int kiln_host_cpu_ok(const char* fn) {
-  const char* missing;
-  if (__atomic_load_n(&kiln_host_cpu_checked, __ATOMIC_RELAXED)) return 1;
-  missing = kiln_host_cpu_missing();
-  if (missing != NULL) {
-    kiln_host_fail("%s: this CPU lacks the '%s' feature the library was compiled for; "
-                   "rebuild it for this machine or for a baseline both have", fn, missing);
+  char missing[256];
+  int32_t count;
+  if (__atomic_load_n(&kiln_host_cpu_checked, __ATOMIC_RELAXED)) {
+    return 1;
+  }
+  count = kiln_host_cpu_skipped() ? 0 : KILN_HOST_CPU_MISSING(missing, (int32_t)sizeof missing);
+  if (count < 0) {
+    kiln_host_fail("%s: cannot read this CPU's features to check those the library was "
+                   "compiled for; set KILN_SKIP_CPU_CHECK=1 to call it anyway", fn);
+    return 0;
+  }
+  if (count > 0) {
+    kiln_host_fail("%s: this CPU lacks %s the library was compiled for: %s (it would stop "
+                   "with an illegal instruction); rebuild it for this machine or for a "
+                   "baseline both have, or set KILN_SKIP_CPU_CHECK=1", fn,
+                   count == 1 ? "a feature" : "features", missing);
     return 0;
   }
   __atomic_store_n(&kiln_host_cpu_checked, 1, __ATOMIC_RELAXED);
