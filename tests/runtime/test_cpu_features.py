@@ -1,53 +1,184 @@
-"""A library compiled for CPU features this machine lacks is refused at load,
-naming them, instead of dying with SIGILL at its first call."""
+"""CPU features: LLVM says what a target enables, the library checks the running CPU.
+
+A library compiled for CPU features this machine lacks is refused at load (Python)
+and on its first call (C), naming them, instead of dying with SIGILL. No test here
+fails because of what the host has: a test that needs a target this host lacks
+picks one from a list reaching past the newest CPUs LLVM knows (APX, AVX10), and
+is skipped, with the reason, on a machine that has all of them.
+"""
 
 from __future__ import annotations
 
+import functools
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import pytest
 
 import kiln
-from kiln.codegen.cpu_requirements import required_features
+from kiln.codegen.cpu_requirements import implied_features, required_features
+from kiln.codegen.host import cpu_features_config, host_runtime_source
+from kiln.errors import CompileError
 from kiln.ir import IRBuilder
-from kiln.runtime.cpu_features import (
-    checkable_features,
-    cpuinfo_flags,
-    machine_arch,
-    missing_features,
-)
+from kiln.runtime.cpu_features import TABLES, machine_arch, table_arch, table_for
+from kiln.runtime.native import include_dir
+from kiln.target.llvm_names import llvm_names
 
-pytestmark = pytest.mark.skipif(machine_arch() != "x86_64" or cpuinfo_flags() is None,
-                                reason="needs Linux on x86-64 (/proc/cpuinfo flags)")
+X86 = "x86_64-unknown-linux-gnu"
+AARCH64 = "aarch64-unknown-linux-gnu"
+TRIPLES = {"x86": X86, "aarch64": AARCH64}
+ON_X86 = machine_arch() == "x86_64"
+needs_x86 = pytest.mark.skipif(not ON_X86, reason="runs x86 code on this machine")
 
-
-def test_missing_features_uses_linux_flag_names() -> None:
-    flags = frozenset({"sse4_2", "avx2", "fma", "avx512_vnni", "pni"})
-    need = ["sse3", "sse4.2", "avx2", "fma", "avx512vnni", "avx512f", "avx512fp16",
-            "evex512", "rdseed"]  # the last two are not compared
-    assert missing_features(need, "x86_64", flags) == ["avx512f", "avx512fp16"]
-    assert missing_features(["sve2", "neon"], "aarch64", frozenset({"asimd", "fp"})) == ["sve2"]
-    assert missing_features(["avx512f"], "riscv64", frozenset()) == []
+# Newest first: diamondrapids has APX (egpr, ndd, ...) and AVX10.2, which no earlier
+# CPU has; then single features past it, for a machine that has all of these.
+FOREIGN_CPUS = ("diamondrapids", "graniterapids", "sapphirerapids", "znver5", "znver4",
+                "icelake-server", "skylake-avx512", "haswell")
+FOREIGN_MATTRS = ("+egpr", "+avx10.2", "+amx-tile", "+avx512fp16", "+avx512f", "+avx2")
 
 
-def _target_this_machine_lacks() -> tuple[dict[str, object], list[str]]:
-    """A target (by CPU name where one fits) needing features absent here."""
-    triple = "x86_64-unknown-linux-gnu"
-    for cpu in ("sapphirerapids", "graniterapids", "znver4", "icelake-server",
-                "skylake-avx512", "haswell"):
-        lacks = missing_features(required_features(triple, cpu, ""), "x86_64", cpuinfo_flags())
-        if lacks:
-            return {"kind": "llvm", "mtriple": triple, "mcpu": cpu}, lacks
-    absent = sorted(checkable_features("x86_64") - {
-        f for f in checkable_features("x86_64") if not missing_features([f], "x86_64",
-                                                                          cpuinfo_flags())})
-    assert absent, "this machine has every feature kiln checks"
-    return {"kind": "llvm", "mtriple": triple, "mattr": [f"+{absent[0]}"]}, absent[:1]
+def _llvm() -> Any:
+    from kiln.codegen.llvm.target_machine import llvm_binding
+
+    return llvm_binding()
 
 
+# ------------------------------------------------------------------ LLVM's side
+def test_probe_gives_llvm_known_answers() -> None:
+    v3 = set(required_features(X86, "x86-64-v3", ""))
+    assert {"avx", "avx2", "fma", "bmi2", "sse4.2"} <= v3 and "avx512f" not in v3
+    dmr = set(required_features(X86, "diamondrapids", ""))
+    assert {"egpr", "ndd", "ppx", "push2pop2", "nf", "ccmp", "avx10.2", "amx-tile"} <= dmr
+    assert "egpr" not in required_features(X86, "graniterapids", "")
+    skx = set(required_features(X86, "skylake-avx512", "-avx512f"))
+    assert "avx2" in skx and not {f for f in skx if f.startswith("avx512")}
+    assert "avx512f" in required_features(X86, "x86-64-v2", "+avx512f")
+    v1 = set(required_features(AARCH64, "neoverse-v1", ""))
+    assert {"neon", "sve", "dotprod", "i8mm", "bf16", "lse"} <= v1
+    a72 = set(required_features(AARCH64, "cortex-a72", ""))
+    assert "neon" in a72 and not {"sve", "dotprod", "lse"} & a72
+    assert "sve" not in required_features(AARCH64, "neoverse-v1", "-sve")
+    # No table for the triple: nothing recorded (and nothing checked).
+    assert required_features("riscv64-unknown-linux-gnu", "sifive-u74", "") == []
+
+
+def _cpu_targets() -> list[tuple[str, str]]:
+    """(triple, cpu) of the x86 and AArch64 CPUs of every llvm tag, and FOREIGN_CPUS."""
+    out = {(X86, cpu) for cpu in FOREIGN_CPUS}
+    for name in kiln.target.list_tags():
+        t = kiln.Target(name)
+        for cand in (t, t.host):
+            if cand is None or cand.kind.name != "llvm" or not cand.get("mcpu"):
+                continue
+            if table_arch(str(cand.get("mtriple"))) is not None:
+                out.add((str(cand.get("mtriple")), str(cand.get("mcpu"))))
+    return sorted(out)
+
+
+def test_every_recorded_name_is_decidable() -> None:
+    """Only features the table can detect are recorded, never tuning flags; system
+    instructions (not in kiln's code, often hidden by hypervisors) are not either."""
+    targets = _cpu_targets()
+    assert len(targets) > 20
+    for triple, cpu in targets:
+        table = table_for(triple)
+        need = required_features(triple, cpu, "")
+        assert need, (triple, cpu)
+        assert [f for f in need if f not in table or table[f].system] == [], (triple, cpu)
+
+
+def test_table_names_are_llvm_features() -> None:
+    """Every row names a feature LLVM knows for the architecture (a typo or a rename in
+    a newer LLVM fails here), and the x86 table covers LLVM's host feature map."""
+    for arch, table in TABLES.items():
+        names = llvm_names(TRIPLES[arch])
+        assert names is not None
+        assert sorted(set(table) - names.features) == [], arch
+    if ON_X86:
+        assert sorted(set(dict(_llvm().get_host_cpu_features())) - set(TABLES["x86"])) == []
+
+
+def test_a_feature_the_table_cannot_decide_is_a_compile_error(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import kiln.codegen.cpu_requirements as req
+
+    partial = {k: v for k, v in TABLES["x86"].items() if k != "avx2"}
+    monkeypatch.setattr(req, "table_for", lambda triple: partial)
+    monkeypatch.setattr(req, "_candidates", lambda triple: (*sorted(partial), "avx2"))
+    with pytest.raises(CompileError, match=r"kiln cannot check .*: avx2; .*-avx2"):
+        req.required_features(X86, "haswell", "")
+    assert "avx2" not in req.required_features(X86, "haswell", "-avx2")
+
+
+def test_probe_is_cached() -> None:
+    implied_features.cache_clear()
+    required_features(X86, "haswell", "")
+    required_features(X86, "haswell", "")
+    assert implied_features.cache_info().hits >= 1
+
+
+# ------------------------------------------------------------------ the host's side
+def _table_program(tmp_path: Path, arch: str) -> Path:
+    """C source that prints the features of TABLES[arch] the running CPU lacks, through
+    kiln_host.c's own check (the code every library carries)."""
+    config = cpu_features_config("kiln_", list(TABLES[arch].values()))
+    main = ("int main(void) {\n  static char out[16384];\n"
+            "  int32_t n = kiln__cpu_missing(out, (int32_t)sizeof out);\n"
+            '  printf("%d\\n%s\\n", (int)n, out);\n  return 0;\n}\n')
+    src = tmp_path / f"table_{arch}.c"
+    src.write_text("\n".join(config) + "\n" + host_runtime_source() + "\n" + main)
+    return src
+
+
+def _parse_missing(stdout: str) -> set[str]:
+    count, _, names = stdout.partition("\n")
+    missing = {n for n in names.strip().split(",") if n}
+    assert int(count) == len(missing), stdout
+    return missing
+
+
+@functools.cache
+def _host_missing(tmp: str) -> frozenset[str]:
+    """The x86 table's features this machine lacks, as every library's check sees it."""
+    exe = Path(tmp) / "table_x86"
+    subprocess.run(["cc", "-std=c11", "-Wall", "-Wextra", "-Werror", "-pedantic",
+                    str(_table_program(Path(tmp), "x86")), "-o", str(exe)], check=True,
+                   capture_output=True)
+    proc = subprocess.run([str(exe)], capture_output=True, text=True, check=True)
+    return frozenset(_parse_missing(proc.stdout))
+
+
+@pytest.fixture(scope="module")
+def host_missing(tmp_path_factory: pytest.TempPathFactory) -> frozenset[str]:
+    if not ON_X86:
+        pytest.skip("the x86 table is read with cpuid on an x86 machine")
+    return _host_missing(str(tmp_path_factory.mktemp("table")))
+
+
+@needs_x86
+def test_table_view_of_this_host_equals_llvm(host_missing: frozenset[str]) -> None:
+    """cpuid through kiln's table says what LLVM's host detection says, for every key."""
+    llvm_host = dict(_llvm().get_host_cpu_features())
+    differ = {f: (f not in host_missing, llvm_host[f]) for f in llvm_host
+              if (f not in host_missing) != llvm_host[f]}
+    assert differ == {}, f"feature: (table, LLVM) {differ}"
+
+
+@needs_x86
+def test_host_target_records_exactly_the_host_features(host_missing: frozenset[str]) -> None:
+    """The probe of this machine's own target (Target.from_host()) finds what the host has."""
+    host = kiln.Target.from_host()
+    need = required_features(X86, str(host.get("mcpu")), ",".join(host.get("mattr")))
+    checked = {f for f, row in TABLES["x86"].items() if not row.system}
+    assert set(need) == checked - host_missing
+
+
+# ------------------------------------------------------------------ libraries
 def _module() -> kiln.ir.IRModule:
     ib = IRBuilder()
     with ib.function("main"):
@@ -56,8 +187,19 @@ def _module() -> kiln.ir.IRModule:
     return ib.get()
 
 
-def _library(tmp_path: Path, target: object, suffix: str) -> Path:
-    return kiln.compile(_module(), target).export_library(tmp_path / f"m{suffix}")
+def _foreign_target(host_missing: frozenset[str]) -> tuple[dict[str, Any], list[str]]:
+    """A target (a CPU name where one fits, else one feature) this host lacks, and what
+    it lacks; the test is skipped when the host has every one."""
+    for cpu in FOREIGN_CPUS:
+        lacks = sorted(set(required_features(X86, cpu, "")) & host_missing)
+        if lacks:
+            return {"kind": "llvm", "mtriple": X86, "mcpu": cpu}, lacks
+    for mattr in FOREIGN_MATTRS:
+        lacks = sorted(set(required_features(X86, "", mattr)) & host_missing)
+        if lacks:
+            return {"kind": "llvm", "mtriple": X86, "mattr": [mattr]}, lacks
+    pytest.skip(f"this machine has every feature of {', '.join(FOREIGN_CPUS)} and "
+                f"{', '.join(FOREIGN_MATTRS)}: no foreign target to refuse")
 
 
 _LOAD = ("import sys, numpy as np, kiln\n"
@@ -68,57 +210,87 @@ _LOAD = ("import sys, numpy as np, kiln\n"
          "print('loaded')\n")
 
 
-@pytest.mark.parametrize("suffix", [".so", ".tar"])
-def test_foreign_features_refused_at_load(tmp_path: Path, suffix: str) -> None:
-    target, lacks = _target_this_machine_lacks()
-    lib = _library(tmp_path, target, suffix)
+def _load_in_subprocess(lib: Path, **env: str) -> subprocess.CompletedProcess[str]:
     proc = subprocess.run([sys.executable, "-c", _LOAD, str(lib)], capture_output=True,
-                          text=True, timeout=300)
+                          text=True, timeout=300, env={**os.environ, **env})
+    assert proc.returncode >= 0, f"killed by {signal.Signals(-proc.returncode).name}"
+    return proc
+
+
+@needs_x86
+@pytest.mark.parametrize("suffix", [".so", ".tar"])
+def test_foreign_features_refused_at_load(tmp_path: Path, suffix: str,
+                                          host_missing: frozenset[str]) -> None:
+    target, lacks = _foreign_target(host_missing)
+    lib = kiln.compile(_module(), target).export_library(tmp_path / f"m{suffix}")
+    proc = _load_in_subprocess(lib)
     assert proc.returncode == 3, (proc.returncode, proc.stdout, proc.stderr)
     assert proc.stdout.startswith("CPUFeatureError:")
-    assert all(f in proc.stdout for f in lacks), proc.stdout
+    named = proc.stdout.split("lacks: ", 1)[1].split(" (it would stop", 1)[0].split(", ")
+    assert sorted(named) == lacks, proc.stdout
     # The documented escape hatch loads it (nothing is called).
-    env = dict(os.environ, KILN_SKIP_CPU_CHECK="1")
-    proc = subprocess.run([sys.executable, "-c", _LOAD, str(lib)], capture_output=True,
-                          text=True, timeout=300, env=env)
+    proc = _load_in_subprocess(lib, KILN_SKIP_CPU_CHECK="1")
     assert proc.stdout.strip() == "loaded", proc.stderr
 
 
-def test_host_library_records_and_passes(tmp_path: Path) -> None:
-    """Code for this host records its features (the vector units among them) and loads."""
-    import numpy as np
+@needs_x86
+def test_c_entry_checks_features_on_first_call(tmp_path: Path,
+                                               host_missing: frozenset[str]) -> None:
+    """Plain C callers get the same protection: the first call of any entry fails with
+    the missing features named, not an illegal instruction."""
+    target, lacks = _foreign_target(host_missing)
+    lib = kiln.compile(_module(), target).export_library(tmp_path / "m.so")
+    example = Path(__file__).resolve().parents[2] / "examples" / "c_deploy" / "deploy.c"
+    exe = tmp_path / "deploy"
+    subprocess.run(["cc", "-Wall", "-Werror", f"-I{include_dir()}", str(example), "-ldl",
+                    "-o", str(exe)], check=True)
+    (tmp_path / "in.bin").write_bytes(np.ones(64, np.float32).tobytes())
+    argv = [str(exe), str(lib), "kiln_", str(tmp_path / "in.bin"), "64",
+            str(tmp_path / "out.bin"), "64"]
+    proc = subprocess.run(argv, capture_output=True, text=True)
+    assert proc.returncode == 1, (proc.returncode, proc.stderr)
+    assert "main: this CPU lacks" in proc.stderr and "the library was compiled for" in proc.stderr
+    assert all(f in proc.stderr for f in lacks[:3]), proc.stderr  # the buffer may cut the list
+    # KILN_SKIP_CPU_CHECK=1 skips the entry's check too: called with no arguments, the
+    # entry gets past it to the argument count (and no kernel runs).
+    call = ("import ctypes, sys\n"
+            "lib = ctypes.CDLL(sys.argv[1])\n"
+            "entry, err = lib['kiln_main'], lib['kiln__last_error']\n"
+            "entry.restype, err.restype = ctypes.c_int32, ctypes.c_char_p\n"
+            "print(entry(None, None, 0), err().decode())\n")
+    for skip, expected in (("0", "main: this CPU lacks"), ("1", "main: expected 2 arguments")):
+        proc = subprocess.run([sys.executable, "-c", call, str(lib)], capture_output=True,
+                              text=True, env={**os.environ, "KILN_SKIP_CPU_CHECK": skip})
+        assert proc.stdout.startswith(f"-1 {expected}"), (skip, proc.stdout, proc.stderr)
 
-    ex = kiln.compile(_module(), kiln.Target.from_host())
+
+@needs_x86
+def test_mattr_emulates_a_smaller_cpu(tmp_path: Path, host_missing: frozenset[str]) -> None:
+    """Disabling this host's widest vector unit (avx512f on an AVX-512 machine, avx2 on an
+    AVX2 one) records a set without it, and the library loads and runs here."""
+    host = kiln.Target.from_host()
+    widest = next(f for f in ("avx512f", "avx2", "avx") if f not in host_missing)
+    # mattr is applied in name order, so "+avx512vl" after "-avx512f" would turn it back
+    # on (and the recorded set would rightly say so): drop every feature implying it.
+    mattr = [f for f in host.get("mattr") if f[0] == "-" or widest not in
+             implied_features(X86, "", f, (widest,))] + [f"-{widest}"]
+    target = host.with_attrs({"mattr": mattr})
+    ex = kiln.compile(_module(), target)
     kernels = next(a for a in ex.artifacts if a.file_name == "kernels.o")
     need = kernels.metadata["requires_features"]
-    assert "sse2" in need and missing_features(need, "x86_64", cpuinfo_flags()) == []
+    assert widest not in need and "sse2" in need
+    assert not set(need) & host_missing
     lib = kiln.runtime.load_module(ex.export_library(tmp_path / "m.so"))
     x = np.linspace(-1, 1, 64, dtype=np.float32)
     np.testing.assert_array_equal(lib["main"](x), np.maximum(x, 0))
 
 
-def test_c_entry_checks_features_on_first_call(tmp_path: Path) -> None:
-    """Plain C callers get the same protection: host.c checks the features on the first
-    call of any entry (x86, GCC/clang builtins)."""
-    import numpy as np
-
-    from kiln.codegen.host import C_CHECKABLE_X86
-    from kiln.runtime.native import include_dir
-
-    ex = kiln.compile(_module(), {"kind": "llvm", "mcpu": "skylake-avx512"})
-    host_c = bytes(next(a for a in ex.artifacts if a.file_name == "host.c").content).decode()
-    assert 'X("avx512f")' in host_c and 'X("avx2")' in host_c
-    absent = [f for f in C_CHECKABLE_X86 if missing_features([f], "x86_64", cpuinfo_flags())]
-    if not absent:
-        pytest.skip("this CPU has every feature the C entry check knows")
-    lib = kiln.compile(_module(), {"kind": "llvm", "mattr": [f"+{absent[0]}"]}) \
-        .export_library(tmp_path / "m.so")
-    example = Path(__file__).resolve().parents[2] / "examples" / "c_deploy" / "deploy.c"
-    exe = tmp_path / "deploy"
-    subprocess.run(["cc", f"-I{include_dir()}", str(example), "-ldl", "-o", str(exe)],
-                   check=True)
-    (tmp_path / "in.bin").write_bytes(np.ones(64, np.float32).tobytes())
-    proc = subprocess.run([str(exe), str(lib), "kiln_", str(tmp_path / "in.bin"), "64",
-                           str(tmp_path / "out.bin"), "64"], capture_output=True, text=True)
-    assert proc.returncode == 1, (proc.returncode, proc.stderr)
-    assert f"this CPU lacks the '{absent[0]}' feature" in proc.stderr
+@needs_x86
+def test_host_library_records_and_passes(tmp_path: Path) -> None:
+    """Code for this host records its features (the vector units among them) and loads."""
+    ex = kiln.compile(_module(), kiln.Target.from_host())
+    kernels = next(a for a in ex.artifacts if a.file_name == "kernels.o")
+    assert "sse2" in kernels.metadata["requires_features"]
+    lib = kiln.runtime.load_module(ex.export_library(tmp_path / "m.so"))
+    x = np.linspace(-1, 1, 64, dtype=np.float32)
+    np.testing.assert_array_equal(lib["main"](x), np.maximum(x, 0))
