@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -294,3 +295,55 @@ def test_host_library_records_and_passes(tmp_path: Path) -> None:
     lib = kiln.runtime.load_module(ex.export_library(tmp_path / "m.so"))
     x = np.linspace(-1, 1, 64, dtype=np.float32)
     np.testing.assert_array_equal(lib["main"](x), np.maximum(x, 0))
+
+
+# ------------------------------------------------------------------ AArch64, under qemu
+QEMU = ["qemu-aarch64", "-L", "/usr/aarch64-linux-gnu"]
+needs_qemu = pytest.mark.skipif(
+    not (shutil.which("qemu-aarch64") and shutil.which("aarch64-linux-gnu-gcc")
+         and Path("/usr/aarch64-linux-gnu").is_dir()),
+    reason="needs qemu-aarch64 and aarch64-linux-gnu-gcc (libc6-dev-arm64-cross)")
+
+
+@needs_qemu
+def test_aarch64_table_agrees_with_qemu_cpu_models(tmp_path: Path) -> None:
+    """The hwcap rows, read with getauxval under qemu's model of a CPU, find every feature
+    LLVM's CPU of that name has, and miss what an older core lacks."""
+    exe = tmp_path / "table_aarch64"
+    subprocess.run(["aarch64-linux-gnu-gcc", "-std=c11", "-Wall", "-Wextra", "-Werror",
+                    "-pedantic", str(_table_program(tmp_path, "aarch64")), "-o", str(exe)],
+                   check=True)
+    missing = {}
+    for cpu in ("cortex-a53", "cortex-a72", "neoverse-n1", "a64fx"):
+        proc = subprocess.run([*QEMU, "-cpu", cpu, str(exe)], capture_output=True, text=True,
+                              check=True, timeout=60)
+        missing[cpu] = _parse_missing(proc.stdout)
+        assert set(required_features(AARCH64, cpu, "")) & missing[cpu] == set(), cpu
+    assert {"lse", "dotprod", "sve", "i8mm"} <= missing["cortex-a53"]
+    assert "sve" in missing["neoverse-n1"] and "sve" not in missing["a64fx"]
+
+
+@needs_qemu
+def test_aarch64_first_call_refuses_an_older_cpu(tmp_path: Path) -> None:
+    """A neoverse-n1 library, called from plain C under qemu's Cortex-A53: the first call
+    names the missing features; under a Neoverse-N1 it runs."""
+    target = {"kind": "llvm", "mtriple": "aarch64-linux-gnu", "mcpu": "neoverse-n1"}
+    lib = kiln.compile(_module(), target).export_library(tmp_path / "m.so")
+    example = Path(__file__).resolve().parents[2] / "examples" / "c_deploy" / "deploy.c"
+    exe = tmp_path / "deploy"
+    subprocess.run(["aarch64-linux-gnu-gcc", "-Wall", "-Werror", f"-I{include_dir()}",
+                    str(example), "-ldl", "-o", str(exe)], check=True)
+    x = np.linspace(-1, 1, 64, dtype=np.float32)
+    (tmp_path / "in.bin").write_bytes(x.tobytes())
+    argv = [str(exe), str(lib), "kiln_", str(tmp_path / "in.bin"), "64",
+            str(tmp_path / "out.bin"), "64"]
+    proc = subprocess.run([*QEMU, "-cpu", "cortex-a53", *argv], capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 1, (proc.returncode, proc.stderr)
+    assert "main: this CPU lacks features the library was compiled for: " in proc.stderr
+    assert "lse" in proc.stderr and "dotprod" in proc.stderr
+    proc = subprocess.run([*QEMU, "-cpu", "neoverse-n1", *argv], capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    y = np.frombuffer((tmp_path / "out.bin").read_bytes(), np.float32)
+    np.testing.assert_array_equal(y, np.maximum(x, 0))
