@@ -347,3 +347,27 @@ def test_aarch64_first_call_refuses_an_older_cpu(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr
     y = np.frombuffer((tmp_path / "out.bin").read_bytes(), np.float32)
     np.testing.assert_array_equal(y, np.maximum(x, 0))
+
+
+# ------------------------------------------------------------------ the c backend
+@needs_x86
+def test_c_backend_with_mcpu_is_checked_too(tmp_path: Path,
+                                            host_missing: frozenset[str]) -> None:
+    """A `c` target with mcpu compiles kernels.c with `-march=<mcpu>`: it records the same
+    LLVM-derived features, host.c (built for any CPU) checks them, and the load refuses."""
+    def gcc_knows(cpu: str) -> bool:
+        return subprocess.run(["cc", f"-march={cpu}", "-E", "-x", "c", "-"], input="",
+                              capture_output=True, text=True).returncode == 0
+
+    cpu = next((c for c in FOREIGN_CPUS if set(required_features(X86, c, "")) & host_missing
+                and gcc_knows(c)), None)
+    if cpu is None:
+        pytest.skip("this machine has every feature of the CPUs the C compiler knows")
+    ex = kiln.compile(_module(), {"kind": "c", "mcpu": cpu})
+    kernels, host = (next(a for a in ex.artifacts if a.file_name == name)
+                     for name in ("kernels.c", "host.c"))
+    assert f"-march={cpu}" in kernels.metadata["cflags"]
+    assert not any(f.startswith("-march") for f in host.metadata["cflags"])
+    assert kernels.metadata["requires_features"] == required_features(X86, cpu, "")
+    proc = _load_in_subprocess(ex.export_library(tmp_path / "m.so"))
+    assert proc.returncode == 3 and proc.stdout.startswith("CPUFeatureError:"), proc.stdout

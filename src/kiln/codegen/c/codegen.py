@@ -13,12 +13,13 @@ from typing import Any
 
 from kiln.codegen.c.context import ModuleContext
 from kiln.codegen.c.externs import ExternTable
-from kiln.codegen.c.flags import host_cflags, kernel_cflags, toolchain_metadata
+from kiln.codegen.c.flags import host_cflags, kernel_cflags, selected_cpu, toolchain_metadata
 from kiln.codegen.c.kernel import KernelPrinter
 from kiln.codegen.cfamily.analysis import extern_calls
 from kiln.codegen.cfamily.helpers import Helpers
 from kiln.codegen.cfamily.signature import ParamQualifiers, check_shape_vars, qualifiers
 from kiln.codegen.constants import ConstantPool
+from kiln.codegen.cpu_requirements import feature_rows, required_features
 from kiln.codegen.naming import (
     C_TYPES,
     check_prefix,
@@ -29,7 +30,7 @@ from kiln.codegen.naming import (
     profile_symbol,
 )
 from kiln.codegen.sizes import check_buffer_sizes, target_pointer_bits
-from kiln.errors import CompileError
+from kiln.errors import CompileError, MissingDependencyError
 from kiln.escape import c_comment
 from kiln.ir.attrs import ATTR_EXTERNAL
 from kiln.ir.module import IRModule
@@ -219,6 +220,23 @@ def _extern_names(mod: IRModule) -> set[str]:
     return {node.name for fn in mod.prim_funcs().values() for node in extern_calls(fn.body)}
 
 
+def _cpu_requirements(target: Any) -> dict[str, Any]:
+    """`triple` and `requires_features` of kernels.c when a native build selects a CPU
+    (`-march=<mcpu>`, `-mavx2`, ...): the features LLVM's CPU of that name has, which
+    host.c checks as for the llvm backend (GCC and LLVM share x86 and Arm CPU names)."""
+    selected = selected_cpu(target)
+    if selected is None:
+        return {}
+    from kiln.target.host import host_triple, llvm_available
+
+    if not llvm_available():
+        raise MissingDependencyError(
+            "a c target with mcpu/mattr needs llvmlite to know the CPU features the "
+            "kernels may use (pip install llvmlite); or drop mcpu/mattr")
+    triple = host_triple()
+    return {"triple": triple, "requires_features": required_features(triple, *selected)}
+
+
 def codegen_c(mod: IRModule, target: Any, *, prefix: str, pool: ConstantPool) -> list[Any]:
     """The `c` target's artifacts: kernels.c, host.c and (with weights) constants.bin.
 
@@ -231,10 +249,13 @@ def codegen_c(mod: IRModule, target: Any, *, prefix: str, pool: ConstantPool) ->
     check_buffer_sizes(mod, target_pointer_bits(target))
     source, info = emit_kernels(mod, prefix=prefix, pool=pool)
     toolchain = toolchain_metadata(target)
+    cpu = _cpu_requirements(target)
     kernels = Artifact(CODEGEN_ID, "native", KERNELS_FILE, source.encode("utf-8"),
-                       {"cflags": kernel_cflags(target), **info, **toolchain})
+                       {"cflags": kernel_cflags(target), **info, **toolchain, **cpu})
     host = codegen_host(mod, prefix=prefix, metadata=library_metadata(mod, prefix),
-                        cflags=host_cflags(target))
+                        cflags=host_cflags(target),
+                        cpu_features=feature_rows(cpu["triple"], cpu["requires_features"])
+                        if cpu else ())
     artifacts = [kernels, host]
     if len(pool):
         artifacts.append(pool.artifact(CODEGEN_ID, prefix))

@@ -124,6 +124,28 @@ def arch_flags(target: Any) -> list[str]:
     return flags
 
 
+def selected_cpu(target: Any) -> tuple[str, str] | None:
+    """(LLVM CPU name, LLVM feature string) of what `arch_flags` asks the system C
+    compiler for in a native build (`-march`/`-mcpu`, and x86 `-m<feature>`), or
+    None when it selects no CPU. `native` is this machine (kiln.target.host_config)."""
+    if not is_native(target):
+        return None
+    mcpu = str(target_attr(target, "mcpu", "") or "")
+    mattr = [str(f) for f in target_attr(target, "mattr", ()) or ()]
+    if host_arch() in ("x86_64", "i386"):
+        mattr = [f for f in mattr if f[1:] in X86_FEATURES]
+    else:
+        mattr = []  # other architectures get no feature flags (arch_flags)
+    if mcpu == "native":
+        from kiln.target.host import host_config
+
+        host = host_config()
+        mcpu, mattr = str(host["mcpu"]), [*host["mattr"], *mattr]
+    if not mcpu and not mattr:
+        return None
+    return mcpu, ",".join(mattr)
+
+
 def toolchain_metadata(target: Any) -> dict[str, Any]:
     """`native`, and for a cross build the compiler to use and the triple."""
     if is_native(target):
@@ -140,12 +162,15 @@ def kernel_cflags(target: Any) -> list[str]:
 
 
 def host_cflags(target: Any) -> list[str]:
-    """Flags for host.c: C11 for `_Thread_local`, otherwise like the kernels.
+    """Flags for host.c: C11 for `_Thread_local`, otherwise like the kernels, except
+    that a native build selects no CPU (host.c checks the CPU's features before the
+    kernels run, so it must itself run on any CPU of the architecture).
 
     Firmware has no threads (and no TLS runtime): KILN_NO_THREADS makes the
     error buffer a plain static.
     """
-    flags = ["-std=c11", f"-O{target_attr(target, 'opt-level', 2)}", *arch_flags(target)]
+    cpu = ["-fPIC"] if is_native(target) else arch_flags(target)
+    flags = ["-std=c11", f"-O{target_attr(target, 'opt-level', 2)}", *cpu]
     if bare_metal(target):
         flags.append("-DKILN_NO_THREADS")
     return flags
