@@ -143,6 +143,16 @@ def _parse_missing(stdout: str) -> set[str]:
     return missing
 
 
+@needs_x86
+@pytest.mark.parametrize("std", ["-std=c99", "-std=c11"])
+def test_the_check_compiles_strictly(tmp_path: Path, std: str) -> None:
+    """kiln_host.c with every row of the table, as C99 and C11, warnings as errors."""
+    proc = subprocess.run(["cc", std, "-Wall", "-Wextra", "-Werror", "-pedantic", "-c",
+                           str(_table_program(tmp_path, "x86")), "-o", str(tmp_path / "t.o")],
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+
+
 @functools.cache
 def _host_missing(tmp: str) -> frozenset[str]:
     """The x86 table's features this machine lacks, as every library's check sees it."""
@@ -167,7 +177,22 @@ def test_table_view_of_this_host_equals_llvm(host_missing: frozenset[str]) -> No
     llvm_host = dict(_llvm().get_host_cpu_features())
     differ = {f: (f not in host_missing, llvm_host[f]) for f in llvm_host
               if (f not in host_missing) != llvm_host[f]}
-    assert differ == {}, f"feature: (table, LLVM) {differ}"
+    assert {f: d for f, d in differ.items() if not _deliberate(f, d, llvm_host)} == {}, \
+        f"feature: (table, LLVM) {differ}"
+
+
+APX = ("egpr", "push2pop2", "ppx", "ndd", "ccmp", "nf", "cf", "zu")
+
+
+def _deliberate(feature: str, table_llvm: tuple[bool, bool], llvm_host: dict[str, bool]) -> bool:
+    """The two places the table is stricter than LLVM 22's detection, by design:
+    - APX and AVX10 also need their register state saved by the OS (XCR0 bit 19; the
+      AVX-512 state), which LLVM does not check: without it their instructions fault;
+    - LLVM reads the AVX10 version as `HasLeaf24 && (EBX & 0xff)`, a bool, so it never
+      reports avx10.2; the table compares the version number."""
+    if table_llvm == (False, True):
+        return feature in APX or feature.startswith("avx10.")
+    return table_llvm == (True, False) and feature == "avx10.2" and llvm_host["avx10.1"]
 
 
 @needs_x86

@@ -35,7 +35,6 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
 
 /* DLPack and KilnValue, laid out exactly as docs/abi.md and kiln/kiln.h say
@@ -92,6 +91,7 @@ enum { KILN_DEVICE_CPU = 1 };
 #if defined(KILN_HOST_PARALLEL) && !defined(KILN_NO_THREADS)
 #include <pthread.h>
 #include <signal.h>
+#include <stdlib.h>
 #include <unistd.h>
 #endif
 
@@ -374,7 +374,11 @@ typedef struct {
   kiln_host_cpu_field fields[3];
 } kiln_host_cpu_feature;
 
-#if (defined(__x86_64__) || defined(__i386__)) && (defined(__GNUC__) || defined(__clang__))
+#if defined(KILN_HOST_CPU_FEATURES)
+#include <stdlib.h> /* getenv */
+#endif
+#if defined(KILN_HOST_CPU_FEATURES) && (defined(__x86_64__) || defined(__i386__)) && \
+    (defined(__GNUC__) || defined(__clang__))
 #include <cpuid.h>
 #define KILN_HOST_CPU_READABLE 1
 /* Register `reg` of cpuid(leaf, subleaf); 0 for a leaf beyond the CPU's maximum
@@ -403,7 +407,7 @@ static KILN_UNUSED uint64_t kiln_host_cpu_xcr0(void) {
   __asm__ __volatile__("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
   return ((uint64_t)hi << 32) | lo;
 }
-#elif defined(__aarch64__) && defined(__linux__)
+#elif defined(KILN_HOST_CPU_FEATURES) && defined(__aarch64__) && defined(__linux__)
 #include <sys/auxv.h>
 #define KILN_HOST_CPU_READABLE 1
 static KILN_UNUSED uint64_t kiln_host_cpu_word(uint32_t leaf, uint32_t subleaf, uint32_t reg) {
@@ -459,15 +463,15 @@ KILN_EXPORT int32_t KILN_HOST_CPU_MISSING(char* out, int32_t size) {
   return count;
 }
 
+/* Run once, on the first call of any entry: 0 (with the error set) when this CPU lacks
+   a feature the kernels need. */
+#if defined(KILN_HOST_CPU_FEATURES) && (defined(__GNUC__) || defined(__clang__))
 /* Whether KILN_SKIP_CPU_CHECK asks to skip the check (set, and neither "" nor "0"). */
-static KILN_UNUSED int kiln_host_cpu_skipped(void) {
+static int kiln_host_cpu_skipped(void) {
   const char* skip = getenv("KILN_SKIP_CPU_CHECK");
   return skip != NULL && skip[0] != '\0' && strcmp(skip, "0") != 0;
 }
 
-/* Run once, on the first call of any entry: 0 (with the error set) when this CPU lacks
-   a feature the kernels need. */
-#if defined(KILN_HOST_CPU_FEATURES) && (defined(__GNUC__) || defined(__clang__))
 static int kiln_host_cpu_checked; /* 1 once the features were found */
 static KILN_UNUSED int kiln_host_cpu_ok(const char* fn) {
   char missing[256];
