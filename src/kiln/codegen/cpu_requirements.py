@@ -14,11 +14,12 @@ ignores target compatibility.)
 
 Candidates are the features the running CPU can be checked for
 (kiln.runtime.cpu_features.TABLES: an ISA extension with a cpuid or hwcap bit;
-tuning flags are not candidates), and on an x86 build machine every key of
-LLVM's host feature map: one the table cannot decide that the target enables is
-a CompileError, not a silent gap at load time. Recorded are the implied ones
-except the table's `system` rows (OS and intrinsic-only instructions kiln's
-code never contains, which hypervisors often hide).
+tuning flags are not candidates), and on a build machine of the target's
+architecture every key of LLVM's host feature map: one the table cannot decide
+that the target enables is a CompileError, not a silent gap at load time.
+Recorded are the implied ones except the table's `system` rows (OS and
+intrinsic-only instructions kiln's code never contains, which hypervisors often
+hide).
 """
 
 from __future__ import annotations
@@ -75,13 +76,13 @@ def implied_features(triple: str, cpu: str, features: str,
 
 
 def _candidates(triple: str) -> tuple[str, ...]:
-    """Feature names to probe: the table's, and on an x86 build machine compiling for
-    x86 every key of LLVM's host feature map (the ISA extensions LLVM can detect)."""
+    """Feature names to probe: the table's, and when the build machine has the target's
+    architecture every key of LLVM's host feature map (the ISA extensions LLVM detects)."""
     from kiln.codegen.llvm.target_machine import llvm_binding
 
     names = set(table_for(triple))
     llvm = llvm_binding()
-    if table_arch(triple) == "x86" and table_arch(str(llvm.get_process_triple())) == "x86":
+    if table_arch(str(llvm.get_process_triple())) == table_arch(triple):
         names |= set(dict(llvm.get_host_cpu_features()))
     return tuple(sorted(names))
 
