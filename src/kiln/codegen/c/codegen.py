@@ -228,13 +228,16 @@ def _cpu_requirements(target: Any) -> dict[str, Any]:
     if selected is None:
         return {}
     from kiln.target.host import host_triple, llvm_available
+    from kiln.target.llvm_names import check_cpu_names
 
     if not llvm_available():
         raise MissingDependencyError(
             "a c target with mcpu/mattr needs llvmlite to know the CPU features the "
             "kernels may use (pip install llvmlite); or drop mcpu/mattr")
-    triple = host_triple()
-    return {"triple": triple, "requires_features": required_features(triple, *selected)}
+    triple, (cpu, features) = host_triple(), selected
+    # A name LLVM does not know would silently probe a generic CPU: say so instead.
+    check_cpu_names(triple, cpu, [f for f in features.split(",") if f], "c")
+    return {"triple": triple, "requires_features": required_features(triple, cpu, features)}
 
 
 def codegen_c(mod: IRModule, target: Any, *, prefix: str, pool: ConstantPool) -> list[Any]:
