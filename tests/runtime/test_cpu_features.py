@@ -139,7 +139,7 @@ def _table_program(tmp_path: Path, arch: str) -> Path:
 
 def _parse_missing(stdout: str) -> set[str]:
     count, _, names = stdout.partition("\n")
-    missing = {n for n in names.strip().split(",") if n}
+    missing = {n for n in names.strip().split(", ") if n}
     assert int(count) == len(missing), stdout
     return missing
 

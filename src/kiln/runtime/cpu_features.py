@@ -286,8 +286,7 @@ def check_library(lib: ctypes.CDLL, prefix: str, required: Iterable[str], triple
         raise CPUFeatureError(f"{where}: the library cannot read this CPU's features (built "
                               f"without cpuid/getauxval support); {SKIP_ENV}=1 skips the check")
     if count > 0:
-        names = out.value.decode("ascii", "replace").replace(",", ", ")
-        raise CPUFeatureError(f"{where}: {_advice(names)}")
+        raise CPUFeatureError(f"{where}: {_advice(out.value.decode('ascii', 'replace'))}")
 
 
 __all__ = [

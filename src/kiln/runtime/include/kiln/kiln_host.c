@@ -350,7 +350,7 @@ static KILN_UNUSED int32_t kiln_host_float(double* out, const char* fn, int32_t 
    rows below: the CPU features the kernels were compiled for, each with how to
    detect it (kiln.runtime.cpu_features.TABLES, LLVM names). The exported
    KILN_HOST_CPU_MISSING (`{prefix}_cpu_missing`) writes the names of those this
-   CPU lacks into `out`, comma-separated (a name that does not fit in `size`
+   CPU lacks into `out`, separated by ", " (a name that does not fit in `size`
    bytes is left out), and returns how many; -1 when this build cannot read the
    CPU's identification. Python's loader calls it right after dlopen, and the
    first call of any entry runs it, so a program on a CPU without the features
@@ -446,10 +446,12 @@ KILN_EXPORT int32_t KILN_HOST_CPU_MISSING(char* out, int32_t size) {
       }
       if (!has) {
         size_t len = strlen(f->name);
+        size_t sep = used > 0 ? 2 : 0; /* ", " before every name but the first */
         ++count;
-        if (out != NULL && size > 0 && used + (used > 0) + len < (size_t)size) {
-          if (used > 0) {
+        if (out != NULL && size > 0 && used + sep + len < (size_t)size) {
+          if (sep > 0) {
             out[used++] = ',';
+            out[used++] = ' ';
           }
           memcpy(out + used, f->name, len + 1);
           used += len;
