@@ -11,8 +11,6 @@ from pathlib import Path
 
 import onnx
 
-MODELS_DIR = Path(__file__).resolve().parents[1] / "models"
-
 
 def _static(proto: onnx.ModelProto) -> bool:
     """Whether every input dimension is a number (MLF and wasm take static shapes only)."""
@@ -21,8 +19,7 @@ def _static(proto: onnx.ModelProto) -> bool:
 
 
 def main(out: Path, wasm: bool) -> None:
-    sys.path.insert(0, str(MODELS_DIR))
-    import builders
+    import builders  # tests/models, on PYTHONPATH (test_reproducible.py sets it)
     import dynamic_models
 
     import kiln

@@ -17,11 +17,14 @@ from pathlib import Path
 import pytest
 
 BUILD = Path(__file__).with_name("reproducible_build.py")
+MODELS = Path(__file__).resolve().parents[1] / "models"
 
 
 def _build(out: Path, seed: int, work: Path, wasm: bool) -> None:
     work.mkdir()
-    env = dict(os.environ, PYTHONHASHSEED=str(seed), KILN_CACHE="0", TMPDIR=str(work))
+    path = os.pathsep.join(filter(None, [str(MODELS), os.environ.get("PYTHONPATH")]))
+    env = dict(os.environ, PYTHONHASHSEED=str(seed), KILN_CACHE="0", TMPDIR=str(work),
+               PYTHONPATH=path)
     env.pop("SOURCE_DATE_EPOCH", None)
     args = [sys.executable, str(BUILD), str(out)] + (["--wasm"] if wasm else [])
     proc = subprocess.run(args, cwd=work, env=env, capture_output=True, text=True,
