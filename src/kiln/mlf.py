@@ -89,7 +89,7 @@ PROBE_SYMBOL = "kiln_mlf_probe"
 
 def _extract(path: Path, into: Path) -> None:
     where = f"{path}: Model Library Format archive"
-    for member, data in safe_tar.members(path, where):
+    for member, data in safe_tar.members(path, where, dot_prefix=True):
         target = into.joinpath(*member.name.split("/"))
         if data is None:
             target.mkdir(parents=True, exist_ok=True)

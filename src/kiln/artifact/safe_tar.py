@@ -92,6 +92,25 @@ class _Bounded(io.RawIOBase):
         return len(data)
 
 
+def looks_like_tar(path: str | os.PathLike[str]) -> bool:
+    """Whether `path` starts with a POSIX (ustar) tar header, compressed or not.
+
+    Reads at most one header block (through the decompressor, bounded), never a
+    member: unlike `tarfile.is_tarfile`, which reads the first member's extended
+    header whatever its size.
+    """
+    def fail(message: str) -> NoReturn:
+        raise FormatError(message)
+
+    try:
+        handle, stream, _ = _open(os.fspath(path), True, fail)
+        with handle:
+            block = stream.read(512)
+    except (OSError, FormatError, EOFError, lzma.LZMAError, zlib.error):
+        return False
+    return len(block) == 512 and block[257:262] == b"ustar"
+
+
 def check_member_name(raw: str, fail: Callable[[str], NoReturn]) -> str:
     """The member name without a trailing '/', after refusing unsafe paths."""
     if raw.startswith("/") or re.match(r"[A-Za-z]:", raw):
@@ -124,12 +143,14 @@ def _open(path: str, allow_compressed: bool,
     return f, io.BufferedReader(_Bounded(stream, MAX_STREAM_BYTES, fail)), True
 
 
-def members(path: str | os.PathLike[str], where: str, *, allow_compressed: bool = False
-            ) -> Iterator[tuple[Member, IO[bytes] | None]]:
+def members(path: str | os.PathLike[str], where: str, *, allow_compressed: bool = False,
+            dot_prefix: bool = False) -> Iterator[tuple[Member, IO[bytes] | None]]:
     """Each member of the tar at `path` with a reader of its bytes (None for a directory).
 
     Read a member's bytes before asking for the next one (the tar is read as a
-    stream). Every refusal is a FormatError starting with `where`.
+    stream). Every refusal is a FormatError starting with `where`. With
+    `dot_prefix`, names may start with "./" (what `tar cf x.tar .` writes): it is
+    dropped, and the "." entry itself skipped.
     """
     path = os.fspath(path)
 
@@ -148,7 +169,12 @@ def members(path: str | os.PathLike[str], where: str, *, allow_compressed: bool 
                 count += 1
                 if count > MAX_MEMBERS:
                     fail(f"more than {MAX_MEMBERS} members")
-                name = check_member_name(info.name, fail)
+                raw = info.name
+                if dot_prefix and raw in (".", "./") and info.isdir():
+                    continue
+                if dot_prefix and raw.startswith("./"):
+                    raw = raw[2:]
+                name = check_member_name(raw, fail)
                 yield from _checked(info, name, tar, fail, file_size if not compressed else None)
                 if info.isreg():
                     total += info.size
@@ -199,5 +225,5 @@ def read_exactly(data: IO[bytes], member: Member, fail: Callable[[str], NoReturn
 
 
 __all__ = ["MAX_JSON_BYTES", "MAX_MEMBERS", "MAX_MEMBER_BYTES", "MAX_STREAM_BYTES",
-           "MAX_TOTAL_BYTES", "Member", "check_member_name", "compression_of", "members",
-           "read_exactly"]
+           "MAX_TOTAL_BYTES", "Member", "check_member_name", "compression_of", "looks_like_tar",
+           "members", "read_exactly"]
