@@ -126,6 +126,23 @@ def _metadata(root: Path, path: Path) -> dict[str, Any]:
     return read_metadata(text, where)
 
 
+def _check_members(meta: dict[str, Any], root: Path, archive: Path) -> None:
+    """FormatError unless the files metadata.json names for its model are in the archive."""
+    name = meta["model_name"]
+    where = f"{archive}: metadata.json"
+    for member in (f"codegen/host/include/{name}.h", f"codegen/host/src/{name}_mlf.c"):
+        if not (root / member).is_file():
+            raise FormatError(f"{where}: model_name is {name!r}, but the archive has no "
+                              f"{member}")
+    if f"codegen/host/src/{name}_mlf.c" not in meta["build"]["cflags"]:
+        raise FormatError(f"{where}: build.cflags does not list codegen/host/src/{name}_mlf.c, "
+                          "the model's C interface")
+    for member in meta["build"]["cflags"]:
+        if not (root / member).is_file():
+            raise FormatError(f"{where}: build.cflags lists {member!r}, which is not in the "
+                              "archive")
+
+
 def _nbytes(spec: dict[str, Any]) -> int:
     return math.prod(spec["shape"]) * _numpy_dtype(spec).itemsize
 
@@ -170,15 +187,6 @@ def _symbol(lib: ctypes.CDLL, name: str, where: str) -> Any:
 
 def verify(lib: ctypes.CDLL, meta: dict[str, Any], root: Path, where: str) -> None:
     """FormatError unless metadata.json agrees with what the compiled code says of itself."""
-    _symbol(lib, PROBE_SYMBOL, where)
-    expected = _expected_probe(meta)
-    values = (ctypes.c_uint64 * len(expected)).in_dll(lib, PROBE_SYMBOL)
-    header = f"codegen/host/include/{meta['model_name']}.h"
-    for (field, want), got, macro in zip(expected, values, _probe_macros(meta)):
-        if got != want:
-            shown = "undefined" if got == 2**64 - 1 else got
-            raise FormatError(f"{where}: {field} is {want}, but the compiled code has "
-                              f"{macro} = {shown} ({header})")
     read = _symbol(lib, f"{meta['prefix']}_metadata", where)
     read.restype = ctypes.c_char_p
     lib_where = f"{where}: the library metadata of {meta['prefix']}_metadata()"
@@ -195,6 +203,15 @@ def verify(lib: ctypes.CDLL, meta: dict[str, Any], root: Path, where: str) -> No
         compiled = [{"name": p.get("name"), "shape": p.get("shape"), "dtype": p.get("dtype")}
                     for p in main.get(key, [])]
         _compare(meta[role], compiled, role, where)
+    _symbol(lib, PROBE_SYMBOL, where)
+    expected = _expected_probe(meta)
+    values = (ctypes.c_uint64 * len(expected)).in_dll(lib, PROBE_SYMBOL)
+    header = f"codegen/host/include/{meta['model_name']}.h"
+    for (field, want), got, macro in zip(expected, values, _probe_macros(meta)):
+        if got != want:
+            shown = "undefined" if got == 2**64 - 1 else got
+            raise FormatError(f"{where}: {field} is {want}, but the compiled code has "
+                              f"{macro} = {shown} ({header})")
     consts = root / "parameters" / f"{meta['model_name']}.params"
     size = consts.stat().st_size if consts.is_file() else None
     if size != meta["memory"]["main"]["constants_bytes"]:
@@ -303,16 +320,14 @@ def load(path: str | os.PathLike[str], *, cc: str | None = None) -> MLFModel:
         root.mkdir()
         _extract(archive, root)
         meta = _metadata(root, archive)
+        _check_members(meta, root, archive)
         build = meta["build"]
         includes = [f"-I{root / d}" for d in build["include_dirs"]]
         objects = [str(p) for p in sorted((root / "codegen/host/lib").glob("*.o"))]
         iface_flags: list[str] = []
         for member, flags in sorted(build["cflags"].items()):
             src = root / member
-            if not src.is_file():
-                raise FormatError(f"{archive}: metadata.json: build.cflags lists {member!r}, "
-                                  "which is not in the archive")
-            if member.endswith(f"/{meta['model_name']}_mlf.c"):
+            if member == f"codegen/host/src/{meta['model_name']}_mlf.c":
                 iface_flags = flags
             obj = Path(workdir) / (member.replace("/", "_") + ".o")
             native.run([*native.cc_command(cc), *flags, "-fPIC", *includes, "-c",

@@ -175,11 +175,11 @@ def members(path: str | os.PathLike[str], where: str, *, allow_compressed: bool 
                 if dot_prefix and raw.startswith("./"):
                     raw = raw[2:]
                 name = check_member_name(raw, fail)
-                yield from _checked(info, name, tar, fail, file_size if not compressed else None)
-                if info.isreg():
+                if info.isreg():  # counted before reading: the sizes are the header's word
                     total += info.size
                     if total > MAX_TOTAL_BYTES:
                         fail(f"members total more than {MAX_TOTAL_BYTES} bytes")
+                yield from _checked(info, name, tar, fail, file_size if not compressed else None)
     except FormatError:
         raise
     except (OSError, tarfile.TarError, EOFError, UnicodeError, ValueError, lzma.LZMAError,
