@@ -175,11 +175,17 @@ def members(path: str | os.PathLike[str], where: str, *, allow_compressed: bool 
                 if dot_prefix and raw.startswith("./"):
                     raw = raw[2:]
                 name = check_member_name(raw, fail)
-                if info.isreg():  # counted before reading: the sizes are the header's word
-                    total += info.size
-                    if total > MAX_TOTAL_BYTES:
-                        fail(f"members total more than {MAX_TOTAL_BYTES} bytes")
-                yield from _checked(info, name, tar, fail, file_size if not compressed else None)
+                if info.isdir():
+                    yield Member(name, True, 0), None
+                    continue
+                _check_file(info, name, fail, None if compressed else file_size)
+                total += info.size  # counted before reading: the sizes are the header's word
+                if total > MAX_TOTAL_BYTES:
+                    fail(f"members total more than {MAX_TOTAL_BYTES} bytes")
+                data = tar.extractfile(info)
+                if data is None:  # pragma: no cover - regular members always extract
+                    fail(f"member '{name}' has no data")
+                yield Member(name, False, info.size), data
     except FormatError:
         raise
     except (OSError, tarfile.TarError, EOFError, UnicodeError, ValueError, lzma.LZMAError,
@@ -189,12 +195,9 @@ def members(path: str | os.PathLike[str], where: str, *, allow_compressed: bool 
              f"({err})")
 
 
-def _checked(info: tarfile.TarInfo, name: str, tar: tarfile.TarFile,
-             fail: Callable[[str], NoReturn], file_size: int | None
-             ) -> Iterator[tuple[Member, IO[bytes] | None]]:
-    if info.isdir():
-        yield Member(name, True, 0), None
-        return
+def _check_file(info: tarfile.TarInfo, name: str, fail: Callable[[str], NoReturn],
+                file_size: int | None) -> None:
+    """Refuse a member that is not a regular file of bounded size."""
     if info.issym() or info.islnk():
         fail(f"member '{name}' is a link (to '{info.linkname}'); "
              "archives hold regular files only")
@@ -209,10 +212,6 @@ def _checked(info: tarfile.TarInfo, name: str, tar: tarfile.TarFile,
              f"file ({file_size}); the archive is damaged")
     if info.size > MAX_MEMBER_BYTES:
         fail(f"member '{name}' is {info.size} bytes, over the {MAX_MEMBER_BYTES}-byte limit")
-    data = tar.extractfile(info)
-    if data is None:  # pragma: no cover - regular members always extract
-        fail(f"member '{name}' has no data")
-    yield Member(name, False, info.size), data
 
 
 def read_exactly(data: IO[bytes], member: Member, fail: Callable[[str], NoReturn]) -> bytes:
