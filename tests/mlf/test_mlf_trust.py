@@ -97,7 +97,7 @@ def test_inputs_are_never_cast(cnn_mlf: tuple[Path, np.ndarray, np.ndarray]) -> 
     archive, x, y = cnn_mlf
     model = kiln.mlf.load(archive)
     try:
-        with pytest.raises(CallError, match="input 'x': expected dtype float32 .*got <f8"):
+        with pytest.raises(CallError, match=r"input 'x': expected dtype float32 .*got <f8"):
             model(x.astype(np.float64))
         with pytest.raises(CallError, match="got >f4"):
             model(x.astype(">f4"))
