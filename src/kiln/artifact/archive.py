@@ -180,17 +180,17 @@ def read_tar(path: str | os.PathLike[str]) -> tuple[ArtifactSet, dict[str, Any]]
 
     members: dict[str, bytes] = {}
     dirs: set[str] = set()
-    for member, data in safe_tar.members(path, where):
+    for member, reader in safe_tar.members(path, where):
         name = member.name
         if name in members or name in dirs:
             fail(f"member '{name}' appears more than once")
-        if data is None:
+        if reader is None:
             dirs.add(name)
             continue
         if name == MANIFEST_NAME and member.size > MAX_MANIFEST_SIZE:
             fail(f"{MANIFEST_NAME} is {member.size} bytes, over the "
                  f"{MAX_MANIFEST_SIZE}-byte limit")
-        members[name] = safe_tar.read_exactly(data, member, fail)
+        members[name] = safe_tar.read_exactly(reader, member, fail)
 
     if MANIFEST_NAME not in members:
         fail(f"no {MANIFEST_NAME}: expected a kiln artifact archive")

@@ -139,7 +139,7 @@ def _open(path: str, allow_compressed: bool,
         fail(f"not a readable uncompressed tar archive (it is {kind}-compressed; "
              "decompress it first)")
     opener = {"gzip": gzip.GzipFile, "bzip2": bz2.BZ2File, "xz": lzma.LZMAFile}[kind]
-    stream = opener(fileobj=f, mode="rb")  # type: ignore[operator]
+    stream = opener(fileobj=f, mode="rb")
     return f, io.BufferedReader(_Bounded(stream, MAX_STREAM_BYTES, fail)), True
 
 
