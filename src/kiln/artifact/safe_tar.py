@@ -64,14 +64,23 @@ class Member:
     size: int
 
 
-class _Bounded(io.RawIOBase):
+class _Reader(io.RawIOBase):
+    """A read-only raw stream: subclasses implement `read`."""
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: bytearray | memoryview) -> int:  # type: ignore[override]
+        data = self.read(len(buffer))
+        memoryview(buffer).cast("B")[:len(data)] = data
+        return len(data)
+
+
+class _Bounded(_Reader):
     """A read-only stream that refuses to deliver more than `limit` bytes in total."""
 
     def __init__(self, raw: IO[bytes], limit: int, fail: Callable[[str], NoReturn]) -> None:
         self.raw, self.left, self.fail = raw, limit, fail
-
-    def readable(self) -> bool:
-        return True
 
     def read(self, size: int | None = -1) -> bytes:
         # Checked before reading: a header may ask tarfile to read 10 GB in one call.
@@ -85,11 +94,6 @@ class _Bounded(io.RawIOBase):
             data = self.raw.read(size)
         self.left -= len(data)
         return data
-
-    def readinto(self, buffer: bytearray | memoryview) -> int:  # type: ignore[override]
-        data = self.read(len(buffer))
-        memoryview(buffer).cast("B")[:len(data)] = data
-        return len(data)
 
 
 def looks_like_tar(path: str | os.PathLike[str]) -> bool:
@@ -106,9 +110,28 @@ def looks_like_tar(path: str | os.PathLike[str]) -> bool:
         handle, stream, _ = _open(os.fspath(path), True, fail)
         with handle:
             block = stream.read(512)
-    except (OSError, FormatError, EOFError, lzma.LZMAError, zlib.error):
+    except (*_READ_ERRORS, FormatError):
         return False
     return len(block) == 512 and block[257:262] == b"ustar"
+
+
+# What tarfile and the decompressors raise on damaged input.
+_READ_ERRORS = (OSError, tarfile.TarError, EOFError, lzma.LZMAError, zlib.error)
+
+
+class MemberReader(_Reader):
+    """A member's bytes, with damage found while reading them (a truncated archive, a
+    corrupt compressed stream) reported as a FormatError naming the member."""
+
+    def __init__(self, raw: IO[bytes], name: str, fail: Callable[[str], NoReturn]) -> None:
+        self.raw, self.name, self.fail = raw, name, fail
+
+    def read(self, size: int | None = -1) -> bytes:
+        try:
+            return self.raw.read(-1 if size is None or size < 0 else size)
+        except _READ_ERRORS as err:
+            self.fail(f"member '{self.name}' cannot be read: the archive is truncated or "
+                      f"damaged ({err})")
 
 
 def check_member_name(raw: str, fail: Callable[[str], NoReturn]) -> str:
@@ -144,7 +167,7 @@ def _open(path: str, allow_compressed: bool,
 
 
 def members(path: str | os.PathLike[str], where: str, *, allow_compressed: bool = False,
-            dot_prefix: bool = False) -> Iterator[tuple[Member, IO[bytes] | None]]:
+            dot_prefix: bool = False) -> Iterator[tuple[Member, MemberReader | None]]:
     """Each member of the tar at `path` with a reader of its bytes (None for a directory).
 
     Read a member's bytes before asking for the next one (the tar is read as a
@@ -185,11 +208,10 @@ def members(path: str | os.PathLike[str], where: str, *, allow_compressed: bool 
                 data = tar.extractfile(info)
                 if data is None:  # pragma: no cover - regular members always extract
                     fail(f"member '{name}' has no data")
-                yield Member(name, False, info.size), data
+                yield Member(name, False, info.size), MemberReader(data, name, fail)
     except FormatError:
         raise
-    except (OSError, tarfile.TarError, EOFError, UnicodeError, ValueError, lzma.LZMAError,
-            zlib.error) as err:
+    except (*_READ_ERRORS, UnicodeError, ValueError) as err:
         # tarfile and the decompressors report malformed input with all of these.
         fail(f"not a readable {'compressed' if compressed else 'uncompressed'} tar archive "
              f"({err})")
@@ -214,7 +236,7 @@ def _check_file(info: tarfile.TarInfo, name: str, fail: Callable[[str], NoReturn
         fail(f"member '{name}' is {info.size} bytes, over the {MAX_MEMBER_BYTES}-byte limit")
 
 
-def read_exactly(data: IO[bytes], member: Member, fail: Callable[[str], NoReturn]) -> bytes:
+def read_exactly(data: MemberReader, member: Member, fail: Callable[[str], NoReturn]) -> bytes:
     """All of a member's bytes; a FormatError if the archive ends before them."""
     out = data.read()
     if len(out) != member.size:
@@ -224,5 +246,5 @@ def read_exactly(data: IO[bytes], member: Member, fail: Callable[[str], NoReturn
 
 
 __all__ = ["MAX_JSON_BYTES", "MAX_MEMBERS", "MAX_MEMBER_BYTES", "MAX_STREAM_BYTES",
-           "MAX_TOTAL_BYTES", "Member", "check_member_name", "compression_of", "looks_like_tar",
-           "members", "read_exactly"]
+           "MAX_TOTAL_BYTES", "Member", "MemberReader", "check_member_name", "compression_of",
+           "looks_like_tar", "members", "read_exactly"]
