@@ -141,6 +141,13 @@ def _check_members(meta: dict[str, Any], root: Path, archive: Path) -> None:
         if not (root / member).is_file():
             raise FormatError(f"{where}: build.cflags lists {member!r}, which is not in the "
                               "archive")
+    # A source left out of the build would only show as an undefined symbol at link time.
+    for folder in ("codegen/host/src", "parameters"):
+        for source in sorted((root / folder).glob("*.c")):
+            member = f"{folder}/{source.name}"
+            if member not in meta["build"]["cflags"]:
+                raise FormatError(f"{where}: build.cflags does not list {member}, which the "
+                                  "archive holds")
 
 
 def _nbytes(spec: dict[str, Any]) -> int:
