@@ -77,3 +77,11 @@ def test_parse_refuses_what_is_not_strict_json() -> None:
         with pytest.raises(FormatError, match=message):
             parse(raw, Obj(extra=Anything()), "x.json")
     assert parse(b'{"outputs": []}', DOC, "x.json") == {"outputs": []}
+
+
+def test_the_json_view_refuses_absurd_nesting_without_recursion_error() -> None:
+    from kiln.artifact import Artifact, inspect_artifact
+
+    deep = Artifact("cuda", "none", "table.json", b"[" * 100_000 + b"]" * 100_000)
+    with pytest.raises(FormatError, match="nested 100000 levels deep, deeper than 64"):
+        inspect_artifact(deep, "json")
