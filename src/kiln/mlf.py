@@ -298,8 +298,11 @@ class MLFModel:
                 raise CallError(f"{name}: input {spec['name']!r}: expected shape "
                                 f"{spec['shape']}, got {list(arr.shape)}")
             args.append(np.ascontiguousarray(arr))
-        outs = [np.empty(spec["shape"], dtype) for spec, dtype in zip(specs_out,
-                                                                      self._out_dtypes)]
+        try:
+            outs = [np.empty(spec["shape"], dtype) for spec, dtype in zip(specs_out,
+                                                                          self._out_dtypes)]
+        except MemoryError:
+            raise CallError(f"{name}: the outputs do not fit in memory") from None
         ws = self._workspace
         aligned = ws[-ws.ctypes.data % 64:]
         status = self._run(*(ctypes.c_void_p(a.ctypes.data) for a in [*args, *outs]),
