@@ -14,7 +14,7 @@ import kiln
 import kiln.codegen.registry as reg
 from kiln.artifact import Artifact, InMemoryArtifact
 from kiln.driver import CACHE_STATS
-from kiln.driver.cache import cache_dir, entry_path
+from kiln.driver.cache import CacheWarning, cache_dir, entry_path
 from kiln.driver.fingerprint import module_fingerprint
 from kiln.ir import IRBuilder, IRModule
 from kiln.ir import graph as g
@@ -105,8 +105,10 @@ def test_unwritable_cache_never_fails_a_build(counting: None, tmp_path: Path,
     blocker = tmp_path / "file"
     blocker.write_text("not a directory")
     monkeypatch.setenv("KILN_CACHE_DIR", str(blocker))
-    ex = kiln.compile(ir_samples.chain_module(), "cachetest")
-    assert not ex.cache_hit and CACHE_STATS.errors == 1
+    with pytest.warns(CacheWarning, match=r"cannot write to the compile cache at .*file: "
+                                          "not a directory"):
+        ex = kiln.compile(ir_samples.chain_module(), "cachetest")
+    assert not ex.cache_hit and CACHE_STATS.errors >= 1
 
 
 def test_native_build_hits_the_cache_and_runs(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -136,9 +136,9 @@ def assert_close(got: list[np.ndarray], want: list[np.ndarray]) -> None:
     kernel_checks.assert_close(got, want, CASES, TOL)
 
 
-@pytest.fixture(scope="module", params=["llvm", "c"])
+@pytest.fixture(scope="module", params=kernel_checks.NATIVE_TARGETS)
 def native(request: pytest.FixtureRequest) -> kiln.driver.Executable:
-    target = Target.from_host() if request.param == "llvm" else Target("c")
+    target = kernel_checks.native_target(request.param)
     return kiln.compile(from_onnx(MODEL), target)
 
 

@@ -81,9 +81,9 @@ FEEDS = kernel_checks.random_feeds(MODEL, RNG)
 REFERENCE = kernel_checks.onnxruntime_outputs(MODEL, FEEDS)
 
 
-@pytest.fixture(scope="module", params=["llvm", "c"])
+@pytest.fixture(scope="module", params=kernel_checks.NATIVE_TARGETS)
 def native(request: pytest.FixtureRequest) -> kiln.driver.Executable:
-    target = Target.from_host() if request.param == "llvm" else Target("c")
+    target = kernel_checks.native_target(request.param)
     return kiln.compile(from_onnx(MODEL), target)
 
 

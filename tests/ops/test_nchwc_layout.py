@@ -97,9 +97,9 @@ def ops(mod: kiln.ir.IRModule) -> list[str]:
     return [b.value.op for b in mod["main"].bindings if isinstance(b.value, g.Call)]
 
 
-@pytest.fixture(scope="module", params=["llvm", "c"])
+@pytest.fixture(scope="module", params=kernel_checks.NATIVE_TARGETS)
 def native(request: pytest.FixtureRequest) -> kiln.driver.Executable:
-    target = Target.from_host() if request.param == "llvm" else Target("c")
+    target = kernel_checks.native_target(request.param)
     return kiln.compile(from_onnx(MODEL), target, graph_pipeline="nchwc")
 
 

@@ -149,7 +149,7 @@ def parse_json_object(text: str | bytes, where: str, error: type[Exception]) -> 
         raise error(f"{where}: expected UTF-8 text, found invalid byte at {err.start}") from None
     # json.loads recurses per level: measure the nesting first, without recursion.
     # (`freeze` counts the outer object as level 0, brackets count it as 1.)
-    depth = _text_depth(text)
+    depth = text_depth(text)
     if depth > MAX_DEPTH + 1:
         raise error(f"{where}: expected a JSON object, found invalid JSON (nested "
                     f"{depth} levels deep, deeper than {MAX_DEPTH})")
@@ -169,7 +169,7 @@ def parse_json_object(text: str | bytes, where: str, error: type[Exception]) -> 
 _STRING_OR_BRACKET = re.compile(r'"(?:[^"\\]|\\.)*"?|[\[\]{}]')
 
 
-def _text_depth(text: str) -> int:
+def text_depth(text: str) -> int:
     """The deepest bracket nesting of JSON text, strings skipped (an iterative scan)."""
     depth = deepest = 0
     for m in _STRING_OR_BRACKET.finditer(text):

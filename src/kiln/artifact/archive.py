@@ -7,8 +7,9 @@ plus the library metadata; it carries a SHA-256 of its own canonical form.
 Anyone can unpack it with `tar xf` and read the generated code.
 
 `read_tar` never extracts to disk and trusts no member: links, devices,
-absolute or `..` paths, duplicates, unlisted files and hash mismatches are all
-FormatErrors.
+sparse members, absolute or `..` paths, duplicates, unlisted files and hash
+mismatches are all FormatErrors, and the member count and sizes are bounded
+(`kiln.artifact.safe_tar`).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import tempfile
 from collections.abc import Callable, Mapping
 from typing import Any, NoReturn
 
+from kiln.artifact import safe_tar
 from kiln.artifact._json import canonical_json, freeze_object, parse_json_object, thaw
 from kiln.artifact.artifact import Artifact, ArtifactSet, require_serializable
 from kiln.artifact.segments import Content, content_parts
@@ -45,7 +47,7 @@ FORMAT_VERSION = 2
 MIN_SUPPORTED_VERSION = 1
 
 # A manifest is a few KB; refuse to read an absurd one into memory.
-MAX_MANIFEST_SIZE = 64 << 20
+MAX_MANIFEST_SIZE = safe_tar.MAX_JSON_BYTES
 
 _MANIFEST_KEYS = {"format", "version", "kiln_version", "artifacts", "metadata", "checksum"}
 _ENTRY_KEYS_V1 = {"codegen_id", "loader", "file_name", "size", "sha256", "metadata"}
@@ -176,43 +178,19 @@ def read_tar(path: str | os.PathLike[str]) -> tuple[ArtifactSet, dict[str, Any]]
     def fail(message: str) -> NoReturn:
         raise FormatError(f"{where}: {message}")
 
-    file_size = os.path.getsize(path)
     members: dict[str, bytes] = {}
     dirs: set[str] = set()
-    try:
-        with tarfile.open(path, mode="r:") as tar:
-            for info in tar:
-                name = _check_member_name(info.name, fail)
-                if name in members or name in dirs:
-                    fail(f"member '{name}' appears more than once")
-                if info.isdir():
-                    dirs.add(name)
-                    continue
-                if info.issym() or info.islnk():
-                    fail(f"member '{name}' is a link (to '{info.linkname}'); "
-                         "archives hold regular files only")
-                if not info.isreg():
-                    fail(f"member '{name}' is a device, FIFO or other special file; "
-                         "archives hold regular files only")
-                if info.size > file_size:
-                    fail(f"member '{name}' claims {info.size} bytes, more than the whole "
-                         f"file ({file_size}); the archive is damaged")
-                if name == MANIFEST_NAME and info.size > MAX_MANIFEST_SIZE:
-                    fail(f"{MANIFEST_NAME} is {info.size} bytes, over the "
-                         f"{MAX_MANIFEST_SIZE}-byte limit")
-                extracted = tar.extractfile(info)
-                if extracted is None:  # pragma: no cover - isreg() members always extract
-                    fail(f"member '{name}' has no data")
-                data = extracted.read()
-                if len(data) != info.size:
-                    fail(f"member '{name}' is truncated: expected {info.size} bytes, "
-                         f"found {len(data)}")
-                members[name] = data
-    except FormatError:
-        raise
-    except (tarfile.TarError, EOFError, UnicodeError, ValueError) as err:
-        # tarfile reports malformed headers with all of these.
-        fail(f"not a readable uncompressed tar archive ({err})")
+    for member, reader in safe_tar.members(path, where):
+        name = member.name
+        if name in members or name in dirs:
+            fail(f"member '{name}' appears more than once")
+        if reader is None:
+            dirs.add(name)
+            continue
+        if name == MANIFEST_NAME and member.size > MAX_MANIFEST_SIZE:
+            fail(f"{MANIFEST_NAME} is {member.size} bytes, over the "
+                 f"{MAX_MANIFEST_SIZE}-byte limit")
+        members[name] = safe_tar.read_exactly(reader, member, fail)
 
     if MANIFEST_NAME not in members:
         fail(f"no {MANIFEST_NAME}: expected a kiln artifact archive")
@@ -254,21 +232,6 @@ def read_tar(path: str | os.PathLike[str]) -> tuple[ArtifactSet, dict[str, Any]]
     if stray_dirs:
         fail(f"directory entries not matching any codegen_id: {', '.join(sorted(stray_dirs))}")
     return artifacts, metadata
-
-
-def _check_member_name(raw: str, fail: _Fail) -> str:
-    """The member name without a trailing '/', after rejecting unsafe paths."""
-    if raw.startswith("/") or re.match(r"[A-Za-z]:", raw):
-        fail(f"member '{raw}' has an absolute path")
-    if "\\" in raw or "\0" in raw:
-        fail(f"member '{raw}' contains a backslash or NUL")
-    name = raw[:-1] if raw.endswith("/") else raw
-    parts = name.split("/")
-    if ".." in parts:
-        fail(f"member '{raw}' contains '..'")
-    if any(p in ("", ".") for p in parts):
-        fail(f"member '{raw}' is not a normalized relative path")
-    return name
 
 
 def _check_manifest(manifest: Mapping[str, Any],

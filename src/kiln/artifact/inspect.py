@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kiln._registry import Registry
-from kiln.artifact._json import canonical_json
+from kiln.artifact._json import MAX_DEPTH, canonical_json, text_depth
 from kiln.artifact.artifact import AnyArtifact, Artifact, ArtifactSet, InMemoryArtifact
 from kiln.errors import FormatError
 
@@ -236,6 +236,12 @@ def _text(a: AnyArtifact, what: str) -> str:
 
 def _json_view(a: AnyArtifact) -> str:
     text = _text(a, "JSON")
+    # json.loads and json.dumps recurse per level: a crafted file must not raise
+    # RecursionError, so measure the nesting first, without recursion.
+    depth = text_depth(text)
+    if depth > MAX_DEPTH:
+        raise FormatError(f"{_name(a)}: not valid JSON (nested {depth} levels deep, "
+                          f"deeper than {MAX_DEPTH})")
     try:
         value = json.loads(text)
     except ValueError as err:

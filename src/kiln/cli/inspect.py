@@ -5,7 +5,9 @@ from __future__ import annotations
 import json
 import os
 import tempfile
-from typing import Any
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, NoReturn
 
 from kiln.errors import FormatError
 
@@ -38,7 +40,15 @@ def report_metadata(path: str) -> dict[str, Any]:
     mlf = _mlf_members(path)
     if mlf is not None:
         return mlf_metadata(mlf, path)
-    return load_any(path)[1] or {}
+    return _library_metadata(path, load_any(path)[1])
+
+
+def _library_metadata(path: str, metadata: dict[str, Any] | None) -> dict[str, Any]:
+    """The library metadata of `path`, checked (`kiln.artifact.library_schema`): the
+    report and the description walk it without guarding each access."""
+    from kiln.artifact.library_schema import check_library_metadata
+
+    return check_library_metadata(metadata or {}, f"{path}: library metadata")
 
 
 def load_any(path: str) -> tuple[Any, dict[str, Any], str]:
@@ -74,40 +84,65 @@ def load_any(path: str) -> tuple[Any, dict[str, Any], str]:
 MLF_KIND = "Model Library Format archive"
 
 
-def _mlf_members(path: str) -> dict[str, bytes] | None:
-    """The files of a Model Library Format tar (docs/mlf.md) by path, or None if `path`
-    is not one (not a tar, or a tar without MLF's metadata.json)."""
-    import tarfile
+@dataclass
+class MLFFiles:
+    """What `kiln inspect` reads of an MLF tar: every file's size, and the bytes of
+    metadata.json and of the one file asked for (never the whole archive in memory)."""
 
-    if not tarfile.is_tarfile(path):
+    sizes: dict[str, int]
+    data: dict[str, bytes]
+
+
+def _mlf_members(path: str, keep: str | None = None) -> MLFFiles | None:
+    """The files of a Model Library Format tar (docs/mlf.md), or None if `path` is not
+    one (not a tar, or a tar without MLF's metadata.json). The tar may be compressed;
+    it is read through `kiln.artifact.safe_tar`, with its limits."""
+    from kiln.artifact import safe_tar
+
+    if not safe_tar.looks_like_tar(path):
         return None
-    with tarfile.open(path) as tar:
-        members = {m.name.removeprefix("./"): m for m in tar.getmembers() if m.isfile()}
-        if "metadata.json" not in members or "manifest.json" in members:
-            return None
-        files = {}
-        for name, member in members.items():
-            f = tar.extractfile(member)
-            if f is not None:
-                files[name] = f.read()
-    return files
+    sizes: dict[str, int] = {}
+    data: dict[str, bytes] = {}
+    fail = _failer(f"{path}: Model Library Format archive")
+    for member, reader in safe_tar.members(path, f"{path}: tar archive", allow_compressed=True,
+                                           dot_prefix=True):
+        if reader is None:
+            continue
+        if member.name in sizes:
+            fail(f"member '{member.name}' appears more than once")
+        sizes[member.name] = member.size
+        if member.name == "metadata.json" and member.size > safe_tar.MAX_JSON_BYTES:
+            fail(f"metadata.json is {member.size} bytes, over the "
+                 f"{safe_tar.MAX_JSON_BYTES}-byte limit")
+        if member.name in ("metadata.json", keep):
+            data[member.name] = safe_tar.read_exactly(reader, member, fail)
+    if "metadata.json" not in sizes or "manifest.json" in sizes:
+        return None
+    return MLFFiles(sizes, data)
 
 
-def mlf_metadata(files: dict[str, bytes], path: str) -> dict[str, Any]:
-    """The MLF metadata.json, with its model's entry point as a library-style "functions"."""
-    try:
-        meta: dict[str, Any] = json.loads(files["metadata.json"])
-    except ValueError as exc:
-        raise FormatError(f"{path}: metadata.json is not JSON: {exc}") from None
-    if not isinstance(meta, dict) or "model_name" not in meta:
-        raise FormatError(f"{path}: metadata.json has no model_name: not a Model Library "
-                          "Format archive")
-    meta.setdefault("functions", {"main": {"kind": "graph", "params": meta.get("inputs", []),
-                                           "results": meta.get("outputs", [])}})
-    return meta
+def _failer(where: str) -> Callable[[str], NoReturn]:
+    def fail(message: str) -> NoReturn:
+        raise FormatError(f"{where}: {message}")
+    return fail
 
 
-def _describe_mlf(path: str, files: dict[str, bytes]) -> dict[str, Any]:
+def mlf_metadata(files: MLFFiles, path: str) -> dict[str, Any]:
+    """The MLF metadata.json, checked (`kiln.mlf.METADATA_SCHEMA`), with its model's entry
+    point as a library-style "functions"."""
+    from kiln.artifact.library_schema import check_library_metadata
+    from kiln.mlf import read_metadata
+
+    meta = read_metadata(files.data["metadata.json"], f"{path}: metadata.json")
+    # Only what the schema checked reaches the report: no "functions" or "graphs" that
+    # metadata.json carries beside it.
+    meta = {k: v for k, v in meta.items() if k not in ("functions", "graphs")}
+    meta["functions"] = {"main": {"kind": "graph", "params": meta["inputs"],
+                                  "results": meta["outputs"]}}
+    return check_library_metadata(meta, f"{path}: metadata.json")
+
+
+def _describe_mlf(path: str, files: MLFFiles) -> dict[str, Any]:
     meta = mlf_metadata(files, path)
     functions = {name: {"kind": fn.get("kind"),
                         "inputs": [_tensor(p) for p in fn.get("params", [])],
@@ -117,25 +152,26 @@ def _describe_mlf(path: str, files: dict[str, bytes]) -> dict[str, Any]:
     return {
         "file": path, "kind": MLF_KIND, "format": "mlf", "format_version": meta.get("version"),
         "kiln_version": meta.get("kiln_version"), "prefix": meta.get("prefix"),
-        "targets": [{"codegen": target.get("kind", "?"), "triple": target.get("mtriple", ""),
-                     "cpu": target.get("mcpu", "")}] if target else [],
+        "targets": [{"codegen": str(target.get("kind", "?")),
+                     "triple": str(target.get("mtriple", "")),
+                     "cpu": str(target.get("mcpu", ""))}] if target else [],
         "functions": functions,
-        "artifacts": [{"codegen": "mlf", "loader": "none", "name": name, "size": len(data),
-                       "linked": False} for name, data in files.items()],
-        "weight_bytes": sum(len(d) for n, d in files.items()
+        "artifacts": [{"codegen": "mlf", "loader": "none", "name": name, "size": size,
+                       "linked": False} for name, size in files.sizes.items()],
+        "weight_bytes": sum(size for n, size in files.sizes.items()
                             if n.startswith("parameters/") and n.endswith(".params")),
         "external_dependencies": list(meta.get("external_dependencies") or []),
         "profile_sites": 0,  # MLF's metadata.json does not list them
     }
 
 
-def _show_mlf(path: str, files: dict[str, bytes], member: str) -> str:
-    if member not in files:
-        raise ValueError(f"no file {member!r} in {path}; it has: {', '.join(files)}")
+def _show_mlf(path: str, files: MLFFiles, member: str) -> str:
+    if member not in files.data:
+        raise ValueError(f"no file {member!r} in {path}; it has: {', '.join(files.sizes)}")
     try:
-        return files[member].decode("utf-8")
+        return files.data[member].decode("utf-8")
     except UnicodeDecodeError:
-        raise ValueError(f"{path}: {member} is binary ({len(files[member])} bytes); "
+        raise ValueError(f"{path}: {member} is binary ({files.sizes[member]} bytes); "
                          "extract it with tar") from None
 
 
@@ -148,7 +184,8 @@ def describe(path: str) -> dict[str, Any]:
     mlf = _mlf_members(path)
     if mlf is not None:
         return _describe_mlf(path, mlf)
-    artifacts, metadata, kind = load_any(path)
+    artifacts, raw_metadata, kind = load_any(path)
+    metadata = _library_metadata(path, raw_metadata)
     functions = {}
     for name, fn in (metadata.get("functions") or {}).items():
         params = fn.get("params", [])
@@ -164,13 +201,15 @@ def describe(path: str) -> dict[str, Any]:
     rows, targets, weight_bytes = [], [], 0
     for a in artifacts:
         meta = dict(a.metadata)
-        size = int(meta.get("size", a.size)) if meta.get("linked") else a.size
+        linked = meta.get("size")  # a linked stub's size (its bytes are in the library)
+        size = linked if meta.get("linked") and isinstance(linked, int) else a.size
         rows.append({"codegen": a.codegen_id, "loader": a.loader, "name": a.file_name,
                      "size": size, "linked": bool(meta.get("linked"))})
         if "chunk_sha256" in meta:  # the constants blob: the model's weights
             weight_bytes += size
         if "triple" in meta:
-            t = {"codegen": a.codegen_id, "triple": meta["triple"], "cpu": meta.get("cpu", "")}
+            t = {"codegen": a.codegen_id, "triple": str(meta["triple"]),
+                 "cpu": str(meta.get("cpu", ""))}
             if t not in targets:
                 targets.append(t)
     return {
@@ -231,7 +270,7 @@ def cmd_inspect(path: str, artifact: str | None, fmt: str | None) -> str:
         return json.dumps(info, indent=2) if fmt == "json" else as_text(info)
     from kiln.artifact import inspect_artifact
 
-    mlf = _mlf_members(path)
+    mlf = _mlf_members(path, keep=artifact)
     if mlf is not None:
         return _show_mlf(path, mlf, artifact)
     artifacts, _, _ = load_any(path)

@@ -17,6 +17,9 @@ An object's name is the SHA-256 of its bytes, or for data carrying chunk hashes
 so storing hashes nothing twice. Every read checks the file's owner and
 permissions (refused unless owned by this user and not writable by group or
 others, like the cache directory itself) and its hash, before anything is used.
+An entry records its own key (inside its checksum) and is checked against
+`ENTRY_SCHEMA`: an entry found under another key (renamed, swapped) is a miss
+with a CacheWarning, never another model's code.
 Files are written to a temporary name and renamed; there is no fsync: a file
 damaged by a crash fails its hash and counts as a miss. In-memory artifacts are
 never cached.
@@ -28,12 +31,16 @@ no entry uses. `list_entries()`, `info()` and `clear()` (also `kiln cache
 list|info|clear`) manage it.
 
 Location: `$KILN_CACHE_DIR`, else `~/.cache/kiln`. Disable with
-`KILN_CACHE=0` or `PassContext(config={"kiln.cache": False})`.
+`KILN_CACHE=0` or `PassContext(config={"kiln.cache": False})`. Any filesystem
+error (the path below a regular file, a read-only or full disk, a permission
+denied) makes the cache no cache for that step, with a CacheWarning: a cache
+that cannot be read or written never fails a build.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import functools
 import hashlib
 import importlib.metadata
@@ -51,13 +58,26 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from kiln.artifact.schema import (
+    Anything,
+    Enum,
+    Int,
+    ListOf,
+    Num,
+    Obj,
+    Str,
+    optional,
+    parse,
+)
 from kiln.artifact.segments import content_parts
 from kiln.errors import FormatError
 
 if TYPE_CHECKING:
     from kiln.artifact import Artifact, ArtifactSet
 
-CACHE_FORMAT = 2
+# 3 (2026-11-23): an entry records its key ("key"), checked on lookup.
+CACHE_FORMAT = 3
+# Entries of every format live in one layout: a format change changes every key.
 LAYOUT = "v2"
 ENTRY_FORMAT = "kiln.cache-entry"
 DEFAULT_MAX_BYTES = 2 << 30
@@ -67,7 +87,29 @@ _GRACE_SECONDS = 60.0
 
 
 class CacheWarning(UserWarning):
-    """The cache directory or an entry is not safe to use (wrong owner or permissions)."""
+    """The cache is not used for a step: an unsafe directory or entry (wrong owner or
+    permissions), an entry under another key, or a filesystem error."""
+
+
+_HEX64 = r"[0-9a-f]{64}"
+# An object's name is a path component: only what `store` writes (no "/" or "..").
+_OBJECT_NAME = Str(r"c?[0-9a-f]{64}", 65, "an object name (64 hex digits, 'c' first if "
+                   "chunked)")
+_ITEM = Obj(required={"codegen_id": Str(max_len=1024), "loader": Str(max_len=1024),
+                      "file_name": Str(max_len=1024), "target_key": Str(max_len=1024),
+                      "metadata": Obj(extra=Anything()), "size": Int(0),
+                      "object": _OBJECT_NAME, "chunk_size": optional(Int(1, 1 << 40))})
+ENTRY_SCHEMA = Obj(required={
+    "format": Enum((ENTRY_FORMAT,)), "version": Enum((CACHE_FORMAT,)),
+    "key": Str(_HEX64, 64, "a cache key (64 hex digits)"), "kiln_version": Str(max_len=64),
+    "created": Num(), "artifacts": ListOf(_ITEM), "metadata": Obj(extra=Anything()),
+    "checksum": Str(_HEX64, 64, "a SHA-256 (64 hex digits)")})
+# What listing and eviction read of an entry of any format (older ones included).
+_LISTED = Obj(required={"artifacts": ListOf(Obj(
+                  required={"codegen_id": Str(max_len=1024), "file_name": Str(max_len=1024),
+                            "object": _OBJECT_NAME}, extra=Anything()))},
+              optional={"created": Num(), "kiln_version": Str(max_len=64)}, extra=Anything())
+
 _OFF = ("0", "off", "false", "no")
 
 
@@ -207,6 +249,12 @@ def _warn(message: str) -> None:
                       CacheWarning, stacklevel=3)
 
 
+def _degrade(exc: OSError, doing: str) -> None:
+    """A filesystem error: this step goes without the cache (counted and warned once)."""
+    STATS.errors += 1
+    _warn(f"cannot {doing} {exc.filename or cache_dir()}: {exc.strerror or exc}")
+
+
 def _safe_dirs(create: bool) -> bool:
     """The cache directories exist (made 0700 with `create`) and are safe to use."""
     root = cache_dir()
@@ -221,7 +269,7 @@ def _safe_dirs(create: bool) -> bool:
             st = os.lstat(path)
         if not stat.S_ISDIR(st.st_mode) and not stat.S_ISLNK(st.st_mode):
             if create:
-                raise NotADirectoryError(f"{path} is not a directory")
+                raise NotADirectoryError(errno.ENOTDIR, "not a directory", str(path))
             return False
         problem = _unsafe(st, f"directory {path}")
         if problem:
@@ -307,7 +355,8 @@ def store_object_async(name: str, size: int,
         target = object_path(name)
         if target.is_file() and target.stat().st_size == size:
             return None
-    except OSError:
+    except OSError as exc:
+        _degrade(exc, "write to the compile cache at")
         return None
 
     def write() -> None:
@@ -337,17 +386,18 @@ def _entry_checksum(entry: Mapping[str, Any]) -> str:
     return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
 
 
+class _Misplaced(FormatError):
+    """An intact entry under another key than its own (renamed or swapped)."""
+
+
 def _parse_entry(raw: bytes, key: str) -> dict[str, Any]:
-    try:
-        entry = json.loads(raw)
-    except ValueError as exc:
-        raise FormatError(f"cache entry {key}: not JSON ({exc})") from None
-    if (not isinstance(entry, dict) or entry.get("format") != ENTRY_FORMAT
-            or entry.get("version") != CACHE_FORMAT
-            or not isinstance(entry.get("artifacts"), list)):
-        raise FormatError(f"cache entry {key}: not a version-{CACHE_FORMAT} kiln cache entry")
-    if entry.get("checksum") != _entry_checksum(entry):
-        raise FormatError(f"cache entry {key}: checksum mismatch (the entry is damaged)")
+    """The entry for `key`: FormatError if it is damaged, _Misplaced if it is another key's."""
+    where = f"cache entry {entry_path(key)}"
+    entry: dict[str, Any] = parse(raw, ENTRY_SCHEMA, where)
+    if entry["checksum"] != _entry_checksum(entry):
+        raise FormatError(f"{where}: checksum mismatch (the entry is damaged)")
+    if entry["key"] != key:
+        raise _Misplaced(f"{where} is the entry of key {entry['key']} (renamed or swapped)")
     return entry
 
 
@@ -358,11 +408,25 @@ def lookup(key: str) -> ArtifactSet | None:
     an unsafe one (wrong owner or permissions) is left alone, warned about and
     not used.
     """
+    try:
+        found = _lookup(key)
+    except OSError as exc:  # the directories cannot be read: no cache for this build
+        _degrade(exc, "read the compile cache at")
+        found = None
+    if found is None:
+        STATS.misses += 1
+        return None
+    with contextlib.suppress(OSError):
+        os.utime(entry_path(key))  # most recently used
+    STATS.hits += 1
+    return found
+
+
+def _lookup(key: str) -> ArtifactSet | None:
     from kiln.artifact import Artifact, ArtifactSet
 
     path = entry_path(key)
     if not _safe_dirs(create=False) or not path.is_file():
-        STATS.misses += 1
         return None
     try:
         entry = _parse_entry(_read_checked(path), key)
@@ -381,16 +445,16 @@ def lookup(key: str) -> ArtifactSet | None:
                 raise
             artifacts.add(Artifact(item["codegen_id"], item["loader"], item["file_name"], data,
                                    item["metadata"], item.get("target_key", "")))
-    except (FormatError, OSError, KeyError, TypeError, ValueError) as exc:
+    except (FormatError, FileNotFoundError, KeyError, TypeError, ValueError) as exc:
+        # Damaged (or pointing to an object that is gone): a miss, deleted and rebuilt.
+        # Unsafe: not ours to touch. Misplaced: warned about, then rebuilt under its key.
         STATS.errors += 1
-        STATS.misses += 1
-        if not isinstance(exc, _Unsafe):  # damaged: rebuild it; unsafe: not ours to touch
+        if isinstance(exc, _Misplaced):
+            _warn(str(exc))
+        if not isinstance(exc, _Unsafe):
             with contextlib.suppress(OSError):
                 path.unlink()
         return None
-    with contextlib.suppress(OSError):
-        os.utime(path)  # most recently used
-    STATS.hits += 1
     return artifacts
 
 
@@ -427,17 +491,23 @@ def store(key: str, artifacts: ArtifactSet, metadata: dict[str, Any]) -> bool:
                           "chunk_size": chunks[0] if chunks else None})
         from kiln import __version__
 
-        entry: dict[str, Any] = {"format": ENTRY_FORMAT, "version": CACHE_FORMAT,
+        entry: dict[str, Any] = {"format": ENTRY_FORMAT, "version": CACHE_FORMAT, "key": key,
                                  "kiln_version": __version__, "created": time.time(),
                                  "artifacts": items, "metadata": metadata}
         entry["checksum"] = _entry_checksum(entry)
         _write_atomic(entry_path(key), [json.dumps(entry, sort_keys=True).encode()])
-    except (OSError, TypeError, ValueError):
+    except OSError as exc:
+        _degrade(exc, "write to the compile cache at")
+        return False
+    except (TypeError, ValueError):  # metadata that is not JSON: not cacheable
         STATS.errors += 1
         return False
     STATS.stores += 1
     if cap is not None:
-        evict(cap)
+        try:
+            evict(cap)
+        except OSError as exc:
+            _degrade(exc, "evict entries from the compile cache at")
     return True
 
 
@@ -458,7 +528,7 @@ class CacheEntry:
 def _entries() -> list[tuple[Path, os.stat_result]]:
     folder = _root() / "entries"
     out = []
-    with contextlib.suppress(FileNotFoundError):
+    with contextlib.suppress(FileNotFoundError, NotADirectoryError):
         for p in folder.iterdir():
             if p.suffix == ".json" and not p.name.startswith("."):
                 with contextlib.suppress(FileNotFoundError):
@@ -468,7 +538,7 @@ def _entries() -> list[tuple[Path, os.stat_result]]:
 
 def _objects() -> dict[str, Path]:
     out = {}
-    with contextlib.suppress(FileNotFoundError):
+    with contextlib.suppress(FileNotFoundError, NotADirectoryError):
         for sub in (_root() / "objects").iterdir():
             if sub.is_dir():
                 for p in sub.iterdir():
@@ -477,11 +547,16 @@ def _objects() -> dict[str, Path]:
     return out
 
 
+def _listed(path: Path) -> dict[str, Any]:
+    """What listing and eviction read of an entry (any format); FormatError or OSError."""
+    entry: dict[str, Any] = parse(path.read_bytes(), _LISTED, f"cache entry {path}")
+    return entry
+
+
 def _entry_objects(path: Path) -> list[str]:
     try:
-        entry = json.loads(path.read_bytes())
-        return [str(item["object"]) for item in entry["artifacts"]]
-    except (OSError, ValueError, KeyError, TypeError):
+        return [item["object"] for item in _listed(path)["artifacts"]]
+    except (OSError, FormatError):
         return []
 
 
@@ -491,14 +566,14 @@ def list_entries() -> list[CacheEntry]:
     out = []
     for path, st in _entries():
         try:
-            entry = json.loads(path.read_bytes())
+            entry = _listed(path)
             items = entry["artifacts"]
-            size = st.st_size + sum(objects[str(i["object"])].stat().st_size
-                                    for i in items if str(i["object"]) in objects)
+            size = st.st_size + sum(objects[i["object"]].stat().st_size
+                                    for i in items if i["object"] in objects)
             out.append(CacheEntry(path.stem, size, st.st_mtime, float(entry.get("created", 0)),
                                   tuple(f"{i['codegen_id']}/{i['file_name']}" for i in items),
                                   str(entry.get("kiln_version", "?"))))
-        except (OSError, ValueError, KeyError, TypeError):
+        except (OSError, FormatError):
             continue
     return sorted(out, key=lambda e: e.last_used, reverse=True)
 

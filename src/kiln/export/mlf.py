@@ -216,6 +216,15 @@ def params_source(prefix: str, data: bytes | memoryview) -> str:
     ])
 
 
+def _export_datetime() -> str:
+    """`export_datetime`: `$SOURCE_DATE_EPOCH` (the reproducible-builds convention) when
+    set, else the epoch, so that exporting one model twice gives identical archives."""
+    raw = os.environ.get("SOURCE_DATE_EPOCH", "").strip()
+    seconds = int(raw) if raw.isdigit() else 0
+    stamp = datetime.datetime.fromtimestamp(seconds, datetime.UTC)
+    return stamp.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
 def export_model_library_format(executable: Any, path: str | os.PathLike[str], *,
                                 model_name: str = "model") -> Path:
     """Write `executable` as a Model Library Format tar at `path` (docs/mlf.md)."""
@@ -274,8 +283,7 @@ def export_model_library_format(executable: Any, path: str | os.PathLike[str], *
         "version": MLF_VERSION,
         "model_name": model_name,
         "kiln_version": __version__,
-        "export_datetime": datetime.datetime.now(datetime.UTC).strftime(
-            "%Y-%m-%dT%H:%M:%SZ"),
+        "export_datetime": _export_datetime(),
         "target": executable.target.export(),
         "prefix": prefix,
         "memory": {"main": {"workspace_bytes": workspace, "constants_bytes": len(consts),

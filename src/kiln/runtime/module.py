@@ -9,7 +9,6 @@ other loader group (docs/runtime.md) becomes a Module imported into the root.
 from __future__ import annotations
 
 import ctypes
-import json
 import os
 import shutil
 import tempfile
@@ -430,12 +429,15 @@ def _is_size(value: Any) -> bool:
 
 
 def _parse_library_metadata(text: str, path: Path) -> dict[str, Any]:
-    try:
-        meta = json.loads(text)
-    except ValueError as exc:
-        raise FormatError(f"{path}: library metadata is not valid JSON ({exc})") from None
-    if not isinstance(meta, dict) or meta.get("format") != LIBRARY_FORMAT:
-        found = meta.get("format") if isinstance(meta, dict) else type(meta).__name__
+    from kiln.artifact.library_schema import check_library_metadata
+    from kiln.artifact.schema import Anything, Obj, parse
+
+    # Strict JSON of bounded depth (a crafted file must not raise RecursionError), typed
+    # by the one schema every reader of library metadata uses.
+    where = f"{path}: library metadata"
+    meta = check_library_metadata(parse(text, Obj(extra=Anything()), where), where)
+    if meta.get("format") != LIBRARY_FORMAT:
+        found = meta.get("format")
         raise FormatError(f"{path}: expected library metadata of format "
                           f"'{LIBRARY_FORMAT}', found {found!r}")
     version = meta.get("version")

@@ -83,9 +83,10 @@ class Outlined:
     launches: dict[CallFunc, Launch] = field(default_factory=dict)
 
     @property
-    def bodies(self) -> set[str]:
-        """Names of the outlined loop-body functions."""
-        return {launch.body for launch in self.launches.values()}
+    def bodies(self) -> tuple[str, ...]:
+        """Names of the outlined loop-body functions, in outlining order: code generators
+        emit them in this order, so it must not depend on hashing (reproducible builds)."""
+        return tuple(dict.fromkeys(launch.body for launch in self.launches.values()))
 
 
 def has_parallel_loops(mod: IRModule) -> bool:

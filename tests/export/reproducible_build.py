@@ -1,0 +1,47 @@
+"""Compile and export a fixed set of models into a directory (for test_reproducible.py).
+
+`python reproducible_build.py OUT_DIR [--wasm]`: every file it writes must come out
+byte for byte the same from another process (another hash seed, another temp dir).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import onnx
+
+
+def _static(proto: onnx.ModelProto) -> bool:
+    """Whether every input dimension is a number (MLF and wasm take static shapes only)."""
+    return all(d.HasField("dim_value") for v in proto.graph.input
+               for d in v.type.tensor_type.shape.dim)
+
+
+def main(out: Path, wasm: bool) -> None:
+    import builders  # tests/models, on PYTHONPATH (test_reproducible.py sets it)
+    import dynamic_models
+
+    import kiln
+    from kiln.export.wasm import export_wasm
+
+    out.mkdir(parents=True, exist_ok=True)
+    models = {
+        "resnet18": builders.resnet18(),  # convolutions, parallel loops, split LLVM modules
+        "transformer": builders.transformer(),  # attention, GEMMs, reshapes
+        "encoder_dyn": dynamic_models.encoder(layers=1),  # symbolic batch and seq
+    }
+    for name, proto in models.items():
+        mod = kiln.frontend.from_onnx(proto)
+        for target in ("llvm", "c"):
+            ex = kiln.compile(mod, target)
+            for suffix in (".so", ".tar", ".a"):
+                ex.export_library(out / f"{name}-{target}{suffix}")
+        if _static(proto):
+            kiln.export_model_library_format(kiln.compile(mod, "c"), out / f"{name}-mlf.tar")
+            if wasm:
+                export_wasm(kiln.compile(mod, "web/wasm32"), out / f"{name}.wasm")
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]), "--wasm" in sys.argv[2:])

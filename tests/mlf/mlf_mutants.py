@@ -1,0 +1,113 @@
+"""Load Model Library Format archives in child processes and classify what happens.
+
+Each archive is loaded with `kiln.mlf.load` and called on one input in a worker
+process (many archives per worker). Outcomes:
+- `same`: it loaded and gave exactly the reference output;
+- `changed`: it ran and gave another output (a silent wrong answer);
+- `kiln:<Type>`: a KilnError subclass was raised (a clean refusal);
+- `other:<Type>`: any other exception (a bug: every refusal must be a KilnError);
+- `crash:<signal>` / `hang`: the worker died or did not finish; only the archive it
+  was on is charged, the rest of its batch runs in a new worker.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import subprocess
+import sys
+import tarfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+BATCH = 40
+
+WORKER = r"""
+import json, sys
+import numpy as np
+import kiln
+x = np.load(sys.argv[1])
+ref = np.load(sys.argv[2])
+for path in sys.argv[3:]:
+    try:
+        model = kiln.mlf.load(path)
+        try:
+            (out,) = model(x)
+        finally:
+            model.close()
+        kind = "same" if out.shape == ref.shape and out.dtype == ref.dtype and \
+            np.array_equal(out, ref, equal_nan=True) else "changed"
+        detail = ""
+    except kiln.KilnError as exc:
+        kind, detail = "kiln:" + type(exc).__name__, str(exc)
+    except Exception as exc:  # noqa: BLE001 - what the parent reports as a bug
+        kind, detail = "other:" + type(exc).__name__, repr(exc)
+    print(json.dumps([path, kind, detail[-300:]]), flush=True)
+"""
+
+
+def archive_files(archive: Path) -> dict[str, bytes]:
+    """The regular files of a (trusted, test-made) tar by name."""
+    with tarfile.open(archive) as tar:
+        out = {}
+        for m in tar.getmembers():
+            f = tar.extractfile(m) if m.isfile() else None
+            if f is not None:
+                out[m.name] = f.read()
+    return out
+
+
+def write_archive(path: Path, files: dict[str, bytes]) -> Path:
+    with tarfile.open(path, "w", format=tarfile.PAX_FORMAT) as tar:
+        for name, data in files.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return path
+
+
+def with_metadata(archive: Path, out: Path, metadata: bytes | Callable[[dict[str, Any]], Any]
+                  ) -> Path:
+    """A copy of `archive` whose metadata.json is `metadata` (bytes) or edited in place by it."""
+    files = archive_files(archive)
+    if callable(metadata):
+        meta = json.loads(files["metadata.json"])
+        metadata(meta)
+        files["metadata.json"] = json.dumps(meta).encode()
+    else:
+        files["metadata.json"] = metadata
+    return write_archive(out, files)
+
+
+def run_in_workers(archives: list[Path], x: np.ndarray, ref: np.ndarray, folder: Path,
+                   timeout: float = 600) -> dict[Path, tuple[str, str]]:
+    """(outcome, detail) per archive (see the module docstring)."""
+    x_file, ref_file = folder / "mlf_x.npy", folder / "mlf_ref.npy"
+    np.save(x_file, x)
+    np.save(ref_file, ref)
+    results: dict[Path, tuple[str, str]] = {}
+    pending = list(archives)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    while pending:
+        batch, pending = pending[:BATCH], pending[BATCH:]
+        try:
+            proc = subprocess.run([sys.executable, "-c", WORKER, str(x_file), str(ref_file),
+                                   *map(str, batch)], capture_output=True, text=True,
+                                  timeout=timeout, env=env, check=False)
+            lines, code = proc.stdout.splitlines(), proc.returncode
+        except subprocess.TimeoutExpired as exc:
+            out = exc.stdout or b""
+            lines, code = (out.decode() if isinstance(out, bytes) else out).splitlines(), None
+        for line in lines:
+            path, kind, detail = json.loads(line)
+            results[Path(path)] = (kind, detail)
+        done = [p for p in batch if p in results]
+        if len(done) < len(batch):
+            culprit = batch[len(done)]
+            results[culprit] = ("hang", "") if code is None else (f"crash:{code}", "")
+            pending = batch[len(done) + 1:] + pending
+    return results
