@@ -182,3 +182,18 @@ def test_float_signed_zero_changes_fingerprint() -> None:
     pos = IRModule({"f": t.PrimFunc((x,), t.Store(x, t.Const(0.0, "float32"), idx))})
     neg = IRModule({"f": t.PrimFunc((x,), t.Store(x, t.Const(-0.0, "float32"), idx))})
     assert module_fingerprint(pos) != module_fingerprint(neg)
+
+
+def test_source_fingerprint_covers_the_shipped_c(tmp_path: Path,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """host.c embeds kiln_host.c: a change to it alone must not hit entries built before."""
+    from kiln.driver.cache import kiln_source_fingerprint
+
+    (tmp_path / "__init__.py").write_text("")
+    host_c = tmp_path / "runtime" / "include" / "kiln" / "kiln_host.c"
+    host_c.parent.mkdir(parents=True)
+    host_c.write_text("/* one */\n")
+    monkeypatch.setattr(kiln, "__file__", str(tmp_path / "__init__.py"))
+    before = kiln_source_fingerprint.__wrapped__()
+    host_c.write_text("/* two */\n")
+    assert kiln_source_fingerprint.__wrapped__() != before

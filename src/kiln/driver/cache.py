@@ -157,7 +157,9 @@ def cache_key(*, ir_fingerprint: str, target_fingerprint: str, prefix: str,
 
 @functools.cache
 def kiln_source_fingerprint() -> str:
-    """SHA-256 over kiln's own Python sources (once per process).
+    """SHA-256 over kiln's own sources (once per process): the Python, and the C and
+    headers shipped as package data, which generated files embed (host.c starts
+    with kiln_host.c, whose CPU check and thread pool change under one version too).
 
     The version number alone would serve stale objects to anyone running kiln
     from a source checkout while the codegens change under the same version.
@@ -166,7 +168,7 @@ def kiln_source_fingerprint() -> str:
 
     root = Path(kiln.__file__).resolve().parent
     h = hashlib.sha256()
-    for path in sorted(root.rglob("*.py")):
+    for path in sorted(p for p in root.rglob("*") if p.suffix in (".py", ".c", ".h")):
         h.update(str(path.relative_to(root)).encode() + b"\0")
         h.update(path.read_bytes() + b"\0")
     return h.hexdigest()
