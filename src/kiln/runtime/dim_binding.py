@@ -79,7 +79,7 @@ def bind_dims(
     for index, (pname, dims), shape in zip(where, params, shapes, strict=True):
         if all(isinstance(d, str) and d.isidentifier() for d in dims):
             continue  # every dimension was bound or checked above
-        want = [d if isinstance(d, int) else compile_dim_text(str(d))(values) for d in dims]
+        want = [d if isinstance(d, int) else dim_size(func, str(d), values) for d in dims]
         if list(shape) != want:
             raise CallError(
                 f"{func}: argument {index} '{pname}': expected shape "
@@ -127,6 +127,15 @@ def compile_dim_text(text: str) -> SizeOf:
     """A function of the variables' values computing the size `text` spells (see
     `eval_dim_text`; a negative size is a CallError as well). Each text is read once."""
     return functools.partial(dim_expr.evaluate_size, _read(text))
+
+
+def dim_size(func: str, text: str, values: Mapping[str, int]) -> int:
+    """The size `text` has for `values` (`compile_dim_text`), with a failure named as the
+    C entry names it: ``main: dimension 'a*2' overflows int64``."""
+    try:
+        return compile_dim_text(text)(values)
+    except CallError as err:
+        raise CallError(f"{func}: {err}") from None
 
 
 @functools.lru_cache(maxsize=4096)
