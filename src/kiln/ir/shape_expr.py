@@ -45,28 +45,45 @@ class _Canon:
     # ------------------------------------------------------------------ to polynomial
 
     def poly(self, d: Dim) -> _Poly:
+        """The polynomial of `d`, built bottom-up without recursion (a size may be a sum
+        of hundreds of terms, or nest `max`es as deep)."""
+        done: dict[int, _Poly] = {}
+        stack: list[tuple[Any, bool]] = [(d, False)]
+        while stack:
+            e, expanded = stack.pop()
+            if id(e) in done:
+                continue
+            operands = _operands(e)
+            if operands and not expanded:
+                stack.append((e, True))
+                stack.extend((x, False) for x in operands if id(x) not in done)
+                continue
+            done[id(e)] = self._node(e, [done[id(x)] for x in operands])
+        return done[id(d)]
+
+    def _node(self, d: Any, operands: list[_Poly]) -> _Poly:
+        """The polynomial of one node, given its operands' polynomials."""
         if isinstance(d, bool):
             raise IRError(f"bad dimension {d!r}")
         if isinstance(d, int):
             return {(): d} if d else {}
         if isinstance(d, Const):
-            return self.poly(int(d.value))
+            return self._node(int(d.value), [])
         if isinstance(d, Var):
             return self._atom(("var", d.name, id(d)), d)
         if isinstance(d, Cast) and dt.kind(d.value.dtype) in ("int", "uint"):
-            return self.poly(d.value)
+            return operands[0]
         if isinstance(d, BinaryOp):
-            return self._binary(d)
+            return self._binary(d, operands[0], operands[1])
         if isinstance(d, UnaryOp) and d.op == "neg":
-            return {m: -c for m, c in self.poly(d.a).items()}
+            return {m: -c for m, c in operands[0].items()}
         raise IRError(f"unsupported dimension expression {d!r}")
 
     def _atom(self, key: _AtomKey, expr: PrimExpr) -> _Poly:
         self.atoms.setdefault(key, expr)
         return {((key, 1),): 1}
 
-    def _binary(self, e: BinaryOp) -> _Poly:
-        a, b = self.poly(e.a), self.poly(e.b)
+    def _binary(self, e: BinaryOp, a: _Poly, b: _Poly) -> _Poly:
         if e.op == "add":
             return _add(a, b, 1)
         if e.op == "sub":
@@ -293,23 +310,16 @@ def exact_div(a: Dim, b: Dim) -> Dim | None:
 def dim_vars(x: Dim | Iterable[Dim]) -> tuple[Var, ...]:
     """The dimension variables `x` mentions (a dim or a shape), unique, sorted by name."""
     found: dict[int, Var] = {}
-
-    def visit(e: Any) -> None:
+    seen: set[int] = set()
+    stack: list[Any] = [x] if isinstance(x, (int, PrimExpr)) else list(x)
+    while stack:  # iterative, as every walk over a size
+        e = stack.pop()
+        if id(e) in seen:
+            continue
+        seen.add(id(e))
         if isinstance(e, Var):
             found.setdefault(id(e), e)
-        elif isinstance(e, BinaryOp):
-            visit(e.a)
-            visit(e.b)
-        elif isinstance(e, Cast):
-            visit(e.value)
-        elif isinstance(e, UnaryOp):
-            visit(e.a)
-
-    if isinstance(x, (int, PrimExpr)):
-        visit(x)
-    else:
-        for d in x:
-            visit(d)
+        stack.extend(_operands(e))
     return tuple(sorted(found.values(), key=lambda v: v.name))
 
 
