@@ -4,9 +4,10 @@ One PrimFunc becomes one raw kernel (docs/abi.md, "Raw kernels"):
 
     KILN_HIDDEN int32_t {prefix}_kernel_{name}(const float* X, ..., float* restrict Y, int64_t n)
 
-(qualifiers: kiln.codegen.cfamily.signature) returning 0, or `STATUS_OUT_OF_MEMORY`
-when a heap workspace cannot be allocated (or the non-zero status of a kernel
-it calls). Heap workspaces (`Allocate` with scope "global") are pointers
+(qualifiers: kiln.codegen.cfamily.signature) returning 0, `STATUS_OUT_OF_MEMORY`
+when a heap workspace cannot be allocated, `ERROR_SIZE_OVERFLOW` when the size of
+one sized by symbolic dimensions overflows int64 (or the non-zero status of a
+kernel it calls). Heap workspaces (`Allocate` with scope "global") are pointers
 declared NULL at the top of the kernel, malloc'ed where the IR allocates them
 and freed where their scope ends; an error jumps to the single `done:` label,
 which frees whatever is still held.
