@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import enum
 import keyword
+import operator
 import re
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
@@ -197,9 +198,13 @@ def compute(e: Expr, values: Mapping[str, int]) -> tuple[int, Failure]:
         if n.name not in values:
             raise CallError(f"dimension '{quote(e)}' has no value for '{n.name}'")
         v = values[n.name]
-        if isinstance(v, bool) or not INT64_MIN <= int(v) <= INT64_MAX:
+        try:
+            value = None if isinstance(v, bool) else operator.index(v)  # numpy ints too
+        except TypeError:
+            value = None
+        if value is None or not INT64_MIN <= value <= INT64_MAX:
             raise CallError(f"dimension '{quote(e)}': '{n.name}' = {v!r} is not an int64")
-        return int(v)
+        return value
 
     def node(n: Neg | Binary, args: list[object]) -> int:
         nonlocal failed
