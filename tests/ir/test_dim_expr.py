@@ -163,7 +163,7 @@ def test_int64_edges() -> None:
     with pytest.raises(CallError, match="dimension '3 - a' = -9223372036854775804 is negative"):
         dim_expr.evaluate_size(dim_expr.parse("3 - a"), v)
     for bad in (1 << 63, "7", 1.5, True):  # a variable's value must be an int64 as well
-        with pytest.raises(CallError, match="'a' = .* is not an int64"):
+        with pytest.raises(CallError, match=r"'a' = .* is not an int64"):
             dim_expr.evaluate(dim_expr.parse("a*2"), {"a": bad})
 
 
