@@ -140,3 +140,8 @@ def test_an_output_dimension_that_overflows_is_named_as_python_names_it(librarie
         compile_dim_text("a*2")({"a": 1 << 62})
     assert result["rc"] == -1
     assert result["error"] == f"main: {err.value}" == "main: dimension 'a*2' overflows int64"
+    # the entry checks a result's expression dimension the same way (check 7)
+    result = _call(lib, "kiln_main", [(1 << 62, 2), (4,)])
+    assert (result["rc"], result["error"]) == (-1, "main: dimension 'a*2' overflows int64")
+    result = _call(lib, "kiln_main", [(3, 2), (7,)])
+    assert result["error"] == "main: argument 1 'y': expected shape [a*2], got [7]"

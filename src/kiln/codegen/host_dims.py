@@ -106,8 +106,9 @@ def emit_binding(p: CPrinter, names: NameScope, fn_name: str, fn: PrimFunc,
         status = ""
         fill: list[str] = []
         for axis, d in enumerate(arg.buffer.shape):
-            if isinstance(d, Var | int):
-                fill.append(f"{want}[{axis}] = {dim_c(d, locals_, '')}")
+            if isinstance(d, Var | int):  # bound above, or a constant: nothing to check
+                value = locals_[d.name] if isinstance(d, Var) else int64_literal(d)
+                fill.append(f"{want}[{axis}] = {value}")
                 continue
             if not status:
                 status = names.fresh(f"{arg.buffer.name}_status")
