@@ -50,7 +50,9 @@ Intrinsics and externs
 Shapes
 - A buffer parameter's dimension may be symbolic: a fresh Var is bound from the
   argument's shape; any other expression (of scalar parameters and bound shape
-  vars) is checked against it. Graph types bind their dimension Vars the same way.
+  vars) is checked against it. Graph types bind their dimension Vars the same way
+  and compute their expressions as every compiled entry does (`kiln.dim_expr`:
+  int64, a size that overflows, divides by zero or is negative is a CallError).
 Memory
 - Every access is bounds-checked per dimension (a fault is a CallError naming
   the buffer), except where the interpreter proves the index in range.
