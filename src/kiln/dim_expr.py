@@ -289,7 +289,8 @@ def to_text(e: Expr) -> str:
     return done[id(e)][0]
 
 
-_TOKEN = re.compile(r"\s*(?:(\d+)|([A-Za-z_][A-Za-z0-9_]*)|(//|[-+*%(),]))")
+# ASCII only: `\d` and `\s` would take other scripts' digits and line breaks
+_TOKEN = re.compile(r" *(?:([0-9]+)|([A-Za-z_][A-Za-z0-9_]*)|(//|[-+*%(),]))")
 _BY_SYMBOL = {"+": Op.ADD, "-": Op.SUB, "*": Op.MUL, "//": Op.FLOORDIV, "%": Op.FLOORMOD}
 
 
@@ -300,7 +301,7 @@ def _tokens(text: str) -> list[tuple[str, str]]:
     while pos < len(text):
         m = _TOKEN.match(text, pos)
         if m is None:
-            if text[pos:].isspace():
+            if not text[pos:].strip(" "):
                 break
             raise _bad(text, f"unexpected {text[pos:pos + 10]!r} at {pos}")
         number, name, symbol = m.groups()
@@ -406,8 +407,9 @@ def parse(text: str) -> Expr:
     Grammar: `expr := term (('+' | '-') term)*`, `term := unary (('*' | '//' | '%')
     unary)*`, `unary := '-' unary | INT | NAME | ('min' | 'max') '(' expr ',' expr ')'
     | '(' expr ')'`; INT decimal without leading zeros and within int64, NAME an ASCII
-    identifier that is no Python keyword. Anything else, a text longer than
-    MAX_DIM_TEXT or nested deeper than MAX_DEPTH, is a FormatError naming the text.
+    identifier that is no Python keyword; spaces between tokens. Anything else (other
+    whitespace, non-ASCII digits), a text longer than MAX_DIM_TEXT or nested deeper
+    than MAX_DEPTH, is a FormatError naming the text.
     """
     if not isinstance(text, str):
         raise FormatError(f"a dimension text must be a str, got {type(text).__name__}")
