@@ -13,10 +13,12 @@
 
 from __future__ import annotations
 
+import ast
 import random
 import re
 import shutil
 import subprocess
+import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -303,3 +305,17 @@ def _intermediates(e: Expr) -> list[int]:
 
     dim_expr.fold(e, leaf, node)
     return seen
+
+
+def test_the_language_is_a_leaf_the_runtime_may_import() -> None:
+    """kiln.dim_expr imports only the standard library, kiln.errors and kiln.escape: the
+    runtime (numpy only, no compiler packages) reads metadata texts with it."""
+    tree = ast.parse(Path(dim_expr.__file__).read_text(encoding="utf-8"))
+    imported = {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import)
+                for alias in node.names}
+    imported |= {node.module or "" for node in ast.walk(tree)
+                 if isinstance(node, ast.ImportFrom)}
+    kiln_modules = {name for name in imported if name.split(".")[0] == "kiln"}
+    assert kiln_modules == {"kiln.errors", "kiln.escape"}
+    assert all(name.split(".")[0] in sys.stdlib_module_names or name == "__future__"
+               for name in imported - kiln_modules)
