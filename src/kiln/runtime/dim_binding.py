@@ -4,7 +4,9 @@ The packed entry of a function with symbolic dimensions (docs/dynamic-shapes.md)
 reads each dimension variable from the first input dimension that is exactly that
 variable and checks every other occurrence and every bound, before any kernel
 runs. This module is that check on the Python side, with the texts of
-docs/abi.md, so a deploy host (numpy only) reports the same errors as C.
+docs/abi.md, so a deploy host (numpy only) reports the same errors as C. The
+dimension texts of the metadata (``seq*4``) are read and computed by
+`kiln.dim_expr`, the one definition of the language the C entries use as well.
 """
 
 from __future__ import annotations
@@ -91,10 +93,6 @@ def bind_dims(
 def _shape_text(dims: Sequence[DimSpec]) -> str:
     """``[batch, 64]``: the shape form of docs/abi.md, variables by name."""
     return "[" + ", ".join(str(d) for d in dims) + "]"
-
-
-# Longest dimension text a library's metadata may hold (kiln.dim_expr's limit).
-MAX_DIM_TEXT = dim_expr.MAX_DIM_TEXT
 
 
 def is_dim_text(text: str) -> bool:
