@@ -35,11 +35,11 @@ from pathlib import Path
 from typing import Any
 
 from kiln.codegen.cfamily.analysis import calls, heap_allocations
-from kiln.codegen.cfamily.helpers import Helpers
+from kiln.codegen.cfamily.helpers import DIM_RUNTIME_FILE, Helpers, dim_runtime_source
 from kiln.codegen.cfamily.literals import INT_RANGES
 from kiln.codegen.cfamily.printer import CPrinter, NameScope
 from kiln.codegen.cfamily.signature import describe_params, param_ctype, qualifiers
-from kiln.codegen.host_dims import TensorArg, dim_c, emit_binding, or_return
+from kiln.codegen.host_dims import TensorArg, dim_c, dim_check, emit_binding, or_return
 from kiln.codegen.naming import (
     C_TYPES,
     check_prefix,
@@ -96,8 +96,13 @@ def host_runtime_path() -> Path:
 
 @functools.cache
 def host_runtime_source() -> str:
-    """The text of kiln_host.c, which every generated host.c starts with."""
-    return host_runtime_path().read_text(encoding="utf-8")
+    """The text of kiln_host.c, which every generated host.c starts with, holding
+    kiln_dim.c's text where it includes it (host.c includes only the C library)."""
+    text = host_runtime_path().read_text(encoding="utf-8")
+    include = f'#include "{DIM_RUNTIME_FILE}"\n'
+    if include not in text:
+        raise CompileError(f"{host_runtime_path()} does not include {DIM_RUNTIME_FILE}")
+    return text.replace(include, dim_runtime_source(), 1)
 
 
 @functools.cache
@@ -276,12 +281,18 @@ class HostPrinter:
             bound = emit_binding(p, names, name, fn, args.tensors, args.given)
             for local in args.call_args:
                 p.line(f"(void){local};")
+            status = names.fresh("status")
+            p.line(f"int32_t {status} = 0;")
             k = 0
             for out in outputs:
                 assert isinstance(out, Buffer)
                 for d in out.shape:
-                    p.line(f"shapes[{k}] = {dim_c(d, bound)};")
+                    p.line(f"shapes[{k}] = {dim_c(d, bound, status)};")
+                    if not isinstance(d, int | Var):  # an expression: a size, or an error
+                        with p.block(f"if ({dim_check('fn', status, f'shapes[{k}]', d)} != 0)"):
+                            p.line("return KILN_HOST_ARGUMENT_ERROR;")
                     k += 1
+            p.line(f"(void){status};")
             p.line("return 0;")
         p.line("}")
 

@@ -19,7 +19,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from kiln.errors import CompileError
+from kiln import dim_expr
+from kiln.errors import CompileError, FormatError
 from kiln.escape import is_c_identifier, symbol_name
 from kiln.ir import dtype as dt
 from kiln.ir.attrs import (
@@ -31,7 +32,7 @@ from kiln.ir.attrs import (
 )
 from kiln.ir.module import IRModule
 from kiln.ir.shape_expr import dim_bounds, dim_text, graph_dims
-from kiln.ir.tensor import Buffer, PrimFunc, Var
+from kiln.ir.tensor import Buffer, PrimExpr, PrimFunc, Var
 
 DEFAULT_PREFIX = "kiln_"
 LIBRARY_FORMAT = "kiln.library"
@@ -123,10 +124,21 @@ def dl_dtype(dtype: str) -> tuple[int, int, int]:
     return (DL_CODES[dt.kind(dtype)], dt.bits(dtype), 1)
 
 
+def _metadata_text(name: str, d: PrimExpr) -> str:
+    """`dim_text(d)`, which must read back within the language's limits: a library whose
+    metadata held a text the runtime refuses could not be loaded."""
+    text = dim_text(d)
+    try:
+        dim_expr.parse(text)
+    except FormatError as err:
+        raise CompileError(f"the shape of '{name}' cannot be written to metadata: {err}") from None
+    return text
+
+
 def param_info(p: Buffer | Var) -> dict[str, Any]:
     """A parameter's JSON: a symbolic dimension is its text (`"seq*2"`), ints stay ints."""
     if isinstance(p, Buffer):
-        shape = [d if isinstance(d, int) else dim_text(d) for d in p.shape]
+        shape = [d if isinstance(d, int) else _metadata_text(p.name, d) for d in p.shape]
         return {"name": p.name, "kind": "tensor", "shape": shape, "dtype": p.dtype}
     return {"name": p.name, "kind": "scalar", "dtype": p.dtype}
 

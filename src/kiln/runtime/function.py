@@ -26,7 +26,7 @@ from kiln.errors import CallError
 from kiln.runtime import ctypes_abi as abi
 from kiln.runtime.call_slots import SlotPool
 from kiln.runtime.ctypes_abi import Where
-from kiln.runtime.dim_binding import bind_dims, compile_dim_text, eval_dim_text
+from kiln.runtime.dim_binding import bind_dims, compile_dim_text, dim_size
 from kiln.runtime.lifetime import CallGuard
 
 # Inclusive value range of integer scalar dtypes.
@@ -140,7 +140,7 @@ class PackedFunction:
 
     def concrete_shape(self, i: int, sizes: Mapping[str, int]) -> tuple[int, ...]:
         """Argument i's shape for these sizes of the dimension variables."""
-        return tuple(d if isinstance(d, int) else eval_dim_text(d, sizes)
+        return tuple(d if isinstance(d, int) else dim_size(self.name, d, sizes)
                      for d in self._arguments[i]["shape"])
 
     def _allocate(self, sizes: Mapping[str, int]) -> list[np.ndarray]:
