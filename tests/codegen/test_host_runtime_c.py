@@ -13,14 +13,9 @@ from pathlib import Path
 import pytest
 from c_helpers import CC, have_cc
 
-from kiln.codegen.host import (
-    ARGUMENT_ERROR,
-    ERROR_BUFFER_SIZE,
-    HOST_RUNTIME_FILE,
-    host_runtime_path,
-    host_runtime_source,
-)
+from kiln.codegen.host import HOST_RUNTIME_FILE, host_runtime_path, host_runtime_source
 from kiln.runtime import include_dir
+from kiln.runtime.abi import ARGUMENT_ERROR, ERROR_BUFFER_SIZE
 
 pytestmark = pytest.mark.skipif(not have_cc(), reason="needs a C compiler")
 
