@@ -31,6 +31,7 @@ DL_CODES = {"kDLInt": abi.KDL_INT, "kDLUInt": abi.KDL_UINT, "kDLFloat": abi.KDL_
 # Every scalar constant kiln.h defines that abi.py names.
 HEADER_CONSTANTS = {
     "DLPACK_MAJOR_VERSION": abi.DLPACK_MAJOR_VERSION, "kDLCPU": abi.KDL_CPU,
+    "kDLCUDA": abi.KDL_CUDA,
     "KILN_ABI_VERSION": abi.ABI_VERSION, "KILN_ARG_INT": abi.ARG_INT,
     "KILN_ARG_FLOAT": abi.ARG_FLOAT, "KILN_ARG_DLTENSOR": abi.ARG_DLTENSOR,
     "KILN_MAX_TENSOR_ARGS": abi.MAX_TENSOR_ARGS, **DL_CODES,

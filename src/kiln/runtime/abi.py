@@ -25,8 +25,10 @@ from kiln.errors import CallError
 from kiln.escape import int64_literal
 
 # ---------------------------------------------------------------- DLPack
-# DLDeviceType of host memory, the only device kiln's CPU libraries accept.
+# DLDeviceType of host memory, the only device kiln's CPU libraries accept, and of
+# CUDA memory (kiln.runtime.cuda_loader's functions take it).
 KDL_CPU = 1
+KDL_CUDA = 2
 
 # DLDataTypeCode values.
 KDL_INT, KDL_UINT, KDL_FLOAT, KDL_OPAQUE, KDL_BFLOAT, KDL_COMPLEX, KDL_BOOL = 0, 1, 2, 3, 4, 5, 6
@@ -157,7 +159,7 @@ def dl_type_of(dtype: np.dtype[Any]) -> DLType | None:
 __all__ = [
     "ABI_VERSION", "ARGUMENT_ERROR", "ARG_DLTENSOR", "ARG_FLOAT", "ARG_INT", "C_DTYPE_MACROS",
     "C_TYPE_NAMES", "DLPACK_MAJOR_VERSION", "DL_TYPES", "ERROR_BUFFER_SIZE", "INT64_MAX",
-    "INT64_MIN", "KDL_BFLOAT", "KDL_BOOL", "KDL_COMPLEX", "KDL_CPU", "KDL_FLOAT", "KDL_INT",
-    "KDL_OPAQUE", "KDL_UINT", "MAX_TENSOR_ARGS", "SCALAR_RANGES", "SUCCESS", "DLType",
+    "INT64_MIN", "KDL_BFLOAT", "KDL_BOOL", "KDL_COMPLEX", "KDL_CPU", "KDL_CUDA", "KDL_FLOAT",
+    "KDL_INT", "KDL_OPAQUE", "KDL_UINT", "MAX_TENSOR_ARGS", "SCALAR_RANGES", "SUCCESS", "DLType",
     "dl_type", "dl_type_of", "dtype_name", "int64_literal", "is_float_dtype", "numpy_dtype",
 ]
