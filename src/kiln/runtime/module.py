@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kiln._registry import suggest
-from kiln.errors import FormatError, KilnError
+from kiln.errors import FormatError, KilnError, UsageError
 from kiln.runtime import abi, ctypes_abi
 from kiln.runtime.dim_binding import is_dim_text
 from kiln.runtime.function import NativeFunction, PackedFunction
@@ -137,7 +137,7 @@ class Module:
         them. A module with nothing to show in `fmt` shows its imports' source.
         """
         if fmt not in SOURCE_FORMATS:
-            raise ValueError(f"unknown source format {fmt!r}; choose 'c', 'll' or 'asm'")
+            raise UsageError(f"unknown source format {fmt!r}; choose 'c', 'll' or 'asm'")
         found = self._find_source(fmt)
         if found is not None:
             return found
