@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -10,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from kiln.errors import UsageError
-from kiln.runtime.abi import numpy_dtype
+from kiln.runtime.abi import INT64_MAX, numpy_dtype
 
 
 def _signature(lib: Any, function: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
@@ -34,9 +35,9 @@ def parse_sizes(items: Sequence[str]) -> dict[str, int]:
             size = int(value)
         except ValueError:
             size = -1
-        if not sep or not name or size < 0:
-            raise UsageError(f"--size expects NAME=N with N >= 0 (a dimension variable of "
-                             f"the function's inputs), got {item!r}")
+        if not sep or not name or not 0 <= size <= INT64_MAX:
+            raise UsageError(f"--size expects NAME=N with 0 <= N <= {INT64_MAX} (a dimension "
+                             f"variable of the function's inputs), got {item!r}")
         sizes[name] = size
     return sizes
 
@@ -88,8 +89,7 @@ def gather_inputs(items: Sequence[str], npz: str | None, fill: str | None,
                 raise UsageError(f"input {p['name']!r} has the symbolic shape {text}: give "
                                  "each dimension's size to --fill it (--size NAME=N) or the "
                                  "input in a file") from None
-        dtype = numpy_dtype(p["dtype"])
-        given[p["name"]] = _filled(tuple(shape), dtype, fill, rng)
+        given[p["name"]] = _filled(p["name"], tuple(shape), numpy_dtype(p["dtype"]), fill, rng)
     return given
 
 
@@ -113,15 +113,22 @@ def _reading(option: str, path: str) -> Iterator[None]:
         raise fail(reason) from None
 
 
-def _filled(shape: tuple[int, ...], dtype: np.dtype[Any], fill: str,
+def _filled(name: str, shape: tuple[int, ...], dtype: np.dtype[Any], fill: str,
             rng: np.random.Generator) -> Any:
-    if fill == "zeros":
-        return np.zeros(shape, dtype)
-    if dtype == np.bool_:
-        return rng.integers(0, 2, shape).astype(dtype)
-    if np.issubdtype(dtype, np.integer):
-        return rng.integers(0, 10, shape).astype(dtype)
-    return rng.standard_normal(shape).astype(dtype)
+    """Input `name` made up by --fill; UsageError naming it if it cannot be allocated."""
+    try:
+        if fill == "zeros":
+            return np.zeros(shape, dtype)
+        if dtype == np.bool_:
+            return rng.integers(0, 2, shape).astype(dtype)
+        if np.issubdtype(dtype, np.integer):
+            return rng.integers(0, 10, shape).astype(dtype)
+        return rng.standard_normal(shape).astype(dtype)
+    except (MemoryError, ValueError, OverflowError) as exc:
+        why = "not enough memory" if isinstance(exc, MemoryError) else "too large for an array"
+        nbytes = math.prod(shape) * dtype.itemsize
+        raise UsageError(f"--fill: input {name!r} of shape {list(shape)} ({dtype.name}) is "
+                         f"{nbytes} bytes, {why}; choose smaller --size values") from None
 
 
 def summary(name: str, value: Any) -> str:

@@ -59,7 +59,7 @@ from kiln.ir.kernel_errors import ERROR_OUT_OF_MEMORY, KERNEL_ERRORS
 from kiln.ir.module import IRModule
 from kiln.ir.shape_expr import graph_dims, is_static
 from kiln.ir.tensor import Buffer, PrimFunc, Var
-from kiln.runtime.abi import SCALAR_RANGES, dl_type
+from kiln.runtime.abi import INT64_MAX, SCALAR_RANGES, dl_type
 from kiln.transform.outline import has_parallel_loops
 
 HOST_FILE = "host.c"
@@ -336,7 +336,7 @@ class HostPrinter:
                 args.call_args.append(self.float_scalar(q.dtype, local))
             else:
                 lo, hi = SCALAR_RANGES[q.dtype]
-                hi = min(hi, (1 << 63) - 1)  # values cross as int64_t
+                hi = min(hi, INT64_MAX)  # values cross as int64_t
                 args.decls.append(f"int64_t {local} = 0;")
                 args.checks.append(f"{_NS}int(&{local}, {where}, {int64_literal(lo)}, "
                                    f"{int64_literal(hi)}, {c_string_literal(q.dtype)})")

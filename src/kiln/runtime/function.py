@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -94,7 +95,8 @@ class PackedFunction:
             out = None
         values = self._bind(args, kwargs)
         allocating = self.kind == "graph" and out is None
-        values = self._screen(values, check_shapes=allocating)
+        # Binding symbolic sizes reads the inputs' shapes: check them first, as the entry does.
+        values = self._screen(values, check_shapes=allocating or self.symbolic)
         if self.kind == "graph" and self.symbolic:
             given = self._outputs(out) if out is not None else []
             sizes = self.bind_symbolic([*values, *given])
@@ -138,7 +140,7 @@ class PackedFunction:
 
     def _allocate(self, sizes: Mapping[str, int]) -> list[np.ndarray]:
         n = len(self.params)
-        return [np.empty(self.concrete_shape(n + j, sizes), dtype)
+        return [allocate_result(self.concrete_shape(n + j, sizes), dtype, self._wheres[n + j])
                 for j, (_, dtype) in enumerate(self._result_layouts)]
 
     def output_shapes(self, *args: Any, **kwargs: Any) -> list[tuple[int, ...]]:
@@ -179,9 +181,11 @@ class PackedFunction:
     def _screen(self, values: list[Any], *, check_shapes: bool) -> list[Any]:
         """Tensor parameters as numpy views (DLPack read once), checked for byte order.
 
-        With `check_shapes` (results about to be allocated) the inputs' ndim, dtype,
-        shape and layout are checked too, so a wrong call allocates nothing. Values
-        that are not tensors stay as they are: the compiled entry reports them.
+        With `check_shapes` (results about to be allocated, or symbolic sizes about to
+        be bound) every tensor parameter is checked too (a tensor, its ndim, dtype,
+        shape and layout), so a wrong call allocates nothing and is reported as the
+        entry reports it. Without, a value that is not a tensor stays as it is: the
+        compiled entry reports it.
         """
         screened = list(values)
         n = len(self.params)
@@ -190,13 +194,15 @@ class PackedFunction:
                 break
             value = values[i]
             if not ctypes_abi.is_tensor(value):
+                if check_shapes:
+                    checked_tensor(value, self.params[i], self._wheres[i])  # raises, naming it
                 continue
             array = ctypes_abi.to_numpy(value, self._wheres[i])
             ctypes_abi.require_dl_type(array, self._wheres[i])
             if not array.flags.c_contiguous and self._copy_ok(i):
                 # A strided input (a transpose, a slice) is copied, as onnxruntime does;
                 # buffers the function writes must be contiguous (they are not copied).
-                array = np.ascontiguousarray(array)
+                array = _contiguous_copy(array, self._wheres[i])
             if check_shapes and not self._fits(i, array):
                 check_tensor(array, self.params[i], self._wheres[i])  # raises, naming it
             screened[i] = array
@@ -253,14 +259,15 @@ class PackedFunction:
 
     def _outputs(self, out: Any) -> list[np.ndarray]:
         """Result arrays: freshly allocated, or the caller's `out=` after checking them."""
+        n = len(self.params)
         if out is None:
-            return [np.empty(shape, dtype) for shape, dtype in self._result_layouts]
+            return [allocate_result(shape, dtype, self._wheres[n + j])
+                    for j, (shape, dtype) in enumerate(self._result_layouts)]
         outs = list(out) if isinstance(out, (tuple, list)) else [out]
         if len(outs) != len(self.results):
             raise CallError(
                 f"{self.name}: out= has {len(outs)} arrays; the function has "
                 f"{_plural(len(self.results), 'result')}")
-        n = len(self.params)
         checked = []
         for j, (arr, r) in enumerate(zip(outs, self.results)):
             where = self._wheres[n + j]
@@ -353,6 +360,39 @@ def _any_written_overlap(addresses: list[int], sizes: list[int], first_written: 
     return False
 
 
+def _nbytes(shape: Sequence[int], dtype: np.dtype[Any]) -> int:
+    """Bytes an array of `shape` and `dtype` takes, in Python ints (never wraps)."""
+    return math.prod(int(d) for d in shape) * dtype.itemsize
+
+
+def _why_not(exc: BaseException) -> str:
+    """Why numpy refused an allocation: memory ran out, or the size is past what one
+    array can hold (numpy's ValueError; its wording changes between versions)."""
+    return "not enough memory" if isinstance(exc, MemoryError) else "too large for an array"
+
+
+def allocate_result(shape: Sequence[int], dtype: np.dtype[Any], where: Where) -> np.ndarray:
+    """An uninitialised result array; CallError naming the result when numpy cannot
+    allocate it (no memory, or a size beyond what an array can address)."""
+    try:
+        return np.empty(tuple(shape), dtype)
+    except (MemoryError, ValueError, OverflowError) as exc:
+        raise where.error(
+            f"cannot allocate the result: shape {ctypes_abi.format_shape(shape)} of "
+            f"{dtype.name} is {_nbytes(shape, dtype)} bytes ({_why_not(exc)})") from None
+
+
+def _contiguous_copy(array: np.ndarray, where: Where) -> np.ndarray:
+    """A C-contiguous copy of a strided input; CallError naming it when it cannot be made."""
+    try:
+        return np.ascontiguousarray(array)
+    except (MemoryError, ValueError) as exc:
+        raise where.error(
+            f"cannot copy the strided array into a contiguous one of "
+            f"{_nbytes(array.shape, array.dtype)} bytes ({_why_not(exc)}); pass a contiguous "
+            "array") from None
+
+
 def check_tensor(array: np.ndarray, param: Mapping[str, Any], where: Where) -> np.ndarray:
     """docs/abi.md checks 3-4 on a CPU array (ndim, dtype, shape, contiguity); a symbolic
     shape is left to `bind_dims`, which checks it once the variables are bound."""
@@ -439,7 +479,7 @@ class NativeFunction(PackedFunction):
                 return _SLOW
             addresses.append(ctypes_abi.data_address(array))
         if out is None:
-            outputs = [np.empty(layouts[n + j][0], dtype)
+            outputs = [allocate_result(layouts[n + j][0], dtype, self._wheres[n + j])
                        for j, (_, dtype) in enumerate(self._result_layouts)]
             addresses.extend(ctypes_abi.data_address(o) for o in outputs)
         else:
