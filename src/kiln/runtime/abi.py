@@ -21,6 +21,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from kiln._bfloat16 import numpy_bfloat16
 from kiln.errors import CallError
 from kiln.escape import int64_literal
 
@@ -133,13 +134,7 @@ def is_float_dtype(dtype: str) -> bool:
 def numpy_dtype(dtype: str) -> np.dtype[Any]:
     """The numpy dtype of a kiln dtype; bfloat16 needs the ml_dtypes package."""
     dl_type(dtype)  # an unknown name is a CallError, not numpy's TypeError
-    if dtype == "bfloat16":
-        try:
-            import ml_dtypes
-        except ImportError as exc:  # pragma: no cover - depends on the environment
-            raise CallError("bfloat16 tensors need the ml_dtypes package") from exc
-        return np.dtype(ml_dtypes.bfloat16)
-    return np.dtype(dtype)
+    return numpy_bfloat16() if dtype == "bfloat16" else np.dtype(dtype)
 
 
 @functools.lru_cache(maxsize=64)
