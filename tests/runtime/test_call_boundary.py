@@ -152,3 +152,19 @@ def test_kiln_run_with_sizes_it_cannot_hold_is_one_line(libs: Path, args: list[s
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
     assert re.match(r"kiln run: error: " + expected, lines[0]), lines[0]
+
+
+def test_kiln_run_with_an_npy_header_it_cannot_hold_is_one_line(libs: Path,
+                                                                 tmp_path: Path) -> None:
+    """A 16-byte .npy whose header declares 2**46 floats: numpy's MemoryError is named."""
+    path = tmp_path / "big.npy"
+    with path.open("wb") as f:
+        np.lib.format.write_array_header_1_0(
+            f, {"descr": "<f4", "fortran_order": False, "shape": (2**46,)})
+        f.write(bytes(16))
+    proc = _kiln_run(libs, "--input", f"x={path}")
+    _no_signal(proc)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip() == (
+        f"kiln run: error: --input x={path}: cannot read it as a numpy file: not enough "
+        "memory for the array its header declares"), proc.stderr

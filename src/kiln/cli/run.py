@@ -108,6 +108,8 @@ def _reading(option: str, path: str) -> Iterator[None]:
         raise fail(f"not a .npy or .npz file (it starts with {head!r})")
     try:
         yield
+    except MemoryError:  # the header declares more than this host can hold
+        raise fail("not enough memory for the array its header declares") from None
     except (OSError, ValueError, EOFError) as exc:
         reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
         raise fail(reason) from None
