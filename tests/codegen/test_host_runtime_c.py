@@ -15,14 +15,13 @@ from c_helpers import CC, have_cc
 
 from kiln.codegen.cfamily.helpers import DIM_RUNTIME_FILE, dim_runtime_source
 from kiln.codegen.host import (
-    ARGUMENT_ERROR,
-    ERROR_BUFFER_SIZE,
     HOST_RUNTIME_FILE,
     host_runtime_names,
     host_runtime_path,
     host_runtime_source,
 )
 from kiln.runtime import include_dir
+from kiln.runtime.abi import ARGUMENT_ERROR, ERROR_BUFFER_SIZE
 
 pytestmark = pytest.mark.skipif(not have_cc(), reason="needs a C compiler")
 

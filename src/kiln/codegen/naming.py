@@ -22,7 +22,6 @@ from typing import Any
 from kiln import dim_expr
 from kiln.errors import CompileError, FormatError
 from kiln.escape import is_c_identifier, symbol_name
-from kiln.ir import dtype as dt
 from kiln.ir.attrs import (
     ATTR_GRAPH,
     ATTR_NUM_OUTPUTS,
@@ -33,6 +32,7 @@ from kiln.ir.attrs import (
 from kiln.ir.module import IRModule
 from kiln.ir.shape_expr import dim_bounds, dim_text, graph_dims
 from kiln.ir.tensor import Buffer, PrimExpr, PrimFunc, Var
+from kiln.runtime import abi
 
 DEFAULT_PREFIX = "kiln_"
 LIBRARY_FORMAT = "kiln.library"
@@ -102,26 +102,8 @@ def blob_symbol(prefix: str) -> str:
     return f"{prefix}_blob"
 
 
-# C element types of buffers and scalar parameters. 16-bit floats travel as
-# their bit pattern (uint16_t); kernels compute with them in float32.
-C_TYPES = {
-    "bool": "uint8_t", "int8": "int8_t", "int16": "int16_t", "int32": "int32_t",
-    "int64": "int64_t", "uint8": "uint8_t", "uint16": "uint16_t", "uint32": "uint32_t",
-    "uint64": "uint64_t", "float16": "uint16_t", "bfloat16": "uint16_t", "float32": "float",
-    "float64": "double",
-}
-
-# DLPack DLDataTypeCode per dtype.
-DL_CODES = {"int": 0, "uint": 1, "float": 2, "bfloat": 4, "bool": 6}
-
-
-def dl_dtype(dtype: str) -> tuple[int, int, int]:
-    """(code, bits, lanes) of DLPack's DLDataType for `dtype`."""
-    if dtype == "bfloat16":
-        return (DL_CODES["bfloat"], 16, 1)
-    if dtype == "bool":
-        return (DL_CODES["bool"], 8, 1)
-    return (DL_CODES[dt.kind(dtype)], dt.bits(dtype), 1)
+# C element types of buffers and scalar parameters (the ABI's table, not a copy).
+C_TYPES = abi.C_TYPE_NAMES
 
 
 def _metadata_text(name: str, d: PrimExpr) -> str:
