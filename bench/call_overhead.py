@@ -29,7 +29,7 @@ from harness import describe_target
 
 import kiln
 from kiln.frontend import from_onnx
-from kiln.runtime import ctypes_abi as abi
+from kiln.runtime import ctypes_abi
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -62,7 +62,7 @@ def main() -> None:
     out = fn(*args)
     outs = out if isinstance(out, tuple) else (out,)
     values = [*args, *outs]
-    packed, codes, keep = abi.pack_arguments(values, fn._wheres)
+    packed, codes, keep = ctypes_abi.pack_arguments(values, fn._wheres)
     n = len(values)
 
     def c_entry() -> object:
@@ -72,7 +72,7 @@ def main() -> None:
         "fn(x)": lambda: fn(*args),
         "fn(x, out=o)": lambda: fn(*args, out=out),
         "C entry": c_entry,
-        "pack_arguments": lambda: abi.pack_arguments(values, fn._wheres),
+        "pack_arguments": lambda: ctypes_abi.pack_arguments(values, fn._wheres),
     }
     print(f"model {Path(opts.model).name}, target {describe_target(target)}, "
           f"{opts.calls} calls per row")

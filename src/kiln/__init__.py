@@ -16,6 +16,8 @@ import importlib
 from typing import Any
 
 from kiln.errors import (
+    ArgumentTypeError,
+    ArtifactError,
     CallError,
     CompileError,
     ExportError,
@@ -24,7 +26,10 @@ from kiln.errors import (
     IRError,
     KilnError,
     MissingDependencyError,
+    MissingFileError,
     TargetError,
+    UnsafePathError,
+    UsageError,
 )
 
 __version__ = "0.1.0"  # the one version source (pyproject reads it)
@@ -47,8 +52,9 @@ _SUBMODULES = (
 )
 
 __all__ = [
-    "CallError", "CompileError", "ExportError", "FormatError", "FrontendError", "IRError",
-    "KilnError", "MissingDependencyError", "TargetError", "__version__",
+    "ArgumentTypeError", "ArtifactError", "CallError", "CompileError", "ExportError",
+    "FormatError", "FrontendError", "IRError", "KilnError", "MissingDependencyError",
+    "MissingFileError", "TargetError", "UnsafePathError", "UsageError", "__version__",
     *_LAZY, *_SUBMODULES,
 ]
 

@@ -3,7 +3,8 @@
 Every kiln error derives from `KilnError`, so `except kiln.KilnError` catches
 them all. Each also keeps the builtin base it had before the hierarchy existed
 (`ValueError` for bad input, `RuntimeError` for failures), so code catching
-those keeps working.
+those keeps working. No error leaves kiln as a bare builtin exception, except
+where a Python protocol requires one (tests/test_errors_contract.py lists them).
 """
 
 from __future__ import annotations
@@ -43,6 +44,29 @@ class FrontendError(KilnError, ValueError):
 
 class MissingDependencyError(KilnError, ImportError):
     """A kiln feature needs a package that is not installed (the message names it)."""
+
+
+class ArtifactError(KilnError, ValueError):
+    """An artifact, artifact set or inspector is malformed: a bad name, file name,
+    target key, content or metadata, or a duplicate."""
+
+
+class UsageError(KilnError, ValueError):
+    """An option or argument has a value kiln cannot use: an unknown choice, malformed
+    text, a size out of range. The message names the option and what it accepts."""
+
+
+class ArgumentTypeError(KilnError, TypeError):
+    """A kiln API was given a value of the wrong type (the message names the argument)."""
+
+
+class MissingFileError(KilnError, FileNotFoundError):
+    """A file kiln was asked to read does not exist (the message names it)."""
+
+
+class UnsafePathError(KilnError, PermissionError):
+    """kiln refuses to act on a path it does not trust (a cache directory another user
+    owns or can write): the message names the path and the problem."""
 
 
 # pip package of each optional dependency, by the top-level module kiln imports, and

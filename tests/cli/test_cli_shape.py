@@ -60,3 +60,12 @@ def test_bad_dimension_entries_are_one_line(tmp_path: Path) -> None:
                                    "--shape", "x=?,32", cwd=tmp_path))
     assert "shape_dict gives input 'x' shape (None, 32), but the model declares" in line
     assert not (tmp_path / "m.so").exists()
+
+
+def test_a_bound_past_int64_is_one_line(tmp_path: Path) -> None:
+    """Sizes cross the C ABI as int64_t; a range past it once died in len(range)."""
+    _relu_batch(tmp_path)
+    line = one_line_error(run_kiln("compile", "relu.onnx", "-t", "llvm", "-o", "m.so",
+                                   "--shape", f"batch=1:{10**20}", cwd=tmp_path))
+    assert line.startswith("kiln compile: error: shape_dict['batch'] = range(1, "), line
+    assert "the largest size must fit int64 (at most 9223372036854775807)" in line

@@ -22,9 +22,9 @@ import numpy as np
 
 from kiln.codegen.c import codegen_c
 from kiln.codegen.constants import ConstantPool
-from kiln.codegen.naming import dl_dtype
 from kiln.ir import IRModule
 from kiln.ir import dtype as dt
+from kiln.runtime.abi import dl_type
 
 CC = os.environ.get("CC", "cc")
 WARNINGS = ("-Wall", "-Wextra", "-Werror", "-pedantic")
@@ -79,7 +79,7 @@ def tensor(arr: np.ndarray | None, *, device_type: int = 1, ndim: int | None = N
     if arr is not None:
         t.data = arr.ctypes.data if data is None else data
         shape = list(arr.shape) if shape is None else list(shape)
-        dtype = dtype or dl_dtype(dt.from_numpy(arr.dtype))
+        dtype = dtype or dl_type(dt.from_numpy(arr.dtype))
     else:
         t.data = data
         shape = list(shape or [])

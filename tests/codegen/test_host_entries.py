@@ -29,10 +29,11 @@ from c_helpers import (
 )
 
 from kiln.codegen.constants import ConstantPool
-from kiln.codegen.host import ARGUMENT_ERROR, codegen_host, host_source
+from kiln.codegen.host import codegen_host, host_source
 from kiln.codegen.naming import library_metadata
 from kiln.ir import IRBuilder, IRModule
 from kiln.ir.tensor import Cast, const
+from kiln.runtime.abi import ARGUMENT_ERROR
 
 pytestmark = pytest.mark.skipif(not have_cc(), reason="needs a C compiler")
 

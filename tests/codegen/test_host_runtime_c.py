@@ -13,14 +13,15 @@ from pathlib import Path
 import pytest
 from c_helpers import CC, have_cc
 
+from kiln.codegen.cfamily.helpers import DIM_RUNTIME_FILE, dim_runtime_source
 from kiln.codegen.host import (
-    ARGUMENT_ERROR,
-    ERROR_BUFFER_SIZE,
     HOST_RUNTIME_FILE,
+    host_runtime_names,
     host_runtime_path,
     host_runtime_source,
 )
 from kiln.runtime import include_dir
+from kiln.runtime.abi import ARGUMENT_ERROR, ERROR_BUFFER_SIZE
 
 pytestmark = pytest.mark.skipif(not have_cc(), reason="needs a C compiler")
 
@@ -64,3 +65,17 @@ def test_compiles_standalone_with_werror(config: str, std: str, tmp_path: Path) 
         PROFILE_SYMBOLS if profiled else [])
     assert [s for s in symbols if s.startswith("kiln_") and s != "kiln_parallel_for"
             and not s.startswith("kiln_profile")] == ["kiln_cpu_missing"]
+
+
+@pytest.mark.parametrize("std", ["-std=c11", "-std=c99"])
+def test_kiln_dim_c_compiles_standalone_and_host_c_holds_its_text(std: str,
+                                                                   tmp_path: Path) -> None:
+    """kiln_dim.c (the checked arithmetic of dimension expressions) is a real C file of
+    static inline helpers; host.c holds its text where kiln_host.c includes it."""
+    path = Path(include_dir()) / "kiln" / DIM_RUNTIME_FILE
+    proc = subprocess.run([CC, std, "-Wall", "-Wextra", "-Werror", "-pedantic", "-c", str(path),
+                           "-o", str(tmp_path / "kiln_dim.o")], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    text = host_runtime_source()
+    assert f'#include "{DIM_RUNTIME_FILE}"' not in text
+    assert dim_runtime_source() in text and "kiln_dim_mul" in host_runtime_names()

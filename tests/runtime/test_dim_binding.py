@@ -116,3 +116,21 @@ def test_hostile_dimension_texts_are_refused_unevaluated(text: str) -> None:
     assert not is_dim_text(text)
     with pytest.raises(CallError):
         eval_dim_text(text, {"seq": 1, "x": 1})
+
+
+@pytest.mark.parametrize(("shape", "text"), [
+    ((2, 1 << 62), "main: dimension 'seq*4' overflows int64"),
+    ((2, -3), "main: dimension 'seq*4' = -12 is negative"),
+])
+def test_an_expression_dimension_that_is_no_size_is_named(shape, text: str) -> None:
+    """The texts of kiln_host.c's dim_ok: a size that overflows or is negative is refused
+    before it is compared, never wrapped."""
+    params = [("x", ("batch", "seq")), ("wide", ("batch", "seq*4"))]
+    with pytest.raises(CallError) as err:
+        bind_dims("main", params, [shape, (2, 8)], {"batch": (1, None)})
+    assert str(err.value) == text
+
+
+def test_a_zero_divisor_is_named() -> None:
+    with pytest.raises(CallError, match="dimension 'seq//0' divides by zero"):
+        eval_dim_text("seq//0", {"seq": 3})

@@ -17,8 +17,7 @@ import numpy as np
 import pytest
 
 from kiln.errors import CallError
-from kiln.runtime import Module, NativeFunction
-from kiln.runtime import ctypes_abi as abi
+from kiln.runtime import Module, NativeFunction, ctypes_abi
 
 F32 = np.float32
 
@@ -27,7 +26,7 @@ def _no_general_packing(monkeypatch: pytest.MonkeyPatch) -> None:
     def refuse(*args: Any) -> Any:
         raise AssertionError("the general packing path was taken")
 
-    monkeypatch.setattr(abi, "pack_arguments", refuse)
+    monkeypatch.setattr(ctypes_abi, "pack_arguments", refuse)
 
 
 def test_exact_calls_take_the_fast_path(hand_lib: Module,

@@ -9,8 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from kiln.runtime import ctypes_abi as abi
-from kiln.runtime import include_dir
+from kiln.runtime import abi, ctypes_abi, include_dir
 
 USE_HEADER = r"""
 #include <kiln/kiln.h>
@@ -81,24 +80,14 @@ def test_ctypes_mirrors_match_the_header(tmp_path: Path) -> None:
     proc = subprocess.run([str(exe)], capture_output=True, text=True, check=True)
     lines = proc.stdout.split("\n")
     sizes = [int(v) for v in lines[0].split()]
-    assert sizes == [ctypes.sizeof(abi.DLDevice), ctypes.sizeof(abi.DLDataType),
-                     ctypes.sizeof(abi.DLTensor), ctypes.sizeof(abi.KilnValue)]
+    assert sizes == [ctypes.sizeof(ctypes_abi.DLDevice), ctypes.sizeof(ctypes_abi.DLDataType),
+                     ctypes.sizeof(ctypes_abi.DLTensor), ctypes.sizeof(ctypes_abi.KilnValue)]
     offsets = [int(v) for v in lines[1].split()]
-    assert offsets == [getattr(abi.DLTensor, f).offset for f in
+    assert offsets == [getattr(ctypes_abi.DLTensor, f).offset for f in
                        ("data", "device", "ndim", "dtype", "shape", "strides", "byte_offset")]
     consts = [int(v) for v in lines[2].split()]
     assert consts == [1, abi.KDL_CPU, abi.KDL_INT, abi.KDL_UINT, abi.KDL_FLOAT, abi.KDL_BFLOAT,
                       abi.KDL_BOOL, abi.ARG_INT, abi.ARG_FLOAT, abi.ARG_DLTENSOR]
-
-
-def test_runtime_dtype_tables_mirror_codegen_naming() -> None:
-    naming = pytest.importorskip("kiln.codegen.naming")
-    c_to_ctypes = {"float": ctypes.c_float, "double": ctypes.c_double,
-                   **{f"{s}int{b}_t": getattr(ctypes, f"c_{s}int{b}")
-                      for s in ("", "u") for b in (8, 16, 32, 64)}}
-    assert {k: c_to_ctypes[v] for k, v in naming.C_TYPES.items()} == abi.C_TYPES
-    for dtype, (code, bits) in abi.DL_DTYPES.items():
-        assert naming.dl_dtype(dtype) == (code, bits, 1)
 
 
 @pytest.mark.parametrize(("code", "bits", "lanes", "name"), [

@@ -4,7 +4,7 @@ Metadata is copied on the way in and frozen: objects become `FrozenDict` and
 arrays `FrozenList` -- subclasses of dict and list that refuse mutation, so
 `json.dumps`, `==` against plain values and `meta["cflags"] + [...]` keep
 working. Anything that is not JSON (a set, bytes, NaN, a non-str key) is
-rejected with a ValueError that says where it was found.
+rejected with an ArtifactError (a ValueError) that says where it was found.
 """
 
 from __future__ import annotations
@@ -15,6 +15,8 @@ import numbers
 import re
 from collections.abc import Mapping
 from typing import Any, NoReturn
+
+from kiln.errors import ArtifactError, FormatError
 
 # Deeper nesting than this is almost certainly a cycle or an attack on Python's
 # frame limit (json.loads and freezing go one frame per level); real metadata is
@@ -87,9 +89,9 @@ def _json_hash(value: Any) -> int:
 
 
 def freeze(value: Any, where: str, _depth: int = 0) -> Any:
-    """A read-only deep copy of the JSON value `value`; ValueError naming `where` otherwise."""
+    """A read-only deep copy of the JSON value `value`; ArtifactError naming `where` otherwise."""
     if _depth > MAX_DEPTH:
-        raise ValueError(f"{where}: nested deeper than {MAX_DEPTH} levels (a cycle?)")
+        raise ArtifactError(f"{where}: nested deeper than {MAX_DEPTH} levels (a cycle?)")
     if value is None or isinstance(value, (bool, str)):
         return value
     if isinstance(value, numbers.Integral):
@@ -97,19 +99,19 @@ def freeze(value: Any, where: str, _depth: int = 0) -> Any:
     if isinstance(value, numbers.Real):
         f = float(value)
         if not math.isfinite(f):
-            raise ValueError(f"{where}: {f} is not valid JSON (only finite numbers are)")
+            raise ArtifactError(f"{where}: {f} is not valid JSON (only finite numbers are)")
         return f
     if isinstance(value, Mapping):
         out = {}
         for k, v in value.items():
             if not isinstance(k, str):
-                raise ValueError(
+                raise ArtifactError(
                     f"{where}: key {k!r} is a {type(k).__name__}; JSON object keys must be str")
             out[k] = freeze(v, f"{where}[{k!r}]", _depth + 1)
         return FrozenDict(out)
     if isinstance(value, (list, tuple)):
         return FrozenList(freeze(v, f"{where}[{i}]", _depth + 1) for i, v in enumerate(value))
-    raise ValueError(
+    raise ArtifactError(
         f"{where}: a {type(value).__name__} is not JSON-able "
         "(use None, bool, int, float, str, list or dict)")
 
@@ -117,7 +119,8 @@ def freeze(value: Any, where: str, _depth: int = 0) -> Any:
 def freeze_object(value: Any, where: str) -> FrozenDict:
     """`freeze` for a value that must be a JSON object (a mapping at the top)."""
     if not isinstance(value, Mapping):
-        raise ValueError(f"{where} must be a mapping (a JSON object), got {type(value).__name__}")
+        raise ArtifactError(
+            f"{where} must be a mapping (a JSON object), got {type(value).__name__}")
     frozen: FrozenDict = freeze(value, where)
     return frozen
 
@@ -186,10 +189,10 @@ def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for k, v in pairs:
         if k in out:
-            raise ValueError(f"duplicate key {k!r}")
+            raise FormatError(f"duplicate key {k!r}")
         out[k] = v
     return out
 
 
 def _reject_constant(name: str) -> NoReturn:
-    raise ValueError(f"{name} is not valid JSON")
+    raise FormatError(f"{name} is not valid JSON")

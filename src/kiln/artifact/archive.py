@@ -29,7 +29,7 @@ from kiln.artifact import safe_tar
 from kiln.artifact._json import canonical_json, freeze_object, parse_json_object, thaw
 from kiln.artifact.artifact import Artifact, ArtifactSet, require_serializable
 from kiln.artifact.segments import Content, content_parts
-from kiln.errors import ExportError, FormatError
+from kiln.errors import ArtifactError, ExportError, FormatError
 
 ARCHIVE_FORMAT = "kiln.artifacts"
 MANIFEST_NAME = "manifest.json"
@@ -100,7 +100,8 @@ def write_tar(path: str | os.PathLike[str], artifacts: ArtifactSet,
     arts = [require_serializable(a) for a in artifacts]
     for a in arts:
         if a.codegen_id == MANIFEST_NAME:
-            raise ValueError(f"codegen_id {a.codegen_id!r} collides with the archive manifest")
+            raise ArtifactError(
+                f"codegen_id {a.codegen_id!r} collides with the archive manifest")
     meta = freeze_object(metadata, "library metadata")
     manifest = build_manifest(arts, meta)
     manifest_bytes = (json.dumps(manifest, indent=2, ensure_ascii=False, allow_nan=False)

@@ -15,7 +15,7 @@ from typing import Any, ClassVar, TypeAlias
 
 from kiln.artifact._json import FrozenDict, freeze_object, thaw
 from kiln.artifact.segments import Content, Segments, content_parts
-from kiln.errors import ExportError
+from kiln.errors import ArgumentTypeError, ArtifactError, ExportError
 
 # codegen ids and loader names end up as directory names (archives) and in
 # error messages: keep them short, printable and free of path syntax.
@@ -30,13 +30,13 @@ NONE = "none"
 
 
 def check_name(field_name: str, value: object) -> str:
-    """Validate a codegen id or loader name; ValueError naming the field otherwise."""
+    """Validate a codegen id or loader name; ArtifactError naming the field otherwise."""
     if not isinstance(value, str):
-        raise ValueError(f"{field_name} must be a str, got {type(value).__name__} {value!r}")
+        raise ArtifactError(f"{field_name} must be a str, got {type(value).__name__} {value!r}")
     if not value:
-        raise ValueError(f"{field_name} must not be empty")
+        raise ArtifactError(f"{field_name} must not be empty")
     if len(value) > MAX_NAME_LEN or not _NAME_RE.fullmatch(value):
-        raise ValueError(
+        raise ArtifactError(
             f"{field_name} {value!r} is not a valid name: use at most {MAX_NAME_LEN} "
             "letters, digits, '_', '.', '+' or '-', not starting with '.', '+' or '-'")
     return value
@@ -45,9 +45,9 @@ def check_name(field_name: str, value: object) -> str:
 def check_file_name(value: object) -> str:
     """Validate a file name: one path component, no `..`, no NUL, valid UTF-8."""
     if not isinstance(value, str):
-        raise ValueError(f"file_name must be a str, got {type(value).__name__} {value!r}")
+        raise ArtifactError(f"file_name must be a str, got {type(value).__name__} {value!r}")
     if not value:
-        raise ValueError("file_name must not be empty")
+        raise ArtifactError("file_name must not be empty")
     problem = None
     if "/" in value or "\\" in value:
         problem = "contains a path separator; it must be a single file name"
@@ -66,7 +66,7 @@ def check_file_name(value: object) -> str:
             if not value.isprintable():
                 problem = "contains a control character"
     if problem:
-        raise ValueError(f"file_name {value!r} {problem}")
+        raise ArtifactError(f"file_name {value!r} {problem}")
     return value
 
 
@@ -77,7 +77,7 @@ def check_target_key(key: object, file_name: str) -> str:
     check_name("target_key", key)
     assert isinstance(key, str)
     if not file_name.startswith(f"{key}_"):
-        raise ValueError(f"file_name {file_name!r} of an artifact with target_key {key!r} "
+        raise ArtifactError(f"file_name {file_name!r} of an artifact with target_key {key!r} "
                          f"must start with '{key}_' (see with_target_key)")
     return key
 
@@ -92,7 +92,7 @@ def with_target_key(artifact: AnyArtifact, key: str) -> AnyArtifact:
     from dataclasses import replace
 
     if artifact.target_key:
-        raise ValueError(f"artifact {artifact.codegen_id}/{artifact.file_name} already has "
+        raise ArtifactError(f"artifact {artifact.codegen_id}/{artifact.file_name} already has "
                          f"target_key {artifact.target_key!r}")
     return replace(artifact, file_name=f"{key}_{artifact.file_name}", target_key=key)
 
@@ -118,7 +118,8 @@ class Artifact:
     `codegen_id` names the codegen that made it, `loader` the loader that turns
     it into runnable code (`"native"`: linked into the host library; `"none"`:
     carried for inspection only; any other name: a runtime loader), and
-    `file_name` is unique within the codegen. Invalid fields raise ValueError.
+    `file_name` is unique within the codegen. Invalid fields raise ArtifactError (a
+    ValueError).
 
     `target_key` names the device target the artifact was generated for in a
     heterogeneous build ("" for the host's, or a single-target build's): a short
@@ -143,12 +144,12 @@ class Artifact:
         check_target_key(self.target_key, self.file_name)
         content = self.content
         if isinstance(content, str):
-            raise ValueError("content must be bytes, got str; encode text with .encode()")
+            raise ArtifactError("content must be bytes, got str; encode text with .encode()")
         if isinstance(content, Segments):
             object.__setattr__(self, "metadata", _check_metadata(self.metadata))
             return
         if not isinstance(content, (bytes, bytearray, memoryview)):
-            raise ValueError(f"content must be bytes, got {type(content).__name__}")
+            raise ArtifactError(f"content must be bytes, got {type(content).__name__}")
         # A read-only byte view is kept as it is (the weights of a large model are
         # not copied for their artifact, see ConstantPool); anything else is frozen
         # into bytes.
@@ -255,12 +256,13 @@ class ArtifactSet:
 
     # -- building ---------------------------------------------------------
     def add(self, artifact: AnyArtifact) -> None:
-        """Append `artifact`; a second one with the same (codegen_id, file_name) is a ValueError."""
+        """Append `artifact`; a second one with the same (codegen_id, file_name) is an
+        ArtifactError."""
         if not isinstance(artifact, (Artifact, InMemoryArtifact)):
-            raise TypeError(
+            raise ArgumentTypeError(
                 f"an ArtifactSet holds Artifact or InMemoryArtifact, got {type(artifact).__name__}")
         if artifact.key in self._items:
-            raise ValueError(
+            raise ArtifactError(
                 f"duplicate artifact {artifact.codegen_id}/{artifact.file_name}: file names "
                 "must be unique within a codegen")
         self._items[artifact.key] = artifact

@@ -32,7 +32,7 @@ from kiln.artifact.artifact import (
 )
 from kiln.artifact.integrity import DIGEST_SIZE, MAX_CHUNK_SIZE, MIN_CHUNK_SIZE, chunk_count
 from kiln.artifact.segments import content_parts
-from kiln.errors import FormatError
+from kiln.errors import ArgumentTypeError, ArtifactError, FormatError
 
 MAGIC = b"KILNBLOB"
 
@@ -190,13 +190,13 @@ def _linked_stub(a: Artifact) -> Artifact:
 # --------------------------------------------------------------------------
 
 def pack(contents: BlobContents) -> bytes:
-    """Serialize `contents` to blob bytes (ValueError if the contents are inconsistent)."""
+    """Serialize `contents` to blob bytes (ArtifactError if the contents are inconsistent)."""
     arts = [require_serializable(a) for a in contents.artifacts]
     _check_structure([a.loader for a in arts], contents.modules, contents.row_ptr,
-                     contents.child_indices, _raise_value_error)
+                     contents.child_indices, _inconsistent)
     meta = freeze_object(contents.metadata, "library metadata")
 
-    _check_linked(arts, contents.linked, None, _raise_value_error)
+    _check_linked(arts, contents.linked, None, _inconsistent)
 
     sections = {
         SectionKind.ARTIFACTS: _encode_artifacts(arts),
@@ -300,8 +300,8 @@ def _fail(message: str) -> NoReturn:
     raise FormatError(f"kiln blob: {message}")
 
 
-def _raise_value_error(message: str) -> NoReturn:
-    raise ValueError(f"inconsistent blob contents: {message}")
+def _inconsistent(message: str) -> NoReturn:
+    raise ArtifactError(f"inconsistent blob contents: {message}")
 
 
 def blob_length(header: bytes | bytearray | memoryview) -> int:
@@ -328,7 +328,7 @@ def unpack(data: bytes | bytearray | memoryview) -> BlobContents:
     `data` must be exactly the blob (as long as its header says).
     """
     if not isinstance(data, (bytes, bytearray, memoryview)):
-        raise TypeError(f"unpack expects bytes-like data, got {type(data).__name__}")
+        raise ArgumentTypeError(f"unpack expects bytes-like data, got {type(data).__name__}")
     view = memoryview(data)
     if view.ndim != 1 or view.itemsize != 1:
         view = view.cast("B")

@@ -26,7 +26,7 @@ from typing import Any
 from kiln._registry import Registry
 from kiln.artifact._json import MAX_DEPTH, canonical_json, text_depth
 from kiln.artifact.artifact import AnyArtifact, Artifact, ArtifactSet, InMemoryArtifact
-from kiln.errors import FormatError
+from kiln.errors import ArgumentTypeError, ArtifactError, FormatError, UsageError
 
 View = Callable[[AnyArtifact], str]
 
@@ -43,9 +43,9 @@ class Inspector:
 
     def __post_init__(self) -> None:
         if not self.views:
-            raise ValueError("an inspector needs at least one view")
+            raise ArtifactError("an inspector needs at least one view")
         if self.default not in self.views:
-            raise ValueError(f"default view {self.default!r} is not one of {list(self.views)}")
+            raise ArtifactError(f"default view {self.default!r} is not one of {list(self.views)}")
 
 
 INSPECTORS: Registry[Inspector] = Registry("artifact inspector")
@@ -69,18 +69,18 @@ def register_inspector(
     registration for the same key raises RegistryError unless `override=True`.
     """
     if sum(x is not None for x in (ext, codegen_id, loader)) != 1:
-        raise ValueError("register_inspector needs exactly one of ext=, codegen_id=, loader=")
+        raise ArtifactError("register_inspector needs exactly one of ext=, codegen_id=, loader=")
     table = dict(views) if isinstance(views, Mapping) else {"text": views}
     for name, fn in table.items():
         if not isinstance(name, str) or not name or not callable(fn):
-            raise ValueError(f"inspector view {name!r} must map a non-empty name to a callable")
+            raise ArtifactError(f"inspector view {name!r} must map a non-empty name to a callable")
     inspector = Inspector(table, default or next(iter(table)))
     keys: list[str]
     if ext is not None:
         exts = [ext] if isinstance(ext, str) else list(ext)
         for e in exts:
             if not isinstance(e, str) or not e.startswith(".") or len(e) < 2:
-                raise ValueError(f"extension {e!r} must look like '.json'")
+                raise ArtifactError(f"extension {e!r} must look like '.json'")
         keys = [_key("ext", e.lower()) for e in exts]
     elif codegen_id is not None:
         keys = [_key("codegen", codegen_id)]
@@ -118,11 +118,11 @@ def inspect_artifact(a: AnyArtifact, fmt: str | None = None) -> str:
     `fmt` picks the view: None (the inspector's default), "c", "ll", "asm",
     "json", "hex", "symbols", or a view a custom inspector defines. The first
     inspector (codegen id, then extension, then loader, then the fallback)
-    that offers the view is used; none offering it is a ValueError listing the
-    views this artifact has.
+    that offers the view is used; none offering it is a UsageError (a ValueError)
+    listing the views this artifact has.
     """
     if not isinstance(a, (Artifact, InMemoryArtifact)):
-        raise TypeError(f"inspect_artifact expects an artifact, got {type(a).__name__}")
+        raise ArgumentTypeError(f"inspect_artifact expects an artifact, got {type(a).__name__}")
     if isinstance(a, Artifact) and a.metadata.get("linked") is True and not a.content:
         return (f"{a.codegen_id}/{a.file_name}: content not stored here -- it is linked into "
                 f"the library ({a.metadata.get('size', '?')} bytes, loader {a.loader})")
@@ -134,7 +134,7 @@ def inspect_artifact(a: AnyArtifact, fmt: str | None = None) -> str:
         if fmt in inspector.views:
             return inspector.views[fmt](a)
     available = sorted({v for c in candidates for v in c.views})
-    raise ValueError(f"artifact {a.codegen_id}/{a.file_name} has no {fmt!r} view; "
+    raise UsageError(f"artifact {a.codegen_id}/{a.file_name} has no {fmt!r} view; "
                      f"available: {', '.join(available)}")
 
 
@@ -336,7 +336,7 @@ def _llvm_view(a: AnyArtifact, view: str) -> str:
     if proc.returncode == _PARSE_FAILED:
         raise FormatError(f"{_name(a)}: LLVM could not parse it ({detail})")
     if proc.returncode == _NO_TARGET:
-        raise ValueError(f"{_name(a)}: {detail}")
+        raise UsageError(f"{_name(a)}: {detail}")
     if proc.returncode < 0:
         try:
             how = signal.Signals(-proc.returncode).name

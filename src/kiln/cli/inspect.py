@@ -9,7 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
-from kiln.errors import FormatError
+from kiln.errors import FormatError, UsageError
 
 AR_MAGIC = b"!<arch>\n"
 
@@ -167,11 +167,11 @@ def _describe_mlf(path: str, files: MLFFiles) -> dict[str, Any]:
 
 def _show_mlf(path: str, files: MLFFiles, member: str) -> str:
     if member not in files.data:
-        raise ValueError(f"no file {member!r} in {path}; it has: {', '.join(files.sizes)}")
+        raise UsageError(f"no file {member!r} in {path}; it has: {', '.join(files.sizes)}")
     try:
         return files.data[member].decode("utf-8")
     except UnicodeDecodeError:
-        raise ValueError(f"{path}: {member} is binary ({files.sizes[member]} bytes); "
+        raise UsageError(f"{path}: {member} is binary ({files.sizes[member]} bytes); "
                          "extract it with tar") from None
 
 
@@ -265,7 +265,7 @@ def cmd_inspect(path: str, artifact: str | None, fmt: str | None) -> str:
     """The output of `kiln inspect` (see the command's --help)."""
     if artifact is None:
         if fmt not in (None, "text", "json"):
-            raise ValueError(f"--format {fmt!r} without --artifact: use text or json")
+            raise UsageError(f"--format {fmt!r} without --artifact: use text or json")
         info = describe(path)
         return json.dumps(info, indent=2) if fmt == "json" else as_text(info)
     from kiln.artifact import inspect_artifact
@@ -278,6 +278,6 @@ def cmd_inspect(path: str, artifact: str | None, fmt: str | None) -> str:
     found = artifacts.get(codegen_id, file_name)
     if found is None:
         names = ", ".join(f"{a.codegen_id}/{a.file_name}" for a in artifacts)
-        raise ValueError(f"no artifact {artifact!r} in {path}; it has: {names}")
+        raise UsageError(f"no artifact {artifact!r} in {path}; it has: {names}")
     text: str = inspect_artifact(found, fmt)
     return text

@@ -23,7 +23,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from kiln.errors import KilnError, missing_dependency
+from kiln.errors import KilnError, UsageError, missing_dependency
 
 # Errors about the user's input or environment: one line on stderr, exit code 2.
 # Every kiln error is one (KilnError is their base); so are missing files.
@@ -38,7 +38,7 @@ def _parse_shapes(items: Sequence[str]) -> dict[str, Any]:
     for item in items:
         name, sep, dims = item.rpartition("=")
         if not sep or not name:
-            raise ValueError(f"--shape expects NAME=D0,D1,..., NAME=SIZE or NAME=MIN:MAX, "
+            raise UsageError(f"--shape expects NAME=D0,D1,..., NAME=SIZE or NAME=MIN:MAX, "
                              f"got {item!r}")
         try:
             if ":" in dims:
@@ -50,7 +50,7 @@ def _parse_shapes(items: Sequence[str]) -> dict[str, Any]:
             else:
                 shapes[name] = int(dims)
         except ValueError:
-            raise ValueError(f"--shape {item}: dimensions must be integers or '?', a range "
+            raise UsageError(f"--shape {item}: dimensions must be integers or '?', a range "
                              "MIN:MAX of integers") from None
     return shapes
 
@@ -119,11 +119,13 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 
 def _human(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+    if n < 1024:
+        return f"{n:.0f} B"
+    for unit in ("KiB", "MiB"):
         n /= 1024
-    raise AssertionError("unreachable")
+        if n < 1024:
+            return f"{n:.1f} {unit}"
+    return f"{n / 1024:.1f} GiB"
 
 
 def _cmd_cache(args: argparse.Namespace) -> int:

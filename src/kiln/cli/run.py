@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -9,14 +10,8 @@ from typing import Any
 
 import numpy as np
 
-
-def _dtype(name: str) -> np.dtype[Any]:
-    try:
-        return np.dtype(name)
-    except TypeError:
-        import ml_dtypes  # bfloat16 and the float8 types
-
-        return np.dtype(getattr(ml_dtypes, name))
+from kiln.errors import UsageError
+from kiln.runtime.abi import INT64_MAX, numpy_dtype
 
 
 def _signature(lib: Any, function: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
@@ -24,7 +19,7 @@ def _signature(lib: Any, function: str) -> tuple[list[dict[str, Any]], list[dict
     fn_meta = (lib.metadata or {}).get("functions", {}).get(function)
     if fn_meta is None:
         names = ", ".join(lib.function_names())
-        raise ValueError(f"no function {function!r} in the library; it has: {names}")
+        raise UsageError(f"no function {function!r} in the library; it has: {names}")
     params = fn_meta.get("params", [])
     inputs = [p for p in params if not p.get("written")]
     outputs = list(fn_meta.get("results", [])) + [p for p in params if p.get("written")]
@@ -37,14 +32,13 @@ def parse_sizes(items: Sequence[str]) -> dict[str, int]:
     for item in items:
         name, sep, value = item.partition("=")
         try:
-            if not sep or not name:
-                raise ValueError
-            sizes[name] = int(value)
-            if sizes[name] < 0:
-                raise ValueError
+            size = int(value)
         except ValueError:
-            raise ValueError(f"--size expects NAME=N with N >= 0 (a dimension variable of "
-                             f"the function's inputs), got {item!r}") from None
+            size = -1
+        if not sep or not name or not 0 <= size <= INT64_MAX:
+            raise UsageError(f"--size expects NAME=N with 0 <= N <= {INT64_MAX} (a dimension "
+                             f"variable of the function's inputs), got {item!r}")
+        sizes[name] = size
     return sizes
 
 
@@ -60,7 +54,7 @@ def gather_inputs(items: Sequence[str], npz: str | None, fill: str | None,
         name, sep, path = item.partition("=")
         if not sep:
             if len(names) != 1:
-                raise ValueError(f"--input {item!r} needs a name: NAME=FILE.npy, where NAME is "
+                raise UsageError(f"--input {item!r} needs a name: NAME=FILE.npy, where NAME is "
                                  f"one of the function's inputs: {expected}")
             name, path = names[0], item
         files[name] = path
@@ -70,7 +64,7 @@ def gather_inputs(items: Sequence[str], npz: str | None, fill: str | None,
             given.update({k: archive[k] for k in archive.files})
     unknown = sorted((set(given) | set(files)) - set(names))
     if unknown:
-        raise ValueError(f"unknown input {', '.join(map(repr, unknown))}; "
+        raise UsageError(f"unknown input {', '.join(map(repr, unknown))}; "
                          f"the function's inputs are: {expected}")
     for name, path in files.items():
         with _reading(f"--input {name}=", path):
@@ -80,7 +74,7 @@ def gather_inputs(items: Sequence[str], npz: str | None, fill: str | None,
         if p["name"] in given:
             continue
         if fill is None:
-            raise ValueError(f"input {p['name']!r} not given: pass --input "
+            raise UsageError(f"input {p['name']!r} not given: pass --input "
                              f"{p['name']}=FILE.npy, --inputs FILE.npz or --fill random|zeros")
         shape = p.get("shape") or []
         if not all(isinstance(d, int) for d in shape):
@@ -92,37 +86,51 @@ def gather_inputs(items: Sequence[str], npz: str | None, fill: str | None,
                          for d in shape]
             except CallError:
                 text = "[" + ", ".join(str(d) for d in p["shape"]) + "]"
-                raise ValueError(f"input {p['name']!r} has the symbolic shape {text}: give "
+                raise UsageError(f"input {p['name']!r} has the symbolic shape {text}: give "
                                  "each dimension's size to --fill it (--size NAME=N) or the "
                                  "input in a file") from None
-        dtype = _dtype(p["dtype"])
-        given[p["name"]] = _filled(tuple(shape), dtype, fill, rng)
+        given[p["name"]] = _filled(p["name"], tuple(shape), numpy_dtype(p["dtype"]), fill, rng)
     return given
 
 
 @contextmanager
 def _reading(option: str, path: str) -> Iterator[None]:
     """Name the option and file in the error of a file numpy cannot read."""
+    def fail(reason: str) -> UsageError:
+        return UsageError(f"{option}{path}: cannot read it as a numpy file: {reason}")
+
     try:
         with open(path, "rb") as f:
             head = f.read(6)
-        if not head.startswith((b"\x93NUMPY", b"PK")):  # .npy magic, .npz is a zip
-            raise ValueError(f"not a .npy or .npz file (it starts with {head!r})")
+    except OSError as exc:
+        raise fail(exc.strerror or str(exc)) from None
+    if not head.startswith((b"\x93NUMPY", b"PK")):  # .npy magic, .npz is a zip
+        raise fail(f"not a .npy or .npz file (it starts with {head!r})")
+    try:
         yield
+    except MemoryError:  # the header declares more than this host can hold
+        raise fail("not enough memory for the array its header declares") from None
     except (OSError, ValueError, EOFError) as exc:
         reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-        raise ValueError(f"{option}{path}: cannot read it as a numpy file: {reason}") from None
+        raise fail(reason) from None
 
 
-def _filled(shape: tuple[int, ...], dtype: np.dtype[Any], fill: str,
+def _filled(name: str, shape: tuple[int, ...], dtype: np.dtype[Any], fill: str,
             rng: np.random.Generator) -> Any:
-    if fill == "zeros":
-        return np.zeros(shape, dtype)
-    if dtype == np.bool_:
-        return rng.integers(0, 2, shape).astype(dtype)
-    if np.issubdtype(dtype, np.integer):
-        return rng.integers(0, 10, shape).astype(dtype)
-    return rng.standard_normal(shape).astype(dtype)
+    """Input `name` made up by --fill; UsageError naming it if it cannot be allocated."""
+    try:
+        if fill == "zeros":
+            return np.zeros(shape, dtype)
+        if dtype == np.bool_:
+            return rng.integers(0, 2, shape).astype(dtype)
+        if np.issubdtype(dtype, np.integer):
+            return rng.integers(0, 10, shape).astype(dtype)
+        return rng.standard_normal(shape).astype(dtype)
+    except (MemoryError, ValueError, OverflowError) as exc:
+        why = "not enough memory" if isinstance(exc, MemoryError) else "too large for an array"
+        nbytes = math.prod(shape) * dtype.itemsize
+        raise UsageError(f"--fill: input {name!r} of shape {list(shape)} ({dtype.name}) is "
+                         f"{nbytes} bytes, {why}; choose smaller --size values") from None
 
 
 def summary(name: str, value: Any) -> str:
@@ -151,7 +159,7 @@ def profile_table(rows: Sequence[Any], function: str) -> str:
     whole = next((r for r in mine if r.kernel is None), None)
     kernels = [r for r in mine if r.kernel is not None]
     if whole is None or not kernels:
-        raise ValueError(f"function {function!r} calls no profiled kernels; the profiled "
+        raise UsageError(f"function {function!r} calls no profiled kernels; the profiled "
                          f"functions are: {', '.join(sorted({r.function for r in rows}))}")
     total = whole.total_ns or 1
 
@@ -185,13 +193,13 @@ def cmd_run(path: str, function: str, items: Sequence[str], npz: str | None, fil
     from kiln.runtime.profile import not_profiled
 
     if repeat < 0 or warmup < 0:
-        raise ValueError("--repeat and --warmup take counts >= 0")
+        raise UsageError("--repeat and --warmup take counts >= 0")
     lib = load_module(path)
     if profile and not (lib.metadata or {}).get("profile"):
         raise not_profiled(path)
     ins, outs = _signature(lib, function)
     if output is not None and len(outs) != 1:
-        raise ValueError(f"--output takes one array but {function} has {len(outs)} "
+        raise UsageError(f"--output takes one array but {function} has {len(outs)} "
                          "outputs; use --outputs FILE.npz")
     fn = lib[function]
     args = gather_inputs(items, npz, fill, ins, sizes=parse_sizes(size_items))

@@ -9,8 +9,9 @@ then calls the raw kernel `{prefix}_kernel_{name}` (defined by the backend in
 kernels.c or kernels.o). It also defines `{prefix}_last_error` (a thread-local
 message buffer) and `{prefix}_metadata` (the library metadata JSON).
 
-Return codes of an entry: 0 success; -1 an argument was rejected; otherwise the
-kernel's non-zero status (1: a heap workspace could not be allocated).
+Return codes of an entry (kiln.runtime.abi): 0 success; -1 an argument was
+rejected; otherwise the kernel's non-zero status (1: a heap workspace could not be
+allocated).
 
 host.c is kiln_host.c (`kiln.runtime.include_dir()/kiln/kiln_host.c`: the
 checks, the error buffer and the thread pool, the same C for every model)
@@ -35,16 +36,14 @@ from pathlib import Path
 from typing import Any
 
 from kiln.codegen.cfamily.analysis import calls, heap_allocations
-from kiln.codegen.cfamily.helpers import Helpers
-from kiln.codegen.cfamily.literals import INT_RANGES
+from kiln.codegen.cfamily.helpers import DIM_RUNTIME_FILE, Helpers, dim_runtime_source
 from kiln.codegen.cfamily.printer import CPrinter, NameScope
 from kiln.codegen.cfamily.signature import describe_params, param_ctype, qualifiers
-from kiln.codegen.host_dims import TensorArg, dim_c, emit_binding, or_return
+from kiln.codegen.host_dims import TensorArg, dim_c, dim_check, emit_binding, or_return
 from kiln.codegen.naming import (
     C_TYPES,
     check_prefix,
     cpu_missing_symbol,
-    dl_dtype,
     entry_symbol,
     kernel_symbol,
     last_error_symbol,
@@ -61,16 +60,12 @@ from kiln.ir.kernel_errors import ERROR_OUT_OF_MEMORY, KERNEL_ERRORS
 from kiln.ir.module import IRModule
 from kiln.ir.shape_expr import graph_dims, is_static
 from kiln.ir.tensor import Buffer, PrimFunc, Var
+from kiln.runtime.abi import INT64_MAX, SCALAR_RANGES, dl_type
 from kiln.runtime.cpu_features import CPUFeature
 from kiln.transform.outline import has_parallel_loops
 
 HOST_FILE = "host.c"
 DEFAULT_HOST_CFLAGS = ("-std=c11", "-O2", "-fPIC")
-
-# The return value of an entry whose arguments were rejected (KILN_HOST_ARGUMENT_ERROR).
-ARGUMENT_ERROR = -1
-# Bytes of the thread-local error message buffer (KILN_HOST_ERROR_SIZE).
-ERROR_BUFFER_SIZE = 1024
 
 # Linker input of the thread pool (glibc before 2.34 keeps pthreads in libpthread).
 PTHREAD_LIBS = ("-pthread",)
@@ -90,8 +85,13 @@ def host_runtime_path() -> Path:
 
 @functools.cache
 def host_runtime_source() -> str:
-    """The text of kiln_host.c, which every generated host.c starts with."""
-    return host_runtime_path().read_text(encoding="utf-8")
+    """The text of kiln_host.c, which every generated host.c starts with, holding
+    kiln_dim.c's text where it includes it (host.c includes only the C library)."""
+    text = host_runtime_path().read_text(encoding="utf-8")
+    include = f'#include "{DIM_RUNTIME_FILE}"\n'
+    if include not in text:
+        raise CompileError(f"{host_runtime_path()} does not include {DIM_RUNTIME_FILE}")
+    return text.replace(include, dim_runtime_source(), 1)
 
 
 @functools.cache
@@ -281,12 +281,18 @@ class HostPrinter:
             bound = emit_binding(p, names, name, fn, args.tensors, args.given)
             for local in args.call_args:
                 p.line(f"(void){local};")
+            status = names.fresh("status")
+            p.line(f"int32_t {status} = 0;")
             k = 0
             for out in outputs:
                 assert isinstance(out, Buffer)
                 for d in out.shape:
-                    p.line(f"shapes[{k}] = {dim_c(d, bound)};")
+                    p.line(f"shapes[{k}] = {dim_c(d, bound, status)};")
+                    if not isinstance(d, int | Var):  # an expression: a size, or an error
+                        with p.block(f"if ({dim_check('fn', status, f'shapes[{k}]', d)} != 0)"):
+                            p.line("return KILN_HOST_ARGUMENT_ERROR;")
                     k += 1
+            p.line(f"(void){status};")
             p.line("return 0;")
         p.line("}")
 
@@ -327,7 +333,7 @@ class HostPrinter:
                 self.string_array(p, param_name, q.name)
             where = f"fn, {i}, {param_name}, args[{i}], type_codes[{i}]"
             if isinstance(q, Buffer):
-                code, bits, _ = dl_dtype(q.dtype)
+                code, bits, _ = dl_type(q.dtype)
                 shape_arg = "NULL"
                 if not is_static(q.shape):  # checked once the dimensions are bound
                     args.symbolic = True
@@ -345,8 +351,8 @@ class HostPrinter:
                 args.checks.append(f"{_NS}float(&{local}, {where})")
                 args.call_args.append(self.float_scalar(q.dtype, local))
             else:
-                lo, hi = (0, 1) if q.dtype == "bool" else INT_RANGES[q.dtype]
-                hi = min(hi, (1 << 63) - 1)  # values cross as int64_t
+                lo, hi = SCALAR_RANGES[q.dtype]
+                hi = min(hi, INT64_MAX)  # values cross as int64_t
                 args.decls.append(f"int64_t {local} = 0;")
                 args.checks.append(f"{_NS}int(&{local}, {where}, {int64_literal(lo)}, "
                                    f"{int64_literal(hi)}, {c_string_literal(q.dtype)})")
@@ -435,4 +441,4 @@ def codegen_host(
     return Artifact("host", "native", HOST_FILE, source.encode("utf-8"), meta)
 
 
-__all__ = ["ARGUMENT_ERROR", "codegen_host", "host_source", "workspace_bytes"]
+__all__ = ["codegen_host", "host_source", "workspace_bytes"]

@@ -14,40 +14,28 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from kiln import dim_expr
 from kiln.codegen.cfamily.printer import CPrinter, NameScope
 from kiln.errors import CompileError
 from kiln.escape import c_string_literal, int64_literal
 from kiln.ir.attrs import ATTR_GRAPH
-from kiln.ir.shape_expr import dim_bounds, dim_vars, shape_text
-from kiln.ir.tensor import BinaryOp, Buffer, Cast, Const, PrimExpr, PrimFunc, UnaryOp, Var
+from kiln.ir.shape_expr import dim_bounds, dim_vars, shape_text, to_dim_expr
+from kiln.ir.tensor import Buffer, PrimExpr, PrimFunc, Var
 
 _NS = "kiln_host_"  # kiln_host.c's static helpers
-_C_BINARY = {"add": "+", "sub": "-", "mul": "*"}
-_C_CALLS = {"floordiv": f"{_NS}floordiv", "div": f"{_NS}floordiv",
-            "floormod": f"{_NS}floormod", "mod": f"{_NS}floormod"}
 
 
-def dim_c(d: int | PrimExpr, names: Mapping[str, str]) -> str:
-    """A dimension as an int64 C expression over the locals `names` (by variable name)."""
-    if isinstance(d, int):
-        return int64_literal(d)
-    if isinstance(d, Const):
-        return dim_c(int(d.value), names)
-    if isinstance(d, Var):
-        return names[d.name]
-    if isinstance(d, Cast):
-        return dim_c(d.value, names)
-    if isinstance(d, UnaryOp) and d.op == "neg":
-        return f"(-{dim_c(d.a, names)})"
-    if isinstance(d, BinaryOp):
-        a, b = dim_c(d.a, names), dim_c(d.b, names)
-        if d.op in _C_BINARY:
-            return f"({a} {_C_BINARY[d.op]} {b})"
-        if d.op in _C_CALLS:
-            return f"{_C_CALLS[d.op]}({a}, {b})"
-        if d.op in ("min", "max"):
-            return f"({a} {'<' if d.op == 'min' else '>'} {b} ? {a} : {b})"
-    raise CompileError(f"host entry: cannot compute the dimension {d!r} in C")
+def dim_c(d: int | PrimExpr, names: Mapping[str, str], status: str) -> str:
+    """A dimension as an int64 C expression over the locals `names` (by variable name),
+    computed by kiln_dim.c's checked helpers into the int32_t `status` (`kiln.dim_expr.to_c`)."""
+    return dim_expr.to_c(to_dim_expr(d), names, status)
+
+
+def dim_check(fn: str, status: str, value: str, d: int | PrimExpr) -> str:
+    """The C check (0 when it passes) that `value`, computed by `dim_c` into `status`, is a
+    size: kiln_host.c's dim_ok with the dimension's text, as Python's message quotes it."""
+    text = c_string_literal(dim_expr.quote(to_dim_expr(d)))
+    return f"{_NS}dim_ok({fn}, {status}, {value}, {text})"
 
 
 @dataclass(frozen=True)
@@ -114,10 +102,22 @@ def emit_binding(p: CPrinter, names: NameScope, fn_name: str, fn: PrimFunc,
         if all(isinstance(d, Var) for d in arg.buffer.shape):
             continue  # every dimension was bound or checked above
         want = names.fresh(f"{arg.buffer.name}_want")
-        fill = ", ".join(f"{want}[{axis}] = {dim_c(d, locals_)}"
-                         for axis, d in enumerate(arg.buffer.shape))
         p.line(f"int64_t {want}[{len(arg.buffer.shape)}];")
-        checks.append(f"({fill}, {_NS}shape_is(fn, {arg.index}, {arg.name_c}, "
+        status = ""
+        fill: list[str] = []
+        for axis, d in enumerate(arg.buffer.shape):
+            if isinstance(d, Var | int):  # bound above, or a constant: nothing to check
+                value = locals_[d.name] if isinstance(d, Var) else int64_literal(d)
+                fill.append(f"{want}[{axis}] = {value}")
+                continue
+            if not status:
+                status = names.fresh(f"{arg.buffer.name}_status")
+                p.line(f"int32_t {status} = 0;")
+            # each expression is checked on its own, in order, as bind_dims does
+            value = f"{want}[{axis}]"
+            checks.append(f"({status} = 0, {value} = {dim_c(d, locals_, status)}, "
+                          f"{dim_check('fn', status, value, d)})")
+        checks.append(f"({', '.join([*fill, ''])}{_NS}shape_is(fn, {arg.index}, {arg.name_c}, "
                       f"args[{arg.index}], {len(arg.buffer.shape)}, {want}, "
                       f"{c_string_literal(shape_text(arg.buffer.shape))}))")
     or_return(p, checks)

@@ -20,9 +20,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from kiln.errors import CompileError
+from kiln import dim_expr
+from kiln.errors import CompileError, FormatError
 from kiln.escape import is_c_identifier, symbol_name
-from kiln.ir import dtype as dt
 from kiln.ir.attrs import (
     ATTR_GRAPH,
     ATTR_NUM_OUTPUTS,
@@ -32,7 +32,8 @@ from kiln.ir.attrs import (
 )
 from kiln.ir.module import IRModule
 from kiln.ir.shape_expr import dim_bounds, dim_text, graph_dims
-from kiln.ir.tensor import Buffer, PrimFunc, Var
+from kiln.ir.tensor import Buffer, PrimExpr, PrimFunc, Var
+from kiln.runtime import abi
 
 DEFAULT_PREFIX = "kiln_"
 LIBRARY_FORMAT = "kiln.library"
@@ -108,32 +109,25 @@ def blob_symbol(prefix: str) -> str:
     return f"{prefix}_blob"
 
 
-# C element types of buffers and scalar parameters. 16-bit floats travel as
-# their bit pattern (uint16_t); kernels compute with them in float32.
-C_TYPES = {
-    "bool": "uint8_t", "int8": "int8_t", "int16": "int16_t", "int32": "int32_t",
-    "int64": "int64_t", "uint8": "uint8_t", "uint16": "uint16_t", "uint32": "uint32_t",
-    "uint64": "uint64_t", "float16": "uint16_t", "bfloat16": "uint16_t", "float32": "float",
-    "float64": "double",
-}
-
-# DLPack DLDataTypeCode per dtype.
-DL_CODES = {"int": 0, "uint": 1, "float": 2, "bfloat": 4, "bool": 6}
+# C element types of buffers and scalar parameters (the ABI's table, not a copy).
+C_TYPES = abi.C_TYPE_NAMES
 
 
-def dl_dtype(dtype: str) -> tuple[int, int, int]:
-    """(code, bits, lanes) of DLPack's DLDataType for `dtype`."""
-    if dtype == "bfloat16":
-        return (DL_CODES["bfloat"], 16, 1)
-    if dtype == "bool":
-        return (DL_CODES["bool"], 8, 1)
-    return (DL_CODES[dt.kind(dtype)], dt.bits(dtype), 1)
+def _metadata_text(name: str, d: PrimExpr) -> str:
+    """`dim_text(d)`, which must read back within the language's limits: a library whose
+    metadata held a text the runtime refuses could not be loaded."""
+    text = dim_text(d)
+    try:
+        dim_expr.parse(text)
+    except FormatError as err:
+        raise CompileError(f"the shape of '{name}' cannot be written to metadata: {err}") from None
+    return text
 
 
 def param_info(p: Buffer | Var) -> dict[str, Any]:
     """A parameter's JSON: a symbolic dimension is its text (`"seq*2"`), ints stay ints."""
     if isinstance(p, Buffer):
-        shape = [d if isinstance(d, int) else dim_text(d) for d in p.shape]
+        shape = [d if isinstance(d, int) else _metadata_text(p.name, d) for d in p.shape]
         return {"name": p.name, "kind": "tensor", "shape": shape, "dtype": p.dtype}
     return {"name": p.name, "kind": "scalar", "dtype": p.dtype}
 

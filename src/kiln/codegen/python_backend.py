@@ -22,7 +22,7 @@ from kiln.codegen.naming import library_metadata
 from kiln.errors import FormatError
 from kiln.ir.graph import Function
 from kiln.ir.module import IRModule
-from kiln.runtime import ctypes_abi as abi
+from kiln.runtime import abi, ctypes_abi
 from kiln.runtime import function as rf
 from kiln.runtime.function import PackedFunction
 
@@ -103,7 +103,7 @@ def _flatten(value: Any) -> list[Any]:
 
 
 def _scalar(value: Any, param: dict[str, Any], where: Any) -> Any:
-    rf._check_type_code(abi.type_code_of(value), param, where, value)
+    rf._check_type_code(ctypes_abi.type_code_of(value), param, where, value)
     if abi.is_float_dtype(param["dtype"]):
         return float(value)
     if param["dtype"] == "bool":

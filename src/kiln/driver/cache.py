@@ -70,7 +70,7 @@ from kiln.artifact.schema import (
     parse,
 )
 from kiln.artifact.segments import content_parts
-from kiln.errors import FormatError
+from kiln.errors import FormatError, UnsafePathError, UsageError
 
 if TYPE_CHECKING:
     from kiln.artifact import Artifact, ArtifactSet
@@ -187,10 +187,10 @@ _SIZE_RE = re.compile(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([kmgt]?)(?:i?b)?\s*", re.IGN
 
 
 def parse_size(text: str) -> int:
-    """Bytes from "500M", "2G", "1.5g", "300KiB", "123" (powers of 1024); ValueError otherwise."""
+    """Bytes from "500M", "2G", "1.5g", "300KiB", "123" (powers of 1024); UsageError otherwise."""
     m = _SIZE_RE.fullmatch(text)
     if m is None:
-        raise ValueError(f"cannot read {text!r} as a size: use bytes or a number with K, M, G "
+        raise UsageError(f"cannot read {text!r} as a size: use bytes or a number with K, M, G "
                          "or T (powers of 1024), e.g. 500M or 2G")
     scale = 1024 ** ("kmgt".find(m.group(2).lower()) + 1) if m.group(2) else 1
     return int(float(m.group(1)) * scale)
@@ -641,7 +641,7 @@ def clear() -> int:
         st = os.lstat(root)
         problem = _unsafe(st, f"directory {root}")
         if problem:
-            raise PermissionError(f"kiln compile cache: {problem}; refusing to clear it")
+            raise UnsafePathError(f"kiln compile cache: {problem}; refusing to clear it")
     for sub in (root / LAYOUT, root / "artifacts"):  # "artifacts": the version-1 layout
         if sub.is_dir() and not sub.is_symlink():
             shutil.rmtree(sub, ignore_errors=True)

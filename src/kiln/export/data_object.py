@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kiln.artifact.segments import Content, write_content
+from kiln.errors import UsageError
 
 _EHDR = struct.Struct("<16sHHIQQQIHHHHHH")
 _SHDR = struct.Struct("<IIQQQQIIQQ")
@@ -85,7 +86,7 @@ def write_data_object(path: Path, machine: Machine, section: str, align: int,
     split = size if reserved_from is None else reserved_from
     if (reserved_from is not None and split % align) or not 0 <= split <= size or \
             any(off + len(p) > split for off, p in pieces):
-        raise ValueError(f"reserved_from={reserved_from}: must be a multiple of {align} "
+        raise UsageError(f"reserved_from={reserved_from}: must be a multiple of {align} "
                          f"in [0, {size}] after every piece")
     sections = [section, ".note.GNU-stack", ".symtab", ".strtab", ".shstrtab"]
     if reserved_from is not None:

@@ -44,7 +44,7 @@ from kiln.artifact.artifact import (
 from kiln.artifact.blob import build_contents, pack, place_linked
 from kiln.artifact.integrity import CHUNK_SIZE, DIGEST_SIZE, chunk_count, chunk_digests
 from kiln.artifact.segments import Content, write_content
-from kiln.errors import CompileError, ExportError
+from kiln.errors import CompileError, ExportError, UsageError
 from kiln.escape import c_comment, is_c_identifier
 from kiln.export.data_object import DataSymbol, machine_of, write_data_object
 from kiln.export.toolchain import default_compiler
@@ -81,7 +81,7 @@ def export_library(
     suffix = path.suffix.lower()
     if suffix not in SUFFIXES:
         valid = ", ".join(f"{s} ({what})" for s, what in SUFFIXES.items())
-        raise ValueError(f"cannot export to {path.name!r}: unknown suffix "
+        raise UsageError(f"cannot export to {path.name!r}: unknown suffix "
                          f"{suffix or '(none)'!r}; valid suffixes: {valid}")
     _check_prefix(prefix, metadata)
     arts = ArtifactSet(require_serializable(a) for a in artifacts)
@@ -315,10 +315,10 @@ def _check_symbols(symbols: Iterable[str]) -> None:
 
 def _check_prefix(prefix: str, metadata: Mapping[str, Any]) -> None:
     if not is_c_identifier(prefix):
-        raise ValueError(f"prefix {prefix!r} must be a non-empty C identifier (ASCII)")
+        raise UsageError(f"prefix {prefix!r} must be a non-empty C identifier (ASCII)")
     meta_prefix = metadata.get("prefix")
     if meta_prefix is not None and meta_prefix != prefix:
-        raise ValueError(f"prefix {prefix!r} does not match the library metadata's prefix "
+        raise UsageError(f"prefix {prefix!r} does not match the library metadata's prefix "
                          f"{meta_prefix!r}")
 
 

@@ -37,15 +37,12 @@ from kiln.artifact.artifact import NATIVE, Artifact
 from kiln.errors import ExportError
 from kiln.escape import c_comment, int64_literal, is_c_identifier
 from kiln.export.dependencies import collect_dependencies
+from kiln.runtime.abi import C_DTYPE_MACROS
 
 MLF_VERSION = 1
 WORKSPACE_ALIGN = 64
 # Stack allocator slots: heap buffers alive at once (main's arena + one kernel's).
 MAX_LIVE_BUFFERS = 64
-_C_DTYPES = {"float32": "KILN_FLOAT32", "float64": "KILN_FLOAT64", "float16": "KILN_FLOAT16",
-             "int8": "KILN_INT8", "int16": "KILN_INT16", "int32": "KILN_INT32",
-             "int64": "KILN_INT64", "uint8": "KILN_UINT8", "uint16": "KILN_UINT16",
-             "uint32": "KILN_UINT32", "uint64": "KILN_UINT64", "bool": "KILN_BOOL"}
 
 
 def _heap_bytes(executable: Any) -> int:
@@ -84,7 +81,7 @@ def _signature(metadata: Mapping[str, Any]) -> tuple[list[dict[str, Any]], list[
     ins = [dict(p) for p in main.get("params", [])]
     outs = [dict(r) for r in main.get("results", [])]
     for p in [*ins, *outs]:
-        if p.get("kind") != "tensor" or p.get("dtype") not in _C_DTYPES:
+        if p.get("kind") != "tensor" or p.get("dtype") not in C_DTYPE_MACROS:
             raise ExportError(f"Model Library Format: main's '{p.get('name')}' is not a "
                               "tensor of a supported dtype")
     return ins, outs
@@ -142,7 +139,7 @@ def interface_source(model: str, prefix: str, ins: Sequence[Mapping[str, Any]],
         shapes.append(f"  static int64_t shape{i}[{max(len(p['shape']), 1)}] = {{{dims}}};")
         cast = "(void*)" if kind == "in" else ""
         tensors.append(f"  t[{i}] = kiln_tensor({cast}{kind}{k}, {len(p['shape'])}, shape{i}, "
-                       f"{_C_DTYPES[p['dtype']]});")
+                       f"{C_DTYPE_MACROS[p['dtype']]});")
         tensors.append(f"  kiln_set_tensor(args, codes, {i}, &t[{i}]);")
     params = [f"const void* in{i}" for i in range(len(ins))]
     params += [f"void* out{i}" for i in range(len(outs))]

@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 
+from kiln._bfloat16 import numpy_bfloat16
 from kiln._registry import suggest
 from kiln.errors import IRError
 
@@ -82,13 +83,7 @@ def is_bool(dtype: str) -> bool:
 def to_numpy(dtype: str) -> np.dtype[Any]:
     """The numpy dtype for `dtype`; bfloat16 uses ml_dtypes when it is installed."""
     check_dtype(dtype)
-    if dtype == "bfloat16":
-        try:
-            import ml_dtypes
-        except ImportError as exc:  # pragma: no cover - depends on the environment
-            raise IRError("bfloat16 arrays need the ml_dtypes package") from exc
-        return np.dtype(ml_dtypes.bfloat16)
-    return np.dtype(dtype)
+    return numpy_bfloat16() if dtype == "bfloat16" else np.dtype(dtype)
 
 
 def from_numpy(dt: Any) -> str:

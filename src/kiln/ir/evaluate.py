@@ -50,7 +50,9 @@ Intrinsics and externs
 Shapes
 - A buffer parameter's dimension may be symbolic: a fresh Var is bound from the
   argument's shape; any other expression (of scalar parameters and bound shape
-  vars) is checked against it. Graph types bind their dimension Vars the same way.
+  vars) is checked against it. Graph types bind their dimension Vars the same way
+  and compute their expressions as every compiled entry does (`kiln.dim_expr`:
+  int64, a size that overflows, divides by zero or is negative is a CallError).
 Memory
 - Every access is bounds-checked per dimension (a fault is a CallError naming
   the buffer), except where the interpreter proves the index in range.
@@ -77,6 +79,7 @@ from typing import Any
 
 import numpy as np
 
+from kiln import dim_expr
 from kiln.errors import CallError, IRError
 from kiln.ir import dtype as dt
 from kiln.ir import graph as g
@@ -95,11 +98,10 @@ from kiln.ir._interp_runtime import (
     _np_dtype,
     _round16,
     _round_bf16,
-    _tdiv,
     _text,
-    _tmod,
 )
 from kiln.ir.module import IRModule
+from kiln.ir.shape_expr import dim_vars, to_dim_expr
 from kiln.ir.types import TensorType, TupleType, Type
 
 __all__ = [
@@ -318,30 +320,15 @@ class _Shapes:
         return f"({dims[0]},)" if len(dims) == 1 else f"({', '.join(dims)})"
 
     def eval(self, e: t.PrimExpr) -> int:
-        """Integer value of a dimension expression."""
-        if isinstance(e, t.Const):
-            return int(e.value)
-        if isinstance(e, t.Var):
-            if id(e) not in self.values:
-                raise IRError(f"symbolic dimension '{e.name}' has no value here: no argument "
+        """The size a dimension expression has for the bound variables, computed as
+        every other user of the dimension language does (`kiln.dim_expr.evaluate_size`)."""
+        values: dict[str, int] = {}
+        for v in dim_vars(e):
+            if id(v) not in self.values:
+                raise IRError(f"symbolic dimension '{v.name}' has no value here: no argument "
                               "or earlier result bound it")
-            return self.values[id(e)]
-        if isinstance(e, t.Cast):
-            return self.eval(e.value)
-        if isinstance(e, t.BinaryOp):
-            a, b = self.eval(e.a), self.eval(e.b)
-            ops: dict[str, Callable[[int, int], int]] = {
-                "add": lambda x, y: x + y, "sub": lambda x, y: x - y,
-                "mul": lambda x, y: x * y, "floordiv": lambda x, y: x // y,
-                "floormod": lambda x, y: x % y, "div": _tdiv, "mod": _tmod,
-                "min": min, "max": max,
-            }
-            if e.op in ops:
-                try:
-                    return ops[e.op](a, b)
-                except ZeroDivisionError:
-                    raise IRError(f"dimension {_text(e)} divides by zero") from None
-        raise IRError(f"the interpreter cannot evaluate dimension {_text(e)}")
+            values[v.name] = self.values[id(v)]
+        return dim_expr.evaluate_size(to_dim_expr(e), values)
 
 
 class _GraphRunner:

@@ -2,7 +2,8 @@
 
 A kernel (docs/abi.md) returns 0 or one of these codes; host.c's entry turns
 the code into the message of the call's exception, and the reference
-interpreter raises the message directly. Code 1 is an allocation failure;
+interpreter raises the message directly. Code 1 is an allocation failure, code 10
+a buffer size (from symbolic dimensions) that overflows int64;
 the others are failed `check` intrinsics (docs/ir.md, "Checks"): data-dependent
 conditions an operator verifies while running, such as an index read from a
 tensor being in range. Codes are part of the compiled artifact: never renumber.
@@ -15,6 +16,7 @@ from kiln.errors import IRError
 ERROR_OUT_OF_MEMORY = 1
 ERROR_NO_CUDA_DEVICE = 8
 ERROR_CUDA_LAUNCH = 9
+ERROR_SIZE_OVERFLOW = 10
 
 KERNEL_ERRORS: dict[int, str] = {
     ERROR_OUT_OF_MEMORY: "out of memory allocating a workspace",
@@ -28,6 +30,10 @@ KERNEL_ERRORS: dict[int, str] = {
     8: "no CUDA device: this library's CUDA kernels run only on a machine with a GPU and "
        "cuda-python (pip install 'kiln-tensor[cuda]'; docs/gpu.md)",
     9: "a CUDA kernel launch failed",
+    # A buffer sized by symbolic dimensions whose byte count does not fit int64 (or
+    # size_t): refused before any allocation (kiln.dim_expr's checked arithmetic).
+    ERROR_SIZE_OVERFLOW: "size overflows int64: the symbolic dimensions ask for a buffer "
+                         "larger than any allocation",
 }
 
 _BY_MESSAGE = {message: code for code, message in KERNEL_ERRORS.items()}

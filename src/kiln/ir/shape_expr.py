@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from kiln import dim_expr
 from kiln.errors import IRError
 from kiln.ir import dtype as dt
 from kiln.ir.attrs import ATTR_DIM_BOUNDS, ATTR_GRAPH
@@ -44,28 +45,45 @@ class _Canon:
     # ------------------------------------------------------------------ to polynomial
 
     def poly(self, d: Dim) -> _Poly:
+        """The polynomial of `d`, built bottom-up without recursion (a size may be a sum
+        of hundreds of terms, or nest `max`es as deep)."""
+        done: dict[int, _Poly] = {}
+        stack: list[tuple[Any, bool]] = [(d, False)]
+        while stack:
+            e, expanded = stack.pop()
+            if id(e) in done:
+                continue
+            operands = _operands(e)
+            if operands and not expanded:
+                stack.append((e, True))
+                stack.extend((x, False) for x in operands if id(x) not in done)
+                continue
+            done[id(e)] = self._node(e, [done[id(x)] for x in operands])
+        return done[id(d)]
+
+    def _node(self, d: Any, operands: list[_Poly]) -> _Poly:
+        """The polynomial of one node, given its operands' polynomials."""
         if isinstance(d, bool):
             raise IRError(f"bad dimension {d!r}")
         if isinstance(d, int):
             return {(): d} if d else {}
         if isinstance(d, Const):
-            return self.poly(int(d.value))
+            return self._node(int(d.value), [])
         if isinstance(d, Var):
             return self._atom(("var", d.name, id(d)), d)
         if isinstance(d, Cast) and dt.kind(d.value.dtype) in ("int", "uint"):
-            return self.poly(d.value)
+            return operands[0]
         if isinstance(d, BinaryOp):
-            return self._binary(d)
+            return self._binary(d, operands[0], operands[1])
         if isinstance(d, UnaryOp) and d.op == "neg":
-            return {m: -c for m, c in self.poly(d.a).items()}
+            return {m: -c for m, c in operands[0].items()}
         raise IRError(f"unsupported dimension expression {d!r}")
 
     def _atom(self, key: _AtomKey, expr: PrimExpr) -> _Poly:
         self.atoms.setdefault(key, expr)
         return {((key, 1),): 1}
 
-    def _binary(self, e: BinaryOp) -> _Poly:
-        a, b = self.poly(e.a), self.poly(e.b)
+    def _binary(self, e: BinaryOp, a: _Poly, b: _Poly) -> _Poly:
         if e.op == "add":
             return _add(a, b, 1)
         if e.op == "sub":
@@ -292,80 +310,102 @@ def exact_div(a: Dim, b: Dim) -> Dim | None:
 def dim_vars(x: Dim | Iterable[Dim]) -> tuple[Var, ...]:
     """The dimension variables `x` mentions (a dim or a shape), unique, sorted by name."""
     found: dict[int, Var] = {}
-
-    def visit(e: Any) -> None:
+    seen: set[int] = set()
+    stack: list[Any] = [x] if isinstance(x, (int, PrimExpr)) else list(x)
+    while stack:  # iterative, as every walk over a size
+        e = stack.pop()
+        if id(e) in seen:
+            continue
+        seen.add(id(e))
         if isinstance(e, Var):
             found.setdefault(id(e), e)
-        elif isinstance(e, BinaryOp):
-            visit(e.a)
-            visit(e.b)
-        elif isinstance(e, Cast):
-            visit(e.value)
-        elif isinstance(e, UnaryOp):
-            visit(e.a)
-
-    if isinstance(x, (int, PrimExpr)):
-        visit(x)
-    else:
-        for d in x:
-            visit(d)
+        stack.extend(_operands(e))
     return tuple(sorted(found.values(), key=lambda v: v.name))
 
 
+_TO_AST = {"add": dim_expr.Op.ADD, "sub": dim_expr.Op.SUB, "mul": dim_expr.Op.MUL,
+           "floordiv": dim_expr.Op.FLOORDIV, "floormod": dim_expr.Op.FLOORMOD,
+           "min": dim_expr.Op.MIN, "max": dim_expr.Op.MAX}
+
+
+def _operands(e: Any) -> tuple[Any, ...]:
+    if isinstance(e, BinaryOp):
+        return (e.a, e.b)
+    if isinstance(e, UnaryOp | Cast):
+        return (e.a if isinstance(e, UnaryOp) else e.value,)
+    return ()
+
+
+def to_dim_expr(d: Dim) -> dim_expr.Expr:
+    """`d` in the dimension-expression language (`kiln.dim_expr`), as written (not
+    canonicalised): integer casts are dropped; an operator outside the language
+    (truncating `div`/`mod`, `pow`, ...) or a constant outside int64 is an IRError."""
+    done: dict[int, dim_expr.Expr] = {}
+    stack: list[tuple[Any, bool]] = [(d, False)]
+    while stack:  # iterative: a workspace size may be a sum of hundreds of terms
+        e, expanded = stack.pop()
+        if id(e) in done:
+            continue
+        if not expanded:
+            stack.append((e, True))
+            stack.extend((c, False) for c in _operands(e) if id(c) not in done)
+            continue
+        done[id(e)] = _to_node(e, done)
+    return done[id(d)]
+
+
+def _to_node(e: Any, done: Mapping[int, dim_expr.Expr]) -> dim_expr.Expr:
+    """One node of `to_dim_expr`, its operands already converted."""
+    if isinstance(e, bool):
+        raise IRError(f"bad dimension {e!r}")
+    if isinstance(e, int | Const) and (isinstance(e, int) or dt.kind(e.dtype) in ("int", "uint")):
+        value = int(e if isinstance(e, int) else e.value)
+        if not dim_expr.INT64_MIN <= value <= dim_expr.INT64_MAX:
+            raise IRError(f"dimension constant {value} does not fit int64")
+        return dim_expr.Const(value)
+    if isinstance(e, Var):
+        return dim_expr.Var(e.name)
+    if isinstance(e, Cast) and dt.kind(e.value.dtype) in ("int", "uint"):
+        return done[id(e.value)]
+    if isinstance(e, UnaryOp) and e.op == "neg":
+        return dim_expr.Neg(done[id(e.a)])
+    if isinstance(e, BinaryOp) and e.op in _TO_AST:
+        return dim_expr.Binary(_TO_AST[e.op], done[id(e.a)], done[id(e.b)])
+    raise IRError(f"unsupported dimension expression {e!r}")
+
+
+def from_dim_expr(e: dim_expr.Expr, variables: Mapping[str, Var] | None = None) -> Dim:
+    """The canonical Dim of `e`; each variable is `variables[name]` (a fresh `dim_var`
+    when not given, one per name)."""
+    found = dict(variables or {})
+
+    def leaf(n: dim_expr.Const | dim_expr.Var) -> Dim:
+        if isinstance(n, dim_expr.Const):
+            return n.value
+        return found.setdefault(n.name, dim_var(n.name))
+
+    def node(n: dim_expr.Neg | dim_expr.Binary, args: list[object]) -> PrimExpr:
+        exprs = [as_expr(a, INDEX_DTYPE) for a in args]  # type: ignore[arg-type]
+        if isinstance(n, dim_expr.Neg):
+            return -exprs[0]
+        return BinaryOp(n.op.value, exprs[0], exprs[1])
+
+    out = dim_expr.fold(e, leaf, node)
+    assert isinstance(out, int | PrimExpr)
+    return simplify_dim(out)
+
+
 def eval_dim(d: Dim, values: Mapping[str, int]) -> int:
-    """The value of `d` with each variable given by name in `values` (KeyError names it)."""
-    if isinstance(d, int):
-        return d
-    if isinstance(d, Const):
-        return int(d.value)
-    if isinstance(d, Var):
-        if d.name not in values:
-            raise KeyError(d.name)
-        return int(values[d.name])
-    if isinstance(d, Cast):
-        return eval_dim(d.value, values)
-    if isinstance(d, UnaryOp) and d.op == "neg":
-        return -eval_dim(d.a, values)
-    if isinstance(d, BinaryOp):
-        a, b = eval_dim(d.a, values), eval_dim(d.b, values)
-        if d.op == "add":
-            return a + b
-        if d.op == "sub":
-            return a - b
-        if d.op == "mul":
-            return a * b
-        return _fold(d.op, a, b)
-    raise IRError(f"unsupported dimension expression {d!r}")
-
-
-_TEXT_OPS = {"add": "+", "sub": "-", "mul": "*", "floordiv": "//", "floormod": "%"}
-_PRECEDENCE = {"add": 1, "sub": 1, "mul": 2, "floordiv": 2, "floormod": 2}
+    """The value of `d` with each variable given by name in `values`, computed as
+    `kiln.dim_expr.evaluate` does (int64, checked): a missing variable, an overflow or
+    a zero divisor is a CallError naming the dimension."""
+    return dim_expr.evaluate(to_dim_expr(d), values)
 
 
 def dim_text(d: Dim) -> str:
-    """`d` as Python-like text: `seq*4`, `batch*seq`, `(h - 1)//2 + 1`, `64`."""
-
-    def text(e: Any, parent: int) -> str:
-        if isinstance(e, int):
-            return str(e)
-        if isinstance(e, Const):
-            return str(int(e.value))
-        if isinstance(e, Var):
-            return e.name
-        if isinstance(e, Cast):
-            return text(e.value, parent)
-        if isinstance(e, UnaryOp) and e.op == "neg":
-            return f"-{text(e.a, 3)}"
-        if isinstance(e, BinaryOp) and e.op in _TEXT_OPS:
-            prec = _PRECEDENCE[e.op]
-            sep = "*" if e.op == "mul" else f" {_TEXT_OPS[e.op]} " if prec == 1 else _TEXT_OPS[e.op]
-            s = f"{text(e.a, prec)}{sep}{text(e.b, prec + 1)}"
-            return f"({s})" if prec < parent else s
-        if isinstance(e, BinaryOp):
-            return f"{e.op}({text(e.a, 0)}, {text(e.b, 0)})"
-        raise IRError(f"unsupported dimension expression {e!r}")
-
-    return text(simplify_dim(d), 0)
+    """`d` as Python-like text: `seq*4`, `batch*seq`, `(h - 1)//2 + 1`, `64` (the text
+    form of `kiln.dim_expr`, of the canonical form)."""
+    return dim_expr.to_text(to_dim_expr(simplify_dim(d)))
 
 
 def shape_text(shape: Iterable[Dim]) -> str:

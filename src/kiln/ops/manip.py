@@ -294,16 +294,19 @@ def _concat_compute(inputs: Sequence[te.Tensor], attrs: Attrs) -> te.Tensor:
     out = _concat_infer([TensorType(t.shape, t.dtype) for t in inputs], attrs)
     assert isinstance(out, TensorType)
 
-    offsets = np.cumsum([0] + [t.shape[axis] for t in inputs])
+    # Where each input starts along the axis: ints, or expressions of symbolic sizes.
+    starts: list[Dim] = [0]
+    for t in inputs[:-1]:
+        starts.append(sum_dims([starts[-1], t.shape[axis]]))
 
     def element(*i: PrimExpr) -> PrimExpr:
         # the last input whose start is <= i[axis] holds the element
         value: PrimExpr | None = None
-        for t, start in zip(inputs, offsets[:-1]):
+        for t, start in zip(inputs, starts):
             local = list(i)
-            local[axis] = te.clamp_index(i[axis] - int(start), t.shape[axis])
+            local[axis] = te.clamp_index(i[axis] - start, t.shape[axis])
             v = t[tuple(local)]
-            value = v if value is None else select(i[axis] >= int(start), v, value)
+            value = v if value is None else select(i[axis] >= start, v, value)
         assert value is not None
         return value
 

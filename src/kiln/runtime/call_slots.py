@@ -18,7 +18,7 @@ import ctypes
 from collections.abc import Sequence
 from typing import Any
 
-from kiln.runtime import ctypes_abi as abi
+from kiln.runtime import abi, ctypes_abi
 
 
 class ArgumentSlots:
@@ -33,11 +33,11 @@ class ArgumentSlots:
     def __init__(self, layouts: Sequence[tuple[tuple[int, ...], str]]) -> None:
         n = len(layouts)
         self.count = n
-        self._storage = (abi.DLTensor * n)()
-        self.values = (abi.KilnValue * n)()
+        self._storage = (ctypes_abi.DLTensor * n)()
+        self.values = (ctypes_abi.KilnValue * n)()
         self.codes = (ctypes.c_int32 * n)(*([abi.ARG_DLTENSOR] * n))
         self.shapes: list[Any] = []
-        self.tensors: list[abi.DLTensor] = []
+        self.tensors: list[ctypes_abi.DLTensor] = []
         for i, (shape, dtype) in enumerate(layouts):
             t = self._storage[i]
             shape_array = (ctypes.c_int64 * max(len(shape), 1))(*shape)
@@ -45,8 +45,7 @@ class ArgumentSlots:
             t.device.device_type = abi.KDL_CPU
             t.device.device_id = 0
             t.ndim = len(shape)
-            t.dtype.code, t.dtype.bits = abi.DL_DTYPES[dtype]
-            t.dtype.lanes = 1
+            t.dtype.code, t.dtype.bits, t.dtype.lanes = abi.dl_type(dtype)
             t.shape = ctypes.cast(shape_array, ctypes.POINTER(ctypes.c_int64))
             t.byte_offset = 0
             self.values[i].v_handle = ctypes.addressof(t)

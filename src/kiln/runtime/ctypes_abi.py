@@ -3,13 +3,13 @@
 Everything kiln calls through ctypes is declared here, in `SIGNATURES`; nothing
 else in kiln spells a C signature. This module also turns Python values into
 packed arguments: numpy arrays and DLPack tensors become `DLTensor`s that point
-at the caller's memory (no copy), scalars become `KilnValue`s.
+at the caller's memory (no copy), scalars become `KilnValue`s. The numbers and
+names of the ABI (type codes, dtypes) are kiln.runtime.abi's tables.
 """
 
 from __future__ import annotations
 
 import ctypes
-import functools
 import operator
 from dataclasses import dataclass
 from typing import Any
@@ -17,14 +17,21 @@ from typing import Any
 import numpy as np
 
 from kiln.errors import CallError
+from kiln.runtime.abi import (
+    ARG_DLTENSOR,
+    ARG_FLOAT,
+    ARG_INT,
+    C_TYPE_NAMES,
+    INT64_MAX,
+    INT64_MIN,
+    KDL_CPU,
+    DLType,
+    dl_type_of,
+    dtype_name,
+)
+
 
 # ---------------------------------------------------------------- DLPack mirrors
-KDL_CPU = 1
-
-# DLDataTypeCode values.
-KDL_INT, KDL_UINT, KDL_FLOAT, KDL_OPAQUE, KDL_BFLOAT, KDL_COMPLEX, KDL_BOOL = 0, 1, 2, 3, 4, 5, 6
-
-
 class DLDevice(ctypes.Structure):
     _fields_ = [("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32)]
 
@@ -49,11 +56,6 @@ class KilnValue(ctypes.Union):
     _fields_ = [("v_int64", ctypes.c_int64), ("v_float64", ctypes.c_double),
                 ("v_handle", ctypes.c_void_p)]
 
-
-# Packed argument type codes.
-ARG_INT = 0
-ARG_FLOAT = 2
-ARG_DLTENSOR = 7
 
 # ---------------------------------------------------------------- the signature table
 # name -> (restype, argtypes). `packed` is every public entry `{prefix}name`.
@@ -89,83 +91,20 @@ def read_string(fn: Any) -> str:
 
 
 # ---------------------------------------------------------------- dtypes
-# kiln dtype -> DLPack (code, bits), and the C type of a raw-kernel argument.
-# Mirrors kiln/codegen/naming.py (DL_CODES, C_TYPES); the runtime must not import codegen.
-DL_DTYPES: dict[str, tuple[int, int]] = {
-    "bool": (KDL_BOOL, 8),
-    "int8": (KDL_INT, 8), "int16": (KDL_INT, 16), "int32": (KDL_INT, 32), "int64": (KDL_INT, 64),
-    "uint8": (KDL_UINT, 8), "uint16": (KDL_UINT, 16), "uint32": (KDL_UINT, 32),
-    "uint64": (KDL_UINT, 64),
-    "float16": (KDL_FLOAT, 16), "bfloat16": (KDL_BFLOAT, 16), "float32": (KDL_FLOAT, 32),
-    "float64": (KDL_FLOAT, 64),
+# The ctypes type of each C element type of abi.C_TYPE_NAMES.
+_CTYPES_BY_C_NAME: dict[str, Any] = {
+    "float": ctypes.c_float, "double": ctypes.c_double,
+    **{f"{s}int{b}_t": getattr(ctypes, f"c_{s}int{b}") for s in ("", "u") for b in (8, 16, 32, 64)},
 }
 
-C_TYPES: dict[str, Any] = {
-    "bool": ctypes.c_uint8, "int8": ctypes.c_int8, "int16": ctypes.c_int16,
-    "int32": ctypes.c_int32, "int64": ctypes.c_int64, "uint8": ctypes.c_uint8,
-    "uint16": ctypes.c_uint16, "uint32": ctypes.c_uint32, "uint64": ctypes.c_uint64,
-    "float16": ctypes.c_uint16, "bfloat16": ctypes.c_uint16, "float32": ctypes.c_float,
-    "float64": ctypes.c_double,
-}
-
-_CODE_NAMES = {KDL_INT: "int", KDL_UINT: "uint", KDL_FLOAT: "float", KDL_OPAQUE: "handle",
-               KDL_BFLOAT: "bfloat", KDL_COMPLEX: "complex", KDL_BOOL: "bool"}
-
-
-def dtype_name(code: int, bits: int, lanes: int = 1) -> str:
-    """The name docs/abi.md gives a DLDataType in error messages ("float32", "int8x4")."""
-    if code == KDL_BOOL and bits == 8:
-        name = "bool"
-    elif code in _CODE_NAMES:
-        name = f"{_CODE_NAMES[code]}{bits}"
-    else:
-        name = f"dtype(code={code}, bits={bits})"
-    return name if lanes == 1 else f"{name}x{lanes}"
-
-
-def is_float_dtype(dtype: str) -> bool:
-    return DL_DTYPES[dtype][0] in (KDL_FLOAT, KDL_BFLOAT)
-
-
-def numpy_dtype(dtype: str) -> np.dtype[Any]:
-    """The numpy dtype of a kiln dtype; bfloat16 needs the ml_dtypes package."""
-    if dtype == "bfloat16":
-        try:
-            import ml_dtypes
-        except ImportError as exc:  # pragma: no cover - depends on the environment
-            raise CallError("bfloat16 tensors need the ml_dtypes package") from exc
-        return np.dtype(ml_dtypes.bfloat16)
-    if dtype not in DL_DTYPES:
-        raise CallError(f"unknown dtype {dtype!r} in a function signature")
-    return np.dtype(dtype)
-
-
-@functools.lru_cache(maxsize=64)
-def dl_dtype_of(dtype: np.dtype[Any]) -> tuple[int, int] | None:
-    """DLPack (code, bits) of a numpy dtype, or None when DLPack cannot express it.
-
-    Cached: every tensor argument of every call asks, and `dtype.name` is slow.
-    """
-    if dtype.name == "bfloat16":
-        return (KDL_BFLOAT, 16)
-    kind = dtype.kind
-    bits = dtype.itemsize * 8
-    if kind == "b":
-        return (KDL_BOOL, 8)
-    if kind == "i":
-        return (KDL_INT, bits)
-    if kind == "u":
-        return (KDL_UINT, bits)
-    if kind == "f":
-        return (KDL_FLOAT, bits)
-    if kind == "c":
-        return (KDL_COMPLEX, bits)
-    return None
+# kiln dtype -> the ctypes type of a raw-kernel scalar argument of that dtype.
+C_TYPES: dict[str, Any] = {dtype: _CTYPES_BY_C_NAME[c_name]
+                           for dtype, c_name in C_TYPE_NAMES.items()}
 
 
 def array_dtype_name(arr: np.ndarray) -> str:
     """`dtype_name` of a numpy array's dtype (numpy's own name if DLPack has none)."""
-    dl = dl_dtype_of(arr.dtype)
+    dl = dl_type_of(arr.dtype)
     return dtype_name(*dl) if dl is not None else arr.dtype.name
 
 
@@ -239,8 +178,8 @@ def to_numpy(value: object, where: Where) -> np.ndarray:
         raise where.error(f"cannot read {type(value).__name__} through DLPack: {exc}") from exc
 
 
-def require_dl_dtype(array: np.ndarray, where: Where) -> tuple[int, int]:
-    """DLPack (code, bits) of the array's dtype; CallError if DLPack has none (e.g. object).
+def require_dl_type(array: np.ndarray, where: Where) -> DLType:
+    """DLPack type of the array's dtype; CallError if DLPack has none (e.g. object).
 
     A non-native byte order (`dtype('>f4')` here) is refused: compiled code reads
     memory in this machine's order, and DLPack has no way to say otherwise.
@@ -250,7 +189,7 @@ def require_dl_dtype(array: np.ndarray, where: Where) -> tuple[int, int]:
         raise where.error(
             f"numpy dtype {dtype.str!r} has non-native byte order; convert it first with "
             f"array.astype(array.dtype.newbyteorder('='))")
-    dl = dl_dtype_of(dtype)
+    dl = dl_type_of(dtype)
     if dl is None:
         raise where.error(f"numpy dtype {dtype.name} has no DLPack equivalent")
     return dl
@@ -277,7 +216,7 @@ class TensorArg:
     __slots__ = ("array", "shape", "strides", "tensor")
 
     def __init__(self, array: np.ndarray, where: Where) -> None:
-        dl = require_dl_dtype(array, where)
+        dl = require_dl_type(array, where)
         ndim = array.ndim
         self.array = array
         self.shape = (ctypes.c_int64 * ndim)(*array.shape)
@@ -292,16 +231,12 @@ class TensorArg:
         t.device.device_type = KDL_CPU
         t.device.device_id = 0
         t.ndim = ndim
-        t.dtype.code, t.dtype.bits = dl
-        t.dtype.lanes = 1
+        t.dtype.code, t.dtype.bits, t.dtype.lanes = dl
         t.shape = ctypes.cast(self.shape, ctypes.POINTER(ctypes.c_int64))
         if self.strides is not None:
             t.strides = ctypes.cast(self.strides, ctypes.POINTER(ctypes.c_int64))
         t.byte_offset = 0
         self.tensor = t
-
-
-INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 
 
 def pack_arguments(values: list[object], wheres: list[Where]) -> tuple[Any, Any, list[Any]]:

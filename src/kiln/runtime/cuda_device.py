@@ -15,9 +15,7 @@ from types import ModuleType
 from typing import Any
 
 from kiln.errors import CallError
-
-#: DLPack's device type code for CUDA memory (dlpack.h, kDLCUDA).
-DLPACK_CUDA = 2
+from kiln.runtime.abi import KDL_CUDA
 
 
 @dataclass(frozen=True)
@@ -32,7 +30,7 @@ class CudaDevice:
 
     @property
     def dlpack_device(self) -> tuple[int, int]:
-        return (DLPACK_CUDA, self.index)
+        return (KDL_CUDA, self.index)
 
     def __str__(self) -> str:
         return f"cuda({self.index})"

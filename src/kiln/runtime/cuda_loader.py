@@ -32,8 +32,9 @@ import numpy as np
 
 from kiln.artifact.artifact import AnyArtifact
 from kiln.errors import CallError, FormatError
+from kiln.runtime.abi import KDL_CUDA
 from kiln.runtime.ctypes_abi import C_TYPES, DLTensor
-from kiln.runtime.cuda_device import DLPACK_CUDA, CudaDevice, cuda, require_device
+from kiln.runtime.cuda_device import CudaDevice, cuda, require_device
 from kiln.runtime.loaders import LoadContext
 from kiln.runtime.module import Module
 
@@ -174,9 +175,9 @@ class CudaModule(Module):
             raise CallError(f"{where}: expected a CUDA tensor with __dlpack__, got "
                             f"{type(value).__name__}")
         dev_type, dev_id = (int(x) for x in value.__dlpack_device__())
-        if (dev_type, dev_id) != (DLPACK_CUDA, self.device.index):
+        if (dev_type, dev_id) != (KDL_CUDA, self.device.index):
             raise CallError(f"{where}: expected a tensor on {self.device} (DLPack device "
-                            f"({DLPACK_CUDA}, {self.device.index})), got ({dev_type}, {dev_id})")
+                            f"({KDL_CUDA}, {self.device.index})), got ({dev_type}, {dev_id})")
         capsule = value.__dlpack__()
         get = ctypes.pythonapi.PyCapsule_GetPointer
         get.restype, get.argtypes = ctypes.c_void_p, [ctypes.py_object, ctypes.c_char_p]

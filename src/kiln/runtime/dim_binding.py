@@ -4,17 +4,18 @@ The packed entry of a function with symbolic dimensions (docs/dynamic-shapes.md)
 reads each dimension variable from the first input dimension that is exactly that
 variable and checks every other occurrence and every bound, before any kernel
 runs. This module is that check on the Python side, with the texts of
-docs/abi.md, so a deploy host (numpy only) reports the same errors as C.
+docs/abi.md, so a deploy host (numpy only) reports the same errors as C. The
+dimension texts of the metadata (``seq*4``) are read and computed by
+`kiln.dim_expr`, the one definition of the language the C entries use as well.
 """
 
 from __future__ import annotations
 
-import ast
 import functools
-import operator
 from collections.abc import Callable, Mapping, Sequence
 
-from kiln.errors import CallError
+from kiln import dim_expr
+from kiln.errors import CallError, FormatError
 
 #: One dimension of a signature: a static size, the name of a dimension variable,
 #: or an expression over them in ``dim_text`` form (``seq*2``).
@@ -80,7 +81,7 @@ def bind_dims(
     for index, (pname, dims), shape in zip(where, params, shapes, strict=True):
         if all(isinstance(d, str) and d.isidentifier() for d in dims):
             continue  # every dimension was bound or checked above
-        want = [d if isinstance(d, int) else eval_dim_text(str(d), values) for d in dims]
+        want = [d if isinstance(d, int) else dim_size(func, str(d), values) for d in dims]
         if list(shape) != want:
             raise CallError(
                 f"{func}: argument {index} '{pname}': expected shape "
@@ -94,52 +95,26 @@ def _shape_text(dims: Sequence[DimSpec]) -> str:
     return "[" + ", ".join(str(d) for d in dims) + "]"
 
 
-_BINARY: dict[type[ast.operator], Callable[[int, int], int]] = {
-    ast.Add: operator.add,
-    ast.Sub: operator.sub,
-    ast.Mult: operator.mul,
-    ast.FloorDiv: operator.floordiv,
-    ast.Mod: operator.mod,
-}
-_CALLS: dict[str, Callable[[int, int], int]] = {"min": min, "max": max}
-
-
-# Longest dimension text a library's metadata may hold (the compiler's are far shorter).
-MAX_DIM_TEXT = 1024
-
-
 def is_dim_text(text: str) -> bool:
     """Whether `text` is a dimension as metadata writes it: a variable name or an
-    expression `eval_dim_text` reads (checked for form only, never evaluated)."""
-    if len(text) > MAX_DIM_TEXT:
-        return False
+    expression of the `kiln.dim_expr` text form (checked for form only, never evaluated)."""
     try:
-        tree = ast.parse(text, mode="eval")
-    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        _parse(text)
+    except FormatError:
         return False
-    allowed = (ast.Expression, ast.Constant, ast.Name, ast.Load, ast.UnaryOp, ast.USub,
-               ast.BinOp, ast.Call, *_BINARY)
-    for node in ast.walk(tree):
-        if not isinstance(node, allowed):
-            return False
-        if isinstance(node, ast.Constant) and type(node.value) is not int:
-            return False
-        if isinstance(node, ast.Call) and not (
-                isinstance(node.func, ast.Name) and node.func.id in _CALLS
-                and len(node.args) == 2 and not node.keywords):
-            return False
     return True
 
 
 def eval_dim_text(text: str, values: Mapping[str, int]) -> int:
-    """The size a dimension's text (``seq*4``, ``(h - 1)//2 + 1``) has for ``values``.
+    """The value a dimension's text (``seq*4``, ``(h - 1)//2 + 1``) has for ``values``.
 
     Reads the form ``kiln.ir.shape_expr.dim_text`` writes into metadata (integer
-    ``+ - * // %``, unary minus, ``min``/``max``), with Python's floor semantics as
-    the compiler's; anything else is a :class:`CallError`, never evaluated. Each text
-    is read once (`compile_dim_text`); a call evaluates the result.
+    ``+ - * // %``, unary minus, ``min``/``max``), with the int64 arithmetic of
+    `kiln.dim_expr`; anything else, an overflow or a zero divisor is a
+    :class:`CallError` naming the text, never a wrapped value. A size (a shape to
+    allocate or check) is `compile_dim_text`, which refuses a negative value too.
     """
-    return compile_dim_text(text)(values)
+    return dim_expr.evaluate(_read(text), values)
 
 
 SizeOf = Callable[[Mapping[str, int]], int]
@@ -147,40 +122,28 @@ SizeOf = Callable[[Mapping[str, int]], int]
 
 @functools.lru_cache(maxsize=4096)
 def compile_dim_text(text: str) -> SizeOf:
-    """A function of the variables' values computing `text` (see `eval_dim_text`)."""
-    if not is_dim_text(text):
-        raise CallError(f"unsupported dimension text {text[:80]!r}")
-    tree = ast.parse(text, mode="eval")
+    """A function of the variables' values computing the size `text` spells (see
+    `eval_dim_text`; a negative size is a CallError as well). Each text is read once."""
+    return functools.partial(dim_expr.evaluate_size, _read(text))
 
-    def build(node: ast.AST) -> SizeOf:
-        if isinstance(node, ast.Constant) and type(node.value) is int:
-            value = node.value
-            return lambda values: value
-        if isinstance(node, ast.Name):
-            name = node.id
 
-            def lookup(values: Mapping[str, int]) -> int:
-                if name not in values:
-                    raise CallError(f"dimension text {text!r}: no value for '{name}'")
-                return int(values[name])
+def dim_size(func: str, text: str, values: Mapping[str, int]) -> int:
+    """The size `text` has for `values` (`compile_dim_text`), with a failure named as the
+    C entry names it: ``main: dimension 'a*2' overflows int64``."""
+    try:
+        return compile_dim_text(text)(values)
+    except CallError as err:
+        raise CallError(f"{func}: {err}") from None
 
-            return lookup
-        if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
-            operand = build(node.operand)
-            return lambda values: -operand(values)
-        if isinstance(node, ast.BinOp) and type(node.op) in _BINARY:
-            left, right, op = build(node.left), build(node.right), _BINARY[type(node.op)]
-            divides = isinstance(node.op, ast.FloorDiv | ast.Mod)
 
-            def binary(values: Mapping[str, int]) -> int:
-                a, b = left(values), right(values)
-                if divides and b == 0:
-                    raise CallError(f"dimension text {text!r}: division by zero")
-                return op(a, b)
+@functools.lru_cache(maxsize=4096)
+def _parse(text: str) -> dim_expr.Expr:
+    return dim_expr.parse(text)
 
-            return binary
-        assert isinstance(node, ast.Call) and isinstance(node.func, ast.Name)  # is_dim_text
-        first, second, pick = build(node.args[0]), build(node.args[1]), _CALLS[node.func.id]
-        return lambda values: pick(first(values), second(values))
 
-    return build(tree.body)
+def _read(text: str) -> dim_expr.Expr:
+    """The expression of a metadata text; one outside the form is a CallError."""
+    try:
+        return _parse(text)
+    except FormatError as err:
+        raise CallError(f"unsupported dimension text: {err}") from None

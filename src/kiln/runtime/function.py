@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -23,18 +24,11 @@ import numpy as np
 
 from kiln._registry import suggest
 from kiln.errors import CallError
-from kiln.runtime import ctypes_abi as abi
+from kiln.runtime import abi, ctypes_abi
 from kiln.runtime.call_slots import SlotPool
 from kiln.runtime.ctypes_abi import Where
-from kiln.runtime.dim_binding import bind_dims, compile_dim_text, eval_dim_text
+from kiln.runtime.dim_binding import bind_dims, compile_dim_text, dim_size
 from kiln.runtime.lifetime import CallGuard
-
-# Inclusive value range of integer scalar dtypes.
-_INT_RANGES = {
-    "bool": (0, 1),
-    **{f"int{b}": (-(2 ** (b - 1)), 2 ** (b - 1) - 1) for b in (8, 16, 32, 64)},
-    **{f"uint{b}": (0, 2**b - 1) for b in (8, 16, 32, 64)},
-}
 
 
 def _plural(n: int, word: str) -> str:
@@ -43,7 +37,7 @@ def _plural(n: int, word: str) -> str:
 
 def _describe_param(p: Mapping[str, Any]) -> str:
     if p.get("kind") == "tensor":
-        return f"{p['name']}: {p['dtype']}{abi.format_shape(p['shape'])}"
+        return f"{p['name']}: {p['dtype']}{ctypes_abi.format_shape(p['shape'])}"
     return f"{p['name']}: {p['dtype']}"
 
 
@@ -74,7 +68,7 @@ class PackedFunction:
         self._index = {p["name"]: i for i, p in enumerate(self.params)}
         self._wheres = [Where(self.name, i, str(p["name"])) for i, p in enumerate(self._arguments)]
         # The value range of each integer scalar parameter (None for the others).
-        self._int_bounds = [_INT_RANGES.get(p["dtype"]) if p.get("kind") == "scalar" else None
+        self._int_bounds = [abi.SCALAR_RANGES.get(p["dtype"]) if p.get("kind") == "scalar" else None
                             for p in self.params]
         # Tensor arguments, and those the code writes: every result, and each parameter
         # the metadata marks "written" (libraries older than that mark carry none).
@@ -101,7 +95,8 @@ class PackedFunction:
             out = None
         values = self._bind(args, kwargs)
         allocating = self.kind == "graph" and out is None
-        values = self._screen(values, check_shapes=allocating)
+        # Binding symbolic sizes reads the inputs' shapes: check them first, as the entry does.
+        values = self._screen(values, check_shapes=allocating or self.symbolic)
         if self.kind == "graph" and self.symbolic:
             given = self._outputs(out) if out is not None else []
             sizes = self.bind_symbolic([*values, *given])
@@ -131,8 +126,8 @@ class PackedFunction:
         given = {}
         for i, p in enumerate(self.params):
             if p.get("kind") == "scalar" and self._int_bounds[i] is not None \
-                    and abi.type_code_of(values[i]) == abi.ARG_INT:
-                given[str(p["name"])] = (abi.scalar_int(values[i]), i, str(p["name"]))
+                    and ctypes_abi.type_code_of(values[i]) == abi.ARG_INT:
+                given[str(p["name"])] = (ctypes_abi.scalar_int(values[i]), i, str(p["name"]))
         return bind_dims(self.name, [(str(self._arguments[i]["name"]), self._arguments[i]["shape"])
                                      for i in tensors],
                          [values[i].shape for i in tensors], self.dims,
@@ -140,12 +135,12 @@ class PackedFunction:
 
     def concrete_shape(self, i: int, sizes: Mapping[str, int]) -> tuple[int, ...]:
         """Argument i's shape for these sizes of the dimension variables."""
-        return tuple(d if isinstance(d, int) else eval_dim_text(d, sizes)
+        return tuple(d if isinstance(d, int) else dim_size(self.name, d, sizes)
                      for d in self._arguments[i]["shape"])
 
     def _allocate(self, sizes: Mapping[str, int]) -> list[np.ndarray]:
         n = len(self.params)
-        return [np.empty(self.concrete_shape(n + j, sizes), dtype)
+        return [allocate_result(self.concrete_shape(n + j, sizes), dtype, self._wheres[n + j])
                 for j, (_, dtype) in enumerate(self._result_layouts)]
 
     def output_shapes(self, *args: Any, **kwargs: Any) -> list[tuple[int, ...]]:
@@ -175,9 +170,9 @@ class PackedFunction:
         for i, (value, bounds) in enumerate(zip(values, self._int_bounds)):
             if value is _MISSING:
                 raise CallError(f"{self.name}: missing argument {i} '{self.params[i]['name']}'")
-            if bounds is not None and abi.type_code_of(value) == abi.ARG_INT:
+            if bounds is not None and ctypes_abi.type_code_of(value) == abi.ARG_INT:
                 # An integer scalar must fit its parameter's dtype (C would wrap it silently).
-                ivalue = abi.scalar_int(value)
+                ivalue = ctypes_abi.scalar_int(value)
                 if not bounds[0] <= ivalue <= bounds[1]:
                     raise self._wheres[i].error(
                         f"value {ivalue} out of range for {self.params[i]['dtype']}")
@@ -186,9 +181,11 @@ class PackedFunction:
     def _screen(self, values: list[Any], *, check_shapes: bool) -> list[Any]:
         """Tensor parameters as numpy views (DLPack read once), checked for byte order.
 
-        With `check_shapes` (results about to be allocated) the inputs' ndim, dtype,
-        shape and layout are checked too, so a wrong call allocates nothing. Values
-        that are not tensors stay as they are: the compiled entry reports them.
+        With `check_shapes` (results about to be allocated, or symbolic sizes about to
+        be bound) every tensor parameter is checked too (a tensor, its ndim, dtype,
+        shape and layout), so a wrong call allocates nothing and is reported as the
+        entry reports it. Without, a value that is not a tensor stays as it is: the
+        compiled entry reports it.
         """
         screened = list(values)
         n = len(self.params)
@@ -196,14 +193,16 @@ class PackedFunction:
             if i >= n:
                 break
             value = values[i]
-            if not abi.is_tensor(value):
+            if not ctypes_abi.is_tensor(value):
+                if check_shapes:
+                    checked_tensor(value, self.params[i], self._wheres[i])  # raises, naming it
                 continue
-            array = abi.to_numpy(value, self._wheres[i])
-            abi.require_dl_dtype(array, self._wheres[i])
+            array = ctypes_abi.to_numpy(value, self._wheres[i])
+            ctypes_abi.require_dl_type(array, self._wheres[i])
             if not array.flags.c_contiguous and self._copy_ok(i):
                 # A strided input (a transpose, a slice) is copied, as onnxruntime does;
                 # buffers the function writes must be contiguous (they are not copied).
-                array = np.ascontiguousarray(array)
+                array = _contiguous_copy(array, self._wheres[i])
             if check_shapes and not self._fits(i, array):
                 check_tensor(array, self.params[i], self._wheres[i])  # raises, naming it
             screened[i] = array
@@ -260,21 +259,22 @@ class PackedFunction:
 
     def _outputs(self, out: Any) -> list[np.ndarray]:
         """Result arrays: freshly allocated, or the caller's `out=` after checking them."""
+        n = len(self.params)
         if out is None:
-            return [np.empty(shape, dtype) for shape, dtype in self._result_layouts]
+            return [allocate_result(shape, dtype, self._wheres[n + j])
+                    for j, (shape, dtype) in enumerate(self._result_layouts)]
         outs = list(out) if isinstance(out, (tuple, list)) else [out]
         if len(outs) != len(self.results):
             raise CallError(
                 f"{self.name}: out= has {len(outs)} arrays; the function has "
                 f"{_plural(len(self.results), 'result')}")
-        n = len(self.params)
         checked = []
         for j, (arr, r) in enumerate(zip(outs, self.results)):
             where = self._wheres[n + j]
-            if not abi.is_tensor(arr):
+            if not ctypes_abi.is_tensor(arr):
                 raise where.error(f"out= needs arrays, got {type(arr).__name__}")
-            array = abi.to_numpy(arr, where)
-            abi.require_dl_dtype(array, where)
+            array = ctypes_abi.to_numpy(arr, where)
+            ctypes_abi.require_dl_type(array, where)
             array = check_tensor(array, r, where)
             if not array.flags.writeable:
                 raise where.error("the out= array is read-only")
@@ -360,19 +360,53 @@ def _any_written_overlap(addresses: list[int], sizes: list[int], first_written: 
     return False
 
 
+def _nbytes(shape: Sequence[int], dtype: np.dtype[Any]) -> int:
+    """Bytes an array of `shape` and `dtype` takes, in Python ints (never wraps)."""
+    return math.prod(int(d) for d in shape) * dtype.itemsize
+
+
+def _why_not(exc: BaseException) -> str:
+    """Why numpy refused an allocation: memory ran out, or the size is past what one
+    array can hold (numpy's ValueError; its wording changes between versions)."""
+    return "not enough memory" if isinstance(exc, MemoryError) else "too large for an array"
+
+
+def allocate_result(shape: Sequence[int], dtype: np.dtype[Any], where: Where) -> np.ndarray:
+    """An uninitialised result array; CallError naming the result when numpy cannot
+    allocate it (no memory, or a size beyond what an array can address)."""
+    try:
+        return np.empty(tuple(shape), dtype)
+    except (MemoryError, ValueError, OverflowError) as exc:
+        raise where.error(
+            f"cannot allocate the result: shape {ctypes_abi.format_shape(shape)} of "
+            f"{dtype.name} is {_nbytes(shape, dtype)} bytes ({_why_not(exc)})") from None
+
+
+def _contiguous_copy(array: np.ndarray, where: Where) -> np.ndarray:
+    """A C-contiguous copy of a strided input; CallError naming it when it cannot be made."""
+    try:
+        return np.ascontiguousarray(array)
+    except (MemoryError, ValueError) as exc:
+        raise where.error(
+            f"cannot copy the strided array into a contiguous one of "
+            f"{_nbytes(array.shape, array.dtype)} bytes ({_why_not(exc)}); pass a contiguous "
+            "array") from None
+
+
 def check_tensor(array: np.ndarray, param: Mapping[str, Any], where: Where) -> np.ndarray:
     """docs/abi.md checks 3-4 on a CPU array (ndim, dtype, shape, contiguity); a symbolic
     shape is left to `bind_dims`, which checks it once the variables are bound."""
     shape = list(param["shape"])
     if array.ndim != len(shape):
         raise where.error(f"expected {_plural(len(shape), 'dimension')}, got {array.ndim}")
-    got = abi.array_dtype_name(array)
+    got = ctypes_abi.array_dtype_name(array)
     if got != param["dtype"]:
         raise where.error(f"expected dtype {param['dtype']}, got {got}")
     symbolic = any(isinstance(d, str) for d in shape)
     if not symbolic and list(array.shape) != shape:
         raise where.error(
-            f"expected shape {abi.format_shape(shape)}, got {abi.format_shape(array.shape)}")
+            f"expected shape {ctypes_abi.format_shape(shape)}, "
+            f"got {ctypes_abi.format_shape(array.shape)}")
     if not array.flags.c_contiguous:
         raise where.error("expected a contiguous tensor")
     return array
@@ -443,11 +477,11 @@ class NativeFunction(PackedFunction):
         for i, array in enumerate(args):
             if not _fits_exactly(array, layouts[i]):
                 return _SLOW
-            addresses.append(abi.data_address(array))
+            addresses.append(ctypes_abi.data_address(array))
         if out is None:
-            outputs = [np.empty(layouts[n + j][0], dtype)
+            outputs = [allocate_result(layouts[n + j][0], dtype, self._wheres[n + j])
                        for j, (_, dtype) in enumerate(self._result_layouts)]
-            addresses.extend(abi.data_address(o) for o in outputs)
+            addresses.extend(ctypes_abi.data_address(o) for o in outputs)
         else:
             outputs = list(out) if isinstance(out, (tuple, list)) else [out]
             if len(outputs) != len(self.results):
@@ -455,7 +489,7 @@ class NativeFunction(PackedFunction):
             for j, array in enumerate(outputs):
                 if not (_fits_exactly(array, layouts[n + j]) and array.flags.writeable):
                     return _SLOW
-                addresses.append(abi.data_address(array))
+                addresses.append(ctypes_abi.data_address(array))
             sizes = [a.nbytes for a in (*args, *outputs)]
             if _any_written_overlap(addresses, sizes, n):
                 return _SLOW  # the general path names the overlap
@@ -491,7 +525,7 @@ class NativeFunction(PackedFunction):
             raise CallError(message)
 
     def _invoke(self, values: list[Any], wheres: list[Where]) -> None:
-        args, codes, keep = abi.pack_arguments(values, wheres)
+        args, codes, keep = ctypes_abi.pack_arguments(values, wheres)
         self._run(args, codes, len(values))
         del keep  # the tensors' owners had to live through the call
 
@@ -520,7 +554,7 @@ class RawKernelFunction(PackedFunction):
         self.address = address
         self.error_message = error_message
         self.keepalive = keepalive
-        argtypes = [ctypes.c_void_p if p["kind"] == "tensor" else abi.C_TYPES[p["dtype"]]
+        argtypes = [ctypes.c_void_p if p["kind"] == "tensor" else ctypes_abi.C_TYPES[p["dtype"]]
                     for p in self._arguments]
         # A graph function's kernel takes its dimension variables last, sorted by name.
         argtypes += [ctypes.c_int64] * len(self.dims)
@@ -534,7 +568,7 @@ class RawKernelFunction(PackedFunction):
         if self.symbolic:  # the entry's checks with the shapes these sizes give
             for i in self._tensors:
                 checked_tensor(values[i], arguments[i], wheres[i])  # before any shape
-            sizes = self.bind_symbolic([abi.to_numpy(v, w) if abi.is_tensor(v) else v
+            sizes = self.bind_symbolic([ctypes_abi.to_numpy(v, w) if ctypes_abi.is_tensor(v) else v
                                         for v, w in zip(values, wheres)])
             arguments = [dict(p, shape=list(self.concrete_shape(i, sizes)))
                          if p["kind"] == "tensor" else p for i, p in enumerate(arguments)]
@@ -562,11 +596,11 @@ class RawKernelFunction(PackedFunction):
 
 def checked_tensor(value: Any, param: Mapping[str, Any], where: Where) -> np.ndarray:
     """All of a packed entry's checks on a tensor argument; its numpy view (no copy)."""
-    check_type_code(abi.type_code_of(value), param, where, value)
+    check_type_code(ctypes_abi.type_code_of(value), param, where, value)
     if value is None:
         raise where.error("expected a tensor, got NULL")
-    array = abi.to_numpy(value, where)
-    abi.require_dl_dtype(array, where)  # what NativeFunction's conversion would reject
+    array = ctypes_abi.to_numpy(value, where)
+    ctypes_abi.require_dl_type(array, where)  # what NativeFunction's conversion would reject
     return check_tensor(array, param, where)
 
 
@@ -592,7 +626,7 @@ def check_type_code(code: int | None, param: Mapping[str, Any], where: Where,
 
 def checked_scalar(value: Any, param: Mapping[str, Any], where: Where) -> Any:
     """The C value of a scalar argument (range was checked while binding)."""
-    check_type_code(abi.type_code_of(value), param, where, value)
+    check_type_code(ctypes_abi.type_code_of(value), param, where, value)
     dtype = param["dtype"]
     if dtype == "float16":
         return int(np.array(float(value), np.float16).view(np.uint16))
@@ -600,7 +634,7 @@ def checked_scalar(value: Any, param: Mapping[str, Any], where: Where) -> Any:
         return _bfloat16_bits(float(value))
     if abi.is_float_dtype(dtype):
         return float(value)
-    return abi.scalar_int(value)
+    return ctypes_abi.scalar_int(value)
 
 
 # Older spellings, kept for callers outside the runtime.

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kiln._registry import Registry, RegistryError
-from kiln.errors import KilnError, missing_dependency
+from kiln.errors import ArgumentTypeError, KilnError, missing_dependency
 
 if TYPE_CHECKING:
     from kiln.artifact import AnyArtifact
@@ -59,7 +59,7 @@ def register_loader(name: str, fn: Loader, *, override: bool = False) -> Loader:
         raise KilnError(f"loader name '{name}' is reserved: 'native' artifacts are linked into "
                         "the host library and 'none' artifacts are never loaded")
     if not callable(fn):
-        raise TypeError(f"a loader must be callable, got {type(fn).__name__}")
+        raise ArgumentTypeError(f"a loader must be callable, got {type(fn).__name__}")
     LOADERS.register(name, fn, override=override)
     return fn
 

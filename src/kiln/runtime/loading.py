@@ -32,7 +32,7 @@ from kiln.artifact.archive import read_tar
 from kiln.artifact.artifact import NATIVE, NONE, AnyArtifact, ArtifactSet
 from kiln.artifact.blob import HEADER_SIZE, BlobContents, blob_length, unpack
 from kiln.artifact.elf import host_machine, machine_name
-from kiln.errors import FormatError
+from kiln.errors import FormatError, MissingFileError
 from kiln.runtime.cpu_features import check_library
 from kiln.runtime.dynsym import find_blob_symbol
 from kiln.runtime.loaders import LoadContext, run_loader
@@ -60,7 +60,7 @@ def load_module(path: str | os.PathLike[str], *, prefix: str | None = None,
     if p.is_dir():
         raise FormatError(f"{p}: is a directory, not a library file")
     if not p.is_file():
-        raise FileNotFoundError(f"{p}: no such library file")
+        raise MissingFileError(f"{p}: no such library file")
     if suffix == ".tar":
         artifacts, metadata = read_tar(p)
         tar_prefix = metadata.get("prefix")

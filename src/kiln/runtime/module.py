@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kiln._registry import suggest
-from kiln.errors import FormatError, KilnError
-from kiln.runtime import ctypes_abi as abi
+from kiln.errors import FormatError, KilnError, UsageError
+from kiln.runtime import abi, ctypes_abi
 from kiln.runtime.dim_binding import is_dim_text
 from kiln.runtime.function import NativeFunction, PackedFunction
 from kiln.runtime.lifetime import CallGuard
@@ -136,7 +136,7 @@ class Module:
         them. A module with nothing to show in `fmt` shows its imports' source.
         """
         if fmt not in SOURCE_FORMATS:
-            raise ValueError(f"unknown source format {fmt!r}; choose 'c', 'll' or 'asm'")
+            raise UsageError(f"unknown source format {fmt!r}; choose 'c', 'll' or 'asm'")
         found = self._find_source(fmt)
         if found is not None:
             return found
@@ -262,19 +262,19 @@ class LibraryModule(Module):
         self._last_error_fn: Any = None
         self._profile: ProfileCounters | None = None
         try:
-            metadata_fn = abi.bind(lib, f"{prefix}_metadata", "metadata")
+            metadata_fn = ctypes_abi.bind(lib, f"{prefix}_metadata", "metadata")
         except AttributeError:
             self.has_native = False  # a blob-only library
             return
         self.has_native = True
         try:
-            self._last_error_fn = abi.bind(lib, f"{prefix}_last_error", "last_error")
+            self._last_error_fn = ctypes_abi.bind(lib, f"{prefix}_last_error", "last_error")
         except AttributeError:
             self.close()
             raise FormatError(f"{self.path}: exports {prefix}_metadata but not "
                               f"{prefix}_last_error; not a kiln library") from None
         try:
-            self.metadata = _parse_library_metadata(abi.read_string(metadata_fn), self.path)
+            self.metadata = _parse_library_metadata(ctypes_abi.read_string(metadata_fn), self.path)
         except FormatError:
             self.close()
             raise
@@ -293,7 +293,7 @@ class LibraryModule(Module):
                 self.close()
                 raise FormatError(f"{self.path}: library metadata: {exc}") from None
             try:
-                c_func = abi.bind(lib, sig["symbol"], "packed")
+                c_func = ctypes_abi.bind(lib, sig["symbol"], "packed")
             except AttributeError:
                 self.close()
                 raise FormatError(f"{self.path}: metadata lists function '{name}' but the "
@@ -305,7 +305,7 @@ class LibraryModule(Module):
         """`{prefix}_last_error()`: the message of the last failed call on this thread."""
         if self.closed or self._last_error_fn is None:
             return ""
-        return abi.read_string(self._last_error_fn)
+        return ctypes_abi.read_string(self._last_error_fn)
 
     def _own_function(self, name: str) -> PackedFunction | None:
         return None if self.closed else self._functions.get(name)
@@ -400,7 +400,7 @@ def _check_signature(name: str, sig: Any) -> None:
         for p in entries:
             if not isinstance(p, dict) or not isinstance(p.get("name"), str):
                 raise fail(f"an entry of '{key}' has no name")
-            if p.get("dtype") not in abi.DL_DTYPES:
+            if p.get("dtype") not in abi.DL_TYPES:
                 raise fail(f"{p['name']}: unknown dtype {p.get('dtype')!r}")
             kind = p.get("kind")
             shape = p.get("shape")

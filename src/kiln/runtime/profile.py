@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kiln.errors import KilnError
-from kiln.runtime import ctypes_abi as abi
+from kiln.runtime import ctypes_abi
 
 
 @dataclass(frozen=True)
@@ -39,8 +39,8 @@ class ProfileCounters:
     """The bound profiling accessors of one loaded library."""
 
     def __init__(self, lib: ctypes.CDLL, prefix: str, sites: int) -> None:
-        self._read = abi.bind(lib, f"{prefix}_profile_read", "profile_read")
-        self._reset = abi.bind(lib, f"{prefix}_profile_reset", "profile_reset")
+        self._read = ctypes_abi.bind(lib, f"{prefix}_profile_read", "profile_read")
+        self._reset = ctypes_abi.bind(lib, f"{prefix}_profile_reset", "profile_reset")
         self.sites = sites
         self.prefix = prefix
 

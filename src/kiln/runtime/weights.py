@@ -27,7 +27,7 @@ import threading
 from typing import TYPE_CHECKING, Any
 
 from kiln.artifact.integrity import verify
-from kiln.errors import FormatError
+from kiln.errors import FormatError, UsageError
 
 if TYPE_CHECKING:
     from kiln.artifact.blob import BlobContents
@@ -44,7 +44,7 @@ def verify_mode(value: bool | str | None) -> bool | str:
         return False if env in _OFF else True if env in _LOAD else "lazy"
     if isinstance(value, bool) or value == "lazy":
         return value
-    raise ValueError(f"verify_weights must be True, False or 'lazy', got {value!r}")
+    raise UsageError(f"verify_weights must be True, False or 'lazy', got {value!r}")
 
 
 class WeightCheck:

@@ -120,14 +120,14 @@ def _field_types(cls: type) -> dict[str, Any]:
 
 
 def _convert(name: str, key: str, raw: str, typ: Any) -> Any:
+    if typ is bool:
+        low = raw.lower()
+        if low in ("1", "true", "yes", "on"):
+            return True
+        if low in ("0", "false", "no", "off"):
+            return False
+        raise CompileError(f"pass '{name}': option '{key}': not a boolean: {raw!r}")
     try:
-        if typ is bool:
-            low = raw.lower()
-            if low in ("1", "true", "yes", "on"):
-                return True
-            if low in ("0", "false", "no", "off"):
-                return False
-            raise ValueError(f"not a boolean: {raw!r}")
         if typ is int:
             return int(raw)
         if typ is float:

@@ -4,9 +4,10 @@ One PrimFunc becomes one raw kernel (docs/abi.md, "Raw kernels"):
 
     KILN_HIDDEN int32_t {prefix}_kernel_{name}(const float* X, ..., float* restrict Y, int64_t n)
 
-(qualifiers: kiln.codegen.cfamily.signature) returning 0, or `STATUS_OUT_OF_MEMORY`
-when a heap workspace cannot be allocated (or the non-zero status of a kernel
-it calls). Heap workspaces (`Allocate` with scope "global") are pointers
+(qualifiers: kiln.codegen.cfamily.signature) returning 0, `STATUS_OUT_OF_MEMORY`
+when a heap workspace cannot be allocated, `ERROR_SIZE_OVERFLOW` when the size of
+one sized by symbolic dimensions overflows int64 (or the non-zero status of a
+kernel it calls). Heap workspaces (`Allocate` with scope "global") are pointers
 declared NULL at the top of the kernel, malloc'ed where the IR allocates them
 and freed where their scope ends; an error jumps to the single `done:` label,
 which frees whatever is still held.
@@ -17,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from kiln import dim_expr
 from kiln.codegen.c.context import (
     STATUS_OUT_OF_MEMORY,
     BufferRef,
@@ -32,6 +34,7 @@ from kiln.codegen.cfamily.analysis import (
     read_buffers,
     referenced,
 )
+from kiln.codegen.cfamily.helpers import DIM_HELPERS
 from kiln.codegen.cfamily.literals import int_literal
 from kiln.codegen.cfamily.printer import CPrinter, NameScope
 from kiln.codegen.cfamily.signature import describe_params, param_ctype
@@ -40,7 +43,8 @@ from kiln.errors import IRError
 from kiln.escape import c_comment
 from kiln.ir import dtype as dt
 from kiln.ir.attrs import ATTR_PARALLEL_OF, ATTR_PARALLEL_VAR
-from kiln.ir.shape_expr import dim_product
+from kiln.ir.kernel_errors import ERROR_SIZE_OVERFLOW
+from kiln.ir.shape_expr import dim_product, dim_vars, to_dim_expr
 from kiln.ir.tensor import (
     CHECK_INTRINSIC,
     Allocate,
@@ -62,7 +66,6 @@ from kiln.ir.tensor import (
     Stmt,
     Store,
     Var,
-    as_expr,
 )
 from kiln.transform.outline import COUNT_ARG, FIRST_CAPTURE
 
@@ -361,16 +364,27 @@ class KernelPrinter:
         self.declare(buf, BufferRef(ptr), s)
 
     def allocate_symbolic(self, s: Allocate) -> None:
-        """A heap temporary whose size is an expression of the kernel's dim scalars."""
+        """A heap buffer whose size is an expression of the kernel's dim scalars: the byte
+        count is computed with kiln_dim.c's checked arithmetic, and one that overflows
+        int64 (or size_t) or is negative fails the kernel before any allocation."""
         buf = s.buffer
         ctype = C_TYPES[buf.dtype]
-        numel = self.expr(as_expr(dim_product(buf.shape), "int64")).text
+        size_dim = dim_product((*buf.shape, dt.itemsize(buf.dtype)))
+        names = {v.name: self.ctx.var_name(v) for v in dim_vars(size_dim)}
+        nbytes = to_dim_expr(size_dim)
         ptr = self.heap_ptr[buf]
-        self.ctx.module.uses_malloc = True
+        module = self.ctx.module
+        module.uses_malloc = True
+        module.helpers.use(DIM_HELPERS)
+        size, failed = self.ctx.names.fresh(f"{buf.name}_bytes"), self.ctx.names.fresh("failed")
         p = self.p
-        # At least one element: malloc(0) may return NULL, and an empty buffer is never read.
-        p.line(f"{ptr} = ({ctype}*)KILN_MALLOC(sizeof({ctype}) * "
-               f"(size_t)((int64_t)({numel}) > 0 ? (int64_t)({numel}) : 1));")
+        p.line(f"int32_t {failed} = 0;")
+        p.line(f"int64_t {size} = {dim_expr.to_c(nbytes, names, failed)};")
+        with p.block(f"if ({failed} != 0 || {size} < 0 || (uint64_t){size} > SIZE_MAX)"):
+            p.line(f"{self.status} = {ERROR_SIZE_OVERFLOW}; /* size overflows int64 */")
+            p.line("goto done;")
+        # At least one byte: malloc(0) may return NULL, and an empty buffer is never read.
+        p.line(f"{ptr} = ({ctype}*)KILN_MALLOC((size_t)({size} > 0 ? {size} : 1));")
         with p.block(f"if ({ptr} == NULL)"):
             p.line(f"{self.status} = {STATUS_OUT_OF_MEMORY}; /* out of memory */")
             p.line("goto done;")

@@ -11,7 +11,9 @@ and the 16-bit float conversions (correctly rounded, ties to even).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
+from pathlib import Path
 
 from kiln.errors import CompileError
 from kiln.ir import dtype as dt
@@ -74,6 +76,8 @@ class Helpers:
 def _make(name: str) -> tuple[str, tuple[str, ...]]:
     if name in _FIXED:
         return _FIXED[name]
+    if name == DIM_HELPERS:
+        return dim_runtime_source(), ()
     parts = name.split("_")
     if len(parts) == 3 and parts[0] == "kiln" and parts[2] in SUFFIX_CTYPES:
         maker = _BY_OP.get(parts[1])
@@ -182,6 +186,20 @@ static inline float kiln_bf16_round(double x) {
 }
 """, ("kiln_bf16_from_double", "kiln_bf16_to_float")),
 }
+
+# The checked int64 arithmetic of dimension expressions (kiln.dim_expr.to_c): a real C
+# file shipped next to kiln.h, shared with host.c (kiln_host.c includes it).
+DIM_RUNTIME_FILE = "kiln_dim.c"
+#: The name `Helpers.use` takes for all of kiln_dim.c.
+DIM_HELPERS = "kiln_dim"
+
+
+@functools.cache
+def dim_runtime_source() -> str:
+    """The text of kiln_dim.c (`kiln.runtime.include_dir()/kiln/kiln_dim.c`)."""
+    path = Path(__file__).resolve().parents[2] / "runtime" / "include" / "kiln"
+    return (path / DIM_RUNTIME_FILE).read_text(encoding="utf-8")
+
 
 _FIXED: dict[str, tuple[str, tuple[str, ...]]] = {
     "kiln_narrow_float": (_NARROW_FLOAT, ()),

@@ -24,6 +24,7 @@ from kiln.codegen.constants import CONST_ALIGN, ConstantPool
 from kiln.codegen.llvm import arith
 from kiln.codegen.llvm.arith import MathContext
 from kiln.codegen.llvm.decls import declare
+from kiln.codegen.llvm.dim_size import checked_dim
 from kiln.codegen.llvm.dtypes import (
     I1,
     I8,
@@ -45,8 +46,9 @@ from kiln.escape import c_identifier, is_c_identifier
 from kiln.ir import dtype as dt
 from kiln.ir.aliasing import analyze
 from kiln.ir.attrs import ATTR_EXTERNAL
-from kiln.ir.kernel_errors import ERROR_OUT_OF_MEMORY, KERNEL_ERRORS
+from kiln.ir.kernel_errors import ERROR_OUT_OF_MEMORY, ERROR_SIZE_OVERFLOW, KERNEL_ERRORS
 from kiln.ir.module import IRModule
+from kiln.ir.shape_expr import dim_product, dim_vars, to_dim_expr
 from kiln.ir.tensor import (
     CHECK_INTRINSIC,
     PROFILE_INTRINSICS,
@@ -527,24 +529,23 @@ class _FunctionLowering:
         return self.b.gep(base, [flat], inbounds=True, source_etype=storage_type(buf.dtype))
 
     def byte_size(self, buf: Buffer) -> tuple[ir.Value, ir.Value]:
-        """(size of `buf` in bytes as size_t, whether that size does not fit size_t).
+        """(size of `buf` in bytes as size_t, whether that size is not one).
 
-        A shape computed at run time (e.g. from a negative or huge scalar) can
-        overflow; the caller treats that like a failed allocation.
+        A size computed at run time from symbolic dimensions may overflow int64 or be
+        negative: computed with kiln_dim.c's checked arithmetic (`checked_dim`), such a
+        size sets the flag instead of wrapping, and the caller fails the kernel.
         """
         size_t = self.parent.size_t
         if all(isinstance(d, int) for d in buf.shape):
             return ir.Constant(size_t, buf.nbytes()), ir.Constant(I1, 0)
-        n: ir.Value = ir.Constant(I64, dt.itemsize(buf.dtype))
-        overflow: ir.Value = ir.Constant(I1, 0)
-        for d in buf.shape:
-            product = self.b.umul_with_overflow(n, self.dim_i64(d))
-            n = self.b.extract_value(product, 0)
-            overflow = self.b.or_(overflow, self.b.extract_value(product, 1))
+        nbytes = dim_product((*buf.shape, dt.itemsize(buf.dtype)))
+        names = {v.name: self.index_i64(v) for v in dim_vars(nbytes)}
+        n, failed = checked_dim(self.b, to_dim_expr(nbytes), names)
+        failed = self.b.or_(failed, self.b.icmp_signed("<", n, ir.Constant(I64, 0)))
         if size_t.width < 64:
-            too_big = self.b.icmp_unsigned(">", n, ir.Constant(I64, (1 << size_t.width) - 1))
-            return self.b.trunc(n, size_t), self.b.or_(overflow, too_big)
-        return n, overflow
+            too_big = self.b.icmp_signed(">", n, ir.Constant(I64, (1 << size_t.width) - 1))
+            return self.b.trunc(n, size_t), self.b.or_(failed, too_big)
+        return n, failed
 
     # -- control helpers ---------------------------------------------------------------
 
@@ -820,7 +821,7 @@ def _allocate(fl: _FunctionLowering, s: Allocate) -> None:
     size, overflow = fl.byte_size(buf)
     oom = ir.Constant(I32, ERROR_OUT_OF_MEMORY)
     if not isinstance(overflow, ir.Constant):
-        fl.return_if(overflow, oom)
+        fl.return_if(overflow, ir.Constant(I32, ERROR_SIZE_OVERFLOW))
     # malloc(0) may return NULL legitimately: ask for at least one byte.
     one = ir.Constant(fl.parent.size_t, 1)
     size = fl.b.select(fl.b.icmp_unsigned("==", size, ir.Constant(size.type, 0)), one, size)

@@ -30,6 +30,7 @@ from kiln.codegen.llvm.target_machine import (
     parse_and_verify,
     pipeline,
 )
+from kiln.errors import CompileError
 
 # Below this many LLVM instructions one module is compiled: a second thread would
 # save less than the duplicated declarations and the merge of the bitcode cost.
@@ -170,7 +171,7 @@ class Part:
             buf = _unlocked("LLVMPY_TargetMachineEmitToMemory")(self.machine, self.module, 1,
                                                                 err)
             if not buf:
-                raise RuntimeError(str(err))
+                raise CompileError(f"LLVM could not emit the object code: {err}")
         try:
             return string_at(ffi.lib.LLVMPY_GetBufferStart(buf),
                              ffi.lib.LLVMPY_GetBufferSize(buf))

@@ -31,6 +31,7 @@ from kiln.errors import FrontendError
 from kiln.ir.shape_expr import dim_var
 from kiln.ir.tensor import Var
 from kiln.ir.types import Dim
+from kiln.runtime.abi import INT64_MAX
 
 # A declared dimension: a size, a dim_param name, or None (dynamic, unnamed).
 Declared = int | str | None
@@ -116,9 +117,13 @@ class InputDims:
                 f"; dimensions: {', '.join(named) or '(none)'}")
         name = self.names[key]
         if isinstance(value, range):
-            if value.step != 1 or value.start < 0 or len(value) == 0:
+            # stop <= start rather than len(): len() of a range past ssize_t overflows
+            if value.step != 1 or value.start < 0 or value.stop <= value.start:
                 raise FrontendError(f"shape_dict[{key!r}] = {value!r}: a dimension range must "
                                     "be non-empty, with step 1 and a non-negative start")
+            if value.stop - 1 > INT64_MAX:  # sizes cross the C ABI as int64_t
+                raise FrontendError(f"shape_dict[{key!r}] = {value!r}: the largest size must "
+                                    f"fit int64 (at most {INT64_MAX})")
             self.bounds[name] = (value.start, value.stop - 1)
         elif _is_int(value) and value >= 0:
             self._pin(name, int(value), f"shape_dict[{key!r}]")

@@ -36,6 +36,8 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
+/* The checked arithmetic of dimension expressions; host.c holds its text here. */
+#include "kiln_dim.c"
 
 /* DLPack and KilnValue, laid out exactly as docs/abi.md and kiln/kiln.h say
    (host.c includes nothing but the C standard library). */
@@ -296,23 +298,21 @@ static KILN_UNUSED int32_t kiln_host_shape_is(const char* fn, int32_t index, con
   return 0;
 }
 
-/* Python's // and % on int64 (floor semantics), as shape expressions use them. */
-static KILN_UNUSED int64_t kiln_host_floordiv(int64_t a, int64_t b) {
-  int64_t q;
-  if (b == 0) {
-    return 0; /* never a divisor of a valid shape: the checks then report the mismatch */
+/* A size computed by kiln_dim.c's checked helpers (a tensor dimension of a signature):
+   0 when `status` is clear and `value` is not negative, else the failure named by the
+   dimension's text, with kiln.dim_expr's messages. */
+static KILN_UNUSED int32_t kiln_host_dim_ok(const char* fn, int32_t status, int64_t value,
+    const char* text) {
+  if ((status & KILN_DIM_OVERFLOW) != 0) {
+    return kiln_host_fail("%s: dimension '%s' overflows int64", fn, text);
   }
-  q = a / b;
-  return (a % b != 0 && ((a < 0) != (b < 0))) ? q - 1 : q;
-}
-
-static KILN_UNUSED int64_t kiln_host_floormod(int64_t a, int64_t b) {
-  int64_t r;
-  if (b == 0) {
-    return 0;
+  if (status != 0) {
+    return kiln_host_fail("%s: dimension '%s' divides by zero", fn, text);
   }
-  r = a % b;
-  return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r;
+  if (value < 0) {
+    return kiln_host_fail("%s: dimension '%s' = %lld is negative", fn, text, (long long)value);
+  }
+  return 0;
 }
 
 /* An integer (or bool) scalar argument, range-checked against its dtype. */

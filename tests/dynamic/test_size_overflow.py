@@ -1,0 +1,147 @@
+"""Symbolic sizes that overflow int64 are refused, never wrapped (issue 22).
+
+The workspace of `two_chains` is `a*b*4 + c*d*4` bytes: at a = b = c = d = 2**30 each
+product fits int64 and the sum does not. The `c` backend used to wrap it to a
+negative count, malloc one byte and crash in the first kernel (SIGSEGV); now both
+backends return kernel error 10 ("size overflows int64") before allocating. The
+calls go through the packed C entry with DLTensors built by ctypes (numpy cannot make
+arrays that large, not even as stride-0 views), each in a subprocess so a crash is
+seen as a signal, not as the death of the test run.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+import kiln
+from kiln.errors import CallError
+from kiln.frontend import from_onnx
+from kiln.ir.attrs import ATTR_WORKSPACE_BYTES
+from kiln.ir.kernel_errors import ERROR_SIZE_OVERFLOW, KERNEL_ERRORS
+from kiln.runtime.dim_binding import compile_dim_text
+
+F = TensorProto.FLOAT
+HUGE = 1 << 30
+
+# Calls `{prefix}{entry}` (or the output-shapes entry) of a library with float32
+# DLTensors of the given shapes over one small buffer; prints the status, the last
+# error and, for output shapes, the dimensions written.
+CALLER = """
+import ctypes, json, sys
+from kiln.runtime.ctypes_abi import ARG_DLTENSOR, KDL_CPU, KDL_FLOAT, DLTensor, KilnValue
+
+path, symbol, last_error, shapes, n_out = sys.argv[1:6]
+lib = ctypes.CDLL(path)
+backing = (ctypes.c_float * 1024)()
+keep = []
+values = []
+for shape in json.loads(shapes):
+    t = DLTensor()
+    t.data = ctypes.cast(backing, ctypes.c_void_p)
+    t.device.device_type = KDL_CPU
+    t.ndim = len(shape)
+    t.dtype.code, t.dtype.bits, t.dtype.lanes = KDL_FLOAT, 32, 1
+    dims = (ctypes.c_int64 * len(shape))(*shape)
+    t.shape = dims
+    keep += [t, dims]
+    values.append(KilnValue(v_handle=ctypes.addressof(t)))
+args = (KilnValue * len(values))(*values)
+codes = (ctypes.c_int32 * len(values))(*[ARG_DLTENSOR] * len(values))
+entry = getattr(lib, symbol)
+entry.restype = ctypes.c_int32
+out = (ctypes.c_int64 * max(int(n_out), 1))()
+rc = entry(args, codes, len(values), out) if int(n_out) else entry(args, codes, len(values))
+error = getattr(lib, last_error)
+error.restype = ctypes.c_char_p
+print(json.dumps({"rc": rc, "error": error().decode(), "shapes": list(out)[:int(n_out)]}))
+"""
+
+
+def _vi(name: str, shape: list[str | int]) -> onnx.ValueInfoProto:
+    return helper.make_tensor_value_info(name, F, shape)
+
+
+def two_chains() -> onnx.ModelProto:
+    """y = relu(-relu(x)), w = relu(-relu(z)), the last ReLUs after both chains: one
+    intermediate per chain, workspace `a*b*4 + c*d*4` (two size classes end to end)."""
+    nodes = [helper.make_node("Relu", ["x"], ["x1"]), helper.make_node("Neg", ["x1"], ["x2"]),
+             helper.make_node("Relu", ["z"], ["z1"]), helper.make_node("Neg", ["z1"], ["z2"]),
+             helper.make_node("Relu", ["x2"], ["y"]), helper.make_node("Relu", ["z2"], ["w"])]
+    graph = helper.make_graph(nodes, "g", [_vi("x", ["a", "b"]), _vi("z", ["c", "d"])],
+                              [_vi("y", ["a", "b"]), _vi("w", ["c", "d"])])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def flatten() -> onnx.ModelProto:
+    """y = reshape(x, [-1]): the result's dimension is the expression `a*2`."""
+    shape = onnx.numpy_helper.from_array(np.array([-1], np.int64), "shape")
+    graph = helper.make_graph([helper.make_node("Reshape", ["x", "shape"], ["y"])], "g",
+                              [_vi("x", ["a", 2])], [_vi("y", ["n"])], [shape])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def _call(lib: Path, symbol: str, shapes: list[tuple[int, ...]],
+          n_out: int = 0) -> dict[str, object]:
+    proc = subprocess.run([sys.executable, "-c", CALLER, str(lib), symbol, "kiln__last_error",
+                           json.dumps(shapes), str(n_out)],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, f"the call died (status {proc.returncode}): {proc.stderr}"
+    result = json.loads(proc.stdout)
+    assert isinstance(result, dict)
+    return result
+
+
+@pytest.fixture(scope="module", params=["llvm", "c"])
+def libraries(request: pytest.FixtureRequest,
+              tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    tmp = tmp_path_factory.mktemp(f"overflow_{request.param}")
+    out = {}
+    for name, model in (("chains", two_chains()), ("flatten", flatten())):
+        exe = kiln.compile(from_onnx(model), request.param)
+        if name == "chains":  # the case of the test: a sum of products of dimensions
+            assert exe.ir["main"].attrs[ATTR_WORKSPACE_BYTES] == "a*b*4 + c*d*4"
+        exe.export_library(tmp / f"{name}.so")
+        out[name] = tmp / f"{name}.so"
+    return out
+
+
+def test_a_workspace_whose_size_overflows_int64_is_refused(libraries) -> None:
+    lib = libraries["chains"]
+    big = [(HUGE, HUGE), (HUGE, HUGE)] * 2  # x, z, y, w: 2**62 + 2**62 bytes of workspace
+    result = _call(lib, "kiln_main", big)
+    assert result["rc"] == ERROR_SIZE_OVERFLOW
+    assert result["error"] == f"main: {KERNEL_ERRORS[ERROR_SIZE_OVERFLOW]}"
+    assert "size overflows int64" in str(result["error"])
+    # one product alone past int64, and 2**62 rows of 2 (2**65 bytes)
+    for a, b in ((3037000500, 3037000500), (1 << 62, 2)):
+        result = _call(lib, "kiln_main", [(a, b), (1, 1), (a, b), (1, 1)])
+        assert result["rc"] == ERROR_SIZE_OVERFLOW, result
+
+
+def test_small_sizes_still_run(libraries) -> None:
+    result = _call(libraries["chains"], "kiln_main", [(2, 3), (4, 5), (2, 3), (4, 5)])
+    assert result == {"rc": 0, "error": "", "shapes": []}
+
+
+def test_an_output_dimension_that_overflows_is_named_as_python_names_it(libraries) -> None:
+    lib = libraries["flatten"]
+    result = _call(lib, "kiln__output_shapes_main", [(5, 2)], n_out=1)
+    assert result["rc"] == 0 and result["shapes"] == [10]
+    result = _call(lib, "kiln__output_shapes_main", [(1 << 62, 2)], n_out=1)
+    with pytest.raises(CallError) as err:
+        compile_dim_text("a*2")({"a": 1 << 62})
+    assert result["rc"] == -1
+    assert result["error"] == f"main: {err.value}" == "main: dimension 'a*2' overflows int64"
+    # the entry checks a result's expression dimension the same way (check 7)
+    result = _call(lib, "kiln_main", [(1 << 62, 2), (4,)])
+    assert (result["rc"], result["error"]) == (-1, "main: dimension 'a*2' overflows int64")
+    result = _call(lib, "kiln_main", [(3, 2), (7,)])
+    assert result["error"] == "main: argument 1 'y': expected shape [a*2], got [7]"
