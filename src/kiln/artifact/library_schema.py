@@ -34,7 +34,10 @@ from kiln.errors import FormatError
 # dimension parser where it is evaluated).
 DIM = AnyOf((Int(0), Str(max_len=1024, what="a dimension text")))
 SHAPE = ListOf(DIM, max_len=64)
-NAME = Str(max_len=1024, what="a name")
+# Names are the model's own (ONNX names, function names: any Unicode, any length; the
+# compiler mangles long ones into symbols): bounded only by the metadata's size limit.
+NAME_MAX = 1 << 20
+NAME = Str(max_len=NAME_MAX, what="a name")
 DTYPE = Str(r"[a-z][a-z0-9_]*", 32, "a dtype name")
 SIZE = AnyOf((Int(0), Str(max_len=4096, what="a size text"), Null()))
 
@@ -62,8 +65,8 @@ DEPENDENCY = Obj(optional={"short_name": Str(), "url": optional(Str()), "url_typ
                            "version_spec": Str()}, extra=Anything())
 LIBRARY_METADATA = Obj(
     optional={"format": Str(max_len=64), "version": Int(0), "kiln_version": Str(max_len=64),
-              "prefix": Str(max_len=256), "functions": MapOf(FUNCTION),
-              "graphs": MapOf(GRAPH),
+              "prefix": Str(max_len=256), "functions": MapOf(FUNCTION, NAME),
+              "graphs": MapOf(GRAPH, NAME),
               "profile": Obj(optional={"sites": ListOf(Anything())}, extra=Anything()),
               "external_dependencies": ListOf(DEPENDENCY)},
     extra=Anything())
