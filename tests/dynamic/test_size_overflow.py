@@ -36,7 +36,8 @@ HUGE = 1 << 30
 # error and, for output shapes, the dimensions written.
 CALLER = """
 import ctypes, json, sys
-from kiln.runtime.ctypes_abi import ARG_DLTENSOR, KDL_CPU, KDL_FLOAT, DLTensor, KilnValue
+from kiln.runtime.abi import ARG_DLTENSOR, KDL_CPU, KDL_FLOAT
+from kiln.runtime.ctypes_abi import DLTensor, KilnValue
 
 path, symbol, last_error, shapes, n_out = sys.argv[1:6]
 lib = ctypes.CDLL(path)
