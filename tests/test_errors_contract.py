@@ -57,8 +57,6 @@ ALLOWED: dict[str, str] = {
         "abstract method: NotImplementedError means a subclass forgot it (a pass's bug)",
     "transform/pass_base.py:FunctionPass.run_on_function":
         "abstract method: NotImplementedError means a subclass forgot it (a pass's bug)",
-    "artifact/archive.py:_report_keys":
-        "AssertionError marks an unreachable line (`fail` raises the FormatError)",
     "artifact/schema.py:Schema._check":
         "abstract method: NotImplementedError means a subclass forgot it (a kiln bug)",
     "artifact/schema.py:Schema.describe":

@@ -19,7 +19,6 @@ import hashlib
 import io
 import json
 import os
-import re
 import tarfile
 import tempfile
 from collections.abc import Callable, Mapping
@@ -28,6 +27,7 @@ from typing import Any, NoReturn
 from kiln.artifact import safe_tar
 from kiln.artifact._json import canonical_json, freeze_object, parse_json_object, thaw
 from kiln.artifact.artifact import Artifact, ArtifactSet, require_serializable
+from kiln.artifact.schema import Anything, Int, ListOf, Obj, Schema, Str, check
 from kiln.artifact.segments import Content, content_parts
 from kiln.errors import ArtifactError, ExportError, FormatError
 
@@ -49,10 +49,22 @@ MIN_SUPPORTED_VERSION = 1
 # A manifest is a few KB; refuse to read an absurd one into memory.
 MAX_MANIFEST_SIZE = safe_tar.MAX_JSON_BYTES
 
-_MANIFEST_KEYS = {"format", "version", "kiln_version", "artifacts", "metadata", "checksum"}
-_ENTRY_KEYS_V1 = {"codegen_id", "loader", "file_name", "size", "sha256", "metadata"}
-_ENTRY_KEYS = {*_ENTRY_KEYS_V1, "target_key"}
-_SHA256_RE = re.compile(r"[0-9a-f]{64}")
+# manifest.json per version (the artifacts' names are checked by Artifact itself, the
+# library metadata by kiln.artifact.library_schema when a library is loaded).
+_ENTRY_V1 = {"codegen_id": Str(), "loader": Str(), "file_name": Str(), "size": Int(0),
+             "sha256": Str(r"[0-9a-f]{64}", 64, "64 lowercase hex digits"),
+             "metadata": Obj(extra=Anything())}
+_ENTRY_V2 = {**_ENTRY_V1, "target_key": Str()}
+
+
+def _manifest_schema(entry: dict[str, Schema]) -> Obj:
+    return Obj(required={"format": Str(), "version": Int(0), "kiln_version": Str(max_len=64),
+                         "artifacts": ListOf(Obj(required=entry)),
+                         "metadata": Obj(extra=Anything()),
+                         "checksum": Str(r"sha256:[0-9a-f]{64}", 71, "sha256:<64 hex digits>")})
+
+
+MANIFEST_SCHEMAS = {1: _manifest_schema(_ENTRY_V1), 2: _manifest_schema(_ENTRY_V2)}
 
 _Fail = Callable[[str], NoReturn]
 
@@ -197,7 +209,7 @@ def read_tar(path: str | os.PathLike[str]) -> tuple[ArtifactSet, dict[str, Any]]
         fail(f"no {MANIFEST_NAME}: expected a kiln artifact archive")
     manifest = parse_json_object(members.pop(MANIFEST_NAME), f"{where}: {MANIFEST_NAME}",
                                  FormatError)
-    entries, metadata = _check_manifest(manifest, fail)
+    entries, metadata = _check_manifest(manifest, fail, f"{where}: {MANIFEST_NAME}")
 
     artifacts = ArtifactSet()
     expected_dirs: set[str] = set()
@@ -235,8 +247,8 @@ def read_tar(path: str | os.PathLike[str]) -> tuple[ArtifactSet, dict[str, Any]]
     return artifacts, metadata
 
 
-def _check_manifest(manifest: Mapping[str, Any],
-                    fail: _Fail) -> tuple[list[Mapping[str, Any]], dict[str, Any]]:
+def _check_manifest(manifest: Mapping[str, Any], fail: _Fail,
+                    where: str) -> tuple[list[Mapping[str, Any]], dict[str, Any]]:
     fmt = manifest.get("format")
     if fmt != ARCHIVE_FORMAT:
         fail(f"{MANIFEST_NAME}: expected format '{ARCHIVE_FORMAT}', found {fmt!r}")
@@ -252,47 +264,10 @@ def _check_manifest(manifest: Mapping[str, Any],
     if version < MIN_SUPPORTED_VERSION:
         fail(f"archive format version {version} is too old: this kiln reads versions "
              f"{MIN_SUPPORTED_VERSION}..{FORMAT_VERSION}")
-    keys = set(manifest)
-    if keys != _MANIFEST_KEYS:
-        _report_keys(f"{MANIFEST_NAME}", keys, _MANIFEST_KEYS, fail)
+    manifest = check(MANIFEST_SCHEMAS[version], thaw(manifest), where)
     checksum = manifest["checksum"]
     expected = manifest_checksum(manifest)
     if checksum != expected:
         fail(f"{MANIFEST_NAME} checksum mismatch: it says {str(checksum)[:24]}..., "
              f"its content hashes to {expected[:24]}... (the manifest was changed or damaged)")
-    if not isinstance(manifest["kiln_version"], str):
-        fail(f"{MANIFEST_NAME}: 'kiln_version' must be a string")
-    if not isinstance(manifest["metadata"], Mapping):
-        fail(f"{MANIFEST_NAME}: 'metadata' must be an object")
-    entries = manifest["artifacts"]
-    if not isinstance(entries, (list, tuple)):
-        fail(f"{MANIFEST_NAME}: 'artifacts' must be a list")
-    entry_keys = _ENTRY_KEYS if manifest["version"] >= 2 else _ENTRY_KEYS_V1
-    for i, e in enumerate(entries):
-        where = f"{MANIFEST_NAME} artifact {i}"
-        if not isinstance(e, Mapping):
-            fail(f"{where} must be an object")
-        if set(e) != entry_keys:
-            _report_keys(where, set(e), entry_keys, fail)
-        if not isinstance(e.get("target_key", ""), str):
-            fail(f"{where}: 'target_key' must be a string")
-        size = e["size"]
-        if not isinstance(size, int) or isinstance(size, bool) or size < 0:
-            fail(f"{where}: 'size' must be a non-negative integer, found {size!r}")
-        if not isinstance(e["sha256"], str) or not _SHA256_RE.fullmatch(e["sha256"]):
-            fail(f"{where}: 'sha256' must be 64 lowercase hex digits")
-        if not isinstance(e["metadata"], Mapping):
-            fail(f"{where}: 'metadata' must be an object")
-    return list(entries), thaw(manifest["metadata"])
-
-
-def _report_keys(where: str, found: set[str], expected: set[str], fail: _Fail) -> NoReturn:
-    missing = sorted(expected - found)
-    extra = sorted(found - expected)
-    parts = []
-    if missing:
-        parts.append(f"missing key(s) {missing}")
-    if extra:
-        parts.append(f"unknown key(s) {extra} (written by a newer kiln?)")
-    fail(f"{where}: {'; '.join(parts)}")
-    raise AssertionError("unreachable")
+    return list(manifest["artifacts"]), manifest["metadata"]
