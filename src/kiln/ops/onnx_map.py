@@ -132,6 +132,8 @@ def need_static(ctx: GraphContext, expr: g.Expr | None, what: str) -> np.ndarray
         from kiln.ir.shape_expr import dim_text
 
         shown = ", ".join(dim_text(d) for d in value.reshape(-1))
+        from kiln.ir.pin_hint import pin_hint_for
+
         raise IRError(f"{what} is [{shown}]: it depends on a symbolic dimension, and kiln "
-                      "needs it at compile time")
+                      f"needs it at compile time; {pin_hint_for(value.reshape(-1))}")
     return need_constant(ctx, expr, what).reshape(-1) if value is None else value.reshape(-1)

@@ -17,6 +17,7 @@ import numpy as np
 from kiln._registry import Registry
 from kiln.errors import IRError
 from kiln.ir import graph as g
+from kiln.ir.pin_hint import pin_hint_for
 from kiln.ir.shape_expr import is_static, shape_text, simplify_shape
 from kiln.ir.tensor import PrimFunc
 from kiln.ir.types import TensorType, TupleType, Type
@@ -60,7 +61,8 @@ class OpDef:
                 raise
             shapes = ", ".join(shape_text(t.shape) for t in tensors)
             raise IRError(f"operator {self.name} does not support symbolic dimensions "
-                          f"(arguments {shapes}); pin them with shape_dict") from exc
+                          f"(arguments {shapes}); "
+                          f"{pin_hint_for(t.shape for t in tensors)}") from exc
         return _canonical(out)
 
     def legalize(self, call: g.Call) -> tuple[PrimFunc, str]:

@@ -31,6 +31,7 @@ from kiln.ir.attrs import ATTR_DIM_BOUNDS, ATTR_GIVEN_OUTPUT_NAMES
 from kiln.ir.builder import IRBuilder
 from kiln.ir.dtype import from_numpy, to_numpy
 from kiln.ir.module import IRModule
+from kiln.ir.pin_hint import pin_hint_for
 from kiln.ir.shape_expr import dim_text, dims_equal, shape_text
 from kiln.ir.types import Dim, TensorType, Type
 from kiln.ops import registry as op_registry
@@ -257,7 +258,7 @@ class _Importer:
         try:
             expr = op_registry.call(op, *args, **attrs)
         except IRError as exc:
-            raise FrontendError(f"{self._where}: {exc}") from exc
+            raise FrontendError(f"{self._where}: {self._with_pin_hint(exc, args)}") from exc
         consts = [a for a in args if isinstance(a, g.Constant)]
         if len(consts) == len(args):
             # The size comes from the inferred type, before anything is materialised:
@@ -376,6 +377,20 @@ class _Importer:
     def value(self, expr: g.Expr | None) -> np.ndarray | None:
         return expr.data if isinstance(expr, g.Constant) else None
 
+    def _with_pin_hint(self, exc: Exception, inputs: Sequence[g.Expr | None]) -> str:
+        """The text of `exc`, with the pin hint appended when an op rule refused a symbolic
+        size without saying how to pin it (op rules do not know about shape_dict or CLI)."""
+        text = str(exc)
+        if isinstance(exc, IRError) and "symbolic dimension" in text and "shape_dict=" not in text:
+            return f"{text}; {self._pin_hint(inputs)}"
+        return text
+
+    def _pin_hint(self, inputs: Sequence[g.Expr | None]) -> str:
+        """How to pin the symbolic dimensions of a node's tensor `inputs` (pin_hint)."""
+        shapes = [t.shape for t in (x.type for x in inputs if x is not None)
+                  if isinstance(t, TensorType)]
+        return pin_hint_for(shapes)
+
     def tensor_type(self, expr: g.Expr) -> TensorType:
         t = expr.type
         if not isinstance(t, TensorType):
@@ -466,9 +481,9 @@ class _Importer:
         except (IRError, ValueError, TypeError, ArithmeticError) as exc:
             if isinstance(exc, IRError) and "is not static" in str(exc):
                 raise FrontendError(f"{self._where}: kiln does not import this operator over "
-                                    f"symbolic dimensions yet ({exc}); pin them with "
-                                    "shape_dict") from exc
-            raise FrontendError(f"{self._where}: {exc}") from exc
+                                    f"symbolic dimensions yet ({exc}); "
+                                    f"{self._pin_hint(inputs)}") from exc
+            raise FrontendError(f"{self._where}: {self._with_pin_hint(exc, inputs)}") from exc
         for name, value in zip(node.output, outs):
             if name:
                 self.values[name] = value

@@ -1,0 +1,58 @@
+"""The hint that tells how to pin a symbolic dimension: one helper (kiln.ir.pin_hint), used
+by every import error about a size kiln cannot keep symbolic, naming the ONNX node."""
+
+from __future__ import annotations
+
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+from kiln.errors import FrontendError
+from kiln.frontend.onnx import from_onnx
+from kiln.ir.pin_hint import pin_hint
+from kiln.ir.shape_expr import dim_product, dim_var
+
+
+def test_pin_hint_names_both_forms_for_each_variable() -> None:
+    assert pin_hint(["seq", "batch", "seq"]) == (
+        'pin batch, seq with shape_dict={"batch": 128, "seq": 128} '
+        "(CLI: kiln compile ... --shape batch=128 --shape seq=128)")
+
+
+def test_pin_hint_without_names_is_generic() -> None:
+    assert "--shape NAME=N" in pin_hint([])
+
+
+def test_pin_hint_for_walks_expressions() -> None:
+    from kiln.ir.pin_hint import pin_hint_for
+
+    shape = (dim_product((dim_var("batch"), dim_var("seq"))), 4)
+    assert pin_hint_for([shape]) == pin_hint(["batch", "seq"])
+
+
+def _model(node: onnx.NodeProto, inits: tuple = ()) -> onnx.ModelProto:
+    graph = helper.make_graph(
+        [node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["seq"])],
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in node.output],
+        list(inits))
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+
+
+HINT = ('pin seq with shape_dict={"seq": 128} (CLI: kiln compile ... --shape seq=128)')
+
+
+@pytest.mark.parametrize("model,where", [
+    (_model(helper.make_node("Split", ["x"], ["y", "z"], name="split_it", axis=0,
+                             num_outputs=2)), "node 'split_it' (Split)"),
+    (_model(helper.make_node("Pad", ["x", "p"], ["y"], name="pad_it", mode="reflect"),
+            (helper.make_tensor("p", TensorProto.INT64, [2], [1, 1]),)),
+     "node 'pad_it' (Pad)"),
+])
+def test_import_errors_name_the_node_and_how_to_pin(model: onnx.ModelProto, where: str) -> None:
+    with pytest.raises(FrontendError) as info:
+        from_onnx(model)
+    text = str(info.value)
+    assert text.startswith(where), text
+    assert text.endswith(HINT), text
+    # and the hint works: pinned, the model imports
+    from_onnx(model, shape_dict={"seq": 128})
