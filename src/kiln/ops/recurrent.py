@@ -106,13 +106,13 @@ class _Cell:
 
     def xw(self, x: g.Expr, k: int) -> g.Expr:
         """x @ W_k + Wb_k."""
-        y = self.ctx.call("matmul", x, self.w[k])
-        return y if self.wb[k] is None else self.ctx.call("add", y, self.wb[k])
+        y, b = self.ctx.call("matmul", x, self.w[k]), self.wb[k]
+        return y if b is None else self.ctx.call("add", y, b)
 
     def hr(self, h: g.Expr, k: int) -> g.Expr:
         """h @ R_k + Rb_k."""
-        y = self.ctx.call("matmul", h, self.r[k])
-        return y if self.rb[k] is None else self.ctx.call("add", y, self.rb[k])
+        y, b = self.ctx.call("matmul", h, self.r[k]), self.rb[k]
+        return y if b is None else self.ctx.call("add", y, b)
 
 
 def _recurrent(kind: str, ctx: GraphContext, inputs: Sequence[g.Expr | None],
@@ -128,7 +128,7 @@ def _recurrent(kind: str, ctx: GraphContext, inputs: Sequence[g.Expr | None],
             f"{kind}: the sequence length is symbolic ({name}); kiln unrolls recurrent ops "
             f"over a static length: pin it, e.g. shape_dict={{{name!r}: N}} or "
             f"`kiln compile --shape {name}=N`")
-    seq = int(seq)
+    steps = int(seq)  # type: ignore[arg-type]  # static: checked above
     hidden = int(attrs["hidden_size"])
     direction = attrs.get("direction", "forward")
     direction = direction.decode() if isinstance(direction, bytes) else str(direction)
@@ -147,12 +147,12 @@ def _recurrent(kind: str, ctx: GraphContext, inputs: Sequence[g.Expr | None],
         init_c = None if init_c is None else ctx.call("transpose", init_c, perm=(1, 0, 2))
     dtype = ctx.tensor_type(x).dtype
     zero_state = _zeros(ctx, (1, batch, hidden), dtype)
-    masks: list[g.Expr | None] = [None] * seq
+    masks: list[g.Expr | None] = [None] * steps
     if seq_lens is not None:
         lens = _reshape_to(ctx, seq_lens, (1, batch, 1))
         ltype = ctx.tensor_type(seq_lens).dtype
         masks = [ctx.call("less", ctx.const(np.asarray(t, dtype=ltype)), lens)
-                 for t in range(seq)]
+                 for t in range(steps)]
     ys, hs, cs = [], [], []
     for d, reverse in enumerate(dirs[direction]):
         cell = _Cell(ctx, inputs, d, gates, hidden)
@@ -160,8 +160,8 @@ def _recurrent(kind: str, ctx: GraphContext, inputs: Sequence[g.Expr | None],
         c = zero_state if init_c is None else _take(ctx, init_c, 0, d, d + 1)
         p = None if peep is None else _take(ctx, peep, 0, d, d + 1)
         step = _STEPS[kind]
-        outs: list[g.Expr] = [zero_state] * seq
-        for t in (range(seq - 1, -1, -1) if reverse else range(seq)):
+        outs: list[g.Expr] = [zero_state] * steps
+        for t in (range(steps - 1, -1, -1) if reverse else range(steps)):
             xt = _take(ctx, x, 0, t, t + 1)  # [1, batch, in]
             h_new, c_new = step(ctx, cell, acts[d], attrs, xt, h, c, p)
             m = masks[t]
@@ -171,8 +171,8 @@ def _recurrent(kind: str, ctx: GraphContext, inputs: Sequence[g.Expr | None],
                 outs[t] = ctx.call("where", m, h_new, zero_state)
                 h = ctx.call("where", m, h_new, h)
                 c = ctx.call("where", m, c_new, c)
-        y = ctx.call("concat", *outs, axis=0) if seq > 1 else outs[0]
-        ys.append(_reshape_to(ctx, y, (seq, 1, batch, hidden)))
+        y = ctx.call("concat", *outs, axis=0) if steps > 1 else outs[0]
+        ys.append(_reshape_to(ctx, y, (steps, 1, batch, hidden)))
         hs.append(h)
         cs.append(c)
     y_all = ys[0] if len(ys) == 1 else ctx.call("concat", *ys, axis=1)
