@@ -131,3 +131,15 @@ def test_symbolic_sequence_length_is_refused_with_a_fix() -> None:
     model, _ = _model("LSTM", seq="seq")
     with pytest.raises(FrontendError, match=r"seq=N"):
         from_onnx(model)
+
+
+@pytest.mark.parametrize("op", ["LSTM", "GRU"])
+def test_symbolic_batch_runs_every_size(op: str) -> None:
+    model, feeds = _model(op, direction="bidirectional")
+    model.graph.input[0].type.tensor_type.shape.dim[1].dim_param = "batch"
+    for o in model.graph.output:
+        o.type.tensor_type.shape.dim[2 if o.name == "y" else 1].dim_param = "batch"
+    ex = kiln.compile(from_onnx(model), "llvm")
+    for x in (feeds["x"], np.concatenate([feeds["x"]] * 2, axis=1)):
+        for got, want in zip(ex["main"](x), _ort(model, {"x": x})):
+            assert np.linalg.norm(np.asarray(got) - want) / np.linalg.norm(want) < 1e-5
