@@ -143,3 +143,12 @@ def test_symbolic_batch_runs_every_size(op: str) -> None:
     for x in (feeds["x"], np.concatenate([feeds["x"]] * 2, axis=1)):
         for got, want in zip(ex["main"](x), _ort(model, {"x": x})):
             assert np.linalg.norm(np.asarray(got) - want) / np.linalg.norm(want) < 1e-5
+
+
+def test_hidden_size_is_read_from_r_when_omitted() -> None:
+    model, feeds = _model("GRU")
+    want = _ort(model, feeds)  # onnxruntime itself requires hidden_size
+    del model.graph.node[0].attribute[:]
+    got = kiln.compile(from_onnx(model), "llvm")["main"](*feeds.values())
+    for g_, w in zip(got, want):
+        assert np.linalg.norm(np.asarray(g_) - w) / np.linalg.norm(w) < 1e-5

@@ -129,7 +129,14 @@ def _recurrent(kind: str, ctx: GraphContext, inputs: Sequence[g.Expr | None],
             f"over a static length: pin it, e.g. shape_dict={{{name!r}: N}} or "
             f"`kiln compile --shape {name}=N`")
     steps = int(seq)  # type: ignore[arg-type]  # static: checked above
-    hidden = int(attrs["hidden_size"])
+    r = inputs[2] if len(inputs) > 2 else None
+    if r is None or len(inputs) < 2 or inputs[1] is None:
+        raise FrontendError(f"{kind}: inputs W and R are required")
+    # hidden_size is optional in ONNX: R is [num_directions, gates*H, H].
+    hidden_dim = attrs.get("hidden_size", ctx.tensor_type(r).shape[-1])
+    if not is_static(hidden_dim):
+        raise FrontendError(f"{kind}: the hidden size must be static")
+    hidden = int(hidden_dim)
     direction = attrs.get("direction", "forward")
     direction = direction.decode() if isinstance(direction, bytes) else str(direction)
     dirs = {"forward": [False], "reverse": [True], "bidirectional": [False, True]}
