@@ -320,6 +320,13 @@ CASES: list[C] = [
       consts={"sc": np.array([1, 1, 2, 3], np.float32)}, inputs=["x", "sc"], opset=9),
     C("Upsample", {"x": f(1, 1, 2, 3)}, {"mode": "linear", "scales": [1.0, 1.0, 2.0, 2.0]},
       opset=7, id="linear-opset7"),
+    # Recurrent ops: the full matrix is in tests/frontend/test_recurrent.py.
+    C("LSTM", {"x": f(3, 2, 4)}, {"hidden_size": 3},
+      consts={"W": f(1, 12, 4), "R": f(1, 12, 3), "B": f(1, 24)}, outputs=3),
+    C("GRU", {"x": f(3, 2, 4)}, {"hidden_size": 3, "linear_before_reset": 1},
+      consts={"W": f(1, 9, 4), "R": f(1, 9, 3), "B": f(1, 18)}, outputs=2),
+    C("RNN", {"x": f(3, 2, 4)}, {"hidden_size": 3, "direction": "bidirectional"},
+      consts={"W": f(2, 3, 4), "R": f(2, 3, 3)}, outputs=2),
 ]
 
 # ONNX op types whose semantics onnxruntime does not implement as kiln's node-suite

@@ -13,5 +13,6 @@ from kiln.ops import (  # noqa: F401
     nn,
     pool,
     pool_nchwc,
+    recurrent,
     reduce,
 )

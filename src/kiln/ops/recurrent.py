@@ -1,0 +1,281 @@
+"""ONNX LSTM, GRU and RNN, unrolled over a static sequence length.
+
+Each time step becomes kiln graph ops: per-gate MatMuls (so the products run on the
+GEMM kernels) and elementwise gate math. `sequence_lens` is applied with masks: a
+batch entry past its length keeps its state and writes zeros to Y, which also makes
+the reverse direction start at each entry's own last step (as onnxruntime does).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from kiln.errors import FrontendError
+from kiln.ir import graph as g
+from kiln.ir.shape_expr import dim_text, is_static
+from kiln.ops.manip import _reshape_to
+from kiln.ops.onnx_map import GraphContext, first_input, onnx_op
+
+Act = Callable[[g.Expr], g.Expr]
+
+# ONNX activation name -> (kiln op, number of alpha/beta values it takes).
+_SIMPLE = {"Relu": "relu", "Tanh": "tanh", "Sigmoid": "sigmoid", "Softsign": "softsign",
+           "Softplus": "softplus"}
+_WITH_ALPHA = {"LeakyRelu": "leaky_relu", "ThresholdedRelu": "thresholded_relu",
+               "Elu": "elu"}
+_DEFAULTS = {"LeakyRelu": (0.01,), "ThresholdedRelu": (1.0,), "Elu": (1.0,),
+             "HardSigmoid": (0.2, 0.5), "Affine": (1.0, 0.0), "ScaledTanh": (1.0, 1.0)}
+
+
+def _activations(ctx: GraphContext, attrs: dict[str, Any], defaults: Sequence[str],
+                 num_dir: int, op: str) -> list[list[Act]]:
+    """The activation functions of each direction (`defaults` per direction)."""
+    names = [str(n.decode() if isinstance(n, bytes) else n)
+             for n in attrs.get("activations", list(defaults) * num_dir)]
+    if len(names) != len(defaults) * num_dir:
+        raise FrontendError(f"{op}: activations lists {len(names)} functions, expected "
+                            f"{len(defaults) * num_dir}")
+    alphas = list(attrs.get("activation_alpha", []))
+    betas = list(attrs.get("activation_beta", []))
+    acts: list[Act] = []
+    for name in names:
+        acts.append(_activation(ctx, name, alphas, betas, op))
+    k = len(defaults)
+    return [acts[d * k:(d + 1) * k] for d in range(num_dir)]
+
+
+def _activation(ctx: GraphContext, name: str, alphas: list[float], betas: list[float],
+                op: str) -> Act:
+    """One activation; its alpha/beta are consumed in order from the attribute lists."""
+    def take(values: list[float], default: float) -> float:
+        return float(values.pop(0)) if values else default
+
+    if name in _SIMPLE:
+        kop = _SIMPLE[name]
+        return lambda x: ctx.call(kop, x)
+    if name in _WITH_ALPHA:
+        kop, alpha = _WITH_ALPHA[name], take(alphas, _DEFAULTS[name][0])
+        return lambda x: ctx.call(kop, x, alpha=alpha)
+    if name in ("HardSigmoid", "Affine", "ScaledTanh"):
+        a, b = take(alphas, _DEFAULTS[name][0]), take(betas, _DEFAULTS[name][1])
+        if name == "HardSigmoid":
+            return lambda x: ctx.call("hard_sigmoid", x, alpha=a, beta=b)
+        if name == "Affine":
+            return lambda x: ctx.call("add", ctx.call("multiply", x, _c(ctx, x, a)),
+                                      _c(ctx, x, b))
+        return lambda x: ctx.call("multiply", _c(ctx, x, a), ctx.call(
+            "tanh", ctx.call("multiply", x, _c(ctx, x, b))))
+    choices = sorted([*_SIMPLE, *_WITH_ALPHA, "HardSigmoid", "Affine", "ScaledTanh"])
+    raise FrontendError(f"{op}: unknown activation {name!r}; choices: {', '.join(choices)}")
+
+
+def _c(ctx: GraphContext, like: g.Expr, v: float) -> g.Expr:
+    return ctx.const(np.asarray(v, dtype=ctx.tensor_type(like).dtype))
+
+
+def _take(ctx: GraphContext, x: g.Expr, axis: int, start: int, stop: int) -> g.Expr:
+    return ctx.call("strided_slice", x, starts=(start,), ends=(stop,), axes=(axis,),
+                    steps=(1,))
+
+
+class _Cell:
+    """The weights of one direction, split per gate and transposed for x @ W."""
+
+    def __init__(self, ctx: GraphContext, inputs: Sequence[g.Expr | None], d: int,
+                 gates: int, hidden: int) -> None:
+        self.ctx, self.h = ctx, hidden
+        w, r, b = inputs[1], inputs[2], inputs[3] if len(inputs) > 3 else None
+        assert w is not None and r is not None
+        self.w = [self._mat(w, d, k) for k in range(gates)]
+        self.r = [self._mat(r, d, k) for k in range(gates)]
+        self.wb: list[g.Expr | None] = [None] * gates
+        self.rb: list[g.Expr | None] = [None] * gates
+        if b is not None:
+            bd = _take(ctx, b, 0, d, d + 1)  # [1, 2*gates*H]
+            self.wb = [_take(ctx, bd, 1, k * hidden, (k + 1) * hidden) for k in range(gates)]
+            self.rb = [_take(ctx, bd, 1, (gates + k) * hidden, (gates + k + 1) * hidden)
+                       for k in range(gates)]
+
+    def _mat(self, m: g.Expr, d: int, k: int) -> g.Expr:
+        part = _take(self.ctx, _take(self.ctx, m, 0, d, d + 1), 1, k * self.h,
+                     (k + 1) * self.h)  # [1, H, in]
+        return self.ctx.call("transpose", part, perm=(0, 2, 1))  # [1, in, H]
+
+    def xw(self, x: g.Expr, k: int) -> g.Expr:
+        """x @ W_k + Wb_k."""
+        y, b = self.ctx.call("matmul", x, self.w[k]), self.wb[k]
+        return y if b is None else self.ctx.call("add", y, b)
+
+    def hr(self, h: g.Expr, k: int) -> g.Expr:
+        """h @ R_k + Rb_k."""
+        y, b = self.ctx.call("matmul", h, self.r[k]), self.rb[k]
+        return y if b is None else self.ctx.call("add", y, b)
+
+
+def _recurrent(kind: str, ctx: GraphContext, inputs: Sequence[g.Expr | None],
+               attrs: dict[str, Any]) -> list[g.Expr]:
+    x = first_input(inputs)
+    layout = int(attrs.get("layout", 0))
+    if layout:
+        x = ctx.call("transpose", x, perm=(1, 0, 2))
+    seq, batch, _ = ctx.tensor_type(x).shape
+    if not is_static(seq):
+        name = dim_text(seq)
+        raise FrontendError(
+            f"{kind}: the sequence length is symbolic ({name}); kiln unrolls recurrent ops "
+            f"over a static length: pin it, e.g. shape_dict={{{name!r}: N}} or "
+            f"`kiln compile --shape {name}=N`")
+    steps = int(seq)  # type: ignore[arg-type]  # static: checked above
+    r = inputs[2] if len(inputs) > 2 else None
+    if r is None or len(inputs) < 2 or inputs[1] is None:
+        raise FrontendError(f"{kind}: inputs W and R are required")
+    # hidden_size is optional in ONNX: R is [num_directions, gates*H, H].
+    hidden_dim = attrs.get("hidden_size", ctx.tensor_type(r).shape[-1])
+    if not is_static(hidden_dim):
+        raise FrontendError(f"{kind}: the hidden size must be static")
+    hidden = int(hidden_dim)
+    direction = attrs.get("direction", "forward")
+    direction = direction.decode() if isinstance(direction, bytes) else str(direction)
+    dirs = {"forward": [False], "reverse": [True], "bidirectional": [False, True]}
+    if direction not in dirs:
+        raise FrontendError(f"{kind}: unknown direction {direction!r}; choices: "
+                            "forward, reverse, bidirectional")
+    gates = {"LSTM": 4, "GRU": 3, "RNN": 1}[kind]
+    defaults = {"LSTM": ("Sigmoid", "Tanh", "Tanh"), "GRU": ("Sigmoid", "Tanh"),
+                "RNN": ("Tanh",)}[kind]
+    acts = _activations(ctx, attrs, defaults, len(dirs[direction]), kind)
+    opt = list(inputs) + [None] * (8 - len(inputs))
+    seq_lens, init_h, init_c, peep = opt[4], opt[5], opt[6], opt[7]
+    if layout:
+        init_h = None if init_h is None else ctx.call("transpose", init_h, perm=(1, 0, 2))
+        init_c = None if init_c is None else ctx.call("transpose", init_c, perm=(1, 0, 2))
+    dtype = ctx.tensor_type(x).dtype
+    zero_state = _zeros(ctx, (1, batch, hidden), dtype)
+    masks: list[g.Expr | None] = [None] * steps
+    if seq_lens is not None:
+        lens = _reshape_to(ctx, seq_lens, (1, batch, 1))
+        ltype = ctx.tensor_type(seq_lens).dtype
+        masks = [ctx.call("less", ctx.const(np.asarray(t, dtype=ltype)), lens)
+                 for t in range(steps)]
+    ys, hs, cs = [], [], []
+    for d, reverse in enumerate(dirs[direction]):
+        cell = _Cell(ctx, inputs, d, gates, hidden)
+        h = zero_state if init_h is None else _take(ctx, init_h, 0, d, d + 1)
+        c = zero_state if init_c is None else _take(ctx, init_c, 0, d, d + 1)
+        p = None if peep is None else _take(ctx, peep, 0, d, d + 1)
+        step = _STEPS[kind]
+        outs: list[g.Expr] = [zero_state] * steps
+        for t in (range(steps - 1, -1, -1) if reverse else range(steps)):
+            xt = _take(ctx, x, 0, t, t + 1)  # [1, batch, in]
+            h_new, c_new = step(ctx, cell, acts[d], attrs, xt, h, c, p)
+            m = masks[t]
+            if m is None:
+                h, c, outs[t] = h_new, c_new, h_new
+            else:
+                outs[t] = ctx.call("where", m, h_new, zero_state)
+                h = ctx.call("where", m, h_new, h)
+                c = ctx.call("where", m, c_new, c)
+        y = ctx.call("concat", *outs, axis=0) if steps > 1 else outs[0]
+        ys.append(_reshape_to(ctx, y, (steps, 1, batch, hidden)))
+        hs.append(h)
+        cs.append(c)
+    y_all = ys[0] if len(ys) == 1 else ctx.call("concat", *ys, axis=1)
+    h_all = hs[0] if len(hs) == 1 else ctx.call("concat", *hs, axis=0)
+    c_all = cs[0] if len(cs) == 1 else ctx.call("concat", *cs, axis=0)
+    if layout:
+        y_all = ctx.call("transpose", y_all, perm=(2, 0, 1, 3))
+        h_all = ctx.call("transpose", h_all, perm=(1, 0, 2))
+        c_all = ctx.call("transpose", c_all, perm=(1, 0, 2))
+    return [y_all, h_all, c_all][:len(ctx.node_outputs)]
+
+
+def _zeros(ctx: GraphContext, shape: tuple[Any, ...], dtype: str) -> g.Expr:
+    zero = ctx.const(np.zeros((), dtype=dtype))
+    if is_static(shape):
+        return ctx.const(np.zeros(tuple(int(s) for s in shape), dtype=dtype))
+    return ctx.call("where", ctx.true_of_shape(shape), zero, zero)
+
+
+def _clip(ctx: GraphContext, x: g.Expr, attrs: dict[str, Any]) -> g.Expr:
+    if "clip" not in attrs:
+        return x
+    lim = float(attrs["clip"])
+    return ctx.call("clip", x, min=-lim, max=lim)
+
+
+StepOut = tuple[g.Expr, g.Expr]
+
+
+def _lstm_step(ctx: GraphContext, cell: _Cell, acts: list[Act], attrs: dict[str, Any],
+               xt: g.Expr, h: g.Expr, c: g.Expr, p: g.Expr | None) -> StepOut:
+    f, gact, hact = acts
+    hid = cell.h
+
+    def pre(k: int) -> g.Expr:  # gate order i, o, f, c
+        return ctx.call("add", cell.xw(xt, k), cell.hr(h, k))
+
+    def peep(k: int, state: g.Expr) -> g.Expr | None:  # P order i, o, f
+        return None if p is None else ctx.call(
+            "multiply", _take(ctx, p, 1, k * hid, (k + 1) * hid), state)
+
+    def gate(k: int, pk: int, state: g.Expr) -> g.Expr:
+        z, pp = pre(k), peep(pk, state)
+        return f(_clip(ctx, z if pp is None else ctx.call("add", z, pp), attrs))
+
+    i = gate(0, 0, c)
+    if int(attrs.get("input_forget", 0)):
+        fg = ctx.call("subtract", _c(ctx, i, 1.0), i)
+    else:
+        fg = gate(2, 2, c)
+    cand = gact(_clip(ctx, pre(3), attrs))
+    c_new = ctx.call("add", ctx.call("multiply", fg, c), ctx.call("multiply", i, cand))
+    o = gate(1, 1, c_new)
+    return ctx.call("multiply", o, hact(c_new)), c_new
+
+
+def _gru_step(ctx: GraphContext, cell: _Cell, acts: list[Act], attrs: dict[str, Any],
+              xt: g.Expr, h: g.Expr, c: g.Expr, p: g.Expr | None) -> StepOut:
+    f, gact = acts
+    z = f(_clip(ctx, ctx.call("add", cell.xw(xt, 0), cell.hr(h, 0)), attrs))
+    r = f(_clip(ctx, ctx.call("add", cell.xw(xt, 1), cell.hr(h, 1)), attrs))
+    if int(attrs.get("linear_before_reset", 0)):
+        hh = ctx.call("multiply", r, cell.hr(h, 2))
+    else:
+        hh = cell.hr(ctx.call("multiply", r, h), 2)
+    cand = gact(_clip(ctx, ctx.call("add", cell.xw(xt, 2), hh), attrs))
+    # H = (1 - z) * cand + z * H_prev = cand + z * (H_prev - cand)
+    h_new = ctx.call("add", cand, ctx.call("multiply", z, ctx.call("subtract", h, cand)))
+    return h_new, c
+
+
+def _rnn_step(ctx: GraphContext, cell: _Cell, acts: list[Act], attrs: dict[str, Any],
+              xt: g.Expr, h: g.Expr, c: g.Expr, p: g.Expr | None) -> StepOut:
+    (f,) = acts
+    return f(_clip(ctx, ctx.call("add", cell.xw(xt, 0), cell.hr(h, 0)), attrs)), c
+
+
+_STEPS = {"LSTM": _lstm_step, "GRU": _gru_step, "RNN": _rnn_step}
+
+
+@onnx_op("LSTM")
+def _lstm_onnx(ctx: GraphContext, inputs: Sequence[g.Expr | None],
+               attrs: dict[str, Any]) -> list[g.Expr]:
+    """ONNX LSTM (opset 7+, layout 0/1), unrolled."""
+    return _recurrent("LSTM", ctx, inputs, attrs)
+
+
+@onnx_op("GRU")
+def _gru_onnx(ctx: GraphContext, inputs: Sequence[g.Expr | None],
+              attrs: dict[str, Any]) -> list[g.Expr]:
+    """ONNX GRU (opset 7+, layout 0/1, linear_before_reset 0/1), unrolled."""
+    return _recurrent("GRU", ctx, inputs, attrs)
+
+
+@onnx_op("RNN")
+def _rnn_onnx(ctx: GraphContext, inputs: Sequence[g.Expr | None],
+              attrs: dict[str, Any]) -> list[g.Expr]:
+    """ONNX RNN (opset 7+, layout 0/1), unrolled."""
+    return _recurrent("RNN", ctx, inputs, attrs)
