@@ -348,13 +348,13 @@ def _slice_params(shape: Sequence[Dim], attrs: Attrs) -> list[tuple[Any, int, An
         if st == 0:
             raise IRError("slice: step 0 is not allowed")
         n = shape[a]
+        if st < 0:
+            out[a] = _negative_step_params(int(s), int(e), int(st), n)
+            continue
         if isinstance(n, int):
             sl = slice(int(s), int(e), int(st)).indices(n)
             out[a] = (sl[0], sl[2], len(range(*sl)))
             continue
-        if st < 0:
-            raise IRError(f"slice: a negative step along the symbolic dimension {dim_text(n)} "
-                          "is not supported")
         s, e = int(s), int(e)
         lo, hi = _clamped_bound(s, n), _clamped_bound(e, n)
         if (s >= 0) == (e >= 0) and e <= s:
@@ -381,6 +381,39 @@ def _clamped_bound(b: int, n: PrimExpr) -> Dim:
     if b > 0:
         return simplify_dim(min_(as_expr(b).astype(n.dtype), n))
     return simplify_dim(max_(n + b, 0))
+
+
+def _negative_step_params(s: int, e: int, st: int, n: Dim) -> tuple[Dim, int, Dim]:
+    """(start, step, length) of `[s:e:st]` (st < 0) along dimension `n`, static or not.
+
+    ONNX's rule (onnxruntime follows it; Python's slices differ when the start is
+    before the first element): a bound counts from the end when negative, then the
+    start is clamped to [0, n - 1] and the end to [-1, n - 1]; the length is
+    `ceil((start - end) / -st)`, at least 0. Exporters write a reversal as
+    `[-1:-INT_MAX:-1]` (start n - 1, end -1, length n)."""
+    if isinstance(n, int):
+        if n == 0:
+            return 0, st, 0
+        lo = min(max(s + n if s < 0 else s, 0), n - 1)
+        hi = min(max(e + n if e < 0 else e, -1), n - 1)
+        return lo, st, max(-(-(lo - hi) // -st), 0)
+    lo, hi = _back_bound(s, n, 0), _back_bound(e, n, -1)
+    span: Any = lo - hi
+    if not (isinstance(hi, int) and hi == -1):  # end -1: a start >= 0 makes span > 0
+        span = max_(span, 0)
+    return lo, st, simplify_dim(span if st == -1 else (span + (-st - 1)) // -st)
+
+
+def _back_bound(b: int, n: PrimExpr, floor: int) -> Dim:
+    """A bound of a negative-step slice (negative: from the end) clamped to
+    [floor, n - 1] along a symbolic dimension `n` (at least 1)."""
+    if b >= _TO_THE_END:
+        return simplify_dim(n - 1)
+    if b <= -_TO_THE_END:
+        return floor
+    if b >= 0:
+        return simplify_dim(min_(as_expr(b).astype(n.dtype), n - 1))
+    return simplify_dim(max_(n + b, floor))
 
 
 def _slice_infer(types: Sequence[TensorType], attrs: Attrs) -> Type:
