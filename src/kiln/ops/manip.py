@@ -394,9 +394,9 @@ def _negative_step_params(s: int, e: int, st: int, n: Dim) -> tuple[Dim, int, Di
     if isinstance(n, int):
         if n == 0:
             return 0, st, 0
-        lo = min(max(s + n if s < 0 else s, 0), n - 1)
-        hi = min(max(e + n if e < 0 else e, -1), n - 1)
-        return lo, st, max(-(-(lo - hi) // -st), 0)
+        first = min(max(s + n if s < 0 else s, 0), n - 1)
+        stop = min(max(e + n if e < 0 else e, -1), n - 1)
+        return first, st, max(-(-(first - stop) // -st), 0)
     lo, hi = _back_bound(s, n, 0), _back_bound(e, n, -1)
     span: Any = lo - hi
     if not (isinstance(hi, int) and hi == -1):  # end -1: a start >= 0 makes span > 0
