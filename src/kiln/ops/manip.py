@@ -991,7 +991,8 @@ def _range_onnx(ctx: GraphContext, inputs: Sequence[g.Expr | None],
                 attrs: dict[str, Any]) -> list[g.Expr]:
     bounds = [need_dims(ctx, x, "Range bounds").reshape(-1) for x in inputs[:3]]
     if any(v.dtype == object for v in bounds):
-        return [_symbolic_range(ctx, bounds, ctx.tensor_type(first_input(inputs)).dtype)]
+        return [_symbolic_range(ctx, inputs, bounds,
+                                ctx.tensor_type(first_input(inputs)).dtype)]
     start, limit, delta = bounds
     a, b, d = (v.reshape(-1)[0].item() if v.size == 1 else None for v in (start, limit, delta))
     if a is None or b is None or d is None:
@@ -1004,17 +1005,27 @@ def _range_onnx(ctx: GraphContext, inputs: Sequence[g.Expr | None],
     return [ctx.const(np.arange(a, b, d, dtype=start.dtype))]
 
 
-def _symbolic_range(ctx: GraphContext, bounds: list[np.ndarray], dtype: str) -> g.Expr:
-    """Range with a symbolic limit (`Range(0, seq, 1)`): start and delta static, delta > 0."""
+def _symbolic_range(ctx: GraphContext, inputs: Sequence[g.Expr | None],
+                    bounds: list[np.ndarray], dtype: str) -> g.Expr:
+    """Range over symbolic sizes: `Range(0, seq, 1)` (position ids) or
+    `Range(past, past + seq, 1)` (position ids after a key/value cache). The delta must
+    be a positive constant; the length `ceil((limit - start) / delta)` must be a size
+    some input has (the run-time iota is shaped from it). A symbolic start is added at
+    run time from the Range's own start input, which holds its value."""
     if any(v.size != 1 for v in bounds):
         raise IRError("Range start, limit and delta must be scalars")
-    a, b, d = (v[0] for v in bounds)
-    if isinstance(a, PrimExpr) or isinstance(d, PrimExpr) or d <= 0:
-        raise IRError(f"Range({dim_text(a)}, {dim_text(b)}, {dim_text(d)}): over a symbolic "
-                      "dimension, only the limit may be symbolic, with a positive delta")
-    length = simplify_dim((b - int(a) + (int(d) - 1)) // int(d))
-    return _iota(ctx, length, a.item() if hasattr(a, "item") else a,
-                 d.item() if hasattr(d, "item") else d, dtype)
+    a, b, d = (x if isinstance(x, PrimExpr) else x.item() for x in (v[0] for v in bounds))
+    if isinstance(d, PrimExpr) or d <= 0 or not isinstance(d, int):
+        raise IRError(f"Range({dim_text(a)}, {dim_text(b)}, {dim_text(d)}): over a "
+                      "symbolic dimension the delta must be a positive integer constant")
+    if not isinstance(a, (int, PrimExpr)) or not isinstance(b, (int, PrimExpr)):
+        raise IRError(f"Range({a}, {b}, {d}): symbolic bounds must be integers")
+    length = simplify_dim((b - a + (d - 1)) // d)
+    if not isinstance(a, PrimExpr):
+        return _iota(ctx, length, a, d, dtype)
+    start = inputs[0]
+    assert start is not None
+    return ctx.call("add", _iota(ctx, length, 0, d, dtype), ctx.call("reshape", start, shape=()))
 
 
 @onnx_op("EyeLike")
