@@ -135,3 +135,16 @@ def test_gather_nd_symbolic_index_depth_is_refused() -> None:
                        [_f32("x", ["b", 4]), i])
     with pytest.raises(kiln.errors.KilnError, match="last dimension of indices"):
         kiln.frontend.from_onnx(model)
+
+
+def test_negative_step_start_before_the_first_element_follows_onnx() -> None:
+    # ONNX clamps a negative-step start to [0, n - 1] (Python's slices would give nothing):
+    # x[-5:-10:-1] of 3 elements is [x[0]], in the static and the symbolic build alike.
+    params = [_const(n, np.array([v], np.int64))
+              for n, v in (("st", -5), ("en", -10), ("ax", 1), ("sp", -1))]
+    for shape in ([2, 3], ["b", "s"]):
+        model = onnx_model([helper.make_node("Slice", ["x", "st", "en", "ax", "sp"], ["o"])],
+                           [_f32("x", shape)], params)
+        x = np.arange(6, dtype=np.float32).reshape(2, 3)
+        got = kiln.compile(kiln.frontend.from_onnx(model), "llvm")["main"](x)
+        np.testing.assert_array_equal(np.asarray(got), x[:, :1])
