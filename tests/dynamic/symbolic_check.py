@@ -8,11 +8,21 @@ from collections.abc import Callable, Iterable, Mapping
 import numpy as np
 import onnx
 import onnxruntime as ort
-from onnx import TensorProto, helper
+from onnx import TensorProto, helper, numpy_helper
 
 import kiln
 
 Feeds = Callable[[np.random.Generator, int, int], Mapping[str, np.ndarray]]
+
+
+def f32(name: str, shape: list[str | int]) -> onnx.ValueInfoProto:
+    """A float32 graph input (strings in `shape` are `dim_param`s)."""
+    return helper.make_tensor_value_info(name, TensorProto.FLOAT, shape)
+
+
+def const(name: str, value: object) -> onnx.TensorProto:
+    """An initializer holding `value`."""
+    return numpy_helper.from_array(np.asarray(value), name)
 
 
 def onnx_model(nodes: list[onnx.NodeProto], inputs: list[onnx.ValueInfoProto],

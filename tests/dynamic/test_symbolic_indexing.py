@@ -10,27 +10,19 @@ from collections.abc import Callable, Mapping
 import numpy as np
 import onnx
 import pytest
-from onnx import TensorProto, helper, numpy_helper
-from symbolic_check import Feeds, check_vs_onnxruntime, onnx_model
+from onnx import TensorProto, helper
+from symbolic_check import Feeds, check_vs_onnxruntime, const, f32, onnx_model
 
 import kiln
 
 INT_MAX = 2**63 - 1  # what exporters write for "to the end"
 
 
-def _f32(name: str, shape: list[str | int]) -> onnx.ValueInfoProto:
-    return helper.make_tensor_value_info(name, TensorProto.FLOAT, shape)
-
-
-def _const(name: str, value: object) -> onnx.TensorProto:
-    return numpy_helper.from_array(np.asarray(value), name)
-
-
 def _gather_nd() -> tuple[onnx.ModelProto, Feeds]:
     # batch_dims=1, one index per batch row picks a seq position (negative: from the end).
     i = helper.make_tensor_value_info("i", TensorProto.INT64, ["b", 1])
     model = onnx_model([helper.make_node("GatherND", ["x", "i"], ["o"], batch_dims=1)],
-                       [_f32("x", ["b", "s", 4]), i])
+                       [f32("x", ["b", "s", 4]), i])
 
     def feeds(rng: np.random.Generator, b: int, s: int) -> Mapping[str, np.ndarray]:
         return {"x": rng.standard_normal((b, s, 4)).astype(np.float32),
@@ -41,7 +33,7 @@ def _gather_nd() -> tuple[onnx.ModelProto, Feeds]:
 def _scatter_nd() -> tuple[onnx.ModelProto, Feeds]:
     i = helper.make_tensor_value_info("i", TensorProto.INT64, ["b", 2])
     model = onnx_model([helper.make_node("ScatterND", ["x", "i", "u"], ["o"])],
-                       [_f32("x", ["b", "s", 4]), i, _f32("u", ["b", 4])])
+                       [f32("x", ["b", "s", 4]), i, f32("u", ["b", 4])])
 
     def feeds(rng: np.random.Generator, b: int, s: int) -> Mapping[str, np.ndarray]:
         # Distinct (row, position) targets: ONNX leaves duplicates unordered.
@@ -67,10 +59,10 @@ def _slices() -> tuple[onnx.ModelProto, Feeds]:
     nodes, inits = [], []
     for k, (starts, ends, axes, steps) in enumerate(SLICES):
         names = [f"{p}{k}" for p in ("st", "en", "ax", "sp")]
-        inits += [_const(n, np.array(v, np.int64))
+        inits += [const(n, np.array(v, np.int64))
                   for n, v in zip(names, (starts, ends, axes, steps), strict=True)]
         nodes.append(helper.make_node("Slice", ["x", *names], [f"o{k}"]))
-    model = onnx_model(nodes, [_f32("x", ["b", "s", 3])], inits, n_outputs=len(SLICES))
+    model = onnx_model(nodes, [f32("x", ["b", "s", 3])], inits, n_outputs=len(SLICES))
 
     def feeds(rng: np.random.Generator, b: int, s: int) -> Mapping[str, np.ndarray]:
         return {"x": rng.standard_normal((b, s, 3)).astype(np.float32)}
@@ -102,13 +94,13 @@ def _gpt2_positions_and_mask() -> tuple[onnx.ModelProto, Feeds]:
         helper.make_node("Unsqueeze", ["scores", "axis1"], ["scores4"]),
         helper.make_node("Where", ["mask", "scores4", "masked"], ["o"]),
     ]
-    inits = [_const("one", np.int64(1)), _const("zero", np.int64(0)),
-             *(_const(f"axis{k}", np.array([k], np.int64)) for k in range(4)),
-             _const("zero1", np.array([0], np.int64)),
-             _const("wte", rng.standard_normal((vocab, width)).astype(np.float32)),
-             _const("wpe", rng.standard_normal((positions, width)).astype(np.float32)),
-             _const("bias", np.tril(np.ones((positions, positions), bool))[None, None]),
-             _const("masked", np.float32(-1e4))]
+    inits = [const("one", np.int64(1)), const("zero", np.int64(0)),
+             *(const(f"axis{k}", np.array([k], np.int64)) for k in range(4)),
+             const("zero1", np.array([0], np.int64)),
+             const("wte", rng.standard_normal((vocab, width)).astype(np.float32)),
+             const("wpe", rng.standard_normal((positions, width)).astype(np.float32)),
+             const("bias", np.tril(np.ones((positions, positions), bool))[None, None]),
+             const("masked", np.float32(-1e4))]
     ids = helper.make_tensor_value_info("ids", TensorProto.INT64, ["batch", "seq"])
     model = onnx_model(nodes, [ids], inits)
 
@@ -132,7 +124,7 @@ def test_symbolic_indexing_matches_onnxruntime(case: str, target: str) -> None:
 def test_gather_nd_symbolic_index_depth_is_refused() -> None:
     i = helper.make_tensor_value_info("i", TensorProto.INT64, ["b", "k"])
     model = onnx_model([helper.make_node("GatherND", ["x", "i"], ["o"])],
-                       [_f32("x", ["b", 4]), i])
+                       [f32("x", ["b", 4]), i])
     with pytest.raises(kiln.errors.KilnError, match="last dimension of indices"):
         kiln.frontend.from_onnx(model)
 
@@ -140,11 +132,11 @@ def test_gather_nd_symbolic_index_depth_is_refused() -> None:
 def test_negative_step_start_before_the_first_element_follows_onnx() -> None:
     # ONNX clamps a negative-step start to [0, n - 1] (Python's slices would give nothing):
     # x[-5:-10:-1] of 3 elements is [x[0]], in the static and the symbolic build alike.
-    params = [_const(n, np.array([v], np.int64))
+    params = [const(n, np.array([v], np.int64))
               for n, v in (("st", -5), ("en", -10), ("ax", 1), ("sp", -1))]
     for shape in ([2, 3], ["b", "s"]):
         model = onnx_model([helper.make_node("Slice", ["x", "st", "en", "ax", "sp"], ["o"])],
-                           [_f32("x", shape)], params)
+                           [f32("x", shape)], params)
         x = np.arange(6, dtype=np.float32).reshape(2, 3)
         got = kiln.compile(kiln.frontend.from_onnx(model), "llvm")["main"](x)
         np.testing.assert_array_equal(np.asarray(got), x[:, :1])

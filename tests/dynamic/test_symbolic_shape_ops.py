@@ -9,24 +9,16 @@ from collections.abc import Callable, Mapping
 import numpy as np
 import onnx
 import pytest
-from onnx import TensorProto, helper, numpy_helper
-from symbolic_check import Feeds, check_vs_onnxruntime, onnx_model
+from onnx import TensorProto, helper
+from symbolic_check import Feeds, check_vs_onnxruntime, const, f32, onnx_model
 
 import kiln
 
 node = helper.make_node
 
 
-def _f32(name: str, shape: list[str | int]) -> onnx.ValueInfoProto:
-    return helper.make_tensor_value_info(name, TensorProto.FLOAT, shape)
-
-
 def _i64(name: str, shape: list[str | int]) -> onnx.ValueInfoProto:
     return helper.make_tensor_value_info(name, TensorProto.INT64, shape)
-
-
-def _const(name: str, value: object) -> onnx.TensorProto:
-    return numpy_helper.from_array(np.asarray(value), name)
 
 
 def _expand() -> tuple[onnx.ModelProto, Feeds]:
@@ -35,9 +27,9 @@ def _expand() -> tuple[onnx.ModelProto, Feeds]:
              node("Shape", ["x"], ["x_shape"]), node("Slice", ["x_shape", "last", "end"], ["s"]),
              node("Concat", ["batch", "four", "s"], ["target"], axis=0),
              node("Expand", ["x", "target"], ["o"])]
-    inits = [_const("first", [0]), _const("four", [4]), _const("last", [-1]),
-             _const("end", [2**63 - 1])]
-    model = onnx_model(nodes, [_f32("x", [1, 1, "s"]), _f32("y", ["b", 2])], inits)
+    inits = [const("first", [0]), const("four", [4]), const("last", [-1]),
+             const("end", [2**63 - 1])]
+    model = onnx_model(nodes, [f32("x", [1, 1, "s"]), f32("y", ["b", 2])], inits)
 
     def feeds(rng: np.random.Generator, b: int, s: int) -> Mapping[str, np.ndarray]:
         return {"x": rng.standard_normal((1, 1, s)).astype(np.float32),
@@ -46,8 +38,8 @@ def _expand() -> tuple[onnx.ModelProto, Feeds]:
 
 
 def _tile() -> tuple[onnx.ModelProto, Feeds]:
-    model = onnx_model([node("Tile", ["x", "repeats"], ["o"])], [_f32("x", ["b", "s"])],
-                       [_const("repeats", [2, 3])])
+    model = onnx_model([node("Tile", ["x", "repeats"], ["o"])], [f32("x", ["b", "s"])],
+                       [const("repeats", [2, 3])])
 
     def feeds(rng: np.random.Generator, b: int, s: int) -> Mapping[str, np.ndarray]:
         return {"x": rng.standard_normal((b, s)).astype(np.float32)}
@@ -61,8 +53,8 @@ def _range_after_cache() -> tuple[onnx.ModelProto, Feeds]:
              node("Shape", ["ids"], ["ids_shape"]), node("Gather", ["ids_shape", "one"], ["seq"]),
              node("Add", ["past_len", "seq"], ["total"]),
              node("Range", ["past_len", "total", "one"], ["o"])]
-    inits = [_const("one", np.int64(1)), _const("two", np.int64(2))]
-    model = onnx_model(nodes, [_i64("ids", ["b", "s"]), _f32("past", ["b", 2, "p", 4])], inits,
+    inits = [const("one", np.int64(1)), const("two", np.int64(2))]
+    model = onnx_model(nodes, [_i64("ids", ["b", "s"]), f32("past", ["b", 2, "p", 4])], inits,
                        out_type=TensorProto.INT64)
 
     def feeds(rng: np.random.Generator, b: int, s: int) -> Mapping[str, np.ndarray]:
@@ -76,8 +68,8 @@ def _where_mask() -> tuple[onnx.ModelProto, Feeds]:
     nodes = [node("Equal", ["mask", "zero"], ["pad"]),
              node("Unsqueeze", ["pad", "axis1"], ["pad3"]),
              node("Where", ["pad3", "masked", "scores"], ["o"])]
-    inits = [_const("zero", np.int64(0)), _const("axis1", [1]), _const("masked", np.float32(-1e4))]
-    model = onnx_model(nodes, [_i64("mask", ["b", "s"]), _f32("scores", ["b", "s", "s"])], inits)
+    inits = [const("zero", np.int64(0)), const("axis1", [1]), const("masked", np.float32(-1e4))]
+    model = onnx_model(nodes, [_i64("mask", ["b", "s"]), f32("scores", ["b", "s", "s"])], inits)
 
     def feeds(rng: np.random.Generator, b: int, s: int) -> Mapping[str, np.ndarray]:
         return {"mask": rng.integers(0, 2, (b, s)).astype(np.int64),
@@ -93,9 +85,9 @@ def _cumsum_positions() -> tuple[onnx.ModelProto, Feeds]:
              node("CumSum", ["keep_i", "last"], ["count"]),
              node("Mul", ["count", "keep_i"], ["o0"]),
              node("CumSum", ["x", "first"], ["o1"], reverse=1, exclusive=1)]
-    inits = [_const("last", np.int64(-1)), _const("first", np.int32(0))]
+    inits = [const("last", np.int64(-1)), const("first", np.int32(0))]
     pad = helper.make_tensor_value_info("pad", TensorProto.BOOL, ["b", "s"])
-    model = onnx_model(nodes, [pad, _f32("x", ["b", "s"])], inits, n_outputs=2)
+    model = onnx_model(nodes, [pad, f32("x", ["b", "s"])], inits, n_outputs=2)
     model.graph.output[0].type.tensor_type.elem_type = TensorProto.INT64
 
     def feeds(rng: np.random.Generator, b: int, s: int) -> Mapping[str, np.ndarray]:
@@ -120,8 +112,8 @@ def test_range_with_a_length_no_input_has_is_refused_by_name() -> None:
     # Range(1, seq, 2) has length seq//2: no input holds it, so kiln cannot shape it.
     nodes = [node("Shape", ["x"], ["shape"]), node("Gather", ["shape", "one"], ["seq"]),
              node("Range", ["one", "seq", "two"], ["o"])]
-    model = onnx_model(nodes, [_f32("x", ["b", "s"])],
-                       [_const("one", np.int64(1)), _const("two", np.int64(2))],
+    model = onnx_model(nodes, [f32("x", ["b", "s"])],
+                       [const("one", np.int64(1)), const("two", np.int64(2))],
                        out_type=TensorProto.INT64)
     with pytest.raises(kiln.errors.FrontendError, match=r"Range.*s//2"):
         kiln.frontend.from_onnx(model)
