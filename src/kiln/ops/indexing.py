@@ -4,7 +4,7 @@ and the ONNX OneHot mapping."""
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -12,6 +12,7 @@ from kiln.errors import IRError
 from kiln.ir import dtype as dt
 from kiln.ir import graph as g
 from kiln.ir.kernel_errors import KERNEL_ERRORS, op_error_code
+from kiln.ir.shape_expr import dim_product, dim_text, dims_equal, shape_text
 from kiln.ir.tensor import (
     Cast,
     PrimExpr,
@@ -20,7 +21,7 @@ from kiln.ir.tensor import (
     min_,
     select,
 )
-from kiln.ir.types import TensorType, Type
+from kiln.ir.types import Dim, TensorType, Type
 from kiln.ops import te
 from kiln.ops.onnx_map import GraphContext, first_input, need_constant, onnx_op
 from kiln.ops.reduce import norm_axes
@@ -39,7 +40,7 @@ def _as_int64(k: PrimExpr) -> PrimExpr:
     return k if k.dtype == "int64" else Cast("int64", k)
 
 
-def index_check(op: str, ind: te.Tensor, extent: int, component: int | None = None
+def index_check(op: str, ind: te.Tensor, extent: Dim, component: int | None = None
                 ) -> te.Check:
     """Every index of `ind` (or its last-axis `component`) is in [-extent, extent)."""
     def ok(*j: PrimExpr) -> PrimExpr:
@@ -149,19 +150,33 @@ def _gather_elements_onnx(ctx: GraphContext, inputs: Sequence[g.Expr | None],
 
 # ------------------------------------------------------------------ gather_nd
 
-def _index(ind: te.Tensor, idx: Sequence[PrimExpr], extent: int) -> PrimExpr:
+def _index(ind: te.Tensor, idx: Sequence[PrimExpr], extent: Dim) -> PrimExpr:
     """An index value read from `ind`, negative values counted from the end, clamped."""
     k = ind[tuple(idx)]
     k = k if k.dtype == "int64" else Cast("int64", k)
     return te.clamp_index(select(k < 0, k + extent, k), extent)
 
 
-def _gather_nd_shape(data: Sequence[int], ind: Sequence[int], batch: int) -> tuple[int, ...]:
-    r = ind[-1] if ind else 0
+def _index_depth(op: str, ind: Sequence[Dim]) -> int:
+    """The last dimension of an indices shape: how many data axes one index addresses.
+    It fixes the result's rank, so it must be a number even when other dims are symbolic."""
+    if not ind:
+        return 0
+    r = ind[-1]
+    if not isinstance(r, int):
+        raise IRError(f"{op}: the last dimension of indices {shape_text(ind)} must be "
+                      f"static (it fixes the result's rank), got {dim_text(r)}")
+    return r
+
+
+def _gather_nd_shape(data: Sequence[Dim], ind: Sequence[Dim], batch: int) -> tuple[Dim, ...]:
+    # Batch dims may be symbolic: they must be provably equal (dims_equal), since the
+    # kernel indexes data and indices with the same loop variable.
+    r = _index_depth("gather_nd", ind)
     if not ind or batch >= len(ind) or batch + r > len(data) or \
-            tuple(ind[:batch]) != tuple(data[:batch]):
-        raise IRError(f"gather_nd: indices {tuple(ind)} with batch_dims {batch} do not fit "
-                      f"data {tuple(data)}")
+            not all(dims_equal(a, b) for a, b in zip(ind[:batch], data[:batch], strict=True)):
+        raise IRError(f"gather_nd: indices {shape_text(ind)} with batch_dims {batch} do not "
+                      f"fit data {shape_text(data)}")
     return (*ind[:-1], *data[batch + r:])
 
 
@@ -169,7 +184,7 @@ def _gather_nd_infer(types: Sequence[TensorType], attrs: Attrs) -> Type:
     x, idx = types
     if not dt.is_int(idx.dtype):
         raise IRError(f"gather_nd: indices must be integers, got {idx.dtype}")
-    shape = _gather_nd_shape(x.static_shape, idx.static_shape, int(attrs.get("batch_dims", 0)))
+    shape = _gather_nd_shape(x.shape, idx.shape, int(attrs.get("batch_dims", 0)))
     return TensorType(shape, x.dtype)
 
 
@@ -177,7 +192,7 @@ def _gather_nd_compute(inputs: Sequence[te.Tensor], attrs: Attrs) -> te.Tensor:
     x, ind = inputs
     batch = int(attrs.get("batch_dims", 0))
     shape = _gather_nd_shape(x.shape, ind.shape, batch)
-    r = ind.shape[-1]
+    r = _index_depth("gather_nd", ind.shape)
     lead = ind.ndim - 1
 
     def element(*i: PrimExpr) -> PrimExpr:
@@ -194,7 +209,7 @@ def _gather_nd_ref(x: np.ndarray, idx: np.ndarray, **attrs: Any) -> np.ndarray:
     r = idx.shape[-1]
     for t in range(r):
         check_indices("gather_nd", idx[..., t], x.shape[batch + t])
-    out = np.empty(shape, dtype=x.dtype)
+    out = np.empty(cast(tuple[int, ...], shape), dtype=x.dtype)  # numpy shapes are static
     for pos in np.ndindex(*idx.shape[:-1]):
         key = tuple(int(v) for v in idx[pos])
         src = (*pos[:batch], *(k + x.shape[batch + t] if k < 0 else k
@@ -332,19 +347,22 @@ def _scatter_elements_onnx(ctx: GraphContext, inputs: Sequence[g.Expr | None],
 def _scatter_nd_infer(types: Sequence[TensorType], attrs: Attrs) -> Type:
     x, idx, upd = types
     _scatter_check(attrs)
-    r = idx.static_shape[-1] if idx.ndim else 0
-    want = (*idx.static_shape[:-1], *x.static_shape[r:])
-    if not dt.is_int(idx.dtype) or r > x.ndim or upd.static_shape != want or \
-            upd.dtype != x.dtype:
-        raise IRError(f"scatter_nd: updates {upd} must have shape {want} for indices {idx} "
-                      f"into data {x}")
+    r = _index_depth("scatter_nd", idx.shape)
+    want = (*idx.shape[:-1], *x.shape[r:])
+    # Symbolic dims must be provably equal: the kernel reads updates at the indices'
+    # and data's positions.
+    fits = len(upd.shape) == len(want) and all(
+        dims_equal(a, b) for a, b in zip(upd.shape, want, strict=True))
+    if not dt.is_int(idx.dtype) or r > x.ndim or not fits or upd.dtype != x.dtype:
+        raise IRError(f"scatter_nd: updates {upd} must have shape {shape_text(want)} for "
+                      f"indices {idx} into data {x}")
     return x
 
 
 def _scatter_nd_compute(inputs: Sequence[te.Tensor], attrs: Attrs) -> te.Tensor:
     x, ind, upd = inputs
     red = _scatter_check(attrs)
-    r = ind.shape[-1]
+    r = _index_depth("scatter_nd", ind.shape)
     lead = ind.shape[:-1]
 
     def element(*i: PrimExpr) -> PrimExpr:
@@ -355,7 +373,7 @@ def _scatter_nd_compute(inputs: Sequence[te.Tensor], attrs: Attrs) -> te.Tensor:
             return ok
 
         if red == "none":
-            count = int(np.prod(lead))
+            count = dim_product(lead)  # an expression when the indices are symbolic
 
             def flat_match(f: PrimExpr) -> PrimExpr:
                 q = te.unflatten_index(f, lead)

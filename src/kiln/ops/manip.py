@@ -348,13 +348,13 @@ def _slice_params(shape: Sequence[Dim], attrs: Attrs) -> list[tuple[Any, int, An
         if st == 0:
             raise IRError("slice: step 0 is not allowed")
         n = shape[a]
+        if st < 0:
+            out[a] = _negative_step_params(int(s), int(e), int(st), n)
+            continue
         if isinstance(n, int):
             sl = slice(int(s), int(e), int(st)).indices(n)
             out[a] = (sl[0], sl[2], len(range(*sl)))
             continue
-        if st < 0:
-            raise IRError(f"slice: a negative step along the symbolic dimension {dim_text(n)} "
-                          "is not supported")
         s, e = int(s), int(e)
         lo, hi = _clamped_bound(s, n), _clamped_bound(e, n)
         if (s >= 0) == (e >= 0) and e <= s:
@@ -381,6 +381,39 @@ def _clamped_bound(b: int, n: PrimExpr) -> Dim:
     if b > 0:
         return simplify_dim(min_(as_expr(b).astype(n.dtype), n))
     return simplify_dim(max_(n + b, 0))
+
+
+def _negative_step_params(s: int, e: int, st: int, n: Dim) -> tuple[Dim, int, Dim]:
+    """(start, step, length) of `[s:e:st]` (st < 0) along dimension `n`, static or not.
+
+    ONNX's rule (onnxruntime follows it; Python's slices differ when the start is
+    before the first element): a bound counts from the end when negative, then the
+    start is clamped to [0, n - 1] and the end to [-1, n - 1]; the length is
+    `ceil((start - end) / -st)`, at least 0. Exporters write a reversal as
+    `[-1:-INT_MAX:-1]` (start n - 1, end -1, length n)."""
+    if isinstance(n, int):
+        if n == 0:
+            return 0, st, 0
+        first = min(max(s + n if s < 0 else s, 0), n - 1)
+        stop = min(max(e + n if e < 0 else e, -1), n - 1)
+        return first, st, max(-(-(first - stop) // -st), 0)
+    lo, hi = _back_bound(s, n, 0), _back_bound(e, n, -1)
+    span: Any = lo - hi
+    if not (isinstance(hi, int) and hi == -1):  # end -1: a start >= 0 makes span > 0
+        span = max_(span, 0)
+    return lo, st, simplify_dim(span if st == -1 else (span + (-st - 1)) // -st)
+
+
+def _back_bound(b: int, n: PrimExpr, floor: int) -> Dim:
+    """A bound of a negative-step slice (negative: from the end) clamped to
+    [floor, n - 1] along a symbolic dimension `n` (at least 1)."""
+    if b >= _TO_THE_END:
+        return simplify_dim(n - 1)
+    if b <= -_TO_THE_END:
+        return floor
+    if b >= 0:
+        return simplify_dim(min_(as_expr(b).astype(n.dtype), n - 1))
+    return simplify_dim(max_(n + b, floor))
 
 
 def _slice_infer(types: Sequence[TensorType], attrs: Attrs) -> Type:
@@ -958,7 +991,8 @@ def _range_onnx(ctx: GraphContext, inputs: Sequence[g.Expr | None],
                 attrs: dict[str, Any]) -> list[g.Expr]:
     bounds = [need_dims(ctx, x, "Range bounds").reshape(-1) for x in inputs[:3]]
     if any(v.dtype == object for v in bounds):
-        return [_symbolic_range(ctx, bounds, ctx.tensor_type(first_input(inputs)).dtype)]
+        return [_symbolic_range(ctx, inputs, bounds,
+                                ctx.tensor_type(first_input(inputs)).dtype)]
     start, limit, delta = bounds
     a, b, d = (v.reshape(-1)[0].item() if v.size == 1 else None for v in (start, limit, delta))
     if a is None or b is None or d is None:
@@ -971,17 +1005,27 @@ def _range_onnx(ctx: GraphContext, inputs: Sequence[g.Expr | None],
     return [ctx.const(np.arange(a, b, d, dtype=start.dtype))]
 
 
-def _symbolic_range(ctx: GraphContext, bounds: list[np.ndarray], dtype: str) -> g.Expr:
-    """Range with a symbolic limit (`Range(0, seq, 1)`): start and delta static, delta > 0."""
+def _symbolic_range(ctx: GraphContext, inputs: Sequence[g.Expr | None],
+                    bounds: list[np.ndarray], dtype: str) -> g.Expr:
+    """Range over symbolic sizes: `Range(0, seq, 1)` (position ids) or
+    `Range(past, past + seq, 1)` (position ids after a key/value cache). The delta must
+    be a positive constant; the length `ceil((limit - start) / delta)` must be a size
+    some input has (the run-time iota is shaped from it). A symbolic start is added at
+    run time from the Range's own start input, which holds its value."""
     if any(v.size != 1 for v in bounds):
         raise IRError("Range start, limit and delta must be scalars")
-    a, b, d = (v[0] for v in bounds)
-    if isinstance(a, PrimExpr) or isinstance(d, PrimExpr) or d <= 0:
-        raise IRError(f"Range({dim_text(a)}, {dim_text(b)}, {dim_text(d)}): over a symbolic "
-                      "dimension, only the limit may be symbolic, with a positive delta")
-    length = simplify_dim((b - int(a) + (int(d) - 1)) // int(d))
-    return _iota(ctx, length, a.item() if hasattr(a, "item") else a,
-                 d.item() if hasattr(d, "item") else d, dtype)
+    a, b, d = (x if isinstance(x, PrimExpr) else x.item() for x in (v[0] for v in bounds))
+    if isinstance(d, PrimExpr) or d <= 0 or not isinstance(d, int):
+        raise IRError(f"Range({dim_text(a)}, {dim_text(b)}, {dim_text(d)}): over a "
+                      "symbolic dimension the delta must be a positive integer constant")
+    if not isinstance(a, (int, PrimExpr)) or not isinstance(b, (int, PrimExpr)):
+        raise IRError(f"Range({a}, {b}, {d}): symbolic bounds must be integers")
+    length = simplify_dim((b - a + (d - 1)) // d)
+    if not isinstance(a, PrimExpr):
+        return _iota(ctx, length, a, d, dtype)
+    start = inputs[0]
+    assert start is not None
+    return ctx.call("add", _iota(ctx, length, 0, d, dtype), ctx.call("reshape", start, shape=()))
 
 
 @onnx_op("EyeLike")

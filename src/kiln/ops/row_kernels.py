@@ -271,7 +271,7 @@ class Rows:
             r = Var("row", INDEX_DTYPE)
             lets: list[Stmt] = []
             index: list[PrimExpr] = []
-            for k, (i, d) in enumerate(zip(te.unflatten_index(r, self.outer),  # type: ignore[arg-type]
+            for k, (i, d) in enumerate(zip(te.unflatten_index(r, self.outer),
                                            self.outer)):
                 v = Var(f"i{k}", INDEX_DTYPE)
                 if _loops(d):

@@ -157,7 +157,7 @@ REDUCERS: dict[str, _Reducer] = {
 }
 
 
-def reduce(kind: str, body: FCompute, extents: Sequence[int], dtype: str,
+def reduce(kind: str, body: FCompute, extents: Sequence[int | PrimExpr], dtype: str,
            init: ExprLike | None = None) -> PrimExpr:
     """Reduce `body(*k)` over `k` in `extents` with `kind` (sum, prod, max, min).
 
@@ -177,7 +177,7 @@ def flat_index(idx: Sequence[PrimExpr], shape: Sequence[int]) -> PrimExpr:
     return flat
 
 
-def unflatten_index(flat: PrimExpr, shape: Sequence[int]) -> tuple[PrimExpr, ...]:
+def unflatten_index(flat: PrimExpr, shape: Sequence[int | PrimExpr]) -> tuple[PrimExpr, ...]:
     """The index of row-major position `flat` in a tensor of `shape` (`flat_index` undone)."""
     out: list[PrimExpr] = []
     for d in reversed(shape):
@@ -186,7 +186,7 @@ def unflatten_index(flat: PrimExpr, shape: Sequence[int]) -> tuple[PrimExpr, ...
     return tuple(reversed(out))
 
 
-def clamp_index(i: PrimExpr, extent: int) -> PrimExpr:
+def clamp_index(i: PrimExpr, extent: int | PrimExpr) -> PrimExpr:
     """`i` clamped into [0, extent): keeps a not-taken Select branch in bounds."""
     return min_(max_(i, 0), extent - 1)
 

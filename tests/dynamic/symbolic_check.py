@@ -1,0 +1,58 @@
+"""What the symbolic-op tests of this directory share: building a small ONNX model and
+checking one symbolic compile against onnxruntime at three sizes."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+from onnx import TensorProto, helper, numpy_helper
+
+import kiln
+
+Feeds = Callable[[np.random.Generator, int, int], Mapping[str, np.ndarray]]
+
+
+def f32(name: str, shape: list[str | int]) -> onnx.ValueInfoProto:
+    """A float32 graph input (strings in `shape` are `dim_param`s)."""
+    return helper.make_tensor_value_info(name, TensorProto.FLOAT, shape)
+
+
+def const(name: str, value: object) -> onnx.TensorProto:
+    """An initializer holding `value`."""
+    return numpy_helper.from_array(np.asarray(value), name)
+
+
+def onnx_model(nodes: list[onnx.NodeProto], inputs: list[onnx.ValueInfoProto],
+               initializers: Iterable[onnx.TensorProto] = (), n_outputs: int = 1,
+               out_type: int = TensorProto.FLOAT) -> onnx.ModelProto:
+    """An opset-17 model whose outputs are `o` (or `o0`, `o1`, ... for several), any shape."""
+    names = ["o"] if n_outputs == 1 else [f"o{k}" for k in range(n_outputs)]
+    outputs = [helper.make_tensor_value_info(n, out_type, None) for n in names]
+    graph = helper.make_graph(nodes, "g", inputs, outputs, list(initializers))
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def check_vs_onnxruntime(model: onnx.ModelProto, feeds: Feeds, target: str) -> None:
+    """Compile `model` once, with its dims symbolic, and run it at three (b, s) sizes
+    against onnxruntime: exact for integer results, rel. L2 < 1e-6 for floats."""
+    ex = kiln.compile(kiln.frontend.from_onnx(model), target)
+    session = ort.InferenceSession(model.SerializeToString(),
+                                   providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(23)
+    for b, s in ((1, 1), (2, 3), (3, 6)):
+        inputs = feeds(rng, b, s)
+        wants = session.run(None, dict(inputs))
+        gots = ex["main"](*inputs.values())
+        gots = gots if isinstance(gots, (tuple, list)) else [gots]
+        assert len(gots) == len(wants)
+        for got, want in zip(gots, wants, strict=True):
+            got = np.asarray(got)
+            assert got.shape == want.shape, f"b={b}, s={s}: {got.shape} != {want.shape}"
+            if np.issubdtype(want.dtype, np.floating) and want.size:
+                err = np.linalg.norm(got - want) / max(float(np.linalg.norm(want)), 1e-30)
+                assert err < 1e-6, f"b={b}, s={s}: rel. L2 {err}"
+            else:
+                np.testing.assert_array_equal(got, want)
