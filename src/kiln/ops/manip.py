@@ -138,11 +138,12 @@ def _reshape_onnx(ctx: GraphContext, inputs: Sequence[g.Expr | None],
     for k, d in enumerate(shape):
         if isinstance(d, (int, np.integer)) and d == 0 and not allow_zero:
             shape[k] = src[k]
-    return [_reshape_to(ctx, x, shape)]
+    return [reshape_to(ctx, x, shape)]
 
 
-def _reshape_to(ctx: GraphContext, x: g.Expr, target: Sequence[Dim]) -> g.Expr:
-    """`x` viewed as `shape` (dimensions, at most one -1)."""
+def reshape_to(ctx: GraphContext, x: g.Expr, target: Sequence[Dim]) -> g.Expr:
+    """`x` viewed as `target` (dimensions, at most one -1): the reshape converters' one path,
+    shared with the recurrent ops' converters."""
     src = ctx.tensor_type(x).shape
     shape: list[Dim] = [int(d) if isinstance(d, (int, np.integer)) else d for d in target]
     if is_static(shape) and is_static(src):
@@ -161,7 +162,7 @@ def _flatten_onnx(ctx: GraphContext, inputs: Sequence[g.Expr | None],
     shape = ctx.tensor_type(x).shape
     axis = int(attrs.get("axis", 1))
     axis = axis + len(shape) if axis < 0 else axis
-    return [_reshape_to(ctx, x, (dim_product(shape[:axis]), dim_product(shape[axis:])))]
+    return [reshape_to(ctx, x, (dim_product(shape[:axis]), dim_product(shape[axis:])))]
 
 
 @onnx_op("Squeeze")
@@ -181,7 +182,7 @@ def _squeeze_onnx(ctx: GraphContext, inputs: Sequence[g.Expr | None],
     for a in axes:
         if not (isinstance(shape[a], int) and shape[a] == 1):
             raise IRError(f"Squeeze: dimension {a} has size {dim_text(shape[a])}, not 1")
-    return [_reshape_to(ctx, x, tuple(d for k, d in enumerate(shape) if k not in axes))]
+    return [reshape_to(ctx, x, tuple(d for k, d in enumerate(shape) if k not in axes))]
 
 
 @onnx_op("Unsqueeze")
@@ -194,7 +195,7 @@ def _unsqueeze_onnx(ctx: GraphContext, inputs: Sequence[g.Expr | None],
     axes = norm_axes(tuple(int(a) for a in raw), len(shape) + len(raw))
     for a in sorted(axes):
         shape.insert(a, 1)
-    return [_reshape_to(ctx, x, tuple(shape))]
+    return [reshape_to(ctx, x, tuple(shape))]
 
 
 # ------------------------------------------------------------------ transpose

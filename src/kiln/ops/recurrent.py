@@ -16,7 +16,7 @@ import numpy as np
 from kiln.errors import FrontendError
 from kiln.ir import graph as g
 from kiln.ir.shape_expr import dim_text, is_static
-from kiln.ops.manip import _reshape_to
+from kiln.ops.manip import reshape_to
 from kiln.ops.onnx_map import GraphContext, first_input, onnx_op
 
 Act = Callable[[g.Expr], g.Expr]
@@ -156,7 +156,7 @@ def _recurrent(kind: str, ctx: GraphContext, inputs: Sequence[g.Expr | None],
     zero_state = _zeros(ctx, (1, batch, hidden), dtype)
     masks: list[g.Expr | None] = [None] * steps
     if seq_lens is not None:
-        lens = _reshape_to(ctx, seq_lens, (1, batch, 1))
+        lens = reshape_to(ctx, seq_lens, (1, batch, 1))
         ltype = ctx.tensor_type(seq_lens).dtype
         masks = [ctx.call("less", ctx.const(np.asarray(t, dtype=ltype)), lens)
                  for t in range(steps)]
@@ -179,7 +179,7 @@ def _recurrent(kind: str, ctx: GraphContext, inputs: Sequence[g.Expr | None],
                 h = ctx.call("where", m, h_new, h)
                 c = ctx.call("where", m, c_new, c)
         y = ctx.call("concat", *outs, axis=0) if steps > 1 else outs[0]
-        ys.append(_reshape_to(ctx, y, (steps, 1, batch, hidden)))
+        ys.append(reshape_to(ctx, y, (steps, 1, batch, hidden)))
         hs.append(h)
         cs.append(c)
     y_all = ys[0] if len(ys) == 1 else ctx.call("concat", *ys, axis=1)
