@@ -67,7 +67,7 @@ def _cmd_compile(args: argparse.Namespace) -> int:
     timing = TimingInstrument()
     with CompileProgress(os.path.basename(args.model)) as progress:
         progress.stage("importing the ONNX model")
-        mod = from_onnx(args.model, _parse_shapes(args.shape))
+        mod = from_onnx(args.model, _parse_shapes(args.shape), check=not args.no_check)
         instruments: list[PassInstrument] = [timing] if args.timings else []
         if progress.enabled:
             instruments.append(progress)
@@ -181,6 +181,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--shape", action="append", default=[],
                    help="bind an input shape NAME=D0,?,D2 ('?' stays symbolic), pin a "
                         "dimension NAME=SIZE or bound it NAME=MIN:MAX (repeatable)")
+    c.add_argument("--no-check", action="store_true",
+                   help="skip onnx's full model check (with strict shape inference) at import")
     c.add_argument("--prefix", default=None, help="system_lib_prefix for the C symbols")
     c.add_argument("--mlf", metavar="MODEL_NAME", default=None,
                    help="write a Model Library Format tar (docs/mlf.md) with this model name")

@@ -7,7 +7,8 @@ from typing import Any
 
 def from_onnx(model: Any, shape_dict: dict[str, Any] | None = None, **options: Any) -> Any:
     """Import an ONNX model (path, bytes or ModelProto); see kiln.frontend.onnx
-    (`options`: `max_fold_bytes`, the constant-folding budget)."""
+    (`options`: `max_fold_bytes`, the constant-folding budget; `check=False`
+    skips onnx's full checker)."""
     from kiln.errors import missing_dependency
 
     try:

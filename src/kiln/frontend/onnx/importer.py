@@ -22,6 +22,7 @@ import numpy as np
 
 from kiln.errors import FrontendError, IRError
 from kiln.frontend.onnx.dims import Declared, InputDims, declared_dims
+from kiln.frontend.onnx.onnx_checker import check_onnx_model
 from kiln.frontend.onnx.raw_data import load_with_views
 from kiln.frontend.onnx.shape_values import evaluate as evaluate_shape
 from kiln.frontend.onnx.shape_values import is_constant, shape_value
@@ -53,7 +54,7 @@ FOLD_GROWTH = 4
 
 
 def from_onnx(model: Any, shape_dict: dict[str, Any] | None = None, *,
-              max_fold_bytes: int = DEFAULT_MAX_FOLD_BYTES) -> IRModule:
+              max_fold_bytes: int = DEFAULT_MAX_FOLD_BYTES, check: bool = True) -> IRModule:
     """Import `model` (a path, bytes or onnx.ModelProto) as an IRModule.
 
     Symbolic dimensions (`dim_param`s, and dynamic dims without a name) become
@@ -70,6 +71,11 @@ def from_onnx(model: Any, shape_dict: dict[str, Any] | None = None, *,
     value takes at most this many bytes (or at most FOLD_GROWTH times the model
     data it derives from); otherwise it stays in the graph and runs at run time.
     Values kiln must know at import (shapes, Range) that exceed it raise.
+
+    `check` runs onnx's full checker with strict shape inference first
+    (kiln.frontend.onnx.onnx_checker), so a model onnxruntime refuses (an
+    attribute its opset does not define, a type error) is refused here too, with
+    the node named; `check=False` (CLI: `--no-check`) skips it.
 
     Raises FrontendError for a missing or malformed file, unsupported
     operators (all of them listed, with node names and counts), bad or missing
@@ -90,9 +96,15 @@ def from_onnx(model: Any, shape_dict: dict[str, Any] | None = None, *,
     graph = proto.graph
     check_graph(graph, in_memory=not isinstance(model, (str, os.PathLike)))
     _check_supported(graph, opset)
+    if not isinstance(check, bool):
+        raise FrontendError(f"check must be True or False, got {check!r}")
     if shape_dict is not None and not isinstance(shape_dict, Mapping):
         raise FrontendError(f"shape_dict must be a dict, got {type(shape_dict).__name__}")
     dims = _input_dims(graph, dict(shape_dict or {}))
+    if check:
+        shapes = {i.name: dims.shape(i.name) for i in _graph_inputs(graph)}
+        check_onnx_model(proto, views, {name: len(shape) for name, shape in shapes.items()
+                                        if shape is not None})
     return _Importer(graph, opset, dims, max_fold_bytes, views).run()
 
 

@@ -1,0 +1,148 @@
+"""Run onnx's own checker (full check, strict shape inference) on a model to import.
+
+onnxruntime refuses a model that `onnx.checker.check_model(model, full_check=True)`
+refuses: an attribute the declared opset does not define (an opset-18 attribute in
+an opset-17 model), an input of the wrong element type, an output whose declared
+type contradicts inference. kiln refuses the same models, naming the node onnx
+names, instead of importing them silently.
+
+The checker serializes the whole model to C++; for a model with hundreds of
+megabytes of weights that costs seconds (BERT-base: about 3 s, against a few
+tenths for the import itself). The weights do not take part in any check but
+their type and shape, so the checked copy declares every large initializer as a
+graph input of the same type and shape instead (legal since IR version 4, and
+what onnx's own shape inference sees for an input without data). Small
+initializers keep their data: shape inference propagates the values of small
+integer tensors (Reshape targets, Slice bounds, Resize scales) and must see them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from kiln.errors import FrontendError
+
+# Initializers of at most this many bytes keep their data in the checked copy.
+KEEP_DATA_BYTES = 64 * 1024
+
+
+def check_onnx_model(proto: Any, views: dict[int, np.ndarray],
+                     input_ranks: Mapping[str, int]) -> None:
+    """Raise FrontendError if onnx's full check refuses `proto`.
+
+    `views` holds the data of initializers whose `raw_data` was read outside the
+    message (kiln.frontend.onnx.raw_data), by initializer index. `input_ranks`
+    gives the rank of every graph input as kiln resolved it (a shape_dict may give
+    an input the shape the model omits).
+    """
+    import onnx
+    from onnx.checker import ValidationError
+    from onnx.shape_inference import InferenceError
+
+    try:
+        copy = _weightless_copy(proto, views)
+        _declare_ranks(copy, input_ranks)
+        onnx.checker.check_model(copy, full_check=True)
+    except UnicodeDecodeError:  # onnx quotes the model's bytes in its message
+        raise FrontendError(
+            "the ONNX model is invalid (onnx.checker, full check): its error message "
+            "quotes bytes that are not UTF-8 (a damaged model?)") from None
+    except (ValidationError, InferenceError, ValueError) as exc:
+        text = " ".join(str(exc).split())
+        if isinstance(exc, InferenceError) and text.count("Inference error(s)") > 1:
+            # The error is inside the function body onnx expands to infer a standard
+            # op (onnx 1.23's MeanVarianceNormalization body fails onnx's own
+            # check): a defect of onnx, not of the model; onnxruntime runs it.
+            return
+        raise FrontendError(
+            f"the ONNX model is invalid (onnx.checker, full check): {text}. "
+            "Fix the model, or skip this check with from_onnx(..., check=False) "
+            "(CLI: kiln compile --no-check)") from exc
+
+
+def _weightless_copy(proto: Any, views: dict[int, np.ndarray]) -> Any:
+    """`proto` with its large initializers turned into inputs of the same type and shape."""
+    from onnx import TensorProto, helper
+
+    src = proto.graph
+    copy = type(proto)()
+    _copy_fields(proto, copy, skip="graph")
+    graph = copy.graph
+    _copy_fields(src, graph, skip="initializer")
+    declared = {i.name for i in src.input}
+    for index, init in enumerate(src.initializer):
+        view = views.get(index)
+        if _nbytes(init, view) <= KEEP_DATA_BYTES or init.data_type == TensorProto.UNDEFINED:
+            if view is None:
+                graph.initializer.append(init)
+            else:  # its data lives outside the message
+                kept = graph.initializer.add()
+                kept.CopyFrom(init)
+                kept.raw_data = view.tobytes()
+        elif init.name not in declared:
+            graph.input.append(helper.make_tensor_value_info(init.name, init.data_type,
+                                                             list(init.dims)))
+    return copy
+
+
+def _declare_ranks(model: Any, input_ranks: Mapping[str, int]) -> None:
+    """Give main-graph inputs and outputs declared without a shape one of unknown dims.
+
+    onnx's checker requires the shape field there; onnxruntime does not (it
+    infers output shapes, and kiln takes an input's shape from `shape_dict`).
+    Only the rank is declared, from kiln's resolved inputs and from onnx's own
+    (lenient) inference for outputs, so nothing is asserted that the model
+    does not say.
+    """
+    import onnx
+
+    graph = model.graph
+    missing = [v for v in (*graph.input, *graph.output)
+               if v.type.HasField("tensor_type") and not v.type.tensor_type.HasField("shape")]
+    if not missing:
+        return
+    ranks = dict(input_ranks)
+    if any(v.name not in ranks for v in missing):
+        try:
+            inferred = onnx.shape_inference.infer_shapes(model).graph.value_info
+        except Exception:  # the full check below reports the model's error
+            inferred = []
+        for info in inferred:
+            tensor = info.type.tensor_type
+            if tensor.HasField("shape"):
+                ranks.setdefault(info.name, len(tensor.shape.dim))
+    for value in missing:
+        if value.name in ranks:
+            shape = value.type.tensor_type.shape
+            for _ in range(ranks[value.name]):
+                shape.dim.add()
+    # An output of unknown rank is not declared at all: the nodes computing it are
+    # still checked, and kiln's import reports what it cannot infer.
+    kept = [v for v in graph.output
+            if not v.type.HasField("tensor_type") or v.type.tensor_type.HasField("shape")]
+    if len(kept) < len(graph.output):
+        del graph.output[:]
+        graph.output.extend(kept)
+
+
+def _copy_fields(src: Any, dst: Any, skip: str) -> None:
+    """Copy every set field of message `src` but `skip` into the empty `dst`."""
+    for field, value in src.ListFields():
+        if field.name == skip:
+            continue
+        target = getattr(dst, field.name)
+        if hasattr(target, "extend"):  # a repeated field
+            target.extend(value)
+        elif hasattr(target, "CopyFrom"):  # a message
+            target.CopyFrom(value)
+        else:
+            setattr(dst, field.name, value)
+
+
+def _nbytes(init: Any, view: np.ndarray | None) -> int:
+    if view is not None:
+        return int(view.nbytes)
+    return init.ByteSize()
