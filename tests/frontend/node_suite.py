@@ -36,7 +36,7 @@ STATIC_OPERANDS: dict[str, tuple[int, ...]] = {
     "Unsqueeze": (1,), "Tile": (1,), "Expand": (1,), "Pad": (1, 2, 3),
     "Resize": (1, 2, 3), "Upsample": (1,), "Clip": (1, 2), "ConstantOfShape": (0,),
     "Range": (0, 1, 2), "Dropout": (1, 2), "Trilu": (1,), "CumSum": (1,), "CumProd": (1,),
-    "TopK": (1,),
+    "TopK": (1,), "HannWindow": (0,), "HammingWindow": (0,), "BlackmanWindow": (0,),
     "OneHot": (1,), "CenterCropPad": (1,), "ReduceSum": (1,), "ReduceMean": (1,),
     "ReduceMax": (1,), "ReduceMin": (1,), "ReduceProd": (1,), "ReduceL1": (1,),
     "ReduceL2": (1,), "ReduceLogSum": (1,), "ReduceLogSumExp": (1,),
@@ -51,7 +51,6 @@ XFAIL: dict[str, str] = {
     r"^test_castlike_.*(FLOAT8|FLOAT4|INT4|UINT4|INT2|UINT2)": "dtype not supported by kiln "
     "(float8/float4/int4/int2)",
     r"^test_training_dropout(?!_zero_ratio)": "training-mode Dropout is random",
-    r"^test_identity_(sequence|opt)$": "sequence and optional types are not supported",
     r"^test_maxpool_with_argmax": "MaxPool's Indices output is not supported",
     r"^test_equal_string": "string tensors are not supported",
 }
@@ -125,11 +124,17 @@ def prepare(raw: Any) -> list[Case]:
                 keep.append(vi)
         del graph.input[:]
         graph.input.extend(keep)
-        opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
+        opset = model_opset(model)
         name = raw.name if len(raw.data_sets) == 1 else f"{raw.name}[{k}]"
         cases.append(Case(name, model, values, tuple(_array(o) for o in outs),
-                          frozenset(n.op_type for n in graph.node), int(opset)))
+                          frozenset(n.op_type for n in graph.node), opset))
     return cases
+
+
+def model_opset(model: Any) -> int:
+    """The model's default-domain opset (0 when it imports none)."""
+    return int(next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")),
+                    0))
 
 
 def _array(value: Any) -> np.ndarray:
@@ -163,11 +168,28 @@ def _static_input_names(graph: Any) -> set[str]:
     return names
 
 
-def supported(op_types: Iterable[str]) -> bool:
+def missing_ops(op_types: Iterable[str], opset: int | None = None) -> list[str]:
+    """The op types kiln cannot import: no converter and (given the model's `opset`) no
+    ONNX function body to import instead (kiln.frontend.onnx.functions)."""
+    from kiln.frontend.onnx.functions import function_schema
     from kiln.ops.onnx_map import converters
 
     table = converters()
-    return all(op in table for op in op_types)
+    return sorted(op for op in op_types if op not in table and (
+        opset is None or function_schema(op, "", opset) is None))
+
+
+def supported(op_types: Iterable[str], opset: int | None = None) -> bool:
+    return not missing_ops(op_types, opset)
+
+
+NON_TENSOR_REASON = "kiln imports tensor inputs and outputs only"
+
+
+def non_tensor_values(graph: Any) -> list[str]:
+    """The kinds of graph inputs and outputs that are not tensors (sequence, optional)."""
+    kinds = {vi.type.WhichOneof("value") or "untyped" for vi in [*graph.input, *graph.output]}
+    return sorted(k.removesuffix("_type") for k in kinds - {"tensor_type"})
 
 
 Executor = Callable[[Any, dict[str, np.ndarray]], Sequence[np.ndarray]]
@@ -238,10 +260,16 @@ def all_cases(name_filter: str | None = None) -> tuple[list[Case], list[Outcome]
         if name_filter and not re.search(name_filter, raw.name):
             continue
         op_types = frozenset(n.op_type for n in raw.model.graph.node)
-        if not supported(op_types):
-            missing = sorted(op for op in op_types if not supported([op]))
+        missing = missing_ops(op_types, model_opset(raw.model))
+        if missing:
             unsupported.append(Outcome(raw.name, "unsupported",
                                        f"no converter for {', '.join(missing)}", op_types))
+            continue
+        kinds = non_tensor_values(raw.model.graph)
+        if kinds:
+            unsupported.append(Outcome(raw.name, "unsupported",
+                                       f"{' and '.join(kinds)} values: {NON_TENSOR_REASON}",
+                                       op_types))
             continue
         runnable.extend(prepare(raw))
     return runnable, unsupported

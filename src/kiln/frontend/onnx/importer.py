@@ -22,6 +22,8 @@ import numpy as np
 
 from kiln.errors import FrontendError, IRError
 from kiln.frontend.onnx.dims import Declared, InputDims, declared_dims
+from kiln.frontend.onnx.functions import InputType, function_schema
+from kiln.frontend.onnx.functions import expand as expand_function
 from kiln.frontend.onnx.raw_data import load_with_views
 from kiln.frontend.onnx.shape_values import evaluate as evaluate_shape
 from kiln.frontend.onnx.shape_values import is_constant, shape_value
@@ -182,7 +184,8 @@ def _check_supported(graph: Any, opset: int) -> None:
     names: dict[str, list[str]] = {}
     for k, node in enumerate(graph.node):
         key = _op_key(node)
-        if key not in table:
+        if key not in table and function_schema(_text(node.op_type), _text(node.domain),
+                                                opset) is None:
             missing[key] += 1
             names.setdefault(key, []).append(_node_label(node, k))
     if missing:
@@ -195,6 +198,12 @@ def _check_supported(graph: Any, opset: int) -> None:
         raise FrontendError(
             f"the model uses {len(missing)} operator type(s) kiln does not support "
             f"(opset {opset}):\n" + "\n".join(lines))
+
+
+def _onnx_elem_type(dtype: str) -> int:
+    from onnx import helper
+
+    return int(helper.np_dtype_to_tensor_dtype(np.dtype(to_numpy(dtype))))
 
 
 def _graph_inputs(graph: Any) -> list[Any]:
@@ -250,6 +259,7 @@ class _Importer:
         self.node_outputs: tuple[str, ...] = ()
         self.params: set[g.Expr] = set()
         self._where = "model"
+        self._functions = 0  # function-body expansions so far (their value name prefixes)
 
     # ---------------------------------------------------------------- GraphContext
 
@@ -452,6 +462,10 @@ class _Importer:
 
     def _convert(self, node: Any, index: int) -> None:
         self._where = f"node {_node_label(node, index)} ({_text(node.op_type)})"
+        if _op_key(node) not in converters():
+            # _check_supported let it through: onnx defines it by a function body
+            self._convert_function(node, index)
+            return
         conv = converters().get(_op_key(node))
         if self.opset < conv.min_opset:
             raise FrontendError(f"{self._where}: needs opset >= {conv.min_opset}")
@@ -487,6 +501,36 @@ class _Importer:
         for name, value in zip(node.output, outs):
             if name:
                 self.values[name] = value
+
+    def _convert_function(self, node: Any, index: int) -> None:
+        """Import `node` as its ONNX function body (kiln.frontend.onnx.functions)."""
+        where = self._where
+        types: list[InputType] = []
+        for name in node.input:
+            t = self.values[name].type if name in self.values else None
+            types.append((_onnx_elem_type(t.dtype), tuple(
+                d if isinstance(d, int) else dim_text(d) for d in t.shape))
+                if isinstance(t, TensorType) else None)
+        self._functions += 1
+        try:
+            body, body_opset = expand_function(node, self.opset, types,
+                                               f"{_text(node.op_type)}{self._functions}::")
+        except FrontendError as exc:
+            raise FrontendError(f"{where}: {exc}") from exc
+        outer = self.opset
+        self.opset = body_opset
+        try:
+            for k, inner in enumerate(body):
+                if _op_key(inner) not in converters() and function_schema(
+                        _text(inner.op_type), _text(inner.domain), body_opset) is None:
+                    raise FrontendError(f"its ONNX function body uses {_op_key(inner)}, which "
+                                        "kiln does not support")
+                self._convert(inner, k)
+        except FrontendError as exc:
+            raise FrontendError(f"{where}, imported as its ONNX function body: {exc}") from exc
+        finally:
+            self.opset = outer
+        self._where = where
 
     def _input_type(self, inp: Any) -> Type:
         if inp.type.WhichOneof("value") != "tensor_type":
