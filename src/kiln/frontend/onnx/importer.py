@@ -145,6 +145,10 @@ def _default_opset(proto: Any) -> int:
     if not proto.opset_import:
         # IR version < 3 models carry no opset_import: they are opset 1.
         return 1
+    if all(_text(imp.domain) == "ai.onnx.ml" for imp in proto.opset_import) and all(
+            _text(n.domain) == "ai.onnx.ml" for n in proto.graph.node):
+        # A classical-ML model (ai.onnx.ml only) uses no default-domain operator.
+        return SUPPORTED_OPSETS.stop - 1
     raise FrontendError("the model does not import the default ONNX opset (domain '')")
 
 

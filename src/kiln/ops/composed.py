@@ -1,0 +1,185 @@
+"""ONNX operators imported as compositions of kiln operators (no kernel of their own).
+
+- TensorScatter (opset 24): a KV-cache update, `scatter_elements` along `axis` at
+  `write_indices[b] + s` (modulo the cache length in `circular` mode).
+- Col2Im (opset 18): linear in its input, so a `matmul` with the constant 0/1
+  matrix that sends each column entry to its image position (entries landing in
+  the padding are dropped), within the fold budget.
+- MaxUnpool: `scatter_elements` of X into zeros at the flat indices MaxPool
+  returns, then zero-padded at the end to `output_shape`.
+- ai.onnx.ml Binarizer (`X > threshold`, as X's type) and ArrayFeatureExtractor
+  (`gather` along the last axis).
+
+Semantics follow the ONNX standard's operator definitions. Shapes must be static.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from kiln.errors import IRError
+from kiln.ir import graph as g
+from kiln.ir.dtype import to_numpy
+from kiln.ir.types import TensorType
+from kiln.ops.onnx_map import GraphContext, first_input, need_static, onnx_op
+
+
+def _static(t: TensorType, op: str) -> tuple[int, ...]:
+    if not all(isinstance(d, int) for d in t.shape):
+        raise IRError(f"{op} needs static shapes, got {t.shape}")
+    return tuple(int(d) for d in t.shape)  # type: ignore[arg-type]
+
+
+def _required(inputs: Sequence[g.Expr | None], k: int, op: str, what: str) -> g.Expr:
+    x = inputs[k] if k < len(inputs) else None
+    if x is None:
+        raise IRError(f"{op} needs its {what} input")
+    return x
+
+
+@onnx_op("TensorScatter", min_opset=24)
+def _tensor_scatter_onnx(ctx: GraphContext, inputs: Sequence[g.Expr | None],
+                         attrs: dict[str, Any]) -> list[g.Expr]:
+    cache = first_input(inputs)
+    update = _required(inputs, 1, "TensorScatter", "update")
+    shape = _static(ctx.tensor_type(cache), "TensorScatter")
+    ushape = _static(ctx.tensor_type(update), "TensorScatter")
+    rank = len(shape)
+    axis = int(attrs.get("axis", -2))
+    if not -rank <= axis < rank or axis % rank == 0:
+        raise IRError(f"TensorScatter: axis {axis} must name a non-batch axis of rank {rank}")
+    axis %= rank
+    mode = str(attrs.get("mode", "linear"))
+    if mode not in ("linear", "circular"):
+        raise IRError(f"TensorScatter: unknown mode {mode!r}; known: linear, circular")
+    if len(ushape) != rank or any(u != s for k, (u, s) in enumerate(zip(ushape, shape))
+                                  if k != axis) or ushape[axis] > shape[axis]:
+        raise IRError(f"TensorScatter: update {ushape} does not fit cache {shape} along "
+                      f"axis {axis}")
+    batch = shape[0]
+    writes = inputs[2] if len(inputs) > 2 else None
+    if writes is None:
+        writes = ctx.const(np.zeros(batch, np.int64))
+    elif ctx.tensor_type(writes).dtype != "int64":
+        writes = ctx.call("cast", writes, dtype="int64")
+    # [B, 1.., 1, 1..] + [1, 1.., S_new, 1..]: the cache position of every update row
+    starts = ctx.call("reshape", writes, shape=(batch,) + (1,) * (rank - 1))
+    steps = np.arange(ushape[axis], dtype=np.int64).reshape(
+        [ushape[axis] if k == axis else 1 for k in range(rank)])
+    index = ctx.call("add", starts, ctx.const(steps))
+    if mode == "circular":
+        index = ctx.call("mod", index, ctx.const(np.array(shape[axis], np.int64)))
+    index = ctx.call("broadcast_to", index, shape=ushape)
+    return [ctx.call("scatter_elements", cache, index, update, axis=axis)]
+
+
+def col2im_matrix(image: Sequence[int], block: Sequence[int], dilations: Sequence[int],
+                  pads: Sequence[int], strides: Sequence[int]) -> np.ndarray:
+    """The [prod(block) * L, prod(image)] 0/1 matrix of Col2Im: row (b, l) has a 1 at the
+    image position block offset b of sliding position l lands on (none in the padding)."""
+    k = len(image)
+    counts = [(image[i] + pads[i] + pads[i + k] - dilations[i] * (block[i] - 1) - 1)
+              // strides[i] + 1 for i in range(k)]
+    if any(c < 1 for c in counts):
+        raise IRError(f"Col2Im: no block position fits image {tuple(image)} with block "
+                      f"{tuple(block)}, dilations {tuple(dilations)}, pads {tuple(pads)}")
+    rows = int(np.prod(block)) * int(np.prod(counts))
+    matrix = np.zeros((rows, int(np.prod(image))), np.float32)
+    for r, (b, pos) in enumerate(itertools.product(itertools.product(*map(range, block)),
+                                                   itertools.product(*map(range, counts)))):
+        at = [pos[i] * strides[i] + b[i] * dilations[i] - pads[i] for i in range(k)]
+        if all(0 <= a < image[i] for i, a in enumerate(at)):
+            matrix[r, int(np.ravel_multi_index(at, image))] = 1.0
+    return matrix
+
+
+@onnx_op("Col2Im", min_opset=18)
+def _col2im_onnx(ctx: GraphContext, inputs: Sequence[g.Expr | None],
+                 attrs: dict[str, Any]) -> list[g.Expr]:
+    x = first_input(inputs)
+    image = [int(v) for v in need_static(ctx, _required(inputs, 1, "Col2Im", "image_shape"),
+                                         "Col2Im image_shape")]
+    block = [int(v) for v in need_static(ctx, _required(inputs, 2, "Col2Im", "block_shape"),
+                                         "Col2Im block_shape")]
+    k = len(image)
+    if len(block) != k or k < 1:
+        raise IRError(f"Col2Im: image_shape {image} and block_shape {block} differ in length")
+    dilations = [int(v) for v in attrs.get("dilations", [1] * k)]
+    strides = [int(v) for v in attrs.get("strides", [1] * k)]
+    pads = [int(v) for v in attrs.get("pads", [0] * 2 * k)]
+    n, cb, length = _static(ctx.tensor_type(x), "Col2Im")
+    blocks = int(np.prod(block))
+    if cb % blocks:
+        raise IRError(f"Col2Im: input dimension 1 ({cb}) is not a multiple of the block "
+                      f"size {blocks}")
+    c = cb // blocks
+    size = blocks * length * int(np.prod(image)) * 4
+    ctx.check_materialize(size, "Col2Im's scatter matrix")
+    matrix = col2im_matrix(image, block, dilations, pads, strides)
+    if matrix.shape[0] != blocks * length:
+        raise IRError(f"Col2Im: input has {length} block positions, the attributes give "
+                      f"{matrix.shape[0] // blocks}")
+    dtype = ctx.tensor_type(x).dtype
+    cols = ctx.call("reshape", x, shape=(n, c, blocks * length))
+    out = ctx.call("matmul", cols, ctx.const(matrix.astype(to_numpy(dtype))))
+    return [ctx.call("reshape", out, shape=(n, c, *image))]
+
+
+@onnx_op("MaxUnpool", min_opset=9)
+def _max_unpool_onnx(ctx: GraphContext, inputs: Sequence[g.Expr | None],
+                     attrs: dict[str, Any]) -> list[g.Expr]:
+    x = first_input(inputs)
+    indices = _required(inputs, 1, "MaxUnpool", "indices")
+    shape = _static(ctx.tensor_type(x), "MaxUnpool")
+    kernel = [int(v) for v in attrs["kernel_shape"]]
+    k = len(kernel)
+    strides = [int(v) for v in attrs.get("strides", [1] * k)]
+    pads = [int(v) for v in attrs.get("pads", [0] * 2 * k)]
+    inferred = (*shape[:2], *((shape[2 + i] - 1) * strides[i] - pads[i] - pads[i + k]
+                              + kernel[i] for i in range(k)))
+    given = inputs[2] if len(inputs) > 2 else None
+    out_shape = tuple(int(v) for v in need_static(ctx, given, "MaxUnpool output_shape")) \
+        if given is not None else inferred
+    if len(out_shape) != len(inferred) or any(o < i for o, i in zip(out_shape, inferred)):
+        raise IRError(f"MaxUnpool: output_shape {out_shape} is smaller than the unpooled "
+                      f"shape {inferred}")
+    total = int(np.prod(inferred))
+    dtype = ctx.tensor_type(x).dtype
+    zeros = ctx.call("broadcast_to", ctx.const(np.zeros(1, to_numpy(dtype))), shape=(total,))
+    flat_idx = ctx.call("reshape", indices, shape=(int(np.prod(shape)),))
+    if ctx.tensor_type(flat_idx).dtype != "int64":
+        flat_idx = ctx.call("cast", flat_idx, dtype="int64")
+    y = ctx.call("scatter_elements", zeros, flat_idx,
+                 ctx.call("reshape", x, shape=(int(np.prod(shape)),)), axis=0)
+    y = ctx.call("reshape", y, shape=inferred)
+    if out_shape != inferred:
+        ends = [o - i for o, i in zip(out_shape, inferred)]
+        y = ctx.call("pad", y, pads=(0,) * len(ends) + tuple(ends))
+    return [y]
+
+
+@onnx_op("ai.onnx.ml.Binarizer")
+def _binarizer_onnx(ctx: GraphContext, inputs: Sequence[g.Expr | None],
+                    attrs: dict[str, Any]) -> list[g.Expr]:
+    x = first_input(inputs)
+    dtype = ctx.tensor_type(x).dtype
+    above = ctx.call("greater", x, ctx.const(np.array(attrs.get("threshold", 0.0),
+                                                      to_numpy(dtype))))
+    return [ctx.call("cast", above, dtype=dtype)]
+
+
+@onnx_op("ai.onnx.ml.ArrayFeatureExtractor")
+def _array_feature_extractor_onnx(ctx: GraphContext, inputs: Sequence[g.Expr | None],
+                                  attrs: dict[str, Any]) -> list[g.Expr]:
+    x = first_input(inputs)
+    picks = _required(inputs, 1, "ArrayFeatureExtractor", "Y")
+    xt = ctx.tensor_type(x)
+    flat = ctx.call("reshape", picks, shape=(-1,))
+    out = ctx.call("gather", x, flat, axis=xt.ndim - 1)
+    if xt.ndim == 1:  # onnxruntime and the ONNX-ML spec give [1, len(Y)] for a vector
+        out = ctx.call("reshape", out, shape=(1, -1))
+    return [out]
