@@ -97,6 +97,9 @@ XFAIL: dict[str, str] = {
     r"^test_training_dropout(?!_zero_ratio)": "training-mode Dropout is random",
     r"^test_maxpool_with_argmax": "MaxPool's Indices output is not supported",
     r"^test_equal_string": STRINGS,
+    r"^test_maxunpool_export_with_output_shape$": "kiln follows onnxruntime (and PyTorch): "
+    "the indices address the output_shape tensor; onnx's reference pads the default-shaped "
+    "result instead (onnxruntime fails this case too)",
     r"^test_linear_attention_(?!.*_expanded)": CONTROL_FLOW + " (the function body of "
     "LinearAttention uses Scan)",
     r"^test_affine_grid_(2d|3d)(_align_corners)?$": CONTROL_FLOW + " (the function body of "

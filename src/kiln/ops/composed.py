@@ -5,8 +5,9 @@
 - Col2Im (opset 18): linear in its input, so a `matmul` with the constant 0/1
   matrix that sends each column entry to its image position (entries landing in
   the padding are dropped), within the fold budget.
-- MaxUnpool: `scatter_elements` of X into zeros at the flat indices MaxPool
-  returns, then zero-padded at the end to `output_shape`.
+- MaxUnpool: `scatter_elements` of X into zeros of the output shape at the flat
+  indices MaxPool returns (with `output_shape`, they address that shape, as in
+  onnxruntime; onnx's reference implementation pads the default shape instead).
 - ai.onnx.ml Binarizer (`X > threshold`, as X's type) and ArrayFeatureExtractor
   (`gather` along the last axis).
 
@@ -147,7 +148,9 @@ def _max_unpool_onnx(ctx: GraphContext, inputs: Sequence[g.Expr | None],
     if len(out_shape) != len(inferred) or any(o < i for o, i in zip(out_shape, inferred)):
         raise IRError(f"MaxUnpool: output_shape {out_shape} is smaller than the unpooled "
                       f"shape {inferred}")
-    total = int(np.prod(inferred))
+    # The indices address the output_shape tensor (they index MaxPool's input), as in
+    # onnxruntime and PyTorch's max_unpool; onnx's reference pads the unpooled tensor.
+    total = int(np.prod(out_shape))
     dtype = ctx.tensor_type(x).dtype
     zeros = ctx.call("broadcast_to", ctx.const(np.zeros(1, to_numpy(dtype))), shape=(total,))
     flat_idx = ctx.call("reshape", indices, shape=(int(np.prod(shape)),))
@@ -155,11 +158,7 @@ def _max_unpool_onnx(ctx: GraphContext, inputs: Sequence[g.Expr | None],
         flat_idx = ctx.call("cast", flat_idx, dtype="int64")
     y = ctx.call("scatter_elements", zeros, flat_idx,
                  ctx.call("reshape", x, shape=(int(np.prod(shape)),)), axis=0)
-    y = ctx.call("reshape", y, shape=inferred)
-    if out_shape != inferred:
-        ends = [o - i for o, i in zip(out_shape, inferred)]
-        y = ctx.call("pad", y, pads=(0,) * len(ends) + tuple(ends))
-    return [y]
+    return [ctx.call("reshape", y, shape=out_shape)]
 
 
 @onnx_op("ai.onnx.ml.Binarizer")

@@ -9,7 +9,9 @@ first). Each coordinate is denormalized (`align_corners`), rounded for
 (`cubic`, Keys' kernel with a = -0.75) taps per axis, each tap index again
 padded: zero weight outside X (`zeros`), clamped (`border`) or reflected
 (`reflection`). This follows the operator's definition in the ONNX standard
-(onnx's reference implementation, `onnx/reference/ops/op_grid_sample.py`).
+(onnx's reference implementation, `onnx/reference/ops/op_grid_sample.py`), but for
+one case where onnxruntime (like PyTorch's grid_sample) differs from it: `cubic`
+with `border` clamps only the taps, not the coordinate first, as onnxruntime does.
 
 The converter emits, for every combination of taps, a `gather_elements` of X
 flattened over its spatial axes and a weight; the result is their weighted sum.
@@ -150,7 +152,7 @@ def _grid_sample_onnx(ctx: GraphContext, inputs: Sequence[g.Expr | None],
         if mode == "nearest":
             coord = ctx.call("round", coord)
         lo, hi = (0.0, size - 1.0) if align else (-0.5, size - 0.5)
-        if padding == "border":
+        if padding == "border" and mode != "cubic":
             coord = a.where(a.outside(coord, lo, hi),
                             ctx.call("clip", coord, min=0.0, max=size - 1.0), coord)
         elif padding == "reflection":
