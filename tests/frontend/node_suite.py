@@ -70,7 +70,6 @@ MISSING_OP_REASONS: dict[str, str] = {
     "LabelEncoder": ML_DOMAIN + " (LabelEncoder maps strings or tensors of keys)",
     "TreeEnsemble": ML_DOMAIN + " (TreeEnsemble: tree traversal is not implemented)",
     **dict.fromkeys(["Adagrad", "Adam", "Momentum", "Gradient"], TRAINING),
-    "TfIdfVectorizer": "n-gram counting over run-time token ids: " + NOT_YET,
     "BitCast": "needs a bit-reinterpreting cast in kiln's IR: " + NOT_YET,
     "ImageDecoder": "decodes encoded image bytes (JPEG, PNG...): out of kiln's scope",
     "Bernoulli": "random sampling (no reproducible reference)",
@@ -78,7 +77,6 @@ MISSING_OP_REASONS: dict[str, str] = {
     "RandomNormalLike": "random sampling (no reproducible reference)",
     "Multinomial": "random sampling (no reproducible reference)",
     **dict.fromkeys(["DeformConv", "RoiAlign", "DFT", "STFT", "FlexAttention"], NOT_YET),
-    "Det": "needs an LU factorization kernel: " + NOT_YET,
     "MelWeightMatrix": NOT_YET + " (its inputs are constants: it could fold at import)",
 }
 

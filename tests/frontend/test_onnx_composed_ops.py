@@ -81,6 +81,18 @@ def _other_cases() -> list[ns.Case]:
     cases.append(_case("array_feature_extractor", node,
                        {"x": rng.normal(size=(2, 3, 5)).astype(np.float32),
                         "i": np.array([4, 0, 4], np.int64)}, 1, domain="ai.onnx.ml"))
+    for n in (3, 4):
+        cases.append(_case(f"det_{n}", helper.make_node("Det", ["x"], ["y"]),
+                           {"x": rng.normal(size=(2, 3, n, n)).astype(np.float32)}, 22))
+    pool = {"pool_int64s": [1, 4, 7, 2, 3, 1, 4, 4, 2, 7, 7], "ngram_counts": [0, 3],
+            "ngram_indexes": [2, 0, 5, 1, 3, 6, 4]}  # 3 unigrams, 4 bigrams
+    for mode, lengths in (("TF", (1, 2)), ("IDF", (1, 2)), ("TFIDF", (2, 2))):
+        node = helper.make_node("TfIdfVectorizer", ["x"], ["y"], mode=mode,
+                                min_gram_length=lengths[0], max_gram_length=lengths[1],
+                                max_skip_count=2, weights=[0.5, 1.5, 2.0, 0.25, 3.0, 1.0, 4.0],
+                                **pool)
+        cases.append(_case(f"tfidf_{mode}", node,
+                           {"x": rng.choice([1, 2, 4, 7, 9], (3, 9)).astype(np.int64)}, 9))
     return cases
 
 
@@ -140,6 +152,8 @@ def _model(node: onnx.NodeProto, inputs: dict[str, list[Any]], opset: int,
     (_model(helper.make_node("TensorScatter", ["c", "u"], ["y"], name="ts"),
             {"c": [2, 4, 3], "u": [2, 5, 3]}, 24),
      r"TensorScatter: update \(2, 5, 3\) does not fit cache \(2, 4, 3\)"),
+    (_model(helper.make_node("Det", ["x"], ["y"], name="det"), {"x": [5, 5]}, 22),
+     r"node 'det' \(Det\): Det: kiln computes determinants of matrices up to 4x4"),
 ])
 def test_bad_composed_op_nodes_are_frontend_errors(model: onnx.ModelProto, message: str
                                                    ) -> None:

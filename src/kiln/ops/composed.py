@@ -8,6 +8,9 @@
 - MaxUnpool: `scatter_elements` of X into zeros of the output shape at the flat
   indices MaxPool returns (with `output_shape`, they address that shape, as in
   onnxruntime; onnx's reference implementation pads the default shape instead).
+- TfIdfVectorizer over integer tokens: per pool n-gram and skip, `equal` of gathered
+  token columns, `logical_and`, `reduce_sum`; then TF / IDF / TFIDF weighting.
+- Det of matrices up to 4x4 (Leibniz formula over gathered elements).
 - ai.onnx.ml Binarizer (`X > threshold`, as X's type) and ArrayFeatureExtractor
   (`gather` along the last axis).
 
@@ -182,3 +185,117 @@ def _array_feature_extractor_onnx(ctx: GraphContext, inputs: Sequence[g.Expr | N
     if xt.ndim == 1:  # onnxruntime and the ONNX-ML spec give [1, len(Y)] for a vector
         out = ctx.call("reshape", out, shape=(1, -1))
     return [out]
+
+
+def _pool_grams(attrs: dict[str, Any]) -> list[tuple[tuple[int, ...], int]]:
+    """TfIdfVectorizer's pool as (n-gram tokens, output index) for the lengths it counts
+    (min_gram_length..max_gram_length), from pool_int64s, ngram_counts, ngram_indexes."""
+    if "pool_strings" in attrs:
+        raise IRError("TfIdfVectorizer over strings (pool_strings): string tensors are not "
+                      "supported by kiln")
+    pool = [int(v) for v in attrs.get("pool_int64s", ())]
+    starts = [int(v) for v in attrs["ngram_counts"]]
+    indexes = [int(v) for v in attrs["ngram_indexes"]]
+    lo, hi = int(attrs["min_gram_length"]), int(attrs["max_gram_length"])
+    grams = []
+    gram_id = 0
+    for k, start in enumerate(starts):
+        n = k + 1
+        end = starts[k + 1] if k + 1 < len(starts) else len(pool)
+        for first in range(start, end - n + 1, n):
+            if lo <= n <= hi:
+                if gram_id >= len(indexes):
+                    raise IRError(f"TfIdfVectorizer: ngram_indexes has {len(indexes)} entries, "
+                                  "fewer than the pool's n-grams")
+                grams.append((tuple(pool[first:first + n]), indexes[gram_id]))
+            gram_id += 1
+    return grams
+
+
+@onnx_op("TfIdfVectorizer", min_opset=9)
+def _tfidf_vectorizer_onnx(ctx: GraphContext, inputs: Sequence[g.Expr | None],
+                           attrs: dict[str, Any]) -> list[g.Expr]:
+    """Counts of each pool n-gram in each row of X (tokens `skip + 1` apart for every skip
+    up to max_skip_count; unigrams once), then TF, IDF or TFIDF weighting."""
+    x = first_input(inputs)
+    xt = ctx.tensor_type(x)
+    shape = _static(xt, "TfIdfVectorizer")
+    if xt.ndim not in (1, 2):
+        raise IRError(f"TfIdfVectorizer: X must be [C] or [N, C], got {shape}")
+    mode = str(attrs.get("mode", "TF"))
+    if mode not in ("TF", "IDF", "TFIDF"):
+        raise IRError(f"TfIdfVectorizer: unknown mode {mode!r}; known: TF, IDF, TFIDF")
+    width = shape[-1]
+    size = max(int(v) for v in attrs["ngram_indexes"]) + 1
+    max_skip = int(attrs.get("max_skip_count", 0))
+    ints = ctx.call("cast", x, dtype="int64") if xt.dtype != "int64" else x
+    counts: dict[int, g.Expr] = {}
+    for tokens, out in _pool_grams(attrs):
+        n = len(tokens)
+        for skip in range(1 if n == 1 else max_skip + 1):
+            span = (n - 1) * (skip + 1)
+            if span >= width:
+                break
+            hits: g.Expr | None = None
+            for k, token in enumerate(tokens):
+                at = ctx.const(np.arange(k * (skip + 1), k * (skip + 1) + width - span,
+                                         dtype=np.int64))
+                eq = ctx.call("equal", ctx.call("gather", ints, at, axis=xt.ndim - 1),
+                              ctx.const(np.array(token, np.int64)))
+                hits = eq if hits is None else ctx.call("logical_and", hits, eq)
+            assert hits is not None
+            found = ctx.call("reduce_sum", ctx.call("cast", hits, dtype="float32"),
+                             axes=(xt.ndim - 1,), keepdims=True)
+            counts[out] = found if out not in counts else ctx.call("add", counts[out], found)
+    rows = shape[:-1]
+    zero = ctx.const(np.zeros((*rows, 1), np.float32))
+    y = ctx.call("concat", *[counts.get(i, zero) for i in range(size)], axis=xt.ndim - 1)
+    given = np.asarray(attrs.get("weights", ()), np.float32)
+    indexes = [int(v) for v in attrs["ngram_indexes"]]
+    weights = np.zeros(size, np.float32)
+    if mode != "TF" and given.size:
+        if given.size != len(indexes):
+            raise IRError(f"TfIdfVectorizer: {given.size} weights for {len(indexes)} n-grams "
+                          "(ngram_indexes)")
+        # weight j belongs to pool n-gram j, which counts into output ngram_indexes[j]
+        # (the standard's text, and onnxruntime)
+        weights[indexes] = given
+    if mode == "IDF":
+        present = ctx.call("cast", ctx.call("greater", y, ctx.const(np.float32(0))),
+                           dtype="float32")
+        y = ctx.call("multiply", present, ctx.const(weights)) if given.size else present
+    elif mode == "TFIDF" and given.size:
+        y = ctx.call("multiply", y, ctx.const(weights))
+    return [y]
+
+
+MAX_DET_SIZE = 4
+
+
+@onnx_op("Det", min_opset=11)
+def _det_onnx(ctx: GraphContext, inputs: Sequence[g.Expr | None],
+              attrs: dict[str, Any]) -> list[g.Expr]:
+    """The determinant of each trailing [n, n] matrix by the Leibniz formula (n <= 4)."""
+    x = first_input(inputs)
+    xt = ctx.tensor_type(x)
+    if xt.ndim < 2 or not isinstance(xt.shape[-1], int) or xt.shape[-1] != xt.shape[-2]:
+        raise IRError(f"Det needs square matrices in the last two axes, got {xt.shape}")
+    n = int(xt.shape[-1])
+    if n > MAX_DET_SIZE:
+        raise IRError(f"Det: kiln computes determinants of matrices up to {MAX_DET_SIZE}x"
+                      f"{MAX_DET_SIZE} (Leibniz formula), got {n}x{n}")
+    flat = ctx.call("reshape", x, shape=(*(-2 - k for k in range(xt.ndim - 2)), n * n))
+    total: g.Expr | None = None
+    for perm in itertools.permutations(range(n)):
+        inversions = sum(perm[i] > perm[j] for i in range(n) for j in range(i + 1, n))
+        term = ctx.call("gather", flat, ctx.const(np.array(perm[0], np.int64)), axis=xt.ndim - 2)
+        for i in range(1, n):
+            term = ctx.call("multiply", term, ctx.call(
+                "gather", flat, ctx.const(np.array(i * n + perm[i], np.int64)),
+                axis=xt.ndim - 2))
+        if total is None:
+            total = term if inversions % 2 == 0 else ctx.call("neg", term)
+        else:
+            total = ctx.call("subtract" if inversions % 2 else "add", total, term)
+    assert total is not None
+    return [total]
