@@ -261,7 +261,7 @@ def _tfidf_vectorizer_onnx(ctx: GraphContext, inputs: Sequence[g.Expr | None],
         # (the standard's text, and onnxruntime)
         weights[indexes] = given
     if mode == "IDF":
-        present = ctx.call("cast", ctx.call("greater", y, ctx.const(np.float32(0))),
+        present = ctx.call("cast", ctx.call("greater", y, ctx.const(np.array(0, np.float32))),
                            dtype="float32")
         y = ctx.call("multiply", present, ctx.const(weights)) if given.size else present
     elif mode == "TFIDF" and given.size:
