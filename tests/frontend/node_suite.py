@@ -67,7 +67,7 @@ MISSING_OP_REASONS: dict[str, str] = {
                      "SequenceConstruct", "SequenceErase", "SplitToSequence",
                      "ConcatFromSequence", "OptionalGetElement", "OptionalHasElement",
                      "Optional"], SEQUENCES),
-    "LabelEncoder": ML_DOMAIN + " (LabelEncoder maps strings or tensors of keys)",
+    "LabelEncoder": STRINGS + " (the suite's LabelEncoder cases map string keys)",
     "TreeEnsemble": ML_DOMAIN + " (TreeEnsemble: tree traversal is not implemented)",
     **dict.fromkeys(["Adagrad", "Adam", "Momentum", "Gradient"], TRAINING),
     "BitCast": "needs a bit-reinterpreting cast in kiln's IR: " + NOT_YET,
@@ -93,7 +93,6 @@ XFAIL: dict[str, str] = {
     r"^test_castlike_.*(FLOAT8|FLOAT4|INT4|UINT4|INT2|UINT2)": "dtype not supported by kiln "
     "(float8/float4/int4/int2)",
     r"^test_training_dropout(?!_zero_ratio)": "training-mode Dropout is random",
-    r"^test_maxpool_with_argmax": "MaxPool's Indices output is not supported",
     r"^test_equal_string": STRINGS,
     r"^test_maxunpool_export_with_output_shape$": "kiln follows onnxruntime (and PyTorch): "
     "the indices address the output_shape tensor; onnx's reference pads the default-shaped "

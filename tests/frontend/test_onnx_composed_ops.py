@@ -93,6 +93,17 @@ def _other_cases() -> list[ns.Case]:
                                 **pool)
         cases.append(_case(f"tfidf_{mode}", node,
                            {"x": rng.choice([1, 2, 4, 7, 9], (3, 9)).astype(np.int64)}, 9))
+    for name, shape, attrs in (
+            ("2d", (2, 3, 7, 6), {"kernel_shape": [3, 2], "strides": [2, 1],
+                                  "pads": [1, 0, 1, 1], "dilations": [1, 2]}),
+            ("2d_storage_order_ceil", (1, 2, 6, 5), {"kernel_shape": [2, 2], "strides": [2, 2],
+                                                     "storage_order": 1, "ceil_mode": 1}),
+            ("1d", (2, 2, 9), {"kernel_shape": [3], "strides": [2], "pads": [1, 1]}),
+            ("3d", (1, 2, 4, 5, 3), {"kernel_shape": [2, 2, 2], "pads": [0, 1, 0, 1, 0, 1]})):
+        node = helper.make_node("MaxPool", ["x"], ["v", "i"], **attrs)
+        # few distinct values: ties inside windows check the first-maximum rule
+        feeds = {"x": rng.integers(0, 4, shape).astype(np.float32)}
+        cases.append(_case(f"max_pool_indices_{name}", node, feeds, 22))
     return cases
 
 

@@ -299,3 +299,46 @@ def _det_onnx(ctx: GraphContext, inputs: Sequence[g.Expr | None],
             total = ctx.call("subtract" if inversions % 2 else "add", total, term)
     assert total is not None
     return [total]
+
+
+def max_pool_indices(ctx: GraphContext, x: g.Expr, values: g.Expr, kernel: Sequence[int],
+                     strides: Sequence[int], dilations: Sequence[int], pads: Sequence[int],
+                     storage_order: int) -> g.Expr:
+    """MaxPool's second output: the flat index into X (`((n*C + c)*H + h)*W + w`, or
+    `w*H + h` within a plane for storage_order 1) of each window's first maximum, its
+    window read in row-major order (onnxruntime's rule); `values` is MaxPool's output.
+    Each window position is a `gather` of X with constant indices; a running `greater`
+    keeps the first maximum."""
+    xt, vt = ctx.tensor_type(x), ctx.tensor_type(values)
+    shape, out_shape = _static(xt, "MaxPool"), _static(vt, "MaxPool")
+    n, c, spatial, out_spatial = shape[0], shape[1], shape[2:], out_shape[2:]
+    rank = len(spatial)
+    plane = int(np.prod(spatial))
+    points = int(np.prod(out_spatial))
+    flat = ctx.call("reshape", x, shape=(n, c, plane))
+    np_dtype = np.dtype(to_numpy(xt.dtype))
+    lowest = ctx.const(np.array(-np.inf if np_dtype.kind == "f" else np.iinfo(np_dtype).min,
+                                np_dtype))
+    order = list(reversed(range(rank))) if storage_order else list(range(rank))
+    out_pos = np.stack(np.meshgrid(*[np.arange(o) for o in out_spatial], indexing="ij"))
+    best: g.Expr | None = None
+    arg: g.Expr | None = None
+    for offset in itertools.product(*map(range, kernel)):
+        at = [out_pos[i] * strides[i] - pads[i] + offset[i] * dilations[i] for i in range(rank)]
+        inside = np.logical_and.reduce([(a >= 0) & (a < s) for a, s in zip(at, spatial)])
+        clipped = [np.clip(a, 0, s - 1) for a, s in zip(at, spatial)]
+        read = np.ravel_multi_index(clipped, spatial).reshape(-1).astype(np.int64)
+        stored = np.ravel_multi_index([clipped[i] for i in order],
+                                      [spatial[i] for i in order]).reshape(-1).astype(np.int64)
+        v = ctx.call("gather", flat, ctx.const(read), axis=2)
+        v = ctx.call("where", ctx.const(inside.reshape(-1)), v, lowest)
+        here = ctx.const(stored)
+        if best is None or arg is None:
+            best, arg = v, ctx.call("broadcast_to", here, shape=(n, c, points))
+            continue
+        better = ctx.call("greater", v, best)
+        best = ctx.call("where", better, v, best)
+        arg = ctx.call("where", better, here, arg)
+    assert arg is not None
+    base = (np.arange(n * c, dtype=np.int64) * plane).reshape(n, c, 1)
+    return ctx.call("reshape", ctx.call("add", arg, ctx.const(base)), shape=out_shape)
