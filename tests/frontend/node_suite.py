@@ -76,7 +76,7 @@ MISSING_OP_REASONS: dict[str, str] = {
     "RandomUniformLike": "random sampling (no reproducible reference)",
     "RandomNormalLike": "random sampling (no reproducible reference)",
     "Multinomial": "random sampling (no reproducible reference)",
-    **dict.fromkeys(["DeformConv", "RoiAlign", "DFT", "STFT", "FlexAttention"], NOT_YET),
+    **dict.fromkeys(["RoiAlign", "DFT", "STFT", "FlexAttention"], NOT_YET),
     "MelWeightMatrix": NOT_YET + " (its inputs are constants: it could fold at import)",
 }
 

@@ -55,6 +55,18 @@ def _grid_sample_cases() -> list[ns.Case]:
         feeds = {"x": rng.normal(size=(1, 2, 3, 4, 5)).astype(np.float32),
                  "grid": rng.uniform(-1.3, 1.3, (1, 2, 3, 4, 3)).astype(np.float32)}
         cases.append(_case(f"grid_sample_3d_{mode}", node, feeds, 22))
+    # DeformConv: 2 groups, 2 offset groups, strides, dilations, pads, mask and bias;
+    # offsets up to 2.5 pixels push taps outside X
+    node = helper.make_node("DeformConv", ["x", "w", "off", "b", "m"], ["y"],
+                            kernel_shape=[3, 2], group=2, offset_group=2, strides=[2, 1],
+                            dilations=[1, 2], pads=[1, 0, 1, 1])
+    out_h, out_w = (7 + 2 - 3) // 2 + 1, (6 + 1 - 3) // 1 + 1
+    feeds = {"x": rng.normal(size=(2, 4, 7, 6)).astype(np.float32),
+             "w": rng.normal(size=(6, 2, 3, 2)).astype(np.float32),
+             "off": rng.uniform(-2.5, 2.5, (2, 2 * 2 * 6, out_h, out_w)).astype(np.float32),
+             "b": rng.normal(size=6).astype(np.float32),
+             "m": rng.uniform(0, 1, (2, 2 * 6, out_h, out_w)).astype(np.float32)}
+    cases.append(_case("deform_conv", node, feeds, 22))
     return cases
 
 

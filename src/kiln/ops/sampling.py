@@ -16,6 +16,10 @@ with `border` clamps only the taps, not the coordinate first, as onnxruntime doe
 The converter emits, for every combination of taps, a `gather_elements` of X
 flattened over its spatial axes and a weight; the result is their weighted sum.
 Spatial sizes must be static.
+
+DeformConv (2-D) reads X the same way (bilinear, zero outside) at every kernel
+tap's position plus its offset, scales by the mask, and multiplies the columns by
+the weights with one `matmul` per group.
 """
 
 from __future__ import annotations
@@ -187,3 +191,89 @@ def _fold(ctx: GraphContext, op: str, terms: list[g.Expr]) -> g.Expr:
         out = ctx.call(op, out, t)
     return out
 
+
+
+@onnx_op("DeformConv", min_opset=19)
+def _deform_conv_onnx(ctx: GraphContext, inputs: Sequence[g.Expr | None],
+                      attrs: dict[str, Any]) -> list[g.Expr]:
+    """2-D deformable convolution: every kernel tap reads X bilinearly (zero outside) at
+    its regular position plus the learned offset, times the mask; the taps' columns then
+    go through one `matmul` per group, as a convolution's im2col would."""
+    x, w = first_input(inputs), inputs[1]
+    offset = inputs[2] if len(inputs) > 2 else None
+    if w is None or offset is None:
+        raise IRError("DeformConv needs its W and offset inputs")
+    bias = inputs[3] if len(inputs) > 3 else None
+    mask = inputs[4] if len(inputs) > 4 else None
+    types = [ctx.tensor_type(e) for e in (x, w, offset)]
+    if not all(isinstance(d, int) for t in types for d in t.shape):
+        raise IRError("DeformConv needs static shapes")
+    xs, ws, os_ = ([int(d) for d in t.shape] for t in types)  # type: ignore[arg-type]
+    if len(xs) != 4 or len(ws) != 4 or len(os_) != 4:
+        raise IRError(f"DeformConv: kiln imports the 2-D form only (X {xs}, W {ws})")
+    n, c, height, width = xs
+    oc, cg = ws[0], ws[1]
+    kh, kw = [int(v) for v in attrs.get("kernel_shape", ws[2:])]
+    taps = kh * kw
+    group, og = int(attrs.get("group", 1)), int(attrs.get("offset_group", 1))
+    sh, sw = [int(v) for v in attrs.get("strides", [1, 1])]
+    dh, dw = [int(v) for v in attrs.get("dilations", [1, 1])]
+    pt, pl = [int(v) for v in attrs.get("pads", [0, 0, 0, 0])][:2]
+    out_h, out_w = os_[2:]
+    if cg * group != c or oc % group or c % og or os_[1] != og * 2 * taps or os_[0] != n:
+        raise IRError(f"DeformConv: X {xs}, W {ws}, offset {os_} do not fit group {group} "
+                      f"and offset_group {og}")
+    a = _Arith(ctx, types[0].dtype)
+    points = out_h * out_w
+    rows = np.arange(out_h, dtype=np.float64).reshape(out_h, 1) * sh - pt
+    cols = np.arange(out_w, dtype=np.float64).reshape(1, out_w) * sw - pl
+    flat_x = ctx.call("reshape", x, shape=(n, c, height * width))
+    per_group = c // og
+    columns = []  # per kernel tap: [N, C, points]
+    for k in range(taps):
+        i, j = divmod(k, kw)
+        parts = []
+        for grp in range(og):
+            def coord(axis: int, base: np.ndarray, grp: int = grp, k: int = k) -> g.Expr:
+                shift = ctx.call("gather", offset, ctx.const(np.array(
+                    grp * 2 * taps + 2 * k + axis, np.int64)), axis=1)
+                return a.op("add", shift, ctx.const(base.astype(to_numpy(a.dtype))))
+
+            ys = _axis_taps(a, coord(0, rows + i * dh), height, "linear", "zeros", 0, 0)
+            xs_ = _axis_taps(a, coord(1, cols + j * dw), width, "linear", "zeros", 0, 0)
+            chans = ctx.call("gather", flat_x, ctx.const(np.arange(
+                grp * per_group, (grp + 1) * per_group, dtype=np.int64)), axis=1)
+            total: g.Expr | None = None
+            for (yi, yw), (xi, xw) in itertools.product(ys, xs_):
+                index = ctx.call("add", ctx.call("multiply", yi, ctx.const(
+                    np.array(width, np.int64))), xi)
+                index = ctx.call("broadcast_to", ctx.call("reshape", index, shape=(
+                    n, 1, points)), shape=(n, per_group, points))
+                value = ctx.call("gather_elements", chans, index, axis=2)
+                assert yw is not None and xw is not None
+                weight = ctx.call("reshape", a.op("multiply", yw, xw), shape=(n, 1, points))
+                value = ctx.call("multiply", value, weight)
+                total = value if total is None else ctx.call("add", total, value)
+            assert total is not None
+            if mask is not None:
+                m = ctx.call("gather", mask, ctx.const(np.array(grp * taps + k, np.int64)),
+                             axis=1)
+                total = ctx.call("multiply", total, ctx.call("reshape", m, shape=(n, 1, points)))
+            parts.append(total)
+        columns.append(parts[0] if og == 1 else ctx.call("concat", *parts, axis=1))
+    # [N, C, taps, points] -> per group [N, cg * taps, points] against W [oc/g, cg * taps]
+    stacked = ctx.call("concat", *[ctx.call("reshape", col, shape=(n, c, 1, points))
+                                   for col in columns], axis=2)
+    outs = []
+    for grp in range(group):
+        sub = ctx.call("gather", stacked, ctx.const(np.arange(
+            grp * cg, (grp + 1) * cg, dtype=np.int64)), axis=1)
+        sub = ctx.call("reshape", sub, shape=(n, cg * taps, points))
+        wg = ctx.call("gather", w, ctx.const(np.arange(
+            grp * (oc // group), (grp + 1) * (oc // group), dtype=np.int64)), axis=0)
+        wg = ctx.call("reshape", wg, shape=(oc // group, cg * taps))
+        outs.append(ctx.call("matmul", wg, sub))
+    y = outs[0] if group == 1 else ctx.call("concat", *outs, axis=1)
+    if bias is not None:
+        y = ctx.call("add", y, ctx.call("reshape", bias, shape=(1, oc, 1)))
+    return [ctx.call("reshape", y, shape=(n, oc, out_h, out_w))]
