@@ -37,7 +37,7 @@ STATIC_OPERANDS: dict[str, tuple[int, ...]] = {
     "Resize": (1, 2, 3), "Upsample": (1,), "Clip": (1, 2), "ConstantOfShape": (0,),
     "Range": (0, 1, 2), "Dropout": (1, 2), "Trilu": (1,), "CumSum": (1,), "CumProd": (1,),
     "TopK": (1,), "Col2Im": (1, 2), "MaxUnpool": (2,), "HannWindow": (0,),
-    "HammingWindow": (0,), "BlackmanWindow": (0,),
+    "HammingWindow": (0,), "BlackmanWindow": (0,), "MelWeightMatrix": (0, 1, 2, 3, 4),
     "OneHot": (1,), "CenterCropPad": (1,), "ReduceSum": (1,), "ReduceMean": (1,),
     "ReduceMax": (1,), "ReduceMin": (1,), "ReduceProd": (1,), "ReduceL1": (1,),
     "ReduceL2": (1,), "ReduceLogSum": (1,), "ReduceLogSumExp": (1,),
@@ -77,7 +77,6 @@ MISSING_OP_REASONS: dict[str, str] = {
     "RandomNormalLike": "random sampling (no reproducible reference)",
     "Multinomial": "random sampling (no reproducible reference)",
     **dict.fromkeys(["RoiAlign", "DFT", "STFT", "FlexAttention"], NOT_YET),
-    "MelWeightMatrix": NOT_YET + " (its inputs are constants: it could fold at import)",
 }
 
 

@@ -28,7 +28,7 @@ END = "<!-- END GENERATED -->"
 # The table's columns; the first four after the op type follow from the collection
 # alone (collection_counts), which is what the cheap staleness test compares.
 COLUMNS = ("op type", "cases", "onnxruntime pass", "kiln pass", "kiln expected failures",
-           "kiln not run", "`llvm` (pass/compiled)", "`c` (pass/compiled)")
+           "kiln not run", "`llvm` (pass/compiled)", "`c` (pass/compiled)", "imported as")
 
 
 @dataclass
@@ -116,6 +116,7 @@ def render(results: SuiteResults) -> str:
                 rows[op][target] += 1
                 rows[op][target + "_pass"] += o.status == "pass"
     missed = gap(results)
+    imported_as = _imported_as(results)
     lines = [
         BEGIN,
         "",
@@ -137,9 +138,22 @@ def render(results: SuiteResults) -> str:
         f"(pass: {sum(o.status == 'pass' for o in results.c)}); every op type kiln runs "
         "has a compiled case on each",
         "",
+        "How the cases run: every input's shape is bound from its test data and graph "
+        "inputs feeding a static operand (`STATIC_OPERANDS` in tests/frontend/node_suite.py) "
+        "become initializers holding the test value; every runnable case runs through the "
+        "reference interpreter after legalization (`COMPILED_ONLY` cases run compiled "
+        "only); `compiled_sample` (the first case of every op-types/dtypes group of graphs "
+        "of at most 10 nodes, plus a case of every op type) is compiled for `llvm`, and "
+        "`c_sample` (a case of every op type) for `c`, in batches of 40 cases per module, "
+        "and run through `jit()`; onnxruntime runs every case's own model in a child "
+        "process. Outputs match with rtol 1e-4 / atol 1e-5 for float32/64, 1e-3 for "
+        "float16, 8e-3 for bfloat16, exactly for integers and bools (`TOLERANCE` lists the "
+        "exceptions), for kiln and onnxruntime alike.",
+        "",
         "Per ONNX op type (a case counts for every op type of its graph; `_expanded` "
-        "cases exercise the ops of a function's body, and an op type kiln has no "
-        "converter for but that ONNX defines by a function body is imported as that body):",
+        "cases exercise the ops of a function's body). *Imported as*: `converter` (kiln's "
+        "ONNX mapping), `function body` (no converter: ONNX defines the op by a function, "
+        "which kiln imports, kiln/frontend/onnx/functions.py), `-` (not imported):",
         "",
         "| " + " | ".join(COLUMNS) + " |",
         "|---|" + "---:|" * (len(COLUMNS) - 1),
@@ -149,7 +163,7 @@ def render(results: SuiteResults) -> str:
         compiled = [f"{r[t + '_pass']}/{r[t]}" if r[t] else "-" for t in ("llvm", "c")]
         lines.append(f"| {op} | {r['cases']} | {r['ort_pass']} | {r['pass']} | "
                      f"{r['xfail'] or ''} | {r['unsupported'] or ''} | {compiled[0]} | "
-                     f"{compiled[1]} |")
+                     f"{compiled[1]} | {imported_as.get(op, '-')} |")
     lines += ["", "Cases onnxruntime passes and kiln does not, by reason (from the XFAIL "
               "and MISSING_OP_REASONS tables of tests/frontend/node_suite.py):", ""]
     by_reason: dict[str, list[str]] = defaultdict(list)
@@ -172,6 +186,22 @@ def render(results: SuiteResults) -> str:
         lines.append(f"- {shown} ({n}): {why}")
     lines += ["", END]
     return "\n".join(lines)
+
+
+def _imported_as(results: SuiteResults) -> dict[str, str]:
+    """Op type -> how kiln imports it (converter / function body), for the op types of
+    the cases kiln runs."""
+    from kiln.ops.onnx_map import converters
+
+    table = converters()
+    out = {}
+    for o in results.kiln_final().values():
+        if o.status == "unsupported":
+            continue
+        for op in o.op_types:
+            known = op in table or any(key.endswith("." + op) for key in table)
+            out[op] = "converter" if known else "function body"
+    return out
 
 
 def generated_section(path: Path) -> str:

@@ -93,6 +93,11 @@ def _other_cases() -> list[ns.Case]:
     cases.append(_case("array_feature_extractor", node,
                        {"x": rng.normal(size=(2, 3, 5)).astype(np.float32),
                         "i": np.array([4, 0, 4], np.int64)}, 1, domain="ai.onnx.ml"))
+    node = helper.make_node("MelWeightMatrix", ["bins", "dft", "rate", "low", "high"], ["y"])
+    cases.append(_case("mel_weight_matrix", node, {}, 17, {
+        "bins": np.array(12, np.int64), "dft": np.array(128, np.int64),
+        "rate": np.array(16000, np.int64), "low": np.array(30.0, np.float32),
+        "high": np.array(7600.0, np.float32)}))
     for n in (3, 4):
         cases.append(_case(f"det_{n}", helper.make_node("Det", ["x"], ["y"]),
                            {"x": rng.normal(size=(2, 3, n, n)).astype(np.float32)}, 22))

@@ -11,6 +11,7 @@
 - TfIdfVectorizer over integer tokens: per pool n-gram and skip, `equal` of gathered
   token columns, `logical_and`, `reduce_sum`; then TF / IDF / TFIDF weighting.
 - Det of matrices up to 4x4 (Leibniz formula over gathered elements).
+- MelWeightMatrix: a constant computed at import from its constant inputs.
 - ai.onnx.ml Binarizer (`X > threshold`, as X's type) and ArrayFeatureExtractor
   (`gather` along the last axis).
 
@@ -342,3 +343,42 @@ def max_pool_indices(ctx: GraphContext, x: g.Expr, values: g.Expr, kernel: Seque
     assert arg is not None
     base = (np.arange(n * c, dtype=np.int64) * plane).reshape(n, c, 1)
     return ctx.call("reshape", ctx.call("add", arg, ctx.const(base)), shape=out_shape)
+
+
+@onnx_op("MelWeightMatrix", min_opset=17)
+def _mel_weight_matrix_onnx(ctx: GraphContext, inputs: Sequence[g.Expr | None],
+                            attrs: dict[str, Any]) -> list[g.Expr]:
+    """The [dft_length // 2 + 1, num_mel_bins] triangular filter bank, computed at import
+    from its constant inputs (the standard's formula, as in onnx's reference)."""
+    from onnx import helper
+
+    names = ("num_mel_bins", "dft_length", "sample_rate", "lower_edge_hertz",
+             "upper_edge_hertz")
+    args = [need_static(ctx, _required(inputs, k, "MelWeightMatrix", name),
+                        f"MelWeightMatrix {name}")[0] for k, name in enumerate(names)]
+    bins, dft, rate = int(args[0]), int(args[1]), int(args[2])
+    low, high = float(args[3]), float(args[4])
+    if bins < 1 or dft < 1 or rate < 1:
+        raise IRError(f"MelWeightMatrix: num_mel_bins {bins}, dft_length {dft} and "
+                      f"sample_rate {rate} must be positive")
+    rows = dft // 2 + 1
+    ctx.check_materialize(rows * bins * 8, "MelWeightMatrix")
+    low_mel = 2595 * np.log1p(low / 700) / np.log(10)
+    high_mel = 2595 * np.log1p(high / 700) / np.log(10)
+    mels = np.arange(bins + 2) * ((high_mel - low_mel) / (bins + 2)) + low_mel
+    hertz = 700 * np.expm1(mels / 2595 * np.log(10))
+    edges = (((dft + 1) * hertz) // rate).astype(int)
+    if edges.min() < 0 or edges[:-1].max() >= rows or edges[-1] > rows:
+        raise IRError(f"MelWeightMatrix: the band edges {low}..{high} Hz fall outside the "
+                      f"{rows} spectrogram bins")
+    out = np.zeros((rows, bins))
+    for i in range(bins):
+        left, center, right = edges[i], edges[i + 1], edges[i + 2]
+        if center == left:
+            out[center, i] = 1
+        else:
+            out[left:center + 1, i] = (np.arange(left, center + 1) - left) / (center - left)
+        if right > center:
+            out[center:right, i] = (right - np.arange(center, right)) / (right - center)
+    dtype = helper.tensor_dtype_to_np_dtype(int(attrs.get("output_datatype", 1)))
+    return [ctx.const(out.astype(dtype))]
