@@ -68,7 +68,7 @@ MISSING_OP_REASONS: dict[str, str] = {
                      "ConcatFromSequence", "OptionalGetElement", "OptionalHasElement",
                      "Optional"], SEQUENCES),
     "LabelEncoder": STRINGS + " (the suite's LabelEncoder cases map string keys)",
-    "TreeEnsemble": ML_DOMAIN + " (TreeEnsemble: tree traversal is not implemented)",
+    "TreeEnsemble": ML_DOMAIN + " (tree traversal)",
     **dict.fromkeys(["Adagrad", "Adam", "Momentum", "Gradient"], TRAINING),
     "BitCast": "needs a bit-reinterpreting cast in kiln's IR: " + NOT_YET,
     "ImageDecoder": "decodes encoded image bytes (JPEG, PNG...): out of kiln's scope",
@@ -275,17 +275,27 @@ def check_outputs(got: Sequence[np.ndarray], want: Sequence[np.ndarray],
     """Compare like the ONNX backend tests, with kiln's tolerances; AssertionError if off.
 
     Floats: float32/64 rtol 1e-4 and atol 1e-5; float16 1e-3; bfloat16 (8-bit
-    mantissa) 8e-3. Integers and bools must be equal.
+    mantissa) 8e-3. Integers, bools and 8-bit floats must be equal. An expected
+    sequence (a list, for onnxruntime's sequence outputs) is compared item by item.
     """
     if len(got) != len(want):
         raise AssertionError(f"{len(got)} outputs, expected {len(want)}")
     for k, (g, w) in enumerate(zip(got, want)):
+        if isinstance(w, list):
+            if not isinstance(g, list):
+                raise AssertionError(f"output {k}: {type(g).__name__}, expected a sequence")
+            check_outputs(g, w, tolerance)
+            continue
         g = np.asarray(g)
         if g.dtype != w.dtype:
             raise AssertionError(f"output {k}: dtype {g.dtype}, expected {w.dtype}")
         if g.shape != w.shape:
             raise AssertionError(f"output {k}: shape {g.shape}, expected {w.shape}")
-        if w.dtype.kind == "f" or w.dtype.name == "bfloat16":
+        if w.dtype.name.startswith("float8"):
+            # 8-bit floats: exact, NaNs equal where both have one
+            np.testing.assert_array_equal(g.astype(np.float64), w.astype(np.float64),
+                                          err_msg=f"output {k}")
+        elif w.dtype.kind == "f" or w.dtype.name == "bfloat16":
             if tolerance is not None:
                 rtol, atol = tolerance
             elif w.dtype.name == "bfloat16":
@@ -368,11 +378,16 @@ def run_onnxruntime_in_process() -> list[Outcome]:
         inputs = [i.name for i in session.get_inputs()]
         for name, (ins, outs) in zip(names, raw.data_sets):
             try:
+                want = [_ort_value(o) for o in outs]
                 feeds = {n: _ort_value(v) for n, v in zip(inputs, ins)}
                 with warnings.catch_warnings(), np.errstate(all="ignore"):
                     warnings.simplefilter("ignore")
-                    got = session.run(None, feeds)
-                check_outputs(got, [_array(o) for o in outs], TOLERANCE.get(name))
+                    if any(_byte_typed(v) for v in feeds.values()) or \
+                            any(_byte_typed(w) for w in want):
+                        got = _run_with_byte_types(session, feeds, want)
+                    else:
+                        got = session.run(None, feeds)
+                check_outputs(got, want, TOLERANCE.get(name))
             except Exception as exc:  # the outcome records every failure
                 outcomes.append(Outcome(name, "fail", _text(exc), op_types))
                 continue
@@ -385,6 +400,53 @@ def _ort_value(value: Any) -> Any:
     if isinstance(value, list):
         return [_array(v) for v in value]
     return None if value is None else _array(value)
+
+
+def _byte_typed(value: Any) -> bool:
+    """Whether `value` is an array of a type onnxruntime's numpy binding lacks but that
+    fills whole bytes (bfloat16, the float8s): it goes through OrtValues and raw bytes.
+    Sub-byte types (int4, float4...) are packed by onnxruntime: not handled."""
+    if not isinstance(value, np.ndarray) or value.dtype.kind in "biuc" or \
+            value.dtype in (np.float16, np.float32, np.float64):
+        return False
+    from onnx import helper
+
+    try:
+        onnx_type = int(helper.np_dtype_to_tensor_dtype(value.dtype))
+    except (KeyError, TypeError, ValueError):
+        return False
+    return onnx_type not in _PACKED and value.dtype.itemsize in (1, 2)
+
+
+# ONNX element types stored several to a byte (int4, uint4, float4e2m1, int2, uint2).
+_PACKED = frozenset({22, 21, 23, 25, 26})
+
+
+def _run_with_byte_types(session: Any, feeds: dict[str, Any], want: list[np.ndarray]
+                         ) -> list[np.ndarray]:
+    """session.run through OrtValues: byte-typed inputs are given with their ONNX type,
+    outputs numpy cannot name are read as raw bytes in the expected output's dtype."""
+    import ctypes
+
+    import onnxruntime as ort
+    from onnx import helper
+
+    values = {}
+    for name, v in feeds.items():
+        if _byte_typed(v):
+            raw = v.view(np.uint8 if v.dtype.itemsize == 1 else np.uint16)
+            values[name] = ort.OrtValue.ortvalue_from_numpy_with_onnx_type(
+                raw, helper.np_dtype_to_tensor_dtype(v.dtype))
+        else:
+            values[name] = ort.OrtValue.ortvalue_from_numpy(v)
+    got = []
+    for out, w in zip(session.run_with_ort_values(None, values), want):
+        if not _byte_typed(w):
+            got.append(out.numpy())
+            continue
+        data = ctypes.string_at(out.data_ptr(), out.tensor_size_in_bytes())
+        got.append(np.frombuffer(data, dtype=w.dtype).reshape(out.shape()))
+    return got
 
 
 def _text(exc: BaseException) -> str:
