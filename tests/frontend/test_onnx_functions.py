@@ -80,8 +80,7 @@ def test_a_body_using_an_unsupported_op_names_the_node_and_the_op() -> None:
 
 
 def test_an_op_without_converter_or_function_is_listed_as_unsupported() -> None:
-    f = TensorProto.FLOAT
-    node = helper.make_node("Det", ["x"], ["y"])
-    model = _model([node], {"x": (f, [3, 3])}, ["y"], 22)
-    with pytest.raises(FrontendError, match=r"kiln does not support .*\n  Det x1"):
+    node = helper.make_node("ImageDecoder", ["x"], ["y"])
+    model = _model([node], {"x": (TensorProto.UINT8, [100])}, ["y"], 20)
+    with pytest.raises(FrontendError, match=r"kiln does not support .*\n  ImageDecoder x1"):
         from_onnx(model)
