@@ -12,10 +12,17 @@ Preparation (documented in docs/onnx.md):
   value, because kiln compiles static graphs (TVM's test suite does the same).
 
 Classification of a case:
-- "unsupported": it uses an op type kiln has no converter for (not run);
+- "unsupported": it uses an op type kiln cannot import (no converter and no ONNX
+  function body, see missing_ops; the reason is in MISSING_OP_REASONS) or a
+  sequence/optional graph input or output (not run);
 - "xfail": listed in XFAIL with a reason (run anyway; a pass is reported so the
   entry gets removed);
 - "run": everything else; it must pass.
+
+onnxruntime runs every case too (run_onnxruntime, in a child process), on the
+case's own model, checked by the same check_outputs: each case it passes and
+kiln does not must have its reason in XFAIL or MISSING_OP_REASONS.
+Compiled runs: compiled_sample for `llvm`, c_sample for `c` (run_compiled).
 """
 
 from __future__ import annotations
