@@ -59,7 +59,6 @@ DATA_DEPENDENT = "in progress: issue 23 data-dependent sizes"
 QUANTIZATION = "in progress: issue 23 int8 quantization"
 STRINGS = "string tensors are not supported by kiln"
 SEQUENCES = "sequence and optional values are not supported by kiln"
-ML_DOMAIN = "ai.onnx.ml (classical machine learning) operator not implemented"
 TRAINING = "training operators (ai.onnx.preview.training) are out of kiln's scope"
 NOT_YET = "not implemented yet"
 MISSING_OP_REASONS: dict[str, str] = {
@@ -75,7 +74,6 @@ MISSING_OP_REASONS: dict[str, str] = {
                      "ConcatFromSequence", "OptionalGetElement", "OptionalHasElement",
                      "Optional"], SEQUENCES),
     "LabelEncoder": STRINGS + " (the suite's LabelEncoder cases map string keys)",
-    "TreeEnsemble": ML_DOMAIN + " (tree traversal)",
     **dict.fromkeys(["Adagrad", "Adam", "Momentum", "Gradient"], TRAINING),
     "BitCast": "needs a bit-reinterpreting cast in kiln's IR: " + NOT_YET,
     "ImageDecoder": "decodes encoded image bytes (JPEG, PNG...): out of kiln's scope",

@@ -121,6 +121,21 @@ def _other_cases() -> list[ns.Case]:
         # few distinct values: ties inside windows check the first-maximum rule
         feeds = {"x": rng.integers(0, 4, shape).astype(np.float32)}
         cases.append(_case(f"max_pool_indices_{name}", node, feeds, 22))
+    for aggregate in (0, 1):  # AVERAGE, SUM
+        node = helper.make_node(
+            "TreeEnsemble", ["x"], ["y"], domain="ai.onnx.ml", n_targets=3,
+            aggregate_function=aggregate, tree_roots=[0, 2],
+            nodes_featureids=[0, 2, 1, 0], nodes_truenodeids=[1, 1, 3, 4],
+            nodes_trueleafs=[0, 1, 1, 1], nodes_falsenodeids=[0, 2, 3, 5],
+            nodes_falseleafs=[1, 1, 0, 1], nodes_missing_value_tracks_true=[0, 1, 0, 0],
+            nodes_modes=numpy_helper.from_array(np.array([0, 3, 6, 5], np.uint8)),
+            nodes_splits=numpy_helper.from_array(np.array([0.1, -0.3, 0, 2], np.float32)),
+            membership_values=numpy_helper.from_array(np.array([1, 3, np.nan], np.float32)),
+            leaf_targetids=[0, 1, 2, 0, 1, 2],
+            leaf_weights=numpy_helper.from_array(rng.normal(size=6).astype(np.float32)))
+        x = rng.choice(np.array([-1, 0, 1, 2, 3, np.nan], np.float32), (10, 3))
+        cases.append(_case(f"tree_ensemble_{aggregate}", node, {"x": x}, 5,
+                           domain="ai.onnx.ml"))
     return cases
 
 

@@ -12,6 +12,8 @@
   token columns, `logical_and`, `reduce_sum`; then TF / IDF / TFIDF weighting.
 - Det of matrices up to 4x4 (Leibniz formula over gathered elements).
 - MelWeightMatrix: a constant computed at import from its constant inputs.
+- ai.onnx.ml TreeEnsemble (SUM / AVERAGE, no post transform): per leaf, its weight
+  times the conjunction of the branch conditions on its path, summed per target.
 - ai.onnx.ml Binarizer (`X > threshold`, as X's type) and ArrayFeatureExtractor
   (`gather` along the last axis).
 
@@ -31,6 +33,7 @@ from kiln.ir import graph as g
 from kiln.ir.dtype import to_numpy
 from kiln.ir.types import TensorType
 from kiln.ops.onnx_map import GraphContext, first_input, need_static, onnx_op
+from kiln.ops.sampling import chain
 
 
 def _static(t: TensorType, op: str) -> tuple[int, ...]:
@@ -382,3 +385,95 @@ def _mel_weight_matrix_onnx(ctx: GraphContext, inputs: Sequence[g.Expr | None],
             out[center:right, i] = (right - np.arange(center, right)) / (right - center)
     dtype = helper.tensor_dtype_to_np_dtype(int(attrs.get("output_datatype", 1)))
     return [ctx.const(out.astype(dtype))]
+
+
+TREE_MODES = ("BRANCH_LEQ", "BRANCH_LT", "BRANCH_GTE", "BRANCH_GT", "BRANCH_EQ", "BRANCH_NEQ",
+              "BRANCH_MEMBER")
+_TREE_COMPARE = ("less_equal", "less", "greater_equal", "greater", "equal", "not_equal")
+
+
+@onnx_op("ai.onnx.ml.TreeEnsemble")
+def _tree_ensemble_onnx(ctx: GraphContext, inputs: Sequence[g.Expr | None],
+                        attrs: dict[str, Any]) -> list[g.Expr]:
+    """ai.onnx.ml TreeEnsemble with SUM or AVERAGE aggregation and no post transform:
+    each leaf's weight times the `logical_and` of the branch conditions on its path
+    (one column `gather` and comparison per tree node), summed per target."""
+    x = first_input(inputs)
+    xt = ctx.tensor_type(x)
+    n, _features = _static(xt, "TreeEnsemble")
+    aggregate = int(attrs.get("aggregate_function", 1))
+    if aggregate not in (0, 1) or int(attrs.get("post_transform", 0)) != 0:
+        raise IRError("TreeEnsemble: kiln imports aggregate_function SUM or AVERAGE without "
+                      "post_transform")
+    np_dtype = to_numpy(xt.dtype)
+    modes = [int(m) for m in np.asarray(attrs["nodes_modes"]).reshape(-1)]
+    splits = np.asarray(attrs["nodes_splits"]).reshape(-1)
+    features = [int(f) for f in attrs["nodes_featureids"]]
+    true_ids, false_ids = attrs["nodes_truenodeids"], attrs["nodes_falsenodeids"]
+    true_leaf, false_leaf = attrs["nodes_trueleafs"], attrs["nodes_falseleafs"]
+    missing = attrs.get("nodes_missing_value_tracks_true", [0] * len(modes))
+    leaf_targets = [int(t) for t in attrs["leaf_targetids"]]
+    leaf_weights = np.asarray(attrs["leaf_weights"]).reshape(-1)
+    members = iter(np.asarray(attrs.get("membership_values", np.zeros(0))).reshape(-1))
+    if any(m >= len(TREE_MODES) for m in modes):
+        raise IRError(f"TreeEnsemble: unknown node mode in {modes}; known: "
+                      f"{', '.join(TREE_MODES)}")
+
+    def condition(node: int) -> g.Expr:
+        column = ctx.call("gather", x, ctx.const(np.array(features[node], np.int64)), axis=1)
+        if modes[node] < len(_TREE_COMPARE):
+            cond = ctx.call(_TREE_COMPARE[modes[node]], column,
+                            ctx.const(np.array(splits[node], np_dtype)))
+        else:  # set membership: the next NaN-terminated run of membership_values
+            values = []
+            for v in members:
+                if np.isnan(v):
+                    break
+                values.append(v)
+            if not values:
+                raise IRError(f"TreeEnsemble: node {node} tests membership of an empty set")
+            cond = chain(ctx, "logical_or", [
+                ctx.call("equal", column, ctx.const(np.array(v, np_dtype))) for v in values])
+        if missing[node]:
+            cond = ctx.call("logical_or", cond, ctx.call("isnan", column))
+        return cond
+
+    # leaves of every tree with their path conditions, visiting nodes in onnx's order
+    # (node, true branch, false branch: the order membership sets are consumed in)
+    per_target: dict[int, list[g.Expr]] = {}
+
+    def visit(node: int, path: g.Expr | None, depth: int) -> None:
+        if depth > len(modes):
+            raise IRError("TreeEnsemble: the nodes form a cycle")
+        cond = condition(node)
+        for branch, ids, leafs in ((cond, true_ids, true_leaf),
+                                   (ctx.call("logical_not", cond), false_ids, false_leaf)):
+            here = branch if path is None else ctx.call("logical_and", path, branch)
+            if leafs[node]:
+                add_leaf(int(ids[node]), here)
+            else:
+                visit(int(ids[node]), here, depth + 1)
+
+    def add_leaf(leaf: int, path: g.Expr | None) -> None:
+        weight = ctx.const(np.array(leaf_weights[leaf], np_dtype))
+        value = weight if path is None else ctx.call(
+            "multiply", ctx.call("cast", path, dtype=xt.dtype), weight)
+        per_target.setdefault(leaf_targets[leaf], []).append(value)
+
+    roots = [int(r) for r in attrs["tree_roots"]]
+    for root in roots:
+        if true_leaf[root] and false_leaf[root] and true_ids[root] == false_ids[root]:
+            add_leaf(int(true_ids[root]), None)
+        else:
+            visit(root, None, 0)
+    targets = int(attrs.get("n_targets", max(leaf_targets) + 1))
+    zero = ctx.const(np.zeros((n,), np_dtype))
+    columns = []
+    for t in range(targets):
+        total = chain(ctx, "add", [ctx.call("broadcast_to", v, shape=(n,))
+                                   for v in per_target.get(t, [])] or [zero])
+        if aggregate == 0:
+            total = ctx.call("divide", total, ctx.const(np.array(len(roots), np_dtype)))
+        columns.append(ctx.call("reshape", total, shape=(n, 1)))
+    return [ctx.call("concat", *columns, axis=1)]
+

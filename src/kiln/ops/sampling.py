@@ -172,20 +172,21 @@ def _grid_sample_onnx(ctx: GraphContext, inputs: Sequence[g.Expr | None],
 
     total: g.Expr | None = None
     for combo in itertools.product(*per_axis):
-        index = _fold(ctx, "add", [
+        index = chain(ctx, "add", [
             j if s == 1 else ctx.call("multiply", j, ctx.const(np.array(s, np.int64)))
             for (j, _), s in zip(combo, strides)])
         index = ctx.call("broadcast_to", flat(index, "int64"), shape=(n, c, points))
         value = ctx.call("gather_elements", flat_x, index, axis=2)
         weights = [w for _, w in combo if w is not None]
         if weights:
-            value = ctx.call("multiply", value, flat(_fold(ctx, "multiply", weights), xt.dtype))
+            value = ctx.call("multiply", value, flat(chain(ctx, "multiply", weights), xt.dtype))
         total = value if total is None else ctx.call("add", total, value)
     assert total is not None
     return [ctx.call("reshape", total, shape=(n, c, *out_dims))]
 
 
-def _fold(ctx: GraphContext, op: str, terms: list[g.Expr]) -> g.Expr:
+def chain(ctx: GraphContext, op: str, terms: list[g.Expr]) -> g.Expr:
+    """`terms` combined left to right by the binary `op`."""
     out = terms[0]
     for t in terms[1:]:
         out = ctx.call(op, out, t)
