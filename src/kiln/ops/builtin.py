@@ -2,6 +2,7 @@
 
 from kiln.ops import (  # noqa: F401
     cblas,
+    composed,
     conv_direct,
     elementwise,
     gemm,
@@ -15,4 +16,5 @@ from kiln.ops import (  # noqa: F401
     pool_nchwc,
     recurrent,
     reduce,
+    sampling,
 )

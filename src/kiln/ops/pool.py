@@ -238,9 +238,6 @@ def _pool_converter(kind: str) -> Any:
                 attrs: dict[str, Any]) -> list[g.Expr]:
         x = inputs[0]
         assert x is not None
-        if kind == "max" and len(ctx.node_outputs) > 1 and ctx.node_outputs[1]:
-            raise IRError("MaxPool's second output (Indices) is not supported; drop it from "
-                          "the node's outputs")
         t = ctx.tensor_type(x)
         if kind == "max" and not (dt.is_float(t.dtype) or t.dtype in ("int8", "uint8")):
             raise IRError(f"MaxPool of {t.dtype} is not supported (ONNX allows float, int8, "
@@ -257,9 +254,15 @@ def _pool_converter(kind: str) -> Any:
             extra["count_include_pad"] = bool(attrs.get("count_include_pad", 0))
         if kind == "lp":
             extra["p"] = int(attrs.get("p", 2))
-        return [ctx.call(f"{kind}_pool{spatial.SUFFIX[rank]}", x, kernel_shape=kernel,
-                         strides=strides, dilations=dilations, pads=pads,
-                         ceil_mode=bool(attrs.get("ceil_mode", 0)), **extra)]
+        out = ctx.call(f"{kind}_pool{spatial.SUFFIX[rank]}", x, kernel_shape=kernel,
+                       strides=strides, dilations=dilations, pads=pads,
+                       ceil_mode=bool(attrs.get("ceil_mode", 0)), **extra)
+        if kind == "max" and len(ctx.node_outputs) > 1 and ctx.node_outputs[1]:
+            from kiln.ops.composed import max_pool_indices
+
+            return [out, max_pool_indices(ctx, x, out, kernel, strides, dilations, pads,
+                                          int(attrs.get("storage_order", 0)))]
+        return [out]
     return convert
 
 

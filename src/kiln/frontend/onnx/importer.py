@@ -22,6 +22,8 @@ import numpy as np
 
 from kiln.errors import FrontendError, IRError
 from kiln.frontend.onnx.dims import Declared, InputDims, declared_dims
+from kiln.frontend.onnx.functions import InputType, function_schema
+from kiln.frontend.onnx.functions import expand as expand_function
 from kiln.frontend.onnx.onnx_checker import check_onnx_model
 from kiln.frontend.onnx.raw_data import load_with_views
 from kiln.frontend.onnx.shape_values import evaluate as evaluate_shape
@@ -155,6 +157,10 @@ def _default_opset(proto: Any) -> int:
     if not proto.opset_import:
         # IR version < 3 models carry no opset_import: they are opset 1.
         return 1
+    if all(_text(imp.domain) == "ai.onnx.ml" for imp in proto.opset_import) and all(
+            _text(n.domain) == "ai.onnx.ml" for n in proto.graph.node):
+        # A classical-ML model (ai.onnx.ml only) uses no default-domain operator.
+        return SUPPORTED_OPSETS.stop - 1
     raise FrontendError("the model does not import the default ONNX opset (domain '')")
 
 
@@ -194,7 +200,8 @@ def _check_supported(graph: Any, opset: int) -> None:
     names: dict[str, list[str]] = {}
     for k, node in enumerate(graph.node):
         key = _op_key(node)
-        if key not in table:
+        if key not in table and function_schema(_text(node.op_type), _text(node.domain),
+                                                opset) is None:
             missing[key] += 1
             names.setdefault(key, []).append(_node_label(node, k))
     if missing:
@@ -207,6 +214,12 @@ def _check_supported(graph: Any, opset: int) -> None:
         raise FrontendError(
             f"the model uses {len(missing)} operator type(s) kiln does not support "
             f"(opset {opset}):\n" + "\n".join(lines))
+
+
+def _onnx_elem_type(dtype: str) -> int:
+    from onnx import helper
+
+    return int(helper.np_dtype_to_tensor_dtype(np.dtype(to_numpy(dtype))))
 
 
 def _graph_inputs(graph: Any) -> list[Any]:
@@ -262,6 +275,7 @@ class _Importer:
         self.node_outputs: tuple[str, ...] = ()
         self.params: set[g.Expr] = set()
         self._where = "model"
+        self._functions = 0  # function-body expansions so far (their value name prefixes)
 
     # ---------------------------------------------------------------- GraphContext
 
@@ -464,6 +478,10 @@ class _Importer:
 
     def _convert(self, node: Any, index: int) -> None:
         self._where = f"node {_node_label(node, index)} ({_text(node.op_type)})"
+        if _op_key(node) not in converters():
+            # _check_supported let it through: onnx defines it by a function body
+            self._convert_function(node, index)
+            return
         conv = converters().get(_op_key(node))
         if self.opset < conv.min_opset:
             raise FrontendError(f"{self._where}: needs opset >= {conv.min_opset}")
@@ -499,6 +517,36 @@ class _Importer:
         for name, value in zip(node.output, outs):
             if name:
                 self.values[name] = value
+
+    def _convert_function(self, node: Any, index: int) -> None:
+        """Import `node` as its ONNX function body (kiln.frontend.onnx.functions)."""
+        where = self._where
+        types: list[InputType] = []
+        for name in node.input:
+            t = self.values[name].type if name in self.values else None
+            types.append((_onnx_elem_type(t.dtype), tuple(
+                d if isinstance(d, int) else dim_text(d) for d in t.shape))
+                if isinstance(t, TensorType) else None)
+        self._functions += 1
+        try:
+            body, body_opset = expand_function(node, self.opset, types,
+                                               f"{_text(node.op_type)}{self._functions}::")
+        except FrontendError as exc:
+            raise FrontendError(f"{where}: {exc}") from exc
+        outer = self.opset
+        self.opset = body_opset
+        try:
+            for k, inner in enumerate(body):
+                if _op_key(inner) not in converters() and function_schema(
+                        _text(inner.op_type), _text(inner.domain), body_opset) is None:
+                    raise FrontendError(f"its ONNX function body uses {_op_key(inner)}, which "
+                                        "kiln does not support")
+                self._convert(inner, k)
+        except FrontendError as exc:
+            raise FrontendError(f"{where}, imported as its ONNX function body: {exc}") from exc
+        finally:
+            self.opset = outer
+        self._where = where
 
     def _input_type(self, inp: Any) -> Type:
         if inp.type.WhichOneof("value") != "tensor_type":
