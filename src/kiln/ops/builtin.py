@@ -13,6 +13,8 @@ from kiln.ops import (  # noqa: F401
     nn,
     pool,
     pool_nchwc,
+    quant,
+    quant_onnx,
     recurrent,
     reduce,
 )
