@@ -161,10 +161,10 @@ def test_timing_instrument_reports_nested_passes() -> None:
     with PassContext(instruments=[timing]):
         get_pipeline("default", "graph")(_module())
     names = [t.name for t in timing.timings]
-    assert names == ["graph-default", "fold-constants", "fold-batchnorm", "block-convolutions",
-                     "block-matmuls", "fuse-ops", "legalize-ops", "dead-code-elimination",
-                     "lower-graph-to-tensor"]
-    assert [t.depth for t in timing.timings] == [0, 1, 1, 1, 1, 1, 1, 1, 1]
+    assert names == ["graph-default", "quantize-ops", "fold-constants", "fold-batchnorm",
+                     "block-convolutions", "block-matmuls", "fuse-ops", "legalize-ops",
+                     "dead-code-elimination", "lower-graph-to-tensor"]
+    assert [t.depth for t in timing.timings] == [0, 1, 1, 1, 1, 1, 1, 1, 1, 1]
     assert all(t.seconds >= 0 for t in timing.timings)
     assert timing.total() == timing.timings[0].seconds
     report = timing.report().splitlines()

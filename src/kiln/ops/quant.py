@@ -34,7 +34,7 @@ import numpy as np
 from kiln.errors import IRError
 from kiln.ir import dtype as dt
 from kiln.ir.shape_expr import shape_text
-from kiln.ir.tensor import Cast, PrimExpr, as_expr, intrin, max_, min_, select
+from kiln.ir.tensor import Cast, PrimExpr, as_expr, compare, intrin, max_, min_, select
 from kiln.ir.types import TensorType, TupleType, Type
 from kiln.ops import spatial, te
 from kiln.ops.broadcast import broadcast_index, broadcast_shapes
@@ -243,7 +243,7 @@ def _dynamic_compute(inputs: Sequence[te.Tensor], attrs: Attrs
 
     def scale_of() -> PrimExpr:
         lo, hi = lo_t[()], hi_t[()]
-        return select(hi == lo, as_expr(1.0, "float32"), (hi - lo) / 255.0)
+        return select(compare("eq", hi, lo), as_expr(1.0, "float32"), (hi - lo) / 255.0)
 
     scale = te.compute((), scale_of, "float32", "scale", materialize=True)
 

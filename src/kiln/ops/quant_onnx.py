@@ -7,8 +7,8 @@ QLinearConcat, QLinearSigmoid, QLinearLeakyRelu) and dynamic quantization
 The integer products map to the integer ops of kiln.ops.quant; the elementwise
 QOperator ops are dequantize -> float op -> quantize, which is how onnxruntime
 defines them (its kernels compute them in float32 too). What kiln cannot run
-exactly (4-bit and float8 types, scales known only at run time for a requantizing
-product) is refused with an IRError, which the importer reports naming the node.
+exactly (4-bit, 2-bit and float8 types, per-row zero points of MatMulInteger's A) is
+refused with an IRError, which the importer reports naming the node.
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ from kiln.errors import IRError
 from kiln.ir import dtype as dt
 from kiln.ir import graph as g
 from kiln.ops import spatial
-from kiln.ops.onnx_map import GraphContext, need_constant, onnx_op
-from kiln.ops.quant import PRODUCT_DTYPES, QUANT_DTYPES, requantize_multiplier
+from kiln.ops.onnx_map import GraphContext, onnx_op
+from kiln.ops.quant import PRODUCT_DTYPES, QUANT_DTYPES
 
 MS = "com.microsoft."
 
@@ -46,11 +46,10 @@ def _check_qdtype(dtype: str, what: str, allowed: Sequence[str] = QUANT_DTYPES) 
 
 
 def _scalarize(ctx: GraphContext, expr: g.Expr) -> g.Expr:
-    """A one-element 1-D constant as a scalar (ONNX allows both for per-tensor)."""
-    value = ctx.value(expr)
-    t = ctx.tensor_type(expr)
-    if value is not None and t.ndim == 1 and value.size == 1:
-        return ctx.const(value.reshape(()))
+    """A one-element 1-D tensor as a scalar (ONNX allows both for per-tensor parameters)."""
+    shape = tuple(ctx.tensor_type(expr).shape)
+    if shape == (1,):
+        return ctx.call("reshape", expr, shape=())
     return expr
 
 
@@ -206,11 +205,28 @@ def _conv_integer(ctx: GraphContext, inputs: Sequence[g.Expr | None],
 
 # --------------------------------------------------------------------------- QOperator products
 
-def _scale(ctx: GraphContext, expr: g.Expr | None, what: str) -> np.ndarray:
-    value = need_constant(ctx, expr, f"{what} (a requantizing product needs its scales at "
-                                     "compile time)")
-    return np.asarray(value, np.float32).reshape(-1) if value.size > 1 else \
-        np.asarray(value, np.float32).reshape(())
+def _f32(ctx: GraphContext, expr: g.Expr | None, what: str) -> g.Expr:
+    if expr is None:
+        raise IRError(f"{what} is missing")
+    expr = _scalarize(ctx, expr)
+    if ctx.tensor_type(expr).dtype != "float32":
+        expr = ctx.call("cast", expr, dtype="float32")
+    return expr
+
+
+def _multiplier(ctx: GraphContext, in_scale: g.Expr | None, w_scale: g.Expr | None,
+                out_scale: g.Expr | None, alpha: float = 1.0) -> g.Expr:
+    """`(alpha *) in_scale * w_scale / out_scale` in float32, left to right, as
+    onnxruntime computes a requantizing product's output scale: a constant when the
+    scales are (the importer folds it), else computed at run time."""
+    a = _f32(ctx, in_scale, "the input scale")
+    if alpha != 1.0:
+        a = ctx.call("multiply", ctx.const(np.float32(alpha)), a)
+    w = _f32(ctx, w_scale, "the weight scale")
+    y = _f32(ctx, out_scale, "the output scale")
+    if ctx.tensor_type(y).ndim:
+        raise IRError("the output scale and zero point must be per-tensor (one value)")
+    return ctx.call("divide", ctx.call("multiply", a, w), y)
 
 
 def _bias(ctx: GraphContext, bias: g.Expr | None, n: int) -> g.Expr:
@@ -221,13 +237,16 @@ def _bias(ctx: GraphContext, bias: g.Expr | None, n: int) -> g.Expr:
     return bias
 
 
-def _out_zp(ctx: GraphContext, zp: g.Expr | None, scale: g.Expr) -> g.Expr:
-    out = _zero_point(ctx, zp, scale, "uint8")
-    t = ctx.tensor_type(out)
+def _out_zp(ctx: GraphContext, zp: g.Expr | None) -> g.Expr:
+    """The output zero point of a requantizing op (uint8 zero when omitted)."""
+    if zp is None:
+        return ctx.const(np.zeros((), np.uint8))
+    zp = _scalarize(ctx, zp)
+    t = ctx.tensor_type(zp)
     _check_qdtype(t.dtype, "the output zero point", PRODUCT_DTYPES)
     if t.ndim:
         raise IRError("the output scale and zero point must be per-tensor (one value)")
-    return out
+    return zp
 
 
 @onnx_op("QLinearConv", min_opset=10)
@@ -237,12 +256,10 @@ def _qlinear_conv(ctx: GraphContext, inputs: Sequence[g.Expr | None],
     bias = inputs[8] if len(inputs) > 8 else None
     assert x is not None and w is not None and ys is not None
     out_channels = ctx.tensor_type(w).static_shape[0]
-    multiplier = requantize_multiplier(_scale(ctx, xs, "x_scale"), _scale(ctx, ws, "w_scale"),
-                                       _scale(ctx, ys, "y_scale"))
     call = ctx.call("qlinear_conv", x, w, _bias(ctx, bias, out_channels),
                     _product_zp(ctx, xz, x, "x", None),
-                    _product_zp(ctx, wz, w, "w", out_channels), ctx.const(multiplier),
-                    _out_zp(ctx, yz, ys), **conv_attrs(ctx, x, w, attrs, "QLinearConv"))
+                    _product_zp(ctx, wz, w, "w", out_channels), _multiplier(ctx, xs, ws, ys),
+                    _out_zp(ctx, yz), **conv_attrs(ctx, x, w, attrs, "QLinearConv"))
     return [call]
 
 
@@ -252,11 +269,9 @@ def _qlinear_matmul(ctx: GraphContext, inputs: Sequence[g.Expr | None],
     a, as_, az, b, bs, bz, ys, yz = inputs[:8]
     assert a is not None and b is not None and ys is not None
     n = _n_columns(ctx, b)
-    multiplier = requantize_multiplier(_scale(ctx, as_, "a_scale"), _scale(ctx, bs, "b_scale"),
-                                       _scale(ctx, ys, "y_scale"))
     return [ctx.call("qlinear_matmul", a, b, _bias(ctx, None, n),
                      _product_zp(ctx, az, a, "a", None), _product_zp(ctx, bz, b, "b", n),
-                     ctx.const(multiplier), _out_zp(ctx, yz, ys))]
+                     _multiplier(ctx, as_, bs, ys), _out_zp(ctx, yz))]
 
 
 @onnx_op(MS + "QGemm")
@@ -271,8 +286,7 @@ def _qgemm(ctx: GraphContext, inputs: Sequence[g.Expr | None],
         a = ctx.call("transpose", a, perm=(1, 0))
     trans_b = bool(int(attrs.get("transB", 0)))
     n = _n_columns(ctx, b, trans_b)
-    alpha = np.float32(attrs.get("alpha", 1.0))
-    scale_ab = (alpha * _scale(ctx, as_, "a_scale")).astype(np.float32)
+    alpha = float(np.float32(attrs.get("alpha", 1.0)))
     a_zp = _product_zp(ctx, az, a, "A", None)
     b_zp = _product_zp(ctx, bz, b, "B", n)
     extra = {"transpose_b": True} if trans_b else {}
@@ -281,12 +295,10 @@ def _qgemm(ctx: GraphContext, inputs: Sequence[g.Expr | None],
         acc = ctx.call("matmul_integer", a, b, a_zp, b_zp, **extra)
         if c is not None:
             acc = ctx.call("add", acc, _bias(ctx, c, n))
-        scale = (scale_ab * _scale(ctx, bs, "b_scale")).astype(np.float32)
-        return [ctx.call("multiply", ctx.call("cast", acc, dtype="float32"), ctx.const(scale))]
-    multiplier = requantize_multiplier(scale_ab, _scale(ctx, bs, "b_scale"),
-                                       _scale(ctx, ys, "y_scale"))
+        scale = _multiplier(ctx, as_, bs, ctx.const(np.float32(1.0)), alpha)
+        return [ctx.call("multiply", ctx.call("cast", acc, dtype="float32"), scale)]
     return [ctx.call("qlinear_matmul", a, b, _bias(ctx, c, n), a_zp, b_zp,
-                     ctx.const(multiplier), _out_zp(ctx, yz, ys), **extra)]
+                     _multiplier(ctx, as_, bs, ys, alpha), _out_zp(ctx, yz), **extra)]
 
 
 # --------------------------------------------------------------------------- QOperator elementwise
@@ -294,7 +306,7 @@ def _qgemm(ctx: GraphContext, inputs: Sequence[g.Expr | None],
 def _requant_out(ctx: GraphContext, y: g.Expr, ys: g.Expr | None, yz: g.Expr | None) -> g.Expr:
     assert ys is not None
     scale = _scalarize(ctx, ys)
-    return quantize(ctx, y, scale, _out_zp(ctx, yz, scale))
+    return quantize(ctx, y, scale, _out_zp(ctx, yz))
 
 
 def _binary(op: str) -> Any:
