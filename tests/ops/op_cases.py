@@ -295,4 +295,48 @@ CASES: dict[str, list[OpCase]] = {
                                            "extrapolation_value": 7.0}),
                OpCase((ints(1, 1, 3, 3, low=0, high=250, dtype="uint8"),),
                       {"sizes": (1, 1, 5, 5), "scales": (1, 1, 5 / 3, 5 / 3), "mode": "cubic"})],
+    # quantized operators (docs/quantization.md)
+    "quantize_linear": [
+        OpCase((f32(2, 3, 4, low=-8, high=8), const(0.05, "float32"), const(3, "uint8"))),
+        OpCase((f32(2, 3, 4, low=-40, high=40), const([0.1, 0.2, 0.3], "float32"),
+                const([0, -3, 5], "int8")), {"axis": 1}),
+        OpCase((f32(2, 6, low=-30, high=30), const([[0.1, 0.2], [0.3, 0.05]], "float32"),
+                const([[1, -2], [0, 4]], "int16")), {"axis": 1, "block_size": 4})],
+    "dequantize_linear": [
+        OpCase((ints(2, 3, 4, low=-128, high=128, dtype="int8"),
+                const([0.1, 0.2, 0.3], "float32"), const([0, -3, 5], "int8")), {"axis": 1}),
+        OpCase((ints(6, low=-99999, high=99999), const(0.001, "float32"), const(0, "int32")))],
+    "dynamic_quantize_linear": [OpCase((f32(3, 5),)), OpCase((f32(4, low=0.5, high=2.0),))],
+    "matmul_integer": [
+        OpCase((ints(2, 3, 5, low=0, high=256, dtype="uint8"),
+                ints(5, 4, low=-128, high=128, dtype="int8"), const(7, "uint8"),
+                const([1, -2, 0, 3], "int8"))),
+        OpCase((ints(3, 5, low=-128, high=128, dtype="int8"),
+                ints(4, 5, low=-128, high=128, dtype="int8"), const(-3, "int8"),
+                const(0, "int8")), {"transpose_b": True})],
+    "conv_integer": [
+        OpCase((ints(1, 4, 5, 6, low=0, high=256, dtype="uint8"),
+                ints(6, 2, 3, 3, low=-128, high=128, dtype="int8"), const(100, "uint8"),
+                const([0, 1, -1, 2, 0, 3], "int8")),
+               {"group": 2, "pads": (1, 0, 1, 2), "strides": (2, 1), "dilations": (1, 1)})],
+    "qlinear_matmul": [
+        OpCase((ints(2, 4, 6, low=0, high=256, dtype="uint8"),
+                ints(6, 5, low=-128, high=128, dtype="int8"), ints(5, low=-900, high=900),
+                const(128, "uint8"), const(0, "int8"),
+                const([0.001, 0.002, 0.0015, 0.003, 0.0005], "float32"), const(10, "uint8")),
+               {"qmin": 10}),
+        OpCase((ints(3, 6, low=-128, high=128, dtype="int8"),
+                ints(5, 6, low=-128, high=128, dtype="int8"), ints(5, low=-900, high=900),
+                const(-4, "int8"), const([1, 0, -1, 2, 0], "int8"), const(0.0021, "float32"),
+                const(-3, "int8")), {"transpose_b": True, "qmax": 60})],
+    "qlinear_conv": [
+        OpCase((ints(1, 4, 6, 6, low=0, high=256, dtype="uint8"),
+                ints(4, 2, 3, 3, low=-128, high=128, dtype="int8"), ints(4, low=-500, high=500),
+                const(120, "uint8"), const(0, "int8"),
+                const([0.0025, 0.005, 0.00375, 0.0075], "float32"), const(100, "uint8")),
+               {"group": 2, "pads": (1, 0, 1, 2), "strides": (2, 1), "dilations": (1, 1)}),
+        OpCase((ints(1, 3, 7, low=-128, high=128, dtype="int8"),
+                ints(5, 3, 2, low=-128, high=128, dtype="int8"), ints(5, low=-500, high=500),
+                const(3, "int8"), const(0, "int8"), const(0.004, "float32"),
+                const(-10, "int8")), {"pads": (1, 1), "dilations": (2,), "qmin": -10})],
 }

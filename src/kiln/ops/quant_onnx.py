@@ -309,19 +309,64 @@ def _requant_out(ctx: GraphContext, y: g.Expr, ys: g.Expr | None, yz: g.Expr | N
     return quantize(ctx, y, scale, _out_zp(ctx, yz))
 
 
-def _binary(op: str) -> Any:
-    def convert(ctx: GraphContext, inputs: Sequence[g.Expr | None],
-                attrs: dict[str, Any]) -> list[g.Expr]:
-        a, as_, az, b, bs, bz, cs = inputs[:7]
-        cz = inputs[7] if len(inputs) > 7 else None
-        assert a is not None and b is not None and as_ is not None and bs is not None
-        y = ctx.call(op, dequantize(ctx, a, as_, az), dequantize(ctx, b, bs, bz))
-        return [_requant_out(ctx, y, cs, cz)]
-    return convert
+def _saturate(ctx: GraphContext, v: g.Expr, like_zp: g.Expr) -> g.Expr:
+    """`saturate(round_half_even(v))` in the zero point's type (float32 `v`)."""
+    dtype = ctx.tensor_type(like_zp).dtype
+    return quantize(ctx, v, ctx.const(np.float32(1.0)),
+                    ctx.const(np.zeros((), dt.to_numpy(dtype))))
 
 
-onnx_op(MS + "QLinearAdd")(_binary("add"))
-onnx_op(MS + "QLinearMul")(_binary("multiply"))
+def _as(ctx: GraphContext, x: g.Expr, dtype: str) -> g.Expr:
+    return x if ctx.tensor_type(x).dtype == dtype else ctx.call("cast", x, dtype=dtype)
+
+
+def _numel(ctx: GraphContext, x: g.Expr) -> int:
+    return int(np.prod(ctx.tensor_type(x).static_shape, dtype=np.int64))
+
+
+def _binary_inputs(ctx: GraphContext, inputs: Sequence[g.Expr | None]) -> tuple[Any, ...]:
+    a, as_, az, b, bs, bz, cs = inputs[:7]
+    cz = inputs[7] if len(inputs) > 7 else None
+    assert a is not None and b is not None
+    for x in (a, b):
+        _check_qdtype(ctx.tensor_type(x).dtype, "a QLinear input", PRODUCT_DTYPES)
+    dtype = ctx.tensor_type(a).dtype
+    zero = ctx.const(np.zeros((), dt.to_numpy(dtype)))
+    az_, bz_ = (zero if z is None else _scalarize(ctx, z) for z in (az, bz))
+    cz_ = zero if cz is None else _out_zp(ctx, cz)
+    return (a, _f32(ctx, as_, "A_scale"), az_, b, _f32(ctx, bs, "B_scale"), bz_,
+            _f32(ctx, cs, "C_scale"), cz_)
+
+
+@onnx_op(MS + "QLinearAdd")
+def _qlinear_add(ctx: GraphContext, inputs: Sequence[g.Expr | None],
+                 attrs: dict[str, Any]) -> list[g.Expr]:
+    # onnxruntime (MLAS): C = saturate(round(fixed + A * (a_s / c_s) + B * (b_s / c_s))) with
+    # fixed = c_zp - (ratio_a * a_zp + ratio_b * b_zp), all float32, a scalar B added first.
+    a, sa, za, b, sb, zb, sc, zc = _binary_inputs(ctx, inputs)
+    ratio_a, ratio_b = ctx.call("divide", sa, sc), ctx.call("divide", sb, sc)
+    zero_terms = ctx.call("add", ctx.call("multiply", ratio_a, _as(ctx, za, "float32")),
+                          ctx.call("multiply", ratio_b, _as(ctx, zb, "float32")))
+    fixed = ctx.call("subtract", _as(ctx, zc, "float32"), zero_terms)
+    term_a = ctx.call("multiply", _as(ctx, a, "float32"), ratio_a)
+    term_b = ctx.call("multiply", _as(ctx, b, "float32"), ratio_b)
+    first, second = (term_b, term_a) if _numel(ctx, b) == 1 else (term_a, term_b)
+    v = ctx.call("add", ctx.call("add", fixed, first), second)
+    return [_saturate(ctx, v, zc)]
+
+
+@onnx_op(MS + "QLinearMul")
+def _qlinear_mul(ctx: GraphContext, inputs: Sequence[g.Expr | None],
+                 attrs: dict[str, Any]) -> list[g.Expr]:
+    # onnxruntime (MLAS): C = saturate(round(float((A - a_zp) * (B - b_zp)) * ratio + c_zp))
+    # with ratio = a_s * b_s / c_s in float32.
+    a, sa, za, b, sb, zb, sc, zc = _binary_inputs(ctx, inputs)
+    ratio = ctx.call("divide", ctx.call("multiply", sa, sb), sc)
+    da = ctx.call("subtract", _as(ctx, a, "int32"), _as(ctx, za, "int32"))
+    db = ctx.call("subtract", _as(ctx, b, "int32"), _as(ctx, zb, "int32"))
+    product = _as(ctx, ctx.call("multiply", da, db), "float32")
+    v = ctx.call("add", ctx.call("multiply", product, ratio), _as(ctx, zc, "float32"))
+    return [_saturate(ctx, v, zc)]
 
 
 def _unary(op: str, **fixed: Any) -> Any:
