@@ -100,17 +100,18 @@ def test_qdq_products_become_integer_ops(quantized: dict[str, Any]) -> None:
 @pytest.mark.parametrize("target", TARGETS)
 def test_integer_outputs_match_onnxruntime(quantized: dict[str, Any], target: str) -> None:
     got = _outputs(_compiled(quantized, target, "ints"), quantized["feeds"])
-    for g, w in zip(got, quantized["want_int"], strict=True):
-        check_integer(g, w, f"{quantized['name']} on {target}")
+    for got_k, w in zip(got, quantized["want_int"], strict=True):
+        check_integer(got_k, w, f"{quantized['name']} on {target}")
 
 
 def test_dequantized_outputs_match_onnxruntime(quantized: dict[str, Any]) -> None:
     # the c backend runs the same integer graph (test_integer_outputs_match_onnxruntime)
     target = "llvm"
     got = _outputs(_compiled(quantized, target, "model"), quantized["feeds"])
-    for g, w in zip(got, quantized["want_float"], strict=True):
-        assert g.dtype == w.dtype and g.shape == w.shape
-        assert rel_l2(g, w) < MAX_REL_L2, f"{quantized['name']} on {target}: {rel_l2(g, w)}"
+    for got_k, w in zip(got, quantized["want_float"], strict=True):
+        assert got_k.dtype == w.dtype and got_k.shape == w.shape
+        error = rel_l2(got_k, w)
+        assert error < MAX_REL_L2, f"{quantized['name']} on {target}: {error}"
 
 
 @pytest.mark.parametrize(("target", "threads"), [("llvm", 1), ("llvm", 2), ("c", 2)])
@@ -120,8 +121,8 @@ def test_exported_library_in_a_fresh_process(quantized: dict[str, Any], target: 
         pytest.skip("one configuration is enough for export and threads")
     ex = _compiled(quantized, target, "ints")
     got = outputs_in_fresh_process(ex, quantized["feeds"], tmp_path, threads)
-    for g, w in zip(got, quantized["want_int"], strict=True):
-        check_integer(g, w, f"{quantized['name']} exported for {target}, {threads} threads")
+    for got_k, w in zip(got, quantized["want_int"], strict=True):
+        check_integer(got_k, w, f"{quantized['name']} exported for {target}, {threads} threads")
 
 
 # --------------------------------------------------------------------------- dynamic

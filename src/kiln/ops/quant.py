@@ -294,7 +294,7 @@ def _zp_at(zp: te.Tensor, channel: PrimExpr) -> PrimExpr:
 
 def _matmul_int_shape(what: str, types: Sequence[TensorType], attrs: Attrs) -> tuple[Any, ...]:
     a, b, a_zp, b_zp = types[0], types[1], types[-2], types[-1]
-    logical = _b_shape(b.shape, attrs)
+    logical = _b_shape(b.shape, attrs)  # type: ignore[arg-type]
     n = logical[-1] if len(logical) >= 2 else 1
     _check_zp(what, "A", a, a_zp, None)
     _check_zp(what, "B", b, b_zp, n)
@@ -303,7 +303,8 @@ def _matmul_int_shape(what: str, types: Sequence[TensorType], attrs: Attrs) -> t
 
 def _matmul_acc(a: te.Tensor, b: te.Tensor, a_zp: te.Tensor, b_zp: te.Tensor,
                 attrs: Attrs) -> tuple[tuple[int, ...], Any]:
-    """(output shape, element(*i) -> the int32 sum of (a - a_zp) * (b - b_zp))."""
+    """(output shape, element(*i) -> (the int32 sum of (a - a_zp) * (b - b_zp), the
+    output column))."""
     trans_b = bool(attrs.get("transpose_b"))
     logical = _b_shape(b.shape, attrs)
     a_shape = (1, *a.shape) if a.ndim == 1 else a.shape
@@ -311,7 +312,7 @@ def _matmul_acc(a: te.Tensor, b: te.Tensor, a_zp: te.Tensor, b_zp: te.Tensor,
     out_shape = _matmul_shapes(a.shape, logical)
     batch_rank = len(broadcast_shapes(a_shape[:-2], b_shape[:-2]))
 
-    def element(*i: PrimExpr) -> PrimExpr:
+    def element(*i: PrimExpr) -> tuple[PrimExpr, PrimExpr]:
         full = list(i)
         if b.ndim == 1:
             full.append(as_expr(0))
@@ -346,7 +347,8 @@ def _matmul_integer_infer(types: Sequence[TensorType], attrs: Attrs) -> Type:
 
 
 def _matmul_integer_compute(inputs: Sequence[te.Tensor], attrs: Attrs) -> te.Tensor:
-    shape, element = _matmul_acc(*inputs, attrs)
+    a, b, a_zp, b_zp = inputs
+    shape, element = _matmul_acc(a, b, a_zp, b_zp, attrs)
     return te.compute(shape, lambda *i: element(*i)[0], "int32", "matmul_integer")
 
 
@@ -461,7 +463,7 @@ def _check_requant(what: str, n: Any, bias: TensorType, multiplier: TensorType,
 def _qmatmul_infer(types: Sequence[TensorType], attrs: Attrs) -> Type:
     a, b, bias, a_zp, b_zp, multiplier, y_zp = types
     shape = _matmul_int_shape("qlinear_matmul", [a, b, a_zp, b_zp], attrs)
-    logical = _b_shape(b.shape, attrs)
+    logical = _b_shape(b.shape, attrs)  # type: ignore[arg-type]
     _check_requant("qlinear_matmul", logical[-1] if b.ndim >= 2 else 1, bias, multiplier, y_zp,
                    attrs)
     return TensorType(shape, y_zp.dtype)

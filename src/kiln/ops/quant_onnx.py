@@ -221,7 +221,7 @@ def _multiplier(ctx: GraphContext, in_scale: g.Expr | None, w_scale: g.Expr | No
     scales are (the importer folds it), else computed at run time."""
     a = _f32(ctx, in_scale, "the input scale")
     if alpha != 1.0:
-        a = ctx.call("multiply", ctx.const(np.float32(alpha)), a)
+        a = ctx.call("multiply", ctx.const(np.asarray(alpha, np.float32)), a)
     w = _f32(ctx, w_scale, "the weight scale")
     y = _f32(ctx, out_scale, "the output scale")
     if ctx.tensor_type(y).ndim:
@@ -295,7 +295,7 @@ def _qgemm(ctx: GraphContext, inputs: Sequence[g.Expr | None],
         acc = ctx.call("matmul_integer", a, b, a_zp, b_zp, **extra)
         if c is not None:
             acc = ctx.call("add", acc, _bias(ctx, c, n))
-        scale = _multiplier(ctx, as_, bs, ctx.const(np.float32(1.0)), alpha)
+        scale = _multiplier(ctx, as_, bs, ctx.const(np.asarray(1.0, np.float32)), alpha)
         return [ctx.call("multiply", ctx.call("cast", acc, dtype="float32"), scale)]
     return [ctx.call("qlinear_matmul", a, b, _bias(ctx, c, n), a_zp, b_zp,
                      _multiplier(ctx, as_, bs, ys, alpha), _out_zp(ctx, yz), **extra)]
@@ -312,7 +312,7 @@ def _requant_out(ctx: GraphContext, y: g.Expr, ys: g.Expr | None, yz: g.Expr | N
 def _saturate(ctx: GraphContext, v: g.Expr, like_zp: g.Expr) -> g.Expr:
     """`saturate(round_half_even(v))` in the zero point's type (float32 `v`)."""
     dtype = ctx.tensor_type(like_zp).dtype
-    return quantize(ctx, v, ctx.const(np.float32(1.0)),
+    return quantize(ctx, v, ctx.const(np.asarray(1.0, np.float32)),
                     ctx.const(np.zeros((), dt.to_numpy(dtype))))
 
 
