@@ -375,21 +375,32 @@ def _conv_int_shape(what: str, types: Sequence[TensorType], attrs: Attrs) -> tup
 
 def _conv_acc(x: te.Tensor, w: te.Tensor, x_zp: te.Tensor, w_zp: te.Tensor,
               attrs: Attrs) -> Any:
-    """element(n, oc, *o) -> the int32 sum of (x - x_zp) * (w - w_zp), x padded with x_zp."""
-    rank, strides, dilations, begins, _ = _conv_geometry(x.shape, w.shape, attrs, "conv")
+    """element(n, oc, *o) -> the int32 sum of (x - x_zp) * (w - w_zp), x padded with x_zp.
+
+    The shifted input `x - x_zp` is materialized once as int16, zero-padded, so the
+    reduction reads it without bounds tests and multiplies 16-bit values into an
+    int32 sum (what `vpmaddwd` computes); the weights are shifted by their zero point
+    as they are read."""
+    rank, strides, dilations, begins, ends = _conv_geometry(x.shape, w.shape, attrs, "conv")
     ci, kernel = w.shape[1], w.shape[2:]
     group = int(attrs.get("group", 1))
     per_group = w.shape[0] // group
+    padded_shape = (*x.shape[:2], *(x.shape[2 + j] + begins[j] + ends[j] for j in range(rank)))
+
+    def shifted(n: PrimExpr, c: PrimExpr, *p: PrimExpr) -> PrimExpr:
+        pos = tuple(p[j] - begins[j] for j in range(rank))
+        xv = te.padded(x, (n, c, *pos), x_zp[()])   # padding is the zero point
+        return Cast("int16", Cast("int32", xv) - _zp_at(x_zp, as_expr(0)))
+
+    xs = te.compute(padded_shape, shifted, "int16", "x_shifted", materialize=True)
 
     def element(n: PrimExpr, oc: PrimExpr, *o: PrimExpr) -> PrimExpr:
         first = (oc // per_group) * ci if group > 1 else as_expr(0)
-        zx, zw = _zp_at(x_zp, as_expr(0)), _zp_at(w_zp, oc)
+        zw = _zp_at(w_zp, oc)
 
         def term(c: PrimExpr, *k: PrimExpr) -> PrimExpr:
-            pos = tuple(o[j] * strides[j] + k[j] * dilations[j] - begins[j]
-                        for j in range(rank))
-            xv = te.padded(x, (n, first + c, *pos), x_zp[()])   # padding is the zero point
-            return (Cast("int32", xv) - zx) * (Cast("int32", w[(oc, c, *k)]) - zw)
+            pos = tuple(o[j] * strides[j] + k[j] * dilations[j] for j in range(rank))
+            return Cast("int32", xs[(n, first + c, *pos)]) * (Cast("int32", w[(oc, c, *k)]) - zw)
 
         return te.reduce("sum", term, (ci, *kernel), "int32")
 
