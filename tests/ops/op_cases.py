@@ -339,4 +339,22 @@ CASES: dict[str, list[OpCase]] = {
                 ints(5, 3, 2, low=-128, high=128, dtype="int8"), ints(5, low=-500, high=500),
                 const(3, "int8"), const(0, "int8"), const(0.004, "float32"),
                 const(-10, "int8")), {"pads": (1, 1), "dilations": (2,), "qmin": -10})],
+    "qlinear_matmul_packed": [
+        OpCase((ints(2, 4, 6, low=0, high=256, dtype="uint8"),
+                ints(6, 5, low=-128, high=128, dtype="int8"), ints(5, low=-9000, high=9000),
+                const([0.001, 0.002, 0.0015, 0.003, 0.0005], "float32"), const(10, "uint8")),
+               {"qmin": 10}),
+        OpCase((ints(3, 6, low=-128, high=128, dtype="int8"),
+                ints(6, 5, low=-255, high=256, dtype="int16"), ints(5, low=-900, high=900),
+                const(0.0021, "float32"), const(-3, "int8")))],
+    "qlinear_conv_packed": [
+        OpCase((ints(1, 4, 6, 6, low=0, high=256, dtype="uint8"),
+                ints(4, 2, 3, 3, low=-128, high=128, dtype="int8"),
+                ints(4, low=-50000, high=50000), const(120, "uint8"),
+                const([0.0025, 0.005, 0.00375, 0.0075], "float32"), const(100, "uint8")),
+               {"group": 2, "pads": (1, 0, 1, 2), "strides": (2, 1), "dilations": (1, 1)}),
+        OpCase((ints(1, 3, 7, low=-128, high=128, dtype="int8"),
+                ints(5, 3, 2, low=-255, high=256, dtype="int16"), ints(5, low=-500, high=500),
+                const(3, "int8"), const(0.004, "float32"), const(-10, "int8")),
+               {"pads": (1, 1), "dilations": (2,), "qmin": -10})],
 }

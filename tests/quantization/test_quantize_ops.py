@@ -20,7 +20,14 @@ from kiln import evaluate
 from kiln.errors import FrontendError
 from kiln.frontend import from_onnx
 from kiln.ir import graph as g
+from kiln.ir.types import TensorType
+from kiln.ops import call as call_op
+from kiln.ops import evaluate_call, quant_kernels
 from kiln.transform.quantize_ops import QuantizeOps
+
+
+def g_tensor_type(a: np.ndarray) -> TensorType:
+    return TensorType(a.shape, str(a.dtype))
 
 R = np.random.default_rng(7)
 X_SCALE, W_SCALES, Y_SCALE = np.float32(0.02), np.array([0.004, 0.01, 0.007], np.float32), \
@@ -69,13 +76,44 @@ def test_qdq_conv_fuses_into_qlinear_conv(activation: str) -> None:
                                 providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
     mod = QuantizeOps()(from_onnx(model))
     ops = _ops(mod)
-    assert ops["qlinear_conv"] == 1 and "conv2d" not in ops and "relu" not in ops
+    assert ops["qlinear_conv_packed"] == 1 and "conv2d" not in ops and "relu" not in ops
     fused = next(b.value for b in mod["main"].bindings
-                 if isinstance(b.value, g.Call) and b.value.op == "qlinear_conv")
+                 if isinstance(b.value, g.Call) and b.value.op == "qlinear_conv_packed")
     # the activation is the output range: relu -> [y_zp, 255]; clip(0, 1.5) -> [90, 140]
     expected_range = {"none": (0, 255), "relu": (90, 255), "clip": (90, 140)}[activation]
     assert (fused.attrs["qmin"], fused.attrs["qmax"]) == expected_range
     got = evaluate(mod, "main", x)
+    np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("weight_zero_point", [0, 3])
+@pytest.mark.parametrize("op", ["qlinear_conv", "qlinear_matmul"])
+def test_packed_kernels_compute_the_unpacked_ops(op: str, weight_zero_point: int) -> None:
+    # weights shifted by their zero point (int16 when it is not 0), x_zp folded into the
+    # bias: the packed call computes what the original does, bit for bit
+    x_zp = g.Constant(np.array(117, np.uint8))
+    multiplier = g.Constant(np.array([0.003, 0.001, 0.002, 0.004], np.float32))
+    bias = g.Constant(R.integers(-900, 900, (4,)).astype(np.int32))
+    w_zp = g.Constant(np.full(4, weight_zero_point, np.int8))
+    y_zp = g.Constant(np.array(-5, np.int8))
+    if op == "qlinear_conv":
+        x = R.integers(0, 256, (1, 6, 5, 5)).astype(np.uint8)
+        w = g.Constant(np.concatenate([[-128], R.integers(-128, 128, 107)]).astype(np.int8)
+                       .reshape(4, 3, 3, 3))
+        attrs = {"group": 2, "pads": (1, 2, 0, 1), "strides": (1, 2), "dilations": (1, 1)}
+    else:
+        x = R.integers(0, 256, (2, 3, 7)).astype(np.uint8)
+        w = g.Constant(np.concatenate([[-128], R.integers(-128, 128, 27)]).astype(np.int8)
+                       .reshape(4, 7))
+        attrs = {"transpose_b": True}
+    xv = g.Var("x", g_tensor_type(x))
+    call = call_op(op, xv, w, bias, x_zp, w_zp, multiplier, y_zp, qmin=-100, **attrs)
+    packed = quant_kernels.pack(call)
+    assert packed is not None and packed.op == f"{op}_packed"
+    shifted = w.data.astype(np.int64) - weight_zero_point
+    assert packed.args[1].data.dtype == (np.int8 if shifted.min() >= -128 else np.int16)
+    want = evaluate_call(op, [x, *(a.data for a in call.args[1:])], call.attrs)
+    got = evaluate_call(packed.op, [x, *(a.data for a in packed.args[1:])], packed.attrs)
     np.testing.assert_array_equal(got, want)
 
 

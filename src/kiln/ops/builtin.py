@@ -14,6 +14,7 @@ from kiln.ops import (  # noqa: F401
     pool,
     pool_nchwc,
     quant,
+    quant_kernels,
     quant_onnx,
     recurrent,
     reduce,

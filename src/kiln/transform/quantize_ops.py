@@ -23,6 +23,11 @@ any) is int32 with zero point 0 and scale `x_scale * w_scale`, and the float
 intermediates have no other use. Everything else stays as the model wrote it:
 dequantize, float op, quantize (fold-constants then folds dequantized constant
 weights into float constants).
+
+Then every `qlinear_conv` / `qlinear_matmul` with constant weights (fused here or
+imported from QLinearConv/QLinearMatMul/QGemm) becomes its packed form
+(kiln.ops.quant_kernels): the weight shifted by its zero point, the input zero
+point's correction folded into the int32 bias.
 """
 
 from __future__ import annotations
@@ -42,6 +47,7 @@ from kiln.transform.pass_base import FunctionPass
 
 _CONVS = ("conv1d", "conv2d", "conv3d")
 _PRODUCT_DTYPES = ("int8", "uint8")
+_STARTS = ("quantize_linear", "qlinear_conv", "qlinear_matmul")
 
 
 @dataclass(frozen=True)
@@ -52,14 +58,18 @@ class QuantizeOps(FunctionPass):
     level = "graph"
 
     def run_on_function(self, func: Any, name: str, mod: IRModule) -> g.Function:
+        from kiln.ops import quant_kernels
+
         assert isinstance(func, g.Function)
-        if not any(isinstance(b.value, g.Call) and b.value.op == "quantize_linear"
+        if not any(isinstance(b.value, g.Call) and b.value.op in _STARTS
                    for b in func.bindings):
             return func
         match = _Matcher({b.var: b.value for b in func.bindings}, var_use_counts(func))
         fused = rewrite_calls(func, match.rewrite)
+        # weights, zero-point corrections and bias prepared for the kernels
+        packed = rewrite_calls(fused, quant_kernels.pack)
         # the float products and dequantized weights the fused ops replaced
-        return fused if fused is func else remove_dead_bindings(fused)
+        return packed if packed is func else remove_dead_bindings(packed)
 
 
 @dataclass(frozen=True)

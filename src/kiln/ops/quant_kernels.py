@@ -1,0 +1,203 @@
+"""Integer products with their weights prepared at compile time (docs/quantization.md).
+
+`qlinear_conv` and `qlinear_matmul` compute `sum((x - x_zp) * (w - w_zp))`. When the
+weight and both zero points are constants, the zero-point corrections move out of
+the inner loop:
+
+    sum((x - x_zp) * (w - w_zp)) = sum(x * wp) - x_zp * colsum(wp),   wp = w - w_zp
+
+so the packed ops below multiply the raw input by `wp` (int8 when every weight zero
+point is 0, else int16) and start from `bias - x_zp * colsum(wp)`, an int32 constant
+computed here. A padded convolution reads its input padded with `x_zp`, whose product
+the correction term already counts. The B of a matrix product is stored `[K][N]`
+(Gemm's `transpose_b` applied), so the kernel's innermost loop runs over contiguous
+output columns.
+
+- `qlinear_matmul_packed(a, bp, bias, multiplier, y_zp)`: `acc = a @ bp + bias`;
+- `qlinear_conv_packed(x, wp, bias, x_zp, multiplier, y_zp)`: `acc = conv(x padded with
+  x_zp, wp) + bias`;
+
+both requantized like the unpacked ops (`qmin`/`qmax`, round half to even).
+
+API (kept small so the kernels can move to their own package): `applies(call)`,
+`pack(call)` (the packed call, or None) and the two ops' `build` (their tensor-
+expression lowering).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from kiln.errors import IRError
+from kiln.ir import dtype as dt
+from kiln.ir import graph as g
+from kiln.ir.tensor import Cast, PrimExpr, as_expr
+from kiln.ir.types import TensorType, Type
+from kiln.ops import te
+from kiln.ops.nn import _conv_geometry, _conv_ref
+from kiln.ops.quant import (
+    PRODUCT_DTYPES,
+    _channel,
+    _check_requant,
+    _conv_int_shape,
+    out_range,
+    requantize_ref,
+    requantize_value,
+)
+from kiln.ops.registry import call as op_call
+from kiln.ops.registry import register_op
+
+Attrs = Mapping[str, Any]
+MATMUL = "qlinear_matmul_packed"
+CONV = "qlinear_conv_packed"
+_WEIGHT_DTYPES = ("int8", "int16")
+
+
+def applies(call: g.Call) -> bool:
+    """Whether `call` is a `qlinear_conv`/`qlinear_matmul` with constant weights, zero
+    points and bias (a 2-D B for the matrix product)."""
+    if call.op not in ("qlinear_conv", "qlinear_matmul"):
+        return False
+    w, bias, x_zp, w_zp = call.args[1], call.args[2], call.args[3], call.args[4]
+    if not all(isinstance(e, g.Constant) for e in (w, bias, x_zp, w_zp)):
+        return False
+    assert isinstance(w, g.Constant)
+    return call.op == "qlinear_conv" or w.data.ndim == 2
+
+
+def pack(call: g.Call) -> g.Call | None:
+    """The packed form of `call`, or None when `applies(call)` is false."""
+    if not applies(call):
+        return None
+    x, w, bias, x_zp, w_zp, multiplier, y_zp = call.args
+    assert isinstance(w, g.Constant) and isinstance(bias, g.Constant)
+    assert isinstance(x_zp, g.Constant) and isinstance(w_zp, g.Constant)
+    attrs = dict(call.attrs)
+    zw = np.asarray(w_zp.data, np.int64)
+    if call.op == "qlinear_matmul":
+        data = np.asarray(w.data, np.int64)
+        if attrs.pop("transpose_b", False):
+            data = data.T
+        wp = data - zw.reshape(1, -1) if zw.ndim else data - zw
+        sums = wp.sum(axis=0)
+    else:
+        data = np.asarray(w.data, np.int64)
+        wp = data - zw.reshape(-1, *([1] * (data.ndim - 1))) if zw.ndim else data - zw
+        sums = wp.reshape(wp.shape[0], -1).sum(axis=1)
+    weight_dtype = np.int8 if wp.min() >= -128 and wp.max() <= 127 else np.int16
+    bias_eff = np.asarray(bias.data, np.int64) - int(x_zp.data) * sums
+    if np.abs(bias_eff).max(initial=0) >= 2 ** 31:
+        return None  # the corrected bias would not fit the int32 accumulator
+    packed = g.Constant(np.ascontiguousarray(wp.astype(weight_dtype)), w.name)
+    corrected = g.Constant(bias_eff.astype(np.int32))
+    if call.op == "qlinear_matmul":
+        return op_call(MATMUL, x, packed, corrected, multiplier, y_zp, **attrs)
+    return op_call(CONV, x, packed, corrected, x_zp, multiplier, y_zp, **attrs)
+
+
+# --------------------------------------------------------------------------- matmul
+
+def _matmul_infer(types: Sequence[TensorType], attrs: Attrs) -> Type:
+    a, bp, bias, multiplier, y_zp = types
+    if a.dtype not in PRODUCT_DTYPES or bp.dtype not in _WEIGHT_DTYPES or bp.ndim != 2:
+        raise IRError(f"{MATMUL}: A must be int8/uint8 and the packed B a 2-D int8/int16 "
+                      f"matrix, got {a.dtype} and {bp.dtype}{tuple(bp.shape)}")
+    if a.ndim < 1 or a.shape[-1] != bp.shape[0]:
+        raise IRError(f"{MATMUL}: inner dimensions differ: {tuple(a.shape)} @ "
+                      f"{tuple(bp.shape)}")
+    n = bp.shape[1]
+    _check_requant(MATMUL, n, bias, multiplier, y_zp, attrs)
+    return TensorType((*a.shape[:-1], n), y_zp.dtype)
+
+
+def build_matmul(inputs: Sequence[te.Tensor], attrs: Attrs) -> te.Tensor:
+    """The tensor-expression kernel of `qlinear_matmul_packed`."""
+    a, bp, bias, multiplier, y_zp = inputs
+    k_extent, n = bp.shape
+    lo, hi = out_range(attrs, y_zp.dtype)
+
+    def value(*i: PrimExpr) -> PrimExpr:
+        rows, col = i[:-1], i[-1]
+        acc = te.reduce("sum", lambda k: Cast("int32", a[(*rows, k)]) * Cast("int32", bp[k, col]),
+                        (k_extent,), "int32")
+        return requantize_value(acc + bias[col], _channel(multiplier, col), y_zp[()], lo, hi,
+                                y_zp.dtype)
+
+    return te.compute((*a.shape[:-1], n), value, y_zp.dtype, MATMUL)
+
+
+def _matmul_ref(a: np.ndarray, bp: np.ndarray, bias: np.ndarray, multiplier: np.ndarray,
+                y_zp: np.ndarray, **attrs: Any) -> np.ndarray:
+    acc = (np.matmul(a.astype(np.int64), bp.astype(np.int64)) + bias).astype(np.int32)
+    lo, hi = out_range(attrs, dt.from_numpy(y_zp.dtype))
+    return requantize_ref(acc, multiplier, y_zp, lo, hi, acc.ndim - 1)
+
+
+register_op(MATMUL, pattern="anchor", infer=_matmul_infer, compute=build_matmul,
+            reference=_matmul_ref)
+
+
+# --------------------------------------------------------------------------- convolution
+
+def _conv_infer(types: Sequence[TensorType], attrs: Attrs) -> Type:
+    x, wp, bias, x_zp, multiplier, y_zp = types
+    if wp.dtype not in _WEIGHT_DTYPES:
+        raise IRError(f"{CONV}: the packed weight must be int8 or int16, got {wp.dtype}")
+    # the geometry and input checks of the unpacked op (a zero weight zero point)
+    shape = _conv_int_shape(CONV, [x, TensorType(wp.shape, "int8"), x_zp,
+                                   TensorType((), "int8")], attrs)
+    _check_requant(CONV, wp.shape[0], bias, multiplier, y_zp, attrs)
+    return TensorType(shape, y_zp.dtype)
+
+
+def build_conv(inputs: Sequence[te.Tensor], attrs: Attrs) -> te.Tensor:
+    """The tensor-expression kernel of `qlinear_conv_packed`: the input padded with its
+    zero point is materialized once (when there are pads), so the reduction reads it
+    without bounds tests."""
+    x, wp, bias, x_zp, multiplier, y_zp = inputs
+    rank, strides, dilations, begins, ends = _conv_geometry(x.shape, wp.shape, attrs, CONV)
+    ci, kernel = wp.shape[1], wp.shape[2:]
+    group = int(attrs.get("group", 1))
+    per_group = wp.shape[0] // group
+    lo, hi = out_range(attrs, y_zp.dtype)
+    src = x
+    if any(begins) or any(ends):
+        padded_shape = (*x.shape[:2], *(x.shape[2 + j] + begins[j] + ends[j]
+                                         for j in range(rank)))
+        src = te.compute(padded_shape, lambda n, c, *p: te.padded(
+            x, (n, c, *(p[j] - begins[j] for j in range(rank))), x_zp[()]),
+            x.dtype, "x_padded", materialize=True)
+    out_shape = _conv_int_shape(CONV, [TensorType(x.shape, x.dtype),
+                                       TensorType(wp.shape, "int8"),
+                                       TensorType((), x.dtype), TensorType((), "int8")], attrs)
+
+    def value(n: PrimExpr, oc: PrimExpr, *o: PrimExpr) -> PrimExpr:
+        first = (oc // per_group) * ci if group > 1 else as_expr(0)
+
+        def term(c: PrimExpr, *k: PrimExpr) -> PrimExpr:
+            pos = tuple(o[j] * strides[j] + k[j] * dilations[j] for j in range(rank))
+            return Cast("int32", src[(n, first + c, *pos)]) * Cast("int32", wp[(oc, c, *k)])
+
+        acc = te.reduce("sum", term, (ci, *kernel), "int32") + bias[oc]
+        return requantize_value(acc, _channel(multiplier, oc), y_zp[()], lo, hi, y_zp.dtype)
+
+    return te.compute(out_shape, value, y_zp.dtype, CONV)
+
+
+def _conv_packed_ref(x: np.ndarray, wp: np.ndarray, bias: np.ndarray, x_zp: np.ndarray,
+                     multiplier: np.ndarray, y_zp: np.ndarray, **attrs: Any) -> np.ndarray:
+    rank, _, _, begins, ends = _conv_geometry(x.shape, wp.shape, attrs, CONV)
+    xp = np.pad(x.astype(np.int64), ((0, 0), (0, 0), *zip(begins, ends)),
+                constant_values=int(x_zp))
+    unpadded = {**attrs, "pads": (0,) * (2 * rank)}
+    acc = _conv_ref(xp, wp.astype(np.int64), **unpadded)
+    acc = (acc + bias.astype(np.int64).reshape(-1, *([1] * rank))).astype(np.int32)
+    lo, hi = out_range(attrs, dt.from_numpy(y_zp.dtype))
+    return requantize_ref(acc, multiplier, y_zp, lo, hi, 1)
+
+
+register_op(CONV, pattern="anchor", infer=_conv_infer, compute=build_conv,
+            reference=_conv_packed_ref)
