@@ -357,4 +357,8 @@ CASES: dict[str, list[OpCase]] = {
                 ints(5, 3, 2, low=-255, high=256, dtype="int16"), ints(5, low=-500, high=500),
                 const(3, "int8"), const(0.004, "float32"), const(-10, "int8")),
                {"pads": (1, 1), "dilations": (2,), "qmin": -10})],
+    "matmul_integer_packed": [
+        OpCase((ints(2, 3, 5, low=0, high=256, dtype="uint8"),
+                ints(5, 4, low=-255, high=256, dtype="int16"), ints(4, low=-900, high=900),
+                const(131, "uint8")))],
 }

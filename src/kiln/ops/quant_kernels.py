@@ -16,6 +16,9 @@ output columns.
 - `qlinear_matmul_packed(a, bp, bias, multiplier, y_zp)`: `acc = a @ bp + bias`;
 - `qlinear_conv_packed(x, wp, bias, x_zp, multiplier, y_zp)`: `acc = conv(x padded with
   x_zp, wp) + bias`;
+- `matmul_integer_packed(a, bp, colsum, a_zp)`: `a @ bp - a_zp * colsum` (int32, not
+  requantized: MatMulInteger of dynamic quantization, whose `a_zp` is computed at run
+  time);
 
 both requantized like the unpacked ops (`qmin`/`qmax`, round half to even).
 
@@ -53,12 +56,17 @@ from kiln.ops.registry import register_op
 Attrs = Mapping[str, Any]
 MATMUL = "qlinear_matmul_packed"
 CONV = "qlinear_conv_packed"
+INTEGER = "matmul_integer_packed"
 _WEIGHT_DTYPES = ("int8", "int16")
 
 
 def applies(call: g.Call) -> bool:
     """Whether `call` is a `qlinear_conv`/`qlinear_matmul` with constant weights, zero
-    points and bias (a 2-D B for the matrix product)."""
+    points and bias (a 2-D B for the matrix product), or a `matmul_integer` with a
+    constant 2-D B and B zero point."""
+    if call.op == "matmul_integer":
+        b, b_zp = call.args[1], call.args[3]
+        return isinstance(b, g.Constant) and b.data.ndim == 2 and isinstance(b_zp, g.Constant)
     if call.op not in ("qlinear_conv", "qlinear_matmul"):
         return False
     w, bias, x_zp, w_zp = call.args[1], call.args[2], call.args[3], call.args[4]
@@ -72,17 +80,16 @@ def pack(call: g.Call) -> g.Call | None:
     """The packed form of `call`, or None when `applies(call)` is false."""
     if not applies(call):
         return None
+    if call.op == "matmul_integer":
+        return _pack_matmul_integer(call)
     x, w, bias, x_zp, w_zp, multiplier, y_zp = call.args
     assert isinstance(w, g.Constant) and isinstance(bias, g.Constant)
     assert isinstance(x_zp, g.Constant) and isinstance(w_zp, g.Constant)
     attrs = dict(call.attrs)
     zw = np.asarray(w_zp.data, np.int64)
     if call.op == "qlinear_matmul":
-        data = np.asarray(w.data, np.int64)
-        if attrs.pop("transpose_b", False):
-            data = data.T
-        wp = data - zw.reshape(1, -1) if zw.ndim else data - zw
-        sums = wp.sum(axis=0)
+        wp = _shifted_b(w.data, w_zp.data, bool(attrs.pop("transpose_b", False)))
+        sums = wp.astype(np.int64).sum(axis=0)
     else:
         data = np.asarray(w.data, np.int64)
         wp = data - zw.reshape(-1, *([1] * (data.ndim - 1))) if zw.ndim else data - zw
@@ -96,6 +103,27 @@ def pack(call: g.Call) -> g.Call | None:
     if call.op == "qlinear_matmul":
         return op_call(MATMUL, x, packed, corrected, multiplier, y_zp, **attrs)
     return op_call(CONV, x, packed, corrected, x_zp, multiplier, y_zp, **attrs)
+
+
+def _shifted_b(b: np.ndarray, b_zp: np.ndarray, transpose: bool) -> np.ndarray:
+    """B as `[K][N]` minus its zero point (scalar or per column), int8 or int16."""
+    data = np.asarray(b, np.int64)
+    if transpose:
+        data = data.T
+    zb = np.asarray(b_zp, np.int64)
+    wp = data - zb.reshape(1, -1) if zb.ndim else data - zb
+    return wp.astype(np.int8 if wp.min() >= -128 and wp.max() <= 127 else np.int16)
+
+
+def _pack_matmul_integer(call: g.Call) -> g.Call:
+    # (a - a_zp) @ (b - b_zp) = a @ bp - a_zp * colsum(bp): a_zp is known at run time
+    # only (DynamicQuantizeLinear computes it), so the kernel multiplies it in.
+    a, b, a_zp, b_zp = call.args
+    assert isinstance(b, g.Constant) and isinstance(b_zp, g.Constant)
+    wp = _shifted_b(b.data, b_zp.data, bool(call.attrs.get("transpose_b")))
+    colsum = wp.astype(np.int64).sum(axis=0).astype(np.int32)
+    return op_call(INTEGER, a, g.Constant(np.ascontiguousarray(wp), b.name),
+                   g.Constant(colsum), a_zp)
 
 
 # --------------------------------------------------------------------------- matmul
@@ -138,6 +166,45 @@ def _matmul_ref(a: np.ndarray, bp: np.ndarray, bias: np.ndarray, multiplier: np.
 
 register_op(MATMUL, pattern="anchor", infer=_matmul_infer, compute=build_matmul,
             reference=_matmul_ref)
+
+
+def _integer_infer(types: Sequence[TensorType], attrs: Attrs) -> Type:
+    a, bp, colsum, a_zp = types
+    if a.dtype not in PRODUCT_DTYPES or bp.dtype not in _WEIGHT_DTYPES or bp.ndim != 2:
+        raise IRError(f"{INTEGER}: A must be int8/uint8 and the packed B a 2-D int8/int16 "
+                      f"matrix, got {a.dtype} and {bp.dtype}{tuple(bp.shape)}")
+    if a.ndim < 1 or a.shape[-1] != bp.shape[0]:
+        raise IRError(f"{INTEGER}: inner dimensions differ: {tuple(a.shape)} @ "
+                      f"{tuple(bp.shape)}")
+    if colsum.dtype != "int32" or tuple(colsum.shape) != (bp.shape[1],) or a_zp.ndim \
+            or a_zp.dtype != a.dtype:
+        raise IRError(f"{INTEGER}: expects int32 column sums ({bp.shape[1]},) and a scalar "
+                      f"zero point of A's type {a.dtype}")
+    return TensorType((*a.shape[:-1], bp.shape[1]), "int32")
+
+
+def build_integer(inputs: Sequence[te.Tensor], attrs: Attrs) -> te.Tensor:
+    """The tensor-expression kernel of `matmul_integer_packed`."""
+    a, bp, colsum, a_zp = inputs
+    k_extent, n = bp.shape
+
+    def value(*i: PrimExpr) -> PrimExpr:
+        rows, col = i[:-1], i[-1]
+        acc = te.reduce("sum", lambda k: Cast("int32", a[(*rows, k)]) * Cast("int32", bp[k, col]),
+                        (k_extent,), "int32")
+        return acc - Cast("int32", a_zp[()]) * colsum[col]
+
+    return te.compute((*a.shape[:-1], n), value, "int32", INTEGER)
+
+
+def _integer_ref(a: np.ndarray, bp: np.ndarray, colsum: np.ndarray, a_zp: np.ndarray,
+                 **attrs: Any) -> np.ndarray:
+    acc = np.matmul(a.astype(np.int64), bp.astype(np.int64)) - int(a_zp) * colsum
+    return acc.astype(np.int32)
+
+
+register_op(INTEGER, pattern="anchor", infer=_integer_infer, compute=build_integer,
+            reference=_integer_ref)
 
 
 # --------------------------------------------------------------------------- convolution

@@ -25,7 +25,8 @@ dequantize, float op, quantize (fold-constants then folds dequantized constant
 weights into float constants).
 
 Then every `qlinear_conv` / `qlinear_matmul` with constant weights (fused here or
-imported from QLinearConv/QLinearMatMul/QGemm) becomes its packed form
+imported from QLinearConv/QLinearMatMul/QGemm), and every `matmul_integer` with a
+constant B (dynamic quantization), becomes its packed form
 (kiln.ops.quant_kernels): the weight shifted by its zero point, the input zero
 point's correction folded into the int32 bias.
 """
@@ -47,7 +48,7 @@ from kiln.transform.pass_base import FunctionPass
 
 _CONVS = ("conv1d", "conv2d", "conv3d")
 _PRODUCT_DTYPES = ("int8", "uint8")
-_STARTS = ("quantize_linear", "qlinear_conv", "qlinear_matmul")
+_STARTS = ("quantize_linear", "qlinear_conv", "qlinear_matmul", "matmul_integer")
 
 
 @dataclass(frozen=True)
