@@ -43,6 +43,7 @@ import argparse
 import os
 import tempfile
 import time
+from typing import Any
 
 import numpy as np
 import onnx
@@ -55,6 +56,16 @@ from kiln.frontend import from_onnx
 MODEL_SETS = {"small": list(SMALL), "full": list(FULL), "all": list(MODELS)}
 
 
+def ort_session(model: onnx.ModelProto) -> Any:
+    """An onnxruntime CPU session of `model` with 2 intra-op threads."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 2
+    return ort.InferenceSession(model.SerializeToString(), options,
+                                providers=["CPUExecutionProvider"])
+
+
 class Skipped(Exception):
     """kiln could not compile or run a model; the message says why."""
 
@@ -62,8 +73,6 @@ class Skipped(Exception):
 def run(name: str, target: kiln.target.Target, repeat: int, seconds: float,
         tensor_pipeline: str, graph_pipeline: str = "default") -> dict[str, float]:
     """Compile and time one model; raises Skipped when kiln fails on it."""
-    import onnxruntime as ort
-
     model, shapes = MODELS[name]()
     rng = np.random.default_rng(42)
     feed = {x: rng.standard_normal(shape).astype(np.float32) for x, shape in shapes.items()}
@@ -78,10 +87,7 @@ def run(name: str, target: kiln.target.Target, repeat: int, seconds: float,
         raise Skipped(f"compile: {short_error(exc)}") from exc
     compile_s = time.perf_counter() - start
 
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = 2
-    session = ort.InferenceSession(model.SerializeToString(), options,
-                                   providers=["CPUExecutionProvider"])
+    session = ort_session(model)
     expected = session.run(None, feed)[0]
     try:
         actual = np.asarray(fn(*args))
@@ -134,8 +140,6 @@ def quantize(model: onnx.ModelProto, shapes: dict[str, list[int]]) -> onnx.Model
 def run_int8(name: str, target: kiln.target.Target, repeat: int, seconds: float
              ) -> dict[str, float]:
     """kiln int8 vs onnxruntime int8 vs kiln float32 on one model (Skipped on failure)."""
-    import onnxruntime as ort
-
     model, shapes = MODELS[name]()
     qmodel = quantize(model, shapes)
     rng = np.random.default_rng(42)
@@ -149,10 +153,7 @@ def run_int8(name: str, target: kiln.target.Target, repeat: int, seconds: float
         actual = np.asarray(q_fn(*args))
     except Exception as exc:  # a benchmark reports what fails and goes on
         raise Skipped(short_error(exc)) from exc
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = 2
-    session = ort.InferenceSession(qmodel.SerializeToString(), options,
-                                   providers=["CPUExecutionProvider"])
+    session = ort_session(qmodel)
     expected = session.run(None, feed)[0]
     fns = {"int8": lambda: q_fn(*args), "ort": lambda: session.run(None, feed),
            "fp32": lambda: f_fn(*args)}
@@ -189,8 +190,6 @@ DYNAMIC_CASES = [
 def run_dynamic(name: str, dims: dict[int, str], sizes: dict[str, int],
                 target: kiln.target.Target, repeat: int, seconds: float) -> dict[str, float]:
     """Time code compiled for symbolic dims against code compiled for `sizes`, and ort."""
-    import onnxruntime as ort
-
     model, shapes = MODELS[name]()
     model = symbolic_dims(model, dims)
     rng = np.random.default_rng(42)
@@ -205,10 +204,7 @@ def run_dynamic(name: str, dims: dict[int, str], sizes: dict[str, int],
         actual = np.asarray(dynamic(*args))
     except Exception as exc:  # a benchmark reports what fails and goes on
         raise Skipped(short_error(exc)) from exc
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = 2
-    session = ort.InferenceSession(model.SerializeToString(), options,
-                                   providers=["CPUExecutionProvider"])
+    session = ort_session(model)
     expected = session.run(None, feed)[0]
     fns = {"static": lambda: static(*args), "dynamic": lambda: dynamic(*args),
            "ort": lambda: session.run(None, feed)}

@@ -42,14 +42,13 @@ def _build(model: onnx.ModelProto, tmp: Path) -> tuple[dict[str, dict[str, int]]
         objs.append(str(obj))
     report = subprocess.run(["arm-none-eabi-size", "-A", *objs], capture_output=True,
                             text=True, check=True).stdout
+    # `size -A`: one block per object, "<file>  :" then "<section> <size> <addr>" rows
     sizes: dict[str, dict[str, int]] = {}
-    current = ""
-    for line in report.splitlines():
-        if line.rstrip().endswith(":"):
-            current = line.rstrip().rstrip(":").strip()
-        parts = line.split()
-        if len(parts) >= 2 and parts[0].startswith(".") and parts[1].isdigit():
-            sizes.setdefault(current, {})[parts[0]] = int(parts[1])
+    for block in report.strip().split("\n\n"):
+        head, *rows = block.strip().splitlines()
+        fields = (row.split() for row in rows)
+        sizes[head.split(":")[0].strip()] = {f[0]: int(f[1]) for f in fields
+                                              if len(f) >= 2 and f[1].isdigit()}
     return sizes, meta
 
 

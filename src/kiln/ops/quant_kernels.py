@@ -141,16 +141,22 @@ def _matmul_infer(types: Sequence[TensorType], attrs: Attrs) -> Type:
     return TensorType((*a.shape[:-1], n), y_zp.dtype)
 
 
+def _row_times_b(a: te.Tensor, bp: te.Tensor, rows: Sequence[PrimExpr],
+                 col: PrimExpr) -> PrimExpr:
+    """The int32 sum over k of a[rows, k] * bp[k, col]."""
+    return te.reduce("sum", lambda k: Cast("int32", a[(*rows, k)]) * Cast("int32", bp[k, col]),
+                     (bp.shape[0],), "int32")
+
+
 def build_matmul(inputs: Sequence[te.Tensor], attrs: Attrs) -> te.Tensor:
     """The tensor-expression kernel of `qlinear_matmul_packed`."""
     a, bp, bias, multiplier, y_zp = inputs
-    k_extent, n = bp.shape
+    n = bp.shape[1]
     lo, hi = out_range(attrs, y_zp.dtype)
 
     def value(*i: PrimExpr) -> PrimExpr:
-        rows, col = i[:-1], i[-1]
-        acc = te.reduce("sum", lambda k: Cast("int32", a[(*rows, k)]) * Cast("int32", bp[k, col]),
-                        (k_extent,), "int32")
+        acc = _row_times_b(a, bp, i[:-1], i[-1])
+        col = i[-1]
         return requantize_value(acc + bias[col], _channel(multiplier, col), y_zp[()], lo, hi,
                                 y_zp.dtype)
 
@@ -186,13 +192,10 @@ def _integer_infer(types: Sequence[TensorType], attrs: Attrs) -> Type:
 def build_integer(inputs: Sequence[te.Tensor], attrs: Attrs) -> te.Tensor:
     """The tensor-expression kernel of `matmul_integer_packed`."""
     a, bp, colsum, a_zp = inputs
-    k_extent, n = bp.shape
+    n = bp.shape[1]
 
     def value(*i: PrimExpr) -> PrimExpr:
-        rows, col = i[:-1], i[-1]
-        acc = te.reduce("sum", lambda k: Cast("int32", a[(*rows, k)]) * Cast("int32", bp[k, col]),
-                        (k_extent,), "int32")
-        return acc - Cast("int32", a_zp[()]) * colsum[col]
+        return _row_times_b(a, bp, i[:-1], i[-1]) - Cast("int32", a_zp[()]) * colsum[i[-1]]
 
     return te.compute((*a.shape[:-1], n), value, "int32", INTEGER)
 
