@@ -128,14 +128,17 @@ def _pack_matmul_integer(call: g.Call) -> g.Call:
 
 # --------------------------------------------------------------------------- matmul
 
-def _matmul_infer(types: Sequence[TensorType], attrs: Attrs) -> Type:
-    a, bp, bias, multiplier, y_zp = types
+def _check_packed_product(op: str, a: TensorType, bp: TensorType) -> None:
     if a.dtype not in PRODUCT_DTYPES or bp.dtype not in _WEIGHT_DTYPES or bp.ndim != 2:
-        raise IRError(f"{MATMUL}: A must be int8/uint8 and the packed B a 2-D int8/int16 "
+        raise IRError(f"{op}: A must be int8/uint8 and the packed B a 2-D int8/int16 "
                       f"matrix, got {a.dtype} and {bp.dtype}{tuple(bp.shape)}")
     if a.ndim < 1 or a.shape[-1] != bp.shape[0]:
-        raise IRError(f"{MATMUL}: inner dimensions differ: {tuple(a.shape)} @ "
-                      f"{tuple(bp.shape)}")
+        raise IRError(f"{op}: inner dimensions differ: {tuple(a.shape)} @ {tuple(bp.shape)}")
+
+
+def _matmul_infer(types: Sequence[TensorType], attrs: Attrs) -> Type:
+    a, bp, bias, multiplier, y_zp = types
+    _check_packed_product(MATMUL, a, bp)
     n = bp.shape[1]
     _check_requant(MATMUL, n, bias, multiplier, y_zp, attrs)
     return TensorType((*a.shape[:-1], n), y_zp.dtype)
@@ -176,12 +179,7 @@ register_op(MATMUL, pattern="anchor", infer=_matmul_infer, compute=build_matmul,
 
 def _integer_infer(types: Sequence[TensorType], attrs: Attrs) -> Type:
     a, bp, colsum, a_zp = types
-    if a.dtype not in PRODUCT_DTYPES or bp.dtype not in _WEIGHT_DTYPES or bp.ndim != 2:
-        raise IRError(f"{INTEGER}: A must be int8/uint8 and the packed B a 2-D int8/int16 "
-                      f"matrix, got {a.dtype} and {bp.dtype}{tuple(bp.shape)}")
-    if a.ndim < 1 or a.shape[-1] != bp.shape[0]:
-        raise IRError(f"{INTEGER}: inner dimensions differ: {tuple(a.shape)} @ "
-                      f"{tuple(bp.shape)}")
+    _check_packed_product(INTEGER, a, bp)
     if colsum.dtype != "int32" or tuple(colsum.shape) != (bp.shape[1],) or a_zp.ndim \
             or a_zp.dtype != a.dtype:
         raise IRError(f"{INTEGER}: expects int32 column sums ({bp.shape[1]},) and a scalar "
