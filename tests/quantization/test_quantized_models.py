@@ -114,11 +114,11 @@ def test_dequantized_outputs_match_onnxruntime(quantized: dict[str, Any]) -> Non
         assert error < MAX_REL_L2, f"{quantized['name']} on {target}: {error}"
 
 
+@pytest.mark.parametrize("quantized", ["resnet18-qdq-u8"], indirect=True)
 @pytest.mark.parametrize(("target", "threads"), [("llvm", 1), ("llvm", 2), ("c", 2)])
 def test_exported_library_in_a_fresh_process(quantized: dict[str, Any], target: str,
                                              threads: int, tmp_path: Path) -> None:
-    if quantized["name"] != "resnet18-qdq-u8":
-        pytest.skip("one configuration is enough for export and threads")
+    # one configuration is enough for export and thread counts
     ex = _compiled(quantized, target, "ints")
     got = outputs_in_fresh_process(ex, quantized["feeds"], tmp_path, threads)
     for got_k, w in zip(got, quantized["want_int"], strict=True):
