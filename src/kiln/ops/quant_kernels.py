@@ -30,6 +30,7 @@ expression lowering).
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -37,7 +38,24 @@ import numpy as np
 from kiln.errors import IRError
 from kiln.ir import dtype as dt
 from kiln.ir import graph as g
-from kiln.ir.tensor import Cast, PrimExpr, as_expr
+from kiln.ir.dtype import INDEX_DTYPE
+from kiln.ir.shape_expr import is_static
+from kiln.ir.tensor import (
+    Allocate,
+    Buffer,
+    Cast,
+    For,
+    IfThenElse,
+    PrimExpr,
+    PrimFunc,
+    Stmt,
+    Store,
+    Var,
+    as_expr,
+    compare,
+    min_,
+    seq,
+)
 from kiln.ir.types import TensorType, Type
 from kiln.ops import te
 from kiln.ops.nn import _conv_geometry, _conv_ref
@@ -50,8 +68,8 @@ from kiln.ops.quant import (
     requantize_ref,
     requantize_value,
 )
+from kiln.ops.registry import OPS, HandBuiltOp, register_op
 from kiln.ops.registry import call as op_call
-from kiln.ops.registry import register_op
 
 Attrs = Mapping[str, Any]
 MATMUL = "qlinear_matmul_packed"
@@ -173,8 +191,6 @@ def _matmul_ref(a: np.ndarray, bp: np.ndarray, bias: np.ndarray, multiplier: np.
     return requantize_ref(acc, multiplier, y_zp, lo, hi, acc.ndim - 1)
 
 
-register_op(MATMUL, pattern="anchor", infer=_matmul_infer, compute=build_matmul,
-            reference=_matmul_ref)
 
 
 def _integer_infer(types: Sequence[TensorType], attrs: Attrs) -> Type:
@@ -269,3 +285,83 @@ def _conv_packed_ref(x: np.ndarray, wp: np.ndarray, bias: np.ndarray, x_zp: np.n
 
 register_op(CONV, pattern="anchor", infer=_conv_infer, compute=build_conv,
             reference=_conv_packed_ref)
+
+
+# --------------------------------------------------------------------------- register tiles
+
+#: Rows x columns of int32 accumulators of the matrix-product tile: 4 x 64 = 16 AVX-512
+#: registers; every B row loaded from cache feeds MR rows of A.
+TILE_ROWS, TILE_COLS = 4, 64
+#: Below this many multiply-adds the product runs on one thread.
+PARALLEL_WORK = 1 << 18
+
+
+def _loop(name: str, extent: int, body: Any, kind: str = "serial") -> Stmt:
+    v = Var(name, INDEX_DTYPE)
+    return For(v, as_expr(0), as_expr(extent), kind, body(v))
+
+
+def build_matmul_tiles(a: Buffer, bp: Buffer, bias: Buffer, multiplier: Buffer,
+                       y_zp: Buffer, out: Buffer, attrs: Attrs) -> Stmt:
+    """The register-tiled loop nest of `qlinear_matmul_packed` for a 2-D A: tiles of
+    TILE_ROWS x TILE_COLS int32 accumulators (surplus rows and columns read the last
+    row/column and are not stored), row tiles in parallel."""
+    m, k_extent = (int(d) for d in a.shape)
+    n = int(bp.shape[1])
+    mr, nr = min(TILE_ROWS, m), min(TILE_COLS, n)
+    row_tiles, col_tiles = -(-m // mr), -(-n // nr)
+    lo, hi = out_range(attrs, y_zp.dtype)
+
+    def row_tile(rt: Var) -> Stmt:
+        def col_tile(ct: Var) -> Stmt:
+            acc = Buffer("acc", (mr, nr), "int32", "local")
+
+            def col(v: PrimExpr) -> PrimExpr:
+                return min_(ct * nr + v, n - 1)
+
+            def row(r: PrimExpr) -> PrimExpr:
+                return min_(rt * mr + r, m - 1)
+
+            zero = _loop("r", mr, lambda r: _loop(
+                "v", nr, lambda v: Store(acc, as_expr(0, "int32"), (r, v)), "vectorized"))
+            step = _loop("k", k_extent, lambda k: _loop("r", mr, lambda r: _loop(
+                "v", nr, lambda v: Store(acc, acc[r, v] + Cast("int32", a[row(r), k])
+                                         * Cast("int32", bp[k, col(v)]), (r, v)),
+                "vectorized"), "unrolled"))
+
+            def store(r: PrimExpr, v: PrimExpr) -> Stmt:
+                j = ct * nr + v
+                mult = multiplier[()] if multiplier.ndim == 0 else multiplier[col(v)]
+                value = requantize_value(acc[r, v] + bias[col(v)], mult, y_zp[()], lo, hi,
+                                         y_zp.dtype)
+                inside = compare("lt", rt * mr + r, m) & compare("lt", j, n)
+                return IfThenElse(inside, Store(out, value, (rt * mr + r, j)))
+
+            stores = _loop("r", mr, lambda r: _loop("v", nr, lambda v: store(r, v)))
+            return seq(Allocate(acc), zero, step, stores)
+
+        return _loop("ct", col_tiles, col_tile)
+
+    kind = "parallel" if row_tiles > 1 and m * n * k_extent >= PARALLEL_WORK else "serial"
+    return _loop("rt", row_tiles, row_tile, kind)
+
+
+@dataclass(frozen=True)
+class _TiledMatmul(HandBuiltOp):
+    """`qlinear_matmul_packed` on register tiles for a static 2-D A (the te definition
+    otherwise, and under a fused elementwise tail)."""
+
+    def lower_fused(self, params: Sequence[te.Tensor], args: Sequence[te.Tensor], attrs: Attrs,
+                    anchor: te.Tensor | None, result: te.Tensor | None,
+                    name: str) -> PrimFunc | None:
+        if result is not None or len(args) != 5 or args[0].ndim != 2 \
+                or not is_static((*args[0].shape, *args[1].shape)):
+            return None
+        buffers = [Buffer(t.name, t.shape, t.dtype) for t in params]
+        a, bp, bias, multiplier, y_zp = buffers
+        out = Buffer("out", (a.shape[0], bp.shape[1]), y_zp.dtype)
+        body = build_matmul_tiles(a, bp, bias, multiplier, y_zp, out, attrs)
+        return PrimFunc((*buffers, out), body, {"kiln.gemm_kernel": MATMUL})
+
+
+OPS.register(MATMUL, _TiledMatmul(MATMUL, "anchor", _matmul_infer, build_matmul, _matmul_ref))
