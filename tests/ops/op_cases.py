@@ -346,7 +346,10 @@ CASES: dict[str, list[OpCase]] = {
                {"qmin": 10}),
         OpCase((ints(3, 6, low=-128, high=128, dtype="int8"),
                 ints(6, 5, low=-255, high=256, dtype="int16"), ints(5, low=-900, high=900),
-                const(0.0021, "float32"), const(-3, "int8")))],
+                const(0.0021, "float32"), const(-3, "int8"))),
+        OpCase((ints(5, 9, low=0, high=256, dtype="uint8"),
+                ints(9, 70, low=-128, high=128, dtype="int8"), ints(70, low=-9000, high=9000),
+                const(0.004, "float32"), const(100, "uint8")), {"qmax": 200})],
     "qlinear_conv_packed": [
         OpCase((ints(1, 4, 6, 6, low=0, high=256, dtype="uint8"),
                 ints(4, 2, 3, 3, low=-128, high=128, dtype="int8"),
@@ -360,5 +363,9 @@ CASES: dict[str, list[OpCase]] = {
     "matmul_integer_packed": [
         OpCase((ints(2, 3, 5, low=0, high=256, dtype="uint8"),
                 ints(5, 4, low=-255, high=256, dtype="int16"), ints(4, low=-900, high=900),
-                const(131, "uint8")))],
+                const(131, "uint8"))),
+        # 2-D A: the register-tiled kernel, with partial row and column tiles
+        OpCase((ints(5, 9, low=0, high=256, dtype="uint8"),
+                ints(9, 70, low=-128, high=128, dtype="int8"), ints(70, low=-900, high=900),
+                const(7, "uint8")))],
 }

@@ -29,7 +29,7 @@ expression lowering).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -220,8 +220,6 @@ def _integer_ref(a: np.ndarray, bp: np.ndarray, colsum: np.ndarray, a_zp: np.nda
     return acc.astype(np.int32)
 
 
-register_op(INTEGER, pattern="anchor", infer=_integer_infer, compute=build_integer,
-            reference=_integer_ref)
 
 
 # --------------------------------------------------------------------------- convolution
@@ -301,16 +299,18 @@ def _loop(name: str, extent: int, body: Any, kind: str = "serial") -> Stmt:
     return For(v, as_expr(0), as_expr(extent), kind, body(v))
 
 
-def build_matmul_tiles(a: Buffer, bp: Buffer, bias: Buffer, multiplier: Buffer,
-                       y_zp: Buffer, out: Buffer, attrs: Attrs) -> Stmt:
-    """The register-tiled loop nest of `qlinear_matmul_packed` for a 2-D A: tiles of
+def build_matmul_tiles(a: Buffer, bp: Buffer, out: Buffer,
+                       epilogue: Callable[[PrimExpr, PrimExpr], PrimExpr]) -> Stmt:
+    """The register-tiled loop nest of a packed matrix product (A's leading dims are its
+    rows, flattened): tiles of
     TILE_ROWS x TILE_COLS int32 accumulators (surplus rows and columns read the last
-    row/column and are not stored), row tiles in parallel."""
-    m, k_extent = (int(d) for d in a.shape)
+    row/column and are not stored), row tiles in parallel. `epilogue(acc, column)` is
+    the value stored for an accumulator of output column `column`."""
+    lead = tuple(int(d) for d in a.shape[:-1])
+    m, k_extent = int(np.prod(lead, dtype=np.int64)), int(a.shape[-1])
     n = int(bp.shape[1])
     mr, nr = min(TILE_ROWS, m), min(TILE_COLS, n)
     row_tiles, col_tiles = -(-m // mr), -(-n // nr)
-    lo, hi = out_range(attrs, y_zp.dtype)
 
     def row_tile(rt: Var) -> Stmt:
         def col_tile(ct: Var) -> Stmt:
@@ -322,20 +322,22 @@ def build_matmul_tiles(a: Buffer, bp: Buffer, bias: Buffer, multiplier: Buffer,
             def row(r: PrimExpr) -> PrimExpr:
                 return min_(rt * mr + r, m - 1)
 
+            def a_at(i: PrimExpr, k: PrimExpr) -> PrimExpr:
+                return Cast("int32", a[(*te.unflatten_index(i, lead), k)])
+
             zero = _loop("r", mr, lambda r: _loop(
                 "v", nr, lambda v: Store(acc, as_expr(0, "int32"), (r, v)), "vectorized"))
             step = _loop("k", k_extent, lambda k: _loop("r", mr, lambda r: _loop(
-                "v", nr, lambda v: Store(acc, acc[r, v] + Cast("int32", a[row(r), k])
+                "v", nr, lambda v: Store(acc, acc[r, v] + a_at(row(r), k)
                                          * Cast("int32", bp[k, col(v)]), (r, v)),
                 "vectorized"), "unrolled"))
 
             def store(r: PrimExpr, v: PrimExpr) -> Stmt:
                 j = ct * nr + v
-                mult = multiplier[()] if multiplier.ndim == 0 else multiplier[col(v)]
-                value = requantize_value(acc[r, v] + bias[col(v)], mult, y_zp[()], lo, hi,
-                                         y_zp.dtype)
+                value = epilogue(acc[r, v], col(v))
                 inside = compare("lt", rt * mr + r, m) & compare("lt", j, n)
-                return IfThenElse(inside, Store(out, value, (rt * mr + r, j)))
+                at = (*te.unflatten_index(rt * mr + r, lead), j)
+                return IfThenElse(inside, Store(out, value, at))
 
             stores = _loop("r", mr, lambda r: _loop("v", nr, lambda v: store(r, v)))
             return seq(Allocate(acc), zero, step, stores)
@@ -348,20 +350,37 @@ def build_matmul_tiles(a: Buffer, bp: Buffer, bias: Buffer, multiplier: Buffer,
 
 @dataclass(frozen=True)
 class _TiledMatmul(HandBuiltOp):
-    """`qlinear_matmul_packed` on register tiles for a static 2-D A (the te definition
-    otherwise, and under a fused elementwise tail)."""
+    """A packed matrix product on register tiles for a static A of rank >= 2 (the te
+    definition otherwise, and under a fused elementwise tail)."""
 
     def lower_fused(self, params: Sequence[te.Tensor], args: Sequence[te.Tensor], attrs: Attrs,
                     anchor: te.Tensor | None, result: te.Tensor | None,
                     name: str) -> PrimFunc | None:
-        if result is not None or len(args) != 5 or args[0].ndim != 2 \
+        if result is not None or len(args) != len(params) or args[0].ndim < 2 \
                 or not is_static((*args[0].shape, *args[1].shape)):
             return None
         buffers = [Buffer(t.name, t.shape, t.dtype) for t in params]
-        a, bp, bias, multiplier, y_zp = buffers
-        out = Buffer("out", (a.shape[0], bp.shape[1]), y_zp.dtype)
-        body = build_matmul_tiles(a, bp, bias, multiplier, y_zp, out, attrs)
-        return PrimFunc((*buffers, out), body, {"kiln.gemm_kernel": MATMUL})
+        a, bp = buffers[0], buffers[1]
+        epilogue: Callable[[PrimExpr, PrimExpr], PrimExpr]
+        if self.name == MATMUL:
+            bias, multiplier, y_zp = buffers[2:]
+            lo, hi = out_range(attrs, y_zp.dtype)
+            dtype = y_zp.dtype
 
+            def epilogue(acc: PrimExpr, j: PrimExpr) -> PrimExpr:
+                mult = multiplier[()] if multiplier.ndim == 0 else multiplier[j]
+                return requantize_value(acc + bias[j], mult, y_zp[()], lo, hi, y_zp.dtype)
+        else:
+            colsum, a_zp = buffers[2:]
+            dtype = "int32"
+
+            def epilogue(acc: PrimExpr, j: PrimExpr) -> PrimExpr:
+                return acc - Cast("int32", a_zp[()]) * colsum[j]
+
+        out = Buffer("out", (*a.shape[:-1], bp.shape[1]), dtype)
+        return PrimFunc((*buffers, out), build_matmul_tiles(a, bp, out, epilogue),
+                        {"kiln.gemm_kernel": self.name})
 
 OPS.register(MATMUL, _TiledMatmul(MATMUL, "anchor", _matmul_infer, build_matmul, _matmul_ref))
+OPS.register(INTEGER, _TiledMatmul(INTEGER, "anchor", _integer_infer, build_integer,
+                                   _integer_ref))
