@@ -341,15 +341,16 @@ CASES: dict[str, list[OpCase]] = {
                 const(-10, "int8")), {"pads": (1, 1), "dilations": (2,), "qmin": -10})],
     "qlinear_matmul_packed": [
         OpCase((ints(2, 4, 6, low=0, high=256, dtype="uint8"),
-                ints(6, 5, low=-128, high=128, dtype="int8"), ints(5, low=-9000, high=9000),
+                ints(1, 6, 5, low=-128, high=128, dtype="int8"), ints(5, low=-9000, high=9000),
                 const([0.001, 0.002, 0.0015, 0.003, 0.0005], "float32"), const(10, "uint8")),
-               {"qmin": 10}),
+               {"qmin": 10, "n": 5}),
         OpCase((ints(3, 6, low=-128, high=128, dtype="int8"),
-                ints(6, 5, low=-255, high=256, dtype="int16"), ints(5, low=-900, high=900),
-                const(0.0021, "float32"), const(-3, "int8"))),
+                ints(1, 6, 5, low=-255, high=256, dtype="int16"), ints(5, low=-900, high=900),
+                const(0.0021, "float32"), const(-3, "int8")), {"n": 5}),
         OpCase((ints(5, 9, low=0, high=256, dtype="uint8"),
-                ints(9, 70, low=-128, high=128, dtype="int8"), ints(70, low=-9000, high=9000),
-                const(0.004, "float32"), const(100, "uint8")), {"qmax": 200})],
+                ints(2, 9, 64, low=-128, high=128, dtype="int8"),
+                ints(70, low=-9000, high=9000), const(0.004, "float32"), const(100, "uint8")),
+               {"qmax": 200, "n": 70})],
     "qlinear_conv_packed": [
         OpCase((ints(1, 4, 6, 6, low=0, high=256, dtype="uint8"),
                 ints(4, 2, 3, 3, low=-128, high=128, dtype="int8"),
@@ -362,10 +363,10 @@ CASES: dict[str, list[OpCase]] = {
                {"pads": (1, 1), "dilations": (2,), "qmin": -10})],
     "matmul_integer_packed": [
         OpCase((ints(2, 3, 5, low=0, high=256, dtype="uint8"),
-                ints(5, 4, low=-255, high=256, dtype="int16"), ints(4, low=-900, high=900),
-                const(131, "uint8"))),
+                ints(1, 5, 4, low=-255, high=256, dtype="int16"), ints(4, low=-900, high=900),
+                const(131, "uint8")), {"n": 4}),
         # 2-D A: the register-tiled kernel, with partial row and column tiles
         OpCase((ints(5, 9, low=0, high=256, dtype="uint8"),
-                ints(9, 70, low=-128, high=128, dtype="int8"), ints(70, low=-900, high=900),
-                const(7, "uint8")))],
+                ints(2, 9, 64, low=-128, high=128, dtype="int8"), ints(70, low=-900, high=900),
+                const(7, "uint8")), {"n": 70})],
 }

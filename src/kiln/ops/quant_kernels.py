@@ -10,8 +10,8 @@ so the packed ops below multiply the raw input by `wp` (int8 when every weight z
 point is 0, else int16) and start from `bias - x_zp * colsum(wp)`, an int32 constant
 computed here. A padded convolution reads its input padded with `x_zp`, whose product
 the correction term already counts. The B of a matrix product is stored `[K][N]`
-(Gemm's `transpose_b` applied), so the kernel's innermost loop runs over contiguous
-output columns.
+(Gemm's `transpose_b` applied) in panels `[ceil(N / 64)][K][64]` (`panelize`), so a
+column tile reads one contiguous panel row per k.
 
 - `qlinear_matmul_packed(a, bp, bias, multiplier, y_zp)`: `acc = a @ bp + bias`;
 - `qlinear_conv_packed(x, wp, bias, x_zp, multiplier, y_zp)`: `acc = conv(x padded with
@@ -119,7 +119,8 @@ def pack(call: g.Call) -> g.Call | None:
     packed = g.Constant(np.ascontiguousarray(wp.astype(weight_dtype)), w.name)
     corrected = g.Constant(bias_eff.astype(np.int32))
     if call.op == "qlinear_matmul":
-        return op_call(MATMUL, x, packed, corrected, multiplier, y_zp, **attrs)
+        panels = g.Constant(panelize(np.asarray(packed.data)), w.name)
+        return op_call(MATMUL, x, panels, corrected, multiplier, y_zp, n=wp.shape[1], **attrs)
     return op_call(CONV, x, packed, corrected, x_zp, multiplier, y_zp, **attrs)
 
 
@@ -140,39 +141,62 @@ def _pack_matmul_integer(call: g.Call) -> g.Call:
     assert isinstance(b, g.Constant) and isinstance(b_zp, g.Constant)
     wp = _shifted_b(b.data, b_zp.data, bool(call.attrs.get("transpose_b")))
     colsum = wp.astype(np.int64).sum(axis=0).astype(np.int32)
-    return op_call(INTEGER, a, g.Constant(np.ascontiguousarray(wp), b.name),
-                   g.Constant(colsum), a_zp)
+    return op_call(INTEGER, a, g.Constant(panelize(wp), b.name), g.Constant(colsum), a_zp,
+                   n=wp.shape[1])
+
+
+def panelize(b: np.ndarray) -> np.ndarray:
+    """B `[K][N]` as panels `[ceil(N / nr)][K][nr]`, nr = min(TILE_COLS, N), zero-padded:
+    the kernel's column tile reads one contiguous panel row per k."""
+    k, n = b.shape
+    nr = min(TILE_COLS, n)
+    panels = -(-n // nr)
+    padded = np.zeros((k, panels * nr), b.dtype)
+    padded[:, :n] = b
+    return np.ascontiguousarray(padded.reshape(k, panels, nr).transpose(1, 0, 2))
+
+
+def unpanelize(bp: np.ndarray, n: int) -> np.ndarray:
+    """`panelize` undone: B `[K][N]`."""
+    panels, k, nr = bp.shape
+    return bp.transpose(1, 0, 2).reshape(k, panels * nr)[:, :n]
 
 
 # --------------------------------------------------------------------------- matmul
 
-def _check_packed_product(op: str, a: TensorType, bp: TensorType) -> None:
-    if a.dtype not in PRODUCT_DTYPES or bp.dtype not in _WEIGHT_DTYPES or bp.ndim != 2:
-        raise IRError(f"{op}: A must be int8/uint8 and the packed B a 2-D int8/int16 "
-                      f"matrix, got {a.dtype} and {bp.dtype}{tuple(bp.shape)}")
-    if a.ndim < 1 or a.shape[-1] != bp.shape[0]:
-        raise IRError(f"{op}: inner dimensions differ: {tuple(a.shape)} @ {tuple(bp.shape)}")
+def _check_packed_product(op: str, a: TensorType, bp: TensorType, attrs: Attrs) -> int:
+    """N, the columns of the packed B `[panels][K][nr]` (attribute `n`), checked."""
+    n = int(attrs.get("n", -1))
+    if a.dtype not in PRODUCT_DTYPES or bp.dtype not in _WEIGHT_DTYPES or bp.ndim != 3 \
+            or not (bp.shape[0] - 1) * bp.shape[2] < n <= bp.shape[0] * bp.shape[2]:
+        raise IRError(f"{op}: A must be int8/uint8 and the packed B int8/int16 panels "
+                      f"[panels][K][nr] holding n={n} columns, got {a.dtype} and "
+                      f"{bp.dtype}{tuple(bp.shape)}")
+    if a.ndim < 1 or a.shape[-1] != bp.shape[1]:
+        raise IRError(f"{op}: inner dimensions differ: {tuple(a.shape)} @ "
+                      f"[{bp.shape[1]}, {n}]")
+    return n
 
 
 def _matmul_infer(types: Sequence[TensorType], attrs: Attrs) -> Type:
     a, bp, bias, multiplier, y_zp = types
-    _check_packed_product(MATMUL, a, bp)
-    n = bp.shape[1]
+    n = _check_packed_product(MATMUL, a, bp, attrs)
     _check_requant(MATMUL, n, bias, multiplier, y_zp, attrs)
     return TensorType((*a.shape[:-1], n), y_zp.dtype)
 
 
 def _row_times_b(a: te.Tensor, bp: te.Tensor, rows: Sequence[PrimExpr],
                  col: PrimExpr) -> PrimExpr:
-    """The int32 sum over k of a[rows, k] * bp[k, col]."""
-    return te.reduce("sum", lambda k: Cast("int32", a[(*rows, k)]) * Cast("int32", bp[k, col]),
-                     (bp.shape[0],), "int32")
+    """The int32 sum over k of a[rows, k] * B[k, col] (B in panels)."""
+    nr = bp.shape[2]
+    return te.reduce("sum", lambda k: Cast("int32", a[(*rows, k)])
+                     * Cast("int32", bp[col // nr, k, col % nr]), (bp.shape[1],), "int32")
 
 
 def build_matmul(inputs: Sequence[te.Tensor], attrs: Attrs) -> te.Tensor:
     """The tensor-expression kernel of `qlinear_matmul_packed`."""
     a, bp, bias, multiplier, y_zp = inputs
-    n = bp.shape[1]
+    n = int(attrs["n"])
     lo, hi = out_range(attrs, y_zp.dtype)
 
     def value(*i: PrimExpr) -> PrimExpr:
@@ -186,7 +210,8 @@ def build_matmul(inputs: Sequence[te.Tensor], attrs: Attrs) -> te.Tensor:
 
 def _matmul_ref(a: np.ndarray, bp: np.ndarray, bias: np.ndarray, multiplier: np.ndarray,
                 y_zp: np.ndarray, **attrs: Any) -> np.ndarray:
-    acc = (np.matmul(a.astype(np.int64), bp.astype(np.int64)) + bias).astype(np.int32)
+    b = unpanelize(bp, int(attrs["n"])).astype(np.int64)
+    acc = (np.matmul(a.astype(np.int64), b) + bias).astype(np.int32)
     lo, hi = out_range(attrs, dt.from_numpy(y_zp.dtype))
     return requantize_ref(acc, multiplier, y_zp, lo, hi, acc.ndim - 1)
 
@@ -195,18 +220,18 @@ def _matmul_ref(a: np.ndarray, bp: np.ndarray, bias: np.ndarray, multiplier: np.
 
 def _integer_infer(types: Sequence[TensorType], attrs: Attrs) -> Type:
     a, bp, colsum, a_zp = types
-    _check_packed_product(INTEGER, a, bp)
-    if colsum.dtype != "int32" or tuple(colsum.shape) != (bp.shape[1],) or a_zp.ndim \
+    n = _check_packed_product(INTEGER, a, bp, attrs)
+    if colsum.dtype != "int32" or tuple(colsum.shape) != (n,) or a_zp.ndim \
             or a_zp.dtype != a.dtype:
-        raise IRError(f"{INTEGER}: expects int32 column sums ({bp.shape[1]},) and a scalar "
+        raise IRError(f"{INTEGER}: expects int32 column sums ({n},) and a scalar "
                       f"zero point of A's type {a.dtype}")
-    return TensorType((*a.shape[:-1], bp.shape[1]), "int32")
+    return TensorType((*a.shape[:-1], n), "int32")
 
 
 def build_integer(inputs: Sequence[te.Tensor], attrs: Attrs) -> te.Tensor:
     """The tensor-expression kernel of `matmul_integer_packed`."""
     a, bp, colsum, a_zp = inputs
-    n = bp.shape[1]
+    n = int(attrs["n"])
 
     def value(*i: PrimExpr) -> PrimExpr:
         return _row_times_b(a, bp, i[:-1], i[-1]) - Cast("int32", a_zp[()]) * colsum[i[-1]]
@@ -216,7 +241,8 @@ def build_integer(inputs: Sequence[te.Tensor], attrs: Attrs) -> te.Tensor:
 
 def _integer_ref(a: np.ndarray, bp: np.ndarray, colsum: np.ndarray, a_zp: np.ndarray,
                  **attrs: Any) -> np.ndarray:
-    acc = np.matmul(a.astype(np.int64), bp.astype(np.int64)) - int(a_zp) * colsum
+    b = unpanelize(bp, int(attrs["n"])).astype(np.int64)
+    acc = np.matmul(a.astype(np.int64), b) - int(a_zp) * colsum
     return acc.astype(np.int32)
 
 
@@ -299,28 +325,30 @@ def _loop(name: str, extent: int, body: Any, kind: str = "serial") -> Stmt:
     return For(v, as_expr(0), as_expr(extent), kind, body(v))
 
 
-def build_matmul_tiles(a: Buffer, bp: Buffer, out: Buffer,
+def build_matmul_tiles(a: Buffer, bp: Buffer, n: int, out: Buffer,
                        epilogue: Callable[[PrimExpr, PrimExpr], PrimExpr]) -> Stmt:
     """The register-tiled loop nest of a packed matrix product (A's leading dims are its
     rows, flattened): tiles of
     TILE_ROWS x TILE_COLS int32 accumulators (surplus rows and columns read the last
-    row/column and are not stored), row tiles in parallel. `epilogue(acc, column)` is
+    row/column and are not stored), row tiles (or the column tiles of a single row tile)
+    in parallel. `epilogue(acc, column)` is
     the value stored for an accumulator of output column `column`."""
     lead = tuple(int(d) for d in a.shape[:-1])
     m, k_extent = int(np.prod(lead, dtype=np.int64)), int(a.shape[-1])
-    n = int(bp.shape[1])
-    mr, nr = min(TILE_ROWS, m), min(TILE_COLS, n)
-    row_tiles, col_tiles = -(-m // mr), -(-n // nr)
+    col_tiles, nr = int(bp.shape[0]), int(bp.shape[2])
+    mr = min(TILE_ROWS, m)
+    row_tiles = -(-m // mr)
 
     def row_tile(rt: Var) -> Stmt:
         def col_tile(ct: Var) -> Stmt:
             acc = Buffer("acc", (mr, nr), "int32", "local")
 
             def col(v: PrimExpr) -> PrimExpr:
-                return min_(ct * nr + v, n - 1)
+                # clamped only when the last tile is partial: full tiles load contiguously
+                return ct * nr + v if n % nr == 0 else min_(ct * nr + v, n - 1)
 
             def row(r: PrimExpr) -> PrimExpr:
-                return min_(rt * mr + r, m - 1)
+                return rt * mr + r if m % mr == 0 else min_(rt * mr + r, m - 1)
 
             def a_at(i: PrimExpr, k: PrimExpr) -> PrimExpr:
                 return Cast("int32", a[(*te.unflatten_index(i, lead), k)])
@@ -329,7 +357,7 @@ def build_matmul_tiles(a: Buffer, bp: Buffer, out: Buffer,
                 "v", nr, lambda v: Store(acc, as_expr(0, "int32"), (r, v)), "vectorized"))
             step = _loop("k", k_extent, lambda k: _loop("r", mr, lambda r: _loop(
                 "v", nr, lambda v: Store(acc, acc[r, v] + a_at(row(r), k)
-                                         * Cast("int32", bp[k, col(v)]), (r, v)),
+                                         * Cast("int32", bp[ct, k, v]), (r, v)),
                 "vectorized"), "unrolled"))
 
             def store(r: PrimExpr, v: PrimExpr) -> Stmt:
@@ -342,10 +370,13 @@ def build_matmul_tiles(a: Buffer, bp: Buffer, out: Buffer,
             stores = _loop("r", mr, lambda r: _loop("v", nr, lambda v: store(r, v)))
             return seq(Allocate(acc), zero, step, stores)
 
-        return _loop("ct", col_tiles, col_tile)
+        return _loop("ct", col_tiles, col_tile, kinds[1])
 
-    kind = "parallel" if row_tiles > 1 and m * n * k_extent >= PARALLEL_WORK else "serial"
-    return _loop("rt", row_tiles, row_tile, kind)
+    # row tiles in parallel; a single row tile (a matrix-vector product): column tiles
+    big = m * n * k_extent >= PARALLEL_WORK
+    kinds = ("parallel" if big and row_tiles > 1 else "serial",
+             "parallel" if big and row_tiles == 1 and col_tiles > 1 else "serial")
+    return _loop("rt", row_tiles, row_tile, kinds[0])
 
 
 @dataclass(frozen=True)
@@ -377,8 +408,9 @@ class _TiledMatmul(HandBuiltOp):
             def epilogue(acc: PrimExpr, j: PrimExpr) -> PrimExpr:
                 return acc - Cast("int32", a_zp[()]) * colsum[j]
 
-        out = Buffer("out", (*a.shape[:-1], bp.shape[1]), dtype)
-        return PrimFunc((*buffers, out), build_matmul_tiles(a, bp, out, epilogue),
+        n = int(attrs["n"])
+        out = Buffer("out", (*a.shape[:-1], n), dtype)
+        return PrimFunc((*buffers, out), build_matmul_tiles(a, bp, n, out, epilogue),
                         {"kiln.gemm_kernel": self.name})
 
 OPS.register(MATMUL, _TiledMatmul(MATMUL, "anchor", _matmul_infer, build_matmul, _matmul_ref))
