@@ -38,13 +38,11 @@ import numpy as np
 from kiln.errors import IRError
 from kiln.ir import dtype as dt
 from kiln.ir import graph as g
-from kiln.ir.dtype import INDEX_DTYPE
 from kiln.ir.shape_expr import is_static
 from kiln.ir.tensor import (
     Allocate,
     Buffer,
     Cast,
-    For,
     IfThenElse,
     PrimExpr,
     PrimFunc,
@@ -58,6 +56,7 @@ from kiln.ir.tensor import (
 )
 from kiln.ir.types import TensorType, Type
 from kiln.ops import te
+from kiln.ops.conv_kernels import _loop
 from kiln.ops.nn import _conv_geometry, _conv_ref
 from kiln.ops.quant import (
     PRODUCT_DTYPES,
@@ -318,11 +317,6 @@ register_op(CONV, pattern="anchor", infer=_conv_infer, compute=build_conv,
 TILE_ROWS, TILE_COLS = 4, 64
 #: Below this many multiply-adds the product runs on one thread.
 PARALLEL_WORK = 1 << 18
-
-
-def _loop(name: str, extent: int, body: Any, kind: str = "serial") -> Stmt:
-    v = Var(name, INDEX_DTYPE)
-    return For(v, as_expr(0), as_expr(extent), kind, body(v))
 
 
 def build_matmul_tiles(a: Buffer, bp: Buffer, n: int, out: Buffer,
