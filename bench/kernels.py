@@ -37,6 +37,12 @@ itself without it, so numpy's BLAS picks the kernels for this CPU. The header
 prints which core OpenBLAS uses and how many threads. kiln's parallel loops
 use `KILN_NUM_THREADS` threads (default: every online CPU). Prints a table;
 asserts nothing (this is not a test).
+
+With `--int8`, each selected GEMM is a one-node QLinearMatMul (u8 A as the input,
+s8 B as an initializer, per-tensor scales, u8 output) and the table prints kiln's and
+onnxruntime's GOP/s (OP = 2 x integer multiply-adds), kiln's throughput as a
+percentage of onnxruntime's and the share of outputs that differ (in quanta) from
+onnxruntime's (docs/quantization.md). The machine's VNNI peak is not measured yet.
 """
 
 from __future__ import annotations
@@ -275,6 +281,68 @@ def numpy_on_threads(call: Callable[[], object], blas: OpenBlas | None, threads:
     return on_threads
 
 
+def int8_gemm_model(g: Gemm, rng: np.random.Generator) -> onnx.ModelProto:
+    """A one-node QLinearMatMul of u8 a[M, K] (input) by a constant s8 b[K, N]."""
+    consts = {"as": np.float32(0.02), "az": np.uint8(128),
+              "b": rng.integers(-127, 128, (g.k, g.n)).astype(np.int8),
+              "bs": np.float32(0.01), "bz": np.int8(0),
+              "ys": np.float32(0.02 * 0.01 * np.sqrt(g.k) * 40), "yz": np.uint8(128)}
+    node = helper.make_node("QLinearMatMul", ["a", "as", "az", "b", "bs", "bz", "ys", "yz"],
+                            ["y"])
+    graph = helper.make_graph(
+        [node], "int8_gemm", [helper.make_tensor_value_info("a", TensorProto.UINT8, [g.m, g.k])],
+        [helper.make_tensor_value_info("y", TensorProto.UINT8, [g.m, g.n])],
+        [numpy_helper.from_array(np.asarray(v), k) for k, v in consts.items()])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    return model
+
+
+def run_int8(g: Gemm, target: kiln.target.Target, repeat: int, seconds: float
+             ) -> dict[str, float] | str:
+    """kiln vs onnxruntime on one int8 GEMM (a string: why it was skipped)."""
+    import onnxruntime as ort
+
+    rng = np.random.default_rng(0)
+    model = int8_gemm_model(g, rng)
+    a = rng.integers(0, 256, (g.m, g.k)).astype(np.uint8)
+    try:
+        start = time.perf_counter()
+        fn = kiln.compile(from_onnx(model), target)["main"]
+        compile_s = time.perf_counter() - start
+        got = np.asarray(fn(a))
+    except Exception as exc:  # a benchmark reports what fails and goes on
+        return short_error(exc)
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 2
+    session = ort.InferenceSession(model.SerializeToString(), options,
+                                   providers=["CPUExecutionProvider"])
+    want = session.run(None, {"a": a})[0]
+    fns = {"kiln": lambda: fn(a), "ort": lambda: session.run(None, {"a": a})}
+    ms = alternating_blocks_ms(fns, calls_within(fns, repeat, seconds))
+    differ = float((got.astype(np.int32) != want.astype(np.int32)).mean())
+    return {"kiln_gops": g.flop / ms["kiln"] / 1e6, "ort_gops": g.flop / ms["ort"] / 1e6,
+            "differ": differ, "compile_s": compile_s}
+
+
+def print_int8(kernels: list[Kernel], target: kiln.target.Target, repeat: int,
+               seconds: float) -> None:
+    header = (f"{'kernel':<24} {'MOP':>6} {'kiln GOP/s':>10} {'ort GOP/s':>9} "
+              f"{'kiln %ort':>9} {'differ':>7} {'compile s':>9}")
+    print(header)
+    print("-" * len(header))
+    for kernel in kernels:
+        if not isinstance(kernel, Gemm):
+            continue
+        r = run_int8(kernel, target, repeat, seconds)
+        if isinstance(r, str):
+            print(f"{kernel.name:<24} skipped: {r}", flush=True)
+            continue
+        print(f"{kernel.name:<24} {kernel.flop / 1e6:>6.0f} {r['kiln_gops']:>10.1f} "
+              f"{r['ort_gops']:>9.1f} {100 * r['kiln_gops'] / r['ort_gops']:>9.0f} "
+              f"{r['differ']:>7.1%} {r['compile_s']:>9.2f}", flush=True)
+
+
 def selected(spec: str) -> list[Kernel]:
     """Kernels named by a comma-separated list of groups (gemm, conv, dw) or names."""
     items = [item.strip() for item in spec.split(",")]
@@ -297,6 +365,8 @@ def main() -> None:
     parser.add_argument("--target", default=None, help="kiln target (default: this host)")
     parser.add_argument("--keep-openblas-coretype", action="store_true",
                         help="keep OPENBLAS_CORETYPE for numpy (default: re-run without it)")
+    parser.add_argument("--int8", action="store_true",
+                        help="int8 GEMMs (QLinearMatMul) against onnxruntime instead")
     args = parser.parse_args()
     if "OPENBLAS_CORETYPE" in os.environ and not args.keep_openblas_coretype:
         # OpenBLAS reads it when numpy loads: only a fresh process can drop it.
@@ -307,6 +377,13 @@ def main() -> None:
     kernels = selected(args.kernels)
     target = kiln.target.Target.from_host() if args.target is None else kiln.target.Target(
         args.target)
+    if args.int8:
+        threads = os.environ.get("KILN_NUM_THREADS", f"all ({os.cpu_count()})")
+        print(f"target: {target.kind.name} {describe_target(target)}")
+        print(f"KILN_NUM_THREADS: {threads}   ort threads: 2   median of up to {args.repeat} "
+              f"calls in {args.seconds:g} s, alternating blocks")
+        print_int8(kernels, target, args.repeat, args.seconds)
+        return
 
     coretype = os.environ.get("OPENBLAS_CORETYPE")
     if coretype is not None:

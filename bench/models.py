@@ -29,15 +29,24 @@ every online CPU); `--tensor-pipeline simplify` compiles without the
 Parallelize pass (the "before" figures of docs/performance.md);
 `--graph-pipeline nchwc` adds the blocked activation layout (nchwc-layout).
 Prints a table; asserts nothing (this is not a test).
+
+With `--int8`, each model is first quantized by onnxruntime's own quantizer
+(`quantize_static`, QDQ, per-channel int8 weights, uint8 activations, calibrated
+on random inputs; transformer models with `quantize_dynamic`) and the table
+compares kiln's int8 build with onnxruntime's int8 run and kiln's float32 build
+of the same model (docs/quantization.md).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import tempfile
 import time
+from typing import Any
 
 import numpy as np
+import onnx
 from harness import alternating_blocks_ms, calls_within, describe_target, rel_l2, short_error
 from nets import FULL, MODELS, SMALL, symbolic_dims
 
@@ -47,6 +56,16 @@ from kiln.frontend import from_onnx
 MODEL_SETS = {"small": list(SMALL), "full": list(FULL), "all": list(MODELS)}
 
 
+def ort_session(model: onnx.ModelProto) -> Any:
+    """An onnxruntime CPU session of `model` with 2 intra-op threads."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 2
+    return ort.InferenceSession(model.SerializeToString(), options,
+                                providers=["CPUExecutionProvider"])
+
+
 class Skipped(Exception):
     """kiln could not compile or run a model; the message says why."""
 
@@ -54,8 +73,6 @@ class Skipped(Exception):
 def run(name: str, target: kiln.target.Target, repeat: int, seconds: float,
         tensor_pipeline: str, graph_pipeline: str = "default") -> dict[str, float]:
     """Compile and time one model; raises Skipped when kiln fails on it."""
-    import onnxruntime as ort
-
     model, shapes = MODELS[name]()
     rng = np.random.default_rng(42)
     feed = {x: rng.standard_normal(shape).astype(np.float32) for x, shape in shapes.items()}
@@ -70,10 +87,7 @@ def run(name: str, target: kiln.target.Target, repeat: int, seconds: float,
         raise Skipped(f"compile: {short_error(exc)}") from exc
     compile_s = time.perf_counter() - start
 
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = 2
-    session = ort.InferenceSession(model.SerializeToString(), options,
-                                   providers=["CPUExecutionProvider"])
+    session = ort_session(model)
     expected = session.run(None, feed)[0]
     try:
         actual = np.asarray(fn(*args))
@@ -89,6 +103,82 @@ def run(name: str, target: kiln.target.Target, repeat: int, seconds: float,
             "calls": calls, "cache_hit": float(ex.cache_hit)}
 
 
+def quantize(model: onnx.ModelProto, shapes: dict[str, list[int]]) -> onnx.ModelProto:
+    """`model` quantized by onnxruntime: static QDQ for models with convolutions,
+    dynamic for the others (transformers)."""
+    from onnxruntime.quantization import (
+        CalibrationDataReader,
+        QuantFormat,
+        QuantType,
+        quantize_dynamic,
+        quantize_static,
+    )
+    from onnxruntime.quantization.shape_inference import quant_pre_process
+
+    class Reader(CalibrationDataReader):
+        def __init__(self) -> None:
+            rng = np.random.default_rng(0)
+            self.feeds = iter([{n: rng.standard_normal(s).astype(np.float32)
+                                for n, s in shapes.items()} for _ in range(4)])
+
+        def get_next(self) -> dict[str, np.ndarray] | None:
+            return next(self.feeds, None)
+
+    with tempfile.TemporaryDirectory() as tmp:
+        src, pre, out = (os.path.join(tmp, n) for n in ("f.onnx", "p.onnx", "q.onnx"))
+        onnx.save(model, src)
+        if any(n.op_type == "Conv" for n in model.graph.node):
+            quant_pre_process(src, pre)
+            quantize_static(pre, out, Reader(), quant_format=QuantFormat.QDQ,
+                            per_channel=True, activation_type=QuantType.QUInt8,
+                            weight_type=QuantType.QInt8)
+        else:
+            quantize_dynamic(src, out, weight_type=QuantType.QInt8)
+        return onnx.load(out)
+
+
+def run_int8(name: str, target: kiln.target.Target, repeat: int, seconds: float
+             ) -> dict[str, float]:
+    """kiln int8 vs onnxruntime int8 vs kiln float32 on one model (Skipped on failure)."""
+    model, shapes = MODELS[name]()
+    qmodel = quantize(model, shapes)
+    rng = np.random.default_rng(42)
+    feed = {x: rng.standard_normal(shape).astype(np.float32) for x, shape in shapes.items()}
+    args = list(feed.values())
+    try:
+        start = time.perf_counter()
+        q_fn = kiln.compile(from_onnx(qmodel), target)["main"]
+        compile_s = time.perf_counter() - start
+        f_fn = kiln.compile(from_onnx(model), target)["main"]
+        actual = np.asarray(q_fn(*args))
+    except Exception as exc:  # a benchmark reports what fails and goes on
+        raise Skipped(short_error(exc)) from exc
+    session = ort_session(qmodel)
+    expected = session.run(None, feed)[0]
+    fns = {"int8": lambda: q_fn(*args), "ort": lambda: session.run(None, feed),
+           "fp32": lambda: f_fn(*args)}
+    calls = calls_within(fns, repeat, seconds)
+    ms = alternating_blocks_ms(fns, calls)
+    return {"compile_s": compile_s, **ms, "rel_l2": rel_l2(actual, expected), "calls": calls}
+
+
+def print_int8(names: list[str], target: kiln.target.Target, repeat: int,
+               seconds: float) -> None:
+    header = (f"{'model':<12} {'compile s':>9} {'int8 ms':>9} {'ort ms':>9} {'fp32 ms':>9} "
+              f"{'int8/ort':>9} {'int8/fp32':>9} {'rel L2':>9}")
+    print(header)
+    print("-" * len(header))
+    for name in names:
+        try:
+            r = run_int8(name, target, repeat, seconds)
+        except Skipped as exc:
+            print(f"{name:<12} skipped: {exc}", flush=True)
+            continue
+        print(f"{name:<12} {r['compile_s']:>9.2f} {r['int8']:>9.3f} {r['ort']:>9.3f} "
+              f"{r['fp32']:>9.3f} {r['int8'] / r['ort']:>9.2f} {r['int8'] / r['fp32']:>9.2f} "
+              f"{r['rel_l2']:>9.1e}", flush=True)
+
+
 # (model, its symbolic dims by axis, the sizes to run at) for --dynamic
 DYNAMIC_CASES = [
     ("encoder", {0: "batch", 1: "seq"}, {"batch": 1, "seq": 32}),
@@ -100,8 +190,6 @@ DYNAMIC_CASES = [
 def run_dynamic(name: str, dims: dict[int, str], sizes: dict[str, int],
                 target: kiln.target.Target, repeat: int, seconds: float) -> dict[str, float]:
     """Time code compiled for symbolic dims against code compiled for `sizes`, and ort."""
-    import onnxruntime as ort
-
     model, shapes = MODELS[name]()
     model = symbolic_dims(model, dims)
     rng = np.random.default_rng(42)
@@ -116,10 +204,7 @@ def run_dynamic(name: str, dims: dict[int, str], sizes: dict[str, int],
         actual = np.asarray(dynamic(*args))
     except Exception as exc:  # a benchmark reports what fails and goes on
         raise Skipped(short_error(exc)) from exc
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = 2
-    session = ort.InferenceSession(model.SerializeToString(), options,
-                                   providers=["CPUExecutionProvider"])
+    session = ort_session(model)
     expected = session.run(None, feed)[0]
     fns = {"static": lambda: static(*args), "dynamic": lambda: dynamic(*args),
            "ort": lambda: session.run(None, feed)}
@@ -172,6 +257,9 @@ def main() -> None:
                         help="kiln's tensor pipeline, e.g. 'simplify' (no parallel loops)")
     parser.add_argument("--dynamic", action="store_true",
                         help="compare symbolic-shape builds with static ones instead")
+    parser.add_argument("--int8", action="store_true",
+                        help="quantize each model with onnxruntime's quantizer and compare "
+                             "kiln int8 with onnxruntime int8 and kiln float32")
     args = parser.parse_args()
     names = model_names(args.models)
     target = kiln.target.Target.from_host() if args.target is None else kiln.target.Target(
@@ -184,6 +272,9 @@ def main() -> None:
           f"alternating blocks")
     if args.dynamic:
         print_dynamic(target, args.repeat, args.seconds)
+        return
+    if args.int8:
+        print_int8(names, target, args.repeat, args.seconds)
         return
     header = (f"{'model':<12} {'compile s':>9} {'kiln ms':>9} {'ort ms':>9} {'kiln/ort':>9} "
               f"{'rel L2':>9} {'calls':>5}")

@@ -48,10 +48,16 @@ class C:
     outputs: int = 1
     opset: int = 17
     id: str = ""
+    domain: str = ""                                # "com.microsoft": onnxruntime's contrib ops
 
     @property
     def name(self) -> str:
         return f"{self.op}-{self.id or 'opset' + str(self.opset)}"
+
+    @property
+    def key(self) -> str:
+        """The converter registry's name of the op type."""
+        return f"{self.domain}.{self.op}" if self.domain else self.op
 
 
 def i64(*v: int) -> np.ndarray:
@@ -329,6 +335,98 @@ CASES: list[C] = [
       consts={"W": f(2, 3, 4), "R": f(2, 3, 3)}, outputs=2),
 ]
 
+
+def _u8(*shape: int) -> np.ndarray:
+    return R.integers(0, 256, shape).astype(np.uint8)
+
+
+def _s8(*shape: int) -> np.ndarray:
+    return R.integers(-128, 128, shape).astype(np.int8)
+
+
+def _qp(scale: float, zp: int, dtype: type = np.uint8) -> tuple[np.ndarray, np.ndarray]:
+    return np.array(scale, np.float32), np.array(zp, dtype)
+
+
+MS = "com.microsoft"
+# Quantized operators (docs/quantization.md); models written by onnxruntime's quantizer
+# are checked in tests/quantization. Halfway values (x / scale = k + 0.5) check that
+# rounding is half to even.
+_HALF = (np.arange(-24, 24, dtype=np.float32) * 0.25).reshape(2, 3, 8)
+CASES += [
+    C("QuantizeLinear", {"x": _HALF}, consts={"s": np.array(0.5, np.float32),
+                                              "z": np.array(3, np.uint8)}, opset=13),
+    C("QuantizeLinear", {"x": f(2, 3, 4, low=-40, high=40)}, {"axis": 1},
+      consts={"s": np.array([0.1, 0.25, 0.3], np.float32), "z": np.array([0, -3, 5], np.int8)},
+      opset=13, id="axis"),
+    C("QuantizeLinear", {"x": f(2, 3, 4)}, consts={"s": np.array(0.02, np.float32)},
+      inputs=["x", "s"], opset=10, id="no-zero-point"),
+    C("QuantizeLinear", {"x": f(2, 6, low=-30, high=30)}, {"axis": 1, "block_size": 4},
+      consts={"s": np.array([[0.1, 0.2], [0.3, 0.05]], np.float32),
+              "z": np.array([[1, -2], [0, 4]], np.int8)}, opset=21, id="blocked"),
+    C("DequantizeLinear", {"x": _s8(2, 3, 4)}, {"axis": 1},
+      consts={"s": np.array([0.1, 0.25, 0.3], np.float32), "z": np.array([0, -3, 5], np.int8)},
+      opset=13, id="axis"),
+    C("DequantizeLinear", {"x": R.integers(-9999, 9999, (6,)).astype(np.int32)},
+      consts={"s": np.array(0.001, np.float32)}, inputs=["x", "s"], opset=13, id="int32"),
+    C("DynamicQuantizeLinear", {"x": f(3, 5)}, outputs=3, opset=11),
+    C("MatMulInteger", {"a": _u8(2, 3, 5)},
+      consts={"b": _s8(5, 4), "az": np.array(7, np.uint8),
+              "bz": np.array([1, -2, 0, 3], np.int8)}, opset=10),
+    C("ConvInteger", {"x": _u8(1, 2, 5, 5)}, {"pads": [1, 1, 1, 1]},
+      consts={"w": _u8(3, 2, 3, 3), "xz": np.array(12, np.uint8)}, opset=10),
+    C("QLinearConv", {"x": _u8(1, 4, 6, 6)}, {"pads": [1, 0, 1, 2], "strides": [2, 1],
+                                              "group": 2},
+      consts={"xs": np.array(0.05, np.float32), "xz": np.array(120, np.uint8),
+              "w": _s8(4, 2, 3, 3), "ws": np.array([0.01, 0.02, 0.015, 0.03], np.float32),
+              "wz": np.zeros(4, np.int8), "ys": np.array(0.2, np.float32),
+              "yz": np.array(100, np.uint8),
+              "b": R.integers(-500, 500, (4,)).astype(np.int32)},
+      inputs=["x", "xs", "xz", "w", "ws", "wz", "ys", "yz", "b"], opset=10),
+    C("QLinearMatMul", {"a": _u8(2, 4, 6)},
+      consts={"as": np.array(0.03, np.float32), "az": np.array(128, np.uint8),
+              "b": _s8(6, 5), "bs": np.array(0.02, np.float32), "bz": np.array(0, np.int8),
+              "ys": np.array(0.05, np.float32), "yz": np.array(10, np.uint8)},
+      inputs=["a", "as", "az", "b", "bs", "bz", "ys", "yz"], opset=10),
+    C("QGemm", {"a": _u8(3, 6)}, {"transB": 1, "alpha": 0.5}, domain=MS,
+      consts={"as": np.array(0.03, np.float32), "az": np.array(128, np.uint8),
+              "b": _s8(5, 6), "bs": np.array([0.02, 0.01, 0.03, 0.02, 0.05], np.float32),
+              "bz": np.zeros(5, np.int8), "c": R.integers(-300, 300, (5,)).astype(np.int32),
+              "ys": np.array(0.04, np.float32), "yz": np.array(100, np.uint8)},
+      inputs=["a", "as", "az", "b", "bs", "bz", "c", "ys", "yz"], opset=13),
+    C("QGemm", {"a": _u8(3, 6)}, domain=MS,
+      consts={"as": np.array(0.03, np.float32), "az": np.array(128, np.uint8),
+              "b": _s8(6, 5), "bs": np.array(0.02, np.float32), "bz": np.array(0, np.int8)},
+      inputs=["a", "as", "az", "b", "bs", "bz"], opset=13, id="float-output"),
+    C("QLinearAdd", {"a": _u8(2, 3, 4)}, domain=MS,
+      consts={"as": np.array(0.04, np.float32), "az": np.array(120, np.uint8),
+              "b": _u8(3, 4), "bs": np.array(0.03, np.float32), "bz": np.array(130, np.uint8),
+              "cs": np.array(0.08, np.float32), "cz": np.array(125, np.uint8)},
+      inputs=["a", "as", "az", "b", "bs", "bz", "cs", "cz"], opset=13),
+    C("QLinearMul", {"a": _s8(2, 3, 4)}, domain=MS,
+      consts={"as": np.array(0.04, np.float32), "az": np.array(1, np.int8),
+              "b": _s8(4), "bs": np.array(0.03, np.float32), "bz": np.array(-2, np.int8),
+              "cs": np.array(0.5, np.float32), "cz": np.array(3, np.int8)},
+      inputs=["a", "as", "az", "b", "bs", "bz", "cs", "cz"], opset=13),
+    C("QLinearGlobalAveragePool", {"x": _u8(1, 3, 5, 4)}, {"channels_last": 0}, domain=MS,
+      consts={"xs": np.array(0.05, np.float32), "xz": np.array(128, np.uint8),
+              "ys": np.array(0.02, np.float32), "yz": np.array(100, np.uint8)},
+      inputs=["x", "xs", "xz", "ys", "yz"], opset=13),
+    C("QLinearConcat", {"a": _u8(1, 2, 3), "b": _u8(1, 3, 3)}, {"axis": 1}, domain=MS,
+      consts={"ys": np.array(0.1, np.float32), "yz": np.array(128, np.uint8),
+              "as": np.array(0.1, np.float32), "az": np.array(128, np.uint8),
+              "bs": np.array(0.05, np.float32), "bz": np.array(100, np.uint8)},
+      inputs=["ys", "yz", "a", "as", "az", "b", "bs", "bz"], opset=13),
+    C("QLinearSigmoid", {"x": _u8(2, 7)}, domain=MS,
+      consts={"xs": np.array(0.05, np.float32), "xz": np.array(128, np.uint8),
+              "ys": np.array(1 / 256, np.float32), "yz": np.array(0, np.uint8)},
+      inputs=["x", "xs", "xz", "ys", "yz"], opset=13),
+    C("QLinearLeakyRelu", {"x": _s8(2, 7)}, {"alpha": 0.1}, domain=MS,
+      consts={"xs": np.array(0.05, np.float32), "xz": np.array(-5, np.int8),
+              "ys": np.array(0.04, np.float32), "yz": np.array(-20, np.int8)},
+      inputs=["x", "xs", "xz", "ys", "yz"], opset=13),
+]
+
 # ONNX op types whose semantics onnxruntime does not implement as kiln's node-suite
 # reference (checked there instead): none today.
 IDS = [c.name for c in CASES]
@@ -337,13 +435,17 @@ IDS = [c.name for c in CASES]
 def _model(case: C) -> onnx.ModelProto:
     node_inputs = case.inputs if case.inputs is not None else [*case.feeds, *case.consts]
     outs = [f"y{k}" for k in range(case.outputs)]
-    node = helper.make_node(case.op, node_inputs, outs, **case.attrs)
+    node = helper.make_node(case.op, node_inputs, outs, domain=case.domain or None,
+                            **case.attrs)
     inputs = [helper.make_tensor_value_info(n, helper.np_dtype_to_tensor_dtype(v.dtype),
                                             v.shape) for n, v in case.feeds.items()]
     inits = [numpy_helper.from_array(v, n) for n, v in case.consts.items()]
     graph = helper.make_graph([node], "g", inputs, [helper.ValueInfoProto(name=o) for o in outs],
                               inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", case.opset)])
+    opsets = [helper.make_opsetid("", case.opset)]
+    if case.domain:
+        opsets.append(helper.make_opsetid(case.domain, 1))
+    model = helper.make_model(graph, opset_imports=opsets)
     model.ir_version = 8
     inferred = onnx.shape_inference.infer_shapes(model)
     known = {vi.name: vi for vi in inferred.graph.output}
@@ -353,7 +455,7 @@ def _model(case: C) -> onnx.ModelProto:
 
 
 def test_every_converted_op_type_has_a_case() -> None:
-    covered = {c.op for c in CASES}
+    covered = {c.key for c in CASES}
     missing = sorted(set(converters().names()) - covered)
     assert not missing, f"ONNX op types without an onnxruntime comparison: {missing}"
 

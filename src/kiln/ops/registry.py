@@ -122,6 +122,12 @@ def _tensor_type(t: Type) -> TensorType:
 
 OPS: Registry[OpDef] = Registry("operator")
 
+#: Operators whose all-constant calls the ONNX importer keeps as calls rather than
+#: folding: a dequantized weight stays `dequantize_linear(int8 constant)` so the
+#: quantize-ops pass can fuse it into an integer kernel (kiln.transform.quantize_ops);
+#: fold-constants folds the ones it leaves in float.
+KEPT_AT_IMPORT = frozenset({"dequantize_linear"})
+
 
 def register_op(name: str, *, pattern: str, infer: InferFn, compute: ComputeFn,
                 reference: ReferenceFn) -> OpDef:

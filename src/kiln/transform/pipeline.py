@@ -66,8 +66,10 @@ def nchwc_graph_pipeline() -> Sequential:
 
 
 def default_graph_pipeline(nchwc: bool = NCHWC_BY_DEFAULT) -> Sequential:
-    """Fold constants and BatchNorm, pick the convolution and matrix-product kernels, fuse
-    elementwise chains, legalize operators, drop dead code, lower to PrimFuncs. BatchNorm
+    """Fuse quantized QDQ patterns into integer ops (before fold-constants turns dequantized
+    weights into float constants), fold constants and BatchNorm, pick the convolution and
+    matrix-product kernels, fuse elementwise chains, legalize operators, drop dead code,
+    lower to PrimFuncs. BatchNorm
     folding must precede fusion, which would otherwise swallow the multiply/add it folds
     into the convolution. `nchwc`: keep convolution chains in the blocked activation
     layout (kiln.transform.nchwc_layout) between picking kernels and fusing."""
@@ -79,6 +81,7 @@ def default_graph_pipeline(nchwc: bool = NCHWC_BY_DEFAULT) -> Sequential:
     from kiln.transform.legalize_ops import LegalizeOps
     from kiln.transform.lower_graph import LowerGraphToTensor
     from kiln.transform.matmul_blocking import BlockMatmuls
+    from kiln.transform.quantize_ops import QuantizeOps
     from kiln.transform.use_cblas import UseCBLAS, target_wants_cblas
 
     # On a target with libs: ["cblas"], matrix products call CBLAS (kiln.ops.cblas).
@@ -86,7 +89,8 @@ def default_graph_pipeline(nchwc: bool = NCHWC_BY_DEFAULT) -> Sequential:
     from kiln.transform.nchwc_layout import NchwcLayout
 
     layout = [NchwcLayout()] if nchwc else []
-    return Sequential([FoldConstants(), FoldBatchNorm(), *blas, BlockConvolutions(), *layout,
+    return Sequential([QuantizeOps(), FoldConstants(), FoldBatchNorm(), *blas,
+                       BlockConvolutions(), *layout,
                        BlockMatmuls(), FuseOps(), LegalizeOps(), DeadCodeElimination(),
                        LowerGraphToTensor()],
                       name="graph-default")

@@ -20,6 +20,7 @@ from kiln.transform.pass_base import Pass
 
 PASSES: Registry[type[Pass]] = Registry("pass")
 for _name, _path in {
+    "quantize-ops": "kiln.transform.quantize_ops:QuantizeOps",
     "fold-constants": "kiln.transform.fold_constants:FoldConstants",
     "fold-batchnorm": "kiln.transform.fold_batchnorm:FoldBatchNorm",
     "block-convolutions": "kiln.transform.conv_blocking:BlockConvolutions",

@@ -286,7 +286,7 @@ class _Importer:
         except IRError as exc:
             raise FrontendError(f"{self._where}: {self._with_pin_hint(exc, args)}") from exc
         consts = [a for a in args if isinstance(a, g.Constant)]
-        if len(consts) == len(args):
+        if len(consts) == len(args) and op not in op_registry.KEPT_AT_IMPORT:
             # The size comes from the inferred type, before anything is materialised:
             # a tiny model can ask for terabytes (ConstantOfShape, Expand, Tile...).
             origin = sum(self._origin_bytes(a) for a in consts)

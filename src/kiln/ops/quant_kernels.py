@@ -1,0 +1,412 @@
+"""Integer products with their weights prepared at compile time (docs/quantization.md).
+
+`qlinear_conv` and `qlinear_matmul` compute `sum((x - x_zp) * (w - w_zp))`. When the
+weight and both zero points are constants, the zero-point corrections move out of
+the inner loop:
+
+    sum((x - x_zp) * (w - w_zp)) = sum(x * wp) - x_zp * colsum(wp),   wp = w - w_zp
+
+so the packed ops below multiply the raw input by `wp` (int8 when every weight zero
+point is 0, else int16) and start from `bias - x_zp * colsum(wp)`, an int32 constant
+computed here. A padded convolution reads its input padded with `x_zp`, whose product
+the correction term already counts. The B of a matrix product is stored `[K][N]`
+(Gemm's `transpose_b` applied) in panels `[ceil(N / 64)][K][64]` (`panelize`), so a
+column tile reads one contiguous panel row per k.
+
+- `qlinear_matmul_packed(a, bp, bias, multiplier, y_zp)`: `acc = a @ bp + bias`;
+- `qlinear_conv_packed(x, wp, bias, x_zp, multiplier, y_zp)`: `acc = conv(x padded with
+  x_zp, wp) + bias`;
+- `matmul_integer_packed(a, bp, colsum, a_zp)`: `a @ bp - a_zp * colsum` (int32, not
+  requantized: MatMulInteger of dynamic quantization, whose `a_zp` is computed at run
+  time);
+
+both requantized like the unpacked ops (`qmin`/`qmax`, round half to even).
+
+API (kept small so the kernels can move to their own package): `applies(call)`,
+`pack(call)` (the packed call, or None) and the two ops' `build` (their tensor-
+expression lowering).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from kiln.errors import IRError
+from kiln.ir import dtype as dt
+from kiln.ir import graph as g
+from kiln.ir.shape_expr import is_static
+from kiln.ir.tensor import (
+    Allocate,
+    Buffer,
+    Cast,
+    IfThenElse,
+    PrimExpr,
+    PrimFunc,
+    Stmt,
+    Store,
+    Var,
+    as_expr,
+    compare,
+    min_,
+    seq,
+)
+from kiln.ir.types import TensorType, Type
+from kiln.ops import te
+from kiln.ops.conv_kernels import _loop
+from kiln.ops.nn import _conv_geometry, _conv_ref
+from kiln.ops.quant import (
+    PRODUCT_DTYPES,
+    _channel,
+    _check_requant,
+    _conv_int_shape,
+    out_range,
+    requantize_ref,
+    requantize_value,
+)
+from kiln.ops.registry import OPS, HandBuiltOp, register_op
+from kiln.ops.registry import call as op_call
+
+Attrs = Mapping[str, Any]
+MATMUL = "qlinear_matmul_packed"
+CONV = "qlinear_conv_packed"
+INTEGER = "matmul_integer_packed"
+_WEIGHT_DTYPES = ("int8", "int16")
+
+
+def applies(call: g.Call) -> bool:
+    """Whether `call` is a `qlinear_conv`/`qlinear_matmul` with constant weights, zero
+    points and bias (a 2-D B for the matrix product), or a `matmul_integer` with a
+    constant 2-D B and B zero point."""
+    if call.op == "matmul_integer":
+        b, b_zp = call.args[1], call.args[3]
+        return isinstance(b, g.Constant) and b.data.ndim == 2 and isinstance(b_zp, g.Constant)
+    if call.op not in ("qlinear_conv", "qlinear_matmul"):
+        return False
+    w, bias, x_zp, w_zp = call.args[1], call.args[2], call.args[3], call.args[4]
+    if not all(isinstance(e, g.Constant) for e in (w, bias, x_zp, w_zp)):
+        return False
+    assert isinstance(w, g.Constant)
+    return call.op == "qlinear_conv" or w.data.ndim == 2
+
+
+def pack(call: g.Call) -> g.Call | None:
+    """The packed form of `call`, or None when `applies(call)` is false."""
+    if not applies(call):
+        return None
+    if call.op == "matmul_integer":
+        return _pack_matmul_integer(call)
+    x, w, bias, x_zp, w_zp, multiplier, y_zp = call.args
+    assert isinstance(w, g.Constant) and isinstance(bias, g.Constant)
+    assert isinstance(x_zp, g.Constant) and isinstance(w_zp, g.Constant)
+    attrs = dict(call.attrs)
+    zw = np.asarray(w_zp.data, np.int64)
+    if call.op == "qlinear_matmul":
+        wp = _shifted_b(w.data, w_zp.data, bool(attrs.pop("transpose_b", False)))
+        sums = wp.astype(np.int64).sum(axis=0)
+    else:
+        data = np.asarray(w.data, np.int64)
+        wp = data - zw.reshape(-1, *([1] * (data.ndim - 1))) if zw.ndim else data - zw
+        sums = wp.reshape(wp.shape[0], -1).sum(axis=1)
+    weight_dtype = np.int8 if wp.min() >= -128 and wp.max() <= 127 else np.int16
+    bias_eff = np.asarray(bias.data, np.int64) - int(x_zp.data) * sums
+    if np.abs(bias_eff).max(initial=0) >= 2 ** 31:
+        return None  # the corrected bias would not fit the int32 accumulator
+    packed = g.Constant(np.ascontiguousarray(wp.astype(weight_dtype)), w.name)
+    corrected = g.Constant(bias_eff.astype(np.int32))
+    if call.op == "qlinear_matmul":
+        panels = g.Constant(panelize(np.asarray(packed.data)), w.name)
+        return op_call(MATMUL, x, panels, corrected, multiplier, y_zp, n=wp.shape[1], **attrs)
+    return op_call(CONV, x, packed, corrected, x_zp, multiplier, y_zp, **attrs)
+
+
+def _shifted_b(b: np.ndarray, b_zp: np.ndarray, transpose: bool) -> np.ndarray:
+    """B as `[K][N]` minus its zero point (scalar or per column), int8 or int16."""
+    data = np.asarray(b, np.int64)
+    if transpose:
+        data = data.T
+    zb = np.asarray(b_zp, np.int64)
+    wp = data - zb.reshape(1, -1) if zb.ndim else data - zb
+    return wp.astype(np.int8 if wp.min() >= -128 and wp.max() <= 127 else np.int16)
+
+
+def _pack_matmul_integer(call: g.Call) -> g.Call:
+    # (a - a_zp) @ (b - b_zp) = a @ bp - a_zp * colsum(bp): a_zp is known at run time
+    # only (DynamicQuantizeLinear computes it), so the kernel multiplies it in.
+    a, b, a_zp, b_zp = call.args
+    assert isinstance(b, g.Constant) and isinstance(b_zp, g.Constant)
+    wp = _shifted_b(b.data, b_zp.data, bool(call.attrs.get("transpose_b")))
+    colsum = wp.astype(np.int64).sum(axis=0).astype(np.int32)
+    return op_call(INTEGER, a, g.Constant(panelize(wp), b.name), g.Constant(colsum), a_zp,
+                   n=wp.shape[1])
+
+
+def panelize(b: np.ndarray) -> np.ndarray:
+    """B `[K][N]` as panels `[ceil(N / nr)][K][nr]`, nr = min(TILE_COLS, N), zero-padded:
+    the kernel's column tile reads one contiguous panel row per k."""
+    k, n = b.shape
+    nr = min(TILE_COLS, n)
+    panels = -(-n // nr)
+    padded = np.zeros((k, panels * nr), b.dtype)
+    padded[:, :n] = b
+    return np.ascontiguousarray(padded.reshape(k, panels, nr).transpose(1, 0, 2))
+
+
+def unpanelize(bp: np.ndarray, n: int) -> np.ndarray:
+    """`panelize` undone: B `[K][N]`."""
+    panels, k, nr = bp.shape
+    return bp.transpose(1, 0, 2).reshape(k, panels * nr)[:, :n]
+
+
+# --------------------------------------------------------------------------- matmul
+
+def _check_packed_product(op: str, a: TensorType, bp: TensorType, attrs: Attrs) -> int:
+    """N, the columns of the packed B `[panels][K][nr]` (attribute `n`), checked."""
+    n = int(attrs.get("n", -1))
+    if a.dtype not in PRODUCT_DTYPES or bp.dtype not in _WEIGHT_DTYPES or bp.ndim != 3 \
+            or not (bp.shape[0] - 1) * bp.shape[2] < n <= bp.shape[0] * bp.shape[2]:
+        raise IRError(f"{op}: A must be int8/uint8 and the packed B int8/int16 panels "
+                      f"[panels][K][nr] holding n={n} columns, got {a.dtype} and "
+                      f"{bp.dtype}{tuple(bp.shape)}")
+    if a.ndim < 1 or a.shape[-1] != bp.shape[1]:
+        raise IRError(f"{op}: inner dimensions differ: {tuple(a.shape)} @ "
+                      f"[{bp.shape[1]}, {n}]")
+    return n
+
+
+def _matmul_infer(types: Sequence[TensorType], attrs: Attrs) -> Type:
+    a, bp, bias, multiplier, y_zp = types
+    n = _check_packed_product(MATMUL, a, bp, attrs)
+    _check_requant(MATMUL, n, bias, multiplier, y_zp, attrs)
+    return TensorType((*a.shape[:-1], n), y_zp.dtype)
+
+
+def _row_times_b(a: te.Tensor, bp: te.Tensor, rows: Sequence[PrimExpr],
+                 col: PrimExpr) -> PrimExpr:
+    """The int32 sum over k of a[rows, k] * B[k, col] (B in panels)."""
+    nr = bp.shape[2]
+    return te.reduce("sum", lambda k: Cast("int32", a[(*rows, k)])
+                     * Cast("int32", bp[col // nr, k, col % nr]), (bp.shape[1],), "int32")
+
+
+def build_matmul(inputs: Sequence[te.Tensor], attrs: Attrs) -> te.Tensor:
+    """The tensor-expression kernel of `qlinear_matmul_packed`."""
+    a, bp, bias, multiplier, y_zp = inputs
+    n = int(attrs["n"])
+    lo, hi = out_range(attrs, y_zp.dtype)
+
+    def value(*i: PrimExpr) -> PrimExpr:
+        acc = _row_times_b(a, bp, i[:-1], i[-1])
+        col = i[-1]
+        return requantize_value(acc + bias[col], _channel(multiplier, col), y_zp[()], lo, hi,
+                                y_zp.dtype)
+
+    return te.compute((*a.shape[:-1], n), value, y_zp.dtype, MATMUL)
+
+
+def _matmul_ref(a: np.ndarray, bp: np.ndarray, bias: np.ndarray, multiplier: np.ndarray,
+                y_zp: np.ndarray, **attrs: Any) -> np.ndarray:
+    b = unpanelize(bp, int(attrs["n"])).astype(np.int64)
+    acc = (np.matmul(a.astype(np.int64), b) + bias).astype(np.int32)
+    lo, hi = out_range(attrs, dt.from_numpy(y_zp.dtype))
+    return requantize_ref(acc, multiplier, y_zp, lo, hi, acc.ndim - 1)
+
+
+
+
+def _integer_infer(types: Sequence[TensorType], attrs: Attrs) -> Type:
+    a, bp, colsum, a_zp = types
+    n = _check_packed_product(INTEGER, a, bp, attrs)
+    if colsum.dtype != "int32" or tuple(colsum.shape) != (n,) or a_zp.ndim \
+            or a_zp.dtype != a.dtype:
+        raise IRError(f"{INTEGER}: expects int32 column sums ({n},) and a scalar "
+                      f"zero point of A's type {a.dtype}")
+    return TensorType((*a.shape[:-1], n), "int32")
+
+
+def build_integer(inputs: Sequence[te.Tensor], attrs: Attrs) -> te.Tensor:
+    """The tensor-expression kernel of `matmul_integer_packed`."""
+    a, bp, colsum, a_zp = inputs
+    n = int(attrs["n"])
+
+    def value(*i: PrimExpr) -> PrimExpr:
+        return _row_times_b(a, bp, i[:-1], i[-1]) - Cast("int32", a_zp[()]) * colsum[i[-1]]
+
+    return te.compute((*a.shape[:-1], n), value, "int32", INTEGER)
+
+
+def _integer_ref(a: np.ndarray, bp: np.ndarray, colsum: np.ndarray, a_zp: np.ndarray,
+                 **attrs: Any) -> np.ndarray:
+    b = unpanelize(bp, int(attrs["n"])).astype(np.int64)
+    acc = np.matmul(a.astype(np.int64), b) - int(a_zp) * colsum
+    return acc.astype(np.int32)
+
+
+
+
+# --------------------------------------------------------------------------- convolution
+
+def _conv_infer(types: Sequence[TensorType], attrs: Attrs) -> Type:
+    x, wp, bias, x_zp, multiplier, y_zp = types
+    if wp.dtype not in _WEIGHT_DTYPES:
+        raise IRError(f"{CONV}: the packed weight must be int8 or int16, got {wp.dtype}")
+    # the geometry and input checks of the unpacked op (a zero weight zero point)
+    shape = _conv_int_shape(CONV, [x, TensorType(wp.shape, "int8"), x_zp,
+                                   TensorType((), "int8")], attrs)
+    _check_requant(CONV, wp.shape[0], bias, multiplier, y_zp, attrs)
+    return TensorType(shape, y_zp.dtype)
+
+
+def build_conv(inputs: Sequence[te.Tensor], attrs: Attrs) -> te.Tensor:
+    """The tensor-expression kernel of `qlinear_conv_packed`: the input padded with its
+    zero point is materialized once (when there are pads), so the reduction reads it
+    without bounds tests."""
+    x, wp, bias, x_zp, multiplier, y_zp = inputs
+    rank, strides, dilations, begins, ends = _conv_geometry(x.shape, wp.shape, attrs, CONV)
+    ci, kernel = wp.shape[1], wp.shape[2:]
+    group = int(attrs.get("group", 1))
+    per_group = wp.shape[0] // group
+    lo, hi = out_range(attrs, y_zp.dtype)
+    src = x
+    if any(begins) or any(ends):
+        padded_shape = (*x.shape[:2], *(x.shape[2 + j] + begins[j] + ends[j]
+                                         for j in range(rank)))
+        src = te.compute(padded_shape, lambda n, c, *p: te.padded(
+            x, (n, c, *(p[j] - begins[j] for j in range(rank))), x_zp[()]),
+            x.dtype, "x_padded", materialize=True)
+    out_shape = _conv_int_shape(CONV, [TensorType(x.shape, x.dtype),
+                                       TensorType(wp.shape, "int8"),
+                                       TensorType((), x.dtype), TensorType((), "int8")], attrs)
+
+    def value(n: PrimExpr, oc: PrimExpr, *o: PrimExpr) -> PrimExpr:
+        first = (oc // per_group) * ci if group > 1 else as_expr(0)
+
+        def term(c: PrimExpr, *k: PrimExpr) -> PrimExpr:
+            pos = tuple(o[j] * strides[j] + k[j] * dilations[j] for j in range(rank))
+            return Cast("int32", src[(n, first + c, *pos)]) * Cast("int32", wp[(oc, c, *k)])
+
+        acc = te.reduce("sum", term, (ci, *kernel), "int32") + bias[oc]
+        return requantize_value(acc, _channel(multiplier, oc), y_zp[()], lo, hi, y_zp.dtype)
+
+    return te.compute(out_shape, value, y_zp.dtype, CONV)
+
+
+def _conv_packed_ref(x: np.ndarray, wp: np.ndarray, bias: np.ndarray, x_zp: np.ndarray,
+                     multiplier: np.ndarray, y_zp: np.ndarray, **attrs: Any) -> np.ndarray:
+    rank, _, _, begins, ends = _conv_geometry(x.shape, wp.shape, attrs, CONV)
+    xp = np.pad(x.astype(np.int64), ((0, 0), (0, 0), *zip(begins, ends)),
+                constant_values=int(x_zp))
+    unpadded = {**attrs, "pads": (0,) * (2 * rank)}
+    acc = _conv_ref(xp, wp.astype(np.int64), **unpadded)
+    acc = (acc + bias.astype(np.int64).reshape(-1, *([1] * rank))).astype(np.int32)
+    lo, hi = out_range(attrs, dt.from_numpy(y_zp.dtype))
+    return requantize_ref(acc, multiplier, y_zp, lo, hi, 1)
+
+
+register_op(CONV, pattern="anchor", infer=_conv_infer, compute=build_conv,
+            reference=_conv_packed_ref)
+
+
+# --------------------------------------------------------------------------- register tiles
+
+#: Rows x columns of int32 accumulators of the matrix-product tile: 4 x 64 = 16 AVX-512
+#: registers; every B row loaded from cache feeds MR rows of A.
+TILE_ROWS, TILE_COLS = 4, 64
+#: Below this many multiply-adds the product runs on one thread.
+PARALLEL_WORK = 1 << 18
+
+
+def build_matmul_tiles(a: Buffer, bp: Buffer, n: int, out: Buffer,
+                       epilogue: Callable[[PrimExpr, PrimExpr], PrimExpr]) -> Stmt:
+    """The register-tiled loop nest of a packed matrix product (A's leading dims are its
+    rows, flattened): tiles of
+    TILE_ROWS x TILE_COLS int32 accumulators (surplus rows and columns read the last
+    row/column and are not stored), row tiles (or the column tiles of a single row tile)
+    in parallel. `epilogue(acc, column)` is
+    the value stored for an accumulator of output column `column`."""
+    lead = tuple(int(d) for d in a.shape[:-1])
+    m, k_extent = int(np.prod(lead, dtype=np.int64)), int(a.shape[-1])
+    col_tiles, nr = int(bp.shape[0]), int(bp.shape[2])
+    mr = min(TILE_ROWS, m)
+    row_tiles = -(-m // mr)
+
+    def row_tile(rt: Var) -> Stmt:
+        def col_tile(ct: Var) -> Stmt:
+            acc = Buffer("acc", (mr, nr), "int32", "local")
+
+            def col(v: PrimExpr) -> PrimExpr:
+                # clamped only when the last tile is partial: full tiles load contiguously
+                return ct * nr + v if n % nr == 0 else min_(ct * nr + v, n - 1)
+
+            def row(r: PrimExpr) -> PrimExpr:
+                return rt * mr + r if m % mr == 0 else min_(rt * mr + r, m - 1)
+
+            def a_at(i: PrimExpr, k: PrimExpr) -> PrimExpr:
+                return Cast("int32", a[(*te.unflatten_index(i, lead), k)])
+
+            zero = _loop("r", mr, lambda r: _loop(
+                "v", nr, lambda v: Store(acc, as_expr(0, "int32"), (r, v)), "vectorized"))
+            step = _loop("k", k_extent, lambda k: _loop("r", mr, lambda r: _loop(
+                "v", nr, lambda v: Store(acc, acc[r, v] + a_at(row(r), k)
+                                         * Cast("int32", bp[ct, k, v]), (r, v)),
+                "vectorized"), "unrolled"))
+
+            def store(r: PrimExpr, v: PrimExpr) -> Stmt:
+                j = ct * nr + v
+                value = epilogue(acc[r, v], col(v))
+                inside = compare("lt", rt * mr + r, m) & compare("lt", j, n)
+                at = (*te.unflatten_index(rt * mr + r, lead), j)
+                return IfThenElse(inside, Store(out, value, at))
+
+            stores = _loop("r", mr, lambda r: _loop("v", nr, lambda v: store(r, v)))
+            return seq(Allocate(acc), zero, step, stores)
+
+        return _loop("ct", col_tiles, col_tile, kinds[1])
+
+    # row tiles in parallel; a single row tile (a matrix-vector product): column tiles
+    big = m * n * k_extent >= PARALLEL_WORK
+    kinds = ("parallel" if big and row_tiles > 1 else "serial",
+             "parallel" if big and row_tiles == 1 and col_tiles > 1 else "serial")
+    return _loop("rt", row_tiles, row_tile, kinds[0])
+
+
+@dataclass(frozen=True)
+class _TiledMatmul(HandBuiltOp):
+    """A packed matrix product on register tiles for a static A of rank >= 2 (the te
+    definition otherwise, and under a fused elementwise tail)."""
+
+    def lower_fused(self, params: Sequence[te.Tensor], args: Sequence[te.Tensor], attrs: Attrs,
+                    anchor: te.Tensor | None, result: te.Tensor | None,
+                    name: str) -> PrimFunc | None:
+        if result is not None or len(args) != len(params) or args[0].ndim < 2 \
+                or not is_static((*args[0].shape, *args[1].shape)):
+            return None
+        buffers = [Buffer(t.name, t.shape, t.dtype) for t in params]
+        a, bp = buffers[0], buffers[1]
+        epilogue: Callable[[PrimExpr, PrimExpr], PrimExpr]
+        if self.name == MATMUL:
+            bias, multiplier, y_zp = buffers[2:]
+            lo, hi = out_range(attrs, y_zp.dtype)
+            dtype = y_zp.dtype
+
+            def epilogue(acc: PrimExpr, j: PrimExpr) -> PrimExpr:
+                mult = multiplier[()] if multiplier.ndim == 0 else multiplier[j]
+                return requantize_value(acc + bias[j], mult, y_zp[()], lo, hi, y_zp.dtype)
+        else:
+            colsum, a_zp = buffers[2:]
+            dtype = "int32"
+
+            def epilogue(acc: PrimExpr, j: PrimExpr) -> PrimExpr:
+                return acc - Cast("int32", a_zp[()]) * colsum[j]
+
+        n = int(attrs["n"])
+        out = Buffer("out", (*a.shape[:-1], n), dtype)
+        return PrimFunc((*buffers, out), build_matmul_tiles(a, bp, n, out, epilogue),
+                        {"kiln.gemm_kernel": self.name})
+
+OPS.register(MATMUL, _TiledMatmul(MATMUL, "anchor", _matmul_infer, build_matmul, _matmul_ref))
+OPS.register(INTEGER, _TiledMatmul(INTEGER, "anchor", _integer_infer, build_integer,
+                                   _integer_ref))

@@ -1,0 +1,204 @@
+"""QuantizeOps: fuse QDQ patterns into integer operators with a requantizing epilogue.
+
+A model quantized in the QDQ format computes its products in float between
+DequantizeLinear and QuantizeLinear nodes. This pass rewrites
+
+    quantize_linear([relu|clip](conv(dequantize_linear(x_q), dequantize_linear(w_q)
+                                     [, dequantize_linear(bias_i32)])), y_scale, y_zp)
+
+(and the same around `matmul`, with Gemm's bias as an `add`) into one
+`qlinear_conv` / `qlinear_matmul` call (kiln.ops.quant): an int32 accumulation of
+`(x - x_zp) * (w - w_zp)`, the int32 bias, then `float32(acc) * multiplier` rounded
+half to even, saturated and shifted by the output zero point, where `multiplier =
+x_scale * w_scale / y_scale` (one per output channel for per-channel weights). A
+ReLU or Clip between the product and the QuantizeLinear becomes the output range
+(`qmin`/`qmax`): quantization is monotone, so `quantize(relu(v)) = max(quantize(v),
+y_zp)` exactly.
+
+It applies only when the result is the same computation onnxruntime runs for the
+pattern (its QDQ transformer makes the same fusion): the scales and zero points are
+compile-time constants, the activation is quantized per tensor, the weight is a
+constant int8/uint8 tensor quantized per tensor or per output channel, the bias (if
+any) is int32 with zero point 0 and scale `x_scale * w_scale`, and the float
+intermediates have no other use. Everything else stays as the model wrote it:
+dequantize, float op, quantize (fold-constants then folds dequantized constant
+weights into float constants).
+
+Then every `qlinear_conv` / `qlinear_matmul` with constant weights (fused here or
+imported from QLinearConv/QLinearMatMul/QGemm), and every `matmul_integer` with a
+constant B (dynamic quantization), becomes its packed form
+(kiln.ops.quant_kernels): the weight shifted by its zero point, the input zero
+point's correction folded into the int32 bias.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from kiln.errors import IRError
+from kiln.ir import graph as g
+from kiln.ir.module import IRModule
+from kiln.ir.types import TensorType
+from kiln.transform.dead_code import remove_dead_bindings
+from kiln.transform.functor import rewrite_calls, var_use_counts
+from kiln.transform.pass_base import FunctionPass
+
+_CONVS = ("conv1d", "conv2d", "conv3d")
+_PRODUCT_DTYPES = ("int8", "uint8")
+_STARTS = ("quantize_linear", "qlinear_conv", "qlinear_matmul", "matmul_integer")
+
+
+@dataclass(frozen=True)
+class QuantizeOps(FunctionPass):
+    """Rewrite DQ -> conv/matmul/gemm [-> relu/clip] -> Q chains into integer ops."""
+
+    name = "quantize-ops"
+    level = "graph"
+
+    def run_on_function(self, func: Any, name: str, mod: IRModule) -> g.Function:
+        from kiln.ops import quant_kernels
+
+        assert isinstance(func, g.Function)
+        if not any(isinstance(b.value, g.Call) and b.value.op in _STARTS
+                   for b in func.bindings):
+            return func
+        match = _Matcher({b.var: b.value for b in func.bindings}, var_use_counts(func))
+        fused = rewrite_calls(func, match.rewrite)
+        # weights, zero-point corrections and bias prepared for the kernels
+        packed = rewrite_calls(fused, quant_kernels.pack)
+        # the float products and dequantized weights the fused ops replaced
+        return packed if packed is func else remove_dead_bindings(packed)
+
+
+@dataclass(frozen=True)
+class _Quant:
+    """A per-tensor or per-channel dequantization of a tensor: its input and parameters."""
+
+    data: g.Expr
+    scale: np.ndarray
+    zero_point: np.ndarray
+    axis: int | None  # None: per tensor
+
+
+def _scalar(e: g.Expr) -> np.ndarray | None:
+    if isinstance(e, g.Constant) and e.data.size == 1:
+        return e.data.reshape(())
+    return None
+
+
+class _Matcher:
+    def __init__(self, defs: dict[g.Var, g.Expr], uses: Any) -> None:
+        self.defs = defs
+        self.uses = uses
+
+    def _producer(self, e: g.Expr, single_use: bool) -> g.Call | None:
+        if isinstance(e, g.Var):
+            if single_use and self.uses[e] != 1:
+                return None
+            e = self.defs.get(e)  # type: ignore[assignment]
+        return e if isinstance(e, g.Call) else None
+
+    def _dequantized(self, e: g.Expr) -> _Quant | None:
+        call = self._producer(e, single_use=False)
+        if call is None or call.op != "dequantize_linear" or call.attrs.get("block_size"):
+            return None
+        data, scale, zp = call.args
+        if not (isinstance(scale, g.Constant) and isinstance(zp, g.Constant)):
+            return None
+        axis = call.attrs.get("axis") if scale.data.ndim else None
+        return _Quant(data, np.asarray(scale.data, np.float32), zp.data,
+                      None if axis is None else int(axis))  # type: ignore[arg-type]
+
+    def rewrite(self, q: g.Call) -> g.Call | None:
+        if q.op != "quantize_linear" or q.attrs.get("block_size"):
+            return None
+        y_scale, y_zp = _scalar(q.args[1]), _scalar(q.args[2])
+        if y_scale is None or y_zp is None or str(y_zp.dtype) not in _PRODUCT_DTYPES:
+            return None
+        from kiln.ops.quant import qrange, quantize_ref
+
+        lo, hi = qrange(str(y_zp.dtype))
+        call = self._producer(q.args[0], single_use=True)
+        if call is not None and call.op in ("relu", "clip"):
+            # quantization is monotone: the activation becomes the output range
+            bounds = (0.0, None) if call.op == "relu" else (call.attrs.get("min"),
+                                                            call.attrs.get("max"))
+            for k, bound in enumerate(bounds):
+                if bound is None:
+                    continue
+                qb = int(quantize_ref(np.asarray(bound, np.float32), y_scale, y_zp))
+                lo, hi = (max(lo, qb), hi) if k == 0 else (lo, min(hi, qb))
+            call = self._producer(call.args[0], single_use=True)
+        if call is None or lo > hi:
+            return None
+        bias: g.Expr | None = None
+        if call.op == "add":
+            call, bias = self._matmul_and_bias(call)
+            if call is None:
+                return None
+        if call.op in _CONVS and len(call.args) in (2, 3):
+            if len(call.args) == 3:
+                bias = call.args[2]
+            return self._fuse(q, "qlinear_conv", call, bias, 0, lo, hi, y_scale, y_zp)
+        if call.op == "matmul" and len(call.args) == 2:
+            channel_axis = 0 if call.attrs.get("transpose_b") else 1
+            return self._fuse(q, "qlinear_matmul", call, bias, channel_axis, lo, hi,
+                              y_scale, y_zp)
+        return None
+
+    def _matmul_and_bias(self, add: g.Call) -> tuple[g.Call | None, g.Expr | None]:
+        """Gemm's `add(matmul(...), bias)` (either order) -> (the matmul, the bias)."""
+        for k in (0, 1):
+            inner = self._producer(add.args[k], single_use=True)
+            if inner is not None and inner.op == "matmul":
+                return inner, add.args[1 - k]
+        return None, None
+
+    def _fuse(self, q: g.Call, op: str, product: g.Call, bias: g.Expr | None, channel_axis: int,
+              lo: int, hi: int, y_scale: np.ndarray, y_zp: np.ndarray) -> g.Call | None:
+        from kiln.ops import call as op_call
+        from kiln.ops.quant import requantize_multiplier
+
+        x, w = self._dequantized(product.args[0]), self._dequantized(product.args[1])
+        if x is None or w is None or x.axis is not None or x.scale.ndim:
+            return None
+        xt = x.data.type
+        if not (isinstance(xt, TensorType) and xt.dtype in _PRODUCT_DTYPES
+                and isinstance(w.data, g.Constant) and w.data.data.ndim >= 2
+                and str(w.data.data.dtype) in _PRODUCT_DTYPES):
+            return None
+        channels = w.data.data.shape[channel_axis]
+        if w.axis is not None and (w.axis != channel_axis or w.scale.shape != (channels,)):
+            return None
+        if product.op == "matmul" and w.data.data.ndim != 2:
+            return None
+        bias_data = self._bias(bias, x.scale * w.scale, channels)
+        if bias_data is None:
+            return None
+        attrs = {k: v for k, v in product.attrs.items()}
+        attrs.update(qmin=lo, qmax=hi)
+        try:
+            return op_call(op, x.data, w.data, g.Constant(bias_data),
+                           g.Constant(np.asarray(x.zero_point).reshape(())),
+                           g.Constant(np.asarray(w.zero_point)),
+                           g.Constant(requantize_multiplier(x.scale, w.scale, y_scale)),
+                           g.Constant(np.asarray(y_zp)), **attrs)
+        except IRError:  # a shape the integer op refuses: keep float
+            return None
+
+    def _bias(self, bias: g.Expr | None, scale: np.ndarray, channels: int) -> np.ndarray | None:
+        """The int32 bias of the fused op (zeros when the product has none), or None when
+        the bias is not `dequantize_linear(int32 constant, x_scale * w_scale, 0)`."""
+        if bias is None:
+            return np.zeros((channels,), np.int32)
+        b = self._dequantized(bias)
+        if b is None or not isinstance(b.data, g.Constant) or b.data.data.dtype != np.int32 \
+                or b.data.data.shape != (channels,) or np.any(b.zero_point != 0):
+            return None
+        want = np.broadcast_to(np.asarray(scale, np.float32), (channels,))
+        if not np.allclose(np.broadcast_to(b.scale, (channels,)), want, rtol=1e-5, atol=0):
+            return None
+        return np.asarray(b.data.data, np.int32)

@@ -1,0 +1,104 @@
+"""Models quantized by onnxruntime's own quantizer, and the comparison the tests use.
+
+`quantize_static_model` runs `onnxruntime.quantization.quant_pre_process` (BatchNorm
+folded into the convolutions, as deployments do) and `quantize_static` with a
+calibration reader over random inputs; `quantize_dynamic_model` runs
+`quantize_dynamic`. `integer_outputs` removes the DequantizeLinear nodes in front of
+a QDQ model's outputs, so the model returns its quantized tensors (compared element
+by element, in quanta).
+"""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnxruntime.quantization import (
+    CalibrationDataReader,
+    QuantFormat,
+    QuantType,
+    quantize_dynamic,
+    quantize_static,
+)
+from onnxruntime.quantization.shape_inference import quant_pre_process
+
+#: Relative L2 error allowed on dequantized (float) outputs vs onnxruntime's int8 run.
+MAX_REL_L2 = 1e-2
+#: Integer outputs: equal, or one quantum apart on at most this share of the elements.
+MAX_OFF_BY_ONE = 1e-3
+
+
+class RandomReader(CalibrationDataReader):
+    """`count` batches of standard-normal inputs for `model` (a seeded generator)."""
+
+    def __init__(self, model: onnx.ModelProto, count: int = 4, seed: int = 0) -> None:
+        rng = np.random.default_rng(seed)
+        shapes = {vi.name: [d.dim_value for d in vi.type.tensor_type.shape.dim]
+                  for vi in model.graph.input}
+        self.batches = iter([{n: rng.standard_normal(s).astype(np.float32)
+                              for n, s in shapes.items()} for _ in range(count)])
+
+    def get_next(self) -> dict[str, np.ndarray] | None:
+        return next(self.batches, None)
+
+
+def quantize_static_model(model: onnx.ModelProto, fmt: str, per_channel: bool = True,
+                          activations: str = "uint8") -> onnx.ModelProto:
+    """`model` quantized by onnxruntime (`fmt` "QDQ" or "QOperator"; int8 weights,
+    `activations` uint8 (asymmetric) or int8 (symmetric))."""
+    with tempfile.TemporaryDirectory() as tmp:
+        src, pre, out = (Path(tmp) / n for n in ("float.onnx", "pre.onnx", "q.onnx"))
+        onnx.save(model, src)
+        quant_pre_process(str(src), str(pre))
+        signed = activations == "int8"
+        quantize_static(str(pre), str(out), RandomReader(model),
+                        quant_format=QuantFormat.QDQ if fmt == "QDQ" else QuantFormat.QOperator,
+                        per_channel=per_channel,
+                        activation_type=QuantType.QInt8 if signed else QuantType.QUInt8,
+                        weight_type=QuantType.QInt8,
+                        extra_options={"ActivationSymmetric": signed})
+        return onnx.load(str(out))
+
+
+def quantize_dynamic_model(model: onnx.ModelProto) -> onnx.ModelProto:
+    """`model` with its matrix products dynamically quantized by onnxruntime."""
+    with tempfile.TemporaryDirectory() as tmp:
+        src, out = Path(tmp) / "float.onnx", Path(tmp) / "q.onnx"
+        onnx.save(model, src)
+        quantize_dynamic(str(src), str(out), weight_type=QuantType.QInt8)
+        return onnx.load(str(out))
+
+
+def integer_outputs(model: onnx.ModelProto) -> onnx.ModelProto:
+    """`model` returning the quantized tensors its final DequantizeLinear nodes read."""
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    graph = out.graph
+    producers = {o: n for n in graph.node for o in n.output}
+    for vi in graph.output:
+        node = producers[vi.name]
+        assert node.op_type == "DequantizeLinear", node.op_type
+        zp = next(i for i in graph.initializer if i.name == node.input[2])
+        graph.node.remove(node)
+        for n in graph.node:
+            for k, name in enumerate(n.output):
+                if name == node.input[0]:
+                    n.output[k] = vi.name
+        vi.type.tensor_type.elem_type = zp.data_type
+    return out
+
+
+def check_integer(got: np.ndarray, want: np.ndarray, what: str) -> None:
+    """Equal, or one quantum apart on at most MAX_OFF_BY_ONE of the elements."""
+    assert got.dtype == want.dtype and got.shape == want.shape, what
+    diff = np.abs(got.astype(np.int32) - want.astype(np.int32))
+    assert diff.max() <= 1, f"{what}: off by {diff.max()} quanta"
+    share = float((diff > 0).mean())
+    assert share <= MAX_OFF_BY_ONE, f"{what}: {share:.2%} of the elements are one quantum off"
+
+
+def rel_l2(got: np.ndarray, want: np.ndarray) -> float:
+    return float(np.linalg.norm(got.astype(np.float64) - want)
+                 / max(np.linalg.norm(want.astype(np.float64)), 1e-30))

@@ -1,0 +1,162 @@
+"""The quantize-ops pass on hand-built QDQ graphs, and what the frontend refuses.
+
+A QDQ convolution with per-channel weights, an int32 bias and a ReLU or Clip before
+the QuantizeLinear becomes one `qlinear_conv` whose output range is the activation's;
+its result equals onnxruntime's (which fuses the same pattern). Patterns that are not
+the computation onnxruntime runs stay in float, unchanged.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from kiln import evaluate
+from kiln.errors import FrontendError
+from kiln.frontend import from_onnx
+from kiln.ir import graph as g
+from kiln.ir.types import TensorType
+from kiln.ops import call as call_op
+from kiln.ops import evaluate_call, quant_kernels
+from kiln.transform.quantize_ops import QuantizeOps
+
+
+def g_tensor_type(a: np.ndarray) -> TensorType:
+    return TensorType(a.shape, str(a.dtype))
+
+R = np.random.default_rng(7)
+X_SCALE, W_SCALES, Y_SCALE = np.float32(0.02), np.array([0.004, 0.01, 0.007], np.float32), \
+    np.float32(0.03)
+
+
+def _qdq_conv(activation: str, bias_scale: np.ndarray) -> onnx.ModelProto:
+    """x -> Q -> DQ -> Conv(DQ(w), DQ(b)) -> activation -> Q -> DQ -> y (opset 13)."""
+    inits = {
+        "xs": X_SCALE, "xz": np.array(120, np.uint8), "ws": W_SCALES,
+        "wz": np.zeros(3, np.int8), "w": R.integers(-127, 128, (3, 2, 3, 3)).astype(np.int8),
+        "b": R.integers(-2000, 2000, (3,)).astype(np.int32), "bs": bias_scale,
+        "bz": np.zeros(3, np.int32), "ys": Y_SCALE, "yz": np.array(90, np.uint8),
+        "lo": np.array(0.0, np.float32), "hi": np.array(1.5, np.float32)}
+    nodes = [helper.make_node("QuantizeLinear", ["x", "xs", "xz"], ["xq"]),
+             helper.make_node("DequantizeLinear", ["xq", "xs", "xz"], ["xf"]),
+             helper.make_node("DequantizeLinear", ["w", "ws", "wz"], ["wf"], axis=0),
+             helper.make_node("DequantizeLinear", ["b", "bs", "bz"], ["bf"], axis=0),
+             helper.make_node("Conv", ["xf", "wf", "bf"], ["c"], pads=[1, 1, 1, 1])]
+    if activation == "relu":
+        nodes.append(helper.make_node("Relu", ["c"], ["a"]))
+    elif activation == "clip":
+        nodes.append(helper.make_node("Clip", ["c", "lo", "hi"], ["a"]))
+    else:
+        nodes.append(helper.make_node("Identity", ["c"], ["a"]))
+    nodes += [helper.make_node("QuantizeLinear", ["a", "ys", "yz"], ["y"])]
+    graph = helper.make_graph(
+        nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2, 6, 6])],
+        [helper.make_tensor_value_info("y", TensorProto.UINT8, [1, 3, 6, 6])],
+        [numpy_helper.from_array(np.asarray(v), k) for k, v in inits.items()])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    return model
+
+
+def _ops(mod: object) -> Counter[str]:
+    return Counter(b.value.op for b in mod["main"].bindings  # type: ignore[index]
+                   if isinstance(b.value, g.Call))
+
+
+@pytest.mark.parametrize("activation", ["none", "relu", "clip"])
+def test_qdq_conv_fuses_into_qlinear_conv(activation: str) -> None:
+    model = _qdq_conv(activation, X_SCALE * W_SCALES)
+    x = R.uniform(-2.5, 2.5, (1, 2, 6, 6)).astype(np.float32)
+    want = ort.InferenceSession(model.SerializeToString(),
+                                providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    mod = QuantizeOps()(from_onnx(model))
+    ops = _ops(mod)
+    assert ops["qlinear_conv_packed"] == 1 and "conv2d" not in ops and "relu" not in ops
+    fused = next(b.value for b in mod["main"].bindings
+                 if isinstance(b.value, g.Call) and b.value.op == "qlinear_conv_packed")
+    # the activation is the output range: relu -> [y_zp, 255]; clip(0, 1.5) -> [90, 140]
+    expected_range = {"none": (0, 255), "relu": (90, 255), "clip": (90, 140)}[activation]
+    assert (fused.attrs["qmin"], fused.attrs["qmax"]) == expected_range
+    got = evaluate(mod, "main", x)
+    np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("weight_zero_point", [0, 3])
+@pytest.mark.parametrize("op", ["qlinear_conv", "qlinear_matmul"])
+def test_packed_kernels_compute_the_unpacked_ops(op: str, weight_zero_point: int) -> None:
+    # weights shifted by their zero point (int16 when it is not 0), x_zp folded into the
+    # bias: the packed call computes what the original does, bit for bit
+    x_zp = g.Constant(np.array(117, np.uint8))
+    multiplier = g.Constant(np.array([0.003, 0.001, 0.002, 0.004], np.float32))
+    bias = g.Constant(R.integers(-900, 900, (4,)).astype(np.int32))
+    w_zp = g.Constant(np.full(4, weight_zero_point, np.int8))
+    y_zp = g.Constant(np.array(-5, np.int8))
+    if op == "qlinear_conv":
+        x = R.integers(0, 256, (1, 6, 5, 5)).astype(np.uint8)
+        w = g.Constant(np.concatenate([[-128], R.integers(-128, 128, 107)]).astype(np.int8)
+                       .reshape(4, 3, 3, 3))
+        attrs = {"group": 2, "pads": (1, 2, 0, 1), "strides": (1, 2), "dilations": (1, 1)}
+    else:
+        x = R.integers(0, 256, (2, 3, 7)).astype(np.uint8)
+        w = g.Constant(np.concatenate([[-128], R.integers(-128, 128, 27)]).astype(np.int8)
+                       .reshape(4, 7))
+        attrs = {"transpose_b": True}
+    xv = g.Var("x", g_tensor_type(x))
+    call = call_op(op, xv, w, bias, x_zp, w_zp, multiplier, y_zp, qmin=-100, **attrs)
+    packed = quant_kernels.pack(call)
+    assert packed is not None and packed.op == f"{op}_packed"
+    shifted = w.data.astype(np.int64) - weight_zero_point
+    assert packed.args[1].data.dtype == (np.int8 if shifted.min() >= -128 else np.int16)
+    want = evaluate_call(op, [x, *(a.data for a in call.args[1:])], call.attrs)
+    got = evaluate_call(packed.op, [x, *(a.data for a in packed.args[1:])], packed.attrs)
+    np.testing.assert_array_equal(got, want)
+
+
+def test_bias_with_another_scale_stays_float() -> None:
+    # a bias quantized with a scale other than x_scale * w_scale is not what the fused
+    # integer op computes: the pattern stays dequantize -> conv -> quantize
+    model = _qdq_conv("relu", X_SCALE * W_SCALES * 2)
+    before = from_onnx(model)
+    after = QuantizeOps()(before)
+    assert after is before
+    assert _ops(after)["conv2d"] == 1
+
+
+def _single_node(node: onnx.NodeProto, inits: list[onnx.TensorProto],
+                 x_type: int = TensorProto.FLOAT, opset: int = 21) -> onnx.ModelProto:
+    graph = helper.make_graph(
+        [node], "g", [helper.make_tensor_value_info("x", x_type, [2, 3])],
+        [helper.make_tensor_value_info("y", TensorProto.UNDEFINED, None)], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    model.ir_version = 10
+    return model
+
+
+SCALE = numpy_helper.from_array(np.array(0.1, np.float32), "s")
+
+
+@pytest.mark.parametrize(("model", "message"), [
+    (_single_node(helper.make_node("QuantizeLinear", ["x", "s", "z"], ["y"], name="q4"),
+                  [SCALE, helper.make_tensor("z", TensorProto.INT4, [], [0])]),
+     r"node 'q4' \(QuantizeLinear\): .*int4"),
+    (_single_node(helper.make_node("QuantizeLinear", ["x", "s"], ["y"], name="qf8",
+                                   output_dtype=TensorProto.FLOAT8E4M3FN), [SCALE]),
+     r"node 'qf8' \(QuantizeLinear\): output_dtype float8e4m3fn is not supported"),
+    (_single_node(helper.make_node("DequantizeLinear", ["w", "s"], ["y"], name="dq8"),
+                  [SCALE, helper.make_tensor("w", TensorProto.FLOAT8E4M3FN, [2], [1.0, 2.0])]),
+     r"node 'dq8' \(DequantizeLinear\): .*float8"),
+    (_single_node(helper.make_node("MatMulInteger", ["x", "b", "az"], ["y"], name="mmi"),
+                  [numpy_helper.from_array(np.ones((3, 4), np.uint8), "b"),
+                   numpy_helper.from_array(np.array([1, 2], np.uint8), "az")],
+                  TensorProto.UINT8, 13),
+     r"node 'mmi' \(MatMulInteger\): .*per-row zero points of A are not supported"),
+])
+def test_unsupported_quantization_is_a_frontend_error(model: onnx.ModelProto,
+                                                       message: str) -> None:
+    with pytest.raises(FrontendError, match=message):
+        from_onnx(model)
