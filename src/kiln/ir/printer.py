@@ -467,6 +467,10 @@ class _PrimPrinter:
             self._emit(indent, "else:")
             self._block(s.else_body, indent)
 
+    def _while(self, s: t.While, indent: str) -> None:
+        self._emit(indent, f"while {self.ex.text(s.cond)}:")
+        self._block(s.body, indent)
+
     def _allocate(self, s: t.Allocate, indent: str) -> None:
         b = s.buffer
         # A declaration: the buffer is in scope for the rest of the block.
@@ -509,6 +513,7 @@ class _PrimPrinter:
 
     _HANDLERS: dict[type, Callable[[Any, Any, str], None]] = {
         t.SeqStmt: _seq, t.Store: _store, t.For: _for, t.LetStmt: _let, t.IfThenElse: _if,
+        t.While: _while,
         t.Allocate: _allocate, t.AllocConst: _alloc_const, t.DeclBuffer: _decl_buffer,
         t.Evaluate: _evaluate, t.CallFunc: _call_func,
     }

@@ -351,6 +351,10 @@ class _Comparer:
         if a.else_body is not None:
             self.field(".else_body", a.else_body, b.else_body)
 
+    def while_(self, a: t.While, b: t.While) -> None:
+        self.field(".cond", a.cond, b.cond)
+        self.field(".body", a.body, b.body)
+
     def allocate(self, a: t.Allocate, b: t.Allocate) -> None:
         self.at(".buffer", self.define, a.buffer, b.buffer)
 
@@ -464,6 +468,7 @@ _DISPATCH: dict[type, Any] = {
     t.For: _Comparer.for_,
     t.LetStmt: _Comparer.let,
     t.IfThenElse: _Comparer.if_,
+    t.While: _Comparer.while_,
     t.Allocate: _Comparer.allocate,
     t.AllocConst: _Comparer.alloc_const,
     t.DeclBuffer: _Comparer.decl_buffer,

@@ -353,6 +353,13 @@ class _PrimFuncVerifier(StmtExprVisitor):
         if s.else_body is not None:
             self.block(s.else_body)
 
+    def visit_while(self, s: t.While) -> None:
+        if s.cond.dtype != "bool":
+            self.fault(f"while condition has dtype {s.cond.dtype}; it must be bool "
+                       "(compare with 0 explicitly)", s.cond)
+        self.visit_expr(s.cond)
+        self.block(s.body)
+
     def visit_allocate(self, s: t.Allocate) -> None:
         b = s.buffer
         self.check_shape(b, "Allocate of buffer", allow_symbolic=b.scope == "global")
