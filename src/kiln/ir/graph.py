@@ -126,6 +126,64 @@ class CallTensor(Expr):
 
 
 @dataclass(frozen=True, eq=False, slots=True)
+class If(Expr):
+    """`then_branch(*args)` when the 0-d bool tensor `cond` is true, else `else_branch(*args)`.
+
+    Both branches are graph functions of the same module taking `args` and
+    returning `ret_type` (the ONNX importer passes each branch every outer value
+    either branch reads, so both take the same parameters).
+    """
+
+    cond: Expr
+    args: tuple[Expr, ...]
+    then_branch: str
+    else_branch: str
+    ret_type: Type
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "args", tuple(self.args))
+
+    @property
+    def type(self) -> Type:
+        return self.ret_type
+
+
+@dataclass(frozen=True, eq=False, slots=True)
+class Loop(Expr):
+    """A loop running graph function `body` while `iteration < trip_count` and `cond`.
+
+    `trip_count` (a 0-d int64 tensor) and `cond` (0-d bool) may each be None: no
+    bound, or no initial condition (true). `body(iteration, cond, *states,
+    *captures)` takes the iteration number (0-d int64), the current condition (0-d
+    bool), the loop-carried values and the loop-invariant values it reads, and
+    returns `(cond, *new_states, *scan_values)`. The loop's value is the tuple
+    `(*final_states, *scan_outputs)` (`ret_type`): each scan output stacks the
+    per-iteration `scan_values` along a new leading axis, whose size the type gives
+    (the loop must run exactly that many iterations). This is ONNX's Loop; ONNX
+    Scan imports as a Loop over slices (kiln/frontend/onnx/control_flow.py).
+    """
+
+    body: str
+    trip_count: Expr | None
+    cond: Expr | None
+    states: tuple[Expr, ...]
+    captures: tuple[Expr, ...]
+    ret_type: TupleType
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "states", tuple(self.states))
+        object.__setattr__(self, "captures", tuple(self.captures))
+
+    @property
+    def type(self) -> TupleType:
+        return self.ret_type
+
+    @property
+    def num_scan_outputs(self) -> int:
+        return len(self.ret_type.fields) - len(self.states)
+
+
+@dataclass(frozen=True, eq=False, slots=True)
 class Tuple(Expr):
     """A tuple of values (several results, or a tuple-typed argument)."""
 

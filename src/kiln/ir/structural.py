@@ -447,6 +447,28 @@ class _Comparer:
         self.fields(".args", a.args, b.args)
         self.at(".ret_type", self.type, a.ret_type, b.ret_type)
 
+    def if_expr(self, a: g.If, b: g.If) -> None:
+        for name in ("then_branch", "else_branch"):
+            x, y = getattr(a, name), getattr(b, name)
+            if x != y:
+                self.at(f".{name}", self.fail, f"branches differ: {x!r} vs {y!r}")
+        self.field(".cond", a.cond, b.cond)
+        self.fields(".args", a.args, b.args)
+        self.at(".ret_type", self.type, a.ret_type, b.ret_type)
+
+    def loop(self, a: g.Loop, b: g.Loop) -> None:
+        if a.body != b.body:
+            self.at(".body", self.fail, f"loop bodies differ: {a.body!r} vs {b.body!r}")
+        for name in ("trip_count", "cond"):
+            x, y = getattr(a, name), getattr(b, name)
+            if (x is None) != (y is None):
+                self.at(f".{name}", self.fail, "given on one side only")
+            if x is not None:
+                self.field(f".{name}", x, y)
+        self.fields(".states", a.states, b.states)
+        self.fields(".captures", a.captures, b.captures)
+        self.at(".ret_type", self.type, a.ret_type, b.ret_type)
+
     def tuple_(self, a: g.Tuple, b: g.Tuple) -> None:
         self.fields(".fields", a.fields, b.fields)
 
@@ -490,6 +512,8 @@ _DISPATCH: dict[type, Any] = {
     g.Call: _Comparer.call,
     g.CallTensor: _Comparer.call_tensor,
     g.Tuple: _Comparer.tuple_,
+    g.If: _Comparer.if_expr,
+    g.Loop: _Comparer.loop,
     g.TupleGetItem: _Comparer.get_item,
     TensorType: _Comparer.tensor_type,
     TupleType: _Comparer.tensor_type,
