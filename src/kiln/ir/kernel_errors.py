@@ -34,6 +34,9 @@ KERNEL_ERRORS: dict[int, str] = {
     # size_t): refused before any allocation (kiln.dim_expr's checked arithmetic).
     ERROR_SIZE_OVERFLOW: "size overflows int64: the symbolic dimensions ask for a buffer "
                          "larger than any allocation",
+    # A graph-level Loop with scan outputs (kiln.transform.lower_control_flow) that ran
+    # more or fewer iterations than a scan output has slices.
+    20: "loop: the number of iterations differs from the length of a scan output",
 }
 
 _BY_MESSAGE = {message: code for code, message in KERNEL_ERRORS.items()}
