@@ -300,10 +300,10 @@ class _LoopRegion:
             out.append(t.Evaluate(t.Intrin("check", (t.Compare("eq", n, length), code))))
         even_n = t.Compare("eq", t.BinaryOp("floormod", n, two), zero)
         for (a, b), final in zip(self.halves, self.finals):
-            view = t.Buffer(f"{final.name}_last", final.type.shape, final.type.dtype)
-            out.append(t.DeclBuffer(view, arena, t.Select(
+            last = t.Buffer(f"{final.name}_last", final.type.shape, final.type.dtype)
+            out.append(t.DeclBuffer(last, arena, t.Select(
                 even_n, t.as_expr(ctx.offsets[a], "int64"), t.as_expr(ctx.offsets[b], "int64"))))
-            out.append(copy_stmt(_buf(final), view))
+            out.append(copy_stmt(_buf(final), last))
         return out
 
 
