@@ -21,6 +21,8 @@ from typing import Any
 import numpy as np
 
 from kiln.errors import FrontendError, IRError
+from kiln.frontend.onnx import control_flow
+from kiln.frontend.onnx.control_flow import CONTROL_FLOW_OPS
 from kiln.frontend.onnx.dims import Declared, InputDims, declared_dims
 from kiln.frontend.onnx.raw_data import load_with_views
 from kiln.frontend.onnx.shape_values import evaluate as evaluate_shape
@@ -182,7 +184,7 @@ def _check_supported(graph: Any, opset: int) -> None:
     names: dict[str, list[str]] = {}
     for k, node in enumerate(graph.node):
         key = _op_key(node)
-        if key not in table:
+        if key not in table and key not in CONTROL_FLOW_OPS:
             missing[key] += 1
             names.setdefault(key, []).append(_node_label(node, k))
     if missing:
@@ -215,8 +217,8 @@ def _decode_attr(attr: Any) -> Any:
     from onnx import helper, numpy_helper
 
     if attr.type == attr.GRAPH or attr.type == attr.GRAPHS:
-        raise FrontendError(f"attribute {attr.name!r} holds a subgraph; kiln does not "
-                            "import control flow")
+        raise FrontendError(f"attribute {attr.name!r} holds a subgraph; kiln imports "
+                            f"subgraphs of {', '.join(CONTROL_FLOW_OPS)} only")
     value = helper.get_attribute_value(attr)
     if attr.type == attr.TENSOR:
         return numpy_helper.to_array(value)
@@ -250,6 +252,19 @@ class _Importer:
         self.node_outputs: tuple[str, ...] = ()
         self.params: set[g.Expr] = set()
         self._where = "model"
+        # If branches and Loop bodies (control_flow.py), shared with nested importers
+        self.functions: dict[str, g.Function] = {}
+
+    @property
+    def where(self) -> str:
+        """The node being converted, for messages."""
+        return self._where
+
+    def sub_importer(self, graph: Any) -> _Importer:
+        """An importer for a subgraph of this graph (an If branch, a Loop body)."""
+        sub = _Importer(graph, self.opset, self.input_dims, self.max_fold_bytes)
+        sub.functions = self.functions
+        return sub
 
     # ---------------------------------------------------------------- GraphContext
 
@@ -435,6 +450,8 @@ class _Importer:
                 self.ib.func_attr(ATTR_DIM_BOUNDS, self.input_dims.dim_bounds())
             self.ib.ret(outputs[0] if len(outputs) == 1 else g.Tuple(tuple(outputs)))
         mod = self.ib.get()
+        for name, fn in self.functions.items():
+            mod = mod.with_function(name, fn)
         if self.shape_values:
             # Shape computations whose values became static attributes are dead.
             main = mod["main"]
@@ -452,8 +469,9 @@ class _Importer:
 
     def _convert(self, node: Any, index: int) -> None:
         self._where = f"node {_node_label(node, index)} ({_text(node.op_type)})"
-        conv = converters().get(_op_key(node))
-        if self.opset < conv.min_opset:
+        key = _op_key(node)
+        conv = None if key in CONTROL_FLOW_OPS else converters().get(key)
+        if conv is not None and self.opset < conv.min_opset:
             raise FrontendError(f"{self._where}: needs opset >= {conv.min_opset}")
         inputs: list[g.Expr | None] = []
         for name in node.input:
@@ -467,8 +485,11 @@ class _Importer:
                                     "misspelled)")
         self.node_outputs = tuple(node.output)
         try:
-            attrs = {a.name: _decode_attr(a) for a in node.attribute}
-            outs = conv.fn(self, inputs, attrs)
+            if conv is None:
+                outs = control_flow.convert(self, node, inputs)
+            else:
+                attrs = {a.name: _decode_attr(a) for a in node.attribute}
+                outs = conv.fn(self, inputs, attrs)
         except FrontendError as exc:
             if str(exc).startswith("node "):
                 raise
