@@ -277,7 +277,12 @@ class _Comparer:
             self.fail(f"function names differ: only in lhs {only_l}, only in rhs {only_r}")
         self.attrs(a.attrs, b.attrs)
         for name in a.functions:
+            # What a function binds is its own: the variables and symbolic dimensions of
+            # one function are not those of another (an If branch whose types name its
+            # caller's dimension objects compares like one that has its own).
+            l2r, r2l = dict(self.l2r), dict(self.r2l)
             self.field(name, a.functions[name], b.functions[name])
+            self.l2r, self.r2l = l2r, r2l
 
     def node(self, a: object, b: object) -> None:
         self.nodes.append((a, b))
