@@ -24,7 +24,7 @@ from kiln.script import from_source, print_module
 from kiln.transform.pipeline import default_graph_pipeline
 
 sys.path.insert(0, str(Path(__file__).parent))
-from cf_models import MODELS, B, F, Feeds, I64, _loop_body, _model, _vi, loop_symbolic, scan_model
+from cf_models import I64, MODELS, B, F, Feeds, _loop_body, _model, _vi, loop_symbolic, scan_model
 
 TARGETS = ["llvm", "c"]
 
@@ -201,7 +201,7 @@ def test_a_scan_output_with_a_run_time_trip_count_is_refused() -> None:
     model = _loop(body, ["M", "", "s0"], ["s_out", "scans"],
                   [_vi("s_out", F, []), _vi("scans", F, ["n"])],
                   [_vi("M", I64, []), _vi("s0", F, [])])
-    with pytest.raises(FrontendError, match="the_loop.*trip count is not known at compile"):
+    with pytest.raises(FrontendError, match=r"the_loop.*trip count is not known at compile"):
         from_onnx(model)
 
 
@@ -235,7 +235,7 @@ def test_a_loop_without_trip_count_or_condition_is_refused() -> None:
                        helper.make_node("Identity", ["s"], ["s_o"])],
                       [("s", F, [])], [("s_o", F, [])])
     model = _loop(body, ["", "", "s0"], ["s_out"], [_vi("s_out", F, [])], [_vi("s0", F, [])])
-    with pytest.raises(FrontendError, match="the_loop.*neither a trip count nor a condition"):
+    with pytest.raises(FrontendError, match=r"the_loop.*neither a trip count nor a condition"):
         from_onnx(model)
 
 
