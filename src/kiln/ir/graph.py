@@ -78,8 +78,19 @@ def freeze_attrs(attrs: Mapping[str, Any]) -> Mapping[str, AttrValue]:
     return MappingProxyType({k: norm(attrs[k]) for k in sorted(attrs)})
 
 
+class _Returns(Expr):
+    """An expression whose type is its `ret_type` field (calls and control flow)."""
+
+    __slots__ = ()
+    ret_type: Type
+
+    @property
+    def type(self) -> Type:
+        return self.ret_type
+
+
 @dataclass(frozen=True, eq=False, slots=True)
-class Call(Expr):
+class Call(_Returns):
     """Operator call `op(*args, **attrs)` whose result has type `ret_type`."""
 
     op: str
@@ -91,13 +102,9 @@ class Call(Expr):
         object.__setattr__(self, "args", tuple(self.args))
         object.__setattr__(self, "attrs", freeze_attrs(self.attrs))
 
-    @property
-    def type(self) -> Type:
-        return self.ret_type
-
 
 @dataclass(frozen=True, eq=False, slots=True)
-class CallTensor(Expr):
+class CallTensor(_Returns):
     """Call tensor-level function `func` in destination-passing style.
 
     The caller allocates outputs of `ret_type` (a tensor, or a tuple for several
@@ -112,10 +119,6 @@ class CallTensor(Expr):
         object.__setattr__(self, "args", tuple(self.args))
 
     @property
-    def type(self) -> Type:
-        return self.ret_type
-
-    @property
     def out_types(self) -> tuple[TensorType, ...]:
         t = self.ret_type
         fields = t.fields if isinstance(t, TupleType) else (t,)
@@ -126,7 +129,7 @@ class CallTensor(Expr):
 
 
 @dataclass(frozen=True, eq=False, slots=True)
-class If(Expr):
+class If(_Returns):
     """`then_branch(*args)` when the 0-d bool tensor `cond` is true, else `else_branch(*args)`.
 
     Both branches are graph functions of the same module taking `args` and
@@ -142,10 +145,6 @@ class If(Expr):
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "args", tuple(self.args))
-
-    @property
-    def type(self) -> Type:
-        return self.ret_type
 
 
 @dataclass(frozen=True, eq=False, slots=True)

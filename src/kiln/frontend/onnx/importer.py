@@ -484,6 +484,7 @@ class _Importer:
                                     "(the graph is not topologically sorted, or the name is "
                                     "misspelled)")
         self.node_outputs = tuple(node.output)
+        outs: Sequence[g.Expr]
         try:
             if conv is None:
                 outs = control_flow.convert(self, node, inputs)
