@@ -241,6 +241,35 @@ def nested_if_in_loop(opset: int = 17) -> tuple[onnx.ModelProto, Feeds]:
     return model, {"s0": _w(4, scale=1), "x": _w(4, scale=1)}
 
 
+def nested_loops(opset: int = 17) -> tuple[onnx.ModelProto, Feeds]:
+    """A Loop whose body runs another Loop (three steps adding the outer state `a` to `b`)
+    and swaps its two states (`a <- inner result`, `b <- a`, a value passed through), next
+    to an If whose branches return an Identity of an input and a constant."""
+    _reset()
+    inner = helper.make_graph(
+        [helper.make_node("Identity", ["c2"], ["cond_out2"]),
+         helper.make_node("Add", ["q", "a"], ["q_out"])],
+        "inner", [_vi("j", I64, []), _vi("c2", B, []), _vi("q", F, [3])],
+        [_vi("cond_out2", B, []), _vi("q_out", F, [3])])
+    body = _loop_body(
+        [helper.make_node("Identity", ["cond_in"], ["cond_out"]),
+         _const("three", np.array(3, np.int64)),
+         helper.make_node("Loop", ["three", "", "b"], ["bb"], body=inner),
+         helper.make_node("Identity", ["a"], ["a_same"])],
+        [("a", F, [3]), ("b", F, [3])], [("bb", F, [3]), ("a_same", F, [3])])
+    then_g = helper.make_graph([helper.make_node("Identity", ["x"], ["xo"])], "t", [],
+                               [_vi("xo", F, [3])])
+    else_g = helper.make_graph([_const("k", np.ones(3, np.float32))], "e", [],
+                               [_vi("k", F, [3])])
+    nodes = [helper.make_node("Loop", ["M", "", "x", "y"], ["fa", "fb"], body=body),
+             helper.make_node("If", ["c"], ["z"], then_branch=then_g, else_branch=else_g)]
+    model = _model(nodes, [_vi("M", I64, []), _vi("c", B, []), _vi("x", F, [3]),
+                           _vi("y", F, [3])],
+                   [_vi("fa", F, [3]), _vi("fb", F, [3]), _vi("z", F, [3])], {}, opset)
+    return model, {"M": np.array(5, np.int64), "c": np.array(False), "x": _w(3, scale=1),
+                   "y": _w(3, scale=1)}
+
+
 MODELS: dict[str, Callable[[], tuple[onnx.ModelProto, Feeds]]] = {
     "if": if_model,
     "loop_static": loop_static,
@@ -250,4 +279,5 @@ MODELS: dict[str, Callable[[], tuple[onnx.ModelProto, Feeds]]] = {
     "greedy_decode_until_eos": lambda: greedy_decode(False),
     "scan": scan_model,
     "nested_if_in_loop": nested_if_in_loop,
+    "nested_loops": nested_loops,
 }

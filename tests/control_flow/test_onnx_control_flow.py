@@ -133,6 +133,16 @@ def test_the_early_exit_loop_stops_at_its_condition(compiled) -> None:
     _close(exe["main"](*_args(model, run)), _ort(model, run))
 
 
+def test_nested_loops_swap_states_at_every_parity(compiled) -> None:
+    """Even and odd trip counts end in different halves of the ping-pong buffers."""
+    _, _, models = compiled
+    model, feeds, exe = models["nested_loops"]
+    for m in (0, 1, 2, 3):
+        for c in (True, False):
+            run = {**feeds, "M": np.array(m, np.int64), "c": np.array(c)}
+            _close(exe["main"](*_args(model, run)), _ort(model, run))
+
+
 @pytest.mark.parametrize("name", list(MODELS))
 def test_the_interpreter_matches_onnxruntime(name: str) -> None:
     model, feeds = MODELS[name]()

@@ -123,9 +123,10 @@ def _fresh_name(imp: _Importer, node: Any, role: str) -> str:
     if base[0].isdigit():
         base = f"n{base}"
     name, k = f"{base}_{role}", 0
-    while name in imp.functions or name == "main":
+    while name in imp.function_names:  # a nested body may be imported before its parent
         k += 1
         name = f"{base}_{role}_{k}"
+    imp.function_names.add(name)
     return name
 
 

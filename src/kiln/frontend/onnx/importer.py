@@ -254,6 +254,7 @@ class _Importer:
         self._where = "model"
         # If branches and Loop bodies (control_flow.py), shared with nested importers
         self.functions: dict[str, g.Function] = {}
+        self.function_names: set[str] = {"main"}  # given out, bodies still being imported
 
     @property
     def where(self) -> str:
@@ -264,6 +265,7 @@ class _Importer:
         """An importer for a subgraph of this graph (an If branch, a Loop body)."""
         sub = _Importer(graph, self.opset, self.input_dims, self.max_fold_bytes)
         sub.functions = self.functions
+        sub.function_names = self.function_names
         return sub
 
     # ---------------------------------------------------------------- GraphContext
