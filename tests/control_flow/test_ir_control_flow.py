@@ -130,12 +130,14 @@ def test_graph_if_and_loop_round_trip_and_run_everywhere() -> None:
 
 @pytest.mark.parametrize("target", ["llvm", "c"])
 def test_a_loop_that_does_not_fill_its_scan_output_fails_the_call(target: str) -> None:
-    exe = kiln.compile(from_source(GRAPH), target)
+    mod = from_source(GRAPH)
+    exe = kiln.compile(mod, target)
     x = np.ones((2, 4), np.float32)
     for m in (2, 4):
-        with pytest.raises(CallError, match="loop: the number of iterations differs from the "
-                                            "length of a scan output"):
-            exe["main"](np.array(True), x, x, np.array(m, np.int64))
+        for run in (exe["main"], lambda *a: kiln.evaluate(mod, "main", *a)):
+            with pytest.raises(CallError, match="loop: the number of iterations differs from "
+                                                "the length of a scan output"):
+                run(np.array(True), x, x, np.array(m, np.int64))
 
 
 @pytest.mark.parametrize("old, new, message", [
@@ -147,6 +149,9 @@ def test_a_loop_that_does_not_fill_its_scan_output_fails_the_call(target: str) -
     ('G.loop(\n            "body", [z], captures=[y], trip_count=m)',
      'G.loop(\n            "body", [z], captures=[], trip_count=m)',
      "'body' takes .* but control flow passes"),
+    ('G.loop(\n            "body", [z], captures=[y], trip_count=m)',
+     'G.loop(\n            "body", [z], captures=[y])',
+     "loop 'body' has neither a trip count nor a condition: it would never end"),
 ])
 def test_the_verifier_checks_branches_and_bodies(old: str, new: str, message: str) -> None:
     assert old in GRAPH

@@ -100,6 +100,7 @@ from kiln.ir._interp_runtime import (
     _round_bf16,
     _text,
 )
+from kiln.ir.kernel_errors import ERROR_LOOP_SCAN, KERNEL_ERRORS
 from kiln.ir.module import IRModule
 from kiln.ir.shape_expr import dim_vars, to_dim_expr
 from kiln.ir.types import TensorType, TupleType, Type
@@ -418,6 +419,12 @@ class _GraphRunner:
                 acc.append(v)
             i += 1
         fields = e.ret_type.fields
+        for k in range(len(scans)):
+            length = fields[len(states) + k]
+            assert isinstance(length, TensorType)
+            if self.shapes.dim(length.shape[0]) != i:  # what the compiled check reports
+                raise CallError(f"{fname}: {KERNEL_ERRORS[ERROR_LOOP_SCAN]} ({i} iterations, "
+                                f"{self.shapes.dim(length.shape[0])} slices)")
         stacked = []
         for k, acc in enumerate(scans):
             ty = fields[len(states) + k]

@@ -636,6 +636,9 @@ class _GraphVerifier:
             for branch in (e.then_branch, e.else_branch):
                 self.callee(e, branch, arg_types, e.ret_type)
             return
+        if e.trip_count is None and e.cond is None:
+            self.fault(f"loop '{e.body}' has neither a trip count nor a condition: it would "
+                       "never end", e)
         if e.trip_count is not None and _type_key(self.type_of(e.trip_count)) != _type_key(int0):
             self.fault(f"loop trip count has type {self.type_of(e.trip_count)}; it must be a "
                        "0-d int64 tensor", e)

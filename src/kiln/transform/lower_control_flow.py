@@ -45,7 +45,7 @@ from kiln.errors import CompileError
 from kiln.ir import graph as g
 from kiln.ir import tensor as t
 from kiln.ir.dtype import itemsize
-from kiln.ir.kernel_errors import error_code
+from kiln.ir.kernel_errors import ERROR_LOOP_SCAN
 from kiln.ir.shape_expr import dim_product, dim_vars
 from kiln.ir.types import TensorType, TupleType
 from kiln.ir.visitor import substitute
@@ -60,9 +60,6 @@ from kiln.transform.lower_graph import (
     copy_stmt,
     emit_item,
 )
-
-#: The check a loop with scan outputs fails when its iterations do not fill them.
-LOOP_SCAN_ERROR = "loop: the number of iterations differs from the length of a scan output"
 
 _BOOL0 = TensorType((), "bool")
 _INT0 = TensorType((), "int64")
@@ -271,7 +268,7 @@ class _LoopRegion:
                 body.append(t.DeclBuffer(view.buffer, arena,
                                          t.Select(even, t.as_expr(first, "int64"),
                                                   t.as_expr(second, "int64"))))
-        code = t.Const(error_code(LOOP_SCAN_ERROR), "int32")
+        code = t.Const(ERROR_LOOP_SCAN, "int32")
         for scan, view in zip(self.scans, self.scan_views):
             length = t.as_expr(scan.type.shape[0], "int64")
             body.append(t.Evaluate(t.Intrin("check", (t.Compare("lt", i, length), code))))
