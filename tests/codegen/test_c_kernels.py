@@ -204,6 +204,19 @@ def side_effects(ib: IRBuilder) -> None:
             ib.evaluate(bump)
 
 
+def while_loop(ib: IRBuilder) -> None:
+    """A While whose condition reads a buffer the body updates (a graph Loop's shape)."""
+    with ib.prim_func("while_loop"):
+        x = ib.arg("X", (1,), "int64")
+        y = ib.arg("Y", (1,), "int64")
+        ib.store(y, [0], const(0, "int64"))
+        with ib.allocate("n", (1,), "int64", "local") as n:
+            ib.store(n, [0], x[0])
+            with ib.while_(n[0] > 0):
+                ib.store(y, [0], y[0] + n[0])
+                ib.store(n, [0], n[0] - 1)
+
+
 def calls(ib: IRBuilder) -> None:
     with ib.prim_func("callee"):
         x = ib.arg("X", (N,), "float32")
@@ -290,7 +303,8 @@ def oom(ib: IRBuilder) -> None:
 
 
 BUILDERS: list[Callable[[IRBuilder], None]] = [
-    elementwise, matmul, conv1d, casts, float_ops, logic, externs, side_effects, calls, weights,
+    elementwise, matmul, conv1d, casts, float_ops, logic, externs, side_effects, while_loop,
+    calls, weights,
     arena,
     scalars, oom,
     *(lambda ib, d=d: int_ops(ib, d) for d in INT_DTYPES),  # type: ignore[misc]
@@ -336,6 +350,13 @@ def test_elementwise(lib: CLibrary) -> None:
     y = np.zeros((4, N), np.float32)
     lib.run("elementwise", x, y)
     np.testing.assert_allclose(y, np.exp(x) * np.float32(0.5) + 1, rtol=2e-7)
+
+
+def test_while_loop(lib: CLibrary, mod: IRModule) -> None:
+    for start in (0, 1, 9):
+        compiled, interpreted = run_both(lib, mod, "while_loop", np.array([start], np.int64),
+                                         np.zeros(1, np.int64))
+        assert compiled[1][0] == interpreted[1][0] == start * (start + 1) // 2
 
 
 def test_matmul_with_local_accumulator(lib: CLibrary) -> None:

@@ -36,6 +36,17 @@ def _control_flow() -> IRModule:
             ib.store(Y, [i, j], const(0, "int32"))
         with ib.for_range(6, name="i") as i, ib.for_range(i, 6, name="j") as j:
             ib.store(Y, [i, j], Cast("int32", i * 10 + j))
+    with ib.prim_func("while_sum"):
+        # A While whose condition reads buffers its body updates (a graph Loop's shape).
+        X = ib.arg("X", (12,), "float32")
+        Y = ib.arg("Y", (2,), "float32")
+        with ib.allocate("k", (1,), "int64", "local") as k:
+            ib.store(k, [0], const(0, "int64"))
+            ib.store(Y, [0], const(0.0, "float32"))
+            with ib.while_((k[0] < 12) & (Y[0] < 3.0)):
+                ib.store(Y, [0], Y[0] + X[k[0]])
+                ib.store(k, [0], k[0] + 1)
+            ib.store(Y, [1], Cast("float32", k[0]))
     return ib.get()
 
 
@@ -48,14 +59,24 @@ def _triangle(y: np.ndarray) -> np.ndarray:
     return np.where(j >= i, i * 10 + j, 0)
 
 
+def _while_sum(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    total, k = np.float32(0), 0
+    while k < 12 and total < 3:
+        total, k = np.float32(total + x[k]), k + 1
+    return np.array([total, k], np.float32)
+
+
 def _control_inputs(rng: np.random.Generator, name: str) -> list[Any] | None:
+    if name == "while_sum":
+        return [rng.uniform(0, 1, 12).astype(np.float32), np.zeros(2, np.float32)]
     if name == "piecewise":
         return [(rng.standard_normal(12) * 2).astype(np.float32), np.zeros(12, np.float32)]
     return None
 
 
 CONTROL_FLOW = CorpusCase("control_flow", _control_flow, _control_inputs,
-                          reference={"piecewise": _piecewise, "triangle": _triangle})
+                          reference={"piecewise": _piecewise, "triangle": _triangle,
+                                     "while_sum": _while_sum})
 
 
 def _scalar_params() -> IRModule:

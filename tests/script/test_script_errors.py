@@ -65,7 +65,7 @@ def test_syntax_error_is_located() -> None:
     ("Y[i] = print(X[i])", 16, "unknown function `print`"),
     ("T.exp(X[i])", 9, "an expression statement must be T.evaluate(...)"),
     ("return", 9, "a @T.prim_func returns nothing"),
-    ("while i < 2: pass", 9, "unsupported statement `while`"),
+    ("assert i < 2", 9, "unsupported statement `assert`"),
     ("with T.let(\"x\", X[i]) as x: pass", 14, "T.let takes the value only"),
     ("with T.alloc(4) as x: pass", 14, "expected `with T.let/T.allocate"),
     ("with T.allocate((4,), \"float32\", scope=\"shared\") as x: pass", 48,

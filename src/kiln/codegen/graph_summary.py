@@ -23,13 +23,31 @@ from typing import Any
 from kiln.codegen.naming import param_info
 from kiln.ir.attrs import ATTR_NUM_OUTPUTS, ATTR_WORKSPACE_BYTES
 from kiln.ir.shape_expr import dim_text, simplify_dim
-from kiln.ir.tensor import Allocate, AllocConst, Buffer, CallFunc, DeclBuffer, PrimFunc, as_expr
+from kiln.ir.tensor import (
+    Allocate,
+    AllocConst,
+    Buffer,
+    CallFunc,
+    DeclBuffer,
+    Load,
+    PrimFunc,
+    Select,
+    Var,
+    as_expr,
+)
 from kiln.ir.types import Dim
-from kiln.ir.visitor import iter_stmts
+from kiln.ir.visitor import iter_exprs, iter_stmts
 
 
 def _size(buf: Buffer) -> int | None:
     return buf.nbytes() if all(isinstance(d, int) for d in buf.shape) else None
+
+
+def _per_iteration(s: DeclBuffer) -> bool:
+    """Whether the view's offset is not a dimension expression (it reads loop state)."""
+    return not isinstance(s.byte_offset, int) and any(
+        isinstance(e, (Select, Load)) or (isinstance(e, Var) and e.name == "iteration")
+        for e in iter_exprs(s.byte_offset))
 
 
 def graph_summary(fn: PrimFunc, written: Mapping[str, frozenset[int]]) -> dict[str, Any] | None:
@@ -57,7 +75,10 @@ def graph_summary(fn: PrimFunc, written: Mapping[str, frozenset[int]]) -> dict[s
         if isinstance(s, AllocConst):
             add(s.buffer, "weight")
         elif isinstance(s, DeclBuffer):
-            if s.source in placed:
+            if s.source in placed and _per_iteration(s):
+                # a loop's view that moves with the iteration (ping-pong state, scan slice)
+                add(s.buffer, "workspace")
+            elif s.source in placed:
                 placed[s.buffer] = simplify_dim(as_expr(placed[s.source], "int64")
                                                 + s.byte_offset)
                 add(s.buffer, "workspace", placed[s.buffer])

@@ -271,6 +271,14 @@ class _Compiler:
         self.body(s.body, depth + 1)
         self.end_scope(s.var)
 
+    def while_(self, s: t.While, depth: int) -> None:
+        # The condition is evaluated inside the loop: its setup lines run every time.
+        self.emit(depth, "while True:")
+        cond = self.expr(s.cond)
+        self.emit(depth + 1, f"if not ({cond.code}):")
+        self.emit(depth + 2, "break")
+        self.body(s.body, depth + 1)
+
     def define_layout(self, b: t.Buffer, depth: int, shape_of: str | None = None) -> _Layout:
         """Compute `b`'s dimensions and strides where it is defined.
 
@@ -650,6 +658,7 @@ _STMT_RULES: dict[type, Callable[[_Compiler, Any, int], None]] = {
     t.For: _Compiler.for_,
     t.LetStmt: _Compiler.let,
     t.IfThenElse: _Compiler.if_,
+    t.While: _Compiler.while_,
     t.Allocate: _Compiler.allocate,
     t.AllocConst: _Compiler.alloc_const,
     t.DeclBuffer: _Compiler.decl_buffer,

@@ -36,6 +36,7 @@ from kiln.ir.tensor import (
     SeqStmt,
     Stmt,
     Store,
+    While,
 )
 from kiln.ir.visitor import expr_children, iter_exprs
 
@@ -192,7 +193,7 @@ def _visit(stmt: Stmt, regions: dict[Buffer, Region], out: _Summary) -> None:
         for s in stmt.body:
             _declare(s, inner)
             _visit(s, inner, out)
-    elif isinstance(stmt, For):
+    elif isinstance(stmt, (For, While)):
         _visit(stmt.body, regions, out)
     elif isinstance(stmt, IfThenElse):
         _visit(stmt.then_body, regions, out)

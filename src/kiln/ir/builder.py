@@ -45,6 +45,7 @@ from kiln.ir.tensor import (
     Stmt,
     Store,
     Var,
+    While,
     as_expr,
     seq,
 )
@@ -210,6 +211,13 @@ class IRBuilder:
         with self._scope() as frame:
             yield
         self._emit_stmt(IfThenElse(cond, _body(frame.stmts, "if"), None))
+
+    @contextmanager
+    def while_(self, cond: PrimExpr) -> Iterator[None]:
+        """The body of a `While` loop testing `cond` before every iteration."""
+        with self._scope() as frame:
+            yield
+        self._emit_stmt(While(cond, _body(frame.stmts, "while")))
 
     @contextmanager
     def else_(self) -> Iterator[None]:

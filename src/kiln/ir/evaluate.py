@@ -100,6 +100,7 @@ from kiln.ir._interp_runtime import (
     _round_bf16,
     _text,
 )
+from kiln.ir.kernel_errors import ERROR_LOOP_SCAN, KERNEL_ERRORS
 from kiln.ir.module import IRModule
 from kiln.ir.shape_expr import dim_vars, to_dim_expr
 from kiln.ir.types import TensorType, TupleType, Type
@@ -382,6 +383,56 @@ class _GraphRunner:
     def call_op_expr(self, fname: str, e: g.Call, env: dict[int, Any]) -> Any:
         return self.call_op(fname, e, [self.expr(fname, a, env) for a in e.args])
 
+    def graph_call(self, fname: str, callee: str, args: list[Any]) -> Any:
+        """Run graph function `callee` of the module (an If branch, a Loop body)."""
+        fn = self.mod.functions.get(callee)
+        if not isinstance(fn, g.Function):
+            raise IRError(f"{fname}: control flow calls '{callee}', which is not a graph "
+                          "function of the module (run kiln.ir.verify)")
+        return _GraphRunner(self.mod, self.ops).run(callee, fn, args)
+
+    def if_expr(self, fname: str, e: g.If, env: dict[int, Any]) -> Any:
+        cond = self.expr(fname, e.cond, env)
+        branch = e.then_branch if bool(np.asarray(cond).reshape(())) else e.else_branch
+        result = self.graph_call(fname, branch, [self.expr(fname, a, env) for a in e.args])
+        return self.conform(f"{fname}: if branch '{branch}'", e.ret_type, result)
+
+    def loop(self, fname: str, e: g.Loop, env: dict[int, Any]) -> Any:
+        """ONNX Loop: run the body while `i < trip_count` (if given) and `cond` holds."""
+        trip = (None if e.trip_count is None
+                else int(np.asarray(self.expr(fname, e.trip_count, env)).reshape(())))
+        cond = (True if e.cond is None
+                else bool(np.asarray(self.expr(fname, e.cond, env)).reshape(())))
+        states = [self.expr(fname, s, env) for s in e.states]
+        captures = [self.expr(fname, c, env) for c in e.captures]
+        scans: list[list[Any]] = [[] for _ in range(e.num_scan_outputs)]
+        i = 0
+        while (trip is None or i < trip) and cond:
+            out = self.graph_call(fname, e.body, [np.array(i, np.int64), np.array(cond),
+                                                  *states, *captures])
+            if not isinstance(out, tuple) or len(out) != 1 + len(states) + len(scans):
+                raise IRError(f"{fname}: loop body '{e.body}' must return (cond, "
+                              f"{len(states)} state(s), {len(scans)} scan value(s))")
+            cond = bool(np.asarray(out[0]).reshape(()))
+            states = list(out[1:1 + len(states)])
+            for acc, v in zip(scans, out[1 + len(states):]):
+                acc.append(v)
+            i += 1
+        fields = e.ret_type.fields
+        for k in range(len(scans)):
+            length = fields[len(states) + k]
+            assert isinstance(length, TensorType)
+            if self.shapes.dim(length.shape[0]) != i:  # what the compiled check reports
+                raise CallError(f"{fname}: {KERNEL_ERRORS[ERROR_LOOP_SCAN]} ({i} iterations, "
+                                f"{self.shapes.dim(length.shape[0])} slices)")
+        stacked = []
+        for k, acc in enumerate(scans):
+            ty = fields[len(states) + k]
+            assert isinstance(ty, TensorType)
+            stacked.append(np.stack(acc) if acc else
+                           np.zeros((0, *self.shapes.shape(ty)[1:]), _np_dtype(ty.dtype)))
+        return self.conform(f"{fname}: loop '{e.body}'", e.ret_type, (*states, *stacked))
+
     def call_tensor(self, fname: str, e: g.CallTensor, args: list[Any]) -> Any:
         callee = self.mod[e.func]
         if not isinstance(callee, t.PrimFunc):
@@ -455,6 +506,8 @@ _GRAPH_RULES: dict[type, Callable[[_GraphRunner, str, Any, dict[int, Any]], Any]
     g.TupleGetItem: _GraphRunner.get_item,
     g.CallTensor: _GraphRunner.call_tensor_expr,
     g.Call: _GraphRunner.call_op_expr,
+    g.If: _GraphRunner.if_expr,
+    g.Loop: _GraphRunner.loop,
 }
 
 

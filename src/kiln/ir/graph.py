@@ -78,8 +78,19 @@ def freeze_attrs(attrs: Mapping[str, Any]) -> Mapping[str, AttrValue]:
     return MappingProxyType({k: norm(attrs[k]) for k in sorted(attrs)})
 
 
+class _Returns(Expr):
+    """An expression whose type is its `ret_type` field (calls and control flow)."""
+
+    __slots__ = ()
+    ret_type: Type
+
+    @property
+    def type(self) -> Type:
+        return self.ret_type
+
+
 @dataclass(frozen=True, eq=False, slots=True)
-class Call(Expr):
+class Call(_Returns):
     """Operator call `op(*args, **attrs)` whose result has type `ret_type`."""
 
     op: str
@@ -91,13 +102,9 @@ class Call(Expr):
         object.__setattr__(self, "args", tuple(self.args))
         object.__setattr__(self, "attrs", freeze_attrs(self.attrs))
 
-    @property
-    def type(self) -> Type:
-        return self.ret_type
-
 
 @dataclass(frozen=True, eq=False, slots=True)
-class CallTensor(Expr):
+class CallTensor(_Returns):
     """Call tensor-level function `func` in destination-passing style.
 
     The caller allocates outputs of `ret_type` (a tensor, or a tuple for several
@@ -112,10 +119,6 @@ class CallTensor(Expr):
         object.__setattr__(self, "args", tuple(self.args))
 
     @property
-    def type(self) -> Type:
-        return self.ret_type
-
-    @property
     def out_types(self) -> tuple[TensorType, ...]:
         t = self.ret_type
         fields = t.fields if isinstance(t, TupleType) else (t,)
@@ -123,6 +126,60 @@ class CallTensor(Expr):
             if not isinstance(f, TensorType):
                 raise IRError(f"call_tensor output {f} is not a tensor")
         return tuple(f for f in fields if isinstance(f, TensorType))
+
+
+@dataclass(frozen=True, eq=False, slots=True)
+class If(_Returns):
+    """`then_branch(*args)` when the 0-d bool tensor `cond` is true, else `else_branch(*args)`.
+
+    Both branches are graph functions of the same module taking `args` and
+    returning `ret_type` (the ONNX importer passes each branch every outer value
+    either branch reads, so both take the same parameters).
+    """
+
+    cond: Expr
+    args: tuple[Expr, ...]
+    then_branch: str
+    else_branch: str
+    ret_type: Type
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "args", tuple(self.args))
+
+
+@dataclass(frozen=True, eq=False, slots=True)
+class Loop(Expr):
+    """A loop running graph function `body` while `iteration < trip_count` and `cond`.
+
+    `trip_count` (a 0-d int64 tensor) and `cond` (0-d bool) may each be None: no
+    bound, or no initial condition (true). `body(iteration, cond, *states,
+    *captures)` takes the iteration number (0-d int64), the current condition (0-d
+    bool), the loop-carried values and the loop-invariant values it reads, and
+    returns `(cond, *new_states, *scan_values)`. The loop's value is the tuple
+    `(*final_states, *scan_outputs)` (`ret_type`): each scan output stacks the
+    per-iteration `scan_values` along a new leading axis, whose size the type gives
+    (the loop must run exactly that many iterations). This is ONNX's Loop; ONNX
+    Scan imports as a Loop over slices (kiln/frontend/onnx/control_flow.py).
+    """
+
+    body: str
+    trip_count: Expr | None
+    cond: Expr | None
+    states: tuple[Expr, ...]
+    captures: tuple[Expr, ...]
+    ret_type: TupleType
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "states", tuple(self.states))
+        object.__setattr__(self, "captures", tuple(self.captures))
+
+    @property
+    def type(self) -> TupleType:
+        return self.ret_type
+
+    @property
+    def num_scan_outputs(self) -> int:
+        return len(self.ret_type.fields) - len(self.states)
 
 
 @dataclass(frozen=True, eq=False, slots=True)

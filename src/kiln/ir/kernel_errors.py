@@ -17,6 +17,7 @@ ERROR_OUT_OF_MEMORY = 1
 ERROR_NO_CUDA_DEVICE = 8
 ERROR_CUDA_LAUNCH = 9
 ERROR_SIZE_OVERFLOW = 10
+ERROR_LOOP_SCAN = 20
 
 KERNEL_ERRORS: dict[int, str] = {
     ERROR_OUT_OF_MEMORY: "out of memory allocating a workspace",
@@ -34,6 +35,9 @@ KERNEL_ERRORS: dict[int, str] = {
     # size_t): refused before any allocation (kiln.dim_expr's checked arithmetic).
     ERROR_SIZE_OVERFLOW: "size overflows int64: the symbolic dimensions ask for a buffer "
                          "larger than any allocation",
+    # A graph-level Loop with scan outputs (kiln.transform.lower_control_flow) that ran
+    # more or fewer iterations than a scan output has slices.
+    ERROR_LOOP_SCAN: "loop: the number of iterations differs from the length of a scan output",
 }
 
 _BY_MESSAGE = {message: code for code, message in KERNEL_ERRORS.items()}

@@ -467,6 +467,10 @@ class _PrimPrinter:
             self._emit(indent, "else:")
             self._block(s.else_body, indent)
 
+    def _while(self, s: t.While, indent: str) -> None:
+        self._emit(indent, f"while {self.ex.text(s.cond)}:")
+        self._block(s.body, indent)
+
     def _allocate(self, s: t.Allocate, indent: str) -> None:
         b = s.buffer
         # A declaration: the buffer is in scope for the rest of the block.
@@ -509,6 +513,7 @@ class _PrimPrinter:
 
     _HANDLERS: dict[type, Callable[[Any, Any, str], None]] = {
         t.SeqStmt: _seq, t.Store: _store, t.For: _for, t.LetStmt: _let, t.IfThenElse: _if,
+        t.While: _while,
         t.Allocate: _allocate, t.AllocConst: _alloc_const, t.DeclBuffer: _decl_buffer,
         t.Evaluate: _evaluate, t.CallFunc: _call_func,
     }
@@ -590,6 +595,27 @@ class _GraphPrinter:
         call_args = ", ".join(self.expr(a) for a in e.args)
         return f"G.call_tensor({quote(e.func)}, [{call_args}], {self.type(e.ret_type)})"
 
+    def _if_expr(self, e: g.If, binding_type: Type | None) -> str:
+        args = ", ".join(self.expr(a) for a in e.args)
+        text = (f"G.if_then_else({self.expr(e.cond)}, [{args}], "
+                f"then_branch={quote(e.then_branch)}, else_branch={quote(e.else_branch)}")
+        if binding_type is None or binding_type != e.ret_type:
+            text += f", ret={self.type(e.ret_type)}"
+        return text + ")"
+
+    def _loop(self, e: g.Loop, binding_type: Type | None) -> str:
+        states = ", ".join(self.expr(a) for a in e.states)
+        parts = [quote(e.body), f"[{states}]"]
+        if e.captures:
+            parts.append(f"captures=[{', '.join(self.expr(a) for a in e.captures)}]")
+        if e.trip_count is not None:
+            parts.append(f"trip_count={self.expr(e.trip_count)}")
+        if e.cond is not None:
+            parts.append(f"cond={self.expr(e.cond)}")
+        if binding_type is None or binding_type != e.ret_type:
+            parts.append(f"ret={self.type(e.ret_type)}")
+        return f"G.loop({', '.join(parts)})"
+
     def _tuple(self, e: g.Tuple, binding_type: Type | None) -> str:
         fields = [self.expr(f) for f in e.fields]
         return f"({fields[0]},)" if len(fields) == 1 else f"({', '.join(fields)})"
@@ -601,7 +627,8 @@ class _GraphPrinter:
 _GRAPH_RULES: dict[type, Callable[[_GraphPrinter, Any, Type | None], str]] = {
     g.Var: _GraphPrinter._var, g.Constant: _GraphPrinter._constant, g.Call: _GraphPrinter._call,
     g.CallTensor: _GraphPrinter._call_tensor, g.Tuple: _GraphPrinter._tuple,
-    g.TupleGetItem: _GraphPrinter._get_item,
+    g.TupleGetItem: _GraphPrinter._get_item, g.If: _GraphPrinter._if_expr,
+    g.Loop: _GraphPrinter._loop,
 }
 
 

@@ -277,7 +277,12 @@ class _Comparer:
             self.fail(f"function names differ: only in lhs {only_l}, only in rhs {only_r}")
         self.attrs(a.attrs, b.attrs)
         for name in a.functions:
+            # What a function binds is its own: the variables and symbolic dimensions of
+            # one function are not those of another (an If branch whose types name its
+            # caller's dimension objects compares like one that has its own).
+            l2r, r2l = dict(self.l2r), dict(self.r2l)
             self.field(name, a.functions[name], b.functions[name])
+            self.l2r, self.r2l = l2r, r2l
 
     def node(self, a: object, b: object) -> None:
         self.nodes.append((a, b))
@@ -350,6 +355,10 @@ class _Comparer:
             self.at(".else_body", self.fail, "one side has an else branch, the other does not")
         if a.else_body is not None:
             self.field(".else_body", a.else_body, b.else_body)
+
+    def while_(self, a: t.While, b: t.While) -> None:
+        self.field(".cond", a.cond, b.cond)
+        self.field(".body", a.body, b.body)
 
     def allocate(self, a: t.Allocate, b: t.Allocate) -> None:
         self.at(".buffer", self.define, a.buffer, b.buffer)
@@ -443,6 +452,28 @@ class _Comparer:
         self.fields(".args", a.args, b.args)
         self.at(".ret_type", self.type, a.ret_type, b.ret_type)
 
+    def if_expr(self, a: g.If, b: g.If) -> None:
+        for name in ("then_branch", "else_branch"):
+            x, y = getattr(a, name), getattr(b, name)
+            if x != y:
+                self.at(f".{name}", self.fail, f"branches differ: {x!r} vs {y!r}")
+        self.field(".cond", a.cond, b.cond)
+        self.fields(".args", a.args, b.args)
+        self.at(".ret_type", self.type, a.ret_type, b.ret_type)
+
+    def loop(self, a: g.Loop, b: g.Loop) -> None:
+        if a.body != b.body:
+            self.at(".body", self.fail, f"loop bodies differ: {a.body!r} vs {b.body!r}")
+        for name in ("trip_count", "cond"):
+            x, y = getattr(a, name), getattr(b, name)
+            if (x is None) != (y is None):
+                self.at(f".{name}", self.fail, "given on one side only")
+            if x is not None:
+                self.field(f".{name}", x, y)
+        self.fields(".states", a.states, b.states)
+        self.fields(".captures", a.captures, b.captures)
+        self.at(".ret_type", self.type, a.ret_type, b.ret_type)
+
     def tuple_(self, a: g.Tuple, b: g.Tuple) -> None:
         self.fields(".fields", a.fields, b.fields)
 
@@ -464,6 +495,7 @@ _DISPATCH: dict[type, Any] = {
     t.For: _Comparer.for_,
     t.LetStmt: _Comparer.let,
     t.IfThenElse: _Comparer.if_,
+    t.While: _Comparer.while_,
     t.Allocate: _Comparer.allocate,
     t.AllocConst: _Comparer.alloc_const,
     t.DeclBuffer: _Comparer.decl_buffer,
@@ -485,6 +517,8 @@ _DISPATCH: dict[type, Any] = {
     g.Call: _Comparer.call,
     g.CallTensor: _Comparer.call_tensor,
     g.Tuple: _Comparer.tuple_,
+    g.If: _Comparer.if_expr,
+    g.Loop: _Comparer.loop,
     g.TupleGetItem: _Comparer.get_item,
     TensorType: _Comparer.tensor_type,
     TupleType: _Comparer.tensor_type,

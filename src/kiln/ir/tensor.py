@@ -502,6 +502,18 @@ class IfThenElse(Stmt):
     else_body: Stmt | None = None
 
 
+@dataclass(frozen=True, eq=False, slots=True)
+class While(Stmt):
+    """`while cond: body`: `cond` (bool) is evaluated before every iteration.
+
+    The loop of a graph-level `Loop` (kiln.transform.lower_control_flow): its state
+    lives in buffers, so `cond` reads them (`counter[0] < m and keep[0]`).
+    """
+
+    cond: PrimExpr
+    body: Stmt
+
+
 # Declarations: `Allocate`, `AllocConst` and `DeclBuffer` (and `LetStmt`) have no body. Like a C
 # declaration, each one's scope runs from the statement after it to the end of the
 # enclosing statement list (the `SeqStmt` it stands in, or the loop/branch/function

@@ -47,9 +47,9 @@ from kiln.ir import tensor as t
 from kiln.ir.attrs import ATTR_NUM_OUTPUTS, ATTR_OUTPUT_NAMES
 from kiln.ir.module import BaseFunc, IRModule
 from kiln.ir.printer import NodeText, print_function
-from kiln.ir.shape_expr import graph_dims
+from kiln.ir.shape_expr import graph_dims, shape_text
 from kiln.ir.types import TensorType, TupleType, Type
-from kiln.ir.visitor import StmtExprVisitor, check_nesting
+from kiln.ir.visitor import StmtExprVisitor, check_nesting, graph_children
 
 __all__ = ["STACK_LIMIT_BYTES", "verify"]
 
@@ -353,6 +353,13 @@ class _PrimFuncVerifier(StmtExprVisitor):
         if s.else_body is not None:
             self.block(s.else_body)
 
+    def visit_while(self, s: t.While) -> None:
+        if s.cond.dtype != "bool":
+            self.fault(f"while condition has dtype {s.cond.dtype}; it must be bool "
+                       "(compare with 0 explicitly)", s.cond)
+        self.visit_expr(s.cond)
+        self.block(s.body)
+
     def visit_allocate(self, s: t.Allocate) -> None:
         b = s.buffer
         self.check_shape(b, "Allocate of buffer", allow_symbolic=b.scope == "global")
@@ -537,6 +544,14 @@ def _shapes_compatible(a: tuple[object, ...], b: tuple[object, ...]) -> bool:
         x == y for x, y in zip(a, b) if isinstance(x, int) and isinstance(y, int))
 
 
+def _type_key(ty: Type) -> object:
+    """`ty` with its symbolic dimensions by name: a body function has its own
+    dimension variables, named as its caller's (docs/ir.md)."""
+    if isinstance(ty, TupleType):
+        return tuple(_type_key(f) for f in ty.fields)
+    return (shape_text(ty.shape), ty.dtype)
+
+
 def _param_names(fn: t.PrimFunc) -> str:
     return ", ".join(p.name for p in fn.params) or "no parameters"
 
@@ -595,6 +610,10 @@ class _GraphVerifier:
         elif isinstance(e, g.Tuple):
             for f in e.fields:
                 self.expr(f)
+        elif isinstance(e, (g.If, g.Loop)):
+            for x in graph_children(e):
+                self.expr(x)
+            self.control_flow(e)
         elif isinstance(e, g.TupleGetItem):
             self.expr(e.tuple_value)
             ty = self.type_of(e.tuple_value)
@@ -605,6 +624,61 @@ class _GraphVerifier:
                            f"{len(ty.fields)} field(s)", e)
         else:
             self.fault(f"unknown graph expression {type(e).__name__}", e)
+
+    def control_flow(self, e: g.If | g.Loop) -> None:
+        """Types of an If's condition and branches, a Loop's operands and body."""
+        bool0, int0 = TensorType((), "bool"), TensorType((), "int64")
+        if isinstance(e, g.If):
+            if _type_key(self.type_of(e.cond)) != _type_key(bool0):
+                self.fault(f"if condition has type {self.type_of(e.cond)}; it must be a 0-d "
+                           "bool tensor", e)
+            arg_types = [self.type_of(a) for a in e.args]
+            for branch in (e.then_branch, e.else_branch):
+                self.callee(e, branch, arg_types, e.ret_type)
+            return
+        if e.trip_count is None and e.cond is None:
+            self.fault(f"loop '{e.body}' has neither a trip count nor a condition: it would "
+                       "never end", e)
+        if e.trip_count is not None and _type_key(self.type_of(e.trip_count)) != _type_key(int0):
+            self.fault(f"loop trip count has type {self.type_of(e.trip_count)}; it must be a "
+                       "0-d int64 tensor", e)
+        if e.cond is not None and _type_key(self.type_of(e.cond)) != _type_key(bool0):
+            self.fault(f"loop condition has type {self.type_of(e.cond)}; it must be a 0-d "
+                       "bool tensor", e)
+        states = [self.type_of(s) for s in e.states]
+        fields = e.ret_type.fields
+        if len(fields) < len(states):
+            self.fault(f"loop type {e.ret_type} has fewer fields than the {len(states)} "
+                       "loop-carried value(s)", e)
+        for k, (st, ft) in enumerate(zip(states, fields)):
+            if _type_key(st) != _type_key(ft):
+                self.fault(f"loop-carried value {k} has type {st} but the loop's type says "
+                           f"{ft} (a loop-carried value keeps its type)", e)
+        scans = []
+        for ft in fields[len(states):]:
+            if not isinstance(ft, TensorType) or not ft.shape:
+                self.fault(f"loop scan output type {ft} needs a leading axis (one slice per "
+                           "iteration)", e)
+            scans.append(TensorType(ft.shape[1:], ft.dtype))
+        params = [int0, bool0, *states, *(self.type_of(c) for c in e.captures)]
+        self.callee(e, e.body, params, TupleType((bool0, *states, *scans)))
+
+    def callee(self, e: g.Expr, name: str, params: list[Type], ret: Type) -> None:
+        """Graph function `name` of the module takes `params` and returns `ret`."""
+        if self.mod is None:
+            return
+        fn = self.mod.functions.get(name)
+        if not isinstance(fn, g.Function):
+            names = list(self.mod.graph_funcs())
+            what = "missing" if fn is None else "not a graph function"
+            self.fault(f"control flow calls '{name}', which is {what}.{suggest(name, names)} "
+                       f"Graph functions: {', '.join(names) or '(none)'}", e)
+        got = [p.var_type for p in fn.params]
+        if [_type_key(x) for x in got] != [_type_key(x) for x in params]:
+            self.fault(f"'{name}' takes ({', '.join(map(str, got))}) but control flow passes "
+                       f"({', '.join(map(str, params))})", e)
+        if _type_key(fn.ret_type) != _type_key(ret):
+            self.fault(f"'{name}' returns {fn.ret_type} but control flow expects {ret}", e)
 
     def call_tensor(self, e: g.CallTensor) -> None:
         fields = e.ret_type.fields if isinstance(e.ret_type, TupleType) else (e.ret_type,)

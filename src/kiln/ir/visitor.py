@@ -339,6 +339,7 @@ class StmtVisitor:
     def visit_for(self, s: t.For) -> None: self.generic_visit(s)
     def visit_let_stmt(self, s: t.LetStmt) -> None: self.generic_visit(s)
     def visit_if_then_else(self, s: t.IfThenElse) -> None: self.generic_visit(s)
+    def visit_while(self, s: t.While) -> None: self.generic_visit(s)
     def visit_allocate(self, s: t.Allocate) -> None: self.generic_visit(s)
     def visit_alloc_const(self, s: t.AllocConst) -> None: self.generic_visit(s)
     def visit_decl_buffer(self, s: t.DeclBuffer) -> None: self.generic_visit(s)
@@ -435,6 +436,7 @@ class StmtMutator:
     def visit_for(self, s: t.For) -> t.Stmt: return self.generic_visit(s)
     def visit_let_stmt(self, s: t.LetStmt) -> t.Stmt: return self.generic_visit(s)
     def visit_if_then_else(self, s: t.IfThenElse) -> t.Stmt: return self.generic_visit(s)
+    def visit_while(self, s: t.While) -> t.Stmt: return self.generic_visit(s)
     def visit_allocate(self, s: t.Allocate) -> t.Stmt: return self.generic_visit(s)
     def visit_alloc_const(self, s: t.AllocConst) -> t.Stmt: return self.generic_visit(s)
     def visit_decl_buffer(self, s: t.DeclBuffer) -> t.Stmt: return self.generic_visit(s)
@@ -580,6 +582,8 @@ class GraphVisitor:
     def visit_call(self, e: g.Call) -> None: self.generic_visit(e)
     def visit_call_tensor(self, e: g.CallTensor) -> None: self.generic_visit(e)
     def visit_tuple(self, e: g.Tuple) -> None: self.generic_visit(e)
+    def visit_if(self, e: g.If) -> None: self.generic_visit(e)
+    def visit_loop(self, e: g.Loop) -> None: self.generic_visit(e)
     def visit_tuple_get_item(self, e: g.TupleGetItem) -> None: self.generic_visit(e)
 
 
@@ -615,6 +619,8 @@ class GraphMutator:
         new: dict[str, Any] = {}
         for name in child_fields(type(e)).of(EXPR):
             value = getattr(e, name)
+            if value is None:  # an absent optional operand (a Loop's trip count)
+                continue
             new[name] = (tuple(self.visit_expr(x) for x in value) if isinstance(value, tuple)
                          else self.visit_expr(value))
         return _rebuild(e, new)
@@ -624,4 +630,6 @@ class GraphMutator:
     def visit_call(self, e: g.Call) -> g.Expr: return self.generic_visit(e)
     def visit_call_tensor(self, e: g.CallTensor) -> g.Expr: return self.generic_visit(e)
     def visit_tuple(self, e: g.Tuple) -> g.Expr: return self.generic_visit(e)
+    def visit_if(self, e: g.If) -> g.Expr: return self.generic_visit(e)
+    def visit_loop(self, e: g.Loop) -> g.Expr: return self.generic_visit(e)
     def visit_tuple_get_item(self, e: g.TupleGetItem) -> g.Expr: return self.generic_visit(e)

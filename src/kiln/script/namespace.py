@@ -35,7 +35,8 @@ T_NAMES = frozenset({
     "extern_dependency", "let", "allocate", "alloc_const", "decl_buffer", "evaluate",
     "call_func",
 })
-G_NAMES = frozenset({"function", "Tensor", "Tuple", "func_attr", "op", "call_tensor", "const"})
+G_NAMES = frozenset({"function", "Tensor", "Tuple", "func_attr", "op", "call_tensor", "const",
+                     "if_then_else", "loop"})
 I_NAMES = frozenset({"ir_module", "module_attrs"})
 
 

@@ -151,12 +151,16 @@ class GraphFunctionParser:
         if ref is None or ref[0] != "G":
             what = f"{ref[0]}.{ref[1]}" if ref else f"`{ast.unparse(node.func)}`"
             self.fail(node.func, f"{what} is not a graph-level call; use G.op, "
-                                 "G.call_tensor or G.const")
+                                 "G.call_tensor, G.if_then_else, G.loop or G.const")
         name = ref[1]
         if name == "op":
             return self._op(node, binding_type)
         if name == "call_tensor":
             return self._call_tensor(node, binding_type)
+        if name == "if_then_else":
+            return self._if_then_else(node, binding_type)
+        if name == "loop":
+            return self._loop(node, binding_type)
         if name == "const":
             arr, kws = self.p.data(node, "G.const", ("name",))
             const_name = self.p.str_arg(kws["name"], "name") if "name" in kws else ""
@@ -192,6 +196,43 @@ class GraphFunctionParser:
             self.fail(node, f"G.op(\"{op}\", ...) needs ret=<type> here (there is no binding "
                             "annotation to take the result type from)")
         return g.Call(op, args, attrs, ret)
+
+    def _expr_list(self, node: ast.expr, what: str) -> tuple[g.Expr, ...]:
+        if not isinstance(node, (ast.List, ast.Tuple)):
+            self.fail(node, f"{what} are a list: [x, w]")
+        return tuple(self.expr(a) for a in node.elts)
+
+    def _if_then_else(self, node: ast.Call, binding_type: Type | None) -> g.Expr:
+        kws = self.p.keywords(node, "G.if_then_else", ("then_branch", "else_branch", "ret"))
+        if len(node.args) != 2 or "then_branch" not in kws or "else_branch" not in kws:
+            self.fail(node, "G.if_then_else takes the condition, a list of arguments and both "
+                            "branches: G.if_then_else(c, [x], then_branch=\"f\", "
+                            "else_branch=\"g\")")
+        cond = self.expr(node.args[0])
+        args = self._expr_list(node.args[1], "the arguments of G.if_then_else")
+        then_branch = self.p.str_arg(kws["then_branch"], "then_branch")
+        else_branch = self.p.str_arg(kws["else_branch"], "else_branch")
+        ret = self.type(kws["ret"]) if "ret" in kws else binding_type
+        if ret is None:
+            self.fail(node, "G.if_then_else needs ret=<type> here")
+        return g.If(cond, args, then_branch, else_branch, ret)
+
+    def _loop(self, node: ast.Call, binding_type: Type | None) -> g.Expr:
+        kws = self.p.keywords(node, "G.loop", ("captures", "trip_count", "cond", "ret"))
+        if len(node.args) != 2:
+            self.fail(node, "G.loop takes the body's name and the list of initial loop-carried "
+                            "values: G.loop(\"body\", [s], trip_count=n, captures=[x])")
+        body = self.p.str_arg(node.args[0], "the body's name")
+        states = self._expr_list(node.args[1], "the loop-carried values of G.loop")
+        captures = (self._expr_list(kws["captures"], "the captures of G.loop")
+                    if "captures" in kws else ())
+        trip_count = self.expr(kws["trip_count"]) if "trip_count" in kws else None
+        cond = self.expr(kws["cond"]) if "cond" in kws else None
+        ret = self.type(kws["ret"]) if "ret" in kws else binding_type
+        if not isinstance(ret, TupleType):
+            self.fail(node, "G.loop's type is a tuple (final loop-carried values, then scan "
+                            "outputs): annotate G.Tuple(...) or pass ret=")
+        return g.Loop(body, trip_count, cond, states, captures, ret)
 
     def _call_tensor(self, node: ast.Call, binding_type: Type | None) -> g.Expr:
         kws = self.p.keywords(node, "G.call_tensor", ("ret",))

@@ -176,6 +176,8 @@ class TensorFunctionParser:
             self._with(node, list(node.items))
         elif isinstance(node, ast.If):
             self._if(node)
+        elif isinstance(node, ast.While):
+            self._while(node)
         elif isinstance(node, ast.Assign):
             if len(node.targets) != 1:
                 self.fail(node, "one assignment target per statement")
@@ -195,7 +197,8 @@ class TensorFunctionParser:
                             "buffer parameters")
         else:
             self.fail(node, f"unsupported statement `{type(node).__name__.lower()}` in a "
-                            "@T.prim_func; use T.serial loops, if/else, `x = T.let(...)` bindings, "
+                            "@T.prim_func; use T.serial and while loops, if/else, `x = T.let(...)` "
+                            "bindings, "
                             "`buf = T.allocate/T.alloc_const/T.decl_buffer(...)` "
                             "declarations and buffer stores")
 
@@ -338,6 +341,13 @@ class TensorFunctionParser:
         if node.orelse:
             with self.ib.else_():
                 self.block(node.orelse, {})
+
+    def _while(self, node: ast.While) -> None:
+        if node.orelse:
+            self.fail(node.orelse[0], "while-else is not supported")
+        cond = self.prim(node.test)
+        with self.ib.while_(cond):
+            self.block(node.body, {})
 
     def _target(self, target: ast.expr) -> tuple[Buffer, list[PrimExpr]]:
         if isinstance(target, ast.Name):

@@ -40,9 +40,18 @@ def var_use_counts(fn: g.Function) -> Counter[g.Var]:
 
 
 def called_functions(fn: g.Function | t.PrimFunc) -> set[str]:
-    """Names of module functions `fn` calls (CallTensor / CallFunc targets)."""
+    """Names of module functions `fn` calls (CallTensor / CallFunc targets, If branches
+    and Loop bodies)."""
     if isinstance(fn, g.Function):
-        return {e.func for e in function_exprs(fn) if isinstance(e, g.CallTensor)}
+        out: set[str] = set()
+        for e in function_exprs(fn):
+            if isinstance(e, g.CallTensor):
+                out.add(e.func)
+            elif isinstance(e, g.If):
+                out.update((e.then_branch, e.else_branch))
+            elif isinstance(e, g.Loop):
+                out.add(e.body)
+        return out
     return {s.func for s in visitor.iter_stmts(fn.body) if isinstance(s, t.CallFunc)}
 
 

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 from collections.abc import Hashable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import numpy as np
 
@@ -73,10 +74,27 @@ class LowerGraphToTensor(Pass):
         if not graph_funcs:
             return mod
         funcs: dict[str, BaseFunc] = dict(mod.functions)
+        # If branches and Loop bodies are lowered inside their callers (lower_control_flow)
+        bodies = control_flow_functions(graph_funcs)
         for name, fn in graph_funcs.items():
+            if name in bodies:
+                del funcs[name]
+                continue
             funcs[name] = lower_function(name, fn, mod, alignment=self.alignment,
                                          strategy=self.strategy).func
         return IRModule(funcs, mod.attrs)
+
+
+def control_flow_functions(graph_funcs: dict[str, g.Function]) -> set[str]:
+    """Names of the graph functions some If or Loop calls (branches and bodies)."""
+    out: set[str] = set()
+    for fn in graph_funcs.values():
+        for b in fn.bindings:
+            if isinstance(b.value, g.If):
+                out.update((b.value.then_branch, b.value.else_branch))
+            elif isinstance(b.value, g.Loop):
+                out.add(b.value.body)
+    return out
 
 
 # --------------------------------------------------------------------------- analysis
@@ -86,13 +104,17 @@ class LowerGraphToTensor(Pass):
 class _Slot:
     """One tensor value of the graph function."""
 
-    kind: str  # "param" | "const" | "call"
+    # "param" | "const" | "call"; control flow (kiln.transform.lower_control_flow) adds
+    # "view" (a loop's per-iteration view) and "redirect" (a branch or body result
+    # written straight into `target`'s buffer)
+    kind: str
     type: TensorType
     name: str
     buffer: t.Buffer | None = None
     data: np.ndarray | None = None
     def_step: int = -1
     uses: list[int] = field(default_factory=list)
+    target: _Slot | None = None
 
 
 _Value = _Slot | tuple["_Value", ...]
@@ -100,7 +122,7 @@ _Value = _Slot | tuple["_Value", ...]
 
 @dataclass
 class _Step:
-    func: str
+    func: str  # "" for the liveness markers of control flow (no call)
     inputs: list[_Slot]
     outputs: list[_Slot]
 
@@ -141,7 +163,9 @@ class _Analyzer:
         self.mod = mod
         self.env: dict[g.Var, _Value] = {}
         self.consts: dict[g.Constant, _Slot] = {}
-        self.steps: list[_Step] = []
+        self.steps: list[_Step] = []  # every call, nested ones too: the liveness clock
+        # What the current block emits: calls, and control-flow regions holding blocks
+        self.items: list[_Step | Region] = []
 
     def resolve(self, expr: g.Expr, hint: str) -> _Value:
         if isinstance(expr, g.Var):
@@ -170,6 +194,10 @@ class _Analyzer:
             return value[expr.index]
         if isinstance(expr, g.CallTensor):
             return self._call(expr, hint)
+        if isinstance(expr, (g.If, g.Loop)):
+            from kiln.transform.lower_control_flow import analyze_control_flow
+
+            return analyze_control_flow(self, expr, hint)
         if isinstance(expr, g.Call):
             raise CompileError(
                 f"graph function '{self.fname}' still calls operator '{expr.op}'; run the "
@@ -189,7 +217,9 @@ class _Analyzer:
         self._check_callee(call.func, inputs, outputs)
         for s in inputs:
             s.uses.append(step_index)
-        self.steps.append(_Step(call.func, inputs, outputs))
+        step = _Step(call.func, inputs, outputs)
+        self.steps.append(step)
+        self.items.append(step)
         if isinstance(call.ret_type, TupleType):
             return tuple(outputs)
         return outputs[0]
@@ -245,6 +275,10 @@ def lower_function(name: str, fn: g.Function, mod: IRModule, *,
     results = _flatten(an.resolve(fn.result, "result"))
     # The dimension scalars: every variable of the parameters' shapes, read at entry.
     dims = {v.name: v for v in dim_vars(d for p in params for d in p.shape)}
+    if len(an.items) != len(an.steps):  # control flow: bodies' dimensions are ours, by name
+        from kiln.transform.lower_control_flow import rename_dims
+
+        rename_dims(an.steps, dims)
     for s in [*results, *(o for step in an.steps for o in step.outputs)]:
         unknown = sorted({v.name for v in dim_vars(s.type.shape)} - set(dims))
         if unknown:
@@ -270,7 +304,8 @@ def lower_function(name: str, fn: g.Function, mod: IRModule, *,
             copies.append((outs[k], src))
 
     # Everything else a call writes lives in the workspace arena.
-    inter = [s for step in an.steps for s in step.outputs if s not in claimed]
+    inter = [s for step in an.steps for s in step.outputs
+             if s not in claimed and s.kind == "call"]
     ranges = live_ranges({s: s.def_step for s in inter}, {s: s.uses for s in inter})
     static = [s for s in inter if is_static(s.type.shape)]
     blocks = tuple(Block(s, s.type.numel() * itemsize(s.type.dtype), *ranges[s])
@@ -284,14 +319,14 @@ def lower_function(name: str, fn: g.Function, mod: IRModule, *,
         offsets.update(placed)
     for s in inter:
         s.buffer = t.Buffer(s.name, s.type.shape, s.type.dtype)
+    arena: t.Buffer | None = None
+    if inter:
+        if isinstance(workspace, int):  # zero-size values still need a base pointer
+            workspace = max(workspace, alignment)
+        arena = t.Buffer("workspace", (workspace,), "uint8", "global")
 
-    body: list[t.Stmt] = []
-    for step in an.steps:
-        args: list[t.Buffer | t.PrimExpr] = [_buf(s) for s in step.inputs + step.outputs]
-        callee = mod.functions[step.func]
-        assert isinstance(callee, t.PrimFunc)
-        args += [dims[p.name] for p in callee.params[len(args):]]
-        body.append(t.CallFunc(step.func, tuple(args)))
+    ctx = EmitContext(mod, dims, arena, {s: _offset(offsets[s]) for s in inter})
+    body: list[t.Stmt] = [stmt for item in an.items for stmt in emit_item(item, ctx)]
     body.extend(copy_stmt(dst, src) for dst, src in copies)
     if not body:
         body.append(t.Evaluate(t.Const(0, "int32")))
@@ -299,11 +334,7 @@ def lower_function(name: str, fn: g.Function, mod: IRModule, *,
     # One flat statement list (declarations are scoped to the rest of it, see
     # kiln.ir.tensor.Allocate): workspace, constants, views into the workspace, calls.
     decls: list[t.Stmt] = []
-    arena: t.Buffer | None = None
-    if inter:
-        if isinstance(workspace, int):  # zero-size values still need a base pointer
-            workspace = max(workspace, alignment)
-        arena = t.Buffer("workspace", (workspace,), "uint8", "global")
+    if arena is not None:
         decls.append(t.Allocate(arena))
     for slot in an.consts.values():
         assert slot.data is not None
@@ -325,6 +356,36 @@ def lower_function(name: str, fn: g.Function, mod: IRModule, *,
     prim = t.PrimFunc(tuple(params) + tuple(outs) + dim_params, stmt, attrs)
     buffers: dict[object, t.Buffer] = {s: _buf(s) for s in inter}
     return LoweredGraph(prim, blocks, plan, buffers)
+
+
+@dataclass(frozen=True)
+class EmitContext:
+    """What emitting a lowered function's statements needs: the module (callees), the
+    dimension scalars by name, the workspace arena and the byte offset of each value
+    placed in it."""
+
+    mod: IRModule
+    dims: dict[str, t.Var]
+    arena: t.Buffer | None
+    offsets: dict[_Slot, int | t.PrimExpr]
+
+
+class Region(Protocol):
+    """A control-flow region of a block (kiln.transform.lower_control_flow)."""
+
+    def emit(self, ctx: EmitContext) -> list[t.Stmt]: ...
+
+
+def emit_item(item: _Step | Region, ctx: EmitContext) -> list[t.Stmt]:
+    """The statements of one item of a block: a kernel call, or a control-flow region,
+    which emits its own."""
+    if not isinstance(item, _Step):
+        return item.emit(ctx)
+    args: list[t.Buffer | t.PrimExpr] = [_buf(s) for s in item.inputs + item.outputs]
+    callee = ctx.mod.functions[item.func]
+    assert isinstance(callee, t.PrimFunc)
+    args += [ctx.dims[p.name] for p in callee.params[len(args):]]
+    return [t.CallFunc(item.func, tuple(args))]
 
 
 def _buf(s: _Slot) -> t.Buffer:

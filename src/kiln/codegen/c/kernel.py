@@ -66,6 +66,7 @@ from kiln.ir.tensor import (
     Stmt,
     Store,
     Var,
+    While,
 )
 from kiln.transform.outline import COUNT_ARG, FIRST_CAPTURE
 
@@ -336,6 +337,16 @@ class KernelPrinter:
             self.block_body(other)
         p.line("}")
 
+    def while_(self, s: While) -> None:
+        # `for (;;)` with the test first in the body: whatever the condition's C
+        # expression needs is evaluated on every iteration.
+        p = self.p
+        p.line("for (;;) {")
+        with p.indented(), self.ctx.names.scope():
+            p.line(f"if (!({self.condition(s.cond)})) break;")
+            self.block(s.body)
+        p.line("}")
+
     def allocate(self, s: Allocate) -> None:
         buf = s.buffer
         if buf not in self.refs:
@@ -554,6 +565,7 @@ def _table() -> dict[type, Callable[[KernelPrinter, Any], None]]:
         For: KernelPrinter.for_,
         LetStmt: KernelPrinter.let,
         IfThenElse: KernelPrinter.if_,
+        While: KernelPrinter.while_,
         Allocate: KernelPrinter.allocate,
         AllocConst: KernelPrinter.alloc_const,
         DeclBuffer: KernelPrinter.decl_buffer,

@@ -76,6 +76,7 @@ from kiln.ir.tensor import (
     Store,
     UnaryOp,
     Var,
+    While,
 )
 from kiln.transform.outline import (
     COUNT_ARG,
@@ -699,7 +700,7 @@ def _statements(s: Stmt) -> list[Stmt]:
         out.append(x)
         if isinstance(x, SeqStmt):
             stack.extend(x.body)
-        elif isinstance(x, For):
+        elif isinstance(x, (For, While)):
             stack.append(x.body)
         elif isinstance(x, IfThenElse):
             stack.append(x.then_body)
@@ -801,6 +802,21 @@ def _if(fl: _FunctionLowering, s: IfThenElse) -> None:
         fl.block(s.else_body)
         b.branch(merge)
     b.position_at_end(merge)
+
+
+def _while(fl: _FunctionLowering, s: While) -> None:
+    # header: test the condition (evaluated afresh each time) -> body -> header.
+    b = fl.b
+    header = b.append_basic_block("while.cond")
+    body = b.append_basic_block("while.body")
+    exit_ = b.append_basic_block("while.end")
+    b.branch(header)
+    b.position_at_end(header)
+    b.cbranch(fl.as_bool(s.cond), body, exit_)
+    b.position_at_end(body)
+    fl.block(s.body)
+    b.branch(header)
+    b.position_at_end(exit_)
 
 
 def _allocate(fl: _FunctionLowering, s: Allocate) -> None:
@@ -953,6 +969,7 @@ STMT_RULES: dict[type, Callable[[Any, Any], None]] = {
     For: _for,
     LetStmt: _let,
     IfThenElse: _if,
+    While: _while,
     Allocate: _allocate,
     AllocConst: _alloc_const,
     DeclBuffer: _decl_buffer,

@@ -21,6 +21,8 @@ from typing import Any
 import numpy as np
 
 from kiln.errors import FrontendError, IRError
+from kiln.frontend.onnx import control_flow
+from kiln.frontend.onnx.control_flow import CONTROL_FLOW_OPS
 from kiln.frontend.onnx.dims import Declared, InputDims, declared_dims
 from kiln.frontend.onnx.functions import InputType, function_schema
 from kiln.frontend.onnx.functions import expand as expand_function
@@ -200,8 +202,8 @@ def _check_supported(graph: Any, opset: int) -> None:
     names: dict[str, list[str]] = {}
     for k, node in enumerate(graph.node):
         key = _op_key(node)
-        if key not in table and function_schema(_text(node.op_type), _text(node.domain),
-                                                opset) is None:
+        if key not in table and key not in CONTROL_FLOW_OPS and function_schema(
+                _text(node.op_type), _text(node.domain), opset) is None:
             missing[key] += 1
             names.setdefault(key, []).append(_node_label(node, k))
     if missing:
@@ -240,8 +242,8 @@ def _decode_attr(attr: Any) -> Any:
     from onnx import helper, numpy_helper
 
     if attr.type == attr.GRAPH or attr.type == attr.GRAPHS:
-        raise FrontendError(f"attribute {attr.name!r} holds a subgraph; kiln does not "
-                            "import control flow")
+        raise FrontendError(f"attribute {attr.name!r} holds a subgraph; kiln imports "
+                            f"subgraphs of {', '.join(CONTROL_FLOW_OPS)} only")
     value = helper.get_attribute_value(attr)
     if attr.type == attr.TENSOR:
         return numpy_helper.to_array(value)
@@ -276,6 +278,21 @@ class _Importer:
         self.params: set[g.Expr] = set()
         self._where = "model"
         self._functions = 0  # function-body expansions so far (their value name prefixes)
+        # If branches and Loop bodies (control_flow.py), shared with nested importers
+        self.functions: dict[str, g.Function] = {}
+        self.function_names: set[str] = {"main"}  # given out, bodies still being imported
+
+    @property
+    def where(self) -> str:
+        """The node being converted, for messages."""
+        return self._where
+
+    def sub_importer(self, graph: Any) -> _Importer:
+        """An importer for a subgraph of this graph (an If branch, a Loop body)."""
+        sub = _Importer(graph, self.opset, self.input_dims, self.max_fold_bytes)
+        sub.functions = self.functions
+        sub.function_names = self.function_names
+        return sub
 
     # ---------------------------------------------------------------- GraphContext
 
@@ -461,6 +478,8 @@ class _Importer:
                 self.ib.func_attr(ATTR_DIM_BOUNDS, self.input_dims.dim_bounds())
             self.ib.ret(outputs[0] if len(outputs) == 1 else g.Tuple(tuple(outputs)))
         mod = self.ib.get()
+        for name, fn in self.functions.items():
+            mod = mod.with_function(name, fn)
         if self.shape_values:
             # Shape computations whose values became static attributes are dead.
             main = mod["main"]
@@ -478,12 +497,13 @@ class _Importer:
 
     def _convert(self, node: Any, index: int) -> None:
         self._where = f"node {_node_label(node, index)} ({_text(node.op_type)})"
-        if _op_key(node) not in converters():
+        key = _op_key(node)
+        if key not in converters() and key not in CONTROL_FLOW_OPS:
             # _check_supported let it through: onnx defines it by a function body
             self._convert_function(node, index)
             return
-        conv = converters().get(_op_key(node))
-        if self.opset < conv.min_opset:
+        conv = None if key in CONTROL_FLOW_OPS else converters().get(key)
+        if conv is not None and self.opset < conv.min_opset:
             raise FrontendError(f"{self._where}: needs opset >= {conv.min_opset}")
         inputs: list[g.Expr | None] = []
         for name in node.input:
@@ -496,9 +516,13 @@ class _Importer:
                                     "(the graph is not topologically sorted, or the name is "
                                     "misspelled)")
         self.node_outputs = tuple(node.output)
+        outs: Sequence[g.Expr]
         try:
-            attrs = {a.name: _decode_attr(a) for a in node.attribute}
-            outs = conv.fn(self, inputs, attrs)
+            if conv is None:
+                outs = control_flow.convert(self, node, inputs)
+            else:
+                attrs = {a.name: _decode_attr(a) for a in node.attribute}
+                outs = conv.fn(self, inputs, attrs)
         except FrontendError as exc:
             if str(exc).startswith("node "):
                 raise
