@@ -3,6 +3,7 @@
 from kiln.ops import (  # noqa: F401
     cblas,
     conv_direct,
+    data_dependent,
     elementwise,
     gemm,
     image,

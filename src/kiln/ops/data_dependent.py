@@ -1,0 +1,406 @@
+"""Operators whose output size is known only after they ran: NonZero, Compress,
+Unique, NonMaxSuppression, and the run-time `k` of TopK (docs/abi.md, "Data-dependent
+output sizes").
+
+Such an operator's result type has a *run-time dimension*: a dimension variable that
+no input gives, named by the call's `dim` attribute (the converter picks a fresh
+name), with an **upper bound** that is a static size or an expression of the inputs'
+dimensions (NonZero: the input's element count). Its kernel is built here by hand:
+
+    kernel(inputs..., outputs..., count: int64[1], <input dimension scalars>)
+
+Each output is a flat buffer of the bound's size; the kernel writes the result
+compactly (row-major for the actual size, from the buffer's start) and stores the
+actual size into `count`. The kernel's attribute `kiln.binds_dims` names the
+dimension and its bound; `lower-graph-to-tensor` plans the bound's bytes, reads
+`count` after the call and passes the value to every later kernel like any other
+dimension scalar, and the lowered function returns the values of its results'
+run-time dimensions. Every store stays inside the bound: a kernel never writes past
+its flat buffer, whatever the data.
+
+All kernels are plain loops (quadratic in the input length for Unique, TopK and
+NonMaxSuppression, which compare every pair): correct at every size, written for
+detection post-processing and index extraction, not for sorting millions of values.
+"""
+
+from __future__ import annotations
+
+import re
+import zlib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from kiln import dim_expr
+from kiln.errors import IRError
+from kiln.ir import graph as g
+from kiln.ir import tensor as t
+from kiln.ir.attrs import ATTR_BINDS_DIMS
+from kiln.ir.shape_expr import (
+    dim_product,
+    dim_text,
+    dim_var,
+    from_dim_expr,
+    is_static,
+    simplify_dim,
+    to_dim_expr,
+)
+from kiln.ir.types import Dim, TensorType, TupleType, Type
+from kiln.ops import te
+from kiln.ops.onnx_map import GraphContext, onnx_op
+from kiln.ops.reduce import _topk_compute, _topk_ref, norm_axes
+from kiln.ops.registry import OPS, Attrs, OpDef, register_op, result_types
+
+I64 = "int64"
+# Kernel error codes of the checks here (kiln.ir.kernel_errors).
+TOPK_K_ERROR = 11
+
+_RUNTIME_VARS: dict[str, t.Var] = {}
+
+
+def runtime_dim(name: str) -> t.Var:
+    """The dimension variable `name` of a run-time size (one object per name, so every
+    type that mentions it holds the same variable)."""
+    var = _RUNTIME_VARS.get(name)
+    if var is None:
+        var = _RUNTIME_VARS[name] = dim_var(name)
+    return var
+
+
+def fresh_dim_name(op: str, output: str) -> str:
+    """A dimension name for the run-time size of `op`'s output called `output` (an ONNX
+    name): `<op>_<output as an identifier>`, shortened with a hash when long."""
+    hint = re.sub(r"[^A-Za-z0-9_]", "_", output.encode("ascii", "replace").decode()) or "out"
+    if len(hint) > 40:
+        hint = f"{hint[:24]}_{zlib.crc32(output.encode('utf-8')):08x}"
+    return f"{op}_{hint}"
+
+
+def bound_text(d: Dim) -> int | str:
+    """A bound as `kiln.binds_dims` holds it: an int, or its dimension text."""
+    d = simplify_dim(d)
+    return d if isinstance(d, int) else dim_text(d)
+
+
+def bound_dim(b: int | str) -> Dim:
+    """The Dim of a bound as `bound_text` wrote it."""
+    return b if isinstance(b, int) else from_dim_expr(dim_expr.parse(b))
+
+
+# --------------------------------------------------------------------------- the op class
+
+KernelFn = Callable[[Sequence[t.Buffer], Sequence[t.Buffer], t.Buffer, Attrs], t.Stmt]
+BoundFn = Callable[[Sequence[TensorType], Attrs], Dim]
+
+
+@dataclass(frozen=True)
+class DataDependentOp(OpDef):
+    """An operator binding one run-time dimension (`attrs["dim"]`), see the module
+    docstring: `bound` gives its upper bound from the argument types, `kernel` the body
+    of its hand-built kernel."""
+
+    bound: BoundFn = lambda types, attrs: 0  # noqa: E731
+    kernel: KernelFn | None = None
+
+    def legalize(self, call: g.Call) -> tuple[t.PrimFunc, str]:
+        types = [a.type for a in call.args]
+        tensors = [ty for ty in types if isinstance(ty, TensorType)]
+        if len(tensors) != len(types):
+            raise IRError(f"operator {self.name}: every argument must be a tensor")
+        name = str(call.attrs["dim"])
+        bound = simplify_dim(self.bound(tensors, call.attrs))
+        inputs = [t.Buffer(f"x{k}", ty.shape, ty.dtype) for k, ty in enumerate(tensors)]
+        outputs = []
+        for k, ty in enumerate(result_types(call.type)):
+            shape = [bound if _is_dim(d, name) else d for d in ty.shape]
+            outputs.append(t.Buffer(f"out{k}", (simplify_dim(dim_product(shape)),), ty.dtype))
+        count = t.Buffer("count", (1,), I64)
+        assert self.kernel is not None
+        body = self.kernel(inputs, outputs, count, call.attrs)
+        prim = te.with_dim_params(t.PrimFunc((*inputs, *outputs, count), body,
+                                             {ATTR_BINDS_DIMS: ((name, bound_text(bound)),)}))
+        return prim, self.name
+
+
+def _is_dim(d: Dim, name: str) -> bool:
+    return isinstance(d, t.Var) and d.name == name
+
+
+def register_data_dependent(name: str, *, infer: Callable[[Sequence[TensorType], Attrs], Type],
+                            bound: BoundFn, kernel: KernelFn,
+                            reference: Callable[..., Any]) -> OpDef:
+    """Register `name` as a DataDependentOp (pattern opaque: never fused)."""
+
+    def compute(inputs: Sequence[te.Tensor], attrs: Attrs) -> te.Tensor:
+        raise IRError(f"operator {name} is lowered by its own kernel, not a te definition")
+
+    op = DataDependentOp(name, "opaque", infer, compute, reference, bound, kernel)
+    OPS.register(name, op)
+    return op
+
+
+# --------------------------------------------------------------------------- IR helpers
+
+
+def _e(d: Dim | t.PrimExpr | int) -> t.PrimExpr:
+    return t.as_expr(d, I64)
+
+
+def _flat(buf: t.Buffer, name: str) -> tuple[t.Buffer, t.Stmt]:
+    """A 1-D view of `buf` (its elements in row-major order) and its declaration."""
+    view = t.Buffer(name, (simplify_dim(dim_product(buf.shape)),), buf.dtype)
+    return view, t.DeclBuffer(view, buf, 0)
+
+
+def _loop(name: str, extent: Dim | t.PrimExpr, body: Callable[[t.Var], t.Stmt],
+          start: Dim | t.PrimExpr = 0) -> t.Stmt:
+    var = t.Var(name, I64)
+    return t.For(var, _e(start), _e(extent), "serial", body(var))
+
+
+def _counter(name: str) -> t.Buffer:
+    return t.Buffer(name, (1,), I64, "local")
+
+
+def _bump(c: t.Buffer) -> t.Stmt:
+    return t.Store(c, c[0] + 1, (_e(0),))
+
+
+def _set(c: t.Buffer, value: t.PrimExpr | int) -> t.Stmt:
+    return t.Store(c, _e(value) if isinstance(value, int) else value, (_e(0),))
+
+
+def _nonzero(v: t.PrimExpr) -> t.PrimExpr:
+    return t.compare("ne", v, t.const(0, v.dtype))
+
+
+def _when(cond: t.PrimExpr, *body: t.Stmt) -> t.Stmt:
+    return t.IfThenElse(cond, t.seq(*body))
+
+
+# --------------------------------------------------------------------------- nonzero
+
+
+def _nonzero_infer(types: Sequence[TensorType], attrs: Attrs) -> Type:
+    (x,) = types
+    if x.ndim == 0:
+        raise IRError("nonzero: the input must have at least one dimension")
+    return TensorType((x.ndim, runtime_dim(str(attrs["dim"]))), I64)
+
+
+def _nonzero_bound(types: Sequence[TensorType], attrs: Attrs) -> Dim:
+    return dim_product(types[0].shape)
+
+
+def _nonzero_kernel(ins: Sequence[t.Buffer], outs: Sequence[t.Buffer], count: t.Buffer,
+                    attrs: Attrs) -> t.Stmt:
+    (x,), (out,) = ins, outs
+    rank = x.ndim
+    n = t.Var("n", I64)
+    c = _counter("c")
+
+    def nest(inner: Callable[[list[t.Var]], t.Stmt]) -> t.Stmt:
+        idx = [t.Var(f"i{d}", I64) for d in range(rank)]
+        stmt = inner(idx)
+        for d in reversed(range(rank)):
+            stmt = t.For(idx[d], _e(0), _e(x.shape[d]), "serial", stmt)
+        return stmt
+
+    write = nest(lambda idx: _when(_nonzero(x[tuple(idx)]),
+                                   *(t.Store(out, idx[d], (_e(d) * n + c[0],))
+                                     for d in range(rank)), _bump(c)))
+    return t.seq(t.Allocate(c), _set(c, 0),
+                 nest(lambda idx: _when(_nonzero(x[tuple(idx)]), _bump(c))),
+                 t.LetStmt(n, c[0]), _set(c, 0), write, t.Store(count, n, (_e(0),)))
+
+
+def _nonzero_ref(x: np.ndarray, **attrs: Any) -> np.ndarray:
+    return np.stack(np.nonzero(x)).astype(np.int64).reshape(x.ndim, -1)
+
+
+register_data_dependent("nonzero", infer=_nonzero_infer, bound=_nonzero_bound,
+                        kernel=_nonzero_kernel, reference=_nonzero_ref)
+
+
+# --------------------------------------------------------------------------- compress
+
+
+def _split(shape: Sequence[Dim], axis: int) -> tuple[Dim, Dim, Dim]:
+    return (dim_product(shape[:axis]), shape[axis], dim_product(shape[axis + 1:]))
+
+
+def _compress_infer(types: Sequence[TensorType], attrs: Attrs) -> Type:
+    x, cond = types
+    if cond.ndim != 1 or cond.dtype != "bool":
+        raise IRError(f"compress: the condition must be a 1-D bool tensor, got {cond}")
+    n = runtime_dim(str(attrs["dim"]))
+    axis = attrs.get("axis")
+    if axis is None:
+        return TensorType((n,), x.dtype)
+    shape = list(x.shape)
+    shape[int(axis)] = n
+    return TensorType(tuple(shape), x.dtype)
+
+
+def _compress_bound(types: Sequence[TensorType], attrs: Attrs) -> Dim:
+    x = types[0]
+    axis = attrs.get("axis")
+    return dim_product(x.shape) if axis is None else x.shape[int(axis)]
+
+
+def _compress_kernel(ins: Sequence[t.Buffer], outs: Sequence[t.Buffer], count: t.Buffer,
+                     attrs: Attrs) -> t.Stmt:
+    (x, cond), (out,) = ins, outs
+    axis = attrs.get("axis")
+    flat, decl = _flat(x, "xf")
+    outer, length, inner = ((1, flat.shape[0], 1) if axis is None
+                            else _split(x.shape, int(axis)))
+    m = t.Var("m", I64)  # conditions beyond the axis (or a short condition) select nothing
+    n = t.Var("n", I64)
+    c = _counter("c")
+
+    def copy(o: t.Var) -> t.Stmt:
+        def take(j: t.Var) -> t.Stmt:
+            def element(k: t.Var) -> t.Stmt:
+                return t.Store(out, flat[(o * _e(length) + j) * _e(inner) + k],
+                               ((o * n + c[0]) * _e(inner) + k,))
+            return _when(cond[j], _loop("k", inner, element), _bump(c))
+        return t.seq(_set(c, 0), _loop("j", m, take))
+
+    return t.seq(decl, t.Allocate(c), t.LetStmt(m, t.min_(_e(length), _e(cond.shape[0]))),
+                 _set(c, 0), _loop("j", m, lambda j: _when(cond[j], _bump(c))),
+                 t.LetStmt(n, c[0]), _loop("o", outer, copy), t.Store(count, n, (_e(0),)))
+
+
+def _compress_ref(x: np.ndarray, cond: np.ndarray, **attrs: Any) -> np.ndarray:
+    axis = attrs.get("axis")
+    if axis is None:
+        flat = x.reshape(-1)
+        m = min(flat.size, cond.size)
+        return flat[:m][cond[:m]]
+    m = min(x.shape[int(axis)], cond.size)
+    return np.compress(cond[:m], x, axis=int(axis))
+
+
+register_data_dependent("compress", infer=_compress_infer, bound=_compress_bound,
+                        kernel=_compress_kernel, reference=_compress_ref)
+
+
+# --------------------------------------------------------------------------- run-time k
+
+
+def _runtime_k_infer(types: Sequence[TensorType], attrs: Attrs) -> Type:
+    k, x = types
+    if k.dtype != I64 or not is_static(k.shape) or k.numel() != 1:
+        raise IRError(f"topk: k must be one int64 value, got {k}")
+    norm_axes(int(attrs["axis"]), x.ndim)
+    return TensorType((runtime_dim(str(attrs["dim"])),), I64)
+
+
+def _runtime_k_bound(types: Sequence[TensorType], attrs: Attrs) -> Dim:
+    x = types[1]
+    return x.shape[norm_axes(int(attrs["axis"]), x.ndim)[0]]
+
+
+def _runtime_k_kernel(ins: Sequence[t.Buffer], outs: Sequence[t.Buffer], count: t.Buffer,
+                      attrs: Attrs) -> t.Stmt:
+    (k, x), (out,) = ins, outs
+    flat, decl = _flat(k, "kf")
+    n = _e(out.shape[0])
+    kv = t.Var("k", I64)
+    ok = (kv >= 0) & (kv <= n)
+    return t.seq(decl, t.LetStmt(kv, flat[0]),
+                 t.Evaluate(t.Intrin(t.CHECK_INTRINSIC, (ok, t.const(TOPK_K_ERROR, "int32")))),
+                 _loop("i", kv, lambda i: t.Store(out, i, (i,))),
+                 t.Store(count, kv, (_e(0),)))
+
+
+def _runtime_k_ref(k: np.ndarray, x: np.ndarray, **attrs: Any) -> np.ndarray:
+    n = x.shape[norm_axes(int(attrs["axis"]), x.ndim)[0]]
+    value = int(k.reshape(-1)[0])
+    if not 0 <= value <= n:
+        from kiln.errors import CallError
+        from kiln.ir.kernel_errors import error_message
+        raise CallError(error_message(TOPK_K_ERROR))
+    return np.arange(value, dtype=np.int64)
+
+
+register_data_dependent("topk_k", infer=_runtime_k_infer, bound=_runtime_k_bound,
+                        kernel=_runtime_k_kernel, reference=_runtime_k_ref)
+
+
+def _topk_dynamic_infer(types: Sequence[TensorType], attrs: Attrs) -> Type:
+    x, ks = types
+    (axis,) = norm_axes(int(attrs["axis"]), x.ndim)
+    shape = list(x.shape)
+    shape[axis] = ks.shape[0]
+    return TupleType((TensorType(tuple(shape), x.dtype), TensorType(tuple(shape), I64)))
+
+
+def _topk_dynamic_compute(inputs: Sequence[te.Tensor], attrs: Attrs
+                          ) -> tuple[te.Tensor, te.Tensor]:
+    x, ks = inputs
+    return _topk_compute([x], {**attrs, "k": ks.shape[0]})
+
+
+def _topk_dynamic_ref(x: np.ndarray, ks: np.ndarray, **attrs: Any
+                      ) -> tuple[np.ndarray, np.ndarray]:
+    return _topk_ref(x, **{**attrs, "k": ks.shape[0]})
+
+
+register_op("topk_dynamic", pattern="opaque", infer=_topk_dynamic_infer,
+            compute=_topk_dynamic_compute, reference=_topk_dynamic_ref)
+
+
+# --------------------------------------------------------------------------- converters
+
+
+def _all_constant(ctx: GraphContext, inputs: Sequence[g.Expr | None]) -> list[np.ndarray] | None:
+    values = [ctx.value(x) for x in inputs if x is not None]
+    if any(v is None for v in values):
+        return None
+    return [v for v in values if v is not None]
+
+
+def _dim_name(ctx: GraphContext, op: str) -> str:
+    return fresh_dim_name(op, next((o for o in ctx.node_outputs if o), op))
+
+
+@onnx_op("NonZero")
+def _nonzero_onnx(ctx: GraphContext, inputs: Sequence[g.Expr | None],
+                  attrs: dict[str, Any]) -> list[g.Expr]:
+    x = inputs[0]
+    assert x is not None
+    consts = _all_constant(ctx, inputs)
+    if consts is not None:
+        return [ctx.const(_nonzero_ref(consts[0]))]
+    return [ctx.call("nonzero", x, dim=_dim_name(ctx, "nonzero"))]
+
+
+@onnx_op("Compress")
+def _compress_onnx(ctx: GraphContext, inputs: Sequence[g.Expr | None],
+                   attrs: dict[str, Any]) -> list[g.Expr]:
+    x, cond = inputs[0], inputs[1]
+    assert x is not None and cond is not None
+    axis = attrs.get("axis")
+    if axis is not None:
+        axis = norm_axes(int(axis), ctx.tensor_type(x).ndim)[0]
+    consts = _all_constant(ctx, inputs)
+    if consts is not None:
+        return [ctx.const(_compress_ref(consts[0], consts[1].astype(bool), axis=axis))]
+    return [ctx.call("compress", x, cond, axis=axis, dim=_dim_name(ctx, "compress"))]
+
+
+def topk_runtime_k(ctx: GraphContext, x: g.Expr, k: g.Expr, axis: int,
+                   largest: bool) -> list[g.Expr]:
+    """TopK whose k is a run-time tensor: `topk_k` binds k (checked within [0, n]), and
+    `topk_dynamic` sorts with it (the converter of TopK calls this when k is no constant)."""
+    ks = ctx.call("topk_k", k, x, axis=axis, dim=_dim_name(ctx, "topk_k"))
+    out = ctx.call("topk_dynamic", x, ks, axis=axis, largest=largest)
+    return [ctx.item(out, 0), ctx.item(out, 1)]
+
+
+__all__ = ["DataDependentOp", "bound_dim", "bound_text", "fresh_dim_name",
+           "register_data_dependent", "runtime_dim", "topk_runtime_k"]
