@@ -403,7 +403,7 @@ def _runtime_dims(fname: str, steps: list[_Step], dims: dict[str, t.Var]) -> _Ru
             if name in runtime or name in dims:
                 raise CompileError(f"graph function '{fname}': dimension '{name}' is bound "
                                    "twice (by an input or another data-dependent operator)")
-            b: Dim = bound if isinstance(bound, int) else from_dim_expr(dim_expr.parse(bound))
+            b: Dim = bound if isinstance(bound, int) else from_dim_expr(dim_expr.parse(bound), dims)
             b = _bound_dim(b, runtime)
             unknown = sorted({v.name for v in dim_vars(b)} - set(dims))
             if unknown:
