@@ -36,7 +36,6 @@ KERNEL_ERRORS: dict[int, str] = {
                          "larger than any allocation",
     # Data-dependent sizes (kiln.ops.data_dependent): a run-time k outside its axis.
     11: "topk: k is out of range [0, n] for an axis of size n",
-    12: "non_max_suppression: max_output_boxes_per_class is negative",
 }
 
 _BY_MESSAGE = {message: code for code, message in KERNEL_ERRORS.items()}

@@ -404,3 +404,279 @@ def topk_runtime_k(ctx: GraphContext, x: g.Expr, k: g.Expr, axis: int,
 
 __all__ = ["DataDependentOp", "bound_dim", "bound_text", "fresh_dim_name",
            "register_data_dependent", "runtime_dim", "topk_runtime_k"]
+
+
+# --------------------------------------------------------------------------- unique
+
+
+def _unique_axis(x: TensorType, attrs: Attrs) -> int | None:
+    axis = attrs.get("axis")
+    return None if axis is None else norm_axes(int(axis), x.ndim)[0]
+
+
+def _unique_infer(types: Sequence[TensorType], attrs: Attrs) -> Type:
+    (x,) = types
+    n = runtime_dim(str(attrs["dim"]))
+    axis = _unique_axis(x, attrs)
+    if axis is None:
+        y, length = TensorType((n,), x.dtype), dim_product(x.shape)
+    else:
+        shape = list(x.shape)
+        shape[axis] = n
+        y, length = TensorType(tuple(shape), x.dtype), x.shape[axis]
+    return TupleType((y, TensorType((n,), I64), TensorType((length,), I64),
+                      TensorType((n,), I64)))
+
+
+def _unique_bound(types: Sequence[TensorType], attrs: Attrs) -> Dim:
+    x = types[0]
+    axis = _unique_axis(x, attrs)
+    return dim_product(x.shape) if axis is None else x.shape[axis]
+
+
+def _unique_kernel(ins: Sequence[t.Buffer], outs: Sequence[t.Buffer], count: t.Buffer,
+                   attrs: Attrs) -> t.Stmt:
+    """Unique over slices `x[o, i, k]` (i along the axis; the flat case has one element per
+    slice): `first[i]` marks first occurrences; a unique slice's position counts the
+    first occurrences before it (in index order, or in value order when sorted)."""
+    (x,), (y, indices, inverse, counts) = ins, outs
+    axis = _unique_axis(TensorType(x.shape, x.dtype), attrs)
+    flat, decl = _flat(x, "xf")
+    outer, length, inner = ((1, flat.shape[0], 1) if axis is None else _split(x.shape, axis))
+    sorted_ = bool(attrs.get("sorted", 1))
+    first = t.Buffer("first", (simplify_dim(length),), I64, "global")
+    state, c, pos, n = _counter("state"), _counter("c"), _counter("pos"), t.Var("n", I64)
+
+    def elem(i: t.PrimExpr, o: t.Var, k: t.Var) -> t.PrimExpr:
+        return flat[(o * _e(length) + i) * _e(inner) + k]
+
+    def compare(a: t.PrimExpr, b: t.PrimExpr) -> t.Stmt:
+        """state := -1, 0 or 1 as slice a is below, equal to or above slice b."""
+        def step(o: t.Var) -> t.Stmt:
+            def one(k: t.Var) -> t.Stmt:
+                va, vb = elem(a, o, k), elem(b, o, k)
+                return _when(t.compare("eq", state[0], _e(0)),
+                             t.IfThenElse(va < vb, _set(state, -1),
+                                          _when(va > vb, _set(state, 1))))
+            return _loop("k", inner, one)
+        return t.seq(_set(state, 0), _loop("o", outer, step))
+
+    def position(i: t.Var) -> t.Stmt:
+        """pos := the output position of the unique slice equal to slice i."""
+        def before(j: t.Var) -> t.Stmt:
+            if sorted_:
+                return _when(t.compare("ne", first[j], _e(0)), compare(j, i),
+                             _when(t.compare("lt", state[0], _e(0)), _bump(pos)))
+            return _when(t.compare("ne", first[j], _e(0)), compare(j, i),
+                         _when(t.compare("eq", state[0], _e(0)), _set(c, 1)),
+                         _when(t.compare("eq", c[0], _e(0)), _bump(pos)))
+        return t.seq(_set(pos, 0), _set(c, 0), _loop("j", length, before))
+
+    def mark(i: t.Var) -> t.Stmt:
+        def earlier(j: t.Var) -> t.Stmt:
+            return t.seq(compare(j, i), _when(t.compare("eq", state[0], _e(0)), _set(c, 0)))
+        return t.seq(_set(c, 1), _loop("j", i, earlier), t.Store(first, c[0], (i,)))
+
+    def emit(i: t.Var) -> t.Stmt:
+        def copy(o: t.Var) -> t.Stmt:
+            return _loop("k", inner, lambda k: t.Store(
+                y, elem(i, o, k), ((o * n + pos[0]) * _e(inner) + k,)))
+
+        def same(j: t.Var) -> t.Stmt:
+            return t.seq(compare(j, i), _when(t.compare("eq", state[0], _e(0)), _bump(c)))
+        write = _when(t.compare("ne", first[i], _e(0)), _loop("o", outer, copy),
+                      t.Store(indices, i, (pos[0],)), _set(c, 0), _loop("j", length, same),
+                      t.Store(counts, c[0], (pos[0],)))
+        return t.seq(position(i), t.Store(inverse, pos[0], (i,)), write)
+
+    def total(i: t.Var) -> t.Stmt:
+        return _when(t.compare("ne", first[i], _e(0)), _bump(pos))
+
+    return t.seq(decl, t.Allocate(first), t.Allocate(state), t.Allocate(c), t.Allocate(pos),
+                 _loop("i", length, mark), _set(pos, 0), _loop("i", length, total),
+                 t.LetStmt(n, pos[0]), _loop("i", length, emit), t.Store(count, n, (_e(0),)))
+
+
+def _unique_ref(x: np.ndarray, **attrs: Any) -> tuple[np.ndarray, ...]:
+    axis = attrs.get("axis")
+    data = x.reshape(-1) if axis is None else x
+    vals, idx, inv, cnt = np.unique(data, return_index=True, return_inverse=True,
+                                    return_counts=True, axis=None if axis is None else int(axis))
+    inv = inv.reshape(-1)
+    if not attrs.get("sorted", 1):  # in order of first occurrence
+        order = np.argsort(idx, kind="stable")
+        new_pos = np.empty_like(order)
+        new_pos[order] = np.arange(order.size)
+        vals = np.take(vals, order, axis=0 if axis is None else int(axis))
+        idx, cnt, inv = idx[order], cnt[order], new_pos[inv]
+    return vals, idx.astype(np.int64), inv.astype(np.int64), cnt.astype(np.int64)
+
+
+register_data_dependent("unique", infer=_unique_infer, bound=_unique_bound,
+                        kernel=_unique_kernel, reference=_unique_ref)
+
+
+@onnx_op("Unique")
+def _unique_onnx(ctx: GraphContext, inputs: Sequence[g.Expr | None],
+                 attrs: dict[str, Any]) -> list[g.Expr]:
+    x = inputs[0]
+    assert x is not None
+    axis = attrs.get("axis")
+    if axis is not None:
+        axis = norm_axes(int(axis), ctx.tensor_type(x).ndim)[0]
+    sorted_ = bool(attrs.get("sorted", 1))
+    consts = _all_constant(ctx, inputs)
+    if consts is not None:
+        return [ctx.const(v) for v in _unique_ref(consts[0], axis=axis, sorted=sorted_)]
+    out = ctx.call("unique", x, axis=axis, sorted=sorted_, dim=_dim_name(ctx, "unique"))
+    return [ctx.item(out, k) for k in range(4)]
+
+
+# --------------------------------------------------------------------------- NMS
+
+
+def _nms_infer(types: Sequence[TensorType], attrs: Attrs) -> Type:
+    boxes, scores = types[0], types[1]
+    if boxes.ndim != 3 or scores.ndim != 3 or boxes.shape[2] != 4:
+        raise IRError(f"non_max_suppression: boxes must be [batch, boxes, 4] and scores "
+                      f"[batch, classes, boxes], got {boxes} and {scores}")
+    return TensorType((runtime_dim(str(attrs["dim"])), 3), I64)
+
+
+def _nms_bound(types: Sequence[TensorType], attrs: Attrs) -> Dim:
+    boxes, scores = types[0], types[1]
+    return dim_product((scores.shape[0], scores.shape[1], boxes.shape[1]))
+
+
+def _nms_kernel(ins: Sequence[t.Buffer], outs: Sequence[t.Buffer], count: t.Buffer,
+                attrs: Attrs) -> t.Stmt:
+    """Per batch and class: candidates in descending score (ties by index) above the
+    score threshold, each kept unless its IoU with a box kept before exceeds the
+    threshold, at most max_output_boxes_per_class (onnxruntime's rules)."""
+    boxes, scores, max_out, iou_thr, score_thr = ins
+    (out,) = outs
+    nb, nc, nn = scores.shape
+    center = bool(attrs.get("center_point_box", 0))
+    thresholded = bool(attrs.get("has_score_threshold", False))
+    (fmax, dmax), (fiou, diou), (fscore, dscore) = (
+        _flat(max_out, "mf"), _flat(iou_thr, "if"), _flat(score_thr, "sf"))
+    order = t.Buffer("order", (nn,), I64, "global")
+    pos, kept, ok, start = _counter("pos"), _counter("kept"), _counter("ok"), _counter("start")
+    limit = t.Var("limit", I64)
+    f32 = boxes.dtype
+
+    def corners(b: t.Var, i: t.PrimExpr) -> tuple[t.PrimExpr, ...]:
+        """(ymin, xmin, ymax, xmax) of box i."""
+        v = [boxes[b, i, q] for q in range(4)]
+        if center:  # [x_center, y_center, width, height]
+            half_w, half_h = v[2] / t.const(2.0, f32), v[3] / t.const(2.0, f32)
+            return v[1] - half_h, v[0] - half_w, v[1] + half_h, v[0] + half_w
+        return (t.min_(v[0], v[2]), t.min_(v[1], v[3]), t.max_(v[0], v[2]),
+                t.max_(v[1], v[3]))
+
+    def suppressed(b: t.Var, i: t.PrimExpr, j: t.PrimExpr) -> t.PrimExpr:
+        ay0, ax0, ay1, ax1 = corners(b, i)
+        by0, bx0, by1, bx1 = corners(b, j)
+        zero = t.const(0.0, f32)
+        area_a, area_b = (ay1 - ay0) * (ax1 - ax0), (by1 - by0) * (bx1 - bx0)
+        inter = (t.max_(zero, t.min_(ay1, by1) - t.max_(ay0, by0))
+                 * t.max_(zero, t.min_(ax1, bx1) - t.max_(ax0, bx0)))
+        union = area_a + area_b - inter
+        positive = (area_a > zero) & (area_b > zero) & (inter > zero) & (union > zero)
+        iou = inter / t.select(positive, union, t.const(1.0, f32))
+        return positive & (iou > fiou[0])
+
+    def per_class(b: t.Var, cl: t.Var) -> t.Stmt:
+        def rank(i: t.Var) -> t.Stmt:
+            def before(j: t.Var) -> t.Stmt:
+                sj, si = scores[b, cl, j], scores[b, cl, i]
+                return _when((sj > si) | (t.compare("eq", sj, si) & (j < i)), _bump(kept))
+            return t.seq(_set(kept, 0), _loop("j", nn, before), t.Store(order, i, (kept[0],)))
+
+        def candidate(r: t.Var) -> t.Stmt:
+            i = order[r]
+            take = kept[0] < limit
+            if thresholded:
+                take = take & (scores[b, cl, i] > fscore[0])
+
+            def against(q: t.Var) -> t.Stmt:
+                j = out[(start[0] + q) * 3 + 2]
+                return _when(suppressed(b, i, j), _set(ok, 0))
+            row = pos[0] * 3
+            return _when(take, _set(ok, 1), _loop("q", kept[0], against),
+                         _when(t.compare("ne", ok[0], _e(0)),
+                               t.Store(out, b, (row,)), t.Store(out, cl, (row + 1,)),
+                               t.Store(out, i, (row + 2,)), _bump(pos), _bump(kept)))
+        return t.seq(_loop("i", nn, rank), _set(kept, 0), _set(start, pos[0]),
+                     _loop("r", nn, candidate))
+
+    body = _loop("b", nb, lambda b: _loop("c", nc, lambda cl: per_class(b, cl)))
+    return t.seq(dmax, diou, dscore, t.Allocate(order), t.Allocate(pos),
+                 t.Allocate(kept), t.Allocate(ok), t.Allocate(start),
+                 t.LetStmt(limit, t.max_(_e(0), t.min_(fmax[0], _e(nn)))),
+                 _set(pos, 0), body, t.Store(count, pos[0], (_e(0),)))
+
+
+def _nms_ref(boxes: np.ndarray, scores: np.ndarray, max_out: np.ndarray, iou_thr: np.ndarray,
+             score_thr: np.ndarray, **attrs: Any) -> np.ndarray:
+    center = bool(attrs.get("center_point_box", 0))
+    limit = max(0, min(int(max_out.reshape(-1)[0]), boxes.shape[1]))
+    iou_t = np.float32(iou_thr.reshape(-1)[0])
+    rows: list[tuple[int, int, int]] = []
+
+    def corners(b: int, i: int) -> tuple[np.float32, ...]:
+        v = boxes[b, i].astype(np.float32)
+        if center:
+            hw, hh = v[2] / np.float32(2), v[3] / np.float32(2)
+            return v[1] - hh, v[0] - hw, v[1] + hh, v[0] + hw
+        return min(v[0], v[2]), min(v[1], v[3]), max(v[0], v[2]), max(v[1], v[3])
+
+    def suppressed(b: int, i: int, j: int) -> bool:
+        ay0, ax0, ay1, ax1 = corners(b, i)
+        by0, bx0, by1, bx1 = corners(b, j)
+        area_a, area_b = (ay1 - ay0) * (ax1 - ax0), (by1 - by0) * (bx1 - bx0)
+        inter = (max(np.float32(0), min(ay1, by1) - max(ay0, by0))
+                 * max(np.float32(0), min(ax1, bx1) - max(ax0, bx0)))
+        union = area_a + area_b - inter
+        if area_a <= 0 or area_b <= 0 or inter <= 0 or union <= 0:
+            return False
+        return bool(inter / union > iou_t)
+
+    for b in range(scores.shape[0]):
+        for cl in range(scores.shape[1]):
+            s = scores[b, cl]
+            kept: list[int] = []
+            for i in sorted(range(s.size), key=lambda i: (-s[i], i)):
+                if len(kept) >= limit:
+                    break
+                if attrs.get("has_score_threshold") and not s[i] > score_thr.reshape(-1)[0]:
+                    continue
+                if not any(suppressed(b, i, j) for j in kept):
+                    kept.append(i)
+            rows.extend((b, cl, i) for i in kept)
+    return np.array(rows, np.int64).reshape(-1, 3)
+
+
+register_data_dependent("non_max_suppression", infer=_nms_infer, bound=_nms_bound,
+                        kernel=_nms_kernel, reference=_nms_ref)
+
+
+@onnx_op("NonMaxSuppression")
+def _nms_onnx(ctx: GraphContext, inputs: Sequence[g.Expr | None],
+              attrs: dict[str, Any]) -> list[g.Expr]:
+    boxes, scores = inputs[0], inputs[1]
+    assert boxes is not None and scores is not None
+    given = [inputs[k] if len(inputs) > k else None for k in (2, 3, 4)]
+    f32 = ctx.tensor_type(boxes).dtype
+    defaults = [ctx.const(np.zeros(1, np.int64)), ctx.const(np.zeros(1, np.float32)),
+                ctx.const(np.zeros(1, np.float32))]
+    if f32 != "float32":
+        raise IRError(f"NonMaxSuppression takes float32 boxes, got {f32}")
+    args = [v if v is not None else d for v, d in zip(given, defaults)]
+    center = int(attrs.get("center_point_box", 0))
+    call_attrs = dict(center_point_box=center, has_score_threshold=given[2] is not None,
+                      dim=_dim_name(ctx, "nms"))
+    consts = _all_constant(ctx, [boxes, scores, *args])
+    if consts is not None:
+        return [ctx.const(_nms_ref(*consts, **call_attrs))]
+    return [ctx.call("non_max_suppression", boxes, scores, *args, **call_attrs)]
