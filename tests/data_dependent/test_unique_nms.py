@@ -35,7 +35,7 @@ def test_unique(target: str) -> None:
 
 def _nms_model(center: int, optional: int) -> object:
     inputs = ["boxes", "scores", "max_out", "iou", "score_thr"][:2 + optional]
-    inits = [numpy_helper.from_array(np.array([2], np.int64), "max_out"),
+    inits = [numpy_helper.from_array(np.array([4], np.int64), "max_out"),
              numpy_helper.from_array(np.array([0.4], np.float32), "iou"),
              numpy_helper.from_array(np.array([0.2], np.float32), "score_thr")][:optional]
     node = helper.make_node("NonMaxSuppression", inputs, ["sel"], center_point_box=center)
