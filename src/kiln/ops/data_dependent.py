@@ -45,7 +45,6 @@ from kiln.ir.shape_expr import (
     from_dim_expr,
     is_static,
     simplify_dim,
-    to_dim_expr,
 )
 from kiln.ir.types import Dim, TensorType, TupleType, Type
 from kiln.ops import te
@@ -101,7 +100,7 @@ class DataDependentOp(OpDef):
     docstring: `bound` gives its upper bound from the argument types, `kernel` the body
     of its hand-built kernel."""
 
-    bound: BoundFn = lambda types, attrs: 0  # noqa: E731
+    bound: BoundFn = lambda types, attrs: 0
     kernel: KernelFn | None = None
 
     def legalize(self, call: g.Call) -> tuple[t.PrimFunc, str]:
@@ -306,7 +305,7 @@ def _runtime_k_bound(types: Sequence[TensorType], attrs: Attrs) -> Dim:
 
 def _runtime_k_kernel(ins: Sequence[t.Buffer], outs: Sequence[t.Buffer], count: t.Buffer,
                       attrs: Attrs) -> t.Stmt:
-    (k, x), (out,) = ins, outs
+    k, out = ins[0], outs[0]  # ins[1] (x) sizes the bound only
     flat, decl = _flat(k, "kf")
     n = _e(out.shape[0])
     kv = t.Var("k", I64)
@@ -678,5 +677,6 @@ def _nms_onnx(ctx: GraphContext, inputs: Sequence[g.Expr | None],
                       dim=_dim_name(ctx, "nms"))
     consts = _all_constant(ctx, [boxes, scores, *args])
     if consts is not None:
-        return [ctx.const(_nms_ref(*consts, **call_attrs))]
+        return [ctx.const(_nms_ref(*consts, center_point_box=center,
+                                   has_score_threshold=given[2] is not None))]
     return [ctx.call("non_max_suppression", boxes, scores, *args, **call_attrs)]

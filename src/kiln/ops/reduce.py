@@ -324,7 +324,7 @@ def _topk_compute(inputs: Sequence[te.Tensor], attrs: Attrs) -> tuple[te.Tensor,
         return te.reduce("sum", before, (n,), "int64")
 
     rank = te.compute(x.shape, rank_of, "int64", "rank", materialize=True)
-    shape = list(x.shape)
+    shape: list[Any] = list(x.shape)
     shape[axis] = k
 
     def index_of(*j: PrimExpr) -> PrimExpr:

@@ -589,7 +589,7 @@ class RawKernelFunction(PackedFunction):
         argtypes += [ctypes.c_int64] * len(self.dims)
         self._c_func = ctypes.CFUNCTYPE(ctypes.c_int32, *argtypes)(address)
 
-    def _invoke(self, values: list[Any], wheres: list[Where]) -> None:
+    def _invoke(self, values: list[Any], wheres: list[Where]) -> list[tuple[int, ...]] | None:
         c_args: list[Any] = []
         keep: list[np.ndarray] = []
         arguments = self._arguments

@@ -38,15 +38,15 @@ function attribute "output_names", else `out0`, `out1`, ...) and
 from __future__ import annotations
 
 from collections.abc import Hashable
-from typing import Any
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
+from kiln import dim_expr
 from kiln.errors import CompileError
 from kiln.ir import graph as g
 from kiln.ir import tensor as t
-from kiln import dim_expr
 from kiln.ir.attrs import (
     ATTR_BINDS_DIMS,
     ATTR_GIVEN_OUTPUT_NAMES,
