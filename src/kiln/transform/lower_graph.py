@@ -114,6 +114,8 @@ class _Slot:
     buffer: t.Buffer | None = None
     data: np.ndarray | None = None
     def_step: int = -1
+    # the shape with its run-time dimensions, when `type` holds their bounds
+    actual: tuple[Dim, ...] | None = None
     uses: list[int] = field(default_factory=list)
 
 
@@ -302,13 +304,16 @@ def lower_function(name: str, fn: g.Function, mod: IRModule, *,
     out_names = _output_names(name, fn, len(results))
     # Every buffer is declared at its upper bound (run-time dimensions by their bounds).
     for s in [*results, *(o for step in an.steps for o in (*step.outputs, *step.counts))]:
-        s.type = TensorType(_bound_shape(s.type.shape, runtime), s.type.dtype)
+        bound = _bound_shape(s.type.shape, runtime)
+        if bound != s.type.shape and s.actual is None:
+            s.actual = _by_name(s.type.shape, {**dims, **{n: v for n, (v, _) in runtime.items()}})
+        s.type = TensorType(bound, s.type.dtype)
     outs = [t.Buffer(n, s.type.shape, s.type.dtype) for n, s in zip(out_names, results)]
 
     # A value computed by a call and returned is written straight into its
     # output buffer (the first position it appears in); others are copied.
     claimed: dict[_Slot, int] = {}
-    copies: list[tuple[t.Buffer, t.Buffer]] = []
+    copies: list[tuple[t.Buffer, t.Buffer, _Slot]] = []
     for k, s in enumerate(results):
         if s.kind == "call" and s not in claimed:
             claimed[s] = k
@@ -316,7 +321,7 @@ def lower_function(name: str, fn: g.Function, mod: IRModule, *,
         else:
             src = outs[claimed[s]] if s in claimed else s.buffer
             assert src is not None
-            copies.append((outs[k], src))
+            copies.append((outs[k], src, s))
 
     # Everything else a call writes lives in the workspace arena.
     inter = [s for step in an.steps for s in (*step.outputs, *step.counts) if s not in claimed]
@@ -340,12 +345,14 @@ def lower_function(name: str, fn: g.Function, mod: IRModule, *,
         if step.binds:
             body.extend(_producer_call(step, mod, scalars))
             continue
-        args: list[t.Buffer | t.PrimExpr] = [_buf(s) for s in step.inputs + step.outputs]
+        args: list[t.Buffer | t.PrimExpr] = [_actual_view(s, _buf(s), body)
+                                             for s in step.inputs + step.outputs]
         callee = mod.functions[step.func]
         assert isinstance(callee, t.PrimFunc)
         args += [scalars[p.name] for p in callee.params[len(args):]]
         body.append(t.CallFunc(step.func, tuple(args)))
-    body.extend(copy_stmt(dst, src) for dst, src in copies)
+    for dst, src, slot in copies:
+        body.append(copy_stmt(_actual_view(slot, dst, body), _actual_view(slot, src, body)))
     runtime_out: tuple[t.Buffer, ...] = ()
     if runtime:  # the values of the run-time dimensions, for the caller
         order = sorted(runtime)
@@ -410,7 +417,10 @@ def _runtime_dims(fname: str, steps: list[_Step], dims: dict[str, t.Var]) -> _Ru
                 raise CompileError(f"graph function '{fname}': the bound {bound!r} of "
                                    f"dimension '{name}' mentions {unknown[0]!r}, which no "
                                    "parameter gives")
-            runtime[name] = (t.Var(name, "int64"), b)
+            # the variable the values' types hold (one object per name), else a fresh one
+            var = next((v for o in step.outputs for v in dim_vars(o.type.shape)
+                        if v.name == name), t.Var(name, "int64"))
+            runtime[name] = (var, b)
     return runtime
 
 
@@ -448,6 +458,27 @@ def _is_product(e: dim_expr.Expr) -> bool:
         return e.value >= 0
     return (isinstance(e, dim_expr.Binary) and e.op is dim_expr.Op.MUL
             and _is_product(e.a) and _is_product(e.b))
+
+
+def _by_name(shape: tuple[Dim, ...], variables: dict[str, t.Var]) -> tuple[Dim, ...]:
+    """`shape` with each dimension variable replaced by the one of `variables` of its name."""
+    out: list[Dim] = []
+    for d in shape:
+        vmap = {v: variables[v.name] for v in dim_vars(d)
+                if v.name in variables and variables[v.name] is not v}
+        out.append(simplify_dim(substitute(d, vmap)) if vmap and not isinstance(d, int) else d)
+    return tuple(out)
+
+
+def _actual_view(s: _Slot, buf: t.Buffer, body: list[t.Stmt]) -> t.Buffer:
+    """`buf`, or for a value of data-dependent size a view of it with its actual shape
+    (declared in `body` where the run-time dimensions are bound): kernels take the
+    compact layout of the actual size."""
+    if s.actual is None:
+        return buf
+    view = t.Buffer(buf.name, s.actual, buf.dtype)
+    body.append(t.DeclBuffer(view, buf, 0))
+    return view
 
 
 def _producer_call(step: _Step, mod: IRModule, scalars: dict[str, t.Var]) -> list[t.Stmt]:
