@@ -103,3 +103,4 @@ def test_out_is_checked_against_the_bound_and_trimmed() -> None:
     assert sig["results"][0]["shape"] == [1, 6]
     assert sig["runtime_dims"] == [{"name": "nonzero_nz", "bound": 6, "places": [
         {"result": 0, "axis": 1, "actual": "nonzero_nz"}]}]
+    assert "      data-dependent nonzero_nz <= 6 (sizes result 0 axis 1)" in exe.inspect()
