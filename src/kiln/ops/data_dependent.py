@@ -18,9 +18,11 @@ dimension scalar, and the lowered function returns the values of its results'
 run-time dimensions. Every store stays inside the bound: a kernel never writes past
 its flat buffer, whatever the data.
 
-All kernels are plain loops (quadratic in the input length for Unique, TopK and
-NonMaxSuppression, which compare every pair): correct at every size, written for
-detection post-processing and index extraction, not for sorting millions of values.
+All kernels are plain serial loops: NonZero and Compress are linear; Unique and TopK
+compare every pair (quadratic in the length); NonMaxSuppression scans the boxes once
+per candidate it examines (it stops at max_output_boxes_per_class kept). Correct at
+every size, written for detection post-processing and index extraction, not for
+sorting millions of values.
 """
 
 from __future__ import annotations
@@ -559,8 +561,9 @@ def _nms_kernel(ins: Sequence[t.Buffer], outs: Sequence[t.Buffer], count: t.Buff
     thresholded = bool(attrs.get("has_score_threshold", False))
     (fmax, dmax), (fiou, diou), (fscore, dscore) = (
         _flat(max_out, "mf"), _flat(iou_thr, "if"), _flat(score_thr, "sf"))
-    order = t.Buffer("order", (nn,), I64, "global")
+    taken = t.Buffer("taken", (nn,), I64, "global")
     pos, kept, ok, start = _counter("pos"), _counter("kept"), _counter("ok"), _counter("start")
+    best = _counter("best")
     limit = t.Var("limit", I64)
     f32 = boxes.dtype
 
@@ -586,32 +589,36 @@ def _nms_kernel(ins: Sequence[t.Buffer], outs: Sequence[t.Buffer], count: t.Buff
         return positive & (iou > fiou[0])
 
     def per_class(b: t.Var, cl: t.Var) -> t.Stmt:
-        def rank(i: t.Var) -> t.Stmt:
-            def before(j: t.Var) -> t.Stmt:
-                sj, si = scores[b, cl, j], scores[b, cl, i]
-                return _when((sj > si) | (t.compare("eq", sj, si) & (j < i)), _bump(kept))
-            return t.seq(_set(kept, 0), _loop("j", nn, before), t.Store(order, i, (kept[0],)))
+        """Take the best candidate left (highest score, lowest index on ties) until
+        `limit` boxes are kept or none is left: O(boxes) per candidate examined."""
+        def exclude(i: t.Var) -> t.Stmt:  # taken[i] != 0: taken, or not above the threshold
+            low = ~(scores[b, cl, i] > fscore[0]) if thresholded else t.const(False, "bool")
+            return t.Store(taken, t.select(low, _e(1), _e(0)), (i,))
+
+        def scan(i: t.Var) -> t.Stmt:
+            best_score = scores[b, cl, t.max_(best[0], _e(0))]
+            better = (best[0] < 0) | (scores[b, cl, i] > best_score)
+            return _when(t.compare("eq", taken[i], _e(0)) & better, _set(best, i))
 
         def candidate(r: t.Var) -> t.Stmt:
-            i = order[r]
-            take = kept[0] < limit
-            if thresholded:
-                take = take & (scores[b, cl, i] > fscore[0])
+            i = best[0]
 
             def against(q: t.Var) -> t.Stmt:
                 j = out[(start[0] + q) * 3 + 2]
                 return _when(suppressed(b, i, j), _set(ok, 0))
             row = pos[0] * 3
-            return _when(take, _set(ok, 1), _loop("q", kept[0], against),
-                         _when(t.compare("ne", ok[0], _e(0)),
-                               t.Store(out, b, (row,)), t.Store(out, cl, (row + 1,)),
-                               t.Store(out, i, (row + 2,)), _bump(pos), _bump(kept)))
-        return t.seq(_loop("i", nn, rank), _set(kept, 0), _set(start, pos[0]),
+            keep = _when(t.compare("ne", ok[0], _e(0)),
+                         t.Store(out, b, (row,)), t.Store(out, cl, (row + 1,)),
+                         t.Store(out, i, (row + 2,)), _bump(pos), _bump(kept))
+            return _when(kept[0] < limit, _set(best, -1), _loop("i", nn, scan),
+                         _when(best[0] >= 0, t.Store(taken, _e(1), (i,)), _set(ok, 1),
+                               _loop("q", kept[0], against), keep))
+        return t.seq(_loop("i", nn, exclude), _set(kept, 0), _set(start, pos[0]),
                      _loop("r", nn, candidate))
 
     body = _loop("b", nb, lambda b: _loop("c", nc, lambda cl: per_class(b, cl)))
-    return t.seq(dmax, diou, dscore, t.Allocate(order), t.Allocate(pos),
-                 t.Allocate(kept), t.Allocate(ok), t.Allocate(start),
+    return t.seq(dmax, diou, dscore, t.Allocate(taken), t.Allocate(pos),
+                 t.Allocate(kept), t.Allocate(ok), t.Allocate(start), t.Allocate(best),
                  t.LetStmt(limit, t.max_(_e(0), t.min_(fmax[0], _e(nn)))),
                  _set(pos, 0), body, t.Store(count, pos[0], (_e(0),)))
 
