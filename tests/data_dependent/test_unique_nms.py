@@ -61,3 +61,21 @@ def test_non_max_suppression(target: str, center: int, optional: int) -> None:
         feeds.append({"boxes": _boxes(rng, center), "scores": scores})
     feeds.append({"boxes": _boxes(rng, center), "scores": np.zeros((2, 3, 6), np.float32)})
     check(_nms_model(center, optional), feeds, target)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_non_max_suppression_with_run_time_limit_and_thresholds(target: str) -> None:
+    node = helper.make_node("NonMaxSuppression", ["boxes", "scores", "max_out", "iou", "thr"],
+                            ["sel"])
+    inputs = [_vi("boxes", F, [1, 6, 4]), _vi("scores", F, [1, 2, 6]), _vi("max_out", I64, [1]),
+              _vi("iou", F, [1]), _vi("thr", F, [1])]
+    m = model([node], inputs, [("sel", I64)], opset=11)
+    rng = np.random.default_rng(9)
+    feeds = []
+    for limit, iou, thr in ((-1, 0.5, 0.0), (0, 0.5, 0.0), (1, 0.5, 0.0), (6, 0.1, 0.3),
+                            (6, 0.9, 0.0), (3, 0.5, 2.0)):
+        scores = (rng.permutation(12).reshape(1, 2, 6) / 12).astype(np.float32)
+        feeds.append({"boxes": _boxes(rng, 0)[:1], "scores": scores,
+                      "max_out": np.array([limit], np.int64),
+                      "iou": np.array([iou], np.float32), "thr": np.array([thr], np.float32)})
+    check(m, feeds, target)
