@@ -104,3 +104,13 @@ def test_out_is_checked_against_the_bound_and_trimmed() -> None:
     assert sig["runtime_dims"] == [{"name": "nonzero_nz", "bound": 6, "places": [
         {"result": 0, "axis": 1, "actual": "nonzero_nz"}]}]
     assert "      data-dependent nonzero_nz <= 6 (sizes result 0 axis 1)" in exe.inspect()
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_nonzero_of_bool_and_int_inputs(target: str) -> None:
+    nodes = [helper.make_node("NonZero", ["b"], ["nb"]), helper.make_node("NonZero", ["i"], ["ni"])]
+    m = model(nodes, [_vi("b", B, [2, 3, 2]), _vi("i", TensorProto.INT32, [5])],
+              [("nb", I64), ("ni", I64)])
+    x = np.arange(12).reshape(2, 3, 2) % 3
+    check(m, [{"b": x.astype(bool), "i": np.array([0, -3, 0, 0, 7], np.int32)},
+              {"b": np.zeros((2, 3, 2), bool), "i": np.zeros(5, np.int32)}], target)
