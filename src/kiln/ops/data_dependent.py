@@ -102,8 +102,8 @@ class DataDependentOp(OpDef):
     docstring: `bound` gives its upper bound from the argument types, `kernel` the body
     of its hand-built kernel."""
 
-    bound: BoundFn = lambda types, attrs: 0
-    kernel: KernelFn | None = None
+    bound: BoundFn
+    kernel: KernelFn
 
     def legalize(self, call: g.Call) -> tuple[t.PrimFunc, str]:
         types = [a.type for a in call.args]
@@ -118,7 +118,6 @@ class DataDependentOp(OpDef):
             shape = [bound if _is_dim(d, name) else d for d in ty.shape]
             outputs.append(t.Buffer(f"out{k}", (simplify_dim(dim_product(shape)),), ty.dtype))
         count = t.Buffer("count", (1,), I64)
-        assert self.kernel is not None
         body = self.kernel(inputs, outputs, count, call.attrs)
         prim = te.with_dim_params(t.PrimFunc((*inputs, *outputs, count), body,
                                              {ATTR_BINDS_DIMS: ((name, bound_text(bound)),)}))
