@@ -41,6 +41,8 @@ def test_symbolic_rule_agrees_with_the_static_rule(op: str, k: int) -> None:
         expected = opdef.infer_type(static, attrs)
     except IRError:
         pytest.skip("the static rule rejects this case")
+    if not all(is_static(t.shape) for t in _fields(expected)):
+        pytest.skip("a data-dependent size (tests/data_dependent checks symbolic inputs)")
     rank = max(t.ndim for t in static)
     lead = {t.shape[0] for t in static if t.ndim == rank and rank > 0}
     if rank == 0 or len(lead) != 1:

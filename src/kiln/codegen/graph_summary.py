@@ -21,7 +21,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from kiln.codegen.naming import param_info
-from kiln.ir.attrs import ATTR_NUM_OUTPUTS, ATTR_WORKSPACE_BYTES
+from kiln.ir.attrs import ATTR_NUM_OUTPUTS, ATTR_RUNTIME_DIMS, ATTR_WORKSPACE_BYTES
 from kiln.ir.shape_expr import dim_text, simplify_dim
 from kiln.ir.tensor import (
     Allocate,
@@ -64,6 +64,8 @@ def graph_summary(fn: PrimFunc, written: Mapping[str, frozenset[int]]) -> dict[s
         tensors.append(entry)
 
     buffers = fn.buffer_params
+    if fn.attrs.get(ATTR_RUNTIME_DIMS):  # the data-dependent sizes' values: no tensor
+        buffers = buffers[:-1]
     n_out = int(fn.attrs.get(ATTR_NUM_OUTPUTS, 0))
     for k, buf in enumerate(buffers):
         add(buf, "output" if k >= len(buffers) - n_out else "input")

@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kiln import dim_expr
 from kiln.codegen.cfamily.analysis import calls, heap_allocations
 from kiln.codegen.cfamily.helpers import DIM_RUNTIME_FILE, Helpers, dim_runtime_source
 from kiln.codegen.cfamily.printer import CPrinter, NameScope
@@ -51,6 +52,7 @@ from kiln.codegen.naming import (
     output_shapes_symbol,
     parallel_for_symbol,
     profile_symbol,
+    runtime_dims,
 )
 from kiln.errors import CompileError
 from kiln.escape import c_char_array, c_comment, c_string_literal, int64_literal, utf8
@@ -239,7 +241,8 @@ class HostPrinter:
         """The packed entry of `name`: checks in docs/abi.md order, then the kernel call;
         for a graph function with symbolic dimensions also its output-shapes entry."""
         dims = graph_dims(fn)
-        packed = fn.params[:len(fn.params) - len(dims)]
+        runtime = runtime_dims(fn)  # data-dependent sizes: written back after the call
+        packed = fn.params[:len(fn.params) - len(dims) - bool(runtime)]
         p = CPrinter()
         names = NameScope(self.reserved | {"args", "type_codes", "num_args", "status", "fn"})
         p.line(f"/* {c_comment(f'{name}({describe_params(fn)})')} */")
@@ -249,20 +252,50 @@ class HostPrinter:
         with p.indented():
             args = self.prologue(p, names, name, packed, ("args", "type_codes"))
             call_args = list(args.call_args)
+            bound: dict[str, str] = {}
             if args.symbolic:
                 bound = emit_binding(p, names, name, fn, args.tensors, args.given)
-                call_args += [bound[d.name] for d in dims]
+            values = ""
+            if runtime:
+                values = names.fresh("runtime_dims")
+                p.line(f"int64_t {values}[{len(runtime)}] = {{0}};")
+                call_args.append(values)
+            call_args += [bound[d.name] for d in dims]
             symbol = kernel_symbol(self.prefix, name)
             p.line(f"int32_t status = {symbol}({', '.join(call_args)});")
             size, exact = workspace_bytes(self.mod, name)
             # Report a size only when it is the one workspace size that can have failed.
             reported = size if exact else 0
+            if runtime:
+                with p.block("if (status == 0)"):
+                    self.write_runtime_shapes(p, names, fn, len(packed), values, bound)
             p.line(f"return status == 0 ? 0 : {_NS}kernel_failed(fn, status, {reported});")
         p.line("}")
         if dims:
             p.line("")
             self.output_shapes_entry(p, name, fn, packed)
         return p.lines
+
+    def write_runtime_shapes(self, p: CPrinter, names: NameScope, fn: PrimFunc, n_packed: int,
+                             values: str, bound: Mapping[str, str]) -> None:
+        """After a successful call: each result extent sized by a data-dependent dimension
+        goes into the caller's DLTensor `shape` (docs/abi.md, "Data-dependent output
+        sizes"); the kernel wrote the dimensions' values into `values`."""
+        runtime = runtime_dims(fn)
+        n_out = int(fn.attrs.get(ATTR_NUM_OUTPUTS, 0))
+        local = {**bound, **{n: f"{values}[{j}]" for j, (n, _, _) in enumerate(runtime)}}
+        status = names.fresh("shape_status")
+        p.line(f"int32_t {status} = 0;")
+        done: set[tuple[int, int]] = set()
+        for _, _, places in runtime:
+            for k, axis, actual in places:
+                if (k, axis) in done:
+                    continue
+                done.add((k, axis))
+                arg = n_packed - n_out + k
+                expr = dim_expr.to_c(dim_expr.parse(actual), local, status)
+                p.line(f"((DLTensor*)args[{arg}].v_handle)->shape[{axis}] = {expr};")
+        p.line(f"(void){status};")
 
     def output_shapes_entry(self, p: CPrinter, name: str, fn: PrimFunc,
                             packed: Sequence[Buffer | Var]) -> None:

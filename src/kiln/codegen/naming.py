@@ -28,6 +28,7 @@ from kiln.ir.attrs import (
     ATTR_NUM_OUTPUTS,
     ATTR_OUTPUT_NAMES,
     ATTR_PROFILE_SITES,
+    ATTR_RUNTIME_DIMS,
     ATTR_TUPLE_RESULT,
 )
 from kiln.ir.module import IRModule
@@ -45,7 +46,12 @@ LIBRARY_FORMAT = "kiln.library"
 #   3 (2026-11-23): symbolic dimensions: a tensor's shape may hold strings (a variable or
 #     an expression, `"seq*2"`), and a graph function with them lists its "dims" (name,
 #     min, max) and its "output_shapes_symbol".
-LIBRARY_FORMAT_VERSION = 3
+#   4 (2026-11-23): data-dependent output sizes: a graph function whose results have
+#     sizes known only after the call lists them in "runtime_dims" (name, bound, and the
+#     result axes they size, with each axis' actual-size text); its results' "shape" is
+#     the upper bound the caller allocates, and the entry writes the actual extents into
+#     the results' DLTensor shapes. Libraries without them differ from 3 only in the number.
+LIBRARY_FORMAT_VERSION = 4
 
 
 # Longest system_lib_prefix: it starts every symbol of the library.
@@ -109,6 +115,17 @@ def blob_symbol(prefix: str) -> str:
     return f"{prefix}_blob"
 
 
+def runtime_dims(fn: PrimFunc) -> tuple[tuple[str, int | str, tuple[tuple[int, int, str], ...]],
+                                         ...]:
+    """`kiln.runtime_dims` of a lowered graph function: (name, bound, places) per
+    data-dependent dimension (kiln.transform.lower_graph); () when it has none. Such a
+    function takes an int64 buffer of their values after its results."""
+    if not fn.attrs.get(ATTR_GRAPH):
+        return ()
+    return tuple((str(n), b, tuple((int(k), int(a), str(x)) for k, a, x in places))
+                 for n, b, places in fn.attrs.get(ATTR_RUNTIME_DIMS, ()) or ())
+
+
 # C element types of buffers and scalar parameters (the ABI's table, not a copy).
 C_TYPES = abi.C_TYPE_NAMES
 
@@ -143,7 +160,8 @@ def function_signature(name: str, fn: PrimFunc, prefix: str,
     """
     n_out = int(fn.attrs.get(ATTR_NUM_OUTPUTS, 0))
     dims = graph_dims(fn)  # read from the tensors by the entry, not passed
-    params = [param_info(p) for p in fn.params[:len(fn.params) - len(dims)]]
+    runtime = runtime_dims(fn)  # their values go to the results' DLTensor shapes
+    params = [param_info(p) for p in fn.params[:len(fn.params) - len(dims) - bool(runtime)]]
     split = len(params) - n_out
     for i, info in enumerate(params[:split]):  # results are always written
         if i in written and info["kind"] == "tensor":
@@ -158,6 +176,11 @@ def function_signature(name: str, fn: PrimFunc, prefix: str,
         extra = {"dims": [{"name": d.name, "min": bounds.get(d.name, (1, None))[0],
                            "max": bounds.get(d.name, (1, None))[1]} for d in dims],
                  "output_shapes_symbol": output_shapes_symbol(prefix, name)}
+    if runtime:
+        extra["runtime_dims"] = [
+            {"name": n, "bound": b,
+             "places": [{"result": k, "axis": a, "actual": text} for k, a, text in places]}
+            for n, b, places in runtime]
     return {
         "name": name,
         "symbol": entry_symbol(prefix, name),

@@ -131,6 +131,11 @@ class Executable:
             for d in sig.get("dims", []):  # symbolic dimensions and their bounds
                 high = "" if d.get("max") is None else f" <= {d['max']}"
                 lines.append(f"      dim {d['name']}: {d['min']} <= {d['name']}{high}")
+            for d in sig.get("runtime_dims", []):  # data-dependent sizes (results at bound)
+                sizes = ", ".join(f"result {p['result']} axis {p['axis']}"
+                                  for p in d.get("places", []))
+                lines.append(f"      data-dependent {d['name']} <= {d['bound']}"
+                             + (f" (sizes {sizes})" if sizes else ""))
         lines.append("  artifacts:")
         lines.extend("    " + row for row in self.artifacts.inspect().splitlines())
         return "\n".join(lines)

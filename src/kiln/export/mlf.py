@@ -78,6 +78,11 @@ def _signature(metadata: Mapping[str, Any]) -> tuple[list[dict[str, Any]], list[
     if main is None or main.get("kind") != "graph":
         raise ExportError("Model Library Format needs a graph function 'main' (a model "
                           "imported with kiln.frontend.from_onnx has one)")
+    if main.get("runtime_dims"):
+        names = ", ".join(str(d.get("name")) for d in main["runtime_dims"])
+        raise ExportError(f"Model Library Format: main's results have data-dependent sizes "
+                          f"({names}), which its fixed interface cannot return; export a "
+                          "library (export_library) instead")
     ins = [dict(p) for p in main.get("params", [])]
     outs = [dict(r) for r in main.get("results", [])]
     for p in [*ins, *outs]:

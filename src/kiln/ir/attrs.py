@@ -42,6 +42,18 @@ ATTR_EXTERNAL: Final = "kiln.external"
 ATTR_PARALLEL_OF: Final = "kiln.parallel_loop_of"   # the kernel the loop came from
 ATTR_PARALLEL_VAR: Final = "kiln.parallel_loop_var"  # the loop variable's name hint
 
+# Data-dependent output sizes (docs/abi.md, "Data-dependent output sizes").
+# On a kernel that binds dimensions at run time (kiln.ops.data_dependent): one
+# `(name, bound)` pair per dimension it binds (bound: an int or a dimension text over
+# its inputs' dimensions); after its outputs it takes one int64[1] buffer per pair,
+# into which it writes the dimension's value.
+ATTR_BINDS_DIMS: Final = "kiln.binds_dims"
+# On a lowered graph function with such dimensions: one `(name, bound, places)` triple
+# per dimension, sorted by name (bound: int or dimension text over the inputs'
+# dimensions; places: the `(result, axis)` pairs whose extent it is). The function
+# takes one more int64 buffer after its results, into which it writes their values.
+ATTR_RUNTIME_DIMS: Final = "kiln.runtime_dims"
+
 # Module attribute set by ProfileKernelCalls (kiln.transform.profile): one
 # (function, kernel or None) pair per timer site, in site order.
 ATTR_PROFILE_SITES: Final = "kiln.profile_sites"
@@ -49,5 +61,6 @@ ATTR_PROFILE_SITES: Final = "kiln.profile_sites"
 KILN_ATTRS: Final = frozenset({
     ATTR_PRIVATE, ATTR_GRAPH, ATTR_NUM_OUTPUTS, ATTR_TUPLE_RESULT, ATTR_OUTPUT_NAMES,
     ATTR_WORKSPACE_BYTES, ATTR_PARALLEL_OF, ATTR_PARALLEL_VAR, ATTR_EXTERNAL, ATTR_DIM_BOUNDS,
+    ATTR_BINDS_DIMS, ATTR_RUNTIME_DIMS,
 })
 """Every attribute key kiln sets itself."""

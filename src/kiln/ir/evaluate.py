@@ -100,6 +100,7 @@ from kiln.ir._interp_runtime import (
     _round_bf16,
     _text,
 )
+from kiln.ir.attrs import ATTR_BINDS_DIMS
 from kiln.ir.kernel_errors import ERROR_LOOP_SCAN, KERNEL_ERRORS
 from kiln.ir.module import IRModule
 from kiln.ir.shape_expr import dim_vars, to_dim_expr
@@ -305,6 +306,16 @@ class _Shapes:
     def dim(self, d: Any) -> int:
         return d if isinstance(d, int) else self.eval(d)
 
+    def bind(self, var: t.Var, value: int) -> None:
+        """Bind a data-dependent dimension to the value its kernel computed."""
+        if id(var) not in self.values:
+            self.values[id(var)] = value
+            self._keep.append(var)
+
+    def named(self) -> dict[str, int]:
+        """The bound dimension variables' values, by name."""
+        return {v.name: self.values[id(v)] for v in self._keep if isinstance(v, t.Var)}
+
     def by_name(self, fname: str, name: str) -> int:
         """The value of the bound dimension variable called `name`."""
         for v in self._keep:
@@ -437,6 +448,9 @@ class _GraphRunner:
         callee = self.mod[e.func]
         if not isinstance(callee, t.PrimFunc):
             raise IRError(f"{fname}: CallTensor target '{e.func}' is not a PrimFunc")
+        binds = callee.attrs.get(ATTR_BINDS_DIMS)
+        if binds:
+            return self.call_binding(fname, e, callee, args, binds)
         outs = []
         for ty in e.out_types:
             shape = self.shapes.shape(ty)
@@ -447,6 +461,34 @@ class _GraphRunner:
         dims = [self.shapes.by_name(fname, p.name)
                 for p in callee.params[len(ins) + len(outs):] if isinstance(p, t.Var)]
         _run_prim(self.mod, e.func, callee, [*ins, *outs, *dims])
+        return tuple(outs) if isinstance(e.ret_type, TupleType) else outs[0]
+
+    def call_binding(self, fname: str, e: g.CallTensor, callee: t.PrimFunc, args: list[Any],
+                     binds: Any) -> Any:
+        """A kernel binding data-dependent dimensions (`kiln.binds_dims`): flat outputs at
+        the bound, one int64[1] count per dimension; the results are their first elements
+        at the actual shapes, and the dimensions are bound for later calls."""
+        ins = [_contiguous(a) if isinstance(a, np.ndarray) else a for a in args]
+        values = self.shapes.named()
+        flats: list[np.ndarray] = []
+        outs_params = callee.params[len(ins):len(ins) + len(e.out_types)]
+        for p in outs_params:
+            assert isinstance(p, t.Buffer)
+            size = dim_expr.evaluate_size(to_dim_expr(p.shape[0]), values)
+            flats.append(_alloc(size, _np_dtype(p.dtype)))
+        counts = [np.zeros(1, np.int64) for _ in binds]
+        dims = [self.shapes.by_name(fname, p.name)
+                for p in callee.params[len(ins) + len(flats) + len(counts):]
+                if isinstance(p, t.Var)]
+        _run_prim(self.mod, e.func, callee, [*ins, *flats, *counts, *dims])
+        bound_now = {str(name): int(c[0]) for (name, _), c in zip(binds, counts)}
+        outs = []
+        for ty, flat in zip(e.out_types, flats):
+            for d in ty.shape:
+                if isinstance(d, t.Var) and d.name in bound_now:
+                    self.shapes.bind(d, bound_now[d.name])
+            shape = self.shapes.shape(ty)
+            outs.append(flat[:math.prod(shape)].reshape(shape))
         return tuple(outs) if isinstance(e.ret_type, TupleType) else outs[0]
 
     def call_op(self, fname: str, e: g.Call, args: list[Any]) -> Any:

@@ -35,6 +35,8 @@ KERNEL_ERRORS: dict[int, str] = {
     # size_t): refused before any allocation (kiln.dim_expr's checked arithmetic).
     ERROR_SIZE_OVERFLOW: "size overflows int64: the symbolic dimensions ask for a buffer "
                          "larger than any allocation",
+    # Data-dependent sizes (kiln.ops.data_dependent): a run-time k outside its axis.
+    11: "topk: k is out of range [0, n] for an axis of size n",
     # A graph-level Loop with scan outputs (kiln.transform.lower_control_flow) that ran
     # more or fewer iterations than a scan output has slices.
     ERROR_LOOP_SCAN: "loop: the number of iterations differs from the length of a scan output",

@@ -4,6 +4,7 @@ from kiln.ops import (  # noqa: F401
     cblas,
     composed,
     conv_direct,
+    data_dependent,
     elementwise,
     gemm,
     image,

@@ -307,7 +307,9 @@ def _topk_infer(types: Sequence[TensorType], attrs: Attrs) -> Type:
 def _topk_compute(inputs: Sequence[te.Tensor], attrs: Attrs) -> tuple[te.Tensor, te.Tensor]:
     (x,) = inputs
     (axis,) = norm_axes(attrs.get("axis", -1), x.ndim)
-    k, largest = int(attrs["k"]), bool(attrs.get("largest", 1))
+    # k is a size, or a run-time dimension (kiln.ops.data_dependent's TopK)
+    k = attrs["k"] if isinstance(attrs["k"], PrimExpr) else int(attrs["k"])
+    largest = bool(attrs.get("largest", 1))
     n = x.shape[axis]
 
     def at(i: Sequence[PrimExpr], m: PrimExpr) -> PrimExpr:
@@ -322,7 +324,7 @@ def _topk_compute(inputs: Sequence[te.Tensor], attrs: Attrs) -> tuple[te.Tensor,
         return te.reduce("sum", before, (n,), "int64")
 
     rank = te.compute(x.shape, rank_of, "int64", "rank", materialize=True)
-    shape = list(x.shape)
+    shape: list[Any] = list(x.shape)
     shape[axis] = k
 
     def index_of(*j: PrimExpr) -> PrimExpr:
@@ -585,8 +587,12 @@ def _topk_onnx(ctx: GraphContext, inputs: Sequence[g.Expr | None],
     assert x is not None
     if ctx.opset >= 10:
         k_v = ctx.value(inputs[1]) if len(inputs) > 1 else None
+        if k_v is None and len(inputs) > 1 and inputs[1] is not None:  # known at run time
+            from kiln.ops.data_dependent import topk_runtime_k
+            axis = norm_axes(int(attrs.get("axis", -1)), ctx.tensor_type(x).ndim)[0]
+            return topk_runtime_k(ctx, x, inputs[1], axis, bool(attrs.get("largest", 1)))
         if k_v is None:
-            raise IRError("the k input must be a compile-time constant")
+            raise IRError("the k input must be given")
         k = int(k_v.reshape(-1)[0])
     else:
         k = int(attrs["k"])

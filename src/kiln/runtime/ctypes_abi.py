@@ -239,6 +239,13 @@ class TensorArg:
         self.tensor = t
 
 
+def tensor_shape(handle: int) -> tuple[int, ...]:
+    """The shape a DLTensor at `handle` holds now (a data-dependent result's entry wrote
+    its actual extents into it, docs/abi.md)."""
+    tensor = DLTensor.from_address(handle)
+    return tuple(int(tensor.shape[d]) for d in range(tensor.ndim))
+
+
 def pack_arguments(values: list[object], wheres: list[Where]) -> tuple[Any, Any, list[Any]]:
     """(KilnValue array, type-code array, keep-alive list) for a packed call.
 

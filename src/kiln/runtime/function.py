@@ -82,6 +82,10 @@ class PackedFunction:
         self.dims: dict[str, tuple[int, int | None]] = {
             str(d["name"]): (int(d["min"]), None if d.get("max") is None else int(d["max"]))
             for d in signature.get("dims", [])}
+        # Data-dependent sizes (docs/abi.md): results are allocated at their bound ("shape")
+        # and trimmed to the extents the call reports.
+        self.runtime_dims: list[dict[str, Any]] = [dict(d) for d in
+                                                   signature.get("runtime_dims", [])]
 
     # -------------------------------------------------------------- calling
     def __call__(self, *args: Any, out: Any = None, **kwargs: Any) -> Any:
@@ -104,17 +108,33 @@ class PackedFunction:
         else:
             outputs = self._outputs(out) if self.kind == "graph" else []
         self._check_written([*values, *outputs])
-        self._invoke([*values, *outputs], self._wheres)
+        actual = self._invoke([*values, *outputs], self._wheres)
         if self.kind != "graph":
             return None
-        if out is not None:
+        if actual is not None:  # data-dependent sizes: views of the bound-sized buffers
+            outputs = [trim_result(o, shape) for o, shape in zip(outputs, actual)]
+        elif out is not None:
             return out
         if len(outputs) == 1 and not self.tuple_result:
             return outputs[0]
         return tuple(outputs)
 
-    def _invoke(self, values: list[Any], wheres: list[Where]) -> None:
-        """Call the compiled code with every argument (parameters, then results)."""
+    def actual_shapes(self, bound: Sequence[tuple[int, ...]], sizes: Mapping[str, int],
+                      values: Sequence[int]) -> list[tuple[int, ...]]:
+        """The results' shapes after a call: `bound` with each extent a data-dependent
+        dimension sizes replaced by its text evaluated for `sizes` and the dimensions'
+        `values` (in the order of "runtime_dims")."""
+        env = {**sizes, **{str(d["name"]): int(v) for d, v in zip(self.runtime_dims, values)}}
+        shapes = [list(b) for b in bound]
+        for d in self.runtime_dims:
+            for place in d.get("places", []):
+                k, axis = int(place["result"]), int(place["axis"])
+                shapes[k][axis] = dim_size(self.name, str(place["actual"]), env)
+        return [tuple(s) for s in shapes]
+
+    def _invoke(self, values: list[Any], wheres: list[Where]) -> list[tuple[int, ...]] | None:
+        """Call the compiled code with every argument (parameters, then results); for a
+        function with data-dependent sizes, return the results' actual shapes."""
         raise NotImplementedError
 
     # -------------------------------------------------------------- symbolic shapes
@@ -438,6 +458,7 @@ class NativeFunction(PackedFunction):
         self._slot_pool: SlotPool | None = None
         self._sizes: SymbolicSizes | None = None
         if (self.kind == "graph" and self.results and not self._written - self._results_set
+                and not self.runtime_dims
                 and all(p.get("kind") == "tensor" for p in self._arguments)):
             # symbolic dimensions: placeholders the call overwrites with its sizes
             self._slot_pool = SlotPool([(tuple(d if isinstance(d, int) else 0
@@ -524,10 +545,16 @@ class NativeFunction(PackedFunction):
         if rc != 0:
             raise CallError(message)
 
-    def _invoke(self, values: list[Any], wheres: list[Where]) -> None:
+    def _invoke(self, values: list[Any], wheres: list[Where]) -> list[tuple[int, ...]] | None:
         args, codes, keep = ctypes_abi.pack_arguments(values, wheres)
         self._run(args, codes, len(values))
+        actual = None
+        if self.runtime_dims:  # the entry wrote the actual extents into the DLTensors
+            n = len(self.params)
+            actual = [ctypes_abi.tensor_shape(args[n + j].v_handle)
+                      for j in range(len(self.results))]
         del keep  # the tensors' owners had to live through the call
+        return actual
 
 
 class RawKernelFunction(PackedFunction):
@@ -556,11 +583,13 @@ class RawKernelFunction(PackedFunction):
         self.keepalive = keepalive
         argtypes = [ctypes.c_void_p if p["kind"] == "tensor" else ctypes_abi.C_TYPES[p["dtype"]]
                     for p in self._arguments]
-        # A graph function's kernel takes its dimension variables last, sorted by name.
+        # Then the values of its data-dependent dimensions (an int64 buffer), and its
+        # dimension variables last, sorted by name.
+        argtypes += [ctypes.c_void_p] * bool(self.runtime_dims)
         argtypes += [ctypes.c_int64] * len(self.dims)
         self._c_func = ctypes.CFUNCTYPE(ctypes.c_int32, *argtypes)(address)
 
-    def _invoke(self, values: list[Any], wheres: list[Where]) -> None:
+    def _invoke(self, values: list[Any], wheres: list[Where]) -> list[tuple[int, ...]] | None:
         c_args: list[Any] = []
         keep: list[np.ndarray] = []
         arguments = self._arguments
@@ -579,6 +608,9 @@ class RawKernelFunction(PackedFunction):
                 c_args.append(array.__array_interface__["data"][0])
             else:
                 c_args.append(checked_scalar(value, param, where))
+        runtime = np.zeros(len(self.runtime_dims), np.int64)
+        if self.runtime_dims:
+            c_args.append(runtime.ctypes.data)
         c_args += [sizes[name] for name in sorted(self.dims)]
         guard = self.guard
         if guard is not None:
@@ -592,6 +624,21 @@ class RawKernelFunction(PackedFunction):
         if rc != 0:
             message = self.error_message(rc) if self.error_message is not None else ""
             raise CallError(message or f"{self.name}: failed with code {rc} (no error message)")
+        if not self.runtime_dims:
+            return None
+        n = len(self.params)
+        bound = [tuple(arguments[n + j]["shape"]) for j in range(len(self.results))]
+        return self.actual_shapes(bound, sizes, [int(v) for v in runtime])
+
+
+def trim_result(array: np.ndarray, shape: Sequence[int]) -> np.ndarray:
+    """The first elements of a result buffer allocated at its bound, as an array of its
+    actual `shape` (a view: the kernels write the actual result compactly from the start)."""
+    count = math.prod(shape)
+    if count > array.size:
+        raise CallError(f"the call reported shape {tuple(shape)}, larger than its buffer of "
+                        f"shape {array.shape}")
+    return array.reshape(-1)[:count].reshape(tuple(shape))
 
 
 def checked_tensor(value: Any, param: Mapping[str, Any], where: Where) -> np.ndarray:

@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 
 LIBRARY_FORMAT = "kiln.library"
 SOURCE_FORMATS = ("c", "ll", "asm")
-MAX_LIBRARY_VERSION = 3  # newest library metadata version this runtime reads
+MAX_LIBRARY_VERSION = 4  # newest library metadata version this runtime reads
 
 
 class Module:

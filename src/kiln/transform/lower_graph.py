@@ -21,6 +21,14 @@ name. Intermediates of static size keep the static plan; the others are placed
 after it by `plan_symbolic`, at offsets that are expressions of those scalars, and
 the arena's size is one too (computed once per call).
 
+Data-dependent sizes (docs/abi.md, "Data-dependent output sizes"): a kernel with
+`kiln.binds_dims` writes a run-time dimension's value into an int64[1] buffer after
+its outputs (planned like any intermediate); the value is read right after the call
+(`LetStmt`) and passed to later kernels like an input's dimension scalar. Every
+buffer is planned and declared at its upper bound (each run-time dimension replaced
+by its bound), and the lowered function takes one more int64 buffer after its
+results, into which it stores every run-time dimension's value (`kiln.runtime_dims`).
+
 Attributes of the result (`kiln.ir.attrs`): `kiln.graph`,
 `kiln.num_outputs`, `kiln.tuple_result`, `kiln.output_names` (from the
 function attribute "output_names", else `out0`, `out1`, ...) and
@@ -31,25 +39,38 @@ from __future__ import annotations
 
 from collections.abc import Hashable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
+from kiln import dim_expr
 from kiln.errors import CompileError
 from kiln.ir import graph as g
 from kiln.ir import tensor as t
 from kiln.ir.attrs import (
+    ATTR_BINDS_DIMS,
     ATTR_GIVEN_OUTPUT_NAMES,
     ATTR_GRAPH,
     ATTR_NUM_OUTPUTS,
     ATTR_OUTPUT_NAMES,
+    ATTR_RUNTIME_DIMS,
     ATTR_TUPLE_RESULT,
     ATTR_WORKSPACE_BYTES,
 )
 from kiln.ir.dtype import itemsize
 from kiln.ir.module import BaseFunc, IRModule
-from kiln.ir.shape_expr import dim_product, dim_text, dim_vars, is_static, shape_text
+from kiln.ir.shape_expr import (
+    dim_product,
+    dim_text,
+    dim_vars,
+    from_dim_expr,
+    is_static,
+    shape_text,
+    simplify_dim,
+    to_dim_expr,
+)
 from kiln.ir.types import Dim, TensorType, TupleType
+from kiln.ir.visitor import substitute
 from kiln.transform.memory_plan import (
     DEFAULT_ALIGNMENT,
     Block,
@@ -113,6 +134,8 @@ class _Slot:
     buffer: t.Buffer | None = None
     data: np.ndarray | None = None
     def_step: int = -1
+    # the shape with its run-time dimensions, when `type` holds their bounds
+    actual: tuple[Dim, ...] | None = None
     uses: list[int] = field(default_factory=list)
     target: _Slot | None = None
 
@@ -125,6 +148,9 @@ class _Step:
     func: str  # "" for the liveness markers of control flow (no call)
     inputs: list[_Slot]
     outputs: list[_Slot]
+    # run-time dimensions the callee binds: (name, bound), each with its count slot
+    binds: tuple[tuple[str, int | str], ...] = ()
+    counts: list[_Slot] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -214,17 +240,28 @@ class _Analyzer:
                   hint if len(out_types) == 1 else f"{hint}_{i}", def_step=step_index)
             for i, ty in enumerate(out_types)
         ]
-        self._check_callee(call.func, inputs, outputs)
+        binds = self._binds(call.func)
+        counts = [_Slot("call", TensorType((1,), "int64"), f"{name}_count", def_step=step_index)
+                  for name, _ in binds]
+        self._check_callee(call.func, inputs, [*outputs, *counts], bound_outputs=bool(binds))
         for s in inputs:
             s.uses.append(step_index)
-        step = _Step(call.func, inputs, outputs)
+        step = _Step(call.func, inputs, outputs, binds, counts)
         self.steps.append(step)
         self.items.append(step)
         if isinstance(call.ret_type, TupleType):
             return tuple(outputs)
         return outputs[0]
 
-    def _check_callee(self, func: str, inputs: list[_Slot], outputs: list[_Slot]) -> None:
+    def _binds(self, func: str) -> tuple[tuple[str, int | str], ...]:
+        """The run-time dimensions kernel `func` binds (`kiln.binds_dims`)."""
+        callee = self.mod.functions.get(func)
+        if not isinstance(callee, t.PrimFunc):
+            return ()
+        return tuple((str(n), b) for n, b in callee.attrs.get(ATTR_BINDS_DIMS, ()) or ())
+
+    def _check_callee(self, func: str, inputs: list[_Slot], outputs: list[_Slot], *,
+                      bound_outputs: bool = False) -> None:
         where = f"graph function '{self.fname}': call_tensor '{func}'"
         callee = self.mod.functions.get(func)
         if callee is None:
@@ -245,6 +282,13 @@ class _Analyzer:
                 raise CompileError(
                     f"{where}: parameter {i} '{p.name}' is a scalar; call_tensor passes only "
                     "tensors")
+            if bound_outputs and role == "output":  # flat, at the bound: checked by dtype
+                if p.dtype != s.type.dtype or len(p.shape) != 1:
+                    raise CompileError(
+                        f"{where}: parameter {i} '{p.name}' is {shape_text(p.shape)} {p.dtype} "
+                        f"but a kernel binding run-time dimensions takes flat "
+                        f"{s.type.dtype} outputs")
+                continue
             # A kernel's dimension variables are its caller's, by name (docs/ir.md).
             if shape_text(p.shape) != shape_text(s.type.shape) or p.dtype != s.type.dtype:
                 raise CompileError(
@@ -273,14 +317,17 @@ def lower_function(name: str, fn: g.Function, mod: IRModule, *,
     for b in fn.bindings:
         an.env[b.var] = an.resolve(b.value, b.var.name)
     results = _flatten(an.resolve(fn.result, "result"))
+    results_types = [s.type for s in results]  # before bounds replace run-time dimensions
     # The dimension scalars: every variable of the parameters' shapes, read at entry.
     dims = {v.name: v for v in dim_vars(d for p in params for d in p.shape)}
     if len(an.items) != len(an.steps):  # control flow: bodies' dimensions are ours, by name
         from kiln.transform.lower_control_flow import rename_dims
 
         rename_dims(an.steps, dims)
+    runtime = _runtime_dims(name, an.steps, dims)
     for s in [*results, *(o for step in an.steps for o in step.outputs)]:
-        unknown = sorted({v.name for v in dim_vars(s.type.shape)} - set(dims))
+        _check_runtime_shape(name, s, runtime)
+        unknown = sorted({v.name for v in dim_vars(s.type.shape)} - set(dims) - set(runtime))
         if unknown:
             raise CompileError(
                 f"graph function '{name}': value '{s.name}' has shape "
@@ -288,12 +335,18 @@ def lower_function(name: str, fn: g.Function, mod: IRModule, *,
                 "shape gives (a size known only at run time is not supported)")
 
     out_names = _output_names(name, fn, len(results))
+    # Every buffer is declared at its upper bound (run-time dimensions by their bounds).
+    for s in [*results, *(o for step in an.steps for o in (*step.outputs, *step.counts))]:
+        bound = _bound_shape(s.type.shape, runtime)
+        if bound != s.type.shape and s.actual is None:
+            s.actual = _by_name(s.type.shape, {**dims, **{n: v for n, (v, _) in runtime.items()}})
+        s.type = TensorType(bound, s.type.dtype)
     outs = [t.Buffer(n, s.type.shape, s.type.dtype) for n, s in zip(out_names, results)]
 
     # A value computed by a call and returned is written straight into its
     # output buffer (the first position it appears in); others are copied.
     claimed: dict[_Slot, int] = {}
-    copies: list[tuple[t.Buffer, t.Buffer]] = []
+    copies: list[tuple[t.Buffer, t.Buffer, _Slot]] = []
     for k, s in enumerate(results):
         if s.kind == "call" and s not in claimed:
             claimed[s] = k
@@ -301,10 +354,10 @@ def lower_function(name: str, fn: g.Function, mod: IRModule, *,
         else:
             src = outs[claimed[s]] if s in claimed else s.buffer
             assert src is not None
-            copies.append((outs[k], src))
+            copies.append((outs[k], src, s))
 
     # Everything else a call writes lives in the workspace arena.
-    inter = [s for step in an.steps for s in step.outputs
+    inter = [s for step in an.steps for s in (*step.outputs, *step.counts)
              if s not in claimed and s.kind == "call"]
     ranges = live_ranges({s: s.def_step for s in inter}, {s: s.uses for s in inter})
     static = [s for s in inter if is_static(s.type.shape)]
@@ -325,9 +378,17 @@ def lower_function(name: str, fn: g.Function, mod: IRModule, *,
             workspace = max(workspace, alignment)
         arena = t.Buffer("workspace", (workspace,), "uint8", "global")
 
-    ctx = EmitContext(mod, dims, arena, {s: _offset(offsets[s]) for s in inter})
+    scalars: dict[str, t.Var] = {**dims, **{n: v for n, (v, _) in runtime.items()}}
+    ctx = EmitContext(mod, scalars, arena, {s: _offset(offsets[s]) for s in inter})
     body: list[t.Stmt] = [stmt for item in an.items for stmt in emit_item(item, ctx)]
-    body.extend(copy_stmt(dst, src) for dst, src in copies)
+    for dst, src, slot in copies:
+        body.append(copy_stmt(_actual_view(slot, dst, body), _actual_view(slot, src, body)))
+    runtime_out: tuple[t.Buffer, ...] = ()
+    if runtime:  # the values of the run-time dimensions, for the caller
+        order = sorted(runtime)
+        runtime_out = (t.Buffer("runtime_dims", (len(order),), "int64"),)
+        body.extend(t.Store(runtime_out[0], runtime[n][0], (t.Const(j, "int64"),))
+                    for j, n in enumerate(order))
     if not body:
         body.append(t.Evaluate(t.Const(0, "int32")))
 
@@ -352,8 +413,10 @@ def lower_function(name: str, fn: g.Function, mod: IRModule, *,
         # bytes, or for symbolic sizes the text of the expression (metadata shows it)
         ATTR_WORKSPACE_BYTES: workspace if isinstance(workspace, int) else dim_text(workspace),
     })
+    if runtime:
+        attrs[ATTR_RUNTIME_DIMS] = _runtime_attr(runtime, results_types, dims)
     dim_params = tuple(dims[n] for n in sorted(dims))
-    prim = t.PrimFunc(tuple(params) + tuple(outs) + dim_params, stmt, attrs)
+    prim = t.PrimFunc(tuple(params) + tuple(outs) + runtime_out + dim_params, stmt, attrs)
     buffers: dict[object, t.Buffer] = {s: _buf(s) for s in inter}
     return LoweredGraph(prim, blocks, plan, buffers)
 
@@ -361,7 +424,7 @@ def lower_function(name: str, fn: g.Function, mod: IRModule, *,
 @dataclass(frozen=True)
 class EmitContext:
     """What emitting a lowered function's statements needs: the module (callees), the
-    dimension scalars by name, the workspace arena and the byte offset of each value
+    dimension scalars by name (the inputs' and the run-time ones), the workspace arena and the byte offset of each value
     placed in it."""
 
     mod: IRModule
@@ -381,11 +444,136 @@ def emit_item(item: _Step | Region, ctx: EmitContext) -> list[t.Stmt]:
     which emits its own."""
     if not isinstance(item, _Step):
         return item.emit(ctx)
-    args: list[t.Buffer | t.PrimExpr] = [_buf(s) for s in item.inputs + item.outputs]
+    if item.binds:
+        return _producer_call(item, ctx.mod, ctx.dims)
+    stmts: list[t.Stmt] = []
+    args: list[t.Buffer | t.PrimExpr] = [_actual_view(s, _buf(s), stmts)
+                                         for s in item.inputs + item.outputs]
     callee = ctx.mod.functions[item.func]
     assert isinstance(callee, t.PrimFunc)
     args += [ctx.dims[p.name] for p in callee.params[len(args):]]
-    return [t.CallFunc(item.func, tuple(args))]
+    stmts.append(t.CallFunc(item.func, tuple(args)))
+    return stmts
+
+
+# --------------------------------------------------------------------------- run-time dims
+
+
+_RuntimeDims = dict[str, tuple[t.Var, Dim]]  # name -> (variable, bound over the inputs' dims)
+
+
+def _runtime_dims(fname: str, steps: list[_Step], dims: dict[str, t.Var]) -> _RuntimeDims:
+    """The run-time dimensions the steps bind, each with its bound over the parameters'
+    dimensions (a bound mentioning an earlier run-time dimension takes that one's bound)."""
+    runtime: _RuntimeDims = {}
+    for step in steps:
+        for name, bound in step.binds:
+            if name in runtime or name in dims:
+                raise CompileError(f"graph function '{fname}': dimension '{name}' is bound "
+                                   "twice (by an input or another data-dependent operator)")
+            b: Dim = bound if isinstance(bound, int) else from_dim_expr(dim_expr.parse(bound), dims)
+            b = _bound_dim(b, runtime)
+            unknown = sorted({v.name for v in dim_vars(b)} - set(dims))
+            if unknown:
+                raise CompileError(f"graph function '{fname}': the bound {bound!r} of "
+                                   f"dimension '{name}' mentions {unknown[0]!r}, which no "
+                                   "parameter gives")
+            # the variable the values' types hold (one object per name), else a fresh one
+            var = next((v for o in step.outputs for v in dim_vars(o.type.shape)
+                        if v.name == name), t.Var(name, "int64"))
+            runtime[name] = (var, b)
+    return runtime
+
+
+def _bound_dim(d: Dim, runtime: _RuntimeDims) -> Dim:
+    """`d` with every run-time dimension replaced by its bound."""
+    if isinstance(d, int):
+        return d
+    vmap = {v: t.as_expr(runtime[v.name][1], "int64") for v in dim_vars(d) if v.name in runtime}
+    return simplify_dim(substitute(d, vmap)) if vmap else d
+
+
+def _bound_shape(shape: tuple[Dim, ...], runtime: _RuntimeDims) -> tuple[Dim, ...]:
+    return tuple(_bound_dim(d, runtime) for d in shape)
+
+
+def _check_runtime_shape(fname: str, s: _Slot, runtime: _RuntimeDims) -> None:
+    """A dimension mentioning a run-time size must be a product of sizes (`n`, `2*n`,
+    `n*batch`): then its bound is never below its value, and no kernel writes past a
+    buffer planned at the bound."""
+    for d in s.type.shape:
+        if isinstance(d, int) or not {v.name for v in dim_vars(d)} & set(runtime):
+            continue
+        if not _is_product(to_dim_expr(d)):
+            raise CompileError(
+                f"graph function '{fname}': value '{s.name}' has shape "
+                f"{shape_text(s.type.shape)}; a dimension computed from a data-dependent "
+                f"size must be a product of sizes (got {dim_text(d)}), so that its upper "
+                "bound holds it")
+
+
+def _is_product(e: dim_expr.Expr) -> bool:
+    if isinstance(e, dim_expr.Var):
+        return True
+    if isinstance(e, dim_expr.Const):
+        return e.value >= 0
+    return (isinstance(e, dim_expr.Binary) and e.op is dim_expr.Op.MUL
+            and _is_product(e.a) and _is_product(e.b))
+
+
+def _by_name(shape: tuple[Dim, ...], variables: dict[str, t.Var]) -> tuple[Dim, ...]:
+    """`shape` with each dimension variable replaced by the one of `variables` of its name."""
+    out: list[Dim] = []
+    for d in shape:
+        vmap = {v: variables[v.name] for v in dim_vars(d)
+                if v.name in variables and variables[v.name] is not v}
+        out.append(simplify_dim(substitute(d, vmap)) if vmap and not isinstance(d, int) else d)
+    return tuple(out)
+
+
+def _actual_view(s: _Slot, buf: t.Buffer, body: list[t.Stmt]) -> t.Buffer:
+    """`buf`, or for a value of data-dependent size a view of it with its actual shape
+    (declared in `body` where the run-time dimensions are bound): kernels take the
+    compact layout of the actual size."""
+    if s.actual is None:
+        return buf
+    view = t.Buffer(buf.name, s.actual, buf.dtype)
+    body.append(t.DeclBuffer(view, buf, 0))
+    return view
+
+
+def _producer_call(step: _Step, mod: IRModule, scalars: dict[str, t.Var]) -> list[t.Stmt]:
+    """The call of a kernel binding run-time dimensions: flat views of its outputs, the
+    call, then each dimension read from its count buffer."""
+    callee = mod.functions[step.func]
+    assert isinstance(callee, t.PrimFunc)
+    stmts: list[t.Stmt] = []
+    args: list[t.Buffer | t.PrimExpr] = [_buf(s) for s in step.inputs]
+    for s in step.outputs:
+        view = t.Buffer(f"{s.name}_flat", (dim_product(s.type.shape),), s.type.dtype)
+        stmts.append(t.DeclBuffer(view, _buf(s), 0))
+        args.append(view)
+    args += [_buf(c) for c in step.counts]
+    args += [scalars[p.name] for p in callee.params[len(args):]]
+    stmts.append(t.CallFunc(step.func, tuple(args)))
+    for (name, _), count in zip(step.binds, step.counts):
+        stmts.append(t.LetStmt(scalars[name], t.Load(_buf(count), (t.Const(0, "int64"),))))
+    return stmts
+
+
+def _runtime_attr(runtime: _RuntimeDims, results: list[TensorType],
+                  dims: dict[str, t.Var]) -> tuple[tuple[str, int | str, tuple[Any, ...]], ...]:
+    """`kiln.runtime_dims`: (name, bound, places) per run-time dimension, sorted by name;
+    places are `(result, axis, actual)` for each result dimension that mentions one
+    (actual: its text over the inputs' and run-time dimensions)."""
+    out = []
+    for name in sorted(runtime):
+        bound = simplify_dim(runtime[name][1])
+        places = tuple((k, axis, dim_text(d)) for k, ty in enumerate(results)
+                       for axis, d in enumerate(ty.shape)
+                       if not isinstance(d, int) and name in {v.name for v in dim_vars(d)})
+        out.append((name, bound if isinstance(bound, int) else dim_text(bound), places))
+    return tuple(out)
 
 
 def _buf(s: _Slot) -> t.Buffer:
