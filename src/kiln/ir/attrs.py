@@ -42,6 +42,11 @@ ATTR_EXTERNAL: Final = "kiln.external"
 ATTR_PARALLEL_OF: Final = "kiln.parallel_loop_of"   # the kernel the loop came from
 ATTR_PARALLEL_VAR: Final = "kiln.parallel_loop_var"  # the loop variable's name hint
 
+# Module attribute set by kiln.from_torch: which exporter wrote the ONNX model and why
+# it fell back from dynamo, `{"exporter": "dynamo" | "torchscript", "fallback_reason": str
+# | None}` (kiln/frontend/pytorch.py).
+ATTR_TORCH_EXPORT: Final = "kiln.torch_export"
+
 # Module attribute set by ProfileKernelCalls (kiln.transform.profile): one
 # (function, kernel or None) pair per timer site, in site order.
 ATTR_PROFILE_SITES: Final = "kiln.profile_sites"
