@@ -15,6 +15,7 @@ its attribute `kiln.torch_export` (`{"exporter": "torchscript", "fallback_reason
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import io
 import warnings
@@ -209,8 +210,9 @@ def _export_dynamo(torch: Any, module: Any, args: tuple[Any, ...], kwargs: dict[
         shapes = tuple(per_input) if not kwargs else \
             {**dict(zip(_forward_params(module)[:len(args)], per_input, strict=False)),
              **dict(zip(kwargs, per_input[len(args):], strict=True))}
-    with warnings.catch_warnings(), torch.no_grad():
-        warnings.simplefilter("ignore")  # the exporter's progress and deprecation chatter
+    with warnings.catch_warnings(), torch.no_grad(), \
+            contextlib.redirect_stdout(io.StringIO()):  # the exporter prints its progress
+        warnings.simplefilter("ignore")  # deprecation chatter
         program = torch.onnx.export(module, args, kwargs=kwargs or None, input_names=list(names),
                                     dynamic_shapes=shapes, opset_version=opset, dynamo=True,
                                     verbose=False, report=False)
