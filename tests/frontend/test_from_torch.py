@@ -142,5 +142,5 @@ def test_bad_arguments_are_usage_errors(block: Block, kwargs: dict[str, Any], ma
 def test_bad_inputs_are_usage_errors(block: Block) -> None:
     with pytest.raises(UsageError, match=r"example_inputs\[1\] is a list, not a tensor"):
         kiln.from_torch(block, (torch.ones(2, 6), [1.0]))
-    with pytest.raises(UsageError, match="expected a torch.nn.Module, got function"):
+    with pytest.raises(UsageError, match=r"expected a torch\.nn\.Module, got function"):
         kiln.from_torch(lambda x: x, (torch.ones(2, 6),))
