@@ -210,8 +210,10 @@ def _export_dynamo(torch: Any, module: Any, args: tuple[Any, ...], kwargs: dict[
         shapes = tuple(per_input) if not kwargs else \
             {**dict(zip(_forward_params(module)[:len(args)], per_input, strict=False)),
              **dict(zip(kwargs, per_input[len(args):], strict=True))}
+    # The exporter prints its progress, and dumps the traced graph when it fails: the
+    # reason kiln records is the exception's first line.
     with warnings.catch_warnings(), torch.no_grad(), \
-            contextlib.redirect_stdout(io.StringIO()):  # the exporter prints its progress
+            contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
         warnings.simplefilter("ignore")  # deprecation chatter
         program = torch.onnx.export(module, args, kwargs=kwargs or None, input_names=list(names),
                                     dynamic_shapes=shapes, opset_version=opset, dynamo=True,

@@ -110,5 +110,6 @@ def reshape_attr(src: Sequence[Dim], target: Sequence[Dim]) -> tuple[AttrEntry, 
         if dims_equal(dim_product(reshape_target(src, out)), dim_product(src)) is not True:
             raise IRError(f"reshape: cannot view {shape_text(src)} as {shape_text(target)}: "
                           f"the element counts {dim_text(dim_product(src))} and "
-                          f"{dim_text(dim_product(target))} are not provably equal")
+                          f"{dim_text(dim_product(target))} are not provably equal for every "
+                          "value of the symbolic dimensions")
     return tuple(out)
