@@ -57,7 +57,7 @@ def export(model: Any, inputs: Mapping[str, Any], dynamic_axes: Mapping[str, Map
            exporter: str = "torchscript", opset: int = 17) -> onnx.ModelProto:
     """The ONNX model of `model(**inputs)[0]`, axes of `dynamic_axes` symbolic (module
     docstring). `exporter` is "torchscript" (`dynamo=False`, `dynamic_axes`) or "dynamo"
-    (`dynamo=True`, `dynamic_shapes` with one `torch.export.Dim` per axis name)."""
+    (`dynamo=True`, `dynamic_shapes` naming each axis)."""
     import torch
 
     if exporter not in EXPORTERS:
@@ -74,33 +74,13 @@ def export(model: Any, inputs: Mapping[str, Any], dynamic_axes: Mapping[str, Map
                               dynamic_axes={k: dict(v) for k, v in dynamic_axes.items()},
                               opset_version=opset, dynamo=False)
             return onnx.load_from_string(buf.getvalue())
-        dims = {name: torch.export.Dim.DYNAMIC for axes in dynamic_axes.values()
-                for name in axes.values()}
-        shapes = tuple({axis: dims[name] for axis, name in dynamic_axes.get(n, {}).items()}
-                       or None for n in names)
+        # Axis names as strings: the exporter makes each axis dynamic and names it so.
+        shapes = tuple(dict(dynamic_axes[n]) if n in dynamic_axes else None for n in names)
         program = torch.onnx.export(wrapped, args, input_names=names, output_names=["output"],
                                     dynamic_shapes=(shapes,), opset_version=max(opset, 18),
                                     dynamo=True, verbose=False)
         assert program is not None
-        proto = program.model_proto
-    _name_dims(proto, names, dynamic_axes)
-    return proto
-
-
-def _name_dims(proto: onnx.ModelProto, names: Sequence[str],
-               dynamic_axes: Mapping[str, Mapping[int, str]]) -> None:
-    """Give the dynamo export's inputs the axis names of `dynamic_axes` (it writes its own,
-    `s0`, `s1`, ...), renaming every use of the exporter's name in the graph's value types."""
-    rename: dict[str, str] = {}
-    for vi in proto.graph.input:
-        for axis, name in dynamic_axes.get(vi.name, {}).items():
-            dim = vi.type.tensor_type.shape.dim[axis]
-            if dim.dim_param:
-                rename.setdefault(dim.dim_param, name)
-    for vi in [*proto.graph.input, *proto.graph.output, *proto.graph.value_info]:
-        for dim in vi.type.tensor_type.shape.dim:
-            if dim.dim_param in rename:
-                dim.dim_param = rename[dim.dim_param]
+        return program.model_proto
 
 
 def rel_l2(actual: np.ndarray, expected: np.ndarray) -> float:
