@@ -7,10 +7,11 @@ with `kiln.frontend.from_onnx`. Two exporters:
   `torch.export`, needs the `onnxscript` package; writes opset 18 or later.
 - "torchscript" (`dynamo=False, dynamic_axes=...`): the tracing exporter; opset 17.
 
-`exporter="auto"` tries dynamo and falls back to TorchScript when dynamo fails (or
-onnxscript is absent); the module records which exporter ran and why it fell back in
-its attribute `kiln.torch_export` (`{"exporter": "torchscript", "fallback_reason":
-"..."}`). torch is an optional dependency: the extra `kiln-tensor[torch]`.
+`exporter="auto"` tries dynamo and falls back to TorchScript when dynamo fails, when
+onnxscript is absent, or when kiln cannot import dynamo's model; the module records
+which exporter ran and why it fell back in its attribute `kiln.torch_export`
+(`{"exporter": "torchscript", "fallback_reason": "..."}`). torch is an optional
+dependency: the extra `kiln-tensor[torch]`.
 """
 
 from __future__ import annotations
@@ -90,12 +91,22 @@ def from_torch(module: Any, example_inputs: Any, dynamic_shapes: Any = None, *,
                                     f"{_first_line(exc)}") from exc
             record.update(exporter="torchscript",
                           fallback_reason=f"the dynamo exporter failed: {_first_line(exc)}")
+    from kiln.frontend import from_onnx
+
+    pins = dict(shape_dict) if shape_dict else None
+    if record["exporter"] == "dynamo":
+        try:
+            mod = from_onnx(proto, pins, **options)
+        except FrontendError as exc:
+            if exporter == "dynamo":
+                raise
+            # kiln cannot import what dynamo wrote: the TorchScript export may differ.
+            record.update(exporter="torchscript",
+                          fallback_reason=f"kiln could not import the dynamo export: {exc}")
     if record["exporter"] == "torchscript":
         proto = _export_torchscript(torch, module, args, kwargs, names, axes,
                                     opset or _TORCHSCRIPT_OPSET, record)
-    from kiln.frontend import from_onnx
-
-    mod = from_onnx(proto, dict(shape_dict) if shape_dict else None, **options)
+        mod = from_onnx(proto, pins, **options)
     assert isinstance(mod, IRModule)
     return mod.with_attrs(**{ATTR_TORCH_EXPORT: record})
 
