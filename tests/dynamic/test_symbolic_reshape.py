@@ -23,6 +23,7 @@ from kiln.ir import graph as g
 from kiln.ir.shape_expr import dim_var, shape_text
 from kiln.ir.structural import assert_structural_equal
 from kiln.ir.types import TensorType
+from kiln.ir.verify import verify
 from kiln.ops import call
 from kiln.script.source import from_source
 
@@ -58,6 +59,7 @@ def test_dimension_texts_print_parse_back_and_evaluate() -> None:
     assert isinstance(main, g.Function)
     assert isinstance(main.ret_type, TensorType)
     assert shape_text(main.ret_type.shape) == "[b, 1, 1, s]"
+    verify(mod)
     text = mod.script()
     assert 'shape=("b", 1, 1, "s")' in text
     assert_structural_equal(from_source(text), mod, map_free_vars=True)
