@@ -41,6 +41,7 @@ _LAZY = {
     "Artifact": "kiln.artifact:Artifact",
     "ArtifactSet": "kiln.artifact:ArtifactSet",
     "compile": "kiln.driver:compile",
+    "from_torch": "kiln.frontend.pytorch:from_torch",
     "Executable": "kiln.driver:Executable",
     "evaluate": "kiln.ops:evaluate",
     "export_model_library_format": "kiln.export.mlf:export_model_library_format",

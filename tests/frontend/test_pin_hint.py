@@ -56,3 +56,23 @@ def test_import_errors_name_the_node_and_how_to_pin(model: onnx.ModelProto, wher
     assert text.endswith(HINT), text
     # and the hint works: pinned, the model imports
     from_onnx(model, shape_dict={"seq": 128})
+
+
+def test_a_shape_kiln_cannot_follow_names_the_node_and_how_to_pin() -> None:
+    # Shape -> Cast(float) -> Cast(int64) -> Reshape: kiln follows no float shape
+    # arithmetic (a Resize size from an image's, as exporters write it), so the target is
+    # unknown; the error says to pin the model's variables, and pinned, it imports.
+    nodes = [helper.make_node("Shape", ["x"], ["s"]),
+             helper.make_node("Cast", ["s"], ["f"], to=TensorProto.FLOAT),
+             helper.make_node("Cast", ["f"], ["i"], to=TensorProto.INT64),
+             helper.make_node("Reshape", ["x", "i"], ["y"], name="view_it")]
+    graph = helper.make_graph(
+        nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["seq"])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    with pytest.raises(FrontendError) as info:
+        from_onnx(model)
+    assert str(info.value) == ("node 'view_it' (Reshape): Reshape shape must be a compile-time "
+                               "constant (kiln needs static shapes); if it is computed from "
+                               f"the input shapes, {HINT}")
+    from_onnx(model, shape_dict={"seq": 128})

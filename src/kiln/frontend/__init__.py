@@ -22,4 +22,13 @@ def from_onnx(model: Any, shape_dict: dict[str, Any] | None = None, **options: A
         raise missing from exc
 
 
-__all__ = ["from_onnx"]
+def from_torch(module: Any, example_inputs: Any, dynamic_shapes: Any = None,
+               **options: Any) -> Any:
+    """Import a PyTorch module through `torch.onnx.export` in memory; see
+    kiln.frontend.pytorch (torch is the optional extra `kiln-tensor[torch]`)."""
+    from kiln.frontend.pytorch import from_torch as _from_torch
+
+    return _from_torch(module, example_inputs, dynamic_shapes, **options)
+
+
+__all__ = ["from_onnx", "from_torch"]

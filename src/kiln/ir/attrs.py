@@ -54,6 +54,11 @@ ATTR_BINDS_DIMS: Final = "kiln.binds_dims"
 # takes one more int64 buffer after its results, into which it writes their values.
 ATTR_RUNTIME_DIMS: Final = "kiln.runtime_dims"
 
+# Module attribute set by kiln.from_torch: which exporter wrote the ONNX model and why
+# it fell back from dynamo, `{"exporter": "dynamo" | "torchscript", "fallback_reason": str
+# | None}` (kiln/frontend/pytorch.py).
+ATTR_TORCH_EXPORT: Final = "kiln.torch_export"
+
 # Module attribute set by ProfileKernelCalls (kiln.transform.profile): one
 # (function, kernel or None) pair per timer site, in site order.
 ATTR_PROFILE_SITES: Final = "kiln.profile_sites"

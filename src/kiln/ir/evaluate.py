@@ -44,7 +44,10 @@ Intrinsics and externs
 - `CallFunc` runs the callee on the caller's buffers (checked like arguments).
 - Graph `Call`s run the operator's numpy reference, found by the interpreter's op
   resolver (`Interpreter(ops=...)`: a callable from an operator name to an object
-  with `reference(*arrays, **attrs)`); the result must fit the call's type.
+  with `reference(*arrays, **attrs)`); the result must fit the call's type. The
+  str entries of the tuple attributes the object lists in `dim_text_attrs` are
+  dimension texts (the reshape target's new symbolic sizes): the reference gets
+  their values for the variables bound by the call's arguments.
   `kiln.ir` knows no operators: `kiln.evaluate` is this interpreter with kiln's
   own (`kiln.ops.get_op`); plain `evaluate` runs graph functions without Calls.
 Shapes
@@ -492,15 +495,27 @@ class _GraphRunner:
         return tuple(outs) if isinstance(e.ret_type, TupleType) else outs[0]
 
     def call_op(self, fname: str, e: g.Call, args: list[Any]) -> Any:
-        reference = _op_reference(e.op, self.ops)
+        reference, text_attrs = _op_reference(e.op, self.ops)
+        attrs: dict[str, Any] = dict(e.attrs)
+        for key in text_attrs:  # dimension texts become the sizes bound now
+            value = attrs.get(key)
+            if isinstance(value, tuple):
+                attrs[key] = tuple(self.dim_text_value(fname, d) if isinstance(d, str) else d
+                                   for d in value)
         try:
-            result = reference(*args, **dict(e.attrs))
+            result = reference(*args, **attrs)
         except (IRError, CallError):
             raise
         except Exception as exc:
             raise CallError(f"{fname}: the reference of operator '{e.op}' failed: "
                             f"{type(exc).__name__}: {exc}") from exc
         return self.conform(f"{fname}: operator '{e.op}'", e.ret_type, result)
+
+    def dim_text_value(self, fname: str, text: str) -> int:
+        """The value of the dimension text `text` (kiln.dim_expr) for the bound variables."""
+        expr = dim_expr.parse(text)
+        values = {v: self.shapes.by_name(fname, v) for v in sorted(dim_expr.variables(expr))}
+        return dim_expr.evaluate_size(expr, values)
 
     def check_arg(self, where: str, ty: Type, value: Any) -> Any:
         """Check a graph argument against its declared type."""
@@ -553,7 +568,9 @@ _GRAPH_RULES: dict[type, Callable[[_GraphRunner, str, Any, dict[int, Any]], Any]
 }
 
 
-def _op_reference(op: str, ops: OpResolver | None) -> Callable[..., Any]:
+def _op_reference(op: str, ops: OpResolver | None) -> tuple[Callable[..., Any], tuple[str, ...]]:
+    """The op's reference, and the names of its attributes whose tuple entries may be
+    dimension texts (`dim_text_attrs`: the reshape target's new symbolic sizes)."""
     if ops is None:
         raise IRError(f"operator '{op}': this interpreter has no op resolver; run the module "
                       "with kiln.evaluate (kiln's operators) or Interpreter(ops=...), or "
@@ -567,7 +584,7 @@ def _op_reference(op: str, ops: OpResolver | None) -> Callable[..., Any]:
     reference = getattr(spec, "reference", None)
     if reference is None:
         raise IRError(legalize)
-    return reference
+    return reference, tuple(getattr(spec, "dim_text_attrs", ()))
 
 
 def _contiguous(a: np.ndarray) -> np.ndarray:

@@ -116,7 +116,7 @@ def reshape_groups(src: tuple[Any, ...], dst: tuple[Any, ...]
 register_op("reshape", pattern="injective", infer=_reshape_infer, compute=_reshape_compute,
             reference=lambda x, shape, **a: np.reshape(
                 x, tuple(int(d) for d in reshape_target(x.shape, shape))  # type: ignore[arg-type]
-            ).copy())
+            ).copy(), dim_text_attrs=("shape",))
 
 
 register_op("copy", pattern="elemwise", infer=lambda t, a: t[0],

@@ -25,6 +25,7 @@ from kiln.ops._numpy import widen as widen_np
 from kiln.ops.broadcast import broadcast_index, broadcast_shapes
 from kiln.ops.onnx_map import GraphContext, onnx_op
 from kiln.ops.registry import register_op
+from kiln.ops.reshape_dims import reshape_attr
 
 Attrs = Mapping[str, Any]
 
@@ -519,9 +520,30 @@ def _conv_onnx(ctx: GraphContext, inputs: Sequence[g.Expr | None],
     strides = spatial.ints(attrs, "strides", rank, 1)
     dilations = spatial.ints(attrs, "dilations", rank, 1)
     pads = spatial.onnx_pads(attrs, xt.shape[2:], kernel, strides, dilations)
+    group = int(attrs.get("group", 1))
+    if rank == 1 and xt.dtype == "float32":
+        return [_conv1d_as_2d(ctx, x, w, b, group, strides, dilations, pads)]
     args = [x, w] if b is None else [x, w, b]
-    return [ctx.call(f"conv{spatial.SUFFIX[rank]}", *args, group=int(attrs.get("group", 1)),
+    return [ctx.call(f"conv{spatial.SUFFIX[rank]}", *args, group=group,
                      strides=strides, dilations=dilations, pads=pads)]
+
+
+def _conv1d_as_2d(ctx: GraphContext, x: g.Expr, w: g.Expr, b: g.Expr | None, group: int,
+                  strides: Sequence[int], dilations: Sequence[int],
+                  pads: Sequence[int]) -> g.Expr:
+    """A 1-D convolution as a 2-D one of height 1 (`[n, c, l]` viewed as `[n, c, 1, l]`),
+    so it takes the hand-built 2-D kernels (conv_blocking), symbolic batch included:
+    Whisper's and wav2vec's front ends. The views cost no copy of the weight (folded)."""
+    def view(v: g.Expr, target: Sequence[Any]) -> g.Expr:
+        return ctx.call("reshape", v, shape=reshape_attr(ctx.tensor_type(v).shape, target))
+
+    (n, c, length), (o, i, k) = ctx.tensor_type(x).shape, ctx.tensor_type(w).shape
+    args = [view(x, (n, c, 1, length)), view(w, (o, i, 1, k))]
+    y = ctx.call("conv2d", *args, *([] if b is None else [b]), group=group,
+                 strides=(1, strides[0]), dilations=(1, dilations[0]),
+                 pads=(0, pads[0], 0, pads[1]))
+    ys = ctx.tensor_type(y).shape
+    return view(y, (ys[0], ys[1], ys[3]))
 
 
 @onnx_op("ConvTranspose")

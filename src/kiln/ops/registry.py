@@ -42,6 +42,10 @@ class OpDef:
     infer: InferFn
     compute: ComputeFn
     reference: ReferenceFn
+    #: Attributes whose tuple entries may be dimension texts (kiln.dim_expr) over the
+    #: variables of the arguments' shapes: the interpreter (kiln.ir.evaluate) gives the
+    #: reference their values; the type rule and the compute read them symbolically.
+    dim_text_attrs: tuple[str, ...] = ()
 
     def infer_type(self, arg_types: Sequence[Type], attrs: Attrs) -> Type:
         """The result type of a call with `arg_types`; IRError if an argument is no tensor."""
@@ -130,13 +134,14 @@ KEPT_AT_IMPORT = frozenset({"dequantize_linear"})
 
 
 def register_op(name: str, *, pattern: str, infer: InferFn, compute: ComputeFn,
-                reference: ReferenceFn) -> OpDef:
+                reference: ReferenceFn, dim_text_attrs: tuple[str, ...] = ()) -> OpDef:
     """Register the operator `name`: its fusion `pattern` (one of PATTERNS), type rule,
-    lowering and numpy reference. A duplicate name raises RegistryError.
+    lowering and numpy reference (`dim_text_attrs`: see OpDef). A duplicate name raises
+    RegistryError.
     """
     if pattern not in PATTERNS:
         raise IRError(f"unknown op pattern {pattern!r}; known: {', '.join(PATTERNS)}")
-    op = OpDef(name, pattern, infer, compute, reference)
+    op = OpDef(name, pattern, infer, compute, reference, dim_text_attrs)
     OPS.register(name, op)
     return op
 

@@ -1,35 +1,49 @@
 """A reshape's target over symbolic dimensions, as a static attribute.
 
-The `shape` attribute of the `reshape` op is a tuple of ints; `-1` (the remaining
-size) and `-2 - k` (the size of input dimension `k`) let it describe a symbolic
-target: `(-2, -3, 4, 16)` views `[batch, seq, 64]` as `[batch, seq, 4, 16]`.
+The `shape` attribute of the `reshape` op is a tuple whose entries are ints or
+dimension texts. `-1` (the remaining size) and `-2 - k` (the size of input dimension
+`k`) describe most symbolic targets: `(-2, -3, 4, 16)` views `[batch, seq, 64]` as
+`[batch, seq, 4, 16]`. A target with several sizes that are no input dimension
+(`[batch*seq]` viewed as `[batch, 1, 1, seq]`, as exporters reshape an attention
+mask) spells them as texts of `kiln.dim_expr` over the input's dimension variables:
+`("batch", 1, 1, "seq")`. A text is a plain string, so the attribute prints and
+parses back as any other, and the verifier re-checks that the element count agrees.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from kiln.errors import IRError
+from kiln import dim_expr
+from kiln.errors import FormatError, IRError
 from kiln.ir.shape_expr import (
     dim_product,
     dim_text,
+    dim_vars,
     dims_equal,
     exact_div,
+    from_dim_expr,
     shape_text,
     simplify_dim,
 )
 from kiln.ir.types import Dim
 
+AttrEntry = int | str
 
-def reshape_target(src: Sequence[Dim], shape: Sequence[int]) -> tuple[Dim, ...]:
+
+def reshape_target(src: Sequence[Dim], shape: Sequence[AttrEntry]) -> tuple[Dim, ...]:
     """The shape that a reshape's `shape` attribute describes for an input of shape `src`.
 
-    Entries are sizes, except `-1`: the remaining size (at most one), and `-2 - k`:
-    the size of input dimension `k`. The last two let a static attribute describe a
-    symbolic shape (`(-2, -3, 4, 16)` views `[batch, seq, 64]` as `[batch, seq, 4, 16]`).
+    Entries are sizes, except `-1`: the remaining size (at most one), `-2 - k`: the
+    size of input dimension `k`, and a str: a dimension text over the variables of
+    `src` (module docstring). They let a static attribute describe a symbolic shape
+    (`(-2, -3, 4, 16)` views `[batch, seq, 64]` as `[batch, seq, 4, 16]`).
     """
     out: list[Dim] = []
     for d in shape:
+        if isinstance(d, str):
+            out.append(_text_dim(src, shape, d))
+            continue
         d = int(d)
         if d <= -2:
             if -2 - d >= len(src):
@@ -39,6 +53,20 @@ def reshape_target(src: Sequence[Dim], shape: Sequence[int]) -> tuple[Dim, ...]:
         else:
             out.append(d)
     return fill_rest(src, out)
+
+
+def _text_dim(src: Sequence[Dim], shape: Sequence[AttrEntry], text: str) -> Dim:
+    """The dimension `text` names, over the dimension variables of `src`."""
+    try:
+        expr = dim_expr.parse(text)
+    except FormatError as exc:
+        raise IRError(f"reshape: shape {tuple(shape)}: {exc}") from exc
+    variables = {v.name: v for v in dim_vars(src)}
+    unknown = sorted(dim_expr.variables(expr) - set(variables))
+    if unknown:
+        raise IRError(f"reshape: shape {tuple(shape)} names {', '.join(unknown)}, which the "
+                      f"input's shape {shape_text(src)} does not mention")
+    return from_dim_expr(expr, variables)
 
 
 def fill_rest(src: Sequence[Dim], shape: Sequence[Dim]) -> tuple[Dim, ...]:
@@ -57,10 +85,13 @@ def fill_rest(src: Sequence[Dim], shape: Sequence[Dim]) -> tuple[Dim, ...]:
     return tuple(out)
 
 
-def reshape_attr(src: Sequence[Dim], target: Sequence[Dim]) -> tuple[int, ...]:
-    """The reshape `shape` attribute (see `reshape_target`) that views `src` as `target`;
-    IRError when a symbolic target dimension is neither an input dimension nor the rest."""
-    out: list[int] = []
+def reshape_attr(src: Sequence[Dim], target: Sequence[Dim]) -> tuple[AttrEntry, ...]:
+    """The reshape `shape` attribute (see `reshape_target`) that views `src` as `target`.
+
+    A symbolic target dimension is an input dimension (`-2 - k`) where one is equal, the
+    rest (`-1`) when it is the only other one, else its text; IRError when a text names a
+    variable `src` does not mention or the element counts differ."""
+    out: list[AttrEntry] = []
     free: list[int] = []
     for d in target:
         d = simplify_dim(d)
@@ -73,7 +104,12 @@ def reshape_attr(src: Sequence[Dim], target: Sequence[Dim]) -> tuple[int, ...]:
         else:
             free.append(len(out))
             out.append(-1)
-    if len(free) > 1:
-        raise IRError(f"reshape: cannot view {shape_text(src)} as {shape_text(target)}: more "
-                      "than one target dimension is a new symbolic size")
+    if len(free) > 1:  # several new sizes: spell each out; their product must be the count
+        for k in free:
+            out[k] = dim_text(target[k])
+        if dims_equal(dim_product(reshape_target(src, out)), dim_product(src)) is not True:
+            raise IRError(f"reshape: cannot view {shape_text(src)} as {shape_text(target)}: "
+                          f"the element counts {dim_text(dim_product(src))} and "
+                          f"{dim_text(dim_product(target))} are not provably equal for every "
+                          "value of the symbolic dimensions")
     return tuple(out)

@@ -36,7 +36,7 @@ from kiln.ir.attrs import ATTR_DIM_BOUNDS, ATTR_GIVEN_OUTPUT_NAMES
 from kiln.ir.builder import IRBuilder
 from kiln.ir.dtype import from_numpy, to_numpy
 from kiln.ir.module import IRModule
-from kiln.ir.pin_hint import pin_hint_for
+from kiln.ir.pin_hint import pin_hint, pin_hint_for
 from kiln.ir.shape_expr import dim_text, dims_equal, shape_text
 from kiln.ir.types import Dim, TensorType, Type
 from kiln.ops import registry as op_registry
@@ -426,6 +426,12 @@ class _Importer:
         text = str(exc)
         if isinstance(exc, IRError) and "symbolic dimension" in text and "shape_dict=" not in text:
             return f"{text}; {self._pin_hint(inputs)}"
+        if isinstance(exc, IRError) and "must be a compile-time constant" in text and \
+                "shape_dict=" not in text and self.input_dims.vars:
+            # A value kiln could not follow, in a model with symbolic dimensions: most often
+            # computed from them (a Resize size from the image's); pinning makes it constant.
+            return (f"{text}; if it is computed from the input shapes, "
+                    f"{pin_hint(self.input_dims.vars)}")
         return text
 
     def _pin_hint(self, inputs: Sequence[g.Expr | None]) -> str:

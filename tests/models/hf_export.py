@@ -1,0 +1,102 @@
+"""Exporting Hugging Face `transformers` models to ONNX in memory, for the model tests.
+
+The API, shared by every test that exports a torch model:
+
+- `export(model, inputs, dynamic_axes, exporter="torchscript"|"dynamo", opset=17)`:
+  the `onnx.ModelProto` of `model` called with the named `inputs` (keyword arguments,
+  in order) and returning its first output (`last_hidden_state`, `logits`, ...), every
+  axis named in `dynamic_axes` (`{"input_ids": {0: "batch", 1: "seq"}}`) left
+  symbolic under that name. `torch.manual_seed(0)` is set before, so an export is
+  deterministic; nothing touches the network.
+- `SIZES`: the three `(batch, seq)` sizes each model runs at.
+- `compare_with_onnxruntime(run, model, feeds)`: the relative L2 error of `run(*feeds)`
+  against onnxruntime's first output of `model` (the tests require < 1e-4), with the
+  shapes checked.
+- `rel_l2(actual, expected)`.
+
+Tests import it as `hf_export` (tests/models is on the path, tests/models/conftest.py)
+and skip with `pytest.importorskip("torch")` / `("transformers")` first.
+"""
+
+from __future__ import annotations
+
+import io
+import warnings
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import onnx
+
+EXPORTERS = ("torchscript", "dynamo")
+
+# (batch, seq) sizes each model runs at: a single short row, a small batch, and a
+# batch whose sequence is longer than the export's example.
+SIZES: tuple[tuple[int, int], ...] = ((1, 5), (2, 16), (3, 37))
+
+
+def _first_output(names: Sequence[str], model: Any) -> Any:
+    import torch
+
+    class FirstOutput(torch.nn.Module):
+        """`model(**dict(zip(names, args)))[0]`: positional inputs, one tensor out."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = model
+
+        def forward(self, *args: Any) -> Any:
+            out = self.model(**dict(zip(names, args, strict=True)))
+            return out[0] if isinstance(out, (tuple, list)) or hasattr(out, "to_tuple") \
+                else out
+
+    return FirstOutput().eval()
+
+
+def export(model: Any, inputs: Mapping[str, Any], dynamic_axes: Mapping[str, Mapping[int, str]],
+           exporter: str = "torchscript", opset: int = 17) -> onnx.ModelProto:
+    """The ONNX model of `model(**inputs)[0]`, axes of `dynamic_axes` symbolic (module
+    docstring). `exporter` is "torchscript" (`dynamo=False`, `dynamic_axes`) or "dynamo"
+    (`dynamo=True`, `dynamic_shapes` naming each axis)."""
+    import torch
+
+    if exporter not in EXPORTERS:
+        raise ValueError(f"unknown exporter {exporter!r}; known: {', '.join(EXPORTERS)}")
+    torch.manual_seed(0)
+    names = list(inputs)
+    wrapped = _first_output(names, model)
+    args = tuple(inputs.values())
+    with warnings.catch_warnings(), torch.no_grad():
+        warnings.simplefilter("ignore")  # tracer and deprecation chatter
+        if exporter == "torchscript":
+            buf = io.BytesIO()
+            torch.onnx.export(wrapped, args, buf, input_names=names, output_names=["output"],
+                              dynamic_axes={k: dict(v) for k, v in dynamic_axes.items()},
+                              opset_version=opset, dynamo=False)
+            return onnx.load_from_string(buf.getvalue())
+        # Axis names as strings: the exporter makes each axis dynamic and names it so.
+        shapes = tuple(dict(dynamic_axes[n]) if n in dynamic_axes else None for n in names)
+        program = torch.onnx.export(wrapped, args, input_names=names, output_names=["output"],
+                                    dynamic_shapes=(shapes,), opset_version=max(opset, 18),
+                                    dynamo=True, verbose=False)
+        assert program is not None
+        return program.model_proto
+
+
+def rel_l2(actual: np.ndarray, expected: np.ndarray) -> float:
+    """Relative L2 error (the model tests require < 1e-4)."""
+    diff = np.asarray(actual, np.float64) - np.asarray(expected, np.float64)
+    return float(np.linalg.norm(diff) / max(float(np.linalg.norm(expected)), 1e-30))
+
+
+def compare_with_onnxruntime(run: Callable[..., Any], model: onnx.ModelProto,
+                             feeds: Mapping[str, np.ndarray]) -> float:
+    """The rel. L2 error of `run(*feeds.values())` against onnxruntime's first output of
+    `model`; AssertionError when the shapes differ."""
+    import onnxruntime as ort
+
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    want = np.asarray(session.run(None, dict(feeds))[0])
+    got = np.asarray(run(*feeds.values()))
+    assert got.shape == want.shape, f"shape {got.shape}, onnxruntime {want.shape}"
+    return rel_l2(got, want)
