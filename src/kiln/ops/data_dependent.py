@@ -96,7 +96,7 @@ KernelFn = Callable[[Sequence[t.Buffer], Sequence[t.Buffer], t.Buffer, Attrs], t
 BoundFn = Callable[[Sequence[TensorType], Attrs], Dim]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class DataDependentOp(OpDef):
     """An operator binding one run-time dimension (`attrs["dim"]`), see the module
     docstring: `bound` gives its upper bound from the argument types, `kernel` the body
@@ -136,7 +136,7 @@ def register_data_dependent(name: str, *, infer: Callable[[Sequence[TensorType],
     def compute(inputs: Sequence[te.Tensor], attrs: Attrs) -> te.Tensor:
         raise IRError(f"operator {name} is lowered by its own kernel, not a te definition")
 
-    op = DataDependentOp(name, "opaque", infer, compute, reference, bound, kernel)
+    op = DataDependentOp(name, "opaque", infer, compute, reference, bound=bound, kernel=kernel)
     OPS.register(name, op)
     return op
 

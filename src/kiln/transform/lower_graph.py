@@ -424,8 +424,8 @@ def lower_function(name: str, fn: g.Function, mod: IRModule, *,
 @dataclass(frozen=True)
 class EmitContext:
     """What emitting a lowered function's statements needs: the module (callees), the
-    dimension scalars by name (the inputs' and the run-time ones), the workspace arena and the byte offset of each value
-    placed in it."""
+    dimension scalars by name (the inputs' and the run-time ones), the workspace arena
+    and the byte offset of each value placed in it."""
 
     mod: IRModule
     dims: dict[str, t.Var]
