@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import inspect
 import io
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -245,7 +246,14 @@ EXAMPLE_SIZES = {"batch": 2, "seq": 5, "past_seq": 3, "enc_seq": 7}
 
 def export(decoder: Decoder, exporter: str) -> onnx.ModelProto:
     """`decoder` exported in memory by `exporter` ("torchscript" or "dynamo") with every
-    named axis dynamic."""
+    named axis dynamic. The exporters' own warnings (TorchScript's deprecation, tracer
+    warnings about Python values) are silenced: they are about torch, not the model."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return _export(decoder, exporter)
+
+
+def _export(decoder: Decoder, exporter: str) -> onnx.ModelProto:
     import torch
 
     module = decoder.build()

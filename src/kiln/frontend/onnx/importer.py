@@ -349,7 +349,8 @@ class _Importer:
         if terms is None or len(terms) < 2 or len(terms) > _MAX_SUM_TERMS or any(
                 not isinstance(t, int) and self._input_axis(t) is None for t in terms):
             raise IRError(f"the size {dim_text(d)} is no input's dimension (nor a sum of "
-                          f"them): kiln cannot make a tensor of shape {shape_text(shape)}")
+                          f"them): kiln cannot make a tensor of shape {shape_text(shape)}; "
+                          f"{pin_hint_for([shape])}")
         lines = [self.call("broadcast_to", yes, shape=(t,)) if isinstance(t, int)
                  else self._true_line(t, shape) for t in terms]
         return self.call("concat", *lines, axis=0)
@@ -400,7 +401,7 @@ class _Importer:
         """The text of `exc`, with the pin hint appended when an op rule refused a symbolic
         size without saying how to pin it (op rules do not know about shape_dict or CLI)."""
         text = str(exc)
-        if isinstance(exc, IRError) and "symbolic dimension" in text and "shape_dict=" not in text:
+        if isinstance(exc, IRError) and "symbolic" in text and "shape_dict=" not in text:
             return f"{text}; {self._pin_hint(inputs)}"
         return text
 
