@@ -35,11 +35,11 @@ import pytest
 pytest.importorskip("torch", reason="exporting transformers models needs torch")
 pytest.importorskip("transformers", reason="the models are built with transformers")
 
-import hf_decoders  # noqa: E402
-import onnxruntime as ort  # noqa: E402
+import hf_decoders
+import onnxruntime as ort
 
-import kiln  # noqa: E402
-from kiln.runtime import load_module  # noqa: E402
+import kiln
+from kiln.runtime import load_module
 
 MAX_REL_L2 = 1e-4
 FULL = os.environ.get("KILN_FULL_MODELS") == "1"
