@@ -17,7 +17,6 @@ repeated fewer times); `None` keeps the published count.
 
 from __future__ import annotations
 
-import inspect
 import io
 import warnings
 from collections.abc import Callable, Sequence
@@ -59,6 +58,22 @@ def _eager(config: Any) -> Any:
     return config
 
 
+def _wrapped(model: Any, call: Callable[..., Any]) -> Any:
+    """A torch module whose `forward(*inputs)` is `call(model, *inputs)`: plain tensors
+    in and out, as both exporters want them."""
+    import torch
+
+    class Wrapped(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = model
+
+        def forward(self, *inputs: Any) -> Any:
+            return call(self.model, *inputs)
+
+    return Wrapped()
+
+
 def _cache(tensors: Sequence[Any], layers: int) -> Any:
     """A DynamicCache holding `tensors` as (key_0, value_0, key_1, value_1, ...)."""
     from transformers import DynamicCache
@@ -90,29 +105,17 @@ def gpt2(layers: int | None = None, past: bool = False) -> Decoder:
     n_layer, heads = config.n_layer, config.n_head
     head_dim = config.n_embd // heads
 
-    class NoCache(torch.nn.Module):
-        def __init__(self, model: Any) -> None:
-            super().__init__()
-            self.model = model
+    def no_cache(model: Any, input_ids: Any, attention_mask: Any) -> Any:
+        return model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits
 
-        def forward(self, input_ids: Any, attention_mask: Any) -> Any:
-            return self.model(input_ids=input_ids, attention_mask=attention_mask,
-                              use_cache=False).logits
-
-    class WithCache(torch.nn.Module):
-        def __init__(self, model: Any) -> None:
-            super().__init__()
-            self.model = model
-
-        def forward(self, input_ids: Any, *past: Any) -> Any:
-            out = self.model(input_ids=input_ids, past_key_values=_cache(past, n_layer),
-                             use_cache=True)
-            return (out.logits, *_flat_cache(out.past_key_values))
+    def with_cache(model: Any, input_ids: Any, *past: Any) -> Any:
+        out = model(input_ids=input_ids, past_key_values=_cache(past, n_layer), use_cache=True)
+        return (out.logits, *_flat_cache(out.past_key_values))
 
     def build() -> Any:
         torch.manual_seed(0)
         model = transformers.GPT2LMHeadModel(config).eval()
-        return (WithCache if past else NoCache)(model)
+        return _wrapped(model, with_cache if past else no_cache)
 
     ids = Input("input_ids", ("batch", "seq"), "ids", config.vocab_size)
     if not past:
@@ -136,18 +139,14 @@ def t5_decoder(layers: int | None = None) -> Decoder:
     if layers is not None:
         config.num_decoder_layers = layers
 
-    class Wrap(torch.nn.Module):
-        def __init__(self, model: Any) -> None:
-            super().__init__()
-            self.model = model
-
-        def forward(self, input_ids: Any, encoder_hidden_states: Any) -> Any:
-            return self.model(input_ids=input_ids, encoder_hidden_states=encoder_hidden_states,
-                              use_cache=False).last_hidden_state
+    def call(model: Any, input_ids: Any, encoder_hidden_states: Any) -> Any:
+        return model(input_ids=input_ids, encoder_hidden_states=encoder_hidden_states,
+                     use_cache=False).last_hidden_state
 
     def build() -> Any:
         torch.manual_seed(0)
-        return Wrap(transformers.T5ForConditionalGeneration(config).eval().get_decoder())
+        decoder = transformers.T5ForConditionalGeneration(config).eval().get_decoder()
+        return _wrapped(decoder, call)
 
     return Decoder("t5_decoder", build,
                    (Input("input_ids", ("batch", "seq"), "ids", config.vocab_size),
@@ -170,19 +169,13 @@ def whisper_decoder(layers: int | None = None) -> Decoder:
     if layers is not None:
         config.decoder_layers = layers
 
-    class Wrap(torch.nn.Module):
-        def __init__(self, model: Any) -> None:
-            super().__init__()
-            self.model = model
-
-        def forward(self, input_ids: Any, attention_mask: Any, encoder_hidden_states: Any) -> Any:
-            return self.model(input_ids=input_ids, attention_mask=attention_mask,
-                              encoder_hidden_states=encoder_hidden_states,
-                              use_cache=False).last_hidden_state
+    def call(model: Any, input_ids: Any, attention_mask: Any, encoder_hidden_states: Any) -> Any:
+        return model(input_ids=input_ids, attention_mask=attention_mask,
+                     encoder_hidden_states=encoder_hidden_states, use_cache=False).last_hidden_state
 
     def build() -> Any:
         torch.manual_seed(0)
-        return Wrap(transformers.WhisperModel(config).eval().get_decoder())
+        return _wrapped(transformers.WhisperModel(config).eval().get_decoder(), call)
 
     return Decoder("whisper_decoder", build,
                    (Input("input_ids", ("batch", "seq"), "ids", config.vocab_size),
@@ -204,18 +197,12 @@ def llama(layers: int | None = None) -> Decoder:
     if layers is not None:
         config.num_hidden_layers = layers
 
-    class Wrap(torch.nn.Module):
-        def __init__(self, model: Any) -> None:
-            super().__init__()
-            self.model = model
-
-        def forward(self, input_ids: Any, attention_mask: Any) -> Any:
-            return self.model(input_ids=input_ids, attention_mask=attention_mask,
-                              use_cache=False).logits
+    def call(model: Any, input_ids: Any, attention_mask: Any) -> Any:
+        return model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits
 
     def build() -> Any:
         torch.manual_seed(0)
-        return Wrap(transformers.LlamaForCausalLM(config).eval())
+        return _wrapped(transformers.LlamaForCausalLM(config).eval(), call)
 
     return Decoder("llama", build,
                    (Input("input_ids", ("batch", "seq"), "ids", config.vocab_size),
@@ -274,11 +261,8 @@ def _export(decoder: Decoder, exporter: str) -> onnx.ModelProto:
     for inp in decoder.inputs:
         shapes.append({k: dims.setdefault(d, torch.export.Dim(d, min=1, max=4096))
                        for k, d in enumerate(inp.dims) if isinstance(d, str)})
-    # torch.export wants the shapes of a `*past` parameter as one nested tuple.
-    params = list(inspect.signature(module.forward).parameters.values())
-    if params and params[-1].kind is inspect.Parameter.VAR_POSITIONAL:
-        shapes = [*shapes[:len(params) - 1], tuple(shapes[len(params) - 1:])]
+    # forward(*inputs): torch.export wants the shapes of the inputs as one nested tuple.
     program = torch.onnx.export(module, example, dynamo=True, input_names=names,
                                 output_names=list(decoder.outputs),
-                                dynamic_shapes=tuple(shapes), verbose=False)
+                                dynamic_shapes=(tuple(shapes),), verbose=False)
     return program.model_proto
