@@ -13,10 +13,10 @@ and the loaded library runs the three sizes; every output must match onnxruntime
 with a relative L2 error below 1e-4. One case also runs its library in a fresh process.
 
 CI size: GPT-2, T5 and Whisper run with 2 decoder layers instead of the published 12,
-6 and 4 (one layer's op patterns repeated fewer times: every pattern is kept), and one
-exporter per model by default; the other exporter of each model is marked `slow`.
-`KILN_FULL_MODELS=1` adds the published layer counts (both exporters), and reports
-compile time and per-size latency of kiln and onnxruntime (run with `-s` to see them).
+6 and 4 (one layer's op patterns repeated fewer times: every pattern is kept; the 10
+cases take about 130 s on 2 cores). `KILN_FULL_MODELS=1` adds the published layer
+counts (both exporters), and reports compile time and per-size latency of kiln and
+onnxruntime (run with `-s` to see them).
 """
 
 from __future__ import annotations
@@ -64,22 +64,9 @@ MODELS = {
     "whisper_decoder": hf_decoders.whisper_decoder,
     "llama": hf_decoders.llama,
 }
-# The exporter each model runs with by default (both exporters are covered); the other
-# one is `slow`.
-DEFAULT_EXPORTER = {"gpt2": "torchscript", "gpt2_past": "dynamo", "t5_decoder": "dynamo",
-                    "whisper_decoder": "torchscript", "llama": "dynamo"}
 # The case whose library also runs in a fresh process (several outputs: the present
 # key/values come back too).
 FRESH_PROCESS_CASE = ("gpt2_past", "dynamo")
-
-
-def _cases() -> list[Any]:
-    out = []
-    for name, default in DEFAULT_EXPORTER.items():
-        for exporter in hf_decoders.EXPORTERS:
-            marks = () if exporter == default else (pytest.mark.slow,)
-            out.append(pytest.param(name, exporter, id=f"{name}-{exporter}", marks=marks))
-    return out
 
 
 def _rel_l2(got: np.ndarray, want: np.ndarray) -> float:
@@ -132,7 +119,8 @@ def _check(compiled: Compiled, outputs_of: Any) -> None:
             assert err < MAX_REL_L2, f"{out_name} at {sizes}: rel. L2 {err:.2e}"
 
 
-@pytest.mark.parametrize(("name", "exporter"), _cases())
+@pytest.mark.parametrize("exporter", hf_decoders.EXPORTERS)
+@pytest.mark.parametrize("name", list(MODELS))
 def test_decoder_matches_onnxruntime_at_three_sizes(name: str, exporter: str,
                                                      tmp_path: Path) -> None:
     compiled = Compiled(name, exporter, CI_LAYERS, tmp_path)
