@@ -218,12 +218,12 @@ ERROR_CASES = {
         r"node 'view' \(Reshape\): Reshape shape must be a compile-time constant"),
     "fill_to_a_size_no_input_has": (
         lambda: _model([helper.make_node("Shape", ["x"], ["sh"]),
-                        helper.make_node("Mul", ["sh", "two"], ["twice"]),
-                        helper.make_node("ConstantOfShape", ["twice"], ["y"], name="fill")],
-                       [("x", F, ["n", 4])], [("y", F, None)],
-                       [onnx.numpy_helper.from_array(np.array(2, np.int64), "two")]),
-        r"node 'fill' \(ConstantOfShape\): the size n\*2 is no input's dimension: kiln "
-        r"cannot make a tensor of shape \[n\*2, 8\]"),
+                        helper.make_node("Mul", ["sh", "sh"], ["square"]),
+                        helper.make_node("ConstantOfShape", ["square"], ["y"], name="fill")],
+                       [("x", F, ["n", 4])], [("y", F, None)]),
+        r"node 'fill' \(ConstantOfShape\): the size n\*n is no input's dimension \(nor a "
+        r"sum of them\): kiln cannot make a tensor of shape \[n\*n, 16\]; pin n with "
+        r"shape_dict=\{\"n\": 128\} \(CLI: kiln compile \.\.\. --shape n=128\)"),
     "rule_without_symbolic_support": (
         lambda: _single(helper.make_node("TopK", ["x", "k"], ["y", "i"], axis=0),
                         [("x", F, ["n", 4])],

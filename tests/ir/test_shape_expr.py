@@ -9,6 +9,7 @@ import pytest
 from kiln.errors import CallError, IRError
 from kiln.ir.shape_expr import (
     dim_product,
+    dim_terms,
     dim_text,
     dim_var,
     dim_vars,
@@ -70,3 +71,21 @@ def test_products_vars_and_text():
         eval_dim(S + 1, {"batch": 1})
     with pytest.raises(IRError, match="division by zero"):
         simplify_dim(S - S + (B // (S - S)) * 0 + 4 // (H - H + 0 * B))
+
+
+@pytest.mark.parametrize("expr", EXPRS, ids=range(len(EXPRS)))
+def test_dim_terms_sum_to_the_dimension(expr):
+    # Each sum with positive coefficients splits into terms that add up to it at every
+    # value; a negative coefficient or constant gives None.
+    terms = dim_terms(expr)
+    if terms is None:  # a negative part (`3 - seq`): test_dim_terms_of_a_cache_length
+        return
+    for values in SAMPLES:
+        assert sum(eval_dim(t, values) for t in terms) == eval_dim(expr, values)
+
+
+def test_dim_terms_of_a_cache_length():
+    assert [dim_text(t) for t in dim_terms(B + S * 2 + 1)] == ["batch", "seq", "seq", "1"]
+    assert dim_terms(S - 1) is None
+    assert dim_terms(3 - S) is None
+    assert [dim_text(t) for t in dim_terms(B * S * 2)] == ["batch*seq", "batch*seq"]

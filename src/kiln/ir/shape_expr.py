@@ -260,6 +260,24 @@ def monomial(d: Dim) -> tuple[int, Dim] | None:
     return coeff, c.expr({mono: 1})
 
 
+def dim_terms(d: Dim) -> tuple[Dim, ...] | None:
+    """The terms of `d` as a sum with positive coefficients, each term repeated as often
+    as its coefficient and the constant last (`past_seq + seq*2 + 1` ->
+    `(past_seq, seq, seq, 1)`), or None when some coefficient (or the constant) is
+    negative. A dimension that is no sum is its one term."""
+    c = _Canon()
+    p = c.poly(d)
+    if any(coeff < 0 for coeff in p.values()):
+        return None
+    terms: list[Dim] = []
+    for mono, coeff in sorted(p.items(), key=lambda mc: not mc[0]):  # stable
+        if not mono:
+            terms.append(coeff)
+        else:
+            terms.extend([c.expr({mono: 1})] * coeff)
+    return tuple(terms)
+
+
 def is_static(d: Dim | Sequence[Dim]) -> bool:
     """Whether a dimension (or every dimension of a shape) is a plain int."""
     if isinstance(d, (int, PrimExpr)):

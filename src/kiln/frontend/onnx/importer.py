@@ -37,7 +37,7 @@ from kiln.ir.builder import IRBuilder
 from kiln.ir.dtype import from_numpy, to_numpy
 from kiln.ir.module import IRModule
 from kiln.ir.pin_hint import pin_hint, pin_hint_for
-from kiln.ir.shape_expr import dim_text, dims_equal, shape_text
+from kiln.ir.shape_expr import dim_terms, dim_text, dims_equal, shape_text
 from kiln.ir.types import Dim, TensorType, Type
 from kiln.ops import registry as op_registry
 from kiln.ops.onnx_map import converters
@@ -55,6 +55,9 @@ CONVERT_OLD_TO = 13
 DEFAULT_MAX_FOLD_BYTES = DEFAULT_FOLD_BUDGET
 # A folded value may be this many times larger than the model data it derives from.
 FOLD_GROWTH = 4
+# A run-time tensor of a symbolic size that no input has is built from the sizes it sums
+# (`past_seq + seq`), one concatenated piece per term: at most this many.
+_MAX_SUM_TERMS = 8
 
 
 def from_onnx(model: Any, shape_dict: dict[str, Any] | None = None, *,
@@ -356,33 +359,50 @@ class _Importer:
         return self._true_of[key]
 
     def _make_true_of_shape(self, shape: Sequence[Dim]) -> g.Expr:
-        inputs = [self.values[i.name] for i in _graph_inputs(self.graph)]  # in model order
         yes = g.Constant(np.array(True))
         out: g.Expr | None = None
         for k, d in enumerate(shape):
             if isinstance(d, int):
                 continue
-            found = next(((p, j) for p in inputs
-                          for j, pd in enumerate(self.tensor_type(p).shape)
-                          if not isinstance(pd, int) and dims_equal(pd, d) is True), None)
-            if found is None:
-                raise IRError(f"the size {dim_text(d)} is no input's dimension: kiln cannot "
-                              f"make a tensor of shape {shape_text(shape)}")
+            target: list[Dim] = [1] * len(shape)
+            target[k] = d
+            line = self._true_line(d, shape)
+            line = self.call("reshape", line, shape=reshape_attr(
+                self.tensor_type(line).shape, target))
+            out = line if out is None else self.call("logical_and", out, line)
+        static = tuple(d if isinstance(d, int) else 1 for d in shape)
+        return self.call("broadcast_to", yes if out is None else out, shape=static)
+
+    def _true_line(self, d: Dim, shape: Sequence[Dim]) -> g.Expr:
+        """An all-true 1-D bool tensor of the symbolic size `d`: an axis of a model input
+        that has the size (the input summed over its other axes: any values do), or for a
+        sum of such sizes and constants (`past_seq + seq`, a key/value cache followed by
+        new tokens) the lines of its terms concatenated."""
+        yes = g.Constant(np.array(True))
+        found = self._input_axis(d)
+        if found is not None:
             param, axis = found
-            # [1, .., d, .., 1]: the input summed over its other axes (any values do)
             line = param if self.tensor_type(param).dtype != "bool" else \
                 self.call("cast", param, dtype="uint8")
             others = tuple(j for j in range(self.tensor_type(param).ndim) if j != axis)
             if others:
-                line = self.call("reduce_sum", line, axes=others, keepdims=True)
-            target: list[Dim] = [1] * len(shape)
-            target[k] = d
-            line = self.call("reshape", line, shape=reshape_attr(
-                self.tensor_type(line).shape, target))
-            line = self.call("where", self.call("cast", line, dtype="bool"), yes, yes)
-            out = line if out is None else self.call("logical_and", out, line)
-        static = tuple(d if isinstance(d, int) else 1 for d in shape)
-        return self.call("broadcast_to", yes if out is None else out, shape=static)
+                line = self.call("reduce_sum", line, axes=others, keepdims=False)
+            return self.call("where", self.call("cast", line, dtype="bool"), yes, yes)
+        terms = dim_terms(d)
+        if terms is None or len(terms) < 2 or len(terms) > _MAX_SUM_TERMS or any(
+                not isinstance(t, int) and self._input_axis(t) is None for t in terms):
+            raise IRError(f"the size {dim_text(d)} is no input's dimension (nor a sum of "
+                          f"them): kiln cannot make a tensor of shape {shape_text(shape)}; "
+                          f"{pin_hint_for([shape])}")
+        lines = [self.call("broadcast_to", yes, shape=(t,)) if isinstance(t, int)
+                 else self._true_line(t, shape) for t in terms]
+        return self.call("concat", *lines, axis=0)
+
+    def _input_axis(self, d: Dim) -> tuple[g.Expr, int] | None:
+        """The first model input (in model order) with an axis of size `d`, and the axis."""
+        inputs = [self.values[i.name] for i in _graph_inputs(self.graph)]
+        return next(((p, j) for p in inputs for j, pd in enumerate(self.tensor_type(p).shape)
+                     if not isinstance(pd, int) and dims_equal(pd, d) is True), None)
 
     def dims(self, expr: g.Expr | None) -> np.ndarray | None:
         if isinstance(expr, g.Constant):
@@ -424,7 +444,7 @@ class _Importer:
         """The text of `exc`, with the pin hint appended when an op rule refused a symbolic
         size without saying how to pin it (op rules do not know about shape_dict or CLI)."""
         text = str(exc)
-        if isinstance(exc, IRError) and "symbolic dimension" in text and "shape_dict=" not in text:
+        if isinstance(exc, IRError) and "symbolic" in text and "shape_dict=" not in text:
             return f"{text}; {self._pin_hint(inputs)}"
         if isinstance(exc, IRError) and "must be a compile-time constant" in text and \
                 "shape_dict=" not in text and self.input_dims.vars:

@@ -1,0 +1,268 @@
+"""Hugging Face `transformers` decoders exported to ONNX with every axis dynamic (issue 23).
+
+Each `Decoder` builds a model from its published configuration with random weights
+(`torch.manual_seed`, never `from_pretrained`: no network), wraps it in a module whose
+`forward` takes and returns plain tensors, and exports it with either exporter:
+
+- `"torchscript"`: `torch.onnx.export(..., dynamo=False, dynamic_axes=...)`, opset 17;
+- `"dynamo"`: `torch.onnx.export(..., dynamo=True, dynamic_shapes=...)`.
+
+Dimension names: `batch`, `seq` (the decoder's new tokens), `past_seq` (tokens already
+in the key/value cache) and `enc_seq` (the encoder's output length). `layers` overrides
+the number of decoder layers (the CI tests use 2: every op pattern is kept, one layer
+repeated fewer times); `None` keeps the published count.
+
+`feeds(decoder, sizes, seed)` draws inputs for given dimension values.
+"""
+
+from __future__ import annotations
+
+import io
+import warnings
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import onnx
+
+EXPORTERS = ("torchscript", "dynamo")
+
+
+@dataclass(frozen=True)
+class Input:
+    """One model input: `kind` is "ids" (int64 token ids below `vocab`), "mask" (int64
+    ones) or "float" (standard normal float32); `dims` names or fixes each axis."""
+
+    name: str
+    dims: tuple[str | int, ...]
+    kind: str
+    vocab: int = 0
+
+
+@dataclass(frozen=True)
+class Decoder:
+    """A model to export: `build()` returns the wrapped torch module (weights drawn after
+    `torch.manual_seed(0)`), `inputs` its positional inputs, `outputs` its result names."""
+
+    name: str
+    build: Callable[[], Any]
+    inputs: tuple[Input, ...]
+    outputs: tuple[str, ...]
+
+
+def _eager(config: Any) -> Any:
+    # The attention written out in ops (MatMul, Softmax) rather than a fused SDPA call:
+    # what both exporters trace the same way.
+    config._attn_implementation = "eager"
+    return config
+
+
+def _wrapped(model: Any, call: Callable[..., Any]) -> Any:
+    """A torch module whose `forward(*inputs)` is `call(model, *inputs)`: plain tensors
+    in and out, as both exporters want them."""
+    import torch
+
+    class Wrapped(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = model
+
+        def forward(self, *inputs: Any) -> Any:
+            return call(self.model, *inputs)
+
+    return Wrapped()
+
+
+def _cache(tensors: Sequence[Any], layers: int) -> Any:
+    """A DynamicCache holding `tensors` as (key_0, value_0, key_1, value_1, ...)."""
+    from transformers import DynamicCache
+
+    return DynamicCache(ddp_cache_data=[(tensors[2 * i], tensors[2 * i + 1])
+                                        for i in range(layers)])
+
+
+def _flat_cache(cache: Any) -> tuple[Any, ...]:
+    out: list[Any] = []
+    for layer in cache.layers:
+        out += [layer.keys, layer.values]
+    return tuple(out)
+
+
+def gpt2(layers: int | None = None, past: bool = False) -> Decoder:
+    """GPT-2 (the published 124M configuration, `GPT2Config()` defaults) with its LM head.
+
+    Without a cache the inputs are `input_ids` and `attention_mask` `[batch, seq]`. With
+    `past=True` they are `input_ids` and each layer's `past_key_i`/`past_value_i`
+    `[batch, 12, past_seq, 64]`, and the model also returns the present key/values
+    `[batch, 12, past_seq + seq, 64]`."""
+    import torch
+    import transformers
+
+    config = _eager(transformers.GPT2Config())
+    if layers is not None:
+        config.n_layer = layers
+    n_layer, heads = config.n_layer, config.n_head
+    head_dim = config.n_embd // heads
+
+    def no_cache(model: Any, input_ids: Any, attention_mask: Any) -> Any:
+        return model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits
+
+    def with_cache(model: Any, input_ids: Any, *past: Any) -> Any:
+        out = model(input_ids=input_ids, past_key_values=_cache(past, n_layer), use_cache=True)
+        return (out.logits, *_flat_cache(out.past_key_values))
+
+    def build() -> Any:
+        torch.manual_seed(0)
+        model = transformers.GPT2LMHeadModel(config).eval()
+        return _wrapped(model, with_cache if past else no_cache)
+
+    ids = Input("input_ids", ("batch", "seq"), "ids", config.vocab_size)
+    if not past:
+        return Decoder("gpt2", build, (ids, Input("attention_mask", ("batch", "seq"), "mask")),
+                       ("logits",))
+    kv = tuple(Input(f"past_{kind}_{i}", ("batch", heads, "past_seq", head_dim), "float")
+               for i in range(n_layer) for kind in ("key", "value"))
+    present = tuple(f"present_{kind}_{i}" for i in range(n_layer) for kind in ("key", "value"))
+    return Decoder("gpt2_past", build, (ids, *kv), ("logits", *present))
+
+
+def t5_decoder(layers: int | None = None) -> Decoder:
+    """The decoder stack of T5-small (`T5Config()` defaults are t5-small: d_model 512,
+    6 layers, 8 heads, relative position buckets) over `encoder_hidden_states`
+    `[batch, enc_seq, 512]`; returns the last hidden state."""
+    import torch
+    import transformers
+
+    config = _eager(transformers.T5Config())
+    config.is_decoder, config.use_cache = True, False
+    if layers is not None:
+        config.num_decoder_layers = layers
+
+    def call(model: Any, input_ids: Any, encoder_hidden_states: Any) -> Any:
+        return model(input_ids=input_ids, encoder_hidden_states=encoder_hidden_states,
+                     use_cache=False).last_hidden_state
+
+    def build() -> Any:
+        torch.manual_seed(0)
+        decoder = transformers.T5ForConditionalGeneration(config).eval().get_decoder()
+        return _wrapped(decoder, call)
+
+    return Decoder("t5_decoder", build,
+                   (Input("input_ids", ("batch", "seq"), "ids", config.vocab_size),
+                    Input("encoder_hidden_states", ("batch", "enc_seq", config.d_model), "float")),
+                   ("last_hidden_state",))
+
+
+def whisper_decoder(layers: int | None = None) -> Decoder:
+    """The decoder of Whisper-tiny (its published hyper-parameters: d_model 384, 4 layers,
+    6 heads, FFN 1536, vocabulary 51865, 448 positions) over `encoder_hidden_states`
+    `[batch, enc_seq, 384]`, with the decoder's `attention_mask` `[batch, seq]`; returns
+    the last hidden state."""
+    import torch
+    import transformers
+
+    config = _eager(transformers.WhisperConfig(
+        vocab_size=51865, num_mel_bins=80, d_model=384, encoder_layers=4, decoder_layers=4,
+        encoder_attention_heads=6, decoder_attention_heads=6, encoder_ffn_dim=1536,
+        decoder_ffn_dim=1536, max_source_positions=1500, max_target_positions=448))
+    if layers is not None:
+        config.decoder_layers = layers
+
+    def call(model: Any, input_ids: Any, attention_mask: Any, encoder_hidden_states: Any) -> Any:
+        return model(input_ids=input_ids, attention_mask=attention_mask,
+                     encoder_hidden_states=encoder_hidden_states, use_cache=False).last_hidden_state
+
+    def build() -> Any:
+        torch.manual_seed(0)
+        return _wrapped(transformers.WhisperModel(config).eval().get_decoder(), call)
+
+    return Decoder("whisper_decoder", build,
+                   (Input("input_ids", ("batch", "seq"), "ids", config.vocab_size),
+                    Input("attention_mask", ("batch", "seq"), "mask"),
+                    Input("encoder_hidden_states", ("batch", "enc_seq", config.d_model), "float")),
+                   ("last_hidden_state",))
+
+
+def llama(layers: int | None = None) -> Decoder:
+    """A Llama-architecture causal LM from a small configuration (hidden 256, FFN 512,
+    2 layers, 8 query heads over 2 key/value heads: rotary embeddings, RMSNorm,
+    grouped-query attention), with `input_ids` and `attention_mask` `[batch, seq]`."""
+    import torch
+    import transformers
+
+    config = _eager(transformers.LlamaConfig(
+        vocab_size=32000, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
+        num_attention_heads=8, num_key_value_heads=2, max_position_embeddings=2048))
+    if layers is not None:
+        config.num_hidden_layers = layers
+
+    def call(model: Any, input_ids: Any, attention_mask: Any) -> Any:
+        return model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits
+
+    def build() -> Any:
+        torch.manual_seed(0)
+        return _wrapped(transformers.LlamaForCausalLM(config).eval(), call)
+
+    return Decoder("llama", build,
+                   (Input("input_ids", ("batch", "seq"), "ids", config.vocab_size),
+                    Input("attention_mask", ("batch", "seq"), "mask")),
+                   ("logits",))
+
+
+def feeds(decoder: Decoder, sizes: dict[str, int], seed: int = 0) -> dict[str, np.ndarray]:
+    """Inputs for `decoder` at the dimension values `sizes` (token ids below the
+    vocabulary, masks of ones, standard normal floats)."""
+    rng = np.random.default_rng(seed)
+    out: dict[str, np.ndarray] = {}
+    for inp in decoder.inputs:
+        shape = tuple(d if isinstance(d, int) else sizes[d] for d in inp.dims)
+        if inp.kind == "ids":
+            out[inp.name] = rng.integers(0, inp.vocab, size=shape).astype(np.int64)
+        elif inp.kind == "mask":
+            out[inp.name] = np.ones(shape, np.int64)
+        else:
+            out[inp.name] = rng.standard_normal(shape).astype(np.float32)
+    return out
+
+
+# The sizes torch traces at: every dynamic axis at a distinct value above 1, so neither
+# exporter specialises a dimension to 1 or ties two of them together.
+EXAMPLE_SIZES = {"batch": 2, "seq": 5, "past_seq": 3, "enc_seq": 7}
+
+
+def export(decoder: Decoder, exporter: str) -> onnx.ModelProto:
+    """`decoder` exported in memory by `exporter` ("torchscript" or "dynamo") with every
+    named axis dynamic. The exporters' own warnings (TorchScript's deprecation, tracer
+    warnings about Python values) are silenced: they are about torch, not the model."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return _export(decoder, exporter)
+
+
+def _export(decoder: Decoder, exporter: str) -> onnx.ModelProto:
+    import torch
+
+    module = decoder.build()
+    example = tuple(torch.from_numpy(a) for a in feeds(decoder, EXAMPLE_SIZES).values())
+    names = [i.name for i in decoder.inputs]
+    if exporter == "torchscript":
+        axes = {i.name: {k: d for k, d in enumerate(i.dims) if isinstance(d, str)}
+                for i in decoder.inputs}
+        buffer = io.BytesIO()
+        torch.onnx.export(module, example, buffer, dynamo=False, opset_version=17,
+                          input_names=names, output_names=list(decoder.outputs),
+                          dynamic_axes=axes)
+        return onnx.load_from_string(buffer.getvalue())
+    if exporter != "dynamo":
+        raise ValueError(f"unknown exporter {exporter!r}: expected one of {EXPORTERS}")
+    dims: dict[str, Any] = {}
+    shapes = []
+    for inp in decoder.inputs:
+        shapes.append({k: dims.setdefault(d, torch.export.Dim(d, min=1, max=4096))
+                       for k, d in enumerate(inp.dims) if isinstance(d, str)})
+    # forward(*inputs): torch.export wants the shapes of the inputs as one nested tuple.
+    program = torch.onnx.export(module, example, dynamo=True, input_names=names,
+                                output_names=list(decoder.outputs),
+                                dynamic_shapes=(tuple(shapes),), verbose=False)
+    return program.model_proto
