@@ -46,6 +46,20 @@ def _tile() -> tuple[onnx.ModelProto, Feeds]:
     return model, feeds
 
 
+def _tile_by_batch() -> tuple[onnx.ModelProto, Feeds]:
+    # Whisper's position ids: [1, s] tiled by [batch, 1] (and a static count on top).
+    nodes = [node("Shape", ["y"], ["y_shape"]), node("Gather", ["y_shape", "first"], ["batch"]),
+             node("Concat", ["batch", "two"], ["repeats"], axis=0),
+             node("Tile", ["x", "repeats"], ["o"])]
+    model = onnx_model(nodes, [f32("x", [1, "s"]), f32("y", ["b", 2])],
+                       [const("first", [0]), const("two", [2])])
+
+    def feeds(rng: np.random.Generator, b: int, s: int) -> Mapping[str, np.ndarray]:
+        return {"x": rng.standard_normal((1, s)).astype(np.float32),
+                "y": rng.standard_normal((b, 2)).astype(np.float32)}
+    return model, feeds
+
+
 def _range_after_cache() -> tuple[onnx.ModelProto, Feeds]:
     # GPT-2 with past key/values: position ids Range(past, past + seq, 1).
     nodes = [node("Shape", ["past"], ["past_shape"]),
@@ -97,7 +111,8 @@ def _cumsum_positions() -> tuple[onnx.ModelProto, Feeds]:
 
 
 CASES: dict[str, Callable[[], tuple[onnx.ModelProto, Feeds]]] = {
-    "expand": _expand, "tile": _tile, "range_after_cache": _range_after_cache,
+    "expand": _expand, "tile": _tile, "tile_by_batch": _tile_by_batch,
+    "range_after_cache": _range_after_cache,
     "where_mask": _where_mask, "cumsum_positions": _cumsum_positions}
 
 

@@ -50,14 +50,6 @@ SIZES = ({"batch": 1, "seq": 1, "past_seq": 1, "enc_seq": 1},
          {"batch": 2, "seq": 7, "past_seq": 4, "enc_seq": 5},
          {"batch": 3, "seq": 16, "past_seq": 9, "enc_seq": 11})
 
-# TODO(hfenc): every model's head split `[batch*seq, 2304] -> [batch, seq, 2304]` and the
-# padding mask's `[batch*seq] -> [batch, 1, 1, seq]` fail with "more than one target
-# dimension is a new symbolic size", and Whisper's position ids Tile by `[batch, 1]`
-# (`Tile repeats is [batch, 1]`): both are helper hfenc's work (reshape, Tile). Until it
-# lands, `batch` is pinned (the runs keep its value); every other axis stays symbolic.
-# With hfenc's reshape merged, only whisper_decoder still needs its pin (the Tile).
-PINS: dict[str, dict[str, int]] = {name: {"batch": 2} for name in (
-    "gpt2", "gpt2_past", "t5_decoder", "whisper_decoder", "llama")}
 
 MODELS = {
     "gpt2": lambda layers: hf_decoders.gpt2(layers),
@@ -92,8 +84,7 @@ class Compiled:
             pytest.importorskip("onnxscript", reason="the dynamo exporter needs onnxscript")
         self.decoder = MODELS[name](layers)
         self.model = hf_decoders.export(self.decoder, exporter)
-        self.pins = PINS.get(name, {})
-        self.module = kiln.frontend.from_onnx(self.model, dict(self.pins) or None)
+        self.module = kiln.frontend.from_onnx(self.model)
         start = time.perf_counter()
         executable = kiln.compile(self.module, "llvm")
         self.compile_seconds = time.perf_counter() - start
@@ -103,7 +94,7 @@ class Compiled:
                                             providers=["CPUExecutionProvider"])
 
     def feeds(self, sizes: dict[str, int]) -> dict[str, np.ndarray]:
-        return hf_decoders.feeds(self.decoder, {**sizes, **self.pins}, seed=sum(sizes.values()))
+        return hf_decoders.feeds(self.decoder, sizes, seed=sum(sizes.values()))
 
 
 def _outputs(result: Any) -> list[np.ndarray]:
@@ -127,8 +118,8 @@ def _check(compiled: Compiled, outputs_of: Any) -> None:
 def test_decoder_matches_onnxruntime_at_three_sizes(name: str, exporter: str,
                                                      tmp_path: Path) -> None:
     compiled = Compiled(name, exporter, CI_LAYERS, tmp_path)
-    # Every axis the export left dynamic is symbolic in kiln (but the pins above).
-    named = {i.name: [d for d in i.dims if isinstance(d, str) and d not in compiled.pins]
+    # Every axis the export left dynamic is symbolic in kiln.
+    named = {i.name: [d for d in i.dims if isinstance(d, str)]
              for i in compiled.decoder.inputs}
     assert _symbolic_input_dims(compiled.module) == named
     library = load_module(compiled.library)["main"]
@@ -184,7 +175,7 @@ def test_full_size_decoder(name: str, exporter: str, tmp_path: Path) -> None:
                                                   compiled.session.run(None, feeds), strict=True))
         ours = _median_seconds(lambda feeds=feeds: library(*feeds.values()))
         theirs = _median_seconds(lambda feeds=feeds: compiled.session.run(None, feeds))
-        used = {k: v for k, v in {**sizes, **compiled.pins}.items()
+        used = {k: v for k, v in sizes.items()
                 if any(k in i.dims for i in compiled.decoder.inputs)}
         print(f"  {used}: kiln {ours * 1e3:.2f} ms, onnxruntime {theirs * 1e3:.2f} ms, "
               f"rel. L2 {err:.1e}")

@@ -43,7 +43,6 @@ from kiln.ops.onnx_map import (
     first_input,
     need_constant,
     need_dims,
-    need_static,
     onnx_op,
 )
 from kiln.ops.reduce import norm_axes
@@ -646,8 +645,29 @@ register_op("tile", pattern="injective", infer=_tile_infer, compute=_tile_comput
 @onnx_op("Tile")
 def _tile_onnx(ctx: GraphContext, inputs: Sequence[g.Expr | None],
                attrs: dict[str, Any]) -> list[g.Expr]:
-    reps = tuple(int(d) for d in need_static(ctx, inputs[1], "Tile repeats"))
-    return [ctx.call("tile", first_input(inputs), repeats=reps)]
+    x = first_input(inputs)
+    reps = list(need_dims(ctx, inputs[1], "Tile repeats").reshape(-1))
+    if all(isinstance(r, (int, np.integer)) for r in reps):
+        return [ctx.call("tile", x, repeats=tuple(int(r) for r in reps))]
+    # A symbolic repeat count (exporters tile position ids by `[batch, 1]`) repeats an
+    # axis of size 1: a broadcast to that size; the static counts tile as usual.
+    src = ctx.tensor_type(x).shape
+    if len(reps) != len(src):
+        raise IRError(f"tile: repeats {reps} must have one entry per dim of {shape_text(src)}")
+    static: list[int] = []
+    target: list[Dim] = []
+    for k, (d, r) in enumerate(zip(src, reps)):
+        if isinstance(r, (int, np.integer)):
+            static.append(int(r))
+            target.append(simplify_dim(d * int(r)))
+        elif isinstance(d, int) and d == 1:
+            static.append(1)
+            target.append(r)
+        else:
+            raise IRError(f"tile: repeat count {dim_text(r)} of axis {k} is symbolic and the "
+                          f"axis has size {dim_text(d)}, not 1")
+    y = ctx.call("tile", x, repeats=tuple(static)) if any(r != 1 for r in static) else x
+    return [ctx.call("where", ctx.true_of_shape(target), y, y)]
 
 
 # ------------------------------------------------------------------------ pad

@@ -587,7 +587,8 @@ class _Importer:
         self.opset = body_opset
         try:
             for k, inner in enumerate(body):
-                if _op_key(inner) not in converters() and function_schema(
+                if _op_key(inner) not in converters() and \
+                        _op_key(inner) not in CONTROL_FLOW_OPS and function_schema(
                         _text(inner.op_type), _text(inner.domain), body_opset) is None:
                     raise FrontendError(f"its ONNX function body uses {_op_key(inner)}, which "
                                         "kiln does not support")
