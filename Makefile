@@ -28,7 +28,7 @@ lint: $(STAMP)
 	$(VPY) -m mypy
 
 unit: $(STAMP)
-	$(VPY) -m pytest tests -n auto
+	$(VPY) -m pytest tests -n auto --dist loadgroup --durations=25
 
 test: apt lint unit
 

@@ -201,4 +201,4 @@ def _model(node: onnx.NodeProto, inputs: dict[str, list[Any]], opset: int,
 def test_bad_composed_op_nodes_are_frontend_errors(model: onnx.ModelProto, message: str
                                                    ) -> None:
     with pytest.raises(FrontendError, match=message):
-        from_onnx(model)
+        from_onnx(model, check=False)  # kiln's own checks (onnx's checker catches most too)

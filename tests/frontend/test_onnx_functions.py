@@ -69,12 +69,10 @@ def test_softmax_cross_entropy_expands_the_nested_nll_loss_function(target: str)
 
 def test_a_body_using_an_unsupported_op_names_the_node_and_the_op() -> None:
     f = TensorProto.FLOAT
-    node = helper.make_node("AffineGrid", ["theta", "size"], ["grid"], name="grid_of_theta")
-    model = _model([node], {"theta": (f, [1, 2, 3])}, ["grid"], 20)
-    model.graph.initializer.append(onnx.numpy_helper.from_array(
-        np.array([1, 1, 4, 4], np.int64), "size"))
-    with pytest.raises(FrontendError, match=r"node 'grid_of_theta' \(AffineGrid\), imported "
-                       r"as its ONNX function body: its ONNX function body uses If, which "
+    node = helper.make_node("Bernoulli", ["p"], ["draw"], name="coin")
+    model = _model([node], {"p": (f, [2, 3])}, ["draw"], 20)
+    with pytest.raises(FrontendError, match=r"node 'coin' \(Bernoulli\), imported as its ONNX "
+                       r"function body: its ONNX function body uses RandomUniformLike, which "
                        r"kiln does not support"):
         from_onnx(model)
 

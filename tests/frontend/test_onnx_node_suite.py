@@ -26,6 +26,10 @@ import node_suite as ns
 import onnx_report
 import pytest
 
+# One worker runs this whole file (`make test` distributes with --dist loadgroup), so
+# the outcome fixtures the tests share are computed once, not once per worker.
+pytestmark = pytest.mark.xdist_group("onnx_node_suite")
+
 MIN_PASSING = 500
 DOCS = Path(__file__).parents[2] / "docs" / "onnx.md"
 

@@ -468,8 +468,16 @@ def _model(case: C) -> onnx.ModelProto:
     return model
 
 
+# Op types compared with onnxruntime on grids of their own cases in
+# tests/frontend/test_onnx_composed_ops.py (built from other kiln ops).
+COMPARED_ELSEWHERE = {
+    "Col2Im", "DeformConv", "Det", "GridSample", "MaxUnpool", "MelWeightMatrix",
+    "TensorScatter", "TfIdfVectorizer", "ai.onnx.ml.ArrayFeatureExtractor",
+    "ai.onnx.ml.Binarizer", "ai.onnx.ml.TreeEnsemble"}
+
+
 def test_every_converted_op_type_has_a_case() -> None:
-    covered = {c.key for c in CASES}
+    covered = {c.key for c in CASES} | COMPARED_ELSEWHERE
     missing = sorted(set(converters().names()) - covered)
     assert not missing, f"ONNX op types without an onnxruntime comparison: {missing}"
 

@@ -102,7 +102,7 @@ def _declare_ranks(model: Any, input_ranks: Mapping[str, int]) -> None:
     graph = model.graph
     missing = [v for v in (*graph.input, *graph.output)
                if v.type.HasField("tensor_type") and not v.type.tensor_type.HasField("shape")]
-    if not missing:
+    if not missing and all(v.type.WhichOneof("value") is not None for v in graph.output):
         return
     ranks = dict(input_ranks)
     if any(v.name not in ranks for v in missing):
@@ -119,10 +119,11 @@ def _declare_ranks(model: Any, input_ranks: Mapping[str, int]) -> None:
             shape = value.type.tensor_type.shape
             for _ in range(ranks[value.name]):
                 shape.dim.add()
-    # An output of unknown rank is not declared at all: the nodes computing it are
-    # still checked, and kiln's import reports what it cannot infer.
-    kept = [v for v in graph.output
-            if not v.type.HasField("tensor_type") or v.type.tensor_type.HasField("shape")]
+    # An output of unknown type or rank is not declared at all (onnxruntime infers it):
+    # the nodes computing it are still checked, and kiln's import reports what it
+    # cannot infer.
+    kept = [v for v in graph.output if v.type.WhichOneof("value") is not None and (
+        not v.type.HasField("tensor_type") or v.type.tensor_type.HasField("shape"))]
     if len(kept) < len(graph.output):
         del graph.output[:]
         graph.output.extend(kept)
