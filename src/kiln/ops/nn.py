@@ -8,7 +8,7 @@ Attributes follow ONNX's spelling where one exists (strides, dilations, pads as
 from __future__ import annotations
 
 import itertools
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -18,7 +18,7 @@ from kiln.ir import dtype as dt
 from kiln.ir import graph as g
 from kiln.ir.shape_expr import dim_text, dims_equal, is_static, shape_text, simplify_dim
 from kiln.ir.tensor import Cast, PrimExpr, as_expr, intrin, select
-from kiln.ir.types import TensorType, Type
+from kiln.ir.types import Dim, TensorType, Type
 from kiln.ops import spatial, te
 from kiln.ops._numpy import is_float
 from kiln.ops._numpy import widen as widen_np
@@ -96,18 +96,26 @@ def _matmul_infer(types: Sequence[TensorType], attrs: Attrs) -> Type:
     return TensorType(shape, a.dtype)
 
 
-def _matmul_compute(inputs: Sequence[te.Tensor], attrs: Attrs) -> te.Tensor:
-    a, b = inputs
+Index = tuple[Any, ...]
+MatmulIndex = Callable[..., tuple[PrimExpr, PrimExpr, Callable[[PrimExpr], Index],
+                                  Callable[[PrimExpr], Index]]]
+
+
+def matmul_indexing(a: te.Tensor, b: te.Tensor,
+                    attrs: Attrs) -> tuple[tuple[Dim, ...], Dim, MatmulIndex]:
+    """matmul's output shape, its depth K, and `index(*i) -> (row, col, a_at, b_at)`:
+    `a_at(k)`/`b_at(k)` are the A and B indices of output element `i` at depth `k`
+    (1-D operands, batch broadcasting and `transpose_b` included). Float and integer
+    matmuls (kiln.ops.quant) share it."""
     trans_b = bool(attrs.get("transpose_b"))
     logical_b = _b_shape(b.shape, attrs)
     a_shape = (1, *a.shape) if a.ndim == 1 else a.shape
     b_shape = (*logical_b, 1) if b.ndim == 1 else logical_b
     out_shape = _matmul_shapes(a.shape, logical_b)
     batch_rank = len(broadcast_shapes(a_shape[:-2], b_shape[:-2]))
-    k_extent = a_shape[-1]
-    acc = acc_dtype(a.dtype)
 
-    def element(*i: PrimExpr) -> PrimExpr:
+    def index(*i: PrimExpr) -> tuple[PrimExpr, PrimExpr, Callable[[PrimExpr], Index],
+                                      Callable[[PrimExpr], Index]]:
         full = list(i)
         if b.ndim == 1:
             full.append(as_expr(0))
@@ -115,15 +123,27 @@ def _matmul_compute(inputs: Sequence[te.Tensor], attrs: Attrs) -> te.Tensor:
             full.insert(len(full) - 1, as_expr(0))
         batch, row, col = full[:batch_rank], full[batch_rank], full[batch_rank + 1]
 
-        def a_at(k: PrimExpr) -> PrimExpr:
+        def a_at(k: PrimExpr) -> Index:
             idx = (*broadcast_index(batch, a_shape[:-2]), row, k)
-            return a[idx[-1:] if a.ndim == 1 else idx]
+            return idx[-1:] if a.ndim == 1 else idx
 
-        def b_at(k: PrimExpr) -> PrimExpr:
+        def b_at(k: PrimExpr) -> Index:
             idx = (*broadcast_index(batch, b_shape[:-2]), *((col, k) if trans_b else (k, col)))
-            return b[idx[:-1] if b.ndim == 1 else idx]
+            return idx[:-1] if b.ndim == 1 else idx
 
-        total = te.reduce("sum", lambda k: widen(a_at(k), acc) * widen(b_at(k), acc),
+        return row, col, a_at, b_at
+
+    return out_shape, a_shape[-1], index
+
+
+def _matmul_compute(inputs: Sequence[te.Tensor], attrs: Attrs) -> te.Tensor:
+    a, b = inputs
+    out_shape, k_extent, index = matmul_indexing(a, b, attrs)
+    acc = acc_dtype(a.dtype)
+
+    def element(*i: PrimExpr) -> PrimExpr:
+        _, _, a_at, b_at = index(*i)
+        total = te.reduce("sum", lambda k: widen(a[a_at(k)], acc) * widen(b[b_at(k)], acc),
                           (k_extent,), acc)
         return widen(total, a.dtype)
 

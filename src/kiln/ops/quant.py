@@ -37,8 +37,7 @@ from kiln.ir.shape_expr import shape_text
 from kiln.ir.tensor import Cast, PrimExpr, as_expr, compare, intrin, max_, min_, select
 from kiln.ir.types import TensorType, TupleType, Type
 from kiln.ops import spatial, te
-from kiln.ops.broadcast import broadcast_index, broadcast_shapes
-from kiln.ops.nn import _b_shape, _conv_geometry, _conv_ref, _matmul_shapes
+from kiln.ops.nn import _b_shape, _conv_geometry, _conv_ref, _matmul_shapes, matmul_indexing
 from kiln.ops.registry import register_op
 
 Attrs = Mapping[str, Any]
@@ -302,33 +301,19 @@ def _matmul_int_shape(what: str, types: Sequence[TensorType], attrs: Attrs) -> t
 
 
 def _matmul_acc(a: te.Tensor, b: te.Tensor, a_zp: te.Tensor, b_zp: te.Tensor,
-                attrs: Attrs) -> tuple[tuple[int, ...], Any]:
+                attrs: Attrs) -> tuple[tuple[Any, ...], Any]:
     """(output shape, element(*i) -> (the int32 sum of (a - a_zp) * (b - b_zp), the
     output column))."""
-    trans_b = bool(attrs.get("transpose_b"))
-    logical = _b_shape(b.shape, attrs)
-    a_shape = (1, *a.shape) if a.ndim == 1 else a.shape
-    b_shape = (*logical, 1) if b.ndim == 1 else logical
-    out_shape = _matmul_shapes(a.shape, logical)
-    batch_rank = len(broadcast_shapes(a_shape[:-2], b_shape[:-2]))
+    out_shape, k_extent, index = matmul_indexing(a, b, attrs)
 
     def element(*i: PrimExpr) -> tuple[PrimExpr, PrimExpr]:
-        full = list(i)
-        if b.ndim == 1:
-            full.append(as_expr(0))
-        if a.ndim == 1:
-            full.insert(len(full) - 1, as_expr(0))
-        batch, row, col = full[:batch_rank], full[batch_rank], full[batch_rank + 1]
+        row, col, a_at, b_at = index(*i)
         za, zb = _zp_at(a_zp, row), _zp_at(b_zp, col)
 
         def term(k: PrimExpr) -> PrimExpr:
-            ai = (*broadcast_index(batch, a_shape[:-2]), row, k)
-            bi = (*broadcast_index(batch, b_shape[:-2]), *((col, k) if trans_b else (k, col)))
-            av = a[ai[-1:] if a.ndim == 1 else ai]
-            bv = b[bi[:-1] if b.ndim == 1 else bi]
-            return (Cast("int32", av) - za) * (Cast("int32", bv) - zb)
+            return (Cast("int32", a[a_at(k)]) - za) * (Cast("int32", b[b_at(k)]) - zb)
 
-        return te.reduce("sum", term, (a_shape[-1],), "int32"), col
+        return te.reduce("sum", term, (k_extent,), "int32"), col
 
     return out_shape, element
 
