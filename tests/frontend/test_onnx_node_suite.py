@@ -26,8 +26,9 @@ import node_suite as ns
 import onnx_report
 import pytest
 
-# One worker runs this whole file (`make test` distributes with --dist loadgroup), so
-# the outcome fixtures the tests share are computed once, not once per worker.
+# One worker runs this whole file (`make test` distributes with --dist loadgroup) and
+# the outcome fixtures are session-scoped (a worker interleaves other modules' tests,
+# which would tear module-scoped ones down): each is computed once.
 pytestmark = pytest.mark.xdist_group("onnx_node_suite")
 
 MIN_PASSING = 500
@@ -51,7 +52,7 @@ def _runnable_op_types() -> set[str]:
     return {op for c in cases if not ns.xfail_reason(c.name) for op in c.op_types}
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def interpreter_outcomes() -> list[ns.Outcome]:
     cases, _ = _cases()
     return [ns.run_case(c, ns.execute_interpreter) for c in cases
@@ -63,7 +64,7 @@ def test_node_suite_through_the_interpreter(interpreter_outcomes: list[ns.Outcom
     assert not bad, _report(interpreter_outcomes)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def compiled_outcomes() -> list[ns.Outcome]:
     cases, _ = _cases()
     return ns.run_compiled(ns.compiled_sample(cases), "llvm")
@@ -78,7 +79,7 @@ def test_node_suite_compiled_for_llvm(compiled_outcomes: list[ns.Outcome]) -> No
     assert not uncovered, f"op types without a compiled llvm case: {sorted(uncovered)}"
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def c_outcomes() -> list[ns.Outcome]:
     cases, _ = _cases()
     return ns.run_compiled(ns.c_sample(cases), "c")
@@ -116,7 +117,7 @@ def test_unsupported_cases_name_their_missing_ops_and_why() -> None:
             assert o.reason.endswith(ns.NON_TENSOR_REASON), o
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def onnxruntime_outcomes() -> list[ns.Outcome]:
     return ns.run_onnxruntime()
 
