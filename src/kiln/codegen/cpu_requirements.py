@@ -24,62 +24,14 @@ hide).
 
 from __future__ import annotations
 
-import functools
-import threading
-
 from kiln.errors import CompileError
 from kiln.runtime.cpu_features import CPUFeature, table_arch, table_for
-
-_PROBE = threading.Lock()
-
-
-def _probe_ir(triple: str, cpu: str, features: str, candidates: list[str]) -> str:
-    """The module of the inlining probe (see the module docstring)."""
-    def attrs(extra: str) -> str:
-        fs = ",".join(f for f in (features, extra) if f)
-        out = [f'"target-cpu"="{cpu}"'] if cpu else []
-        return " ".join([*out, f'"target-features"="{fs}"'])
-
-    lines = [f'target triple = "{triple}"', "declare void @sink(i32)"]
-    for i in range(len(candidates)):
-        lines += [f"define internal void @f{i}() #{i + 1} {{",
-                  f"  call void @sink(i32 {i})", "  ret void", "}"]
-    lines += ["define void @caller() #0 {",
-              *(f"  call void @f{i}()" for i in range(len(candidates))), "  ret void", "}",
-              f"attributes #0 = {{ {attrs('')} }}"]
-    lines += [f"attributes #{i + 1} = {{ {attrs('+' + f)} }}" for i, f in enumerate(candidates)]
-    return "\n".join(lines) + "\n"
-
-
-@functools.cache
-def implied_features(triple: str, cpu: str, features: str,
-                     candidates: tuple[str, ...]) -> frozenset[str]:
-    """The names of `candidates` LLVM's subtarget for (triple, cpu, features) has."""
-    from kiln.codegen.llvm.target_machine import llvm_binding
-
-    if not candidates:
-        return frozenset()
-    llvm = llvm_binding()
-    text = _probe_ir(triple, cpu, features, list(candidates))
-    with _PROBE:  # one probe at a time: each builds its own context and pass manager
-        try:
-            tm = llvm.Target.from_triple(triple).create_target_machine(
-                cpu=cpu, features=features, opt=2)
-            mod = llvm.parse_assembly(text, llvm.create_context())
-        except RuntimeError as err:
-            raise CompileError(f"cannot ask LLVM which CPU features {triple} "
-                               f"(cpu {cpu!r}, features {features!r}) has: {err}") from None
-        pb = llvm.create_pass_builder(tm, llvm.create_pipeline_tuning_options(speed_level=2))
-        pb.getModulePassManager().run(mod, pb)
-        left = {fn.name for fn in mod.functions}
-    return frozenset(f for i, f in enumerate(candidates) if f"f{i}" not in left)
+from kiln.target.llvm_features import implied_features, llvm_binding
 
 
 def _candidates(triple: str) -> tuple[str, ...]:
     """Feature names to probe: the table's, and when the build machine has the target's
     architecture every key of LLVM's host feature map (the ISA extensions LLVM detects)."""
-    from kiln.codegen.llvm.target_machine import llvm_binding
-
     names = set(table_for(triple))
     llvm = llvm_binding()
     if table_arch(str(llvm.get_process_triple())) == table_arch(triple):

@@ -19,25 +19,14 @@ into a shared library), static for bare-metal (`-none-`/unknown OS) and wasm.
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 from typing import Any
 
 from kiln.errors import CompileError, TargetError
+from kiln.target.llvm_features import llvm_binding
 
 # 64-bit ABIs that keep 32-bit integers sign-extended in registers.
 _SEXT_INT32_ARCHES = ("riscv64", "mips64", "mips64el", "loongarch64", "ppc64", "ppc64le")
-
-
-@functools.cache
-def llvm_binding() -> Any:
-    """llvmlite.binding with every target and asm printer initialised (once)."""
-    import llvmlite.binding as llvm
-
-    llvm.initialize_all_targets()
-    llvm.initialize_all_asmprinters()
-    llvm.initialize_native_asmparser()
-    return llvm
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,52 @@
+"""The ISA object: what LLVM's subtarget enables, turned into kernel-builder facts."""
+
+from __future__ import annotations
+
+import pytest
+
+from kiln.target import Target
+from kiln.target.isa import GENERIC, isa_for
+
+pytest.importorskip("llvmlite")
+
+
+@pytest.mark.parametrize(
+    ("spec", "bits", "regs", "fma", "dot"),
+    [
+        ("llvm -mtriple=x86_64-linux-gnu", 128, 16, False, None),
+        ("llvm -mtriple=x86_64-linux-gnu -mcpu=haswell", 256, 16, True, "avx2"),
+        ("llvm -mtriple=x86_64-linux-gnu -mcpu=znver4", 512, 32, True, "avx512vnni"),
+        ("llvm -mtriple=x86_64-linux-gnu -mcpu=znver4 -mattr=-avx512f", 256, 16, True, "avx2"),
+        ("llvm -mtriple=x86_64-linux-gnu -mcpu=alderlake", 256, 16, True, "avxvnni"),
+        ("llvm -mtriple=aarch64-linux-gnu -mcpu=neoverse-n1", 128, 32, True, "sdot"),
+        ("llvm -mtriple=aarch64-linux-gnu -mcpu=cortex-a53", 128, 32, True, None),
+        ("c -mtriple=thumbv7em-none-eabihf -mcpu=cortex-m4", 0, 0, False, "dsp"),
+    ],
+)
+def test_isa_follows_llvm_subtarget(spec: str, bits: int, regs: int, fma: bool,
+                                    dot: str | None) -> None:
+    isa = isa_for(Target(spec))
+    assert (isa.vector_bits, isa.vector_registers, isa.fma, isa.int8_dot) == (
+        bits, regs, fma, dot)
+    assert isa.lanes("float32") == max(1, bits // 32)
+    assert isa.lanes("int8") == max(1, bits // 8)
+
+
+def test_amx_is_listed_but_not_the_vector_dot() -> None:
+    isa = isa_for(Target("llvm -mtriple=x86_64-linux-gnu -mcpu=sapphirerapids"))
+    assert isa.amx_tiles == 8 and "amx" in isa.int8_dots
+    assert isa.int8_dot == "avx512vnni" and isa.mask_registers == 8
+    assert isa_for(Target("llvm -mtriple=x86_64-linux-gnu -mcpu=sapphirerapids "
+                          "-mattr=-amx-tile")).amx_tiles == 0
+
+
+def test_targets_without_a_cpu_are_generic() -> None:
+    assert isa_for(Target("cuda -arch=sm_80")) is GENERIC
+    assert isa_for(None) is GENERIC
+    with Target("llvm -mtriple=x86_64-linux-gnu -mcpu=haswell"):
+        assert isa_for(None).vector_bits == 256
+
+
+def test_unknown_dtype_is_refused() -> None:
+    with pytest.raises(ValueError, match="float128"):
+        GENERIC.lanes("float128")
