@@ -137,7 +137,9 @@ def mlp() -> tuple[onnx.ModelProto, Shapes]:
     return g.model("mlp", {"x": [1, 784]}, y, [1, 10])
 
 
-def cnn() -> tuple[onnx.ModelProto, Shapes]:
+def cnn(image: int = 64) -> tuple[onnx.ModelProto, Shapes]:
+    """Three 3x3 conv + ReLU + 2x2 max-pool stages, global pooling, a dense layer,
+    on a 3 x `image` x `image` input."""
     g = Graph(1)
     h = "x"
     for cin, cout in ((3, 16), (16, 32), (32, 64)):
@@ -145,7 +147,7 @@ def cnn() -> tuple[onnx.ModelProto, Shapes]:
         h = g.op("MaxPool", h, kernel_shape=[2, 2], strides=[2, 2])
     h = g.op("Flatten", g.op("GlobalAveragePool", h))
     y = g.dense(h, 64, 10)
-    return g.model("cnn", {"x": [1, 3, 64, 64]}, y, [1, 10])
+    return g.model("cnn", {"x": [1, 3, image, image]}, y, [1, 10])
 
 
 def resnet() -> tuple[onnx.ModelProto, Shapes]:

@@ -8,8 +8,6 @@ into one kernel, so no expression does either. The models are built with
 
 from __future__ import annotations
 
-import time
-
 import numpy as np
 import onnxruntime as ort
 import pytest
@@ -178,17 +176,3 @@ def test_fused_kernels_are_capped_and_round_trip() -> None:
     calls = [s for s in main.body.body if isinstance(s, t.CallFunc)]  # type: ignore[attr-defined]
     assert len(calls) >= 5000 // MAX_FUSED_OPS  # many kernels, not one 5,000-deep expression
     assert_structural_equal(from_source(print_module(lowered)), lowered)
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("target", ["llvm", "c"])
-def test_report_compile_time(target: str, capsys: pytest.CaptureFixture[str]) -> None:
-    """Compile time of 1k/2k/4k-layer MatMul+Relu chains (printed, not asserted)."""
-    for n in (1000, 2000, 4000):
-        mod = from_onnx(matmul_chain(n))
-        start = time.perf_counter()
-        exe = kiln.compile(mod, target)
-        exe(MM_X)  # the C backend builds its library on first use
-        with capsys.disabled():
-            print(f"\n{target}: {n}-layer chain compiled and ran in "
-                  f"{time.perf_counter() - start:.2f} s")

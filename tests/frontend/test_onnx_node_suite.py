@@ -26,9 +26,9 @@ import node_suite as ns
 import onnx_report
 import pytest
 
-# One worker runs this whole file (`make test` distributes with --dist loadgroup) and
-# the outcome fixtures are session-scoped (a worker interleaves other modules' tests,
-# which would tear module-scoped ones down): each is computed once.
+# One worker runs this whole file (`make test` distributes with --dist loadgroup; see
+# requirements.txt for the pytest versions where that grouping works), and each outcome
+# list is computed once per process (the fixtures read functools caches).
 pytestmark = pytest.mark.xdist_group("onnx_node_suite")
 
 MIN_PASSING = 500
@@ -52,11 +52,16 @@ def _runnable_op_types() -> set[str]:
     return {op for c in cases if not ns.xfail_reason(c.name) for op in c.op_types}
 
 
-@pytest.fixture(scope="session")
-def interpreter_outcomes() -> list[ns.Outcome]:
+@functools.cache
+def _interpreter_outcomes() -> list[ns.Outcome]:
     cases, _ = _cases()
     return [ns.run_case(c, ns.execute_interpreter) for c in cases
             if not ns.compiled_only(c.name)]
+
+
+@pytest.fixture
+def interpreter_outcomes() -> list[ns.Outcome]:
+    return _interpreter_outcomes()
 
 
 def test_node_suite_through_the_interpreter(interpreter_outcomes: list[ns.Outcome]) -> None:
@@ -64,10 +69,15 @@ def test_node_suite_through_the_interpreter(interpreter_outcomes: list[ns.Outcom
     assert not bad, _report(interpreter_outcomes)
 
 
-@pytest.fixture(scope="session")
-def compiled_outcomes() -> list[ns.Outcome]:
+@functools.cache
+def _compiled_outcomes() -> list[ns.Outcome]:
     cases, _ = _cases()
     return ns.run_compiled(ns.compiled_sample(cases), "llvm")
+
+
+@pytest.fixture
+def compiled_outcomes() -> list[ns.Outcome]:
+    return _compiled_outcomes()
 
 
 def test_node_suite_compiled_for_llvm(compiled_outcomes: list[ns.Outcome]) -> None:
@@ -79,10 +89,15 @@ def test_node_suite_compiled_for_llvm(compiled_outcomes: list[ns.Outcome]) -> No
     assert not uncovered, f"op types without a compiled llvm case: {sorted(uncovered)}"
 
 
-@pytest.fixture(scope="session")
-def c_outcomes() -> list[ns.Outcome]:
+@functools.cache
+def _c_outcomes() -> list[ns.Outcome]:
     cases, _ = _cases()
     return ns.run_compiled(ns.c_sample(cases), "c")
+
+
+@pytest.fixture
+def c_outcomes() -> list[ns.Outcome]:
+    return _c_outcomes()
 
 
 def test_node_suite_compiled_for_c(c_outcomes: list[ns.Outcome]) -> None:
@@ -117,9 +132,14 @@ def test_unsupported_cases_name_their_missing_ops_and_why() -> None:
             assert o.reason.endswith(ns.NON_TENSOR_REASON), o
 
 
-@pytest.fixture(scope="session")
-def onnxruntime_outcomes() -> list[ns.Outcome]:
+@functools.cache
+def _onnxruntime_outcomes() -> list[ns.Outcome]:
     return ns.run_onnxruntime()
+
+
+@pytest.fixture
+def onnxruntime_outcomes() -> list[ns.Outcome]:
+    return _onnxruntime_outcomes()
 
 
 def test_onnxruntime_runs_every_case(onnxruntime_outcomes: list[ns.Outcome]) -> None:

@@ -211,7 +211,8 @@ def test_a_symbolic_batch_stays_the_outer_loop() -> None:
                if f.attrs.get("kiln.conv_kernel") == "conv2d_nchwc"]
     # the hand-built kernels take the batch as their trailing dim scalar
     assert kernels and all(f.params[-1].name == "N" for f in kernels)
-    feeds = {k: np.concatenate([v, v[:1]]) for k, v in FEEDS.items()}  # batch 3
+    # batch 1, not the static model's: the interpreter's time grows with it
+    feeds = {k: v[:1] for k, v in FEEDS.items()}
     want = kernel_checks.onnxruntime_outputs(model, feeds)
     got = kiln.evaluate(mod, "main", *feeds.values())
     kernel_checks.assert_close([np.asarray(o) for o in got], want, CASES, TOL)
