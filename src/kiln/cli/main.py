@@ -9,6 +9,7 @@
              [--output y.npy | --outputs out.npz] [--repeat N --warmup M] [--function main]
              [--profile]
     kiln cache list|info|clear
+    kiln build-many MATRIX.json -o DIR [--address ADDR | --in-process] [--cache-dir DIR]
 
 Errors are one line on stderr and exit code 2 (1 for an unexpected failure);
 --debug shows the traceback.
@@ -116,6 +117,15 @@ def _cmd_run(args: argparse.Namespace) -> int:
     print(cmd_run(args.file, args.function, args.input, args.inputs, args.fill, args.output,
                   args.outputs, args.repeat, args.warmup, args.profile, args.size))
     return 0
+
+
+def _cmd_build_many(args: argparse.Namespace) -> int:
+    from kiln.cli.build_many import cmd_build_many
+
+    text, ok = cmd_build_many(args.matrix, args.output, args.address, args.in_process,
+                              args.cache_dir)
+    print(text)
+    return 0 if ok else 1
 
 
 def _human(n: float) -> str:
@@ -244,6 +254,20 @@ def build_parser() -> argparse.ArgumentParser:
     k = verb(sub, "cache", "list, describe or clear the compile cache")
     k.add_argument("action", choices=("list", "info", "clear"))
     k.set_defaults(func=_cmd_cache)
+
+    b = verb(sub, "build-many", "compile a models x targets matrix (on Ray when installed)")
+    b.add_argument("matrix", help="JSON (or YAML) file: {\"models\": [...], \"targets\": [...]}")
+    b.add_argument("-o", "--output", required=True, metavar="DIR",
+                   help="directory for MODEL--TARGET.{so,tar,wasm} and build-summary.json")
+    where = b.add_mutually_exclusive_group()
+    where.add_argument("--address", default=None,
+                       help="join this Ray cluster ('auto' or HOST:PORT); default: start a "
+                            "local Ray instance when Ray is installed")
+    where.add_argument("--in-process", action="store_true",
+                       help="build in this process, one cell after another (no Ray)")
+    b.add_argument("--cache-dir", default=None,
+                   help="compile cache shared by every task (shared storage on a cluster)")
+    b.set_defaults(func=_cmd_build_many)
     return p
 
 

@@ -1,0 +1,171 @@
+"""Where tasks run: a Ray cluster, or this process.
+
+`make_executor(address)` returns a `RayExecutor` when Ray is installed (with no
+`address` and no cluster, `ray.init()` starts a local one, so one machine works
+out of the box; `address` joins an existing cluster, e.g. "auto" or
+"10.0.0.5:6379"), else an `InProcessExecutor`. Both run a module-level function
+over a list of argument tuples and give back, per task, its value or the error
+it raised, in order: one task's failure never stops the others. kiln adds no
+scheduler, RPC or tracker of its own; Ray places the tasks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from kiln.errors import UsageError
+
+
+@dataclass(frozen=True)
+class TaskOutcome:
+    """One task's value, or the one-line error it ended with."""
+
+    value: Any = None
+    error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        """Whether the task returned a value."""
+        return self.error is None
+
+
+class Executor(Protocol):
+    """Runs tasks; `describe()` says where (engine, cluster address, nodes)."""
+
+    def put(self, value: Any) -> Any:
+        """A handle for `value` that tasks take as an argument (shipped once)."""
+
+    def run(self, fn: Callable[..., Any], args: Sequence[tuple[Any, ...]], *,
+            num_cpus: float = 1, resources: dict[str, float] | None = None
+            ) -> list[TaskOutcome]:
+        """`fn(*a)` for every `a` in `args`, each as one task."""
+
+    def describe(self) -> dict[str, Any]:
+        """Where the work runs, for logs and summaries."""
+
+    def close(self) -> None:
+        """Release what the executor started (a local Ray instance)."""
+
+
+def _error(exc: BaseException) -> str:
+    """`Type: first line of the message` (the type alone for an empty message)."""
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {text.splitlines()[0]}" if text else type(exc).__name__
+
+
+class InProcessExecutor:
+    """Every task in this process, one after another (no Ray needed)."""
+
+    def put(self, value: Any) -> Any:
+        return value
+
+    def run(self, fn: Callable[..., Any], args: Sequence[tuple[Any, ...]], *,
+            num_cpus: float = 1, resources: dict[str, float] | None = None
+            ) -> list[TaskOutcome]:
+        out = []
+        for a in args:
+            try:
+                out.append(TaskOutcome(fn(*a)))
+            except Exception as exc:  # a task's failure is its outcome
+                out.append(TaskOutcome(error=_error(exc)))
+        return out
+
+    def describe(self) -> dict[str, Any]:
+        return {"engine": "in-process", "address": None, "nodes": []}
+
+    def close(self) -> None:
+        pass
+
+
+@dataclass
+class RayExecutor:
+    """Tasks on a Ray cluster: `address` joins one, None starts a local instance."""
+
+    address: str | None = None
+    _started: bool = field(default=False, init=False)
+
+    def __post_init__(self) -> None:
+        import ray
+
+        if not ray.is_initialized():
+            try:
+                ray.init(address=self.address, include_dashboard=False,
+                         log_to_driver=False, configure_logging=False)
+            except ConnectionError as exc:
+                raise UsageError(f"cannot join the Ray cluster at {self.address!r}: {exc}"
+                                 ) from None
+            self._started = True
+
+    def put(self, value: Any) -> Any:
+        import ray
+
+        return ray.put(value)
+
+    def run(self, fn: Callable[..., Any], args: Sequence[tuple[Any, ...]], *,
+            num_cpus: float = 1, resources: dict[str, float] | None = None
+            ) -> list[TaskOutcome]:
+        import ray
+
+        remote = ray.remote(fn).options(num_cpus=num_cpus, resources=resources or {},
+                                        max_retries=0)
+        refs = [remote.remote(*a) for a in args]
+        out = []
+        for ref in refs:
+            try:
+                out.append(TaskOutcome(ray.get(ref)))
+            except ray.exceptions.RayTaskError as exc:
+                cause = exc.cause if isinstance(exc.cause, BaseException) else exc
+                out.append(TaskOutcome(error=_error(cause)))
+            except ray.exceptions.RayError as exc:  # a worker or node died
+                out.append(TaskOutcome(error=_error(exc)))
+        return out
+
+    def describe(self) -> dict[str, Any]:
+        import ray
+
+        nodes = [{"id": n["NodeID"], "address": n["NodeManagerAddress"],
+                  "cpus": n.get("Resources", {}).get("CPU", 0),
+                  "resources": sorted(k for k in n.get("Resources", {})
+                                      if not k.startswith(("node:", "memory",
+                                                           "object_store_memory")))}
+                 for n in ray.nodes() if n.get("Alive")]
+        context = ray.get_runtime_context()
+        return {"engine": "ray", "address": self.address or "local",
+                "gcs_address": getattr(context, "gcs_address", None), "nodes": nodes}
+
+    def close(self) -> None:
+        import ray
+
+        if self._started and ray.is_initialized():
+            ray.shutdown()
+
+
+def make_executor(address: str | None = None, *, in_process: bool = False) -> Executor:
+    """Ray when installed and not `in_process`, else this process. An `address`
+    without Ray installed is a UsageError (the user asked for a cluster)."""
+    if in_process:
+        return InProcessExecutor()
+    try:
+        import ray  # noqa: F401
+    except ImportError:
+        if address is not None:
+            raise UsageError("--address needs Ray: pip install 'kiln-tensor[distributed]'"
+                             ) from None
+        return InProcessExecutor()
+    return RayExecutor(address)
+
+
+def task_node() -> str:
+    """The Ray node id of the task running this (\"local\" outside Ray)."""
+    try:
+        import ray
+    except ImportError:
+        return "local"
+    if not ray.is_initialized():
+        return "local"
+    try:
+        return str(ray.get_runtime_context().get_node_id())
+    except Exception:  # outside a task there is no node to name
+        return "local"
