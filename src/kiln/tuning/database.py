@@ -1,0 +1,209 @@
+"""The tuning database: measured kernel variants per kernel signature and target CPU.
+
+A JSON file, human-readable and diff-friendly (sorted keys, one record per distinct
+kernel):
+
+    {"format": "kiln-tuning", "version": 1,
+     "records": [{"kernel": "gemm", "signature": "m=64,n=512,k=256,float32",
+                  "target": "x86_64:znver4:3f2a...", "default": {"params": {...},
+                  "times_us": [...]}, "candidates": [{"params": {...}, "times_us": [...],
+                  "equal": true}], "chosen": {...} or null}]}
+
+`target` is `target_key(isa)`: the architecture, the CPU name and a hash of the
+features LLVM enables, so a record measured on one CPU never applies to another.
+`chosen` is what kiln.tuning.select decides from the recorded timings; `merge`
+combines two databases (timings of the same variant are pooled, the choice made
+again). Files are untrusted input: every deviation is a FormatError naming the place.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kiln.errors import FormatError, MissingFileError
+from kiln.target.isa import ISA
+from kiln.tuning.select import choose
+
+FORMAT = "kiln-tuning"
+VERSION = 1
+Params = Mapping[str, Any]
+
+
+def target_key(isa: ISA) -> str:
+    """`arch:cpu:feature-hash`, the part of a record's key that names the CPU."""
+    feats = ",".join(sorted(isa.features))
+    digest = hashlib.sha256(feats.encode()).hexdigest()[:12]
+    return f"{isa.arch}:{isa.cpu or 'generic'}:{digest}"
+
+
+def _canonical(params: Params) -> str:
+    return json.dumps(params, sort_keys=True, separators=(",", ":"))
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """Timings (microseconds) of one variant, and whether its result equalled the
+    default's (always True for the default itself)."""
+
+    params: Params
+    times_us: tuple[float, ...]
+    equal: bool = True
+
+
+@dataclass
+class Record:
+    """One distinct kernel on one target: the default and the candidates measured."""
+
+    kernel: str
+    signature: str
+    target: str
+    default: Measurement
+    candidates: list[Measurement] = field(default_factory=list)
+
+    @property
+    def key(self) -> tuple[str, str, str]:
+        """(kernel, signature, target): what a compile looks up."""
+        return self.kernel, self.signature, self.target
+
+    @property
+    def chosen(self) -> Params | None:
+        """The winning candidate's params (kiln.tuning.select), None for the default."""
+        i = choose(self.default.times_us, [(c.times_us, c.equal) for c in self.candidates])
+        return None if i is None else self.candidates[i].params
+
+    def merged(self, other: Record) -> Record:
+        """This record with `other`'s timings pooled in, variant by variant."""
+        pooled: dict[str, Measurement] = {}
+        for m in [*self.candidates, *other.candidates]:
+            k = _canonical(m.params)
+            old = pooled.get(k)
+            pooled[k] = m if old is None else Measurement(
+                m.params, old.times_us + m.times_us, old.equal and m.equal)
+        default = Measurement(self.default.params,
+                              self.default.times_us + other.default.times_us)
+        return Record(self.kernel, self.signature, self.target, default,
+                      sorted(pooled.values(), key=lambda m: _canonical(m.params)))
+
+
+class TuningDatabase:
+    """Records by (kernel, signature, target); load, save, merge, look up."""
+
+    def __init__(self, records: Iterable[Record] = ()) -> None:
+        self._records: dict[tuple[str, str, str], Record] = {}
+        for r in records:
+            self.add(r)
+
+    def add(self, record: Record) -> None:
+        """Add `record`, pooling with a record of the same key."""
+        old = self._records.get(record.key)
+        self._records[record.key] = record if old is None else old.merged(record)
+
+    def merge(self, other: TuningDatabase) -> TuningDatabase:
+        """A new database with both's records (timings of equal variants pooled)."""
+        return TuningDatabase([*self.records(), *other.records()])
+
+    def records(self) -> list[Record]:
+        """Every record, sorted by key."""
+        return [self._records[k] for k in sorted(self._records)]
+
+    def lookup(self, kernel: str, signature: str, target: str) -> Params | None:
+        """The chosen params for a kernel on a target, None when untuned or the default won."""
+        record = self._records.get((kernel, signature, target))
+        return None if record is None else record.chosen
+
+    def to_json(self) -> dict[str, Any]:
+        """The document `save` writes."""
+        def meas(m: Measurement, with_equal: bool) -> dict[str, Any]:
+            out: dict[str, Any] = {"params": dict(m.params), "times_us": list(m.times_us)}
+            if with_equal:
+                out["equal"] = m.equal
+            return out
+
+        return {"format": FORMAT, "version": VERSION, "records": [
+            {"kernel": r.kernel, "signature": r.signature, "target": r.target,
+             "default": meas(r.default, False),
+             "candidates": [meas(c, True) for c in r.candidates],
+             "chosen": None if r.chosen is None else dict(r.chosen)}
+            for r in self.records()]}
+
+    def fingerprint(self) -> str:
+        """sha256 of the canonical document: what a library's metadata records."""
+        text = json.dumps(self.to_json(), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(text.encode()).hexdigest()
+
+    def save(self, path: str | Path) -> None:
+        """Write atomically (a reader never sees half a file)."""
+        path = Path(path)
+        text = json.dumps(self.to_json(), indent=1, sort_keys=True) + "\n"
+        fd, tmp = tempfile.mkstemp(prefix=".tuning-", dir=path.parent or ".")
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, path)
+
+    @classmethod
+    def load(cls, path: str | Path) -> TuningDatabase:
+        """Read and check a database file."""
+        try:
+            text = Path(path).read_text(encoding="utf-8")
+        except FileNotFoundError:
+            raise MissingFileError(f"tuning database {path} does not exist") from None
+        except (OSError, UnicodeDecodeError) as exc:
+            raise FormatError(f"cannot read tuning database {path}: {exc}") from None
+        try:
+            doc = json.loads(text)
+        except (json.JSONDecodeError, RecursionError) as exc:
+            raise FormatError(f"tuning database {path}: not JSON: {exc}") from None
+        return cls.from_json(doc, str(path))
+
+    @classmethod
+    def from_json(cls, doc: Any, where: str = "tuning database") -> TuningDatabase:
+        """Check a decoded document; FormatError names the first bad place."""
+        _expect(isinstance(doc, dict), where, "an object")
+        _expect(doc.get("format") == FORMAT, where, f"'format': {FORMAT!r}")
+        version = doc.get("version")
+        _expect(isinstance(version, int) and not isinstance(version, bool) and version >= 1,
+                where, "'version': a positive integer")
+        if version > VERSION:
+            raise FormatError(f"{where}: version {version} is newer than this kiln reads "
+                              f"({VERSION}); upgrade kiln")
+        records = doc.get("records")
+        _expect(isinstance(records, list), where, "'records': a list")
+        return cls(_record(r, f"{where}: records[{i}]") for i, r in enumerate(records))
+
+
+def _expect(ok: bool, where: str, what: str) -> None:
+    if not ok:
+        raise FormatError(f"{where}: expected {what}")
+
+
+def _record(doc: Any, where: str) -> Record:
+    _expect(isinstance(doc, dict), where, "an object")
+    for key in ("kernel", "signature", "target"):
+        _expect(isinstance(doc.get(key), str) and bool(doc[key]), where,
+                f"'{key}': a non-empty string")
+    candidates = doc.get("candidates", [])
+    _expect(isinstance(candidates, list), where, "'candidates': a list")
+    return Record(doc["kernel"], doc["signature"], doc["target"],
+                  _measurement(doc.get("default"), f"{where}.default", False),
+                  [_measurement(c, f"{where}.candidates[{i}]", True)
+                   for i, c in enumerate(candidates)])
+
+
+def _measurement(doc: Any, where: str, with_equal: bool) -> Measurement:
+    _expect(isinstance(doc, dict), where, "an object")
+    params, times = doc.get("params"), doc.get("times_us")
+    _expect(isinstance(params, dict) and all(isinstance(k, str) for k in params), where,
+            "'params': an object")
+    _expect(isinstance(times, list) and len(times) > 0 and all(
+        isinstance(t, int | float) and not isinstance(t, bool) and 0 < t < 1e12
+        for t in times), where, "'times_us': a non-empty list of positive numbers")
+    equal = doc.get("equal", True)
+    _expect(isinstance(equal, bool) and (with_equal or equal), where, "'equal': a boolean")
+    return Measurement(params, tuple(float(t) for t in times), equal)
