@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from kiln.errors import TargetError
 from kiln.target import Target
 from kiln.target.isa import GENERIC, isa_for
 
@@ -48,5 +49,5 @@ def test_targets_without_a_cpu_are_generic() -> None:
 
 
 def test_unknown_dtype_is_refused() -> None:
-    with pytest.raises(ValueError, match="float128"):
+    with pytest.raises(TargetError, match="float128"):
         GENERIC.lanes("float128")

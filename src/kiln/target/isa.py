@@ -19,6 +19,7 @@ import functools
 from dataclasses import dataclass
 from typing import Any
 
+from kiln.errors import TargetError
 from kiln.target.host import host_triple, triple_arch
 
 # The features an ISA decision depends on (LLVM spelling). Probing only these keeps
@@ -63,7 +64,7 @@ class ISA:
         """Elements of `dtype` in one vector register (1 without vectors)."""
         bits = _DTYPE_BITS.get(dtype)
         if bits is None:
-            raise ValueError(f"no lane count for dtype {dtype!r}")
+            raise TargetError(f"no lane count for dtype {dtype!r}")
         return max(1, self.vector_bits // bits)
 
     @property

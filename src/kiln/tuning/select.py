@@ -16,6 +16,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from kiln.errors import UsageError
+
 MIN_NOISE = 0.02
 
 
@@ -23,7 +25,7 @@ def noise(times: Sequence[float]) -> float:
     """Relative interquartile spread of `times`, at least MIN_NOISE."""
     t = np.asarray(times, dtype=np.float64)
     if t.size == 0:
-        raise ValueError("no timings")
+        raise UsageError("no timings to take the noise of")
     p25, p50, p75 = np.percentile(t, [25, 50, 75])
     return max(MIN_NOISE, float((p75 - p25) / p50) if p50 > 0 else MIN_NOISE)
 
