@@ -6,8 +6,10 @@ KILN_MLF_PREFIX, lets two models link into one program."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -21,6 +23,7 @@ import kiln
 from kiln.runtime.native import include_dir
 
 STRICT = ["-std=c11", "-Wall", "-Wextra", "-Werror"]
+SRC = str(Path(kiln.__file__).resolve().parents[1])
 # A dense layer with 4 MiB of float32 weights: big enough that text would show.
 N_IN, N_OUT = 1024, 1024
 
@@ -146,3 +149,47 @@ def test_two_models_link_into_one_program(tmp_path: Path) -> None:
     want = ort.InferenceSession(str(tmp_path / "cnn.onnx")).run(None, {"x": x})[0]
     np.testing.assert_allclose(got[0], want, rtol=1e-4, atol=1e-5)
     np.testing.assert_allclose(got[1], want, rtol=1e-4, atol=1e-5)
+
+
+# Run in a fresh process where the compiler cannot be imported, as on a deploy host.
+DEPLOY_HOST = r"""
+import importlib.abc, sys
+import numpy as np
+
+COMPILER = ("ir", "script", "transform", "codegen", "ops", "frontend", "driver", "target",
+            "export")
+
+class Blocked(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        parts = name.split(".")
+        if parts[0] in ("llvmlite", "onnx", "onnxruntime") or (
+                parts[0] == "kiln" and len(parts) > 1 and parts[1] in COMPILER):
+            raise ImportError(f"{name} is not on a deploy host")
+        return None
+
+sys.meta_path.insert(0, Blocked())
+import kiln.mlf
+from kiln.runtime.mlf import load
+assert kiln.mlf.load is load
+model = load(sys.argv[1])
+(y,) = model(np.load(sys.argv[2]))
+np.save(sys.argv[3], y)
+model.close()
+"""
+
+
+def test_a_deploy_host_reads_an_archive_with_numpy_only(tmp_path: Path) -> None:
+    """kiln.runtime.mlf (and its kiln.mlf alias) load and run an archive in a process
+    where no compiler package, llvmlite or onnx can be imported."""
+    _cnn(tmp_path / "cnn.onnx")
+    archive = kiln.export_model_library_format(_compile(tmp_path / "cnn.onnx", "c"),
+                                               tmp_path / "cnn.tar", model_name="cnn")
+    x = np.random.default_rng(5).standard_normal(IN_SHAPE).astype(np.float32)
+    np.save(tmp_path / "x.npy", x)
+    done = subprocess.run([sys.executable, "-c", DEPLOY_HOST, str(archive),
+                           str(tmp_path / "x.npy"), str(tmp_path / "y.npy")],
+                          capture_output=True, text=True, env={**os.environ,
+                                                               "PYTHONPATH": SRC})
+    assert done.returncode == 0, done.stderr
+    want = ort.InferenceSession(str(tmp_path / "cnn.onnx")).run(None, {"x": x})[0]
+    np.testing.assert_allclose(np.load(tmp_path / "y.npy"), want, rtol=1e-4, atol=1e-5)
