@@ -1,12 +1,16 @@
 """Compile time and memory for a large model: a VGG-19-shaped ONNX file (~548 MiB of weights).
 
     .venv/bin/python bench/compile_memory.py [--scale 1.0] [--target llvm] [--keep model.onnx]
+        [--model vgg19|bert] [--mlf]
 
 Builds the model with onnx.helper (random weights), then in this process times
 and measures peak RSS (VmHWM, reset between stages through /proc/self/clear_refs)
 for: importing it (`from_onnx(onnx.load(...))`), `kiln.compile` with a cold
 compile cache (a fresh $KILN_CACHE_DIR), and `export_library(".so")`; then the
 per-step times a TimingInstrument saw (docs/compile.md, "Timing a build").
+`--model bert` takes bench/nets.py's BERT-base-like encoder instead; `--mlf` adds
+a stage exporting a Model Library Format tar (goal, docs/mlf.md: <= 15 s and
+<= 2x the weights' RSS for BERT-base; the tar <= 1.1x the weights + 5 MB).
 Goal (docs/compile.md): compile + export in a few seconds with a peak RSS under
 2.2x the weight bytes (the importer's arrays plus any the compiler packed: the
 library's weights blob is written from them, never joined into a copy).
@@ -98,11 +102,19 @@ def main() -> None:
     parser.add_argument("--scale", type=float, default=1.0, help="channel scale (1.0: VGG-19)")
     parser.add_argument("--target", default="llvm")
     parser.add_argument("--keep", type=Path, help="write (or reuse) the model here")
+    parser.add_argument("--model", choices=("vgg19", "bert"), default="vgg19")
+    parser.add_argument("--mlf", action="store_true", help="also export a Model Library "
+                        "Format tar (docs/mlf.md)")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="kiln-bench-"))
     os.environ["KILN_CACHE_DIR"] = str(work / "cache")
-    model = args.keep or work / "vgg19.onnx"
-    if not model.exists():
+    model = args.keep or work / f"{args.model}.onnx"
+    if not model.exists() and args.model == "bert":
+        import onnx
+        from nets import bert
+
+        onnx.save(bert()[0], model)
+    elif not model.exists():
         vgg19(model, args.scale)
     # float32 weights: 4 bytes per element of every initializer (read without loading it).
     weights = 4 * (model.stat().st_size // 4)
@@ -121,6 +133,11 @@ def main() -> None:
     with PassContext(instruments=[timing]):
         ex = _stage("compile", lambda: kiln.compile(mod, args.target), weights_mib)
         _stage("export", lambda: ex.export_library(work / "model.so"), weights_mib)
+    if args.mlf:
+        mlf = _stage("mlf", lambda: kiln.export_model_library_format(ex, work / "model.tar"),
+                     weights_mib)
+        print(f"mlf tar: {mlf.stat().st_size / 2**20:.1f} MiB "
+              f"({mlf.stat().st_size / weights:.3f}x the weights)")
     print("\n".join(timing.report().split("\n\n")[-1:]))
 
 

@@ -91,7 +91,7 @@ def test_write_is_atomic_on_failure(tmp_path, monkeypatch):
     def boom(*args, **kwargs):
         raise OSError("disk full")
 
-    monkeypatch.setattr(archive, "_add_file", boom)
+    monkeypatch.setattr(archive, "add_file", boom)
     with pytest.raises(OSError, match="disk full"):
         write_tar(path, ArtifactSet([Artifact("a", "none", "b", b"new")]), {})
     assert path.read_bytes() == before            # old archive untouched

@@ -1,4 +1,4 @@
-"""kiln compile --mlf and --timings; kiln.compile takes an ONNX path or ModelProto."""
+"""kiln compile --mlf, --mlf-source and --timings; kiln.compile takes an ONNX path or ModelProto."""
 
 from __future__ import annotations
 
@@ -30,12 +30,14 @@ def test_mlf_and_timings(tmp_path: Path) -> None:
     out = tmp_path / "m.tar"
     env = dict(os.environ, KILN_CACHE_DIR=str(tmp_path / "cache"))  # a cold compile
     proc = subprocess.run([sys.executable, "-m", "kiln", "compile", str(tmp_path / "m.onnx"),
-                           "-t", "c", "-o", str(out), "--mlf", "relu", "--timings"],
+                           "-t", "c", "-o", str(out), "--mlf", "relu", "--mlf-source",
+                           "--timings"],
                           capture_output=True, text=True, env=env)
     assert proc.returncode == 0, proc.stderr
     with tarfile.open(out) as tar:
         names = tar.getnames()
     assert "metadata.json" in names and "codegen/host/include/relu.h" in names
+    assert "src/relu.py" in names  # --mlf-source: the DSL text (left out by default)
     assert "fuse-ops" in proc.stdout and "codegen" in proc.stdout  # the timing report
 
 

@@ -128,9 +128,9 @@ def write_tar(path: str | os.PathLike[str], artifacts: ArtifactSet,
     try:
         with os.fdopen(fd, "wb") as f:
             with tarfile.open(fileobj=f, mode="w", format=tarfile.PAX_FORMAT) as tar:
-                _add_file(tar, MANIFEST_NAME, manifest_bytes)
+                add_file(tar, MANIFEST_NAME, manifest_bytes)
                 for a in arts:
-                    _add_file(tar, member_name(a), a.content)
+                    add_file(tar, member_name(a), a.content)
             f.flush()
             os.fsync(f.fileno())
         os.chmod(tmp, 0o644)
@@ -141,7 +141,9 @@ def write_tar(path: str | os.PathLike[str], artifacts: ArtifactSet,
         raise
 
 
-def _add_file(tar: tarfile.TarFile, name: str, data: Content) -> None:
+def add_file(tar: tarfile.TarFile, name: str, data: Content) -> None:
+    """Add `data` to `tar` as the regular file `name` (fixed owner, mode 0644 and mtime
+    0, so equal inputs give equal bytes), streamed from memory without a copy."""
     info = tarfile.TarInfo(name)
     info.size = len(data)
     info.mode = 0o644

@@ -131,7 +131,7 @@ def mlf_metadata(files: MLFFiles, path: str) -> dict[str, Any]:
     """The MLF metadata.json, checked (`kiln.mlf.METADATA_SCHEMA`), with its model's entry
     point as a library-style "functions"."""
     from kiln.artifact.library_schema import check_library_metadata
-    from kiln.mlf import read_metadata
+    from kiln.runtime.mlf import read_metadata
 
     meta = read_metadata(files.data["metadata.json"], f"{path}: metadata.json")
     # Only what the schema checked reaches the report: no "functions" or "graphs" that

@@ -63,6 +63,9 @@ def _cmd_compile(args: argparse.Namespace) -> int:
     from kiln.transform import PassContext
     from kiln.transform.instruments import PassInstrument, TimingInstrument
 
+    if args.mlf_source and not args.mlf:
+        raise UsageError("--mlf-source adds the DSL source to a Model Library Format tar; "
+                         "give --mlf MODEL_NAME too")
     target = kiln.Target(args.target) if args.target != "host" else kiln.Target.from_host()
     t0 = time.perf_counter()
     timing = TimingInstrument()
@@ -75,7 +78,8 @@ def _cmd_compile(args: argparse.Namespace) -> int:
         with PassContext(instruments=instruments):
             ex = kiln.compile(mod, target, system_lib_prefix=args.prefix, profile=args.profile)
             if args.mlf:
-                kiln.export_model_library_format(ex, args.output, model_name=args.mlf)
+                kiln.export_model_library_format(ex, args.output, model_name=args.mlf,
+                                                 source=args.mlf_source)
             else:
                 ex.export_library(args.output, cc=args.cc)
     print(f"compiled {args.model} for {target.kind.name} -> {args.output} "
@@ -196,6 +200,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--prefix", default=None, help="system_lib_prefix for the C symbols")
     c.add_argument("--mlf", metavar="MODEL_NAME", default=None,
                    help="write a Model Library Format tar (docs/mlf.md) with this model name")
+    c.add_argument("--mlf-source", action="store_true",
+                   help="with --mlf: add the compiled IR as kiln DSL text (src/<model>.py)")
     c.add_argument("--timings", action="store_true",
                    help="print the time of every pass and backend step")
     c.add_argument("--profile", action="store_true",
