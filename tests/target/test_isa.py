@@ -50,3 +50,15 @@ def test_targets_without_a_cpu_are_generic() -> None:
 def test_unknown_dtype_is_refused() -> None:
     with pytest.raises(ValueError, match="float128"):
         GENERIC.lanes("float128")
+
+
+@pytest.mark.parametrize(("spec", "sve"), [
+    ("llvm -mtriple=aarch64-linux-gnu -mcpu=neoverse-n1", False),
+    ("llvm -mtriple=aarch64-linux-gnu -mcpu=neoverse-v1", True),
+    ("llvm -mtriple=aarch64-linux-gnu -mattr=+sve", True),
+])
+def test_aarch64_sve_is_flagged(spec: str, sve: bool) -> None:
+    # SVE's predicate registers are counted; the kernels' vectors stay NEON's 128 bits
+    isa = isa_for(Target(spec))
+    assert isa.has("sve") is sve and isa.has("neon")
+    assert (isa.mask_registers, isa.vector_bits) == (16 if sve else 0, 128)
