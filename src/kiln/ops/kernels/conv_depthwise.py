@@ -12,7 +12,7 @@ from kiln.ir import graph as g
 from kiln.ir.tensor import Buffer, PrimFunc, Stmt
 from kiln.ops import conv_kernels as ck
 from kiln.ops.kernels.conv import build_conv, conv_call_shape, packed_call
-from kiln.ops.kernels.registry import recorded_tile
+from kiln.ops.kernels.registry import Family, recorded_tile
 from kiln.ops.kernels.tiles import Epilogue, tile_lanes
 from kiln.target.isa import ISA
 
@@ -23,13 +23,8 @@ def choose_tile(shape: ck.ConvShape, isa: ISA) -> tuple[int, int]:
 
 
 @dataclass(frozen=True)
-class DepthwiseConv:
+class DepthwiseConv(Family):
     """See the module docstring."""
-
-    name: str = "conv_depthwise"
-    op: str = "conv2d_depthwise"
-    sources: tuple[str, ...] = ("conv2d",)
-    rank: int = 0
 
     def applies(self, call: g.Call, isa: ISA) -> bool:
         shape = conv_call_shape(call)
@@ -54,4 +49,4 @@ class DepthwiseConv:
         return build_conv(self.op, params, args, attrs, anchor, result, isa, tile or (), body)
 
 
-CONV_DEPTHWISE = DepthwiseConv()
+CONV_DEPTHWISE = DepthwiseConv("conv_depthwise", "conv2d_depthwise", ("conv2d",), 0)

@@ -13,7 +13,7 @@ from kiln.ir import graph as g
 from kiln.ir.tensor import Buffer, PrimFunc, Stmt
 from kiln.ops import conv_kernels as ck
 from kiln.ops.kernels.conv import build_conv, conv_call_shape, packed_call
-from kiln.ops.kernels.registry import recorded_tile
+from kiln.ops.kernels.registry import Family, recorded_tile
 from kiln.ops.kernels.tiles import Epilogue, tile_lanes
 from kiln.target.isa import ISA
 
@@ -30,13 +30,8 @@ def blocked_body(isa: ISA) -> Any:
 
 
 @dataclass(frozen=True)
-class DirectConv:
+class DirectConv(Family):
     """See the module docstring."""
-
-    name: str = "conv_direct"
-    op: str = "conv2d_blocked"
-    sources: tuple[str, ...] = ("conv2d",)
-    rank: int = 2
 
     def applies(self, call: g.Call, isa: ISA) -> bool:
         return conv_call_shape(call) is not None
@@ -56,4 +51,4 @@ class DirectConv:
                           blocked_body(isa))
 
 
-CONV_DIRECT = DirectConv()
+CONV_DIRECT = DirectConv("conv_direct", "conv2d_blocked", ("conv2d",), 2)

@@ -16,7 +16,7 @@ from kiln.ir import graph as g
 from kiln.ir.tensor import Buffer, PrimFunc, Stmt
 from kiln.ops import conv_kernels as ck
 from kiln.ops.kernels.conv import build_conv, conv_call_shape, packed_call
-from kiln.ops.kernels.registry import recorded_tile
+from kiln.ops.kernels.registry import Family, recorded_tile
 from kiln.ops.kernels.tiles import Epilogue, tile_lanes
 from kiln.target.isa import ISA
 
@@ -27,13 +27,8 @@ ROWS_MAX_TAPS = 320
 
 
 @dataclass(frozen=True)
-class RowsConv:
+class RowsConv(Family):
     """See the module docstring."""
-
-    name: str = "conv_rows"
-    op: str = "conv2d_rows"
-    sources: tuple[str, ...] = ("conv2d",)
-    rank: int = 1
 
     def applies(self, call: g.Call, isa: ISA) -> bool:
         shape = conv_call_shape(call)
@@ -69,4 +64,4 @@ class RowsConv:
         return build_conv(self.op, params, args, attrs, anchor, result, isa, tile or (), body)
 
 
-CONV_ROWS = RowsConv()
+CONV_ROWS = RowsConv("conv_rows", "conv2d_rows", ("conv2d",), 1)

@@ -20,7 +20,7 @@ from kiln.ir.types import TensorType
 from kiln.ops import gemm_kernels as gk
 from kiln.ops.broadcast import broadcast_shapes
 from kiln.ops.epilogue import fused_store
-from kiln.ops.kernels.registry import TILE, recorded_tile
+from kiln.ops.kernels.registry import TILE, Family, recorded_tile
 from kiln.ops.kernels.tiles import tile_lanes, tile_registers
 from kiln.ops.nn import _b_shape
 from kiln.target.isa import ISA
@@ -52,13 +52,8 @@ def _f32(t: Any, rank: int) -> bool:
 
 
 @dataclass(frozen=True)
-class PackedGemm:
+class PackedGemm(Family):
     """`matmul(a, B)` with B constant -> `matmul_packed(a, bp)`, tile `(mr, nr)`."""
-
-    name: str = "gemm"
-    op: str = "matmul_packed"
-    sources: tuple[str, ...] = ("matmul",)
-    rank: int = 1
 
     def applies(self, call: g.Call, isa: ISA) -> bool:
         return constant_b(call)
@@ -91,14 +86,9 @@ class PackedGemm:
 
 
 @dataclass(frozen=True)
-class TiledGemm:
+class TiledGemm(Family):
     """`matmul(a, b)` of two activations of rank >= 2 -> `matmul_tiled(a, b)`, tile
     `(mr, nr)` (B packed into `nr`-wide panels at run time)."""
-
-    name: str = "gemm_tiled"
-    op: str = "matmul_tiled"
-    sources: tuple[str, ...] = ("matmul",)
-    rank: int = 2
 
     def applies(self, call: g.Call, isa: ISA) -> bool:
         return (call.op == "matmul" and len(call.args) == 2
@@ -150,5 +140,5 @@ def _gemm(op: str, params: Sequence[Any], args: Sequence[Any], anchor: Any, resu
                     {"kiln.gemm_kernel": op})
 
 
-GEMM = PackedGemm()
-GEMM_TILED = TiledGemm()
+GEMM = PackedGemm("gemm", "matmul_packed", ("matmul",), 1)
+GEMM_TILED = TiledGemm("gemm_tiled", "matmul_tiled", ("matmul",), 2)

@@ -17,19 +17,14 @@ from kiln.ir.types import TensorType
 from kiln.ops import gemv_kernels as gv
 from kiln.ops.epilogue import fused_store
 from kiln.ops.kernels.gemm import constant_b
-from kiln.ops.kernels.registry import TILE, recorded_tile
+from kiln.ops.kernels.registry import TILE, Family, recorded_tile
 from kiln.ops.kernels.tiles import tile_lanes
 from kiln.target.isa import ISA
 
 
 @dataclass(frozen=True)
-class Gemv:
+class Gemv(Family):
     """See the module docstring."""
-
-    name: str = "gemv"
-    op: str = "matmul_gemv"
-    sources: tuple[str, ...] = ("matmul",)
-    rank: int = 0
 
     def applies(self, call: g.Call, isa: ISA) -> bool:
         if not constant_b(call) or not call.attrs.get("transpose_b"):
@@ -62,4 +57,4 @@ class Gemv:
                         {"kiln.gemm_kernel": self.op})
 
 
-GEMV = Gemv()
+GEMV = Gemv("gemv", "matmul_gemv", ("matmul",), 0)

@@ -5,28 +5,19 @@ is the blocked call's."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from kiln.ir import graph as g
-from kiln.ir.tensor import PrimFunc
 from kiln.ir.types import TensorType
-from kiln.ops.kernels.conv import build_conv
-from kiln.ops.kernels.conv_direct import blocked_body
-from kiln.ops.kernels.registry import recorded_tile
+from kiln.ops.kernels.conv_direct import DirectConv
 from kiln.ops.kernels.tiles import tile_lanes
 from kiln.target.isa import ISA
 
 
 @dataclass(frozen=True)
-class NchwcConv:
-    """See the module docstring. `pack` takes the call's input already blocked."""
-
-    name: str = "nchwc"
-    op: str = "conv2d_nchwc"
-    sources: tuple[str, ...] = ("conv2d_blocked",)
-    rank: int = 0
+class NchwcConv(DirectConv):
+    """See the module docstring. `pack` takes the call's input already blocked; `build`
+    is the blocked kernel's, on NCHW{b}c input and output."""
 
     def applies(self, call: g.Call, isa: ISA) -> bool:
         x, wt = call.args[0].type, call.args[1].type
@@ -40,11 +31,5 @@ class NchwcConv:
 
         return make_call(self.op, *call.args, **call.attrs)
 
-    def build(self, params: Sequence[Any], args: Sequence[Any], attrs: Mapping[str, Any],
-              anchor: Any, result: Any, isa: ISA) -> PrimFunc | None:
-        tile = recorded_tile(attrs, 2, self.op)
-        return build_conv(self.op, params, args, attrs, anchor, result, isa, tile or (),
-                          blocked_body(isa))
 
-
-NCHWC = NchwcConv()
+NCHWC = NchwcConv("nchwc", "conv2d_nchwc", ("conv2d_blocked",), 0)

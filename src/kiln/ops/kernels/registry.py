@@ -11,6 +11,7 @@ kiln registry (kiln._registry): name -> lazily imported family.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from kiln._registry import Registry, RegistryError
@@ -43,6 +44,16 @@ class KernelFamily(Protocol):
         """The kernel of a call of `op` with the fused elementwise tail (the arguments
         of `HandBuiltOp.lower_fused`), or None when it cannot be built."""
         ...
+
+
+@dataclass(frozen=True)
+class Family:
+    """The identity every family object carries (see `KernelFamily`)."""
+
+    name: str
+    op: str
+    sources: tuple[str, ...]
+    rank: int
 
 
 KERNELS: Registry[KernelFamily] = Registry("kernel family")
