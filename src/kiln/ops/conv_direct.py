@@ -38,7 +38,7 @@ from kiln.ir.tensor import PrimExpr, PrimFunc, as_expr, min_, select
 from kiln.ir.types import TensorType, Type
 from kiln.ops import conv_kernels as ck
 from kiln.ops import layout, spatial, te
-from kiln.ops.kernels.registry import recorded_tile
+from kiln.ops.kernels.registry import checking_tile, recorded_tile
 from kiln.ops.nn import _conv_compute, _conv_infer, _conv_ref
 from kiln.ops.registry import OPS, HandBuiltOp
 from kiln.target.isa import isa_for
@@ -235,6 +235,6 @@ def _register(name: str, infer: Any, compute: Any, reference: Any) -> None:
 
 
 _register(BLOCKED, _blocked_infer, _blocked_compute, _blocked_ref)
-_register(DEPTHWISE, _conv_infer, _conv_compute, _conv_ref)
+_register(DEPTHWISE, checking_tile(_conv_infer, DEPTHWISE, 2), _conv_compute, _conv_ref)
 _register(ROWS, _rows_infer, _rows_compute, _rows_ref)
 _register(NCHWC, _nchwc_infer, _nchwc_compute, _nchwc_ref)

@@ -35,7 +35,7 @@ from kiln.ir.tensor import PrimExpr, PrimFunc
 from kiln.ir.types import TensorType, Type
 from kiln.ops import gemm_kernels as gk
 from kiln.ops import te
-from kiln.ops.kernels.registry import recorded_tile
+from kiln.ops.kernels.registry import checking_tile, recorded_tile
 from kiln.ops.nn import _matmul_compute, _matmul_infer, _matmul_ref
 from kiln.ops.registry import OPS, HandBuiltOp
 from kiln.target.isa import isa_for
@@ -107,5 +107,7 @@ class GemmOp(HandBuiltOp):
 
 
 OPS.register(PACKED, GemmOp(PACKED, "anchor", _packed_infer, _packed_compute, _packed_ref))
-OPS.register(TILED, GemmOp(TILED, "anchor", _matmul_infer, _matmul_compute, _matmul_ref))
-OPS.register(GEMV, GemmOp(GEMV, "anchor", _matmul_infer, _matmul_compute, _matmul_ref))
+OPS.register(TILED, GemmOp(TILED, "anchor", checking_tile(_matmul_infer, TILED, 2),
+                          _matmul_compute, _matmul_ref))
+OPS.register(GEMV, GemmOp(GEMV, "anchor", checking_tile(_matmul_infer, GEMV, 2),
+                         _matmul_compute, _matmul_ref))

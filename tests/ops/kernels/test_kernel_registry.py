@@ -169,6 +169,8 @@ def test_verification_refuses_a_tile_the_packing_does_not_hold() -> None:
         call("matmul_packed", a, bp, n=20, tile=(5, 16))
     with pytest.raises(IRError, match="tile"):
         call("matmul_packed", a, bp, n=20, tile=(5, 0))
+    with pytest.raises(IRError, match="tile"):
+        call("matmul_tiled", a, g.Var("b", TensorType((12, 3), "float32")), tile=(4,))
 
 
 def test_registry_names_every_family_once() -> None:

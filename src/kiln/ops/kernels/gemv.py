@@ -10,6 +10,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from kiln.errors import IRError
 from kiln.ir import graph as g
 from kiln.ir.shape_expr import is_static
 from kiln.ir.tensor import PrimFunc
@@ -50,6 +51,9 @@ class Gemv(Family):
         if store is None:
             return None
         tile = recorded_tile(attrs, 2, self.op)
+        if tile and (tile[0] != gv.GEMV_ROWS or tile[1] % gv.GEMV_VECTORS):
+            raise IRError(f"{self.op}: tile {tile} must be ({gv.GEMV_ROWS}, a multiple of "
+                          f"{gv.GEMV_VECTORS} lanes)")
         lanes = tile[1] // gv.GEMV_VECTORS if tile else tile_lanes(isa)
         body = gv.gemv_body(k, n, store.buffers[a], store.buffers[b], store.out,
                             store.epilogue, lanes, isa.fma)

@@ -10,7 +10,7 @@ kiln registry (kiln._registry): name -> lazily imported family.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -96,3 +96,14 @@ def recorded_tile(attrs: Mapping[str, Any], size: int, what: str) -> tuple[int, 
             or not all(isinstance(t, int) and t > 0 for t in tile)):
         raise IRError(f"{what}: attribute 'tile' must be {size} positive ints, got {tile!r}")
     return tuple(tile)
+
+
+def checking_tile(infer: Callable[[Any, Any], Any], op: str, size: int
+                  ) -> Callable[[Any, Any], Any]:
+    """The type rule `infer` of `op`, first checking the call's recorded tile (so the
+    verifier refuses a malformed one)."""
+    def checked(types: Any, attrs: Any) -> Any:
+        recorded_tile(attrs, size, op)
+        return infer(types, attrs)
+
+    return checked
