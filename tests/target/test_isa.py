@@ -40,18 +40,6 @@ def test_amx_is_listed_but_not_the_vector_dot() -> None:
                           "-mattr=-amx-tile")).amx_tiles == 0
 
 
-def test_targets_without_a_cpu_are_generic() -> None:
-    assert isa_for(Target("cuda -arch=sm_80")) is GENERIC
-    assert isa_for(None) is GENERIC
-    with Target("llvm -mtriple=x86_64-linux-gnu -mcpu=haswell"):
-        assert isa_for(None).vector_bits == 256
-
-
-def test_unknown_dtype_is_refused() -> None:
-    with pytest.raises(ValueError, match="float128"):
-        GENERIC.lanes("float128")
-
-
 @pytest.mark.parametrize(("spec", "sve"), [
     ("llvm -mtriple=aarch64-linux-gnu -mcpu=neoverse-n1", False),
     ("llvm -mtriple=aarch64-linux-gnu -mcpu=neoverse-v1", True),
@@ -62,3 +50,15 @@ def test_aarch64_sve_is_flagged(spec: str, sve: bool) -> None:
     isa = isa_for(Target(spec))
     assert isa.has("sve") is sve and isa.has("neon")
     assert (isa.mask_registers, isa.vector_bits) == (16 if sve else 0, 128)
+
+
+def test_targets_without_a_cpu_are_generic() -> None:
+    assert isa_for(Target("cuda -arch=sm_80")) is GENERIC
+    assert isa_for(None) is GENERIC
+    with Target("llvm -mtriple=x86_64-linux-gnu -mcpu=haswell"):
+        assert isa_for(None).vector_bits == 256
+
+
+def test_unknown_dtype_is_refused() -> None:
+    with pytest.raises(ValueError, match="float128"):
+        GENERIC.lanes("float128")
