@@ -27,8 +27,9 @@ from kiln.ir import IRModule
 from kiln.ir import graph as g
 from kiln.ir.printer import print_module
 from kiln.ops import conv_kernels as ck
-from kiln.ops.conv_direct import target_has_fma, target_lanes
+from kiln.ops.kernels.tiles import tile_lanes
 from kiln.target import Target
+from kiln.target.isa import isa_for
 from kiln.transform import get_pass
 
 ort = pytest.importorskip("onnxruntime")
@@ -198,7 +199,7 @@ def test_packed_weight_round_trip() -> None:
     ("llvm -mtriple=aarch64-linux-gnu -mattr=+neon", 4), ("c", 4),
 ])
 def test_vector_width_follows_the_target(spec: str, lanes: int) -> None:
-    assert target_lanes(Target(spec)) == lanes
+    assert tile_lanes(isa_for(Target(spec))) == lanes
 
 
 @pytest.mark.parametrize(("spec", "fma"), [
@@ -207,14 +208,14 @@ def test_vector_width_follows_the_target(spec: str, lanes: int) -> None:
     ("llvm -mtriple=aarch64-linux-gnu -mattr=+neon", True),
 ])
 def test_fused_multiply_add_follows_the_target(spec: str, fma: bool) -> None:
-    assert target_has_fma(Target(spec)) is fma
+    assert isa_for(Target(spec)).fma is fma
 
 
 def test_kernels_fuse_multiply_adds_only_with_fma_hardware(
         native: kiln.driver.Executable) -> None:
     kernels = [f for f in native.ir.functions.values() if f.attrs.get("kiln.conv_kernel")]
     text = print_module(IRModule({f"k{i}": f for i, f in enumerate(kernels)}))
-    assert ("T.fma(" in text) is target_has_fma(native.target)
+    assert ("T.fma(" in text) is isa_for(native.target).fma
 
 
 def test_aarch64_compiles_with_neon_blocks() -> None:

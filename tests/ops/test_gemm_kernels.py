@@ -27,9 +27,10 @@ from kiln.frontend import from_onnx
 from kiln.ir import assert_structural_equal
 from kiln.ir import graph as g
 from kiln.ops import gemm_kernels as gk
-from kiln.ops.gemm import target_tiling
+from kiln.ops.kernels.gemm import choose_tile
 from kiln.script import from_source, print_module
 from kiln.target import Target
+from kiln.target.isa import isa_for
 from kiln.transform import get_pass
 
 ort = pytest.importorskip("onnxruntime")
@@ -204,13 +205,14 @@ def test_packed_b_round_trip() -> None:
     ("llvm -mcpu=znver3", 5, (5, 16)), ("c", 3, (3, 12)),
 ])
 def test_tile_follows_the_target(spec: str, m: int, tile: tuple[int, int]) -> None:
-    t = target_tiling(m, 1000, Target(spec))
+    t = choose_tile(m, 1000, isa_for(Target(spec)))
     assert (t.mr, t.nr) == tile
 
 
 def test_narrow_products_are_not_padded_to_a_wide_tile() -> None:
-    assert target_tiling(1, 10, Target("llvm -mcpu=znver3")).nr == 16
-    assert target_tiling(1, 3, Target("llvm -mcpu=znver3")).nr == 8
+    znver3 = isa_for(Target("llvm -mcpu=znver3"))
+    assert choose_tile(1, 10, znver3).nr == 16
+    assert choose_tile(1, 3, znver3).nr == 8
 
 
 @pytest.mark.parametrize(("spec", "lanes"), [

@@ -41,6 +41,18 @@ def test_amx_is_listed_but_not_the_vector_dot() -> None:
                           "-mattr=-amx-tile")).amx_tiles == 0
 
 
+@pytest.mark.parametrize(("spec", "sve"), [
+    ("llvm -mtriple=aarch64-linux-gnu -mcpu=neoverse-n1", False),
+    ("llvm -mtriple=aarch64-linux-gnu -mcpu=neoverse-v1", True),
+    ("llvm -mtriple=aarch64-linux-gnu -mattr=+sve", True),
+])
+def test_aarch64_sve_is_flagged(spec: str, sve: bool) -> None:
+    # SVE's predicate registers are counted; the kernels' vectors stay NEON's 128 bits
+    isa = isa_for(Target(spec))
+    assert isa.has("sve") is sve and isa.has("neon")
+    assert (isa.mask_registers, isa.vector_bits) == (16 if sve else 0, 128)
+
+
 def test_targets_without_a_cpu_are_generic() -> None:
     assert isa_for(Target("cuda -arch=sm_80")) is GENERIC
     assert isa_for(None) is GENERIC

@@ -34,71 +34,20 @@ from typing import Any, ClassVar, cast
 import numpy as np
 
 from kiln.errors import IRError
-from kiln.ir.tensor import Buffer, PrimExpr, PrimFunc, as_expr, min_, select
+from kiln.ir.tensor import PrimExpr, PrimFunc, as_expr, min_, select
 from kiln.ir.types import TensorType, Type
 from kiln.ops import conv_kernels as ck
 from kiln.ops import layout, spatial, te
-from kiln.ops.epilogue import fused_store
+from kiln.ops.kernels.registry import checking_tile, recorded_tile
 from kiln.ops.nn import _conv_compute, _conv_infer, _conv_ref
 from kiln.ops.registry import OPS, HandBuiltOp
+from kiln.target.isa import isa_for
 
 BLOCKED = "conv2d_blocked"
 DEPTHWISE = "conv2d_depthwise"
 ROWS = "conv2d_rows"
 NCHWC = "conv2d_nchwc"
 Attrs = Mapping[str, Any]
-
-# mcpu names (prefixes) whose widest float unit is 512 / 256 bits, when a target
-# names a CPU but lists no features.
-_AVX512_CPUS = ("skylake-avx512", "cascadelake", "cooperlake", "icelake", "tigerlake",
-                "sapphirerapids", "graniterapids", "emeraldrapids", "znver4", "znver5",
-                "x86-64-v4", "rocketlake", "cannonlake")
-_AVX2_CPUS = ("haswell", "broadwell", "skylake", "znver1", "znver2", "znver3", "alderlake",
-              "raptorlake", "meteorlake", "x86-64-v3", "bdver4", "arrowlake", "lunarlake")
-
-
-def target_lanes(target: Any = None) -> int:
-    """float32 lanes of the widest vector unit of `target` (default: the current one):
-    16 with AVX-512F, 8 with AVX/AVX2, else 4 (SSE, NEON, unknown)."""
-    if target is None:
-        from kiln.target import Target
-
-        target = Target.current()
-    if target is None:
-        return 4
-    attrs = target.attrs  # kinds without mattr/mcpu/mtriple (python, c) simply lack them
-    feats = [str(f) for f in (attrs.get("mattr") or ())]
-    if "-avx512f" in feats:
-        feats = [f for f in feats if f != "+avx512f"]
-    mcpu = str(attrs.get("mcpu") or "")
-    if not any(f.startswith("+avx") for f in feats):
-        if mcpu.startswith(_AVX512_CPUS) and "-avx512f" not in feats:
-            feats.append("+avx512f")
-        elif mcpu.startswith(_AVX2_CPUS) or mcpu.startswith(_AVX512_CPUS):
-            feats.append("+avx2")
-    return ck.vector_lanes(feats, str(attrs.get("mtriple") or ""))
-
-
-def target_has_fma(target: Any = None) -> bool:
-    """Whether `target` (default: the current one) has fused multiply-add instructions:
-    AArch64, or x86 with `+fma` or a CPU from Haswell / Zen on. Without them the
-    kernels multiply and add separately (an `fma` would be a libm call)."""
-    if target is None:
-        from kiln.target import Target
-
-        target = Target.current()
-    if target is None:
-        return False
-    attrs = target.attrs
-    triple = str(attrs.get("mtriple") or "")
-    if triple.startswith(("aarch64", "arm64")):
-        return True
-    feats = [str(f) for f in (attrs.get("mattr") or ())]
-    if "-fma" in feats:
-        return False
-    mcpu = str(attrs.get("mcpu") or "")
-    return "+fma" in feats or mcpu.startswith(_AVX512_CPUS + _AVX2_CPUS)
-
 
 def conv_shape(x: Sequence[int | PrimExpr], c_out: int, kernel: Sequence[int],
                attrs: Attrs) -> ck.ConvShape:
@@ -129,6 +78,9 @@ def _blocked_oihw(types: Sequence[Any], attrs: Attrs) -> tuple[int, ...]:
             not (blocks - 1) * cb < channels // groups <= blocks * cb:
         raise IRError(f"{BLOCKED}: packed weight {wp} does not hold {channels} output channels "
                       f"in {attrs.get('group', 1)} group(s)")
+    tile = recorded_tile(attrs, 2, BLOCKED)
+    if tile is not None and tile[0] != cb:
+        raise IRError(f"{BLOCKED}: tile {tile} does not match the packed channel tile {cb}")
     return (channels, ci, kh, kw)
 
 
@@ -218,6 +170,9 @@ def _rows_oihw(types: Sequence[Any], attrs: Attrs) -> tuple[int, ...]:
             not (wp[0] - 1) * wp[4] < channels <= wp[0] * wp[4]:
         raise IRError(f"{ROWS}: packed weight {wp} must be [block][ci][kh][kw][rows] holding "
                       f"{channels} output channels, ungrouped")
+    tile = recorded_tile(attrs, 3, ROWS)
+    if tile is not None and tile[0] != wp[4]:
+        raise IRError(f"{ROWS}: tile {tile} does not match the packed channel rows {wp[4]}")
     return (channels, wp[1], wp[2], wp[3])
 
 
@@ -242,9 +197,24 @@ def _rows_ref(x: np.ndarray, wp: np.ndarray, b: np.ndarray | None = None,
 
 # --------------------------------------------------------------------------- lowering
 
+def call_conv_shape(op: str, args: Sequence[Any], attrs: Attrs) -> ck.ConvShape | None:
+    """The geometry of a call of `op` (one of this module's ops) on `args` (tensors
+    with shapes), or None when a `conv2d_depthwise` call is not depthwise."""
+    x, w = args[0], args[1]
+    if op == NCHWC:
+        oihw = _nchwc_oihw(args, attrs)
+        return conv_shape(_nchw_of(x.shape, oihw[1]), oihw[0], oihw[2:], attrs)
+    if op in (BLOCKED, ROWS):
+        oihw = (_blocked_oihw if op == BLOCKED else _rows_oihw)(args, attrs)
+        return conv_shape(x.shape, oihw[0], oihw[2:], attrs)
+    shape = conv_shape(x.shape, w.shape[0], w.shape[2:], attrs)
+    return shape if shape.depthwise else None
+
+
 @dataclass(frozen=True)
 class DirectConvOp(HandBuiltOp):
-    """A convolution op whose kernel is built by hand (`legalize`, `lower_fused`); the
+    """A convolution op whose kernel its family (kiln.ops.kernels: `conv_direct`,
+    `conv_rows`, `conv_depthwise`, `nchwc`) builds (`legalize`, `lower_fused`); the
     batch may be symbolic (channels and image sizes static)."""
 
     supports_symbolic: ClassVar[bool] = True
@@ -253,63 +223,11 @@ class DirectConvOp(HandBuiltOp):
                     anchor: te.Tensor | None, result: te.Tensor | None,
                     name: str) -> PrimFunc | None:
         """The convolution kernel (see `HandBuiltOp.lower_fused`)."""
-        x, w = args[0], args[1]
-        if x.dtype != "float32" or w.dtype != "float32" or any(
-                t.dtype != "float32" for t in params):
+        if any(t.dtype != "float32" for t in (args[0], args[1], *params)):
             return None
-        if not all(isinstance(d, int) for t in args for d in (t.shape[1:] if t is x
-                                                              else t.shape)):
-            return None  # only the batch may be symbolic
-        block = int(x.shape[4]) if self.name == NCHWC else 0
-        if self.name == NCHWC:
-            oihw = _nchwc_oihw(args, attrs)
-            shape = conv_shape(_nchw_of(x.shape, oihw[1]), oihw[0], oihw[2:], attrs)
-        elif self.name == BLOCKED:
-            oihw = _blocked_oihw(args, attrs)
-            shape = conv_shape(x.shape, oihw[0], oihw[2:], attrs)
-        elif self.name == ROWS:
-            oihw = _rows_oihw(args, attrs)
-            shape = conv_shape(x.shape, oihw[0], oihw[2:], attrs)
-        else:
-            shape = conv_shape(x.shape, w.shape[0], w.shape[2:], attrs)
-            if not shape.depthwise:
-                return None
-        conv_out: tuple[Any, ...] = (shape.n, shape.c_out, shape.out_h, shape.out_w)
-        bias = args[2] if len(args) > 2 else None
-        if block:
-            conv_out = layout.block_shape(conv_out, block)
-        store = fused_store(params, anchor, result, conv_out,
-                            bias=None if block else bias)
-        if store is None:  # an epilogue needing statements (a reduction, a table)
-            return None
-        buffers, out, epilogue = store.buffers, store.out, store.epilogue
-        if block and bias is not None:
-            epilogue = _blocked_bias(epilogue, buffers[bias], block, shape.c_out)
-        lanes, fused = target_lanes(), target_has_fma()
-        xb, wb = buffers[x], buffers[w]
-        if block or self.name == BLOCKED:
-            tiling = ck.Tiling(cb=w.shape[5], tile_w=ck.choose_tiling(shape, lanes).tile_w)
-            body = ck.blocked_conv_body(shape, xb, wb, out, tiling, epilogue, fused, block)
-        elif self.name == ROWS:
-            body = ck.rows_conv_body(shape, xb, wb, out, ck.rows_tile_width(shape.out_w, lanes),
-                                     epilogue, fused, lanes)
-        else:
-            body = ck.depthwise_conv_body(shape, xb, wb, out,
-                                          ck.depthwise_tile_width(shape, lanes), epilogue,
-                                          fused, lanes)
-        return PrimFunc((*(buffers[t] for t in params), out), body,
-                        {"kiln.conv_kernel": self.name})
+        from kiln.ops.kernels.registry import family_of
 
-
-def _blocked_bias(epilogue: ck.Epilogue, bias: Buffer, block: int,
-                  channels: int) -> ck.Epilogue:
-    """`epilogue` after adding the bias of the NCHW{block}c output index's channel (a
-    padding lane reads the last channel's: its value is replaced by zero)."""
-    def with_bias(v: PrimExpr, idx: tuple[PrimExpr, ...]) -> PrimExpr:
-        ch = idx[1] * block + idx[4]
-        return epilogue(v + bias[min_(ch, channels - 1) if channels % block else ch], idx)
-
-    return with_bias
+        return family_of(self.name).build(params, args, attrs, anchor, result, isa_for(None))
 
 
 def _register(name: str, infer: Any, compute: Any, reference: Any) -> None:
@@ -317,6 +235,6 @@ def _register(name: str, infer: Any, compute: Any, reference: Any) -> None:
 
 
 _register(BLOCKED, _blocked_infer, _blocked_compute, _blocked_ref)
-_register(DEPTHWISE, _conv_infer, _conv_compute, _conv_ref)
+_register(DEPTHWISE, checking_tile(_conv_infer, DEPTHWISE, 2), _conv_compute, _conv_ref)
 _register(ROWS, _rows_infer, _rows_compute, _rows_ref)
 _register(NCHWC, _nchwc_infer, _nchwc_compute, _nchwc_ref)

@@ -28,7 +28,7 @@ evenly); the depthwise kernel's loops over channels and rows are left to the
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -38,10 +38,7 @@ from kiln.ir.dtype import INDEX_DTYPE
 from kiln.ir.tensor import (
     Allocate,
     Buffer,
-    Const,
-    For,
     IfThenElse,
-    Intrin,
     LetStmt,
     PrimExpr,
     Stmt,
@@ -52,9 +49,10 @@ from kiln.ir.tensor import (
     select,
     seq,
 )
-
-Epilogue = Callable[[PrimExpr, tuple[PrimExpr, ...]], PrimExpr]
-
+from kiln.ops.kernels.tiles import Epilogue, lanes_loop, madd, parallel_tiles
+from kiln.ops.kernels.tiles import const as _c
+from kiln.ops.kernels.tiles import loop as _loop
+from kiln.ops.kernels.tiles import nest as _nest
 
 
 @dataclass(frozen=True)
@@ -104,16 +102,6 @@ class Tiling:
     tile_w: int
 
 
-def vector_lanes(features: Sequence[str], triple: str) -> int:
-    """float32 lanes of the widest vector unit the target has (LLVM feature spelling)."""
-    feats = set(features)
-    if "+avx512f" in feats:
-        return 16
-    if "+avx" in feats or "+avx2" in feats:
-        return 8
-    return 4  # SSE, NEON, and the fallback for anything else
-
-
 def choose_tiling(shape: ConvShape, lanes: int) -> Tiling:
     """`cb` = two vectors of output channels (one when the group has no more), `tile_w` 6
     columns: 12 vector accumulators, which fit AVX2's 16 registers with a weight row and a
@@ -143,44 +131,6 @@ def unpack_blocked_weight(wp: np.ndarray, c_out: int) -> np.ndarray:
 
 
 # --------------------------------------------------------------------------- helpers
-
-def _c(v: int) -> Const:
-    return Const(v, INDEX_DTYPE)
-
-
-def _loop(name: str, extent: int, body: Callable[[Var], Stmt], kind: str = "serial",
-          start: int = 0) -> Stmt:
-    v = Var(name, INDEX_DTYPE)
-    return For(v, _c(start), _c(extent), kind, body(v))
-
-
-def lanes_loop(name: str, extent: int, body: Callable[[PrimExpr], Stmt]) -> Stmt:
-    """`for name in T.vectorized(extent)`: the lanes of a register tile. The llvm backend
-    emits such a loop as vector instructions (kiln.codegen.llvm.vector_loops), one per
-    statement, so a tile costs one IR statement per row instead of one per element."""
-    return _loop(name, extent, body, kind="vectorized") if extent > 1 else body(_c(0))
-
-
-def _nest(names: Sequence[str], extents: Sequence[int],
-          body: Callable[..., Stmt], kind: str = "serial") -> Stmt:
-    """A loop nest over `extents` (loops of extent 1 are left out)."""
-    vs = [Var(n, INDEX_DTYPE) for n in names]
-    # a symbolic extent (the batch: a dim scalar of the kernel) always loops
-    loops = [not isinstance(e, int) or e > 1 for e in extents]
-    idx: list[PrimExpr] = [v if lp else _c(0) for v, lp in zip(vs, loops)]
-    stmt = body(*idx)
-    for v, e, lp in reversed(list(zip(vs, extents, loops))):
-        if lp:
-            stmt = For(v, _c(0), as_expr(e, INDEX_DTYPE), kind, stmt)
-    return stmt
-
-
-def madd(acc: PrimExpr, a: PrimExpr, b: PrimExpr, fused: bool = True) -> PrimExpr:
-    """`acc + a * b`: rounded once (the `fma` intrinsic, one instruction) when `fused`,
-    which callers set when the target has FMA hardware (elsewhere `fma` would be a
-    libm call per multiply-add)."""
-    return Intrin("fma", (a, b, acc)) if fused else acc + a * b
-
 
 PhaseReader = Callable[[PrimExpr, PrimExpr, PrimExpr, PrimExpr, PrimExpr], PrimExpr]
 
@@ -432,60 +382,7 @@ def blocked_conv_body(shape: ConvShape, x: Buffer, wp: Buffer, out: Buffer,
         out_stmt = emit_blocked() if block else _loop("v", cb, emit)
         return seq(*head, Allocate(stage), red, copy, out_stmt)
 
-    return seq(*prologue, _parallel_tiles((shape.n, shape.groups, blocks, tiles), tile))
-
-
-def _parallel_tiles(extents: Sequence[int], body: Callable[..., Stmt]) -> Stmt:
-    """`for i0, i1, ...` in `extents` as one loop over the flattened index, marked
-    `parallel` (the backends split it evenly over threads; its iterations write disjoint
-    output tiles, which the `parallelize` pass cannot see through the div/mod). Each index
-    is computed once per tile and bound to a variable (the tile reads them many times)."""
-    total = 1
-    for e in extents:
-        total *= e
-    t = Var("tile", INDEX_DTYPE)
-    values: list[PrimExpr] = []
-    rest: PrimExpr = t
-    for k in range(len(extents) - 1, -1, -1):
-        e = extents[k]
-        if isinstance(e, int) and e == 1:
-            values.append(_c(0))
-        elif k == 0:
-            values.append(rest)
-        else:
-            values.append(rest % e)
-            rest = rest // e
-    values.reverse()
-    idx: list[PrimExpr] = []
-    lets: list[Stmt] = []
-    for k, v in enumerate(values):
-        if isinstance(v, (Const, Var)):
-            idx.append(v)
-        else:
-            var = Var(f"i{k}", INDEX_DTYPE)
-            lets.append(LetStmt(var, v))
-            idx.append(var)
-    # a symbolic extent (a dim scalar) counts as more than one tile
-    kind = "parallel" if not isinstance(total, int) or total > 1 else "serial"
-    return For(t, _c(0), as_expr(total, INDEX_DTYPE), kind, seq(*lets, body(*idx)))
-
-
-def parallel_when(build: Callable[[], Stmt], work: int | PrimExpr, threshold: int) -> Stmt:
-    """The loop `build()` makes (a `parallel` For) run in parallel only when `work`
-    reaches `threshold`: serial when `work` is a smaller int; for a symbolic `work`
-    (sizes known at run time) built twice, parallel and serial, chosen at run time,
-    since a launch costs more than a small loop gains. (Built twice, not copied: each
-    copy binds its own variables and buffers.)"""
-    loop = build()
-    if not isinstance(loop, For) or loop.kind != "parallel":
-        return loop
-    if isinstance(work, int):
-        return loop if work >= threshold else For(loop.var, loop.start, loop.extent,
-                                                   "serial", loop.body)
-    again = build()
-    assert isinstance(again, For)
-    serial = For(again.var, again.start, again.extent, "serial", again.body)
-    return IfThenElse(as_expr(work, INDEX_DTYPE) >= threshold, loop, serial)
+    return seq(*prologue, parallel_tiles((shape.n, shape.groups, blocks, tiles), tile))
 
 
 def _tiles_loop(n: int, groups: int, blocks: int, rows: int,
@@ -648,4 +545,4 @@ def rows_conv_body(shape: ConvShape, x: Buffer, wp: Buffer, out: Buffer, tile_w:
             first += 1
         return stmt
 
-    return seq(*prologue, _parallel_tiles((shape.n, blocks, shape.out_h, per_row), run))
+    return seq(*prologue, parallel_tiles((shape.n, blocks, shape.out_h, per_row), run))

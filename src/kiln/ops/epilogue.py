@@ -17,7 +17,7 @@ from kiln.errors import IRError
 from kiln.ir.tensor import Buffer, Load, PrimExpr, as_expr
 from kiln.ir.visitor import StmtExprMutator
 from kiln.ops import te
-from kiln.ops.conv_kernels import Epilogue
+from kiln.ops.kernels.tiles import Epilogue
 
 
 class SubstituteLoad(StmtExprMutator):

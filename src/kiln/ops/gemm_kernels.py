@@ -52,15 +52,19 @@ from kiln.ir.tensor import (
 )
 from kiln.ir.visitor import iter_exprs
 from kiln.ops.broadcast import broadcast_index
-from kiln.ops.conv_kernels import Epilogue, _parallel_tiles, lanes_loop, madd, parallel_when
+from kiln.ops.kernels.tiles import (
+    PARALLEL_MIN_MADDS,
+    Epilogue,
+    lanes_loop,
+    madd,
+    parallel_tiles,
+    parallel_when,
+)
 
 # A tile's accumulators: at least 8 independent chains keep two FMA pipes with a
 # 4-cycle latency busy; more than 16 only grows the unrolled IR (compile time).
 MIN_ACCUMULATORS = 8
 MAX_ACCUMULATORS = 16
-# Products with fewer multiply-adds than this run on one thread: below it a parallel
-# launch and the split B panels cost more than the second core gains.
-SERIAL_MAX_MADDS = 1 << 16
 
 
 @dataclass(frozen=True)
@@ -69,14 +73,6 @@ class GemmTiling:
 
     mr: int
     nr: int
-
-
-def vector_registers(lanes: int, triple: str) -> int:
-    """Vector registers of the target: 32 on AArch64 (NEON) and with AVX-512, else 16
-    (AVX2, SSE, and the conservative guess for anything else)."""
-    if triple.startswith(("aarch64", "arm64")) or lanes >= 16:
-        return 32
-    return 16
 
 
 def choose_gemm_tiling(m: int, n: int, lanes: int, registers: int) -> GemmTiling:
@@ -299,8 +295,8 @@ def gemm_body(shape: GemmShape, tiling: GemmTiling, a: Buffer, b_at: BReader, ou
             stores = [panel_stores(False, True)]
         return seq(*head, *red, Allocate(stage), copy, *stores)
 
-    loop = parallel_when(lambda: _parallel_tiles((shape.batches, panels, mtiles), tile),
-                         shape.madds, SERIAL_MAX_MADDS)
+    loop = parallel_when(lambda: parallel_tiles((shape.batches, panels, mtiles), tile),
+                         shape.madds, PARALLEL_MIN_MADDS)
     return seq(*prologue, loop)
 
 
@@ -358,8 +354,8 @@ def pack_b_at_run_time(b: Buffer, b_batch: tuple[int, ...], k: int, n: int, nr: 
         # whole panels copy `nr` columns (a constant extent the backend vectorizes)
         return seq(*lets, IfThenElse(compare("ge", n - n0, _c(nr)), copy(_c(nr)), partial))
 
-    pack = parallel_when(lambda: _parallel_tiles((bb, panels), panel_copy),
-                         dim_product((bb, panels, k, nr)), SERIAL_MAX_MADDS)
+    pack = parallel_when(lambda: parallel_tiles((bb, panels), panel_copy),
+                         dim_product((bb, panels, k, nr)), PARALLEL_MIN_MADDS)
 
     def read(oidx: tuple[PrimExpr, ...], p: PrimExpr, kk: PrimExpr, v: PrimExpr) -> PrimExpr:
         flat: PrimExpr = _c(0)

@@ -29,8 +29,7 @@ from kiln.ir.tensor import (
     min_,
     seq,
 )
-from kiln.ops.conv_kernels import Epilogue, _parallel_tiles, lanes_loop, madd
-from kiln.ops.gemm_kernels import SERIAL_MAX_MADDS
+from kiln.ops.kernels.tiles import PARALLEL_MIN_MADDS, Epilogue, lanes_loop, madd, parallel_tiles
 
 # Rows of B per tile and vectors per row: 4 x 2 = 8 independent accumulator chains
 # keep both FMA pipes busy; with the A vectors and a B load they fit 16 registers.
@@ -106,7 +105,7 @@ def gemv_body(k: int, n: int, a: Buffer, b: Buffer, out: Buffer, epilogue: Epilo
         body.append(For(j, _c(0), here, "serial", Store(out, epilogue(sums[j], idx), idx)))
         return seq(*head, *body)
 
-    loop = _parallel_tiles((tiles,), tile)
-    if n * k < SERIAL_MAX_MADDS and isinstance(loop, For):
+    loop = parallel_tiles((tiles,), tile)
+    if n * k < PARALLEL_MIN_MADDS and isinstance(loop, For):
         loop = For(loop.var, loop.start, loop.extent, "serial", loop.body)
     return loop

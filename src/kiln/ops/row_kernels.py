@@ -59,16 +59,13 @@ from kiln.ir.tensor import (
 )
 from kiln.ir.types import TensorType
 from kiln.ops import te
-from kiln.ops.conv_direct import target_lanes
-from kiln.ops.conv_kernels import parallel_when
 from kiln.ops.epilogue import SubstituteLoad
+from kiln.ops.kernels.tiles import ROW_PARALLEL_MIN_WORK, parallel_when, tile_lanes
 from kiln.ops.registry import HandBuiltOp
+from kiln.target.isa import isa_for
 
 Attrs = Mapping[str, Any]
 SOFTMAX, LOG_SOFTMAX, LAYER_NORM = "softmax", "log_softmax", "layer_norm"
-# Elements below which a row kernel with a symbolic row count stays on one thread (a
-# launch costs a few microseconds; a row element a few nanoseconds).
-PARALLEL_MIN_WORK = 1 << 15
 F32 = "float32"
 
 Reader = Callable[[PrimExpr], PrimExpr]  # the row's element j (an index expression)
@@ -280,7 +277,7 @@ class Rows:
             return For(r, _c(0), as_expr(count, INDEX_DTYPE), "parallel",
                        seq(*lets, row(tuple(index))))
 
-        return parallel_when(loop, count * self.row_work, PARALLEL_MIN_WORK)
+        return parallel_when(loop, count * self.row_work, ROW_PARALLEL_MIN_WORK)
 
 
 def _loops(d: int | PrimExpr) -> bool:
@@ -365,7 +362,7 @@ class RowOp(HandBuiltOp):
                     te.inline_expr(result, index(j), mapping))
             return Store(out, v, index(j))
 
-        lanes = target_lanes()
+        lanes = tile_lanes(isa_for(None))
         loops = RowLoops(n, min(lanes, max(n, 1)) if isinstance(n, int) else lanes)
         if self.name == LAYER_NORM:
             scale = args[1] if len(args) > 1 else None
@@ -476,7 +473,7 @@ class RowReduceOp(HandBuiltOp):
                 idx = (j,) if len(inner) == 1 else te.unflatten_index(j, inner)
                 return te.inline_expr(x, (*o, *idx), buffers)
 
-            lanes = target_lanes()
+            lanes = tile_lanes(isa_for(None))
             loops = RowLoops(count, min(lanes, count) if isinstance(count, int) else lanes)
             stmts, total = reduce_row(loops, read, self.kind, self.pre)
             v = self.post(total, count) if self.post else total

@@ -64,12 +64,15 @@ class NchwcLayout(FunctionPass):
 
     def run_on_function(self, func: Any, name: str, mod: IRModule) -> g.Function:
         assert isinstance(func, g.Function)
-        from kiln.ops.conv_direct import target_lanes
+        from kiln.ops.kernels.tiles import tile_lanes, with_lanes
+        from kiln.target.isa import isa_for
 
-        block = self.lanes or target_lanes()
+        isa = isa_for(None)
+        if self.lanes:
+            isa = with_lanes(isa, self.lanes)
         skip: set[g.Var] = set()
         while True:  # each round leaves out the convolutions of regions too small to pay
-            rewriter = _Rewriter(block, skip)
+            rewriter = _Rewriter(tile_lanes(isa), skip, isa)
             new = rewriter.run(func)
             small = rewriter.small_regions(self.min_convs)
             if not small:
@@ -78,10 +81,13 @@ class NchwcLayout(FunctionPass):
 
 
 class _Rewriter:
-    def __init__(self, block: int, skip: set[g.Var]) -> None:
+    def __init__(self, block: int, skip: set[g.Var], isa: Any) -> None:
+        from kiln.ops.kernels.registry import KERNELS
         from kiln.ops.layout import blocked_layout
 
         self.block = block
+        self.isa = isa
+        self.family = KERNELS.get("nchwc")
         self.skip = skip                          # convolutions (by result) to leave NCHW
         self.layout = blocked_layout(block)
         self.bindings: list[g.Binding] = []
@@ -207,14 +213,11 @@ class _Rewriter:
             and a.type.shape[1] % self.block == 0 for a in c.args)
 
     def _conv(self, c: g.Call, var: g.Var) -> g.Call | None:
-        from kiln.ops.conv_direct import NCHWC
-        from kiln.ops.registry import call
-
-        x, wt = c.args[0], c.args[1].type
-        if (c.attrs.get("group", 1) != 1 or not isinstance(wt, TensorType)
-                or wt.shape[5] % self.block or not _is_plain_4d(x.type)):
+        if not self.family.applies(c, self.isa):
             return None
-        return call(NCHWC, self._to_blocked(x, var), *c.args[1:], **c.attrs)
+        blocked = g.Call(c.op, (self._to_blocked(c.args[0], var), *c.args[1:]), c.attrs,
+                         c.ret_type)
+        return self.family.pack(blocked, self.isa)
 
 
 def _is_plain_4d(t: Any) -> bool:

@@ -1,0 +1,100 @@
+"""What the convolution families share: which `conv2d` calls any of them takes, and
+the lowering around their loop nests (shape, fused epilogue, bias of a blocked
+output). Each family supplies the tile and the loop nest (`ConvFamily.body`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from kiln.ir import graph as g
+from kiln.ir.tensor import Buffer, PrimExpr, PrimFunc, Stmt, min_
+from kiln.ir.types import TensorType
+from kiln.ops import conv_kernels as ck
+from kiln.ops import layout
+from kiln.ops.epilogue import fused_store
+from kiln.ops.kernels.registry import TILE
+from kiln.ops.kernels.tiles import Epilogue
+from kiln.target.isa import ISA
+
+#: The loop nest of one family: (shape, input, weight, output, tile, epilogue, fma,
+#: NCHW{b}c block or 0) -> statement.
+Body = Callable[[ck.ConvShape, Buffer, Buffer, Buffer, tuple[int, ...], Epilogue, bool, int],
+                Stmt]
+
+
+def conv_call_shape(call: g.Call) -> ck.ConvShape | None:
+    """The geometry of a float32 `conv2d` with a constant weight (and constant or no
+    bias), static channels and image sizes and non-negative pads; None for any other
+    call (no hand-built kernel takes it)."""
+    from kiln.ops.conv_direct import conv_shape
+
+    if call.op != "conv2d" or len(call.args) not in (2, 3):
+        return None
+    x, w = call.args[0], call.args[1]
+    bias = call.args[2] if len(call.args) == 3 else None
+    if not isinstance(w, g.Constant) or (bias is not None and not isinstance(bias, g.Constant)):
+        return None
+    xt = x.type
+    # the batch may be symbolic; the kernels' tiles need static channels and image sizes
+    if not (isinstance(xt, TensorType) and xt.dtype == "float32" and w.type.dtype == "float32"
+            and xt.ndim == 4 and all(isinstance(d, int) for d in xt.shape[1:])):
+        return None
+    shape = conv_shape(xt.shape, w.data.shape[0], w.data.shape[2:], call.attrs)
+    return None if min(shape.pads) < 0 else shape
+
+
+def packed_call(op: str, call: g.Call, packed: Any, tile: tuple[int, ...],
+                channels: int | None) -> g.Call:
+    """`call` as a call of `op` on the weight `packed` (None: the weight as it is), the
+    tile (and the real output channel count) recorded in its attributes."""
+    args = list(call.args)
+    if packed is not None:
+        w = call.args[1]
+        assert isinstance(w, g.Constant)
+        args[1] = g.Constant(packed, w.name)
+    attrs: dict[str, Any] = {**dict(call.attrs), TILE: tile}
+    if channels is not None:
+        attrs["channels"] = channels
+    return g.Call(op, tuple(args), g.freeze_attrs(attrs), call.ret_type)
+
+
+def build_conv(op: str, params: Sequence[Any], args: Sequence[Any], attrs: Mapping[str, Any],
+               anchor: Any, result: Any, isa: ISA, tile: tuple[int, ...],
+               body: Body) -> PrimFunc | None:
+    """The kernel of a call of `op` (one of kiln.ops.conv_direct's ops) with its fused
+    elementwise tail, the loop nest from `body`."""
+    from kiln.ops import conv_direct as cd
+
+    x, w = args[0], args[1]
+    if not all(isinstance(d, int) for t in args for d in (t.shape[1:] if t is x else t.shape)):
+        return None  # only the batch may be symbolic
+    shape = cd.call_conv_shape(op, args, attrs)
+    if shape is None:
+        return None
+    block = int(x.shape[4]) if op == cd.NCHWC else 0
+    conv_out: tuple[Any, ...] = (shape.n, shape.c_out, shape.out_h, shape.out_w)
+    bias = args[2] if len(args) > 2 else None
+    if block:
+        conv_out = layout.block_shape(conv_out, block)
+    store = fused_store(params, anchor, result, conv_out, bias=None if block else bias)
+    if store is None:  # an epilogue needing statements (a reduction, a table)
+        return None
+    epilogue = store.epilogue
+    if block and bias is not None:
+        epilogue = _blocked_bias(epilogue, store.buffers[bias], block, shape.c_out)
+    stmt = body(shape, store.buffers[x], store.buffers[w], store.out, tile, epilogue,
+                isa.fma, block)
+    return PrimFunc((*(store.buffers[t] for t in params), store.out), stmt,
+                    {"kiln.conv_kernel": op})
+
+
+def _blocked_bias(epilogue: Epilogue, bias: Buffer, block: int, channels: int) -> Epilogue:
+    """`epilogue` after adding the bias of the NCHW{block}c output index's channel (a
+    padding lane reads the last channel's: its value is replaced by zero)."""
+    def with_bias(v: PrimExpr, idx: tuple[PrimExpr, ...]) -> PrimExpr:
+        ch = idx[1] * block + idx[4]
+        return epilogue(v + bias[min_(ch, channels - 1) if channels % block else ch], idx)
+
+    return with_bias

@@ -1,0 +1,67 @@
+"""The row-tiled family: an ungrouped `conv2d` whose output rows are at least one
+vector wide and that is 1x1 with stride 1 (a matrix-product tile: MobileNet's
+expansions and projections) or sums over few inputs (`ci * kh * kw <
+ROWS_MAX_TAPS`: a first layer on 3 channels, a 3x3 layer on 32) -> `conv2d_rows`,
+the weight packed into `[co_block][ci][kh][kw][rows]`; tile `(rows, tile_w,
+lanes)`: `rows` output channels x `tile_w` columns of one output row
+(kiln.ops.conv_kernels.rows_conv_body)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from kiln.ir import graph as g
+from kiln.ir.tensor import Buffer, PrimFunc, Stmt
+from kiln.ops import conv_kernels as ck
+from kiln.ops.kernels.conv import build_conv, conv_call_shape, packed_call
+from kiln.ops.kernels.registry import Family, recorded_tile
+from kiln.ops.kernels.tiles import Epilogue, tile_lanes
+from kiln.target.isa import ISA
+
+# Below this many multiply-adds per output the row-tiled kernel beat the blocked one
+# on AVX-512 (its tile's epilogue is cheaper; measured on 16-32 channel 3x3 layers,
+# while 64-channel 3x3 layers, 576 taps, ran faster blocked).
+ROWS_MAX_TAPS = 320
+
+
+@dataclass(frozen=True)
+class RowsConv(Family):
+    """See the module docstring."""
+
+    def applies(self, call: g.Call, isa: ISA) -> bool:
+        shape = conv_call_shape(call)
+        if shape is None or shape.groups != 1 or shape.out_w < tile_lanes(isa):
+            return False
+        # A strided 1x1 layer (ResNet's projection shortcuts) goes to the blocked kernel,
+        # which reads the input in place: the row-tiled one would first copy the whole
+        # input split by stride phase, most of it never read.
+        pointwise = (shape.kh, shape.kw) == (1, 1)
+        strided_pointwise = pointwise and shape.stride != (1, 1) and not any(shape.pads)
+        few_taps = shape.ci_group * shape.kh * shape.kw < ROWS_MAX_TAPS
+        return (pointwise or few_taps) and not strided_pointwise
+
+    def pack(self, call: g.Call, isa: ISA) -> g.Call:
+        shape = conv_call_shape(call)
+        w = call.args[1]
+        assert shape is not None and isinstance(w, g.Constant)
+        lanes = tile_lanes(isa)
+        tile = (ck.ROW_TILE_CHANNELS, ck.rows_tile_width(shape.out_w, lanes), lanes)
+        return packed_call(self.op, call, ck.pack_rows_weight(w.data, ck.ROW_TILE_CHANNELS),
+                           tile, shape.c_out)
+
+    def build(self, params: Sequence[Any], args: Sequence[Any], attrs: Mapping[str, Any],
+              anchor: Any, result: Any, isa: ISA) -> PrimFunc | None:
+        tile = recorded_tile(attrs, 3, self.op)
+
+        def body(shape: ck.ConvShape, x: Buffer, w: Buffer, out: Buffer, t: tuple[int, ...],
+                 epilogue: Epilogue, fused: bool, block: int) -> Stmt:
+            lanes = t[2] if t else tile_lanes(isa)
+            tw = t[1] if t else ck.rows_tile_width(shape.out_w, lanes)
+            return ck.rows_conv_body(shape, x, w, out, tw, epilogue, fused, lanes)
+
+        return build_conv(self.op, params, args, attrs, anchor, result, isa, tile or (), body)
+
+
+CONV_ROWS = RowsConv("conv_rows", "conv2d_rows", ("conv2d",), 1)

@@ -1,0 +1,144 @@
+"""The GEMM families: `matmul_packed` (B a constant, packed at compile time) and
+`matmul_tiled` (both operands activations, B packed at run time), on the register-tile
+micro-kernel of kiln.ops.gemm_kernels.
+
+The tile `(mr, nr)` follows the ISA: `nr` whole vectors of float32 lanes, `mr` as
+many rows as the vector registers hold next to one B row and a broadcast
+(`gemm_kernels.choose_gemm_tiling`); a symbolic row count counts as
+`TYPICAL_ROWS`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, cast
+
+from kiln.ir import graph as g
+from kiln.ir.tensor import PrimFunc
+from kiln.ir.types import TensorType
+from kiln.ops import gemm_kernels as gk
+from kiln.ops.broadcast import broadcast_shapes
+from kiln.ops.epilogue import fused_store
+from kiln.ops.kernels.registry import TILE, Family, recorded_tile
+from kiln.ops.kernels.tiles import tile_lanes, tile_registers
+from kiln.ops.nn import _b_shape
+from kiln.target.isa import ISA
+
+#: The row count M assumed when choosing a tile for symbolic M (a full-height tile).
+TYPICAL_ROWS = 64
+
+
+def choose_tile(m: Any, n: Any, isa: ISA) -> gk.GemmTiling:
+    """The register tile of an `m` x `n` product on `isa` (symbolic sizes count as
+    `TYPICAL_ROWS`)."""
+    m = m if isinstance(m, int) else TYPICAL_ROWS
+    n = n if isinstance(n, int) else TYPICAL_ROWS
+    return gk.choose_gemm_tiling(m, n, tile_lanes(isa), tile_registers(isa))
+
+
+def constant_b(call: g.Call) -> bool:
+    """Whether `call` is a float32 `matmul` of an activation by one constant matrix."""
+    if call.op != "matmul" or len(call.args) != 2:
+        return False
+    a, b = call.args
+    return (isinstance(b, g.Constant) and b.data.ndim == 2 and isinstance(a.type, TensorType)
+            and a.type.dtype == "float32" == b.type.dtype and a.type.ndim >= 1
+            and isinstance(a.type.shape[-1], int))
+
+
+def _f32(t: Any, rank: int) -> bool:
+    return isinstance(t, TensorType) and t.dtype == "float32" and t.ndim >= rank
+
+
+@dataclass(frozen=True)
+class PackedGemm(Family):
+    """`matmul(a, B)` with B constant -> `matmul_packed(a, bp)`, tile `(mr, nr)`."""
+
+    def applies(self, call: g.Call, isa: ISA) -> bool:
+        return constant_b(call)
+
+    def pack(self, call: g.Call, isa: ISA) -> g.Call:
+        a, b = call.args
+        assert isinstance(b, g.Constant) and isinstance(a.type, TensorType)
+        m = 1  # A's rows may be symbolic (M = batch*seq); the tile is static
+        for d in a.type.shape[:-1]:
+            m *= d if isinstance(d, int) else TYPICAL_ROWS
+        data = b.data.T if call.attrs.get("transpose_b") else b.data
+        n = data.shape[1]
+        tiling = choose_tile(m, n, isa)
+        packed = g.Constant(gk.pack_b(data, tiling.nr), b.name)
+        return g.Call(self.op, (a, packed), g.freeze_attrs({"n": n, TILE: (tiling.mr,
+                                                                          tiling.nr)}),
+                      call.ret_type)
+
+    def build(self, params: Sequence[Any], args: Sequence[Any], attrs: Mapping[str, Any],
+              anchor: Any, result: Any, isa: ISA) -> PrimFunc | None:
+        from kiln.ops.gemm import packed_kn
+
+        a, b = args[0], args[1]
+        k, n = packed_kn(args, attrs)
+        shape = gk.GemmShape((), (), tuple(a.shape[:-1]), n, k)
+        tile = recorded_tile(attrs, 2, self.op)
+        mr = tile[0] if tile else choose_tile(shape.m, n, isa).mr
+        return _gemm(self.op, params, args, anchor, result, shape, (*a.shape[:-1], n),
+                     gk.GemmTiling(mr, b.shape[2]), None, isa)
+
+
+@dataclass(frozen=True)
+class TiledGemm(Family):
+    """`matmul(a, b)` of two activations of rank >= 2 -> `matmul_tiled(a, b)`, tile
+    `(mr, nr)` (B packed into `nr`-wide panels at run time)."""
+
+    def applies(self, call: g.Call, isa: ISA) -> bool:
+        return (call.op == "matmul" and len(call.args) == 2
+                and all(_f32(x.type, 2) for x in call.args))
+
+    def pack(self, call: g.Call, isa: ISA) -> g.Call:
+        a, b = (x.type for x in call.args)
+        assert isinstance(a, TensorType) and isinstance(b, TensorType)
+        t = choose_tile(a.shape[-2], _b_shape(cast(Sequence[int], b.shape), call.attrs)[-1], isa)
+        return g.Call(self.op, call.args, g.freeze_attrs({**call.attrs, TILE: (t.mr, t.nr)}),
+                      call.ret_type)
+
+    def build(self, params: Sequence[Any], args: Sequence[Any], attrs: Mapping[str, Any],
+              anchor: Any, result: Any, isa: ISA) -> PrimFunc | None:
+        a, b = args[0], args[1]
+        logical = _b_shape(b.shape, attrs)
+        if a.ndim < 2 or len(logical) < 2:
+            return None
+        batch = broadcast_shapes(a.shape[:-2], logical[:-2])
+        shape = gk.GemmShape(batch, tuple(a.shape[:-2]), (a.shape[-2],), logical[-1],
+                             a.shape[-1])
+        tile = recorded_tile(attrs, 2, self.op)
+        tiling = gk.GemmTiling(*tile) if tile else choose_tile(shape.m, shape.n, isa)
+        return _gemm(self.op, params, args, anchor, result, shape,
+                     (*batch, a.shape[-2], logical[-1]), tiling, logical, isa,
+                     bool(attrs.get("transpose_b")))
+
+
+def _gemm(op: str, params: Sequence[Any], args: Sequence[Any], anchor: Any, result: Any,
+          shape: gk.GemmShape, out_shape: tuple[Any, ...], tiling: gk.GemmTiling,
+          run_time_b: tuple[Any, ...] | None, isa: ISA, transpose_b: bool = False
+          ) -> PrimFunc | None:
+    """The GEMM kernel; `run_time_b` is B's logical shape when B is packed at run time."""
+    store = fused_store(params, anchor, result, out_shape)
+    if store is None:
+        return None
+    a, b = args[0], args[1]
+    ab, bb = store.buffers[a], store.buffers[b]
+    prologue: list[Any] = []
+    b_at: gk.BReader
+    if run_time_b is None:
+        b_at = lambda bidx, p, kk, v: bb[p, kk, v]  # noqa: E731  (packed at compile time)
+    else:
+        prologue, b_at = gk.pack_b_at_run_time(bb, tuple(run_time_b[:-2]), shape.k, shape.n,
+                                               tiling.nr, transpose_b)
+    body = gk.gemm_body(shape, tiling, ab, b_at, store.out, store.epilogue, isa.fma,
+                        prologue)
+    return PrimFunc((*(store.buffers[t] for t in params), store.out), body,
+                    {"kiln.gemm_kernel": op})
+
+
+GEMM = PackedGemm("gemm", "matmul_packed", ("matmul",), 1)
+GEMM_TILED = TiledGemm("gemm_tiled", "matmul_tiled", ("matmul",), 2)

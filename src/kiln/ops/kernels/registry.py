@@ -1,0 +1,109 @@
+"""The kernel registry: which hand-built kernel family takes a graph call on a CPU.
+
+A family turns calls of its `sources` ops into calls of its own `op` (`pack`: the
+weight packed at compile time and the register tile recorded in the call's `tile`
+attribute), and lowers calls of `op` (`build`, at legalization, reading that tile).
+The blocking passes ask `select(call, isa)` for the first family, in `rank` order,
+that `applies`; legalization asks `family_of(op)`. `KERNELS` has the shape of every
+kiln registry (kiln._registry): name -> lazily imported family.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from kiln._registry import Registry, RegistryError
+from kiln.ir import graph as g
+from kiln.ir.tensor import PrimFunc
+from kiln.target.isa import ISA
+
+#: The attribute a packed call records its register tile in.
+TILE = "tile"
+
+
+class KernelFamily(Protocol):
+    """One family of hand-built kernels (see the module docstring)."""
+
+    name: str
+    op: str                     # the op whose calls `build` lowers
+    sources: tuple[str, ...]    # the graph ops `pack` rewrites
+    rank: int                   # selection order among families of one source op
+
+    def applies(self, call: g.Call, isa: ISA) -> bool:
+        """Whether this family's kernel takes `call` on `isa`."""
+        ...
+
+    def pack(self, call: g.Call, isa: ISA) -> g.Call:
+        """`call` rewritten to `op` (weights packed, the tile recorded)."""
+        ...
+
+    def build(self, params: Sequence[Any], args: Sequence[Any], attrs: Mapping[str, Any],
+              anchor: Any, result: Any, isa: ISA) -> PrimFunc | None:
+        """The kernel of a call of `op` with the fused elementwise tail (the arguments
+        of `HandBuiltOp.lower_fused`), or None when it cannot be built."""
+        ...
+
+
+@dataclass(frozen=True)
+class Family:
+    """The identity every family object carries (see `KernelFamily`)."""
+
+    name: str
+    op: str
+    sources: tuple[str, ...]
+    rank: int
+
+
+KERNELS: Registry[KernelFamily] = Registry("kernel family")
+for _name in ("gemv", "gemm", "gemm_tiled", "conv_depthwise", "conv_rows", "conv_direct",
+              "nchwc"):
+    KERNELS.register(_name, lazy=f"kiln.ops.kernels.{_name.removesuffix('_tiled')}:"
+                                 f"{_name.upper()}")
+
+
+def families() -> list[KernelFamily]:
+    """Every registered family, in selection order."""
+    return sorted((KERNELS.get(n) for n in KERNELS.names()), key=lambda f: (f.rank, f.name))
+
+
+def select(call: g.Call, isa: ISA) -> KernelFamily | None:
+    """The first family (by rank) that takes `call` on `isa`, or None."""
+    for family in families():
+        if call.op in family.sources and family.applies(call, isa):
+            return family
+    return None
+
+
+def family_of(op: str) -> KernelFamily:
+    """The family whose kernels lower calls of `op`."""
+    for family in families():
+        if family.op == op:
+            return family
+    raise RegistryError(f"no kernel family lowers '{op}'")
+
+
+def recorded_tile(attrs: Mapping[str, Any], size: int, what: str) -> tuple[int, ...] | None:
+    """The `tile` attribute of a call (None when absent), checked to hold `size`
+    positive ints."""
+    from kiln.errors import IRError
+
+    tile = attrs.get(TILE)
+    if tile is None:
+        return None
+    if (not isinstance(tile, (tuple, list)) or len(tile) != size
+            or not all(isinstance(t, int) and t > 0 for t in tile)):
+        raise IRError(f"{what}: attribute 'tile' must be {size} positive ints, got {tile!r}")
+    return tuple(tile)
+
+
+def checking_tile(infer: Callable[[Any, Any], Any], op: str, size: int
+                  ) -> Callable[[Any, Any], Any]:
+    """The type rule `infer` of `op`, first checking the call's recorded tile (so the
+    verifier refuses a malformed one)."""
+    def checked(types: Any, attrs: Any) -> Any:
+        recorded_tile(attrs, size, op)
+        return infer(types, attrs)
+
+    return checked

@@ -1,0 +1,154 @@
+"""Shared pieces of the hand-built kernels: register-tile loops, multiply-adds, the
+parallel tile loop and the one threshold below which a kernel runs on one thread.
+
+Every kernel family (kiln.ops.kernels.registry) builds its loop nests from these,
+so a change of policy (when to go parallel, how tile lanes are spelled) is made once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+
+from kiln.ir.dtype import INDEX_DTYPE
+from kiln.ir.tensor import (
+    Const,
+    For,
+    IfThenElse,
+    Intrin,
+    LetStmt,
+    PrimExpr,
+    Stmt,
+    Var,
+    as_expr,
+    seq,
+)
+from kiln.target.isa import ISA
+
+#: `epilogue(value, output index)`: what a kernel stores for one output value.
+Epilogue = Callable[[PrimExpr, tuple[PrimExpr, ...]], PrimExpr]
+
+#: Kernels with fewer multiply-adds (or elements copied) than this run on one thread:
+#: below it a parallel launch and the split tiles cost more than the second core gains.
+PARALLEL_MIN_MADDS = 1 << 16
+#: The row kernels' (softmax, layer_norm, reductions) measure of the same: row elements
+#: times their operations per element (a launch costs a few microseconds, a row
+#: element a few nanoseconds).
+ROW_PARALLEL_MIN_WORK = 1 << 15
+
+# A target without vector registers still gets tiles this many float32 values wide
+# (independent accumulator chains for the scalar pipes) and a 16-register budget.
+SCALAR_TILE_LANES = 4
+SCALAR_TILE_REGISTERS = 16
+
+
+def tile_lanes(isa: ISA, dtype: str = "float32") -> int:
+    """Lanes of `dtype` one tile column holds on `isa` (the vector width; 4 for float32
+    on targets without vectors)."""
+    if isa.vector_bits == 0:
+        return SCALAR_TILE_LANES
+    return isa.lanes(dtype)
+
+
+def tile_registers(isa: ISA) -> int:
+    """Registers a register tile may fill on `isa`."""
+    return isa.vector_registers or SCALAR_TILE_REGISTERS
+
+
+def const(v: int) -> Const:
+    """An index constant."""
+    return Const(v, INDEX_DTYPE)
+
+
+def loop(name: str, extent: int, body: Callable[[Var], Stmt], kind: str = "serial",
+         start: int = 0) -> Stmt:
+    """`for name in range(start, start + extent)` around `body(var)`."""
+    v = Var(name, INDEX_DTYPE)
+    return For(v, const(start), const(extent), kind, body(v))
+
+
+def lanes_loop(name: str, extent: int, body: Callable[[PrimExpr], Stmt]) -> Stmt:
+    """`for name in T.vectorized(extent)`: the lanes of a register tile. The llvm backend
+    emits such a loop as vector instructions (kiln.codegen.llvm.vector_loops), one per
+    statement, so a tile costs one IR statement per row instead of one per element."""
+    return loop(name, extent, body, kind="vectorized") if extent > 1 else body(const(0))
+
+
+def nest(names: Sequence[str], extents: Sequence[int],
+         body: Callable[..., Stmt], kind: str = "serial") -> Stmt:
+    """A loop nest over `extents` (loops of extent 1 are left out)."""
+    vs = [Var(n, INDEX_DTYPE) for n in names]
+    # a symbolic extent (the batch: a dim scalar of the kernel) always loops
+    loops = [not isinstance(e, int) or e > 1 for e in extents]
+    idx: list[PrimExpr] = [v if lp else const(0) for v, lp in zip(vs, loops)]
+    stmt = body(*idx)
+    for v, e, lp in reversed(list(zip(vs, extents, loops))):
+        if lp:
+            stmt = For(v, const(0), as_expr(e, INDEX_DTYPE), kind, stmt)
+    return stmt
+
+
+def madd(acc: PrimExpr, a: PrimExpr, b: PrimExpr, fused: bool = True) -> PrimExpr:
+    """`acc + a * b`: rounded once (the `fma` intrinsic, one instruction) when `fused`,
+    which callers set when the target has FMA hardware (`ISA.fma`; elsewhere `fma`
+    would be a libm call per multiply-add)."""
+    return Intrin("fma", (a, b, acc)) if fused else acc + a * b
+
+
+def parallel_tiles(extents: Sequence[int], body: Callable[..., Stmt]) -> Stmt:
+    """`for i0, i1, ...` in `extents` as one loop over the flattened index, marked
+    `parallel` (the backends split it evenly over threads; its iterations write disjoint
+    output tiles, which the `parallelize` pass cannot see through the div/mod). Each index
+    is computed once per tile and bound to a variable (the tile reads them many times)."""
+    total = 1
+    for e in extents:
+        total *= e
+    t = Var("tile", INDEX_DTYPE)
+    values: list[PrimExpr] = []
+    rest: PrimExpr = t
+    for k in range(len(extents) - 1, -1, -1):
+        e = extents[k]
+        if isinstance(e, int) and e == 1:
+            values.append(const(0))
+        elif k == 0:
+            values.append(rest)
+        else:
+            values.append(rest % e)
+            rest = rest // e
+    values.reverse()
+    idx: list[PrimExpr] = []
+    lets: list[Stmt] = []
+    for k, v in enumerate(values):
+        if isinstance(v, (Const, Var)):
+            idx.append(v)
+        else:
+            var = Var(f"i{k}", INDEX_DTYPE)
+            lets.append(LetStmt(var, v))
+            idx.append(var)
+    # a symbolic extent (a dim scalar) counts as more than one tile
+    kind = "parallel" if not isinstance(total, int) or total > 1 else "serial"
+    return For(t, const(0), as_expr(total, INDEX_DTYPE), kind, seq(*lets, body(*idx)))
+
+
+def parallel_when(build: Callable[[], Stmt], work: int | PrimExpr,
+                  threshold: int = PARALLEL_MIN_MADDS) -> Stmt:
+    """The loop `build()` makes (a `parallel` For) run in parallel only when `work`
+    reaches `threshold`: serial when `work` is a smaller int; for a symbolic `work`
+    (sizes known at run time) built twice, parallel and serial, chosen at run time,
+    since a launch costs more than a small loop gains. (Built twice, not copied: each
+    copy binds its own variables and buffers.)"""
+    built = build()
+    if not isinstance(built, For) or built.kind != "parallel":
+        return built
+    if isinstance(work, int):
+        return built if work >= threshold else For(built.var, built.start, built.extent,
+                                                    "serial", built.body)
+    again = build()
+    assert isinstance(again, For)
+    serial = For(again.var, again.start, again.extent, "serial", again.body)
+    return IfThenElse(as_expr(work, INDEX_DTYPE) >= threshold, built, serial)
+
+
+def with_lanes(isa: ISA, lanes: int) -> ISA:
+    """`isa` with vectors of `lanes` float32 values (a pass's explicit override)."""
+    return replace(isa, vector_bits=32 * lanes)

@@ -1,0 +1,180 @@
+"""The kernel registry (kiln.ops.kernels): every family selected through it, built on
+llvm and c and compared with numpy; the tile chosen once at the pass, recorded in
+the call, round-tripped through the DSL, checked by verification and read (not
+chosen again) by lowering."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import kiln
+from kiln.errors import IRError, KilnError
+from kiln.frontend import from_onnx
+from kiln.ir import IRModule, assert_structural_equal
+from kiln.ir import graph as g
+from kiln.ir.tensor import Allocate, PrimFunc
+from kiln.ir.types import TensorType
+from kiln.ir.visitor import iter_stmts
+from kiln.ops.kernels.registry import KERNELS, families, family_of
+from kiln.ops.registry import call
+from kiln.script import from_source, print_module
+from kiln.target import Target
+from kiln.transform import get_pass
+
+RNG = np.random.default_rng(25)
+F = TensorProto.FLOAT
+W = {
+    "gemv": RNG.standard_normal((16, 8)).astype(np.float32),      # Gemm(transB) at batch 1
+    "gemm": RNG.standard_normal((12, 20)).astype(np.float32),     # MatMul by a constant
+    "dw": RNG.standard_normal((4, 1, 3, 3)).astype(np.float32),   # depthwise 3x3
+    "rows": RNG.standard_normal((5, 3, 1, 1)).astype(np.float32),  # 1x1 over rows of 20
+    "direct": RNG.standard_normal((7, 4, 1, 1)).astype(np.float32),  # 1x1/2, alone
+    # three chained 1x1/2 convs: an NCHWc region (more convolutions than reorders)
+    "nc1": RNG.standard_normal((16, 8, 1, 1)).astype(np.float32),
+    "nc2": RNG.standard_normal((16, 16, 1, 1)).astype(np.float32),
+    "nc3": RNG.standard_normal((16, 16, 1, 1)).astype(np.float32),
+}
+INPUTS = {"x_gemv": (1, 8), "x_gemm": (5, 12), "x_ta": (2, 6, 7), "x_tb": (2, 7, 9),
+          "x_dw": (1, 4, 10, 10), "x_rows": (1, 3, 6, 20), "x_direct": (1, 4, 6, 6),
+          "x_nc": (1, 8, 16, 16)}
+
+
+def _model() -> onnx.ModelProto:
+    pad, s2 = {"pads": [1, 1, 1, 1]}, {"strides": [2, 2]}
+    nodes = [
+        helper.make_node("Gemm", ["x_gemv", "gemv"], ["y_gemv"], transB=1),
+        helper.make_node("MatMul", ["x_gemm", "gemm"], ["y_gemm"]),
+        helper.make_node("MatMul", ["x_ta", "x_tb"], ["y_tiled"]),
+        helper.make_node("Conv", ["x_dw", "dw"], ["y_dw"], group=4, **pad),
+        helper.make_node("Conv", ["x_rows", "rows"], ["y_rows"]),
+        helper.make_node("Conv", ["x_direct", "direct"], ["y_direct"], **s2),
+        helper.make_node("Conv", ["x_nc", "nc1"], ["h_nc"], **s2),
+        helper.make_node("Relu", ["h_nc"], ["r_nc"]),
+        helper.make_node("Conv", ["r_nc", "nc2"], ["h2_nc"], **s2),
+        helper.make_node("Conv", ["h2_nc", "nc3"], ["y_nc"], **s2),
+    ]
+    outs = [helper.make_tensor_value_info(n.output[0], F, None) for n in nodes
+            if n.output[0].startswith("y_")]
+    graph = helper.make_graph(
+        nodes, "families",
+        [helper.make_tensor_value_info(k, F, list(v)) for k, v in INPUTS.items()], outs,
+        initializer=[numpy_helper.from_array(v, k) for k, v in W.items()])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
+def _conv(x: np.ndarray, w: np.ndarray, group: int = 1, pad: int = 0,
+          stride: int = 1) -> np.ndarray:
+    """NCHW x OIHW, symmetric `pad` (numpy, float64)."""
+    x = np.pad(x.astype(np.float64), ((0, 0), (0, 0), (pad, pad), (pad, pad)))
+    co, cig, kh, kw = w.shape
+    oh, ow = x.shape[2] - kh + 1, x.shape[3] - kw + 1
+    out = np.zeros((x.shape[0], co, oh, ow))
+    cog = co // group
+    for o in range(co):
+        xs = x[:, o // cog * cig:(o // cog + 1) * cig]
+        for i in range(kh):
+            for j in range(kw):
+                out[:, o] += np.einsum("nchw,c->nhw", xs[:, :, i:i + oh, j:j + ow],
+                                       w[o, :, i, j])
+    return out[:, :, ::stride, ::stride]
+
+
+def _reference(f: dict[str, np.ndarray]) -> list[np.ndarray]:
+    return [f["x_gemv"] @ W["gemv"].T.astype(np.float64), f["x_gemm"] @ W["gemm"],
+            f["x_ta"] @ f["x_tb"], _conv(f["x_dw"], W["dw"], group=4, pad=1),
+            _conv(f["x_rows"], W["rows"]), _conv(f["x_direct"], W["direct"], stride=2),
+            _conv(_conv(np.maximum(_conv(f["x_nc"], W["nc1"], stride=2), 0), W["nc2"],
+                        stride=2), W["nc3"], stride=2)]
+
+
+MODEL = _model()
+FEEDS = {k: RNG.standard_normal(v).astype(np.float32) for k, v in INPUTS.items()}
+
+
+@pytest.mark.parametrize("target", ["llvm", "c"])
+def test_every_family_through_the_registry_matches_numpy(target: str) -> None:
+    ex = kiln.compile(from_onnx(MODEL), target, graph_pipeline="nchwc")
+    built = {f.attrs.get("kiln.gemm_kernel") or f.attrs.get("kiln.conv_kernel")
+             for f in ex.ir.functions.values() if isinstance(f, PrimFunc)}
+    assert {f.op for f in families()} <= built
+    got = ex(*FEEDS.values())
+    for k, (a, b) in enumerate(zip(got, _reference(FEEDS))):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4, err_msg=str(k))
+
+
+def _blocked(spec: str) -> Any:
+    with Target(spec):
+        mod = from_onnx(MODEL)
+        for p in ("block-convolutions", "block-matmuls", "nchwc-layout"):
+            mod = get_pass(p)(mod)
+    return mod
+
+
+def _tiles(mod: Any) -> dict[str, set[tuple[int, ...]]]:
+    tiles: dict[str, set[tuple[int, ...]]] = {}
+    for b in mod["main"].bindings:
+        if isinstance(b.value, g.Call) and "tile" in b.value.attrs:
+            tiles.setdefault(b.value.op, set()).add(b.value.attrs["tile"])
+    return tiles
+
+
+@pytest.mark.parametrize(("spec", "tiles"), [
+    # AVX2: 8 float32 lanes, 16 registers
+    ("llvm -mtriple=x86_64-linux-gnu -mcpu=haswell",
+     {"matmul_gemv": {(4, 16)}, "matmul_packed": {(5, 16)}, "matmul_tiled": {(6, 16)},
+      "conv2d_depthwise": {(8, 8)}, "conv2d_rows": {(6, 16, 8)}, "conv2d_blocked": {(8, 6)},
+      "conv2d_nchwc": {(16, 6)}}),
+    # AVX-512: 16 lanes, 32 registers (taller GEMM tiles, whole 10-wide depthwise rows)
+    ("llvm -mtriple=x86_64-linux-gnu -mcpu=znver4",
+     {"matmul_gemv": {(4, 32)}, "matmul_packed": {(5, 32)}, "matmul_tiled": {(6, 16)},
+      "conv2d_depthwise": {(10, 16)}, "conv2d_rows": {(6, 16, 16)},
+      "conv2d_blocked": {(16, 6)}, "conv2d_nchwc": {(16, 6)}}),
+    # NEON: 4 lanes, 32 registers
+    ("llvm -mtriple=aarch64-linux-gnu -mcpu=neoverse-n1",
+     {"matmul_gemv": {(4, 8)}, "matmul_packed": {(5, 8)}, "matmul_tiled": {(6, 8)},
+      "conv2d_depthwise": {(8, 4)}, "conv2d_rows": {(6, 8, 4)}, "conv2d_blocked": {(8, 6)},
+      "conv2d_nchwc": {(8, 6)}}),
+])
+def test_the_tile_is_recorded_and_round_trips(spec: str, tiles: dict[str, Any]) -> None:
+    mod = _blocked(spec)
+    assert _tiles(mod) == tiles
+    assert_structural_equal(from_source(print_module(mod)), mod)
+
+
+def test_lowering_reads_the_recorded_tile() -> None:
+    a = g.Var("a", TensorType((2, 6, 7), "float32"))
+    b = g.Var("b", TensorType((2, 7, 9), "float32"))
+    for tile in ((3, 8), (2, 16)):
+        c = call("matmul_tiled", a, b, tile=tile)
+        y = g.Var("y", c.ret_type)
+        mod = get_pass("legalize-ops")(IRModule({"main": g.Function((a, b), (g.Binding(y, c),),
+                                                                    y)}))
+        accs = {s.buffer.shape for f in mod.functions.values() if isinstance(f, PrimFunc)
+                for s in iter_stmts(f.body) if isinstance(s, Allocate) and s.buffer.name == "acc"}
+        assert accs == {tile}
+
+
+def test_verification_refuses_a_tile_the_packing_does_not_hold() -> None:
+    a = g.Var("a", TensorType((5, 12), "float32"))
+    bp = g.Constant(np.zeros((3, 12, 8), np.float32), "bp")
+    call("matmul_packed", a, bp, n=20, tile=(5, 8))
+    with pytest.raises(IRError, match="tile"):
+        call("matmul_packed", a, bp, n=20, tile=(5, 16))
+    with pytest.raises(IRError, match="tile"):
+        call("matmul_packed", a, bp, n=20, tile=(5, 0))
+    with pytest.raises(IRError, match="tile"):
+        call("matmul_tiled", a, g.Var("b", TensorType((12, 3), "float32")), tile=(4,))
+
+
+def test_registry_names_every_family_once() -> None:
+    assert KERNELS.names() == sorted(f.name for f in families())
+    assert len({f.op for f in families()}) == len(KERNELS)
+    with pytest.raises(KilnError, match="conv3d"):
+        family_of("conv3d")
