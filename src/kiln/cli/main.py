@@ -59,10 +59,11 @@ def _cmd_compile(args: argparse.Namespace) -> int:
     import kiln
     from kiln.cli.progress import CompileProgress
     from kiln.frontend import from_onnx
+    from kiln.target.describe import summarize
     from kiln.transform import PassContext
     from kiln.transform.instruments import PassInstrument, TimingInstrument
 
-    target = kiln.Target(args.target) if args.target != "host" else kiln.Target.from_host()
+    target = kiln.Target(args.target)
     t0 = time.perf_counter()
     timing = TimingInstrument()
     with CompileProgress(os.path.basename(args.model)) as progress:
@@ -77,7 +78,7 @@ def _cmd_compile(args: argparse.Namespace) -> int:
                 kiln.export_model_library_format(ex, args.output, model_name=args.mlf)
             else:
                 ex.export_library(args.output, cc=args.cc)
-    print(f"compiled {args.model} for {target.kind.name} -> {args.output} "
+    print(f"compiled {args.model} for {summarize(target)} -> {args.output} "
           f"in {time.perf_counter() - t0:.2f} s")
     if args.timings:
         print(timing.report())
