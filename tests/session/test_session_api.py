@@ -105,3 +105,21 @@ def test_providers_and_options(model: Path, monkeypatch: pytest.MonkeyPatch) -> 
     assert os.environ["KILN_NUM_THREADS"] == "2"
     with pytest.raises(ArgumentTypeError, match="path_or_library"):
         kiln.InferenceSession(3.5)
+
+
+def test_sources_that_are_not_models(tmp_path: Path) -> None:
+    from kiln.script import T, ir_module
+
+    @ir_module
+    class Scale:
+        @T.prim_func
+        def scale(X: T.Buffer((8,), "float32"), Y: T.Buffer((8,), "float32")):  # type: ignore[no-untyped-def]
+            for i in T.serial(8):
+                Y[i] = X[i] * T.float32(2)
+
+    with pytest.raises(CallError, match=r"no 'main' function \(it has scale\)"):
+        kiln.InferenceSession(kiln.compile(Scale))
+    with pytest.raises(kiln.MissingFileError, match="no ONNX model"):
+        kiln.InferenceSession(tmp_path / "absent.onnx")
+    with pytest.raises(kiln.FormatError, match=r"cannot load a \.txt file"):
+        kiln.InferenceSession((tmp_path / "notes.txt").resolve())

@@ -186,18 +186,14 @@ class InferenceSession:
         """The position of output `name` (CallError naming the outputs if unknown)."""
         return self._picks([name])[0]
 
-    def input_names(self) -> list[str]:
-        """The inputs' names, in order."""
-        return [i.name for i in self._inputs]
-
 
 def _entry(module: Any) -> PackedFunction:
     """The model's entry function of a loaded library or Executable."""
-    try:
-        function: PackedFunction = module[_ENTRY]
-    except KeyError:
-        raise CallError("this library has no 'main' function: InferenceSession runs "
-                        "models compiled from ONNX (kiln compile model.onnx)") from None
+    if _ENTRY not in module.function_names():
+        raise CallError(f"this library has no '{_ENTRY}' function (it has "
+                        f"{', '.join(module.function_names()) or 'none'}): InferenceSession "
+                        "runs models compiled from ONNX (kiln compile model.onnx -o m.so)")
+    function: PackedFunction = module[_ENTRY]
     if function.kind != "graph":
         raise CallError("'main' of this library is a tensor-level function; "
                         "InferenceSession runs graph-level models")
