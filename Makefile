@@ -5,7 +5,7 @@ VPY     := $(VENV)/bin/python
 STAMP   := $(VENV)/.installed
 APT_PKGS := gcc make binutils gcc-arm-none-eabi libnewlib-arm-none-eabi gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user libopenblas-dev lld chromium
 
-.PHONY: demo test lint typecheck unit apt clean
+.PHONY: demo test lint typecheck unit apt clean wheel
 
 $(STAMP): pyproject.toml requirements.txt
 	$(PY) -m venv $(VENV)
@@ -37,5 +37,9 @@ test: apt lint unit
 docs: $(STAMP)
 	$(VPY) -m pdoc -o build/api kiln
 
+# The wheel (dist/kiln_tensor-*.whl), with the setuptools of .venv: no download.
+wheel: $(STAMP)
+	$(VPY) -m pip wheel -q --no-deps --no-build-isolation -w dist .
+
 clean:
-	rm -rf $(VENV) build .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) build dist src/*.egg-info .pytest_cache .mypy_cache .ruff_cache

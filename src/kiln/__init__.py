@@ -1,10 +1,13 @@
 """kiln: a Python-first tensor compiler.
 
     mod = kiln.frontend.from_onnx("model.onnx")
-    ex = kiln.compile(mod, kiln.Target.from_host())
+    ex = kiln.compile(mod)                  # for this machine ("host")
     ex.export_library("model.so")
     lib = kiln.runtime.load_module("model.so")
     y = lib["main"](x)
+
+    sess = kiln.InferenceSession("model.onnx")   # onnxruntime's API
+    y, = sess.run(None, {"x": x})
 
 Submodules load lazily, so `import kiln.runtime` on a deploy host pulls in
 neither llvmlite nor onnx.
@@ -12,8 +15,8 @@ neither llvmlite nor onnx.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+import importlib as _importlib
+from typing import Any as _Any
 
 from kiln.errors import (
     ArgumentTypeError,
@@ -46,10 +49,12 @@ _LAZY = {
     "evaluate": "kiln.ops:evaluate",
     "export_model_library_format": "kiln.export.mlf:export_model_library_format",
     "cuda": "kiln.runtime.cuda_device:cuda",
+    "InferenceSession": "kiln.session:InferenceSession",
+    "SessionOptions": "kiln.session:SessionOptions",
 }
 _SUBMODULES = (
     "artifact", "cli", "codegen", "export", "frontend", "ir", "mlf", "ops", "runtime",
-    "script", "target", "transform",
+    "script", "session", "target", "transform",
 )
 
 __all__ = [
@@ -60,12 +65,17 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> _Any:
     if name in _LAZY:
         module, _, attr = _LAZY[name].partition(":")
-        value = getattr(importlib.import_module(module), attr)
+        value = getattr(_importlib.import_module(module), attr)
         globals()[name] = value
         return value
     if name in _SUBMODULES:
-        return importlib.import_module(f"kiln.{name}")
+        return _importlib.import_module(f"kiln.{name}")
     raise AttributeError(f"module 'kiln' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    """The public API only (what `__all__` lists), so `dir(kiln)` shows what to use."""
+    return sorted(__all__)

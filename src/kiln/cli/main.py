@@ -1,7 +1,9 @@
 """`kiln`: compile a model to one deployable file, inspect artifacts, list targets.
 
-    kiln compile model.onnx -t llvm -o model.so [--shape x=1,64 | batch=1 | seq=1:512]
+    kiln compile model.onnx [-t host] -o model.so|.tar|.a|.wasm
+                 [--shape x=1,64 | batch=1 | seq=1:512]
                  [--profile]
+    kiln inspect model.onnx [--format text|json]   (before compiling)
     kiln inspect model.so [--format text|json] [--show llvm/kernels.bc --format ll]
                           [--report report.html]
     kiln targets list [--kind K] | kiln targets show NAME | kiln targets kinds
@@ -60,13 +62,15 @@ def _cmd_compile(args: argparse.Namespace) -> int:
     import kiln
     from kiln.cli.progress import CompileProgress
     from kiln.frontend import from_onnx
+    from kiln.target.describe import summarize
     from kiln.transform import PassContext
     from kiln.transform.instruments import PassInstrument, TimingInstrument
 
     if args.mlf_source and not args.mlf:
         raise UsageError("--mlf-source adds the DSL source to a Model Library Format tar; "
                          "give --mlf MODEL_NAME too")
-    target = kiln.Target(args.target) if args.target != "host" else kiln.Target.from_host()
+    wasm = args.output.lower().endswith(".wasm")
+    target = kiln.Target(args.target or ("web/wasm32" if wasm else "host"))
     t0 = time.perf_counter()
     timing = TimingInstrument()
     with CompileProgress(os.path.basename(args.model)) as progress:
@@ -80,9 +84,13 @@ def _cmd_compile(args: argparse.Namespace) -> int:
             if args.mlf:
                 kiln.export_model_library_format(ex, args.output, model_name=args.mlf,
                                                  source=args.mlf_source)
+            elif wasm:
+                from kiln.export.wasm import export_wasm
+
+                export_wasm(ex, args.output)
             else:
                 ex.export_library(args.output, cc=args.cc)
-    print(f"compiled {args.model} for {target.kind.name} -> {args.output} "
+    print(f"compiled {args.model} for {summarize(target)} -> {args.output} "
           f"in {time.perf_counter() - t0:.2f} s")
     if args.timings:
         print(timing.report())
@@ -91,6 +99,15 @@ def _cmd_compile(args: argparse.Namespace) -> int:
 
 def _cmd_inspect(args: argparse.Namespace) -> int:
     from kiln.cli.inspect import cmd_inspect
+
+    if args.file.lower().endswith(".onnx"):
+        from kiln.cli.inspect_onnx import inspect_onnx
+
+        if args.report is not None or args.artifact is not None:
+            raise UsageError("--report and --show read a compiled library; for an ONNX "
+                             "model, kiln inspect prints its inputs, outputs and ops")
+        print(inspect_onnx(args.file, args.format))
+        return 0
 
     if args.report is not None:
         from kiln.cli.inspect import report_metadata
@@ -187,11 +204,13 @@ def build_parser() -> argparse.ArgumentParser:
         parser: argparse.ArgumentParser = subs.add_parser(name, parents=[debug], help=summary)
         return parser
 
-    c = verb(sub, "compile", "compile an ONNX model to .so, .tar or .a")
+    c = verb(sub, "compile", "compile an ONNX model to .so, .tar, .a or .wasm")
     c.add_argument("model", help="path of the .onnx model")
-    c.add_argument("-t", "--target", default="host",
-                   help="target: 'host' (default), a kind, a tag, or JSON")
-    c.add_argument("-o", "--output", required=True, help="output file (.so, .tar or .a)")
+    c.add_argument("-t", "--target", default=None,
+                   help="target: 'host' (default; 'web/wasm32' for a .wasm output), a kind, "
+                        "a tag, or JSON")
+    c.add_argument("-o", "--output", required=True,
+                   help="output file (.so, .tar or .a; .wasm: a WebAssembly module)")
     c.add_argument("--shape", action="append", default=[],
                    help="bind an input shape NAME=D0,?,D2 ('?' stays symbolic), pin a "
                         "dimension NAME=SIZE or bound it NAME=MIN:MAX (repeatable)")
@@ -211,7 +230,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "needs, e.g. aarch64-linux-gnu-gcc)")
     c.set_defaults(func=_cmd_compile)
 
-    i = verb(sub, "inspect", "what a .so, .tar, .a or MLF tar holds: functions, artifacts")
+    i = verb(sub, "inspect", "what a .so, .tar, .a or MLF tar holds: functions, artifacts; "
+                             "an .onnx model's inputs, outputs and ops")
     i.add_argument("file")
     i.add_argument("--artifact", "--show", dest="artifact",
                    help="CODEGEN/FILE to show, e.g. llvm/kernels.bc")

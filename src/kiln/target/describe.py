@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from typing import TYPE_CHECKING
 
 from kiln.errors import TargetError
 from kiln.target.attrs import COMMON_OPTIONS, suggest_name
@@ -10,15 +11,36 @@ from kiln.target.kind import TargetKind
 from kiln.target.registry import KINDS, list_kinds
 from kiln.target.tags import all_names, get_tag, is_tag
 
+if TYPE_CHECKING:
+    from kiln.target.target import Target
+
 
 def describe(name: str) -> str:
-    """Describe a kind (its attributes with types and defaults) or a tag (its config)."""
+    """Describe a kind (its attributes with types and defaults) or a tag (its config);
+    "host" describes this machine's llvm target."""
+    if name == "host":
+        from kiln.target.target import Target
+
+        host = Target("host")
+        return f"'host' is this machine's target: {summarize(host)}\n  {host}"
     if name in KINDS:
         return describe_kind(KINDS.get(name))
     if is_tag(name):
         return describe_tag(name)
     hint = suggest_name(name, [*list_kinds(), *all_names()])
     raise TargetError(f"'{name}' is neither a target kind nor a tag.{hint}")
+
+
+def summarize(target: Target) -> str:
+    """One line naming what `target` builds for: its tag, else its kind with the
+    triple and CPU, e.g. "llvm x86_64-unknown-linux-gnu (znver4)" or
+    "raspberry-pi/4b-aarch64"; "llvm x86_64-... (generic)" when no CPU is named."""
+    if target.tag is not None:
+        return target.tag
+    triple = target.get("mtriple")
+    if triple is None:
+        return target.kind.name
+    return f"{target.kind.name} {triple} ({target.get('mcpu') or 'generic'})"
 
 
 def describe_kind(kind: TargetKind) -> str:

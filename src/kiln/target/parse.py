@@ -3,6 +3,8 @@
 Accepted strings:
 
 * a kind name: ``"llvm"``
+* ``"host"``: this machine's llvm target (`Target.from_host()`), optionally with
+  options: ``"host -mattr=-avx512f"``
 * a tag, alias or versioned tag: ``"raspberry-pi/4b-aarch64"``, ``"nvidia/a100:v1"``
 * JSON: ``'{"kind": "cuda", "arch": "sm_80"}'``
 * TVM's command line: a kind or tag, then ``-name=value`` options, e.g.
@@ -76,6 +78,10 @@ def _parse_head(head: str) -> dict[str, Any]:
         raise TargetError(
             f"a target command line starts with a kind or tag, e.g. 'llvm {head}'; got '{head}'"
         )
+    if head == "host":  # this machine's llvm target: triple, CPU name and features
+        from kiln.target.host import host_config
+
+        return host_config()
     if head in KINDS:
         return {"kind": head}
     if is_tag(head):

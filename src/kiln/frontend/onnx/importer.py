@@ -14,7 +14,6 @@ ONNX's version converter first. A model newer than 21 is accepted: the opset
 from __future__ import annotations
 
 import os
-from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -198,21 +197,31 @@ def _node_label(node: Any, index: int) -> str:
     return f"#{index} (output {out!r})" if out else f"#{index}"
 
 
-def _check_supported(graph: Any, opset: int) -> None:
-    """Raise one FrontendError listing every unsupported op type, with counts and nodes."""
+def unsupported_ops(graph: Any, opset: int) -> dict[str, list[str]]:
+    """The op types of `graph` (its top level) kiln cannot import, each with the labels
+    of its nodes: {"domain.Op" or "Op": ["'name'", "#3 (output 'y')", ...]}."""
     table = converters()
-    missing: Counter[str] = Counter()
-    names: dict[str, list[str]] = {}
+    missing: dict[str, list[str]] = {}
     for k, node in enumerate(graph.node):
         key = _op_key(node)
         if key not in table and key not in CONTROL_FLOW_OPS and function_schema(
                 _text(node.op_type), _text(node.domain), opset) is None:
-            missing[key] += 1
-            names.setdefault(key, []).append(_node_label(node, k))
+            missing.setdefault(key, []).append(_node_label(node, k))
+    return missing
+
+
+def default_opset(proto: Any) -> int:
+    """The model's default-domain opset (FrontendError when it imports none)."""
+    return _default_opset(proto)
+
+
+def _check_supported(graph: Any, opset: int) -> None:
+    """Raise one FrontendError listing every unsupported op type, with counts and nodes."""
+    missing = unsupported_ops(graph, opset)
     if missing:
         lines = []
-        for op, count in sorted(missing.items()):
-            shown = names[op][:5]
+        for op, names in sorted(missing.items()):
+            count, shown = len(names), names[:5]
             more = f" and {count - len(shown)} more" if count > len(shown) else ""
             lines.append(f"  {op} x{count}: node{'s' if count > 1 else ''} "
                          f"{', '.join(shown)}{more}")

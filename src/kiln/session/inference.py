@@ -1,0 +1,242 @@
+"""`InferenceSession`: onnxruntime's session API over a kiln library or an ONNX file."""
+
+from __future__ import annotations
+
+import inspect
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from kiln.errors import ArgumentTypeError, CallError, UsageError
+from kiln.session.node_arg import ModelMetadata, NodeArg, SessionOptions
+
+if TYPE_CHECKING:
+    from kiln.runtime.function import PackedFunction
+    from kiln.session.io_binding import IOBinding
+
+CPU_PROVIDER = "CPUExecutionProvider"
+_ENTRY = "main"
+
+
+class InferenceSession:
+    """Run a model as `onnxruntime.InferenceSession` does.
+
+    Args:
+        path_or_library: an ONNX file (compiled for this machine, `host`, through the
+            compile cache) or its serialized bytes; a library written by
+            `export_library` (.so, .tar); a `kiln.Executable`, a loaded
+            `kiln.runtime.Module`, or an IRModule (compiled for `host`).
+        sess_options: a `kiln.SessionOptions` (`intra_op_num_threads`).
+        providers: None or execution providers as onnxruntime takes them (names, or
+            (name, options) pairs); kiln runs on the CPU, so only
+            "CPUExecutionProvider" is accepted.
+
+    Raises:
+        UsageError: a provider other than the CPU's, or bad options.
+        MissingFileError, FormatError, FrontendError, CompileError: the model cannot
+            be read or compiled.
+    """
+
+    def __init__(self, path_or_library: Any, sess_options: SessionOptions | None = None,
+                 providers: Sequence[Any] | None = None, **kwargs: Any) -> None:
+        if kwargs.keys() - {"provider_options"}:
+            raise UsageError(f"InferenceSession: unknown keyword(s) "
+                             f"{', '.join(sorted(kwargs.keys() - {'provider_options'}))}")
+        _check_providers(providers)
+        self._options = sess_options if sess_options is not None else SessionOptions()
+        self._meta = ModelMetadata()
+        threads = _thread_count(self._options)
+        self._function = self._open(path_or_library, threads)
+        self._inputs = [NodeArg.of(p) for p in self._function.params]
+        self._outputs = [NodeArg.of(r) for r in self._function.results]
+        self._output_index = {o.name: i for i, o in enumerate(self._outputs)}
+
+    # ------------------------------------------------------------ loading
+    def _open(self, source: Any, threads: int) -> PackedFunction:
+        from kiln.runtime import Module, load_module
+
+        if threads:
+            os.environ["KILN_NUM_THREADS"] = str(threads)  # read when a pool starts
+        if isinstance(source, Module):
+            return _entry(source)
+        if isinstance(source, (bytes, bytearray)):
+            import onnx
+
+            model = onnx.load_from_string(bytes(source))
+            return self._compile(model, _metadata_of(model))
+        if isinstance(source, (str, os.PathLike)):
+            path = Path(source)
+            if path.suffix.lower() == ".onnx":
+                return self._compile(path, _onnx_metadata(path))
+            if threads and "num_threads" in inspect.signature(load_module).parameters:
+                return _entry(load_module(path, num_threads=threads))  # type: ignore[call-arg]
+            return _entry(load_module(path))
+        if callable(getattr(source, "export_library", None)):  # a kiln.Executable
+            return _entry(source)
+        if type(source).__name__ == "IRModule":
+            return self._compile(source, ModelMetadata())
+        raise ArgumentTypeError(
+            "InferenceSession: path_or_library must be an ONNX file or its bytes, a "
+            f"library (.so, .tar), a kiln.Executable, Module or IRModule; got "
+            f"{type(source).__name__}")
+
+    def _compile(self, model: Any, meta: ModelMetadata) -> PackedFunction:
+        import kiln
+
+        self._meta = meta
+        return _entry(kiln.compile(model, "host"))
+
+    # ------------------------------------------------------------ describing
+    def get_inputs(self) -> list[NodeArg]:
+        """The model's inputs: name, shape (symbolic dimensions by name), type."""
+        return list(self._inputs)
+
+    def get_outputs(self) -> list[NodeArg]:
+        """The model's outputs, in the order `run(None, ...)` returns them."""
+        return list(self._outputs)
+
+    def get_overridable_initializers(self) -> list[NodeArg]:
+        """None in kiln: weights are compiled into the library."""
+        return []
+
+    def get_providers(self) -> list[str]:
+        """The execution providers in use: the CPU's."""
+        return [CPU_PROVIDER]
+
+    def get_session_options(self) -> SessionOptions:
+        """The options this session was made with."""
+        return self._options
+
+    def get_modelmeta(self) -> ModelMetadata:
+        """The ONNX model's producer, graph name, domain, description, version and
+        metadata properties (empty over a compiled library)."""
+        return self._meta
+
+    # ------------------------------------------------------------ running
+    def run(self, output_names: Sequence[str] | None, input_feed: Mapping[str, Any],
+            run_options: Any = None) -> list[np.ndarray]:
+        """Run the model: the outputs named by `output_names` (None: all), as arrays.
+
+        Raises:
+            CallError: an input missing or unknown, of the wrong dtype, rank or shape; an
+                unknown output name.
+        """
+        picks = self._picks(output_names)
+        results = self._call(self._arguments(input_feed), None)
+        return [results[i] for i in picks]
+
+    def io_binding(self) -> IOBinding:
+        """A binding of inputs and preallocated outputs for `run_with_iobinding`."""
+        from kiln.session.io_binding import IOBinding
+
+        return IOBinding(self)
+
+    def run_with_iobinding(self, iobinding: IOBinding, run_options: Any = None) -> None:
+        """Run with the binding's inputs; write its bound outputs in place, allocate the
+        others (read them with `iobinding.copy_outputs_to_cpu()`)."""
+        args = self._arguments(iobinding.inputs)
+        given = [iobinding.outputs.get(o.name) for o in self._outputs]
+        if all(g is None for g in given):
+            iobinding.results = self._call(args, None)
+            return
+        shapes = self._function.output_shapes(*args)
+        bound = tuple(g if g is not None else np.empty(shape, _numpy_dtype(r["dtype"]))
+                      for g, shape, r in zip(given, shapes, self._function.results))
+        iobinding.results = self._call(args, bound)
+
+    def _arguments(self, feed: Mapping[str, Any]) -> list[Any]:
+        """The input feed as positional arguments, checked by name."""
+        if not isinstance(feed, Mapping):
+            raise ArgumentTypeError(
+                f"input_feed must be a dict of input name -> array, got {type(feed).__name__}")
+        names = [i.name for i in self._inputs]
+        unknown = [k for k in feed if k not in names]
+        if unknown:
+            raise CallError(f"'{unknown[0]}' is not an input of this model; its inputs: "
+                            f"{', '.join(names) or '(none)'}")
+        missing = [n for n in names if n not in feed]
+        if missing:
+            raise CallError(f"missing input(s): {', '.join(missing)} (the model's inputs: "
+                            f"{', '.join(names)})")
+        return [feed[n] for n in names]
+
+    def _call(self, args: list[Any], out: tuple[np.ndarray, ...] | None) -> list[np.ndarray]:
+        result = self._function(*args, out=out)
+        return list(result) if isinstance(result, tuple) else [result]
+
+    def _picks(self, output_names: Sequence[str] | None) -> list[int]:
+        if output_names is None:
+            return list(range(len(self._outputs)))
+        if isinstance(output_names, str):
+            raise ArgumentTypeError(
+                f"output_names must be a list of names or None, got the string "
+                f"{output_names!r}")
+        picks = []
+        for name in output_names:
+            if name not in self._output_index:
+                raise CallError(f"'{name}' is not an output of this model; its outputs: "
+                                f"{', '.join(self._output_index)}")
+            picks.append(self._output_index[name])
+        return picks
+
+    def output_index(self, name: str) -> int:
+        """The position of output `name` (CallError naming the outputs if unknown)."""
+        return self._picks([name])[0]
+
+
+def _entry(module: Any) -> PackedFunction:
+    """The model's entry function of a loaded library or Executable."""
+    if _ENTRY not in module.function_names():
+        raise CallError(f"this library has no '{_ENTRY}' function (it has "
+                        f"{', '.join(module.function_names()) or 'none'}): InferenceSession "
+                        "runs models compiled from ONNX (kiln compile model.onnx -o m.so)")
+    function: PackedFunction = module[_ENTRY]
+    if function.kind != "graph":
+        raise CallError("'main' of this library is a tensor-level function; "
+                        "InferenceSession runs graph-level models")
+    return function
+
+
+def _numpy_dtype(dtype: str) -> np.dtype[Any]:
+    from kiln.runtime.abi import numpy_dtype
+
+    return numpy_dtype(dtype)
+
+
+def _check_providers(providers: Sequence[Any] | None) -> None:
+    for entry in providers or ():
+        name = entry[0] if isinstance(entry, tuple) else entry
+        if name != CPU_PROVIDER:
+            raise UsageError(
+                f"execution provider {name!r} is not available: kiln compiles for the CPU "
+                f"(use {CPU_PROVIDER!r} or leave providers out; GPU targets are compiled "
+                "with kiln.compile, docs/gpu.md)")
+
+
+def _thread_count(options: SessionOptions) -> int:
+    n = options.intra_op_num_threads
+    if not isinstance(n, int) or isinstance(n, bool) or n < 0:
+        raise UsageError(f"intra_op_num_threads must be an integer >= 0, got {n!r}")
+    return n
+
+
+def _onnx_metadata(path: Path) -> ModelMetadata:
+    import onnx
+
+    from kiln.errors import MissingFileError
+
+    if not path.is_file():
+        raise MissingFileError(f"no ONNX model at {path}")
+    return _metadata_of(onnx.load(str(path), load_external_data=False))
+
+
+def _metadata_of(model: Any) -> ModelMetadata:
+    """The ModelMetadata of an onnx.ModelProto."""
+    return ModelMetadata(
+        producer_name=model.producer_name, graph_name=model.graph.name,
+        domain=model.domain, description=model.doc_string,
+        graph_description=model.graph.doc_string, version=model.model_version,
+        custom_metadata_map={p.key: p.value for p in model.metadata_props})
