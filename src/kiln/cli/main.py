@@ -3,11 +3,12 @@
     kiln compile model.onnx -t llvm -o model.so [--shape x=1,64 | batch=1 | seq=1:512]
                  [--profile]
     kiln inspect model.so [--format text|json] [--show llvm/kernels.bc --format ll]
-                          [--report report.html]
+                          [--report report.html [--profile-json prof.json]]
     kiln targets list [--kind K] | kiln targets show NAME | kiln targets kinds
     kiln run model.so --input x=x.npy | --inputs in.npz | --fill random|zeros [--size seq=N]
              [--output y.npy | --outputs out.npz] [--repeat N --warmup M] [--function main]
-             [--profile]
+             [--profile [--profile-by op,group,kernel] [--top N]]
+             [--profile-json prof.json] [--trace trace.json]
     kiln cache list|info|clear
 
 Errors are one line on stderr and exit code 2 (1 for an unexpected failure);
@@ -114,7 +115,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from kiln.cli.run import cmd_run
 
     print(cmd_run(args.file, args.function, args.input, args.inputs, args.fill, args.output,
-                  args.outputs, args.repeat, args.warmup, args.profile, args.size))
+                  args.outputs, args.repeat, args.warmup, args.profile, args.size,
+                  args.profile_json, args.trace, args.profile_by, args.top))
     return 0
 
 
@@ -238,7 +240,19 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--warmup", type=int, default=3, metavar="M",
                    help="untimed calls before the timed ones (default 3)")
     r.add_argument("--profile", action="store_true",
-                   help="print per-kernel times (library built with kiln compile --profile)")
+                   help="print kernel times by op type and fused group (library built "
+                        "with kiln compile --profile; docs/profiling.md)")
+    r.add_argument("--profile-by", default="op,group", metavar="KEYS",
+                   help="the --profile tables: comma-separated op, group, kernel "
+                        "(default op,group)")
+    r.add_argument("--top", type=int, default=8, metavar="N",
+                   help="rows per --profile table before the 'other' row (default 8)")
+    r.add_argument("--profile-json", default=None, metavar="FILE.json",
+                   help="write the kernel times (every kernel call, op type, fused group) "
+                        "as JSON; the report takes it (kiln inspect --profile-json)")
+    r.add_argument("--trace", default=None, metavar="FILE.json",
+                   help="write a Chrome trace-event file of the timed calls "
+                        "(ui.perfetto.dev, chrome://tracing)")
     r.set_defaults(func=_cmd_run)
 
     k = verb(sub, "cache", "list, describe or clear the compile cache")
