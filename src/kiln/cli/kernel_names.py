@@ -29,6 +29,11 @@ def _op_names() -> tuple[str, ...]:
 
 def kernel_ops(kernel: str) -> list[str]:
     """The ops a kernel's name lists, in order (the name itself when no op matches)."""
+    return list(_kernel_ops(kernel))
+
+
+@cache
+def _kernel_ops(kernel: str) -> tuple[str, ...]:
     rest = fused_group(kernel)
     rest = rest.removeprefix("fused_") if rest.startswith("fused_") else rest
     ops: list[str] = []
@@ -39,9 +44,9 @@ def kernel_ops(kernel: str) -> list[str]:
             break
         ops.append(op)
         rest = rest[len(op) + 1:]
-    return ops or [kernel]
+    return tuple(ops) or (kernel,)
 
 
 def op_type(kernel: str) -> str:
     """The op type of `kernel`: the first op its name lists."""
-    return kernel_ops(kernel)[0]
+    return _kernel_ops(kernel)[0]

@@ -90,11 +90,14 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
 
     if args.report is not None:
         from kiln.cli.inspect import report_metadata
-        from kiln.cli.report import write_report
+        from kiln.cli.report import read_profile, write_report
 
         metadata = report_metadata(args.file)
-        print(write_report(metadata, os.path.basename(args.file), args.report))
+        profile = read_profile(args.profile_json) if args.profile_json else None
+        print(write_report(metadata, os.path.basename(args.file), args.report, profile))
         return 0
+    if args.profile_json is not None:
+        raise UsageError("--profile-json goes with --report: it adds kernel times to the page")
     print(cmd_inspect(args.file, args.artifact, args.format))
     return 0
 
@@ -205,7 +208,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="text (default) or json for the report; with --artifact the view: "
                         "c, ll, asm, json, hex, symbols")
     i.add_argument("--report", metavar="PAGE.html", default=None,
-                   help="write a self-contained HTML page: the kernel graph and memory plan")
+                   help="write a self-contained HTML page: summary, kernel graph (zoom, "
+                        "search) and memory plan")
+    i.add_argument("--profile-json", metavar="FILE.json", default=None,
+                   help="with --report: show the kernel times of `kiln run --profile-json`")
     i.set_defaults(func=_cmd_inspect)
 
     t = verb(sub, "targets", "list target tags or kinds, or describe one")
