@@ -288,3 +288,30 @@ def test_profile_from_c_through_the_static_library_header(tmp_path: Path) -> Non
     callees = lowered_callees()
     assert lines[:-1] == [f"main {c} 5" for c in callees] + ["main - 5"]
     assert lines[-1] == f"sites {len(callees) + 1} kernels<=whole 1 after-reset 0"
+
+
+def test_bert_profile_fits_a_screen(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A BERT encoder (two post-norm layers, small hidden size): `kiln run --profile` with
+    its defaults prints at most 30 lines, and the rows shown before each "other" row hold
+    at least 95% of the kernel time."""
+    monkeypatch.syspath_prepend(str(ROOT / "tests" / "models"))
+    import zoo
+
+    model = zoo.bert(seq=8, batch=1, layers=2, dim=32, heads=2, ffn=64, vocab=100)
+    kiln.compile(model, "llvm", profile=True).export_library(tmp_path / "bert.so")
+    ran = run_kiln("run", "bert.so", "--fill", "zeros", "--repeat", "10", "--profile",
+                   cwd=tmp_path)
+    assert ran.returncode == 0, ran.stderr
+    lines = ran.stdout.splitlines()
+    assert len(lines) <= 30, ran.stdout
+    for heading in ("by op type", "by fused group"):
+        start = next(i for i, x in enumerate(lines) if x.startswith(heading))
+        rows = []
+        for line in lines[start + 1:]:
+            if line.startswith("by "):
+                break
+            rows.append(line)
+        ms = [float(r.split(")")[1].split()[1] if r.startswith("other (") else r.split()[2])
+              for r in rows]
+        shown = sum(ms[:-1]) if rows[-1].startswith("other (") else sum(ms)
+        assert shown >= 0.95 * sum(ms), ran.stdout
