@@ -251,8 +251,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--profile-by", default="op,group", metavar="KEYS",
                    help="the --profile tables: comma-separated op, group, kernel "
                         "(default op,group)")
-    r.add_argument("--top", type=int, default=8, metavar="N",
-                   help="rows per --profile table before the 'other' row (default 8)")
+    r.add_argument("--top", type=int, default=None, metavar="N",
+                   help="rows per --profile table before the 'other' row (default: the "
+                        "fewest holding 95%% of the time, at most 9)")
     r.add_argument("--profile-json", default=None, metavar="FILE.json",
                    help="write the kernel times (every kernel call, op type, fused group) "
                         "as JSON; the report takes it (kiln inspect --profile-json)")

@@ -24,6 +24,9 @@ from kiln.cli.kernel_names import fused_group, op_type
 from kiln.errors import UsageError
 
 AGGREGATES = ("op", "group", "kernel")
+# Without --top: the fewest rows that hold this share of the kernel time, at most
+# AUTO_ROWS per table (a transformer's profile then fits 30 lines).
+AUTO_SHARE, AUTO_ROWS = 0.95, 9
 HEADINGS = {"op": "op type", "group": "fused group", "kernel": "kernel"}
 
 
@@ -137,9 +140,23 @@ def _ms(ns: float) -> str:
     return f"{ns / 1e6:10.4f}"
 
 
-def table(rec: Recording, by: Sequence[str], top: int) -> str:
-    """The text tables, one per aggregate in `by`: the `top` longest rows, then one
-    "other" row for the rest; shares are of the library-timed whole call."""
+def shown_rows(rows: Sequence[Aggregate], top: int | None) -> int:
+    """How many of `rows` (longest first) a table shows before its "other" row: `top`,
+    else the fewest holding AUTO_SHARE of their time (at most AUTO_ROWS)."""
+    if top is not None:
+        return top
+    total, running = sum(r.total_ns for r in rows), 0
+    for k, r in enumerate(rows[:AUTO_ROWS]):
+        running += r.total_ns
+        if running >= AUTO_SHARE * total:
+            return k + 1
+    return AUTO_ROWS
+
+
+def table(rec: Recording, by: Sequence[str], top: int | None = None) -> str:
+    """The text tables, one per aggregate in `by`: the longest rows (kiln.cli.profiling.
+    shown_rows), then one "other" row for the rest; shares are of the library-timed
+    whole call."""
     whole = sum(rec.whole_ns) or 1
     kernels = sum(sum(s.ns) for s in rec.sites)
     lines = [f"profile of {rec.function} over {rec.calls} calls: {_ms(whole / rec.calls).strip()}"
@@ -147,7 +164,8 @@ def table(rec: Recording, by: Sequence[str], top: int) -> str:
              " of it"]
     for key in by:
         rows = aggregate(rec, key)
-        shown, rest = rows[:top], rows[top:]
+        n = shown_rows(rows, top)
+        shown, rest = rows[:n], rows[n:]
         width = max([len(r.name) for r in shown] + [len(HEADINGS[key]), 24])
         lines.append(f"{'by ' + HEADINGS[key]:<{width}}  {'calls':>7}  {'total ms':>10}  "
                      f"{'mean ms':>10}  {'min ms':>10}  {'share':>6}")

@@ -156,13 +156,14 @@ def cmd_run(path: str, function: str, items: Sequence[str], npz: str | None, fil
             output: str | None, outputs_npz: str | None, repeat: int, warmup: int,
             profile: bool = False, size_items: Sequence[str] = (),
             profile_json: str | None = None, trace: str | None = None,
-            profile_by: str = "op,group", top: int = 8) -> str:
+            profile_by: str = "op,group", top: int | None = None) -> str:
     """Load `path`, call `function` once (then `warmup` + `repeat` more times), the report.
 
     With `profile`, `profile_json` or `trace` (a library built with profiling timers)
     the kernel timers are read around each of the `repeat` timed calls (or the first
     call when `repeat` is 0): `profile` prints them aggregated by `profile_by`
-    (kiln.cli.profiling, the `top` longest rows and an "other" row), `profile_json`
+    (kiln.cli.profiling: the `top` longest rows, by default as many as hold 95% of the
+    time, and an "other" row), `profile_json`
     and `trace` write them to files."""
     from kiln.cli import profiling
     from kiln.runtime import load_module
@@ -170,7 +171,7 @@ def cmd_run(path: str, function: str, items: Sequence[str], npz: str | None, fil
 
     if repeat < 0 or warmup < 0:
         raise UsageError("--repeat and --warmup take counts >= 0")
-    if top < 1:
+    if top is not None and top < 1:
         raise UsageError(f"--top takes a count >= 1, got {top}")
     by = profiling.parse_by(profile_by)
     profiling_on = profile or profile_json is not None or trace is not None
