@@ -1,17 +1,21 @@
 """Per-kernel profiling: `kiln compile --profile`, `kiln run --profile`, `Module.profile()`.
 
 The CNN is compiled with timers on both native backends and run in fresh
-processes; the table's kernels must be the lowered `main`'s CallFunc callees,
-and their times must add up to the library-timed whole call.
+processes; the profile's kernels must be the lowered `main`'s CallFunc callees,
+their times must add up to the library-timed whole call, the tables, JSON and
+every aggregate must agree, and the trace must satisfy the trace-event format.
 """
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
 import textwrap
+from itertools import pairwise
 from pathlib import Path
+from typing import Any
 
 import pytest
 from kiln_cli import ROOT, one_line_error, run_kiln
@@ -21,47 +25,149 @@ from kiln.ir.tensor import CallFunc
 from kiln.ir.visitor import iter_stmts
 
 CNN = ROOT / "models" / "tiny_cnn.onnx"
-ROW = re.compile(r"^(\S+)\s+(\d+)\s+([0-9.]+)\s+([0-9.]+)\s+([0-9.]+)%$")
-
-
 def lowered_callees() -> list[str]:
     """The kernels the lowered graph `main` calls, in call order."""
     ex = kiln.compile(str(CNN), "llvm")
     return [s.func for s in iter_stmts(ex.ir["main"].body) if isinstance(s, CallFunc)]
 
 
-def table(stdout: str) -> tuple[dict[str, tuple[int, float]], float, float]:
-    """({kernel: (calls, total ms)}, kernels total ms, whole call ms) of a profile table."""
-    kernels: dict[str, tuple[int, float]] = {}
-    summed = whole = -1.0
-    for line in stdout.splitlines()[stdout.splitlines().index(next(
-            x for x in stdout.splitlines() if x.startswith("profile of main"))) + 2:]:
-        if line.startswith("kernels total"):
-            summed = float(line.split()[2])
-        elif line.startswith("whole call"):
-            whole = float(line.split()[3])
-        else:
-            m = ROW.match(line)
-            assert m, line
-            kernels[m.group(1)] = (int(m.group(2)), float(m.group(3)))
-    return kernels, summed, whole
+# The Trace Event Format's "JSON Object Format" as chrome://tracing and Perfetto read it
+# (complete events "X" with ts/dur in microseconds, metadata events "M").
+COMPLETE_EVENT = {
+    "type": "object", "required": ["name", "ph", "ts", "dur", "pid", "tid"],
+    "properties": {"name": {"type": "string"}, "cat": {"type": "string"},
+                   "ph": {"const": "X"}, "ts": {"type": "number", "minimum": 0},
+                   "dur": {"type": "number", "minimum": 0}, "pid": {"type": "integer"},
+                   "tid": {"type": "integer"}, "args": {"type": "object"}}}
+METADATA_EVENT = {
+    "type": "object", "required": ["name", "ph", "pid", "args"],
+    "properties": {"name": {"enum": ["process_name", "thread_name", "process_sort_index",
+                                     "thread_sort_index"]},
+                   "ph": {"const": "M"}, "pid": {"type": "integer"},
+                   "tid": {"type": "integer"},
+                   "args": {"type": "object", "required": ["name"]}}}
+TRACE_SCHEMA = {
+    "type": "object", "required": ["traceEvents"],
+    "properties": {"traceEvents": {"type": "array",
+                                   "items": {"anyOf": [COMPLETE_EVENT, METADATA_EVENT]}},
+                   "displayTimeUnit": {"enum": ["ms", "ns"]},
+                   "otherData": {"type": "object"}}}
+JSON_TYPES: dict[str, Any] = {"object": dict, "array": list, "string": str,
+                              "integer": int, "number": (int, float)}
+
+
+def schema_errors(value: Any, schema: dict[str, Any], where: str = "$") -> list[str]:
+    """The subset of JSON Schema TRACE_SCHEMA uses, checked strictly by hand (a host
+    without the jsonschema package still checks the trace)."""
+    kind = schema.get("type")
+    if kind and (not isinstance(value, JSON_TYPES[kind]) or isinstance(value, bool)):
+        return [f"{where}: not {kind}"]
+    errors = []
+    if "const" in schema and value != schema["const"]:
+        errors.append(f"{where}: {value!r} != {schema['const']!r}")
+    if "enum" in schema and value not in schema["enum"]:
+        errors.append(f"{where}: {value!r} not in {schema['enum']}")
+    if "minimum" in schema and value < schema["minimum"]:
+        errors.append(f"{where}: {value} < {schema['minimum']}")
+    if "anyOf" in schema and all(schema_errors(value, s, where) for s in schema["anyOf"]):
+        errors.append(f"{where}: matches none of anyOf")
+    errors += [f"{where}: no {key!r}" for key in schema.get("required", ()) if key not in value]
+    for key, sub in schema.get("properties", {}).items():
+        if isinstance(value, dict) and key in value:
+            errors += schema_errors(value[key], sub, f"{where}.{key}")
+    for i, item in enumerate(value if "items" in schema else ()):
+        errors += schema_errors(item, schema["items"], f"{where}[{i}]")
+    return errors
+
+
+def check_trace(trace: dict[str, Any]) -> None:
+    """Valid against TRACE_SCHEMA (with jsonschema when installed, and by hand)."""
+    try:
+        import jsonschema
+    except ImportError:
+        pass
+    else:
+        jsonschema.validate(trace, TRACE_SCHEMA)
+    assert schema_errors(trace, TRACE_SCHEMA) == []
+    assert schema_errors({"traceEvents": [{"ph": "X", "name": "k", "ts": -1, "dur": 1,
+                                           "pid": 1, "tid": 1}]}, TRACE_SCHEMA)
 
 
 @pytest.mark.parametrize("backend", ["llvm", "c"])
-def test_run_profile_sums_to_the_whole_call(tmp_path: Path, backend: str) -> None:
+def test_run_profile_aggregates_json_and_trace(tmp_path: Path, backend: str) -> None:
     done = run_kiln("compile", str(CNN), "-t", backend, "--profile", "-o", "cnn.so",
                     cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     ran = run_kiln("run", "cnn.so", "--fill", "random", "--repeat", "30", "--warmup", "3",
-                   "--profile", cwd=tmp_path)
+                   "--profile", "--profile-by", "kernel,op,group", "--top", "100",
+                   "--profile-json", "p.json", "--trace", "t.json", cwd=tmp_path)
     assert ran.returncode == 0, ran.stderr
-    kernels, summed, whole = table(ran.stdout)
-    assert list(kernels) == lowered_callees()
-    shown = run_kiln("inspect", "cnn.so", cwd=tmp_path)
-    assert f"profile:  {len(kernels) + 1} timer sites" in shown.stdout
-    assert all(calls == 30 for calls, _ in kernels.values())
-    assert summed == pytest.approx(sum(ms for _, ms in kernels.values()), abs=1e-3)
-    assert 0.8 * whole <= summed <= 1.2 * whole, ran.stdout
+    callees = lowered_callees()
+    prof = json.loads((tmp_path / "p.json").read_text())
+    sites = prof["sites"]
+    assert [s["kernel"] for s in sites] == callees
+    assert prof["calls"] == 30 and all(s["calls"] == 30 for s in sites)
+    assert all(s["op"] in kiln.ops.list_ops() for s in sites), sites
+    summed = sum(s["total_ns"] for s in sites)
+    for key in ("by_kernel", "by_op", "by_group"):
+        rows = prof[key]
+        assert sum(r["total_ns"] for r in rows) == summed
+        assert sum(r["calls"] for r in rows) == 30 * len(callees)
+        assert all(r["min_ns"] <= r["mean_ns"] for r in rows)
+    assert {r["name"] for r in prof["by_kernel"]} == set(callees)
+    whole = prof["whole_call"]["total_ns"]
+    assert 0.8 * whole <= summed <= 1.2 * whole, prof
+    # the text tables: one row per kernel, op type and group, in the JSON's order
+    text = ran.stdout.splitlines()
+    for key, heading in (("by_kernel", "by kernel"), ("by_op", "by op type"),
+                         ("by_group", "by fused group")):
+        start = next(i for i, x in enumerate(text) if x.startswith(heading))
+        rows = text[start + 1:start + 1 + len(prof[key])]
+        assert [r.split()[0] for r in rows] == [r["name"] for r in prof[key]]
+        assert [int(r.split()[1]) for r in rows] == [r["calls"] for r in prof[key]]
+    trace = json.loads((tmp_path / "t.json").read_text())
+    check_trace(trace)
+    calls = [e for e in trace["traceEvents"] if e.get("cat") == "call"]
+    kernels = [e for e in trace["traceEvents"] if e.get("cat") == "kernel"]
+    assert len(calls) == 30 and len(kernels) == 30 * len(callees)
+    for c, call in enumerate(calls):
+        mine = kernels[c * len(callees):(c + 1) * len(callees)]
+        assert [e["name"] for e in mine] == callees
+        assert all(call["ts"] <= e["ts"] and e["ts"] + e["dur"] <= call["ts"] + call["dur"]
+                   + 1e-3 for e in mine)
+        assert all(a["ts"] + a["dur"] <= b["ts"] + 1e-3 for a, b in pairwise(mine))
+        assert all(e["args"]["op"] and e["args"]["outputs"] for e in mine)
+
+
+def test_top_rows_and_the_other_row(tmp_path: Path) -> None:
+    kiln.compile(str(CNN), "llvm", profile=True).export_library(tmp_path / "cnn.so")
+    ran = run_kiln("run", "cnn.so", "--fill", "random", "--repeat", "5", "--profile",
+                   "--profile-by", "kernel", "--top", "2", "--profile-json", "p.json",
+                   cwd=tmp_path)
+    assert ran.returncode == 0, ran.stderr
+    prof = json.loads((tmp_path / "p.json").read_text())
+    lines = ran.stdout.splitlines()
+    start = lines.index(next(x for x in lines if x.startswith("by kernel")))
+    assert [x.split()[0] for x in lines[start + 1:start + 3]] == \
+        [r["name"] for r in prof["by_kernel"][:2]]
+    rest = prof["by_kernel"][2:]
+    other = lines[start + 3]
+    assert other.startswith(f"other ({len(rest)} kernels)")
+    assert int(other.split(")")[1].split()[0]) == sum(r["calls"] for r in rest)
+    bad = one_line_error(run_kiln("run", "cnn.so", "--fill", "random", "--profile",
+                                  "--profile-by", "layer", cwd=tmp_path))
+    assert "--profile-by" in bad and "op, group, kernel" in bad
+
+
+def test_kernel_names_give_group_and_op_type() -> None:
+    from kiln.cli.kernel_names import fused_group, kernel_ops, op_type
+
+    name = "fused_matmul_packed_add_divide_erf_add_multiply_multiply_3"
+    assert fused_group(name) == name[:-2]
+    assert kernel_ops(name) == ["matmul_packed", "add", "divide", "erf", "add", "multiply",
+                                "multiply"]
+    assert op_type("layer_norm_2") == "layer_norm" and op_type("conv2d") == "conv2d"
+    assert op_type("fused_not_an_op_x") == "not_an_op_x"
 
 
 @pytest.mark.parametrize("backend", ["llvm", "c"])
@@ -182,3 +288,30 @@ def test_profile_from_c_through_the_static_library_header(tmp_path: Path) -> Non
     callees = lowered_callees()
     assert lines[:-1] == [f"main {c} 5" for c in callees] + ["main - 5"]
     assert lines[-1] == f"sites {len(callees) + 1} kernels<=whole 1 after-reset 0"
+
+
+def test_bert_profile_fits_a_screen(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A BERT encoder (two post-norm layers, small hidden size): `kiln run --profile` with
+    its defaults prints at most 30 lines, and the rows shown before each "other" row hold
+    at least 95% of the kernel time."""
+    monkeypatch.syspath_prepend(str(ROOT / "tests" / "models"))
+    import zoo
+
+    model = zoo.bert(seq=8, batch=1, layers=2, dim=32, heads=2, ffn=64, vocab=100)
+    kiln.compile(model, "llvm", profile=True).export_library(tmp_path / "bert.so")
+    ran = run_kiln("run", "bert.so", "--fill", "zeros", "--repeat", "10", "--profile",
+                   cwd=tmp_path)
+    assert ran.returncode == 0, ran.stderr
+    lines = ran.stdout.splitlines()
+    assert len(lines) <= 30, ran.stdout
+    for heading in ("by op type", "by fused group"):
+        start = next(i for i, x in enumerate(lines) if x.startswith(heading))
+        rows = []
+        for line in lines[start + 1:]:
+            if line.startswith("by "):
+                break
+            rows.append(line)
+        ms = [float(r.split(")")[1].split()[1] if r.startswith("other (") else r.split()[2])
+              for r in rows]
+        shown = sum(ms[:-1]) if rows[-1].startswith("other (") else sum(ms)
+        assert shown >= 0.95 * sum(ms), ran.stdout

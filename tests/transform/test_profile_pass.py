@@ -59,3 +59,20 @@ def test_timer_arguments_must_be_int64() -> None:
 def test_profile_needs_a_codegen_with_host_c() -> None:
     with pytest.raises(CompileError, match="profile=True needs a native library"):
         kiln.compile(str(CNN), "llvmjit", profile=True)
+
+
+def test_the_pass_by_name_in_a_tensor_pipeline() -> None:
+    """`profile-kernel-calls` at the end of a tensor pipeline builds the library that
+    profile=True builds (the same sites, a loaded library that counts its calls), and
+    profile=True on top of it does not time twice."""
+    pipeline = "simplify,interchange-reductions,parallelize,profile-kernel-calls"
+    named = kiln.compile(str(CNN), "llvm", tensor_pipeline=pipeline)
+    flagged = kiln.compile(str(CNN), "llvm", profile=True)
+    both = kiln.compile(str(CNN), "llvm", tensor_pipeline=pipeline, profile=True)
+    assert named.metadata["profile"] == flagged.metadata["profile"] == both.metadata["profile"]
+    assert len(named.metadata["profile"]["sites"]) > 1
+    lib = named.jit()
+    x = np.zeros((1, 3, 16, 16), np.float32)
+    lib["main"](x)
+    lib["main"](x)
+    assert [r.calls for r in lib.profile()] == [2] * len(named.metadata["profile"]["sites"])

@@ -5,11 +5,12 @@
                  [--profile]
     kiln inspect model.onnx [--format text|json]   (before compiling)
     kiln inspect model.so [--format text|json] [--show llvm/kernels.bc --format ll]
-                          [--report report.html]
+                          [--report report.html [--profile-json prof.json]]
     kiln targets list [--kind K] | kiln targets show NAME | kiln targets kinds
     kiln run model.so --input x=x.npy | --inputs in.npz | --fill random|zeros [--size seq=N]
              [--output y.npy | --outputs out.npz] [--repeat N --warmup M] [--function main]
-             [--profile]
+             [--profile [--profile-by op,group,kernel] [--top N]]
+             [--profile-json prof.json] [--trace trace.json]
     kiln cache list|info|clear
     kiln build-many MATRIX.json -o DIR [--address ADDR | --in-process] [--cache-dir DIR]
 
@@ -111,11 +112,14 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
 
     if args.report is not None:
         from kiln.cli.inspect import report_metadata
-        from kiln.cli.report import write_report
+        from kiln.cli.report import read_profile, write_report
 
         metadata = report_metadata(args.file)
-        print(write_report(metadata, os.path.basename(args.file), args.report))
+        profile = read_profile(args.profile_json) if args.profile_json else None
+        print(write_report(metadata, os.path.basename(args.file), args.report, profile))
         return 0
+    if args.profile_json is not None:
+        raise UsageError("--profile-json goes with --report: it adds kernel times to the page")
     print(cmd_inspect(args.file, args.artifact, args.format))
     return 0
 
@@ -136,7 +140,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from kiln.cli.run import cmd_run
 
     print(cmd_run(args.file, args.function, args.input, args.inputs, args.fill, args.output,
-                  args.outputs, args.repeat, args.warmup, args.profile, args.size))
+                  args.outputs, args.repeat, args.warmup, args.profile, args.size,
+                  args.profile_json, args.trace, args.profile_by, args.top))
     return 0
 
 
@@ -239,7 +244,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="text (default) or json for the report; with --artifact the view: "
                         "c, ll, asm, json, hex, symbols")
     i.add_argument("--report", metavar="PAGE.html", default=None,
-                   help="write a self-contained HTML page: the kernel graph and memory plan")
+                   help="write a self-contained HTML page: summary, kernel graph (zoom, "
+                        "search) and memory plan")
+    i.add_argument("--profile-json", metavar="FILE.json", default=None,
+                   help="with --report: show the kernel times of `kiln run --profile-json`")
     i.set_defaults(func=_cmd_inspect)
 
     t = verb(sub, "targets", "list target tags or kinds, or describe one")
@@ -274,7 +282,20 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--warmup", type=int, default=3, metavar="M",
                    help="untimed calls before the timed ones (default 3)")
     r.add_argument("--profile", action="store_true",
-                   help="print per-kernel times (library built with kiln compile --profile)")
+                   help="print kernel times by op type and fused group (library built "
+                        "with kiln compile --profile; docs/profiling.md)")
+    r.add_argument("--profile-by", default="op,group", metavar="KEYS",
+                   help="the --profile tables: comma-separated op, group, kernel "
+                        "(default op,group)")
+    r.add_argument("--top", type=int, default=None, metavar="N",
+                   help="rows per --profile table before the 'other' row (default: the "
+                        "fewest holding 95%% of the time, at most 9)")
+    r.add_argument("--profile-json", default=None, metavar="FILE.json",
+                   help="write the kernel times (every kernel call, op type, fused group) "
+                        "as JSON; the report takes it (kiln inspect --profile-json)")
+    r.add_argument("--trace", default=None, metavar="FILE.json",
+                   help="write a Chrome trace-event file of the timed calls "
+                        "(ui.perfetto.dev, chrome://tracing)")
     r.set_defaults(func=_cmd_run)
 
     k = verb(sub, "cache", "list, describe or clear the compile cache")

@@ -152,50 +152,31 @@ def latency_table(times_ms: list[float], warmup: int) -> str:
             f"  min    {t.min():10.4f}")
 
 
-def profile_table(rows: Sequence[Any], function: str) -> str:
-    """The per-kernel table of `function`'s profile rows (kiln.runtime.profile.ProfileRow):
-    kernel, calls, total ms, ms per call and share of the library-timed whole call."""
-    mine = [r for r in rows if r.function == function]
-    whole = next((r for r in mine if r.kernel is None), None)
-    kernels = [r for r in mine if r.kernel is not None]
-    if whole is None or not kernels:
-        raise UsageError(f"function {function!r} calls no profiled kernels; the profiled "
-                         f"functions are: {', '.join(sorted({r.function for r in rows}))}")
-    total = whole.total_ns or 1
-
-    def line(name: str, calls: str, ns: int, per_call: str) -> str:
-        return (f"{name:<{width}}  {calls:>7}  {ns / 1e6:10.4f}  {per_call:>10}"
-                f"  {100 * ns / total:6.1f}%")
-
-    width = max([len(str(r.kernel)) for r in kernels] + [len("kernels total")])
-    lines = [f"profile of {function} over {whole.calls} calls (times from the library's own "
-             "monotonic clock):",
-             f"{'kernel':<{width}}  {'calls':>7}  {'total ms':>10}  {'ms/call':>10}  {'share':>7}"]
-    for r in kernels:
-        per_call = f"{r.total_ns / 1e6 / r.calls:10.4f}" if r.calls else "-"
-        lines.append(line(str(r.kernel), str(r.calls), r.total_ns, per_call))
-    summed = sum(r.total_ns for r in kernels)
-    lines.append(line("kernels total", "", summed, ""))
-    per_call = f"{whole.total_ns / 1e6 / whole.calls:10.4f}" if whole.calls else "-"
-    lines.append(line("whole call", str(whole.calls), whole.total_ns, per_call))
-    return "\n".join(lines)
-
-
 def cmd_run(path: str, function: str, items: Sequence[str], npz: str | None, fill: str | None,
             output: str | None, outputs_npz: str | None, repeat: int, warmup: int,
-            profile: bool = False, size_items: Sequence[str] = ()) -> str:
+            profile: bool = False, size_items: Sequence[str] = (),
+            profile_json: str | None = None, trace: str | None = None,
+            profile_by: str = "op,group", top: int | None = None) -> str:
     """Load `path`, call `function` once (then `warmup` + `repeat` more times), the report.
 
-    With `profile` (a library built with profiling timers) the counters are reset
-    after the untimed calls, and the per-kernel table covers the `repeat` timed
-    calls (or the first call when `repeat` is 0)."""
+    With `profile`, `profile_json` or `trace` (a library built with profiling timers)
+    the kernel timers are read around each of the `repeat` timed calls (or the first
+    call when `repeat` is 0): `profile` prints them aggregated by `profile_by`
+    (kiln.cli.profiling: the `top` longest rows, by default as many as hold 95% of the
+    time, and an "other" row), `profile_json`
+    and `trace` write them to files."""
+    from kiln.cli import profiling
     from kiln.runtime import load_module
     from kiln.runtime.profile import not_profiled
 
     if repeat < 0 or warmup < 0:
         raise UsageError("--repeat and --warmup take counts >= 0")
+    if top is not None and top < 1:
+        raise UsageError(f"--top takes a count >= 1, got {top}")
+    by = profiling.parse_by(profile_by)
+    profiling_on = profile or profile_json is not None or trace is not None
     lib = load_module(path)
-    if profile and not (lib.metadata or {}).get("profile"):
+    if profiling_on and not (lib.metadata or {}).get("profile"):
         raise not_profiled(path)
     ins, outs = _signature(lib, function)
     if output is not None and len(outs) != 1:
@@ -203,6 +184,8 @@ def cmd_run(path: str, function: str, items: Sequence[str], npz: str | None, fil
                          "outputs; use --outputs FILE.npz")
     fn = lib[function]
     args = gather_inputs(items, npz, fill, ins, sizes=parse_sizes(size_items))
+    if profiling_on:
+        profiling.recording_for(lib, function)  # a function without timers fails first
     result = fn(**args)
     values = list(result) if isinstance(result, tuple) else [result]
     names = [o.get("name") or f"output{k}" for k, o in enumerate(outs)]
@@ -215,19 +198,26 @@ def cmd_run(path: str, function: str, items: Sequence[str], npz: str | None, fil
     if outputs_npz is not None:
         arrays: dict[str, Any] = {n: np.asarray(v) for n, v in named.items()}
         np.savez(outputs_npz, **arrays)
-    rows = lib.profile() if profile else []
     if repeat:
         for _ in range(warmup):
             fn(**args)
-        if profile:
-            lib.profile_reset()
         times = []
         for _ in range(repeat):
             t0 = time.perf_counter()
             fn(**args)
             times.append((time.perf_counter() - t0) * 1e3)
         lines.append(latency_table(times, warmup))
-        rows = lib.profile() if profile else []
-    if profile:
-        lines.append(profile_table(rows, function))
+    if profiling_on:
+        # A second pass over the timed calls: reading the counters after each call
+        # must not count in the latencies above.
+        rec = profiling.record(lib, function, lambda: fn(**args), repeat)
+        if profile:
+            lines.append(profiling.table(rec, by, top))
+        if profile_json is not None:
+            profiling.write_json(profile_json, profiling.to_json(rec), "--profile-json")
+            lines.append(f"wrote {profile_json}: the profile as JSON")
+        if trace is not None:
+            profiling.write_json(trace, profiling.trace(rec), "--trace", indent=None)
+            lines.append(f"wrote {trace}: a Chrome trace (open it in ui.perfetto.dev or "
+                         "chrome://tracing)")
     return "\n".join(lines)

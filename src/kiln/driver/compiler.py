@@ -34,6 +34,7 @@ from kiln.target import Target
 from kiln.transform.context import PassContext
 from kiln.transform.instruments import timed_step
 from kiln.transform.pipeline import PipelineSpec, get_pipeline
+from kiln.transform.profile import profile_sites
 
 
 def compile(
@@ -87,7 +88,7 @@ def compile(
         mod = tensor(mod)
     _verify(mod, "the module after the graph and tensor pipelines")
     codegen_name, codegen_fn = codegen.codegen_for(tgt)
-    if profile:
+    if profile and not profile_sites(mod):  # else the tensor pipeline named the pass
         mod = _instrument(mod, codegen_name)
 
     from kiln.codegen.constants import ConstantPool

@@ -68,4 +68,5 @@ class ProfileCounters:
 def not_profiled(where: Any) -> KilnError:
     """The error for a library built without profiling."""
     return KilnError(f"{where} was built without profiling timers: compile it with "
-                     "kiln.compile(..., profile=True) or `kiln compile --profile`")
+                     "kiln.compile(..., profile=True) or `kiln compile --profile` (timers "
+                     "cost time, so only such a build has them; docs/profiling.md)")

@@ -1,6 +1,8 @@
 """ProfileKernelCalls: time every kernel call of the lowered graph functions.
 
-`kiln.compile(..., profile=True)` runs this pass after the pipelines. In each
+`kiln.compile(..., profile=True)` runs this pass after the pipelines, before the
+code generator; registered as `profile-kernel-calls`, a tensor pipeline spelled
+by names may end with it instead (docs/passes.md). In each
 PrimFunc that calls kernels (`CallFunc`: the lowered graph `main`), every call
 becomes
 

@@ -35,6 +35,7 @@ for _name, _path in {
     "interchange-reductions": "kiln.transform.interchange_reductions:InterchangeReductions",
     "parallelize": "kiln.transform.parallelize:Parallelize",
     "bind-gpu-threads": "kiln.transform.gpu_schedule:BindGpuThreads",
+    "profile-kernel-calls": "kiln.transform.profile:ProfileKernelCalls",
 }.items():
     PASSES.register(_name, lazy=_path)
 
