@@ -12,7 +12,6 @@ import handmade_lib as hm
 import numpy as np
 import pytest
 
-import kiln.codegen  # noqa: F401  (registers the compiler's loaders: llvmjit, python)
 from kiln._registry import RegistryError
 from kiln.artifact import Artifact, ArtifactSet, InMemoryArtifact
 from kiln.errors import ExportError, FormatError, KilnError

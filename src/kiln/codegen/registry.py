@@ -41,7 +41,6 @@ if TYPE_CHECKING:
 
 CodegenFn = Callable[..., "Iterable[AnyArtifact]"]
 
-from kiln.runtime.loaders import LOADERS  # noqa: E402
 from kiln.runtime.plugins import BACKENDS_GROUP  # noqa: E402,F401
 
 CODEGENS: Registry[CodegenFn] = Registry("codegen")
@@ -53,15 +52,6 @@ for _name, _path in {
     "cuda": "kiln.codegen.cuda.codegen:codegen_cuda",
 }.items():
     CODEGENS.register(_name, lazy=_path)
-
-# The in-process loaders of the backends above; the runtime does not know them
-# (it imports no compiler package), so the compiler registers them here.
-for _name, _path in {
-    "llvmjit": "kiln.codegen.llvm.jit_loader:load_llvmjit",
-    "python": "kiln.codegen.python_backend:load_python",
-}.items():
-    if _name not in LOADERS:
-        LOADERS.register(_name, lazy=_path)
 
 
 def register_codegen(name: str, fn: CodegenFn, *, override: bool = False) -> CodegenFn:

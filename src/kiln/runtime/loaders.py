@@ -6,9 +6,11 @@ ArtifactSet, except "native" (linked into the host library) and "none"
 (inspection only), to the loader registered under its name and imports the
 result into the root module.
 
-The runtime registers only its own loader ("cuda"). The compiler's in-process
-loaders ("llvmjit", "python") are registered by kiln.codegen when it is imported:
-the runtime never imports a compiler package, so a deploy host stays numpy-only
+Built-in loaders are registered lazily by "module:function" string, so a deploy
+host that never meets an `llvmjit` artifact never imports llvmlite. The two
+compiler-side ones (`llvmjit` bitcode, `python`'s IRModule) are the only way the
+runtime reaches compiler code: their artifacts cannot run without it. Native
+code (`.so`, `.tar`) loads without importing any compiler package
 (tests/runtime/test_runtime_isolation.py).
 """
 
@@ -50,11 +52,9 @@ class LoadContext:
 Loader = Callable[[list["AnyArtifact"], LoadContext], "Module"]
 
 LOADERS: Registry[Loader] = Registry("loader")
+LOADERS.register("llvmjit", lazy="kiln.codegen.llvm.jit_loader:load_llvmjit")
+LOADERS.register("python", lazy="kiln.codegen.python_backend:load_python")
 LOADERS.register("cuda", lazy="kiln.runtime.cuda_loader:load_cuda")
-
-# Loaders the compiler side registers (kiln.codegen.registry): named in the error
-# a runtime-only process gets for their artifacts.
-COMPILER_LOADERS = ("llvmjit", "python")
 
 
 def register_loader(name: str, fn: Loader, *, override: bool = False) -> Loader:
@@ -77,10 +77,6 @@ def get_loader(name: str) -> Loader:
     try:
         return LOADERS.get(name)
     except RegistryError as exc:
-        if name in COMPILER_LOADERS:
-            raise KilnError(f"'{name}' artifacts are loaded by the compiler side of kiln: "
-                            "import kiln.codegen first (a deploy-only host loads 'native' "
-                            "code only)") from None
         raise KilnError(f"{exc}. Register one with kiln.runtime.register_loader('{name}', fn)"
                         f"{failed_backends()}") from None
     except ImportError as exc:
