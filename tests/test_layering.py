@@ -1,4 +1,11 @@
-"""The package layering, read from the source (docs/ir.md, "Layers").
+"""The package layering, read from the source (docs/README.md, "Layers").
+
+The layers, bottom first (`LAYERS`): a module imports only from its own
+package and from lower layers; packages that share a layer do not import one
+another (except within `base`). On top of the order, `FORBIDDEN` holds the
+finer rules inside a package, and the runtime side (runtime, artifact, base)
+imports nothing outside the standard library but numpy (and the optional
+packages listed in `RUNTIME_OPTIONAL`).
 
 Every `import` and `from ... import` in every module of src/kiln counts, including
 the ones inside functions and under `if TYPE_CHECKING:`, and so does
@@ -9,6 +16,7 @@ still a dependency.
 from __future__ import annotations
 
 import ast
+import sys
 from pathlib import Path
 
 import pytest
@@ -17,8 +25,42 @@ import kiln
 
 SRC = Path(kiln.__file__).resolve().parent
 
+# The layers, bottom first: the first element of a module's name under kiln.
+LAYERS: list[tuple[str, ...]] = [
+    ("errors", "escape", "_registry", "_bfloat16", "dim_expr"),  # base
+    ("ir", "target", "artifact"),
+    ("runtime",),  # numpy only: what a deploy host installs
+    ("mlf",),  # the MLF reader: runtime side, builds with the system C compiler
+    ("script", "ops"),
+    ("transform",),
+    ("codegen",),
+    ("export",),
+    ("driver",),
+    ("frontend", "cli"),
+    ("demo", "__main__"),  # entry points over everything
+]
+RANK = {package: rank for rank, layer in enumerate(LAYERS) for package in layer}
+BASE = LAYERS[0]
+
+# (importing module, imported package) pairs the order allows anyway, with the reason.
+ALLOWED: dict[tuple[str, str], str] = {
+    ("kiln.driver.compiler", "frontend"):
+        "kiln.compile accepts an ONNX file or ModelProto (docs/compile.md) and imports the "
+        "frontend for that input only",
+    ("kiln.cli.main", "frontend"): "`kiln compile` reads models through the frontend",
+}
+
 # Packages that make up the compiler: what `runtime` and `artifact` must not need.
-COMPILER = ("ir", "script", "transform", "codegen", "ops", "frontend", "driver", "target")
+COMPILER = ("ir", "script", "transform", "codegen", "ops", "frontend", "driver", "target",
+            "export", "cli")
+
+# Third-party packages the runtime side may import (lazily, behind a clear error).
+RUNTIME_OPTIONAL = {
+    "numpy": "the one dependency of a deploy host",
+    "ml_dtypes": "bfloat16/float8 arrays (the `ml-dtypes` extra)",
+    "elftools": "disassembling objects in Module.inspect_source (pyelftools)",
+}
+RUNTIME_SIDE = ("runtime", "artifact", "mlf", *BASE)
 
 # (importing layer, imported layer) pairs that must not occur; "codegen/llvm" is a
 # path prefix, so the rule also covers its submodules.
@@ -114,11 +156,77 @@ def violations(files: list[Path]) -> list[str]:
             for line, target, rule in offences(_module_name(path), imports_of(path))]
 
 
+def _package(dotted: str) -> str:
+    parts = dotted.split(".")
+    return parts[1] if parts[0] == "kiln" and len(parts) > 1 else ""
+
+
+def order_offences(module: str, imports: list[tuple[int, str]]) -> list[tuple[int, str, str]]:
+    """(line, imported module, broken rule) for each import against the layer order."""
+    here = _package(module)
+    out = []
+    for line, target in imports:
+        there = _package(target)
+        # The root `kiln` resolves its names lazily (kiln/__init__.py): no layer.
+        if not here or not there or there == here or (module, there) in ALLOWED:
+            continue
+        if here not in RANK or there not in RANK:
+            out.append((line, target, f"kiln.{here or there} is in no layer (LAYERS)"))
+        elif RANK[there] > RANK[here]:
+            out.append((line, target, f"{here} is below {there}"))
+        elif RANK[there] == RANK[here] and here not in BASE:
+            out.append((line, target, f"{here} and {there} share a layer"))
+    return out
+
+
 def test_layering_holds() -> None:
     files = sorted(SRC.rglob("*.py"))
     assert len(files) > 100  # the walk found the package
     bad = violations(files)
     assert not bad, "layering violations:\n" + "\n".join(bad)
+
+
+def test_layer_order_holds() -> None:
+    bad = [f"{path.relative_to(SRC.parent)}:{line}: imports {target} ({rule})"
+           for path in sorted(SRC.rglob("*.py"))
+           for line, target, rule in order_offences(_module_name(path), imports_of(path))]
+    assert not bad, "layer order violations:\n" + "\n".join(bad)
+
+
+def test_every_package_has_a_layer() -> None:
+    packages = {p.stem for p in SRC.iterdir()
+                if (p.suffix == ".py" and p.stem != "__init__") or (p / "__init__.py").is_file()}
+    assert packages - set(RANK) == set()
+
+
+def test_allowed_exceptions_are_still_needed() -> None:
+    used = {(_module_name(path), _package(target))
+            for path in SRC.rglob("*.py") for _, target in imports_of(path)}
+    assert set(ALLOWED) - used == set()
+
+
+def test_the_runtime_side_needs_only_numpy() -> None:
+    bad = []
+    for path in sorted(SRC.rglob("*.py")):
+        if _package(_module_name(path)) not in RUNTIME_SIDE:
+            continue
+        for line, target in imports_of(path):
+            top = target.split(".")[0]
+            if top and top != "kiln" and top not in sys.stdlib_module_names \
+                    and top not in RUNTIME_OPTIONAL:
+                bad.append(f"{path.relative_to(SRC.parent)}:{line}: imports {target}")
+    assert not bad, "the runtime side imports third-party packages:\n" + "\n".join(bad)
+
+
+@pytest.mark.parametrize("module, source, broken", [
+    ("kiln.runtime.probe", "from kiln.export import export_library\n", True),
+    ("kiln.ops.probe", "def f():\n    from kiln.transform import Pass\n", True),
+    ("kiln.ops.probe", "from kiln.script import T\n", True),  # same layer
+    ("kiln.codegen.probe", "from kiln.transform import Pass\n", False),
+    ("kiln.escape", "from kiln.errors import KilnError\n", False),  # base imports base
+])
+def test_the_order_rule(module: str, source: str, broken: bool) -> None:
+    assert bool(order_offences(module, imports_in(source, module))) == broken
 
 
 @pytest.mark.parametrize("source, expected", [

@@ -11,9 +11,9 @@ import numpy as np
 import kiln
 from kiln.artifact import ArtifactSet
 from kiln.artifact.elf import read_blob
-from kiln.export.library import blob_object
 from kiln.ir import IRBuilder
 from kiln.ir import graph as g
+from kiln.runtime.library import blob_object
 
 
 def _executable(n: int = 3000) -> kiln.driver.executable.Executable:

@@ -36,7 +36,6 @@ from pathlib import Path
 from typing import Any
 
 from kiln import dim_expr
-from kiln.codegen.cfamily.analysis import calls, heap_allocations
 from kiln.codegen.cfamily.helpers import DIM_RUNTIME_FILE, Helpers, dim_runtime_source
 from kiln.codegen.cfamily.printer import CPrinter, NameScope
 from kiln.codegen.cfamily.signature import describe_params, param_ctype, qualifiers
@@ -57,6 +56,7 @@ from kiln.codegen.naming import (
 from kiln.errors import CompileError
 from kiln.escape import c_char_array, c_comment, c_string_literal, int64_literal, utf8
 from kiln.ir import dtype as dt
+from kiln.ir.analysis.tensor_queries import calls, heap_allocations
 from kiln.ir.attrs import ATTR_NUM_OUTPUTS
 from kiln.ir.kernel_errors import ERROR_OUT_OF_MEMORY, KERNEL_ERRORS
 from kiln.ir.module import IRModule

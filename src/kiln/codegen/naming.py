@@ -111,10 +111,6 @@ def consts_symbol(prefix: str) -> str:
     return f"{prefix}_consts"
 
 
-def blob_symbol(prefix: str) -> str:
-    return f"{prefix}_blob"
-
-
 def runtime_dims(fn: PrimFunc) -> tuple[tuple[str, int | str, tuple[tuple[int, int, str], ...]],
                                          ...]:
     """`kiln.runtime_dims` of a lowered graph function: (name, bound, places) per

@@ -76,17 +76,17 @@ def compile(
     from kiln.driver import split
 
     if split.is_split_target(tgt):  # a host and devices (kiln/driver/split.py)
-        _verify(mod, "the input module")
+        verify_stage(mod, "the input module")
         return split.compile_split(mod, tgt, graph_pipeline=graph_pipeline,
                                    tensor_pipeline=tensor_pipeline, prefix=prefix)
 
-    _verify(mod, "the input module")
+    verify_stage(mod, "the input module")
     with tgt:
         graph = get_pipeline(graph_pipeline, "graph", target=tgt)
         mod = graph(mod)
         tensor = get_pipeline(tensor_pipeline, "tensor", target=tgt)
         mod = tensor(mod)
-    _verify(mod, "the module after the graph and tensor pipelines")
+    verify_stage(mod, "the module after the graph and tensor pipelines")
     codegen_name, codegen_fn = codegen.codegen_for(tgt)
     if profile and not profile_sites(mod):  # else the tensor pipeline named the pass
         mod = _instrument(mod, codegen_name)
@@ -148,7 +148,7 @@ def _instrument(mod: IRModule, codegen_name: str) -> IRModule:
             f"{' or '.join(PROFILING_CODEGENS)}); the {codegen_name!r} codegen has none")
     with timed_step("profile"):
         mod = ProfileKernelCalls()(mod)
-    _verify(mod, "the module with profiling timers")
+    verify_stage(mod, "the module with profiling timers")
     return mod
 
 
@@ -217,7 +217,8 @@ def _pick_target(mod: IRModule, target: Any) -> Target:
     return Target.current(allow_none=True) or Target.from_host()
 
 
-def _verify(mod: IRModule, what: str) -> None:
+def verify_stage(mod: IRModule, what: str) -> None:
+    """Verify `mod`; an IRError names the compile stage `what` that produced it."""
     from kiln.ir.verify import verify
 
     try:

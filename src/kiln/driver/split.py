@@ -91,7 +91,7 @@ def compile_split(mod: IRModule, target: Target, *, graph_pipeline: PipelineSpec
                   tensor_pipeline: PipelineSpec, prefix: str) -> Any:
     """Compile `mod` for a host and devices into one Executable (module docstring)."""
     from kiln.codegen.registry import codegen_for
-    from kiln.driver.compiler import _verify, executable_metadata
+    from kiln.driver.compiler import executable_metadata, verify_stage
     from kiln.driver.executable import Executable
 
     host, devices = host_and_devices(target)
@@ -108,7 +108,7 @@ def compile_split(mod: IRModule, target: Target, *, graph_pipeline: PipelineSpec
             done = get_pipeline(_gpu_default(tensor_pipeline, t), "tensor", target=t)(mod)
         lowered.update({n: done[n] for n in names})
     mod = IRModule({n: lowered[n] for n in mod.functions}, mod.attrs)
-    _verify(mod, "the module after the graph and tensor pipelines")
+    verify_stage(mod, "the module after the graph and tensor pipelines")
     metadata = executable_metadata(mod, prefix)
     with timed_step("constants"):
         pool = ConstantPool.from_module(mod)

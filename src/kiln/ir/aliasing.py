@@ -94,11 +94,6 @@ def analyze(funcs: dict[str, PrimFunc]) -> AliasInfo:
                  for name in funcs})
 
 
-def noalias_params(funcs: dict[str, PrimFunc]) -> dict[str, frozenset[int]]:
-    """Parameter indices that may be marked `noalias`, per kernel name."""
-    return analyze(funcs).noalias
-
-
 def _written_params(summaries: dict[str, _Summary]) -> dict[str, set[int]]:
     written: dict[str, set[int]] = {
         name: {s.params[r] for r in s.stored if r in s.params} for name, s in summaries.items()

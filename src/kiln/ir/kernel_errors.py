@@ -42,16 +42,6 @@ KERNEL_ERRORS: dict[int, str] = {
     ERROR_LOOP_SCAN: "loop: the number of iterations differs from the length of a scan output",
 }
 
-_BY_MESSAGE = {message: code for code, message in KERNEL_ERRORS.items()}
-
-
-def error_code(message: str) -> int:
-    """The code of `message` (one of KERNEL_ERRORS' messages)."""
-    code = _BY_MESSAGE.get(message)
-    if code is None:
-        raise IRError(f"no kernel error code has the message {message!r}")
-    return code
-
 
 def op_error_code(op: str) -> int:
     """The code of the check that operator `op` fails (its message starts with `op:`)."""

@@ -51,7 +51,7 @@ from kiln.ir.shape_expr import (
 from kiln.ir.types import Dim, TensorType, TupleType, Type
 from kiln.ops import te
 from kiln.ops.onnx_map import GraphContext, onnx_op
-from kiln.ops.reduce import _topk_compute, _topk_ref, norm_axes
+from kiln.ops.reduce import norm_axes, topk_compute, topk_ref
 from kiln.ops.registry import OPS, Attrs, OpDef, register_op, result_types
 
 I64 = "int64"
@@ -342,12 +342,12 @@ def _topk_dynamic_infer(types: Sequence[TensorType], attrs: Attrs) -> Type:
 def _topk_dynamic_compute(inputs: Sequence[te.Tensor], attrs: Attrs
                           ) -> tuple[te.Tensor, te.Tensor]:
     x, ks = inputs
-    return _topk_compute([x], {**attrs, "k": ks.shape[0]})
+    return topk_compute([x], {**attrs, "k": ks.shape[0]})
 
 
 def _topk_dynamic_ref(x: np.ndarray, ks: np.ndarray, **attrs: Any
                       ) -> tuple[np.ndarray, np.ndarray]:
-    return _topk_ref(x, **{**attrs, "k": ks.shape[0]})
+    return topk_ref(x, **{**attrs, "k": ks.shape[0]})
 
 
 register_op("topk_dynamic", pattern="opaque", infer=_topk_dynamic_infer,

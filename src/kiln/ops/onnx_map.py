@@ -90,9 +90,9 @@ def onnx_op(*op_types: str, min_opset: int = 1) -> Callable[[Converter], Convert
 
 def converters() -> Registry[OnnxConverter]:
     """The ONNX converter registry, with the built-in converters loaded."""
-    from kiln.ops.registry import _load_builtin_ops
+    from kiln.ops.registry import load_builtin_ops
 
-    _load_builtin_ops()
+    load_builtin_ops()
     return ONNX_CONVERTERS
 
 

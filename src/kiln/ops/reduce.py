@@ -304,7 +304,8 @@ def _topk_infer(types: Sequence[TensorType], attrs: Attrs) -> Type:
     return TupleType((TensorType(tuple(shape), x.dtype), TensorType(tuple(shape), "int64")))
 
 
-def _topk_compute(inputs: Sequence[te.Tensor], attrs: Attrs) -> tuple[te.Tensor, te.Tensor]:
+def topk_compute(inputs: Sequence[te.Tensor], attrs: Attrs) -> tuple[te.Tensor, te.Tensor]:
+    """TopK's kernels: the k largest (or smallest) values along `axis` and their indices."""
     (x,) = inputs
     (axis,) = norm_axes(attrs.get("axis", -1), x.ndim)
     # k is a size, or a run-time dimension (kiln.ops.data_dependent's TopK)
@@ -338,7 +339,8 @@ def _topk_compute(inputs: Sequence[te.Tensor], attrs: Attrs) -> tuple[te.Tensor,
     return values, indices
 
 
-def _topk_ref(x: np.ndarray, **attrs: Any) -> tuple[np.ndarray, np.ndarray]:
+def topk_ref(x: np.ndarray, **attrs: Any) -> tuple[np.ndarray, np.ndarray]:
+    """TopK in numpy (ONNX semantics: stable, the lower index first among equal values)."""
     (axis,) = norm_axes(attrs.get("axis", -1), x.ndim)
     k, n = int(attrs["k"]), x.shape[axis]
     if attrs.get("largest", 1):
@@ -350,8 +352,8 @@ def _topk_ref(x: np.ndarray, **attrs: Any) -> tuple[np.ndarray, np.ndarray]:
     return np.take_along_axis(x, idx, axis=axis), idx
 
 
-register_op("topk", pattern="opaque", infer=_topk_infer, compute=_topk_compute,
-            reference=_topk_ref)
+register_op("topk", pattern="opaque", infer=_topk_infer, compute=topk_compute,
+            reference=topk_ref)
 
 
 # --------------------------------------------------------------------------- softmax

@@ -148,13 +148,13 @@ def register_op(name: str, *, pattern: str, infer: InferFn, compute: ComputeFn,
 
 def get_op(name: str) -> OpDef:
     """The OpDef of `name` (built-in operators are loaded on first use)."""
-    _load_builtin_ops()
+    load_builtin_ops()
     return OPS.get(name)
 
 
 def list_ops() -> list[str]:
     """The names of all registered operators, sorted."""
-    _load_builtin_ops()
+    load_builtin_ops()
     return OPS.names()
 
 
@@ -173,7 +173,8 @@ def evaluate_call(op: str, args: Sequence[np.ndarray], attrs: Attrs) -> Any:
 _LOADED = False
 
 
-def _load_builtin_ops() -> None:
+def load_builtin_ops() -> None:
+    """Register the built-in operators (kiln.ops.builtin) once, on first lookup."""
     global _LOADED
     if not _LOADED:
         _LOADED = True

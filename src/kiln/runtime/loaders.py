@@ -7,7 +7,11 @@ ArtifactSet, except "native" (linked into the host library) and "none"
 result into the root module.
 
 Built-in loaders are registered lazily by "module:function" string, so a deploy
-host that never meets an `llvmjit` artifact never imports llvmlite.
+host that never meets an `llvmjit` artifact never imports llvmlite. The two
+compiler-side ones (`llvmjit` bitcode, `python`'s IRModule) are the only way the
+runtime reaches compiler code: their artifacts cannot run without it. Native
+code (`.so`, `.tar`) loads without importing any compiler package
+(tests/runtime/test_runtime_isolation.py).
 """
 
 from __future__ import annotations

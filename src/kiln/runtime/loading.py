@@ -35,6 +35,7 @@ from kiln.artifact.elf import host_machine, machine_name
 from kiln.errors import FormatError, MissingFileError
 from kiln.runtime.cpu_features import check_library
 from kiln.runtime.dynsym import find_blob_symbol
+from kiln.runtime.library import export_library
 from kiln.runtime.loaders import LoadContext, run_loader
 from kiln.runtime.module import HostModule, LibraryModule, Module
 from kiln.runtime.weights import check_weights
@@ -88,8 +89,6 @@ def load_artifacts(
     meta = dict(metadata)
 
     if any(a.loader == NATIVE for a in stored):
-        from kiln.export.library import export_library
-
         if workspace_dir is not None:
             Path(workspace_dir).mkdir(parents=True, exist_ok=True)
         load_dir = tempfile.mkdtemp(prefix="kiln-load-", dir=workspace_dir)

@@ -18,8 +18,8 @@ from kiln.ir import graph as g
 from kiln.ir.structural import structural_equal
 from kiln.ir.tensor import Var
 from kiln.ir.types import TensorType, TupleType, Type
-from kiln.script.parse_tensor import TensorFunctionParser, _check_plain_signature
-from kiln.script.parser import Parser, _is_docstring
+from kiln.script.parse_tensor import TensorFunctionParser, check_plain_signature
+from kiln.script.parser import Parser, is_docstring
 
 
 class GraphFunctionParser:
@@ -34,7 +34,7 @@ class GraphFunctionParser:
         self.p.fail(node, message)
 
     def function(self, node: ast.FunctionDef, name: str) -> None:
-        _check_plain_signature(self.p, node)
+        check_plain_signature(self.p, node)
         with self.p.at(node), self.ib.function(name), self.p.scope() as frame:
             for arg in node.args.args:
                 if arg.annotation is None:
@@ -42,7 +42,7 @@ class GraphFunctionParser:
                                    "G.Tensor(shape, dtype) or G.Tuple(...)")
                 frame[arg.arg] = self.ib.param(arg.arg, self.type(arg.annotation))
             ret_type = self.type(node.returns) if node.returns is not None else None
-            body = node.body[1:] if _is_docstring(node.body[0]) else node.body
+            body = node.body[1:] if is_docstring(node.body[0]) else node.body
             returned = False
             for stmt in body:
                 if returned:

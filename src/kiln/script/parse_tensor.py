@@ -22,7 +22,7 @@ from kiln.ir.dtype import DTYPES, INDEX_DTYPE
 from kiln.ir.tensor import INTRINSICS, Buffer, PrimExpr, Var
 from kiln.script.diagnostics import ScriptError
 from kiln.script.namespace import BINARY_FUNCS, LOOP_KINDS
-from kiln.script.parser import _MISSING, Parser, _is_docstring, _is_number
+from kiln.script.parser import MISSING, Parser, is_docstring, is_number
 
 # A value while parsing: an IR expression, a buffer, or a bare Python number.
 Plain = int | float | bool
@@ -73,7 +73,7 @@ class TensorFunctionParser:
     # ------------------------------------------------------------------ function
 
     def function(self, node: ast.FunctionDef, name: str) -> None:
-        _check_plain_signature(self.p, node)
+        check_plain_signature(self.p, node)
         if node.returns is not None and not (
                 isinstance(node.returns, ast.Constant) and node.returns.value is None):
             self.fail(node.returns, "a @T.prim_func returns nothing (it writes its outputs "
@@ -94,7 +94,7 @@ class TensorFunctionParser:
                     frame[arg.arg] = buf
             for var_name, var in shape_vars.items():
                 frame.setdefault(var_name, var)
-            body = node.body[1:] if _is_docstring(node.body[0]) else node.body
+            body = node.body[1:] if is_docstring(node.body[0]) else node.body
             if not body:
                 self.fail(node, f"prim_func {name!r} has an empty body")
             self.stmts(body, top=True)
@@ -137,7 +137,7 @@ class TensorFunctionParser:
             return self._shape(node)
         for sub in ast.walk(node):
             if (isinstance(sub, ast.Name) and sub.id not in implicit
-                    and self.p.lookup(sub.id) is _MISSING and sub.id not in self.p.env):
+                    and self.p.lookup(sub.id) is MISSING and sub.id not in self.p.env):
                 implicit[sub.id] = Var(sub.id, INDEX_DTYPE)
         with self.p.scope(dict(implicit)):
             return self._shape(node)
@@ -213,7 +213,7 @@ class TensorFunctionParser:
                           "or range(...)")
         ref = self.p.dsl_ref(it.func)
         if (isinstance(it.func, ast.Name) and it.func.id == "range"
-                and self.p.lookup("range") is _MISSING):
+                and self.p.lookup("range") is MISSING):
             kind = "serial"
             allowed: tuple[str, ...] = ()
         elif ref is not None and ref[0] == "T" and ref[1] in LOOP_KINDS:
@@ -397,7 +397,7 @@ class TensorFunctionParser:
                 self.fail(call, "T.func_attr belongs at the top level of the function body")
             for key, value in self.p.attr_dict(call, "T.func_attr").items():
                 self.ib.func_attr(key, value)
-        elif _is_docstring(node):
+        elif is_docstring(node):
             self.fail(node, "a string statement is only allowed as the function's docstring")
         else:
             self.fail(node, "an expression statement must be T.evaluate(...), "
@@ -489,12 +489,12 @@ class TensorFunctionParser:
 
     def _name(self, node: ast.Name) -> Value:
         bound = self.p.lookup(node.id)
-        if bound is not _MISSING:
+        if bound is not MISSING:
             if isinstance(bound, (PrimExpr, Buffer)):
                 return bound
             self.fail(node, f"{node.id!r} is not a tensor-level value")
-        value = self.p.env.get(node.id, _MISSING)
-        if value is not _MISSING:
+        value = self.p.env.get(node.id, MISSING)
+        if value is not MISSING:
             if hasattr(value, "item") and callable(value.item) and getattr(
                     value, "ndim", None) == 0:
                 value = value.item()  # numpy scalar
@@ -605,14 +605,14 @@ class TensorFunctionParser:
         try:
             value = self.p.static(arg)
         except ScriptError:  # not a constant: reported below with a hint
-            value = _MISSING
+            value = MISSING
         if isinstance(value, str):
             special = value.strip().lower()
             if not dt.is_float(dtype) or special not in ("inf", "-inf", "nan", "+inf"):
                 self.fail(arg, f"T.{dtype}({value!r}): only float types take a string, and "
                                "only \"inf\", \"-inf\" or \"nan\"")
             value = float(special)
-        if value is _MISSING or not _is_number(value):
+        if value is MISSING or not is_number(value):
             self.fail(node, f"T.{dtype}(...) takes a number; to convert an expression use "
                             f"T.cast({ast.unparse(arg)}, \"{dtype}\")")
         if dt.is_bool(dtype) and not isinstance(value, bool):
@@ -689,7 +689,8 @@ def _bind_args(
     return out
 
 
-def _check_plain_signature(p: Parser, node: ast.FunctionDef) -> None:
+def check_plain_signature(p: Parser, node: ast.FunctionDef) -> None:
+    """Refuse defaults, *args, keyword-only and positional-only parameters."""
     a = node.args
     extra = a.posonlyargs or a.vararg or a.kwonlyargs or a.kwarg or a.defaults
     if extra:

@@ -36,7 +36,8 @@ from kiln.script.diagnostics import ScriptError, Source
 from kiln.script.namespace import G_NAMES, I_NAMES, T_NAMES, G, I, T
 from kiln.script.nesting import ast_depth, text_depth_bound
 
-_MISSING = object()
+# What `Parser.lookup` returns for a name the script's scope does not define.
+MISSING = object()
 _NAMESPACES: dict[int, str] = {id(T): "T", id(G): "G", id(I): "I"}
 _NS_NAMES = {"T": T_NAMES, "G": G_NAMES, "I": I_NAMES}
 # Python arithmetic the parser computes itself on two plain numbers (`N * 2`).
@@ -134,31 +135,31 @@ class Parser:
             self.scopes.pop()
 
     def lookup(self, name: str) -> Any:
-        """The DSL binding of `name`, or _MISSING."""
+        """The DSL binding of `name`, or MISSING."""
         for frame in reversed(self.scopes):
             if name in frame:
                 return frame[name]
-        return _MISSING
+        return MISSING
 
     def visible_names(self) -> list[str]:
         return [n for frame in self.scopes for n in frame]
 
     def env_value(self, node: ast.expr) -> Any:
-        """The Python object a Name or dotted name stands for (not DSL-bound), or _MISSING."""
+        """The Python object a Name or dotted name stands for (not DSL-bound), or MISSING."""
         if isinstance(node, ast.Name):
-            if self.lookup(node.id) is not _MISSING:
-                return _MISSING
-            return self.env.get(node.id, _MISSING)
+            if self.lookup(node.id) is not MISSING:
+                return MISSING
+            return self.env.get(node.id, MISSING)
         if isinstance(node, ast.Attribute):
             base = self.env_value(node.value)
             if isinstance(base, types.ModuleType):
-                return getattr(base, node.attr, _MISSING)
-        return _MISSING
+                return getattr(base, node.attr, MISSING)
+        return MISSING
 
     def namespace(self, node: ast.expr) -> str | None:
         """'T', 'G' or 'I' if `node` names one of the DSL namespaces."""
         obj = self.env_value(node)
-        return _NAMESPACES.get(id(obj)) if obj is not _MISSING else None
+        return _NAMESPACES.get(id(obj)) if obj is not MISSING else None
 
     def dsl_ref(self, node: ast.expr) -> tuple[str, str] | None:
         """(namespace, attribute) for `T.serial`-like nodes; ('I', 'ir_module') for ir_module."""
@@ -187,7 +188,7 @@ class Parser:
         for node in body:
             if isinstance(node, (ast.Import, ast.ImportFrom)) or _is_meta_section(node):
                 continue
-            if _is_docstring(node):
+            if is_docstring(node):
                 continue
             if isinstance(node, ast.ClassDef):
                 self._class(node)
@@ -231,7 +232,7 @@ class Parser:
         if node.bases or node.keywords:
             self.fail(node, f"class {node.name}: an @ir_module class takes no base classes")
         for item in node.body:
-            if _is_docstring(item) or isinstance(item, ast.Pass):
+            if is_docstring(item) or isinstance(item, ast.Pass):
                 continue
             if isinstance(item, ast.FunctionDef):
                 self.function(item)
@@ -322,18 +323,18 @@ class Parser:
             return out
         if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
             value = self.static(node.operand, what)
-            if not _is_number(value):
+            if not is_number(value):
                 self.fail(node, f"expected {what}")
             return -value if isinstance(node.op, ast.USub) else +value
         if isinstance(node, ast.BinOp):
             a, b = self.static(node.left, what), self.static(node.right, what)
-            if not (_is_number(a) and _is_number(b)):
+            if not (is_number(a) and is_number(b)):
                 self.fail(node, f"expected {what}")
             return self.fold_binop(node, a, b)
         if isinstance(node, ast.Call) and self._is_float_call(node):
             return self._float_call(node)
-        value = self.env_value(node) if isinstance(node, (ast.Name, ast.Attribute)) else _MISSING
-        if value is not _MISSING:
+        value = self.env_value(node) if isinstance(node, (ast.Name, ast.Attribute)) else MISSING
+        if value is not MISSING:
             if isinstance(value, np.generic):
                 return value.item()
             if isinstance(value, _STATIC_TYPES):
@@ -342,14 +343,14 @@ class Parser:
                             f"{type(value).__name__}")
         if isinstance(node, ast.Name):
             bound = self.lookup(node.id)
-            if bound is not _MISSING:
+            if bound is not MISSING:
                 self.fail(node, f"expected {what}, not {node.id!r} (a {type(bound).__name__})")
             self.fail(node, f"unknown name {node.id!r}")
         self.fail(node, f"expected {what}, got `{ast.unparse(node)}`")
 
     def _is_float_call(self, node: ast.Call) -> bool:
         return (isinstance(node.func, ast.Name) and node.func.id == "float"
-                and self.lookup("float") is _MISSING)
+                and self.lookup("float") is MISSING)
 
     def _float_call(self, node: ast.Call) -> float:
         if len(node.args) != 1 or node.keywords:
@@ -360,7 +361,7 @@ class Parser:
                                              "-infinity", "+infinity"):
                 self.fail(node, f'float({value!r}): expected "inf", "-inf" or "nan"')
             return float(value)
-        if isinstance(value, bool) or not _is_number(value):
+        if isinstance(value, bool) or not is_number(value):
             self.fail(node, "float(...) takes a number or one of \"inf\", \"-inf\", \"nan\"")
         return float(value)
 
@@ -448,7 +449,7 @@ class Parser:
     def _stored_array(self, node: ast.expr) -> np.ndarray | None:
         """The array of `meta["key"]` or of a numpy array name; None for literal data."""
         if (isinstance(node, ast.Subscript) and isinstance(node.value, ast.Name)
-                and node.value.id == "meta" and self.lookup("meta") is _MISSING):
+                and node.value.id == "meta" and self.lookup("meta") is MISSING):
             key = self.static(node.slice, "a metadata key")
             if not isinstance(key, str):
                 self.fail(node.slice, "metadata keys are strings: meta[\"name\"]")
@@ -463,7 +464,7 @@ class Parser:
             arr = self.meta[key]
         else:
             value = self.env_value(node) if isinstance(node, (ast.Name, ast.Attribute)) \
-                else _MISSING
+                else MISSING
             if not isinstance(value, np.ndarray):
                 return None
             arr = readonly_array(value)
@@ -497,7 +498,7 @@ class Parser:
             return
         ok = (isinstance(value, bool) if kind == "bool" else
               isinstance(value, int) and not isinstance(value, bool) if kind in ("int", "uint")
-              else _is_number(value) and not isinstance(value, bool))
+              else is_number(value) and not isinstance(value, bool))
         if not ok:
             self.fail(node, f"array element {value!r} does not fit dtype {dtype}")
 
@@ -513,11 +514,13 @@ class Parser:
         return out
 
 
-def _is_number(value: Any) -> bool:
+def is_number(value: Any) -> bool:
+    """True for a Python int or float (bool included) the script may use as a literal."""
     return isinstance(value, (int, float)) and not isinstance(value, complex)
 
 
-def _is_docstring(node: ast.stmt) -> bool:
+def is_docstring(node: ast.stmt) -> bool:
+    """True for a statement that is a bare string (a docstring)."""
     return (isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant)
             and isinstance(node.value.value, str))
 

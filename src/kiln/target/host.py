@@ -19,7 +19,7 @@ from kiln.errors import TargetError
 
 
 @functools.cache
-def _llvm() -> ModuleType | None:
+def llvm_if_installed() -> ModuleType | None:
     """llvmlite.binding with every target initialised, or None when not installed."""
     try:
         import llvmlite.binding as llvm
@@ -32,13 +32,13 @@ def _llvm() -> ModuleType | None:
 
 def llvm_available() -> bool:
     """Whether llvmlite can be imported."""
-    return _llvm() is not None
+    return llvm_if_installed() is not None
 
 
 @functools.cache
 def host_triple() -> str:
     """The LLVM triple of this process, e.g. 'x86_64-unknown-linux-gnu'."""
-    llvm = _llvm()
+    llvm = llvm_if_installed()
     if llvm is not None:
         return str(llvm.get_process_triple())
     machine = platform.machine().lower() or "unknown"
@@ -56,7 +56,7 @@ def triple_arch(triple: str) -> str:
 
 def check_triple(triple: str, where: str) -> None:
     """Raise TargetError when LLVM has no backend for `triple` (skipped without llvmlite)."""
-    llvm = _llvm()
+    llvm = llvm_if_installed()
     if llvm is None:
         return
     try:
@@ -71,7 +71,7 @@ def check_triple(triple: str, where: str) -> None:
 
 @functools.cache
 def _host_config() -> tuple[str, str, tuple[str, ...]]:
-    llvm = _llvm()
+    llvm = llvm_if_installed()
     if llvm is None:
         raise TargetError(
             "Target.from_host() needs llvmlite to detect the CPU; install llvmlite "

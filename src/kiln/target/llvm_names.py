@@ -23,7 +23,7 @@ from typing import NamedTuple
 
 from kiln._registry import suggest
 from kiln.errors import TargetError
-from kiln.target.host import _llvm, triple_arch
+from kiln.target.host import llvm_if_installed, triple_arch
 
 _CAPTURE = threading.Lock()
 
@@ -71,7 +71,7 @@ _UNKNOWN = re.compile(r"'([^']*)' is not a recognized (processor|feature) for th
 @functools.cache
 def _unknown_names(triple: str, mcpu: str, features: str) -> tuple[tuple[str, str], ...]:
     """(kind, name) of each CPU or feature LLVM warns about for this combination."""
-    llvm = _llvm()
+    llvm = llvm_if_installed()
     if llvm is None:
         return ()
     try:
@@ -88,7 +88,7 @@ def llvm_names(triple: str) -> LLVMNames | None:
     """CPU and feature names LLVM knows for `triple`'s architecture; None when
     llvmlite is absent or LLVM lists nothing. LLVM prints the lists once per
     process, so a child process asks (used for suggestions only)."""
-    if _llvm() is None:
+    if llvm_if_installed() is None:
         return None
     code = ("import llvmlite.binding as l, sys; l.initialize_all_targets(); "
             "l.Target.from_triple(sys.argv[1]).create_target_machine(cpu='help', features='')")

@@ -12,9 +12,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kiln.ir import graph as g
+from kiln.ir.analysis.graph_uses import called_functions, graph_vars_used
 from kiln.ir.attrs import ATTR_PRIVATE
 from kiln.ir.module import BaseFunc, IRModule
-from kiln.transform.functor import called_functions, graph_vars_used
 from kiln.transform.pass_base import Pass
 
 

@@ -24,9 +24,9 @@ from typing import Any
 import numpy as np
 
 from kiln.ir import graph as g
+from kiln.ir.analysis.graph_uses import var_use_counts
 from kiln.ir.module import IRModule
 from kiln.ir.types import TensorType
-from kiln.transform.functor import var_use_counts
 from kiln.transform.pass_base import FunctionPass
 
 CONV_OPS = ("conv1d", "conv2d", "conv3d")

@@ -30,12 +30,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from kiln.ir import graph as g
+from kiln.ir.analysis.graph_uses import var_use_counts
 from kiln.ir.attrs import ATTR_PRIVATE
 from kiln.ir.module import BaseFunc, IRModule
 from kiln.ir.shape_expr import is_static
 from kiln.ir.tensor import PrimFunc
 from kiln.ir.types import TensorType
-from kiln.transform.functor import var_use_counts
 from kiln.transform.pass_base import Pass
 
 FUSABLE_TAIL = ("elemwise", "broadcast")

@@ -37,6 +37,7 @@ from dataclasses import dataclass
 
 from kiln.errors import CompileError
 from kiln.ir.aliasing import analyze
+from kiln.ir.analysis.loop_dependence import Storage, loop_is_parallelizable
 from kiln.ir.attrs import ATTR_GRAPH
 from kiln.ir.module import IRModule
 from kiln.ir.tensor import (
@@ -57,7 +58,6 @@ from kiln.ir.tensor import (
     seq,
 )
 from kiln.ir.visitor import StmtMutator, iter_stmts
-from kiln.transform.parallelize import Storage, loop_is_parallelizable
 from kiln.transform.pass_base import Pass
 
 BLOCK_LOOP = "block_x"

@@ -41,6 +41,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kiln.ir.aliasing import analyze
+from kiln.ir.analysis.loop_dependence import Storage, loop_is_parallelizable
 from kiln.ir.attrs import ATTR_GRAPH
 from kiln.ir.module import IRModule
 from kiln.ir.tensor import (
@@ -62,7 +63,7 @@ from kiln.ir.tensor import (
     seq,
 )
 from kiln.ir.visitor import StmtExprMutator, iter_exprs, iter_stmts
-from kiln.transform.parallelize import LoopRewriter, Storage, loop_is_parallelizable
+from kiln.transform.parallelize import LoopRewriter
 from kiln.transform.pass_base import FunctionPass
 
 INDEX = "int64"

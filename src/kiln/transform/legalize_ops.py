@@ -20,11 +20,11 @@ from typing import Any
 
 from kiln.errors import CompileError
 from kiln.ir import graph as g
+from kiln.ir.analysis.graph_uses import function_exprs
 from kiln.ir.attrs import ATTR_PRIVATE
 from kiln.ir.module import BaseFunc, IRModule
 from kiln.ir.tensor import PrimFunc
 from kiln.ir.visitor import GraphMutator
-from kiln.transform.functor import function_exprs
 from kiln.transform.pass_base import Pass
 
 #: Operator name -> an object with `legalize(call) -> (PrimFunc, name_hint)`.

@@ -51,28 +51,28 @@ from kiln.ir.types import TensorType, TupleType
 from kiln.ir.visitor import substitute
 from kiln.transform.lower_graph import (
     EmitContext,
+    GraphAnalyzer,
+    GraphSlot,
+    GraphStep,
+    GraphValue,
     Region,
-    _Analyzer,
-    _flatten,
-    _Slot,
-    _Step,
-    _Value,
     copy_stmt,
     emit_item,
+    flatten_value,
 )
 
 _BOOL0 = TensorType((), "bool")
 _INT0 = TensorType((), "int64")
 
 
-def analyze_control_flow(an: _Analyzer, expr: g.If | g.Loop, hint: str) -> _Value:
+def analyze_control_flow(an: GraphAnalyzer, expr: g.If | g.Loop, hint: str) -> GraphValue:
     """Analyse an If or Loop binding of the function `an` lowers; return its value."""
     if isinstance(expr, g.If):
         return _analyze_if(an, expr, hint)
     return _analyze_loop(an, expr, hint)
 
 
-def rename_dims(steps: list[_Step], dims: dict[str, t.Var]) -> None:
+def rename_dims(steps: list[GraphStep], dims: dict[str, t.Var]) -> None:
     """Give every value the calling function's dimension variables: a body function
     has its own, named as its caller's (docs/ir.md)."""
     for step in steps:
@@ -88,9 +88,9 @@ def rename_dims(steps: list[_Step], dims: dict[str, t.Var]) -> None:
 # --------------------------------------------------------------------------- analysis
 
 
-def _single(an: _Analyzer, expr: g.Expr, hint: str, what: str) -> _Slot:
+def _single(an: GraphAnalyzer, expr: g.Expr, hint: str, what: str) -> GraphSlot:
     value = an.resolve(expr, hint)
-    if not isinstance(value, _Slot):
+    if not isinstance(value, GraphSlot):
         raise CompileError(f"graph function '{an.fname}': {what} is a tuple; it must be a "
                            "tensor")
     return value
@@ -107,14 +107,14 @@ def _tensor_fields(ty: g.Type) -> list[TensorType]:
     return out
 
 
-def _marker(an: _Analyzer, inputs: list[_Slot], outputs: list[_Slot]) -> int:
+def _marker(an: GraphAnalyzer, inputs: list[GraphSlot], outputs: list[GraphSlot]) -> int:
     """A step without a call: defines `outputs`, uses `inputs` (liveness only)."""
     index = len(an.steps)
     for s in outputs:
         s.def_step = index
     for s in inputs:
         s.uses.append(index)
-    an.steps.append(_Step("", inputs, outputs))
+    an.steps.append(GraphStep("", inputs, outputs))
     return index
 
 
@@ -122,11 +122,11 @@ def _marker(an: _Analyzer, inputs: list[_Slot], outputs: list[_Slot]) -> int:
 class _Block:
     """An analysed branch or body: its items and the slot of each result."""
 
-    items: list[_Step | Region]
-    results: list[_Slot]
+    items: list[GraphStep | Region]
+    results: list[GraphSlot]
 
 
-def _analyze_body(an: _Analyzer, name: str, params: list[_Value], role: str) -> _Block:
+def _analyze_body(an: GraphAnalyzer, name: str, params: list[GraphValue], role: str) -> _Block:
     fn = an.mod.functions.get(name)
     if not isinstance(fn, g.Function):
         raise CompileError(f"graph function '{an.fname}': {role} '{name}' is not a graph "
@@ -141,13 +141,13 @@ def _analyze_body(an: _Analyzer, name: str, params: list[_Value], role: str) -> 
     try:
         for b in fn.bindings:
             an.env[b.var] = an.resolve(b.value, f"{name}_{b.var.name}")
-        results = _flatten(an.resolve(fn.result, f"{name}_result"))
+        results = flatten_value(an.resolve(fn.result, f"{name}_result"))
         return _Block(an.items, results)
     finally:
         an.items = outer
 
 
-def _redirect(r: _Slot, target: _Slot, start: int) -> bool:
+def _redirect(r: GraphSlot, target: GraphSlot, start: int) -> bool:
     """Let the kernel computing body result `r` write straight into `target`'s buffer,
     when a kernel of this region computes it and nothing claimed it before."""
     if r.kind != "call" or r.def_step <= start or r.target is not None:
@@ -156,13 +156,13 @@ def _redirect(r: _Slot, target: _Slot, start: int) -> bool:
     return True
 
 
-def _resolve_redirects(block: _Block, targets: list[_Slot]) -> None:
+def _resolve_redirects(block: _Block, targets: list[GraphSlot]) -> None:
     for r, target in zip(block.results, targets):
         if r.target is target:
             r.buffer = target.buffer
 
 
-def _copies(block: _Block, targets: list[_Slot]) -> list[t.Stmt]:
+def _copies(block: _Block, targets: list[GraphSlot]) -> list[t.Stmt]:
     out = []
     for r, target in zip(block.results, targets):
         if r.target is not target:
@@ -173,8 +173,8 @@ def _copies(block: _Block, targets: list[_Slot]) -> list[t.Stmt]:
 
 @dataclass(eq=False)
 class _IfRegion:
-    cond: _Slot
-    outputs: list[_Slot]
+    cond: GraphSlot
+    outputs: list[GraphSlot]
     branches: tuple[_Block, _Block]
 
     def emit(self, ctx: EmitContext) -> list[t.Stmt]:
@@ -187,12 +187,12 @@ class _IfRegion:
         return [t.IfThenElse(t.Load(self.cond.buffer, ()), bodies[0], bodies[1])]
 
 
-def _analyze_if(an: _Analyzer, e: g.If, hint: str) -> _Value:
+def _analyze_if(an: GraphAnalyzer, e: g.If, hint: str) -> GraphValue:
     cond = _single(an, e.cond, hint, "an if condition")
     args = [an.resolve(a, f"{hint}_arg{k}") for k, a in enumerate(e.args)]
-    outs = [_Slot("call", ty, hint if len(_tensor_fields(e.ret_type)) == 1 else f"{hint}_{k}")
+    outs = [GraphSlot("call", ty, hint if len(_tensor_fields(e.ret_type)) == 1 else f"{hint}_{k}")
             for k, ty in enumerate(_tensor_fields(e.ret_type))]
-    start = _marker(an, [cond, *(s for a in args for s in _flatten(a))], outs)
+    start = _marker(an, [cond, *(s for a in args for s in flatten_value(a))], outs)
     then = _analyze_body(an, e.then_branch, args, "then branch")
     other = _analyze_body(an, e.else_branch, args, "else branch")
     for block in (then, other):
@@ -206,10 +206,10 @@ def _analyze_if(an: _Analyzer, e: g.If, hint: str) -> _Value:
     return _regroup(outs, e.ret_type)
 
 
-def _regroup(slots: list[_Slot], ty: g.Type) -> _Value:
+def _regroup(slots: list[GraphSlot], ty: g.Type) -> GraphValue:
     if not isinstance(ty, TupleType):
         return slots[0]
-    out: list[_Value] = []
+    out: list[GraphValue] = []
     for f in ty.fields:
         n = len(_tensor_fields(f))
         out.append(_regroup(slots[:n], f))
@@ -219,17 +219,17 @@ def _regroup(slots: list[_Slot], ty: g.Type) -> _Value:
 
 @dataclass(eq=False)
 class _LoopRegion:
-    trip: _Slot | None
-    cond: _Slot | None
-    inits: list[_Slot]
-    halves: list[tuple[_Slot, _Slot]]
-    cur: list[_Slot]
-    nxt: list[_Slot]
-    counter: _Slot
-    keep: _Slot
-    scans: list[_Slot]
-    scan_views: list[_Slot]
-    finals: list[_Slot]
+    trip: GraphSlot | None
+    cond: GraphSlot | None
+    inits: list[GraphSlot]
+    halves: list[tuple[GraphSlot, GraphSlot]]
+    cur: list[GraphSlot]
+    nxt: list[GraphSlot]
+    counter: GraphSlot
+    keep: GraphSlot
+    scans: list[GraphSlot]
+    scan_views: list[GraphSlot]
+    finals: list[GraphSlot]
     body: _Block
     name: str
     # filled while emitting
@@ -304,12 +304,12 @@ class _LoopRegion:
         return out
 
 
-def _buf(s: _Slot | None) -> t.Buffer:
+def _buf(s: GraphSlot | None) -> t.Buffer:
     assert s is not None and s.buffer is not None
     return s.buffer
 
 
-def _analyze_loop(an: _Analyzer, e: g.Loop, hint: str) -> _Value:
+def _analyze_loop(an: GraphAnalyzer, e: g.Loop, hint: str) -> GraphValue:
     where = f"graph function '{an.fname}': loop '{e.body}'"
     trip = None if e.trip_count is None else _single(an, e.trip_count, hint, "a trip count")
     cond = None if e.cond is None else _single(an, e.cond, hint, "a loop condition")
@@ -322,8 +322,8 @@ def _analyze_loop(an: _Analyzer, e: g.Loop, hint: str) -> _Value:
         if not isinstance(ty, TensorType) or not ty.shape:
             raise CompileError(f"{where}: scan output type {ty} needs a leading axis")
 
-    def slot(ty: TensorType, name: str) -> _Slot:
-        return _Slot("call", ty, f"{hint}_{name}")
+    def slot(ty: TensorType, name: str) -> GraphSlot:
+        return GraphSlot("call", ty, f"{hint}_{name}")
 
     halves = [(slot(s.type, f"state{k}_a"), slot(s.type, f"state{k}_b"))
               for k, s in enumerate(inits)]
@@ -332,11 +332,11 @@ def _analyze_loop(an: _Analyzer, e: g.Loop, hint: str) -> _Value:
              if isinstance(ty, TensorType)]
     region = [*(h for pair in halves for h in pair), counter, keep, *scans]
     uses = [*(x for x in (trip, cond) if x is not None), *inits,
-            *(s for c in captures for s in _flatten(c))]
+            *(s for c in captures for s in flatten_value(c))]
     start = _marker(an, uses, region)
-    cur = [_Slot("view", s.type, f"{hint}_state{k}") for k, s in enumerate(inits)]
-    nxt = [_Slot("view", s.type, f"{hint}_next{k}") for k, s in enumerate(inits)]
-    scan_views = [_Slot("view", TensorType(s.type.shape[1:], s.type.dtype),
+    cur = [GraphSlot("view", s.type, f"{hint}_state{k}") for k, s in enumerate(inits)]
+    nxt = [GraphSlot("view", s.type, f"{hint}_next{k}") for k, s in enumerate(inits)]
+    scan_views = [GraphSlot("view", TensorType(s.type.shape[1:], s.type.dtype),
                         f"{hint}_slice{k}") for k, s in enumerate(scans)]
     body = _analyze_body(an, e.body, [counter, keep, *cur, *captures], "loop body")
     if len(body.results) != 1 + len(inits) + len(scans):

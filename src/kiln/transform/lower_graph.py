@@ -122,7 +122,7 @@ def control_flow_functions(graph_funcs: dict[str, g.Function]) -> set[str]:
 
 
 @dataclass(eq=False)
-class _Slot:
+class GraphSlot:
     """One tensor value of the graph function."""
 
     # "param" | "const" | "call"; control flow (kiln.transform.lower_control_flow) adds
@@ -137,20 +137,22 @@ class _Slot:
     # the shape with its run-time dimensions, when `type` holds their bounds
     actual: tuple[Dim, ...] | None = None
     uses: list[int] = field(default_factory=list)
-    target: _Slot | None = None
+    target: GraphSlot | None = None
 
 
-_Value = _Slot | tuple["_Value", ...]
+GraphValue = GraphSlot | tuple["GraphValue", ...]
 
 
 @dataclass
-class _Step:
+class GraphStep:
+    """One call of the lowered graph function: its inputs and outputs."""
+
     func: str  # "" for the liveness markers of control flow (no call)
-    inputs: list[_Slot]
-    outputs: list[_Slot]
+    inputs: list[GraphSlot]
+    outputs: list[GraphSlot]
     # run-time dimensions the callee binds: (name, bound), each with its count slot
     binds: tuple[tuple[str, int | str], ...] = ()
-    counts: list[_Slot] = field(default_factory=list)
+    counts: list[GraphSlot] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -177,23 +179,26 @@ def _static_type(ty: object, where: str) -> TensorType:
     return ty
 
 
-def _flatten(v: _Value) -> list[_Slot]:
-    if isinstance(v, _Slot):
+def flatten_value(v: GraphValue) -> list[GraphSlot]:
+    """The slots of a (possibly nested tuple) value, in order."""
+    if isinstance(v, GraphSlot):
         return [v]
-    return [s for item in v for s in _flatten(item)]
+    return [s for item in v for s in flatten_value(item)]
 
 
-class _Analyzer:
+class GraphAnalyzer:
+    """The values, steps and lifetimes of one graph function, for its lowering."""
+
     def __init__(self, fname: str, mod: IRModule) -> None:
         self.fname = fname
         self.mod = mod
-        self.env: dict[g.Var, _Value] = {}
-        self.consts: dict[g.Constant, _Slot] = {}
-        self.steps: list[_Step] = []  # every call, nested ones too: the liveness clock
+        self.env: dict[g.Var, GraphValue] = {}
+        self.consts: dict[g.Constant, GraphSlot] = {}
+        self.steps: list[GraphStep] = []  # every call, nested ones too: the liveness clock
         # What the current block emits: calls, and control-flow regions holding blocks
-        self.items: list[_Step | Region] = []
+        self.items: list[GraphStep | Region] = []
 
-    def resolve(self, expr: g.Expr, hint: str) -> _Value:
+    def resolve(self, expr: g.Expr, hint: str) -> GraphValue:
         if isinstance(expr, g.Var):
             if expr not in self.env:
                 raise CompileError(
@@ -205,7 +210,7 @@ class _Analyzer:
             if slot is None:
                 cname = expr.name or f"const{len(self.consts)}"
                 ty = _static_type(expr.type, f"{self.fname}: constant '{cname}'")
-                slot = _Slot("const", ty, cname, t.Buffer(cname, ty.shape, ty.dtype),
+                slot = GraphSlot("const", ty, cname, t.Buffer(cname, ty.shape, ty.dtype),
                              data=expr.data)
                 self.consts[expr] = slot
             return slot
@@ -213,7 +218,7 @@ class _Analyzer:
             return tuple(self.resolve(f, f"{hint}_{i}") for i, f in enumerate(expr.fields))
         if isinstance(expr, g.TupleGetItem):
             value = self.resolve(expr.tuple_value, hint)
-            if isinstance(value, _Slot) or not 0 <= expr.index < len(value):
+            if isinstance(value, GraphSlot) or not 0 <= expr.index < len(value):
                 raise CompileError(
                     f"graph function '{self.fname}': TupleGetItem index {expr.index} does not "
                     f"fit a value of type {expr.tuple_value.type}")
@@ -231,22 +236,22 @@ class _Analyzer:
         raise CompileError(
             f"graph function '{self.fname}': cannot lower {type(expr).__name__} {expr!r}")
 
-    def _call(self, call: g.CallTensor, hint: str) -> _Value:
+    def _call(self, call: g.CallTensor, hint: str) -> GraphValue:
         step_index = len(self.steps)
-        inputs = [s for a in call.args for s in _flatten(self.resolve(a, hint))]
+        inputs = [s for a in call.args for s in flatten_value(self.resolve(a, hint))]
         out_types = call.out_types
         outputs = [
-            _Slot("call", _tensor_type(ty, f"{self.fname}: output of '{call.func}'"),
+            GraphSlot("call", _tensor_type(ty, f"{self.fname}: output of '{call.func}'"),
                   hint if len(out_types) == 1 else f"{hint}_{i}", def_step=step_index)
             for i, ty in enumerate(out_types)
         ]
         binds = self._binds(call.func)
-        counts = [_Slot("call", TensorType((1,), "int64"), f"{name}_count", def_step=step_index)
+        counts = [GraphSlot("call", TensorType((1,), "int64"), f"{name}_count", def_step=step_index)
                   for name, _ in binds]
         self._check_callee(call.func, inputs, [*outputs, *counts], bound_outputs=bool(binds))
         for s in inputs:
             s.uses.append(step_index)
-        step = _Step(call.func, inputs, outputs, binds, counts)
+        step = GraphStep(call.func, inputs, outputs, binds, counts)
         self.steps.append(step)
         self.items.append(step)
         if isinstance(call.ret_type, TupleType):
@@ -260,7 +265,7 @@ class _Analyzer:
             return ()
         return tuple((str(n), b) for n, b in callee.attrs.get(ATTR_BINDS_DIMS, ()) or ())
 
-    def _check_callee(self, func: str, inputs: list[_Slot], outputs: list[_Slot], *,
+    def _check_callee(self, func: str, inputs: list[GraphSlot], outputs: list[GraphSlot], *,
                       bound_outputs: bool = False) -> None:
         where = f"graph function '{self.fname}': call_tensor '{func}'"
         callee = self.mod.functions.get(func)
@@ -303,7 +308,7 @@ def lower_function(name: str, fn: g.Function, mod: IRModule, *,
                    alignment: int = DEFAULT_ALIGNMENT,
                    strategy: str = "greedy-by-size") -> LoweredGraph:
     """Lower one graph function (see the module docstring)."""
-    an = _Analyzer(name, mod)
+    an = GraphAnalyzer(name, mod)
     params: list[t.Buffer] = []
     for v in fn.params:
         if isinstance(v.type, TupleType):
@@ -313,10 +318,10 @@ def lower_function(name: str, fn: g.Function, mod: IRModule, *,
         ty = _tensor_type(v.type, f"graph function '{name}': parameter '{v.name}'")
         buf = t.Buffer(v.name, ty.shape, ty.dtype)
         params.append(buf)
-        an.env[v] = _Slot("param", ty, v.name, buf)
+        an.env[v] = GraphSlot("param", ty, v.name, buf)
     for b in fn.bindings:
         an.env[b.var] = an.resolve(b.value, b.var.name)
-    results = _flatten(an.resolve(fn.result, "result"))
+    results = flatten_value(an.resolve(fn.result, "result"))
     results_types = [s.type for s in results]  # before bounds replace run-time dimensions
     # The dimension scalars: every variable of the parameters' shapes, read at entry.
     dims = {v.name: v for v in dim_vars(d for p in params for d in p.shape)}
@@ -345,8 +350,8 @@ def lower_function(name: str, fn: g.Function, mod: IRModule, *,
 
     # A value computed by a call and returned is written straight into its
     # output buffer (the first position it appears in); others are copied.
-    claimed: dict[_Slot, int] = {}
-    copies: list[tuple[t.Buffer, t.Buffer, _Slot]] = []
+    claimed: dict[GraphSlot, int] = {}
+    copies: list[tuple[t.Buffer, t.Buffer, GraphSlot]] = []
     for k, s in enumerate(results):
         if s.kind == "call" and s not in claimed:
             claimed[s] = k
@@ -430,7 +435,7 @@ class EmitContext:
     mod: IRModule
     dims: dict[str, t.Var]
     arena: t.Buffer | None
-    offsets: dict[_Slot, int | t.PrimExpr]
+    offsets: dict[GraphSlot, int | t.PrimExpr]
 
 
 class Region(Protocol):
@@ -439,10 +444,10 @@ class Region(Protocol):
     def emit(self, ctx: EmitContext) -> list[t.Stmt]: ...
 
 
-def emit_item(item: _Step | Region, ctx: EmitContext) -> list[t.Stmt]:
+def emit_item(item: GraphStep | Region, ctx: EmitContext) -> list[t.Stmt]:
     """The statements of one item of a block: a kernel call, or a control-flow region,
     which emits its own."""
-    if not isinstance(item, _Step):
+    if not isinstance(item, GraphStep):
         return item.emit(ctx)
     if item.binds:
         return _producer_call(item, ctx.mod, ctx.dims)
@@ -462,7 +467,7 @@ def emit_item(item: _Step | Region, ctx: EmitContext) -> list[t.Stmt]:
 _RuntimeDims = dict[str, tuple[t.Var, Dim]]  # name -> (variable, bound over the inputs' dims)
 
 
-def _runtime_dims(fname: str, steps: list[_Step], dims: dict[str, t.Var]) -> _RuntimeDims:
+def _runtime_dims(fname: str, steps: list[GraphStep], dims: dict[str, t.Var]) -> _RuntimeDims:
     """The run-time dimensions the steps bind, each with its bound over the parameters'
     dimensions (a bound mentioning an earlier run-time dimension takes that one's bound)."""
     runtime: _RuntimeDims = {}
@@ -497,7 +502,7 @@ def _bound_shape(shape: tuple[Dim, ...], runtime: _RuntimeDims) -> tuple[Dim, ..
     return tuple(_bound_dim(d, runtime) for d in shape)
 
 
-def _check_runtime_shape(fname: str, s: _Slot, runtime: _RuntimeDims) -> None:
+def _check_runtime_shape(fname: str, s: GraphSlot, runtime: _RuntimeDims) -> None:
     """A dimension mentioning a run-time size must be a product of sizes (`n`, `2*n`,
     `n*batch`): then its bound is never below its value, and no kernel writes past a
     buffer planned at the bound."""
@@ -531,7 +536,7 @@ def _by_name(shape: tuple[Dim, ...], variables: dict[str, t.Var]) -> tuple[Dim, 
     return tuple(out)
 
 
-def _actual_view(s: _Slot, buf: t.Buffer, body: list[t.Stmt]) -> t.Buffer:
+def _actual_view(s: GraphSlot, buf: t.Buffer, body: list[t.Stmt]) -> t.Buffer:
     """`buf`, or for a value of data-dependent size a view of it with its actual shape
     (declared in `body` where the run-time dimensions are bound): kernels take the
     compact layout of the actual size."""
@@ -542,7 +547,7 @@ def _actual_view(s: _Slot, buf: t.Buffer, body: list[t.Stmt]) -> t.Buffer:
     return view
 
 
-def _producer_call(step: _Step, mod: IRModule, scalars: dict[str, t.Var]) -> list[t.Stmt]:
+def _producer_call(step: GraphStep, mod: IRModule, scalars: dict[str, t.Var]) -> list[t.Stmt]:
     """The call of a kernel binding run-time dimensions: flat views of its outputs, the
     call, then each dimension read from its count buffer."""
     callee = mod.functions[step.func]
@@ -576,7 +581,7 @@ def _runtime_attr(runtime: _RuntimeDims, results: list[TensorType],
     return tuple(out)
 
 
-def _buf(s: _Slot) -> t.Buffer:
+def _buf(s: GraphSlot) -> t.Buffer:
     assert s.buffer is not None
     return s.buffer
 

@@ -226,6 +226,6 @@ def _is_plain_4d(t: Any) -> bool:
 
 
 def _vars_in(expr: g.Expr) -> list[g.Var]:
-    from kiln.transform.functor import graph_vars_used
+    from kiln.ir.analysis.graph_uses import graph_vars_used
 
     return list(dict.fromkeys(graph_vars_used(expr)))

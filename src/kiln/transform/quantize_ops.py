@@ -40,10 +40,11 @@ import numpy as np
 
 from kiln.errors import IRError
 from kiln.ir import graph as g
+from kiln.ir.analysis.graph_uses import var_use_counts
 from kiln.ir.module import IRModule
 from kiln.ir.types import TensorType
 from kiln.transform.dead_code import remove_dead_bindings
-from kiln.transform.functor import rewrite_calls, var_use_counts
+from kiln.transform.functor import rewrite_calls
 from kiln.transform.pass_base import FunctionPass
 
 _CONVS = ("conv1d", "conv2d", "conv3d")

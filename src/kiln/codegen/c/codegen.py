@@ -15,7 +15,6 @@ from kiln.codegen.c.context import ModuleContext
 from kiln.codegen.c.externs import ExternTable
 from kiln.codegen.c.flags import host_cflags, kernel_cflags, selected_cpu, toolchain_metadata
 from kiln.codegen.c.kernel import KernelPrinter
-from kiln.codegen.cfamily.analysis import extern_calls
 from kiln.codegen.cfamily.helpers import Helpers
 from kiln.codegen.cfamily.signature import ParamQualifiers, check_shape_vars, qualifiers
 from kiln.codegen.constants import ConstantPool
@@ -32,6 +31,7 @@ from kiln.codegen.naming import (
 from kiln.codegen.sizes import check_buffer_sizes, target_pointer_bits
 from kiln.errors import CompileError, MissingDependencyError
 from kiln.escape import c_comment
+from kiln.ir.analysis.tensor_queries import extern_calls
 from kiln.ir.attrs import ATTR_EXTERNAL
 from kiln.ir.module import IRModule
 from kiln.ir.tensor import PROFILE_INTRINSICS, Buffer, Param, PrimFunc
@@ -41,7 +41,8 @@ from kiln.transform.profile import profile_sites
 KERNELS_FILE = "kernels.c"
 CODEGEN_ID = "c"
 
-_HIDDEN_MACRO = """\
+# KILN_HIDDEN: internal linkage for a library's kernels (only the ABI is exported).
+HIDDEN_MACRO = """\
 #if defined(__GNUC__) || defined(__clang__)
 #define KILN_HIDDEN __attribute__((visibility("hidden")))
 #else
@@ -145,7 +146,7 @@ def emit_kernels(mod: IRModule, *, prefix: str, pool: ConstantPool) -> tuple[str
                 "#endif"]
     if ctx.helpers.needs_string_h or "string.h" in externs.headers():
         out.append("#include <string.h>")
-    out += ["", _HIDDEN_MACRO, ""]
+    out += ["", HIDDEN_MACRO, ""]
     for macro in sorted(ctx.macros):
         out += [_PRAGMA_MACROS[macro], ""]
     if ctx.uses_consts:

@@ -16,6 +16,8 @@ from __future__ import annotations
 import platform
 from typing import Any
 
+from kiln.runtime.toolchain import cross_compiler
+
 # Python's names for machines -> the architecture part of LLVM triples.
 _MACHINE_ARCH = {"amd64": "x86_64", "x64": "x86_64", "arm64": "aarch64", "i686": "i386"}
 
@@ -48,22 +50,6 @@ def is_native(target: Any) -> bool:
     """True when the system C compiler builds for this target."""
     triple = target_attr(target, "mtriple")
     return triple is None or triple_arch(triple) == host_arch()
-
-
-def cross_compiler(triple: str) -> str:
-    """The usual GCC cross compiler for a triple, e.g. 'arm-none-eabi-gcc'."""
-    parts = triple.lower().split("-")
-    arch = parts[0]
-    bare_metal = "none" in parts[1:]
-    if arch.startswith(("arm", "thumb")):
-        if bare_metal:
-            return "arm-none-eabi-gcc"
-        return "arm-linux-gnueabihf-gcc" if triple.endswith("hf") else "arm-linux-gnueabi-gcc"
-    if arch in ("aarch64", "arm64"):
-        return "aarch64-none-elf-gcc" if bare_metal else "aarch64-linux-gnu-gcc"
-    if arch.startswith("riscv"):
-        return f"{arch}-unknown-elf-gcc" if bare_metal else f"{arch}-linux-gnu-gcc"
-    return f"{triple}-gcc"
 
 
 # x86 features whose LLVM and GCC names agree (`+avx2` <-> `-mavx2`). LLVM knows

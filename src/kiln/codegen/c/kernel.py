@@ -27,13 +27,6 @@ from kiln.codegen.c.context import (
     value_ctype,
 )
 from kiln.codegen.c.expr import ADD, CExpr, ExprEmitter, cast, infix, operand, paren
-from kiln.codegen.cfamily.analysis import (
-    calls,
-    has_side_effects,
-    heap_allocations,
-    read_buffers,
-    referenced,
-)
 from kiln.codegen.cfamily.helpers import DIM_HELPERS
 from kiln.codegen.cfamily.literals import int_literal
 from kiln.codegen.cfamily.printer import CPrinter, NameScope
@@ -42,6 +35,13 @@ from kiln.codegen.naming import C_TYPES, consts_symbol, kernel_symbol, parallel_
 from kiln.errors import IRError
 from kiln.escape import c_comment
 from kiln.ir import dtype as dt
+from kiln.ir.analysis.tensor_queries import (
+    calls,
+    has_side_effects,
+    heap_allocations,
+    read_buffers,
+    referenced,
+)
 from kiln.ir.attrs import ATTR_PARALLEL_OF, ATTR_PARALLEL_VAR
 from kiln.ir.kernel_errors import ERROR_SIZE_OVERFLOW
 from kiln.ir.shape_expr import dim_product, dim_vars, to_dim_expr

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from kiln.codegen.c.codegen import _HIDDEN_MACRO, emit_kernels
+from kiln.codegen.c.codegen import HIDDEN_MACRO, emit_kernels
 from kiln.codegen.cfamily.signature import param_ctype, qualifiers
 from kiln.codegen.constants import ConstantPool
 from kiln.codegen.cuda.kernels import Launch
@@ -44,11 +44,11 @@ def emit_cuda_source(mod: IRModule, launches: Mapping[str, Launch], *, prefix: s
     from kiln import __version__
 
     c_source, _ = emit_kernels(mod, prefix=prefix, pool=pool)
-    if _HIDDEN_MACRO not in c_source:
+    if HIDDEN_MACRO not in c_source:
         raise CompileError("the C backend's kernel file changed shape; kiln.codegen.cuda."
                            "source must follow it")
     body = c_source[c_source.index(" */\n") + 4:]  # the C file's own header comment
-    body = body.replace(_HIDDEN_MACRO, "/* Raw kernels run on the device. */\n"
+    body = body.replace(HIDDEN_MACRO, "/* Raw kernels run on the device. */\n"
                                        "#define KILN_HIDDEN static __device__")
     body = body.replace("static inline ", "static __device__ inline ")
     out = [

@@ -239,7 +239,7 @@ class _ModuleLowering:
             self.trampolines[name] = self._trampoline(self.kernels[name])
         for name, fn in self.funcs.items():
             if not fn.attrs.get(ATTR_EXTERNAL):  # else another codegen defines it: declared
-                _FunctionLowering(self, name, fn, self.kernels[name]).run()
+                FunctionLowering(self, name, fn, self.kernels[name]).run()
         return LoweredModule(
             self.module, {n: f.name for n, f in self.kernels.items() if n in self.public},
             self.externs, self._consts is not None)
@@ -373,7 +373,7 @@ class _ModuleLowering:
 # ======================================================================= functions
 
 
-class _FunctionLowering:
+class FunctionLowering:
     """Emits one kernel body. Scopes are structured, so SSA values bind directly."""
 
     def __init__(self, parent: _ModuleLowering, name: str, fn: PrimFunc,
@@ -577,18 +577,18 @@ class _FunctionLowering:
 # ======================================================================= expressions
 
 
-def _var(fl: _FunctionLowering, e: Var) -> ir.Value:
+def _var(fl: FunctionLowering, e: Var) -> ir.Value:
     value = fl.scalars.get(e)
     if value is None:
         raise fl.error(f"variable {e.name!r} is used outside the scope that defines it")
     return value
 
 
-def _const(fl: _FunctionLowering, e: Const) -> ir.Value:
+def _const(fl: FunctionLowering, e: Const) -> ir.Value:
     return const_value(e.value, e.dtype)
 
 
-def _binary(fl: _FunctionLowering, e: BinaryOp) -> ir.Value:
+def _binary(fl: FunctionLowering, e: BinaryOp) -> ir.Value:
     dtype = fl.same_dtypes(f"binary op '{e.op}'", e.a, e.b)
     x, y = fl.expr(e.a), fl.expr(e.b)
     try:
@@ -597,35 +597,35 @@ def _binary(fl: _FunctionLowering, e: BinaryOp) -> ir.Value:
         raise fl.error(str(err)) from None
 
 
-def _compare(fl: _FunctionLowering, e: Compare) -> ir.Value:
+def _compare(fl: FunctionLowering, e: Compare) -> ir.Value:
     dtype = fl.same_dtypes(f"comparison '{e.op}'", e.a, e.b)
     return arith.compare(fl.b, e.op, dtype, fl.expr(e.a), fl.expr(e.b))
 
 
-def _unary(fl: _FunctionLowering, e: UnaryOp) -> ir.Value:
+def _unary(fl: FunctionLowering, e: UnaryOp) -> ir.Value:
     try:
         return arith.unary(fl.math, fl.b, e.op, e.dtype, fl.expr(e.a))
     except CompileError as err:
         raise fl.error(str(err)) from None
 
 
-def _select(fl: _FunctionLowering, e: Select) -> ir.Value:
+def _select(fl: FunctionLowering, e: Select) -> ir.Value:
     fl.same_dtypes("select", e.true_value, e.false_value)
     cond = fl.as_bool(e.cond)
     return fl.b.select(cond, fl.expr(e.true_value), fl.expr(e.false_value))
 
 
-def _cast(fl: _FunctionLowering, e: Cast) -> ir.Value:
+def _cast(fl: FunctionLowering, e: Cast) -> ir.Value:
     return arith.cast(fl.math, fl.b, fl.expr(e.value), e.value.dtype, e.dtype)
 
 
-def _load(fl: _FunctionLowering, e: Load) -> ir.Value:
+def _load(fl: FunctionLowering, e: Load) -> ir.Value:
     ptr = fl.element_ptr(e.buffer, e.indices)
     raw = fl.b.load(ptr, typ=storage_type(e.buffer.dtype), align=dt.itemsize(e.buffer.dtype))
     return fl.from_storage(raw, e.buffer.dtype)
 
 
-def _intrin(fl: _FunctionLowering, e: Intrin) -> ir.Value:
+def _intrin(fl: FunctionLowering, e: Intrin) -> ir.Value:
     if e.name in PROFILE_INTRINSICS:  # host.c's timers (kiln.transform.profile)
         timer = declare(fl.parent.module, profile_symbol(fl.parent.options.prefix, e.name),
                         I64, [I64] * len(e.args), what="profiling timer")
@@ -640,7 +640,7 @@ def _intrin(fl: _FunctionLowering, e: Intrin) -> ir.Value:
         raise fl.error(str(err)) from None
 
 
-def _call_extern(fl: _FunctionLowering, e: CallExtern) -> ir.Value:
+def _call_extern(fl: FunctionLowering, e: CallExtern) -> ir.Value:
     if not is_c_identifier(e.name):
         raise fl.error(f"external function name {e.name!r} is not a C identifier "
                        "(ASCII letters, digits and _)")
@@ -709,7 +709,7 @@ def _statements(s: Stmt) -> list[Stmt]:
     return out
 
 
-def _store(fl: _FunctionLowering, s: Store) -> None:
+def _store(fl: FunctionLowering, s: Store) -> None:
     if s.buffer in fl.readonly:
         raise fl.error(f"store into constant buffer {s.buffer.name!r}: AllocConst data is "
                        "read-only (it lives in the library's read-only data)")
@@ -721,11 +721,11 @@ def _store(fl: _FunctionLowering, s: Store) -> None:
     fl.b.store(value, ptr, align=dt.itemsize(s.buffer.dtype))
 
 
-def _seq(fl: _FunctionLowering, s: SeqStmt) -> None:
+def _seq(fl: FunctionLowering, s: SeqStmt) -> None:
     fl.block(s)
 
 
-def _for(fl: _FunctionLowering, s: For) -> None:
+def _for(fl: FunctionLowering, s: For) -> None:
     dtype = s.var.dtype
     if not dt.is_int(dtype):
         raise fl.error(f"loop variable {s.var.name!r} has dtype {dtype}; loops count integers")
@@ -776,7 +776,7 @@ def _restore(env: dict[Var, ir.Value], var: Var, previous: ir.Value | None) -> N
         env[var] = previous
 
 
-def _let(fl: _FunctionLowering, s: LetStmt) -> None:
+def _let(fl: FunctionLowering, s: LetStmt) -> None:
     if s.var.dtype != s.value.dtype:
         raise fl.error(f"let {s.var.name!r}: variable dtype {s.var.dtype} differs from the "
                        f"value's {s.value.dtype}")
@@ -787,7 +787,7 @@ def _let(fl: _FunctionLowering, s: LetStmt) -> None:
     fl.scalars[s.var] = value
 
 
-def _if(fl: _FunctionLowering, s: IfThenElse) -> None:
+def _if(fl: FunctionLowering, s: IfThenElse) -> None:
     cond = fl.as_bool(s.cond)
     b = fl.b
     then = b.append_basic_block("if.then")
@@ -804,7 +804,7 @@ def _if(fl: _FunctionLowering, s: IfThenElse) -> None:
     b.position_at_end(merge)
 
 
-def _while(fl: _FunctionLowering, s: While) -> None:
+def _while(fl: FunctionLowering, s: While) -> None:
     # header: test the condition (evaluated afresh each time) -> body -> header.
     b = fl.b
     header = b.append_basic_block("while.cond")
@@ -819,7 +819,7 @@ def _while(fl: _FunctionLowering, s: While) -> None:
     b.position_at_end(exit_)
 
 
-def _allocate(fl: _FunctionLowering, s: Allocate) -> None:
+def _allocate(fl: FunctionLowering, s: Allocate) -> None:
     buf = s.buffer
     if buf in fl.buffers:
         raise fl.error(f"buffer {buf.name!r} is allocated twice")
@@ -846,7 +846,7 @@ def _allocate(fl: _FunctionLowering, s: Allocate) -> None:
     fl.declare(buf, ptr, heap=True)
 
 
-def _alloc_const(fl: _FunctionLowering, s: AllocConst) -> None:
+def _alloc_const(fl: FunctionLowering, s: AllocConst) -> None:
     buf = s.buffer
     try:
         need = buf.nbytes()
@@ -862,7 +862,7 @@ def _alloc_const(fl: _FunctionLowering, s: AllocConst) -> None:
     fl.readonly.add(buf)
 
 
-def _decl_buffer(fl: _FunctionLowering, s: DeclBuffer) -> None:
+def _decl_buffer(fl: FunctionLowering, s: DeclBuffer) -> None:
     buf, src = s.buffer, s.source
     source = fl.buffer_ptr(src)
     size = dt.itemsize(buf.dtype)
@@ -889,7 +889,7 @@ def _decl_buffer(fl: _FunctionLowering, s: DeclBuffer) -> None:
         fl.readonly.add(buf)
 
 
-def _evaluate(fl: _FunctionLowering, s: Evaluate) -> None:
+def _evaluate(fl: FunctionLowering, s: Evaluate) -> None:
     if isinstance(s.value, Intrin) and s.value.name == CHECK_INTRINSIC:
         # The `check` intrinsic: return its error code when the condition is false.
         cond, code = s.value.args
@@ -899,7 +899,7 @@ def _evaluate(fl: _FunctionLowering, s: Evaluate) -> None:
     fl.expr(s.value)
 
 
-def _call_func(fl: _FunctionLowering, s: CallFunc) -> None:
+def _call_func(fl: FunctionLowering, s: CallFunc) -> None:
     callee = fl.parent.funcs.get(s.func)
     if callee is None:
         from kiln._registry import suggest
@@ -938,7 +938,7 @@ def _call_func(fl: _FunctionLowering, s: CallFunc) -> None:
     fl.return_if(fl.b.icmp_signed("!=", rc, ir.Constant(I32, 0)), rc)
 
 
-def _launch(fl: _FunctionLowering, launch: Launch, values: list[ir.Value]) -> ir.Value:
+def _launch(fl: FunctionLowering, launch: Launch, values: list[ir.Value]) -> ir.Value:
     """Run an outlined parallel loop: captured values into a stack context struct,
     then `{prefix}_parallel_for(count, @{body}.run, context)` (kiln.transform.outline)."""
     parent = fl.parent
@@ -953,7 +953,7 @@ def _launch(fl: _FunctionLowering, launch: Launch, values: list[ir.Value]) -> ir
                      [values[COUNT_ARG], parent.trampolines[launch.body], context])
 
 
-def _check_fits(fl: _FunctionLowering, where: str, arg: Buffer, param: Buffer) -> None:
+def _check_fits(fl: FunctionLowering, where: str, arg: Buffer, param: Buffer) -> None:
     try:
         have, need = arg.nbytes(), param.nbytes()
     except IRError:

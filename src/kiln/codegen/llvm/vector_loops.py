@@ -56,7 +56,7 @@ from kiln.ir.tensor import (
 from kiln.ir.visitor import iter_exprs
 
 if TYPE_CHECKING:
-    from kiln.codegen.llvm.lower_to_llvm import _FunctionLowering
+    from kiln.codegen.llvm.lower_to_llvm import FunctionLowering
 
 MAX_LANES = 256
 VECTOR_DTYPES = frozenset({"float32", "float64"})
@@ -144,7 +144,7 @@ class _Checker:
         return True
 
 
-def vector_lanes(fl: _FunctionLowering, loop: For) -> int:
+def vector_lanes(fl: FunctionLowering, loop: For) -> int:
     """The lane count to emit `loop` with as vector code, or 0 for a scalar loop."""
     if not isinstance(loop.extent, Const):
         return 0
@@ -159,13 +159,13 @@ def vector_lanes(fl: _FunctionLowering, loop: For) -> int:
     return lanes if checker.independent(lanes, fl.private_buffers()) else 0
 
 
-def emit_vector_loop(fl: _FunctionLowering, loop: For, lanes: int) -> None:
+def emit_vector_loop(fl: FunctionLowering, loop: For, lanes: int) -> None:
     """Emit `loop` (checked by `vector_lanes`) as straight-line vector code."""
     _VectorBody(fl, loop.var, lanes).run(loop)
 
 
 class _VectorBody:
-    def __init__(self, fl: _FunctionLowering, var: Var, lanes: int) -> None:
+    def __init__(self, fl: FunctionLowering, var: Var, lanes: int) -> None:
         self.fl = fl
         self.b = fl.b
         self.var = var

@@ -34,7 +34,7 @@ from kiln.ir.shape_expr import dims_equal, shape_text
 from kiln.ir.types import Dim, TensorType, TupleType
 
 if TYPE_CHECKING:
-    from kiln.frontend.onnx.importer import _Importer
+    from kiln.frontend.onnx.importer import GraphImporter
 
 CONTROL_FLOW_OPS = ("If", "Loop", "Scan")
 
@@ -45,11 +45,11 @@ _INT0 = TensorType((), "int64")
 _Captures = list[tuple[str | None, g.Expr]]
 # (the nested importer, the leading parameters, the captured parameters) -> values of
 # the subgraph's input names
-_Bind = Callable[["_Importer", list[g.Var], list[g.Var]], dict[str, g.Expr]]
-_Finish = Callable[["_Importer", list[g.Var], list[g.Expr]], list[g.Expr]]
+_Bind = Callable[["GraphImporter", list[g.Var], list[g.Var]], dict[str, g.Expr]]
+_Finish = Callable[["GraphImporter", list[g.Var], list[g.Expr]], list[g.Expr]]
 
 
-def convert(imp: _Importer, node: Any, inputs: Sequence[g.Expr | None]) -> list[g.Expr]:
+def convert(imp: GraphImporter, node: Any, inputs: Sequence[g.Expr | None]) -> list[g.Expr]:
     """The outputs of control-flow node `node` (If, Loop or Scan)."""
     op = str(node.op_type)
     if op == "If":
@@ -99,7 +99,7 @@ def implicit_inputs(graph: Any) -> list[str]:
     return out
 
 
-def _captures(imp: _Importer, graphs: Sequence[Any]) -> tuple[_Captures, dict[str, g.Expr]]:
+def _captures(imp: GraphImporter, graphs: Sequence[Any]) -> tuple[_Captures, dict[str, g.Expr]]:
     """The outer values the subgraphs read: non-constant ones are captured as
     parameters, constants are used in place."""
     captured: _Captures = []
@@ -117,7 +117,7 @@ def _captures(imp: _Importer, graphs: Sequence[Any]) -> tuple[_Captures, dict[st
     return captured, consts
 
 
-def _fresh_name(imp: _Importer, node: Any, role: str) -> str:
+def _fresh_name(imp: GraphImporter, node: Any, role: str) -> str:
     base = str(node.name or node.op_type)
     base = "".join(c if c.isalnum() or c == "_" else "_" for c in base).strip("_") or "body"
     if base[0].isdigit():
@@ -136,7 +136,7 @@ def _type_key(ty: Any) -> Any:
     return (shape_text(ty.shape), ty.dtype)
 
 
-def _scalar(imp: _Importer, x: g.Expr, dtype: str, what: str) -> g.Expr:
+def _scalar(imp: GraphImporter, x: g.Expr, dtype: str, what: str) -> g.Expr:
     """`x` as a 0-d tensor of `dtype` (ONNX allows a one-element 1-d tensor)."""
     ty = imp.tensor_type(x)
     if ty.dtype != dtype:
@@ -149,7 +149,7 @@ def _scalar(imp: _Importer, x: g.Expr, dtype: str, what: str) -> g.Expr:
     return imp.call("reshape", x, shape=())
 
 
-def _build_body(imp: _Importer, graph: Any, name: str, role: str,
+def _build_body(imp: GraphImporter, graph: Any, name: str, role: str,
                 leading: list[tuple[str, TensorType]], captures: _Captures,
                 consts: dict[str, g.Expr], bind: _Bind, finish: _Finish) -> g.Function:
     """Import subgraph `graph` as private graph function `name` with parameters
@@ -197,13 +197,13 @@ def _build_body(imp: _Importer, graph: Any, name: str, role: str,
 
 def _bind_inputs(graph: Any, first: int = 0) -> _Bind:
     """Bind the subgraph's inputs, in order, to the leading parameters from `first` on."""
-    def bind(sub: _Importer, lead: list[g.Var], caps: list[g.Var]) -> dict[str, g.Expr]:
+    def bind(sub: GraphImporter, lead: list[g.Var], caps: list[g.Var]) -> dict[str, g.Expr]:
         names = [i.name for i in graph.input]
         return {n: p for n, p in zip(names, lead[first:])}
     return bind
 
 
-def _check_states(outs: Sequence[g.Expr], states: Sequence[g.Expr], imp: _Importer) -> None:
+def _check_states(outs: Sequence[g.Expr], states: Sequence[g.Expr], imp: GraphImporter) -> None:
     for k, (out, init) in enumerate(zip(outs, states)):
         got, want = imp.tensor_type(out), imp.tensor_type(init)
         if _type_key(got) != _type_key(want):
@@ -216,7 +216,7 @@ def _check_states(outs: Sequence[g.Expr], states: Sequence[g.Expr], imp: _Import
 # --------------------------------------------------------------------------- If
 
 
-def _convert_if(imp: _Importer, node: Any, inputs: Sequence[g.Expr | None]) -> list[g.Expr]:
+def _convert_if(imp: GraphImporter, node: Any, inputs: Sequence[g.Expr | None]) -> list[g.Expr]:
     if not inputs or inputs[0] is None:
         raise FrontendError("If needs its condition input")
     cond = _scalar(imp, inputs[0], "bool", "the If condition")
@@ -226,7 +226,7 @@ def _convert_if(imp: _Importer, node: Any, inputs: Sequence[g.Expr | None]) -> l
                             f"{len(else_g.output)} values")
     captures, consts = _captures(imp, [then_g, else_g])
 
-    def finish(sub: _Importer, lead: list[g.Var], outs: list[g.Expr]) -> list[g.Expr]:
+    def finish(sub: GraphImporter, lead: list[g.Var], outs: list[g.Expr]) -> list[g.Expr]:
         return outs
 
     fns = [_build_body(imp, graph, _fresh_name(imp, node, role), f"{role}_branch", [],
@@ -264,7 +264,7 @@ def _stops_early(cond_in: g.Expr | None, body: g.Function) -> bool:
     return not (isinstance(cond_out, g.Constant) and bool(np.all(cond_out.data)))
 
 
-def _trip_length(imp: _Importer, m: g.Expr | None) -> Dim | None:
+def _trip_length(imp: GraphImporter, m: g.Expr | None) -> Dim | None:
     """The trip count as a dimension (int, or a size from symbolic dims), else None."""
     if m is None:
         return None
@@ -275,7 +275,7 @@ def _trip_length(imp: _Importer, m: g.Expr | None) -> Dim | None:
     return int(value) if isinstance(value, (int, np.integer)) else value
 
 
-def _convert_loop(imp: _Importer, node: Any, inputs: Sequence[g.Expr | None]) -> list[g.Expr]:
+def _convert_loop(imp: GraphImporter, node: Any, inputs: Sequence[g.Expr | None]) -> list[g.Expr]:
     m_in = inputs[0] if len(inputs) > 0 else None
     c_in = inputs[1] if len(inputs) > 1 else None
     states = list(inputs[2:])
@@ -297,7 +297,7 @@ def _convert_loop(imp: _Importer, node: Any, inputs: Sequence[g.Expr | None]) ->
     leading = [("iteration", _INT0), ("cond", _BOOL0),
                *((f"state{k}", imp.tensor_type(s)) for k, s in enumerate(inits))]
 
-    def finish(sub: _Importer, lead: list[g.Var], outs: list[g.Expr]) -> list[g.Expr]:
+    def finish(sub: GraphImporter, lead: list[g.Var], outs: list[g.Expr]) -> list[g.Expr]:
         c = _scalar(sub, outs[0], "bool", "the body's condition output")
         _check_states(outs[1:1 + n], inits, imp)
         return [c, *outs[1:]]
@@ -336,7 +336,7 @@ def _axis(a: int, ndim: int, what: str) -> int:
     return a + ndim if a < 0 else a
 
 
-def _convert_scan(imp: _Importer, node: Any, inputs: Sequence[g.Expr | None]) -> list[g.Expr]:
+def _convert_scan(imp: GraphImporter, node: Any, inputs: Sequence[g.Expr | None]) -> list[g.Expr]:
     if imp.opset < 9:
         raise FrontendError("Scan before opset 9 (batch axis, sequence_lens) is not supported")
     attrs = _attrs(node)
@@ -380,7 +380,7 @@ def _convert_scan(imp: _Importer, node: Any, inputs: Sequence[g.Expr | None]) ->
     leading = [("iteration", _INT0), ("cond", _BOOL0),
                *((f"state{k}", imp.tensor_type(s)) for k, s in enumerate(inits))]
 
-    def bind(sub: _Importer, lead: list[g.Var], caps: list[g.Var]) -> dict[str, g.Expr]:
+    def bind(sub: GraphImporter, lead: list[g.Var], caps: list[g.Var]) -> dict[str, g.Expr]:
         full = caps[:n_scan]  # the scan inputs come first among the captures
         names = [i.name for i in body_g.input]
         out: dict[str, g.Expr] = dict(zip(names[:n], lead[2:]))
@@ -396,7 +396,7 @@ def _convert_scan(imp: _Importer, node: Any, inputs: Sequence[g.Expr | None]) ->
             out[name] = sub.call("gather", x, idx, axis=a)
         return out
 
-    def finish(sub: _Importer, lead: list[g.Var], outs: list[g.Expr]) -> list[g.Expr]:
+    def finish(sub: GraphImporter, lead: list[g.Var], outs: list[g.Expr]) -> list[g.Expr]:
         _check_states(outs[:n], inits, imp)
         return [lead[1], *outs]
 

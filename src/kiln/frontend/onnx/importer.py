@@ -50,7 +50,7 @@ CONVERT_OLD_TO = 13
 
 
 # Constant folding while importing materialises at most this many bytes per
-# value (beyond what the model's own data grows to, see `_Importer.call`).
+# value (beyond what the model's own data grows to, see `GraphImporter.call`).
 DEFAULT_MAX_FOLD_BYTES = DEFAULT_FOLD_BUDGET
 # A folded value may be this many times larger than the model data it derives from.
 FOLD_GROWTH = 4
@@ -111,7 +111,7 @@ def from_onnx(model: Any, shape_dict: dict[str, Any] | None = None, *,
         shapes = {i.name: dims.shape(i.name) for i in _graph_inputs(graph)}
         check_onnx_model(proto, views, {name: len(shape) for name, shape in shapes.items()
                                         if shape is not None})
-    return _Importer(graph, opset, dims, max_fold_bytes, views).run()
+    return GraphImporter(graph, opset, dims, max_fold_bytes, views).run()
 
 
 def _load(model: Any) -> tuple[Any, dict[int, Any]]:
@@ -266,7 +266,7 @@ def _decode_attr(attr: Any) -> Any:
     return value
 
 
-class _Importer:
+class GraphImporter:
     """Converts the nodes of one graph in order; it is the converters' GraphContext."""
 
     def __init__(self, graph: Any, opset: int, dims: InputDims,
@@ -299,9 +299,9 @@ class _Importer:
         """The node being converted, for messages."""
         return self._where
 
-    def sub_importer(self, graph: Any) -> _Importer:
+    def sub_importer(self, graph: Any) -> GraphImporter:
         """An importer for a subgraph of this graph (an If branch, a Loop body)."""
-        sub = _Importer(graph, self.opset, self.input_dims, self.max_fold_bytes)
+        sub = GraphImporter(graph, self.opset, self.input_dims, self.max_fold_bytes)
         sub.functions = self.functions
         sub.function_names = self.function_names
         return sub

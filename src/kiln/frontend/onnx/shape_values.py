@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from kiln.ir import dtype as dt
-from kiln.ir.shape_expr import dim_product, dims_equal, simplify_dim
+from kiln.ir.shape_expr import dims_equal, simplify_dim
 from kiln.ir.tensor import BinaryOp, Const, PrimExpr, Var
 from kiln.ops import registry as op_registry
 
@@ -147,9 +147,3 @@ def shape_value(shape: Sequence[Any]) -> np.ndarray:
         out[k] = canonical(d)
     return out
 
-
-def size_value(shape: Sequence[Any]) -> np.ndarray:
-    """The 0-D object array holding the number of elements of `shape`."""
-    out = np.empty((), dtype=object)
-    out[()] = dim_product(shape)
-    return out

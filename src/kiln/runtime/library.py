@@ -46,9 +46,9 @@ from kiln.artifact.integrity import CHUNK_SIZE, DIGEST_SIZE, chunk_count, chunk_
 from kiln.artifact.segments import Content, write_content
 from kiln.errors import CompileError, ExportError, UsageError
 from kiln.escape import c_comment, is_c_identifier
-from kiln.export.data_object import DataSymbol, machine_of, write_data_object
-from kiln.export.toolchain import default_compiler
 from kiln.runtime import native
+from kiln.runtime.data_object import DataSymbol, machine_of, write_data_object
+from kiln.runtime.toolchain import default_compiler
 
 SUFFIXES = {".so": "shared library", ".tar": "artifact archive",
             ".a": "static library + header"}
@@ -67,7 +67,7 @@ def export_library(
 
     `metadata` is the library metadata (docs/abi.md); `prefix` the
     `system_lib_prefix`. `cc` is the C compiler (default $CC, else the one the
-    artifacts' target needs: kiln.export.toolchain), `options`
+    artifacts' target needs: kiln.runtime.toolchain), `options`
     extra flags for compiling C artifacts, `fcompile(out_path, objects,
     options)` replaces the `.so` link step. Intermediate files go to
     `workspace_dir` (kept) or a temporary directory (removed). An in-memory
@@ -175,7 +175,7 @@ def blob_object(arts: ArtifactSet, metadata: Mapping[str, Any], prefix: str, wor
     LINKED_DATA section records; the blob symbol's size spans both, so the
     runtime reads the data within the symbol it found. When `like` holds a
     64-bit little-endian ELF object of the same library, the object is written
-    directly (kiln.export.data_object: the weights hit the disk once);
+    directly (kiln.runtime.data_object: the weights hit the disk once);
     otherwise the assembler builds it with `.incbin`.
 
     With `deferred` (a list) and a directly written object, the data is not

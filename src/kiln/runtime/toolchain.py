@@ -47,13 +47,27 @@ def library_triple(artifacts: Iterable[Any]) -> str | None:
     return None
 
 
+def cross_compiler(triple: str) -> str:
+    """The usual GCC cross compiler for a triple, e.g. 'arm-none-eabi-gcc'."""
+    parts = triple.lower().split("-")
+    arch = parts[0]
+    bare_metal = "none" in parts[1:]
+    if arch.startswith(("arm", "thumb")):
+        if bare_metal:
+            return "arm-none-eabi-gcc"
+        return "arm-linux-gnueabihf-gcc" if triple.endswith("hf") else "arm-linux-gnueabi-gcc"
+    if arch in ("aarch64", "arm64"):
+        return "aarch64-none-elf-gcc" if bare_metal else "aarch64-linux-gnu-gcc"
+    if arch.startswith("riscv"):
+        return f"{arch}-unknown-elf-gcc" if bare_metal else f"{arch}-linux-gnu-gcc"
+    return f"{triple}-gcc"
+
+
 def default_compiler(artifacts: Iterable[Any]) -> list[str] | None:
     """The compiler command for these artifacts, or None for this machine's `cc`.
 
     Raises MissingDependencyError when the cross compiler is not installed.
     """
-    from kiln.codegen.c.flags import cross_compiler
-
     arts = list(artifacts)
     recorded = next((a.metadata["cc"] for a in arts if a.loader == NATIVE and
                      isinstance(a.metadata.get("cc"), str) and a.metadata["cc"]), None)
@@ -75,4 +89,4 @@ def default_compiler(artifacts: Iterable[Any]) -> list[str] | None:
     return command
 
 
-__all__ = ["DEBIAN_PACKAGES", "default_compiler", "library_triple"]
+__all__ = ["DEBIAN_PACKAGES", "cross_compiler", "default_compiler", "library_triple"]

@@ -1,4 +1,6 @@
-"""Read-only walks over tensor-level IR that the C printer needs before printing.
+"""Read-only queries over tensor-level IR: what a statement references, reads, calls.
+
+The backends ask them before printing:
 
 C warns about unused locals and parameters (`-Wall -Wextra -Werror`), so the
 printer must know up front which variables and buffers are referenced; it also
