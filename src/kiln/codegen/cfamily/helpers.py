@@ -201,8 +201,31 @@ def dim_runtime_source() -> str:
     return (path / DIM_RUNTIME_FILE).read_text(encoding="utf-8")
 
 
+# ------------------------------------------------------------------ int8 dot product
+# (the `dot4_u8s8` intrinsic, kiln.ir.tensor; docs/quantization.md). Kept in a block of
+# its own: the quantized kernels own it.
+
+_DOT4_U8S8 = """
+/* acc + the products of a's four bytes (unsigned) and b's (signed), wrapping like
+   int32 in the IR. Each product fits 16 bits, the four fit 18: only the last add
+   wraps, done unsigned. Sign extension by xor/subtract avoids C's
+   implementation-defined narrowing; compilers fold it to one sign-extending load. */
+static inline int32_t kiln_dot4_u8s8(int32_t acc, int32_t a, int32_t b) {
+  uint32_t ua = (uint32_t)a, ub = (uint32_t)b;
+  int32_t sum = 0;
+  int shift;
+  for (shift = 0; shift < 32; shift += 8) {
+    int32_t x = (int32_t)((ua >> shift) & 0xFFu);
+    int32_t w = (int32_t)(((ub >> shift) & 0xFFu) ^ 0x80u) - 0x80;
+    sum += x * w;
+  }
+  return (int32_t)((uint32_t)acc + (uint32_t)sum);
+}
+"""
+
 _FIXED: dict[str, tuple[str, tuple[str, ...]]] = {
     "kiln_narrow_float": (_NARROW_FLOAT, ()),
+    "kiln_dot4_u8s8": (_DOT4_U8S8, ()),
     **_F16,
 }
 
