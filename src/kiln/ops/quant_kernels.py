@@ -115,7 +115,8 @@ def pack(call: g.Call) -> g.Call | None:
         wp = data - zw.reshape(-1, *([1] * (data.ndim - 1))) if zw.ndim else data - zw
         sums = wp.reshape(wp.shape[0], -1).sum(axis=1)
     weight_dtype = np.int8 if wp.min() >= -128 and wp.max() <= 127 else np.int16
-    isa = quant_dot.target_isa() if call.op == "qlinear_matmul" \
+    two_d_conv = call.op == "qlinear_conv" and wp.ndim == 4 and attrs.get("group", 1) == 1
+    isa = quant_dot.target_isa() if (call.op == "qlinear_matmul" or two_d_conv) \
         and weight_dtype == np.int8 else None
     # the dot form multiplies unsigned bytes: an int8 x is shifted by 128 (quant_dot)
     shift = quant_dot.a_shift(str(np.asarray(x_zp.data).dtype)) if isa else 0
@@ -129,6 +130,11 @@ def pack(call: g.Call) -> g.Call | None:
         group = {"k_group": quant_dot.GROUP} if isa else {}
         return op_call(MATMUL, x, panels, corrected, multiplier, y_zp, n=wp.shape[1],
                        **group, **attrs)
+    if isa is not None:
+        from kiln.ops.quant_conv_dot import CONV_DOT, weight_words
+
+        return op_call(CONV_DOT, x, g.Constant(weight_words(wp.astype(np.int8)), w.name),
+                       corrected, x_zp, multiplier, y_zp, w_shape=tuple(wp.shape), **attrs)
     return op_call(CONV, x, packed, corrected, x_zp, multiplier, y_zp, **attrs)
 
 
