@@ -42,7 +42,9 @@ With `--int8`, each selected GEMM is a one-node QLinearMatMul (u8 A as the input
 s8 B as an initializer, per-tensor scales, u8 output) and the table prints kiln's and
 onnxruntime's GOP/s (OP = 2 x integer multiply-adds), kiln's throughput as a
 percentage of onnxruntime's and the share of outputs that differ (in quanta) from
-onnxruntime's (docs/quantization.md). The machine's VNNI peak is not measured yet.
+onnxruntime's (docs/quantization.md), and kiln's GOP/s as a percentage of the machine's
+measured `vpdpbusd` peak on 2 cores (bench/peak.py; not printed without AVX-512 VNNI or
+AVX-VNNI).
 """
 
 from __future__ import annotations
@@ -59,7 +61,7 @@ import numpy as np
 import onnx
 from harness import alternating_blocks_ms, calls_within, describe_target, rel_l2, short_error
 from onnx import TensorProto, helper, numpy_helper
-from peak import measure_peak
+from peak import measure_int8_peak, measure_peak
 
 import kiln
 from kiln.frontend import from_onnx
@@ -327,8 +329,12 @@ def run_int8(g: Gemm, target: kiln.target.Target, repeat: int, seconds: float
 
 def print_int8(kernels: list[Kernel], target: kiln.target.Target, repeat: int,
                seconds: float) -> None:
+    peak = measure_int8_peak(threads=2)
+    if peak is not None:
+        print(f"int8 peak (vpdpbusd, {peak.vector_bits}-bit): {peak.per_core:.0f} GOP/s per "
+              f"core measured, x{peak.threads} = {peak.all_threads:.0f} GOP/s")
     header = (f"{'kernel':<24} {'MOP':>6} {'kiln GOP/s':>10} {'ort GOP/s':>9} "
-              f"{'kiln %ort':>9} {'differ':>7} {'compile s':>9}")
+              f"{'kiln %ort':>9} {'kiln %peak':>10} {'differ':>7} {'compile s':>9}")
     print(header)
     print("-" * len(header))
     for kernel in kernels:
@@ -338,9 +344,10 @@ def print_int8(kernels: list[Kernel], target: kiln.target.Target, repeat: int,
         if isinstance(r, str):
             print(f"{kernel.name:<24} skipped: {r}", flush=True)
             continue
+        of_peak = f"{100 * r['kiln_gops'] / peak.all_threads:>10.0f}" if peak else f"{'-':>10}"
         print(f"{kernel.name:<24} {kernel.flop / 1e6:>6.0f} {r['kiln_gops']:>10.1f} "
               f"{r['ort_gops']:>9.1f} {100 * r['kiln_gops'] / r['ort_gops']:>9.0f} "
-              f"{r['differ']:>7.1%} {r['compile_s']:>9.2f}", flush=True)
+              f"{of_peak} {r['differ']:>7.1%} {r['compile_s']:>9.2f}", flush=True)
 
 
 def selected(spec: str) -> list[Kernel]:

@@ -1,4 +1,5 @@
-"""This machine's float32 FMA peak, measured with a small generated kernel.
+"""This machine's float32 FMA peak (and int8 VNNI peak), measured with a small
+generated kernel.
 
     .venv/bin/python bench/peak.py [--seconds 0.3]
 
@@ -68,16 +69,21 @@ def host_vector_widths() -> list[int]:
     return widths
 
 
-def _kernel_ir(lanes: int) -> str:
-    """LLVM IR of `float fma_loop(i64 n, float b, float c)`: n rounds of the FMA chains."""
-    vec = f"<{lanes} x float>"
+def _kernel_ir(lanes: int, int8: bool = False) -> str:
+    """LLVM IR of `float fma_loop(i64 n, float b, float c)`: n rounds of the FMA chains
+    (`int8`: of `vpdpbusd` chains on int32 lanes, b and c converted to integers)."""
+    elem, add = ("i32", "add") if int8 else ("float", "fadd")
+    vec = f"<{lanes} x {elem}>"
+    fn = f"llvm.x86.avx512.vpdpbusd.{lanes * 32}" if int8 else f"llvm.fma.v{lanes}f32"
     lines = [
-        f"declare {vec} @llvm.fma.v{lanes}f32({vec}, {vec}, {vec})",
-        "define float @fma_loop(i64 %n, float %b, float %c) {",
+        f"declare {vec} @{fn}({vec}, {vec}, {vec})",
+        "define float @fma_loop(i64 %n, float %bf, float %cf) {",
         "entry:",
-        f"  %bi = insertelement {vec} poison, float %b, i32 0",
+        *(("  %b = fptosi float %bf to i32", "  %c = fptosi float %cf to i32") if int8
+           else ("  %b = fadd float %bf, 0.0", "  %c = fadd float %cf, 0.0")),
+        f"  %bi = insertelement {vec} poison, {elem} %b, i32 0",
         f"  %bv = shufflevector {vec} %bi, {vec} poison, <{lanes} x i32> zeroinitializer",
-        f"  %ci = insertelement {vec} poison, float %c, i32 0",
+        f"  %ci = insertelement {vec} poison, {elem} %c, i32 0",
         f"  %cv = shufflevector {vec} %ci, {vec} poison, <{lanes} x i32> zeroinitializer",
         "  br label %loop",
         "loop:",
@@ -86,29 +92,33 @@ def _kernel_ir(lanes: int) -> str:
     for a in range(ACCUMULATORS):
         lines.append(f"  %a{a} = phi {vec} [%cv, %entry], [%n{a}, %loop]")
     for a in range(ACCUMULATORS):
-        lines.append(f"  %n{a} = call {vec} @llvm.fma.v{lanes}f32({vec} %a{a}, {vec} %bv, "
-                     f"{vec} %cv)")
+        operands = f"{vec} %a{a}, {vec} %bv, {vec} %cv"
+        lines.append(f"  %n{a} = call {vec} @{fn}({operands})")
     lines += ["  %i1 = add i64 %i, 1", "  %more = icmp ult i64 %i1, %n",
               "  br i1 %more, label %loop, label %done", "done:"]
     # Sum the accumulators so none is dead.
     prev = "%n0"
     for a in range(1, ACCUMULATORS):
-        lines.append(f"  %s{a} = fadd {vec} {prev}, %n{a}")
+        lines.append(f"  %s{a} = {add} {vec} {prev}, %n{a}")
         prev = f"%s{a}"
-    lines += [f"  %r = extractelement {vec} {prev}, i32 0", "  ret float %r", "}"]
+    lines.append(f"  %r = extractelement {vec} {prev}, i32 0")
+    lines += (["  %rf = sitofp i32 %r to float", "  ret float %rf", "}"] if int8
+              else ["  ret float %r", "}"])
     return "\n".join(lines)
 
 
 class _Kernel:
     """The JIT-compiled FMA loop at one vector width (kept alive with its engine)."""
 
-    def __init__(self, bits: int) -> None:
+    def __init__(self, bits: int, int8: bool = False) -> None:
         self.lanes = bits // 32
+        # one vpdpbusd lane: 4 multiplies and 4 adds; one fma lane: 2 operations
+        self.ops_per_lane = 8 if int8 else 2
         target = llvm.Target.from_default_triple()
         machine = target.create_target_machine(
             cpu=llvm.get_host_cpu_name(), features=llvm.get_host_cpu_features().flatten(),
             opt=3)
-        module = llvm.parse_assembly(_kernel_ir(self.lanes))
+        module = llvm.parse_assembly(_kernel_ir(self.lanes, int8))
         module.verify()
         self.engine = llvm.create_mcjit_compiler(module, machine)
         self.engine.finalize_object()
@@ -125,7 +135,7 @@ class _Kernel:
             if time.perf_counter() - start > seconds / ROUNDS:
                 break
             n *= 2
-        flop = n * ACCUMULATORS * self.lanes * 2
+        flop = n * ACCUMULATORS * self.lanes * self.ops_per_lane
         best = 0.0
         for _ in range(ROUNDS):
             workers = [threading.Thread(target=self.fn, args=(n, 0.999, 1e-3))
@@ -153,6 +163,26 @@ def measure_peak(threads: int = 2, seconds: float = 0.3) -> Peak:
     return Peak(llvm.get_host_cpu_name(), best, per_core[best], threads, by_width)
 
 
+def measure_int8_peak(threads: int = 2, seconds: float = 0.3) -> Peak | None:
+    """Measure the int8 `vpdpbusd` peak in GOP/s (a multiply and an add per u8 x s8
+    product): 512-bit with AVX-512 VNNI, 256-bit with AVX-VNNI; None without either."""
+    features = dict(llvm.get_host_cpu_features())
+    widths = [bits for bits, need in ((256, "avxvnni"), (512, "avx512vnni"))
+              if features.get(need) or (bits == 256 and features.get("avx512vnni")
+                                        and features.get("avx512vl"))]
+    if not widths:
+        return None
+    llvm.initialize_native_target()
+    llvm.initialize_native_asmprinter()
+    by_width = {}
+    for bits in widths:
+        kernel = _Kernel(bits, int8=True)
+        by_width[bits] = (kernel.gflops(1, seconds), kernel.gflops(threads, seconds))
+    per_core = {bits: max(one, all_ / threads) for bits, (one, all_) in by_width.items()}
+    best = max(per_core, key=lambda bits: per_core[bits])
+    return Peak(llvm.get_host_cpu_name(), best, per_core[best], threads, by_width)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seconds", type=float, default=0.3,
@@ -160,6 +190,10 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
     print(measure_peak(args.threads, args.seconds).describe())
+    int8 = measure_int8_peak(args.threads, args.seconds)
+    if int8 is not None:
+        print(f"int8 vpdpbusd peak: {int8.per_core:.1f} GOP/s per core measured "
+              f"({int8.vector_bits}-bit), x{int8.threads} cores = {int8.all_threads:.1f} GOP/s")
 
 
 if __name__ == "__main__":

@@ -7,11 +7,13 @@ run by onnxruntime; kiln imports it, fuses the QDQ patterns into integer ops
 its final DequantizeLinear removed) must equal onnxruntime's, or be one quantum
 apart on at most 0.1% of the elements; dequantized outputs must be within a
 relative L2 error of 1e-2 (on llvm). One configuration is also exported and run in a fresh
-process with 1 and 2 threads.
+process with 1 and 2 threads. With KILN_FULL_MODELS=1 the same runs on `-mcpu=znver4`
+(the dot-product kernels) too.
 """
 
 from __future__ import annotations
 
+import os
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -37,9 +39,22 @@ from kiln.frontend import from_onnx
 from kiln.ir import assert_structural_equal
 from kiln.ir import graph as g
 from kiln.script import from_source, print_module
+from kiln.target import Target
+from kiln.target.isa import isa_for
 from kiln.transform.quantize_ops import QuantizeOps
 
 TARGETS = ("llvm", "c")
+# The dot-product kernels (vpdpbusd) on the model set: about 100 s of compilation, so
+# with KILN_FULL_MODELS=1 only (tests/quantization/test_dot_gemm.py covers the kernels
+# in CI), and on a host that runs the target.
+DOT_TARGET = "llvm -mcpu=znver4"
+FULL = os.environ.get("KILN_FULL_MODELS") == "1"
+
+
+def _host_runs(target: str) -> bool:
+    if target == DOT_TARGET and not FULL:
+        return False
+    return isa_for(Target(target)).features <= isa_for(Target.from_host()).features
 
 # (model builder, quant format, per-channel weights, activation type)
 CONFIGS: dict[str, tuple[Any, str, bool, str]] = {
@@ -97,8 +112,10 @@ def test_qdq_products_become_integer_ops(quantized: dict[str, Any]) -> None:
     assert_structural_equal(from_source(print_module(mod)), mod)
 
 
-@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("target", [*TARGETS, DOT_TARGET])
 def test_integer_outputs_match_onnxruntime(quantized: dict[str, Any], target: str) -> None:
+    if not _host_runs(target):
+        pytest.skip(f"{target}: KILN_FULL_MODELS=1 on a host that runs it")
     got = _outputs(_compiled(quantized, target, "ints"), quantized["feeds"])
     for got_k, w in zip(got, quantized["want_int"], strict=True):
         check_integer(got_k, w, f"{quantized['name']} on {target}")
@@ -115,9 +132,12 @@ def test_dequantized_outputs_match_onnxruntime(quantized: dict[str, Any]) -> Non
 
 
 @pytest.mark.parametrize("quantized", ["resnet18-qdq-u8"], indirect=True)
-@pytest.mark.parametrize(("target", "threads"), [("llvm", 1), ("llvm", 2), ("c", 2)])
+@pytest.mark.parametrize(("target", "threads"), [("llvm", 1), ("llvm", 2), ("c", 2),
+                                                 (DOT_TARGET, 1), (DOT_TARGET, 2)])
 def test_exported_library_in_a_fresh_process(quantized: dict[str, Any], target: str,
                                              threads: int, tmp_path: Path) -> None:
+    if not _host_runs(target):
+        pytest.skip(f"{target}: KILN_FULL_MODELS=1 on a host that runs it")
     # one configuration is enough for export and thread counts
     ex = _compiled(quantized, target, "ints")
     got = outputs_in_fresh_process(ex, quantized["feeds"], tmp_path, threads)

@@ -179,9 +179,20 @@ def _check(ok: Any, code: int) -> None:
         raise _Fault(error_message(code))
 
 
+def _dot4_u8s8(acc: Any, a: Any, b: Any) -> int:
+    """The `dot4_u8s8` intrinsic before int32 wraparound: `acc` plus the products of
+    `a`'s bytes (unsigned) and `b`'s (signed)."""
+    a, b = int(a), int(b)
+    total = int(acc)
+    for shift in (0, 8, 16, 24):
+        sb = (b >> shift) & 0xFF
+        total += ((a >> shift) & 0xFF) * (sb - 256 if sb > 127 else sb)
+    return total
+
+
 def _base_namespace() -> dict[str, Any]:
     ns: dict[str, Any] = {
-        "_check": _check,
+        "_check": _check, "_dot4_u8s8": _dot4_u8s8,
         "_Fault": _Fault, "_tdiv": _tdiv, "_tmod": _tmod, "_ipow": _ipow, "_shl": _shl,
         "_shr": _shr, "_sel": _sel, "_f2i": _f2i, "_fmin": _fmin, "_fmax": _fmax,
         "_ffloordiv": _ffloordiv, "_ffloormod": _ffloormod, "_round16": _round16,

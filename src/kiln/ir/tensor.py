@@ -224,9 +224,16 @@ INTRINSICS: dict[str, int] = {
     "pow": 2, "atan2": 2, "fmod": 2,
     # fma(a, b, c) = a * b + c rounded once (IEEE fusedMultiplyAdd), floats only
     "fma": 3,
+    # dot4_u8s8(acc, a, b): the integer dot product of DOT4_U8S8 below
+    "dot4_u8s8": 3,
     CHECK_INTRINSIC: 2,
     PROFILE_START: 1, PROFILE_STOP: 2,
 }
+# `dot4_u8s8(acc, a, b)`, all int32: `acc + sum(u8(a >> 8i) * s8(b >> 8i) for i < 4)`
+# with int32 wraparound: the four bytes of `a` unsigned, those of `b` signed (byte 0
+# the least significant). One lane of x86 `vpdpbusd`; in a `vectorized` loop the
+# llvm backend emits the target's dot-product instructions (docs/quantization.md).
+DOT4_U8S8 = "dot4_u8s8"
 # Intrinsics whose result is bool whatever the argument's dtype.
 BOOL_INTRINSICS = frozenset({"isnan", "isinf"})
 

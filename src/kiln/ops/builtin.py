@@ -16,6 +16,7 @@ from kiln.ops import (  # noqa: F401
     pool,
     pool_nchwc,
     quant,
+    quant_conv_dot,
     quant_kernels,
     quant_onnx,
     recurrent,

@@ -40,10 +40,12 @@ from kiln.ir import dtype as dt
 from kiln.ir import graph as g
 from kiln.ir.shape_expr import is_static
 from kiln.ir.tensor import (
+    DOT4_U8S8,
     Allocate,
     Buffer,
     Cast,
     IfThenElse,
+    Intrin,
     PrimExpr,
     PrimFunc,
     Stmt,
@@ -55,7 +57,7 @@ from kiln.ir.tensor import (
     seq,
 )
 from kiln.ir.types import TensorType, Type
-from kiln.ops import te
+from kiln.ops import quant_dot, te
 from kiln.ops.conv_kernels import _loop
 from kiln.ops.nn import _conv_geometry, _conv_ref
 from kiln.ops.quant import (
@@ -69,6 +71,7 @@ from kiln.ops.quant import (
 )
 from kiln.ops.registry import OPS, HandBuiltOp, register_op
 from kiln.ops.registry import call as op_call
+from kiln.target.isa import ISA
 
 Attrs = Mapping[str, Any]
 MATMUL = "qlinear_matmul_packed"
@@ -112,14 +115,26 @@ def pack(call: g.Call) -> g.Call | None:
         wp = data - zw.reshape(-1, *([1] * (data.ndim - 1))) if zw.ndim else data - zw
         sums = wp.reshape(wp.shape[0], -1).sum(axis=1)
     weight_dtype = np.int8 if wp.min() >= -128 and wp.max() <= 127 else np.int16
-    bias_eff = np.asarray(bias.data, np.int64) - int(x_zp.data) * sums
+    two_d_conv = call.op == "qlinear_conv" and wp.ndim == 4 and attrs.get("group", 1) == 1
+    isa = quant_dot.target_isa() if (call.op == "qlinear_matmul" or two_d_conv) \
+        and weight_dtype == np.int8 else None
+    # the dot form multiplies unsigned bytes: an int8 x is shifted by 128 (quant_dot)
+    shift = quant_dot.a_shift(str(np.asarray(x_zp.data).dtype)) if isa else 0
+    bias_eff = np.asarray(bias.data, np.int64) - (int(x_zp.data) + shift) * sums
     if np.abs(bias_eff).max(initial=0) >= 2 ** 31:
         return None  # the corrected bias would not fit the int32 accumulator
     packed = g.Constant(np.ascontiguousarray(wp.astype(weight_dtype)), w.name)
     corrected = g.Constant(bias_eff.astype(np.int32))
     if call.op == "qlinear_matmul":
-        panels = g.Constant(panelize(np.asarray(packed.data)), w.name)
-        return op_call(MATMUL, x, panels, corrected, multiplier, y_zp, n=wp.shape[1], **attrs)
+        panels = g.Constant(_panels(np.asarray(packed.data), isa), w.name)
+        group = {"k_group": quant_dot.GROUP} if isa else {}
+        return op_call(MATMUL, x, panels, corrected, multiplier, y_zp, n=wp.shape[1],
+                       **group, **attrs)
+    if isa is not None:
+        from kiln.ops.quant_conv_dot import CONV_DOT, weight_words
+
+        return op_call(CONV_DOT, x, g.Constant(weight_words(wp.astype(np.int8)), w.name),
+                       corrected, x_zp, multiplier, y_zp, w_shape=tuple(wp.shape), **attrs)
     return op_call(CONV, x, packed, corrected, x_zp, multiplier, y_zp, **attrs)
 
 
@@ -140,15 +155,24 @@ def _pack_matmul_integer(call: g.Call) -> g.Call:
     assert isinstance(b, g.Constant) and isinstance(b_zp, g.Constant)
     wp = _shifted_b(b.data, b_zp.data, bool(call.attrs.get("transpose_b")))
     colsum = wp.astype(np.int64).sum(axis=0).astype(np.int32)
-    return op_call(INTEGER, a, g.Constant(panelize(wp), b.name), g.Constant(colsum), a_zp,
-                   n=wp.shape[1])
+    isa = quant_dot.target_isa() if wp.dtype == np.int8 else None
+    group = {"k_group": quant_dot.GROUP} if isa else {}
+    return op_call(INTEGER, a, g.Constant(_panels(wp, isa), b.name), g.Constant(colsum), a_zp,
+                   n=wp.shape[1], **group)
 
 
-def panelize(b: np.ndarray) -> np.ndarray:
-    """B `[K][N]` as panels `[ceil(N / nr)][K][nr]`, nr = min(TILE_COLS, N), zero-padded:
-    the kernel's column tile reads one contiguous panel row per k."""
+def _panels(b: np.ndarray, isa: ISA | None) -> np.ndarray:
+    """B's panels: of int8/int16 elements, or of the dot form's words (`isa` given)."""
+    if isa is None:
+        return panelize(b)
+    return panelize(quant_dot.words(b), quant_dot.tile_cols(isa))
+
+
+def panelize(b: np.ndarray, cols: int = 0) -> np.ndarray:
+    """B `[K][N]` as panels `[ceil(N / nr)][K][nr]`, nr = min(cols or TILE_COLS, N),
+    zero-padded: the kernel's column tile reads one contiguous panel row per k."""
     k, n = b.shape
-    nr = min(TILE_COLS, n)
+    nr = min(cols or TILE_COLS, n)
     panels = -(-n // nr)
     padded = np.zeros((k, panels * nr), b.dtype)
     padded[:, :n] = b
@@ -166,15 +190,26 @@ def unpanelize(bp: np.ndarray, n: int) -> np.ndarray:
 def _check_packed_product(op: str, a: TensorType, bp: TensorType, attrs: Attrs) -> int:
     """N, the columns of the packed B `[panels][K][nr]` (attribute `n`), checked."""
     n = int(attrs.get("n", -1))
-    if a.dtype not in PRODUCT_DTYPES or bp.dtype not in _WEIGHT_DTYPES or bp.ndim != 3 \
+    group = _group(attrs)
+    weights = ("int32",) if group > 1 else _WEIGHT_DTYPES
+    if a.dtype not in PRODUCT_DTYPES or bp.dtype not in weights or bp.ndim != 3 \
             or not (bp.shape[0] - 1) * bp.shape[2] < n <= bp.shape[0] * bp.shape[2]:
-        raise IRError(f"{op}: A must be int8/uint8 and the packed B int8/int16 panels "
-                      f"[panels][K][nr] holding n={n} columns, got {a.dtype} and "
-                      f"{bp.dtype}{tuple(bp.shape)}")
-    if a.ndim < 1 or a.shape[-1] != bp.shape[1]:
+        raise IRError(f"{op}: A must be int8/uint8 and the packed B {'/'.join(weights)} "
+                      f"panels [panels][K / {group}][nr] holding n={n} columns, got "
+                      f"{a.dtype} and {bp.dtype}{tuple(bp.shape)}")
+    k = a.shape[-1] if a.ndim else None
+    if not isinstance(k, int) or -(-k // group) != bp.shape[1]:
         raise IRError(f"{op}: inner dimensions differ: {tuple(a.shape)} @ "
                       f"[{bp.shape[1]}, {n}]")
     return n
+
+
+def _group(attrs: Attrs) -> int:
+    """k per element of the packed B: 1, or quant_dot.GROUP for the dot form's words."""
+    group = int(attrs.get("k_group", 1))
+    if group not in (1, quant_dot.GROUP):
+        raise IRError(f"k_group must be 1 or {quant_dot.GROUP}, got {group}")
+    return group
 
 
 def _matmul_infer(types: Sequence[TensorType], attrs: Attrs) -> Type:
@@ -185,11 +220,25 @@ def _matmul_infer(types: Sequence[TensorType], attrs: Attrs) -> Type:
 
 
 def _row_times_b(a: te.Tensor, bp: te.Tensor, rows: Sequence[PrimExpr],
-                 col: PrimExpr) -> PrimExpr:
-    """The int32 sum over k of a[rows, k] * B[k, col] (B in panels)."""
+                 col: PrimExpr, group: int) -> PrimExpr:
+    """The int32 sum over k of a[rows, k] * B[k, col] (B in panels; in words when
+    `group` > 1, with A shifted as the dot form shifts it)."""
     nr = bp.shape[2]
+    if group > 1:
+        return te.reduce("sum", lambda k: quant_dot.a_byte(a[(*rows, k)]) * quant_dot.b_byte(
+            bp[col // nr, k // group, col % nr], k), (a.shape[-1],), "int32")
     return te.reduce("sum", lambda k: Cast("int32", a[(*rows, k)])
                      * Cast("int32", bp[col // nr, k, col % nr]), (bp.shape[1],), "int32")
+
+
+def _unpacked_b(a: np.ndarray, bp: np.ndarray, attrs: Attrs) -> tuple[np.ndarray, np.ndarray]:
+    """A (int64, shifted as the dot form shifts it) and B `[K][N]` of a packed product."""
+    n = int(attrs["n"])
+    if _group(attrs) > 1:
+        b = unpanelize(quant_dot.unwords(bp, a.shape[-1]), n)
+        shift = quant_dot.a_shift(str(a.dtype))
+        return a.astype(np.int64) + shift, b.astype(np.int64)
+    return a.astype(np.int64), unpanelize(bp, n).astype(np.int64)
 
 
 def build_matmul(inputs: Sequence[te.Tensor], attrs: Attrs) -> te.Tensor:
@@ -199,7 +248,7 @@ def build_matmul(inputs: Sequence[te.Tensor], attrs: Attrs) -> te.Tensor:
     lo, hi = out_range(attrs, y_zp.dtype)
 
     def value(*i: PrimExpr) -> PrimExpr:
-        acc = _row_times_b(a, bp, i[:-1], i[-1])
+        acc = _row_times_b(a, bp, i[:-1], i[-1], _group(attrs))
         col = i[-1]
         return requantize_value(acc + bias[col], _channel(multiplier, col), y_zp[()], lo, hi,
                                 y_zp.dtype)
@@ -209,8 +258,8 @@ def build_matmul(inputs: Sequence[te.Tensor], attrs: Attrs) -> te.Tensor:
 
 def _matmul_ref(a: np.ndarray, bp: np.ndarray, bias: np.ndarray, multiplier: np.ndarray,
                 y_zp: np.ndarray, **attrs: Any) -> np.ndarray:
-    b = unpanelize(bp, int(attrs["n"])).astype(np.int64)
-    acc = (np.matmul(a.astype(np.int64), b) + bias).astype(np.int32)
+    a64, b = _unpacked_b(a, bp, attrs)
+    acc = (np.matmul(a64, b) + bias).astype(np.int32)
     lo, hi = out_range(attrs, dt.from_numpy(y_zp.dtype))
     return requantize_ref(acc, multiplier, y_zp, lo, hi, acc.ndim - 1)
 
@@ -232,16 +281,21 @@ def build_integer(inputs: Sequence[te.Tensor], attrs: Attrs) -> te.Tensor:
     a, bp, colsum, a_zp = inputs
     n = int(attrs["n"])
 
+    group = _group(attrs)
+    shift = quant_dot.a_shift(a.dtype) if group > 1 else 0
+
     def value(*i: PrimExpr) -> PrimExpr:
-        return _row_times_b(a, bp, i[:-1], i[-1]) - Cast("int32", a_zp[()]) * colsum[i[-1]]
+        zp = Cast("int32", a_zp[()]) + shift
+        return _row_times_b(a, bp, i[:-1], i[-1], group) - zp * colsum[i[-1]]
 
     return te.compute((*a.shape[:-1], n), value, "int32", INTEGER)
 
 
 def _integer_ref(a: np.ndarray, bp: np.ndarray, colsum: np.ndarray, a_zp: np.ndarray,
                  **attrs: Any) -> np.ndarray:
-    b = unpanelize(bp, int(attrs["n"])).astype(np.int64)
-    acc = np.matmul(a.astype(np.int64), b) - int(a_zp) * colsum
+    a64, b = _unpacked_b(a, bp, attrs)
+    shift = quant_dot.a_shift(str(a.dtype)) if _group(attrs) > 1 else 0
+    acc = np.matmul(a64, b) - (int(a_zp) + shift) * colsum
     return acc.astype(np.int32)
 
 
@@ -320,18 +374,28 @@ PARALLEL_WORK = 1 << 18
 
 
 def build_matmul_tiles(a: Buffer, bp: Buffer, n: int, out: Buffer,
-                       epilogue: Callable[[PrimExpr, PrimExpr], PrimExpr]) -> Stmt:
+                       epilogue: Callable[[PrimExpr, PrimExpr], PrimExpr],
+                       isa: ISA | None = None) -> Stmt:
     """The register-tiled loop nest of a packed matrix product (A's leading dims are its
-    rows, flattened): tiles of
-    TILE_ROWS x TILE_COLS int32 accumulators (surplus rows and columns read the last
-    row/column and are not stored), row tiles (or the column tiles of a single row tile)
-    in parallel. `epilogue(acc, column)` is
-    the value stored for an accumulator of output column `column`."""
+    rows, flattened): tiles of rows x `bp.shape[2]` int32 accumulators (surplus rows and
+    columns read the last row/column and are not stored), row tiles (or the column
+    tiles of a single row tile) in parallel. `epilogue(acc, column)` is the value
+    stored for an accumulator of output column `column`.
+
+    Without `isa`, B holds int8/int16 elements and a tile has TILE_ROWS rows; with it,
+    B holds the dot form's words (quant_dot), A's rows are packed into words first and
+    a tile has `quant_dot.tile_rows(isa)` rows."""
     lead = tuple(int(d) for d in a.shape[:-1])
     m, k_extent = int(np.prod(lead, dtype=np.int64)), int(a.shape[-1])
     col_tiles, nr = int(bp.shape[0]), int(bp.shape[2])
-    mr = min(TILE_ROWS, m)
+    mr = min(quant_dot.tile_rows(isa, nr) if isa else TILE_ROWS, m)
     row_tiles = -(-m // mr)
+    big = m * n * k_extent >= PARALLEL_WORK
+    prologue: list[Stmt] = []
+    if isa is not None:
+        packed_a = Buffer("a_words", (m, int(bp.shape[1])), "int32", "global")
+        prologue = [Allocate(packed_a),
+                    quant_dot.pack_a(a, packed_a, "parallel" if big and m > 1 else "serial")]
 
     def row_tile(rt: Var) -> Stmt:
         def col_tile(ct: Var) -> Stmt:
@@ -344,15 +408,17 @@ def build_matmul_tiles(a: Buffer, bp: Buffer, n: int, out: Buffer,
             def row(r: PrimExpr) -> PrimExpr:
                 return rt * mr + r if m % mr == 0 else min_(rt * mr + r, m - 1)
 
-            def a_at(i: PrimExpr, k: PrimExpr) -> PrimExpr:
-                return Cast("int32", a[(*te.unflatten_index(i, lead), k)])
+            def update(k: PrimExpr, r: PrimExpr, v: PrimExpr) -> PrimExpr:
+                if isa is not None:
+                    return Intrin(DOT4_U8S8, (acc[r, v], packed_a[row(r), k], bp[ct, k, v]))
+                a_rk = Cast("int32", a[(*te.unflatten_index(row(r), lead), k)])
+                return acc[r, v] + a_rk * Cast("int32", bp[ct, k, v])
 
             zero = _loop("r", mr, lambda r: _loop(
                 "v", nr, lambda v: Store(acc, as_expr(0, "int32"), (r, v)), "vectorized"))
-            step = _loop("k", k_extent, lambda k: _loop("r", mr, lambda r: _loop(
-                "v", nr, lambda v: Store(acc, acc[r, v] + a_at(row(r), k)
-                                         * Cast("int32", bp[ct, k, v]), (r, v)),
-                "vectorized"), "unrolled"))
+            step = _loop("k", int(bp.shape[1]), lambda k: _loop("r", mr, lambda r: _loop(
+                "v", nr, lambda v: Store(acc, update(k, r, v), (r, v)), "vectorized"),
+                "unrolled"))
 
             def store(r: PrimExpr, v: PrimExpr) -> Stmt:
                 j = ct * nr + v
@@ -367,10 +433,9 @@ def build_matmul_tiles(a: Buffer, bp: Buffer, n: int, out: Buffer,
         return _loop("ct", col_tiles, col_tile, kinds[1])
 
     # row tiles in parallel; a single row tile (a matrix-vector product): column tiles
-    big = m * n * k_extent >= PARALLEL_WORK
     kinds = ("parallel" if big and row_tiles > 1 else "serial",
              "parallel" if big and row_tiles == 1 and col_tiles > 1 else "serial")
-    return _loop("rt", row_tiles, row_tile, kinds[0])
+    return seq(*prologue, _loop("rt", row_tiles, row_tile, kinds[0]))
 
 
 @dataclass(frozen=True)
@@ -399,12 +464,18 @@ class _TiledMatmul(HandBuiltOp):
             colsum, a_zp = buffers[2:]
             dtype = "int32"
 
+            shift = quant_dot.a_shift(a.dtype) if _group(attrs) > 1 else 0
+
             def epilogue(acc: PrimExpr, j: PrimExpr) -> PrimExpr:
-                return acc - Cast("int32", a_zp[()]) * colsum[j]
+                return acc - (Cast("int32", a_zp[()]) + shift) * colsum[j]
 
         n = int(attrs["n"])
         out = Buffer("out", (*a.shape[:-1], n), dtype)
-        return PrimFunc((*buffers, out), build_matmul_tiles(a, bp, n, out, epilogue),
+        isa = quant_dot.target_isa() if _group(attrs) > 1 else None
+        if _group(attrs) > 1 and isa is None:
+            return None  # words packed for another target: the te definition reads them
+        body = build_matmul_tiles(a, bp, n, out, epilogue, isa)
+        return PrimFunc((*buffers, out), body,
                         {"kiln.gemm_kernel": self.name})
 
 OPS.register(MATMUL, _TiledMatmul(MATMUL, "anchor", _matmul_infer, build_matmul, _matmul_ref))

@@ -45,6 +45,8 @@ class MathContext:
     fastmath: tuple[str, ...] = ()
     # Whether llvm.roundeven lowers to an instruction (else llvm.rint is used).
     native_roundeven: bool = True
+    # The target's integer dot-product family (kiln.target.isa.ISA.int8_dot).
+    int8_dot: str | None = None
     _ipow: dict[str, ir.Function] = field(default_factory=dict)
 
 

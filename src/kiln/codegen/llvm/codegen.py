@@ -31,6 +31,7 @@ from kiln.codegen.llvm.target_machine import (
 from kiln.codegen.naming import check_prefix, library_metadata
 from kiln.codegen.sizes import check_buffer_sizes
 from kiln.ir.module import IRModule
+from kiln.target.isa import isa_of
 
 CODEGEN_ID = "llvm"
 
@@ -86,6 +87,7 @@ def _lower(mod: IRModule, target: Any, *, prefix: str, pool: ConstantPool,
         prefix=prefix, triple=config.triple, data_layout=data_layout,
         hidden=not jit, pointer_bits=_pointer_bits(data_layout), fast_math=config.fast_math,
         native_roundeven=config.native_roundeven, sext_int32=config.sext_int32,
+        int8_dot=isa_of(config.triple, config.cpu, config.features).int8_dot,
         function_attrs=config.function_attrs(), serial_parallel_for=jit)
     from kiln.transform.instruments import timed_step
 

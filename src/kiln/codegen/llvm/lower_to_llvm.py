@@ -113,6 +113,8 @@ class LoweringOptions:
     pointer_bits: int = 64
     fast_math: bool = False
     native_roundeven: bool = True
+    # The integer dot-product family of the target's ISA (`dot4_u8s8`, int_dot.py).
+    int8_dot: str | None = None
     # ABIs that pass 32-bit integers sign-extended in 64-bit registers (RISC-V 64...).
     sext_int32: bool = False
     # Function attributes ("target-cpu", "target-features", "prefer-vector-width").
@@ -224,7 +226,8 @@ class _ModuleLowering:
         self.module.data_layout = options.data_layout
         self.math = MathContext(
             self.module, HalfConversions(self.module),
-            FAST_MATH_FLAGS if options.fast_math else (), options.native_roundeven)
+            FAST_MATH_FLAGS if options.fast_math else (), options.native_roundeven,
+            int8_dot=options.int8_dot)
         self.size_t = ir.IntType(options.pointer_bits)
         self.kernels: dict[str, ir.Function] = {}
         self.funcs = mod.prim_funcs()

@@ -13,7 +13,8 @@ A loop is emitted this way when (`vector_lanes` checks it):
 - its body holds stores and lets only (a let whose value depends on the loop variable
   binds a vector);
 - every expression that depends on the loop variable is a float32/float64 `add`, `sub`,
-  `mul`, `div`, `min`, `max`, `neg` or `fma`, such a let variable, or a load whose
+  `mul`, `div`, `min`, `max`, `neg` or `fma`, an int32 `dot4_u8s8` (the target's
+  dot-product instructions, int_dot.py), such a let variable, or a load whose
   element moves by exactly one when the variable grows by one (a contiguous load);
   expressions that do not depend on it are computed once and broadcast;
 - every store is contiguous;
@@ -39,6 +40,7 @@ from kiln.codegen.llvm.intrinsics import emit_intrinsic
 from kiln.ir import dtype as dt
 from kiln.ir.affine import constant_offset, flat_coefficient, mentions
 from kiln.ir.tensor import (
+    DOT4_U8S8,
     BinaryOp,
     Buffer,
     Const,
@@ -62,6 +64,8 @@ MAX_LANES = 256
 VECTOR_DTYPES = frozenset({"float32", "float64"})
 VECTOR_BINARY = frozenset({"add", "sub", "mul", "div", "min", "max"})
 VECTOR_INTRINSICS = frozenset({"fma"})
+# int32 lanes: loads, stores and the integer dot product (the quantized kernels' tiles)
+INT_VECTOR_DTYPE = "int32"
 
 Access = tuple[Buffer, tuple[PrimExpr, ...], bool]  # buffer, indices, contiguous
 
@@ -88,7 +92,8 @@ class _Checker:
                 self.vectors.add(s.var)
             return True
         if isinstance(s, Store):
-            if (s.buffer.dtype not in VECTOR_DTYPES or s.value.dtype != s.buffer.dtype
+            if (s.buffer.dtype not in (*VECTOR_DTYPES, INT_VECTOR_DTYPE)
+                    or s.value.dtype != s.buffer.dtype
                     or not self.expr(s.value) or not self.contiguous(s.buffer, s.indices)):
                 return False
             self.accesses.append((s.buffer, s.indices, True))
@@ -109,6 +114,8 @@ class _Checker:
             return True
         if isinstance(e, Var):
             return e in self.vectors  # the loop variable as a value: not handled
+        if e.dtype == INT_VECTOR_DTYPE:
+            return self.int_expr(e)
         if e.dtype not in VECTOR_DTYPES:
             return False
         if isinstance(e, Load):
@@ -125,6 +132,16 @@ class _Checker:
             return (e.name in VECTOR_INTRINSICS and all(a.dtype == e.dtype for a in e.args)
                     and all(self.expr(a) for a in e.args))
         return False
+
+    def int_expr(self, e: PrimExpr) -> bool:
+        """int32 lanes: a contiguous load or `dot4_u8s8` of such (or broadcast) values."""
+        if isinstance(e, Load):
+            if not self.contiguous(e.buffer, e.indices):
+                return False
+            self.accesses.append((e.buffer, e.indices, True))
+            return True
+        return (isinstance(e, Intrin) and e.name == DOT4_U8S8
+                and all(a.dtype == INT_VECTOR_DTYPE and self.expr(a) for a in e.args))
 
     def independent(self, lanes: int, private: set[Buffer]) -> bool:
         """Different iterations never touch one element of a written buffer, and nothing

@@ -64,6 +64,24 @@ static inline uint16_t kiln_narrow_float(double x, int exp_bits, int man_bits) {
   return (uint16_t)(sign | ((e >= 1 ? (uint64_t)(e - 1) << man_bits : 0u) + q));
 }
 
+KILN_HELPER(kiln_dot4_u8s8)
+/* acc + the products of a's four bytes (unsigned) and b's (signed), wrapping like
+   int32 in the IR (the `dot4_u8s8` intrinsic; docs/quantization.md). Each product
+   fits 16 bits, the four fit 18: only the last add wraps, done unsigned. Sign
+   extension by xor/subtract avoids C's implementation-defined narrowing; compilers
+   fold it to one sign-extending load. */
+static inline int32_t kiln_dot4_u8s8(int32_t acc, int32_t a, int32_t b) {
+  uint32_t ua = (uint32_t)a, ub = (uint32_t)b;
+  int32_t sum = 0;
+  int shift;
+  for (shift = 0; shift < 32; shift += 8) {
+    int32_t x = (int32_t)((ua >> shift) & 0xFFu);
+    int32_t w = (int32_t)(((ub >> shift) & 0xFFu) ^ 0x80u) - 0x80;
+    sum += x * w;
+  }
+  return (int32_t)((uint32_t)acc + (uint32_t)sum);
+}
+
 KILN_HELPER(kiln_f16_from_double)
 KILN_NEEDS(kiln_narrow_float)
 /* float16 bit pattern of x (IEEE binary16, round to nearest even). */

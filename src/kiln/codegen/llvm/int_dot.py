@@ -1,0 +1,158 @@
+"""The `dot4_u8s8` intrinsic (kiln.ir.tensor) as the target's integer dot products.
+
+`dot4_u8s8(acc, a, b)` adds to each int32 lane of `acc` the four products of `a`'s
+bytes (unsigned) and `b`'s (signed). The instruction family comes from the target's
+ISA (`kiln.target.isa.ISA.int8_dot`, recorded in `MathContext.int8_dot`), never from
+the host:
+
+- "avx512vnni" / "avxvnni": `vpdpbusd` on zmm / ymm (`llvm.x86.avx512.vpdpbusd.512`,
+  `.256`), exactly the intrinsic;
+- "avx512bw" / "avx2": `vpmaddubsw` + `vpmaddwd`. `vpmaddubsw` adds two u8 x s8
+  products into a *saturating* int16 (255 * -128 * 2 does not fit), so `a` is split
+  into its low 7 bits and its top bit: each half's pair sums fit int16
+  (127 * 128 * 2 = 32512 and 1 * 128 * 2), and `vpmaddwd` widens them, the top half
+  scaled by 128. Two instruction pairs instead of one, and exact;
+- "i8mm": AArch64 `usdot` (u8 x s8), exactly the intrinsic;
+- "sdot": AArch64 `sdot` (s8 x s8): `a`'s bytes shifted to signed (`a ^ 0x80` is
+  `a - 128`), then `128 * sum(b)` added back (a second `sdot` with bytes of 1);
+- anything else (and big-endian targets): bytes by shifts, multiplied and added.
+
+A scalar `dot4_u8s8` (outside a vector loop) is computed the portable way.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from llvmlite import ir
+
+from kiln.codegen.llvm.decls import intrinsic
+
+I8, I16, I32 = ir.IntType(8), ir.IntType(16), ir.IntType(32)
+
+Lowering = Callable[[ir.IRBuilder, ir.Module, ir.Value, ir.Value, ir.Value], ir.Value]
+
+
+def _vec(ty: ir.Type, n: int) -> ir.VectorType:
+    return ir.VectorType(ty, n)
+
+
+def _splat(ty: ir.Type, n: int, value: int) -> ir.Constant:
+    return ir.Constant(_vec(ty, n), [value] * n)
+
+
+def _bytes(b: ir.IRBuilder, v: ir.Value) -> ir.Value:
+    """`<n x i32>` as `<4n x i8>` (byte 0 of each lane first: little-endian targets)."""
+    return b.bitcast(v, _vec(I8, 4 * v.type.count))
+
+
+def _call(b: ir.IRBuilder, mod: ir.Module, name: str, ret: ir.Type,
+          args: Sequence[ir.Value]) -> ir.Value:
+    fn = intrinsic(mod, name, ret, [a.type for a in args])
+    return b.call(fn, list(args))
+
+
+def _vnni(b: ir.IRBuilder, mod: ir.Module, acc: ir.Value, a: ir.Value,
+          w: ir.Value) -> ir.Value:
+    n = acc.type.count
+    return _call(b, mod, f"llvm.x86.avx512.vpdpbusd.{32 * n}", acc.type, (acc, a, w))
+
+
+def _maddubs(b: ir.IRBuilder, mod: ir.Module, acc: ir.Value, a: ir.Value,
+             w: ir.Value) -> ir.Value:
+    n = acc.type.count
+    ub, wd = (("llvm.x86.avx512.pmaddubs.w.512", "llvm.x86.avx512.pmaddw.d.512") if n == 16
+              else ("llvm.x86.avx2.pmadd.ub.sw", "llvm.x86.avx2.pmadd.wd"))
+    low = b.and_(a, _splat(I32, n, 0x7F7F7F7F))
+    top = b.and_(b.lshr(a, _splat(I32, n, 7)), _splat(I32, n, 0x01010101))
+    wb = _bytes(b, w)
+    pairs = _vec(I16, 2 * n)
+    low16 = _call(b, mod, ub, pairs, (_bytes(b, low), wb))
+    top16 = _call(b, mod, ub, pairs, (_bytes(b, top), wb))
+    low32 = _call(b, mod, wd, acc.type, (low16, _splat(I16, 2 * n, 1)))
+    top32 = _call(b, mod, wd, acc.type, (top16, _splat(I16, 2 * n, 128)))
+    return b.add(acc, b.add(low32, top32))
+
+
+def _usdot(b: ir.IRBuilder, mod: ir.Module, acc: ir.Value, a: ir.Value,
+           w: ir.Value) -> ir.Value:
+    return _call(b, mod, "llvm.aarch64.neon.usdot.v4i32.v16i8", acc.type,
+                 (acc, _bytes(b, a), _bytes(b, w)))
+
+
+def _sdot(b: ir.IRBuilder, mod: ir.Module, acc: ir.Value, a: ir.Value,
+          w: ir.Value) -> ir.Value:
+    name = "llvm.aarch64.neon.sdot.v4i32.v16i8"
+    signed = b.xor(a, _splat(I32, 4, -0x7F7F7F80))  # 0x80808080: a - 128 per byte
+    wb = _bytes(b, w)
+    dot = _call(b, mod, name, acc.type, (acc, _bytes(b, signed), wb))
+    sums = _call(b, mod, name, acc.type, (_splat(I32, 4, 0), _splat(I8, 16, 1), wb))
+    return b.add(dot, b.shl(sums, _splat(I32, 4, 7)))
+
+
+def _portable(b: ir.IRBuilder, mod: ir.Module, acc: ir.Value, a: ir.Value,
+              w: ir.Value) -> ir.Value:
+    # bytes by shifts, not a bitcast: right on big-endian targets too
+    n = acc.type.count
+    total = acc
+    for byte in range(4):
+        x = b.and_(b.lshr(a, _splat(I32, n, 8 * byte)), _splat(I32, n, 0xFF))
+        y = b.ashr(b.shl(w, _splat(I32, n, 24 - 8 * byte)), _splat(I32, n, 24))
+        total = b.add(total, b.mul(x, y))
+    return total
+
+
+# family -> (lanes of one instruction, lowering)
+_FAMILIES: dict[str, tuple[int, Lowering]] = {
+    "avx512vnni": (16, _vnni), "avxvnni": (8, _vnni),
+    "avx512bw": (16, _maddubs), "avx2": (8, _maddubs),
+    "i8mm": (4, _usdot), "sdot": (4, _sdot),
+}
+
+
+def emit_dot4_u8s8(b: ir.IRBuilder, mod: ir.Module, family: str | None,
+                   args: Sequence[ir.Value]) -> ir.Value:
+    """`dot4_u8s8(acc, a, b)` on i32 scalars or `<n x i32>` vectors (any n)."""
+    acc, a, w = args
+    if not isinstance(acc.type, ir.VectorType):
+        one = [b.insert_element(ir.Constant(_vec(I32, 1), ir.Undefined), v,
+                                ir.Constant(I32, 0)) for v in (acc, a, w)]
+        return b.extract_element(_portable(b, mod, *one), ir.Constant(I32, 0))
+    n = acc.type.count
+    if str(mod.data_layout).startswith("E"):
+        family = None  # the families' byte views assume little-endian lanes
+    width, lower = _FAMILIES.get(family or "", (n, _portable))
+    if width >= n and lower is _portable:
+        return _portable(b, mod, acc, a, w)
+    chunks = -(-n // width)
+    padded = [_resize(b, v, chunks * width) for v in (acc, a, w)]
+    parts = [lower(b, mod, *(_slice(b, v, c * width, width) for v in padded))
+             for c in range(chunks)]
+    return _resize(b, _concat(b, parts), n)
+
+
+def _slice(b: ir.IRBuilder, v: ir.Value, start: int, count: int) -> ir.Value:
+    mask = ir.Constant(_vec(I32, count), list(range(start, start + count)))
+    return b.shuffle_vector(v, ir.Constant(v.type, ir.Undefined), mask)
+
+
+def _resize(b: ir.IRBuilder, v: ir.Value, count: int) -> ir.Value:
+    """`v`'s first `count` lanes (lanes past its end undefined)."""
+    n = v.type.count
+    if n == count:
+        return v
+    mask = ir.Constant(_vec(I32, count), [i if i < n else n for i in range(count)])
+    return b.shuffle_vector(v, ir.Constant(v.type, ir.Undefined), mask)
+
+
+def _concat(b: ir.IRBuilder, parts: list[ir.Value]) -> ir.Value:
+    """The vectors of `parts` (all one type) end to end (padded with undefined lanes
+    to a power-of-two count of parts)."""
+    while len(parts) > 1:
+        if len(parts) % 2:
+            parts.append(ir.Constant(parts[0].type, ir.Undefined))
+        width = parts[0].type.count
+        mask = ir.Constant(_vec(I32, 2 * width), list(range(2 * width)))
+        parts = [b.shuffle_vector(parts[i], parts[i + 1], mask)
+                 for i in range(0, len(parts), 2)]
+    return parts[0]

@@ -1,0 +1,116 @@
+"""The dot-product form of the packed integer matrix products (docs/quantization.md).
+
+When the target's ISA has an integer dot-product family (`kiln.target.isa.ISA.int8_dot`:
+vpdpbusd, vpmaddubsw, sdot/usdot), `quant_kernels.pack` stores B in *words*: k in
+groups of 4, the 4 int8 weights of one column and group packed into one int32
+(byte i = k 4g + i), panels `[ceil(N / nr)][ceil(K / 4)][nr]`. The kernel packs A's
+rows the same way at run time (`pack_a`, O(M K), zero-padded past K), and its tile
+step is one `dot4_u8s8(acc, a_word, b_word)` per accumulator and group
+(kiln.ir.tensor), which the llvm backend emits as the target's instructions.
+
+The dot product multiplies *unsigned* bytes of A: an int8 A is shifted by +128
+(`a + 128` is `a ^ 0x80` on the byte) and the shift is corrected like a zero point,
+`sum((a + 128) * w) - 128 * colsum(w)` (`a_shift`).
+
+The tile has `nr` columns (whole vector registers of int32 lanes) and `tile_rows()` rows,
+both from the ISA's vector registers, so accumulators, one B row and a broadcast A word
+stay in registers.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from kiln.ir.tensor import Buffer, Cast, PrimExpr, Select, Stmt, Store, as_expr, compare, min_
+from kiln.ops import te
+from kiln.target.isa import ISA, isa_for
+
+#: k per packed word
+GROUP = 4
+#: The ISA families whose dot products the llvm backend emits (kiln.codegen.llvm.int_dot).
+FAMILIES = ("avx512vnni", "avxvnni", "avx512bw", "avx2", "i8mm", "sdot")
+_EXACT_FAMILIES = ("avx512vnni", "avxvnni", "i8mm")  # one instruction, no temporaries
+
+
+def target_isa() -> ISA | None:
+    """The current target's ISA when it has a dot-product family kiln emits, else None."""
+    isa = isa_for(None)
+    return isa if isa.int8_dot in FAMILIES else None
+
+
+def tile_cols(isa: ISA) -> int:
+    """Columns of a register tile: 4 int32 vectors with 32 registers, else 2."""
+    return isa.lanes("int32") * (4 if isa.vector_registers >= 32 else 2)
+
+
+def tile_rows(isa: ISA, nr: int) -> int:
+    """Rows of a register tile of `nr` columns: the accumulators fill the registers
+    left after one B row and the family's temporaries (at most 8 rows)."""
+    vectors = max(1, -(-nr // isa.lanes("int32")))
+    spare = 1 if isa.int8_dot in _EXACT_FAMILIES else 4
+    return max(1, min(8, (isa.vector_registers - vectors - spare) // vectors))
+
+
+def words(b: np.ndarray) -> np.ndarray:
+    """int8 `[K][N]` as int32 words `[ceil(K / 4)][N]`, byte i of word g = row 4g + i
+    (by value: `sum(byte_i << 8i)`, the top byte signed), rows past K zero."""
+    k, n = b.shape
+    groups = -(-k // GROUP)
+    padded = np.zeros((groups * GROUP, n), np.int64)
+    padded[:k] = np.asarray(b, np.int64)
+    parts = padded.reshape(groups, GROUP, n) & 0xFF
+    value = sum(parts[:, i] << (8 * i) for i in range(GROUP))
+    return np.asarray(value, np.int64).astype(np.uint32).view(np.int32)
+
+
+def unwords(w: np.ndarray, k: int) -> np.ndarray:
+    """`words` undone along axis -2 (any leading axes): int8 rows `[..., K, N]`."""
+    u = np.asarray(w).astype(np.uint32).astype(np.int64)
+    parts = [((u >> (8 * i)) & 0xFF) for i in range(GROUP)]
+    stacked = np.stack(parts, axis=-2)  # [..., groups, 4, N]
+    rows = stacked.reshape(*w.shape[:-2], w.shape[-2] * GROUP, w.shape[-1])[..., :k, :]
+    return rows.astype(np.uint8).view(np.int8)
+
+
+def a_shift(dtype: str) -> int:
+    """What the dot form adds to each byte of an A of `dtype` (unsigned bytes only)."""
+    return 128 if dtype == "int8" else 0
+
+
+def a_byte(value: PrimExpr) -> PrimExpr:
+    """An element of A as the dot product's unsigned byte (int32 in [0, 255])."""
+    return Cast("int32", value) + a_shift(value.dtype)
+
+
+def b_byte(word: PrimExpr, k: PrimExpr) -> PrimExpr:
+    """Row `k` (of the whole K) of a B word, as a signed int32."""
+    byte = (word >> Cast("int32", (k % GROUP) * 8)) & 255
+    return (byte ^ 128) - 128
+
+
+def a_word(a: Buffer, lead: tuple[int, ...], row: PrimExpr, g: PrimExpr) -> PrimExpr:
+    """Group `g` of A's row `row` as one word of unsigned bytes (zero past K), an int32
+    computed without overflow: the top byte enters signed."""
+    k_extent = int(a.shape[-1])
+    total: PrimExpr = as_expr(0, "int32")
+    for i in range(GROUP):
+        k = g * GROUP + i
+        index = (*te.unflatten_index(row, lead), k if k_extent % GROUP == 0 else
+                 min_(k, k_extent - 1))
+        byte = a_byte(a[index])
+        if i == GROUP - 1:
+            byte = Select(compare("ge", byte, 128), byte - 256, byte)
+        if k_extent % GROUP:
+            byte = Select(compare("lt", k, k_extent), byte, as_expr(0, "int32"))
+        total = total + byte * (1 << (8 * i))
+    return total
+
+
+def pack_a(a: Buffer, words_out: Buffer, kind: str) -> Stmt:
+    """`words_out[row, g] = a_word(...)` for every row of A (its leading dims flattened)."""
+    from kiln.ops.conv_kernels import _loop
+
+    lead = tuple(int(d) for d in a.shape[:-1])
+    rows, groups = int(words_out.shape[0]), int(words_out.shape[1])
+    return _loop("i", rows, lambda i: _loop(
+        "g", groups, lambda g: Store(words_out, a_word(a, lead, i, g), (i, g))), kind)
