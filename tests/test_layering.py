@@ -31,12 +31,15 @@ LAYERS: list[tuple[str, ...]] = [
     ("ir", "target", "artifact"),
     ("runtime",),  # numpy only: what a deploy host installs
     ("mlf",),  # the MLF reader: runtime side, builds with the system C compiler
+    ("tuning",),  # measured kernel choices, read by the passes that choose kernels
     ("script", "ops"),
     ("transform",),
     ("codegen",),
     ("export",),
     ("driver",),
-    ("frontend", "cli"),
+    ("frontend",),
+    ("session", "distributed"),  # onnxruntime-style sessions; build matrices on Ray
+    ("cli",),
     ("demo", "__main__"),  # entry points over everything
 ]
 RANK = {package: rank for rank, layer in enumerate(LAYERS) for package in layer}
@@ -47,7 +50,6 @@ ALLOWED: dict[tuple[str, str], str] = {
     ("kiln.driver.compiler", "frontend"):
         "kiln.compile accepts an ONNX file or ModelProto (docs/compile.md) and imports the "
         "frontend for that input only",
-    ("kiln.cli.main", "frontend"): "`kiln compile` reads models through the frontend",
 }
 
 # Packages that make up the compiler: what `runtime` and `artifact` must not need.

@@ -38,7 +38,7 @@ from kiln.ir.tensor import (
 )
 from kiln.ir.types import TensorType, Type
 from kiln.ops import te
-from kiln.ops.nn import _matmul_compute, _matmul_infer, _matmul_ref
+from kiln.ops.nn import matmul_compute, matmul_infer, matmul_ref
 from kiln.ops.registry import OPS, OpDef
 
 NAME = "cblas_matmul"
@@ -112,11 +112,11 @@ class CBLASMatmulOp(OpDef):
 
 
 def _infer(types: Sequence[TensorType], attrs: Mapping[str, Any]) -> Type:
-    return _matmul_infer(types, attrs)
+    return matmul_infer(types, attrs)
 
 
 def _compute(inputs: Sequence[te.Tensor], attrs: Mapping[str, Any]) -> te.Tensor:
-    return _matmul_compute(inputs, attrs)
+    return matmul_compute(inputs, attrs)
 
 
 def _sgemm_reference(order: int, trans_a: int, trans_b: int, m: int, n: int, k: int,
@@ -141,6 +141,6 @@ def _sgemm_reference(order: int, trans_a: int, trans_b: int, m: int, n: int, k: 
 register_extern_reference(
     "cblas_sgemm", ("int", "int", "int", "int", "int", "int", "float32", "buffer", "int",
                     "buffer", "int", "float32", "buffer", "int"), None, _sgemm_reference)
-OPS.register(NAME, CBLASMatmulOp(NAME, "opaque", _infer, _compute, _matmul_ref))
+OPS.register(NAME, CBLASMatmulOp(NAME, "opaque", _infer, _compute, matmul_ref))
 
 __all__ = ["CBLAS", "NAME", "supports"]

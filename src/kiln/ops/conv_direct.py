@@ -39,7 +39,7 @@ from kiln.ir.types import TensorType, Type
 from kiln.ops import conv_kernels as ck
 from kiln.ops import layout, spatial, te
 from kiln.ops.kernels.registry import checking_tile, recorded_tile
-from kiln.ops.nn import _conv_compute, _conv_infer, _conv_ref
+from kiln.ops.nn import conv_compute, conv_infer, conv_ref
 from kiln.ops.registry import OPS, HandBuiltOp
 from kiln.target.isa import isa_for
 
@@ -86,7 +86,7 @@ def _blocked_oihw(types: Sequence[Any], attrs: Attrs) -> tuple[int, ...]:
 
 def _blocked_infer(types: Sequence[TensorType], attrs: Attrs) -> Type:
     oihw = TensorType(_blocked_oihw(types, attrs), types[1].dtype)
-    return _conv_infer([types[0], oihw, *types[2:]], attrs)
+    return conv_infer([types[0], oihw, *types[2:]], attrs)
 
 
 def _unpacked(wp: te.Tensor, oihw: tuple[int, ...], groups: int) -> te.Tensor:
@@ -104,13 +104,13 @@ def _unpacked(wp: te.Tensor, oihw: tuple[int, ...], groups: int) -> te.Tensor:
 def _blocked_compute(inputs: Sequence[te.Tensor], attrs: Attrs) -> te.Tensor:
     oihw = _blocked_oihw(inputs, attrs)
     w = _unpacked(inputs[1], oihw, int(attrs.get("group", 1)))
-    return _conv_compute([inputs[0], w, *inputs[2:]], attrs)
+    return conv_compute([inputs[0], w, *inputs[2:]], attrs)
 
 
 def _blocked_ref(x: np.ndarray, wp: np.ndarray, b: np.ndarray | None = None,
                  **attrs: Any) -> np.ndarray:
     w = ck.unpack_blocked_weight(wp, int(attrs["channels"]))
-    return _conv_ref(x, w, b, **attrs)
+    return conv_ref(x, w, b, **attrs)
 
 
 # --------------------------------------------------------------------------- NCHWc op
@@ -133,7 +133,7 @@ def _nchw_of(x: Sequence[Any], channels: int) -> tuple[Any, ...]:
 def _nchwc_infer(types: Sequence[TensorType], attrs: Attrs) -> Type:
     oihw = _nchwc_oihw(types, attrs)
     x = types[0]
-    out = _conv_infer([TensorType(_nchw_of(x.shape, oihw[1]), x.dtype),
+    out = conv_infer([TensorType(_nchw_of(x.shape, oihw[1]), x.dtype),
                        TensorType(oihw, types[1].dtype), *types[2:]], attrs)
     assert isinstance(out, TensorType)
     return TensorType(layout.block_shape(out.shape, cast(int, x.shape[4])), out.dtype)
@@ -178,7 +178,7 @@ def _rows_oihw(types: Sequence[Any], attrs: Attrs) -> tuple[int, ...]:
 
 def _rows_infer(types: Sequence[TensorType], attrs: Attrs) -> Type:
     oihw = TensorType(_rows_oihw(types, attrs), types[1].dtype)
-    return _conv_infer([types[0], oihw, *types[2:]], attrs)
+    return conv_infer([types[0], oihw, *types[2:]], attrs)
 
 
 def _rows_compute(inputs: Sequence[te.Tensor], attrs: Attrs) -> te.Tensor:
@@ -187,12 +187,12 @@ def _rows_compute(inputs: Sequence[te.Tensor], attrs: Attrs) -> te.Tensor:
     rows = wp.shape[4]
     w = te.compute(oihw, lambda o, i, a, b: wp[o // rows, i, a, b, o % rows], wp.dtype,
                    "weight")
-    return _conv_compute([inputs[0], w, *inputs[2:]], attrs)
+    return conv_compute([inputs[0], w, *inputs[2:]], attrs)
 
 
 def _rows_ref(x: np.ndarray, wp: np.ndarray, b: np.ndarray | None = None,
               **attrs: Any) -> np.ndarray:
-    return _conv_ref(x, ck.unpack_rows_weight(wp, int(attrs["channels"])), b, **attrs)
+    return conv_ref(x, ck.unpack_rows_weight(wp, int(attrs["channels"])), b, **attrs)
 
 
 # --------------------------------------------------------------------------- lowering
@@ -235,6 +235,6 @@ def _register(name: str, infer: Any, compute: Any, reference: Any) -> None:
 
 
 _register(BLOCKED, _blocked_infer, _blocked_compute, _blocked_ref)
-_register(DEPTHWISE, checking_tile(_conv_infer, DEPTHWISE, 2), _conv_compute, _conv_ref)
+_register(DEPTHWISE, checking_tile(conv_infer, DEPTHWISE, 2), conv_compute, conv_ref)
 _register(ROWS, _rows_infer, _rows_compute, _rows_ref)
 _register(NCHWC, _nchwc_infer, _nchwc_compute, _nchwc_ref)

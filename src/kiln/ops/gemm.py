@@ -36,7 +36,7 @@ from kiln.ir.types import TensorType, Type
 from kiln.ops import gemm_kernels as gk
 from kiln.ops import te
 from kiln.ops.kernels.registry import checking_tile, recorded_tile
-from kiln.ops.nn import _matmul_compute, _matmul_infer, _matmul_ref
+from kiln.ops.nn import matmul_compute, matmul_infer, matmul_ref
 from kiln.ops.registry import OPS, HandBuiltOp
 from kiln.target.isa import isa_for
 
@@ -66,7 +66,7 @@ def packed_kn(types: Sequence[Any], attrs: Attrs) -> tuple[int, int]:
 
 def _packed_infer(types: Sequence[TensorType], attrs: Attrs) -> Type:
     k, n = packed_kn(types, attrs)
-    return _matmul_infer([types[0], TensorType((k, n), types[1].dtype)], {})
+    return matmul_infer([types[0], TensorType((k, n), types[1].dtype)], {})
 
 
 def _packed_compute(inputs: Sequence[te.Tensor], attrs: Attrs) -> te.Tensor:
@@ -77,11 +77,11 @@ def _packed_compute(inputs: Sequence[te.Tensor], attrs: Attrs) -> te.Tensor:
     def element(kk: PrimExpr, j: PrimExpr) -> PrimExpr:
         return bp[j // nr, kk, j % nr]
 
-    return _matmul_compute([inputs[0], te.compute((k, n), element, bp.dtype, "b")], {})
+    return matmul_compute([inputs[0], te.compute((k, n), element, bp.dtype, "b")], {})
 
 
 def _packed_ref(a: np.ndarray, bp: np.ndarray, **attrs: Any) -> np.ndarray:
-    return _matmul_ref(a, gk.unpack_b(bp, int(attrs["n"])))
+    return matmul_ref(a, gk.unpack_b(bp, int(attrs["n"])))
 
 
 # --------------------------------------------------------------------------- lowering
@@ -107,7 +107,7 @@ class GemmOp(HandBuiltOp):
 
 
 OPS.register(PACKED, GemmOp(PACKED, "anchor", _packed_infer, _packed_compute, _packed_ref))
-OPS.register(TILED, GemmOp(TILED, "anchor", checking_tile(_matmul_infer, TILED, 2),
-                          _matmul_compute, _matmul_ref))
-OPS.register(GEMV, GemmOp(GEMV, "anchor", checking_tile(_matmul_infer, GEMV, 2),
-                         _matmul_compute, _matmul_ref))
+OPS.register(TILED, GemmOp(TILED, "anchor", checking_tile(matmul_infer, TILED, 2),
+                          matmul_compute, matmul_ref))
+OPS.register(GEMV, GemmOp(GEMV, "anchor", checking_tile(matmul_infer, GEMV, 2),
+                         matmul_compute, matmul_ref))

@@ -59,7 +59,7 @@ def _tt(t: te.Tensor) -> TensorType:
 
 # --------------------------------------------------------------------------- matmul
 
-def _matmul_shapes(a: Sequence[int], b: Sequence[int]) -> tuple[int, ...]:
+def matmul_shapes(a: Sequence[int], b: Sequence[int]) -> tuple[int, ...]:
     """numpy.matmul's result shape (1-D operands promoted and squeezed)."""
     if len(a) == 0 or len(b) == 0:
         raise IRError("matmul operands must have at least one dimension")
@@ -77,7 +77,7 @@ def _matmul_shapes(a: Sequence[int], b: Sequence[int]) -> tuple[int, ...]:
     return out
 
 
-def _b_shape(b: Sequence[int], attrs: Attrs) -> tuple[int, ...]:
+def b_shape(b: Sequence[int], attrs: Attrs) -> tuple[int, ...]:
     """B's shape as matmul reads it: with `transpose_b`, B is stored [..., N, K]
     (ONNX Gemm's transB) and read transposed, so its data is never copied."""
     b = tuple(b)
@@ -88,11 +88,12 @@ def _b_shape(b: Sequence[int], attrs: Attrs) -> tuple[int, ...]:
     return b
 
 
-def _matmul_infer(types: Sequence[TensorType], attrs: Attrs) -> Type:
+def matmul_infer(types: Sequence[TensorType], attrs: Attrs) -> Type:
+    """Type rule of nn.matmul (also the packed and cblas variants' logical type)."""
     a, b = types
     if a.dtype != b.dtype:
         raise IRError(f"matmul: operand dtypes differ ({a.dtype} vs {b.dtype})")
-    shape = _matmul_shapes(a.shape, _b_shape(b.shape, attrs))  # type: ignore[arg-type]
+    shape = matmul_shapes(a.shape, b_shape(b.shape, attrs))  # type: ignore[arg-type]
     return TensorType(shape, a.dtype)
 
 
@@ -108,11 +109,11 @@ def matmul_indexing(a: te.Tensor, b: te.Tensor,
     (1-D operands, batch broadcasting and `transpose_b` included). Float and integer
     matmuls (kiln.ops.quant) share it."""
     trans_b = bool(attrs.get("transpose_b"))
-    logical_b = _b_shape(b.shape, attrs)
-    a_shape = (1, *a.shape) if a.ndim == 1 else a.shape
-    b_shape = (*logical_b, 1) if b.ndim == 1 else logical_b
-    out_shape = _matmul_shapes(a.shape, logical_b)
-    batch_rank = len(broadcast_shapes(a_shape[:-2], b_shape[:-2]))
+    logical_b = b_shape(b.shape, attrs)
+    a_dims = (1, *a.shape) if a.ndim == 1 else a.shape
+    b_dims = (*logical_b, 1) if b.ndim == 1 else logical_b
+    out_shape = matmul_shapes(a.shape, logical_b)
+    batch_rank = len(broadcast_shapes(a_dims[:-2], b_dims[:-2]))
 
     def index(*i: PrimExpr) -> tuple[PrimExpr, PrimExpr, Callable[[PrimExpr], Index],
                                       Callable[[PrimExpr], Index]]:
@@ -124,19 +125,20 @@ def matmul_indexing(a: te.Tensor, b: te.Tensor,
         batch, row, col = full[:batch_rank], full[batch_rank], full[batch_rank + 1]
 
         def a_at(k: PrimExpr) -> Index:
-            idx = (*broadcast_index(batch, a_shape[:-2]), row, k)
+            idx = (*broadcast_index(batch, a_dims[:-2]), row, k)
             return idx[-1:] if a.ndim == 1 else idx
 
         def b_at(k: PrimExpr) -> Index:
-            idx = (*broadcast_index(batch, b_shape[:-2]), *((col, k) if trans_b else (k, col)))
+            idx = (*broadcast_index(batch, b_dims[:-2]), *((col, k) if trans_b else (k, col)))
             return idx[:-1] if b.ndim == 1 else idx
 
         return row, col, a_at, b_at
 
-    return out_shape, a_shape[-1], index
+    return out_shape, a_dims[-1], index
 
 
-def _matmul_compute(inputs: Sequence[te.Tensor], attrs: Attrs) -> te.Tensor:
+def matmul_compute(inputs: Sequence[te.Tensor], attrs: Attrs) -> te.Tensor:
+    """nn.matmul as a tensor expression (accumulating in the widened dtype)."""
     a, b = inputs
     out_shape, k_extent, index = matmul_indexing(a, b, attrs)
     acc = acc_dtype(a.dtype)
@@ -150,14 +152,15 @@ def _matmul_compute(inputs: Sequence[te.Tensor], attrs: Attrs) -> te.Tensor:
     return te.compute(out_shape, element, a.dtype, "matmul")
 
 
-def _matmul_ref(a: np.ndarray, b: np.ndarray, **attrs: Any) -> np.ndarray:
+def matmul_ref(a: np.ndarray, b: np.ndarray, **attrs: Any) -> np.ndarray:
+    """numpy reference of nn.matmul."""
     if attrs.get("transpose_b"):
         b = np.swapaxes(b, -1, -2)
     return np.matmul(widen_np(a), widen_np(b)).astype(a.dtype)
 
 
-register_op("matmul", pattern="anchor", infer=_matmul_infer, compute=_matmul_compute,
-            reference=_matmul_ref)
+register_op("matmul", pattern="anchor", infer=matmul_infer, compute=matmul_compute,
+            reference=matmul_ref)
 
 
 # --------------------------------------------------------------------------- einsum
@@ -274,7 +277,7 @@ register_op("einsum", pattern="anchor", infer=_einsum_infer, compute=_einsum_com
 
 # --------------------------------------------------------------------------- convolution
 
-def _conv_geometry(x: Sequence[Any], w: Sequence[int], attrs: Attrs, what: str
+def conv_geometry(x: Sequence[Any], w: Sequence[int], attrs: Attrs, what: str
                    ) -> tuple[int, tuple[int, ...], tuple[int, ...], tuple[int, ...],
                               tuple[int, ...]]:
     """(rank, strides, dilations, pad begins, pad ends), checked against the shapes."""
@@ -289,10 +292,11 @@ def _conv_geometry(x: Sequence[Any], w: Sequence[int], attrs: Attrs, what: str
     return rank, strides, dilations, begins, ends
 
 
-def _conv_infer(types: Sequence[TensorType], attrs: Attrs) -> Type:
+def conv_infer(types: Sequence[TensorType], attrs: Attrs) -> Type:
+    """Type rule of nn.conv (N-D, groups, strides, dilations, pads)."""
     x, w = types[0], types[1]
     xs, ws = x.shape, w.static_shape
-    rank, strides, dilations, begins, ends = _conv_geometry(xs, ws, attrs, "conv")
+    rank, strides, dilations, begins, ends = conv_geometry(xs, ws, attrs, "conv")
     _static_dim(x, 1, "conv")
     group = int(attrs.get("group", 1))
     if group < 1 or xs[1] != ws[1] * group or ws[0] % group:
@@ -309,12 +313,13 @@ def _conv_infer(types: Sequence[TensorType], attrs: Attrs) -> Type:
     return TensorType((xs[0], ws[0], *out), x.dtype)
 
 
-def _conv_compute(inputs: Sequence[te.Tensor], attrs: Attrs) -> te.Tensor:
+def conv_compute(inputs: Sequence[te.Tensor], attrs: Attrs) -> te.Tensor:
+    """nn.conv as a tensor expression (the generic lowering kernels fall back to)."""
     x, w = inputs[0], inputs[1]
     bias = inputs[2] if len(inputs) == 3 else None
-    out = _conv_infer([_tt(t) for t in inputs], attrs)
+    out = conv_infer([_tt(t) for t in inputs], attrs)
     assert isinstance(out, TensorType)
-    rank, strides, dilations, begins, _ = _conv_geometry(x.shape, w.shape, attrs, "conv")
+    rank, strides, dilations, begins, _ = conv_geometry(x.shape, w.shape, attrs, "conv")
     ci, kernel = w.shape[1], w.shape[2:]
     group = int(attrs.get("group", 1))
     per_group = w.shape[0] // group
@@ -337,9 +342,10 @@ def _conv_compute(inputs: Sequence[te.Tensor], attrs: Attrs) -> te.Tensor:
     return te.compute(te.dims(out.shape), element, x.dtype, "conv")
 
 
-def _conv_ref(x: np.ndarray, w: np.ndarray, b: np.ndarray | None = None,
-              **attrs: Any) -> np.ndarray:
-    rank, strides, dilations, begins, ends = _conv_geometry(x.shape, w.shape, attrs, "conv")
+def conv_ref(x: np.ndarray, w: np.ndarray, b: np.ndarray | None = None,
+             **attrs: Any) -> np.ndarray:
+    """numpy reference of nn.conv."""
+    rank, strides, dilations, begins, ends = conv_geometry(x.shape, w.shape, attrs, "conv")
     group = int(attrs.get("group", 1))
     work = np.float64 if is_float(x) else np.int64
     xp = np.pad(x.astype(work), ((0, 0), (0, 0), *zip(begins, ends)))
@@ -363,8 +369,8 @@ def _conv_ref(x: np.ndarray, w: np.ndarray, b: np.ndarray | None = None,
 
 
 for _rank in spatial.SPATIAL_RANKS:
-    register_op(f"conv{spatial.SUFFIX[_rank]}", pattern="anchor", infer=_conv_infer,
-                compute=_conv_compute, reference=_conv_ref)
+    register_op(f"conv{spatial.SUFFIX[_rank]}", pattern="anchor", infer=conv_infer,
+                compute=conv_compute, reference=conv_ref)
 
 
 # --------------------------------------------------------------------------- conv transpose
@@ -372,7 +378,7 @@ for _rank in spatial.SPATIAL_RANKS:
 def _convt_geometry(x: Sequence[int], w: Sequence[int], attrs: Attrs
                     ) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...], int]:
     """(output spatial shape, strides, dilations, pad begins...) of a transposed conv."""
-    rank, strides, dilations, begins, ends = _conv_geometry(x, w, attrs, "conv_transpose")
+    rank, strides, dilations, begins, ends = conv_geometry(x, w, attrs, "conv_transpose")
     out_pad = spatial.ints(attrs, "output_padding", rank, 0)
     out = tuple(strides[j] * (x[2 + j] - 1) + out_pad[j] + (w[2 + j] - 1) * dilations[j] + 1
                 - begins[j] - ends[j] for j in range(rank))

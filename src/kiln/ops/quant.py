@@ -37,7 +37,7 @@ from kiln.ir.shape_expr import shape_text
 from kiln.ir.tensor import Cast, PrimExpr, as_expr, compare, intrin, max_, min_, select
 from kiln.ir.types import TensorType, TupleType, Type
 from kiln.ops import spatial, te
-from kiln.ops.nn import _b_shape, _conv_geometry, _conv_ref, _matmul_shapes, matmul_indexing
+from kiln.ops.nn import b_shape, conv_geometry, conv_ref, matmul_indexing, matmul_shapes
 from kiln.ops.registry import register_op
 
 Attrs = Mapping[str, Any]
@@ -293,11 +293,11 @@ def _zp_at(zp: te.Tensor, channel: PrimExpr) -> PrimExpr:
 
 def _matmul_int_shape(what: str, types: Sequence[TensorType], attrs: Attrs) -> tuple[Any, ...]:
     a, b, a_zp, b_zp = types[0], types[1], types[-2], types[-1]
-    logical = _b_shape(b.shape, attrs)  # type: ignore[arg-type]
+    logical = b_shape(b.shape, attrs)  # type: ignore[arg-type]
     n = logical[-1] if len(logical) >= 2 else 1
     _check_zp(what, "A", a, a_zp, None)
     _check_zp(what, "B", b, b_zp, n)
-    return _matmul_shapes(a.shape, logical)  # type: ignore[arg-type]
+    return matmul_shapes(a.shape, logical)  # type: ignore[arg-type]
 
 
 def _matmul_acc(a: te.Tensor, b: te.Tensor, a_zp: te.Tensor, b_zp: te.Tensor,
@@ -341,10 +341,12 @@ register_op("matmul_integer", pattern="anchor", infer=_matmul_integer_infer,
             compute=_matmul_integer_compute, reference=_matmul_int_ref)
 
 
-def _conv_int_shape(what: str, types: Sequence[TensorType], attrs: Attrs) -> tuple[Any, ...]:
+def conv_int_shape(what: str, types: Sequence[TensorType], attrs: Attrs) -> tuple[Any, ...]:
+    """Output shape of an integer convolution `what` (x, w and their zero points),
+    checked like nn.conv's."""
     x, w, x_zp, w_zp = types
     xs, ws = x.shape, w.static_shape
-    rank, strides, dilations, begins, ends = _conv_geometry(xs, ws, attrs, what)
+    rank, strides, dilations, begins, ends = conv_geometry(xs, ws, attrs, what)
     group = int(attrs.get("group", 1))
     if group < 1 or xs[1] != ws[1] * group or ws[0] % group:
         raise IRError(f"{what}: input has {xs[1]} channels, weight {ws} with group {group} "
@@ -366,7 +368,7 @@ def _conv_acc(x: te.Tensor, w: te.Tensor, x_zp: te.Tensor, w_zp: te.Tensor,
     reduction reads it without bounds tests and multiplies 16-bit values into an
     int32 sum (what `vpmaddwd` computes); the weights are shifted by their zero point
     as they are read."""
-    rank, strides, dilations, begins, ends = _conv_geometry(x.shape, w.shape, attrs, "conv")
+    rank, strides, dilations, begins, ends = conv_geometry(x.shape, w.shape, attrs, "conv")
     ci, kernel = w.shape[1], w.shape[2:]
     group = int(attrs.get("group", 1))
     per_group = w.shape[0] // group
@@ -397,16 +399,16 @@ def _conv_int_ref(x: np.ndarray, w: np.ndarray, x_zp: np.ndarray, w_zp: np.ndarr
     zw = np.asarray(w_zp, np.int64)
     zw = zw.reshape(-1, *([1] * (w.ndim - 1))) if zw.ndim else zw
     xd = x.astype(np.int64) - np.asarray(x_zp, np.int64)
-    return _conv_ref(xd, w.astype(np.int64) - zw, **attrs).astype(np.int32)
+    return conv_ref(xd, w.astype(np.int64) - zw, **attrs).astype(np.int32)
 
 
 def _conv_integer_infer(types: Sequence[TensorType], attrs: Attrs) -> Type:
-    return TensorType(_conv_int_shape("conv_integer", types, attrs), "int32")
+    return TensorType(conv_int_shape("conv_integer", types, attrs), "int32")
 
 
 def _conv_integer_compute(inputs: Sequence[te.Tensor], attrs: Attrs) -> te.Tensor:
     x, w, x_zp, w_zp = inputs
-    shape = _conv_int_shape("conv_integer", [TensorType(t.shape, t.dtype) for t in inputs],
+    shape = conv_int_shape("conv_integer", [TensorType(t.shape, t.dtype) for t in inputs],
                             attrs)
     return te.compute(shape, _conv_acc(x, w, x_zp, w_zp, attrs), "int32", "conv_integer")
 
@@ -442,8 +444,9 @@ def requantize_ref(acc: np.ndarray, multiplier: np.ndarray, zp: np.ndarray, lo: 
     return (np.rint(v).astype(np.int32) + np.int32(z)).astype(zp.dtype)
 
 
-def _check_requant(what: str, n: Any, bias: TensorType, multiplier: TensorType,
-                   y_zp: TensorType, attrs: Attrs) -> None:
+def check_requant(what: str, n: Any, bias: TensorType, multiplier: TensorType,
+                  y_zp: TensorType, attrs: Attrs) -> None:
+    """IRError unless the requantizing epilogue's operands fit `n` output channels."""
     if bias.dtype != "int32" or tuple(bias.shape) != (n,):
         raise IRError(f"{what}: the bias must be int32 of shape ({n},), got {bias.dtype} "
                       f"{shape_text(bias.shape)}")
@@ -459,13 +462,14 @@ def _check_requant(what: str, n: Any, bias: TensorType, multiplier: TensorType,
 def _qmatmul_infer(types: Sequence[TensorType], attrs: Attrs) -> Type:
     a, b, bias, a_zp, b_zp, multiplier, y_zp = types
     shape = _matmul_int_shape("qlinear_matmul", [a, b, a_zp, b_zp], attrs)
-    logical = _b_shape(b.shape, attrs)  # type: ignore[arg-type]
-    _check_requant("qlinear_matmul", logical[-1] if b.ndim >= 2 else 1, bias, multiplier, y_zp,
+    logical = b_shape(b.shape, attrs)  # type: ignore[arg-type]
+    check_requant("qlinear_matmul", logical[-1] if b.ndim >= 2 else 1, bias, multiplier, y_zp,
                    attrs)
     return TensorType(shape, y_zp.dtype)
 
 
-def _channel(t: te.Tensor, c: PrimExpr) -> PrimExpr:
+def channel(t: te.Tensor, c: PrimExpr) -> PrimExpr:
+    """Channel `c` of a per-channel parameter (or the scalar of a per-tensor one)."""
     return t[() if t.ndim == 0 else (c,)]
 
 
@@ -477,7 +481,7 @@ def _qmatmul_compute(inputs: Sequence[te.Tensor], attrs: Attrs) -> te.Tensor:
     def value(*i: PrimExpr) -> PrimExpr:
         acc, col = element(*i)
         acc = acc + Cast("int32", bias[col])
-        return requantize_value(acc, _channel(multiplier, col), y_zp[()], lo, hi, y_zp.dtype)
+        return requantize_value(acc, channel(multiplier, col), y_zp[()], lo, hi, y_zp.dtype)
 
     return te.compute(shape, value, y_zp.dtype, "qlinear_matmul")
 
@@ -496,21 +500,21 @@ register_op("qlinear_matmul", pattern="anchor", infer=_qmatmul_infer,
 
 def _qconv_infer(types: Sequence[TensorType], attrs: Attrs) -> Type:
     x, w, bias, x_zp, w_zp, multiplier, y_zp = types
-    shape = _conv_int_shape("qlinear_conv", [x, w, x_zp, w_zp], attrs)
-    _check_requant("qlinear_conv", w.shape[0], bias, multiplier, y_zp, attrs)
+    shape = conv_int_shape("qlinear_conv", [x, w, x_zp, w_zp], attrs)
+    check_requant("qlinear_conv", w.shape[0], bias, multiplier, y_zp, attrs)
     return TensorType(shape, y_zp.dtype)
 
 
 def _qconv_compute(inputs: Sequence[te.Tensor], attrs: Attrs) -> te.Tensor:
     x, w, bias, x_zp, w_zp, multiplier, y_zp = inputs
-    shape = _conv_int_shape("qlinear_conv", [TensorType(t.shape, t.dtype)
+    shape = conv_int_shape("qlinear_conv", [TensorType(t.shape, t.dtype)
                                              for t in (x, w, x_zp, w_zp)], attrs)
     acc_of = _conv_acc(x, w, x_zp, w_zp, attrs)
     lo, hi = out_range(attrs, y_zp.dtype)
 
     def value(n: PrimExpr, oc: PrimExpr, *o: PrimExpr) -> PrimExpr:
         acc = acc_of(n, oc, *o) + bias[oc]
-        return requantize_value(acc, _channel(multiplier, oc), y_zp[()], lo, hi, y_zp.dtype)
+        return requantize_value(acc, channel(multiplier, oc), y_zp[()], lo, hi, y_zp.dtype)
 
     return te.compute(shape, value, y_zp.dtype, "qlinear_conv")
 

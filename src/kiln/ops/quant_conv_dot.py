@@ -41,9 +41,9 @@ from kiln.ir.tensor import (
 )
 from kiln.ir.types import TensorType, Type
 from kiln.ops import quant_dot, te
-from kiln.ops.conv_kernels import _loop
-from kiln.ops.nn import _conv_geometry
-from kiln.ops.quant import _channel, _check_requant, _conv_int_shape, out_range, requantize_value
+from kiln.ops.kernels.tiles import loop as tile_loop
+from kiln.ops.nn import conv_geometry
+from kiln.ops.quant import channel, check_requant, conv_int_shape, out_range, requantize_value
 from kiln.ops.registry import OPS, HandBuiltOp
 
 Attrs = Mapping[str, Any]
@@ -69,9 +69,9 @@ def _infer(types: Sequence[TensorType], attrs: Attrs) -> Type:
         raise IRError(f"{CONV_DOT}: expects one group and int32 weight words "
                       f"({ws[0]}, {-(-k // quant_dot.GROUP)}) for w_shape {ws}, got "
                       f"{ww.dtype}{tuple(ww.shape)}")
-    shape = _conv_int_shape(CONV_DOT, [x, TensorType(ws, "int8"), x_zp,
+    shape = conv_int_shape(CONV_DOT, [x, TensorType(ws, "int8"), x_zp,
                                        TensorType((), "int8")], attrs)
-    _check_requant(CONV_DOT, ws[0], bias, multiplier, y_zp, attrs)
+    check_requant(CONV_DOT, ws[0], bias, multiplier, y_zp, attrs)
     return TensorType(shape, y_zp.dtype)
 
 
@@ -79,10 +79,10 @@ def _build(inputs: Sequence[te.Tensor], attrs: Attrs) -> te.Tensor:
     """The tensor-expression definition (used where the tiled kernel is not)."""
     x, ww, bias, x_zp, multiplier, y_zp = inputs
     ws = _w_shape(attrs)
-    rank, strides, dilations, begins, _ = _conv_geometry(x.shape, ws, attrs, CONV_DOT)
+    rank, strides, dilations, begins, _ = conv_geometry(x.shape, ws, attrs, CONV_DOT)
     lo, hi = out_range(attrs, y_zp.dtype)
     taps = int(np.prod(ws[2:]))
-    out_shape = _conv_int_shape(CONV_DOT, [TensorType(x.shape, x.dtype), TensorType(ws, "int8"),
+    out_shape = conv_int_shape(CONV_DOT, [TensorType(x.shape, x.dtype), TensorType(ws, "int8"),
                                            TensorType((), x.dtype), TensorType((), "int8")],
                                 attrs)
 
@@ -94,21 +94,21 @@ def _build(inputs: Sequence[te.Tensor], attrs: Attrs) -> te.Tensor:
                 ww[oc, flat // quant_dot.GROUP], flat)
 
         acc = te.reduce("sum", term, tuple(ws[1:]), "int32") + bias[oc]
-        return requantize_value(acc, _channel(multiplier, oc), y_zp[()], lo, hi, y_zp.dtype)
+        return requantize_value(acc, channel(multiplier, oc), y_zp[()], lo, hi, y_zp.dtype)
 
     return te.compute(out_shape, value, y_zp.dtype, CONV_DOT)
 
 
 def _reference(x: np.ndarray, ww: np.ndarray, bias: np.ndarray, x_zp: np.ndarray,
                multiplier: np.ndarray, y_zp: np.ndarray, **attrs: Any) -> np.ndarray:
-    from kiln.ops.quant_kernels import _conv_packed_ref
+    from kiln.ops.quant_kernels import conv_packed_ref
 
     ws = _w_shape(attrs)
     k = int(np.prod(ws[1:]))
     w = quant_dot.unwords(np.asarray(ww).T, k).T.reshape(ws)
     shift = quant_dot.a_shift(str(x.dtype))
     rest = {a: v for a, v in attrs.items() if a != "w_shape"}
-    return _conv_packed_ref(x.astype(np.int64) + shift, w, bias,
+    return conv_packed_ref(x.astype(np.int64) + shift, w, bias,
                             np.asarray(int(x_zp) + shift), multiplier, y_zp, **rest)
 
 
@@ -134,7 +134,7 @@ class _TiledConv(HandBuiltOp):
 def _tiles(x: Buffer, ww: Buffer, bias: Buffer, x_zp: Buffer, multiplier: Buffer,
            y_zp: Buffer, out: Buffer, attrs: Attrs, isa: Any) -> Stmt:
     ws = _w_shape(attrs)
-    rank, strides, dilations, begins, _ = _conv_geometry(x.shape, ws, attrs, CONV_DOT)
+    rank, strides, dilations, begins, _ = conv_geometry(x.shape, ws, attrs, CONV_DOT)
     batch, oc_n, spatial = int(out.shape[0]), ws[0], tuple(int(d) for d in out.shape[2:])
     positions = int(np.prod(spatial))
     taps, k_total, groups = int(np.prod(ws[2:])), int(np.prod(ws[1:])), int(ww.shape[1])
@@ -170,7 +170,7 @@ def _tiles(x: Buffer, ww: Buffer, bias: Buffer, x_zp: Buffer, multiplier: Buffer
             total = total + byte * (1 << (8 * i))
         return total
 
-    pack = _loop("n", batch, lambda n: _loop("g", groups, lambda g: _loop(
+    pack = tile_loop("n", batch, lambda n: tile_loop("g", groups, lambda g: tile_loop(
         "p", col_tiles * nr, lambda p: Store(words, word(n, g, p), (n, g, p))),
         "parallel" if big and groups > 1 else "serial"))
 
@@ -180,9 +180,9 @@ def _tiles(x: Buffer, ww: Buffer, bias: Buffer, x_zp: Buffer, multiplier: Buffer
         def row(r: PrimExpr) -> PrimExpr:
             return rt * mr + r if oc_n % mr == 0 else min_(rt * mr + r, oc_n - 1)
 
-        zero = _loop("r", mr, lambda r: _loop(
+        zero = tile_loop("r", mr, lambda r: tile_loop(
             "v", nr, lambda v: Store(acc, as_expr(0, "int32"), (r, v)), "vectorized"))
-        step = _loop("g", groups, lambda g: _loop("r", mr, lambda r: _loop(
+        step = tile_loop("g", groups, lambda g: tile_loop("r", mr, lambda r: tile_loop(
             "v", nr, lambda v: Store(acc, Intrin(DOT4_U8S8, (
                 acc[r, v], words[n, g, ct * nr + v], ww[row(r), g])), (r, v)),
             "vectorized"), "unrolled"))
@@ -195,11 +195,11 @@ def _tiles(x: Buffer, ww: Buffer, bias: Buffer, x_zp: Buffer, multiplier: Buffer
             inside = compare("lt", oc, oc_n) & compare("lt", p, positions)
             return IfThenElse(inside, Store(out, value, (n, oc, *te.unflatten_index(p, spatial))))
 
-        stores = _loop("r", mr, lambda r: _loop("v", nr, lambda v: store(r, v)))
+        stores = tile_loop("r", mr, lambda r: tile_loop("v", nr, lambda v: store(r, v)))
         return seq(Allocate(acc), zero, step, stores)
 
     kind = "parallel" if big and col_tiles > 1 else "serial"
-    nest = _loop("n", batch, lambda n: _loop("ct", col_tiles, lambda ct: _loop(
+    nest = tile_loop("n", batch, lambda n: tile_loop("ct", col_tiles, lambda ct: tile_loop(
         "rt", row_tiles, lambda rt: tile(n, ct, rt)), kind))
     return seq(Allocate(words), pack, nest)
 

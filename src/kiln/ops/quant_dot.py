@@ -108,9 +108,9 @@ def a_word(a: Buffer, lead: tuple[int, ...], row: PrimExpr, g: PrimExpr) -> Prim
 
 def pack_a(a: Buffer, words_out: Buffer, kind: str) -> Stmt:
     """`words_out[row, g] = a_word(...)` for every row of A (its leading dims flattened)."""
-    from kiln.ops.conv_kernels import _loop
+    from kiln.ops.kernels.tiles import loop as tile_loop
 
     lead = tuple(int(d) for d in a.shape[:-1])
     rows, groups = int(words_out.shape[0]), int(words_out.shape[1])
-    return _loop("i", rows, lambda i: _loop(
+    return tile_loop("i", rows, lambda i: tile_loop(
         "g", groups, lambda g: Store(words_out, a_word(a, lead, i, g), (i, g))), kind)

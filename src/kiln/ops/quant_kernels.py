@@ -58,13 +58,13 @@ from kiln.ir.tensor import (
 )
 from kiln.ir.types import TensorType, Type
 from kiln.ops import quant_dot, te
-from kiln.ops.conv_kernels import _loop
-from kiln.ops.nn import _conv_geometry, _conv_ref
+from kiln.ops.kernels.tiles import loop as tile_loop
+from kiln.ops.nn import conv_geometry, conv_ref
 from kiln.ops.quant import (
     PRODUCT_DTYPES,
-    _channel,
-    _check_requant,
-    _conv_int_shape,
+    channel,
+    check_requant,
+    conv_int_shape,
     out_range,
     requantize_ref,
     requantize_value,
@@ -215,7 +215,7 @@ def _group(attrs: Attrs) -> int:
 def _matmul_infer(types: Sequence[TensorType], attrs: Attrs) -> Type:
     a, bp, bias, multiplier, y_zp = types
     n = _check_packed_product(MATMUL, a, bp, attrs)
-    _check_requant(MATMUL, n, bias, multiplier, y_zp, attrs)
+    check_requant(MATMUL, n, bias, multiplier, y_zp, attrs)
     return TensorType((*a.shape[:-1], n), y_zp.dtype)
 
 
@@ -250,7 +250,7 @@ def build_matmul(inputs: Sequence[te.Tensor], attrs: Attrs) -> te.Tensor:
     def value(*i: PrimExpr) -> PrimExpr:
         acc = _row_times_b(a, bp, i[:-1], i[-1], _group(attrs))
         col = i[-1]
-        return requantize_value(acc + bias[col], _channel(multiplier, col), y_zp[()], lo, hi,
+        return requantize_value(acc + bias[col], channel(multiplier, col), y_zp[()], lo, hi,
                                 y_zp.dtype)
 
     return te.compute((*a.shape[:-1], n), value, y_zp.dtype, MATMUL)
@@ -308,9 +308,9 @@ def _conv_infer(types: Sequence[TensorType], attrs: Attrs) -> Type:
     if wp.dtype not in _WEIGHT_DTYPES:
         raise IRError(f"{CONV}: the packed weight must be int8 or int16, got {wp.dtype}")
     # the geometry and input checks of the unpacked op (a zero weight zero point)
-    shape = _conv_int_shape(CONV, [x, TensorType(wp.shape, "int8"), x_zp,
+    shape = conv_int_shape(CONV, [x, TensorType(wp.shape, "int8"), x_zp,
                                    TensorType((), "int8")], attrs)
-    _check_requant(CONV, wp.shape[0], bias, multiplier, y_zp, attrs)
+    check_requant(CONV, wp.shape[0], bias, multiplier, y_zp, attrs)
     return TensorType(shape, y_zp.dtype)
 
 
@@ -319,7 +319,7 @@ def build_conv(inputs: Sequence[te.Tensor], attrs: Attrs) -> te.Tensor:
     zero point is materialized once (when there are pads), so the reduction reads it
     without bounds tests."""
     x, wp, bias, x_zp, multiplier, y_zp = inputs
-    rank, strides, dilations, begins, ends = _conv_geometry(x.shape, wp.shape, attrs, CONV)
+    rank, strides, dilations, begins, ends = conv_geometry(x.shape, wp.shape, attrs, CONV)
     ci, kernel = wp.shape[1], wp.shape[2:]
     group = int(attrs.get("group", 1))
     per_group = wp.shape[0] // group
@@ -331,7 +331,7 @@ def build_conv(inputs: Sequence[te.Tensor], attrs: Attrs) -> te.Tensor:
         src = te.compute(padded_shape, lambda n, c, *p: te.padded(
             x, (n, c, *(p[j] - begins[j] for j in range(rank))), x_zp[()]),
             x.dtype, "x_padded", materialize=True)
-    out_shape = _conv_int_shape(CONV, [TensorType(x.shape, x.dtype),
+    out_shape = conv_int_shape(CONV, [TensorType(x.shape, x.dtype),
                                        TensorType(wp.shape, "int8"),
                                        TensorType((), x.dtype), TensorType((), "int8")], attrs)
 
@@ -343,25 +343,27 @@ def build_conv(inputs: Sequence[te.Tensor], attrs: Attrs) -> te.Tensor:
             return Cast("int32", src[(n, first + c, *pos)]) * Cast("int32", wp[(oc, c, *k)])
 
         acc = te.reduce("sum", term, (ci, *kernel), "int32") + bias[oc]
-        return requantize_value(acc, _channel(multiplier, oc), y_zp[()], lo, hi, y_zp.dtype)
+        return requantize_value(acc, channel(multiplier, oc), y_zp[()], lo, hi, y_zp.dtype)
 
     return te.compute(out_shape, value, y_zp.dtype, CONV)
 
 
-def _conv_packed_ref(x: np.ndarray, wp: np.ndarray, bias: np.ndarray, x_zp: np.ndarray,
-                     multiplier: np.ndarray, y_zp: np.ndarray, **attrs: Any) -> np.ndarray:
-    rank, _, _, begins, ends = _conv_geometry(x.shape, wp.shape, attrs, CONV)
+def conv_packed_ref(x: np.ndarray, wp: np.ndarray, bias: np.ndarray, x_zp: np.ndarray,
+                    multiplier: np.ndarray, y_zp: np.ndarray, **attrs: Any) -> np.ndarray:
+    """numpy reference of the packed integer convolution with its requantizing
+    epilogue."""
+    rank, _, _, begins, ends = conv_geometry(x.shape, wp.shape, attrs, CONV)
     xp = np.pad(x.astype(np.int64), ((0, 0), (0, 0), *zip(begins, ends)),
                 constant_values=int(x_zp))
     unpadded = {**attrs, "pads": (0,) * (2 * rank)}
-    acc = _conv_ref(xp, wp.astype(np.int64), **unpadded)
+    acc = conv_ref(xp, wp.astype(np.int64), **unpadded)
     acc = (acc + bias.astype(np.int64).reshape(-1, *([1] * rank))).astype(np.int32)
     lo, hi = out_range(attrs, dt.from_numpy(y_zp.dtype))
     return requantize_ref(acc, multiplier, y_zp, lo, hi, 1)
 
 
 register_op(CONV, pattern="anchor", infer=_conv_infer, compute=build_conv,
-            reference=_conv_packed_ref)
+            reference=conv_packed_ref)
 
 
 # --------------------------------------------------------------------------- register tiles
@@ -414,10 +416,11 @@ def build_matmul_tiles(a: Buffer, bp: Buffer, n: int, out: Buffer,
                 a_rk = Cast("int32", a[(*te.unflatten_index(row(r), lead), k)])
                 return acc[r, v] + a_rk * Cast("int32", bp[ct, k, v])
 
-            zero = _loop("r", mr, lambda r: _loop(
+            zero = tile_loop("r", mr, lambda r: tile_loop(
                 "v", nr, lambda v: Store(acc, as_expr(0, "int32"), (r, v)), "vectorized"))
-            step = _loop("k", int(bp.shape[1]), lambda k: _loop("r", mr, lambda r: _loop(
-                "v", nr, lambda v: Store(acc, update(k, r, v), (r, v)), "vectorized"),
+            step = tile_loop("k", int(bp.shape[1]), lambda k: tile_loop(
+                "r", mr, lambda r: tile_loop(
+                    "v", nr, lambda v: Store(acc, update(k, r, v), (r, v)), "vectorized"),
                 "unrolled"))
 
             def store(r: PrimExpr, v: PrimExpr) -> Stmt:
@@ -427,15 +430,15 @@ def build_matmul_tiles(a: Buffer, bp: Buffer, n: int, out: Buffer,
                 at = (*te.unflatten_index(rt * mr + r, lead), j)
                 return IfThenElse(inside, Store(out, value, at))
 
-            stores = _loop("r", mr, lambda r: _loop("v", nr, lambda v: store(r, v)))
+            stores = tile_loop("r", mr, lambda r: tile_loop("v", nr, lambda v: store(r, v)))
             return seq(Allocate(acc), zero, step, stores)
 
-        return _loop("ct", col_tiles, col_tile, kinds[1])
+        return tile_loop("ct", col_tiles, col_tile, kinds[1])
 
     # row tiles in parallel; a single row tile (a matrix-vector product): column tiles
     kinds = ("parallel" if big and row_tiles > 1 else "serial",
              "parallel" if big and row_tiles == 1 and col_tiles > 1 else "serial")
-    return seq(*prologue, _loop("rt", row_tiles, row_tile, kinds[0]))
+    return seq(*prologue, tile_loop("rt", row_tiles, row_tile, kinds[0]))
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ from kiln.ops.broadcast import broadcast_shapes
 from kiln.ops.epilogue import fused_store
 from kiln.ops.kernels.registry import TILE, Family, recorded_tile
 from kiln.ops.kernels.tiles import tile_lanes, tile_registers
-from kiln.ops.nn import _b_shape
+from kiln.ops.nn import b_shape
 from kiln.target.isa import ISA
 
 #: The row count M assumed when choosing a tile for symbolic M (a full-height tile).
@@ -97,14 +97,14 @@ class TiledGemm(Family):
     def pack(self, call: g.Call, isa: ISA) -> g.Call:
         a, b = (x.type for x in call.args)
         assert isinstance(a, TensorType) and isinstance(b, TensorType)
-        t = choose_tile(a.shape[-2], _b_shape(cast(Sequence[int], b.shape), call.attrs)[-1], isa)
+        t = choose_tile(a.shape[-2], b_shape(cast(Sequence[int], b.shape), call.attrs)[-1], isa)
         return g.Call(self.op, call.args, g.freeze_attrs({**call.attrs, TILE: (t.mr, t.nr)}),
                       call.ret_type)
 
     def build(self, params: Sequence[Any], args: Sequence[Any], attrs: Mapping[str, Any],
               anchor: Any, result: Any, isa: ISA) -> PrimFunc | None:
         a, b = args[0], args[1]
-        logical = _b_shape(b.shape, attrs)
+        logical = b_shape(b.shape, attrs)
         if a.ndim < 2 or len(logical) < 2:
             return None
         batch = broadcast_shapes(a.shape[:-2], logical[:-2])
