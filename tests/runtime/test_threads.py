@@ -144,6 +144,7 @@ def test_thread_count_per_library_and_process_default(
     assert own.num_threads == 3
     own.set_num_threads(1)  # the pool shrinks at its next loop
     np.testing.assert_array_equal(run(own), two)
+    assert own.pool_stats().started == 0
 
 
 @pytest.mark.parametrize(("value", "error"), [

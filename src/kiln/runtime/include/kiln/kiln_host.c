@@ -1011,8 +1011,15 @@ KILN_HIDDEN int32_t KILN_PARALLEL_FOR(int64_t n, kiln_pool_body_fn body, void* c
   pthread_once(&kiln_pool_once, kiln_pool_init);
   pthread_mutex_lock(&kiln_pool.lock);
   if (kiln_pool.busy || kiln_pool.threads == 1) {
-    /* One thread configured, or another thread is running a loop: run serially. */
+    /* One thread configured, or another thread is running a loop: run serially (with
+       one thread, first stop the workers a larger count had started). */
+    int shrink = !kiln_pool.busy && kiln_pool.started > 0;
+    kiln_pool.busy |= shrink;
     pthread_mutex_unlock(&kiln_pool.lock);
+    if (shrink) {
+      kiln_pool_resize(0);
+      kiln_pool_release();
+    }
     return body(0, n, context);
   }
   kiln_pool.busy = 1;
@@ -1021,9 +1028,13 @@ KILN_HIDDEN int32_t KILN_PARALLEL_FOR(int64_t n, kiln_pool_body_fn body, void* c
   if (kiln_pool.started != want) {
     kiln_pool_resize(want); /* first use, first use after fork(), or set_num_threads */
   }
+  if (kiln_pool.started == 0) { /* the system refused every worker */
+    kiln_pool_release();
+    return body(0, n, context);
+  }
   cost = kiln_pool_cost(body);
   /* Measured work below serial_ns: n * cost / 256 < serial_ns, without overflow. */
-  if (kiln_pool.started == 0 || (*cost >= 0 && *cost < kiln_pool.serial_ns * 256 / n)) {
+  if (*cost >= 0 && *cost < kiln_pool.serial_ns * 256 / n) {
     status = kiln_pool_run_here(n, body, context, cost);
     kiln_pool_release();
     return status;
