@@ -50,6 +50,31 @@ def alternating_blocks_ms(fns: dict[str, Callable[[], object]], calls: int,
     return {name: statistics.median(t) * 1e3 for name, t in times.items()}
 
 
+def paced_ms(fns: dict[str, Callable[[], object]], period_s: float, calls: int = 200,
+             rounds: int = 2) -> dict[str, float]:
+    """Median milliseconds per call of each function when called once every `period_s`
+    seconds (as a server or a camera loop calls), `calls` calls each: the caller sleeps
+    between calls, so each runtime's workers spin or sleep as their policy says. Blocks
+    alternate between the functions (`rounds` each, after a pause for the other's
+    spinning threads to go to sleep) so that drift hits all alike."""
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    per_block = max(1, calls // rounds)
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            time.sleep(0.05)
+            fn()
+            due = time.perf_counter()
+            for _ in range(per_block):
+                due += period_s
+                wait = due - time.perf_counter()
+                if wait > 0:
+                    time.sleep(wait)
+                start = time.perf_counter()
+                fn()
+                times[name].append(time.perf_counter() - start)
+    return {name: statistics.median(t) * 1e3 for name, t in times.items()}
+
+
 def calls_within(fns: dict[str, Callable[[], object]], repeat: int, seconds: float) -> int:
     """How many timed calls of each function fit in about `seconds` in all (at most
     `repeat`, at least 3), judged from one call of each (which also warms them up)."""

@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/models.py [--repeat 30] [--seconds 20] [--target llvm]
                                      [--models mlp,cnn | small | full | all]
+                                     [--threads 2] [--no-paced]
 
 With `--dynamic`, the table compares code compiled for symbolic dimensions
 with code compiled for one static size, on the same model: the encoder with
@@ -22,10 +23,15 @@ onnxruntime (`intra_op_num_threads=2`) on the same input: compile time
 each (fewer when `--seconds` would not hold them; in alternating blocks of
 calls: machine drift hits both alike, and neither runtime's spinning worker
 threads slow the other's calls), the ratio kiln/ort (below 1: kiln is
-faster) and the relative L2 error of kiln's output against ort's. A model
+faster) and the relative L2 error of kiln's output against ort's. The paced
+columns are kiln/ort when each is called once every 2 ms and every 10 ms (median
+of 200 calls, the caller sleeping in between, harness.paced_ms): the latency of a
+server or a camera loop, where workers that went to sleep must be woken
+(docs/runtime.md, "Threads"); `--no-paced` leaves them out. A model
 kiln cannot compile or run prints one line `skipped: <reason>` and the run
-goes on. kiln's parallel loops use `KILN_NUM_THREADS` threads (default:
-every online CPU); `--tensor-pipeline simplify` compiles without the
+goes on. Both runtimes use `--threads` threads (default 2: kiln through
+`kiln.runtime.set_num_threads`, ort through `intra_op_num_threads`);
+`--tensor-pipeline simplify` compiles without the
 Parallelize pass (the "before" figures of docs/performance.md);
 `--graph-pipeline nchwc` adds the blocked activation layout (nchwc-layout).
 Prints a table; asserts nothing (this is not a test).
@@ -47,7 +53,14 @@ from typing import Any
 
 import numpy as np
 import onnx
-from harness import alternating_blocks_ms, calls_within, describe_target, rel_l2, short_error
+from harness import (
+    alternating_blocks_ms,
+    calls_within,
+    describe_target,
+    paced_ms,
+    rel_l2,
+    short_error,
+)
 from nets import FULL, MODELS, SMALL, symbolic_dims
 
 import kiln
@@ -56,12 +69,18 @@ from kiln.frontend import from_onnx
 MODEL_SETS = {"small": list(SMALL), "full": list(FULL), "all": list(MODELS)}
 
 
+# Calls per paced measurement, and the periods (seconds) of the paced columns.
+PACED_CALLS = 200
+PACED_PERIODS = (0.002, 0.010)
+ORT_THREADS = [2]  # set by --threads
+
+
 def ort_session(model: onnx.ModelProto) -> Any:
-    """An onnxruntime CPU session of `model` with 2 intra-op threads."""
+    """An onnxruntime CPU session of `model` with ORT_THREADS intra-op threads."""
     import onnxruntime as ort
 
     options = ort.SessionOptions()
-    options.intra_op_num_threads = 2
+    options.intra_op_num_threads = ORT_THREADS[0]
     return ort.InferenceSession(model.SerializeToString(), options,
                                 providers=["CPUExecutionProvider"])
 
@@ -71,7 +90,8 @@ class Skipped(Exception):
 
 
 def run(name: str, target: kiln.target.Target, repeat: int, seconds: float,
-        tensor_pipeline: str, graph_pipeline: str = "default") -> dict[str, float]:
+        tensor_pipeline: str, graph_pipeline: str = "default",
+        paced: bool = True) -> dict[str, float]:
     """Compile and time one model; raises Skipped when kiln fails on it."""
     model, shapes = MODELS[name]()
     rng = np.random.default_rng(42)
@@ -98,9 +118,13 @@ def run(name: str, target: kiln.target.Target, repeat: int, seconds: float,
     calls = calls_within(fns, repeat, seconds)
     ms = alternating_blocks_ms(fns, calls)
     kiln_ms, ort_ms = ms["kiln"], ms["ort"]
-    return {"compile_s": compile_s, "kiln_ms": kiln_ms, "ort_ms": ort_ms,
-            "ratio": kiln_ms / ort_ms, "rel_l2": rel_l2(actual, expected),
-            "calls": calls, "cache_hit": float(ex.cache_hit)}
+    result = {"compile_s": compile_s, "kiln_ms": kiln_ms, "ort_ms": ort_ms,
+              "ratio": kiln_ms / ort_ms, "rel_l2": rel_l2(actual, expected),
+              "calls": calls, "cache_hit": float(ex.cache_hit)}
+    for period in PACED_PERIODS if paced else ():
+        paced_times = paced_ms(fns, period, PACED_CALLS)
+        result[f"paced_{period * 1e3:g}ms"] = paced_times["kiln"] / paced_times["ort"]
+    return result
 
 
 def quantize(model: onnx.ModelProto, shapes: dict[str, list[int]]) -> onnx.ModelProto:
@@ -255,6 +279,10 @@ def main() -> None:
                         help="kiln's graph pipeline, e.g. 'nchwc' (blocked activation layout)")
     parser.add_argument("--tensor-pipeline", default="default",
                         help="kiln's tensor pipeline, e.g. 'simplify' (no parallel loops)")
+    parser.add_argument("--threads", type=int, default=2,
+                        help="threads of kiln's parallel loops and of ort (default 2)")
+    parser.add_argument("--no-paced", action="store_true",
+                        help="leave out the paced columns (a call every 2 ms and 10 ms)")
     parser.add_argument("--dynamic", action="store_true",
                         help="compare symbolic-shape builds with static ones instead")
     parser.add_argument("--int8", action="store_true",
@@ -264,32 +292,38 @@ def main() -> None:
     names = model_names(args.models)
     target = kiln.target.Target.from_host() if args.target is None else kiln.target.Target(
         args.target)
-    threads = os.environ.get("KILN_NUM_THREADS", f"all ({os.cpu_count()})")
+    kiln.runtime.set_num_threads(args.threads)
+    ORT_THREADS[0] = args.threads
+    spin = os.environ.get("KILN_SPIN_US", "default")
     print(f"target: {target.kind.name} {describe_target(target)}")
     print(f"graph pipeline: {args.graph_pipeline}   tensor pipeline: {args.tensor_pipeline}   "
-          f"KILN_NUM_THREADS: {threads}   "
-          f"ort threads: 2   median of up to {args.repeat} calls in {args.seconds:g} s, "
-          f"alternating blocks")
+          f"threads: {args.threads} (kiln and ort)   KILN_SPIN_US: {spin}   "
+          f"median of up to {args.repeat} calls in {args.seconds:g} s, alternating blocks")
     if args.dynamic:
         print_dynamic(target, args.repeat, args.seconds)
         return
     if args.int8:
         print_int8(names, target, args.repeat, args.seconds)
         return
+    paced = not args.no_paced
     header = (f"{'model':<12} {'compile s':>9} {'kiln ms':>9} {'ort ms':>9} {'kiln/ort':>9} "
-              f"{'rel L2':>9} {'calls':>5}")
+              + "".join(f"{f'{p * 1e3:g}ms k/o':>10}" for p in PACED_PERIODS if paced)
+              + f" {'rel L2':>9} {'calls':>5}")
     print(header)
     print("-" * len(header))
     for name in names:
         try:
             r = run(name, target, args.repeat, args.seconds, args.tensor_pipeline,
-                    args.graph_pipeline)
+                    args.graph_pipeline, paced)
         except Skipped as exc:
             print(f"{name:<12} skipped: {exc}", flush=True)
             continue
         cached = " (cache hit)" if r["cache_hit"] else ""
+        paced_cols = "".join(f"{r[f'paced_{p * 1e3:g}ms']:>10.2f}" for p in PACED_PERIODS
+                             if paced)
         print(f"{name:<12} {r['compile_s']:>9.2f} {r['kiln_ms']:>9.3f} {r['ort_ms']:>9.3f} "
-              f"{r['ratio']:>9.2f} {r['rel_l2']:>9.1e} {r['calls']:>5.0f}{cached}", flush=True)
+              f"{r['ratio']:>9.2f}{paced_cols} {r['rel_l2']:>9.1e} {r['calls']:>5.0f}{cached}",
+              flush=True)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """Suite-wide settings.
 
-Each pytest-xdist worker gets its own compile cache (kiln.driver.cache), so two
+Library thread pools do not spin while idle (KILN_SPIN_US=0; see below). Each
+pytest-xdist worker gets its own compile cache (kiln.driver.cache), so two
 workers never evict or write one cache directory at once and a test never depends
 on what another process compiled. A run without xdist keeps the caller's cache
 setting.
@@ -12,6 +13,11 @@ import atexit
 import os
 import shutil
 import tempfile
+
+# Idle pool workers spin 20 ms after a library's last parallel loop by default (docs/
+# runtime.md, "Threads"); two xdist workers share two cores, so in the suite that spin
+# would only take CPU from the other worker. tests/runtime/test_threads.py clears it.
+os.environ.setdefault("KILN_SPIN_US", "0")
 
 _worker = os.environ.get("PYTEST_XDIST_WORKER")
 if _worker and "KILN_CACHE_DIR" not in os.environ:

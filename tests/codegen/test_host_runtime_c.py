@@ -22,6 +22,7 @@ from kiln.codegen.host import (
 )
 from kiln.runtime import include_dir
 from kiln.runtime.abi import ARGUMENT_ERROR, ERROR_BUFFER_SIZE
+from kiln.runtime.threads import POOL_EXPORTS
 
 pytestmark = pytest.mark.skipif(not have_cc(), reason="needs a C compiler")
 
@@ -57,14 +58,15 @@ def test_compiles_standalone_with_werror(config: str, std: str, tmp_path: Path) 
     assert proc.returncode == 0, proc.stderr
     symbols = subprocess.run(["nm", "-g", "--defined-only", str(obj)], capture_output=True,
                              text=True, check=True).stdout.split()
-    # Only the pool's entry, the profiling timers and the CPU check are global; every
-    # check helper is static.
+    # Only the pool's entry and controls, the profiling timers and the CPU check are
+    # global; every check helper is static.
     assert ("kiln_parallel_for" in symbols) == ("-DKILN_HOST_PARALLEL" in CONFIGS[config])
     profiled = any(flag.startswith("-DKILN_HOST_PROFILE") for flag in CONFIGS[config])
     assert sorted(s for s in symbols if s.startswith("kiln_profile")) == (
         PROFILE_SYMBOLS if profiled else [])
-    assert [s for s in symbols if s.startswith("kiln_") and s != "kiln_parallel_for"
-            and not s.startswith("kiln_profile")] == ["kiln_cpu_missing"]
+    assert sorted(s for s in symbols if s.startswith("kiln_") and s != "kiln_parallel_for"
+                  and not s.startswith("kiln_profile")) == sorted(
+        ["kiln_cpu_missing", *(f"kiln_{name}" for name in POOL_EXPORTS)])
 
 
 @pytest.mark.parametrize("std", ["-std=c11", "-std=c99"])

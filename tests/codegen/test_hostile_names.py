@@ -32,6 +32,7 @@ from kiln.ir import IRBuilder
 from kiln.ir.module import IRModule
 from kiln.runtime import load_module
 from kiln.runtime.dynsym import dynamic_symbols
+from kiln.runtime.threads import POOL_EXPORTS
 
 pytestmark = pytest.mark.skipif(not have_cc(), reason="needs a C compiler")
 
@@ -46,11 +47,11 @@ WERROR = ["-std=c11", "-Wall", "-Wextra", "-Werror", "-pedantic", "-c"]
 
 def abi_symbols(metadata: dict) -> set[str]:
     """The dynamic symbols docs/abi.md promises: entries, last error, metadata, CPU check,
-    blob."""
+    thread controls, blob."""
     prefix = metadata["prefix"]
     return ({sig["symbol"] for sig in metadata["functions"].values()}
             | {f"{prefix}_last_error", f"{prefix}_metadata", f"{prefix}_cpu_missing",
-               f"{prefix}_blob"})
+               f"{prefix}_blob"} | {f"{prefix}_{name}" for name in POOL_EXPORTS})
 
 
 def defined_dynamic_symbols(path: Path) -> set[str]:

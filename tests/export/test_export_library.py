@@ -19,6 +19,7 @@ from kiln.artifact import Artifact
 from kiln.errors import CompileError, FormatError
 from kiln.export import export_library, load_module
 from kiln.runtime import include_dir
+from kiln.runtime.threads import POOL_EXPORTS
 
 META = hm.library_metadata("kiln_")
 INPUTS = {
@@ -110,7 +111,8 @@ def test_exported_symbols_are_exactly_the_abi(exported: dict[str, Path]) -> None
     nm = _run(["nm", "-D", "--defined-only", str(exported[".so"])]).stdout
     symbols = {line.split()[-1] for line in nm.splitlines()}
     assert symbols == {"kiln_add_one", "kiln_scale_add", "kiln_main", "kiln_split",
-                       "kiln__last_error", "kiln__metadata", "kiln__cpu_missing", "kiln__blob"}
+                       "kiln__last_error", "kiln__metadata", "kiln__cpu_missing", "kiln__blob",
+                       *(f"kiln__{name}" for name in POOL_EXPORTS)}
     kinds = {line.split()[-1]: line.split()[-2] for line in nm.splitlines()}
     assert kinds["kiln__blob"] == "R"  # read-only data
 

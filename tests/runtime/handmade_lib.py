@@ -119,6 +119,19 @@ KILN_EXPORT int32_t {p}_cpu_missing(char *out, int32_t size) {
   if (out != NULL && size > 0) out[0] = '\0';
   return 0;
 }
+/* No parallel loop: the thread controls of a library without a pool (docs/abi.md). */
+KILN_EXPORT int32_t {p}_set_num_threads(int32_t n) {
+  return n < 0 || n > 256 ? fail("set_num_threads: %d threads", (int)n) : 0;
+}
+KILN_EXPORT int32_t {p}_num_threads(void) { return 1; }
+KILN_EXPORT int32_t {p}_set_spin_us(int32_t us) {
+  return us < -1 ? fail("set_spin_us: %d", (int)us) : 0;
+}
+KILN_EXPORT int32_t {p}_pool_stats(int64_t *out, int32_t size) {
+  (void)out;
+  (void)size;
+  return 0;
+}
 
 static void dtype_name(DLDataType t, char *buf, size_t n) {
   static const char *names[] = {"int", "uint", "float", "handle", "bfloat", "complex", "bool"};

@@ -50,6 +50,7 @@ from kiln.codegen.naming import (
     metadata_symbol,
     output_shapes_symbol,
     parallel_for_symbol,
+    pool_controls_config,
     profile_symbol,
     runtime_dims,
 )
@@ -194,6 +195,7 @@ class HostPrinter:
             entries.append("")
         config = [check_messages_define(), *cpu_features_config(self.prefix, self.cpu_features)]
         config += self.profile_config()
+        config += pool_controls_config(self.prefix)
         if self.parallel:
             config += ["#define KILN_HOST_PARALLEL 1",
                        f"#define KILN_PARALLEL_FOR {parallel_for_symbol(self.prefix)}"]

@@ -9,6 +9,8 @@ The C ABI (docs/abi.md) in one place:
 - embedded constants (weights):             `{prefix}_consts`
 - embedded artifact blob:                   `{prefix}_blob`
 - thread pool entry (hidden):               `{prefix}_parallel_for`
+- thread pool controls:                     `{prefix}_set_num_threads`, `{prefix}_num_threads`,
+                                            `{prefix}_set_spin_us`, `{prefix}_pool_stats`
 - profiling timers (hidden, profile=True):  `{prefix}_profile_start`, `{prefix}_profile_stop`
 - profiling counters (profile=True):        `{prefix}_profile_read`, `{prefix}_profile_reset`
 IR function names never start with "_", so these cannot collide. `f` stands for
@@ -35,6 +37,7 @@ from kiln.ir.module import IRModule
 from kiln.ir.shape_expr import dim_bounds, dim_text, graph_dims
 from kiln.ir.tensor import Buffer, PrimExpr, PrimFunc, Var
 from kiln.runtime import abi
+from kiln.runtime.threads import POOL_EXPORTS
 
 DEFAULT_PREFIX = "kiln_"
 LIBRARY_FORMAT = "kiln.library"
@@ -71,6 +74,14 @@ def parallel_for_symbol(prefix: str) -> str:
 
 
 PROFILE_EXPORTS = ("profile_read", "profile_reset")
+
+
+def pool_controls_config(prefix: str) -> list[str]:
+    """The #defines naming kiln_host.c's exported thread controls `{prefix}_set_num_threads`,
+    ... (kiln.runtime.threads.POOL_EXPORTS; docs/abi.md, "Threads")."""
+    macros = dict(zip(POOL_EXPORTS, ("KILN_SET_NUM_THREADS", "KILN_GET_NUM_THREADS",
+                                     "KILN_SET_SPIN_US", "KILN_POOL_STATS"), strict=True))
+    return [f"#define {macros[name]} {prefix}_{name}" for name in POOL_EXPORTS]
 
 
 def profile_symbol(prefix: str, name: str) -> str:

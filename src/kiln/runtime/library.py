@@ -48,6 +48,7 @@ from kiln.errors import CompileError, ExportError, UsageError
 from kiln.escape import c_comment, is_c_identifier
 from kiln.runtime import native
 from kiln.runtime.data_object import DataSymbol, machine_of, write_data_object
+from kiln.runtime.threads import POOL_EXPORTS
 from kiln.runtime.toolchain import default_compiler
 
 SUFFIXES = {".so": "shared library", ".tar": "artifact archive",
@@ -301,6 +302,7 @@ def abi_symbols(metadata: Mapping[str, Any], prefix: str) -> list[str]:
                 if sig.get("output_shapes_symbol")]
     if metadata.get("profile"):  # built with profile=True: the counters' accessors
         symbols += [f"{prefix}_{name}" for name in ("profile_read", "profile_reset")]
+    symbols += [f"{prefix}_{name}" for name in POOL_EXPORTS]  # the thread pool's controls
     return [*symbols, f"{prefix}_last_error", f"{prefix}_metadata", f"{prefix}_cpu_missing",
             f"{prefix}_blob"]
 
@@ -404,6 +406,13 @@ def static_header(metadata: Mapping[str, Any], prefix: str, header_name: str,
         "/* How many CPU features the code needs that this CPU lacks; their names go",
         " * into out (docs/abi.md, \"CPU features\"). */",
         f"int32_t {prefix}_cpu_missing(char *out, int32_t size);",
+        "/* The thread pool of parallel loops (docs/abi.md, \"Threads\"): threads, the",
+        " * caller included (0: the default); the spin window of idle workers in",
+        " * microseconds (-1: the default); its counters. 0, or -1 and last_error. */",
+        f"int32_t {prefix}_set_num_threads(int32_t n);",
+        f"int32_t {prefix}_num_threads(void);",
+        f"int32_t {prefix}_set_spin_us(int32_t us);",
+        f"int32_t {prefix}_pool_stats(int64_t *out, int32_t size);",
         "",
     ]
     if metadata.get("profile"):

@@ -44,14 +44,17 @@ LIBRARY_SUFFIXES = (".so", ".tar")
 
 
 def load_module(path: str | os.PathLike[str], *, prefix: str | None = None,
-                verify_weights: bool | str | None = None) -> Module:
+                verify_weights: bool | str | None = None,
+                num_threads: int | None = None) -> Module:
     """Load a library written by `export_library`: a `.so` or a `.tar`.
 
     `prefix` picks the library when one `.so` holds several kiln libraries.
     A damaged file or an unknown suffix raises FormatError. `verify_weights`
     says when a `.so`'s weights are checked against the hashes in its blob:
     "lazy" (before the first call; the default), True (now) or False (never,
-    for trusted files); see kiln.runtime.weights.
+    for trusted files); see kiln.runtime.weights. `num_threads` is the thread count of
+    the library's parallel loops, the calling thread included (None: the process
+    default, kiln.runtime.set_num_threads, else $KILN_NUM_THREADS, else one per CPU).
     """
     p = Path(path)
     suffix = p.suffix.lower()
@@ -67,21 +70,23 @@ def load_module(path: str | os.PathLike[str], *, prefix: str | None = None,
         tar_prefix = metadata.get("prefix")
         if not isinstance(tar_prefix, str):
             raise FormatError(f"{p}: the archive's library metadata has no 'prefix'")
-        return load_artifacts(artifacts, metadata=metadata, prefix=tar_prefix)
-    return load_shared_library(p, prefix=prefix, verify_weights=verify_weights)
+        return load_artifacts(artifacts, metadata=metadata, prefix=tar_prefix,
+                              num_threads=num_threads)
+    return load_shared_library(p, prefix=prefix, verify_weights=verify_weights,
+                               num_threads=num_threads)
 
 
 def load_artifacts(
     artifacts: Iterable[AnyArtifact], *, metadata: Mapping[str, Any], prefix: str,
     workspace_dir: str | os.PathLike[str] | None = None, cc: Any = None,
-    fcompile: Any = None,
+    fcompile: Any = None, num_threads: int | None = None,
 ) -> Module:
     """THE code-loading process over an ArtifactSet (see the module docstring).
 
     The native library is written to a fresh directory (inside `workspace_dir`
     if given, then kept; otherwise a temporary one removed when the module is
     closed or collected) so the loaded file stays on disk while it is mapped.
-    `cc` and `fcompile` are passed to `export_library`.
+    `cc` and `fcompile` are passed to `export_library`; `num_threads` as in load_module.
     """
     arts = artifacts if isinstance(artifacts, ArtifactSet) else ArtifactSet(artifacts)
     stored = ArtifactSet(a for a in arts if a.serializable)
@@ -102,7 +107,8 @@ def load_artifacts(
             # Just linked from artifacts in memory: nothing to check the weights against.
             root: Module = load_shared_library(
                 so_path, prefix=prefix,
-                cleanup_dir=load_dir if workspace_dir is None else None, verify_weights=False)
+                cleanup_dir=load_dir if workspace_dir is None else None, verify_weights=False,
+                num_threads=num_threads)
         except BaseException:
             if workspace_dir is None:
                 shutil.rmtree(load_dir, ignore_errors=True)
@@ -136,7 +142,8 @@ def _path_or_none(path: str | os.PathLike[str] | None) -> Path | None:
 
 def load_shared_library(path: Path, *, prefix: str | None = None,
                         cleanup_dir: str | None = None,
-                        verify_weights: bool | str | None = None) -> LibraryModule:
+                        verify_weights: bool | str | None = None,
+                        num_threads: int | None = None) -> LibraryModule:
     """dlopen a kiln `.so`, unpack its blob, run its loader groups, build the tree.
 
     The prefix is the name of the library's one `{prefix}_blob` data symbol
@@ -145,7 +152,7 @@ def load_shared_library(path: Path, *, prefix: str | None = None,
     found = find_blob_symbol(str(path), prefix=prefix)
     symbol, lib_prefix = found.name, found.prefix
     _check_machine(found.machine, path)
-    root = LibraryModule(path, lib_prefix, cleanup_dir=cleanup_dir)
+    root = LibraryModule(path, lib_prefix, cleanup_dir=cleanup_dir, num_threads=num_threads)
     try:
         contents = _read_blob(root, symbol, found.size)
         blob_prefix = contents.metadata.get("prefix")

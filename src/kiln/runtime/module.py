@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from kiln._registry import suggest
 from kiln.errors import FormatError, KilnError, UsageError
-from kiln.runtime import abi, ctypes_abi
+from kiln.runtime import abi, ctypes_abi, threads
 from kiln.runtime.dim_binding import is_dim_text
 from kiln.runtime.function import NativeFunction, PackedFunction
 from kiln.runtime.lifetime import CallGuard
@@ -234,13 +234,15 @@ class LibraryModule(Module):
     `{prefix}_metadata` and no functions of its own: `has_native` is False.
     `close()` waits for calls in flight on other threads, then dlcloses it
     (later calls raise CallError); so does garbage collection. `cleanup_dir`,
-    if set, is a private directory removed with it.
+    if set, is a private directory removed with it. `num_threads` is the thread
+    count of its parallel loops (kiln.runtime.threads; None: the process default).
     """
 
     kind = "library"
 
     def __init__(self, path: str | os.PathLike[str], prefix: str, *,
-                 artifacts: Iterable[AnyArtifact] = (), cleanup_dir: str | None = None) -> None:
+                 artifacts: Iterable[AnyArtifact] = (), cleanup_dir: str | None = None,
+                 num_threads: int | None = None) -> None:
         super().__init__(artifacts=artifacts)
         self.path = Path(path).resolve()
         self.prefix = prefix
@@ -261,6 +263,7 @@ class LibraryModule(Module):
         self._functions: dict[str, NativeFunction] = {}
         self._last_error_fn: Any = None
         self._profile: ProfileCounters | None = None
+        self.pool: threads.PoolControls | None = None
         try:
             metadata_fn = ctypes_abi.bind(lib, f"{prefix}_metadata", "metadata")
         except AttributeError:
@@ -300,6 +303,35 @@ class LibraryModule(Module):
                                   f"library has no symbol {sig['symbol']}") from None
             self._functions[name] = NativeFunction(sig, c_func, self.last_error, owner=self,
                                                    guard=self._guard)
+        try:
+            self.pool = threads.attach(self, num_threads)
+        except BaseException:
+            self.close()
+            raise
+
+    # -------------------------------------------------------------- threads
+    @property
+    def num_threads(self) -> int:
+        """Threads of this library's parallel loops, the calling thread included (1
+        when it has none)."""
+        return threads.controls_of(self).num_threads()
+
+    def set_num_threads(self, n: int | None) -> None:
+        """This library's thread count from its next parallel loop on; None: follow
+        kiln.runtime.set_num_threads again."""
+        controls = threads.controls_of(self)
+        controls.set_num_threads(n if n is not None else threads.default_threads())
+        controls.explicit = n is not None
+
+    def set_spin_us(self, us: int | None) -> None:
+        """How long this library's idle workers spin before they sleep (microseconds;
+        None: the process default)."""
+        threads.controls_of(self).set_spin_us(us if us is not None
+                                              else threads.default_spin_us())
+
+    def pool_stats(self) -> threads.PoolStats:
+        """The counters of this library's thread pool (kiln.runtime.threads.PoolStats)."""
+        return threads.controls_of(self).stats()
 
     def last_error(self) -> str:
         """`{prefix}_last_error()`: the message of the last failed call on this thread."""

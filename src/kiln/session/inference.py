@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import inspect
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -56,12 +55,17 @@ class InferenceSession:
 
     # ------------------------------------------------------------ loading
     def _open(self, source: Any, threads: int) -> PackedFunction:
+        module = self._module(source, threads)
+        if threads and hasattr(module, "set_num_threads"):
+            module.set_num_threads(threads)  # this library only, from its next call
+        return _entry(module)
+
+    def _module(self, source: Any, threads: int) -> Any:
+        """The loaded library behind `source` (compiled for host when it is a model)."""
         from kiln.runtime import Module, load_module
 
-        if threads:
-            os.environ["KILN_NUM_THREADS"] = str(threads)  # read when a pool starts
         if isinstance(source, Module):
-            return _entry(source)
+            return source
         if isinstance(source, (bytes, bytearray)):
             import onnx
 
@@ -71,11 +75,9 @@ class InferenceSession:
             path = Path(source)
             if path.suffix.lower() == ".onnx":
                 return self._compile(path, _onnx_metadata(path))
-            if threads and "num_threads" in inspect.signature(load_module).parameters:
-                return _entry(load_module(path, num_threads=threads))  # type: ignore[call-arg]
-            return _entry(load_module(path))
+            return load_module(path, num_threads=threads or None)
         if callable(getattr(source, "export_library", None)):  # a kiln.Executable
-            return _entry(source)
+            return source.jit()
         if type(source).__name__ == "IRModule":
             return self._compile(source, ModelMetadata())
         raise ArgumentTypeError(
@@ -83,11 +85,11 @@ class InferenceSession:
             f"library (.so, .tar), a kiln.Executable, Module or IRModule; got "
             f"{type(source).__name__}")
 
-    def _compile(self, model: Any, meta: ModelMetadata) -> PackedFunction:
+    def _compile(self, model: Any, meta: ModelMetadata) -> Any:
         import kiln
 
         self._meta = meta
-        return _entry(kiln.compile(model, "host"))
+        return kiln.compile(model, "host").jit()
 
     # ------------------------------------------------------------ describing
     def get_inputs(self) -> list[NodeArg]:

@@ -59,9 +59,9 @@ class SessionOptions:
 
     Attributes:
         intra_op_num_threads: threads of the library's thread pool, the caller included;
-            0 (default) = one per online CPU. Applied through `KILN_NUM_THREADS`, which
-            a library's pool reads when it starts (its first parallel loop): set it
-            before the first run of any kiln library in the process (docs/session.md).
+            0 (default) = the process default (`kiln.runtime.set_num_threads`, else
+            `KILN_NUM_THREADS`, else one per online CPU). Applied to this session's
+            library only (`Module.set_num_threads`, docs/runtime.md).
         inter_op_num_threads: accepted for compatibility; kiln runs one op at a time.
     """
 

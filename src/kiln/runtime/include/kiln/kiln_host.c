@@ -31,6 +31,10 @@
     && !defined(_POSIX_C_SOURCE)
 #define _POSIX_C_SOURCE 200809L /* pthreads, sysconf, clock_gettime (not in ISO C) */
 #endif
+#if defined(KILN_HOST_PARALLEL) && !defined(KILN_NO_THREADS) && defined(__linux__) \
+    && !defined(_GNU_SOURCE)
+#define _GNU_SOURCE /* sched_setaffinity and cpu_set_t: KILN_PIN_THREADS */
+#endif
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -92,8 +96,10 @@ enum { KILN_DEVICE_CPU = 1 };
 #endif
 #if defined(KILN_HOST_PARALLEL) && !defined(KILN_NO_THREADS)
 #include <pthread.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdlib.h>
+#include <time.h>
 #include <unistd.h>
 #endif
 
@@ -530,6 +536,95 @@ static KILN_UNUSED int32_t kiln_host_kernel_failed(const char* fn, int32_t statu
   return status;
 }
 
+/* ------------------------------------------------------- the pool's controls
+   Exported from every library (docs/abi.md, "Threads"), with or without a pool, so a
+   C program or kiln.runtime can set them before or between calls:
+     {prefix}_set_num_threads(n)  threads of parallel loops, the caller included
+                                  (1..KILN_POOL_MAX_THREADS; 0: back to the default,
+                                  KILN_NUM_THREADS, else the online CPUs);
+     {prefix}_num_threads()       the count parallel loops use (1 without a pool);
+     {prefix}_set_spin_us(us)     how long an idle worker spins before it sleeps
+                                  (0..KILN_POOL_MAX_SPIN_US; -1: back to KILN_SPIN_US,
+                                  else KILN_POOL_DEFAULT_SPIN_US);
+     {prefix}_pool_stats(out, n)  the pool's counters (KILN_POOL_STAT_*), for tests
+                                  and monitoring; returns how many were written.
+   The setters return 0, or -1 with a message for {prefix}_last_error. */
+#if !defined(KILN_SET_NUM_THREADS) /* standalone builds of this file */
+#define KILN_SET_NUM_THREADS kiln_set_num_threads
+#define KILN_GET_NUM_THREADS kiln_num_threads
+#define KILN_SET_SPIN_US kiln_set_spin_us
+#define KILN_POOL_STATS kiln_pool_stats
+#endif
+
+enum {
+  KILN_POOL_MAX_THREADS = 256,
+  KILN_POOL_MAX_SPIN_US = 10000000,    /* 10 s */
+  KILN_POOL_DEFAULT_SPIN_US = 20000,   /* 20 ms: a server's or camera's next call */
+  KILN_POOL_DEFAULT_SERIAL_NS = 5000   /* below: a hand-off costs more than it saves */
+};
+/* Indexes of {prefix}_pool_stats's counters. */
+enum {
+  KILN_POOL_STAT_THREADS,  /* threads of parallel loops, the caller included */
+  KILN_POOL_STAT_STARTED,  /* worker threads running */
+  KILN_POOL_STAT_SLEEPING, /* workers asleep now (past the spin window) */
+  KILN_POOL_STAT_SLEEPS,   /* times a worker went to sleep */
+  KILN_POOL_STAT_LOOPS,    /* loops handed to the pool */
+  KILN_POOL_STAT_SMALL,    /* loops run on the caller alone: too small to hand off */
+  KILN_POOL_STAT_SPIN_US,  /* the spin window */
+  KILN_POOL_STAT_PINNED,   /* workers pinned to a CPU (KILN_PIN_THREADS=1) */
+  KILN_POOL_STAT_COUNT
+};
+
+static KILN_UNUSED int32_t kiln_pool_check_threads(int32_t n) {
+  if (n < 0 || n > KILN_POOL_MAX_THREADS) {
+    return kiln_host_fail("set_num_threads: %d threads: expected 1 to %d (or 0 for the "
+        "default)", (int)n, (int)KILN_POOL_MAX_THREADS);
+  }
+  return 0;
+}
+
+static KILN_UNUSED int32_t kiln_pool_check_spin(int32_t us) {
+  if (us < -1 || us > KILN_POOL_MAX_SPIN_US) {
+    return kiln_host_fail("set_spin_us: %d microseconds: expected 0 to %d (or -1 for the "
+        "default)", (int)us, (int)KILN_POOL_MAX_SPIN_US);
+  }
+  return 0;
+}
+
+#if !defined(KILN_HOST_PARALLEL) || defined(KILN_NO_THREADS) \
+    || !(defined(__GNUC__) || defined(__clang__))
+
+/* No pool: the controls check their arguments and change nothing; every loop runs on
+   its caller. */
+static int32_t kiln_pool_spin_us_set = KILN_POOL_DEFAULT_SPIN_US;
+
+KILN_EXPORT int32_t KILN_SET_NUM_THREADS(int32_t n) {
+  return kiln_pool_check_threads(n);
+}
+
+KILN_EXPORT int32_t KILN_GET_NUM_THREADS(void) {
+  return 1;
+}
+
+KILN_EXPORT int32_t KILN_SET_SPIN_US(int32_t us) {
+  if (kiln_pool_check_spin(us) != 0) {
+    return KILN_HOST_ARGUMENT_ERROR;
+  }
+  kiln_pool_spin_us_set = us < 0 ? KILN_POOL_DEFAULT_SPIN_US : us;
+  return 0;
+}
+
+KILN_EXPORT int32_t KILN_POOL_STATS(int64_t* out, int32_t size) {
+  int32_t i;
+  for (i = 0; out != NULL && i < size && i < KILN_POOL_STAT_COUNT; ++i) {
+    out[i] = i == KILN_POOL_STAT_THREADS ? 1 : i == KILN_POOL_STAT_SPIN_US ? kiln_pool_spin_us_set
+                                                                          : 0;
+  }
+  return out == NULL || size < 0 ? 0 : i;
+}
+
+#endif
+
 #if defined(KILN_HOST_PARALLEL)
 
 #if !defined(KILN_PARALLEL_FOR)
@@ -553,7 +648,12 @@ KILN_HIDDEN int32_t KILN_PARALLEL_FOR(int64_t n, kiln_pool_body_fn body, void* c
 
 #else
 
-enum { KILN_POOL_MAX_THREADS = 256, KILN_POOL_CHUNKS_PER_THREAD = 4, KILN_POOL_SPINS = 2000 };
+enum {
+  KILN_POOL_CHUNKS_PER_THREAD = 4,
+  KILN_POOL_WAIT_SPINS = 2000,  /* the caller waiting for the last chunks */
+  KILN_POOL_SPIN_BATCH = 64,    /* pauses between two looks at the clock */
+  KILN_POOL_COSTS = 64          /* loops whose cost the pool remembers */
+};
 
 #define KILN_LOAD(x) __atomic_load_n(&(x), __ATOMIC_SEQ_CST)
 #define KILN_STORE(x, v) __atomic_store_n(&(x), (v), __ATOMIC_SEQ_CST)
@@ -575,44 +675,71 @@ enum { KILN_POOL_MAX_THREADS = 256, KILN_POOL_CHUNKS_PER_THREAD = 4, KILN_POOL_S
    The caller makes the generation odd, waits until no worker is inside, writes
    the fields, makes it even and wakes the workers; it returns once it has taken
    the last chunk and no worker is inside (a worker waking up later finds no
-   chunk). Waiting threads spin briefly (a model's back-to-back loops need no
-   sleep and wake-up), then sleep on a condition variable (`lock`, which also
-   guards `busy` and `started`). */
+   chunk). An idle worker spins for the spin window (`spin_ns`, a time: the same
+   on every CPU) after its last chunk, so the next loop of a model, or the next
+   call of a server, needs no wake-up, then sleeps on a condition variable
+   (`lock`, which also guards `busy`, `started` and `threads`). Only the thread
+   that set `busy` resizes the pool or reads and writes `costs`. */
 static struct {
   pthread_mutex_t lock;
-  pthread_cond_t wake;      /* a loop was posted, or the workers must stop */
+  pthread_cond_t wake;      /* a loop was posted, or workers must stop */
   pthread_cond_t done;      /* the last worker left the loop */
   pthread_t workers[KILN_POOL_MAX_THREADS];
-  int threads;              /* KILN_NUM_THREADS, else the online CPUs (caller included) */
+  int threads;              /* set_num_threads, KILN_NUM_THREADS or the online CPUs */
   int started;              /* workers running */
   int busy;                 /* some thread is running a loop on the pool */
-  int stop;                 /* atomic: the library is being unloaded */
+  int keep;                 /* atomic: workers with a smaller index keep running */
+  int pin;                  /* KILN_PIN_THREADS=1: pin each worker to one CPU */
   unsigned long generation; /* atomic: odd while a loop is being posted */
+  unsigned long birth;      /* the generation new workers start from (set by resize) */
   int entered;              /* atomic: workers inside the posted loop */
   int64_t next;             /* atomic: the next chunk to take */
   int32_t status;           /* atomic: first non-zero status of a chunk */
+  int64_t spin_ns;          /* atomic: the spin window */
+  int64_t serial_ns;        /* loops whose measured work is below run on the caller */
+  int64_t work_ns;          /* atomic: time the threads spent in chunks of this loop */
+  int64_t stats[KILN_POOL_STAT_COUNT]; /* atomic: the counters of KILN_POOL_STATS */
   kiln_pool_body_fn body;            /* the posted loop: written before `generation` */
   void* context;
   int64_t n;
   int64_t chunk;
   int64_t chunks;
+  /* The last measured work per iteration of recent loops (in ns / 256), by body. */
+  struct {
+    kiln_pool_body_fn body;
+    int64_t per_iteration;
+  } costs[KILN_POOL_COSTS];
 } kiln_pool;
 static pthread_once_t kiln_pool_once = PTHREAD_ONCE_INIT;
 static int kiln_pool_ready;
 /* Set on pool threads, and on a caller while it runs a loop: nested loops run serially. */
 static KILN_THREAD_LOCAL int kiln_pool_in_parallel;
 
-/* KILN_NUM_THREADS if it is a positive integer, else the number of online CPUs. */
-static int kiln_pool_thread_count(void) {
-  const char* env = getenv("KILN_NUM_THREADS");
-  long n = 0;
-  if (env != NULL && *env != '\0') {
-    char* end = NULL;
-    n = strtol(env, &end, 10);
-    if (end == NULL || *end != '\0' || n < 1) {
-      n = 0;
-    }
+static int64_t kiln_pool_now_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (int64_t)ts.tv_sec * 1000000000 + (int64_t)ts.tv_nsec;
+}
+
+/* The environment variable `name` if it is a whole decimal number in [lo, hi] (above
+   hi: hi), else `fallback`: a bad value changes nothing (docs/abi.md, "Threads"). */
+static long kiln_pool_env(const char* name, long lo, long hi, long fallback) {
+  const char* env = getenv(name);
+  char* end = NULL;
+  long n;
+  if (env == NULL || *env == '\0') {
+    return fallback;
   }
+  n = strtol(env, &end, 10);
+  if (end == NULL || *end != '\0' || n < lo) {
+    return fallback;
+  }
+  return n > hi ? hi : n;
+}
+
+/* KILN_NUM_THREADS if it is a positive integer, else the number of online CPUs. */
+static int kiln_pool_default_threads(void) {
+  long n = kiln_pool_env("KILN_NUM_THREADS", 1, KILN_POOL_MAX_THREADS, 0);
   if (n == 0) {
     n = sysconf(_SC_NPROCESSORS_ONLN);
   }
@@ -620,6 +747,11 @@ static int kiln_pool_thread_count(void) {
     n = 1;
   }
   return n > KILN_POOL_MAX_THREADS ? KILN_POOL_MAX_THREADS : (int)n;
+}
+
+static int64_t kiln_pool_default_spin_ns(void) {
+  return (int64_t)kiln_pool_env("KILN_SPIN_US", 0, KILN_POOL_MAX_SPIN_US,
+                                KILN_POOL_DEFAULT_SPIN_US) * 1000;
 }
 
 /* fork(): the child has none of the workers. The lock is held across fork so the
@@ -639,8 +771,11 @@ static void kiln_pool_after_fork_child(void) {
   pthread_cond_init(&kiln_pool.done, NULL);
   kiln_pool.started = 0;
   kiln_pool.busy = 0;
-  KILN_STORE(kiln_pool.stop, 0);
+  KILN_STORE(kiln_pool.keep, KILN_POOL_MAX_THREADS);
   KILN_STORE(kiln_pool.entered, 0);
+  KILN_STORE(kiln_pool.stats[KILN_POOL_STAT_STARTED], 0);
+  KILN_STORE(kiln_pool.stats[KILN_POOL_STAT_SLEEPING], 0);
+  KILN_STORE(kiln_pool.stats[KILN_POOL_STAT_PINNED], 0);
   KILN_STORE(kiln_pool.generation, (KILN_LOAD(kiln_pool.generation) + 1) & ~1UL); /* not mid-post */
 }
 
@@ -648,19 +783,29 @@ static void kiln_pool_init(void) {
   pthread_mutex_init(&kiln_pool.lock, NULL);
   pthread_cond_init(&kiln_pool.wake, NULL);
   pthread_cond_init(&kiln_pool.done, NULL);
-  kiln_pool.threads = kiln_pool_thread_count();
+  kiln_pool.threads = kiln_pool_default_threads();
+  kiln_pool.pin = kiln_pool_env("KILN_PIN_THREADS", 0, 1, 0) == 1;
+  kiln_pool.serial_ns = kiln_pool_env("KILN_SERIAL_NS", 0, 2000000000L,
+                                      KILN_POOL_DEFAULT_SERIAL_NS);
+  KILN_STORE(kiln_pool.keep, KILN_POOL_MAX_THREADS);
+  KILN_STORE(kiln_pool.spin_ns, kiln_pool_default_spin_ns());
   pthread_atfork(kiln_pool_before_fork, kiln_pool_after_fork_parent, kiln_pool_after_fork_child);
   kiln_pool_ready = 1;
 }
 
-/* Run chunks of the posted loop until none is left or one has failed. */
+/* Run chunks of the posted loop until none is left or one has failed; the time spent
+   in them goes to `work_ns` (what the loop costs serially, for the next decision). */
 static void kiln_pool_run_chunks(void) {
+  int64_t start = -1;
   for (;;) {
     int64_t k = KILN_ADD(kiln_pool.next, 1);
     int64_t begin, end;
     int32_t status;
     if (k >= kiln_pool.chunks || KILN_LOAD(kiln_pool.status) != 0) {
-      return;
+      break;
+    }
+    if (start < 0) {
+      start = kiln_pool_now_ns();
     }
     begin = k * kiln_pool.chunk;
     end = kiln_pool.n - begin > kiln_pool.chunk ? begin + kiln_pool.chunk : kiln_pool.n;
@@ -671,6 +816,9 @@ static void kiln_pool_run_chunks(void) {
                                   __ATOMIC_SEQ_CST);
     }
   }
+  if (start >= 0) {
+    KILN_ADD(kiln_pool.work_ns, kiln_pool_now_ns() - start);
+  }
 }
 
 /* A loop other than `seen` is posted (generation even and new). */
@@ -679,25 +827,73 @@ static int kiln_pool_posted(unsigned long seen) {
   return now != seen && (now & 1UL) == 0;
 }
 
-/* A worker: waits until a loop is posted, helps run it. */
-static void* kiln_pool_worker(void* arg) {
-  unsigned long seen = (unsigned long)(uintptr_t)arg;
-  kiln_pool_in_parallel = 1;
+/* Pin the calling worker (`index`) to one CPU of those the process may use, the
+   next ones after the first (where the caller usually runs). Linux only; a refusal
+   (a container's CPU set, a seccomp filter) leaves the worker unpinned. */
+static void kiln_pool_pin(int index) {
+#if defined(__linux__) && defined(CPU_SETSIZE)
+  cpu_set_t allowed, one;
+  int cpu, count = 0, want;
+  if (sched_getaffinity(0, sizeof allowed, &allowed) != 0 || CPU_COUNT(&allowed) < 2) {
+    return;
+  }
+  want = (index + 1) % CPU_COUNT(&allowed);
+  for (cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
+    if (CPU_ISSET(cpu, &allowed) && count++ == want) {
+      CPU_ZERO(&one);
+      CPU_SET(cpu, &one);
+      if (sched_setaffinity(0, sizeof one, &one) == 0) {
+        KILN_ADD(kiln_pool.stats[KILN_POOL_STAT_PINNED], 1);
+      }
+      return;
+    }
+  }
+#else
+  (void)index;
+#endif
+}
+
+/* Until a loop other than `seen` is posted or this worker must stop: spin for the
+   spin window (read again as it goes: set_spin_us applies at once), then sleep. */
+static void kiln_pool_idle(unsigned long seen, int index) {
+  int64_t start = kiln_pool_now_ns();
   for (;;) {
-    unsigned long posted;
-    int spin;
-    for (spin = 0; spin < KILN_POOL_SPINS && !kiln_pool_posted(seen) && !KILN_LOAD(kiln_pool.stop);
-         ++spin) {
+    int i;
+    for (i = 0; i < KILN_POOL_SPIN_BATCH; ++i) {
+      if (kiln_pool_posted(seen) || index >= KILN_LOAD(kiln_pool.keep)) {
+        return;
+      }
       KILN_PAUSE();
     }
-    if (!kiln_pool_posted(seen)) {
-      pthread_mutex_lock(&kiln_pool.lock);
-      while (!KILN_LOAD(kiln_pool.stop) && !kiln_pool_posted(seen)) {
-        pthread_cond_wait(&kiln_pool.wake, &kiln_pool.lock);
-      }
-      pthread_mutex_unlock(&kiln_pool.lock);
+    if (kiln_pool_now_ns() - start >= KILN_LOAD(kiln_pool.spin_ns)) {
+      break;
     }
-    if (KILN_LOAD(kiln_pool.stop)) {
+  }
+  pthread_mutex_lock(&kiln_pool.lock);
+  if (index < KILN_LOAD(kiln_pool.keep) && !kiln_pool_posted(seen)) {
+    KILN_ADD(kiln_pool.stats[KILN_POOL_STAT_SLEEPS], 1);
+    KILN_ADD(kiln_pool.stats[KILN_POOL_STAT_SLEEPING], 1);
+    while (index < KILN_LOAD(kiln_pool.keep) && !kiln_pool_posted(seen)) {
+      pthread_cond_wait(&kiln_pool.wake, &kiln_pool.lock);
+    }
+    KILN_ADD(kiln_pool.stats[KILN_POOL_STAT_SLEEPING], -1);
+  }
+  pthread_mutex_unlock(&kiln_pool.lock);
+}
+
+/* A worker: waits until a loop is posted, helps run it. The argument is its index;
+   workers with an index of at least `keep` return. */
+static void* kiln_pool_worker(void* arg) {
+  int index = (int)(intptr_t)arg;
+  unsigned long seen = kiln_pool.birth; /* written before this thread was created */
+  kiln_pool_in_parallel = 1;
+  if (kiln_pool.pin) {
+    kiln_pool_pin(index);
+  }
+  for (;;) {
+    unsigned long posted;
+    kiln_pool_idle(seen, index);
+    if (index >= KILN_LOAD(kiln_pool.keep)) {
       return NULL;
     }
     posted = KILN_LOAD(kiln_pool.generation);
@@ -715,27 +911,46 @@ static void* kiln_pool_worker(void* arg) {
   }
 }
 
-/* Start the missing workers (lock held). They block every signal: signals go to
-   the application's own threads. If the system refuses a thread, run with fewer. */
-static void kiln_pool_start_workers(void) {
-  sigset_t all, old;
-  sigfillset(&all);
-  pthread_sigmask(SIG_SETMASK, &all, &old);
-  while (kiln_pool.started < kiln_pool.threads - 1) {
-    void* seen = (void*)(uintptr_t)KILN_LOAD(kiln_pool.generation);
-    if (pthread_create(&kiln_pool.workers[kiln_pool.started], NULL, kiln_pool_worker, seen) != 0) {
-      kiln_pool.threads = kiln_pool.started + 1;
-      break;
+/* Make the pool `want` workers (the caller holds `busy`, not the lock): start the
+   missing ones, or stop and join those past `want`. The workers block every signal:
+   signals go to the application's own threads. If the system refuses a thread, run
+   with fewer. */
+static void kiln_pool_resize(int want) {
+  int i, started = kiln_pool.started;
+  if (started > want) {
+    pthread_mutex_lock(&kiln_pool.lock);
+    KILN_STORE(kiln_pool.keep, want);
+    pthread_cond_broadcast(&kiln_pool.wake);
+    pthread_mutex_unlock(&kiln_pool.lock);
+    for (i = want; i < started; ++i) {
+      pthread_join(kiln_pool.workers[i], NULL);
     }
-    ++kiln_pool.started;
+    started = want;
+    KILN_STORE(kiln_pool.keep, KILN_POOL_MAX_THREADS);
+  } else {
+    sigset_t all, old;
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &old);
+    kiln_pool.birth = KILN_LOAD(kiln_pool.generation);
+    while (started < want) {
+      if (pthread_create(&kiln_pool.workers[started], NULL, kiln_pool_worker,
+                         (void*)(intptr_t)started) != 0) {
+        break;
+      }
+      ++started;
+    }
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
   }
-  pthread_sigmask(SIG_SETMASK, &old, NULL);
+  pthread_mutex_lock(&kiln_pool.lock);
+  kiln_pool.started = started;
+  KILN_STORE(kiln_pool.stats[KILN_POOL_STAT_STARTED], started);
+  pthread_mutex_unlock(&kiln_pool.lock);
 }
 
 /* Wait until no worker is inside the posted loop (spin, then sleep). */
 static void kiln_pool_wait_workers(void) {
   int spin;
-  for (spin = 0; spin < KILN_POOL_SPINS && KILN_LOAD(kiln_pool.entered) > 0; ++spin) {
+  for (spin = 0; spin < KILN_POOL_WAIT_SPINS && KILN_LOAD(kiln_pool.entered) > 0; ++spin) {
     KILN_PAUSE();
   }
   if (KILN_LOAD(kiln_pool.entered) > 0) {
@@ -747,9 +962,46 @@ static void kiln_pool_wait_workers(void) {
   }
 }
 
-KILN_HIDDEN int32_t KILN_PARALLEL_FOR(int64_t n, kiln_pool_body_fn body, void* context) {
-  int64_t chunks;
+/* The remembered cost of `body` (the caller holds `busy`). */
+static int64_t* kiln_pool_cost(kiln_pool_body_fn body) {
+  size_t slot = ((size_t)(uintptr_t)body >> 4) % KILN_POOL_COSTS;
+  if (kiln_pool.costs[slot].body != body) {
+    kiln_pool.costs[slot].body = body;
+    kiln_pool.costs[slot].per_iteration = -1; /* not measured yet */
+  }
+  return &kiln_pool.costs[slot].per_iteration;
+}
+
+/* Work measured over n iterations, per iteration in ns / 256 (integer arithmetic). */
+static int64_t kiln_pool_per_iteration(int64_t ns, int64_t n) {
+  return ns > INT64_MAX / 256 ? INT64_MAX / n : ns * 256 / n;
+}
+
+/* A loop the pool does not take: on the caller, timed when it is `small` (so that a
+   loop which has grown is handed off again). */
+static int32_t kiln_pool_run_here(int64_t n, kiln_pool_body_fn body, void* context,
+                                  int64_t* cost) {
+  int64_t start = kiln_pool_now_ns();
   int32_t status;
+  kiln_pool_in_parallel = 1;
+  status = body(0, n, context);
+  kiln_pool_in_parallel = 0;
+  *cost = kiln_pool_per_iteration(kiln_pool_now_ns() - start, n);
+  KILN_ADD(kiln_pool.stats[KILN_POOL_STAT_SMALL], 1);
+  return status;
+}
+
+/* Leave the pool to the next caller. */
+static void kiln_pool_release(void) {
+  pthread_mutex_lock(&kiln_pool.lock);
+  kiln_pool.busy = 0;
+  pthread_mutex_unlock(&kiln_pool.lock);
+}
+
+KILN_HIDDEN int32_t KILN_PARALLEL_FOR(int64_t n, kiln_pool_body_fn body, void* context) {
+  int64_t chunks, *cost;
+  int32_t status;
+  int want;
   if (n <= 0) {
     return 0;
   }
@@ -758,17 +1010,36 @@ KILN_HIDDEN int32_t KILN_PARALLEL_FOR(int64_t n, kiln_pool_body_fn body, void* c
   }
   pthread_once(&kiln_pool_once, kiln_pool_init);
   pthread_mutex_lock(&kiln_pool.lock);
-  if (!kiln_pool.busy && kiln_pool.started < kiln_pool.threads - 1) {
-    kiln_pool_start_workers(); /* first use, or first use after fork() */
-  }
-  if (kiln_pool.busy || kiln_pool.started == 0) {
-    /* One thread configured, or another thread is running a loop: run serially. */
+  if (kiln_pool.busy || kiln_pool.threads == 1) {
+    /* One thread configured, or another thread is running a loop: run serially (with
+       one thread, first stop the workers a larger count had started). */
+    int shrink = !kiln_pool.busy && kiln_pool.started > 0;
+    kiln_pool.busy |= shrink;
     pthread_mutex_unlock(&kiln_pool.lock);
+    if (shrink) {
+      kiln_pool_resize(0);
+      kiln_pool_release();
+    }
     return body(0, n, context);
   }
   kiln_pool.busy = 1;
-  KILN_STORE(kiln_pool.generation, KILN_LOAD(kiln_pool.generation) + 1); /* odd: being posted */
+  want = kiln_pool.threads - 1;
   pthread_mutex_unlock(&kiln_pool.lock);
+  if (kiln_pool.started != want) {
+    kiln_pool_resize(want); /* first use, first use after fork(), or set_num_threads */
+  }
+  if (kiln_pool.started == 0) { /* the system refused every worker */
+    kiln_pool_release();
+    return body(0, n, context);
+  }
+  cost = kiln_pool_cost(body);
+  /* Measured work below serial_ns: n * cost / 256 < serial_ns, without overflow. */
+  if (*cost >= 0 && *cost < kiln_pool.serial_ns * 256 / n) {
+    status = kiln_pool_run_here(n, body, context, cost);
+    kiln_pool_release();
+    return status;
+  }
+  KILN_STORE(kiln_pool.generation, KILN_LOAD(kiln_pool.generation) + 1); /* odd: being posted */
   kiln_pool_wait_workers(); /* a late worker may still be looking at the previous loop */
   chunks = (int64_t)(kiln_pool.started + 1) * KILN_POOL_CHUNKS_PER_THREAD;
   if (chunks > n) {
@@ -781,19 +1052,63 @@ KILN_HIDDEN int32_t KILN_PARALLEL_FOR(int64_t n, kiln_pool_body_fn body, void* c
   kiln_pool.chunks = n / kiln_pool.chunk + (n % kiln_pool.chunk != 0);
   KILN_STORE(kiln_pool.next, 0);
   KILN_STORE(kiln_pool.status, 0);
+  KILN_STORE(kiln_pool.work_ns, 0);
+  KILN_ADD(kiln_pool.stats[KILN_POOL_STAT_LOOPS], 1);
   pthread_mutex_lock(&kiln_pool.lock);
   KILN_STORE(kiln_pool.generation, KILN_LOAD(kiln_pool.generation) + 1); /* even: posted */
-  pthread_cond_broadcast(&kiln_pool.wake);
+  if (KILN_LOAD(kiln_pool.stats[KILN_POOL_STAT_SLEEPING]) > 0) {
+    pthread_cond_broadcast(&kiln_pool.wake); /* spinning workers see the generation */
+  }
   pthread_mutex_unlock(&kiln_pool.lock);
   kiln_pool_in_parallel = 1;
   kiln_pool_run_chunks();
   kiln_pool_in_parallel = 0;
   kiln_pool_wait_workers(); /* every chunk is taken: wait for those still running */
   status = KILN_LOAD(kiln_pool.status);
-  pthread_mutex_lock(&kiln_pool.lock);
-  kiln_pool.busy = 0;
-  pthread_mutex_unlock(&kiln_pool.lock);
+  *cost = kiln_pool_per_iteration(KILN_LOAD(kiln_pool.work_ns), n);
+  kiln_pool_release();
   return status;
+}
+
+KILN_EXPORT int32_t KILN_SET_NUM_THREADS(int32_t n) {
+  if (kiln_pool_check_threads(n) != 0) {
+    return KILN_HOST_ARGUMENT_ERROR;
+  }
+  pthread_once(&kiln_pool_once, kiln_pool_init);
+  pthread_mutex_lock(&kiln_pool.lock);
+  kiln_pool.threads = n == 0 ? kiln_pool_default_threads() : (int)n; /* from the next loop */
+  KILN_STORE(kiln_pool.stats[KILN_POOL_STAT_THREADS], kiln_pool.threads);
+  pthread_mutex_unlock(&kiln_pool.lock);
+  return 0;
+}
+
+KILN_EXPORT int32_t KILN_GET_NUM_THREADS(void) {
+  int n;
+  pthread_once(&kiln_pool_once, kiln_pool_init);
+  pthread_mutex_lock(&kiln_pool.lock);
+  n = kiln_pool.threads;
+  pthread_mutex_unlock(&kiln_pool.lock);
+  return n;
+}
+
+KILN_EXPORT int32_t KILN_SET_SPIN_US(int32_t us) {
+  if (kiln_pool_check_spin(us) != 0) {
+    return KILN_HOST_ARGUMENT_ERROR;
+  }
+  pthread_once(&kiln_pool_once, kiln_pool_init);
+  KILN_STORE(kiln_pool.spin_ns, us < 0 ? kiln_pool_default_spin_ns() : (int64_t)us * 1000);
+  return 0;
+}
+
+KILN_EXPORT int32_t KILN_POOL_STATS(int64_t* out, int32_t size) {
+  int32_t i;
+  pthread_once(&kiln_pool_once, kiln_pool_init);
+  KILN_STORE(kiln_pool.stats[KILN_POOL_STAT_THREADS], KILN_GET_NUM_THREADS());
+  KILN_STORE(kiln_pool.stats[KILN_POOL_STAT_SPIN_US], KILN_LOAD(kiln_pool.spin_ns) / 1000);
+  for (i = 0; out != NULL && i < size && i < KILN_POOL_STAT_COUNT; ++i) {
+    out[i] = KILN_LOAD(kiln_pool.stats[i]);
+  }
+  return out == NULL || size < 0 ? 0 : i;
 }
 
 /* Unloading the library (dlclose, or exit): the workers run its code, so they must
@@ -804,7 +1119,7 @@ __attribute__((destructor)) static void kiln_pool_stop(void) {
     return;
   }
   pthread_mutex_lock(&kiln_pool.lock);
-  KILN_STORE(kiln_pool.stop, 1);
+  KILN_STORE(kiln_pool.keep, 0);
   started = kiln_pool.started;
   pthread_cond_broadcast(&kiln_pool.wake);
   pthread_mutex_unlock(&kiln_pool.lock);
@@ -813,7 +1128,8 @@ __attribute__((destructor)) static void kiln_pool_stop(void) {
   }
   pthread_mutex_lock(&kiln_pool.lock);
   kiln_pool.started = 0;
-  KILN_STORE(kiln_pool.stop, 0);
+  KILN_STORE(kiln_pool.stats[KILN_POOL_STAT_STARTED], 0);
+  KILN_STORE(kiln_pool.keep, KILN_POOL_MAX_THREADS);
   pthread_mutex_unlock(&kiln_pool.lock);
 }
 

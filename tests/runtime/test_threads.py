@@ -1,0 +1,309 @@
+"""The thread pool's controls (docs/runtime.md, "Threads"; docs/abi.md, "Threads").
+
+One small kernel with a parallel loop, exported once; every test loads its own copy
+of the `.so` (a library's pool is static state of that file, read once per load):
+the thread count from `load_module(num_threads=)`, `kiln.runtime.set_num_threads`
+and `$KILN_NUM_THREADS`, bad values, the spin-then-sleep policy seen through the
+pool's counters (`pool_stats`), small loops run on the caller, opt-in pinning, and
+the same controls from a C program in a fresh process. Results are identical bit
+for bit with 1 and 2 threads. Nothing is timed: waits have generous timeouts only.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import kiln
+from kiln import runtime
+from kiln.errors import ArgumentTypeError, UsageError
+from kiln.ir import IRBuilder, IRModule
+from kiln.runtime import LibraryModule, PoolStats, include_dir, load_module
+from kiln.transform import PassContext
+
+ROWS, COLS = 64, 33
+TIMEOUT = 60  # seconds: far beyond any real wait (no timing is asserted)
+POOL_ENV = ("KILN_NUM_THREADS", "KILN_SPIN_US", "KILN_SERIAL_NS", "KILN_PIN_THREADS")
+
+pytestmark = pytest.mark.skipif(shutil.which("cc") is None, reason="needs a C compiler")
+
+
+def pool_module() -> IRModule:
+    """`affine(X, Y)`: Y = X * 1.5 - 0.25, rows in parallel."""
+    ib = IRBuilder()
+    with ib.prim_func("affine"):
+        x = ib.arg("X", (ROWS, COLS), "float32")
+        y = ib.arg("Y", (ROWS, COLS), "float32")
+        with ib.for_range(ROWS, name="i", kind="parallel") as i, \
+                ib.for_range(COLS, name="j") as j:
+            ib.store(y, [i, j], x[i, j] * 1.5 - 0.25)
+    return ib.get()
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    with PassContext(config={"kiln.cache": False}):
+        ex = kiln.compile(pool_module(), "llvm", graph_pipeline=None, tensor_pipeline=None)
+    path = tmp_path_factory.mktemp("pool") / "pool.so"
+    ex.export_library(path)
+    return path
+
+
+@pytest.fixture
+def fresh(exported: Path, tmp_path: Path,
+          monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[..., LibraryModule]]:
+    """Load a private copy of the library (its own pool), with a clean environment."""
+    for name in POOL_ENV:
+        monkeypatch.delenv(name, raising=False)
+    opened: list[LibraryModule] = []
+
+    def load(**kwargs: object) -> LibraryModule:
+        copy = tmp_path / f"pool{len(opened)}.so"
+        shutil.copyfile(exported, copy)
+        lib = load_module(copy, **kwargs)  # type: ignore[arg-type]
+        assert isinstance(lib, LibraryModule)
+        opened.append(lib)
+        return lib
+
+    yield load
+    for lib in opened:
+        lib.close()
+    runtime.set_num_threads(None)
+    runtime.set_spin_us(None)
+
+
+X = np.random.default_rng(0).standard_normal((ROWS, COLS)).astype(np.float32)
+
+
+def run(lib: LibraryModule) -> np.ndarray:
+    y = np.empty_like(X)
+    lib["affine"](X, y)
+    return y
+
+
+def wait_for(lib: LibraryModule, done: Callable[[PoolStats], bool]) -> PoolStats:
+    """The pool's counters once `done` holds (a worker's state changes on its own time)."""
+    deadline = time.monotonic() + TIMEOUT
+    stats = lib.pool_stats()
+    while not done(stats) and time.monotonic() < deadline:
+        time.sleep(0.005)
+        stats = lib.pool_stats()
+    return stats
+
+
+def test_workers_spin_for_the_window_then_sleep(fresh: Callable[..., LibraryModule],
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("KILN_SERIAL_NS", "0")  # every loop goes to the pool
+    lib = fresh(num_threads=2)
+    lib.set_spin_us(runtime.threads.MAX_SPIN_US)  # 10 s
+    want = X * np.float32(1.5) - np.float32(0.25)
+    np.testing.assert_array_equal(run(lib), want)
+    stats = lib.pool_stats()
+    assert (stats.threads, stats.started, stats.loops, stats.small) == (2, 1, 1, 0)
+    # Within its window the worker spins: it has not slept once.
+    assert (stats.sleeping, stats.sleeps, stats.spin_us) == (0, 0, 10_000_000)
+    # A window of 0 applies at once: the worker goes to sleep.
+    lib.set_spin_us(0)
+    stats = wait_for(lib, lambda s: s.sleeping == 1)
+    assert (stats.sleeping, stats.sleeps) == (1, 1)
+    # The next loop wakes it (or the caller does the work); it sleeps again after.
+    np.testing.assert_array_equal(run(lib), want)
+    stats = wait_for(lib, lambda s: s.sleeps == 2 and s.sleeping == 1)
+    assert (stats.loops, stats.sleeps, stats.sleeping) == (2, 2, 1)
+    lib.set_spin_us(None)  # the default window: 20 ms without KILN_SPIN_US
+    assert lib.pool_stats().spin_us == 20_000
+
+
+def test_thread_count_per_library_and_process_default(
+        fresh: Callable[..., LibraryModule], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("KILN_NUM_THREADS", "3")
+    monkeypatch.setenv("KILN_SERIAL_NS", "0")
+    runtime.set_num_threads(1)
+    follows = fresh()
+    own = fresh(num_threads=2)
+    assert (follows.num_threads, own.num_threads) == (1, 2)
+    one = run(follows)
+    assert follows.pool_stats().started == 0  # one thread: no worker at all
+    runtime.set_num_threads(2)  # applies to libraries loaded before it too
+    assert (follows.num_threads, own.num_threads) == (2, 2)
+    runtime.set_num_threads(1)  # ...but not to those given their own count
+    assert (follows.num_threads, own.num_threads) == (1, 2)
+    two = run(own)
+    assert own.pool_stats().started == 1
+    np.testing.assert_array_equal(one, two)  # the same chunks of work: the same bits
+    runtime.set_num_threads(None)  # each library's own default: $KILN_NUM_THREADS
+    assert follows.num_threads == 3
+    own.set_num_threads(None)  # follows the process default again
+    assert own.num_threads == 3
+    own.set_num_threads(1)  # the pool shrinks at its next loop
+    np.testing.assert_array_equal(run(own), two)
+    assert own.pool_stats().started == 0
+
+
+@pytest.mark.parametrize(("value", "error"), [
+    (0, UsageError), (-1, UsageError), (257, UsageError), (10**12, UsageError),
+    (True, ArgumentTypeError), ("2", ArgumentTypeError), (2.0, ArgumentTypeError)])
+def test_bad_thread_counts_are_refused(fresh: Callable[..., LibraryModule], value: object,
+                                       error: type[Exception]) -> None:
+    with pytest.raises(error, match="num_threads"):
+        runtime.set_num_threads(value)  # type: ignore[arg-type]
+    with pytest.raises(error, match="num_threads"):
+        fresh(num_threads=value)
+    lib = fresh()
+    with pytest.raises(error, match="num_threads"):
+        lib.set_num_threads(value)  # type: ignore[arg-type]
+    assert lib.num_threads >= 1
+
+
+def test_bad_spin_windows_are_refused(fresh: Callable[..., LibraryModule]) -> None:
+    lib = fresh()
+    for value, error in ((-5, UsageError), (10**9, UsageError), (0.5, ArgumentTypeError)):
+        with pytest.raises(error, match="spin_us"):
+            runtime.set_spin_us(value)  # type: ignore[arg-type]
+        with pytest.raises(error, match="spin_us"):
+            lib.set_spin_us(value)  # type: ignore[arg-type]
+    assert lib.pool_stats().spin_us == 20_000
+
+
+def test_the_c_controls_refuse_bad_values_with_a_message(
+        fresh: Callable[..., LibraryModule]) -> None:
+    lib = fresh()
+    set_threads = lib.cdll["kiln__set_num_threads"]
+    set_spin = lib.cdll["kiln__set_spin_us"]
+    assert set_threads(-2) == -1
+    assert "set_num_threads: -2 threads: expected 1 to 256" in lib.last_error()
+    assert set_threads(100_000) == -1 and set_spin(-7) == -1
+    assert "set_spin_us: -7 microseconds" in lib.last_error()
+    assert set_threads(0) == 0  # 0: back to the default
+
+
+@pytest.mark.parametrize(("variable", "value", "field", "want"), [
+    ("KILN_NUM_THREADS", "abc", "threads", "cpus"),
+    ("KILN_NUM_THREADS", "0", "threads", "cpus"),
+    ("KILN_NUM_THREADS", "-2", "threads", "cpus"),
+    ("KILN_NUM_THREADS", "100000", "threads", 256),
+    ("KILN_SPIN_US", "soon", "spin_us", 20_000),
+    ("KILN_SPIN_US", "-1", "spin_us", 20_000),
+    ("KILN_SPIN_US", "99999999999", "spin_us", 10_000_000),
+    ("KILN_SPIN_US", "0", "spin_us", 0),
+])
+def test_bad_environment_values_fall_back(fresh: Callable[..., LibraryModule],
+                                          monkeypatch: pytest.MonkeyPatch, variable: str,
+                                          value: str, field: str, want: object) -> None:
+    """Documented: a malformed or non-positive value is ignored, a huge one clamped."""
+    monkeypatch.setenv(variable, value)
+    lib = fresh()
+    cpus = min(os.sysconf("SC_NPROCESSORS_ONLN"), 256)
+    assert getattr(lib.pool_stats(), field) == (cpus if want == "cpus" else want)
+    if want != 256:  # (not 255 workers on a small CI machine)
+        np.testing.assert_array_equal(run(lib), X * np.float32(1.5) - np.float32(0.25))
+
+
+@pytest.mark.parametrize("serial_ns", ["0", "2000000000"])
+def test_loops_too_small_to_hand_off_run_on_the_caller(
+        fresh: Callable[..., LibraryModule], monkeypatch: pytest.MonkeyPatch,
+        serial_ns: str) -> None:
+    """The first run of a loop measures its work; below KILN_SERIAL_NS (here: 0, never;
+    2 s, always) the next runs stay on the calling thread."""
+    monkeypatch.setenv("KILN_SERIAL_NS", serial_ns)
+    lib = fresh(num_threads=2)
+    first = run(lib)
+    for _ in range(3):
+        np.testing.assert_array_equal(run(lib), first)
+    stats = lib.pool_stats()
+    assert (stats.loops, stats.small) == ((4, 0) if serial_ns == "0" else (1, 3))
+
+
+def test_pinning_is_opt_in_and_never_fails(fresh: Callable[..., LibraryModule],
+                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("KILN_SERIAL_NS", "0")
+    plain = fresh(num_threads=2)
+    run(plain)
+    assert plain.pool_stats().pinned == 0
+    monkeypatch.setenv("KILN_PIN_THREADS", "1")
+    pinned = fresh(num_threads=2)
+    np.testing.assert_array_equal(run(pinned), run(plain))
+    stats = wait_for(pinned, lambda s: s.pinned == 1 or not hasattr(os, "sched_getaffinity")
+                     or len(os.sched_getaffinity(0)) < 2)
+    if stats.pinned:  # the OS allowed it: one thread of this process runs on one CPU only
+        masks = [Path(f"/proc/self/task/{tid}/status").read_text()
+                 for tid in os.listdir("/proc/self/task")]
+        assert any(f"Cpus_allowed_list:\t{cpu}\n" in text for text in masks
+                   for cpu in os.sched_getaffinity(0))
+
+
+C_PROGRAM = r"""
+#include <dlfcn.h>
+#include <stdio.h>
+#include <time.h>
+#include <kiln/kiln.h>
+
+typedef int32_t (*IntFn)(int32_t);
+typedef int32_t (*CountFn)(void);
+typedef int32_t (*StatsFn)(int64_t*, int32_t);
+
+int main(int argc, char** argv) {
+  float x[ROWS * COLS], y[ROWS * COLS];
+  int64_t shape[2] = {ROWS, COLS}, stats[8];
+  KilnValue args[2];
+  int32_t codes[2];
+  DLTensor tx, ty;
+  struct timespec pause = {0, 5000000};
+  int k, waited;
+  void* lib = argc == 2 ? dlopen(argv[1], RTLD_NOW | RTLD_LOCAL) : NULL;
+  KilnPackedFunc affine = lib ? (KilnPackedFunc)dlsym(lib, "kiln_affine") : NULL;
+  IntFn set_threads = lib ? (IntFn)dlsym(lib, "kiln__set_num_threads") : NULL;
+  CountFn threads = lib ? (CountFn)dlsym(lib, "kiln__num_threads") : NULL;
+  IntFn set_spin = lib ? (IntFn)dlsym(lib, "kiln__set_spin_us") : NULL;
+  StatsFn pool_stats = lib ? (StatsFn)dlsym(lib, "kiln__pool_stats") : NULL;
+  KilnStringFunc err = lib ? (KilnStringFunc)dlsym(lib, "kiln__last_error") : NULL;
+  if (!affine || !set_threads || !threads || !set_spin || !pool_stats || !err) return 2;
+  printf("bad %d %s\n", (int)set_threads(-1), err());
+  if (set_threads(2) != 0 || set_spin(0) != 0) return 3;
+  printf("threads %d\n", (int)threads());
+  for (k = 0; k < ROWS * COLS; ++k) x[k] = (float)(k % 13) - 6.0f;
+  tx = kiln_tensor(x, 2, shape, KILN_FLOAT32);
+  ty = kiln_tensor(y, 2, shape, KILN_FLOAT32);
+  kiln_set_tensor(args, codes, 0, &tx);
+  kiln_set_tensor(args, codes, 1, &ty);
+  if (affine(args, codes, 2) != 0) { fprintf(stderr, "%s\n", err()); return 4; }
+  for (waited = 0; waited < 12000; ++waited) { /* 60 s at most */
+    if (pool_stats(stats, 8) == 8 && stats[2] == 1) break;
+    nanosleep(&pause, NULL);
+  }
+  printf("stats %lld %lld %lld %lld\n", (long long)stats[0], (long long)stats[1],
+         (long long)stats[2], (long long)stats[3]);
+  printf("y %.9g %.9g\n", y[0], y[ROWS * COLS - 1]);
+  return 0;
+}
+"""
+
+
+def test_the_controls_from_a_c_program(exported: Path, tmp_path: Path) -> None:
+    """A plain C program (no Python) sets the count and the window, and sees the worker
+    go to sleep; the environment would say one thread."""
+    source = tmp_path / "main.c"
+    source.write_text(C_PROGRAM.replace("ROWS", str(ROWS)).replace("COLS", str(COLS)))
+    exe = tmp_path / "main"
+    subprocess.run(["cc", "-std=c99", "-D_POSIX_C_SOURCE=200809L", "-Wall", "-Wextra",
+                    "-Werror", f"-I{include_dir()}", str(source), "-o", str(exe), "-ldl"],
+                   check=True, capture_output=True, text=True)
+    env = {k: v for k, v in os.environ.items() if k not in POOL_ENV}
+    proc = subprocess.run([str(exe), str(exported)], capture_output=True, text=True,
+                          timeout=2 * TIMEOUT, env=dict(env, KILN_NUM_THREADS="1",
+                                                        KILN_SERIAL_NS="0"))
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[0].startswith("bad -1 set_num_threads: -1 threads: expected 1 to 256")
+    assert lines[1] == "threads 2"
+    assert lines[2] == "stats 2 1 1 1"  # 2 threads, 1 worker, asleep, slept once
+    xs = ((np.arange(ROWS * COLS) % 13) - 6).astype(np.float32)
+    want = xs[[0, -1]] * np.float32(1.5) - np.float32(0.25)
+    assert lines[3] == f"y {want[0]:.9g} {want[1]:.9g}"
