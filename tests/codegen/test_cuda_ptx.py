@@ -7,10 +7,10 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from cuda_ptx_kernels import RELU_KERNEL
 
 from kiln.codegen.cuda import emit_ptx
 from kiln.errors import CompileError, TargetError
+from support.cuda_ptx_kernels import RELU_KERNEL
 
 
 def test_ptx_names_the_kernel_and_arch() -> None:

@@ -10,8 +10,8 @@ from typing import Any
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 import pytest
+from cf_models import I64, MODELS, B, F, Feeds, _loop_body, _model, _vi, loop_symbolic, scan_model
 from onnx import helper
 
 import kiln
@@ -22,9 +22,7 @@ from kiln.ir import tensor as t
 from kiln.ir.visitor import iter_stmts
 from kiln.script import from_source, print_module
 from kiln.transform.pipeline import default_graph_pipeline
-
-sys.path.insert(0, str(Path(__file__).parent))
-from cf_models import I64, MODELS, B, F, Feeds, _loop_body, _model, _vi, loop_symbolic, scan_model
+from support.reference import ort_session
 
 TARGETS = ["llvm", "c"]
 
@@ -46,7 +44,7 @@ np.savez(sys.argv[3], **out)
 
 
 def _ort(model: onnx.ModelProto, feeds: Feeds) -> list[np.ndarray]:
-    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    sess = ort_session(model)
     return list(sess.run(None, feeds))
 
 

@@ -9,12 +9,12 @@ from pathlib import Path
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import kiln
 from kiln.runtime.native import include_dir
+from support.reference import ort_session
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "c_deploy" / "deploy.c"
 IN_SHAPE, OUT_SHAPE = (1, 3, 16, 16), (1, 10)
@@ -57,7 +57,7 @@ def model(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, np.ndarray, n
     tmp = tmp_path_factory.mktemp("cnn")
     _cnn(tmp / "cnn.onnx")
     x = np.random.default_rng(3).standard_normal(IN_SHAPE).astype(np.float32)
-    want = ort.InferenceSession(str(tmp / "cnn.onnx")).run(None, {"x": x})[0]
+    want = ort_session(tmp / "cnn.onnx").run(None, {"x": x})[0]
     return tmp / "cnn.onnx", x, want
 
 

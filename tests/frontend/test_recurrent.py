@@ -6,13 +6,13 @@ from typing import Any
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 import pytest
 from onnx import helper, numpy_helper
 
 import kiln
 from kiln.errors import FrontendError
 from kiln.frontend import from_onnx
+from support.reference import ort_session
 
 GATES = {"LSTM": 4, "GRU": 3, "RNN": 1}
 
@@ -69,7 +69,7 @@ def _swap(a: np.ndarray, layout: int) -> np.ndarray:
 
 
 def _ort(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
-    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    sess = ort_session(model)
     return list(sess.run(None, feeds))
 
 

@@ -12,12 +12,12 @@ from pathlib import Path
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import kiln
 from kiln.errors import ExportError, FormatError
+from support.reference import ort_session
 
 IN_SHAPE, OUT_SHAPE = (1, 3, 16, 16), (1, 10)
 
@@ -50,7 +50,7 @@ def cnn(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, np.ndarray, np.
     tmp = tmp_path_factory.mktemp("mlf")
     _cnn(tmp / "cnn.onnx")
     x = np.random.default_rng(5).standard_normal(IN_SHAPE).astype(np.float32)
-    want = ort.InferenceSession(str(tmp / "cnn.onnx")).run(None, {"x": x})[0]
+    want = ort_session(tmp / "cnn.onnx").run(None, {"x": x})[0]
     return tmp / "cnn.onnx", x, want
 
 

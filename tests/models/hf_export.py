@@ -28,6 +28,8 @@ from typing import Any
 import numpy as np
 import onnx
 
+from support.reference import ort_session
+
 EXPORTERS = ("torchscript", "dynamo")
 
 # (batch, seq) sizes each model runs at: a single short row, a small batch, and a
@@ -93,9 +95,8 @@ def compare_with_onnxruntime(run: Callable[..., Any], model: onnx.ModelProto,
                              feeds: Mapping[str, np.ndarray]) -> float:
     """The rel. L2 error of `run(*feeds.values())` against onnxruntime's first output of
     `model`; AssertionError when the shapes differ."""
-    import onnxruntime as ort
 
-    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    session = ort_session(model)
     want = np.asarray(session.run(None, dict(feeds))[0])
     got = np.asarray(run(*feeds.values()))
     assert got.shape == want.shape, f"shape {got.shape}, onnxruntime {want.shape}"

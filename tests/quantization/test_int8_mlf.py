@@ -14,12 +14,12 @@ import subprocess
 import tarfile
 from pathlib import Path
 
-import builders
 import onnx
 import pytest
 from quantized_models import quantize_static_model
 
 import kiln
+from support import small_models as builders
 
 CC = ["arm-none-eabi-gcc", "-mcpu=cortex-m4", "-mthumb", "-mfloat-abi=hard",
       "-mfpu=fpv4-sp-d16", "-O2", "-std=c11", "-Wall", "-Werror", "-DNET_STATIC_WORKSPACE"]

@@ -16,13 +16,9 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-import builders
-import dynamic_models
 import numpy as np
 import onnx
-import onnxruntime as ort
 import pytest
-from fresh_process import outputs_in_fresh_process
 from quantized_models import (
     MAX_REL_L2,
     check_integer,
@@ -38,6 +34,10 @@ from kiln.ir import assert_structural_equal
 from kiln.ir import graph as g
 from kiln.script import from_source, print_module
 from kiln.transform.quantize_ops import QuantizeOps
+from support import dynamic_models
+from support import small_models as builders
+from support.processes import outputs_in_fresh_process
+from support.reference import ort_session
 
 TARGETS = ("llvm", "c")
 
@@ -55,7 +55,7 @@ def _op_counts(mod: Any) -> Counter[str]:
 
 
 def _run_ort(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
-    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    session = ort_session(model)
     return session.run(None, feeds)
 
 
