@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -21,6 +20,7 @@ from kiln.errors import CallError, CompileError
 from kiln.target import Target
 from support.cuda_nets import NETS
 from support.processes import child_env
+from support.toolchains import needs
 
 CUDA = Target({"kind": "cuda", "arch": "sm_90", "host": {"kind": "llvm"}})
 
@@ -78,7 +78,7 @@ def test_function_table_names_every_entry(built: tuple[str, kiln.Executable]) ->
     assert sum(k["grid"][0] * k["block"][0] for k in table["kernels"]) > 1000
 
 
-@pytest.mark.skipif(shutil.which("ptxas") is None, reason="ptxas (CUDA toolkit) not on PATH")
+@needs("ptxas", why="the CUDA toolkit")
 def test_ptxas_assembles_the_ptx(built: tuple[str, kiln.Executable], tmp_path: Path) -> None:
     _, ex = built
     ptx = tmp_path / "kernels.ptx"
@@ -88,7 +88,7 @@ def test_ptxas_assembles_the_ptx(built: tuple[str, kiln.Executable], tmp_path: P
     assert proc.returncode == 0, proc.stderr
 
 
-@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc (CUDA toolkit) not on PATH")
+@needs("nvcc", why="the CUDA toolkit")
 def test_nvcc_compiles_the_source(built: tuple[str, kiln.Executable], tmp_path: Path) -> None:
     _, ex = built
     source = tmp_path / "kernels.cu"

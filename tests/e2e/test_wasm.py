@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 from pathlib import Path
 
@@ -13,13 +12,12 @@ from test_c_deploy import IN_SHAPE, OUT_SHAPE, _cnn
 import kiln
 from kiln.export.wasm import export_wasm
 from support.reference import ort_session
+from support.toolchains import needs
 
 RUNNER = Path(__file__).resolve().parents[2] / "examples" / "wasm" / "run.mjs"
 
 
-@pytest.mark.skipif(shutil.which("node") is None or not (shutil.which("wasm-ld") or
-                                                          shutil.which("wasm-ld-14")),
-                    reason="needs node and wasm-ld (make test installs lld)")
+@needs("node", ("wasm-ld", "wasm-ld-14"), why="make test installs lld")
 def test_wasm32_under_node_matches_host(tmp_path: Path) -> None:
     _cnn(tmp_path / "cnn.onnx")
     mod = kiln.frontend.from_onnx(str(tmp_path / "cnn.onnx"))

@@ -22,7 +22,7 @@ from kiln.frontend import from_onnx
 from kiln.ir import assert_structural_equal
 from kiln.ir.visitor import MAX_NESTING, nesting_depth
 from kiln.script import from_source, print_module
-from support.reference import ort_session
+from support.reference import onnxruntime_outputs, ort_session
 
 TARGETS = ("llvm", "c")
 MAX_REL_L2 = 1e-4
@@ -57,8 +57,7 @@ def case(request: pytest.FixtureRequest) -> tuple[str, onnx.ModelProto, dict, li
     name = request.param
     model = zoo.ZOO[name].model("test")
     feeds = zoo.example_inputs(model)
-    session = ort_session(model)
-    return name, model, feeds, session.run(None, feeds)
+    return name, model, feeds, onnxruntime_outputs(model, feeds)
 
 
 def test_model_has_the_published_layout(case) -> None:

@@ -51,6 +51,15 @@ class KernelCases:
         """Every output within the tolerance of the reference (naming its case)."""
         assert_close([np.asarray(g) for g in got], want, self.tol, self.cases)
 
+    def reference_fixture(self) -> Callable[[], list[np.ndarray]]:
+        """A module-scoped `reference` fixture: onnxruntime's outputs, computed once."""
+
+        @pytest.fixture(scope="module")
+        def reference() -> list[np.ndarray]:
+            return self.reference()
+
+        return reference
+
     def native_fixture(self, **options: Any) -> Callable[..., kiln.driver.Executable]:
         """A module-scoped `native` fixture: the model compiled (with `options`) for each
         of NATIVE_TARGETS. Assign it to a module global named `native`."""

@@ -120,16 +120,9 @@ def build_model() -> onnx.ModelProto:
     return kernel_checks.branches_model("gemms", nodes, inputs, outputs, inits)
 
 
-MODEL = build_model()
-CHECKS = kernel_checks.KernelCases(MODEL, CASES, TOL, RNG)
-FEEDS = CHECKS.feeds
-assert_close = CHECKS.assert_close
-native = CHECKS.native_fixture()
-
-
-@pytest.fixture(scope="module")
-def reference() -> list[np.ndarray]:
-    return CHECKS.reference()
+CHECKS = kernel_checks.KernelCases(build_model(), CASES, TOL, RNG)
+MODEL, FEEDS, assert_close = CHECKS.model, CHECKS.feeds, CHECKS.assert_close
+native, reference = CHECKS.native_fixture(), CHECKS.reference_fixture()
 
 
 def test_every_product_uses_the_gemm_kernel(native: kiln.driver.Executable) -> None:

@@ -37,7 +37,7 @@ from kiln.transform.quantize_ops import QuantizeOps
 from support import dynamic_models
 from support import small_models as builders
 from support.processes import outputs_in_fresh_process
-from support.reference import ort_session
+from support.reference import onnxruntime_outputs
 
 TARGETS = ("llvm", "c")
 
@@ -54,11 +54,6 @@ def _op_counts(mod: Any) -> Counter[str]:
     return Counter(b.value.op for b in mod["main"].bindings if isinstance(b.value, g.Call))
 
 
-def _run_ort(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
-    session = ort_session(model)
-    return session.run(None, feeds)
-
-
 @pytest.fixture(scope="module", params=list(CONFIGS))
 def quantized(request: pytest.FixtureRequest) -> dict[str, Any]:
     build, fmt, per_channel, activations = CONFIGS[request.param]
@@ -66,8 +61,8 @@ def quantized(request: pytest.FixtureRequest) -> dict[str, Any]:
     ints = integer_outputs(model)
     feeds = builders.example_inputs(model, seed=1)
     return {"name": request.param, "format": fmt, "model": model, "ints": ints,
-            "feeds": feeds, "want_float": _run_ort(model, feeds),
-            "want_int": _run_ort(ints, feeds),
+            "feeds": feeds, "want_float": onnxruntime_outputs(model, feeds),
+            "want_int": onnxruntime_outputs(ints, feeds),
             "executables": {}}
 
 
@@ -131,7 +126,7 @@ def test_exported_library_in_a_fresh_process(quantized: dict[str, Any], target: 
 def dynamic_encoder() -> tuple[onnx.ModelProto, dict[str, np.ndarray], np.ndarray]:
     model = quantize_dynamic_model(dynamic_models.encoder(batch=2, seq=16))
     feeds = dynamic_models.feeds(model, {}, seed=3)
-    return model, feeds, _run_ort(model, feeds)[0]
+    return model, feeds, onnxruntime_outputs(model, feeds)[0]
 
 
 def test_dynamic_quantization_imports_integer_products(dynamic_encoder: Any) -> None:

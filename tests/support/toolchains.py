@@ -29,3 +29,12 @@ def require_tool(*names: str, why: str = "") -> str:
 def c_compiler() -> str:
     """The host C compiler ($CC, else cc); skips the test when there is none."""
     return require_tool(os.environ.get("CC", "cc"))
+
+
+def needs(*tools: str | tuple[str, ...], why: str = "") -> pytest.MarkDecorator:
+    """A skipif mark: the test runs only when every tool is on PATH (a tuple entry is
+    alternatives, any one will do); the reason names the missing ones."""
+    missing = [" or ".join(t) if isinstance(t, tuple) else t for t in tools
+               if find_tool(*(t if isinstance(t, tuple) else (t,))) is None]
+    reason = f"needs {', '.join(missing)} on PATH" + (f" ({why})" if why else "")
+    return pytest.mark.skipif(bool(missing), reason=reason)
