@@ -81,3 +81,16 @@ def test_the_support_package_is_on_pytests_pythonpath() -> None:
     import support.reference
 
     assert Path(support.reference.__file__).resolve() == TESTS / REFERENCE
+
+
+def test_toolchain_probes_skip_with_the_missing_tools_name() -> None:
+    from support.toolchains import find_tool, needs, require_tool
+
+    missing = "kiln-no-such-tool"
+    mark = needs("sh", (missing, "sh"), missing, why="for the test")
+    assert mark.args == (True,) and mark.kwargs["reason"] == (
+        f"needs {missing} on PATH (for the test)")
+    assert needs("sh").args == (False,)
+    assert find_tool(missing, "sh") == find_tool("sh") is not None
+    with pytest.raises(pytest.skip.Exception, match=missing):
+        require_tool(missing)
