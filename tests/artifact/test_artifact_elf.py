@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import re
-import shutil
 import subprocess
 from pathlib import Path
 
@@ -11,8 +10,9 @@ import pytest
 
 from kiln.artifact import Artifact, ArtifactSet, blob, elf, load, load_with_metadata
 from kiln.errors import FormatError
+from support.toolchains import needs
 
-pytestmark = pytest.mark.skipif(shutil.which("cc") is None, reason="needs a C compiler")
+pytestmark = needs("cc", why="a C compiler")
 
 META = {"format": "kiln.library", "version": 1, "prefix": "kiln_", "functions": {}}
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 import signal
 import subprocess
 import sys
@@ -23,6 +22,7 @@ from kiln.artifact import (
 )
 from kiln.artifact import inspect as insp
 from kiln.errors import FormatError
+from support.toolchains import require_tool
 
 llvm = pytest.importorskip("llvmlite.binding")
 
@@ -137,8 +137,7 @@ def test_object_from_llvm_disassembly_and_symbols():
     row = next(line for line in symbols.splitlines() if line.endswith("kiln_add1"))
     assert row.split()[2:5] == ["FUNC", "GLOBAL", ".text"]
     assert "EM_X86_64" in symbols.splitlines()[0]
-    if shutil.which("objdump") is None:
-        pytest.skip("needs binutils objdump")
+    require_tool("objdump", why="binutils")
     asm = inspect_artifact(a, "asm")
     assert "Disassembly of section .text" in asm and "<kiln_add1>:" in asm
     assert "llvm/kernels.o" in asm and "/tmp" not in asm  # temp path replaced by the name
@@ -147,8 +146,8 @@ def test_object_from_llvm_disassembly_and_symbols():
 
 
 def test_object_from_cc(tmp_path):
-    if shutil.which("cc") is None or shutil.which("objdump") is None:
-        pytest.skip("needs cc and objdump")
+    require_tool("cc")
+    require_tool("objdump", why="binutils")
     src = tmp_path / "k.c"
     src.write_text("int kiln_twice(int x) { return 2 * x; }\n"
                    "static const int kiln_table[4] = {1, 2, 3, 4};\n"

@@ -8,6 +8,8 @@ from pathlib import Path
 
 import numpy as np
 
+from support.reference import ort_session
+
 ROOT = Path(__file__).resolve().parents[2]
 MODEL = ROOT / "models" / "mlp.onnx"
 
@@ -18,7 +20,6 @@ def kiln(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
 
 
 def test_compile_inspect_run(tmp_path: Path) -> None:
-    import onnxruntime as ort
 
     done = kiln("compile", str(MODEL), "-t", "c", "-o", "mlp.so", cwd=tmp_path)
     assert done.returncode == 0, done.stderr
@@ -31,7 +32,7 @@ def test_compile_inspect_run(tmp_path: Path) -> None:
     np.save(tmp_path / "x.npy", x)
     ran = kiln("run", "mlp.so", "--input", "x=x.npy", "--output", "y.npy", cwd=tmp_path)
     assert ran.returncode == 0, ran.stderr
-    want = ort.InferenceSession(str(MODEL), providers=["CPUExecutionProvider"]).run(
+    want = ort_session(MODEL).run(
         None, {"x": x})[0]
     np.testing.assert_allclose(np.load(tmp_path / "y.npy"), want, rtol=1e-5, atol=1e-6)
     # the output is reported by its name in the model, with its shape and dtype

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import pty
 import subprocess
@@ -13,19 +12,16 @@ import onnx
 import pytest
 from kiln_cli import ROOT, run_kiln
 
+from support import small_models
+
 # Long enough (several seconds with the compile cache off) for the display to appear.
 BIG = "resnet18.onnx"
 
 
 @pytest.fixture(scope="module")
 def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    spec = importlib.util.spec_from_file_location("zoo_builders",
-                                                  ROOT / "tests" / "models" / "builders.py")
-    assert spec is not None and spec.loader is not None
-    builders = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(builders)
     where = tmp_path_factory.mktemp("progress")
-    onnx.save(builders.resnet18(), str(where / BIG))
+    onnx.save(small_models.resnet18(), str(where / BIG))
     return where
 
 

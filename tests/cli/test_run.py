@@ -8,12 +8,13 @@ import numpy as np
 import pytest
 from kiln_cli import MODEL, one_line_error, run_kiln
 
+from support.reference import ort_session
+
 
 @pytest.fixture(scope="module")
 def reference():
-    import onnxruntime as ort
 
-    session = ort.InferenceSession(str(MODEL), providers=["CPUExecutionProvider"])
+    session = ort_session(MODEL)
     return lambda x: session.run(None, {"x": x})[0]
 
 

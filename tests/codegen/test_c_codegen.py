@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import platform
-import shutil
 import subprocess
 from pathlib import Path
 
@@ -34,6 +33,7 @@ from kiln.ir.tensor import (
     seq,
 )
 from kiln.target import Target
+from support.toolchains import require_tool
 
 needs_cc = pytest.mark.skipif(not have_cc(), reason="needs a C compiler")
 
@@ -137,9 +137,7 @@ def test_cortex_m_flags_are_recorded_for_the_cross_compiler(tmp_path: Path) -> N
     assert kernels.metadata["cc"] == "arm-none-eabi-gcc"
     host_flags = list(host.metadata["cflags"])
     assert "-fPIC" not in host_flags and "-DKILN_NO_THREADS" in host_flags
-    gcc = shutil.which("arm-none-eabi-gcc")
-    if gcc is None:
-        pytest.skip("arm-none-eabi-gcc is not installed")
+    gcc = require_tool("arm-none-eabi-gcc")
     for art in (kernels, host):
         path = tmp_path / art.file_name
         path.write_bytes(art.content)

@@ -8,7 +8,6 @@ tests/e2e/test_corpus_backends.py.
 
 from __future__ import annotations
 
-import sys
 import zlib
 from pathlib import Path
 from typing import Any
@@ -24,7 +23,6 @@ from kiln.codegen.naming import library_metadata
 from kiln.errors import CallError, CompileError, IRError
 from kiln.ir import IRModule
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the `corpus` package
 corpus = pytest.importorskip("corpus", reason="the IR corpus (tests/corpus) is not available")
 CORPUS = getattr(corpus, "CORPUS", None) or {}
 from corpus._case import assert_outputs_match, run_interpreter  # noqa: E402

@@ -7,7 +7,6 @@ from pathlib import Path
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
@@ -16,6 +15,7 @@ from kiln.codegen.constants import CONST_ALIGN, ConstantPool
 from kiln.frontend import from_onnx
 from kiln.ir import graph as g
 from kiln.transform import PassContext
+from support.reference import ort_session
 
 
 def _mlp(path: Path) -> np.ndarray:
@@ -51,7 +51,7 @@ def test_arena_is_the_weight_blob(tmp_path: Path, target: str) -> None:
                for a in getattr(b.value, "args", ()) if isinstance(a, g.Constant)]
     blob = np.frombuffer(consts.content, np.uint8)
     assert weights and all(np.shares_memory(blob, w.data) for w in weights)
-    want = ort.InferenceSession(str(tmp_path / "m.onnx")).run(None, {"x": x})[0]
+    want = ort_session(tmp_path / "m.onnx").run(None, {"x": x})[0]
     np.testing.assert_allclose(ex.jit()["main"](x), want, rtol=1e-5, atol=1e-5)
     lib = kiln.runtime.load_module(ex.export_library(tmp_path / "m.so"), verify_weights=True)
     np.testing.assert_allclose(lib["main"](x), want, rtol=1e-5, atol=1e-5)

@@ -7,20 +7,20 @@ raises kiln's "no CUDA device" error."""
 from __future__ import annotations
 
 import json
-import os
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from tests.codegen.cuda_nets import NETS
 
 import kiln
 from kiln.artifact import inspect_artifact
 from kiln.errors import CallError, CompileError
 from kiln.target import Target
+from support.cuda_nets import NETS
+from support.processes import child_env
+from support.toolchains import needs
 
 CUDA = Target({"kind": "cuda", "arch": "sm_90", "host": {"kind": "llvm"}})
 
@@ -78,7 +78,7 @@ def test_function_table_names_every_entry(built: tuple[str, kiln.Executable]) ->
     assert sum(k["grid"][0] * k["block"][0] for k in table["kernels"]) > 1000
 
 
-@pytest.mark.skipif(shutil.which("ptxas") is None, reason="ptxas (CUDA toolkit) not on PATH")
+@needs("ptxas", why="the CUDA toolkit")
 def test_ptxas_assembles_the_ptx(built: tuple[str, kiln.Executable], tmp_path: Path) -> None:
     _, ex = built
     ptx = tmp_path / "kernels.ptx"
@@ -88,7 +88,7 @@ def test_ptxas_assembles_the_ptx(built: tuple[str, kiln.Executable], tmp_path: P
     assert proc.returncode == 0, proc.stderr
 
 
-@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc (CUDA toolkit) not on PATH")
+@needs("nvcc", why="the CUDA toolkit")
 def test_nvcc_compiles_the_source(built: tuple[str, kiln.Executable], tmp_path: Path) -> None:
     _, ex = built
     source = tmp_path / "kernels.cu"
@@ -130,7 +130,7 @@ def test_export_load_and_call_without_a_gpu(built: tuple[str, kiln.Executable],
     import numpy as np
 
     np.save(tmp_path / "x.npy", x)
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    env = child_env()
     proc = subprocess.run([sys.executable, "-c", CALL, str(path), str(tmp_path / "x.npy")],
                           capture_output=True, text=True, timeout=300, env=env)
     assert proc.returncode == 0, proc.stderr
@@ -147,7 +147,7 @@ def test_inspect_show_prints_one_device_artifact(built: tuple[str, kiln.Executab
     _, ex = built
     path = tmp_path / "model.so"
     ex.export_library(path)
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    env = child_env()
     shown = f"cuda/{_device(ex.artifacts, 'kernels.ptx').file_name}"
     proc = subprocess.run([sys.executable, "-m", "kiln", "inspect", str(path), "--show", shown],
                           capture_output=True, text=True, timeout=300, env=env)

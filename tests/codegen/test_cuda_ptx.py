@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
-from cuda_ptx_kernels import RELU_KERNEL
 
 from kiln.codegen.cuda import emit_ptx
 from kiln.errors import CompileError, TargetError
+from support.cuda_ptx_kernels import RELU_KERNEL
+from support.toolchains import require_tool
 
 
 def test_ptx_names_the_kernel_and_arch() -> None:
@@ -21,9 +21,7 @@ def test_ptx_names_the_kernel_and_arch() -> None:
 
 
 def test_ptxas_assembles_the_ptx(tmp_path: Path) -> None:
-    ptxas = shutil.which("ptxas")
-    if ptxas is None:
-        pytest.skip("ptxas (CUDA toolkit) is not on PATH")
+    ptxas = require_tool("ptxas", why="the CUDA toolkit")
     src = tmp_path / "relu.ptx"
     src.write_text(emit_ptx(RELU_KERNEL, "sm_90"))
     out = tmp_path / "relu.cubin"

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -15,8 +14,6 @@ from llvm_helpers import jit
 from kiln.ir.tensor import Buffer, PrimFunc
 
 TESTS = Path(__file__).resolve().parent.parent
-if str(TESTS) not in sys.path:
-    sys.path.insert(0, str(TESTS))  # the IR corpus package `corpus` lives in tests/
 
 
 def _corpus_cases() -> list[Any]:

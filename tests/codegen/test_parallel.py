@@ -14,7 +14,6 @@ No timing is asserted anywhere: bench/models.py measures speed.
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 import sys
@@ -42,6 +41,7 @@ from kiln.runtime import include_dir, load_module
 from kiln.target import Target
 from kiln.transform import PassContext
 from kiln.transform.outline import outline_parallel_loops
+from support.processes import child_env
 
 pytestmark = pytest.mark.skipif(not have_cc(), reason="needs a C compiler")
 
@@ -372,7 +372,7 @@ FRESH_SCRIPT = textwrap.dedent("""
 
 
 def fresh_env(threads: int | None) -> dict[str, str]:
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    env = child_env()
     env.pop("KILN_NUM_THREADS", None)
     if threads is not None:
         env["KILN_NUM_THREADS"] = str(threads)

@@ -10,8 +10,8 @@ from typing import Any
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 import pytest
+from cf_models import I64, MODELS, B, F, Feeds, _loop_body, _model, _vi, loop_symbolic, scan_model
 from onnx import helper
 
 import kiln
@@ -22,9 +22,7 @@ from kiln.ir import tensor as t
 from kiln.ir.visitor import iter_stmts
 from kiln.script import from_source, print_module
 from kiln.transform.pipeline import default_graph_pipeline
-
-sys.path.insert(0, str(Path(__file__).parent))
-from cf_models import I64, MODELS, B, F, Feeds, _loop_body, _model, _vi, loop_symbolic, scan_model
+from support.reference import onnxruntime_outputs
 
 TARGETS = ["llvm", "c"]
 
@@ -43,11 +41,6 @@ for name in [str(n) for n in feeds["models"]]:
         out[f"{name}:{k}"] = r
 np.savez(sys.argv[3], **out)
 """
-
-
-def _ort(model: onnx.ModelProto, feeds: Feeds) -> list[np.ndarray]:
-    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
-    return list(sess.run(None, feeds))
 
 
 def _args(model: onnx.ModelProto, feeds: Feeds) -> list[np.ndarray]:
@@ -80,7 +73,7 @@ def compiled(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFa
 def test_compiled_models_match_onnxruntime(compiled, name: str) -> None:
     _, _, models = compiled
     model, feeds, exe = models[name]
-    _close(exe["main"](*_args(model, feeds)), _ort(model, feeds))
+    _close(exe["main"](*_args(model, feeds)), onnxruntime_outputs(model, feeds))
 
 
 def test_exported_libraries_run_in_a_fresh_process(compiled, tmp_path: Path) -> None:
@@ -97,7 +90,7 @@ def test_exported_libraries_run_in_a_fresh_process(compiled, tmp_path: Path) -> 
     assert proc.returncode == 0, proc.stderr
     results = np.load(tmp_path / "out.npz")
     for name, (model, feeds, _) in models.items():
-        ref = _ort(model, feeds)
+        ref = onnxruntime_outputs(model, feeds)
         _close(tuple(results[f"{name}:{k}"] for k in range(len(ref))), ref)
 
 
@@ -109,7 +102,7 @@ def test_a_symbolic_trip_count_and_batch_run_at_several_values(compiled) -> None
         run = {**feeds, "M": np.array(m, np.int64),
                "x": rng.normal(0, 1, (batch, 4)).astype(np.float32),
                "h0": rng.normal(0, 1, (batch, 8)).astype(np.float32)}
-        _close(exe["main"](*_args(model, run)), _ort(model, run))
+        _close(exe["main"](*_args(model, run)), onnxruntime_outputs(model, run))
 
 
 def test_a_symbolic_scan_length_runs_at_several_lengths(compiled) -> None:
@@ -119,7 +112,7 @@ def test_a_symbolic_scan_length_runs_at_several_lengths(compiled) -> None:
     for seq in (1, 2, 8):
         run = {**feeds, "x": rng.normal(0, 1, (seq, 3)).astype(np.float32),
                "w": rng.normal(0, 1, (3, seq)).astype(np.float32)}
-        _close(exe["main"](*_args(model, run)), _ort(model, run))
+        _close(exe["main"](*_args(model, run)), onnxruntime_outputs(model, run))
 
 
 def test_the_early_exit_loop_stops_at_its_condition(compiled) -> None:
@@ -128,9 +121,9 @@ def test_the_early_exit_loop_stops_at_its_condition(compiled) -> None:
     for limit, m in ((7.0, 100), (0.5, 100), (100.0, 3), (1.0, 0)):
         run = {**feeds, "limit": np.array(limit, np.float32), "M": np.array(m, np.int64)}
         got = exe["main"](*_args(model, run))
-        _close(got, _ort(model, run))
+        _close(got, onnxruntime_outputs(model, run))
     run = {**feeds, "go": np.array(False)}  # the condition is false before the first step
-    _close(exe["main"](*_args(model, run)), _ort(model, run))
+    _close(exe["main"](*_args(model, run)), onnxruntime_outputs(model, run))
 
 
 def test_nested_loops_swap_states_at_every_parity(compiled) -> None:
@@ -140,13 +133,14 @@ def test_nested_loops_swap_states_at_every_parity(compiled) -> None:
     for m in (0, 1, 2, 3):
         for c in (True, False):
             run = {**feeds, "M": np.array(m, np.int64), "c": np.array(c)}
-            _close(exe["main"](*_args(model, run)), _ort(model, run))
+            _close(exe["main"](*_args(model, run)), onnxruntime_outputs(model, run))
 
 
 @pytest.mark.parametrize("name", list(MODELS))
 def test_the_interpreter_matches_onnxruntime(name: str) -> None:
     model, feeds = MODELS[name]()
-    _close(kiln.evaluate(from_onnx(model), "main", *_args(model, feeds)), _ort(model, feeds))
+    _close(kiln.evaluate(from_onnx(model), "main", *_args(model, feeds)),
+           onnxruntime_outputs(model, feeds))
 
 
 @pytest.mark.parametrize("name", ["if", "loop_symbolic_trip_count", "scan", "nested_if_in_loop"])

@@ -13,11 +13,11 @@ from pathlib import Path
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 import pytest
 
 import kiln
 from kiln.frontend import from_onnx
+from support.reference import ort_session
 
 torch = pytest.importorskip("torch", reason="torch is not installed (kiln-tensor[torch])")
 
@@ -70,8 +70,7 @@ def exported() -> onnx.ModelProto:
 @pytest.mark.parametrize("target", ["llvm", "c"])
 def test_scripted_decode_loop_matches_onnxruntime_and_torch(exported, target: str,
                                                             tmp_path: Path) -> None:
-    sess = ort.InferenceSession(exported.SerializeToString(),
-                                providers=["CPUExecutionProvider"])
+    sess = ort_session(exported)
     exe = kiln.compile(from_onnx(exported), target)
     module = Decode()
     rng = np.random.default_rng(3)

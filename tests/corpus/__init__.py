@@ -1,6 +1,6 @@
 """The IR test corpus: small modules every analysis and backend is tested on.
 
-    from tests.corpus import CORPUS, run_reference, run_interpreter
+    from corpus import CORPUS, run_reference, run_interpreter
 
     case = CORPUS["matmul"]
     mod = case.module()                      # built once with IRBuilder

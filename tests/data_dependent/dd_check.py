@@ -7,7 +7,6 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 from onnx import helper
 
 import kiln
@@ -16,6 +15,7 @@ from kiln.ir.evaluate import evaluate
 from kiln.ir.tensor import Buffer
 from kiln.runtime.abi import numpy_dtype
 from kiln.runtime.function import trim_result
+from support.reference import ort_session
 
 
 def model(nodes: list[onnx.NodeProto], inputs: list[onnx.ValueInfoProto],
@@ -32,7 +32,7 @@ def check(m: onnx.ModelProto, feeds: Sequence[Mapping[str, np.ndarray]], target:
     reference interpreter's (shape and values, exactly)."""
     mod = kiln.frontend.from_onnx(m)
     exe = kiln.compile(mod, target)
-    session = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
+    session = ort_session(m)
     for k, feed in enumerate(feeds):
         wants = session.run(None, dict(feed))
         gots = as_list(exe["main"](*feed.values()))

@@ -5,20 +5,18 @@ error status and the entry's message, never written past."""
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 from pathlib import Path
 
 import numpy as np
-import onnxruntime as ort
 import pytest
 from dd_check import model
 from onnx import TensorProto, helper
 
 import kiln
-from kiln.runtime.native import include_dir
+from support.c_programs import program_and_library
+from support.reference import ort_session
 
-EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "c_deploy" / "nonzero.c"
 MODEL = model([helper.make_node("NonZero", ["x"], ["nz"])],
               [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, 4])],
               [("nz", TensorProto.INT64)])
@@ -28,16 +26,7 @@ MODEL = model([helper.make_node("NonZero", ["x"], ["nz"])],
 def built(request: pytest.FixtureRequest,
           tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     """(the program, the library) for one backend."""
-    cc = shutil.which("cc")
-    if cc is None:
-        pytest.skip("no C compiler")
-    tmp = tmp_path_factory.mktemp(f"cnz_{request.param}")
-    lib = kiln.compile(kiln.frontend.from_onnx(MODEL), request.param).export_library(
-        tmp / "nz.so")
-    program = tmp / "nonzero"
-    subprocess.run([cc, "-std=c11", "-Wall", "-Wextra", "-Werror", f"-I{include_dir()}",
-                    str(EXAMPLE), "-ldl", "-o", str(program)], check=True, timeout=300)
-    return program, lib
+    return program_and_library(request, tmp_path_factory, MODEL, "nonzero")
 
 
 def _run(built: tuple[Path, Path], tmp: Path, x: np.ndarray,
@@ -50,8 +39,7 @@ def _run(built: tuple[Path, Path], tmp: Path, x: np.ndarray,
 
 
 def test_c_program_reads_the_actual_shape(built: tuple[Path, Path], tmp_path: Path) -> None:
-    session = ort.InferenceSession(MODEL.SerializeToString(),
-                                   providers=["CPUExecutionProvider"])
+    session = ort_session(MODEL)
     rng = np.random.default_rng(8)
     bound = kiln.runtime.load_module(built[1])["main"].signature["results"][0]["shape"]
     assert bound == [2, 12]

@@ -9,12 +9,12 @@ import sys
 from pathlib import Path
 
 import numpy as np
-import onnxruntime as ort
 import pytest
 from dd_check import model
 from onnx import TensorProto, helper, numpy_helper
 
 import kiln
+from support.reference import ort_session
 
 F, I64 = TensorProto.FLOAT, TensorProto.INT64
 
@@ -66,7 +66,7 @@ np.savez(sys.argv[4], **out)
 def test_detection_post_processing_exported_and_loaded(tmp_path: Path, target: str) -> None:
     m = _detection_model()
     feeds = _feeds()
-    session = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
+    session = ort_session(m)
     lib = kiln.compile(kiln.frontend.from_onnx(m), target).export_library(tmp_path / "det.so")
     np.savez(tmp_path / "in.npz", **{f"{name}{k}": v for k, f in enumerate(feeds)
                                      for name, v in f.items()})

@@ -19,7 +19,6 @@ from pathlib import Path
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
@@ -28,6 +27,7 @@ from kiln.cli.main import main
 from kiln.distributed import load_matrix
 from kiln.distributed.executor import InProcessExecutor, make_executor
 from kiln.errors import MissingFileError, UsageError
+from support.reference import onnxruntime_outputs
 
 RNG = np.random.default_rng(7)
 
@@ -70,8 +70,7 @@ def _check_outputs(out: Path, models: Path) -> None:
         model = models / f"{lib.name.split('--')[0]}.onnx"
         x = RNG.standard_normal((2, 16) if model.stem == "mlp" else (2, 3, 8, 8)
                                 ).astype(np.float32)
-        want = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"]
-                                    ).run(None, {"x": x})[0]
+        want = onnxruntime_outputs(model, {"x": x})[0]
         got = kiln.runtime.load_module(str(lib))["main"](x)
         np.testing.assert_allclose(np.asarray(got), want, rtol=1e-4, atol=1e-5)
 

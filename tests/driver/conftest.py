@@ -1,12 +1,9 @@
-"""The driver tests share the transform tests' IR samples; the compile cache goes to a tmp dir."""
+"""The driver tests compile to a private cache directory."""
 
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-
-sys.path.insert(0, str(Path(__file__).parent.parent / "transform"))
 
 
 @pytest.fixture(autouse=True)

@@ -6,7 +6,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import ir_samples
 import numpy as np
 import pytest
 
@@ -21,6 +20,7 @@ from kiln.ir import graph as g
 from kiln.ir import tensor as t
 from kiln.target import TargetKind, register_kind, unregister_kind
 from kiln.transform import PassContext
+from support import ir_samples
 
 CALLS: list[str] = []
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-import ir_samples
 import pytest
 
 import kiln.codegen.registry as reg
@@ -25,6 +24,7 @@ from kiln.errors import CompileError, TargetError
 from kiln.ir import IRModule
 from kiln.target import Target, TargetKind, get_kind, register_kind, unregister_kind
 from kiln.transform import get_pipeline
+from support import ir_samples
 
 
 def _lowered() -> IRModule:

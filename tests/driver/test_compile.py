@@ -4,10 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import ir_samples
 import numpy as np
 import pytest
-from ir_samples import F32, N, call
 
 import kiln
 import kiln.ops
@@ -18,6 +16,8 @@ from kiln.ir import graph as g
 from kiln.ir import tensor as t
 from kiln.target import Target
 from kiln.transform import PassContext, TimingInstrument
+from support import ir_samples
+from support.ir_samples import F32, N, call
 
 
 def test_python_backend_runs_graph_and_kernels() -> None:

@@ -3,14 +3,12 @@ for two devices), linked into one library; per-function targets are IR attribute
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
-from tests.codegen.cuda_nets import cnn, onnxruntime_outputs
 
 import kiln
 from kiln.artifact.artifact import device_key
@@ -21,6 +19,9 @@ from kiln.ir import structural_equal
 from kiln.ir.attrs import ATTR_TARGET
 from kiln.script import from_source
 from kiln.target import Target
+from support.cuda_nets import cnn
+from support.processes import child_env
+from support.reference import onnxruntime_outputs
 
 COMPOSITE = Target({"kind": "composite", "devices": ["llvm", "c"], "host": "llvm"})
 
@@ -51,7 +52,7 @@ def test_kernels_are_shared_between_llvm_and_c(split: kiln.Executable) -> None:
 
 def test_split_matches_single_target_and_onnxruntime(split: kiln.Executable) -> None:
     model, feeds = cnn()
-    expected = onnxruntime_outputs(model, feeds)
+    expected = onnxruntime_outputs(model, feeds)[0]
     single = kiln.compile(model, "llvm")(*feeds.values())
     got = split(*feeds.values())
     np.testing.assert_allclose(got, single, rtol=1e-5, atol=1e-5)
@@ -73,12 +74,12 @@ def test_exported_split_library_runs_in_a_fresh_process(split: kiln.Executable,
     path = tmp_path / "split.so"
     split.export_library(path)
     np.save(tmp_path / "x.npy", x)
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    env = child_env()
     proc = subprocess.run([sys.executable, "-c", LOAD, str(path), str(tmp_path / "x.npy"),
                            str(tmp_path / "y.npy")], capture_output=True, text=True,
                           timeout=300, env=env)
     assert proc.returncode == 0, proc.stderr
-    np.testing.assert_allclose(np.load(tmp_path / "y.npy"), onnxruntime_outputs(model, feeds),
+    np.testing.assert_allclose(np.load(tmp_path / "y.npy"), onnxruntime_outputs(model, feeds)[0],
                                rtol=1e-4, atol=1e-4)
 
 
@@ -124,7 +125,7 @@ def test_two_devices_of_one_kind_stay_distinct_through_export_load_and_mlf(
     keys = {device_key("llvm", d.fingerprint()) for d in devices}
     objects = sorted(a.file_name for a in ex.artifacts if a.file_name.endswith("kernels.o"))
     assert objects == sorted(["kernels.o", *(f"{k}_kernels.o" for k in keys)])
-    expected = onnxruntime_outputs(model, feeds)
+    expected = onnxruntime_outputs(model, feeds)[0]
     for suffix in (".so", ".tar"):
         path = tmp_path / f"two{suffix}"
         ex.export_library(path)
@@ -144,5 +145,5 @@ def test_a_c_host_calls_kernels_compiled_by_llvm() -> None:
     ex = kiln.compile(model, {"kind": "composite", "devices": ["c", "llvm"], "host": "c"})
     kinds = {target_of(fn).kind.name for name, fn in ex.ir.items() if name != "main"}
     assert kinds == {"c", "llvm"}
-    np.testing.assert_allclose(ex(*feeds.values()), onnxruntime_outputs(model, feeds),
+    np.testing.assert_allclose(ex(*feeds.values()), onnxruntime_outputs(model, feeds)[0],
                                rtol=1e-4, atol=1e-4)

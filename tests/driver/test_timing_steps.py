@@ -5,7 +5,6 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-import ir_samples
 import numpy as np
 import pytest
 
@@ -14,6 +13,7 @@ from kiln.ir import IRBuilder
 from kiln.ir import graph as g
 from kiln.transform import PassContext, TimingInstrument
 from kiln.transform.instruments import PassInstrument, timed_step
+from support import ir_samples
 
 
 def _weights_module() -> kiln.IRModule:

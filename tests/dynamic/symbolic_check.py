@@ -7,10 +7,10 @@ from collections.abc import Callable, Iterable, Mapping
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
 import kiln
+from support.reference import ort_session
 
 Feeds = Callable[[np.random.Generator, int, int], Mapping[str, np.ndarray]]
 
@@ -39,8 +39,7 @@ def check_vs_onnxruntime(model: onnx.ModelProto, feeds: Feeds, target: str) -> N
     """Compile `model` once, with its dims symbolic, and run it at three (b, s) sizes
     against onnxruntime: exact for integer results, rel. L2 < 1e-6 for floats."""
     ex = kiln.compile(kiln.frontend.from_onnx(model), target)
-    session = ort.InferenceSession(model.SerializeToString(),
-                                   providers=["CPUExecutionProvider"])
+    session = ort_session(model)
     rng = np.random.default_rng(23)
     for b, s in ((1, 1), (2, 3), (3, 6)):
         inputs = feeds(rng, b, s)

@@ -5,23 +5,16 @@ docs/abi.md (check 7), the same as Python's."""
 
 from __future__ import annotations
 
-import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
-import onnxruntime as ort
 import pytest
 
-import kiln
-from kiln.frontend.onnx import from_onnx
-from kiln.runtime.native import include_dir
+from support.c_programs import program_and_library
+from support.dynamic_models import encoder, feeds
+from support.reference import ort_session
 
-sys.path.insert(0, str(Path(__file__).parents[1] / "models"))
-from dynamic_models import encoder, feeds
-
-EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "c_deploy" / "dynamic.c"
 MODEL = encoder(layers=1, width=32, heads=2, ffn=64, gelu_op=True)
 
 
@@ -29,15 +22,7 @@ MODEL = encoder(layers=1, width=32, heads=2, ffn=64, gelu_op=True)
 def built(request: pytest.FixtureRequest,
           tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     """(the program, the library) for one backend."""
-    cc = shutil.which("cc")
-    if cc is None:
-        pytest.skip("no C compiler")
-    tmp = tmp_path_factory.mktemp(f"cdyn_{request.param}")
-    kiln.compile(from_onnx(MODEL), request.param).export_library(tmp / "enc.so")
-    program = tmp / "dynamic"
-    subprocess.run([cc, "-std=c11", "-Wall", "-Wextra", "-Werror", f"-I{include_dir()}",
-                    str(EXAMPLE), "-ldl", "-o", str(program)], check=True, timeout=300)
-    return program, tmp / "enc.so"
+    return program_and_library(request, tmp_path_factory, MODEL, "dynamic")
 
 
 def _run(built: tuple[Path, Path], tmp: Path, features: np.ndarray, mask: np.ndarray,
@@ -54,7 +39,7 @@ def _run(built: tuple[Path, Path], tmp: Path, features: np.ndarray, mask: np.nda
 
 @pytest.mark.parametrize("explicit", [False, True])
 def test_c_calls_one_library_at_two_sizes(built, tmp_path, explicit: bool) -> None:
-    session = ort.InferenceSession(MODEL.SerializeToString(), providers=["CPUExecutionProvider"])
+    session = ort_session(MODEL)
     for batch, seq in ((1, 5), (3, 40)):
         feed = feeds(MODEL, {"batch": batch, "seq": seq})
         out = f"{batch},{seq},32" if explicit else "3"

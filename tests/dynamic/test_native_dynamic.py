@@ -24,9 +24,8 @@ from kiln.frontend.onnx import from_onnx
 from kiln.runtime import load_module
 from kiln.script import from_source
 from kiln.transform.pipeline import default_graph_pipeline
-
-sys.path.insert(0, str(Path(__file__).parents[1] / "models"))
-from dynamic_models import cnn, encoder, feeds, reference, rel_l2
+from support.dynamic_models import cnn, encoder, feeds, reference
+from support.numerics import rel_l2
 
 TARGETS = ["llvm", "c"]
 ENCODER_SIZES = [(1, 1), (1, 32), (3, 7), (2, 200), (1, 512)]

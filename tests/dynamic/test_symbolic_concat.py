@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper
 
 import kiln
+from support.reference import ort_session
 
 
 def _concat_model(axis: int) -> onnx.ModelProto:
@@ -26,8 +26,7 @@ def _concat_model(axis: int) -> onnx.ModelProto:
 def test_concat_along_symbolic_axis_matches_onnxruntime(target: str, axis: int) -> None:
     model = _concat_model(axis)
     ex = kiln.compile(kiln.frontend.from_onnx(model), target)
-    session = ort.InferenceSession(model.SerializeToString(),
-                                   providers=["CPUExecutionProvider"])
+    session = ort_session(model)
     rng = np.random.default_rng(3)
     for b, s in ((1, 1), (2, 5), (3, 7)):
         x = rng.standard_normal((b, s)).astype(np.float32)

@@ -5,9 +5,6 @@ onnxruntime (llvm and c)."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import numpy as np
 import onnx
 import pytest
@@ -15,9 +12,8 @@ from onnx import TensorProto, helper
 
 import kiln
 from kiln.frontend.onnx import from_onnx
-
-sys.path.insert(0, str(Path(__file__).parents[1] / "models"))
-from dynamic_models import rel_l2
+from support.numerics import rel_l2
+from support.reference import ort_session
 
 HEAD = 24  # not a multiple of the vector width
 
@@ -41,14 +37,13 @@ def _model() -> onnx.ModelProto:
 
 @pytest.mark.parametrize("target", ["llvm", "c"])
 def test_attention_products_with_a_symbolic_seq(target: str) -> None:
-    import onnxruntime as ort
 
     model = _model()
     exe = kiln.compile(from_onnx(model), target)
     tiled = [f for f in exe.ir.prim_funcs().values()
              if f.attrs.get("kiln.gemm_kernel") == "matmul_tiled"]
     assert len(tiled) == 3, "every product takes the micro-kernel"
-    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    session = ort_session(model)
     rng = np.random.default_rng(1)
     for b, h, s in ((1, 1, 1), (2, 3, 7), (1, 2, 33), (1, 1, 200)):
         feed = {name: rng.standard_normal((b, h, s, HEAD)).astype(np.float32)

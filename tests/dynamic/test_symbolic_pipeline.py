@@ -9,9 +9,6 @@ build for symbolic sizes and the build with the sizes pinned both match onnxrunt
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import numpy as np
 import pytest
 
@@ -19,9 +16,8 @@ import kiln
 from kiln.frontend.onnx import from_onnx
 from kiln.ir.module import IRModule
 from kiln.transform.pipeline import default_graph_pipeline
-
-sys.path.insert(0, str(Path(__file__).parents[1] / "models"))
-from dynamic_models import cnn, encoder, feeds, reference, rel_l2
+from support.dynamic_models import cnn, encoder, feeds, reference
+from support.numerics import rel_l2
 
 MODELS = {
     "encoder": (lambda: encoder(layers=1, width=32, heads=2, ffn=64),

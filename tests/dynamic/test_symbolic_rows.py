@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper
 
 import kiln
 from kiln.frontend.onnx import from_onnx
+from support.reference import ort_session
 
 
 def _model() -> onnx.ModelProto:
@@ -40,7 +40,7 @@ def test_symbolic_rows_and_heads_at_several_sizes(target: str) -> None:
     assert any(fn.attrs.get("kiln.row_kernel") == "softmax"
                for fn in exe.ir.prim_funcs().values()), \
         "softmax over a symbolic row length takes the hand-built row kernel"
-    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    session = ort_session(model)
     rng = np.random.default_rng(0)
     for b, h, s in ((1, 2, 1), (2, 3, 7), (1, 2, 37), (3, 1, 16)):
         feed = {"x": rng.standard_normal((b, h, s, s)).astype(np.float32) * 4,

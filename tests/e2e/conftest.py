@@ -1,18 +1,14 @@
-"""End-to-end fixtures: IR samples on sys.path, a private compile cache for the session."""
+"""End-to-end fixtures: a private compile cache for the session."""
 
 from __future__ import annotations
 
 import os
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 HERE = Path(__file__).parent
-sys.path.insert(0, str(HERE))
-sys.path.insert(0, str(HERE.parent / "transform"))
-sys.path.insert(0, str(HERE.parent.parent))  # the IR corpus: `tests.corpus`
 
 
 @pytest.fixture(scope="session", autouse=True)

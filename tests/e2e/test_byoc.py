@@ -10,7 +10,6 @@ also found through a `kiln.backends` entry point.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import textwrap
@@ -26,6 +25,7 @@ from kiln.errors import CompileError
 from kiln.ir import IRBuilder
 from kiln.ir import graph as g
 from kiln.ir.types import TensorType
+from support.processes import child_env
 
 
 @pytest.fixture(scope="module")
@@ -87,8 +87,7 @@ LOAD_SCRIPT = textwrap.dedent("""
 
 
 def _env(extra: list[str] | None = None) -> dict[str, str]:
-    paths = [*(extra or []), str(Path(__file__).parent), *sys.path]
-    return dict(os.environ, PYTHONPATH=os.pathsep.join(paths))
+    return child_env(*(extra or []), Path(__file__).parent)
 
 
 @pytest.mark.parametrize("suffix", [".so", ".tar"])

@@ -3,18 +3,18 @@ dlopen, .a linked statically) and, cross-built for aarch64, under qemu-aarch64."
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 from pathlib import Path
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import kiln
 from kiln.runtime.native import include_dir
+from support.reference import ort_session
+from support.toolchains import needs
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "c_deploy" / "deploy.c"
 IN_SHAPE, OUT_SHAPE = (1, 3, 16, 16), (1, 10)
@@ -57,7 +57,7 @@ def model(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, np.ndarray, n
     tmp = tmp_path_factory.mktemp("cnn")
     _cnn(tmp / "cnn.onnx")
     x = np.random.default_rng(3).standard_normal(IN_SHAPE).astype(np.float32)
-    want = ort.InferenceSession(str(tmp / "cnn.onnx")).run(None, {"x": x})[0]
+    want = ort_session(tmp / "cnn.onnx").run(None, {"x": x})[0]
     return tmp / "cnn.onnx", x, want
 
 
@@ -90,8 +90,7 @@ def test_host_shared_and_static(tmp_path: Path, model: tuple[Path, np.ndarray, n
     assert proc.returncode == 1 and "main failed:" in proc.stderr and "shape" in proc.stderr
 
 
-@pytest.mark.skipif(not (shutil.which("aarch64-linux-gnu-gcc") and shutil.which("qemu-aarch64")),
-                    reason="needs aarch64-linux-gnu-gcc and qemu-user (make test installs them)")
+@needs("aarch64-linux-gnu-gcc", "qemu-aarch64", why="make test installs them")
 def test_aarch64_under_qemu(tmp_path: Path, model: tuple[Path, np.ndarray, np.ndarray],
                             monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("CC", raising=False)

@@ -21,7 +21,7 @@ from kiln.ir import IRModule
 from kiln.ir import graph as g
 from kiln.ir.types import TensorType, TupleType
 
-corpus = pytest.importorskip("tests.corpus",
+corpus = pytest.importorskip("corpus",
                              reason="the IR corpus (tests/corpus) is not written yet")
 CORPUS = getattr(corpus, "CORPUS", None)
 if not CORPUS:

@@ -2,22 +2,22 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
-import ir_samples
 import numpy as np
 import pytest
-from ir_samples import N
 
 import kiln
 from kiln.artifact import Artifact, ArtifactSet
 from kiln.driver import Executable
 from kiln.errors import ExportError
 from kiln.runtime import include_dir, load_artifacts, load_module
+from support import ir_samples
+from support.ir_samples import N
+from support.processes import child_env
 
 NATIVE_TARGETS = ["llvm", "c"]
 
@@ -152,7 +152,7 @@ BAD_ARGS_SCRIPT = textwrap.dedent("""
 
 
 def test_bad_arguments_raise_kiln_error_in_a_fresh_process(exported: Path) -> None:
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    env = child_env()
     proc = subprocess.run([sys.executable, "-c", BAD_ARGS_SCRIPT, str(exported)],
                           capture_output=True, text=True, timeout=120, env=env)
     assert proc.returncode == 0, proc.stderr

@@ -9,7 +9,6 @@ into one kernel, so no expression does either. The models are built with
 from __future__ import annotations
 
 import numpy as np
-import onnxruntime as ort
 import pytest
 from onnx import ModelProto, TensorProto, helper, numpy_helper
 
@@ -20,6 +19,7 @@ from kiln.ir import tensor as t
 from kiln.script import from_source, print_module
 from kiln.transform.fuse_ops import MAX_FUSED_OPS
 from kiln.transform.pipeline import get_pipeline
+from support.reference import ort_session
 
 WIDTH = 2  # tiny weights: the point is their number, not their size
 
@@ -62,7 +62,7 @@ def _model(nodes: list, out: str, shape: tuple[int, ...], weights: list) -> Mode
 
 
 def _reference(model: ModelProto, x: np.ndarray) -> np.ndarray:
-    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    sess = ort_session(model)
     out: np.ndarray = sess.run(None, {"x": x})[0]
     return out
 
@@ -161,7 +161,7 @@ def test_lowered_main_is_flat_and_round_trips() -> None:
 def test_real_models_lowered_ir_round_trips(name: str) -> None:
     """The printed lowered IR of real models parses back (it used to nest one level per
     weight: a 2-layer transformer was past Python's indentation limit)."""
-    from tests.models import builders
+    from support import small_models as builders
 
     lowered = _lowered(getattr(builders, name)())
     main = lowered["main"]

@@ -2,30 +2,28 @@
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 from pathlib import Path
 
 import numpy as np
-import onnxruntime as ort
 import pytest
 from test_c_deploy import IN_SHAPE, OUT_SHAPE, _cnn
 
 import kiln
 from kiln.export.wasm import export_wasm
+from support.reference import ort_session
+from support.toolchains import needs
 
 RUNNER = Path(__file__).resolve().parents[2] / "examples" / "wasm" / "run.mjs"
 
 
-@pytest.mark.skipif(shutil.which("node") is None or not (shutil.which("wasm-ld") or
-                                                          shutil.which("wasm-ld-14")),
-                    reason="needs node and wasm-ld (make test installs lld)")
+@needs("node", ("wasm-ld", "wasm-ld-14"), why="make test installs lld")
 def test_wasm32_under_node_matches_host(tmp_path: Path) -> None:
     _cnn(tmp_path / "cnn.onnx")
     mod = kiln.frontend.from_onnx(str(tmp_path / "cnn.onnx"))
     x = np.random.default_rng(9).standard_normal(IN_SHAPE).astype(np.float32)
     host = kiln.compile(mod, "llvm")["main"](x)
-    want = ort.InferenceSession(str(tmp_path / "cnn.onnx")).run(None, {"x": x})[0]
+    want = ort_session(tmp_path / "cnn.onnx").run(None, {"x": x})[0]
     wasm = export_wasm(kiln.compile(mod, "web/wasm32"), tmp_path / "cnn.wasm")
     assert wasm.read_bytes()[:4] == b"\0asm"
     (tmp_path / "x.bin").write_bytes(x.tobytes())

@@ -2,16 +2,12 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parents[1] / "runtime"))
-
-import handmade_lib
-
 from kiln.export import export_library
+from support import handmade_lib
 
 
 @pytest.fixture(scope="session")

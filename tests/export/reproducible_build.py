@@ -19,11 +19,10 @@ def _static(proto: onnx.ModelProto) -> bool:
 
 
 def main(out: Path, wasm: bool) -> None:
-    import builders  # tests/models, on PYTHONPATH (test_reproducible.py sets it)
-    import dynamic_models
-
     import kiln
     from kiln.export.wasm import export_wasm
+    from support import dynamic_models  # tests/ is on PYTHONPATH (test_reproducible.py)
+    from support import small_models as builders
 
     out.mkdir(parents=True, exist_ok=True)
     models = {

@@ -4,7 +4,6 @@ aarch64 tag, with no CC set; a missing one names the package to install."""
 from __future__ import annotations
 
 import platform
-import shutil
 import struct
 import subprocess
 import sys
@@ -15,6 +14,7 @@ import pytest
 import kiln
 from kiln.errors import FormatError, MissingDependencyError
 from kiln.ir import IRBuilder
+from support.toolchains import needs
 
 EM_AARCH64 = 183
 
@@ -33,8 +33,7 @@ def _machine(path: Path) -> int:
     return int(struct.unpack_from("<H", head, 18)[0])
 
 
-needs_cross = pytest.mark.skipif(shutil.which("aarch64-linux-gnu-gcc") is None,
-                                 reason="needs aarch64-linux-gnu-gcc (make test installs it)")
+needs_cross = needs("aarch64-linux-gnu-gcc", why="make test installs it")
 
 
 @needs_cross

@@ -5,7 +5,6 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
-import handmade_lib as hm
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -15,6 +14,7 @@ from kiln.artifact import elf
 from kiln.errors import FormatError
 from kiln.export import export_library, load_module
 from kiln.runtime.dynsym import dynamic_symbols, find_blob_symbol
+from support import handmade_lib as hm
 
 
 def test_agrees_with_pyelftools(exported: dict[str, Path]) -> None:

@@ -11,7 +11,6 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
-import handmade_lib as hm
 import numpy as np
 import pytest
 
@@ -20,6 +19,7 @@ from kiln.errors import CompileError, FormatError
 from kiln.export import export_library, load_module
 from kiln.runtime import include_dir
 from kiln.runtime.threads import POOL_EXPORTS
+from support import handmade_lib as hm
 
 META = hm.library_metadata("kiln_")
 INPUTS = {

@@ -18,7 +18,6 @@ reported, not asserted (docs/format.md lists them).
 from __future__ import annotations
 
 import json
-import os
 import random
 import subprocess
 import sys
@@ -34,6 +33,7 @@ from kiln.artifact.elf import SHT_DYNSYM, find_blob_symbol, read_symbols, sectio
 from kiln.ir import IRBuilder
 from kiln.ir import graph as g
 from kiln.runtime import load_module
+from support.processes import child_env
 
 ROWS, COLS = 64, 256
 COVERED = ("blob header", "blob section table", "blob sections", "blob checksum", "weights",
@@ -135,7 +135,7 @@ def run_batches(mutants: list[tuple[Path, str]], x_file: Path,
     """Outcome per mutant; a worker killed by a signal loses only the mutant it was on."""
     results: dict[Path, str] = {}
     pending = [p for p, _r in mutants]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    env = child_env()
     while pending:
         batch, pending = pending[:BATCH], pending[BATCH:]
         try:

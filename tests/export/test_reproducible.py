@@ -17,12 +17,12 @@ from pathlib import Path
 import pytest
 
 BUILD = Path(__file__).with_name("reproducible_build.py")
-MODELS = Path(__file__).resolve().parents[1] / "models"
+TESTS = Path(__file__).resolve().parents[1]  # for `support`
 
 
 def _build(out: Path, seed: int, work: Path, wasm: bool) -> None:
     work.mkdir()
-    path = os.pathsep.join(filter(None, [str(MODELS), os.environ.get("PYTHONPATH")]))
+    path = os.pathsep.join(filter(None, [str(TESTS), os.environ.get("PYTHONPATH")]))
     env = dict(os.environ, PYTHONHASHSEED=str(seed), KILN_CACHE="0", TMPDIR=str(work),
                PYTHONPATH=path)
     env.pop("SOURCE_DATE_EPOCH", None)

@@ -377,6 +377,7 @@ def run_onnxruntime_in_process() -> list[Outcome]:
     "refused" (onnxruntime cannot load the model: no kernel for an op or a type).
     """
     import onnxruntime as ort
+    from support.reference import ort_session
 
     options = ort.SessionOptions()
     options.log_severity_level = 4  # its warnings about unused initializers are noise
@@ -385,8 +386,7 @@ def run_onnxruntime_in_process() -> list[Outcome]:
         op_types = frozenset(n.op_type for n in raw.model.graph.node)
         names = case_names(raw)
         try:
-            session = ort.InferenceSession(raw.model.SerializeToString(), options,
-                                           providers=["CPUExecutionProvider"])
+            session = ort_session(raw.model, options)
         except Exception as exc:  # onnxruntime raises its own types (Fail, NotImplemented)
             outcomes += [Outcome(n, "refused", _text(exc), op_types) for n in names]
             continue

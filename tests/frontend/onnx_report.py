@@ -19,8 +19,6 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).parent))
-
 import node_suite as ns
 
 BEGIN = "<!-- BEGIN GENERATED: tests/frontend/onnx_report.py -->"

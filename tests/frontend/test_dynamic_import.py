@@ -7,12 +7,8 @@ onnxruntime at several sizes.
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import numpy as np
 import onnx
-import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper
 
@@ -24,9 +20,8 @@ from kiln.ir.shape_expr import shape_text
 from kiln.ir.tensor import Var
 from kiln.ir.types import TensorType
 from kiln.script import from_source, print_module
-
-sys.path.insert(0, str(Path(__file__).parents[1] / "models"))
-from dynamic_models import cnn, encoder, feeds
+from support.dynamic_models import cnn, encoder, feeds
+from support.reference import ort_session
 
 ENCODER_SIZES = [(1, 1), (1, 32), (3, 7), (2, 200), (1, 512)]
 
@@ -34,8 +29,7 @@ ENCODER_SIZES = [(1, 1), (1, 32), (3, 7), (2, 200), (1, 512)]
 def _run_both(model: onnx.ModelProto, sizes: dict[str, int], mod=None) -> None:
     mod = mod or from_onnx(model)
     inputs = feeds(model, sizes)
-    session = ort.InferenceSession(model.SerializeToString(),
-                                   providers=["CPUExecutionProvider"])
+    session = ort_session(model)
     expected = session.run(None, inputs)[0]
     actual = np.asarray(evaluate(mod, "main", *inputs.values()))
     assert actual.shape == expected.shape
@@ -279,7 +273,7 @@ def test_slices_along_symbolic_dims_clamp_like_onnxruntime(case: str) -> None:
     model = _model(nodes, [("x", F, ["n", "s"])], [("y", F, None)], inits)
     mod = from_onnx(model)
     assert shape_text(mod["main"].ret_type.shape) == text
-    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    session = ort_session(model)
     for shape in ((2, 5), (1, 1), (3, 2)):
         x = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
         np.testing.assert_array_equal(np.asarray(evaluate(mod, "main", x)),
@@ -298,7 +292,7 @@ def test_fills_and_expands_to_symbolic_shapes_read_the_sizes_at_run_time() -> No
                    [("y", F, None)], [_i64("ax", 1, 2)])
     mod = from_onnx(model)
     assert shape_text(mod["main"].ret_type.shape) == "[b, h, s, s]"
-    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    session = ort_session(model)
     rng = np.random.default_rng(0)
     for b, h, s in ((1, 2, 1), (3, 2, 5)):
         feed = {"x": rng.standard_normal((b, h, s, s)).astype(np.float32),
@@ -329,7 +323,7 @@ def test_position_ids_up_to_a_symbolic_length(style: str) -> None:
     model = _model(nodes, [("x", F, ["b", "s", 8])], [("y", F, None)], inits)
     mod = from_onnx(model)
     assert shape_text(mod["main"].ret_type.shape) == "[b, s, 8]"
-    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    session = ort_session(model)
     for b, s in ((1, 1), (2, 5), (3, 16)):
         x = np.random.default_rng(s).standard_normal((b, s, 8)).astype(np.float32)
         np.testing.assert_allclose(np.asarray(evaluate(mod, "main", x)),
@@ -365,7 +359,7 @@ def test_shape_arithmetic_folds_to_symbolic_reshape_targets(case: str) -> None:
     mod = from_onnx(model)
     assert shape_text(mod["main"].ret_type.shape) == text
     assert "shape_of" not in mod.script()
-    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    session = ort_session(model)
     x = np.random.default_rng(0).standard_normal((3, 5, 4)).astype(np.float32)
     np.testing.assert_array_equal(np.asarray(evaluate(mod, "main", x)),
                                   session.run(None, {"x": x})[0])
@@ -379,7 +373,7 @@ def test_conv_transpose_with_a_symbolic_batch() -> None:
                    [("x", F, ["n", 3, 5, 5])], [("y", F, None)], [w])
     mod = from_onnx(model)
     assert shape_text(mod["main"].ret_type.shape) == "[n, 2, 9, 9]"
-    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    session = ort_session(model)
     for n in (1, 3):
         x = np.random.default_rng(n).standard_normal((n, 3, 5, 5)).astype(np.float32)
         np.testing.assert_allclose(np.asarray(evaluate(mod, "main", x)),

@@ -7,7 +7,6 @@ import sys
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
@@ -15,6 +14,7 @@ import kiln
 from kiln.errors import FrontendError
 from kiln.frontend import from_onnx
 from kiln.frontend.onnx.onnx_checker import KEEP_DATA_BYTES
+from support.reference import ort_session
 
 
 def _model(nodes, inputs, outputs, inits=(), opset=17) -> onnx.ModelProto:
@@ -24,7 +24,7 @@ def _model(nodes, inputs, outputs, inits=(), opset=17) -> onnx.ModelProto:
 
 def _ort_refuses(model: onnx.ModelProto) -> None:
     with pytest.raises(Exception):  # noqa: B017 - onnxruntime raises its own types
-        ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+        ort_session(model)
 
 
 def _split_with_num_outputs() -> onnx.ModelProto:
@@ -87,8 +87,7 @@ def test_small_shape_constants_keep_their_values_for_inference(tmp_path) -> None
     for source in (model, str(path)):
         mod = from_onnx(source)
         data = np.random.default_rng(0).standard_normal((2, 64)).astype(np.float32)
-        sess = ort.InferenceSession(model.SerializeToString(),
-                                    providers=["CPUExecutionProvider"])
+        sess = ort_session(model)
         (expected,) = sess.run(None, {"x": data})
         np.testing.assert_allclose(np.asarray(kiln.evaluate(mod, "main", data)), expected,
                                    rtol=1e-5, atol=1e-5)

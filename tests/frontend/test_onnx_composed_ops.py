@@ -10,12 +10,12 @@ from typing import Any
 import node_suite as ns
 import numpy as np
 import onnx
-import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from kiln.errors import FrontendError
 from kiln.frontend import from_onnx
+from support.reference import ort_session
 
 F = TensorProto.FLOAT
 
@@ -33,8 +33,7 @@ def _case(name: str, node: onnx.NodeProto, feeds: dict[str, np.ndarray], opset: 
         imports.append(helper.make_opsetid("", 21))
     model = helper.make_model(graph, opset_imports=imports)
     model.ir_version = 10
-    want = ort.InferenceSession(model.SerializeToString(),
-                                providers=["CPUExecutionProvider"]).run(None, feeds)
+    want = ort_session(model).run(None, feeds)
     return ns.Case(name, model, feeds, tuple(want), frozenset([node.op_type]), opset)
 
 
@@ -146,8 +145,7 @@ def _max_unpool_case(rng: Any) -> ns.Case:
                               [helper.ValueInfoProto(name="v"), helper.ValueInfoProto(name="i")])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 22)])
     model.ir_version = 10
-    v, i = ort.InferenceSession(model.SerializeToString(),
-                                providers=["CPUExecutionProvider"]).run(
+    v, i = ort_session(model).run(
         None, {"x": rng.normal(size=(2, 3, 6, 4)).astype(np.float32)})
     node = helper.make_node("MaxUnpool", ["v", "i", "shape"], ["y"], kernel_shape=[2, 2],
                             strides=[2, 2])

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper
 
 import kiln
 from kiln.errors import FrontendError
 from kiln.frontend import from_onnx
+from support.reference import ort_session
 
 
 def _model(nodes: list[onnx.NodeProto], inputs: dict[str, tuple[int, list[int]]],
@@ -26,8 +26,7 @@ def _model(nodes: list[onnx.NodeProto], inputs: dict[str, tuple[int, list[int]]]
 
 def _check_against_onnxruntime(model: onnx.ModelProto, feeds: dict[str, np.ndarray],
                                target: str = "llvm") -> None:
-    want = ort.InferenceSession(model.SerializeToString(),
-                                providers=["CPUExecutionProvider"]).run(None, feeds)
+    want = ort_session(model).run(None, feeds)
     lib = kiln.compile(from_onnx(model), target).jit()
     got = lib["main"](*feeds.values())
     got = got if isinstance(got, tuple) else (got,)

@@ -6,13 +6,13 @@ from typing import Any
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 import pytest
 from onnx import helper, numpy_helper
 
 import kiln
 from kiln.errors import FrontendError
 from kiln.frontend import from_onnx
+from support.reference import onnxruntime_outputs
 
 GATES = {"LSTM": 4, "GRU": 3, "RNN": 1}
 
@@ -68,20 +68,15 @@ def _swap(a: np.ndarray, layout: int) -> np.ndarray:
     return a.transpose(1, 0, 2) if layout else a
 
 
-def _ort(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
-    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
-    return list(sess.run(None, feeds))
-
-
 def _check(op: str, kw: dict[str, Any], target: str = "llvm") -> None:
     model, feeds = _model(op, **kw)
     if kw.get("layout"):
         # onnxruntime refuses layout=1: compare with the same model in layout 0.
         ref, ref_feeds = _model(op, **{**kw, "layout": 0})
         want = [w.transpose(2, 0, 1, 3) if w.ndim == 4 else w.transpose(1, 0, 2)
-                for w in _ort(ref, ref_feeds)]
+                for w in onnxruntime_outputs(ref, ref_feeds)]
     else:
-        want = _ort(model, feeds)
+        want = onnxruntime_outputs(model, feeds)
     ex = kiln.compile(from_onnx(model), target)
     got = ex["main"](*feeds.values())
     got = got if isinstance(got, (tuple, list)) else (got,)
@@ -141,13 +136,13 @@ def test_symbolic_batch_runs_every_size(op: str) -> None:
         o.type.tensor_type.shape.dim[2 if o.name == "y" else 1].dim_param = "batch"
     ex = kiln.compile(from_onnx(model), "llvm")
     for x in (feeds["x"], np.concatenate([feeds["x"]] * 2, axis=1)):
-        for got, want in zip(ex["main"](x), _ort(model, {"x": x})):
+        for got, want in zip(ex["main"](x), onnxruntime_outputs(model, {"x": x})):
             assert np.linalg.norm(np.asarray(got) - want) / np.linalg.norm(want) < 1e-5
 
 
 def test_hidden_size_is_read_from_r_when_omitted() -> None:
     model, feeds = _model("GRU")
-    want = _ort(model, feeds)  # onnxruntime itself requires hidden_size
+    want = onnxruntime_outputs(model, feeds)  # onnxruntime itself requires hidden_size
     del model.graph.node[0].attribute[:]
     got = kiln.compile(from_onnx(model), "llvm")["main"](*feeds.values())
     for g_, w in zip(got, want):

@@ -9,7 +9,6 @@ import textwrap
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
@@ -18,6 +17,7 @@ from kiln import evaluate
 from kiln.errors import FrontendError
 from kiln.frontend import from_onnx
 from kiln.ir import graph as g
+from support.reference import ort_session
 
 
 def _model(nodes, inputs, outputs, inits=(), opset=17):
@@ -32,7 +32,7 @@ def _vi(name, shape, elem=TensorProto.FLOAT):
 
 def _ort_rejects(model: onnx.ModelProto) -> None:
     with pytest.raises(Exception):  # noqa: B017 - onnxruntime raises its own Fail type
-        ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+        ort_session(model)
 
 
 def _checker_rejects(model: onnx.ModelProto) -> None:
@@ -243,7 +243,7 @@ def test_small_constants_still_fold_and_match_onnxruntime() -> None:
     mod = from_onnx(model)
     assert _calls(mod) == ["add"]  # the ConstantOfShape became a constant
     x = np.array([1.0], np.float32)
-    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    sess = ort_session(model)
     np.testing.assert_array_equal(evaluate(mod, "main", x), sess.run(None, {"x": x})[0])
 
 
@@ -252,7 +252,7 @@ def test_max_fold_bytes_keeps_larger_values_as_operators() -> None:
     mod = from_onnx(model, max_fold_bytes=8)
     assert _calls(mod) == ["broadcast_to", "add"]
     x = np.array([1.0], np.float32)
-    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    sess = ort_session(model)
     np.testing.assert_array_equal(evaluate(mod, "main", x), sess.run(None, {"x": x})[0])
 
 
@@ -279,7 +279,7 @@ def test_eye_like_and_dropout_mask_match_onnxruntime_without_folding() -> None:
     model = _model(nodes, [_vi("x", [3, 4])],
                    [_vi("y", [3, 4]), _vi("mask", [3, 4], TensorProto.BOOL)])
     x = np.arange(12, dtype=np.float32).reshape(3, 4)
-    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    sess = ort_session(model)
     want = sess.run(None, {"x": x})
     for budget in (0, 1 << 20):
         got = evaluate(from_onnx(model, max_fold_bytes=budget), "main", x)
@@ -334,7 +334,7 @@ def test_a_tiny_model_does_not_compile_into_huge_artifacts() -> None:
     assert len(model.SerializeToString()) < 200
     ex = kiln.compile(from_onnx(model), "c")
     assert sum(a.size or 0 for a in ex.artifacts) < 1 << 20
-    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    sess = ort_session(model)
     np.testing.assert_array_equal(ex["main"](), sess.run(None, {})[0])
 
 

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 from types import ModuleType
 
 import pytest
@@ -11,8 +9,6 @@ import pytest
 import kiln
 from kiln.errors import CallError
 from kiln.runtime.cuda_device import require_device
-
-sys.path.insert(0, str(Path(__file__).parents[1] / "codegen"))  # cuda_ptx_kernels
 
 
 @pytest.fixture(scope="session")

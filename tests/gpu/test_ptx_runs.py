@@ -7,9 +7,9 @@ from types import ModuleType
 from typing import Any
 
 import numpy as np
-from cuda_ptx_kernels import RELU_KERNEL
 
 from kiln.codegen.cuda import emit_ptx
+from support.cuda_ptx_kernels import RELU_KERNEL
 
 
 def _ok(result: Any) -> Any:

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from tests.corpus import (
+
+from corpus import (
     CORPUS,
     assert_outputs_match,
     run_interpreter,
     run_reference,
 )
-
 from kiln.errors import CallError, IRError
 from kiln.ir import graph as g
 from kiln.ir import structural_equal, verify

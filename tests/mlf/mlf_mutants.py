@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import io
 import json
-import os
 import subprocess
 import sys
 import tarfile
@@ -23,6 +22,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from support.processes import child_env
 
 BATCH = 40
 
@@ -91,7 +92,7 @@ def run_in_workers(archives: list[Path], x: np.ndarray, ref: np.ndarray, folder:
     np.save(ref_file, ref)
     results: dict[Path, tuple[str, str]] = {}
     pending = list(archives)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    env = child_env()
     while pending:
         batch, pending = pending[:BATCH], pending[BATCH:]
         try:

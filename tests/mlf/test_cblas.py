@@ -11,11 +11,11 @@ from pathlib import Path
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import kiln
+from support.reference import ort_session
 
 pytestmark = pytest.mark.skipif(
     subprocess.run(["sh", "-c", "echo 'int main(void){return 0;}' | cc -x c - -lopenblas "
@@ -51,7 +51,7 @@ CBLAS = {"short_name": "cblas", "url": "https://www.openblas.net", "url_type": "
 def test_cblas_matches_and_is_recorded(tmp_path: Path, kind: str) -> None:
     _model(tmp_path / "m.onnx")
     x = np.random.default_rng(4).standard_normal((2, 3, 32)).astype(np.float32)
-    want = ort.InferenceSession(str(tmp_path / "m.onnx")).run(None, {"x": x})[0]
+    want = ort_session(tmp_path / "m.onnx").run(None, {"x": x})[0]
     mod = kiln.frontend.from_onnx(str(tmp_path / "m.onnx"))
     ex = kiln.compile(mod, {"kind": kind, "libs": ["cblas"]})
     assert ex.ir.script().count("cblas_matmul") >= 2 or "cblas_sgemm" in ex.ir.script()

@@ -5,19 +5,19 @@ round-trips it; a Cortex-M4 build prints its size report."""
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import tarfile
 from pathlib import Path
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import kiln
 from kiln.errors import ExportError, FormatError
+from support.reference import ort_session
+from support.toolchains import needs
 
 IN_SHAPE, OUT_SHAPE = (1, 3, 16, 16), (1, 10)
 
@@ -50,7 +50,7 @@ def cnn(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, np.ndarray, np.
     tmp = tmp_path_factory.mktemp("mlf")
     _cnn(tmp / "cnn.onnx")
     x = np.random.default_rng(5).standard_normal(IN_SHAPE).astype(np.float32)
-    want = ort.InferenceSession(str(tmp / "cnn.onnx")).run(None, {"x": x})[0]
+    want = ort_session(tmp / "cnn.onnx").run(None, {"x": x})[0]
     return tmp / "cnn.onnx", x, want
 
 
@@ -160,8 +160,7 @@ def test_mlf_rejects_damage(tmp_path: Path, cnn: tuple[Path, np.ndarray, np.ndar
         kiln.mlf.load(newer)
 
 
-@pytest.mark.skipif(shutil.which("arm-none-eabi-gcc") is None,
-                    reason="needs arm-none-eabi-gcc (make test installs gcc-arm-none-eabi)")
+@needs("arm-none-eabi-gcc", why="make test installs gcc-arm-none-eabi")
 def test_cortex_m4_size_report(tmp_path: Path, cnn: tuple[Path, np.ndarray, np.ndarray]) -> None:
     onnx_path, _, _ = cnn
     ex = _compile(onnx_path, "arm/cortex-m4")

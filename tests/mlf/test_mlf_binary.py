@@ -14,13 +14,13 @@ from pathlib import Path
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 from test_mlf import IN_SHAPE, OUT_SHAPE, _cnn, _compile, _extract, _objects
 
 import kiln
 from kiln.runtime.native import include_dir
+from support.reference import onnxruntime_outputs
 
 STRICT = ["-std=c11", "-Wall", "-Wextra", "-Werror"]
 SRC = str(Path(kiln.__file__).resolve().parents[1])
@@ -76,7 +76,7 @@ def test_weights_are_binary_and_the_archive_fits(tmp_path: Path) -> None:
                              check=True).stdout
     assert f"{len(params):016x} R {ex.prefix}_consts" in symbols, symbols
     x = np.random.default_rng(1).standard_normal((2, N_IN)).astype(np.float32)
-    want = ort.InferenceSession(str(tmp_path / "dense.onnx")).run(None, {"x": x})[0]
+    want = onnxruntime_outputs(tmp_path / "dense.onnx", {"x": x})[0]
     model = kiln.mlf.load(archive)
     try:
         np.testing.assert_allclose(model(x)[0], want, rtol=1e-4, atol=1e-3)
@@ -146,7 +146,7 @@ def test_two_models_link_into_one_program(tmp_path: Path) -> None:
     (tmp_path / "x.bin").write_bytes(x.tobytes())
     subprocess.run([str(exe), str(tmp_path / "x.bin"), str(tmp_path / "y.bin")], check=True)
     got = np.frombuffer((tmp_path / "y.bin").read_bytes(), np.float32).reshape(2, *OUT_SHAPE)
-    want = ort.InferenceSession(str(tmp_path / "cnn.onnx")).run(None, {"x": x})[0]
+    want = onnxruntime_outputs(tmp_path / "cnn.onnx", {"x": x})[0]
     np.testing.assert_allclose(got[0], want, rtol=1e-4, atol=1e-5)
     np.testing.assert_allclose(got[1], want, rtol=1e-4, atol=1e-5)
 
@@ -191,7 +191,7 @@ def test_a_deploy_host_reads_an_archive_with_numpy_only(tmp_path: Path) -> None:
                           capture_output=True, text=True, env={**os.environ,
                                                                "PYTHONPATH": SRC})
     assert done.returncode == 0, done.stderr
-    want = ort.InferenceSession(str(tmp_path / "cnn.onnx")).run(None, {"x": x})[0]
+    want = onnxruntime_outputs(tmp_path / "cnn.onnx", {"x": x})[0]
     np.testing.assert_allclose(np.load(tmp_path / "y.npy"), want, rtol=1e-4, atol=1e-5)
 
 

@@ -17,16 +17,15 @@ repeated fewer times); `None` keeps the published count.
 
 from __future__ import annotations
 
-import io
-import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import hf_export
 import numpy as np
 import onnx
 
-EXPORTERS = ("torchscript", "dynamo")
+EXPORTERS = hf_export.EXPORTERS
 
 
 @dataclass(frozen=True)
@@ -233,36 +232,18 @@ EXAMPLE_SIZES = {"batch": 2, "seq": 5, "past_seq": 3, "enc_seq": 7}
 
 def export(decoder: Decoder, exporter: str) -> onnx.ModelProto:
     """`decoder` exported in memory by `exporter` ("torchscript" or "dynamo") with every
-    named axis dynamic. The exporters' own warnings (TorchScript's deprecation, tracer
-    warnings about Python values) are silenced: they are about torch, not the model."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        return _export(decoder, exporter)
-
-
-def _export(decoder: Decoder, exporter: str) -> onnx.ModelProto:
+    named axis dynamic (hf_export.export_module)."""
     import torch
 
+    hf_export.check_exporter(exporter)
     module = decoder.build()
     example = tuple(torch.from_numpy(a) for a in feeds(decoder, EXAMPLE_SIZES).values())
-    names = [i.name for i in decoder.inputs]
-    if exporter == "torchscript":
-        axes = {i.name: {k: d for k, d in enumerate(i.dims) if isinstance(d, str)}
-                for i in decoder.inputs}
-        buffer = io.BytesIO()
-        torch.onnx.export(module, example, buffer, dynamo=False, opset_version=17,
-                          input_names=names, output_names=list(decoder.outputs),
-                          dynamic_axes=axes)
-        return onnx.load_from_string(buffer.getvalue())
-    if exporter != "dynamo":
-        raise ValueError(f"unknown exporter {exporter!r}: expected one of {EXPORTERS}")
+    axes = {i.name: {k: d for k, d in enumerate(i.dims) if isinstance(d, str)}
+            for i in decoder.inputs}
     dims: dict[str, Any] = {}
-    shapes = []
-    for inp in decoder.inputs:
-        shapes.append({k: dims.setdefault(d, torch.export.Dim(d, min=1, max=4096))
-                       for k, d in enumerate(inp.dims) if isinstance(d, str)})
+    shapes = [{k: dims.setdefault(d, torch.export.Dim(d, min=1, max=4096))
+               for k, d in enumerate(inp.dims) if isinstance(d, str)} for inp in decoder.inputs]
     # forward(*inputs): torch.export wants the shapes of the inputs as one nested tuple.
-    program = torch.onnx.export(module, example, dynamo=True, input_names=names,
-                                output_names=list(decoder.outputs),
-                                dynamic_shapes=(tuple(shapes),), verbose=False)
-    return program.model_proto
+    return hf_export.export_module(module, example, [i.name for i in decoder.inputs],
+                                   list(decoder.outputs), exporter, dynamic_axes=axes,
+                                   dynamic_shapes=(tuple(shapes),))

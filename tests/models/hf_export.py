@@ -14,7 +14,7 @@ The API, shared by every test that exports a torch model:
   shapes checked.
 - `rel_l2(actual, expected)`.
 
-Tests import it as `hf_export` (tests/models is on the path, tests/models/conftest.py)
+Tests in tests/models import it as `hf_export` (pytest puts a test file's folder on the path)
 and skip with `pytest.importorskip("torch")` / `("transformers")` first.
 """
 
@@ -27,6 +27,9 @@ from typing import Any
 
 import numpy as np
 import onnx
+
+from support.numerics import rel_l2
+from support.reference import ort_session
 
 EXPORTERS = ("torchscript", "dynamo")
 
@@ -60,42 +63,58 @@ def export(model: Any, inputs: Mapping[str, Any], dynamic_axes: Mapping[str, Map
     (`dynamo=True`, `dynamic_shapes` naming each axis)."""
     import torch
 
-    if exporter not in EXPORTERS:
-        raise ValueError(f"unknown exporter {exporter!r}; known: {', '.join(EXPORTERS)}")
+    check_exporter(exporter)
     torch.manual_seed(0)
     names = list(inputs)
-    wrapped = _first_output(names, model)
-    args = tuple(inputs.values())
-    with warnings.catch_warnings(), torch.no_grad():
-        warnings.simplefilter("ignore")  # tracer and deprecation chatter
+    # Axis names as strings: the dynamo exporter makes each axis dynamic and names it so.
+    shapes = tuple(dict(dynamic_axes[n]) if n in dynamic_axes else None for n in names)
+    with torch.no_grad():
+        return export_module(_first_output(names, model), tuple(inputs.values()), names,
+                             ["output"], exporter,
+                             dynamic_axes={k: dict(v) for k, v in dynamic_axes.items()},
+                             dynamic_shapes=(shapes,), opset=opset, dynamo_opset=max(opset, 18))
+
+
+def check_exporter(exporter: str) -> None:
+    """Raises ValueError unless `exporter` is one of EXPORTERS."""
+    if exporter not in EXPORTERS:
+        raise ValueError(f"unknown exporter {exporter!r}; known: {', '.join(EXPORTERS)}")
+
+
+def export_module(module: Any, args: tuple[Any, ...], names: list[str], outputs: list[str],
+                  exporter: str, dynamic_axes: Mapping[str, Mapping[int, str]],
+                  dynamic_shapes: tuple[Any, ...], opset: int = 17,
+                  dynamo_opset: int | None = None) -> onnx.ModelProto:
+    """`module(*args)` exported in memory: TorchScript (`dynamo=False`) with
+    `dynamic_axes` at `opset`, or dynamo with `dynamic_shapes` at `dynamo_opset` (None:
+    the exporter's default). The exporters' own warnings (deprecation, tracer notes about
+    Python values) are silenced: they are about torch, not the model."""
+    import torch
+
+    check_exporter(exporter)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
         if exporter == "torchscript":
             buf = io.BytesIO()
-            torch.onnx.export(wrapped, args, buf, input_names=names, output_names=["output"],
-                              dynamic_axes={k: dict(v) for k, v in dynamic_axes.items()},
-                              opset_version=opset, dynamo=False)
+            torch.onnx.export(module, args, buf, input_names=names, output_names=outputs,
+                              dynamic_axes=dict(dynamic_axes), opset_version=opset,
+                              dynamo=False)
             return onnx.load_from_string(buf.getvalue())
-        # Axis names as strings: the exporter makes each axis dynamic and names it so.
-        shapes = tuple(dict(dynamic_axes[n]) if n in dynamic_axes else None for n in names)
-        program = torch.onnx.export(wrapped, args, input_names=names, output_names=["output"],
-                                    dynamic_shapes=(shapes,), opset_version=max(opset, 18),
+        program = torch.onnx.export(module, args, input_names=names, output_names=outputs,
+                                    dynamic_shapes=dynamic_shapes, opset_version=dynamo_opset,
                                     dynamo=True, verbose=False)
         assert program is not None
         return program.model_proto
 
 
-def rel_l2(actual: np.ndarray, expected: np.ndarray) -> float:
-    """Relative L2 error (the model tests require < 1e-4)."""
-    diff = np.asarray(actual, np.float64) - np.asarray(expected, np.float64)
-    return float(np.linalg.norm(diff) / max(float(np.linalg.norm(expected)), 1e-30))
 
 
 def compare_with_onnxruntime(run: Callable[..., Any], model: onnx.ModelProto,
                              feeds: Mapping[str, np.ndarray]) -> float:
     """The rel. L2 error of `run(*feeds.values())` against onnxruntime's first output of
     `model`; AssertionError when the shapes differ."""
-    import onnxruntime as ort
 
-    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    session = ort_session(model)
     want = np.asarray(session.run(None, dict(feeds))[0])
     got = np.asarray(run(*feeds.values()))
     assert got.shape == want.shape, f"shape {got.shape}, onnxruntime {want.shape}"

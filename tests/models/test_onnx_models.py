@@ -13,14 +13,14 @@ import subprocess
 import sys
 import textwrap
 
-import builders
 import numpy as np
-import onnxruntime as ort
 import pytest
 
 import kiln
 from kiln.frontend import from_onnx
 from kiln.runtime import load_module
+from support import small_models as builders
+from support.reference import ort_session
 
 TARGETS = ("llvm", "c")
 MAX_REL_L2 = 1e-4
@@ -34,8 +34,7 @@ def rel_l2(got: np.ndarray, want: np.ndarray) -> float:
 def model_case(request: pytest.FixtureRequest) -> tuple[str, object, dict, np.ndarray]:
     model = builders.MODELS[request.param]()
     feeds = builders.example_inputs(model)
-    session = ort.InferenceSession(model.SerializeToString(),
-                                   providers=["CPUExecutionProvider"])
+    session = ort_session(model)
     (want,) = session.run(None, feeds)
     return request.param, model, feeds, want
 
@@ -62,8 +61,7 @@ def test_model_matches_onnxruntime(model_case, target: str, tmp_path) -> None:
 def test_exported_model_runs_in_a_fresh_process(tmp_path) -> None:
     model = builders.resnet18()
     feeds = builders.example_inputs(model)
-    session = ort.InferenceSession(model.SerializeToString(),
-                                   providers=["CPUExecutionProvider"])
+    session = ort_session(model)
     (want,) = session.run(None, feeds)
     path = tmp_path / "resnet.so"
     kiln.compile(from_onnx(model), "llvm").export_library(path)
@@ -113,7 +111,7 @@ def test_shipped_models_match_onnxruntime(file_name: str) -> None:
     from pathlib import Path
 
     path = Path(__file__).parents[2] / "models" / file_name
-    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    session = ort_session(path)
     feeds = {i.name: np.random.default_rng(5).normal(0, 1, i.shape).astype(np.float32)
              for i in session.get_inputs()}
     (want,) = session.run(None, feeds)
@@ -129,8 +127,7 @@ def test_batchnorm_folding_in_the_graph_pipeline() -> None:
 
     model = builders.resnet18()
     feeds = builders.example_inputs(model)
-    (want,) = ort.InferenceSession(model.SerializeToString(),
-                                   providers=["CPUExecutionProvider"]).run(None, feeds)
+    (want,) = ort_session(model).run(None, feeds)
     mod = from_onnx(model)
     folded = FoldConstants()(FoldBatchNorm()(mod))
     ops = [b.value.op for b in folded["main"].bindings]

@@ -33,11 +33,13 @@ from typing import Any
 import numpy as np
 import pytest
 
+from support.processes import child_env
+from support.reference import ort_session
+
 pytest.importorskip("torch", reason="exporting transformers models needs torch")
 pytest.importorskip("transformers", reason="the models are built with transformers")
 
 import hf_decoders
-import onnxruntime as ort
 
 import kiln
 from kiln.runtime import load_module
@@ -91,8 +93,7 @@ class Compiled:
         self.compile_seconds = time.perf_counter() - start
         self.library = directory / f"{name}_{exporter}.so"
         executable.export_library(self.library)
-        self.session = ort.InferenceSession(self.model.SerializeToString(),
-                                            providers=["CPUExecutionProvider"])
+        self.session = ort_session(self.model)
 
     def feeds(self, sizes: dict[str, int]) -> dict[str, np.ndarray]:
         return hf_decoders.feeds(self.decoder, sizes, seed=sum(sizes.values()))
@@ -152,7 +153,7 @@ def _run_in_fresh_process(library: Path, feeds: dict[str, np.ndarray],
         np.savez({str(directory / "outputs.npz")!r}, *[np.asarray(r) for r in result])
     """)
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                          timeout=300, env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+                          timeout=300, env=child_env())
     assert proc.returncode == 0, proc.stderr
     outputs = np.load(directory / "outputs.npz")
     return [outputs[f"arr_{k}"] for k in range(len(outputs.files))]

@@ -43,6 +43,8 @@ from typing import Any
 import numpy as np
 import pytest
 
+from support.reference import ort_session
+
 torch = pytest.importorskip("torch", reason="the transformers tests export with torch")
 transformers = pytest.importorskip("transformers", reason="the models come from transformers")
 
@@ -212,9 +214,8 @@ def test_encoder_with_every_axis_symbolic_matches_onnxruntime(name: str, exporte
     exe.export_library(library)
     run = load_module(library)["main"]
 
-    import onnxruntime as ort
 
-    session = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
+    session = ort_session(proto)
     report = [f"{name} ({exporter}{', full size' if FULL else ''}): compile {compile_s:.1f} s"]
     for b, s in hf_export.SIZES:
         feeds = case.feeds(rng, b, s)

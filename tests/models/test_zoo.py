@@ -14,7 +14,6 @@ from collections import Counter
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 import pytest
 import zoo
 
@@ -23,6 +22,7 @@ from kiln.frontend import from_onnx
 from kiln.ir import assert_structural_equal
 from kiln.ir.visitor import MAX_NESTING, nesting_depth
 from kiln.script import from_source, print_module
+from support.reference import onnxruntime_outputs, ort_session
 
 TARGETS = ("llvm", "c")
 MAX_REL_L2 = 1e-4
@@ -57,8 +57,7 @@ def case(request: pytest.FixtureRequest) -> tuple[str, onnx.ModelProto, dict, li
     name = request.param
     model = zoo.ZOO[name].model("test")
     feeds = zoo.example_inputs(model)
-    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
-    return name, model, feeds, session.run(None, feeds)
+    return name, model, feeds, onnxruntime_outputs(model, feeds)
 
 
 def test_model_has_the_published_layout(case) -> None:
@@ -131,7 +130,7 @@ def test_symbolic_sizes_at_full_depth(name: str, axes: dict[int, str],
     entry = zoo.ZOO[name]
     model = _symbolic(entry.model("test"), axes)
     main = kiln.compile(from_onnx(model), "llvm")["main"]
-    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    session = ort_session(model)
     for size in sizes:
         feeds = zoo.example_inputs(entry.build(**{**entry.test, **size}))
         got = main(*feeds.values())

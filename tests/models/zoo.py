@@ -41,8 +41,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import onnx
-from builders import GraphBuilder, _vi
 from onnx import TensorProto, helper
+
+from support.graphs import GraphBuilder
+from support.graphs import value_info as vi
 
 VOCAB = 30522        # BERT-base's WordPiece vocabulary
 MAX_POSITIONS = 512  # BERT's position table; GPT-2's causal mask buffer is 1024
@@ -213,7 +215,7 @@ def squeezenet(image: int = 224, batch: int = 1, classes: int = 1000) -> onnx.Mo
     h = b.op("Relu", b.conv2d(h, cin, classes, 1, bias=True, gain=0.5))
     h = b.op("Reshape", b.op("GlobalAveragePool", h), b.ints(batch, classes))
     b.nodes.append(helper.make_node("Softmax", [h], ["probs"], axis=1))
-    return b.model([_vi("image", [batch, 3, image, image])], [_vi("probs", [batch, classes])],
+    return b.model([vi("image", [batch, 3, image, image])], [vi("probs", [batch, classes])],
                    9, "squeezenet")
 
 
@@ -256,7 +258,7 @@ def inception(image: int = 224, batch: int = 1, classes: int = 1000,
     h = b.op("Dropout", b.op("GlobalAveragePool", h), ratio=0.4)
     logits = b.linear(b.op("Flatten", h, axis=1), cin, classes)
     b.nodes.append(helper.make_node("Softmax", [logits], ["probs"], axis=1))
-    return b.model([_vi("image", [batch, 3, image, image])], [_vi("probs", [batch, classes])],
+    return b.model([vi("image", [batch, 3, image, image])], [vi("probs", [batch, classes])],
                    10, "inception")
 
 
@@ -284,7 +286,7 @@ def mobilenet_v2(image: int = 224, batch: int = 1, classes: int = 1000,
     h = b.op("ReduceMean", h, axes=[2, 3], keepdims=0)
     out = b.linear(h, 1280, classes)
     b.nodes.append(helper.make_node("Identity", [out], ["logits"]))
-    return b.model([_vi("image", [batch, 3, image, image])], [_vi("logits", [batch, classes])],
+    return b.model([vi("image", [batch, 3, image, image])], [vi("logits", [batch, classes])],
                    11, "mobilenet_v2")
 
 
@@ -325,7 +327,7 @@ def shufflenet(image: int = 224, batch: int = 1, classes: int = 1000, groups: in
             cin = cout
     out = b.classifier(h, cin, classes)
     b.nodes.append(helper.make_node("Identity", [out], ["logits"]))
-    return b.model([_vi("image", [batch, 3, image, image])], [_vi("logits", [batch, classes])],
+    return b.model([vi("image", [batch, 3, image, image])], [vi("logits", [batch, classes])],
                    12, "shufflenet")
 
 
@@ -352,7 +354,7 @@ def resnet50(image: int = 224, batch: int = 1, classes: int = 1000,
     pooled = b.op("Squeeze", b.op("GlobalAveragePool", h), b.ints(2, 3))
     out = b.linear(pooled, cin, classes)
     b.nodes.append(helper.make_node("Identity", [out], ["logits"]))
-    return b.model([_vi("image", [batch, 3, image, image])], [_vi("logits", [batch, classes])],
+    return b.model([vi("image", [batch, 3, image, image])], [vi("logits", [batch, classes])],
                    13, "resnet50")
 
 
@@ -383,7 +385,7 @@ def densenet121(image: int = 224, batch: int = 1, classes: int = 1000,
     h = b.op("Relu", b.bn(h, cin))
     out = b.classifier(h, cin, classes)
     b.nodes.append(helper.make_node("Identity", [out], ["logits"]))
-    return b.model([_vi("image", [batch, 3, image, image])], [_vi("logits", [batch, classes])],
+    return b.model([vi("image", [batch, 3, image, image])], [vi("logits", [batch, classes])],
                    14, "densenet121")
 
 
@@ -419,7 +421,7 @@ def efficientnet(image: int = 224, batch: int = 1, classes: int = 1000,
     h = b.conv_bn(h, cin, 1280, 1, act="silu")
     out = b.classifier(h, 1280, classes)
     b.nodes.append(helper.make_node("Identity", [out], ["logits"]))
-    return b.model([_vi("image", [batch, 3, image, image])], [_vi("logits", [batch, classes])],
+    return b.model([vi("image", [batch, 3, image, image])], [vi("logits", [batch, classes])],
                    15, "efficientnet")
 
 
@@ -438,7 +440,7 @@ def vgg19(image: int = 224, batch: int = 1, classes: int = 1000) -> onnx.ModelPr
     h = b.op("Relu", b.linear(h, 4096, 4096))
     out = b.linear(h, 4096, classes)
     b.nodes.append(helper.make_node("Identity", [out], ["logits"]))
-    return b.model([_vi("image", [batch, 3, image, image])], [_vi("logits", [batch, classes])],
+    return b.model([vi("image", [batch, 3, image, image])], [vi("logits", [batch, classes])],
                    13, "vgg19")
 
 
@@ -477,8 +479,8 @@ def bert(seq: int = 128, batch: int = 2, layers: int = 12, dim: int = 768, heads
     b.nodes.append(helper.make_node("Tanh", [b.linear(first, dim, dim)], ["pooler_output"]))
     ids = helper.make_tensor_value_info("input_ids", TensorProto.INT64, [batch, seq])
     attn = helper.make_tensor_value_info("attention_mask", TensorProto.INT64, [batch, seq])
-    return b.model([ids, attn], [_vi("last_hidden_state", [batch, seq, dim]),
-                                 _vi("pooler_output", [batch, dim])], 17, "bert")
+    return b.model([ids, attn], [vi("last_hidden_state", [batch, seq, dim]),
+                                 vi("pooler_output", [batch, dim])], 17, "bert")
 
 
 def gpt2(seq: int = 128, batch: int = 1, layers: int = 1, dim: int = 768, heads: int = 12,
@@ -508,7 +510,7 @@ def gpt2(seq: int = 128, batch: int = 1, layers: int = 1, dim: int = 768, heads:
         h = b.op("Add", h, b.dense3(inner, 4 * dim, dim, std=0.5 / math.sqrt(4 * dim)))
     b.nodes.append(helper.make_node("Identity", [b.layer_norm(h, dim, decomposed=True)],
                                     ["out"]))
-    return b.model([_vi("hidden", [batch, seq, dim])], [_vi("out", [batch, seq, dim])], 16,
+    return b.model([vi("hidden", [batch, seq, dim])], [vi("out", [batch, seq, dim])], 16,
                    "gpt2")
 
 
@@ -535,8 +537,8 @@ def vit(image: int = 224, batch: int = 1, layers: int = 1, dim: int = 768, heads
         inner = b.gelu_erf(b.dense3(b.layer_norm(h, dim), dim, 4 * dim))
         h = b.op("Add", h, b.dense3(inner, 4 * dim, dim, std=0.5 / math.sqrt(4 * dim)))
     b.nodes.append(helper.make_node("Identity", [b.layer_norm(h, dim)], ["tokens"]))
-    return b.model([_vi("image", [batch, 3, image, image])],
-                   [_vi("tokens", [batch, tokens + 1, dim])], 17, "vit")
+    return b.model([vi("image", [batch, 3, image, image])],
+                   [vi("tokens", [batch, tokens + 1, dim])], 17, "vit")
 
 
 # ----------------------------------------------------------------- the model set
@@ -586,19 +588,19 @@ def example_inputs(model: onnx.ModelProto, seed: int = 0) -> dict[str, np.ndarra
     and an attention mask whose last rows hide a growing tail of positions."""
     rng = np.random.default_rng(seed)
     out: dict[str, np.ndarray] = {}
-    for vi in model.graph.input:
-        shape = [d.dim_value for d in vi.type.tensor_type.shape.dim]
-        if vi.type.tensor_type.elem_type == TensorProto.FLOAT:
-            out[vi.name] = rng.normal(0, 1, shape).astype(np.float32)
-        elif vi.name == "input_ids":
+    for v in model.graph.input:
+        shape = [d.dim_value for d in v.type.tensor_type.shape.dim]
+        if v.type.tensor_type.elem_type == TensorProto.FLOAT:
+            out[v.name] = rng.normal(0, 1, shape).astype(np.float32)
+        elif v.name == "input_ids":
             vocab = next(i.dims[0] for i in model.graph.initializer if i.name.startswith("wte"))
-            out[vi.name] = rng.integers(0, vocab, shape, dtype=np.int64)
-        elif vi.name == "attention_mask":
+            out[v.name] = rng.integers(0, vocab, shape, dtype=np.int64)
+        elif v.name == "attention_mask":
             batch, seq = shape
             lengths = [seq - (seq // 4) * i // max(1, batch - 1) for i in range(batch)]
-            out[vi.name] = (np.arange(seq)[None] < np.array(lengths)[:, None]).astype(np.int64)
+            out[v.name] = (np.arange(seq)[None] < np.array(lengths)[:, None]).astype(np.int64)
         else:
-            raise ValueError(f"no example values for input {vi.name!r}")
+            raise ValueError(f"no example values for input {v.name!r}")
     return out
 
 

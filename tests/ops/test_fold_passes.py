@@ -4,7 +4,6 @@ rewritten graph computes the same values (kiln.ir.evaluate)."""
 from __future__ import annotations
 
 import numpy as np
-import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
@@ -16,6 +15,7 @@ from kiln.ir.types import TensorType
 from kiln.ops import call
 from kiln.transform.fold_batchnorm import FoldBatchNorm
 from kiln.transform.fold_constants import FoldConstants
+from support.reference import ort_session
 
 RNG = np.random.default_rng(0)
 
@@ -121,8 +121,7 @@ def test_batchnorm_folds_into_the_convolution(bias: bool, relu: bool) -> None:
     conv = folded["main"].bindings[0].value
     assert isinstance(conv, g.Call) and len(conv.args) == 3   # the folded bias
     x = RNG.normal(0, 1, (1, 3, 5, 5)).astype(np.float32)
-    (want,) = ort.InferenceSession(model.SerializeToString(),
-                                   providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    (want,) = ort_session(model).run(None, {"x": x})
     np.testing.assert_allclose(evaluate(folded, "main", x), want, rtol=1e-4, atol=1e-5)
 
 

@@ -19,7 +19,6 @@ import kernel_checks
 import numpy as np
 import onnx
 import pytest
-from fresh_process import outputs_in_fresh_process
 from onnx import TensorProto, helper, numpy_helper
 
 import kiln
@@ -32,6 +31,7 @@ from kiln.script import from_source, print_module
 from kiln.target import Target
 from kiln.target.isa import isa_for
 from kiln.transform import get_pass
+from support.processes import outputs_in_fresh_process
 
 ort = pytest.importorskip("onnxruntime")
 
@@ -118,29 +118,12 @@ def build_model() -> onnx.ModelProto:
                 nodes.append(helper.make_node(op, [last], [out]))
             last = out
         outputs.append(helper.make_tensor_value_info(last, TensorProto.FLOAT, oshape))
-    graph = helper.make_graph(nodes, "gemms", inputs, outputs, initializer=inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    return model
+    return kernel_checks.branches_model("gemms", nodes, inputs, outputs, inits)
 
 
-MODEL = build_model()
-FEEDS = kernel_checks.random_feeds(MODEL, RNG)
-
-
-@pytest.fixture(scope="module")
-def reference() -> list[np.ndarray]:
-    return kernel_checks.onnxruntime_outputs(MODEL, FEEDS)
-
-
-def assert_close(got: list[np.ndarray], want: list[np.ndarray]) -> None:
-    kernel_checks.assert_close(got, want, CASES, TOL)
-
-
-@pytest.fixture(scope="module", params=kernel_checks.NATIVE_TARGETS)
-def native(request: pytest.FixtureRequest) -> kiln.driver.Executable:
-    target = kernel_checks.native_target(request.param)
-    return kiln.compile(from_onnx(MODEL), target)
+CHECKS = kernel_checks.KernelCases(build_model(), CASES, TOL, RNG)
+MODEL, FEEDS, assert_close = CHECKS.model, CHECKS.feeds, CHECKS.assert_close
+native, reference = CHECKS.native_fixture(), CHECKS.reference_fixture()
 
 
 def test_every_product_uses_the_gemm_kernel(native: kiln.driver.Executable) -> None:

@@ -17,7 +17,6 @@ from typing import Any
 import kernel_checks
 import numpy as np
 import pytest
-from fresh_process import outputs_in_fresh_process
 from onnx import TensorProto, helper, numpy_helper
 
 import kiln
@@ -28,6 +27,7 @@ from kiln.ir import graph as g
 from kiln.script import from_source, print_module
 from kiln.target import Target
 from kiln.transform import get_pass
+from support.processes import outputs_in_fresh_process
 
 ort = pytest.importorskip("onnxruntime")
 
@@ -77,14 +77,10 @@ def build_model() -> Any:
 
 
 MODEL = build_model()
-FEEDS = kernel_checks.random_feeds(MODEL, RNG)
-REFERENCE = kernel_checks.onnxruntime_outputs(MODEL, FEEDS)
-
-
-@pytest.fixture(scope="module", params=kernel_checks.NATIVE_TARGETS)
-def native(request: pytest.FixtureRequest) -> kiln.driver.Executable:
-    target = kernel_checks.native_target(request.param)
-    return kiln.compile(from_onnx(MODEL), target)
+CHECKS = kernel_checks.KernelCases(MODEL, CASES, TOL, RNG)
+FEEDS = CHECKS.feeds
+REFERENCE = CHECKS.reference()
+native = CHECKS.native_fixture()
 
 
 def test_every_product_uses_the_gemv_kernel(native: kiln.driver.Executable) -> None:
@@ -94,7 +90,7 @@ def test_every_product_uses_the_gemv_kernel(native: kiln.driver.Executable) -> N
 
 
 def test_matches_onnxruntime(native: kiln.driver.Executable) -> None:
-    kernel_checks.assert_close(list(native(*FEEDS.values())), REFERENCE, CASES, TOL)
+    CHECKS.assert_close(native(*FEEDS.values()), REFERENCE)
 
 
 def test_compiled_kernels_round_trip_through_the_dsl(native: kiln.driver.Executable) -> None:
@@ -105,8 +101,7 @@ def test_compiled_kernels_round_trip_through_the_dsl(native: kiln.driver.Executa
 @pytest.mark.parametrize("threads", [1, 2])
 def test_threads_in_a_fresh_process(native: kiln.driver.Executable, tmp_path: Path,
                                     threads: int) -> None:
-    kernel_checks.assert_close(outputs_in_fresh_process(native, FEEDS, tmp_path, threads),
-                               REFERENCE, CASES, TOL)
+    CHECKS.assert_close(outputs_in_fresh_process(native, FEEDS, tmp_path, threads), REFERENCE)
 
 
 def test_the_weights_are_not_packed_but_stored_as_imported() -> None:

@@ -6,12 +6,9 @@ must never crash the caller."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
-import onnxruntime as ort
 import pytest
 from index_check_cases import cases
 from onnx import numpy_helper
@@ -32,6 +29,8 @@ from kiln.ir.tensor import (
     PrimFunc,
     Store,
 )
+from support.processes import run_python
+from support.reference import ort_session
 
 # kiln's op behind each ONNX node: what the error message names.
 KILN_OP = {"Gather": "gather", "GatherElements": "gather_elements", "GatherND": "gather_nd",
@@ -39,24 +38,18 @@ KILN_OP = {"Gather": "gather", "GatherElements": "gather_elements", "GatherND": 
            "ReverseSequence": "reverse_sequence"}
 
 
-def _session(case):
-    return ort.InferenceSession(case.model().SerializeToString(),
-                                providers=["CPUExecutionProvider"])
-
-
 @pytest.fixture(scope="module", params=["llvm", "c", "python"])
 def results(request):
-    code = (f"import json, sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); "
+    code = ("import json; "
             f"from index_check_cases import run_on; print(json.dumps(run_on({request.param!r})))")
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          timeout=900)
+    proc = run_python(code, paths=(Path(__file__).parent,), timeout=900)
     assert proc.returncode == 0, f"exit {proc.returncode} (negative: a signal): {proc.stderr}"
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 @pytest.mark.parametrize("case", cases(), ids=lambda c: c.name)
 def test_in_range_indices_match_onnxruntime(results, case) -> None:
-    sess = _session(case)
+    sess = ort_session(case.model())
     for feed, got in zip(case.good, results[case.name]["good"]):
         want = sess.run(None, feed)[0]
         np.testing.assert_array_equal(np.asarray(got, dtype=want.dtype), want)
@@ -64,7 +57,7 @@ def test_in_range_indices_match_onnxruntime(results, case) -> None:
 
 @pytest.mark.parametrize("case", [c for c in cases() if c.bad], ids=lambda c: c.name)
 def test_out_of_range_indices_raise_naming_the_op(results, case) -> None:
-    sess = _session(case)
+    sess = ort_session(case.model())
     for feed, got in zip(case.bad, results[case.name]["bad"]):
         with pytest.raises(Exception, match=r"out of data bounds|invalid ind|Out of range|"
                                             r"Invalid sequence length"):

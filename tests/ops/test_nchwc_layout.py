@@ -18,7 +18,6 @@ import kernel_checks
 import numpy as np
 import onnx
 import pytest
-from fresh_process import outputs_in_fresh_process
 from onnx import TensorProto, helper, numpy_helper
 
 import kiln
@@ -29,6 +28,8 @@ from kiln.ops import layout
 from kiln.script import from_source
 from kiln.target import Target
 from kiln.transform.registry import parse_passes
+from support.processes import outputs_in_fresh_process
+from support.reference import onnxruntime_outputs
 
 TOL = 1e-4
 RNG = np.random.default_rng(11)
@@ -77,13 +78,15 @@ def build_model() -> onnx.ModelProto:
 
 
 MODEL = build_model()
-FEEDS = kernel_checks.random_feeds(MODEL, RNG)
 CASES = ["concat", "gap+gemm", "13 channels", "residual output"]
+CHECKS = kernel_checks.KernelCases(MODEL, CASES, TOL, RNG)
+FEEDS = CHECKS.feeds
+native = CHECKS.native_fixture(graph_pipeline="nchwc")
 
 
 @pytest.fixture(scope="module")
 def reference() -> list[np.ndarray]:
-    return kernel_checks.onnxruntime_outputs(MODEL, FEEDS)
+    return CHECKS.reference()
 
 
 def blocked_module(lanes: int) -> kiln.ir.IRModule:
@@ -95,12 +98,6 @@ def blocked_module(lanes: int) -> kiln.ir.IRModule:
 
 def ops(mod: kiln.ir.IRModule) -> list[str]:
     return [b.value.op for b in mod["main"].bindings if isinstance(b.value, g.Call)]
-
-
-@pytest.fixture(scope="module", params=kernel_checks.NATIVE_TARGETS)
-def native(request: pytest.FixtureRequest) -> kiln.driver.Executable:
-    target = kernel_checks.native_target(request.param)
-    return kiln.compile(from_onnx(MODEL), target, graph_pipeline="nchwc")
 
 
 def test_the_pass_keeps_conv_chains_blocked() -> None:
@@ -157,14 +154,14 @@ def test_matches_onnxruntime(native: kiln.driver.Executable,
                              reference: list[np.ndarray]) -> None:
     kinds = [f.attrs.get("kiln.conv_kernel") for f in native.ir.functions.values()]
     assert kinds.count("conv2d_nchwc") >= 1
-    kernel_checks.assert_close(list(native(*FEEDS.values())), reference, CASES, TOL)
+    CHECKS.assert_close(native(*FEEDS.values()), reference)
 
 
 @pytest.mark.parametrize("threads", [1, 2])
 def test_threads_in_a_fresh_process(native: kiln.driver.Executable, tmp_path: Path,
                                     threads: int, reference: list[np.ndarray]) -> None:
     got = outputs_in_fresh_process(native, FEEDS, tmp_path, threads)
-    kernel_checks.assert_close(got, reference, CASES, TOL)
+    CHECKS.assert_close(got, reference)
 
 
 def test_interpreter_and_dsl_round_trip(reference: list[np.ndarray]) -> None:
@@ -172,7 +169,7 @@ def test_interpreter_and_dsl_round_trip(reference: list[np.ndarray]) -> None:
     back = from_source(mod.script())
     assert_structural_equal(back, mod)
     got = kiln.evaluate(back, "main", *FEEDS.values())
-    kernel_checks.assert_close([np.asarray(o) for o in got], reference, CASES, TOL)
+    CHECKS.assert_close(got, reference)
 
 
 def test_layout_transform_round_trip() -> None:
@@ -213,9 +210,9 @@ def test_a_symbolic_batch_stays_the_outer_loop() -> None:
     assert kernels and all(f.params[-1].name == "N" for f in kernels)
     # batch 1, not the static model's: the interpreter's time grows with it
     feeds = {k: v[:1] for k, v in FEEDS.items()}
-    want = kernel_checks.onnxruntime_outputs(model, feeds)
+    want = onnxruntime_outputs(model, feeds)
     got = kiln.evaluate(mod, "main", *feeds.values())
-    kernel_checks.assert_close([np.asarray(o) for o in got], want, CASES, TOL)
+    CHECKS.assert_close(got, want)
 
 
 @pytest.mark.parametrize("target", ["llvm", "c"])
@@ -230,6 +227,6 @@ def test_a_symbolic_batch_runs_natively(target: str) -> None:
                for f in ex.ir.prim_funcs().values())
     for batch in (1, 3):
         feeds = {k: np.concatenate([v, v])[:batch] for k, v in FEEDS.items()}
-        want = kernel_checks.onnxruntime_outputs(model, feeds)
+        want = onnxruntime_outputs(model, feeds)
         got = ex["main"](*feeds.values())
-        kernel_checks.assert_close([np.asarray(o) for o in got], want, CASES, TOL)
+        CHECKS.assert_close(got, want)

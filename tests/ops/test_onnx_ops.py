@@ -14,7 +14,6 @@ from typing import Any
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 import pytest
 from onnx import helper, numpy_helper
 
@@ -22,6 +21,7 @@ from kiln import evaluate
 from kiln.frontend import from_onnx
 from kiln.ops.onnx_map import converters
 from kiln.transform.legalize_ops import LegalizeOps
+from support.reference import ort_session
 
 R = np.random.default_rng(42)
 
@@ -485,7 +485,7 @@ def test_every_converted_op_type_has_a_case() -> None:
 @pytest.mark.parametrize("case", CASES, ids=IDS)
 def test_op_matches_onnxruntime(case: C) -> None:
     model = _model(case)
-    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    session = ort_session(model)
     want = session.run(None, dict(case.feeds))
     mod = LegalizeOps()(from_onnx(model))
     got = evaluate(mod, "main", *case.feeds.values())

@@ -7,13 +7,13 @@ from pathlib import Path
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 import pytest
-from fresh_process import outputs_in_fresh_process
 from onnx import helper, numpy_helper
 
 import kiln
 from kiln.frontend import from_onnx
+from support.processes import outputs_in_fresh_process
+from support.reference import ort_session
 
 SEQ, BATCH, VOCAB, EMB, HID = 16, 2, 50, 32, 64
 
@@ -53,7 +53,7 @@ def test_recurrent_language_model_in_a_fresh_process(op: str, target: str,
                                                       tmp_path: Path) -> None:
     model = _lm(op)
     ids = np.random.default_rng(2).integers(0, VOCAB, (SEQ, BATCH)).astype(np.int64)
-    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    sess = ort_session(model)
     (want,) = sess.run(None, {"ids": ids})
     ex = kiln.compile(from_onnx(model), target)
     (got,) = outputs_in_fresh_process(ex, {"ids": ids}, tmp_path, threads=1)

@@ -15,9 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 import pytest
-from fresh_process import outputs_in_fresh_process
 from onnx import TensorProto, helper
 from onnx import numpy_helper as nh
 
@@ -29,6 +27,9 @@ from kiln.ir.visitor import iter_stmts
 from kiln.ops.row_kernels import exp_nonpositive
 from kiln.script import print_module
 from kiln.transform import get_pass
+from support import numerics
+from support.processes import outputs_in_fresh_process
+from support.reference import onnxruntime_outputs
 
 RNG = np.random.default_rng(11)
 # The default tensor pipeline with every provably independent loop parallel.
@@ -158,22 +159,13 @@ CASES = cases()
 MODEL = CASES.build()
 
 
-def reference(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
-    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
-    return list(session.run(None, feeds))
-
-
 def assert_close(got: list[np.ndarray], want: list[np.ndarray]) -> None:
-    assert len(got) == len(want)
-    for k, (a, b) in enumerate(zip(got, want)):
-        assert a.shape == b.shape, k
-        err = np.linalg.norm(a.astype(np.float64) - b) / max(np.linalg.norm(b), 1e-30)
-        assert err < 1e-4, f"output {k} ({CASES.outputs[k]}): rel. L2 {err:.2e}"
+    numerics.assert_close(got, want, 1e-4, CASES.outputs)
 
 
 @pytest.fixture(scope="module")
 def expected() -> list[np.ndarray]:
-    return reference(MODEL, CASES.feeds)
+    return onnxruntime_outputs(MODEL, CASES.feeds)
 
 
 @pytest.fixture(scope="module", params=["llvm", "c"])
@@ -260,7 +252,7 @@ def test_softmax_axis_per_opset(op: str, opset: int, axis: int,
     m.output(m.op(op, m.input("x", randn(*shape, scale=5)), axis=axis))
     model = m.build(opset)
     got = kiln.compile(from_onnx(model), "llvm")(*m.feeds.values())
-    assert_close([np.asarray(got)], reference(model, m.feeds))
+    assert_close([np.asarray(got)], onnxruntime_outputs(model, m.feeds))
 
 
 EXP_INPUTS = np.concatenate([
@@ -307,7 +299,7 @@ def test_large_inputs_and_fully_masked_rows(target: str) -> None:
     m.output(m.op("Softmax", m.op("Where", keep, x, m.const(np.array(-np.inf, np.float32))),
                   axis=-1))
     model = m.build()
-    want = reference(model, m.feeds)
+    want = onnxruntime_outputs(model, m.feeds)
     got = kiln.compile(from_onnx(model), target)(*m.feeds.values())
     for a, b in zip(got, want):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)  # NaN where ort has NaN

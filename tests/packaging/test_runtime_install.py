@@ -20,10 +20,10 @@ import zipfile
 from pathlib import Path
 
 import numpy as np
-import onnxruntime as ort
 import pytest
 
 import kiln
+from support.reference import ort_session
 
 ROOT = Path(__file__).resolve().parents[2]
 MODEL = ROOT / "models" / "mlp.onnx"
@@ -92,7 +92,7 @@ def test_runtime_wheel_loads_and_runs_with_numpy_only(tmp_path: Path) -> None:
     library, x = tmp_path / "mlp.so", np.random.default_rng(0).random((1, 64), np.float32)
     kiln.compile(kiln.frontend.from_onnx(MODEL), "llvm").export_library(library)
     np.save(tmp_path / "x.npy", x)
-    expected = ort.InferenceSession(str(MODEL)).run(None, {"x": x})[0]
+    expected = ort_session(MODEL).run(None, {"x": x})[0]
 
     venv = tmp_path / "venv"
     _run(sys.executable, "-m", "venv", "--without-pip", venv)

@@ -20,6 +20,7 @@ from kiln.ops import call as call_op
 from kiln.ops import evaluate_call, quant_dot, quant_kernels
 from kiln.target import Target
 from kiln.target.isa import isa_for
+from support.reference import onnxruntime_outputs
 
 ort = pytest.importorskip("onnxruntime")
 
@@ -76,9 +77,7 @@ def test_qlinear_matmul_equals_onnxruntime(target: str, signed: bool) -> None:
         assert "T.dot4_u8s8(" in kiln.script.print_module(mod)  # the dot form was chosen
         a = activations(m, k, signed, rng)
         got = kiln.compile(from_onnx(model), target)["main"](a)
-        session = ort.InferenceSession(model.SerializeToString(),
-                                       providers=["CPUExecutionProvider"])
-        np.testing.assert_array_equal(got, session.run(None, {"a": a})[0])
+        np.testing.assert_array_equal(got, onnxruntime_outputs(model, {"a": a})[0])
 
 
 @pytest.mark.parametrize("signed", [False, True])
@@ -148,8 +147,7 @@ def test_qlinear_conv_equals_onnxruntime(target: str, shape: tuple[int, int, int
     lo, hi, q = (-128, 128, np.int8) if signed else (0, 256, np.uint8)
     x = rng.integers(lo, hi, shape).astype(q)
     ex = kiln.compile(from_onnx(model), target)
-    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
-    np.testing.assert_array_equal(ex["main"](x), session.run(None, {"x": x})[0])
+    np.testing.assert_array_equal(ex["main"](x), onnxruntime_outputs(model, {"x": x})[0])
 
 
 

@@ -9,17 +9,16 @@ object's .rodata: its constants are at most 0.3x the float32 build's.
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import tarfile
 from pathlib import Path
 
-import builders
 import onnx
-import pytest
 from quantized_models import quantize_static_model
 
 import kiln
+from support import small_models as builders
+from support.toolchains import needs
 
 CC = ["arm-none-eabi-gcc", "-mcpu=cortex-m4", "-mthumb", "-mfloat-abi=hard",
       "-mfpu=fpv4-sp-d16", "-O2", "-std=c11", "-Wall", "-Werror", "-DNET_STATIC_WORKSPACE"]
@@ -56,8 +55,7 @@ def _total(sizes: dict[str, dict[str, int]], section: str) -> int:
     return sum(v.get(section, 0) for v in sizes.values())
 
 
-@pytest.mark.skipif(shutil.which("arm-none-eabi-gcc") is None,
-                    reason="needs arm-none-eabi-gcc (make test installs gcc-arm-none-eabi)")
+@needs("arm-none-eabi-gcc", why="make test installs gcc-arm-none-eabi")
 def test_int8_cnn_mlf_for_cortex_m4(tmp_path: Path) -> None:
     float_model = builders.resnet18()
     int8_model = quantize_static_model(float_model, "QDQ")

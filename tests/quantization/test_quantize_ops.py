@@ -12,7 +12,6 @@ from collections import Counter
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
@@ -24,6 +23,7 @@ from kiln.ir.types import TensorType
 from kiln.ops import call as call_op
 from kiln.ops import evaluate_call, quant_kernels
 from kiln.transform.quantize_ops import QuantizeOps
+from support.reference import ort_session
 
 
 def g_tensor_type(a: np.ndarray) -> TensorType:
@@ -72,8 +72,7 @@ def _ops(mod: object) -> Counter[str]:
 def test_qdq_conv_fuses_into_qlinear_conv(activation: str) -> None:
     model = _qdq_conv(activation, X_SCALE * W_SCALES)
     x = R.uniform(-2.5, 2.5, (1, 2, 6, 6)).astype(np.float32)
-    want = ort.InferenceSession(model.SerializeToString(),
-                                providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    want = ort_session(model).run(None, {"x": x})[0]
     mod = QuantizeOps()(from_onnx(model))
     ops = _ops(mod)
     assert ops["qlinear_conv_packed"] == 1 and "conv2d" not in ops and "relu" not in ops

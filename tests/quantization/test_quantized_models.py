@@ -18,13 +18,9 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-import builders
-import dynamic_models
 import numpy as np
 import onnx
-import onnxruntime as ort
 import pytest
-from fresh_process import outputs_in_fresh_process
 from quantized_models import (
     MAX_REL_L2,
     check_integer,
@@ -42,6 +38,10 @@ from kiln.script import from_source, print_module
 from kiln.target import Target
 from kiln.target.isa import isa_for
 from kiln.transform.quantize_ops import QuantizeOps
+from support import dynamic_models
+from support import small_models as builders
+from support.processes import outputs_in_fresh_process
+from support.reference import onnxruntime_outputs
 
 TARGETS = ("llvm", "c")
 # The dot-product kernels (vpdpbusd) on the model set: about 100 s of compilation, so
@@ -69,11 +69,6 @@ def _op_counts(mod: Any) -> Counter[str]:
     return Counter(b.value.op for b in mod["main"].bindings if isinstance(b.value, g.Call))
 
 
-def _run_ort(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
-    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
-    return session.run(None, feeds)
-
-
 @pytest.fixture(scope="module", params=list(CONFIGS))
 def quantized(request: pytest.FixtureRequest) -> dict[str, Any]:
     build, fmt, per_channel, activations = CONFIGS[request.param]
@@ -81,8 +76,8 @@ def quantized(request: pytest.FixtureRequest) -> dict[str, Any]:
     ints = integer_outputs(model)
     feeds = builders.example_inputs(model, seed=1)
     return {"name": request.param, "format": fmt, "model": model, "ints": ints,
-            "feeds": feeds, "want_float": _run_ort(model, feeds),
-            "want_int": _run_ort(ints, feeds),
+            "feeds": feeds, "want_float": onnxruntime_outputs(model, feeds),
+            "want_int": onnxruntime_outputs(ints, feeds),
             "executables": {}}
 
 
@@ -151,7 +146,7 @@ def test_exported_library_in_a_fresh_process(quantized: dict[str, Any], target: 
 def dynamic_encoder() -> tuple[onnx.ModelProto, dict[str, np.ndarray], np.ndarray]:
     model = quantize_dynamic_model(dynamic_models.encoder(batch=2, seq=16))
     feeds = dynamic_models.feeds(model, {}, seed=3)
-    return model, feeds, _run_ort(model, feeds)[0]
+    return model, feeds, onnxruntime_outputs(model, feeds)[0]
 
 
 def test_dynamic_quantization_imports_integer_products(dynamic_encoder: Any) -> None:

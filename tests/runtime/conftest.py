@@ -2,17 +2,12 @@
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))
-
-import handmade_lib
-
 from kiln.runtime import Module, load_artifacts
+from support import handmade_lib
 
 
 @pytest.fixture(scope="session")

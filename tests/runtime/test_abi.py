@@ -9,7 +9,6 @@ a user's build.
 from __future__ import annotations
 
 import ctypes
-import shutil
 import subprocess
 from pathlib import Path
 
@@ -20,8 +19,9 @@ from kiln import escape
 from kiln.errors import CallError
 from kiln.ir import dtype as ir_dtype
 from kiln.runtime import abi, ctypes_abi, include_dir
+from support.toolchains import needs
 
-needs_cc = pytest.mark.skipif(shutil.which("cc") is None, reason="needs a C compiler")
+needs_cc = needs("cc", why="a C compiler")
 
 # Every DLDataTypeCode of kiln.h, by its enumerator.
 DL_CODES = {"kDLInt": abi.KDL_INT, "kDLUInt": abi.KDL_UINT, "kDLFloat": abi.KDL_FLOAT,

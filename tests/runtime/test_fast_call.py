@@ -12,12 +12,12 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-import handmade_lib as hm
 import numpy as np
 import pytest
 
 from kiln.errors import CallError
 from kiln.runtime import Module, NativeFunction, ctypes_abi
+from support import handmade_lib as hm
 
 F32 = np.float32
 

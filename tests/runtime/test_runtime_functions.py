@@ -4,17 +4,17 @@ from __future__ import annotations
 
 import ctypes
 import subprocess
-import sys
 import textwrap
 from pathlib import Path
 from typing import Any
 
-import handmade_lib as hm
 import numpy as np
 import pytest
 
 from kiln.errors import CallError, KilnError
 from kiln.runtime import Module, RawKernelFunction
+from support import handmade_lib as hm
+from support.processes import run_python
 
 F32 = np.float32
 
@@ -214,8 +214,6 @@ def test_bad_calls_never_crash_the_process(hand_lib: Module, tmp_path: Path) -> 
     """Every bad call again, in a fresh interpreter: it must exit normally."""
     script = tmp_path / "bad_calls.py"
     script.write_text(textwrap.dedent(f"""
-        import sys
-        sys.path.insert(0, {str(Path(__file__).parent)!r})
         import test_runtime_functions as t
         from kiln.errors import CallError, KilnError
         from kiln.runtime import load_module
@@ -229,8 +227,7 @@ def test_bad_calls_never_crash_the_process(hand_lib: Module, tmp_path: Path) -> 
                 raise SystemExit("no error for " + message)
         print("survived", len(t.BAD_CALLS))
     """))
-    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
-                          timeout=120, check=False)
+    proc = run_python(script, paths=(Path(__file__).parent,), timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == f"survived {len(BAD_CALLS)}"
 

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import ctypes
-import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
 
 from kiln.runtime import abi, ctypes_abi, include_dir
+from support.toolchains import needs
 
 USE_HEADER = r"""
 #include <kiln/kiln.h>
@@ -68,7 +68,7 @@ def test_header_compiles_warning_free_in_c(tmp_path: Path, std: str) -> None:
     assert subprocess.run([str(exe)], check=False).returncode == 0
 
 
-@pytest.mark.skipif(shutil.which("g++") is None, reason="no C++ compiler")
+@needs("g++", why="a C++ compiler")
 def test_header_compiles_as_cplusplus(tmp_path: Path) -> None:
     exe = _build(tmp_path, USE_HEADER, ["-x", "c++", "-Wall", "-Wextra", "-Werror", "-pedantic"],
                  compiler="g++")

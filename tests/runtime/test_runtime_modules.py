@@ -8,7 +8,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import handmade_lib as hm
 import numpy as np
 import pytest
 
@@ -28,6 +27,7 @@ from kiln.runtime import (
     load_module,
     register_loader,
 )
+from support import handmade_lib as hm
 
 META = hm.library_metadata("kiln_")
 
@@ -304,20 +304,15 @@ def test_load_module_rejects_unknown_suffixes(tmp_path: Path) -> None:
 
 def test_exiting_without_close_leaves_no_temporary_files(tmp_path: Path) -> None:
     """Modules kept alive until interpreter exit (e.g. in a cycle) still clean up."""
-    import os
-    import subprocess
-    import sys
+    from support.processes import run_python
 
-    script = (f"import sys; sys.path.insert(0, {str(Path(__file__).parent)!r})\n"
-              "import handmade_lib as hm\n"
+    script = ("from support import handmade_lib as hm\n"
               "from kiln.runtime import load_artifacts\n"
               "m = load_artifacts(hm.artifacts(), metadata=hm.library_metadata('kiln_'), "
               "prefix='kiln_')\n"
               "m.self_ref = m\n"
               "print(m.path)\n")
-    env = {**os.environ, "TMPDIR": str(tmp_path)}
-    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                          env=env, timeout=120, check=False)
+    proc = run_python(script, env={"TMPDIR": str(tmp_path)}, timeout=120)
     assert proc.returncode == 0 and proc.stderr == "", proc.stderr
     assert proc.stdout.startswith(str(tmp_path.resolve()))
     assert list(tmp_path.iterdir()) == []

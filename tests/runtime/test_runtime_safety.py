@@ -15,7 +15,6 @@ import tracemalloc
 from pathlib import Path
 from typing import Any
 
-import handmade_lib as hm
 import numpy as np
 import pytest
 
@@ -23,6 +22,7 @@ import kiln
 from kiln.errors import CallError, KilnError
 from kiln.ir import IRBuilder, IRModule
 from kiln.runtime import Module, PackedFunction, load_module
+from support import handmade_lib as hm
 
 F32 = np.float32
 

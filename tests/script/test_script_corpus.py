@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import importlib
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -105,9 +103,6 @@ def test_corpus_semantics_survive_round_trip(name: str) -> None:
 
 def _ir_corpus() -> dict[str, object]:
     """The hand-built IR corpus of tests/corpus (IRBuilder), when it is there."""
-    tests_dir = str(Path(__file__).resolve().parents[1])
-    if tests_dir not in sys.path:
-        sys.path.append(tests_dir)
     try:
         corpus = importlib.import_module("corpus")
     except ImportError:

@@ -5,12 +5,10 @@ through fusion, legalization and memory planning."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import numpy as np
 import pytest
 
+from corpus import CORPUS
 from kiln import ops
 from kiln.ir import IRBuilder, IRModule, assert_structural_equal
 from kiln.ir import graph as g
@@ -20,9 +18,6 @@ from kiln.transform import PassContext
 from kiln.transform.instruments import PassInstrument
 from kiln.transform.pass_base import Pass
 from kiln.transform.pipeline import get_pipeline
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from tests.corpus import CORPUS
 
 
 class _Capture(PassInstrument):

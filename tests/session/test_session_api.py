@@ -11,6 +11,7 @@ from session_model import write_model
 
 import kiln
 from kiln.errors import ArgumentTypeError, CallError, UsageError
+from support.reference import onnxruntime_outputs
 
 
 @pytest.fixture(scope="module")
@@ -24,10 +25,8 @@ def session(model: Path) -> kiln.InferenceSession:
 
 
 def _reference(model: Path, x: np.ndarray) -> list[np.ndarray]:
-    import onnxruntime as ort
 
-    outs: list[np.ndarray] = ort.InferenceSession(str(model)).run(None, {"x": x})
-    return outs
+    return onnxruntime_outputs(model, {"x": x})
 
 
 def test_every_source_gives_the_same_session(model: Path, session: kiln.InferenceSession,

@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import ir_samples
 import numpy as np
 import pytest
-from ir_samples import F32, call
 
 import kiln.ops
 from kiln.errors import CompileError
@@ -14,6 +12,8 @@ from kiln.ir import graph as g
 from kiln.ir import tensor as t
 from kiln.transform import ATTR_PRIVATE, DeadCodeElimination, LegalizeOps
 from kiln.transform.legalize_ops import find_legalizer
+from support import ir_samples
+from support.ir_samples import F32, call
 
 
 def _op_module(ops: list[str]) -> IRModule:

@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import importlib.util
 
-import ir_samples
 import numpy as np
 import pytest
-from ir_samples import F32, N, call
 
 from kiln.codegen.naming import function_signature
 from kiln.errors import CompileError
@@ -17,6 +15,8 @@ from kiln.ir import tensor as t
 from kiln.ir.types import TensorType, TupleType
 from kiln.ir.visitor import iter_stmts
 from kiln.transform import LowerGraphToTensor
+from support import ir_samples
+from support.ir_samples import F32, N, call
 
 HAVE_EVALUATE = importlib.util.find_spec("kiln.ir.evaluate") is not None
 needs_evaluate = pytest.mark.skipif(not HAVE_EVALUATE, reason="kiln.ir.evaluate not written yet")

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import importlib.util
 
-import ir_samples
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -23,6 +22,7 @@ from kiln.transform.memory_plan import (
     live_ranges,
     plan_memory,
 )
+from support import ir_samples
 
 
 def test_disjoint_lifetimes_share_memory() -> None:

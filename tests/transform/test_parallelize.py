@@ -20,9 +20,7 @@ tests/codegen/test_parallel.py.
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -30,6 +28,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from corpus import CORPUS
 from kiln import evaluate, ops
 from kiln.errors import CallError
 from kiln.ir import IRBuilder, IRModule
@@ -63,9 +62,6 @@ from kiln.ir.visitor import expr_children, iter_stmts
 from kiln.transform.parallelize import Parallelize
 from kiln.transform.pipeline import get_pipeline
 from kiln.transform.registry import parse_passes
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from tests.corpus import CORPUS
 
 I64 = "int64"
 

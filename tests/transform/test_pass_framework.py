@@ -6,7 +6,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import ir_samples
 import pytest
 
 from kiln.errors import CompileError
@@ -34,6 +33,7 @@ from kiln.transform import (
     register_pipeline,
 )
 from kiln.transform.registry import PASSES
+from support import ir_samples
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,5 @@
 """The models of the heterogeneous-target tests: bench/nets.py's CNN and a small
-2-layer transformer encoder, with inputs and onnxruntime's outputs."""
+2-layer transformer encoder, with inputs."""
 
 from __future__ import annotations
 
@@ -42,12 +42,3 @@ def encoder() -> Net:
 
 
 NETS = {"cnn": cnn, "encoder": encoder}
-
-
-def onnxruntime_outputs(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> np.ndarray:
-    """The model's first output as onnxruntime computes it."""
-    import onnxruntime as ort
-
-    session = ort.InferenceSession(model.SerializeToString(),
-                                   providers=["CPUExecutionProvider"])
-    return np.asarray(session.run(None, feeds)[0])

@@ -20,14 +20,14 @@ import math
 
 import numpy as np
 import onnx
-from builders import GraphBuilder
 from onnx import TensorProto, helper
+
+from support.graphs import GraphBuilder
+from support.graphs import value_info as vi
+from support.reference import onnxruntime_outputs
 
 Dim = int | str | None
 
-
-def _vi(name: str, shape: list[Dim], elem: int = TensorProto.FLOAT) -> onnx.ValueInfoProto:
-    return helper.make_tensor_value_info(name, elem, shape)
 
 
 def encoder(batch: Dim = "batch", seq: Dim = "seq", layers: int = 2, width: int = 64,
@@ -85,9 +85,9 @@ def encoder(batch: Dim = "batch", seq: Dim = "seq", layers: int = 2, width: int 
         h = layer_norm(b.op("Add", h, attention(h)))
         h = layer_norm(b.op("Add", h, proj(gelu(proj(h, width, ffn)), ffn, width)))
     b.nodes.append(helper.make_node("Identity", [h], ["encoded"]))
-    return b.model([_vi("features", [batch, seq, width]),
-                    _vi("mask", [batch, seq], TensorProto.INT64)],
-                   [_vi("encoded", [batch, seq, width])], 20 if gelu_op else 17,
+    return b.model([vi("features", [batch, seq, width]),
+                    vi("mask", [batch, seq], TensorProto.INT64)],
+                   [vi("encoded", [batch, seq, width])], 20 if gelu_op else 17,
                    "encoder_torch" if torch_style else "encoder")
 
 
@@ -100,7 +100,7 @@ def cnn(batch: Dim = "batch") -> onnx.ModelProto:
     h = b.op("Flatten", b.op("GlobalAveragePool", h), axis=1)
     out = b.linear(h, 16, 10)
     b.nodes.append(helper.make_node("Identity", [out], ["logits"]))
-    return b.model([_vi("image", [batch, 3, 16, 16])], [_vi("logits", [batch, 10])], 13, "cnn")
+    return b.model([vi("image", [batch, 3, 16, 16])], [vi("logits", [batch, 10])], 13, "cnn")
 
 
 def feeds(model: onnx.ModelProto, sizes: dict[str, int], seed: int = 0) -> dict[str, np.ndarray]:
@@ -110,26 +110,18 @@ def feeds(model: onnx.ModelProto, sizes: dict[str, int], seed: int = 0) -> dict[
     """
     rng = np.random.default_rng(seed)
     out: dict[str, np.ndarray] = {}
-    for vi in model.graph.input:
-        tt = vi.type.tensor_type
+    for v in model.graph.input:
+        tt = v.type.tensor_type
         shape = [d.dim_value if d.HasField("dim_value") else sizes[d.dim_param]
                  for d in tt.shape.dim]
         if tt.elem_type == TensorProto.INT64:
             keep = rng.integers(1, shape[-1] + 1, size=shape[:-1])
-            out[vi.name] = (np.arange(shape[-1]) < keep[..., None]).astype(np.int64)
+            out[v.name] = (np.arange(shape[-1]) < keep[..., None]).astype(np.int64)
         else:
-            out[vi.name] = rng.standard_normal(shape).astype(np.float32)
+            out[v.name] = rng.standard_normal(shape).astype(np.float32)
     return out
 
 
 def reference(model: onnx.ModelProto, feed: dict[str, np.ndarray]) -> np.ndarray:
     """onnxruntime's first output of `model` on `feed` (the tests' reference)."""
-    import onnxruntime as ort
-
-    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
-    return np.asarray(session.run(None, feed)[0])
-
-
-def rel_l2(actual: np.ndarray, expected: np.ndarray) -> float:
-    """Relative L2 error (the tolerance the model tests use: < 1e-4)."""
-    return float(np.linalg.norm(actual - expected) / max(np.linalg.norm(expected), 1e-30))
+    return onnxruntime_outputs(model, feed)[0]

@@ -1,6 +1,0 @@
-"""The transform tests import their IR samples from this directory."""
-
-import sys
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).parent))
