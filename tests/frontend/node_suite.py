@@ -377,6 +377,7 @@ def run_onnxruntime_in_process() -> list[Outcome]:
     "refused" (onnxruntime cannot load the model: no kernel for an op or a type).
     """
     import onnxruntime as ort
+
     from support.reference import ort_session
 
     options = ort.SessionOptions()
