@@ -476,8 +476,10 @@ def run_onnxruntime() -> list[Outcome]:
     import subprocess
     import sys
 
+    from support.processes import child_env
+
     child = subprocess.run([sys.executable, __file__, "--onnxruntime"], capture_output=True,
-                           text=True, check=False)
+                           text=True, check=False, env=child_env())
     if child.returncode != 0:
         raise RuntimeError(f"the onnxruntime run exited with status {child.returncode}: "
                            f"{child.stderr[-2000:]}")

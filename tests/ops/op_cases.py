@@ -35,6 +35,13 @@ def bools(*shape: int) -> Gen:
     return lambda rng: rng.integers(0, 2, shape).astype(bool)
 
 
+def weight_words(*shape: int) -> Gen:
+    """Random int8 weights of `shape` packed as qlinear_conv_dot's int32 words."""
+    from kiln.ops.quant_conv_dot import weight_words as pack
+
+    return lambda rng: pack(rng.integers(-128, 128, shape).astype(np.int8))
+
+
 def const(value: Any, dtype: str) -> Gen:
     return lambda rng: np.asarray(value, dtype=dtype)
 
@@ -377,6 +384,19 @@ CASES: dict[str, list[OpCase]] = {
                 ints(5, 3, 2, low=-255, high=256, dtype="int16"), ints(5, low=-500, high=500),
                 const(3, "int8"), const(0.004, "float32"), const(-10, "int8")),
                {"pads": (1, 1), "dilations": (2,), "qmin": -10})],
+    # weights as the dot-product kernel's int32 words of 4 int8 values (K = 4*3*3 = 36
+    # and 3*2*2 = 12), made from random int8 weights by the packing itself
+    "qlinear_conv_dot": [
+        OpCase((ints(1, 4, 6, 6, low=0, high=256, dtype="uint8"),
+                weight_words(4, 4, 3, 3), ints(4, low=-5000, high=5000), const(120, "uint8"),
+                const([0.0025, 0.005, 0.00375, 0.0075], "float32"), const(100, "uint8")),
+               {"w_shape": (4, 4, 3, 3), "pads": (1, 0, 1, 2), "strides": (2, 1),
+                "dilations": (1, 1)}),
+        OpCase((ints(1, 3, 7, 5, low=-128, high=128, dtype="int8"),
+                weight_words(5, 3, 2, 2), ints(5, low=-500, high=500), const(3, "int8"),
+                const(0.004, "float32"), const(-10, "int8")),
+               {"w_shape": (5, 3, 2, 2), "pads": (1, 1, 0, 1), "dilations": (2, 1),
+                "qmin": -10})],
     "matmul_integer_packed": [
         OpCase((ints(2, 3, 5, low=0, high=256, dtype="uint8"),
                 ints(1, 5, 4, low=-255, high=256, dtype="int16"), ints(4, low=-900, high=900),
