@@ -2,15 +2,9 @@
 
 The features a target enables are the feature bits of LLVM's subtarget for
 (triple, mcpu, mattr): what `mcpu` implies (APX and AVX10 on `diamondrapids`,
-which no curated list or older GCC knows), plus `+` features, minus `-` ones.
-llvmlite does not list them, but LLVM's inliner can tell: it inlines a callee
-into a caller only when the target says the two are compatible, and on x86 and
-AArch64 that means the callee's feature bits are a subset of the caller's. So
-one module holds a caller with the target's CPU and features and, per candidate
-feature `f`, a small callee with the same CPU and features plus `+f`; after
-LLVM's O2 pipeline, the callees that were inlined are exactly the candidates the
-target already has. (The callees are not `alwaysinline`: the always-inliner
-ignores target compatibility.)
+which no curated list or older GCC knows), plus `+` features, minus `-` ones,
+as `kiln.target.llvm_features.implied_features` asks LLVM's inliner for them
+(the same probe the ISA object, kiln.target.isa, is built from).
 
 Candidates are the features the running CPU can be checked for
 (kiln.runtime.cpu_features.TABLES: an ISA extension with a cpuid or hwcap bit;
