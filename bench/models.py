@@ -49,10 +49,12 @@ import argparse
 import os
 import tempfile
 import time
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import onnx
+from doc_table import machine_line, markdown_table, write_block
 from harness import (
     alternating_blocks_ms,
     calls_within,
@@ -66,6 +68,7 @@ from nets import FULL, MODELS, SMALL, symbolic_dims
 import kiln
 from kiln.frontend import from_onnx
 
+DOCS = Path(__file__).resolve().parents[1] / "docs"
 MODEL_SETS = {"small": list(SMALL), "full": list(FULL), "all": list(MODELS)}
 
 
@@ -285,6 +288,8 @@ def main() -> None:
                         help="leave out the paced columns (a call every 2 ms and 10 ms)")
     parser.add_argument("--dynamic", action="store_true",
                         help="compare symbolic-shape builds with static ones instead")
+    parser.add_argument("--write-docs", action="store_true",
+                        help="also write the table into docs/performance.md (block 'models')")
     parser.add_argument("--int8", action="store_true",
                         help="quantize each model with onnxruntime's quantizer and compare "
                              "kiln int8 with onnxruntime int8 and kiln float32")
@@ -311,19 +316,33 @@ def main() -> None:
               + f" {'rel L2':>9} {'calls':>5}")
     print(header)
     print("-" * len(header))
+    load_before = os.getloadavg()[0]
+    rows: list[list[str]] = []
     for name in names:
         try:
             r = run(name, target, args.repeat, args.seconds, args.tensor_pipeline,
                     args.graph_pipeline, paced)
         except Skipped as exc:
             print(f"{name:<12} skipped: {exc}", flush=True)
+            rows.append([name, "skipped: " + str(exc).replace("|", "/"), *[""] * (
+                5 + paced * len(PACED_PERIODS))])
             continue
         cached = " (cache hit)" if r["cache_hit"] else ""
-        paced_cols = "".join(f"{r[f'paced_{p * 1e3:g}ms']:>10.2f}" for p in PACED_PERIODS
-                             if paced)
+        paced_ratios = [r[f"paced_{p * 1e3:g}ms"] for p in PACED_PERIODS if paced]
+        paced_cols = "".join(f"{x:>10.2f}" for x in paced_ratios)
         print(f"{name:<12} {r['compile_s']:>9.2f} {r['kiln_ms']:>9.3f} {r['ort_ms']:>9.3f} "
               f"{r['ratio']:>9.2f}{paced_cols} {r['rel_l2']:>9.1e} {r['calls']:>5.0f}{cached}",
               flush=True)
+        rows.append([name, f"{r['compile_s']:.2f}{'*' if cached else ''}",
+                     f"{r['kiln_ms']:.3f}", f"{r['ort_ms']:.3f}", f"{r['ratio']:.2f}x",
+                     *(f"{x:.2f}x" for x in paced_ratios), f"{r['rel_l2']:.0e}"])
+    if args.write_docs:
+        columns = ["model", "compile s", "kiln ms", "ort ms", "kiln/ort",
+                   *(f"paced {p * 1e3:g} ms" for p in PACED_PERIODS if paced), "rel L2"]
+        command = "bench/models.py --models " + args.models + " --write-docs"
+        write_block(DOCS / "performance.md", "models", [
+            machine_line(command, describe_target(target), load_before, os.getloadavg()[0]),
+            "", *markdown_table(columns, rows)])
 
 
 if __name__ == "__main__":
