@@ -53,6 +53,7 @@ class HelperCode:
     needs: tuple[str, ...] = ()
 
     def text(self, dialect: CDialect) -> str:
+        """The helper's C in `dialect`."""
         if self.function is None:
             if dialect.helper_qualifiers != C_DIALECT.helper_qualifiers:
                 raise CompileError(f"the {dialect.name} cannot size heap buffers from "
