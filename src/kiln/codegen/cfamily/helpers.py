@@ -44,11 +44,12 @@ def suffix(dtype: str) -> str:
 
 @dataclass(frozen=True)
 class HelperCode:
-    """One helper of kiln_kernels.h: its leading comment, then a function definition
-    whose `static inline` the printing dialect replaces with its own qualifiers
-    (`function` is the text after them); kiln_dim.c, taken whole, has no `function`."""
+    """One helper's C in two parts: `head`, the text before its function definition (a
+    helper of kiln_kernels.h: its comment), and `function`, the definition after its
+    `static inline`, which the printing dialect spells its own way (`helper_qualifiers`).
+    kiln_dim.c, used whole, is all `head`."""
 
-    comment: str
+    head: str
     function: str | None
     needs: tuple[str, ...] = ()
 
@@ -58,8 +59,8 @@ class HelperCode:
             if dialect.helper_qualifiers != C_DIALECT.helper_qualifiers:
                 raise CompileError(f"the {dialect.name} cannot size heap buffers from "
                                    f"symbolic dimensions ({DIM_RUNTIME_FILE} is host C)")
-            return self.comment
-        return f"{self.comment}{dialect.helper_qualifiers} {self.function}"
+            return self.head
+        return f"{self.head}{dialect.helper_qualifiers} {self.function}"
 
 
 class Helpers:

@@ -129,7 +129,7 @@ def libdevice_path() -> Path | None:
 
 
 @functools.cache
-def libdevice_names() -> dict[str, str]:
+def libdevice_names() -> Mapping[str, str]:
     """The extern-name table of device code (kiln.codegen.llvm.decls.ExternModule): each
     math intrinsic NVPTX has no instruction for and each <math.h> function, by the name
     the LLVM lowering declares, -> its CUDA libdevice function (`llvm.exp.f32` and
