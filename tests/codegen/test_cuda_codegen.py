@@ -161,3 +161,31 @@ def test_cuda_needs_an_arch_and_a_gpu_schedule() -> None:
         kiln.compile(model, {"kind": "cuda", "host": "llvm"})
     with pytest.raises(CompileError, match="bind-gpu-threads"):
         kiln.compile(model, CUDA, tensor_pipeline="simplify")
+
+
+def test_the_c_printer_follows_the_cuda_dialect() -> None:
+    """kernels.cu is the C printer's output in CUDA_DIALECT: helpers are __device__
+    functions, written buffers `__restrict__`; the default dialect prints kernels.c."""
+    from kiln.codegen.c import emit_kernels
+    from kiln.codegen.cfamily.helpers import DIM_HELPERS, Helpers
+    from kiln.codegen.constants import ConstantPool
+    from kiln.codegen.cuda.source import CUDA_DIALECT
+    from kiln.ir import IRBuilder
+
+    ib = IRBuilder()
+    with ib.prim_func("halve"):
+        x = ib.arg("X", (4,), "int32")
+        y = ib.arg("Y", (4,), "int32")
+        with ib.for_range(4, name="i") as i:
+            ib.store(y, [i], x[i] // 2)
+    mod = ib.get()
+    cuda, _ = emit_kernels(mod, prefix="k_", pool=ConstantPool(), dialect=CUDA_DIALECT)
+    c, _ = emit_kernels(mod, prefix="k_", pool=ConstantPool())
+    assert "static __device__ inline int32_t kiln_floordiv_i32(" in cuda
+    assert "int32_t* __restrict__ Y" in cuda and "#define KILN_HIDDEN static __device__" in cuda
+    assert "static inline int32_t kiln_floordiv_i32(" in c and "int32_t* restrict Y" in c
+    assert c.startswith("/*\n * kernels.c -- ") and cuda.startswith("/*\n * kernels.cu -- ")
+    dims = Helpers()
+    dims.use(DIM_HELPERS)
+    with pytest.raises(CompileError, match="cuda backend cannot size heap buffers"):
+        dims.lines(CUDA_DIALECT)

@@ -296,3 +296,21 @@ def test_non_ascii_metadata_is_escaped(tmp_path: Path) -> None:
     fn = dll.kiln__metadata
     fn.restype = ctypes.c_char_p
     assert json.loads(fn().decode("utf-8"))["note"] == meta["note"]
+
+
+def test_host_helpers_are_named_apart_from_entries(tmp_path: Path) -> None:
+    """host.c's copies of kiln_kernels.h helpers take its `{prefix}_host_` names, so an
+    entry may be called like a helper: with prefix "kiln_", function `f16_from_double`
+    exports `kiln_f16_from_double` and its float16 scalar goes through the helper."""
+    ib = IRBuilder()
+    with ib.prim_func("f16_from_double"):
+        y = ib.arg("Y", (1,), "float16")
+        s = ib.scalar_arg("s", "float16")
+        ib.store(y, [0], s)
+    mod = ib.get()
+    text = host_source(mod, prefix="kiln_", metadata=library_metadata(mod, "kiln_"))
+    assert "kiln__host_f16_from_double(" in text
+    lib = build(mod, tmp_path, prefix="kiln_")
+    y_out = np.zeros(1, np.float16)
+    assert lib.call("f16_from_double", y_out, 1.0009765625) == 0, lib.last_error()
+    assert y_out[0] == np.float16(1.0009765625)

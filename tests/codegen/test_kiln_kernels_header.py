@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 from c_helpers import CC, have_cc
 
+from kiln.codegen.cfamily.dialect import C_DIALECT
 from kiln.codegen.cfamily.helpers import KERNEL_HELPERS_FILE, Helpers, kernel_helpers
 from kiln.runtime import include_dir
 
@@ -35,9 +36,10 @@ def test_every_helper_and_its_needs_are_in_the_header() -> None:
     assert {"kiln_narrow_float", "kiln_f16_round", "kiln_div_i32", "kiln_pow_u64",
             "kiln_floormod_f64", "kiln_abs_i64"} <= set(helpers)
     text = HEADER.read_text(encoding="utf-8")
-    for name, (code, needs) in helpers.items():
+    for name, helper in helpers.items():
+        code = helper.text(C_DIALECT)
         assert f" {name}(" in code and code in text
-        assert set(needs) <= set(helpers), name
+        assert set(helper.needs) <= set(helpers), name
     used = Helpers()
     used.use("kiln_bf16_round")  # pulls in what it needs, dependencies first
     names = [line.split("(")[0].split()[-1] for line in used.lines() if line.startswith("static")]

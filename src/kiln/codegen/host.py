@@ -36,8 +36,8 @@ from pathlib import Path
 from typing import Any
 
 from kiln import dim_expr
-from kiln.codegen.cfamily.helpers import DIM_RUNTIME_FILE, Helpers, dim_runtime_source
-from kiln.codegen.cfamily.printer import CPrinter, NameScope
+from kiln.codegen.cfamily.helpers import DIM_RUNTIME_FILE, Helpers
+from kiln.codegen.cfamily.printer import HELPER_PREFIX, CPrinter, NameScope
 from kiln.codegen.cfamily.signature import describe_params, param_ctype, qualifiers
 from kiln.codegen.host_dims import TensorArg, dim_c, dim_check, emit_binding, or_return
 from kiln.codegen.naming import (
@@ -78,6 +78,12 @@ HOST_RUNTIME_FILE = "kiln_host.c"
 # Longest name written inline as a string literal; longer ones get a static array.
 _INLINE_NAME = 200
 _NS = "kiln_host_"  # kiln_host.c's static helpers
+# A line including a file of kiln's runtime directory (not a system header).
+_LOCAL_INCLUDE = re.compile(r'#include "([\w.]+)"\n?')
+# The C tokens that hold or hide identifiers: comments, string and character literals,
+# numbers (`64u`, `0x1fu`: no identifier inside) and the identifiers themselves.
+_C_TOKEN = re.compile(r"/\*.*?\*/|\"(?:\\.|[^\"\\])*\"|'(?:\\.|[^'\\])*'|\d\w*"
+                      r"|([A-Za-z_]\w*)", re.S)
 
 
 def host_runtime_path() -> Path:
@@ -88,13 +94,25 @@ def host_runtime_path() -> Path:
 
 @functools.cache
 def host_runtime_source() -> str:
-    """The text of kiln_host.c, which every generated host.c starts with, holding
-    kiln_dim.c's text where it includes it (host.c includes only the C library)."""
-    text = host_runtime_path().read_text(encoding="utf-8")
-    include = f'#include "{DIM_RUNTIME_FILE}"\n'
-    if include not in text:
-        raise CompileError(f"{host_runtime_path()} does not include {DIM_RUNTIME_FILE}")
-    return text.replace(include, dim_runtime_source(), 1)
+    """The text of kiln_host.c, which every generated host.c starts with, and of the
+    file it includes: host.c includes only the C library, so kiln_host.c's
+    `#include "kiln_dim.c"` line stands for that file's text, as it does for the
+    preprocessor (any other file of its directory it included would, too)."""
+    path = host_runtime_path()
+    out, included = [], []
+    for line in path.read_text(encoding="utf-8").splitlines(keepends=True):
+        include = _LOCAL_INCLUDE.fullmatch(line)
+        if include is None:
+            out.append(line)
+            continue
+        name = include[1]
+        if not (path.parent / name).is_file():
+            raise CompileError(f"{path} includes {name!r}, which is not next to it")
+        out.append((path.parent / name).read_text(encoding="utf-8"))
+        included.append(name)
+    if DIM_RUNTIME_FILE not in included:
+        raise CompileError(f"{path} does not include {DIM_RUNTIME_FILE}")
+    return "".join(out)
 
 
 @functools.cache
@@ -104,9 +122,7 @@ def host_runtime_names() -> frozenset[str]:
     No generated symbol or local may take one of these names: a clash would
     redefine (or, for a macro, silently rename) something of kiln_host.c.
     """
-    code = re.sub(r"/\*.*?\*/|\"(?:\\.|[^\"\\])*\"|'(?:\\.|[^'\\])*'", " ",
-                  host_runtime_source(), flags=re.S)
-    return frozenset(re.findall(r"\b[A-Za-z_][A-Za-z0-9_]*\b", code))
+    return frozenset(m[1] for m in _C_TOKEN.finditer(host_runtime_source()) if m[1])
 
 
 def check_messages_define() -> str:
@@ -182,8 +198,18 @@ class HostPrinter:
         self.reserved = symbols | host_runtime_names()
 
     def helper(self, name: str) -> str:
-        """Use a shared kernels helper (renamed into this file's namespace)."""
-        return self.helpers.use(name).replace("kiln_", self.ns, 1)
+        """Use a shared kernels helper; return its name in this file's namespace."""
+        return self.ns + self.helpers.use(name).removeprefix(HELPER_PREFIX)
+
+    def helper_lines(self) -> list[str]:
+        """The helpers' definitions, named into this file's namespace by macros that
+        hold only around them (host.c shares its namespace with the public entries,
+        so helper `kiln_x` is the reserved `{prefix}_host_x` here)."""
+        names = self.helpers.names
+        if not names:
+            return []
+        return [*(f"#define {n} {self.ns}{n.removeprefix(HELPER_PREFIX)}" for n in names),
+                *self.helpers.lines(), *(f"#undef {n}" for n in names), ""]
 
     def render(self) -> str:
         from kiln import __version__
@@ -213,7 +239,7 @@ class HostPrinter:
             "/* Raw kernels (kernels.c / kernels.o). */",
             *(self.kernel_prototype(name, fn) for name, fn in funcs.items()),
             "",
-            *self.helpers.lines(self.ns),
+            *self.helper_lines(),
             *entries,
             *self.accessors(),
         ]

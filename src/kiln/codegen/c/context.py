@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from kiln.codegen.c.externs import ExternTable
+from kiln.codegen.cfamily.dialect import C_DIALECT, CDialect
 from kiln.codegen.cfamily.helpers import Helpers
 from kiln.codegen.cfamily.printer import NameScope
 from kiln.codegen.cfamily.signature import ParamQualifiers
@@ -52,6 +53,7 @@ class ModuleContext:
     launches: dict[CallFunc, Launch] = field(default_factory=dict)
     uses_consts: bool = False
     uses_malloc: bool = False
+    dialect: CDialect = C_DIALECT  # the language printed (kiln.codegen.cfamily.dialect)
 
 
 @dataclass

@@ -179,7 +179,8 @@ class KernelPrinter:
             if isinstance(param, Buffer):
                 name = names.fresh(param.name)
                 ctx.buffers[param] = BufferRef(name, const=index not in self.quals.written)
-                self.params.append(f"{param_ctype(param, index, self.quals)} {name}")
+                ctype = param_ctype(param, index, self.quals, ctx.module.dialect.restrict)
+                self.params.append(f"{ctype} {name}")
             elif param.dtype in ("float16", "bfloat16"):
                 # 16-bit float scalars arrive as bit patterns (docs/abi.md).
                 bits = names.fresh(param.name + "_bits")

@@ -17,8 +17,10 @@ from __future__ import annotations
 
 import functools
 import re
+from dataclasses import dataclass
 from pathlib import Path
 
+from kiln.codegen.cfamily.dialect import C_DIALECT, CDialect
 from kiln.errors import CompileError
 from kiln.ir import dtype as dt
 
@@ -40,17 +42,38 @@ def suffix(dtype: str) -> str:
     return "i32"  # bool, int8..int32, uint8, uint16: promoted to int
 
 
+@dataclass(frozen=True)
+class HelperCode:
+    """One helper's C in two parts: `head`, the text before its function definition (a
+    helper of kiln_kernels.h: its comment), and `function`, the definition after its
+    `static inline`, which the printing dialect spells its own way (`helper_qualifiers`).
+    kiln_dim.c, used whole, is all `head`."""
+
+    head: str
+    function: str | None
+    needs: tuple[str, ...] = ()
+
+    def text(self, dialect: CDialect) -> str:
+        """The helper's C in `dialect`."""
+        if self.function is None:
+            if dialect.helper_qualifiers != C_DIALECT.helper_qualifiers:
+                raise CompileError(f"the {dialect.name} cannot size heap buffers from "
+                                   f"symbolic dimensions ({DIM_RUNTIME_FILE} is host C)")
+            return self.head
+        return f"{self.head}{dialect.helper_qualifiers} {self.function}"
+
+
 class Helpers:
     """The helpers one translation unit uses, in dependency order."""
 
     def __init__(self) -> None:
-        self._code: dict[str, str] = {}
+        self._code: dict[str, HelperCode] = {}
 
     def use(self, name: str) -> str:
         """Register helper `name` (and what it needs); return the name to call."""
         if name not in self._code:
-            code, deps = _make(name)
-            for dep in deps:
+            code = _make(name)
+            for dep in code.needs:
                 self.use(dep)
             self._code[name] = code
         return name
@@ -62,24 +85,26 @@ class Helpers:
         return bool(self._code)
 
     @property
-    def needs_string_h(self) -> bool:
-        return any("memcpy" in code for code in self._code.values())
+    def names(self) -> list[str]:
+        """The helpers used, in the order `lines` defines them."""
+        return list(self._code)
 
-    def lines(self, namespace: str = "kiln_") -> list[str]:
-        """The helpers' C definitions; `namespace` replaces their `kiln_` name prefix
-        (host.c shares a namespace with the public entries, so it uses the reserved
-        `{prefix}_host_`)."""
+    @property
+    def needs_string_h(self) -> bool:
+        return any("memcpy" in code.text(C_DIALECT) for code in self._code.values())
+
+    def lines(self, dialect: CDialect = C_DIALECT) -> list[str]:
+        """The helpers' definitions, each followed by an empty line, in `dialect`."""
         out: list[str] = []
         for code in self._code.values():
-            code = code.strip("\n").replace("kiln_", namespace)
-            out.extend(code.split("\n"))
+            out.extend(code.text(dialect).strip("\n").split("\n"))
             out.append("")
         return out
 
 
-def _make(name: str) -> tuple[str, tuple[str, ...]]:
+def _make(name: str) -> HelperCode:
     if name == DIM_HELPERS:
-        return dim_runtime_source(), ()
+        return HelperCode(dim_runtime_source(), None)
     made = kernel_helpers().get(name)
     if made is None:
         raise CompileError(f"internal error: no C helper named {name!r}")
@@ -95,6 +120,8 @@ DIM_HELPERS = "kiln_dim"
 # kiln_dim.c and kiln_host.c: C that runs on the deploy host, compiled with its `cc`).
 KERNEL_HELPERS_FILE = "kiln_kernels.h"
 _HELPER = re.compile(r"^KILN_HELPER\((\w+)\)\n(?:KILN_NEEDS\(([\w, ]*)\)\n)?", re.M)
+# A helper's definition starts at its qualifiers, the first line that begins with them.
+_DEFINITION = re.compile(r"^static inline ", re.M)
 
 
 def _runtime_include(file_name: str) -> str:
@@ -109,18 +136,24 @@ def dim_runtime_source() -> str:
 
 
 @functools.cache
-def kernel_helpers() -> dict[str, tuple[str, tuple[str, ...]]]:
-    """name -> (C definition, names of the helpers it needs), read from kiln_kernels.h.
+def kernel_helpers() -> dict[str, HelperCode]:
+    """name -> its code and the names of the helpers it needs, read from kiln_kernels.h.
 
     Each helper runs from its `KILN_HELPER(name)` marker line (and optional
-    `KILN_NEEDS(...)` line) to the next marker or the header's `#endif`.
+    `KILN_NEEDS(...)` line) to the next marker or the header's `#endif`: a comment,
+    then a `static inline` function definition.
     """
     text = _runtime_include(KERNEL_HELPERS_FILE)
     end = text.rindex("\n#endif")
     marks = list(_HELPER.finditer(text))
-    out: dict[str, tuple[str, tuple[str, ...]]] = {}
+    out: dict[str, HelperCode] = {}
     for k, m in enumerate(marks):
         stop = marks[k + 1].start() if k + 1 < len(marks) else end
         needs = tuple(n.strip() for n in (m.group(2) or "").split(",") if n.strip())
-        out[m.group(1)] = (text[m.end():stop].strip("\n"), needs)
+        code = text[m.end():stop].strip("\n")
+        definition = _DEFINITION.search(code)
+        if definition is None:
+            raise CompileError(f"{KERNEL_HELPERS_FILE}: helper {m.group(1)} is not a "
+                               "`static inline` function definition")
+        out[m.group(1)] = HelperCode(code[:definition.start()], code[definition.end():], needs)
     return out

@@ -39,14 +39,16 @@ def qualifiers(funcs: dict[str, PrimFunc]) -> dict[str, ParamQualifiers]:
     return {name: ParamQualifiers(info.written[name], info.noalias[name]) for name in funcs}
 
 
-def param_ctype(param: Param, index: int, quals: ParamQualifiers) -> str:
-    """The C type of parameter `index` of a raw kernel (no name)."""
+def param_ctype(param: Param, index: int, quals: ParamQualifiers,
+                restrict: str = "restrict") -> str:
+    """The C type of parameter `index` of a raw kernel (no name); `restrict` is the
+    dialect's spelling of C99's `restrict` (kiln.codegen.cfamily.dialect)."""
     ctype = C_TYPES[param.dtype]
     if not isinstance(param, Buffer):
         return ctype
     if index not in quals.written:
         return f"const {ctype}*"
-    return f"{ctype}* restrict" if index in quals.restrict else f"{ctype}*"
+    return f"{ctype}* {restrict}" if index in quals.restrict else f"{ctype}*"
 
 
 def describe_params(fn: PrimFunc) -> str:

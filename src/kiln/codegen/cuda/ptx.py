@@ -7,6 +7,7 @@ ahead of time.
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Mapping
 from pathlib import Path
@@ -46,9 +47,6 @@ def emit_ptx(llvm_ir: str, arch: str) -> str:
 _LIBDEVICE_INTRINSICS = ("exp", "exp2", "exp10", "log", "log2", "log10", "sin", "cos", "tan",
                          "pow", "powi", "sinh", "cosh", "tanh", "asin", "acos", "atan",
                          "atan2", "ldexp", "frexp", "lround", "llround")
-# llvmlite quotes every global name: @"llvm.exp.f32".
-_INTRINSIC_CALL = re.compile(
-    r'@"?llvm\.(' + "|".join(_LIBDEVICE_INTRINSICS) + r')\.(f32|f64)"?(?=\()')
 LIBDEVICE_ENV = "KILN_LIBDEVICE"
 
 
@@ -64,7 +62,8 @@ def device_ptx(mod: Any, launches: Mapping[str, Any], *, prefix: str, arch: str,
     llvm = _llvm()
     machine = llvm.Target.from_triple(NVPTX_TRIPLE).create_target_machine(cpu=arch, opt=3)
     lowered = lower_module(mod, pool, LoweringOptions(
-        prefix=prefix, triple=NVPTX_TRIPLE, data_layout=str(machine.target_data)))
+        prefix=prefix, triple=NVPTX_TRIPLE, data_layout=str(machine.target_data),
+        extern_names=libdevice_names()))
     module = lowered.module
     i32, i64 = ir.IntType(32), ir.IntType(64)
     sreg = {reg: ir.Function(module, ir.FunctionType(i32, []),
@@ -80,9 +79,8 @@ def device_ptx(mod: Any, launches: Mapping[str, Any], *, prefix: str, arch: str,
         thread = b.zext(b.call(sreg["tid"], []), i64)
         b.call(inner, [*entry.args, block, thread])
         b.ret_void()
-    text = _use_libdevice_names(str(module))
     try:
-        parsed = llvm.parse_assembly(text)
+        parsed = llvm.parse_assembly(str(module))
         parsed.verify()
     except RuntimeError as exc:
         raise CompileError(f"device LLVM IR does not verify: {exc}") from None
@@ -130,24 +128,19 @@ def libdevice_path() -> Path | None:
     return None
 
 
-def _use_libdevice_names(text: str) -> str:
-    """Math intrinsics and libm calls renamed to libdevice's `__nv_` functions."""
+@functools.cache
+def libdevice_names() -> Mapping[str, str]:
+    """The extern-name table of device code (kiln.codegen.llvm.decls.ExternModule): each
+    math intrinsic NVPTX has no instruction for and each <math.h> function, by the name
+    the LLVM lowering declares, -> its CUDA libdevice function (`llvm.exp.f32` and
+    `expf` -> `__nv_expf`, `llvm.exp.f64` and `exp` -> `__nv_exp`)."""
     from kiln.codegen.c.externs import MATH_H
 
-    text = _INTRINSIC_CALL.sub(
-        lambda m: f"@__nv_{m.group(1)}{'f' if m.group(2) == 'f32' else ''}", text)
-    libm = re.compile(r'@"?(' + "|".join(sorted(MATH_H, key=len, reverse=True)) + r')"?\(')
-    text = libm.sub(lambda m: f"@__nv_{m.group(1)}(", text)
-    seen: set[str] = set()
-    lines = []
-    for line in text.splitlines():
-        if line.startswith("declare"):  # two spellings may now declare one function
-            key = re.sub(r"#\d+", "", line)
-            if key in seen:
-                continue
-            seen.add(key)
-        lines.append(line)
-    return "\n".join(lines) + "\n"
+    table = {name: f"__nv_{name}" for name in MATH_H}
+    for op in _LIBDEVICE_INTRINSICS:
+        table[f"llvm.{op}.f32"] = f"__nv_{op}f"
+        table[f"llvm.{op}.f64"] = f"__nv_{op}"
+    return table
 
 
 def _link_libdevice(llvm: Any, module: Any) -> list[str]:

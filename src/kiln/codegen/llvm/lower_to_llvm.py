@@ -12,7 +12,7 @@ translation; docs/codegen-llvm.md describes each rule.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,7 +23,7 @@ from kiln.codegen.cfamily.signature import check_shape_vars
 from kiln.codegen.constants import CONST_ALIGN, ConstantPool
 from kiln.codegen.llvm import arith
 from kiln.codegen.llvm.arith import MathContext
-from kiln.codegen.llvm.decls import declare
+from kiln.codegen.llvm.decls import ExternModule, declare
 from kiln.codegen.llvm.dim_size import checked_dim
 from kiln.codegen.llvm.dtypes import (
     I1,
@@ -122,6 +122,9 @@ class LoweringOptions:
     # Parallel loops call `{prefix}_parallel_for`: host.c's thread pool (False), or
     # a serial definition emitted into this module (True: the JIT has no host.c).
     serial_parallel_for: bool = False
+    # External functions declared under other names (kiln.codegen.llvm.decls.ExternModule):
+    # requested name (`llvm.exp.f32`, `expf`) -> declared name (libdevice's `__nv_expf`).
+    extern_names: Mapping[str, str] = field(default_factory=dict)
 
 
 # Fast-math flags used when the target enables fast-math: everything except
@@ -221,7 +224,7 @@ class _ModuleLowering:
         self.mod = mod
         self.pool = pool
         self.options = options
-        self.module = ir.Module(name="kiln")
+        self.module = ExternModule("kiln", options.extern_names)
         self.module.triple = options.triple
         self.module.data_layout = options.data_layout
         self.math = MathContext(
