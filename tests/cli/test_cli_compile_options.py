@@ -11,9 +11,9 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from support.graphs import GraphBuilder
 
 import kiln
+from support.graphs import GraphBuilder
 
 
 def _model(path: Path) -> onnx.ModelProto:

@@ -24,6 +24,7 @@ def run_kiln(*args: str, cwd: Path, capsys: pytest.CaptureFixture[str],
 
 def _model_with_unknown_op(path: Path) -> Path:
     import onnx
+
     from support.graphs import GraphBuilder
 
     b = GraphBuilder()

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import onnx
 from kiln_cli import MODEL, one_line_error, run_kiln
+
 from support.graphs import GraphBuilder
 
 

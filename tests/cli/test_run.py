@@ -73,6 +73,7 @@ def test_input_mistakes_name_what_is_expected(built: Path) -> None:
 def _two_in_two_out(path: Path) -> None:
     """s = a + b, d = a - b over float32 (2, 3)."""
     from onnx import save
+
     from support.graphs import GraphBuilder
 
     b = GraphBuilder()

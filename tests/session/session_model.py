@@ -11,6 +11,7 @@ def write_model(path: Path) -> Path:
     """MatMul + Relu over x[batch, 8], and Shape(x); saved at `path`."""
     import onnx
     from onnx import TensorProto
+
     from support.graphs import GraphBuilder
 
     b = GraphBuilder()

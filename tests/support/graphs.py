@@ -83,6 +83,11 @@ class GraphBuilder:
         self.inputs.append(value_info(name, shape, elem))
         return name
 
+    def inputs_for(self, feeds: Mapping[str, np.ndarray]) -> None:
+        """Declares an input per array of `feeds`, of its element type and shape."""
+        for name, value in feeds.items():
+            self.input(name, value.shape, helper.np_dtype_to_tensor_dtype(value.dtype))
+
     def output(self, name: str, shape: Shape = None, elem: int = TensorProto.FLOAT, *,
                typed: bool = True) -> str:
         """Declares a graph output (`typed=False`: by name only, see `untyped`)."""
@@ -170,11 +175,15 @@ class GraphBuilder:
               outputs: Sequence[onnx.ValueInfoProto] | None = None,
               opset: int | Mapping[str, int] | None = 17, name: str = "g", *,
               ir_version: int | None = 8, functions: Sequence[onnx.FunctionProto] = (),
-              check: bool = True, full_check: bool = False) -> onnx.ModelProto:
+              infer_outputs: bool = False, check: bool = True,
+              full_check: bool = False) -> onnx.ModelProto:
         """A model of `graph(name, inputs, outputs)`. `opset`: the default domain's
         version, or {domain: version} for every import, or None for onnx's newest;
-        `ir_version` None keeps onnx's newest. `check` runs onnx.checker (`full_check`
-        with shape inference); tests of models the checker refuses pass False."""
+        `ir_version` None keeps onnx's newest. `infer_outputs` declares every output
+        as onnx's shape inference types it. `check` runs onnx.checker (`full_check`
+        with shape inference): models with outputs of no type or unknown rank (which
+        the checker refuses, kiln and onnxruntime infer), or invalid on purpose, pass
+        False."""
         imports = None if opset is None else [
             helper.make_opsetid(domain, version) for domain, version in
             (opset.items() if isinstance(opset, Mapping) else [("", opset)])]
@@ -183,6 +192,11 @@ class GraphBuilder:
                                   producer_name="kiln-tests", **kw)
         if ir_version is not None:
             model.ir_version = ir_version
+        if infer_outputs:
+            known = {v.name: v for v in onnx.shape_inference.infer_shapes(model).graph.output}
+            typed = [known[v.name] for v in model.graph.output]
+            del model.graph.output[:]
+            model.graph.output.extend(typed)
         if check:
             onnx.checker.check_model(model, full_check=full_check)
         return model
