@@ -5,12 +5,13 @@ Two styles mix freely: `op` names its results itself (`relu_3`) and `weight` dra
 deterministic random initializers, for models whose value names do not matter; `node`,
 `const(name=...)`, `input` and `output` keep the names a test asserts on. `graph` makes
 a subgraph (If/Loop/Scan bodies) from a builder of its own; `model` wraps the graph with
-its opset imports, IR version and model-local functions, and runs onnx's checker."""
+its opset imports and IR version, and runs onnx's checker."""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import onnx
@@ -39,7 +40,6 @@ class GraphBuilder:
         self.inits: list[onnx.TensorProto] = []
         self.inputs: list[onnx.ValueInfoProto] = []
         self.outputs: list[onnx.ValueInfoProto] = []
-        self.value_infos: list[onnx.ValueInfoProto] = []
         self.count = 0
 
     def name(self, hint: str) -> str:
@@ -96,14 +96,14 @@ class GraphBuilder:
 
     # -------------------------------------------------------------- nodes
 
-    def op(self, op_type: str, *inputs: str, outputs: int = 1, **attrs: object) -> str:
+    def op(self, op_type: str, *inputs: str, outputs: int = 1, **attrs: Any) -> str:
         """A node whose results are named after `op_type`; returns the first."""
         outs = [self.name(op_type.lower()) for _ in range(outputs)]
         self.nodes.append(helper.make_node(op_type, list(inputs), outs, name=outs[0], **attrs))
         return outs[0]
 
     def node(self, op_type: str, inputs: Sequence[str], outputs: Sequence[str],
-             **attrs: object) -> onnx.NodeProto:
+             **attrs: Any) -> onnx.NodeProto:
         """A node with the value names given (attributes as helper.make_node takes them,
         `name=` and `domain=` included); returns it."""
         node = helper.make_node(op_type, list(inputs), list(outputs), **attrs)
@@ -168,28 +168,26 @@ class GraphBuilder:
         also the body of an If, Loop or Scan node."""
         return helper.make_graph(
             self.nodes, name, list(self.inputs if inputs is None else inputs),
-            list(self.outputs if outputs is None else outputs), self.inits,
-            value_info=self.value_infos)
+            list(self.outputs if outputs is None else outputs), self.inits)
 
     def model(self, inputs: Sequence[onnx.ValueInfoProto] | None = None,
               outputs: Sequence[onnx.ValueInfoProto] | None = None,
               opset: int | Mapping[str, int] | None = 17, name: str = "g", *,
-              ir_version: int | None = 8, functions: Sequence[onnx.FunctionProto] = (),
-              infer_outputs: bool = False, check: bool = True,
+              ir_version: int | None = 8, infer_outputs: bool = False, check: bool = True,
               full_check: bool = False) -> onnx.ModelProto:
         """A model of `graph(name, inputs, outputs)`. `opset`: the default domain's
         version, or {domain: version} for every import, or None for onnx's newest;
-        `ir_version` None keeps onnx's newest. `infer_outputs` declares every output
-        as onnx's shape inference types it. `check` runs onnx.checker (`full_check`
-        with shape inference): models with outputs of no type or unknown rank (which
-        the checker refuses, kiln and onnxruntime infer), or invalid on purpose, pass
-        False."""
+        `ir_version` None keeps onnx's newest (8 is what every onnxruntime reads).
+        `infer_outputs` declares every output as onnx's shape inference types it.
+        `check` runs onnx.checker (`full_check` with shape inference): models with
+        outputs of no type or unknown rank (which the checker refuses, kiln and
+        onnxruntime infer), or invalid on purpose, pass False."""
         imports = None if opset is None else [
             helper.make_opsetid(domain, version) for domain, version in
             (opset.items() if isinstance(opset, Mapping) else [("", opset)])]
-        kw: dict[str, object] = {} if imports is None else {"opset_imports": imports}
-        model = helper.make_model(self.graph(name, inputs, outputs), functions=list(functions),
-                                  producer_name="kiln-tests", **kw)
+        kw: dict[str, Any] = {} if imports is None else {"opset_imports": imports}
+        model = helper.make_model(self.graph(name, inputs, outputs), producer_name="kiln-tests",
+                                  **kw)
         if ir_version is not None:
             model.ir_version = ir_version
         if infer_outputs:
