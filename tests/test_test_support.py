@@ -1,6 +1,7 @@
 """The test suite shares its helpers through tests/support (on pytest's `pythonpath`):
 no test file edits sys.path, and only tests/support/reference.py creates onnxruntime
-sessions or defines an onnxruntime helper."""
+sessions or defines an onnxruntime helper; ONNX graphs are built with
+support.graphs.GraphBuilder, except in the files of RAW_GRAPHS."""
 
 from __future__ import annotations
 
@@ -15,11 +16,30 @@ REFERENCE = "support/reference.py"
 SESSION_ALLOWED = {REFERENCE}
 HELPER_NAMES = {"onnxruntime_outputs", "ort_session"}
 PATH_EDITS = {"insert", "append", "extend", "remove"}
+GRAPHS = "support/graphs.py"
+# Files that build deliberately invalid or hostile models, proto field by proto field,
+# where a builder that names, types and checks values would get in the way.
+RAW_GRAPHS = {
+    "frontend/test_untrusted_models.py": "hostile models: cycles, empty names, negative "
+                                         "dims, external data out of bounds, size bombs",
+    "frontend/test_onnx_checker.py": "models onnx's checker and onnxruntime refuse",
+    "codegen/test_hostile_names.py": "a child script builds a model whose every name is "
+                                     "a C/shell/format-string payload with NUL bytes",
+}
 
 
 def _is_sys_path(node: ast.AST) -> bool:
     return (isinstance(node, ast.Attribute) and node.attr == "path"
             and isinstance(node.value, ast.Name) and node.value.id == "sys")
+
+
+def _makes_raw_graph(node: ast.AST) -> bool:
+    if isinstance(node, ast.Call):
+        func = node.func
+        return (func.attr if isinstance(func, ast.Attribute)
+                else getattr(func, "id", None)) == "make_graph"
+    return (isinstance(node, ast.Constant) and isinstance(node.value, str)
+            and "make_graph(" in node.value)
 
 
 def findings(source: str, rel: str) -> list[str]:
@@ -47,6 +67,8 @@ def findings(source: str, rel: str) -> list[str]:
         elif (isinstance(node, ast.FunctionDef) and node.name in HELPER_NAMES
               and rel != REFERENCE):
             out.append(f"{rel}:{line}: defines its own {node.name}")
+        elif rel not in RAW_GRAPHS and rel != GRAPHS and _makes_raw_graph(node):
+            out.append(f"{rel}:{line}: builds a graph with helper.make_graph")
     return out
 
 
@@ -69,11 +91,61 @@ def test_no_test_file_edits_sys_path_or_makes_its_own_sessions() -> None:
     ("import onnxruntime as ort\nort.InferenceSession(b'')\n", "creates an onnxruntime session"),
     ("from onnxruntime import InferenceSession\n", "creates an onnxruntime session"),
     ("def onnxruntime_outputs(m, f):\n    pass\n", "defines its own onnxruntime_outputs"),
+    ("from onnx import helper\ng = helper.make_graph([], 'g', [], [])\n", "helper.make_graph"),
+    ("from onnx.helper import make_graph\ng = make_graph([], 'g', [], [])\n",
+     "helper.make_graph"),
+    ("code = 'graph = helper.make_graph(nodes)'\n", "helper.make_graph"),
 ])
 def test_the_check_finds_each_pattern(source: str, found: str) -> None:
     (problem,) = findings(source, "x/test_x.py")
     assert found in problem
     assert findings("import sys\nprint(sys.path)\n", "x/test_x.py") == []
+
+
+def test_raw_graphs_are_allowed_only_where_listed() -> None:
+    """Each allow-listed file exists and still needs its raw graphs; the builder's own
+    file and a listed file pass the check."""
+    source = "from onnx import helper\ng = helper.make_graph([], 'g', [], [])\n"
+    for rel in RAW_GRAPHS:
+        assert "make_graph(" in (TESTS / rel).read_text(encoding="utf-8"), rel
+        assert findings(source, rel) == []
+    assert findings(source, GRAPHS) == []
+
+
+def test_graph_builder_keeps_names_and_imports_and_types_outputs() -> None:
+    """Named values, an If whose branches are builder subgraphs, an untyped output typed
+    by shape inference, two opset imports: onnx's checker and onnxruntime accept it."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto
+
+    from support.graphs import GraphBuilder, value_info
+    from support.reference import onnxruntime_outputs
+
+    then_b, else_b = GraphBuilder(), GraphBuilder()
+    then_b.node("Add", ["x", "k"], ["t"])
+    else_b.node("Neg", ["x"], ["e"])
+    b = GraphBuilder()
+    b.const(np.array([1.0, 2.0, 3.0], np.float32), name="k")
+    b.input("c", [], TensorProto.BOOL)
+    b.input("x", [3])
+    b.node("If", ["c"], ["y"], name="pick",
+           then_branch=then_b.graph("then", [], [value_info("t", [3])]),
+           else_branch=else_b.graph("else", [], [value_info("e", [3])]))
+    b.node("Relu", ["y"], ["out"])
+    b.output("out", typed=False)
+    model = b.model(opset={"": 17, "com.microsoft": 1}, infer_outputs=True, full_check=True)
+    assert [(o.domain, o.version) for o in model.opset_import] == [("", 17),
+                                                                   ("com.microsoft", 1)]
+    assert model.ir_version == 8 and [i.name for i in model.graph.initializer] == ["k"]
+    (out,) = model.graph.output
+    assert out.type.tensor_type.elem_type == TensorProto.FLOAT
+    assert [d.dim_value for d in out.type.tensor_type.shape.dim] == [3]
+    x = np.array([-2.0, 0.5, -4.0], np.float32)
+    for c, want in ((True, [0.0, 2.5, 0.0]), (False, [2.0, 0.0, 4.0])):
+        (got,) = onnxruntime_outputs(model, {"c": np.array(c), "x": x})
+        np.testing.assert_array_equal(got, want)
+    assert b.model(opset=None, ir_version=None, check=False).ir_version == onnx.IR_VERSION
 
 
 def test_the_support_package_is_on_pytests_pythonpath() -> None:

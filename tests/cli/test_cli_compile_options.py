@@ -11,16 +11,17 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from onnx import TensorProto, helper
 
 import kiln
+from support.graphs import GraphBuilder
 
 
 def _model(path: Path) -> onnx.ModelProto:
-    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g",
-                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4])])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    b = GraphBuilder()
+    b.node("Relu", ["x"], ["y"])
+    b.input("x", [4])
+    b.output("y", [4])
+    model = b.model(ir_version=None)
     onnx.save(model, path)
     return model
 

@@ -7,16 +7,18 @@ from pathlib import Path
 
 import onnx
 from kiln_cli import MODEL, one_line_error, run_kiln
-from onnx import TensorProto, helper
+
+from support.graphs import GraphBuilder
 
 
 def _relu_batch(tmp_path: Path) -> None:
     """relu.onnx: a Relu whose batch dimension is symbolic."""
-    graph = helper.make_graph(
-        [helper.make_node("Relu", ["x"], ["y"])], "relu",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 64])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 64])])
-    onnx.save(helper.make_model(graph), tmp_path / "relu.onnx")
+    b = GraphBuilder()
+    b.node("Relu", ["x"], ["y"])
+    b.input("x", ["batch", 64])
+    b.output("y", ["batch", 64])
+    onnx.save(b.model(opset=None, name="relu", ir_version=None),
+              tmp_path / "relu.onnx")
 
 
 def test_shape_by_input_name_reaches_the_signature(tmp_path: Path) -> None:

@@ -72,13 +72,18 @@ def test_input_mistakes_name_what_is_expected(built: Path) -> None:
 
 def _two_in_two_out(path: Path) -> None:
     """s = a + b, d = a - b over float32 (2, 3)."""
-    from onnx import TensorProto, helper, save
+    from onnx import save
 
-    spec = [helper.make_tensor_value_info(n, TensorProto.FLOAT, [2, 3]) for n in "abs"]
-    graph = helper.make_graph(
-        [helper.make_node("Add", ["a", "b"], ["s"]), helper.make_node("Sub", ["a", "b"], ["d"])],
-        "two", spec[:2], [spec[2], helper.make_tensor_value_info("d", TensorProto.FLOAT, [2, 3])])
-    save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    from support.graphs import GraphBuilder
+
+    b = GraphBuilder()
+    b.node("Add", ["a", "b"], ["s"])
+    b.node("Sub", ["a", "b"], ["d"])
+    for n in "ab":
+        b.input(n, [2, 3])
+    for n in "sd":
+        b.output(n, [2, 3])
+    save(b.model(name="two", ir_version=None), str(path))
 
 
 def test_several_inputs_and_outputs_by_name(tmp_path: Path) -> None:

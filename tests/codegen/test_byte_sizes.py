@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from onnx import TensorProto, helper, numpy_helper
 
 import kiln
 from kiln.codegen.sizes import max_object_bytes, triple_pointer_bits
@@ -18,19 +17,20 @@ from kiln.errors import CompileError
 from kiln.frontend.onnx import from_onnx
 from kiln.ir import IRBuilder
 from kiln.transform.memory_plan import MAX_BYTES, Block, plan_memory
+from support.graphs import GraphBuilder
 
 
 def expand_model(shape: list[int], out_shape: list[int], reduce: bool) -> bytes:
     """x[4] -> Expand(shape) -> Relu (-> ReduceMax over axis 0 when `reduce`)."""
-    nodes = [helper.make_node("Expand", ["x", "shape"], ["big"], name="expand"),
-             helper.make_node("Relu", ["big"], ["r" if reduce else "y"], name="relu")]
+    b = GraphBuilder()
+    b.node("Expand", ["x", "shape"], ["big"], name="expand")
+    b.node("Relu", ["big"], ["r" if reduce else "y"], name="relu")
     if reduce:
-        nodes.append(helper.make_node("ReduceMax", ["r"], ["y"], axes=[0], keepdims=1))
-    graph = helper.make_graph(
-        nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, out_shape)],
-        initializer=[numpy_helper.from_array(np.array(shape, np.int64), "shape")])
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+        b.node("ReduceMax", ["r"], ["y"], axes=[0], keepdims=1)
+    b.input("x", [4])
+    b.output("y", out_shape)
+    b.const(np.array(shape, np.int64), name="shape")
+    return b.model(ir_version=None)
 
 
 @pytest.mark.parametrize("target", ["c", "llvm"])

@@ -8,13 +8,13 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from onnx import TensorProto, helper, numpy_helper
 
 import kiln
 from kiln.codegen.constants import CONST_ALIGN, ConstantPool
 from kiln.frontend import from_onnx
 from kiln.ir import graph as g
 from kiln.transform import PassContext
+from support.graphs import GraphBuilder
 from support.reference import ort_session
 
 
@@ -23,17 +23,14 @@ def _mlp(path: Path) -> np.ndarray:
     w1 = rng.standard_normal((64, 48)).astype(np.float32)
     w2 = rng.standard_normal((10, 48)).astype(np.float32)  # Gemm transB: read in place
     b2 = rng.standard_normal((10,)).astype(np.float32)
-    nodes = [helper.make_node("MatMul", ["x", "w1"], ["h"]),
-             helper.make_node("Relu", ["h"], ["r"]),
-             helper.make_node("Gemm", ["r", "w2", "b2"], ["y"], transB=1)]
-    graph = helper.make_graph(
-        nodes, "mlp", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, 64])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3, 10])],
-        initializer=[numpy_helper.from_array(a, n) for a, n in ((w1, "w1"),
-                                                                (w2, "w2"), (b2, "b2"))])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    onnx.save(model, path)
+    b = GraphBuilder()
+    b.node("MatMul", ["x", "w1"], ["h"])
+    b.node("Relu", ["h"], ["r"])
+    b.node("Gemm", ["r", "w2", "b2"], ["y"], transB=1)
+    b.consts({"w1": w1, "w2": w2, "b2": b2})
+    b.input("x", [3, 64])
+    b.output("y", [3, 10])
+    onnx.save(b.model(name="mlp"), path)
     return rng.standard_normal((3, 64)).astype(np.float32)
 
 

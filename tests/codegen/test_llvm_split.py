@@ -14,7 +14,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from onnx import TensorProto, helper, numpy_helper
 
 import kiln
 from kiln.codegen.llvm import codegen as llvm_codegen
@@ -22,6 +21,7 @@ from kiln.codegen.llvm.target_machine import llvm_binding
 from kiln.frontend import from_onnx
 from kiln.runtime.dynsym import dynamic_symbols
 from kiln.transform import PassContext
+from support.graphs import GraphBuilder
 
 RNG = np.random.default_rng(5)
 X = RNG.standard_normal((1, 3, 12, 12)).astype(np.float32)
@@ -29,20 +29,18 @@ X = RNG.standard_normal((1, 3, 12, 12)).astype(np.float32)
 
 def model() -> bytes:
     """conv -> relu -> conv -> global pool -> Gemm: a handful of distinct kernels."""
-    inits = [numpy_helper.from_array(RNG.standard_normal(s).astype(np.float32), n)
-             for n, s in (("w1", (8, 3, 3, 3)), ("w2", (8, 8, 3, 3)), ("fc", (5, 8)))]
-    nodes = [helper.make_node("Conv", ["x", "w1"], ["c1"], pads=[1, 1, 1, 1]),
-             helper.make_node("Relu", ["c1"], ["r1"]),
-             helper.make_node("Conv", ["r1", "w2"], ["c2"], pads=[1, 1, 1, 1]),
-             helper.make_node("GlobalAveragePool", ["c2"], ["p"]),
-             helper.make_node("Flatten", ["p"], ["f"]),
-             helper.make_node("Gemm", ["f", "fc"], ["y"], transB=1)]
-    vi = helper.make_tensor_value_info
-    graph = helper.make_graph(nodes, "split", [vi("x", TensorProto.FLOAT, list(X.shape))],
-                              [vi("y", TensorProto.FLOAT, [1, 5])], inits)
-    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    m.ir_version = 8
-    return m.SerializeToString()
+    b = GraphBuilder()
+    b.consts({n: RNG.standard_normal(s).astype(np.float32)
+              for n, s in (("w1", (8, 3, 3, 3)), ("w2", (8, 8, 3, 3)), ("fc", (5, 8)))})
+    b.node("Conv", ["x", "w1"], ["c1"], pads=[1, 1, 1, 1])
+    b.node("Relu", ["c1"], ["r1"])
+    b.node("Conv", ["r1", "w2"], ["c2"], pads=[1, 1, 1, 1])
+    b.node("GlobalAveragePool", ["c2"], ["p"])
+    b.node("Flatten", ["p"], ["f"])
+    b.node("Gemm", ["f", "fc"], ["y"], transB=1)
+    b.input("x", list(X.shape))
+    b.output("y", [1, 5])
+    return b.model(name="split").SerializeToString()
 
 
 MODEL = model()

@@ -1,4 +1,4 @@
-"""ONNX models with If, Loop and Scan, built with onnx.helper, and their inputs.
+"""ONNX models with If, Loop and Scan, built with GraphBuilder, and their inputs.
 
 Each builder returns `(model, feeds)`; the tests compare kiln with onnxruntime.
 """
@@ -10,6 +10,8 @@ from collections.abc import Callable
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
+
+from support.graphs import GraphBuilder
 
 F, I64, B = TensorProto.FLOAT, TensorProto.INT64, TensorProto.BOOL
 Feeds = dict[str, np.ndarray]
@@ -29,12 +31,18 @@ def _w(*shape: int, scale: float = 0.5) -> np.ndarray:
 def _model(nodes: list[onnx.NodeProto], inputs: list[onnx.ValueInfoProto],
            outputs: list[onnx.ValueInfoProto], inits: dict[str, np.ndarray],
            opset: int = 17) -> onnx.ModelProto:
-    graph = helper.make_graph(nodes, "g", inputs, outputs,
-                              [numpy_helper.from_array(v, k) for k, v in inits.items()])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
-    model.ir_version = 8
-    onnx.checker.check_model(model, full_check=True)
-    return model
+    b = GraphBuilder()
+    b.add(*nodes)
+    b.consts(inits)
+    return b.model(inputs, outputs, opset=opset, full_check=True)
+
+
+def subgraph(nodes: list[onnx.NodeProto], name: str, inputs: list[onnx.ValueInfoProto],
+             outputs: list[onnx.ValueInfoProto]) -> onnx.GraphProto:
+    """The body of an If branch, a Loop or a Scan."""
+    b = GraphBuilder()
+    b.add(*nodes)
+    return b.graph(name, inputs, outputs)
 
 
 def _const(name: str, value: np.ndarray) -> onnx.NodeProto:
@@ -49,11 +57,11 @@ def if_model(opset: int = 17) -> tuple[onnx.ModelProto, Feeds]:
     """If on an input condition; both branches read outer values (an input and an
     initializer) and have nodes of their own; the batch axis is symbolic."""
     _reset()
-    then_g = helper.make_graph(
+    then_g = subgraph(
         [helper.make_node("Add", ["x", "y"], ["t0"]), helper.make_node("Relu", ["t0"], ["t1"]),
          helper.make_node("MatMul", ["t1", "W"], ["then_out"])],
         "then", [], [_vi("then_out", F, ["batch", 3])])
-    else_g = helper.make_graph(
+    else_g = subgraph(
         [helper.make_node("Mul", ["x", "y"], ["e0"]), helper.make_node("Sub", ["e0", "y"], ["e1"]),
          helper.make_node("MatMul", ["e1", "W"], ["e2"]),
          helper.make_node("Tanh", ["e2"], ["else_out"])],
@@ -69,8 +77,8 @@ def _loop_body(nodes: list[onnx.NodeProto], states: list[tuple[str, int, list[in
                outs: list[tuple[str, int, list[int | str] | None]],
                cond_out: str = "cond_out") -> onnx.GraphProto:
     ins = [_vi("i", I64, []), _vi("cond_in", B, [])] + [_vi(n, e, s) for n, e, s in states]
-    return helper.make_graph(nodes, "body", ins,
-                             [_vi(cond_out, B, [])] + [_vi(n, e, s) for n, e, s in outs])
+    return subgraph(nodes, "body", ins,
+                    [_vi(cond_out, B, [])] + [_vi(n, e, s) for n, e, s in outs])
 
 
 def loop_static(opset: int = 17) -> tuple[onnx.ModelProto, Feeds]:
@@ -189,12 +197,12 @@ def scan_model(opset: int = 17) -> tuple[onnx.ModelProto, Feeds]:
     """Two Scans: a running sum forward over axis 0, and one over axis 1 in reverse whose
     output is reversed and stacked along axis 1; the sequence axis is symbolic."""
     _reset()
-    body1 = helper.make_graph(
+    body1 = subgraph(
         [helper.make_node("Add", ["acc", "xt"], ["acc_out"]),
          helper.make_node("Mul", ["acc_out", "two"], ["y_t"])],
         "scan1", [_vi("acc", F, [3]), _vi("xt", F, [3])],
         [_vi("acc_out", F, [3]), _vi("y_t", F, [3])])
-    body2 = helper.make_graph(
+    body2 = subgraph(
         [helper.make_node("Mul", ["m", "zt"], ["mz"]),
          helper.make_node("Add", ["mz", "wt"], ["m_out"]),
          helper.make_node("Sigmoid", ["m_out"], ["o_t"])],
@@ -221,10 +229,10 @@ def nested_if_in_loop(opset: int = 17) -> tuple[onnx.ModelProto, Feeds]:
     """A Loop whose body holds an If on the iteration's parity (even: add the input,
     odd: multiply by an initializer), read by a scan output."""
     _reset()
-    then_g = helper.make_graph([helper.make_node("Add", ["s", "x"], ["t_out"])], "then", [],
-                               [_vi("t_out", F, [4])])
-    else_g = helper.make_graph([helper.make_node("Mul", ["s", "k"], ["e_out"])], "else", [],
-                               [_vi("e_out", F, [4])])
+    then_g = subgraph([helper.make_node("Add", ["s", "x"], ["t_out"])], "then", [],
+                      [_vi("t_out", F, [4])])
+    else_g = subgraph([helper.make_node("Mul", ["s", "k"], ["e_out"])], "else", [],
+                      [_vi("e_out", F, [4])])
     body = _loop_body(
         [helper.make_node("Identity", ["cond_in"], ["cond_out"]),
          helper.make_node("Mod", ["i", "two"], ["parity"]),
@@ -246,7 +254,7 @@ def nested_loops(opset: int = 17) -> tuple[onnx.ModelProto, Feeds]:
     and swaps its two states (`a <- inner result`, `b <- a`, a value passed through), next
     to an If whose branches return an Identity of an input and a constant."""
     _reset()
-    inner = helper.make_graph(
+    inner = subgraph(
         [helper.make_node("Identity", ["c2"], ["cond_out2"]),
          helper.make_node("Add", ["q", "a"], ["q_out"])],
         "inner", [_vi("j", I64, []), _vi("c2", B, []), _vi("q", F, [3])],
@@ -257,10 +265,10 @@ def nested_loops(opset: int = 17) -> tuple[onnx.ModelProto, Feeds]:
          helper.make_node("Loop", ["three", "", "b"], ["bb"], body=inner),
          helper.make_node("Identity", ["a"], ["a_same"])],
         [("a", F, [3]), ("b", F, [3])], [("bb", F, [3]), ("a_same", F, [3])])
-    then_g = helper.make_graph([helper.make_node("Identity", ["x"], ["xo"])], "t", [],
-                               [_vi("xo", F, [3])])
-    else_g = helper.make_graph([_const("k", np.ones(3, np.float32))], "e", [],
-                               [_vi("k", F, [3])])
+    then_g = subgraph([helper.make_node("Identity", ["x"], ["xo"])], "t", [],
+                      [_vi("xo", F, [3])])
+    else_g = subgraph([_const("k", np.ones(3, np.float32))], "e", [],
+                      [_vi("k", F, [3])])
     nodes = [helper.make_node("Loop", ["M", "", "x", "y"], ["fa", "fb"], body=body),
              helper.make_node("If", ["c"], ["z"], then_branch=then_g, else_branch=else_g)]
     model = _model(nodes, [_vi("M", I64, []), _vi("c", B, []), _vi("x", F, [3]),

@@ -11,7 +11,19 @@ from typing import Any
 import numpy as np
 import onnx
 import pytest
-from cf_models import I64, MODELS, B, F, Feeds, _loop_body, _model, _vi, loop_symbolic, scan_model
+from cf_models import (
+    I64,
+    MODELS,
+    B,
+    F,
+    Feeds,
+    _loop_body,
+    _model,
+    _vi,
+    loop_symbolic,
+    scan_model,
+    subgraph,
+)
 from onnx import helper
 
 import kiln
@@ -221,10 +233,10 @@ def test_a_loop_carried_value_that_changes_shape_is_refused() -> None:
 
 
 def test_if_branches_with_different_shapes_are_refused() -> None:
-    then_g = helper.make_graph([helper.make_node("Identity", ["x"], ["a"])], "t", [],
-                               [_vi("a", F, [2])])
-    else_g = helper.make_graph([helper.make_node("Concat", ["x", "x"], ["b"], axis=0)], "e",
-                               [], [_vi("b", F, [4])])
+    then_g = subgraph([helper.make_node("Identity", ["x"], ["a"])], "t", [],
+                      [_vi("a", F, [2])])
+    else_g = subgraph([helper.make_node("Concat", ["x", "x"], ["b"], axis=0)], "e",
+                      [], [_vi("b", F, [4])])
     node = helper.make_node("If", ["c"], ["y"], then_branch=then_g, else_branch=else_g,
                             name="branchy")
     model = _model([node], [_vi("c", B, []), _vi("x", F, [2])], [_vi("y", F, ["k"])], {})

@@ -7,7 +7,6 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 import onnx
-from onnx import helper
 
 import kiln
 from kiln.ir.attrs import ATTR_NUM_OUTPUTS
@@ -15,6 +14,7 @@ from kiln.ir.evaluate import evaluate
 from kiln.ir.tensor import Buffer
 from kiln.runtime.abi import numpy_dtype
 from kiln.runtime.function import trim_result
+from support.graphs import GraphBuilder
 from support.reference import ort_session
 
 
@@ -22,9 +22,12 @@ def model(nodes: list[onnx.NodeProto], inputs: list[onnx.ValueInfoProto],
           outputs: Sequence[tuple[str, int]], initializers: Sequence[onnx.TensorProto] = (),
           opset: int = 17) -> onnx.ModelProto:
     """An ONNX model with `outputs` as (name, element type) of unknown shape."""
-    outs = [helper.make_tensor_value_info(n, ty, None) for n, ty in outputs]
-    graph = helper.make_graph(nodes, "g", inputs, outs, list(initializers))
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    b = GraphBuilder()
+    b.add(*nodes)
+    b.consts(initializers)
+    for name, elem in outputs:
+        b.output(name, None, elem)
+    return b.model(inputs, opset=opset, ir_version=None, check=False)
 
 
 def check(m: onnx.ModelProto, feeds: Sequence[Mapping[str, np.ndarray]], target: str) -> None:

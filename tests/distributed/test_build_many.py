@@ -20,35 +20,36 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from onnx import TensorProto, helper, numpy_helper
 
 import kiln
 from kiln.cli.main import main
 from kiln.distributed import load_matrix
 from kiln.distributed.executor import InProcessExecutor, make_executor
 from kiln.errors import MissingFileError, UsageError
+from support.graphs import GraphBuilder
 from support.reference import onnxruntime_outputs
 
 RNG = np.random.default_rng(7)
 
 
 def _mlp(path: Path) -> None:
-    w = numpy_helper.from_array(RNG.standard_normal((16, 8)).astype(np.float32), "w")
-    graph = helper.make_graph(
-        [helper.make_node("MatMul", ["x", "w"], ["m"]), helper.make_node("Relu", ["m"], ["y"])],
-        "mlp", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 16])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 8])], [w])
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    b = GraphBuilder()
+    b.const(RNG.standard_normal((16, 8)).astype(np.float32), name="w")
+    b.node("MatMul", ["x", "w"], ["m"])
+    b.node("Relu", ["m"], ["y"])
+    b.input("x", [2, 16])
+    b.output("y", [2, 8])
+    onnx.save(b.model(name="mlp", ir_version=None), path)
 
 
 def _conv(path: Path) -> None:
-    w = numpy_helper.from_array(RNG.standard_normal((4, 3, 3, 3)).astype(np.float32), "w")
-    graph = helper.make_graph(
-        [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
-         helper.make_node("Sigmoid", ["c"], ["y"])],
-        "conv", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 3, 8, 8])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 4, 8, 8])], [w])
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    b = GraphBuilder()
+    b.const(RNG.standard_normal((4, 3, 3, 3)).astype(np.float32), name="w")
+    b.node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1])
+    b.node("Sigmoid", ["c"], ["y"])
+    b.input("x", ["n", 3, 8, 8])
+    b.output("y", ["n", 4, 8, 8])
+    onnx.save(b.model(name="conv", ir_version=None), path)
 
 
 @pytest.fixture

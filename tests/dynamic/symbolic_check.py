@@ -10,6 +10,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 import kiln
+from support.graphs import GraphBuilder
 from support.reference import ort_session
 
 Feeds = Callable[[np.random.Generator, int, int], Mapping[str, np.ndarray]]
@@ -29,10 +30,12 @@ def onnx_model(nodes: list[onnx.NodeProto], inputs: list[onnx.ValueInfoProto],
                initializers: Iterable[onnx.TensorProto] = (), n_outputs: int = 1,
                out_type: int = TensorProto.FLOAT) -> onnx.ModelProto:
     """An opset-17 model whose outputs are `o` (or `o0`, `o1`, ... for several), any shape."""
-    names = ["o"] if n_outputs == 1 else [f"o{k}" for k in range(n_outputs)]
-    outputs = [helper.make_tensor_value_info(n, out_type, None) for n in names]
-    graph = helper.make_graph(nodes, "g", inputs, outputs, list(initializers))
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    b = GraphBuilder()
+    b.add(*nodes)
+    b.consts(initializers)
+    for name in ["o"] if n_outputs == 1 else [f"o{k}" for k in range(n_outputs)]:
+        b.output(name, None, out_type)
+    return b.model(inputs, ir_version=None, check=False)
 
 
 def check_vs_onnxruntime(model: onnx.ModelProto, feeds: Feeds, target: str) -> None:

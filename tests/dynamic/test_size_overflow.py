@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from onnx import TensorProto, helper
+from onnx import TensorProto
 
 import kiln
 from kiln.errors import CallError
@@ -27,6 +27,7 @@ from kiln.frontend import from_onnx
 from kiln.ir.attrs import ATTR_WORKSPACE_BYTES
 from kiln.ir.kernel_errors import ERROR_SIZE_OVERFLOW, KERNEL_ERRORS
 from kiln.runtime.dim_binding import compile_dim_text
+from support.graphs import GraphBuilder
 
 F = TensorProto.FLOAT
 HUGE = 1 << 30
@@ -66,27 +67,31 @@ print(json.dumps({"rc": rc, "error": error().decode(), "shapes": list(out)[:int(
 """
 
 
-def _vi(name: str, shape: list[str | int]) -> onnx.ValueInfoProto:
-    return helper.make_tensor_value_info(name, F, shape)
-
-
 def two_chains() -> onnx.ModelProto:
     """y = relu(-relu(x)), w = relu(-relu(z)), the last ReLUs after both chains: one
     intermediate per chain, workspace `a*b*4 + c*d*4` (two size classes end to end)."""
-    nodes = [helper.make_node("Relu", ["x"], ["x1"]), helper.make_node("Neg", ["x1"], ["x2"]),
-             helper.make_node("Relu", ["z"], ["z1"]), helper.make_node("Neg", ["z1"], ["z2"]),
-             helper.make_node("Relu", ["x2"], ["y"]), helper.make_node("Relu", ["z2"], ["w"])]
-    graph = helper.make_graph(nodes, "g", [_vi("x", ["a", "b"]), _vi("z", ["c", "d"])],
-                              [_vi("y", ["a", "b"]), _vi("w", ["c", "d"])])
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    b = GraphBuilder()
+    b.node("Relu", ["x"], ["x1"])
+    b.node("Neg", ["x1"], ["x2"])
+    b.node("Relu", ["z"], ["z1"])
+    b.node("Neg", ["z1"], ["z2"])
+    b.node("Relu", ["x2"], ["y"])
+    b.node("Relu", ["z2"], ["w"])
+    b.input("x", ["a", "b"])
+    b.input("z", ["c", "d"])
+    b.output("y", ["a", "b"])
+    b.output("w", ["c", "d"])
+    return b.model(ir_version=None)
 
 
 def flatten() -> onnx.ModelProto:
     """y = reshape(x, [-1]): the result's dimension is the expression `a*2`."""
-    shape = onnx.numpy_helper.from_array(np.array([-1], np.int64), "shape")
-    graph = helper.make_graph([helper.make_node("Reshape", ["x", "shape"], ["y"])], "g",
-                              [_vi("x", ["a", 2])], [_vi("y", ["n"])], [shape])
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    b = GraphBuilder()
+    b.const(np.array([-1], np.int64), name="shape")
+    b.node("Reshape", ["x", "shape"], ["y"])
+    b.input("x", ["a", 2])
+    b.output("y", ["n"])
+    return b.model(ir_version=None)
 
 
 def _call(lib: Path, symbol: str, shapes: list[tuple[int, ...]],

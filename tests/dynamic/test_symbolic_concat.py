@@ -6,19 +6,19 @@ from __future__ import annotations
 import numpy as np
 import onnx
 import pytest
-from onnx import TensorProto, helper
 
 import kiln
+from support.graphs import GraphBuilder
 from support.reference import ort_session
 
 
 def _concat_model(axis: int) -> onnx.ModelProto:
-    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["b", "s"])
-    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["b", "s"])
-    out = helper.make_tensor_value_info("o", TensorProto.FLOAT, None)
-    node = helper.make_node("Concat", ["x", "y", "x"], ["o"], axis=axis)
-    graph = helper.make_graph([node], "concat", [x, y], [out])
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    b = GraphBuilder()
+    b.input("x", ["b", "s"])
+    b.input("y", ["b", "s"])
+    b.output("o")
+    b.node("Concat", ["x", "y", "x"], ["o"], axis=axis)
+    return b.model(name="concat", ir_version=None, check=False)
 
 
 @pytest.mark.parametrize("target", ["llvm", "c"])

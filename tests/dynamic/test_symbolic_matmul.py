@@ -8,10 +8,10 @@ from __future__ import annotations
 import numpy as np
 import onnx
 import pytest
-from onnx import TensorProto, helper
 
 import kiln
 from kiln.frontend.onnx import from_onnx
+from support.graphs import GraphBuilder
 from support.numerics import rel_l2
 from support.reference import ort_session
 
@@ -19,20 +19,20 @@ HEAD = 24  # not a multiple of the vector width
 
 
 def _model() -> onnx.ModelProto:
-    vi = helper.make_tensor_value_info
-    nodes = [helper.make_node("Transpose", ["k"], ["kt"], perm=[0, 1, 3, 2]),
-             helper.make_node("MatMul", ["q", "kt"], ["scores"]),
-             helper.make_node("Mul", ["scores", "scale"], ["scaled"]),
-             helper.make_node("MatMul", ["scaled", "v"], ["ctx"]),
-             helper.make_node("MatMul", ["q", "shared"], ["cross"])]
+    b = GraphBuilder()
+    b.node("Transpose", ["k"], ["kt"], perm=[0, 1, 3, 2])
+    b.node("MatMul", ["q", "kt"], ["scores"])
+    b.node("Mul", ["scores", "scale"], ["scaled"])
+    b.node("MatMul", ["scaled", "v"], ["ctx"])
+    b.node("MatMul", ["q", "shared"], ["cross"])
     dims = ["b", "h", "s", HEAD]
-    graph = helper.make_graph(
-        nodes, "attention",
-        [vi("q", TensorProto.FLOAT, dims), vi("k", TensorProto.FLOAT, dims),
-         vi("v", TensorProto.FLOAT, dims), vi("shared", TensorProto.FLOAT, [1, "h", HEAD, "s"])],
-        [vi("ctx", TensorProto.FLOAT, dims), vi("cross", TensorProto.FLOAT, ["b", "h", "s", "s"])],
-        [onnx.numpy_helper.from_array(np.array(0.125, np.float32), "scale")])
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    for name in "qkv":
+        b.input(name, dims)
+    b.input("shared", [1, "h", HEAD, "s"])
+    b.output("ctx", dims)
+    b.output("cross", ["b", "h", "s", "s"])
+    b.const(np.array(0.125, np.float32), name="scale")
+    return b.model(name="attention", ir_version=None)
 
 
 @pytest.mark.parametrize("target", ["llvm", "c"])

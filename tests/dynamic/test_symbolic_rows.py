@@ -7,30 +7,28 @@ from __future__ import annotations
 import numpy as np
 import onnx
 import pytest
-from onnx import TensorProto, helper
 
 import kiln
 from kiln.frontend.onnx import from_onnx
+from support.graphs import GraphBuilder
 from support.reference import ort_session
 
 
 def _model() -> onnx.ModelProto:
-    vi = helper.make_tensor_value_info
-    shape = lambda name, v: onnx.numpy_helper.from_array(np.array(v, np.int64), name)  # noqa: E731
-    nodes = [helper.make_node("Softmax", ["x"], ["p"], axis=-1),
-             helper.make_node("Reshape", ["y", "split"], ["q"]),
-             helper.make_node("Transpose", ["q"], ["r"], perm=[0, 2, 1, 3]),
-             helper.make_node("Mul", ["r", "r"], ["r2"]),
-             helper.make_node("Transpose", ["r2"], ["t"], perm=[0, 2, 1, 3]),
-             helper.make_node("Reshape", ["t", "merge"], ["u"])]
-    graph = helper.make_graph(
-        nodes, "rows",
-        [vi("x", TensorProto.FLOAT, ["b", "h", "s", "s"]),
-         vi("y", TensorProto.FLOAT, ["b", "s", 64])],
-        [vi("p", TensorProto.FLOAT, ["b", "h", "s", "s"]),
-         vi("u", TensorProto.FLOAT, ["b", "s", 64])],
-        [shape("split", [0, 0, 4, 16]), shape("merge", [0, 0, -1])])
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    b = GraphBuilder()
+    b.node("Softmax", ["x"], ["p"], axis=-1)
+    b.node("Reshape", ["y", "split"], ["q"])
+    b.node("Transpose", ["q"], ["r"], perm=[0, 2, 1, 3])
+    b.node("Mul", ["r", "r"], ["r2"])
+    b.node("Transpose", ["r2"], ["t"], perm=[0, 2, 1, 3])
+    b.node("Reshape", ["t", "merge"], ["u"])
+    b.input("x", ["b", "h", "s", "s"])
+    b.input("y", ["b", "s", 64])
+    b.output("p", ["b", "h", "s", "s"])
+    b.output("u", ["b", "s", 64])
+    b.consts({"split": np.array([0, 0, 4, 16], np.int64),
+              "merge": np.array([0, 0, -1], np.int64)})
+    return b.model(name="rows", ir_version=None)
 
 
 @pytest.mark.parametrize("target", ["llvm", "c"])

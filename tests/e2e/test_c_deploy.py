@@ -9,10 +9,10 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from onnx import TensorProto, helper, numpy_helper
 
 import kiln
 from kiln.runtime.native import include_dir
+from support.graphs import GraphBuilder, value_info
 from support.reference import ort_session
 from support.toolchains import needs
 
@@ -24,18 +24,15 @@ def _cnn(path: Path) -> None:
     rng = np.random.default_rng(7)
     w = rng.standard_normal((8, 3, 3, 3)).astype(np.float32) * 0.3
     fc = rng.standard_normal((10, 8)).astype(np.float32)
-    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
-             helper.make_node("Relu", ["c"], ["r"]),
-             helper.make_node("GlobalAveragePool", ["r"], ["p"]),
-             helper.make_node("Flatten", ["p"], ["f"]),
-             helper.make_node("Gemm", ["f", "fc"], ["y"], transB=1)]
-    graph = helper.make_graph(
-        nodes, "cnn", [helper.make_tensor_value_info("x", TensorProto.FLOAT, IN_SHAPE)],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, OUT_SHAPE)],
-        initializer=[numpy_helper.from_array(w, "w"), numpy_helper.from_array(fc, "fc")])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    onnx.save(model, path)
+    b = GraphBuilder()
+    b.node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1])
+    b.node("Relu", ["c"], ["r"])
+    b.node("GlobalAveragePool", ["r"], ["p"])
+    b.node("Flatten", ["p"], ["f"])
+    b.node("Gemm", ["f", "fc"], ["y"], transB=1)
+    b.consts({"w": w, "fc": fc})
+    onnx.save(b.model([value_info("x", IN_SHAPE)], [value_info("y", OUT_SHAPE)], name="cnn"),
+              path)
 
 
 def _shape(s: tuple[int, ...]) -> str:

@@ -3,14 +3,14 @@
 The lowered graph `main` is one flat statement list (workspace, constants, views,
 calls), so no walk over it gets deeper as the model grows; FuseOps caps the ops fused
 into one kernel, so no expression does either. The models are built with
-`onnx.helper` and checked against onnxruntime.
+support.graphs.GraphBuilder and checked against onnxruntime.
 """
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
-from onnx import ModelProto, TensorProto, helper, numpy_helper
+from onnx import ModelProto
 
 import kiln
 from kiln.frontend import from_onnx
@@ -19,6 +19,7 @@ from kiln.ir import tensor as t
 from kiln.script import from_source, print_module
 from kiln.transform.fuse_ops import MAX_FUSED_OPS
 from kiln.transform.pipeline import get_pipeline
+from support.graphs import GraphBuilder
 from support.reference import ort_session
 
 WIDTH = 2  # tiny weights: the point is their number, not their size
@@ -27,38 +28,35 @@ WIDTH = 2  # tiny weights: the point is their number, not their size
 def matmul_chain(n: int) -> ModelProto:
     """`n` MatMul+Relu layers, each with its own (WIDTH, WIDTH) weight tensor."""
     rng = np.random.default_rng(n)
-    nodes, weights = [], []
+    b = GraphBuilder()
     prev = "x"
     for k in range(n):
         # Positive, column-stochastic: values stay positive and bounded down the chain.
         w = rng.uniform(0.1, 1.0, (WIDTH, WIDTH))
-        weights.append(numpy_helper.from_array((w / w.sum(axis=0)).astype(np.float32), f"w{k}"))
-        nodes.append(helper.make_node("MatMul", [prev, f"w{k}"], [f"m{k}"]))
-        nodes.append(helper.make_node("Relu", [f"m{k}"], [f"r{k}"]))
+        b.const((w / w.sum(axis=0)).astype(np.float32), name=f"w{k}")
+        b.node("MatMul", [prev, f"w{k}"], [f"m{k}"])
+        b.node("Relu", [f"m{k}"], [f"r{k}"])
         prev = f"r{k}"
-    return _model(nodes, prev, (1, WIDTH), weights)
+    return _model(b, prev, (1, WIDTH))
 
 
 def elementwise_chain(n: int) -> ModelProto:
     """`n` elementwise nodes in one chain: x is added back in every other node."""
-    nodes = []
+    b = GraphBuilder()
     prev = "x"
     for k in range(n):
         if k % 2:
-            nodes.append(helper.make_node("Tanh", [prev], [f"e{k}"]))
+            b.node("Tanh", [prev], [f"e{k}"])
         else:
-            nodes.append(helper.make_node("Add", [prev, "x"], [f"e{k}"]))
+            b.node("Add", [prev, "x"], [f"e{k}"])
         prev = f"e{k}"
-    return _model(nodes, prev, (8,), [])
+    return _model(b, prev, (8,))
 
 
-def _model(nodes: list, out: str, shape: tuple[int, ...], weights: list) -> ModelProto:
-    graph = helper.make_graph(
-        nodes, "chain", [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
-        [helper.make_tensor_value_info(out, TensorProto.FLOAT, shape)], weights)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8  # what onnxruntime reads
-    return model
+def _model(b: GraphBuilder, out: str, shape: tuple[int, ...]) -> ModelProto:
+    b.input("x", shape)
+    b.output(out, shape)
+    return b.model(name="chain")
 
 
 def _reference(model: ModelProto, x: np.ndarray) -> np.ndarray:
@@ -134,11 +132,12 @@ def test_five_thousand_node_elementwise_chain(target: str) -> None:
 
 def test_five_thousand_foldable_nodes() -> None:
     """A long chain on a weight alone is folded to one constant (import and FoldConstants)."""
-    nodes = [helper.make_node("Sigmoid" if k % 2 else "Neg", [f"c{k}"], [f"c{k + 1}"])
-             for k in range(5000)]
-    nodes.append(helper.make_node("Add", ["c5000", "x"], ["y"]))
-    weight = numpy_helper.from_array(np.linspace(-2.0, 2.0, 8, dtype=np.float32), "c0")
-    model = _model(nodes, "y", (8,), [weight])
+    b = GraphBuilder()
+    for k in range(5000):
+        b.node("Sigmoid" if k % 2 else "Neg", [f"c{k}"], [f"c{k + 1}"])
+    b.node("Add", ["c5000", "x"], ["y"])
+    b.const(np.linspace(-2.0, 2.0, 8, dtype=np.float32), name="c0")
+    model = _model(b, "y", (8,))
     mod = from_onnx(model)
     exe = kiln.compile(mod, "llvm")
     np.testing.assert_allclose(exe(EW_X), _reference(model, EW_X), rtol=1e-5, atol=1e-6)

@@ -62,13 +62,14 @@ def test_loading_a_library_for_another_machine_names_both(tmp_path: Path) -> Non
 @needs_cross
 def test_cli_compile_cross_and_cc_flag(tmp_path: Path) -> None:
     import onnx
-    from onnx import TensorProto, helper
 
-    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g",
-                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4])])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    onnx.save(model, tmp_path / "m.onnx")
+    from support.graphs import GraphBuilder
+
+    b = GraphBuilder()
+    b.node("Relu", ["x"], ["y"])
+    b.input("x", [4])
+    b.output("y", [4])
+    onnx.save(b.model(ir_version=None), tmp_path / "m.onnx")
     env = {k: v for k, v in __import__("os").environ.items() if k != "CC"}
     out = tmp_path / "m.so"
     proc = subprocess.run([sys.executable, "-m", "kiln", "compile", str(tmp_path / "m.onnx"),

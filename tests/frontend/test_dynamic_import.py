@@ -21,6 +21,7 @@ from kiln.ir.tensor import Var
 from kiln.ir.types import TensorType
 from kiln.script import from_source, print_module
 from support.dynamic_models import cnn, encoder, feeds
+from support.graphs import GraphBuilder
 from support.reference import ort_session
 
 ENCODER_SIZES = [(1, 1), (1, 32), (3, 7), (2, 200), (1, 512)]
@@ -42,10 +43,15 @@ def _shape(mod, k: int = 0) -> str:
 
 def _model(nodes: list, inputs: list, outputs: list, inits=()) -> onnx.ModelProto:
     """A model of `nodes`; inputs and outputs as (name, elem type, shape) triples."""
-    graph = helper.make_graph(
-        nodes, "g", [helper.make_tensor_value_info(n, e, s) for n, e, s in inputs],
-        [helper.make_tensor_value_info(n, e, s) for n, e, s in outputs], list(inits))
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    b = GraphBuilder()
+    b.add(*nodes)
+    b.consts(inits)
+    for n, e, s in inputs:
+        b.input(n, s, e)
+    for n, e, s in outputs:
+        b.output(n, s, e)
+    # Unchecked: outputs of unknown rank, and models whose import errors are tested.
+    return b.model(ir_version=None, check=False)
 
 
 def _single(node: onnx.NodeProto, inputs: list, inits=()) -> onnx.ModelProto:

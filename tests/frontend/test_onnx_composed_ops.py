@@ -11,28 +11,25 @@ import node_suite as ns
 import numpy as np
 import onnx
 import pytest
-from onnx import TensorProto, helper, numpy_helper
+from onnx import helper, numpy_helper
 
 from kiln.errors import FrontendError
 from kiln.frontend import from_onnx
+from support.graphs import GraphBuilder
 from support.reference import ort_session
-
-F = TensorProto.FLOAT
 
 
 def _case(name: str, node: onnx.NodeProto, feeds: dict[str, np.ndarray], opset: int,
           consts: dict[str, np.ndarray] | None = None, domain: str = "") -> ns.Case:
     """A node-suite Case whose expected outputs are onnxruntime's."""
-    inputs = [helper.make_tensor_value_info(
-        k, helper.np_dtype_to_tensor_dtype(v.dtype), v.shape) for k, v in feeds.items()]
-    graph = helper.make_graph([node], name, inputs,
-                              [helper.ValueInfoProto(name=o) for o in node.output],
-                              [numpy_helper.from_array(v, k) for k, v in (consts or {}).items()])
-    imports = [helper.make_opsetid(domain, opset)]
-    if domain:
-        imports.append(helper.make_opsetid("", 21))
-    model = helper.make_model(graph, opset_imports=imports)
-    model.ir_version = 10
+    b = GraphBuilder()
+    b.add(node)
+    b.inputs_for(feeds)
+    for o in node.output:
+        b.output(o, typed=False)
+    b.consts(consts or {})
+    imports = {domain: opset, **({"": 21} if domain else {})}
+    model = b.model(opset=imports, name=name, ir_version=10, check=False)
     want = ort_session(model).run(None, feeds)
     return ns.Case(name, model, feeds, tuple(want), frozenset([node.op_type]), opset)
 
@@ -141,10 +138,12 @@ def _other_cases() -> list[ns.Case]:
 def _max_unpool_case(rng: Any) -> ns.Case:
     """MaxUnpool of onnxruntime's MaxPool values and indices, to a larger output_shape."""
     pool = helper.make_node("MaxPool", ["x"], ["v", "i"], kernel_shape=[2, 2], strides=[2, 2])
-    graph = helper.make_graph([pool], "p", [helper.make_tensor_value_info("x", F, [2, 3, 6, 4])],
-                              [helper.ValueInfoProto(name="v"), helper.ValueInfoProto(name="i")])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 22)])
-    model.ir_version = 10
+    b = GraphBuilder()
+    b.add(pool)
+    b.input("x", [2, 3, 6, 4])
+    b.output("v", typed=False)
+    b.output("i", typed=False)
+    model = b.model(opset=22, name="p", ir_version=10, check=False)
     v, i = ort_session(model).run(
         None, {"x": rng.normal(size=(2, 3, 6, 4)).astype(np.float32)})
     node = helper.make_node("MaxUnpool", ["v", "i", "shape"], ["y"], kernel_shape=[2, 2],
@@ -163,11 +162,14 @@ def test_composed_ops_match_onnxruntime_compiled(make: Any) -> None:
 
 def _model(node: onnx.NodeProto, inputs: dict[str, list[Any]], opset: int,
            consts: dict[str, np.ndarray] | None = None) -> onnx.ModelProto:
-    graph = helper.make_graph(
-        [node], "g", [helper.make_tensor_value_info(k, F, s) for k, s in inputs.items()],
-        [helper.ValueInfoProto(name=o) for o in node.output],
-        [numpy_helper.from_array(v, k) for k, v in (consts or {}).items()])
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    b = GraphBuilder()
+    b.add(node)
+    for k, s in inputs.items():
+        b.input(k, s)
+    for o in node.output:
+        b.output(o, typed=False)
+    b.consts(consts or {})
+    return b.model(opset=opset, ir_version=None, check=False)
 
 
 @pytest.mark.parametrize("model, message", [

@@ -11,17 +11,19 @@ from onnx import TensorProto, helper
 import kiln
 from kiln.errors import FrontendError
 from kiln.frontend import from_onnx
+from support.graphs import GraphBuilder
 from support.reference import ort_session
 
 
 def _model(nodes: list[onnx.NodeProto], inputs: dict[str, tuple[int, list[int]]],
            outputs: list[str], opset: int) -> onnx.ModelProto:
-    graph = helper.make_graph(
-        nodes, "g", [helper.make_tensor_value_info(n, t, s) for n, (t, s) in inputs.items()],
-        [helper.ValueInfoProto(name=o) for o in outputs])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
-    model.ir_version = 10
-    return model
+    b = GraphBuilder()
+    b.add(*nodes)
+    for n, (t, s) in inputs.items():
+        b.input(n, s, t)
+    for o in outputs:
+        b.output(o, typed=False)
+    return b.model(opset=opset, ir_version=10, check=False)
 
 
 def _check_against_onnxruntime(model: onnx.ModelProto, feeds: dict[str, np.ndarray],

@@ -12,11 +12,15 @@ from kiln.errors import FrontendError
 from kiln.frontend import from_onnx
 from kiln.ir import graph as g
 from kiln.ir.types import TensorType
+from support.graphs import GraphBuilder
 
 
-def _model(nodes, inputs, outputs, inits=(), opset=17, **kw):
-    graph = helper.make_graph(nodes, "g", inputs, outputs, list(inits))
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], **kw)
+def _model(nodes, inputs, outputs, inits=(), opset=17):
+    b = GraphBuilder()
+    b.add(*nodes)
+    b.consts(inits)
+    # Unchecked: some are the malformed models whose import errors are tested.
+    return b.model(inputs, outputs, opset=opset, ir_version=None, check=False)
 
 
 def _vi(name, shape, elem=TensorProto.FLOAT):

@@ -12,14 +12,17 @@ from onnx import TensorProto, helper, numpy_helper
 from kiln.errors import FrontendError
 from kiln.frontend import from_onnx
 from kiln.frontend.onnx.raw_data import load_with_views
+from support.graphs import GraphBuilder
 
 
 def _model(inits: list[TensorProto]) -> onnx.ModelProto:
-    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])
-    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])
-    graph = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "g", [x], [y],
-                              initializer=inits)
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    b = GraphBuilder()
+    b.node("Identity", ["x"], ["y"])
+    b.input("x", [2])
+    b.output("y", [2])
+    b.consts(inits)
+    # Unchecked: some initializers are malformed on purpose.
+    return b.model(ir_version=None, check=False)
 
 
 def _inits() -> list[TensorProto]:

@@ -11,6 +11,7 @@ from kiln.errors import FrontendError
 from kiln.frontend.onnx import from_onnx
 from kiln.ir.pin_hint import pin_hint
 from kiln.ir.shape_expr import dim_product, dim_var
+from support.graphs import GraphBuilder
 
 
 def test_pin_hint_names_both_forms_for_each_variable() -> None:
@@ -31,11 +32,13 @@ def test_pin_hint_for_walks_expressions() -> None:
 
 
 def _model(node: onnx.NodeProto, inits: tuple = ()) -> onnx.ModelProto:
-    graph = helper.make_graph(
-        [node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["seq"])],
-        [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in node.output],
-        list(inits))
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    b = GraphBuilder()
+    b.add(node)
+    b.consts(inits)
+    b.input("x", ["seq"])
+    for n in node.output:
+        b.output(n)
+    return b.model(opset=18, ir_version=None, check=False)
 
 
 HINT = ('pin seq with shape_dict={"seq": 128} (CLI: kiln compile ... --shape seq=128)')
@@ -62,14 +65,14 @@ def test_a_shape_kiln_cannot_follow_names_the_node_and_how_to_pin() -> None:
     # Shape -> Cast(float) -> Cast(int64) -> Reshape: kiln follows no float shape
     # arithmetic (a Resize size from an image's, as exporters write it), so the target is
     # unknown; the error says to pin the model's variables, and pinned, it imports.
-    nodes = [helper.make_node("Shape", ["x"], ["s"]),
-             helper.make_node("Cast", ["s"], ["f"], to=TensorProto.FLOAT),
-             helper.make_node("Cast", ["f"], ["i"], to=TensorProto.INT64),
-             helper.make_node("Reshape", ["x", "i"], ["y"], name="view_it")]
-    graph = helper.make_graph(
-        nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["seq"])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    b = GraphBuilder()
+    b.node("Shape", ["x"], ["s"])
+    b.node("Cast", ["s"], ["f"], to=TensorProto.FLOAT)
+    b.node("Cast", ["f"], ["i"], to=TensorProto.INT64)
+    b.node("Reshape", ["x", "i"], ["y"], name="view_it")
+    b.input("x", ["seq"])
+    b.output("y")
+    model = b.model(opset=18, ir_version=None, check=False)
     with pytest.raises(FrontendError) as info:
         from_onnx(model)
     assert str(info.value) == ("node 'view_it' (Reshape): Reshape shape must be a compile-time "

@@ -7,11 +7,11 @@ from typing import Any
 import numpy as np
 import onnx
 import pytest
-from onnx import helper, numpy_helper
 
 import kiln
 from kiln.errors import FrontendError
 from kiln.frontend import from_onnx
+from support.graphs import GraphBuilder
 from support.reference import onnxruntime_outputs
 
 GATES = {"LSTM": 4, "GRU": 3, "RNN": 1}
@@ -49,19 +49,14 @@ def _model(op: str, seq: int | str = 4, batch: int = 3, inp: int = 5, hid: int =
     while names and names[-1] == "":
         names.pop()
     outs = outs if op == "LSTM" else tuple(o for o in outs if o != "yc")
-    node = helper.make_node(op, names, list(outs), hidden_size=hid, **attrs)
-    inits = [numpy_helper.from_array(v.astype(np.int32 if k == "L" else np.float32), k)
-             for k, v in consts.items()]
-    graph = helper.make_graph(
-        [node], "g", [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, xs)],
-        [helper.ValueInfoProto(name=o) for o in outs if o], inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
-    model.ir_version = 8
-    inferred = onnx.shape_inference.infer_shapes(model)
-    known = {vi.name: vi for vi in inferred.graph.output}
-    del model.graph.output[:]
-    model.graph.output.extend(known[o] for o in outs if o)
-    return model, feeds
+    b = GraphBuilder()
+    b.node(op, names, list(outs), hidden_size=hid, **attrs)
+    b.consts({k: v.astype(np.int32 if k == "L" else np.float32) for k, v in consts.items()})
+    b.input("x", xs)
+    for o in outs:
+        if o:
+            b.output(o, typed=False)
+    return b.model(opset=opset, infer_outputs=True, check=False), feeds
 
 
 def _swap(a: np.ndarray, layout: int) -> np.ndarray:

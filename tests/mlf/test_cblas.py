@@ -12,9 +12,9 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from onnx import TensorProto, helper, numpy_helper
 
 import kiln
+from support.graphs import GraphBuilder
 from support.reference import ort_session
 
 pytestmark = pytest.mark.skipif(
@@ -28,19 +28,15 @@ def _model(path: Path) -> None:
     w1 = rng.standard_normal((32, 24)).astype(np.float32)
     w2 = rng.standard_normal((5, 24)).astype(np.float32)
     b2 = rng.standard_normal((5,)).astype(np.float32)
-    nodes = [helper.make_node("MatMul", ["x", "w1"], ["h"]),        # [2, 3, 32] @ [32, 24]
-             helper.make_node("Relu", ["h"], ["r"]),
-             helper.make_node("Reshape", ["r", "shape"], ["r2"]),
-             helper.make_node("Gemm", ["r2", "w2", "b2"], ["y"], transB=1)]
-    graph = helper.make_graph(
-        nodes, "mlp", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3, 32])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [6, 5])],
-        initializer=[numpy_helper.from_array(w1, "w1"), numpy_helper.from_array(w2, "w2"),
-                     numpy_helper.from_array(b2, "b2"),
-                     numpy_helper.from_array(np.array([6, 24], np.int64), "shape")])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    onnx.save(model, path)
+    b = GraphBuilder()
+    b.node("MatMul", ["x", "w1"], ["h"])        # [2, 3, 32] @ [32, 24]
+    b.node("Relu", ["h"], ["r"])
+    b.node("Reshape", ["r", "shape"], ["r2"])
+    b.node("Gemm", ["r2", "w2", "b2"], ["y"], transB=1)
+    b.consts({"w1": w1, "w2": w2, "b2": b2, "shape": np.array([6, 24], np.int64)})
+    b.input("x", [2, 3, 32])
+    b.output("y", [6, 5])
+    onnx.save(b.model(name="mlp"), path)
 
 
 CBLAS = {"short_name": "cblas", "url": "https://www.openblas.net", "url_type": "url",

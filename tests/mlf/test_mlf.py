@@ -12,10 +12,10 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from onnx import TensorProto, helper, numpy_helper
 
 import kiln
 from kiln.errors import ExportError, FormatError
+from support.graphs import GraphBuilder, value_info
 from support.reference import ort_session
 from support.toolchains import needs
 
@@ -27,22 +27,18 @@ def _cnn(path: Path) -> None:
     w1 = rng.standard_normal((8, 3, 3, 3)).astype(np.float32) * 0.3
     w2 = rng.standard_normal((8, 8, 3, 3)).astype(np.float32) * 0.2
     fc = rng.standard_normal((10, 8)).astype(np.float32)
-    nodes = [helper.make_node("Conv", ["x", "w1"], ["c1"], pads=[1, 1, 1, 1]),
-             helper.make_node("Relu", ["c1"], ["r1"]),
-             helper.make_node("MaxPool", ["r1"], ["p1"], kernel_shape=[2, 2], strides=[2, 2]),
-             helper.make_node("Conv", ["p1", "w2"], ["c2"], pads=[1, 1, 1, 1]),
-             helper.make_node("Relu", ["c2"], ["r2"]),
-             helper.make_node("GlobalAveragePool", ["r2"], ["g"]),
-             helper.make_node("Flatten", ["g"], ["f"]),
-             helper.make_node("Gemm", ["f", "fc"], ["y"], transB=1)]
-    graph = helper.make_graph(
-        nodes, "cnn", [helper.make_tensor_value_info("x", TensorProto.FLOAT, IN_SHAPE)],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, OUT_SHAPE)],
-        initializer=[numpy_helper.from_array(a, n) for a, n in ((w1, "w1"), (w2, "w2"),
-                                                                (fc, "fc"))])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    onnx.save(model, path)
+    b = GraphBuilder()
+    b.node("Conv", ["x", "w1"], ["c1"], pads=[1, 1, 1, 1])
+    b.node("Relu", ["c1"], ["r1"])
+    b.node("MaxPool", ["r1"], ["p1"], kernel_shape=[2, 2], strides=[2, 2])
+    b.node("Conv", ["p1", "w2"], ["c2"], pads=[1, 1, 1, 1])
+    b.node("Relu", ["c2"], ["r2"])
+    b.node("GlobalAveragePool", ["r2"], ["g"])
+    b.node("Flatten", ["g"], ["f"])
+    b.node("Gemm", ["f", "fc"], ["y"], transB=1)
+    b.consts({"w1": w1, "w2": w2, "fc": fc})
+    onnx.save(b.model([value_info("x", IN_SHAPE)], [value_info("y", OUT_SHAPE)], name="cnn"),
+              path)
 
 
 @pytest.fixture(scope="module")

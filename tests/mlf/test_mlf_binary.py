@@ -15,11 +15,11 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from onnx import TensorProto, helper, numpy_helper
 from test_mlf import IN_SHAPE, OUT_SHAPE, _cnn, _compile, _extract, _objects
 
 import kiln
 from kiln.runtime.native import include_dir
+from support.graphs import GraphBuilder
 from support.reference import onnxruntime_outputs
 
 STRICT = ["-std=c11", "-Wall", "-Wextra", "-Werror"]
@@ -33,14 +33,13 @@ def _dense(path: Path) -> tuple[np.ndarray, np.ndarray]:
     rng = np.random.default_rng(3)
     w = rng.standard_normal((N_IN, N_OUT)).astype(np.float32)
     b = rng.standard_normal(N_OUT).astype(np.float32)
-    graph = helper.make_graph(
-        [helper.make_node("MatMul", ["x", "w"], ["h"]), helper.make_node("Add", ["h", "b"], ["y"])],
-        "dense", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, N_IN])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, N_OUT])],
-        initializer=[numpy_helper.from_array(w, "w"), numpy_helper.from_array(b, "b")])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    onnx.save(model, path)
+    g = GraphBuilder()
+    g.node("MatMul", ["x", "w"], ["h"])
+    g.node("Add", ["h", "b"], ["y"])
+    g.consts({"w": w, "b": b})
+    g.input("x", [2, N_IN])
+    g.output("y", [2, N_OUT])
+    onnx.save(g.model(name="dense"), path)
     return w, b
 
 

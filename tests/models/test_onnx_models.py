@@ -20,6 +20,7 @@ import kiln
 from kiln.frontend import from_onnx
 from kiln.runtime import load_module
 from support import small_models as builders
+from support.graphs import GraphBuilder
 from support.reference import ort_session
 
 TARGETS = ("llvm", "c")
@@ -138,15 +139,13 @@ def test_batchnorm_folding_in_the_graph_pipeline() -> None:
 
 
 def test_compiled_functions_keep_the_onnx_input_and_output_names() -> None:
-    from onnx import TensorProto, helper
-
-    graph = helper.make_graph(
-        [helper.make_node("Relu", ["input.1"], ["out:0"]),
-         helper.make_node("Neg", ["input.1"], ["second"])], "g",
-        [helper.make_tensor_value_info("input.1", TensorProto.FLOAT, [3])],
-        [helper.make_tensor_value_info("out:0", TensorProto.FLOAT, [3]),
-         helper.make_tensor_value_info("second", TensorProto.FLOAT, [3])])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    b = GraphBuilder()
+    b.node("Relu", ["input.1"], ["out:0"])
+    b.node("Neg", ["input.1"], ["second"])
+    b.input("input.1", [3])
+    b.output("out:0", [3])
+    b.output("second", [3])
+    model = b.model(opset=13, ir_version=None)
     lib = kiln.compile(from_onnx(model), "llvm").jit()
     sig = lib.metadata["functions"]["main"]
     assert [p["name"] for p in sig["params"]] == ["input.1"]

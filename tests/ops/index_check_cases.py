@@ -10,7 +10,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from onnx import TensorProto, helper, numpy_helper
+from onnx import TensorProto, helper
+
+from support.graphs import GraphBuilder
 
 F, I64 = TensorProto.FLOAT, TensorProto.INT64
 
@@ -26,12 +28,14 @@ class Case:
     inits: dict[str, np.ndarray] = field(default_factory=dict)
 
     def model(self) -> Any:
-        ins = [helper.make_tensor_value_info(n, t, s) for n, t, s in self.inputs]
-        out = helper.make_tensor_value_info("y", *self.output)
-        inits = [numpy_helper.from_array(v, n) for n, v in self.inits.items()]
-        graph = helper.make_graph([self.node], self.name, ins, [out], inits)
-        return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)],
-                                 ir_version=8)
+        b = GraphBuilder()
+        b.add(self.node)
+        for n, t, s in self.inputs:
+            b.input(n, s, t)
+        elem, shape = self.output
+        b.output("y", shape, elem)
+        b.consts(self.inits)
+        return b.model(name=self.name)
 
 
 def _x(*shape: int) -> np.ndarray:

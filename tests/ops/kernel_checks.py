@@ -10,10 +10,10 @@ from typing import Any
 import numpy as np
 import onnx
 import pytest
-from onnx import helper
 
 import kiln
 from kiln.frontend import from_onnx
+from support.graphs import GraphBuilder
 from support.numerics import assert_close
 from support.reference import onnxruntime_outputs
 from support.targets import NATIVE_TARGETS, native_target
@@ -28,10 +28,10 @@ def random_feeds(model: onnx.ModelProto, rng: np.random.Generator) -> dict[str, 
 def branches_model(name: str, nodes: list[Any], inputs: list[Any], outputs: list[Any],
                    inits: list[Any]) -> onnx.ModelProto:
     """An opset-17 model of independent branches (one per kernel case)."""
-    graph = helper.make_graph(nodes, name, inputs, outputs, initializer=inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    return model
+    b = GraphBuilder()
+    b.add(*nodes)
+    b.consts(inits)
+    return b.model(inputs, outputs, name=name, check=False)  # outputs of unknown rank
 
 
 class KernelCases:

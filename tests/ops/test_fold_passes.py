@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from onnx import TensorProto, helper, numpy_helper
 
 from kiln import evaluate
 from kiln.frontend import from_onnx
@@ -15,6 +14,7 @@ from kiln.ir.types import TensorType
 from kiln.ops import call
 from kiln.transform.fold_batchnorm import FoldBatchNorm
 from kiln.transform.fold_constants import FoldConstants
+from support.graphs import GraphBuilder
 from support.reference import ort_session
 
 RNG = np.random.default_rng(0)
@@ -85,30 +85,25 @@ def test_fold_constants_keeps_outputs_and_big_broadcasts_as_calls() -> None:
 
 def _conv_bn_model(bias: bool, relu: bool, extra_use: bool = False):
     c = 6
-    w = numpy_helper.from_array(RNG.normal(0, 0.3, (c, 3, 3, 3)).astype(np.float32), "w")
-    inits = [w]
+    b = GraphBuilder()
+    b.const(RNG.normal(0, 0.3, (c, 3, 3, 3)).astype(np.float32), name="w")
     conv_in = ["x", "w"]
     if bias:
-        inits.append(numpy_helper.from_array(RNG.normal(0, 0.1, c).astype(np.float32), "b"))
-        conv_in.append("b")
+        conv_in.append(b.const(RNG.normal(0, 0.1, c).astype(np.float32), name="b"))
     for name, lo, hi in (("gamma", 0.5, 1.5), ("beta", -0.2, 0.2), ("mean", -0.2, 0.2),
                          ("var", 0.5, 1.5)):
-        inits.append(numpy_helper.from_array(RNG.uniform(lo, hi, c).astype(np.float32), name))
-    nodes = [helper.make_node("Conv", conv_in, ["c"], pads=[1, 1, 1, 1]),
-             helper.make_node("BatchNormalization", ["c", "gamma", "beta", "mean", "var"],
-                              ["bn"], epsilon=1e-3)]
+        b.const(RNG.uniform(lo, hi, c).astype(np.float32), name=name)
+    b.node("Conv", conv_in, ["c"], pads=[1, 1, 1, 1])
+    b.node("BatchNormalization", ["c", "gamma", "beta", "mean", "var"], ["bn"], epsilon=1e-3)
     out = "bn"
     if relu:
-        nodes.append(helper.make_node("Relu", ["bn"], ["r"]))
+        b.node("Relu", ["bn"], ["r"])
         out = "r"
-    outputs = [helper.make_tensor_value_info(out, TensorProto.FLOAT, [1, c, 5, 5])]
+    b.input("x", [1, 3, 5, 5])
+    b.output(out, [1, c, 5, 5])
     if extra_use:
-        outputs.append(helper.make_tensor_value_info("c", TensorProto.FLOAT, [1, c, 5, 5]))
-    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info(
-        "x", TensorProto.FLOAT, [1, 3, 5, 5])], outputs, inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 15)])
-    model.ir_version = 8    # what onnxruntime reads
-    return model
+        b.output("c", [1, c, 5, 5])
+    return b.model(opset=15)
 
 
 @pytest.mark.parametrize(("bias", "relu"), [(False, True), (True, False)])

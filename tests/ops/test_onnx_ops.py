@@ -15,12 +15,13 @@ from typing import Any
 import numpy as np
 import onnx
 import pytest
-from onnx import helper, numpy_helper
+from onnx import numpy_helper
 
 from kiln import evaluate
 from kiln.frontend import from_onnx
 from kiln.ops.onnx_map import converters
 from kiln.transform.legalize_ops import LegalizeOps
+from support.graphs import GraphBuilder
 from support.reference import ort_session
 
 R = np.random.default_rng(42)
@@ -449,23 +450,15 @@ IDS = [c.name for c in CASES]
 def _model(case: C) -> onnx.ModelProto:
     node_inputs = case.inputs if case.inputs is not None else [*case.feeds, *case.consts]
     outs = [f"y{k}" for k in range(case.outputs)]
-    node = helper.make_node(case.op, node_inputs, outs, domain=case.domain or None,
-                            **case.attrs)
-    inputs = [helper.make_tensor_value_info(n, helper.np_dtype_to_tensor_dtype(v.dtype),
-                                            v.shape) for n, v in case.feeds.items()]
-    inits = [numpy_helper.from_array(v, n) for n, v in case.consts.items()]
-    graph = helper.make_graph([node], "g", inputs, [helper.ValueInfoProto(name=o) for o in outs],
-                              inits)
-    opsets = [helper.make_opsetid("", case.opset)]
-    if case.domain:
-        opsets.append(helper.make_opsetid(case.domain, 1))
-    model = helper.make_model(graph, opset_imports=opsets)
-    model.ir_version = 8
-    inferred = onnx.shape_inference.infer_shapes(model)
-    known = {vi.name: vi for vi in inferred.graph.output}
-    del model.graph.output[:]
-    model.graph.output.extend(known[o] for o in outs)
-    return model
+    b = GraphBuilder()
+    b.node(case.op, node_inputs, outs, domain=case.domain or None, **case.attrs)
+    b.inputs_for(case.feeds)
+    b.consts(case.consts)
+    for o in outs:
+        b.output(o, typed=False)
+    opsets = {"": case.opset, **({case.domain: 1} if case.domain else {})}
+    # Unchecked: onnx knows no schema of the com.microsoft ops, so their outputs stay untyped.
+    return b.model(opset=opsets, infer_outputs=True, check=False)
 
 
 # Op types compared with onnxruntime on grids of their own cases in

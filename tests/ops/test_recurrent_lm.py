@@ -8,10 +8,10 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from onnx import helper, numpy_helper
 
 import kiln
 from kiln.frontend import from_onnx
+from support.graphs import GraphBuilder
 from support.processes import outputs_in_fresh_process
 from support.reference import ort_session
 
@@ -25,26 +25,22 @@ def _lm(op: str) -> onnx.ModelProto:
     rng = np.random.default_rng(1)
     g = GATES[op]
 
-    def w(name: str, *shape: int) -> onnx.TensorProto:
-        return numpy_helper.from_array(rng.normal(0, 0.3, shape).astype(np.float32), name)
-
-    inits = [w("emb", VOCAB, EMB), w("W1", 1, g * HID, EMB), w("R1", 1, g * HID, HID),
-             w("B1", 1, 2 * g * HID), w("W2", 1, g * HID, HID), w("R2", 1, g * HID, HID),
-             w("B2", 1, 2 * g * HID), w("proj", HID, VOCAB),
-             numpy_helper.from_array(np.array([1], np.int64), "ax")]
-    nodes = [helper.make_node("Gather", ["emb", "ids"], ["e"]),
-             helper.make_node(op, ["e", "W1", "R1", "B1"], ["y1"], hidden_size=HID),
-             helper.make_node("Squeeze", ["y1", "ax"], ["s1"]),
-             helper.make_node(op, ["s1", "W2", "R2", "B2"], ["y2"], hidden_size=HID),
-             helper.make_node("Squeeze", ["y2", "ax"], ["s2"]),
-             helper.make_node("MatMul", ["s2", "proj"], ["logits"])]
-    graph = helper.make_graph(
-        nodes, "lm", [helper.make_tensor_value_info("ids", onnx.TensorProto.INT64, [SEQ, BATCH])],
-        [helper.make_tensor_value_info("logits", onnx.TensorProto.FLOAT, [SEQ, BATCH, VOCAB])],
-        inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 14)])
-    model.ir_version = 8
-    return model
+    b = GraphBuilder()
+    for name, shape in (("emb", (VOCAB, EMB)), ("W1", (1, g * HID, EMB)),
+                        ("R1", (1, g * HID, HID)), ("B1", (1, 2 * g * HID)),
+                        ("W2", (1, g * HID, HID)), ("R2", (1, g * HID, HID)),
+                        ("B2", (1, 2 * g * HID)), ("proj", (HID, VOCAB))):
+        b.const(rng.normal(0, 0.3, shape).astype(np.float32), name=name)
+    b.const(np.array([1], np.int64), name="ax")
+    b.node("Gather", ["emb", "ids"], ["e"])
+    b.node(op, ["e", "W1", "R1", "B1"], ["y1"], hidden_size=HID)
+    b.node("Squeeze", ["y1", "ax"], ["s1"])
+    b.node(op, ["s1", "W2", "R2", "B2"], ["y2"], hidden_size=HID)
+    b.node("Squeeze", ["y2", "ax"], ["s2"])
+    b.node("MatMul", ["s2", "proj"], ["logits"])
+    b.input("ids", [SEQ, BATCH], onnx.TensorProto.INT64)
+    b.output("logits", [SEQ, BATCH, VOCAB])
+    return b.model(opset=14, name="lm")
 
 
 @pytest.mark.parametrize("target", ["llvm", "c"])

@@ -16,8 +16,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from onnx import TensorProto, helper
-from onnx import numpy_helper as nh
+from onnx import TensorProto
 
 import kiln
 from kiln.frontend import from_onnx
@@ -28,6 +27,7 @@ from kiln.ops.row_kernels import exp_nonpositive
 from kiln.script import print_module
 from kiln.transform import get_pass
 from support import numerics
+from support.graphs import GraphBuilder
 from support.processes import outputs_in_fresh_process
 from support.reference import onnxruntime_outputs
 
@@ -38,42 +38,32 @@ F = TensorProto.FLOAT
 
 
 class Model:
-    """An ONNX graph under construction: inputs with feeds, constants, nodes, outputs."""
+    """A GraphBuilder whose float32 inputs come with their feeds (values `c1`, `v2`, ...)."""
 
     def __init__(self) -> None:
-        self.nodes: list[onnx.NodeProto] = []
-        self.inputs: list[onnx.ValueInfoProto] = []
-        self.inits: list[onnx.TensorProto] = []
+        self.builder = GraphBuilder()
         self.outputs: list[str] = []
         self.feeds: dict[str, np.ndarray] = {}
         self.count = 0
 
     def input(self, name: str, value: np.ndarray) -> str:
-        self.inputs.append(helper.make_tensor_value_info(name, F, list(value.shape)))
+        self.builder.input(name, list(value.shape))
         self.feeds[name] = value.astype(np.float32)
         return name
 
     def const(self, value: np.ndarray) -> str:
         self.count += 1
-        name = f"c{self.count}"
-        self.inits.append(nh.from_array(np.asarray(value), name))
-        return name
+        return self.builder.const(value, name=f"c{self.count}")
 
     def op(self, op_type: str, *inputs: str, **attrs: object) -> str:
         self.count += 1
-        name = f"v{self.count}"
-        self.nodes.append(helper.make_node(op_type, list(inputs), [name], **attrs))
-        return name
+        return self.builder.node(op_type, inputs, [f"v{self.count}"], **attrs).output[0]
 
     def output(self, name: str) -> None:
-        self.outputs.append(name)
+        self.outputs.append(self.builder.output(name))
 
     def build(self, opset: int = 17) -> onnx.ModelProto:
-        graph = helper.make_graph(self.nodes, "rows", self.inputs,
-                                  [helper.make_tensor_value_info(o, F, None) for o in self.outputs],
-                                  self.inits)
-        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
-        model.ir_version = 8
+        model = self.builder.model(opset=opset, name="rows", check=False)
         return onnx.shape_inference.infer_shapes(model)
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import onnx
 import pytest
-from onnx import TensorProto, helper, numpy_helper
+from onnx import TensorProto, helper
 
 import kiln
 from kiln.frontend import from_onnx
@@ -20,6 +20,7 @@ from kiln.ops import call as call_op
 from kiln.ops import evaluate_call, quant_dot, quant_kernels
 from kiln.target import Target
 from kiln.target.isa import isa_for
+from support.graphs import GraphBuilder
 from support.reference import onnxruntime_outputs
 
 ort = pytest.importorskip("onnxruntime")
@@ -34,13 +35,12 @@ def host_runs(target: str) -> bool:
 
 def _model(node: onnx.NodeProto, a_type: int, m: int, k: int, y_type: int, n: int,
            consts: dict[str, np.ndarray]) -> onnx.ModelProto:
-    graph = helper.make_graph(
-        [node], "g", [helper.make_tensor_value_info("a", a_type, [m, k])],
-        [helper.make_tensor_value_info("y", y_type, [m, n])],
-        [numpy_helper.from_array(np.asarray(v), name) for name, v in consts.items()])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
-    model.ir_version = 8
-    return model
+    b = GraphBuilder()
+    b.add(node)
+    b.input("a", [m, k], a_type)
+    b.output("y", [m, n], y_type)
+    b.consts(consts)
+    return b.model(opset=13)
 
 
 def qlinear_matmul(m: int, k: int, n: int, signed: bool,
@@ -123,13 +123,12 @@ def qlinear_conv(shape: tuple[int, int, int, int], oc: int, k: int, stride: int,
     node = helper.make_node("QLinearConv", ["x", "xs", "xz", "w", "ws", "wz", "ys", "yz", "b"],
                             ["y"], strides=[stride, stride], pads=[pad] * 4)
     out = [n, oc, (h + 2 * pad - k) // stride + 1, (w + 2 * pad - k) // stride + 1]
-    graph = helper.make_graph(
-        [node], "g", [helper.make_tensor_value_info("x", ty, list(shape))],
-        [helper.make_tensor_value_info("y", ty, out)],
-        [numpy_helper.from_array(np.asarray(v), name) for name, v in consts.items()])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
-    model.ir_version = 8
-    return model
+    b = GraphBuilder()
+    b.add(node)
+    b.input("x", list(shape), ty)
+    b.output("y", out, ty)
+    b.consts(consts)
+    return b.model(opset=13)
 
 
 @pytest.mark.parametrize("target", TARGETS)

@@ -23,6 +23,7 @@ from kiln.ir.types import TensorType
 from kiln.ops import call as call_op
 from kiln.ops import evaluate_call, quant_kernels
 from kiln.transform.quantize_ops import QuantizeOps
+from support.graphs import GraphBuilder
 from support.reference import ort_session
 
 
@@ -42,25 +43,23 @@ def _qdq_conv(activation: str, bias_scale: np.ndarray) -> onnx.ModelProto:
         "b": R.integers(-2000, 2000, (3,)).astype(np.int32), "bs": bias_scale,
         "bz": np.zeros(3, np.int32), "ys": Y_SCALE, "yz": np.array(90, np.uint8),
         "lo": np.array(0.0, np.float32), "hi": np.array(1.5, np.float32)}
-    nodes = [helper.make_node("QuantizeLinear", ["x", "xs", "xz"], ["xq"]),
-             helper.make_node("DequantizeLinear", ["xq", "xs", "xz"], ["xf"]),
-             helper.make_node("DequantizeLinear", ["w", "ws", "wz"], ["wf"], axis=0),
-             helper.make_node("DequantizeLinear", ["b", "bs", "bz"], ["bf"], axis=0),
-             helper.make_node("Conv", ["xf", "wf", "bf"], ["c"], pads=[1, 1, 1, 1])]
+    b = GraphBuilder()
+    b.node("QuantizeLinear", ["x", "xs", "xz"], ["xq"])
+    b.node("DequantizeLinear", ["xq", "xs", "xz"], ["xf"])
+    b.node("DequantizeLinear", ["w", "ws", "wz"], ["wf"], axis=0)
+    b.node("DequantizeLinear", ["b", "bs", "bz"], ["bf"], axis=0)
+    b.node("Conv", ["xf", "wf", "bf"], ["c"], pads=[1, 1, 1, 1])
     if activation == "relu":
-        nodes.append(helper.make_node("Relu", ["c"], ["a"]))
+        b.node("Relu", ["c"], ["a"])
     elif activation == "clip":
-        nodes.append(helper.make_node("Clip", ["c", "lo", "hi"], ["a"]))
+        b.node("Clip", ["c", "lo", "hi"], ["a"])
     else:
-        nodes.append(helper.make_node("Identity", ["c"], ["a"]))
-    nodes += [helper.make_node("QuantizeLinear", ["a", "ys", "yz"], ["y"])]
-    graph = helper.make_graph(
-        nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2, 6, 6])],
-        [helper.make_tensor_value_info("y", TensorProto.UINT8, [1, 3, 6, 6])],
-        [numpy_helper.from_array(np.asarray(v), k) for k, v in inits.items()])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
-    model.ir_version = 8
-    return model
+        b.node("Identity", ["c"], ["a"])
+    b.node("QuantizeLinear", ["a", "ys", "yz"], ["y"])
+    b.input("x", [1, 2, 6, 6])
+    b.output("y", [1, 3, 6, 6], TensorProto.UINT8)
+    b.consts(inits)
+    return b.model(opset=13)
 
 
 def _ops(mod: object) -> Counter[str]:
@@ -128,12 +127,13 @@ def test_bias_with_another_scale_stays_float() -> None:
 
 def _single_node(node: onnx.NodeProto, inits: list[onnx.TensorProto],
                  x_type: int = TensorProto.FLOAT, opset: int = 21) -> onnx.ModelProto:
-    graph = helper.make_graph(
-        [node], "g", [helper.make_tensor_value_info("x", x_type, [2, 3])],
-        [helper.make_tensor_value_info("y", TensorProto.UNDEFINED, None)], inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
-    model.ir_version = 10
-    return model
+    b = GraphBuilder()
+    b.add(node)
+    b.consts(inits)
+    b.input("x", [2, 3], x_type)
+    b.output("y", None, TensorProto.UNDEFINED)
+    # Unchecked: the output's type is left to the importer, and some nodes are refused.
+    return b.model(opset=opset, ir_version=10, check=False)
 
 
 SCALE = numpy_helper.from_array(np.array(0.1, np.float32), "s")

@@ -19,32 +19,32 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from onnx import TensorProto, helper
 
 import kiln
 from kiln.frontend.onnx import from_onnx
+from support.graphs import GraphBuilder
 
 
 def _cube() -> onnx.ModelProto:
-    vi = helper.make_tensor_value_info
-    axes = {name: onnx.numpy_helper.from_array(np.array(v, np.int64), name)
-            for name, v in (("a12", [1, 2]), ("a02", [0, 2]), ("a01", [0, 1]))}
-    nodes = [helper.make_node("Unsqueeze", ["x", "a12"], ["a"]),
-             helper.make_node("Unsqueeze", ["x", "a02"], ["b"]),
-             helper.make_node("Unsqueeze", ["x", "a01"], ["c"]),
-             helper.make_node("Add", ["a", "b"], ["ab"]),
-             helper.make_node("Add", ["ab", "c"], ["y"])]
-    graph = helper.make_graph(nodes, "cube", [vi("x", TensorProto.FLOAT, ["n"])],
-                              [vi("y", TensorProto.FLOAT, ["n", "n", "n"])], list(axes.values()))
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    b = GraphBuilder()
+    b.node("Unsqueeze", ["x", "a12"], ["a"])
+    b.node("Unsqueeze", ["x", "a02"], ["b"])
+    b.node("Unsqueeze", ["x", "a01"], ["c"])
+    b.node("Add", ["a", "b"], ["ab"])
+    b.node("Add", ["ab", "c"], ["y"])
+    b.input("x", ["n"])
+    b.output("y", ["n", "n", "n"])
+    b.consts({"a12": np.array([1, 2], np.int64), "a02": np.array([0, 2], np.int64),
+              "a01": np.array([0, 1], np.int64)})
+    return b.model(name="cube", ir_version=None)
 
 
 def _relu() -> onnx.ModelProto:
-    vi = helper.make_tensor_value_info
-    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "relu",
-                              [vi("x", TensorProto.FLOAT, [2, 3])],
-                              [vi("y", TensorProto.FLOAT, [2, 3])])
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    b = GraphBuilder()
+    b.node("Relu", ["x"], ["y"])
+    b.input("x", [2, 3])
+    b.output("y", [2, 3])
+    return b.model(name="relu", ir_version=None)
 
 
 @pytest.fixture(scope="module")

@@ -10,18 +10,17 @@ import numpy as np
 def write_model(path: Path) -> Path:
     """MatMul + Relu over x[batch, 8], and Shape(x); saved at `path`."""
     import onnx
-    from onnx import TensorProto, helper, numpy_helper
+    from onnx import TensorProto
 
-    weight = np.random.default_rng(0).standard_normal((8, 4)).astype(np.float32)
-    graph = helper.make_graph(
-        [helper.make_node("MatMul", ["x", "W"], ["h"]), helper.make_node("Relu", ["h"], ["y"]),
-         helper.make_node("Shape", ["x"], ["s"])],
-        "tiny",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 8])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 4]),
-         helper.make_tensor_value_info("s", TensorProto.INT64, [2])],
-        [numpy_helper.from_array(weight, "W")])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)],
-                              producer_name="kiln-tests")
-    onnx.save(model, str(path))
+    from support.graphs import GraphBuilder
+
+    b = GraphBuilder()
+    b.const(np.random.default_rng(0).standard_normal((8, 4)).astype(np.float32), name="W")
+    b.node("MatMul", ["x", "W"], ["h"])
+    b.node("Relu", ["h"], ["y"])
+    b.node("Shape", ["x"], ["s"])
+    b.input("x", ["batch", 8])
+    b.output("y", ["batch", 4])
+    b.output("s", [2], TensorProto.INT64)
+    onnx.save(b.model(name="tiny", ir_version=None), str(path))
     return path

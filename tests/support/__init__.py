@@ -9,9 +9,12 @@ Modules (import the one you need; this package imports nothing itself):
   an onnxruntime (CPU) session; `onnxruntime_outputs(model, feeds)`, all its outputs.
 - `support.numerics`: `assert_close(got, want, tol, cases=None)` (shapes, then relative
   L2 error per output, naming the failing case); `rel_l2(actual, expected)`.
-- `support.graphs`: `GraphBuilder(seed)` for ONNX graphs (`op`, `const`, `weight`,
-  `conv`, `bn`, `linear`, `proj`, `layer_norm`, `gelu_erf`, `relu6`, `model`) and
-  `value_info(name, shape, elem=FLOAT)`.
+- `support.graphs`: `GraphBuilder(seed=0)`, the one way tests build ONNX graphs:
+  values named for the test (`node`, `const(name=)`, `consts`, `input`, `inputs_for`,
+  `output`, `add`) or by the builder (`op`, `weight`, `conv`, `bn`, `linear`, `proj`,
+  `layer_norm`, `gelu_erf`, `relu6`); `graph` for If/Loop/Scan bodies; `model` with
+  opset/domain imports, IR version, inferred output types and onnx's
+  checker. `value_info(name, shape, elem=FLOAT)`, `untyped(name)`.
 - `support.small_models`: MLP, VGG, ResNet-18, MobileNetV2 and transformer families
   built with GraphBuilder (`MODELS`, `example_inputs`).
 - `support.dynamic_models`: models with symbolic dimensions (`encoder`, `cnn`,

@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import onnx
 import pytest
-from onnx import TensorProto, helper, numpy_helper
+from onnx import TensorProto
 
 import kiln
 from kiln.errors import IRError, KilnError
@@ -25,6 +25,7 @@ from kiln.ops.registry import call
 from kiln.script import from_source, print_module
 from kiln.target import Target
 from kiln.transform import get_pass
+from support.graphs import GraphBuilder
 
 RNG = np.random.default_rng(25)
 F = TensorProto.FLOAT
@@ -46,27 +47,24 @@ INPUTS = {"x_gemv": (1, 8), "x_gemm": (5, 12), "x_ta": (2, 6, 7), "x_tb": (2, 7,
 
 def _model() -> onnx.ModelProto:
     pad, s2 = {"pads": [1, 1, 1, 1]}, {"strides": [2, 2]}
-    nodes = [
-        helper.make_node("Gemm", ["x_gemv", "gemv"], ["y_gemv"], transB=1),
-        helper.make_node("MatMul", ["x_gemm", "gemm"], ["y_gemm"]),
-        helper.make_node("MatMul", ["x_ta", "x_tb"], ["y_tiled"]),
-        helper.make_node("Conv", ["x_dw", "dw"], ["y_dw"], group=4, **pad),
-        helper.make_node("Conv", ["x_rows", "rows"], ["y_rows"]),
-        helper.make_node("Conv", ["x_direct", "direct"], ["y_direct"], **s2),
-        helper.make_node("Conv", ["x_nc", "nc1"], ["h_nc"], **s2),
-        helper.make_node("Relu", ["h_nc"], ["r_nc"]),
-        helper.make_node("Conv", ["r_nc", "nc2"], ["h2_nc"], **s2),
-        helper.make_node("Conv", ["h2_nc", "nc3"], ["y_nc"], **s2),
-    ]
-    outs = [helper.make_tensor_value_info(n.output[0], F, None) for n in nodes
-            if n.output[0].startswith("y_")]
-    graph = helper.make_graph(
-        nodes, "families",
-        [helper.make_tensor_value_info(k, F, list(v)) for k, v in INPUTS.items()], outs,
-        initializer=[numpy_helper.from_array(v, k) for k, v in W.items()])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    return model
+    b = GraphBuilder()
+    b.node("Gemm", ["x_gemv", "gemv"], ["y_gemv"], transB=1)
+    b.node("MatMul", ["x_gemm", "gemm"], ["y_gemm"])
+    b.node("MatMul", ["x_ta", "x_tb"], ["y_tiled"])
+    b.node("Conv", ["x_dw", "dw"], ["y_dw"], group=4, **pad)
+    b.node("Conv", ["x_rows", "rows"], ["y_rows"])
+    b.node("Conv", ["x_direct", "direct"], ["y_direct"], **s2)
+    b.node("Conv", ["x_nc", "nc1"], ["h_nc"], **s2)
+    b.node("Relu", ["h_nc"], ["r_nc"])
+    b.node("Conv", ["r_nc", "nc2"], ["h2_nc"], **s2)
+    b.node("Conv", ["h2_nc", "nc3"], ["y_nc"], **s2)
+    for n in b.nodes:
+        if n.output[0].startswith("y_"):
+            b.output(n.output[0])
+    for k, v in INPUTS.items():
+        b.input(k, list(v))
+    b.consts(W)
+    return b.model(name="families", check=False)
 
 
 def _conv(x: np.ndarray, w: np.ndarray, group: int = 1, pad: int = 0,
