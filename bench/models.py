@@ -14,7 +14,10 @@ The models (bench/nets.py, onnx.helper, deterministic weights): the small
 `mlp`, `cnn` and `resnet` (the default set, `small`), and the full-size
 `resnet18` and `mobilenetv2` (224x224), `encoder` (2 layers, width 256,
 sequence 128) and `bert` (BERT-base-like, 12 layers, width 768, sequence 128),
-the set `full`; `all` is both.
+the set `full`; `zoo` is the published architectures of tests/models/zoo.py at
+their published sizes (ResNet-50, SqueezeNet, ShuffleNet, Inception, DenseNet-121,
+EfficientNet-B0, VGG-19, GPT-2 small and ViT-B/16 at 12 layers; bench/zoo_set.py);
+`all` is every set.
 
 Each is imported with `kiln.frontend.from_onnx`, compiled with
 `kiln.compile(mod, target)` (default: `Target.from_host()`) and timed against
@@ -64,12 +67,14 @@ from harness import (
     short_error,
 )
 from nets import FULL, MODELS, SMALL, symbolic_dims
+from zoo_set import ZOO
 
 import kiln
 from kiln.frontend import from_onnx
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"
-MODEL_SETS = {"small": list(SMALL), "full": list(FULL), "all": list(MODELS)}
+MODELS = {**MODELS, **ZOO}
+MODEL_SETS = {"small": list(SMALL), "full": list(FULL), "zoo": list(ZOO), "all": list(MODELS)}
 
 
 # Calls per paced measurement, and the periods (seconds) of the paced columns.
