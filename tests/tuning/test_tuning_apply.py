@@ -160,7 +160,7 @@ def _run_recorded(budget: float) -> tuple[Any, list[str]]:
 
     def measure(args: Any) -> list[TaskOutcome]:
         out = []
-        for spec, libs, _, repeats in args:
+        for spec, libs, _, repeats, _ in args:
             tiles = [tuple(json.loads(d)[1] or spec.default) for d in libs]
             times = [[RECORDED[spec.signature, t] * (1 + 0.001 * (r % 3)) for r in range(repeats)]
                      for t in tiles]

@@ -14,7 +14,7 @@
     kiln cache list|info|clear
     kiln build-many MATRIX.json -o DIR [--address ADDR | --in-process] [--cache-dir DIR]
     kiln tune model.onnx [-t host] --budget 10m -o model.tuning.json
-              [--address ADDR | --in-process] [--workers N] [--shape ...]
+              [--address ADDR | --in-process] [--workers N] [--threads N] [--shape ...]
     kiln compile model.onnx ... --tuning model.tuning.json
 
 Errors are one line on stderr and exit code 2 (1 for an unexpected failure);
@@ -162,7 +162,7 @@ def _cmd_tune(args: argparse.Namespace) -> int:
     from kiln.cli.tune import cmd_tune
 
     print(cmd_tune(args.model, args.target, args.budget, args.output, args.address,
-                   args.in_process, _parse_shapes(args.shape), args.workers))
+                   args.in_process, _parse_shapes(args.shape), args.workers, args.threads))
     return 0
 
 
@@ -348,6 +348,9 @@ def build_parser() -> argparse.ArgumentParser:
     on.add_argument("--in-process", action="store_true", help="tune in this process (no Ray)")
     u.add_argument("--workers", type=int, default=None,
                    help="CPUs of the local Ray instance (default: all)")
+    u.add_argument("--threads", type=int, default=None,
+                   help="threads of the measured kernels (default: the runtime's, "
+                        "$KILN_NUM_THREADS or one per CPU); tune for the count you deploy with")
     u.set_defaults(func=_cmd_tune)
     return p
 

@@ -7,7 +7,8 @@ from typing import Any
 
 
 def cmd_tune(model: str, target: str | None, budget: str, output: str, address: str | None,
-             in_process: bool, shapes: dict[str, Any], workers: int | None) -> str:
+             in_process: bool, shapes: dict[str, Any], workers: int | None,
+             threads: int | None = None) -> str:
     """Tune and save; the closing summary (the log lines are printed as they come)."""
     from kiln.distributed.executor import make_executor
     from kiln.distributed.tune import measure_resource, resolve, tune_model
@@ -27,7 +28,7 @@ def cmd_tune(model: str, target: str | None, budget: str, output: str, address: 
               + (f"; measurements on nodes with resource {measure_resource(tgt)}"
                  if where["engine"] == "ray" else ""), flush=True)
         report = tune_model(model, tgt, seconds, output, executor=executor, shapes=shapes,
-                            log=lambda line: print(line, flush=True))
+                            log=lambda line: print(line, flush=True), threads=threads)
     finally:
         executor.close()
     chosen = sum(1 for r in report.database.records() if r.chosen is not None)
