@@ -16,8 +16,11 @@ def cmd_tune(model: str, target: str | None, budget: str, output: str, address: 
 
     seconds = parse_budget(budget)
     tgt = resolve(target or "host")
-    executor = make_executor(address, in_process=in_process,
-                             resources={measure_resource(tgt): 1.0}, num_cpus=workers)
+    # a local Ray instance is this machine: it measures for the target only when its
+    # CPU is the target's
+    here = measure_resource(resolve("host"))
+    executor = make_executor(address, in_process=in_process, num_cpus=workers,
+                             resources={here: 1.0})
     try:
         where = executor.describe()
         nodes = where.get("nodes") or []

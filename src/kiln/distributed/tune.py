@@ -272,6 +272,9 @@ def tune(specs: Sequence[KernelSpec], target: Any, budget_s: float, *,
                 f"no node of the Ray cluster measures for this CPU: start the nodes whose "
                 f"CPU is the target's with `ray start --resources='{{\"{resource}\": 1}}'`")
         measure_res = {resource: 1.0} if where.get("engine") == "ray" else None
+        if measure_res is None and resource != measure_resource(resolve("host")):
+            log(f"warning: this machine's CPU ({target_key(_isa(resolve('host')))}) is not "
+                f"the target's ({target_key(_isa(tgt))}): the timings are this machine's")
 
         def measure(args: Sequence[tuple[Any, ...]]) -> list[TaskOutcome]:
             return runner.run(measure_kernel, args, resources=measure_res)
