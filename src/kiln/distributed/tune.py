@@ -255,6 +255,7 @@ def tune(specs: Sequence[KernelSpec], target: Any, budget_s: float, *,
     (default: as tasks of `executor`; measurement tasks with `measure_resource`);
     a test injects recorded ones. `batch` is the candidates per round (default: twice
     the executor's CPUs, at least 2)."""
+    from kiln import __version__ as version
     from kiln.distributed.executor import InProcessExecutor
 
     tgt = resolve(target)
@@ -305,6 +306,9 @@ def tune(specs: Sequence[KernelSpec], target: Any, budget_s: float, *,
         built = build([(st.spec, spec_text, tile) for st, tile in jobs])
         libs: dict[int, list[tuple[Tile, bytes]]] = {}
         for (st, tile), outcome in zip(jobs, built, strict=True):
+            if outcome.ok and outcome.value.get("kiln", version) != version:
+                outcome = TaskOutcome(error=f"the node runs kiln {outcome.value['kiln']}, "
+                                            f"this machine {version}: install one version")
             if not outcome.ok:
                 what = "default" if tile is None else f"tile {list(tile)}"
                 st.failed = st.failed or tile is None
