@@ -28,7 +28,6 @@ from kiln.distributed import load_matrix
 from kiln.distributed.executor import InProcessExecutor, make_executor
 from kiln.distributed.tune import measure_resource
 from kiln.errors import MissingFileError, UsageError
-from kiln.tuning import TuningDatabase
 from support.reference import onnxruntime_outputs
 
 RNG = np.random.default_rng(7)
@@ -221,6 +220,8 @@ def test_two_node_ray_cluster(matrix: Path, tmp_path: Path) -> None:
         print(f"\ncells per node: {sorted(Counter(c['node'][:8] for c in built).items())}")
         assert any((tmp_path / "shared-cache").rglob("*")), "the shared cache stayed empty"
         _check_outputs(out, matrix.parent / "models")
+
+        from kiln.tuning import TuningDatabase
 
         head_node = next(n["id"] for n in summary["where"]["nodes"]
                          if measures in n["resources"])
