@@ -25,6 +25,7 @@ import kiln
 from kiln.cli.main import main
 from kiln.distributed import load_matrix
 from kiln.distributed.executor import InProcessExecutor, make_executor
+from kiln.distributed.tune import measure_resource
 from kiln.errors import MissingFileError, UsageError
 from support.graphs import GraphBuilder
 from support.reference import onnxruntime_outputs
@@ -172,7 +173,9 @@ def _wait_for_nodes(ray_bin: Path, head: str, count: int, env: dict[str, str]) -
 @pytest.mark.slow
 def test_two_node_ray_cluster(matrix: Path, tmp_path: Path) -> None:
     """`ray start --head` plus a second raylet joining it, each with its own resources;
-    build-many joins with --address and the summary names both nodes."""
+    build-many joins with --address and the summary names both nodes. Then `kiln tune`
+    on the same cluster: only the head offers this CPU's measurement resource, so every
+    measurement runs there while builds may run on either node."""
     pytest.importorskip("ray")
     ray_bin = Path(sys.executable).with_name("ray")
     if not ray_bin.exists():
@@ -187,8 +190,10 @@ def test_two_node_ray_cluster(matrix: Path, tmp_path: Path) -> None:
               "--block"]
     # --block keeps each node's processes under one process group that the test owns:
     # stopping them never touches another Ray instance on this machine (`ray stop` would)
+    measures = measure_resource(kiln.Target.from_host())
     raylets = [subprocess.Popen([str(ray_bin), "start", "--head", f"--port={port}",
-                               '--resources={"kiln_a": 1}', "--include-dashboard=false",
+                               f'--resources={{"kiln_a": 1, "{measures}": 1}}',
+                               "--include-dashboard=false",
                                f"--temp-dir={temp}", *common], env=env, start_new_session=True,
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)]
     try:
@@ -216,6 +221,23 @@ def test_two_node_ray_cluster(matrix: Path, tmp_path: Path) -> None:
         print(f"\ncells per node: {sorted(Counter(c['node'][:8] for c in built).items())}")
         assert any((tmp_path / "shared-cache").rglob("*")), "the shared cache stayed empty"
         _check_outputs(out, matrix.parent / "models")
+
+        from kiln.tuning import TuningDatabase
+
+        head_node = next(n["id"] for n in summary["where"]["nodes"]
+                         if measures in n["resources"])
+        db = tmp_path / "conv.tuning.json"
+        proc = subprocess.run([sys.executable, "-m", "kiln", "tune",
+                               str(matrix.parent / "models" / "conv.onnx"), "--shape", "n=1",
+                               "--budget", "2s", "-o", str(db), "--address", head,
+                               "--threads", "1"],
+                              env=env, capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
+        print(proc.stdout)
+        assert f"running on: ray at {head}, 2 node(s)" in proc.stdout
+        assert f"measurements on: {head_node[:12]}\n" in proc.stdout
+        (record,) = TuningDatabase.load(db).records()
+        assert record.kernel == "conv_direct" and record.candidates
     finally:
         for raylet in reversed(raylets):
             with contextlib.suppress(ProcessLookupError):

@@ -219,6 +219,7 @@ def describe(path: str) -> dict[str, Any]:
         "artifacts": rows, "weight_bytes": weight_bytes,
         "external_dependencies": list(metadata.get("external_dependencies") or []),
         "profile_sites": len((metadata.get("profile") or {}).get("sites", [])),
+        "tuning": metadata.get("tuning"),
     }
 
 
@@ -240,6 +241,11 @@ def as_text(info: dict[str, Any]) -> str:
     lines.append(f"  weights:  {info['weight_bytes']} bytes")
     if info.get("profile_sites"):
         lines.append(f"  profile:  {info['profile_sites']} timer sites (kiln run --profile)")
+    tuning = info.get("tuning")
+    if isinstance(tuning, dict):
+        lines.append(f"  tuning:   database sha256 {tuning.get('fingerprint')}, "
+                     f"{len(tuning.get('kernels') or {})} kernel(s) tuned for "
+                     f"{tuning.get('target')}")
     for d in info["external_dependencies"]:
         lines.append(f"  depends:  {d.get('short_name')} {d.get('version_spec', '')} "
                      f"({d.get('url_type')}: {d.get('url') or '-'})")

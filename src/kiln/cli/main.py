@@ -13,6 +13,9 @@
              [--profile-json prof.json] [--trace trace.json]
     kiln cache list|info|clear
     kiln build-many MATRIX.json -o DIR [--address ADDR | --in-process] [--cache-dir DIR]
+    kiln tune model.onnx [-t host] --budget 10m -o model.tuning.json
+              [--address ADDR | --in-process] [--workers N] [--threads N] [--shape ...]
+    kiln compile model.onnx ... --tuning model.tuning.json
 
 Errors are one line on stderr and exit code 2 (1 for an unexpected failure);
 --debug shows the traceback.
@@ -81,7 +84,8 @@ def _cmd_compile(args: argparse.Namespace) -> int:
         if progress.enabled:
             instruments.append(progress)
         with PassContext(instruments=instruments):
-            ex = kiln.compile(mod, target, system_lib_prefix=args.prefix, profile=args.profile)
+            ex = kiln.compile(mod, target, system_lib_prefix=args.prefix, profile=args.profile,
+                              tuning=args.tuning)
             if args.mlf:
                 kiln.export_model_library_format(ex, args.output, model_name=args.mlf,
                                                  source=args.mlf_source)
@@ -152,6 +156,14 @@ def _cmd_build_many(args: argparse.Namespace) -> int:
                               args.cache_dir)
     print(text)
     return 0 if ok else 1
+
+
+def _cmd_tune(args: argparse.Namespace) -> int:
+    from kiln.cli.tune import cmd_tune
+
+    print(cmd_tune(args.model, args.target, args.budget, args.output, args.address,
+                   args.in_process, _parse_shapes(args.shape), args.workers, args.threads))
+    return 0
 
 
 def _human(n: float) -> str:
@@ -233,6 +245,9 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--cc", default=None,
                    help="C compiler for the export (default: $CC, else the one the target "
                         "needs, e.g. aarch64-linux-gnu-gcc)")
+    c.add_argument("--tuning", default=None, metavar="DB.json",
+                   help="apply a tuning database written by `kiln tune` (its fingerprint "
+                        "goes into the library metadata)")
     c.set_defaults(func=_cmd_compile)
 
     i = verb(sub, "inspect", "what a .so, .tar, .a or MLF tar holds: functions, artifacts; "
@@ -315,6 +330,28 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--cache-dir", default=None,
                    help="compile cache shared by every task (shared storage on a cluster)")
     b.set_defaults(func=_cmd_build_many)
+
+    u = verb(sub, "tune", "measure kernel tiles of a model on this CPU; write a tuning "
+                          "database for `kiln compile --tuning`")
+    u.add_argument("model", help="path of the .onnx model")
+    u.add_argument("-t", "--target", default=None,
+                   help="target whose CPU runs the measurements (default: host)")
+    u.add_argument("--budget", default="10m", help="time to spend, e.g. 10m, 120s (default 10m)")
+    u.add_argument("-o", "--output", required=True, metavar="DB.json",
+                   help="tuning database (merged into when it exists)")
+    u.add_argument("--shape", action="append", default=[],
+                   help="bind an input shape or dimension, as for kiln compile (repeatable)")
+    on = u.add_mutually_exclusive_group()
+    on.add_argument("--address", default=None,
+                    help="join this Ray cluster ('auto' or HOST:PORT); default: a local Ray "
+                         "instance when Ray is installed")
+    on.add_argument("--in-process", action="store_true", help="tune in this process (no Ray)")
+    u.add_argument("--workers", type=int, default=None,
+                   help="CPUs of the local Ray instance (default: all)")
+    u.add_argument("--threads", type=int, default=None,
+                   help="threads of the measured kernels (default: the runtime's, "
+                        "$KILN_NUM_THREADS or one per CPU); tune for the count you deploy with")
+    u.set_defaults(func=_cmd_tune)
     return p
 
 

@@ -1,4 +1,6 @@
-"""Work that outgrows one process: batch builds of many models for many targets.
+"""Work that outgrows one process: batch builds of many models for many targets, and
+per-model tuning (kiln.distributed.tune: build tasks anywhere, measurement tasks on
+nodes with the target's CPU).
 
 `build_many(matrix, out_dir)` compiles every (model, target) cell of a build
 matrix (kiln.distributed.matrix) as one task each; the tasks run on a Ray cluster

@@ -81,18 +81,25 @@ class InProcessExecutor:
 
 @dataclass
 class RayExecutor:
-    """Tasks on a Ray cluster: `address` joins one, None starts a local instance."""
+    """Tasks on a Ray cluster: `address` joins one, None starts a local instance (with
+    the custom `resources`, e.g. kiln tune's measurement resource; a joined cluster's
+    nodes declare theirs in `ray start --resources`)."""
 
     address: str | None = None
+    resources: dict[str, float] | None = None
+    num_cpus: int | None = None
     _started: bool = field(default=False, init=False)
 
     def __post_init__(self) -> None:
         import ray
 
         if not ray.is_initialized():
+            local = self.address is None  # a joined cluster's nodes have their own
             try:
                 ray.init(address=self.address, include_dashboard=False,
-                         log_to_driver=False, configure_logging=False)
+                         log_to_driver=False, configure_logging=False,
+                         resources=self.resources if local else None,
+                         num_cpus=self.num_cpus if local else None)
             except ConnectionError as exc:
                 raise UsageError(f"cannot join the Ray cluster at {self.address!r}: {exc}"
                                  ) from None
@@ -142,9 +149,12 @@ class RayExecutor:
             ray.shutdown()
 
 
-def make_executor(address: str | None = None, *, in_process: bool = False) -> Executor:
+def make_executor(address: str | None = None, *, in_process: bool = False,
+                  resources: dict[str, float] | None = None, num_cpus: int | None = None
+                  ) -> Executor:
     """Ray when installed and not `in_process`, else this process. An `address`
-    without Ray installed is a UsageError (the user asked for a cluster)."""
+    without Ray installed is a UsageError (the user asked for a cluster). `resources`
+    and `num_cpus` shape a local Ray instance (no `address`)."""
     if in_process:
         return InProcessExecutor()
     try:
@@ -154,7 +164,7 @@ def make_executor(address: str | None = None, *, in_process: bool = False) -> Ex
             raise UsageError("--address needs Ray: pip install 'kiln-tensor[distributed]'"
                              ) from None
         return InProcessExecutor()
-    return RayExecutor(address)
+    return RayExecutor(address, resources, num_cpus)
 
 
 def task_node() -> str:

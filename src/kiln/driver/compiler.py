@@ -18,6 +18,7 @@ timed_step`, so a `TimingInstrument` in the PassContext reports it.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from typing import Any
 
@@ -31,16 +32,19 @@ from kiln.ir.graph import Function
 from kiln.ir.module import IRModule
 from kiln.ir.tensor import PrimFunc
 from kiln.target import Target
+from kiln.target.isa import isa_for
 from kiln.transform.context import PassContext
 from kiln.transform.instruments import timed_step
 from kiln.transform.pipeline import PipelineSpec, get_pipeline
 from kiln.transform.profile import profile_sites
+from kiln.tuning.apply import FromDatabase, using
+from kiln.tuning.database import TuningDatabase, target_key
 
 
 def compile(
     mod: IRModule | PrimFunc | Function | str | os.PathLike[str] | Any, target: Any = None, *,
     graph_pipeline: PipelineSpec = "default", tensor_pipeline: PipelineSpec = "default",
-    system_lib_prefix: str | None = None, profile: bool = False,
+    system_lib_prefix: str | None = None, profile: bool = False, tuning: Any = None,
 ) -> Executable:
     """Compile `mod` for `target` into an Executable.
 
@@ -62,11 +66,17 @@ def compile(
             codegens; kiln.transform.profile). The loaded module's `profile()` returns
             the counters, `kiln run --profile` prints them (docs/cli.md). Off: no timer
             code at all.
+        tuning: a tuning database (`kiln tune`'s JSON file, or a
+            `kiln.tuning.TuningDatabase`): the kernels it has a choice for on this
+            target's CPU take that tile, the others the rule's. Its fingerprint goes
+            into the library metadata ("tuning"), so the build is reproducible from it.
+            A database with no record for this target's CPU is ignored with a warning.
 
     Raises:
         IRError: the input or the lowered IR is ill-formed.
         CompileError: a pass, the codegen or the toolchain failed.
         TargetError: the target is malformed.
+        FormatError: the tuning database is not a valid one.
     """
     import kiln.codegen as codegen
 
@@ -76,12 +86,17 @@ def compile(
     from kiln.driver import split
 
     if split.is_split_target(tgt):  # a host and devices (kiln/driver/split.py)
+        if tuning is not None:
+            raise CompileError("tuning= applies to single-target builds; compile each part "
+                               "of a split target with its own database")
         verify_stage(mod, "the input module")
         return split.compile_split(mod, tgt, graph_pipeline=graph_pipeline,
                                    tensor_pipeline=tensor_pipeline, prefix=prefix)
 
     verify_stage(mod, "the input module")
-    with tgt:
+    session = _tuning_session(tuning, tgt)
+    # no database: leave a session of the caller's (kiln tune's) in place
+    with tgt, using(session) if session is not None else contextlib.nullcontext():
         graph = get_pipeline(graph_pipeline, "graph", target=tgt)
         mod = graph(mod)
         tensor = get_pipeline(tensor_pipeline, "tensor", target=tgt)
@@ -94,6 +109,10 @@ def compile(
     from kiln.codegen.constants import ConstantPool
 
     metadata = executable_metadata(mod, prefix)
+    if session is not None:
+        metadata["tuning"] = {"fingerprint": session.db.fingerprint(),
+                              "target": target_key(isa_for(tgt)),
+                              "kernels": dict(sorted(session.applied.items()))}
     key = None
     artifacts = None
     with timed_step("constants"):
@@ -136,6 +155,23 @@ def compile(
 
 # Code generators whose libraries carry host.c, where the profiling counters live.
 PROFILING_CODEGENS = ("llvm", "c")
+
+
+def _tuning_session(tuning: Any, tgt: Target) -> FromDatabase | None:
+    """The session applying `tuning` (a path or a TuningDatabase) for `tgt`, or None."""
+    if tuning is None:
+        return None
+    db = tuning if isinstance(tuning, TuningDatabase) else TuningDatabase.load(tuning)
+    key = target_key(isa_for(tgt))
+    targets = {r.target for r in db.records()}
+    if targets and key not in targets:
+        import warnings
+
+        name = "the tuning database" if tuning is db else f"tuning database {tuning}"
+        warnings.warn(f"{name} has no record for this target's CPU ({key}; it has "
+                      f"{', '.join(sorted(targets))}): every kernel takes the rule's tile",
+                      stacklevel=3)
+    return FromDatabase(db)
 
 
 def _instrument(mod: IRModule, codegen_name: str) -> IRModule:

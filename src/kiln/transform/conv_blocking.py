@@ -17,7 +17,8 @@ and float32 operands becomes
   one contiguous weight row per (ci, kh, kw) and the run time never repacks.
 
 The choice is kiln.ops.kernels.registry's (`select`, over the ISA of the current
-target); each rewritten call records its register tile in its `tile` attribute.
+target); each rewritten call records its register tile in its `tile` attribute: the
+rule's, or a tuning database's (kiln.tuning.apply).
 
 The kernels themselves are in kiln.ops.conv_kernels; docs/performance.md,
 "Convolution", describes them. The pass runs after fold-batchnorm (which
@@ -56,6 +57,7 @@ class BlockConvolutions(FunctionPass):
         from kiln.ops.kernels.registry import select
         from kiln.ops.kernels.tiles import with_lanes
         from kiln.target.isa import isa_for
+        from kiln.tuning.apply import pack
 
         isa = isa_for(None)
         if self.lanes:
@@ -63,6 +65,6 @@ class BlockConvolutions(FunctionPass):
 
         def rewrite(call: g.Call) -> g.Call | None:
             family = select(call, isa) if call.op == "conv2d" else None
-            return family.pack(call, isa) if family is not None else None
+            return pack(family, call, isa) if family is not None else None
 
         return rewrite_calls(func, rewrite)

@@ -15,7 +15,8 @@ A `matmul` with float32 operands becomes
   time.
 
 Each rewritten call records its register tile in its `tile` attribute, which
-lowering reads (kiln.ops.kernels). The kernels are in kiln.ops.gemm_kernels;
+lowering reads (kiln.ops.kernels): the rule's, or a tuning database's
+(kiln.tuning.apply). The kernels are in kiln.ops.gemm_kernels;
 docs/performance.md, "Matrix products", describes them. The pass runs before
 fuse-ops, which fuses the elementwise tail (Gemm's alpha and bias, activations,
 a residual add) into the new op's kernel, and after use-cblas (a target that asks
@@ -52,6 +53,7 @@ class BlockMatmuls(FunctionPass):
 
 def _rewrite(call: g.Call, isa: Any) -> g.Call | None:
     from kiln.ops.kernels.registry import select
+    from kiln.tuning.apply import pack
 
     family = select(call, isa) if call.op == "matmul" else None
-    return family.pack(call, isa) if family is not None else None
+    return pack(family, call, isa) if family is not None else None

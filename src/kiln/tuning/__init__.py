@@ -5,7 +5,8 @@ the target's ISA (kiln.target.isa). Tuning measures legal alternatives per disti
 kernel and keeps one only when it beats the default by more than the measured noise
 (kiln.tuning.select). The measurements and choices live in a JSON database
 (kiln.tuning.database) keyed by kernel signature and target CPU, merged across runs.
-docs/tuning.md describes the format and the selection rule.
+kiln.tuning.apply is how a compile (and `kiln tune`, kiln.distributed.tune) gives the
+blocking passes their tiles. docs/tuning.md describes the format and the selection rule.
 """
 
 from kiln.tuning.budget import parse_budget

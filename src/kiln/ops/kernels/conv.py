@@ -45,6 +45,17 @@ def conv_call_shape(call: g.Call) -> ck.ConvShape | None:
     return None if min(shape.pads) < 0 else shape
 
 
+#: Output columns per tile that tuning tries (kiln.tuning), where the registers hold them.
+TUNED_WIDTHS = (2, 3, 4, 5, 6, 7, 8, 10, 12, 14, 16)
+
+
+def vector_widths(out_w: int, lanes: int, most: int = 4) -> list[int]:
+    """Tile widths of whole vectors (1 to `most`) that an output row of `out_w` fills
+    (just `out_w` for a row narrower than one vector): the row-tiled and depthwise
+    kernels' search space."""
+    return [v * lanes for v in range(1, most + 1) if v * lanes <= out_w] or [out_w]
+
+
 def packed_call(op: str, call: g.Call, packed: Any, tile: tuple[int, ...],
                 channels: int | None) -> g.Call:
     """`call` as a call of `op` on the weight `packed` (None: the weight as it is), the

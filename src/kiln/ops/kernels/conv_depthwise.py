@@ -11,8 +11,8 @@ from typing import Any
 from kiln.ir import graph as g
 from kiln.ir.tensor import Buffer, PrimFunc, Stmt
 from kiln.ops import conv_kernels as ck
-from kiln.ops.kernels.conv import build_conv, conv_call_shape, packed_call
-from kiln.ops.kernels.registry import Family, recorded_tile
+from kiln.ops.kernels.conv import build_conv, conv_call_shape, packed_call, vector_widths
+from kiln.ops.kernels.registry import Family, fits_registers, recorded_tile
 from kiln.ops.kernels.tiles import Epilogue, tile_lanes
 from kiln.target.isa import ISA
 
@@ -35,7 +35,19 @@ class DepthwiseConv(Family):
     def pack(self, call: g.Call, isa: ISA) -> g.Call:
         shape = conv_call_shape(call)
         assert shape is not None
-        return packed_call(self.op, call, None, choose_tile(shape, isa), None)
+        return self.pack_tile(call, isa, choose_tile(shape, isa))
+
+    def candidates(self, call: g.Call, isa: ISA) -> list[tuple[int, ...]]:
+        """`tile_w` columns of whole vectors (1 to 4) that fit the registers."""
+        shape = conv_call_shape(call)
+        assert shape is not None
+        lanes = tile_lanes(isa)
+        rule = choose_tile(shape, isa)
+        return [(tw, lanes) for tw in vector_widths(shape.out_w, lanes)
+                if (tw, lanes) != rule and fits_registers(-(-tw // lanes), 2, isa)]
+
+    def pack_tile(self, call: g.Call, isa: ISA, tile: tuple[int, ...]) -> g.Call:
+        return packed_call(self.op, call, None, tuple(tile), None)
 
     def build(self, params: Sequence[Any], args: Sequence[Any], attrs: Mapping[str, Any],
               anchor: Any, result: Any, isa: ISA) -> PrimFunc | None:

@@ -12,8 +12,8 @@ from typing import Any
 from kiln.ir import graph as g
 from kiln.ir.tensor import Buffer, PrimFunc, Stmt
 from kiln.ops import conv_kernels as ck
-from kiln.ops.kernels.conv import build_conv, conv_call_shape, packed_call
-from kiln.ops.kernels.registry import Family, recorded_tile
+from kiln.ops.kernels.conv import TUNED_WIDTHS, build_conv, conv_call_shape, packed_call
+from kiln.ops.kernels.registry import Family, fits_registers, recorded_tile
 from kiln.ops.kernels.tiles import Epilogue, tile_lanes
 from kiln.target.isa import ISA
 
@@ -38,11 +38,30 @@ class DirectConv(Family):
 
     def pack(self, call: g.Call, isa: ISA) -> g.Call:
         shape = conv_call_shape(call)
+        assert shape is not None
+        t = ck.choose_tiling(shape, tile_lanes(isa))
+        return self.pack_tile(call, isa, (t.cb, t.tile_w))
+
+    def candidates(self, call: g.Call, isa: ISA) -> list[tuple[int, ...]]:
+        """`cb` 1 to 4 vectors (no more than the group's channels rounded up to a
+        vector), `tile_w` positions whose `cb / lanes * tile_w` accumulators fit."""
+        shape = conv_call_shape(call)
+        assert shape is not None
+        lanes = tile_lanes(isa)
+        rule = ck.choose_tiling(shape, lanes)
+        out = [(v * lanes, tw) for v in range(1, 5) if v == 1 or (v - 1) * lanes < shape.co_group
+               for tw in TUNED_WIDTHS if fits_registers(v * tw, v, isa)]
+        return sorted((t for t in out if t != (rule.cb, rule.tile_w)),
+                      key=lambda t: (abs(t[1] - rule.tile_w) + 4 * abs(t[0] - rule.cb) // lanes,
+                                     t))
+
+    def pack_tile(self, call: g.Call, isa: ISA, tile: tuple[int, ...]) -> g.Call:
+        shape = conv_call_shape(call)
         w = call.args[1]
         assert shape is not None and isinstance(w, g.Constant)
-        t = ck.choose_tiling(shape, tile_lanes(isa))
-        return packed_call(self.op, call, ck.pack_blocked_weight(w.data, shape.groups, t.cb),
-                           (t.cb, t.tile_w), shape.c_out)
+        cb, tile_w = tile
+        return packed_call(self.op, call, ck.pack_blocked_weight(w.data, shape.groups, cb),
+                           (cb, tile_w), shape.c_out)
 
     def build(self, params: Sequence[Any], args: Sequence[Any], attrs: Mapping[str, Any],
               anchor: Any, result: Any, isa: ISA) -> PrimFunc | None:

@@ -15,8 +15,8 @@ from typing import Any
 from kiln.ir import graph as g
 from kiln.ir.tensor import Buffer, PrimFunc, Stmt
 from kiln.ops import conv_kernels as ck
-from kiln.ops.kernels.conv import build_conv, conv_call_shape, packed_call
-from kiln.ops.kernels.registry import Family, recorded_tile
+from kiln.ops.kernels.conv import build_conv, conv_call_shape, packed_call, vector_widths
+from kiln.ops.kernels.registry import Family, fits_registers, recorded_tile
 from kiln.ops.kernels.tiles import Epilogue, tile_lanes
 from kiln.target.isa import ISA
 
@@ -24,6 +24,8 @@ from kiln.target.isa import ISA
 # on AVX-512 (its tile's epilogue is cheaper; measured on 16-32 channel 3x3 layers,
 # while 64-channel 3x3 layers, 576 taps, ran faster blocked).
 ROWS_MAX_TAPS = 320
+#: Output channels per tile that tuning tries (kiln.tuning).
+TUNED_ROWS = (2, 3, 4, 6, 8, 10, 12)
 
 
 @dataclass(frozen=True)
@@ -43,13 +45,34 @@ class RowsConv(Family):
         return (pointwise or few_taps) and not strided_pointwise
 
     def pack(self, call: g.Call, isa: ISA) -> g.Call:
+        return self.pack_tile(call, isa, self._rule(call, isa))
+
+    def candidates(self, call: g.Call, isa: ISA) -> list[tuple[int, ...]]:
+        """`rows` channels x `tile_w` columns (whole vectors) whose `rows * tile_w /
+        lanes` accumulators fit the registers."""
+        shape = conv_call_shape(call)
+        assert shape is not None
+        lanes = tile_lanes(isa)
+        rule = self._rule(call, isa)
+        out = [(rows, tw, lanes) for tw in vector_widths(shape.out_w, lanes)
+               for rows in TUNED_ROWS if rows <= shape.c_out
+               and fits_registers(rows * -(-tw // lanes), -(-tw // lanes), isa)]
+        return sorted((t for t in out if t != rule),
+                      key=lambda t: (abs(t[0] - rule[0]) + 4 * abs(t[1] - rule[1]) // lanes, t))
+
+    def pack_tile(self, call: g.Call, isa: ISA, tile: tuple[int, ...]) -> g.Call:
         shape = conv_call_shape(call)
         w = call.args[1]
         assert shape is not None and isinstance(w, g.Constant)
+        return packed_call(self.op, call, ck.pack_rows_weight(w.data, tile[0]), tuple(tile),
+                           shape.c_out)
+
+    @staticmethod
+    def _rule(call: g.Call, isa: ISA) -> tuple[int, int, int]:
+        shape = conv_call_shape(call)
+        assert shape is not None
         lanes = tile_lanes(isa)
-        tile = (ck.ROW_TILE_CHANNELS, ck.rows_tile_width(shape.out_w, lanes), lanes)
-        return packed_call(self.op, call, ck.pack_rows_weight(w.data, ck.ROW_TILE_CHANNELS),
-                           tile, shape.c_out)
+        return (ck.ROW_TILE_CHANNELS, ck.rows_tile_width(shape.out_w, lanes), lanes)
 
     def build(self, params: Sequence[Any], args: Sequence[Any], attrs: Mapping[str, Any],
               anchor: Any, result: Any, isa: ISA) -> PrimFunc | None:

@@ -20,7 +20,7 @@ from kiln.ir.types import TensorType
 from kiln.ops import gemm_kernels as gk
 from kiln.ops.broadcast import broadcast_shapes
 from kiln.ops.epilogue import fused_store
-from kiln.ops.kernels.registry import TILE, Family, recorded_tile
+from kiln.ops.kernels.registry import TILE, Family, fits_registers, recorded_tile
 from kiln.ops.kernels.tiles import tile_lanes, tile_registers
 from kiln.ops.nn import b_shape
 from kiln.target.isa import ISA
@@ -35,6 +35,26 @@ def choose_tile(m: Any, n: Any, isa: ISA) -> gk.GemmTiling:
     m = m if isinstance(m, int) else TYPICAL_ROWS
     n = n if isinstance(n, int) else TYPICAL_ROWS
     return gk.choose_gemm_tiling(m, n, tile_lanes(isa), tile_registers(isa))
+
+
+#: Tile heights tuning tries (kiln.tuning): those the registers of the ISA hold.
+TUNED_ROWS = (1, 2, 3, 4, 6, 8, 10, 12, 14)
+
+
+def tile_candidates(m: Any, n: Any, isa: ISA) -> list[tuple[int, int]]:
+    """The legal `(mr, nr)` tiles of an `m` x `n` product other than `choose_tile`'s:
+    `nr` 1 to 4 whole vectors (8 for a product of a few rows) no wider than N rounded up
+    to a vector, `mr` no taller than M, and `mr * nr / lanes` accumulators next to the
+    B row and a broadcast within the registers; nearest the rule's first."""
+    rule = choose_tile(m, n, isa)
+    m = m if isinstance(m, int) else TYPICAL_ROWS
+    n = n if isinstance(n, int) else TYPICAL_ROWS
+    lanes = tile_lanes(isa)
+    out = [(mr, vecs * lanes)
+           for vecs in range(1, (8 if m < 4 else 4) + 1) if vecs == 1 or (vecs - 1) * lanes < n
+           for mr in TUNED_ROWS if mr <= m and fits_registers(mr * vecs, vecs, isa)]
+    return sorted((t for t in out if t != (rule.mr, rule.nr)),
+                  key=lambda t: (abs(t[0] - rule.mr) + 4 * abs(t[1] - rule.nr) // lanes, t))
 
 
 def constant_b(call: g.Call) -> bool:
@@ -59,18 +79,30 @@ class PackedGemm(Family):
         return constant_b(call)
 
     def pack(self, call: g.Call, isa: ISA) -> g.Call:
+        m, n = self._mn(call)
+        tiling = choose_tile(m, n, isa)
+        return self.pack_tile(call, isa, (tiling.mr, tiling.nr))
+
+    def candidates(self, call: g.Call, isa: ISA) -> list[tuple[int, ...]]:
+        return list(tile_candidates(*self._mn(call), isa))
+
+    def pack_tile(self, call: g.Call, isa: ISA, tile: tuple[int, ...]) -> g.Call:
+        a, b = call.args
+        assert isinstance(b, g.Constant)
+        data = b.data.T if call.attrs.get("transpose_b") else b.data
+        mr, nr = tile
+        packed = g.Constant(gk.pack_b(data, nr), b.name)
+        return g.Call(self.op, (a, packed), g.freeze_attrs({"n": data.shape[1],
+                                                            TILE: (mr, nr)}), call.ret_type)
+
+    @staticmethod
+    def _mn(call: g.Call) -> tuple[int, int]:
         a, b = call.args
         assert isinstance(b, g.Constant) and isinstance(a.type, TensorType)
         m = 1  # A's rows may be symbolic (M = batch*seq); the tile is static
         for d in a.type.shape[:-1]:
             m *= d if isinstance(d, int) else TYPICAL_ROWS
-        data = b.data.T if call.attrs.get("transpose_b") else b.data
-        n = data.shape[1]
-        tiling = choose_tile(m, n, isa)
-        packed = g.Constant(gk.pack_b(data, tiling.nr), b.name)
-        return g.Call(self.op, (a, packed), g.freeze_attrs({"n": n, TILE: (tiling.mr,
-                                                                          tiling.nr)}),
-                      call.ret_type)
+        return m, int(b.data.shape[0 if call.attrs.get("transpose_b") else 1])
 
     def build(self, params: Sequence[Any], args: Sequence[Any], attrs: Mapping[str, Any],
               anchor: Any, result: Any, isa: ISA) -> PrimFunc | None:
@@ -95,11 +127,21 @@ class TiledGemm(Family):
                 and all(_f32(x.type, 2) for x in call.args))
 
     def pack(self, call: g.Call, isa: ISA) -> g.Call:
+        t = choose_tile(*self._mn(call), isa)
+        return self.pack_tile(call, isa, (t.mr, t.nr))
+
+    def candidates(self, call: g.Call, isa: ISA) -> list[tuple[int, ...]]:
+        return list(tile_candidates(*self._mn(call), isa))
+
+    def pack_tile(self, call: g.Call, isa: ISA, tile: tuple[int, ...]) -> g.Call:
+        return g.Call(self.op, call.args, g.freeze_attrs({**call.attrs, TILE: tuple(tile)}),
+                      call.ret_type)
+
+    @staticmethod
+    def _mn(call: g.Call) -> tuple[Any, Any]:
         a, b = (x.type for x in call.args)
         assert isinstance(a, TensorType) and isinstance(b, TensorType)
-        t = choose_tile(a.shape[-2], b_shape(cast(Sequence[int], b.shape), call.attrs)[-1], isa)
-        return g.Call(self.op, call.args, g.freeze_attrs({**call.attrs, TILE: (t.mr, t.nr)}),
-                      call.ret_type)
+        return a.shape[-2], b_shape(cast(Sequence[int], b.shape), call.attrs)[-1]
 
     def build(self, params: Sequence[Any], args: Sequence[Any], attrs: Mapping[str, Any],
               anchor: Any, result: Any, isa: ISA) -> PrimFunc | None:

@@ -4,7 +4,9 @@ A family turns calls of its `sources` ops into calls of its own `op` (`pack`: th
 weight packed at compile time and the register tile recorded in the call's `tile`
 attribute), and lowers calls of `op` (`build`, at legalization, reading that tile).
 The blocking passes ask `select(call, isa)` for the first family, in `rank` order,
-that `applies`; legalization asks `family_of(op)`. `KERNELS` has the shape of every
+that `applies`; legalization asks `family_of(op)`. A `TunableFamily` also lists the
+other legal tiles of a call (`candidates`) and packs with a given one (`pack_tile`):
+the search space of kiln.tuning. `KERNELS` has the shape of every
 kiln registry (kiln._registry): name -> lazily imported family.
 """
 
@@ -12,11 +14,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from kiln._registry import Registry, RegistryError
 from kiln.ir import graph as g
 from kiln.ir.tensor import PrimFunc
+from kiln.ops.kernels.tiles import tile_registers
 from kiln.target.isa import ISA
 
 #: The attribute a packed call records its register tile in.
@@ -44,6 +47,27 @@ class KernelFamily(Protocol):
         """The kernel of a call of `op` with the fused elementwise tail (the arguments
         of `HandBuiltOp.lower_fused`), or None when it cannot be built."""
         ...
+
+
+@runtime_checkable
+class TunableFamily(KernelFamily, Protocol):
+    """A family whose register tile tuning may choose (kiln.tuning)."""
+
+    def candidates(self, call: g.Call, isa: ISA) -> list[tuple[int, ...]]:
+        """The legal tiles of `call` on `isa` other than the rule's (the one `pack`
+        records), by construction: whole vectors of the ISA's lanes, accumulators that
+        fit its registers, no wider than the output."""
+        ...
+
+    def pack_tile(self, call: g.Call, isa: ISA, tile: tuple[int, ...]) -> g.Call:
+        """`pack` with `tile` (one of `candidates`, or the rule's) instead of the rule's."""
+        ...
+
+
+def fits_registers(accumulators: int, vectors: int, isa: ISA) -> bool:
+    """Whether a tile of `accumulators` vector accumulators, `vectors` operand vectors
+    and one broadcast fits the register file of `isa` (so the tile never spills)."""
+    return accumulators + vectors + 1 <= tile_registers(isa)
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,91 @@
+"""Tuning benchmarks (docs/tuning.md, "Measured"):
+
+    .venv/bin/python bench/tune.py speedup MODEL.onnx DB.json [--threads 1] [--repeat 30]
+    .venv/bin/python bench/tune.py workers MODEL.onnx [--candidates 3] [--workers 1,2]
+
+`speedup` compiles MODEL untuned and with the tuning database DB and times both,
+calls interleaved (so both see the same machine load), printing the medians and their
+ratio. `workers` tunes the same candidates (the first K of each kernel, no time limit)
+on a local Ray instance of 1 and of 2 CPUs and prints the wall times. Prints numbers;
+asserts nothing (this is not a test).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import time
+
+import numpy as np
+
+import kiln
+from kiln.distributed.executor import RayExecutor
+from kiln.distributed.tune import discover, measure_resource, tune
+from kiln.frontend import from_onnx
+
+
+def speedup(model: str, db: str, threads: int | None, repeat: int) -> None:
+    target = kiln.Target.from_host()
+    mod = from_onnx(model)
+    libs = [kiln.compile(mod, target).jit(), kiln.compile(mod, target, tuning=db).jit()]
+    for lib in libs:
+        lib.set_num_threads(threads)
+    fns = [lib["main"] for lib in libs]
+    param = mod["main"].params[0]
+    shape = tuple(d if isinstance(d, int) else 1 for d in param.type.shape)
+    x = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
+    outs = [np.asarray(f(x)) for f in fns]
+    err = float(np.max(np.abs(outs[0] - outs[1])) / max(1e-30, np.max(np.abs(outs[0]))))
+    times: list[list[float]] = [[], []]
+    for _ in range(repeat):
+        for i, f in enumerate(fns):
+            t0 = time.perf_counter()
+            f(x)
+            times[i].append(time.perf_counter() - t0)
+    base, tuned = (float(np.median(t)) * 1e3 for t in times)
+    print(f"{model}: untuned {base:.2f} ms, tuned {tuned:.2f} ms (medians of {repeat}, "
+          f"threads {threads or 'default'}): {base / tuned:.3f}x; max rel diff {err:.1e}")
+
+
+def workers(model: str, candidates: int, counts: list[int]) -> None:
+    import ray
+
+    target = kiln.Target.from_host()
+    specs = [dataclasses.replace(s, candidates=s.candidates[:candidates])
+             for s in discover(model, target)]
+    total = sum(len(s.candidates) for s in specs)
+    for n in counts:
+        ex = RayExecutor(None, {measure_resource(target): 1.0}, n)
+        try:
+            t0 = time.perf_counter()
+            report = tune(specs, target, 1e9, executor=ex, threads=1)
+            wall = time.perf_counter() - t0
+        finally:
+            ex.close()
+            ray.shutdown()
+        print(f"{n} Ray worker CPU(s): {total} candidates of {len(specs)} kernels "
+              f"({report.measured} measured) in {wall:.1f} s wall")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="cmd", required=True)
+    s = sub.add_parser("speedup")
+    s.add_argument("model")
+    s.add_argument("db")
+    s.add_argument("--threads", type=int, default=None)
+    s.add_argument("--repeat", type=int, default=30)
+    w = sub.add_parser("workers")
+    w.add_argument("model")
+    w.add_argument("--candidates", type=int, default=3)
+    w.add_argument("--workers", default="1,2")
+    args = p.parse_args()
+    if args.cmd == "speedup":
+        speedup(args.model, args.db, args.threads, args.repeat)
+    else:
+        workers(args.model, args.candidates, [int(n) for n in args.workers.split(",")])
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,45 @@
+"""`kiln tune MODEL -t TARGET --budget 10m -o model.tuning.json`: measure kernel tiles
+(kiln.distributed.tune) and merge the records into a tuning database."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def cmd_tune(model: str, target: str | None, budget: str, output: str, address: str | None,
+             in_process: bool, shapes: dict[str, Any], workers: int | None,
+             threads: int | None = None) -> str:
+    """Tune and save; the closing summary (the log lines are printed as they come)."""
+    from kiln.distributed.executor import make_executor
+    from kiln.distributed.tune import measure_resource, resolve, tune_model
+    from kiln.tuning import parse_budget
+
+    seconds = parse_budget(budget)
+    tgt = resolve(target or "host")
+    # a local Ray instance is this machine: it measures for the target only when its
+    # CPU is the target's
+    here = measure_resource(resolve("host"))
+    executor = make_executor(address, in_process=in_process, num_cpus=workers,
+                             resources={here: 1.0})
+    try:
+        where = executor.describe()
+        nodes = where.get("nodes") or []
+        print(f"running on: {where['engine']}"
+              + (f" at {where.get('address')}, {len(nodes)} node(s): "
+                 + ", ".join(f"{n['id'][:12]} ({n['address']}, {n['cpus']:g} CPU)"
+                             for n in nodes) if where["engine"] == "ray" else "")
+              + (f"; measurements on nodes with resource {measure_resource(tgt)}"
+                 if where["engine"] == "ray" else ""), flush=True)
+        report = tune_model(model, tgt, seconds, output, executor=executor, shapes=shapes,
+                            log=lambda line: print(line, flush=True), threads=threads)
+    finally:
+        executor.close()
+    chosen = sum(1 for r in report.database.records() if r.chosen is not None)
+    lines = [f"measured {report.measured} candidate(s) of {report.kernels} kernel(s) in "
+             f"{report.seconds:.0f} s; {chosen} record(s) choose a tile other than the rule's",
+             f"builds ran on: {', '.join(sorted(n[:12] for n in report.builds_on)) or '-'}; "
+             f"measurements on: {', '.join(sorted(n[:12] for n in report.measured_on)) or '-'}"]
+    if report.discarded:
+        lines.append(f"{len(report.discarded)} candidate(s) discarded (see above)")
+    lines.append(f"wrote {output} (fingerprint {report.database.fingerprint()[:16]})")
+    return "\n".join(lines)

@@ -1,0 +1,407 @@
+"""`kiln tune`: measure the legal tiles of each distinct kernel of a model, keep the
+clearly faster ones in a tuning database.
+
+1. `discover`: the graph pipeline runs once under a `Recorder` (kiln.tuning.apply);
+   every call a tunable kernel family packs becomes a `KernelSpec` — the source call
+   (operand types, constant weights, attributes), its signature, how often the model
+   has it and its search space (`candidates` of its family). Equal calls are one spec.
+2. Rounds until the budget is spent: each round picks candidates, the kernels whose
+   untried time is largest first (default time x occurrences / (tried + 1)); every
+   candidate (and, once per kernel, the rule's tile) is built as a library of that one
+   call (`build_variant`, a task that may run anywhere); then one `measure_kernel`
+   task per kernel loads the default and the round's candidates, checks each result
+   equals the default's, and times them interleaved (warm-up, then repeats).
+3. `kiln.tuning.select` decides from the recorded timings; the records are merged
+   into the database (timings of a variant measured before are pooled).
+
+Measurement tasks ask for the resource `measure_resource(target)` ("kiln-cpu-" + a
+hash of the target's `target_key`), one unit per node: Ray runs them only on nodes
+started with it (`ray start --resources='{"kiln-cpu-...": 1}'`), one at a time per
+node, so measurements never share a CPU with each other. Build tasks ask for a CPU
+only. Without Ray, everything runs in this process with the same results.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from kiln.distributed.executor import Executor, TaskOutcome, task_node
+from kiln.errors import UsageError
+from kiln.tuning.database import Measurement, Record, TuningDatabase, target_key
+
+Tile = tuple[int, ...]
+
+#: Default measurement: warm-up calls, then `REPEATS` samples of every variant,
+#: interleaved; a sample is the fastest of `CALLS` consecutive calls (a call another
+#: process delayed says nothing about the kernel).
+WARMUP = 3
+REPEATS = 15
+CALLS = 3
+#: Relative and absolute (to the largest |value|) tolerance of a candidate's result.
+RTOL = 1e-4
+ATOL = 1e-5
+
+
+@dataclass(frozen=True)
+class KernelSpec:
+    """One distinct kernel call: what a task needs to build it alone (plain data)."""
+
+    family: str
+    signature: str
+    op: str
+    # ("input", dtype, shape) with symbolic dims as 1, or ("const", array)
+    operands: tuple[tuple[Any, ...], ...]
+    attrs: dict[str, Any]
+    count: int
+    default: Tile
+    candidates: tuple[Tile, ...]
+
+    @property
+    def label(self) -> str:
+        """Family and signature, for logs."""
+        return f"{self.family} {self.signature}"
+
+
+def measure_resource(target: Any) -> str:
+    """The Ray custom resource a node offers when its CPU is `target`'s."""
+    from kiln.target.isa import isa_for
+
+    return "kiln-cpu-" + hashlib.sha256(target_key(isa_for(target)).encode()).hexdigest()[:12]
+
+
+def resolve(spec: Any) -> Any:
+    """`spec` ("host", a kind, a tag, JSON or a Target) as a Target: "host" is the
+    machine that resolves it (the driver), so every task builds the same code."""
+    import kiln
+
+    if isinstance(spec, kiln.Target):
+        return spec
+    return kiln.Target.from_host() if spec in (None, "host") else kiln.Target(spec)
+
+
+def discover(model: Any, target: Any, shapes: dict[str, Any] | None = None
+             ) -> list[KernelSpec]:
+    """The distinct tunable kernel calls of `model` (an ONNX path, bytes or ModelProto,
+    or an IRModule) on `target`, in the order the passes meet them."""
+    from kiln.frontend import from_onnx
+    from kiln.ir import graph as g
+    from kiln.ir.module import IRModule
+    from kiln.ir.types import TensorType
+    from kiln.transform.pipeline import get_pipeline
+    from kiln.tuning.apply import TILE_ATTR, Recorder, using
+
+    tgt = resolve(target)
+    mod = model if isinstance(model, IRModule) else from_onnx(model, shapes or None)
+    recorder = Recorder()
+    with tgt, using(recorder):
+        get_pipeline("default", "graph", target=tgt)(mod)
+    specs = []
+    for key, (family, call, isa) in recorder.calls.items():
+        operands: list[tuple[Any, ...]] = []
+        for a in call.args:
+            if isinstance(a, g.Constant):
+                operands.append(("const", a.data))
+            else:
+                t = a.type
+                assert isinstance(t, TensorType)
+                operands.append(("input", t.dtype,
+                                 tuple(d if isinstance(d, int) else 1 for d in t.shape)))
+        default = tuple(family.pack(call, isa).attrs[TILE_ATTR])
+        specs.append(KernelSpec(family.name, key[1], call.op, tuple(operands),
+                                dict(call.attrs), recorder.counts[key], default,
+                                tuple(tuple(c) for c in family.candidates(call, isa))))
+    return specs
+
+
+def kernel_module(spec: KernelSpec) -> Any:
+    """An IRModule whose `main` is the one call of `spec` on its inputs."""
+    from kiln.ir import graph as g
+    from kiln.ir.module import IRModule
+    from kiln.ir.types import TensorType
+    from kiln.ops.registry import call
+
+    params: list[g.Var] = []
+    args: list[g.Expr] = []
+    for i, operand in enumerate(spec.operands):
+        if operand[0] == "const":
+            args.append(g.Constant(operand[1], f"w{i}"))
+        else:
+            v = g.Var(f"x{i}", TensorType(operand[2], operand[1]))
+            params.append(v)
+            args.append(v)
+    c = call(spec.op, *args, **spec.attrs)
+    out = g.Var("y", c.ret_type)
+    return IRModule({"main": g.Function(tuple(params), (g.Binding(out, c),), out)})
+
+
+def build_variant(spec: KernelSpec, target: str, tile: Tile | None) -> dict[str, Any]:
+    """A task: the library of `spec` alone with `tile` (None: the rule's), as bytes."""
+    import kiln
+    from kiln.tuning.apply import Forced, using
+
+    start = time.perf_counter()
+    forced = Forced(spec.family, tile)
+    with using(forced):
+        ex = kiln.compile(kernel_module(spec), kiln.Target(target))
+    if tile is not None and forced.seen != 1:
+        raise UsageError(f"{spec.label}: the {spec.family} kernel did not take the call "
+                         "when built alone")
+    with tempfile.TemporaryDirectory(prefix="kiln-tune-") as tmp:
+        path = Path(tmp) / "kernel.so"
+        ex.export_library(path)
+        data = path.read_bytes()
+    return {"data": data, "seconds": time.perf_counter() - start, "node": task_node(),
+            "kiln": kiln.__version__}
+
+
+def kernel_inputs(spec: KernelSpec) -> list[np.ndarray]:
+    """The inputs every variant of `spec` is run on (seeded by its signature)."""
+    seed = int.from_bytes(hashlib.sha256(spec.signature.encode()).digest()[:4], "little")
+    rng = np.random.default_rng(seed)
+    return [rng.standard_normal(o[2]).astype(o[1]) for o in spec.operands if o[0] == "input"]
+
+
+def measure_kernel(spec: KernelSpec, libraries: Sequence[bytes], warmup: int = WARMUP,
+                   repeats: int = REPEATS, threads: int | None = None) -> dict[str, Any]:
+    """A task: load the libraries (the first is the default's; `threads`: their thread
+    count, None the runtime's default), check every result equals the default's, take
+    `repeats` samples of each, variants interleaved. Returns the samples (us) per
+    library and whether each result was equal."""
+    from kiln.runtime import load_module
+
+    inputs = kernel_inputs(spec)
+    with tempfile.TemporaryDirectory(prefix="kiln-measure-") as tmp:
+        fns = []
+        for i, data in enumerate(libraries):
+            path = Path(tmp) / f"v{i}.so"
+            path.write_bytes(data)
+            fns.append(load_module(str(path), num_threads=threads)["main"])
+        outs = [np.asarray(fn(*inputs)) for fn in fns]
+        ref = outs[0]
+        scale = float(np.max(np.abs(ref))) if ref.size else 0.0
+        equal = [bool(o.shape == ref.shape and np.allclose(o, ref, rtol=RTOL,
+                                                            atol=ATOL * max(scale, 1.0)))
+                 for o in outs]
+        for _ in range(warmup):
+            for fn in fns:
+                fn(*inputs)
+        times: list[list[float]] = [[] for _ in fns]
+        for _ in range(repeats):
+            for i, fn in enumerate(fns):
+                best = float("inf")
+                for _ in range(CALLS):
+                    t0 = time.perf_counter()
+                    fn(*inputs)
+                    best = min(best, time.perf_counter() - t0)
+                times[i].append(best * 1e6)
+    return {"times_us": times, "equal": equal, "node": task_node()}
+
+
+@dataclass(eq=False)
+class _State:
+    """What the tuner knows of one kernel."""
+
+    spec: KernelSpec
+    default_lib: bytes | None = None
+    default_times: list[float] = field(default_factory=list)
+    measured: list[Measurement] = field(default_factory=list)
+    tried: int = 0
+    failed: bool = False
+
+    def score(self) -> tuple[bool, float]:
+        """Kernels not measured yet first (by occurrences), then by default time x
+        occurrences / (candidates tried + 1)."""
+        if not self.default_times:
+            return True, float(self.spec.count)
+        return False, float(np.median(self.default_times)) * self.spec.count / (self.tried + 1)
+
+
+@dataclass
+class TuneReport:
+    """The database a run made, and what happened (for the log)."""
+
+    database: TuningDatabase
+    lines: list[str]
+    kernels: int
+    measured: int
+    discarded: list[str]
+    builds_on: set[str]
+    measured_on: set[str]
+    seconds: float
+
+
+Build = Callable[[Sequence[tuple[Any, ...]]], list[TaskOutcome]]
+Measure = Callable[[Sequence[tuple[Any, ...]]], list[TaskOutcome]]
+
+
+def tune(specs: Sequence[KernelSpec], target: Any, budget_s: float, *,
+         executor: Executor | None = None, build: Build | None = None,
+         measure: Measure | None = None, log: Callable[[str], None] = lambda s: None,
+         batch: int = 0, repeats: int = REPEATS, warmup: int = WARMUP,
+         threads: int | None = None, clock: Callable[[], float] = time.monotonic
+         ) -> TuneReport:
+    """Measure candidates of `specs` on `target` until `budget_s` seconds are spent.
+
+    `build` / `measure` run a list of `build_variant` / `measure_kernel` argument tuples
+    (default: as tasks of `executor`; measurement tasks with `measure_resource`);
+    a test injects recorded ones. `batch` is the candidates per round (default: twice
+    the executor's CPUs, at least 2)."""
+    from kiln import __version__ as version
+    from kiln.distributed.executor import InProcessExecutor
+
+    tgt = resolve(target)
+    spec_text = str(tgt)
+    runner = executor or InProcessExecutor()
+    if build is None:
+        def build(args: Sequence[tuple[Any, ...]]) -> list[TaskOutcome]:
+            return runner.run(build_variant, args)
+    if measure is None:
+        resource = measure_resource(tgt)
+        where = runner.describe()
+        if where.get("engine") == "ray" and not any(
+                resource in n.get("resources", ()) for n in where.get("nodes", [])):
+            raise UsageError(
+                f"no node of the Ray cluster measures for this CPU: start the nodes whose "
+                f"CPU is the target's with `ray start --resources='{{\"{resource}\": 1}}'`")
+        measure_res = {resource: 1.0} if where.get("engine") == "ray" else None
+        if measure_res is None and resource != measure_resource(resolve("host")):
+            log(f"warning: this machine's CPU ({target_key(_isa(resolve('host')))}) is not "
+                f"the target's ({target_key(_isa(tgt))}): the timings are this machine's")
+
+        def measure(args: Sequence[tuple[Any, ...]]) -> list[TaskOutcome]:
+            return runner.run(measure_kernel, args, resources=measure_res)
+    size = batch or max(2, 2 * _cpus(runner))
+    start = clock()
+    states = [_State(s) for s in specs]
+    lines: list[str] = []
+    discarded: list[str] = []
+    builds_on: set[str] = set()
+    measured_on: set[str] = set()
+
+    def note(text: str) -> None:
+        lines.append(text)
+        log(text)
+
+    note(f"tuning {len(specs)} distinct kernel(s) for {target_key(_isa(tgt))}, "
+         f"budget {budget_s:.0f} s, {size} candidate(s) per round")
+    measured, last = 0, 0.0
+    # a round starts only when it should end within the budget (as long as the last one)
+    while clock() - start + last <= budget_s:
+        began = clock()
+        picks = _pick(states, size)
+        if not picks:
+            break
+        jobs: list[tuple[_State, Tile | None]] = [
+            (st, None) for st in dict.fromkeys(st for st, _ in picks) if st.default_lib is None]
+        jobs += [(st, tile) for st, tile in picks]
+        built = build([(st.spec, spec_text, tile) for st, tile in jobs])
+        libs: dict[int, list[tuple[Tile, bytes]]] = {}
+        for (st, tile), outcome in zip(jobs, built, strict=True):
+            if outcome.ok and outcome.value.get("kiln", version) != version:
+                outcome = TaskOutcome(error=f"the node runs kiln {outcome.value['kiln']}, "
+                                            f"this machine {version}: install one version")
+            if not outcome.ok:
+                what = "default" if tile is None else f"tile {list(tile)}"
+                st.failed = st.failed or tile is None
+                discarded.append(f"{st.spec.label} {what}: build failed: {outcome.error}")
+                note(f"  discarded {discarded[-1]}")
+                continue
+            builds_on.add(outcome.value["node"])
+            if tile is None:
+                st.default_lib = outcome.value["data"]
+            else:
+                libs.setdefault(id(st), []).append((tile, outcome.value["data"]))
+        rounds = [(st, libs.get(id(st), [])) for st in dict.fromkeys(st for st, _ in picks)
+                  if st.default_lib is not None]
+        results = measure([(st.spec, [st.default_lib, *(d for _, d in cands)], warmup,
+                            repeats, threads) for st, cands in rounds])
+        for (st, cands), outcome in zip(rounds, results, strict=True):
+            if not outcome.ok:
+                discarded.append(f"{st.spec.label}: measurement failed: {outcome.error}")
+                note(f"  discarded {discarded[-1]}")
+                continue
+            value = outcome.value
+            measured_on.add(value["node"])
+            st.default_times += value["times_us"][0]
+            for (tile, _), times, eq in zip(cands, value["times_us"][1:], value["equal"][1:],
+                                            strict=True):
+                st.measured.append(Measurement({"tile": list(tile)}, tuple(times), eq))
+                measured += 1
+                if not eq:
+                    discarded.append(f"{st.spec.label} tile {list(tile)}: result differs "
+                                     "from the default's")
+                    note(f"  discarded {discarded[-1]}")
+        last = clock() - began
+        note(f"round: {len(picks)} candidate(s), {measured} measured, "
+             f"{clock() - start:.0f} s of {budget_s:.0f} s")
+    key = target_key(_isa(tgt))
+    db = TuningDatabase(
+        Record(st.spec.family, st.spec.signature, key,
+               Measurement({"tile": list(st.spec.default)}, tuple(st.default_times)),
+               st.measured)
+        for st in states if st.default_times)
+    for r in db.records():
+        if r.chosen is not None:
+            base = float(np.median(r.default.times_us))
+            best = next(c for c in r.candidates if c.params == r.chosen)
+            note(f"  {r.kernel} {r.signature}: tile {r.chosen['tile']} "
+                 f"{base / float(np.median(best.times_us)):.2f}x the default's "
+                 f"{r.default.params['tile']}")
+    return TuneReport(db, lines, len(specs), measured, discarded, builds_on, measured_on,
+                      clock() - start)
+
+
+def _pick(states: Sequence[_State], size: int) -> list[tuple[_State, Tile]]:
+    """The next `size` untried candidates, each from the kernel of the largest score
+    (ties: the first kernel)."""
+    picks: list[tuple[_State, Tile]] = []
+    while len(picks) < size:
+        open_ = [st for st in states if not st.failed and st.tried < len(st.spec.candidates)]
+        if not open_:
+            break
+        st = max(open_, key=_State.score)
+        picks.append((st, st.spec.candidates[st.tried]))
+        st.tried += 1
+    return picks
+
+
+def _isa(tgt: Any) -> Any:
+    from kiln.target.isa import isa_for
+
+    return isa_for(tgt)
+
+
+def _cpus(executor: Executor) -> int:
+    nodes = executor.describe().get("nodes") or []
+    return max(1, int(sum(float(n.get("cpus") or 0) for n in nodes))) if nodes else 1
+
+
+def tune_model(model: str | os.PathLike[str], target: Any, budget_s: float, output: str |
+               os.PathLike[str], *, executor: Executor | None = None,
+               shapes: dict[str, Any] | None = None, log: Callable[[str], None] = print,
+               repeats: int = REPEATS, threads: int | None = None) -> TuneReport:
+    """Tune `model` for `target` and merge the records into the database `output`
+    (created when missing)."""
+    start = time.monotonic()
+    specs = discover(model, target, shapes)
+    log(f"{model}: {len(specs)} distinct tunable kernel(s), "
+        f"{sum(s.count for s in specs)} call(s), "
+        f"{sum(len(s.candidates) for s in specs)} candidate(s) in the search space")
+    left = max(1.0, budget_s - (time.monotonic() - start))
+    report = tune(specs, target, left, executor=executor, log=log, repeats=repeats,
+                  threads=threads)
+    path = Path(output)
+    db = TuningDatabase.load(path).merge(report.database) if path.exists() \
+        else report.database
+    db.save(path)
+    report.database = db
+    return report

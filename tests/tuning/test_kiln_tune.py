@@ -1,0 +1,49 @@
+"""`kiln tune` in this process on a one-convolution model with a short budget, then
+`kiln compile --tuning` with its database and `kiln inspect` naming it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import onnx
+import pytest
+
+import kiln
+from kiln.cli.main import main
+from kiln.target.isa import isa_for
+from kiln.tuning import TuningDatabase, target_key
+from support.graphs import GraphBuilder, value_info
+
+
+def _conv_model(path: Path) -> None:
+    b = GraphBuilder(5)
+    y = b.op("Relu", b.conv("x", 40, 16, 3))
+    onnx.save(b.model([value_info("x", [1, 40, 4, 8])], [value_info(y, [1, 16, 4, 8])], 17,
+                      "conv"), path)
+
+
+def test_kiln_tune_in_process_then_compile_with_its_database(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    model, db_path = tmp_path / "conv.onnx", tmp_path / "conv.tuning.json"
+    _conv_model(model)
+    assert main(["tune", str(model), "--budget", "3s", "-o", str(db_path), "--in-process",
+                 "--threads", "1"]) == 0
+    out = capsys.readouterr().out
+    print(out)
+    assert "running on: in-process" in out and "builds ran on: local" in out
+    db = TuningDatabase.load(db_path)
+    (record,) = db.records()
+    assert record.kernel == "conv_direct" and record.signature.startswith("conv2d(float32[1,40")
+    assert record.target == target_key(isa_for(kiln.Target.from_host()))
+    assert record.candidates and all(len(c.times_us) == len(record.default.times_us)
+                                     for c in record.candidates)
+    assert all(c.equal for c in record.candidates)
+
+    lib = tmp_path / "conv.so"
+    assert main(["compile", str(model), "--tuning", str(db_path), "-o", str(lib)]) == 0
+    capsys.readouterr()
+    assert main(["inspect", str(lib)]) == 0
+    assert f"tuning:   database sha256 {db.fingerprint()}" in capsys.readouterr().out
+    db_path.write_text("{not json")
+    assert main(["compile", str(model), "--tuning", str(db_path), "-o", str(lib)]) == 2
+    assert "not JSON" in capsys.readouterr().err
