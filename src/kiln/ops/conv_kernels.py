@@ -135,7 +135,7 @@ def unpack_blocked_weight(wp: np.ndarray, c_out: int) -> np.ndarray:
 PhaseReader = Callable[[PrimExpr, PrimExpr, PrimExpr, PrimExpr, PrimExpr], PrimExpr]
 
 
-def padded_input(x: Buffer, shape: ConvShape, phases: int = 1
+def padded_input(x: Buffer, shape: ConvShape, phases: int = 1, border: PrimExpr | None = None
                  ) -> tuple[PhaseReader, list[Stmt]]:
     """A reader `(n, c, row, phase, q) -> value` of the zero-padded input at padded column
     `q * phases + phase`, and the statements preparing it.
@@ -144,7 +144,8 @@ def padded_input(x: Buffer, shape: ConvShape, phases: int = 1
     then the image copied row by row (both loops vectorize), so the convolution loops
     read without bounds checks. `phases` splits the columns by their remainder modulo
     the stride: a stride-2 convolution then reads neighbouring outputs' inputs from
-    neighbouring addresses."""
+    neighbouring addresses. The border holds `border` (an integer kernel pads with its
+    input's zero point), 0 by default."""
     top, left, bottom, right = shape.pads
     if min(shape.pads) < 0:
         raise IRError(f"conv kernel: negative pads {shape.pads} are not supported")
@@ -154,7 +155,7 @@ def padded_input(x: Buffer, shape: ConvShape, phases: int = 1
     wq = -(-wp // phases)
     dims = (shape.n, shape.c_in, phases, hp, wq)
     xp = Buffer("xpad", dims, x.dtype)
-    zero = as_expr(0.0, x.dtype)
+    zero = as_expr(0.0, x.dtype) if border is None else border
 
     def fill(n: PrimExpr, c: PrimExpr) -> Stmt:
         # Each element written once: the border zeroed, the image copied (vectorized).
@@ -230,7 +231,7 @@ def padded_blocked_input(x: Buffer, shape: ConvShape, block: int
         Allocate(xp), _nest(("n", "c"), (shape.n, cblocks), fill)]
 
 
-def _row_tiles(out_w: int, tile_w: int, lanes: int) -> list[tuple[int, int, int]]:
+def row_tiles(out_w: int, tile_w: int, lanes: int) -> list[tuple[int, int, int]]:
     """(first tile start, number of tiles, width) runs covering one output row: tiles of
     `tile_w`, then what is left as whole vectors, then the last few columns. Widths that
     are whole vectors fill the registers; any other width costs a partial register per
@@ -433,7 +434,7 @@ def depthwise_conv_body(shape: ConvShape, x: Buffer, w: Buffer, out: Buffer, til
 
     def row(n: PrimExpr, c: PrimExpr, _ob: PrimExpr, oh: PrimExpr) -> Stmt:
         parts: list[Stmt] = []
-        for start, count, width in _row_tiles(ow_n, tile_w, lanes):
+        for start, count, width in row_tiles(ow_n, tile_w, lanes):
             if count == 1:
                 parts.append(tile(n, c, oh, _c(start), width))
             else:
@@ -532,7 +533,7 @@ def rows_conv_body(shape: ConvShape, x: Buffer, wp: Buffer, out: Buffer, tile_w:
             body.append(stores)
         return seq(*body)
 
-    runs = _row_tiles(shape.out_w, tile_w, lanes)
+    runs = row_tiles(shape.out_w, tile_w, lanes)
     per_row = sum(count for _, count, _ in runs)
 
     def run(n: PrimExpr, ob: PrimExpr, oh: PrimExpr, t: PrimExpr) -> Stmt:

@@ -1,0 +1,106 @@
+"""Depthwise and grouped int8 convolutions on vector tiles (kiln/ops/quant_depthwise.py).
+
+QLinearConv with several groups and a QDQ depthwise block (quantized by onnxruntime's
+own quantizer, per-channel weights) compile to `qlinear_conv_grouped` and equal
+onnxruntime's int8 outputs exactly: u8 and s8 activations, stride 1 and 2, pads read as
+the input's zero point, a channel multiplier, a fused ReLU range, partial vector tiles.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+from quantized_models import integer_outputs, quantize_static_model
+
+import kiln
+from kiln.frontend import from_onnx
+from kiln.script import print_module
+from kiln.transform.quantize_ops import QuantizeOps
+from support.reference import onnxruntime_outputs
+
+ort = pytest.importorskip("onnxruntime")
+
+
+def qlinear_conv(shape: tuple[int, int, int, int], oc: int, group: int, k: int, stride: int,
+                 pad: int, signed: bool, rng: np.random.Generator) -> onnx.ModelProto:
+    """One QLinearConv of `group` groups, per-channel weight scales."""
+    n, c, h, w = shape
+    q = np.int8 if signed else np.uint8
+    ty = TensorProto.INT8 if signed else TensorProto.UINT8
+    consts = {"xs": np.float32(0.02), "xz": q(-3 if signed else 131),
+              "w": rng.integers(-128, 128, (oc, c // group, k, k)).astype(np.int8),
+              "ws": rng.uniform(0.005, 0.02, oc).astype(np.float32),
+              "wz": np.zeros(oc, np.int8),
+              "ys": np.float32(0.0002 * np.sqrt(c // group * k * k) * 40),
+              "yz": q(5 if signed else 128),
+              "b": rng.integers(-5000, 5000, oc).astype(np.int32)}
+    node = helper.make_node("QLinearConv", ["x", "xs", "xz", "w", "ws", "wz", "ys", "yz", "b"],
+                            ["y"], strides=[stride, stride], pads=[pad] * 4, group=group)
+    out = [n, oc, (h + 2 * pad - k) // stride + 1, (w + 2 * pad - k) // stride + 1]
+    graph = helper.make_graph(
+        [node], "g", [helper.make_tensor_value_info("x", ty, list(shape))],
+        [helper.make_tensor_value_info("y", ty, out)],
+        [numpy_helper.from_array(np.asarray(v), name) for name, v in consts.items()])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    return model
+
+
+def _ops(model: onnx.ModelProto) -> Counter[str]:
+    text = print_module(QuantizeOps()(from_onnx(model)))
+    return Counter(op for op in ("qlinear_conv_grouped", "qlinear_conv_packed")
+                   if op in text)
+
+
+@pytest.mark.parametrize(("shape", "oc", "group", "k", "stride", "pad", "signed"), [
+    ((1, 24, 19, 21), 24, 24, 3, 1, 1, False),  # depthwise: a row of 21 = 16 + 5 lanes
+    ((1, 16, 20, 37), 16, 16, 3, 2, 1, True),   # stride 2 (column phases), s8
+    ((2, 6, 9, 8), 12, 3, 3, 2, 0, False),      # grouped: 2 in x 4 out channels, batch 2
+    ((1, 8, 7, 7), 16, 8, 5, 1, 2, False),      # channel multiplier 2, a 5x5 window
+])
+def test_grouped_qlinear_conv_equals_onnxruntime(shape: tuple[int, int, int, int], oc: int,
+                                                 group: int, k: int, stride: int, pad: int,
+                                                 signed: bool) -> None:
+    rng = np.random.default_rng(11)
+    model = qlinear_conv(shape, oc, group, k, stride, pad, signed, rng)
+    assert _ops(model) == Counter({"qlinear_conv_grouped": 1})
+    lo, hi, q = (-128, 128, np.int8) if signed else (0, 256, np.uint8)
+    x = rng.integers(lo, hi, shape).astype(q)
+    x[0, :, 0, :] = hi - 1  # the largest bytes on the padded border rows
+    ex = kiln.compile(from_onnx(model), "llvm")
+    np.testing.assert_array_equal(ex["main"](x), onnxruntime_outputs(model, {"x": x})[0])
+
+
+def _depthwise_block() -> onnx.ModelProto:
+    """MobileNetV2's depthwise step: a 3x3 depthwise conv (stride 2) + ReLU6, then a 1x1."""
+    rng = np.random.default_rng(3)
+    c = 16
+    inits = [numpy_helper.from_array(v, k) for k, v in {
+        "wd": rng.standard_normal((c, 1, 3, 3)).astype(np.float32),
+        "bd": rng.standard_normal(c).astype(np.float32) * 0.1,
+        "wp": rng.standard_normal((8, c, 1, 1)).astype(np.float32) * 0.3,
+        "lo": np.float32(0), "hi": np.float32(6)}.items()]
+    nodes = [helper.make_node("Conv", ["x", "wd", "bd"], ["d"], group=c, strides=[2, 2],
+                              pads=[1, 1, 1, 1]),
+             helper.make_node("Clip", ["d", "lo", "hi"], ["r"]),
+             helper.make_node("Conv", ["r", "wp"], ["y"])]
+    graph = helper.make_graph(
+        nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, c, 18, 18])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 9, 9])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    return model
+
+
+@pytest.mark.parametrize("fmt", ["QDQ", "QOperator"])
+def test_quantized_depthwise_block_equals_onnxruntime(fmt: str) -> None:
+    model = integer_outputs(quantize_static_model(_depthwise_block(), fmt)) \
+        if fmt == "QDQ" else quantize_static_model(_depthwise_block(), fmt)
+    assert _ops(model)["qlinear_conv_grouped"] == 1
+    x = np.random.default_rng(5).standard_normal((1, 16, 18, 18)).astype(np.float32)
+    ex = kiln.compile(from_onnx(model), "llvm")
+    np.testing.assert_array_equal(ex["main"](x), onnxruntime_outputs(model, {"x": x})[0])
