@@ -26,21 +26,25 @@ ort = pytest.importorskip("onnxruntime")
 
 
 def qlinear_conv(shape: tuple[int, int, int, int], oc: int, group: int, k: int, stride: int,
-                 pad: int, signed: bool, rng: np.random.Generator) -> onnx.ModelProto:
-    """One QLinearConv of `group` groups, per-channel weight scales."""
+                 pad: int, signed: bool, rng: np.random.Generator, w_zero: int = 0,
+                 dilation: int = 1) -> onnx.ModelProto:
+    """One QLinearConv of `group` groups, per-channel weight scales (a weight zero point
+    other than 0 makes the packed weight int16)."""
     n, c, h, w = shape
     q = np.int8 if signed else np.uint8
     ty = TensorProto.INT8 if signed else TensorProto.UINT8
     consts = {"xs": np.float32(0.02), "xz": q(-3 if signed else 131),
               "w": rng.integers(-128, 128, (oc, c // group, k, k)).astype(np.int8),
               "ws": rng.uniform(0.005, 0.02, oc).astype(np.float32),
-              "wz": np.zeros(oc, np.int8),
+              "wz": np.full(oc, w_zero, np.int8),
               "ys": np.float32(0.0002 * np.sqrt(c // group * k * k) * 40),
               "yz": q(5 if signed else 128),
               "b": rng.integers(-5000, 5000, oc).astype(np.int32)}
     node = helper.make_node("QLinearConv", ["x", "xs", "xz", "w", "ws", "wz", "ys", "yz", "b"],
-                            ["y"], strides=[stride, stride], pads=[pad] * 4, group=group)
-    out = [n, oc, (h + 2 * pad - k) // stride + 1, (w + 2 * pad - k) // stride + 1]
+                            ["y"], strides=[stride, stride], pads=[pad] * 4, group=group,
+                            dilations=[dilation, dilation])
+    span = dilation * (k - 1) + 1
+    out = [n, oc, (h + 2 * pad - span) // stride + 1, (w + 2 * pad - span) // stride + 1]
     graph = helper.make_graph(
         [node], "g", [helper.make_tensor_value_info("x", ty, list(shape))],
         [helper.make_tensor_value_info("y", ty, out)],
@@ -56,17 +60,17 @@ def _ops(model: onnx.ModelProto) -> Counter[str]:
                    if op in text)
 
 
-@pytest.mark.parametrize(("shape", "oc", "group", "k", "stride", "pad", "signed"), [
-    ((1, 24, 19, 21), 24, 24, 3, 1, 1, False),  # depthwise: a row of 21 = 16 + 5 lanes
-    ((1, 16, 20, 37), 16, 16, 3, 2, 1, True),   # stride 2 (column phases), s8
-    ((2, 6, 9, 8), 12, 3, 3, 2, 0, False),      # grouped: 2 in x 4 out channels, batch 2
-    ((1, 8, 7, 7), 16, 8, 5, 1, 2, False),      # channel multiplier 2, a 5x5 window
+@pytest.mark.parametrize(("shape", "oc", "group", "k", "stride", "pad", "signed", "extra"), [
+    ((1, 24, 19, 21), 24, 24, 3, 1, 1, False, {}),  # depthwise: a row of 21 = 16 + 5 lanes
+    ((1, 16, 20, 37), 16, 16, 3, 2, 1, True, {}),   # stride 2 (column phases), s8
+    ((2, 6, 9, 8), 12, 3, 3, 2, 0, False, {"dilation": 2}),  # grouped 2 -> 4, batch 2
+    ((1, 8, 7, 7), 16, 8, 5, 1, 2, False, {"w_zero": 3}),    # multiplier 2, int16 weight
 ])
 def test_grouped_qlinear_conv_equals_onnxruntime(shape: tuple[int, int, int, int], oc: int,
                                                  group: int, k: int, stride: int, pad: int,
-                                                 signed: bool) -> None:
+                                                 signed: bool, extra: dict[str, int]) -> None:
     rng = np.random.default_rng(11)
-    model = qlinear_conv(shape, oc, group, k, stride, pad, signed, rng)
+    model = qlinear_conv(shape, oc, group, k, stride, pad, signed, rng, **extra)
     assert _ops(model) == Counter({"qlinear_conv_grouped": 1})
     lo, hi, q = (-128, 128, np.int8) if signed else (0, 256, np.uint8)
     x = rng.integers(lo, hi, shape).astype(q)
