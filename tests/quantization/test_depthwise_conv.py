@@ -14,7 +14,7 @@ import numpy as np
 import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
-from quantized_models import integer_outputs, quantize_static_model
+from quantized_models import integer_outputs, qlinear_conv_model, quantize_static_model
 
 import kiln
 from kiln.frontend import from_onnx
@@ -23,35 +23,6 @@ from kiln.transform.quantize_ops import QuantizeOps
 from support.reference import onnxruntime_outputs
 
 ort = pytest.importorskip("onnxruntime")
-
-
-def qlinear_conv(shape: tuple[int, int, int, int], oc: int, group: int, k: int, stride: int,
-                 pad: int, signed: bool, rng: np.random.Generator, w_zero: int = 0,
-                 dilation: int = 1) -> onnx.ModelProto:
-    """One QLinearConv of `group` groups, per-channel weight scales (a weight zero point
-    other than 0 makes the packed weight int16)."""
-    n, c, h, w = shape
-    q = np.int8 if signed else np.uint8
-    ty = TensorProto.INT8 if signed else TensorProto.UINT8
-    consts = {"xs": np.float32(0.02), "xz": q(-3 if signed else 131),
-              "w": rng.integers(-128, 128, (oc, c // group, k, k)).astype(np.int8),
-              "ws": rng.uniform(0.005, 0.02, oc).astype(np.float32),
-              "wz": np.full(oc, w_zero, np.int8),
-              "ys": np.float32(0.0002 * np.sqrt(c // group * k * k) * 40),
-              "yz": q(5 if signed else 128),
-              "b": rng.integers(-5000, 5000, oc).astype(np.int32)}
-    node = helper.make_node("QLinearConv", ["x", "xs", "xz", "w", "ws", "wz", "ys", "yz", "b"],
-                            ["y"], strides=[stride, stride], pads=[pad] * 4, group=group,
-                            dilations=[dilation, dilation])
-    span = dilation * (k - 1) + 1
-    out = [n, oc, (h + 2 * pad - span) // stride + 1, (w + 2 * pad - span) // stride + 1]
-    graph = helper.make_graph(
-        [node], "g", [helper.make_tensor_value_info("x", ty, list(shape))],
-        [helper.make_tensor_value_info("y", ty, out)],
-        [numpy_helper.from_array(np.asarray(v), name) for name, v in consts.items()])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
-    model.ir_version = 8
-    return model
 
 
 def _ops(model: onnx.ModelProto) -> Counter[str]:
@@ -70,7 +41,7 @@ def test_grouped_qlinear_conv_equals_onnxruntime(shape: tuple[int, int, int, int
                                                  group: int, k: int, stride: int, pad: int,
                                                  signed: bool, extra: dict[str, int]) -> None:
     rng = np.random.default_rng(11)
-    model = qlinear_conv(shape, oc, group, k, stride, pad, signed, rng, **extra)
+    model = qlinear_conv_model(shape, oc, k, stride, pad, signed, rng, group=group, **extra)
     assert _ops(model) == Counter({"qlinear_conv_grouped": 1})
     lo, hi, q = (-128, 128, np.int8) if signed else (0, 256, np.uint8)
     x = rng.integers(lo, hi, shape).astype(q)

@@ -433,18 +433,25 @@ def depthwise_conv_body(shape: ConvShape, x: Buffer, w: Buffer, out: Buffer, til
                                out, epilogue))
 
     def row(n: PrimExpr, c: PrimExpr, _ob: PrimExpr, oh: PrimExpr) -> Stmt:
-        parts: list[Stmt] = []
-        for start, count, width in row_tiles(ow_n, tile_w, lanes):
-            if count == 1:
-                parts.append(tile(n, c, oh, _c(start), width))
-            else:
-                def run(t: Var, wd: int = width, s: int = start) -> Stmt:
-                    return tile(n, c, oh, t * wd + s, wd)
-
-                parts.append(_loop("owt", count, run))
-        return seq(*parts)
+        return tiled_row(ow_n, tile_w, lanes, lambda ow0, width: tile(n, c, oh, ow0, width))
 
     return seq(*prologue, _tiles_loop(shape.n, shape.c_in, 1, oh_n, row))
+
+
+def tiled_row(out_w: int, tile_w: int, lanes: int,
+              tile: Callable[[PrimExpr, int], Stmt]) -> Stmt:
+    """One output row as the runs of `row_tiles`: `tile(first column, width)` for each
+    tile, a loop over a run of several."""
+    parts: list[Stmt] = []
+    for start, count, width in row_tiles(out_w, tile_w, lanes):
+        if count == 1:
+            parts.append(tile(_c(start), width))
+        else:
+            def run(t: Var, wd: int = width, s: int = start) -> Stmt:
+                return tile(t * wd + s, wd)
+
+            parts.append(_loop("owt", count, run))
+    return seq(*parts)
 
 
 # --------------------------------------------------------------------------- row tiles

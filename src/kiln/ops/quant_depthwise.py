@@ -39,7 +39,6 @@ from kiln.ir.types import TensorType
 from kiln.ops import conv_kernels as ck
 from kiln.ops import te
 from kiln.ops.kernels.tiles import const, lanes_loop, nest, tile_lanes
-from kiln.ops.kernels.tiles import loop as tile_loop
 from kiln.ops.nn import conv_geometry
 from kiln.ops.quant import out_range, requantize_value
 from kiln.ops.quant_kernels import build_conv, conv_infer, conv_packed_ref
@@ -100,16 +99,8 @@ def grouped_body(shape: ck.ConvShape, x: Buffer, wp: Buffer, bias: Buffer, x_zp:
                        (n, oc, oh, ow0 + j))))
 
     def row(n: PrimExpr, oc: PrimExpr, oh: PrimExpr) -> Stmt:
-        parts: list[Stmt] = []
-        for first_col, count, width in ck.row_tiles(shape.out_w, tile_w, lanes):
-            if count == 1:
-                parts.append(tile(n, oc, oh, const(first_col), width))
-            else:
-                def run(t: Var, wd: int = width, s: int = first_col) -> Stmt:
-                    return tile(n, oc, oh, t * wd + s, wd)
-
-                parts.append(tile_loop("owt", count, run))
-        return seq(*parts)
+        return ck.tiled_row(shape.out_w, tile_w, lanes,
+                            lambda ow0, width: tile(n, oc, oh, ow0, width))
 
     return seq(*prologue, nest(("n", "oc", "oh"), (shape.n, shape.c_out, shape.out_h), row))
 
