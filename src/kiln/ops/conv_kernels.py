@@ -135,8 +135,8 @@ def unpack_blocked_weight(wp: np.ndarray, c_out: int) -> np.ndarray:
 PhaseReader = Callable[[PrimExpr, PrimExpr, PrimExpr, PrimExpr, PrimExpr], PrimExpr]
 
 
-def padded_input(x: Buffer, shape: ConvShape, phases: int = 1, border: PrimExpr | None = None
-                 ) -> tuple[PhaseReader, list[Stmt]]:
+def padded_input(x: Buffer, shape: ConvShape, phases: int = 1, border: PrimExpr | None = None,
+                 cols: int = 0) -> tuple[PhaseReader, list[Stmt]]:
     """A reader `(n, c, row, phase, q) -> value` of the zero-padded input at padded column
     `q * phases + phase`, and the statements preparing it.
 
@@ -145,14 +145,15 @@ def padded_input(x: Buffer, shape: ConvShape, phases: int = 1, border: PrimExpr 
     read without bounds checks. `phases` splits the columns by their remainder modulo
     the stride: a stride-2 convolution then reads neighbouring outputs' inputs from
     neighbouring addresses. The border holds `border` (an integer kernel pads with its
-    input's zero point), 0 by default."""
+    input's zero point), 0 by default; each phase's rows hold at least `cols` columns
+    (the right border widened), for a kernel reading whole vectors past the last column."""
     top, left, bottom, right = shape.pads
     if min(shape.pads) < 0:
         raise IRError(f"conv kernel: negative pads {shape.pads} are not supported")
-    if not any(shape.pads) and phases == 1:
+    if not any(shape.pads) and phases == 1 and cols <= shape.w:
         return (lambda n, c, i, p, q: x[n, c, i, q]), []
     hp, wp = shape.h + top + bottom, shape.w + left + right
-    wq = -(-wp // phases)
+    wq = max(-(-wp // phases), cols)
     dims = (shape.n, shape.c_in, phases, hp, wq)
     xp = Buffer("xpad", dims, x.dtype)
     zero = as_expr(0.0, x.dtype) if border is None else border

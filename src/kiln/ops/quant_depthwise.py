@@ -39,6 +39,7 @@ from kiln.ir.types import TensorType
 from kiln.ops import conv_kernels as ck
 from kiln.ops import te
 from kiln.ops.kernels.tiles import const, lanes_loop, nest, tile_lanes
+from kiln.ops.kernels.tiles import loop as tile_loop
 from kiln.ops.nn import conv_geometry
 from kiln.ops.quant import out_range, requantize_value
 from kiln.ops.quant_kernels import build_conv, conv_infer, conv_packed_ref
@@ -69,10 +70,16 @@ def grouped_body(shape: ck.ConvShape, x: Buffer, wp: Buffer, bias: Buffer, x_zp:
     dh, dw = shape.dilation
     cig, cog = shape.ci_group, shape.co_group
     lo, hi = out_range(attrs, y_zp.dtype)
-    xp, prologue = ck.padded_input(x, shape, phases=sw, border=x_zp[()])
     tile_w = ck.rows_tile_width(shape.out_w, lanes)
+    # a row narrower than a vector spans whole vectors of 8: the extra lanes read the
+    # widened border of the padded copy and are not stored (measured: 14 columns gain,
+    # a partial last tile of a wider row loses)
+    lanes_of = {shape.out_w: _vector_width(shape.out_w, lanes)} if shape.out_w < lanes else {}
+    cols = max(lanes_of.values(), default=0) + (shape.kw - 1) * dw // sw
+    xp, prologue = ck.padded_input(x, shape, phases=sw, border=x_zp[()], cols=cols)
 
-    def tile(n: PrimExpr, oc: PrimExpr, oh: PrimExpr, ow0: PrimExpr, width: int) -> Stmt:
+    def tile(n: PrimExpr, oc: PrimExpr, oh: PrimExpr, ow0: PrimExpr, stored: int) -> Stmt:
+        width = lanes_of.get(stored, stored)
         acc = Buffer("acc", (width,), "int32", "local")
         start = lanes_loop("r", width, lambda r: Store(acc, bias[oc], (r,)))
         first = oc if cig == 1 and cog == 1 else (oc // cog) * cig
@@ -92,17 +99,29 @@ def grouped_body(shape: ck.ConvShape, x: Buffer, wp: Buffer, bias: Buffer, x_zp:
         mult = multiplier[()] if multiplier.ndim == 0 else multiplier[oc]
         # the accumulators go through a stack row, so they are only read as whole vectors
         staged = Buffer("row", (width,), "int32", "local")
-        return seq(Allocate(acc), start, reduction, Allocate(staged),
-                   lanes_loop("j", width, lambda j: Store(staged, acc[j], (j,))),
-                   lanes_loop("j", width, lambda j: Store(
-                       out, requantize_value(staged[j], mult, y_zp[()], lo, hi, y_zp.dtype),
-                       (n, oc, oh, ow0 + j))))
+        parts = [Allocate(acc), start, reduction, Allocate(staged),
+                 lanes_loop("j", width, lambda j: Store(staged, acc[j], (j,)))]
+        if stored == width:
+            return seq(*parts, lanes_loop("j", width, lambda j: Store(
+                out, requantize_value(staged[j], mult, y_zp[()], lo, hi, y_zp.dtype),
+                (n, oc, oh, ow0 + j))))
+        # requantized as whole vectors, then the stored columns copied
+        result = Buffer("result", (width,), y_zp.dtype, "local")
+        return seq(*parts, Allocate(result), lanes_loop("j", width, lambda j: Store(
+            result, requantize_value(staged[j], mult, y_zp[()], lo, hi, y_zp.dtype), (j,))),
+            tile_loop("j", stored, lambda j: Store(out, result[j], (n, oc, oh, ow0 + j))))
 
     def row(n: PrimExpr, oc: PrimExpr, oh: PrimExpr) -> Stmt:
         return ck.tiled_row(shape.out_w, tile_w, lanes,
                             lambda ow0, width: tile(n, oc, oh, ow0, width))
 
     return seq(*prologue, nest(("n", "oc", "oh"), (shape.n, shape.c_out, shape.out_h), row))
+
+
+def _vector_width(columns: int, lanes: int) -> int:
+    """Lanes a tile of `columns` computes: a multiple of 8 on vector targets (a partial
+    vector of another width would be split into scalars), `columns` elsewhere."""
+    return -(-columns // 8) * 8 if lanes >= 8 else columns
 
 
 @dataclass(frozen=True)

@@ -120,8 +120,8 @@ def pack(call: g.Call) -> g.Call | None:
     two_d_grouped = call.op == "qlinear_conv" and wp.ndim == 4 and groups > 1
     isa = quant_dot.target_isa() if (call.op == "qlinear_matmul" or two_d_conv) \
         and weight_dtype == np.int8 else None
-    if isa is not None and two_d_conv and not isa.vector_bits:
-        # scalar cores (Cortex-M): the run-time im2col words would cost RAM and flash
+    if isa is not None and two_d_conv and isa.int8_dot == "dsp":
+        # microcontrollers (Cortex-M): the run-time im2col words would cost RAM and flash
         # the element form does not spend; it reads the input in place
         isa = None
     # the dot form multiplies unsigned bytes: an int8 x is shifted by 128 (quant_dot)
