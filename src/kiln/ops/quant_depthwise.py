@@ -14,7 +14,9 @@ reads consecutive addresses. A tile is up to two vectors of consecutive output c
 of one row of one output channel; it starts from the bias and adds
 `int32(x) * int32(wp)` for every input channel of the group and tap (the weight a
 broadcast scalar), then the row is requantized (per-channel multiplier, round half to
-even, the ReLU/Clip range) and stored as bytes.
+even, the ReLU/Clip range) and stored as bytes. A row narrower than a vector (14x14,
+7x7 images) is computed as whole vectors of 8 lanes over a widened border and only its
+real columns stored.
 """
 
 from __future__ import annotations
