@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+from onnx import TensorProto, helper
 from onnxruntime.quantization import (
     CalibrationDataReader,
     QuantFormat,
@@ -23,6 +24,8 @@ from onnxruntime.quantization import (
     quantize_static,
 )
 from onnxruntime.quantization.shape_inference import quant_pre_process
+
+from support.graphs import GraphBuilder
 
 #: Relative L2 error allowed on dequantized (float) outputs vs onnxruntime's int8 run.
 MAX_REL_L2 = 1e-2
@@ -102,3 +105,31 @@ def check_integer(got: np.ndarray, want: np.ndarray, what: str) -> None:
 def rel_l2(got: np.ndarray, want: np.ndarray) -> float:
     return float(np.linalg.norm(got.astype(np.float64) - want)
                  / max(np.linalg.norm(want.astype(np.float64)), 1e-30))
+
+
+def qlinear_conv_model(shape: tuple[int, int, int, int], oc: int, k: int, stride: int, pad: int,
+                       signed: bool, rng: np.random.Generator, group: int = 1, w_zero: int = 0,
+                       dilation: int = 1) -> onnx.ModelProto:
+    """One QLinearConv: random int8 weights with per-channel scales (zero point `w_zero`),
+    u8 or s8 activations, an int32 bias, `group` groups."""
+    n, c, h, w = shape
+    q = np.int8 if signed else np.uint8
+    ty = TensorProto.INT8 if signed else TensorProto.UINT8
+    consts = {"xs": np.float32(0.02), "xz": q(-3 if signed else 131),
+              "w": rng.integers(-128, 128, (oc, c // group, k, k)).astype(np.int8),
+              "ws": rng.uniform(0.005, 0.02, oc).astype(np.float32),
+              "wz": np.full(oc, w_zero, np.int8),
+              "ys": np.float32(0.0002 * np.sqrt(c // group * k * k) * 40),
+              "yz": q(5 if signed else 128),
+              "b": rng.integers(-5000, 5000, oc).astype(np.int32)}
+    node = helper.make_node("QLinearConv", ["x", "xs", "xz", "w", "ws", "wz", "ys", "yz", "b"],
+                            ["y"], strides=[stride, stride], pads=[pad] * 4, group=group,
+                            dilations=[dilation, dilation])
+    span = dilation * (k - 1) + 1
+    out = [n, oc, (h + 2 * pad - span) // stride + 1, (w + 2 * pad - span) // stride + 1]
+    b = GraphBuilder()
+    b.add(node)
+    b.input("x", list(shape), ty)
+    b.output("y", out, ty)
+    b.consts(consts)
+    return b.model(opset=13)

@@ -11,6 +11,7 @@ import numpy as np
 import onnx
 import pytest
 from onnx import TensorProto, helper
+from quantized_models import qlinear_conv_model
 
 import kiln
 from kiln.frontend import from_onnx
@@ -111,24 +112,7 @@ def test_words_round_trip_and_generic_targets_keep_the_element_layout() -> None:
 
 def qlinear_conv(shape: tuple[int, int, int, int], oc: int, k: int, stride: int, pad: int,
                  signed: bool, rng: np.random.Generator) -> onnx.ModelProto:
-    n, c, h, w = shape
-    q = np.int8 if signed else np.uint8
-    ty = TensorProto.INT8 if signed else TensorProto.UINT8
-    consts = {"xs": np.float32(0.02), "xz": q(-3 if signed else 131),
-              "w": rng.integers(-128, 128, (oc, c, k, k)).astype(np.int8),
-              "ws": rng.uniform(0.005, 0.02, oc).astype(np.float32),
-              "wz": np.zeros(oc, np.int8),
-              "ys": np.float32(0.0002 * np.sqrt(c * k * k) * 40), "yz": q(5 if signed else 128),
-              "b": rng.integers(-5000, 5000, oc).astype(np.int32)}
-    node = helper.make_node("QLinearConv", ["x", "xs", "xz", "w", "ws", "wz", "ys", "yz", "b"],
-                            ["y"], strides=[stride, stride], pads=[pad] * 4)
-    out = [n, oc, (h + 2 * pad - k) // stride + 1, (w + 2 * pad - k) // stride + 1]
-    b = GraphBuilder()
-    b.add(node)
-    b.input("x", list(shape), ty)
-    b.output("y", out, ty)
-    b.consts(consts)
-    return b.model(opset=13)
+    return qlinear_conv_model(shape, oc, k, stride, pad, signed, rng)
 
 
 @pytest.mark.parametrize("target", TARGETS)

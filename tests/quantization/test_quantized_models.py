@@ -101,7 +101,9 @@ def test_qdq_products_become_integer_ops(quantized: dict[str, Any]) -> None:
     gemms = sum(n.op_type in ("Gemm", "MatMul", "QGemm", "QLinearMatMul")
                 for n in model.graph.node)
     # every convolution and dense layer runs on integers: no float product is left
-    assert ops["qlinear_conv_packed"] == convs and ops["qlinear_matmul_packed"] == gemms
+    # (depthwise and grouped convolutions: qlinear_conv_grouped)
+    assert ops["qlinear_conv_packed"] + ops["qlinear_conv_grouped"] == convs
+    assert ops["qlinear_matmul_packed"] == gemms
     assert not ops.keys() & {"conv2d", "matmul", "qlinear_conv", "qlinear_matmul"}
     # the integer module prints and parses back unchanged
     assert_structural_equal(from_source(print_module(mod)), mod)

@@ -17,6 +17,7 @@ from kiln.ops import (  # noqa: F401
     pool_nchwc,
     quant,
     quant_conv_dot,
+    quant_depthwise,
     quant_kernels,
     quant_onnx,
     recurrent,

@@ -135,8 +135,8 @@ def unpack_blocked_weight(wp: np.ndarray, c_out: int) -> np.ndarray:
 PhaseReader = Callable[[PrimExpr, PrimExpr, PrimExpr, PrimExpr, PrimExpr], PrimExpr]
 
 
-def padded_input(x: Buffer, shape: ConvShape, phases: int = 1
-                 ) -> tuple[PhaseReader, list[Stmt]]:
+def padded_input(x: Buffer, shape: ConvShape, phases: int = 1, border: PrimExpr | None = None,
+                 cols: int = 0) -> tuple[PhaseReader, list[Stmt]]:
     """A reader `(n, c, row, phase, q) -> value` of the zero-padded input at padded column
     `q * phases + phase`, and the statements preparing it.
 
@@ -144,17 +144,19 @@ def padded_input(x: Buffer, shape: ConvShape, phases: int = 1
     then the image copied row by row (both loops vectorize), so the convolution loops
     read without bounds checks. `phases` splits the columns by their remainder modulo
     the stride: a stride-2 convolution then reads neighbouring outputs' inputs from
-    neighbouring addresses."""
+    neighbouring addresses. The border holds `border` (an integer kernel pads with its
+    input's zero point), 0 by default; each phase's rows hold at least `cols` columns
+    (the right border widened), for a kernel reading whole vectors past the last column."""
     top, left, bottom, right = shape.pads
     if min(shape.pads) < 0:
         raise IRError(f"conv kernel: negative pads {shape.pads} are not supported")
-    if not any(shape.pads) and phases == 1:
+    if not any(shape.pads) and phases == 1 and cols <= shape.w:
         return (lambda n, c, i, p, q: x[n, c, i, q]), []
     hp, wp = shape.h + top + bottom, shape.w + left + right
-    wq = -(-wp // phases)
+    wq = max(-(-wp // phases), cols)
     dims = (shape.n, shape.c_in, phases, hp, wq)
     xp = Buffer("xpad", dims, x.dtype)
-    zero = as_expr(0.0, x.dtype)
+    zero = as_expr(0.0, x.dtype) if border is None else border
 
     def fill(n: PrimExpr, c: PrimExpr) -> Stmt:
         # Each element written once: the border zeroed, the image copied (vectorized).
@@ -230,7 +232,7 @@ def padded_blocked_input(x: Buffer, shape: ConvShape, block: int
         Allocate(xp), _nest(("n", "c"), (shape.n, cblocks), fill)]
 
 
-def _row_tiles(out_w: int, tile_w: int, lanes: int) -> list[tuple[int, int, int]]:
+def row_tiles(out_w: int, tile_w: int, lanes: int) -> list[tuple[int, int, int]]:
     """(first tile start, number of tiles, width) runs covering one output row: tiles of
     `tile_w`, then what is left as whole vectors, then the last few columns. Widths that
     are whole vectors fill the registers; any other width costs a partial register per
@@ -432,18 +434,25 @@ def depthwise_conv_body(shape: ConvShape, x: Buffer, w: Buffer, out: Buffer, til
                                out, epilogue))
 
     def row(n: PrimExpr, c: PrimExpr, _ob: PrimExpr, oh: PrimExpr) -> Stmt:
-        parts: list[Stmt] = []
-        for start, count, width in _row_tiles(ow_n, tile_w, lanes):
-            if count == 1:
-                parts.append(tile(n, c, oh, _c(start), width))
-            else:
-                def run(t: Var, wd: int = width, s: int = start) -> Stmt:
-                    return tile(n, c, oh, t * wd + s, wd)
-
-                parts.append(_loop("owt", count, run))
-        return seq(*parts)
+        return tiled_row(ow_n, tile_w, lanes, lambda ow0, width: tile(n, c, oh, ow0, width))
 
     return seq(*prologue, _tiles_loop(shape.n, shape.c_in, 1, oh_n, row))
+
+
+def tiled_row(out_w: int, tile_w: int, lanes: int,
+              tile: Callable[[PrimExpr, int], Stmt]) -> Stmt:
+    """One output row as the runs of `row_tiles`: `tile(first column, width)` for each
+    tile, a loop over a run of several."""
+    parts: list[Stmt] = []
+    for start, count, width in row_tiles(out_w, tile_w, lanes):
+        if count == 1:
+            parts.append(tile(_c(start), width))
+        else:
+            def run(t: Var, wd: int = width, s: int = start) -> Stmt:
+                return tile(t * wd + s, wd)
+
+            parts.append(_loop("owt", count, run))
+    return seq(*parts)
 
 
 # --------------------------------------------------------------------------- row tiles
@@ -532,7 +541,7 @@ def rows_conv_body(shape: ConvShape, x: Buffer, wp: Buffer, out: Buffer, tile_w:
             body.append(stores)
         return seq(*body)
 
-    runs = _row_tiles(shape.out_w, tile_w, lanes)
+    runs = row_tiles(shape.out_w, tile_w, lanes)
     per_row = sum(count for _, count, _ in runs)
 
     def run(n: PrimExpr, ob: PrimExpr, oh: PrimExpr, t: PrimExpr) -> Stmt:

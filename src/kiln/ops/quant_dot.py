@@ -27,8 +27,9 @@ from kiln.target.isa import ISA, isa_for
 
 #: k per packed word
 GROUP = 4
-#: The ISA families whose dot products the llvm backend emits (kiln.codegen.llvm.int_dot).
-FAMILIES = ("avx512vnni", "avxvnni", "avx512bw", "avx2", "i8mm", "sdot")
+#: The ISA families whose dot products the llvm backend emits (kiln.codegen.llvm.int_dot);
+#: "dsp" (Arm Cortex-M): the c backend's helper runs two SMLADs per word (kiln_kernels.h).
+FAMILIES = ("avx512vnni", "avxvnni", "avx512bw", "avx2", "i8mm", "sdot", "dsp")
 _EXACT_FAMILIES = ("avx512vnni", "avxvnni", "i8mm")  # one instruction, no temporaries
 
 
@@ -46,6 +47,8 @@ def tile_cols(isa: ISA) -> int:
 def tile_rows(isa: ISA, nr: int) -> int:
     """Rows of a register tile of `nr` columns: the accumulators fill the registers
     left after one B row and the family's temporaries (at most 8 rows)."""
+    if not isa.vector_bits:
+        return 2  # scalar registers (Cortex-M: 2 x 2 accumulators, 2 + 2 words)
     vectors = max(1, -(-nr // isa.lanes("int32")))
     spare = 1 if isa.int8_dot in _EXACT_FAMILIES else 4
     return max(1, min(8, (isa.vector_registers - vectors - spare) // vectors))

@@ -115,9 +115,15 @@ def pack(call: g.Call) -> g.Call | None:
         wp = data - zw.reshape(-1, *([1] * (data.ndim - 1))) if zw.ndim else data - zw
         sums = wp.reshape(wp.shape[0], -1).sum(axis=1)
     weight_dtype = np.int8 if wp.min() >= -128 and wp.max() <= 127 else np.int16
-    two_d_conv = call.op == "qlinear_conv" and wp.ndim == 4 and attrs.get("group", 1) == 1
+    groups = int(attrs.get("group", 1))  # type: ignore[arg-type]
+    two_d_conv = call.op == "qlinear_conv" and wp.ndim == 4 and groups == 1
+    two_d_grouped = call.op == "qlinear_conv" and wp.ndim == 4 and groups > 1
     isa = quant_dot.target_isa() if (call.op == "qlinear_matmul" or two_d_conv) \
         and weight_dtype == np.int8 else None
+    if isa is not None and two_d_conv and isa.int8_dot == "dsp":
+        # microcontrollers (Cortex-M): the run-time im2col words would cost RAM and flash
+        # the element form does not spend; it reads the input in place
+        isa = None
     # the dot form multiplies unsigned bytes: an int8 x is shifted by 128 (quant_dot)
     shift = quant_dot.a_shift(str(np.asarray(x_zp.data).dtype)) if isa else 0
     bias_eff = np.asarray(bias.data, np.int64) - (int(x_zp.data) + shift) * sums
@@ -135,6 +141,10 @@ def pack(call: g.Call) -> g.Call | None:
 
         return op_call(CONV_DOT, x, g.Constant(weight_words(wp.astype(np.int8)), w.name),
                        corrected, x_zp, multiplier, y_zp, w_shape=tuple(wp.shape), **attrs)
+    if two_d_grouped:
+        from kiln.ops.quant_depthwise import GROUPED
+
+        return op_call(GROUPED, x, packed, corrected, x_zp, multiplier, y_zp, **attrs)
     return op_call(CONV, x, packed, corrected, x_zp, multiplier, y_zp, **attrs)
 
 
@@ -303,7 +313,7 @@ def _integer_ref(a: np.ndarray, bp: np.ndarray, colsum: np.ndarray, a_zp: np.nda
 
 # --------------------------------------------------------------------------- convolution
 
-def _conv_infer(types: Sequence[TensorType], attrs: Attrs) -> Type:
+def conv_infer(types: Sequence[TensorType], attrs: Attrs) -> Type:
     x, wp, bias, x_zp, multiplier, y_zp = types
     if wp.dtype not in _WEIGHT_DTYPES:
         raise IRError(f"{CONV}: the packed weight must be int8 or int16, got {wp.dtype}")
@@ -362,7 +372,7 @@ def conv_packed_ref(x: np.ndarray, wp: np.ndarray, bias: np.ndarray, x_zp: np.nd
     return requantize_ref(acc, multiplier, y_zp, lo, hi, 1)
 
 
-register_op(CONV, pattern="anchor", infer=_conv_infer, compute=build_conv,
+register_op(CONV, pattern="anchor", infer=conv_infer, compute=build_conv,
             reference=conv_packed_ref)
 
 

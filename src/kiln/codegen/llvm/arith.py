@@ -388,8 +388,15 @@ def _int_to_float(cx: MathContext, b: ir.IRBuilder, value: ir.Value, src: str,
 def _float_to_int(cx: MathContext, b: ir.IRBuilder, value: ir.Value, dst: str) -> ir.Value:
     fty = value.type
     suffix = float_suffix(fty)
-    to_signed = intrinsic(cx.module, f"llvm.fptosi.sat.i64.{suffix}", I64, [fty])
-    wide = b.call(to_signed, [value])
+    # fptosi.sat spelled out: a plain fptosi (vectorizes: vcvttps2qq and the like; LLVM
+    # scalarizes the saturating intrinsic) whose out-of-range lanes the selects replace
+    wide = b.fptosi(value, I64)
+    big = b.fcmp_ordered(">=", value, ir.Constant(fty, 2.0 ** 63))
+    small = b.fcmp_ordered("<", value, ir.Constant(fty, -2.0 ** 63))
+    nan = b.fcmp_unordered("uno", value, value)
+    wide = b.select(nan, ir.Constant(I64, 0), wide)
+    wide = b.select(small, ir.Constant(I64, -2 ** 63), wide)
+    wide = b.select(big, ir.Constant(I64, 2 ** 63 - 1), wide)
     if dst == "uint64":
         # Values >= 2**63 need the unsigned conversion; below, wrap like the others.
         to_unsigned = intrinsic(cx.module, f"llvm.fptoui.sat.i64.{suffix}", I64, [fty])

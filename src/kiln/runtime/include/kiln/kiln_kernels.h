@@ -69,9 +69,22 @@ KILN_HELPER(kiln_dot4_u8s8)
    int32 in the IR (the `dot4_u8s8` intrinsic; docs/quantization.md). Each product
    fits 16 bits, the four fit 18: only the last add wraps, done unsigned. Sign
    extension by xor/subtract avoids C's implementation-defined narrowing; compilers
-   fold it to one sign-extending load. */
+   fold it to one sign-extending load.
+   With the Arm DSP extension (Cortex-M4/M7/M33/M55: __ARM_FEATURE_SIMD32) the bytes
+   are widened in pairs, bytes 0 and 2 then 1 and 3 (UXTB16 for a, SXTB16 for b, the
+   odd bytes rotated down first), and two SMLADs add the pair products: an unsigned
+   byte is a non-negative 16-bit lane, each product fits, and SMLAD's accumulation
+   wraps modulo 2^32 like the IR's int32. */
+#if defined(__ARM_FEATURE_SIMD32) && __ARM_FEATURE_SIMD32
+#include <arm_acle.h>
+#endif
 static inline int32_t kiln_dot4_u8s8(int32_t acc, int32_t a, int32_t b) {
   uint32_t ua = (uint32_t)a, ub = (uint32_t)b;
+#if defined(__ARM_FEATURE_SIMD32) && __ARM_FEATURE_SIMD32
+  uint32_t ua_odd = (ua >> 8) | (ua << 24), ub_odd = (ub >> 8) | (ub << 24);
+  acc = __smlad((int16x2_t)__uxtb16(ua), __sxtb16((int8x4_t)ub), acc);
+  return __smlad((int16x2_t)__uxtb16(ua_odd), __sxtb16((int8x4_t)ub_odd), acc);
+#else
   int32_t sum = 0;
   int shift;
   for (shift = 0; shift < 32; shift += 8) {
@@ -80,6 +93,7 @@ static inline int32_t kiln_dot4_u8s8(int32_t acc, int32_t a, int32_t b) {
     sum += x * w;
   }
   return (int32_t)((uint32_t)acc + (uint32_t)sum);
+#endif
 }
 
 KILN_HELPER(kiln_f16_from_double)

@@ -1,0 +1,152 @@
+"""`qlinear_conv_grouped`: depthwise and grouped 2-D int8 convolutions on vector tiles.
+
+`quant_kernels.pack` gives a `qlinear_conv` with constant weights and more than one
+group this form on every target (it needs no dot-product instruction). The operands
+are those of `qlinear_conv_packed`: the weight shifted by its zero point (`wp`, int8 or
+int16, OIHW), the bias with the zero-point correction `- x_zp * sum(wp)` folded in, the
+input's zero point, the requantization multiplier (per tensor or per output channel)
+and the output zero point.
+
+The kernel (kiln.ops.conv_kernels' depthwise layout, in int32): the input is copied
+once into a workspace bordered with `x_zp` (so the correction term holds at the
+borders too) and, for a strided convolution, split into column phases, so every tap
+reads consecutive addresses. A tile is up to two vectors of consecutive output columns
+of one row of one output channel; it starts from the bias and adds
+`int32(x) * int32(wp)` for every input channel of the group and tap (the weight a
+broadcast scalar), then the row is requantized (per-channel multiplier, round half to
+even, the ReLU/Clip range) and stored as bytes. A row narrower than a vector (14x14,
+7x7 images) is computed as whole vectors of 8 lanes over a widened border and only its
+real columns stored.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from kiln.ir.tensor import (
+    Allocate,
+    Buffer,
+    Cast,
+    LetStmt,
+    PrimExpr,
+    PrimFunc,
+    Stmt,
+    Store,
+    Var,
+    seq,
+)
+from kiln.ir.types import TensorType
+from kiln.ops import conv_kernels as ck
+from kiln.ops import te
+from kiln.ops.kernels.tiles import const, lanes_loop, nest, tile_lanes
+from kiln.ops.kernels.tiles import loop as tile_loop
+from kiln.ops.nn import conv_geometry
+from kiln.ops.quant import out_range, requantize_value
+from kiln.ops.quant_kernels import build_conv, conv_infer, conv_packed_ref
+from kiln.ops.registry import OPS, HandBuiltOp
+from kiln.target.isa import isa_for
+
+Attrs = Mapping[str, Any]
+GROUPED = "qlinear_conv_grouped"
+
+
+def conv_shape(x_shape: Sequence[Any], w_shape: Sequence[Any], attrs: Attrs) -> ck.ConvShape | None:
+    """The geometry of a static 2-D convolution, None for any other."""
+    if len(x_shape) != 4 or not all(isinstance(d, int) for d in (*x_shape, *w_shape)):
+        return None
+    _, strides, dilations, begins, ends = conv_geometry(tuple(x_shape), tuple(w_shape), attrs,
+                                                        GROUPED)
+    return ck.ConvShape(x_shape[0], x_shape[1], x_shape[2], x_shape[3], w_shape[0],
+                        w_shape[2], w_shape[3], (strides[0], strides[1]),
+                        (dilations[0], dilations[1]), (begins[0], begins[1], ends[0], ends[1]),
+                        int(attrs.get("group", 1)))
+
+
+def grouped_body(shape: ck.ConvShape, x: Buffer, wp: Buffer, bias: Buffer, x_zp: Buffer,
+                 multiplier: Buffer, y_zp: Buffer, out: Buffer, attrs: Attrs,
+                 lanes: int) -> Stmt:
+    """The loop nest of the module docstring (NCHW input and output, OIHW weight)."""
+    sh, sw = shape.stride
+    dh, dw = shape.dilation
+    cig, cog = shape.ci_group, shape.co_group
+    lo, hi = out_range(attrs, y_zp.dtype)
+    tile_w = ck.rows_tile_width(shape.out_w, lanes)
+    # a row narrower than a vector spans whole vectors of 8: the extra lanes read the
+    # widened border of the padded copy and are not stored (measured: 14 columns gain,
+    # a partial last tile of a wider row loses)
+    lanes_of = {shape.out_w: _vector_width(shape.out_w, lanes)} if shape.out_w < lanes else {}
+    cols = max(lanes_of.values(), default=0) + (shape.kw - 1) * dw // sw
+    xp, prologue = ck.padded_input(x, shape, phases=sw, border=x_zp[()], cols=cols)
+
+    def tile(n: PrimExpr, oc: PrimExpr, oh: PrimExpr, ow0: PrimExpr, stored: int) -> Stmt:
+        width = lanes_of.get(stored, stored)
+        acc = Buffer("acc", (width,), "int32", "local")
+        start = lanes_loop("r", width, lambda r: Store(acc, bias[oc], (r,)))
+        first = oc if cig == 1 and cog == 1 else (oc // cog) * cig
+
+        def step(ci: PrimExpr, kh: PrimExpr, kw: PrimExpr) -> Stmt:
+            wv = Var("w", "int32")
+            row = oh * sh + kh * dh
+            # column (ow0 + r) * sw + kw * dw lies in phase (kw * dw) % sw at
+            # ow0 + r + (kw * dw) // sw: consecutive in r whatever the stride
+            tap = kw * dw
+            phase, shift = (tap % sw, tap // sw) if sw > 1 else (const(0), tap)
+            return seq(LetStmt(wv, Cast("int32", wp[oc, ci, kh, kw])), lanes_loop(
+                "r", width, lambda r: Store(acc, acc[r] + Cast("int32", xp(
+                    n, first + ci, row, phase, ow0 + r + shift)) * wv, (r,))))
+
+        reduction = nest(("ci", "kh", "kw"), (cig, shape.kh, shape.kw), step)
+        mult = multiplier[()] if multiplier.ndim == 0 else multiplier[oc]
+        # the accumulators go through a stack row, so they are only read as whole vectors
+        staged = Buffer("row", (width,), "int32", "local")
+        parts = [Allocate(acc), start, reduction, Allocate(staged),
+                 lanes_loop("j", width, lambda j: Store(staged, acc[j], (j,)))]
+        if stored == width:
+            return seq(*parts, lanes_loop("j", width, lambda j: Store(
+                out, requantize_value(staged[j], mult, y_zp[()], lo, hi, y_zp.dtype),
+                (n, oc, oh, ow0 + j))))
+        # requantized as whole vectors, then the stored columns copied
+        result = Buffer("result", (width,), y_zp.dtype, "local")
+        return seq(*parts, Allocate(result), lanes_loop("j", width, lambda j: Store(
+            result, requantize_value(staged[j], mult, y_zp[()], lo, hi, y_zp.dtype), (j,))),
+            tile_loop("j", stored, lambda j: Store(out, result[j], (n, oc, oh, ow0 + j))))
+
+    def row(n: PrimExpr, oc: PrimExpr, oh: PrimExpr) -> Stmt:
+        return ck.tiled_row(shape.out_w, tile_w, lanes,
+                            lambda ow0, width: tile(n, oc, oh, ow0, width))
+
+    return seq(*prologue, nest(("n", "oc", "oh"), (shape.n, shape.c_out, shape.out_h), row))
+
+
+def _vector_width(columns: int, lanes: int) -> int:
+    """Lanes a tile of `columns` computes: a multiple of 8 on vector targets (a partial
+    vector of another width would be split into scalars), `columns` elsewhere."""
+    return -(-columns // 8) * 8 if lanes >= 8 else columns
+
+
+@dataclass(frozen=True)
+class _GroupedConv(HandBuiltOp):
+    """The vector-tile kernel for a static 2-D convolution (the te definition else)."""
+
+    def lower_fused(self, params: Sequence[te.Tensor], args: Sequence[te.Tensor], attrs: Attrs,
+                    anchor: te.Tensor | None, result: te.Tensor | None,
+                    name: str) -> PrimFunc | None:
+        if result is not None or len(args) != len(params):
+            return None
+        shape = conv_shape(params[0].shape, params[1].shape, attrs)
+        if shape is None or min(shape.pads) < 0:
+            return None
+        x, wp, bias, x_zp, multiplier, y_zp = (Buffer(t.name, t.shape, t.dtype)
+                                               for t in params)
+        out_type = conv_infer([TensorType(t.shape, t.dtype) for t in params], attrs)
+        assert isinstance(out_type, TensorType)
+        out = Buffer("out", out_type.shape, y_zp.dtype)
+        lanes = tile_lanes(isa_for(None), "int32")
+        body = grouped_body(shape, x, wp, bias, x_zp, multiplier, y_zp, out, attrs, lanes)
+        return PrimFunc((x, wp, bias, x_zp, multiplier, y_zp, out), body,
+                        {"kiln.gemm_kernel": GROUPED})
+
+
+OPS.register(GROUPED, _GroupedConv(GROUPED, "anchor", conv_infer, build_conv, conv_packed_ref))

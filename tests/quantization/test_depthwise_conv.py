@@ -1,0 +1,77 @@
+"""Depthwise and grouped int8 convolutions on vector tiles (kiln/ops/quant_depthwise.py).
+
+QLinearConv with several groups and a QDQ depthwise block (quantized by onnxruntime's
+own quantizer, per-channel weights) compile to `qlinear_conv_grouped` and equal
+onnxruntime's int8 outputs exactly: u8 and s8 activations, stride 1 and 2, pads read as
+the input's zero point, a channel multiplier, a fused ReLU range, partial vector tiles.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import numpy as np
+import onnx
+import pytest
+from quantized_models import integer_outputs, qlinear_conv_model, quantize_static_model
+
+import kiln
+from kiln.frontend import from_onnx
+from kiln.script import print_module
+from kiln.transform.quantize_ops import QuantizeOps
+from support.graphs import GraphBuilder
+from support.reference import onnxruntime_outputs
+
+ort = pytest.importorskip("onnxruntime")
+
+
+def _ops(model: onnx.ModelProto) -> Counter[str]:
+    text = print_module(QuantizeOps()(from_onnx(model)))
+    return Counter(op for op in ("qlinear_conv_grouped", "qlinear_conv_packed")
+                   if op in text)
+
+
+@pytest.mark.parametrize(("shape", "oc", "group", "k", "stride", "pad", "signed", "extra"), [
+    ((1, 24, 19, 21), 24, 24, 3, 1, 1, False, {}),  # depthwise: a row of 21 = 16 + 5 lanes
+    ((1, 16, 20, 37), 16, 16, 3, 2, 1, True, {}),   # stride 2 (column phases), s8
+    ((2, 6, 9, 8), 12, 3, 3, 2, 0, False, {"dilation": 2}),  # grouped 2 -> 4, batch 2
+    ((1, 8, 7, 7), 16, 8, 5, 1, 2, False, {"w_zero": 3}),    # multiplier 2, int16 weight
+])
+def test_grouped_qlinear_conv_equals_onnxruntime(shape: tuple[int, int, int, int], oc: int,
+                                                 group: int, k: int, stride: int, pad: int,
+                                                 signed: bool, extra: dict[str, int]) -> None:
+    rng = np.random.default_rng(11)
+    model = qlinear_conv_model(shape, oc, k, stride, pad, signed, rng, group=group, **extra)
+    assert _ops(model) == Counter({"qlinear_conv_grouped": 1})
+    lo, hi, q = (-128, 128, np.int8) if signed else (0, 256, np.uint8)
+    x = rng.integers(lo, hi, shape).astype(q)
+    x[0, :, 0, :] = hi - 1  # the largest bytes on the padded border rows
+    ex = kiln.compile(from_onnx(model), "llvm")
+    np.testing.assert_array_equal(ex["main"](x), onnxruntime_outputs(model, {"x": x})[0])
+
+
+def _depthwise_block() -> onnx.ModelProto:
+    """MobileNetV2's depthwise step: a 3x3 depthwise conv (stride 2) + ReLU6, then a 1x1."""
+    rng = np.random.default_rng(3)
+    c = 16
+    b = GraphBuilder()
+    b.consts({"wd": rng.standard_normal((c, 1, 3, 3)).astype(np.float32),
+              "bd": rng.standard_normal(c).astype(np.float32) * 0.1,
+              "wp": rng.standard_normal((8, c, 1, 1)).astype(np.float32) * 0.3,
+              "lo": np.float32(0), "hi": np.float32(6)})
+    b.node("Conv", ["x", "wd", "bd"], ["d"], group=c, strides=[2, 2], pads=[1, 1, 1, 1])
+    b.node("Clip", ["d", "lo", "hi"], ["r"])
+    b.node("Conv", ["r", "wp"], ["y"])
+    b.input("x", [1, c, 18, 18])
+    b.output("y", [1, 8, 9, 9])
+    return b.model(opset=13)
+
+
+def test_qdq_depthwise_block_equals_onnxruntime() -> None:
+    # onnxruntime's quantizer: per-channel weights, the ReLU6 fused as the output range
+    # (the QLinearConv form is the single-node test above)
+    model = integer_outputs(quantize_static_model(_depthwise_block(), "QDQ"))
+    assert _ops(model)["qlinear_conv_grouped"] == 1
+    x = np.random.default_rng(5).standard_normal((1, 16, 18, 18)).astype(np.float32)
+    ex = kiln.compile(from_onnx(model), "llvm")
+    np.testing.assert_array_equal(ex["main"](x), onnxruntime_outputs(model, {"x": x})[0])
