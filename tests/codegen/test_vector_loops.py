@@ -198,14 +198,16 @@ def test_other_operations_keep_the_scalar_loop() -> None:
 
 
 def _float64_lanes() -> IRModule:
-    """y[v] = -(a[v] * s) + a[v] over 6 float64 lanes (chunks of 4 and 2 at 256 bits)."""
+    """y[v] = max(-(a[v] * s) + a[v], -a[v]) over 6 float64 lanes (chunks of 4 and 2 at
+    256 bits; the max blends with an int64 mask)."""
     ib = IRBuilder()
     with ib.prim_func("f64"):
         a = ib.arg("A", (6,), "float64")
         s = ib.arg("S", (1,), "float64")
         y = ib.arg("Y", (6,), "float64")
         with ib.for_range(6, name="v", kind="vectorized") as v:
-            ib.store(y, [v], UnaryOp("neg", a[v] * s[0]) + a[v])
+            ib.store(y, [v], BinaryOp("max", UnaryOp("neg", a[v] * s[0]) + a[v],
+                                      UnaryOp("neg", a[v])))
     return ib.get()
 
 

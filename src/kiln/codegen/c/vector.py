@@ -62,7 +62,8 @@ DEFAULT_VECTOR_BITS = 128
 # Straight-line chunks up to this many; longer loops run a C loop over full chunks.
 MAX_UNROLLED_CHUNKS = 8
 _SHORT = {"float32": "f32", "float64": "f64", "int32": "i32", "int64": "i64"}
-_MASK = {"float32": "int32", "float64": "int64", "int32": "int32"}
+# The integer vector a comparison of two vectors of a dtype gives (also the blend mask).
+_MASK = {"float32": "int32", "float64": "int64", "int32": "int32", "int64": "int64"}
 _FMA = {"float32": "fmaf", "float64": "fma"}
 
 
