@@ -205,7 +205,8 @@ def _float64_lanes() -> IRModule:
         a = ib.arg("A", (6,), "float64")
         s = ib.arg("S", (1,), "float64")
         y = ib.arg("Y", (6,), "float64")
-        with ib.for_range(6, name="v", kind="vectorized") as v:
+        with ib.for_range(6, name="v", kind="vectorized") as v, \
+                ib.let("unused", a[v] * 3.0):  # printed nowhere: -Wunused-variable
             ib.store(y, [v], BinaryOp("max", UnaryOp("neg", a[v] * s[0]) + a[v],
                                       UnaryOp("neg", a[v])))
     return ib.get()

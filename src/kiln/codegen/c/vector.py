@@ -181,6 +181,8 @@ class VectorLoopPrinter:
             if isinstance(item, SeqStmt):
                 self.block(item)
             elif isinstance(item, LetStmt):
+                if item.var not in self.kp.refs:
+                    continue  # unused (-Wunused-variable); a vector value has no effects
                 if self.lane_invariant(item.value):
                     value = self.kp.expr(item.value).text
                     name = self.ctx.names.fresh(item.var.name)
