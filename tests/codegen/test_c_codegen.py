@@ -79,7 +79,8 @@ def test_artifacts_for_the_host() -> None:
         ("c", "native", "kernels.c"), ("host", "native", "host.c")]
     kernels, host = arts
     assert list(kernels.metadata["cflags"]) == [
-        "-std=c99", "-O2", "-fwrapv", "-ffp-contract=off", "-fPIC"]
+        "-std=c99", "-O2", "-fwrapv", "-ffp-contract=off", "-fno-math-errno",
+        "-fno-trapping-math", "-fPIC"]
     assert kernels.metadata["native"] is True
     assert list(kernels.metadata["libs"]) == ["-lm"]
     assert dict(kernels.metadata["kernels"]) == {"add_one": "kiln__kernel_add_one"}
@@ -119,8 +120,23 @@ def test_native_mcpu_and_mattr_reach_cc(tmp_path: Path) -> None:
     t = Target("c -mcpu=haswell -mattr=+avx2,+fma,+cx16,-avx512f")
     kernels = codegen_c(add_one_module(), t, prefix="kiln_", pool=ConstantPool())[0]
     flags = list(kernels.metadata["cflags"])
-    assert set(flags[4:]) == {"-march=haswell", "-mavx2", "-mfma", "-mno-avx512f", "-fPIC"}
+    assert set(flags[6:]) == {"-march=haswell", "-mavx2", "-mfma", "-mno-avx512f", "-fPIC"}
     assert "-mcx16" not in flags  # only features GCC is known to share with LLVM
+    path = tmp_path / "kernels.c"
+    path.write_bytes(kernels.content)
+    compile_c(path, flags)
+
+
+@needs_cc
+def test_the_host_cpu_is_native_to_the_system_compiler(tmp_path: Path) -> None:
+    """Target.from_host's CPU name is LLVM's (GCC 12 has no `znver4`): a native c build
+    for it asks the system compiler for `native`, and the kernels compile."""
+    host = Target.from_host().export()
+    t = Target({**host, "kind": "c"})
+    kernels = codegen_c(add_one_module(), t, prefix="kiln_", pool=ConstantPool())[0]
+    flags = list(kernels.metadata["cflags"])
+    assert ("-march=native" if platform.machine() in ("x86_64", "AMD64")
+            else "-mcpu=native") in flags
     path = tmp_path / "kernels.c"
     path.write_bytes(kernels.content)
     compile_c(path, flags)
@@ -131,8 +147,8 @@ def test_cortex_m_flags_are_recorded_for_the_cross_compiler(tmp_path: Path) -> N
                 "mfloat-abi": "hard"})
     kernels, host = codegen_c(add_one_module(), t, prefix="kiln_", pool=ConstantPool())
     flags = list(kernels.metadata["cflags"])
-    assert flags == ["-std=c99", "-O3", "-fwrapv", "-ffp-contract=off", "-mcpu=cortex-m4",
-                     "-mthumb", "-mfloat-abi=hard"]
+    assert flags == ["-std=c99", "-O3", "-fwrapv", "-ffp-contract=off", "-fno-math-errno",
+                     "-fno-trapping-math", "-mcpu=cortex-m4", "-mthumb", "-mfloat-abi=hard"]
     assert kernels.metadata["native"] is False
     assert kernels.metadata["cc"] == "arm-none-eabi-gcc"
     host_flags = list(host.metadata["cflags"])

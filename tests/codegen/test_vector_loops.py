@@ -1,14 +1,19 @@
-"""`vectorized` loops emitted as LLVM vector instructions (kiln.codegen.llvm.vector_loops).
+"""Lane loops decided by the vectorize-loops pass and emitted as vector code by both
+backends (kiln.codegen.llvm.vector_loops, kiln.codegen.c.vector).
 
-Each kernel runs through the llvmjit path and is compared with kiln's reference
-interpreter (scalar, in loop order), and the LLVM IR is checked for the vector form or
-for the scalar fallback the check must choose.
+Each kernel runs through the pass, then the llvmjit path, and is compared with kiln's
+reference interpreter (scalar, in loop order); the LLVM IR is checked for the vector form
+or for the scalar fallback the pass must choose. The C backend builds every kernel of
+the file into one library (`cc -Werror`) and must agree with the interpreter too.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
+from c_helpers import CLibrary, build_many, compile_c, have_cc
 from llvm_helpers import PREFIX, jit
 
 from kiln.codegen.constants import ConstantPool
@@ -16,12 +21,18 @@ from kiln.codegen.llvm.lower_to_llvm import LoweringOptions, lower_module
 from kiln.ir import IRBuilder, IRModule
 from kiln.ir.evaluate import evaluate
 from kiln.ir.tensor import BinaryOp, Intrin, UnaryOp
+from kiln.transform.vectorize_loops import VectorizeLoops
 
 RNG = np.random.default_rng(7)
 
 
+def _decided(mod: IRModule) -> IRModule:
+    return VectorizeLoops(vector_bits=256)(mod)
+
+
 def _lowered(mod: IRModule) -> str:
-    """The LLVM IR kiln emits for `mod`, before LLVM optimises it."""
+    """The LLVM IR kiln emits for `mod` after the pass, before LLVM optimises it."""
+    mod = _decided(mod)
     pool = ConstantPool.from_module(mod)
     return str(lower_module(mod, pool, LoweringOptions(prefix=PREFIX)).module)
 
@@ -29,7 +40,7 @@ def _lowered(mod: IRModule) -> str:
 def _run(mod: IRModule, name: str, *arrays: np.ndarray) -> tuple[list[np.ndarray], str]:
     """Run `name` compiled and interpreted on copies of `arrays`; both results must agree.
     Returns the compiled results and the LLVM IR kiln emitted."""
-    m = jit(mod)
+    m = jit(_decided(mod))
     got = [a.copy() for a in arrays]
     m[name](*got)
     want = [a.copy() for a in arrays]
@@ -73,7 +84,7 @@ def test_register_tile_becomes_vector_code(lanes: int) -> None:
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
 
 
-def test_min_max_keep_nan_semantics_in_vector_form() -> None:
+def _min_max() -> IRModule:
     ib = IRBuilder()
     with ib.prim_func("mm"):
         a = ib.arg("A", (8,), "float32")
@@ -83,9 +94,16 @@ def test_min_max_keep_nan_semantics_in_vector_form() -> None:
         with ib.for_range(8, name="v", kind="vectorized") as v:
             ib.store(lo, [v], BinaryOp("min", a[v], b[v]))
             ib.store(hi, [v], BinaryOp("max", a[v], b[v] * 2.0 - 1.0))
-    a = np.array([1, np.nan, 3, -4, np.inf, 0, -0.0, 5], np.float32)
-    b = np.array([2, 1, np.nan, -5, 1, -0.0, 0, np.nan], np.float32)
-    (_, _, lo, hi), text = _run(ib.get(), "mm", a, b, np.zeros(8, np.float32),
+    return ib.get()
+
+
+NAN_A = np.array([1, np.nan, 3, -4, np.inf, 0, -0.0, 5], np.float32)
+NAN_B = np.array([2, 1, np.nan, -5, 1, -0.0, 0, np.nan], np.float32)
+
+
+def test_min_max_keep_nan_semantics_in_vector_form() -> None:
+    a, b = NAN_A, NAN_B
+    (_, _, lo, hi), text = _run(_min_max(), "mm", a, b, np.zeros(8, np.float32),
                                 np.zeros(8, np.float32))
     assert "<8 x float>" in text
     np.testing.assert_array_equal(lo, np.minimum(a, b))
@@ -169,8 +187,100 @@ def test_other_operations_keep_the_scalar_loop() -> None:
         with ib.for_range(8, name="v", kind="vectorized") as v:
             ib.store(y, [v], Intrin("exp", (x[v],)))
     x = RNG.standard_normal(8).astype(np.float32)
-    m = jit(ib.get())
+    m = jit(_decided(ib.get()))
     y = np.zeros(8, np.float32)
     m["exp"](x, y)
     assert _scalar_loop(_lowered(ib.get()))
     np.testing.assert_allclose(y, np.exp(x), rtol=1e-6)
+
+
+# ------------------------------------------------------------------ the C backend
+
+
+def _float64_lanes() -> IRModule:
+    """y[v] = max(-(a[v] * s) + a[v], -a[v]) over 6 float64 lanes (chunks of 4 and 2 at
+    256 bits; the max blends with an int64 mask)."""
+    ib = IRBuilder()
+    with ib.prim_func("f64"):
+        a = ib.arg("A", (6,), "float64")
+        s = ib.arg("S", (1,), "float64")
+        y = ib.arg("Y", (6,), "float64")
+        with ib.for_range(6, name="v", kind="vectorized") as v, \
+                ib.let("unused", a[v] * 3.0):  # printed nowhere: -Wunused-variable
+            ib.store(y, [v], BinaryOp("max", UnaryOp("neg", a[v] * s[0]) + a[v],
+                                      UnaryOp("neg", a[v])))
+    return ib.get()
+
+
+def _carried() -> IRModule:
+    ib = IRBuilder()
+    with ib.prim_func("carried"):
+        y = ib.arg("Y", (9,), "float32")
+        with ib.for_range(8, name="v", kind="vectorized") as v:
+            ib.store(y, [v + 1], y[v] * 2.0)
+    return ib.get()
+
+
+def _tile_args(lanes: int) -> list[np.ndarray]:
+    return [RNG.standard_normal((5, 3)).astype(np.float32),
+            RNG.standard_normal((5, lanes)).astype(np.float32), np.zeros((3, lanes), np.float32)]
+
+
+# name -> (module, vector bits to decide for, kernel, arguments). 40 lanes at 128 bits
+# are 10 chunks: the C loop over chunks; 7 lanes at 256 bits: chunks of 4, 2 and 1.
+C_CASES = {
+    "tile8": (_tile(8), 256, "tile", _tile_args(8)),
+    "tile7": (_tile(7), 256, "tile", _tile_args(7)),
+    "tile2": (_tile(2), 256, "tile", _tile_args(2)),
+    "tile40": (_tile(40), 128, "tile", _tile_args(40)),
+    "minmax": (_min_max(), 256, "mm", [NAN_A, NAN_B, np.zeros(8, np.float32),
+                                        np.zeros(8, np.float32)]),
+    "f64": (_float64_lanes(), 256, "f64", [RNG.standard_normal(6), np.array([1.5]),
+                                          np.zeros(6)]),
+    "carried": (_carried(), 256, "carried", [np.ones(9, np.float32)]),
+}
+
+
+@pytest.fixture(scope="module")
+def c_libs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, CLibrary]:
+    if not have_cc():
+        pytest.skip("no C compiler")
+    mods = {f"kiln_{name}_": VectorizeLoops(vector_bits=bits)(mod)
+            for name, (mod, bits, _, _) in C_CASES.items()}
+    return build_many(mods, Path(tmp_path_factory.mktemp("c_vector_loops")), host_opt="-O0")
+
+
+@pytest.mark.parametrize("case", sorted(C_CASES))
+def test_c_vector_code_agrees_with_the_interpreter(case: str,
+                                                   c_libs: dict[str, CLibrary]) -> None:
+    mod, _, kernel, args = C_CASES[case]
+    lib = c_libs[f"kiln_{case}_"]
+    got = [a.copy() for a in args]
+    lib.run(kernel, *got)
+    want = [a.copy() for a in args]
+    evaluate(mod, kernel, *want)
+    for g, w in zip(got, want):
+        np.testing.assert_array_equal(g, w)
+    source = lib.source("kernels.c")
+    assert ("#if KILN_VECTORS" in source) == (case != "carried")
+
+
+def test_c_vector_loops_print_register_chunks(c_libs: dict[str, CLibrary]) -> None:
+    """The C form uses the recorded register width: 8 float lanes at 256 bits, 4 at 128
+    (with a C loop over the chunks of a long loop), 4 doubles at 256."""
+    assert "kiln_f32x8 load" in c_libs["kiln_tile8_"].source("kernels.c")
+    seven = c_libs["kiln_tile7_"].source("kernels.c")
+    assert "kiln_f32x4 load" in seven and "kiln_f32x2 load" in seven
+    assert "for (int64_t lane = 0; lane < 40; lane += 4)" in c_libs[
+        "kiln_tile40_"].source("kernels.c")
+    assert "kiln_f64x4" in c_libs["kiln_f64_"].source("kernels.c")
+
+
+def test_c_scalar_fallback_compiles(c_libs: dict[str, CLibrary], tmp_path: Path) -> None:
+    """-DKILN_VECTORS=0 (a compiler without vector extensions) keeps the scalar loops."""
+    lib = c_libs["kiln_tile7_"]
+    path = tmp_path / "kernels.c"
+    path.write_text(lib.source("kernels.c"))
+    art = next(a for a in lib.artifacts if a.file_name == "kernels.c")
+    flags = [*art.metadata["cflags"], "-DKILN_VECTORS=0"]
+    compile_c(path, flags)

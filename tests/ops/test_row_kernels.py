@@ -33,7 +33,7 @@ from support.reference import onnxruntime_outputs
 
 RNG = np.random.default_rng(11)
 # The default tensor pipeline with every provably independent loop parallel.
-ALL_PARALLEL = "simplify,interchange-reductions,parallelize{min_work=0}"
+ALL_PARALLEL = "simplify,interchange-reductions,parallelize{min_work=0},vectorize-loops"
 F = TensorProto.FLOAT
 
 

@@ -20,6 +20,7 @@ from kiln.ir.verify import verify
 from kiln.script import from_source, print_module
 from kiln.target import Target
 from kiln.target.isa import isa_for
+from kiln.transform.vectorize_loops import VectorizeLoops
 
 N = 37  # not a multiple of any instruction's lanes: the last chunk is partial
 
@@ -57,7 +58,8 @@ def run(target: str, kind: str = "vectorized") -> np.ndarray:
 
 
 def assembly(target: str) -> str:
-    mod = dot_module()
+    with Target(target):  # the pass makes the lane loop a vector loop
+        mod = VectorizeLoops()(dot_module())
     compiled = compile_module(mod, Target(target), prefix="kiln_",
                               pool=ConstantPool.from_module(mod))
     return str(compiled.target_machine.emit_assembly(compiled.module))

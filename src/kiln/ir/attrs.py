@@ -54,6 +54,11 @@ ATTR_BINDS_DIMS: Final = "kiln.binds_dims"
 # takes one more int64 buffer after its results, into which it writes their values.
 ATTR_RUNTIME_DIMS: Final = "kiln.runtime_dims"
 
+# Module attribute set by the vectorize-loops pass (kiln.transform.vectorize_loops): the
+# vector register width, in bits, its `vector` loops were decided for; the C backend
+# prints those loops in chunks of that width.
+ATTR_VECTOR_BITS: Final = "kiln.vector_bits"
+
 # Module attribute set by kiln.from_torch: which exporter wrote the ONNX model and why
 # it fell back from dynamo, `{"exporter": "dynamo" | "torchscript", "fallback_reason": str
 # | None}` (kiln/frontend/pytorch.py).

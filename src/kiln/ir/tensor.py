@@ -469,7 +469,10 @@ class SeqStmt(Stmt):
 
 # "block_x" / "thread_x": a GPU kernel's iterations bound to CUDA's blockIdx.x and
 # threadIdx.x (kiln.transform.gpu_schedule); anywhere else they run as serial loops.
-FOR_KINDS = ("serial", "parallel", "vectorized", "unrolled", "block_x", "thread_x")
+# "vector": a `vectorized` loop the `vectorize-loops` pass found to be straight-line vector
+# code (kiln.ir.analysis.vector_loops): the backends emit it as vector instructions, all
+# lanes (its constant extent) at once. It promises independent iterations, like "parallel".
+FOR_KINDS = ("serial", "parallel", "vectorized", "vector", "unrolled", "block_x", "thread_x")
 
 
 @dataclass(frozen=True, eq=False, slots=True)

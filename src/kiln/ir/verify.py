@@ -12,6 +12,7 @@ it into a crash. Checks, tensor level:
   the op, integer indices (one per dimension), bool conditions (If, Select),
   integer loop variables, let values, intrinsic arguments, constants that fit
   their dtype;
+- a `vector` loop is straight-line vector code (kiln.ir.analysis.vector_loops);
 - CallFunc: the callee exists, is a PrimFunc, and takes these arguments
   (count, buffer vs scalar, buffer shape and dtype, scalar dtype);
 - AllocConst data matches its buffer; DeclBuffer lies inside its source; a
@@ -44,6 +45,7 @@ from kiln.errors import IRError
 from kiln.ir import dtype as dt
 from kiln.ir import graph as g
 from kiln.ir import tensor as t
+from kiln.ir.analysis.vector_loops import vector_shape_fault
 from kiln.ir.attrs import ATTR_NUM_OUTPUTS, ATTR_OUTPUT_NAMES
 from kiln.ir.module import BaseFunc, IRModule
 from kiln.ir.printer import NodeText, print_function
@@ -334,6 +336,11 @@ class _PrimFuncVerifier(StmtExprVisitor):
                            f"{v.dtype}", e)
         self.visit_expr(s.start)
         self.visit_expr(s.extent)
+        if s.kind == "vector":
+            fault = vector_shape_fault(s)
+            if fault is not None:
+                self.fault(f"vector loop '{v.name}' is not straight-line vector code: {fault}; "
+                           "make it T.vectorized (the vectorize-loops pass decides)", s.extent)
         with self.binding(v, "loop"):
             self.block(s.body)
 

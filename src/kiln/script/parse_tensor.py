@@ -44,6 +44,7 @@ _STMT_FUNCS = {
     "serial": "a loop iterator: `for i in T.serial(n):`",
     "parallel": "a loop iterator: `for i in T.parallel(n):`",
     "vectorized": "a loop iterator: `for i in T.vectorized(n):`",
+    "vector": "a straight-line vector loop: `for v in T.vector(8):`",
     "unrolled": "a loop iterator: `for i in T.unrolled(n):`",
     "block_x": "a GPU block loop: `for b in T.block_x(n):`",
     "thread_x": "a GPU thread loop: `for t in T.thread_x(n):`",

@@ -15,6 +15,7 @@ from kiln.codegen.c.context import ModuleContext
 from kiln.codegen.c.externs import ExternTable
 from kiln.codegen.c.flags import host_cflags, kernel_cflags, selected_cpu, toolchain_metadata
 from kiln.codegen.c.kernel import KernelPrinter
+from kiln.codegen.c.vector import vector_preamble
 from kiln.codegen.cfamily.dialect import C_DIALECT, CDialect
 from kiln.codegen.cfamily.helpers import Helpers
 from kiln.codegen.cfamily.signature import ParamQualifiers, check_shape_vars, qualifiers
@@ -136,6 +137,7 @@ def emit_kernels(mod: IRModule, *, prefix: str, pool: ConstantPool,
     out += ["", dialect.linkage, ""]
     for macro in sorted(ctx.macros):
         out += [_PRAGMA_MACROS[macro], ""]
+    out += vector_preamble(ctx.vector_types)
     if ctx.uses_consts:
         out += ["/* Weights: read-only, 64-byte aligned, linked from constants.bin. */",
                 f"extern KILN_HIDDEN const uint8_t {consts_symbol(prefix)}[];", ""]

@@ -51,6 +51,8 @@ class ModuleContext:
     macros: set[str] = field(default_factory=set)
     # Parallel loops outlined into loop-body kernels (kiln.transform.outline).
     launches: dict[CallFunc, Launch] = field(default_factory=dict)
+    # (dtype, lanes) of the vector types `vector` loops use (kiln.codegen.c.vector).
+    vector_types: set[tuple[str, int]] = field(default_factory=set)
     uses_consts: bool = False
     uses_malloc: bool = False
     dialect: CDialect = C_DIALECT  # the language printed (kiln.codegen.cfamily.dialect)

@@ -6,9 +6,13 @@ build (e.g. `c -mtriple=thumbv7em-none-eabihf -mcpu=cortex-m4`) gets the flags
 of the matching GCC cross compiler, recorded in the artifact metadata together
 with the compiler's name; kiln does not run it.
 
-Always present: `-std=c99`, `-fwrapv` (integer arithmetic wraps, as in the IR)
-and `-ffp-contract=off` (no fused multiply-add, so results match the IR
-interpreter); `-ffast-math` replaces the latter when the target asks for it.
+Always present: `-std=c99`, `-fwrapv` (integer arithmetic wraps, as in the IR),
+`-ffp-contract=off` (no fused multiply-add, so results match the IR
+interpreter; `-ffast-math` replaces it when the target asks for it) and
+`-fno-math-errno -fno-trapping-math` (the IR has no errno and no floating-point
+exceptions; GCC vectorizes `floorf` only without them). A native build whose `mcpu`
+is this machine's CPU gets `-march=native`: the system compiler may not know LLVM's
+name for a newer CPU.
 """
 
 from __future__ import annotations
@@ -80,6 +84,16 @@ def bare_metal(target: Any) -> bool:
     return triple is not None and "none" in str(triple).split("-")[1:]
 
 
+def _is_host_cpu(mcpu: str) -> bool:
+    """Whether `mcpu` is LLVM's name of this machine's CPU (Target.from_host's mcpu)."""
+    from kiln.target.host import host_config
+
+    try:
+        return mcpu == str(host_config()["mcpu"])
+    except ImportError:  # no llvmlite: no LLVM name to compare with
+        return False
+
+
 def arch_flags(target: Any) -> list[str]:
     """CPU selection flags for the C compiler that builds for `target`."""
     mcpu = target_attr(target, "mcpu")
@@ -87,8 +101,11 @@ def arch_flags(target: Any) -> list[str]:
         arch = host_arch()
         flags: list[str] = []
         if mcpu:
+            # This machine's CPU is `native` to the system compiler, which may predate
+            # LLVM's name for it (GCC 12 has no -march=znver4).
+            cpu = "native" if _is_host_cpu(str(mcpu)) else mcpu
             # x86 GCC selects a CPU with -march; Arm, AArch64 and RISC-V GCC with -mcpu.
-            flags.append(f"-march={mcpu}" if arch in ("x86_64", "i386") else f"-mcpu={mcpu}")
+            flags.append(f"-march={cpu}" if arch in ("x86_64", "i386") else f"-mcpu={cpu}")
         if arch in ("x86_64", "i386"):
             flags.extend(_x86_feature_flags(target_attr(target, "mattr", ())))
         return [*flags, "-fPIC"]
@@ -140,11 +157,17 @@ def toolchain_metadata(target: Any) -> dict[str, Any]:
     return {"native": False, "cc": cross_compiler(triple), "mtriple": triple}
 
 
+# The IR has neither errno nor floating-point exception flags (nor has the llvm backend's
+# output): telling GCC so lets it vectorize loops calling floorf, sqrtf, ... (with
+# trapping math it keeps `floorf` scalar). Neither flag changes a computed value.
+NO_FP_SIDE_EFFECTS = ("-fno-math-errno", "-fno-trapping-math")
+
+
 def kernel_cflags(target: Any) -> list[str]:
     """Flags for kernels.c (`target` None: the host at -O2)."""
     opt = target_attr(target, "opt-level", 2)
     fp = "-ffast-math" if target_attr(target, "fast-math", False) else "-ffp-contract=off"
-    return ["-std=c99", f"-O{opt}", "-fwrapv", fp, *arch_flags(target)]
+    return ["-std=c99", f"-O{opt}", "-fwrapv", fp, *NO_FP_SIDE_EFFECTS, *arch_flags(target)]
 
 
 def host_cflags(target: Any) -> list[str]:

@@ -27,6 +27,7 @@ from kiln.codegen.c.context import (
     value_ctype,
 )
 from kiln.codegen.c.expr import ADD, CExpr, ExprEmitter, cast, infix, operand, paren
+from kiln.codegen.c.vector import VectorLoopPrinter, prints_as_vectors
 from kiln.codegen.cfamily.helpers import DIM_HELPERS
 from kiln.codegen.cfamily.literals import int_literal
 from kiln.codegen.cfamily.printer import CPrinter, NameScope
@@ -257,6 +258,13 @@ class KernelPrinter:
         self.p.line(f"{ref.name}[{self.exprs.index(buf, s.indices)}] = {value.text};")
 
     def for_(self, s: For) -> None:
+        if s.kind == "vector" and prints_as_vectors(s):
+            VectorLoopPrinter(self, s).print()
+        else:
+            self.scalar_for(s)
+
+    def scalar_for(self, s: For) -> None:
+        """`s` as a C `for` loop (a `vector` loop: the scalar form of its lanes)."""
         var = s.var
         ctype = value_ctype(var.dtype)
         if not dt.is_int(var.dtype):
@@ -270,7 +278,7 @@ class KernelPrinter:
             end = self.loop_bound(s.extent, var)
         else:
             end = self.loop_bound(BinaryOp("add", s.start, s.extent), var)
-        if s.kind == "vectorized":
+        if s.kind in ("vectorized", "vector"):
             self.ctx.module.macros.add("KILN_VECTORIZE")
             self.p.line("KILN_VECTORIZE")
         elif s.kind == "unrolled":

@@ -39,7 +39,7 @@ from kiln.codegen.llvm.dtypes import (
 )
 from kiln.codegen.llvm.float16 import HalfConversions
 from kiln.codegen.llvm.intrinsics import emit_intrinsic
-from kiln.codegen.llvm.vector_loops import emit_vector_loop, vector_lanes
+from kiln.codegen.llvm.vector_loops import emit_vector_loop
 from kiln.codegen.naming import consts_symbol, kernel_symbol, parallel_for_symbol, profile_symbol
 from kiln.errors import CompileError, IRError
 from kiln.escape import c_identifier, is_c_identifier
@@ -404,27 +404,9 @@ class FunctionLowering:
         self.let_blocks: list[list[tuple[Var, ir.Value | None]]] = []
         calls = sum(isinstance(x, CallFunc) for x in _statements(fn.body))
         self.call_attrs = ("noinline",) if calls > MAX_INLINED_CALL_SITES else ()
-        self._private: set[Buffer] | None = None
 
     def error(self, message: str) -> CompileError:
         return CompileError(f"llvm codegen, function {self.name!r}: {message}")
-
-    def private_buffers(self) -> set[Buffer]:
-        """Buffers whose memory no other buffer of this function can reach: its own
-        allocations, constants and `noalias` parameters, unless a view is made of them
-        (views are never private)."""
-        if self._private is None:
-            noalias = self.parent.aliasing.noalias[self.name]
-            private = {p for k, p in enumerate(self.fn.params)
-                       if isinstance(p, Buffer) and k in noalias}
-            viewed: set[Buffer] = set()
-            for x in _statements(self.fn.body):
-                if isinstance(x, (Allocate, AllocConst)):
-                    private.add(x.buffer)
-                elif isinstance(x, DeclBuffer):
-                    viewed.add(x.source)
-            self._private = private - viewed
-        return self._private
 
     def run(self) -> None:
         for arg, p in zip(self.irfn.args, self.fn.params):
@@ -738,11 +720,9 @@ def _for(fl: FunctionLowering, s: For) -> None:
     if s.start.dtype != dtype or s.extent.dtype != dtype:
         raise fl.error(f"loop {s.var.name!r}: start ({s.start.dtype}) and extent "
                        f"({s.extent.dtype}) must have the loop variable's dtype {dtype}")
-    if s.kind == "vectorized":
-        lanes = vector_lanes(fl, s)
-        if lanes:
-            emit_vector_loop(fl, s, lanes)
-            return
+    if s.kind == "vector":  # decided by the vectorize-loops pass
+        emit_vector_loop(fl, s)
+        return
     b = fl.b
     start = fl.expr(s.start)
     end = b.add(start, fl.expr(s.extent))

@@ -1,30 +1,12 @@
-"""`vectorized` loops of constant extent, emitted as LLVM vector instructions.
+"""`vector` loops emitted as LLVM vector instructions.
 
-kiln's kernels spell the lanes of a register tile (kiln.ops.conv_kernels) as an innermost
-`for v in T.vectorized(n)` loop. When its body is straight-line arithmetic, the loop
-becomes one `<n x float>` load, operation or store per IR node, instead of `n` scalar
-copies that LLVM's SLP vectorizer would have to put back together: a tile's IR is `n`
-times smaller, compiles that much faster, and its vector shape does not depend on what
-the SLP vectorizer happens to find.
-
-A loop is emitted this way when (`vector_lanes` checks it):
-
-- its extent is a constant from 2 to `MAX_LANES` (LLVM splits wide vectors into registers);
-- its body holds stores and lets only (a let whose value depends on the loop variable
-  binds a vector);
-- every expression that depends on the loop variable is a float32/float64 `add`, `sub`,
-  `mul`, `div`, `min`, `max`, `neg` or `fma`, an int32 `dot4_u8s8` (the target's
-  dot-product instructions, int_dot.py), such a let variable, or a load whose
-  element moves by exactly one when the variable grows by one (a contiguous load);
-  expressions that do not depend on it are computed once and broadcast;
-- every store is contiguous;
-- the buffers the loop writes are touched only contiguously, at element distances that
-  keep different iterations apart (0, or at least the extent), and no other buffer of
-  the loop may share their memory (stack buffers, constants and `noalias` parameters
-  cannot).
-
-Any other `vectorized` loop is emitted as a scalar loop with LLVM's vectorize hint, which
-is always correct: the check keeps a wrong independence promise from changing a result.
+The `vectorize-loops` pass (kiln.transform.vectorize_loops) marks a register tile's lane
+loop `for v in T.vector(n)` when its body is straight-line vector code with independent
+iterations (kiln.ir.analysis.vector_loops). Such a loop becomes one `<n x float>` load,
+operation or store per IR node, instead of `n` scalar copies that LLVM's SLP vectorizer
+would have to put back together: a tile's IR is `n` times smaller, compiles that much
+faster, and its vector shape does not depend on what the SLP vectorizer happens to find.
+Expressions that do not depend on the loop variable are computed once and broadcast.
 """
 
 from __future__ import annotations
@@ -38,11 +20,10 @@ from kiln.codegen.llvm import arith
 from kiln.codegen.llvm.dtypes import I32, storage_type
 from kiln.codegen.llvm.intrinsics import emit_intrinsic
 from kiln.ir import dtype as dt
-from kiln.ir.affine import constant_offset, flat_coefficient, mentions
+from kiln.ir.affine import mentions
+from kiln.ir.analysis.vector_loops import vector_shape_fault
 from kiln.ir.tensor import (
-    DOT4_U8S8,
     BinaryOp,
-    Buffer,
     Const,
     For,
     Intrin,
@@ -55,130 +36,24 @@ from kiln.ir.tensor import (
     UnaryOp,
     Var,
 )
-from kiln.ir.visitor import iter_exprs
+from kiln.ir.visitor import iter_stmts
 
 if TYPE_CHECKING:
     from kiln.codegen.llvm.lower_to_llvm import FunctionLowering
 
-MAX_LANES = 256
-VECTOR_DTYPES = frozenset({"float32", "float64"})
-VECTOR_BINARY = frozenset({"add", "sub", "mul", "div", "min", "max"})
-VECTOR_INTRINSICS = frozenset({"fma"})
-# int32 lanes: loads, stores and the integer dot product (the quantized kernels' tiles)
-INT_VECTOR_DTYPE = "int32"
 
-Access = tuple[Buffer, tuple[PrimExpr, ...], bool]  # buffer, indices, contiguous
-
-
-class _Checker:
-    """Decides whether a loop body can be emitted as vector statements."""
-
-    def __init__(self, var: Var) -> None:
-        self.var = var
-        self.vectors: set[Var] = set()  # let variables bound to vectors
-        self.accesses: list[Access] = []
-        self.written: set[Buffer] = set()
-
-    def lane_invariant(self, e: PrimExpr) -> bool:
-        return not mentions(e, {self.var, *self.vectors})
-
-    def stmt(self, s: Stmt) -> bool:
-        if isinstance(s, SeqStmt):
-            return all(self.stmt(x) for x in s.body)
-        if isinstance(s, LetStmt):
-            if s.var.dtype != s.value.dtype or not self.expr(s.value):
-                return False
-            if not self.lane_invariant(s.value):
-                self.vectors.add(s.var)
-            return True
-        if isinstance(s, Store):
-            if (s.buffer.dtype not in (*VECTOR_DTYPES, INT_VECTOR_DTYPE)
-                    or s.value.dtype != s.buffer.dtype
-                    or not self.expr(s.value) or not self.contiguous(s.buffer, s.indices)):
-                return False
-            self.accesses.append((s.buffer, s.indices, True))
-            self.written.add(s.buffer)
-            return True
-        return False
-
-    def contiguous(self, buf: Buffer, indices: tuple[PrimExpr, ...]) -> bool:
-        if any(mentions(i, self.vectors) for i in indices):
-            return False  # indexed by a computed vector: a gather
-        return flat_coefficient(buf, indices, self.var) == 1
-
-    def expr(self, e: PrimExpr) -> bool:
-        """True if `e` can be computed for all lanes at once."""
-        if self.lane_invariant(e):
-            self.accesses += [(x.buffer, x.indices, False) for x in iter_exprs(e)
-                              if isinstance(x, Load)]
-            return True
-        if isinstance(e, Var):
-            return e in self.vectors  # the loop variable as a value: not handled
-        if e.dtype == INT_VECTOR_DTYPE:
-            return self.int_expr(e)
-        if e.dtype not in VECTOR_DTYPES:
-            return False
-        if isinstance(e, Load):
-            if not self.contiguous(e.buffer, e.indices):
-                return False
-            self.accesses.append((e.buffer, e.indices, True))
-            return True
-        if isinstance(e, BinaryOp):
-            return (e.op in VECTOR_BINARY and e.a.dtype == e.b.dtype == e.dtype
-                    and self.expr(e.a) and self.expr(e.b))
-        if isinstance(e, UnaryOp):
-            return e.op == "neg" and self.expr(e.a)
-        if isinstance(e, Intrin):
-            return (e.name in VECTOR_INTRINSICS and all(a.dtype == e.dtype for a in e.args)
-                    and all(self.expr(a) for a in e.args))
-        return False
-
-    def int_expr(self, e: PrimExpr) -> bool:
-        """int32 lanes: a contiguous load or `dot4_u8s8` of such (or broadcast) values."""
-        if isinstance(e, Load):
-            if not self.contiguous(e.buffer, e.indices):
-                return False
-            self.accesses.append((e.buffer, e.indices, True))
-            return True
-        return (isinstance(e, Intrin) and e.name == DOT4_U8S8
-                and all(a.dtype == INT_VECTOR_DTYPE and self.expr(a) for a in e.args))
-
-    def independent(self, lanes: int, private: set[Buffer]) -> bool:
-        """Different iterations never touch one element of a written buffer, and nothing
-        else the loop reads may share a written buffer's memory."""
-        for w in self.written:
-            mine = [a for a in self.accesses if a[0] is w]
-            if not all(contiguous for _, _, contiguous in mine):
-                return False
-            for k, (_, first, _) in enumerate(mine):
-                for _, second, _ in mine[k + 1:]:
-                    d = constant_offset(w, first, second)
-                    if d is None or 0 < abs(d) < lanes:
-                        return False
-            others = {a[0] for a in self.accesses if a[0] is not w}
-            if others and w not in private and not others <= private:
-                return False
-        return True
-
-
-def vector_lanes(fl: FunctionLowering, loop: For) -> int:
-    """The lane count to emit `loop` with as vector code, or 0 for a scalar loop."""
-    if not isinstance(loop.extent, Const):
-        return 0
-    lanes = int(loop.extent.value)
-    if not 2 <= lanes <= MAX_LANES:
-        return 0
-    checker = _Checker(loop.var)
-    if not checker.stmt(loop.body):
-        return 0
-    if any(b in fl.readonly for b in checker.written):
-        return 0  # the scalar path reports the store into a constant
-    return lanes if checker.independent(lanes, fl.private_buffers()) else 0
-
-
-def emit_vector_loop(fl: FunctionLowering, loop: For, lanes: int) -> None:
-    """Emit `loop` (checked by `vector_lanes`) as straight-line vector code."""
-    _VectorBody(fl, loop.var, lanes).run(loop)
+def emit_vector_loop(fl: FunctionLowering, loop: For) -> None:
+    """Emit `vector` loop `loop` as straight-line vector code, all lanes at once."""
+    fault = vector_shape_fault(loop)
+    if fault is not None:
+        raise fl.error(f"vector loop {loop.var.name!r} is not straight-line vector code: "
+                       f"{fault}")
+    for s in iter_stmts(loop.body):
+        if isinstance(s, Store) and s.buffer in fl.readonly:
+            raise fl.error(f"store into constant buffer {s.buffer.name!r}: AllocConst data "
+                           "is read-only (it lives in the library's read-only data)")
+    assert isinstance(loop.extent, Const)
+    _VectorBody(fl, loop.var, int(loop.extent.value)).run(loop)
 
 
 class _VectorBody:

@@ -68,9 +68,10 @@ def loop(name: str, extent: int, body: Callable[[Var], Stmt], kind: str = "seria
 
 
 def lanes_loop(name: str, extent: int, body: Callable[[PrimExpr], Stmt]) -> Stmt:
-    """`for name in T.vectorized(extent)`: the lanes of a register tile. The llvm backend
-    emits such a loop as vector instructions (kiln.codegen.llvm.vector_loops), one per
-    statement, so a tile costs one IR statement per row instead of one per element."""
+    """`for name in T.vectorized(extent)`: the lanes of a register tile. The
+    vectorize-loops pass makes such a loop `T.vector` and both backends emit it as
+    vector instructions, one per statement (kiln.transform.vectorize_loops), so a tile
+    costs one IR statement per row instead of one per element."""
     return loop(name, extent, body, kind="vectorized") if extent > 1 else body(const(0))
 
 

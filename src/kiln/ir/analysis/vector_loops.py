@@ -1,0 +1,213 @@
+"""Which `vectorized` loops are straight-line vector code (backend-neutral).
+
+kiln's kernels spell the lanes of a register tile (kiln.ops.kernels.tiles) as an
+innermost `for v in T.vectorized(n)` loop. When its body is straight-line arithmetic,
+every IR node of the body can be computed for all `n` lanes at once: one vector load,
+operation or store per node. The `vectorize-loops` pass (kiln.transform.vectorize_loops)
+turns such loops into `T.vector(n)` loops and the backends emit them as vector code
+(kiln.codegen.llvm.vector_loops, kiln.codegen.c.vector).
+
+A loop qualifies (`vector_shape_fault` checks its shape, `vector_loop_lanes` all of it)
+when:
+
+- its extent is a constant from 2 to `MAX_LANES`;
+- its body holds stores and lets only (a let whose value depends on the loop variable
+  binds a vector);
+- every expression that depends on the loop variable is a float32/float64 `add`, `sub`,
+  `mul`, `div`, `min`, `max`, `neg` or `fma`, an int32 `dot4_u8s8`, such a let
+  variable, or a load whose element moves by exactly one when the variable grows by
+  one (a contiguous load); expressions that do not depend on it are computed once and
+  broadcast;
+- every store is contiguous;
+- (independence) the buffers the loop writes are touched only contiguously, at element
+  distances that keep different iterations apart (0, or at least the extent), and no
+  other buffer of the loop may share their memory (stack buffers, constants and
+  `noalias` parameters cannot: `private_buffers`); no written buffer is a constant.
+"""
+
+from __future__ import annotations
+
+from kiln.ir.affine import constant_offset, flat_coefficient, mentions
+from kiln.ir.tensor import (
+    DOT4_U8S8,
+    Allocate,
+    AllocConst,
+    BinaryOp,
+    Buffer,
+    Const,
+    DeclBuffer,
+    For,
+    Intrin,
+    LetStmt,
+    Load,
+    PrimExpr,
+    PrimFunc,
+    SeqStmt,
+    Stmt,
+    Store,
+    UnaryOp,
+    Var,
+)
+from kiln.ir.visitor import iter_exprs, iter_stmts
+
+MAX_LANES = 256
+VECTOR_DTYPES = frozenset({"float32", "float64"})
+VECTOR_BINARY = frozenset({"add", "sub", "mul", "div", "min", "max"})
+VECTOR_INTRINSICS = frozenset({"fma"})
+# int32 lanes: loads, stores and the integer dot product (the quantized kernels' tiles)
+INT_VECTOR_DTYPE = "int32"
+
+Access = tuple[Buffer, tuple[PrimExpr, ...], bool]  # buffer, indices, contiguous
+
+
+class VectorBody:
+    """Walks a loop body: is it straight-line vector code, and what does it touch."""
+
+    def __init__(self, var: Var) -> None:
+        self.var = var
+        self.vectors: set[Var] = set()  # let variables bound to vectors
+        self.accesses: list[Access] = []
+        self.written: set[Buffer] = set()
+        self.fault = ""
+
+    def fail(self, why: str) -> bool:
+        self.fault = self.fault or why
+        return False
+
+    def lane_invariant(self, e: PrimExpr) -> bool:
+        return not mentions(e, {self.var, *self.vectors})
+
+    def stmt(self, s: Stmt) -> bool:
+        if isinstance(s, SeqStmt):
+            return all(self.stmt(x) for x in s.body)
+        if isinstance(s, LetStmt):
+            if s.var.dtype != s.value.dtype or not self.expr(s.value):
+                return self.fail(self.fault or f"let '{s.var.name}' is not a vector value")
+            if not self.lane_invariant(s.value):
+                self.vectors.add(s.var)
+            return True
+        if isinstance(s, Store):
+            if s.buffer.dtype not in (*VECTOR_DTYPES, INT_VECTOR_DTYPE):
+                return self.fail(f"store into {s.buffer.dtype} buffer '{s.buffer.name}'")
+            if s.value.dtype != s.buffer.dtype or not self.expr(s.value):
+                return self.fail(self.fault or f"the value stored into '{s.buffer.name}' "
+                                 "is not a vector expression")
+            if not self.contiguous(s.buffer, s.indices):
+                return self.fail(f"the store into '{s.buffer.name}' is not contiguous")
+            self.accesses.append((s.buffer, s.indices, True))
+            self.written.add(s.buffer)
+            return True
+        return self.fail(f"the body holds a {type(s).__name__}, not only stores and lets")
+
+    def contiguous(self, buf: Buffer, indices: tuple[PrimExpr, ...]) -> bool:
+        if any(mentions(i, self.vectors) for i in indices):
+            return False  # indexed by a computed vector: a gather
+        return flat_coefficient(buf, indices, self.var) == 1
+
+    def expr(self, e: PrimExpr) -> bool:
+        """True if `e` can be computed for all lanes at once."""
+        if self.lane_invariant(e):
+            self.accesses += [(x.buffer, x.indices, False) for x in iter_exprs(e)
+                              if isinstance(x, Load)]
+            return True
+        if isinstance(e, Var):
+            return e in self.vectors or self.fail("the loop variable is used as a value")
+        if e.dtype == INT_VECTOR_DTYPE:
+            return self.int_expr(e)
+        if e.dtype not in VECTOR_DTYPES:
+            return self.fail(f"a {e.dtype} expression depends on the loop variable")
+        if isinstance(e, Load):
+            return self.load(e)
+        if isinstance(e, BinaryOp):
+            return (((e.op in VECTOR_BINARY and e.a.dtype == e.b.dtype == e.dtype)
+                     or self.fail(f"'{e.op}' has no vector form"))
+                    and self.expr(e.a) and self.expr(e.b))
+        if isinstance(e, UnaryOp):
+            return (e.op == "neg" or self.fail(f"'{e.op}' has no vector form")) and self.expr(e.a)
+        if isinstance(e, Intrin):
+            return (((e.name in VECTOR_INTRINSICS and all(a.dtype == e.dtype for a in e.args))
+                     or self.fail(f"'{e.name}' has no vector form"))
+                    and all(self.expr(a) for a in e.args))
+        return self.fail(f"a {type(e).__name__} has no vector form")
+
+    def load(self, e: Load) -> bool:
+        if not self.contiguous(e.buffer, e.indices):
+            return self.fail(f"the load of '{e.buffer.name}' is not contiguous")
+        self.accesses.append((e.buffer, e.indices, True))
+        return True
+
+    def int_expr(self, e: PrimExpr) -> bool:
+        """int32 lanes: a contiguous load or `dot4_u8s8` of such (or broadcast) values."""
+        if isinstance(e, Load):
+            return self.load(e)
+        if not (isinstance(e, Intrin) and e.name == DOT4_U8S8):
+            return self.fail("an int32 expression other than a load or dot4_u8s8")
+        return all(a.dtype == INT_VECTOR_DTYPE and self.expr(a) for a in e.args)
+
+    def independent(self, lanes: int, private: set[Buffer]) -> bool:
+        """Different iterations never touch one element of a written buffer, and nothing
+        else the loop reads may share a written buffer's memory."""
+        for w in self.written:
+            mine = [a for a in self.accesses if a[0] is w]
+            if not all(contiguous for _, _, contiguous in mine):
+                return False
+            for k, (_, first, _) in enumerate(mine):
+                for _, second, _ in mine[k + 1:]:
+                    d = constant_offset(w, first, second)
+                    if d is None or 0 < abs(d) < lanes:
+                        return False
+            others = {a[0] for a in self.accesses if a[0] is not w}
+            if others and w not in private and not others <= private:
+                return False
+        return True
+
+
+def vector_shape_fault(loop: For) -> str | None:
+    """Why `loop`'s shape is not straight-line vector code, or None when it is.
+    (Independence is not checked: a `T.vector` loop promises it.)"""
+    if not isinstance(loop.extent, Const):
+        return "its extent is not a constant"
+    lanes = int(loop.extent.value)
+    if not 2 <= lanes <= MAX_LANES:
+        return f"its extent {lanes} is not from 2 to {MAX_LANES}"
+    body = VectorBody(loop.var)
+    return None if body.stmt(loop.body) else body.fault
+
+
+def vector_loop_lanes(loop: For, private: set[Buffer], readonly: set[Buffer]) -> int:
+    """The lane count `loop` can run with as straight-line vector code, or 0.
+
+    `private`: buffers no other buffer of the function can reach (`private_buffers`);
+    `readonly`: constant buffers (`readonly_buffers`), which the loop must not write.
+    """
+    if not isinstance(loop.extent, Const) or vector_shape_fault(loop) is not None:
+        return 0
+    lanes = int(loop.extent.value)
+    body = VectorBody(loop.var)
+    body.stmt(loop.body)
+    if body.written & readonly:
+        return 0  # the scalar path reports the store into a constant
+    return lanes if body.independent(lanes, private) else 0
+
+
+def private_buffers(fn: PrimFunc, noalias: set[int] | frozenset[int]) -> set[Buffer]:
+    """Buffers whose memory no other buffer of `fn` can reach: its own allocations,
+    constants and the parameters at the indices `noalias` (kiln.ir.aliasing), unless a
+    view is made of them (views are never private)."""
+    private = {p for k, p in enumerate(fn.params) if isinstance(p, Buffer) and k in noalias}
+    viewed: set[Buffer] = set()
+    for s in iter_stmts(fn.body):
+        if isinstance(s, (Allocate, AllocConst)):
+            private.add(s.buffer)
+        elif isinstance(s, DeclBuffer):
+            viewed.add(s.source)
+    return private - viewed
+
+
+def readonly_buffers(fn: PrimFunc) -> set[Buffer]:
+    """`fn`'s constant buffers (AllocConst) and the views of them."""
+    out: set[Buffer] = set()
+    for s in iter_stmts(fn.body):  # pre-order: a view's source is declared first
+        if isinstance(s, AllocConst) or (isinstance(s, DeclBuffer) and s.source in out):
+            out.add(s.buffer)
+    return out
