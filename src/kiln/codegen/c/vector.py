@@ -27,6 +27,7 @@ about that, `-Wpsabi`, when the vector is wider than the target's registers).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
@@ -61,6 +62,8 @@ if TYPE_CHECKING:
 DEFAULT_VECTOR_BITS = 128
 # Straight-line chunks up to this many; longer loops run a C loop over full chunks.
 MAX_UNROLLED_CHUNKS = 8
+# A scalar operand that can be splatted as it is printed (a name or a plain number).
+SIMPLE_OPERAND = re.compile(r"[\w.]+")
 _SHORT = {"float32": "f32", "float64": "f64", "int32": "i32", "int64": "i64"}
 # The integer vector a comparison of two vectors of a dtype gives (also the blend mask).
 _MASK = {"float32": "int32", "float64": "int64", "int32": "int32", "int64": "int64"}
@@ -228,7 +231,7 @@ class VectorLoopPrinter:
         """The name of a vector temporary holding `e` for the chunk's lanes."""
         if self.lane_invariant(e):
             scalar = self.kp.expr(e).text
-            if not scalar.replace("_", "").replace(".", "").isalnum():
+            if not SIMPLE_OPERAND.fullmatch(scalar):  # a name or a number: used as it is
                 name = self.ctx.names.fresh("inv")
                 self.p.line(f"const {value_ctype(e.dtype)} {name} = {scalar};")
                 scalar = name
