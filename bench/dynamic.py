@@ -36,6 +36,7 @@ from kiln.ir.module import IRModule
 from kiln.ir.tensor import Buffer, PrimFunc
 from kiln.script.source import from_source
 from kiln.target import Target
+from kiln.transform.outline import OutlineParallelLoops
 from kiln.transform.pipeline import default_graph_pipeline, default_tensor_pipeline
 
 RNG = np.random.default_rng(0)
@@ -148,7 +149,8 @@ def build(src: str, target: Target) -> tuple[Any, PrimFunc, Any, list[Any]]:
     args = [np.ascontiguousarray(a.data) if isinstance(a, g.Constant) else params.index(id(a))
             for a in call.args]
     prims = {k: f for k, f in mod.functions.items() if isinstance(f, PrimFunc)}
-    tmod = default_tensor_pipeline()(IRModule(prims))
+    # The llvm backend takes parallel loops outlined, as kiln.compile hands them over.
+    tmod = OutlineParallelLoops()(default_tensor_pipeline()(IRModule(prims)))
     c = compile_module(tmod, target, prefix="kiln_", pool=ConstantPool.from_module(tmod),
                        jit=True)
     engine = llvm.create_mcjit_compiler(llvm.parse_bitcode(c.module.as_bitcode()),

@@ -25,6 +25,7 @@ from kiln.codegen.constants import ConstantPool
 from kiln.ir import IRModule
 from kiln.ir import dtype as dt
 from kiln.runtime.abi import dl_type
+from kiln.transform.outline import OutlineParallelLoops
 
 CC = os.environ.get("CC", "cc")
 WARNINGS = ("-Wall", "-Wextra", "-Werror", "-pedantic")
@@ -225,7 +226,8 @@ def build_many(mods: dict[str, IRModule], directory: Path, *, target: Any = None
     artifacts_of: dict[str, list[Any]] = {}
     for prefix, mod in mods.items():
         pool = (pools or {}).get(prefix) or ConstantPool.from_module(mod)
-        artifacts = codegen_c(mod, target, prefix=prefix, pool=pool)
+        # The backend takes parallel loops outlined, as kiln.compile hands them over.
+        artifacts = codegen_c(OutlineParallelLoops()(mod), target, prefix=prefix, pool=pool)
         artifacts_of[prefix] = artifacts
         for art in artifacts:
             if art.file_name.endswith(".c"):

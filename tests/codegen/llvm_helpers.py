@@ -16,21 +16,23 @@ from kiln.ir import dtype as dt
 from kiln.ir.tensor import PrimExpr
 from kiln.runtime import LoadContext
 from kiln.target import Target
+from kiln.transform.outline import OutlineParallelLoops
 
 PREFIX = "kiln_"
 
 
 def jit(mod: IRModule, *, prefix: str = PREFIX, target: Any = None) -> LLVMJITModule:
     """Compile `mod` with the llvmjit codegen and load it through the llvmjit loader."""
-    arts = codegen_llvmjit(mod, target or Target("llvmjit"), prefix=prefix,
-                           pool=ConstantPool.from_module(mod))
+    # The backend takes parallel loops outlined, as kiln.compile hands them over.
+    arts = codegen_llvmjit(OutlineParallelLoops()(mod), target or Target("llvmjit"),
+                           prefix=prefix, pool=ConstantPool.from_module(mod))
     return load_llvmjit(arts, LoadContext(prefix=prefix))
 
 
 def compiled(mod: IRModule, target: Any = "llvm", **kw: Any) -> CompiledModule:
     """Lower, verify (llvm.parse_assembly + verify) and optimise `mod` for `target`."""
     t = Target(target) if isinstance(target, (str, dict)) else target
-    return compile_module(mod, t, prefix=kw.pop("prefix", PREFIX),
+    return compile_module(OutlineParallelLoops()(mod), t, prefix=kw.pop("prefix", PREFIX),
                           pool=ConstantPool.from_module(mod), **kw)
 
 

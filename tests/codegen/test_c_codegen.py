@@ -33,6 +33,7 @@ from kiln.ir.tensor import (
     seq,
 )
 from kiln.target import Target
+from kiln.transform.outline import OutlineParallelLoops
 from support.toolchains import require_tool
 
 needs_cc = pytest.mark.skipif(not have_cc(), reason="needs a C compiler")
@@ -60,7 +61,8 @@ KILN_HIDDEN int32_t kiln__kernel_add_one(const float* X, float* restrict Y) {
 
 
 def source(mod: IRModule, prefix: str = "kiln_") -> str:
-    return emit_kernels(mod, prefix=prefix, pool=ConstantPool.from_module(mod))[0]
+    return emit_kernels(OutlineParallelLoops()(mod), prefix=prefix,
+                        pool=ConstantPool.from_module(mod))[0]
 
 
 def test_readable_kernel() -> None:

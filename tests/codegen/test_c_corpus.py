@@ -22,6 +22,7 @@ from kiln.codegen.host import host_source
 from kiln.codegen.naming import library_metadata
 from kiln.errors import CallError, CompileError, IRError
 from kiln.ir import IRModule
+from kiln.transform.outline import OutlineParallelLoops
 
 corpus = pytest.importorskip("corpus", reason="the IR corpus (tests/corpus) is not available")
 CORPUS = getattr(corpus, "CORPUS", None) or {}
@@ -44,7 +45,8 @@ def _unsupported(mod: IRModule) -> str | None:
     """Why the C backend rejects `mod` by design (symbolic shapes: kernels whose shape
     variables are not parameters, packed entries of symbolic functions), else None."""
     try:
-        emit_kernels(mod, prefix="probe_", pool=ConstantPool.from_module(mod))
+        emit_kernels(OutlineParallelLoops()(mod), prefix="probe_",
+                     pool=ConstantPool.from_module(mod))
         host_source(mod, prefix="probe_", metadata=library_metadata(mod, "probe_"))
     except CompileError as exc:
         if "symbolic shape" in str(exc):

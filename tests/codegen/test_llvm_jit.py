@@ -81,8 +81,10 @@ def test_through_the_runtime_loading_process_and_a_tar(tmp_path: Path) -> None:
 
     path = tmp_path / "model.tar"
     archive.write_tar(path, arts, meta)
+    # Bitcode needs the compiler, which registers the llvmjit loader when imported.
     script = textwrap.dedent(f"""
         import numpy as np
+        import kiln.codegen
         from kiln.runtime import load_module
         m = load_module({str(path)!r})
         y = np.zeros((2, 3), np.float32)

@@ -30,10 +30,11 @@ from kiln.ir.tensor import (
     Var,
     const,
 )
+from kiln.transform.outline import OutlineParallelLoops
 
 
 def _lower(mod: IRModule, **options: object) -> str:
-    lowered = lower_module(mod, ConstantPool.from_module(mod),
+    lowered = lower_module(OutlineParallelLoops()(mod), ConstantPool.from_module(mod),
                            LoweringOptions(prefix=PREFIX, **options))  # type: ignore[arg-type]
     text = str(lowered.module)
     parse_and_verify(text)

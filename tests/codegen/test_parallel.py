@@ -40,7 +40,7 @@ from kiln.ir.visitor import iter_stmts
 from kiln.runtime import include_dir, load_module
 from kiln.target import Target
 from kiln.transform import PassContext
-from kiln.transform.outline import outline_parallel_loops
+from kiln.transform.outline import OutlineParallelLoops, outline_parallel_loops
 from support.processes import child_env
 
 pytestmark = pytest.mark.skipif(not have_cc(), reason="needs a C compiler")
@@ -52,6 +52,11 @@ TIMEOUT = 120
 
 
 # ====================================================================== the module
+
+
+def outlined_feature_module() -> IRModule:
+    """`feature_module` as kiln.compile hands it to a backend: parallel loops outlined."""
+    return OutlineParallelLoops()(feature_module())
 
 
 def parallel_loops(fn: PrimFunc) -> list[For]:
@@ -213,6 +218,51 @@ def test_outlining_turns_each_outer_parallel_loop_into_a_launch() -> None:
     assert not any(parallel_loops(fn) for fn in outlined.mod.prim_funcs().values())
 
 
+def test_outlining_is_a_pass_whose_result_prints_parses_and_runs(
+        reference: dict[str, list[Any]]) -> None:
+    from kiln.ir import assert_structural_equal
+    from kiln.ir.verify import verify
+    from kiln.script import from_source, print_module
+    from kiln.transform import get_pass
+
+    outlined = get_pass("outline-parallel-loops")(feature_module())
+    verify(outlined)
+    assert "scaled_parallel0" in outlined.functions
+    assert_structural_equal(from_source(print_module(outlined)), outlined)
+    assert OutlineParallelLoops()(outlined) is outlined  # outlined already: as is
+    got = {}
+    for name, args in inputs().items():
+        args = [a.copy() if isinstance(a, np.ndarray) else a for a in args]
+        evaluate(outlined, name, *args)
+        got[name] = args
+    assert_matches(got, reference, exact=True)
+
+
+@pytest.mark.parametrize("target", ["c", "llvm"])
+def test_backends_take_outlined_parallel_loops_only(target: str) -> None:
+    codegen = codegen_c if target == "c" else codegen_llvm
+    with pytest.raises(CompileError, match=r"codegen of 'scaled': parallel loop 'i' was not "
+                                           r"outlined; run the pass 'outline-parallel-loops'"):
+        codegen(feature_module(), Target(target), prefix="kiln_", pool=ConstantPool())
+
+
+def test_a_tensor_pipeline_may_outline_itself() -> None:
+    """kiln.compile outlines for the c backend unless the pipeline did: same library,
+    and the loop bodies are no functions of it."""
+    def build(pipeline: str | None) -> Executable:
+        with PassContext(config={"kiln.cache": False}):
+            return kiln.compile(feature_module(), "c", graph_pipeline=None,
+                                tensor_pipeline=pipeline)
+
+    by_driver, by_pipeline = build(None), build("outline-parallel-loops")
+    assert "scaled_parallel0" not in by_driver.ir.functions  # the module before outlining
+    assert "scaled_parallel0" in by_pipeline.ir.functions
+    assert by_driver.metadata == by_pipeline.metadata
+    assert "scaled_parallel0" not in by_driver.metadata["functions"]
+    for a, b in zip(by_driver.artifacts, by_pipeline.artifacts, strict=True):
+        assert bytes(a.content) == bytes(b.content), a.file_name
+
+
 def test_c_kernels_and_host_compile_with_all_warnings(tmp_path: Path,
                                                       reference: dict[str, list[Any]]) -> None:
     """kernels.c and host.c build with -Wall -Wextra -Werror -pedantic (c_helpers)
@@ -239,8 +289,9 @@ def test_host_c_without_threads_for_firmware(tmp_path: Path) -> None:
     firmware = Target("c -mtriple=thumbv7em-none-eabihf -mcpu=cortex-m4 -mfloat-abi=hard")
     # `oom`'s workspace (HUGE floats) cannot exist on a 32-bit target: a compile error.
     with pytest.raises(CompileError, match="workspace 'huge' of function 'oom'"):
-        codegen_c(feature_module(), firmware, prefix="kiln_", pool=ConstantPool())
-    mod = IRModule({k: f for k, f in feature_module().functions.items() if k != "oom"})
+        codegen_c(outlined_feature_module(), firmware, prefix="kiln_", pool=ConstantPool())
+    mod = OutlineParallelLoops()(
+        IRModule({k: f for k, f in feature_module().functions.items() if k != "oom"}))
     host = next(a for a in codegen_c(mod, firmware, prefix="kiln_", pool=ConstantPool())
                 if a.file_name == "host.c")
     assert "-DKILN_NO_THREADS" in host.metadata["cflags"] and "libs" not in host.metadata
@@ -266,7 +317,8 @@ def test_host_c_without_threads_for_firmware(tmp_path: Path) -> None:
 def test_llvm_ir_outlines_loop_bodies() -> None:
     from kiln.artifact import inspect_artifact
 
-    arts = codegen_llvm(feature_module(), Target("llvm"), prefix="kiln_", pool=ConstantPool())
+    arts = codegen_llvm(outlined_feature_module(), Target("llvm"), prefix="kiln_",
+                        pool=ConstantPool())
     obj = next(a for a in arts if a.file_name == "kernels.o")
     assert "kiln__kernel_scaled_parallel0" not in obj.metadata["functions"]  # internal
     ll = inspect_artifact(next(a for a in arts if a.file_name == "kernels.bc"), "ll")
@@ -282,7 +334,7 @@ def test_loop_bodies_are_compiled_for_the_target_cpu() -> None:
 
     from kiln.artifact import inspect_artifact
 
-    arts = codegen_llvm(feature_module(), Target("llvm -mcpu=skylake"), prefix="kiln_",
+    arts = codegen_llvm(outlined_feature_module(), Target("llvm -mcpu=skylake"), prefix="kiln_",
                         pool=ConstantPool())
     ll = inspect_artifact(next(a for a in arts if a.file_name == "kernels.bc"), "ll")
     define = next(line for line in ll.splitlines()
@@ -613,7 +665,7 @@ def test_thread_pool_under_thread_sanitizer(tmp_path: Path) -> None:
     ThreadSanitizer must see no data race in the pool or the generated code."""
     from c_helpers import consts_c
 
-    mod = feature_module()
+    mod = outlined_feature_module()
     pool = ConstantPool.from_module(mod)
     sources = []
     for art in codegen_c(mod, None, prefix="kiln_", pool=pool):

@@ -332,17 +332,17 @@ def _llvm_kernels(mod: IRModule) -> tuple[Any, dict[str, Any]]:
     from kiln.codegen.constants import ConstantPool
     from kiln.codegen.llvm.codegen import compile_module
     from kiln.target import Target
+    from kiln.transform.outline import OutlineParallelLoops, kernel_funcs
 
     prims = {k: f for k, f in mod.functions.items() if isinstance(f, PrimFunc)}
-    tmod = default_tensor_pipeline()(IRModule(prims))
+    tmod = OutlineParallelLoops()(default_tensor_pipeline()(IRModule(prims)))
     c = compile_module(tmod, Target("llvmjit"), prefix="kiln_",
                        pool=ConstantPool.from_module(tmod), jit=True)
     engine = llvm.create_mcjit_compiler(llvm.parse_bitcode(c.module.as_bitcode()),
                                         c.target_machine)
     engine.finalize_object()
     kernels = {}
-    for name, f in tmod.functions.items():
-        assert isinstance(f, PrimFunc)
+    for name, f in kernel_funcs(tmod).items():  # loop bodies are internal
         sig = [ctypes.c_void_p if isinstance(p, Buffer) else ctypes.c_int64 for p in f.params]
         kernels[name] = (f, ctypes.CFUNCTYPE(ctypes.c_int32, *sig)(
             engine.get_function_address(f"kiln__kernel_{name}")))
@@ -398,16 +398,16 @@ def _c_kernels(mod: IRModule, directory: Any) -> tuple[Any, dict[str, Any]]:
     from kiln.codegen.constants import ConstantPool
     from kiln.target import Target
     from kiln.transform.interchange_reductions import InterchangeReductions
+    from kiln.transform.outline import OutlineParallelLoops, kernel_funcs
     from kiln.transform.simplify import Simplify
 
     prims = {k: f for k, f in mod.functions.items() if isinstance(f, PrimFunc)}
-    tmod = InterchangeReductions()(Simplify()(IRModule(prims)))
+    tmod = OutlineParallelLoops()(InterchangeReductions()(Simplify()(IRModule(prims))))
     pool = ConstantPool.from_module(tmod)
     source, _ = emit_kernels(tmod, prefix="kiln_", pool=pool)
     assert len(pool) == 0  # these cases have no constants to link
     wrappers = []
-    for name, f in tmod.functions.items():
-        assert isinstance(f, PrimFunc)
+    for name, f in kernel_funcs(tmod).items():  # loop bodies are static
         params = ", ".join(f"void* a{k}" if isinstance(p, Buffer) else f"int64_t a{k}"
                            for k, p in enumerate(f.params))
         args = ", ".join(f"a{k}" for k in range(len(f.params)))
@@ -424,8 +424,7 @@ def _c_kernels(mod: IRModule, directory: Any) -> tuple[Any, dict[str, Any]]:
                     "-o", str(so_file), str(c_file), "-lm"], check=True)
     lib = ctypes.CDLL(str(so_file))
     kernels = {}
-    for name, f in tmod.functions.items():
-        assert isinstance(f, PrimFunc)
+    for name, f in kernel_funcs(tmod).items():  # loop bodies are internal
         fn = getattr(lib, f"export_{name}")
         fn.restype = ctypes.c_int32
         fn.argtypes = [ctypes.c_void_p if isinstance(p, Buffer) else ctypes.c_int64

@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+import kiln.codegen  # noqa: F401  (the compiler registers the llvmjit and python loaders)
 from kiln._registry import RegistryError
 from kiln.artifact import Artifact, ArtifactSet, InMemoryArtifact
 from kiln.errors import ExportError, FormatError, KilnError
@@ -263,6 +264,13 @@ def test_register_loader_rules(toy: None) -> None:
         with pytest.raises(KilnError, match="reserved"):
             register_loader(reserved, toy_loader)
     assert {"llvmjit", "python"} <= set(LOADERS.names())
+    with pytest.raises(KilnError, match="a function or lazy="):
+        register_loader("lazy_toy")
+    register_loader("lazy_toy", lazy="support.handmade_lib:artifacts")
+    try:
+        assert LOADERS.get("lazy_toy") is hm.artifacts  # resolved on first use
+    finally:
+        LOADERS.unregister("lazy_toy")
 
 
 def test_import_cycles_are_refused() -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import textwrap
 
 import pytest
 
@@ -49,3 +50,42 @@ def test_every_llvm_tag_passes() -> None:
         target = Target(tag)
         if target.kind.name == "llvm":
             assert target.get("mcpu") is None or isinstance(target.get("mcpu"), str)
+
+
+# A child whose os.dup/os.dup2 fail: the names are checked without redirecting file
+# descriptor 2, and a marker written to it in the middle of the check (from the
+# suggestion step, which runs between LLVM's answer and the error) reaches the parent.
+UNTOUCHED_STDERR = textwrap.dedent("""
+    import os
+    import kiln.target.llvm_names as names
+    from kiln.errors import TargetError
+    from kiln.target import Target
+
+    def refuse(*args):
+        raise AssertionError("file descriptor redirected")
+
+    os.dup = os.dup2 = refuse
+    real_suggest = names.suggest
+
+    def suggest_with_marker(*args):
+        os.write(2, b"MARKER-DURING-CHECK\\n")
+        return real_suggest(*args)
+
+    names.suggest = suggest_with_marker
+    os.write(2, b"MARKER-BEFORE\\n")
+    Target({"kind": "llvm", "mtriple": "x86_64-unknown-linux-gnu", "mcpu": "skylake"})
+    try:
+        Target({"kind": "llvm", "mtriple": "x86_64-unknown-linux-gnu", "mcpu": "skylakee"})
+    except TargetError as e:
+        print(e)
+    os.write(2, b"MARKER-AFTER\\n")
+""")
+
+
+def test_the_check_leaves_the_process_stderr_alone() -> None:
+    proc = subprocess.run([sys.executable, "-c", UNTOUCHED_STDERR], capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "LLVM knows no CPU 'skylakee'" in proc.stdout and "'skylake'" in proc.stdout
+    lines = proc.stderr.splitlines()
+    assert lines == ["MARKER-BEFORE", "MARKER-DURING-CHECK", "MARKER-AFTER"], proc.stderr

@@ -5,7 +5,9 @@
 `build` picks the codegen from the target's kind (see `registry`); backends
 live in subpackages (`llvm`, `c`, `python_backend`) and load on first use.
 `naming` (symbols, library metadata) and `constants` (the weight pool) are
-shared by every backend.
+shared by every backend. Importing kiln.codegen registers with the runtime the
+loaders of artifacts only the compiler can run ("llvmjit", "python"): the
+runtime never imports the compiler itself.
 """
 
 from kiln.codegen.registry import (
@@ -13,6 +15,7 @@ from kiln.codegen.registry import (
     CODEGENS,
     build,
     codegen_for,
+    connect_runtime,
     get_codegen,
     graph_signature,
     list_codegens,
@@ -27,6 +30,7 @@ __all__ = [
     "CODEGENS",
     "build",
     "codegen_for",
+    "connect_runtime",
     "get_codegen",
     "graph_signature",
     "list_codegens",
@@ -37,3 +41,4 @@ __all__ = [
 ]
 
 register_python_kind()
+connect_runtime()  # loaders of llvmjit and python artifacts, timed export steps

@@ -17,7 +17,7 @@ writes (kiln.ir.aliasing) is an output. Scalars are left out.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from kiln.codegen.naming import param_info
@@ -32,11 +32,13 @@ from kiln.ir.tensor import (
     Load,
     PrimFunc,
     Select,
+    Stmt,
     Var,
     as_expr,
 )
 from kiln.ir.types import Dim
 from kiln.ir.visitor import iter_exprs, iter_stmts
+from kiln.transform.outline import is_loop_body
 
 
 def _size(buf: Buffer) -> int | None:
@@ -50,8 +52,22 @@ def _per_iteration(s: DeclBuffer) -> bool:
         for e in iter_exprs(s.byte_offset))
 
 
-def graph_summary(fn: PrimFunc, written: Mapping[str, frozenset[int]]) -> dict[str, Any] | None:
-    """The summary of `fn` (see the module docstring), None if it calls no kernel."""
+def _statements(fn: PrimFunc, funcs: Mapping[str, PrimFunc]) -> Iterator[Stmt]:
+    """`fn`'s statements in order, each launch of an outlined parallel loop
+    (kiln.transform.outline) replaced by the loop body's statements: the summary is
+    the same whether the loops were outlined or not."""
+    for s in iter_stmts(fn.body):
+        callee = funcs.get(s.func) if isinstance(s, CallFunc) else None
+        if callee is not None and is_loop_body(callee):
+            yield from iter_stmts(callee.body)  # the kernel's own buffers: same objects
+        else:
+            yield s
+
+
+def graph_summary(fn: PrimFunc, written: Mapping[str, frozenset[int]],
+                  funcs: Mapping[str, PrimFunc] | None = None) -> dict[str, Any] | None:
+    """The summary of `fn` (see the module docstring), None if it calls no kernel;
+    `funcs`, the module's PrimFuncs, lets outlined parallel loops count as in place."""
     index: dict[Buffer, int] = {}
     tensors: list[dict[str, Any]] = []
 
@@ -70,10 +86,10 @@ def graph_summary(fn: PrimFunc, written: Mapping[str, frozenset[int]]) -> dict[s
     for k, buf in enumerate(buffers):
         add(buf, "output" if k >= len(buffers) - n_out else "input")
     # Byte offset into the arena of every buffer placed in it (views of views add up).
-    placed: dict[Buffer, Dim] = {s.buffer: 0 for s in iter_stmts(fn.body)
-                                 if isinstance(s, Allocate)}
+    statements = list(_statements(fn, funcs or {}))
+    placed: dict[Buffer, Dim] = {s.buffer: 0 for s in statements if isinstance(s, Allocate)}
     kernels: list[dict[str, Any]] = []
-    for s in iter_stmts(fn.body):
+    for s in statements:
         if isinstance(s, AllocConst):
             add(s.buffer, "weight")
         elif isinstance(s, DeclBuffer):
@@ -104,10 +120,13 @@ def graph_summary(fn: PrimFunc, written: Mapping[str, frozenset[int]]) -> dict[s
 
 def graph_summaries(funcs: Mapping[str, PrimFunc],
                     written: Mapping[str, frozenset[int]]) -> dict[str, Any]:
-    """The summaries of every function of `funcs` that calls kernels, by name."""
+    """The summaries of every function of `funcs` that calls kernels, by name (outlined
+    loop bodies count as part of their kernel)."""
     out = {}
     for name, fn in funcs.items():
-        summary = graph_summary(fn, written)
+        if is_loop_body(fn):
+            continue
+        summary = graph_summary(fn, written, funcs)
         if summary is not None:
             out[name] = summary
     return out

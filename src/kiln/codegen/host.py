@@ -65,7 +65,7 @@ from kiln.ir.shape_expr import graph_dims, is_static
 from kiln.ir.tensor import Buffer, PrimFunc, Var
 from kiln.runtime.abi import INT64_MAX, SCALAR_RANGES, dl_type
 from kiln.runtime.cpu_features import CPUFeature
-from kiln.transform.outline import has_parallel_loops
+from kiln.transform.outline import has_parallel_loops, kernel_funcs
 
 HOST_FILE = "host.c"
 DEFAULT_HOST_CFLAGS = ("-std=c11", "-O2", "-fPIC")
@@ -185,8 +185,8 @@ class HostPrinter:
         self.helpers = Helpers()
         # Kernels with parallel loops call the thread pool defined here.
         self.parallel = has_parallel_loops(mod)
-        funcs = mod.prim_funcs()
-        self.quals = qualifiers(funcs)
+        funcs = kernel_funcs(mod)  # outlined loop bodies are private to kernels.o
+        self.quals = qualifiers(mod.prim_funcs())  # what a kernel's loop bodies write too
         symbols = {entry_symbol(prefix, f) for f in funcs} | {kernel_symbol(prefix, f)
                                                               for f in funcs}
         clash = sorted(symbols & host_runtime_names())
@@ -214,7 +214,7 @@ class HostPrinter:
     def render(self) -> str:
         from kiln import __version__
 
-        funcs = self.mod.prim_funcs()
+        funcs = kernel_funcs(self.mod)
         entries: list[str] = []
         for name, fn in funcs.items():
             entries.extend(self.entry(name, fn))

@@ -204,11 +204,13 @@ def library_metadata(mod: IRModule, prefix: str, **extra: Any) -> dict[str, Any]
     """The library metadata JSON object (docs/abi.md) of a lowered module."""
     from kiln import __version__
     from kiln.ir.aliasing import analyze
+    from kiln.transform.outline import kernel_funcs
 
-    prims = mod.prim_funcs()
-    written = analyze(prims).written
+    # Outlined loop bodies (kiln.transform.outline) write for their kernel, which lists
+    # the buffers as written; they are no functions of the library.
+    written = analyze(mod.prim_funcs()).written
     funcs = {name: function_signature(name, fn, prefix, written.get(name, frozenset()))
-             for name, fn in prims.items()}
+             for name, fn in kernel_funcs(mod).items()}
     graph_left = sorted(mod.graph_funcs())
     if graph_left:
         raise CompileError(
@@ -216,7 +218,7 @@ def library_metadata(mod: IRModule, prefix: str, **extra: Any) -> dict[str, Any]
             "run the default graph pipeline or lower them yourself")
     from kiln.codegen.graph_summary import graph_summaries
 
-    graphs = graph_summaries(prims, written)
+    graphs = graph_summaries(mod.prim_funcs(), written)
     if graphs:  # the kernel calls and memory plan of each lowered graph function
         extra = {"graphs": graphs, **extra}
     sites = mod.attrs.get(ATTR_PROFILE_SITES, ())

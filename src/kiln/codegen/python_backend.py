@@ -46,7 +46,8 @@ def codegen_python(mod: IRModule, target: Any, *, prefix: str,
 
 
 def load_python(artifacts: list[Any], ctx: Any) -> Any:
-    """The runtime loader "python": a Module of interpreted functions."""
+    """The runtime loader "python" (registered by kiln.codegen on import): a Module of
+    interpreted functions."""
     from kiln.runtime.module import FunctionTableModule
 
     functions: dict[str, Any] = {}

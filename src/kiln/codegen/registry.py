@@ -240,3 +240,27 @@ def register_python_kind() -> None:
                       doc="kiln's reference interpreter, in this process (in-memory only)")
     kind.set_attr("codegen", "python")
     register_kind(kind)
+
+
+# The runtime loaders of artifacts only the compiler can run: LLVM bitcode JIT-compiled
+# in the loading process, and an IRModule for the interpreter. Registered by name, so
+# importing kiln.codegen imports neither llvmlite nor the interpreter.
+COMPILER_LOADERS = {
+    "llvmjit": "kiln.codegen.llvm.jit_loader:load_llvmjit",
+    "python": "kiln.codegen.python_backend:load_python",
+}
+
+
+def connect_runtime() -> None:
+    """Give the runtime what it needs from the compiler but must not import (a deploy
+    host has the runtime alone): the loaders of `COMPILER_LOADERS` (kept when registered
+    already) and the timer of export_library's steps (PassContext instruments).
+    kiln.codegen does this on import."""
+    from kiln.runtime.library import set_step_timer
+    from kiln.runtime.loaders import LOADERS, register_loader
+    from kiln.transform.instruments import timed_step
+
+    for name, path in COMPILER_LOADERS.items():
+        if name not in LOADERS:
+            register_loader(name, lazy=path)
+    set_step_timer(timed_step)

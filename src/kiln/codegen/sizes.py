@@ -16,6 +16,7 @@ from typing import Any
 
 from kiln.errors import CompileError
 from kiln.ir import dtype as dt
+from kiln.ir.attrs import ATTR_PARALLEL_OF
 from kiln.ir.module import IRModule
 from kiln.ir.tensor import Allocate, AllocConst, Buffer, DeclBuffer
 
@@ -58,12 +59,17 @@ def max_object_bytes(pointer_bits: int) -> int:
 def check_buffer_sizes(mod: IRModule, pointer_bits: int) -> None:
     """CompileError if some buffer of `mod` is larger than one object of the target."""
     from kiln.ir.visitor import iter_nodes
+    from kiln.transform.outline import is_loop_body, kernel_funcs
 
     limit = max_object_bytes(pointer_bits)
-    for name, fn in mod.prim_funcs().items():
+    # An outlined loop body's buffers are its kernel's (parameters) or made in the loop:
+    # reported under the kernel's name.
+    bodies = [fn for fn in mod.prim_funcs().values() if is_loop_body(fn)]
+    for name, fn in kernel_funcs(mod).items():
         buffers: list[tuple[str, Buffer]] = [("parameter", p) for p in fn.params
                                              if isinstance(p, Buffer)]
-        for node in iter_nodes(fn.body):
+        mine = [b.body for b in bodies if b.attrs[ATTR_PARALLEL_OF] == name]
+        for node in (n for body in (fn.body, *mine) for n in iter_nodes(body)):
             if isinstance(node, Allocate):
                 buffers.append(("workspace", node.buffer))
             elif isinstance(node, AllocConst):

@@ -6,7 +6,9 @@
 3. run the graph pipeline (default: legalize operators, drop dead code, lower
    graph functions to PrimFuncs with a planned workspace) and the tensor
    pipeline (default: simplify), inside the target's scope;
-4. verify the lowered IR;
+4. verify the lowered IR; for a code generator that consumes outlined IR, run the
+   pass `outline-parallel-loops` (unless the tensor pipeline did): the
+   Executable keeps the module before it, the code generator gets the outlined one;
 5. gather the weights into one ConstantPool (one copy, hashed once in chunks;
    the digest feeds the cache key, the cache and the library's weight check);
 6. codegen through the registry (`kiln.codegen.build`), or take the artifacts
@@ -136,7 +138,8 @@ def compile(
                 pool.size, pool.parts())
         try:
             with timed_step("codegen"):
-                artifacts = codegen.build(mod, tgt, prefix=prefix, pool=pool)
+                artifacts = codegen.build(outline_for(codegen_name, mod), tgt, prefix=prefix,
+                                          pool=pool)
         finally:
             if writer is not None:
                 with timed_step("cache.weights"):
@@ -155,6 +158,22 @@ def compile(
 
 # Code generators whose libraries carry host.c, where the profiling counters live.
 PROFILING_CODEGENS = ("llvm", "c")
+# Code generators that take parallel loops outlined (kiln.transform.outline).
+OUTLINING_CODEGENS = ("llvm", "llvmjit", "c", "cuda")
+
+
+def outline_for(codegen_name: str, mod: IRModule) -> IRModule:
+    """`mod` with its parallel loops outlined if codegen `codegen_name` needs it (the pass
+    `outline-parallel-loops`, which returns an outlined module as is); else `mod`."""
+    from kiln.transform.outline import OutlineParallelLoops, has_parallel_loops
+
+    if codegen_name not in OUTLINING_CODEGENS or not has_parallel_loops(mod):
+        return mod
+    with timed_step("codegen.outline"):
+        outlined = OutlineParallelLoops()(mod)
+    if outlined is not mod:
+        verify_stage(outlined, "the module with outlined parallel loops")
+    return outlined
 
 
 def _tuning_session(tuning: Any, tgt: Target) -> FromDatabase | None:

@@ -143,7 +143,8 @@ def _codegen(mod: IRModule, groups: dict[str, tuple[Target, list[str]]], host_ke
              prefix: str, pool: ConstantPool) -> ArtifactSet:
     from kiln.codegen.cpu_requirements import feature_rows
     from kiln.codegen.host import DEFAULT_HOST_CFLAGS, codegen_host
-    from kiln.codegen.registry import build
+    from kiln.codegen.registry import build, codegen_for
+    from kiln.driver.compiler import outline_for
 
     out: list[Any] = []
     host_flags: list[str] = list(DEFAULT_HOST_CFLAGS)
@@ -155,7 +156,7 @@ def _codegen(mod: IRModule, groups: dict[str, tuple[Target, list[str]]], host_ke
                              for n, fn in mod.items()}, mod.attrs)
         else:
             part = IRModule({n: mod[n] for n in names}, mod.attrs)
-        for a in build(part, t, prefix=prefix, pool=pool):
+        for a in build(outline_for(codegen_for(t)[0], part), t, prefix=prefix, pool=pool):
             if a.codegen_id == "host":  # host.c is made once, for the whole module, below
                 host_flags = list(a.metadata.get("cflags", host_flags))
                 continue

@@ -7,7 +7,7 @@ DLPack `(code, bits, lanes)`, its C type, its `kiln.h` macro, its numpy dtype
 and, for integer scalars, the value range an entry accepts. The code generators
 and the exporters import these tables; none keeps a copy.
 `tests/runtime/test_abi.py` checks them against `kiln.h` and `kiln_host.c`
-(compiled), against numpy and against `kiln.ir.dtype` (which keeps only the
+(compiled), against numpy and against the IR's dtype table (which keeps only the
 kinds and widths the IR's semantics need, since the IR may not import the runtime).
 
 This module imports nothing but numpy and kiln's dependency-free helpers, so a
@@ -48,7 +48,7 @@ ARG_DLTENSOR = 7
 
 # Status codes of an entry: 0 success; ARGUMENT_ERROR an argument was rejected
 # (KILN_HOST_ARGUMENT_ERROR of kiln_host.c); any other value is the kernel's own
-# status (kiln.ir.kernel_errors).
+# status (the IR's kernel error table, docs/abi.md).
 SUCCESS = 0
 ARGUMENT_ERROR = -1
 

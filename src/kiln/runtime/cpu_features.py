@@ -5,8 +5,8 @@ AVX2 machine, APX code on anything before Diamond Rapids) would die with SIGILL
 at its first call. So:
 
 - the compiler records the features the native code may use (artifact metadata
-  `requires_features`, LLVM feature names, derived from LLVM's own subtarget:
-  kiln.codegen.cpu_requirements), and only names `TABLES` below can decide;
+  `requires_features`, LLVM feature names, derived from LLVM's own subtarget
+  by the compiler), and only names `TABLES` below can decide;
 - host.c carries the same list, each name with its row of `TABLES`, and exports
   `{prefix}_cpu_missing`, which reads the running CPU's identification (x86:
   `cpuid` and `xgetbv`; AArch64 Linux: `getauxval(AT_HWCAP/AT_HWCAP2)`) and names

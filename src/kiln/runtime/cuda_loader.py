@@ -2,7 +2,7 @@
 
 Loading touches no GPU: the module keeps the PTX and the function table
 (kernels.json) and installs a launcher into the host library's launch stubs
-(`{prefix}_cuda_set_launcher`, kiln.codegen.cuda.launch_stubs). The CUDA driver
+(`{prefix}_cuda_set_launcher`, written by the CUDA codegen). The CUDA driver
 (cuda-python, imported lazily by kiln.runtime.cuda_device) is first used when a
 kernel runs, so a machine without a GPU loads, inspects and exports CUDA
 libraries; there a call fails with the stubs' error 8, "no CUDA device ...",
@@ -39,7 +39,7 @@ from kiln.runtime.loaders import LoadContext
 from kiln.runtime.module import Module
 
 TABLE_FORMAT = "kiln-cuda-functions"
-# Error codes of the launch stubs (kiln.ir.kernel_errors: 8 and 9).
+# Error codes of the launch stubs (the IR's kernel error table, docs/abi.md: 8 and 9).
 NO_DEVICE, LAUNCH_FAILED = 8, 9
 
 LAUNCHER = ctypes.CFUNCTYPE(ctypes.c_int32, ctypes.c_void_p, ctypes.c_int32,

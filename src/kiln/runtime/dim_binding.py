@@ -108,7 +108,7 @@ def is_dim_text(text: str) -> bool:
 def eval_dim_text(text: str, values: Mapping[str, int]) -> int:
     """The value a dimension's text (``seq*4``, ``(h - 1)//2 + 1``) has for ``values``.
 
-    Reads the form ``kiln.ir.shape_expr.dim_text`` writes into metadata (integer
+    Reads the form the IR's dimension printer writes into metadata (integer
     ``+ - * // %``, unary minus, ``min``/``max``), with the int64 arithmetic of
     `kiln.dim_expr`; anything else, an overflow or a zero divisor is a
     :class:`CallError` naming the text, never a wrapped value. A size (a shape to

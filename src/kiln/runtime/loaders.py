@@ -6,11 +6,14 @@ ArtifactSet, except "native" (linked into the host library) and "none"
 (inspection only), to the loader registered under its name and imports the
 result into the root module.
 
-Built-in loaders are registered lazily by "module:function" string, so a deploy
-host that never meets an `llvmjit` artifact never imports llvmlite. The two
-compiler-side ones (`llvmjit` bitcode, `python`'s IRModule) are the only way the
-runtime reaches compiler code: their artifacts cannot run without it. Native
-code (`.so`, `.tar`) loads without importing any compiler package
+The runtime registers only its own loaders ("cuda", lazily). The compiler
+registers the loaders of artifacts that cannot run without it (`COMPILER_LOADERS`:
+"llvmjit" bitcode, which LLVM compiles here, and "python", an IRModule the
+interpreter runs) when its codegen package is imported, as any backend does
+with `register_loader`; out-of-tree backends may also come from `kiln.backends`
+entry points (kiln.runtime.plugins). The runtime itself never imports the
+compiler: a process that has not loaded it gets a KilnError for those
+artifacts, and native code (`.so`, `.tar`) loads with the runtime alone
 (tests/runtime/test_runtime_isolation.py).
 """
 
@@ -51,20 +54,30 @@ class LoadContext:
 
 Loader = Callable[[list["AnyArtifact"], LoadContext], "Module"]
 
+# Loaders the compiler registers: their artifacts need it in the loading process.
+COMPILER_LOADERS = ("llvmjit", "python")
+
 LOADERS: Registry[Loader] = Registry("loader")
-LOADERS.register("llvmjit", lazy="kiln.codegen.llvm.jit_loader:load_llvmjit")
-LOADERS.register("python", lazy="kiln.codegen.python_backend:load_python")
 LOADERS.register("cuda", lazy="kiln.runtime.cuda_loader:load_cuda")
 
 
-def register_loader(name: str, fn: Loader, *, override: bool = False) -> Loader:
-    """Register `fn` as the loader for artifacts whose `loader` is `name`."""
+def register_loader(name: str, fn: Loader | None = None, *, lazy: str | None = None,
+                    override: bool = False) -> Loader | None:
+    """Register `fn` as the loader for artifacts whose `loader` is `name`; or, with
+    `lazy="module:function"`, the function to import the first time such an artifact
+    is loaded (so registering imports nothing). Returns `fn`."""
     if name in (NATIVE, NONE):
         raise KilnError(f"loader name '{name}' is reserved: 'native' artifacts are linked into "
                         "the host library and 'none' artifacts are never loaded")
-    if not callable(fn):
+    if (fn is None) == (lazy is None):
+        raise ArgumentTypeError(f"register_loader('{name}') takes a function or lazy="
+                                "'module:function', exactly one of them")
+    if fn is not None and not callable(fn):
         raise ArgumentTypeError(f"a loader must be callable, got {type(fn).__name__}")
-    LOADERS.register(name, fn, override=override)
+    if lazy is not None:
+        LOADERS.register(name, lazy=lazy, override=override)
+    else:
+        LOADERS.register(name, fn, override=override)
     return fn
 
 
@@ -74,6 +87,12 @@ def get_loader(name: str) -> Loader:
 
     if name not in LOADERS:
         load_backends()  # an installed plug-in may provide it
+    if name not in LOADERS and name in COMPILER_LOADERS:
+        raise KilnError(
+            f"artifacts of loader '{name}' need the kiln compiler in this process: its "
+            "codegen package registers their loader when imported (kiln.compile imports "
+            "it), so import the compiler before loading them; deploy hosts, with the "
+            "runtime alone, load native libraries (.so, .tar)")
     try:
         return LOADERS.get(name)
     except RegistryError as exc:

@@ -4,28 +4,31 @@ LLVM only warns about a CPU or feature it does not know ("'skylakee' is not a
 recognized processor for this target (ignoring processor)") and then builds
 code for a generic CPU, which can end in a process abort inside LLVM ("64-bit
 code requested on a subtarget that doesn't support it"). So when a target is
-built, kiln creates its LLVM target machine once with the C-level stderr
-briefly redirected to a file and turns those warnings into a TargetError. The
-"did you mean" comes from the lists LLVM prints for CPU `help` (once per
-process, hence asked in a child process, and only when there is an error).
+built, kiln checks `mcpu` and `mattr` against the names LLVM lists for the
+triple's target and turns an unknown one into a TargetError with a "did you
+mean". LLVM prints those lists (CPU `help`) to the C-level stderr, once per
+process, and llvmlite has no call that returns them: so a child process asks,
+once per LLVM target and process, and this process's own stderr is never
+touched. The list is the table LLVM checks the names against (the subtarget's
+processor and feature tables), so a name is unknown exactly when LLVM would
+warn about it.
 """
 
 from __future__ import annotations
 
 import functools
-import os
-import re
 import subprocess
 import sys
-import tempfile
-import threading
 from typing import NamedTuple
 
 from kiln._registry import suggest
 from kiln.errors import TargetError
 from kiln.target.host import llvm_if_installed, triple_arch
 
-_CAPTURE = threading.Lock()
+# Asked in a child process: LLVM prints the lists to file descriptor 2.
+_LIST_NAMES = ("import llvmlite.binding as l, sys; l.initialize_all_targets(); "
+               "l.Target.from_triple(sys.argv[1]).create_target_machine(cpu='help', "
+               "features='')")
 
 
 class LLVMNames(NamedTuple):
@@ -33,22 +36,6 @@ class LLVMNames(NamedTuple):
 
     cpus: frozenset[str]
     features: frozenset[str]
-
-
-def _capture_stderr(action: object) -> str:
-    """Run `action()` with file descriptor 2 redirected; the text written there."""
-    assert callable(action)
-    with _CAPTURE, tempfile.TemporaryFile() as out:
-        sys.stderr.flush()
-        saved = os.dup(2)
-        try:
-            os.dup2(out.fileno(), 2)
-            action()
-        finally:
-            os.dup2(saved, 2)
-            os.close(saved)
-        out.seek(0)
-        return out.read().decode("utf-8", "replace")
 
 
 def _parse_help(text: str) -> LLVMNames:
@@ -65,35 +52,23 @@ def _parse_help(text: str) -> LLVMNames:
     return LLVMNames(frozenset(cpus), frozenset(features))
 
 
-_UNKNOWN = re.compile(r"'([^']*)' is not a recognized (processor|feature) for this target")
-
-
-@functools.cache
-def _unknown_names(triple: str, mcpu: str, features: str) -> tuple[tuple[str, str], ...]:
-    """(kind, name) of each CPU or feature LLVM warns about for this combination."""
+def _llvm_target(triple: str) -> str | None:
+    """The name of LLVM's target for `triple` (its names are the target's, whatever the
+    OS or vendor); None when llvmlite is absent or LLVM has no such target."""
     llvm = llvm_if_installed()
     if llvm is None:
-        return ()
+        return None
     try:
-        target = llvm.Target.from_triple(triple)
+        name: str = llvm.Target.from_triple(triple).name
     except RuntimeError:
-        return ()
-    text = _capture_stderr(lambda: target.create_target_machine(cpu=mcpu, features=features))
-    found = dict.fromkeys((m.group(2), m.group(1).lstrip("+-")) for m in _UNKNOWN.finditer(text))
-    return tuple(found)
+        return None
+    return name
 
 
 @functools.cache
-def llvm_names(triple: str) -> LLVMNames | None:
-    """CPU and feature names LLVM knows for `triple`'s architecture; None when
-    llvmlite is absent or LLVM lists nothing. LLVM prints the lists once per
-    process, so a child process asks (used for suggestions only)."""
-    if llvm_if_installed() is None:
-        return None
-    code = ("import llvmlite.binding as l, sys; l.initialize_all_targets(); "
-            "l.Target.from_triple(sys.argv[1]).create_target_machine(cpu='help', features='')")
+def _names_of_target(target: str, triple: str) -> LLVMNames | None:
     try:
-        proc = subprocess.run([sys.executable, "-c", code, triple], capture_output=True,
+        proc = subprocess.run([sys.executable, "-c", _LIST_NAMES, triple], capture_output=True,
                               text=True, timeout=60)
     except (OSError, subprocess.SubprocessError):
         return None
@@ -101,17 +76,31 @@ def llvm_names(triple: str) -> LLVMNames | None:
     return names if names.cpus else None
 
 
+def llvm_names(triple: str) -> LLVMNames | None:
+    """CPU and feature names LLVM knows for `triple`'s target; None when llvmlite is
+    absent, LLVM has no such target or lists nothing. Asked once per LLVM target and
+    process, in a child process (see the module docstring)."""
+    target = _llvm_target(triple)
+    return None if target is None else _names_of_target(target, triple)
+
+
 def check_cpu_names(triple: str, mcpu: str | None, mattr: tuple[str, ...] | list[str],
                     kind: str) -> None:
     """TargetError, with a suggestion, if LLVM does not know `mcpu` or a feature of
-    `mattr` for `triple` (it would ignore them and may abort later)."""
-    unknown = _unknown_names(triple, mcpu or "", ",".join(mattr))
+    `mattr` for `triple` (it would ignore them and may abort later). Without llvmlite,
+    or when LLVM lists no names for the target, nothing is checked."""
+    features = [f.lstrip("+-") for f in mattr if f.lstrip("+-")]
+    if not mcpu and not features:
+        return
+    names = llvm_names(triple)
+    if names is None:
+        return
+    unknown = [("processor", mcpu)] if mcpu and mcpu not in names.cpus else []
+    unknown += [("feature", f) for f in features if f not in names.features]
     if not unknown:
         return
     what, name = unknown[0]
-    names = llvm_names(triple)
-    choices = sorted(names.cpus if what == "processor" else names.features) if names else []
-    hint = suggest(name, choices)
+    hint = suggest(name, sorted(names.cpus if what == "processor" else names.features))
     attr, noun = ("mcpu", "CPU") if what == "processor" else ("mattr", "feature")
     raise TargetError(f"attribute '{attr}' of target kind '{kind}': LLVM knows no {noun} "
                       f"'{name}' for {triple_arch(triple)}" + (f";{hint}" if hint else ""))

@@ -22,9 +22,18 @@ parameters exactly as for any other call.
 
 A `parallel` loop nested in another one runs serially (the outer loop already
 uses every thread); so do loops whose variable is not an integer (the
-backends report those). The outlined module is for the kernels only: library
-metadata and host.c are made from the original module, so loop bodies never
-become public functions.
+backends report those). Loop bodies never become public
+functions: library metadata and host.c list `kernel_funcs` only.
+
+Registered as the pass `outline-parallel-loops` (`OutlineParallelLoops`):
+`kiln.compile` runs it after the pipelines (and profiling), before a code
+generator that consumes outlined IR (`llvm`, `llvmjit`, `c`, `cuda`), unless the
+tensor pipeline already did. Its result is ordinary IR: the loop bodies are
+PrimFuncs marked `kiln.parallel_loop_of` / `kiln.parallel_loop_var` (and private),
+the launches CallFuncs of them, so it prints, parses back and runs in the
+interpreter. The backends recover the launch sites from those attributes
+(`outlined_launches`) and refuse a module that still holds an outlinable
+parallel loop.
 """
 
 from __future__ import annotations
@@ -55,6 +64,7 @@ from kiln.ir.tensor import (
     seq,
 )
 from kiln.ir.visitor import StmtMutator, definitions, iter_stmts, operands
+from kiln.transform.pass_base import Pass
 
 INDEX = "int64"
 
@@ -89,17 +99,35 @@ class Outlined:
         return tuple(dict.fromkeys(launch.body for launch in self.launches.values()))
 
 
+def is_loop_body(fn: BaseFunc) -> bool:
+    """Whether `fn` is a parallel loop body outlined by this pass (private to the
+    library: never an entry, never in the metadata)."""
+    return isinstance(fn, PrimFunc) and ATTR_PARALLEL_OF in fn.attrs
+
+
+def kernel_funcs(mod: IRModule) -> dict[str, PrimFunc]:
+    """The module's PrimFuncs but outlined loop bodies: the library's functions."""
+    return {name: fn for name, fn in mod.prim_funcs().items() if not is_loop_body(fn)}
+
+
+def _parallel_loops(mod: IRModule) -> Iterator[tuple[str, For]]:
+    for name, fn in mod.prim_funcs().items():
+        for s in iter_stmts(fn.body):
+            if isinstance(s, For) and s.kind == "parallel":
+                yield name, s
+
+
 def has_parallel_loops(mod: IRModule) -> bool:
-    """True if some tensor-level function holds a loop of kind `parallel` (host.c then
-    defines the thread pool, which the kernels call)."""
-    return any(isinstance(s, For) and s.kind == "parallel"
-               for fn in mod.prim_funcs().values() for s in iter_stmts(fn.body))
+    """True if some kernel runs a loop on the thread pool: a loop of kind `parallel`, or
+    one already outlined (host.c then defines the thread pool, which the kernels call)."""
+    return (any(True for _ in _parallel_loops(mod))
+            or any(is_loop_body(fn) for fn in mod.functions.values()))
 
 
 def outline_parallel_loops(mod: IRModule) -> Outlined:
     """Outline every outermost `parallel` loop of every PrimFunc (module docstring)."""
-    if not has_parallel_loops(mod):
-        return Outlined(mod)
+    if not any(True for _ in _parallel_loops(mod)):
+        return outlined_launches(mod)  # nothing to outline (or outlined already)
     funcs = mod.prim_funcs()
     written = analyze(dict(funcs)).written
     taken = set(mod.functions)
@@ -115,6 +143,37 @@ def outline_parallel_loops(mod: IRModule) -> Outlined:
         out[name] = fn if body is fn.body else fn.with_body(body)
         launches.update(outliner.launches)
     return Outlined(IRModule(out, mod.attrs), launches)
+
+
+def outlined_launches(mod: IRModule, who: str = "codegen") -> Outlined:
+    """The launch sites of a module `OutlineParallelLoops` produced, recovered from its
+    loop bodies' attributes; CompileError if a parallel loop is left to outline (the
+    backends consume outlined IR only). `who` names the consumer in the error."""
+    for name, loop in _parallel_loops(mod):
+        if _outlinable(loop) and not is_loop_body(mod.functions[name]):
+            raise CompileError(
+                f"{who} of '{name}': parallel loop '{loop.var.name}' was not outlined; run "
+                f"the pass '{OutlineParallelLoops.name}' before codegen (kiln.compile does "
+                "for the targets that need it)")
+    bodies = {name: fn for name, fn in mod.functions.items() if is_loop_body(fn)}
+    launches: dict[CallFunc, Launch] = {}
+    for fn in mod.prim_funcs().values():
+        for s in iter_stmts(fn.body):
+            if isinstance(s, CallFunc) and s.func in bodies:
+                attrs = bodies[s.func].attrs
+                launches[s] = Launch(s.func, attrs[ATTR_PARALLEL_OF], attrs[ATTR_PARALLEL_VAR])
+    return Outlined(mod, launches)
+
+
+@dataclass(frozen=True)
+class OutlineParallelLoops(Pass):
+    """Outline every outermost `parallel` loop into a loop-body function and a launch
+    (module docstring); a module outlined already is returned as is."""
+
+    name = "outline-parallel-loops"
+
+    def run(self, mod: IRModule) -> IRModule:
+        return outline_parallel_loops(mod).mod
 
 
 class _Outliner(StmtMutator):
@@ -296,7 +355,11 @@ __all__ = [
     "COUNT_ARG",
     "FIRST_CAPTURE",
     "Launch",
+    "OutlineParallelLoops",
     "Outlined",
     "has_parallel_loops",
+    "is_loop_body",
+    "kernel_funcs",
     "outline_parallel_loops",
+    "outlined_launches",
 ]

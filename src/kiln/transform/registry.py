@@ -37,6 +37,7 @@ for _name, _path in {
     "vectorize-loops": "kiln.transform.vectorize_loops:VectorizeLoops",
     "bind-gpu-threads": "kiln.transform.gpu_schedule:BindGpuThreads",
     "profile-kernel-calls": "kiln.transform.profile:ProfileKernelCalls",
+    "outline-parallel-loops": "kiln.transform.outline:OutlineParallelLoops",
 }.items():
     PASSES.register(_name, lazy=_path)
 

@@ -37,7 +37,7 @@ from kiln.ir.analysis.tensor_queries import extern_calls
 from kiln.ir.attrs import ATTR_EXTERNAL
 from kiln.ir.module import IRModule
 from kiln.ir.tensor import PROFILE_INTRINSICS, Buffer, Param, PrimFunc
-from kiln.transform.outline import outline_parallel_loops
+from kiln.transform.outline import kernel_funcs, outlined_launches
 from kiln.transform.profile import profile_sites
 
 KERNELS_FILE = C_DIALECT.file_name
@@ -75,8 +75,9 @@ def emit_kernels(mod: IRModule, *, prefix: str, pool: ConstantPool,
     if graph_left:
         raise CompileError(f"the C backend needs a lowered module; graph-level functions "
                            f"{graph_left} were not lowered to tensor-level functions")
-    # Parallel loops become loop-body kernels run by host.c's thread pool.
-    outlined = outline_parallel_loops(mod)
+    # Parallel loops were outlined (the pass outline-parallel-loops) into loop-body
+    # kernels run by host.c's thread pool.
+    outlined = outlined_launches(mod, "C codegen")
     funcs = outlined.mod.prim_funcs()
     bodies = outlined.bodies
     symbols = {kernel_symbol(prefix, name) for name in funcs} | {consts_symbol(prefix)}
@@ -152,7 +153,7 @@ def emit_kernels(mod: IRModule, *, prefix: str, pool: ConstantPool,
         # ISO C forbids an empty translation unit.
         out += ["typedef int kiln_no_kernels;", ""]
     info = {
-        "kernels": {name: kernel_symbol(prefix, name) for name in mod.prim_funcs()},
+        "kernels": {name: kernel_symbol(prefix, name) for name in kernel_funcs(mod)},
         "libs": ["-lm", *externs.libs],
         "extern_dependencies": list(externs.dependencies.values()),
     }

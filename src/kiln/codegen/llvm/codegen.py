@@ -12,24 +12,16 @@ from kiln.codegen.llvm.lower_to_llvm import (
     LoweringOptions,
     lower_module,
 )
-from kiln.codegen.llvm.parallel import (
-    PARTS_PER_THREAD,
-    SPLIT_MIN_INSTRUCTIONS,
-    Part,
-    compile_threads,
-    merged_bitcode,
-    module_instructions,
-    run_all,
-    split_module_text,
-)
 from kiln.codegen.llvm.target_machine import (
     MachineConfig,
+    llvm_binding,
     machine_config,
     optimize,
     parse_and_verify,
 )
 from kiln.codegen.naming import check_prefix, library_metadata
 from kiln.codegen.sizes import check_buffer_sizes
+from kiln.errors import CompileError
 from kiln.ir.module import IRModule
 from kiln.target.isa import isa_of
 
@@ -63,12 +55,17 @@ def _metadata(config: MachineConfig, lowered: LoweredModule) -> dict[str, Any]:
 
 def compile_module(mod: IRModule, target: Any, *, prefix: str, pool: ConstantPool,
                    jit: bool = False) -> CompiledModule:
-    """Lower, verify and optimise `mod` for `target` (any object with `.get`)."""
+    """Lower, verify and optimise `mod` for `target` (any object with `.get`).
+
+    One LLVM module on the calling thread, in an LLVMContext of its own (freed with
+    the module): llvmlite runs every call into LLVM under one process-wide lock and
+    offers no public way around it, so threads could not optimise parts of a module
+    at once (docs/codegen-llvm.md, "One module, one thread")."""
     from kiln.transform.instruments import timed_step
 
     config, tm, lowered = _lower(mod, target, prefix=prefix, pool=pool, jit=jit)
     with timed_step("codegen.parse"):
-        llvm_mod = parse_and_verify(str(lowered.module))
+        llvm_mod = parse_and_verify(str(lowered.module), context=llvm_binding().create_context())
     with timed_step("codegen.optimize"):
         optimize(llvm_mod, tm, config.opt_level)
         llvm_mod.verify()
@@ -95,26 +92,6 @@ def _lower(mod: IRModule, target: Any, *, prefix: str, pool: ConstantPool,
         return config, tm, lower_module(mod, pool, options)
 
 
-def _optimized_parts(mod: IRModule, target: Any, *, prefix: str,
-                     pool: ConstantPool
-                     ) -> tuple[MachineConfig, LoweredModule, list[Part], int]:
-    """`mod` lowered, then parsed and optimised as one LLVM module, or as several on
-    threads when it is large (kiln.codegen.llvm.parallel)."""
-    from kiln.transform.instruments import timed_step
-
-    config, _, lowered = _lower(mod, target, prefix=prefix, pool=pool, jit=False)
-    threads = compile_threads()
-    if _bare_metal(config) or module_instructions(lowered.module) < SPLIT_MIN_INSTRUCTIONS:
-        threads = 1
-    with timed_step("codegen.parse"):
-        texts = split_module_text(lowered.module, threads * PARTS_PER_THREAD
-                                  if threads > 1 else 1)
-        parts = [Part(text, config, "kiln kernels") for text in texts]
-    with timed_step("codegen.optimize"):
-        run_all(lambda part: part.optimize(config.opt_level), parts, threads)
-    return config, lowered, parts, threads
-
-
 def _pointer_bits(data_layout: str) -> int:
     """Pointer width in address space 0 from a data layout string ("p:32:32" -> 32)."""
     for spec in data_layout.split("-"):
@@ -137,27 +114,28 @@ def codegen_llvm(mod: IRModule, target: Any, *, prefix: str, pool: ConstantPool)
     from kiln.transform.instruments import timed_step
 
     with timed_step("codegen.lower_optimize"):
-        config, lowered, parts, threads = _optimized_parts(mod, target, prefix=prefix,
-                                                           pool=pool)
+        compiled = compile_module(mod, target, prefix=prefix, pool=pool)
+    config, lowered = compiled.config, compiled.lowered
     meta = _metadata(config, lowered)
     with timed_step("codegen.emit_object"):
-        objects = run_all(Part.emit_object, parts, threads)
-        bitcode = merged_bitcode(parts)
+        try:
+            obj = bytes(compiled.target_machine.emit_object(compiled.module))
+        except RuntimeError as err:
+            raise CompileError(f"LLVM could not emit the object code: {err}") from None
+        bitcode = bytes(compiled.module.as_bitcode())
     libs = sorted({lib for d in meta["extern_dependencies"] for lib in d.get("libs", ())})
     if not _bare_metal(config):
         libs = sorted({*libs, "-lm"})  # the kernels may call the C math library
     # Firmware has no threads: host.c's parallel loops then run serially.
     host_flags = [*DEFAULT_HOST_CFLAGS, "-DKILN_NO_THREADS"] if _bare_metal(config) else None
-    # One object per part (kernels.o, kernels_1.o, ...), linked into one library.
-    artifacts = [Artifact(CODEGEN_ID, "native", "kernels.o" if i == 0 else f"kernels_{i}.o",
-                          obj, {**meta, "libs": libs}) for i, obj in enumerate(objects)]
-    artifacts += [
+    artifacts = [
+        Artifact(CODEGEN_ID, "native", "kernels.o", obj, {**meta, "libs": libs}),
         Artifact(CODEGEN_ID, "none", "kernels.bc", bitcode, {**meta, "format": "llvm-bitcode"}),
         codegen_host(mod, prefix=prefix, metadata=library_metadata(mod, prefix),
                      cflags=host_flags,
                      cpu_features=feature_rows(config.triple, meta["requires_features"])),
     ]
-    del parts, objects  # LLVM's modules and machine code are no longer needed
+    del compiled, obj  # LLVM's module, its context and the machine code are no longer needed
     if len(pool):
         with timed_step("codegen.constants"):
             artifacts.append(pool.artifact(CODEGEN_ID, prefix))

@@ -1,7 +1,8 @@
 """The `llvmjit` loader: JIT-compile a module.bc artifact in this process.
 
-`load_llvmjit(artifacts, ctx)` is registered in the runtime as loader
-"llvmjit". It parses the bitcode, checks it was built for this machine,
+`load_llvmjit(artifacts, ctx)` is the runtime's loader "llvmjit", registered
+(lazily) by kiln.codegen when the compiler is imported: the runtime alone cannot
+run bitcode. It parses the bitcode, checks it was built for this machine,
 binds `{prefix}_consts` to a private, 64-byte aligned copy of constants.bin
 (per engine: nothing global changes), compiles with MCJIT and wraps each raw
 kernel in `kiln.runtime.RawKernelFunction`, which checks arguments in Python

@@ -82,7 +82,8 @@ from kiln.transform.outline import (
     COUNT_ARG,
     FIRST_CAPTURE,
     Launch,
-    outline_parallel_loops,
+    kernel_funcs,
+    outlined_launches,
 )
 
 # Non-zero kernel results; the host entry (kiln/codegen/host.py) maps them to
@@ -213,9 +214,10 @@ class _ModuleLowering:
             raise CompileError(
                 f"the llvm backend compiles tensor-level functions only; graph-level "
                 f"functions {graph} were not lowered (run the graph pipeline first)")
-        # Parallel loops become internal loop-body kernels run by `{prefix}_parallel_for`.
-        outlined = outline_parallel_loops(mod)
-        self.public = set(mod.prim_funcs())
+        # Parallel loops were outlined (the pass outline-parallel-loops) into internal
+        # loop-body kernels run by `{prefix}_parallel_for`.
+        outlined = outlined_launches(mod, "llvm codegen")
+        self.public = set(kernel_funcs(mod))
         self.launches: dict[CallFunc, Launch] = outlined.launches
         self.bodies = outlined.bodies
         self.trampolines: dict[str, ir.Function] = {}
