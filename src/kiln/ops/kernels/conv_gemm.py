@@ -16,7 +16,6 @@ stores and those loads stay vector operations (`FlatEpilogue`).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,7 +27,6 @@ from kiln.ir.tensor import (
     DeclBuffer,
     Load,
     PrimExpr,
-    PrimFunc,
     Stmt,
     Store,
     Var,
@@ -38,8 +36,7 @@ from kiln.ir.tensor import (
 from kiln.ir.visitor import StmtExprMutator, substitute
 from kiln.ops import conv_kernels as ck
 from kiln.ops import gemm_kernels as gk
-from kiln.ops.kernels.conv import build_conv, conv_call_shape, packed_call
-from kiln.ops.kernels.registry import Family, recorded_tile
+from kiln.ops.kernels.conv import UnpackedConv, conv_call_shape
 from kiln.ops.kernels.tiles import (
     Epilogue,
     const,
@@ -55,11 +52,15 @@ from kiln.target.isa import ISA
 # surplus lanes are multiply-adds thrown away (a 7x7 image fills 49 of 64 lanes at 16
 # lanes; the blocked kernel, vectors along output channels, wastes none there).
 MIN_LANE_USE = 0.95
+# Fewer panels (a tiny image) leave the layer to the blocked kernel as well: it was
+# faster on every 1x1 layer of 14x14 and 7x7 images measured (ResNet-50's last stages).
+MIN_PANELS = 2
 
 
 def takes(shape: ck.ConvShape, isa: ISA) -> bool:
     """Whether the registry gives a convolution to the GEMM kernel: an ungrouped 1x1 (any
-    stride) with enough output positions to fill its panels (`MIN_LANE_USE`).
+    stride) with enough output positions to fill its panels (`MIN_LANE_USE`,
+    `MIN_PANELS`).
 
     Strided KxK layers are left to the blocked kernel, which read them in place and ran
     faster here (AVX-512: 3x3/2 layers of 128-384 channels at 56x56 and 1-D 3000-frame
@@ -69,7 +70,8 @@ def takes(shape: ck.ConvShape, isa: ISA) -> bool:
         return False
     positions = shape.out_h * shape.out_w
     nr = choose_tile(shape, isa)[1]
-    return positions >= MIN_LANE_USE * -(-positions // nr) * nr
+    panels = -(-positions // nr)
+    return panels >= MIN_PANELS and positions >= MIN_LANE_USE * panels * nr
 
 
 def choose_tile(shape: ck.ConvShape, isa: ISA) -> tuple[int, int]:
@@ -217,28 +219,19 @@ def gemm_conv_body(shape: ck.ConvShape, x: Buffer, w: Buffer, out: Buffer,
 
 
 @dataclass(frozen=True)
-class GemmConv(Family):
+class GemmConv(UnpackedConv):
     """See the module docstring."""
 
     def applies(self, call: g.Call, isa: ISA) -> bool:
         shape = conv_call_shape(call)
         return shape is not None and takes(shape, isa)
 
-    def pack(self, call: g.Call, isa: ISA) -> g.Call:
-        shape = conv_call_shape(call)
-        assert shape is not None
-        return packed_call(self.op, call, None, choose_tile(shape, isa), None)
+    def choose_tile(self, shape: ck.ConvShape, isa: ISA) -> tuple[int, int]:
+        return choose_tile(shape, isa)
 
-    def build(self, params: Sequence[Any], args: Sequence[Any], attrs: Mapping[str, Any],
-              anchor: Any, result: Any, isa: ISA) -> PrimFunc | None:
-        tile = recorded_tile(attrs, 2, self.op)
-
-        def body(shape: ck.ConvShape, x: Buffer, w: Buffer, out: Buffer, t: tuple[int, ...],
-                 epilogue: Epilogue, fused: bool, block: int) -> Stmt:
-            mr, nr = t or choose_tile(shape, isa)
-            return gemm_conv_body(shape, x, w, out, (mr, nr), epilogue, fused)
-
-        return build_conv(self.op, params, args, attrs, anchor, result, isa, tile or (), body)
+    def loop_nest(self, shape: ck.ConvShape, x: Buffer, w: Buffer, out: Buffer,
+                  tile: tuple[int, int], epilogue: Epilogue, fused: bool, isa: ISA) -> Stmt:
+        return gemm_conv_body(shape, x, w, out, tile, epilogue, fused)
 
 
 CONV_GEMM = GemmConv("conv_gemm", "conv2d_gemm", ("conv2d",), 1)
