@@ -62,10 +62,11 @@ def takes(shape: ck.ConvShape, isa: ISA) -> bool:
     stride) with enough output positions to fill its panels (`MIN_LANE_USE`,
     `MIN_PANELS`).
 
-    Strided KxK layers are left to the blocked kernel, which read them in place and ran
-    faster here (AVX-512: 3x3/2 layers of 128-384 channels at 56x56 and 1-D 3000-frame
-    inputs, 4-30% ahead): the GEMM's `ci*kh*kw`-deep panel is not blocked along `k` and
-    streams from L2. `conv2d_gemm` still computes any ungrouped convolution."""
+    Strided KxK layers are left to the blocked kernel, which reads them in place and ran
+    faster (AVX-512: 3x3/2 layers of 128-256 channels, 1-D k=3/2 layers of 384-768
+    channels over 3000 frames; 4-24% ahead, docs/performance.md): the GEMM's
+    `ci*kh*kw`-deep panel is not blocked along `k` and streams from L2. `conv2d_gemm`
+    still computes any ungrouped convolution."""
     if shape.groups != 1 or (shape.kh, shape.kw) != (1, 1):
         return False
     positions = shape.out_h * shape.out_w
