@@ -72,11 +72,21 @@ CASES: list[dict[str, Any]] = [
     dict(x=(1, 3, 8, 40), co=7, k=3, strides=(2, 2), pads=(1, 0, 2, 1), dil=(1, 2)),
     # 3x3 over 2 channels, stride 1, bias + ReLU
     dict(x=(1, 2, 5, 20), co=6, k=3, pads=(1, 1, 1, 1), tail=("Relu",)),
+    # On the GEMM micro-kernel (64 positions fill its panels at 4-16 lanes):
+    # 1x1 read in place (no copy), batch 2, 13 channels (a partial row tile), the
+    # residual Add read through a flat view
+    dict(x=(2, 5, 4, 16), co=13, k=1, pads=(0, 0, 0, 0), tail=("Add", "Relu")),
+    # 1x1/2 (a projection shortcut) through the im2col workspace, ReLU6 as Clip
+    dict(x=(1, 6, 16, 16), co=20, k=1, strides=(2, 2), pads=(0, 0, 0, 0), tail=("Clip",)),
+    # 1x1 with padding (zero borders in the workspace), no bias
+    dict(x=(1, 3, 6, 6), co=7, k=1, pads=(1, 1, 1, 1), bias=False, tail=("Relu",)),
 ]
-ROWS = 4  # the last cases
+ROWS = 2  # the two few-tap 3x3 cases before the GEMM ones
+GEMM = 3  # the last cases
 # the kernel each case gets at 8 lanes
 AT_8_LANES = ["conv2d_blocked"] * 3 + ["conv2d_depthwise"] * 2 + ["conv2d_blocked"] * 2 \
-    + ["conv2d_rows"] + ["conv2d_blocked"] * 2 + ["conv2d_rows"] * ROWS
+    + ["conv2d_rows"] + ["conv2d_blocked"] * 2 + ["conv2d_gemm"] * 2 + ["conv2d_rows"] * ROWS \
+    + ["conv2d_gemm"] * GEMM
 
 
 def _out_hw(case: dict[str, Any]) -> tuple[int, int]:
@@ -132,8 +142,9 @@ def test_every_convolution_uses_a_hand_written_kernel(native: kiln.driver.Execut
     used = [k for k in kinds if k is not None]
     assert len(used) == len(CASES)
     assert used.count("conv2d_depthwise") == 2
-    # narrower targets tile more layers by rows
     assert used.count("conv2d_rows") >= ROWS
+    # narrower targets fill the GEMM panels of more 1x1 layers
+    assert used.count("conv2d_gemm") >= GEMM
 
 
 def test_matches_onnxruntime(native: kiln.driver.Executable,
@@ -216,3 +227,36 @@ def _alloc_consts(func: Any) -> list[Any]:
 
     return [s for s in iter_stmts(func.body) if isinstance(s, AllocConst)] \
         if hasattr(func, "body") else []
+
+
+# A padded, dilated 3x3/2 layer and one with a single output row (as a 1-D layer): the
+# registry leaves strided KxK layers to the blocked kernel, but `conv2d_gemm` computes
+# any ungrouped convolution (through its im2col workspace), e.g. when a tuner picks it.
+GEMM_KXK = [dict(x=(1, 5, 11, 10), co=9, k=3, strides=(2, 2), pads=(1, 2, 0, 1), dil=(1, 2),
+                 tail=("Add", "Relu")),
+            dict(x=(2, 6, 3, 23), co=17, k=3, strides=(1, 2), pads=(0, 1, 0, 1),
+                 tail=("Relu",))]
+
+
+@pytest.mark.parametrize("target", ["llvm", "c"])
+def test_gemm_kernel_computes_strided_kxk_layers(target: str) -> None:
+    from kiln.ops.kernels.conv_gemm import CONV_GEMM
+    from kiln.transform.functor import rewrite_calls
+
+    saved = list(CASES)
+    CASES[:] = GEMM_KXK
+    try:
+        model = build_model()
+    finally:
+        CASES[:] = saved
+    checks = kernel_checks.KernelCases(model, GEMM_KXK, TOL, RNG)
+    mod = from_onnx(model)
+    isa = isa_for(Target(target))
+    main = mod["main"]
+    assert isinstance(main, g.Function)
+    mod = mod.with_function("main", rewrite_calls(main, lambda c: CONV_GEMM.pack(c, isa)
+                                                  if c.op == "conv2d" else None))
+    ex = kiln.compile(mod, target)
+    kinds = [f.attrs.get("kiln.conv_kernel") for f in ex.ir.functions.values()]
+    assert kinds.count("conv2d_gemm") == len(GEMM_KXK)
+    checks.assert_close(list(ex(*checks.feeds.values())), checks.reference())

@@ -47,6 +47,7 @@ BLOCKED = "conv2d_blocked"
 DEPTHWISE = "conv2d_depthwise"
 ROWS = "conv2d_rows"
 NCHWC = "conv2d_nchwc"
+GEMM = "conv2d_gemm"
 Attrs = Mapping[str, Any]
 
 def conv_shape(x: Sequence[int | PrimExpr], c_out: int, kernel: Sequence[int],
@@ -208,6 +209,8 @@ def call_conv_shape(op: str, args: Sequence[Any], attrs: Attrs) -> ck.ConvShape 
         oihw = (_blocked_oihw if op == BLOCKED else _rows_oihw)(args, attrs)
         return conv_shape(x.shape, oihw[0], oihw[2:], attrs)
     shape = conv_shape(x.shape, w.shape[0], w.shape[2:], attrs)
+    if op == GEMM:
+        return shape if shape.groups == 1 else None
     return shape if shape.depthwise else None
 
 
@@ -238,3 +241,4 @@ _register(BLOCKED, _blocked_infer, _blocked_compute, _blocked_ref)
 _register(DEPTHWISE, checking_tile(conv_infer, DEPTHWISE, 2), conv_compute, conv_ref)
 _register(ROWS, _rows_infer, _rows_compute, _rows_ref)
 _register(NCHWC, _nchwc_infer, _nchwc_compute, _nchwc_ref)
+_register(GEMM, checking_tile(conv_infer, GEMM, 2), conv_compute, conv_ref)

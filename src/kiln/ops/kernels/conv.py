@@ -6,6 +6,7 @@ output). Each family supplies the tile and the loop nest (`ConvFamily.body`).
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from kiln.ir import graph as g
@@ -14,7 +15,7 @@ from kiln.ir.types import TensorType
 from kiln.ops import conv_kernels as ck
 from kiln.ops import layout
 from kiln.ops.epilogue import fused_store
-from kiln.ops.kernels.registry import TILE
+from kiln.ops.kernels.registry import TILE, Family, recorded_tile
 from kiln.ops.kernels.tiles import Epilogue
 from kiln.target.isa import ISA
 
@@ -109,3 +110,37 @@ def _blocked_bias(epilogue: Epilogue, bias: Buffer, block: int, channels: int) -
         return epilogue(v + bias[min_(ch, channels - 1) if channels % block else ch], idx)
 
     return with_bias
+
+
+@dataclass(frozen=True)
+class UnpackedConv(Family):
+    """A family whose op takes the OIHW weight as it is and a 2-int tile: subclasses
+    give `applies`, `choose_tile(shape, isa)` and `loop_nest(shape, x, w, out, tile,
+    epilogue, fused, isa)`."""
+
+    def choose_tile(self, shape: ck.ConvShape, isa: ISA) -> tuple[int, int]:
+        raise NotImplementedError
+
+    def loop_nest(self, shape: ck.ConvShape, x: Buffer, w: Buffer, out: Buffer,
+                  tile: tuple[int, int], epilogue: Epilogue, fused: bool, isa: ISA) -> Stmt:
+        raise NotImplementedError
+
+    def pack(self, call: g.Call, isa: ISA) -> g.Call:
+        shape = conv_call_shape(call)
+        assert shape is not None
+        return self.pack_tile(call, isa, self.choose_tile(shape, isa))
+
+    def pack_tile(self, call: g.Call, isa: ISA, tile: tuple[int, ...]) -> g.Call:
+        """`call` packed with `tile` (the weight stays OIHW)."""
+        return packed_call(self.op, call, None, tuple(tile), None)
+
+    def build(self, params: Sequence[Any], args: Sequence[Any], attrs: Mapping[str, Any],
+              anchor: Any, result: Any, isa: ISA) -> PrimFunc | None:
+        tile = recorded_tile(attrs, 2, self.op)
+
+        def body(shape: ck.ConvShape, x: Buffer, w: Buffer, out: Buffer, t: tuple[int, ...],
+                 epilogue: Epilogue, fused: bool, block: int) -> Stmt:
+            a, b = t or self.choose_tile(shape, isa)
+            return self.loop_nest(shape, x, w, out, (a, b), epilogue, fused, isa)
+
+        return build_conv(self.op, params, args, attrs, anchor, result, isa, tile or (), body)

@@ -4,15 +4,13 @@ columns of one row (kiln.ops.conv_kernels.depthwise_conv_body)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from kiln.ir import graph as g
-from kiln.ir.tensor import Buffer, PrimFunc, Stmt
+from kiln.ir.tensor import Buffer, Stmt
 from kiln.ops import conv_kernels as ck
-from kiln.ops.kernels.conv import build_conv, conv_call_shape, packed_call, vector_widths
-from kiln.ops.kernels.registry import Family, fits_registers, recorded_tile
+from kiln.ops.kernels.conv import UnpackedConv, conv_call_shape, vector_widths
+from kiln.ops.kernels.registry import fits_registers
 from kiln.ops.kernels.tiles import Epilogue, tile_lanes
 from kiln.target.isa import ISA
 
@@ -23,7 +21,7 @@ def choose_tile(shape: ck.ConvShape, isa: ISA) -> tuple[int, int]:
 
 
 @dataclass(frozen=True)
-class DepthwiseConv(Family):
+class DepthwiseConv(UnpackedConv):
     """See the module docstring."""
 
     def applies(self, call: g.Call, isa: ISA) -> bool:
@@ -32,10 +30,8 @@ class DepthwiseConv(Family):
         return shape is not None and shape.depthwise and isinstance(w, g.Constant) \
             and w.data.shape[1] == 1
 
-    def pack(self, call: g.Call, isa: ISA) -> g.Call:
-        shape = conv_call_shape(call)
-        assert shape is not None
-        return self.pack_tile(call, isa, choose_tile(shape, isa))
+    def choose_tile(self, shape: ck.ConvShape, isa: ISA) -> tuple[int, int]:
+        return choose_tile(shape, isa)
 
     def candidates(self, call: g.Call, isa: ISA) -> list[tuple[int, ...]]:
         """`tile_w` columns of whole vectors (1 to 4) that fit the registers."""
@@ -46,19 +42,10 @@ class DepthwiseConv(Family):
         return [(tw, lanes) for tw in vector_widths(shape.out_w, lanes)
                 if (tw, lanes) != rule and fits_registers(-(-tw // lanes), 2, isa)]
 
-    def pack_tile(self, call: g.Call, isa: ISA, tile: tuple[int, ...]) -> g.Call:
-        return packed_call(self.op, call, None, tuple(tile), None)
-
-    def build(self, params: Sequence[Any], args: Sequence[Any], attrs: Mapping[str, Any],
-              anchor: Any, result: Any, isa: ISA) -> PrimFunc | None:
-        tile = recorded_tile(attrs, 2, self.op)
-
-        def body(shape: ck.ConvShape, x: Buffer, w: Buffer, out: Buffer, t: tuple[int, ...],
-                 epilogue: Epilogue, fused: bool, block: int) -> Stmt:
-            tw, lanes = t or choose_tile(shape, isa)
-            return ck.depthwise_conv_body(shape, x, w, out, tw, epilogue, fused, lanes)
-
-        return build_conv(self.op, params, args, attrs, anchor, result, isa, tile or (), body)
+    def loop_nest(self, shape: ck.ConvShape, x: Buffer, w: Buffer, out: Buffer,
+                  tile: tuple[int, int], epilogue: Epilogue, fused: bool, isa: ISA) -> Stmt:
+        tw, lanes = tile
+        return ck.depthwise_conv_body(shape, x, w, out, tw, epilogue, fused, lanes)
 
 
 CONV_DEPTHWISE = DepthwiseConv("conv_depthwise", "conv2d_depthwise", ("conv2d",), 0)

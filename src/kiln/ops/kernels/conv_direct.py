@@ -70,4 +70,4 @@ class DirectConv(Family):
                           blocked_body(isa))
 
 
-CONV_DIRECT = DirectConv("conv_direct", "conv2d_blocked", ("conv2d",), 2)
+CONV_DIRECT = DirectConv("conv_direct", "conv2d_blocked", ("conv2d",), 3)

@@ -87,4 +87,4 @@ class RowsConv(Family):
         return build_conv(self.op, params, args, attrs, anchor, result, isa, tile or (), body)
 
 
-CONV_ROWS = RowsConv("conv_rows", "conv2d_rows", ("conv2d",), 1)
+CONV_ROWS = RowsConv("conv_rows", "conv2d_rows", ("conv2d",), 2)

@@ -1,0 +1,238 @@
+"""The GEMM convolution family: an ungrouped 1x1 `conv2d` (any stride; `takes`) ->
+`conv2d_gemm` (weight OIHW as it is), run on the GEMM micro-kernel
+(kiln.ops.gemm_kernels.gemm_body): per image `out[co, p] = W[co, k] @ X[k, p]` with
+`k` over `(ci, kh, kw)` and `p` over the flattened output positions `oh * OW + ow`;
+tile `(mr, nr)`: `mr` output channels (weights broadcast) x `nr` consecutive
+positions (whole vectors, contiguous in the NCHW output).
+
+`X` is the input itself, viewed as `[n][ci][h*w]`, for a 1x1 stride-1 unpadded layer
+whose positions fill whole panels; any other layer first copies its columns once per
+call into a workspace `[n][ci*kh*kw][panels*nr]` (im2col: padding and the last
+panel's surplus positions zero), a copy of `k * p` values against `co * k * p`
+multiply-adds. The fused epilogue sees the 4-D output index; its loads of tensors
+shaped like the output (a residual) read flat views along the positions, so the
+stores and those loads stay vector operations (`FlatEpilogue`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from kiln.ir import graph as g
+from kiln.ir.dtype import INDEX_DTYPE
+from kiln.ir.tensor import (
+    Allocate,
+    Buffer,
+    DeclBuffer,
+    Load,
+    PrimExpr,
+    Stmt,
+    Store,
+    Var,
+    as_expr,
+    seq,
+)
+from kiln.ir.visitor import StmtExprMutator, substitute
+from kiln.ops import conv_kernels as ck
+from kiln.ops import gemm_kernels as gk
+from kiln.ops.kernels.conv import UnpackedConv, conv_call_shape
+from kiln.ops.kernels.tiles import (
+    Epilogue,
+    const,
+    loop,
+    parallel_tiles,
+    parallel_when,
+    tile_lanes,
+    tile_registers,
+)
+from kiln.target.isa import ISA
+
+# The share of a tile's lanes that must hold real output positions: the last panel's
+# surplus lanes are multiply-adds thrown away (a 7x7 image fills 49 of 64 lanes at 16
+# lanes; the blocked kernel, vectors along output channels, wastes none there).
+MIN_LANE_USE = 0.95
+# Fewer panels (a tiny image) leave the layer to the blocked kernel as well: it was
+# faster on every 1x1 layer of 14x14 and 7x7 images measured (ResNet-50's last stages).
+MIN_PANELS = 2
+
+
+def takes(shape: ck.ConvShape, isa: ISA) -> bool:
+    """Whether the registry gives a convolution to the GEMM kernel: an ungrouped 1x1 (any
+    stride) with enough output positions to fill its panels (`MIN_LANE_USE`,
+    `MIN_PANELS`).
+
+    Strided KxK layers are left to the blocked kernel, which reads them in place and ran
+    faster (AVX-512: 3x3/2 layers of 128-256 channels, 1-D k=3/2 layers of 384-768
+    channels over 3000 frames; 4-24% ahead, docs/performance.md): the GEMM's
+    `ci*kh*kw`-deep panel is not blocked along `k` and streams from L2. `conv2d_gemm`
+    still computes any ungrouped convolution."""
+    if shape.groups != 1 or (shape.kh, shape.kw) != (1, 1):
+        return False
+    positions = shape.out_h * shape.out_w
+    nr = choose_tile(shape, isa)[1]
+    panels = -(-positions // nr)
+    return panels >= MIN_PANELS and positions >= MIN_LANE_USE * panels * nr
+
+
+def choose_tile(shape: ck.ConvShape, isa: ISA) -> tuple[int, int]:
+    """The GEMM tile of the `co` x `oh * ow` product (kiln.ops.gemm_kernels)."""
+    t = gk.choose_gemm_tiling(shape.c_out, shape.out_h * shape.out_w, tile_lanes(isa),
+                              tile_registers(isa))
+    return (t.mr, t.nr)
+
+
+class FlatEpilogue:
+    """A 4-D `(n, c, oh, ow)` epilogue as one over `(n, c, p)`, `p = oh * OW + ow`.
+
+    A load in it at `(..., oh, ow)` of a buffer whose last dims are the output's
+    `(OH, OW)` becomes a load of a view merging them, at `(..., p)`; any other use of
+    `oh`/`ow` gets `p // OW`, `p % OW`. `decls` declares the views (put them before the
+    kernel that calls the epilogue)."""
+
+    def __init__(self, epilogue: Epilogue, out_h: int, out_w: int) -> None:
+        self.epilogue = epilogue
+        self.out_h, self.out_w = out_h, out_w
+        self.oh, self.ow = Var("oh", INDEX_DTYPE), Var("ow", INDEX_DTYPE)
+        self.views: dict[Buffer, Buffer] = {}
+        self.decls: list[Stmt] = []
+
+    def view(self, buf: Buffer) -> Buffer:
+        if buf not in self.views:
+            flat = Buffer(f"{buf.name}_flat", (*buf.shape[:-2], self.out_h * self.out_w),
+                          buf.dtype)
+            self.views[buf] = flat
+            self.decls.append(DeclBuffer(flat, buf, 0))
+        return self.views[buf]
+
+    def __call__(self, value: PrimExpr, idx: tuple[PrimExpr, ...]) -> PrimExpr:
+        n, c, p = idx
+        expr = _Flatten(self, p).visit_expr(self.epilogue(value, (n, c, self.oh, self.ow)))
+        h: PrimExpr = const(0) if self.out_h == 1 else p // self.out_w
+        w: PrimExpr = p if self.out_h == 1 else p % self.out_w
+        return substitute(expr, {self.oh: h, self.ow: w})
+
+
+class _Flatten(StmtExprMutator):
+    def __init__(self, flat: FlatEpilogue, p: PrimExpr) -> None:
+        self.flat, self.p = flat, p
+
+    def visit_load(self, e: Load) -> PrimExpr:
+        f = self.flat
+        if (len(e.indices) >= 2 and e.indices[-2] is f.oh and e.indices[-1] is f.ow
+                and tuple(e.buffer.shape[-2:]) == (f.out_h, f.out_w)):
+            head = tuple(self.visit_expr(i) for i in e.indices[:-2])
+            return Load(f.view(e.buffer), (*head, self.p))
+        return super().visit_load(e)
+
+
+def _span(offset: int, stride: int, pad: int, size: int, out: int) -> tuple[int, int]:
+    """The outputs `o` (first, last) whose input `o * stride + offset - pad` lies in
+    `[0, size)`; last < first when none does."""
+    first = max(0, -(-(pad - offset) // stride))
+    last = min(out - 1, (size - 1 + pad - offset) // stride)
+    return first, last
+
+
+def im2col(x: Buffer, shape: ck.ConvShape, width: int) -> tuple[Buffer, list[Stmt]]:
+    """The workspace `col[n][(ci, kh, kw)][width]` holding at `oh * OW + ow` the input
+    the tap `(kh, kw)` of output `(oh, ow)` reads (zero in the padding and past the
+    positions), and the statements filling it (one parallel loop over images and input
+    channels; each row a contiguous run of positions)."""
+    taps = shape.kh * shape.kw
+    oh_n, ow_n = shape.out_h, shape.out_w
+    col = Buffer("col", (shape.n, shape.c_in * taps, width), x.dtype)
+    zero = as_expr(0.0, x.dtype)
+    (sh, sw), (dh, dw) = shape.stride, shape.dilation
+    top, left = shape.pads[0], shape.pads[1]
+
+    def fill(n: PrimExpr, ci: PrimExpr) -> Stmt:
+        parts: list[Stmt] = []
+
+        def zeros(k: PrimExpr, start: int, stop: int) -> None:
+            if stop > start:
+                parts.append(loop("j", stop - start, lambda j: Store(col, zero, (n, k, j)),
+                                  start=start))
+
+        for kh in range(shape.kh):
+            r0, r1 = _span(kh * dh, sh, top, shape.h, oh_n)
+            for kw in range(shape.kw):
+                c0, c1 = _span(kw * dw, sw, left, shape.w, ow_n)
+                k = ci * taps + (kh * shape.kw + kw)
+                if r1 < r0 or c1 < c0:
+                    zeros(k, 0, width)
+                    continue
+                zeros(k, 0, r0 * ow_n)
+
+                def row(oh: Var, k: PrimExpr = k, kh: int = kh, kw: int = kw,
+                        c0: int = c0, c1: int = c1) -> Stmt:
+                    base = oh * ow_n
+                    ih = oh * sh + (kh * dh - top)
+                    edges = [loop("j", hi - lo, lambda j: Store(col, zero, (n, k, base + j)),
+                                  start=lo) for lo, hi in ((0, c0), (c1 + 1, ow_n)) if hi > lo]
+                    copy = loop("ow", c1 - c0 + 1, lambda ow: Store(
+                        col, x[n, ci, ih, ow * sw + (kw * dw - left)], (n, k, base + ow)),
+                        start=c0)
+                    return seq(*edges, copy)
+
+                parts.append(loop("oh", r1 - r0 + 1, row, start=r0))
+                zeros(k, (r1 + 1) * ow_n, width)
+        return seq(*parts)
+
+    work = shape.n * shape.c_in * taps * width
+    fill_loop = parallel_when(lambda: parallel_tiles((shape.n, shape.c_in), fill), work)
+    return col, [Allocate(col), fill_loop]
+
+
+def gemm_conv_body(shape: ck.ConvShape, x: Buffer, w: Buffer, out: Buffer,
+                   tile: tuple[int, int], epilogue: Epilogue, fused: bool) -> Stmt:
+    """The loop nest of an ungrouped convolution as one GEMM per image (module
+    docstring): `x` NCHW, `w` OIHW, `out` NCHW, `epilogue` over the 4-D output index."""
+    mr, nr = tile
+    k = shape.c_in * shape.kh * shape.kw
+    positions = shape.out_h * shape.out_w
+    panels = -(-positions // nr)
+    decls: list[Stmt] = []
+
+    def view(buf: Buffer, dims: tuple[Any, ...]) -> Buffer:
+        flat = Buffer(f"{buf.name}_flat", dims, buf.dtype)
+        decls.append(DeclBuffer(flat, buf, 0))
+        return flat
+
+    a = view(w, (shape.c_out, k))
+    o = view(out, (shape.n, shape.c_out, positions))
+    in_place = ((shape.kh, shape.kw) == (1, 1) and shape.stride == (1, 1)
+                and not any(shape.pads) and positions % nr == 0)
+    prologue: list[Stmt] = []
+    if in_place:
+        b = view(x, (shape.n, shape.c_in, positions))
+    else:
+        b, prologue = im2col(x, shape, panels * nr)
+
+    def b_at(bidx: tuple[PrimExpr, ...], panel: PrimExpr, kk: PrimExpr,
+             v: PrimExpr) -> PrimExpr:
+        return b[bidx[0], kk, panel * nr + v]
+
+    flat = FlatEpilogue(epilogue, shape.out_h, shape.out_w)
+    product = gk.GemmShape((shape.n,), (), (shape.c_out,), positions, k)
+    body = gk.gemm_body(product, gk.GemmTiling(mr, nr), a, b_at, o, flat, fused, prologue)
+    return seq(*decls, *flat.decls, body)
+
+
+@dataclass(frozen=True)
+class GemmConv(UnpackedConv):
+    """See the module docstring."""
+
+    def applies(self, call: g.Call, isa: ISA) -> bool:
+        shape = conv_call_shape(call)
+        return shape is not None and takes(shape, isa)
+
+    def choose_tile(self, shape: ck.ConvShape, isa: ISA) -> tuple[int, int]:
+        return choose_tile(shape, isa)
+
+    def loop_nest(self, shape: ck.ConvShape, x: Buffer, w: Buffer, out: Buffer,
+                  tile: tuple[int, int], epilogue: Epilogue, fused: bool, isa: ISA) -> Stmt:
+        return gemm_conv_body(shape, x, w, out, tile, epilogue, fused)
+
+
+CONV_GEMM = GemmConv("conv_gemm", "conv2d_gemm", ("conv2d",), 1)
