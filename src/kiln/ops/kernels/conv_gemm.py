@@ -37,6 +37,7 @@ from kiln.ir.visitor import StmtExprMutator, substitute
 from kiln.ops import conv_kernels as ck
 from kiln.ops import gemm_kernels as gk
 from kiln.ops.kernels.conv import UnpackedConv, conv_call_shape
+from kiln.ops.kernels.gemm import tile_candidates
 from kiln.ops.kernels.tiles import (
     Epilogue,
     const,
@@ -229,6 +230,12 @@ class GemmConv(UnpackedConv):
 
     def choose_tile(self, shape: ck.ConvShape, isa: ISA) -> tuple[int, int]:
         return choose_tile(shape, isa)
+
+    def candidates(self, call: g.Call, isa: ISA) -> list[tuple[int, ...]]:
+        """The GEMM family's tiles of the `co` x `oh * ow` product (kiln.tuning)."""
+        shape = conv_call_shape(call)
+        assert shape is not None
+        return list(tile_candidates(shape.c_out, shape.out_h * shape.out_w, isa))
 
     def loop_nest(self, shape: ck.ConvShape, x: Buffer, w: Buffer, out: Buffer,
                   tile: tuple[int, int], epilogue: Epilogue, fused: bool, isa: ISA) -> Stmt:
