@@ -240,6 +240,31 @@ def test_float_to_int_out_of_range_is_defined() -> None:
     np.testing.assert_array_equal(yu, [2**63, 2**64 - 2048, 3, 2**64 - 1])
 
 
+def _low_bits_of_saturated_int64(x: np.ndarray, d: str) -> np.ndarray:
+    """The documented float -> int cast: truncate, saturate to int64 (NaN 0), wrap to d."""
+    t = np.trunc(np.nan_to_num(x.astype(np.float64), nan=0.0, posinf=2.0**64, neginf=-2.0**64))
+    inside = np.clip(t, -2.0**63, 2.0**63 - 2.0**39).astype(np.int64)  # float32's largest < 2**63
+    wide = np.where(t >= 2.0**63, np.iinfo(np.int64).max, inside)
+    return wide.astype(np_dtype(d))
+
+
+@pytest.mark.parametrize("d", ["int8", "uint8", "int16", "int32", "uint32"])
+def test_float32_to_narrow_int_in_vector_loops(d: str) -> None:
+    """float32 -> (u)int8..32 in loops LLVM vectorizes (a requantizing epilogue) takes
+    the 32-bit-lane lowering: the same values as the int64 rule at every edge."""
+    edges = [0.0, -0.0, 0.5, -0.5, 1.5, -2.5, 127.5, 255.9, -128.7, 65535.5, 2.0**31,
+             -2.0**31, 2.0**31 - 128, 2.0**31 + 256, -2.0**31 - 256, 2.0**32, 2.0**32 + 512,
+             3e9, -3e9, 2.0**62, 2.0**63, -2.0**63, 2.0**64, -2.0**64, 1e30, -1e30,
+             np.inf, -np.inf, np.nan, 4294967295.0, 1e10, -1e10]
+    wide = RNG.standard_normal(96) * 10.0 ** RNG.integers(0, 20, 96)
+    x = np.concatenate([edges, wide]).astype(np.float32)
+    ib = IRBuilder()
+    elementwise("f2i", ["float32"], d, lambda a: Cast(d, a), len(x), ib)
+    y = np.zeros(len(x), np_dtype(d))
+    jit(ib.get())["f2i"](x, y)
+    np.testing.assert_array_equal(y, _low_bits_of_saturated_int64(x, d), err_msg=str(x))
+
+
 @pytest.mark.parametrize("d", ["float16", "bfloat16"])
 def test_half_rounding_matches_numpy_bit_for_bit(d: str) -> None:
     n = 4096
