@@ -109,9 +109,12 @@ def test_words_round_trip_and_generic_targets_keep_the_element_layout() -> None:
         assert isa is not None and quant_dot.tile_cols(isa) == 16
 
 
-def qlinear_conv(shape: tuple[int, int, int, int], oc: int, k: int, stride: int, pad: int,
-                 signed: bool, rng: np.random.Generator) -> onnx.ModelProto:
+def qlinear_conv(shape: tuple[int, int, int, int], oc: int, k: int, stride: int,
+                 pad: int | tuple[int, int, int, int], signed: bool, rng: np.random.Generator,
+                 dilation: int = 1) -> onnx.ModelProto:
     n, c, h, w = shape
+    pads = [pad] * 4 if isinstance(pad, int) else list(pad)
+    span = dilation * (k - 1) + 1
     q = np.int8 if signed else np.uint8
     ty = TensorProto.INT8 if signed else TensorProto.UINT8
     consts = {"xs": np.float32(0.02), "xz": q(-3 if signed else 131),
@@ -121,8 +124,10 @@ def qlinear_conv(shape: tuple[int, int, int, int], oc: int, k: int, stride: int,
               "ys": np.float32(0.0002 * np.sqrt(c * k * k) * 40), "yz": q(5 if signed else 128),
               "b": rng.integers(-5000, 5000, oc).astype(np.int32)}
     node = helper.make_node("QLinearConv", ["x", "xs", "xz", "w", "ws", "wz", "ys", "yz", "b"],
-                            ["y"], strides=[stride, stride], pads=[pad] * 4)
-    out = [n, oc, (h + 2 * pad - k) // stride + 1, (w + 2 * pad - k) // stride + 1]
+                            ["y"], strides=[stride, stride], pads=pads,
+                            dilations=[dilation, dilation])
+    out = [n, oc, (h + pads[0] + pads[2] - span) // stride + 1,
+           (w + pads[1] + pads[3] - span) // stride + 1]
     graph = helper.make_graph(
         [node], "g", [helper.make_tensor_value_info("x", ty, list(shape))],
         [helper.make_tensor_value_info("y", ty, out)],
@@ -133,17 +138,19 @@ def qlinear_conv(shape: tuple[int, int, int, int], oc: int, k: int, stride: int,
 
 
 @pytest.mark.parametrize("target", TARGETS)
-@pytest.mark.parametrize(("shape", "oc", "k", "stride", "pad", "signed"), [
-    ((1, 5, 7, 6), 9, 3, 1, 1, False),    # K = 45: a partial word; pads read x_zp
-    ((2, 8, 9, 9), 20, 1, 2, 0, True),    # 1x1, strided, batch 2, s8 shifted to u8
+@pytest.mark.parametrize(("shape", "oc", "k", "stride", "pad", "signed", "dilation"), [
+    ((1, 5, 7, 6), 9, 3, 1, 1, False, 1),    # K = 45: a partial word; pads read x_zp
+    ((2, 8, 9, 9), 20, 1, 2, 0, True, 1),    # 1x1, strided, batch 2, s8 shifted to u8
+    ((1, 3, 9, 8), 6, 3, 2, (2, 0, 1, 3), False, 2),  # uneven pads, dilated, strided
 ])
 def test_qlinear_conv_equals_onnxruntime(target: str, shape: tuple[int, int, int, int],
-                                         oc: int, k: int, stride: int, pad: int,
-                                         signed: bool) -> None:
+                                         oc: int, k: int, stride: int,
+                                         pad: int | tuple[int, int, int, int], signed: bool,
+                                         dilation: int) -> None:
     if not host_runs(target):
         pytest.skip(f"this host cannot run {target}")
     rng = np.random.default_rng(6)
-    model = qlinear_conv(shape, oc, k, stride, pad, signed, rng)
+    model = qlinear_conv(shape, oc, k, stride, pad, signed, rng, dilation)
     lo, hi, q = (-128, 128, np.int8) if signed else (0, 256, np.uint8)
     x = rng.integers(lo, hi, shape).astype(q)
     ex = kiln.compile(from_onnx(model), target)
