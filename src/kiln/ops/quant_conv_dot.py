@@ -162,7 +162,7 @@ def _tiles(x: Buffer, ww: Buffer, bias: Buffer, x_zp: Buffer, multiplier: Buffer
     batch, oc_n, spatial = int(out.shape[0]), ws[0], tuple(int(d) for d in out.shape[2:])
     positions = int(np.prod(spatial))
     taps, k_total, groups = int(np.prod(ws[2:])), int(np.prod(ws[1:])), int(ww.shape[1])
-    nr = min(quant_dot.tile_cols(isa), positions)
+    nr = quant_dot.tile_cols_for(isa, positions)
     col_tiles = -(-positions // nr)
     mr = min(quant_dot.tile_rows(isa, nr), oc_n)
     row_tiles = -(-oc_n // mr)
