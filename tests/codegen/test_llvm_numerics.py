@@ -11,7 +11,7 @@ from llvm_helpers import elementwise, jit, np_dtype
 
 from kiln.ir import IRBuilder
 from kiln.ir import dtype as dt
-from kiln.ir.tensor import BinaryOp, Cast, Compare, Intrin, Select, UnaryOp, const
+from kiln.ir.tensor import BinaryOp, Cast, Compare, Intrin, PrimExpr, Select, UnaryOp, Var, const
 
 INT_DTYPES = ["int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64"]
 FLOAT_DTYPES = ["float16", "bfloat16", "float32", "float64"]
@@ -263,6 +263,32 @@ def test_float32_to_narrow_int_in_vector_loops(d: str) -> None:
     y = np.zeros(len(x), np_dtype(d))
     jit(ib.get())["f2i"](x, y)
     np.testing.assert_array_equal(y, _low_bits_of_saturated_int64(x, d), err_msg=str(x))
+
+
+def test_clamped_float_to_int_takes_one_conversion_and_keeps_nan_as_zero() -> None:
+    """A cast of an operand clamped by bounds it can see (quantization) is one fptosi
+    (kiln.codegen.llvm.float_range); NaN still gives 0 and every value the general rule's."""
+    from kiln.codegen.llvm.float_range import fits_int32, float_range
+
+    def clamp(a: PrimExpr) -> PrimExpr:
+        zp = Cast("float32", Cast("uint8", const(7, "int32")))
+        lo = BinaryOp("sub", const(-300.0, "float32"), zp)
+        return BinaryOp("min", BinaryOp("max", Intrin("round", (a,)), lo),
+                        const(300.0, "float32"))
+
+    x = np.array([np.nan, np.inf, -np.inf, 1e30, -1e30, 2.5, -3.5, 299.7, -0.0, 127.5,
+                  *RNG.standard_normal(54) * 200], np.float32)
+    v = clamp(Var("x", "float32"))
+    assert float_range(v) == (-300.0 - 255, 300.0) and fits_int32(v)  # zp: any uint8
+    assert not fits_int32(Intrin("round", (Var("x", "float32"),)))
+    for d in ("int8", "int16", "int32"):
+        ib = IRBuilder()
+        elementwise("f", ["float32"], d, lambda a, d=d: Cast(d, clamp(a)), len(x), ib)
+        y = np.zeros(len(x), np_dtype(d))
+        jit(ib.get())["f"](x, y)
+        with np.errstate(invalid="ignore"):
+            clamped = np.minimum(np.maximum(np.round(x), np.float32(-307.0)), np.float32(300.0))
+        np.testing.assert_array_equal(y, _low_bits_of_saturated_int64(clamped, d))
 
 
 @pytest.mark.parametrize("d", ["float16", "bfloat16"])

@@ -403,6 +403,15 @@ def _float_to_int(cx: MathContext, b: ir.IRBuilder, value: ir.Value, dst: str) -
     return wide
 
 
+def bounded_float_to_int(b: ir.IRBuilder, value: ir.Value, dst: str) -> ir.Value:
+    """float32 `value` -> int `dst` (at most 32 bits) when every non-NaN value is known to
+    truncate into int32 (kiln.codegen.llvm.float_range): NaN gives 0, as in `cast`; the
+    rest is one `fptosi` (`cvttps2dq`), whose result `cast` would give too."""
+    clear = b.select(b.fcmp_ordered("ord", value, value), value, ir.Constant(F32, 0.0))
+    low = b.fptosi(clear, ir.IntType(32))
+    return b.trunc(low, compute_type(dst)) if dt.bits(dst) < 32 else low
+
+
 def _f32_to_low32(cx: MathContext, b: ir.IRBuilder, v: ir.Value) -> ir.Value:
     """The low 32 bits of `fptosi.sat.i64(v)` for a float32 `v`, in 32-bit lanes.
 
