@@ -50,6 +50,8 @@ from kiln.ops.registry import OPS, HandBuiltOp
 
 Attrs = Mapping[str, Any]
 CONV_DOT = "qlinear_conv_dot"
+#: Column tiles that keep the threads busy; with fewer, row tiles (channels) run in parallel.
+PARALLEL_TILES = 8
 
 
 def weight_words(wp: np.ndarray) -> np.ndarray:
@@ -240,9 +242,15 @@ def _tiles(x: Buffer, ww: Buffer, bias: Buffer, x_zp: Buffer, multiplier: Buffer
 
         return seq(Allocate(acc), zero, step, tile_loop("r", mr, store_row))
 
-    kind = "parallel" if big and col_tiles > 1 else "serial"
-    nest_ = tile_loop("n", batch, lambda n: tile_loop("ct", col_tiles, lambda ct: tile_loop(
-        "rt", row_tiles, lambda rt: tile(n, ct, rt)), kind))
+    if col_tiles >= PARALLEL_TILES or row_tiles < col_tiles:
+        # column tiles in parallel: each thread reads the input words of its positions
+        nest_ = tile_loop("n", batch, lambda n: tile_loop("ct", col_tiles, lambda ct: tile_loop(
+            "rt", row_tiles, lambda rt: tile(n, ct, rt)),
+            "parallel" if big and col_tiles > 1 else "serial"))
+    else:
+        # few output positions (7 x 7: one column tile): output channels in parallel
+        nest_ = tile_loop("n", batch, lambda n: tile_loop("rt", row_tiles, lambda rt: tile_loop(
+            "ct", col_tiles, lambda ct: tile(n, ct, rt)), "parallel" if big else "serial"))
     return seq(pad, Allocate(words), pack, DeclBuffer(flat_out, out, 0), nest_)
 
 
