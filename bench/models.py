@@ -43,7 +43,10 @@ With `--int8`, each model is first quantized by onnxruntime's own quantizer
 (`quantize_static`, QDQ, per-channel int8 weights, uint8 activations, calibrated
 on random inputs; transformer models with `quantize_dynamic`) and the table
 compares kiln's int8 build with onnxruntime's int8 run and kiln's float32 build
-of the same model (docs/quantization.md).
+of the same model (docs/quantization.md). Its default set, `int8`: ResNet-50,
+MobileNetV2, SqueezeNet, Inception, DenseNet-121 (the zoo set, bench/zoo_set.py),
+the BERT-base-like encoder (dynamic quantization, sequence 128) and `resnet50_qop`,
+ResNet-50 quantized to the QOperator form (QLinearConv, QLinearAdd, ...).
 """
 
 from __future__ import annotations
@@ -74,7 +77,12 @@ from kiln.frontend import from_onnx
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"
 MODELS = {**MODELS, **ZOO}
-MODEL_SETS = {"small": list(SMALL), "full": list(FULL), "zoo": list(ZOO), "all": list(MODELS)}
+#: The int8 model set (issue 24); "_qop": the same model in onnxruntime's QOperator form.
+INT8_SET = ["resnet50", "mobilenetv2", "squeezenet", "inception", "densenet121", "bert",
+            "resnet50_qop"]
+QOP = "_qop"
+MODEL_SETS = {"small": list(SMALL), "full": list(FULL), "zoo": list(ZOO), "all": list(MODELS),
+              "int8": INT8_SET}
 
 
 # Calls per paced measurement, and the periods (seconds) of the paced columns.
@@ -135,9 +143,10 @@ def run(name: str, target: kiln.target.Target, repeat: int, seconds: float,
     return result
 
 
-def quantize(model: onnx.ModelProto, shapes: dict[str, list[int]]) -> onnx.ModelProto:
-    """`model` quantized by onnxruntime: static QDQ for models with convolutions,
-    dynamic for the others (transformers)."""
+def quantize(model: onnx.ModelProto, shapes: dict[str, list[int]], fmt: str = "QDQ"
+             ) -> onnx.ModelProto:
+    """`model` quantized by onnxruntime: static (`fmt` "QDQ" or "QOperator") for models
+    with convolutions, dynamic for the others (transformers)."""
     from onnxruntime.quantization import (
         CalibrationDataReader,
         QuantFormat,
@@ -161,7 +170,7 @@ def quantize(model: onnx.ModelProto, shapes: dict[str, list[int]]) -> onnx.Model
         onnx.save(model, src)
         if any(n.op_type == "Conv" for n in model.graph.node):
             quant_pre_process(src, pre)
-            quantize_static(pre, out, Reader(), quant_format=QuantFormat.QDQ,
+            quantize_static(pre, out, Reader(), quant_format=getattr(QuantFormat, fmt),
                             per_channel=True, activation_type=QuantType.QUInt8,
                             weight_type=QuantType.QInt8)
         else:
@@ -172,8 +181,9 @@ def quantize(model: onnx.ModelProto, shapes: dict[str, list[int]]) -> onnx.Model
 def run_int8(name: str, target: kiln.target.Target, repeat: int, seconds: float
              ) -> dict[str, float]:
     """kiln int8 vs onnxruntime int8 vs kiln float32 on one model (Skipped on failure)."""
-    model, shapes = MODELS[name]()
-    qmodel = quantize(model, shapes)
+    base = name.removesuffix(QOP)
+    model, shapes = MODELS[base]()
+    qmodel = quantize(model, shapes, "QOperator" if name.endswith(QOP) else "QDQ")
     rng = np.random.default_rng(42)
     feed = {x: rng.standard_normal(shape).astype(np.float32) for x, shape in shapes.items()}
     args = list(feed.values())
@@ -266,7 +276,7 @@ def model_names(spec: str) -> list[str]:
     names: list[str] = []
     for item in spec.split(","):
         for name in MODEL_SETS.get(item, [item]):
-            if name not in MODELS:
+            if name.removesuffix(QOP) not in MODELS:
                 raise SystemExit(f"unknown model {name!r}; choose from "
                                  f"{', '.join([*MODELS, *MODEL_SETS])}")
             if name not in names:
@@ -280,9 +290,9 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=20.0,
                         help="time budget per model for the timed calls (both runtimes)")
     parser.add_argument("--target", default=None, help="kiln target (default: this host)")
-    parser.add_argument("--models", default="small",
+    parser.add_argument("--models", default=None,
                         help=f"comma-separated names ({', '.join(MODELS)}) or sets "
-                             f"({', '.join(MODEL_SETS)}); default: small")
+                             f"({', '.join(MODEL_SETS)}); default: small (int8 with --int8)")
     parser.add_argument("--graph-pipeline", default="default",
                         help="kiln's graph pipeline, e.g. 'nchwc' (blocked activation layout)")
     parser.add_argument("--tensor-pipeline", default="default",
@@ -299,7 +309,7 @@ def main() -> None:
                         help="quantize each model with onnxruntime's quantizer and compare "
                              "kiln int8 with onnxruntime int8 and kiln float32")
     args = parser.parse_args()
-    names = model_names(args.models)
+    names = model_names(args.models or ("int8" if args.int8 else "small"))
     target = kiln.target.Target.from_host() if args.target is None else kiln.target.Target(
         args.target)
     kiln.runtime.set_num_threads(args.threads)

@@ -11,7 +11,7 @@ from llvm_helpers import elementwise, jit, np_dtype
 
 from kiln.ir import IRBuilder
 from kiln.ir import dtype as dt
-from kiln.ir.tensor import BinaryOp, Cast, Compare, Intrin, Select, UnaryOp, const
+from kiln.ir.tensor import BinaryOp, Cast, Compare, Intrin, PrimExpr, Select, UnaryOp, Var, const
 
 INT_DTYPES = ["int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64"]
 FLOAT_DTYPES = ["float16", "bfloat16", "float32", "float64"]
@@ -238,6 +238,57 @@ def test_float_to_int_out_of_range_is_defined() -> None:
     yu = np.zeros(4, np.uint64)
     m["f2u64"](np.array([2.0**63, 2.0**64 - 2048, 3.9, 1e300]), yu)
     np.testing.assert_array_equal(yu, [2**63, 2**64 - 2048, 3, 2**64 - 1])
+
+
+def _low_bits_of_saturated_int64(x: np.ndarray, d: str) -> np.ndarray:
+    """The documented float -> int cast: truncate, saturate to int64 (NaN 0), wrap to d."""
+    t = np.trunc(np.nan_to_num(x.astype(np.float64), nan=0.0, posinf=2.0**64, neginf=-2.0**64))
+    inside = np.clip(t, -2.0**63, 2.0**63 - 2.0**39).astype(np.int64)  # float32's largest < 2**63
+    wide = np.where(t >= 2.0**63, np.iinfo(np.int64).max, inside)
+    return wide.astype(np_dtype(d))
+
+
+@pytest.mark.parametrize("d", ["int8", "uint8", "int16", "int32", "uint32"])
+def test_float32_to_narrow_int_in_vector_loops(d: str) -> None:
+    """float32 -> (u)int8..32 in loops LLVM vectorizes (a requantizing epilogue) takes
+    the 32-bit-lane lowering: the same values as the int64 rule at every edge."""
+    edges = [0.0, -0.0, 0.5, -0.5, 1.5, -2.5, 127.5, 255.9, -128.7, 65535.5, 2.0**31,
+             -2.0**31, 2.0**31 - 128, 2.0**31 + 256, -2.0**31 - 256, 2.0**32, 2.0**32 + 512,
+             3e9, -3e9, 2.0**62, 2.0**63, -2.0**63, 2.0**64, -2.0**64, 1e30, -1e30,
+             np.inf, -np.inf, np.nan, 4294967295.0, 1e10, -1e10]
+    wide = RNG.standard_normal(96) * 10.0 ** RNG.integers(0, 20, 96)
+    x = np.concatenate([edges, wide]).astype(np.float32)
+    ib = IRBuilder()
+    elementwise("f2i", ["float32"], d, lambda a: Cast(d, a), len(x), ib)
+    y = np.zeros(len(x), np_dtype(d))
+    jit(ib.get())["f2i"](x, y)
+    np.testing.assert_array_equal(y, _low_bits_of_saturated_int64(x, d), err_msg=str(x))
+
+
+def test_clamped_float_to_int_takes_one_conversion_and_keeps_nan_as_zero() -> None:
+    """A cast of an operand clamped by bounds it can see (quantization) is one fptosi
+    (kiln.codegen.llvm.float_range); NaN still gives 0 and every value the general rule's."""
+    from kiln.codegen.llvm.float_range import fits_int32, float_range
+
+    def clamp(a: PrimExpr) -> PrimExpr:
+        zp = Cast("float32", Cast("uint8", const(7, "int32")))
+        lo = BinaryOp("sub", const(-300.0, "float32"), zp)
+        return BinaryOp("min", BinaryOp("max", Intrin("round", (a,)), lo),
+                        const(300.0, "float32"))
+
+    x = np.array([np.nan, np.inf, -np.inf, 1e30, -1e30, 2.5, -3.5, 299.7, -0.0, 127.5,
+                  *RNG.standard_normal(54) * 200], np.float32)
+    v = clamp(Var("x", "float32"))
+    assert float_range(v) == (-300.0 - 255, 300.0) and fits_int32(v)  # zp: any uint8
+    assert not fits_int32(Intrin("round", (Var("x", "float32"),)))
+    for d in ("int8", "int16", "int32"):
+        ib = IRBuilder()
+        elementwise("f", ["float32"], d, lambda a, d=d: Cast(d, clamp(a)), len(x), ib)
+        y = np.zeros(len(x), np_dtype(d))
+        jit(ib.get())["f"](x, y)
+        with np.errstate(invalid="ignore"):
+            clamped = np.minimum(np.maximum(np.round(x), np.float32(-307.0)), np.float32(300.0))
+        np.testing.assert_array_equal(y, _low_bits_of_saturated_int64(clamped, d))
 
 
 @pytest.mark.parametrize("d", ["float16", "bfloat16"])

@@ -107,12 +107,15 @@ def rel_l2(got: np.ndarray, want: np.ndarray) -> float:
                  / max(np.linalg.norm(want.astype(np.float64)), 1e-30))
 
 
-def qlinear_conv_model(shape: tuple[int, int, int, int], oc: int, k: int, stride: int, pad: int,
-                       signed: bool, rng: np.random.Generator, group: int = 1, w_zero: int = 0,
+def qlinear_conv_model(shape: tuple[int, int, int, int], oc: int, k: int, stride: int,
+                       pad: int | tuple[int, int, int, int], signed: bool,
+                       rng: np.random.Generator, group: int = 1, w_zero: int = 0,
                        dilation: int = 1) -> onnx.ModelProto:
     """One QLinearConv: random int8 weights with per-channel scales (zero point `w_zero`),
-    u8 or s8 activations, an int32 bias, `group` groups."""
+    u8 or s8 activations, an int32 bias, `group` groups; `pad` one for every side or ONNX's
+    (top, left, bottom, right)."""
     n, c, h, w = shape
+    pads = [pad] * 4 if isinstance(pad, int) else list(pad)
     q = np.int8 if signed else np.uint8
     ty = TensorProto.INT8 if signed else TensorProto.UINT8
     consts = {"xs": np.float32(0.02), "xz": q(-3 if signed else 131),
@@ -123,10 +126,11 @@ def qlinear_conv_model(shape: tuple[int, int, int, int], oc: int, k: int, stride
               "yz": q(5 if signed else 128),
               "b": rng.integers(-5000, 5000, oc).astype(np.int32)}
     node = helper.make_node("QLinearConv", ["x", "xs", "xz", "w", "ws", "wz", "ys", "yz", "b"],
-                            ["y"], strides=[stride, stride], pads=[pad] * 4, group=group,
+                            ["y"], strides=[stride, stride], pads=pads, group=group,
                             dilations=[dilation, dilation])
     span = dilation * (k - 1) + 1
-    out = [n, oc, (h + 2 * pad - span) // stride + 1, (w + 2 * pad - span) // stride + 1]
+    out = [n, oc, (h + pads[0] + pads[2] - span) // stride + 1,
+           (w + pads[1] + pads[3] - span) // stride + 1]
     b = GraphBuilder()
     b.add(node)
     b.input("x", list(shape), ty)

@@ -110,23 +110,26 @@ def test_words_round_trip_and_generic_targets_keep_the_element_layout() -> None:
         assert isa is not None and quant_dot.tile_cols(isa) == 16
 
 
-def qlinear_conv(shape: tuple[int, int, int, int], oc: int, k: int, stride: int, pad: int,
-                 signed: bool, rng: np.random.Generator) -> onnx.ModelProto:
-    return qlinear_conv_model(shape, oc, k, stride, pad, signed, rng)
+def qlinear_conv(shape: tuple[int, int, int, int], oc: int, k: int, stride: int,
+                 pad: int | tuple[int, int, int, int], signed: bool, rng: np.random.Generator,
+                 dilation: int = 1) -> onnx.ModelProto:
+    return qlinear_conv_model(shape, oc, k, stride, pad, signed, rng, dilation=dilation)
 
 
 @pytest.mark.parametrize("target", TARGETS)
-@pytest.mark.parametrize(("shape", "oc", "k", "stride", "pad", "signed"), [
-    ((1, 5, 7, 6), 9, 3, 1, 1, False),    # K = 45: a partial word; pads read x_zp
-    ((2, 8, 9, 9), 20, 1, 2, 0, True),    # 1x1, strided, batch 2, s8 shifted to u8
+@pytest.mark.parametrize(("shape", "oc", "k", "stride", "pad", "signed", "dilation"), [
+    ((1, 5, 7, 6), 9, 3, 1, 1, False, 1),    # K = 45: a partial word; pads read x_zp
+    ((2, 8, 9, 9), 20, 1, 2, 0, True, 1),    # 1x1, strided, batch 2, s8 shifted to u8
+    ((1, 3, 9, 8), 6, 3, 2, (2, 0, 1, 3), False, 2),  # uneven pads, dilated, strided
 ])
 def test_qlinear_conv_equals_onnxruntime(target: str, shape: tuple[int, int, int, int],
-                                         oc: int, k: int, stride: int, pad: int,
-                                         signed: bool) -> None:
+                                         oc: int, k: int, stride: int,
+                                         pad: int | tuple[int, int, int, int], signed: bool,
+                                         dilation: int) -> None:
     if not host_runs(target):
         pytest.skip(f"this host cannot run {target}")
     rng = np.random.default_rng(6)
-    model = qlinear_conv(shape, oc, k, stride, pad, signed, rng)
+    model = qlinear_conv(shape, oc, k, stride, pad, signed, rng, dilation)
     lo, hi, q = (-128, 128, np.int8) if signed else (0, 256, np.uint8)
     x = rng.integers(lo, hi, shape).astype(q)
     ex = kiln.compile(from_onnx(model), target)

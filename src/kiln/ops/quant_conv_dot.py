@@ -26,6 +26,7 @@ from kiln.ir.tensor import (
     DOT4_U8S8,
     Allocate,
     Buffer,
+    DeclBuffer,
     IfThenElse,
     Intrin,
     PrimExpr,
@@ -42,12 +43,15 @@ from kiln.ir.tensor import (
 from kiln.ir.types import TensorType, Type
 from kiln.ops import quant_dot, te
 from kiln.ops.kernels.tiles import loop as tile_loop
+from kiln.ops.kernels.tiles import nest
 from kiln.ops.nn import conv_geometry
 from kiln.ops.quant import channel, check_requant, conv_int_shape, out_range, requantize_value
 from kiln.ops.registry import OPS, HandBuiltOp
 
 Attrs = Mapping[str, Any]
 CONV_DOT = "qlinear_conv_dot"
+#: Column tiles that keep the threads busy; with fewer, row tiles (channels) run in parallel.
+PARALLEL_TILES = 8
 
 
 def weight_words(wp: np.ndarray) -> np.ndarray:
@@ -131,6 +135,28 @@ class _TiledConv(HandBuiltOp):
                         {"kiln.gemm_kernel": CONV_DOT})
 
 
+def _padded_input(x: Buffer, x_zp: Buffer, begins: Sequence[int], ends: Sequence[int]
+                  ) -> tuple[Buffer, Stmt]:
+    """`x` padded with its zero point (a scratch copy: the im2col reads need no bounds
+    tests), or `x` itself when the convolution is not padded. The copy fills the whole
+    scratch with `x_zp`, then copies the rows: both contiguous, so both vectorize."""
+    if not any(begins) and not any(ends):
+        return x, seq()
+    shape = (*(int(d) for d in x.shape[:2]),
+             *(int(d) + b + e for d, b, e in zip(x.shape[2:], begins, ends)))
+    xp = Buffer("x_padded", shape, x.dtype, "global")
+    flat = Buffer("x_padded_flat", (int(np.prod(shape)),), x.dtype)
+    fill = tile_loop("i", int(np.prod(shape)), lambda i: Store(flat, x_zp[()], (i,)))
+
+    def copy(*i: PrimExpr) -> Stmt:
+        n, c, rest = i[0], i[1], i[2:]
+        return Store(xp, x[(n, c, *rest)], (n, c, *(r + b for r, b in zip(rest, begins))))
+
+    rows = nest(("n", "c", *(f"i{j}" for j in range(len(shape) - 2))),
+                [int(d) for d in x.shape], copy)
+    return xp, seq(Allocate(xp), DeclBuffer(flat, xp, 0), fill, rows)
+
+
 def _tiles(x: Buffer, ww: Buffer, bias: Buffer, x_zp: Buffer, multiplier: Buffer,
            y_zp: Buffer, out: Buffer, attrs: Attrs, isa: Any) -> Stmt:
     ws = _w_shape(attrs)
@@ -138,41 +164,48 @@ def _tiles(x: Buffer, ww: Buffer, bias: Buffer, x_zp: Buffer, multiplier: Buffer
     batch, oc_n, spatial = int(out.shape[0]), ws[0], tuple(int(d) for d in out.shape[2:])
     positions = int(np.prod(spatial))
     taps, k_total, groups = int(np.prod(ws[2:])), int(np.prod(ws[1:])), int(ww.shape[1])
-    nr = min(quant_dot.tile_cols(isa), positions)
+    nr = quant_dot.tile_cols_for(isa, positions)
     col_tiles = -(-positions // nr)
     mr = min(quant_dot.tile_rows(isa, nr), oc_n)
     row_tiles = -(-oc_n // mr)
     words = Buffer("x_words", (batch, groups, col_tiles * nr), "int32", "global")
     lo, hi = out_range(attrs, y_zp.dtype)
     big = batch * positions * oc_n * k_total >= 1 << 18
+    # the padding past the input's end that the last output position reads
+    ends = [max(0, (spatial[j] - 1) * strides[j] + (ws[2 + j] - 1) * dilations[j]
+                - begins[j] + 1 - int(x.shape[2 + j])) for j in range(rank)]
+    xp, pad = _padded_input(x, x_zp, begins, ends)
 
-    def x_byte(n: PrimExpr, k: PrimExpr, p: PrimExpr) -> PrimExpr:
-        # input element of im2col row k (c, taps) at output position p, x_zp outside
-        c, tap = k // taps, k % taps
-        o = te.unflatten_index(p, spatial)
-        kk = te.unflatten_index(tap, ws[2:])
-        pos = [o[j] * strides[j] + kk[j] * dilations[j] - begins[j] for j in range(rank)]
-        inside: PrimExpr = compare("lt", k, k_total) & compare("lt", p, positions)
-        for j in range(rank):
-            inside = inside & compare("ge", pos[j], 0) & compare("lt", pos[j], x.shape[2 + j])
-        safe = [min_(pos[j] * Select(compare("ge", pos[j], 0), as_expr(1), as_expr(0)),
-                     x.shape[2 + j] - 1) for j in range(rank)]
-        value = Select(inside, x[(n, min_(c, ws[1] - 1), *safe)], x_zp[()])
-        byte = quant_dot.a_byte(value)
-        return Select(compare("lt", k, k_total), byte, as_expr(0, "int32"))
-
-    def word(n: PrimExpr, g: PrimExpr, p: PrimExpr) -> PrimExpr:
+    def word(n: PrimExpr, g: PrimExpr, o: Sequence[PrimExpr]) -> PrimExpr:
+        # the im2col word of group g at output position o: 4 k = (c, tap), 0 past K
         total: PrimExpr = as_expr(0, "int32")
         for i in range(quant_dot.GROUP):
-            byte = x_byte(n, g * quant_dot.GROUP + i, p)
+            k = g * quant_dot.GROUP + i
+            c, kk = k // taps, te.unflatten_index(k % taps, ws[2:])
+            pos = [o[j] * strides[j] + kk[j] * dilations[j] for j in range(rank)]
+            byte = quant_dot.a_byte(xp[(n, min_(c, ws[1] - 1), *pos)])
+            if k_total % quant_dot.GROUP:
+                byte = Select(compare("lt", k, k_total), byte, as_expr(0, "int32"))
             if i == quant_dot.GROUP - 1:
                 byte = Select(compare("ge", byte, 128), byte - 256, byte)
             total = total + byte * (1 << (8 * i))
         return total
 
-    pack = tile_loop("n", batch, lambda n: tile_loop("g", groups, lambda g: tile_loop(
-        "p", col_tiles * nr, lambda p: Store(words, word(n, g, p), (n, g, p))),
+    names = tuple(f"o{j}" for j in range(rank))
+
+    def pack_group(n: PrimExpr, g: PrimExpr) -> Stmt:
+        rows = nest(names, spatial, lambda *o: Store(
+            words, word(n, g, o), (n, g, te.flat_index(o, spatial))))
+        if positions == col_tiles * nr:
+            return rows
+        tail = tile_loop("p", col_tiles * nr - positions, lambda p: Store(
+            words, as_expr(0, "int32"), (n, g, p)), start=positions)
+        return seq(rows, tail)
+
+    pack = tile_loop("n", batch, lambda n: tile_loop(
+        "g", groups, lambda g: pack_group(n, g),
         "parallel" if big and groups > 1 else "serial"))
+    flat_out = Buffer("out_flat", (batch, oc_n, positions), out.dtype)
 
     def tile(n: Var, ct: Var, rt: Var) -> Stmt:
         acc = Buffer("acc", (mr, nr), "int32", "local")
@@ -188,20 +221,37 @@ def _tiles(x: Buffer, ww: Buffer, bias: Buffer, x_zp: Buffer, multiplier: Buffer
             "vectorized"), "unrolled"))
 
         def store(r: PrimExpr, v: PrimExpr) -> Stmt:
-            oc, p = rt * mr + r, ct * nr + v
             mult = multiplier[()] if multiplier.ndim == 0 else multiplier[row(r)]
             value = requantize_value(acc[r, v] + bias[row(r)], mult, y_zp[()], lo, hi,
                                      y_zp.dtype)
-            inside = compare("lt", oc, oc_n) & compare("lt", p, positions)
-            return IfThenElse(inside, Store(out, value, (n, oc, *te.unflatten_index(p, spatial))))
+            return Store(flat_out, value, (n, rt * mr + r, ct * nr + v))
 
-        stores = tile_loop("r", mr, lambda r: tile_loop("v", nr, lambda v: store(r, v)))
-        return seq(Allocate(acc), zero, step, stores)
+        def store_row(r: PrimExpr) -> Stmt:
+            # whole column tiles store unguarded (a loop LLVM vectorizes); the last,
+            # partial one stores its positions only
+            full = tile_loop("v", nr, lambda v: store(r, v))
+            rest = positions - (col_tiles - 1) * nr
+            if rest == nr:
+                stores = full
+            else:
+                stores = IfThenElse(compare("lt", ct, col_tiles - 1), full,
+                                    tile_loop("v", rest, lambda v: store(r, v)))
+            if oc_n % mr == 0:
+                return stores
+            return IfThenElse(compare("lt", rt * mr + r, oc_n), stores)
 
-    kind = "parallel" if big and col_tiles > 1 else "serial"
-    nest = tile_loop("n", batch, lambda n: tile_loop("ct", col_tiles, lambda ct: tile_loop(
-        "rt", row_tiles, lambda rt: tile(n, ct, rt)), kind))
-    return seq(Allocate(words), pack, nest)
+        return seq(Allocate(acc), zero, step, tile_loop("r", mr, store_row))
+
+    if col_tiles >= PARALLEL_TILES or row_tiles < col_tiles:
+        # column tiles in parallel: each thread reads the input words of its positions
+        nest_ = tile_loop("n", batch, lambda n: tile_loop("ct", col_tiles, lambda ct: tile_loop(
+            "rt", row_tiles, lambda rt: tile(n, ct, rt)),
+            "parallel" if big and col_tiles > 1 else "serial"))
+    else:
+        # few output positions (7 x 7: one column tile): output channels in parallel
+        nest_ = tile_loop("n", batch, lambda n: tile_loop("rt", row_tiles, lambda rt: tile_loop(
+            "ct", col_tiles, lambda ct: tile(n, ct, rt)), "parallel" if big else "serial"))
+    return seq(pad, Allocate(words), pack, DeclBuffer(flat_out, out, 0), nest_)
 
 
 OPS.register(CONV_DOT, _TiledConv(CONV_DOT, "anchor", _infer, _build, _reference))

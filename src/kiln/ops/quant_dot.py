@@ -44,13 +44,27 @@ def tile_cols(isa: ISA) -> int:
     return isa.lanes("int32") * (4 if isa.vector_registers >= 32 else 2)
 
 
+def tile_cols_for(isa: ISA, extent: int) -> int:
+    """Columns of a register tile for `extent` columns in all: the whole vectors (up to
+    `tile_cols`) that leave the fewest padded columns in the last tile (14 x 14 = 196
+    output positions: 13 tiles of one vector, 208, instead of 4 of four, 256), the
+    widest of equals; `extent` itself when it is below one vector."""
+    lanes = isa.lanes("int32")
+    if extent <= lanes:
+        return extent
+    widths = range(tile_cols(isa), 0, -lanes)
+    return min(widths, key=lambda nr: -(-extent // nr) * nr)
+
+
 def tile_rows(isa: ISA, nr: int) -> int:
     """Rows of a register tile of `nr` columns: the accumulators fill the registers
     left after one B row and the family's temporaries (at most 8 rows)."""
     if not isa.vector_bits:
         return 2  # scalar registers (Cortex-M: 2 x 2 accumulators, 2 + 2 words)
     vectors = max(1, -(-nr // isa.lanes("int32")))
-    spare = 1 if isa.int8_dot in _EXACT_FAMILIES else 4
+    # the broadcast A word; the vpmaddubsw split adds its two constants, A's two halves
+    # and two products in flight (kiln.codegen.llvm.int_dot); sdot its correction
+    spare = 1 if isa.int8_dot in _EXACT_FAMILIES else 6
     return max(1, min(8, (isa.vector_registers - vectors - spare) // vectors))
 
 

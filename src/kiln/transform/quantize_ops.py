@@ -13,7 +13,8 @@ half to even, saturated and shifted by the output zero point, where `multiplier 
 x_scale * w_scale / y_scale` (one per output channel for per-channel weights). A
 ReLU or Clip between the product and the QuantizeLinear becomes the output range
 (`qmin`/`qmax`): quantization is monotone, so `quantize(relu(v)) = max(quantize(v),
-y_zp)` exactly.
+y_zp)` exactly. For the same reason `quantize(max_pool(dequantize(x)))` with one scale
+and zero point is `max_pool(x)` on the integers.
 
 It applies only when the result is the same computation onnxruntime runs for the
 pattern (its QDQ transformer makes the same fusion): the scales and zero points are
@@ -49,6 +50,7 @@ from kiln.transform.pass_base import FunctionPass
 
 _CONVS = ("conv1d", "conv2d", "conv3d")
 _PRODUCT_DTYPES = ("int8", "uint8")
+_MAX_POOLS = ("max_pool1d", "max_pool2d", "max_pool3d")
 _STARTS = ("quantize_linear", "qlinear_conv", "qlinear_matmul", "matmul_integer")
 
 
@@ -123,6 +125,8 @@ class _Matcher:
 
         lo, hi = qrange(str(y_zp.dtype))
         call = self._producer(q.args[0], single_use=True)
+        if call is not None and call.op in _MAX_POOLS:
+            return self._integer_max_pool(call, y_scale, y_zp)
         if call is not None and call.op in ("relu", "clip"):
             # quantization is monotone: the activation becomes the output range
             bounds = (0.0, None) if call.op == "relu" else (call.attrs.get("min"),
@@ -149,6 +153,21 @@ class _Matcher:
             return self._fuse(q, "qlinear_matmul", call, bias, channel_axis, lo, hi,
                               y_scale, y_zp)
         return None
+
+    def _integer_max_pool(self, pool: g.Call, y_scale: np.ndarray, y_zp: np.ndarray
+                          ) -> g.Call | None:
+        """`quantize(max_pool(dequantize(x)))` with the same scale (> 0) and zero point is
+        `max_pool(x)`: dequantization is increasing, so the maximum is the same element,
+        and quantize(dequantize(x)) = x (onnxruntime drops these Q/DQ pairs too)."""
+        source = self._dequantized(pool.args[0])
+        if source is None or source.axis is not None or float(source.scale) <= 0 \
+                or source.scale.reshape(()) != y_scale \
+                or source.zero_point.dtype != y_zp.dtype \
+                or source.zero_point.reshape(()) != y_zp:
+            return None
+        from kiln.ops import call as op_call
+
+        return op_call(pool.op, source.data, **pool.attrs)
 
     def _matmul_and_bias(self, add: g.Call) -> tuple[g.Call | None, g.Expr | None]:
         """Gemm's `add(matmul(...), bias)` (either order) -> (the matmul, the bias)."""

@@ -387,6 +387,9 @@ def _int_to_float(cx: MathContext, b: ir.IRBuilder, value: ir.Value, src: str,
 
 def _float_to_int(cx: MathContext, b: ir.IRBuilder, value: ir.Value, dst: str) -> ir.Value:
     fty = value.type
+    if fty == F32 and dt.bits(dst) <= 32:
+        low = _f32_to_low32(cx, b, value)
+        return b.trunc(low, compute_type(dst)) if dt.bits(dst) < 32 else low
     suffix = float_suffix(fty)
     # fptosi.sat spelled out: a plain fptosi (vectorizes: vcvttps2qq and the like; LLVM
     # scalarizes the saturating intrinsic) whose out-of-range lanes the selects replace
@@ -405,6 +408,39 @@ def _float_to_int(cx: MathContext, b: ir.IRBuilder, value: ir.Value, dst: str) -
     if dt.bits(dst) < 64:
         return b.trunc(wide, compute_type(dst))
     return wide
+
+
+def bounded_float_to_int(b: ir.IRBuilder, value: ir.Value, dst: str) -> ir.Value:
+    """float32 `value` -> int `dst` (at most 32 bits) when every non-NaN value is known to
+    truncate into int32 (kiln.codegen.llvm.float_range): NaN gives 0, as in `cast`; the
+    rest is one `fptosi` (`cvttps2dq`), whose result `cast` would give too."""
+    clear = b.select(b.fcmp_ordered("ord", value, value), value, ir.Constant(F32, 0.0))
+    low = b.fptosi(clear, ir.IntType(32))
+    return b.trunc(low, compute_type(dst)) if dt.bits(dst) < 32 else low
+
+
+def _f32_to_low32(cx: MathContext, b: ir.IRBuilder, v: ir.Value) -> ir.Value:
+    """The low 32 bits of `fptosi.sat.i64(v)` for a float32 `v`, in 32-bit lanes.
+
+    LLVM converts `fptosi.sat` of float vectors lane by lane (so a loop it vectorizes,
+    such as a requantizing epilogue, would spend most of its time there); this is one
+    plain `fptosi` to i32 (`cvttps2dq`) of an operand always in range. Below 2**31 in
+    magnitude that is `v`. Above, a float32 is an integer, and its low 32 bits are
+    `lo = v - floor(v / 2**32) * 2**32` (exact: `lo` keeps a subset of v's 24 significant
+    bits), moved into [-2**31, 2**31). From 2**63 up, the saturated int64 is 0x7fff...ff
+    (low bits -1); down from -2**63 it is 0x8000...00 (low bits 0, as `lo`); NaN gives 0
+    (`lo` is NaN for NaN and the infinities: 0 is taken)."""
+    two31, two32 = ir.Constant(F32, 2.0 ** 31), ir.Constant(F32, 2.0 ** 32)
+    fabs = intrinsic(cx.module, "llvm.fabs.f32", F32, [F32])
+    floor = intrinsic(cx.module, "llvm.floor.f32", F32, [F32])
+    high = b.call(floor, [b.fmul(v, ir.Constant(F32, 2.0 ** -32))])
+    lo = b.fsub(v, b.fmul(high, two32))
+    lo = b.select(b.fcmp_ordered(">=", lo, two31), b.fsub(lo, two32), lo)
+    lo = b.select(b.fcmp_ordered("ord", lo, lo), lo, ir.Constant(F32, 0.0))
+    small = b.fcmp_ordered("<", b.call(fabs, [v]), two31)
+    low = b.fptosi(b.select(small, v, lo), ir.IntType(32))
+    return b.select(b.fcmp_ordered(">=", v, ir.Constant(F32, 2.0 ** 63)),
+                    ir.Constant(ir.IntType(32), -1), low)
 
 
 def _float_to_float(cx: MathContext, b: ir.IRBuilder, value: ir.Value, dst: str) -> ir.Value:

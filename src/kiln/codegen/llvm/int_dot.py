@@ -9,9 +9,9 @@ the host:
   `.256`), exactly the intrinsic;
 - "avx512bw" / "avx2": `vpmaddubsw` + `vpmaddwd`. `vpmaddubsw` adds two u8 x s8
   products into a *saturating* int16 (255 * -128 * 2 does not fit), so `a` is split
-  into its low 7 bits and its top bit: each half's pair sums fit int16
-  (127 * 128 * 2 = 32512 and 1 * 128 * 2), and `vpmaddwd` widens them, the top half
-  scaled by 128. Two instruction pairs instead of one, and exact;
+  into its low 7 bits and its top bit (kept in place): each half's pair sums fit int16
+  (127 * 128 * 2 = 32512; 128 * -128 * 2 = -32768), and `vpmaddwd` by ones widens
+  both. Two instruction pairs instead of one, and exact;
 - "i8mm": AArch64 `usdot` (u8 x s8), exactly the intrinsic;
 - "sdot": AArch64 `sdot` (s8 x s8): `a`'s bytes shifted to signed (`a ^ 0x80` is
   `a - 128`), then `128 * sum(b)` added back (a second `sdot` with bytes of 1);
@@ -63,14 +63,16 @@ def _maddubs(b: ir.IRBuilder, mod: ir.Module, acc: ir.Value, a: ir.Value,
     n = acc.type.count
     ub, wd = (("llvm.x86.avx512.pmaddubs.w.512", "llvm.x86.avx512.pmaddw.d.512") if n == 16
               else ("llvm.x86.avx2.pmadd.ub.sw", "llvm.x86.avx2.pmadd.wd"))
+    # low 7 bits and top bit of a's bytes (top = a ^ low keeps the bit in place: its pair
+    # sums are 128 * (w0 + w1), within [-32768, 32512]); two constants in all, so the
+    # tile keeps its accumulators in registers (quant_dot.tile_rows counts these)
     low = b.and_(a, _splat(I32, n, 0x7F7F7F7F))
-    top = b.and_(b.lshr(a, _splat(I32, n, 7)), _splat(I32, n, 0x01010101))
+    top = b.xor(a, low)
     wb = _bytes(b, w)
     pairs = _vec(I16, 2 * n)
-    low16 = _call(b, mod, ub, pairs, (_bytes(b, low), wb))
-    top16 = _call(b, mod, ub, pairs, (_bytes(b, top), wb))
-    low32 = _call(b, mod, wd, acc.type, (low16, _splat(I16, 2 * n, 1)))
-    top32 = _call(b, mod, wd, acc.type, (top16, _splat(I16, 2 * n, 128)))
+    ones = _splat(I16, 2 * n, 1)
+    low32 = _call(b, mod, wd, acc.type, (_call(b, mod, ub, pairs, (_bytes(b, low), wb)), ones))
+    top32 = _call(b, mod, wd, acc.type, (_call(b, mod, ub, pairs, (_bytes(b, top), wb)), ones))
     return b.add(acc, b.add(low32, top32))
 
 

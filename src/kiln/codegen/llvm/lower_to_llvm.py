@@ -38,6 +38,7 @@ from kiln.codegen.llvm.dtypes import (
     storage_type,
 )
 from kiln.codegen.llvm.float16 import HalfConversions
+from kiln.codegen.llvm.float_range import fits_int32
 from kiln.codegen.llvm.intrinsics import emit_intrinsic
 from kiln.codegen.llvm.vector_loops import emit_vector_loop
 from kiln.codegen.naming import consts_symbol, kernel_symbol, parallel_for_symbol, profile_symbol
@@ -606,6 +607,10 @@ def _select(fl: FunctionLowering, e: Select) -> ir.Value:
 
 
 def _cast(fl: FunctionLowering, e: Cast) -> ir.Value:
+    if e.value.dtype == "float32" and dt.is_int(e.dtype) and dt.bits(e.dtype) <= 32 \
+            and fits_int32(e.value):
+        # a clamped operand (quantization): one conversion instruction
+        return arith.bounded_float_to_int(fl.b, fl.expr(e.value), e.dtype)
     return arith.cast(fl.math, fl.b, fl.expr(e.value), e.value.dtype, e.dtype)
 
 

@@ -1,0 +1,85 @@
+"""The int8 dot-product kernels built for aarch64 (`sdot`, `usdot` with i8mm), exported
+as a shared library with aarch64-linux-gnu-gcc and run under qemu-aarch64: a QDQ model
+(onnxruntime's quantizer) of a 3x3 convolution, a strided 1x1 convolution and a matrix
+product gives exactly onnxruntime's output on this host (x86-64): the same integers."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+from quantized_models import quantize_static_model
+
+import kiln
+from kiln.runtime.native import include_dir
+from kiln.target import Target
+from kiln.target.isa import isa_for
+from support.reference import onnxruntime_outputs
+from support.toolchains import needs
+
+pytest.importorskip("onnxruntime")
+
+DEPLOY = Path(__file__).resolve().parents[2] / "examples" / "c_deploy" / "deploy.c"
+IN_SHAPE, OUT_SHAPE = (1, 8, 10, 10), (1, 10)
+QEMU = ["qemu-aarch64", "-cpu", "max", "-L", "/usr/aarch64-linux-gnu"]
+AARCH64 = "llvm -mtriple=aarch64-linux-gnu -mattr=+neon,+dotprod"
+
+
+def _float_model() -> onnx.ModelProto:
+    rng = np.random.default_rng(11)
+    consts = {"w1": rng.standard_normal((16, 8, 3, 3)) * 0.2, "b1": rng.standard_normal(16) * 0.1,
+              "w2": rng.standard_normal((16, 16, 1, 1)) * 0.3, "fc": rng.standard_normal(
+                  (16 * 5 * 5, 10)) * 0.1}
+    nodes = [helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c1"], ["r1"]),
+             helper.make_node("Conv", ["r1", "w2"], ["c2"], strides=[2, 2]),
+             helper.make_node("Flatten", ["c2"], ["f"]),
+             helper.make_node("MatMul", ["f", "fc"], ["y"])]
+    graph = helper.make_graph(
+        nodes, "int8_cnn", [helper.make_tensor_value_info("x", TensorProto.FLOAT, IN_SHAPE)],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, OUT_SHAPE)],
+        [numpy_helper.from_array(np.asarray(v, np.float32), k) for k, v in consts.items()])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    return model
+
+
+@pytest.fixture(scope="module")
+def quantized() -> tuple[onnx.ModelProto, np.ndarray, np.ndarray]:
+    model = quantize_static_model(_float_model(), "QDQ")
+    x = np.random.default_rng(3).standard_normal(IN_SHAPE).astype(np.float32)
+    return model, x, onnxruntime_outputs(model, {"x": x})[0]
+
+
+def _run(exe: Path, so: Path, tmp: Path, x: np.ndarray) -> np.ndarray:
+    (tmp / "in.bin").write_bytes(x.tobytes())
+    out = tmp / "out.bin"
+    shape = ",".join(map(str, IN_SHAPE)), ",".join(map(str, OUT_SHAPE))
+    proc = subprocess.run([*QEMU, str(exe), str(so), "kiln_", str(tmp / "in.bin"), shape[0],
+                           str(out), shape[1]], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    return np.frombuffer(out.read_bytes(), np.float32).reshape(OUT_SHAPE)
+
+
+@needs("aarch64-linux-gnu-gcc", "qemu-aarch64", why="make test installs them")
+@pytest.mark.parametrize("mattr", ["", ",+i8mm"], ids=["sdot", "usdot"])
+def test_int8_conv_and_gemm_under_qemu_match(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mattr: str,
+        quantized: tuple[onnx.ModelProto, np.ndarray, np.ndarray]) -> None:
+    monkeypatch.delenv("CC", raising=False)
+    model, x, want = quantized
+    target = AARCH64 + mattr
+    assert isa_for(Target(target)).int8_dot == ("i8mm" if mattr else "sdot")
+    ex = kiln.compile(kiln.frontend.from_onnx(model), target)
+    so = ex.export_library(tmp_path / "int8.so")  # no cc given: the cross compiler
+    asm = subprocess.run(["aarch64-linux-gnu-objdump", "-d", str(so)], capture_output=True,
+                         text=True).stdout
+    assert ("usdot" if mattr else "sdot") in asm
+    exe = tmp_path / "deploy"
+    subprocess.run(["aarch64-linux-gnu-gcc", f"-I{include_dir()}", str(DEPLOY), "-ldl", "-o",
+                    str(exe)], check=True)
+    np.testing.assert_array_equal(_run(exe, so, tmp_path, x), want)
