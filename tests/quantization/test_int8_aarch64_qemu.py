@@ -11,13 +11,13 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from onnx import TensorProto, helper, numpy_helper
 from quantized_models import quantize_static_model
 
 import kiln
 from kiln.runtime.native import include_dir
 from kiln.target import Target
 from kiln.target.isa import isa_for
+from support.graphs import GraphBuilder
 from support.reference import onnxruntime_outputs
 from support.toolchains import needs
 
@@ -34,18 +34,16 @@ def _float_model() -> onnx.ModelProto:
     consts = {"w1": rng.standard_normal((16, 8, 3, 3)) * 0.2, "b1": rng.standard_normal(16) * 0.1,
               "w2": rng.standard_normal((16, 16, 1, 1)) * 0.3, "fc": rng.standard_normal(
                   (16 * 5 * 5, 10)) * 0.1}
-    nodes = [helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1]),
-             helper.make_node("Relu", ["c1"], ["r1"]),
-             helper.make_node("Conv", ["r1", "w2"], ["c2"], strides=[2, 2]),
-             helper.make_node("Flatten", ["c2"], ["f"]),
-             helper.make_node("MatMul", ["f", "fc"], ["y"])]
-    graph = helper.make_graph(
-        nodes, "int8_cnn", [helper.make_tensor_value_info("x", TensorProto.FLOAT, IN_SHAPE)],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, OUT_SHAPE)],
-        [numpy_helper.from_array(np.asarray(v, np.float32), k) for k, v in consts.items()])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
-    model.ir_version = 8
-    return model
+    b = GraphBuilder()
+    b.consts({k: np.asarray(v, np.float32) for k, v in consts.items()})
+    b.node("Conv", ["x", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1])
+    b.node("Relu", ["c1"], ["r1"])
+    b.node("Conv", ["r1", "w2"], ["c2"], strides=[2, 2])
+    b.node("Flatten", ["c2"], ["f"])
+    b.node("MatMul", ["f", "fc"], ["y"])
+    b.input("x", list(IN_SHAPE))
+    b.output("y", list(OUT_SHAPE))
+    return b.model(opset=13, name="int8_cnn")
 
 
 @pytest.fixture(scope="module")

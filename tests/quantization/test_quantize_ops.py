@@ -132,19 +132,15 @@ def test_bias_with_another_scale_stays_float() -> None:
 def test_qdq_max_pool_runs_on_integers(zp: np.generic, out_scale: float) -> None:
     # quantize(max_pool(dequantize(x))) with one scale and zero point is max_pool(x):
     # padded windows included; another output scale keeps the float pool
-    inits = [numpy_helper.from_array(np.asarray(v), k) for k, v in {
-        "s": np.float32(0.05), "z": zp, "ys": np.float32(out_scale)}.items()]
-    nodes = [helper.make_node("QuantizeLinear", ["x", "s", "z"], ["xq"]),
-             helper.make_node("DequantizeLinear", ["xq", "s", "z"], ["xf"]),
-             helper.make_node("MaxPool", ["xf"], ["p"], kernel_shape=[3, 3], strides=[2, 2],
-                              pads=[1, 1, 1, 1]),
-             helper.make_node("QuantizeLinear", ["p", "ys", "z"], ["y"])]
-    out_type = TensorProto.UINT8 if zp.dtype == np.uint8 else TensorProto.INT8
-    graph = helper.make_graph(
-        nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2, 7, 7])],
-        [helper.make_tensor_value_info("y", out_type, [1, 2, 4, 4])], inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
-    model.ir_version = 8
+    b = GraphBuilder()
+    b.consts({"s": np.float32(0.05), "z": zp, "ys": np.float32(out_scale)})
+    b.node("QuantizeLinear", ["x", "s", "z"], ["xq"])
+    b.node("DequantizeLinear", ["xq", "s", "z"], ["xf"])
+    b.node("MaxPool", ["xf"], ["p"], kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1])
+    b.node("QuantizeLinear", ["p", "ys", "z"], ["y"])
+    b.input("x", [1, 2, 7, 7])
+    b.output("y", [1, 2, 4, 4], TensorProto.UINT8 if zp.dtype == np.uint8 else TensorProto.INT8)
+    model = b.model(opset=13)
     x = R.uniform(-8, 8, (1, 2, 7, 7)).astype(np.float32)
     mod = QuantizeOps()(from_onnx(model))
     ops = _ops(mod)
