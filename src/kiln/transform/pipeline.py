@@ -97,13 +97,15 @@ def default_graph_pipeline(nchwc: bool = NCHWC_BY_DEFAULT) -> Sequential:
 
 
 def default_tensor_pipeline() -> Sequential:
-    """Simplify tensor-level arithmetic, put reductions' output loops innermost, then
-    run independent loop iterations in parallel."""
+    """Simplify tensor-level arithmetic, put reductions' output loops innermost, run
+    independent loop iterations in parallel, then spell float32 exp/tanh/sigmoid/erf as
+    arithmetic the vectorizer widens (on CPU targets; kiln.transform.expand_math)."""
+    from kiln.transform.expand_math import ExpandMath
     from kiln.transform.interchange_reductions import InterchangeReductions
     from kiln.transform.parallelize import Parallelize
     from kiln.transform.simplify import Simplify
 
-    return Sequential([Simplify(), InterchangeReductions(), Parallelize()],
+    return Sequential([Simplify(), InterchangeReductions(), Parallelize(), ExpandMath()],
                       name="tensor-default")
 
 

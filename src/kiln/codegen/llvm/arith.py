@@ -388,8 +388,7 @@ def _int_to_float(cx: MathContext, b: ir.IRBuilder, value: ir.Value, src: str,
 def _float_to_int(cx: MathContext, b: ir.IRBuilder, value: ir.Value, dst: str) -> ir.Value:
     fty = value.type
     suffix = float_suffix(fty)
-    to_signed = intrinsic(cx.module, f"llvm.fptosi.sat.i64.{suffix}", I64, [fty])
-    wide = b.call(to_signed, [value])
+    wide = _fptosi_sat_i64(b, value)
     if dst == "uint64":
         # Values >= 2**63 need the unsigned conversion; below, wrap like the others.
         to_unsigned = intrinsic(cx.module, f"llvm.fptoui.sat.i64.{suffix}", I64, [fty])
@@ -398,6 +397,20 @@ def _float_to_int(cx: MathContext, b: ir.IRBuilder, value: ir.Value, dst: str) -
     if dt.bits(dst) < 64:
         return b.trunc(wide, compute_type(dst))
     return wide
+
+
+def _fptosi_sat_i64(b: ir.IRBuilder, value: ir.Value) -> ir.Value:
+    """`llvm.fptosi.sat.i64` spelled out (NaN -> 0, out of range -> the nearest limit):
+    the loop vectorizer widens these selects into vector conversions, while x86 takes
+    the intrinsic's vector form apart into one scalar conversion per lane."""
+    fty = value.type
+    raw = b.fptosi(value, I64)  # poison out of range or NaN: selected away below
+    big = b.fcmp_ordered(">=", value, ir.Constant(fty, 2.0 ** 63))
+    small = b.fcmp_ordered("<", value, ir.Constant(fty, -(2.0 ** 63)))
+    nan = b.fcmp_unordered("uno", value, value)
+    wide = b.select(big, ir.Constant(I64, 2 ** 63 - 1), raw)
+    wide = b.select(small, ir.Constant(I64, -(2 ** 63)), wide)
+    return b.select(nan, ir.Constant(I64, 0), wide)
 
 
 def _float_to_float(cx: MathContext, b: ir.IRBuilder, value: ir.Value, dst: str) -> ir.Value:
