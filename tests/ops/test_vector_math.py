@@ -36,7 +36,7 @@ FUNCTIONS: dict[str, tuple[Callable[[np.ndarray], np.ndarray], float]] = {
     "exp": (np.exp, 1.5),
     "tanh": (np.tanh, 1.5),
     "sigmoid": (lambda v: 1 / (1 + np.exp(-v)), 2.5),
-    "erf": (_erf, 1.5),
+    "erf": (_erf, 2.0),
 }
 
 
