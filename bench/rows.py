@@ -1,4 +1,4 @@
-"""Row-op benchmark: Softmax, LayerNormalization, reductions and the vectorized math, kiln vs onnxruntime.
+"""Row-op benchmark: Softmax, LayerNormalization, reductions, vectorized math; kiln vs onnxruntime.
 
     .venv/bin/python bench/rows.py [--repeat 200] [--target llvm]
 
