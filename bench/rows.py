@@ -1,4 +1,4 @@
-"""Row-op benchmark: Softmax, LayerNormalization and last-axis reductions, kiln vs onnxruntime.
+"""Row-op benchmark: Softmax, LayerNormalization, reductions, vectorized math; kiln vs onnxruntime.
 
     .venv/bin/python bench/rows.py [--repeat 200] [--target llvm]
 
@@ -6,7 +6,9 @@ Each case is a one-node ONNX model at the shapes of the bench/models.py
 encoder (width 256, 4 heads) and BERT-like model (width 768, 12 heads),
 sequence 128, plus the same with an elementwise producer (attention scale and
 additive mask before Softmax, residual Add before LayerNormalization) that
-kiln fuses into the row kernel. Prints the median microseconds per call of
+kiln fuses into the row kernel, and the elementwise math of a BERT-base /
+GPT-2 feed-forward layer (GELU in its erf and tanh forms, Tanh, Sigmoid, Exp
+on 128x3072). Prints the median microseconds per call of
 kiln (`fn(x, out=o)`) and of a one-node onnxruntime session
 (`intra_op_num_threads=2`), in alternating blocks, and the relative L2 error.
 kiln's threads: `KILN_NUM_THREADS` (default: every online CPU). Asserts
@@ -90,6 +92,16 @@ def reduce_mean(seq: int, dim: int) -> onnx.ModelProto:
     return model
 
 
+def unary(op: str, rows: int, cols: int, **attrs: object) -> onnx.ModelProto:
+    def build(nodes: list[onnx.NodeProto], inits: list[onnx.TensorProto]) -> str:
+        nodes.append(helper.make_node(op, ["x"], ["y"], **attrs))
+        return "y"
+    model = one_op(build, {"x": (1, rows, cols)})
+    model.opset_import[0].version = 20  # Gelu
+    model.ir_version = 9
+    return model
+
+
 CASES: dict[str, Callable[[], onnx.ModelProto]] = {
     "softmax 4x128x128": lambda: softmax(4, 128, False),
     "scale+mask+softmax 4x128x128": lambda: softmax(4, 128, True),
@@ -99,6 +111,12 @@ CASES: dict[str, Callable[[], onnx.ModelProto]] = {
     "layernorm 128x768": lambda: layer_norm(128, 768, False),
     "add+layernorm 128x768": lambda: layer_norm(128, 768, True),
     "reducemean 128x768": lambda: reduce_mean(128, 768),
+    "gelu 128x3072": lambda: unary("Gelu", 128, 3072),
+    "gelu tanh 128x3072": lambda: unary("Gelu", 128, 3072, approximate="tanh"),
+    "tanh 128x3072": lambda: unary("Tanh", 128, 3072),
+    "sigmoid 128x3072": lambda: unary("Sigmoid", 128, 3072),
+    "exp 128x3072": lambda: unary("Exp", 128, 3072),
+    "relu 128x3072 (memory bound)": lambda: unary("Relu", 128, 3072),
 }
 
 
@@ -108,12 +126,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=200)
     parser.add_argument("--target", default=None)
+    parser.add_argument("--cases", default="", help="comma-separated substrings of case names")
     opts = parser.parse_args()
     target = kiln.target.Target(opts.target) if opts.target else kiln.target.Target.from_host()
     print(f"target: {describe_target(target)}   KILN_NUM_THREADS: "
           f"{os.environ.get('KILN_NUM_THREADS', 'all')}   ort threads: 2")
     print(f"{'case':<30} {'kiln us':>9} {'ort us':>9} {'kiln/ort':>9} {'rel L2':>9}")
     for name, make in CASES.items():
+        if opts.cases and not any(c in name for c in opts.cases.split(",")):
+            continue
         model = make()
         feeds = {i.name: RNG.standard_normal([d.dim_value for d in i.type.tensor_type.shape.dim])
                  .astype(np.float32) for i in model.graph.input}

@@ -50,11 +50,9 @@ from kiln.ir.tensor import (
     Store,
     Var,
     as_expr,
-    compare,
     intrin,
     max_,
     min_,
-    select,
     seq,
 )
 from kiln.ir.types import TensorType
@@ -140,39 +138,6 @@ def _let(name: str, value: PrimExpr) -> tuple[Var, Stmt]:
     return v, LetStmt(v, value)
 
 
-# exp on [-87, 0] (Cephes' expf): x = n ln2 + r with |r| <= ln2/2, a degree-7
-# polynomial for exp(r) (error about 1 ulp), times 2^n.
-_LN2_HI, _LN2_LO, _LOG2E = 0.693359375, -2.12194440e-4, 1.44269504088896341
-_EXP_POLY = (1.9875691500e-4, 1.3981999507e-3, 8.3334519073e-3, 4.1665795894e-2,
-             1.6666665459e-1, 5.0000001201e-1)
-_EXP_FLOOR = -87.0  # exp(-87) ~ 1.6e-38: 2^n stays a normal number above it
-
-
-def exp_nonpositive(x: PrimExpr) -> PrimExpr:
-    """`exp(x)` for float32 `x <= 0` (softmax's `x - max`) in plain arithmetic the loop
-    vectorizer can widen: libm's `expf` is a scalar call per element. 2^n (n in
-    [-126, 0]) is a product of one power of two per bit of -n, picked with selects
-    (the IR has no bit casts). Below -87 the result is 0 (float32's exp there is
-    under 2^-126, irrelevant next to the row max's exp(0) = 1); NaN stays NaN."""
-    f = lambda v: as_expr(v, F32)  # noqa: E731
-    # into [-87, 0], NaN included (it must not reach the float -> int conversion)
-    clamped = select(compare("ge", x, f(_EXP_FLOOR)), min_(x, f(0.0)), f(_EXP_FLOOR))
-    n = intrin("floor", clamped * f(_LOG2E) + f(0.5))
-    r = clamped - n * f(_LN2_HI) - n * f(_LN2_LO)
-    poly: PrimExpr = f(_EXP_POLY[0])
-    for c in _EXP_POLY[1:]:
-        poly = poly * r + f(c)
-    e_r = poly * (r * r) + r + f(1.0)
-    bits = Cast("int32", -n)
-    scale: PrimExpr = f(1.0)
-    for k in range(7):
-        bit = (bits >> as_expr(k, "int32")) & as_expr(1, "int32")
-        scale = scale * select(compare("ne", bit, as_expr(0, "int32")), f(2.0 ** -(2 ** k)),
-                               f(1.0))
-    y = select(compare("lt", x, f(_EXP_FLOOR)), f(0.0), e_r * scale)
-    return select(intrin("isnan", x), x, y)
-
-
 def softmax_row(loops: RowLoops, read: Reader, out_at: Callable[[PrimExpr], Any],
                 store: Callable[[PrimExpr, PrimExpr], Stmt], log: bool) -> Stmt:
     """One row of softmax (or log_softmax): `read(j)` is the input element j,
@@ -184,14 +149,14 @@ def softmax_row(loops: RowLoops, read: Reader, out_at: Callable[[PrimExpr], Any]
     mx, let_mx = _let("mx", loops.combined(m, max_))
     if log:
         pass2 = loops.each(lambda j, lane: Store(
-            s, s[lane] + exp_nonpositive(read(j) - mx), (lane,)))
+            s, s[lane] + intrin("exp", read(j) - mx), (lane,)))
         log_sum, let_shift = _let("log_sum", intrin("log", loops.combined(s, _add)))
         # (x - max) first: max + log_sum would round away the low bits of large inputs
         pass3 = loops.each(lambda j, lane: store(j, (read(j) - mx) - log_sum))
         return seq(*init_m, pass1, let_mx, *init_s, pass2, let_shift, pass3)
 
     def exp_and_sum(j: PrimExpr, lane: PrimExpr) -> Stmt:
-        e, let_e = _let("e", exp_nonpositive(read(j) - mx))
+        e, let_e = _let("e", intrin("exp", read(j) - mx))
         buf, idx = out_at(j)
         return seq(let_e, Store(buf, e, idx), Store(s, s[lane] + e, (lane,)))
 

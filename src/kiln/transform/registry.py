@@ -34,6 +34,7 @@ for _name, _path in {
     "simplify": "kiln.transform.simplify:Simplify",
     "interchange-reductions": "kiln.transform.interchange_reductions:InterchangeReductions",
     "parallelize": "kiln.transform.parallelize:Parallelize",
+    "expand-math": "kiln.transform.expand_math:ExpandMath",
     "vectorize-loops": "kiln.transform.vectorize_loops:VectorizeLoops",
     "bind-gpu-threads": "kiln.transform.gpu_schedule:BindGpuThreads",
     "profile-kernel-calls": "kiln.transform.profile:ProfileKernelCalls",

@@ -391,15 +391,7 @@ def _float_to_int(cx: MathContext, b: ir.IRBuilder, value: ir.Value, dst: str) -
         low = _f32_to_low32(cx, b, value)
         return b.trunc(low, compute_type(dst)) if dt.bits(dst) < 32 else low
     suffix = float_suffix(fty)
-    # fptosi.sat spelled out: a plain fptosi (vectorizes: vcvttps2qq and the like; LLVM
-    # scalarizes the saturating intrinsic) whose out-of-range lanes the selects replace
-    wide = b.fptosi(value, I64)
-    big = b.fcmp_ordered(">=", value, ir.Constant(fty, 2.0 ** 63))
-    small = b.fcmp_ordered("<", value, ir.Constant(fty, -2.0 ** 63))
-    nan = b.fcmp_unordered("uno", value, value)
-    wide = b.select(nan, ir.Constant(I64, 0), wide)
-    wide = b.select(small, ir.Constant(I64, -2 ** 63), wide)
-    wide = b.select(big, ir.Constant(I64, 2 ** 63 - 1), wide)
+    wide = _fptosi_sat_i64(b, value)
     if dst == "uint64":
         # Values >= 2**63 need the unsigned conversion; below, wrap like the others.
         to_unsigned = intrinsic(cx.module, f"llvm.fptoui.sat.i64.{suffix}", I64, [fty])
@@ -441,6 +433,20 @@ def _f32_to_low32(cx: MathContext, b: ir.IRBuilder, v: ir.Value) -> ir.Value:
     low = b.fptosi(b.select(small, v, lo), ir.IntType(32))
     return b.select(b.fcmp_ordered(">=", v, ir.Constant(F32, 2.0 ** 63)),
                     ir.Constant(ir.IntType(32), -1), low)
+
+
+def _fptosi_sat_i64(b: ir.IRBuilder, value: ir.Value) -> ir.Value:
+    """`llvm.fptosi.sat.i64` spelled out (NaN -> 0, out of range -> the nearest limit):
+    the loop vectorizer widens these selects into vector conversions, while x86 takes
+    the intrinsic's vector form apart into one scalar conversion per lane."""
+    fty = value.type
+    raw = b.fptosi(value, I64)  # poison out of range or NaN: selected away below
+    big = b.fcmp_ordered(">=", value, ir.Constant(fty, 2.0 ** 63))
+    small = b.fcmp_ordered("<", value, ir.Constant(fty, -(2.0 ** 63)))
+    nan = b.fcmp_unordered("uno", value, value)
+    wide = b.select(big, ir.Constant(I64, 2 ** 63 - 1), raw)
+    wide = b.select(small, ir.Constant(I64, -(2 ** 63)), wide)
+    return b.select(nan, ir.Constant(I64, 0), wide)
 
 
 def _float_to_float(cx: MathContext, b: ir.IRBuilder, value: ir.Value, dst: str) -> ir.Value:

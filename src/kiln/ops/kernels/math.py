@@ -1,0 +1,165 @@
+"""float32 exp, tanh, sigmoid and erf as plain IR arithmetic that vectorizes.
+
+The C math library's `expf`/`tanhf`/`erff` are scalar calls: a loop calling one
+cannot be widened by LLVM's loop vectorizer (nor by a C compiler) without a
+vector math library. These builders spell the functions with what every
+backend vectorizes: multiply-adds, `floor`, int32 <-> float32 conversions,
+integer shifts and selects (onnxruntime's MLAS computes its `MlasComputeExp`,
+`MlasComputeTanh` and `MlasComputeLogistic` the same way, with intrinsics).
+
+- exp: `x = n ln2 + r`, `|r| <= ln2/2` (Cody-Waite: ln2 in two parts, so
+  `n ln2` is exact), Cephes' degree-7 polynomial for `exp(r)`, times `2^n`.
+  The IR has no bit casts, so `2^n` is not put into the exponent field: with
+  `n = 16q + s` (`0 <= s < 16`), `2^s` is the integer `1 << s` converted to
+  float32 and `2^(8q)` is `float32(1 << (q + 10)) * 2^-10` squared three
+  times; `exp(r) * 2^s * 2^(8q) * 2^(8q)` rounds once, at the last product,
+  so results in float32's subnormal range and overflow to `inf` come out as
+  libm's do.
+- tanh: Cephes' odd polynomial below 0.625, `1 - 2 / (exp(2|x|) + 1)` above.
+- sigmoid: `e = exp(-|x|)`, then `1 / (1 + e)` or `e / (1 + e)` by the sign,
+  so tiny results for very negative inputs keep their precision.
+- erf: an odd polynomial below 0.92 (where MLAS's erf splits too), a
+  degree-15 polynomial in `|x|` up to 3.92, +-1 beyond (no `exp`: half the
+  work of MLAS's `1 - exp(Q(|x|))` form, as accurate).
+
+NaN in, NaN out; `+-inf` give libm's limits. `fused`: multiply-adds as the
+`fma` intrinsic (one instruction where the target has FMA; without it, `fma`
+is a library call, so plain multiplies and adds are used). Measured errors are
+in docs/performance.md ("Row kernels").
+
+Operators keep writing the `exp`/`tanh`/`sigmoid`/`erf` intrinsics; the
+`expand-math` pass (kiln.transform.expand_math), last in the CPU tensor
+pipeline, replaces them with these forms, every intermediate value a let.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from kiln.ir.tensor import (
+    Cast,
+    Const,
+    PrimExpr,
+    intrin,
+    min_,
+    select,
+)
+
+F32 = "float32"
+I32 = "int32"
+
+# exp: log2(e); ln2 = _LN2_HI + _LN2_LO with _LN2_HI's 9 significant bits (n * _LN2_HI
+# is exact for |n| < 2^15); Cephes' expf polynomial for exp(r) = 1 + r + r^2 P(r).
+_LOG2E, _LN2_HI, _LN2_LO = 1.44269504088896341, 0.693359375, -2.12194440e-4
+_EXP_P = (1.9875691500e-4, 1.3981999507e-3, 8.3334519073e-3, 4.1665795894e-2,
+          1.6666665459e-1, 5.0000001201e-1)
+# exp(x) is 0 in float32 below -103.98 (under half the smallest subnormal) and inf above
+# 88.73; clamping to these keeps n within [-150, 128] and the conversions exact.
+_EXP_LO, _EXP_HI = -104.0, 88.75
+# tanh(x) = x + x^3 P(x^2) for |x| < 0.625 (Cephes' tanhf).
+_TANH_P = (-5.70498872745e-3, 2.06390887954e-2, -5.37397155531e-2, 1.33314422036e-1,
+           -3.33332819422e-1)
+_TANH_SMALL = 0.625
+# erf: x P(x^2) below _ERF_SPLIT (P's constant term less 1 here); from there to
+# _ERF_ONE a polynomial in |x| - _ERF_MID (erf is within 1.2e-9 of it); beyond
+# _ERF_ONE, float32's erf is +-1. Least-squares fits reweighted towards minimax
+# (relative error 1.6e-8, absolute 1.2e-9, in float64).
+_ERF_SPLIT, _ERF_ONE = 0.921875, 3.92
+_ERF_MID = (_ERF_SPLIT + _ERF_ONE) / 2
+_ERF_SMALL = (-5.991149499880959e-4, 4.993250037681141e-3, -2.6766676180021286e-2,
+              1.128181842193311e-1, -3.761249403319632e-1, 1.128379149704809 - 1.0)
+_ERF_BIG = (-3.0726646005889705e-07, 1.2775221941525514e-06, 1.908717145763411e-06,
+            -1.8492221164972602e-05, 2.5217043147061725e-05, 6.688150049504601e-05,
+            -3.146972591579529e-04, 4.6162531193796674e-04, 3.2054049002849577e-04,
+            -3.042933821306152e-03, 7.506109646817584e-03, -1.1311337826504002e-02,
+            1.148790552658578e-02, -7.7815661772257716e-03, 3.2142538813616163e-03,
+            9.993823041870228e-01)
+
+
+def _f(v: float) -> Const:
+    return Const(float(v), F32)
+
+
+def _i(v: int) -> Const:
+    return Const(v, I32)
+
+
+def _mul_add(a: PrimExpr, b: PrimExpr, c: PrimExpr, fused: bool) -> PrimExpr:
+    return intrin("fma", a, b, c) if fused else a * b + c
+
+
+def _horner(x: PrimExpr, coefs: Sequence[float], fused: bool) -> PrimExpr:
+    acc: PrimExpr = _f(coefs[0])
+    for c in coefs[1:]:
+        acc = _mul_add(acc, x, _f(c), fused)
+    return acc
+
+
+Bind = Callable[[PrimExpr], PrimExpr]
+
+
+def _inline(e: PrimExpr) -> PrimExpr:
+    return e
+
+
+def exp_f32(x: PrimExpr, *, fused: bool = False, nonpositive: bool = False,
+            bind: Bind = _inline) -> PrimExpr:
+    """`exp(x)` of a float32 `x` (see the module docstring); `nonpositive`: the caller
+    knows `x <= 0` or NaN (softmax's `x - max`), so the upper clamp is left out.
+    `bind(e)` names a value used more than once (a let variable: without one, the
+    expression is a DAG that every tree walk would copy out)."""
+    x = bind(x)
+    # NaN fails the comparison, so it is clamped too (it must not reach the conversion)
+    low = select(x >= _f(_EXP_LO), x, _f(_EXP_LO))
+    xc = bind(low if nonpositive else min_(low, _f(_EXP_HI)))
+    n = bind(intrin("floor", _mul_add(xc, _f(_LOG2E), _f(0.5), fused)))
+    r = bind(_mul_add(n, _f(-_LN2_LO), _mul_add(n, _f(-_LN2_HI), xc, fused), fused))
+    e_r = _mul_add(_horner(r, _EXP_P, fused), r * r, r + _f(1.0), fused)
+    ni = bind(Cast(I32, n))
+    two_s = Cast(F32, _i(1) << (ni & _i(15)))  # 2^s, s = n mod 16
+    two_q = bind(Cast(F32, _i(1) << ((ni >> _i(4)) + _i(10))) * _f(2.0 ** -10))  # q in [-10, 8]
+    two_2q = bind(two_q * two_q)
+    two_4q = bind(two_2q * two_2q)
+    two_8q = bind(two_4q * two_4q)
+    y = ((e_r * two_s) * two_8q) * two_8q  # the last product rounds (subnormal or inf)
+    return select(intrin("isnan", x), x, y)
+
+
+def tanh_f32(x: PrimExpr, *, fused: bool = False, bind: Bind = _inline) -> PrimExpr:
+    """`tanh(x)` of a float32 `x` (see the module docstring; `bind` as for exp_f32)."""
+    x = bind(x)
+    ax = bind(intrin("abs", x))
+    z = bind(x * x)
+    small = _mul_add(x * z, _horner(z, _TANH_P, fused), x, fused)
+    e = exp_f32(ax + ax, fused=fused, bind=bind)
+    big = bind(_f(1.0) - _f(2.0) / (e + _f(1.0)))  # NaN stays NaN
+    signed = select(x < _f(0.0), -big, big)
+    # x itself below 2^-12 (tanh(x) rounds to x there), so that -0.0 stays -0.0
+    return select(ax < _f(2.0 ** -12), x, select(ax < _f(_TANH_SMALL), small, signed))
+
+
+def sigmoid_f32(x: PrimExpr, *, fused: bool = False, bind: Bind = _inline) -> PrimExpr:
+    """`1 / (1 + exp(-x))` of a float32 `x` (see the module docstring; `bind` as for
+    exp_f32)."""
+    x = bind(x)
+    e = bind(exp_f32(-intrin("abs", x), fused=fused, nonpositive=True, bind=bind))
+    return select(x < _f(0.0), e, _f(1.0)) / (e + _f(1.0))
+
+
+def erf_f32(x: PrimExpr, *, fused: bool = False, bind: Bind = _inline) -> PrimExpr:
+    """`erf(x)` of a float32 `x` (see the module docstring; `bind` as for exp_f32)."""
+    x = bind(x)
+    ax = bind(intrin("abs", x))
+    x2 = bind(x * x)
+    small = _mul_add(x, _horner(x2, _ERF_SMALL, fused), x, fused)
+    t = bind(min_(ax, _f(_ERF_ONE)) - _f(_ERF_MID))
+    big = bind(min_(_horner(t, _ERF_BIG, fused), _f(1.0)))
+    y = select(ax < _f(_ERF_SPLIT), small, select(x < _f(0.0), -big, big))
+    return select(intrin("isnan", x), x, y)
+
+
+#: The intrinsics built here, by name.
+BUILDERS: dict[str, Callable[..., PrimExpr]] = {
+    "exp": exp_f32, "tanh": tanh_f32, "sigmoid": sigmoid_f32, "erf": erf_f32}
+#: Target kinds whose kernels get these forms (CPUs; GPUs have fast math libraries).
+CPU_KINDS = frozenset({"llvm", "llvmjit", "c"})

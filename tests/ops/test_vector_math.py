@@ -1,0 +1,123 @@
+"""The vectorizable float32 exp/tanh/sigmoid/erf (kiln.ops.kernels.math) against numpy.
+
+One kernel computes every intrinsic over a sweep of float32 inputs (both signs,
+magnitudes from subnormal to overflow, NaN, +-inf) on c (generic target: no FMA)
+and on this host's llvm (FMA where it has it), the `expand-math` pass replacing
+the intrinsics; each result is
+compared with the float64 reference in units in the last place of the
+float32-rounded reference (a subnormal's spacing below float32's normal range).
+NaN must give NaN, an overflow `inf`, like libm. Then the assembly: the softmax,
+GELU (both forms), tanh and sigmoid kernels of a small model, compiled for an
+AVX-512 CPU, are zmm vector code with no call to a math library.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable
+
+import numpy as np
+import pytest
+from onnx import TensorProto, helper
+
+import kiln
+from kiln.codegen.constants import ConstantPool
+from kiln.codegen.llvm.codegen import compile_module
+from kiln.frontend import from_onnx
+from kiln.ir.tensor import Buffer, Const, For, PrimFunc, Store, Var, intrin, seq
+from kiln.transform.pipeline import get_pipeline
+
+RNG = np.random.default_rng(5)
+_erf = np.vectorize(math.erf, otypes=[np.float64])
+
+# intrinsic -> (float64 reference, max error in ulp)
+FUNCTIONS: dict[str, tuple[Callable[[np.ndarray], np.ndarray], float]] = {
+    "exp": (np.exp, 1.5),
+    "tanh": (np.tanh, 1.5),
+    "sigmoid": (lambda v: 1 / (1 + np.exp(-v)), 2.5),
+    "erf": (_erf, 2.0),
+}
+
+
+SPECIAL = [0.0, -0.0, np.inf, -np.inf, np.nan, 1e-45, -1e-45, 1e-38, 88.72, 88.73, 89.0,
+           -87.3, -103.9, -104.0, -110.0, 3.4e38, -3.4e38, 0.625, -0.625, 0.921875, 3.92, 4.0]
+INPUTS = np.concatenate([
+    np.linspace(-110, 110, 20001), RNG.uniform(-6, 6, 20000),
+    np.sign(RNG.standard_normal(8000)) * np.logspace(-45, 2, 8000), SPECIAL,
+]).astype(np.float32)
+
+
+@pytest.fixture(scope="module", params=["c", "host"])
+def results(request: pytest.FixtureRequest) -> dict[str, np.ndarray]:
+    """Every intrinsic of FUNCTIONS over INPUTS, one kernel for all, on the target."""
+    n = INPUTS.size
+    x = Buffer("x", (n,), "float32")
+    outs = {name: Buffer(f"y_{name}", (n,), "float32") for name in FUNCTIONS}
+    i = Var("i", "int64")
+    body = For(i, Const(0, "int64"), Const(n, "int64"), "serial",
+               seq(*(Store(outs[name], intrin(name, x[i]), (i,)) for name in FUNCTIONS)))
+    target = kiln.target.Target.from_host() if request.param == "host" else request.param
+    fn = kiln.compile(PrimFunc((x, *outs.values()), body, {}), target)["main"]
+    got = {name: np.empty_like(INPUTS) for name in FUNCTIONS}
+    fn(INPUTS, *got.values())
+    return got
+
+
+def ulp_error(got: np.ndarray, want: np.ndarray) -> np.ndarray:
+    spacing = np.spacing(np.abs(want.astype(np.float32))).astype(np.float64)
+    return np.abs(got.astype(np.float64) - want) / np.maximum(spacing, 2.0 ** -149)
+
+
+@pytest.mark.parametrize("name", list(FUNCTIONS))
+def test_within_ulps_of_float64_and_libm_at_special_values(results: dict[str, np.ndarray],
+                                                           name: str) -> None:
+    reference, bound = FUNCTIONS[name]
+    got = results[name]
+    with np.errstate(all="ignore"):
+        want = reference(INPUTS.astype(np.float64))
+        want32 = want.astype(np.float32)
+    nan = np.isnan(want)
+    np.testing.assert_array_equal(np.isnan(got), nan)
+    inf = np.isinf(want32)  # overflow: inf of the right sign
+    np.testing.assert_array_equal(got[inf], want32[inf])
+    finite = ~nan & ~inf
+    err = ulp_error(got[finite], want[finite])
+    worst = int(np.argmax(err))
+    assert err[worst] <= bound, (
+        f"{name}({INPUTS[finite][worst]!r}) = {got[finite][worst]!r}, want {want[finite][worst]!r}"
+        f" ({err[worst]:.2f} ulp)")
+    # signed zeros: odd functions keep -0.0
+    if name in ("tanh", "erf"):
+        assert np.signbit(got[INPUTS == 0.0]).tolist() == np.signbit(INPUTS[INPUTS == 0.0]).tolist()
+
+
+F = TensorProto.FLOAT
+AVX512 = {"kind": "llvm", "mtriple": "x86_64-unknown-linux-gnu", "mcpu": "znver4"}
+
+
+def test_kernels_are_vector_code_without_libm_calls() -> None:
+    nodes = [helper.make_node("Softmax", ["x"], ["softmax"], axis=-1),
+             helper.make_node("Gelu", ["x"], ["gelu"]),
+             helper.make_node("Gelu", ["x"], ["gelu_tanh"], approximate="tanh"),
+             helper.make_node("Tanh", ["x"], ["tanh"]),
+             helper.make_node("Sigmoid", ["x"], ["sigmoid"])]
+    outputs = [helper.make_tensor_value_info(n.output[0], F, [4, 256]) for n in nodes]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", F, [4, 256])],
+                              outputs)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20)])
+    model.ir_version = 9
+    target = kiln.target.Target(AVX512)
+    with target:
+        mod = get_pipeline("default", "graph", target=target)(from_onnx(model))
+        mod = get_pipeline("default", "tensor", target=target)(mod)
+    compiled = compile_module(mod, target, prefix="kiln_", pool=ConstantPool.from_module(mod))
+    asm = str(compiled.target_machine.emit_assembly(compiled.module))
+    calls = set(re.findall(r"call[q]?\s+(\w+)", asm))
+    assert not {c for c in calls if re.fullmatch(r"_*(exp|tanh|erf)f?", c)}, calls
+    # every kernel (a function per output; parallel bodies are their own) is vector code
+    bodies = re.split(r"\n(?=kiln__kernel_\w+(?:\.run)?:)", asm)[1:]
+    for name in ("softmax", "gelu", "tanh", "sigmoid"):
+        body = "".join(b for b in bodies if name in b.split(":", 1)[0])
+        assert re.search(r"\bvfmadd\w*\s+[^\n]*zmm", body), f"{name}: no zmm multiply-add"
+        assert re.search(r"\bvcvtdq2ps\s+[^\n]*zmm", body), f"{name}: no 2^n in vectors"
