@@ -19,7 +19,6 @@ from collections.abc import Callable
 
 import numpy as np
 import pytest
-from onnx import TensorProto, helper
 
 import kiln
 from kiln.codegen.constants import ConstantPool
@@ -27,6 +26,7 @@ from kiln.codegen.llvm.codegen import compile_module
 from kiln.frontend import from_onnx
 from kiln.ir.tensor import Buffer, Const, For, PrimFunc, Store, Var, intrin, seq
 from kiln.transform.pipeline import get_pipeline
+from support.graphs import GraphBuilder
 
 RNG = np.random.default_rng(5)
 _erf = np.vectorize(math.erf, otypes=[np.float64])
@@ -92,21 +92,20 @@ def test_within_ulps_of_float64_and_libm_at_special_values(results: dict[str, np
         assert np.signbit(got[INPUTS == 0.0]).tolist() == np.signbit(INPUTS[INPUTS == 0.0]).tolist()
 
 
-F = TensorProto.FLOAT
 AVX512 = {"kind": "llvm", "mtriple": "x86_64-unknown-linux-gnu", "mcpu": "znver4"}
 
 
 def test_kernels_are_vector_code_without_libm_calls() -> None:
-    nodes = [helper.make_node("Softmax", ["x"], ["softmax"], axis=-1),
-             helper.make_node("Gelu", ["x"], ["gelu"]),
-             helper.make_node("Gelu", ["x"], ["gelu_tanh"], approximate="tanh"),
-             helper.make_node("Tanh", ["x"], ["tanh"]),
-             helper.make_node("Sigmoid", ["x"], ["sigmoid"])]
-    outputs = [helper.make_tensor_value_info(n.output[0], F, [4, 256]) for n in nodes]
-    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", F, [4, 256])],
-                              outputs)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20)])
-    model.ir_version = 9
+    b = GraphBuilder()
+    b.input("x", [4, 256])
+    b.node("Softmax", ["x"], ["softmax"], axis=-1)
+    b.node("Gelu", ["x"], ["gelu"])
+    b.node("Gelu", ["x"], ["gelu_tanh"], approximate="tanh")
+    b.node("Tanh", ["x"], ["tanh"])
+    b.node("Sigmoid", ["x"], ["sigmoid"])
+    for name in ("softmax", "gelu", "gelu_tanh", "tanh", "sigmoid"):
+        b.output(name, [4, 256])
+    model = b.model(opset=20, ir_version=9)
     target = kiln.target.Target(AVX512)
     with target:
         mod = get_pipeline("default", "graph", target=target)(from_onnx(model))
