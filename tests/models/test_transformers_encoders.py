@@ -221,7 +221,7 @@ def test_encoder_with_every_axis_symbolic_matches_onnxruntime(name: str, exporte
     report = [f"{name} ({exporter}{', full size' if FULL else ''}): compile {compile_s:.1f} s"]
     for b, s in hf_export.SIZES:
         feeds = case.feeds(rng, b, s)
-        err = hf_export.compare_with_onnxruntime(run, proto, feeds)
+        err = hf_export.compare_with_onnxruntime(run, session, feeds)
         assert err < MAX_REL_L2, f"{name} via {exporter} at batch={b}, seq={s}: rel. L2 {err}"
         if FULL:
             kiln_s = _timed(lambda f=feeds: run(*f.values()))
