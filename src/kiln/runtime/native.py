@@ -173,7 +173,7 @@ def compile_native(
             cmd = [*cc_cmd, "-c", *CFLAGS, f"-I{include_dir()}", *flags,
                    "-o", str(obj), str(src)]
             objects.append(obj)
-            key = None if _reads_other_files(flags) else object_cache.object_key(
+            key = None if reads_other_files(flags) else object_cache.object_key(
                 cmd, src.read_bytes(), str(src), str(obj))
             cached = None if key is None else object_cache.lookup(key)
             if cached is not None:
@@ -208,7 +208,8 @@ def compile_native(
 _FILE_FLAGS = ("-I", "-i", "@", "--sysroot", "-B", "-specs", "--specs", "-fplugin")
 
 
-def _reads_other_files(flags: Sequence[str]) -> bool:
+def reads_other_files(flags: Sequence[str]) -> bool:
+    """Whether compiler `flags` name files to read (include paths, response files, ...)."""
     return any(f.startswith(_FILE_FLAGS) for f in flags)
 
 

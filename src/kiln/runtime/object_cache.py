@@ -2,14 +2,15 @@
 
 An Executable exported as `.so` and then as `.a` (or run with `jit()` and then
 exported) would compile the same C sources with the same compiler and flags
-again. `compile_native` asks here first: the key is a SHA-256 over the
-compiler (its resolved path, size and mtime), the full command with the
-output and source paths replaced by the source's file name (what the compiler
-records of it), the working directory (debug information records it), the
-environment variables GCC reads for its search paths and timestamps, and the
-source bytes. Only the
-objects of this process are kept, in memory, least recently used first out
-beyond `MAX_BYTES`.
+again, and loading a Model Library Format archive again (kiln.runtime.mlf) would
+build the same sources. `compile_native` and the MLF loader ask here first. The
+key is a SHA-256 over the compiler (its resolved path, size and mtime), the full
+command with the output and source paths replaced by the source's file name (what
+the compiler records of it), the working directory (debug information records
+it), the environment variables GCC reads for its search paths and timestamps,
+and the source bytes (for an archive, also every file its compiles may include).
+Only the objects of this process are kept, in memory, least recently used first
+out beyond `MAX_BYTES`.
 """
 
 from __future__ import annotations
@@ -40,11 +41,16 @@ def _compiler_identity(program: str) -> str:
     return f"{path}\0{st.st_size}\0{st.st_mtime_ns}"
 
 
-def object_key(command: Sequence[str], source: bytes, source_path: str, object_path: str) -> str:
+def object_key(command: Sequence[str], source: bytes, source_path: str, object_path: str,
+               *, roots: Sequence[str] = ()) -> str:
     """The key of the object `command` (which reads `source_path`, holding `source`, and
-    writes `object_path`) compiles."""
+    writes `object_path`) compiles. Each of `roots` (directories that differ from one
+    build to the next, e.g. an extracted archive) is replaced by a placeholder in the
+    command: `source` must then cover every file under them the compiler may read."""
     name = os.path.basename(source_path)
     args = [name if a in (source_path, object_path) else a for a in command[1:]]
+    for i, root in enumerate(roots):
+        args = [a.replace(root, f"<root {i}>") for a in args]
     h = hashlib.sha256()
     for part in (_compiler_identity(command[0]), *args, os.getcwd(),
                  *(f"{v}={os.environ.get(v, '')}" for v in _ENVIRONMENT)):
