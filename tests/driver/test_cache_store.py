@@ -150,6 +150,29 @@ def test_size_cap_evicts_the_least_recently_used(monkeypatch: pytest.MonkeyPatch
     assert len(weights_objects()) == len(left)
 
 
+def test_eviction_reads_each_entry_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every store evicts; it parses only the entries it has not read yet (an entry
+    replaced on disk counts as new), so a store stays cheap in a full cache."""
+    read: list[str] = []
+    listed = cache._listed
+
+    def counting(path: Path) -> dict[str, object]:
+        read.append(path.stem)
+        return listed(path)
+
+    monkeypatch.setattr(cache, "_listed", counting)
+    keys = [str(kiln.compile(weights_module(seed)[0], "c").cache_key) for seed in range(3)]
+    assert sorted(read) == sorted(keys)  # each store read only its own entry
+    entry = cache.entry_path(keys[0])
+    replaced = entry.with_name(".replaced")
+    replaced.write_bytes(entry.read_bytes())
+    os.chmod(replaced, 0o600)
+    os.replace(replaced, entry)  # a new inode: read again
+    read.clear()
+    cache.evict(cache.usage())
+    assert read == [keys[0]]
+
+
 def test_an_entry_larger_than_the_cap_is_not_stored(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("KILN_CACHE_MAX", "1K")
     kiln.compile(weights_module()[0], "c")

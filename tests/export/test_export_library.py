@@ -215,6 +215,38 @@ def test_failed_export_leaves_no_partial_file(tmp_path: Path, suffix: str) -> No
     assert target.read_bytes() == b"previous export"
 
 
+def test_exporting_again_reuses_the_compiled_objects(tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """A .so then a .a of the same artifacts compile the C once; the reused objects make
+    the same .a as a fresh compile, and other flags compile again."""
+    from kiln.runtime import native, object_cache
+
+    compiled: list[str] = []
+    run_all = native._run_all
+
+    def recording(jobs: list[tuple[list[str], str]]) -> None:
+        compiled.extend(Path(cmd[-1]).name for cmd, _what in jobs if "-c" in cmd
+                        and cmd[-1].endswith(".c"))
+        run_all(jobs)
+
+    monkeypatch.setattr(native, "_run_all", recording)
+    object_cache.clear()
+    so = export_library(hm.artifacts(), META, tmp_path / "m.so", prefix="kiln_")
+    assert sorted(compiled) == ["host.c", "kernels.c"]
+    reused = export_library(hm.artifacts(), META, tmp_path / "reused.a", prefix="kiln_")
+    assert sorted(compiled) == ["host.c", "kernels.c"]  # nothing compiled again
+    object_cache.clear()
+    fresh = export_library(hm.artifacts(), META, tmp_path / "fresh" / "reused.a",
+                           prefix="kiln_")
+    assert reused.read_bytes() == fresh.read_bytes()
+    compiled.clear()
+    export_library(hm.artifacts(), META, tmp_path / "o1.so", prefix="kiln_", options=["-O1"])
+    assert sorted(compiled) == ["host.c", "kernels.c"]
+    with load_module(so) as lib:
+        x = np.arange(4, dtype=np.float32)
+        np.testing.assert_array_equal(lib["main"](x), hm.reference("main", x))
+
+
 def test_fcompile_replaces_the_link_step(tmp_path: Path) -> None:
     seen: list[tuple[Path, list[Path], list[str]]] = []
 

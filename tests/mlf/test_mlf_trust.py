@@ -201,3 +201,40 @@ def test_a_repacked_archive_with_dot_prefixes_still_loads(
         np.testing.assert_array_equal(model(x)[0], y)
     finally:
         model.close()
+
+
+def test_reloading_reuses_objects_and_a_changed_file_builds_again(
+        cnn_mlf: tuple[Path, Any, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Objects built from the same archive files and flags are reused within a process
+    (kiln.runtime.object_cache); an archive with any other file builds again."""
+    from kiln.runtime import native, object_cache
+
+    archive, x, y = cnn_mlf
+    compiled: list[str] = []
+    run = native.run
+
+    def recording(cmd: list[str], what: str) -> None:
+        if "-c" in cmd:
+            compiled.append(Path(cmd[cmd.index("-c") + 1]).name)
+        run(cmd, what)
+
+    def output(path: Path) -> np.ndarray:
+        model = kiln.mlf.load(path)
+        try:
+            (out,) = model(x)
+        finally:
+            model.close()
+        return np.asarray(out)
+
+    monkeypatch.setattr(native, "run", recording)
+    object_cache.clear()
+    np.testing.assert_array_equal(output(archive), y)
+    built = sorted(compiled)
+    assert {"kernels.c", "cnn_mlf.c", "kiln_mlf_probe.c"} <= set(built)
+    compiled.clear()
+    np.testing.assert_array_equal(output(archive), y)
+    assert compiled == []  # every object reused; only the link ran
+    files = archive_files(archive)
+    files["codegen/host/include/cnn.h"] += b"\n/* another header: every object again */\n"
+    np.testing.assert_array_equal(output(write_archive(tmp_path / "changed.tar", files)), y)
+    assert sorted(compiled) == built

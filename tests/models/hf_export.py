@@ -9,9 +9,10 @@ The API, shared by every test that exports a torch model:
   symbolic under that name. `torch.manual_seed(0)` is set before, so an export is
   deterministic; nothing touches the network.
 - `SIZES`: the three `(batch, seq)` sizes each model runs at.
-- `compare_with_onnxruntime(run, model, feeds)`: the relative L2 error of `run(*feeds)`
-  against onnxruntime's first output of `model` (the tests require < 1e-4), with the
-  shapes checked.
+- `compare_with_onnxruntime(run, session, feeds)`: the relative L2 error of
+  `run(*feeds)` against the first output of `session` (an onnxruntime session of the
+  model, `support.reference.ort_session`, made once for every size; the tests
+  require < 1e-4), with the shapes checked.
 - `rel_l2(actual, expected)`.
 
 Tests in tests/models import it as `hf_export` (pytest puts a test file's folder on the path)
@@ -29,7 +30,6 @@ import numpy as np
 import onnx
 
 from support.numerics import rel_l2
-from support.reference import ort_session
 
 EXPORTERS = ("torchscript", "dynamo")
 
@@ -109,12 +109,10 @@ def export_module(module: Any, args: tuple[Any, ...], names: list[str], outputs:
 
 
 
-def compare_with_onnxruntime(run: Callable[..., Any], model: onnx.ModelProto,
+def compare_with_onnxruntime(run: Callable[..., Any], session: Any,
                              feeds: Mapping[str, np.ndarray]) -> float:
-    """The rel. L2 error of `run(*feeds.values())` against onnxruntime's first output of
-    `model`; AssertionError when the shapes differ."""
-
-    session = ort_session(model)
+    """The rel. L2 error of `run(*feeds.values())` against the first output of the
+    onnxruntime `session`; AssertionError when the shapes differ."""
     want = np.asarray(session.run(None, dict(feeds))[0])
     got = np.asarray(run(*feeds.values()))
     assert got.shape == want.shape, f"shape {got.shape}, onnxruntime {want.shape}"

@@ -555,11 +555,38 @@ def _listed(path: Path) -> dict[str, Any]:
     return entry
 
 
-def _entry_objects(path: Path) -> list[str]:
+# Object names of the entries eviction has read, by (entry path, inode, size): an entry
+# is only ever replaced by a rename (a new inode), so eviction after each store parses
+# just the new entries, not the whole cache again.
+_ENTRY_OBJECTS: dict[tuple[str, int, int], list[str]] = {}
+_ENTRY_OBJECTS_LOCK = threading.Lock()
+
+
+def _entry_objects(path: Path, st: os.stat_result | None = None) -> list[str]:
+    """The object names entry `path` uses ([] when it cannot be read); remembered by
+    inode and size when `st`, its stat, is given."""
+    memo = None if st is None else (str(path), st.st_ino, st.st_size)
+    if memo is not None:
+        with _ENTRY_OBJECTS_LOCK:
+            known = _ENTRY_OBJECTS.get(memo)
+        if known is not None:
+            return known
     try:
-        return [item["object"] for item in _listed(path)["artifacts"]]
+        names = [item["object"] for item in _listed(path)["artifacts"]]
     except (OSError, FormatError):
         return []
+    if memo is not None:
+        with _ENTRY_OBJECTS_LOCK:
+            _ENTRY_OBJECTS[memo] = names
+    return names
+
+
+def _forget_entries_except(entries: Iterable[tuple[Path, os.stat_result]]) -> None:
+    """Drop the remembered object names of entries no longer in the cache."""
+    keep = {(str(p), st.st_ino, st.st_size) for p, st in entries}
+    with _ENTRY_OBJECTS_LOCK:
+        for memo in [m for m in _ENTRY_OBJECTS if m not in keep]:
+            del _ENTRY_OBJECTS[memo]
 
 
 def list_entries() -> list[CacheEntry]:
@@ -607,14 +634,15 @@ def evict(limit: int) -> int:
     objects = _objects()
     sizes = {n: p.stat().st_size for n, p in objects.items() if p.exists()}
     users: dict[str, int] = {}
-    for path, _st in entries:
-        for name in _entry_objects(path):
+    _forget_entries_except(entries)
+    for path, st in entries:
+        for name in _entry_objects(path, st):
             users[name] = users.get(name, 0) + 1
     evicted: set[str] = set()
     for path, st in entries:
         if total <= limit:
             break
-        names = _entry_objects(path)
+        names = _entry_objects(path, st)
         with contextlib.suppress(FileNotFoundError):
             path.unlink()
         total -= st.st_size

@@ -28,11 +28,13 @@ archive's flags and then the archive's code (docs/security.md).
 from __future__ import annotations
 
 import ctypes
+import hashlib
 import json
 import math
 import os
 import shutil
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -321,6 +323,50 @@ class MLFModel:
         shutil.rmtree(self._workdir, ignore_errors=True)
 
 
+def _build_inputs(root: Path, workdir: str, build: dict[str, Any]) -> _BuildInputs | None:
+    """What the compiles of an extracted archive read besides their command: every file
+    of the archive but metadata.json (whose build flags are in each command). None (no
+    reuse) when a flag may read files elsewhere or a file names metadata.json."""
+    from kiln.runtime.native import reads_other_files
+
+    if any(reads_other_files(flags) for flags in build["cflags"].values()):
+        return None
+    digest = hashlib.sha256()
+    for file in sorted(p for p in root.rglob("*") if p.is_file()):
+        member = file.relative_to(root).as_posix()
+        if member == "metadata.json":
+            continue
+        data = file.read_bytes()
+        if b"metadata.json" in data:
+            return None
+        digest.update(member.encode("utf-8", "surrogateescape") + b"\0")
+        digest.update(len(data).to_bytes(8, "little") + data)
+    return _BuildInputs(digest.digest(), (str(root), workdir))
+
+
+@dataclass(frozen=True)
+class _BuildInputs:
+    digest: bytes            # of every archive file the compiles may read
+    roots: tuple[str, ...]   # the extraction and build directories (differ per load)
+
+
+def _compile(inputs: _BuildInputs | None, cmd: list[str], src: Path, obj: Path,
+             what: str) -> None:
+    """Run the compile `cmd` of `src` into `obj`, or reuse the object this process built
+    from the same command and archive files (kiln.runtime.object_cache)."""
+    from kiln.runtime import native, object_cache
+
+    key = None if inputs is None else object_cache.object_key(
+        cmd, inputs.digest + src.read_bytes(), str(src), str(obj), roots=inputs.roots)
+    cached = None if key is None else object_cache.lookup(key)
+    if cached is not None:
+        obj.write_bytes(cached)
+        return
+    native.run(cmd, what)
+    if key is not None:
+        object_cache.store(key, obj.read_bytes())
+
+
 def load(path: str | os.PathLike[str], *, cc: str | None = None) -> MLFModel:
     """Extract, build for this machine, check and load a Model Library Format archive.
 
@@ -339,6 +385,7 @@ def load(path: str | os.PathLike[str], *, cc: str | None = None) -> MLFModel:
         _check_members(meta, root, archive)
         build = meta["build"]
         includes = [f"-I{root / d}" for d in build["include_dirs"]]
+        build_inputs = _build_inputs(root, workdir, build)
         objects = [str(p) for p in sorted((root / "codegen/host/lib").glob("*.o"))]
         iface_flags: list[str] = []
         for member, flags in sorted(build["cflags"].items()):
@@ -346,15 +393,16 @@ def load(path: str | os.PathLike[str], *, cc: str | None = None) -> MLFModel:
             if member == f"codegen/host/src/{meta['model_name']}_mlf.c":
                 iface_flags = flags
             obj = Path(workdir) / (member.replace("/", "_") + ".o")
-            native.run([*native.cc_command(cc), *flags, "-fPIC", *includes, "-c",
-                        str(src), "-o", str(obj)], f"compiling {member}")
+            _compile(build_inputs, [*native.cc_command(cc), *flags, "-fPIC", *includes, "-c",
+                                    str(src), "-o", str(obj)], src, obj, f"compiling {member}")
             objects.append(str(obj))
         # The probe reads the header the interface was compiled with, with its flags.
         probe = Path(workdir) / "kiln_mlf_probe.c"
         probe.write_text(probe_source(meta))
-        native.run([*native.cc_command(cc), *iface_flags, "-fPIC",
-                    f"-I{root / 'codegen/host/include'}", *includes, "-c", str(probe), "-o",
-                    str(probe.with_suffix(".o"))], "compiling the header probe")
+        _compile(build_inputs, [*native.cc_command(cc), *iface_flags, "-fPIC",
+                                f"-I{root / 'codegen/host/include'}", *includes, "-c",
+                                str(probe), "-o", str(probe.with_suffix(".o"))],
+                 probe, probe.with_suffix(".o"), "compiling the header probe")
         objects.append(str(probe.with_suffix(".o")))
         library = Path(workdir) / "model.so"
         native.run([*native.cc_command(cc), "-shared", "-o", str(library), *objects,

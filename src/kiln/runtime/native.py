@@ -5,7 +5,9 @@ load time alike:
 
 - `.o` artifacts are written as they are;
 - `.c` artifacts are compiled `cc -c -std=c99 -O2 -fPIC -fvisibility=hidden
-  -I<kiln include dir> <metadata cflags> <options>`;
+  -I<kiln include dir> <metadata cflags> <options>`, once per process for the same
+  source, compiler and flags (kiln.runtime.object_cache: exporting `.so` then `.a`
+  compiles once);
 - `.bin` artifacts become read-only data symbols through a generated assembler
   stub (`.incbin`), named `metadata["symbol"]` and aligned to `metadata["align"]`;
 - `link_shared` links the objects with `cc -shared` and a version script that
@@ -25,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from kiln.artifact.segments import write_content
 from kiln.errors import CompileError
+from kiln.runtime import object_cache
 
 if TYPE_CHECKING:
     from kiln.artifact import AnyArtifact
@@ -153,6 +156,7 @@ def compile_native(
     root = Path(workdir)
     objects: list[Path] = []
     jobs: list[tuple[list[str], str]] = []
+    compiled: list[tuple[str, Path]] = []  # (object cache key, object) of each job compiling C
     for a in artifacts:
         where = f"{a.codegen_id}/{a.file_name}"
         folder = root / a.codegen_id
@@ -165,11 +169,19 @@ def compile_native(
             objects.append(src)
         elif suffix == ".c":
             obj = folder / (a.file_name + ".o")
-            cmd = [*cc_cmd, "-c", *CFLAGS, f"-I{include_dir()}",
-                   *_cflags(a.metadata, "cflags", where), *(options or ()),
+            flags = [*_cflags(a.metadata, "cflags", where), *(options or ())]
+            cmd = [*cc_cmd, "-c", *CFLAGS, f"-I{include_dir()}", *flags,
                    "-o", str(obj), str(src)]
-            jobs.append((cmd, f"compiling {where}"))
             objects.append(obj)
+            key = None if reads_other_files(flags) else object_cache.object_key(
+                cmd, src.read_bytes(), str(src), str(obj))
+            cached = None if key is None else object_cache.lookup(key)
+            if cached is not None:
+                obj.write_bytes(cached)
+                continue
+            jobs.append((cmd, f"compiling {where}"))
+            if key is not None:
+                compiled.append((key, obj))
         elif suffix == ".bin":
             symbol = a.metadata.get("symbol")
             if not isinstance(symbol, str):
@@ -186,7 +198,19 @@ def compile_native(
                 f"{where}: cannot link a native artifact with suffix {suffix or '(none)'!r}; "
                 f"native artifacts are {', '.join(NATIVE_SUFFIXES)}")
     _run_all(jobs)
+    for key, obj in compiled:
+        object_cache.store(key, obj.read_bytes())
     return objects
+
+
+# Flags that make the compiler read files besides the source and kiln's headers (which
+# the object cache's key does not cover): such compiles are never reused.
+_FILE_FLAGS = ("-I", "-i", "@", "--sysroot", "-B", "-specs", "--specs", "-fplugin")
+
+
+def reads_other_files(flags: Sequence[str]) -> bool:
+    """Whether compiler `flags` name files to read (include paths, response files, ...)."""
+    return any(f.startswith(_FILE_FLAGS) for f in flags)
 
 
 def c_to_assembly(artifact: AnyArtifact, cc: str | Sequence[str] | None = None) -> str:

@@ -1,0 +1,93 @@
+"""Object files compiled from C in this process, remembered by what determines them.
+
+An Executable exported as `.so` and then as `.a` (or run with `jit()` and then
+exported) would compile the same C sources with the same compiler and flags
+again, and loading a Model Library Format archive again (kiln.runtime.mlf) would
+build the same sources. `compile_native` and the MLF loader ask here first. The
+key is a SHA-256 over the compiler (its resolved path, size and mtime), the full
+command with the output and source paths replaced by the source's file name (what
+the compiler records of it), the working directory (debug information records
+it), the environment variables GCC reads for its search paths and timestamps,
+and the source bytes (for an archive, also every file its compiles may include).
+Only the objects of this process are kept, in memory, least recently used first
+out beyond `MAX_BYTES`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import threading
+from collections import OrderedDict
+from collections.abc import Sequence
+
+MAX_BYTES = 64 << 20
+# What GCC reads from the environment that can change an object.
+_ENVIRONMENT = ("CPATH", "C_INCLUDE_PATH", "COMPILER_PATH", "GCC_EXEC_PREFIX",
+                "SOURCE_DATE_EPOCH", "GCC_COMPARE_DEBUG")
+
+_objects: OrderedDict[str, bytes] = OrderedDict()
+_size = 0
+_lock = threading.Lock()
+
+
+def _compiler_identity(program: str) -> str:
+    found = shutil.which(program)
+    if found is None:
+        return program
+    path = os.path.realpath(found)
+    st = os.stat(path)
+    return f"{path}\0{st.st_size}\0{st.st_mtime_ns}"
+
+
+def object_key(command: Sequence[str], source: bytes, source_path: str, object_path: str,
+               *, roots: Sequence[str] = ()) -> str:
+    """The key of the object `command` (which reads `source_path`, holding `source`, and
+    writes `object_path`) compiles. Each of `roots` (directories that differ from one
+    build to the next, e.g. an extracted archive) is replaced by a placeholder in the
+    command: `source` must then cover every file under them the compiler may read."""
+    name = os.path.basename(source_path)
+    args = [name if a in (source_path, object_path) else a for a in command[1:]]
+    for i, root in enumerate(roots):
+        args = [a.replace(root, f"<root {i}>") for a in args]
+    h = hashlib.sha256()
+    for part in (_compiler_identity(command[0]), *args, os.getcwd(),
+                 *(f"{v}={os.environ.get(v, '')}" for v in _ENVIRONMENT)):
+        h.update(part.encode("utf-8", "surrogateescape") + b"\0")
+    h.update(source)
+    return h.hexdigest()
+
+
+def lookup(key: str) -> bytes | None:
+    """The object stored under `key`, or None."""
+    with _lock:
+        data = _objects.get(key)
+        if data is not None:
+            _objects.move_to_end(key)
+        return data
+
+
+def store(key: str, data: bytes) -> None:
+    """Remember `data` under `key`, dropping the least recently used beyond MAX_BYTES."""
+    global _size
+    if len(data) > MAX_BYTES:
+        return
+    with _lock:
+        old = _objects.pop(key, None)
+        _size += len(data) - (len(old) if old is not None else 0)
+        _objects[key] = data
+        while _size > MAX_BYTES:
+            _key, dropped = _objects.popitem(last=False)
+            _size -= len(dropped)
+
+
+def clear() -> None:
+    """Forget every object."""
+    global _size
+    with _lock:
+        _objects.clear()
+        _size = 0
+
+
+__all__ = ["MAX_BYTES", "clear", "lookup", "object_key", "store"]
