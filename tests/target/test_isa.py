@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 
 from kiln.errors import TargetError
 from kiln.target import Target
 from kiln.target.isa import GENERIC, isa_for
+from support.processes import child_env
 
 pytest.importorskip("llvmlite")
 
@@ -63,3 +67,32 @@ def test_targets_without_a_cpu_are_generic() -> None:
 def test_unknown_dtype_is_refused() -> None:
     with pytest.raises(TargetError, match="float128"):
         GENERIC.lanes("float128")
+
+
+CHILD = """
+from kiln.errors import TargetError
+from kiln.target import Target
+from kiln.target.isa import isa_for
+try:
+    isa_for(Target({spec!r}))
+except TargetError as exc:
+    print("TargetError:", exc)
+"""
+
+
+@pytest.mark.parametrize("spec", [
+    "c -mcpu=cortex-m4",                                # an Arm CPU for the system C compiler
+    "c -mtriple=x86_64-linux-gnu -mcpu=cortex-a53",
+    "c -mtriple=aarch64-linux-gnu -mcpu=native",        # native is this machine, not the device
+])
+def test_a_cpu_of_another_architecture_is_a_target_error(spec: str) -> None:
+    # LLVM aborts the whole process on some of these ("64-bit code requested on a
+    # subtarget that doesn't support it"): the child must exit normally with the error
+    proc = subprocess.run([sys.executable, "-c", CHILD.format(spec=spec)],
+                          capture_output=True, text=True, timeout=120, env=child_env())
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.startswith("TargetError: attribute 'mcpu'"), proc.stdout + proc.stderr
+
+
+def test_c_native_is_this_machines_cpu() -> None:
+    assert isa_for(Target("c -mcpu=native")) == isa_for(Target.from_host())

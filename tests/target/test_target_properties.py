@@ -66,8 +66,8 @@ def attribute_sets(draw: st.DrawFn, kinds: tuple[str, ...]) -> dict[str, Any]:
     if kind_name in ("llvm", "c") and draw(st.booleans()):
         spec["mtriple"] = draw(st.sampled_from(ARM_TRIPLES))
         spec["mfloat-abi"] = draw(st.sampled_from(["hard", "soft", "softfp"]))
-    if kind_name in ("llvm", "llvmjit"):
-        # LLVM checks CPU and feature names per triple: draw names it knows.
+    if kind_name in ("llvm", "llvmjit", "c"):
+        # LLVM checks CPU and feature names per triple (c's too): draw names it knows.
         names = llvm_names(spec.get("mtriple") or host_triple())
         assert names is not None
         if "mcpu" in spec:

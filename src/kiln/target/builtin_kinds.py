@@ -95,8 +95,22 @@ def _canonicalize_llvmjit(attrs: dict[str, Any]) -> dict[str, Any]:
 
 
 def _canonicalize_c(attrs: dict[str, Any]) -> dict[str, Any]:
-    """Canonicalise `mattr`; an absent `mtriple` means the system C compiler's own."""
-    return _check_cpu_attrs(attrs, "c")
+    """Canonicalise `mattr`; an absent `mtriple` means the system C compiler's own.
+
+    `mcpu` and `mattr` are LLVM's names, as for `llvm` (kiln reads the CPU's registers and
+    instructions from LLVM's description of it, kiln.target.isa), except `mcpu=native`:
+    this machine's CPU, for a build by the system C compiler only."""
+    attrs = _check_cpu_attrs(attrs, "c")
+    triple = attrs.get("mtriple")
+    mcpu = attrs.get("mcpu")
+    if mcpu == "native":
+        if triple is not None and triple_arch(triple) != triple_arch(host_triple()):
+            raise TargetError(f"attribute 'mcpu' of target kind 'c' is 'native' (this "
+                              f"machine's CPU), but mtriple '{triple}' is another "
+                              "architecture: name the CPU of the device")
+        mcpu = None
+    check_cpu_names(triple or host_triple(), mcpu, attrs["mattr"], "c")
+    return attrs
 
 
 def _canonicalize_cuda(attrs: dict[str, Any]) -> dict[str, Any]:

@@ -97,8 +97,14 @@ def isa_for(target: Any) -> ISA:
     if "mattr" not in attrs:  # kinds without a CPU (python, cuda, rocm, ...)
         return GENERIC
     triple = str(attrs.get("mtriple") or host_triple())
-    mattr = ",".join(str(f) for f in attrs.get("mattr") or ())
-    return isa_of(triple, str(attrs.get("mcpu") or ""), mattr)
+    cpu = str(attrs.get("mcpu") or "")
+    features = [str(f) for f in attrs.get("mattr") or ()]
+    if cpu == "native":  # `c -mcpu=native`: this machine's CPU, as the C compiler takes it
+        from kiln.target.host import host_config
+
+        host = host_config()
+        cpu, features = str(host["mcpu"]), [*host["mattr"], *features]
+    return isa_of(triple, cpu, ",".join(features))
 
 
 @functools.cache
@@ -110,7 +116,11 @@ def isa_of(triple: str, cpu: str, mattr: str) -> ISA:
         _ARM if arch.startswith(("arm", "thumb")) else ())
     try:
         from kiln.target.llvm_features import implied_features
+        from kiln.target.llvm_names import check_cpu_names
 
+        # LLVM aborts the process on some CPUs of another architecture ("64-bit code
+        # requested on a subtarget that doesn't support it"): refuse them first
+        check_cpu_names(triple, cpu, [f for f in mattr.split(",") if f], "llvm")
         feats = implied_features(triple, cpu, mattr, candidates)
     except ImportError:  # no llvmlite: trust mattr alone
         feats = frozenset(f[1:] for f in mattr.split(",") if f.startswith("+"))
