@@ -21,7 +21,8 @@ import platform
 from collections.abc import Sequence
 from pathlib import Path
 
-# A 1-minute load average above this many runnable tasks per CPU marks the run "loaded".
+# A 1-minute load average above this many runnable tasks per CPU when the bench starts
+# marks the run "loaded".
 LOADED_PER_CPU = 0.75
 
 
@@ -53,10 +54,12 @@ def cpu_name() -> str:
 
 
 def load_note(before: float, after: float) -> str:
-    """'quiet' or 'loaded', with the 1-minute load averages at start and end."""
+    """'quiet' or 'loaded' by the 1-minute load average when the bench started (at the
+    end it includes the bench's own threads), with both values."""
     cpus = os.cpu_count() or 1
-    state = "loaded" if max(before, after) > LOADED_PER_CPU * cpus else "quiet"
-    return f"{state} (load average {before:.1f} -> {after:.1f} on {cpus} CPUs)"
+    state = "loaded" if before > LOADED_PER_CPU * cpus else "quiet"
+    return (f"{state} (load average {before:.1f} at the start, {after:.1f} at the end with "
+            f"the bench's own threads, {cpus} CPUs)")
 
 
 def machine_line(command: str, isa: str, before: float, after: float) -> str:

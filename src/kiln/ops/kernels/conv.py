@@ -5,6 +5,7 @@ output). Each family supplies the tile and the loop nest (`ConvFamily.body`).
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -113,17 +114,19 @@ def _blocked_bias(epilogue: Epilogue, bias: Buffer, block: int, channels: int) -
 
 
 @dataclass(frozen=True)
-class UnpackedConv(Family):
+class UnpackedConv(Family, ABC):
     """A family whose op takes the OIHW weight as it is and a 2-int tile: subclasses
     give `applies`, `choose_tile(shape, isa)` and `loop_nest(shape, x, w, out, tile,
     epilogue, fused, isa)`."""
 
+    @abstractmethod
     def choose_tile(self, shape: ck.ConvShape, isa: ISA) -> tuple[int, int]:
-        raise NotImplementedError
+        """The tile the rule picks for `shape` on `isa`."""
 
+    @abstractmethod
     def loop_nest(self, shape: ck.ConvShape, x: Buffer, w: Buffer, out: Buffer,
                   tile: tuple[int, int], epilogue: Epilogue, fused: bool, isa: ISA) -> Stmt:
-        raise NotImplementedError
+        """The kernel's loops with `tile` and the fused `epilogue`."""
 
     def pack(self, call: g.Call, isa: ISA) -> g.Call:
         shape = conv_call_shape(call)
