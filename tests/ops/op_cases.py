@@ -55,6 +55,13 @@ class OpCase:
     note: str = ""
 
 
+# A grouped u8 convolution in qlinear_conv_packed's operands, which qlinear_conv_grouped
+# (its vector-tile form) takes as well.
+GROUPED_U8 = OpCase((ints(1, 4, 6, 6, low=0, high=256, dtype="uint8"),
+                     ints(4, 2, 3, 3, low=-128, high=128, dtype="int8"),
+                     ints(4, low=-50000, high=50000), const(120, "uint8"),
+                     const([0.0025, 0.005, 0.00375, 0.0075], "float32"), const(100, "uint8")),
+                    {"group": 2, "pads": (1, 0, 1, 2), "strides": (2, 1), "dilations": (1, 1)})
 X = f32(2, 3, 4)
 POS = f32(2, 3, 4, low=0.1, high=3.0)
 UNIT = f32(2, 3, 4, low=-0.9, high=0.9)
@@ -378,22 +385,14 @@ CASES: dict[str, list[OpCase]] = {
                 ints(70, low=-9000, high=9000), const(0.004, "float32"), const(100, "uint8")),
                {"qmax": 200, "n": 70})],
     "qlinear_conv_packed": [
-        OpCase((ints(1, 4, 6, 6, low=0, high=256, dtype="uint8"),
-                ints(4, 2, 3, 3, low=-128, high=128, dtype="int8"),
-                ints(4, low=-50000, high=50000), const(120, "uint8"),
-                const([0.0025, 0.005, 0.00375, 0.0075], "float32"), const(100, "uint8")),
-               {"group": 2, "pads": (1, 0, 1, 2), "strides": (2, 1), "dilations": (1, 1)}),
+        GROUPED_U8,
         OpCase((ints(1, 3, 7, low=-128, high=128, dtype="int8"),
                 ints(5, 3, 2, low=-255, high=256, dtype="int16"), ints(5, low=-500, high=500),
                 const(3, "int8"), const(0.004, "float32"), const(-10, "int8")),
                {"pads": (1, 1), "dilations": (2,), "qmin": -10})],
     # depthwise and grouped: the operands of qlinear_conv_packed on vector tiles
     "qlinear_conv_grouped": [
-        OpCase((ints(1, 4, 6, 6, low=0, high=256, dtype="uint8"),
-                ints(4, 2, 3, 3, low=-128, high=128, dtype="int8"),
-                ints(4, low=-50000, high=50000), const(120, "uint8"),
-                const([0.0025, 0.005, 0.00375, 0.0075], "float32"), const(100, "uint8")),
-               {"group": 2, "pads": (1, 0, 1, 2), "strides": (2, 1), "dilations": (1, 1)}),
+        GROUPED_U8,
         OpCase((ints(1, 3, 9, 7, low=-128, high=128, dtype="int8"),
                 ints(3, 1, 3, 3, low=-255, high=256, dtype="int16"), ints(3, low=-500, high=500),
                 const(3, "int8"), const(0.004, "float32"), const(-10, "int8")),
