@@ -23,10 +23,14 @@ NOTABLE_FEATURES = (
 
 
 def describe_target(target: kiln.target.Target) -> str:
-    """`mcpu` and the notable `+features` of a target, e.g. 'znver5 (avx2 fma avx512f ...)'."""
-    mattr = target.get("mattr", ()) or ()
-    enabled = {f[1:] for f in mattr if f.startswith("+")}
+    """`mcpu` and the notable features of a target, e.g. 'znver5 (avx2 fma avx512f ...)':
+    those LLVM's subtarget enables (the ISA object's), so `-mattr=-avx512f` shows no
+    AVX-512 although the CPU has it."""
+    from kiln.target.isa import isa_for
+
+    enabled = isa_for(target).features
     notable = [f for f in NOTABLE_FEATURES if f in enabled]
+    notable += sorted(enabled - set(NOTABLE_FEATURES))
     return f"{target.get('mcpu', '') or '?'} ({' '.join(notable) or 'no notable features'})"
 
 

@@ -1,7 +1,8 @@
 """Model benchmark: kiln vs onnxruntime, batch 1, in one process.
 
     .venv/bin/python bench/models.py [--repeat 30] [--seconds 20] [--target llvm]
-                                     [--models mlp,cnn | small | full | all]
+                                     [--mattr=-avx512f]
+                                     [--models mlp,cnn | small | full | zoo | hf | all]
                                      [--threads 2] [--no-paced]
 
 With `--dynamic`, the table compares code compiled for symbolic dimensions
@@ -17,10 +18,16 @@ sequence 128) and `bert` (BERT-base-like, 12 layers, width 768, sequence 128),
 the set `full`; `zoo` is the published architectures of tests/models/zoo.py at
 their published sizes (ResNet-50, SqueezeNet, ShuffleNet, Inception, DenseNet-121,
 EfficientNet-B0, VGG-19, GPT-2 small and ViT-B/16 at 12 layers; bench/zoo_set.py);
+`hf` is Hugging Face `transformers` models at their published configurations
+with random weights, exported with torch.onnx (DistilBERT at sequence 128,
+ConvNeXt-Tiny at 224x224, the Whisper-base encoder at 30 s of audio, 3000 mel
+frames; bench/hf_set.py; skipped without torch and transformers);
 `all` is every set.
 
 Each is imported with `kiln.frontend.from_onnx`, compiled with
-`kiln.compile(mod, target)` (default: `Target.from_host()`) and timed against
+`kiln.compile(mod, target)` (default: `Target.from_host()`; `--mattr` replaces
+the target's features with changes to its CPU's own, so `--mattr=-avx512f` runs
+the AVX2 path on an AVX-512 host) and timed against
 onnxruntime (`intra_op_num_threads=2`) on the same input: compile time
 (import + passes + codegen + link), the median of up to `--repeat` calls of
 each (fewer when `--seconds` would not hold them; in alternating blocks of
@@ -37,7 +44,8 @@ goes on. Both runtimes use `--threads` threads (default 2: kiln through
 `--tensor-pipeline simplify` compiles without the
 Parallelize pass (the "before" figures of docs/performance.md);
 `--graph-pipeline nchwc` adds the blocked activation layout (nchwc-layout).
-Prints a table; asserts nothing (this is not a test).
+Prints a table; asserts nothing (this is not a test). `--write-docs` also writes
+it into docs/performance.md, the block named by `--docs-block` (default `models`).
 
 With `--int8`, each model is first quantized by onnxruntime's own quantizer
 (`quantize_static`, QDQ, per-channel int8 weights, uint8 activations, calibrated
@@ -53,6 +61,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -69,6 +78,7 @@ from harness import (
     rel_l2,
     short_error,
 )
+from hf_set import FEEDS, HF
 from nets import FULL, MODELS, SMALL, symbolic_dims
 from zoo_set import ZOO
 
@@ -76,13 +86,13 @@ import kiln
 from kiln.frontend import from_onnx
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"
-MODELS = {**MODELS, **ZOO}
+MODELS = {**MODELS, **ZOO, **HF}
 #: The int8 model set (issue 24); "_qop": the same model in onnxruntime's QOperator form.
 INT8_SET = ["resnet50", "mobilenetv2", "squeezenet", "inception", "densenet121", "bert",
             "resnet50_qop"]
 QOP = "_qop"
-MODEL_SETS = {"small": list(SMALL), "full": list(FULL), "zoo": list(ZOO), "all": list(MODELS),
-              "int8": INT8_SET}
+MODEL_SETS = {"small": list(SMALL), "full": list(FULL), "zoo": list(ZOO), "hf": list(HF),
+              "all": list(MODELS), "int8": INT8_SET}
 
 
 # Calls per paced measurement, and the periods (seconds) of the paced columns.
@@ -105,13 +115,26 @@ class Skipped(Exception):
     """kiln could not compile or run a model; the message says why."""
 
 
+def build(name: str) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
+    """Model `name` and its inputs (standard-normal float32 unless bench/hf_set.py gives
+    the model's own, e.g. token ids); Skipped when the model cannot be built here (the
+    Hugging Face models without torch or transformers)."""
+    try:
+        model, shapes = MODELS[name]()
+    except ImportError as exc:
+        raise Skipped(f"build: {short_error(exc)}") from exc
+    rng = np.random.default_rng(42)
+    if name in FEEDS:
+        return model, FEEDS[name](rng)
+    return model, {x: rng.standard_normal(shape).astype(np.float32)
+                   for x, shape in shapes.items()}
+
+
 def run(name: str, target: kiln.target.Target, repeat: int, seconds: float,
         tensor_pipeline: str, graph_pipeline: str = "default",
         paced: bool = True) -> dict[str, float]:
     """Compile and time one model; raises Skipped when kiln fails on it."""
-    model, shapes = MODELS[name]()
-    rng = np.random.default_rng(42)
-    feed = {x: rng.standard_normal(shape).astype(np.float32) for x, shape in shapes.items()}
+    model, feed = build(name)
     args = list(feed.values())
 
     start = time.perf_counter()
@@ -290,6 +313,10 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=20.0,
                         help="time budget per model for the timed calls (both runtimes)")
     parser.add_argument("--target", default=None, help="kiln target (default: this host)")
+    parser.add_argument("--mattr", default=None,
+                        help="the target's LLVM features instead of its own, comma-separated "
+                             "changes to its CPU's (mcpu) set, e.g. '-avx512f': the AVX2 path "
+                             "on an AVX-512 host")
     parser.add_argument("--models", default=None,
                         help=f"comma-separated names ({', '.join(MODELS)}) or sets "
                              f"({', '.join(MODEL_SETS)}); default: small (int8 with --int8)")
@@ -305,13 +332,17 @@ def main() -> None:
                         help="compare symbolic-shape builds with static ones instead")
     parser.add_argument("--write-docs", action="store_true",
                         help="also write the table into docs/performance.md (block 'models')")
+    parser.add_argument("--docs-block", default="models",
+                        help="the block of docs/performance.md --write-docs replaces, e.g. "
+                             "'models-avx2' for a table made with --mattr=-avx512f")
     parser.add_argument("--int8", action="store_true",
                         help="quantize each model with onnxruntime's quantizer and compare "
                              "kiln int8 with onnxruntime int8 and kiln float32")
     args = parser.parse_args()
     names = model_names(args.models or ("int8" if args.int8 else "small"))
-    target = kiln.target.Target.from_host() if args.target is None else kiln.target.Target(
-        args.target)
+    target = kiln.target.Target(args.target or "host")
+    if args.mattr is not None:
+        target = target.with_attrs(mattr=tuple(f for f in args.mattr.split(",") if f))
     kiln.runtime.set_num_threads(args.threads)
     ORT_THREADS[0] = args.threads
     spin = os.environ.get("KILN_SPIN_US", "default")
@@ -354,8 +385,8 @@ def main() -> None:
     if args.write_docs:
         columns = ["model", "compile s", "kiln ms", "ort ms", "kiln/ort",
                    *(f"paced {p * 1e3:g} ms" for p in PACED_PERIODS if paced), "rel L2"]
-        command = "bench/models.py --models " + args.models + " --write-docs"
-        write_block(DOCS / "performance.md", "models", [
+        command = " ".join(["bench/models.py", *sys.argv[1:]])
+        write_block(DOCS / "performance.md", args.docs_block, [
             machine_line(command, describe_target(target), load_before, os.getloadavg()[0]),
             "", *markdown_table(columns, rows)])
 

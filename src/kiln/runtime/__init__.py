@@ -9,7 +9,12 @@ in docs/abi.md and `include_dir()/kiln/kiln.h`; the code-loading process in
 docs/runtime.md.
 """
 
-from kiln.runtime.function import NativeFunction, PackedFunction, RawKernelFunction
+from kiln.runtime.function import (
+    NativeFunction,
+    PackedFunction,
+    PreparedCall,
+    RawKernelFunction,
+)
 from kiln.runtime.loaders import LOADERS, LoadContext, get_loader, register_loader
 from kiln.runtime.loading import load_artifacts, load_module
 from kiln.runtime.module import FunctionTableModule, HostModule, LibraryModule, Module
@@ -18,7 +23,7 @@ from kiln.runtime.threads import PoolStats, set_num_threads, set_spin_us
 
 __all__ = [
     "LOADERS", "FunctionTableModule", "HostModule", "LibraryModule", "LoadContext", "Module",
-    "NativeFunction", "PackedFunction", "PoolStats", "RawKernelFunction", "get_loader",
-    "include_dir", "load_artifacts", "load_module", "register_loader", "set_num_threads",
-    "set_spin_us",
+    "NativeFunction", "PackedFunction", "PoolStats", "PreparedCall", "RawKernelFunction",
+    "get_loader", "include_dir", "load_artifacts", "load_module", "register_loader",
+    "set_num_threads", "set_spin_us",
 ]

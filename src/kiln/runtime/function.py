@@ -23,9 +23,9 @@ from typing import Any
 import numpy as np
 
 from kiln._registry import suggest
-from kiln.errors import CallError
+from kiln.errors import CallError, UsageError
 from kiln.runtime import abi, ctypes_abi
-from kiln.runtime.call_slots import SlotPool
+from kiln.runtime.call_slots import ArgumentSlots, SlotPool
 from kiln.runtime.ctypes_abi import Where
 from kiln.runtime.dim_binding import bind_dims, compile_dim_text, dim_size
 from kiln.runtime.lifetime import CallGuard
@@ -89,14 +89,34 @@ class PackedFunction:
 
     # -------------------------------------------------------------- calling
     def __call__(self, *args: Any, out: Any = None, **kwargs: Any) -> Any:
-        if out is not None and self.kind != "graph":
-            if "out" in self._index:
-                kwargs["out"] = out
-            else:
-                raise CallError(
-                    f"{self.name}: out= applies to graph-level functions; a tensor-level "
-                    "function writes into the buffers you pass as arguments")
-            out = None
+        out, kwargs = self._tensor_out(out, kwargs)
+        values, outputs = self._checked(args, kwargs, out)
+        actual = self._invoke([*values, *outputs], self._wheres)
+        if self.kind != "graph":
+            return None
+        if actual is not None:  # data-dependent sizes: views of the bound-sized buffers
+            outputs = [trim_result(o, shape) for o, shape in zip(outputs, actual)]
+        elif out is not None:
+            return out
+        if len(outputs) == 1 and not self.tuple_result:
+            return outputs[0]
+        return tuple(outputs)
+
+    def _tensor_out(self, out: Any, kwargs: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
+        """`out=` of a tensor-level function is its parameter named "out", if it has one;
+        CallError otherwise."""
+        if out is None or self.kind == "graph":
+            return out, kwargs
+        if "out" not in self._index:
+            raise CallError(
+                f"{self.name}: out= applies to graph-level functions; a tensor-level "
+                "function writes into the buffers you pass as arguments")
+        return None, {**kwargs, "out": out}
+
+    def _checked(self, args: Sequence[Any], kwargs: Mapping[str, Any], out: Any
+                 ) -> tuple[list[Any], list[np.ndarray]]:
+        """A call's arguments bound and checked, and its result arrays (`out=`, checked,
+        or allocated); CallError naming what is wrong, before anything is allocated."""
         values = self._bind(args, kwargs)
         allocating = self.kind == "graph" and out is None
         # Binding symbolic sizes reads the inputs' shapes: check them first, as the entry does.
@@ -108,16 +128,49 @@ class PackedFunction:
         else:
             outputs = self._outputs(out) if self.kind == "graph" else []
         self._check_written([*values, *outputs])
-        actual = self._invoke([*values, *outputs], self._wheres)
-        if self.kind != "graph":
-            return None
-        if actual is not None:  # data-dependent sizes: views of the bound-sized buffers
-            outputs = [trim_result(o, shape) for o, shape in zip(outputs, actual)]
-        elif out is not None:
-            return out
-        if len(outputs) == 1 and not self.tuple_result:
-            return outputs[0]
-        return tuple(outputs)
+        return values, outputs
+
+    def prepare(self, *args: Any, out: Any = None, **kwargs: Any) -> PreparedCall:
+        """This call, checked once, to repeat: `run = f.prepare(x, out=y)`, then each
+        `run()` computes `f` on what `x` holds at that moment into `y` and returns what
+        `f(x, out=y)` returns. Without `out=`, a graph function's results are allocated
+        here, once, and every `run()` overwrites and returns them.
+
+        Every argument is checked as a call checks it (the same CallErrors); tensors must
+        be C-contiguous numpy arrays (UsageError otherwise: a strided array would be
+        copied once and later writes to it missed). The arrays are held until the
+        prepared call goes; change their contents between runs, never their shape.
+        A prepared call runs on one thread at a time (its results are shared);
+        prepare one per thread. For a library's function it costs only the C entry's
+        own checks and the ctypes hand-off (docs/runtime.md, "Prepared calls")."""
+        if self.runtime_dims:
+            raise UsageError(f"{self.name}: its results' sizes are known only after each "
+                             "call; call the function instead of preparing the call")
+        given = [*args, *kwargs.values()]
+        outs = [] if out is None else list(out) if isinstance(out, (tuple, list)) else [out]
+        for value in [*given, *outs]:
+            if ctypes_abi.is_tensor(value) and not (
+                    isinstance(value, np.ndarray) and value.flags.c_contiguous):
+                raise UsageError(
+                    f"{self.name}: prepare() takes C-contiguous numpy arrays, got "
+                    f"{_describe_value(value)}; pass np.ascontiguousarray(...) and write "
+                    "into that array between runs")
+        out, kwargs = self._tensor_out(out, kwargs)
+        values, outputs = self._checked(args, kwargs, out)
+        if out is not None:
+            result = out
+        elif self.kind != "graph":
+            result = None
+        else:
+            result = outputs[0] if len(outputs) == 1 and not self.tuple_result \
+                else tuple(outputs)
+        return PreparedCall(self._prepared_run([*values, *outputs]), result,
+                            [*values, *outputs])
+
+    def _prepared_run(self, values: list[Any]) -> Callable[[], object]:
+        """What a prepared call of these checked values runs (overridden where a
+        backend can pack its arguments once)."""
+        return functools.partial(self._invoke, values, self._wheres)
 
     def actual_shapes(self, bound: Sequence[tuple[int, ...]], sizes: Mapping[str, int],
                       values: Sequence[int]) -> list[tuple[int, ...]]:
@@ -313,6 +366,37 @@ class PackedFunction:
         if self.results:
             text += " -> " + ", ".join(_describe_param(r) for r in self.results)
         return f"<{type(self).__name__} {text}>"
+
+
+def _describe_value(value: object) -> str:
+    if isinstance(value, np.ndarray):
+        return "a strided numpy array"
+    return f"a {type(value).__name__}"
+
+
+def _run_packed(run: Callable[[Any, Any, int], None], packed: Any, codes: Any, n: int,
+                keep: object) -> None:
+    """`run` on arguments packed once; `keep` (their owners) lives as long as the partial."""
+    run(packed, codes, n)
+
+
+class PreparedCall:
+    """A function's call on fixed arrays, checked once (`PackedFunction.prepare`):
+    `run()` calls it again and returns its results (the same arrays every time)."""
+
+    __slots__ = ("_arrays", "_result", "_run")
+
+    def __init__(self, run: Callable[[], object], result: Any, arrays: list[Any]) -> None:
+        self._run = run
+        self._result = result
+        self._arrays = arrays  # the buffers the packed arguments point into
+
+    def __call__(self) -> Any:
+        self._run()
+        return self._result
+
+    def __repr__(self) -> str:
+        return f"<PreparedCall of {len(self._arrays)} arguments>"
 
 
 class _Missing:
@@ -529,6 +613,19 @@ class NativeFunction(PackedFunction):
         if len(outputs) == 1 and not self.tuple_result:
             return outputs[0]
         return tuple(outputs)
+
+    def _prepared_run(self, values: list[Any]) -> Callable[[], object]:
+        """Arguments packed once, into slots of this prepared call's own: all tensors
+        (checked contiguous numpy arrays) as the fast path packs them, else the general
+        packing, kept with its owners."""
+        if self._slot_pool is None:
+            packed, codes, keep = ctypes_abi.pack_arguments(values, self._wheres)
+            return functools.partial(_run_packed, self._run, packed, codes, len(values), keep)
+        slots = ArgumentSlots([(tuple(a.shape), str(p["dtype"]))
+                               for a, p in zip(values, self._arguments)])
+        slots.set_data([ctypes_abi.data_address(a) for a in values])
+        return functools.partial(_run_packed, self._run, slots.values, slots.codes, slots.count,
+                                 slots)
 
     def _run(self, args: Any, codes: Any, n: int) -> None:
         """Call the C entry on packed arguments; CallError with its message if it fails."""
