@@ -58,9 +58,11 @@ def paced_ms(fns: dict[str, Callable[[], object]], period_s: float, calls: int =
              rounds: int = 2) -> dict[str, float]:
     """Median milliseconds per call of each function when called once every `period_s`
     seconds (as a server or a camera loop calls), `calls` calls each: the caller sleeps
-    between calls, so each runtime's workers spin or sleep as their policy says. Blocks
-    alternate between the functions (`rounds` each, after a pause for the other's
-    spinning threads to go to sleep) so that drift hits all alike."""
+    between calls, so each runtime's workers spin or sleep as their policy says. A call
+    longer than the period is followed by a pause of the period (a model slower than
+    the period still finds its workers idle for that long). Blocks alternate between
+    the functions (`rounds` each, after a pause for the other's spinning threads to go
+    to sleep) so that drift hits all alike."""
     times: dict[str, list[float]] = {name: [] for name in fns}
     per_block = max(1, calls // rounds)
     for _ in range(rounds):
@@ -69,13 +71,14 @@ def paced_ms(fns: dict[str, Callable[[], object]], period_s: float, calls: int =
             fn()
             due = time.perf_counter()
             for _ in range(per_block):
-                due += period_s
                 wait = due - time.perf_counter()
                 if wait > 0:
                     time.sleep(wait)
                 start = time.perf_counter()
                 fn()
-                times[name].append(time.perf_counter() - start)
+                end = time.perf_counter()
+                times[name].append(end - start)
+                due = (start if end - start < period_s else end) + period_s
     return {name: statistics.median(t) * 1e3 for name, t in times.items()}
 
 

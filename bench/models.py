@@ -35,7 +35,9 @@ calls: machine drift hits both alike, and neither runtime's spinning worker
 threads slow the other's calls), the ratio kiln/ort (below 1: kiln is
 faster) and the relative L2 error of kiln's output against ort's. The paced
 columns are kiln/ort when each is called once every 2 ms and every 10 ms (median
-of 200 calls, the caller sleeping in between, harness.paced_ms): the latency of a
+of 200 calls, fewer when `--seconds` would not hold them; the caller sleeping in
+between; a model slower than the period pauses that long after each call;
+harness.paced_ms): the latency of a
 server or a camera loop, where workers that went to sleep must be woken
 (docs/runtime.md, "Threads"); `--no-paced` leaves them out. A model
 kiln cannot compile or run prints one line `skipped: <reason>` and the run
@@ -161,7 +163,9 @@ def run(name: str, target: kiln.target.Target, repeat: int, seconds: float,
               "ratio": kiln_ms / ort_ms, "rel_l2": rel_l2(actual, expected),
               "calls": calls, "cache_hit": float(ex.cache_hit)}
     for period in PACED_PERIODS if paced else ():
-        paced_times = paced_ms(fns, period, PACED_CALLS)
+        # up to PACED_CALLS, as many as `seconds` holds for both runtimes (at least 5)
+        per_call = (kiln_ms + ort_ms) / 1e3 + 2 * period
+        paced_times = paced_ms(fns, period, max(5, min(PACED_CALLS, int(seconds / per_call))))
         result[f"paced_{period * 1e3:g}ms"] = paced_times["kiln"] / paced_times["ort"]
     return result
 
