@@ -10,28 +10,22 @@ the general path's checks.
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 import pytest
 
 from kiln.errors import CallError
-from kiln.runtime import Module, NativeFunction, ctypes_abi
+from kiln.runtime import Module, NativeFunction
 from support import handmade_lib as hm
 
 F32 = np.float32
 
 
-def _no_general_packing(monkeypatch: pytest.MonkeyPatch) -> None:
-    def refuse(*args: Any) -> Any:
-        raise AssertionError("the general packing path was taken")
-
-    monkeypatch.setattr(ctypes_abi, "pack_arguments", refuse)
-
-
 def test_exact_calls_take_the_fast_path(hand_lib: Module,
-                                        monkeypatch: pytest.MonkeyPatch) -> None:
-    _no_general_packing(monkeypatch)
+                                        forbid_packing: Callable[[], None]) -> None:
+    forbid_packing()
     x = np.arange(4, dtype=F32)
     np.testing.assert_array_equal(hand_lib["main"](x), hm.reference("main", x))
     out = np.full(4, np.nan, F32)
@@ -46,8 +40,8 @@ def test_exact_calls_take_the_fast_path(hand_lib: Module,
 
 
 def test_read_only_inputs_take_the_fast_path(hand_lib: Module,
-                                             monkeypatch: pytest.MonkeyPatch) -> None:
-    _no_general_packing(monkeypatch)
+                                             forbid_packing: Callable[[], None]) -> None:
+    forbid_packing()
     x = np.arange(4, dtype=F32)
     x.flags.writeable = False
     np.testing.assert_array_equal(hand_lib["main"](x), hm.reference("main", x))

@@ -4,32 +4,26 @@ function on what the arrays hold at that moment, with the call's own errors up f
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 import pytest
 
 from kiln.errors import CallError, UsageError
-from kiln.runtime import Module, PreparedCall, ctypes_abi, load_artifacts
+from kiln.runtime import Module, PreparedCall, load_artifacts
 from support import handmade_lib as hm
 
 F32 = np.float32
 
 
-def _no_packing(monkeypatch: pytest.MonkeyPatch) -> None:
-    def refuse(*args: Any) -> Any:
-        raise AssertionError("a prepared run packed its arguments again")
-
-    monkeypatch.setattr(ctypes_abi, "pack_arguments", refuse)
-
-
 def test_each_run_reads_the_inputs_as_they_are_then(hand_lib: Module,
-                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+                                                     forbid_packing: Callable[[], None]) -> None:
     x = np.arange(4, dtype=F32)
     out = np.full(4, np.nan, F32)
     run = hand_lib["main"].prepare(x, out=out)
     assert isinstance(run, PreparedCall)
-    _no_packing(monkeypatch)
+    forbid_packing()
     for step in range(3):
         x[:] = np.linspace(-1, 1, 4, dtype=F32) * step
         assert run() is out
