@@ -24,13 +24,19 @@ shared machine's drift hits all rows alike) of:
   preallocated-buffer `run_with_iobinding`, with `--threads` intra-op threads;
 - `pack_arguments`: packing the arguments the general way (no call).
 
+Then the first call after 50 ms idle, calls 2-10 and calls 11-100 (medians over 10
+pauses) of `fn(x)` and `ort run`: how long waking each runtime's sleeping workers
+(and the caches the pause cooled) takes, and how soon calls are back to speed.
+
 Prints a table and the pool's counters; asserts nothing (this is not a test).
 """
 
 from __future__ import annotations
 
 import argparse
+import statistics
 import tempfile
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -75,19 +81,42 @@ def ort_rows(model: onnx.ModelProto, args: list[np.ndarray], outs: tuple[np.ndar
             "ort IOBinding": lambda: session.run_with_iobinding(binding)}
 
 
+def after_pause_us(fns: dict[str, Callable[[], object]], pause_s: float = 0.05,
+                   repeats: int = 10) -> dict[str, list[float]]:
+    """Median microseconds of the first call, of calls 2-10 and of calls 11-100 after
+    `pause_s` idle (every runtime's workers asleep by then), over `repeats` pauses."""
+    spans = ((0, 1), (1, 10), (10, 100))
+    times: dict[str, list[list[float]]] = {name: [[] for _ in spans] for name in fns}
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            time.sleep(pause_s)
+            for i in range(spans[-1][1]):
+                start = time.perf_counter()
+                fn()
+                took = time.perf_counter() - start
+                span = next(k for k, (lo, hi) in enumerate(spans) if lo <= i < hi)
+                times[name][span].append(took)
+    return {name: [statistics.median(t) * 1e6 for t in per_span]
+            for name, per_span in times.items()}
+
+
 def kernel_us(model: onnx.ModelProto, target: kiln.target.Target, args: list[np.ndarray],
-              calls: int) -> float:
-    """Microseconds per call the kernels themselves take (a profile=True build)."""
+              calls: int, batch: int = 20) -> float:
+    """Microseconds per call the kernels themselves take (a profile=True build): the
+    median over batches of `batch` calls, so a preempted call skews one batch only."""
     ex = kiln.compile(from_onnx(model), target, profile=True)
     fn = ex["main"]
     for _ in range(min(calls, 200)):
         fn(*args)
     lib: Any = ex._module
-    lib.profile_reset()
-    for _ in range(calls):
-        fn(*args)
-    rows = [r for r in lib.profile() if r.function == "main" and r.kernel is not None]
-    return sum(r.total_ns for r in rows) / max(calls, 1) / 1e3
+    per_batch = []
+    for _ in range(max(1, calls // batch)):
+        lib.profile_reset()
+        for _ in range(batch):
+            fn(*args)
+        rows = [r for r in lib.profile() if r.function == "main" and r.kernel is not None]
+        per_batch.append(sum(r.total_ns for r in rows) / batch / 1e3)
+    return statistics.median(per_batch)
 
 
 def main() -> None:
@@ -137,6 +166,10 @@ def main() -> None:
     print(f"  {'kernels':<18} {kernel_us(model, target, args, opts.calls // 5):8.2f} us/call "
           "(profile=True build)")
     print(f"  pool: {lib.pool_stats()}")
+    pause = {"fn(x)": rows["fn(x)"], "ort run": rows["ort run"]}
+    print("after 50 ms idle, us per call:  first   2-10  11-100")
+    for row, (first, early, later) in after_pause_us(pause).items():
+        print(f"  {row:<28} {first:7.1f} {early:6.1f} {later:7.1f}")
     del keep
     tmp.cleanup()
 
