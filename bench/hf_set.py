@@ -14,9 +14,7 @@ model's inputs (the other bench models take standard-normal float32 inputs).
 
 from __future__ import annotations
 
-import importlib.util
 import sys
-import sysconfig
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -28,23 +26,6 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "tests" / "models"))
 
-
-def _standard_profile() -> None:
-    """Load the standard library's `profile` module: a bench script runs with bench/
-    first on sys.path, where bench/profile.py would shadow it, and torch (cProfile,
-    imported by transformers) needs the standard one."""
-    if "profile" in sys.modules:
-        return
-    path = Path(sysconfig.get_paths()["stdlib"]) / "profile.py"
-    spec = importlib.util.spec_from_file_location("profile", path)
-    if spec is None or spec.loader is None:
-        return
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["profile"] = module
-    spec.loader.exec_module(module)
-
-
-_standard_profile()
 
 Shapes = dict[str, list[int]]
 Feeds = Callable[[np.random.Generator], dict[str, np.ndarray]]

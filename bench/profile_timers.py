@@ -1,6 +1,6 @@
 """Profiling timers: what they cost, and how well the kernel times add up.
 
-    .venv/bin/python bench/profile.py [--calls 2000] [--targets llvm,c]
+    .venv/bin/python bench/profile_timers.py [--calls 2000] [--targets llvm,c]
 
 For each model shipped in models/ and each target, the model is compiled twice
 (`profile=False` and `profile=True`) and both libraries are called in
