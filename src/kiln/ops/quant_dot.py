@@ -31,6 +31,7 @@ GROUP = 4
 #: "dsp" (Arm Cortex-M): the c backend's helper runs two SMLADs per word (kiln_kernels.h).
 FAMILIES = ("avx512vnni", "avxvnni", "avx512bw", "avx2", "i8mm", "sdot", "dsp")
 _EXACT_FAMILIES = ("avx512vnni", "avxvnni", "i8mm")  # one instruction, no temporaries
+_WIDENED_FAMILIES = ("avx512bw", "avx2")  # vpmaddwd on bytes widened to int16
 
 
 def target_isa() -> ISA | None:
@@ -58,14 +59,17 @@ def tile_cols_for(isa: ISA, extent: int) -> int:
 
 def tile_rows(isa: ISA, nr: int) -> int:
     """Rows of a register tile of `nr` columns: the accumulators fill the registers
-    left after one B row and the family's temporaries (at most 8 rows)."""
+    left after the B row and the family's temporaries (at most 8 rows)."""
     if not isa.vector_bits:
         return 2  # scalar registers (Cortex-M: 2 x 2 accumulators, 2 + 2 words)
     vectors = max(1, -(-nr // isa.lanes("int32")))
-    # the broadcast A word; the vpmaddubsw split adds its two constants, A's two halves
-    # and two products in flight (kiln.codegen.llvm.int_dot); sdot its correction
-    spare = 1 if isa.int8_dot in _EXACT_FAMILIES else 6
-    return max(1, min(8, (isa.vector_registers - vectors - spare) // vectors))
+    # one instruction: the broadcast A word. vpmaddwd on int16 halves
+    # (kiln.codegen.llvm.int_dot): B's row widened to two registers a vector, A's
+    # even and odd halves, a product and the mask. sdot: A shifted, its correction
+    b_row, spare = ((vectors, 1) if isa.int8_dot in _EXACT_FAMILIES
+                    else (2 * vectors, 4) if isa.int8_dot in _WIDENED_FAMILIES
+                    else (vectors, 6))
+    return max(1, min(8, (isa.vector_registers - b_row - spare) // vectors))
 
 
 def words(b: np.ndarray) -> np.ndarray:
