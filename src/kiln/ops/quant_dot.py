@@ -1,7 +1,7 @@
 """The dot-product form of the packed integer matrix products (docs/quantization.md).
 
 When the target's ISA has an integer dot-product family (`kiln.target.isa.ISA.int8_dot`:
-vpdpbusd, vpmaddubsw, sdot/usdot), `quant_kernels.pack` stores B in *words*: k in
+vpdpbusd, vpmaddwd on widened bytes, sdot/usdot), `quant_kernels.pack` stores B in *words*: k in
 groups of 4, the 4 int8 weights of one column and group packed into one int32
 (byte i = k 4g + i), panels `[ceil(N / nr)][ceil(K / 4)][nr]`. The kernel packs A's
 rows the same way at run time (`pack_a`, O(M K), zero-padded past K), and its tile
