@@ -1,7 +1,8 @@
 """The int8 dot form on x86 targets without VNNI (AVX2, AVX-512BW: `vpmaddwd` on bytes
 widened to int16, kiln/codegen/llvm/int_dot.py) is exact on the inputs that saturate a
 plain `vpmaddubsw`: adjacent weights of -128 and 127 against activations of 255, for
-every signedness of A and B that MatMulInteger allows, against numpy's int64 product."""
+every signedness of A and B that MatMulInteger allows, against numpy's int64 product;
+and the convolution tiles sized for them, against onnxruntime."""
 
 from __future__ import annotations
 
@@ -10,13 +11,15 @@ import re
 import numpy as np
 import onnx
 import pytest
-from onnx import TensorProto
+from onnx import TensorProto, numpy_helper
+from quantized_models import qlinear_conv_model
 
 import kiln
 from kiln.frontend import from_onnx
 from kiln.target import Target
 from kiln.target.isa import isa_for
 from support.graphs import GraphBuilder
+from support.reference import onnxruntime_outputs
 
 # VNNI hidden by the CPU (haswell: AVX2) or by mattr (Zen 4 without its VNNI: AVX-512BW)
 TARGETS = ["llvm -mcpu=haswell", "llvm -mcpu=znver4 -mattr=-avx512vnni,-avxvnni"]
@@ -82,3 +85,21 @@ def test_worst_case_products_are_exact(target: str) -> None:
     got = ex["main"](*feeds.values())
     for (name, y_want), y in zip(want.items(), got, strict=True):
         np.testing.assert_array_equal(y, y_want, err_msg=name)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_conv_tiles_equal_onnxruntime(target: str) -> None:
+    # 14 x 14 = 196 output positions: AVX-512BW's widened tiles take 3 vectors (48
+    # columns, the last tile partial), AVX2's 2; worst-case weights in channel 0
+    rng = np.random.default_rng(13)
+    model = qlinear_conv_model((1, 8, 14, 14), 6, 3, 1, 1, False, rng)
+    w = next(t for t in model.graph.initializer if t.name == "w")
+    weights = numpy_helper.to_array(w).copy()
+    weights[0] = np.where(np.arange(72).reshape(8, 3, 3) % 2, 127, -128)
+    w.CopyFrom(numpy_helper.from_array(weights, "w"))
+    x = rng.integers(0, 256, (1, 8, 14, 14)).astype(np.uint8)
+    x[..., :3, :] = 255
+    ex = kiln.compile(from_onnx(model), target)
+    if not isa_for(Target(target)).features <= isa_for(Target.from_host()).features:
+        pytest.skip(f"this host lacks {target}'s features: compiled, not run")
+    np.testing.assert_array_equal(ex["main"](x), onnxruntime_outputs(model, {"x": x})[0])

@@ -46,15 +46,30 @@ def tile_cols(isa: ISA) -> int:
 
 
 def tile_cols_for(isa: ISA, extent: int) -> int:
-    """Columns of a register tile for `extent` columns in all: the whole vectors (up to
-    `tile_cols`) that leave the fewest padded columns in the last tile (14 x 14 = 196
-    output positions: 13 tiles of one vector, 208, instead of 4 of four, 256), the
-    widest of equals; `extent` itself when it is below one vector."""
+    """Columns of a register tile for `extent` columns in all (a convolution's output
+    positions; its rows are output channels, a broadcast weight word each): the whole
+    vectors (up to `tile_cols`) that leave the fewest padded columns in the last tile
+    (14 x 14 = 196 output positions: 13 tiles of one vector, 208, instead of 4 of four,
+    256), the widest of equals; `extent` itself when it is below one vector. Where
+    `vpmaddwd` widens the bytes (`_WIDENED_FAMILIES`), the widening is paid per row and
+    vector, so the width with the fewest instructions for all columns wins instead."""
     lanes = isa.lanes("int32")
     if extent <= lanes:
         return extent
     widths = range(tile_cols(isa), 0, -lanes)
+    if isa.int8_dot in _WIDENED_FAMILIES:
+        return min(widths, key=lambda nr: -(-extent // nr) * _widened_step(isa, nr))
     return min(widths, key=lambda nr: -(-extent // nr) * nr)
+
+
+def _widened_step(isa: ISA, nr: int) -> float:
+    """Vector instructions per row of a step of 4 k of a `vpmaddwd` tile `nr` columns
+    wide whose rows broadcast the signed word (kiln.codegen.llvm.int_dot): per row a
+    broadcast and three shifts, per vector a load, a mask and a shift, per accumulator
+    two `vpmaddwd` and two adds."""
+    vectors = -(-nr // isa.lanes("int32"))
+    rows = tile_rows(isa, nr)
+    return (4 * rows + 3 * vectors + 4 * rows * vectors) / rows
 
 
 def tile_rows(isa: ISA, nr: int) -> int:
