@@ -39,12 +39,16 @@ use `KILN_NUM_THREADS` threads (default: every online CPU). Prints a table;
 asserts nothing (this is not a test).
 
 With `--int8`, each selected GEMM is a one-node QLinearMatMul (u8 A as the input,
-s8 B as an initializer, per-tensor scales, u8 output) and the table prints kiln's and
-onnxruntime's GOP/s (OP = 2 x integer multiply-adds), kiln's throughput as a
-percentage of onnxruntime's and the share of outputs that differ (in quanta) from
-onnxruntime's (docs/quantization.md), and kiln's GOP/s as a percentage of the machine's
-measured `vpdpbusd` peak on 2 cores (bench/peak.py; not printed without AVX-512 VNNI or
-AVX-VNNI).
+s8 B as an initializer, per-tensor scales, u8 output) and each convolution a one-node
+QLinearConv (u8 input, s8 weights with per-channel scales, int32 bias, u8 output), and
+the table prints kiln's and onnxruntime's GOP/s (OP = 2 x integer multiply-adds),
+kiln's throughput as a percentage of onnxruntime's and the share of outputs that differ
+(in quanta) from onnxruntime's (docs/quantization.md), and kiln's GOP/s as a percentage
+of the machine's measured `vpdpbusd` peak on 2 cores (bench/peak.py; not printed without
+AVX-512 VNNI or AVX-VNNI). `--target` picks kiln's instructions: e.g.
+`--target "llvm -mcpu=znver4 -mattr=-avx512f,-avx512vnni,-avxvnni"` runs kiln's AVX2
+path on a VNNI host (onnxruntime still runs its VNNI kernels there), and
+`-mattr=-avx512vnni,-avxvnni` its AVX-512BW one.
 """
 
 from __future__ import annotations
@@ -291,23 +295,51 @@ def int8_gemm_model(g: Gemm, rng: np.random.Generator) -> onnx.ModelProto:
               "ys": np.float32(0.02 * 0.01 * np.sqrt(g.k) * 40), "yz": np.uint8(128)}
     node = helper.make_node("QLinearMatMul", ["a", "as", "az", "b", "bs", "bz", "ys", "yz"],
                             ["y"])
+    return int8_model(node, [g.m, g.k], [g.m, g.n], consts)
+
+
+def int8_conv_model(c: Conv, rng: np.random.Generator) -> onnx.ModelProto:
+    """A one-node QLinearConv of u8 x[1, cin, size, size] (input) by constant s8 weights
+    with per-channel scales (as onnxruntime's quantizer writes them) and an int32 bias."""
+    fan_in = c.cin // c.groups * c.k ** 2
+    consts = {"xs": np.float32(0.02), "xz": np.uint8(128),
+              "w": rng.integers(-127, 128, (c.cout, c.cin // c.groups, c.k, c.k)).astype(
+                  np.int8),
+              "ws": rng.uniform(0.005, 0.015, c.cout).astype(np.float32),
+              "wz": np.zeros(c.cout, np.int8),
+              "ys": np.float32(0.02 * 0.01 * np.sqrt(fan_in) * 40), "yz": np.uint8(128),
+              "bias": rng.integers(-5000, 5000, c.cout).astype(np.int32)}
+    node = helper.make_node("QLinearConv", ["a", "xs", "xz", "w", "ws", "wz", "ys", "yz", "bias"],
+                            ["y"], kernel_shape=[c.k, c.k], pads=[c.k // 2] * 4,
+                            strides=[c.stride] * 2, group=c.groups)
+    return int8_model(node, [1, c.cin, c.size, c.size], [1, c.cout, c.out_size, c.out_size],
+                      consts)
+
+
+def int8_model(node: onnx.NodeProto, in_shape: list[int], out_shape: list[int],
+               consts: dict[str, np.ndarray]) -> onnx.ModelProto:
+    """A one-node model of `node` from u8 input `a` to u8 output `y`."""
     graph = helper.make_graph(
-        [node], "int8_gemm", [helper.make_tensor_value_info("a", TensorProto.UINT8, [g.m, g.k])],
-        [helper.make_tensor_value_info("y", TensorProto.UINT8, [g.m, g.n])],
+        [node], "int8_kernel", [helper.make_tensor_value_info("a", TensorProto.UINT8, in_shape)],
+        [helper.make_tensor_value_info("y", TensorProto.UINT8, out_shape)],
         [numpy_helper.from_array(np.asarray(v), k) for k, v in consts.items()])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
     model.ir_version = 8
     return model
 
 
-def run_int8(g: Gemm, target: kiln.target.Target, repeat: int, seconds: float
+def run_int8(kernel: Kernel, target: kiln.target.Target, repeat: int, seconds: float
              ) -> dict[str, float] | str:
-    """kiln vs onnxruntime on one int8 GEMM (a string: why it was skipped)."""
+    """kiln vs onnxruntime on one int8 GEMM or convolution (a string: why it was skipped)."""
     import onnxruntime as ort
 
     rng = np.random.default_rng(0)
-    model = int8_gemm_model(g, rng)
-    a = rng.integers(0, 256, (g.m, g.k)).astype(np.uint8)
+    if isinstance(kernel, Gemm):
+        model = int8_gemm_model(kernel, rng)
+        a = rng.integers(0, 256, (kernel.m, kernel.k)).astype(np.uint8)
+    else:
+        model = int8_conv_model(kernel, rng)
+        a = rng.integers(0, 256, (1, kernel.cin, kernel.size, kernel.size)).astype(np.uint8)
     try:
         start = time.perf_counter()
         fn = kiln.compile(from_onnx(model), target)["main"]
@@ -323,7 +355,7 @@ def run_int8(g: Gemm, target: kiln.target.Target, repeat: int, seconds: float
     fns = {"kiln": lambda: fn(a), "ort": lambda: session.run(None, {"a": a})}
     ms = alternating_blocks_ms(fns, calls_within(fns, repeat, seconds))
     differ = float((got.astype(np.int32) != want.astype(np.int32)).mean())
-    return {"kiln_gops": g.flop / ms["kiln"] / 1e6, "ort_gops": g.flop / ms["ort"] / 1e6,
+    return {"kiln_gops": kernel.flop / ms["kiln"] / 1e6, "ort_gops": kernel.flop / ms["ort"] / 1e6,
             "differ": differ, "compile_s": compile_s}
 
 
@@ -338,8 +370,6 @@ def print_int8(kernels: list[Kernel], target: kiln.target.Target, repeat: int,
     print(header)
     print("-" * len(header))
     for kernel in kernels:
-        if not isinstance(kernel, Gemm):
-            continue
         r = run_int8(kernel, target, repeat, seconds)
         if isinstance(r, str):
             print(f"{kernel.name:<24} skipped: {r}", flush=True)
@@ -373,7 +403,8 @@ def main() -> None:
     parser.add_argument("--keep-openblas-coretype", action="store_true",
                         help="keep OPENBLAS_CORETYPE for numpy (default: re-run without it)")
     parser.add_argument("--int8", action="store_true",
-                        help="int8 GEMMs (QLinearMatMul) against onnxruntime instead")
+                        help="int8 GEMMs and convolutions (QLinearMatMul, QLinearConv) "
+                             "against onnxruntime instead")
     args = parser.parse_args()
     if "OPENBLAS_CORETYPE" in os.environ and not args.keep_openblas_coretype:
         # OpenBLAS reads it when numpy loads: only a fresh process can drop it.

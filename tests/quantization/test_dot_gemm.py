@@ -2,7 +2,7 @@
 quant_conv_dot.py): weights
 packed in words of 4 k at compile time for targets with a dot-product family, A packed
 at run time, one `dot4_u8s8` per accumulator. Exact against onnxruntime (QLinearMatMul)
-and numpy (MatMulInteger) on vpdpbusd (znver4) and the exact vpmaddubsw path (haswell),
+and numpy (MatMulInteger) on vpdpbusd (znver4) and the exact vpmaddwd path (haswell),
 u8 and s8 activations, sizes that leave partial row, column and k tiles."""
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ def qlinear_matmul(m: int, k: int, n: int, signed: bool,
 def activations(m: int, k: int, signed: bool, rng: np.random.Generator) -> np.ndarray:
     lo, hi, q = (-128, 128, np.int8) if signed else (0, 256, np.uint8)
     a = rng.integers(lo, hi, (m, k)).astype(q)
-    a[0, :] = hi - 1  # the largest bytes: vpmaddubsw would saturate without the split
+    a[0, :] = hi - 1  # the largest bytes: a plain vpmaddubsw would saturate on them
     return a
 
 

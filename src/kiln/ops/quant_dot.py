@@ -1,7 +1,7 @@
 """The dot-product form of the packed integer matrix products (docs/quantization.md).
 
 When the target's ISA has an integer dot-product family (`kiln.target.isa.ISA.int8_dot`:
-vpdpbusd, vpmaddubsw, sdot/usdot), `quant_kernels.pack` stores B in *words*: k in
+vpdpbusd, vpmaddwd on widened bytes, sdot/usdot), `quant_kernels.pack` stores B in *words*: k in
 groups of 4, the 4 int8 weights of one column and group packed into one int32
 (byte i = k 4g + i), panels `[ceil(N / nr)][ceil(K / 4)][nr]`. The kernel packs A's
 rows the same way at run time (`pack_a`, O(M K), zero-padded past K), and its tile
@@ -31,6 +31,7 @@ GROUP = 4
 #: "dsp" (Arm Cortex-M): the c backend's helper runs two SMLADs per word (kiln_kernels.h).
 FAMILIES = ("avx512vnni", "avxvnni", "avx512bw", "avx2", "i8mm", "sdot", "dsp")
 _EXACT_FAMILIES = ("avx512vnni", "avxvnni", "i8mm")  # one instruction, no temporaries
+_WIDENED_FAMILIES = ("avx512bw", "avx2")  # vpmaddwd on bytes widened to int16
 
 
 def target_isa() -> ISA | None:
@@ -45,27 +46,45 @@ def tile_cols(isa: ISA) -> int:
 
 
 def tile_cols_for(isa: ISA, extent: int) -> int:
-    """Columns of a register tile for `extent` columns in all: the whole vectors (up to
-    `tile_cols`) that leave the fewest padded columns in the last tile (14 x 14 = 196
-    output positions: 13 tiles of one vector, 208, instead of 4 of four, 256), the
-    widest of equals; `extent` itself when it is below one vector."""
+    """Columns of a register tile for `extent` columns in all (a convolution's output
+    positions; its rows are output channels, a broadcast weight word each): the whole
+    vectors (up to `tile_cols`) that leave the fewest padded columns in the last tile
+    (14 x 14 = 196 output positions: 13 tiles of one vector, 208, instead of 4 of four,
+    256), the widest of equals; `extent` itself when it is below one vector. Where
+    `vpmaddwd` widens the bytes (`_WIDENED_FAMILIES`), the widening is paid per row and
+    vector, so the width with the fewest instructions for all columns wins instead."""
     lanes = isa.lanes("int32")
     if extent <= lanes:
         return extent
     widths = range(tile_cols(isa), 0, -lanes)
+    if isa.int8_dot in _WIDENED_FAMILIES:
+        return min(widths, key=lambda nr: -(-extent // nr) * _widened_step(isa, nr))
     return min(widths, key=lambda nr: -(-extent // nr) * nr)
+
+
+def _widened_step(isa: ISA, nr: int) -> float:
+    """Vector instructions per row of a step of 4 k of a `vpmaddwd` tile `nr` columns
+    wide whose rows broadcast the signed word (kiln.codegen.llvm.int_dot): per row a
+    broadcast and three shifts, per vector a load, a mask and a shift, per accumulator
+    two `vpmaddwd` and two adds."""
+    vectors = -(-nr // isa.lanes("int32"))
+    rows = tile_rows(isa, nr)
+    return (4 * rows + 3 * vectors + 4 * rows * vectors) / rows
 
 
 def tile_rows(isa: ISA, nr: int) -> int:
     """Rows of a register tile of `nr` columns: the accumulators fill the registers
-    left after one B row and the family's temporaries (at most 8 rows)."""
+    left after the B row and the family's temporaries (at most 8 rows)."""
     if not isa.vector_bits:
         return 2  # scalar registers (Cortex-M: 2 x 2 accumulators, 2 + 2 words)
     vectors = max(1, -(-nr // isa.lanes("int32")))
-    # the broadcast A word; the vpmaddubsw split adds its two constants, A's two halves
-    # and two products in flight (kiln.codegen.llvm.int_dot); sdot its correction
-    spare = 1 if isa.int8_dot in _EXACT_FAMILIES else 6
-    return max(1, min(8, (isa.vector_registers - vectors - spare) // vectors))
+    # one instruction: the broadcast A word. vpmaddwd on int16 halves
+    # (kiln.codegen.llvm.int_dot): B's row widened to two registers a vector, A's
+    # even and odd halves, a product and the mask. sdot: A shifted, its correction
+    b_row, spare = ((vectors, 1) if isa.int8_dot in _EXACT_FAMILIES
+                    else (2 * vectors, 4) if isa.int8_dot in _WIDENED_FAMILIES
+                    else (vectors, 6))
+    return max(1, min(8, (isa.vector_registers - b_row - spare) // vectors))
 
 
 def words(b: np.ndarray) -> np.ndarray:

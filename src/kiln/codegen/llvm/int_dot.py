@@ -7,11 +7,14 @@ the host:
 
 - "avx512vnni" / "avxvnni": `vpdpbusd` on zmm / ymm (`llvm.x86.avx512.vpdpbusd.512`,
   `.256`), exactly the intrinsic;
-- "avx512bw" / "avx2": `vpmaddubsw` + `vpmaddwd`. `vpmaddubsw` adds two u8 x s8
-  products into a *saturating* int16 (255 * -128 * 2 does not fit), so `a` is split
-  into its low 7 bits and its top bit (kept in place): each half's pair sums fit int16
-  (127 * 128 * 2 = 32512; 128 * -128 * 2 = -32768), and `vpmaddwd` by ones widens
-  both. Two instruction pairs instead of one, and exact;
+- "avx512bw" / "avx2": `vpmaddwd` on int16 halves. `vpmaddubsw` would add two u8 x s8
+  products into a *saturating* int16 (255 * -128 * 2 does not fit), so each word's
+  even bytes and odd bytes are widened to int16 in place (A's zero-extended by a mask
+  and a shift, the weights' sign-extended by two shifts and one) and `vpmaddwd` adds
+  each lane's two int16 products into int32, exactly (|255 * -128 * 2| < 2^31). Two
+  `vpmaddwd` and two adds per accumulator and word; the widening is done once per
+  register (the tile's rows share its B row, its columns the broadcast A word), so
+  it costs half the multiplies of splitting A's bytes for `vpmaddubsw`;
 - "i8mm": AArch64 `usdot` (u8 x s8), exactly the intrinsic;
 - "sdot": AArch64 `sdot` (s8 x s8): `a`'s bytes shifted to signed (`a ^ 0x80` is
   `a - 128`), then `128 * sum(b)` added back (a second `sdot` with bytes of 1);
@@ -58,22 +61,23 @@ def _vnni(b: ir.IRBuilder, mod: ir.Module, acc: ir.Value, a: ir.Value,
     return _call(b, mod, f"llvm.x86.avx512.vpdpbusd.{32 * n}", acc.type, (acc, a, w))
 
 
-def _maddubs(b: ir.IRBuilder, mod: ir.Module, acc: ir.Value, a: ir.Value,
-             w: ir.Value) -> ir.Value:
+def _madd_pairs(b: ir.IRBuilder, mod: ir.Module, acc: ir.Value, a: ir.Value,
+                w: ir.Value) -> ir.Value:
     n = acc.type.count
-    ub, wd = (("llvm.x86.avx512.pmaddubs.w.512", "llvm.x86.avx512.pmaddw.d.512") if n == 16
-              else ("llvm.x86.avx2.pmadd.ub.sw", "llvm.x86.avx2.pmadd.wd"))
-    # low 7 bits and top bit of a's bytes (top = a ^ low keeps the bit in place: its pair
-    # sums are 128 * (w0 + w1), within [-32768, 32512]); two constants in all, so the
-    # tile keeps its accumulators in registers (quant_dot.tile_rows counts these)
-    low = b.and_(a, _splat(I32, n, 0x7F7F7F7F))
-    top = b.xor(a, low)
-    wb = _bytes(b, w)
-    pairs = _vec(I16, 2 * n)
-    ones = _splat(I16, 2 * n, 1)
-    low32 = _call(b, mod, wd, acc.type, (_call(b, mod, ub, pairs, (_bytes(b, low), wb)), ones))
-    top32 = _call(b, mod, wd, acc.type, (_call(b, mod, ub, pairs, (_bytes(b, top), wb)), ones))
-    return b.add(acc, b.add(low32, top32))
+    madd = "llvm.x86.avx512.pmaddw.d.512" if n == 16 else "llvm.x86.avx2.pmadd.wd"
+    # each 16-bit half of a word holds bytes (2i, 2i + 1): widen its even byte and its
+    # odd byte to int16 in place (A's zero-extended, the weights' sign-extended), then
+    # `vpmaddwd` adds each lane's two int16 products exactly into int32. A and B are
+    # widened once per register, not per product: the tile's rows share the B row and
+    # its columns the broadcast A word (the compiler finds the common subexpressions)
+    halves = _vec(I16, 2 * n)
+    eight = _splat(I16, 2 * n, 8)
+    a16, w16 = b.bitcast(a, halves), b.bitcast(w, halves)
+    a_even, a_odd = b.and_(a16, _splat(I16, 2 * n, 0xFF)), b.lshr(a16, eight)
+    w_even, w_odd = b.ashr(b.shl(w16, eight), eight), b.ashr(w16, eight)
+    even = _call(b, mod, madd, acc.type, (a_even, w_even))
+    odd = _call(b, mod, madd, acc.type, (a_odd, w_odd))
+    return b.add(acc, b.add(even, odd))
 
 
 def _usdot(b: ir.IRBuilder, mod: ir.Module, acc: ir.Value, a: ir.Value,
@@ -107,7 +111,7 @@ def _portable(b: ir.IRBuilder, mod: ir.Module, acc: ir.Value, a: ir.Value,
 # family -> (lanes of one instruction, lowering)
 _FAMILIES: dict[str, tuple[int, Lowering]] = {
     "avx512vnni": (16, _vnni), "avxvnni": (8, _vnni),
-    "avx512bw": (16, _maddubs), "avx2": (8, _maddubs),
+    "avx512bw": (16, _madd_pairs), "avx2": (8, _madd_pairs),
     "i8mm": (4, _usdot), "sdot": (4, _sdot),
 }
 
