@@ -41,7 +41,7 @@ class ISA:
     `vector_bits` is the widest vector register kiln's kernels fill (0: none worth
     vectorizing for); `lanes(dtype)` divides it. `int8_dot` names the best u8xs8 ->
     s32 multiply-accumulate: "avx512vnni" (vpdpbusd zmm), "avxvnni" (vpdpbusd ymm),
-    "avx512bw"/"avx2" (vpmaddubsw + vpmaddwd, which saturates at int16), "i8mm"/
+    "avx512bw"/"avx2" (bytes widened to int16 halves, then vpmaddwd: exact), "i8mm"/
     "sdot" (AArch64 smmla / sdot), "dsp" (Arm SMLAD), or None (widen and multiply).
     "amx" is listed in `int8_dots` only: AMX tiles serve large GEMMs next to the
     vector path, never instead of it.
