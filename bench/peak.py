@@ -126,8 +126,12 @@ class _Kernel:
         self.fn = ctypes.CFUNCTYPE(ctypes.c_float, ctypes.c_int64, ctypes.c_float,
                                    ctypes.c_float)(address)
 
-    def gflops(self, threads: int, seconds: float) -> float:
-        """Best GFLOP/s of `threads` concurrent calls over `ROUNDS` rounds."""
+    def gflops(self, threads: int, seconds: float, cpu_time: bool = False) -> float:
+        """Best GFLOP/s of `threads` concurrent calls over `ROUNDS` rounds; with
+        `cpu_time` (one thread only) timed by the calling thread's CPU time, which time
+        spent descheduled by other jobs does not count."""
+        if cpu_time:
+            return self._on_this_thread(seconds)
         n = 1 << 14
         while True:  # calibrate: one call takes about seconds / ROUNDS
             start = time.perf_counter()
@@ -149,14 +153,34 @@ class _Kernel:
         return best
 
 
-def measure_peak(threads: int = 2, seconds: float = 0.3) -> Peak:
-    """Measure the float32 FMA peak of one core and of `threads` threads at once."""
+    def _on_this_thread(self, seconds: float) -> float:
+        n = 1 << 14
+        while True:  # calibrate: one call takes about seconds / ROUNDS
+            start = time.thread_time()
+            self.fn(n, 0.999, 1e-3)
+            if time.thread_time() - start > seconds / ROUNDS:
+                break
+            n *= 2
+        flop = n * ACCUMULATORS * self.lanes * self.ops_per_lane
+        best = 0.0
+        for _ in range(ROUNDS):
+            start = time.thread_time()
+            self.fn(n, 0.999, 1e-3)
+            best = max(best, flop / (time.thread_time() - start) / 1e9)
+        return best
+
+
+def measure_peak(threads: int = 2, seconds: float = 0.3, cpu_time: bool = False) -> Peak:
+    """Measure the float32 FMA peak of one core and of `threads` threads at once; with
+    `cpu_time`, one core by the calling thread's CPU time (robust to other jobs) and
+    `threads` x that."""
     llvm.initialize_native_target()
     llvm.initialize_native_asmprinter()
     by_width = {}
     for bits in host_vector_widths():
         kernel = _Kernel(bits)
-        by_width[bits] = (kernel.gflops(1, seconds), kernel.gflops(threads, seconds))
+        one = kernel.gflops(1, seconds, cpu_time)
+        by_width[bits] = (one, one * threads if cpu_time else kernel.gflops(threads, seconds))
     # Every measurement is a lower bound of the per-core peak (other jobs only slow it).
     per_core = {bits: max(one, all_ / threads) for bits, (one, all_) in by_width.items()}
     best = max(per_core, key=lambda bits: per_core[bits])
