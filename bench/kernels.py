@@ -56,9 +56,11 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import onnx
+from doc_table import machine_line, markdown_table, write_block
 from harness import alternating_blocks_ms, calls_within, describe_target, rel_l2, short_error
 from onnx import TensorProto, helper, numpy_helper
 from peak import Peak, measure_int8_peak, measure_peak
@@ -68,6 +70,7 @@ from kiln.frontend import from_onnx
 from kiln.target.isa import isa_for
 
 DROPPED_CORETYPE = "KILN_BENCH_DROPPED_OPENBLAS_CORETYPE"
+DOCS = Path(__file__).resolve().parents[1] / "docs"
 # With --threads 1 every runtime runs on the calling thread, timed by its CPU time: time
 # spent descheduled by other jobs is not counted, so a loaded machine still gives the
 # kernels' own speed (what a wall clock cannot, there).
@@ -423,6 +426,8 @@ def main() -> None:
                              "thread's CPU time (robust on a loaded machine)")
     parser.add_argument("--keep-openblas-coretype", action="store_true",
                         help="keep OPENBLAS_CORETYPE for numpy (default: re-run without it)")
+    parser.add_argument("--write-docs", action="store_true",
+                        help="replace the bench:kernels block of docs/performance.md")
     parser.add_argument("--int8", action="store_true",
                         help="int8 GEMMs (QLinearMatMul) against onnxruntime instead")
     args = parser.parse_args()
@@ -432,6 +437,7 @@ def main() -> None:
         env[DROPPED_CORETYPE] = env.pop("OPENBLAS_CORETYPE")
         sys.stdout.flush()
         os.execve(sys.executable, [sys.executable, *sys.argv], env)
+    load_before = os.getloadavg()[0]
     kernels = selected(args.kernels)
     if args.threads == 1:  # read once per library, at its first parallel loop
         os.environ["KILN_NUM_THREADS"] = "1"
@@ -454,8 +460,9 @@ def main() -> None:
         how = "OPENBLAS_CORETYPE not set"
     peak = measure_peak(threads=args.threads, cpu_time=args.threads == 1)
     blas = find_openblas()
+    on = "1 thread" if args.threads == 1 else "1 and on 2 threads"
     blas_text = (f"OpenBLAS core {blas.corename}, {blas.get_threads()} threads by default "
-                 f"({blas.library}); timed on 1 and on 2 threads"
+                 f"({blas.library}); timed on {on}"
                  if blas is not None else "not OpenBLAS (threads not set)")
     threads = os.environ.get("KILN_NUM_THREADS", f"all ({os.cpu_count()})")
     print(peak.describe())
@@ -463,22 +470,32 @@ def main() -> None:
     clock = "the calling thread's CPU time" if args.threads == 1 else "wall time"
     print(f"KILN_NUM_THREADS: {threads}   ort threads: {args.threads}   median of up to "
           f"{args.repeat} calls in {args.seconds:g} s, alternating blocks, {clock}")
+    block: list[str] = []
     for label, isa_target in isa_targets(args.isa, target):
-        print_conv_table(kernels, label, isa_target, peak, blas, args)
+        block += ["", *print_conv_table(kernels, label, isa_target, peak, blas, args)]
+    if args.write_docs:
+        command = " ".join(["bench/kernels.py", *sys.argv[1:]])
+        write_block(DOCS / "performance.md", "kernels", [
+            machine_line(command, describe_target(target), load_before, os.getloadavg()[0]),
+            peak.describe() + ".", *block])
 
 
 def print_conv_table(kernels: list[Kernel], label: str, target: kiln.target.Target,
-                     peak: Peak, blas: OpenBlas | None, args: argparse.Namespace) -> None:
-    """The float32 table of `kernels` on one ISA; `%pk` is a percentage of the FMA peak
-    of the vector widths the ISA has (up to 512 bits with AVX-512F, 256 with AVX2: a
-    core whose 512-bit FMAs are no faster than its 256-bit ones has one peak for both)."""
+                     peak: Peak, blas: OpenBlas | None, args: argparse.Namespace
+                     ) -> list[str]:
+    """Print the float32 table of `kernels` on one ISA and return it as Markdown; `%pk`
+    is a percentage of the FMA peak of the vector widths the ISA has (up to 512 bits
+    with AVX-512F, 256 with AVX2: a core whose 512-bit FMAs are no faster than its
+    256-bit ones has one peak for both)."""
     isa = isa_for(target)
     widths = {b: max(one, all_ / peak.threads) for b, (one, all_) in peak.by_width.items()
               if b <= max(isa.vector_bits, 128)}
     bits = max(widths, key=lambda b: widths[b])
     full = widths[bits] * peak.threads
-    print(f"\n[{label}] target: {target.kind.name} {describe_target(target)}; %pk: percent "
-          f"of {full:.0f} GFLOP/s ({bits}-bit FMA peak x {peak.threads} cores)")
+    title = (f"[{label}] target: {target.kind.name} {describe_target(target)}; %pk: percent "
+             f"of {full:.0f} GFLOP/s ({bits}-bit FMA peak x {peak.threads} cores)")
+    print("\n" + title)
+    rows: list[list[str]] = []
     header = (f"{'kernel':<24} {'MFLOP':>6} {'kiln GF/s':>9} {'np1 GF/s':>8} {'np2 GF/s':>8} "
               f"{'ort GF/s':>8} {'kiln %pk':>8} {'np %pk':>6} {'ort %pk':>7} {'kiln %np':>8} "
               f"{'kiln %ort':>9} {'rel L2':>7} {'compile s':>9}")
@@ -488,6 +505,7 @@ def print_conv_table(kernels: list[Kernel], label: str, target: kiln.target.Targ
         r = run(kernel, target, args.repeat, args.seconds, blas, args.threads)
         if isinstance(r, str):
             print(f"{kernel.name:<24} skipped: {r}", flush=True)
+            rows.append([kernel.name, "skipped: " + r.replace("|", "/"), *[""] * 5])
             continue
         k, o = r["kiln_gflops"], r["ort_gflops"]
         n1, n2 = r["numpy1_gflops"], r["numpy2_gflops"]
@@ -497,6 +515,11 @@ def print_conv_table(kernels: list[Kernel], label: str, target: kiln.target.Targ
               f"{o:>8.1f} {k * pk:>8.1f} {n * pk:>6.1f} {o * pk:>7.1f} {100 * k / n:>8.0f} "
               f"{100 * k / o:>9.0f} {r['rel_l2']:>7.0e} {r['compile_s']:>9.2f}"
               f"{' (cache hit)' if r['cache_hit'] else ''}", flush=True)
+        rows.append([kernel.name, f"{k:.1f}", f"{k * pk:.0f}%", f"{n:.1f}", f"{o:.1f}",
+                     f"{100 * k / n:.0f}%", f"{100 * k / o:.0f}%"])
+    columns = ["kernel", "kiln GFLOP/s", "kiln %pk", "numpy GFLOP/s", "ort GFLOP/s",
+               "kiln %numpy", "kiln %ort"]
+    return [title, "", *markdown_table(columns, rows)]
 
 
 if __name__ == "__main__":

@@ -24,6 +24,7 @@ import argparse
 import ctypes
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import llvmlite.binding as llvm
@@ -132,13 +133,7 @@ class _Kernel:
         spent descheduled by other jobs does not count."""
         if cpu_time:
             return self._on_this_thread(seconds)
-        n = 1 << 14
-        while True:  # calibrate: one call takes about seconds / ROUNDS
-            start = time.perf_counter()
-            self.fn(n, 0.999, 1e-3)
-            if time.perf_counter() - start > seconds / ROUNDS:
-                break
-            n *= 2
+        n = self._calibrated(seconds, time.perf_counter)
         flop = n * ACCUMULATORS * self.lanes * self.ops_per_lane
         best = 0.0
         for _ in range(ROUNDS):
@@ -153,14 +148,18 @@ class _Kernel:
         return best
 
 
-    def _on_this_thread(self, seconds: float) -> float:
+    def _calibrated(self, seconds: float, clock: Callable[[], float]) -> int:
+        """The loop count for which one call takes about `seconds / ROUNDS` by `clock`."""
         n = 1 << 14
-        while True:  # calibrate: one call takes about seconds / ROUNDS
-            start = time.thread_time()
+        while True:
+            start = clock()
             self.fn(n, 0.999, 1e-3)
-            if time.thread_time() - start > seconds / ROUNDS:
-                break
+            if clock() - start > seconds / ROUNDS:
+                return n
             n *= 2
+
+    def _on_this_thread(self, seconds: float) -> float:
+        n = self._calibrated(seconds, time.thread_time)
         flop = n * ACCUMULATORS * self.lanes * self.ops_per_lane
         best = 0.0
         for _ in range(ROUNDS):
