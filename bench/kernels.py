@@ -60,17 +60,25 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import onnx
+from doc_table import machine_line, markdown_table, write_block
 from harness import alternating_blocks_ms, calls_within, describe_target, rel_l2, short_error
 from onnx import TensorProto, helper, numpy_helper
-from peak import measure_int8_peak, measure_peak
+from peak import Peak, measure_int8_peak, measure_peak
 
 import kiln
 from kiln.frontend import from_onnx
+from kiln.target.isa import isa_for
 
 DROPPED_CORETYPE = "KILN_BENCH_DROPPED_OPENBLAS_CORETYPE"
+DOCS = Path(__file__).resolve().parents[1] / "docs"
+# With --threads 1 every runtime runs on the calling thread, timed by its CPU time: time
+# spent descheduled by other jobs is not counted, so a loaded machine still gives the
+# kernels' own speed (what a wall clock cannot, there).
+CPU_TIME = time.thread_time
 
 
 @dataclass(frozen=True)
@@ -104,6 +112,7 @@ class Conv:
     k: int = 3
     stride: int = 1
     depthwise: bool = False
+    family: str = ""  # the group it is listed in, when not its kind's ("resnet50")
 
     @property
     def name(self) -> str:
@@ -113,7 +122,7 @@ class Conv:
 
     @property
     def group(self) -> str:
-        return "dw" if self.depthwise else "conv"
+        return self.family or ("dw" if self.depthwise else "conv")
 
     @property
     def groups(self) -> int:
@@ -144,6 +153,22 @@ KERNELS: list[Kernel] = [
     Conv(144, 144, 56, depthwise=True), Conv(96, 96, 112, stride=2, depthwise=True),
     Conv(960, 960, 7, depthwise=True),
 ]
+
+# ResNet-50 (v1.5: the stride on the 3x3) layer by layer: the 7x7/2 stem, each stage's
+# 1x1 reduce/expand, 3x3 (stride 2 in its first block) and 1x1/2 projection.
+RESNET50_LAYERS = [
+    (3, 64, 224, 7, 2),
+    (64, 64, 56, 1, 1), (64, 64, 56, 3, 1), (64, 256, 56, 1, 1), (256, 64, 56, 1, 1),
+    (256, 128, 56, 1, 1), (128, 128, 56, 3, 2), (256, 512, 56, 1, 2),
+    (128, 512, 28, 1, 1), (512, 128, 28, 1, 1), (128, 128, 28, 3, 1),
+    (512, 256, 28, 1, 1), (256, 256, 28, 3, 2), (512, 1024, 28, 1, 2),
+    (256, 1024, 14, 1, 1), (1024, 256, 14, 1, 1), (256, 256, 14, 3, 1),
+    (1024, 512, 14, 1, 1), (512, 512, 14, 3, 2), (1024, 2048, 14, 1, 2),
+    (512, 2048, 7, 1, 1), (2048, 512, 7, 1, 1), (512, 512, 7, 3, 1),
+]
+KERNELS += [Conv(cin, cout, size, k, stride, family="resnet50")
+            for cin, cout, size, k, stride in RESNET50_LAYERS]
+GROUPS = ("gemm", "conv", "dw", "resnet50")
 
 
 def one_node_model(kernel: Kernel, rng: np.random.Generator
@@ -208,13 +233,14 @@ def numpy_reference(kernel: Kernel, x: np.ndarray, consts: list[np.ndarray]
 
 
 def run(kernel: Kernel, target: kiln.target.Target, repeat: int, seconds: float,
-        blas: OpenBlas | None) -> dict[str, float] | str:
-    """GFLOP/s of kiln, numpy and ort on `kernel`, or why kiln could not run it."""
+        blas: OpenBlas | None, threads: int = 2) -> dict[str, float] | str:
+    """GFLOP/s of kiln, numpy and ort on `kernel`, or why kiln could not run it (on
+    `threads` threads; one thread is timed by its CPU time, `CPU_TIME`)."""
     import onnxruntime as ort
 
     model, x, consts = one_node_model(kernel, np.random.default_rng(0))
     options = ort.SessionOptions()
-    options.intra_op_num_threads = 2
+    options.intra_op_num_threads = threads
     session = ort.InferenceSession(model.SerializeToString(), options,
                                    providers=["CPUExecutionProvider"])
     feed = {"x": x}
@@ -236,8 +262,10 @@ def run(kernel: Kernel, target: kiln.target.Target, repeat: int, seconds: float,
     fns = {"kiln": lambda: fn(x), "numpy1": numpy_on_threads(np_call, blas, 1),
            "numpy2": numpy_on_threads(np_call, blas, 2),
            "ort": lambda: session.run(None, feed)}
+    if threads == 1:
+        fns["numpy2"] = fns["numpy1"]
     calls = calls_within(fns, repeat, seconds)
-    ms = alternating_blocks_ms(fns, calls)
+    ms = alternating_blocks_ms(fns, calls, clock=CPU_TIME if threads == 1 else time.perf_counter)
     result = {f"{name}_gflops": kernel.flop / (t * 1e-3) / 1e9 for name, t in ms.items()}
     return {**result, "compile_s": compile_s, "rel_l2": rel_l2(actual, expected),
             "calls": calls, "cache_hit": float(ex.cache_hit)}
@@ -381,27 +409,55 @@ def print_int8(kernels: list[Kernel], target: kiln.target.Target, repeat: int,
 
 
 def selected(spec: str) -> list[Kernel]:
-    """Kernels named by a comma-separated list of groups (gemm, conv, dw) or names."""
+    """Kernels named by a comma-separated list of groups (`GROUPS`) or names (a layer in
+    two groups runs once)."""
     items = [item.strip() for item in spec.split(",")]
-    picked = [k for k in KERNELS if k.group in items or k.name in items]
+    picked = list({k.name: k for k in KERNELS if k.group in items or k.name in items}.values())
     unknown = set(items) - {k.group for k in KERNELS} - {k.name for k in KERNELS}
     if unknown or not picked:
-        names = "; ".join(k.name for k in KERNELS)
-        raise SystemExit(f"unknown kernels {sorted(unknown)}; choose groups gemm, conv, dw "
-                         f"or names: {names}")
+        names = "; ".join(dict.fromkeys(k.name for k in KERNELS))
+        raise SystemExit(f"unknown kernels {sorted(unknown)}; choose groups "
+                         f"{', '.join(GROUPS)} or names: {names}")
     return picked
+
+
+# ISAs `--isa` can name: the host's own, and AVX2 on an AVX-512 host (its AVX-512
+# features removed, as `mattr=-avx512f` does for any target).
+ISAS = ("host", "avx2")
+
+
+def isa_targets(spec: str, base: kiln.target.Target) -> list[tuple[str, kiln.target.Target]]:
+    """(label, target) of each ISA in the comma-separated `spec`, built from `base`."""
+    out = []
+    for name in (item.strip() for item in spec.split(",")):
+        if name not in ISAS:
+            raise SystemExit(f"unknown ISA {name!r}; choose from {', '.join(ISAS)}")
+        if name == "host":
+            out.append((f"{base.get('mcpu', '') or 'host'}", base))
+            continue
+        mattr = [f for f in base.get("mattr", ()) or () if not f.startswith("+avx512")]
+        out.append(("avx2", base.with_attrs(mattr=[*mattr, "-avx512f"])))
+    return out
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--kernels", default="gemm,conv,dw",
-                        help="comma-separated groups (gemm, conv, dw) or kernel names")
+                        help=f"comma-separated groups ({', '.join(GROUPS)}) or kernel names")
+    parser.add_argument("--isa", default="host",
+                        help="comma-separated ISAs to build for: host (the target's own), "
+                             "avx2 (its AVX-512 features removed)")
     parser.add_argument("--repeat", type=int, default=20, help="most timed calls per runtime")
     parser.add_argument("--seconds", type=float, default=3.0,
                         help="time budget per kernel for the timed calls (all runtimes)")
     parser.add_argument("--target", default=None, help="kiln target (default: this host)")
+    parser.add_argument("--threads", type=int, choices=(1, 2), default=2,
+                        help="threads of kiln, ort and numpy; 1: timed by the calling "
+                             "thread's CPU time (robust on a loaded machine)")
     parser.add_argument("--keep-openblas-coretype", action="store_true",
                         help="keep OPENBLAS_CORETYPE for numpy (default: re-run without it)")
+    parser.add_argument("--write-docs", action="store_true",
+                        help="replace the bench:kernels block of docs/performance.md")
     parser.add_argument("--int8", action="store_true",
                         help="int8 GEMMs and convolutions (QLinearMatMul, QLinearConv) "
                              "against onnxruntime instead")
@@ -412,7 +468,10 @@ def main() -> None:
         env[DROPPED_CORETYPE] = env.pop("OPENBLAS_CORETYPE")
         sys.stdout.flush()
         os.execve(sys.executable, [sys.executable, *sys.argv], env)
+    load_before = os.getloadavg()[0]
     kernels = selected(args.kernels)
+    if args.threads == 1:  # read once per library, at its first parallel loop
+        os.environ["KILN_NUM_THREADS"] = "1"
     target = kiln.target.Target.from_host() if args.target is None else kiln.target.Target(
         args.target)
     if args.int8:
@@ -430,36 +489,68 @@ def main() -> None:
         how = f"OPENBLAS_CORETYPE={os.environ[DROPPED_CORETYPE]} removed (re-executed)"
     else:
         how = "OPENBLAS_CORETYPE not set"
-    peak = measure_peak(threads=2)
+    peak = measure_peak(threads=args.threads, cpu_time=args.threads == 1)
     blas = find_openblas()
+    on = "1 thread" if args.threads == 1 else "1 and on 2 threads"
     blas_text = (f"OpenBLAS core {blas.corename}, {blas.get_threads()} threads by default "
-                 f"({blas.library}); timed on 1 and on 2 threads"
+                 f"({blas.library}); timed on {on}"
                  if blas is not None else "not OpenBLAS (threads not set)")
     threads = os.environ.get("KILN_NUM_THREADS", f"all ({os.cpu_count()})")
-    print(f"target: {target.kind.name} {describe_target(target)}")
     print(peak.describe())
     print(f"numpy {np.__version__}: {blas_text}; {how}")
-    print(f"KILN_NUM_THREADS: {threads}   ort threads: 2   median of up to {args.repeat} "
-          f"calls in {args.seconds:g} s, alternating blocks; %pk: percent of "
-          f"{peak.all_threads:.0f} GFLOP/s")
+    clock = "the calling thread's CPU time" if args.threads == 1 else "wall time"
+    print(f"KILN_NUM_THREADS: {threads}   ort threads: {args.threads}   median of up to "
+          f"{args.repeat} calls in {args.seconds:g} s, alternating blocks, {clock}")
+    block: list[str] = []
+    for label, isa_target in isa_targets(args.isa, target):
+        block += ["", *print_conv_table(kernels, label, isa_target, peak, blas, args)]
+    if args.write_docs:
+        command = " ".join(["bench/kernels.py", *sys.argv[1:]])
+        write_block(DOCS / "performance.md", "kernels", [
+            machine_line(command, describe_target(target), load_before, os.getloadavg()[0]),
+            peak.describe() + ".", *block])
+
+
+def print_conv_table(kernels: list[Kernel], label: str, target: kiln.target.Target,
+                     peak: Peak, blas: OpenBlas | None, args: argparse.Namespace
+                     ) -> list[str]:
+    """Print the float32 table of `kernels` on one ISA and return it as Markdown; `%pk`
+    is a percentage of the FMA peak of the vector widths the ISA has (up to 512 bits
+    with AVX-512F, 256 with AVX2: a core whose 512-bit FMAs are no faster than its
+    256-bit ones has one peak for both)."""
+    isa = isa_for(target)
+    widths = {b: max(one, all_ / peak.threads) for b, (one, all_) in peak.by_width.items()
+              if b <= max(isa.vector_bits, 128)}
+    bits = max(widths, key=lambda b: widths[b])
+    full = widths[bits] * peak.threads
+    title = (f"[{label}] target: {target.kind.name} {describe_target(target)}; %pk: percent "
+             f"of {full:.0f} GFLOP/s ({bits}-bit FMA peak x {peak.threads} cores)")
+    print("\n" + title)
+    rows: list[list[str]] = []
     header = (f"{'kernel':<24} {'MFLOP':>6} {'kiln GF/s':>9} {'np1 GF/s':>8} {'np2 GF/s':>8} "
               f"{'ort GF/s':>8} {'kiln %pk':>8} {'np %pk':>6} {'ort %pk':>7} {'kiln %np':>8} "
               f"{'kiln %ort':>9} {'rel L2':>7} {'compile s':>9}")
     print(header)
     print("-" * len(header))
     for kernel in kernels:
-        r = run(kernel, target, args.repeat, args.seconds, blas)
+        r = run(kernel, target, args.repeat, args.seconds, blas, args.threads)
         if isinstance(r, str):
             print(f"{kernel.name:<24} skipped: {r}", flush=True)
+            rows.append([kernel.name, "skipped: " + r.replace("|", "/"), *[""] * 5])
             continue
         k, o = r["kiln_gflops"], r["ort_gflops"]
         n1, n2 = r["numpy1_gflops"], r["numpy2_gflops"]
         n = max(n1, n2)
-        pk = 100 / peak.all_threads
+        pk = 100 / full
         print(f"{kernel.name:<24} {kernel.flop / 1e6:>6.0f} {k:>9.1f} {n1:>8.1f} {n2:>8.1f} "
               f"{o:>8.1f} {k * pk:>8.1f} {n * pk:>6.1f} {o * pk:>7.1f} {100 * k / n:>8.0f} "
               f"{100 * k / o:>9.0f} {r['rel_l2']:>7.0e} {r['compile_s']:>9.2f}"
               f"{' (cache hit)' if r['cache_hit'] else ''}", flush=True)
+        rows.append([kernel.name, f"{k:.1f}", f"{k * pk:.0f}%", f"{n:.1f}", f"{o:.1f}",
+                     f"{100 * k / n:.0f}%", f"{100 * k / o:.0f}%"])
+    columns = ["kernel", "kiln GFLOP/s", "kiln %pk", "numpy GFLOP/s", "ort GFLOP/s",
+               "kiln %numpy", "kiln %ort"]
+    return [title, "", *markdown_table(columns, rows)]
 
 
 if __name__ == "__main__":

@@ -24,6 +24,7 @@ import argparse
 import ctypes
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import llvmlite.binding as llvm
@@ -126,15 +127,13 @@ class _Kernel:
         self.fn = ctypes.CFUNCTYPE(ctypes.c_float, ctypes.c_int64, ctypes.c_float,
                                    ctypes.c_float)(address)
 
-    def gflops(self, threads: int, seconds: float) -> float:
-        """Best GFLOP/s of `threads` concurrent calls over `ROUNDS` rounds."""
-        n = 1 << 14
-        while True:  # calibrate: one call takes about seconds / ROUNDS
-            start = time.perf_counter()
-            self.fn(n, 0.999, 1e-3)
-            if time.perf_counter() - start > seconds / ROUNDS:
-                break
-            n *= 2
+    def gflops(self, threads: int, seconds: float, cpu_time: bool = False) -> float:
+        """Best GFLOP/s of `threads` concurrent calls over `ROUNDS` rounds; with
+        `cpu_time` (one thread only) timed by the calling thread's CPU time, which time
+        spent descheduled by other jobs does not count."""
+        if cpu_time:
+            return self._on_this_thread(seconds)
+        n = self._calibrated(seconds, time.perf_counter)
         flop = n * ACCUMULATORS * self.lanes * self.ops_per_lane
         best = 0.0
         for _ in range(ROUNDS):
@@ -149,14 +148,38 @@ class _Kernel:
         return best
 
 
-def measure_peak(threads: int = 2, seconds: float = 0.3) -> Peak:
-    """Measure the float32 FMA peak of one core and of `threads` threads at once."""
+    def _calibrated(self, seconds: float, clock: Callable[[], float]) -> int:
+        """The loop count for which one call takes about `seconds / ROUNDS` by `clock`."""
+        n = 1 << 14
+        while True:
+            start = clock()
+            self.fn(n, 0.999, 1e-3)
+            if clock() - start > seconds / ROUNDS:
+                return n
+            n *= 2
+
+    def _on_this_thread(self, seconds: float) -> float:
+        n = self._calibrated(seconds, time.thread_time)
+        flop = n * ACCUMULATORS * self.lanes * self.ops_per_lane
+        best = 0.0
+        for _ in range(ROUNDS):
+            start = time.thread_time()
+            self.fn(n, 0.999, 1e-3)
+            best = max(best, flop / (time.thread_time() - start) / 1e9)
+        return best
+
+
+def measure_peak(threads: int = 2, seconds: float = 0.3, cpu_time: bool = False) -> Peak:
+    """Measure the float32 FMA peak of one core and of `threads` threads at once; with
+    `cpu_time`, one core by the calling thread's CPU time (robust to other jobs) and
+    `threads` x that."""
     llvm.initialize_native_target()
     llvm.initialize_native_asmprinter()
     by_width = {}
     for bits in host_vector_widths():
         kernel = _Kernel(bits)
-        by_width[bits] = (kernel.gflops(1, seconds), kernel.gflops(threads, seconds))
+        one = kernel.gflops(1, seconds, cpu_time)
+        by_width[bits] = (one, one * threads if cpu_time else kernel.gflops(threads, seconds))
     # Every measurement is a lower bound of the per-core peak (other jobs only slow it).
     per_core = {bits: max(one, all_ / threads) for bits, (one, all_) in by_width.items()}
     best = max(per_core, key=lambda bits: per_core[bits])

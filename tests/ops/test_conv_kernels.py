@@ -31,6 +31,7 @@ from kiln.target import Target
 from kiln.target.isa import isa_for
 from kiln.transform import get_pass
 from support.processes import outputs_in_fresh_process
+from support.targets import NATIVE_TARGETS, native_target
 
 ort = pytest.importorskip("onnxruntime")
 
@@ -238,7 +239,7 @@ GEMM_KXK = [dict(x=(1, 5, 11, 10), co=9, k=3, strides=(2, 2), pads=(1, 2, 0, 1),
                  tail=("Relu",))]
 
 
-@pytest.mark.parametrize("target", ["llvm", "c"])
+@pytest.mark.parametrize("target", NATIVE_TARGETS)
 def test_gemm_kernel_computes_strided_kxk_layers(target: str) -> None:
     from kiln.ops.kernels.conv_gemm import CONV_GEMM
     from kiln.transform.functor import rewrite_calls
@@ -251,12 +252,13 @@ def test_gemm_kernel_computes_strided_kxk_layers(target: str) -> None:
         CASES[:] = saved
     checks = kernel_checks.KernelCases(model, GEMM_KXK, TOL, RNG)
     mod = from_onnx(model)
-    isa = isa_for(Target(target))
+    tgt = native_target(target)
+    isa = isa_for(tgt)
     main = mod["main"]
     assert isinstance(main, g.Function)
     mod = mod.with_function("main", rewrite_calls(main, lambda c: CONV_GEMM.pack(c, isa)
                                                   if c.op == "conv2d" else None))
-    ex = kiln.compile(mod, target)
+    ex = kiln.compile(mod, tgt)
     kinds = [f.attrs.get("kiln.conv_kernel") for f in ex.ir.functions.values()]
     assert kinds.count("conv2d_gemm") == len(GEMM_KXK)
     checks.assert_close(list(ex(*checks.feeds.values())), checks.reference())

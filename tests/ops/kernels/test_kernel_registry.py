@@ -20,10 +20,11 @@ from kiln.ir import graph as g
 from kiln.ir.tensor import Allocate, PrimFunc
 from kiln.ir.types import TensorType
 from kiln.ir.visitor import iter_stmts
-from kiln.ops.kernels.registry import KERNELS, families, family_of
+from kiln.ops.kernels.registry import KERNELS, families, family_of, select
 from kiln.ops.registry import call
 from kiln.script import from_source, print_module
 from kiln.target import Target
+from kiln.target.isa import isa_for
 from kiln.transform import get_pass
 from support.graphs import GraphBuilder
 
@@ -179,3 +180,17 @@ def test_registry_names_every_family_once() -> None:
     assert len({f.op for f in families()}) == len(KERNELS)
     with pytest.raises(KilnError, match="conv3d"):
         family_of("conv3d")
+
+
+@pytest.mark.parametrize("ci, width, family", [
+    (64, 14, "conv_direct"),  # 14 columns fill 2 vectors of 8 to 88%: blocked
+    (16, 14, "conv_rows"),    # a short sum keeps the row tiles
+    (64, 16, "conv_rows"),    # rows of whole vectors
+])
+def test_pointwise_rows_that_leave_lanes_empty_go_to_the_blocked_kernel(
+        ci: int, width: int, family: str) -> None:
+    isa = isa_for(Target("llvm -mtriple=x86_64-linux-gnu -mcpu=haswell"))
+    x = g.Var("x", TensorType((1, ci, 1, width), "float32"))
+    w = g.Constant(RNG.standard_normal((8, ci, 1, 1)).astype(np.float32), "w")
+    picked = select(call("conv2d", x, w), isa)
+    assert picked is not None and picked.name == family

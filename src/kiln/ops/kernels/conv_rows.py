@@ -1,6 +1,7 @@
 """The row-tiled family: an ungrouped `conv2d` whose output rows are at least one
 vector wide and that is 1x1 with stride 1 (a matrix-product tile: MobileNet's
-expansions and projections) or sums over few inputs (`ci * kh * kw <
+expansions and projections; from `PARTIAL_ROWS_MIN_CHANNELS` input channels on, only
+with rows that fill the vectors) or sums over few inputs (`ci * kh * kw <
 ROWS_MAX_TAPS`: a first layer on 3 channels, a 3x3 layer on 32) -> `conv2d_rows`,
 the weight packed into `[co_block][ci][kh][kw][rows]`; tile `(rows, tile_w,
 lanes)`: `rows` output channels x `tile_w` columns of one output row
@@ -16,6 +17,7 @@ from kiln.ir import graph as g
 from kiln.ir.tensor import Buffer, PrimFunc, Stmt
 from kiln.ops import conv_kernels as ck
 from kiln.ops.kernels.conv import build_conv, conv_call_shape, packed_call, vector_widths
+from kiln.ops.kernels.conv_gemm import MIN_LANE_USE
 from kiln.ops.kernels.registry import Family, fits_registers, recorded_tile
 from kiln.ops.kernels.tiles import Epilogue, tile_lanes
 from kiln.target.isa import ISA
@@ -24,8 +26,20 @@ from kiln.target.isa import ISA
 # on AVX-512 (its tile's epilogue is cheaper; measured on 16-32 channel 3x3 layers,
 # while 64-channel 3x3 layers, 576 taps, ran faster blocked).
 ROWS_MAX_TAPS = 320
+# A 1x1 layer of this many input channels or more whose output rows leave vector lanes
+# empty (`row_lane_use` below conv_gemm's MIN_LANE_USE: 14 columns in 2 vectors of 8)
+# goes to the blocked kernel: 1.2-1.75x faster on AVX2 for 14x14 images of 64-1024
+# channels (docs/performance.md). Fewer channels are not measured (short sums cost the
+# blocked kernel's channel-strided stores more).
+PARTIAL_ROWS_MIN_CHANNELS = 64
 #: Output channels per tile that tuning tries (kiln.tuning).
 TUNED_ROWS = (2, 3, 4, 6, 8, 10, 12)
+
+
+def row_lane_use(out_w: int, isa: ISA) -> float:
+    """The share of the row tiles' vector lanes that hold output columns."""
+    lanes = tile_lanes(isa)
+    return out_w / (-(-out_w // lanes) * lanes)
 
 
 @dataclass(frozen=True)
@@ -42,6 +56,9 @@ class RowsConv(Family):
         pointwise = (shape.kh, shape.kw) == (1, 1)
         strided_pointwise = pointwise and shape.stride != (1, 1) and not any(shape.pads)
         few_taps = shape.ci_group * shape.kh * shape.kw < ROWS_MAX_TAPS
+        if (pointwise and shape.ci_group >= PARTIAL_ROWS_MIN_CHANNELS
+                and row_lane_use(shape.out_w, isa) < MIN_LANE_USE):
+            return False
         return (pointwise or few_taps) and not strided_pointwise
 
     def pack(self, call: g.Call, isa: ISA) -> g.Call:
