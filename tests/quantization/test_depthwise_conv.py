@@ -3,7 +3,8 @@
 QLinearConv with several groups and a QDQ depthwise block (quantized by onnxruntime's
 own quantizer, per-channel weights) compile to `qlinear_conv_grouped` and equal
 onnxruntime's int8 outputs exactly: u8 and s8 activations, stride 1 and 2, pads read as
-the input's zero point, a channel multiplier, a fused ReLU range, partial vector tiles.
+the input's zero point, a channel multiplier, a fused ReLU range, partial vector tiles,
+and narrow stride-1 rows on the plane kernel (llvm and c).
 """
 
 from __future__ import annotations
@@ -17,7 +18,10 @@ from quantized_models import integer_outputs, qlinear_conv_model, quantize_stati
 
 import kiln
 from kiln.frontend import from_onnx
+from kiln.ops.kernels.tiles import tile_lanes
+from kiln.ops.quant_depthwise import conv_shape, plane_geometry
 from kiln.script import print_module
+from kiln.target.isa import isa_for
 from kiln.transform.quantize_ops import QuantizeOps
 from support.graphs import GraphBuilder
 from support.reference import onnxruntime_outputs
@@ -47,6 +51,20 @@ def test_grouped_qlinear_conv_equals_onnxruntime(shape: tuple[int, int, int, int
     x = rng.integers(lo, hi, shape).astype(q)
     x[0, :, 0, :] = hi - 1  # the largest bytes on the padded border rows
     ex = kiln.compile(from_onnx(model), "llvm")
+    np.testing.assert_array_equal(ex["main"](x), onnxruntime_outputs(model, {"x": x})[0])
+
+
+@pytest.mark.parametrize("target", ["llvm", "c"])
+def test_depthwise_planes_equal_onnxruntime(target: str) -> None:
+    # 7x7 rows (MobileNetV2's last blocks): the plane kernel, whose plane rows are 9
+    # wide and whose last tile reads past the image into the plane's tail
+    rng = np.random.default_rng(13)
+    model = qlinear_conv_model((1, 5, 7, 7), 5, 3, 1, 1, False, rng, group=5)
+    lanes = tile_lanes(isa_for(None), "int32")
+    assert plane_geometry(conv_shape((1, 5, 7, 7), (5, 1, 3, 3), {"group": 5, "pads": (
+        1, 1, 1, 1)}), lanes) is not None or lanes < 8
+    x = rng.integers(0, 256, (1, 5, 7, 7)).astype(np.uint8)
+    ex = kiln.compile(from_onnx(model), target)
     np.testing.assert_array_equal(ex["main"](x), onnxruntime_outputs(model, {"x": x})[0])
 
 
