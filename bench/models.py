@@ -367,7 +367,8 @@ def main() -> None:
     print(f"target: {target.kind.name} {describe_target(target)}")
     print(f"graph pipeline: {args.graph_pipeline}   tensor pipeline: {args.tensor_pipeline}   "
           f"threads: {args.threads} (kiln and ort)   KILN_SPIN_US: {spin}   "
-          f"median of up to {args.repeat} calls in {args.seconds:g} s, alternating blocks")
+          + ("one thread's CPU time per call, best of 5 blocks" if args.cpu_time else
+             f"median of up to {args.repeat} calls in {args.seconds:g} s, alternating blocks"))
     if args.dynamic:
         print_dynamic(target, args.repeat, args.seconds)
         return
