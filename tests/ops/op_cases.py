@@ -398,7 +398,8 @@ CASES: dict[str, list[OpCase]] = {
                 const(3, "int8"), const(0.004, "float32"), const(-10, "int8")),
                {"group": 3, "pads": (1, 1, 1, 1), "strides": (2, 2), "dilations": (1, 1),
                 "qmin": -10}),
-        # stride 1, narrow rows: the plane kernel (dilated, a channel multiplier of 2)
+        # depthwise, stride 1, dilated, a channel multiplier of 2 (the plane kernel on
+        # targets of 8 int32 lanes and more; tests/quantization/test_depthwise_conv.py)
         OpCase((ints(1, 2, 6, 5, low=-128, high=128, dtype="int8"),
                 ints(4, 1, 3, 3, low=-128, high=128, dtype="int8"), ints(4, low=-900, high=900),
                 const(-7, "int8"), const([0.003, 0.004, 0.002, 0.005], "float32"),

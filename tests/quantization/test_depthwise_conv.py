@@ -61,16 +61,18 @@ PLANE_TARGETS = ("llvm -mcpu=x86-64-v3", "c -mcpu=x86-64-v3")
 
 @pytest.mark.parametrize("target", PLANE_TARGETS)
 def test_depthwise_planes_equal_onnxruntime(target: str) -> None:
-    # 7x7 rows (MobileNetV2's last blocks) on the plane kernel: plane rows 9 wide, the
-    # last tile reading past the image into the plane's tail
+    # 7x7 rows (MobileNetV2's last blocks) on the plane kernel: s8, a channel multiplier
+    # of 2, dilation 2 (taps two plane rows apart), the last tile reading past the image
+    # into the plane's tail
     isa = isa_for(Target(target))
     if not isa.features <= isa_for(Target.from_host()).features:
         pytest.skip(f"{target}: this host cannot run it")
-    shape = conv_shape((1, 5, 7, 7), (5, 1, 3, 3), {"group": 5, "pads": (1, 1, 1, 1)})
+    attrs = {"group": 4, "pads": (2, 2, 2, 2), "dilations": (2, 2)}
+    shape = conv_shape((1, 4, 7, 7), (8, 1, 3, 3), attrs)
     assert shape is not None and plane_geometry(shape, tile_lanes(isa, "int32")) is not None
     rng = np.random.default_rng(13)
-    model = qlinear_conv_model((1, 5, 7, 7), 5, 3, 1, 1, False, rng, group=5)
-    x = rng.integers(0, 256, (1, 5, 7, 7)).astype(np.uint8)
+    model = qlinear_conv_model((1, 4, 7, 7), 8, 3, 1, 2, True, rng, group=4, dilation=2)
+    x = rng.integers(-128, 128, (1, 4, 7, 7)).astype(np.int8)
     ex = kiln.compile(from_onnx(model), target)
     np.testing.assert_array_equal(ex["main"](x), onnxruntime_outputs(model, {"x": x})[0])
 
