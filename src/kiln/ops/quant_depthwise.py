@@ -16,13 +16,14 @@ of one row of one output channel; it starts from the bias and adds
 broadcast scalar), then the row is requantized (per-channel multiplier, round half to
 even, the ReLU/Clip range) and stored as bytes.
 
-A depthwise convolution of narrow rows (14x14, 7x7 images: a row fills a fraction of a
-vector) at stride 1 runs on whole *planes* instead (`plane_body`): each input channel is
+A depthwise convolution at stride 1 whose rows are narrower than two vectors (28x28 down
+to 7x7 images on AVX-512: the row tiles would leave lanes idle) runs on whole *planes*
+instead (`plane_body`): each input channel is
 copied into a stack plane bordered with `x_zp`, its rows `wq` (the padded width) wide,
 so output `(oh, ow)` at flat position `oh * wq + ow` reads tap `(kh, kw)` at that
 position plus `kh * wq + kw` (dilated). Every tap is then one run of whole vectors over
 all output rows at once (the `wq - out_w` columns between rows are computed and not
-stored): 7x7 and 14x14 images fill their vectors.
+stored), so the tiles fill their vectors.
 """
 
 from __future__ import annotations
