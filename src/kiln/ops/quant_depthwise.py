@@ -20,9 +20,10 @@ A depthwise convolution at stride 1 whose rows are narrower than two vectors (28
 to 7x7 images on AVX-512: the row tiles would leave lanes idle) runs on whole *planes*
 instead (`plane_body`): each input channel is copied into a stack plane bordered with
 `x_zp`, its rows `wq` (the padded width) wide, so output `(oh, ow)` at flat position
-`oh * wq + ow` reads tap `(kh, kw)` at that position plus `kh * wq + kw` (dilated). Every tap is then one run of whole vectors over
-all output rows at once (the `wq - out_w` columns between rows are computed and not
-stored), so the tiles fill their vectors.
+`oh * wq + ow` reads tap `(kh, kw)` at that position plus `kh * wq + kw` (dilated).
+Every tap is then one run of whole vectors over all output rows at once (the
+`wq - out_w` columns between rows are computed and not stored), so the tiles fill their
+vectors.
 """
 
 from __future__ import annotations
