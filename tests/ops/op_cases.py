@@ -397,7 +397,14 @@ CASES: dict[str, list[OpCase]] = {
                 ints(3, 1, 3, 3, low=-255, high=256, dtype="int16"), ints(3, low=-500, high=500),
                 const(3, "int8"), const(0.004, "float32"), const(-10, "int8")),
                {"group": 3, "pads": (1, 1, 1, 1), "strides": (2, 2), "dilations": (1, 1),
-                "qmin": -10})],
+                "qmin": -10}),
+        # depthwise, stride 1, dilated, a channel multiplier of 2 (the plane kernel on
+        # targets of 8 int32 lanes and more; tests/quantization/test_depthwise_conv.py)
+        OpCase((ints(1, 2, 6, 5, low=-128, high=128, dtype="int8"),
+                ints(4, 1, 3, 3, low=-128, high=128, dtype="int8"), ints(4, low=-900, high=900),
+                const(-7, "int8"), const([0.003, 0.004, 0.002, 0.005], "float32"),
+                const(4, "int8")),
+               {"group": 2, "pads": (2, 1, 0, 2), "dilations": (2, 1)})],
     # weights as the dot-product kernel's int32 words of 4 int8 values (K = 4*3*3 = 36
     # and 3*2*2 = 12), made from random int8 weights by the packing itself
     "qlinear_conv_dot": [

@@ -3,7 +3,8 @@
 QLinearConv with several groups and a QDQ depthwise block (quantized by onnxruntime's
 own quantizer, per-channel weights) compile to `qlinear_conv_grouped` and equal
 onnxruntime's int8 outputs exactly: u8 and s8 activations, stride 1 and 2, pads read as
-the input's zero point, a channel multiplier, a fused ReLU range, partial vector tiles.
+the input's zero point, a channel multiplier, a fused ReLU range, partial vector tiles,
+and narrow stride-1 rows on the plane kernel (llvm and c).
 """
 
 from __future__ import annotations
@@ -17,7 +18,11 @@ from quantized_models import integer_outputs, qlinear_conv_model, quantize_stati
 
 import kiln
 from kiln.frontend import from_onnx
+from kiln.ops.kernels.tiles import tile_lanes
+from kiln.ops.quant_depthwise import conv_shape, plane_geometry
 from kiln.script import print_module
+from kiln.target import Target
+from kiln.target.isa import isa_for
 from kiln.transform.quantize_ops import QuantizeOps
 from support.graphs import GraphBuilder
 from support.reference import onnxruntime_outputs
@@ -47,6 +52,28 @@ def test_grouped_qlinear_conv_equals_onnxruntime(shape: tuple[int, int, int, int
     x = rng.integers(lo, hi, shape).astype(q)
     x[0, :, 0, :] = hi - 1  # the largest bytes on the padded border rows
     ex = kiln.compile(from_onnx(model), "llvm")
+    np.testing.assert_array_equal(ex["main"](x), onnxruntime_outputs(model, {"x": x})[0])
+
+
+# AVX2 (8 int32 lanes): rows of 7 are narrower than two vectors, so the plane kernel
+PLANE_TARGETS = ("llvm -mcpu=x86-64-v3", "c -mcpu=x86-64-v3")
+
+
+@pytest.mark.parametrize("target", PLANE_TARGETS)
+def test_depthwise_planes_equal_onnxruntime(target: str) -> None:
+    # 7x7 rows (MobileNetV2's last blocks) on the plane kernel: s8, a channel multiplier
+    # of 2, dilation 2 (taps two plane rows apart), the last tile reading past the image
+    # into the plane's tail
+    isa = isa_for(Target(target))
+    if not isa.features <= isa_for(Target.from_host()).features:
+        pytest.skip(f"{target}: this host cannot run it")
+    attrs = {"group": 4, "pads": (2, 2, 2, 2), "dilations": (2, 2)}
+    shape = conv_shape((1, 4, 7, 7), (8, 1, 3, 3), attrs)
+    assert shape is not None and plane_geometry(shape, tile_lanes(isa, "int32")) is not None
+    rng = np.random.default_rng(13)
+    model = qlinear_conv_model((1, 4, 7, 7), 8, 3, 1, 2, True, rng, group=4, dilation=2)
+    x = rng.integers(-128, 128, (1, 4, 7, 7)).astype(np.int8)
+    ex = kiln.compile(from_onnx(model), target)
     np.testing.assert_array_equal(ex["main"](x), onnxruntime_outputs(model, {"x": x})[0])
 
 

@@ -14,9 +14,16 @@ reads consecutive addresses. A tile is up to two vectors of consecutive output c
 of one row of one output channel; it starts from the bias and adds
 `int32(x) * int32(wp)` for every input channel of the group and tap (the weight a
 broadcast scalar), then the row is requantized (per-channel multiplier, round half to
-even, the ReLU/Clip range) and stored as bytes. A row narrower than a vector (14x14,
-7x7 images) is computed as whole vectors of 8 lanes over a widened border and only its
-real columns stored.
+even, the ReLU/Clip range) and stored as bytes.
+
+A depthwise convolution at stride 1 whose rows are narrower than two vectors (28x28 down
+to 7x7 images on AVX-512: the row tiles would leave lanes idle) runs on whole *planes*
+instead (`plane_body`): each input channel is copied into a stack plane bordered with
+`x_zp`, its rows `wq` (the padded width) wide, so output `(oh, ow)` at flat position
+`oh * wq + ow` reads tap `(kh, kw)` at that position plus `kh * wq + kw` (dilated).
+Every tap is then one run of whole vectors over all output rows at once (the
+`wq - out_w` columns between rows are computed and not stored), so the tiles fill their
+vectors.
 """
 
 from __future__ import annotations
@@ -126,6 +133,91 @@ def _vector_width(columns: int, lanes: int) -> int:
     return -(-columns // 8) * 8 if lanes >= 8 else columns
 
 
+#: Accumulator vectors of a plane tile (registers: these, an input vector, the weight).
+PLANE_VECTORS = 8
+#: The largest stack plane (bytes of input) the plane kernel copies a channel into.
+PLANE_BYTES = 1 << 14
+
+
+def plane_geometry(shape: ck.ConvShape, lanes: int) -> tuple[int, int, int] | None:
+    """`(wq, chunks, vectors)` of the plane kernel for `shape`: the row width of a
+    plane, the vector tiles over its output positions and the vectors of a tile; None
+    where the kernel does not apply: grouped, strided (measured: a plane split into
+    stride phases copies its input element by element, which costs more than its tiles
+    gain) or rows of two vectors and more (the row tiles fill their vectors)."""
+    if shape.ci_group != 1 or shape.stride != (1, 1) or lanes < 8 \
+            or shape.out_w >= 2 * lanes:
+        return None
+    wq = shape.w + shape.pads[1] + shape.pads[3]
+    tiles = -(-shape.out_h * wq // lanes)
+    chunks = -(-tiles // PLANE_VECTORS)
+    vectors = -(-tiles // chunks)
+    if _plane_size(shape, wq, chunks * vectors * lanes) > PLANE_BYTES:
+        return None
+    return wq, chunks, vectors
+
+
+def _tap_offset(shape: ck.ConvShape, wq: int, kh: int, kw: int) -> int:
+    """How far past its output position's flat index tap `(kh, kw)` reads the plane."""
+    return kh * shape.dilation[0] * wq + kw * shape.dilation[1]
+
+
+def _plane_size(shape: ck.ConvShape, wq: int, positions: int) -> int:
+    """Elements of a plane: the padded image, and what the last tile reads past it."""
+    rows = shape.h + shape.pads[0] + shape.pads[2]
+    return max(rows * wq, _tap_offset(shape, wq, shape.kh - 1, shape.kw - 1) + positions)
+
+
+def plane_body(shape: ck.ConvShape, x: Buffer, wp: Buffer, bias: Buffer, x_zp: Buffer,
+               multiplier: Buffer, y_zp: Buffer, out: Buffer, attrs: Attrs,
+               lanes: int) -> Stmt:
+    """The plane kernel of the module docstring (depthwise, with a channel multiplier)."""
+    geometry = plane_geometry(shape, lanes)
+    assert geometry is not None
+    wq, chunks, vectors = geometry
+    top, left = shape.pads[:2]
+    width = vectors * lanes
+    size = _plane_size(shape, wq, chunks * width)
+    lo, hi = out_range(attrs, y_zp.dtype)
+
+    def channel(n: PrimExpr, c: PrimExpr) -> Stmt:
+        plane = Buffer("plane", (size,), x.dtype, "local")
+        fill = lanes_loop("i", size, lambda i: Store(plane, x_zp[()], (i,)))
+        copy = tile_loop("i", shape.h, lambda i: lanes_loop("q", shape.w, lambda q: Store(
+            plane, x[n, c, i, q], ((i + top) * wq + left + q,))))
+
+        def output(j: int) -> Stmt:
+            oc = c * shape.co_group + j if shape.co_group > 1 else c
+            result = Buffer("result", (chunks * width,), y_zp.dtype, "local")
+            mult = multiplier[()] if multiplier.ndim == 0 else multiplier[oc]
+
+            def chunk(t: PrimExpr) -> Stmt:
+                # one tile: `vectors` vectors of output positions, every tap a shifted run
+                acc = Buffer("acc", (width,), "int32", "local")
+
+                def tap(kh: int, kw: int) -> Stmt:
+                    wv = Var("w", "int32")
+                    at = t * width + _tap_offset(shape, wq, kh, kw)
+                    return seq(LetStmt(wv, Cast("int32", wp[oc, 0, kh, kw])), lanes_loop(
+                        "r", width, lambda r: Store(
+                            acc, acc[r] + Cast("int32", plane[at + r]) * wv, (r,))))
+
+                steps = [tap(kh, kw) for kh in range(shape.kh) for kw in range(shape.kw)]
+                return seq(Allocate(acc), lanes_loop("r", width, lambda r: Store(
+                    acc, bias[oc], (r,))), *steps, lanes_loop("r", width, lambda r: Store(
+                        result, requantize_value(acc[r], mult, y_zp[()], lo, hi, y_zp.dtype),
+                        (t * width + r,))))
+
+            # the columns between output rows (wq - out_w of each) are not stored
+            stores = tile_loop("oh", shape.out_h, lambda oh: lanes_loop("ow", shape.out_w, (
+                lambda ow: Store(out, result[oh * wq + ow], (n, oc, oh, ow)))))
+            return seq(Allocate(result), tile_loop("t", chunks, chunk), stores)
+
+        return seq(Allocate(plane), fill, copy, *(output(j) for j in range(shape.co_group)))
+
+    return nest(("n", "c"), (shape.n, shape.c_in), channel)
+
+
 @dataclass(frozen=True)
 class _GroupedConv(HandBuiltOp):
     """The vector-tile kernel for a static 2-D convolution (the te definition else)."""
@@ -144,7 +236,8 @@ class _GroupedConv(HandBuiltOp):
         assert isinstance(out_type, TensorType)
         out = Buffer("out", out_type.shape, y_zp.dtype)
         lanes = tile_lanes(isa_for(None), "int32")
-        body = grouped_body(shape, x, wp, bias, x_zp, multiplier, y_zp, out, attrs, lanes)
+        kernel = grouped_body if plane_geometry(shape, lanes) is None else plane_body
+        body = kernel(shape, x, wp, bias, x_zp, multiplier, y_zp, out, attrs, lanes)
         return PrimFunc((x, wp, bias, x_zp, multiplier, y_zp, out), body,
                         {"kiln.gemm_kernel": GROUPED})
 
