@@ -7,7 +7,9 @@ height is not a multiple of the tile's rows (a full block and a partial one) and
 row splits into column tiles with a remainder; the SiLU (x * sigmoid(x)) is fused
 into the kernel's epilogue. The last case is a squeeze-excite block: global average
 pooling (read through a merged-dims view), two 1x1 convolutions and the broadcast
-channel multiply.
+channel multiply. Then 2-D max and average pooling, built on the same window kernel:
+stride 2 with a fused ReLU, dilation, ceil_mode with asymmetric pads (window counts
+that vary at the borders), and counting the pads.
 """
 
 from __future__ import annotations
@@ -43,6 +45,19 @@ CASES: list[dict[str, Any]] = [
     dict(x=(1, 5, 7, 7), k=5, s=1, pads=(4, 4, 4, 4), dil=2, tail=None),
 ]
 SE = dict(x=(1, 24, 9, 9), squeezed=6)
+# 2-D pooling on the same window kernel: (op, input, kernel, stride, pads, extra attrs)
+POOLS: list[dict[str, Any]] = [
+    # the stem's 3x3/2 max pool, a fused ReLU after it
+    dict(op="MaxPool", x=(1, 3, 23, 40), k=3, s=2, pads=(1, 1, 1, 1), tail="relu"),
+    # dilation 2, 2 stride 1
+    dict(op="MaxPool", x=(2, 2, 12, 11), k=2, s=1, pads=(0, 0, 0, 0), dil=2),
+    # ceil_mode with asymmetric pads, the count excluding them (it varies at the borders)
+    dict(op="AveragePool", x=(1, 4, 17, 19), k=3, s=2, pads=(1, 0, 1, 1),
+         attrs=dict(ceil_mode=1, count_include_pad=0)),
+    # counting the pads
+    dict(op="AveragePool", x=(1, 3, 9, 9), k=3, s=1, pads=(1, 1, 1, 1),
+         attrs=dict(count_include_pad=1)),
+]
 
 
 def build_model() -> onnx.ModelProto:
@@ -68,10 +83,15 @@ def build_model() -> onnx.ModelProto:
     s = b.op("Relu", b.conv(b.op("GlobalAveragePool", x), c, SE["squeezed"], 1))
     s = b.op("Sigmoid", b.conv(s, SE["squeezed"], c, 1))
     b.output(b.op("Mul", x, s))
+    for i, case in enumerate(POOLS):
+        y = b.op(case["op"], b.input(f"p{i}", list(case["x"])), kernel_shape=[case["k"]] * 2,
+                 strides=[case["s"]] * 2, pads=list(case["pads"]), **case.get("attrs", {}),
+                 **({"dilations": [case["dil"]] * 2} if "dil" in case else {}))
+        b.output(b.op("Relu", y) if case.get("tail") == "relu" else y)
     return b.model(name="depthwise", check=False)  # outputs of unknown rank
 
 
-CHECKS = kernel_checks.KernelCases(build_model(), [*CASES, SE], TOL, RNG)
+CHECKS = kernel_checks.KernelCases(build_model(), [*CASES, SE, *POOLS], TOL, RNG)
 MODEL, FEEDS = CHECKS.model, CHECKS.feeds
 native, reference = CHECKS.native_fixture(), CHECKS.reference_fixture()
 
@@ -80,6 +100,8 @@ def test_matches_onnxruntime(native: kiln.driver.Executable,
                              reference: list[np.ndarray]) -> None:
     kernels = [f.attrs.get("kiln.conv_kernel") for f in native.ir.functions.values()]
     assert kernels.count("conv2d_depthwise") == len(CASES)
+    pools = [f.attrs.get("kiln.pool_kernel") for f in native.ir.functions.values()]
+    assert len([p for p in pools if p]) == len(POOLS)
     CHECKS.assert_close(list(native(*FEEDS.values())), reference)
 
 

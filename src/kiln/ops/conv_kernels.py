@@ -410,27 +410,47 @@ def depthwise_tile_rows(shape: ConvShape, tile_w: int, lanes: int, registers: in
     return -(-shape.out_h // -(-shape.out_h // most))
 
 
+#: One tap of a window kernel: (accumulator, input value, channel, kh, kw) -> the new
+#: accumulator (a multiply-add with the depthwise weight, a max or a sum for pooling).
+Tap = Callable[[PrimExpr, PrimExpr, PrimExpr, int, int], PrimExpr]
+
+
 def depthwise_conv_body(shape: ConvShape, x: Buffer, w: Buffer, out: Buffer, tile_w: int,
                         epilogue: Epilogue, fused: bool, lanes: int, registers: int) -> Stmt:
     """The loop nest of a depthwise convolution (`groups == c_in == c_out`); `w` is the
-    OIHW weight (C, 1, kh, kw).
+    OIHW weight (C, 1, kh, kw). See `window_body`."""
+    if not shape.depthwise:
+        raise IRError(f"depthwise kernel needs groups == channels, got {shape}")
+
+    def tap(acc: PrimExpr, xv: PrimExpr, c: PrimExpr, kh: int, kw: int) -> PrimExpr:
+        return madd(acc, xv, w[c, _c(0), _c(kh), _c(kw)], fused)
+
+    return window_body(shape, x, out, tile_w, lanes, registers, tap, as_expr(0.0, x.dtype),
+                       None, epilogue)
+
+
+def window_body(shape: ConvShape, x: Buffer, out: Buffer, tile_w: int, lanes: int,
+                registers: int, tap: Tap, init: PrimExpr, border: PrimExpr | None,
+                epilogue: Epilogue) -> Stmt:
+    """The loop nest of a per-channel window kernel (a depthwise convolution, a 2-D
+    pooling) over the NCHW input `x`: each output is `init` combined with `tap` over its
+    `kh x kw` window of the input padded with `border` (None: zeros), then stored
+    through `epilogue`.
 
     A tile is `rows` consecutive output rows (`depthwise_tile_rows`) x `tile_w`
     columns of one channel, vectors along the columns. It walks the input rows the tile
-    reads once: each (input row, kw) vector is loaded once and multiplied into every
-    output row that reads it (with that row's kh weight), so a k x k filter costs about
+    reads once: each (input row, kw) vector is loaded once and combined into every
+    output row that reads it (with that row's kh), so a k x k window costs about
     (rows * stride + k) * k / rows loads per output row instead of k * k, and the tile's
-    fixed costs (zeroing, the epilogue's staging) are shared by its rows."""
-    if not shape.depthwise:
-        raise IRError(f"depthwise kernel needs groups == channels, got {shape}")
+    fixed costs (its initialisation, the epilogue's staging) are shared by its rows."""
     oh_n, ow_n = shape.out_h, shape.out_w
     sh, sw = shape.stride
     dh, dw = shape.dilation
     acc_t = x.dtype  # accumulate in the input dtype (float32); the epilogue may cast
-    xp, prologue = padded_input(x, shape, phases=sw)
+    xp, prologue = padded_input(x, shape, phases=sw, border=border)
     rows = depthwise_tile_rows(shape, tile_w, lanes, registers)
     # input row offset i (from the tile's first row's first input row) feeds output row
-    # j of the tile through filter row kh when i = j * sh + kh * dh
+    # j of the tile through window row kh when i = j * sh + kh * dh
     readers: dict[int, list[tuple[int, int]]] = {}
     for j in range(rows):
         for kh in range(shape.kh):
@@ -439,8 +459,8 @@ def depthwise_conv_body(shape: ConvShape, x: Buffer, w: Buffer, out: Buffer, til
     def tile(n: PrimExpr, c: PrimExpr, oh0: PrimExpr, height: int, ow0: PrimExpr,
              width: int) -> Stmt:
         acc = Buffer("acc", (height, width), acc_t, "local")
-        zero = lanes_loop("r", width, lambda r: seq(*(
-            Store(acc, as_expr(0.0, acc_t), (_c(j), r)) for j in range(height))))
+        start = lanes_loop("r", width, lambda r: seq(*(
+            Store(acc, init, (_c(j), r)) for j in range(height))))
         steps: list[Stmt] = []
         for i, pairs in sorted(readers.items()):
             uses = [(j, kh) for j, kh in pairs if j < height]
@@ -455,8 +475,8 @@ def depthwise_conv_body(shape: ConvShape, x: Buffer, w: Buffer, out: Buffer, til
                          shift: int = shift, uses: list[tuple[int, int]] = uses) -> Stmt:
                     xv = Var("xv", acc_t)
                     return seq(LetStmt(xv, xp(n, c, oh0 * sh + i, _c(phase), ow0 + r + shift)),
-                               *(Store(acc, madd(acc[_c(j), r], xv, w[c, _c(0), _c(kh), _c(kw)],
-                                                 fused), (_c(j), r)) for j, kh in uses))
+                               *(Store(acc, tap(acc[_c(j), r], xv, c, kh, kw), (_c(j), r))
+                                 for j, kh in uses))
 
                 steps.append(lanes_loop("r", width, step))
 
@@ -464,7 +484,7 @@ def depthwise_conv_body(shape: ConvShape, x: Buffer, w: Buffer, out: Buffer, til
             return _store_row(acc_t, width, lambda r: acc[_c(j), r],
                               lambda r: (n, c, oh0 + j, ow0 + r), out, epilogue)
 
-        return seq(Allocate(acc), zero, *steps, *(st for j in range(height) for st in store(j)))
+        return seq(Allocate(acc), start, *steps, *(st for j in range(height) for st in store(j)))
 
     def block(n: PrimExpr, c: PrimExpr, oh0: PrimExpr, height: int) -> Stmt:
         return tiled_row(ow_n, tile_w, lanes,
