@@ -5,11 +5,12 @@ Each case is one depthwise convolution (EfficientNet's 5x5 and stride-2 SAME_UPP
 layers, MobileNet's 3x3 with ReLU6, dilation, batch 2) chosen so that the output
 height is not a multiple of the tile's rows (a full block and a partial one) and the
 row splits into column tiles with a remainder; the SiLU (x * sigmoid(x)) is fused
-into the kernel's epilogue. The last case is a squeeze-excite block: global average
-pooling (read through a merged-dims view), two 1x1 convolutions and the broadcast
-channel multiply. Then 2-D max and average pooling, built on the same window kernel:
-stride 2 with a fused ReLU, dilation, ceil_mode with asymmetric pads (window counts
-that vary at the borders), and counting the pads.
+into the kernel's epilogue. Then a squeeze-excite block: global average pooling
+(read through a merged-dims view), two 1x1 convolutions and the broadcast channel
+multiply (kiln.ops.channel_scale), and a [C, 1, 1] scale with a fused ReLU. Last,
+2-D max and average pooling on the same window kernel: stride 2 with a fused ReLU,
+dilation, ceil_mode with asymmetric pads (window counts that vary at the borders),
+and counting the pads.
 """
 
 from __future__ import annotations
@@ -83,6 +84,9 @@ def build_model() -> onnx.ModelProto:
     s = b.op("Relu", b.conv(b.op("GlobalAveragePool", x), c, SE["squeezed"], 1))
     s = b.op("Sigmoid", b.conv(s, SE["squeezed"], c, 1))
     b.output(b.op("Mul", x, s))
+    # a [C, 1, 1] scale as the first operand, with a fused ReLU after it
+    scale = b.const(RNG.normal(0, 1, (c, 1, 1)).astype(np.float32), "scale")
+    b.output(b.op("Relu", b.op("Mul", scale, b.input("se2", list(SE["x"])))))
     for i, case in enumerate(POOLS):
         y = b.op(case["op"], b.input(f"p{i}", list(case["x"])), kernel_shape=[case["k"]] * 2,
                  strides=[case["s"]] * 2, pads=list(case["pads"]), **case.get("attrs", {}),
@@ -91,7 +95,7 @@ def build_model() -> onnx.ModelProto:
     return b.model(name="depthwise", check=False)  # outputs of unknown rank
 
 
-CHECKS = kernel_checks.KernelCases(build_model(), [*CASES, SE, *POOLS], TOL, RNG)
+CHECKS = kernel_checks.KernelCases(build_model(), [*CASES, SE, SE, *POOLS], TOL, RNG)
 MODEL, FEEDS = CHECKS.model, CHECKS.feeds
 native, reference = CHECKS.native_fixture(), CHECKS.reference_fixture()
 
@@ -102,6 +106,7 @@ def test_matches_onnxruntime(native: kiln.driver.Executable,
     assert kernels.count("conv2d_depthwise") == len(CASES)
     pools = [f.attrs.get("kiln.pool_kernel") for f in native.ir.functions.values()]
     assert len([p for p in pools if p]) == len(POOLS)
+    assert sum(bool(f.attrs.get("kiln.channel_scale")) for f in native.ir.functions.values()) == 2
     CHECKS.assert_close(list(native(*FEEDS.values())), reference)
 
 
