@@ -396,15 +396,16 @@ def depthwise_tile_width(shape: ConvShape, lanes: int) -> int:
 
 
 #: The most output rows one depthwise tile holds: past it an input row's loads are
-#: shared by few more rows, and the tile's code grows with (rows * stride + kh) * kw.
-DEPTHWISE_MAX_ROWS = 8
+#: shared by few more rows (8 measured no faster than 4), and the tile's code (and
+#: LLVM's time on it) grows with the rows.
+DEPTHWISE_MAX_ROWS = 4
 
 
 def depthwise_tile_rows(shape: ConvShape, tile_w: int, lanes: int, registers: int) -> int:
     """Output rows per depthwise tile: as many as the register file holds accumulators
     for (`tile_w` columns each, next to an input vector and a broadcast weight), at most
-    `DEPTHWISE_MAX_ROWS`, evened out over the image (7 rows of a 14-row image, not 8
-    and 6) so that few tiles are partial."""
+    `DEPTHWISE_MAX_ROWS`, evened out over the image (3 rows of a 9-row image, not 4,
+    4 and 1) so that few tiles are partial."""
     vectors = -(-tile_w // lanes)
     most = max(1, min(DEPTHWISE_MAX_ROWS, (registers - 2) // vectors, shape.out_h))
     return -(-shape.out_h // -(-shape.out_h // most))
@@ -412,7 +413,7 @@ def depthwise_tile_rows(shape: ConvShape, tile_w: int, lanes: int, registers: in
 
 #: One tap of a window kernel: (accumulator, input value, channel, kh, kw) -> the new
 #: accumulator (a multiply-add with the depthwise weight, a max or a sum for pooling).
-Tap = Callable[[PrimExpr, PrimExpr, PrimExpr, int, int], PrimExpr]
+Tap = Callable[[PrimExpr, PrimExpr, PrimExpr, PrimExpr, PrimExpr], PrimExpr]
 
 
 def depthwise_conv_body(shape: ConvShape, x: Buffer, w: Buffer, out: Buffer, tile_w: int,
@@ -422,8 +423,8 @@ def depthwise_conv_body(shape: ConvShape, x: Buffer, w: Buffer, out: Buffer, til
     if not shape.depthwise:
         raise IRError(f"depthwise kernel needs groups == channels, got {shape}")
 
-    def tap(acc: PrimExpr, xv: PrimExpr, c: PrimExpr, kh: int, kw: int) -> PrimExpr:
-        return madd(acc, xv, w[c, _c(0), _c(kh), _c(kw)], fused)
+    def tap(acc: PrimExpr, xv: PrimExpr, c: PrimExpr, kh: PrimExpr, kw: PrimExpr) -> PrimExpr:
+        return madd(acc, xv, w[c, _c(0), kh, kw], fused)
 
     return window_body(shape, x, out, tile_w, lanes, registers, tap, as_expr(0.0, x.dtype),
                        None, epilogue)
@@ -442,7 +443,9 @@ def window_body(shape: ConvShape, x: Buffer, out: Buffer, tile_w: int, lanes: in
     reads once: each (input row, kw) vector is loaded once and combined into every
     output row that reads it (with that row's kh), so a k x k window costs about
     (rows * stride + k) * k / rows loads per output row instead of k * k, and the tile's
-    fixed costs (its initialisation, the epilogue's staging) are shared by its rows."""
+    fixed costs (its initialisation, the epilogue's staging) are shared by its rows. The
+    input rows are unrolled, the kw taps of each a loop: the code grows with the rows,
+    not with rows x kw."""
     oh_n, ow_n = shape.out_h, shape.out_w
     sh, sw = shape.stride
     dh, dw = shape.dilation
@@ -466,25 +469,36 @@ def window_body(shape: ConvShape, x: Buffer, out: Buffer, tile_w: int, lanes: in
             uses = [(j, kh) for j, kh in pairs if j < height]
             if not uses:
                 continue
-            for kw in range(shape.kw):
+
+            def column(kw: PrimExpr, i: int = i, uses: list[tuple[int, int]] = uses) -> Stmt:
                 # column (ow0 + r) * sw + kw * dw lies in phase (kw * dw) % sw at
                 # ow0 + r + (kw * dw) // sw: consecutive in r whatever the stride
-                phase, shift = divmod(kw * dw, sw)[::-1] if sw > 1 else (0, kw * dw)
+                phase, shift = ((kw * dw) % sw, (kw * dw) // sw) if sw > 1 else (_c(0), kw * dw)
 
-                def step(r: PrimExpr, i: int = i, kw: int = kw, phase: int = phase,
-                         shift: int = shift, uses: list[tuple[int, int]] = uses) -> Stmt:
+                def step(r: PrimExpr) -> Stmt:
                     xv = Var("xv", acc_t)
-                    return seq(LetStmt(xv, xp(n, c, oh0 * sh + i, _c(phase), ow0 + r + shift)),
-                               *(Store(acc, tap(acc[_c(j), r], xv, c, kh, kw), (_c(j), r))
+                    return seq(LetStmt(xv, xp(n, c, oh0 * sh + i, phase, ow0 + r + shift)),
+                               *(Store(acc, tap(acc[_c(j), r], xv, c, _c(kh), kw), (_c(j), r))
                                  for j, kh in uses))
 
-                steps.append(lanes_loop("r", width, step))
+                return lanes_loop("r", width, step)
 
-        def store(j: int) -> list[Stmt]:
-            return _store_row(acc_t, width, lambda r: acc[_c(j), r],
-                              lambda r: (n, c, oh0 + j, ow0 + r), out, epilogue)
+            # the kw loop stays a loop: the tile's code grows with its rows, not rows x kw
+            steps.append(_loop("kw", shape.kw, column) if shape.kw > 1 else column(_c(0)))
 
-        return seq(Allocate(acc), start, *steps, *(st for j in range(height) for st in store(j)))
+        # The accumulators are copied to a stack array at constant rows (so they stay in
+        # registers), which one loop over the rows stores through the epilogue: one copy
+        # of the epilogue's code per tile shape, however many rows the tile has.
+        stage = Buffer("stage", (height, width), acc_t, "local")
+        copy = lanes_loop("r", width, lambda r: seq(*(
+            Store(stage, acc[_c(j), r], (_c(j), r)) for j in range(height))))
+
+        def store(j: PrimExpr) -> Stmt:
+            return lanes_loop("r", width, lambda r: Store(
+                out, epilogue(stage[j, r], (n, c, oh0 + j, ow0 + r)), (n, c, oh0 + j, ow0 + r)))
+
+        stores = _loop("j", height, store) if height > 1 else store(_c(0))
+        return seq(Allocate(acc), start, *steps, Allocate(stage), copy, stores)
 
     def block(n: PrimExpr, c: PrimExpr, oh0: PrimExpr, height: int) -> Stmt:
         return tiled_row(ow_n, tile_w, lanes,

@@ -87,12 +87,12 @@ def pool2d_kernel(kind: str, geometry: PoolGeometry, include_pad: bool,
         neutral = te.lowest_value("float32")
         border: PrimExpr | None = neutral
 
-        def tap(acc: PrimExpr, xv: PrimExpr, c: PrimExpr, kh: int, kw: int) -> PrimExpr:
+        def tap(acc: PrimExpr, xv: PrimExpr, c: PrimExpr, kh: PrimExpr, kw: PrimExpr) -> PrimExpr:
             return max_(acc, xv)
     else:
         neutral, border = as_expr(0.0, "float32"), None
 
-        def tap(acc: PrimExpr, xv: PrimExpr, c: PrimExpr, kh: int, kw: int) -> PrimExpr:
+        def tap(acc: PrimExpr, xv: PrimExpr, c: PrimExpr, kh: PrimExpr, kw: PrimExpr) -> PrimExpr:
             return acc + xv
 
         counts = Buffer("window_count", (shape.out_h, shape.out_w), "float32")
