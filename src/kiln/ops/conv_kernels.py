@@ -14,16 +14,17 @@ LLVM keeps a register tile of accumulators and vectorizes it:
   instructions; the accumulators are only touched as whole vectors at constant
   rows, so they become registers.
 - **depthwise convolution** (`depthwise_conv_body`): one channel per group; the
-  tile runs along the output row (`tile_w` columns), the `kh * kw` weights are
-  scalars broadcast over it.
+  tile is several output rows x `tile_w` columns, the `kh * kw` weights are
+  scalars broadcast over it, and each input row segment it reads is loaded once
+  for all the tile's rows.
 
 Padding is applied once, outside the inner loops: the input is copied into a
 zero-bordered workspace and the inner loops read it without bounds checks.
 Each output value passes through `epilogue(value, (n, c, oh, ow))` as it is
 stored (bias, activations, a residual add: whatever elementwise ops were fused).
 The tiles of the blocked kernel form one `parallel` loop (threads split them
-evenly); the depthwise kernel's loops over channels and rows are left to the
-`parallelize` pass.
+evenly); the depthwise kernel's loop over channels is left to the `parallelize`
+pass.
 """
 
 from __future__ import annotations
@@ -387,14 +388,6 @@ def blocked_conv_body(shape: ConvShape, x: Buffer, wp: Buffer, out: Buffer,
     return seq(*prologue, parallel_tiles((shape.n, shape.groups, blocks, tiles), tile))
 
 
-def _tiles_loop(n: int, groups: int, blocks: int, rows: int,
-                row: Callable[[PrimExpr, PrimExpr, PrimExpr, PrimExpr], Stmt]) -> Stmt:
-    """`for n, g, block, row` around the tiles of one output row (loops of extent 1 left
-    out). Every loop writes a disjoint slice of the output, so `parallelize` picks the
-    first with enough iterations: rows for large images, channel blocks for small ones."""
-    return _nest(("n", "g", "ob", "oh"), (n, groups, blocks, rows), row)
-
-
 # --------------------------------------------------------------------------- depthwise
 
 def depthwise_tile_width(shape: ConvShape, lanes: int) -> int:
@@ -402,41 +395,128 @@ def depthwise_tile_width(shape: ConvShape, lanes: int) -> int:
     return rows_tile_width(shape.out_w, lanes)
 
 
+#: The most output rows one depthwise tile holds: past it an input row's loads are
+#: shared by few more rows (8 measured no faster than 4), and the tile's code (and
+#: LLVM's time on it) grows with the rows.
+DEPTHWISE_MAX_ROWS = 4
+
+
+def depthwise_tile_rows(shape: ConvShape, tile_w: int, lanes: int, registers: int) -> int:
+    """Output rows per depthwise tile: as many as the register file holds accumulators
+    for (`tile_w` columns each, next to an input vector and a broadcast weight), at most
+    `DEPTHWISE_MAX_ROWS`, evened out over the image (3 rows of a 9-row image, not 4,
+    4 and 1) so that few tiles are partial."""
+    vectors = -(-tile_w // lanes)
+    most = max(1, min(DEPTHWISE_MAX_ROWS, (registers - 2) // vectors, shape.out_h))
+    return -(-shape.out_h // -(-shape.out_h // most))
+
+
+#: One tap of a window kernel: (accumulator, input value, channel, kh, kw) -> the new
+#: accumulator (a multiply-add with the depthwise weight, a max or a sum for pooling).
+Tap = Callable[[PrimExpr, PrimExpr, PrimExpr, PrimExpr, PrimExpr], PrimExpr]
+
+
 def depthwise_conv_body(shape: ConvShape, x: Buffer, w: Buffer, out: Buffer, tile_w: int,
-                        epilogue: Epilogue, fused: bool, lanes: int) -> Stmt:
+                        epilogue: Epilogue, fused: bool, lanes: int, registers: int) -> Stmt:
     """The loop nest of a depthwise convolution (`groups == c_in == c_out`); `w` is the
-    OIHW weight (C, 1, kh, kw)."""
+    OIHW weight (C, 1, kh, kw). See `window_body`."""
     if not shape.depthwise:
         raise IRError(f"depthwise kernel needs groups == channels, got {shape}")
+
+    def tap(acc: PrimExpr, xv: PrimExpr, c: PrimExpr, kh: PrimExpr, kw: PrimExpr) -> PrimExpr:
+        return madd(acc, xv, w[c, _c(0), kh, kw], fused)
+
+    return window_body(shape, x, out, tile_w, lanes, registers, tap, as_expr(0.0, x.dtype),
+                       None, epilogue)
+
+
+def window_body(shape: ConvShape, x: Buffer, out: Buffer, tile_w: int, lanes: int,
+                registers: int, tap: Tap, init: PrimExpr, border: PrimExpr | None,
+                epilogue: Epilogue) -> Stmt:
+    """The loop nest of a per-channel window kernel (a depthwise convolution, a 2-D
+    pooling) over the NCHW input `x`: each output is `init` combined with `tap` over its
+    `kh x kw` window of the input padded with `border` (None: zeros), then stored
+    through `epilogue`.
+
+    A tile is `rows` consecutive output rows (`depthwise_tile_rows`) x `tile_w`
+    columns of one channel, vectors along the columns. It walks the input rows the tile
+    reads once: each (input row, kw) vector is loaded once and combined into every
+    output row that reads it (with that row's kh), so a k x k window costs about
+    (rows * stride + k) * k / rows loads per output row instead of k * k, and the tile's
+    fixed costs (its initialisation, the epilogue's staging) are shared by its rows. The
+    input rows are unrolled, the kw taps of each a loop: the code grows with the rows,
+    not with rows x kw."""
     oh_n, ow_n = shape.out_h, shape.out_w
     sh, sw = shape.stride
     dh, dw = shape.dilation
     acc_t = x.dtype  # accumulate in the input dtype (float32); the epilogue may cast
-    xp, prologue = padded_input(x, shape, phases=sw)
+    xp, prologue = padded_input(x, shape, phases=sw, border=border)
+    rows = depthwise_tile_rows(shape, tile_w, lanes, registers)
+    # input row offset i (from the tile's first row's first input row) feeds output row
+    # j of the tile through window row kh when i = j * sh + kh * dh
+    readers: dict[int, list[tuple[int, int]]] = {}
+    for j in range(rows):
+        for kh in range(shape.kh):
+            readers.setdefault(j * sh + kh * dh, []).append((j, kh))
 
-    def tile(n: PrimExpr, c: PrimExpr, oh: PrimExpr, ow0: PrimExpr, width: int) -> Stmt:
-        acc = Buffer("acc", (width,), acc_t, "local")
-        zero = lanes_loop("r", width, lambda r: Store(acc, as_expr(0.0, acc_t), (r,)))
+    def tile(n: PrimExpr, c: PrimExpr, oh0: PrimExpr, height: int, ow0: PrimExpr,
+             width: int) -> Stmt:
+        acc = Buffer("acc", (height, width), acc_t, "local")
+        start = lanes_loop("r", width, lambda r: seq(*(
+            Store(acc, init, (_c(j), r)) for j in range(height))))
+        steps: list[Stmt] = []
+        for i, pairs in sorted(readers.items()):
+            uses = [(j, kh) for j, kh in pairs if j < height]
+            if not uses:
+                continue
 
-        def step(kh: PrimExpr, kw: PrimExpr) -> Stmt:
-            wv = Var("w", acc_t)
-            row = oh * sh + kh * dh
-            # column (ow0 + r) * sw + kw * dw lies in phase (kw * dw) % sw at
-            # ow0 + r + (kw * dw) // sw: consecutive in r whatever the stride
-            tap = kw * dw
-            phase, shift = (tap % sw, tap // sw) if sw > 1 else (_c(0), tap)
-            return seq(LetStmt(wv, w[c, _c(0), kh, kw]), lanes_loop("r", width, lambda r: Store(
-                acc, madd(acc[r], xp(n, c, row, phase, ow0 + r + shift), wv, fused), (r,))))
+            def column(kw: PrimExpr, i: int = i, uses: list[tuple[int, int]] = uses) -> Stmt:
+                # column (ow0 + r) * sw + kw * dw lies in phase (kw * dw) % sw at
+                # ow0 + r + (kw * dw) // sw: consecutive in r whatever the stride
+                phase, shift = ((kw * dw) % sw, (kw * dw) // sw) if sw > 1 else (_c(0), kw * dw)
 
-        red = _nest(("kh", "kw"), (shape.kh, shape.kw), step)
-        return seq(Allocate(acc), zero, red,
-                   *_store_row(acc_t, width, lambda r: acc[r], lambda r: (n, c, oh, ow0 + r),
-                               out, epilogue))
+                def step(r: PrimExpr) -> Stmt:
+                    xv = Var("xv", acc_t)
+                    return seq(LetStmt(xv, xp(n, c, oh0 * sh + i, phase, ow0 + r + shift)),
+                               *(Store(acc, tap(acc[_c(j), r], xv, c, _c(kh), kw), (_c(j), r))
+                                 for j, kh in uses))
 
-    def row(n: PrimExpr, c: PrimExpr, _ob: PrimExpr, oh: PrimExpr) -> Stmt:
-        return tiled_row(ow_n, tile_w, lanes, lambda ow0, width: tile(n, c, oh, ow0, width))
+                return lanes_loop("r", width, step)
 
-    return seq(*prologue, _tiles_loop(shape.n, shape.c_in, 1, oh_n, row))
+            # the kw loop stays a loop: the tile's code grows with its rows, not rows x kw
+            steps.append(_loop("kw", shape.kw, column) if shape.kw > 1 else column(_c(0)))
+
+        # The accumulators are copied to a stack array at constant rows (so they stay in
+        # registers), which one loop over the rows stores through the epilogue: one copy
+        # of the epilogue's code per tile shape, however many rows the tile has.
+        stage = Buffer("stage", (height, width), acc_t, "local")
+        copy = lanes_loop("r", width, lambda r: seq(*(
+            Store(stage, acc[_c(j), r], (_c(j), r)) for j in range(height))))
+
+        def store(j: PrimExpr) -> Stmt:
+            return lanes_loop("r", width, lambda r: Store(
+                out, epilogue(stage[j, r], (n, c, oh0 + j, ow0 + r)), (n, c, oh0 + j, ow0 + r)))
+
+        stores = _loop("j", height, store) if height > 1 else store(_c(0))
+        return seq(Allocate(acc), start, *steps, Allocate(stage), copy, stores)
+
+    def block(n: PrimExpr, c: PrimExpr, oh0: PrimExpr, height: int) -> Stmt:
+        return tiled_row(ow_n, tile_w, lanes,
+                         lambda ow0, width: tile(n, c, oh0, height, ow0, width))
+
+    def channel(n: PrimExpr, c: PrimExpr) -> Stmt:
+        # Every channel writes its own output plane: `parallelize` splits this loop nest
+        # at its first loop with enough iterations (the channels, at batch 1).
+        full, rest = divmod(oh_n, rows)
+        parts: list[Stmt] = []
+        if full:
+            parts.append(_loop("ob", full, lambda ob: block(n, c, ob * rows, rows))
+                         if full > 1 else block(n, c, _c(0), rows))
+        if rest:
+            parts.append(block(n, c, _c(full * rows), rest))
+        return seq(*parts)
+
+    return seq(*prologue, _nest(("n", "c"), (shape.n, shape.c_in), channel))
 
 
 def tiled_row(out_w: int, tile_w: int, lanes: int,

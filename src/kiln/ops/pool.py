@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Mapping, Sequence
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, cast
 
 import numpy as np
 
@@ -17,11 +18,12 @@ from kiln.errors import IRError
 from kiln.ir import dtype as dt
 from kiln.ir import graph as g
 from kiln.ir.shape_expr import is_static, shape_text, simplify_dim
-from kiln.ir.tensor import Cast, PrimExpr, as_expr, intrin, min_, select
+from kiln.ir.tensor import Cast, PrimExpr, PrimFunc, as_expr, intrin, min_, select
 from kiln.ir.types import TensorType, Type
+from kiln.ops import pool_kernels as pk
 from kiln.ops import spatial, te
 from kiln.ops.onnx_map import GraphContext, onnx_op
-from kiln.ops.registry import OPS, register_op
+from kiln.ops.registry import OPS, HandBuiltOp, register_op
 from kiln.ops.row_kernels import RowReduceOp, mean_of
 
 Attrs = Mapping[str, Any]
@@ -172,12 +174,49 @@ def _pool_ref(x: np.ndarray, attrs: Attrs, kind: str) -> np.ndarray:
     return out.astype(x.dtype)
 
 
+@dataclass(frozen=True)
+class WindowPoolOp(HandBuiltOp):
+    """`max_pool2d` / `avg_pool2d`: float32 NCHW inputs of static shape take the
+    hand-built window kernel (kiln.ops.pool_kernels); the tensor-expression definition
+    stays the fallback."""
+
+    kind: str = "max"
+
+    def builds(self, call: g.Call) -> bool:
+        return bool(call.args) and pk.static_4d_float32(call.args[0].type)
+
+    def lower_fused(self, params: Sequence[te.Tensor], args: Sequence[te.Tensor], attrs: Attrs,
+                    anchor: te.Tensor | None, result: te.Tensor | None,
+                    name: str) -> PrimFunc | None:
+        x = args[0]
+        if not pk.static_4d_float32(x) or x not in params or (
+                result is not None and result.dtype != "float32"):
+            return None
+        win = _Window(x.shape, attrs)
+        pair = tuple[int, int]
+        geometry = pk.PoolGeometry(
+            cast(tuple[int, int, int, int], tuple(int(d) for d in x.shape)),
+            cast(pair, win.kernel), cast(pair, win.strides),
+            cast(pair, win.dilations), cast(pair, win.begins), cast(pair, win.ends),
+            cast(pair, tuple(int(d) for d in win.out)))
+        return pk.pool2d_kernel(self.kind, geometry, bool(attrs.get("count_include_pad", False)),
+                                params, x, anchor, result, name)
+
+
 for _rank in spatial.SPATIAL_RANKS:
     _sfx = spatial.SUFFIX[_rank]
-    register_op(f"max_pool{_sfx}", pattern="opaque", infer=_pool_infer,
-                compute=_max_pool_compute, reference=lambda x, **a: _pool_ref(x, a, "max"))
-    register_op(f"avg_pool{_sfx}", pattern="opaque", infer=_pool_infer,
-                compute=_avg_pool_compute, reference=lambda x, **a: _pool_ref(x, a, "avg"))
+    if _rank == 2:
+        OPS.register("max_pool2d", WindowPoolOp(
+            "max_pool2d", "opaque", _pool_infer, _max_pool_compute,
+            lambda x, **a: _pool_ref(x, a, "max"), kind="max"))
+        OPS.register("avg_pool2d", WindowPoolOp(
+            "avg_pool2d", "opaque", _pool_infer, _avg_pool_compute,
+            lambda x, **a: _pool_ref(x, a, "avg"), kind="avg"))
+    else:
+        register_op(f"max_pool{_sfx}", pattern="opaque", infer=_pool_infer,
+                    compute=_max_pool_compute, reference=lambda x, **a: _pool_ref(x, a, "max"))
+        register_op(f"avg_pool{_sfx}", pattern="opaque", infer=_pool_infer,
+                    compute=_avg_pool_compute, reference=lambda x, **a: _pool_ref(x, a, "avg"))
     register_op(f"lp_pool{_sfx}", pattern="opaque", infer=_pool_infer,
                 compute=_lp_pool_compute, reference=lambda x, **a: _pool_ref(x, a, "lp"))
 

@@ -42,6 +42,7 @@ from kiln.ir.tensor import (
     Buffer,
     Cast,
     Const,
+    DeclBuffer,
     For,
     LetStmt,
     PrimExpr,
@@ -416,6 +417,12 @@ class RowReduceOp(HandBuiltOp):
         assert isinstance(reduced, TensorType)
         out_shape = tuple(reduced.shape)
         buffers = {t: Buffer(t.name, t.shape, t.dtype) for t in params}
+        # A row over several static trailing dims of a parameter is read through a view
+        # of it with those dims merged: consecutive elements, one vector load per chunk
+        # (the unflattened index's divisions made every chunk a gather).
+        flat = (Buffer(x.name + "_rows", (*outer, dim_product(inner)), x.dtype)
+                if x in buffers and len(inner) > 1 and all(isinstance(d, int) for d in inner)
+                else None)
         out = Buffer("out", out_shape, F32)
         value_buf = Buffer("row_value", out_shape, F32)
         mapping = dict(buffers)
@@ -435,6 +442,8 @@ class RowReduceOp(HandBuiltOp):
             out_idx = (*o, *(_c(0),) * (len(out_shape) - len(o)))
 
             def read(j: PrimExpr) -> PrimExpr:
+                if flat is not None:
+                    return flat[(*o, j)]
                 idx = (j,) if len(inner) == 1 else te.unflatten_index(j, inner)
                 return te.inline_expr(x, (*o, *idx), buffers)
 
@@ -448,5 +457,8 @@ class RowReduceOp(HandBuiltOp):
                     te.inline_expr(result, tuple(out_idx), mapping))
             return seq(*stmts, Store(out, v, out_idx))
 
-        return PrimFunc((*(buffers[t] for t in params), out), Rows(tuple(outer), count).around(row),
+        body = Rows(tuple(outer), count).around(row)
+        if flat is not None:
+            body = seq(DeclBuffer(flat, buffers[x], 0), body)
+        return PrimFunc((*(buffers[t] for t in params), out), body,
                         {"kiln.row_kernel": self.name})

@@ -1,6 +1,7 @@
 """The depthwise family: `conv2d` with one input and one output channel per group ->
 `conv2d_depthwise` (weight unchanged), tile `(tile_w, lanes)`: `tile_w` output
-columns of one row (kiln.ops.conv_kernels.depthwise_conv_body)."""
+columns of as many output rows as the ISA's registers hold accumulators for
+(kiln.ops.conv_kernels.depthwise_conv_body, `depthwise_tile_rows`)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from kiln.ir.tensor import Buffer, Stmt
 from kiln.ops import conv_kernels as ck
 from kiln.ops.kernels.conv import UnpackedConv, conv_call_shape, vector_widths
 from kiln.ops.kernels.registry import fits_registers
-from kiln.ops.kernels.tiles import Epilogue, tile_lanes
+from kiln.ops.kernels.tiles import Epilogue, tile_lanes, tile_registers
 from kiln.target.isa import ISA
 
 
@@ -45,7 +46,8 @@ class DepthwiseConv(UnpackedConv):
     def loop_nest(self, shape: ck.ConvShape, x: Buffer, w: Buffer, out: Buffer,
                   tile: tuple[int, int], epilogue: Epilogue, fused: bool, isa: ISA) -> Stmt:
         tw, lanes = tile
-        return ck.depthwise_conv_body(shape, x, w, out, tw, epilogue, fused, lanes)
+        return ck.depthwise_conv_body(shape, x, w, out, tw, epilogue, fused, lanes,
+                                      tile_registers(isa))
 
 
 CONV_DEPTHWISE = DepthwiseConv("conv_depthwise", "conv2d_depthwise", ("conv2d",), 0)

@@ -1,0 +1,114 @@
+"""Hand-built 2-D max and average pooling (float32, NCHW, static shapes).
+
+`max_pool2d` and `avg_pool2d` take the depthwise convolution's window kernel
+(kiln.ops.conv_kernels.window_body): vectors along the output columns, tiles of
+several output rows that load each input row segment once, the input copied once
+into a workspace padded with the pool's neutral value (-inf for max, 0 for the
+sum) and split by column phase for stride 2. An average divides each sum by its
+window's count, a compile-time table (ONNX's `count_include_pad` and `ceil_mode`
+make it vary at the borders). Elementwise ops FuseOps groups after the pool are
+applied as each output is stored. Other dtypes, ranks and symbolic shapes keep the
+tensor-expression definitions of kiln.ops.pool.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from kiln.ir.tensor import AllocConst, Buffer, PrimExpr, PrimFunc, as_expr, max_, seq
+from kiln.ops import conv_kernels as ck
+from kiln.ops import te
+from kiln.ops.epilogue import fused_store
+from kiln.ops.kernels.tiles import tile_lanes, tile_registers
+from kiln.target.isa import isa_for
+
+POOLS = ("max", "avg")
+
+
+@dataclass(frozen=True)
+class PoolGeometry:
+    """A 2-D pooling window on an NCHW input (ONNX pads: begins, ends per spatial dim)
+    and its output size (after `ceil_mode`)."""
+
+    shape: tuple[int, int, int, int]
+    kernel: tuple[int, int]
+    strides: tuple[int, int]
+    dilations: tuple[int, int]
+    begins: tuple[int, int]
+    ends: tuple[int, int]
+    out: tuple[int, int]
+
+    def conv_shape(self) -> ck.ConvShape:
+        """The window as a depthwise convolution's geometry: the end pads widened where
+        `ceil_mode` adds a last window that runs past them (the kernel reads the border
+        value there)."""
+        n, c, h, w = self.shape
+        ends = tuple(max(self.ends[j], (self.out[j] - 1) * self.strides[j]
+                         + (self.kernel[j] - 1) * self.dilations[j] + 1
+                         - (h, w)[j] - self.begins[j]) for j in range(2))
+        return ck.ConvShape(n, c, h, w, c, self.kernel[0], self.kernel[1], self.strides,
+                            self.dilations, (self.begins[0], self.begins[1], ends[0], ends[1]),
+                            c)
+
+    def counts(self, include_pad: bool) -> np.ndarray:
+        """The number of values each average divides by, `(out_h, out_w)`: the window's
+        taps inside the input (or inside the padded input with `include_pad`)."""
+        per_dim = []
+        for j in range(2):
+            size = self.shape[2 + j]
+            lo, hi = (-self.begins[j], size + self.ends[j]) if include_pad else (0, size)
+            pos = (np.arange(self.out[j])[:, None] * self.strides[j]
+                   + np.arange(self.kernel[j])[None, :] * self.dilations[j] - self.begins[j])
+            per_dim.append(((pos >= lo) & (pos < hi)).sum(axis=1))
+        return np.outer(per_dim[0], per_dim[1]).astype(np.float32)
+
+
+def pool2d_kernel(kind: str, geometry: PoolGeometry, include_pad: bool,
+                  params: Sequence[te.Tensor], x: te.Tensor, anchor: te.Tensor | None,
+                  result: te.Tensor | None, name: str) -> PrimFunc | None:
+    """The kernel of a `kind` ("max" or "avg") pool of the parameter `x` with the fused
+    elementwise chain `result` over `anchor` (None: the pool alone), or None when the
+    chain cannot be applied as a store."""
+    shape = geometry.conv_shape()
+    out_shape = (shape.n, shape.c_in, shape.out_h, shape.out_w)
+    store = fused_store(params, anchor, result, out_shape)
+    if store is None:
+        return None
+    isa = isa_for(None)
+    lanes = tile_lanes(isa)
+    tile_w = ck.depthwise_tile_width(shape, lanes)
+    finish = store.epilogue
+    decls = []
+    if kind == "max":
+        neutral = te.lowest_value("float32")
+        border: PrimExpr | None = neutral
+
+        def tap(acc: PrimExpr, xv: PrimExpr, c: PrimExpr, kh: PrimExpr, kw: PrimExpr) -> PrimExpr:
+            return max_(acc, xv)
+    else:
+        neutral, border = as_expr(0.0, "float32"), None
+
+        def tap(acc: PrimExpr, xv: PrimExpr, c: PrimExpr, kh: PrimExpr, kw: PrimExpr) -> PrimExpr:
+            return acc + xv
+
+        counts = Buffer("window_count", (shape.out_h, shape.out_w), "float32")
+        decls.append(AllocConst(counts, geometry.counts(include_pad)))
+
+        def finish(v: PrimExpr, idx: tuple[PrimExpr, ...]) -> PrimExpr:
+            return store.epilogue(v / counts[idx[2], idx[3]], idx)
+
+    body = ck.window_body(shape, store.buffers[x], store.out, tile_w, lanes,
+                          tile_registers(isa), tap, neutral, border, finish)
+    return PrimFunc((*(store.buffers[t] for t in params), store.out), seq(*decls, body),
+                    {"kiln.pool_kernel": name})
+
+
+def static_4d_float32(t: Any) -> bool:
+    """Whether `t` (a type or te tensor) is a float32 NCHW tensor of static shape."""
+    shape = tuple(getattr(t, "shape", ()))
+    return (getattr(t, "dtype", None) == "float32" and len(shape) == 4
+            and all(isinstance(d, int) for d in shape))
