@@ -245,3 +245,29 @@ def test_tuning_chooses_from_recorded_measurements_deterministically() -> None:
     assert short.measured == 2
     assert [(len(r.default.times_us), len(r.candidates))
             for r in short.database.records()] == [(15, 2), (15, 0)]
+
+
+def test_the_inner_split_computes_the_untuned_result_with_a_symbolic_batch() -> None:
+    """The "inner" order moves the batch, the one symbolic tile dimension, to the
+    slowest place of the flat tile index: every tile is still visited once."""
+    b = GraphBuilder(12)
+    h = b.op("Relu", b.conv("x", 8, 16, 3))
+    y = b.linear(b.op("Flatten", h), 16 * 4 * 16, 24)
+    model = b.model([value_info("x", ["n", 8, 4, 16])], [value_info(y, ["n", 24])], 17,
+                    "batched")
+    target = kiln.Target.from_host()
+    found = discover(model, target)
+    assert {s.family for s in found} == {"conv_rows", "gemm"}  # 72 taps: row-tiled
+    inner = {s.family: {**s.default, "split": "inner"} for s in found}
+    tuned = kiln.compile(model, target, tuning=_database(found, target_key(isa_for(target)),
+                                                          inner))
+    assert sorted(map(show, tuned.metadata["tuning"]["kernels"].values())) == sorted(
+        map(show, inner.values()))
+    assert _parallel_loops(tuned)
+    x = np.random.default_rng(1).standard_normal((3, 8, 4, 16)).astype(np.float32)
+    lib = tuned.jit()
+    lib.set_num_threads(2)
+    ort = pytest.importorskip("onnxruntime")
+    (want,) = ort.InferenceSession(model.SerializeToString(),
+                                   providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    np.testing.assert_allclose(np.asarray(lib["main"](x)), want, rtol=1e-4, atol=1e-4)
