@@ -1,4 +1,4 @@
-"""`kiln tune MODEL -t TARGET --budget 10m -o model.tuning.json`: measure kernel tiles
+"""`kiln tune MODEL -t TARGET --budget 10m -o model.tuning.json`: measure kernel variants
 (kiln.distributed.tune) and merge the records into a tuning database."""
 
 from __future__ import annotations
