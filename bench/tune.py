@@ -6,14 +6,18 @@
 `speedup` compiles MODEL untuned and with the tuning database DB and times both,
 calls interleaved (so both see the same machine load), printing the medians and their
 ratio. `workers` tunes the same candidates (the first K of each kernel, no time limit)
-on a local Ray instance of 1 and of 2 CPUs and prints the wall times. Prints numbers;
-asserts nothing (this is not a test).
+on a local Ray instance of 1 and of 2 CPUs, each with an empty compile cache, and
+prints the wall times and where they went (build and measurement phases, and the time
+inside their tasks; the rest of a phase is Ray's). Prints numbers; asserts nothing
+(this is not a test).
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
+import tempfile
 import time
 
 import numpy as np
@@ -55,6 +59,9 @@ def workers(model: str, candidates: int, counts: list[int]) -> None:
              for s in discover(model, target)]
     total = sum(len(s.candidates) for s in specs)
     for n in counts:
+        # an empty compile cache per run (the workers inherit the variable), so no run
+        # reuses another's builds
+        os.environ["KILN_CACHE_DIR"] = tempfile.mkdtemp(prefix="kiln-bench-cache-")
         ex = RayExecutor(None, {measure_resource(target): 1.0}, n)
         try:
             t0 = time.perf_counter()
@@ -63,8 +70,12 @@ def workers(model: str, candidates: int, counts: list[int]) -> None:
         finally:
             ex.close()
             ray.shutdown()
+        p = report.profile
+        other = wall - p["build"] - p["measure"]
         print(f"{n} Ray worker CPU(s): {total} candidates of {len(specs)} kernels "
-              f"({report.measured} measured) in {wall:.1f} s wall")
+              f"({report.measured} measured) in {wall:.1f} s wall: builds {p['build']:.1f} s "
+              f"({p['build_tasks']:.1f} s in tasks), measurements {p['measure']:.1f} s "
+              f"({p['measure_tasks']:.1f} s in tasks), other {other:.1f} s")
 
 
 def main() -> None:

@@ -1,5 +1,6 @@
 """Tuning's search space, its selection from recorded measurements and a tuned build:
-the tile a database chose is the one the passes record, the output equals the
+the variant a database chose (a tile, a parallel split, another convolution kernel) is
+the one the passes record and the code generator builds, the output equals the
 untuned build's, the library metadata names the database."""
 
 from __future__ import annotations
@@ -14,18 +15,22 @@ import pytest
 
 import kiln
 from kiln.distributed.executor import TaskOutcome
-from kiln.distributed.tune import KernelSpec, discover, tune
-from kiln.errors import FormatError
+from kiln.distributed.tune import KernelSpec, discover, show, tune
+from kiln.errors import FormatError, UsageError
 from kiln.ir import graph as g
 from kiln.ir.module import IRModule
+from kiln.ir.tensor import For, PrimFunc
+from kiln.ir.visitor import post_order_visit
 from kiln.ops.kernels.registry import KERNELS
-from kiln.ops.kernels.tiles import tile_lanes, tile_registers
+from kiln.ops.kernels.search import CONV_ALGORITHMS
+from kiln.ops.kernels.tiles import PARALLEL_SPLITS, tile_lanes, tile_registers
 from kiln.target.isa import isa_for
 from kiln.transform import PassContext
 from kiln.transform.instruments import PassInstrument
 from kiln.transform.pass_base import Pass
 from kiln.tuning import Measurement, Record, TuningDatabase, target_key
 from support.graphs import GraphBuilder, value_info
+from support.reference import onnxruntime_outputs
 
 AVX2 = "llvm -mcpu=haswell"
 
@@ -71,17 +76,24 @@ def test_candidates_are_legal_by_construction(model: onnx.ModelProto, target: st
     assert families in ({"conv_direct", "conv_rows", "gemm"}, {"conv_direct", "conv_gemm", "gemm"})
     for s in found:
         assert s.candidates and s.default not in s.candidates
-        assert len(set(s.candidates)) == len(s.candidates)
-        for tile in (s.default, *s.candidates):
-            assert _tile_ok(s.family, tile, tile_lanes(isa), tile_registers(isa)), (s, tile)
+        assert len({json.dumps(c, sort_keys=True) for c in s.candidates}) == len(s.candidates)
+        for params in (s.default, *s.candidates):
+            family = params.get("family", s.family)
+            assert _tile_ok(family, tuple(params["tile"]), tile_lanes(isa),
+                            tile_registers(isa)), (s, params)
+            assert params.get("split", "outer") in PARALLEL_SPLITS
+        kinds = {k for c in s.candidates for k in c}
+        # every kernel has a parallel split to try; every convolution another algorithm
+        assert "split" in kinds and ("family" in kinds) == s.family.startswith("conv")
+        assert all(c["family"] in CONV_ALGORITHMS for c in s.candidates if "family" in c)
         assert KERNELS.get(s.family).name == s.family
 
 
 class _AfterBlocking(PassInstrument):
-    """The (op, tile) of every packed call after the blocking passes."""
+    """The (op, tile, split) of every packed call after the blocking passes."""
 
     def __init__(self) -> None:
-        self.tiles: list[tuple[str, tuple[int, ...]]] = []
+        self.calls: list[tuple[str, tuple[int, ...], str | None]] = []
 
     def run_after_pass(self, mod: IRModule, p: Pass) -> None:
         if p.name not in ("block-convolutions", "block-matmuls"):
@@ -90,42 +102,73 @@ class _AfterBlocking(PassInstrument):
             for b in fn.bindings:
                 if isinstance(b.value, g.Call) and b.value.op.startswith(
                         "conv2d_" if p.name == "block-convolutions" else "matmul_"):
-                    self.tiles.append((b.value.op, tuple(b.value.attrs["tile"])))
+                    attrs = b.value.attrs
+                    self.calls.append((b.value.op, tuple(attrs["tile"]), attrs.get("split")))
 
 
-def _database(specs: list[KernelSpec], key: str) -> TuningDatabase:
-    """Recorded timings in which each kernel's first candidate is twice as fast."""
+def _database(specs: list[KernelSpec], key: str, chosen: dict[str, dict[str, Any]]
+              ) -> TuningDatabase:
+    """Recorded timings in which the variant `chosen[family]` is twice as fast."""
     return TuningDatabase(
-        Record(s.family, s.signature, key, Measurement({"tile": list(s.default)}, (100.0,) * 5),
-               [Measurement({"tile": list(s.candidates[0])}, (50.0, 51.0, 49.0, 50.0, 50.0))])
+        Record(s.family, s.signature, key, Measurement(s.default, (100.0,) * 5),
+               [Measurement(chosen[s.family], (50.0, 51.0, 49.0, 50.0, 50.0))])
         for s in specs)
 
 
-def test_a_tuned_build_uses_the_recorded_tiles(model: onnx.ModelProto, specs: list[KernelSpec],
-                                               tmp_path: Path) -> None:
+def _first(spec: KernelSpec, kind: str) -> dict[str, Any]:
+    """The first candidate of `spec` that changes only `kind` (tile, split or family)."""
+    return next(c for c in spec.candidates if set(c) == {"tile", kind})
+
+
+def _parallel_loops(ex: Any) -> list[str]:
+    """The kernels of a build that hold a parallel loop."""
+    found: set[str] = set()
+    for name, f in ex.ir.functions.items():
+        if isinstance(f, PrimFunc):
+            post_order_visit(f, lambda n, name=name: found.add(name) if isinstance(n, For)
+                             and n.kind == "parallel" else None)
+    return sorted(found)
+
+
+def test_a_tuned_build_applies_every_kind_of_variant(
+        model: onnx.ModelProto, specs: list[KernelSpec], tmp_path: Path) -> None:
     target = kiln.Target.from_host()
-    db = _database(specs, target_key(isa_for(target)))
+    by_family = {s.family: s for s in specs}
+    conv3x3 = by_family["conv_direct"]
+    conv1x1 = next(s for f, s in by_family.items() if f in ("conv_rows", "conv_gemm"))
+    # the 3x3 on one thread, the 1x1 on another convolution kernel, the dense layer's tile
+    chosen = {"conv_direct": {**conv3x3.default, "split": "serial"},
+              conv1x1.family: _first(conv1x1, "family"), "gemm": _first(by_family["gemm"],
+                                                                         "tile")}
+    db = _database(specs, target_key(isa_for(target)), chosen)
     path = tmp_path / "model.tuning.json"
     db.save(path)
     capture = _AfterBlocking()
     with PassContext(instruments=[capture]):
         tuned = kiln.compile(model, target, tuning=str(path))
-    print("\n".join(f"{op} tile={tile}" for op, tile in capture.tiles))
-    # the IR records each kernel's chosen tile
-    assert sorted(tile for _, tile in capture.tiles) == sorted(s.candidates[0] for s in specs)
+    untuned = kiln.compile(model, target)
+    print("\n".join(map(str, capture.calls)), _parallel_loops(untuned), _parallel_loops(tuned))
+    alt = KERNELS.get(chosen[conv1x1.family]["family"])
+    assert sorted(capture.calls, key=str) == sorted([
+        ("conv2d_blocked", tuple(conv3x3.default["tile"]), "serial"),
+        (alt.op, tuple(chosen[conv1x1.family]["tile"]), None),
+        ("matmul_packed", tuple(chosen["gemm"]["tile"]), None)], key=str)
+    # the serial split leaves the 3x3's kernel (fused with its Relu) without a parallel
+    # loop; the 1x1 moved to the blocked kernel, which has one
+    assert "fused_conv2d_blocked_relu" in _parallel_loops(untuned)
+    assert "fused_conv2d_blocked_relu" not in _parallel_loops(tuned)
     meta = tuned.metadata["tuning"]
     assert meta["fingerprint"] == TuningDatabase.load(path).fingerprint()
-    assert sorted(v for v in meta["kernels"].values()) == sorted(
-        list(s.candidates[0]) for s in specs)
+    assert sorted(map(show, meta["kernels"].values())) == sorted(map(show, chosen.values()))
     x = np.random.default_rng(0).standard_normal((2, 40, 4, 16)).astype(np.float32)
-    want = kiln.compile(model, target).jit()["main"](x)
-    np.testing.assert_allclose(np.asarray(tuned.jit()["main"](x)), np.asarray(want),
-                               rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(np.asarray(tuned.jit()["main"](x)),
+                               np.asarray(untuned.jit()["main"](x)), rtol=1e-4, atol=1e-5)
 
 
 def test_a_database_of_another_cpu_is_ignored_and_a_corrupt_one_refused(
         specs: list[KernelSpec], model: onnx.ModelProto, tmp_path: Path) -> None:
-    other = _database(specs, "x86_64:other:000000000000")
+    firsts = {s.family: s.candidates[0] for s in specs}
+    other = _database(specs, "x86_64:other:000000000000", firsts)
     with pytest.warns(UserWarning, match="no record for this target's CPU"):
         ex = kiln.compile(model, kiln.Target.from_host(), tuning=other)
     assert ex.metadata["tuning"]["kernels"] == {}
@@ -134,19 +177,30 @@ def test_a_database_of_another_cpu_is_ignored_and_a_corrupt_one_refused(
                                "records": [{"kernel": "gemm"}]}))
     with pytest.raises(FormatError, match=r"records\[0\]"):
         kiln.compile(model, kiln.Target.from_host(), tuning=bad)
+    # a variant the kernel cannot take (edited by hand) is refused, not built
+    key = target_key(isa_for(kiln.Target.from_host()))
+    for wrong, message in (({"family": "conv_rows", "tile": [6, 16, 16]}, "does not compute"),
+                           ({"tile": [2, 16], "split": "sideways"}, "split 'sideways'")):
+        with pytest.raises(UsageError, match=message):
+            kiln.compile(model, kiln.Target.from_host(),
+                         tuning=_database(specs, key, {**firsts, "gemm": wrong}))
 
 
 def _fake_spec(name: str, candidates: int, count: int = 1) -> KernelSpec:
-    return KernelSpec("gemm", f"matmul({name})", "matmul", (), {}, count, (8, 32),
-                      tuple((c, 16) for c in range(1, candidates + 1)))
+    return KernelSpec("gemm", f"matmul({name})", "matmul", (), {}, count, {"tile": [8, 32]},
+                      ({"tile": [8, 32], "split": "serial"},
+                       *({"tile": [c, 16]} for c in range(1, candidates + 1))))
 
 
-# Recorded medians (us) per (kernel, tile); the default is (8, 32). Tile (2, 16) of b
-# computes something else (a wrong kernel), (3, 16) of a is within the noise.
-RECORDED = {("matmul(a)", (8, 32)): 100.0, ("matmul(a)", (1, 16)): 120.0,
-            ("matmul(a)", (2, 16)): 70.0, ("matmul(a)", (3, 16)): 99.0,
-            ("matmul(b)", (8, 32)): 50.0, ("matmul(b)", (1, 16)): 45.0,
-            ("matmul(b)", (2, 16)): 10.0}
+# Recorded medians (us) per (kernel, variant); the default is tile (8, 32). Tile (2, 16)
+# of b computes something else (a wrong kernel), (3, 16) of a is within the noise.
+RECORDED = {("matmul(a)", '{"tile":[8,32]}'): 100.0,
+            ("matmul(a)", '{"split":"serial","tile":[8,32]}'): 130.0,
+            ("matmul(a)", '{"tile":[1,16]}'): 120.0, ("matmul(a)", '{"tile":[2,16]}'): 70.0,
+            ("matmul(a)", '{"tile":[3,16]}'): 99.0,
+            ("matmul(b)", '{"tile":[8,32]}'): 50.0,
+            ("matmul(b)", '{"split":"serial","tile":[8,32]}'): 30.0,
+            ("matmul(b)", '{"tile":[1,16]}'): 45.0, ("matmul(b)", '{"tile":[2,16]}'): 10.0}
 
 
 def _run_recorded(budget: float) -> tuple[Any, list[str]]:
@@ -157,16 +211,16 @@ def _run_recorded(budget: float) -> tuple[Any, list[str]]:
         return now[0]
 
     def build(args: Any) -> list[TaskOutcome]:
-        return [TaskOutcome({"data": json.dumps([spec.signature, tile]).encode(),
-                             "node": "n1"}) for spec, _, tile in args]
+        return [TaskOutcome({"data": show(params or spec.default).encode(), "node": "n1"})
+                for spec, _, params in args]
 
     def measure(args: Any) -> list[TaskOutcome]:
         out = []
         for spec, libs, _, repeats, _ in args:
-            tiles = [tuple(json.loads(d)[1] or spec.default) for d in libs]
-            times = [[RECORDED[spec.signature, t] * (1 + 0.001 * (r % 3)) for r in range(repeats)]
-                     for t in tiles]
-            equal = [not (spec.signature == "matmul(b)" and t == (2, 16)) for t in tiles]
+            times = [[RECORDED[spec.signature, d.decode()] * (1 + 0.001 * (r % 3))
+                      for r in range(repeats)] for d in libs]
+            equal = [not (spec.signature == "matmul(b)" and d == b'{"tile":[2,16]}')
+                     for d in libs]
             out.append(TaskOutcome({"times_us": times, "equal": equal, "node": "n2"}))
         return out
 
@@ -180,10 +234,39 @@ def test_tuning_chooses_from_recorded_measurements_deterministically() -> None:
     key = report.database.records()[0].target
     db = report.database
     assert db.lookup("gemm", "matmul(a)", key) == {"tile": [2, 16]}
-    assert db.lookup("gemm", "matmul(b)", key) == {"tile": [1, 16]}  # (2, 16) differs
-    assert discarded == ["gemm matmul(b) tile [2, 16]: result differs from the default's"]
-    assert report.measured == 5 and report.measured_on == {"n2"}
+    # b's serial split is the fastest that computes the same ((2, 16) differs)
+    assert db.lookup("gemm", "matmul(b)", key) == {"split": "serial", "tile": [8, 32]}
+    assert discarded == ['gemm matmul(b) {"tile":[2,16]}: result differs from the default\'s']
+    assert report.measured == 7 and report.measured_on == {"n2"}
     again, _ = _run_recorded(1000)
     assert again.database.fingerprint() == db.fingerprint()
-    short, _ = _run_recorded(3)  # the budget ends it after the first round
+    # the budget ends it after the first round: every default, and 2 candidates of the
+    # kernel called most (a)
+    short, _ = _run_recorded(3)
     assert short.measured == 2
+    assert [(len(r.default.times_us), len(r.candidates))
+            for r in short.database.records()] == [(15, 2), (15, 0)]
+
+
+def test_the_inner_split_computes_the_untuned_result_with_a_symbolic_batch() -> None:
+    """The "inner" order moves the batch, the one symbolic tile dimension, to the
+    slowest place of the flat tile index: every tile is still visited once."""
+    b = GraphBuilder(12)
+    h = b.op("Relu", b.conv("x", 8, 16, 3))
+    y = b.linear(b.op("Flatten", h), 16 * 4 * 16, 24)
+    model = b.model([value_info("x", ["n", 8, 4, 16])], [value_info(y, ["n", 24])], 17,
+                    "batched")
+    target = kiln.Target.from_host()
+    found = discover(model, target)
+    assert {s.family for s in found} == {"conv_rows", "gemm"}  # 72 taps: row-tiled
+    inner = {s.family: {**s.default, "split": "inner"} for s in found}
+    tuned = kiln.compile(model, target, tuning=_database(found, target_key(isa_for(target)),
+                                                          inner))
+    assert sorted(map(show, tuned.metadata["tuning"]["kernels"].values())) == sorted(
+        map(show, inner.values()))
+    assert _parallel_loops(tuned)
+    x = np.random.default_rng(1).standard_normal((3, 8, 4, 16)).astype(np.float32)
+    lib = tuned.jit()
+    lib.set_num_threads(2)
+    (want,) = onnxruntime_outputs(model, {"x": x})
+    np.testing.assert_allclose(np.asarray(lib["main"](x)), want, rtol=1e-4, atol=1e-4)

@@ -331,7 +331,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="compile cache shared by every task (shared storage on a cluster)")
     b.set_defaults(func=_cmd_build_many)
 
-    u = verb(sub, "tune", "measure kernel tiles of a model on this CPU; write a tuning "
+    u = verb(sub, "tune", "measure kernel variants of a model on this CPU; write a tuning "
                           "database for `kiln compile --tuning`")
     u.add_argument("model", help="path of the .onnx model")
     u.add_argument("-t", "--target", default=None,

@@ -1,4 +1,4 @@
-"""`kiln tune MODEL -t TARGET --budget 10m -o model.tuning.json`: measure kernel tiles
+"""`kiln tune MODEL -t TARGET --budget 10m -o model.tuning.json`: measure kernel variants
 (kiln.distributed.tune) and merge the records into a tuning database."""
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ def cmd_tune(model: str, target: str | None, budget: str, output: str, address: 
         executor.close()
     chosen = sum(1 for r in report.database.records() if r.chosen is not None)
     lines = [f"measured {report.measured} candidate(s) of {report.kernels} kernel(s) in "
-             f"{report.seconds:.0f} s; {chosen} record(s) choose a tile other than the rule's",
+             f"{report.seconds:.0f} s; {chosen} record(s) choose a variant other than the rule's",
              f"builds ran on: {', '.join(sorted(n[:12] for n in report.builds_on)) or '-'}; "
              f"measurements on: {', '.join(sorted(n[:12] for n in report.measured_on)) or '-'}"]
     if report.discarded:

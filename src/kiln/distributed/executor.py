@@ -49,7 +49,7 @@ class Executor(Protocol):
         """Release what the executor started (a local Ray instance)."""
 
 
-def _error(exc: BaseException) -> str:
+def error_line(exc: BaseException) -> str:
     """`Type: first line of the message` (the type alone for an empty message)."""
     text = str(exc).strip()
     return f"{type(exc).__name__}: {text.splitlines()[0]}" if text else type(exc).__name__
@@ -69,7 +69,7 @@ class InProcessExecutor:
             try:
                 out.append(TaskOutcome(fn(*a)))
             except Exception as exc:  # a task's failure is its outcome
-                out.append(TaskOutcome(error=_error(exc)))
+                out.append(TaskOutcome(error=error_line(exc)))
         return out
 
     def describe(self) -> dict[str, Any]:
@@ -124,9 +124,9 @@ class RayExecutor:
                 out.append(TaskOutcome(ray.get(ref)))
             except ray.exceptions.RayTaskError as exc:
                 cause = exc.cause if isinstance(exc.cause, BaseException) else exc
-                out.append(TaskOutcome(error=_error(cause)))
+                out.append(TaskOutcome(error=error_line(cause)))
             except ray.exceptions.RayError as exc:  # a worker or node died
-                out.append(TaskOutcome(error=_error(exc)))
+                out.append(TaskOutcome(error=error_line(exc)))
         return out
 
     def describe(self) -> dict[str, Any]:

@@ -1,16 +1,20 @@
-"""`kiln tune`: measure the legal tiles of each distinct kernel of a model, keep the
+"""`kiln tune`: measure the legal variants (tiles, parallel splits, convolution
+algorithms: kiln.ops.kernels.search) of each distinct kernel of a model, keep the
 clearly faster ones in a tuning database.
 
 1. `discover`: the graph pipeline runs once under a `Recorder` (kiln.tuning.apply);
    every call a tunable kernel family packs becomes a `KernelSpec` — the source call
    (operand types, constant weights, attributes), its signature, how often the model
-   has it and its search space (`candidates` of its family). Equal calls are one spec.
-2. Rounds until the budget is spent: each round picks candidates, the kernels whose
-   untried time is largest first (default time x occurrences / (tried + 1)); every
-   candidate (and, once per kernel, the rule's tile) is built as a library of that one
-   call (`build_variant`, a task that may run anywhere); then one `measure_kernel`
-   task per kernel loads the default and the round's candidates, checks each result
-   equals the default's, and times them interleaved (warm-up, then repeats).
+   has it and its search space (`kiln.ops.kernels.search.variants`, most promising
+   first). Equal calls are one spec.
+2. A first round builds and measures every kernel's default (the rule's variant), so
+   the time each kernel takes is known, and candidates of the most frequent ones;
+   then rounds until the budget is spent: each picks candidates of the kernels whose
+   untried time is largest (default time x occurrences / (tried + 1)); every
+   candidate is built as a library of that one call (`build_variants`: a task builds
+   a batch, tasks run anywhere, in parallel); then one `measure_kernel` task per kernel
+   loads the default and the round's candidates, checks each result equals the
+   default's, and times them interleaved (warm-up, then repeats).
 3. `kiln.tuning.select` decides from the recorded timings; the records are merged
    into the database (timings of a variant measured before are pooled).
 
@@ -24,10 +28,11 @@ only. Without Ray, everything runs in this process with the same results.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -38,7 +43,7 @@ from kiln.distributed.executor import Executor, TaskOutcome, task_node
 from kiln.errors import UsageError
 from kiln.tuning.database import Measurement, Record, TuningDatabase, target_key
 
-Tile = tuple[int, ...]
+Params = dict[str, Any]
 
 #: Default measurement: warm-up calls, then `REPEATS` samples of every variant,
 #: interleaved; a sample is the fastest of `CALLS` consecutive calls (a call another
@@ -62,8 +67,8 @@ class KernelSpec:
     operands: tuple[tuple[Any, ...], ...]
     attrs: dict[str, Any]
     count: int
-    default: Tile
-    candidates: tuple[Tile, ...]
+    default: Params
+    candidates: tuple[Params, ...]
 
     @property
     def label(self) -> str:
@@ -96,8 +101,9 @@ def discover(model: Any, target: Any, shapes: dict[str, Any] | None = None
     from kiln.ir import graph as g
     from kiln.ir.module import IRModule
     from kiln.ir.types import TensorType
+    from kiln.ops.kernels.search import default_params, variants
     from kiln.transform.pipeline import get_pipeline
-    from kiln.tuning.apply import TILE_ATTR, Recorder, using
+    from kiln.tuning.apply import Recorder, using
 
     tgt = resolve(target)
     mod = model if isinstance(model, IRModule) else from_onnx(model, shapes or None)
@@ -115,10 +121,10 @@ def discover(model: Any, target: Any, shapes: dict[str, Any] | None = None
                 assert isinstance(t, TensorType)
                 operands.append(("input", t.dtype,
                                  tuple(d if isinstance(d, int) else 1 for d in t.shape)))
-        default = tuple(family.pack(call, isa).attrs[TILE_ATTR])
         specs.append(KernelSpec(family.name, key[1], call.op, tuple(operands),
-                                dict(call.attrs), recorder.counts[key], default,
-                                tuple(tuple(c) for c in family.candidates(call, isa))))
+                                dict(call.attrs), recorder.counts[key],
+                                default_params(family, call, isa),
+                                tuple(variants(family, call, isa))))
     return specs
 
 
@@ -143,16 +149,16 @@ def kernel_module(spec: KernelSpec) -> Any:
     return IRModule({"main": g.Function(tuple(params), (g.Binding(out, c),), out)})
 
 
-def build_variant(spec: KernelSpec, target: str, tile: Tile | None) -> dict[str, Any]:
-    """A task: the library of `spec` alone with `tile` (None: the rule's), as bytes."""
+def build_variant(spec: KernelSpec, target: str, params: Params | None) -> dict[str, Any]:
+    """The library of `spec` alone with `params` (None: the rule's), as bytes."""
     import kiln
     from kiln.tuning.apply import Forced, using
 
     start = time.perf_counter()
-    forced = Forced(spec.family, tile)
+    forced = Forced(spec.family, params)
     with using(forced):
         ex = kiln.compile(kernel_module(spec), kiln.Target(target))
-    if tile is not None and forced.seen != 1:
+    if params is not None and forced.seen != 1:
         raise UsageError(f"{spec.label}: the {spec.family} kernel did not take the call "
                          "when built alone")
     with tempfile.TemporaryDirectory(prefix="kiln-tune-") as tmp:
@@ -161,6 +167,22 @@ def build_variant(spec: KernelSpec, target: str, tile: Tile | None) -> dict[str,
         data = path.read_bytes()
     return {"data": data, "seconds": time.perf_counter() - start, "node": task_node(),
             "kiln": kiln.__version__}
+
+
+def build_variants(jobs: Sequence[tuple[KernelSpec, str, Params | None]]
+                   ) -> list[dict[str, Any]]:
+    """A task: `build_variant` of each job, in order; a job that fails gives
+    `{"error": ...}` (the others are still built). One task builds a batch, so a worker
+    pays its start, kiln's import and the shipping of a kernel's weights once."""
+    from kiln.distributed.executor import error_line
+
+    out: list[dict[str, Any]] = []
+    for job in jobs:
+        try:
+            out.append(build_variant(*job))
+        except Exception as exc:  # one variant's failure is its outcome
+            out.append({"error": error_line(exc)})
+    return out
 
 
 def kernel_inputs(spec: KernelSpec) -> list[np.ndarray]:
@@ -175,9 +197,10 @@ def measure_kernel(spec: KernelSpec, libraries: Sequence[bytes], warmup: int = W
     """A task: load the libraries (the first is the default's; `threads`: their thread
     count, None the runtime's default), check every result equals the default's, take
     `repeats` samples of each, variants interleaved. Returns the samples (us) per
-    library and whether each result was equal."""
+    library, whether each result was equal and the task's seconds."""
     from kiln.runtime import load_module
 
+    start = time.perf_counter()
     inputs = kernel_inputs(spec)
     with tempfile.TemporaryDirectory(prefix="kiln-measure-") as tmp:
         fns = []
@@ -203,7 +226,8 @@ def measure_kernel(spec: KernelSpec, libraries: Sequence[bytes], warmup: int = W
                     fn(*inputs)
                     best = min(best, time.perf_counter() - t0)
                 times[i].append(best * 1e6)
-    return {"times_us": times, "equal": equal, "node": task_node()}
+    return {"times_us": times, "equal": equal, "node": task_node(),
+            "seconds": time.perf_counter() - start}
 
 
 @dataclass(eq=False)
@@ -237,6 +261,7 @@ class TuneReport:
     builds_on: set[str]
     measured_on: set[str]
     seconds: float
+    profile: dict[str, float] = field(default_factory=dict)
 
 
 Build = Callable[[Sequence[tuple[Any, ...]]], list[TaskOutcome]]
@@ -262,8 +287,10 @@ def tune(specs: Sequence[KernelSpec], target: Any, budget_s: float, *,
     spec_text = str(tgt)
     runner = executor or InProcessExecutor()
     if build is None:
+        cpus = _cpus(runner)
+
         def build(args: Sequence[tuple[Any, ...]]) -> list[TaskOutcome]:
-            return runner.run(build_variant, args)
+            return _batched(runner, args, cpus)
     if measure is None:
         resource = measure_resource(tgt)
         where = runner.describe()
@@ -286,6 +313,9 @@ def tune(specs: Sequence[KernelSpec], target: Any, budget_s: float, *,
     discarded: list[str] = []
     builds_on: set[str] = set()
     measured_on: set[str] = set()
+    # where the wall time goes (seconds): the build and measurement phases, and the
+    # time their tasks report (the rest of a phase is Ray's scheduling and shipping)
+    profile = dict.fromkeys(("build", "build_tasks", "measure", "measure_tasks"), 0.0)
 
     def note(text: str) -> None:
         lines.append(text)
@@ -297,33 +327,40 @@ def tune(specs: Sequence[KernelSpec], target: Any, budget_s: float, *,
     # a round starts only when it should end within the budget (as long as the last one)
     while clock() - start + last <= budget_s:
         began = clock()
+        # the first round measures every kernel's default (its time ranks the kernels
+        # from then on) and candidates of the most frequent kernels
+        fresh = [st for st in states if st.default_lib is None and not st.failed]
         picks = _pick(states, size)
-        if not picks:
+        if not fresh and not picks:
             break
-        jobs: list[tuple[_State, Tile | None]] = [
-            (st, None) for st in dict.fromkeys(st for st, _ in picks) if st.default_lib is None]
-        jobs += [(st, tile) for st, tile in picks]
-        built = build([(st.spec, spec_text, tile) for st, tile in jobs])
-        libs: dict[int, list[tuple[Tile, bytes]]] = {}
-        for (st, tile), outcome in zip(jobs, built, strict=True):
+        jobs: list[tuple[_State, Params | None]] = [(st, None) for st in fresh]
+        jobs += picks
+        t0 = time.perf_counter()
+        built = build([(st.spec, spec_text, params) for st, params in jobs])
+        profile["build"] += time.perf_counter() - t0
+        libs: dict[int, list[tuple[Params, bytes]]] = {}
+        for (st, params), outcome in zip(jobs, built, strict=True):
             if outcome.ok and outcome.value.get("kiln", version) != version:
                 outcome = TaskOutcome(error=f"the node runs kiln {outcome.value['kiln']}, "
                                             f"this machine {version}: install one version")
             if not outcome.ok:
-                what = "default" if tile is None else f"tile {list(tile)}"
-                st.failed = st.failed or tile is None
+                what = "default" if params is None else show(params)
+                st.failed = st.failed or params is None
                 discarded.append(f"{st.spec.label} {what}: build failed: {outcome.error}")
                 note(f"  discarded {discarded[-1]}")
                 continue
             builds_on.add(outcome.value["node"])
-            if tile is None:
+            profile["build_tasks"] += float(outcome.value.get("seconds", 0.0))
+            if params is None:
                 st.default_lib = outcome.value["data"]
             else:
-                libs.setdefault(id(st), []).append((tile, outcome.value["data"]))
-        rounds = [(st, libs.get(id(st), [])) for st in dict.fromkeys(st for st, _ in picks)
+                libs.setdefault(id(st), []).append((params, outcome.value["data"]))
+        rounds = [(st, libs.get(id(st), [])) for st in dict.fromkeys(st for st, _ in jobs)
                   if st.default_lib is not None]
+        t0 = time.perf_counter()
         results = measure([(st.spec, [st.default_lib, *(d for _, d in cands)], warmup,
                             repeats, threads) for st, cands in rounds])
+        profile["measure"] += time.perf_counter() - t0
         for (st, cands), outcome in zip(rounds, results, strict=True):
             if not outcome.ok:
                 discarded.append(f"{st.spec.label}: measurement failed: {outcome.error}")
@@ -331,39 +368,65 @@ def tune(specs: Sequence[KernelSpec], target: Any, budget_s: float, *,
                 continue
             value = outcome.value
             measured_on.add(value["node"])
+            profile["measure_tasks"] += float(value.get("seconds", 0.0))
             st.default_times += value["times_us"][0]
-            for (tile, _), times, eq in zip(cands, value["times_us"][1:], value["equal"][1:],
-                                            strict=True):
-                st.measured.append(Measurement({"tile": list(tile)}, tuple(times), eq))
+            for (params, _), times, eq in zip(cands, value["times_us"][1:],
+                                              value["equal"][1:], strict=True):
+                st.measured.append(Measurement(dict(params), tuple(times), eq))
                 measured += 1
                 if not eq:
-                    discarded.append(f"{st.spec.label} tile {list(tile)}: result differs "
+                    discarded.append(f"{st.spec.label} {show(params)}: result differs "
                                      "from the default's")
                     note(f"  discarded {discarded[-1]}")
         last = clock() - began
-        note(f"round: {len(picks)} candidate(s), {measured} measured, "
-             f"{clock() - start:.0f} s of {budget_s:.0f} s")
+        note(f"round: {len(fresh)} default(s), {len(picks)} candidate(s), {measured} "
+             f"measured, {clock() - start:.0f} s of {budget_s:.0f} s")
     key = target_key(_isa(tgt))
     db = TuningDatabase(
         Record(st.spec.family, st.spec.signature, key,
-               Measurement({"tile": list(st.spec.default)}, tuple(st.default_times)),
-               st.measured)
+               Measurement(dict(st.spec.default), tuple(st.default_times)), st.measured)
         for st in states if st.default_times)
     for r in db.records():
         if r.chosen is not None:
             base = float(np.median(r.default.times_us))
             best = next(c for c in r.candidates if c.params == r.chosen)
-            note(f"  {r.kernel} {r.signature}: tile {r.chosen['tile']} "
+            note(f"  {r.kernel} {r.signature}: {show(r.chosen)} "
                  f"{base / float(np.median(best.times_us)):.2f}x the default's "
-                 f"{r.default.params['tile']}")
+                 f"{show(r.default.params)}")
+    wall = clock() - start
+    note(f"time: builds {profile['build']:.1f} s wall ({profile['build_tasks']:.1f} s in "
+         f"tasks), measurements {profile['measure']:.1f} s wall "
+         f"({profile['measure_tasks']:.1f} s in tasks)")
     return TuneReport(db, lines, len(specs), measured, discarded, builds_on, measured_on,
-                      clock() - start)
+                      wall, profile)
 
 
-def _pick(states: Sequence[_State], size: int) -> list[tuple[_State, Tile]]:
+def show(params: Mapping[str, Any]) -> str:
+    """`params` as compact JSON, for logs."""
+    return json.dumps(dict(params), sort_keys=True, separators=(",", ":"))
+
+
+def _batched(runner: Executor, jobs: Sequence[tuple[Any, ...]], tasks: int
+             ) -> list[TaskOutcome]:
+    """`build_variants` over `jobs` in at most `tasks` tasks of consecutive jobs (the
+    variants of one kernel share a task: its weights ship once); an outcome per job."""
+    per = -(-len(jobs) // max(1, tasks)) if jobs else 1
+    chunks = [list(jobs[i:i + per]) for i in range(0, len(jobs), per)]
+    out: list[TaskOutcome] = []
+    for chunk, outcome in zip(chunks, runner.run(build_variants, [(c,) for c in chunks]),
+                              strict=True):
+        if not outcome.ok:
+            out += [TaskOutcome(error=outcome.error)] * len(chunk)
+            continue
+        out += [TaskOutcome(error=v["error"]) if "error" in v else TaskOutcome(v)
+                for v in outcome.value]
+    return out
+
+
+def _pick(states: Sequence[_State], size: int) -> list[tuple[_State, Params]]:
     """The next `size` untried candidates, each from the kernel of the largest score
     (ties: the first kernel)."""
-    picks: list[tuple[_State, Tile]] = []
+    picks: list[tuple[_State, Params]] = []
     while len(picks) < size:
         open_ = [st for st in states if not st.failed and st.tried < len(st.spec.candidates)]
         if not open_:

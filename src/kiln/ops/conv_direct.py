@@ -228,9 +228,10 @@ class DirectConvOp(HandBuiltOp):
         """The convolution kernel (see `HandBuiltOp.lower_fused`)."""
         if any(t.dtype != "float32" for t in (args[0], args[1], *params)):
             return None
-        from kiln.ops.kernels.registry import family_of
+        from kiln.ops.kernels.registry import build_call, family_of
 
-        return family_of(self.name).build(params, args, attrs, anchor, result, isa_for(None))
+        return build_call(family_of(self.name), params, args, attrs, anchor, result,
+                          isa_for(None))
 
 
 def _register(name: str, infer: Any, compute: Any, reference: Any) -> None:

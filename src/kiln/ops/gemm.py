@@ -101,9 +101,10 @@ class GemmOp(HandBuiltOp):
         """The GEMM kernel (see `HandBuiltOp.lower_fused`)."""
         if any(t.dtype != "float32" for t in (args[0], args[1], *params)):
             return None
-        from kiln.ops.kernels.registry import family_of
+        from kiln.ops.kernels.registry import build_call, family_of
 
-        return family_of(self.name).build(params, args, attrs, anchor, result, isa_for(None))
+        return build_call(family_of(self.name), params, args, attrs, anchor, result,
+                          isa_for(None))
 
 
 OPS.register(PACKED, GemmOp(PACKED, "anchor", _packed_infer, _packed_compute, _packed_ref))

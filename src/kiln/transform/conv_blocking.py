@@ -18,7 +18,7 @@ and float32 operands becomes
 
 The choice is kiln.ops.kernels.registry's (`select`, over the ISA of the current
 target); each rewritten call records its register tile in its `tile` attribute: the
-rule's, or a tuning database's (kiln.tuning.apply).
+rule's, or a tuning database's (kiln.ops.kernels.search).
 
 The kernels themselves are in kiln.ops.conv_kernels; docs/performance.md,
 "Convolution", describes them. The pass runs after fold-batchnorm (which
@@ -55,9 +55,9 @@ class BlockConvolutions(FunctionPass):
     def run_on_function(self, func: Any, name: str, mod: IRModule) -> g.Function:
         assert isinstance(func, g.Function)
         from kiln.ops.kernels.registry import select
+        from kiln.ops.kernels.search import pack
         from kiln.ops.kernels.tiles import with_lanes
         from kiln.target.isa import isa_for
-        from kiln.tuning.apply import pack
 
         isa = isa_for(None)
         if self.lanes:

@@ -53,7 +53,7 @@ class BlockMatmuls(FunctionPass):
 
 def _rewrite(call: g.Call, isa: Any) -> g.Call | None:
     from kiln.ops.kernels.registry import select
-    from kiln.tuning.apply import pack
+    from kiln.ops.kernels.search import pack
 
     family = select(call, isa) if call.op == "matmul" else None
     return pack(family, call, isa) if family is not None else None

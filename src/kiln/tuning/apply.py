@@ -1,13 +1,14 @@
-"""Tuning at compile time: the blocking passes pack each kernel call through `pack`.
+"""Tuning at compile time: the blocking passes pack each kernel call through
+`kiln.ops.kernels.search.pack`, which asks the current session (`current()`) for the
+call's params (`Session.params_for`): None is the rule's variant, else a dict such as
+`{"tile": [6, 32]}`, `{"tile": [8, 32], "split": "inner"}` or
+`{"family": "conv_gemm", "tile": [8, 32]}` (kiln.ops.kernels.search). Inside
+`using(session)`:
 
-Without a tuning session `pack(family, call, isa)` is the family's own `pack` (the
-rule's tile). Inside `using(session)` the session decides:
-
-- `FromDatabase`: the tile a database chose for the call's (kernel, signature,
-  target), else the rule's; it counts what it applied (the library metadata says so);
-- `Recorder`: the rule's tile, remembering every tunable call (what `kiln tune`
-  measures);
-- `Forced`: one given tile for every call of one family (a candidate's build).
+- `FromDatabase`: the params a database chose for the call's (kernel, signature,
+  target), else None; it counts what it applied (the library metadata says so);
+- `Recorder`: None, remembering every tunable call (what `kiln tune` measures);
+- `Forced`: given params for every call of one family (a candidate's build).
 
 A kernel's signature is its source call's: the op, the operand types (a constant as
 `const` plus its shape) and the attributes, so equal calls in one model or in two
@@ -57,58 +58,57 @@ def tunable(family: Any) -> bool:
 
 
 class Session:
-    """What a tuning session does with one call (the base: the rule's tile)."""
+    """What a tuning session does with one call (the base: the rule's variant)."""
 
-    def pack(self, family: Any, call: g.Call, isa: ISA) -> g.Call:
-        """`call` packed by `family`."""
-        return family.pack(call, isa)
+    def params_for(self, family: Any, call: g.Call, isa: ISA) -> dict[str, Any] | None:
+        """The params `call` is packed with by `family` (None: the rule's)."""
+        return None
 
 
 @dataclass
 class FromDatabase(Session):
-    """Tiles from a database for the records of this target; `applied` counts them."""
+    """Params from a database for the records of this target; `applied` counts them."""
 
     db: TuningDatabase
-    applied: dict[str, list[int]] = field(default_factory=dict)
+    applied: dict[str, dict[str, Any]] = field(default_factory=dict)
 
-    def pack(self, family: Any, call: g.Call, isa: ISA) -> g.Call:
+    def params_for(self, family: Any, call: g.Call, isa: ISA) -> dict[str, Any] | None:
         params = self.db.lookup(family.name, signature(call), target_key(isa)) \
             if tunable(family) else None
-        tile = params.get("tile") if params else None
-        if tile is None:
-            return family.pack(call, isa)
-        self.applied[f"{family.name} {signature(call)}"] = list(tile)
-        return family.pack_tile(call, isa, tuple(tile))
+        if not params:
+            return None
+        self.applied[f"{family.name} {signature(call)}"] = dict(params)
+        return dict(params)
 
 
 @dataclass
 class Recorder(Session):
-    """The rule's tiles; every tunable call seen, by (family, signature)."""
+    """The rule's variants; every tunable call seen, by (family, signature)."""
 
     calls: dict[tuple[str, str], tuple[Any, g.Call, ISA]] = field(default_factory=dict)
     counts: dict[tuple[str, str], int] = field(default_factory=dict)
 
-    def pack(self, family: Any, call: g.Call, isa: ISA) -> g.Call:
+    def params_for(self, family: Any, call: g.Call, isa: ISA) -> dict[str, Any] | None:
         if tunable(family):
             key = (family.name, signature(call))
             self.calls.setdefault(key, (family, call, isa))
             self.counts[key] = self.counts.get(key, 0) + 1
-        return family.pack(call, isa)
+        return None
 
 
 @dataclass
 class Forced(Session):
-    """`tile` for every call of the family named `family` (None: the rule's)."""
+    """`params` for every call of the family named `family` (None: the rule's)."""
 
     family: str
-    tile: tuple[int, ...] | None
+    params: dict[str, Any] | None
     seen: int = 0
 
-    def pack(self, family: Any, call: g.Call, isa: ISA) -> g.Call:
-        if family.name != self.family or self.tile is None:
-            return family.pack(call, isa)
+    def params_for(self, family: Any, call: g.Call, isa: ISA) -> dict[str, Any] | None:
+        if family.name != self.family or self.params is None:
+            return None
         self.seen += 1
-        return family.pack_tile(call, isa, self.tile)
+        return self.params
 
 
 _SESSION: ContextVar[Session | None] = ContextVar("kiln_tuning_session", default=None)
@@ -124,7 +124,6 @@ def using(session: Session | None) -> Iterator[Session | None]:
         _SESSION.reset(token)
 
 
-def pack(family: Any, call: g.Call, isa: ISA) -> g.Call:
-    """`call` packed by `family`, with the current session's tile when one is active."""
-    session = _SESSION.get()
-    return family.pack(call, isa) if session is None else session.pack(family, call, isa)
+def current() -> Session | None:
+    """The active session (None: no tuning)."""
+    return _SESSION.get()

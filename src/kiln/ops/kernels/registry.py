@@ -19,11 +19,13 @@ from typing import Any, Protocol, runtime_checkable
 from kiln._registry import Registry, RegistryError
 from kiln.ir import graph as g
 from kiln.ir.tensor import PrimFunc
-from kiln.ops.kernels.tiles import tile_registers
+from kiln.ops.kernels.tiles import PARALLEL_SPLITS, parallel_split, tile_registers
 from kiln.target.isa import ISA
 
 #: The attribute a packed call records its register tile in.
 TILE = "tile"
+#: The attribute a tuned call records its parallel split in (kiln.ops.kernels.tiles).
+SPLIT = "split"
 
 
 class KernelFamily(Protocol):
@@ -106,6 +108,21 @@ def family_of(op: str) -> KernelFamily:
         if family.op == op:
             return family
     raise RegistryError(f"no kernel family lowers '{op}'")
+
+
+def build_call(family: KernelFamily, params: Sequence[Any], args: Sequence[Any],
+               attrs: Mapping[str, Any], anchor: Any, result: Any, isa: ISA
+               ) -> PrimFunc | None:
+    """`family.build(...)` with the parallel split the call records (its `split`
+    attribute, set by tuning; absent: the rule's)."""
+    from kiln.errors import IRError
+
+    split = attrs.get(SPLIT)
+    if split is not None and split not in PARALLEL_SPLITS:
+        raise IRError(f"{family.op}: attribute 'split' must be one of "
+                      f"{', '.join(PARALLEL_SPLITS)}, got {split!r}")
+    with parallel_split(split):
+        return family.build(params, args, attrs, anchor, result, isa)
 
 
 def recorded_tile(attrs: Mapping[str, Any], size: int, what: str) -> tuple[int, ...] | None:

@@ -7,7 +7,9 @@ so a change of policy (when to go parallel, how tile lanes are spelled) is made 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import contextlib
+from collections.abc import Callable, Iterator, Sequence
+from contextvars import ContextVar
 from dataclasses import replace
 
 from kiln.ir.dtype import INDEX_DTYPE
@@ -35,6 +37,28 @@ PARALLEL_MIN_MADDS = 1 << 16
 #: times their operations per element (a launch costs a few microseconds, a row
 #: element a few nanoseconds).
 ROW_PARALLEL_MIN_WORK = 1 << 15
+
+#: How a kernel's parallel tile loop is split over threads (a tuning knob, kiln.tuning;
+#: the call's `split` attribute): "serial" runs it on one thread; "outer" splits the
+#: flattened tile index with the last tile dimension fastest (the rule's order: a
+#: thread's chunk spans few output channel blocks / B panels); "inner" with the first
+#: tile dimension after the batch fastest (a chunk spans few positions / rows). Both
+#: parallel ones go parallel whatever the work (no threshold). Every order visits each
+#: tile once, so every split computes the same values.
+PARALLEL_SPLITS = ("serial", "outer", "inner")
+_SPLIT: ContextVar[str | None] = ContextVar("kiln_parallel_split", default=None)
+
+
+@contextlib.contextmanager
+def parallel_split(split: str | None) -> Iterator[None]:
+    """Build kernels inside with the parallel `split` (one of PARALLEL_SPLITS; None:
+    the rule's: parallel above the work threshold, "outer" order)."""
+    token = _SPLIT.set(split)
+    try:
+        yield
+    finally:
+        _SPLIT.reset(token)
+
 
 # A target without vector registers still gets tiles this many float32 values wide
 # (independent accumulator chains for the scalar pipes) and a 16-register budget.
@@ -105,6 +129,25 @@ def parallel_tiles(extents: Sequence[int], body: Callable[..., Stmt]) -> Stmt:
     for e in extents:
         total *= e
     t = Var("tile", INDEX_DTYPE)
+    split = _SPLIT.get()
+    values = _unflatten(t, extents) if split != "inner" else _unflatten_inner(t, extents)
+    idx: list[PrimExpr] = []
+    lets: list[Stmt] = []
+    for k, v in enumerate(values):
+        if isinstance(v, (Const, Var)):
+            idx.append(v)
+        else:
+            var = Var(f"i{k}", INDEX_DTYPE)
+            lets.append(LetStmt(var, v))
+            idx.append(var)
+    # a symbolic extent (a dim scalar) counts as more than one tile
+    kind = "parallel" if (not isinstance(total, int) or total > 1) and split != "serial" \
+        else "serial"
+    return For(t, const(0), as_expr(total, INDEX_DTYPE), kind, seq(*lets, body(*idx)))
+
+
+def _unflatten(t: Var, extents: Sequence[int]) -> list[PrimExpr]:
+    """The tile indices of flat index `t`, the last dimension fastest."""
     values: list[PrimExpr] = []
     rest: PrimExpr = t
     for k in range(len(extents) - 1, -1, -1):
@@ -117,18 +160,26 @@ def parallel_tiles(extents: Sequence[int], body: Callable[..., Stmt]) -> Stmt:
             values.append(rest % e)
             rest = rest // e
     values.reverse()
-    idx: list[PrimExpr] = []
-    lets: list[Stmt] = []
-    for k, v in enumerate(values):
-        if isinstance(v, (Const, Var)):
-            idx.append(v)
+    return values
+
+
+def _unflatten_inner(t: Var, extents: Sequence[int]) -> list[PrimExpr]:
+    """The tile indices of flat index `t`, dimension 1 fastest, then 2, ..., the last,
+    and the batch (dimension 0, which may be symbolic) slowest."""
+    order = [*range(1, len(extents)), 0]
+    real = [k for k in order if not (isinstance(extents[k], int) and extents[k] == 1)]
+    values: dict[int, PrimExpr] = {}
+    rest: PrimExpr = t
+    for k in order:
+        e = extents[k]
+        if k not in real:
+            values[k] = const(0)
+        elif k == real[-1]:
+            values[k] = rest
         else:
-            var = Var(f"i{k}", INDEX_DTYPE)
-            lets.append(LetStmt(var, v))
-            idx.append(var)
-    # a symbolic extent (a dim scalar) counts as more than one tile
-    kind = "parallel" if not isinstance(total, int) or total > 1 else "serial"
-    return For(t, const(0), as_expr(total, INDEX_DTYPE), kind, seq(*lets, body(*idx)))
+            values[k] = rest % e
+            rest = rest // e
+    return [values[k] for k in range(len(extents))]
 
 
 def parallel_when(build: Callable[[], Stmt], work: int | PrimExpr,
@@ -139,8 +190,8 @@ def parallel_when(build: Callable[[], Stmt], work: int | PrimExpr,
     since a launch costs more than a small loop gains. (Built twice, not copied: each
     copy binds its own variables and buffers.)"""
     built = build()
-    if not isinstance(built, For) or built.kind != "parallel":
-        return built
+    if not isinstance(built, For) or built.kind != "parallel" or _SPLIT.get() is not None:
+        return built  # a tuned split goes parallel (or not) whatever the work
     if isinstance(work, int):
         return built if work >= threshold else For(built.var, built.start, built.extent,
                                                     "serial", built.body)

@@ -1,0 +1,135 @@
+"""The search space kiln.tuning measures for one kernel call, as params:
+
+- `{"tile": [...]}`: the family's register tile (its `candidates`);
+- `{"tile": [...], "split": S}`: the rule's tile with the parallel split S
+  (kiln.ops.kernels.tiles.PARALLEL_SPLITS: one thread, or the tile loop split over
+  threads in the other order, or parallel below the work threshold);
+- `{"family": F, "tile": [...]}`: another convolution algorithm F (`conv_direct`,
+  `conv_rows`, `conv_gemm`) with its rule's tile, where F computes the call
+  (`computes`).
+
+Every variant is legal by construction: tiles come from the ISA object (the families'
+`candidates`), a split only reorders independent tiles, and an algorithm is offered
+only for the calls its kernel computes. `variants` lists them most promising first
+(splits and algorithms, then tiles nearest the rule's), the order `kiln tune` tries
+them in; `pack_params` packs a call with one (what a tuned compile does).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any, cast
+
+from kiln.errors import UsageError
+from kiln.ir import graph as g
+from kiln.ir.types import TensorType
+from kiln.ops.kernels.registry import KERNELS, SPLIT, TILE, KernelFamily
+from kiln.ops.kernels.tiles import PARALLEL_MIN_MADDS, PARALLEL_SPLITS, tile_lanes
+from kiln.target.isa import ISA
+
+#: The convolution families an ungrouped or grouped float32 `conv2d` may take.
+CONV_ALGORITHMS = ("conv_direct", "conv_rows", "conv_gemm")
+#: Families whose parallel loop is a tile loop the split reorders (the depthwise
+#: kernel's rows are split by the `parallelize` pass instead).
+SPLIT_FAMILIES = ("gemm", "gemm_tiled", "conv_direct", "conv_rows", "conv_gemm")
+
+Params = dict[str, Any]
+
+
+def computes(name: str, call: g.Call, isa: ISA) -> bool:
+    """Whether the convolution family `name` computes `call` (not: whether its rule
+    picks it): the blocked kernel any float32 conv the families take, the GEMM one any
+    ungrouped one, the row-tiled one an ungrouped one with rows of at least a vector."""
+    from kiln.ops.kernels.conv import conv_call_shape
+
+    shape = conv_call_shape(call)
+    if shape is None or name not in CONV_ALGORITHMS:
+        return False
+    if name == "conv_direct":
+        return True
+    if shape.groups != 1:
+        return False
+    return name == "conv_gemm" or shape.out_w >= tile_lanes(isa)
+
+
+def default_params(family: KernelFamily, call: g.Call, isa: ISA) -> Params:
+    """The rule's variant: its tile."""
+    tile = family.pack(call, isa).attrs[TILE]
+    assert isinstance(tile, tuple)
+    return {"tile": list(tile)}
+
+
+def _work(family: KernelFamily, call: g.Call) -> int | None:
+    """Multiply-adds of a call whose kernel goes parallel only above the work
+    threshold (the GEMM families), None for the others (always parallel)."""
+    if family.name == "conv_gemm":
+        from kiln.ops.kernels.conv import conv_call_shape
+
+        s = conv_call_shape(call)
+        assert s is not None
+        n = s.n if isinstance(s.n, int) else 1
+        return n * s.c_out * s.ci_group * s.kh * s.kw * s.out_h * s.out_w
+    if family.name in ("gemm", "gemm_tiled"):
+        from kiln.ops.nn import b_shape
+
+        a, b = (x.type for x in call.args)
+        assert isinstance(a, TensorType) and isinstance(b, TensorType)
+        work = int(b_shape(cast(Sequence[int], b.shape), call.attrs)[-1])  # N
+        for d in a.shape:  # batch x M x K (a symbolic size counts as 1)
+            work *= d if isinstance(d, int) else 1
+        return work
+    return None
+
+
+def variants(family: KernelFamily, call: g.Call, isa: ISA) -> list[Params]:
+    """The legal variants of `call` other than the rule's (`default_params`), most
+    promising first (see the module docstring)."""
+    rule = default_params(family, call, isa)
+    out: list[Params] = []
+    if family.name in SPLIT_FAMILIES:
+        work = _work(family, call)
+        rule_split = "serial" if work is not None and work < PARALLEL_MIN_MADDS else "outer"
+        out += [{**rule, SPLIT: s} for s in PARALLEL_SPLITS if s != rule_split]
+    if call.op == "conv2d":
+        for name in CONV_ALGORITHMS:
+            other = KERNELS.get(name)
+            if name != family.name and computes(name, call, isa):
+                out.append({"family": name, **default_params(other, call, isa)})
+    candidates = getattr(family, "candidates", None)
+    if callable(candidates):
+        out += [{"tile": list(t)} for t in candidates(call, isa)]
+    return out
+
+
+def pack_params(family: KernelFamily, call: g.Call, isa: ISA, params: Mapping[str, Any]
+                ) -> g.Call:
+    """`call` packed as `params` says: by `params["family"]` (default: `family`), with its
+    tile and, when given, the parallel split recorded in the `split` attribute."""
+    name = params.get("family", family.name)
+    if name != family.name and not computes(name, call, isa):
+        raise UsageError(f"the {name!r} kernel does not compute {call.op} calls like this "
+                         f"one (the {family.name!r} family's)")
+    split = params.get("split")
+    if split is not None and (split not in PARALLEL_SPLITS or name not in SPLIT_FAMILIES):
+        raise UsageError(f"split {split!r} is not one of the {name!r} kernel's "
+                         f"({', '.join(PARALLEL_SPLITS) if name in SPLIT_FAMILIES else 'none'})")
+    chosen = KERNELS.get(name) if name != family.name else family
+    tile = params.get("tile")
+    pack_tile = getattr(chosen, "pack_tile", None)
+    packed = pack_tile(call, isa, tuple(tile)) if tile is not None and callable(pack_tile) \
+        else chosen.pack(call, isa)
+    if split is None:
+        return packed
+    return g.Call(packed.op, packed.args, g.freeze_attrs({**packed.attrs, SPLIT: split}),
+                  packed.ret_type)
+
+
+def pack(family: KernelFamily, call: g.Call, isa: ISA) -> g.Call:
+    """`call` packed by `family` as the current tuning session says (kiln.tuning.apply;
+    no session, or no params for the call: the rule's `pack`)."""
+    from kiln.tuning.apply import current
+
+    session = current()
+    params = session.params_for(family, call, isa) if session is not None else None
+    return family.pack(call, isa) if params is None else pack_params(family, call, isa,
+                                                                     params)
