@@ -73,13 +73,17 @@ def _tile(lanes: int, rows: int = 3) -> IRModule:
     return ib.get()
 
 
-@pytest.mark.parametrize("lanes", [8, 7, 16, 2])
+@pytest.mark.parametrize("lanes", [8, 7, 16, 2, 48])
 def test_register_tile_becomes_vector_code(lanes: int) -> None:
+    """A lane count that is not a power of two runs as power-of-two pieces (48: 32 + 16;
+    7: 4 + 2 + 1): LLVM keeps a `<48 x float>` tile in memory, padded to 64 lanes."""
     x = RNG.standard_normal((5, 3)).astype(np.float32)
     w = RNG.standard_normal((5, lanes)).astype(np.float32)
     y = np.zeros((3, lanes), np.float32)
     (_, _, got), text = _run(_tile(lanes), "tile", x, w, y)
-    assert f"<{lanes} x float>" in text
+    pieces = [1 << b for b in range(lanes.bit_length()) if lanes >> b & 1 and b]
+    assert all(f"<{p} x float>" in text for p in pieces)
+    assert (f"<{lanes} x float>" in text) == (pieces == [lanes])
     want = np.abs(np.einsum("kr,kv->rv", x.astype(np.float64), w.astype(np.float64)))
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
 
@@ -232,7 +236,7 @@ C_CASES = {
     "tile8": (_tile(8), 256, "tile", _tile_args(8)),
     "tile7": (_tile(7), 256, "tile", _tile_args(7)),
     "tile2": (_tile(2), 256, "tile", _tile_args(2)),
-    "tile40": (_tile(40), 128, "tile", _tile_args(40)),
+    "tile72": (_tile(72), 128, "tile", _tile_args(72)),
     "minmax": (_min_max(), 256, "mm", [NAN_A, NAN_B, np.zeros(8, np.float32),
                                         np.zeros(8, np.float32)]),
     "f64": (_float64_lanes(), 256, "f64", [RNG.standard_normal(6), np.array([1.5]),
@@ -267,12 +271,13 @@ def test_c_vector_code_agrees_with_the_interpreter(case: str,
 
 def test_c_vector_loops_print_register_chunks(c_libs: dict[str, CLibrary]) -> None:
     """The C form uses the recorded register width: 8 float lanes at 256 bits, 4 at 128
-    (with a C loop over the chunks of a long loop), 4 doubles at 256."""
+    (with a C loop over the chunks of a long loop: 72 lanes are pieces of 64 and 8), 4
+    doubles at 256."""
     assert "kiln_f32x8 load" in c_libs["kiln_tile8_"].source("kernels.c")
     seven = c_libs["kiln_tile7_"].source("kernels.c")
     assert "kiln_f32x4 load" in seven and "kiln_f32x2 load" in seven
-    assert "for (int64_t lane = 0; lane < 40; lane += 4)" in c_libs[
-        "kiln_tile40_"].source("kernels.c")
+    assert "for (int64_t lane = 0; lane < 64; lane += 4)" in c_libs[
+        "kiln_tile72_"].source("kernels.c")
     assert "kiln_f64x4" in c_libs["kiln_f64_"].source("kernels.c")
 
 
