@@ -9,12 +9,14 @@ integer shifts and selects (onnxruntime's MLAS computes its `MlasComputeExp`,
 
 - exp: `x = n ln2 + r`, `|r| <= ln2/2` (Cody-Waite: ln2 in two parts, so
   `n ln2` is exact), Cephes' degree-7 polynomial for `exp(r)`, times `2^n`.
-  The IR has no bit casts, so `2^n` is not put into the exponent field: with
-  `n = 16q + s` (`0 <= s < 16`), `2^s` is the integer `1 << s` converted to
-  float32 and `2^(8q)` is `float32(1 << (q + 10)) * 2^-10` squared three
-  times; `exp(r) * 2^s * 2^(8q) * 2^(8q)` rounds once, at the last product,
-  so results in float32's subnormal range and overflow to `inf` come out as
-  libm's do.
+  `n` is rounded by adding `1.5 * 2^23` to `x log2(e)` (the sum's last bits are
+  `n`: no float-to-int conversion), and `2^n` is built in the exponent field
+  through a bit cast (`reinterpret`): the sum's bits shifted left by 23 are
+  `n << 23`. Clamped to the normal exponents that is `2^m`; the rest, `n - m`
+  (non-zero only for results near overflow or below float32's normal range),
+  is a second factor `2^(n-m)`, so `(exp(r) 2^m) 2^(n-m)` rounds once, at the
+  last product, and subnormal results and overflow to `inf` come out as
+  libm's do (onnxruntime's MLAS `MlasComputeExp` scales the same way).
 - tanh: Cephes' odd polynomial below 0.625, `1 - 2 / (exp(2|x|) + 1)` above.
 - sigmoid: `e = exp(-|x|)`, then `1 / (1 + e)` or `e / (1 + e)` by the sign,
   so tiny results for very negative inputs keep their precision.
@@ -41,7 +43,9 @@ from kiln.ir.tensor import (
     Const,
     PrimExpr,
     intrin,
+    max_,
     min_,
+    reinterpret,
     select,
 )
 
@@ -54,8 +58,14 @@ _LOG2E, _LN2_HI, _LN2_LO = 1.44269504088896341, 0.693359375, -2.12194440e-4
 _EXP_P = (1.9875691500e-4, 1.3981999507e-3, 8.3334519073e-3, 4.1665795894e-2,
           1.6666665459e-1, 5.0000001201e-1)
 # exp(x) is 0 in float32 below -103.98 (under half the smallest subnormal) and inf above
-# 88.73; clamping to these keeps n within [-150, 128] and the conversions exact.
+# 88.73; clamping to these keeps n within [-150, 128].
 _EXP_LO, _EXP_HI = -104.0, 88.75
+# x log2(e) + 1.5 * 2^23 lies in [2^23, 2^24), where float32's spacing is 1: the sum is
+# rounded to an integer n (ties to even), held in the low bits as _ROUNDER's bits + n.
+_ROUNDER, _ROUNDER_BITS = 12582912.0, 0x4B400000
+# 2^m for the normal exponents m in [-126, 127]: bits (m + 127) << 23; the field values
+# of m = 127 and m = -126, less the bias (the bounds `n << 23` is clamped to).
+_ONE_BITS, _EXP_FIELD_MAX, _EXP_FIELD_MIN = 127 << 23, 127 << 23, -126 << 23
 # tanh(x) = x + x^3 P(x^2) for |x| < 0.625 (Cephes' tanhf).
 _TANH_P = (-5.70498872745e-3, 2.06390887954e-2, -5.37397155531e-2, 1.33314422036e-1,
            -3.33332819422e-1)
@@ -112,16 +122,17 @@ def exp_f32(x: PrimExpr, *, fused: bool = False, nonpositive: bool = False,
     # NaN fails the comparison, so it is clamped too (it must not reach the conversion)
     low = select(x >= _f(_EXP_LO), x, _f(_EXP_LO))
     xc = bind(low if nonpositive else min_(low, _f(_EXP_HI)))
-    n = bind(intrin("floor", _mul_add(xc, _f(_LOG2E), _f(0.5), fused)))
+    rounded = bind(reinterpret(_mul_add(xc, _f(_LOG2E), _f(_ROUNDER), fused), I32))
+    # n from the integer bits, not as `sum - _ROUNDER`: a fast-math build may reassociate
+    # that float subtraction away (x log2(e) + R - R = x log2(e)); through the bits it can't
+    n = bind(Cast(F32, rounded - _i(_ROUNDER_BITS)))
     r = bind(_mul_add(n, _f(-_LN2_LO), _mul_add(n, _f(-_LN2_HI), xc, fused), fused))
     e_r = _mul_add(_horner(r, _EXP_P, fused), r * r, r + _f(1.0), fused)
-    ni = bind(Cast(I32, n))
-    two_s = Cast(F32, _i(1) << (ni & _i(15)))  # 2^s, s = n mod 16
-    two_q = bind(Cast(F32, _i(1) << ((ni >> _i(4)) + _i(10))) * _f(2.0 ** -10))  # q in [-10, 8]
-    two_2q = bind(two_q * two_q)
-    two_4q = bind(two_2q * two_2q)
-    two_8q = bind(two_4q * two_4q)
-    y = ((e_r * two_s) * two_8q) * two_8q  # the last product rounds (subnormal or inf)
+    field = bind(rounded << _i(23))  # n << 23: _ROUNDER's bits shift out
+    normal = bind(max_(min_(field, _i(_EXP_FIELD_MAX)), _i(_EXP_FIELD_MIN)))
+    two_m = reinterpret(normal + _i(_ONE_BITS), F32)
+    two_rest = reinterpret(field - normal + _i(_ONE_BITS), F32)  # 2^(n - m), n - m in [-24, 1]
+    y = (e_r * two_m) * two_rest  # the last product rounds (subnormal or inf)
     return select(intrin("isnan", x), x, y)
 
 
