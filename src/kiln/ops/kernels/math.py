@@ -17,7 +17,9 @@ integer shifts and selects (onnxruntime's MLAS computes its `MlasComputeExp`,
   is a second factor `2^(n-m)`, so `(exp(r) 2^m) 2^(n-m)` rounds once, at the
   last product, and subnormal results and overflow to `inf` come out as
   libm's do (onnxruntime's MLAS `MlasComputeExp` scales the same way).
-- tanh: Cephes' odd polynomial below 0.625, `1 - 2 / (exp(2|x|) + 1)` above.
+- tanh: of `|x|`, Cephes' odd polynomial below 0.625, `1 - 2 / (exp(2|x|) + 1)`
+  above (`|x|` clamped to 9, where float32's tanh is 1: one `2^n` factor, no
+  overflow), then `x`'s sign bit put on it (a bit cast: `-0.0` stays `-0.0`).
 - sigmoid: `e = exp(-|x|)`, then `1 / (1 + e)` or `e / (1 + e)` by the sign,
   so tiny results for very negative inputs keep their precision.
 - erf: an odd polynomial below 0.92 (where MLAS's erf splits too), a
@@ -70,6 +72,9 @@ _ONE_BITS, _EXP_FIELD_MAX, _EXP_FIELD_MIN = 127 << 23, 127 << 23, -126 << 23
 _TANH_P = (-5.70498872745e-3, 2.06390887954e-2, -5.37397155531e-2, 1.33314422036e-1,
            -3.33332819422e-1)
 _TANH_SMALL = 0.625
+# tanh(x) rounds to 1 in float32 from 9.01 on (1 - tanh(9) < 2^-25)
+_TANH_ONE = 9.0
+_SIGN_BIT = -(1 << 31)  # int32 0x80000000
 # erf: x P(x^2) below _ERF_SPLIT (P's constant term less 1 here); from there to
 # _ERF_ONE a polynomial in |x| - _ERF_MID (erf is within 1.2e-9 of it); beyond
 # _ERF_ONE, float32's erf is +-1. Least-squares fits reweighted towards minimax
@@ -119,16 +124,10 @@ def exp_f32(x: PrimExpr, *, fused: bool = False, nonpositive: bool = False,
     `bind(e)` names a value used more than once (a let variable: without one, the
     expression is a DAG that every tree walk would copy out)."""
     x = bind(x)
-    # NaN fails the comparison, so it is clamped too (it must not reach the conversion)
+    # NaN fails the comparison, so it is clamped too (its bits must not become `n`)
     low = select(x >= _f(_EXP_LO), x, _f(_EXP_LO))
     xc = bind(low if nonpositive else min_(low, _f(_EXP_HI)))
-    rounded = bind(reinterpret(_mul_add(xc, _f(_LOG2E), _f(_ROUNDER), fused), I32))
-    # n from the integer bits, not as `sum - _ROUNDER`: a fast-math build may reassociate
-    # that float subtraction away (x log2(e) + R - R = x log2(e)); through the bits it can't
-    n = bind(Cast(F32, rounded - _i(_ROUNDER_BITS)))
-    r = bind(_mul_add(n, _f(-_LN2_LO), _mul_add(n, _f(-_LN2_HI), xc, fused), fused))
-    e_r = _mul_add(_horner(r, _EXP_P, fused), r * r, r + _f(1.0), fused)
-    field = bind(rounded << _i(23))  # n << 23: _ROUNDER's bits shift out
+    e_r, field = _exp_parts(xc, fused, bind)
     normal = bind(max_(min_(field, _i(_EXP_FIELD_MAX)), _i(_EXP_FIELD_MIN)))
     two_m = reinterpret(normal + _i(_ONE_BITS), F32)
     two_rest = reinterpret(field - normal + _i(_ONE_BITS), F32)  # 2^(n - m), n - m in [-24, 1]
@@ -136,17 +135,31 @@ def exp_f32(x: PrimExpr, *, fused: bool = False, nonpositive: bool = False,
     return select(intrin("isnan", x), x, y)
 
 
+def _exp_parts(x: PrimExpr, fused: bool, bind: Bind) -> tuple[PrimExpr, PrimExpr]:
+    """`exp(r)` and `n << 23` (int32) with `x = n ln2 + r`, for a finite `x` in
+    [_EXP_LO, _EXP_HI]."""
+    rounded = bind(reinterpret(_mul_add(x, _f(_LOG2E), _f(_ROUNDER), fused), I32))
+    # n from the integer bits, not as `sum - _ROUNDER`: a fast-math build may reassociate
+    # that float subtraction away (x log2(e) + R - R = x log2(e)); through the bits it can't
+    n = bind(Cast(F32, rounded - _i(_ROUNDER_BITS)))
+    r = bind(_mul_add(n, _f(-_LN2_LO), _mul_add(n, _f(-_LN2_HI), x, fused), fused))
+    e_r = _mul_add(_horner(r, _EXP_P, fused), r * r, r + _f(1.0), fused)
+    return e_r, rounded << _i(23)  # n << 23: _ROUNDER's bits shift out
+
+
 def tanh_f32(x: PrimExpr, *, fused: bool = False, bind: Bind = _inline) -> PrimExpr:
     """`tanh(x)` of a float32 `x` (see the module docstring; `bind` as for exp_f32)."""
     x = bind(x)
     ax = bind(intrin("abs", x))
-    z = bind(x * x)
-    small = _mul_add(x * z, _horner(z, _TANH_P, fused), x, fused)
-    e = exp_f32(ax + ax, fused=fused, bind=bind)
-    big = bind(_f(1.0) - _f(2.0) / (e + _f(1.0)))  # NaN stays NaN
-    signed = select(x < _f(0.0), -big, big)
-    # x itself below 2^-12 (tanh(x) rounds to x there), so that -0.0 stays -0.0
-    return select(ax < _f(2.0 ** -12), x, select(ax < _f(_TANH_SMALL), small, signed))
+    z = bind(ax * ax)
+    small = _mul_add(ax * z, _horner(z, _TANH_P, fused), ax, fused)
+    # 2|x| <= 2 _TANH_ONE: exp cannot overflow, 2^n is one factor
+    e_r, field = _exp_parts(bind(min_(ax, _f(_TANH_ONE)) * _f(2.0)), fused, bind)
+    e = e_r * reinterpret(field + _i(_ONE_BITS), F32)
+    y = select(ax < _f(_TANH_SMALL), small, _f(1.0) - _f(2.0) / (e + _f(1.0)))
+    # tanh(|x|) with the sign bit of x (so -0.0 stays -0.0)
+    signed = reinterpret(reinterpret(y, I32) | (reinterpret(x, I32) & _i(_SIGN_BIT)), F32)
+    return select(intrin("isnan", x), x, signed)
 
 
 def sigmoid_f32(x: PrimExpr, *, fused: bool = False, bind: Bind = _inline) -> PrimExpr:
