@@ -123,21 +123,21 @@ def exp_f32(x: PrimExpr, *, fused: bool = False, nonpositive: bool = False,
     knows `x <= 0` or NaN (softmax's `x - max`), so the upper clamp is left out.
     `bind(e)` names a value used more than once (a let variable: without one, the
     expression is a DAG that every tree walk would copy out)."""
+    # clamps that let NaN through (NaN fails both comparisons): its `n` is garbage, but
+    # `r = x - n ln2` is NaN, and so is the result (no select for it)
     x = bind(x)
-    # NaN fails the comparison, so it is clamped too (its bits must not become `n`)
-    low = select(x >= _f(_EXP_LO), x, _f(_EXP_LO))
-    xc = bind(low if nonpositive else min_(low, _f(_EXP_HI)))
+    high = x if nonpositive else bind(select(x > _f(_EXP_HI), _f(_EXP_HI), x))
+    xc = bind(select(high < _f(_EXP_LO), _f(_EXP_LO), high))
     e_r, field = _exp_parts(xc, fused, bind)
     normal = bind(max_(min_(field, _i(_EXP_FIELD_MAX)), _i(_EXP_FIELD_MIN)))
     two_m = reinterpret(normal + _i(_ONE_BITS), F32)
     two_rest = reinterpret(field - normal + _i(_ONE_BITS), F32)  # 2^(n - m), n - m in [-24, 1]
-    y = (e_r * two_m) * two_rest  # the last product rounds (subnormal or inf)
-    return select(intrin("isnan", x), x, y)
+    return (e_r * two_m) * two_rest  # the last product rounds (subnormal or inf)
 
 
 def _exp_parts(x: PrimExpr, fused: bool, bind: Bind) -> tuple[PrimExpr, PrimExpr]:
-    """`exp(r)` and `n << 23` (int32) with `x = n ln2 + r`, for a finite `x` in
-    [_EXP_LO, _EXP_HI]."""
+    """`exp(r)` and `n << 23` (int32) with `x = n ln2 + r`, for `x` in [_EXP_LO,
+    _EXP_HI] or NaN (then `exp(r)` is NaN)."""
     rounded = bind(reinterpret(_mul_add(x, _f(_LOG2E), _f(_ROUNDER), fused), I32))
     # n from the integer bits, not as `sum - _ROUNDER`: a fast-math build may reassociate
     # that float subtraction away (x log2(e) + R - R = x log2(e)); through the bits it can't
