@@ -37,15 +37,18 @@ from kiln.ir import dtype as dt
 from kiln.ir.affine import mentions
 from kiln.ir.attrs import ATTR_VECTOR_BITS
 from kiln.ir.tensor import (
-    DOT4_U8S8,
     BinaryOp,
     Buffer,
+    Cast,
+    Compare,
     Const,
     For,
     Intrin,
     LetStmt,
     Load,
     PrimExpr,
+    Reinterpret,
+    Select,
     SeqStmt,
     Stmt,
     Store,
@@ -68,6 +71,8 @@ _SHORT = {"float32": "f32", "float64": "f64", "int32": "i32", "int64": "i64"}
 # The integer vector a comparison of two vectors of a dtype gives (also the blend mask).
 _MASK = {"float32": "int32", "float64": "int64", "int32": "int32", "int64": "int64"}
 _FMA = {"float32": "fmaf", "float64": "fma"}
+_FMA_ONLY = frozenset({"fma"})
+_SHORT_FLOATS = frozenset({"float32", "float64"})
 
 
 def vector_type(dtype: str, lanes: int) -> str:
@@ -110,8 +115,18 @@ def chunk_lanes(loop: For, vector_bits: int) -> int:
 
 
 def prints_as_vectors(loop: For) -> bool:
-    """Whether the C backend prints `vector` loop `loop` as vector code."""
-    return not any(isinstance(n, Intrin) and n.name == DOT4_U8S8 for n in iter_nodes(loop.body))
+    """Whether the C backend prints `vector` loop `loop` as vector code: not with
+    `dot4_u8s8`, nor with the integer, bit-cast and select forms of the vectorizable
+    math (kiln.ops.kernels.math), which the C compiler's own vectorizer widens."""
+    return not any(_scalar_only(n) for n in iter_nodes(loop.body))
+
+
+def _scalar_only(node: object) -> bool:
+    if isinstance(node, Intrin):
+        return node.name not in _FMA_ONLY
+    if isinstance(node, (Select, Compare, Cast, Reinterpret)):
+        return True
+    return isinstance(node, (BinaryOp, UnaryOp)) and node.dtype not in _SHORT_FLOATS
 
 
 class VectorLoopPrinter:

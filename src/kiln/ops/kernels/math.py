@@ -3,9 +3,11 @@
 The C math library's `expf`/`tanhf`/`erff` are scalar calls: a loop calling one
 cannot be widened by LLVM's loop vectorizer (nor by a C compiler) without a
 vector math library. These builders spell the functions with what every
-backend vectorizes: multiply-adds, `floor`, int32 <-> float32 conversions,
-integer shifts and selects (onnxruntime's MLAS computes its `MlasComputeExp`,
-`MlasComputeTanh` and `MlasComputeLogistic` the same way, with intrinsics).
+backend vectorizes: multiply-adds, int32-to-float32 conversions, float32 <->
+int32 bit casts (`reinterpret`), integer adds and shifts, selects (all of it
+`vector` loop code: kiln.ir.analysis.vector_loops). onnxruntime's MLAS computes
+its `MlasComputeExp`, `MlasComputeTanh` and `MlasComputeLogistic` the same way,
+with intrinsics.
 
 - exp: `x = n ln2 + r`, `|r| <= ln2/2` (Cody-Waite: ln2 in two parts, so
   `n ln2` is exact), Cephes' degree-7 polynomial for `exp(r)`, times `2^n`.
