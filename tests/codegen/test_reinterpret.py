@@ -18,6 +18,7 @@ from kiln.ir import tensor as t
 from kiln.ir.structural import assert_structural_equal
 from kiln.script import from_source, print_module
 from kiln.script.diagnostics import ScriptError
+from kiln.target import Target
 
 N = 8
 PAIRS = [("float32", "int32"), ("float32", "uint32"), ("float64", "int64"),
@@ -101,3 +102,16 @@ def f(x: T.Buffer((4,), "float32"), y: T.Buffer((4,), "int64")):
 '''
     with pytest.raises(ScriptError, match="widths must be equal"):
         from_source(src)
+
+
+def test_cuda_device_code_uses_the_memcpy_helpers() -> None:
+    """The cuda printer shares the C emitter: the helpers become `__device__` functions."""
+    f = bits_func("float32", "int32")
+    assert isinstance(f.body, t.For)
+    threads = t.For(f.body.var, f.body.start, f.body.extent, "thread_x", f.body.body)
+    target = Target({"kind": "cuda", "arch": "sm_90", "host": {"kind": "llvm"}})
+    ex = kiln.compile(IRModule({"k": t.PrimFunc(f.params, threads)}), target)
+    (source,) = [bytes(a.content).decode() for a in ex.artifacts
+                 if a.file_name.endswith("kernels.cu")]
+    assert "__device__ inline uint32_t kiln_f32_bits(float x)" in source
+    assert "kiln_f32_from_bits((uint32_t)" in source
