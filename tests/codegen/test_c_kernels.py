@@ -20,8 +20,10 @@ from kiln.ir import IRBuilder, IRModule, evaluate, verify
 from kiln.ir.tensor import (
     CallExtern,
     Cast,
+    Const,
     ExternDependency,
     Intrin,
+    Reinterpret,
     Select,
     UnaryOp,
     binary,
@@ -137,8 +139,10 @@ def casts(ib: IRBuilder) -> None:
             ib.store(to_bf16, [i], Cast("bfloat16", f[i]))
             ib.store(to_i8, [i], Cast("int8", i64[i]))
             ib.store(to_u32, [i], Cast("uint32", i64[i]))
+            # plus +0.0 through both bit casts (the float's bits with every bit cleared)
+            no_bits = Reinterpret("int32", f[i]) & Const(0, "int32")
             ib.store(to_f32, [i], Cast("float32", Cast("bool", i64[i]))
-                     + Cast("float32", i64[i]))
+                     + Cast("float32", i64[i]) + Reinterpret("float32", no_bits))
 
 
 def intrinsics(ib: IRBuilder, dtype: str) -> None:

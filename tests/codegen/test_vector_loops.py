@@ -9,6 +9,7 @@ the file into one library (`cc -Werror`) and must agree with the interpreter too
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import numpy as np
@@ -20,7 +21,8 @@ from kiln.codegen.constants import ConstantPool
 from kiln.codegen.llvm.lower_to_llvm import LoweringOptions, lower_module
 from kiln.ir import IRBuilder, IRModule
 from kiln.ir.evaluate import evaluate
-from kiln.ir.tensor import BinaryOp, Intrin, UnaryOp
+from kiln.ir.tensor import BinaryOp, Intrin, UnaryOp, intrin, select
+from kiln.ops.kernels.math import exp_f32
 from kiln.transform.vectorize_loops import VectorizeLoops
 
 RNG = np.random.default_rng(7)
@@ -198,6 +200,44 @@ def test_other_operations_keep_the_scalar_loop() -> None:
     np.testing.assert_allclose(y, np.exp(x), rtol=1e-6)
 
 
+def _exp_lanes() -> IRModule:
+    """y[v] = exp(x[v]) in kiln.ops.kernels.math's form (selects on comparisons, an
+    int32-to-float32 cast, bit casts, int32 shifts, min/max and adds), without fma: the
+    interpreter's float32 arithmetic is then the compiled code's, bit for bit. And
+    `rounding`: floor of |x|, 0 where x is NaN (rounding intrinsics, isnan: vector code
+    on llvm; the C printer keeps that loop scalar)."""
+    ib = IRBuilder()
+    with ib.prim_func("exp"):
+        x = ib.arg("X", (8,), "float32")
+        y = ib.arg("Y", (8,), "float32")
+        with ib.for_range(8, name="v", kind="vectorized") as v:
+            ib.store(y, [v], exp_f32(x[v]))
+    with ib.prim_func("rounding"):
+        x = ib.arg("X", (8,), "float32")
+        z = ib.arg("Z", (8,), "float32")
+        with ib.for_range(8, name="v", kind="vectorized") as v:
+            ib.store(z, [v], select(intrin("isnan", x[v]), 0.0,
+                                    intrin("floor", intrin("abs", x[v]))))
+    return ib.get()
+
+
+EXP_X = np.array([0.5, -1.0, 88.7, -100.0, np.nan, np.inf, -np.inf, 20.0], np.float32)
+
+
+def test_select_cast_and_bit_casts_become_vector_code() -> None:
+    (_, floors), _ = _run(_exp_lanes(), "rounding", EXP_X, np.zeros(8, np.float32))
+    np.testing.assert_array_equal(floors, np.nan_to_num(np.floor(np.abs(EXP_X)), nan=0.0,
+                                                        posinf=np.inf))
+    (_, got), text = _run(_exp_lanes(), "exp", EXP_X, np.zeros(8, np.float32))
+    assert "llvm.floor.v8f32" in text and "llvm.fabs.v8f32" in text
+    assert "<8 x float>" in text and "shl <8 x i32>" in text and "bitcast <8 x" in text
+    assert "sitofp <8 x i32>" in text and re.search(r"select\s+<8 x i1>", text)
+    assert not _scalar_loop(text)
+    with np.errstate(over="ignore"):
+        want = np.exp(EXP_X.astype(np.float64))
+    np.testing.assert_allclose(got, want, rtol=3e-7, atol=2.0 ** -149)  # a subnormal ulp
+
+
 # ------------------------------------------------------------------ the C backend
 
 
@@ -242,6 +282,8 @@ C_CASES = {
     "f64": (_float64_lanes(), 256, "f64", [RNG.standard_normal(6), np.array([1.5]),
                                           np.zeros(6)]),
     "carried": (_carried(), 256, "carried", [np.ones(9, np.float32)]),
+    # selects (masks and blends), bit casts, int32 shifts, __builtin_convertvector
+    "exp": (_exp_lanes(), 256, "exp", [EXP_X, np.zeros(8, np.float32)]),
 }
 
 

@@ -263,9 +263,13 @@ def test_large_inputs_and_fully_masked_rows(target: str) -> None:
     keep = m.const(np.array([[True] * 8, [False] * 8, [True, False] * 4]))  # row 1: none
     m.output(m.op("Softmax", m.op("Where", keep, x, m.const(np.array(-np.inf, np.float32))),
                   axis=-1))
+    with_nan = randn(3, 40)
+    with_nan[0, 33] = np.nan  # the row max skips it; exp(NaN - max) makes the row NaN
+    m.output(m.op("Softmax", m.input("with_nan", with_nan), axis=-1))
     model = m.build()
     want = onnxruntime_outputs(model, m.feeds)
     got = kiln.compile(from_onnx(model), target)(*m.feeds.values())
     for a, b in zip(got, want):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)  # NaN where ort has NaN
     assert np.isnan(want[1][1]).all()
+    assert np.isnan(got[2][0]).all() and not np.isnan(got[2][1:]).any()

@@ -119,4 +119,6 @@ def test_kernels_are_vector_code_without_libm_calls() -> None:
     for name in ("softmax", "gelu", "tanh", "sigmoid"):
         body = "".join(b for b in bodies if name in b.split(":", 1)[0])
         assert re.search(r"\bvfmadd\w*\s+[^\n]*zmm", body), f"{name}: no zmm multiply-add"
-        assert re.search(r"\bvcvtdq2ps\s+[^\n]*zmm", body), f"{name}: no 2^n in vectors"
+        # 2^n put into the exponent field: a vector shift (no float-to-int conversion)
+        assert re.search(r"\bvpslld\s+\$23, [^\n]*zmm", body), f"{name}: no 2^n in vectors"
+        assert not re.search(r"\bvcvt\w*2\w*qq?\b", body), f"{name}: a 64-bit conversion"

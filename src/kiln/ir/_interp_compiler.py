@@ -23,6 +23,7 @@ from kiln.ir._interp_runtime import (
     _BASE_NS,
     _EXACT_UFUNCS,
     _FLOAT_UFUNCS,
+    _bit_view,
     _carrier,
     _converter,
     _Fault,
@@ -580,6 +581,19 @@ class _Compiler:
         fn = "_F64" if dst == "float64" else "_F32"
         return _V(f"{fn}({v.code})", depth=depth)
 
+    def reinterpret(self, e: t.Reinterpret) -> _V:
+        v = self.expr(e.value)
+        src, dst = e.value.dtype, e.dtype
+        fault = t.reinterpret_fault(src, dst)
+        if fault is not None:
+            raise IRError(f"{self.name}: {fault}")
+        if src == dst:
+            return v
+        view = self.const(_bit_view(src, dst), "bits")
+        if dt.is_int(dst):
+            return _V(f"{view}({v.code})", *_int_range(dst), v.depth + 1)
+        return _V(f"{view}({v.code})", depth=v.depth + 1)
+
     def check(self, e: t.Intrin) -> _V:
         cond, code = (self.expr(a) for a in e.args)
         return _V(f"_check({cond.code}, {code.code})", depth=max(cond.depth, code.depth) + 1)
@@ -677,6 +691,7 @@ _EXPR_RULES: dict[type, Callable[[_Compiler, Any], _V]] = {
     t.UnaryOp: _Compiler.unary,
     t.Select: _Compiler.select,
     t.Cast: _Compiler.cast,
+    t.Reinterpret: _Compiler.reinterpret,
     t.Intrin: _Compiler.intrin,
     t.CallExtern: _Compiler.call_extern,
 }

@@ -85,6 +85,15 @@ def _f2i(x: Any) -> int:
     return int(x)
 
 
+def _bit_view(src: str, dst: str) -> Callable[[Any], Any]:
+    """Reads the bits of a `src` value as `dst` (equal widths): an int for integer
+    dtypes, the float carrier for float ones."""
+    src_np, dst_np = _np_dtype(src), _np_dtype(dst)
+    if dt.is_int(dst):
+        return lambda x: int(np.asarray(x, src_np).view(dst_np)[()])
+    return lambda x: np.asarray(x, src_np).view(dst_np)[()]
+
+
 def _fmin(a: Any, b: Any) -> Any:
     """min of two floats as the backends compute it: ties give the first, NaN wins."""
     return a if (a <= b or a != a) else b

@@ -31,6 +31,9 @@ Operators
   zero (out-of-range and NaN are undefined in C: the interpreter raises for NaN
   and infinity and wraps finite values; don't test them); anything to bool is
   `x != 0`; integer/bool to float rounds to nearest.
+- `Reinterpret`: the value's bits read as another dtype of the same width (numpy's
+  `.view`): float32 <-> int32/uint32, float64 <-> int64/uint64; NaN payloads are
+  kept.
 Intrinsics and externs
 - float32 intrinsics are computed in float64 and rounded to float32 (libm's
   `expf` & co. may differ by 1 ulp); exact ones (sqrt, floor, ceil, trunc,

@@ -257,6 +257,9 @@ class _ExprPrinter:
     def _cast(self, e: t.Cast, ctx: str | None) -> tuple[str, int]:
         return f"T.cast({self.text(e.value)}, {quote(e.dtype)})", _ATOM
 
+    def _reinterpret(self, e: t.Reinterpret, ctx: str | None) -> tuple[str, int]:
+        return f"T.reinterpret({self.text(e.value)}, {quote(e.dtype)})", _ATOM
+
     def _load(self, e: t.Load, ctx: str | None) -> tuple[str, int]:
         return f"{self.buffer(e.buffer)}[{self.indices(e.indices)}]", _ATOM
 
@@ -337,7 +340,8 @@ _EXPR_RULES: dict[type, Callable[[_ExprPrinter, Any, str | None], tuple[str, int
     t.Const: _ExprPrinter._const, t.Var: _ExprPrinter._var, t.BinaryOp: _ExprPrinter._binary_op,
     t.Compare: _ExprPrinter._compare, t.UnaryOp: _ExprPrinter._unary,
     t.Select: _ExprPrinter._select, t.Cast: _ExprPrinter._cast, t.Load: _ExprPrinter._load,
-    t.Intrin: _ExprPrinter._intrin, t.CallExtern: _ExprPrinter._extern,
+    t.Reinterpret: _ExprPrinter._reinterpret, t.Intrin: _ExprPrinter._intrin,
+    t.CallExtern: _ExprPrinter._extern,
 }
 
 

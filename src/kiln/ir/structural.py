@@ -411,7 +411,7 @@ class _Comparer:
         self.field(".true_value", a.true_value, b.true_value)
         self.field(".false_value", a.false_value, b.false_value)
 
-    def cast(self, a: t.Cast, b: t.Cast) -> None:
+    def cast(self, a: t.Cast | t.Reinterpret, b: t.Cast | t.Reinterpret) -> None:
         self.check("cast dtypes", a.dtype, b.dtype)
         self.field(".value", a.value, b.value)
 
@@ -509,6 +509,7 @@ _DISPATCH: dict[type, Any] = {
     t.UnaryOp: _Comparer.unary,
     t.Select: _Comparer.select,
     t.Cast: _Comparer.cast,
+    t.Reinterpret: _Comparer.cast,
     t.Load: _Comparer.load,
     t.Intrin: _Comparer.intrin,
     t.CallExtern: _Comparer.call_extern,

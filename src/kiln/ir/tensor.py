@@ -190,6 +190,43 @@ class Cast(PrimExpr):
 
 
 @dataclass(frozen=True, eq=False, slots=True)
+class Reinterpret(PrimExpr):
+    """The bits of `value` read as `dtype`, which has the same width (a bit cast:
+    float32 <-> int32/uint32, float64 <-> int64/uint64, integers of equal width).
+    Build it with `reinterpret`, which checks the widths; the verifier checks them too."""
+
+    dtype: str
+    value: PrimExpr
+
+    def __post_init__(self) -> None:
+        check_dtype(self.dtype)
+
+
+def reinterpret_fault(src: str, dst: str) -> str | None:
+    """Why the bits of a `src` value cannot be read as `dst`, or None when they can."""
+    for d in (src, dst):
+        if dt.is_bool(d) or d in _HALF_FLOATS:
+            return (f"{d} values cannot be reinterpreted (bool has no bit layout; "
+                    "float16/bfloat16 compute in float32): use a Cast")
+    if dt.bits(src) != dt.bits(dst):
+        return (f"cannot reinterpret {src} ({dt.bits(src)} bits) as {dst} "
+                f"({dt.bits(dst)} bits): the widths must be equal")
+    return None
+
+
+_HALF_FLOATS = frozenset({"float16", "bfloat16"})
+
+
+def reinterpret(value: PrimExpr, dtype: str) -> PrimExpr:
+    """The bits of `value` read as `dtype` (a Reinterpret; `value` itself when the
+    dtypes are equal). Raises IRError unless the two dtypes have the same width."""
+    fault = reinterpret_fault(value.dtype, check_dtype(dtype))
+    if fault is not None:
+        raise IRError(fault)
+    return value if value.dtype == dtype else Reinterpret(dtype, value)
+
+
+@dataclass(frozen=True, eq=False, slots=True)
 class Load(PrimExpr):
     """`buffer[indices]`, one index per buffer dimension."""
 

@@ -495,6 +495,12 @@ class _PrimFuncVerifier(StmtExprVisitor):
                        f"{e.false_value.dtype})", e)
         super().visit_select(e)
 
+    def visit_reinterpret(self, e: t.Reinterpret) -> None:
+        fault = t.reinterpret_fault(e.value.dtype, e.dtype)
+        if fault is not None:
+            self.fault(fault, e)
+        super().visit_reinterpret(e)
+
     def check_check(self, e: t.Intrin) -> None:
         from kiln.ir.kernel_errors import KERNEL_ERRORS
 

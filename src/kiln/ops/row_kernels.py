@@ -54,6 +54,7 @@ from kiln.ir.tensor import (
     intrin,
     max_,
     min_,
+    select,
     seq,
 )
 from kiln.ir.types import TensorType
@@ -139,6 +140,13 @@ def _let(name: str, value: PrimExpr) -> tuple[Var, Stmt]:
     return v, LetStmt(v, value)
 
 
+def _row_max(a: PrimExpr, b: PrimExpr) -> PrimExpr:
+    """max(a, b) that skips a NaN `b` (one `maxps`, against three instructions for the
+    NaN-propagating `max`): a row with a NaN still gives NaN everywhere, through
+    `exp(NaN - max)` in its sum."""
+    return select(b > a, b, a)
+
+
 def softmax_row(loops: RowLoops, read: Reader, out_at: Callable[[PrimExpr], Any],
                 store: Callable[[PrimExpr, PrimExpr], Stmt], log: bool) -> Stmt:
     """One row of softmax (or log_softmax): `read(j)` is the input element j,
@@ -146,8 +154,8 @@ def softmax_row(loops: RowLoops, read: Reader, out_at: Callable[[PrimExpr], Any]
     back what pass 2 stored (softmax only)."""
     m, init_m = loops.accumulators("row_max", te.lowest_value(F32))
     s, init_s = loops.accumulators("row_sum", as_expr(0.0, F32))
-    pass1 = loops.each(lambda j, lane: Store(m, max_(m[lane], read(j)), (lane,)))
-    mx, let_mx = _let("mx", loops.combined(m, max_))
+    pass1 = loops.each(lambda j, lane: Store(m, _row_max(m[lane], read(j)), (lane,)))
+    mx, let_mx = _let("mx", loops.combined(m, _row_max))
     if log:
         pass2 = loops.each(lambda j, lane: Store(
             s, s[lane] + intrin("exp", read(j) - mx), (lane,)))

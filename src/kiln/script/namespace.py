@@ -32,7 +32,7 @@ BINARY_FUNCS = {"min": "min", "max": "max", "truncdiv": "div", "truncmod": "mod"
 # Every T attribute the parser understands, for "did you mean" suggestions.
 T_NAMES = frozenset({
     *DTYPES, *LOOP_KINDS, *BINARY_FUNCS, *INTRINSICS,
-    "prim_func", "Buffer", "func_attr", "select", "cast", "call_extern",
+    "prim_func", "Buffer", "func_attr", "select", "cast", "reinterpret", "call_extern",
     "extern_dependency", "let", "allocate", "alloc_const", "decl_buffer", "evaluate",
     "call_func",
 })

@@ -39,7 +39,8 @@ _CMPOPS: dict[type, str] = {
 _PY_COMPARE = {"eq": operator.eq, "ne": operator.ne, "lt": operator.lt, "le": operator.le,
                "gt": operator.gt, "ge": operator.ge}
 # T.* names that are valid in expression position (for suggestions).
-_EXPR_FUNCS = sorted({*DTYPES, *BINARY_FUNCS, *INTRINSICS, "select", "cast", "call_extern"})
+_EXPR_FUNCS = sorted({*DTYPES, *BINARY_FUNCS, *INTRINSICS, "select", "cast", "reinterpret",
+                      "call_extern"})
 _STMT_FUNCS = {
     "serial": "a loop iterator: `for i in T.serial(n):`",
     "parallel": "a loop iterator: `for i in T.parallel(n):`",
@@ -573,6 +574,13 @@ class TensorFunctionParser:
         if name == "cast":
             self._arity(node, name, 2)
             return t.Cast(self.p.dtype_arg(node.args[1]), self.prim(node.args[0]))
+        if name == "reinterpret":
+            self._arity(node, name, 2)
+            value, dtype = self.prim(node.args[0]), self.p.dtype_arg(node.args[1])
+            fault = t.reinterpret_fault(value.dtype, dtype)
+            if fault is not None:
+                self.fail(node, fault)
+            return t.Reinterpret(dtype, value)
         args = [self.expr(a) for a in node.args]
         for a, anode in zip(args, node.args):
             if isinstance(a, Buffer):

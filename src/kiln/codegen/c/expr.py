@@ -40,9 +40,11 @@ from kiln.ir.tensor import (
     Intrin,
     Load,
     PrimExpr,
+    Reinterpret,
     Select,
     UnaryOp,
     Var,
+    reinterpret_fault,
 )
 
 # C precedence levels: higher binds tighter.
@@ -335,6 +337,22 @@ class ExprEmitter:
             return v  # already a float holding the exact value
         return cast(C_TYPES[dst], v)
 
+    def reinterpret(self, e: Reinterpret) -> CExpr:
+        """A float's bits through the memcpy helpers (which compilers turn into a
+        register move; a pointer cast would break strict aliasing); integers of equal
+        width convert as a Cast does (modulo 2^n)."""
+        src, dst = e.value.dtype, e.dtype
+        fault = reinterpret_fault(src, dst)
+        if fault is not None:
+            raise self.ctx.error(fault)
+        if not dt.is_float(src) and not dt.is_float(dst):
+            return self.cast_expr(Cast(dst, e.value))
+        width = dt.bits(src)
+        v = self.emit(e.value)
+        if dt.is_float(src):
+            return cast(C_TYPES[dst], call(self.helpers.use(f"kiln_f{width}_bits"), v))
+        return call(self.helpers.use(f"kiln_f{width}_from_bits"), cast(f"uint{width}_t", v))
+
     # ------------------------------------------------------------------ calls
 
     def intrin(self, e: Intrin) -> CExpr:
@@ -413,6 +431,7 @@ def _table() -> dict[type, Callable[[ExprEmitter, Any], CExpr]]:
         UnaryOp: ExprEmitter.unary,
         Select: ExprEmitter.select,
         Cast: ExprEmitter.cast_expr,
+        Reinterpret: ExprEmitter.reinterpret,
         Intrin: ExprEmitter.intrin,
         CallExtern: ExprEmitter.call_extern,
     }

@@ -11,15 +11,17 @@ Loads and stores go through an unaligned, `may_alias` variant of the type
 (`kiln_f32x8_u`), which the compiler turns into unaligned vector moves; values that do
 not depend on the loop variable are computed once per chunk and broadcast. `min`/`max`
 keep the IR's NaN rule with a compare-and-blend, `fma` is `fmaf` per lane (GCC and
-Clang fuse it into vector FMA instructions where the target has them). Chunk widths
+Clang fuse it into vector FMA instructions where the target has them); a `select` is a
+blend on an int32 comparison mask, a `reinterpret` a vector cast (bits kept), an
+int32-to-float32 `cast` `__builtin_convertvector` (exp's forms, kiln.ops.kernels.math). Chunk widths
 are powers of two (the extension's rule): `n` is covered by full-width chunks, then
 halves down to one lane, which prints as scalar code.
 
 A compiler without the extensions (`__GNUC__` undefined; MSVC is not a kiln target),
 or a build with `-DKILN_VECTORS=0`, gets the plain scalar loop printed next to the
 vector code under `#if KILN_VECTORS`.
-Loops with `dot4_u8s8` stay scalar loops: the scalar helper is what the C compiler
-vectorizes best.
+Loops with `dot4_u8s8` stay scalar loops (the scalar helper is what the C compiler
+vectorizes best), and so do selects of 64-bit lanes and rounding intrinsics.
 
 No function takes or returns a vector, so no vector crosses an ABI boundary (GCC warns
 about that, `-Wpsabi`, when the vector is wider than the target's registers).
@@ -37,15 +39,18 @@ from kiln.ir import dtype as dt
 from kiln.ir.affine import mentions
 from kiln.ir.attrs import ATTR_VECTOR_BITS
 from kiln.ir.tensor import (
-    DOT4_U8S8,
     BinaryOp,
     Buffer,
+    Cast,
+    Compare,
     Const,
     For,
     Intrin,
     LetStmt,
     Load,
     PrimExpr,
+    Reinterpret,
+    Select,
     SeqStmt,
     Stmt,
     Store,
@@ -68,6 +73,12 @@ _SHORT = {"float32": "f32", "float64": "f64", "int32": "i32", "int64": "i64"}
 # The integer vector a comparison of two vectors of a dtype gives (also the blend mask).
 _MASK = {"float32": "int32", "float64": "int64", "int32": "int32", "int64": "int64"}
 _FMA = {"float32": "fmaf", "float64": "fma"}
+_VECTOR_INTRINSICS = frozenset({"fma", "isnan"})
+# selects and comparisons print as 32-bit masks (the vectorizable math's lanes)
+_LANES_32 = frozenset({"float32", "int32"})
+_INFIX_TOKENS = {"add": "+", "sub": "-", "mul": "*", "div": "/", "and": "&", "or": "|",
+                 "xor": "^", "shl": "<<", "shr": ">>"}
+_COMPARE_TOKENS = {"eq": "==", "ne": "!=", "lt": "<", "le": "<=", "gt": ">", "ge": ">="}
 
 
 def vector_type(dtype: str, lanes: int) -> str:
@@ -110,8 +121,21 @@ def chunk_lanes(loop: For, vector_bits: int) -> int:
 
 
 def prints_as_vectors(loop: For) -> bool:
-    """Whether the C backend prints `vector` loop `loop` as vector code."""
-    return not any(isinstance(n, Intrin) and n.name == DOT4_U8S8 for n in iter_nodes(loop.body))
+    """Whether the C backend prints `vector` loop `loop` as vector code: not with
+    `dot4_u8s8` (nor the `vector` forms this printer lacks: rounding intrinsics, selects
+    and comparisons other than of 32-bit lanes), which print as the scalar loop."""
+    return not any(_scalar_only(n) for n in iter_nodes(loop.body))
+
+
+def _scalar_only(node: object) -> bool:
+    if isinstance(node, Intrin):
+        return node.name not in _VECTOR_INTRINSICS or (
+            node.name == "isnan" and node.args[0].dtype != "float32")
+    if isinstance(node, Select):
+        return node.dtype not in _LANES_32
+    if isinstance(node, Compare):
+        return node.a.dtype not in _LANES_32
+    return False
 
 
 class VectorLoopPrinter:
@@ -243,29 +267,60 @@ class VectorLoopPrinter:
             t = self.vtype(e.dtype)
             return self.temp(e.dtype, f"*(const {t}_u*){self.address(e.buffer, e.indices)}",
                              "load")
+        if isinstance(e, BinaryOp) and e.op in ("shl", "shr"):
+            # by a constant in [0, 32) (the analysis checks); -fwrapv: `<<` wraps
+            assert isinstance(e.b, Const)
+            return self.temp(e.dtype, f"{self.vexpr(e.a)} {_INFIX_TOKENS[e.op]} "
+                                      f"{int(e.b.value)}")
         if isinstance(e, BinaryOp):
             a, b = self.vexpr(e.a), self.vexpr(e.b)
             if e.op in ("min", "max"):
                 return self.min_max(e.op, e.dtype, a, b)
-            token = {"add": "+", "sub": "-", "mul": "*", "div": "/"}[e.op]
-            return self.temp(e.dtype, f"{a} {token} {b}")
+            return self.temp(e.dtype, f"{a} {_INFIX_TOKENS[e.op]} {b}")
         if isinstance(e, UnaryOp):
             assert e.op == "neg"
             return self.temp(e.dtype, f"-{self.vexpr(e.a)}")
+        if isinstance(e, Select):
+            return self.blend(e.dtype, self.mask(e.cond), self.vexpr(e.true_value),
+                              self.vexpr(e.false_value))
+        if isinstance(e, Reinterpret):  # a cast between vector types of one size: the bits
+            return self.temp(e.dtype, f"({self.vtype(e.dtype)}){self.vexpr(e.value)}")
+        if isinstance(e, Cast):  # int32 -> float32 (the analysis checks)
+            return self.temp(e.dtype, f"__builtin_convertvector({self.vexpr(e.value)}, "
+                                      f"{self.vtype(e.dtype)})")
         assert isinstance(e, Intrin) and e.name == "fma"
         args = [self.vexpr(a) for a in e.args]
         lanes = ", ".join(f"{_FMA[e.dtype]}({', '.join(f'{a}[{k}]' for a in args)})"
                           for k in range(self.width))
         return self.temp(e.dtype, f"({self.vtype(e.dtype)}){{{lanes}}}")
 
+    def mask(self, cond: PrimExpr) -> str:
+        """An int32 vector of -1 (true) or 0 per lane for the bool `cond`."""
+        if self.lane_invariant(cond):
+            scalar = self.ctx.names.fresh("inv")
+            self.p.line(f"const int32_t {scalar} = -(int32_t)({self.kp.expr(cond).text});")
+            return self.temp("int32", f"({self.vtype('int32')}){{"
+                             + ", ".join([scalar] * self.width) + "}", "splat")
+        if isinstance(cond, Intrin):  # isnan: a NaN lane is unequal to itself
+            a = self.vexpr(cond.args[0])
+            return self.temp("int32", f"{a} != {a}", "pick")
+        assert isinstance(cond, Compare)
+        a, b = self.vexpr(cond.a), self.vexpr(cond.b)
+        return self.temp("int32", f"{a} {_COMPARE_TOKENS[cond.op]} {b}", "pick")
+
+    def blend(self, dtype: str, mask: str, a: str, b: str) -> str:
+        """`mask ? a : b` per lane, as bitwise operations on the lanes' bits."""
+        mask_t = self.vtype(_MASK[dtype])
+        return self.temp(dtype, f"({self.vtype(dtype)})((({mask_t}){a} & {mask}) | "
+                         f"(({mask_t}){b} & ~{mask}))")
+
     def min_max(self, op: str, dtype: str, a: str, b: str) -> str:
         """numpy's rule, like the scalar helpers: (a <= b || isnan(a)) ? a : b for min
         (>= for max), as a compare mask and a bitwise blend."""
-        mask_t = self.vtype(_MASK[dtype])
         cmp = "<=" if op == "min" else ">="
-        mask = self.temp(_MASK[dtype], f"({a} {cmp} {b}) | ({a} != {a})", "pick")
-        return self.temp(dtype, f"({self.vtype(dtype)})((({mask_t}){a} & {mask}) | "
-                         f"(({mask_t}){b} & ~{mask}))")
+        nan = f" | ({a} != {a})" if dt.is_float(dtype) else ""  # ints: never NaN
+        mask = self.temp(_MASK[dtype], f"({a} {cmp} {b}){nan}", "pick")
+        return self.blend(dtype, mask, a, b)
 
 
 def _items(s: Stmt) -> Iterator[Stmt]:

@@ -364,6 +364,15 @@ def cast(cx: MathContext, b: ir.IRBuilder, value: ir.Value, src: str, dst: str) 
     return _float_to_float(cx, b, value, dst)
 
 
+def reinterpret(b: ir.IRBuilder, value: ir.Value, dst: str) -> ir.Value:
+    """The bits of `value` (a scalar or a vector of lanes) as dtype `dst` of the same
+    width: one `bitcast`, which costs no instruction (the IR's Reinterpret)."""
+    ty = compute_type(dst)
+    if isinstance(value.type, ir.VectorType):
+        ty = ir.VectorType(ty, value.type.count)
+    return value if value.type == ty else b.bitcast(value, ty)
+
+
 def _int_to_int(b: ir.IRBuilder, value: ir.Value, src: str, dst: str) -> ir.Value:
     sb, db = dt.bits(src), dt.bits(dst)
     ty = compute_type(dst)

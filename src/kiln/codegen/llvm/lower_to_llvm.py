@@ -71,6 +71,7 @@ from kiln.ir.tensor import (
     Load,
     PrimExpr,
     PrimFunc,
+    Reinterpret,
     Select,
     SeqStmt,
     Stmt,
@@ -78,6 +79,7 @@ from kiln.ir.tensor import (
     UnaryOp,
     Var,
     While,
+    reinterpret_fault,
 )
 from kiln.transform.outline import (
     COUNT_ARG,
@@ -614,6 +616,13 @@ def _cast(fl: FunctionLowering, e: Cast) -> ir.Value:
     return arith.cast(fl.math, fl.b, fl.expr(e.value), e.value.dtype, e.dtype)
 
 
+def _reinterpret(fl: FunctionLowering, e: Reinterpret) -> ir.Value:
+    fault = reinterpret_fault(e.value.dtype, e.dtype)
+    if fault is not None:
+        raise fl.error(fault)
+    return arith.reinterpret(fl.b, fl.expr(e.value), e.dtype)
+
+
 def _load(fl: FunctionLowering, e: Load) -> ir.Value:
     ptr = fl.element_ptr(e.buffer, e.indices)
     raw = fl.b.load(ptr, typ=storage_type(e.buffer.dtype), align=dt.itemsize(e.buffer.dtype))
@@ -677,6 +686,7 @@ EXPR_RULES: dict[type, Callable[[Any, Any], ir.Value]] = {
     UnaryOp: _unary,
     Select: _select,
     Cast: _cast,
+    Reinterpret: _reinterpret,
     Load: _load,
     Intrin: _intrin,
     CallExtern: _call_extern,

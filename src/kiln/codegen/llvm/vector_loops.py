@@ -17,19 +17,23 @@ from typing import TYPE_CHECKING
 from llvmlite import ir
 
 from kiln.codegen.llvm import arith
-from kiln.codegen.llvm.dtypes import I32, storage_type
+from kiln.codegen.llvm.dtypes import F32, I32, storage_type
 from kiln.codegen.llvm.intrinsics import emit_intrinsic
 from kiln.ir import dtype as dt
 from kiln.ir.affine import mentions
 from kiln.ir.analysis.vector_loops import vector_shape_fault
 from kiln.ir.tensor import (
     BinaryOp,
+    Cast,
+    Compare,
     Const,
     For,
     Intrin,
     LetStmt,
     Load,
     PrimExpr,
+    Reinterpret,
+    Select,
     SeqStmt,
     Stmt,
     Store,
@@ -113,12 +117,28 @@ class _VectorBody:
             ptr = fl.element_ptr(e.buffer, e.indices)
             vt = ir.VectorType(storage_type(e.buffer.dtype), self.lanes)
             return b.load(ptr, typ=vt, align=dt.itemsize(e.buffer.dtype))
+        if isinstance(e, BinaryOp) and e.op in ("shl", "shr"):
+            # by a constant in range (the analysis checks): no range select needed
+            assert isinstance(e.b, Const)
+            amount = self.broadcast(ir.Constant(I32, int(e.b.value)))
+            x = self.vexpr(e.a)
+            return b.shl(x, amount) if e.op == "shl" else b.ashr(x, amount)
         if isinstance(e, BinaryOp):
             return arith.binary(fl.math, b, e.op, e.dtype, self.vexpr(e.a), self.vexpr(e.b))
         if isinstance(e, UnaryOp):
             return arith.unary(fl.math, b, e.op, e.dtype, self.vexpr(e.a))
+        if isinstance(e, Select):
+            return b.select(self.vexpr(e.cond), self.vexpr(e.true_value),
+                            self.vexpr(e.false_value))
+        if isinstance(e, Compare):
+            return arith.compare(b, e.op, e.a.dtype, self.vexpr(e.a), self.vexpr(e.b))
+        if isinstance(e, Reinterpret):
+            return arith.reinterpret(b, self.vexpr(e.value), e.dtype)
+        if isinstance(e, Cast):  # int32 -> float32 (the analysis checks)
+            return b.sitofp(self.vexpr(e.value), ir.VectorType(F32, self.lanes))
         assert isinstance(e, Intrin)
-        return emit_intrinsic(fl.math, b, e.name, e.dtype, [self.vexpr(a) for a in e.args])
+        return emit_intrinsic(fl.math, b, e.name, e.args[0].dtype,
+                              [self.vexpr(a) for a in e.args])
 
     def broadcast(self, value: ir.Value) -> ir.Value:
         vt = ir.VectorType(value.type, self.lanes)

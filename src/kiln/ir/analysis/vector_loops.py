@@ -14,9 +14,13 @@ when:
 - its body holds stores and lets only (a let whose value depends on the loop variable
   binds a vector);
 - every expression that depends on the loop variable is a float32/float64 `add`, `sub`,
-  `mul`, `div`, `min`, `max`, `neg` or `fma`, an int32 `dot4_u8s8`, such a let
-  variable, or a load whose element moves by exactly one when the variable grows by
-  one (a contiguous load); expressions that do not depend on it are computed once and
+  `mul`, `div`, `min`, `max`, `neg`, `fma`, `floor`, `ceil`, `trunc`, `round` or
+  `abs`; an int32 `add`, `sub`, `mul`, `min`, `max`, `and`, `or`, `xor`, `neg`, a
+  shift by a constant or `dot4_u8s8`; a `select` on a comparison of such values (or
+  `isnan`); an int32-to-float32 `cast`; a 32-bit `reinterpret` between float32 and
+  int32 (the vectorizable math of kiln.ops.kernels.math); such a let variable, or a
+  load whose element moves by exactly one when the variable grows by one (a
+  contiguous load); expressions that do not depend on it are computed once and
   broadcast;
 - every store is contiguous;
 - (independence) the buffers the loop writes are touched only contiguously, at element
@@ -34,6 +38,8 @@ from kiln.ir.tensor import (
     AllocConst,
     BinaryOp,
     Buffer,
+    Cast,
+    Compare,
     Const,
     DeclBuffer,
     For,
@@ -42,6 +48,8 @@ from kiln.ir.tensor import (
     Load,
     PrimExpr,
     PrimFunc,
+    Reinterpret,
+    Select,
     SeqStmt,
     Stmt,
     Store,
@@ -53,9 +61,14 @@ from kiln.ir.visitor import iter_exprs, iter_stmts
 MAX_LANES = 256
 VECTOR_DTYPES = frozenset({"float32", "float64"})
 VECTOR_BINARY = frozenset({"add", "sub", "mul", "div", "min", "max"})
-VECTOR_INTRINSICS = frozenset({"fma"})
-# int32 lanes: loads, stores and the integer dot product (the quantized kernels' tiles)
+VECTOR_INTRINSICS = frozenset({"fma", "floor", "ceil", "trunc", "round", "abs"})
+# int32 lanes: loads, stores, the integer dot product (the quantized kernels' tiles) and
+# the integer arithmetic of 2^n in exp (kiln.ops.kernels.math)
 INT_VECTOR_DTYPE = "int32"
+INT_VECTOR_BINARY = frozenset({"add", "sub", "mul", "min", "max", "and", "or", "xor"})
+SHIFTS = frozenset({"shl", "shr"})
+# reinterpret / cast between these two only (both 32 bits wide)
+BIT_CAST_DTYPES = frozenset({"float32", "int32"})
 
 Access = tuple[Buffer, tuple[PrimExpr, ...], bool]  # buffer, indices, contiguous
 
@@ -112,12 +125,19 @@ class VectorBody:
             return True
         if isinstance(e, Var):
             return e in self.vectors or self.fail("the loop variable is used as a value")
-        if e.dtype == INT_VECTOR_DTYPE:
-            return self.int_expr(e)
-        if e.dtype not in VECTOR_DTYPES:
+        if e.dtype == "bool":
+            return self.condition(e)
+        if e.dtype not in (*VECTOR_DTYPES, INT_VECTOR_DTYPE):
             return self.fail(f"a {e.dtype} expression depends on the loop variable")
         if isinstance(e, Load):
             return self.load(e)
+        if isinstance(e, Select):
+            return self.condition(e.cond) and self.expr(e.true_value) and self.expr(
+                e.false_value)
+        if isinstance(e, (Cast, Reinterpret)):
+            return self.bit_cast(e)
+        if e.dtype == INT_VECTOR_DTYPE:
+            return self.int_expr(e)
         if isinstance(e, BinaryOp):
             return (((e.op in VECTOR_BINARY and e.a.dtype == e.b.dtype == e.dtype)
                      or self.fail(f"'{e.op}' has no vector form"))
@@ -130,6 +150,26 @@ class VectorBody:
                     and all(self.expr(a) for a in e.args))
         return self.fail(f"a {type(e).__name__} has no vector form")
 
+    def condition(self, e: PrimExpr) -> bool:
+        """A bool of every lane: a comparison of vector values or `isnan` of one."""
+        if self.lane_invariant(e):
+            return self.expr(e)
+        if isinstance(e, Compare):
+            return ((e.a.dtype in (*VECTOR_DTYPES, INT_VECTOR_DTYPE)
+                     or self.fail(f"a comparison of {e.a.dtype} values has no vector form"))
+                    and self.expr(e.a) and self.expr(e.b))
+        if isinstance(e, Intrin) and e.name == "isnan" and e.args[0].dtype in VECTOR_DTYPES:
+            return self.expr(e.args[0])
+        return self.fail(f"a bool {type(e).__name__} has no vector form")
+
+    def bit_cast(self, e: Cast | Reinterpret) -> bool:
+        """float32 <-> int32 bits (Reinterpret), int32 -> float32 values (Cast)."""
+        src = e.value.dtype
+        ok = ({src, e.dtype} == BIT_CAST_DTYPES if isinstance(e, Reinterpret)
+              else (src, e.dtype) == (INT_VECTOR_DTYPE, "float32"))
+        return (ok or self.fail(f"a {type(e).__name__.lower()} from {src} to {e.dtype} has "
+                                "no vector form")) and self.expr(e.value)
+
     def load(self, e: Load) -> bool:
         if not self.contiguous(e.buffer, e.indices):
             return self.fail(f"the load of '{e.buffer.name}' is not contiguous")
@@ -137,11 +177,21 @@ class VectorBody:
         return True
 
     def int_expr(self, e: PrimExpr) -> bool:
-        """int32 lanes: a contiguous load or `dot4_u8s8` of such (or broadcast) values."""
-        if isinstance(e, Load):
-            return self.load(e)
+        """int32 lanes: `dot4_u8s8`, integer arithmetic, shifts by a constant."""
+        if isinstance(e, BinaryOp) and e.op in SHIFTS:
+            amount = e.b
+            return ((isinstance(amount, Const) and 0 <= int(amount.value) < 32)
+                    or self.fail("a shift by a non-constant amount has no vector form")
+                    ) and self.expr(e.a)
+        if isinstance(e, BinaryOp):
+            return ((e.op in INT_VECTOR_BINARY or self.fail(f"int32 '{e.op}' has no vector "
+                                                            "form"))
+                    and self.expr(e.a) and self.expr(e.b))
+        if isinstance(e, UnaryOp):
+            return (e.op == "neg" or self.fail(f"int32 '{e.op}' has no vector form")
+                    ) and self.expr(e.a)
         if not (isinstance(e, Intrin) and e.name == DOT4_U8S8):
-            return self.fail("an int32 expression other than a load or dot4_u8s8")
+            return self.fail("an int32 expression other than a load, arithmetic or dot4_u8s8")
         return all(a.dtype == INT_VECTOR_DTYPE and self.expr(a) for a in e.args)
 
     def independent(self, lanes: int, private: set[Buffer]) -> bool:

@@ -3,19 +3,25 @@
 The C math library's `expf`/`tanhf`/`erff` are scalar calls: a loop calling one
 cannot be widened by LLVM's loop vectorizer (nor by a C compiler) without a
 vector math library. These builders spell the functions with what every
-backend vectorizes: multiply-adds, `floor`, int32 <-> float32 conversions,
-integer shifts and selects (onnxruntime's MLAS computes its `MlasComputeExp`,
-`MlasComputeTanh` and `MlasComputeLogistic` the same way, with intrinsics).
+backend vectorizes: multiply-adds, int32-to-float32 conversions, float32 <->
+int32 bit casts (`reinterpret`), integer adds and shifts, selects (all of it
+`vector` loop code: kiln.ir.analysis.vector_loops). onnxruntime's MLAS computes
+its `MlasComputeExp`, `MlasComputeTanh` and `MlasComputeLogistic` the same way,
+with intrinsics.
 
 - exp: `x = n ln2 + r`, `|r| <= ln2/2` (Cody-Waite: ln2 in two parts, so
   `n ln2` is exact), Cephes' degree-7 polynomial for `exp(r)`, times `2^n`.
-  The IR has no bit casts, so `2^n` is not put into the exponent field: with
-  `n = 16q + s` (`0 <= s < 16`), `2^s` is the integer `1 << s` converted to
-  float32 and `2^(8q)` is `float32(1 << (q + 10)) * 2^-10` squared three
-  times; `exp(r) * 2^s * 2^(8q) * 2^(8q)` rounds once, at the last product,
-  so results in float32's subnormal range and overflow to `inf` come out as
-  libm's do.
-- tanh: Cephes' odd polynomial below 0.625, `1 - 2 / (exp(2|x|) + 1)` above.
+  `n` is rounded by adding `1.5 * 2^23` to `x log2(e)` (the sum's last bits are
+  `n`: no float-to-int conversion), and `2^n` is built in the exponent field
+  through a bit cast (`reinterpret`): the sum's bits shifted left by 23 are
+  `n << 23`. Clamped to the normal exponents that is `2^m`; the rest, `n - m`
+  (non-zero only for results near overflow or below float32's normal range),
+  is a second factor `2^(n-m)`, so `(exp(r) 2^m) 2^(n-m)` rounds once, at the
+  last product, and subnormal results and overflow to `inf` come out as
+  libm's do (onnxruntime's MLAS `MlasComputeExp` scales the same way).
+- tanh: of `|x|`, Cephes' odd polynomial below 0.625, `1 - 2 / (exp(2|x|) + 1)`
+  above (`|x|` clamped to 9, where float32's tanh is 1: one `2^n` factor, no
+  overflow), then `x`'s sign bit put on it (a bit cast: `-0.0` stays `-0.0`).
 - sigmoid: `e = exp(-|x|)`, then `1 / (1 + e)` or `e / (1 + e)` by the sign,
   so tiny results for very negative inputs keep their precision.
 - erf: an odd polynomial below 0.92 (where MLAS's erf splits too), a
@@ -41,7 +47,9 @@ from kiln.ir.tensor import (
     Const,
     PrimExpr,
     intrin,
+    max_,
     min_,
+    reinterpret,
     select,
 )
 
@@ -54,12 +62,21 @@ _LOG2E, _LN2_HI, _LN2_LO = 1.44269504088896341, 0.693359375, -2.12194440e-4
 _EXP_P = (1.9875691500e-4, 1.3981999507e-3, 8.3334519073e-3, 4.1665795894e-2,
           1.6666665459e-1, 5.0000001201e-1)
 # exp(x) is 0 in float32 below -103.98 (under half the smallest subnormal) and inf above
-# 88.73; clamping to these keeps n within [-150, 128] and the conversions exact.
+# 88.73; clamping to these keeps n within [-150, 128].
 _EXP_LO, _EXP_HI = -104.0, 88.75
+# x log2(e) + 1.5 * 2^23 lies in [2^23, 2^24), where float32's spacing is 1: the sum is
+# rounded to an integer n (ties to even), held in the low bits as _ROUNDER's bits + n.
+_ROUNDER, _ROUNDER_BITS = 12582912.0, 0x4B400000
+# 2^m for the normal exponents m in [-126, 127]: bits (m + 127) << 23; the field values
+# of m = 127 and m = -126, less the bias (the bounds `n << 23` is clamped to).
+_ONE_BITS, _EXP_FIELD_MAX, _EXP_FIELD_MIN = 127 << 23, 127 << 23, -126 << 23
 # tanh(x) = x + x^3 P(x^2) for |x| < 0.625 (Cephes' tanhf).
 _TANH_P = (-5.70498872745e-3, 2.06390887954e-2, -5.37397155531e-2, 1.33314422036e-1,
            -3.33332819422e-1)
 _TANH_SMALL = 0.625
+# tanh(x) rounds to 1 in float32 from 9.01 on (1 - tanh(9) < 2^-25)
+_TANH_ONE = 9.0
+_SIGN_BIT = -(1 << 31)  # int32 0x80000000
 # erf: x P(x^2) below _ERF_SPLIT (P's constant term less 1 here); from there to
 # _ERF_ONE a polynomial in |x| - _ERF_MID (erf is within 1.2e-9 of it); beyond
 # _ERF_ONE, float32's erf is +-1. Least-squares fits reweighted towards minimax
@@ -108,34 +125,43 @@ def exp_f32(x: PrimExpr, *, fused: bool = False, nonpositive: bool = False,
     knows `x <= 0` or NaN (softmax's `x - max`), so the upper clamp is left out.
     `bind(e)` names a value used more than once (a let variable: without one, the
     expression is a DAG that every tree walk would copy out)."""
+    # clamps that let NaN through (NaN fails both comparisons): its `n` is garbage, but
+    # `r = x - n ln2` is NaN, and so is the result (no select for it)
     x = bind(x)
-    # NaN fails the comparison, so it is clamped too (it must not reach the conversion)
-    low = select(x >= _f(_EXP_LO), x, _f(_EXP_LO))
-    xc = bind(low if nonpositive else min_(low, _f(_EXP_HI)))
-    n = bind(intrin("floor", _mul_add(xc, _f(_LOG2E), _f(0.5), fused)))
-    r = bind(_mul_add(n, _f(-_LN2_LO), _mul_add(n, _f(-_LN2_HI), xc, fused), fused))
+    high = x if nonpositive else bind(select(x > _f(_EXP_HI), _f(_EXP_HI), x))
+    xc = bind(select(high < _f(_EXP_LO), _f(_EXP_LO), high))
+    e_r, field = _exp_parts(xc, fused, bind)
+    normal = bind(max_(min_(field, _i(_EXP_FIELD_MAX)), _i(_EXP_FIELD_MIN)))
+    two_m = reinterpret(normal + _i(_ONE_BITS), F32)
+    two_rest = reinterpret(field - normal + _i(_ONE_BITS), F32)  # 2^(n - m), n - m in [-24, 1]
+    return (e_r * two_m) * two_rest  # the last product rounds (subnormal or inf)
+
+
+def _exp_parts(x: PrimExpr, fused: bool, bind: Bind) -> tuple[PrimExpr, PrimExpr]:
+    """`exp(r)` and `n << 23` (int32) with `x = n ln2 + r`, for `x` in [_EXP_LO,
+    _EXP_HI] or NaN (then `exp(r)` is NaN)."""
+    rounded = bind(reinterpret(_mul_add(x, _f(_LOG2E), _f(_ROUNDER), fused), I32))
+    # n from the integer bits, not as `sum - _ROUNDER`: a fast-math build may reassociate
+    # that float subtraction away (x log2(e) + R - R = x log2(e)); through the bits it can't
+    n = bind(Cast(F32, rounded - _i(_ROUNDER_BITS)))
+    r = bind(_mul_add(n, _f(-_LN2_LO), _mul_add(n, _f(-_LN2_HI), x, fused), fused))
     e_r = _mul_add(_horner(r, _EXP_P, fused), r * r, r + _f(1.0), fused)
-    ni = bind(Cast(I32, n))
-    two_s = Cast(F32, _i(1) << (ni & _i(15)))  # 2^s, s = n mod 16
-    two_q = bind(Cast(F32, _i(1) << ((ni >> _i(4)) + _i(10))) * _f(2.0 ** -10))  # q in [-10, 8]
-    two_2q = bind(two_q * two_q)
-    two_4q = bind(two_2q * two_2q)
-    two_8q = bind(two_4q * two_4q)
-    y = ((e_r * two_s) * two_8q) * two_8q  # the last product rounds (subnormal or inf)
-    return select(intrin("isnan", x), x, y)
+    return e_r, rounded << _i(23)  # n << 23: _ROUNDER's bits shift out
 
 
 def tanh_f32(x: PrimExpr, *, fused: bool = False, bind: Bind = _inline) -> PrimExpr:
     """`tanh(x)` of a float32 `x` (see the module docstring; `bind` as for exp_f32)."""
     x = bind(x)
     ax = bind(intrin("abs", x))
-    z = bind(x * x)
-    small = _mul_add(x * z, _horner(z, _TANH_P, fused), x, fused)
-    e = exp_f32(ax + ax, fused=fused, bind=bind)
-    big = bind(_f(1.0) - _f(2.0) / (e + _f(1.0)))  # NaN stays NaN
-    signed = select(x < _f(0.0), -big, big)
-    # x itself below 2^-12 (tanh(x) rounds to x there), so that -0.0 stays -0.0
-    return select(ax < _f(2.0 ** -12), x, select(ax < _f(_TANH_SMALL), small, signed))
+    z = bind(ax * ax)
+    small = _mul_add(ax * z, _horner(z, _TANH_P, fused), ax, fused)
+    # 2|x| <= 2 _TANH_ONE: exp cannot overflow, 2^n is one factor
+    e_r, field = _exp_parts(bind(min_(ax, _f(_TANH_ONE)) * _f(2.0)), fused, bind)
+    e = e_r * reinterpret(field + _i(_ONE_BITS), F32)
+    y = select(ax < _f(_TANH_SMALL), small, _f(1.0) - _f(2.0) / (e + _f(1.0)))
+    # tanh(|x|) with the sign bit of x (so -0.0 stays -0.0)
+    signed = reinterpret(reinterpret(y, I32) | (reinterpret(x, I32) & _i(_SIGN_BIT)), F32)
+    return select(intrin("isnan", x), x, signed)
 
 
 def sigmoid_f32(x: PrimExpr, *, fused: bool = False, bind: Bind = _inline) -> PrimExpr:

@@ -139,6 +139,38 @@ static inline float kiln_bf16_to_float(uint16_t h) {
   return f;
 }
 
+KILN_HELPER(kiln_f32_bits)
+/* The bits of a float (the IR's Reinterpret; memcpy compiles to a register move). */
+static inline uint32_t kiln_f32_bits(float x) {
+  uint32_t bits;
+  memcpy(&bits, &x, sizeof bits);
+  return bits;
+}
+
+KILN_HELPER(kiln_f32_from_bits)
+/* The float with these bits (the IR's Reinterpret). */
+static inline float kiln_f32_from_bits(uint32_t bits) {
+  float f;
+  memcpy(&f, &bits, sizeof f);
+  return f;
+}
+
+KILN_HELPER(kiln_f64_bits)
+/* The bits of a double (the IR's Reinterpret). */
+static inline uint64_t kiln_f64_bits(double x) {
+  uint64_t bits;
+  memcpy(&bits, &x, sizeof bits);
+  return bits;
+}
+
+KILN_HELPER(kiln_f64_from_bits)
+/* The double with these bits (the IR's Reinterpret). */
+static inline double kiln_f64_from_bits(uint64_t bits) {
+  double f;
+  memcpy(&f, &bits, sizeof f);
+  return f;
+}
+
 KILN_HELPER(kiln_f16_round)
 KILN_NEEDS(kiln_f16_from_double, kiln_f16_to_float)
 /* x rounded to the nearest float16 value: every float16 operation ends here. */
