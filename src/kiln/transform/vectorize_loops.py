@@ -25,7 +25,7 @@ from kiln.ir.aliasing import analyze
 from kiln.ir.analysis.vector_loops import private_buffers, readonly_buffers, vector_loop_lanes
 from kiln.ir.attrs import ATTR_VECTOR_BITS
 from kiln.ir.module import IRModule
-from kiln.ir.visitor import StmtMutator, substitute
+from kiln.ir.visitor import StmtMutator, iter_stmts, substitute
 from kiln.transform.pass_base import Pass
 
 
@@ -46,7 +46,8 @@ class VectorizeLoops(Pass):
         aliasing = analyze(dict(funcs))
         changed: dict[str, Any] = {}
         for name, fn in funcs.items():
-            mutator = _Decide(private_buffers(fn, aliasing.noalias[name]), readonly_buffers(fn))
+            mutator = _Decide(private_buffers(fn, aliasing.noalias[name]), readonly_buffers(fn),
+                              bits // 32)
             new = mutator.visit_func(fn)
             if new is not fn:
                 changed[name] = new
@@ -62,38 +63,71 @@ def _target_vector_bits() -> int:
 
 
 class _Decide(StmtMutator):
-    def __init__(self, private: set[t.Buffer], readonly: set[t.Buffer]) -> None:
+    def __init__(self, private: set[t.Buffer], readonly: set[t.Buffer],
+                 register_lanes: int) -> None:
         self.private = private
         self.readonly = readonly
+        self.register_lanes = register_lanes
 
     def visit_for(self, s: t.For) -> t.Stmt:
         if s.kind == "vectorized" and vector_loop_lanes(s, self.private, self.readonly):
-            return power_of_two_pieces(s)
+            return register_pieces(s, self.register_lanes)
         return self.generic_visit(s)
 
 
-def power_of_two_pieces(loop: t.For) -> t.Stmt:
+def register_pieces(loop: t.For, register_lanes: int) -> t.Stmt:
     """`loop` (constant start and extent, independent iterations) as consecutive `vector`
-    loops of power-of-two lanes: 48 lanes are one loop of 32 and one of 16. LLVM pads a
-    `<48 x float>` to 64 lanes in memory and then keeps a register tile of them on the
-    stack (a 3-vector conv tile ran 10x slower than a 2- or 4-vector one); the pieces
-    stay in registers. Later pieces get a fresh loop variable."""
+    loops: power-of-two pieces of at least a register (`register_lanes` 32-bit lanes),
+    then the rest, less than a register, as one piece. With 16 lanes 48 are one loop of
+    32 and one of 16, 37 are 32 and 5. LLVM pads a `<48 x float>` to 64 lanes in memory
+    and then keeps a register tile of them on the stack (a 3-vector conv tile ran 10x
+    slower than a 2- or 4-vector one); the pieces stay in registers. Later pieces bind
+    fresh variables (loop and lets)."""
+    whole = t.For(loop.var, loop.start, loop.extent, "vector", loop.body)
     start = loop.start.value if isinstance(loop.start, t.Const) else None
     extent = int(loop.extent.value)  # type: ignore[attr-defined]  # checked by the analysis
-    if start is None or extent & (extent - 1) == 0:
-        return t.For(loop.var, loop.start, loop.extent, "vector", loop.body)
+    if start is None or extent & (extent - 1) == 0 or extent <= register_lanes:
+        return whole
+    sizes = []
+    rest = extent
+    while rest >= max(register_lanes, 1):
+        sizes.append(1 << (rest.bit_length() - 1))
+        rest -= sizes[-1]
+    sizes += [rest] if rest else []
     pieces: list[t.Stmt] = []
     offset = int(start)
-    for bit in reversed(range(extent.bit_length())):
-        lanes = 1 << bit
-        if not extent & lanes:
-            continue
-        var = loop.var if not pieces else t.Var(loop.var.name, loop.var.dtype)
-        body = loop.body if var is loop.var else substitute(loop.body, {loop.var: var})
-        if lanes == 1:
-            pieces.append(substitute(loop.body, {loop.var: t.Const(offset, loop.var.dtype)}))
+    for lanes in sizes:
+        if not pieces:
+            pieces.append(t.For(loop.var, t.Const(offset, loop.var.dtype),
+                                t.Const(lanes, loop.var.dtype), "vector", loop.body))
         else:
-            pieces.append(t.For(var, t.Const(offset, loop.var.dtype),
-                                t.Const(lanes, loop.var.dtype), "vector", body))
+            var = t.Var(loop.var.name, loop.var.dtype)
+            index: t.PrimExpr = var if lanes > 1 else t.Const(offset, loop.var.dtype)
+            body = _rebound(loop.body, {loop.var: index})
+            if body is None:
+                return whole
+            pieces.append(body if lanes == 1 else t.For(
+                var, t.Const(offset, loop.var.dtype), t.Const(lanes, loop.var.dtype),
+                "vector", body))
         offset += lanes
     return t.seq(*pieces)
+
+
+_DEFINES = (t.LetStmt, t.For, t.Allocate, t.AllocConst, t.DeclBuffer)
+
+
+def _rebound(body: t.Stmt, vmap: dict[t.Var, t.PrimExpr]) -> t.Stmt | None:
+    """A copy of the straight-line `body` with `vmap` applied and each let bound to a
+    fresh variable (a variable is defined once per function); None if a statement
+    nests a definition."""
+    out: list[t.Stmt] = []
+    for s in body.body if isinstance(body, t.SeqStmt) else (body,):
+        if isinstance(s, t.LetStmt):
+            var = t.Var(s.var.name, s.var.dtype)
+            out.append(t.LetStmt(var, substitute(s.value, vmap)))
+            vmap[s.var] = var
+        elif any(isinstance(d, _DEFINES) for d in iter_stmts(s)):
+            return None
+        else:
+            out.append(substitute(s, vmap))
+    return t.seq(*out)
