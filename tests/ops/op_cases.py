@@ -372,6 +372,21 @@ CASES: dict[str, list[OpCase]] = {
                 ints(5, 3, 2, low=-128, high=128, dtype="int8"), ints(5, low=-500, high=500),
                 const(3, "int8"), const(0, "int8"), const(0.004, "float32"),
                 const(-10, "int8")), {"pads": (1, 1), "dilations": (2,), "qmin": -10})],
+    # onnxruntime's QLinearAdd/QLinearMul formulas (a per-channel A swaps the roles)
+    "qlinear_add": [
+        OpCase((ints(2, 3, 4, low=0, high=256, dtype="uint8"), const(0.05, "float32"),
+                const(120, "uint8"), ints(2, 3, 4, low=0, high=256, dtype="uint8"),
+                const(0.03, "float32"), const(131, "uint8"), const(0.07, "float32"),
+                const(128, "uint8"))),
+        OpCase((ints(1, 3, 1, low=-128, high=128, dtype="int8"), const(0.02, "float32"),
+                const(-3, "int8"), ints(2, 3, 5, low=-128, high=128, dtype="int8"),
+                const(0.045, "float32"), const(4, "int8"), const(0.04, "float32"),
+                const(0, "int8")))],
+    "qlinear_mul": [
+        OpCase((ints(2, 3, 4, low=0, high=256, dtype="uint8"), const(0.05, "float32"),
+                const(120, "uint8"), ints(4, low=0, high=256, dtype="uint8"),
+                const(0.03, "float32"), const(131, "uint8"), const(0.07, "float32"),
+                const(128, "uint8")))],
     "qlinear_matmul_packed": [
         OpCase((ints(2, 4, 6, low=0, high=256, dtype="uint8"),
                 ints(1, 6, 5, low=-128, high=128, dtype="int8"), ints(5, low=-9000, high=9000),

@@ -4,9 +4,9 @@ onnxruntime's com.microsoft QGemm, QLinearAdd, QLinearMul, QLinearGlobalAverageP
 QLinearConcat, QLinearSigmoid, QLinearLeakyRelu) and dynamic quantization
 (DynamicQuantizeLinear, MatMulInteger, ConvInteger).
 
-The integer products map to the integer ops of kiln.ops.quant; the elementwise
-QOperator ops are dequantize -> float op -> quantize, which is how onnxruntime
-defines them (its kernels compute them in float32 too). What kiln cannot run
+The integer products map to the integer ops of kiln.ops.quant, QLinearAdd/QLinearMul to
+kiln.ops.quant_elementwise (onnxruntime's formulas); the other elementwise QOperator ops
+are dequantize -> float op -> quantize. What kiln cannot run
 exactly (4-bit, 2-bit and float8 types, per-row zero points of MatMulInteger's A) is
 refused with an IRError, which the importer reports naming the node.
 """
@@ -309,21 +309,6 @@ def _requant_out(ctx: GraphContext, y: g.Expr, ys: g.Expr | None, yz: g.Expr | N
     return quantize(ctx, y, scale, _out_zp(ctx, yz))
 
 
-def _saturate(ctx: GraphContext, v: g.Expr, like_zp: g.Expr) -> g.Expr:
-    """`saturate(round_half_even(v))` in the zero point's type (float32 `v`)."""
-    dtype = ctx.tensor_type(like_zp).dtype
-    return quantize(ctx, v, ctx.const(np.asarray(1.0, np.float32)),
-                    ctx.const(np.zeros((), dt.to_numpy(dtype))))
-
-
-def _as(ctx: GraphContext, x: g.Expr, dtype: str) -> g.Expr:
-    return x if ctx.tensor_type(x).dtype == dtype else ctx.call("cast", x, dtype=dtype)
-
-
-def _numel(ctx: GraphContext, x: g.Expr) -> int:
-    return int(np.prod(ctx.tensor_type(x).static_shape, dtype=np.int64))
-
-
 def _binary_inputs(ctx: GraphContext, inputs: Sequence[g.Expr | None]) -> tuple[Any, ...]:
     a, as_, az, b, bs, bz, cs = inputs[:7]
     cz = inputs[7] if len(inputs) > 7 else None
@@ -341,32 +326,14 @@ def _binary_inputs(ctx: GraphContext, inputs: Sequence[g.Expr | None]) -> tuple[
 @onnx_op(MS + "QLinearAdd")
 def _qlinear_add(ctx: GraphContext, inputs: Sequence[g.Expr | None],
                  attrs: dict[str, Any]) -> list[g.Expr]:
-    # onnxruntime (MLAS): C = saturate(round(fixed + A * (a_s / c_s) + B * (b_s / c_s))) with
-    # fixed = c_zp - (ratio_a * a_zp + ratio_b * b_zp), all float32, a scalar B added first.
-    a, sa, za, b, sb, zb, sc, zc = _binary_inputs(ctx, inputs)
-    ratio_a, ratio_b = ctx.call("divide", sa, sc), ctx.call("divide", sb, sc)
-    zero_terms = ctx.call("add", ctx.call("multiply", ratio_a, _as(ctx, za, "float32")),
-                          ctx.call("multiply", ratio_b, _as(ctx, zb, "float32")))
-    fixed = ctx.call("subtract", _as(ctx, zc, "float32"), zero_terms)
-    term_a = ctx.call("multiply", _as(ctx, a, "float32"), ratio_a)
-    term_b = ctx.call("multiply", _as(ctx, b, "float32"), ratio_b)
-    first, second = (term_b, term_a) if _numel(ctx, b) == 1 else (term_a, term_b)
-    v = ctx.call("add", ctx.call("add", fixed, first), second)
-    return [_saturate(ctx, v, zc)]
+    # onnxruntime's MLAS formula (kiln.ops.quant_elementwise), not dequantize-add-quantize
+    return [ctx.call("qlinear_add", *_binary_inputs(ctx, inputs))]
 
 
 @onnx_op(MS + "QLinearMul")
 def _qlinear_mul(ctx: GraphContext, inputs: Sequence[g.Expr | None],
                  attrs: dict[str, Any]) -> list[g.Expr]:
-    # onnxruntime (MLAS): C = saturate(round(float((A - a_zp) * (B - b_zp)) * ratio + c_zp))
-    # with ratio = a_s * b_s / c_s in float32.
-    a, sa, za, b, sb, zb, sc, zc = _binary_inputs(ctx, inputs)
-    ratio = ctx.call("divide", ctx.call("multiply", sa, sb), sc)
-    da = ctx.call("subtract", _as(ctx, a, "int32"), _as(ctx, za, "int32"))
-    db = ctx.call("subtract", _as(ctx, b, "int32"), _as(ctx, zb, "int32"))
-    product = _as(ctx, ctx.call("multiply", da, db), "float32")
-    v = ctx.call("add", ctx.call("multiply", product, ratio), _as(ctx, zc, "float32"))
-    return [_saturate(ctx, v, zc)]
+    return [ctx.call("qlinear_mul", *_binary_inputs(ctx, inputs))]
 
 
 def _unary(op: str, **fixed: Any) -> Any:

@@ -51,6 +51,8 @@ from kiln.transform.pass_base import FunctionPass
 _CONVS = ("conv1d", "conv2d", "conv3d")
 _PRODUCT_DTYPES = ("int8", "uint8")
 _MAX_POOLS = ("max_pool1d", "max_pool2d", "max_pool3d")
+#: float binary op -> the integer op onnxruntime runs for DQ, DQ -> op -> Q
+_BINARY = {"add": "qlinear_add", "multiply": "qlinear_mul"}
 _STARTS = ("quantize_linear", "qlinear_conv", "qlinear_matmul", "matmul_integer")
 
 
@@ -139,6 +141,12 @@ class _Matcher:
             call = self._producer(call.args[0], single_use=True)
         if call is None or lo > hi:
             return None
+        # a ReLU/Clip absorbed above must be a no-op after saturation (onnxruntime drops
+        # a ReLU before a QuantizeLinear whose zero point is the type's minimum)
+        if call.op in _BINARY and (lo, hi) == qrange(str(y_zp.dtype)):
+            binary = self._binary(call, q)
+            if binary is not None:
+                return binary
         bias: g.Expr | None = None
         if call.op == "add":
             call, bias = self._matmul_and_bias(call)
@@ -168,6 +176,35 @@ class _Matcher:
         from kiln.ops import call as op_call
 
         return op_call(pool.op, source.data, **pool.attrs)
+
+    def _binary(self, call: g.Call, q: g.Call) -> g.Call | None:
+        """`quantize(add|multiply(dequantize(a), dequantize(b)))` in float32, per tensor,
+        a, b and the output all uint8: onnxruntime's QLinearAdd / QLinearMul
+        (kiln.ops.quant_elementwise), the formula it runs for this group. onnxruntime
+        (x86) keeps the int8 group in float, and so does kiln."""
+        from kiln.ops import call as op_call
+
+        dtype = q.type.dtype if isinstance(q.type, TensorType) else ""
+        ct = call.type
+        if dtype != "uint8" or not (isinstance(ct, TensorType)
+                                                and ct.dtype == "float32"):
+            return None
+        operands: list[g.Expr] = []
+        for arg in call.args:
+            p = self._dequantized(arg)
+            if p is None or p.axis is not None or p.scale.ndim or not (
+                    isinstance(p.data.type, TensorType) and p.data.type.dtype == dtype):
+                return None
+            operands += [p.data, g.Constant(p.scale.reshape(())),
+                         g.Constant(np.asarray(p.zero_point).reshape(()))]
+        scale, zp = q.args[1], q.args[2]
+        assert isinstance(scale, g.Constant) and isinstance(zp, g.Constant)
+        try:
+            return op_call(_BINARY[call.op], *operands,
+                           g.Constant(np.asarray(scale.data, np.float32).reshape(())),
+                           g.Constant(np.asarray(zp.data).reshape(())))
+        except IRError:  # shapes that do not broadcast: keep float
+            return None
 
     def _matmul_and_bias(self, add: g.Call) -> tuple[g.Call | None, g.Expr | None]:
         """Gemm's `add(matmul(...), bias)` (either order) -> (the matmul, the bias)."""

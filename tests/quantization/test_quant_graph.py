@@ -1,0 +1,161 @@
+"""Integer elementwise ops of quantized graphs against onnxruntime, element for element.
+
+onnxruntime runs `DequantizeLinear x2 -> Add|Mul -> QuantizeLinear` (and the
+com.microsoft QLinearAdd/QLinearMul nodes) with its MLAS float32 formulas, not
+dequantize-add-quantize; kiln's `qlinear_add`/`qlinear_mul` compute the same numbers.
+Scales and zero points are graph inputs in the QOperator models, so one compiled module
+checks many parameter sets against onnxruntime over every pair of 8-bit values.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto
+
+import kiln
+from kiln.frontend import from_onnx
+from kiln.ir import assert_structural_equal, verify
+from kiln.script import from_source, print_module
+from kiln.transform.quantize_ops import QuantizeOps
+from support.graphs import GraphBuilder
+from support.reference import ort_session
+
+ELEM = {"uint8": TensorProto.UINT8, "int8": TensorProto.INT8}
+MS = {"": 13, "com.microsoft": 1}
+
+
+#: (op, A shape, B shape) of the QOperator checks: every byte pair, a per-channel operand
+#: on either side (onnxruntime swaps the roles of A and B when A is the constant one
+#: along the innermost axis), a scalar, and both varying along the innermost axis.
+CASES = [("QLinearAdd", [256, 256], [256, 256]), ("QLinearAdd", [2, 16, 7, 9], [1, 16, 1, 1]),
+         ("QLinearAdd", [1, 16, 1, 1], [2, 16, 7, 9]), ("QLinearAdd", [1], [3, 40]),
+         ("QLinearAdd", [5, 1, 33], [5, 8, 33]), ("QLinearMul", [256, 256], [256, 256]),
+         ("QLinearMul", [3, 40], [1])]
+
+
+def _qlinear_model(dtype: str, cases: list[tuple[str, list[int], list[int]]]
+                   ) -> onnx.ModelProto:
+    """One com.microsoft node per case; tensors, scales and zero points are all inputs."""
+    b = GraphBuilder()
+    for name in ("sa", "sb", "sy"):
+        b.input(name, [], TensorProto.FLOAT)
+    for name in ("za", "zb", "zy"):
+        b.input(name, [], ELEM[dtype])
+    for k, (op, a_shape, b_shape) in enumerate(cases):
+        b.node(op, [f"a{k}", "sa", "za", f"b{k}", "sb", "zb", "sy", "zy"], [f"y{k}"],
+               domain="com.microsoft")
+        b.input(f"a{k}", a_shape, ELEM[dtype])
+        b.input(f"b{k}", b_shape, ELEM[dtype])
+        b.output(f"y{k}", list(np.broadcast_shapes(tuple(a_shape), tuple(b_shape))),
+                 ELEM[dtype])
+    return b.model(opset=MS)
+
+
+def _operands(dtype: str, a_shape: list[int], b_shape: list[int],
+              rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """Operands covering every (a, b) byte pair when both are [256, 256] (else random)."""
+    info = np.iinfo(dtype)
+    values = np.arange(info.min, info.max + 1).astype(dtype)
+    if a_shape == b_shape == [256, 256]:
+        return np.repeat(values, 256).reshape(256, 256), np.tile(values, 256).reshape(256, 256)
+    return (rng.integers(info.min, info.max + 1, a_shape).astype(dtype),
+            rng.integers(info.min, info.max + 1, b_shape).astype(dtype))
+
+
+def _params(dtype: str, rng: np.random.Generator) -> dict[str, np.ndarray]:
+    info = np.iinfo(dtype)
+    out = {k: np.asarray(rng.uniform(0.005, 0.2), np.float32) for k in ("sa", "sb", "sy")}
+    out.update({k: np.asarray(rng.integers(info.min, info.max + 1), dtype)
+                for k in ("za", "zb", "zy")})
+    return out
+
+
+@pytest.mark.parametrize("dtype,target,cases", [("uint8", "llvm", CASES),
+                                                ("int8", "llvm", CASES),
+                                                ("uint8", "c", CASES[3:5] + CASES[6:])])
+def test_qlinear_add_mul_equal_onnxruntime(dtype: str, target: str,
+                                           cases: list[tuple[str, list[int], list[int]]]
+                                           ) -> None:
+    model = _qlinear_model(dtype, cases)
+    fn = kiln.compile(from_onnx(model), target)["main"]
+    session = ort_session(model)
+    rng = np.random.default_rng(5)
+    for _ in range(10):  # parameter sets
+        feed = _params(dtype, rng)
+        for k, (_, a_shape, b_shape) in enumerate(cases):
+            feed[f"a{k}"], feed[f"b{k}"] = _operands(dtype, a_shape, b_shape, rng)
+        want = session.run(None, feed)
+        got = fn(*(feed[v.name] for v in model.graph.input))
+        for k, case in enumerate(cases):
+            assert np.asarray(got[k]).dtype == want[k].dtype
+            np.testing.assert_array_equal(np.asarray(got[k]), want[k],
+                                          err_msg=f"{case} {dtype} {target}")
+
+
+def _qdq_binary(op: str, dtype: str, shape_b: list[int]) -> onnx.ModelProto:
+    """DQ(a), DQ(b) -> op -> Q -> DQ, constant per-tensor parameters (QDQ form)."""
+    b = GraphBuilder()
+    b.consts({"sa": np.float32(0.037), "za": np.asarray(131 if dtype == "uint8" else 3, dtype),
+              "sb": np.float32(0.021), "zb": np.asarray(119 if dtype == "uint8" else -5, dtype),
+              "sy": np.float32(0.05), "zy": np.asarray(128 if dtype == "uint8" else 0, dtype)})
+    b.node("DequantizeLinear", ["a", "sa", "za"], ["af"])
+    b.node("DequantizeLinear", ["b", "sb", "zb"], ["bf"])
+    b.node(op, ["af", "bf"], ["s"])
+    b.node("QuantizeLinear", ["s", "sy", "zy"], ["q"])
+    b.node("DequantizeLinear", ["q", "sy", "zy"], ["y"])
+    b.input("a", [2, 8, 12, 12], ELEM[dtype])
+    b.input("b", shape_b, ELEM[dtype])
+    b.output("y", [2, 8, 12, 12])
+    return b.model(opset=13)
+
+
+@pytest.mark.parametrize("op,dtype,shape_b", [("Add", "uint8", [2, 8, 12, 12]),
+                                              ("Add", "uint8", [1, 8, 1, 1]),
+                                              ("Mul", "uint8", [1, 8, 1, 1])])
+def test_qdq_binary_becomes_integer_op(op: str, dtype: str, shape_b: list[int]) -> None:
+    model = _qdq_binary(op, dtype, shape_b)
+    mod = QuantizeOps()(from_onnx(model))
+    text = print_module(mod)
+    name = {"Add": "qlinear_add", "Mul": "qlinear_mul"}[op]
+    assert f'"{name}"' in text and '"add"' not in text and '"multiply"' not in text
+    verify(mod)
+    assert_structural_equal(from_source(text), mod)  # the DSL round-trips
+    rng = np.random.default_rng(3)
+    info = np.iinfo(dtype)
+    feed = {"a": rng.integers(info.min, info.max + 1, (2, 8, 12, 12)).astype(dtype),
+            "b": rng.integers(info.min, info.max + 1, shape_b).astype(dtype)}
+    want = ort_session(model).run(None, feed)[0]   # ORT_ENABLE_ALL: its QLinear op
+    got = np.asarray(kiln.compile(from_onnx(model), "llvm")["main"](feed["a"], feed["b"]))
+    np.testing.assert_array_equal(got, want)
+
+
+def test_qdq_int8_add_stays_float() -> None:
+    """onnxruntime (x86) runs the int8 group as dequantize, add, quantize; so does kiln."""
+    model = _qdq_binary("Add", "int8", [1, 8, 1, 1])
+    text = print_module(QuantizeOps()(from_onnx(model)))
+    assert '"add"' in text and "qlinear_add" not in text
+    rng = np.random.default_rng(3)
+    feed = {"a": rng.integers(-128, 128, (2, 8, 12, 12)).astype(np.int8),
+            "b": rng.integers(-128, 128, (1, 8, 1, 1)).astype(np.int8)}
+    want = ort_session(model).run(None, feed)[0]
+    got = np.asarray(kiln.compile(from_onnx(model), "llvm")["main"](feed["a"], feed["b"]))
+    np.testing.assert_array_equal(got, want)
+
+
+def test_qdq_add_dequantized_per_channel_stays_float() -> None:
+    """A float add whose inputs are dequantized per channel is not QLinearAdd's."""
+    b = GraphBuilder()
+    b.consts({"sa": np.asarray([0.03, 0.05], np.float32), "za": np.zeros(2, np.uint8),
+              "sb": np.float32(0.02), "zb": np.asarray(7, np.uint8),
+              "sy": np.float32(0.05), "zy": np.asarray(128, np.uint8)})
+    b.node("DequantizeLinear", ["a", "sa", "za"], ["af"], axis=1)
+    b.node("DequantizeLinear", ["b", "sb", "zb"], ["bf"])
+    b.node("Add", ["af", "bf"], ["s"])
+    b.node("QuantizeLinear", ["s", "sy", "zy"], ["y"])
+    b.input("a", [1, 2, 3], TensorProto.UINT8)
+    b.input("b", [1, 2, 3], TensorProto.UINT8)
+    b.output("y", [1, 2, 3], TensorProto.UINT8)
+    text = print_module(QuantizeOps()(from_onnx(b.model(opset=13))))
+    assert '"add"' in text and "qlinear_add" not in text
