@@ -387,6 +387,12 @@ CASES: dict[str, list[OpCase]] = {
                 const(120, "uint8"), ints(4, low=0, high=256, dtype="uint8"),
                 const(0.03, "float32"), const(131, "uint8"), const(0.07, "float32"),
                 const(128, "uint8")))],
+    "qlinear_global_average_pool": [
+        OpCase((ints(2, 3, 4, 5, low=0, high=256, dtype="uint8"), const(0.05, "float32"),
+                const(120, "uint8"), const(0.01, "float32"), const(7, "uint8"))),
+        OpCase((ints(1, 4, 3, 6, low=-128, high=128, dtype="int8"), const(0.02, "float32"),
+                const(-3, "int8"), const(0.004, "float32"), const(5, "int8")),
+               {"channels_last": 1})],
     "qlinear_matmul_packed": [
         OpCase((ints(2, 4, 6, low=0, high=256, dtype="uint8"),
                 ints(1, 6, 5, low=-128, high=128, dtype="int8"), ints(5, low=-9000, high=9000),

@@ -159,3 +159,54 @@ def test_qdq_add_dequantized_per_channel_stays_float() -> None:
     b.output("y", [1, 2, 3], TensorProto.UINT8)
     text = print_module(QuantizeOps()(from_onnx(b.model(opset=13))))
     assert '"add"' in text and "qlinear_add" not in text
+
+
+@pytest.mark.parametrize("dtype,channels_last", [("uint8", 0), ("int8", 1)])
+def test_qlinear_global_average_pool_equals_onnxruntime(dtype: str, channels_last: int
+                                                        ) -> None:
+    """The int32 sum requantized with x_scale / (y_scale * size), as MLAS computes it."""
+    b = GraphBuilder()
+    b.node("QLinearGlobalAveragePool", ["x", "sx", "zx", "sy", "zy"], ["y"],
+           domain="com.microsoft", channels_last=channels_last)
+    shape, out = ([2, 7, 9, 24], [2, 1, 1, 24]) if channels_last else ([2, 24, 7, 9],
+                                                                       [2, 24, 1, 1])
+    b.input("x", shape, ELEM[dtype])
+    b.input("sx", [], TensorProto.FLOAT)
+    b.input("zx", [], ELEM[dtype])
+    b.input("sy", [], TensorProto.FLOAT)
+    b.input("zy", [], ELEM[dtype])
+    b.output("y", out, ELEM[dtype])
+    model = b.model(opset=MS)
+    fn = kiln.compile(from_onnx(model), "llvm")["main"]
+    session = ort_session(model)
+    rng = np.random.default_rng(11)
+    info = np.iinfo(dtype)
+    for _ in range(20):
+        feed = {"x": rng.integers(info.min, info.max + 1, shape).astype(dtype),
+                "sx": np.asarray(rng.uniform(0.01, 0.1), np.float32),
+                "zx": np.asarray(rng.integers(info.min, info.max + 1), dtype),
+                "sy": np.asarray(rng.uniform(0.002, 0.05), np.float32),
+                "zy": np.asarray(rng.integers(info.min, info.max + 1), dtype)}
+        want = session.run(None, feed)[0]
+        got = np.asarray(fn(*(feed[v.name] for v in model.graph.input)))
+        np.testing.assert_array_equal(got, want)
+
+
+def test_qdq_global_average_pool_becomes_integer_op() -> None:
+    b = GraphBuilder()
+    b.consts({"sx": np.float32(0.047), "zx": np.asarray(121, np.uint8),
+              "sy": np.float32(0.0123), "zy": np.asarray(3, np.uint8)})
+    b.node("DequantizeLinear", ["x", "sx", "zx"], ["xf"])
+    b.node("GlobalAveragePool", ["xf"], ["p"])
+    b.node("QuantizeLinear", ["p", "sy", "zy"], ["y"])
+    b.input("x", [1, 64, 7, 7], TensorProto.UINT8)
+    b.output("y", [1, 64, 1, 1], TensorProto.UINT8)
+    model = b.model(opset=13)
+    mod = QuantizeOps()(from_onnx(model))
+    text = print_module(mod)
+    assert '"qlinear_global_average_pool"' in text and "dequantize_linear" not in text
+    assert_structural_equal(from_source(text), mod)
+    x = np.random.default_rng(2).integers(0, 256, (1, 64, 7, 7)).astype(np.uint8)
+    want = ort_session(model).run(None, {"x": x})[0]
+    got = np.asarray(kiln.compile(from_onnx(model), "c")["main"](x))
+    np.testing.assert_array_equal(got, want)

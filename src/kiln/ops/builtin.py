@@ -21,6 +21,7 @@ from kiln.ops import (  # noqa: F401
     quant_elementwise,
     quant_kernels,
     quant_onnx,
+    quant_pool,
     recurrent,
     reduce,
     sampling,

@@ -5,8 +5,9 @@ QLinearConcat, QLinearSigmoid, QLinearLeakyRelu) and dynamic quantization
 (DynamicQuantizeLinear, MatMulInteger, ConvInteger).
 
 The integer products map to the integer ops of kiln.ops.quant, QLinearAdd/QLinearMul to
-kiln.ops.quant_elementwise (onnxruntime's formulas); the other elementwise QOperator ops
-are dequantize -> float op -> quantize. What kiln cannot run
+kiln.ops.quant_elementwise and QLinearGlobalAveragePool to kiln.ops.quant_pool
+(onnxruntime's formulas); the other elementwise QOperator ops are dequantize -> float op
+-> quantize. What kiln cannot run
 exactly (4-bit, 2-bit and float8 types, per-row zero points of MatMulInteger's A) is
 refused with an IRError, which the importer reports naming the node.
 """
@@ -355,16 +356,17 @@ onnx_op(MS + "QLinearLeakyRelu")(_unary("leaky_relu", alpha=0.01))
 @onnx_op(MS + "QLinearGlobalAveragePool")
 def _qlinear_global_average_pool(ctx: GraphContext, inputs: Sequence[g.Expr | None],
                                  attrs: dict[str, Any]) -> list[g.Expr]:
+    # onnxruntime's MLAS formula (kiln.ops.quant_pool): an int32 sum, requantized
     x, xs, xz, ys = inputs[:4]
     yz = inputs[4] if len(inputs) > 4 else None
-    assert x is not None and xs is not None
-    ndim = ctx.tensor_type(x).ndim
-    if ndim < 3:
-        raise IRError(f"QLinearGlobalAveragePool needs a rank >= 3 input, got rank {ndim}")
-    axes = tuple(range(1, ndim - 1)) if int(attrs.get("channels_last", 0)) else \
-        tuple(range(2, ndim))
-    y = ctx.call("reduce_mean", dequantize(ctx, x, xs, xz), axes=axes, keepdims=True)
-    return [_requant_out(ctx, y, ys, yz)]
+    assert x is not None
+    _check_qdtype(ctx.tensor_type(x).dtype, "a QLinear input", PRODUCT_DTYPES)
+    zero = ctx.const(np.zeros((), dt.to_numpy(ctx.tensor_type(x).dtype)))
+    x_zp = zero if xz is None else _scalarize(ctx, xz)
+    last = {"channels_last": 1} if int(attrs.get("channels_last", 0)) else {}
+    return [ctx.call("qlinear_global_average_pool", x, _f32(ctx, xs, "x_scale"), x_zp,
+                     _f32(ctx, ys, "y_scale"), zero if yz is None else _out_zp(ctx, yz),
+                     **last)]
 
 
 @onnx_op(MS + "QLinearConcat")

@@ -147,6 +147,8 @@ class _Matcher:
             binary = self._binary(call, q)
             if binary is not None:
                 return binary
+        if call.op == "global_avg_pool" and (lo, hi) == qrange(str(y_zp.dtype)):
+            return self._global_average(call, q)
         bias: g.Expr | None = None
         if call.op == "add":
             call, bias = self._matmul_and_bias(call)
@@ -204,6 +206,26 @@ class _Matcher:
                            g.Constant(np.asarray(scale.data, np.float32).reshape(())),
                            g.Constant(np.asarray(zp.data).reshape(())))
         except IRError:  # shapes that do not broadcast: keep float
+            return None
+
+    def _global_average(self, pool: g.Call, q: g.Call) -> g.Call | None:
+        """`quantize(global_avg_pool(dequantize(x)))`, per tensor, x and the output of one
+        type: onnxruntime's QLinearGlobalAveragePool (kiln.ops.quant_pool)."""
+        from kiln.ops import call as op_call
+
+        x = self._dequantized(pool.args[0])
+        if x is None or x.axis is not None or x.scale.ndim or not (
+                isinstance(x.data.type, TensorType) and isinstance(q.type, TensorType)
+                and x.data.type.dtype == q.type.dtype in _PRODUCT_DTYPES):
+            return None
+        scale, zp = q.args[1], q.args[2]
+        assert isinstance(scale, g.Constant) and isinstance(zp, g.Constant)
+        try:
+            return op_call("qlinear_global_average_pool", x.data, g.Constant(x.scale),
+                           g.Constant(np.asarray(x.zero_point).reshape(())),
+                           g.Constant(np.asarray(scale.data, np.float32).reshape(())),
+                           g.Constant(np.asarray(zp.data).reshape(())))
+        except IRError:  # a dynamic image size: keep float
             return None
 
     def _matmul_and_bias(self, add: g.Call) -> tuple[g.Call | None, g.Expr | None]:
