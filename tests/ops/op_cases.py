@@ -334,7 +334,9 @@ CASES: dict[str, list[OpCase]] = {
         OpCase((f32(2, 3, 4, low=-40, high=40), const([0.1, 0.2, 0.3], "float32"),
                 const([0, -3, 5], "int8")), {"axis": 1}),
         OpCase((f32(2, 6, low=-30, high=30), const([[0.1, 0.2], [0.3, 0.05]], "float32"),
-                const([[1, -2], [0, 4]], "int16")), {"axis": 1, "block_size": 4})],
+                const([[1, -2], [0, 4]], "int16")), {"axis": 1, "block_size": 4}),
+        OpCase((f32(2, 3, 4, low=-8, high=8), const(0.05, "float32"), const(3, "uint8")),
+               {"zero_point_first": True})],
     "dequantize_linear": [
         OpCase((ints(2, 3, 4, low=-128, high=128, dtype="int8"),
                 const([0.1, 0.2, 0.3], "float32"), const([0, -3, 5], "int8")), {"axis": 1}),

@@ -51,6 +51,7 @@ from kiln.transform.pass_base import FunctionPass
 _CONVS = ("conv1d", "conv2d", "conv3d")
 _PRODUCT_DTYPES = ("int8", "uint8")
 _MAX_POOLS = ("max_pool1d", "max_pool2d", "max_pool3d")
+_AVG_POOLS = ("avg_pool1d", "avg_pool2d", "avg_pool3d")
 #: float binary op -> the integer op onnxruntime runs for DQ, DQ -> op -> Q
 _BINARY = {"add": "qlinear_add", "multiply": "qlinear_mul"}
 _STARTS = ("quantize_linear", "qlinear_conv", "qlinear_matmul", "matmul_integer")
@@ -149,6 +150,8 @@ class _Matcher:
                 return binary
         if call.op == "global_avg_pool" and (lo, hi) == qrange(str(y_zp.dtype)):
             return self._global_average(call, q)
+        if call.op in _AVG_POOLS and (lo, hi) == qrange(str(y_zp.dtype)):
+            return self._average_pool(call, q)
         bias: g.Expr | None = None
         if call.op == "add":
             call, bias = self._matmul_and_bias(call)
@@ -227,6 +230,20 @@ class _Matcher:
                            g.Constant(np.asarray(zp.data).reshape(())))
         except IRError:  # a dynamic image size: keep float
             return None
+
+    def _average_pool(self, pool: g.Call, q: g.Call) -> g.Call | None:
+        """`quantize(avg_pool(dequantize(x)))`, per tensor, uint8: onnxruntime's
+        QLinearAveragePool averages the dequantized floats as the float op does, then
+        rounds `average / y_scale + y_zp` (the zero point added before rounding)."""
+        from kiln.ops import call as op_call
+
+        x = self._dequantized(pool.args[0])
+        if q.attrs.get("zero_point_first") or x is None or x.axis is not None \
+                or x.scale.ndim or q.attrs.get("axis") \
+                or not (isinstance(x.data.type, TensorType) and isinstance(q.type, TensorType)
+                        and x.data.type.dtype == q.type.dtype == "uint8"):
+            return None
+        return op_call("quantize_linear", *q.args, zero_point_first=True)
 
     def _matmul_and_bias(self, add: g.Call) -> tuple[g.Call | None, g.Expr | None]:
         """Gemm's `add(matmul(...), bias)` (either order) -> (the matmul, the bias)."""
