@@ -246,3 +246,29 @@ def test_qdq_concat_and_average_pools_equal_onnxruntime() -> None:
     got = kiln.compile(from_onnx(model), "llvm")["main"](feed["x1"], feed["x2"])
     for w, g_ in zip(want, got, strict=True):
         np.testing.assert_array_equal(np.asarray(g_), w)
+
+
+def test_qdq_data_movement_runs_on_integers() -> None:
+    """DQ -> Reshape/Transpose/Gather -> Q with equal parameters: the op on the integers
+    (onnxruntime drops these pairs); another output scale keeps the float form."""
+    b = GraphBuilder()
+    b.consts({"s": np.float32(0.05), "z": np.asarray(128, np.uint8), "s2": np.float32(0.07),
+              "shape": np.asarray([2, 48], np.int64), "idx": np.asarray([3, 0, 2], np.int64)})
+    b.node("DequantizeLinear", ["x", "s", "z"], ["f"])
+    b.node("Reshape", ["f", "shape"], ["r"])
+    b.node("QuantizeLinear", ["r", "s", "z"], ["yr"])
+    b.node("Transpose", ["f"], ["t"], perm=[0, 2, 1, 3])
+    b.node("QuantizeLinear", ["t", "s", "z"], ["yt"])
+    b.node("Gather", ["f", "idx"], ["g"], axis=1)
+    b.node("QuantizeLinear", ["g", "s2", "z"], ["yg"])
+    b.input("x", [2, 4, 3, 4], TensorProto.UINT8)
+    for name, shape in (("yr", [2, 48]), ("yt", [2, 3, 4, 4]), ("yg", [2, 3, 3, 4])):
+        b.output(name, shape, TensorProto.UINT8)
+    model = b.model(opset=13)
+    text = print_module(QuantizeOps()(from_onnx(model)))
+    assert text.count('"dequantize_linear"') == 1 and text.count('"quantize_linear"') == 1
+    x = np.random.default_rng(4).integers(0, 256, (2, 4, 3, 4)).astype(np.uint8)
+    want = ort_session(model).run(None, {"x": x})
+    got = kiln.compile(from_onnx(model), "llvm")["main"](x)
+    for w, g_ in zip(want, got, strict=True):
+        np.testing.assert_array_equal(np.asarray(g_), w)

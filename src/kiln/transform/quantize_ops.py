@@ -14,7 +14,15 @@ x_scale * w_scale / y_scale` (one per output channel for per-channel weights). A
 ReLU or Clip between the product and the QuantizeLinear becomes the output range
 (`qmin`/`qmax`): quantization is monotone, so `quantize(relu(v)) = max(quantize(v),
 y_zp)` exactly. For the same reason `quantize(max_pool(dequantize(x)))` with one scale
-and zero point is `max_pool(x)` on the integers.
+and zero point is `max_pool(x)` on the integers, and the ops that only move elements
+(reshape, transpose, gather, slice, ...) run on the integers when the scale and zero
+point around them are equal.
+
+onnxruntime runs some other DQ -> op -> Q groups with its own integer kernels, whose
+float32 arithmetic differs from dequantize-op-quantize; those become the ops computing
+its numbers: uint8 Add/Mul -> `qlinear_add`/`qlinear_mul` (kiln.ops.quant_elementwise),
+GlobalAveragePool -> `qlinear_global_average_pool` (kiln.ops.quant_pool), and a uint8
+AveragePool's QuantizeLinear rounds with the zero point added first.
 
 It applies only when the result is the same computation onnxruntime runs for the
 pattern (its QDQ transformer makes the same fusion): the scales and zero points are
@@ -52,6 +60,9 @@ _CONVS = ("conv1d", "conv2d", "conv3d")
 _PRODUCT_DTYPES = ("int8", "uint8")
 _MAX_POOLS = ("max_pool1d", "max_pool2d", "max_pool3d")
 _AVG_POOLS = ("avg_pool1d", "avg_pool2d", "avg_pool3d")
+#: ops that only move or select elements (onnxruntime drops the Q/DQ pairs around them)
+_DATA_MOVEMENT = ("reshape", "transpose", "broadcast_to", "gather", "gather_elements",
+                  "strided_slice", "tile")
 #: float binary op -> the integer op onnxruntime runs for DQ, DQ -> op -> Q
 _BINARY = {"add": "qlinear_add", "multiply": "qlinear_mul"}
 _STARTS = ("quantize_linear", "qlinear_conv", "qlinear_matmul", "matmul_integer")
@@ -128,8 +139,8 @@ class _Matcher:
 
         lo, hi = qrange(str(y_zp.dtype))
         call = self._producer(q.args[0], single_use=True)
-        if call is not None and call.op in _MAX_POOLS:
-            return self._integer_max_pool(call, y_scale, y_zp)
+        if call is not None and (call.op in _MAX_POOLS or call.op in _DATA_MOVEMENT):
+            return self._on_integers(call, y_scale, y_zp)
         if call is not None and call.op in ("relu", "clip"):
             # quantization is monotone: the activation becomes the output range
             bounds = (0.0, None) if call.op == "relu" else (call.attrs.get("min"),
@@ -167,20 +178,26 @@ class _Matcher:
                               y_scale, y_zp)
         return None
 
-    def _integer_max_pool(self, pool: g.Call, y_scale: np.ndarray, y_zp: np.ndarray
-                          ) -> g.Call | None:
-        """`quantize(max_pool(dequantize(x)))` with the same scale (> 0) and zero point is
-        `max_pool(x)`: dequantization is increasing, so the maximum is the same element,
-        and quantize(dequantize(x)) = x (onnxruntime drops these Q/DQ pairs too)."""
-        source = self._dequantized(pool.args[0])
-        if source is None or source.axis is not None or float(source.scale) <= 0 \
+    def _on_integers(self, op: g.Call, y_scale: np.ndarray, y_zp: np.ndarray
+                     ) -> g.Call | None:
+        """`quantize(op(dequantize(x), ...))` with the same scale and zero point is `op(x,
+        ...)` for an op that only moves or selects elements (reshape, transpose, gather,
+        ...): quantize(dequantize(x)) = x. For a max pool the scale must be > 0, so that
+        dequantization is increasing and the maximum is the same element. onnxruntime's
+        QDQ transformer drops these pairs too."""
+        source = self._dequantized(op.args[0])
+        if source is None or source.axis is not None \
+                or (op.op in _MAX_POOLS and float(source.scale) <= 0) \
                 or source.scale.reshape(()) != y_scale \
                 or source.zero_point.dtype != y_zp.dtype \
                 or source.zero_point.reshape(()) != y_zp:
             return None
         from kiln.ops import call as op_call
 
-        return op_call(pool.op, source.data, **pool.attrs)
+        try:
+            return op_call(op.op, source.data, *op.args[1:], **op.attrs)
+        except IRError:  # an op that takes no integer data: keep float
+            return None
 
     def _binary(self, call: g.Call, q: g.Call) -> g.Call | None:
         """`quantize(add|multiply(dequantize(a), dequantize(b)))` in float32, per tensor,
