@@ -272,3 +272,28 @@ def test_qdq_data_movement_runs_on_integers() -> None:
     got = kiln.compile(from_onnx(model), "llvm")["main"](x)
     for w, g_ in zip(want, got, strict=True):
         np.testing.assert_array_equal(np.asarray(g_), w)
+
+
+def test_qlinear_average_pool_equals_onnxruntime() -> None:
+    """com.microsoft QLinearAveragePool, channels first and last: 2x2 averages whose exact
+    halves onnxruntime rounds after adding the zero point."""
+    b = GraphBuilder()
+    b.consts({"sx": np.float32(0.11), "zx": np.asarray(119, np.uint8),
+              "sy": np.float32(0.11), "zy": np.asarray(119, np.uint8)})
+    b.node("QLinearAveragePool", ["x", "sx", "zx", "sy", "zy"], ["y"], domain="com.microsoft",
+           kernel_shape=[2, 2], strides=[2, 2])
+    b.node("QLinearAveragePool", ["xl", "sx", "zx", "sy", "zy"], ["yl"],
+           domain="com.microsoft", kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1],
+           channels_last=1)
+    b.input("x", [1, 6, 8, 8], TensorProto.UINT8)
+    b.input("xl", [1, 8, 8, 6], TensorProto.UINT8)
+    b.output("y", [1, 6, 4, 4], TensorProto.UINT8)
+    b.output("yl", [1, 4, 4, 6], TensorProto.UINT8)
+    model = b.model(opset=MS)
+    rng = np.random.default_rng(6)
+    feed = {"x": rng.integers(0, 256, (1, 6, 8, 8)).astype(np.uint8),
+            "xl": rng.integers(0, 256, (1, 8, 8, 6)).astype(np.uint8)}
+    want = ort_session(model).run(None, feed)
+    got = kiln.compile(from_onnx(model), "llvm")["main"](feed["x"], feed["xl"])
+    for w, g_ in zip(want, got, strict=True):
+        np.testing.assert_array_equal(np.asarray(g_), w)

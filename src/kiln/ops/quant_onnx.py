@@ -1,7 +1,7 @@
 """ONNX converters of quantized models (docs/quantization.md): the QDQ form
 (QuantizeLinear/DequantizeLinear), the QOperator form (QLinearConv, QLinearMatMul and
 onnxruntime's com.microsoft QGemm, QLinearAdd, QLinearMul, QLinearGlobalAveragePool,
-QLinearConcat, QLinearSigmoid, QLinearLeakyRelu) and dynamic quantization
+QLinearAveragePool, QLinearConcat, QLinearSigmoid, QLinearLeakyRelu) and dynamic quantization
 (DynamicQuantizeLinear, MatMulInteger, ConvInteger).
 
 The integer products map to the integer ops of kiln.ops.quant, QLinearAdd/QLinearMul to
@@ -367,6 +367,29 @@ def _qlinear_global_average_pool(ctx: GraphContext, inputs: Sequence[g.Expr | No
     return [ctx.call("qlinear_global_average_pool", x, _f32(ctx, xs, "x_scale"), x_zp,
                      _f32(ctx, ys, "y_scale"), zero if yz is None else _out_zp(ctx, yz),
                      **last)]
+
+
+@onnx_op(MS + "QLinearAveragePool")
+def _qlinear_average_pool(ctx: GraphContext, inputs: Sequence[g.Expr | None],
+                          attrs: dict[str, Any]) -> list[g.Expr]:
+    # onnxruntime: the dequantized floats averaged as AveragePool does, then rounded with
+    # the zero point added first (quantize_linear's `zero_point_first`)
+    from kiln.ops.onnx_map import converters
+
+    x, xs, xz, ys = inputs[:4]
+    yz = inputs[4] if len(inputs) > 4 else None
+    assert x is not None and xs is not None and ys is not None
+    _check_qdtype(ctx.tensor_type(x).dtype, "a QLinear input", PRODUCT_DTYPES)
+    f = dequantize(ctx, x, xs, xz)
+    rank = ctx.tensor_type(x).ndim
+    last = bool(int(attrs.get("channels_last", 0)))
+    if last:  # the pooling converter takes channels first
+        f = ctx.call("transpose", f, perm=(0, rank - 1, *range(1, rank - 1)))
+    pool_attrs = {k: v for k, v in attrs.items() if k != "channels_last"}
+    y = converters().get("AveragePool").fn(ctx, [f], pool_attrs)[0]
+    if last:
+        y = ctx.call("transpose", y, perm=(0, *range(2, rank), 1))
+    return [quantize(ctx, y, _scalarize(ctx, ys), _out_zp(ctx, yz), zero_point_first=True)]
 
 
 @onnx_op(MS + "QLinearConcat")
