@@ -41,6 +41,8 @@ from kiln.ops.registry import register_op
 Attrs = Mapping[str, Any]
 ADD = "qlinear_add"
 MUL = "qlinear_mul"
+
+
 def swaps_operands(a_shape: Sequence[Any], b_shape: Sequence[Any]) -> bool:
     """Whether onnxruntime's QLinearAdd computes `a` in the role of `b`: its broadcasting
     loop calls MLAS on spans of the output's innermost axis of extent > 1 and passes an
