@@ -297,3 +297,30 @@ def test_qlinear_average_pool_equals_onnxruntime() -> None:
     got = kiln.compile(from_onnx(model), "llvm")["main"](feed["x"], feed["xl"])
     for w, g_ in zip(want, got, strict=True):
         np.testing.assert_array_equal(np.asarray(g_), w)
+
+
+def test_residual_cnn_quantized_by_onnxruntime_equals_it() -> None:
+    """A small CNN with ResNet's residual addition, DenseNet's 2x2 transition average and
+    a global average, quantized by onnxruntime's own quantizer (QDQ, per channel): every
+    group onnxruntime runs as an integer op is one here, and the integer outputs are
+    equal, not just within a quantum."""
+    from quantized_models import RandomReader, integer_outputs, quantize_static_model
+
+    b = GraphBuilder(seed=3)
+    x = b.input("x", [1, 8, 16, 16])
+    a = b.op("Relu", b.conv(x, 8, 16, 3))
+    c = b.conv(b.op("Relu", b.conv(a, 16, 16, 3)), 16, 16, 1)
+    r = b.op("Relu", b.op("Add", a, c))
+    p = b.op("AveragePool", r, kernel_shape=[2, 2], strides=[2, 2])
+    g = b.op("Flatten", b.op("GlobalAveragePool", b.op("Relu", b.conv(p, 16, 24, 1))))
+    b.output(b.linear(g, 24, 10), [1, 10])
+    model = quantize_static_model(b.model(opset=13), "QDQ")
+    text = print_module(QuantizeOps()(from_onnx(model)))
+    for op in ('"qlinear_add"', '"qlinear_global_average_pool"', "zero_point_first"):
+        assert op in text, op
+    q = integer_outputs(model)
+    fn = kiln.compile(from_onnx(q), "llvm")["main"]
+    session = ort_session(q)
+    reader = RandomReader(model, count=3, seed=9)
+    while (feed := reader.get_next()) is not None:
+        np.testing.assert_array_equal(np.asarray(fn(feed["x"])), session.run(None, feed)[0])
