@@ -165,6 +165,9 @@ def quantize(model: onnx.ModelProto, shapes: dict[str, list[int]], fmt: str = "Q
         def get_next(self) -> dict[str, np.ndarray] | None:
             return next(self.feeds, None)
 
+    if next(o.version for o in model.opset_import if o.domain in ("", "ai.onnx")) < 13:
+        # the quantizer writes per-channel DequantizeLinear (axis: opset 13) into the graph
+        model = onnx.version_converter.convert_version(model, 13)
     with tempfile.TemporaryDirectory() as tmp:
         src, pre, out = (os.path.join(tmp, n) for n in ("f.onnx", "p.onnx", "q.onnx"))
         onnx.save(model, src)
