@@ -42,6 +42,13 @@ def weight_words(*shape: int) -> Gen:
     return lambda rng: pack(rng.integers(-128, 128, shape).astype(np.int8))
 
 
+def exp_table(x_scale: float, row: int) -> Gen:
+    """qlinear_softmax's uint32 exp table for `x_scale` and rows of `row`."""
+    from kiln.ops.quant_softmax import softmax_table
+
+    return lambda rng: softmax_table(x_scale, row)
+
+
 def const(value: Any, dtype: str) -> Gen:
     return lambda rng: np.asarray(value, dtype=dtype)
 
@@ -395,6 +402,9 @@ CASES: dict[str, list[OpCase]] = {
         OpCase((ints(1, 4, 3, 6, low=-128, high=128, dtype="int8"), const(0.02, "float32"),
                 const(-3, "int8"), const(0.004, "float32"), const(5, "int8")),
                {"channels_last": 1})],
+    "qlinear_softmax": [
+        OpCase((ints(2, 3, 9, low=0, high=256, dtype="uint8"), exp_table(0.1, 9),
+                const(2, "uint8")), {"y_multiplier": 255})],
     "qlinear_matmul_packed": [
         OpCase((ints(2, 4, 6, low=0, high=256, dtype="uint8"),
                 ints(1, 6, 5, low=-128, high=128, dtype="int8"), ints(5, low=-9000, high=9000),

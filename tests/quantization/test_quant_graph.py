@@ -324,3 +324,33 @@ def test_residual_cnn_quantized_by_onnxruntime_equals_it() -> None:
     reader = RandomReader(model, count=3, seed=9)
     while (feed := reader.get_next()) is not None:
         np.testing.assert_array_equal(np.asarray(fn(feed["x"])), session.run(None, feed)[0])
+
+
+@pytest.mark.parametrize("target", ["llvm", "c"])
+def test_qdq_softmax_equals_onnxruntime_qlinear_softmax(target: str) -> None:
+    """DQ -> Softmax -> Q (uint8) runs as onnxruntime's QLinearSoftmax: an integer exp
+    table, an integer sum and division."""
+    b = GraphBuilder()
+    b.consts({"sx": np.float32(0.173), "zx": np.asarray(97, np.uint8),
+              "sy": np.float32(1 / 256), "zy": np.asarray(0, np.uint8),
+              "sy2": np.float32(0.0061), "zy2": np.asarray(3, np.uint8)})
+    b.node("DequantizeLinear", ["x", "sx", "zx"], ["f"])
+    b.node("Softmax", ["f"], ["s"], axis=-1)
+    b.node("QuantizeLinear", ["s", "sy", "zy"], ["y"])
+    b.node("DequantizeLinear", ["x2", "sx", "zx"], ["f2"])
+    b.node("Softmax", ["f2"], ["s2"], axis=-1)
+    b.node("QuantizeLinear", ["s2", "sy2", "zy2"], ["y2"])
+    b.input("x", [3, 1000], TensorProto.UINT8)
+    b.input("x2", [2, 3, 37], TensorProto.UINT8)
+    b.output("y", [3, 1000], TensorProto.UINT8)
+    b.output("y2", [2, 3, 37], TensorProto.UINT8)
+    model = b.model(opset=13)
+    text = print_module(QuantizeOps()(from_onnx(model)))
+    assert text.count('"qlinear_softmax"') == 2 and '"softmax"' not in text
+    rng = np.random.default_rng(12)
+    feed = {"x": rng.integers(0, 256, (3, 1000)).astype(np.uint8),
+            "x2": rng.integers(0, 256, (2, 3, 37)).astype(np.uint8)}
+    want = ort_session(model).run(None, feed)
+    got = kiln.compile(from_onnx(model), target)["main"](feed["x"], feed["x2"])
+    for w, g_ in zip(want, got, strict=True):
+        np.testing.assert_array_equal(np.asarray(g_), w)

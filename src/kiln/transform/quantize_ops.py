@@ -21,8 +21,9 @@ point around them are equal.
 onnxruntime runs some other DQ -> op -> Q groups with its own integer kernels, whose
 float32 arithmetic differs from dequantize-op-quantize; those become the ops computing
 its numbers: uint8 Add/Mul -> `qlinear_add`/`qlinear_mul` (kiln.ops.quant_elementwise),
-GlobalAveragePool -> `qlinear_global_average_pool` (kiln.ops.quant_pool), and a uint8
-AveragePool's QuantizeLinear rounds with the zero point added first.
+GlobalAveragePool -> `qlinear_global_average_pool` (kiln.ops.quant_pool), uint8 Softmax
+-> `qlinear_softmax` (kiln.ops.quant_softmax), and a uint8 AveragePool's QuantizeLinear
+rounds with the zero point added first.
 
 It applies only when the result is the same computation onnxruntime runs for the
 pattern (its QDQ transformer makes the same fusion): the scales and zero points are
@@ -163,6 +164,8 @@ class _Matcher:
             return self._global_average(call, q)
         if call.op in _AVG_POOLS and (lo, hi) == qrange(str(y_zp.dtype)):
             return self._average_pool(call, q)
+        if call.op == "softmax" and (lo, hi) == qrange(str(y_zp.dtype)):
+            return self._softmax(call, q, y_scale, y_zp)
         bias: g.Expr | None = None
         if call.op == "add":
             call, bias = self._matmul_and_bias(call)
@@ -261,6 +264,26 @@ class _Matcher:
                         and x.data.type.dtype == q.type.dtype == "uint8"):
             return None
         return op_call("quantize_linear", *q.args, zero_point_first=True)
+
+    def _softmax(self, softmax: g.Call, q: g.Call, y_scale: np.ndarray, y_zp: np.ndarray
+                 ) -> g.Call | None:
+        """`quantize(softmax(dequantize(x)))` over the last axis, per tensor, uint8:
+        onnxruntime's QLinearSoftmax (kiln.ops.quant_softmax), its exp table built here."""
+        from kiln.ops import call as op_call
+        from kiln.ops.quant_softmax import softmax_multiplier, softmax_table
+
+        x = self._dequantized(softmax.args[0])
+        xt = x.data.type if x is not None else None
+        axis = softmax.attrs.get("axis", -1)
+        if x is None or x.axis is not None or x.scale.ndim or not isinstance(xt, TensorType) \
+                or xt.dtype != "uint8" or y_zp.dtype != np.uint8 or not isinstance(axis, int) \
+                or axis % max(xt.ndim, 1) != xt.ndim - 1 \
+                or not isinstance(xt.shape[-1], int) or not 0 < float(y_scale) <= 1:
+            return None
+        table = softmax_table(float(x.scale), int(xt.shape[-1]))
+        return op_call("qlinear_softmax", x.data, g.Constant(table),
+                       g.Constant(np.asarray(y_zp).reshape(())),
+                       y_multiplier=softmax_multiplier(float(y_scale)))
 
     def _matmul_and_bias(self, add: g.Call) -> tuple[g.Call | None, g.Expr | None]:
         """Gemm's `add(matmul(...), bias)` (either order) -> (the matmul, the bias)."""
