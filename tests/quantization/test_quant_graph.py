@@ -94,6 +94,17 @@ def test_qlinear_add_mul_equal_onnxruntime(dtype: str, target: str,
                                           err_msg=f"{case} {dtype} {target}")
 
 
+def _equals_onnxruntime(model: onnx.ModelProto, seed: int, target: str = "llvm") -> None:
+    """Every output of `model` on random uint8 inputs, kiln's against onnxruntime's."""
+    rng = np.random.default_rng(seed)
+    feed = {v.name: rng.integers(0, 256, [d.dim_value for d in v.type.tensor_type.shape.dim])
+            .astype(np.uint8) for v in model.graph.input}
+    want = ort_session(model).run(None, feed)
+    got = kiln.compile(from_onnx(model), target)["main"](*feed.values())
+    for w, g_ in zip(want, got if len(want) > 1 else [got], strict=True):
+        np.testing.assert_array_equal(np.asarray(g_), w)
+
+
 def _qdq_binary(op: str, dtype: str, shape_b: list[int]) -> onnx.ModelProto:
     """DQ(a), DQ(b) -> op -> Q -> DQ, constant per-tensor parameters (QDQ form)."""
     b = GraphBuilder()
@@ -206,10 +217,7 @@ def test_qdq_global_average_pool_becomes_integer_op() -> None:
     text = print_module(mod)
     assert '"qlinear_global_average_pool"' in text and "dequantize_linear" not in text
     assert_structural_equal(from_source(text), mod)
-    x = np.random.default_rng(2).integers(0, 256, (1, 64, 7, 7)).astype(np.uint8)
-    want = ort_session(model).run(None, {"x": x})[0]
-    got = np.asarray(kiln.compile(from_onnx(model), "c")["main"](x))
-    np.testing.assert_array_equal(got, want)
+    _equals_onnxruntime(model, 2, "c")
 
 
 def test_qdq_concat_and_average_pools_equal_onnxruntime() -> None:
@@ -239,13 +247,7 @@ def test_qdq_concat_and_average_pools_equal_onnxruntime() -> None:
     model = b.model(opset=13)
     text = print_module(QuantizeOps()(from_onnx(model)))
     assert text.count("zero_point_first") == 2
-    rng = np.random.default_rng(8)
-    feed = {"x1": rng.integers(0, 256, (1, 8, 10, 10)).astype(np.uint8),
-            "x2": rng.integers(0, 256, (1, 5, 10, 10)).astype(np.uint8)}
-    want = ort_session(model).run(None, feed)
-    got = kiln.compile(from_onnx(model), "llvm")["main"](feed["x1"], feed["x2"])
-    for w, g_ in zip(want, got, strict=True):
-        np.testing.assert_array_equal(np.asarray(g_), w)
+    _equals_onnxruntime(model, 8)
 
 
 def test_qdq_data_movement_runs_on_integers() -> None:
@@ -267,11 +269,7 @@ def test_qdq_data_movement_runs_on_integers() -> None:
     model = b.model(opset=13)
     text = print_module(QuantizeOps()(from_onnx(model)))
     assert text.count('"dequantize_linear"') == 1 and text.count('"quantize_linear"') == 1
-    x = np.random.default_rng(4).integers(0, 256, (2, 4, 3, 4)).astype(np.uint8)
-    want = ort_session(model).run(None, {"x": x})
-    got = kiln.compile(from_onnx(model), "llvm")["main"](x)
-    for w, g_ in zip(want, got, strict=True):
-        np.testing.assert_array_equal(np.asarray(g_), w)
+    _equals_onnxruntime(model, 4)
 
 
 def test_qlinear_average_pool_equals_onnxruntime() -> None:
@@ -290,13 +288,7 @@ def test_qlinear_average_pool_equals_onnxruntime() -> None:
     b.output("y", [1, 6, 4, 4], TensorProto.UINT8)
     b.output("yl", [1, 4, 4, 6], TensorProto.UINT8)
     model = b.model(opset=MS)
-    rng = np.random.default_rng(6)
-    feed = {"x": rng.integers(0, 256, (1, 6, 8, 8)).astype(np.uint8),
-            "xl": rng.integers(0, 256, (1, 8, 8, 6)).astype(np.uint8)}
-    want = ort_session(model).run(None, feed)
-    got = kiln.compile(from_onnx(model), "llvm")["main"](feed["x"], feed["xl"])
-    for w, g_ in zip(want, got, strict=True):
-        np.testing.assert_array_equal(np.asarray(g_), w)
+    _equals_onnxruntime(model, 6)
 
 
 def test_residual_cnn_quantized_by_onnxruntime_equals_it() -> None:
@@ -347,10 +339,4 @@ def test_qdq_softmax_equals_onnxruntime_qlinear_softmax(target: str) -> None:
     model = b.model(opset=13)
     text = print_module(QuantizeOps()(from_onnx(model)))
     assert text.count('"qlinear_softmax"') == 2 and '"softmax"' not in text
-    rng = np.random.default_rng(12)
-    feed = {"x": rng.integers(0, 256, (3, 1000)).astype(np.uint8),
-            "x2": rng.integers(0, 256, (2, 3, 37)).astype(np.uint8)}
-    want = ort_session(model).run(None, feed)
-    got = kiln.compile(from_onnx(model), target)["main"](feed["x"], feed["x2"])
-    for w, g_ in zip(want, got, strict=True):
-        np.testing.assert_array_equal(np.asarray(g_), w)
+    _equals_onnxruntime(model, 12, target)
