@@ -101,6 +101,14 @@ class _Quant:
     axis: int | None  # None: per tensor
 
 
+def _output_params(q: g.Call) -> tuple[g.Constant, g.Constant]:
+    """A per-tensor QuantizeLinear's scale (float32) and zero point, as scalar constants."""
+    scale, zp = q.args[1], q.args[2]
+    assert isinstance(scale, g.Constant) and isinstance(zp, g.Constant)
+    return (g.Constant(np.asarray(scale.data, np.float32).reshape(())),
+            g.Constant(np.asarray(zp.data).reshape(())))
+
+
 def _scalar(e: g.Expr) -> np.ndarray | None:
     if isinstance(e, g.Constant) and e.data.size == 1:
         return e.data.reshape(())
@@ -211,8 +219,7 @@ class _Matcher:
 
         dtype = q.type.dtype if isinstance(q.type, TensorType) else ""
         ct = call.type
-        if dtype != "uint8" or not (isinstance(ct, TensorType)
-                                                and ct.dtype == "float32"):
+        if dtype != "uint8" or not (isinstance(ct, TensorType) and ct.dtype == "float32"):
             return None
         operands: list[g.Expr] = []
         for arg in call.args:
@@ -222,12 +229,8 @@ class _Matcher:
                 return None
             operands += [p.data, g.Constant(p.scale.reshape(())),
                          g.Constant(np.asarray(p.zero_point).reshape(()))]
-        scale, zp = q.args[1], q.args[2]
-        assert isinstance(scale, g.Constant) and isinstance(zp, g.Constant)
         try:
-            return op_call(_BINARY[call.op], *operands,
-                           g.Constant(np.asarray(scale.data, np.float32).reshape(())),
-                           g.Constant(np.asarray(zp.data).reshape(())))
+            return op_call(_BINARY[call.op], *operands, *_output_params(q))
         except IRError:  # shapes that do not broadcast: keep float
             return None
 
@@ -241,13 +244,10 @@ class _Matcher:
                 isinstance(x.data.type, TensorType) and isinstance(q.type, TensorType)
                 and x.data.type.dtype == q.type.dtype in _PRODUCT_DTYPES):
             return None
-        scale, zp = q.args[1], q.args[2]
-        assert isinstance(scale, g.Constant) and isinstance(zp, g.Constant)
         try:
             return op_call("qlinear_global_average_pool", x.data, g.Constant(x.scale),
                            g.Constant(np.asarray(x.zero_point).reshape(())),
-                           g.Constant(np.asarray(scale.data, np.float32).reshape(())),
-                           g.Constant(np.asarray(zp.data).reshape(())))
+                           *_output_params(q))
         except IRError:  # a dynamic image size: keep float
             return None
 
