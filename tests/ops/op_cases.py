@@ -42,6 +42,13 @@ def weight_words(*shape: int) -> Gen:
     return lambda rng: pack(rng.integers(-128, 128, shape).astype(np.int8))
 
 
+def exp_table(x_scale: float, row: int) -> Gen:
+    """qlinear_softmax's uint32 exp table for `x_scale` and rows of `row`."""
+    from kiln.ops.quant_softmax import softmax_table
+
+    return lambda rng: softmax_table(x_scale, row)
+
+
 def const(value: Any, dtype: str) -> Gen:
     return lambda rng: np.asarray(value, dtype=dtype)
 
@@ -334,7 +341,9 @@ CASES: dict[str, list[OpCase]] = {
         OpCase((f32(2, 3, 4, low=-40, high=40), const([0.1, 0.2, 0.3], "float32"),
                 const([0, -3, 5], "int8")), {"axis": 1}),
         OpCase((f32(2, 6, low=-30, high=30), const([[0.1, 0.2], [0.3, 0.05]], "float32"),
-                const([[1, -2], [0, 4]], "int16")), {"axis": 1, "block_size": 4})],
+                const([[1, -2], [0, 4]], "int16")), {"axis": 1, "block_size": 4}),
+        OpCase((f32(2, 3, 4, low=-8, high=8), const(0.05, "float32"), const(3, "uint8")),
+               {"zero_point_first": True})],
     "dequantize_linear": [
         OpCase((ints(2, 3, 4, low=-128, high=128, dtype="int8"),
                 const([0.1, 0.2, 0.3], "float32"), const([0, -3, 5], "int8")), {"axis": 1}),
@@ -372,6 +381,30 @@ CASES: dict[str, list[OpCase]] = {
                 ints(5, 3, 2, low=-128, high=128, dtype="int8"), ints(5, low=-500, high=500),
                 const(3, "int8"), const(0, "int8"), const(0.004, "float32"),
                 const(-10, "int8")), {"pads": (1, 1), "dilations": (2,), "qmin": -10})],
+    # onnxruntime's QLinearAdd/QLinearMul formulas (a per-channel A swaps the roles)
+    "qlinear_add": [
+        OpCase((ints(2, 3, 4, low=0, high=256, dtype="uint8"), const(0.05, "float32"),
+                const(120, "uint8"), ints(2, 3, 4, low=0, high=256, dtype="uint8"),
+                const(0.03, "float32"), const(131, "uint8"), const(0.07, "float32"),
+                const(128, "uint8"))),
+        OpCase((ints(1, 3, 1, low=-128, high=128, dtype="int8"), const(0.02, "float32"),
+                const(-3, "int8"), ints(2, 3, 5, low=-128, high=128, dtype="int8"),
+                const(0.045, "float32"), const(4, "int8"), const(0.04, "float32"),
+                const(0, "int8")))],
+    "qlinear_mul": [
+        OpCase((ints(2, 3, 4, low=0, high=256, dtype="uint8"), const(0.05, "float32"),
+                const(120, "uint8"), ints(4, low=0, high=256, dtype="uint8"),
+                const(0.03, "float32"), const(131, "uint8"), const(0.07, "float32"),
+                const(128, "uint8")))],
+    "qlinear_global_average_pool": [
+        OpCase((ints(2, 3, 4, 5, low=0, high=256, dtype="uint8"), const(0.05, "float32"),
+                const(120, "uint8"), const(0.01, "float32"), const(7, "uint8"))),
+        OpCase((ints(1, 4, 3, 6, low=-128, high=128, dtype="int8"), const(0.02, "float32"),
+                const(-3, "int8"), const(0.004, "float32"), const(5, "int8")),
+               {"channels_last": 1})],
+    "qlinear_softmax": [
+        OpCase((ints(2, 3, 9, low=0, high=256, dtype="uint8"), exp_table(0.1, 9),
+                const(2, "uint8")), {"y_multiplier": 255})],
     "qlinear_matmul_packed": [
         OpCase((ints(2, 4, 6, low=0, high=256, dtype="uint8"),
                 ints(1, 6, 5, low=-128, high=128, dtype="int8"), ints(5, low=-9000, high=9000),

@@ -4,7 +4,9 @@ their requantizing forms (docs/quantization.md).
 - `quantize_linear(x, scale, zero_point)`: `saturate(round_half_even(x / scale) + zp)`,
   the dtype of `zero_point` (int8, uint8, int16, uint16); attributes `axis` and
   `block_size` choose per-tensor (scalar scale), per-axis (1-D scale along `axis`) or
-  blocked (scale of x's rank, `block_size` elements of `axis` per scale) parameters.
+  blocked (scale of x's rank, `block_size` elements of `axis` per scale) parameters;
+  `zero_point_first` rounds `x / scale + zp` instead (onnxruntime's QLinearAveragePool,
+  kiln.transform.quantize_ops).
 - `dequantize_linear(x, scale, zero_point)`: `(x - zp) * scale` in the scale's dtype
   (x may also be int32, a bias, with zero point 0); same attributes.
 - `dynamic_quantize_linear(x)` -> (y uint8, scale, zero_point): ONNX DynamicQuantizeLinear.
@@ -148,9 +150,13 @@ def _quantize_infer(types: Sequence[TensorType], attrs: Attrs) -> Type:
 
 
 def quantize_value(v: PrimExpr, scale: PrimExpr, zp: PrimExpr, lo: int, hi: int,
-                   out_dtype: str) -> PrimExpr:
-    """`saturate(round_half_even(v / scale) + zp)` for float32 `v` and `scale`."""
-    q = intrin("round", v / scale) + Cast("float32", zp)
+                   out_dtype: str, zero_point_first: bool = False) -> PrimExpr:
+    """`saturate(round_half_even(v / scale) + zp)` for float32 `v` and `scale`
+    (`zero_point_first`: `saturate(round_half_even(v / scale + zp))`)."""
+    if zero_point_first:
+        q = intrin("round", v / scale + Cast("float32", zp))
+    else:
+        q = intrin("round", v / scale) + Cast("float32", zp)
     return Cast(out_dtype, min_(max_(q, float(lo)), float(hi)))
 
 
@@ -164,7 +170,8 @@ def _quantize_compute(inputs: Sequence[te.Tensor], attrs: Attrs) -> te.Tensor:
 
     def element(*i: PrimExpr) -> PrimExpr:
         p = _param_index(attrs, scale, i)
-        return quantize_value(_f32(x[i]), _f32(scale[p]), zp[p], lo, hi, zp.dtype)
+        return quantize_value(_f32(x[i]), _f32(scale[p]), zp[p], lo, hi, zp.dtype,
+                              bool(attrs.get("zero_point_first")))
 
     return te.compute(x.shape, element, zp.dtype, "quantize")
 
@@ -175,7 +182,10 @@ def quantize_ref(x: np.ndarray, scale: np.ndarray, zp: np.ndarray, **attrs: Any)
     z = _expand(np.asarray(zp), x.shape, attrs).astype(np.float32)
     lo, hi = qrange(dt.from_numpy(zp.dtype))
     with np.errstate(all="ignore"):
-        q = np.rint(x.astype(np.float32) / s) + z
+        if attrs.get("zero_point_first"):
+            q = np.rint((x.astype(np.float32) / s + z).astype(np.float32))
+        else:
+            q = np.rint(x.astype(np.float32) / s) + z
     return np.clip(q, lo, hi).astype(zp.dtype)
 
 

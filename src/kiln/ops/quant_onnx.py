@@ -1,12 +1,13 @@
 """ONNX converters of quantized models (docs/quantization.md): the QDQ form
 (QuantizeLinear/DequantizeLinear), the QOperator form (QLinearConv, QLinearMatMul and
 onnxruntime's com.microsoft QGemm, QLinearAdd, QLinearMul, QLinearGlobalAveragePool,
-QLinearConcat, QLinearSigmoid, QLinearLeakyRelu) and dynamic quantization
+QLinearAveragePool, QLinearConcat, QLinearSigmoid, QLinearLeakyRelu) and dynamic quantization
 (DynamicQuantizeLinear, MatMulInteger, ConvInteger).
 
-The integer products map to the integer ops of kiln.ops.quant; the elementwise
-QOperator ops are dequantize -> float op -> quantize, which is how onnxruntime
-defines them (its kernels compute them in float32 too). What kiln cannot run
+The integer products map to the integer ops of kiln.ops.quant, QLinearAdd/QLinearMul to
+kiln.ops.quant_elementwise and QLinearGlobalAveragePool to kiln.ops.quant_pool
+(onnxruntime's formulas); the other elementwise QOperator ops are dequantize -> float op
+-> quantize. What kiln cannot run
 exactly (4-bit, 2-bit and float8 types, per-row zero points of MatMulInteger's A) is
 refused with an IRError, which the importer reports naming the node.
 """
@@ -309,21 +310,6 @@ def _requant_out(ctx: GraphContext, y: g.Expr, ys: g.Expr | None, yz: g.Expr | N
     return quantize(ctx, y, scale, _out_zp(ctx, yz))
 
 
-def _saturate(ctx: GraphContext, v: g.Expr, like_zp: g.Expr) -> g.Expr:
-    """`saturate(round_half_even(v))` in the zero point's type (float32 `v`)."""
-    dtype = ctx.tensor_type(like_zp).dtype
-    return quantize(ctx, v, ctx.const(np.asarray(1.0, np.float32)),
-                    ctx.const(np.zeros((), dt.to_numpy(dtype))))
-
-
-def _as(ctx: GraphContext, x: g.Expr, dtype: str) -> g.Expr:
-    return x if ctx.tensor_type(x).dtype == dtype else ctx.call("cast", x, dtype=dtype)
-
-
-def _numel(ctx: GraphContext, x: g.Expr) -> int:
-    return int(np.prod(ctx.tensor_type(x).static_shape, dtype=np.int64))
-
-
 def _binary_inputs(ctx: GraphContext, inputs: Sequence[g.Expr | None]) -> tuple[Any, ...]:
     a, as_, az, b, bs, bz, cs = inputs[:7]
     cz = inputs[7] if len(inputs) > 7 else None
@@ -341,32 +327,14 @@ def _binary_inputs(ctx: GraphContext, inputs: Sequence[g.Expr | None]) -> tuple[
 @onnx_op(MS + "QLinearAdd")
 def _qlinear_add(ctx: GraphContext, inputs: Sequence[g.Expr | None],
                  attrs: dict[str, Any]) -> list[g.Expr]:
-    # onnxruntime (MLAS): C = saturate(round(fixed + A * (a_s / c_s) + B * (b_s / c_s))) with
-    # fixed = c_zp - (ratio_a * a_zp + ratio_b * b_zp), all float32, a scalar B added first.
-    a, sa, za, b, sb, zb, sc, zc = _binary_inputs(ctx, inputs)
-    ratio_a, ratio_b = ctx.call("divide", sa, sc), ctx.call("divide", sb, sc)
-    zero_terms = ctx.call("add", ctx.call("multiply", ratio_a, _as(ctx, za, "float32")),
-                          ctx.call("multiply", ratio_b, _as(ctx, zb, "float32")))
-    fixed = ctx.call("subtract", _as(ctx, zc, "float32"), zero_terms)
-    term_a = ctx.call("multiply", _as(ctx, a, "float32"), ratio_a)
-    term_b = ctx.call("multiply", _as(ctx, b, "float32"), ratio_b)
-    first, second = (term_b, term_a) if _numel(ctx, b) == 1 else (term_a, term_b)
-    v = ctx.call("add", ctx.call("add", fixed, first), second)
-    return [_saturate(ctx, v, zc)]
+    # onnxruntime's MLAS formula (kiln.ops.quant_elementwise), not dequantize-add-quantize
+    return [ctx.call("qlinear_add", *_binary_inputs(ctx, inputs))]
 
 
 @onnx_op(MS + "QLinearMul")
 def _qlinear_mul(ctx: GraphContext, inputs: Sequence[g.Expr | None],
                  attrs: dict[str, Any]) -> list[g.Expr]:
-    # onnxruntime (MLAS): C = saturate(round(float((A - a_zp) * (B - b_zp)) * ratio + c_zp))
-    # with ratio = a_s * b_s / c_s in float32.
-    a, sa, za, b, sb, zb, sc, zc = _binary_inputs(ctx, inputs)
-    ratio = ctx.call("divide", ctx.call("multiply", sa, sb), sc)
-    da = ctx.call("subtract", _as(ctx, a, "int32"), _as(ctx, za, "int32"))
-    db = ctx.call("subtract", _as(ctx, b, "int32"), _as(ctx, zb, "int32"))
-    product = _as(ctx, ctx.call("multiply", da, db), "float32")
-    v = ctx.call("add", ctx.call("multiply", product, ratio), _as(ctx, zc, "float32"))
-    return [_saturate(ctx, v, zc)]
+    return [ctx.call("qlinear_mul", *_binary_inputs(ctx, inputs))]
 
 
 def _unary(op: str, **fixed: Any) -> Any:
@@ -388,16 +356,40 @@ onnx_op(MS + "QLinearLeakyRelu")(_unary("leaky_relu", alpha=0.01))
 @onnx_op(MS + "QLinearGlobalAveragePool")
 def _qlinear_global_average_pool(ctx: GraphContext, inputs: Sequence[g.Expr | None],
                                  attrs: dict[str, Any]) -> list[g.Expr]:
+    # onnxruntime's MLAS formula (kiln.ops.quant_pool): an int32 sum, requantized
     x, xs, xz, ys = inputs[:4]
     yz = inputs[4] if len(inputs) > 4 else None
-    assert x is not None and xs is not None
-    ndim = ctx.tensor_type(x).ndim
-    if ndim < 3:
-        raise IRError(f"QLinearGlobalAveragePool needs a rank >= 3 input, got rank {ndim}")
-    axes = tuple(range(1, ndim - 1)) if int(attrs.get("channels_last", 0)) else \
-        tuple(range(2, ndim))
-    y = ctx.call("reduce_mean", dequantize(ctx, x, xs, xz), axes=axes, keepdims=True)
-    return [_requant_out(ctx, y, ys, yz)]
+    assert x is not None
+    _check_qdtype(ctx.tensor_type(x).dtype, "a QLinear input", PRODUCT_DTYPES)
+    zero = ctx.const(np.zeros((), dt.to_numpy(ctx.tensor_type(x).dtype)))
+    x_zp = zero if xz is None else _scalarize(ctx, xz)
+    last = {"channels_last": 1} if int(attrs.get("channels_last", 0)) else {}
+    return [ctx.call("qlinear_global_average_pool", x, _f32(ctx, xs, "x_scale"), x_zp,
+                     _f32(ctx, ys, "y_scale"), zero if yz is None else _out_zp(ctx, yz),
+                     **last)]
+
+
+@onnx_op(MS + "QLinearAveragePool")
+def _qlinear_average_pool(ctx: GraphContext, inputs: Sequence[g.Expr | None],
+                          attrs: dict[str, Any]) -> list[g.Expr]:
+    # onnxruntime: the dequantized floats averaged as AveragePool does, then rounded with
+    # the zero point added first (quantize_linear's `zero_point_first`)
+    from kiln.ops.onnx_map import converters
+
+    x, xs, xz, ys = inputs[:4]
+    yz = inputs[4] if len(inputs) > 4 else None
+    assert x is not None and xs is not None and ys is not None
+    _check_qdtype(ctx.tensor_type(x).dtype, "a QLinear input", PRODUCT_DTYPES)
+    f = dequantize(ctx, x, xs, xz)
+    rank = ctx.tensor_type(x).ndim
+    last = bool(int(attrs.get("channels_last", 0)))
+    if last:  # the pooling converter takes channels first
+        f = ctx.call("transpose", f, perm=(0, rank - 1, *range(1, rank - 1)))
+    pool_attrs = {k: v for k, v in attrs.items() if k != "channels_last"}
+    y = converters().get("AveragePool").fn(ctx, [f], pool_attrs)[0]
+    if last:
+        y = ctx.call("transpose", y, perm=(0, *range(2, rank), 1))
+    return [quantize(ctx, y, _scalarize(ctx, ys), _out_zp(ctx, yz), zero_point_first=True)]
 
 
 @onnx_op(MS + "QLinearConcat")

@@ -14,7 +14,16 @@ x_scale * w_scale / y_scale` (one per output channel for per-channel weights). A
 ReLU or Clip between the product and the QuantizeLinear becomes the output range
 (`qmin`/`qmax`): quantization is monotone, so `quantize(relu(v)) = max(quantize(v),
 y_zp)` exactly. For the same reason `quantize(max_pool(dequantize(x)))` with one scale
-and zero point is `max_pool(x)` on the integers.
+and zero point is `max_pool(x)` on the integers, and the ops that only move elements
+(reshape, transpose, gather, slice, ...) run on the integers when the scale and zero
+point around them are equal.
+
+onnxruntime runs some other DQ -> op -> Q groups with its own integer kernels, whose
+float32 arithmetic differs from dequantize-op-quantize; those become the ops computing
+its numbers: uint8 Add/Mul -> `qlinear_add`/`qlinear_mul` (kiln.ops.quant_elementwise),
+GlobalAveragePool -> `qlinear_global_average_pool` (kiln.ops.quant_pool), uint8 Softmax
+-> `qlinear_softmax` (kiln.ops.quant_softmax), and a uint8 AveragePool's QuantizeLinear
+rounds with the zero point added first.
 
 It applies only when the result is the same computation onnxruntime runs for the
 pattern (its QDQ transformer makes the same fusion): the scales and zero points are
@@ -51,6 +60,12 @@ from kiln.transform.pass_base import FunctionPass
 _CONVS = ("conv1d", "conv2d", "conv3d")
 _PRODUCT_DTYPES = ("int8", "uint8")
 _MAX_POOLS = ("max_pool1d", "max_pool2d", "max_pool3d")
+_AVG_POOLS = ("avg_pool1d", "avg_pool2d", "avg_pool3d")
+#: ops that only move or select elements (onnxruntime drops the Q/DQ pairs around them)
+_DATA_MOVEMENT = ("reshape", "transpose", "broadcast_to", "gather", "gather_elements",
+                  "strided_slice", "tile")
+#: float binary op -> the integer op onnxruntime runs for DQ, DQ -> op -> Q
+_BINARY = {"add": "qlinear_add", "multiply": "qlinear_mul"}
 _STARTS = ("quantize_linear", "qlinear_conv", "qlinear_matmul", "matmul_integer")
 
 
@@ -84,6 +99,14 @@ class _Quant:
     scale: np.ndarray
     zero_point: np.ndarray
     axis: int | None  # None: per tensor
+
+
+def _output_params(q: g.Call) -> tuple[g.Constant, g.Constant]:
+    """A per-tensor QuantizeLinear's scale (float32) and zero point, as scalar constants."""
+    scale, zp = q.args[1], q.args[2]
+    assert isinstance(scale, g.Constant) and isinstance(zp, g.Constant)
+    return (g.Constant(np.asarray(scale.data, np.float32).reshape(())),
+            g.Constant(np.asarray(zp.data).reshape(())))
 
 
 def _scalar(e: g.Expr) -> np.ndarray | None:
@@ -125,8 +148,8 @@ class _Matcher:
 
         lo, hi = qrange(str(y_zp.dtype))
         call = self._producer(q.args[0], single_use=True)
-        if call is not None and call.op in _MAX_POOLS:
-            return self._integer_max_pool(call, y_scale, y_zp)
+        if call is not None and (call.op in _MAX_POOLS or call.op in _DATA_MOVEMENT):
+            return self._on_integers(call, y_scale, y_zp)
         if call is not None and call.op in ("relu", "clip"):
             # quantization is monotone: the activation becomes the output range
             bounds = (0.0, None) if call.op == "relu" else (call.attrs.get("min"),
@@ -139,6 +162,18 @@ class _Matcher:
             call = self._producer(call.args[0], single_use=True)
         if call is None or lo > hi:
             return None
+        # a ReLU/Clip absorbed above must be a no-op after saturation (onnxruntime drops
+        # a ReLU before a QuantizeLinear whose zero point is the type's minimum)
+        if call.op in _BINARY and (lo, hi) == qrange(str(y_zp.dtype)):
+            binary = self._binary(call, q)
+            if binary is not None:
+                return binary
+        if call.op == "global_avg_pool" and (lo, hi) == qrange(str(y_zp.dtype)):
+            return self._global_average(call, q)
+        if call.op in _AVG_POOLS and (lo, hi) == qrange(str(y_zp.dtype)):
+            return self._average_pool(call, q)
+        if call.op == "softmax" and (lo, hi) == qrange(str(y_zp.dtype)):
+            return self._softmax(call, q, y_scale, y_zp)
         bias: g.Expr | None = None
         if call.op == "add":
             call, bias = self._matmul_and_bias(call)
@@ -154,20 +189,101 @@ class _Matcher:
                               y_scale, y_zp)
         return None
 
-    def _integer_max_pool(self, pool: g.Call, y_scale: np.ndarray, y_zp: np.ndarray
-                          ) -> g.Call | None:
-        """`quantize(max_pool(dequantize(x)))` with the same scale (> 0) and zero point is
-        `max_pool(x)`: dequantization is increasing, so the maximum is the same element,
-        and quantize(dequantize(x)) = x (onnxruntime drops these Q/DQ pairs too)."""
-        source = self._dequantized(pool.args[0])
-        if source is None or source.axis is not None or float(source.scale) <= 0 \
+    def _on_integers(self, op: g.Call, y_scale: np.ndarray, y_zp: np.ndarray
+                     ) -> g.Call | None:
+        """`quantize(op(dequantize(x), ...))` with the same scale and zero point is `op(x,
+        ...)` for an op that only moves or selects elements (reshape, transpose, gather,
+        ...): quantize(dequantize(x)) = x. For a max pool the scale must be > 0, so that
+        dequantization is increasing and the maximum is the same element. onnxruntime's
+        QDQ transformer drops these pairs too."""
+        source = self._dequantized(op.args[0])
+        if source is None or source.axis is not None \
+                or (op.op in _MAX_POOLS and float(source.scale) <= 0) \
                 or source.scale.reshape(()) != y_scale \
                 or source.zero_point.dtype != y_zp.dtype \
                 or source.zero_point.reshape(()) != y_zp:
             return None
         from kiln.ops import call as op_call
 
-        return op_call(pool.op, source.data, **pool.attrs)
+        try:
+            return op_call(op.op, source.data, *op.args[1:], **op.attrs)
+        except IRError:  # an op that takes no integer data: keep float
+            return None
+
+    def _binary(self, call: g.Call, q: g.Call) -> g.Call | None:
+        """`quantize(add|multiply(dequantize(a), dequantize(b)))` in float32, per tensor,
+        a, b and the output all uint8: onnxruntime's QLinearAdd / QLinearMul
+        (kiln.ops.quant_elementwise), the formula it runs for this group. onnxruntime
+        (x86) keeps the int8 group in float, and so does kiln."""
+        from kiln.ops import call as op_call
+
+        dtype = q.type.dtype if isinstance(q.type, TensorType) else ""
+        ct = call.type
+        if dtype != "uint8" or not (isinstance(ct, TensorType) and ct.dtype == "float32"):
+            return None
+        operands: list[g.Expr] = []
+        for arg in call.args:
+            p = self._dequantized(arg)
+            if p is None or p.axis is not None or p.scale.ndim or not (
+                    isinstance(p.data.type, TensorType) and p.data.type.dtype == dtype):
+                return None
+            operands += [p.data, g.Constant(p.scale.reshape(())),
+                         g.Constant(np.asarray(p.zero_point).reshape(()))]
+        try:
+            return op_call(_BINARY[call.op], *operands, *_output_params(q))
+        except IRError:  # shapes that do not broadcast: keep float
+            return None
+
+    def _global_average(self, pool: g.Call, q: g.Call) -> g.Call | None:
+        """`quantize(global_avg_pool(dequantize(x)))`, per tensor, x and the output of one
+        type: onnxruntime's QLinearGlobalAveragePool (kiln.ops.quant_pool)."""
+        from kiln.ops import call as op_call
+
+        x = self._dequantized(pool.args[0])
+        if x is None or x.axis is not None or x.scale.ndim or not (
+                isinstance(x.data.type, TensorType) and isinstance(q.type, TensorType)
+                and x.data.type.dtype == q.type.dtype in _PRODUCT_DTYPES):
+            return None
+        try:
+            return op_call("qlinear_global_average_pool", x.data, g.Constant(x.scale),
+                           g.Constant(np.asarray(x.zero_point).reshape(())),
+                           *_output_params(q))
+        except IRError:  # a dynamic image size: keep float
+            return None
+
+    def _average_pool(self, pool: g.Call, q: g.Call) -> g.Call | None:
+        """`quantize(avg_pool(dequantize(x)))`, per tensor, uint8: onnxruntime's
+        QLinearAveragePool averages the dequantized floats as the float op does, then
+        rounds `average / y_scale + y_zp` (the zero point added before rounding)."""
+        from kiln.ops import call as op_call
+
+        x = self._dequantized(pool.args[0])
+        if q.attrs.get("zero_point_first") or x is None or x.axis is not None \
+                or x.scale.ndim or q.attrs.get("axis") \
+                or not (isinstance(x.data.type, TensorType) and isinstance(q.type, TensorType)
+                        and x.data.type.dtype == q.type.dtype == "uint8"):
+            return None
+        return op_call("quantize_linear", *q.args, zero_point_first=True)
+
+    def _softmax(self, softmax: g.Call, q: g.Call, y_scale: np.ndarray, y_zp: np.ndarray
+                 ) -> g.Call | None:
+        """`quantize(softmax(dequantize(x)))` over the last axis, per tensor, uint8:
+        onnxruntime's QLinearSoftmax (kiln.ops.quant_softmax), its exp table built here."""
+        from kiln.ops import call as op_call
+        from kiln.ops.quant_softmax import softmax_multiplier, softmax_table
+
+        x = self._dequantized(softmax.args[0])
+        xt = x.data.type if x is not None else None
+        axis = softmax.attrs.get("axis", -1)
+        if x is None or x.axis is not None or x.scale.ndim or not isinstance(xt, TensorType) \
+                or xt.dtype != "uint8" or y_zp.dtype != np.uint8 or not isinstance(axis, int) \
+                or axis % max(xt.ndim, 1) != xt.ndim - 1 \
+                or not isinstance(xt.shape[-1], int) or not 0 < float(y_scale) <= 1:
+            return None
+        table = softmax_table(float(x.scale), int(xt.shape[-1]))
+        return op_call("qlinear_softmax", x.data, g.Constant(table),
+                       g.Constant(np.asarray(y_zp).reshape(())),
+                       y_multiplier=softmax_multiplier(float(y_scale)))
 
     def _matmul_and_bias(self, add: g.Call) -> tuple[g.Call | None, g.Expr | None]:
         """Gemm's `add(matmul(...), bias)` (either order) -> (the matmul, the bias)."""

@@ -1,0 +1,197 @@
+"""Elementwise integer operators of quantized models, computed as onnxruntime computes
+them (docs/quantization.md, "The pass").
+
+onnxruntime runs `DequantizeLinear x2 -> Add|Mul -> QuantizeLinear` as one QLinearAdd /
+QLinearMul kernel (its QDQ transformer, and the com.microsoft QOperator nodes), whose
+float32 formula is not dequantize-add-quantize: the results differ by one quantum at
+some rounding boundaries, and later layers carry that on. These ops are that formula:
+
+- `qlinear_add(a, a_scale, a_zp, b, b_scale, b_zp, y_scale, y_zp)`, MLAS's QLinearAdd:
+  with `ra = a_scale / y_scale`, `rb = b_scale / y_scale` and
+  `fixed = y_zp - fma(ra, a_zp, rb * b_zp)` (float32),
+  `y = saturate(round_half_even(fma(a, ra, fma(b, rb, fixed))))`. onnxruntime's
+  broadcasting loop hands MLAS spans of the output's innermost varying axis, and puts an
+  operand constant along that axis second: where `a` is that operand (a scalar, or a
+  per-channel tensor broadcast over the image) the roles of `a` and `b` swap;
+- `qlinear_mul(...)` (same operands), MLAS's QLinearMul:
+  `y = saturate(round_half_even(float32((a - a_zp) * (b - b_zp)) * (a_scale * b_scale /
+  y_scale) + y_zp))`.
+
+The operands broadcast like numpy; `a`, `b` and `y_zp` are all int8 or all uint8, the
+scales float32 scalars and the zero points scalars of their tensor's type.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from kiln.errors import IRError
+from kiln.ir import dtype as dt
+from kiln.ir.shape_expr import shape_text
+from kiln.ir.tensor import Cast, PrimExpr, intrin, max_, min_
+from kiln.ir.types import TensorType, Type
+from kiln.ops import te
+from kiln.ops.broadcast import broadcast_index, broadcast_shapes
+from kiln.ops.quant import PRODUCT_DTYPES, qrange
+from kiln.ops.registry import register_op
+
+Attrs = Mapping[str, Any]
+ADD = "qlinear_add"
+MUL = "qlinear_mul"
+
+
+def swaps_operands(a_shape: Sequence[Any], b_shape: Sequence[Any]) -> bool:
+    """Whether onnxruntime's QLinearAdd computes `a` in the role of `b`: its broadcasting
+    loop calls MLAS on spans of the output's innermost axis of extent > 1 and passes an
+    operand that is constant along that axis second; `a` is when its extent there is 1
+    and `b`'s is not (or when every output extent is 1)."""
+    out = broadcast_shapes(a_shape, b_shape)
+    for k in range(len(out) - 1, -1, -1):
+        if isinstance(out[k], int) and out[k] == 1:
+            continue
+        return _dim_at(a_shape, k, len(out)) == 1 and _dim_at(b_shape, k, len(out)) != 1
+    return True
+
+
+def _dim_at(shape: Sequence[Any], k: int, rank: int) -> Any:
+    pos = k - (rank - len(shape))
+    return shape[pos] if pos >= 0 else 1
+
+
+def _check(what: str, types: Sequence[TensorType]) -> TensorType:
+    a, a_scale, a_zp, b, b_scale, b_zp, y_scale, y_zp = types
+    if a.dtype not in PRODUCT_DTYPES or {b.dtype, y_zp.dtype} != {a.dtype}:
+        raise IRError(f"{what}: A, B and the output zero point must all be int8 or all "
+                      f"uint8, got {a.dtype}, {b.dtype} and {y_zp.dtype}")
+    for name, scale, zp, like in (("A", a_scale, a_zp, a), ("B", b_scale, b_zp, b),
+                                  ("the output", y_scale, y_zp, y_zp)):
+        if scale.dtype != "float32" or scale.ndim or zp.ndim or zp.dtype != like.dtype:
+            raise IRError(f"{what}: the scale and zero point of {name} must be a float32 "
+                          f"scalar and a {like.dtype} scalar, got {scale.dtype} "
+                          f"{shape_text(scale.shape)} and {zp.dtype} {shape_text(zp.shape)}")
+    return TensorType(broadcast_shapes(a.shape, b.shape), y_zp.dtype)
+
+
+def _infer(what: str) -> Callable[[Sequence[TensorType], Attrs], Type]:
+    return lambda types, attrs: _check(what, types)
+
+
+def _f32(v: PrimExpr) -> PrimExpr:
+    return v if v.dtype == "float32" else Cast("float32", v)
+
+
+def _saturate(v: PrimExpr, dtype: str) -> PrimExpr:
+    """`saturate(round_half_even(v))` of float32 `v` in `dtype`."""
+    lo, hi = qrange(dtype)
+    return Cast(dtype, min_(max_(intrin("round", v), float(lo)), float(hi)))
+
+
+def _elementwise(inputs: Sequence[te.Tensor], name: str,
+                 value: Callable[[PrimExpr, PrimExpr, Sequence[PrimExpr]], PrimExpr]
+                 ) -> te.Tensor:
+    a, a_scale, a_zp, b, b_scale, b_zp, y_scale, y_zp = inputs
+    shape = broadcast_shapes(a.shape, b.shape)
+
+    def element(*i: PrimExpr) -> PrimExpr:
+        params = [t[()] for t in (a_scale, a_zp, b_scale, b_zp, y_scale, y_zp)]
+        av, bv = a[broadcast_index(i, a.shape)], b[broadcast_index(i, b.shape)]
+        return _saturate(value(av, bv, params), y_zp.dtype)
+
+    return te.compute(te.dims(shape), element, y_zp.dtype, name)
+
+
+# --------------------------------------------------------------------------- qlinear_add
+
+def _add_compute(inputs: Sequence[te.Tensor], attrs: Attrs) -> te.Tensor:
+    swap = swaps_operands(inputs[0].shape, inputs[3].shape)
+
+    def value(av: PrimExpr, bv: PrimExpr, params: Sequence[PrimExpr]) -> PrimExpr:
+        sa, za, sb, zb, sy, zy = params
+        span, span_scale, span_zp, other, other_scale, other_zp = (
+            (bv, sb, zb, av, sa, za) if swap else (av, sa, za, bv, sb, zb))
+        rs, ro = span_scale / sy, other_scale / sy
+        fixed = _f32(zy) - intrin("fma", rs, _f32(span_zp), ro * _f32(other_zp))
+        return intrin("fma", _f32(span), rs, intrin("fma", _f32(other), ro, fixed))
+
+    return _elementwise(inputs, ADD, value)
+
+
+def fma_f32(a: Any, b: Any, c: Any) -> np.ndarray:
+    """float32 `a * b + c` rounded once (IEEE fusedMultiplyAdd), elementwise in numpy.
+
+    The product of two float32 values is exact in float64; the float64 sum's error is
+    recovered exactly (TwoSum), and when the float64 sum lies exactly halfway between two
+    float32 values the error says which way the exact sum rounds."""
+    a, b, c = (np.asarray(x, np.float32).astype(np.float64) for x in (a, b, c))
+    p = a * b
+    s = p + c
+    bp = s - c
+    err = (p - bp) + (c - (s - bp))
+    r = s.astype(np.float32)
+    other = np.nextafter(r, np.where(s > r, np.float32(np.inf), np.float32(-np.inf)))
+    tie = (r.astype(np.float64) + other.astype(np.float64) == 2 * s) & (err != 0)
+    nudged = np.where(err > 0, np.nextafter(s, np.inf), np.nextafter(s, -np.inf))
+    return np.where(tie, nudged.astype(np.float32), r).astype(np.float32)
+
+
+def _saturate_ref(v: np.ndarray, zp: np.ndarray) -> np.ndarray:
+    lo, hi = qrange(dt.from_numpy(zp.dtype))
+    return np.clip(np.rint(v), lo, hi).astype(zp.dtype)
+
+
+def _params(*xs: np.ndarray) -> list[np.float32]:
+    return [np.float32(np.asarray(x).reshape(())) for x in xs]
+
+
+def qlinear_add_ref(a: np.ndarray, a_scale: np.ndarray, a_zp: np.ndarray, b: np.ndarray,
+                    b_scale: np.ndarray, b_zp: np.ndarray, y_scale: np.ndarray,
+                    y_zp: np.ndarray, **attrs: Any) -> np.ndarray:
+    """numpy QLinearAdd as MLAS computes it (the module docstring)."""
+    sa, za, sb, zb, sy, zy = _params(a_scale, a_zp, b_scale, b_zp, y_scale, y_zp)
+    af, bf = np.broadcast_arrays(a.astype(np.float32), b.astype(np.float32))
+    span, ss, zs, other, so, zo = (bf, sb, zb, af, sa, za) \
+        if swaps_operands(a.shape, b.shape) else (af, sa, za, bf, sb, zb)
+    with np.errstate(all="ignore"):
+        rs, ro = np.float32(ss / sy), np.float32(so / sy)
+        fixed = np.float32(zy - fma_f32(rs, zs, np.float32(ro * zo)))
+        v = fma_f32(span, rs, fma_f32(other, ro, fixed))
+    return _saturate_ref(v, np.asarray(y_zp))
+
+
+# "injective": a kernel of its own (it may head a fused elementwise chain), never a tail
+# fused into the integer convolution before it, whose hand-built tiles would then lose
+# their vectorized epilogue (ResNet-50 QDQ ran 5x slower that way).
+register_op(ADD, pattern="injective", infer=_infer(ADD), compute=_add_compute,
+            reference=qlinear_add_ref)
+
+
+# --------------------------------------------------------------------------- qlinear_mul
+
+def _mul_compute(inputs: Sequence[te.Tensor], attrs: Attrs) -> te.Tensor:
+    def value(av: PrimExpr, bv: PrimExpr, params: Sequence[PrimExpr]) -> PrimExpr:
+        sa, za, sb, zb, sy, zy = params
+        da = Cast("int32", av) - Cast("int32", za)
+        db = Cast("int32", bv) - Cast("int32", zb)
+        return Cast("float32", da * db) * (sa * sb / sy) + _f32(zy)
+
+    return _elementwise(inputs, MUL, value)
+
+
+def qlinear_mul_ref(a: np.ndarray, a_scale: np.ndarray, a_zp: np.ndarray, b: np.ndarray,
+                    b_scale: np.ndarray, b_zp: np.ndarray, y_scale: np.ndarray,
+                    y_zp: np.ndarray, **attrs: Any) -> np.ndarray:
+    """numpy QLinearMul as MLAS computes it (the module docstring)."""
+    sa, _, sb, _, sy, zy = _params(a_scale, a_zp, b_scale, b_zp, y_scale, y_zp)
+    da = a.astype(np.int32) - np.int32(np.asarray(a_zp))
+    db = b.astype(np.int32) - np.int32(np.asarray(b_zp))
+    with np.errstate(all="ignore"):
+        ratio = np.float32(np.float32(sa * sb) / sy)
+        v = ((da * db).astype(np.float32) * ratio + zy).astype(np.float32)
+    return _saturate_ref(v, np.asarray(y_zp))
+
+
+register_op(MUL, pattern="injective", infer=_infer(MUL), compute=_mul_compute,
+            reference=qlinear_mul_ref)
