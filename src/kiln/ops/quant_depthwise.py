@@ -31,7 +31,8 @@ rows are copied whole into a row phase each (padded row `r` is row `r // 2` of p
 rounded up to even, so a column phase's rows are `wq / 2` wide). Output `(oh, ow)` at
 flat position `oh * wq/2 + ow` reads tap `(kh, kw)` in column phase `kw % 2` at that
 position plus the start of row phase `kh % 2` plus `(kh // 2) * wq/2 + kw // 2`
-(`PlaneGeometry.tap`, dilated taps likewise).
+(`PlaneGeometry.tap`, dilated taps likewise). Either way the planes of a block of
+channels (`plane_block`) are all filled before the first is read.
 """
 
 from __future__ import annotations
@@ -213,29 +214,37 @@ def plane_body(shape: ck.ConvShape, x: Buffer, wp: Buffer, bias: Buffer, x_zp: B
     size = g.phase_size * sw
     lo, hi = out_range(attrs, y_zp.dtype)
 
-    def channel(n: PrimExpr, c: PrimExpr) -> Stmt:
-        plane = Buffer("plane", (size,), x.dtype, "local")
-        fill = lanes_loop("i", size, lambda i: Store(plane, x_zp[()], (i,)))
+    block = plane_block(shape.c_in, size)
+
+    def channels(n: PrimExpr, cb: PrimExpr) -> Stmt:
+        # `block` channels' planes are filled before any is read: a tap's vector load
+        # right after the narrow row stores that wrote its bytes cannot take them from the
+        # store buffer and stalls (measured on Zen 5: the hottest instruction of 7x7)
+        plane = Buffer("plane", (block * size,), x.dtype, "local")
+        fill = lanes_loop("i", block * size, lambda i: Store(plane, x_zp[()], (i,)))
 
         def row(i: PrimExpr) -> PrimExpr:
             # padded row r is row r // sh of row phase r % sh (whole rows, so contiguous)
             r = i + top
             return (r % sh) * g.rows + r // sh if sh > 1 else r
 
-        copy = tile_loop("i", shape.h, lambda i: lanes_loop("q", shape.w, lambda q: Store(
-            plane, x[n, c, i, q], (row(i) * g.wq + left + q,))))
+        copy = nest(("b", "i"), (block, shape.h), lambda b, i: lanes_loop(
+            "q", shape.w, lambda q: Store(plane, x[n, cb * block + b, i, q],
+                                          (b * size + row(i) * g.wq + left + q,))))
         prepare: list[Stmt] = [Allocate(plane), fill, copy]
         phases = plane
         if sw > 1:
-            # the column phases: element k of phase p is byte sw * k + p of the plane, one
-            # long deinterleaving loop (LLVM's loop vectorizer turns it into wide loads and
-            # byte shuffles; short per-row loops stayed scalar)
-            phases = Buffer("phases", (size,), x.dtype, "local")
-            prepare += [Allocate(phases), lanes_loop("k", g.phase_size, lambda k: seq(*(
-                Store(phases, plane[k * sw + p], (p * g.phase_size + k,))
-                for p in range(sw))))]
+            # the column phases ([phase][channel][element]): element k of phase p is byte
+            # sw * k + p of the planes, one long deinterleaving loop (LLVM's loop
+            # vectorizer turns it into wide loads and byte shuffles; short per-row loops
+            # stayed scalar)
+            phases = Buffer("phases", (block * size,), x.dtype, "local")
+            count = block * g.phase_size
+            prepare += [Allocate(phases), lanes_loop("k", count, lambda k: seq(*(
+                Store(phases, plane[k * sw + p], (p * count + k,)) for p in range(sw))))]
 
-        def output(j: int) -> Stmt:
+        def output(b: PrimExpr, j: int) -> Stmt:
+            c = cb * block + b
             oc = c * shape.co_group + j if shape.co_group > 1 else c
             result = Buffer("result", (g.chunks * width,), y_zp.dtype, "local")
             mult = multiplier[()] if multiplier.ndim == 0 else multiplier[oc]
@@ -247,7 +256,7 @@ def plane_body(shape: ck.ConvShape, x: Buffer, wp: Buffer, bias: Buffer, x_zp: B
                 def tap(kh: int, kw: int) -> Stmt:
                     wv = Var("w", "int32")
                     phase, offset = g.tap(kh, kw)
-                    at = t * width + phase * g.phase_size + offset
+                    at = t * width + (b + phase * block) * g.phase_size + offset
                     return seq(LetStmt(wv, Cast("int32", wp[oc, 0, kh, kw])), lanes_loop(
                         "r", width, lambda r: Store(
                             acc, acc[r] + Cast("int32", phases[at + r]) * wv, (r,))))
@@ -263,9 +272,22 @@ def plane_body(shape: ck.ConvShape, x: Buffer, wp: Buffer, bias: Buffer, x_zp: B
                 lambda ow: Store(out, result[oh * g.pitch + ow], (n, oc, oh, ow)))))
             return seq(Allocate(result), tile_loop("t", g.chunks, chunk), stores)
 
-        return seq(*prepare, *(output(j) for j in range(shape.co_group)))
+        compute = tile_loop("b", block, lambda b: seq(
+            *(output(b, j) for j in range(shape.co_group))))
+        return seq(*prepare, compute)
 
-    return nest(("n", "c"), (shape.n, shape.c_in), channel)
+    return nest(("n", "cb"), (shape.n, shape.c_in // block), channels)
+
+
+#: The most channels whose planes the plane kernel fills before reading them.
+PLANE_BLOCK = 8
+
+
+def plane_block(channels: int, size: int) -> int:
+    """How many channels' planes (of `size` bytes) to fill at once: the largest divisor of
+    `channels` up to PLANE_BLOCK whose planes fit PLANE_BYTES."""
+    return max(b for b in range(1, PLANE_BLOCK + 1)
+               if channels % b == 0 and (b == 1 or b * size <= PLANE_BYTES))
 
 
 @dataclass(frozen=True)
