@@ -16,14 +16,14 @@ of one row of one output channel; it starts from the bias and adds
 broadcast scalar), then the row is requantized (per-channel multiplier, round half to
 even, the ReLU/Clip range) and stored as bytes.
 
-A depthwise convolution at stride 1 whose rows are narrower than two vectors (28x28 down
-to 7x7 images on AVX-512: the row tiles would leave lanes idle) runs on whole *planes*
-instead (`plane_body`): each input channel is copied into a stack plane bordered with
-`x_zp`, its rows `wq` (the padded width) wide, so output `(oh, ow)` at flat position
-`oh * wq + ow` reads tap `(kh, kw)` at that position plus `kh * wq + kw` (dilated).
-Every tap is then one run of whole vectors over all output rows at once (the
-`wq - out_w` columns between rows are computed and not stored), so the tiles fill their
-vectors.
+A depthwise convolution of stride 1 or 2 whose channel fits a stack plane
+(`PLANE_BYTES`) runs on whole *planes* instead (`plane_body`; rows narrower than two
+vectors would leave the row tiles' lanes idle, and wider ones measured faster too): each
+input channel is copied into a stack plane bordered with `x_zp`, its rows `wq` (the
+padded width) wide, so output `(oh, ow)` at flat position `oh * wq + ow` reads tap
+`(kh, kw)` at that position plus `kh * wq + kw` (dilated). Every tap is then one run of whole
+vectors over all output rows at once (the `wq - out_w` columns between rows are computed
+and not stored), so the tiles fill their vectors.
 
 A depthwise convolution of stride 2 runs on planes too, split into stride phases: the
 rows are copied whole into a row phase each (padded row `r` is row `r // 2` of phase
@@ -180,11 +180,11 @@ class PlaneGeometry:
 
 def plane_geometry(shape: ck.ConvShape, lanes: int) -> PlaneGeometry | None:
     """The plane kernel's layout for `shape`; None where the kernel does not apply:
-    grouped, strides above 2, or stride-1 rows of two vectors and more (the row tiles fill
-    their vectors; a strided row tile would read a phase copy made element by element)."""
+    grouped, strides above 2, fewer than 8 int32 lanes, or a channel's plane larger than
+    PLANE_BYTES (measured: planes beat the row tiles at every MobileNetV2 size, 7x7 to
+    112x112, strided or not)."""
     sh, sw = shape.stride
-    if shape.ci_group != 1 or max(sh, sw) > 2 or lanes < 8 \
-            or (shape.stride == (1, 1) and shape.out_w >= 2 * lanes):
+    if shape.ci_group != 1 or max(sh, sw) > 2 or lanes < 8:
         return None
     top, left, bottom, right = shape.pads
     wq = -(-(shape.w + left + right) // sw) * sw
