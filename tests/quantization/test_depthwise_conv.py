@@ -4,7 +4,8 @@ QLinearConv with several groups and a QDQ depthwise block (quantized by onnxrunt
 own quantizer, per-channel weights) compile to `qlinear_conv_grouped` and equal
 onnxruntime's int8 outputs exactly: u8 and s8 activations, stride 1 and 2, pads read as
 the input's zero point, a channel multiplier, a fused ReLU range, partial vector tiles,
-and narrow stride-1 rows on the plane kernel (llvm and c).
+and the plane kernel (narrow stride-1 rows; stride 2 on row and column phases), llvm
+and c.
 """
 
 from __future__ import annotations
@@ -60,19 +61,32 @@ PLANE_TARGETS = ("llvm -mcpu=x86-64-v3", "c -mcpu=x86-64-v3")
 
 
 @pytest.mark.parametrize("target", PLANE_TARGETS)
-def test_depthwise_planes_equal_onnxruntime(target: str) -> None:
-    # 7x7 rows (MobileNetV2's last blocks) on the plane kernel: s8, a channel multiplier
-    # of 2, dilation 2 (taps two plane rows apart), the last tile reading past the image
-    # into the plane's tail
+@pytest.mark.parametrize(("shape", "oc", "stride", "pad", "signed", "dilation"), [
+    # 7x7 rows (MobileNetV2's last blocks): s8, a channel multiplier of 2, dilation 2
+    # (taps two plane rows apart), the last tile reading past the image into the tail
+    ((1, 4, 7, 7), 8, 1, 2, True, 2),
+    # stride 2 on row and column phases: odd sizes (an odd row padded to an even width,
+    # a last row phase one row short), u8, the pads read as the zero point
+    ((1, 3, 11, 9), 3, 2, 1, False, 1),
+])
+def test_depthwise_planes_equal_onnxruntime(target: str, shape: tuple[int, int, int, int],
+                                            oc: int, stride: int, pad: int, signed: bool,
+                                            dilation: int) -> None:
     isa = isa_for(Target(target))
     if not isa.features <= isa_for(Target.from_host()).features:
         pytest.skip(f"{target}: this host cannot run it")
-    attrs = {"group": 4, "pads": (2, 2, 2, 2), "dilations": (2, 2)}
-    shape = conv_shape((1, 4, 7, 7), (8, 1, 3, 3), attrs)
-    assert shape is not None and plane_geometry(shape, tile_lanes(isa, "int32")) is not None
+    c = shape[1]
+    attrs = {"group": c, "pads": (pad,) * 4, "dilations": (dilation,) * 2,
+             "strides": (stride,) * 2}
+    geometry = conv_shape(shape, (oc, 1, 3, 3), attrs)
+    assert geometry is not None and plane_geometry(geometry, tile_lanes(isa, "int32"))
     rng = np.random.default_rng(13)
-    model = qlinear_conv_model((1, 4, 7, 7), 8, 3, 1, 2, True, rng, group=4, dilation=2)
-    x = rng.integers(-128, 128, (1, 4, 7, 7)).astype(np.int8)
+    model = qlinear_conv_model(shape, oc, 3, stride, pad, signed, rng, group=c,
+                               dilation=dilation)
+    lo, hi, q = (-128, 128, np.int8) if signed else (0, 256, np.uint8)
+    x = rng.integers(lo, hi, shape).astype(q)
+    x[0, :, -1, :] = hi - 1  # the largest bytes beside the bottom and right pads
+    x[0, :, :, -1] = hi - 1
     ex = kiln.compile(from_onnx(model), target)
     np.testing.assert_array_equal(ex["main"](x), onnxruntime_outputs(model, {"x": x})[0])
 

@@ -16,14 +16,23 @@ of one row of one output channel; it starts from the bias and adds
 broadcast scalar), then the row is requantized (per-channel multiplier, round half to
 even, the ReLU/Clip range) and stored as bytes.
 
-A depthwise convolution at stride 1 whose rows are narrower than two vectors (28x28 down
-to 7x7 images on AVX-512: the row tiles would leave lanes idle) runs on whole *planes*
-instead (`plane_body`): each input channel is copied into a stack plane bordered with
-`x_zp`, its rows `wq` (the padded width) wide, so output `(oh, ow)` at flat position
-`oh * wq + ow` reads tap `(kh, kw)` at that position plus `kh * wq + kw` (dilated).
-Every tap is then one run of whole vectors over all output rows at once (the
-`wq - out_w` columns between rows are computed and not stored), so the tiles fill their
-vectors.
+A depthwise convolution of stride 1 or 2 whose channel fits a stack plane
+(`PLANE_BYTES`) runs on whole *planes* instead (`plane_body`; rows narrower than two
+vectors would leave the row tiles' lanes idle, and wider ones measured faster too): each
+input channel is copied into a stack plane bordered with `x_zp`, its rows `wq` (the
+padded width) wide, so output `(oh, ow)` at flat position `oh * wq + ow` reads tap
+`(kh, kw)` at that position plus `kh * wq + kw` (dilated). Every tap is then one run of whole
+vectors over all output rows at once (the `wq - out_w` columns between rows are computed
+and not stored), so the tiles fill their vectors.
+
+A depthwise convolution of stride 2 runs on planes too, split into stride phases: the
+rows are copied whole into a row phase each (padded row `r` is row `r // 2` of phase
+`r % 2`), then one long loop deinterleaves the plane's bytes into column phases (`wq`
+rounded up to even, so a column phase's rows are `wq / 2` wide). Output `(oh, ow)` at
+flat position `oh * wq/2 + ow` reads tap `(kh, kw)` in column phase `kw % 2` at that
+position plus the start of row phase `kh % 2` plus `(kh // 2) * wq/2 + kw // 2`
+(`PlaneGeometry.tap`, dilated taps likewise). Either way the planes of a block of
+channels (`plane_block`) are all filled before the first is read.
 """
 
 from __future__ import annotations
@@ -139,56 +148,105 @@ PLANE_VECTORS = 8
 PLANE_BYTES = 1 << 14
 
 
-def plane_geometry(shape: ck.ConvShape, lanes: int) -> tuple[int, int, int] | None:
-    """`(wq, chunks, vectors)` of the plane kernel for `shape`: the row width of a
-    plane, the vector tiles over its output positions and the vectors of a tile; None
-    where the kernel does not apply: grouped, strided (measured: a plane split into
-    stride phases copies its input element by element, which costs more than its tiles
-    gain) or rows of two vectors and more (the row tiles fill their vectors)."""
-    if shape.ci_group != 1 or shape.stride != (1, 1) or lanes < 8 \
-            or shape.out_w >= 2 * lanes:
+@dataclass(frozen=True)
+class PlaneGeometry:
+    """The plane kernel's layout for one convolution (see the module docstring).
+
+    `wq`: a padded row's width in the byte plane (a multiple of the column stride);
+    `pitch`: a row's width in a column phase (`wq / stride_w`), also the row pitch of the
+    flat output positions; `rows`: the rows of one row phase; `chunks`, `vectors`: the
+    tiles over the output positions and the vectors of a tile."""
+
+    stride: tuple[int, int]
+    dilation: tuple[int, int]
+    wq: int
+    pitch: int
+    rows: int
+    chunks: int
+    vectors: int
+
+    @property
+    def phase_size(self) -> int:
+        """Elements of one column phase (all its row phases)."""
+        return self.stride[0] * self.rows * self.pitch
+
+    def tap(self, kh: int, kw: int) -> tuple[int, int]:
+        """`(column phase, offset)`: where tap `(kh, kw)` of output position `p` (flat,
+        `oh * pitch + ow`) reads: element `offset + p` of that column phase."""
+        (sh, sw), (dh, dw) = self.stride, self.dilation
+        row, col = kh * dh, kw * dw
+        return col % sw, (row % sh) * self.rows * self.pitch + row // sh * self.pitch + col // sw
+
+
+def plane_geometry(shape: ck.ConvShape, lanes: int) -> PlaneGeometry | None:
+    """The plane kernel's layout for `shape`; None where the kernel does not apply:
+    grouped, strides above 2, fewer than 8 int32 lanes, or a channel's plane larger than
+    PLANE_BYTES (measured: planes beat the row tiles at every MobileNetV2 size, 7x7 to
+    112x112, strided or not)."""
+    sh, sw = shape.stride
+    if shape.ci_group != 1 or max(sh, sw) > 2 or lanes < 8:
         return None
-    wq = shape.w + shape.pads[1] + shape.pads[3]
-    tiles = -(-shape.out_h * wq // lanes)
+    top, left, bottom, right = shape.pads
+    wq = -(-(shape.w + left + right) // sw) * sw
+    pitch = wq // sw
+    tiles = -(-shape.out_h * pitch // lanes)
     chunks = -(-tiles // PLANE_VECTORS)
     vectors = -(-tiles // chunks)
-    if _plane_size(shape, wq, chunks * vectors * lanes) > PLANE_BYTES:
+    # a row phase holds its padded rows and what the last tile of any tap reads past them
+    reach = (shape.kh - 1) * shape.dilation[0] // sh * pitch \
+        + (shape.kw - 1) * shape.dilation[1] // sw + chunks * vectors * lanes
+    rows = max(-(-(shape.h + top + bottom) // sh), -(-reach // pitch))
+    geometry = PlaneGeometry(shape.stride, shape.dilation, wq, pitch, rows, chunks, vectors)
+    if geometry.phase_size * sw > PLANE_BYTES:  # bytes: the plane (and its phases)
         return None
-    return wq, chunks, vectors
-
-
-def _tap_offset(shape: ck.ConvShape, wq: int, kh: int, kw: int) -> int:
-    """How far past its output position's flat index tap `(kh, kw)` reads the plane."""
-    return kh * shape.dilation[0] * wq + kw * shape.dilation[1]
-
-
-def _plane_size(shape: ck.ConvShape, wq: int, positions: int) -> int:
-    """Elements of a plane: the padded image, and what the last tile reads past it."""
-    rows = shape.h + shape.pads[0] + shape.pads[2]
-    return max(rows * wq, _tap_offset(shape, wq, shape.kh - 1, shape.kw - 1) + positions)
+    return geometry
 
 
 def plane_body(shape: ck.ConvShape, x: Buffer, wp: Buffer, bias: Buffer, x_zp: Buffer,
                multiplier: Buffer, y_zp: Buffer, out: Buffer, attrs: Attrs,
                lanes: int) -> Stmt:
     """The plane kernel of the module docstring (depthwise, with a channel multiplier)."""
-    geometry = plane_geometry(shape, lanes)
-    assert geometry is not None
-    wq, chunks, vectors = geometry
+    g = plane_geometry(shape, lanes)
+    assert g is not None
+    sh, sw = shape.stride
     top, left = shape.pads[:2]
-    width = vectors * lanes
-    size = _plane_size(shape, wq, chunks * width)
+    width = g.vectors * lanes
+    size = g.phase_size * sw
     lo, hi = out_range(attrs, y_zp.dtype)
 
-    def channel(n: PrimExpr, c: PrimExpr) -> Stmt:
-        plane = Buffer("plane", (size,), x.dtype, "local")
-        fill = lanes_loop("i", size, lambda i: Store(plane, x_zp[()], (i,)))
-        copy = tile_loop("i", shape.h, lambda i: lanes_loop("q", shape.w, lambda q: Store(
-            plane, x[n, c, i, q], ((i + top) * wq + left + q,))))
+    block = plane_block(shape.c_in, size)
 
-        def output(j: int) -> Stmt:
+    def channels(n: PrimExpr, cb: PrimExpr) -> Stmt:
+        # `block` channels' planes are filled before any is read: a tap's vector load
+        # right after the narrow row stores that wrote its bytes cannot take them from the
+        # store buffer and stalls (measured on Zen 5: the hottest instruction of 7x7)
+        plane = Buffer("plane", (block * size,), x.dtype, "local")
+        fill = lanes_loop("i", block * size, lambda i: Store(plane, x_zp[()], (i,)))
+
+        def row(i: PrimExpr) -> PrimExpr:
+            # padded row r is row r // sh of row phase r % sh (whole rows, so contiguous)
+            r = i + top
+            return (r % sh) * g.rows + r // sh if sh > 1 else r
+
+        copy = nest(("b", "i"), (block, shape.h), lambda b, i: lanes_loop(
+            "q", shape.w, lambda q: Store(plane, x[n, cb * block + b, i, q],
+                                          (b * size + row(i) * g.wq + left + q,))))
+        prepare: list[Stmt] = [Allocate(plane), fill, copy]
+        phases = plane
+        if sw > 1:
+            # the column phases ([phase][channel][element]): element k of phase p is byte
+            # sw * k + p of the planes, one long deinterleaving loop (LLVM's loop
+            # vectorizer turns it into wide loads and byte shuffles; short per-row loops
+            # stayed scalar)
+            phases = Buffer("phases", (block * size,), x.dtype, "local")
+            count = block * g.phase_size
+            prepare += [Allocate(phases), lanes_loop("k", count, lambda k: seq(*(
+                Store(phases, plane[k * sw + p], (p * count + k,)) for p in range(sw))))]
+
+        def output(b: PrimExpr, j: int) -> Stmt:
+            c = cb * block + b
             oc = c * shape.co_group + j if shape.co_group > 1 else c
-            result = Buffer("result", (chunks * width,), y_zp.dtype, "local")
+            result = Buffer("result", (g.chunks * width,), y_zp.dtype, "local")
             mult = multiplier[()] if multiplier.ndim == 0 else multiplier[oc]
 
             def chunk(t: PrimExpr) -> Stmt:
@@ -197,10 +255,11 @@ def plane_body(shape: ck.ConvShape, x: Buffer, wp: Buffer, bias: Buffer, x_zp: B
 
                 def tap(kh: int, kw: int) -> Stmt:
                     wv = Var("w", "int32")
-                    at = t * width + _tap_offset(shape, wq, kh, kw)
+                    phase, offset = g.tap(kh, kw)
+                    at = t * width + (b + phase * block) * g.phase_size + offset
                     return seq(LetStmt(wv, Cast("int32", wp[oc, 0, kh, kw])), lanes_loop(
                         "r", width, lambda r: Store(
-                            acc, acc[r] + Cast("int32", plane[at + r]) * wv, (r,))))
+                            acc, acc[r] + Cast("int32", phases[at + r]) * wv, (r,))))
 
                 steps = [tap(kh, kw) for kh in range(shape.kh) for kw in range(shape.kw)]
                 return seq(Allocate(acc), lanes_loop("r", width, lambda r: Store(
@@ -208,14 +267,27 @@ def plane_body(shape: ck.ConvShape, x: Buffer, wp: Buffer, bias: Buffer, x_zp: B
                         result, requantize_value(acc[r], mult, y_zp[()], lo, hi, y_zp.dtype),
                         (t * width + r,))))
 
-            # the columns between output rows (wq - out_w of each) are not stored
+            # the columns between output rows (pitch - out_w of each) are not stored
             stores = tile_loop("oh", shape.out_h, lambda oh: lanes_loop("ow", shape.out_w, (
-                lambda ow: Store(out, result[oh * wq + ow], (n, oc, oh, ow)))))
-            return seq(Allocate(result), tile_loop("t", chunks, chunk), stores)
+                lambda ow: Store(out, result[oh * g.pitch + ow], (n, oc, oh, ow)))))
+            return seq(Allocate(result), tile_loop("t", g.chunks, chunk), stores)
 
-        return seq(Allocate(plane), fill, copy, *(output(j) for j in range(shape.co_group)))
+        compute = tile_loop("b", block, lambda b: seq(
+            *(output(b, j) for j in range(shape.co_group))))
+        return seq(*prepare, compute)
 
-    return nest(("n", "c"), (shape.n, shape.c_in), channel)
+    return nest(("n", "cb"), (shape.n, shape.c_in // block), channels)
+
+
+#: The most channels whose planes the plane kernel fills before reading them.
+PLANE_BLOCK = 8
+
+
+def plane_block(channels: int, size: int) -> int:
+    """How many channels' planes (of `size` bytes) to fill at once: the largest divisor of
+    `channels` up to PLANE_BLOCK whose planes fit PLANE_BYTES."""
+    return max(b for b in range(1, PLANE_BLOCK + 1)
+               if channels % b == 0 and (b == 1 or b * size <= PLANE_BYTES))
 
 
 @dataclass(frozen=True)
