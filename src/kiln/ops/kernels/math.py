@@ -26,8 +26,8 @@ with intrinsics.
   overflow; a clamp that passes NaN on, so NaN needs no select), then `x`'s
   sign bit put on it (a bit cast: `-0.0` stays `-0.0`). MLAS's single rational
   `x P(x^2) / Q(x^2)` on `x` clamped to +-9 is cheaper but not this accurate
-  in float32: rounding in the two degree-5/6 polynomials alone is 4-6 ulp
-  near `|x|` = 6-8 (the sweep of tests/ops/test_vector_math.py allows 1.5).
+  in float32: its rounding reaches 5.5 ulp near `|x|` = 6-8.5 (the sweep of
+  tests/ops/test_vector_math.py allows 1.5; docs/performance.md).
 - sigmoid: `e = exp(-|x|)`, then `1 / (1 + e)` or `e / (1 + e)` by the sign,
   so tiny results for very negative inputs keep their precision.
 - erf: an odd polynomial below 0.92 (where MLAS's erf splits too), a
