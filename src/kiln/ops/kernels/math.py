@@ -10,7 +10,8 @@ its `MlasComputeExp`, `MlasComputeTanh` and `MlasComputeLogistic` the same way,
 with intrinsics.
 
 - exp: `x = n ln2 + r`, `|r| <= ln2/2` (Cody-Waite: ln2 in two parts, so
-  `n ln2` is exact), Cephes' degree-7 polynomial for `exp(r)`, times `2^n`.
+  `n ln2` is exact), a degree-6 polynomial for `exp(r)` (fitted here; Cephes'
+  expf has degree 7 for no accuracy float32 can show), times `2^n`.
   `n` is rounded by adding `1.5 * 2^23` to `x log2(e)` (the sum's last bits are
   `n`: no float-to-int conversion), and `2^n` is built in the exponent field
   through a bit cast (`reinterpret`): the sum's bits shifted left by 23 are
@@ -18,10 +19,15 @@ with intrinsics.
   (non-zero only for results near overflow or below float32's normal range),
   is a second factor `2^(n-m)`, so `(exp(r) 2^m) 2^(n-m)` rounds once, at the
   last product, and subnormal results and overflow to `inf` come out as
-  libm's do (onnxruntime's MLAS `MlasComputeExp` scales the same way).
+  libm's do (onnxruntime's MLAS `MlasComputeExp` scales the same way). When
+  the caller knows `x <= 0` (softmax, sigmoid) `n <= 0`: only the lower clamp.
 - tanh: of `|x|`, Cephes' odd polynomial below 0.625, `1 - 2 / (exp(2|x|) + 1)`
   above (`|x|` clamped to 9, where float32's tanh is 1: one `2^n` factor, no
-  overflow), then `x`'s sign bit put on it (a bit cast: `-0.0` stays `-0.0`).
+  overflow; a clamp that passes NaN on, so NaN needs no select), then `x`'s
+  sign bit put on it (a bit cast: `-0.0` stays `-0.0`). MLAS's single rational
+  `x P(x^2) / Q(x^2)` on `x` clamped to +-9 is cheaper but not this accurate
+  in float32: its rounding reaches 5.5 ulp near `|x|` = 6-8.5 (the sweep of
+  tests/ops/test_vector_math.py allows 1.5; docs/performance.md).
 - sigmoid: `e = exp(-|x|)`, then `1 / (1 + e)` or `e / (1 + e)` by the sign,
   so tiny results for very negative inputs keep their precision.
 - erf: an odd polynomial below 0.92 (where MLAS's erf splits too), a
@@ -57,10 +63,11 @@ F32 = "float32"
 I32 = "int32"
 
 # exp: log2(e); ln2 = _LN2_HI + _LN2_LO with _LN2_HI's 9 significant bits (n * _LN2_HI
-# is exact for |n| < 2^15); Cephes' expf polynomial for exp(r) = 1 + r + r^2 P(r).
+# is exact for |n| < 2^15); exp(r) = 1 + r + r^2 P(r) on |r| <= ln2/2 with P of degree 4
+# (one degree below Cephes' expf): a least-squares fit reweighted towards minimax of the
+# relative error, 3.6e-9 with these float32 coefficients (0.06 of float32's rounding unit).
 _LOG2E, _LN2_HI, _LN2_LO = 1.44269504088896341, 0.693359375, -2.12194440e-4
-_EXP_P = (1.9875691500e-4, 1.3981999507e-3, 8.3334519073e-3, 4.1665795894e-2,
-          1.6666665459e-1, 5.0000001201e-1)
+_EXP_P = (0.0013814539, 0.008368745, 0.04166839, 0.16666521, 0.49999994)
 # exp(x) is 0 in float32 below -103.98 (under half the smallest subnormal) and inf above
 # 88.73; clamping to these keeps n within [-150, 128].
 _EXP_LO, _EXP_HI = -104.0, 88.75
@@ -131,7 +138,9 @@ def exp_f32(x: PrimExpr, *, fused: bool = False, nonpositive: bool = False,
     high = x if nonpositive else bind(select(x > _f(_EXP_HI), _f(_EXP_HI), x))
     xc = bind(select(high < _f(_EXP_LO), _f(_EXP_LO), high))
     e_r, field = _exp_parts(xc, fused, bind)
-    normal = bind(max_(min_(field, _i(_EXP_FIELD_MAX)), _i(_EXP_FIELD_MIN)))
+    # n <= 0 when x <= 0: only the lower bound can bind
+    top = field if nonpositive else min_(field, _i(_EXP_FIELD_MAX))
+    normal = bind(max_(top, _i(_EXP_FIELD_MIN)))
     two_m = reinterpret(normal + _i(_ONE_BITS), F32)
     two_rest = reinterpret(field - normal + _i(_ONE_BITS), F32)  # 2^(n - m), n - m in [-24, 1]
     return (e_r * two_m) * two_rest  # the last product rounds (subnormal or inf)
@@ -155,13 +164,14 @@ def tanh_f32(x: PrimExpr, *, fused: bool = False, bind: Bind = _inline) -> PrimE
     ax = bind(intrin("abs", x))
     z = bind(ax * ax)
     small = _mul_add(ax * z, _horner(z, _TANH_P, fused), ax, fused)
-    # 2|x| <= 2 _TANH_ONE: exp cannot overflow, 2^n is one factor
-    e_r, field = _exp_parts(bind(min_(ax, _f(_TANH_ONE)) * _f(2.0)), fused, bind)
+    # 2|x| <= 2 _TANH_ONE: exp cannot overflow, 2^n is one factor. A clamp that lets NaN
+    # through (`min` would not), so NaN needs no select: r, e and y are NaN
+    e_r, field = _exp_parts(bind(select(ax > _f(_TANH_ONE), _f(_TANH_ONE), ax) * _f(2.0)),
+                            fused, bind)
     e = e_r * reinterpret(field + _i(_ONE_BITS), F32)
     y = select(ax < _f(_TANH_SMALL), small, _f(1.0) - _f(2.0) / (e + _f(1.0)))
     # tanh(|x|) with the sign bit of x (so -0.0 stays -0.0)
-    signed = reinterpret(reinterpret(y, I32) | (reinterpret(x, I32) & _i(_SIGN_BIT)), F32)
-    return select(intrin("isnan", x), x, signed)
+    return reinterpret(reinterpret(y, I32) | (reinterpret(x, I32) & _i(_SIGN_BIT)), F32)
 
 
 def sigmoid_f32(x: PrimExpr, *, fused: bool = False, bind: Bind = _inline) -> PrimExpr:
