@@ -160,7 +160,8 @@ def quantize_value(v: PrimExpr, scale: PrimExpr, zp: PrimExpr, lo: int, hi: int,
     return Cast(out_dtype, min_(max_(q, float(lo)), float(hi)))
 
 
-def _f32(v: PrimExpr) -> PrimExpr:
+def as_float32(v: PrimExpr) -> PrimExpr:
+    """`v` as float32 (a cast unless it already is)."""
     return v if v.dtype == "float32" else Cast("float32", v)
 
 
@@ -170,7 +171,7 @@ def _quantize_compute(inputs: Sequence[te.Tensor], attrs: Attrs) -> te.Tensor:
 
     def element(*i: PrimExpr) -> PrimExpr:
         p = _param_index(attrs, scale, i)
-        return quantize_value(_f32(x[i]), _f32(scale[p]), zp[p], lo, hi, zp.dtype,
+        return quantize_value(as_float32(x[i]), as_float32(scale[p]), zp[p], lo, hi, zp.dtype,
                               bool(attrs.get("zero_point_first")))
 
     return te.compute(x.shape, element, zp.dtype, "quantize")
@@ -211,7 +212,7 @@ def _dequantize_compute(inputs: Sequence[te.Tensor], attrs: Attrs) -> te.Tensor:
     def element(*i: PrimExpr) -> PrimExpr:
         p = _param_index(attrs, scale, i)
         diff = Cast("int32", x[i]) - Cast("int32", zp[p])
-        v = Cast("float32", diff) * _f32(scale[p])
+        v = Cast("float32", diff) * as_float32(scale[p])
         return v if scale.dtype == "float32" else Cast(scale.dtype, v)
 
     return te.compute(x.shape, element, scale.dtype, "dequantize")

@@ -35,7 +35,7 @@ from kiln.ir.tensor import Cast, PrimExpr, intrin, max_, min_
 from kiln.ir.types import TensorType, Type
 from kiln.ops import te
 from kiln.ops.broadcast import broadcast_index, broadcast_shapes
-from kiln.ops.quant import PRODUCT_DTYPES, qrange
+from kiln.ops.quant import PRODUCT_DTYPES, as_float32, qrange
 from kiln.ops.registry import register_op
 
 Attrs = Mapping[str, Any]
@@ -79,10 +79,6 @@ def _infer(what: str) -> Callable[[Sequence[TensorType], Attrs], Type]:
     return lambda types, attrs: _check(what, types)
 
 
-def _f32(v: PrimExpr) -> PrimExpr:
-    return v if v.dtype == "float32" else Cast("float32", v)
-
-
 def _saturate(v: PrimExpr, dtype: str) -> PrimExpr:
     """`saturate(round_half_even(v))` of float32 `v` in `dtype`."""
     lo, hi = qrange(dtype)
@@ -113,8 +109,8 @@ def _add_compute(inputs: Sequence[te.Tensor], attrs: Attrs) -> te.Tensor:
         span, span_scale, span_zp, other, other_scale, other_zp = (
             (bv, sb, zb, av, sa, za) if swap else (av, sa, za, bv, sb, zb))
         rs, ro = span_scale / sy, other_scale / sy
-        fixed = _f32(zy) - intrin("fma", rs, _f32(span_zp), ro * _f32(other_zp))
-        return intrin("fma", _f32(span), rs, intrin("fma", _f32(other), ro, fixed))
+        fixed = as_float32(zy) - intrin("fma", rs, as_float32(span_zp), ro * as_float32(other_zp))
+        return intrin("fma", as_float32(span), rs, intrin("fma", as_float32(other), ro, fixed))
 
     return _elementwise(inputs, ADD, value)
 
@@ -175,7 +171,7 @@ def _mul_compute(inputs: Sequence[te.Tensor], attrs: Attrs) -> te.Tensor:
         sa, za, sb, zb, sy, zy = params
         da = Cast("int32", av) - Cast("int32", za)
         db = Cast("int32", bv) - Cast("int32", zb)
-        return Cast("float32", da * db) * (sa * sb / sy) + _f32(zy)
+        return Cast("float32", da * db) * (sa * sb / sy) + as_float32(zy)
 
     return _elementwise(inputs, MUL, value)
 
