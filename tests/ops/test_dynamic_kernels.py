@@ -22,6 +22,7 @@ from kiln.ir.tensor import Buffer, PrimFunc, Var
 from kiln.ir.types import TensorType
 from kiln.script.source import from_source
 from kiln.transform.pipeline import default_graph_pipeline, default_tensor_pipeline
+from support.numerics import assert_close_to_scale
 
 RNG = np.random.default_rng(12)
 SIZES = (1, 2, 7, 33, 64)
@@ -375,7 +376,7 @@ def _check_sizes(case: str, mod: IRModule, kernels: dict[str, Any]) -> None:
     for n in _sizes(case):
         args = _inputs(case, n)
         got = _run_graph(fn, kernels, args, {"n": n})
-        np.testing.assert_allclose(got, CASES[case][2](*args), rtol=1e-4, atol=1e-5)
+        assert_close_to_scale(got, CASES[case][2](*args), rtol=1e-4, scaled_atol=1e-5)
 
 
 @pytest.mark.parametrize("case", sorted(CASES))

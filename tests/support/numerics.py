@@ -24,3 +24,13 @@ def assert_close(got: Sequence[np.ndarray], want: Sequence[np.ndarray], tol: flo
         assert a.shape == b.shape, (*label, a.shape, b.shape)
         err = rel_l2(a, b)
         assert err < tol, (*label, err)
+
+
+def assert_close_to_scale(got: np.ndarray, want: np.ndarray, rtol: float,
+                          scaled_atol: float) -> None:
+    """Every element within `rtol` of itself plus `scaled_atol` times the reference's
+    largest magnitude: a float32 sum or dot product errs relative to its terms, not its
+    result, so an element that cancels to near zero cannot meet `rtol` alone."""
+    assert got.shape == want.shape, (got.shape, want.shape)
+    scale = max(float(np.abs(want).max(initial=0.0)), 1.0)
+    np.testing.assert_allclose(got, want, rtol=rtol, atol=scaled_atol * scale)
