@@ -161,10 +161,10 @@ def test_timing_instrument_reports_nested_passes() -> None:
     with PassContext(instruments=[timing]):
         get_pipeline("default", "graph")(_module())
     names = [t.name for t in timing.timings]
-    assert names == ["graph-default", "quantize-ops", "fold-constants", "fold-batchnorm",
-                     "block-convolutions", "block-matmuls", "fuse-ops", "legalize-ops",
-                     "dead-code-elimination", "lower-graph-to-tensor"]
-    assert [t.depth for t in timing.timings] == [0, 1, 1, 1, 1, 1, 1, 1, 1, 1]
+    assert names == ["graph-default", "quantize-ops", "fold-constants", "recognize-composites",
+                     "fold-batchnorm", "block-convolutions", "block-matmuls", "fuse-ops",
+                     "legalize-ops", "dead-code-elimination", "lower-graph-to-tensor"]
+    assert [t.depth for t in timing.timings] == [0, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1]
     assert all(t.seconds >= 0 for t in timing.timings)
     assert timing.total() == timing.timings[0].seconds
     report = timing.report().splitlines()
@@ -180,11 +180,13 @@ def test_dump_ir_to_directory_and_callback(tmp_path: Path) -> None:
     with PassContext(instruments=[dump, cb]):
         get_pipeline("default", "graph")(_module())
     files = sorted(p.name for p in (tmp_path / "dumps").iterdir())
-    assert files == ["000_quantize-ops.py", "001_fold-constants.py", "002_fold-batchnorm.py",
-                     "003_block-convolutions.py", "004_block-matmuls.py", "005_fuse-ops.py",
-                     "006_legalize-ops.py", "007_dead-code-elimination.py",
-                     "008_lower-graph-to-tensor.py"]
-    assert [n for n, _ in texts] == ["quantize-ops", "fold-constants", "fold-batchnorm",
+    assert files == ["000_quantize-ops.py", "001_fold-constants.py",
+                     "002_recognize-composites.py", "003_fold-batchnorm.py",
+                     "004_block-convolutions.py", "005_block-matmuls.py", "006_fuse-ops.py",
+                     "007_legalize-ops.py", "008_dead-code-elimination.py",
+                     "009_lower-graph-to-tensor.py"]
+    assert [n for n, _ in texts] == ["quantize-ops", "fold-constants", "recognize-composites",
+                                     "fold-batchnorm",
                                      "block-convolutions", "block-matmuls", "fuse-ops",
                                      "legalize-ops", "dead-code-elimination",
                                      "lower-graph-to-tensor"]

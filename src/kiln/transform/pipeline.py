@@ -67,12 +67,14 @@ def nchwc_graph_pipeline() -> Sequential:
 
 def default_graph_pipeline(nchwc: bool = NCHWC_BY_DEFAULT) -> Sequential:
     """Fuse quantized QDQ patterns into integer ops (before fold-constants turns dequantized
-    weights into float constants), fold constants and BatchNorm, pick the convolution and
+    weights into float constants), fold constants, recognize spelled-out GELU and layer
+    norm (recognize-composites), fold BatchNorm, pick the convolution and
     matrix-product kernels, fuse elementwise chains, legalize operators, drop dead code,
     lower to PrimFuncs. BatchNorm
     folding must precede fusion, which would otherwise swallow the multiply/add it folds
     into the convolution. `nchwc`: keep convolution chains in the blocked activation
     layout (kiln.transform.nchwc_layout) between picking kernels and fusing."""
+    from kiln.transform.composite_ops import RecognizeComposites
     from kiln.transform.conv_blocking import BlockConvolutions
     from kiln.transform.dead_code import DeadCodeElimination
     from kiln.transform.fold_batchnorm import FoldBatchNorm
@@ -89,8 +91,8 @@ def default_graph_pipeline(nchwc: bool = NCHWC_BY_DEFAULT) -> Sequential:
     from kiln.transform.nchwc_layout import NchwcLayout
 
     layout = [NchwcLayout()] if nchwc else []
-    return Sequential([QuantizeOps(), FoldConstants(), FoldBatchNorm(), *blas,
-                       BlockConvolutions(), *layout,
+    return Sequential([QuantizeOps(), FoldConstants(), RecognizeComposites(), FoldBatchNorm(),
+                       *blas, BlockConvolutions(), *layout,
                        BlockMatmuls(), FuseOps(), LegalizeOps(), DeadCodeElimination(),
                        LowerGraphToTensor()],
                       name="graph-default")

@@ -1,0 +1,313 @@
+"""recognize-composites: exporters' spelled-out GELU and LayerNorm as the ops kiln has.
+
+Older exports (and models written against opsets without `Gelu` or
+`LayerNormalization`) spell these out in elementwise ops:
+
+- tanh GELU (GPT-2's): `0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))`, ten or so
+  nodes in whatever order the exporter wrote the products, `x^3` as `Pow` or as
+  products;
+- layer norm: `d = x - mean(x)`, `d / sqrt(mean(d^2) + eps)`, then optionally
+  `* gamma + beta`, the means over the last axis.
+
+Each match becomes one call, `gelu(x, approximate="tanh")` or `layer_norm(x, gamma,
+beta, axis=-1, epsilon=eps)`: the GELU's input is then read once, so fuse-ops puts
+the whole activation in the epilogue of the matrix product before it (spelled out,
+its intermediate values are read by several nodes and the group is cut after the
+bias add), and the layer norm is one row kernel (kiln.ops.row_kernels) instead of
+two reductions and five elementwise kernels. Any other `Pow` by a constant 2 or 3
+becomes products: `pow` is a scalar libm call that no loop vectorizer widens.
+
+A pattern matches only when none of its intermediate values is read outside it,
+its input has the result's shape (no broadcasting inside) and its constants
+equal the formula's to float32 precision. The rewritten results agree with the
+spelled-out graph to float32 rounding, not bit for bit.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from kiln.ir import graph as g
+from kiln.ir.analysis.graph_uses import graph_vars_used, var_use_counts
+from kiln.ir.dtype import is_float
+from kiln.ir.module import IRModule
+from kiln.ir.types import TensorType
+from kiln.transform.dead_code import remove_dead_bindings
+from kiln.transform.pass_base import FunctionPass
+
+SQRT_2_OVER_PI = 0.7978845608028654
+GELU_CUBIC = 0.044715
+# Powers written out as products (pow(x, 2) = x * x is exact; x * x * x rounds twice).
+SMALL_POWERS = (2, 3)
+# Constants match the formula's when this close (float32 spellings of sqrt(2/pi) ...).
+RTOL = 1e-5
+
+
+@dataclass(frozen=True)
+class RecognizeComposites(FunctionPass):
+    """Rewrite spelled-out tanh GELU and layer norm into `gelu` and `layer_norm`, and
+    small constant powers into products."""
+
+    name = "recognize-composites"
+    level = "graph"
+
+    def run_on_function(self, func: Any, name: str, mod: IRModule) -> g.Function:
+        assert isinstance(func, g.Function)
+        graph = _Graph(func)
+        new: dict[g.Var, list[g.Binding]] = {}  # a binding -> those that replace it
+        for b in func.bindings:
+            for match in (_gelu_tanh, _layer_norm):
+                graph.pending.clear()
+                found = match(graph, b) if b.var not in graph.absorbed else None
+                if found is not None:
+                    new[found.var] = [found]
+                    graph.absorbed.update(graph.pending)
+                    break
+        for b in func.bindings:  # the powers left outside any pattern
+            if b.var not in new and b.var not in graph.absorbed:
+                products = _products_for_power(graph, b)
+                if products:
+                    new[b.var] = products
+        if not new:
+            return func
+        bindings = [r for b in func.bindings for r in new.get(b.var, [b])]
+        return remove_dead_bindings(g.Function(func.params, tuple(bindings), func.result,
+                                               dict(func.attrs)))
+
+
+@dataclass
+class _Graph:
+    """The function's bindings by variable, its use counts, and the variables the
+    pattern being matched would absorb."""
+
+    func: g.Function
+    defs: dict[g.Var, g.Expr] = field(default_factory=dict)
+    uses: Counter[g.Var] = field(default_factory=Counter)
+    consumers: dict[g.Var, list[g.Binding]] = field(default_factory=dict)
+    pending: set[g.Var] = field(default_factory=set)
+    absorbed: set[g.Var] = field(default_factory=set)
+
+    def __post_init__(self) -> None:
+        self.uses = var_use_counts(self.func)
+        for b in self.func.bindings:
+            self.defs[b.var] = b.value
+            for v in set(graph_vars_used(b.value)):
+                self.consumers.setdefault(v, []).append(b)
+
+    def call(self, e: g.Expr, *ops: str) -> g.Call | None:
+        """The call bound to `e` when it is one of `ops` and not yet absorbed."""
+        value = self.defs.get(e) if isinstance(e, g.Var) else None
+        if isinstance(value, g.Call) and value.op in ops and e not in self.absorbed:
+            return value
+        return None
+
+    def inner(self, e: g.Expr, *ops: str) -> g.Call | None:
+        """Like `call`, for a value read only once (by the pattern), which it absorbs."""
+        value = self.call(e, *ops)
+        if value is None or self.uses[e] != 1:  # type: ignore[index]
+            return None
+        assert isinstance(e, g.Var)
+        self.pending.add(e)
+        return value
+
+    def consumer(self, v: g.Var, op: str) -> g.Binding | None:
+        """The one binding reading `v`, when `v` is read once, by a call of `op`."""
+        readers = self.consumers.get(v, [])
+        if self.uses[v] != 1 or len(readers) != 1:
+            return None
+        value = readers[0].value
+        return readers[0] if isinstance(value, g.Call) and value.op == op else None
+
+
+def _scalar(e: g.Expr) -> float | None:
+    """The value of a one-element float constant."""
+    if isinstance(e, g.Constant) and e.data.size == 1 and is_float(e.type.dtype):
+        return float(e.data.reshape(()))
+    return None
+
+
+def _close(value: float | None, want: float) -> bool:
+    return value is not None and abs(value - want) <= RTOL * abs(want)
+
+
+def _small_power(c: g.Call) -> int | None:
+    exponent = _scalar(c.args[1])
+    return int(exponent) if exponent in SMALL_POWERS else None
+
+
+def _product(graph: _Graph, e: g.Expr, root: bool = False) -> tuple[float, list[g.Expr]]:
+    """`e` as a constant times a product of factors, through multiplies, divisions by
+    constants and small constant powers whose values only the product reads (`root`: `e`
+    itself may be read elsewhere)."""
+    c = _scalar(e)
+    if c is not None:
+        return c, []
+    step = graph.call(e, "multiply", "divide", "power") if root else \
+        graph.inner(e, "multiply", "divide", "power")
+    if step is None:
+        return 1.0, [e]
+    a, b = step.args
+    if step.op == "multiply":
+        ca, fa = _product(graph, a)
+        cb, fb = _product(graph, b)
+        return ca * cb, fa + fb
+    divisor = _scalar(b)
+    if step.op == "divide" and divisor:
+        ca, fa = _product(graph, a)
+        return ca / divisor, fa
+    n = _small_power(step) if step.op == "power" else None
+    if n is not None:
+        ca, fa = _product(graph, a)
+        return ca ** n, fa * n
+    assert isinstance(e, g.Var)
+    graph.pending.discard(e)
+    return 1.0, [e]
+
+
+def _add_terms(graph: _Graph, e: g.Expr) -> tuple[g.Expr, g.Expr] | None:
+    """The operands of the add bound to `e` (absorbed), the constant one second if any."""
+    add = graph.inner(e, "add")
+    if add is None:
+        return None
+    a, b = add.args
+    return (b, a) if _scalar(a) is not None else (a, b)
+
+
+def _same_shape(x: g.Expr, out: g.Var) -> bool:
+    return isinstance(x.type, TensorType) and x.type == out.type and is_float(x.type.dtype)
+
+
+def _gelu_tanh(graph: _Graph, b: g.Binding) -> g.Binding | None:
+    """`gelu(x, approximate="tanh")` when `b` is `0.5 x (1 + tanh(k (x + c x^3)))`."""
+    if graph.call(b.var, "multiply") is None:
+        return None
+    half, factors = _product(graph, b.var, root=True)
+    if not _close(half, 0.5) or len(factors) != 2:
+        return None
+    for x, other in (factors, factors[::-1]):
+        terms = _add_terms(graph, other)
+        if terms is None or not _close(_scalar(terms[1]), 1.0):
+            continue
+        tanh = graph.inner(terms[0], "tanh")
+        if tanh is None:
+            continue
+        k, inner = _product(graph, tanh.args[0])
+        sum_terms = _add_terms(graph, inner[0]) if len(inner) == 1 else None
+        if not _close(k, SQRT_2_OVER_PI) or sum_terms is None:
+            continue
+        for lin, cubic in (sum_terms, sum_terms[::-1]):
+            c, cube = _product(graph, cubic)
+            if lin is x and _close(c, GELU_CUBIC) and cube == [x, x, x] and _same_shape(x, b.var):
+                return g.Binding(b.var, g.Call("gelu", (x,), {"approximate": "tanh"},
+                                               b.var.type))
+    return None
+
+
+def _last_axis_mean(graph: _Graph, e: g.Expr) -> g.Call | None:
+    """The mean over the last axis (dimensions kept) bound to `e`, absorbed."""
+    mean = graph.inner(e, "reduce_mean")
+    if mean is None or not bool(mean.attrs.get("keepdims", True)):
+        return None
+    x = mean.args[0]
+    axes = mean.attrs.get("axes")
+    ndim = len(x.type.shape) if isinstance(x.type, TensorType) else 0
+    return mean if isinstance(axes, tuple) and axes in ((-1,), (ndim - 1,)) else None
+
+
+def _layer_norm(graph: _Graph, b: g.Binding) -> g.Binding | None:
+    """`layer_norm(x, gamma, beta, axis=-1, epsilon=eps)` when `b` is the last of
+    `(x - mean(x)) / sqrt(mean((x - mean(x))^2) + eps) [* gamma] [+ beta]`."""
+    div = graph.call(b.var, "divide")
+    if div is None or b.var in graph.absorbed:
+        return None
+    centred, std = div.args
+    sub = graph.call(centred, "subtract")
+    sqrt = graph.inner(std, "sqrt")
+    if sub is None or sqrt is None:
+        return None
+    x, mean = sub.args
+    first = _last_axis_mean(graph, mean)
+    if first is None or first.args[0] is not x:
+        return None
+    terms = _add_terms(graph, sqrt.args[0])
+    var = _last_axis_mean(graph, terms[0]) if terms else None
+    eps = _scalar(terms[1]) if terms else None
+    if var is None or eps is None or not _same_shape(x, b.var):
+        return None
+    assert isinstance(x.type, TensorType)
+    dim = x.type.shape[-1]
+    one, square = _product(graph, var.args[0])
+    # the centred value is read by the square and the division, nothing else
+    if not _close(one, 1.0) or square != [centred, centred] or \
+            graph.uses[centred] != 1 + sum(  # type: ignore[index]
+                1 for a in _read_by(graph, var.args[0]) if a is centred):
+        return None
+    assert isinstance(centred, g.Var)
+    graph.pending.add(centred)
+    return _with_affine(graph, b, x, eps, dim if isinstance(dim, int) else None)
+
+
+def _read_by(graph: _Graph, e: g.Expr) -> list[g.Expr]:
+    """The operands read by the multiplies/powers under `e` that the pattern absorbed."""
+    call = graph.defs.get(e) if isinstance(e, g.Var) else None
+    if not isinstance(call, g.Call) or e not in graph.pending:
+        return [e]
+    return [r for a in call.args for r in _read_by(graph, a)]
+
+
+def _with_affine(graph: _Graph, b: g.Binding, x: g.Expr, eps: float,
+                 dim: int | None) -> g.Binding:
+    """The layer norm of `x`, taking in a following `* gamma` and `+ beta` by constant
+    vectors over the last axis (of static size `dim`; the binding that ends the chain
+    gets the call)."""
+    end, scale, shift = b, None, None
+    mul = graph.consumer(end.var, "multiply")
+    if mul is not None and dim is not None and _same_shape(x, mul.var):
+        scale = _row_vector(mul.value, end.var, dim)
+        if scale is not None:
+            graph.pending.add(end.var)
+            end = mul
+    add = graph.consumer(end.var, "add")
+    if add is not None and dim is not None and _same_shape(x, add.var):
+        shift = _row_vector(add.value, end.var, dim)
+        if shift is not None:
+            graph.pending.add(end.var)
+            end = add
+    args: tuple[g.Expr, ...] = (x,)
+    if shift is not None and scale is None:  # layer_norm takes a bias only after a scale
+        scale = g.Constant(np.ones(shift.data.shape, shift.data.dtype))
+    if scale is not None:
+        args = (x, scale) if shift is None else (x, scale, shift)
+    return g.Binding(end.var, g.Call("layer_norm", args, {"axis": -1, "epsilon": eps},
+                                     end.var.type))
+
+
+def _row_vector(call: g.Expr, v: g.Var, dim: int) -> g.Constant | None:
+    """The constant `call` combines `v` with, when it is a vector over the last axis."""
+    assert isinstance(call, g.Call)
+    a, c = call.args
+    other = c if a is v else a
+    if not isinstance(other, g.Constant) or other.type.dtype != call.ret_type.dtype:  # type: ignore[union-attr]
+        return None
+    data = other.data
+    if data.size != dim or any(d != 1 for d in data.shape[:-1]) or data.shape[-1:] != (dim,):
+        return None
+    return g.Constant(data.reshape(dim), other.name)
+
+
+def _products_for_power(graph: _Graph, b: g.Binding) -> list[g.Binding] | None:
+    """`x * x` or `x * x * x` for `pow(x, 2|3)` with the result's shape."""
+    call = graph.call(b.var, "power")
+    n = _small_power(call) if call is not None else None
+    if call is None or n is None or not _same_shape(call.args[0], b.var):
+        return None
+    x = call.args[0]
+    if n == 2:
+        return [g.Binding(b.var, g.Call("multiply", (x, x), {}, b.var.type))]
+    square = g.Var(f"{b.var.name}_sq", b.var.type)
+    return [g.Binding(square, g.Call("multiply", (x, x), {}, b.var.type)),
+            g.Binding(b.var, g.Call("multiply", (square, x), {}, b.var.type))]
