@@ -1,6 +1,6 @@
 """Per-op time of one model: kiln's kernel timers beside onnxruntime's node profile.
 
-    .venv/bin/python bench/op_profile.py --model gpt2 [--calls 10] [--threads 2] [--kernels]
+    .venv/bin/python bench/op_profile.py --model gpt2 [--calls 10] [--threads 2] [--kernels N]
 
 The model comes from bench/models.py's builders (any name of `--models all`). kiln
 compiles it with `profile=True` (docs/profiling.md) and onnxruntime runs it with
@@ -8,7 +8,7 @@ compiles it with `profile=True` (docs/profiling.md) and onnxruntime runs it with
 after warm-up. Rows are op kinds: a kiln kernel counts under its anchor op (the
 first op of a fused kernel's name, kiln.cli.kernel_names.op_type), an onnxruntime
 node under its op type (its fused nodes, e.g. FusedMatMul, under theirs).
-Prints mean milliseconds per call of each; `--kernels` adds kiln's ten longest
+Prints mean milliseconds per call of each; `--kernels N` adds kiln's N longest
 kernels. Asserts nothing (this is not a test).
 """
 
@@ -82,7 +82,7 @@ def main() -> None:
     parser.add_argument("--model", required=True)
     parser.add_argument("--calls", type=int, default=10)
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--kernels", action="store_true")
+    parser.add_argument("--kernels", type=int, default=0)
     args = parser.parse_args()
     model, feeds = models.build(args.model)
     kiln.runtime.set_num_threads(args.threads)
@@ -96,7 +96,7 @@ def main() -> None:
         print(f"{name:<28} {k_ops.get(name, 0):9.3f} {o_ops.get(name, 0):9.3f}")
     print(f"{'(whole call)':<28} {k_whole:9.3f} {o_whole:9.3f}")
     if args.kernels:
-        for name, ms in sorted(k_kernels.items(), key=lambda kv: -kv[1])[:10]:
+        for name, ms in sorted(k_kernels.items(), key=lambda kv: -kv[1])[:args.kernels]:
             print(f"  {name:<60} {ms:9.3f}")
 
 

@@ -1,5 +1,6 @@
 """recognize-composites: spelled-out tanh GELU and layer norm become `gelu` and
-`layer_norm`, small constant powers become products; results against onnxruntime."""
+`layer_norm`, small constant powers become products, scaled matmul operands one scaled
+product; results against onnxruntime."""
 
 from __future__ import annotations
 
@@ -68,6 +69,10 @@ def _model(body: str) -> onnx.ModelProto:
         b.node("Identity", [t], ["t"])
         b.output("t", [ROWS, DIM])
         y = b.op("Mul", b.op("Mul", h, _scalar(b, 0.5)), b.op("Add", t, _scalar(b, 1.0)))
+    elif body == "attention":  # scaled queries and keys (Whisper's export)
+        q = b.op("Mul", h, _scalar(b, 0.35))
+        kt = b.op("Mul", _scalar(b, 0.35), b.op("Transpose", h, perm=[1, 0]))
+        y = b.op("MatMul", b.op("Softmax", b.op("MatMul", q, kt), axis=-1), h)
     else:  # powers
         y = b.op("Add", b.op("Pow", h, _scalar(b, 3.0)), b.op("Pow", h, _scalar(b, 2.5)))
     b.node("Identity", [y], ["y"])
@@ -88,6 +93,7 @@ def _ops(mod: IRModule) -> list[str]:
     ("gpt2", ["matmul", "add", "gelu", "layer_norm"]),
     ("products", ["matmul", "add", "gelu", "layer_norm"]),
     ("powers", ["matmul", "add", "multiply", "multiply", "power", "add"]),
+    ("attention", ["matmul", "add", "transpose", "matmul", "multiply", "softmax", "matmul"]),
 ])
 def test_patterns_become_one_op(body: str, ops: list[str]) -> None:
     mod = _recognized(_model(body))
@@ -102,13 +108,15 @@ def test_an_intermediate_read_elsewhere_keeps_the_pattern() -> None:
     assert _ops(RecognizeComposites()(before)) == _ops(before)
 
 
-@pytest.mark.parametrize("body, target", [("gpt2", "llvm"), ("gpt2", "c"), ("powers", "llvm")])
+@pytest.mark.parametrize("body, target", [("gpt2", "llvm"), ("gpt2", "c"), ("powers", "llvm"),
+                                          ("attention", "llvm")])
 def test_results_match_onnxruntime(body: str, target: str) -> None:
     model = _model(body)
     x = np.random.default_rng(2).standard_normal((ROWS, DIM)).astype(np.float32) * 2
     want = onnxruntime_outputs(model, {"x": x})[0]
     ex = kiln.compile(from_onnx(model), target)
-    if body == "gpt2":  # the activation is the matrix product's epilogue
-        assert "fused_matmul_packed_add_gelu" in ex.function_names()
+    epilogue = {"gpt2": "fused_matmul_packed_add_gelu", "attention": "fused_matmul_tiled_multiply"}
+    if body in epilogue:  # the activation, the scale: in the matrix product's epilogue
+        assert epilogue[body] in ex.function_names()
     got = np.asarray(ex["main"](x))
     np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5)

@@ -15,7 +15,10 @@ the whole activation in the epilogue of the matrix product before it (spelled ou
 its intermediate values are read by several nodes and the group is cut after the
 bias add), and the layer norm is one row kernel (kiln.ops.row_kernels) instead of
 two reductions and five elementwise kernels. Any other `Pow` by a constant 2 or 3
-becomes products: `pow` is a scalar libm call that no loop vectorizer widens.
+becomes products: `pow` is a scalar libm call that no loop vectorizer widens. A
+`matmul` of operands scaled by scalar constants (attention's `q * s`, `k^T * s`)
+becomes the product of the unscaled operands times `s s'`, which fuse-ops puts in the
+matrix product's epilogue: one kernel per scaled operand less.
 
 A pattern matches only when none of its intermediate values is read outside it,
 its input has the result's shape (no broadcasting inside) and its constants
@@ -49,8 +52,9 @@ RTOL = 1e-5
 
 @dataclass(frozen=True)
 class RecognizeComposites(FunctionPass):
-    """Rewrite spelled-out tanh GELU and layer norm into `gelu` and `layer_norm`, and
-    small constant powers into products."""
+    """Rewrite spelled-out tanh GELU and layer norm into `gelu` and `layer_norm`, small
+    constant powers into products, and scalar scales of matmul operands into one scale
+    of the product."""
 
     name = "recognize-composites"
     level = "graph"
@@ -67,11 +71,11 @@ class RecognizeComposites(FunctionPass):
                     new[found.var] = [found]
                     graph.absorbed.update(graph.pending)
                     break
-        for b in func.bindings:  # the powers left outside any pattern
+        for b in func.bindings:  # powers left outside any pattern; scaled matmul operands
             if b.var not in new and b.var not in graph.absorbed:
-                products = _products_for_power(graph, b)
-                if products:
-                    new[b.var] = products
+                rewritten = _products_for_power(graph, b) or _scaled_matmul(graph, b)
+                if rewritten:
+                    new[b.var] = rewritten
         if not new:
             return func
         bindings = [r for b in func.bindings for r in new.get(b.var, [b])]
@@ -264,19 +268,16 @@ def _with_affine(graph: _Graph, b: g.Binding, x: g.Expr, eps: float,
     """The layer norm of `x`, taking in a following `* gamma` and `+ beta` by constant
     vectors over the last axis (of static size `dim`; the binding that ends the chain
     gets the call)."""
-    end, scale, shift = b, None, None
-    mul = graph.consumer(end.var, "multiply")
-    if mul is not None and dim is not None and _same_shape(x, mul.var):
-        scale = _row_vector(mul.value, end.var, dim)
-        if scale is not None:
+    end, found = b, {}
+    for op in ("multiply", "add"):  # `* gamma`, then `+ beta`, each optional
+        step = graph.consumer(end.var, op)
+        if step is None or dim is None or not _same_shape(x, step.var):
+            continue
+        vector = _row_vector(step.value, end.var, dim)
+        if vector is not None:
             graph.pending.add(end.var)
-            end = mul
-    add = graph.consumer(end.var, "add")
-    if add is not None and dim is not None and _same_shape(x, add.var):
-        shift = _row_vector(add.value, end.var, dim)
-        if shift is not None:
-            graph.pending.add(end.var)
-            end = add
+            end, found[op] = step, vector
+    scale, shift = found.get("multiply"), found.get("add")
     args: tuple[g.Expr, ...] = (x,)
     if shift is not None and scale is None:  # layer_norm takes a bias only after a scale
         scale = g.Constant(np.ones(shift.data.shape, shift.data.dtype))
@@ -311,3 +312,32 @@ def _products_for_power(graph: _Graph, b: g.Binding) -> list[g.Binding] | None:
     square = g.Var(f"{b.var.name}_sq", b.var.type)
     return [g.Binding(square, g.Call("multiply", (x, x), {}, b.var.type)),
             g.Binding(b.var, g.Call("multiply", (square, x), {}, b.var.type))]
+
+
+def _scaled_matmul(graph: _Graph, b: g.Binding) -> list[g.Binding] | None:
+    """`matmul(a, c) * (s t)` for `matmul(a * s, c * t)` with scalar constants `s`, `t`
+    (either may be absent): attention's scaled queries and keys. The product is then
+    scaled in the matrix product's epilogue instead of by a kernel per operand."""
+    call = graph.call(b.var, "matmul")
+    if call is None or len(call.args) != 2 or not isinstance(b.var.type, TensorType) or \
+            not is_float(b.var.type.dtype):
+        return None
+    scale, args = 1.0, []
+    for operand in call.args:
+        mul = graph.call(operand, "multiply") if graph.uses[operand] == 1 else None  # type: ignore[index]
+        x, s = mul.args if mul is not None else (operand, operand)
+        if _scalar(x) is not None:
+            x, s = s, x
+        factor = _scalar(s)
+        if mul is None or factor is None or x.type != operand.type:
+            args.append(operand)
+            continue
+        scale *= factor
+        args.append(x)
+    if all(a is o for a, o in zip(args, call.args)):
+        return None
+    out = b.var.type
+    product = g.Var(f"{b.var.name}_unscaled", out)
+    factor_const = g.Constant(np.array(scale, out.dtype))
+    return [g.Binding(product, g.Call("matmul", tuple(args), call.attrs, out)),
+            g.Binding(b.var, g.Call("multiply", (product, factor_const), {}, out))]
