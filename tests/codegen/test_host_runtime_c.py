@@ -33,6 +33,11 @@ CONFIGS = {
     "no threads": ["-DKILN_NO_THREADS"],
     "profiling": ["-DKILN_HOST_PROFILE=3"],
     "profiling without threads": ["-DKILN_HOST_PROFILE=3", "-DKILN_NO_THREADS"],
+    "workspace cache": ["-DKILN_WORKSPACE_ALLOC=kiln_workspace_alloc",
+                        "-DKILN_WORKSPACE_FREE=kiln_workspace_free"],
+    "workspace from a firmware allocator": [
+        "-DKILN_WORKSPACE_ALLOC=kiln_workspace_alloc", "-DKILN_WORKSPACE_FREE=kiln_workspace_free",
+        "-DKILN_MALLOC=fw_malloc", "-DKILN_FREE=fw_free", "-DKILN_NO_THREADS"],
 }
 PROFILE_SYMBOLS = ["kiln_profile_read", "kiln_profile_reset", "kiln_profile_start",
                    "kiln_profile_stop"]
@@ -64,8 +69,11 @@ def test_compiles_standalone_with_werror(config: str, std: str, tmp_path: Path) 
     profiled = any(flag.startswith("-DKILN_HOST_PROFILE") for flag in CONFIGS[config])
     assert sorted(s for s in symbols if s.startswith("kiln_profile")) == (
         PROFILE_SYMBOLS if profiled else [])
+    workspace = ["kiln_workspace_alloc", "kiln_workspace_free"]
+    assert sorted(s for s in symbols if s in workspace) == (
+        workspace if "-DKILN_WORKSPACE_ALLOC=kiln_workspace_alloc" in CONFIGS[config] else [])
     assert sorted(s for s in symbols if s.startswith("kiln_") and s != "kiln_parallel_for"
-                  and not s.startswith("kiln_profile")) == sorted(
+                  and not s.startswith("kiln_profile") and s not in workspace) == sorted(
         ["kiln_cpu_missing", *(f"kiln_{name}" for name in POOL_EXPORTS)])
 
 

@@ -23,6 +23,10 @@ When some kernel has a `parallel` loop, host.c defines KILN_HOST_PARALLEL, so
 kiln_host.c adds the hidden `{prefix}_parallel_for`, a small pthread pool the
 kernels run their outlined loops on (kiln.transform.outline; docs/abi.md,
 "Parallel loops"); `-DKILN_NO_THREADS` (firmware) makes it run loops serially.
+When some kernel allocates heap buffers, it defines the hidden
+`{prefix}_workspace_alloc`/`_free` that LLVM-built kernels allocate them with: freed
+workspaces of 1 MiB and more are kept for the next call (docs/abi.md, "Heap
+workspaces").
 """
 
 from __future__ import annotations
@@ -53,6 +57,7 @@ from kiln.codegen.naming import (
     pool_controls_config,
     profile_symbol,
     runtime_dims,
+    workspace_symbols,
 )
 from kiln.errors import CompileError
 from kiln.escape import c_char_array, c_comment, c_string_literal, int64_literal, utf8
@@ -150,6 +155,11 @@ def cpu_features_config(prefix: str, features: Sequence[CPUFeature]) -> list[str
             *(f"  {row}, \\" for row in rows), "}"]
 
 
+def uses_heap(mod: IRModule) -> bool:
+    """Whether some kernel of `mod` allocates a heap buffer (from host.c's workspace cache)."""
+    return any(heap_allocations(f.body) for f in mod.prim_funcs().values())
+
+
 def workspace_bytes(mod: IRModule, name: str) -> tuple[int, bool]:
     """(largest heap workspace in bytes, whether all have that size) of `name` and its callees."""
     sizes: set[int] = set()
@@ -185,6 +195,8 @@ class HostPrinter:
         self.helpers = Helpers()
         # Kernels with parallel loops call the thread pool defined here.
         self.parallel = has_parallel_loops(mod)
+        # Kernels with heap buffers allocate them from the workspace cache defined here.
+        self.heap = uses_heap(mod)
         funcs = kernel_funcs(mod)  # outlined loop bodies are private to kernels.o
         self.quals = qualifiers(mod.prim_funcs())  # what a kernel's loop bodies write too
         symbols = {entry_symbol(prefix, f) for f in funcs} | {kernel_symbol(prefix, f)
@@ -222,6 +234,10 @@ class HostPrinter:
         config = [check_messages_define(), *cpu_features_config(self.prefix, self.cpu_features)]
         config += self.profile_config()
         config += pool_controls_config(self.prefix)
+        if self.heap:
+            alloc, free = workspace_symbols(self.prefix)
+            config += [f"#define KILN_WORKSPACE_ALLOC {alloc}",
+                       f"#define KILN_WORKSPACE_FREE {free}"]
         if self.parallel:
             config += ["#define KILN_HOST_PARALLEL 1",
                        f"#define KILN_PARALLEL_FOR {parallel_for_symbol(self.prefix)}"]

@@ -73,6 +73,12 @@ def parallel_for_symbol(prefix: str) -> str:
     return f"{prefix}_parallel_for"
 
 
+def workspace_symbols(prefix: str) -> tuple[str, str]:
+    """host.c's caching heap allocator of the kernels (hidden; docs/abi.md, "Heap
+    workspaces"): `{prefix}_workspace_alloc`, `{prefix}_workspace_free`."""
+    return f"{prefix}_workspace_alloc", f"{prefix}_workspace_free"
+
+
 PROFILE_EXPORTS = ("profile_read", "profile_reset")
 
 

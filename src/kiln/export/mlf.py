@@ -254,12 +254,15 @@ def export_model_library_format(executable: Any, path: str | os.PathLike[str], *
         elif a.extension == ".c":
             member = f"codegen/host/src/{a.file_name}"
             files[member] = a.content
-            flags = [f for f in a.metadata.get("cflags", []) if f not in ("-fPIC",)]
+            # The archive's own allocator replaces a library's (below).
+            flags = [f for f in a.metadata.get("cflags", []) if f != "-fPIC"
+                     and not f.startswith(("-DKILN_MALLOC=", "-DKILN_FREE="))]
             # A device's file names start with its target key (docs/artifacts.md).
-            if a.file_name.removeprefix(f"{a.target_key}_") == "kernels.c":
-                flags += [f"-DKILN_MALLOC={model_name}_mlf_malloc",
-                          f"-DKILN_FREE={model_name}_mlf_free"]
-            else:
+            # kernels.c's heap buffers, and host.c's workspace functions (which LLVM-built
+            # kernels call), come from the archive's workspace.
+            flags += [f"-DKILN_MALLOC={model_name}_mlf_malloc",
+                      f"-DKILN_FREE={model_name}_mlf_free"]
+            if a.file_name.removeprefix(f"{a.target_key}_") != "kernels.c":
                 flags += ["-DKILN_NO_THREADS"]
             build[member] = sorted(set(flags), key=flags.index)
         elif a.extension == ".o":

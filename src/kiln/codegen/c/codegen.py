@@ -29,6 +29,7 @@ from kiln.codegen.naming import (
     library_metadata,
     parallel_for_symbol,
     profile_symbol,
+    workspace_symbols,
 )
 from kiln.codegen.sizes import check_buffer_sizes, target_pointer_bits
 from kiln.errors import CompileError, MissingDependencyError
@@ -242,14 +243,18 @@ def codegen_c(mod: IRModule, target: Any, *, prefix: str, pool: ConstantPool) ->
     selects the C compiler flags recorded in `metadata["cflags"]`.
     """
     from kiln.artifact import Artifact
-    from kiln.codegen.host import codegen_host
+    from kiln.codegen.host import codegen_host, uses_heap
 
     check_buffer_sizes(mod, target_pointer_bits(target))
     source, info = emit_kernels(mod, prefix=prefix, pool=pool)
     toolchain = toolchain_metadata(target)
     cpu = _cpu_requirements(target)
+    cflags = kernel_cflags(target)
+    if uses_heap(mod):  # heap buffers from host.c's workspace cache (docs/abi.md)
+        alloc, free = workspace_symbols(prefix)
+        cflags += [f"-DKILN_MALLOC={alloc}", f"-DKILN_FREE={free}"]
     kernels = Artifact(CODEGEN_ID, "native", KERNELS_FILE, source.encode("utf-8"),
-                       {"cflags": kernel_cflags(target), **info, **toolchain, **cpu})
+                       {"cflags": cflags, **info, **toolchain, **cpu})
     host = codegen_host(mod, prefix=prefix, metadata=library_metadata(mod, prefix),
                         cflags=host_cflags(target),
                         cpu_features=feature_rows(cpu["triple"], cpu["requires_features"])

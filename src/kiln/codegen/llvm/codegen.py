@@ -7,6 +7,7 @@ from typing import Any
 
 from kiln.codegen.constants import ConstantPool
 from kiln.codegen.llvm.lower_to_llvm import (
+    C_LIBRARY_HEAP,
     ERROR_CODES,
     LoweredModule,
     LoweringOptions,
@@ -19,7 +20,7 @@ from kiln.codegen.llvm.target_machine import (
     optimize,
     parse_and_verify,
 )
-from kiln.codegen.naming import check_prefix, library_metadata
+from kiln.codegen.naming import check_prefix, library_metadata, workspace_symbols
 from kiln.codegen.sizes import check_buffer_sizes
 from kiln.errors import CompileError
 from kiln.ir.module import IRModule
@@ -85,7 +86,10 @@ def _lower(mod: IRModule, target: Any, *, prefix: str, pool: ConstantPool,
         hidden=not jit, pointer_bits=_pointer_bits(data_layout), fast_math=config.fast_math,
         native_roundeven=config.native_roundeven, sext_int32=config.sext_int32,
         int8_dot=isa_of(config.triple, config.cpu, config.features).int8_dot,
-        function_attrs=config.function_attrs(), serial_parallel_for=jit)
+        function_attrs=config.function_attrs(), serial_parallel_for=jit,
+        # wasm has no host.c (kiln.export.wasm), the JIT none either
+        heap_functions=(C_LIBRARY_HEAP if jit or config.arch.startswith("wasm")
+                        else workspace_symbols(prefix)))
     from kiln.transform.instruments import timed_step
 
     with timed_step("codegen.lower"):

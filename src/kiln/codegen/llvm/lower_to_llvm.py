@@ -126,10 +126,16 @@ class LoweringOptions:
     # Parallel loops call `{prefix}_parallel_for`: host.c's thread pool (False), or
     # a serial definition emitted into this module (True: the JIT has no host.c).
     serial_parallel_for: bool = False
+    # The heap allocator of `global` buffers: the C library's (JIT, wasm), or host.c's
+    # caching `{prefix}_workspace_alloc`/`_free` (declared hidden; docs/abi.md,
+    # "Heap workspaces").
+    heap_functions: tuple[str, str] = ("malloc", "free")  # C_LIBRARY_HEAP
     # External functions declared under other names (kiln.codegen.llvm.decls.ExternModule):
     # requested name (`llvm.exp.f32`, `expf`) -> declared name (libdevice's `__nv_expf`).
     extern_names: Mapping[str, str] = field(default_factory=dict)
 
+
+C_LIBRARY_HEAP = ("malloc", "free")
 
 # Fast-math flags used when the target enables fast-math: everything except
 # nnan/ninf, so isnan/isinf and NaN propagation keep working.
@@ -341,6 +347,20 @@ class _ModuleLowering:
             self._parallel_for = fn
         return self._parallel_for
 
+    def heap_alloc(self) -> ir.Function:
+        """`ptr @alloc(size_t)` of LoweringOptions.heap_functions."""
+        return self._heap_function(self.options.heap_functions[0], PTR, [self.size_t])
+
+    def heap_free(self) -> ir.Function:
+        """`void @free(ptr)` of LoweringOptions.heap_functions."""
+        return self._heap_function(self.options.heap_functions[1], ir.VoidType(), [PTR])
+
+    def _heap_function(self, name: str, ret: ir.Type, args: list[ir.Type]) -> ir.Function:
+        fn = declare(self.module, name, ret, args)
+        if self.options.heap_functions != C_LIBRARY_HEAP and self.options.hidden:
+            fn.linkage = "hidden"  # host.c defines it in the same library
+        return fn
+
     # -- module-level objects --------------------------------------------------
 
     def consts_global(self) -> ir.GlobalVariable:
@@ -450,8 +470,7 @@ class FunctionLowering:
             self.readonly.discard(buf)
             if heap_ptr is not None:
                 self.heap.pop()
-                free = declare(self.parent.module, "free", ir.VoidType(), [PTR])
-                self.b.call(free, [heap_ptr])
+                self.b.call(self.parent.heap_free(), [heap_ptr])
 
     def declare(self, buf: Buffer, ptr: ir.Value, *, heap: bool = False) -> None:
         """Bring `buf` into scope until the enclosing statement list ends."""
@@ -549,7 +568,7 @@ class FunctionLowering:
         ok = self.b.append_basic_block("ok")
         self.b.cbranch(failed, err, ok)
         self.b.position_at_end(err)
-        free = declare(self.parent.module, "free", ir.VoidType(), [PTR])
+        free = self.parent.heap_free()
         for ptr in reversed(self.heap):
             self.b.call(free, [ptr])
         self.b.ret(code)
@@ -835,8 +854,7 @@ def _allocate(fl: FunctionLowering, s: Allocate) -> None:
         slot.align = LOCAL_ALIGN
         fl.declare(buf, _opaque(slot))
         return
-    module = fl.parent.module
-    malloc = declare(module, "malloc", PTR, [fl.parent.size_t])
+    malloc = fl.parent.heap_alloc()
     size, overflow = fl.byte_size(buf)
     oom = ir.Constant(I32, ERROR_OUT_OF_MEMORY)
     if not isinstance(overflow, ir.Constant):

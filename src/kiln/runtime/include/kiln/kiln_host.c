@@ -18,7 +18,10 @@
  *                       KILN_PROFILE_{START,STOP,READ,RESET} their symbols and
  *                       KILN_HOST_PROFILE_FUNCTIONS / _KERNELS the names of the sites;
  *   KILN_HOST_CPU_FEATURES  the rows of the CPU features the kernels need, checked on
- *                       the first call, and KILN_HOST_CPU_MISSING `{prefix}_cpu_missing`.
+ *                       the first call, and KILN_HOST_CPU_MISSING `{prefix}_cpu_missing`;
+ *   KILN_WORKSPACE_ALLOC / KILN_WORKSPACE_FREE  the kernels' heap allocator,
+ *                       `{prefix}_workspace_alloc`/`_free` (hidden), with KILN_MALLOC /
+ *                       KILN_FREE the allocator behind it (malloc/free by default).
  *
  * It includes only the C standard library (and, for the pool, POSIX threads; for
  * the CPU check the compiler's <cpuid.h> on x86, <sys/auxv.h> on AArch64 Linux):
@@ -535,6 +538,122 @@ static KILN_UNUSED int32_t kiln_host_kernel_failed(const char* fn, int32_t statu
   }
   return status;
 }
+
+/* ------------------------------------------------------- heap workspaces
+   The kernels of a library built with a host.c take their heap buffers (the
+   memory plan's arena, packing buffers) from KILN_WORKSPACE_ALLOC/_FREE, hidden
+   `{prefix}_workspace_alloc`/`_free`. A buffer of KILN_WORKSPACE_CACHED_MIN bytes
+   or more is kept when freed, in a few slots, and handed to the next request it
+   fits: C libraries return such blocks to the OS on free (glibc maps anything above
+   32 MiB afresh each time), so without the cache every call page-faults its whole
+   workspace in again (docs/abi.md, "Heap workspaces"). Blocks are kept until the
+   library is unloaded; KILN_WORKSPACE_CACHE=0 in the environment turns the cache
+   off. The backing allocator is KILN_MALLOC/KILN_FREE (malloc and free unless
+   defined: Model Library Format builds pass their own, and with KILN_NO_THREADS
+   the functions only pass requests through). */
+#if defined(KILN_WORKSPACE_ALLOC)
+#if !defined(KILN_MALLOC)
+#include <stdlib.h>
+#define KILN_MALLOC malloc
+#define KILN_FREE free
+#else
+void* KILN_MALLOC(size_t size);
+void KILN_FREE(void* ptr);
+#endif
+#if defined(KILN_NO_THREADS)
+KILN_HIDDEN void* KILN_WORKSPACE_ALLOC(size_t size) { return KILN_MALLOC(size); }
+KILN_HIDDEN void KILN_WORKSPACE_FREE(void* ptr) { KILN_FREE(ptr); }
+#else
+#include <stdlib.h> /* getenv */
+#define KILN_WORKSPACE_CACHED_MIN ((size_t)1 << 20)
+#define KILN_WORKSPACE_SLOTS 4
+/* Each block starts with its capacity (0: not cached); 64 bytes keep the buffer
+   at the allocator's alignment. */
+#define KILN_WORKSPACE_HEADER 64
+static char* kiln_workspace_slots[KILN_WORKSPACE_SLOTS]; /* cached blocks (headers) */
+static char kiln_workspace_lock;                         /* __atomic_test_and_set */
+
+static size_t kiln_workspace_capacity(const char* block) {
+  size_t capacity;
+  memcpy(&capacity, block, sizeof capacity);
+  return capacity;
+}
+
+static void kiln_workspace_acquire(void) {
+  while (__atomic_test_and_set(&kiln_workspace_lock, __ATOMIC_ACQUIRE)) {
+  }
+}
+
+static void kiln_workspace_release(void) { __atomic_clear(&kiln_workspace_lock, __ATOMIC_RELEASE); }
+
+static int kiln_workspace_cached(size_t size) {
+  const char* off = getenv("KILN_WORKSPACE_CACHE");
+  return size >= KILN_WORKSPACE_CACHED_MIN && !(off != 0 && off[0] == '0' && off[1] == 0);
+}
+
+KILN_HIDDEN void* KILN_WORKSPACE_ALLOC(size_t size) {
+  char* block = 0;
+  size_t capacity = 0;
+  if (size > (size_t)-1 - KILN_WORKSPACE_HEADER) return 0;
+  if (kiln_workspace_cached(size)) {
+    /* the smallest cached block that holds `size` and is not four times larger */
+    int best = -1;
+    kiln_workspace_acquire();
+    for (int i = 0; i < KILN_WORKSPACE_SLOTS; ++i) {
+      const char* b = kiln_workspace_slots[i];
+      size_t c = b != 0 ? kiln_workspace_capacity(b) : 0;
+      if (b != 0 && c >= size && c / 4 <= size
+          && (best < 0 || c < kiln_workspace_capacity(kiln_workspace_slots[best]))) best = i;
+    }
+    if (best >= 0) {
+      block = kiln_workspace_slots[best];
+      kiln_workspace_slots[best] = 0;
+    }
+    kiln_workspace_release();
+    if (block != 0) return block + KILN_WORKSPACE_HEADER;
+    capacity = size;
+  }
+  block = (char*)KILN_MALLOC(size + KILN_WORKSPACE_HEADER);
+  if (block == 0) return 0;
+  memcpy(block, &capacity, sizeof capacity);
+  return block + KILN_WORKSPACE_HEADER;
+}
+
+KILN_HIDDEN void KILN_WORKSPACE_FREE(void* ptr) {
+  if (ptr == 0) return;
+  char* block = (char*)ptr - KILN_WORKSPACE_HEADER;
+  size_t capacity = kiln_workspace_capacity(block);
+  if (capacity > 0) {
+    /* keep it in an empty slot, else in place of the smallest smaller block */
+    int slot = -1;
+    kiln_workspace_acquire();
+    for (int i = 0; i < KILN_WORKSPACE_SLOTS && slot < 0; ++i) {
+      if (kiln_workspace_slots[i] == 0) slot = i;
+    }
+    for (int i = 0; i < KILN_WORKSPACE_SLOTS && slot < 0; ++i) {
+      if (kiln_workspace_capacity(kiln_workspace_slots[i]) < capacity) slot = i;
+    }
+    if (slot >= 0) {
+      char* evicted = kiln_workspace_slots[slot];
+      kiln_workspace_slots[slot] = block;
+      block = evicted;
+    }
+    kiln_workspace_release();
+  }
+  if (block != 0) KILN_FREE(block);
+}
+
+#if defined(__GNUC__) || defined(__clang__)
+/* Unloading the library returns the cached blocks. */
+__attribute__((destructor)) static void kiln_workspace_unload(void) {
+  for (int i = 0; i < KILN_WORKSPACE_SLOTS; ++i) {
+    if (kiln_workspace_slots[i] != 0) KILN_FREE(kiln_workspace_slots[i]);
+    kiln_workspace_slots[i] = 0;
+  }
+}
+#endif
+#endif
+#endif
 
 /* ------------------------------------------------------- the pool's controls
    Exported from every library (docs/abi.md, "Threads"), with or without a pool, so a
