@@ -43,7 +43,7 @@ from typing import Any
 
 import numpy as np
 import onnx
-from harness import alternating_blocks_ms, describe_target
+from harness import alternating_blocks_ms, describe_target, ort_bound_run
 
 import kiln
 from kiln.frontend import from_onnx
@@ -71,14 +71,8 @@ def ort_rows(model: onnx.ModelProto, args: list[np.ndarray], outs: tuple[np.ndar
                                    providers=["CPUExecutionProvider"])
     names = [i.name for i in session.get_inputs()]
     feed = dict(zip(names, args, strict=True))
-    binding = session.io_binding()
-    for name, array in feed.items():
-        binding.bind_cpu_input(name, array)
-    for o, array in zip(session.get_outputs(), outs, strict=True):
-        binding.bind_output(o.name, "cpu", 0, array.dtype, list(array.shape),
-                            array.ctypes.data)
     return {"ort run": lambda: session.run(None, feed),
-            "ort IOBinding": lambda: session.run_with_iobinding(binding)}
+            "ort IOBinding": ort_bound_run(session, feed, outs)}
 
 
 def after_pause_us(fns: dict[str, Callable[[], object]], pause_s: float = 0.05,
