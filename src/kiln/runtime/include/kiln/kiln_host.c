@@ -572,6 +572,9 @@ enum {
   KILN_POOL_STAT_SMALL,    /* loops run on the caller alone: too small to hand off */
   KILN_POOL_STAT_SPIN_US,  /* the spin window */
   KILN_POOL_STAT_PINNED,   /* workers pinned to a CPU (KILN_PIN_THREADS=1) */
+  KILN_POOL_STAT_CHUNKS,   /* chunks of handed-off loops run, by any thread */
+  KILN_POOL_STAT_HELPED,   /* ... of them run by a worker (the rest: by the caller) */
+  KILN_POOL_STAT_STOLEN,   /* ... of them run by a thread other than their share's */
   KILN_POOL_STAT_COUNT
 };
 
@@ -813,7 +816,7 @@ static void kiln_pool_init(void) {
    failed; the time spent in them goes to `work_ns` (what the loop costs serially, for
    the next decision). */
 static void kiln_pool_run_chunks(int self) {
-  int64_t start = -1;
+  int64_t start = -1, ran = 0, stolen = 0;
   int shares = kiln_pool.shares, i;
   for (i = 0; i < shares; ++i) {
     int owner = (self + i) % shares;
@@ -830,6 +833,8 @@ static void kiln_pool_run_chunks(int self) {
       begin = k * kiln_pool.chunk;
       end = kiln_pool.n - begin > kiln_pool.chunk ? begin + kiln_pool.chunk : kiln_pool.n;
       status = kiln_pool.body(begin, end, kiln_pool.context);
+      ++ran;
+      stolen += owner != self;
       if (status != 0) {
         int32_t none = 0;
         __atomic_compare_exchange_n(&kiln_pool.status, &none, status, 0, __ATOMIC_SEQ_CST,
@@ -839,6 +844,11 @@ static void kiln_pool_run_chunks(int self) {
   }
   if (start >= 0) {
     KILN_ADD(kiln_pool.work_ns, kiln_pool_now_ns() - start);
+    KILN_ADD(kiln_pool.stats[KILN_POOL_STAT_CHUNKS], ran);
+    KILN_ADD(kiln_pool.stats[KILN_POOL_STAT_STOLEN], stolen);
+    if (self != 0) {
+      KILN_ADD(kiln_pool.stats[KILN_POOL_STAT_HELPED], ran);
+    }
   }
 }
 
