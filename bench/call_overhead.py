@@ -1,7 +1,7 @@
 """Call overhead benchmark: where a small model's call goes, in kiln and onnxruntime.
 
     .venv/bin/python bench/call_overhead.py [--model models/mlp.onnx | --net mlp]
-                                            [--calls 20000] [--threads 2]
+                                            [--calls 20000] [--threads 2] [--kernels]
 
 Compiles the model (default: the MLP of models/, batch 1; `--net` takes one of
 bench/nets.py instead, e.g. `mlp`, the 784-512-512-10 MLP of bench/models.py) for
@@ -18,8 +18,10 @@ shared machine's drift hits all rows alike) of:
 - `C entry, 1 thread`: the same library loaded again with `num_threads=1`, so the
   difference to `C entry` is what handing the parallel loops to the pool costs
   or saves;
-- `kernels`: the sum of the kernels' own times per call, from a second build with
-  `profile=True` (docs/abi.md, "Profiling"); `C entry` minus it is the entry's checks;
+- `kernels`: the kernels' own time per call (the median over single calls), from a
+  second build with `profile=True` (docs/abi.md, "Profiling"); `C entry` minus it is
+  the entry's checks; `--kernels` also prints each kernel's median beside each
+  onnxruntime node's (its own profiler's `kernel_time`), for a per-kernel comparison;
 - `ort run`, `ort IOBinding`: onnxruntime's `InferenceSession.run` and its
   preallocated-buffer `run_with_iobinding`, with `--threads` intra-op threads;
 - `pack_arguments`: packing the arguments the general way (no call).
@@ -43,7 +45,7 @@ from typing import Any
 
 import numpy as np
 import onnx
-from harness import alternating_blocks_ms, describe_target
+from harness import alternating_blocks_ms, describe_target, ort_bound_run
 
 import kiln
 from kiln.frontend import from_onnx
@@ -71,14 +73,8 @@ def ort_rows(model: onnx.ModelProto, args: list[np.ndarray], outs: tuple[np.ndar
                                    providers=["CPUExecutionProvider"])
     names = [i.name for i in session.get_inputs()]
     feed = dict(zip(names, args, strict=True))
-    binding = session.io_binding()
-    for name, array in feed.items():
-        binding.bind_cpu_input(name, array)
-    for o, array in zip(session.get_outputs(), outs, strict=True):
-        binding.bind_output(o.name, "cpu", 0, array.dtype, list(array.shape),
-                            array.ctypes.data)
     return {"ort run": lambda: session.run(None, feed),
-            "ort IOBinding": lambda: session.run_with_iobinding(binding)}
+            "ort IOBinding": ort_bound_run(session, feed, outs)}
 
 
 def after_pause_us(fns: dict[str, Callable[[], object]], pause_s: float = 0.05,
@@ -101,22 +97,52 @@ def after_pause_us(fns: dict[str, Callable[[], object]], pause_s: float = 0.05,
 
 
 def kernel_us(model: onnx.ModelProto, target: kiln.target.Target, args: list[np.ndarray],
-              calls: int, batch: int = 20) -> float:
-    """Microseconds per call the kernels themselves take (a profile=True build): the
-    median over batches of `batch` calls, so a preempted call skews one batch only."""
+              calls: int) -> dict[str, float]:
+    """Median microseconds per call of each kernel and of all kernels together ("kernels"),
+    from a profile=True build, its counters read after every call: medians of single
+    calls, which a call preempted by another job skews no more than it skews the
+    other rows (sums over batches of calls took such calls' whole time)."""
     ex = kiln.compile(from_onnx(model), target, profile=True)
     fn = ex["main"]
     for _ in range(min(calls, 200)):
         fn(*args)
     lib: Any = ex._module
-    per_batch = []
-    for _ in range(max(1, calls // batch)):
+    per_call: dict[str, list[float]] = {}
+    for _ in range(calls):
         lib.profile_reset()
-        for _ in range(batch):
-            fn(*args)
+        fn(*args)
         rows = [r for r in lib.profile() if r.function == "main" and r.kernel is not None]
-        per_batch.append(sum(r.total_ns for r in rows) / batch / 1e3)
-    return statistics.median(per_batch)
+        for r in rows:
+            per_call.setdefault(r.kernel, []).append(r.total_ns / 1e3)
+        per_call.setdefault("kernels", []).append(sum(r.total_ns for r in rows) / 1e3)
+    return {name: statistics.median(t) for name, t in per_call.items()}
+
+
+def ort_node_us(model: onnx.ModelProto, args: list[np.ndarray], threads: int,
+                calls: int) -> dict[str, float]:
+    """Median microseconds per call of each onnxruntime node ("name (op)"), from its
+    own profiler (`enable_profiling`, the nodes' `kernel_time` events)."""
+    import json
+
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.enable_profiling = True
+    options.profile_file_prefix = str(Path(tempfile.gettempdir()) / "kiln-call-overhead")
+    session = ort.InferenceSession(model.SerializeToString(), options,
+                                   providers=["CPUExecutionProvider"])
+    feed = dict(zip([i.name for i in session.get_inputs()], args, strict=True))
+    for _ in range(calls):
+        session.run(None, feed)
+    path = Path(session.end_profiling())
+    times: dict[str, list[float]] = {}
+    for event in json.loads(path.read_text()):
+        if event.get("cat") == "Node" and event["name"].endswith("_kernel_time"):
+            name = f"{event['name'].removesuffix('_kernel_time')} ({event['args'].get('op_name')})"
+            times.setdefault(name, []).append(float(event["dur"]))
+    path.unlink()
+    return {name: statistics.median(t) for name, t in times.items()}
 
 
 def main() -> None:
@@ -124,6 +150,8 @@ def main() -> None:
     parser.add_argument("--model", default=str(ROOT / "models" / "mlp.onnx"))
     parser.add_argument("--net", default=None, help="a model of bench/nets.py instead")
     parser.add_argument("--calls", type=int, default=20000)
+    parser.add_argument("--kernels", action="store_true",
+                        help="also print each kiln kernel's and each onnxruntime node's time")
     parser.add_argument("--threads", type=int, default=2,
                         help="threads of kiln's parallel loops and of ort (default 2)")
     opts = parser.parse_args()
@@ -163,13 +191,21 @@ def main() -> None:
     times = alternating_blocks_ms(rows, opts.calls)
     for row, ms in times.items():
         print(f"  {row:<18} {ms * 1e3:8.2f} us/call")
-    print(f"  {'kernels':<18} {kernel_us(model, target, args, opts.calls // 5):8.2f} us/call "
-          "(profile=True build)")
+    kernels = kernel_us(model, target, args, max(200, opts.calls // 10))
+    print(f"  {'kernels':<18} {kernels.pop('kernels'):8.2f} us/call (profile=True build)")
     print(f"  pool: {lib.pool_stats()}")
     pause = {"fn(x)": rows["fn(x)"], "ort run": rows["ort run"]}
     print("after 50 ms idle, us per call:  first   2-10  11-100")
     for row, (first, early, later) in after_pause_us(pause).items():
         print(f"  {row:<28} {first:7.1f} {early:6.1f} {later:7.1f}")
+    if opts.kernels:
+        print("per kernel, median us per call: kiln (profile=True build)")
+        for kernel, us in kernels.items():
+            print(f"  {kernel:<40} {us:8.2f}")
+        print("onnxruntime nodes (its profiler), median us per call")
+        for node, us in ort_node_us(model, args, opts.threads,
+                                    max(200, opts.calls // 10)).items():
+            print(f"  {node:<40} {us:8.2f}")
     del keep
     tmp.cleanup()
 

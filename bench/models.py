@@ -4,6 +4,7 @@
                                      [--mattr=-avx512f]
                                      [--models mlp,cnn | small | full | zoo | hf | all]
                                      [--threads 2] [--no-paced]
+                                     [--call-path fast | plain]
 
 With `--dynamic`, the table compares code compiled for symbolic dimensions
 with code compiled for one static size, on the same model: the encoder with
@@ -33,7 +34,11 @@ onnxruntime (`intra_op_num_threads=2`) on the same input: compile time
 each (fewer when `--seconds` would not hold them; in alternating blocks of
 calls: machine drift hits both alike, and neither runtime's spinning worker
 threads slow the other's calls), the ratio kiln/ort (below 1: kiln is
-faster) and the relative L2 error of kiln's output against ort's. The paced
+faster) and the relative L2 error of kiln's output against ort's. Each runtime
+is called through its fastest public path (`--call-path fast`, the default):
+kiln's `fn.prepare(*args, out=...)` and ort's `run_with_iobinding`, the arrays
+bound once; `--call-path plain` times `fn(*args)` against `session.run` (both
+check the arguments and allocate the results on every call). The paced
 columns are kiln/ort when each is called once every 2 ms and every 10 ms (median
 of 200 calls, fewer when `--seconds` would not hold them; the caller sleeping in
 between; a model slower than the period pauses that long after each call;
@@ -83,6 +88,7 @@ from harness import (
     alternating_blocks_ms,
     calls_within,
     describe_target,
+    ort_bound_run,
     paced_ms,
     rel_l2,
     short_error,
@@ -142,7 +148,7 @@ def build(name: str) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
 
 def run(name: str, target: kiln.target.Target, repeat: int, seconds: float,
         tensor_pipeline: str, graph_pipeline: str = "default",
-        paced: bool = True) -> dict[str, float]:
+        paced: bool = True, call_path: str = "fast") -> dict[str, float]:
     """Compile and time one model; raises Skipped when kiln fails on it."""
     model, feed = build(name)
     args = list(feed.values())
@@ -163,7 +169,7 @@ def run(name: str, target: kiln.target.Target, repeat: int, seconds: float,
     except Exception as exc:
         raise Skipped(f"run: {short_error(exc)}") from exc
 
-    fns = {"kiln": lambda: fn(*args), "ort": lambda: session.run(None, feed)}
+    fns = call_paths(call_path, fn, args, session, feed)
     calls = calls_within(fns, repeat, seconds)
     ms = alternating_blocks_ms(fns, calls)
     kiln_ms, ort_ms = ms["kiln"], ms["ort"]
@@ -176,6 +182,19 @@ def run(name: str, target: kiln.target.Target, repeat: int, seconds: float,
         paced_times = paced_ms(fns, period, max(5, min(PACED_CALLS, int(seconds / per_call))))
         result[f"paced_{period * 1e3:g}ms"] = paced_times["kiln"] / paced_times["ort"]
     return result
+
+
+def call_paths(path: str, fn: Any, args: list[np.ndarray], session: Any,
+               feed: dict[str, np.ndarray]) -> dict[str, Callable[[], object]]:
+    """The calls timed for kiln and ort: "fast", each runtime's fastest public call
+    path, arrays bound once (kiln's `fn.prepare(*args, out=...)`, ort's IOBinding);
+    "plain", each one's everyday call (`fn(*args)`, `session.run`), which also
+    allocates the results and checks the arguments on every call."""
+    if path == "plain":
+        return {"kiln": lambda: fn(*args), "ort": lambda: session.run(None, feed)}
+    ort_outs = [np.empty_like(o) for o in session.run(None, feed)]
+    return {"kiln": fn.prepare(*args, out=fn(*args)),
+            "ort": ort_bound_run(session, feed, ort_outs)}
 
 
 def quantize(model: onnx.ModelProto, shapes: dict[str, list[int]], fmt: str = "QDQ"
@@ -374,6 +393,10 @@ def main() -> None:
                         help="kiln's tensor pipeline, e.g. 'simplify' (no parallel loops)")
     parser.add_argument("--threads", type=int, default=2,
                         help="threads of kiln's parallel loops and of ort (default 2)")
+    parser.add_argument("--call-path", choices=("fast", "plain"), default="fast",
+                        help="fast (default): each runtime's fastest public call, arrays "
+                             "bound once (kiln's prepare(), ort's IOBinding); plain: "
+                             "fn(*args) against session.run")
     parser.add_argument("--no-paced", action="store_true",
                         help="leave out the paced columns (a call every 2 ms and 10 ms)")
     parser.add_argument("--dynamic", action="store_true",
@@ -402,6 +425,7 @@ def main() -> None:
     print(f"target: {target.kind.name} {describe_target(target)}")
     print(f"graph pipeline: {args.graph_pipeline}   tensor pipeline: {args.tensor_pipeline}   "
           f"threads: {args.threads} (kiln and ort)   KILN_SPIN_US: {spin}   "
+          f"call path: {args.call_path}   "
           + ("one thread's CPU time per call, best of 5 blocks" if args.cpu_time else
              f"median of up to {args.repeat} calls in {args.seconds:g} s, alternating blocks"))
     if args.dynamic:
@@ -421,7 +445,7 @@ def main() -> None:
     for name in names:
         try:
             r = run(name, target, args.repeat, args.seconds, args.tensor_pipeline,
-                    args.graph_pipeline, paced)
+                    args.graph_pipeline, paced, args.call_path)
         except Skipped as exc:
             print(f"{name:<12} skipped: {exc}", flush=True)
             rows.append([name, "skipped: " + str(exc).replace("|", "/"), *[""] * (

@@ -397,6 +397,29 @@ def test_threads_calling_at_once(native: Executable,
     assert not errors, errors[0]
 
 
+@pytest.mark.parametrize("threads", [3, 13])
+def test_chunk_shares_for_any_thread_count(exported: Path, tmp_path: Path, threads: int,
+                                           reference: dict[str, list[Any]]) -> None:
+    """Each thread runs its own contiguous share of a loop's chunks first, then takes
+    what is left of the others' (docs/abi.md, "Parallel loops"): 3 threads split 36 rows
+    into 12 chunks in shares of 4, 13 threads into 36 one-row chunks in shares of 2 or
+    3. Every row is computed once: the results are those of one thread, bit for bit."""
+    copies = [tmp_path / f"{n}.so" for n in (1, threads)]  # a library, a pool: one each
+    for copy in copies:
+        shutil.copy(exported, copy)
+    one, many = (load_module(copy, num_threads=n) for copy, n in zip(copies, (1, threads)))
+    try:
+        want = {name: run(one, name, args) for name, args in inputs().items()}
+        assert_matches(want, reference)
+        for _ in range(5):
+            got = {name: run(many, name, args) for name, args in inputs().items()}
+            assert_matches(got, want, exact=True)
+        assert many.pool_stats().started == threads - 1
+    finally:
+        one.close()
+        many.close()
+
+
 # ====================================================================== fresh processes
 
 

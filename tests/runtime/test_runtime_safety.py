@@ -158,8 +158,14 @@ CLOSE_DURING_CALLS = """
 """
 
 
-def test_close_while_other_threads_call_is_safe(hand_lib: Module) -> None:
-    proc = _run(CLOSE_DURING_CALLS, str(hand_lib.path))
+# What a free-threaded interpreter reports: the call guard takes its lock at every step.
+WITHOUT_GIL = "import sys\nsys._is_gil_enabled = lambda: False\n"
+
+
+@pytest.mark.parametrize("gil", [True, False], ids=["gil", "guard-locked"])
+def test_close_while_other_threads_call_is_safe(hand_lib: Module, gil: bool) -> None:
+    script = textwrap.dedent(CLOSE_DURING_CALLS)
+    proc = _run(script if gil else WITHOUT_GIL + script, str(hand_lib.path))
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.startswith("calls ") and int(proc.stdout.split()[1]) > 0
 

@@ -221,6 +221,25 @@ def test_loops_too_small_to_hand_off_run_on_the_caller(
     assert (stats.loops, stats.small) == ((4, 0) if serial_ns == "0" else (1, 3))
 
 
+def test_the_pool_counts_the_chunks_and_who_ran_them(
+        fresh: Callable[..., LibraryModule], monkeypatch: pytest.MonkeyPatch) -> None:
+    """64 rows on 3 threads: about 4 chunks per thread, 11 of 6 rows, in shares of 3
+    (the caller's), 4 and 4. Every chunk is counted once, whoever ran it; the chunks of
+    the workers' shares that no worker ran, the caller took from them (stolen)."""
+    monkeypatch.setenv("KILN_SERIAL_NS", "0")  # every loop goes to the pool
+    lib = fresh(num_threads=3)
+    for _ in range(5):
+        run(lib)
+    stats = lib.pool_stats()
+    assert (stats.loops, stats.chunks) == (5, 55)
+    assert 0 <= stats.helped <= 55 and 0 <= stats.stolen <= 55
+    caller = stats.chunks - stats.helped
+    assert stats.stolen >= caller - 5 * 3  # beyond its own share: other shares' chunks
+    single = fresh(num_threads=1)  # no pool: its loops run directly, nothing counted
+    run(single)
+    assert (single.pool_stats().chunks, single.pool_stats().helped) == (0, 0)
+
+
 def test_pinning_is_opt_in_and_never_fails(fresh: Callable[..., LibraryModule],
                                            monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("KILN_SERIAL_NS", "0")

@@ -26,7 +26,7 @@ from kiln._registry import suggest
 from kiln.errors import CallError, UsageError
 from kiln.runtime import abi, ctypes_abi
 from kiln.runtime.call_slots import ArgumentSlots, SlotPool
-from kiln.runtime.ctypes_abi import Where
+from kiln.runtime.ctypes_abi import Where, data_address
 from kiln.runtime.dim_binding import bind_dims, compile_dim_text, dim_size
 from kiln.runtime.lifetime import CallGuard
 
@@ -552,6 +552,16 @@ class NativeFunction(PackedFunction):
                 self._sizes = SymbolicSizes(self.params, self.results, self.dims)
 
     @functools.cached_property
+    def _n_params(self) -> int:
+        return len(self.params)
+
+    @functools.cached_property
+    def _param_layouts(self) -> tuple[tuple[tuple[int, ...], np.dtype[Any]], ...]:
+        """(shape, numpy dtype) of each parameter (all tensors on the fast path)."""
+        layouts = self._layouts
+        return tuple(layouts[i] for i in range(len(self.params)))
+
+    @functools.cached_property
     def _results_set(self) -> frozenset[int]:
         return frozenset(range(len(self.params), len(self._arguments)))
 
@@ -568,35 +578,39 @@ class NativeFunction(PackedFunction):
         """Call with prebuilt arguments when every tensor fits the signature exactly
         (numpy array, shape, native dtype, C-contiguous; `out=` also writable and apart
         from the others); `_SLOW` (nothing done) otherwise."""
-        layouts = self._layouts
-        n = len(self.params)
-        if len(args) != n:
+        if len(args) != self._n_params:
             return _SLOW
         shapes: list[tuple[int, ...]] | None = None
-        if self._sizes is not None:  # this call's layouts, if its arguments are valid
+        params: Sequence[tuple[tuple[int, ...], np.dtype[Any]]]
+        results: Sequence[tuple[tuple[int, ...], np.dtype[Any]]]
+        if self._sizes is None:
+            params, results = self._param_layouts, self._result_layouts
+        else:  # this call's layouts, if its arguments are valid
             shapes = self._sizes.shapes(args)
             if shapes is None:
                 return _SLOW
-            layouts = {i: (shape, layouts[i][1]) for i, shape in enumerate(shapes)}
+            layouts = [(shape, layout[1]) for shape, layout in
+                       zip(shapes, (*self._param_layouts, *self._result_layouts))]
+            params, results = layouts[:self._n_params], layouts[self._n_params:]
         addresses = []
-        for i, array in enumerate(args):
-            if not _fits_exactly(array, layouts[i]):
+        for array, layout in zip(args, params):
+            if not _fits_exactly(array, layout):
                 return _SLOW
-            addresses.append(ctypes_abi.data_address(array))
+            addresses.append(data_address(array))
         if out is None:
-            outputs = [allocate_result(layouts[n + j][0], dtype, self._wheres[n + j])
-                       for j, (_, dtype) in enumerate(self._result_layouts)]
-            addresses.extend(ctypes_abi.data_address(o) for o in outputs)
+            outputs = [allocate_result(shape, dtype, self._wheres[self._n_params + j])
+                       for j, (shape, dtype) in enumerate(results)]
+            addresses.extend(map(data_address, outputs))
         else:
             outputs = list(out) if isinstance(out, (tuple, list)) else [out]
-            if len(outputs) != len(self.results):
+            if len(outputs) != len(results):
                 return _SLOW
-            for j, array in enumerate(outputs):
-                if not (_fits_exactly(array, layouts[n + j]) and array.flags.writeable):
+            for array, layout in zip(outputs, results):
+                if not (_fits_exactly(array, layout) and array.flags.writeable):
                     return _SLOW
-                addresses.append(ctypes_abi.data_address(array))
+                addresses.append(data_address(array))
             sizes = [a.nbytes for a in (*args, *outputs)]
-            if _any_written_overlap(addresses, sizes, n):
+            if _any_written_overlap(addresses, sizes, self._n_params):
                 return _SLOW  # the general path names the overlap
         pool = self._slot_pool
         assert pool is not None

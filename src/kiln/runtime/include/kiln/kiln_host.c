@@ -691,6 +691,9 @@ enum {
   KILN_POOL_STAT_SMALL,    /* loops run on the caller alone: too small to hand off */
   KILN_POOL_STAT_SPIN_US,  /* the spin window */
   KILN_POOL_STAT_PINNED,   /* workers pinned to a CPU (KILN_PIN_THREADS=1) */
+  KILN_POOL_STAT_CHUNKS,   /* chunks of handed-off loops run, by any thread */
+  KILN_POOL_STAT_HELPED,   /* ... of them run by a worker (the rest: by the caller) */
+  KILN_POOL_STAT_STOLEN,   /* ... of them run by a thread other than their share's */
   KILN_POOL_STAT_COUNT
 };
 
@@ -771,7 +774,8 @@ enum {
   KILN_POOL_CHUNKS_PER_THREAD = 4,
   KILN_POOL_WAIT_SPINS = 2000,  /* the caller waiting for the last chunks */
   KILN_POOL_SPIN_BATCH = 64,    /* pauses between two looks at the clock */
-  KILN_POOL_COSTS = 64          /* loops whose cost the pool remembers */
+  KILN_POOL_COSTS = 64,         /* loops whose cost the pool remembers */
+  KILN_POOL_LINE = 64           /* bytes of a cache line: one thread's chunk counter each */
 };
 
 #define KILN_LOAD(x) __atomic_load_n(&(x), __ATOMIC_SEQ_CST)
@@ -786,8 +790,15 @@ enum {
 #endif
 
 /* One loop at a time runs on the pool. The caller posts it and takes chunks
-   itself; every thread takes the next chunk index with an atomic increment, so
-   no lock is held while the loop runs. `generation` works like a sequence lock:
+   itself. The chunks are split into one contiguous share per thread (the caller's
+   first, then worker 0's, ...); each thread takes the chunks of its own share first
+   and then those left in the others' shares, each chunk index with an atomic
+   increment of its share's counter, so no lock is held while the loop runs. A
+   thread thus runs the same part of a loop on every call while no thread falls
+   behind: the weights and activations it touched last call are still in its
+   core's cache (a small model's layers fit a core's L2, and a shared counter
+   scattered them over the cores anew on every call), and a descheduled worker's
+   share is taken by the others. `generation` works like a sequence lock:
    odd while the caller rewrites the loop's fields, even once they are posted. A
    worker counts itself in `entered`, then checks that the generation it saw is
    still current before it reads the fields, and counts itself out when done.
@@ -812,7 +823,7 @@ static struct {
   unsigned long generation; /* atomic: odd while a loop is being posted */
   unsigned long birth;      /* the generation new workers start from (set by resize) */
   int entered;              /* atomic: workers inside the posted loop */
-  int64_t next;             /* atomic: the next chunk to take */
+  int shares;               /* threads the posted loop's chunks are split between */
   int32_t status;           /* atomic: first non-zero status of a chunk */
   int64_t spin_ns;          /* atomic: the spin window */
   int64_t serial_ns;        /* loops whose measured work is below run on the caller */
@@ -823,6 +834,13 @@ static struct {
   int64_t n;
   int64_t chunk;
   int64_t chunks;
+  /* Each thread's share of the chunks: `next` (atomic) up to `end`, one cache line
+     each so that a thread taking its chunks does not slow the others'. */
+  struct {
+    int64_t next;
+    int64_t end;
+    char pad[KILN_POOL_LINE - 2 * sizeof(int64_t)];
+  } share[KILN_POOL_MAX_THREADS] __attribute__((aligned(KILN_POOL_LINE)));
   /* The last measured work per iteration of recent loops (in ns / 256), by body. */
   struct {
     kiln_pool_body_fn body;
@@ -912,31 +930,44 @@ static void kiln_pool_init(void) {
   kiln_pool_ready = 1;
 }
 
-/* Run chunks of the posted loop until none is left or one has failed; the time spent
-   in them goes to `work_ns` (what the loop costs serially, for the next decision). */
-static void kiln_pool_run_chunks(void) {
-  int64_t start = -1;
-  for (;;) {
-    int64_t k = KILN_ADD(kiln_pool.next, 1);
-    int64_t begin, end;
-    int32_t status;
-    if (k >= kiln_pool.chunks || KILN_LOAD(kiln_pool.status) != 0) {
-      break;
-    }
-    if (start < 0) {
-      start = kiln_pool_now_ns();
-    }
-    begin = k * kiln_pool.chunk;
-    end = kiln_pool.n - begin > kiln_pool.chunk ? begin + kiln_pool.chunk : kiln_pool.n;
-    status = kiln_pool.body(begin, end, kiln_pool.context);
-    if (status != 0) {
-      int32_t none = 0;
-      __atomic_compare_exchange_n(&kiln_pool.status, &none, status, 0, __ATOMIC_SEQ_CST,
-                                  __ATOMIC_SEQ_CST);
+/* Run chunks of the posted loop, those of share `self` (0: the caller, 1 + i: worker
+   i) first, then those left in the other shares, until none is left or one has
+   failed; the time spent in them goes to `work_ns` (what the loop costs serially, for
+   the next decision). */
+static void kiln_pool_run_chunks(int self) {
+  int64_t start = -1, ran = 0, stolen = 0;
+  int shares = kiln_pool.shares, i;
+  for (i = 0; i < shares; ++i) {
+    int owner = (self + i) % shares;
+    for (;;) {
+      int64_t k = KILN_ADD(kiln_pool.share[owner].next, 1);
+      int64_t begin, end;
+      int32_t status;
+      if (k >= kiln_pool.share[owner].end || KILN_LOAD(kiln_pool.status) != 0) {
+        break;
+      }
+      if (start < 0) {
+        start = kiln_pool_now_ns();
+      }
+      begin = k * kiln_pool.chunk;
+      end = kiln_pool.n - begin > kiln_pool.chunk ? begin + kiln_pool.chunk : kiln_pool.n;
+      status = kiln_pool.body(begin, end, kiln_pool.context);
+      ++ran;
+      stolen += owner != self;
+      if (status != 0) {
+        int32_t none = 0;
+        __atomic_compare_exchange_n(&kiln_pool.status, &none, status, 0, __ATOMIC_SEQ_CST,
+                                    __ATOMIC_SEQ_CST);
+      }
     }
   }
   if (start >= 0) {
     KILN_ADD(kiln_pool.work_ns, kiln_pool_now_ns() - start);
+    KILN_ADD(kiln_pool.stats[KILN_POOL_STAT_CHUNKS], ran);
+    KILN_ADD(kiln_pool.stats[KILN_POOL_STAT_STOLEN], stolen);
+    if (self != 0) {
+      KILN_ADD(kiln_pool.stats[KILN_POOL_STAT_HELPED], ran);
+    }
   }
 }
 
@@ -1020,7 +1051,7 @@ static void* kiln_pool_worker(void* arg) {
     /* Still that loop? Then its fields stay put until this worker leaves. */
     if (KILN_LOAD(kiln_pool.generation) == posted && (posted & 1UL) == 0) {
       seen = posted;
-      kiln_pool_run_chunks();
+      kiln_pool_run_chunks(1 + index);
     }
     if (KILN_ADD(kiln_pool.entered, -1) == 1) {
       pthread_mutex_lock(&kiln_pool.lock);
@@ -1110,6 +1141,17 @@ static int32_t kiln_pool_run_here(int64_t n, kiln_pool_body_fn body, void* conte
   return status;
 }
 
+/* Split `chunks` chunks into `threads` contiguous shares, as even as they can be (the
+   caller holds `busy`, the generation is odd and no worker is inside). */
+static void kiln_pool_split(int64_t chunks, int threads) {
+  int t;
+  kiln_pool.shares = threads;
+  for (t = 0; t < threads; ++t) {
+    KILN_STORE(kiln_pool.share[t].next, chunks * t / threads);
+    kiln_pool.share[t].end = chunks * (t + 1) / threads;
+  }
+}
+
 /* Leave the pool to the next caller. */
 static void kiln_pool_release(void) {
   pthread_mutex_lock(&kiln_pool.lock);
@@ -1169,7 +1211,7 @@ KILN_HIDDEN int32_t KILN_PARALLEL_FOR(int64_t n, kiln_pool_body_fn body, void* c
   kiln_pool.n = n;
   kiln_pool.chunk = n / chunks + (n % chunks != 0);
   kiln_pool.chunks = n / kiln_pool.chunk + (n % kiln_pool.chunk != 0);
-  KILN_STORE(kiln_pool.next, 0);
+  kiln_pool_split(kiln_pool.chunks, kiln_pool.started + 1);
   KILN_STORE(kiln_pool.status, 0);
   KILN_STORE(kiln_pool.work_ns, 0);
   KILN_ADD(kiln_pool.stats[KILN_POOL_STAT_LOOPS], 1);
@@ -1180,7 +1222,7 @@ KILN_HIDDEN int32_t KILN_PARALLEL_FOR(int64_t n, kiln_pool_body_fn body, void* c
   }
   pthread_mutex_unlock(&kiln_pool.lock);
   kiln_pool_in_parallel = 1;
-  kiln_pool_run_chunks();
+  kiln_pool_run_chunks(0);
   kiln_pool_in_parallel = 0;
   kiln_pool_wait_workers(); /* every chunk is taken: wait for those still running */
   status = KILN_LOAD(kiln_pool.status);
