@@ -434,10 +434,12 @@ def requantize_value(acc: PrimExpr, multiplier: PrimExpr, zp: PrimExpr, lo: int,
                      out_dtype: str) -> PrimExpr:
     """`clamp(float32(acc) * multiplier, lo - zp, hi - zp)` rounded half to even, + zp
     (onnxruntime's MLAS requantization: the clamp before rounding is exact because the
-    bounds are integers)."""
+    bounds are integers). The bounds come first: min/max give their first operand on ties
+    (the same value) and a NaN operand either way, so LLVM, which knows the bounds are no
+    NaN, makes each a compare and a masked move instead of two compares and a blend."""
     z = Cast("float32", zp)
     v = Cast("float32", acc) * multiplier
-    v = min_(max_(v, as_expr(float(lo), "float32") - z), as_expr(float(hi), "float32") - z)
+    v = min_(as_expr(float(hi), "float32") - z, max_(as_expr(float(lo), "float32") - z, v))
     return Cast(out_dtype, Cast("int32", intrin("round", v)) + Cast("int32", zp))
 
 
