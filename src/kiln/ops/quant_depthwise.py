@@ -266,7 +266,8 @@ def plane_body(shape: ck.ConvShape, x: Buffer, wp: Buffer, bias: Buffer, x_zp: B
                 steps = [tap(kh, kw) for kh in range(shape.kh) for kw in range(shape.kw)]
                 return seq(Allocate(acc), lanes_loop("r", width, lambda r: Store(
                     acc, bias[oc], (r,))), *steps, lanes_loop("r", width, lambda r: Store(
-                        result, requantize_value(acc[r], mult, y_zp[()], lo, hi, y_zp.dtype),
+                        result, requantize_value(acc[r], mult, y_zp[()], lo, hi, y_zp.dtype,
+                                                 bounds_first=True),
                         (t * width + r,))))
 
             return seq(Allocate(result), tile_loop("t", g.chunks, chunk),
