@@ -172,6 +172,8 @@ def flat_add_body(buffers: Sequence[Buffer], out: Buffer, lanes: int) -> Stmt:
     if rest:
         body.append(run(const(tiles * width), rest))
     return seq(*(DeclBuffer(view, t, 0) for view, t in zip(views, (a, b, out))), *body)
+
+
 def fma_f32(a: Any, b: Any, c: Any) -> np.ndarray:
     """float32 `a * b + c` rounded once (IEEE fusedMultiplyAdd), elementwise in numpy.
 
