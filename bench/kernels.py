@@ -11,7 +11,10 @@ bias, batch 1, NCHW, float32):
   matrix-vector products (M = 1);
 - `conv`: single convolutions with ResNet-18's 3x3 and 1x1 shapes (and its
   7x7 stem, and two MobileNetV2 1x1 layers);
-- `dw`: depthwise 3x3 convolutions of MobileNetV2.
+- `dw`: depthwise 3x3 convolutions of MobileNetV2;
+- `mbv2dw` (with `--int8`): every depthwise 3x3 shape of MobileNetV2, and `qadd`
+  (`--int8` only): com.microsoft QLinearAdd of two u8 tensors at MobileNetV2's residual
+  shapes and a ResNet-50-sized one.
 
 The model is compiled with `kiln.compile(from_onnx(model), target)` (default:
 `Target.from_host()`) and run against a one-node onnxruntime session
@@ -48,7 +51,8 @@ of the machine's measured `vpdpbusd` peak on 2 cores (bench/peak.py; not printed
 AVX-512 VNNI or AVX-VNNI). `--target` picks kiln's instructions: e.g.
 `--target "llvm -mcpu=znver4 -mattr=-avx512f,-avx512vnni,-avxvnni"` runs kiln's AVX2
 path on a VNNI host (onnxruntime still runs its VNNI kernels there), and
-`-mattr=-avx512vnni,-avxvnni` its AVX-512BW one.
+`-mattr=-avx512vnni,-avxvnni` its AVX-512BW one. `--threads 1` times each runtime on one
+thread by its CPU time (also with `--int8`), and the table prints milliseconds per call.
 """
 
 from __future__ import annotations
@@ -137,7 +141,27 @@ class Conv:
         return (2 * self.cout * self.out_size**2 * (self.cin // self.groups) * self.k * self.k)
 
 
-Kernel = Gemm | Conv
+@dataclass(frozen=True)
+class QAdd:
+    """QLinearAdd (int8 only: com.microsoft's node) of two u8 tensors [1, c, size, size]."""
+
+    c: int
+    size: int
+
+    @property
+    def name(self) -> str:
+        return f"qadd {self.c} @{self.size}"
+
+    @property
+    def group(self) -> str:
+        return "qadd"
+
+    @property
+    def flop(self) -> int:  # one add per output element
+        return self.c * self.size ** 2
+
+
+Kernel = Gemm | Conv | QAdd
 
 KERNELS: list[Kernel] = [
     Gemm(256, 256, 256), Gemm(512, 512, 512), Gemm(1024, 1024, 1024), Gemm(2048, 2048, 2048),
@@ -168,10 +192,17 @@ RESNET50_LAYERS = [
 ]
 KERNELS += [Conv(cin, cout, size, k, stride, family="resnet50")
             for cin, cout, size, k, stride in RESNET50_LAYERS]
-GROUPS = ("gemm", "conv", "dw", "resnet50")
+# MobileNetV2's depthwise 3x3 layers (channels, input size, stride) and its residual adds
+MOBILENETV2_DEPTHWISE = [(32, 112, 1), (96, 112, 2), (144, 56, 1), (144, 56, 2), (192, 28, 1),
+                         (192, 28, 2), (384, 14, 1), (576, 14, 1), (576, 14, 2), (960, 7, 1)]
+KERNELS += [Conv(c, c, size, stride=stride, depthwise=True, family="mbv2dw")
+            for c, size, stride in MOBILENETV2_DEPTHWISE]
+KERNELS += [QAdd(24, 56), QAdd(32, 28), QAdd(64, 14), QAdd(96, 14), QAdd(160, 7),
+            QAdd(256, 56)]  # the last: a ResNet-50-sized residual
+GROUPS = ("gemm", "conv", "dw", "resnet50", "mbv2dw", "qadd")
 
 
-def one_node_model(kernel: Kernel, rng: np.random.Generator
+def one_node_model(kernel: Gemm | Conv, rng: np.random.Generator
                    ) -> tuple[onnx.ModelProto, np.ndarray, list[np.ndarray]]:
     """The one-node ONNX model of `kernel`, an input, and its constant operands."""
     if isinstance(kernel, Gemm):
@@ -201,7 +232,7 @@ def one_node_model(kernel: Kernel, rng: np.random.Generator
     return model, x, consts
 
 
-def numpy_reference(kernel: Kernel, x: np.ndarray, consts: list[np.ndarray]
+def numpy_reference(kernel: Gemm | Conv, x: np.ndarray, consts: list[np.ndarray]
                     ) -> tuple[Callable[[], np.ndarray], Callable[[np.ndarray], np.ndarray]]:
     """The timed numpy call, and how to turn its result into the kernel's output."""
     if isinstance(kernel, Gemm):
@@ -238,6 +269,8 @@ def run(kernel: Kernel, target: kiln.target.Target, repeat: int, seconds: float,
     `threads` threads; one thread is timed by its CPU time, `CPU_TIME`)."""
     import onnxruntime as ort
 
+    if isinstance(kernel, QAdd):
+        return "int8 only (--int8)"
     model, x, consts = one_node_model(kernel, np.random.default_rng(0))
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads
@@ -344,11 +377,27 @@ def int8_conv_model(c: Conv, rng: np.random.Generator) -> onnx.ModelProto:
                       consts)
 
 
+def int8_add_model(q: QAdd) -> onnx.ModelProto:
+    """A one-node com.microsoft QLinearAdd of u8 a and b (both inputs), u8 output."""
+    consts = {"as": np.float32(0.02), "az": np.uint8(120), "bs": np.float32(0.03),
+              "bz": np.uint8(131), "ys": np.float32(0.04), "yz": np.uint8(126)}
+    node = helper.make_node("QLinearAdd", ["a", "as", "az", "b", "bs", "bz", "ys", "yz"], ["y"],
+                            domain="com.microsoft")
+    shape = [1, q.c, q.size, q.size]
+    model = int8_model(node, shape, shape, consts, extra_inputs=["b"])
+    model.opset_import.append(helper.make_opsetid("com.microsoft", 1))
+    return model
+
+
 def int8_model(node: onnx.NodeProto, in_shape: list[int], out_shape: list[int],
-               consts: dict[str, np.ndarray]) -> onnx.ModelProto:
-    """A one-node model of `node` from u8 input `a` to u8 output `y`."""
+               consts: dict[str, np.ndarray], extra_inputs: tuple[str, ...] | list[str] = ()
+               ) -> onnx.ModelProto:
+    """A one-node model of `node` from u8 input `a` (and `extra_inputs`, of its shape) to
+    u8 output `y`."""
     graph = helper.make_graph(
-        [node], "int8_kernel", [helper.make_tensor_value_info("a", TensorProto.UINT8, in_shape)],
+        [node], "int8_kernel",
+        [helper.make_tensor_value_info(x, TensorProto.UINT8, in_shape)
+         for x in ("a", *extra_inputs)],
         [helper.make_tensor_value_info("y", TensorProto.UINT8, out_shape)],
         [numpy_helper.from_array(np.asarray(v), k) for k, v in consts.items()])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
@@ -356,54 +405,65 @@ def int8_model(node: onnx.NodeProto, in_shape: list[int], out_shape: list[int],
     return model
 
 
-def run_int8(kernel: Kernel, target: kiln.target.Target, repeat: int, seconds: float
-             ) -> dict[str, float] | str:
-    """kiln vs onnxruntime on one int8 GEMM or convolution (a string: why it was skipped)."""
+def run_int8(kernel: Kernel, target: kiln.target.Target, repeat: int, seconds: float,
+             threads: int = 2) -> dict[str, float] | str:
+    """kiln vs onnxruntime on one int8 GEMM, convolution or QLinearAdd (a string: why it
+    was skipped), on `threads` threads (one: timed by its CPU time, `CPU_TIME`)."""
     import onnxruntime as ort
 
     rng = np.random.default_rng(0)
     if isinstance(kernel, Gemm):
         model = int8_gemm_model(kernel, rng)
-        a = rng.integers(0, 256, (kernel.m, kernel.k)).astype(np.uint8)
+        feed = {"a": rng.integers(0, 256, (kernel.m, kernel.k)).astype(np.uint8)}
+    elif isinstance(kernel, QAdd):
+        model = int8_add_model(kernel)
+        feed = {x: rng.integers(0, 256, (1, kernel.c, kernel.size, kernel.size)).astype(
+            np.uint8) for x in ("a", "b")}
     else:
         model = int8_conv_model(kernel, rng)
-        a = rng.integers(0, 256, (1, kernel.cin, kernel.size, kernel.size)).astype(np.uint8)
+        feed = {"a": rng.integers(0, 256, (1, kernel.cin, kernel.size, kernel.size)).astype(
+            np.uint8)}
+    args = list(feed.values())
     try:
         start = time.perf_counter()
         fn = kiln.compile(from_onnx(model), target)["main"]
         compile_s = time.perf_counter() - start
-        got = np.asarray(fn(a))
+        got = np.asarray(fn(*args))
     except Exception as exc:  # a benchmark reports what fails and goes on
         return short_error(exc)
     options = ort.SessionOptions()
-    options.intra_op_num_threads = 2
+    options.intra_op_num_threads = threads
     session = ort.InferenceSession(model.SerializeToString(), options,
                                    providers=["CPUExecutionProvider"])
-    want = session.run(None, {"a": a})[0]
-    fns = {"kiln": lambda: fn(a), "ort": lambda: session.run(None, {"a": a})}
-    ms = alternating_blocks_ms(fns, calls_within(fns, repeat, seconds))
+    want = session.run(None, feed)[0]
+    fns = {"kiln": lambda: fn(*args), "ort": lambda: session.run(None, feed)}
+    ms = alternating_blocks_ms(fns, calls_within(fns, repeat, seconds),
+                               clock=CPU_TIME if threads == 1 else time.perf_counter)
     differ = float((got.astype(np.int32) != want.astype(np.int32)).mean())
     return {"kiln_gops": kernel.flop / ms["kiln"] / 1e6, "ort_gops": kernel.flop / ms["ort"] / 1e6,
-            "differ": differ, "compile_s": compile_s}
+            "kiln_ms": ms["kiln"], "ort_ms": ms["ort"], "differ": differ,
+            "compile_s": compile_s}
 
 
 def print_int8(kernels: list[Kernel], target: kiln.target.Target, repeat: int,
-               seconds: float) -> None:
-    peak = measure_int8_peak(threads=2)
+               seconds: float, threads: int = 2) -> None:
+    peak = measure_int8_peak(threads=threads)
     if peak is not None:
         print(f"int8 peak (vpdpbusd, {peak.vector_bits}-bit): {peak.per_core:.0f} GOP/s per "
               f"core measured, x{peak.threads} = {peak.all_threads:.0f} GOP/s")
-    header = (f"{'kernel':<24} {'MOP':>6} {'kiln GOP/s':>10} {'ort GOP/s':>9} "
-              f"{'kiln %ort':>9} {'kiln %peak':>10} {'differ':>7} {'compile s':>9}")
+    header = (f"{'kernel':<24} {'MOP':>6} {'kiln ms':>8} {'ort ms':>8} {'kiln GOP/s':>10} "
+              f"{'ort GOP/s':>9} {'kiln %ort':>9} {'kiln %peak':>10} {'differ':>7} "
+              f"{'compile s':>9}")
     print(header)
     print("-" * len(header))
     for kernel in kernels:
-        r = run_int8(kernel, target, repeat, seconds)
+        r = run_int8(kernel, target, repeat, seconds, threads)
         if isinstance(r, str):
             print(f"{kernel.name:<24} skipped: {r}", flush=True)
             continue
         of_peak = f"{100 * r['kiln_gops'] / peak.all_threads:>10.0f}" if peak else f"{'-':>10}"
-        print(f"{kernel.name:<24} {kernel.flop / 1e6:>6.0f} {r['kiln_gops']:>10.1f} "
+        print(f"{kernel.name:<24} {kernel.flop / 1e6:>6.0f} {r['kiln_ms']:>8.3f} "
+              f"{r['ort_ms']:>8.3f} {r['kiln_gops']:>10.1f} "
               f"{r['ort_gops']:>9.1f} {100 * r['kiln_gops'] / r['ort_gops']:>9.0f} "
               f"{of_peak} {r['differ']:>7.1%} {r['compile_s']:>9.2f}", flush=True)
 
@@ -477,9 +537,10 @@ def main() -> None:
     if args.int8:
         threads = os.environ.get("KILN_NUM_THREADS", f"all ({os.cpu_count()})")
         print(f"target: {target.kind.name} {describe_target(target)}")
-        print(f"KILN_NUM_THREADS: {threads}   ort threads: 2   median of up to {args.repeat} "
-              f"calls in {args.seconds:g} s, alternating blocks")
-        print_int8(kernels, target, args.repeat, args.seconds)
+        clock = "the calling thread's CPU time" if args.threads == 1 else "wall time"
+        print(f"KILN_NUM_THREADS: {threads}   ort threads: {args.threads}   median of up to "
+              f"{args.repeat} calls in {args.seconds:g} s, alternating blocks, {clock}")
+        print_int8(kernels, target, args.repeat, args.seconds, args.threads)
         return
 
     coretype = os.environ.get("OPENBLAS_CORETYPE")

@@ -431,13 +431,20 @@ register_op("conv_integer", pattern="anchor", infer=_conv_integer_infer,
 # --------------------------------------------------------------------------- requantizing ops
 
 def requantize_value(acc: PrimExpr, multiplier: PrimExpr, zp: PrimExpr, lo: int, hi: int,
-                     out_dtype: str) -> PrimExpr:
+                     out_dtype: str, bounds_first: bool = False) -> PrimExpr:
     """`clamp(float32(acc) * multiplier, lo - zp, hi - zp)` rounded half to even, + zp
     (onnxruntime's MLAS requantization: the clamp before rounding is exact because the
-    bounds are integers)."""
+    bounds are integers).
+
+    `bounds_first` puts the bounds first in the clamp's min/max: the same values (ties
+    give the same value, a NaN passes either way), which LLVM, knowing the bounds are no
+    NaN, makes a compare and a masked move each instead of two compares and a blend (the
+    depthwise plane kernel, 960 channels at 7x7 on Zen 5: 0.047 -> 0.043 ms; used by every
+    int8 kernel, MobileNetV2 as a whole measured 10% slower, so it is not the default)."""
     z = Cast("float32", zp)
     v = Cast("float32", acc) * multiplier
-    v = min_(max_(v, as_expr(float(lo), "float32") - z), as_expr(float(hi), "float32") - z)
+    lo_, hi_ = as_expr(float(lo), "float32") - z, as_expr(float(hi), "float32") - z
+    v = min_(hi_, max_(lo_, v)) if bounds_first else min_(max_(v, lo_), hi_)
     return Cast(out_dtype, Cast("int32", intrin("round", v)) + Cast("int32", zp))
 
 

@@ -19,24 +19,48 @@ some rounding boundaries, and later layers carry that on. These ops are that for
 
 The operands broadcast like numpy; `a`, `b` and `y_zp` are all int8 or all uint8, the
 scales float32 scalars and the zero points scalars of their tensor's type.
+
+`qlinear_add` of two operands of the output's static shape (a residual add) runs on a
+hand-built kernel: the tensors read as flat arrays, in tiles of `ADD_TILE_VECTORS`
+float32 vectors (whole vectors whatever the rows' width, which the tensor-expression
+nest vectorizes only in vectors that divide a row: 8 lanes for 56 or 14 columns), the
+tiles split over threads, the last partial tile a shorter vector loop. The formula and
+its roundings are the tensor-expression definition's, so the outputs are identical.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from kiln.errors import IRError
 from kiln.ir import dtype as dt
+from kiln.ir import graph as g
 from kiln.ir.shape_expr import shape_text
-from kiln.ir.tensor import Cast, PrimExpr, intrin, max_, min_
+from kiln.ir.tensor import (
+    Buffer,
+    Cast,
+    DeclBuffer,
+    PrimExpr,
+    PrimFunc,
+    Stmt,
+    Store,
+    as_expr,
+    intrin,
+    max_,
+    min_,
+    seq,
+)
 from kiln.ir.types import TensorType, Type
 from kiln.ops import te
 from kiln.ops.broadcast import broadcast_index, broadcast_shapes
+from kiln.ops.kernels.tiles import PARALLEL_MIN_MADDS, const, lanes_loop, loop, tile_lanes
 from kiln.ops.quant import PRODUCT_DTYPES, as_float32, qrange
-from kiln.ops.registry import register_op
+from kiln.ops.registry import OPS, HandBuiltOp, register_op
+from kiln.target.isa import isa_for
 
 Attrs = Mapping[str, Any]
 ADD = "qlinear_add"
@@ -80,9 +104,11 @@ def _infer(what: str) -> Callable[[Sequence[TensorType], Attrs], Type]:
 
 
 def _saturate(v: PrimExpr, dtype: str) -> PrimExpr:
-    """`saturate(round_half_even(v))` of float32 `v` in `dtype`."""
+    """`saturate(round_half_even(v))` of float32 `v` in `dtype`. The operand orders are
+    those LLVM turns into one `vmaxps` and one `vminps` (kiln's min/max pass a NaN
+    through, which those instructions do for the operand on this side)."""
     lo, hi = qrange(dtype)
-    return Cast(dtype, min_(max_(intrin("round", v), float(lo)), float(hi)))
+    return Cast(dtype, min_(as_expr(float(hi), "float32"), max_(intrin("round", v), float(lo))))
 
 
 def _elementwise(inputs: Sequence[te.Tensor], name: str,
@@ -101,8 +127,8 @@ def _elementwise(inputs: Sequence[te.Tensor], name: str,
 
 # --------------------------------------------------------------------------- qlinear_add
 
-def _add_compute(inputs: Sequence[te.Tensor], attrs: Attrs) -> te.Tensor:
-    swap = swaps_operands(inputs[0].shape, inputs[3].shape)
+def _add_value(swap: bool) -> Callable[[PrimExpr, PrimExpr, Sequence[PrimExpr]], PrimExpr]:
+    """MLAS's QLinearAdd of one element (the module docstring), before saturation."""
 
     def value(av: PrimExpr, bv: PrimExpr, params: Sequence[PrimExpr]) -> PrimExpr:
         sa, za, sb, zb, sy, zy = params
@@ -112,7 +138,40 @@ def _add_compute(inputs: Sequence[te.Tensor], attrs: Attrs) -> te.Tensor:
         fixed = as_float32(zy) - intrin("fma", rs, as_float32(span_zp), ro * as_float32(other_zp))
         return intrin("fma", as_float32(span), rs, intrin("fma", as_float32(other), ro, fixed))
 
-    return _elementwise(inputs, ADD, value)
+    return value
+
+
+def _add_compute(inputs: Sequence[te.Tensor], attrs: Attrs) -> te.Tensor:
+    return _elementwise(inputs, ADD, _add_value(swaps_operands(inputs[0].shape,
+                                                               inputs[3].shape)))
+
+
+#: float32 vectors of one tile of the flat `qlinear_add` kernel (four: the loads, the
+#: widening and the two FMAs of one vector overlap those of the next).
+ADD_TILE_VECTORS = 4
+
+
+def flat_add_body(buffers: Sequence[Buffer], out: Buffer, lanes: int) -> Stmt:
+    """The flat kernel of the module docstring: `buffers` are qlinear_add's operands, `a`
+    and `b` of `out`'s shape; `lanes` the float32 lanes of a vector."""
+    a, a_scale, a_zp, b, b_scale, b_zp, y_scale, y_zp = buffers
+    size = out.numel()
+    views = [Buffer(t.name + "_flat", (size,), t.dtype) for t in (a, b, out)]
+    fa, fb, fout = views
+    value = _add_value(swaps_operands(a.shape, b.shape))
+    params = [t[()] for t in (a_scale, a_zp, b_scale, b_zp, y_scale, y_zp)]
+    width = ADD_TILE_VECTORS * lanes
+
+    def run(start: PrimExpr, extent: int) -> Stmt:
+        return lanes_loop("v", extent, lambda v: Store(fout, _saturate(
+            value(fa[start + v], fb[start + v], params), y_zp.dtype), (start + v,)))
+
+    tiles, rest = divmod(size, width)
+    kind = "parallel" if tiles > 1 and size >= PARALLEL_MIN_MADDS else "serial"
+    body = [loop("t", tiles, lambda t: run(t * width, width), kind)] if tiles else []
+    if rest:
+        body.append(run(const(tiles * width), rest))
+    return seq(*(DeclBuffer(view, t, 0) for view, t in zip(views, (a, b, out))), *body)
 
 
 def fma_f32(a: Any, b: Any, c: Any) -> np.ndarray:
@@ -157,11 +216,37 @@ def qlinear_add_ref(a: np.ndarray, a_scale: np.ndarray, a_zp: np.ndarray, b: np.
     return _saturate_ref(v, np.asarray(y_zp))
 
 
+def _flat(types: Sequence[Any]) -> bool:
+    """Whether qlinear_add of operands of these types (or te tensors) takes the flat
+    kernel: `a` and `b` both of the output's static shape."""
+    a, b = types[0], types[3]
+    return tuple(a.shape) == tuple(b.shape) and all(isinstance(d, int) for d in a.shape)
+
+
+@dataclass(frozen=True)
+class _QLinearAdd(HandBuiltOp):
+    """qlinear_add: the flat kernel where it applies, the te definition else."""
+
+    def builds(self, call: g.Call) -> bool:
+        # the flat kernel takes no fused elementwise chain (FuseOps must not count on it)
+        return False
+
+    def lower_fused(self, params: Sequence[te.Tensor], args: Sequence[te.Tensor], attrs: Attrs,
+                    anchor: te.Tensor | None, result: te.Tensor | None,
+                    name: str) -> PrimFunc | None:
+        if result is not None or len(args) != len(params) or \
+                any(a is not p for a, p in zip(args, params)) or not _flat(params):
+            return None
+        buffers = [Buffer(t.name, t.shape, t.dtype) for t in params]
+        out = Buffer("out", tuple(params[0].shape), params[7].dtype)
+        body = flat_add_body(buffers, out, tile_lanes(isa_for(None), "float32"))
+        return PrimFunc((*buffers, out), body, {"kiln.qlinear_add": "flat"})
+
+
 # "injective": a kernel of its own (it may head a fused elementwise chain), never a tail
 # fused into the integer convolution before it, whose hand-built tiles would then lose
 # their vectorized epilogue (ResNet-50 QDQ ran 5x slower that way).
-register_op(ADD, pattern="injective", infer=_infer(ADD), compute=_add_compute,
-            reference=qlinear_add_ref)
+OPS.register(ADD, _QLinearAdd(ADD, "injective", _infer(ADD), _add_compute, qlinear_add_ref))
 
 
 # --------------------------------------------------------------------------- qlinear_mul
