@@ -7,8 +7,9 @@
 calls interleaved (so both see the same machine load), printing the medians and their
 ratio. `workers` tunes the same candidates (the first K of each kernel, no time limit)
 on a local Ray instance of 1 and of 2 CPUs, each with an empty compile cache, and
-prints the wall times and where they went (build and measurement phases, and the time
-inside their tasks; the rest of a phase is Ray's). Prints numbers; asserts nothing
+prints the wall times and where they went (the time inside build and measurement
+tasks, the time the driver waited for each: builds and measurements overlap, and
+the time the measurements' CPU was not measuring). Prints numbers; asserts nothing
 (this is not a test).
 """
 
@@ -71,11 +72,11 @@ def workers(model: str, candidates: int, counts: list[int]) -> None:
             ex.close()
             ray.shutdown()
         p = report.profile
-        other = wall - p["build"] - p["measure"]
         print(f"{n} Ray worker CPU(s): {total} candidates of {len(specs)} kernels "
-              f"({report.measured} measured) in {wall:.1f} s wall: builds {p['build']:.1f} s "
-              f"({p['build_tasks']:.1f} s in tasks), measurements {p['measure']:.1f} s "
-              f"({p['measure_tasks']:.1f} s in tasks), other {other:.1f} s")
+              f"({report.measured} measured) in {wall:.1f} s wall: build tasks "
+              f"{p['build_tasks']:.1f} s (driver waited {p['build']:.1f} s for builds), "
+              f"measurement tasks {p['measure_tasks']:.1f} s (waited {p['measure']:.1f} s); "
+              f"the measuring CPU idle {wall - p['measure_tasks']:.1f} s")
 
 
 def main() -> None:

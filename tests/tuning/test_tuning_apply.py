@@ -1,5 +1,6 @@
 """Tuning's search space, its selection from recorded measurements and a tuned build:
-the variant a database chose (a tile, a parallel split, another convolution kernel) is
+the variant a database chose (a tile, a parallel split, K blocking, another convolution
+kernel) is
 the one the passes record and the code generator builds, the output equals the
 untuned build's, the library metadata names the database."""
 
@@ -19,7 +20,7 @@ from kiln.distributed.tune import KernelSpec, discover, show, tune
 from kiln.errors import FormatError, UsageError
 from kiln.ir import graph as g
 from kiln.ir.module import IRModule
-from kiln.ir.tensor import For, PrimFunc
+from kiln.ir.tensor import Allocate, For, PrimFunc
 from kiln.ir.visitor import post_order_visit
 from kiln.ops.kernels.registry import KERNELS
 from kiln.ops.kernels.search import CONV_ALGORITHMS
@@ -93,7 +94,7 @@ class _AfterBlocking(PassInstrument):
     """The (op, tile, split) of every packed call after the blocking passes."""
 
     def __init__(self) -> None:
-        self.calls: list[tuple[str, tuple[int, ...], str | None]] = []
+        self.calls: list[tuple[str, tuple[int, ...], str | None, bool | None]] = []
 
     def run_after_pass(self, mod: IRModule, p: Pass) -> None:
         if p.name not in ("block-convolutions", "block-matmuls"):
@@ -103,7 +104,8 @@ class _AfterBlocking(PassInstrument):
                 if isinstance(b.value, g.Call) and b.value.op.startswith(
                         "conv2d_" if p.name == "block-convolutions" else "matmul_"):
                     attrs = b.value.attrs
-                    self.calls.append((b.value.op, tuple(attrs["tile"]), attrs.get("split")))
+                    self.calls.append((b.value.op, tuple(attrs["tile"]), attrs.get("split"),
+                                       attrs.get("kblock")))
 
 
 def _database(specs: list[KernelSpec], key: str, chosen: dict[str, dict[str, Any]]
@@ -118,6 +120,16 @@ def _database(specs: list[KernelSpec], key: str, chosen: dict[str, dict[str, Any
 def _first(spec: KernelSpec, kind: str) -> dict[str, Any]:
     """The first candidate of `spec` that changes only `kind` (tile, split or family)."""
     return next(c for c in spec.candidates if set(c) == {"tile", kind})
+
+
+def _allocates(buffer: str, ex: Any) -> list[str]:
+    """The kernel kinds (`kiln.gemm_kernel`) of a build that allocate `buffer`."""
+    found: set[str] = set()
+    for f in ex.ir.functions.values():
+        if isinstance(f, PrimFunc):
+            post_order_visit(f, lambda n, f=f: found.add(str(f.attrs.get("kiln.gemm_kernel")))
+                             if isinstance(n, Allocate) and n.buffer.name == buffer else None)
+    return sorted(found)
 
 
 def _parallel_loops(ex: Any) -> list[str]:
@@ -136,10 +148,13 @@ def test_a_tuned_build_applies_every_kind_of_variant(
     by_family = {s.family: s for s in specs}
     conv3x3 = by_family["conv_direct"]
     conv1x1 = next(s for f, s in by_family.items() if f in ("conv_rows", "conv_gemm"))
-    # the 3x3 on one thread, the 1x1 on another convolution kernel, the dense layer's tile
+    # the 3x3 on one thread, the 1x1 on another convolution kernel, the dense layer
+    # (K = 512) with another tile and its sums blocked along K
+    assert _first(by_family["gemm"], "kblock") == {**by_family["gemm"].default,
+                                                   "kblock": True}
     chosen = {"conv_direct": {**conv3x3.default, "split": "serial"},
-              conv1x1.family: _first(conv1x1, "family"), "gemm": _first(by_family["gemm"],
-                                                                         "tile")}
+              conv1x1.family: _first(conv1x1, "family"),
+              "gemm": {**_first(by_family["gemm"], "tile"), "kblock": True}}
     db = _database(specs, target_key(isa_for(target)), chosen)
     path = tmp_path / "model.tuning.json"
     db.save(path)
@@ -150,9 +165,11 @@ def test_a_tuned_build_applies_every_kind_of_variant(
     print("\n".join(map(str, capture.calls)), _parallel_loops(untuned), _parallel_loops(tuned))
     alt = KERNELS.get(chosen[conv1x1.family]["family"])
     assert sorted(capture.calls, key=str) == sorted([
-        ("conv2d_blocked", tuple(conv3x3.default["tile"]), "serial"),
-        (alt.op, tuple(chosen[conv1x1.family]["tile"]), None),
-        ("matmul_packed", tuple(chosen["gemm"]["tile"]), None)], key=str)
+        ("conv2d_blocked", tuple(conv3x3.default["tile"]), "serial", None),
+        (alt.op, tuple(chosen[conv1x1.family]["tile"]), None, None),
+        ("matmul_packed", tuple(chosen["gemm"]["tile"]), None, True)], key=str)
+    # K blocking keeps the dense layer's partial sums in a `sums` array
+    assert _allocates("sums", tuned) == ["matmul_packed"] and not _allocates("sums", untuned)
     # the serial split leaves the 3x3's kernel (fused with its Relu) without a parallel
     # loop; the 1x1 moved to the blocked kernel, which has one
     assert "fused_conv2d_blocked_relu" in _parallel_loops(untuned)

@@ -39,7 +39,7 @@ from typing import Any
 
 import numpy as np
 
-from kiln.distributed.executor import Executor, TaskOutcome, task_node
+from kiln.distributed.executor import Executor, Pending, TaskOutcome, task_node
 from kiln.errors import UsageError
 from kiln.tuning.database import Measurement, Record, TuningDatabase, target_key
 
@@ -242,10 +242,10 @@ class _State:
     failed: bool = False
 
     def score(self) -> tuple[bool, float]:
-        """Kernels not measured yet first (by occurrences), then by default time x
-        occurrences / (candidates tried + 1)."""
-        if not self.default_times:
-            return True, float(self.spec.count)
+        """Kernels not measured yet first (by occurrences / (candidates tried + 1)),
+        then by default time x occurrences / (candidates tried + 1)."""
+        if not self.default_times:  # picked before its default's timings are in
+            return True, float(self.spec.count) / (self.tried + 1)
         return False, float(np.median(self.default_times)) * self.spec.count / (self.tried + 1)
 
 
@@ -266,6 +266,8 @@ class TuneReport:
 
 Build = Callable[[Sequence[tuple[Any, ...]]], list[TaskOutcome]]
 Measure = Callable[[Sequence[tuple[Any, ...]]], list[TaskOutcome]]
+#: Starts tasks over argument tuples; calling the result waits for their outcomes.
+Start = Callable[[Sequence[tuple[Any, ...]]], Pending]
 
 
 def tune(specs: Sequence[KernelSpec], target: Any, budget_s: float, *,
@@ -279,33 +281,25 @@ def tune(specs: Sequence[KernelSpec], target: Any, budget_s: float, *,
     `build` / `measure` run a list of `build_variant` / `measure_kernel` argument tuples
     (default: as tasks of `executor`; measurement tasks with `measure_resource`);
     a test injects recorded ones. `batch` is the candidates per round (default: twice
-    the executor's CPUs, at least 2)."""
+    the executor's CPUs, at least 2).
+
+    Rounds are pipelined: round k's measurements run while round k+1 builds (its
+    candidates picked before round k's timings are in, from the timings of the rounds
+    before), so the measuring CPU never waits for a whole round of builds and the build
+    CPUs never wait for the measurements. The picks depend only on the timings, never on
+    which task finished first, so the same timings give the same database."""
     from kiln import __version__ as version
     from kiln.distributed.executor import InProcessExecutor
 
     tgt = resolve(target)
     spec_text = str(tgt)
     runner = executor or InProcessExecutor()
-    if build is None:
-        cpus = _cpus(runner)
-
-        def build(args: Sequence[tuple[Any, ...]]) -> list[TaskOutcome]:
-            return _batched(runner, args, cpus)
+    start_build: Start = _eager(build) if build is not None else \
+        (lambda args: _batched(runner, args, _cpus(runner)))
     if measure is None:
-        resource = measure_resource(tgt)
-        where = runner.describe()
-        if where.get("engine") == "ray" and not any(
-                resource in n.get("resources", ()) for n in where.get("nodes", [])):
-            raise UsageError(
-                f"no node of the Ray cluster measures for this CPU: start the nodes whose "
-                f"CPU is the target's with `ray start --resources='{{\"{resource}\": 1}}'`")
-        measure_res = {resource: 1.0} if where.get("engine") == "ray" else None
-        if measure_res is None and resource != measure_resource(resolve("host")):
-            log(f"warning: this machine's CPU ({target_key(_isa(resolve('host')))}) is not "
-                f"the target's ({target_key(_isa(tgt))}): the timings are this machine's")
-
-        def measure(args: Sequence[tuple[Any, ...]]) -> list[TaskOutcome]:
-            return runner.run(measure_kernel, args, resources=measure_res)
+        start_measure = _measurer(runner, tgt, target, threads, log)
+    else:
+        start_measure = _eager(measure)
     size = batch or max(2, 2 * _cpus(runner))
     start = clock()
     states = [_State(s) for s in specs]
@@ -313,30 +307,33 @@ def tune(specs: Sequence[KernelSpec], target: Any, budget_s: float, *,
     discarded: list[str] = []
     builds_on: set[str] = set()
     measured_on: set[str] = set()
-    # where the wall time goes (seconds): the build and measurement phases, and the
-    # time their tasks report (the rest of a phase is Ray's scheduling and shipping)
+    # where the wall time goes (seconds): the time the driver waited for builds and for
+    # measurements, and the time their tasks report (the pipeline overlaps the two)
     profile = dict.fromkeys(("build", "build_tasks", "measure", "measure_tasks"), 0.0)
 
     def note(text: str) -> None:
         lines.append(text)
         log(text)
 
-    note(f"tuning {len(specs)} distinct kernel(s) for {target_key(_isa(tgt))}, "
-         f"budget {budget_s:.0f} s, {size} candidate(s) per round")
-    measured, last = 0, 0.0
-    # a round starts only when it should end within the budget (as long as the last one)
-    while clock() - start + last <= budget_s:
-        began = clock()
-        # the first round measures every kernel's default (its time ranks the kernels
-        # from then on) and candidates of the most frequent kernels
+    def plan() -> list[tuple[_State, Params | None]]:
+        # every kernel's default not built yet (the first round: their times rank the
+        # kernels from then on), then the next candidates by score
         fresh = [st for st in states if st.default_lib is None and not st.failed]
-        picks = _pick(states, size)
-        if not fresh and not picks:
-            break
-        jobs: list[tuple[_State, Params | None]] = [(st, None) for st in fresh]
-        jobs += picks
+        return [(st, None) for st in fresh] + list(_pick(states, size))
+
+    def submit(jobs: list[tuple[_State, Params | None]]) -> Pending:
+        return start_build([(st.spec, spec_text, params) for st, params in jobs])
+
+    note(f"tuning {len(specs)} distinct kernel(s) for {target_key(_isa(tgt))}, "
+         f"budget {budget_s:.0f} s, {size} candidate(s) per round, builds of a round "
+         "overlapping the measurements of the one before")
+    measured, step = 0, 0.0
+    jobs = plan()
+    pending: Pending | None = submit(jobs) if jobs else None
+    while pending is not None:
+        began = clock()
         t0 = time.perf_counter()
-        built = build([(st.spec, spec_text, params) for st, params in jobs])
+        built = pending()
         profile["build"] += time.perf_counter() - t0
         libs: dict[int, list[tuple[Params, bytes]]] = {}
         for (st, params), outcome in zip(jobs, built, strict=True):
@@ -357,9 +354,16 @@ def tune(specs: Sequence[KernelSpec], target: Any, budget_s: float, *,
                 libs.setdefault(id(st), []).append((params, outcome.value["data"]))
         rounds = [(st, libs.get(id(st), [])) for st in dict.fromkeys(st for st, _ in jobs)
                   if st.default_lib is not None]
+        timing = start_measure([(st.spec, [st.default_lib, *(d for _, d in cands)], warmup,
+                                 repeats, threads) for st, cands in rounds])
+        # the next round builds while this one is measured, when it should end within the
+        # budget (a step as long as the last one, or as this round's builds took)
+        fresh = sum(params is None for _, params in jobs)
+        picked = len(jobs) - fresh
+        jobs = plan() if clock() - start + max(step, clock() - began) <= budget_s else []
+        pending = submit(jobs) if jobs else None
         t0 = time.perf_counter()
-        results = measure([(st.spec, [st.default_lib, *(d for _, d in cands)], warmup,
-                            repeats, threads) for st, cands in rounds])
+        results = timing()
         profile["measure"] += time.perf_counter() - t0
         for (st, cands), outcome in zip(rounds, results, strict=True):
             if not outcome.ok:
@@ -378,8 +382,8 @@ def tune(specs: Sequence[KernelSpec], target: Any, budget_s: float, *,
                     discarded.append(f"{st.spec.label} {show(params)}: result differs "
                                      "from the default's")
                     note(f"  discarded {discarded[-1]}")
-        last = clock() - began
-        note(f"round: {len(fresh)} default(s), {len(picks)} candidate(s), {measured} "
+        step = clock() - began
+        note(f"round: {fresh} default(s), {picked} candidate(s), {measured} "
              f"measured, {clock() - start:.0f} s of {budget_s:.0f} s")
     key = target_key(_isa(tgt))
     db = TuningDatabase(
@@ -394,9 +398,10 @@ def tune(specs: Sequence[KernelSpec], target: Any, budget_s: float, *,
                  f"{base / float(np.median(best.times_us)):.2f}x the default's "
                  f"{show(r.default.params)}")
     wall = clock() - start
-    note(f"time: builds {profile['build']:.1f} s wall ({profile['build_tasks']:.1f} s in "
-         f"tasks), measurements {profile['measure']:.1f} s wall "
-         f"({profile['measure_tasks']:.1f} s in tasks)")
+    note(f"time: {wall:.1f} s wall; builds {profile['build_tasks']:.1f} s in tasks "
+         f"({profile['build']:.1f} s waited for), measurements "
+         f"{profile['measure_tasks']:.1f} s in tasks ({profile['measure']:.1f} s waited "
+         "for)")
     return TuneReport(db, lines, len(specs), measured, discarded, builds_on, measured_on,
                       wall, profile)
 
@@ -406,21 +411,61 @@ def show(params: Mapping[str, Any]) -> str:
     return json.dumps(dict(params), sort_keys=True, separators=(",", ":"))
 
 
-def _batched(runner: Executor, jobs: Sequence[tuple[Any, ...]], tasks: int
-             ) -> list[TaskOutcome]:
-    """`build_variants` over `jobs` in at most `tasks` tasks of consecutive jobs (the
-    variants of one kernel share a task: its weights ship once); an outcome per job."""
-    per = -(-len(jobs) // max(1, tasks)) if jobs else 1
+def _batched(runner: Executor, jobs: Sequence[tuple[Any, ...]], cpus: int) -> Pending:
+    """Start `build_variants` over `jobs` in tasks of consecutive jobs (the variants of
+    one kernel share a task: its weights ship once), about two tasks per CPU so a CPU
+    that finishes early (or a measurement that ends) takes the next; waiting gives an
+    outcome per job."""
+    per = -(-len(jobs) // max(1, 2 * cpus)) if jobs else 1
     chunks = [list(jobs[i:i + per]) for i in range(0, len(jobs), per)]
-    out: list[TaskOutcome] = []
-    for chunk, outcome in zip(chunks, runner.run(build_variants, [(c,) for c in chunks]),
-                              strict=True):
-        if not outcome.ok:
-            out += [TaskOutcome(error=outcome.error)] * len(chunk)
-            continue
-        out += [TaskOutcome(error=v["error"]) if "error" in v else TaskOutcome(v)
-                for v in outcome.value]
-    return out
+    pending = runner.submit(build_variants, [(c,) for c in chunks])
+
+    def wait() -> list[TaskOutcome]:
+        out: list[TaskOutcome] = []
+        for chunk, outcome in zip(chunks, pending(), strict=True):
+            if not outcome.ok:
+                out += [TaskOutcome(error=outcome.error)] * len(chunk)
+                continue
+            out += [TaskOutcome(error=v["error"]) if "error" in v else TaskOutcome(v)
+                    for v in outcome.value]
+        return out
+
+    return wait
+
+
+def _eager(run: Callable[[Sequence[tuple[Any, ...]]], list[TaskOutcome]]) -> Start:
+    """A synchronous runner (a test's recorded one) as a `Start`: runs at once."""
+    def start(args: Sequence[tuple[Any, ...]]) -> Pending:
+        out = run(args)
+        return lambda: out
+
+    return start
+
+
+def _measurer(runner: Executor, tgt: Any, target: Any, threads: int | None,
+              log: Callable[[str], None]) -> Start:
+    """Starts `measure_kernel` tasks: on Ray, only on nodes offering the target's
+    measurement resource (one unit: one measurement at a time per node), each holding
+    as many CPUs as it runs threads (so no build shares them)."""
+    resource = measure_resource(tgt)
+    where = runner.describe()
+    ray = where.get("engine") == "ray"
+    nodes = [n for n in where.get("nodes", []) if resource in n.get("resources", ())]
+    if ray and not nodes:
+        raise UsageError(
+            f"no node of the Ray cluster measures for this CPU: start the nodes whose "
+            f"CPU is the target's with `ray start --resources='{{\"{resource}\": 1}}'`")
+    if not ray and resource != measure_resource(resolve("host")):
+        log(f"warning: this machine's CPU ({target_key(_isa(resolve('host')))}) is not "
+            f"the target's ({target_key(_isa(tgt))}): the timings are this machine's")
+    most = min((float(n.get("cpus") or 1) for n in nodes), default=1.0)
+    cpus = max(1.0, min(float(threads or 1), most))
+
+    def start(args: Sequence[tuple[Any, ...]]) -> Pending:
+        return runner.submit(measure_kernel, args, num_cpus=cpus,
+                             resources={resource: 1.0} if ray else None)
+
+    return start
 
 
 def _pick(states: Sequence[_State], size: int) -> list[tuple[_State, Params]]:
