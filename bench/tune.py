@@ -74,8 +74,9 @@ def workers(model: str, candidates: int, counts: list[int]) -> None:
         p = report.profile
         print(f"{n} Ray worker CPU(s): {total} candidates of {len(specs)} kernels "
               f"({report.measured} measured) in {wall:.1f} s wall: build tasks "
-              f"{p['build_tasks']:.1f} s (driver waited {p['build']:.1f} s for builds), "
-              f"measurement tasks {p['measure_tasks']:.1f} s (waited {p['measure']:.1f} s); "
+              f"{p['build_tasks']:.1f} s ({p['build_cpu']:.1f} s CPU; the driver waited "
+              f"{p['build']:.1f} s for builds), measurement tasks {p['measure_tasks']:.1f} s "
+              f"({p['measure_cpu']:.1f} s CPU; waited {p['measure']:.1f} s); "
               f"the measuring CPU idle {wall - p['measure_tasks']:.1f} s")
 
 

@@ -154,7 +154,7 @@ def build_variant(spec: KernelSpec, target: str, params: Params | None) -> dict[
     import kiln
     from kiln.tuning.apply import Forced, using
 
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), _cpu_seconds()
     forced = Forced(spec.family, params)
     with using(forced):
         ex = kiln.compile(kernel_module(spec), kiln.Target(target))
@@ -165,7 +165,8 @@ def build_variant(spec: KernelSpec, target: str, params: Params | None) -> dict[
         path = Path(tmp) / "kernel.so"
         ex.export_library(path)
         data = path.read_bytes()
-    return {"data": data, "seconds": time.perf_counter() - start, "node": task_node(),
+    return {"data": data, "seconds": time.perf_counter() - start,
+            "cpu_seconds": _cpu_seconds() - cpu, "node": task_node(),
             "kiln": kiln.__version__}
 
 
@@ -200,7 +201,7 @@ def measure_kernel(spec: KernelSpec, libraries: Sequence[bytes], warmup: int = W
     library, whether each result was equal and the task's seconds."""
     from kiln.runtime import load_module
 
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), _cpu_seconds()
     inputs = kernel_inputs(spec)
     with tempfile.TemporaryDirectory(prefix="kiln-measure-") as tmp:
         fns = []
@@ -227,7 +228,7 @@ def measure_kernel(spec: KernelSpec, libraries: Sequence[bytes], warmup: int = W
                     best = min(best, time.perf_counter() - t0)
                 times[i].append(best * 1e6)
     return {"times_us": times, "equal": equal, "node": task_node(),
-            "seconds": time.perf_counter() - start}
+            "seconds": time.perf_counter() - start, "cpu_seconds": _cpu_seconds() - cpu}
 
 
 @dataclass(eq=False)
@@ -240,6 +241,7 @@ class _State:
     measured: list[Measurement] = field(default_factory=list)
     tried: int = 0
     failed: bool = False
+    queued: bool = False  # its default is built or being built
 
     def score(self) -> tuple[bool, float]:
         """Kernels not measured yet first (by occurrences / (candidates tried + 1)),
@@ -308,17 +310,24 @@ def tune(specs: Sequence[KernelSpec], target: Any, budget_s: float, *,
     builds_on: set[str] = set()
     measured_on: set[str] = set()
     # where the wall time goes (seconds): the time the driver waited for builds and for
-    # measurements, and the time their tasks report (the pipeline overlaps the two)
-    profile = dict.fromkeys(("build", "build_tasks", "measure", "measure_tasks"), 0.0)
+    # measurements (the pipeline overlaps the two), the time their tasks report, and the
+    # CPU time the tasks had (on a loaded machine far less than their time)
+    profile = dict.fromkeys(("build", "build_tasks", "build_cpu", "measure",
+                             "measure_tasks", "measure_cpu"), 0.0)
 
     def note(text: str) -> None:
         lines.append(text)
         log(text)
 
     def plan() -> list[tuple[_State, Params | None]]:
-        # every kernel's default not built yet (the first round: their times rank the
-        # kernels from then on), then the next candidates by score
-        fresh = [st for st in states if st.default_lib is None and not st.failed]
+        # up to `size` defaults not built yet, the most frequent kernels first (their
+        # times rank the kernels from then on; a few per round, so the first
+        # measurements start early), then the next candidates by score of the kernels
+        # whose default is built or in this round
+        fresh = sorted((st for st in states if not st.queued and not st.failed),
+                       key=lambda st: -st.spec.count)[:size]
+        for st in fresh:
+            st.queued = True
         return [(st, None) for st in fresh] + list(_pick(states, size))
 
     def submit(jobs: list[tuple[_State, Params | None]]) -> Pending:
@@ -348,6 +357,7 @@ def tune(specs: Sequence[KernelSpec], target: Any, budget_s: float, *,
                 continue
             builds_on.add(outcome.value["node"])
             profile["build_tasks"] += float(outcome.value.get("seconds", 0.0))
+            profile["build_cpu"] += float(outcome.value.get("cpu_seconds", 0.0))
             if params is None:
                 st.default_lib = outcome.value["data"]
             else:
@@ -373,6 +383,7 @@ def tune(specs: Sequence[KernelSpec], target: Any, budget_s: float, *,
             value = outcome.value
             measured_on.add(value["node"])
             profile["measure_tasks"] += float(value.get("seconds", 0.0))
+            profile["measure_cpu"] += float(value.get("cpu_seconds", 0.0))
             st.default_times += value["times_us"][0]
             for (params, _), times, eq in zip(cands, value["times_us"][1:],
                                               value["equal"][1:], strict=True):
@@ -399,11 +410,17 @@ def tune(specs: Sequence[KernelSpec], target: Any, budget_s: float, *,
                  f"{show(r.default.params)}")
     wall = clock() - start
     note(f"time: {wall:.1f} s wall; builds {profile['build_tasks']:.1f} s in tasks "
-         f"({profile['build']:.1f} s waited for), measurements "
-         f"{profile['measure_tasks']:.1f} s in tasks ({profile['measure']:.1f} s waited "
-         "for)")
+         f"({profile['build_cpu']:.1f} s CPU, {profile['build']:.1f} s waited for), "
+         f"measurements {profile['measure_tasks']:.1f} s in tasks "
+         f"({profile['measure_cpu']:.1f} s CPU, {profile['measure']:.1f} s waited for)")
     return TuneReport(db, lines, len(specs), measured, discarded, builds_on, measured_on,
                       wall, profile)
+
+
+def _cpu_seconds() -> float:
+    """CPU time of this process and its finished children (a build's linker)."""
+    t = os.times()
+    return t.user + t.system + t.children_user + t.children_system
 
 
 def show(params: Mapping[str, Any]) -> str:
@@ -470,10 +487,11 @@ def _measurer(runner: Executor, tgt: Any, target: Any, threads: int | None,
 
 def _pick(states: Sequence[_State], size: int) -> list[tuple[_State, Params]]:
     """The next `size` untried candidates, each from the kernel of the largest score
-    (ties: the first kernel)."""
+    (ties: the first kernel) among those whose default is queued."""
     picks: list[tuple[_State, Params]] = []
     while len(picks) < size:
-        open_ = [st for st in states if not st.failed and st.tried < len(st.spec.candidates)]
+        open_ = [st for st in states if st.queued and not st.failed
+                 and st.tried < len(st.spec.candidates)]
         if not open_:
             break
         st = max(open_, key=_State.score)
