@@ -287,3 +287,63 @@ def test_the_inner_split_computes_the_untuned_result_with_a_symbolic_batch() -> 
     lib.set_num_threads(2)
     (want,) = onnxruntime_outputs(model, {"x": x})
     np.testing.assert_allclose(np.asarray(lib["main"](x)), want, rtol=1e-4, atol=1e-4)
+
+
+class _DeferringExecutor:
+    """An executor whose tasks run only when waited for (as on a cluster, where they run
+    meanwhile), logging submissions and waits: the pipeline's order is visible."""
+
+    def __init__(self) -> None:
+        self.events: list[str] = []
+
+    def put(self, value: Any) -> Any:
+        return value
+
+    def run(self, fn: Any, args: Any, **kw: Any) -> list[TaskOutcome]:
+        return self.submit(fn, args, **kw)()
+
+    def submit(self, fn: Any, args: Any, **kw: Any) -> Any:
+        kind = fn.__name__
+        self.events.append(f"submit {kind}")
+
+        def wait() -> list[TaskOutcome]:
+            self.events.append(f"wait {kind}")
+            if kind == "build_variants":
+                return [TaskOutcome([{"data": show(params or spec.default).encode(),
+                                      "node": "n1", "seconds": 1.0}
+                                     for spec, _, params in chunk]) for (chunk,) in args]
+            return [TaskOutcome({"times_us": [[RECORDED[spec.signature, d.decode()]] * repeats
+                                              for d in libs],
+                                 "equal": [True] * len(libs), "node": "n2"})
+                    for spec, libs, _, repeats, _ in args]
+
+        return wait
+
+    def describe(self) -> dict[str, Any]:
+        return {"engine": "in-process", "address": None, "nodes": []}
+
+    def close(self) -> None:
+        pass
+
+
+def test_round_k_plus_1_builds_while_round_k_is_measured() -> None:
+    now = [0.0]
+
+    def clock() -> float:
+        now[0] += 1.0
+        return now[0]
+
+    ex = _DeferringExecutor()
+    report = tune([_fake_spec("a", 3, count=2), _fake_spec("b", 2)], "host", 1000,
+                  executor=ex, clock=clock, batch=2)
+    # every candidate measured once (4 + 3), 2 per round: 4 rounds
+    assert report.measured == 7
+    rounds = [e for e in ex.events if e != "wait build_variants"]
+    # each round's builds are submitted before the last round's measurements are
+    # waited for; the first round's builds are waited for before any measurement
+    assert ex.events[:2] == ["submit build_variants", "wait build_variants"]
+    assert rounds[1:] == ["submit measure_kernel", "submit build_variants",
+                          "wait measure_kernel"] * 3 + ["submit measure_kernel",
+                                                       "wait measure_kernel"]
+    key = report.database.records()[0].target
+    assert report.database.lookup("gemm", "matmul(a)", key) == {"tile": [2, 16]}

@@ -111,10 +111,14 @@ class RayExecutor:
         if not ray.is_initialized():
             local = self.address is None  # a joined cluster's nodes have their own
             try:
+                # Ray starts its workers at niceness 15: on a machine with other work
+                # they then get a sliver of a CPU (builds crawl, timings measure the
+                # other work); a local instance's run at the driver's priority
                 ray.init(address=self.address, include_dashboard=False,
                          log_to_driver=False, configure_logging=False,
                          resources=self.resources if local else None,
-                         num_cpus=self.num_cpus if local else None)
+                         num_cpus=self.num_cpus if local else None,
+                         _system_config={"worker_niceness": 0} if local else None)
             except ConnectionError as exc:
                 raise UsageError(f"cannot join the Ray cluster at {self.address!r}: {exc}"
                                  ) from None
