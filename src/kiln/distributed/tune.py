@@ -51,6 +51,11 @@ Params = dict[str, Any]
 WARMUP = 3
 REPEATS = 15
 CALLS = 3
+#: C flags of a variant's host code (the wrapper around its kernel: argument checks,
+#: metadata; the kernel itself is LLVM's). Unoptimized, it costs every variant a
+#: measurement compares the same few instructions per call, and its compile no longer
+#: takes most of a build's C compiler time (docs/tuning.md, "Measured").
+HOST_CFLAGS = ("-O0",)
 #: Relative and absolute (to the largest |value|) tolerance of a candidate's result.
 RTOL = 1e-4
 ATOL = 1e-5
@@ -161,9 +166,11 @@ def build_variant(spec: KernelSpec, target: str, params: Params | None) -> dict[
     if params is not None and forced.seen != 1:
         raise UsageError(f"{spec.label}: the {spec.family} kernel did not take the call "
                          "when built alone")
+    # the host's C (argument checks, metadata) is the only C: compile it unoptimized
+    host_only = all(a.extension != ".c" or a.codegen_id == "host" for a in ex.artifacts)
     with tempfile.TemporaryDirectory(prefix="kiln-tune-") as tmp:
         path = Path(tmp) / "kernel.so"
-        ex.export_library(path)
+        ex.export_library(path, options=list(HOST_CFLAGS) if host_only else None)
         data = path.read_bytes()
     return {"data": data, "seconds": time.perf_counter() - start,
             "cpu_seconds": _cpu_seconds() - cpu, "node": task_node(),
