@@ -32,6 +32,7 @@ from kiln.transform.pass_base import Pass
 from kiln.tuning import Measurement, Record, TuningDatabase, target_key
 from support.graphs import GraphBuilder, value_info
 from support.reference import onnxruntime_outputs
+from support.targets import native_target
 
 AVX2 = "llvm -mcpu=haswell"
 
@@ -347,3 +348,24 @@ def test_round_k_plus_1_builds_while_round_k_is_measured() -> None:
                                                        "wait measure_kernel"]
     key = report.database.records()[0].target
     assert report.database.lookup("gemm", "matmul(a)", key) == {"tile": [2, 16]}
+
+
+@pytest.mark.parametrize("kind", ["llvm-avx2", "c"])
+def test_k_blocking_computes_the_product_on_avx2_and_c(kind: str) -> None:
+    """The K-blocked GEMM (`{"kblock": true}`) with 8-lane and generic tiles: K = 600 in
+    several blocks (the last partial), 3 rows, 40 columns (a partial last panel)."""
+    from kiln.tuning.apply import Forced, using
+
+    target = native_target(kind)
+    b = GraphBuilder(13)
+    y = b.proj("x", 600, 40)
+    model = b.model([value_info("x", [3, 600])], [value_info(y, [3, 40])], 17, "deep_k")
+    (spec,) = discover(model, target)
+    blocked = {**spec.default, "kblock": True}
+    assert blocked in spec.candidates
+    with using(Forced(spec.family, blocked)):
+        ex = kiln.compile(model, target)
+    assert _allocates("sums", ex)  # the sums were blocked
+    x = np.random.default_rng(1).standard_normal((3, 600)).astype(np.float32)
+    (ref,) = onnxruntime_outputs(model, {"x": x})
+    np.testing.assert_allclose(np.asarray(ex(x)), ref, rtol=1e-4, atol=1e-4)
