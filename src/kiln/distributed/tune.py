@@ -1,5 +1,5 @@
-"""`kiln tune`: measure the legal variants (tiles, parallel splits, convolution
-algorithms: kiln.ops.kernels.search) of each distinct kernel of a model, keep the
+"""`kiln tune`: measure the legal variants (tiles, parallel splits, K blocking,
+convolution algorithms: kiln.ops.kernels.search) of each distinct kernel of a model, keep the
 clearly faster ones in a tuning database.
 
 1. `discover`: the graph pipeline runs once under a `Recorder` (kiln.tuning.apply);
@@ -7,14 +7,15 @@ clearly faster ones in a tuning database.
    (operand types, constant weights, attributes), its signature, how often the model
    has it and its search space (`kiln.ops.kernels.search.variants`, most promising
    first). Equal calls are one spec.
-2. A first round builds and measures every kernel's default (the rule's variant), so
-   the time each kernel takes is known, and candidates of the most frequent ones;
-   then rounds until the budget is spent: each picks candidates of the kernels whose
-   untried time is largest (default time x occurrences / (tried + 1)); every
-   candidate is built as a library of that one call (`build_variants`: a task builds
-   a batch, tasks run anywhere, in parallel); then one `measure_kernel` task per kernel
-   loads the default and the round's candidates, checks each result equals the
-   default's, and times them interleaved (warm-up, then repeats).
+2. Rounds until the budget is spent: each builds the defaults (the rule's variants)
+   of a few kernels not built yet, the most frequent first, so the time each kernel
+   takes becomes known, and picks candidates of the kernels whose untried time is
+   largest (default time x occurrences / (tried + 1)); every variant is built as a
+   library of that one call (`build_variants`: a task builds a batch, tasks run
+   anywhere, in parallel); then one `measure_kernel` task per kernel loads the default
+   and the round's candidates, checks each result equals the default's, and times
+   them interleaved (warm-up, then repeats). Round k+1 builds while round k is
+   measured (`tune`).
 3. `kiln.tuning.select` decides from the recorded timings; the records are merged
    into the database (timings of a variant measured before are pooled).
 
