@@ -3,12 +3,14 @@
     .venv/bin/python bench/tune.py speedup MODEL.onnx DB.json [--threads 1] [--repeat 30]
     .venv/bin/python bench/tune.py workers MODEL.onnx [--candidates 3] [--workers 1,2]
 
-`speedup` compiles MODEL untuned and with the tuning database DB and times both,
-calls interleaved (so both see the same machine load), printing the medians and their
-ratio. `workers` tunes the same candidates (the first K of each kernel, no time limit)
-on a local Ray instance of 1 and of 2 CPUs, each with an empty compile cache, and
-prints the wall times and where they went (build and measurement phases, and the time
-inside their tasks; the rest of a phase is Ray's). Prints numbers; asserts nothing
+`speedup` compiles MODEL untuned and with the tuning database DB and times both as
+bench/models.py times a model (the median of `--repeat` calls in alternating blocks:
+harness.alternating_blocks_ms), printing the medians and their ratio. `workers`
+tunes the same candidates (the first K of each kernel, no time limit) on a local Ray
+instance of 1 and of 2 CPUs, each with an empty compile cache, and prints the wall
+times and where they went (the time inside build and measurement tasks and their CPU
+time, the time the driver waited for each: builds and measurements overlap, and the
+time the measurements' CPU was not measuring). Prints numbers; asserts nothing
 (this is not a test).
 """
 
@@ -21,6 +23,7 @@ import tempfile
 import time
 
 import numpy as np
+from harness import alternating_blocks_ms
 
 import kiln
 from kiln.distributed.executor import RayExecutor
@@ -40,15 +43,13 @@ def speedup(model: str, db: str, threads: int | None, repeat: int) -> None:
     x = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
     outs = [np.asarray(f(x)) for f in fns]
     err = float(np.max(np.abs(outs[0] - outs[1])) / max(1e-30, np.max(np.abs(outs[0]))))
-    times: list[list[float]] = [[], []]
-    for _ in range(repeat):
-        for i, f in enumerate(fns):
-            t0 = time.perf_counter()
-            f(x)
-            times[i].append(time.perf_counter() - t0)
-    base, tuned = (float(np.median(t)) * 1e3 for t in times)
-    print(f"{model}: untuned {base:.2f} ms, tuned {tuned:.2f} ms (medians of {repeat}, "
-          f"threads {threads or 'default'}): {base / tuned:.3f}x; max rel diff {err:.1e}")
+    # as bench/models.py times a model: medians of alternating blocks of calls
+    ms = alternating_blocks_ms({"untuned": lambda: fns[0](x), "tuned": lambda: fns[1](x)},
+                               repeat)
+    base, tuned = ms["untuned"], ms["tuned"]
+    print(f"{model}: untuned {base:.2f} ms, tuned {tuned:.2f} ms (medians of {repeat} calls "
+          f"in alternating blocks, threads {threads or 'default'}): {base / tuned:.3f}x; "
+          f"max rel diff {err:.1e}")
 
 
 def workers(model: str, candidates: int, counts: list[int]) -> None:
@@ -71,11 +72,12 @@ def workers(model: str, candidates: int, counts: list[int]) -> None:
             ex.close()
             ray.shutdown()
         p = report.profile
-        other = wall - p["build"] - p["measure"]
         print(f"{n} Ray worker CPU(s): {total} candidates of {len(specs)} kernels "
-              f"({report.measured} measured) in {wall:.1f} s wall: builds {p['build']:.1f} s "
-              f"({p['build_tasks']:.1f} s in tasks), measurements {p['measure']:.1f} s "
-              f"({p['measure_tasks']:.1f} s in tasks), other {other:.1f} s")
+              f"({report.measured} measured) in {wall:.1f} s wall: build tasks "
+              f"{p['build_tasks']:.1f} s ({p['build_cpu']:.1f} s CPU; the driver waited "
+              f"{p['build']:.1f} s for builds), measurement tasks {p['measure_tasks']:.1f} s "
+              f"({p['measure_cpu']:.1f} s CPU; waited {p['measure']:.1f} s); "
+              f"the measuring CPU idle {wall - p['measure_tasks']:.1f} s")
 
 
 def main() -> None:

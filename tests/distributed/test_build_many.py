@@ -181,7 +181,9 @@ def test_two_node_ray_cluster(matrix: Path, tmp_path: Path) -> None:
     if not ray_bin.exists():
         pytest.skip("the `ray` command is not installed next to this Python")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path), RAY_AUTH_MODE="disabled",
-               RAY_USAGE_STATS_ENABLED="0", KILN_NUM_THREADS="1")
+               RAY_USAGE_STATS_ENABLED="0", KILN_NUM_THREADS="1",
+               # workers at the priority of the suite, not niceness 15 (docs/distributed.md)
+               RAY_worker_niceness="0")
     port = 20000 + os.getpid() % 20000
     head = f"127.0.0.1:{port}"
     # Ray's unix sockets live under --temp-dir, whose path must stay short (108 bytes)

@@ -1,5 +1,6 @@
 """Tuning's search space, its selection from recorded measurements and a tuned build:
-the variant a database chose (a tile, a parallel split, another convolution kernel) is
+the variant a database chose (a tile, a parallel split, K blocking, another convolution
+kernel) is
 the one the passes record and the code generator builds, the output equals the
 untuned build's, the library metadata names the database."""
 
@@ -19,7 +20,7 @@ from kiln.distributed.tune import KernelSpec, discover, show, tune
 from kiln.errors import FormatError, UsageError
 from kiln.ir import graph as g
 from kiln.ir.module import IRModule
-from kiln.ir.tensor import For, PrimFunc
+from kiln.ir.tensor import Allocate, For, PrimFunc
 from kiln.ir.visitor import post_order_visit
 from kiln.ops.kernels.registry import KERNELS
 from kiln.ops.kernels.search import CONV_ALGORITHMS
@@ -31,6 +32,7 @@ from kiln.transform.pass_base import Pass
 from kiln.tuning import Measurement, Record, TuningDatabase, target_key
 from support.graphs import GraphBuilder, value_info
 from support.reference import onnxruntime_outputs
+from support.targets import native_target
 
 AVX2 = "llvm -mcpu=haswell"
 
@@ -93,7 +95,7 @@ class _AfterBlocking(PassInstrument):
     """The (op, tile, split) of every packed call after the blocking passes."""
 
     def __init__(self) -> None:
-        self.calls: list[tuple[str, tuple[int, ...], str | None]] = []
+        self.calls: list[tuple[str, tuple[int, ...], str | None, bool | None]] = []
 
     def run_after_pass(self, mod: IRModule, p: Pass) -> None:
         if p.name not in ("block-convolutions", "block-matmuls"):
@@ -103,7 +105,8 @@ class _AfterBlocking(PassInstrument):
                 if isinstance(b.value, g.Call) and b.value.op.startswith(
                         "conv2d_" if p.name == "block-convolutions" else "matmul_"):
                     attrs = b.value.attrs
-                    self.calls.append((b.value.op, tuple(attrs["tile"]), attrs.get("split")))
+                    self.calls.append((b.value.op, tuple(attrs["tile"]), attrs.get("split"),
+                                       attrs.get("kblock")))
 
 
 def _database(specs: list[KernelSpec], key: str, chosen: dict[str, dict[str, Any]]
@@ -118,6 +121,16 @@ def _database(specs: list[KernelSpec], key: str, chosen: dict[str, dict[str, Any
 def _first(spec: KernelSpec, kind: str) -> dict[str, Any]:
     """The first candidate of `spec` that changes only `kind` (tile, split or family)."""
     return next(c for c in spec.candidates if set(c) == {"tile", kind})
+
+
+def _allocates(buffer: str, ex: Any) -> list[str]:
+    """The kernel kinds (`kiln.gemm_kernel`) of a build that allocate `buffer`."""
+    found: set[str] = set()
+    for f in ex.ir.functions.values():
+        if isinstance(f, PrimFunc):
+            post_order_visit(f, lambda n, f=f: found.add(str(f.attrs.get("kiln.gemm_kernel")))
+                             if isinstance(n, Allocate) and n.buffer.name == buffer else None)
+    return sorted(found)
 
 
 def _parallel_loops(ex: Any) -> list[str]:
@@ -136,10 +149,13 @@ def test_a_tuned_build_applies_every_kind_of_variant(
     by_family = {s.family: s for s in specs}
     conv3x3 = by_family["conv_direct"]
     conv1x1 = next(s for f, s in by_family.items() if f in ("conv_rows", "conv_gemm"))
-    # the 3x3 on one thread, the 1x1 on another convolution kernel, the dense layer's tile
+    # the 3x3 on one thread, the 1x1 on another convolution kernel, the dense layer
+    # (K = 512) with another tile and its sums blocked along K
+    assert _first(by_family["gemm"], "kblock") == {**by_family["gemm"].default,
+                                                   "kblock": True}
     chosen = {"conv_direct": {**conv3x3.default, "split": "serial"},
-              conv1x1.family: _first(conv1x1, "family"), "gemm": _first(by_family["gemm"],
-                                                                         "tile")}
+              conv1x1.family: _first(conv1x1, "family"),
+              "gemm": {**_first(by_family["gemm"], "tile"), "kblock": True}}
     db = _database(specs, target_key(isa_for(target)), chosen)
     path = tmp_path / "model.tuning.json"
     db.save(path)
@@ -150,9 +166,11 @@ def test_a_tuned_build_applies_every_kind_of_variant(
     print("\n".join(map(str, capture.calls)), _parallel_loops(untuned), _parallel_loops(tuned))
     alt = KERNELS.get(chosen[conv1x1.family]["family"])
     assert sorted(capture.calls, key=str) == sorted([
-        ("conv2d_blocked", tuple(conv3x3.default["tile"]), "serial"),
-        (alt.op, tuple(chosen[conv1x1.family]["tile"]), None),
-        ("matmul_packed", tuple(chosen["gemm"]["tile"]), None)], key=str)
+        ("conv2d_blocked", tuple(conv3x3.default["tile"]), "serial", None),
+        (alt.op, tuple(chosen[conv1x1.family]["tile"]), None, None),
+        ("matmul_packed", tuple(chosen["gemm"]["tile"]), None, True)], key=str)
+    # K blocking keeps the dense layer's partial sums in a `sums` array
+    assert _allocates("sums", tuned) == ["matmul_packed"] and not _allocates("sums", untuned)
     # the serial split leaves the 3x3's kernel (fused with its Relu) without a parallel
     # loop; the 1x1 moved to the blocked kernel, which has one
     assert "fused_conv2d_blocked_relu" in _parallel_loops(untuned)
@@ -270,3 +288,84 @@ def test_the_inner_split_computes_the_untuned_result_with_a_symbolic_batch() -> 
     lib.set_num_threads(2)
     (want,) = onnxruntime_outputs(model, {"x": x})
     np.testing.assert_allclose(np.asarray(lib["main"](x)), want, rtol=1e-4, atol=1e-4)
+
+
+class _DeferringExecutor:
+    """An executor whose tasks run only when waited for (as on a cluster, where they run
+    meanwhile), logging submissions and waits: the pipeline's order is visible."""
+
+    def __init__(self) -> None:
+        self.events: list[str] = []
+
+    def put(self, value: Any) -> Any:
+        return value
+
+    def run(self, fn: Any, args: Any, **kw: Any) -> list[TaskOutcome]:
+        return self.submit(fn, args, **kw)()
+
+    def submit(self, fn: Any, args: Any, **kw: Any) -> Any:
+        kind = fn.__name__
+        self.events.append(f"submit {kind}")
+
+        def wait() -> list[TaskOutcome]:
+            self.events.append(f"wait {kind}")
+            if kind == "build_variants":
+                return [TaskOutcome([{"data": show(params or spec.default).encode(),
+                                      "node": "n1", "seconds": 1.0}
+                                     for spec, _, params in chunk]) for (chunk,) in args]
+            return [TaskOutcome({"times_us": [[RECORDED[spec.signature, d.decode()]] * repeats
+                                              for d in libs],
+                                 "equal": [True] * len(libs), "node": "n2"})
+                    for spec, libs, _, repeats, _ in args]
+
+        return wait
+
+    def describe(self) -> dict[str, Any]:
+        return {"engine": "in-process", "address": None, "nodes": []}
+
+    def close(self) -> None:
+        pass
+
+
+def test_round_k_plus_1_builds_while_round_k_is_measured() -> None:
+    now = [0.0]
+
+    def clock() -> float:
+        now[0] += 1.0
+        return now[0]
+
+    ex = _DeferringExecutor()
+    report = tune([_fake_spec("a", 3, count=2), _fake_spec("b", 2)], "host", 1000,
+                  executor=ex, clock=clock, batch=2)
+    # every candidate measured once (4 + 3), 2 per round: 4 rounds
+    assert report.measured == 7
+    rounds = [e for e in ex.events if e != "wait build_variants"]
+    # each round's builds are submitted before the last round's measurements are
+    # waited for; the first round's builds are waited for before any measurement
+    assert ex.events[:2] == ["submit build_variants", "wait build_variants"]
+    assert rounds[1:] == ["submit measure_kernel", "submit build_variants",
+                          "wait measure_kernel"] * 3 + ["submit measure_kernel",
+                                                       "wait measure_kernel"]
+    key = report.database.records()[0].target
+    assert report.database.lookup("gemm", "matmul(a)", key) == {"tile": [2, 16]}
+
+
+@pytest.mark.parametrize("kind", ["llvm-avx2", "c"])
+def test_k_blocking_computes_the_product_on_avx2_and_c(kind: str) -> None:
+    """The K-blocked GEMM (`{"kblock": true}`) with 8-lane and generic tiles: K = 600 in
+    several blocks (the last partial), 3 rows, 40 columns (a partial last panel)."""
+    from kiln.tuning.apply import Forced, using
+
+    target = native_target(kind)
+    b = GraphBuilder(13)
+    y = b.proj("x", 600, 40)
+    model = b.model([value_info("x", [3, 600])], [value_info(y, [3, 40])], 17, "deep_k")
+    (spec,) = discover(model, target)
+    blocked = {**spec.default, "kblock": True}
+    assert blocked in spec.candidates
+    with using(Forced(spec.family, blocked)):
+        ex = kiln.compile(model, target)
+    assert _allocates("sums", ex)  # the sums were blocked
+    x = np.random.default_rng(1).standard_normal((3, 600)).astype(np.float32)
+    (ref,) = onnxruntime_outputs(model, {"x": x})
+    np.testing.assert_allclose(np.asarray(ex(x)), ref, rtol=1e-4, atol=1e-4)

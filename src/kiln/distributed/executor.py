@@ -31,6 +31,10 @@ class TaskOutcome:
         return self.error is None
 
 
+#: What `Executor.submit` returns: call it to wait for the tasks' outcomes, in order.
+Pending = Callable[[], list[TaskOutcome]]
+
+
 class Executor(Protocol):
     """Runs tasks; `describe()` says where (engine, cluster address, nodes)."""
 
@@ -41,6 +45,12 @@ class Executor(Protocol):
             num_cpus: float = 1, resources: dict[str, float] | None = None
             ) -> list[TaskOutcome]:
         """`fn(*a)` for every `a` in `args`, each as one task."""
+
+    def submit(self, fn: Callable[..., Any], args: Sequence[tuple[Any, ...]], *,
+               num_cpus: float = 1, resources: dict[str, float] | None = None) -> Pending:
+        """Start the tasks of `run` and return at once (this process: run them now);
+        calling the result waits for their outcomes. Work submitted later may run
+        while these do (how `kiln tune` overlaps builds with measurements)."""
 
     def describe(self) -> dict[str, Any]:
         """Where the work runs, for logs and summaries."""
@@ -72,6 +82,11 @@ class InProcessExecutor:
                 out.append(TaskOutcome(error=error_line(exc)))
         return out
 
+    def submit(self, fn: Callable[..., Any], args: Sequence[tuple[Any, ...]], *,
+               num_cpus: float = 1, resources: dict[str, float] | None = None) -> Pending:
+        out = self.run(fn, args)
+        return lambda: out
+
     def describe(self) -> dict[str, Any]:
         return {"engine": "in-process", "address": None, "nodes": []}
 
@@ -96,10 +111,14 @@ class RayExecutor:
         if not ray.is_initialized():
             local = self.address is None  # a joined cluster's nodes have their own
             try:
+                # Ray starts its workers at niceness 15: on a machine with other work
+                # they then get a sliver of a CPU (builds crawl, timings measure the
+                # other work); a local instance's run at the driver's priority
                 ray.init(address=self.address, include_dashboard=False,
                          log_to_driver=False, configure_logging=False,
                          resources=self.resources if local else None,
-                         num_cpus=self.num_cpus if local else None)
+                         num_cpus=self.num_cpus if local else None,
+                         _system_config={"worker_niceness": 0} if local else None)
             except ConnectionError as exc:
                 raise UsageError(f"cannot join the Ray cluster at {self.address!r}: {exc}"
                                  ) from None
@@ -113,21 +132,29 @@ class RayExecutor:
     def run(self, fn: Callable[..., Any], args: Sequence[tuple[Any, ...]], *,
             num_cpus: float = 1, resources: dict[str, float] | None = None
             ) -> list[TaskOutcome]:
+        return self.submit(fn, args, num_cpus=num_cpus, resources=resources)()
+
+    def submit(self, fn: Callable[..., Any], args: Sequence[tuple[Any, ...]], *,
+               num_cpus: float = 1, resources: dict[str, float] | None = None) -> Pending:
         import ray
 
         remote = ray.remote(fn).options(num_cpus=num_cpus, resources=resources or {},
                                         max_retries=0)
         refs = [remote.remote(*a) for a in args]
-        out = []
-        for ref in refs:
-            try:
-                out.append(TaskOutcome(ray.get(ref)))
-            except ray.exceptions.RayTaskError as exc:
-                cause = exc.cause if isinstance(exc.cause, BaseException) else exc
-                out.append(TaskOutcome(error=error_line(cause)))
-            except ray.exceptions.RayError as exc:  # a worker or node died
-                out.append(TaskOutcome(error=error_line(exc)))
-        return out
+
+        def wait() -> list[TaskOutcome]:
+            out = []
+            for ref in refs:
+                try:
+                    out.append(TaskOutcome(ray.get(ref)))
+                except ray.exceptions.RayTaskError as exc:
+                    cause = exc.cause if isinstance(exc.cause, BaseException) else exc
+                    out.append(TaskOutcome(error=error_line(cause)))
+                except ray.exceptions.RayError as exc:  # a worker or node died
+                    out.append(TaskOutcome(error=error_line(exc)))
+            return out
+
+        return wait
 
     def describe(self) -> dict[str, Any]:
         import ray

@@ -1,5 +1,5 @@
-"""`kiln tune`: measure the legal variants (tiles, parallel splits, convolution
-algorithms: kiln.ops.kernels.search) of each distinct kernel of a model, keep the
+"""`kiln tune`: measure the legal variants (tiles, parallel splits, K blocking,
+convolution algorithms: kiln.ops.kernels.search) of each distinct kernel of a model, keep the
 clearly faster ones in a tuning database.
 
 1. `discover`: the graph pipeline runs once under a `Recorder` (kiln.tuning.apply);
@@ -7,14 +7,15 @@ clearly faster ones in a tuning database.
    (operand types, constant weights, attributes), its signature, how often the model
    has it and its search space (`kiln.ops.kernels.search.variants`, most promising
    first). Equal calls are one spec.
-2. A first round builds and measures every kernel's default (the rule's variant), so
-   the time each kernel takes is known, and candidates of the most frequent ones;
-   then rounds until the budget is spent: each picks candidates of the kernels whose
-   untried time is largest (default time x occurrences / (tried + 1)); every
-   candidate is built as a library of that one call (`build_variants`: a task builds
-   a batch, tasks run anywhere, in parallel); then one `measure_kernel` task per kernel
-   loads the default and the round's candidates, checks each result equals the
-   default's, and times them interleaved (warm-up, then repeats).
+2. Rounds until the budget is spent: each builds the defaults (the rule's variants)
+   of a few kernels not built yet, the most frequent first, so the time each kernel
+   takes becomes known, and picks candidates of the kernels whose untried time is
+   largest (default time x occurrences / (tried + 1)); every variant is built as a
+   library of that one call (`build_variants`: a task builds a batch, tasks run
+   anywhere, in parallel); then one `measure_kernel` task per kernel loads the default
+   and the round's candidates, checks each result equals the default's, and times
+   them interleaved (warm-up, then repeats). Round k+1 builds while round k is
+   measured (`tune`).
 3. `kiln.tuning.select` decides from the recorded timings; the records are merged
    into the database (timings of a variant measured before are pooled).
 
@@ -39,7 +40,7 @@ from typing import Any
 
 import numpy as np
 
-from kiln.distributed.executor import Executor, TaskOutcome, task_node
+from kiln.distributed.executor import Executor, Pending, TaskOutcome, task_node
 from kiln.errors import UsageError
 from kiln.tuning.database import Measurement, Record, TuningDatabase, target_key
 
@@ -51,6 +52,11 @@ Params = dict[str, Any]
 WARMUP = 3
 REPEATS = 15
 CALLS = 3
+#: C flags of a variant's host code (the wrapper around its kernel: argument checks,
+#: metadata; the kernel itself is LLVM's). Unoptimized, it costs every variant a
+#: measurement compares the same few instructions per call, and its compile no longer
+#: takes most of a build's C compiler time (docs/tuning.md, "Measured").
+HOST_CFLAGS = ("-O0",)
 #: Relative and absolute (to the largest |value|) tolerance of a candidate's result.
 RTOL = 1e-4
 ATOL = 1e-5
@@ -154,18 +160,21 @@ def build_variant(spec: KernelSpec, target: str, params: Params | None) -> dict[
     import kiln
     from kiln.tuning.apply import Forced, using
 
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), _cpu_seconds()
     forced = Forced(spec.family, params)
     with using(forced):
         ex = kiln.compile(kernel_module(spec), kiln.Target(target))
     if params is not None and forced.seen != 1:
         raise UsageError(f"{spec.label}: the {spec.family} kernel did not take the call "
                          "when built alone")
+    # the host's C (argument checks, metadata) is the only C: compile it unoptimized
+    host_only = all(a.extension != ".c" or a.codegen_id == "host" for a in ex.artifacts)
     with tempfile.TemporaryDirectory(prefix="kiln-tune-") as tmp:
         path = Path(tmp) / "kernel.so"
-        ex.export_library(path)
+        ex.export_library(path, options=list(HOST_CFLAGS) if host_only else None)
         data = path.read_bytes()
-    return {"data": data, "seconds": time.perf_counter() - start, "node": task_node(),
+    return {"data": data, "seconds": time.perf_counter() - start,
+            "cpu_seconds": _cpu_seconds() - cpu, "node": task_node(),
             "kiln": kiln.__version__}
 
 
@@ -200,7 +209,7 @@ def measure_kernel(spec: KernelSpec, libraries: Sequence[bytes], warmup: int = W
     library, whether each result was equal and the task's seconds."""
     from kiln.runtime import load_module
 
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), _cpu_seconds()
     inputs = kernel_inputs(spec)
     with tempfile.TemporaryDirectory(prefix="kiln-measure-") as tmp:
         fns = []
@@ -227,7 +236,7 @@ def measure_kernel(spec: KernelSpec, libraries: Sequence[bytes], warmup: int = W
                     best = min(best, time.perf_counter() - t0)
                 times[i].append(best * 1e6)
     return {"times_us": times, "equal": equal, "node": task_node(),
-            "seconds": time.perf_counter() - start}
+            "seconds": time.perf_counter() - start, "cpu_seconds": _cpu_seconds() - cpu}
 
 
 @dataclass(eq=False)
@@ -240,12 +249,13 @@ class _State:
     measured: list[Measurement] = field(default_factory=list)
     tried: int = 0
     failed: bool = False
+    queued: bool = False  # its default is built or being built
 
     def score(self) -> tuple[bool, float]:
-        """Kernels not measured yet first (by occurrences), then by default time x
-        occurrences / (candidates tried + 1)."""
-        if not self.default_times:
-            return True, float(self.spec.count)
+        """Kernels not measured yet first (by occurrences / (candidates tried + 1)),
+        then by default time x occurrences / (candidates tried + 1)."""
+        if not self.default_times:  # picked before its default's timings are in
+            return True, float(self.spec.count) / (self.tried + 1)
         return False, float(np.median(self.default_times)) * self.spec.count / (self.tried + 1)
 
 
@@ -266,6 +276,8 @@ class TuneReport:
 
 Build = Callable[[Sequence[tuple[Any, ...]]], list[TaskOutcome]]
 Measure = Callable[[Sequence[tuple[Any, ...]]], list[TaskOutcome]]
+#: Starts tasks over argument tuples; calling the result waits for their outcomes.
+Start = Callable[[Sequence[tuple[Any, ...]]], Pending]
 
 
 def tune(specs: Sequence[KernelSpec], target: Any, budget_s: float, *,
@@ -279,33 +291,25 @@ def tune(specs: Sequence[KernelSpec], target: Any, budget_s: float, *,
     `build` / `measure` run a list of `build_variant` / `measure_kernel` argument tuples
     (default: as tasks of `executor`; measurement tasks with `measure_resource`);
     a test injects recorded ones. `batch` is the candidates per round (default: twice
-    the executor's CPUs, at least 2)."""
+    the executor's CPUs, at least 2).
+
+    Rounds are pipelined: round k's measurements run while round k+1 builds (its
+    candidates picked before round k's timings are in, from the timings of the rounds
+    before), so the measuring CPU never waits for a whole round of builds and the build
+    CPUs never wait for the measurements. The picks depend only on the timings, never on
+    which task finished first, so the same timings give the same database."""
     from kiln import __version__ as version
     from kiln.distributed.executor import InProcessExecutor
 
     tgt = resolve(target)
     spec_text = str(tgt)
     runner = executor or InProcessExecutor()
-    if build is None:
-        cpus = _cpus(runner)
-
-        def build(args: Sequence[tuple[Any, ...]]) -> list[TaskOutcome]:
-            return _batched(runner, args, cpus)
+    start_build: Start = _eager(build) if build is not None else \
+        (lambda args: _batched(runner, args, _cpus(runner)))
     if measure is None:
-        resource = measure_resource(tgt)
-        where = runner.describe()
-        if where.get("engine") == "ray" and not any(
-                resource in n.get("resources", ()) for n in where.get("nodes", [])):
-            raise UsageError(
-                f"no node of the Ray cluster measures for this CPU: start the nodes whose "
-                f"CPU is the target's with `ray start --resources='{{\"{resource}\": 1}}'`")
-        measure_res = {resource: 1.0} if where.get("engine") == "ray" else None
-        if measure_res is None and resource != measure_resource(resolve("host")):
-            log(f"warning: this machine's CPU ({target_key(_isa(resolve('host')))}) is not "
-                f"the target's ({target_key(_isa(tgt))}): the timings are this machine's")
-
-        def measure(args: Sequence[tuple[Any, ...]]) -> list[TaskOutcome]:
-            return runner.run(measure_kernel, args, resources=measure_res)
+        start_measure = _measurer(runner, tgt, target, threads, log)
+    else:
+        start_measure = _eager(measure)
     size = batch or max(2, 2 * _cpus(runner))
     start = clock()
     states = [_State(s) for s in specs]
@@ -313,30 +317,40 @@ def tune(specs: Sequence[KernelSpec], target: Any, budget_s: float, *,
     discarded: list[str] = []
     builds_on: set[str] = set()
     measured_on: set[str] = set()
-    # where the wall time goes (seconds): the build and measurement phases, and the
-    # time their tasks report (the rest of a phase is Ray's scheduling and shipping)
-    profile = dict.fromkeys(("build", "build_tasks", "measure", "measure_tasks"), 0.0)
+    # where the wall time goes (seconds): the time the driver waited for builds and for
+    # measurements (the pipeline overlaps the two), the time their tasks report, and the
+    # CPU time the tasks had (on a loaded machine far less than their time)
+    profile = dict.fromkeys(("build", "build_tasks", "build_cpu", "measure",
+                             "measure_tasks", "measure_cpu"), 0.0)
 
     def note(text: str) -> None:
         lines.append(text)
         log(text)
 
+    def plan() -> list[tuple[_State, Params | None]]:
+        # up to `size` defaults not built yet, the most frequent kernels first (their
+        # times rank the kernels from then on; a few per round, so the first
+        # measurements start early), then the next candidates by score of the kernels
+        # whose default is built or in this round
+        fresh = sorted((st for st in states if not st.queued and not st.failed),
+                       key=lambda st: -st.spec.count)[:size]
+        for st in fresh:
+            st.queued = True
+        return [(st, None) for st in fresh] + list(_pick(states, size))
+
+    def submit(jobs: list[tuple[_State, Params | None]]) -> Pending:
+        return start_build([(st.spec, spec_text, params) for st, params in jobs])
+
     note(f"tuning {len(specs)} distinct kernel(s) for {target_key(_isa(tgt))}, "
-         f"budget {budget_s:.0f} s, {size} candidate(s) per round")
-    measured, last = 0, 0.0
-    # a round starts only when it should end within the budget (as long as the last one)
-    while clock() - start + last <= budget_s:
+         f"budget {budget_s:.0f} s, {size} candidate(s) per round, builds of a round "
+         "overlapping the measurements of the one before")
+    measured, step = 0, 0.0
+    jobs = plan()
+    pending: Pending | None = submit(jobs) if jobs else None
+    while pending is not None:
         began = clock()
-        # the first round measures every kernel's default (its time ranks the kernels
-        # from then on) and candidates of the most frequent kernels
-        fresh = [st for st in states if st.default_lib is None and not st.failed]
-        picks = _pick(states, size)
-        if not fresh and not picks:
-            break
-        jobs: list[tuple[_State, Params | None]] = [(st, None) for st in fresh]
-        jobs += picks
         t0 = time.perf_counter()
-        built = build([(st.spec, spec_text, params) for st, params in jobs])
+        built = pending()
         profile["build"] += time.perf_counter() - t0
         libs: dict[int, list[tuple[Params, bytes]]] = {}
         for (st, params), outcome in zip(jobs, built, strict=True):
@@ -351,15 +365,23 @@ def tune(specs: Sequence[KernelSpec], target: Any, budget_s: float, *,
                 continue
             builds_on.add(outcome.value["node"])
             profile["build_tasks"] += float(outcome.value.get("seconds", 0.0))
+            profile["build_cpu"] += float(outcome.value.get("cpu_seconds", 0.0))
             if params is None:
                 st.default_lib = outcome.value["data"]
             else:
                 libs.setdefault(id(st), []).append((params, outcome.value["data"]))
         rounds = [(st, libs.get(id(st), [])) for st in dict.fromkeys(st for st, _ in jobs)
                   if st.default_lib is not None]
+        timing = start_measure([(st.spec, [st.default_lib, *(d for _, d in cands)], warmup,
+                                 repeats, threads) for st, cands in rounds])
+        # the next round builds while this one is measured, when it should end within the
+        # budget (a step as long as the last one, or as this round's builds took)
+        fresh = sum(params is None for _, params in jobs)
+        picked = len(jobs) - fresh
+        jobs = plan() if clock() - start + max(step, clock() - began) <= budget_s else []
+        pending = submit(jobs) if jobs else None
         t0 = time.perf_counter()
-        results = measure([(st.spec, [st.default_lib, *(d for _, d in cands)], warmup,
-                            repeats, threads) for st, cands in rounds])
+        results = timing()
         profile["measure"] += time.perf_counter() - t0
         for (st, cands), outcome in zip(rounds, results, strict=True):
             if not outcome.ok:
@@ -369,6 +391,7 @@ def tune(specs: Sequence[KernelSpec], target: Any, budget_s: float, *,
             value = outcome.value
             measured_on.add(value["node"])
             profile["measure_tasks"] += float(value.get("seconds", 0.0))
+            profile["measure_cpu"] += float(value.get("cpu_seconds", 0.0))
             st.default_times += value["times_us"][0]
             for (params, _), times, eq in zip(cands, value["times_us"][1:],
                                               value["equal"][1:], strict=True):
@@ -378,8 +401,8 @@ def tune(specs: Sequence[KernelSpec], target: Any, budget_s: float, *,
                     discarded.append(f"{st.spec.label} {show(params)}: result differs "
                                      "from the default's")
                     note(f"  discarded {discarded[-1]}")
-        last = clock() - began
-        note(f"round: {len(fresh)} default(s), {len(picks)} candidate(s), {measured} "
+        step = clock() - began
+        note(f"round: {fresh} default(s), {picked} candidate(s), {measured} "
              f"measured, {clock() - start:.0f} s of {budget_s:.0f} s")
     key = target_key(_isa(tgt))
     db = TuningDatabase(
@@ -394,11 +417,18 @@ def tune(specs: Sequence[KernelSpec], target: Any, budget_s: float, *,
                  f"{base / float(np.median(best.times_us)):.2f}x the default's "
                  f"{show(r.default.params)}")
     wall = clock() - start
-    note(f"time: builds {profile['build']:.1f} s wall ({profile['build_tasks']:.1f} s in "
-         f"tasks), measurements {profile['measure']:.1f} s wall "
-         f"({profile['measure_tasks']:.1f} s in tasks)")
+    note(f"time: {wall:.1f} s wall; builds {profile['build_tasks']:.1f} s in tasks "
+         f"({profile['build_cpu']:.1f} s CPU, {profile['build']:.1f} s waited for), "
+         f"measurements {profile['measure_tasks']:.1f} s in tasks "
+         f"({profile['measure_cpu']:.1f} s CPU, {profile['measure']:.1f} s waited for)")
     return TuneReport(db, lines, len(specs), measured, discarded, builds_on, measured_on,
                       wall, profile)
+
+
+def _cpu_seconds() -> float:
+    """CPU time of this process and its finished children (a build's linker)."""
+    t = os.times()
+    return t.user + t.system + t.children_user + t.children_system
 
 
 def show(params: Mapping[str, Any]) -> str:
@@ -406,29 +436,70 @@ def show(params: Mapping[str, Any]) -> str:
     return json.dumps(dict(params), sort_keys=True, separators=(",", ":"))
 
 
-def _batched(runner: Executor, jobs: Sequence[tuple[Any, ...]], tasks: int
-             ) -> list[TaskOutcome]:
-    """`build_variants` over `jobs` in at most `tasks` tasks of consecutive jobs (the
-    variants of one kernel share a task: its weights ship once); an outcome per job."""
-    per = -(-len(jobs) // max(1, tasks)) if jobs else 1
+def _batched(runner: Executor, jobs: Sequence[tuple[Any, ...]], cpus: int) -> Pending:
+    """Start `build_variants` over `jobs` in tasks of consecutive jobs (the variants of
+    one kernel share a task: its weights ship once), about two tasks per CPU so a CPU
+    that finishes early (or a measurement that ends) takes the next; waiting gives an
+    outcome per job."""
+    per = -(-len(jobs) // max(1, 2 * cpus)) if jobs else 1
     chunks = [list(jobs[i:i + per]) for i in range(0, len(jobs), per)]
-    out: list[TaskOutcome] = []
-    for chunk, outcome in zip(chunks, runner.run(build_variants, [(c,) for c in chunks]),
-                              strict=True):
-        if not outcome.ok:
-            out += [TaskOutcome(error=outcome.error)] * len(chunk)
-            continue
-        out += [TaskOutcome(error=v["error"]) if "error" in v else TaskOutcome(v)
-                for v in outcome.value]
-    return out
+    pending = runner.submit(build_variants, [(c,) for c in chunks])
+
+    def wait() -> list[TaskOutcome]:
+        out: list[TaskOutcome] = []
+        for chunk, outcome in zip(chunks, pending(), strict=True):
+            if not outcome.ok:
+                out += [TaskOutcome(error=outcome.error)] * len(chunk)
+                continue
+            out += [TaskOutcome(error=v["error"]) if "error" in v else TaskOutcome(v)
+                    for v in outcome.value]
+        return out
+
+    return wait
+
+
+def _eager(run: Callable[[Sequence[tuple[Any, ...]]], list[TaskOutcome]]) -> Start:
+    """A synchronous runner (a test's recorded one) as a `Start`: runs at once."""
+    def start(args: Sequence[tuple[Any, ...]]) -> Pending:
+        out = run(args)
+        return lambda: out
+
+    return start
+
+
+def _measurer(runner: Executor, tgt: Any, target: Any, threads: int | None,
+              log: Callable[[str], None]) -> Start:
+    """Starts `measure_kernel` tasks: on Ray, only on nodes offering the target's
+    measurement resource (one unit: one measurement at a time per node), each holding
+    as many CPUs as it runs threads (so no build shares them)."""
+    resource = measure_resource(tgt)
+    where = runner.describe()
+    ray = where.get("engine") == "ray"
+    nodes = [n for n in where.get("nodes", []) if resource in n.get("resources", ())]
+    if ray and not nodes:
+        raise UsageError(
+            f"no node of the Ray cluster measures for this CPU: start the nodes whose "
+            f"CPU is the target's with `ray start --resources='{{\"{resource}\": 1}}'`")
+    if not ray and resource != measure_resource(resolve("host")):
+        log(f"warning: this machine's CPU ({target_key(_isa(resolve('host')))}) is not "
+            f"the target's ({target_key(_isa(tgt))}): the timings are this machine's")
+    most = min((float(n.get("cpus") or 1) for n in nodes), default=1.0)
+    cpus = max(1.0, min(float(threads or 1), most))
+
+    def start(args: Sequence[tuple[Any, ...]]) -> Pending:
+        return runner.submit(measure_kernel, args, num_cpus=cpus,
+                             resources={resource: 1.0} if ray else None)
+
+    return start
 
 
 def _pick(states: Sequence[_State], size: int) -> list[tuple[_State, Params]]:
     """The next `size` untried candidates, each from the kernel of the largest score
-    (ties: the first kernel)."""
+    (ties: the first kernel) among those whose default is queued."""
     picks: list[tuple[_State, Params]] = []
     while len(picks) < size:
-        open_ = [st for st in states if not st.failed and st.tried < len(st.spec.candidates)]
+        open_ = [st for st in states if st.queued and not st.failed
+                 and st.tried < len(st.spec.candidates)]
         if not open_:
             break
         st = max(open_, key=_State.score)

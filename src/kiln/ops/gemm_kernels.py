@@ -23,7 +23,9 @@ reuse one B panel from L2) form one `parallel` loop, split evenly over threads.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import contextlib
+from collections.abc import Callable, Iterator, Sequence
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import cast
 
@@ -176,10 +178,13 @@ def _unflatten(flat: PrimExpr, dims: Sequence[int], name: str,
     return tuple(idx)
 
 
-def register_tile(mr: int, nr: int, k: int, a_rows: Sequence[Callable[[PrimExpr], PrimExpr]],
+def register_tile(mr: int, nr: int, k: PrimExpr | int,
+                  a_rows: Sequence[Callable[[PrimExpr], PrimExpr]],
                   b_row: Callable[[PrimExpr, PrimExpr], PrimExpr], dtype: str,
-                  fused: bool) -> tuple[Buffer, list[Stmt]]:
-    """The micro-kernel: `acc[r, v] = sum over kk < k of a_rows[r](kk) * b_row(kk, v)`.
+                  fused: bool, init: Callable[[int, PrimExpr], PrimExpr] | None = None,
+                  k0: PrimExpr | int = 0) -> tuple[Buffer, list[Stmt]]:
+    """The micro-kernel: `acc[r, v] = init(r, v) + sum over k0 <= kk < k0 + k of
+    a_rows[r](kk) * b_row(kk, v)` (`init` zero when None).
 
     Returns the `local` accumulator buffer `acc[mr][nr]` and the statements computing it.
     Each step binds the `mr` A values once (scalars, broadcast) and runs the lanes `v`
@@ -191,7 +196,7 @@ def register_tile(mr: int, nr: int, k: int, a_rows: Sequence[Callable[[PrimExpr]
     acc = Buffer("acc", (mr, nr), dtype, "local")
     zero = as_expr(0.0, dtype)
     stmts: list[Stmt] = [Allocate(acc), lanes_loop("v", nr, lambda v: seq(*(
-        Store(acc, zero, (_c(r), v)) for r in range(mr))))]
+        Store(acc, zero if init is None else init(r, v), (_c(r), v)) for r in range(mr))))]
 
     def step(kk: Var) -> Stmt:
         xs = [Var(f"a{r}", dtype) for r in range(mr)]
@@ -206,20 +211,76 @@ def register_tile(mr: int, nr: int, k: int, a_rows: Sequence[Callable[[PrimExpr]
         return seq(*lets, lanes_loop("v", nr, lane))
 
     kk = Var("k", INDEX_DTYPE)
-    stmts.append(For(kk, _c(0), as_expr(k, INDEX_DTYPE), "serial", step(kk)))
+    stmts.append(For(kk, as_expr(k0, INDEX_DTYPE), as_expr(k, INDEX_DTYPE), "serial",
+                     step(kk)))
     return acc, stmts
+
+
+@dataclass(frozen=True)
+class KBlocking:
+    """Blocking along K (GotoBLAS's `kc`/`mc`): each parallel tile is `mc` rows of one
+    panel, summed `kc` steps of K at a time over all its row tiles, so the panel's `kc`
+    x `nr` block is read from L1 by every row tile (and the `mc` x `kc` block of A
+    from L2 by every panel); the partial sums wait in a `local` `[mc][nr]` array."""
+
+    kc: int
+    mc: int
+
+
+#: The partial sums of a K-blocked tile live on the stack: at most this many bytes.
+PARTIAL_SUM_BYTES = 32 * 1024
+
+
+def choose_k_blocking(m: int | PrimExpr, k: int | PrimExpr, tiling: GemmTiling,
+                      l1d_bytes: int, l2_bytes: int, itemsize: int = 4) -> KBlocking | None:
+    """The K blocking of an `m` x `k` A on a cache of `l1d_bytes` / `l2_bytes` (half of
+    each for the blocks, the rest for A's rows, the output and the partial sums), or
+    None when K is symbolic or one block already fits L1: `kc` steps of a panel fill
+    half of L1 (balanced: K split into equal blocks), `mc` rows of a `kc`-deep A block
+    half of L2, no more than `PARTIAL_SUM_BYTES` of partial sums, a multiple of `mr`."""
+    if not isinstance(k, int) or not isinstance(m, int):
+        return None
+    most = max(8, l1d_bytes // 2 // (tiling.nr * itemsize))
+    if k <= most:
+        return None
+    blocks = -(-k // most)
+    kc = -(-k // blocks)
+    rows = min(PARTIAL_SUM_BYTES // (tiling.nr * itemsize),
+               max(tiling.mr, (l2_bytes // 2) // (kc * itemsize)))
+    mc = max(tiling.mr, rows // tiling.mr * tiling.mr)
+    return KBlocking(kc, min(mc, -(-m // tiling.mr) * tiling.mr))
+
+
+#: The (L1d, L2) bytes a kernel built inside `k_blocking` blocks its sums for (a tuning
+#: knob, off by rule: kiln.ops.kernels.search's `{"kblock": true}`); None: no blocking.
+_K_BLOCK: ContextVar[tuple[int, int] | None] = ContextVar("kiln_k_block", default=None)
+
+
+@contextlib.contextmanager
+def k_blocking(caches: tuple[int, int] | None) -> Iterator[None]:
+    """Build GEMM kernels inside blocked along K for caches of `caches` = (L1d, L2)
+    bytes (`choose_k_blocking`; None: unblocked, the rule)."""
+    token = _K_BLOCK.set(caches)
+    try:
+        yield
+    finally:
+        _K_BLOCK.reset(token)
 
 
 def gemm_body(shape: GemmShape, tiling: GemmTiling, a: Buffer, b_at: BReader, out: Buffer,
               epilogue: Epilogue, fused: bool = True,
-              prologue: Sequence[Stmt] = ()) -> Stmt:
+              prologue: Sequence[Stmt] = (), blocking: KBlocking | None = None) -> Stmt:
     """The loop nest of `out = epilogue(A @ B)`: `a` is A (`[*a_batch, *rows, k]`, read
     in place), `b_at` reads B's panels, `out` is `[*batch, *rows, n]`; `prologue` runs
-    first (a run-time packing of B)."""
+    first (a run-time packing of B). With `blocking` (a static K longer than its `kc`),
+    the sums run `kc` steps at a time (`KBlocking`)."""
     m, n = shape.m, shape.n
     static_m = isinstance(m, int)  # else an expression of the kernel's dim scalars
     if (static_m and m < 1) or (isinstance(n, int) and n < 1):
         raise IRError(f"gemm kernel: empty product {shape}")
+    caches = _K_BLOCK.get()
+    if blocking is None and caches is not None:
+        blocking = choose_k_blocking(m, shape.k, tiling, *caches)
     mr, nr = min(tiling.mr, m) if static_m else tiling.mr, tiling.nr
     # a symbolic N (attention's seq) makes a symbolic panel count, the last one partial
     mtiles, panels = (m + mr - 1) // mr, (n + nr - 1) // nr
@@ -231,7 +292,10 @@ def gemm_body(shape: GemmShape, tiling: GemmTiling, a: Buffer, b_at: BReader, ou
     acc_t = a.dtype  # accumulate in float32; the epilogue may cast
     two_pass = out.dtype == acc_t and _calls_a_library(epilogue, out.ndim)
 
-    def tile(bflat: PrimExpr, panel: PrimExpr, mt: PrimExpr) -> Stmt:
+    def tile(bflat: PrimExpr, panel: PrimExpr, mt: PrimExpr, part: _Segment | None = None
+             ) -> Stmt:
+        """One register tile; `part`: only K's segment `part.k0 ..` of it, its sums
+        started from (and, but in the last segment, left in) the partial sums."""
         head: list[Stmt] = []
         bidx = _unflatten(bflat, shape.batch, "i", head)
         a_batch = tuple(as_expr(i, INDEX_DTYPE)
@@ -246,8 +310,18 @@ def gemm_body(shape: GemmShape, tiling: GemmTiling, a: Buffer, b_at: BReader, ou
             ridx = _unflatten(rv, shape.rows, f"r{r}_", head)
             a_pre.append((*a_batch, *ridx))
         a_rows = [(lambda kk, p=p: a[(*p, kk)]) for p in a_pre]
-        acc, red = register_tile(mr, nr, shape.k, a_rows,
-                                 lambda kk, v: b_at(bidx, panel, kk, v), acc_t, fused)
+        b_row = lambda kk, v: b_at(bidx, panel, kk, v)  # noqa: E731
+        if part is None:
+            acc, red = register_tile(mr, nr, shape.k, a_rows, b_row, acc_t, fused)
+        else:
+            sums, row0 = part.sums, part.row0
+            acc, red = register_tile(
+                mr, nr, part.k, a_rows, b_row, acc_t, fused, k0=part.k0,
+                init=None if part.first else (lambda r, v: sums[row0 + r, v]))
+            if not part.last:
+                keep = lanes_loop("v", nr, lambda v: seq(*(
+                    Store(sums, acc[_c(r), v], (row0 + r, v)) for r in range(mr))))
+                return seq(*head, *red, keep)
         # Copied out at constant rows as whole vectors, the accumulators stay registers; the
         # stores below loop over `stage` (contiguous along the output row).
         stage = Buffer("stage", (mr, nr), acc_t, "local")
@@ -295,9 +369,51 @@ def gemm_body(shape: GemmShape, tiling: GemmTiling, a: Buffer, b_at: BReader, ou
             stores = [panel_stores(False, True)]
         return seq(*head, *red, Allocate(stage), copy, *stores)
 
-    loop = parallel_when(lambda: parallel_tiles((shape.batches, panels, mtiles), tile),
+    if blocking is None or not static_m or not isinstance(shape.k, int) \
+            or shape.k <= blocking.kc:
+        loop = parallel_when(lambda: parallel_tiles((shape.batches, panels, mtiles), tile),
+                             shape.madds, PARALLEL_MIN_MADDS)
+        return seq(*prologue, loop)
+    per_block = max(1, blocking.mc // mr)  # row tiles per parallel tile
+    mblocks = -(-mtiles // per_block)
+
+    def blocked(bflat: PrimExpr, panel: PrimExpr, mb: PrimExpr) -> Stmt:
+        sums = Buffer("sums", (per_block * mr, nr), acc_t, "local")
+        tiles_here: PrimExpr = (_c(per_block) if mtiles % per_block == 0
+                                else min_(per_block, mtiles - mb * per_block))
+        kc, k = blocking.kc, shape.k
+        blocks = -(-k // kc)
+
+        def over_rows(k0: PrimExpr, steps: int, first: bool, last: bool) -> Stmt:
+            j = Var("j", INDEX_DTYPE)
+            seg = _Segment(sums, j * mr, k0, steps, first, last)
+            return For(j, _c(0), tiles_here, "serial", tile(bflat, panel, mb * per_block + j,
+                                                            seg))
+
+        middle: list[Stmt] = []
+        if blocks > 2:
+            kb = Var("kb", INDEX_DTYPE)
+            middle.append(For(kb, _c(1), _c(blocks - 2), "serial",
+                              over_rows(kb * kc, kc, False, False)))
+        return seq(Allocate(sums), over_rows(_c(0), kc, True, False), *middle,
+                   over_rows(_c((blocks - 1) * kc), k - (blocks - 1) * kc, False, True))
+
+    loop = parallel_when(lambda: parallel_tiles((shape.batches, panels, mblocks), blocked),
                          shape.madds, PARALLEL_MIN_MADDS)
     return seq(*prologue, loop)
+
+
+@dataclass(frozen=True)
+class _Segment:
+    """K's steps `k0 .. k0 + k` of a K-blocked row tile, its partial sums at rows `row0`
+    of `sums`; the `first` segment starts from zero, the `last` applies the epilogue."""
+
+    sums: Buffer
+    row0: PrimExpr
+    k0: PrimExpr
+    k: int
+    first: bool
+    last: bool
 
 
 # Intrinsics that become instructions (the others are math library calls).

@@ -26,6 +26,9 @@ from kiln.target.isa import ISA
 TILE = "tile"
 #: The attribute a tuned call records its parallel split in (kiln.ops.kernels.tiles).
 SPLIT = "split"
+#: The attribute a tuned GEMM call sets (true) to block its sums along K for the ISA's
+#: caches (kiln.ops.gemm_kernels.k_blocking; absent: the rule's, unblocked).
+KBLOCK = "kblock"
 
 
 class KernelFamily(Protocol):
@@ -113,15 +116,20 @@ def family_of(op: str) -> KernelFamily:
 def build_call(family: KernelFamily, params: Sequence[Any], args: Sequence[Any],
                attrs: Mapping[str, Any], anchor: Any, result: Any, isa: ISA
                ) -> PrimFunc | None:
-    """`family.build(...)` with the parallel split the call records (its `split`
-    attribute, set by tuning; absent: the rule's)."""
+    """`family.build(...)` with the parallel split and K blocking the call records (its
+    `split` and `kblock` attributes, set by tuning; absent: the rule's)."""
     from kiln.errors import IRError
+    from kiln.ops.gemm_kernels import k_blocking
 
     split = attrs.get(SPLIT)
     if split is not None and split not in PARALLEL_SPLITS:
         raise IRError(f"{family.op}: attribute 'split' must be one of "
                       f"{', '.join(PARALLEL_SPLITS)}, got {split!r}")
-    with parallel_split(split):
+    kblock = attrs.get(KBLOCK, False)
+    if not isinstance(kblock, bool):
+        raise IRError(f"{family.op}: attribute 'kblock' must be a bool, got {kblock!r}")
+    with parallel_split(split), k_blocking((isa.l1d_bytes, isa.l2_bytes) if kblock
+                                           else None):
         return family.build(params, args, attrs, anchor, result, isa)
 
 

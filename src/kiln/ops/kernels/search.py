@@ -4,14 +4,18 @@
 - `{"tile": [...], "split": S}`: the rule's tile with the parallel split S
   (kiln.ops.kernels.tiles.PARALLEL_SPLITS: one thread, or the tile loop split over
   threads in the other order, or parallel below the work threshold);
+- `{"tile": [...], "kblock": true}`: the rule's tile with the sums blocked along K
+  for the ISA's caches (kiln.ops.gemm_kernels.KBlocking; the GEMM kernels, where K is
+  deeper than one block: off by rule, since it measured slower on average);
 - `{"family": F, "tile": [...]}`: another convolution algorithm F (`conv_direct`,
   `conv_rows`, `conv_gemm`) with its rule's tile, where F computes the call
   (`computes`).
 
 Every variant is legal by construction: tiles come from the ISA object (the families'
 `candidates`), a split only reorders independent tiles, and an algorithm is offered
-only for the calls its kernel computes. `variants` lists them most promising first
-(splits and algorithms, then tiles nearest the rule's), the order `kiln tune` tries
+only for the calls its kernel computes, K blocking computes the same sums in
+another order. `variants` lists them most promising first (splits, K blocking and
+algorithms, then tiles nearest the rule's), the order `kiln tune` tries
 them in; `pack_params` packs a call with one (what a tuned compile does).
 """
 
@@ -23,7 +27,7 @@ from typing import Any, cast
 from kiln.errors import UsageError
 from kiln.ir import graph as g
 from kiln.ir.types import TensorType
-from kiln.ops.kernels.registry import KERNELS, SPLIT, TILE, KernelFamily
+from kiln.ops.kernels.registry import KBLOCK, KERNELS, SPLIT, TILE, KernelFamily
 from kiln.ops.kernels.tiles import PARALLEL_MIN_MADDS, PARALLEL_SPLITS, tile_lanes
 from kiln.target.isa import ISA
 
@@ -32,6 +36,8 @@ CONV_ALGORITHMS = ("conv_direct", "conv_rows", "conv_gemm")
 #: Families whose parallel loop is a tile loop the split reorders (the depthwise
 #: kernel's rows are split by the `parallelize` pass instead).
 SPLIT_FAMILIES = ("gemm", "gemm_tiled", "conv_direct", "conv_rows", "conv_gemm")
+#: Families whose kernel is kiln.ops.gemm_kernels.gemm_body (K blocking applies).
+KBLOCK_FAMILIES = ("gemm", "gemm_tiled", "conv_gemm")
 
 Params = dict[str, Any]
 
@@ -81,6 +87,33 @@ def _work(family: KernelFamily, call: g.Call) -> int | None:
     return None
 
 
+def blocks_k(family: KernelFamily, call: g.Call, isa: ISA, tile: Sequence[int]) -> bool:
+    """Whether K blocking changes the kernel of `call` with `tile`: a GEMM family, static
+    M and K, and K deeper than one block (kiln.ops.gemm_kernels.choose_k_blocking)."""
+    from kiln.ops.gemm_kernels import GemmTiling, choose_k_blocking
+
+    if family.name not in KBLOCK_FAMILIES:
+        return False
+    m: object
+    k: object
+    if family.name == "conv_gemm":
+        from kiln.ops.kernels.conv import conv_call_shape
+
+        s = conv_call_shape(call)
+        assert s is not None
+        m, k = s.c_out, s.ci_group * s.kh * s.kw
+    else:
+        from kiln.ops.nn import b_shape
+
+        a, b = (x.type for x in call.args)
+        assert isinstance(a, TensorType) and isinstance(b, TensorType)
+        m, k = a.shape[-2], b_shape(cast(Sequence[int], b.shape), call.attrs)[-2]
+    if not isinstance(m, int) or not isinstance(k, int):
+        return False
+    return choose_k_blocking(m, k, GemmTiling(tile[0], tile[1]), isa.l1d_bytes,
+                             isa.l2_bytes) is not None
+
+
 def variants(family: KernelFamily, call: g.Call, isa: ISA) -> list[Params]:
     """The legal variants of `call` other than the rule's (`default_params`), most
     promising first (see the module docstring)."""
@@ -90,6 +123,8 @@ def variants(family: KernelFamily, call: g.Call, isa: ISA) -> list[Params]:
         work = _work(family, call)
         rule_split = "serial" if work is not None and work < PARALLEL_MIN_MADDS else "outer"
         out += [{**rule, SPLIT: s} for s in PARALLEL_SPLITS if s != rule_split]
+    if blocks_k(family, call, isa, rule["tile"]):
+        out.append({**rule, KBLOCK: True})
     if call.op == "conv2d":
         for name in CONV_ALGORITHMS:
             other = KERNELS.get(name)
@@ -113,14 +148,20 @@ def pack_params(family: KernelFamily, call: g.Call, isa: ISA, params: Mapping[st
     if split is not None and (split not in PARALLEL_SPLITS or name not in SPLIT_FAMILIES):
         raise UsageError(f"split {split!r} is not one of the {name!r} kernel's "
                          f"({', '.join(PARALLEL_SPLITS) if name in SPLIT_FAMILIES else 'none'})")
+    kblock = params.get(KBLOCK, False)
+    if not isinstance(kblock, bool) or (kblock and name not in KBLOCK_FAMILIES):
+        raise UsageError(f"kblock {kblock!r}: only true or false, and true only for the "
+                         f"GEMM kernels ({', '.join(KBLOCK_FAMILIES)}), not {name!r}")
     chosen = KERNELS.get(name) if name != family.name else family
     tile = params.get("tile")
     pack_tile = getattr(chosen, "pack_tile", None)
     packed = pack_tile(call, isa, tuple(tile)) if tile is not None and callable(pack_tile) \
         else chosen.pack(call, isa)
-    if split is None:
+    extra = {**({SPLIT: split} if split is not None else {}),
+             **({KBLOCK: True} if kblock else {})}
+    if not extra:
         return packed
-    return g.Call(packed.op, packed.args, g.freeze_attrs({**packed.attrs, SPLIT: split}),
+    return g.Call(packed.op, packed.args, g.freeze_attrs({**packed.attrs, **extra}),
                   packed.ret_type)
 
 
