@@ -356,9 +356,10 @@ def int8_model(node: onnx.NodeProto, in_shape: list[int], out_shape: list[int],
     return model
 
 
-def run_int8(kernel: Kernel, target: kiln.target.Target, repeat: int, seconds: float
-             ) -> dict[str, float] | str:
-    """kiln vs onnxruntime on one int8 GEMM or convolution (a string: why it was skipped)."""
+def run_int8(kernel: Kernel, target: kiln.target.Target, repeat: int, seconds: float,
+             threads: int = 2) -> dict[str, float] | str:
+    """kiln vs onnxruntime on one int8 GEMM or convolution (a string: why it was skipped),
+    on `threads` threads (one: timed by its CPU time, `CPU_TIME`)."""
     import onnxruntime as ort
 
     rng = np.random.default_rng(0)
@@ -376,20 +377,21 @@ def run_int8(kernel: Kernel, target: kiln.target.Target, repeat: int, seconds: f
     except Exception as exc:  # a benchmark reports what fails and goes on
         return short_error(exc)
     options = ort.SessionOptions()
-    options.intra_op_num_threads = 2
+    options.intra_op_num_threads = threads
     session = ort.InferenceSession(model.SerializeToString(), options,
                                    providers=["CPUExecutionProvider"])
     want = session.run(None, {"a": a})[0]
     fns = {"kiln": lambda: fn(a), "ort": lambda: session.run(None, {"a": a})}
-    ms = alternating_blocks_ms(fns, calls_within(fns, repeat, seconds))
+    ms = alternating_blocks_ms(fns, calls_within(fns, repeat, seconds),
+                               clock=CPU_TIME if threads == 1 else time.perf_counter)
     differ = float((got.astype(np.int32) != want.astype(np.int32)).mean())
     return {"kiln_gops": kernel.flop / ms["kiln"] / 1e6, "ort_gops": kernel.flop / ms["ort"] / 1e6,
             "differ": differ, "compile_s": compile_s}
 
 
 def print_int8(kernels: list[Kernel], target: kiln.target.Target, repeat: int,
-               seconds: float) -> None:
-    peak = measure_int8_peak(threads=2)
+               seconds: float, threads: int = 2) -> None:
+    peak = measure_int8_peak(threads=threads)
     if peak is not None:
         print(f"int8 peak (vpdpbusd, {peak.vector_bits}-bit): {peak.per_core:.0f} GOP/s per "
               f"core measured, x{peak.threads} = {peak.all_threads:.0f} GOP/s")
@@ -398,7 +400,7 @@ def print_int8(kernels: list[Kernel], target: kiln.target.Target, repeat: int,
     print(header)
     print("-" * len(header))
     for kernel in kernels:
-        r = run_int8(kernel, target, repeat, seconds)
+        r = run_int8(kernel, target, repeat, seconds, threads)
         if isinstance(r, str):
             print(f"{kernel.name:<24} skipped: {r}", flush=True)
             continue
@@ -477,9 +479,10 @@ def main() -> None:
     if args.int8:
         threads = os.environ.get("KILN_NUM_THREADS", f"all ({os.cpu_count()})")
         print(f"target: {target.kind.name} {describe_target(target)}")
-        print(f"KILN_NUM_THREADS: {threads}   ort threads: 2   median of up to {args.repeat} "
-              f"calls in {args.seconds:g} s, alternating blocks")
-        print_int8(kernels, target, args.repeat, args.seconds)
+        clock = "the calling thread's CPU time" if args.threads == 1 else "wall time"
+        print(f"KILN_NUM_THREADS: {threads}   ort threads: {args.threads}   median of up to "
+              f"{args.repeat} calls in {args.seconds:g} s, alternating blocks, {clock}")
+        print_int8(kernels, target, args.repeat, args.seconds, args.threads)
         return
 
     coretype = os.environ.get("OPENBLAS_CORETYPE")
