@@ -34,9 +34,9 @@ TARGETS = ["llvm -mcpu=znver4", "llvm -mcpu=znver4 -mattr=-avx512vnni,-avxvnni",
 # are QDQ convolutions; the per-tensor one a QLinearConv (onnxruntime's QDQ run of
 # per-tensor weights rounds a few outputs one quantum apart from its QLinearConv, with
 # either of kiln's tiles)
-LAYERS = [("a", (16, 7, 7), 56, 3, 1, True, False, True),
-          ("b", (16, 28, 28), 48, 1, 2, True, True, True),
-          ("c", (24, 7, 7), 64, 1, 1, False, True, False)]
+LAYERS = [("a", (64, 7, 7), 56, 3, 1, True, False, True),
+          ("b", (256, 28, 28), 128, 3, 2, True, True, True),
+          ("c", (512, 7, 7), 64, 1, 1, False, True, False)]
 
 
 def qdq_convs(rng: np.random.Generator) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
@@ -106,9 +106,9 @@ def test_channel_tiles_equal_onnxruntime(
     isa = isa_for(Target(target))
     assert isa.vector_bits >= 256
     # every layer takes the channels-as-lanes tile on this target: the rule's choice
-    for _, (_, h, _), oc, k, stride, *_ in LAYERS:
+    for _, (c, h, _), oc, k, stride, *_ in LAYERS:
         out = (h + 2 * (k // 2) - k) // stride + 1
-        assert choose_tile(isa, out * out, oc).channels_as_lanes, (target, h, oc)
+        assert choose_tile(isa, out * out, oc, c * k * k).channels_as_lanes, (target, h, oc)
     # the weights are packed in panels ([panels][K / 4][nr] words) for it
     weights = _packed_weights(onnx_model, target)
     assert len(weights) == len(LAYERS) and all(w.ndim == 3 for w in weights)
@@ -123,12 +123,12 @@ def test_channel_tiles_equal_onnxruntime(
 def test_rule_keeps_position_tiles_where_positions_fill_the_lanes() -> None:
     isa = isa_for(Target("llvm -mcpu=znver4"))
     # 56 x 56 = 3136 positions: 49 whole tiles of 64 lanes
-    assert not choose_tile(isa, 56 * 56, 256).channels_as_lanes
+    assert not choose_tile(isa, 56 * 56, 256, 64).channels_as_lanes
     # 7 x 7 = 49 positions padded to 64 lanes: a quarter of the work wasted otherwise
-    tile = choose_tile(isa, 7 * 7, 512)
+    tile = choose_tile(isa, 7 * 7, 512, 512 * 9)
     assert tile.channels_as_lanes and tile.cols % isa.lanes("int32") == 0
     # fewer channels than one vector: positions stay the lanes
-    assert not choose_tile(isa, 7 * 7, 8).channels_as_lanes
+    assert not choose_tile(isa, 7 * 7, 8, 512).channels_as_lanes
 
 
 def test_weight_panels_round_trip() -> None:

@@ -157,7 +157,7 @@ def _conv_words(wp: np.ndarray, call: g.Call, isa: ISA) -> np.ndarray:
         if isinstance(out, TensorType) and out.ndim > 2 else []
     if isinstance(out, TensorType) and spatial and len(spatial) == out.ndim - 2:
         positions = math.prod(spatial)
-        tile = choose_tile(isa, positions, int(wp.shape[0]))
+        tile = choose_tile(isa, positions, int(wp.shape[0]), math.prod(wp.shape[1:]))
         if tile.channels_as_lanes:
             return weight_panels(wp, tile.cols)
     return weight_words(wp)
