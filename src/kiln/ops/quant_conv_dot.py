@@ -282,14 +282,14 @@ def _tiles(x: Buffer, ww: Buffer, bias: Buffer, x_zp: Buffer, multiplier: Buffer
                 - begins[j] + 1 - int(x.shape[2 + j])) for j in range(rank)]
     xp, pad = _padded_input(x, x_zp, begins, ends)
 
-    def word(n: PrimExpr, g: PrimExpr, o: Sequence[PrimExpr]) -> PrimExpr:
-        # the im2col word of group g at output position o: 4 k = (c, tap), 0 past K
+    def word(g: PrimExpr, load: Callable[[PrimExpr, Sequence[PrimExpr]], PrimExpr]
+             ) -> PrimExpr:
+        # the im2col word of group g: 4 k = (c, tap) read by `load(c, tap)`, 0 past K
         total: PrimExpr = as_expr(0, "int32")
         for i in range(quant_dot.GROUP):
             k = g * quant_dot.GROUP + i
             c, kk = k // taps, te.unflatten_index(k % taps, ws[2:])
-            pos = [o[j] * strides[j] + kk[j] * dilations[j] for j in range(rank)]
-            byte = quant_dot.a_byte(xp[(n, min_(c, ws[1] - 1), *pos)])
+            byte = quant_dot.a_byte(load(min_(c, ws[1] - 1), kk))
             if k_total % quant_dot.GROUP:
                 byte = Select(compare("lt", k, k_total), byte, as_expr(0, "int32"))
             if i == quant_dot.GROUP - 1:
@@ -298,10 +298,20 @@ def _tiles(x: Buffer, ww: Buffer, bias: Buffer, x_zp: Buffer, multiplier: Buffer
         return total
 
     names = tuple(f"o{j}" for j in range(rank))
+    # a 1x1 convolution of stride 1 reads each input plane in the order of the output
+    # positions: one loop over all of them, long enough to vectorize (the rows of a
+    # 7 x 7 or 14 x 14 image are not)
+    planes = Buffer("x_planes", (batch, int(x.shape[1]), positions), x.dtype)
+    flat_input = xp is x and all(d == 1 for d in (*ws[2:], *strides))
 
     def pack_group(n: PrimExpr, g: PrimExpr) -> Stmt:
-        rows = nest(names, spatial, lambda *o: Store(
-            words, word(n, g, o), (n, g, te.flat_index(o, spatial))))
+        if flat_input:
+            rows = tile_loop("p", positions, lambda p: Store(
+                words, word(g, lambda c, kk: planes[n, c, p]), (n, g, p)))
+        else:
+            rows = nest(names, spatial, lambda *o: Store(words, word(g, lambda c, kk: xp[(
+                n, c, *(o[j] * strides[j] + kk[j] * dilations[j] for j in range(rank)))]),
+                (n, g, te.flat_index(o, spatial))))
         if positions == padded:
             return rows
         tail = tile_loop("p", padded - positions, lambda p: Store(
@@ -320,7 +330,8 @@ def _tiles(x: Buffer, ww: Buffer, bias: Buffer, x_zp: Buffer, multiplier: Buffer
 
     tiles = _channel_tiles if tile.channels_as_lanes else _position_tiles
     nest_ = tiles(words, ww, flat_out, tile, requantized, positions, oc_n, big)
-    return seq(pad, Allocate(words), pack, DeclBuffer(flat_out, out, 0), nest_)
+    views = (DeclBuffer(planes, x, 0),) if flat_input else ()
+    return seq(pad, *views, Allocate(words), pack, DeclBuffer(flat_out, out, 0), nest_)
 
 
 Epilogue = Callable[[PrimExpr, PrimExpr], PrimExpr]
