@@ -272,15 +272,38 @@ def _tiles(x: Buffer, ww: Buffer, bias: Buffer, x_zp: Buffer, multiplier: Buffer
     else:
         nr = quant_dot.tile_cols_for(isa, positions)
         tile = ConvTile(False, min(quant_dot.tile_rows(isa, nr), oc_n), nr)
-    # the input words' positions, padded to whole tiles (zero words past the last)
-    padded = (-(-positions // tile.rows) * tile.rows if tile.channels_as_lanes
-              else -(-positions // nr) * nr)
-    words = Buffer("x_words", (batch, groups, padded), "int32", "global")
     big = batch * positions * oc_n * k_total >= 1 << 18
     # the padding past the input's end that the last output position reads
     ends = [max(0, (spatial[j] - 1) * strides[j] + (ws[2 + j] - 1) * dilations[j]
                 - begins[j] + 1 - int(x.shape[2 + j])) for j in range(rank)]
     xp, pad = _padded_input(x, x_zp, begins, ends)
+    # With stride 1, output position o reads the (padded) input at o + tap offset, so
+    # its words are packed at o's place in the input grid, q(o) = sum(o_j * row_j): one
+    # loop over q reads every input plane contiguously and vectorizes (the rows of a
+    # 7 x 7 or 14 x 14 image are too short to). The input columns past the output's
+    # width get words too, unread: the channels tile reads a row's word at q(o); the
+    # positions tile only where q(o) = o (a 1x1 convolution's input rows, unpadded).
+    grid = [int(d) for d in xp.shape[2:]]
+    row = [int(np.prod(grid[j + 1:])) for j in range(rank)]
+    in_grid = all(s == 1 for s in strides) and (tile.channels_as_lanes or grid[1:] ==
+                                                 list(spatial[1:]))
+    if in_grid:
+        padded = sum((spatial[j] - 1) * row[j] for j in range(rank)) + 1
+        if not tile.channels_as_lanes:
+            padded = -(-positions // nr) * nr
+    else:  # the output positions, padded to whole tiles (zero words past the last)
+        padded = (-(-positions // tile.rows) * tile.rows if tile.channels_as_lanes
+                  else -(-positions // nr) * nr)
+    words = Buffer("x_words", (batch, groups, padded), "int32", "global")
+    grid_view = Buffer("x_grid", (batch, int(x.shape[1]), int(np.prod(grid))), x.dtype)
+
+    def word_at(p: PrimExpr) -> PrimExpr:
+        """Where the channels tile reads output position `p`'s words (p past the last
+        position: the last's)."""
+        if not in_grid:
+            return p
+        o = te.unflatten_index(min_(p, positions - 1), spatial)
+        return sum((o[j] * row[j] for j in range(1, rank)), o[0] * row[0])
 
     def word(g: PrimExpr, load: Callable[[PrimExpr, Sequence[PrimExpr]], PrimExpr]
              ) -> PrimExpr:
@@ -298,21 +321,18 @@ def _tiles(x: Buffer, ww: Buffer, bias: Buffer, x_zp: Buffer, multiplier: Buffer
         return total
 
     names = tuple(f"o{j}" for j in range(rank))
-    # a 1x1 convolution of stride 1 reads each input plane in the order of the output
-    # positions: one loop over all of them, long enough to vectorize (the rows of a
-    # 7 x 7 or 14 x 14 image are not)
-    planes = Buffer("x_planes", (batch, int(x.shape[1]), positions), x.dtype)
-    flat_input = xp is x and all(d == 1 for d in (*ws[2:], *strides))
 
     def pack_group(n: PrimExpr, g: PrimExpr) -> Stmt:
-        if flat_input:
-            rows = tile_loop("p", positions, lambda p: Store(
-                words, word(g, lambda c, kk: planes[n, c, p]), (n, g, p)))
+        if in_grid:
+            extent = padded if tile.channels_as_lanes else positions
+            rows = tile_loop("q", extent, lambda q: Store(words, word(g, lambda c, kk: grid_view[
+                n, c, q + sum(kk[j] * (dilations[j] * row[j]) for j in range(rank))]),
+                (n, g, q)))
         else:
             rows = nest(names, spatial, lambda *o: Store(words, word(g, lambda c, kk: xp[(
                 n, c, *(o[j] * strides[j] + kk[j] * dilations[j] for j in range(rank)))]),
                 (n, g, te.flat_index(o, spatial))))
-        if positions == padded:
+        if positions >= padded or (in_grid and tile.channels_as_lanes):
             return rows
         tail = tile_loop("p", padded - positions, lambda p: Store(
             words, as_expr(0, "int32"), (n, g, p)), start=positions)
@@ -328,9 +348,12 @@ def _tiles(x: Buffer, ww: Buffer, bias: Buffer, x_zp: Buffer, multiplier: Buffer
         mult = multiplier[()] if multiplier.ndim == 0 else multiplier[oc]
         return requantize_value(acc + bias[oc], mult, y_zp[()], lo, hi, y_zp.dtype)
 
-    tiles = _channel_tiles if tile.channels_as_lanes else _position_tiles
-    nest_ = tiles(words, ww, flat_out, tile, requantized, positions, oc_n, big)
-    views = (DeclBuffer(planes, x, 0),) if flat_input else ()
+    if tile.channels_as_lanes:
+        nest_ = _channel_tiles(words, ww, flat_out, tile, requantized, positions, oc_n, big,
+                               word_at)
+    else:
+        nest_ = _position_tiles(words, ww, flat_out, tile, requantized, positions, oc_n, big)
+    views = (DeclBuffer(grid_view, xp, 0),) if in_grid else ()
     return seq(pad, *views, Allocate(words), pack, DeclBuffer(flat_out, out, 0), nest_)
 
 
@@ -388,9 +411,11 @@ def _position_tiles(words: Buffer, ww: Buffer, flat_out: Buffer, tile: ConvTile,
 
 
 def _channel_tiles(words: Buffer, ww: Buffer, flat_out: Buffer, tile: ConvTile,
-                   requantized: Epilogue, positions: int, oc_n: int, big: bool) -> Stmt:
-    """Tiles of output positions (a broadcast input word each) x output channels (the
-    lanes: a row of a weight panel), the per-channel requantization along the lanes.
+                   requantized: Epilogue, positions: int, oc_n: int, big: bool,
+                   word_at: Callable[[PrimExpr], PrimExpr]) -> Stmt:
+    """Tiles of output positions (a broadcast input word each, output position p's at
+    `words[n, g, word_at(p)]`) x output channels (the lanes: a row of a weight panel),
+    the per-channel requantization along the lanes.
     Channel tiles run in parallel, each over all positions: a thread keeps its weight
     panel in cache while the positions' words stream past it."""
     batch, groups = int(words.shape[0]), int(words.shape[1])
@@ -404,7 +429,7 @@ def _channel_tiles(words: Buffer, ww: Buffer, flat_out: Buffer, tile: ConvTile,
             "v", nr, lambda v: Store(acc, as_expr(0, "int32"), (r, v)), "vectorized"))
         step = tile_loop("g", groups, lambda g: tile_loop("r", mr, lambda r: tile_loop(
             "v", nr, lambda v: Store(acc, Intrin(DOT4_U8S8, (
-                acc[r, v], words[n, g, pt * mr + r], ww[ct, g, v])), (r, v)),
+                acc[r, v], words[n, g, word_at(pt * mr + r)], ww[ct, g, v])), (r, v)),
             "vectorized"), "unrolled"))
 
         # requantized along the lanes into a tile of output bytes (contiguous: LLVM
