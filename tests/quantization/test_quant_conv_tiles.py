@@ -12,6 +12,7 @@ import numpy as np
 import onnx
 import pytest
 from onnx import TensorProto
+from quantized_models import qlinear_conv_model
 from test_dot_gemm import host_runs
 
 import kiln
@@ -141,3 +142,17 @@ def test_weight_panels_round_trip() -> None:
     panels = weight_panels(w, 32)
     assert panels.shape == (2, 7, 32) and panels.dtype == np.int32
     np.testing.assert_array_equal(unpacked_weight(panels, w.shape), w)
+
+
+def test_channel_tiles_of_a_dilated_unevenly_padded_convolution() -> None:
+    # 7 x 7 outputs read at dilation 2 through pads (top 2, left 0, bottom 1, right 3):
+    # the words packed in the padded input grid, read at each position's place in it
+    target = "llvm -mcpu=znver4"
+    if not host_runs(target):
+        pytest.skip(f"this host lacks {target}'s features")
+    assert choose_tile(isa_for(Target(target)), 49, 56, 64 * 9).channels_as_lanes
+    rng = np.random.default_rng(7)
+    model = qlinear_conv_model((1, 64, 8, 8), 56, 3, 1, (2, 0, 1, 3), False, rng, dilation=2)
+    x = rng.integers(0, 256, (1, 64, 8, 8)).astype(np.uint8)
+    got = kiln.compile(from_onnx(model), target)["main"](x)
+    np.testing.assert_array_equal(got, ort_session(model).run(None, {"x": x})[0])
