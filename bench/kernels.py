@@ -47,8 +47,9 @@ QLinearConv (u8 input, s8 weights with per-channel scales, int32 bias, u8 output
 the table prints kiln's and onnxruntime's GOP/s (OP = 2 x integer multiply-adds),
 kiln's throughput as a percentage of onnxruntime's and the share of outputs that differ
 (in quanta) from onnxruntime's (docs/quantization.md), and kiln's GOP/s as a percentage
-of the machine's measured `vpdpbusd` peak on 2 cores (bench/peak.py; not printed without
-AVX-512 VNNI or AVX-VNNI). `--target` picks kiln's instructions: e.g.
+of the machine's measured `vpdpbusd` peak on `--threads` cores (bench/peak.py; not
+printed without AVX-512 VNNI or AVX-VNNI). `--kernels resnet50 --threads 1` compares
+ResNet-50's layers one by one on one thread. `--target` picks kiln's instructions: e.g.
 `--target "llvm -mcpu=znver4 -mattr=-avx512f,-avx512vnni,-avxvnni"` runs kiln's AVX2
 path on a VNNI host (onnxruntime still runs its VNNI kernels there), and
 `-mattr=-avx512vnni,-avxvnni` its AVX-512BW one. `--threads 1` times each runtime on one

@@ -42,6 +42,14 @@ def weight_words(*shape: int) -> Gen:
     return lambda rng: pack(rng.integers(-128, 128, shape).astype(np.int8))
 
 
+def weight_panels(nr: int, *shape: int) -> Gen:
+    """Random int8 weights of `shape` packed in qlinear_conv_dot's panels of `nr` channels
+    (its channels-as-lanes tile)."""
+    from kiln.ops.quant_conv_dot import weight_panels as pack
+
+    return lambda rng: pack(rng.integers(-128, 128, shape).astype(np.int8), nr)
+
+
 def exp_table(x_scale: float, row: int) -> Gen:
     """qlinear_softmax's uint32 exp table for `x_scale` and rows of `row`."""
     from kiln.ops.quant_softmax import softmax_table
@@ -450,7 +458,14 @@ CASES: dict[str, list[OpCase]] = {
                 weight_words(5, 3, 2, 2), ints(5, low=-500, high=500), const(3, "int8"),
                 const(0.004, "float32"), const(-10, "int8")),
                {"w_shape": (5, 3, 2, 2), "pads": (1, 1, 0, 1), "dilations": (2, 1),
-                "qmin": -10})],
+                "qmin": -10}),
+        # the channels-as-lanes tile's panels of 4 channels: 6 channels, a partial panel;
+        # stride 1 (its words packed in the padded input grid), uneven pads, dilated
+        OpCase((ints(1, 3, 5, 5, low=0, high=256, dtype="uint8"),
+                weight_panels(4, 6, 3, 3, 3), ints(6, low=-900, high=900), const(17, "uint8"),
+                const([0.003, 0.004, 0.002, 0.005, 0.001, 0.006], "float32"),
+                const(90, "uint8")), {"w_shape": (6, 3, 3, 3), "pads": (2, 0, 1, 1),
+                                      "dilations": (1, 2)})],
     "matmul_integer_packed": [
         OpCase((ints(2, 3, 5, low=0, high=256, dtype="uint8"),
                 ints(1, 5, 4, low=-255, high=256, dtype="int16"), ints(4, low=-900, high=900),

@@ -11,11 +11,20 @@ like A in quant_dot). The register tile is rows of output channels (a broadcast 
 word each) x `nr` output positions (vectors of input words), one `dot4_u8s8` per
 accumulator and word; stores are contiguous along the output row, requantized in the
 epilogue (bias with the zero-point correction, per-channel multiplier, range).
+
+Where the output positions fill the vectors badly (7 x 7 = 49 positions in 64 lanes) the
+tile is transposed (`choose_tile`): output channels are the lanes and output positions
+the rows (a broadcast input word each), as in a matrix product whose B is the weight.
+The weight is then packed in panels of the tile's channels, `w_words
+[ceil(OC / nr)][ceil(K / 4)][nr]` (`weight_panels`), and the requantization takes its
+per-channel multiplier along the lanes. With stride 1 that tile's input words are packed
+at each output position's place in the padded input grid (`_tiles`), one contiguous loop
+per word group.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -60,6 +69,97 @@ def weight_words(wp: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(quant_dot.words(flat.T).T)
 
 
+def weight_panels(wp: np.ndarray, nr: int) -> np.ndarray:
+    """The shifted int8 weight `[OC][C][...]` as the channels-as-lanes tile reads it:
+    words in panels of `nr` channels, `[ceil(OC / nr)][ceil(K / 4)][nr]` (zero-padded)."""
+    from kiln.ops.quant_kernels import panelize
+
+    return panelize(weight_words(wp).T, nr)
+
+
+def unpacked_weight(ww: np.ndarray, w_shape: Sequence[int]) -> np.ndarray:
+    """The int8 weight `[OC][C][...]` of `weight_words` or `weight_panels`."""
+    from kiln.ops.quant_kernels import unpanelize
+
+    oc, k = int(w_shape[0]), int(np.prod(w_shape[1:]))
+    words = np.asarray(ww) if np.ndim(ww) == 2 else unpanelize(np.asarray(ww), oc).T
+    return quant_dot.unwords(words.T, k).T.reshape(tuple(w_shape))
+
+
+@dataclass(frozen=True)
+class ConvTile:
+    """A register tile of the dot-form convolution: `rows` x `cols` int32 accumulators,
+    output positions as the lanes (`cols` positions, `rows` channels) or, with
+    `channels_as_lanes`, output channels (`cols` channels, `rows` positions)."""
+
+    channels_as_lanes: bool
+    rows: int
+    cols: int
+
+
+#: The positions tile is kept unless the transposed one is estimated this much cheaper
+#: (the estimate is within about 7% of per-layer timings of ResNet-50's layers on Zen 5).
+TRANSPOSE_GAIN = 0.92
+#: Weight of a load or broadcast against a dot product (they issue on ports of their own).
+LOAD_WEIGHT = 0.125
+
+
+def _step_cost(isa: Any, rows: int, vectors: int) -> float:
+    """Vector instructions of one step (4 k) of a tile, loads weighted by LOAD_WEIGHT:
+    a dot product per accumulator, a broadcast per row and a load per vector; the
+    widening families (quant_dot.widens) pay two `vpmaddwd` and two adds per
+    accumulator, the widening per row and per vector (as quant_dot counts them)."""
+    if quant_dot.widens(isa):
+        return 4 * rows * vectors + 4 * rows + 3 * vectors
+    return rows * vectors + (rows + vectors) * LOAD_WEIGHT
+
+
+def _tile_cost(isa: Any, tile: ConvTile, positions: int, channels: int, k: int) -> float:
+    """The estimated instructions of all tiles of a convolution (K = `k`), the padded
+    rows and lanes of partial tiles included: every step, and an epilogue of a vector
+    per accumulator register (positions as lanes: contiguous stores) or of a scalar
+    copy per output (channels as lanes: the output bytes move out a channel at a time)."""
+    vectors = max(1, -(-tile.cols // isa.lanes("int32")))
+    rows, cols = (positions, channels) if tile.channels_as_lanes else (channels, positions)
+    tiles = -(-rows // tile.rows) * -(-cols // tile.cols)
+    epilogue = tile.rows * (tile.cols if tile.channels_as_lanes else vectors)
+    return tiles * (-(-k // quant_dot.GROUP) * _step_cost(isa, tile.rows, vectors) + epilogue)
+
+
+def channel_rows(isa: Any, positions: int, nr: int, k: int) -> int:
+    """Rows (output positions) of a channels-as-lanes tile `nr` channels wide: of the
+    row counts the registers hold, the one with the fewest estimated instructions for
+    all positions (49 positions: 7 rows of 3 vectors, not 6 of 4 padded to 54); of
+    counts within 2% of that, the most rows (the estimate undercounts the loads of few)."""
+    top = min(quant_dot.tile_rows(isa, nr), positions)
+    costs = {mr: _tile_cost(isa, ConvTile(True, mr, nr), positions, nr, k)
+             for mr in range(1, top + 1)}
+    least = min(costs.values())
+    return max(mr for mr, cost in costs.items() if cost <= 1.02 * least)
+
+
+def choose_tile(isa: Any, positions: int, channels: int, k: int) -> ConvTile:
+    """The tile of a convolution with `positions` output positions (per image),
+    `channels` output channels and K = `k` (input channels x kernel taps). Output
+    positions are the lanes (`quant_dot.tile_cols_for`) unless they fill the vectors
+    badly (7 x 7 = 49 positions in 64 lanes): then output channels are
+    (`channels_as_lanes`), when the estimated instructions of all its tiles
+    (`_tile_cost`) are below TRANSPOSE_GAIN of the positions tile's."""
+    nr = quant_dot.tile_cols_for(isa, positions)
+    best = ConvTile(False, min(quant_dot.tile_rows(isa, nr), channels), nr)
+    lanes = isa.lanes("int32")
+    if not isa.vector_bits or channels < lanes:
+        return best
+    cost = _tile_cost(isa, best, positions, channels, k) * TRANSPOSE_GAIN
+    for width in range(min(quant_dot.tile_cols(isa), -(-channels // lanes) * lanes), 0,
+                       -lanes):
+        tile = ConvTile(True, channel_rows(isa, positions, width, k), width)
+        candidate = _tile_cost(isa, tile, positions, channels, k)
+        if candidate < cost:
+            best, cost = tile, candidate
+    return best
+
+
 def _w_shape(attrs: Attrs) -> tuple[int, ...]:
     return tuple(int(d) for d in attrs["w_shape"])
 
@@ -67,12 +167,16 @@ def _w_shape(attrs: Attrs) -> tuple[int, ...]:
 def _infer(types: Sequence[TensorType], attrs: Attrs) -> Type:
     x, ww, bias, x_zp, multiplier, y_zp = types
     ws = _w_shape(attrs)
-    k = int(np.prod(ws[1:]))
-    if ww.dtype != "int32" or tuple(ww.shape) != (ws[0], -(-k // quant_dot.GROUP)) \
-            or int(attrs.get("group", 1)) != 1:
+    groups = -(-int(np.prod(ws[1:])) // quant_dot.GROUP)
+    # words [OC][groups], or panels [ceil(OC / nr)][groups][nr] of the channels tile
+    shape = tuple(ww.shape)
+    words = shape == (ws[0], groups) or (
+        len(shape) == 3 and shape[1] == groups and isinstance(shape[2], int) and shape[2] > 0
+        and shape[0] == -(-ws[0] // shape[2]))
+    if ww.dtype != "int32" or not words or int(attrs.get("group", 1)) != 1:
         raise IRError(f"{CONV_DOT}: expects one group and int32 weight words "
-                      f"({ws[0]}, {-(-k // quant_dot.GROUP)}) for w_shape {ws}, got "
-                      f"{ww.dtype}{tuple(ww.shape)}")
+                      f"({ws[0]}, {groups}) or panels (ceil({ws[0]} / nr), {groups}, nr) for "
+                      f"w_shape {ws}, got {ww.dtype}{shape}")
     shape = conv_int_shape(CONV_DOT, [x, TensorType(ws, "int8"), x_zp,
                                        TensorType((), "int8")], attrs)
     check_requant(CONV_DOT, ws[0], bias, multiplier, y_zp, attrs)
@@ -94,8 +198,10 @@ def _build(inputs: Sequence[te.Tensor], attrs: Attrs) -> te.Tensor:
         def term(c: PrimExpr, *k: PrimExpr) -> PrimExpr:
             pos = tuple(o[j] * strides[j] + k[j] * dilations[j] - begins[j] for j in range(rank))
             flat = c * taps + te.flat_index(k, ws[2:])
+            g = flat // quant_dot.GROUP
+            word = ww[oc, g] if ww.ndim == 2 else ww[oc // ww.shape[2], g, oc % ww.shape[2]]
             return quant_dot.a_byte(te.padded(x, (n, c, *pos), x_zp[()])) * quant_dot.b_byte(
-                ww[oc, flat // quant_dot.GROUP], flat)
+                word, flat)
 
         acc = te.reduce("sum", term, tuple(ws[1:]), "int32") + bias[oc]
         return requantize_value(acc, channel(multiplier, oc), y_zp[()], lo, hi, y_zp.dtype)
@@ -107,9 +213,7 @@ def _reference(x: np.ndarray, ww: np.ndarray, bias: np.ndarray, x_zp: np.ndarray
                multiplier: np.ndarray, y_zp: np.ndarray, **attrs: Any) -> np.ndarray:
     from kiln.ops.quant_kernels import conv_packed_ref
 
-    ws = _w_shape(attrs)
-    k = int(np.prod(ws[1:]))
-    w = quant_dot.unwords(np.asarray(ww).T, k).T.reshape(ws)
+    w = unpacked_weight(ww, _w_shape(attrs))
     shift = quant_dot.a_shift(str(x.dtype))
     rest = {a: v for a, v in attrs.items() if a != "w_shape"}
     return conv_packed_ref(x.astype(np.int64) + shift, w, bias,
@@ -164,26 +268,53 @@ def _tiles(x: Buffer, ww: Buffer, bias: Buffer, x_zp: Buffer, multiplier: Buffer
     batch, oc_n, spatial = int(out.shape[0]), ws[0], tuple(int(d) for d in out.shape[2:])
     positions = int(np.prod(spatial))
     taps, k_total, groups = int(np.prod(ws[2:])), int(np.prod(ws[1:])), int(ww.shape[1])
-    nr = quant_dot.tile_cols_for(isa, positions)
-    col_tiles = -(-positions // nr)
-    mr = min(quant_dot.tile_rows(isa, nr), oc_n)
-    row_tiles = -(-oc_n // mr)
-    words = Buffer("x_words", (batch, groups, col_tiles * nr), "int32", "global")
-    lo, hi = out_range(attrs, y_zp.dtype)
+    if ww.ndim == 3:  # weight panels: channels as lanes, as wide as the panels
+        nr = int(ww.shape[2])
+        tile = ConvTile(True, channel_rows(isa, positions, nr, k_total), nr)
+    else:
+        nr = quant_dot.tile_cols_for(isa, positions)
+        tile = ConvTile(False, min(quant_dot.tile_rows(isa, nr), oc_n), nr)
     big = batch * positions * oc_n * k_total >= 1 << 18
     # the padding past the input's end that the last output position reads
     ends = [max(0, (spatial[j] - 1) * strides[j] + (ws[2 + j] - 1) * dilations[j]
                 - begins[j] + 1 - int(x.shape[2 + j])) for j in range(rank)]
     xp, pad = _padded_input(x, x_zp, begins, ends)
+    # With stride 1, output position o reads the (padded) input at o + tap offset, so
+    # its words are packed at o's place in the input grid, q(o) = sum(o_j * row_j): one
+    # loop over q reads every input plane contiguously and vectorizes (the rows of a
+    # 7 x 7 or 14 x 14 image are too short to). The input columns past the output's
+    # width get words too, unread: the channels tile reads a row's word at q(o); the
+    # positions tile only where q(o) = o (a 1x1 convolution's input rows, unpadded).
+    grid = [int(d) for d in xp.shape[2:]]
+    row = [int(np.prod(grid[j + 1:])) for j in range(rank)]
+    in_grid = all(s == 1 for s in strides) and (tile.channels_as_lanes or grid[1:] ==
+                                                 list(spatial[1:]))
+    if in_grid:
+        padded = sum((spatial[j] - 1) * row[j] for j in range(rank)) + 1
+        if not tile.channels_as_lanes:
+            padded = -(-positions // nr) * nr
+    else:  # the output positions, padded to whole tiles (zero words past the last)
+        padded = (-(-positions // tile.rows) * tile.rows if tile.channels_as_lanes
+                  else -(-positions // nr) * nr)
+    words = Buffer("x_words", (batch, groups, padded), "int32", "global")
+    grid_view = Buffer("x_grid", (batch, int(x.shape[1]), int(np.prod(grid))), x.dtype)
 
-    def word(n: PrimExpr, g: PrimExpr, o: Sequence[PrimExpr]) -> PrimExpr:
-        # the im2col word of group g at output position o: 4 k = (c, tap), 0 past K
+    def word_at(p: PrimExpr) -> PrimExpr:
+        """Where the channels tile reads output position `p`'s words (p past the last
+        position: the last's)."""
+        if not in_grid:
+            return p
+        o = te.unflatten_index(min_(p, positions - 1), spatial)
+        return sum((o[j] * row[j] for j in range(1, rank)), o[0] * row[0])
+
+    def word(g: PrimExpr, load: Callable[[PrimExpr, Sequence[PrimExpr]], PrimExpr]
+             ) -> PrimExpr:
+        # the im2col word of group g: 4 k = (c, tap) read by `load(c, tap)`, 0 past K
         total: PrimExpr = as_expr(0, "int32")
         for i in range(quant_dot.GROUP):
             k = g * quant_dot.GROUP + i
             c, kk = k // taps, te.unflatten_index(k % taps, ws[2:])
-            pos = [o[j] * strides[j] + kk[j] * dilations[j] for j in range(rank)]
-            byte = quant_dot.a_byte(xp[(n, min_(c, ws[1] - 1), *pos)])
+            byte = quant_dot.a_byte(load(min_(c, ws[1] - 1), kk))
             if k_total % quant_dot.GROUP:
                 byte = Select(compare("lt", k, k_total), byte, as_expr(0, "int32"))
             if i == quant_dot.GROUP - 1:
@@ -194,11 +325,18 @@ def _tiles(x: Buffer, ww: Buffer, bias: Buffer, x_zp: Buffer, multiplier: Buffer
     names = tuple(f"o{j}" for j in range(rank))
 
     def pack_group(n: PrimExpr, g: PrimExpr) -> Stmt:
-        rows = nest(names, spatial, lambda *o: Store(
-            words, word(n, g, o), (n, g, te.flat_index(o, spatial))))
-        if positions == col_tiles * nr:
+        if in_grid:
+            extent = padded if tile.channels_as_lanes else positions
+            rows = tile_loop("q", extent, lambda q: Store(words, word(g, lambda c, kk: grid_view[
+                n, c, q + sum(kk[j] * (dilations[j] * row[j]) for j in range(rank))]),
+                (n, g, q)))
+        else:
+            rows = nest(names, spatial, lambda *o: Store(words, word(g, lambda c, kk: xp[(
+                n, c, *(o[j] * strides[j] + kk[j] * dilations[j] for j in range(rank)))]),
+                (n, g, te.flat_index(o, spatial))))
+        if positions >= padded or (in_grid and tile.channels_as_lanes):
             return rows
-        tail = tile_loop("p", col_tiles * nr - positions, lambda p: Store(
+        tail = tile_loop("p", padded - positions, lambda p: Store(
             words, as_expr(0, "int32"), (n, g, p)), start=positions)
         return seq(rows, tail)
 
@@ -206,8 +344,33 @@ def _tiles(x: Buffer, ww: Buffer, bias: Buffer, x_zp: Buffer, multiplier: Buffer
         "g", groups, lambda g: pack_group(n, g),
         "parallel" if big and groups > 1 else "serial"))
     flat_out = Buffer("out_flat", (batch, oc_n, positions), out.dtype)
+    lo, hi = out_range(attrs, y_zp.dtype)
 
-    def tile(n: Var, ct: Var, rt: Var) -> Stmt:
+    def requantized(acc: PrimExpr, oc: PrimExpr) -> PrimExpr:
+        mult = multiplier[()] if multiplier.ndim == 0 else multiplier[oc]
+        return requantize_value(acc + bias[oc], mult, y_zp[()], lo, hi, y_zp.dtype)
+
+    if tile.channels_as_lanes:
+        nest_ = _channel_tiles(words, ww, flat_out, tile, requantized, positions, oc_n, big,
+                               word_at)
+    else:
+        nest_ = _position_tiles(words, ww, flat_out, tile, requantized, positions, oc_n, big)
+    views = (DeclBuffer(grid_view, xp, 0),) if in_grid else ()
+    return seq(pad, *views, Allocate(words), pack, DeclBuffer(flat_out, out, 0), nest_)
+
+
+Epilogue = Callable[[PrimExpr, PrimExpr], PrimExpr]
+
+
+def _position_tiles(words: Buffer, ww: Buffer, flat_out: Buffer, tile: ConvTile,
+                    requantized: Epilogue, positions: int, oc_n: int, big: bool) -> Stmt:
+    """Tiles of output channels (a broadcast weight word each) x output positions (the
+    lanes: vectors of input words), stored along the output rows."""
+    batch, groups = int(words.shape[0]), int(words.shape[1])
+    mr, nr = tile.rows, tile.cols
+    col_tiles, row_tiles = -(-positions // nr), -(-oc_n // mr)
+
+    def one(n: Var, ct: Var, rt: Var) -> Stmt:
         acc = Buffer("acc", (mr, nr), "int32", "local")
 
         def row(r: PrimExpr) -> PrimExpr:
@@ -221,10 +384,7 @@ def _tiles(x: Buffer, ww: Buffer, bias: Buffer, x_zp: Buffer, multiplier: Buffer
             "vectorized"), "unrolled"))
 
         def store(r: PrimExpr, v: PrimExpr) -> Stmt:
-            mult = multiplier[()] if multiplier.ndim == 0 else multiplier[row(r)]
-            value = requantize_value(acc[r, v] + bias[row(r)], mult, y_zp[()], lo, hi,
-                                     y_zp.dtype)
-            return Store(flat_out, value, (n, rt * mr + r, ct * nr + v))
+            return Store(flat_out, requantized(acc[r, v], row(r)), (n, rt * mr + r, ct * nr + v))
 
         def store_row(r: PrimExpr) -> Stmt:
             # whole column tiles store unguarded (a loop LLVM vectorizes); the last,
@@ -244,14 +404,66 @@ def _tiles(x: Buffer, ww: Buffer, bias: Buffer, x_zp: Buffer, multiplier: Buffer
 
     if col_tiles >= PARALLEL_TILES or row_tiles < col_tiles:
         # column tiles in parallel: each thread reads the input words of its positions
-        nest_ = tile_loop("n", batch, lambda n: tile_loop("ct", col_tiles, lambda ct: tile_loop(
-            "rt", row_tiles, lambda rt: tile(n, ct, rt)),
+        return tile_loop("n", batch, lambda n: tile_loop("ct", col_tiles, lambda ct: tile_loop(
+            "rt", row_tiles, lambda rt: one(n, ct, rt)),
             "parallel" if big and col_tiles > 1 else "serial"))
-    else:
-        # few output positions (7 x 7: one column tile): output channels in parallel
-        nest_ = tile_loop("n", batch, lambda n: tile_loop("rt", row_tiles, lambda rt: tile_loop(
-            "ct", col_tiles, lambda ct: tile(n, ct, rt)), "parallel" if big else "serial"))
-    return seq(pad, Allocate(words), pack, DeclBuffer(flat_out, out, 0), nest_)
+    # few output positions (one column tile): output channels in parallel
+    return tile_loop("n", batch, lambda n: tile_loop("rt", row_tiles, lambda rt: tile_loop(
+        "ct", col_tiles, lambda ct: one(n, ct, rt)), "parallel" if big else "serial"))
+
+
+def _channel_tiles(words: Buffer, ww: Buffer, flat_out: Buffer, tile: ConvTile,
+                   requantized: Epilogue, positions: int, oc_n: int, big: bool,
+                   word_at: Callable[[PrimExpr], PrimExpr]) -> Stmt:
+    """Tiles of output positions (a broadcast input word each, output position p's at
+    `words[n, g, word_at(p)]`) x output channels (the lanes: a row of a weight panel),
+    the per-channel requantization along the lanes.
+    Channel tiles run in parallel, each over all positions: a thread keeps its weight
+    panel in cache while the positions' words stream past it."""
+    batch, groups = int(words.shape[0]), int(words.shape[1])
+    mr, nr = tile.rows, tile.cols
+    col_tiles, row_tiles = int(ww.shape[0]), -(-positions // mr)
+
+    def one(n: Var, ct: Var, pt: Var) -> Stmt:
+        acc = Buffer("acc", (mr, nr), "int32", "local")
+
+        zero = tile_loop("r", mr, lambda r: tile_loop(
+            "v", nr, lambda v: Store(acc, as_expr(0, "int32"), (r, v)), "vectorized"))
+        step = tile_loop("g", groups, lambda g: tile_loop("r", mr, lambda r: tile_loop(
+            "v", nr, lambda v: Store(acc, Intrin(DOT4_U8S8, (
+                acc[r, v], words[n, g, word_at(pt * mr + r)], ww[ct, g, v])), (r, v)),
+            "vectorized"), "unrolled"))
+
+        # requantized along the lanes into a tile of output bytes (contiguous: LLVM
+        # vectorizes it), then copied out a channel at a time (its positions are
+        # contiguous in the output; an element-wise requantizing scatter costs more than
+        # the products of a short K)
+        quant = Buffer("quant", (mr, nr), flat_out.dtype, "local")
+        rest = oc_n - (col_tiles - 1) * nr  # channels of the last panel
+
+        def by_panel(body: Callable[[int], Stmt]) -> Stmt:
+            # whole panels unguarded (per-channel loads contiguous, not clamped into
+            # gathers); the last, partial one its channels only
+            return body(nr) if rest == nr else IfThenElse(
+                compare("lt", ct, col_tiles - 1), body(nr), body(rest))
+
+        requant = by_panel(lambda lanes: tile_loop("r", mr, lambda r: tile_loop(
+            "v", lanes, lambda v: Store(quant, requantized(acc[r, v], ct * nr + v), (r, v)))))
+
+        def channels(rows: int) -> Stmt:
+            return by_panel(lambda lanes: tile_loop("v", lanes, lambda v: tile_loop(
+                "r", rows, lambda r: Store(flat_out, quant[r, v], (n, ct * nr + v, pt * mr + r)))))
+
+        last = positions - (row_tiles - 1) * mr
+        out = channels(mr) if last == mr else IfThenElse(
+            compare("lt", pt, row_tiles - 1), channels(mr), channels(last))
+        return seq(Allocate(acc), zero, step, Allocate(quant), requant, out)
+
+    # one panel (few channels): position tiles in parallel
+    kinds = ("parallel" if big and col_tiles > 1 else "serial",
+             "parallel" if big and col_tiles == 1 and row_tiles > 1 else "serial")
+    return tile_loop("n", batch, lambda n: tile_loop("ct", col_tiles, lambda ct: tile_loop(
+        "pt", row_tiles, lambda pt: one(n, ct, pt), kinds[1]), kinds[0]))
 
 
 OPS.register(CONV_DOT, _TiledConv(CONV_DOT, "anchor", _infer, _build, _reference))

@@ -40,6 +40,12 @@ def target_isa() -> ISA | None:
     return isa if isa.int8_dot in FAMILIES else None
 
 
+def widens(isa: ISA) -> bool:
+    """Whether the ISA's dot product widens bytes to int16 for `vpmaddwd` (its operands
+    cost instructions of their own: `_widened_step`)."""
+    return isa.int8_dot in _WIDENED_FAMILIES
+
+
 def tile_cols(isa: ISA) -> int:
     """Columns of a register tile: 4 int32 vectors with 32 registers, else 2."""
     return isa.lanes("int32") * (4 if isa.vector_registers >= 32 else 2)

@@ -29,6 +29,7 @@ expression lowering).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -69,6 +70,7 @@ from kiln.ops.quant import (
     requantize_ref,
     requantize_value,
 )
+from kiln.ops.quant_conv_dot import CONV_DOT, choose_tile, weight_panels, weight_words
 from kiln.ops.registry import OPS, HandBuiltOp, register_op
 from kiln.ops.registry import call as op_call
 from kiln.target.isa import ISA
@@ -137,15 +139,28 @@ def pack(call: g.Call) -> g.Call | None:
         return op_call(MATMUL, x, panels, corrected, multiplier, y_zp, n=wp.shape[1],
                        **group, **attrs)
     if isa is not None:
-        from kiln.ops.quant_conv_dot import CONV_DOT, weight_words
-
-        return op_call(CONV_DOT, x, g.Constant(weight_words(wp.astype(np.int8)), w.name),
+        return op_call(CONV_DOT, x, g.Constant(_conv_words(wp.astype(np.int8), call, isa),
+                                               w.name),
                        corrected, x_zp, multiplier, y_zp, w_shape=tuple(wp.shape), **attrs)
     if two_d_grouped:
         from kiln.ops.quant_depthwise import GROUPED
 
         return op_call(GROUPED, x, packed, corrected, x_zp, multiplier, y_zp, **attrs)
     return op_call(CONV, x, packed, corrected, x_zp, multiplier, y_zp, **attrs)
+
+
+def _conv_words(wp: np.ndarray, call: g.Call, isa: ISA) -> np.ndarray:
+    """The dot-form convolution's weight: in panels of the channels-as-lanes tile when
+    `choose_tile` picks it for the (static) output, else words per output channel."""
+    out = call.type
+    spatial = [d for d in out.shape[2:] if isinstance(d, int)] \
+        if isinstance(out, TensorType) and out.ndim > 2 else []
+    if isinstance(out, TensorType) and spatial and len(spatial) == out.ndim - 2:
+        positions = math.prod(spatial)
+        tile = choose_tile(isa, positions, int(wp.shape[0]), math.prod(wp.shape[1:]))
+        if tile.channels_as_lanes:
+            return weight_panels(wp, tile.cols)
+    return weight_words(wp)
 
 
 def _shifted_b(b: np.ndarray, b_zp: np.ndarray, transpose: bool) -> np.ndarray:

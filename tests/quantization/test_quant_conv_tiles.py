@@ -1,0 +1,158 @@
+"""The dot-form convolution's two register tiles (kiln/ops/quant_conv_dot.py): output
+positions as the vector lanes, or, where the positions fill the vectors badly (7 x 7,
+14 x 14 images), output channels. The channels-as-lanes tile is chosen by rule from the
+shapes and packs the weight in panels; its outputs equal onnxruntime's for QDQ
+convolutions with per-channel and per-tensor weights, u8 and s8 activations and a fused
+ReLU, on the host's VNNI, on the `vpmaddwd` path (VNNI hidden by mattr) and on the c
+backend."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto
+from quantized_models import qlinear_conv_model
+from test_dot_gemm import host_runs
+
+import kiln
+from kiln.frontend import from_onnx
+from kiln.ir import graph as g
+from kiln.ops.quant_conv_dot import choose_tile, unpacked_weight, weight_panels
+from kiln.target import Target
+from kiln.target.isa import isa_for
+from kiln.transform.quantize_ops import QuantizeOps
+from support.graphs import GraphBuilder
+from support.reference import ort_session
+
+# VNNI (zmm), `vpmaddwd` on AVX-512BW (VNNI hidden) and on AVX2 (16 ymm registers: other
+# tile shapes), the c backend
+TARGETS = ["llvm -mcpu=znver4", "llvm -mcpu=znver4 -mattr=-avx512vnni,-avxvnni",
+           "llvm -mcpu=haswell", "c -mcpu=znver4"]
+
+
+# (name, input shape [C, H, W], output channels, kernel, stride, per-channel weights,
+# s8 activations, ReLU): 7 x 7 and 14 x 14 outputs; 56 channels leave the last panel
+# partial, 7 x 7 = 49 positions a partial row tile of most row counts. Per-channel layers
+# are QDQ convolutions; the per-tensor one a QLinearConv (onnxruntime's QDQ run of
+# per-tensor weights rounds a few outputs one quantum apart from its QLinearConv, with
+# either of kiln's tiles)
+LAYERS = [("a", (64, 7, 7), 56, 3, 1, True, False, True),
+          ("b", (256, 28, 28), 128, 3, 2, True, True, True),
+          ("c", (512, 7, 7), 64, 1, 1, False, True, False)]
+
+
+def qdq_convs(rng: np.random.Generator) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
+    """One graph of the LAYERS (each x -> Q -> DQ -> Conv(DQ(w), DQ(b)) [-> Relu] -> Q,
+    the QDQ form onnxruntime's quantizer writes, or x -> Q -> QLinearConv), returning
+    the quantized outputs; and float inputs for it."""
+    b = GraphBuilder()
+    feeds = {}
+    for name, (c, h, w), oc, k, stride, per_channel, signed, relu in LAYERS:
+        q = np.int8 if signed else np.uint8
+        scales = (rng.uniform(0.004, 0.012, oc) if per_channel else
+                  np.full(oc, 0.008)).astype(np.float32)
+        ws = scales if per_channel else scales[:1].reshape(())
+        b.consts({f"xs{name}": np.float32(0.02), f"xz{name}": q(-3 if signed else 120),
+                  f"w{name}": rng.integers(-128, 128, (oc, c, k, k)).astype(np.int8),
+                  f"ws{name}": ws, f"wz{name}": np.zeros(ws.shape, np.int8),
+                  f"b{name}": rng.integers(-4000, 4000, oc).astype(np.int32),
+                  f"bs{name}": (np.float32(0.02) * ws).astype(np.float32),
+                  f"bz{name}": np.zeros(ws.shape, np.int32),
+                  f"ys{name}": np.float32(0.02 * 0.008 * np.sqrt(c * k * k) * 20),
+                  f"yz{name}": q(5 if signed else 100)})
+        conv = {"pads": [k // 2] * 4, "strides": [stride] * 2}
+        b.node("QuantizeLinear", [f"x{name}", f"xs{name}", f"xz{name}"], [f"xq{name}"])
+        if not per_channel:
+            b.node("QLinearConv", [f"xq{name}", *(f"{v}{name}" for v in (
+                "xs", "xz", "w", "ws", "wz", "ys", "yz", "b"))], [f"y{name}"], **conv)
+        else:
+            b.node("DequantizeLinear", [f"xq{name}", f"xs{name}", f"xz{name}"],
+                   [f"xf{name}"])
+            for v in ("w", "b"):
+                b.node("DequantizeLinear", [f"{v}{name}", f"{v}s{name}", f"{v}z{name}"],
+                       [f"{v}f{name}"], axis=0)
+            b.node("Conv", [f"xf{name}", f"wf{name}", f"bf{name}"], [f"c{name}"], **conv)
+            if relu:
+                b.node("Relu", [f"c{name}"], [f"r{name}"])
+            b.node("QuantizeLinear", [f"r{name}" if relu else f"c{name}", f"ys{name}",
+                                      f"yz{name}"], [f"y{name}"])
+        b.input(f"x{name}", [1, c, h, w])
+        out = (h + 2 * (k // 2) - k) // stride + 1
+        b.output(f"y{name}", [1, oc, out, out], TensorProto.INT8 if signed else TensorProto.UINT8)
+        feeds[f"x{name}"] = rng.uniform(-2.5, 2.5, (1, c, h, w)).astype(np.float32)
+    return b.model(opset=13), feeds
+
+
+@pytest.fixture(scope="module")
+def model() -> tuple[onnx.ModelProto, dict[str, np.ndarray], list[np.ndarray]]:
+    onnx_model, feeds = qdq_convs(np.random.default_rng(24))
+    return onnx_model, feeds, ort_session(onnx_model).run(None, feeds)
+
+
+def _packed_weights(onnx_model: onnx.ModelProto, target: str) -> list[np.ndarray]:
+    """The weight constants of the dot-form convolutions `target` packs."""
+    with Target(target):
+        mod = QuantizeOps()(from_onnx(onnx_model))
+    calls = [b.value for b in mod["main"].bindings
+             if isinstance(b.value, g.Call) and b.value.op == "qlinear_conv_dot"]
+    weights = [c.args[1] for c in calls]
+    assert all(isinstance(w, g.Constant) for w in weights)
+    return [np.asarray(w.data) for w in weights]  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_channel_tiles_equal_onnxruntime(
+        target: str, model: tuple[onnx.ModelProto, dict[str, np.ndarray], list[np.ndarray]]
+) -> None:
+    onnx_model, feeds, want = model
+    isa = isa_for(Target(target))
+    assert isa.vector_bits >= 256
+    # the layers the rule puts on the channels-as-lanes tile for this target (all of
+    # them with zmm registers; AVX2's 16 ymm keep 14 x 14 on the positions tile) have
+    # their weights packed in panels ([panels][K / 4][nr] words), the others in words
+    chosen = [choose_tile(isa, ((h + 2 * (k // 2) - k) // stride + 1) ** 2, oc,
+                          c * k * k).channels_as_lanes
+              for _, (c, h, _), oc, k, stride, *_ in LAYERS]
+    assert sum(chosen) >= (len(LAYERS) if isa.vector_bits == 512 else 1)
+    weights = _packed_weights(onnx_model, target)
+    assert [w.ndim == 3 for w in weights] == chosen
+    if not host_runs(target):
+        pytest.skip(f"this host lacks {target}'s features")
+    ex = kiln.compile(from_onnx(onnx_model), target)
+    got = ex["main"](*feeds.values())
+    for (name, *_), y, y_want in zip(LAYERS, got, want, strict=True):
+        np.testing.assert_array_equal(y, y_want, err_msg=f"layer {name} on {target}")
+
+
+def test_rule_keeps_position_tiles_where_positions_fill_the_lanes() -> None:
+    isa = isa_for(Target("llvm -mcpu=znver4"))
+    # 56 x 56 = 3136 positions: 49 whole tiles of 64 lanes
+    assert not choose_tile(isa, 56 * 56, 256, 64).channels_as_lanes
+    # 7 x 7 = 49 positions padded to 64 lanes: a quarter of the work wasted otherwise
+    tile = choose_tile(isa, 7 * 7, 512, 512 * 9)
+    assert tile.channels_as_lanes and tile.cols % isa.lanes("int32") == 0
+    # fewer channels than one vector: positions stay the lanes
+    assert not choose_tile(isa, 7 * 7, 8, 512).channels_as_lanes
+
+
+def test_weight_panels_round_trip() -> None:
+    rng = np.random.default_rng(5)
+    w = rng.integers(-128, 128, (40, 3, 3, 3)).astype(np.int8)  # K = 27: a partial word
+    panels = weight_panels(w, 32)
+    assert panels.shape == (2, 7, 32) and panels.dtype == np.int32
+    np.testing.assert_array_equal(unpacked_weight(panels, w.shape), w)
+
+
+def test_channel_tiles_of_a_dilated_unevenly_padded_convolution() -> None:
+    # 7 x 7 outputs read at dilation 2 through pads (top 2, left 0, bottom 1, right 3):
+    # the words packed in the padded input grid, read at each position's place in it
+    target = "llvm -mcpu=znver4"
+    if not host_runs(target):
+        pytest.skip(f"this host lacks {target}'s features")
+    assert choose_tile(isa_for(Target(target)), 49, 56, 64 * 9).channels_as_lanes
+    rng = np.random.default_rng(7)
+    model = qlinear_conv_model((1, 64, 8, 8), 56, 3, 1, (2, 0, 1, 3), False, rng, dilation=2)
+    x = rng.integers(0, 256, (1, 64, 8, 8)).astype(np.uint8)
+    got = kiln.compile(from_onnx(model), target)["main"](x)
+    np.testing.assert_array_equal(got, ort_session(model).run(None, {"x": x})[0])
