@@ -3,9 +3,9 @@
 `quantize_dynamic` writes DynamicQuantizeLinear -> MatMulInteger -> Cast -> Mul (->
 Add bias); quantize-ops fuses the chain into `dynamic_quant_matmul`, which prints,
 parses back and verifies, and whose kernel (quantize A, integer tiles, float epilogue)
-matches onnxruntime on llvm, c and, where the host has it, the VNNI dot form. Chains
-the op does not compute exactly as written (a bias that is not a constant, a product
-read twice) keep the model's ops.
+matches onnxruntime on llvm, c and, where the host has them, the VNNI and AVX2 dot
+forms. Chains the op does not compute exactly as written (a bias that is not a
+constant, a product read twice) keep the model's ops.
 """
 
 from __future__ import annotations
@@ -29,15 +29,15 @@ from kiln.transform.quantize_ops import QuantizeOps
 from support.graphs import GraphBuilder
 from support.reference import onnxruntime_outputs
 
-M, K, N = 7, 40, 70
-#: the vpdpbusd tiles (B packed in words), where the host runs them
-DOT_TARGET = "llvm -mcpu=znver4"
+# partial row and column tiles, a partial word of k and of A's range scan
+M, K, N = 7, 38, 70
+#: B packed in words: the vpdpbusd tiles and AVX2's widened ones, where the host runs them
+DOT_TARGETS = ("llvm -mcpu=znver4", "llvm -mcpu=haswell")
 
 
 def _targets() -> list[str]:
     host = isa_for(Target.from_host()).features
-    dot = isa_for(Target(DOT_TARGET)).features <= host
-    return ["llvm", "c", *([DOT_TARGET] if dot else [])]
+    return ["llvm", "c", *(t for t in DOT_TARGETS if isa_for(Target(t)).features <= host)]
 
 
 def _model(b_dtype: str, per_column: bool, bias: str | None = "const",
