@@ -65,12 +65,11 @@ from kiln.ops.quant import (
 )
 from kiln.ops.registry import OPS, HandBuiltOp, get_op, register_op
 from kiln.ops.registry import call as op_call
+from kiln.target.isa import ISA, isa_for
 
 Attrs = Mapping[str, Any]
 DYNAMIC = "dynamic_quant_matmul"
 PACKED = "dynamic_quant_matmul_packed"
-#: Running minima/maxima kept per lane while scanning A for its range.
-RANGE_LANES = 16
 
 
 def _quantized_type(a: TensorType) -> TensorType:
@@ -176,15 +175,24 @@ def pack(call: g.Call) -> g.Call | None:
 
 # --------------------------------------------------------------------------- the kernel
 
+def range_lanes(isa: ISA) -> int:
+    """Running minima (and as many maxima) kept while scanning A for its range: a
+    quarter of the vector registers each, at most 8 vectors, so the scan runs that many
+    independent min/max chains instead of waiting on one (a NaN-propagating min is a
+    compare and a blend: a 128 x 3072 x 768 product took 1.95 ms with one AVX-512
+    vector of them, 1.5 ms with 8; one core, loaded host)."""
+    return max(1, min(8, isa.vector_registers // 4)) * isa.lanes("float32")
+
+
 def quantize_tensor(a: Buffer, a_q: Buffer, params: Buffer, zp: Buffer,
-                    parallel: bool) -> Stmt:
+                    parallel: bool, isa: ISA) -> Stmt:
     """DynamicQuantizeLinear of `a` into `a_q` (uint8, `a`'s shape), its scale into
     `params[2]` and zero point into `zp[0]` (`params[0:2]`: A's range with 0). A's
-    rows are its leading dims flattened; the range is scanned `RANGE_LANES` columns at
-    a time (a column past K rereads the last one, which leaves a minimum unchanged)."""
+    rows are its leading dims flattened; the range is scanned `range_lanes(isa)` columns
+    at a time (a column past K rereads the last one, which leaves a minimum unchanged)."""
     lead = tuple(int(d) for d in a.shape[:-1])
     m, k = int(np.prod(lead, dtype=np.int64)), int(a.shape[-1])
-    lanes = min(RANGE_LANES, k)
+    lanes = min(range_lanes(isa), k)
     chunks = -(-k // lanes)
     lo = Buffer("a_lo", (lanes,), "float32", "local")
     hi = Buffer("a_hi", (lanes,), "float32", "local")
@@ -237,7 +245,8 @@ class _DynamicTiledMatmul(HandBuiltOp):
         zp = Buffer("a_zero_point", (1,), "uint8", "global")
         work = int(np.prod(a.shape, dtype=np.int64)) * n
         prologue = seq(Allocate(a_q), Allocate(scalars), Allocate(zp),
-                       quantize_tensor(a, a_q, scalars, zp, work >= quant_kernels.PARALLEL_WORK))
+                       quantize_tensor(a, a_q, scalars, zp, work >= quant_kernels.PARALLEL_WORK,
+                                       isa_for(None)))
 
         def epilogue(acc: PrimExpr, j: PrimExpr, at: tuple[PrimExpr, ...]) -> PrimExpr:
             exact = acc - Cast("int32", zp[0]) * colsum[j]
