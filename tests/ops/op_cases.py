@@ -466,6 +466,21 @@ CASES: dict[str, list[OpCase]] = {
                 const([0.003, 0.004, 0.002, 0.005, 0.001, 0.006], "float32"),
                 const(90, "uint8")), {"w_shape": (6, 3, 3, 3), "pads": (2, 0, 1, 1),
                                       "dilations": (1, 2)})],
+    # dynamic quantization's fused product: A quantized as DynamicQuantizeLinear does,
+    # then float32(acc) * (a_scale * b_scale) + bias
+    "dynamic_quant_matmul": [
+        OpCase((f32(2, 3, 5, low=-3, high=1), ints(5, 4, low=-128, high=128, dtype="int8"),
+                const([1, -2, 0, 3], "int8"), const(0.02, "float32"), f32(4))),
+        OpCase((f32(3, 6, low=0.5, high=2.0), ints(6, 2, low=0, high=256, dtype="uint8"),
+                const(128, "uint8"), const([0.01, 0.03], "float32"), f32(2)))],
+    "dynamic_quant_matmul_packed": [
+        OpCase((f32(2, 3, 5), ints(1, 5, 4, low=-255, high=256, dtype="int16"),
+                ints(4, low=-900, high=900), const(0.02, "float32"), f32(4)), {"n": 4}),
+        # 2-D A: the register-tiled kernel, with partial row and column tiles and K past
+        # one range chunk
+        OpCase((f32(5, 19), ints(2, 19, 64, low=-128, high=128, dtype="int8"),
+                ints(70, low=-900, high=900), f32(70, low=0.001, high=0.01), f32(70)),
+               {"n": 70})],
     "matmul_integer_packed": [
         OpCase((ints(2, 3, 5, low=0, high=256, dtype="uint8"),
                 ints(1, 5, 4, low=-255, high=256, dtype="int16"), ints(4, low=-900, high=900),

@@ -158,9 +158,10 @@ def test_dynamic_quantization_imports_integer_products(dynamic_encoder: Any) -> 
     assert matmuls > 0 and ops["matmul_integer"] == matmuls
     assert ops["dynamic_quantize_linear"] == sum(n.op_type == "DynamicQuantizeLinear"
                                                  for n in model.graph.node)
-    # constant weights are packed, with their column sums, at compile time
+    # each product and its float epilogue fused, constant weights packed with their
+    # column sums at compile time
     packed = _op_counts(QuantizeOps()(from_onnx(model)))
-    assert packed["matmul_integer_packed"] == matmuls and "matmul_integer" not in packed
+    assert packed["dynamic_quant_matmul_packed"] == matmuls and "matmul_integer" not in packed
 
 
 @pytest.mark.parametrize("target", TARGETS)

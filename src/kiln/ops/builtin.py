@@ -18,6 +18,7 @@ from kiln.ops import (  # noqa: F401
     quant,
     quant_conv_dot,
     quant_depthwise,
+    quant_dynamic,
     quant_elementwise,
     quant_kernels,
     quant_onnx,

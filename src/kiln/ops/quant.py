@@ -240,6 +240,17 @@ def _dynamic_infer(types: Sequence[TensorType], attrs: Attrs) -> Type:
                       TensorType((), "uint8")))
 
 
+def dynamic_scale(lo: PrimExpr, hi: PrimExpr) -> PrimExpr:
+    """DynamicQuantizeLinear's scale for the range [lo, hi] (lo <= 0 <= hi), float32."""
+    return select(compare("eq", hi, lo), as_expr(1.0, "float32"), (hi - lo) / 255.0)
+
+
+def dynamic_zero_point(lo: PrimExpr, scale: PrimExpr) -> PrimExpr:
+    """DynamicQuantizeLinear's uint8 zero point for the range's minimum `lo`."""
+    initial = as_expr(0.0, "float32") - lo / scale
+    return Cast("uint8", intrin("round", min_(max_(initial, 0.0), 255.0)))
+
+
 def _dynamic_compute(inputs: Sequence[te.Tensor], attrs: Attrs
                      ) -> tuple[te.Tensor, te.Tensor, te.Tensor]:
     (x,) = inputs
@@ -251,17 +262,10 @@ def _dynamic_compute(inputs: Sequence[te.Tensor], attrs: Attrs
     lo_t = te.compute((), lambda: min_(extreme("min"), 0.0), "float32", "lo", materialize=True)
     hi_t = te.compute((), lambda: max_(extreme("max"), 0.0), "float32", "hi", materialize=True)
 
-    def scale_of() -> PrimExpr:
-        lo, hi = lo_t[()], hi_t[()]
-        return select(compare("eq", hi, lo), as_expr(1.0, "float32"), (hi - lo) / 255.0)
-
-    scale = te.compute((), scale_of, "float32", "scale", materialize=True)
-
-    def zp_of() -> PrimExpr:
-        initial = as_expr(0.0, "float32") - lo_t[()] / scale[()]
-        return Cast("uint8", intrin("round", min_(max_(initial, 0.0), 255.0)))
-
-    zp = te.compute((), zp_of, "uint8", "zero_point", materialize=True)
+    scale = te.compute((), lambda: dynamic_scale(lo_t[()], hi_t[()]), "float32", "scale",
+                       materialize=True)
+    zp = te.compute((), lambda: dynamic_zero_point(lo_t[()], scale[()]), "uint8",
+                    "zero_point", materialize=True)
     y = te.compute(x.shape, lambda *i: quantize_value(x[i], scale[()], zp[()], 0, 255, "uint8"),
                    "uint8", "y")
     return y, scale, zp

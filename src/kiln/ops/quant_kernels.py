@@ -51,7 +51,6 @@ from kiln.ir.tensor import (
     PrimFunc,
     Stmt,
     Store,
-    Var,
     as_expr,
     compare,
     min_,
@@ -60,6 +59,7 @@ from kiln.ir.tensor import (
 from kiln.ir.types import TensorType, Type
 from kiln.ops import quant_dot, te
 from kiln.ops.kernels.tiles import loop as tile_loop
+from kiln.ops.kernels.tiles import parallel_tiles, parallel_when
 from kiln.ops.nn import conv_geometry, conv_ref
 from kiln.ops.quant import (
     PRODUCT_DTYPES,
@@ -76,6 +76,8 @@ from kiln.ops.registry import call as op_call
 from kiln.target.isa import ISA
 
 Attrs = Mapping[str, Any]
+#: `epilogue(acc, column, output index)`: the value a matrix-product tile stores
+TileEpilogue = Callable[[PrimExpr, PrimExpr, tuple[PrimExpr, ...]], PrimExpr]
 MATMUL = "qlinear_matmul_packed"
 CONV = "qlinear_conv_packed"
 INTEGER = "matmul_integer_packed"
@@ -400,14 +402,18 @@ TILE_ROWS, TILE_COLS = 4, 64
 PARALLEL_WORK = 1 << 18
 
 
-def build_matmul_tiles(a: Buffer, bp: Buffer, n: int, out: Buffer,
-                       epilogue: Callable[[PrimExpr, PrimExpr], PrimExpr],
+def build_matmul_tiles(a: Buffer, bp: Buffer, n: int, out: Buffer, epilogue: TileEpilogue,
                        isa: ISA | None = None) -> Stmt:
     """The register-tiled loop nest of a packed matrix product (A's leading dims are its
     rows, flattened): tiles of rows x `bp.shape[2]` int32 accumulators (surplus rows and
-    columns read the last row/column and are not stored), row tiles (or the column
-    tiles of a single row tile) in parallel. `epilogue(acc, column)` is the value
-    stored for an accumulator of output column `column`.
+    columns read the last row/column and are not stored). `epilogue(acc, column, at)`
+    is the value stored at output index `at` for an accumulator of output column
+    `column` (clamped into the output: safe to read per-column parameters with).
+
+    The tiles run column panel by column panel, every row tile of a panel in turn, as
+    one loop over (panel, row tile) split over threads in contiguous chunks: a panel of
+    B (`K x nr`, 196 KB for K = 3072 words of 64 columns) is read from memory once and
+    then from cache by all row tiles, instead of once per row tile.
 
     Without `isa`, B holds int8/int16 elements and a tile has TILE_ROWS rows; with it,
     B holds the dot form's words (quant_dot), A's rows are packed into words first and
@@ -417,53 +423,54 @@ def build_matmul_tiles(a: Buffer, bp: Buffer, n: int, out: Buffer,
     col_tiles, nr = int(bp.shape[0]), int(bp.shape[2])
     mr = min(quant_dot.tile_rows(isa, nr) if isa else TILE_ROWS, m)
     row_tiles = -(-m // mr)
-    big = m * n * k_extent >= PARALLEL_WORK
+    work = m * n * k_extent
     prologue: list[Stmt] = []
     if isa is not None:
         packed_a = Buffer("a_words", (m, int(bp.shape[1])), "int32", "global")
-        prologue = [Allocate(packed_a),
-                    quant_dot.pack_a(a, packed_a, "parallel" if big and m > 1 else "serial")]
+        prologue = [Allocate(packed_a), quant_dot.pack_a(
+            a, packed_a, "parallel" if work >= PARALLEL_WORK and m > 1 else "serial")]
 
-    def row_tile(rt: Var) -> Stmt:
-        def col_tile(ct: Var) -> Stmt:
-            acc = Buffer("acc", (mr, nr), "int32", "local")
+    def tile(ct: PrimExpr, rt: PrimExpr) -> Stmt:
+        acc = Buffer("acc", (mr, nr), "int32", "local")
 
-            def col(v: PrimExpr) -> PrimExpr:
-                # clamped only when the last tile is partial: full tiles load contiguously
-                return ct * nr + v if n % nr == 0 else min_(ct * nr + v, n - 1)
+        def col(v: PrimExpr) -> PrimExpr:
+            # clamped only when the last tile is partial: full tiles load contiguously
+            return ct * nr + v if n % nr == 0 else min_(ct * nr + v, n - 1)
 
-            def row(r: PrimExpr) -> PrimExpr:
-                return rt * mr + r if m % mr == 0 else min_(rt * mr + r, m - 1)
+        def row(r: PrimExpr) -> PrimExpr:
+            return rt * mr + r if m % mr == 0 else min_(rt * mr + r, m - 1)
 
-            def update(k: PrimExpr, r: PrimExpr, v: PrimExpr) -> PrimExpr:
-                if isa is not None:
-                    return Intrin(DOT4_U8S8, (acc[r, v], packed_a[row(r), k], bp[ct, k, v]))
-                a_rk = Cast("int32", a[(*te.unflatten_index(row(r), lead), k)])
-                return acc[r, v] + a_rk * Cast("int32", bp[ct, k, v])
+        def update(k: PrimExpr, r: PrimExpr, v: PrimExpr) -> PrimExpr:
+            if isa is not None:
+                return Intrin(DOT4_U8S8, (acc[r, v], packed_a[row(r), k], bp[ct, k, v]))
+            a_rk = Cast("int32", a[(*te.unflatten_index(row(r), lead), k)])
+            return acc[r, v] + a_rk * Cast("int32", bp[ct, k, v])
 
-            zero = tile_loop("r", mr, lambda r: tile_loop(
-                "v", nr, lambda v: Store(acc, as_expr(0, "int32"), (r, v)), "vectorized"))
-            step = tile_loop("k", int(bp.shape[1]), lambda k: tile_loop(
-                "r", mr, lambda r: tile_loop(
-                    "v", nr, lambda v: Store(acc, update(k, r, v), (r, v)), "vectorized"),
-                "unrolled"))
+        zero = tile_loop("r", mr, lambda r: tile_loop(
+            "v", nr, lambda v: Store(acc, as_expr(0, "int32"), (r, v)), "vectorized"))
+        step = tile_loop("k", int(bp.shape[1]), lambda k: tile_loop(
+            "r", mr, lambda r: tile_loop(
+                "v", nr, lambda v: Store(acc, update(k, r, v), (r, v)), "vectorized"),
+            "unrolled"))
 
-            def store(r: PrimExpr, v: PrimExpr) -> Stmt:
-                j = ct * nr + v
-                value = epilogue(acc[r, v], col(v))
-                inside = compare("lt", rt * mr + r, m) & compare("lt", j, n)
-                at = (*te.unflatten_index(rt * mr + r, lead), j)
-                return IfThenElse(inside, Store(out, value, at))
+        def store(r: PrimExpr, v: PrimExpr) -> Stmt:
+            j = ct * nr + v
+            at = (*te.unflatten_index(rt * mr + r, lead), j)
+            return Store(out, epilogue(acc[r, v], col(v), at), at)
 
-            stores = tile_loop("r", mr, lambda r: tile_loop("v", nr, lambda v: store(r, v)))
-            return seq(Allocate(acc), zero, step, stores)
+        def store_row(r: PrimExpr) -> Stmt:
+            # whole columns store as vectors (a fused tail then runs on vectors too)
+            row = tile_loop("v", nr, lambda v: store(r, v), "vectorized") if n % nr == 0 \
+                else tile_loop("v", nr, lambda v: IfThenElse(compare("lt", ct * nr + v, n),
+                                                             store(r, v)))
+            return row if m % mr == 0 else IfThenElse(compare("lt", rt * mr + r, m), row)
 
-        return tile_loop("ct", col_tiles, col_tile, kinds[1])
+        stores = tile_loop("r", mr, store_row)
+        return seq(Allocate(acc), zero, step, stores)
 
-    # row tiles in parallel; a single row tile (a matrix-vector product): column tiles
-    kinds = ("parallel" if big and row_tiles > 1 else "serial",
-             "parallel" if big and row_tiles == 1 and col_tiles > 1 else "serial")
-    return seq(*prologue, tile_loop("rt", row_tiles, row_tile, kinds[0]))
+    tiles = parallel_when(lambda: parallel_tiles((col_tiles, row_tiles), tile), work,
+                          PARALLEL_WORK)
+    return seq(*prologue, tiles)
 
 
 @dataclass(frozen=True)
@@ -479,13 +486,13 @@ class _TiledMatmul(HandBuiltOp):
             return None
         buffers = [Buffer(t.name, t.shape, t.dtype) for t in params]
         a, bp = buffers[0], buffers[1]
-        epilogue: Callable[[PrimExpr, PrimExpr], PrimExpr]
+        epilogue: TileEpilogue
         if self.name == MATMUL:
             bias, multiplier, y_zp = buffers[2:]
             lo, hi = out_range(attrs, y_zp.dtype)
             dtype = y_zp.dtype
 
-            def epilogue(acc: PrimExpr, j: PrimExpr) -> PrimExpr:
+            def epilogue(acc: PrimExpr, j: PrimExpr, at: tuple[PrimExpr, ...]) -> PrimExpr:
                 mult = multiplier[()] if multiplier.ndim == 0 else multiplier[j]
                 return requantize_value(acc + bias[j], mult, y_zp[()], lo, hi, y_zp.dtype)
         else:
@@ -494,7 +501,7 @@ class _TiledMatmul(HandBuiltOp):
 
             shift = quant_dot.a_shift(a.dtype) if _group(attrs) > 1 else 0
 
-            def epilogue(acc: PrimExpr, j: PrimExpr) -> PrimExpr:
+            def epilogue(acc: PrimExpr, j: PrimExpr, at: tuple[PrimExpr, ...]) -> PrimExpr:
                 return acc - (Cast("int32", a_zp[()]) + shift) * colsum[j]
 
         n = int(attrs["n"])

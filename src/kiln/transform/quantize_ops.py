@@ -34,11 +34,18 @@ intermediates have no other use. Everything else stays as the model wrote it:
 dequantize, float op, quantize (fold-constants then folds dequantized constant
 weights into float constants).
 
+Dynamic quantization (`quantize_dynamic`) writes `cast(matmul_integer(a_q, b, a_zp, b_zp))
+* (a_scale * b_scale) [+ bias]` over a `dynamic_quantize_linear(a)`; with constant weights,
+scales and bias the chain becomes one `dynamic_quant_matmul(a, b, b_zp, b_scale, bias)`
+(kiln.ops.quant_dynamic), which quantizes A itself and applies the float epilogue as it
+stores: the same float32 operations, in the same order.
+
 Then every `qlinear_conv` / `qlinear_matmul` with constant weights (fused here or
 imported from QLinearConv/QLinearMatMul/QGemm), and every `matmul_integer` with a
-constant B (dynamic quantization), becomes its packed form
-(kiln.ops.quant_kernels): the weight shifted by its zero point, the input zero
-point's correction folded into the int32 bias.
+constant B and every `dynamic_quant_matmul` become their packed forms
+(kiln.ops.quant_kernels, kiln.ops.quant_dynamic): the weight shifted by its zero
+point, the input zero point's correction folded into the int32 bias (or, for a zero
+point known only at run time, applied with B's column sums).
 """
 
 from __future__ import annotations
@@ -83,10 +90,14 @@ class QuantizeOps(FunctionPass):
         if not any(isinstance(b.value, g.Call) and b.value.op in _STARTS
                    for b in func.bindings):
             return func
+        from kiln.ops import quant_dynamic
+
         match = _Matcher({b.var: b.value for b in func.bindings}, var_use_counts(func))
         fused = rewrite_calls(func, match.rewrite)
+        if fused is not func:  # the integer products a fused op replaced: not packed
+            fused = remove_dead_bindings(fused)
         # weights, zero-point corrections and bias prepared for the kernels
-        packed = rewrite_calls(fused, quant_kernels.pack)
+        packed = rewrite_calls(fused, lambda c: quant_kernels.pack(c) or quant_dynamic.pack(c))
         # the float products and dequantized weights the fused ops replaced
         return packed if packed is func else remove_dead_bindings(packed)
 
@@ -139,6 +150,8 @@ class _Matcher:
                       None if axis is None else int(axis))  # type: ignore[arg-type]
 
     def rewrite(self, q: g.Call) -> g.Call | None:
+        if q.op in ("add", "multiply"):
+            return self._dynamic_matmul(q)
         if q.op != "quantize_linear" or q.attrs.get("block_size"):
             return None
         y_scale, y_zp = _scalar(q.args[1]), _scalar(q.args[2])
@@ -324,6 +337,76 @@ class _Matcher:
                            g.Constant(np.asarray(y_zp)), **attrs)
         except IRError:  # a shape the integer op refuses: keep float
             return None
+
+    def _dynamic_matmul(self, root: g.Call) -> g.Call | None:
+        """Dynamic quantization's `[add(](multiply(cast(matmul_integer(a_q, b, a_zp, b_zp)),
+        multiply(a_scale, b_scale))[, bias)`, where `a_q, a_scale, a_zp` come from one
+        `dynamic_quantize_linear(a)` and B, its zero point and scale and the bias are
+        constants: `dynamic_quant_matmul(a, ...)` (kiln.ops.quant_dynamic), the same
+        float32 operations in the same order."""
+        from kiln.ops import call as op_call
+
+        product: g.Call | None = root
+        bias: g.Expr | None = None
+        if root.op == "add":
+            product = None
+            for k in (0, 1):
+                inner = self._producer(root.args[k], single_use=True)
+                if inner is not None and inner.op == "multiply" \
+                        and isinstance(root.args[1 - k], g.Constant):
+                    product, bias = inner, root.args[1 - k]
+            if product is None or product.type != root.type:
+                return None
+        assert product is not None
+        for k in (0, 1):
+            cast, scale = (self._producer(product.args[k], single_use=True),
+                           self._producer(product.args[1 - k], single_use=True))
+            if cast is not None and cast.op == "cast" and scale is not None \
+                    and scale.op == "multiply":
+                break
+        else:
+            return None
+        if cast.attrs.get("dtype") != "float32":
+            return None
+        mm = self._producer(cast.args[0], single_use=True)
+        if mm is None or mm.op != "matmul_integer" or mm.attrs.get("transpose_b"):
+            return None
+        a_q, b, a_zp, b_zp = mm.args
+        source = self._dynamic_item(a_q, 0)
+        scales = [self._dynamic_item(e, 1) for e in scale.args]
+        b_scale = scale.args[1] if scales[0] is not None else scale.args[0]
+        if source is None or source is not self._dynamic_item(a_zp, 2) \
+                or source not in scales or not isinstance(b, g.Constant) \
+                or not isinstance(b_zp, g.Constant) or not isinstance(b_scale, g.Constant) \
+                or b.data.ndim != 2 or b_scale.data.dtype != np.float32:
+            return None
+        n = b.data.shape[1]
+        bias_data = np.zeros(n, np.float32) if bias is None else self._float_bias(bias, n)
+        b_scales = np.asarray(b_scale.data, np.float32)
+        if bias_data is None or b_scales.size not in (1, n):
+            return None
+        try:
+            return op_call("dynamic_quant_matmul", source.args[0], b, b_zp,
+                           g.Constant(b_scales.reshape(() if b_scales.size == 1 else (n,))),
+                           g.Constant(bias_data))
+        except IRError:  # a shape the fused op refuses: keep the model's ops
+            return None
+
+    def _dynamic_item(self, e: g.Expr, index: int) -> g.Call | None:
+        """The `dynamic_quantize_linear` call whose output `index` `e` is, else None."""
+        item = self.defs.get(e) if isinstance(e, g.Var) else e
+        if not isinstance(item, g.TupleGetItem) or item.index != index:
+            return None
+        call = self._producer(item.tuple_value, single_use=False)
+        return call if call is not None and call.op == "dynamic_quantize_linear" else None
+
+    @staticmethod
+    def _float_bias(bias: g.Expr, n: int) -> np.ndarray | None:
+        """A float32 constant bias of n values along the last axis, as shape (n,)."""
+        if not isinstance(bias, g.Constant) or bias.data.dtype != np.float32 \
+                or bias.data.size != n or (bias.data.ndim and bias.data.shape[-1] != n):
+            return None
+        return np.asarray(bias.data, np.float32).reshape(n)
 
     def _bias(self, bias: g.Expr | None, scale: np.ndarray, channels: int) -> np.ndarray | None:
         """The int32 bias of the fused op (zeros when the product has none), or None when
