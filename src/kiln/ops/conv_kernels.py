@@ -369,21 +369,40 @@ def blocked_conv_body(shape: ConvShape, x: Buffer, wp: Buffer, out: Buffer,
                     stores.append(st)
             return seq(*stores)
 
-        def emit(v: Var) -> Stmt:
+        # NCHW: a tile's `cb` channels of one position lie a plane apart, so the stores
+        # are scalar. The epilogue's arithmetic (a sigmoid is dozens of operations) is
+        # done first in vectors along the channels into `result`: `cb` of them, or in
+        # the last block of a channel count no multiple of `cb` the channels there are.
+        result = Buffer("result", (tile_w, cb), out.dtype, "local")
+
+        def index(r: int, v: PrimExpr) -> tuple[PrimExpr, ...]:
             oc_local = ob * cb + v
             oc = g * cog + oc_local if shape.groups > 1 else oc_local
+            return n, oc, rows[r], cols[r]
+
+        def apply(v: PrimExpr) -> Stmt:
+            return seq(*(Store(result, epilogue(stage[_c(r), v], index(r, v)), (_c(r), v))
+                         for r in range(tile_w)))
+
+        applied = lanes_loop("v", cb, apply)
+        if cog % cb:
+            last = lanes_loop("v", cog % cb, apply)
+            applied = IfThenElse(ob < blocks - 1, applied, last) if blocks > 1 else last
+
+        def emit(v: Var) -> Stmt:
             stores: list[Stmt] = []
             for r in range(tile_w):
-                idx = (n, oc, rows[r], cols[r])
-                st: Stmt = Store(out, epilogue(stage[_c(r), v], idx), idx)
+                st: Stmt = Store(out, result[_c(r), v], index(r, v))
                 if overflow[r]:
                     st = IfThenElse(t * tile_w + r < positions, st)
                 stores.append(st)
             body = seq(*stores)
-            return IfThenElse(oc_local < cog, body) if cog % cb else body
+            return IfThenElse(ob * cb + v < cog, body) if cog % cb else body
 
-        out_stmt = emit_blocked() if block else _loop("v", cb, emit)
-        return seq(*head, Allocate(stage), red, copy, out_stmt)
+        if block:
+            return seq(*head, Allocate(stage), red, copy, emit_blocked())
+        return seq(*head, Allocate(stage), red, copy, Allocate(result), applied,
+                   _loop("v", cb, emit))
 
     return seq(*prologue, parallel_tiles((shape.n, shape.groups, blocks, tiles), tile))
 
