@@ -505,7 +505,7 @@ def window_body(shape: ConvShape, x: Buffer, out: Buffer, tile_w: int, lanes: in
     # Stride 1, a padded input larger than the L2 (`l2_bytes`, 0: never): each channel
     # is padded into a stack plane just before its tiles read it, in cache, instead of a
     # workspace of every channel filled first, a pass through memory of its own
-    # (144x56x56 3x3: 0.155 -> 0.139 ms on one Zen 4 core). Where the workspace fits
+    # (144x56x56 3x3: 0.155 -> 0.139 ms on one Zen 5 core). Where the workspace fits
     # the L2 (960x7x7: 0.038 -> 0.055 ms) and for a strided layer's phase-split copy
     # (96x112x112 3x3/2: 0.36 -> 0.56 ms) the plane measured slower.
     plane_bytes = plane[0] * plane[1] * plane[2] * itemsize(x.dtype)
