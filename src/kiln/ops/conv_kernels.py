@@ -408,11 +408,6 @@ def blocked_conv_body(shape: ConvShape, x: Buffer, wp: Buffer, out: Buffer,
             return seq(*(Store(result, epilogue(stage[_c(r), v], index(r, v)), (_c(r), v))
                          for r in range(tile_w)))
 
-        applied = lanes_loop("v", cb, apply)
-        if cog % cb:
-            last = lanes_loop("v", cog % cb, apply)
-            applied = IfThenElse(ob < blocks - 1, applied, last) if blocks > 1 else last
-
         def emit(v: Var) -> Stmt:
             stores: list[Stmt] = []
             for r in range(tile_w):
@@ -425,6 +420,10 @@ def blocked_conv_body(shape: ConvShape, x: Buffer, wp: Buffer, out: Buffer,
 
         if block:
             return seq(*head, Allocate(stage), red, copy, emit_blocked())
+        applied = lanes_loop("v", cb, apply)
+        if cog % cb:
+            last = lanes_loop("v", cog % cb, apply)
+            applied = IfThenElse(ob < blocks - 1, applied, last) if blocks > 1 else last
         return seq(*head, Allocate(stage), red, copy, Allocate(result), applied,
                    _loop("v", cb, emit))
 
