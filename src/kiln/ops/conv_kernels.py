@@ -509,7 +509,7 @@ def window_body(shape: ConvShape, x: Buffer, out: Buffer, tile_w: int, lanes: in
     # (96x112x112 3x3/2: 0.36 -> 0.56 ms) the plane measured slower.
     plane_bytes = plane[0] * plane[1] * plane[2] * itemsize(x.dtype)
     local = sw == 1 and needs_padding(shape, sw) and plane_bytes <= WINDOW_PLANE_BYTES \
-        and shape.n * shape.c_in * plane_bytes > l2_bytes > 0
+        and shape.c_in * plane_bytes > l2_bytes > 0  # one image's (the batch may be symbolic)
     if local:
         xplane = Buffer("xplane", plane, x.dtype, "local")
         fill_plane = plane_fill(x, shape, sw, border, 0,
