@@ -5,7 +5,7 @@ compiles once): remainders of the output-channel block and of the position tile,
 row-tiled convolutions (1x1, and few input channels) with row and channel remainders,
 1-wide and 1x1 images, odd channel counts, stride 2, dilation, grouped and
 depthwise convolutions, asymmetric padding, a 7x7/2 stem, batch 2, and the
-epilogues FuseOps attaches (bias, ReLU, Clip, residual Add). It runs on llvm and
+epilogues FuseOps attaches (bias, ReLU, Clip, Swish, residual Add). It runs on llvm and
 c, in this process and in fresh processes with 1 and 2 threads.
 """
 
@@ -42,8 +42,10 @@ TOL = 1e-5
 CASES: list[dict[str, Any]] = [
     # 63 positions: 10 tiles of 6 and a last tile with 3 positions; 5 channels < one block
     dict(x=(1, 3, 9, 7), co=5, k=3, pads=(1, 1, 1, 1), tail=("Relu",)),
-    # 20 channels: a full and a partial block at 8 lanes; stride 2, asymmetric pads
-    dict(x=(1, 8, 9, 7), co=20, k=3, strides=(2, 2), pads=(0, 1, 2, 1), tail=("Clip", "Add")),
+    # 20 channels: a full and a partial block at 8 lanes; stride 2, asymmetric pads; the
+    # epilogue (bias, Swish) computed in vectors along the channels, the partial block's
+    # bias reads clamped into range
+    dict(x=(1, 8, 9, 7), co=20, k=3, strides=(2, 2), pads=(0, 1, 2, 1), tail=("Swish",)),
     # grouped (2 groups of 3 channels), dilation 2, no bias
     dict(x=(2, 6, 8, 8), co=6, k=3, pads=(2, 2, 2, 2), dil=(2, 2), group=2, bias=False),
     # depthwise, stride 2, asymmetric pads; ReLU6 as Clip
@@ -51,8 +53,8 @@ CASES: list[dict[str, Any]] = [
          tail=("Clip",)),
     # depthwise on a row wider than two tiles at 16 lanes (full tiles + remainder)
     dict(x=(1, 3, 4, 37), co=3, k=3, pads=(1, 1, 1, 1), group=3, tail=("Relu",)),
-    # a 1-wide image
-    dict(x=(1, 4, 5, 1), co=7, k=3, pads=(1, 1, 1, 1)),
+    # a 1-wide image, ReLU6 as Clip, a residual Add (read a plane apart per channel)
+    dict(x=(1, 4, 5, 1), co=7, k=3, pads=(1, 1, 1, 1), tail=("Clip", "Add")),
     # a 1x1 image and a 1x1 kernel, residual add
     dict(x=(1, 3, 1, 1), co=4, k=1, pads=(0, 0, 0, 0), tail=("Add",)),
     # the 7x7/2 stem, odd output width
@@ -79,8 +81,8 @@ CASES: list[dict[str, Any]] = [
     dict(x=(2, 5, 4, 16), co=13, k=1, pads=(0, 0, 0, 0), tail=("Add", "Relu")),
     # 1x1/2 (a projection shortcut) through the im2col workspace, ReLU6 as Clip
     dict(x=(1, 6, 16, 16), co=20, k=1, strides=(2, 2), pads=(0, 0, 0, 0), tail=("Clip",)),
-    # 1x1 with padding (zero borders in the workspace), no bias
-    dict(x=(1, 3, 6, 6), co=7, k=1, pads=(1, 1, 1, 1), bias=False, tail=("Relu",)),
+    # 1x1 with padding (zero borders in the workspace), no bias; Swish in one pass
+    dict(x=(1, 3, 6, 6), co=7, k=1, pads=(1, 1, 1, 1), bias=False, tail=("Swish",)),
 ]
 ROWS = 2  # the two few-tap 3x3 cases before the GEMM ones
 GEMM = 3  # the last cases
@@ -124,6 +126,9 @@ def build_model() -> onnx.ModelProto:
                 inits += [numpy_helper.from_array(np.array(0.0, np.float32), f"lo{i}"),
                           numpy_helper.from_array(np.array(6.0, np.float32), f"hi{i}")]
                 nodes.append(helper.make_node("Clip", [last, f"lo{i}", f"hi{i}"], [out]))
+            elif op == "Swish":  # x * sigmoid(x), as EfficientNet exports write it
+                nodes += [helper.make_node("Sigmoid", [last], [f"s{i}_{j}"]),
+                          helper.make_node("Mul", [last, f"s{i}_{j}"], [out])]
             else:
                 inputs.append(helper.make_tensor_value_info(f"r{i}", TensorProto.FLOAT, oshape))
                 nodes.append(helper.make_node("Add", [last, f"r{i}"], [out]))
@@ -262,3 +267,26 @@ def test_gemm_kernel_computes_strided_kxk_layers(target: str) -> None:
     kinds = [f.attrs.get("kiln.conv_kernel") for f in ex.ir.functions.values()]
     assert kinds.count("conv2d_gemm") == len(GEMM_KXK)
     checks.assert_close(list(ex(*checks.feeds.values())), checks.reference())
+
+
+def test_blocked_epilogue_math_runs_in_vectors(native: kiln.driver.Executable) -> None:
+    # The NCHW blocked kernel's stores are a plane apart (scalar); its epilogue (here
+    # Swish's sigmoid, dozens of operations) is computed first in vector loops along
+    # the channels: every store of its `result` is inside a `vector` loop (an epilogue
+    # reading a tensor shaped like the output, a residual, reads a plane apart: scalar).
+    from kiln.ir import tensor as t
+    from kiln.ir.visitor import iter_stmts
+
+    swish = [(name, f) for name, f in native.ir.functions.items()
+             if f.attrs.get("kiln.conv_kernel") == "conv2d_blocked" and "sigmoid" in name
+             and "add" not in name]
+    if native.target.kind.name == "c" and not swish:
+        pytest.skip("the c target's narrower tiles give the Swish case to the row kernel")
+    assert swish
+    for name, f in swish:
+        stores = [s for s in iter_stmts(f.body)
+                  if isinstance(s, t.Store) and s.buffer.name == "result"]
+        in_vectors = {id(s) for loop in iter_stmts(f.body)
+                      if isinstance(loop, t.For) and loop.kind == "vector"
+                      for s in iter_stmts(loop.body)}
+        assert stores and all(id(s) in in_vectors for s in stores), name

@@ -2,7 +2,8 @@
 against onnxruntime on llvm, llvm with AVX-512 off (16 registers: shorter tiles) and c.
 
 Each case is one depthwise convolution (EfficientNet's 5x5 and stride-2 SAME_UPPER
-layers, MobileNet's 3x3 with ReLU6, dilation, batch 2) chosen so that the output
+layers, MobileNet's 3x3 with ReLU6, dilation, batch 2, a padded input larger than the
+L2, padded per channel on the stack) chosen so that the output
 height is not a multiple of the tile's rows (a full block and a partial one) and the
 row splits into column tiles with a remainder; the SiLU (x * sigmoid(x)) is fused
 into the kernel's epilogue. Then a squeeze-excite block: global average pooling
@@ -44,7 +45,11 @@ CASES: list[dict[str, Any]] = [
     dict(x=(2, 4, 19, 21), k=3, s=1, pads=(1, 1, 1, 1), tail="relu6"),
     # 5x5, dilation 2, a 7x7 image (one tile of every row)
     dict(x=(1, 5, 7, 7), k=5, s=1, pads=(4, 4, 4, 4), dil=2, tail=None),
+    # padded, 17 channels of 128x128 padded: more than an L2 of 1 MB, so each channel is
+    # padded on the stack next to its tiles (ck.WINDOW_PLANE_BYTES, one plane exactly)
+    dict(x=(1, 17, 126, 126), k=3, s=1, pads=(1, 1, 1, 1), tail="relu6"),
 ]
+PLANE_CASES = 1  # the last cases
 SE = dict(x=(1, 24, 9, 9), squeezed=6)
 # 2-D pooling on the same window kernel: (op, input, kernel, stride, pads, extra attrs)
 POOLS: list[dict[str, Any]] = [
@@ -108,6 +113,23 @@ def test_matches_onnxruntime(native: kiln.driver.Executable,
     assert len([p for p in pools if p]) == len(POOLS)
     assert sum(bool(f.attrs.get("kiln.channel_scale")) for f in native.ir.functions.values()) == 2
     CHECKS.assert_close(list(native(*FEEDS.values())), reference)
+
+
+def test_large_padded_inputs_are_padded_per_channel(native: kiln.driver.Executable) -> None:
+    """Past the L2 a stride-1 layer pads each channel into a stack plane, not the whole
+    input into a workspace; the small layers (and strided ones) keep the workspace."""
+    from kiln.ir.tensor import Allocate
+
+    planes = []
+    for f in native.ir.functions.values():
+        if f.attrs.get("kiln.conv_kernel") == "conv2d_depthwise":
+            allocs = {s.buffer.name: s.buffer for s in iter_stmts(f.body)
+                      if isinstance(s, Allocate)}
+            planes.append("xplane" in allocs)
+            if "xplane" in allocs:
+                assert allocs["xplane"].scope == "local" and "xpad" not in allocs
+    assert isa_for(native.target).l2_bytes < 17 * ck.WINDOW_PLANE_BYTES
+    assert len(planes) == len(CASES) and planes.count(True) == PLANE_CASES
 
 
 def test_global_pool_reads_a_merged_view(native: kiln.driver.Executable) -> None:

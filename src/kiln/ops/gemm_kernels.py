@@ -422,11 +422,20 @@ _INSTRUCTIONS = frozenset({"fma", "sqrt", "abs", "floor", "ceil", "round", "trun
 
 
 def _calls_a_library(epilogue: Epilogue, ndim: int) -> bool:
-    """Whether the epilogue calls functions (a math library's erf, exp, ...)."""
+    """Whether the epilogue calls functions (a math library's erf, exp, ...). On a CPU
+    target the float32 exp/tanh/sigmoid/erf become arithmetic (kiln.transform.expand_math)
+    that vectorizes in the one-pass store loop."""
+    from kiln.ops.kernels.math import BUILDERS, CPU_KINDS
+    from kiln.target.target import Target
+
+    target = Target.current()
+    expanded = target is not None and target.kind.name in CPU_KINDS
     zero = (_c(0),) * ndim
     probe = epilogue(Var("probe", "float32"), zero)
-    return any(isinstance(e, CallExtern) or (isinstance(e, Intrin) and e.name not in
-                                            _INSTRUCTIONS) for e in iter_exprs(probe))
+    return any(isinstance(e, CallExtern) or (
+        isinstance(e, Intrin) and e.name not in _INSTRUCTIONS
+        and not (expanded and e.name in BUILDERS and e.dtype == "float32"))
+        for e in iter_exprs(probe))
 
 
 def pack_b_at_run_time(b: Buffer, b_batch: tuple[int, ...], k: int, n: int, nr: int,

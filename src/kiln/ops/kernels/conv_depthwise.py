@@ -1,7 +1,9 @@
 """The depthwise family: `conv2d` with one input and one output channel per group ->
 `conv2d_depthwise` (weight unchanged), tile `(tile_w, lanes)`: `tile_w` output
 columns of as many output rows as the ISA's registers hold accumulators for
-(kiln.ops.conv_kernels.depthwise_conv_body, `depthwise_tile_rows`)."""
+(kiln.ops.conv_kernels.depthwise_conv_body, `depthwise_tile_rows`). A padded
+stride-1 input larger than the ISA's L2 is padded channel by channel on the stack
+(`window_body`)."""
 
 from __future__ import annotations
 
@@ -47,7 +49,7 @@ class DepthwiseConv(UnpackedConv):
                   tile: tuple[int, int], epilogue: Epilogue, fused: bool, isa: ISA) -> Stmt:
         tw, lanes = tile
         return ck.depthwise_conv_body(shape, x, w, out, tw, epilogue, fused, lanes,
-                                      tile_registers(isa))
+                                      tile_registers(isa), isa.l2_bytes)
 
 
 CONV_DEPTHWISE = DepthwiseConv("conv_depthwise", "conv2d_depthwise", ("conv2d",), 0)
