@@ -226,14 +226,15 @@ def _kernel(x: t.Buffer, out: t.Buffer, attrs: Attrs) -> t.Stmt:
     outer = [t.Var(f"i{k}", I64) for k in range(len(rest) - 1)]
 
     def chunk(start: t.PrimExpr, lanes: int) -> t.Stmt:
-        v = t.Var("v", I64)
-
-        def at(c: t.PrimExpr) -> tuple[t.PrimExpr, ...]:
+        def at(c: t.PrimExpr, v: t.Var) -> tuple[t.PrimExpr, ...]:
             last = (start + v,) if rest else ()
             return (n, c, *outer, *last)
 
-        return _chunk_body(x, out, at, channels, attrs, v,
-                           lambda stmt: _loop(v, lanes, stmt, "vectorized"))
+        def vector(body: Callable[[t.Var], t.Stmt]) -> t.Stmt:
+            v = t.Var("v", I64)  # a fresh variable per loop (the IR binds each once)
+            return _loop(v, lanes, body(v), "vectorized")
+
+        return _chunk_body(x, out, at, channels, attrs, vector)
 
     if rest:
         width = rest[-1]
@@ -255,44 +256,54 @@ def _loop(var: t.Var, extent: int, body: t.Stmt, kind: str = "serial", start: in
 
 
 def _chunk_body(x: t.Buffer, out: t.Buffer, at: Any, channels: int, attrs: Attrs,
-                lane: t.Var, lanes: Callable[[t.Stmt], t.Stmt]) -> t.Stmt:
+                vector: Callable[[Callable[[t.Var], t.Stmt]], t.Stmt]) -> t.Stmt:
     """One chunk: channel 0's scale, the running sum over channels 1.., the
-    normalization; `lanes` wraps a statement in the chunk's vector loop over `lane`."""
+    normalization; `vector(body)` is the chunk's vector loop around `body(lane)`, and
+    `at(c, lane)` the index of channel `c` in it."""
     _, before, after = _window(attrs)
     a, beta, bias = _params(attrs)
-    c = t.Var("c", I64)
     zero = t.Const(0.0, F32)
+    # the previous channel's scale, per lane, in a stack buffer: reading it back from
+    # `out` would hide from the vector-loop analysis that the lanes are independent
+    prev = t.Buffer("prev", (LANES,), F32, "local")
 
-    def term(ch: t.PrimExpr, valid: t.PrimExpr | None) -> t.PrimExpr:
+    def term(ch: t.PrimExpr, lane: t.Var, valid: t.PrimExpr | None) -> t.PrimExpr:
         # a * x^2 of channel `ch`; a channel outside the tensor adds 0 (onnxruntime's
         # zero padding: s + 0 == s for the positive scale)
         idx = ch if valid is None else t.max_(t.min_(ch, t.Const(channels - 1, I64)),
                                              t.Const(0, I64))
-        v = x[at(idx)]
+        v = x[at(idx, lane)]
         sq = t.Const(a, F32) * (v * v)
         return sq if valid is None else t.select(valid, sq, zero)
 
-    first: t.PrimExpr = t.Const(float(np.float32(bias)), F32)
-    for k in range(-before, after + 1):
-        if 0 <= k < channels:
-            first = first + term(t.Const(k, I64), None)
-    # the previous channel's scale, per lane, in a stack buffer: reading it back from
-    # `out` would hide from the vector-loop analysis that the lanes are independent
-    prev = t.Buffer("prev", (LANES,), F32, "local")
-    head, tail = c + t.Const(after, I64), c - t.Const(1 + before, I64)
-    step = (prev[lane] + term(head, head < t.Const(channels, I64))) \
-        - term(tail, tail >= t.Const(0, I64))
-    s = t.Var("s", F32)
-    ar = _IRArith()
-    value = powf(ar, ar.bind(out[at(c)]), -beta)
-    final = t.seq(*ar.lets, t.Store(out, x[at(c)] * value, at(c)))
+    def keep(c: t.PrimExpr, lane: t.Var, value: t.PrimExpr) -> t.Stmt:
+        s = t.Var("s", F32)
+        return t.seq(t.LetStmt(s, value), t.Store(prev, s, (lane,)),
+                     t.Store(out, s, at(c, lane)))
 
-    def keep(c_: t.PrimExpr, v: t.PrimExpr) -> t.Stmt:
-        return t.seq(t.LetStmt(s, v), t.Store(prev, s, (lane,)), t.Store(out, s, at(c_)))
+    def first(lane: t.Var) -> t.Stmt:
+        total: t.PrimExpr = t.Const(float(np.float32(bias)), F32)
+        for k in range(-before, after + 1):
+            if 0 <= k < channels:
+                total = total + term(t.Const(k, I64), lane, None)
+        return keep(t.Const(0, I64), lane, total)
 
-    return t.seq(t.Allocate(prev), lanes(keep(t.Const(0, I64), first)),
-                 _loop(c, channels, lanes(keep(c, step)), start=1),
-                 _loop(c, channels, lanes(final)))
+    c1, c2 = t.Var("c", I64), t.Var("c", I64)
+
+    def step(lane: t.Var) -> t.Stmt:
+        head, tail = c1 + t.Const(after, I64), c1 - t.Const(1 + before, I64)
+        value = (prev[lane] + term(head, lane, head < t.Const(channels, I64))) \
+            - term(tail, lane, tail >= t.Const(0, I64))
+        return keep(c1, lane, value)
+
+    def normalize(lane: t.Var) -> t.Stmt:
+        ar = _IRArith()
+        value = powf(ar, ar.bind(out[at(c2, lane)]), -beta)
+        return t.seq(*ar.lets, t.Store(out, x[at(c2, lane)] * value, at(c2, lane)))
+
+    return t.seq(t.Allocate(prev), vector(first),
+                 _loop(c1, channels, vector(step), start=1),
+                 _loop(c2, channels, vector(normalize)))
 
 
 OPS.register("lrn", LrnOp("lrn", "opaque", _infer, _compute, _reference))
