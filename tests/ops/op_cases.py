@@ -219,7 +219,9 @@ CASES: dict[str, list[OpCase]] = {
     "conv_transpose3d": [OpCase((f32(1, 1, 2, 3, 2), f32(1, 2, 2, 2, 2)),
                                 {"strides": (1, 2, 1)})],
     "lrn": [OpCase((f32(1, 5, 3, 2),), {"size": 3, "alpha": 0.01, "beta": 0.6, "bias": 1.5}),
-            OpCase((f32(2, 4, 3),), {"size": 2})],
+            OpCase((f32(2, 4, 3),), {"size": 2}),
+            # not float32: the tensor-expression definition instead of the kernel
+            OpCase((f32(1, 4, 3, 2, dtype="float64"),), {"size": 3, "beta": 0.5})],
     # pooling
     "max_pool1d": [OpCase((f32(1, 2, 9),), {"kernel_shape": (3,), "strides": (2,),
                                             "pads": (1, 1), "ceil_mode": True})],

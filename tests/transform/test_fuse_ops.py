@@ -164,3 +164,47 @@ def test_a_value_read_outside_the_group_ends_it() -> None:
     fused = FuseOps().run(ib.get())
     verify(fused)
     assert _kernels(fused) == []
+
+
+def _quantized_concat_chain() -> IRModule:
+    # DenseNet's float code between two quantized convolutions: concat of dequantized
+    # values -> quantize -> dequantize -> BatchNorm (multiply, add) -> quantize
+    ib = IRBuilder()
+    with ib.function("main"):
+        a = ib.param("a", (1, 3, 4, 4), "float32")
+        b = ib.param("b", (1, 5, 4, 4), "float32")
+        s = g.Constant(np.array(0.05, "float32"), "s")
+        z = g.Constant(np.array(128, "uint8"), "z")
+        m = g.Constant(RNG.uniform(0.5, 2, (1, 8, 1, 1)).astype("float32"), "m")
+        k = g.Constant(RNG.standard_normal((1, 8, 1, 1)).astype("float32"), "k")
+        c = ib.emit(ops.call("concat", a, b, axis=1), "c")
+        q = ib.emit(ops.call("quantize_linear", c, s, z), "q")
+        d = ib.emit(ops.call("dequantize_linear", q, s, z), "d")
+        y = ib.emit(ops.call("add", ib.emit(ops.call("multiply", d, m), "bn"), k), "y")
+        ib.ret(ib.emit(ops.call("quantize_linear", y, s, z), "out"))
+    return ib.get()
+
+
+def test_dtype_changes_join_a_layout_chain_exactly() -> None:
+    mod = _quantized_concat_chain()
+    fused = FuseOps().run(mod)
+    assert len(fused["main"].bindings) == 1  # type: ignore[union-attr]
+    assert _kernels(fused)[0].startswith("fused_concat_quantize_linear_dequantize_linear")
+    a = (RNG.standard_normal((1, 3, 4, 4)) * 3).astype("float32")
+    b = (RNG.standard_normal((1, 5, 4, 4)) * 3).astype("float32")
+    want = evaluate(mod, "main", a, b)
+    out = np.empty_like(want)
+    evaluate(get_pipeline("default", "graph")(mod), "main", a, b, out)
+    np.testing.assert_array_equal(out, want)
+
+
+def test_a_dtype_change_does_not_join_an_anchor() -> None:
+    # a float convolution's hand-built epilogue keeps its dtype: the cast stays apart
+    ib = IRBuilder()
+    with ib.function("main"):
+        x = ib.param("x", (1, 3, 8, 8), "float32")
+        w = g.Constant(RNG.standard_normal((4, 3, 3, 3)).astype("float32"), "w")
+        c = ib.emit(ops.call("conv2d", x, w, pads=(1, 1, 1, 1)), "c")
+        r = ib.emit(ops.call("relu", c), "r")
+        ib.ret(ib.emit(ops.call("cast", r, dtype="float16"), "h"))
+    assert _kernels(FuseOps().run(ib.get())) == ["fused_conv2d_relu"]

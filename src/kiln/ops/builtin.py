@@ -11,6 +11,7 @@ from kiln.ops import (  # noqa: F401
     indexing,
     layout,
     logic,
+    lrn,
     manip,
     nn,
     pool,

@@ -17,7 +17,7 @@ from kiln.errors import IRError
 from kiln.ir import dtype as dt
 from kiln.ir import graph as g
 from kiln.ir.shape_expr import dim_text, dims_equal, is_static, shape_text, simplify_dim
-from kiln.ir.tensor import Cast, PrimExpr, as_expr, intrin, select
+from kiln.ir.tensor import Cast, PrimExpr, as_expr, select
 from kiln.ir.types import Dim, TensorType, Type
 from kiln.ops import spatial, te
 from kiln.ops._numpy import is_float
@@ -475,57 +475,6 @@ for _rank in spatial.SPATIAL_RANKS:
                 infer=_convt_infer, compute=_convt_compute, reference=_convt_ref)
 
 
-# --------------------------------------------------------------------------- LRN
-
-def _lrn_window(attrs: Attrs) -> tuple[int, int, int]:
-    size = int(attrs["size"])
-    if size < 1:
-        raise IRError(f"lrn: size must be >= 1, got {size}")
-    return size, (size - 1) // 2, size - 1 - (size - 1) // 2
-
-
-def _lrn_infer(types: Sequence[TensorType], attrs: Attrs) -> Type:
-    x = types[0]
-    if x.ndim < 2 or not dt.is_float(x.dtype):
-        raise IRError(f"lrn expects a float (N, C, ...) tensor, got {x}")
-    _lrn_window(attrs)
-    return x
-
-
-def _lrn_compute(inputs: Sequence[te.Tensor], attrs: Attrs) -> te.Tensor:
-    (x,) = inputs
-    size, before, _ = _lrn_window(attrs)
-    acc = acc_dtype(x.dtype)
-    alpha = float(attrs.get("alpha", 1e-4)) / size
-    beta = float(attrs.get("beta", 0.75))
-    bias = float(attrs.get("bias", 1.0))
-
-    def element(n: PrimExpr, c: PrimExpr, *rest: PrimExpr) -> PrimExpr:
-        def sq(k: PrimExpr) -> PrimExpr:
-            v = widen(te.padded(x, (n, c - before + k, *rest), 0), acc)
-            return v * v
-        total = te.reduce("sum", sq, (size,), acc)
-        scale = intrin("pow", as_expr(bias, acc) + as_expr(alpha, acc) * total,
-                       as_expr(beta, acc))
-        return widen(widen(x[(n, c, *rest)], acc) / scale, x.dtype)
-
-    return te.compute(x.shape, element, x.dtype, "lrn")
-
-
-def _lrn_ref(x: np.ndarray, **attrs: Any) -> np.ndarray:
-    size, before, after = _lrn_window(attrs)
-    x64 = x.astype(np.float64)
-    sq = np.pad(x64 ** 2, ((0, 0), (before, after)) + ((0, 0),) * (x.ndim - 2))
-    total = sum(sq[:, k:k + x.shape[1]] for k in range(size))
-    alpha = float(attrs.get("alpha", 1e-4)) / size
-    out = x64 / (float(attrs.get("bias", 1.0)) + alpha * total) ** float(attrs.get("beta", 0.75))
-    return out.astype(x.dtype)
-
-
-register_op("lrn", pattern="opaque", infer=_lrn_infer, compute=_lrn_compute,
-            reference=_lrn_ref)
-
-
 # --------------------------------------------------------------------------- ONNX mapping
 
 def _kernel(attrs: dict[str, Any], w: TensorType) -> tuple[int, ...]:
@@ -716,12 +665,3 @@ def _batchnorm_training(ctx: GraphContext, x: g.Expr, scale: g.Expr, bias: g.Exp
             outs.append(ctx.call("add", ctx.call("multiply", running, keep),
                                  ctx.call("multiply", current, take)))
     return outs
-
-
-@onnx_op("LRN")
-def _lrn_onnx(ctx: GraphContext, inputs: Sequence[g.Expr | None],
-              attrs: dict[str, Any]) -> list[g.Expr]:
-    x = inputs[0]
-    assert x is not None
-    return [ctx.call("lrn", x, size=int(attrs["size"]), alpha=float(attrs.get("alpha", 1e-4)),
-                     beta=float(attrs.get("beta", 0.75)), bias=float(attrs.get("bias", 1.0)))]

@@ -39,6 +39,8 @@ from kiln.ir.types import TensorType
 from kiln.transform.pass_base import Pass
 
 FUSABLE_TAIL = ("elemwise", "broadcast")
+# Group heads a dtype-changing elementwise op may join (see `_extends`).
+_CASTS_JOIN = ("elemwise", "broadcast", "injective")
 # The most ops fused into one kernel (the FuseOps option `max_group`).
 MAX_FUSED_OPS = 8
 
@@ -125,12 +127,19 @@ def _extends(group: list[g.Binding], value: g.Expr) -> bool:
         return False
     members = {id(b.var): b.var for b in group}
     read = [a for a in value.args if id(a) in members]
-    if not read or any(a.type != value.ret_type for a in read):
+    if not read or any(not isinstance(a.type, TensorType) or a.type.shape != value.ret_type.shape
+                       for a in read):
+        return False
+    first = group[0]
+    assert isinstance(first.value, g.Call)
+    if any(a.type != value.ret_type for a in read) and _pattern(first.value.op) not in _CASTS_JOIN:
+        # a dtype change (quantize_linear, dequantize_linear, cast) joins elementwise and
+        # layout chains (DenseNet's concat -> quantize -> dequantize -> BatchNorm ->
+        # quantize: one kernel, not three); an anchor's hand-built epilogue keeps its
+        # own dtype
         return False
     # The first value is read once unless a hand-written kernel applies the tail to its
     # accumulator: a tensor-expression anchor (a reduction) would be recomputed per read.
-    first = group[0]
-    assert isinstance(first.value, g.Call)
     calls = [b.value for b in group[1:] if isinstance(b.value, g.Call)] + [value]
     reads = sum(a is first.var for c in calls for a in c.args)
     return reads <= 1 or _has_hand_kernel(first.value)

@@ -1,0 +1,70 @@
+"""LRN rounds as onnxruntime's CPU kernel rounds: bit for bit (kiln.ops.lrn).
+
+Quantized Inception keeps LRN in float between a DequantizeLinear and a QuantizeLinear,
+so one ulp apart flips a quantized value. onnxruntime runs single-threaded here: its
+thread pool's blocks may start at elements that are not a multiple of 4 apart, and
+Eigen computes such block edges with libm's `powf` instead of its vector `pow`
+(docs/quantization.md, "LRN").
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+
+import kiln
+from kiln.frontend import from_onnx
+from kiln.ops.registry import get_op
+from support.graphs import GraphBuilder
+from support.reference import onnxruntime_outputs
+
+# (size, alpha, beta, bias): Inception's, the integer-exponent path (beta 1: x / scale)
+# with a large alpha (scales far from 1), a wide window
+CONFIGS = [(5, 1e-4, 0.75, 1.0), (3, 0.5, 1.0, 2.0), (7, 2.0, 0.6, 0.5)]
+# two images; a chunk of 16 lanes and a tail of 4 along the last axis
+SHAPE = (2, 6, 2, 20)
+# bias 0, size 1: in channel 0 (whose scale is bias + a x^2 exactly, no running sum) a
+# zero x has scale 0 and 0 ** -beta = inf (the kernel's guard, as IEEE pow), so
+# y = 0 * inf = nan; x = 1 has scale 1 and y = 1
+ZERO_SCALE = (1, 1.0, 0.75, 0.0)
+
+
+def _model() -> onnx.ModelProto:
+    b = GraphBuilder()
+    b.input("x", SHAPE)
+    for k, (size, alpha, beta, bias) in enumerate([*CONFIGS, ZERO_SCALE]):
+        b.node("LRN", ["x"], [f"y{k}"], size=size, alpha=alpha, beta=beta, bias=bias)
+        b.output(f"y{k}", SHAPE)
+    return b.model(opset=13)
+
+
+@pytest.fixture(scope="module")
+def case() -> tuple[onnx.ModelProto, dict[str, np.ndarray], list[np.ndarray]]:
+    x = (np.random.default_rng(0).standard_normal(SHAPE) * 8).astype(np.float32)
+    x[1, 0, 0] = 0.0
+    x[1, 0, 1] = 1.0
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 1
+    model = _model()
+    return model, {"x": x}, onnxruntime_outputs(model, {"x": x}, options)
+
+
+@pytest.mark.parametrize("target", ["llvm", "c"])
+def test_lrn_equals_onnxruntime_bit_for_bit(case: tuple, target: str) -> None:
+    model, feeds, want = case
+    got = kiln.compile(from_onnx(model), target)["main"](*feeds.values())
+    for k, (g, w) in enumerate(zip(got, want, strict=True)):
+        np.testing.assert_array_equal(np.asarray(g), w, err_msg=f"output {k} on {target}")
+
+
+def test_lrn_reference_equals_onnxruntime_bit_for_bit(case: tuple) -> None:
+    # constant folding and the interpreter use the numpy reference
+    _, feeds, want = case
+    ref = get_op("lrn").reference
+    got = [ref(feeds["x"], size=size, alpha=alpha, beta=beta, bias=bias)
+           for size, alpha, beta, bias in [*CONFIGS, ZERO_SCALE]]
+    for k, (g, w) in enumerate(zip(got, want, strict=True)):
+        np.testing.assert_array_equal(g, w, err_msg=f"output {k}")
+    assert np.isnan(got[-1][1, 0, 0]).all() and (got[-1][1, 0, 1] == 1.0).all()
