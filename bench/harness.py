@@ -123,4 +123,10 @@ def ort_bound_run(session: Any, feed: dict[str, np.ndarray],
     for o, array in zip(session.get_outputs(), outs, strict=True):
         binding.bind_output(o.name, "cpu", 0, array.dtype, list(array.shape),
                             array.ctypes.data)
-    return lambda: session.run_with_iobinding(binding)
+    held = (feed, outs)  # the binding holds raw pointers into these arrays: keep them
+
+    def run() -> object:
+        session.run_with_iobinding(binding)
+        return held[1]
+
+    return run

@@ -100,3 +100,16 @@ def test_a_closed_library_refuses_its_prepared_calls() -> None:
     lib.close()
     with pytest.raises(CallError, match="closed"):
         run()
+
+
+def test_the_prepared_call_holds_its_arrays(hand_lib: Module) -> None:
+    """Arrays given only to prepare() live as long as the prepared call: their memory is
+    not handed to later arrays while the compiled code still reads and writes it."""
+    import gc
+
+    run = hand_lib["main"].prepare(np.arange(4, dtype=F32), out=np.full(4, np.nan, F32))
+    gc.collect()
+    litter = [np.full(4, 7.0, F32) for _ in range(1000)]  # would reuse freed buffers
+    got = run()
+    np.testing.assert_array_equal(got, hm.reference("main", np.arange(4, dtype=F32)))
+    assert all((a == 7.0).all() for a in litter)
