@@ -23,10 +23,7 @@ Prints tables; asserts nothing (this is not a test).
 from __future__ import annotations
 
 import argparse
-import json
 import math
-import os
-import tempfile
 from collections import defaultdict
 from typing import Any
 
@@ -107,19 +104,7 @@ def _shapes(arg: list[dict[str, list[int]]]) -> list[list[int]]:
 def ort_times(model: Any, feed: dict[str, np.ndarray], threads: int, calls: int
               ) -> tuple[float, dict[Key, float]]:
     """(median whole call ms, ms per call of each key) from onnxruntime's profiling trace."""
-    import onnxruntime as ort
-
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = threads
-    options.enable_profiling = True
-    with tempfile.TemporaryDirectory() as tmp:
-        options.profile_file_prefix = os.path.join(tmp, "ort")
-        session = ort.InferenceSession(model.SerializeToString(), options,
-                                       providers=["CPUExecutionProvider"])
-        for _ in range(3 + calls):
-            session.run(None, feed)
-        with open(session.end_profiling()) as f:
-            events = json.load(f)
+    events = harness.ort_profile_events(model, feed, threads, 3 + calls)
     runs = [e for e in events if e.get("name") == "model_run"][3:]
     nodes = [e for e in events if e.get("cat") == "Node"
              and e.get("name", "").endswith("_kernel_time")]

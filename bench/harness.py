@@ -130,3 +130,27 @@ def ort_bound_run(session: Any, feed: dict[str, np.ndarray],
         return held[1]
 
     return run
+
+
+def ort_profile_events(model: Any, feed: dict[str, np.ndarray], threads: int,
+                       calls: int) -> list[dict[str, Any]]:
+    """onnxruntime's profiling trace (its JSON events) of `calls` runs of `model` on
+    `threads` threads; each event's `ts`/`dur` are microseconds."""
+    import json
+    import os
+    import tempfile
+
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.enable_profiling = True
+    with tempfile.TemporaryDirectory() as tmp:
+        options.profile_file_prefix = os.path.join(tmp, "ort")
+        session = ort.InferenceSession(model.SerializeToString(), options,
+                                       providers=["CPUExecutionProvider"])
+        for _ in range(calls):
+            session.run(None, feed)
+        with open(session.end_profiling()) as f:
+            events: list[dict[str, Any]] = json.load(f)
+    return events

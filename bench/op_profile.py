@@ -15,15 +15,11 @@ kernels. Asserts nothing (this is not a test).
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import tempfile
 from collections import defaultdict
 
 import numpy as np
 import onnx
-import onnxruntime as ort
-from harness import describe_target
+from harness import describe_target, ort_profile_events
 
 import kiln
 import models
@@ -57,17 +53,7 @@ def ort_ops(model: onnx.ModelProto, feeds: dict[str, np.ndarray], calls: int,
             threads: int) -> tuple[dict[str, float], float]:
     """onnxruntime's mean ms per call by op type (its profile's node kernel times),
     and its whole call (the profile's model_run), warm-up calls left out."""
-    opts = ort.SessionOptions()
-    opts.intra_op_num_threads = threads
-    with tempfile.TemporaryDirectory() as tmp:
-        opts.enable_profiling = True
-        opts.profile_file_prefix = os.path.join(tmp, "ort")
-        sess = ort.InferenceSession(model.SerializeToString(), opts,
-                                    providers=["CPUExecutionProvider"])
-        for _ in range(2 + calls):
-            sess.run(None, feeds)
-        with open(sess.end_profiling()) as f:
-            events = json.load(f)
+    events = ort_profile_events(model, feeds, threads, 2 + calls)
     runs = [e for e in events if e.get("cat") == "Session" and e["name"] == "model_run"]
     after = runs[2]["ts"] if len(runs) > 2 else 0  # the first timed call's start
     by_op: dict[str, float] = defaultdict(float)
