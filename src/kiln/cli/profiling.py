@@ -25,7 +25,7 @@ from kiln.errors import UsageError
 
 AGGREGATES = ("op", "group", "kernel")
 # Without --top: the fewest rows that hold this share of the kernel time, at most
-# AUTO_ROWS per table (a transformer's profile then fits 30 lines).
+# AUTO_ROWS per table on average (a transformer's profile then fits 30 lines).
 AUTO_SHARE, AUTO_ROWS = 0.95, 9
 HEADINGS = {"op": "op type", "group": "fused group", "kernel": "kernel"}
 
@@ -140,31 +140,42 @@ def _ms(ns: float) -> str:
     return f"{ns / 1e6:10.4f}"
 
 
-def shown_rows(rows: Sequence[Aggregate], top: int | None) -> int:
-    """How many of `rows` (longest first) a table shows before its "other" row: `top`,
-    else the fewest holding AUTO_SHARE of their time (at most AUTO_ROWS)."""
+def row_counts(tables: Sequence[Sequence[Aggregate]], top: int | None) -> list[int]:
+    """How many rows (longest first) each table shows before its "other" row: `top`,
+    else the fewest holding AUTO_SHARE of that table's time, all tables together at most
+    AUTO_ROWS per table (rows a table does not need go to the next ones)."""
     if top is not None:
-        return top
+        return [top] * len(tables)
+    wanted = [_rows_holding_the_share(rows) for rows in tables]
+    counts = [min(w, AUTO_ROWS) for w in wanted]
+    spare = AUTO_ROWS * len(tables) - sum(counts)
+    for k, w in enumerate(wanted):
+        extra = min(w - counts[k], spare)
+        counts[k] += extra
+        spare -= extra
+    return counts
+
+
+def _rows_holding_the_share(rows: Sequence[Aggregate]) -> int:
     total, running = sum(r.total_ns for r in rows), 0
-    for k, r in enumerate(rows[:AUTO_ROWS]):
+    for k, r in enumerate(rows):
         running += r.total_ns
         if running >= AUTO_SHARE * total:
             return k + 1
-    return AUTO_ROWS
+    return len(rows)
 
 
 def table(rec: Recording, by: Sequence[str], top: int | None = None) -> str:
     """The text tables, one per aggregate in `by`: the longest rows (kiln.cli.profiling.
-    shown_rows), then one "other" row for the rest; shares are of the library-timed
+    row_counts), then one "other" row for the rest; shares are of the library-timed
     whole call."""
     whole = sum(rec.whole_ns) or 1
     kernels = sum(sum(s.ns) for s in rec.sites)
     lines = [f"profile of {rec.function} over {rec.calls} calls: {_ms(whole / rec.calls).strip()}"
              f" ms per call (the library's monotonic clock), kernels {100 * kernels / whole:.1f}%"
              " of it"]
-    for key in by:
-        rows = aggregate(rec, key)
-        n = shown_rows(rows, top)
+    tables = [aggregate(rec, key) for key in by]
+    for key, rows, n in zip(by, tables, row_counts(tables, top), strict=True):
         shown, rest = rows[:n], rows[n:]
         width = max([len(r.name) for r in shown] + [len(HEADINGS[key]), 24])
         lines.append(f"{'by ' + HEADINGS[key]:<{width}}  {'calls':>7}  {'total ms':>10}  "
