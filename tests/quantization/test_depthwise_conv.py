@@ -19,8 +19,13 @@ from quantized_models import integer_outputs, qlinear_conv_model, quantize_stati
 
 import kiln
 from kiln.frontend import from_onnx
-from kiln.ops.kernels.tiles import tile_lanes
-from kiln.ops.quant_depthwise import conv_shape, plane_geometry
+from kiln.ops.kernels.tiles import tile_lanes, tile_registers
+from kiln.ops.quant_depthwise import (
+    conv_shape,
+    plane_block,
+    plane_geometry,
+    plane_pair,
+)
 from kiln.script import print_module
 from kiln.target import Target
 from kiln.target.isa import isa_for
@@ -57,7 +62,8 @@ def test_grouped_qlinear_conv_equals_onnxruntime(shape: tuple[int, int, int, int
 
 
 # AVX2 (8 int32 lanes) and AVX-512 (16): the plane kernel, its rows of 7 stored as 8-byte
-# vectors (each spilling onto the next row, the last row exact)
+# vectors (each spilling onto the next row, the last row exact); on AVX-512 the 7x7 tiles
+# are one chunk, so a tile computes two channels side by side (`plane_pair`)
 PLANE_TARGETS = ("llvm -mcpu=x86-64-v3", "c -mcpu=x86-64-v3")
 # 7x7 rows (MobileNetV2's last blocks): s8, a channel multiplier of 2, dilation 2 (taps
 # two plane rows apart), the last tile reading past the image into the tail
@@ -69,7 +75,7 @@ PLANE_STRIDED = ((1, 3, 11, 9), 3, 2, 1, False, 1)
 
 @pytest.mark.parametrize(("target", "shape", "oc", "stride", "pad", "signed", "dilation"), [
     *((target, *case) for target in PLANE_TARGETS for case in (PLANE_7X7, PLANE_STRIDED)),
-    ("llvm -mcpu=x86-64-v4", *PLANE_7X7),
+    *((target, *PLANE_7X7) for target in ("llvm -mcpu=x86-64-v4", "c -mcpu=x86-64-v4")),
 ])
 def test_depthwise_planes_equal_onnxruntime(target: str, shape: tuple[int, int, int, int],
                                             oc: int, stride: int, pad: int, signed: bool,
@@ -81,7 +87,11 @@ def test_depthwise_planes_equal_onnxruntime(target: str, shape: tuple[int, int, 
     attrs = {"group": c, "pads": (pad,) * 4, "dilations": (dilation,) * 2,
              "strides": (stride,) * 2}
     geometry = conv_shape(shape, (oc, 1, 3, 3), attrs)
-    assert geometry is not None and plane_geometry(geometry, tile_lanes(isa, "int32"))
+    assert geometry is not None
+    planes = plane_geometry(geometry, tile_lanes(isa, "int32"))
+    assert planes is not None
+    pair = plane_pair(planes, plane_block(c, planes.phase_size * stride), tile_registers(isa))
+    assert pair == (2 if isa.vector_bits == 512 and stride == 1 else 1)
     rng = np.random.default_rng(13)
     model = qlinear_conv_model(shape, oc, 3, stride, pad, signed, rng, group=c,
                                dilation=dilation)
