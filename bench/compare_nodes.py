@@ -34,7 +34,7 @@ import kiln
 from kiln.cli.kernel_names import kernel_ops
 from kiln.cli.profiling import record
 from kiln.frontend import from_onnx
-from models import build
+from models import build, quantize
 
 Key = tuple[str, str, str]  # (op kind, input C x H x W, output C x H x W)
 
@@ -45,7 +45,15 @@ ORT_KINDS = {"fusedconv": "conv", "conv": "conv", "gemm": "matmul", "fusedgemm":
              "clip": "clip", "add": "add", "mul": "mul", "sigmoid": "sigmoid",
              "concat": "concat", "transpose": "transpose", "reshape": "reshape",
              "batchnormalization": "batch_norm", "softmax": "softmax", "flatten": "reshape",
-             "reorderinput": "layout", "reorderoutput": "layout"}
+             "reorderinput": "layout", "reorderoutput": "layout",
+             # int8 (--int8): onnxruntime's QDQ fusions and kiln's quantized ops
+             "qlinearconv": "conv", "qlinearadd": "add", "qlinearmatmul": "matmul",
+             "qlinearglobalaveragepool": "global_avg_pool", "quantizelinear": "quantize",
+             "dequantizelinear": "dequantize"}
+#: kiln's quantized ops -> the kind onnxruntime's node of the same computation counts as
+KILN_INT8_KINDS = {"qlinear_conv_grouped": "dwconv", "qlinear_conv_packed": "conv",
+                   "qlinear_conv_dot": "conv", "qlinear_conv": "conv", "qlinear_add": "add",
+                   "quantize_linear": "quantize", "dequantize_linear": "dequantize"}
 
 
 def chw(shape: list[int]) -> str:
@@ -59,6 +67,8 @@ def chw(shape: list[int]) -> str:
 def kiln_kind(kernel: str) -> str:
     """The op kind of a kiln kernel: its anchor op, depthwise convolutions apart."""
     first = kernel_ops(kernel)[0]
+    if first in KILN_INT8_KINDS:
+        return KILN_INT8_KINDS[first]
     if first.startswith("conv2d"):
         return "dwconv" if "depthwise" in kernel else "conv"
     return first
@@ -87,14 +97,31 @@ def kiln_times(model: Any, feed: dict[str, np.ndarray], threads: int, calls: int
     return float(np.median(rec.whole_ns)) / 1e6, dict(per_key)
 
 
-def ort_kind(op: str, inputs: list[list[int]]) -> str:
+def ort_kind(op: str, inputs: list[list[int]], outputs: list[list[int]]) -> str:
     kind = ORT_KINDS.get(op.lower(), op.lower())
+    if op.lower() == "qlinearconv" and inputs and outputs and len(inputs[0]) == 4:
+        # its prepacked weight has no shape in the trace: a convolution keeping its
+        # channels is taken for depthwise (no 1x1 of the benchmark models keeps them)
+        return "dwconv" if inputs[0][1] == outputs[0][1] else "conv"
     if kind == "conv" and len(inputs) > 1 and len(inputs[1]) == 4:
         weight, x = inputs[1], inputs[0]
         channels = x[1] if len(x) == 4 else x[1] * x[4]
         if weight[1] == 1 and weight[0] >= channels > 1:
             return "dwconv"
     return kind
+
+
+def nhwc(ins: list[list[int]], outs: list[list[int]]) -> bool:
+    """Whether an int8 node of onnxruntime's trace runs channel-last (its NHWC
+    transformer's QLinearConv/QLinearAdd/...): its 4-D activation's last dim is the
+    channel count of its per-channel scale (QLinearConv), else square H x W before it."""
+    x = next((s for s in ins if len(s) == 4), None)
+    if x is None:
+        return False
+    scales = [s for s in ins[1:] if len(s) == 1]
+    if scales and outs and len(outs[0]) == 4:
+        return outs[0][3] == scales[0][0]
+    return x[1] == x[2] != x[3]
 
 
 def _shapes(arg: list[dict[str, list[int]]]) -> list[list[int]]:
@@ -116,7 +143,11 @@ def ort_times(model: Any, feed: dict[str, np.ndarray], threads: int, calls: int
         args = e.get("args", {})
         ins = _shapes(args.get("input_type_shape", []))
         outs = _shapes(args.get("output_type_shape", []))
-        key = (ort_kind(args.get("op_name", "?"), ins), chw(ins[0]) if ins else "?",
+        op = args.get("op_name", "?")
+        if op.startswith("QLinear") and nhwc(ins, outs):
+            ins, outs = ([[s[0], s[3], s[1], s[2]] if len(s) == 4 else s for s in ts]
+                         for ts in (ins, outs))
+        key = (ort_kind(op, ins, outs), chw(ins[0]) if ins else "?",
                chw(outs[0]) if outs else "?")
         ms = e["dur"] / 1e3
         if e["name"] not in fastest or ms < fastest[e["name"]][1]:
@@ -176,11 +207,15 @@ def main() -> None:
     parser.add_argument("--threads", default="1,2")
     parser.add_argument("--calls", type=int, default=30)
     parser.add_argument("--top", type=int, default=12)
+    parser.add_argument("--int8", action="store_true",
+                        help="each model quantized as bench/models.py --int8 does (QDQ)")
     args = parser.parse_args()
     target = kiln.Target.from_host()
     print(f"host: {harness.describe_target(target)}; {args.calls} calls each")
     for name in args.models.split(","):
         model, feed = build(name)
+        if args.int8:
+            model = quantize(model, {k: list(v.shape) for k, v in feed.items()})
         for threads in [int(t) for t in args.threads.split(",")]:
             kiln_ms, k = kiln_times(model, feed, threads, args.calls, target)
             ort_ms, o = ort_times(model, feed, threads, args.calls)
