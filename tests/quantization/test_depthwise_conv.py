@@ -129,3 +129,27 @@ def test_qdq_depthwise_block_equals_onnxruntime() -> None:
     # the host's vectors: the plane kernel wherever int32 vectors have 8 lanes or more
     ex = kiln.compile(from_onnx(model), Target.from_host())
     np.testing.assert_array_equal(ex["main"](x), onnxruntime_outputs(model, {"x": x})[0])
+
+
+def test_depthwise_plane_rounds_ties_to_even() -> None:
+    # a requantization multiplier of exactly 0.5 makes every odd accumulator a tie, which
+    # the plane kernel's rounding by ROUNDING_MAGIC must take to even as onnxruntime
+    # does; two channels' biases push them onto the clamp bounds (the C backend's planes:
+    # the tests above)
+    host = Target.from_host()
+    if plane_geometry(conv_shape((1, 8, 7, 7), (8, 1, 3, 3), {"group": 8, "pads": (1,) * 4}),
+                      tile_lanes(isa_for(host), "int32")) is None:
+        pytest.skip("this host's vectors have fewer than 8 int32 lanes: no plane kernel")
+    rng = np.random.default_rng(17)
+    model = qlinear_conv_model((1, 8, 7, 7), 8, 3, 1, 1, False, rng, group=8)
+    small = {"xs": np.float32(0.5), "ws": np.ones(8, np.float32), "ys": np.float32(1.0),
+             "w": rng.integers(-1, 2, (8, 1, 3, 3)).astype(np.int8),
+             "b": np.r_[400, -400, rng.integers(-20, 21, 6)].astype(np.int32)}
+    for init in model.graph.initializer:
+        if init.name in small:
+            init.CopyFrom(onnx.numpy_helper.from_array(small[init.name], init.name))
+    x = rng.integers(111, 152, (1, 8, 7, 7)).astype(np.uint8)  # the zero point 131 +- 20
+    y = kiln.compile(from_onnx(model), host)["main"](x)
+    expected = onnxruntime_outputs(model, {"x": x})[0]
+    np.testing.assert_array_equal(y, expected)
+    assert {0, 255} <= set(np.unique(y)) and len(np.unique(y)) > 20

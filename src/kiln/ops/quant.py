@@ -36,7 +36,17 @@ import numpy as np
 from kiln.errors import IRError
 from kiln.ir import dtype as dt
 from kiln.ir.shape_expr import shape_text
-from kiln.ir.tensor import Cast, PrimExpr, as_expr, compare, intrin, max_, min_, select
+from kiln.ir.tensor import (
+    Cast,
+    PrimExpr,
+    as_expr,
+    compare,
+    intrin,
+    max_,
+    min_,
+    reinterpret,
+    select,
+)
 from kiln.ir.types import TensorType, TupleType, Type
 from kiln.ops import spatial, te
 from kiln.ops.nn import b_shape, conv_geometry, conv_ref, matmul_indexing, matmul_shapes
@@ -434,8 +444,14 @@ register_op("conv_integer", pattern="anchor", infer=_conv_integer_infer,
 
 # --------------------------------------------------------------------------- requantizing ops
 
+#: 1.5 * 2**23: a float32 `v` with |v| < 2**22 plus this has ulp 1, so the sum is `v`
+#: rounded half to even (the default rounding mode) and its bits are MAGIC_BITS + that.
+ROUNDING_MAGIC, MAGIC_BITS = 12582912.0, 0x4B400000
+
+
 def requantize_value(acc: PrimExpr, multiplier: PrimExpr, zp: PrimExpr, lo: int, hi: int,
-                     out_dtype: str, bounds_first: bool = False) -> PrimExpr:
+                     out_dtype: str, bounds_first: bool = False,
+                     magic_round: bool = False) -> PrimExpr:
     """`clamp(float32(acc) * multiplier, lo - zp, hi - zp)` rounded half to even, + zp
     (onnxruntime's MLAS requantization: the clamp before rounding is exact because the
     bounds are integers).
@@ -444,11 +460,20 @@ def requantize_value(acc: PrimExpr, multiplier: PrimExpr, zp: PrimExpr, lo: int,
     give the same value, a NaN passes either way), which LLVM, knowing the bounds are no
     NaN, makes a compare and a masked move each instead of two compares and a blend (the
     depthwise plane kernel, 960 channels at 7x7 on Zen 5: 0.047 -> 0.043 ms; used by every
-    int8 kernel, MobileNetV2 as a whole measured 10% slower, so it is not the default)."""
+    int8 kernel, MobileNetV2 as a whole measured 10% slower, so it is not the default).
+
+    `magic_round` rounds and converts the clamped value (|v| <= 510) by adding
+    ROUNDING_MAGIC and reading the sum's bits (two integer-exact operations instead of a
+    rounding, a NaN clear and a conversion; a NaN of the default bit pattern gives the
+    zero point, as the cast
+    does)."""
     z = Cast("float32", zp)
     v = Cast("float32", acc) * multiplier
     lo_, hi_ = as_expr(float(lo), "float32") - z, as_expr(float(hi), "float32") - z
     v = min_(hi_, max_(lo_, v)) if bounds_first else min_(max_(v, lo_), hi_)
+    if magic_round:
+        bits = reinterpret(v + as_expr(ROUNDING_MAGIC, "float32"), "int32")
+        return Cast(out_dtype, bits - (as_expr(MAGIC_BITS, "int32") - Cast("int32", zp)))
     return Cast(out_dtype, Cast("int32", intrin("round", v)) + Cast("int32", zp))
 
 

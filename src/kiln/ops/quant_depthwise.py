@@ -35,7 +35,8 @@ position plus the start of row phase `kh % 2` plus `(kh // 2) * wq/2 + kw // 2`
 channels (`plane_block`) are all filled before the first is read, and where one channel's
 outputs fit a single tile of few vectors (7x7; 14x14 at stride 2) a tile computes several
 channels side by side (`plane_pair`): one accumulator per vector and tap chain is too
-few to hide the multiply-add latency.
+few to hide the multiply-add latency. The planes requantize with
+`requantize_value(magic_round=True)` (the clamped value rounded by a float addition).
 """
 
 from __future__ import annotations
@@ -148,6 +149,8 @@ def _vector_width(columns: int, lanes: int) -> int:
 
 #: Accumulator vectors of a plane tile (registers: these, an input vector, the weight).
 PLANE_VECTORS = 8
+#: Whether the plane kernel requantizes with `requantize_value(magic_round=True)`.
+MAGIC_ROUND = True
 #: The largest stack plane (bytes of input) the plane kernel copies a channel into.
 PLANE_BYTES = 1 << 14
 
@@ -278,7 +281,7 @@ def plane_body(shape: ck.ConvShape, x: Buffer, wp: Buffer, bias: Buffer, x_zp: B
                     mult = multiplier[()] if multiplier.ndim == 0 else multiplier[oc]
                     return lanes_loop("r", width, lambda r: Store(
                         result, requantize_value(acc[r], mult, y_zp[()], lo, hi, y_zp.dtype,
-                                                 bounds_first=True),
+                                                 bounds_first=True, magic_round=MAGIC_ROUND),
                         (t * width + r,)))
 
                 steps = [tap(kh, kw, i) for kh in range(shape.kh) for kw in range(shape.kw)
