@@ -465,8 +465,7 @@ def requantize_value(acc: PrimExpr, multiplier: PrimExpr, zp: PrimExpr, lo: int,
     `magic_round` rounds and converts the clamped value (|v| <= 510) by adding
     ROUNDING_MAGIC and reading the sum's bits (two integer-exact operations instead of a
     rounding, a NaN clear and a conversion; a NaN of the default bit pattern gives the
-    zero point, as the cast
-    does)."""
+    zero point, as the cast does)."""
     z = Cast("float32", zp)
     v = Cast("float32", acc) * multiplier
     lo_, hi_ = as_expr(float(lo), "float32") - z, as_expr(float(hi), "float32") - z
