@@ -491,4 +491,12 @@ CASES: dict[str, list[OpCase]] = {
         OpCase((ints(5, 9, low=0, high=256, dtype="uint8"),
                 ints(2, 9, 64, low=-128, high=128, dtype="int8"), ints(70, low=-900, high=900),
                 const(7, "uint8")), {"n": 70})],
+    # QLinearConcat: the first input copied (the output's parameters), the others
+    # requantized, an int8 one included
+    "qlinear_concat": [
+        OpCase((ints(1, 2, 3, 4, low=0, high=256, dtype="uint8"),
+                ints(1, 3, 3, 4, low=0, high=256, dtype="uint8"),
+                ints(1, 1, 3, 4, low=-128, high=128, dtype="int8")),
+               {"axis": 1, "x_scales": (0.05, 0.0731, 0.031), "x_zero_points": (120, 3, -7),
+                "y_scale": 0.05, "y_zero_point": 120, "dtype": "uint8"})],
 }

@@ -276,3 +276,87 @@ def qlinear_mul_ref(a: np.ndarray, a_scale: np.ndarray, a_zp: np.ndarray, b: np.
 
 register_op(MUL, pattern="injective", infer=_infer(MUL), compute=_mul_compute,
             reference=qlinear_mul_ref)
+
+
+# --------------------------------------------------------------------------- qlinear_concat
+
+CONCAT = "qlinear_concat"
+
+
+def _concat_params(n: int, attrs: Attrs) -> tuple[list[float], list[int], float, int, str]:
+    """(x_scales, x_zero_points, y_scale, y_zero_point, dtype) of a qlinear_concat of `n`
+    inputs, checked."""
+    scales = [float(s) for s in attrs["x_scales"]]
+    zps = [int(z) for z in attrs["x_zero_points"]]
+    dtype = str(attrs["dtype"])
+    if len(scales) != n or len(zps) != n:
+        raise IRError(f"{CONCAT}: {n} inputs need {n} scales and zero points, got "
+                      f"{len(scales)} and {len(zps)}")
+    if dtype not in PRODUCT_DTYPES:
+        raise IRError(f"{CONCAT}: the output must be one of {', '.join(PRODUCT_DTYPES)}, "
+                      f"not {dtype}")
+    return scales, zps, float(attrs["y_scale"]), int(attrs["y_zero_point"]), dtype
+
+
+def _copies(t: Any, scale: float, zp: int, y_scale: float, y_zp: int, dtype: str) -> bool:
+    """Whether an input is its own requantization: quantize(dequantize(v)) = v for one
+    positive scale, zero point and type."""
+    return t.dtype == dtype and scale == y_scale and zp == y_zp and scale > 0
+
+
+def _concat_infer(types: Sequence[TensorType], attrs: Attrs) -> Type:
+    from kiln.ops import get_op
+
+    _, zps, _, y_zp, dtype = _concat_params(len(types), attrs)
+    for t, z in zip(types, zps):
+        if t.dtype not in PRODUCT_DTYPES:
+            raise IRError(f"{CONCAT}: the inputs must be int8 or uint8, got {t.dtype}")
+        lo, hi = qrange(t.dtype)
+        if not lo <= z <= hi:
+            raise IRError(f"{CONCAT}: zero point {z} is out of {t.dtype}'s range")
+    lo, hi = qrange(dtype)
+    if not lo <= y_zp <= hi:
+        raise IRError(f"{CONCAT}: output zero point {y_zp} is out of {dtype}'s range")
+    return get_op("concat").infer([TensorType(t.shape, dtype) for t in types],
+                                  {"axis": attrs.get("axis", 0)})
+
+
+def _concat_compute(inputs: Sequence[te.Tensor], attrs: Attrs) -> te.Tensor:
+    from kiln.ops import get_op
+    from kiln.ops.quant import quantize_value
+
+    scales, zps, y_scale, y_zp, dtype = _concat_params(len(inputs), attrs)
+    lo, hi = qrange(dtype)
+    parts = []
+    for x, s, z in zip(inputs, scales, zps):
+        if _copies(x, s, z, y_scale, y_zp, dtype):
+            parts.append(x)
+            continue
+
+        def element(*i: PrimExpr, x: te.Tensor = x, s: float = s, z: int = z) -> PrimExpr:
+            v = Cast("float32", Cast("int32", x[i]) - z) * as_expr(s, "float32")
+            return quantize_value(v, as_expr(y_scale, "float32"), as_expr(y_zp, "int32"),
+                                  lo, hi, dtype)
+
+        parts.append(te.compute(tuple(x.shape), element, dtype, "requantize"))
+    out = get_op("concat").compute(parts, {"axis": attrs.get("axis", 0)})
+    assert isinstance(out, te.Tensor)
+    return out
+
+
+def qlinear_concat_ref(*xs: np.ndarray, **attrs: Any) -> np.ndarray:
+    """numpy QLinearConcat: every input requantized, quantize(dequantize(x)) in float32
+    (an input with the output's parameters is then itself)."""
+    from kiln.ops.quant import quantize_ref
+
+    scales, zps, y_scale, y_zp, dtype = _concat_params(len(xs), attrs)
+    yz = np.asarray(y_zp, dtype)
+    with np.errstate(all="ignore"):
+        parts = [quantize_ref(((x.astype(np.int32) - z).astype(np.float32)
+                               * np.float32(s)), np.asarray(y_scale, np.float32), yz)
+                 for x, s, z in zip(xs, scales, zps)]
+    return np.concatenate(parts, axis=int(attrs.get("axis", 0)))
+
+
+register_op(CONCAT, pattern="injective", infer=_concat_infer, compute=_concat_compute,
+            reference=qlinear_concat_ref)

@@ -70,7 +70,7 @@ _MAX_POOLS = ("max_pool1d", "max_pool2d", "max_pool3d")
 _AVG_POOLS = ("avg_pool1d", "avg_pool2d", "avg_pool3d")
 #: ops that only move or select elements (onnxruntime drops the Q/DQ pairs around them)
 _DATA_MOVEMENT = ("reshape", "transpose", "broadcast_to", "gather", "gather_elements",
-                  "strided_slice", "tile")
+                  "strided_slice", "tile", "resize")
 #: float binary op -> the integer op onnxruntime runs for DQ, DQ -> op -> Q
 _BINARY = {"add": "qlinear_add", "multiply": "qlinear_mul"}
 _STARTS = ("quantize_linear", "qlinear_conv", "qlinear_matmul", "matmul_integer")
@@ -160,9 +160,14 @@ class _Matcher:
         from kiln.ops.quant import qrange, quantize_ref
 
         lo, hi = qrange(str(y_zp.dtype))
+        part = self._split_part(q.args[0])
+        if part is not None:
+            return self._on_integers(part, y_scale, y_zp)
         call = self._producer(q.args[0], single_use=True)
         if call is not None and (call.op in _MAX_POOLS or call.op in _DATA_MOVEMENT):
             return self._on_integers(call, y_scale, y_zp)
+        if call is not None and call.op == "concat":
+            return self._concat(call, q, y_scale, y_zp)
         if call is not None and call.op in ("relu", "clip"):
             # quantization is monotone: the activation becomes the output range
             bounds = (0.0, None) if call.op == "relu" else (call.attrs.get("min"),
@@ -210,6 +215,11 @@ class _Matcher:
         dequantization is increasing and the maximum is the same element. onnxruntime's
         QDQ transformer drops these pairs too."""
         source = self._dequantized(op.args[0])
+        if op.op == "resize" and (op.attrs.get("mode", "nearest") != "nearest"
+                                  or op.attrs.get("antialias")
+                                  or op.attrs.get("coordinate_transformation_mode")
+                                  == "tf_crop_and_resize"):
+            return None  # interpolates, or writes a float extrapolation value
         if source is None or source.axis is not None \
                 or (op.op in _MAX_POOLS and float(source.scale) <= 0) \
                 or source.scale.reshape(()) != y_scale \
@@ -221,6 +231,47 @@ class _Matcher:
         try:
             return op_call(op.op, source.data, *op.args[1:], **op.attrs)
         except IRError:  # an op that takes no integer data: keep float
+            return None
+
+    def _split_part(self, e: g.Expr) -> g.Call | None:
+        """Part `k` of a `split` that only this use reads, as the `strided_slice` of the
+        split's input that is that part (then `_on_integers` like any slice), else None."""
+        item = self.defs.get(e) if isinstance(e, g.Var) and self.uses[e] == 1 else None
+        if not isinstance(item, g.TupleGetItem):
+            return None
+        split = self._producer(item.tuple_value, single_use=False)
+        if split is None or split.op != "split":
+            return None
+        from kiln.ops import call as op_call
+
+        sections, axis = split.attrs["sections"], split.attrs.get("axis", 0)
+        if not isinstance(sections, tuple) or not isinstance(axis, int):
+            return None
+        start = sum(int(n) for n in sections[:item.index])
+        return op_call("strided_slice", split.args[0], starts=(start,),
+                       ends=(start + int(sections[item.index]),), axes=(axis,), steps=(1,))
+
+    def _concat(self, concat: g.Call, q: g.Call, y_scale: np.ndarray, y_zp: np.ndarray
+                ) -> g.Call | None:
+        """`quantize(concat(dequantize(x_1), dequantize(x_2), ...))`, all per tensor:
+        onnxruntime's QLinearConcat, `qlinear_concat` (kiln.ops.quant_elementwise): the
+        integers copied where an input's scale and zero point are the output's, else
+        requantized (onnxruntime's table of quantize(dequantize(v)) for the 256 values,
+        the same float32 operations)."""
+        from kiln.ops import call as op_call
+
+        xs = [self._dequantized(arg) for arg in concat.args]
+        if any(x is None or x.axis is not None or x.scale.ndim or not (
+                isinstance(x.data.type, TensorType)
+                and x.data.type.dtype in _PRODUCT_DTYPES) for x in xs):
+            return None
+        try:
+            return op_call("qlinear_concat", *[x.data for x in xs if x is not None],
+                           axis=concat.attrs.get("axis", 0),
+                           x_scales=tuple(float(x.scale) for x in xs if x is not None),
+                           x_zero_points=tuple(int(x.zero_point) for x in xs if x is not None),
+                           y_scale=float(y_scale), y_zero_point=int(y_zp), dtype=str(y_zp.dtype))
+        except IRError:  # keep float
             return None
 
     def _binary(self, call: g.Call, q: g.Call) -> g.Call | None:
