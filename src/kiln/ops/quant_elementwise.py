@@ -17,8 +17,15 @@ some rounding boundaries, and later layers carry that on. These ops are that for
   `y = saturate(round_half_even(float32((a - a_zp) * (b - b_zp)) * (a_scale * b_scale /
   y_scale) + y_zp))`.
 
-The operands broadcast like numpy; `a`, `b` and `y_zp` are all int8 or all uint8, the
-scales float32 scalars and the zero points scalars of their tensor's type.
+- `qlinear_concat(x_1, ..., x_n)` (attributes `axis`, `x_scales`, `x_zero_points`,
+  `y_scale`, `y_zero_point`, `dtype`), onnxruntime's QLinearConcat: the concat of the
+  inputs, each one whose scale, zero point and type are not the output's requantized,
+  `saturate(round_half_even(float32(x - x_zp) * x_scale / y_scale) + y_zp)` (its table
+  of 256 values holds exactly these), the others copied.
+
+The operands of qlinear_add and qlinear_mul broadcast like numpy; `a`, `b` and `y_zp`
+are all int8 or all uint8, the scales float32 scalars and the zero points scalars of
+their tensor's type.
 
 `qlinear_add` of two operands of the output's static shape (a residual add) runs on a
 hand-built kernel: the tensors read as flat arrays, in tiles of `ADD_TILE_VECTORS`
@@ -321,12 +328,21 @@ def _concat_infer(types: Sequence[TensorType], attrs: Attrs) -> Type:
                                   {"axis": attrs.get("axis", 0)})
 
 
-def _concat_compute(inputs: Sequence[te.Tensor], attrs: Attrs) -> te.Tensor:
-    from kiln.ops import get_op
+def _requantize(v: PrimExpr, scale: float, zp: int, y_scale: float, y_zp: int,
+                dtype: str) -> PrimExpr:
+    """`v` (an integer element) requantized: quantize(dequantize(v)) in float32."""
     from kiln.ops.quant import quantize_value
 
-    scales, zps, y_scale, y_zp, dtype = _concat_params(len(inputs), attrs)
     lo, hi = qrange(dtype)
+    f = Cast("float32", Cast("int32", v) - zp) * as_expr(scale, "float32")
+    return quantize_value(f, as_expr(y_scale, "float32"), as_expr(y_zp, "int32"), lo, hi,
+                          dtype)
+
+
+def _concat_compute(inputs: Sequence[te.Tensor], attrs: Attrs) -> te.Tensor:
+    from kiln.ops import get_op
+
+    scales, zps, y_scale, y_zp, dtype = _concat_params(len(inputs), attrs)
     parts = []
     for x, s, z in zip(inputs, scales, zps):
         if _copies(x, s, z, y_scale, y_zp, dtype):
@@ -334,14 +350,79 @@ def _concat_compute(inputs: Sequence[te.Tensor], attrs: Attrs) -> te.Tensor:
             continue
 
         def element(*i: PrimExpr, x: te.Tensor = x, s: float = s, z: int = z) -> PrimExpr:
-            v = Cast("float32", Cast("int32", x[i]) - z) * as_expr(s, "float32")
-            return quantize_value(v, as_expr(y_scale, "float32"), as_expr(y_zp, "int32"),
-                                  lo, hi, dtype)
+            return _requantize(x[i], s, z, y_scale, y_zp, dtype)
 
         parts.append(te.compute(tuple(x.shape), element, dtype, "requantize"))
     out = get_op("concat").compute(parts, {"axis": attrs.get("axis", 0)})
     assert isinstance(out, te.Tensor)
     return out
+
+
+def concat_body(inputs: Sequence[Buffer], out: Buffer, attrs: Attrs, lanes: int) -> Stmt:
+    """qlinear_concat's hand-built kernel: per input, the tiles of each of its contiguous
+    runs of the output (the axis and all after it) copied or requantized (the te
+    definition selects among every input for each element); `lanes` the float32 lanes
+    of a vector."""
+    scales, zps, y_scale, y_zp, dtype = _concat_params(len(inputs), attrs)
+    axis = int(attrs.get("axis", 0)) % out.ndim
+    outer = int(np.prod(out.shape[:axis], dtype=np.int64))
+    row = int(np.prod(out.shape[axis:], dtype=np.int64))
+    fout = Buffer(out.name + "_flat", (outer, row), out.dtype)
+    width = ADD_TILE_VECTORS * lanes
+    body: list[Stmt] = [DeclBuffer(fout, out, 0)]
+    offset = 0
+    for x, s, z in zip(inputs, scales, zps):
+        run_len = x.numel() // max(outer, 1)
+        fx = Buffer(x.name + "_flat", (outer, run_len), x.dtype)
+        copies = _copies(x, s, z, y_scale, y_zp, dtype)
+
+        def tile(o: PrimExpr, start: PrimExpr, extent: int, fx: Buffer = fx, at: int = offset,
+                 copies: bool = copies, s: float = s, z: int = z) -> Stmt:
+            def store(v: PrimExpr) -> Stmt:
+                value: PrimExpr = fx[o, start + v]
+                if not copies:
+                    value = _requantize(value, s, z, y_scale, y_zp, dtype)
+                return Store(fout, value, (o, start + v + at))
+            return lanes_loop("v", extent, store)
+
+        tiles, rest = divmod(run_len, width)
+        kind = "parallel" if outer * tiles > 1 and x.numel() >= PARALLEL_MIN_MADDS \
+            else "serial"
+
+        def per_row(o: PrimExpr, tiles: int = tiles, rest: int = rest, tile: Any = tile,
+                    kind: str = kind) -> Stmt:
+            parts = [loop("t", tiles, lambda t: tile(o, t * width, width), kind)] \
+                if tiles else []
+            if rest:
+                parts.append(tile(o, const(tiles * width), rest))
+            return seq(*parts)
+
+        body += [DeclBuffer(fx, x, 0), loop("o", outer, per_row) if outer > 1
+                 else per_row(const(0))]
+        offset += run_len
+    return seq(*body)
+
+
+@dataclass(frozen=True)
+class _QLinearConcat(HandBuiltOp):
+    """qlinear_concat: the hand-built kernel for static shapes, the te definition else."""
+
+    def builds(self, call: g.Call) -> bool:
+        return False  # it takes no fused elementwise chain
+
+    def lower_fused(self, params: Sequence[te.Tensor], args: Sequence[te.Tensor], attrs: Attrs,
+                    anchor: te.Tensor | None, result: te.Tensor | None,
+                    name: str) -> PrimFunc | None:
+        if result is not None or len(args) != len(params) or \
+                any(a is not p for a, p in zip(args, params)) or \
+                not all(isinstance(d, int) for t in params for d in t.shape):
+            return None
+        buffers = [Buffer(t.name, t.shape, t.dtype) for t in params]
+        out_type = _concat_infer([TensorType(t.shape, t.dtype) for t in params], attrs)
+        assert isinstance(out_type, TensorType)
+        out = Buffer("out", tuple(out_type.shape), out_type.dtype)
+        body = concat_body(buffers, out, attrs, tile_lanes(isa_for(None), "float32"))
+        return PrimFunc((*buffers, out), body, {"kiln.qlinear_concat": "runs"})
 
 
 def qlinear_concat_ref(*xs: np.ndarray, **attrs: Any) -> np.ndarray:
@@ -358,5 +439,8 @@ def qlinear_concat_ref(*xs: np.ndarray, **attrs: Any) -> np.ndarray:
     return np.concatenate(parts, axis=int(attrs.get("axis", 0)))
 
 
-register_op(CONCAT, pattern="injective", infer=_concat_infer, compute=_concat_compute,
-            reference=qlinear_concat_ref)
+# "opaque": a kernel of its own; a dequantization after it (DenseNet's concat -> DQ ->
+# BatchNorm -> Q) starts the next kernel, rather than joining the te definition, whose
+# per-element select over the inputs requantizes every one of them (32 in DenseNet)
+OPS.register(CONCAT, _QLinearConcat(CONCAT, "opaque", _concat_infer, _concat_compute,
+                                    qlinear_concat_ref))

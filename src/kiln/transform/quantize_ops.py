@@ -15,8 +15,10 @@ ReLU or Clip between the product and the QuantizeLinear becomes the output range
 (`qmin`/`qmax`): quantization is monotone, so `quantize(relu(v)) = max(quantize(v),
 y_zp)` exactly. For the same reason `quantize(max_pool(dequantize(x)))` with one scale
 and zero point is `max_pool(x)` on the integers, and the ops that only move elements
-(reshape, transpose, gather, slice, ...) run on the integers when the scale and zero
-point around them are equal.
+(reshape, transpose, gather, slice, a split's part, nearest resize, ...) run on the
+integers when the scale and zero point around them are equal. A concat of dequantized
+tensors that is quantized becomes `qlinear_concat` (kiln.ops.quant_elementwise),
+onnxruntime's QLinearConcat: each input copied or requantized.
 
 onnxruntime runs some other DQ -> op -> Q groups with its own integer kernels, whose
 float32 arithmetic differs from dequantize-op-quantize; those become the ops computing
