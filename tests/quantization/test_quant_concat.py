@@ -18,7 +18,9 @@ from onnx import TensorProto
 
 import kiln
 from kiln.frontend import from_onnx
+from kiln.ir import assert_structural_equal
 from kiln.ir import graph as g
+from kiln.script import from_source, print_module
 from kiln.transform.quantize_ops import QuantizeOps
 from support.graphs import GraphBuilder
 from support.reference import ort_session
@@ -76,13 +78,16 @@ def _feed() -> dict[str, np.ndarray]:
 
 
 def test_qdq_data_movement_runs_on_integers(model: onnx.ModelProto) -> None:
-    fn = QuantizeOps()(from_onnx(model))["main"]
+    mod = QuantizeOps()(from_onnx(model))
+    fn = mod["main"]
     ops = Counter(b.value.op for b in fn.bindings if isinstance(b.value, g.Call))
     # two concats of integers; the per-channel one (y6) stays float: its two
     # dequantizations and one quantization are all that is left of the QDQ pairs
     assert ops["qlinear_concat"] == 2 and ops["concat"] == 1
     assert ops["dequantize_linear"] == 2 and ops["quantize_linear"] == 1
     assert ops["split"] == 0 and ops["strided_slice"] == 2 and ops["resize"] == 1
+    # the parameters print and parse back exactly
+    assert_structural_equal(from_source(print_module(mod)), mod)
 
 
 @pytest.mark.parametrize("target", ["llvm", "c"])
