@@ -26,6 +26,8 @@ from support.graphs import GraphBuilder
 from support.reference import ort_session
 
 U8, I8 = TensorProto.UINT8, TensorProto.INT8
+#: each input 2**16 elements: qlinear_concat's tile loops run in parallel (PARALLEL_MIN_MADDS)
+SHAPE = (1, 2, 128, 256)
 
 
 def _model() -> onnx.ModelProto:
@@ -55,11 +57,12 @@ def _model() -> onnx.ModelProto:
     b.node("DequantizeLinear", ["a", "sp", "zp"], ["fp"], axis=1)
     b.node("Concat", ["fa", "fp"], ["cat3"], axis=1)
     b.node("QuantizeLinear", ["cat3", "sa", "za"], ["y6"])
-    b.input("a", [1, 2, 8, 16], U8)
-    b.input("b", [1, 2, 8, 16], U8)
-    b.input("c", [1, 2, 8, 16], I8)
-    for name, shape in (("y1", [1, 6, 8, 16]), ("y2", [1, 2, 8, 32]), ("y3", [1, 1, 8, 16]),
-                        ("y4", [1, 1, 8, 16]), ("y5", [1, 2, 16, 32]), ("y6", [1, 4, 8, 16])):
+    for name, dtype in (("a", U8), ("b", U8), ("c", I8)):
+        b.input(name, list(SHAPE), dtype)
+    n, c, h, w = SHAPE
+    for name, shape in (("y1", [n, 3 * c, h, w]), ("y2", [n, c, h, 2 * w]),
+                        ("y3", [n, 1, h, w]), ("y4", [n, 1, h, w]),
+                        ("y5", [n, c, 2 * h, 2 * w]), ("y6", [n, 2 * c, h, w])):
         b.output(name, shape, U8)
     return b.model(opset=13)
 
@@ -72,9 +75,10 @@ def model() -> onnx.ModelProto:
 def _feed() -> dict[str, np.ndarray]:
     # every value of each type, in a shuffled order
     rng = np.random.default_rng(3)
-    return {"a": rng.permutation(256).astype(np.uint8).reshape(1, 2, 8, 16),
-            "b": rng.permutation(256).astype(np.uint8).reshape(1, 2, 8, 16),
-            "c": (rng.permutation(256) - 128).astype(np.int8).reshape(1, 2, 8, 16)}
+    size = int(np.prod(SHAPE))
+    return {"a": rng.permutation(size).astype(np.uint8).reshape(SHAPE),
+            "b": rng.permutation(size).astype(np.uint8).reshape(SHAPE),
+            "c": (rng.permutation(size) % 256 - 128).astype(np.int8).reshape(SHAPE)}
 
 
 def test_qdq_data_movement_runs_on_integers(model: onnx.ModelProto) -> None:
