@@ -49,11 +49,14 @@ ORT_KINDS = {"fusedconv": "conv", "conv": "conv", "gemm": "matmul", "fusedgemm":
              # int8 (--int8): onnxruntime's QDQ fusions and kiln's quantized ops
              "qlinearconv": "conv", "qlinearadd": "add", "qlinearmatmul": "matmul",
              "qlinearglobalaveragepool": "global_avg_pool", "quantizelinear": "quantize",
-             "dequantizelinear": "dequantize"}
+             "dequantizelinear": "dequantize", "qlinearconcat": "concat",
+             "qlinearsoftmax": "softmax", "qlinearmul": "mul", "nhwcmaxpool": "max_pool2d"}
 #: kiln's quantized ops -> the kind onnxruntime's node of the same computation counts as
 KILN_INT8_KINDS = {"qlinear_conv_grouped": "dwconv", "qlinear_conv_packed": "conv",
                    "qlinear_conv_dot": "conv", "qlinear_conv": "conv", "qlinear_add": "add",
-                   "quantize_linear": "quantize", "dequantize_linear": "dequantize"}
+                   "quantize_linear": "quantize", "dequantize_linear": "dequantize",
+                   "qlinear_concat": "concat", "qlinear_softmax": "softmax",
+                   "qlinear_global_average_pool": "global_avg_pool", "qlinear_mul": "mul"}
 
 
 def chw(shape: list[int]) -> str:
