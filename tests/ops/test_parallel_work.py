@@ -1,0 +1,123 @@
+"""The one parallel-work threshold (kiln.ops.kernels.parallel_work): a time.
+
+A kernel goes parallel when its estimated one-thread time reaches PARALLEL_MIN_NS,
+so the same multiply-add count is parallel on a narrow-vector target and serial on a
+wide one; the `parallelize` pass follows the same rule, and the library's pool gets
+the same figure as its default KILN_SERIAL_NS. Checked on the lowered IR (LLVM
+targets of other CPUs need no such CPU) and with PoolStats on this host.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+
+import kiln
+from kiln.errors import UsageError
+from kiln.frontend import from_onnx
+from kiln.ir.module import IRModule
+from kiln.ir.tensor import For, PrimFunc
+from kiln.ir.visitor import iter_stmts
+from kiln.ops.kernels.parallel_work import (
+    PARALLEL_MIN_NS,
+    UNITS,
+    min_parallel_work,
+    work_ns,
+)
+from kiln.target import Target
+from kiln.target.isa import isa_for
+from kiln.transform import get_pipeline
+from support.graphs import GraphBuilder
+
+AVX512 = "llvm -mcpu=znver5"
+AVX2 = "llvm -mcpu=haswell"
+# Dense layers at batch 1 (the gemv kernel), K x N multiply-adds: 4k (tiny), 197k
+# (above AVX2's 5 us, below AVX-512's), 393k (big on both).
+SIZES = {"tiny": (64, 64), "middle": (512, 384), "big": (768, 512)}
+
+
+def dense_model() -> tuple[onnx.ModelProto, dict[str, np.ndarray], list[np.ndarray]]:
+    rng = np.random.default_rng(3)
+    b = GraphBuilder()
+    feeds, weights = {}, []
+    for name, (k, n) in SIZES.items():
+        x = b.input(f"x_{name}", [1, k])
+        weights.append((rng.standard_normal((n, k)) / np.sqrt(k)).astype(np.float32))
+        b.output(b.op("Gemm", x, b.const(weights[-1], f"w_{name}"), transB=1), [1, n])
+        feeds[x] = rng.standard_normal((1, k)).astype(np.float32)
+    return b.model(), feeds, weights
+
+
+MODEL, FEEDS, WEIGHTS = dense_model()
+
+
+def lowered(target: str) -> IRModule:
+    tgt = Target(target)
+    with tgt:
+        mod = get_pipeline("default", "graph", target=tgt)(from_onnx(MODEL))
+        out: IRModule = get_pipeline("default", "tensor", target=tgt)(mod)
+        return out
+
+
+def parallel_by_size(mod: IRModule) -> dict[str, bool]:
+    """Whether the kernel of each dense layer (found by its weight's size) has a
+    parallel loop."""
+    found = {}
+    for fn in mod.functions.values():
+        if not isinstance(fn, PrimFunc):
+            continue
+        for name, (k, n) in SIZES.items():
+            if any(p.shape[-2:] == (n, k) or p.shape[-2:] == (k, n) for p in fn.params):
+                found[name] = any(isinstance(s, For) and s.kind == "parallel"
+                                  for s in iter_stmts(fn.body))
+    return found
+
+
+def test_threshold_is_a_time_on_every_isa() -> None:
+    wide, narrow = isa_for(Target(AVX512)), isa_for(Target(AVX2))
+    for unit in UNITS:
+        for isa in (wide, narrow):
+            assert work_ns(min_parallel_work(unit, isa), unit, isa) == pytest.approx(
+                PARALLEL_MIN_NS, rel=1e-3)
+        # twice the lanes do the same work in half the time: twice as much pays
+        assert min_parallel_work(unit, wide) == 2 * min_parallel_work(unit, narrow)
+    with pytest.raises(UsageError, match="unit of work"):
+        min_parallel_work("flop", wide)
+
+
+@pytest.mark.parametrize("target, middle", [(AVX2, True), (AVX512, False)])
+def test_kernels_split_by_estimated_time(target: str, middle: bool) -> None:
+    assert parallel_by_size(lowered(target)) == {"tiny": False, "middle": middle,
+                                                  "big": True}
+
+
+def test_parallelize_follows_the_target() -> None:
+    from kiln.transform.parallelize import Parallelize
+
+    with Target(AVX2):
+        avx2 = Parallelize().least_work()
+    with Target(AVX512):
+        avx512 = Parallelize().least_work()
+    assert avx512 == 2 * avx2 == 2 * min_parallel_work("node", isa_for(Target(AVX2)))
+    assert Parallelize(min_work=0).least_work() == 0  # an explicit count still wins
+
+
+def test_pool_gets_the_big_kernel_only() -> None:
+    """On this host: one call hands the pool one loop (the big layer's; the middle one
+    is parallel only below AVX-512), the tiny layer runs inline; results match numpy."""
+    host = Target.from_host()
+    expect = {"tiny": False, "middle": isa_for(host).vector_bits < 512, "big": True}
+    ex = kiln.compile(MODEL, host)
+    lib = ex.jit()
+    lib.set_num_threads(2)
+    try:
+        before = lib.pool_stats()
+        outs = lib["main"](*FEEDS.values())
+        handed = lib.pool_stats().loops - before.loops
+    finally:
+        lib.set_num_threads(None)
+    assert parallel_by_size(ex.ir) == expect
+    assert handed == sum(expect.values())
+    for x, w, out in zip(FEEDS.values(), WEIGHTS, outs):
+        np.testing.assert_allclose(np.asarray(out), x @ w.T, rtol=1e-4, atol=1e-4)
