@@ -41,7 +41,7 @@ CASES: list[dict[str, Any]] = [
     dict(k=16, n=4, tail="Relu"),
     dict(k=33, n=5, bias=True, attrs=dict(alpha=0.5, beta=2.0)),
     dict(k=40, n=19, bias=True, tail="Gelu"),
-    dict(k=1025, n=250, bias=True, tail="Relu"),  # 256k multiply-adds: a parallel loop
+    dict(k=513, n=203, bias=True, tail="Relu"),  # 104k multiply-adds: a parallel loop
 ]
 
 

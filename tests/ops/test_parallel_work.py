@@ -32,9 +32,10 @@ from support.graphs import GraphBuilder
 
 AVX512 = "llvm -mcpu=znver5"
 AVX2 = "llvm -mcpu=haswell"
-# Dense layers at batch 1 (the gemv kernel), K x N multiply-adds: 4k (tiny), 197k
-# (above AVX2's 5 us, below AVX-512's), 393k (big on both).
-SIZES = {"tiny": (64, 64), "middle": (512, 384), "big": (768, 512)}
+# Products of 8 rows by a constant matrix (the gemm family), M x K x N multiply-adds:
+# 2k (tiny), 197k (above AVX2's 5 us, below AVX-512's), 524k (big on both).
+M = 8
+SIZES = {"tiny": (16, 16), "middle": (256, 96), "big": (512, 128)}
 
 
 def dense_model() -> tuple[onnx.ModelProto, dict[str, np.ndarray], list[np.ndarray]]:
@@ -42,10 +43,10 @@ def dense_model() -> tuple[onnx.ModelProto, dict[str, np.ndarray], list[np.ndarr
     b = GraphBuilder()
     feeds, weights = {}, []
     for name, (k, n) in SIZES.items():
-        x = b.input(f"x_{name}", [1, k])
+        x = b.input(f"x_{name}", [M, k])
         weights.append((rng.standard_normal((n, k)) / np.sqrt(k)).astype(np.float32))
-        b.output(b.op("Gemm", x, b.const(weights[-1], f"w_{name}"), transB=1), [1, n])
-        feeds[x] = rng.standard_normal((1, k)).astype(np.float32)
+        b.output(b.op("Gemm", x, b.const(weights[-1], f"w_{name}"), transB=1), [M, n])
+        feeds[x] = rng.standard_normal((M, k)).astype(np.float32)
     return b.model(), feeds, weights
 
 
@@ -61,14 +62,14 @@ def lowered(target: str) -> IRModule:
 
 
 def parallel_by_size(mod: IRModule) -> dict[str, bool]:
-    """Whether the kernel of each dense layer (found by its weight's size) has a
-    parallel loop."""
+    """Whether the kernel of each product (found by its output's shape) has a parallel
+    loop."""
     found = {}
     for fn in mod.functions.values():
         if not isinstance(fn, PrimFunc):
             continue
-        for name, (k, n) in SIZES.items():
-            if any(p.shape[-2:] == (n, k) or p.shape[-2:] == (k, n) for p in fn.params):
+        for name, (_, n) in SIZES.items():
+            if fn.params[-1].shape == (M, n):
                 found[name] = any(isinstance(s, For) and s.kind == "parallel"
                                   for s in iter_stmts(fn.body))
     return found
@@ -80,8 +81,10 @@ def test_threshold_is_a_time_on_every_isa() -> None:
         for isa in (wide, narrow):
             assert work_ns(min_parallel_work(unit, isa), unit, isa) == pytest.approx(
                 PARALLEL_MIN_NS, rel=1e-3)
-        # twice the lanes do the same work in half the time: twice as much pays
-        assert min_parallel_work(unit, wide) == 2 * min_parallel_work(unit, narrow)
+        # twice the lanes do the same work in half the time: twice as much pays;
+        # streaming from cache is as fast on both
+        ratio = 1 if unit == "stream" else 2
+        assert min_parallel_work(unit, wide) == ratio * min_parallel_work(unit, narrow)
     with pytest.raises(UsageError, match="unit of work"):
         min_parallel_work("flop", wide)
 
@@ -104,8 +107,8 @@ def test_parallelize_follows_the_target() -> None:
 
 
 def test_pool_gets_the_big_kernel_only() -> None:
-    """On this host: one call hands the pool one loop (the big layer's; the middle one
-    is parallel only below AVX-512), the tiny layer runs inline; results match numpy."""
+    """On this host: one call hands the pool the big product's loop (and the middle
+    one's below AVX-512), the tiny one runs inline; results match numpy."""
     host = Target.from_host()
     expect = {"tiny": False, "middle": isa_for(host).vector_bits < 512, "big": True}
     ex = kiln.compile(MODEL, host)

@@ -107,6 +107,7 @@ def gemv_body(k: int, n: int, a: Buffer, b: Buffer, out: Buffer, epilogue: Epilo
         return seq(*head, *body)
 
     loop = parallel_tiles((tiles,), tile)
-    if not worth_parallel(n * k, "madd") and isinstance(loop, For):
+    # each weight is read once: the product streams B (n x k values) from cache
+    if not worth_parallel(n * k, "stream") and isinstance(loop, For):
         loop = For(loop.var, loop.start, loop.extent, "serial", loop.body)
     return loop

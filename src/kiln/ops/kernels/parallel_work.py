@@ -15,12 +15,16 @@ The rates are a cost model, not a benchmark: a nominal clock of NOMINAL_GHZ, two
 vector pipes (FMA or ALU) per core on vector targets, and SUSTAINED of that peak,
 which small kernels reach (on an AMD EPYC Zen 5, AVX-512: the 3x3 convolutions of
 bench/nets.py's `cnn` run at 46-56 float32 multiply-adds per ns on one thread,
-half of 16 lanes x 2 pipes x 3 GHz).
+half of 16 lanes x 2 pipes x 3 GHz). A kernel that reads each value once (a
+matrix-vector product's weights) is bound by the cache instead: STREAM_BYTES_PER_CYCLE
+whatever the vector width (the same machine: a 512 x 512 gemv streams 14 float32
+weights per ns from L2).
 """
 
 from __future__ import annotations
 
 from kiln.errors import UsageError
+from kiln.ir.dtype import itemsize
 from kiln.target.isa import ISA, isa_for
 
 #: Estimated one-thread work (ns) from which a loop runs on the thread pool: twice a
@@ -32,13 +36,16 @@ NOMINAL_GHZ = 3.0
 SUSTAINED = 0.5
 #: Vector instructions a core issues per cycle (two FMA/ALU pipes on vector targets).
 VECTOR_PIPES = 2
+#: Bytes per cycle a kernel streaming values it reads once sustains from L2.
+STREAM_BYTES_PER_CYCLE = 16
 #: IR expression nodes (the `parallelize` pass's cost unit) per element operation of
 #: a vectorized loop: a load with its index, the operation, the store.
 NODES_PER_OPERATION = 4
 #: The units of work the kernels measure: a multiply-add (one FMA lane; two
 #: operations without FMA), an element of a row or a copy (one vector lane's
-#: operation), an IR expression node (a fraction of one, NODES_PER_OPERATION).
-UNITS = ("madd", "element", "node")
+#: operation), an IR expression node (a fraction of one, NODES_PER_OPERATION), a
+#: value streamed from cache and used once (STREAM_BYTES_PER_CYCLE).
+UNITS = ("madd", "element", "node", "stream")
 
 
 def rate(unit: str, isa: ISA | None = None, dtype: str = "float32") -> float:
@@ -46,6 +53,8 @@ def rate(unit: str, isa: ISA | None = None, dtype: str = "float32") -> float:
     target's)."""
     if unit not in UNITS:
         raise UsageError(f"unit of work: expected one of {', '.join(UNITS)}, got {unit!r}")
+    if unit == "stream":
+        return STREAM_BYTES_PER_CYCLE / itemsize(dtype) * NOMINAL_GHZ
     isa = isa if isa is not None else isa_for(None)
     lanes = isa.lanes(dtype) if isa.vector_bits else 1  # scalar pipes: one value
     per_cycle = lanes * (VECTOR_PIPES if isa.vector_bits else 1) * SUSTAINED
