@@ -17,7 +17,7 @@ import kiln
 from kiln.errors import UsageError
 from kiln.frontend import from_onnx
 from kiln.ir.module import IRModule
-from kiln.ir.tensor import For, PrimFunc
+from kiln.ir.tensor import Allocate, For, PrimFunc
 from kiln.ir.visitor import iter_stmts
 from kiln.ops.kernels.parallel_work import (
     PARALLEL_MIN_NS,
@@ -29,6 +29,8 @@ from kiln.target import Target
 from kiln.target.isa import isa_for
 from kiln.transform import get_pipeline
 from support.graphs import GraphBuilder
+from support.numerics import assert_close
+from support.reference import onnxruntime_outputs
 
 AVX512 = "llvm -mcpu=znver5"
 AVX2 = "llvm -mcpu=haswell"
@@ -124,3 +126,38 @@ def test_pool_gets_the_big_kernel_only() -> None:
     assert handed == sum(expect.values())
     for x, w, out in zip(FEEDS.values(), WEIGHTS, outs):
         np.testing.assert_allclose(np.asarray(out), x @ w.T, rtol=1e-4, atol=1e-4)
+
+
+def test_padded_row_convolution_pads_per_band() -> None:
+    """A padded row-tiled convolution runs as one parallel loop over bands of output
+    rows, each padding its own input rows (docs/performance.md): 19 rows in bands of 2
+    (the last of 1), and a stride-2 layer of 20 output rows; results match
+    onnxruntime."""
+    pytest.importorskip("onnxruntime")
+    rng = np.random.default_rng(5)
+    b = GraphBuilder(5)
+    feeds = {}
+    for i, (h, w, s) in enumerate(((19, 24, 1), (40, 36, 2))):
+        x = b.input(f"x{i}", [1, 4, h, w])
+        b.output(b.op("Conv", x, b.weight(6, 4, 3, 3), kernel_shape=[3, 3], strides=[s, s],
+                      pads=[1, 1, 1, 1]), None)
+        feeds[x] = rng.standard_normal((1, 4, h, w)).astype(np.float32)
+    model = b.model(infer_outputs=True)
+    ex = kiln.compile(model, Target.from_host())
+    kernels = [fn for fn in ex.ir.functions.values()
+               if isinstance(fn, PrimFunc) and fn.attrs.get("kiln.conv_kernel") == "conv2d_rows"]
+    assert len(kernels) == 2
+    for fn in kernels:
+        (band_loop,) = [s for s in iter_stmts(fn.body) if isinstance(s, For)
+                        and s.kind == "parallel"]
+        assert band_loop.extent.value == 10  # type: ignore[attr-defined]
+        assert any(isinstance(s, Allocate) and s.buffer.name == "xband"
+                   for s in iter_stmts(band_loop.body))
+    expected = onnxruntime_outputs(model, feeds)
+    lib = ex.jit()
+    lib.set_num_threads(2)
+    try:
+        outs = lib["main"](*feeds.values())
+    finally:
+        lib.set_num_threads(None)
+    assert_close([np.asarray(o) for o in outs], expected, 1e-5)
