@@ -41,6 +41,9 @@ ATTR_EXTERNAL: Final = "kiln.external"
 # Set by loop outlining (kiln.transform.outline) on an outlined parallel loop body.
 ATTR_PARALLEL_OF: Final = "kiln.parallel_loop_of"   # the kernel the loop came from
 ATTR_PARALLEL_VAR: Final = "kiln.parallel_loop_var"  # the loop variable's name hint
+# Set by a kernel builder that chose its parallel loops itself (the work threshold of
+# kiln.ops.kernels.parallel_work): the parallelize pass leaves the kernel alone.
+ATTR_PARALLEL_DECIDED: Final = "kiln.parallel_decided"
 
 # Data-dependent output sizes (docs/abi.md, "Data-dependent output sizes").
 # On a kernel that binds dimensions at run time (kiln.ops.data_dependent): one

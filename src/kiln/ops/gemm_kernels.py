@@ -55,7 +55,6 @@ from kiln.ir.tensor import (
 from kiln.ir.visitor import iter_exprs
 from kiln.ops.broadcast import broadcast_index
 from kiln.ops.kernels.tiles import (
-    PARALLEL_MIN_MADDS,
     Epilogue,
     lanes_loop,
     madd,
@@ -372,7 +371,7 @@ def gemm_body(shape: GemmShape, tiling: GemmTiling, a: Buffer, b_at: BReader, ou
     if blocking is None or not static_m or not isinstance(shape.k, int) \
             or shape.k <= blocking.kc:
         loop = parallel_when(lambda: parallel_tiles((shape.batches, panels, mtiles), tile),
-                             shape.madds, PARALLEL_MIN_MADDS)
+                             shape.madds)
         return seq(*prologue, loop)
     per_block = max(1, blocking.mc // mr)  # row tiles per parallel tile
     mblocks = -(-mtiles // per_block)
@@ -399,7 +398,7 @@ def gemm_body(shape: GemmShape, tiling: GemmTiling, a: Buffer, b_at: BReader, ou
                    over_rows(_c((blocks - 1) * kc), k - (blocks - 1) * kc, False, True))
 
     loop = parallel_when(lambda: parallel_tiles((shape.batches, panels, mblocks), blocked),
-                         shape.madds, PARALLEL_MIN_MADDS)
+                         shape.madds)
     return seq(*prologue, loop)
 
 
@@ -480,7 +479,7 @@ def pack_b_at_run_time(b: Buffer, b_batch: tuple[int, ...], k: int, n: int, nr: 
         return seq(*lets, IfThenElse(compare("ge", n - n0, _c(nr)), copy(_c(nr)), partial))
 
     pack = parallel_when(lambda: parallel_tiles((bb, panels), panel_copy),
-                         dim_product((bb, panels, k, nr)), PARALLEL_MIN_MADDS)
+                         dim_product((bb, panels, k, nr)), "element")
 
     def read(oidx: tuple[PrimExpr, ...], p: PrimExpr, kk: PrimExpr, v: PrimExpr) -> PrimExpr:
         flat: PrimExpr = _c(0)

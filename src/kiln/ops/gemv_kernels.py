@@ -29,7 +29,8 @@ from kiln.ir.tensor import (
     min_,
     seq,
 )
-from kiln.ops.kernels.tiles import PARALLEL_MIN_MADDS, Epilogue, lanes_loop, madd, parallel_tiles
+from kiln.ops.kernels.parallel_work import worth_parallel
+from kiln.ops.kernels.tiles import Epilogue, lanes_loop, madd, parallel_tiles
 
 # Rows of B per tile and vectors per row: 4 x 2 = 8 independent accumulator chains
 # keep both FMA pipes busy; with the A vectors and a B load they fit 16 registers.
@@ -106,6 +107,7 @@ def gemv_body(k: int, n: int, a: Buffer, b: Buffer, out: Buffer, epilogue: Epilo
         return seq(*head, *body)
 
     loop = parallel_tiles((tiles,), tile)
-    if n * k < PARALLEL_MIN_MADDS and isinstance(loop, For):
+    # each weight is read once: the product streams B (n x k values) from cache
+    if not worth_parallel(n * k, "stream") and isinstance(loop, For):
         loop = For(loop.var, loop.start, loop.extent, "serial", loop.body)
     return loop

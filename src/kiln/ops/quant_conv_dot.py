@@ -51,6 +51,7 @@ from kiln.ir.tensor import (
 )
 from kiln.ir.types import TensorType, Type
 from kiln.ops import quant_dot, te
+from kiln.ops.kernels.parallel_work import worth_parallel
 from kiln.ops.kernels.tiles import loop as tile_loop
 from kiln.ops.kernels.tiles import nest
 from kiln.ops.nn import conv_geometry
@@ -274,7 +275,7 @@ def _tiles(x: Buffer, ww: Buffer, bias: Buffer, x_zp: Buffer, multiplier: Buffer
     else:
         nr = quant_dot.tile_cols_for(isa, positions)
         tile = ConvTile(False, min(quant_dot.tile_rows(isa, nr), oc_n), nr)
-    big = batch * positions * oc_n * k_total >= 1 << 18
+    big = worth_parallel(batch * positions * oc_n * k_total, "madd", isa, "int8")
     # the padding past the input's end that the last output position reads
     ends = [max(0, (spatial[j] - 1) * strides[j] + (ws[2 + j] - 1) * dilations[j]
                 - begins[j] + 1 - int(x.shape[2 + j])) for j in range(rank)]

@@ -54,6 +54,7 @@ from kiln.ir.tensor import (
 from kiln.ir.types import TensorType, Type
 from kiln.ops import quant_dot, quant_kernels, te
 from kiln.ops.epilogue import fused_store
+from kiln.ops.kernels.parallel_work import worth_parallel
 from kiln.ops.kernels.tiles import const
 from kiln.ops.kernels.tiles import loop as tile_loop
 from kiln.ops.quant import (
@@ -245,7 +246,8 @@ class _DynamicTiledMatmul(HandBuiltOp):
         zp = Buffer("a_zero_point", (1,), "uint8", "global")
         work = int(np.prod(a.shape, dtype=np.int64)) * n
         prologue = seq(Allocate(a_q), Allocate(scalars), Allocate(zp),
-                       quantize_tensor(a, a_q, scalars, zp, work >= quant_kernels.PARALLEL_WORK,
+                       quantize_tensor(a, a_q, scalars, zp,
+                                       worth_parallel(work, "madd", dtype="int8"),
                                        isa_for(None)))
 
         def epilogue(acc: PrimExpr, j: PrimExpr, at: tuple[PrimExpr, ...]) -> PrimExpr:

@@ -64,7 +64,8 @@ from kiln.ir.tensor import (
 from kiln.ir.types import TensorType, Type
 from kiln.ops import te
 from kiln.ops.broadcast import broadcast_index, broadcast_shapes
-from kiln.ops.kernels.tiles import PARALLEL_MIN_MADDS, const, lanes_loop, loop, tile_lanes
+from kiln.ops.kernels.parallel_work import worth_parallel
+from kiln.ops.kernels.tiles import const, lanes_loop, loop, tile_lanes
 from kiln.ops.quant import PRODUCT_DTYPES, as_float32, qrange
 from kiln.ops.registry import OPS, HandBuiltOp, register_op
 from kiln.target.isa import isa_for
@@ -174,7 +175,7 @@ def flat_add_body(buffers: Sequence[Buffer], out: Buffer, lanes: int) -> Stmt:
             value(fa[start + v], fb[start + v], params), y_zp.dtype), (start + v,)))
 
     tiles, rest = divmod(size, width)
-    kind = "parallel" if tiles > 1 and size >= PARALLEL_MIN_MADDS else "serial"
+    kind = "parallel" if tiles > 1 and worth_parallel(size, "element") else "serial"
     body = [loop("t", tiles, lambda t: run(t * width, width), kind)] if tiles else []
     if rest:
         body.append(run(const(tiles * width), rest))

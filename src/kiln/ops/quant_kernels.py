@@ -58,6 +58,7 @@ from kiln.ir.tensor import (
 )
 from kiln.ir.types import TensorType, Type
 from kiln.ops import quant_dot, te
+from kiln.ops.kernels.parallel_work import worth_parallel
 from kiln.ops.kernels.tiles import loop as tile_loop
 from kiln.ops.kernels.tiles import parallel_tiles, parallel_when
 from kiln.ops.nn import conv_geometry, conv_ref
@@ -398,8 +399,6 @@ register_op(CONV, pattern="anchor", infer=conv_infer, compute=build_conv,
 #: Rows x columns of int32 accumulators of the matrix-product tile: 4 x 64 = 16 AVX-512
 #: registers; every B row loaded from cache feeds MR rows of A.
 TILE_ROWS, TILE_COLS = 4, 64
-#: Below this many multiply-adds the product runs on one thread.
-PARALLEL_WORK = 1 << 18
 
 
 def build_matmul_tiles(a: Buffer, bp: Buffer, n: int, out: Buffer, epilogue: TileEpilogue,
@@ -428,7 +427,8 @@ def build_matmul_tiles(a: Buffer, bp: Buffer, n: int, out: Buffer, epilogue: Til
     if isa is not None:
         packed_a = Buffer("a_words", (m, int(bp.shape[1])), "int32", "global")
         prologue = [Allocate(packed_a), quant_dot.pack_a(
-            a, packed_a, "parallel" if work >= PARALLEL_WORK and m > 1 else "serial")]
+            a, packed_a, "parallel" if worth_parallel(work, "madd", dtype="int8") and m > 1
+            else "serial")]
 
     def tile(ct: PrimExpr, rt: PrimExpr) -> Stmt:
         acc = Buffer("acc", (mr, nr), "int32", "local")
@@ -469,7 +469,7 @@ def build_matmul_tiles(a: Buffer, bp: Buffer, n: int, out: Buffer, epilogue: Til
         return seq(Allocate(acc), zero, step, stores)
 
     tiles = parallel_when(lambda: parallel_tiles((col_tiles, row_tiles), tile), work,
-                          PARALLEL_WORK)
+                          "madd", "int8")
     return seq(*prologue, tiles)
 
 

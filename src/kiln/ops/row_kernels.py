@@ -60,7 +60,7 @@ from kiln.ir.tensor import (
 from kiln.ir.types import TensorType
 from kiln.ops import te
 from kiln.ops.epilogue import SubstituteLoad
-from kiln.ops.kernels.tiles import ROW_PARALLEL_MIN_WORK, parallel_when, tile_lanes
+from kiln.ops.kernels.tiles import parallel_when, tile_lanes
 from kiln.ops.registry import HandBuiltOp
 from kiln.target.isa import isa_for
 
@@ -251,7 +251,7 @@ class Rows:
             return For(r, _c(0), as_expr(count, INDEX_DTYPE), "parallel",
                        seq(*lets, row(tuple(index))))
 
-        return parallel_when(loop, count * self.row_work, ROW_PARALLEL_MIN_WORK)
+        return parallel_when(loop, count * self.row_work, "element")
 
 
 def _loops(d: int | PrimExpr) -> bool:

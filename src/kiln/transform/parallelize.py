@@ -22,8 +22,9 @@ iterations can run in any order, at the same time. It is conservative: a loop
   alias each other;
 - the estimated work, `extent * cost(body)` (cost: expression nodes, math
   intrinsics weigh more, calls into the C math library most, inner loops
-  multiply), is at least `min_work`: a launch costs a few microseconds, more
-  on a busy machine.
+  multiply), is at least `min_work`: by default the nodes the current target
+  runs in PARALLEL_MIN_NS (kiln.ops.kernels.parallel_work, the threshold every
+  kernel family uses), since a launch costs a few microseconds.
 
 Which loop: in each loop nest the outermost candidate is taken; when a
 perfectly nested chain starts with short loops (fewer than `min_extent`
@@ -42,7 +43,9 @@ so that a batch of one still splits its channels or rows. A parallel loop of
 symbolic extent runs only when its extent at run time gives `min_work`; else a
 copy of the serial nest runs (fresh variables: each copy binds its own).
 Graph-level functions lowered to PrimFuncs (`kiln.graph`: a sequence of
-kernel calls) are left alone; their kernels are parallelized.
+kernel calls) are left alone; their kernels are parallelized. So are kernels whose
+builder chose their parallel loops by the work threshold (`kiln.parallel_decided`):
+a loop it left serial is not split after all by this pass's coarser estimate.
 """
 
 from __future__ import annotations
@@ -53,7 +56,7 @@ from typing import TypeVar
 
 from kiln.ir.aliasing import analyze
 from kiln.ir.analysis.loop_dependence import Storage, loop_is_parallelizable, upper_bound
-from kiln.ir.attrs import ATTR_GRAPH
+from kiln.ir.attrs import ATTR_GRAPH, ATTR_PARALLEL_DECIDED
 from kiln.ir.module import IRModule
 from kiln.ir.tensor import (
     CHECK_INTRINSIC,
@@ -86,6 +89,7 @@ from kiln.ir.visitor import (
     iter_stmts,
     stmt_children,
 )
+from kiln.ops.kernels.parallel_work import min_parallel_work
 from kiln.transform.pass_base import FunctionPass
 
 # Cost-model weights (units: one simple expression node). Intrinsics the backends
@@ -113,13 +117,16 @@ class Parallelize(FunctionPass):
 
     name = "parallelize"
     level = "tensor"
-    # Least estimated work (extent * body cost) worth a thread-pool launch: about
-    # 10-50 us of one thread's work. A launch costs a few microseconds on idle
-    # cores, far more when the other cores are busy (the caller waits for a chunk a
-    # descheduled worker took), so loops of a few microseconds stay serial.
-    min_work: int = 1_000_000
+    # Least estimated work (extent * body cost) worth a thread-pool launch; negative:
+    # PARALLEL_MIN_NS of the current target's work (kiln.ops.kernels.parallel_work),
+    # the one threshold of the kernel families too.
+    min_work: int = -1
     # Prefer a loop of a perfect nest with at least this many iterations.
     min_extent: int = 8
+
+    def least_work(self) -> int:
+        """`min_work`, or when negative the target's PARALLEL_MIN_NS of work."""
+        return self.min_work if self.min_work >= 0 else min_parallel_work("node")
 
     def run(self, mod: IRModule) -> IRModule:
         funcs = mod.prim_funcs()
@@ -128,8 +135,8 @@ class Parallelize(FunctionPass):
         aliased = {name for name in funcs if info.noalias[name] != info.written[name]}
         changed: dict[str, PrimFunc] = {}
         for name, fn in funcs.items():
-            if fn.attrs.get(ATTR_GRAPH):
-                continue
+            if fn.attrs.get(ATTR_GRAPH) or fn.attrs.get(ATTR_PARALLEL_DECIDED):
+                continue  # a sequence of calls; a kernel whose builder chose its loops
             body = _Scheduler(self, fn, name in aliased).visit_stmt(fn.body)
             if body is not fn.body:
                 changed[name] = fn.with_body(body)
@@ -160,6 +167,7 @@ class LoopRewriter(StmtMutator):
 class _Scheduler(LoopRewriter):
     def __init__(self, options: Parallelize, fn: PrimFunc, params_alias: bool) -> None:
         self.options = options
+        self.min_work = options.least_work()
         self.storage = Storage(fn, params_alias)
 
     def visit_for(self, loop: For) -> Stmt:
@@ -194,7 +202,7 @@ class _Scheduler(LoopRewriter):
         serial nest `serial` (a launch costs more than a small loop gains)."""
         if isinstance(loop.extent, Const):
             return loop
-        least = -(-self.options.min_work // max(_cost(body), 1))  # iterations that pay
+        least = -(-self.min_work // max(_cost(body), 1))  # iterations that pay
         if least <= 2:
             return loop
         return IfThenElse(compare("ge", loop.extent, Const(least, loop.extent.dtype)), loop,
@@ -209,7 +217,7 @@ class _Scheduler(LoopRewriter):
 
     def worth_it(self, loop: For) -> bool:
         return (_extent(loop) >= 2
-                and _extent(loop) * _cost(loop.body) >= self.options.min_work)
+                and _extent(loop) * _cost(loop.body) >= self.min_work)
 
     def independent(self, loop: For) -> bool:
         return loop_is_parallelizable(loop, self.storage)

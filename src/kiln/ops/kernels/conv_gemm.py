@@ -181,7 +181,8 @@ def im2col(x: Buffer, shape: ck.ConvShape, width: int) -> tuple[Buffer, list[Stm
         return seq(*parts)
 
     work = shape.n * shape.c_in * taps * width
-    fill_loop = parallel_when(lambda: parallel_tiles((shape.n, shape.c_in), fill), work)
+    fill_loop = parallel_when(lambda: parallel_tiles((shape.n, shape.c_in), fill), work,
+                              "element")
     return col, [Allocate(col), fill_loop]
 
 

@@ -27,8 +27,9 @@ from typing import Any, cast
 from kiln.errors import UsageError
 from kiln.ir import graph as g
 from kiln.ir.types import TensorType
+from kiln.ops.kernels.parallel_work import worth_parallel
 from kiln.ops.kernels.registry import KBLOCK, KERNELS, SPLIT, TILE, KernelFamily
-from kiln.ops.kernels.tiles import PARALLEL_MIN_MADDS, PARALLEL_SPLITS, tile_lanes
+from kiln.ops.kernels.tiles import PARALLEL_SPLITS, tile_lanes
 from kiln.target.isa import ISA
 
 #: The convolution families an ungrouped or grouped float32 `conv2d` may take.
@@ -121,7 +122,8 @@ def variants(family: KernelFamily, call: g.Call, isa: ISA) -> list[Params]:
     out: list[Params] = []
     if family.name in SPLIT_FAMILIES:
         work = _work(family, call)
-        rule_split = "serial" if work is not None and work < PARALLEL_MIN_MADDS else "outer"
+        rule_split = ("serial" if work is not None and not worth_parallel(work, "madd", isa)
+                      else "outer")
         out += [{**rule, SPLIT: s} for s in PARALLEL_SPLITS if s != rule_split]
     if blocks_k(family, call, isa, rule["tile"]):
         out.append({**rule, KBLOCK: True})

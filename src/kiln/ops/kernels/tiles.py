@@ -1,5 +1,6 @@
 """Shared pieces of the hand-built kernels: register-tile loops, multiply-adds, the
-parallel tile loop and the one threshold below which a kernel runs on one thread.
+parallel tile loop and the rule below which a kernel runs on one thread (the time
+threshold of kiln.ops.kernels.parallel_work).
 
 Every kernel family (kiln.ops.kernels.registry) builds its loop nests from these,
 so a change of policy (when to go parallel, how tile lanes are spelled) is made once.
@@ -25,18 +26,11 @@ from kiln.ir.tensor import (
     as_expr,
     seq,
 )
+from kiln.ops.kernels.parallel_work import min_parallel_work
 from kiln.target.isa import ISA
 
 #: `epilogue(value, output index)`: what a kernel stores for one output value.
 Epilogue = Callable[[PrimExpr, tuple[PrimExpr, ...]], PrimExpr]
-
-#: Kernels with fewer multiply-adds (or elements copied) than this run on one thread:
-#: below it a parallel launch and the split tiles cost more than the second core gains.
-PARALLEL_MIN_MADDS = 1 << 16
-#: The row kernels' (softmax, layer_norm, reductions) measure of the same: row elements
-#: times their operations per element (a launch costs a few microseconds, a row
-#: element a few nanoseconds).
-ROW_PARALLEL_MIN_WORK = 1 << 15
 
 #: How a kernel's parallel tile loop is split over threads (a tuning knob, kiln.tuning;
 #: the call's `split` attribute): "serial" runs it on one thread; "outer" splits the
@@ -182,16 +176,18 @@ def _unflatten_inner(t: Var, extents: Sequence[int]) -> list[PrimExpr]:
     return [values[k] for k in range(len(extents))]
 
 
-def parallel_when(build: Callable[[], Stmt], work: int | PrimExpr,
-                  threshold: int = PARALLEL_MIN_MADDS) -> Stmt:
+def parallel_when(build: Callable[[], Stmt], work: int | PrimExpr, unit: str = "madd",
+                  dtype: str = "float32") -> Stmt:
     """The loop `build()` makes (a `parallel` For) run in parallel only when `work`
-    reaches `threshold`: serial when `work` is a smaller int; for a symbolic `work`
-    (sizes known at run time) built twice, parallel and serial, chosen at run time,
-    since a launch costs more than a small loop gains. (Built twice, not copied: each
-    copy binds its own variables and buffers.)"""
+    (in `unit`s of `dtype`: "madd" or "element", kiln.ops.kernels.parallel_work) is at
+    least PARALLEL_MIN_NS of work on the current target: serial when `work` is a
+    smaller int; for a symbolic `work` (sizes known at run time) built twice, parallel
+    and serial, chosen at run time, since a launch costs more than a small loop gains.
+    (Built twice, not copied: each copy binds its own variables and buffers.)"""
     built = build()
     if not isinstance(built, For) or built.kind != "parallel" or _SPLIT.get() is not None:
         return built  # a tuned split goes parallel (or not) whatever the work
+    threshold = min_parallel_work(unit, dtype=dtype)
     if isinstance(work, int):
         return built if work >= threshold else For(built.var, built.start, built.extent,
                                                     "serial", built.body)

@@ -678,9 +678,14 @@ __attribute__((destructor)) static void kiln_workspace_unload(void) {
 enum {
   KILN_POOL_MAX_THREADS = 256,
   KILN_POOL_MAX_SPIN_US = 10000000,    /* 10 s */
-  KILN_POOL_DEFAULT_SPIN_US = 20000,   /* 20 ms: a server's or camera's next call */
-  KILN_POOL_DEFAULT_SERIAL_NS = 5000   /* below: a hand-off costs more than it saves */
+  KILN_POOL_DEFAULT_SPIN_US = 20000    /* 20 ms: a server's or camera's next call */
 };
+/* Loops measured below this many ns run on the caller: a hand-off costs more than it
+   saves. The generated host file sets it to the compiler's threshold
+   (kiln.ops.kernels.parallel_work.PARALLEL_MIN_NS); $KILN_SERIAL_NS overrides it. */
+#if !defined(KILN_POOL_DEFAULT_SERIAL_NS)
+#define KILN_POOL_DEFAULT_SERIAL_NS 5000
+#endif
 /* Indexes of {prefix}_pool_stats's counters. */
 enum {
   KILN_POOL_STAT_THREADS,  /* threads of parallel loops, the caller included */

@@ -1,0 +1,163 @@
+"""The one parallel-work threshold (kiln.ops.kernels.parallel_work): a time.
+
+A kernel goes parallel when its estimated one-thread time reaches PARALLEL_MIN_NS,
+so the same multiply-add count is parallel on a narrow-vector target and serial on a
+wide one; the `parallelize` pass follows the same rule, and the library's pool gets
+the same figure as its default KILN_SERIAL_NS. Checked on the lowered IR (LLVM
+targets of other CPUs need no such CPU) and with PoolStats on this host.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+
+import kiln
+from kiln.errors import UsageError
+from kiln.frontend import from_onnx
+from kiln.ir.module import IRModule
+from kiln.ir.tensor import Allocate, For, PrimFunc
+from kiln.ir.visitor import iter_stmts
+from kiln.ops.kernels.parallel_work import (
+    PARALLEL_MIN_NS,
+    UNITS,
+    min_parallel_work,
+    work_ns,
+)
+from kiln.target import Target
+from kiln.target.isa import isa_for
+from kiln.transform import get_pipeline
+from support.graphs import GraphBuilder
+from support.numerics import assert_close
+from support.reference import onnxruntime_outputs
+
+AVX512 = "llvm -mcpu=znver5"
+AVX2 = "llvm -mcpu=haswell"
+# Products of 8 rows by a constant matrix (the gemm family), M x K x N multiply-adds:
+# 2k (tiny), 197k (above AVX2's 5 us, below AVX-512's), 524k (big on both).
+M = 8
+SIZES = {"tiny": (16, 16), "middle": (256, 96), "big": (512, 128)}
+
+
+def dense_model() -> tuple[onnx.ModelProto, dict[str, np.ndarray], list[np.ndarray]]:
+    rng = np.random.default_rng(3)
+    b = GraphBuilder()
+    feeds, weights = {}, []
+    for name, (k, n) in SIZES.items():
+        x = b.input(f"x_{name}", [M, k])
+        weights.append((rng.standard_normal((n, k)) / np.sqrt(k)).astype(np.float32))
+        b.output(b.op("Gemm", x, b.const(weights[-1], f"w_{name}"), transB=1), [M, n])
+        feeds[x] = rng.standard_normal((M, k)).astype(np.float32)
+    return b.model(), feeds, weights
+
+
+MODEL, FEEDS, WEIGHTS = dense_model()
+
+
+def lowered(target: str) -> IRModule:
+    tgt = Target(target)
+    with tgt:
+        mod = get_pipeline("default", "graph", target=tgt)(from_onnx(MODEL))
+        out: IRModule = get_pipeline("default", "tensor", target=tgt)(mod)
+        return out
+
+
+def parallel_by_size(mod: IRModule) -> dict[str, bool]:
+    """Whether the kernel of each product (found by its output's shape) has a parallel
+    loop."""
+    found = {}
+    for fn in mod.functions.values():
+        if not isinstance(fn, PrimFunc):
+            continue
+        for name, (_, n) in SIZES.items():
+            if fn.params[-1].shape == (M, n):
+                found[name] = any(isinstance(s, For) and s.kind == "parallel"
+                                  for s in iter_stmts(fn.body))
+    return found
+
+
+def test_threshold_is_a_time_on_every_isa() -> None:
+    wide, narrow = isa_for(Target(AVX512)), isa_for(Target(AVX2))
+    for unit in UNITS:
+        for isa in (wide, narrow):
+            assert work_ns(min_parallel_work(unit, isa), unit, isa) == pytest.approx(
+                PARALLEL_MIN_NS, rel=1e-3)
+        # twice the lanes do the same work in half the time: twice as much pays;
+        # streaming from cache is as fast on both
+        ratio = 1 if unit == "stream" else 2
+        assert min_parallel_work(unit, wide) == ratio * min_parallel_work(unit, narrow)
+    with pytest.raises(UsageError, match="unit of work"):
+        min_parallel_work("flop", wide)
+
+
+@pytest.mark.parametrize("target, middle", [(AVX2, True), (AVX512, False)])
+def test_kernels_split_by_estimated_time(target: str, middle: bool) -> None:
+    assert parallel_by_size(lowered(target)) == {"tiny": False, "middle": middle,
+                                                  "big": True}
+
+
+def test_parallelize_follows_the_target() -> None:
+    from kiln.transform.parallelize import Parallelize
+
+    with Target(AVX2):
+        avx2 = Parallelize().least_work()
+    with Target(AVX512):
+        avx512 = Parallelize().least_work()
+    assert avx512 == 2 * avx2 == 2 * min_parallel_work("node", isa_for(Target(AVX2)))
+    assert Parallelize(min_work=0).least_work() == 0  # an explicit count still wins
+
+
+def test_pool_gets_the_big_kernel_only() -> None:
+    """On this host: one call hands the pool the big product's loop (and the middle
+    one's below AVX-512), the tiny one runs inline; results match numpy."""
+    host = Target.from_host()
+    expect = {"tiny": False, "middle": isa_for(host).vector_bits < 512, "big": True}
+    ex = kiln.compile(MODEL, host)
+    lib = ex.jit()
+    lib.set_num_threads(2)
+    try:
+        before = lib.pool_stats()
+        outs = lib["main"](*FEEDS.values())
+        handed = lib.pool_stats().loops - before.loops
+    finally:
+        lib.set_num_threads(None)
+    assert parallel_by_size(ex.ir) == expect
+    assert handed == sum(expect.values())
+    for x, w, out in zip(FEEDS.values(), WEIGHTS, outs):
+        np.testing.assert_allclose(np.asarray(out), x @ w.T, rtol=1e-4, atol=1e-4)
+
+
+def test_padded_row_convolution_pads_per_band() -> None:
+    """A padded row-tiled convolution runs as one parallel loop over bands of output
+    rows, each padding its own input rows (docs/performance.md): 19 rows in bands of 2
+    (the last of 1), and a stride-2 layer of 20 output rows; results match
+    onnxruntime."""
+    pytest.importorskip("onnxruntime")
+    rng = np.random.default_rng(5)
+    b = GraphBuilder(5)
+    feeds = {}
+    for i, (h, w, s) in enumerate(((19, 24, 1), (40, 36, 2))):
+        x = b.input(f"x{i}", [1, 4, h, w])
+        b.output(b.op("Conv", x, b.weight(6, 4, 3, 3), kernel_shape=[3, 3], strides=[s, s],
+                      pads=[1, 1, 1, 1]), None)
+        feeds[x] = rng.standard_normal((1, 4, h, w)).astype(np.float32)
+    model = b.model(infer_outputs=True)
+    ex = kiln.compile(model, Target.from_host())
+    kernels = [fn for fn in ex.ir.functions.values()
+               if isinstance(fn, PrimFunc) and fn.attrs.get("kiln.conv_kernel") == "conv2d_rows"]
+    assert len(kernels) == 2
+    for fn in kernels:
+        (band_loop,) = [s for s in iter_stmts(fn.body) if isinstance(s, For)
+                        and s.kind == "parallel"]
+        assert band_loop.extent.value == 10  # type: ignore[attr-defined]
+        assert any(isinstance(s, Allocate) and s.buffer.name == "xband"
+                   for s in iter_stmts(band_loop.body))
+    expected = onnxruntime_outputs(model, feeds)
+    lib = ex.jit()
+    lib.set_num_threads(2)
+    try:
+        outs = lib["main"](*feeds.values())
+    finally:
+        lib.set_num_threads(None)
+    assert_close([np.asarray(o) for o in outs], expected, 1e-5)
