@@ -387,7 +387,7 @@ def concat_body(inputs: Sequence[Buffer], out: Buffer, attrs: Attrs, lanes: int)
             return lanes_loop("v", extent, store)
 
         tiles, rest = divmod(run_len, width)
-        kind = "parallel" if outer * tiles > 1 and x.numel() >= PARALLEL_MIN_MADDS \
+        kind = "parallel" if outer * tiles > 1 and worth_parallel(x.numel(), "element") \
             else "serial"
 
         def per_row(o: PrimExpr, tiles: int = tiles, rest: int = rest, tile: Any = tile,
