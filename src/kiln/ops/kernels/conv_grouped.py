@@ -8,7 +8,7 @@ broadcast) x `nr` consecutive positions (whole vectors, contiguous in the NCHW o
 ShuffleNet's pointwise layers are such convolutions (3 groups of 20-160 channels).
 The blocked kernel, vectors along output channels, stores each output one lane at a
 time into the NCHW planes; here every store is a vector along an output row (60->240
-channels, 3 groups, 28x28: 0.18 -> 0.09 ms on one Zen 5 core, loaded).
+channels, 3 groups, 28x28: 0.18 -> 0.10 ms on one Zen 5 core, loaded).
 
 `X` is the input itself, viewed as `[n][group][ci][h*w]`, when the positions fill
 whole panels; otherwise the input is first copied once per call into a workspace
