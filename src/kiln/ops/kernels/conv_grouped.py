@@ -48,6 +48,11 @@ def takes(shape: ck.ConvShape, isa: ISA) -> bool:
     return positions >= MIN_GROUP_LANE_USE * panels * nr
 
 
+def group_product(shape: ck.ConvShape) -> tuple[int, int]:
+    """(M, N) of one group's product: its output channels x the output positions."""
+    return shape.c_out // shape.groups, shape.out_h * shape.out_w
+
+
 def choose_tile(shape: ck.ConvShape, isa: ISA) -> tuple[int, int]:
     """The GEMM tile of one group's `co` x `oh * ow` product (kiln.ops.gemm_kernels),
     its width narrowed to whole vectors that divide the positions where some do (the
@@ -55,9 +60,8 @@ def choose_tile(shape: ck.ConvShape, isa: ISA) -> tuple[int, int]:
     0.09 ms for 60->240 channels in 3 groups, one Zen 5 core, loaded), else to the one
     that wastes the fewest lanes."""
     lanes = tile_lanes(isa)
-    positions = shape.out_h * shape.out_w
-    t = gk.choose_gemm_tiling(shape.c_out // shape.groups, positions, lanes,
-                              tile_registers(isa))
+    rows, positions = group_product(shape)
+    t = gk.choose_gemm_tiling(rows, positions, lanes, tile_registers(isa))
     nr = min(range(t.nr, 0, -lanes),
              key=lambda w: (positions % w != 0, -(-positions // w) * w, -w))
     return (t.mr, nr)
@@ -116,15 +120,14 @@ class GroupGemmConv(UnpackedConv):
         shape = conv_call_shape(call)
         return shape is not None and takes(shape, isa)
 
-    def choose_tile(self, shape: ck.ConvShape, isa: ISA) -> tuple[int, int]:
-        return choose_tile(shape, isa)
-
     def candidates(self, call: g.Call, isa: ISA) -> list[tuple[int, ...]]:
-        """The GEMM family's tiles of one group's `co` x `oh * ow` product (kiln.tuning)."""
+        """The GEMM family's tiles of one group's product (kiln.tuning)."""
         shape = conv_call_shape(call)
         assert shape is not None
-        return list(tile_candidates(shape.c_out // shape.groups, shape.out_h * shape.out_w,
-                                    isa))
+        return list(tile_candidates(*group_product(shape), isa))
+
+    def choose_tile(self, shape: ck.ConvShape, isa: ISA) -> tuple[int, int]:
+        return choose_tile(shape, isa)
 
     def loop_nest(self, shape: ck.ConvShape, x: Buffer, w: Buffer, out: Buffer,
                   tile: tuple[int, int], epilogue: Epilogue, fused: bool, isa: ISA) -> Stmt:
