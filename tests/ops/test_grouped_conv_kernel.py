@@ -6,7 +6,7 @@ bias and a fused ReLU on positions that fill whole panels (read in place), one o
 14x14-like image whose last panel is partial (the input copied into padded panels)
 with a fused residual add, and a strided one (batch 2). Then a whole ShuffleNet unit:
 grouped 1x1, channel shuffle (Reshape-Transpose-Reshape), depthwise 3x3, grouped 1x1
-and the residual add.
+and the residual add. Last, a symbolic batch (one product per image and group).
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from kiln.target import Target
 from kiln.target.isa import isa_for
 from support.graphs import GraphBuilder
 from support.processes import outputs_in_fresh_process
+from support.reference import onnxruntime_outputs
 
 pytest.importorskip("onnxruntime")
 
@@ -74,24 +75,19 @@ reference = CHECK.reference_fixture()
 native = CHECK.native_fixture()
 
 
-def test_every_grouped_layer_takes_the_grouped_kernel(native: kiln.driver.Executable) -> None:
+def test_matches_onnxruntime(native: kiln.driver.Executable, reference: list[np.ndarray],
+                             tmp_path: Any) -> None:
+    # one test per target: the model compiles once per target whatever the workers
     kernels = [f.attrs.get("kiln.conv_kernel") for f in native.ir.functions.values()
                if isinstance(f, PrimFunc)]
     assert kernels.count("conv2d_group_gemm") == len(CASES) + 2
-
-
-def test_matches_onnxruntime(native: kiln.driver.Executable,
-                             reference: list[np.ndarray]) -> None:
     CHECK.assert_close(native(*CHECK.feeds.values()), reference)
-
-
-def test_two_threads_in_a_fresh_process(native: kiln.driver.Executable, tmp_path: Any,
-                                        reference: list[np.ndarray]) -> None:
+    # two threads split the same tiles on every target: the host's llvm build suffices
     host = isa_for(Target.from_host())
-    if native.target.kind.name != "llvm" or isa_for(native.target).vector_bits != host.vector_bits:
-        pytest.skip("the threads split the same tiles on every target: the host's one suffices")
-    got = outputs_in_fresh_process(native, CHECK.feeds, tmp_path, threads=2)
-    CHECK.assert_close(got, reference)
+    if native.target.kind.name == "llvm" and isa_for(native.target).vector_bits == \
+            host.vector_bits:
+        got = outputs_in_fresh_process(native, CHECK.feeds, tmp_path, threads=2)
+        CHECK.assert_close(got, reference)
 
 
 def test_the_tile_reads_the_input_in_place_where_whole_vectors_divide_the_positions() -> None:
@@ -102,3 +98,17 @@ def test_the_tile_reads_the_input_in_place_where_whole_vectors_divide_the_positi
     # 7x7: 49 positions fill 77% of 64 lanes (left to the blocked kernel)
     small = ck.ConvShape(1, 240, 7, 7, 960, 1, 1, (1, 1), (1, 1), (0, 0, 0, 0), 3)
     assert not takes(small, isa)
+
+
+def test_a_symbolic_batch_runs_every_image() -> None:
+    b = GraphBuilder(seed=3)
+    x = b.input("x", ["N", 12, 4, 16])
+    b.output(b.op("Relu", b.op("Conv", x, b.weight(24, 4, 1, 1), group=3)))
+    model = b.model(opset=17, ir_version=8, name="batch", check=False)
+    ex = kiln.compile(model, "llvm")
+    assert "conv2d_group_gemm" in [f.attrs.get("kiln.conv_kernel")
+                                   for f in ex.ir.prim_funcs().values()]
+    for n in (1, 3):
+        feeds = {"x": RNG.standard_normal((n, 12, 4, 16)).astype(np.float32)}
+        want = onnxruntime_outputs(model, feeds)
+        CHECK.assert_close([np.asarray(ex["main"](feeds["x"]))], want)
