@@ -499,4 +499,12 @@ CASES: dict[str, list[OpCase]] = {
                 ints(1, 1, 3, 4, low=-128, high=128, dtype="int8")),
                {"axis": 1, "x_scales": (0.05, 0.0731, 0.031), "x_zero_points": (120, 3, -7),
                 "y_scale": 0.05, "y_zero_point": 120, "dtype": "uint8"})],
+    # a grouped convolution as one GEMM per group: 1x1 positions in whole panels (read
+    # in place, a bias), strided ones copied into padded panels
+    "conv2d_group_gemm": [
+        OpCase((f32(2, 6, 4, 8), f32(9, 2, 1, 1), f32(9)), {"group": 3, "tile": (3, 16)}),
+        OpCase((f32(1, 4, 7, 6), f32(6, 2, 1, 1)), {"group": 2, "strides": (2, 2)}),
+        # a 3x3 layer (what tuning may give the kernel): padded panels per group
+        OpCase((f32(1, 4, 5, 6), f32(6, 2, 3, 3)),
+               {"group": 2, "pads": (1, 0, 1, 1), "strides": (1, 2)})],
 }

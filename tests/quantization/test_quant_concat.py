@@ -26,7 +26,7 @@ from support.graphs import GraphBuilder
 from support.reference import ort_session
 
 U8, I8 = TensorProto.UINT8, TensorProto.INT8
-#: each input 2**16 elements: qlinear_concat's tile loops run in parallel (PARALLEL_MIN_MADDS)
+#: each input 2**16 elements: qlinear_concat's tile loops run in parallel (worth_parallel)
 SHAPE = (1, 2, 128, 256)
 
 

@@ -15,7 +15,9 @@ visible in the graph (and in its kiln.script text):
 - `conv2d_nchwc(x, wp[, bias])`: `conv2d_blocked` (ungrouped) on activations in the
   blocked NCHW{b}c layout (kiln.ops.layout): `x` is `[N][ceil(ci/b)][H][W][b]`, the
   result `[N][ceil(co/b)][OH][OW][b]` with its padding channels zero; the
-  `nchwc-layout` pass (kiln.transform.nchwc_layout) introduces it.
+  `nchwc-layout` pass (kiln.transform.nchwc_layout) introduces it;
+- `conv2d_group_gemm(x, w[, bias])`: a grouped (not depthwise) 1x1 convolution as
+  one GEMM per group (kiln.ops.kernels.conv_grouped); same attributes as `conv2d`.
 
 Both keep `conv2d`'s meaning (NCHW in and out, ONNX pads), type rule and numpy
 reference; their tensor-expression definitions (used when a kernel cannot be
@@ -48,6 +50,7 @@ DEPTHWISE = "conv2d_depthwise"
 ROWS = "conv2d_rows"
 NCHWC = "conv2d_nchwc"
 GEMM = "conv2d_gemm"
+GROUP_GEMM = "conv2d_group_gemm"
 Attrs = Mapping[str, Any]
 
 def conv_shape(x: Sequence[int | PrimExpr], c_out: int, kernel: Sequence[int],
@@ -211,6 +214,8 @@ def call_conv_shape(op: str, args: Sequence[Any], attrs: Attrs) -> ck.ConvShape 
     shape = conv_shape(x.shape, w.shape[0], w.shape[2:], attrs)
     if op == GEMM:
         return shape if shape.groups == 1 else None
+    if op == GROUP_GEMM:
+        return shape
     return shape if shape.depthwise else None
 
 
@@ -243,3 +248,4 @@ _register(DEPTHWISE, checking_tile(conv_infer, DEPTHWISE, 2), conv_compute, conv
 _register(ROWS, _rows_infer, _rows_compute, _rows_ref)
 _register(NCHWC, _nchwc_infer, _nchwc_compute, _nchwc_ref)
 _register(GEMM, checking_tile(conv_infer, GEMM, 2), conv_compute, conv_ref)
+_register(GROUP_GEMM, checking_tile(conv_infer, GROUP_GEMM, 2), conv_compute, conv_ref)

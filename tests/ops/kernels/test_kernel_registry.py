@@ -36,6 +36,7 @@ W = {
     "dw": RNG.standard_normal((4, 1, 3, 3)).astype(np.float32),   # depthwise 3x3
     "rows": RNG.standard_normal((5, 3, 1, 1)).astype(np.float32),  # 1x1 over a row of 17
     "pw": RNG.standard_normal((5, 6, 1, 1)).astype(np.float32),   # 1x1 on 64 positions
+    "grp": RNG.standard_normal((6, 2, 1, 1)).astype(np.float32),  # 1x1 in 3 groups
     "direct": RNG.standard_normal((7, 4, 1, 1)).astype(np.float32),  # 1x1/2, alone
     # three chained 1x1/2 convs: an NCHWc region (more convolutions than reorders)
     "nc1": RNG.standard_normal((16, 8, 1, 1)).astype(np.float32),
@@ -44,7 +45,7 @@ W = {
 }
 INPUTS = {"x_gemv": (1, 8), "x_gemm": (5, 12), "x_ta": (2, 6, 7), "x_tb": (2, 7, 9),
           "x_dw": (1, 4, 10, 10), "x_rows": (1, 3, 1, 17), "x_pw": (1, 6, 4, 16),
-          "x_direct": (1, 4, 6, 6), "x_nc": (1, 8, 22, 22)}
+          "x_grp": (1, 6, 4, 16), "x_direct": (1, 4, 6, 6), "x_nc": (1, 8, 22, 22)}
 
 
 def _model() -> onnx.ModelProto:
@@ -56,6 +57,7 @@ def _model() -> onnx.ModelProto:
     b.node("Conv", ["x_dw", "dw"], ["y_dw"], group=4, **pad)
     b.node("Conv", ["x_rows", "rows"], ["y_rows"])
     b.node("Conv", ["x_pw", "pw"], ["y_pw"])
+    b.node("Conv", ["x_grp", "grp"], ["y_grp"], group=3)
     b.node("Conv", ["x_direct", "direct"], ["y_direct"], **s2)
     b.node("Conv", ["x_nc", "nc1"], ["h_nc"], **s2)
     b.node("Relu", ["h_nc"], ["r_nc"])
@@ -91,6 +93,7 @@ def _reference(f: dict[str, np.ndarray]) -> list[np.ndarray]:
     return [f["x_gemv"] @ W["gemv"].T.astype(np.float64), f["x_gemm"] @ W["gemm"],
             f["x_ta"] @ f["x_tb"], _conv(f["x_dw"], W["dw"], group=4, pad=1),
             _conv(f["x_rows"], W["rows"]), _conv(f["x_pw"], W["pw"]),
+            _conv(f["x_grp"], W["grp"], group=3),
             _conv(f["x_direct"], W["direct"], stride=2),
             _conv(_conv(np.maximum(_conv(f["x_nc"], W["nc1"], stride=2), 0), W["nc2"],
                         stride=2), W["nc3"], stride=2)]
@@ -132,17 +135,20 @@ def _tiles(mod: Any) -> dict[str, set[tuple[int, ...]]]:
     ("llvm -mtriple=x86_64-linux-gnu -mcpu=haswell",
      {"matmul_gemv": {(4, 16)}, "matmul_packed": {(5, 16)}, "matmul_tiled": {(6, 16)},
       "conv2d_depthwise": {(8, 8)}, "conv2d_rows": {(6, 16, 8)}, "conv2d_blocked": {(8, 6)},
-      "conv2d_nchwc": {(16, 6)}, "conv2d_gemm": {(5, 16)}}),
+      "conv2d_nchwc": {(16, 6)}, "conv2d_gemm": {(5, 16)},
+      "conv2d_group_gemm": {(2, 32)}}),
     # AVX-512: 16 lanes, 32 registers (taller GEMM tiles, whole 10-wide depthwise rows)
     ("llvm -mtriple=x86_64-linux-gnu -mcpu=znver4",
      {"matmul_gemv": {(4, 32)}, "matmul_packed": {(5, 32)}, "matmul_tiled": {(6, 16)},
       "conv2d_depthwise": {(10, 16)}, "conv2d_rows": {(6, 16, 16)},
-      "conv2d_blocked": {(16, 6)}, "conv2d_nchwc": {(16, 6)}, "conv2d_gemm": {(5, 32)}}),
+      "conv2d_blocked": {(16, 6)}, "conv2d_nchwc": {(16, 6)}, "conv2d_gemm": {(5, 32)},
+      "conv2d_group_gemm": {(2, 64)}}),
     # NEON: 4 lanes, 32 registers
     ("llvm -mtriple=aarch64-linux-gnu -mcpu=neoverse-n1",
      {"matmul_gemv": {(4, 8)}, "matmul_packed": {(5, 8)}, "matmul_tiled": {(6, 8)},
       "conv2d_depthwise": {(8, 4)}, "conv2d_rows": {(6, 8, 4)}, "conv2d_blocked": {(8, 6)},
-      "conv2d_nchwc": {(8, 6)}, "conv2d_gemm": {(5, 8)}}),
+      "conv2d_nchwc": {(8, 6)}, "conv2d_gemm": {(5, 8)},
+      "conv2d_group_gemm": {(2, 16)}}),
 ])
 def test_the_tile_is_recorded_and_round_trips(spec: str, tiles: dict[str, Any]) -> None:
     mod = _blocked(spec)

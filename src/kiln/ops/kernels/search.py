@@ -8,8 +8,8 @@
   for the ISA's caches (kiln.ops.gemm_kernels.KBlocking; the GEMM kernels, where K is
   deeper than one block: off by rule, since it measured slower on average);
 - `{"family": F, "tile": [...]}`: another convolution algorithm F (`conv_direct`,
-  `conv_rows`, `conv_gemm`) with its rule's tile, where F computes the call
-  (`computes`).
+  `conv_rows`, `conv_gemm`, `conv_grouped`) with its rule's tile, where F computes
+  the call (`computes`).
 
 Every variant is legal by construction: tiles come from the ISA object (the families'
 `candidates`), a split only reorders independent tiles, and an algorithm is offered
@@ -33,12 +33,15 @@ from kiln.ops.kernels.tiles import PARALLEL_SPLITS, tile_lanes
 from kiln.target.isa import ISA
 
 #: The convolution families an ungrouped or grouped float32 `conv2d` may take.
-CONV_ALGORITHMS = ("conv_direct", "conv_rows", "conv_gemm")
+CONV_ALGORITHMS = ("conv_direct", "conv_rows", "conv_gemm", "conv_grouped")
 #: Families whose parallel loop is a tile loop the split reorders (the depthwise
 #: kernel's rows are split by the `parallelize` pass instead).
-SPLIT_FAMILIES = ("gemm", "gemm_tiled", "conv_direct", "conv_rows", "conv_gemm")
+SPLIT_FAMILIES = ("gemm", "gemm_tiled", "conv_direct", "conv_rows", "conv_gemm",
+                  "conv_grouped")
 #: Families whose kernel is kiln.ops.gemm_kernels.gemm_body (K blocking applies).
-KBLOCK_FAMILIES = ("gemm", "gemm_tiled", "conv_gemm")
+KBLOCK_FAMILIES = ("gemm", "gemm_tiled", "conv_gemm", "conv_grouped")
+#: The GEMM convolution families (one product per image, or per image and group).
+CONV_GEMMS = ("conv_gemm", "conv_grouped")
 
 Params = dict[str, Any]
 
@@ -46,7 +49,8 @@ Params = dict[str, Any]
 def computes(name: str, call: g.Call, isa: ISA) -> bool:
     """Whether the convolution family `name` computes `call` (not: whether its rule
     picks it): the blocked kernel any float32 conv the families take, the GEMM one any
-    ungrouped one, the row-tiled one an ungrouped one with rows of at least a vector."""
+    ungrouped one, the grouped GEMM one any grouped one but a depthwise, the row-tiled
+    one an ungrouped one with rows of at least a vector."""
     from kiln.ops.kernels.conv import conv_call_shape
 
     shape = conv_call_shape(call)
@@ -54,6 +58,8 @@ def computes(name: str, call: g.Call, isa: ISA) -> bool:
         return False
     if name == "conv_direct":
         return True
+    if name == "conv_grouped":
+        return shape.groups != 1 and not shape.depthwise
     if shape.groups != 1:
         return False
     return name == "conv_gemm" or shape.out_w >= tile_lanes(isa)
@@ -69,7 +75,7 @@ def default_params(family: KernelFamily, call: g.Call, isa: ISA) -> Params:
 def _work(family: KernelFamily, call: g.Call) -> int | None:
     """Multiply-adds of a call whose kernel goes parallel only above the work
     threshold (the GEMM families), None for the others (always parallel)."""
-    if family.name == "conv_gemm":
+    if family.name in CONV_GEMMS:
         from kiln.ops.kernels.conv import conv_call_shape
 
         s = conv_call_shape(call)
@@ -97,12 +103,12 @@ def blocks_k(family: KernelFamily, call: g.Call, isa: ISA, tile: Sequence[int]) 
         return False
     m: object
     k: object
-    if family.name == "conv_gemm":
+    if family.name in CONV_GEMMS:
         from kiln.ops.kernels.conv import conv_call_shape
 
         s = conv_call_shape(call)
         assert s is not None
-        m, k = s.c_out, s.ci_group * s.kh * s.kw
+        m, k = s.c_out // s.groups, s.ci_group * s.kh * s.kw
     else:
         from kiln.ops.nn import b_shape
 
