@@ -33,6 +33,7 @@ for _name, _path in {
     "dead-code-elimination": "kiln.transform.dead_code:DeadCodeElimination",
     "lower-graph-to-tensor": "kiln.transform.lower_graph:LowerGraphToTensor",
     "simplify": "kiln.transform.simplify:Simplify",
+    "partition-loops": "kiln.transform.partition_loops:PartitionLoops",
     "interchange-reductions": "kiln.transform.interchange_reductions:InterchangeReductions",
     "parallelize": "kiln.transform.parallelize:Parallelize",
     "expand-math": "kiln.transform.expand_math:ExpandMath",
