@@ -130,6 +130,16 @@ class RowLoops:
                  ) -> PrimExpr:
         return _tree([acc[_c(k)] for k in range(self.lanes)], combine)
 
+    def folded_sum(self, acc: Buffer) -> PrimExpr:
+        """The lanes' sum in the order of onnxruntime's MLAS softmax kernels (AVX-512 and
+        AVX2): the upper half of the vector added onto the lower half, then neighbours
+        pairwise (its `vhaddps`), so equal lane sums give its row sum bit for bit."""
+        lanes: list[PrimExpr] = [acc[_c(k)] for k in range(self.lanes)]
+        if self.lanes >= 8:
+            half = self.lanes // 2
+            lanes = [lanes[k] + lanes[k + half] for k in range(half)]
+        return _tree(lanes, _add)
+
 
 def _bind_zero(var: Var, body: Stmt) -> Stmt:
     return seq(LetStmt(var, _c(0)), body)
@@ -159,7 +169,7 @@ def softmax_row(loops: RowLoops, read: Reader, out_at: Callable[[PrimExpr], Any]
     if log:
         pass2 = loops.each(lambda j, lane: Store(
             s, s[lane] + intrin("exp", read(j) - mx), (lane,)))
-        log_sum, let_shift = _let("log_sum", intrin("log", loops.combined(s, _add)))
+        log_sum, let_shift = _let("log_sum", intrin("log", loops.folded_sum(s)))
         # (x - max) first: max + log_sum would round away the low bits of large inputs
         pass3 = loops.each(lambda j, lane: store(j, (read(j) - mx) - log_sum))
         return seq(*init_m, pass1, let_mx, *init_s, pass2, let_shift, pass3)
@@ -170,7 +180,7 @@ def softmax_row(loops: RowLoops, read: Reader, out_at: Callable[[PrimExpr], Any]
         return seq(let_e, Store(buf, e, idx), Store(s, s[lane] + e, (lane,)))
 
     pass2 = loops.each(exp_and_sum)
-    inv, let_inv = _let("inv", as_expr(1.0, F32) / loops.combined(s, _add))
+    inv, let_inv = _let("inv", as_expr(1.0, F32) / loops.folded_sum(s))
 
     def scale(j: PrimExpr, lane: PrimExpr) -> Stmt:
         buf, idx = out_at(j)

@@ -6,10 +6,13 @@ Older exports (and models written against opsets without `Gelu` or
 - tanh GELU (GPT-2's): `0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))`, ten or so
   nodes in whatever order the exporter wrote the products, `x^3` as `Pow` or as
   products;
+- erf GELU (BERT's): `0.5 x (1 + erf(x / sqrt(2)))`, computed as `gelu` computes it,
+  `(0.5 x) (1 + erf(x sqrt(1/2)))`, as onnxruntime's Gelu fusion does (with the same
+  erf, kiln.ops.kernels.math, the results are onnxruntime's bit for bit);
 - layer norm: `d = x - mean(x)`, `d / sqrt(mean(d^2) + eps)`, then optionally
   `* gamma + beta`, the means over the last axis.
 
-Each match becomes one call, `gelu(x, approximate="tanh")` or `layer_norm(x, gamma,
+Each match becomes one call, `gelu(x[, approximate="tanh"])` or `layer_norm(x, gamma,
 beta, axis=-1, epsilon=eps)`: the GELU's input is then read once, so fuse-ops puts
 the whole activation in the epilogue of the matrix product before it (spelled out,
 its intermediate values are read by several nodes and the group is cut after the
@@ -44,6 +47,7 @@ from kiln.transform.pass_base import FunctionPass
 
 SQRT_2_OVER_PI = 0.7978845608028654
 GELU_CUBIC = 0.044715
+SQRT_HALF = 0.7071067811865476
 # Powers written out as products (pow(x, 2) = x * x is exact; x * x * x rounds twice).
 SMALL_POWERS = (2, 3)
 # Constants match the formula's when this close (float32 spellings of sqrt(2/pi) ...).
@@ -64,7 +68,7 @@ class RecognizeComposites(FunctionPass):
         graph = _Graph(func)
         new: dict[g.Var, list[g.Binding]] = {}  # a binding -> those that replace it
         for b in func.bindings:
-            for match in (_gelu_tanh, _layer_norm):
+            for match in (_gelu_tanh, _gelu_erf, _layer_norm):
                 graph.pending.clear()
                 found = match(graph, b) if b.var not in graph.absorbed else None
                 if found is not None:
@@ -208,6 +212,27 @@ def _gelu_tanh(graph: _Graph, b: g.Binding) -> g.Binding | None:
             if lin is x and _close(c, GELU_CUBIC) and cube == [x, x, x] and _same_shape(x, b.var):
                 return g.Binding(b.var, g.Call("gelu", (x,), {"approximate": "tanh"},
                                                b.var.type))
+    return None
+
+
+def _gelu_erf(graph: _Graph, b: g.Binding) -> g.Binding | None:
+    """`gelu(x)` when `b` is `0.5 x (1 + erf(x / sqrt(2)))` (the products in any order,
+    `/ sqrt(2)` or `* sqrt(1/2)`): the formula onnxruntime's Gelu fusion computes,
+    `(0.5 x) (1 + erf(x sqrt(1/2)))`, so both round alike."""
+    if graph.call(b.var, "multiply") is None:
+        return None
+    half, factors = _product(graph, b.var, root=True)
+    if not _close(half, 0.5) or len(factors) != 2:
+        return None
+    for x, other in (factors, factors[::-1]):
+        terms = _add_terms(graph, other)
+        erf = graph.inner(terms[0], "erf") if terms and _close(_scalar(terms[1]), 1.0) \
+            else None
+        if erf is None:
+            continue
+        k, inner = _product(graph, erf.args[0])
+        if _close(k, SQRT_HALF) and inner == [x] and _same_shape(x, b.var):
+            return g.Binding(b.var, g.Call("gelu", (x,), {}, b.var.type))
     return None
 
 
