@@ -29,6 +29,7 @@ Other dtypes and axes keep the tensor-expression definitions.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -39,6 +40,7 @@ from kiln.ir.dtype import INDEX_DTYPE
 from kiln.ir.shape_expr import dim_product
 from kiln.ir.tensor import (
     Allocate,
+    BinaryOp,
     Buffer,
     Cast,
     Const,
@@ -211,8 +213,53 @@ def layer_norm_row(loops: RowLoops, read: Reader, store: Callable[[PrimExpr, Pri
                pass2)
 
 
+def layer_norm_welford_rows(count: int, read: Callable[[PrimExpr, PrimExpr], PrimExpr],
+                            n: int, eps: float,
+                            normalize: Callable[[PrimExpr, PrimExpr, PrimExpr], Stmt]) -> Stmt:
+    """`count` rows of layer_norm, lane `l` of the statistics loop on row `l`: Welford's
+    running mean and sum of squared deviations, element by element in row order, then
+    `normalize(l, mean, std)` for each row (`std = sqrt(var + eps)`). This is
+    onnxruntime's SkipLayerNormalization on float32, step for step (its kernel's
+    `mean += d / k`, `m2 += d * (x - mean)`, then `(x - mean) / std * gamma + beta`), so
+    the two agree bit for bit; a row's elements are read `count` rows apart, but the
+    serial chain through the mean, not the loads, bounds the loop, and `count` rows run
+    it side by side."""
+    lane = Var("l", INDEX_DTYPE)
+    kind = "vectorized" if count > 1 else "serial"
+    mean = Buffer("w_mean", (count,), F32, "local")
+    m2 = Buffer("w_m2", (count,), F32, "local")
+    k = Var("k", INDEX_DTYPE)
+    zero = as_expr(0.0, F32)
+    init = For(lane, _c(0), _c(count), kind, seq(Store(mean, zero, (lane,)),
+                                                 Store(m2, zero, (lane,))))
+    x, let_x = _let("x", read(lane, k))
+    d, let_d = _let("d", x - mean[lane])
+    m, let_m = _let("m", mean[lane] + d / Cast(F32, k + _c(1)))
+    step = For(k, _c(0), _c(n), "serial", For(lane, _c(0), _c(count), kind, seq(
+        let_x, let_d, let_m, Store(mean, m, (lane,)),
+        Store(m2, m2[lane] + d * (x - m), (lane,)))))
+    rows: list[Stmt] = []
+    for r in range(count):  # one row after another (a loop over them would read the
+        # local statistics: parallelize could outline it away from them)
+        row_mean, let_mean = _let(f"mean{r}", mean[_c(r)])
+        std, let_std = _let(f"std{r}", intrin("sqrt", m2[_c(r)] / as_expr(float(n), F32)
+                                               + as_expr(eps, F32)))
+        rows.append(seq(let_mean, let_std, normalize(_c(r), row_mean, std)))
+    return seq(Allocate(mean), Allocate(m2), init, step, *rows)
+
+
 def _add(a: PrimExpr, b: PrimExpr) -> PrimExpr:
     return a + b
+
+
+def _residual_add(x: te.Tensor, buffers: Mapping[te.Tensor, Buffer]) -> bool:
+    """Whether the layer norm's input is an add fused into it (a residual connection):
+    the pattern onnxruntime runs as SkipLayerNormalization, whose arithmetic
+    layer_norm_welford_rows repeats. A bare layer norm keeps layer_norm_row (onnxruntime's
+    LayerNormalization kernel computes otherwise; the shifted sums stay accurate on rows
+    far from zero, where Welford's float32 running mean loses digits)."""
+    e = te.inline_expr(x, (_c(0),) * x.ndim, dict(buffers))
+    return isinstance(e, BinaryOp) and e.op == "add"
 
 
 def mean_of(total: PrimExpr, count: int | PrimExpr) -> PrimExpr:
@@ -322,11 +369,69 @@ class RowOp(HandBuiltOp):
             return None
         if self.name == LAYER_NORM and not isinstance(n, int):
             return None  # its shift reads element 0, which an empty row lacks
-        rows = Rows(tuple(outer), n)
-        kernel = rows.around(lambda o: self._row(o, x, args, attrs, n, buffers, mapping,
-                                                 value_buf, out, result))
+        if self.name == LAYER_NORM and isinstance(n, int) and \
+                all(isinstance(d, int) for d in outer) and _residual_add(x, buffers):
+            kernel = self._welford_groups(x, args, attrs, n, buffers, mapping, value_buf,
+                                          out, result)
+        else:
+            kernel = Rows(tuple(outer), n).around(
+                lambda o: self._row(o, x, args, attrs, n, buffers, mapping, value_buf, out,
+                                    result))
         return PrimFunc((*(buffers[t] for t in params), out), kernel,
                         {"kiln.row_kernel": self.name})
+
+    def _welford_groups(self, x: te.Tensor, args: Sequence[te.Tensor], attrs: Attrs, n: int,
+                        buffers: dict[te.Tensor, Buffer], mapping: dict[te.Tensor, Buffer],
+                        value_buf: Buffer, out: Buffer, result: te.Tensor | None) -> Stmt:
+        """layer_norm over static rows in groups of `lanes` rows
+        (layer_norm_welford_rows), the groups split over threads like rows."""
+        outer = [int(d) for d in x.shape[:-1]]
+        total = math.prod(outer)
+        lanes = tile_lanes(isa_for(None))
+        eps = float(attrs.get("epsilon", 1e-5))
+        loops = RowLoops(n, min(lanes, max(n, 1)))
+
+        def group(base: PrimExpr, count: int) -> Stmt:
+            def index(row: PrimExpr, j: PrimExpr) -> tuple[PrimExpr, ...]:
+                return (*te.unflatten_index(base + row, outer), j)
+
+            def normalize(row: PrimExpr, mean: PrimExpr, std: PrimExpr) -> Stmt:
+                def at(j: PrimExpr, lane: PrimExpr) -> Stmt:
+                    idx = index(row, j)
+                    y = self._affine(args, idx, x.ndim, buffers,
+                                     (te.inline_expr(x, idx, buffers) - mean) / std)
+                    if result is not None:
+                        y = SubstituteLoad(value_buf, y).visit_expr(
+                            te.inline_expr(result, idx, mapping))
+                    return Store(out, y, idx)
+                return loops.each(at)
+
+            return layer_norm_welford_rows(
+                count, lambda row, j: te.inline_expr(x, index(row, j), buffers), n, eps,
+                normalize)
+
+        groups, rest = divmod(total, lanes)
+        parts: list[Stmt] = []
+        if groups:
+            gv = Var("g", INDEX_DTYPE)
+            parts.append(parallel_when(
+                lambda: For(gv, _c(0), _c(groups), "parallel", group(gv * lanes, lanes)),
+                groups * lanes * n, ROW_PARALLEL_MIN_WORK))
+        if rest:
+            parts.append(group(_c(groups * lanes), rest))
+        return seq(*parts)
+
+    @staticmethod
+    def _affine(args: Sequence[te.Tensor], idx: tuple[PrimExpr, ...], ndim: int,
+                buffers: dict[te.Tensor, Buffer], y: PrimExpr) -> PrimExpr:
+        """`y * scale + bias` at output index `idx` (layer_norm's optional operands)."""
+        for t, combine in ((args[1] if len(args) > 1 else None, "mul"),
+                           (args[2] if len(args) > 2 else None, "add")):
+            if t is None:
+                continue
+            v = te.inline_expr(t, tuple(idx[ndim - t.ndim:]), buffers)
+            y = y * v if combine == "mul" else y + v
+        return y
 
     def _row(self, o: tuple[PrimExpr, ...], x: te.Tensor, args: Sequence[te.Tensor],
              attrs: Attrs, n: int | PrimExpr, buffers: dict[te.Tensor, Buffer],
@@ -349,17 +454,8 @@ class RowOp(HandBuiltOp):
         lanes = tile_lanes(isa_for(None))
         loops = RowLoops(n, min(lanes, max(n, 1)) if isinstance(n, int) else lanes)
         if self.name == LAYER_NORM:
-            scale = args[1] if len(args) > 1 else None
-            bias = args[2] if len(args) > 2 else None
-
             def affine(j: PrimExpr, y: PrimExpr) -> PrimExpr:
-                for t, combine in ((scale, "mul"), (bias, "add")):
-                    if t is None:
-                        continue
-                    tail = tuple(index(j)[x.ndim - t.ndim:])
-                    v = te.inline_expr(t, tail, buffers)
-                    y = y * v if combine == "mul" else y + v
-                return y
+                return self._affine(args, index(j), x.ndim, buffers, y)
 
             return layer_norm_row(loops, read, store, affine, float(attrs.get("epsilon", 1e-5)))
         return softmax_row(loops, read, lambda j: (out, index(j)), store,
