@@ -69,6 +69,8 @@ from kiln.target.isa import isa_for
 Attrs = Mapping[str, Any]
 SOFTMAX, LOG_SOFTMAX, LAYER_NORM = "softmax", "log_softmax", "layer_norm"
 F32 = "float32"
+#: Vectors of rows whose Welford chains (a division each step) run side by side.
+WELFORD_VECTORS = 4
 
 Reader = Callable[[PrimExpr], PrimExpr]  # the row's element j (an index expression)
 
@@ -252,6 +254,17 @@ def _add(a: PrimExpr, b: PrimExpr) -> PrimExpr:
     return a + b
 
 
+def _row_index(flat: PrimExpr, outer: Sequence[int]) -> tuple[PrimExpr, ...]:
+    """The index of row `flat` (< the row count) over the static dims `outer`: like
+    te.unflatten_index, without the remainder for the outermost dim of more than one
+    row (a BERT's (1, 128) rows are (0, flat), a plain stride the loads vectorize on)."""
+    index = list(te.unflatten_index(flat, outer))
+    lead = next((k for k, d in enumerate(outer) if d > 1), None)
+    if lead is not None:
+        index[lead] = flat // math.prod(outer[lead + 1:]) if lead + 1 < len(outer) else flat
+    return tuple(index)
+
+
 def _residual_add(x: te.Tensor, buffers: Mapping[te.Tensor, Buffer]) -> bool:
     """Whether the layer norm's input is an add fused into it (a residual connection):
     the pattern onnxruntime runs as SkipLayerNormalization, whose arithmetic
@@ -387,28 +400,33 @@ class RowOp(HandBuiltOp):
         (layer_norm_welford_rows), the groups split over threads like rows."""
         outer = [int(d) for d in x.shape[:-1]]
         total = math.prod(outer)
-        lanes = tile_lanes(isa_for(None))
+        vector = tile_lanes(isa_for(None))
+        lanes = vector * WELFORD_VECTORS
         eps = float(attrs.get("epsilon", 1e-5))
-        loops = RowLoops(n, min(lanes, max(n, 1)))
+        loops = RowLoops(n, min(vector, max(n, 1)))
 
         def group(base: PrimExpr, count: int) -> Stmt:
             def index(row: PrimExpr, j: PrimExpr) -> tuple[PrimExpr, ...]:
-                return (*te.unflatten_index(base + row, outer), j)
+                return (*_row_index(base + row, outer), j)
 
             def normalize(row: PrimExpr, mean: PrimExpr, std: PrimExpr) -> Stmt:
                 def at(j: PrimExpr, lane: PrimExpr) -> Stmt:
                     idx = index(row, j)
-                    y = self._affine(args, idx, x.ndim, buffers,
-                                     (te.inline_expr(x, idx, buffers) - mean) / std)
+                    y = self._affine(args, idx, x.ndim, buffers, (out[idx] - mean) / std)
                     if result is not None:
                         y = SubstituteLoad(value_buf, y).visit_expr(
                             te.inline_expr(result, idx, mapping))
                     return Store(out, y, idx)
                 return loops.each(at)
 
-            return layer_norm_welford_rows(
-                count, lambda row, j: te.inline_expr(x, index(row, j), buffers), n, eps,
-                normalize)
+            # the input (the residual sum) stored into the output row by row first: the
+            # statistics then read one array, `n` apart, and the normalization reads it back
+            r = Var("r", INDEX_DTYPE)
+            inputs = For(r, _c(0), _c(count), "serial", loops.each(
+                lambda j, lane: Store(out, te.inline_expr(x, index(r, j), buffers),
+                                      index(r, j))))
+            return seq(inputs, layer_norm_welford_rows(
+                count, lambda row, j: out[index(row, j)], n, eps, normalize))
 
         groups, rest = divmod(total, lanes)
         parts: list[Stmt] = []
