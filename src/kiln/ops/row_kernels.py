@@ -15,6 +15,11 @@ innermost loops are `vectorized` of constant extent, lanes along the row):
 - layer_norm: one pass of shifted sums `sum(x - k)` and `sum((x - k)^2)`, `k`
   the row's first element (so float32 keeps its accuracy when the mean is large
   against the spread), then `(x - mean) * rsqrt(var + eps) * scale + bias`;
+  marked `residual` (recognize-composites: its input is a residual sum), as
+  onnxruntime's SkipLayerNormalization computes it instead (layer_norm_welford_rows),
+  so that a quantized model's next DynamicQuantizeLinear sees onnxruntime's values;
+- softmax's lane sums are added up as onnxruntime's MLAS kernels add theirs
+  (`folded_sum`), its `exp` being MLAS's too (kiln.ops.kernels.math);
 - reductions over trailing axes (reduce_sum/mean/max/..., global pooling): one
   pass, `lanes` partial results combined at the end (a single accumulator
   would be a serial chain the backend cannot vectorize).
@@ -40,7 +45,6 @@ from kiln.ir.dtype import INDEX_DTYPE
 from kiln.ir.shape_expr import dim_product
 from kiln.ir.tensor import (
     Allocate,
-    BinaryOp,
     Buffer,
     Cast,
     Const,
@@ -240,14 +244,16 @@ def layer_norm_welford_rows(count: int, read: Callable[[PrimExpr, PrimExpr], Pri
     step = For(k, _c(0), _c(n), "serial", For(lane, _c(0), _c(count), kind, seq(
         let_x, let_d, let_m, Store(mean, m, (lane,)),
         Store(m2, m2[lane] + d * (x - m), (lane,)))))
-    rows: list[Stmt] = []
-    for r in range(count):  # one row after another (a loop over them would read the
-        # local statistics: parallelize could outline it away from them)
-        row_mean, let_mean = _let(f"mean{r}", mean[_c(r)])
-        std, let_std = _let(f"std{r}", intrin("sqrt", m2[_c(r)] / as_expr(float(n), F32)
-                                               + as_expr(eps, F32)))
-        rows.append(seq(let_mean, let_std, normalize(_c(r), row_mean, std)))
-    return seq(Allocate(mean), Allocate(m2), init, step, *rows)
+    # the statistics leave the stack (a loop over rows reading stack arrays could not be
+    # split over threads: parallelize may outline it)
+    stats = Buffer("w_stats", (2, count), F32)
+    keep = For(lane, _c(0), _c(count), kind, seq(
+        Store(stats, mean[lane], (_c(0), lane)),
+        Store(stats, intrin("sqrt", m2[lane] / as_expr(float(n), F32) + as_expr(eps, F32)),
+              (_c(1), lane))))
+    r = Var("r", INDEX_DTYPE)
+    rows = For(r, _c(0), _c(count), "serial", normalize(r, stats[_c(0), r], stats[_c(1), r]))
+    return seq(Allocate(mean), Allocate(m2), Allocate(stats), init, step, keep, rows)
 
 
 def _add(a: PrimExpr, b: PrimExpr) -> PrimExpr:
@@ -263,16 +269,6 @@ def _row_index(flat: PrimExpr, outer: Sequence[int]) -> tuple[PrimExpr, ...]:
     if lead is not None:
         index[lead] = flat // math.prod(outer[lead + 1:]) if lead + 1 < len(outer) else flat
     return tuple(index)
-
-
-def _residual_add(x: te.Tensor, buffers: Mapping[te.Tensor, Buffer]) -> bool:
-    """Whether the layer norm's input is an add fused into it (a residual connection):
-    the pattern onnxruntime runs as SkipLayerNormalization, whose arithmetic
-    layer_norm_welford_rows repeats. A bare layer norm keeps layer_norm_row (onnxruntime's
-    LayerNormalization kernel computes otherwise; the shifted sums stay accurate on rows
-    far from zero, where Welford's float32 running mean loses digits)."""
-    e = te.inline_expr(x, (_c(0),) * x.ndim, dict(buffers))
-    return isinstance(e, BinaryOp) and e.op == "add"
 
 
 def mean_of(total: PrimExpr, count: int | PrimExpr) -> PrimExpr:
@@ -383,7 +379,7 @@ class RowOp(HandBuiltOp):
         if self.name == LAYER_NORM and not isinstance(n, int):
             return None  # its shift reads element 0, which an empty row lacks
         if self.name == LAYER_NORM and isinstance(n, int) and \
-                all(isinstance(d, int) for d in outer) and _residual_add(x, buffers):
+                all(isinstance(d, int) for d in outer) and attrs.get("residual"):
             kernel = self._welford_groups(x, args, attrs, n, buffers, mapping, value_buf,
                                           out, result)
         else:

@@ -23,6 +23,11 @@ becomes products: `pow` is a scalar libm call that no loop vectorizer widens. A
 becomes the product of the unscaled operands times `s s'`, which fuse-ops puts in the
 matrix product's epilogue: one kernel per scaled operand less.
 
+A layer norm whose input is the sum of two tensors of its shape (a residual
+connection) is marked `residual=True`: its row kernel then computes as onnxruntime's
+SkipLayerNormalization does (Welford's statistics), the sum being fused either into it
+or into the product before it.
+
 A pattern matches only when none of its intermediate values is read outside it,
 its input has the result's shape (no broadcasting inside) and its constants
 equal the formula's to float32 precision. The rewritten results agree with the
@@ -80,6 +85,11 @@ class RecognizeComposites(FunctionPass):
                 rewritten = _products_for_power(graph, b) or _scaled_matmul(graph, b)
                 if rewritten:
                     new[b.var] = rewritten
+        for b in func.bindings:  # layer norms of residual sums
+            if b.var not in new and b.var not in graph.absorbed:
+                marked = _residual_layer_norm(graph, b)
+                if marked:
+                    new[b.var] = [marked]
         if not new:
             return func
         bindings = [r for b in func.bindings for r in new.get(b.var, [b])]
@@ -234,6 +244,21 @@ def _gelu_erf(graph: _Graph, b: g.Binding) -> g.Binding | None:
         if _close(k, SQRT_HALF) and inner == [x] and _same_shape(x, b.var):
             return g.Binding(b.var, g.Call("gelu", (x,), {}, b.var.type))
     return None
+
+
+def _residual_layer_norm(graph: _Graph, b: g.Binding) -> g.Binding | None:
+    """`b`'s layer_norm marked `residual=True` when its input is the sum of two tensors of
+    its shape (a residual connection): onnxruntime runs that pair as one
+    SkipLayerNormalization, whose arithmetic the marked kernel repeats
+    (kiln.ops.row_kernels.layer_norm_welford_rows)."""
+    ln = graph.call(b.var, "layer_norm")
+    if ln is None or ln.attrs.get("residual") or not ln.args:
+        return None
+    add = graph.call(ln.args[0], "add")
+    if add is None or not all(_same_shape(a, b.var) for a in add.args):
+        return None
+    return g.Binding(b.var, g.Call("layer_norm", ln.args, {**ln.attrs, "residual": True},
+                                   b.var.type))
 
 
 def _last_axis_mean(graph: _Graph, e: g.Expr) -> g.Call | None:
