@@ -37,6 +37,7 @@ spelled-out graph to float32 rounding, not bit for bit.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -199,20 +200,23 @@ def _same_shape(x: g.Expr, out: g.Var) -> bool:
     return isinstance(x.type, TensorType) and x.type == out.type and is_float(x.type.dtype)
 
 
-def _gelu_tanh(graph: _Graph, b: g.Binding) -> g.Binding | None:
-    """`gelu(x, approximate="tanh")` when `b` is `0.5 x (1 + tanh(k (x + c x^3)))`."""
+def _half_x_one_plus(graph: _Graph, b: g.Binding, op: str) -> Iterator[tuple[g.Expr, g.Call]]:
+    """`(x, f)` for each reading of `b` as `0.5 x (1 + f)`, `f` a call of `op` (absorbed)."""
     if graph.call(b.var, "multiply") is None:
-        return None
+        return
     half, factors = _product(graph, b.var, root=True)
     if not _close(half, 0.5) or len(factors) != 2:
-        return None
+        return
     for x, other in (factors, factors[::-1]):
         terms = _add_terms(graph, other)
-        if terms is None or not _close(_scalar(terms[1]), 1.0):
-            continue
-        tanh = graph.inner(terms[0], "tanh")
-        if tanh is None:
-            continue
+        f = graph.inner(terms[0], op) if terms and _close(_scalar(terms[1]), 1.0) else None
+        if f is not None:
+            yield x, f
+
+
+def _gelu_tanh(graph: _Graph, b: g.Binding) -> g.Binding | None:
+    """`gelu(x, approximate="tanh")` when `b` is `0.5 x (1 + tanh(k (x + c x^3)))`."""
+    for x, tanh in _half_x_one_plus(graph, b, "tanh"):
         k, inner = _product(graph, tanh.args[0])
         sum_terms = _add_terms(graph, inner[0]) if len(inner) == 1 else None
         if not _close(k, SQRT_2_OVER_PI) or sum_terms is None:
@@ -229,17 +233,7 @@ def _gelu_erf(graph: _Graph, b: g.Binding) -> g.Binding | None:
     """`gelu(x)` when `b` is `0.5 x (1 + erf(x / sqrt(2)))` (the products in any order,
     `/ sqrt(2)` or `* sqrt(1/2)`): the formula onnxruntime's Gelu fusion computes,
     `(0.5 x) (1 + erf(x sqrt(1/2)))`, so both round alike."""
-    if graph.call(b.var, "multiply") is None:
-        return None
-    half, factors = _product(graph, b.var, root=True)
-    if not _close(half, 0.5) or len(factors) != 2:
-        return None
-    for x, other in (factors, factors[::-1]):
-        terms = _add_terms(graph, other)
-        erf = graph.inner(terms[0], "erf") if terms and _close(_scalar(terms[1]), 1.0) \
-            else None
-        if erf is None:
-            continue
+    for x, erf in _half_x_one_plus(graph, b, "erf"):
         k, inner = _product(graph, erf.args[0])
         if _close(k, SQRT_HALF) and inner == [x] and _same_shape(x, b.var):
             return g.Binding(b.var, g.Call("gelu", (x,), {}, b.var.type))
