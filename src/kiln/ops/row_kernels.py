@@ -15,6 +15,11 @@ innermost loops are `vectorized` of constant extent, lanes along the row):
 - layer_norm: one pass of shifted sums `sum(x - k)` and `sum((x - k)^2)`, `k`
   the row's first element (so float32 keeps its accuracy when the mean is large
   against the spread), then `(x - mean) * rsqrt(var + eps) * scale + bias`;
+  marked `residual` (recognize-composites: its input is a residual sum), as
+  onnxruntime's SkipLayerNormalization computes it instead (layer_norm_welford_rows),
+  so that a quantized model's next DynamicQuantizeLinear sees onnxruntime's values;
+- softmax's lane sums are added up as onnxruntime's MLAS kernels add theirs
+  (`folded_sum`), its `exp` being MLAS's too (kiln.ops.kernels.math);
 - reductions over trailing axes (reduce_sum/mean/max/..., global pooling): one
   pass, `lanes` partial results combined at the end (a single accumulator
   would be a serial chain the backend cannot vectorize).
@@ -29,6 +34,7 @@ Other dtypes and axes keep the tensor-expression definitions.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -67,6 +73,8 @@ from kiln.target.isa import isa_for
 Attrs = Mapping[str, Any]
 SOFTMAX, LOG_SOFTMAX, LAYER_NORM = "softmax", "log_softmax", "layer_norm"
 F32 = "float32"
+#: Vectors of rows whose Welford chains (a division each step) run side by side.
+WELFORD_VECTORS = 4
 
 Reader = Callable[[PrimExpr], PrimExpr]  # the row's element j (an index expression)
 
@@ -130,6 +138,16 @@ class RowLoops:
                  ) -> PrimExpr:
         return _tree([acc[_c(k)] for k in range(self.lanes)], combine)
 
+    def folded_sum(self, acc: Buffer) -> PrimExpr:
+        """The lanes' sum in the order of onnxruntime's MLAS softmax kernels (AVX-512 and
+        AVX2): the upper half of the vector added onto the lower half, then neighbours
+        pairwise (its `vhaddps`), so equal lane sums give its row sum bit for bit."""
+        lanes: list[PrimExpr] = [acc[_c(k)] for k in range(self.lanes)]
+        if self.lanes >= 8:
+            half = self.lanes // 2
+            lanes = [lanes[k] + lanes[k + half] for k in range(half)]
+        return _tree(lanes, _add)
+
 
 def _bind_zero(var: Var, body: Stmt) -> Stmt:
     return seq(LetStmt(var, _c(0)), body)
@@ -159,7 +177,7 @@ def softmax_row(loops: RowLoops, read: Reader, out_at: Callable[[PrimExpr], Any]
     if log:
         pass2 = loops.each(lambda j, lane: Store(
             s, s[lane] + intrin("exp", read(j) - mx), (lane,)))
-        log_sum, let_shift = _let("log_sum", intrin("log", loops.combined(s, _add)))
+        log_sum, let_shift = _let("log_sum", intrin("log", loops.folded_sum(s)))
         # (x - max) first: max + log_sum would round away the low bits of large inputs
         pass3 = loops.each(lambda j, lane: store(j, (read(j) - mx) - log_sum))
         return seq(*init_m, pass1, let_mx, *init_s, pass2, let_shift, pass3)
@@ -170,7 +188,7 @@ def softmax_row(loops: RowLoops, read: Reader, out_at: Callable[[PrimExpr], Any]
         return seq(let_e, Store(buf, e, idx), Store(s, s[lane] + e, (lane,)))
 
     pass2 = loops.each(exp_and_sum)
-    inv, let_inv = _let("inv", as_expr(1.0, F32) / loops.combined(s, _add))
+    inv, let_inv = _let("inv", as_expr(1.0, F32) / loops.folded_sum(s))
 
     def scale(j: PrimExpr, lane: PrimExpr) -> Stmt:
         buf, idx = out_at(j)
@@ -201,8 +219,56 @@ def layer_norm_row(loops: RowLoops, read: Reader, store: Callable[[PrimExpr, Pri
                pass2)
 
 
+def layer_norm_welford_rows(count: int, read: Callable[[PrimExpr, PrimExpr], PrimExpr],
+                            n: int, eps: float,
+                            normalize: Callable[[PrimExpr, PrimExpr, PrimExpr], Stmt]) -> Stmt:
+    """`count` rows of layer_norm, lane `l` of the statistics loop on row `l`: Welford's
+    running mean and sum of squared deviations, element by element in row order, then
+    `normalize(l, mean, std)` for each row (`std = sqrt(var + eps)`). This is
+    onnxruntime's SkipLayerNormalization on float32, step for step (its kernel's
+    `mean += d / k`, `m2 += d * (x - mean)`, then `(x - mean) / std * gamma + beta`), so
+    the two agree bit for bit; a row's elements are read `count` rows apart, but the
+    serial chain through the mean, not the loads, bounds the loop, and `count` rows run
+    it side by side."""
+    lane = Var("l", INDEX_DTYPE)
+    kind = "vectorized" if count > 1 else "serial"
+    mean = Buffer("w_mean", (count,), F32, "local")
+    m2 = Buffer("w_m2", (count,), F32, "local")
+    k = Var("k", INDEX_DTYPE)
+    zero = as_expr(0.0, F32)
+    init = For(lane, _c(0), _c(count), kind, seq(Store(mean, zero, (lane,)),
+                                                 Store(m2, zero, (lane,))))
+    x, let_x = _let("x", read(lane, k))
+    d, let_d = _let("d", x - mean[lane])
+    m, let_m = _let("m", mean[lane] + d / Cast(F32, k + _c(1)))
+    step = For(k, _c(0), _c(n), "serial", For(lane, _c(0), _c(count), kind, seq(
+        let_x, let_d, let_m, Store(mean, m, (lane,)),
+        Store(m2, m2[lane] + d * (x - m), (lane,)))))
+    # the statistics leave the stack (a loop over rows reading stack arrays could not be
+    # split over threads: parallelize may outline it)
+    stats = Buffer("w_stats", (2, count), F32)
+    keep = For(lane, _c(0), _c(count), kind, seq(
+        Store(stats, mean[lane], (_c(0), lane)),
+        Store(stats, intrin("sqrt", m2[lane] / as_expr(float(n), F32) + as_expr(eps, F32)),
+              (_c(1), lane))))
+    r = Var("r", INDEX_DTYPE)
+    rows = For(r, _c(0), _c(count), "serial", normalize(r, stats[_c(0), r], stats[_c(1), r]))
+    return seq(Allocate(mean), Allocate(m2), Allocate(stats), init, step, keep, rows)
+
+
 def _add(a: PrimExpr, b: PrimExpr) -> PrimExpr:
     return a + b
+
+
+def _row_index(flat: PrimExpr, outer: Sequence[int]) -> tuple[PrimExpr, ...]:
+    """The index of row `flat` (< the row count) over the static dims `outer`: like
+    te.unflatten_index, without the remainder for the outermost dim of more than one
+    row (a BERT's (1, 128) rows are (0, flat), a plain stride the loads vectorize on)."""
+    index = list(te.unflatten_index(flat, outer))
+    lead = next((k for k, d in enumerate(outer) if d > 1), None)
+    if lead is not None:
+        index[lead] = flat // math.prod(outer[lead + 1:]) if lead + 1 < len(outer) else flat
+    return tuple(index)
 
 
 def mean_of(total: PrimExpr, count: int | PrimExpr) -> PrimExpr:
@@ -312,11 +378,74 @@ class RowOp(HandBuiltOp):
             return None
         if self.name == LAYER_NORM and not isinstance(n, int):
             return None  # its shift reads element 0, which an empty row lacks
-        rows = Rows(tuple(outer), n)
-        kernel = rows.around(lambda o: self._row(o, x, args, attrs, n, buffers, mapping,
-                                                 value_buf, out, result))
+        if self.name == LAYER_NORM and isinstance(n, int) and \
+                all(isinstance(d, int) for d in outer) and attrs.get("residual"):
+            kernel = self._welford_groups(x, args, attrs, n, buffers, mapping, value_buf,
+                                          out, result)
+        else:
+            kernel = Rows(tuple(outer), n).around(
+                lambda o: self._row(o, x, args, attrs, n, buffers, mapping, value_buf, out,
+                                    result))
         return PrimFunc((*(buffers[t] for t in params), out), kernel,
                         {"kiln.row_kernel": self.name})
+
+    def _welford_groups(self, x: te.Tensor, args: Sequence[te.Tensor], attrs: Attrs, n: int,
+                        buffers: dict[te.Tensor, Buffer], mapping: dict[te.Tensor, Buffer],
+                        value_buf: Buffer, out: Buffer, result: te.Tensor | None) -> Stmt:
+        """layer_norm over static rows in groups of `lanes` rows
+        (layer_norm_welford_rows), the groups split over threads like rows."""
+        outer = [int(d) for d in x.shape[:-1]]
+        total = math.prod(outer)
+        vector = tile_lanes(isa_for(None))
+        lanes = vector * WELFORD_VECTORS
+        eps = float(attrs.get("epsilon", 1e-5))
+        loops = RowLoops(n, min(vector, max(n, 1)))
+
+        def group(base: PrimExpr, count: int) -> Stmt:
+            def index(row: PrimExpr, j: PrimExpr) -> tuple[PrimExpr, ...]:
+                return (*_row_index(base + row, outer), j)
+
+            def normalize(row: PrimExpr, mean: PrimExpr, std: PrimExpr) -> Stmt:
+                def at(j: PrimExpr, lane: PrimExpr) -> Stmt:
+                    idx = index(row, j)
+                    y = self._affine(args, idx, x.ndim, buffers, (out[idx] - mean) / std)
+                    if result is not None:
+                        y = SubstituteLoad(value_buf, y).visit_expr(
+                            te.inline_expr(result, idx, mapping))
+                    return Store(out, y, idx)
+                return loops.each(at)
+
+            # the input (the residual sum) stored into the output row by row first: the
+            # statistics then read one array, `n` apart, and the normalization reads it back
+            r = Var("r", INDEX_DTYPE)
+            inputs = For(r, _c(0), _c(count), "serial", loops.each(
+                lambda j, lane: Store(out, te.inline_expr(x, index(r, j), buffers),
+                                      index(r, j))))
+            return seq(inputs, layer_norm_welford_rows(
+                count, lambda row, j: out[index(row, j)], n, eps, normalize))
+
+        groups, rest = divmod(total, lanes)
+        parts: list[Stmt] = []
+        if groups:
+            gv = Var("g", INDEX_DTYPE)
+            parts.append(parallel_when(
+                lambda: For(gv, _c(0), _c(groups), "parallel", group(gv * lanes, lanes)),
+                groups * lanes * n, ROW_PARALLEL_MIN_WORK))
+        if rest:
+            parts.append(group(_c(groups * lanes), rest))
+        return seq(*parts)
+
+    @staticmethod
+    def _affine(args: Sequence[te.Tensor], idx: tuple[PrimExpr, ...], ndim: int,
+                buffers: dict[te.Tensor, Buffer], y: PrimExpr) -> PrimExpr:
+        """`y * scale + bias` at output index `idx` (layer_norm's optional operands)."""
+        for t, combine in ((args[1] if len(args) > 1 else None, "mul"),
+                           (args[2] if len(args) > 2 else None, "add")):
+            if t is None:
+                continue
+            v = te.inline_expr(t, tuple(idx[ndim - t.ndim:]), buffers)
+            y = y * v if combine == "mul" else y + v
+        return y
 
     def _row(self, o: tuple[PrimExpr, ...], x: te.Tensor, args: Sequence[te.Tensor],
              attrs: Attrs, n: int | PrimExpr, buffers: dict[te.Tensor, Buffer],
@@ -339,17 +468,8 @@ class RowOp(HandBuiltOp):
         lanes = tile_lanes(isa_for(None))
         loops = RowLoops(n, min(lanes, max(n, 1)) if isinstance(n, int) else lanes)
         if self.name == LAYER_NORM:
-            scale = args[1] if len(args) > 1 else None
-            bias = args[2] if len(args) > 2 else None
-
             def affine(j: PrimExpr, y: PrimExpr) -> PrimExpr:
-                for t, combine in ((scale, "mul"), (bias, "add")):
-                    if t is None:
-                        continue
-                    tail = tuple(index(j)[x.ndim - t.ndim:])
-                    v = te.inline_expr(t, tail, buffers)
-                    y = y * v if combine == "mul" else y + v
-                return y
+                return self._affine(args, index(j), x.ndim, buffers, y)
 
             return layer_norm_row(loops, read, store, affine, float(attrs.get("epsilon", 1e-5)))
         return softmax_row(loops, read, lambda j: (out, index(j)), store,

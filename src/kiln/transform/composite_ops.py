@@ -6,10 +6,13 @@ Older exports (and models written against opsets without `Gelu` or
 - tanh GELU (GPT-2's): `0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))`, ten or so
   nodes in whatever order the exporter wrote the products, `x^3` as `Pow` or as
   products;
+- erf GELU (BERT's): `0.5 x (1 + erf(x / sqrt(2)))`, computed as `gelu` computes it,
+  `(0.5 x) (1 + erf(x sqrt(1/2)))`, as onnxruntime's Gelu fusion does (with the same
+  erf, kiln.ops.kernels.math, the results are onnxruntime's bit for bit);
 - layer norm: `d = x - mean(x)`, `d / sqrt(mean(d^2) + eps)`, then optionally
   `* gamma + beta`, the means over the last axis.
 
-Each match becomes one call, `gelu(x, approximate="tanh")` or `layer_norm(x, gamma,
+Each match becomes one call, `gelu(x[, approximate="tanh"])` or `layer_norm(x, gamma,
 beta, axis=-1, epsilon=eps)`: the GELU's input is then read once, so fuse-ops puts
 the whole activation in the epilogue of the matrix product before it (spelled out,
 its intermediate values are read by several nodes and the group is cut after the
@@ -20,6 +23,11 @@ becomes products: `pow` is a scalar libm call that no loop vectorizer widens. A
 becomes the product of the unscaled operands times `s s'`, which fuse-ops puts in the
 matrix product's epilogue: one kernel per scaled operand less.
 
+A layer norm whose input is the sum of two tensors of its shape (a residual
+connection) is marked `residual=True`: its row kernel then computes as onnxruntime's
+SkipLayerNormalization does (Welford's statistics), the sum being fused either into it
+or into the product before it.
+
 A pattern matches only when none of its intermediate values is read outside it,
 its input has the result's shape (no broadcasting inside) and its constants
 equal the formula's to float32 precision. The rewritten results agree with the
@@ -29,6 +37,7 @@ spelled-out graph to float32 rounding, not bit for bit.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -44,6 +53,7 @@ from kiln.transform.pass_base import FunctionPass
 
 SQRT_2_OVER_PI = 0.7978845608028654
 GELU_CUBIC = 0.044715
+SQRT_HALF = 0.7071067811865476
 # Powers written out as products (pow(x, 2) = x * x is exact; x * x * x rounds twice).
 SMALL_POWERS = (2, 3)
 # Constants match the formula's when this close (float32 spellings of sqrt(2/pi) ...).
@@ -64,7 +74,7 @@ class RecognizeComposites(FunctionPass):
         graph = _Graph(func)
         new: dict[g.Var, list[g.Binding]] = {}  # a binding -> those that replace it
         for b in func.bindings:
-            for match in (_gelu_tanh, _layer_norm):
+            for match in (_gelu_tanh, _gelu_erf, _layer_norm):
                 graph.pending.clear()
                 found = match(graph, b) if b.var not in graph.absorbed else None
                 if found is not None:
@@ -76,6 +86,11 @@ class RecognizeComposites(FunctionPass):
                 rewritten = _products_for_power(graph, b) or _scaled_matmul(graph, b)
                 if rewritten:
                     new[b.var] = rewritten
+        for b in func.bindings:  # layer norms of residual sums
+            if b.var not in new and b.var not in graph.absorbed:
+                marked = _residual_layer_norm(graph, b)
+                if marked:
+                    new[b.var] = [marked]
         if not new:
             return func
         bindings = [r for b in func.bindings for r in new.get(b.var, [b])]
@@ -185,20 +200,23 @@ def _same_shape(x: g.Expr, out: g.Var) -> bool:
     return isinstance(x.type, TensorType) and x.type == out.type and is_float(x.type.dtype)
 
 
-def _gelu_tanh(graph: _Graph, b: g.Binding) -> g.Binding | None:
-    """`gelu(x, approximate="tanh")` when `b` is `0.5 x (1 + tanh(k (x + c x^3)))`."""
+def _half_x_one_plus(graph: _Graph, b: g.Binding, op: str) -> Iterator[tuple[g.Expr, g.Call]]:
+    """`(x, f)` for each reading of `b` as `0.5 x (1 + f)`, `f` a call of `op` (absorbed)."""
     if graph.call(b.var, "multiply") is None:
-        return None
+        return
     half, factors = _product(graph, b.var, root=True)
     if not _close(half, 0.5) or len(factors) != 2:
-        return None
+        return
     for x, other in (factors, factors[::-1]):
         terms = _add_terms(graph, other)
-        if terms is None or not _close(_scalar(terms[1]), 1.0):
-            continue
-        tanh = graph.inner(terms[0], "tanh")
-        if tanh is None:
-            continue
+        f = graph.inner(terms[0], op) if terms and _close(_scalar(terms[1]), 1.0) else None
+        if f is not None:
+            yield x, f
+
+
+def _gelu_tanh(graph: _Graph, b: g.Binding) -> g.Binding | None:
+    """`gelu(x, approximate="tanh")` when `b` is `0.5 x (1 + tanh(k (x + c x^3)))`."""
+    for x, tanh in _half_x_one_plus(graph, b, "tanh"):
         k, inner = _product(graph, tanh.args[0])
         sum_terms = _add_terms(graph, inner[0]) if len(inner) == 1 else None
         if not _close(k, SQRT_2_OVER_PI) or sum_terms is None:
@@ -209,6 +227,32 @@ def _gelu_tanh(graph: _Graph, b: g.Binding) -> g.Binding | None:
                 return g.Binding(b.var, g.Call("gelu", (x,), {"approximate": "tanh"},
                                                b.var.type))
     return None
+
+
+def _gelu_erf(graph: _Graph, b: g.Binding) -> g.Binding | None:
+    """`gelu(x)` when `b` is `0.5 x (1 + erf(x / sqrt(2)))` (the products in any order,
+    `/ sqrt(2)` or `* sqrt(1/2)`): the formula onnxruntime's Gelu fusion computes,
+    `(0.5 x) (1 + erf(x sqrt(1/2)))`, so both round alike."""
+    for x, erf in _half_x_one_plus(graph, b, "erf"):
+        k, inner = _product(graph, erf.args[0])
+        if _close(k, SQRT_HALF) and inner == [x] and _same_shape(x, b.var):
+            return g.Binding(b.var, g.Call("gelu", (x,), {}, b.var.type))
+    return None
+
+
+def _residual_layer_norm(graph: _Graph, b: g.Binding) -> g.Binding | None:
+    """`b`'s layer_norm marked `residual=True` when its input is the sum of two tensors of
+    its shape (a residual connection): onnxruntime runs that pair as one
+    SkipLayerNormalization, whose arithmetic the marked kernel repeats
+    (kiln.ops.row_kernels.layer_norm_welford_rows)."""
+    ln = graph.call(b.var, "layer_norm")
+    if ln is None or ln.attrs.get("residual") or not ln.args:
+        return None
+    add = graph.call(ln.args[0], "add")
+    if add is None or not all(_same_shape(a, b.var) for a in add.args):
+        return None
+    return g.Binding(b.var, g.Call("layer_norm", ln.args, {**ln.attrs, "residual": True},
+                                   b.var.type))
 
 
 def _last_axis_mean(graph: _Graph, e: g.Expr) -> g.Call | None:

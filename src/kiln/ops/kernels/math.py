@@ -68,6 +68,17 @@ I32 = "int32"
 # relative error, 3.6e-9 with these float32 coefficients (0.06 of float32's rounding unit).
 _LOG2E, _LN2_HI, _LN2_LO = 1.44269504088896341, 0.693359375, -2.12194440e-4
 _EXP_P = (0.0013814539, 0.008368745, 0.04166839, 0.16666521, 0.49999994)
+# With FMA, onnxruntime's MLAS constants (its `MlasComputeExp`/softmax kernels, core/mlas/
+# lib/compute.cpp): ln2 split as -0.693145752 - 1.42860677e-6 (the products n * ln2_hi
+# need the FMA's exact product: _LN2_HI's short split is for plain multiplies) and
+# exp(r) = 1 + r (1 + r P(r)) with P of degree 4, both last steps multiply-adds. The
+# same arithmetic in the same order gives MLAS's results bit for bit (softmax, GELU).
+_MLAS_LN2_HI, _MLAS_LN2_LO = -6.93145752e-1, -1.42860677e-6
+_MLAS_EXP_P = (float.fromhex("0x1.694000p-10"), float.fromhex("0x1.125edcp-7"),
+               float.fromhex("0x1.555b5ap-5"), float.fromhex("0x1.555450p-3"),
+               float.fromhex("0x1.fffff6p-2"), 1.0, 1.0)
+# MLAS's lower clamp: exp is 0 in float32 below it
+_MLAS_EXP_LO = -103.9720840454
 # exp(x) is 0 in float32 below -103.98 (under half the smallest subnormal) and inf above
 # 88.73; clamping to these keeps n within [-150, 128].
 _EXP_LO, _EXP_HI = -104.0, 88.75
@@ -98,6 +109,17 @@ _ERF_BIG = (-3.0726646005889705e-07, 1.2775221941525514e-06, 1.908717145763411e-
             -3.042933821306152e-03, 7.506109646817584e-03, -1.1311337826504002e-02,
             1.148790552658578e-02, -7.7815661772257716e-03, 3.2142538813616163e-03,
             9.993823041870228e-01)
+
+# MLAS's erf (with FMA): x + x P(x^2) below the split, 1 - exp(-(x + x Q(x))) above,
+# |x| clamped to 3.725; its exp has its own degree-6 polynomial. Faithfully rounded.
+_MLAS_ERF_UPPER = 3.725
+_MLAS_ERF_SMALL = (-5.99104969e-4, 4.99339588e-3, -2.67667342e-2, 1.12818025e-1,
+                   -3.76124859e-1, 1.28379151e-1)
+_MLAS_ERF_BIG = (1.72948930e-5, -3.83208680e-4, 3.88393435e-3, -2.42545605e-2,
+                 1.06777847e-1, 6.34846687e-1, 1.28717512e-1)
+_MLAS_ERF_EXP_LO = -88.3762626647949
+_MLAS_ERF_EXP_P = (1.38319808e-3, 8.37550033e-3, 4.16689515e-2, 1.66664466e-1,
+                   4.99999851e-1, 1.0, 1.0)
 
 
 def _f(v: float) -> Const:
@@ -136,7 +158,8 @@ def exp_f32(x: PrimExpr, *, fused: bool = False, nonpositive: bool = False,
     # `r = x - n ln2` is NaN, and so is the result (no select for it)
     x = bind(x)
     high = x if nonpositive else bind(select(x > _f(_EXP_HI), _f(_EXP_HI), x))
-    xc = bind(select(high < _f(_EXP_LO), _f(_EXP_LO), high))
+    lo = _f(_MLAS_EXP_LO if fused else _EXP_LO)
+    xc = bind(select(high < lo, lo, high))
     e_r, field = _exp_parts(xc, fused, bind)
     # n <= 0 when x <= 0: only the lower bound can bind
     top = field if nonpositive else min_(field, _i(_EXP_FIELD_MAX))
@@ -153,6 +176,9 @@ def _exp_parts(x: PrimExpr, fused: bool, bind: Bind) -> tuple[PrimExpr, PrimExpr
     # n from the integer bits, not as `sum - _ROUNDER`: a fast-math build may reassociate
     # that float subtraction away (x log2(e) + R - R = x log2(e)); through the bits it can't
     n = bind(Cast(F32, rounded - _i(_ROUNDER_BITS)))
+    if fused:  # MLAS's reduction and polynomial (see _MLAS_EXP_P)
+        r = bind(intrin("fma", n, _f(_MLAS_LN2_LO), intrin("fma", n, _f(_MLAS_LN2_HI), x)))
+        return _horner(r, _MLAS_EXP_P, True), rounded << _i(23)
     r = bind(_mul_add(n, _f(-_LN2_LO), _mul_add(n, _f(-_LN2_HI), x, fused), fused))
     e_r = _mul_add(_horner(r, _EXP_P, fused), r * r, r + _f(1.0), fused)
     return e_r, rounded << _i(23)  # n << 23: _ROUNDER's bits shift out
@@ -184,6 +210,8 @@ def sigmoid_f32(x: PrimExpr, *, fused: bool = False, bind: Bind = _inline) -> Pr
 
 def erf_f32(x: PrimExpr, *, fused: bool = False, bind: Bind = _inline) -> PrimExpr:
     """`erf(x)` of a float32 `x` (see the module docstring; `bind` as for exp_f32)."""
+    if fused:
+        return _erf_mlas(bind(x), bind)
     x = bind(x)
     ax = bind(intrin("abs", x))
     x2 = bind(x * x)
@@ -192,6 +220,27 @@ def erf_f32(x: PrimExpr, *, fused: bool = False, bind: Bind = _inline) -> PrimEx
     big = bind(min_(_horner(t, _ERF_BIG, fused), _f(1.0)))
     y = select(ax < _f(_ERF_SPLIT), small, select(x < _f(0.0), -big, big))
     return select(intrin("isnan", x), x, y)
+
+
+def _erf_mlas(x: PrimExpr, bind: Bind) -> PrimExpr:
+    """MLAS's erf (`MlasErfKernelFma3`, core/mlas/lib/erf.cpp's constants) in its order of
+    multiply-adds: an odd polynomial below _MLAS_ERF_SPLIT, `1 - exp(-|x| Q(|x|))` from
+    there (|x| clamped to _MLAS_ERF_UPPER, where it is 1), the sign of `x` put back."""
+    ax = bind(min_(intrin("abs", x), _f(_MLAS_ERF_UPPER)))
+    small = intrin("fma", _horner(bind(ax * ax), _MLAS_ERF_SMALL, True), ax, ax)
+    # MLAS computes the large branch on 0 for small |x| (its result is then unused)
+    q = intrin("fma", _horner(ax, _MLAS_ERF_BIG, True), ax, ax)
+    a = bind(max_(-q, _f(_MLAS_ERF_EXP_LO)))
+    # m = round(a log2(e)) through the bits, as in _exp_parts; a >= -16 here, so 2^m is normal
+    n = bind(reinterpret(intrin("fma", _f(_LOG2E), a, _f(_ROUNDER)), I32) - _i(_ROUNDER_BITS))
+    m = bind(Cast(F32, n))
+    f = bind(intrin("fma", m, _f(_MLAS_LN2_LO), intrin("fma", m, _f(_MLAS_LN2_HI), a)))
+    two_m = reinterpret((n + _i(127)) << _i(23), F32)
+    big = _f(1.0) - _horner(f, _MLAS_ERF_EXP_P, True) * two_m
+    y = select(ax < _f(_ERF_SPLIT), small, big)
+    # |erf| with the sign bit of x; NaN passes through
+    signed = reinterpret(reinterpret(y, I32) | (reinterpret(x, I32) & _i(_SIGN_BIT)), F32)
+    return select(intrin("isnan", x), x, signed)
 
 
 #: The intrinsics built here, by name.
