@@ -430,7 +430,7 @@ class RowOp(HandBuiltOp):
             gv = Var("g", INDEX_DTYPE)
             parts.append(parallel_when(
                 lambda: For(gv, _c(0), _c(groups), "parallel", group(gv * lanes, lanes)),
-                groups * lanes * n, ROW_PARALLEL_MIN_WORK))
+                groups * lanes * n, "element"))
         if rest:
             parts.append(group(_c(groups * lanes), rest))
         return seq(*parts)

@@ -18,6 +18,7 @@ Comparisons of other forms (`i + k >= 1`, padding) are left alone.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import pairwise
 
 from kiln.ir import dtype as dt
 from kiln.ir import tensor as t
@@ -128,7 +129,7 @@ class _Partitioner(StmtExprMutator):
         self.budget -= growth
         bounds = [start, *inside, start + extent]
         pieces: list[t.Stmt] = []
-        for lo, hi in zip(bounds, bounds[1:]):
+        for lo, hi in pairwise(bounds):
             var = t.Var(s2.var.name, s2.var.dtype)
             body = _Decide(s2.var, lo, hi).visit_stmt(s2.body)
             body = simplify_stmt(substitute(body, {s2.var: var}))
