@@ -32,7 +32,7 @@ from kiln.ir.tensor import (
     min_,
     select,
 )
-from support.seeds import rng_for
+from support.seeds import reseed
 
 pytestmark = pytest.mark.skipif(not have_cc(), reason="needs a C compiler")
 
@@ -336,11 +336,7 @@ def lib(mod: IRModule, tmp_path_factory: pytest.TempPathFactory) -> CLibrary:
 
 @pytest.fixture(autouse=True)
 def _per_test_rng(request: pytest.FixtureRequest) -> None:
-    """Each test draws from a generator seeded by its own node id (support.seeds), so its
-    data do not depend on which tests ran before it in this worker; the module's draws
-    at import keep the fixed seed above."""
-    global RNG
-    RNG = rng_for(request)
+    reseed(request)  # RNG per test, from its node id (support.seeds)
 
 
 def run_both(lib: CLibrary, mod: IRModule, name: str, *args: Any) -> tuple[list[Any], list[Any]]:

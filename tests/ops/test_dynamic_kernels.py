@@ -23,7 +23,7 @@ from kiln.ir.types import TensorType
 from kiln.script.source import from_source
 from kiln.transform.pipeline import default_graph_pipeline, default_tensor_pipeline
 from support.numerics import assert_close_to_scale
-from support.seeds import rng_for
+from support.seeds import reseed
 
 RNG = np.random.default_rng(12)
 SIZES = (1, 2, 7, 33, 64)
@@ -34,11 +34,7 @@ HEAD = 24  # no multiple of the vector width
 
 @pytest.fixture(autouse=True)
 def _per_test_rng(request: pytest.FixtureRequest) -> None:
-    """Each test draws from a generator seeded by its own node id (support.seeds), so its
-    data do not depend on which tests ran before it in this worker; the module's draws
-    at import keep the fixed seed above."""
-    global RNG
-    RNG = rng_for(request)
+    reseed(request)  # RNG per test, from its node id (support.seeds)
 
 
 def _softmax(x: np.ndarray) -> np.ndarray:

@@ -22,3 +22,10 @@ def seed_for(nodeid: str) -> int:
 def rng_for(request: pytest.FixtureRequest) -> np.random.Generator:
     """A generator seeded by the requesting test's node id (seed_for)."""
     return np.random.default_rng(seed_for(request.node.nodeid))
+
+
+def reseed(request: pytest.FixtureRequest, name: str = "RNG") -> None:
+    """Rebind the requesting test module's generator `name` to rng_for(request): the
+    body of an autouse fixture for a module whose helpers draw from a module-level
+    generator (the draws at import keep the module's fixed seed)."""
+    setattr(request.module, name, rng_for(request))
