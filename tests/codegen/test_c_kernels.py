@@ -32,6 +32,7 @@ from kiln.ir.tensor import (
     min_,
     select,
 )
+from support.seeds import reseed
 
 pytestmark = pytest.mark.skipif(not have_cc(), reason="needs a C compiler")
 
@@ -331,6 +332,11 @@ def mod() -> IRModule:
 @pytest.fixture(scope="module")
 def lib(mod: IRModule, tmp_path_factory: pytest.TempPathFactory) -> CLibrary:
     return build(mod, Path(tmp_path_factory.mktemp("c_kernels")), extra_c=EXTRA_C)
+
+
+@pytest.fixture(autouse=True)
+def _per_test_rng(request: pytest.FixtureRequest) -> None:
+    reseed(request)  # RNG per test, from its node id (support.seeds)
 
 
 def run_both(lib: CLibrary, mod: IRModule, name: str, *args: Any) -> tuple[list[Any], list[Any]]:

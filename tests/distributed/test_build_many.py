@@ -10,6 +10,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -157,6 +158,17 @@ def test_one_cells_failure_does_not_stop_the_others() -> None:
     assert outcomes[1].error == "UsageError: bad cell"
 
 
+def _wait_for_port(port: int) -> None:
+    """Wait until the head's GCS accepts connections on 127.0.0.1:`port` (2 minutes at
+    most): a socket per try, where a `ray status` poll is a Python process importing Ray."""
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 1):
+            return
+        time.sleep(0.2)
+    pytest.fail(f"the Ray head did not listen on port {port}")
+
+
 def _wait_for_nodes(ray_bin: Path, head: str, count: int, env: dict[str, str]) -> None:
     """Poll `ray status` until `count` nodes are up (2 minutes at most)."""
     deadline = time.monotonic() + 120
@@ -199,7 +211,7 @@ def test_two_node_ray_cluster(matrix: Path, tmp_path: Path) -> None:
                                f"--temp-dir={temp}", *common], env=env, start_new_session=True,
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)]
     try:
-        _wait_for_nodes(ray_bin, head, 1, env)
+        _wait_for_port(port)  # the second node joins through the head's GCS
         raylets.append(subprocess.Popen([str(ray_bin), "start", f"--address={head}",
                                        '--resources={"kiln_b": 1}', *common], env=env,
                                       start_new_session=True, stdout=subprocess.DEVNULL,

@@ -17,6 +17,9 @@ from doc_blocks import blocks, shell_script
 ROOT = Path(__file__).resolve().parents[2]
 RUNNER = Path(__file__).with_name("doc_blocks.py")
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+# The pages whose blocks take longest (dozens of CLI processes; torch exports): marked
+# slow so they start first (tests/conftest.py).
+SLOW_PAGES = {"docs/cli.md", "docs/tutorials/from-pytorch.md"}
 
 
 def _shims(bin_dir: Path) -> None:
@@ -30,7 +33,10 @@ def _shims(bin_dir: Path) -> None:
         shim.chmod(0o755)
 
 
-@pytest.mark.parametrize("page", PAGES, ids=[str(p.relative_to(ROOT)) for p in PAGES])
+@pytest.mark.parametrize("page", [
+    pytest.param(p, id=str(p.relative_to(ROOT)),
+                 marks=[pytest.mark.slow] if str(p.relative_to(ROOT)) in SLOW_PAGES else [])
+    for p in PAGES])
 def test_code_blocks_run(page: Path, tmp_path: Path) -> None:
     if not blocks(page.read_text()):
         pytest.skip(f"{page.relative_to(ROOT)} has no runnable block")

@@ -32,6 +32,7 @@ def _build(out: Path, seed: int, work: Path, wasm: bool) -> None:
     assert proc.returncode == 0, proc.stderr[-4000:]
 
 
+@pytest.mark.slow  # runs first (tests/conftest.py)
 def test_two_processes_build_identical_files(tmp_path: Path) -> None:
     wasm = bool(shutil.which("wasm-ld") or shutil.which("wasm-ld-14"))
     first, second = tmp_path / "first", tmp_path / "second"

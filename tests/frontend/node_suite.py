@@ -33,6 +33,7 @@ import time
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -369,9 +370,10 @@ def all_cases(name_filter: str | None = None) -> tuple[list[Case], list[Outcome]
 
 # --------------------------------------------------------------------------- onnxruntime
 
-def run_onnxruntime_in_process() -> list[Outcome]:
-    """Every case of the suite through an onnxruntime InferenceSession on the case's own
-    model (no operand frozen) and data, checked like kiln's outputs (check_outputs).
+def run_onnxruntime_in_process(raw: Sequence[Any] | None = None) -> list[Outcome]:
+    """Every case of the suite (`raw`, default raw_cases()) through an onnxruntime
+    InferenceSession on the case's own model (no operand frozen) and data, checked like
+    kiln's outputs (check_outputs).
 
     Status "pass", "fail" (it ran, or could not be fed, and the check failed) or
     "refused" (onnxruntime cannot load the model: no kernel for an op or a type).
@@ -383,16 +385,16 @@ def run_onnxruntime_in_process() -> list[Outcome]:
     options = ort.SessionOptions()
     options.log_severity_level = 4  # its warnings about unused initializers are noise
     outcomes = []
-    for raw in raw_cases():
-        op_types = frozenset(n.op_type for n in raw.model.graph.node)
-        names = case_names(raw)
+    for case in raw_cases() if raw is None else raw:
+        op_types = frozenset(n.op_type for n in case.model.graph.node)
+        names = case_names(case)
         try:
-            session = ort_session(raw.model, options)
+            session = ort_session(case.model, options)
         except Exception as exc:  # onnxruntime raises its own types (Fail, NotImplemented)
             outcomes += [Outcome(n, "refused", _text(exc), op_types) for n in names]
             continue
         inputs = [i.name for i in session.get_inputs()]
-        for name, (ins, outs) in zip(names, raw.data_sets):
+        for name, (ins, outs) in zip(names, case.data_sets):
             try:
                 want = [_ort_value(o) for o in outs]
                 feeds = {n: _ort_value(v) for n, v in zip(inputs, ins)}
@@ -471,15 +473,24 @@ def _text(exc: BaseException) -> str:
 
 def run_onnxruntime() -> list[Outcome]:
     """run_onnxruntime_in_process in a child process (onnxruntime is native code that
-    could crash on a case); RuntimeError naming the exit status if the child dies."""
+    could crash on a case); RuntimeError naming the exit status if the child dies.
+
+    The child reads this process's raw_cases() from a pickle instead of collecting them
+    again (onnx computes the cases' outputs with its Python reference: seconds of CPU)."""
     import json
+    import pickle
     import subprocess
     import sys
+    import tempfile
 
     from support.processes import child_env
 
-    child = subprocess.run([sys.executable, __file__, "--onnxruntime"], capture_output=True,
-                           text=True, check=False, env=child_env())
+    with tempfile.TemporaryDirectory(prefix="kiln-node-suite-") as tmp:
+        cases = Path(tmp) / "raw_cases.pickle"
+        cases.write_bytes(pickle.dumps(raw_cases(), protocol=pickle.HIGHEST_PROTOCOL))
+        child = subprocess.run([sys.executable, __file__, "--onnxruntime", str(cases)],
+                               capture_output=True, text=True, check=False,
+                               env=child_env())
     if child.returncode != 0:
         raise RuntimeError(f"the onnxruntime run exited with status {child.returncode}: "
                            f"{child.stderr[-2000:]}")
@@ -661,10 +672,13 @@ def _failed(case: Case, exc: BaseException) -> Outcome:
 
 if __name__ == "__main__":
     import json
+    import pickle
     import sys
 
-    if sys.argv[1:] != ["--onnxruntime"]:
-        raise SystemExit("usage: node_suite.py --onnxruntime  (prints onnxruntime's outcomes "
-                         "as JSON)")
+    if sys.argv[1:2] != ["--onnxruntime"] or len(sys.argv) > 3:
+        raise SystemExit("usage: node_suite.py --onnxruntime [CASES.pickle]  (prints "
+                         "onnxruntime's outcomes as JSON; the cases pickled by "
+                         "run_onnxruntime, else collected)")
+    given = pickle.loads(Path(sys.argv[2]).read_bytes()) if len(sys.argv) == 3 else None
     json.dump([(o.name, o.status, o.reason, sorted(o.op_types))
-               for o in run_onnxruntime_in_process()], sys.stdout)
+               for o in run_onnxruntime_in_process(given)], sys.stdout)

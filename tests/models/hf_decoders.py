@@ -10,7 +10,9 @@ Each `Decoder` builds a model from its published configuration with random weigh
 Dimension names: `batch`, `seq` (the decoder's new tokens), `past_seq` (tokens already
 in the key/value cache) and `enc_seq` (the encoder's output length). `layers` overrides
 the number of decoder layers (the CI tests use 2: every op pattern is kept, one layer
-repeated fewer times); `None` keeps the published count.
+repeated fewer times) and `vocab` the vocabulary (the CI tests use a small one: the
+embedding table and the LM head keep their ops and width, with far fewer rows and
+columns); `None` keeps the published value.
 
 `feeds(decoder, sizes, seed)` draws inputs for given dimension values.
 """
@@ -57,6 +59,17 @@ def _eager(config: Any) -> Any:
     return config
 
 
+def _set_vocab(config: Any, vocab: int | None) -> None:
+    """A vocabulary of `vocab` tokens (None: the published one); special token ids past
+    it (Whisper's padding index is 50257) move to its last token."""
+    if vocab is None:
+        return
+    config.vocab_size = vocab
+    for key in ("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id"):
+        if isinstance(getattr(config, key, None), int) and getattr(config, key) >= vocab:
+            setattr(config, key, vocab - 1)
+
+
 def _wrapped(model: Any, call: Callable[..., Any]) -> Any:
     """A torch module whose `forward(*inputs)` is `call(model, *inputs)`: plain tensors
     in and out, as both exporters want them."""
@@ -88,7 +101,7 @@ def _flat_cache(cache: Any) -> tuple[Any, ...]:
     return tuple(out)
 
 
-def gpt2(layers: int | None = None, past: bool = False) -> Decoder:
+def gpt2(layers: int | None = None, past: bool = False, vocab: int | None = None) -> Decoder:
     """GPT-2 (the published 124M configuration, `GPT2Config()` defaults) with its LM head.
 
     Without a cache the inputs are `input_ids` and `attention_mask` `[batch, seq]`. With
@@ -101,6 +114,7 @@ def gpt2(layers: int | None = None, past: bool = False) -> Decoder:
     config = _eager(transformers.GPT2Config())
     if layers is not None:
         config.n_layer = layers
+    _set_vocab(config, vocab)
     n_layer, heads = config.n_layer, config.n_head
     head_dim = config.n_embd // heads
 
@@ -126,7 +140,7 @@ def gpt2(layers: int | None = None, past: bool = False) -> Decoder:
     return Decoder("gpt2_past", build, (ids, *kv), ("logits", *present))
 
 
-def t5_decoder(layers: int | None = None) -> Decoder:
+def t5_decoder(layers: int | None = None, vocab: int | None = None) -> Decoder:
     """The decoder stack of T5-small (`T5Config()` defaults are t5-small: d_model 512,
     6 layers, 8 heads, relative position buckets) over `encoder_hidden_states`
     `[batch, enc_seq, 512]`; returns the last hidden state."""
@@ -137,6 +151,7 @@ def t5_decoder(layers: int | None = None) -> Decoder:
     config.is_decoder, config.use_cache = True, False
     if layers is not None:
         config.num_decoder_layers = layers
+    _set_vocab(config, vocab)
 
     def call(model: Any, input_ids: Any, encoder_hidden_states: Any) -> Any:
         return model(input_ids=input_ids, encoder_hidden_states=encoder_hidden_states,
@@ -153,7 +168,7 @@ def t5_decoder(layers: int | None = None) -> Decoder:
                    ("last_hidden_state",))
 
 
-def whisper_decoder(layers: int | None = None) -> Decoder:
+def whisper_decoder(layers: int | None = None, vocab: int | None = None) -> Decoder:
     """The decoder of Whisper-tiny (its published hyper-parameters: d_model 384, 4 layers,
     6 heads, FFN 1536, vocabulary 51865, 448 positions) over `encoder_hidden_states`
     `[batch, enc_seq, 384]`, with the decoder's `attention_mask` `[batch, seq]`; returns
@@ -167,6 +182,7 @@ def whisper_decoder(layers: int | None = None) -> Decoder:
         decoder_ffn_dim=1536, max_source_positions=1500, max_target_positions=448))
     if layers is not None:
         config.decoder_layers = layers
+    _set_vocab(config, vocab)
 
     def call(model: Any, input_ids: Any, attention_mask: Any, encoder_hidden_states: Any) -> Any:
         return model(input_ids=input_ids, attention_mask=attention_mask,
@@ -183,7 +199,7 @@ def whisper_decoder(layers: int | None = None) -> Decoder:
                    ("last_hidden_state",))
 
 
-def llama(layers: int | None = None) -> Decoder:
+def llama(layers: int | None = None, vocab: int | None = None) -> Decoder:
     """A Llama-architecture causal LM from a small configuration (hidden 256, FFN 512,
     2 layers, 8 query heads over 2 key/value heads: rotary embeddings, RMSNorm,
     grouped-query attention), with `input_ids` and `attention_mask` `[batch, seq]`."""
@@ -195,6 +211,7 @@ def llama(layers: int | None = None) -> Decoder:
         num_attention_heads=8, num_key_value_heads=2, max_position_embeddings=2048))
     if layers is not None:
         config.num_hidden_layers = layers
+    _set_vocab(config, vocab)
 
     def call(model: Any, input_ids: Any, attention_mask: Any) -> Any:
         return model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits

@@ -132,6 +132,7 @@ def _at_size(model: onnx.ModelProto, axes: dict[int, str],
     return out
 
 
+@pytest.mark.slow  # runs first (tests/conftest.py)
 @pytest.mark.parametrize(("name", "axes", "sizes"), [
     ("resnet50", {0: "batch"}, [{"batch": 1}, {"batch": 2}]),
     ("bert", {0: "batch", 1: "seq"}, [{"batch": 1, "seq": 16}, {"batch": 2, "seq": 9}]),

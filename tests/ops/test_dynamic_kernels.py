@@ -23,12 +23,18 @@ from kiln.ir.types import TensorType
 from kiln.script.source import from_source
 from kiln.transform.pipeline import default_graph_pipeline, default_tensor_pipeline
 from support.numerics import assert_close_to_scale
+from support.seeds import reseed
 
 RNG = np.random.default_rng(12)
 SIZES = (1, 2, 7, 33, 64)
 # attention's products: seq around the register tile (6 x 16 on AVX2) and past 128
 SEQ_SIZES = (1, 7, 33, 200)
 HEAD = 24  # no multiple of the vector width
+
+
+@pytest.fixture(autouse=True)
+def _per_test_rng(request: pytest.FixtureRequest) -> None:
+    reseed(request)  # RNG per test, from its node id (support.seeds)
 
 
 def _softmax(x: np.ndarray) -> np.ndarray:

@@ -31,6 +31,9 @@ Modules (import the one you need; this package imports nothing itself):
 - `support.c_programs`: `build_c_program(source, out)` (cc -std=c11 -Werror against
   kiln's headers) and `program_and_library(request, tmp_path_factory, model, example)`,
   the body of a fixture that builds an examples/c_deploy program and a model's library.
+- `support.seeds`: `rng_for(request)`, a numpy generator seeded by the test's node id
+  (`seed_for(nodeid)`), so a test's random data do not depend on the tests run before it;
+  `reseed(request)` rebinds a module's `RNG` to it (an autouse fixture's body).
 - `support.cuda_nets`, `support.cuda_ptx_kernels`: the GPU tests' models and kernels.
 
 Helpers used by one folder only stay in that folder (pytest puts a test file's folder
