@@ -1,7 +1,8 @@
 """ONNX converters of quantized models (docs/quantization.md): the QDQ form
 (QuantizeLinear/DequantizeLinear), the QOperator form (QLinearConv, QLinearMatMul and
 onnxruntime's com.microsoft QGemm, QLinearAdd, QLinearMul, QLinearGlobalAveragePool,
-QLinearAveragePool, QLinearConcat, QLinearSigmoid, QLinearLeakyRelu) and dynamic quantization
+QLinearAveragePool, QLinearConcat, QLinearSigmoid, QLinearLeakyRelu, QLinearSoftmax,
+QLinearWhere) and dynamic quantization
 (DynamicQuantizeLinear, MatMulInteger, ConvInteger).
 
 The integer products map to the integer ops of kiln.ops.quant, QLinearAdd/QLinearMul to
@@ -407,3 +408,51 @@ def _qlinear_concat(ctx: GraphContext, inputs: Sequence[g.Expr | None],
         parts.append(dequantize(ctx, x, xs, xz))
     y = ctx.call("concat", *parts, axis=int(attrs["axis"]))
     return [_requant_out(ctx, y, ys, yz)]
+
+
+@onnx_op(MS + "QLinearSoftmax")
+def _qlinear_softmax(ctx: GraphContext, inputs: Sequence[g.Expr | None],
+                     attrs: dict[str, Any]) -> list[g.Expr]:
+    # onnxruntime's integer table and division (kiln.ops.quant_softmax): built here from
+    # the constant scales, uint8 over the last axis; anything else is refused, since a
+    # float softmax would round differently from onnxruntime's
+    from kiln.ops.quant_softmax import softmax_multiplier, softmax_table
+
+    x, xs, xz, ys, yz = (list(inputs) + [None] * 5)[:5]
+    assert x is not None
+    xt = ctx.tensor_type(x)
+    opset = int(attrs.get("opset", 13))
+    axis = int(attrs.get("axis", -1 if opset >= 13 else 1))
+    scales = [ctx.value(s) for s in (xs, ys)]
+    zps = [np.zeros((), np.uint8) if z is None else ctx.value(z) for z in (xz, yz)]
+    if xt.dtype != "uint8" or any(z is None or z.dtype != np.uint8 for z in zps):
+        raise IRError(f"QLinearSoftmax on {xt.dtype}: kiln runs onnxruntime's uint8 table "
+                      "only (its int8 one is not reproduced)")
+    if xt.ndim == 0 or axis % xt.ndim != xt.ndim - 1 or not isinstance(xt.shape[-1], int):
+        raise IRError(f"QLinearSoftmax over axis {axis} of a rank-{xt.ndim} input: kiln "
+                      "runs it over a last axis of static size only")
+    if any(s is None or s.size != 1 for s in scales) or \
+            any(z is not None and z.size != 1 for z in zps):
+        raise IRError("QLinearSoftmax needs constant per-tensor scales and zero points")
+    x_scale, y_scale = (float(np.float32(s.reshape(()))) for s in scales)  # type: ignore[union-attr]
+    if not 0 < y_scale <= 1:
+        raise IRError(f"QLinearSoftmax: y_scale {y_scale} is outside (0, 1]")
+    y_zp = np.asarray(zps[1]).reshape(())  # x's zero point cancels in x - max(x)
+    table = softmax_table(x_scale, int(xt.shape[-1]))
+    return [ctx.call("qlinear_softmax", x, ctx.const(table), ctx.const(y_zp),
+                     y_multiplier=softmax_multiplier(y_scale))]
+
+
+@onnx_op(MS + "QLinearWhere")
+def _qlinear_where(ctx: GraphContext, inputs: Sequence[g.Expr | None],
+                   attrs: dict[str, Any]) -> list[g.Expr]:
+    # onnxruntime requantizes each side through a table of quantize(dequantize(v)) (a
+    # copy where the parameters agree): the same as selecting the dequantized values
+    # and quantizing the choice, which quantize-ops keeps on the integers
+    cond, x, xs, xz, y, ys, yz, zs, zz = (list(inputs) + [None] * 9)[:9]
+    assert cond is not None and x is not None and y is not None
+    for v in (x, y):
+        _check_qdtype(ctx.tensor_type(v).dtype, "a QLinearWhere input", PRODUCT_DTYPES)
+    assert xs is not None and ys is not None
+    chosen = ctx.call("where", cond, dequantize(ctx, x, xs, xz), dequantize(ctx, y, ys, yz))
+    return [_requant_out(ctx, chosen, zs, zz)]
