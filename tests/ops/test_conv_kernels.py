@@ -40,7 +40,8 @@ TOL = 1e-5
 
 # (input shape, out channels, kernel, strides, pads, dilations, group, tail ops)
 CASES: list[dict[str, Any]] = [
-    # 63 positions: 10 tiles of 6 and a last tile with 3 positions; 5 channels < one block
+    # 63 positions: 9 tiles of 7 at 16 lanes (6 would leave 3 slots empty), 13 of 5 at
+    # 8 lanes, the last with 3 positions; 5 channels < one block
     dict(x=(1, 3, 9, 7), co=5, k=3, pads=(1, 1, 1, 1), tail=("Relu",)),
     # 20 channels: a full and a partial block at 8 lanes; stride 2, asymmetric pads; the
     # epilogue (bias, Swish) computed in vectors along the channels, the partial block's
@@ -190,6 +191,20 @@ def test_packed_weight_round_trip() -> None:
     assert np.all(packed[1, 1, :, :, :, 2:] == 0)      # zero padding past channel 10
     np.testing.assert_array_equal(packed[1, 0, 2, 1, 0, 3], w[10 + 3, 2, 1, 0])
     np.testing.assert_array_equal(ck.unpack_blocked_weight(packed, 20), w)
+
+
+@pytest.mark.parametrize(("hw", "lanes", "registers", "tile_w"), [
+    (56, 16, 32, 6), (14, 16, 32, 6),   # 6 fills whole tiles (or wastes < 2%): kept
+    (7, 16, 32, 7), (7, 8, 16, 5),      # 49 positions: 7 x 7; at 8 lanes 7 does not fit
+    (7, 4, 32, 7), (3, 16, 32, 5), (2, 16, 32, 4),  # NEON; 9 positions: 2 x 5; 4: whole
+])
+def test_position_tile_leaves_few_slots_empty(hw: int, lanes: int, registers: int,
+                                              tile_w: int) -> None:
+    shape = ck.ConvShape(1, 64, hw, hw, 64, 3, 3, (1, 1), (1, 1), (1, 1, 1, 1))
+    tiling = ck.choose_tiling(shape, lanes, registers)
+    assert (tiling.cb, tiling.tile_w) == (2 * lanes, tile_w)
+    # the accumulators, the weight row and a broadcast fit the registers
+    assert 2 * tile_w + 3 <= registers
 
 
 @pytest.mark.parametrize(("spec", "lanes"), [
