@@ -259,29 +259,71 @@ GEMM_KXK = [dict(x=(1, 5, 11, 10), co=9, k=3, strides=(2, 2), pads=(1, 2, 0, 1),
                  tail=("Relu",))]
 
 
-@pytest.mark.parametrize("target", NATIVE_TARGETS)
-def test_gemm_kernel_computes_strided_kxk_layers(target: str) -> None:
+def _check_gemm_kernel(cases: list[dict[str, Any]], target: str,
+                       tile: Any = None) -> None:
+    """Compile `cases` with every convolution packed for the GEMM kernel (with `tile`,
+    a function of the ISA, or the rule's) and compare with onnxruntime."""
     from kiln.ops.kernels.conv_gemm import CONV_GEMM
     from kiln.transform.functor import rewrite_calls
 
     saved = list(CASES)
-    CASES[:] = GEMM_KXK
+    CASES[:] = cases
     try:
         model = build_model()
     finally:
         CASES[:] = saved
-    checks = kernel_checks.KernelCases(model, GEMM_KXK, TOL, RNG)
+    checks = kernel_checks.KernelCases(model, cases, TOL, RNG)
     mod = from_onnx(model)
     tgt = native_target(target)
     isa = isa_for(tgt)
     main = mod["main"]
     assert isinstance(main, g.Function)
-    mod = mod.with_function("main", rewrite_calls(main, lambda c: CONV_GEMM.pack(c, isa)
-                                                  if c.op == "conv2d" else None))
+
+    def pack(c: g.Call) -> g.Call | None:
+        if c.op != "conv2d":
+            return None
+        return CONV_GEMM.pack(c, isa) if tile is None else CONV_GEMM.pack_tile(c, isa, tile(isa))
+
+    mod = mod.with_function("main", rewrite_calls(main, pack))
     ex = kiln.compile(mod, tgt)
     kinds = [f.attrs.get("kiln.conv_kernel") for f in ex.ir.functions.values()]
-    assert kinds.count("conv2d_gemm") == len(GEMM_KXK)
-    checks.assert_close(list(ex(*checks.feeds.values())), checks.reference())
+    assert kinds.count("conv2d_gemm") == len(cases)
+    got = ex(*checks.feeds.values())
+    checks.assert_close(list(got) if isinstance(got, (tuple, list)) else [got],
+                        checks.reference())
+
+
+@pytest.mark.parametrize("target", NATIVE_TARGETS)
+def test_gemm_kernel_computes_strided_kxk_layers(target: str) -> None:
+    _check_gemm_kernel(GEMM_KXK, target)
+
+
+def test_gemm_kernel_wide_tile() -> None:
+    # The wide tile (6 rows x 4 vectors) the rule gives an output far larger than the
+    # L2 on a 32-register target (so only on llvm): 128 positions (2 panels at 16
+    # lanes, 4 at 8), 13 channels (a partial row tile), read in place, the residual Add
+    # along the flat positions.
+    from kiln.ops.kernels.conv_gemm import WIDE_TILE
+
+    rows, vectors = WIDE_TILE
+    _check_gemm_kernel([dict(x=(1, 7, 8, 16), co=13, k=1, pads=(0, 0, 0, 0),
+                             tail=("Add", "Relu"))], "llvm",
+                       lambda isa: (rows, vectors * tile_lanes(isa)))
+
+
+@pytest.mark.parametrize(("spec", "tile"), [
+    ("llvm -mcpu=znver4", (6, 64)),    # 256 x 3136 outputs: 3.2 MB, past twice the L2
+    ("llvm -mcpu=haswell", (6, 16)),   # 16 registers: the wide tile does not fit
+])
+def test_gemm_conv_widens_the_tile_of_a_large_output(spec: str, tile: tuple[int, int]
+                                                     ) -> None:
+    from kiln.ops.kernels.conv_gemm import choose_tile
+
+    isa = isa_for(Target(spec))
+    big = ck.ConvShape(1, 64, 56, 56, 256, 1, 1, (1, 1), (1, 1), (0, 0, 0, 0))
+    small = ck.ConvShape(1, 256, 56, 56, 64, 1, 1, (1, 1), (1, 1), (0, 0, 0, 0))
+    assert choose_tile(big, isa) == tile
+    assert choose_tile(small, isa) == ((8, 32) if isa.vector_registers == 32 else (6, 16))
 
 
 def test_blocked_epilogue_math_runs_in_vectors(native: kiln.driver.Executable) -> None:
