@@ -40,7 +40,8 @@ TOL = 1e-5
 
 # (input shape, out channels, kernel, strides, pads, dilations, group, tail ops)
 CASES: list[dict[str, Any]] = [
-    # 63 positions: 10 tiles of 6 and a last tile with 3 positions; 5 channels < one block
+    # 63 positions: 9 tiles of 7 at 16 lanes (6 would leave 3 slots empty), 13 of 5 at
+    # 8 lanes, the last with 3 positions; 5 channels < one block
     dict(x=(1, 3, 9, 7), co=5, k=3, pads=(1, 1, 1, 1), tail=("Relu",)),
     # 20 channels: a full and a partial block at 8 lanes; stride 2, asymmetric pads; the
     # epilogue (bias, Swish) computed in vectors along the channels, the partial block's
@@ -192,6 +193,20 @@ def test_packed_weight_round_trip() -> None:
     np.testing.assert_array_equal(ck.unpack_blocked_weight(packed, 20), w)
 
 
+@pytest.mark.parametrize(("hw", "lanes", "registers", "tile_w"), [
+    (56, 16, 32, 6), (14, 16, 32, 6),   # 6 fills whole tiles (or wastes < 2%): kept
+    (7, 16, 32, 7), (7, 8, 16, 5),      # 49 positions: 7 x 7; at 8 lanes 7 does not fit
+    (7, 4, 32, 7), (3, 16, 32, 5), (2, 16, 32, 4),  # NEON; 9 positions: 2 x 5; 4: whole
+])
+def test_position_tile_leaves_few_slots_empty(hw: int, lanes: int, registers: int,
+                                              tile_w: int) -> None:
+    shape = ck.ConvShape(1, 64, hw, hw, 64, 3, 3, (1, 1), (1, 1), (1, 1, 1, 1))
+    tiling = ck.choose_tiling(shape, lanes, registers)
+    assert (tiling.cb, tiling.tile_w) == (2 * lanes, tile_w)
+    # the accumulators, the weight row and a broadcast fit the registers
+    assert 2 * tile_w + 3 <= registers
+
+
 @pytest.mark.parametrize(("spec", "lanes"), [
     ("llvm -mcpu=znver5", 16), ("llvm -mcpu=skylake-avx512", 16), ("llvm -mcpu=haswell", 8),
     ("llvm -mcpu=znver3", 8), ("llvm -mattr=+avx2,+fma", 8),
@@ -244,29 +259,71 @@ GEMM_KXK = [dict(x=(1, 5, 11, 10), co=9, k=3, strides=(2, 2), pads=(1, 2, 0, 1),
                  tail=("Relu",))]
 
 
-@pytest.mark.parametrize("target", NATIVE_TARGETS)
-def test_gemm_kernel_computes_strided_kxk_layers(target: str) -> None:
+def _check_gemm_kernel(cases: list[dict[str, Any]], target: str,
+                       tile: Any = None) -> None:
+    """Compile `cases` with every convolution packed for the GEMM kernel (with `tile`,
+    a function of the ISA, or the rule's) and compare with onnxruntime."""
     from kiln.ops.kernels.conv_gemm import CONV_GEMM
     from kiln.transform.functor import rewrite_calls
 
     saved = list(CASES)
-    CASES[:] = GEMM_KXK
+    CASES[:] = cases
     try:
         model = build_model()
     finally:
         CASES[:] = saved
-    checks = kernel_checks.KernelCases(model, GEMM_KXK, TOL, RNG)
+    checks = kernel_checks.KernelCases(model, cases, TOL, RNG)
     mod = from_onnx(model)
     tgt = native_target(target)
     isa = isa_for(tgt)
     main = mod["main"]
     assert isinstance(main, g.Function)
-    mod = mod.with_function("main", rewrite_calls(main, lambda c: CONV_GEMM.pack(c, isa)
-                                                  if c.op == "conv2d" else None))
+
+    def pack(c: g.Call) -> g.Call | None:
+        if c.op != "conv2d":
+            return None
+        return CONV_GEMM.pack(c, isa) if tile is None else CONV_GEMM.pack_tile(c, isa, tile(isa))
+
+    mod = mod.with_function("main", rewrite_calls(main, pack))
     ex = kiln.compile(mod, tgt)
     kinds = [f.attrs.get("kiln.conv_kernel") for f in ex.ir.functions.values()]
-    assert kinds.count("conv2d_gemm") == len(GEMM_KXK)
-    checks.assert_close(list(ex(*checks.feeds.values())), checks.reference())
+    assert kinds.count("conv2d_gemm") == len(cases)
+    got = ex(*checks.feeds.values())
+    checks.assert_close(list(got) if isinstance(got, (tuple, list)) else [got],
+                        checks.reference())
+
+
+@pytest.mark.parametrize("target", NATIVE_TARGETS)
+def test_gemm_kernel_computes_strided_kxk_layers(target: str) -> None:
+    _check_gemm_kernel(GEMM_KXK, target)
+
+
+def test_gemm_kernel_wide_tile() -> None:
+    # The wide tile (6 rows x 4 vectors) the rule gives an output far larger than the
+    # L2 on a 32-register target (so only on llvm): 128 positions (2 panels at 16
+    # lanes, 4 at 8), 13 channels (a partial row tile), read in place, the residual Add
+    # along the flat positions.
+    from kiln.ops.kernels.conv_gemm import WIDE_TILE
+
+    rows, vectors = WIDE_TILE
+    _check_gemm_kernel([dict(x=(1, 7, 8, 16), co=13, k=1, pads=(0, 0, 0, 0),
+                             tail=("Add", "Relu"))], "llvm",
+                       lambda isa: (rows, vectors * tile_lanes(isa)))
+
+
+@pytest.mark.parametrize(("spec", "tile"), [
+    ("llvm -mcpu=znver4", (6, 64)),    # 256 x 3136 outputs: 3.2 MB, past twice the L2
+    ("llvm -mcpu=haswell", (6, 16)),   # 16 registers: the wide tile does not fit
+])
+def test_gemm_conv_widens_the_tile_of_a_large_output(spec: str, tile: tuple[int, int]
+                                                     ) -> None:
+    from kiln.ops.kernels.conv_gemm import choose_tile
+
+    isa = isa_for(Target(spec))
+    big = ck.ConvShape(1, 64, 56, 56, 256, 1, 1, (1, 1), (1, 1), (0, 0, 0, 0))
+    small = ck.ConvShape(1, 256, 56, 56, 64, 1, 1, (1, 1), (1, 1), (0, 0, 0, 0))
+    assert choose_tile(big, isa) == tile
+    assert choose_tile(small, isa) == ((8, 32) if isa.vector_registers == 32 else (6, 16))
 
 
 def test_blocked_epilogue_math_runs_in_vectors(native: kiln.driver.Executable) -> None:

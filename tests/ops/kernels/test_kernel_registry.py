@@ -134,20 +134,20 @@ def _tiles(mod: Any) -> dict[str, set[tuple[int, ...]]]:
     # AVX2: 8 float32 lanes, 16 registers
     ("llvm -mtriple=x86_64-linux-gnu -mcpu=haswell",
      {"matmul_gemv": {(4, 16)}, "matmul_packed": {(5, 16)}, "matmul_tiled": {(6, 16)},
-      "conv2d_depthwise": {(8, 8)}, "conv2d_rows": {(6, 16, 8)}, "conv2d_blocked": {(8, 6)},
-      "conv2d_nchwc": {(16, 6)}, "conv2d_gemm": {(5, 16)},
+      "conv2d_depthwise": {(8, 8)}, "conv2d_rows": {(6, 16, 8)}, "conv2d_blocked": {(8, 5)},
+      "conv2d_nchwc": {(16, 5), (16, 6)}, "conv2d_gemm": {(5, 16)},
       "conv2d_group_gemm": {(2, 32)}}),
     # AVX-512: 16 lanes, 32 registers (taller GEMM tiles, whole 10-wide depthwise rows)
     ("llvm -mtriple=x86_64-linux-gnu -mcpu=znver4",
      {"matmul_gemv": {(4, 32)}, "matmul_packed": {(5, 32)}, "matmul_tiled": {(6, 16)},
       "conv2d_depthwise": {(10, 16)}, "conv2d_rows": {(6, 16, 16)},
-      "conv2d_blocked": {(16, 6)}, "conv2d_nchwc": {(16, 6)}, "conv2d_gemm": {(5, 32)},
-      "conv2d_group_gemm": {(2, 64)}}),
+      "conv2d_blocked": {(16, 5)}, "conv2d_nchwc": {(16, 5), (16, 6)},
+      "conv2d_gemm": {(5, 32)}, "conv2d_group_gemm": {(2, 64)}}),
     # NEON: 4 lanes, 32 registers
     ("llvm -mtriple=aarch64-linux-gnu -mcpu=neoverse-n1",
      {"matmul_gemv": {(4, 8)}, "matmul_packed": {(5, 8)}, "matmul_tiled": {(6, 8)},
-      "conv2d_depthwise": {(8, 4)}, "conv2d_rows": {(6, 8, 4)}, "conv2d_blocked": {(8, 6)},
-      "conv2d_nchwc": {(8, 6)}, "conv2d_gemm": {(5, 8)},
+      "conv2d_depthwise": {(8, 4)}, "conv2d_rows": {(6, 8, 4)}, "conv2d_blocked": {(8, 5)},
+      "conv2d_nchwc": {(8, 5), (8, 6)}, "conv2d_gemm": {(5, 8)},
       "conv2d_group_gemm": {(2, 16)}}),
 ])
 def test_the_tile_is_recorded_and_round_trips(spec: str, tiles: dict[str, Any]) -> None:

@@ -14,7 +14,7 @@ from kiln.ir.tensor import Buffer, PrimFunc, Stmt
 from kiln.ops import conv_kernels as ck
 from kiln.ops.kernels.conv import TUNED_WIDTHS, build_conv, conv_call_shape, packed_call
 from kiln.ops.kernels.registry import Family, fits_registers, recorded_tile
-from kiln.ops.kernels.tiles import Epilogue, tile_lanes
+from kiln.ops.kernels.tiles import Epilogue, tile_lanes, tile_registers
 from kiln.target.isa import ISA
 
 
@@ -22,7 +22,7 @@ def blocked_body(isa: ISA) -> Any:
     """The loop nest of `conv2d_blocked` / `conv2d_nchwc` (`cb` is the packed weight's)."""
     def body(shape: ck.ConvShape, x: Buffer, w: Buffer, out: Buffer, t: tuple[int, ...],
              epilogue: Epilogue, fused: bool, block: int) -> Stmt:
-        tile_w = t[1] if t else ck.choose_tiling(shape, tile_lanes(isa)).tile_w
+        tile_w = t[1] if t else ck.choose_tiling(shape, tile_lanes(isa), tile_registers(isa)).tile_w
         tiling = ck.Tiling(cb=int(w.shape[5]), tile_w=tile_w)
         return ck.blocked_conv_body(shape, x, w, out, tiling, epilogue, fused, block)
 
@@ -39,7 +39,7 @@ class DirectConv(Family):
     def pack(self, call: g.Call, isa: ISA) -> g.Call:
         shape = conv_call_shape(call)
         assert shape is not None
-        t = ck.choose_tiling(shape, tile_lanes(isa))
+        t = ck.choose_tiling(shape, tile_lanes(isa), tile_registers(isa))
         return self.pack_tile(call, isa, (t.cb, t.tile_w))
 
     def candidates(self, call: g.Call, isa: ISA) -> list[tuple[int, ...]]:
@@ -48,7 +48,7 @@ class DirectConv(Family):
         shape = conv_call_shape(call)
         assert shape is not None
         lanes = tile_lanes(isa)
-        rule = ck.choose_tiling(shape, lanes)
+        rule = ck.choose_tiling(shape, lanes, tile_registers(isa))
         out = [(v * lanes, tw) for v in range(1, 5) if v == 1 or (v - 1) * lanes < shape.co_group
                for tw in TUNED_WIDTHS if fits_registers(v * tw, v, isa)]
         return sorted((t for t in out if t != (rule.cb, rule.tile_w)),
