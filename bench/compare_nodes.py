@@ -34,7 +34,7 @@ import kiln
 from kiln.cli.kernel_names import kernel_ops
 from kiln.cli.profiling import record
 from kiln.frontend import from_onnx
-from models import build, quantize
+from models import QOP, build, quantize
 
 Key = tuple[str, str, str]  # (op kind, input C x H x W, output C x H x W)
 
@@ -211,14 +211,16 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=30)
     parser.add_argument("--top", type=int, default=12)
     parser.add_argument("--int8", action="store_true",
-                        help="each model quantized as bench/models.py --int8 does (QDQ)")
+                        help="each model quantized as bench/models.py --int8 does (QDQ; "
+                             "QOperator for a name ending in _qop, e.g. resnet50_qop)")
     args = parser.parse_args()
     target = kiln.Target.from_host()
     print(f"host: {harness.describe_target(target)}; {args.calls} calls each")
     for name in args.models.split(","):
-        model, feed = build(name)
+        model, feed = build(name.removesuffix(QOP) if args.int8 else name)
         if args.int8:
-            model = quantize(model, {k: list(v.shape) for k, v in feed.items()})
+            model = quantize(model, {k: list(v.shape) for k, v in feed.items()},
+                             "QOperator" if name.endswith(QOP) else "QDQ")
         for threads in [int(t) for t in args.threads.split(",")]:
             kiln_ms, k = kiln_times(model, feed, threads, args.calls, target)
             ort_ms, o = ort_times(model, feed, threads, args.calls)

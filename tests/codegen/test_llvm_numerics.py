@@ -449,3 +449,35 @@ def test_constants_of_every_dtype() -> None:
         y = np.zeros(1, np_dtype(d))
         m[f"c_{d}"](y)
         np.testing.assert_array_equal(y, np.array([v]).astype(np_dtype(d)), err_msg=d)
+
+
+def test_select_clamp_bounds_the_cast_and_gives_min_max_bytes() -> None:
+    """requantize_value's select clamp (`v < lo ? lo : v`, one vmaxps per bound) is a
+    min/max to float_range (the cast stays one conversion) and gives the bytes of the
+    min/max clamp for every accumulator and multiplier, NaN and infinities included."""
+    from kiln.codegen.llvm.float_range import float_range
+    from kiln.ops.quant import requantize_value
+
+    x, lo, hi = Var("x", "float32"), const(-3.0, "float32"), const(5.0, "float32")
+    low = Select(Compare("lt", x, lo), lo, x)
+    assert float_range(low) == (-3.0, math.inf)
+    assert float_range(Select(Compare("gt", low, hi), hi, low)) == (-3.0, 5.0)
+    assert float_range(Select(Compare("gt", x, lo), x, lo))[0] == -3.0  # max(x, lo) too
+    assert float_range(Select(Compare("lt", x, lo), hi, x)) == (-math.inf, math.inf)
+
+    acc = np.array([0, 1, -1, 127, -128, 1000, -1000, 2**31 - 1, -2**31, 77, -77, 5] * 4,
+                   np.int32)
+    mult = np.repeat(np.array([0.01, np.nan, np.inf, -np.inf], np.float32), 12)
+    zp = Cast("uint8", const(131, "int32"))
+    out = {}
+    for selects in (False, True):
+        ib = IRBuilder()
+        elementwise("rq", ["int32", "float32"], "uint8", lambda a, m, s=selects: requantize_value(
+            a, m, zp, 0, 255, "uint8", selects=s), len(acc), ib)
+        out[selects] = np.zeros(len(acc), np.uint8)
+        jit(ib.get())["rq"](acc, mult, out[selects])
+    np.testing.assert_array_equal(out[True], out[False])
+    with np.errstate(invalid="ignore", over="ignore"):
+        finite = np.isfinite(acc * mult)
+        want = np.clip(np.rint(acc.astype(np.float32) * mult), -131, 124) + 131
+    np.testing.assert_array_equal(out[True][finite], want[finite].astype(np.uint8))

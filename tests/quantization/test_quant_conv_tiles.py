@@ -40,6 +40,10 @@ TARGETS = ["llvm -mcpu=znver4", "llvm -mcpu=znver4 -mattr=-avx512vnni,-avxvnni",
 LAYERS = [("a", (64, 7, 7), 56, 3, 1, True, False, True),
           ("b", (256, 28, 28), 128, 3, 2, True, True, True),
           ("c", (512, 7, 7), 64, 1, 1, False, True, False)]
+# and one on the positions tile on every target (18 x 18 = 324 positions: a partial last
+# column tile of 48 lanes; 40 channels a partial row tile of 7 rows): its requantizing
+# store rows (select clamp, row parameters in registers)
+POSITION_LAYERS = [("d", (16, 18, 18), 40, 3, 1, True, False, True)]
 
 
 def qdq_convs(rng: np.random.Generator) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
@@ -48,7 +52,7 @@ def qdq_convs(rng: np.random.Generator) -> tuple[onnx.ModelProto, dict[str, np.n
     the quantized outputs; and float inputs for it."""
     b = GraphBuilder()
     feeds = {}
-    for name, (c, h, w), oc, k, stride, per_channel, signed, relu in LAYERS:
+    for name, (c, h, w), oc, k, stride, per_channel, signed, relu in LAYERS + POSITION_LAYERS:
         q = np.int8 if signed else np.uint8
         scales = (rng.uniform(0.004, 0.012, oc) if per_channel else
                   np.full(oc, 0.008)).astype(np.float32)
@@ -113,15 +117,16 @@ def test_channel_tiles_equal_onnxruntime(
     # their weights packed in panels ([panels][K / 4][nr] words), the others in words
     chosen = [choose_tile(isa, ((h + 2 * (k // 2) - k) // stride + 1) ** 2, oc,
                           c * k * k).channels_as_lanes
-              for _, (c, h, _), oc, k, stride, *_ in LAYERS]
-    assert sum(chosen) >= (len(LAYERS) if isa.vector_bits == 512 else 1)
+              for _, (c, h, _), oc, k, stride, *_ in LAYERS + POSITION_LAYERS]
+    assert sum(chosen[:len(LAYERS)]) >= (len(LAYERS) if isa.vector_bits == 512 else 1)
+    assert not any(chosen[len(LAYERS):])
     weights = _packed_weights(onnx_model, target)
     assert [w.ndim == 3 for w in weights] == chosen
     if not host_runs(target):
         pytest.skip(f"this host lacks {target}'s features")
     ex = kiln.compile(from_onnx(onnx_model), target)
     got = ex["main"](*feeds.values())
-    for (name, *_), y, y_want in zip(LAYERS, got, want, strict=True):
+    for (name, *_), y, y_want in zip(LAYERS + POSITION_LAYERS, got, want, strict=True):
         np.testing.assert_array_equal(y, y_want, err_msg=f"layer {name} on {target}")
 
 

@@ -451,7 +451,7 @@ ROUNDING_MAGIC, MAGIC_BITS = 12582912.0, 0x4B400000
 
 def requantize_value(acc: PrimExpr, multiplier: PrimExpr, zp: PrimExpr, lo: int, hi: int,
                      out_dtype: str, bounds_first: bool = False,
-                     magic_round: bool = False) -> PrimExpr:
+                     magic_round: bool = False, selects: bool = False) -> PrimExpr:
     """`clamp(float32(acc) * multiplier, lo - zp, hi - zp)` rounded half to even, + zp
     (onnxruntime's MLAS requantization: the clamp before rounding is exact because the
     bounds are integers).
@@ -465,11 +465,23 @@ def requantize_value(acc: PrimExpr, multiplier: PrimExpr, zp: PrimExpr, lo: int,
     `magic_round` rounds and converts the clamped value (|v| <= 510) by adding
     ROUNDING_MAGIC and reading the sum's bits (two integer-exact operations instead of a
     rounding, a NaN clear and a conversion; a NaN of the default bit pattern gives the
-    zero point, as the cast does)."""
+    zero point, as the cast does).
+
+    `selects` writes the clamp as a select on one ordered compare per bound (`v < lo ?
+    lo : v`: the same values, a NaN `v` fails the compare and passes as through kiln's
+    min/max), which x86 makes one `vmaxps` / `vminps` each where min/max cost a compare,
+    an unordered compare, a mask OR and a blend (LLVM does not see that the bounds are
+    never NaN). The leaner body changes what LLVM unrolls and vectorizes around it, so a
+    kernel takes it where its store loops were checked (the dot-form convolution's
+    positions tile, kiln.ops.quant_conv_dot)."""
     z = Cast("float32", zp)
     v = Cast("float32", acc) * multiplier
     lo_, hi_ = as_expr(float(lo), "float32") - z, as_expr(float(hi), "float32") - z
-    v = min_(hi_, max_(lo_, v)) if bounds_first else min_(max_(v, lo_), hi_)
+    if selects:
+        v = select(compare("lt", v, lo_), lo_, v)
+        v = select(compare("gt", v, hi_), hi_, v)
+    else:
+        v = min_(hi_, max_(lo_, v)) if bounds_first else min_(max_(v, lo_), hi_)
     if magic_round:
         bits = reinterpret(v + as_expr(ROUNDING_MAGIC, "float32"), "int32")
         return Cast(out_dtype, bits - (as_expr(MAGIC_BITS, "int32") - Cast("int32", zp)))

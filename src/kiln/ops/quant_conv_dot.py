@@ -52,8 +52,8 @@ from kiln.ir.tensor import (
 from kiln.ir.types import TensorType, Type
 from kiln.ops import quant_dot, te
 from kiln.ops.kernels.parallel_work import worth_parallel
+from kiln.ops.kernels.tiles import lanes_loop, nest
 from kiln.ops.kernels.tiles import loop as tile_loop
-from kiln.ops.kernels.tiles import nest
 from kiln.ops.nn import conv_geometry
 from kiln.ops.quant import channel, check_requant, conv_int_shape, out_range, requantize_value
 from kiln.ops.registry import OPS, HandBuiltOp
@@ -355,7 +355,8 @@ def _tiles(x: Buffer, ww: Buffer, bias: Buffer, x_zp: Buffer, multiplier: Buffer
         nest_ = _channel_tiles(words, ww, flat_out, tile, requantized, positions, oc_n, big,
                                word_at)
     else:
-        nest_ = _position_tiles(words, ww, flat_out, tile, requantized, positions, oc_n, big)
+        nest_ = _position_tiles(words, ww, flat_out, tile, _RowEpilogue(
+            bias, multiplier, y_zp, lo, hi), positions, oc_n, big)
     views = (DeclBuffer(grid_view, xp, 0),) if in_grid else ()
     return seq(pad, *views, Allocate(words), pack, DeclBuffer(flat_out, out, 0), nest_)
 
@@ -363,8 +364,44 @@ def _tiles(x: Buffer, ww: Buffer, bias: Buffer, x_zp: Buffer, multiplier: Buffer
 Epilogue = Callable[[PrimExpr, PrimExpr], PrimExpr]
 
 
+@dataclass(frozen=True)
+class _RowEpilogue:
+    """The requantization of one output channel's row of a positions tile. The channel's
+    bias, multiplier and the zero point are first copied into registers (`locals` /
+    `load`), so the store loop over the row reads only the tile's own buffers: the
+    vectorize-loops pass can then prove its lanes independent and emit it as vector code
+    (left to LLVM, which sees a lean body, it unrolls a one-vector row and vectorizes
+    across the rows with gathers and byte scatters). The clamp is the select form
+    (`requantize_value(..., selects=True)`: one `vmaxps` / `vminps` per bound)."""
+
+    bias: Buffer
+    multiplier: Buffer
+    y_zp: Buffer
+    lo: int
+    hi: int
+
+    def buffers(self) -> tuple[Buffer, Buffer, Buffer]:
+        """The per-tile register copies (bias, multiplier, zero point)."""
+        return (Buffer("row_bias", (1,), "int32", "local"),
+                Buffer("row_multiplier", (1,), "float32", "local"),
+                Buffer("row_zp", (1,), self.y_zp.dtype, "local"))
+
+    def load(self, regs: Sequence[Buffer], oc: PrimExpr) -> Stmt:
+        """Copy channel `oc`'s parameters into `regs`."""
+        m = self.multiplier
+        zero = (as_expr(0, "int64"),)
+        return seq(Store(regs[0], self.bias[oc], zero),
+                   Store(regs[1], m[()] if m.ndim == 0 else m[oc], zero),
+                   Store(regs[2], self.y_zp[()], zero))
+
+    def value(self, regs: Sequence[Buffer], acc: PrimExpr) -> PrimExpr:
+        """The requantized output of accumulator `acc` of the loaded channel."""
+        return requantize_value(acc + regs[0][0], regs[1][0], regs[2][0], self.lo, self.hi,
+                                self.y_zp.dtype, selects=True)
+
+
 def _position_tiles(words: Buffer, ww: Buffer, flat_out: Buffer, tile: ConvTile,
-                    requantized: Epilogue, positions: int, oc_n: int, big: bool) -> Stmt:
+                    epilogue: _RowEpilogue, positions: int, oc_n: int, big: bool) -> Stmt:
     """Tiles of output channels (a broadcast weight word each) x output positions (the
     lanes: vectors of input words), stored along the output rows."""
     batch, groups = int(words.shape[0]), int(words.shape[1])
@@ -384,24 +421,29 @@ def _position_tiles(words: Buffer, ww: Buffer, flat_out: Buffer, tile: ConvTile,
                 acc[r, v], words[n, g, ct * nr + v], ww[row(r), g])), (r, v)),
             "vectorized"), "unrolled"))
 
+        regs = epilogue.buffers()
+
         def store(r: PrimExpr, v: PrimExpr) -> Stmt:
-            return Store(flat_out, requantized(acc[r, v], row(r)), (n, rt * mr + r, ct * nr + v))
+            return Store(flat_out, epilogue.value(regs, acc[r, v]),
+                         (n, rt * mr + r, ct * nr + v))
 
         def store_row(r: PrimExpr) -> Stmt:
-            # whole column tiles store unguarded (a loop LLVM vectorizes); the last,
-            # partial one stores its positions only
-            full = tile_loop("v", nr, lambda v: store(r, v))
+            # whole column tiles store unguarded (vector code); the last, partial one
+            # stores its positions only
+            full = lanes_loop("v", nr, lambda v: store(r, v))
             rest = positions - (col_tiles - 1) * nr
             if rest == nr:
                 stores = full
             else:
                 stores = IfThenElse(compare("lt", ct, col_tiles - 1), full,
-                                    tile_loop("v", rest, lambda v: store(r, v)))
+                                    lanes_loop("v", rest, lambda v: store(r, v)))
+            stores = seq(epilogue.load(regs, row(r)), stores)
             if oc_n % mr == 0:
                 return stores
             return IfThenElse(compare("lt", rt * mr + r, oc_n), stores)
 
-        return seq(Allocate(acc), zero, step, tile_loop("r", mr, store_row))
+        return seq(Allocate(acc), zero, step, *(Allocate(b) for b in regs),
+                   tile_loop("r", mr, store_row, "unrolled"))
 
     if col_tiles >= PARALLEL_TILES or row_tiles < col_tiles:
         # column tiles in parallel: each thread reads the input words of its positions

@@ -4,8 +4,9 @@ A float -> int cast whose operand is clamped between bounds it can see (Quantize
 `min(max(round(x / s) + zp, 0), 255)`, the requantizing epilogue's clamp) can skip the
 general conversion (kiln.codegen.llvm.arith, which must give the documented result for
 any float) for one `fptosi` of a NaN-cleared operand. The rules are interval arithmetic
-on constants, casts from integer types of at most 32 bits, add/sub/mul, min/max,
-rounding intrinsics and selects; anything else (loads of floats, variables) is
+on constants, casts from integer types of at most 32 bits, add/sub/mul, min/max (and
+selects between the operands of their comparison, `v < lo ? lo : v`), rounding
+intrinsics and selects; anything else (loads of floats, variables) is
 unbounded. NaN is not a value here: a clamp that meets NaN gives NaN (kiln's min/max),
 and the cast's caller handles it.
 """
@@ -17,7 +18,8 @@ import math
 import numpy as np
 
 from kiln.ir import dtype as dt
-from kiln.ir.tensor import BinaryOp, Cast, Const, Intrin, PrimExpr, Select
+from kiln.ir.structural import structural_equal
+from kiln.ir.tensor import BinaryOp, Cast, Compare, Const, Intrin, PrimExpr, Select
 
 Range = tuple[float, float]
 _UNBOUNDED: Range = (-math.inf, math.inf)
@@ -41,11 +43,27 @@ def float_range(e: PrimExpr) -> Range:
         return (math.floor(lo) if math.isfinite(lo) else lo,
                 math.ceil(hi) if math.isfinite(hi) else hi)
     if isinstance(e, Select):
+        clamp = _select_min_max(e)
+        if clamp is not None:
+            return _binary(clamp, float_range(e.true_value), float_range(e.false_value))
         (a_lo, a_hi), (b_lo, b_hi) = float_range(e.true_value), float_range(e.false_value)
         return min(a_lo, b_lo), max(a_hi, b_hi)
     if isinstance(e, BinaryOp):
         return _binary(e.op, float_range(e.a), float_range(e.b))
     return _UNBOUNDED
+
+
+def _select_min_max(e: Select) -> str | None:
+    """"min" or "max" when `e` picks between the two operands of its comparison (`v < lo ?
+    lo : v` is max(v, lo), NaN aside), else None."""
+    cond = e.cond
+    if not (isinstance(cond, Compare) and cond.op in ("lt", "le", "gt", "ge")):
+        return None
+    if structural_equal(e.true_value, cond.a) and structural_equal(e.false_value, cond.b):
+        return "min" if cond.op in ("lt", "le") else "max"
+    if structural_equal(e.true_value, cond.b) and structural_equal(e.false_value, cond.a):
+        return "max" if cond.op in ("lt", "le") else "min"
+    return None
 
 
 def _binary(op: str, a: Range, b: Range) -> Range:
