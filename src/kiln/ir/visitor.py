@@ -546,6 +546,41 @@ def substitute(node: _N, vmap: Mapping[t.Var, t.PrimExpr]) -> _N:
     return out
 
 
+class _FreshCopy(StmtExprMutator):
+    def __init__(self) -> None:
+        self.vars: dict[t.Var, t.Var] = {}
+        self.buffers: dict[t.Buffer, t.Buffer] = {}
+
+    def visit_stmt(self, s: t.Stmt) -> t.Stmt:
+        for d in definitions(s):
+            if isinstance(d, t.Var):
+                self.vars.setdefault(d, t.Var(d.name, d.dtype))
+            elif d not in self.buffers:
+                shape = tuple(x if isinstance(x, int) else self.visit_expr(x) for x in d.shape)
+                self.buffers[d] = t.Buffer(d.name, shape, d.dtype, d.scope)
+        return super().visit_stmt(s)
+
+    def generic_visit(self, node: _N) -> _N:
+        new: dict[str, object] = {}
+        for name, role in child_fields(type(node)).walk:
+            value = getattr(node, name)
+            new[name] = (self.vars.get(value, value) if role == VAR_DEF
+                         else self._rewrite(value, role))
+        return dataclasses.replace(node, **new)  # type: ignore[type-var]
+
+    def visit_var(self, e: t.Var) -> t.PrimExpr:
+        return self.vars.get(e, e)
+
+    def visit_buffer(self, b: t.Buffer) -> t.Buffer:
+        return self.buffers.get(b, b)
+
+
+def fresh_copy(s: t.Stmt) -> t.Stmt:
+    """A copy of `s` binding fresh variables and buffers of the same names: a statement
+    emitted twice, each copy binding its own (a variable is bound once per function)."""
+    return _FreshCopy().visit_stmt(s)
+
+
 # --------------------------------------------------------------------------- graph level
 
 

@@ -51,7 +51,7 @@ a loop it left serial is not split after all by this pass's coarser estimate.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import TypeVar
 
 from kiln.ir.aliasing import analyze
@@ -61,7 +61,6 @@ from kiln.ir.module import IRModule
 from kiln.ir.tensor import (
     CHECK_INTRINSIC,
     AllocConst,
-    Buffer,
     CallExtern,
     CallFunc,
     Const,
@@ -79,12 +78,9 @@ from kiln.ir.tensor import (
     seq,
 )
 from kiln.ir.visitor import (
-    VAR_DEF,
-    StmtExprMutator,
     StmtMutator,
-    child_fields,
-    definitions,
     expr_children,
+    fresh_copy,
     iter_exprs,
     iter_stmts,
     stmt_children,
@@ -206,7 +202,7 @@ class _Scheduler(LoopRewriter):
         if least <= 2:
             return loop
         return IfThenElse(compare("ge", loop.extent, Const(least, loop.extent.dtype)), loop,
-                          _FreshCopy().visit_stmt(serial))
+                          fresh_copy(serial))
 
     def below(self, innermost: For, chain: list[For]) -> Stmt:
         body = self.visit_stmt(innermost.body)
@@ -270,38 +266,6 @@ def _collapsed(group: list[For]) -> For:
     for loop in group[1:]:
         extent = extent * loop.extent
     return For(flat, Const(0, flat.dtype), extent, "parallel", seq(*lets, group[-1].body))
-
-
-class _FreshCopy(StmtExprMutator):
-    """A copy of a statement binding fresh variables and buffers of the same names (a
-    loop emitted twice: each copy binds its own)."""
-
-    def __init__(self) -> None:
-        self.vars: dict[Var, Var] = {}
-        self.buffers: dict[Buffer, Buffer] = {}
-
-    def visit_stmt(self, s: Stmt) -> Stmt:
-        for d in definitions(s):
-            if isinstance(d, Var):
-                self.vars.setdefault(d, Var(d.name, d.dtype))
-            elif d not in self.buffers:
-                shape = tuple(x if isinstance(x, int) else self.visit_expr(x) for x in d.shape)
-                self.buffers[d] = Buffer(d.name, shape, d.dtype, d.scope)
-        return super().visit_stmt(s)
-
-    def generic_visit(self, node: _N) -> _N:
-        new: dict[str, object] = {}
-        for name, role in child_fields(type(node)).walk:
-            value = getattr(node, name)
-            new[name] = (self.vars.get(value, value) if role == VAR_DEF
-                         else self._rewrite(value, role))
-        return replace(node, **new)  # type: ignore[type-var]
-
-    def visit_var(self, e: Var) -> PrimExpr:
-        return self.vars.get(e, e)
-
-    def visit_buffer(self, b: Buffer) -> Buffer:
-        return self.buffers.get(b, b)
 
 
 def _has_loop(s: Stmt) -> bool:

@@ -23,7 +23,7 @@ from itertools import pairwise
 from kiln.ir import dtype as dt
 from kiln.ir import tensor as t
 from kiln.ir.module import IRModule
-from kiln.ir.visitor import StmtExprMutator, StmtExprVisitor, substitute
+from kiln.ir.visitor import StmtExprMutator, StmtExprVisitor, fresh_copy, substitute
 from kiln.transform.pass_base import FunctionPass
 from kiln.transform.simplify import simplify_stmt
 
@@ -132,7 +132,8 @@ class _Partitioner(StmtExprMutator):
         for lo, hi in pairwise(bounds):
             var = t.Var(s2.var.name, s2.var.dtype)
             body = _Decide(s2.var, lo, hi).visit_stmt(s2.body)
-            body = simplify_stmt(substitute(body, {s2.var: var}))
+            # each piece binds its own loop variables and buffers
+            body = fresh_copy(simplify_stmt(substitute(body, {s2.var: var})))
             pieces.append(t.For(var, t.Const(lo, s2.var.dtype), t.Const(hi - lo, s2.var.dtype),
                                 s2.kind, body))
         return t.SeqStmt(tuple(pieces))
