@@ -122,11 +122,6 @@ def pool2d_kernel(kind: str, geometry: PoolGeometry, include_pad: bool,
                     {"kiln.pool_kernel": name})
 
 
-def static_4d_float32(t: Any) -> bool:
-    """Whether `t` (a type or te tensor) is a float32 NCHW tensor of static shape."""
-    return static_4d(t, ("float32",))
-
-
 MAX_DTYPES = ("float32", "int8", "uint8")
 
 
