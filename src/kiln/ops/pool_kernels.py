@@ -79,7 +79,7 @@ def pool2d_kernel(kind: str, geometry: PoolGeometry, include_pad: bool,
     out_shape = (shape.n, shape.c_in, shape.out_h, shape.out_w)
     isa = isa_for(None)
     if x.dtype != "float32":  # an integer max pool: fused_store's chains are float32
-        if kind != "max" or result is not None:
+        if kind != "max" or not (result is None or result is anchor):
             return None
         buffers = {t: Buffer(t.name, t.shape, t.dtype) for t in params}
         out = Buffer("out", out_shape, x.dtype)
