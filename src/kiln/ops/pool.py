@@ -182,15 +182,19 @@ class WindowPoolOp(HandBuiltOp):
 
     kind: str = "max"
 
+    def dtypes(self) -> tuple[str, ...]:
+        """The input dtypes the hand-built kernel takes (a max also int8 and uint8)."""
+        return pk.MAX_DTYPES if self.kind == "max" else ("float32",)
+
     def builds(self, call: g.Call) -> bool:
-        return bool(call.args) and pk.static_4d_float32(call.args[0].type)
+        return bool(call.args) and pk.static_4d(call.args[0].type, self.dtypes())
 
     def lower_fused(self, params: Sequence[te.Tensor], args: Sequence[te.Tensor], attrs: Attrs,
                     anchor: te.Tensor | None, result: te.Tensor | None,
                     name: str) -> PrimFunc | None:
         x = args[0]
-        if not pk.static_4d_float32(x) or x not in params or (
-                result is not None and result.dtype != "float32"):
+        if not pk.static_4d(x, self.dtypes()) or x not in params or (
+                result is not None and result.dtype != x.dtype):
             return None
         win = _Window(x.shape, attrs)
         pair = tuple[int, int]

@@ -1,14 +1,15 @@
-"""Hand-built 2-D max and average pooling (float32, NCHW, static shapes).
+"""Hand-built 2-D max and average pooling (NCHW, static shapes).
 
-`max_pool2d` and `avg_pool2d` take the depthwise convolution's window kernel
-(kiln.ops.conv_kernels.window_body): vectors along the output columns, tiles of
-several output rows that load each input row segment once, the input copied once
-into a workspace padded with the pool's neutral value (-inf for max, 0 for the
-sum) and split by column phase for stride 2. An average divides each sum by its
-window's count, a compile-time table (ONNX's `count_include_pad` and `ceil_mode`
-make it vary at the borders). Elementwise ops FuseOps groups after the pool are
-applied as each output is stored. Other dtypes, ranks and symbolic shapes keep the
-tensor-expression definitions of kiln.ops.pool.
+`max_pool2d` (float32, int8, uint8) runs the row-by-row max kernel of
+kiln.ops.max_pool_kernel: no padded copy of the input. `avg_pool2d` (float32) takes
+the depthwise convolution's window kernel (kiln.ops.conv_kernels.window_body):
+vectors along the output columns, tiles of several output rows that load each input
+row segment once, the input copied once into a workspace padded with 0 and split by
+column phase for stride 2; each sum is divided by its window's count, a compile-time
+table (ONNX's `count_include_pad` and `ceil_mode` make it vary at the borders).
+Elementwise ops FuseOps groups after a float32 pool are applied as each output is
+stored. Other dtypes, ranks and symbolic shapes keep the tensor-expression
+definitions of kiln.ops.pool.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from kiln.ops import conv_kernels as ck
 from kiln.ops import te
 from kiln.ops.epilogue import fused_store
 from kiln.ops.kernels.tiles import tile_lanes, tile_registers
+from kiln.ops.max_pool_kernel import max_pool_body
 from kiln.target.isa import isa_for
 
 POOLS = ("max", "avg")
@@ -75,10 +77,23 @@ def pool2d_kernel(kind: str, geometry: PoolGeometry, include_pad: bool,
     chain cannot be applied as a store."""
     shape = geometry.conv_shape()
     out_shape = (shape.n, shape.c_in, shape.out_h, shape.out_w)
+    isa = isa_for(None)
+    if x.dtype != "float32":  # an integer max pool: fused_store's chains are float32
+        if kind != "max" or not (result is None or result is anchor):
+            return None
+        buffers = {t: Buffer(t.name, t.shape, t.dtype) for t in params}
+        out = Buffer("out", out_shape, x.dtype)
+        body = max_pool_body(shape, buffers[x], out, tile_lanes(isa, x.dtype),
+                             lambda v, idx: v)
+        return PrimFunc((*buffers.values(), out), body, {"kiln.pool_kernel": name})
     store = fused_store(params, anchor, result, out_shape)
     if store is None:
         return None
-    isa = isa_for(None)
+    if kind == "max":
+        body = max_pool_body(shape, store.buffers[x], store.out, tile_lanes(isa),
+                             store.epilogue)
+        return PrimFunc((*(store.buffers[t] for t in params), store.out), body,
+                        {"kiln.pool_kernel": name})
     lanes = tile_lanes(isa)
     tile_w = ck.depthwise_tile_width(shape, lanes)
     finish = store.epilogue
@@ -107,8 +122,12 @@ def pool2d_kernel(kind: str, geometry: PoolGeometry, include_pad: bool,
                     {"kiln.pool_kernel": name})
 
 
-def static_4d_float32(t: Any) -> bool:
-    """Whether `t` (a type or te tensor) is a float32 NCHW tensor of static shape."""
+MAX_DTYPES = ("float32", "int8", "uint8")
+
+
+def static_4d(t: Any, dtypes: Sequence[str]) -> bool:
+    """Whether `t` (a type or te tensor) is an NCHW tensor of static shape of one of
+    `dtypes`."""
     shape = tuple(getattr(t, "shape", ()))
-    return (getattr(t, "dtype", None) == "float32" and len(shape) == 4
+    return (getattr(t, "dtype", None) in dtypes and len(shape) == 4
             and all(isinstance(d, int) for d in shape))
