@@ -14,6 +14,7 @@ from kiln.ir import tensor as t
 from kiln.ir.evaluate import evaluate
 from kiln.ir.visitor import iter_stmts
 from kiln.transform.flatten_loops import FlattenLoops
+from kiln.transform.parallelize import Parallelize
 from kiln.transform.pipeline import default_tensor_pipeline
 from support.graphs import GraphBuilder
 from support.reference import ort_session
@@ -95,6 +96,13 @@ def test_non_zero_start_and_parallel_loops_are_kept() -> None:
                                                         moved))})
     # only the loops inside the parallel one (start 1) merge
     assert loops(FlattenLoops()(mod2)) == [(0, 1), (1, 3), (0, 15)]
+
+
+def test_flattened_loop_is_still_parallelized() -> None:
+    shape = (1, 16, 56, 56)
+    flat = Parallelize()(FlattenLoops()(nest(shape, shape)))
+    fors = [s for s in iter_stmts(flat["f"].body) if isinstance(s, t.For)]
+    assert [(f.kind, int(f.extent.value)) for f in fors] == [("parallel", 16 * 56 * 56)]
 
 
 def _kernel_loops(ex: kiln.Executable, word: str) -> list[t.For]:
