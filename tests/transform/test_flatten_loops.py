@@ -84,6 +84,14 @@ def test_leaves_other_accesses_alone() -> None:
         stmt = t.For(v, t.Const(0, "int64"), t.Const(n, "int64"), "serial", stmt)
     tr = IRModule({"f": t.PrimFunc((x, b, out), stmt)})
     assert FlattenLoops()(tr)["f"].body is stmt
+    # int32 loop variables whose product of extents int32 cannot hold
+    big = (65536, 65536)
+    ys = [t.Var(f"j{k}", "int32") for k in range(2)]
+    a = t.Buffer("a", big, "float32")
+    wide: t.Stmt = t.Store(a, t.Const(0.0, "float32"), tuple(ys))
+    for v, n in reversed(list(zip(ys, big))):
+        wide = t.For(v, t.Const(0, "int32"), t.Const(n, "int32"), "serial", wide)
+    assert FlattenLoops()(IRModule({"f": t.PrimFunc((a,), wide)}))["f"].body is wide
 
 
 def test_non_zero_start_and_parallel_loops_are_kept() -> None:

@@ -13,14 +13,17 @@ access in it either has the `k` loop variables, in order, as its last `k` indice
 dimensions of the same sizes (and none of them among its leading indices), or uses
 none of them (a broadcast operand, e.g. a per-channel bias [1, C, 1, 1]). A loop
 variable anywhere else (inside an index expression, in a value, a condition) leaves
-the nest alone, as do symbolic extents and buffers passed to externs. The largest
+the nest alone, as do symbolic extents, buffers passed to externs and products of
+extents the loop variable's type cannot hold. The largest
 qualifying `k` is taken (often the whole tensor).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from math import prod
+
+import numpy as np
 
 from kiln.ir import tensor as t
 from kiln.ir.module import IRModule
@@ -141,13 +144,15 @@ def _collapse(loops: list[t.For], body: t.Stmt) -> t.Stmt | None:
         if not acc.ok or acc.flat & acc.plain or not acc.flat:
             continue
         k, total = len(inner), prod(sizes)
+        if total > np.iinfo(inner[0].var.dtype).max:  # the merged index would overflow
+            continue
         var = t.Var(inner[0].var.name, inner[0].var.dtype)
         views = {b: t.Buffer(b.name + "_flat", (*b.shape[:b.ndim - k], total), b.dtype, b.scope)
                  for b in sorted(acc.flat, key=lambda b: b.name)}
         stmt: t.Stmt = t.For(var, t.Const(0, var.dtype), t.Const(total, var.dtype), "serial",
                              _Rewrite(views, k, var).visit_stmt(body))
         for lp in reversed(loops[:first]):
-            stmt = t.For(lp.var, lp.start, lp.extent, lp.kind, stmt)
+            stmt = replace(lp, body=stmt)
         decls = [t.DeclBuffer(view, b, 0) for b, view in views.items()]
         return t.SeqStmt((*decls, stmt))
     return None
