@@ -361,8 +361,8 @@ def test_pass_is_registered_and_in_the_default_tensor_pipeline() -> None:
     (p,) = parse_passes("parallelize{min_work=10 min_extent=2}")
     assert p == Parallelize(min_work=10, min_extent=2)
     names = [q.name for q in get_pipeline("default", "tensor").passes]  # type: ignore[attr-defined]
-    assert names == ["simplify", "partition-loops", "interchange-reductions", "parallelize",
-                     "expand-math", "vectorize-loops"]
+    assert names == ["simplify", "partition-loops", "flatten-loops", "interchange-reductions",
+                     "parallelize", "expand-math", "vectorize-loops"]
 
 
 def loop_kernel(store: Callable[[Var, Buffer, Buffer], None], *, n: int = 256,

@@ -232,8 +232,8 @@ def test_get_pipeline_forms() -> None:
     assert isinstance(empty, Sequential) and empty.passes == ()
     assert get_pipeline("none", "tensor").passes == ()  # type: ignore[attr-defined]
     assert [p.name for p in get_pipeline("default", "tensor").passes] == [  # type: ignore[attr-defined]
-        "simplify", "partition-loops", "interchange-reductions", "parallelize", "expand-math",
-        "vectorize-loops"]
+        "simplify", "partition-loops", "flatten-loops", "interchange-reductions", "parallelize",
+        "expand-math", "vectorize-loops"]
     named = get_pipeline("simplify", "tensor")
     assert isinstance(named, Sequential) and named.passes == (Simplify(),)
     listed = get_pipeline(["legalize-ops", DeadCodeElimination()], "graph")

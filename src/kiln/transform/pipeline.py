@@ -100,21 +100,22 @@ def default_graph_pipeline(nchwc: bool = NCHWC_BY_DEFAULT) -> Sequential:
 
 def default_tensor_pipeline() -> Sequential:
     """Simplify tensor-level arithmetic, split loops at the constants their index is
-    compared with (a concatenation's inputs: kiln.transform.partition_loops), put
+    compared with (a concatenation's inputs: kiln.transform.partition_loops), collapse
+    nests of contiguous elementwise loops into one loop (kiln.transform.flatten_loops), put
     reductions' output loops innermost, run
     independent loop iterations in parallel, spell float32 exp/tanh/sigmoid/erf as
     arithmetic the vectorizer widens (on CPU targets; kiln.transform.expand_math), then
     decide which lane loops become vector code (kiln.transform.vectorize_loops)."""
     from kiln.transform.expand_math import ExpandMath
+    from kiln.transform.flatten_loops import FlattenLoops
     from kiln.transform.interchange_reductions import InterchangeReductions
     from kiln.transform.parallelize import Parallelize
     from kiln.transform.partition_loops import PartitionLoops
     from kiln.transform.simplify import Simplify
     from kiln.transform.vectorize_loops import VectorizeLoops
 
-    return Sequential([Simplify(), PartitionLoops(), InterchangeReductions(), Parallelize(),
-                       ExpandMath(),
-                       VectorizeLoops()],
+    return Sequential([Simplify(), PartitionLoops(), FlattenLoops(), InterchangeReductions(),
+                       Parallelize(), ExpandMath(), VectorizeLoops()],
                       name="tensor-default")
 
 

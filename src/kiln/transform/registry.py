@@ -34,6 +34,7 @@ for _name, _path in {
     "lower-graph-to-tensor": "kiln.transform.lower_graph:LowerGraphToTensor",
     "simplify": "kiln.transform.simplify:Simplify",
     "partition-loops": "kiln.transform.partition_loops:PartitionLoops",
+    "flatten-loops": "kiln.transform.flatten_loops:FlattenLoops",
     "interchange-reductions": "kiln.transform.interchange_reductions:InterchangeReductions",
     "parallelize": "kiln.transform.parallelize:Parallelize",
     "expand-math": "kiln.transform.expand_math:ExpandMath",
