@@ -17,9 +17,10 @@ tile is transposed (`choose_tile`): output channels are the lanes and output pos
 the rows (a broadcast input word each), as in a matrix product whose B is the weight.
 The weight is then packed in panels of the tile's channels, `w_words
 [ceil(OC / nr)][ceil(K / 4)][nr]` (`weight_panels`), and the requantization takes its
-per-channel multiplier along the lanes. With stride 1 that tile's input words are packed
-at each output position's place in the padded input grid (`_tiles`), one contiguous loop
-per word group.
+per-channel multiplier along the lanes. That tile's input words are packed at each
+output position's place in the padded input grid (`_tiles`), one contiguous loop per word
+group; a strided convolution reads its input split into phase planes (`_PhasePlanes`),
+where its taps read contiguously as a stride-1 convolution's do.
 """
 
 from __future__ import annotations
