@@ -40,10 +40,13 @@ TARGETS = ["llvm -mcpu=znver4", "llvm -mcpu=znver4 -mattr=-avx512vnni,-avxvnni",
 LAYERS = [("a", (64, 7, 7), 56, 3, 1, True, False, True),
           ("b", (256, 28, 28), 128, 3, 2, True, True, True),
           ("c", (512, 7, 7), 64, 1, 1, False, True, False)]
-# and one on the positions tile on every target (18 x 18 = 324 positions: a partial last
+# and on the positions tile on every target (18 x 18 = 324 positions: a partial last
 # column tile of 48 lanes; 40 channels a partial row tile of 7 rows): its requantizing
-# store rows (select clamp, row parameters in registers)
-POSITION_LAYERS = [("d", (16, 18, 18), 40, 3, 1, True, False, True)]
+# store rows (select clamp, row parameters in registers); strided, the phase planes
+# packed per output row (3x3/2, odd input) and in the output's grid (1x1/2)
+POSITION_LAYERS = [("d", (16, 18, 18), 40, 3, 1, True, False, True),
+                   ("e", (8, 35, 35), 40, 3, 2, True, True, False),
+                   ("f", (16, 36, 36), 24, 1, 2, True, False, True)]
 
 
 def qdq_convs(rng: np.random.Generator) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:

@@ -17,13 +17,15 @@ tile is transposed (`choose_tile`): output channels are the lanes and output pos
 the rows (a broadcast input word each), as in a matrix product whose B is the weight.
 The weight is then packed in panels of the tile's channels, `w_words
 [ceil(OC / nr)][ceil(K / 4)][nr]` (`weight_panels`), and the requantization takes its
-per-channel multiplier along the lanes. With stride 1 that tile's input words are packed
-at each output position's place in the padded input grid (`_tiles`), one contiguous loop
-per word group.
+per-channel multiplier along the lanes. That tile's input words are packed at each
+output position's place in the padded input grid (`_tiles`), one contiguous loop per word
+group; a strided convolution reads its input split into phase planes (`_PhasePlanes`),
+where its taps read contiguously as a stride-1 convolution's do.
 """
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -262,6 +264,76 @@ def _padded_input(x: Buffer, x_zp: Buffer, begins: Sequence[int], ends: Sequence
     return xp, seq(Allocate(xp), DeclBuffer(flat, xp, 0), fill, rows)
 
 
+@dataclass(frozen=True)
+class _PhasePlanes:
+    """The padded input of a strided convolution split into phase planes: along a
+    dimension of stride s, input index i = s * i' + phase, and a tap at offset
+    t = k * dilation reads phase t % s at i' = o + t // s for output position o. The
+    planes `[N][C * phases][*extents]` (phases of a dimension: s, or 1 when every tap
+    reads phase 0, as a 1x1 convolution's) are copied once, each from whole rows of the
+    input; then every tap's reads for an output row are contiguous (stride-2 reads of
+    bytes otherwise, one at a time). With stride 1 the planes are the input itself."""
+
+    strides: tuple[int, ...]
+    dilations: tuple[int, ...]
+    phases: tuple[int, ...]
+    extents: tuple[int, ...]
+
+    @staticmethod
+    def of(xp: Buffer, ws: Sequence[int], strides: Sequence[int], dilations: Sequence[int],
+           spatial: Sequence[int]) -> _PhasePlanes:
+        """The planes the convolution (weight shape `ws`, output `spatial`) reads."""
+        rank = len(spatial)
+        taps = [[k * dilations[j] for k in range(ws[2 + j])] for j in range(rank)]
+        phases = tuple(1 if all(t % s == 0 for t in ts) else s
+                       for ts, s in zip(taps, strides))
+        # a plane holds the rows its taps read: o + t // s for every output o and tap t
+        extents = tuple(spatial[j] + max(taps[j]) // strides[j] if strides[j] > 1
+                        else int(xp.shape[2 + j]) for j in range(rank))
+        return _PhasePlanes(tuple(strides), tuple(dilations), phases, extents)
+
+    @property
+    def strided(self) -> bool:
+        return any(s > 1 for s in self.strides)
+
+    def plane(self, c: PrimExpr, kk: Sequence[PrimExpr]) -> PrimExpr:
+        """The plane tap `kk` of input channel `c` reads."""
+        if not self.strided:
+            return c
+        phase = [(k * d) % s if p > 1 else as_expr(0)
+                 for k, d, s, p in zip(kk, self.dilations, self.strides, self.phases)]
+        return c * int(np.prod(self.phases)) + te.flat_index(phase, self.phases)
+
+    def offsets(self, kk: Sequence[PrimExpr]) -> tuple[PrimExpr, ...]:
+        """Where tap `kk` reads its plane, relative to the output position."""
+        return tuple(k * d if s == 1 else (k * d) // s
+                     for k, d, s in zip(kk, self.dilations, self.strides))
+
+    def split(self, xp: Buffer) -> tuple[Buffer, Stmt]:
+        """The planes of the padded input `xp` and the copy that fills them (`xp` itself
+        and nothing with stride 1). A phase's rows past the input's end are never read
+        and not copied."""
+        if not self.strided:
+            return xp, seq()
+        batch, chans = int(xp.shape[0]), int(xp.shape[1])
+        count = int(np.prod(self.phases))
+        planes = Buffer("x_phases", (batch, chans * count, *self.extents), xp.dtype, "global")
+        grid = [int(d) for d in xp.shape[2:]]
+        copies = []
+        for index, phase in enumerate(itertools.product(*(range(p) for p in self.phases))):
+            rows = [min(e, -(-(g - p) // s)) for e, g, p, s in
+                    zip(self.extents, grid, phase, self.strides)]
+
+            def copy(n: PrimExpr, c: PrimExpr, *i: PrimExpr, index: int = index,
+                     phase: tuple[int, ...] = phase) -> Stmt:
+                return Store(planes, xp[(n, c, *(i[j] * s + p for j, (s, p) in enumerate(
+                    zip(self.strides, phase))))], (n, c * count + index, *i))
+
+            names = ("n", "c", *(f"i{j}" for j in range(len(rows))))
+            copies.append(nest(names, [batch, chans, *rows], copy))
+        return planes, seq(Allocate(planes), *copies)
+
+
 def _tiles(x: Buffer, ww: Buffer, bias: Buffer, x_zp: Buffer, multiplier: Buffer,
            y_zp: Buffer, out: Buffer, attrs: Attrs, isa: Any) -> Stmt:
     ws = _w_shape(attrs)
@@ -280,16 +352,20 @@ def _tiles(x: Buffer, ww: Buffer, bias: Buffer, x_zp: Buffer, multiplier: Buffer
     ends = [max(0, (spatial[j] - 1) * strides[j] + (ws[2 + j] - 1) * dilations[j]
                 - begins[j] + 1 - int(x.shape[2 + j])) for j in range(rank)]
     xp, pad = _padded_input(x, x_zp, begins, ends)
-    # With stride 1, output position o reads the (padded) input at o + tap offset, so
-    # its words are packed at o's place in the input grid, q(o) = sum(o_j * row_j): one
-    # loop over q reads every input plane contiguously and vectorizes (the rows of a
-    # 7 x 7 or 14 x 14 image are too short to). The input columns past the output's
-    # width get words too, unread: the channels tile reads a row's word at q(o); the
-    # positions tile only where q(o) = o (a 1x1 convolution's input rows, unpadded).
-    grid = [int(d) for d in xp.shape[2:]]
+    # A strided convolution reads its input through phase planes (`_PhasePlanes`): there
+    # output position o reads plane (c, phase of the tap) at o + the tap's offset, as
+    # a stride-1 convolution reads its input. With stride 1 the planes are the input.
+    # Output position o's words are then packed at o's place in the plane grid,
+    # q(o) = sum(o_j * row_j): one loop over q reads every plane contiguously and
+    # vectorizes (the rows of a 7 x 7 or 14 x 14 image are too short to). The columns
+    # past the output's width get words too, unread: the channels tile reads a row's
+    # word at q(o); the positions tile only where q(o) = o (the grid is the output's,
+    # as with a 1x1 convolution, unpadded or strided).
+    planes = _PhasePlanes.of(xp, ws, strides, dilations, spatial)
+    src, split = planes.split(xp)
+    grid = list(planes.extents)
     row = [int(np.prod(grid[j + 1:])) for j in range(rank)]
-    in_grid = all(s == 1 for s in strides) and (tile.channels_as_lanes or grid[1:] ==
-                                                 list(spatial[1:]))
+    in_grid = tile.channels_as_lanes or grid[1:] == list(spatial[1:])
     if in_grid:
         padded = sum((spatial[j] - 1) * row[j] for j in range(rank)) + 1
         if not tile.channels_as_lanes:
@@ -298,7 +374,7 @@ def _tiles(x: Buffer, ww: Buffer, bias: Buffer, x_zp: Buffer, multiplier: Buffer
         padded = (-(-positions // tile.rows) * tile.rows if tile.channels_as_lanes
                   else -(-positions // nr) * nr)
     words = Buffer("x_words", (batch, groups, padded), "int32", "global")
-    grid_view = Buffer("x_grid", (batch, int(x.shape[1]), int(np.prod(grid))), x.dtype)
+    grid_view = Buffer("x_grid", (batch, int(src.shape[1]), int(np.prod(grid))), x.dtype)
 
     def word_at(p: PrimExpr) -> PrimExpr:
         """Where the channels tile reads output position `p`'s words (p past the last
@@ -310,12 +386,14 @@ def _tiles(x: Buffer, ww: Buffer, bias: Buffer, x_zp: Buffer, multiplier: Buffer
 
     def word(g: PrimExpr, load: Callable[[PrimExpr, Sequence[PrimExpr]], PrimExpr]
              ) -> PrimExpr:
-        # the im2col word of group g: 4 k = (c, tap) read by `load(c, tap)`, 0 past K
+        # the im2col word of group g: 4 k = (c, tap) read by `load(plane, offsets)`,
+        # 0 past K
         total: PrimExpr = as_expr(0, "int32")
         for i in range(quant_dot.GROUP):
             k = g * quant_dot.GROUP + i
             c, kk = k // taps, te.unflatten_index(k % taps, ws[2:])
-            byte = quant_dot.a_byte(load(min_(c, ws[1] - 1), kk))
+            byte = quant_dot.a_byte(load(planes.plane(min_(c, ws[1] - 1), kk),
+                                         planes.offsets(kk)))
             if k_total % quant_dot.GROUP:
                 byte = Select(compare("lt", k, k_total), byte, as_expr(0, "int32"))
             if i == quant_dot.GROUP - 1:
@@ -328,12 +406,11 @@ def _tiles(x: Buffer, ww: Buffer, bias: Buffer, x_zp: Buffer, multiplier: Buffer
     def pack_group(n: PrimExpr, g: PrimExpr) -> Stmt:
         if in_grid:
             extent = padded if tile.channels_as_lanes else positions
-            rows = tile_loop("q", extent, lambda q: Store(words, word(g, lambda c, kk: grid_view[
-                n, c, q + sum(kk[j] * (dilations[j] * row[j]) for j in range(rank))]),
-                (n, g, q)))
-        else:
-            rows = nest(names, spatial, lambda *o: Store(words, word(g, lambda c, kk: xp[(
-                n, c, *(o[j] * strides[j] + kk[j] * dilations[j] for j in range(rank)))]),
+            rows = tile_loop("q", extent, lambda q: Store(words, word(g, lambda c, off: grid_view[
+                n, c, q + sum(off[j] * row[j] for j in range(rank))]), (n, g, q)))
+        else:  # per output row: contiguous loads along the plane's row
+            rows = nest(names, spatial, lambda *o: Store(words, word(g, lambda c, off: src[(
+                n, c, *(o[j] + off[j] for j in range(rank)))]),
                 (n, g, te.flat_index(o, spatial))))
         if positions >= padded or (in_grid and tile.channels_as_lanes):
             return rows
@@ -357,8 +434,8 @@ def _tiles(x: Buffer, ww: Buffer, bias: Buffer, x_zp: Buffer, multiplier: Buffer
     else:
         nest_ = _position_tiles(words, ww, flat_out, tile, _RowEpilogue(
             bias, multiplier, y_zp, lo, hi), positions, oc_n, big)
-    views = (DeclBuffer(grid_view, xp, 0),) if in_grid else ()
-    return seq(pad, *views, Allocate(words), pack, DeclBuffer(flat_out, out, 0), nest_)
+    views = (DeclBuffer(grid_view, src, 0),) if in_grid else ()
+    return seq(pad, split, *views, Allocate(words), pack, DeclBuffer(flat_out, out, 0), nest_)
 
 
 Epilogue = Callable[[PrimExpr, PrimExpr], PrimExpr]
