@@ -51,6 +51,7 @@ from kiln.ir.analysis.graph_uses import graph_vars_used, var_use_counts
 from kiln.ir.dtype import is_float
 from kiln.ir.module import IRModule
 from kiln.ir.types import TensorType
+from kiln.ops import quant_dynamic
 from kiln.transform.dead_code import remove_dead_bindings
 from kiln.transform.pass_base import FunctionPass
 
@@ -58,8 +59,7 @@ SQRT_2_OVER_PI = 0.7978845608028654
 GELU_CUBIC = 0.044715
 SQRT_HALF = 0.7071067811865476
 #: Ops that quantize activations at run time: where residual layer norms are marked.
-RUNTIME_QUANTIZATION = ("dynamic_quant_matmul", "dynamic_quant_matmul_packed",
-                        "dynamic_quantize_linear")
+RUNTIME_QUANTIZATION = (quant_dynamic.DYNAMIC, quant_dynamic.PACKED, "dynamic_quantize_linear")
 # Powers written out as products (pow(x, 2) = x * x is exact; x * x * x rounds twice).
 SMALL_POWERS = (2, 3)
 # Constants match the formula's when this close (float32 spellings of sqrt(2/pi) ...).
