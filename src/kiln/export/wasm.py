@@ -22,6 +22,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from kiln.errors import ExportError, MissingDependencyError
 
 
@@ -29,7 +31,13 @@ def _consts_object(prefix: str, data: bytes, triple: str) -> bytes:
     from kiln.codegen.llvm.target_machine import llvm_binding
 
     llvm = llvm_binding()
-    body = "".join(f"\\{b:02X}" for b in data)
+    # each byte as LLVM's string escape \hh, built by numpy: a Python loop over the
+    # bytes took most of the export of a model with 100 MB of weights
+    hexes = np.frombuffer(data.hex().encode("ascii"), dtype=np.uint8).reshape(-1, 2)
+    escaped = np.empty((len(data), 3), dtype=np.uint8)
+    escaped[:, 0] = ord("\\")
+    escaped[:, 1:] = hexes
+    body = escaped.tobytes().decode("ascii")
     text = (f'target triple = "{triple}"\n'
             f'@{prefix}_consts = hidden constant [{len(data)} x i8] c"{body}", align 64\n')
     mod = llvm.parse_assembly(text)
