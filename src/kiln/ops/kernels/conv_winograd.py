@@ -158,7 +158,9 @@ def winograd_body(shape: ck.ConvShape, x: Buffer, u: Buffer, out: Buffer,
                   tile: tuple[int, int, int], epilogue: Epilogue, fused: bool) -> Stmt:
     """The loop nest of a convolution by F(m x m, 3 x 3) (module docstring): `x` NCHW,
     `u` the transformed weight `[a*a][O][C]`, `out` NCHW, `epilogue` over its 4-D
-    index."""
+    index. Both transforms are vector code over the tiles of a tile row: the padded
+    input is stored split by column phase (`[c][row][col % m][col // m]`), so a tile
+    row's column `j` of every tile is one contiguous vector."""
     m, mr, nr = tile
     bt, _, at = matrices(m)
     a = m + 2
@@ -166,30 +168,38 @@ def winograd_body(shape: ck.ConvShape, x: Buffer, u: Buffer, out: Buffer,
     th, tw = tiles(shape, m)
     t_all = th * tw
     panels = -(-t_all // nr)
-    hp, wp = th * m + 2, tw * m + 2
+    hp, qn = th * m + 2, tw + 1  # padded rows; columns per phase (a window spans 2 tiles)
     top, left = shape.pads[0], shape.pads[1]
     dt = x.dtype
     zero = as_expr(0.0, dt)
-    xp = Buffer("wino_in", (c_in, hp, wp), dt)
+    xq = Buffer("wino_in", (c_in, hp, m, qn), dt)
     v = Buffer("wino_v", (a * a, c_in, panels * nr), dt)
     mm = Buffer("wino_m", (a * a, c_out, t_all), dt)
 
     def image(n: PrimExpr) -> Stmt:
-        # 1. the zero-padded input (rows and columns each tile's window reads)
+        # 1. the zero-padded input by column phase: xq[c, r, ph, q] = x[r - top, q*m + ph - left]
         def pad_rows(c: PrimExpr) -> Stmt:
-            def fill(r: Var) -> Stmt:
-                return loop("q", wp, lambda q: Store(xp, zero, (c, r, q)))
+            def zeros(r: PrimExpr, ph: int, start: int, stop: int) -> list[Stmt]:
+                return [loop("q", stop - start, lambda q: Store(xq, zero, (c, r, const(ph), q)),
+                             start=start)] if stop > start else []
 
             def copy(r: Var) -> Stmt:
-                ih = r - top
-                parts = [loop("q", left, lambda q: Store(xp, zero, (c, r, q)))] if left else []
-                parts.append(lanes_loop("q", shape.w, lambda q: Store(
-                    xp, x[n, c, ih, q], (c, r, q + left))))
-                if wp > left + shape.w:
-                    parts.append(loop("q", wp - left - shape.w,
-                                      lambda q: Store(xp, zero, (c, r, q)),
-                                      start=left + shape.w))
+                parts: list[Stmt] = []
+                for ph in range(m):
+                    # the q whose column q*m + ph - left lies in the image
+                    lo = max(0, -(-(left - ph) // m))
+                    hi = min(qn, (shape.w - 1 + left - ph) // m + 1)
+
+                    def put(q: Var, ph: int = ph) -> Stmt:
+                        return Store(xq, x[n, c, r - top, q * m + (ph - left)],
+                                     (c, r, const(ph), q))
+
+                    parts += [*zeros(r, ph, 0, lo), loop("q", hi - lo, put, start=lo),
+                              *zeros(r, ph, hi, qn)]
                 return seq(*parts)
+
+            def fill(r: Var) -> Stmt:
+                return seq(*(z for ph in range(m) for z in zeros(r, ph, 0, qn)))
 
             parts = [loop("r", top, fill)] if top else []
             parts.append(loop("r", shape.h, copy, start=top))
@@ -197,20 +207,20 @@ def winograd_body(shape: ck.ConvShape, x: Buffer, u: Buffer, out: Buffer,
                 parts.append(loop("r", hp - top - shape.h, fill, start=top + shape.h))
             return seq(*parts)
 
-        pad = parallel_when(lambda: parallel_tiles((c_in,), pad_rows), c_in * hp * wp,
+        pad = parallel_when(lambda: parallel_tiles((c_in,), pad_rows), c_in * hp * m * qn,
                             "element")
 
-        # 2. the input transform, per channel and tile row
+        # 2. the input transform, per channel and tile row (vectors across its tiles)
         def transform_in(c: PrimExpr, ty: PrimExpr) -> Stmt:
-            def one(tx: Var) -> Stmt:
-                lets, d = bound_tile(a, lambda i, j: xp[c, ty * m + i, tx * m + j], dt, "d")
+            def tiles_at(tx: PrimExpr) -> Stmt:
+                lets, d = bound_tile(
+                    a, lambda i, j: xq[c, ty * m + i, const(j % m), tx + j // m], dt, "d")
                 more, vals = transform_2d(bt, d, dt, "v")
-                t = ty * tw + tx
-                stores = [Store(v, vals[i][j], (const(i * a + j), c, t))
-                          for i in range(a) for j in range(a)]
-                return seq(*lets, *more, *stores)
+                return seq(*lets, *more, *(Store(v, vals[i][j], (const(i * a + j), c,
+                                                                  ty * tw + tx))
+                                           for i in range(a) for j in range(a)))
 
-            return loop("tx", tw, one)
+            return lanes_loop("tx", tw, tiles_at)
 
         transform = parallel_when(lambda: parallel_tiles((c_in, th), transform_in),
                                   c_in * t_all * a * a * 4, "element")
@@ -232,19 +242,21 @@ def winograd_body(shape: ck.ConvShape, x: Buffer, u: Buffer, out: Buffer,
         parts.append(gk.gemm_body(product, gk.GemmTiling(mr, nr), u, b_at, mm,
                                   lambda value, idx: value, fused))
 
-        # 4. the output transform, per output channel and tile row, and the stores
+        # 4. the output transform, per output channel and tile row (vectors across its
+        # tiles), interleaved into output rows, stored through the epilogue
         def transform_out(oc: PrimExpr, ty: PrimExpr) -> Stmt:
+            ys = Buffer("wino_y", (m, m, tw), dt, "local")
             row = Buffer("wino_row", (m, tw * m), dt, "local")
 
-            def one(tx: Var) -> Stmt:
-                lets: list[Stmt] = []
-                t = Var("t", INDEX_DTYPE)
-                lets.append(LetStmt(t, ty * tw + tx))
-                loads, d = bound_tile(a, lambda i, j: mm[const(i * a + j), oc, t], dt, "m")
-                more, ys = transform_2d(at, d, dt, "y")
-                stores = [Store(row, ys[i][j], (const(i), tx * m + j))
-                          for i in range(m) for j in range(m)]
-                return seq(*lets, *loads, *more, *stores)
+            def tiles_at(tx: PrimExpr) -> Stmt:
+                lets, d = bound_tile(a, lambda i, j: mm[const(i * a + j), oc, ty * tw + tx],
+                                     dt, "m")
+                more, vals = transform_2d(at, d, dt, "y")
+                return seq(*lets, *more, *(Store(ys, vals[i][j], (const(i), const(j), tx))
+                                           for i in range(m) for j in range(m)))
+
+            interleave = loop("i", m, lambda i: loop("j", m, lambda j: loop(
+                "tx", tw, lambda tx: Store(row, ys[i, j, tx], (i, tx * m + j)))))
 
             def put(i: Var) -> Stmt:
                 oh = ty * m + i
@@ -254,7 +266,7 @@ def winograd_body(shape: ck.ConvShape, x: Buffer, u: Buffer, out: Buffer,
             i = Var("i", INDEX_DTYPE)
             rows: PrimExpr = (const(m) if shape.out_h % m == 0
                               else min_(m, shape.out_h - ty * m))
-            return seq(Allocate(row), loop("tx", tw, one),
+            return seq(Allocate(ys), Allocate(row), lanes_loop("tx", tw, tiles_at), interleave,
                        For(i, const(0), rows, "serial", put(i)))
 
         parts.append(parallel_when(lambda: parallel_tiles((c_out, th), transform_out),
@@ -264,7 +276,7 @@ def winograd_body(shape: ck.ConvShape, x: Buffer, u: Buffer, out: Buffer,
     nv = Var("n", INDEX_DTYPE)
     batch = (image(const(0)) if isinstance(shape.n, int) and shape.n == 1
              else For(nv, const(0), as_expr(shape.n, INDEX_DTYPE), "serial", image(nv)))
-    return seq(Allocate(xp), Allocate(v), Allocate(mm), batch)
+    return seq(Allocate(xq), Allocate(v), Allocate(mm), batch)
 
 
 @dataclass(frozen=True)
