@@ -174,7 +174,8 @@ def winograd_body(shape: ck.ConvShape, x: Buffer, u: Buffer, out: Buffer,
     zero = as_expr(0.0, dt)
     xq = Buffer("wino_in", (c_in, hp, m, qn), dt)
     v = Buffer("wino_v", (a * a, c_in, panels * nr), dt)
-    mm = Buffer("wino_m", (a * a, c_out, t_all), dt)
+    # M's rows hold whole panels: every GEMM tile stores whole vectors
+    mm = Buffer("wino_m", (a * a, c_out, panels * nr), dt)
 
     def image(n: PrimExpr) -> Stmt:
         # 1. the zero-padded input by column phase: xq[c, r, ph, q] = x[r - top, q*m + ph - left]
@@ -238,7 +239,7 @@ def winograd_body(shape: ck.ConvShape, x: Buffer, u: Buffer, out: Buffer,
                  lane: PrimExpr) -> PrimExpr:
             return v[bidx[0], kk, panel * nr + lane]
 
-        product = gk.GemmShape((a * a,), (a * a,), (c_out,), t_all, c_in)
+        product = gk.GemmShape((a * a,), (a * a,), (c_out,), panels * nr, c_in)
         parts.append(gk.gemm_body(product, gk.GemmTiling(mr, nr), u, b_at, mm,
                                   lambda value, idx: value, fused))
 
