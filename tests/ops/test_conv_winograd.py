@@ -14,6 +14,8 @@ plus RTOL = 1e-4 of each value).
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import onnx
 import pytest
@@ -93,3 +95,43 @@ def test_winograd_computes_onnxruntimes_conv(kind: str, m: int, c: int, co: int,
     (ref,) = onnxruntime_outputs(model, {"x": x, "r": r})
     err = np.abs(got - ref).max() / np.abs(ref).max()
     assert err < BOUND[m], err
+
+
+def test_tensor_expression_fallback_recovers_the_weight() -> None:
+    """The op's tensor-expression definition (taken when the kernel cannot be built) is
+    the convolution on the weight recovered from `u`, run by the IR interpreter."""
+    from kiln.ir import IRModule, evaluate
+    from kiln.ir import graph as g
+    from kiln.ir.types import TensorType
+    from kiln.ops import call, get_op
+    from kiln.ops.nn import conv_ref
+    from kiln.ops.registry import OpDef
+
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((1, 2, 5, 4)).astype(np.float32)
+    w = rng.standard_normal((3, 2, 3, 3)).astype(np.float32)
+    u = weight_transform(w, 4)
+    args = [g.Var(f"x{k}", TensorType(a.shape, "float32")) for k, a in enumerate((x, u))]
+    expr = call("conv2d_winograd", *args, pads=(1, 0, 0, 1))
+    func, _ = OpDef.legalize(get_op("conv2d_winograd"), expr)
+    got = np.zeros((1, 3, 4, 3), np.float32)
+    evaluate(IRModule({"kernel": func}), "kernel", x, u, got)
+    np.testing.assert_allclose(got, conv_ref(x, w, pads=(1, 0, 0, 1)), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("u_shape,attrs,message", [
+    ((10, 3, 2), {}, "is not (m+2)^2"),
+    ((36, 3, 2), {"strides": (2, 2)}, "stride and dilation 1"),
+    ((36, 3, 2), {"tile": (2, 8, 16)}, "does not match the weight's tile size 4"),
+])
+def test_bad_calls_raise_clear_errors(u_shape: tuple[int, ...], attrs: dict[str, object],
+                                      message: str) -> None:
+    from kiln.errors import IRError
+    from kiln.ir import graph as g
+    from kiln.ir.types import TensorType
+    from kiln.ops import call
+
+    x = g.Var("x", TensorType((1, 2, 6, 6), "float32"))
+    u = g.Var("u", TensorType(u_shape, "float32"))
+    with pytest.raises(IRError, match=re.escape(message)):
+        call("conv2d_winograd", x, u, **attrs)
