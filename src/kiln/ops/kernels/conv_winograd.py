@@ -308,10 +308,15 @@ class WinogradConv(Family):
 
     def offered_tiles(self, call: g.Call, isa: ISA) -> list[tuple[int, ...]]:
         """The tiles tuning tries when another family's call may take this one: the
-        rule's (F(4x4)) and F(2x2) with its GEMM rule's tile."""
+        rule's (F(4x4)) and F(2x2) with its GEMM rule's tile, each where its output
+        tiles fill at least half a vector of the GEMM's panels (F(4x4) on 7x7 has 4
+        tiles for 16 lanes: 0.5x the direct kernel, one Zen 5 core; not worth a build
+        of tuning's budget)."""
         shape = conv_call_shape(call)
         assert shape is not None
-        return [(m, *gemm_tile(shape, m, isa)) for m in (DEFAULT_M, 2)]
+        half = tile_lanes(isa) // 2
+        return [(m, *gemm_tile(shape, m, isa)) for m in (DEFAULT_M, 2)
+                if m == 2 or tiles(shape, m)[0] * tiles(shape, m)[1] >= half]
 
     def candidates(self, call: g.Call, isa: ISA) -> list[tuple[int, ...]]:
         """F(2x2) and the GEMM family's other tiles of one position's product."""
