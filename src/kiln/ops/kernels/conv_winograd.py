@@ -10,13 +10,18 @@ so only tuning picks it, after checking a candidate against the rule's result
 `ceil(OW/m)`):
 
 1. the input copied into a zero-padded workspace covering every tile's `a x a` window
-   (out-of-image reads are zero);
-2. the input transform `V[p][c][t] = (B^T d B)[p]` of each channel's tiles;
+   (out-of-image reads are zero), split by column phase (`[c][row][col % m][col // m]`)
+   so that column `j` of every tile of a tile row is one contiguous vector;
+2. the input transform `V[p][c][t] = (B^T d B)[p]` of each channel's tiles, vector code
+   across the tiles of a tile row;
 3. `a * a` products `M[p] = U[p] @ V[p]` (`[O x C] @ [C x T]`) on the GEMM kernel;
-4. the output transform `Y = A^T M A` of each tile, one tile row of a channel at a time
-   into a stack row buffer, then stored through the fused epilogue (bias, activation,
-   residual add) along whole output rows (vector stores; partial tiles at the right
-   and bottom edges are cut there).
+4. the output transform `Y = A^T M A`, vector code across a tile row's tiles of one
+   output channel, interleaved into output rows on the stack, then stored through the
+   fused epilogue (bias, activation, residual add) along whole output rows (vector
+   stores; partial tiles at the right and bottom edges are cut there).
+
+Measured on one Zen 5 core (loaded; docs/tuning.md): 1.5-2x the direct kernel on
+ResNet-50's 56x56, 28x28 and 14x14 3x3 layers with F(4x4).
 
 The transforms' code is generated from the matrices (`combine`): zero terms skipped,
 terms of equal magnitude summed before one multiply, so both tile sizes share it.
