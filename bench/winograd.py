@@ -34,7 +34,7 @@ import kiln
 from kiln.frontend import from_onnx
 from kiln.ir import graph as g
 from kiln.target.isa import ISA
-from kiln.tuning.apply import Forced, Session, using
+from kiln.tuning.apply import Session, using
 
 #: ResNet-50's stride-1 3x3 convolutions (13 layers of 4 shapes).
 SHAPES = (Conv(64, 64, 56), Conv(128, 128, 28), Conv(256, 256, 14), Conv(512, 512, 7))
@@ -44,9 +44,11 @@ SMALL_OUTPUT = 8
 
 
 class AllWinograd(Session):
-    """Every call the Winograd kernel computes, on it (`forced` counts them)."""
+    """Every call the Winograd kernel computes, on it with F(m x m) (`m` None: F(4x4),
+    F(2x2) for outputs below `SMALL_OUTPUT`); `forced` counts them."""
 
-    def __init__(self) -> None:
+    def __init__(self, m: int | None = None) -> None:
+        self.m = m
         self.forced = 0
 
     def params_for(self, family: Any, call: g.Call, isa: ISA) -> dict[str, Any] | None:
@@ -57,7 +59,7 @@ class AllWinograd(Session):
         shape = conv_call_shape(call)
         if shape is None or not computes("conv_winograd", call, isa):
             return None
-        m = 2 if shape.out_h < SMALL_OUTPUT else 4
+        m = self.m or (2 if shape.out_h < SMALL_OUTPUT else 4)
         self.forced += 1
         return {"family": "conv_winograd", "tile": [m, *gemm_tile(shape, m, isa)]}
 
@@ -72,9 +74,9 @@ def conv_row(kernel: Conv, target: kiln.target.Target, args: argparse.Namespace)
     fns: dict[str, Any] = {}
     ex = kiln.compile(from_onnx(model), target)
     fns["rule"] = ex["main"]
-    for params in (p for p in spec.candidates if p.get("family") == "conv_winograd"):
-        with using(Forced(spec.family, params)):
-            fns[f"F{params['tile'][0]}"] = kiln.compile(from_onnx(model), target)["main"]
+    for m in (4, 2):  # both, also where tuning offers only F(2x2)
+        with using(AllWinograd(m)):
+            fns[f"F{m}"] = kiln.compile(from_onnx(model), target)["main"]
     options = ort.SessionOptions()
     options.intra_op_num_threads = args.threads
     session = ort.InferenceSession(model.SerializeToString(), options,
