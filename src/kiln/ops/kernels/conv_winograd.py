@@ -20,7 +20,7 @@ so only tuning picks it, after checking a candidate against the rule's result
    fused epilogue (bias, activation, residual add) along whole output rows (vector
    stores; partial tiles at the right and bottom edges are cut there).
 
-Measured on one Zen 5 core (loaded; docs/tuning.md): 1.5-2x the direct kernel on
+Measured on one Zen 5 core (loaded; docs/tuning.md): 2.1-2.6x the direct kernel on
 ResNet-50's 56x56, 28x28 and 14x14 3x3 layers with F(4x4).
 
 The transforms' code is generated from the matrices (`combine`): zero terms skipped,
