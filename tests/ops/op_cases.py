@@ -508,3 +508,19 @@ CASES: dict[str, list[OpCase]] = {
         OpCase((f32(1, 4, 5, 6), f32(6, 2, 3, 3)),
                {"group": 2, "pads": (1, 0, 1, 1), "strides": (1, 2)})],
 }
+
+
+def winograd_weight(m: int, *shape: int) -> Gen:
+    """A random OIHW 3x3 weight of `shape` transformed for F(m x m, 3 x 3)."""
+    from kiln.ops.winograd import weight_transform
+
+    return lambda rng: weight_transform(rng.uniform(-2.0, 2.0, shape).astype(np.float32), m)
+
+
+# Winograd F(4x4) with uneven pads, partial tiles and a bias (the recorded tile); F(2x2)
+# over a batch of two without one (the rule's tile); rounding differs from direct sums
+CASES["conv2d_winograd"] = [
+    OpCase((f32(1, 5, 9, 7), winograd_weight(4, 6, 5, 3, 3), f32(6)),
+           {"pads": (1, 0, 2, 1), "tile": (4, 3, 16)}, rtol=1e-4, atol=1e-4),
+    OpCase((f32(2, 3, 5, 6), winograd_weight(2, 4, 3, 3, 3)), {"pads": (1, 1, 1, 1)},
+           rtol=1e-4, atol=1e-4)]

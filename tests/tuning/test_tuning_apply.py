@@ -61,6 +61,10 @@ def _tile_ok(family: str, tile: tuple[int, ...], lanes: int, registers: int) -> 
     if family == "conv_direct":
         cb, tw = tile
         return cb % lanes == 0 and cb // lanes * tw + cb // lanes + 1 <= registers
+    if family == "conv_winograd":
+        m, mr, nr = tile
+        vecs = nr // lanes
+        return m in (2, 4) and nr % lanes == 0 and mr * vecs + vecs + 1 <= registers
     if family == "conv_rows":
         rows, tw, lane = tile
         vecs = -(-tw // lanes)

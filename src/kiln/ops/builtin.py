@@ -28,4 +28,5 @@ from kiln.ops import (  # noqa: F401
     recurrent,
     reduce,
     sampling,
+    winograd,
 )

@@ -108,7 +108,8 @@ def test_every_family_through_the_registry_matches_numpy(target: str) -> None:
     ex = kiln.compile(from_onnx(MODEL), target, graph_pipeline="nchwc")
     built = {f.attrs.get("kiln.gemm_kernel") or f.attrs.get("kiln.conv_kernel")
              for f in ex.ir.functions.values() if isinstance(f, PrimFunc)}
-    assert {f.op for f in families()} <= built
+    # every family the rule picks (Winograd is tuning's only: tests/ops/test_conv_winograd.py)
+    assert {f.op for f in families() if f.name != "conv_winograd"} <= built
     got = ex(*FEEDS.values())
     for k, (a, b) in enumerate(zip(got, _reference(FEEDS))):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4, err_msg=str(k))

@@ -8,15 +8,16 @@
   for the ISA's caches (kiln.ops.gemm_kernels.KBlocking; the GEMM kernels, where K is
   deeper than one block: off by rule, since it measured slower on average);
 - `{"family": F, "tile": [...]}`: another convolution algorithm F (`conv_direct`,
-  `conv_rows`, `conv_gemm`, `conv_grouped`) with its rule's tile, where F computes
-  the call (`computes`).
+  `conv_rows`, `conv_gemm`, `conv_grouped`, `conv_winograd`) with its rule's tile (or
+  the tiles it offers: `offered_tiles`), where F computes the call (`computes`).
 
 Every variant is legal by construction: tiles come from the ISA object (the families'
 `candidates`), a split only reorders independent tiles, and an algorithm is offered
 only for the calls its kernel computes, K blocking computes the same sums in
-another order. `variants` lists them most promising first (splits, K blocking and
-algorithms, then tiles nearest the rule's), the order `kiln tune` tries
-them in; `pack_params` packs a call with one (what a tuned compile does).
+another order. `variants` lists them most promising first (the Winograd kernel where
+it computes the call, splits, K blocking and the other algorithms, then tiles nearest
+the rule's), the order `kiln tune` tries them in; `pack_params` packs a call with one
+(what a tuned compile does).
 """
 
 from __future__ import annotations
@@ -33,7 +34,9 @@ from kiln.ops.kernels.tiles import PARALLEL_SPLITS, tile_lanes
 from kiln.target.isa import ISA
 
 #: The convolution families an ungrouped or grouped float32 `conv2d` may take.
-CONV_ALGORITHMS = ("conv_direct", "conv_rows", "conv_gemm", "conv_grouped")
+CONV_ALGORITHMS = ("conv_direct", "conv_rows", "conv_gemm", "conv_grouped", "conv_winograd")
+#: The Winograd family (never the rule's; offered first where it computes a call).
+WINOGRAD = "conv_winograd"
 #: Families whose parallel loop is a tile loop the split reorders (the depthwise
 #: kernel's rows are split by the `parallelize` pass instead).
 SPLIT_FAMILIES = ("gemm", "gemm_tiled", "conv_direct", "conv_rows", "conv_gemm",
@@ -49,7 +52,8 @@ Params = dict[str, Any]
 def computes(name: str, call: g.Call, isa: ISA) -> bool:
     """Whether the convolution family `name` computes `call` (not: whether its rule
     picks it): the blocked kernel any float32 conv the families take, the GEMM one any
-    ungrouped one, the grouped GEMM one any grouped one but a depthwise, the row-tiled
+    ungrouped one, the grouped GEMM one any grouped one but a depthwise, the Winograd one
+    a 3x3 ungrouped one of stride and dilation 1, the row-tiled
     one an ungrouped one with rows of at least a vector."""
     from kiln.ops.kernels.conv import conv_call_shape
 
@@ -58,6 +62,10 @@ def computes(name: str, call: g.Call, isa: ISA) -> bool:
         return False
     if name == "conv_direct":
         return True
+    if name == WINOGRAD:  # 3x3, stride and dilation 1, ungrouped (any padding)
+        from kiln.ops.kernels.conv_winograd import eligible
+
+        return eligible(shape)
     if name == "conv_grouped":
         return shape.groups != 1 and not shape.depthwise
     if shape.groups != 1:
@@ -126,6 +134,18 @@ def variants(family: KernelFamily, call: g.Call, isa: ISA) -> list[Params]:
     promising first (see the module docstring)."""
     rule = default_params(family, call, isa)
     out: list[Params] = []
+    algorithms: list[Params] = []
+    if call.op == "conv2d":
+        for name in CONV_ALGORITHMS:
+            other = KERNELS.get(name)
+            if name != family.name and computes(name, call, isa):
+                # a family may offer more than its rule's tile (Winograd: both tile sizes)
+                offered = getattr(other, "offered_tiles", None)
+                algorithms += ([{"family": name, "tile": list(t)} for t in offered(call, isa)]
+                               if callable(offered) else
+                               [{"family": name, **default_params(other, call, isa)}])
+    # Winograd first: 4x fewer multiplies (F(4x4)), the likeliest gain of a 3x3 layer
+    out += [p for p in algorithms if p["family"] == WINOGRAD]
     if family.name in SPLIT_FAMILIES:
         work = _work(family, call)
         rule_split = ("serial" if work is not None and not worth_parallel(work, "madd", isa)
@@ -133,11 +153,7 @@ def variants(family: KernelFamily, call: g.Call, isa: ISA) -> list[Params]:
         out += [{**rule, SPLIT: s} for s in PARALLEL_SPLITS if s != rule_split]
     if blocks_k(family, call, isa, rule["tile"]):
         out.append({**rule, KBLOCK: True})
-    if call.op == "conv2d":
-        for name in CONV_ALGORITHMS:
-            other = KERNELS.get(name)
-            if name != family.name and computes(name, call, isa):
-                out.append({"family": name, **default_params(other, call, isa)})
+    out += [p for p in algorithms if p["family"] != WINOGRAD]
     candidates = getattr(family, "candidates", None)
     if callable(candidates):
         out += [{"tile": list(t)} for t in candidates(call, isa)]

@@ -1,0 +1,378 @@
+"""The Winograd convolution family: a 3x3, stride 1, dilation 1, ungrouped float32
+`conv2d` (any padding) -> `conv2d_winograd` (kiln.ops.winograd: the weight transformed
+at compile time), tile `(m, mr, nr)`: F(m x m, 3 x 3) with the GEMM micro-kernel's
+`mr x nr` register tile (kiln.ops.gemm_kernels).
+
+Never the rule's choice (`applies` is False): its sums are rounded differently from a
+direct convolution's (the transforms scale and cancel terms; the error grows with m),
+so only tuning picks it, after checking a candidate against the rule's result
+(kiln.distributed.tune). Per image, with `a = m + 2`, `T` output tiles (`ceil(OH/m)` x
+`ceil(OW/m)`):
+
+1. the input copied into a zero-padded workspace covering every tile's `a x a` window
+   (out-of-image reads are zero), split by column phase (`[c][row][col % m][col // m]`)
+   so that column `j` of every tile of a tile row is one contiguous vector;
+2. the input transform `V[p][c][t] = (B^T d B)[p]` of each channel's tiles, vector code
+   across the tiles of a tile row;
+3. `a * a` products `M[p] = U[p] @ V[p]` (`[O x C] @ [C x T]`) on the GEMM kernel;
+4. the output transform `Y = A^T M A`, vector code across a tile row's tiles of one
+   output channel, interleaved into output rows on the stack, then stored through the
+   fused epilogue (bias, activation, residual add) along whole output rows (vector
+   stores; partial tiles at the right and bottom edges are cut there).
+
+Measured on one Zen 5 core (loaded; docs/tuning.md): 2.1-2.6x the direct kernel on
+ResNet-50's 56x56, 28x28 and 14x14 3x3 layers with F(4x4).
+
+The transforms' code is generated from the matrices (`combine`): zero terms skipped,
+terms of equal magnitude summed before one multiply, so both tile sizes share it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from kiln.ir import graph as g
+from kiln.ir.dtype import INDEX_DTYPE
+from kiln.ir.tensor import (
+    Allocate,
+    Buffer,
+    For,
+    LetStmt,
+    PrimExpr,
+    PrimFunc,
+    Stmt,
+    Store,
+    Var,
+    as_expr,
+    min_,
+    seq,
+)
+from kiln.ops import conv_kernels as ck
+from kiln.ops import gemm_kernels as gk
+from kiln.ops.epilogue import fused_store
+from kiln.ops.kernels.conv import conv_call_shape, packed_call
+from kiln.ops.kernels.gemm import tile_candidates
+from kiln.ops.kernels.registry import Family, recorded_tile
+from kiln.ops.kernels.tiles import (
+    Epilogue,
+    const,
+    lanes_loop,
+    loop,
+    parallel_tiles,
+    parallel_when,
+    tile_lanes,
+    tile_registers,
+)
+from kiln.ops.winograd import TILE_SIZES, WINOGRAD, matrices, tile_of, weight_transform
+from kiln.target.isa import ISA
+
+#: The output tile size the family packs with unless tuning says otherwise.
+DEFAULT_M = 4
+
+
+def eligible(shape: ck.ConvShape) -> bool:
+    """Whether the Winograd kernel computes a convolution of `shape`: 3x3, stride 1,
+    dilation 1, one group (float32 and static sizes: `conv_call_shape`)."""
+    return ((shape.kh, shape.kw) == (3, 3) and shape.stride == (1, 1)
+            and shape.dilation == (1, 1) and shape.groups == 1)
+
+
+def tiles(shape: ck.ConvShape, m: int) -> tuple[int, int]:
+    """Output tiles of `m x m` down and across the output."""
+    return -(-shape.out_h // m), -(-shape.out_w // m)
+
+
+def gemm_tile(shape: ck.ConvShape, m: int, isa: ISA) -> tuple[int, int]:
+    """The GEMM rule's register tile of one position's `O x T` product."""
+    th, tw = tiles(shape, m)
+    t = gk.choose_gemm_tiling(shape.c_out, th * tw, tile_lanes(isa), tile_registers(isa))
+    return (t.mr, t.nr)
+
+
+def combine(mat: np.ndarray, xs: Sequence[PrimExpr], dtype: str) -> list[PrimExpr]:
+    """`mat @ xs` as expressions: zero coefficients skipped, the terms of one magnitude
+    added (or subtracted) first and multiplied once (none for magnitude 1)."""
+    out: list[PrimExpr] = []
+    for row in mat:
+        groups: dict[float, tuple[list[PrimExpr], list[PrimExpr]]] = {}
+        for coef, x in zip(row, xs):
+            if coef != 0:
+                plus, minus = groups.setdefault(abs(float(coef)), ([], []))
+                (plus if coef > 0 else minus).append(x)
+        value: PrimExpr | None = None
+        # groups with a positive term first: no leading negation where avoidable
+        for mag, (plus, minus) in sorted(groups.items(), key=lambda kv: not kv[1][0]):
+            negate = not plus
+            terms = plus or minus
+            part = terms[0]
+            for x in terms[1:]:
+                part = part + x
+            for x in (minus if plus else []):
+                part = part - x
+            if mag != 1:
+                part = part * as_expr(mag, dtype)
+            if value is None:
+                value = -part if negate else part
+            else:
+                value = value - part if negate else value + part
+        assert value is not None
+        out.append(value)
+    return out
+
+
+def bound_tile(a: int, load: Callable[[int, int], PrimExpr], dtype: str, name: str
+               ) -> tuple[list[Stmt], list[list[PrimExpr]]]:
+    """The `a x a` values `load(i, j)`, each bound once to a variable (read many times
+    by the transforms), and the statements binding them."""
+    lets: list[Stmt] = []
+    cells: list[list[PrimExpr]] = []
+    for i in range(a):
+        row: list[PrimExpr] = []
+        for j in range(a):
+            var = Var(f"{name}{i}_{j}", dtype)
+            lets.append(LetStmt(var, load(i, j)))
+            row.append(var)
+        cells.append(row)
+    return lets, cells
+
+
+def transform_2d(mat: np.ndarray, d: Sequence[Sequence[PrimExpr]], dtype: str, name: str
+                 ) -> tuple[list[Stmt], list[list[PrimExpr]]]:
+    """`mat @ d @ mat^T` (`d` square): the statements binding it and its entries (each
+    intermediate bound once, so the expressions stay linear in size)."""
+    lets: list[Stmt] = []
+
+    def bind(e: PrimExpr, label: str) -> PrimExpr:
+        v = Var(label, dtype)
+        lets.append(LetStmt(v, e))
+        return v
+
+    n = len(d)
+    cols = [combine(mat, [d[k][j] for k in range(n)], dtype) for j in range(n)]
+    half = [[bind(cols[j][i], f"{name}h{i}_{j}") for j in range(n)] for i in range(len(mat))]
+    full = [[bind(e, f"{name}{i}_{j}") for j, e in enumerate(combine(mat, half[i], dtype))]
+            for i in range(len(mat))]
+    return lets, full
+
+
+#: Bytes of the address range a cache set index repeats over (4 KiB pages: L1 sets on
+#: x86 and Arm cores are indexed by bits below the page offset).
+SET_PERIOD = 4096
+#: The least skew, in bytes, between consecutive positions' rows within that period.
+MIN_SKEW = 256
+
+
+def skewed_rows(rows: int, width: int, itemsize: int = 4) -> int:
+    """`rows` plus the fewest spare rows that keep a position's `rows x width` block from
+    being a multiple of `SET_PERIOD` bytes: the transforms read (or write) all `a*a`
+    positions of a tile at once, and blocks of whole pages would put those 16-36 streams
+    in one L1 set (12-way on Zen 5), evicting each other every tile (64->64 channels at
+    56x56: 1.10 -> 0.90 ms with the skew, one Zen 5 core, loaded). Rows of whole pages
+    cannot be skewed by rows: `rows` as it is."""
+    for extra in range(SET_PERIOD // MIN_SKEW):
+        if MIN_SKEW <= (rows + extra) * width * itemsize % SET_PERIOD <= SET_PERIOD - MIN_SKEW:
+            return rows + extra
+    return rows
+
+
+def winograd_body(shape: ck.ConvShape, x: Buffer, u: Buffer, out: Buffer,
+                  tile: tuple[int, int, int], epilogue: Epilogue, fused: bool) -> Stmt:
+    """The loop nest of a convolution by F(m x m, 3 x 3) (module docstring): `x` NCHW,
+    `u` the transformed weight `[a*a][O][C]`, `out` NCHW, `epilogue` over its 4-D
+    index. Both transforms are vector code over the tiles of a tile row: the padded
+    input is stored split by column phase (`[c][row][col % m][col // m]`), so a tile
+    row's column `j` of every tile is one contiguous vector."""
+    m, mr, nr = tile
+    bt, _, at = matrices(m)
+    a = m + 2
+    c_in, c_out = shape.c_in, shape.c_out
+    th, tw = tiles(shape, m)
+    t_all = th * tw
+    panels = -(-t_all // nr)
+    hp, qn = th * m + 2, tw + 1  # padded rows; columns per phase (a window spans 2 tiles)
+    top, left = shape.pads[0], shape.pads[1]
+    dt = x.dtype
+    zero = as_expr(0.0, dt)
+    xq = Buffer("wino_in", (c_in, hp, m, qn), dt)
+    # rows of whole panels (every GEMM tile stores whole vectors); the transforms touch
+    # all a*a positions at once, so positions are skewed apart (`skewed_rows`)
+    v = Buffer("wino_v", (a * a, skewed_rows(c_in, panels * nr), panels * nr), dt)
+    mm = Buffer("wino_m", (a * a, skewed_rows(c_out, panels * nr), panels * nr), dt)
+
+    def image(n: PrimExpr) -> Stmt:
+        # 1. the zero-padded input by column phase: xq[c, r, ph, q] = x[r - top, q*m + ph - left]
+        def pad_rows(c: PrimExpr) -> Stmt:
+            def zeros(r: PrimExpr, ph: int, start: int, stop: int) -> list[Stmt]:
+                return [loop("q", stop - start, lambda q: Store(xq, zero, (c, r, const(ph), q)),
+                             start=start)] if stop > start else []
+
+            def copy(r: Var) -> Stmt:
+                parts: list[Stmt] = []
+                for ph in range(m):
+                    # the q whose column q*m + ph - left lies in the image
+                    lo = max(0, -(-(left - ph) // m))
+                    hi = min(qn, (shape.w - 1 + left - ph) // m + 1)
+
+                    def put(q: Var, ph: int = ph) -> Stmt:
+                        return Store(xq, x[n, c, r - top, q * m + (ph - left)],
+                                     (c, r, const(ph), q))
+
+                    parts += [*zeros(r, ph, 0, lo), loop("q", hi - lo, put, start=lo),
+                              *zeros(r, ph, hi, qn)]
+                return seq(*parts)
+
+            def fill(r: Var) -> Stmt:
+                return seq(*(z for ph in range(m) for z in zeros(r, ph, 0, qn)))
+
+            parts = [loop("r", top, fill)] if top else []
+            parts.append(loop("r", shape.h, copy, start=top))
+            if hp > top + shape.h:
+                parts.append(loop("r", hp - top - shape.h, fill, start=top + shape.h))
+            return seq(*parts)
+
+        pad = parallel_when(lambda: parallel_tiles((c_in,), pad_rows), c_in * hp * m * qn,
+                            "element")
+
+        # 2. the input transform, per channel and tile row (vectors across its tiles)
+        def transform_in(c: PrimExpr, ty: PrimExpr) -> Stmt:
+            def tiles_at(tx: PrimExpr) -> Stmt:
+                lets, d = bound_tile(
+                    a, lambda i, j: xq[c, ty * m + i, const(j % m), tx + j // m], dt, "d")
+                more, vals = transform_2d(bt, d, dt, "v")
+                return seq(*lets, *more, *(Store(v, vals[i][j], (const(i * a + j), c,
+                                                                  ty * tw + tx))
+                                           for i in range(a) for j in range(a)))
+
+            return lanes_loop("tx", tw, tiles_at)
+
+        transform = parallel_when(lambda: parallel_tiles((c_in, th), transform_in),
+                                  c_in * t_all * a * a * 4, "element")
+        parts = [pad, transform]
+        if panels * nr > t_all:  # the last panel's surplus columns are zero
+            def clear(p: PrimExpr, c: PrimExpr) -> Stmt:
+                return loop("t", panels * nr - t_all, lambda t: Store(v, zero, (p, c, t)),
+                            start=t_all)
+
+            parts.append(parallel_when(lambda: parallel_tiles((a * a, c_in), clear),
+                                       a * a * c_in * (panels * nr - t_all), "element"))
+
+        # 3. the a*a products M[p] = U[p] @ V[p]
+        def b_at(bidx: tuple[PrimExpr, ...], panel: PrimExpr, kk: PrimExpr,
+                 lane: PrimExpr) -> PrimExpr:
+            return v[bidx[0], kk, panel * nr + lane]
+
+        product = gk.GemmShape((a * a,), (a * a,), (c_out,), panels * nr, c_in)
+        parts.append(gk.gemm_body(product, gk.GemmTiling(mr, nr), u, b_at, mm,
+                                  lambda value, idx: value, fused))
+
+        # 4. the output transform, per output channel and tile row (vectors across its
+        # tiles), interleaved into output rows, stored through the epilogue
+        def transform_out(oc: PrimExpr, ty: PrimExpr) -> Stmt:
+            ys = Buffer("wino_y", (m, m, tw), dt, "local")
+            row = Buffer("wino_row", (m, tw * m), dt, "local")
+
+            def tiles_at(tx: PrimExpr) -> Stmt:
+                lets, d = bound_tile(a, lambda i, j: mm[const(i * a + j), oc, ty * tw + tx],
+                                     dt, "m")
+                more, vals = transform_2d(at, d, dt, "y")
+                return seq(*lets, *more, *(Store(ys, vals[i][j], (const(i), const(j), tx))
+                                           for i in range(m) for j in range(m)))
+
+            interleave = loop("i", m, lambda i: loop("j", m, lambda j: loop(
+                "tx", tw, lambda tx: Store(row, ys[i, j, tx], (i, tx * m + j)))))
+
+            def put(i: Var) -> Stmt:
+                oh = ty * m + i
+                return lanes_loop("w", shape.out_w, lambda w: Store(
+                    out, epilogue(row[i, w], (n, oc, oh, w)), (n, oc, oh, w)))
+
+            i = Var("i", INDEX_DTYPE)
+            rows: PrimExpr = (const(m) if shape.out_h % m == 0
+                              else min_(m, shape.out_h - ty * m))
+            return seq(Allocate(ys), Allocate(row), lanes_loop("tx", tw, tiles_at), interleave,
+                       For(i, const(0), rows, "serial", put(i)))
+
+        parts.append(parallel_when(lambda: parallel_tiles((c_out, th), transform_out),
+                                   c_out * t_all * a * a * 4, "element"))
+        return seq(*parts)
+
+    nv = Var("n", INDEX_DTYPE)
+    batch = (image(const(0)) if isinstance(shape.n, int) and shape.n == 1
+             else For(nv, const(0), as_expr(shape.n, INDEX_DTYPE), "serial", image(nv)))
+    return seq(Allocate(xq), Allocate(v), Allocate(mm), batch)
+
+
+@dataclass(frozen=True)
+class WinogradConv(Family):
+    """See the module docstring. Not chosen by rule (`applies` is False): its results
+    differ from a direct convolution's by the transforms' rounding, so only tuning,
+    which checks each candidate's result against the rule's, may choose it."""
+
+    def applies(self, call: g.Call, isa: ISA) -> bool:
+        return False
+
+    def pack(self, call: g.Call, isa: ISA) -> g.Call:
+        shape = conv_call_shape(call)
+        assert shape is not None
+        return self.pack_tile(call, isa, (DEFAULT_M, *gemm_tile(shape, DEFAULT_M, isa)))
+
+    def pack_tile(self, call: g.Call, isa: ISA, tile: tuple[int, ...]) -> g.Call:
+        """`call` with the weight transformed for F(tile[0] x tile[0], 3 x 3)."""
+        from kiln.errors import UsageError
+
+        if len(tile) != 3 or tile[0] not in TILE_SIZES:
+            raise UsageError(f"{self.name}: tile must be (m, mr, nr) with m in "
+                             f"{TILE_SIZES}, got {tile}")
+        w = call.args[1]
+        assert isinstance(w, g.Constant)
+        return packed_call(self.op, call, weight_transform(np.asarray(w.data), tile[0]),
+                           tuple(tile), None)
+
+    def offered_tiles(self, call: g.Call, isa: ISA) -> list[tuple[int, ...]]:
+        """The tiles tuning tries when another family's call may take this one: the
+        rule's (F(4x4)) and F(2x2) with its GEMM rule's tile, each where its output
+        tiles fill at least half a vector of the GEMM's panels (F(4x4) on 7x7 has 4
+        tiles for 16 lanes: 0.5x the direct kernel, one Zen 5 core; not worth a build
+        of tuning's budget)."""
+        shape = conv_call_shape(call)
+        assert shape is not None
+        half = tile_lanes(isa) // 2
+        return [(m, *gemm_tile(shape, m, isa)) for m in (DEFAULT_M, 2)
+                if m == 2 or tiles(shape, m)[0] * tiles(shape, m)[1] >= half]
+
+    def candidates(self, call: g.Call, isa: ISA) -> list[tuple[int, ...]]:
+        """F(2x2) and the GEMM family's other tiles of one position's product."""
+        shape = conv_call_shape(call)
+        assert shape is not None
+        th, tw = tiles(shape, DEFAULT_M)
+        rule = gemm_tile(shape, DEFAULT_M, isa)
+        return [(2, *gemm_tile(shape, 2, isa)),
+                *((DEFAULT_M, *t) for t in tile_candidates(shape.c_out, th * tw, isa)
+                  if t != rule)]
+
+    def build(self, params: Sequence[Any], args: Sequence[Any], attrs: Mapping[str, Any],
+              anchor: Any, result: Any, isa: ISA) -> PrimFunc | None:
+        from kiln.ops.conv_direct import conv_shape
+
+        x, u = args[0], args[1]
+        if not all(isinstance(d, int) for d in (*x.shape[1:], *u.shape)):
+            return None  # only the batch may be symbolic
+        m = tile_of(u.shape)
+        shape = conv_shape(x.shape, int(u.shape[1]), (3, 3), attrs)
+        tile = recorded_tile(attrs, 3, self.op) or (m, *gemm_tile(shape, m, isa))
+        bias = args[2] if len(args) > 2 else None
+        out_shape = (shape.n, shape.c_out, shape.out_h, shape.out_w)
+        store = fused_store(params, anchor, result, out_shape, bias=bias)
+        if store is None:  # an epilogue needing statements (a reduction, a table)
+            return None
+        stmt = winograd_body(shape, store.buffers[x], store.buffers[u], store.out,
+                             (tile[0], tile[1], tile[2]), store.epilogue, isa.fma)
+        return PrimFunc((*(store.buffers[t] for t in params), store.out), stmt,
+                        {"kiln.conv_kernel": self.op})
+
+
+CONV_WINOGRAD = WinogradConv("conv_winograd", WINOGRAD, ("conv2d",), 9)

@@ -1,0 +1,169 @@
+"""Winograd convolution F(m x m, 3 x 3): the transform matrices, the weight transform
+done at compile time, and the op `conv2d_winograd` (kiln.ops.kernels.conv_winograd
+builds its kernel).
+
+For an output tile of `m x m` and a 3x3 filter the input tile is `a x a`, `a = m + 2`:
+`Y = A^T [(G g G^T) * (B^T d B)] A` (Lavin & Gray, "Fast Algorithms for Convolutional
+Neural Networks", 2016), with the interpolation points 0, +-1 (F(2,3)) and 0, +-1,
++-2, +-1/2 folded into integers (F(4,3)). Summed over input channels, the elementwise
+product is `a * a` matrix products `U[p] @ V[p]` (`p` a position of the tile),
+`m * m * 9 / (a * a)` of the direct convolution's multiplies: 4x fewer for F(4,3).
+
+`conv2d_winograd(x, u[, bias])` takes `u = G g G^T` of each (output, input) channel
+pair, laid out `[a * a][out channels][in channels]` (`weight_transform`): row-major
+A operands of the GEMM micro-kernel. Its type rule, reference and tensor-expression
+fallback recover the OIHW weight (`weight_untransform`: G's left inverse), so the op
+keeps `conv2d`'s meaning (NCHW, ONNX pads, stride and dilation 1, one group).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from kiln.errors import IRError
+from kiln.ir.tensor import PrimExpr, as_expr, select
+from kiln.ir.types import TensorType, Type
+from kiln.ops import te
+from kiln.ops.conv_direct import DirectConvOp
+from kiln.ops.kernels.registry import recorded_tile
+from kiln.ops.nn import conv_compute, conv_infer, conv_ref
+from kiln.ops.registry import OPS
+
+WINOGRAD = "conv2d_winograd"
+#: The output tile sizes m that have transforms here.
+TILE_SIZES = (2, 4)
+
+Attrs = Mapping[str, Any]
+
+# Lavin & Gray's matrices: B^T (input), G (filter), A^T (output) for each m.
+_MATRICES: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {
+    2: (np.array([[1, 0, -1, 0],
+                  [0, 1, 1, 0],
+                  [0, -1, 1, 0],
+                  [0, 1, 0, -1]], np.float64),
+        np.array([[1, 0, 0],
+                  [1 / 2, 1 / 2, 1 / 2],
+                  [1 / 2, -1 / 2, 1 / 2],
+                  [0, 0, 1]], np.float64),
+        np.array([[1, 1, 1, 0],
+                  [0, 1, -1, -1]], np.float64)),
+    4: (np.array([[4, 0, -5, 0, 1, 0],
+                  [0, -4, -4, 1, 1, 0],
+                  [0, 4, -4, -1, 1, 0],
+                  [0, -2, -1, 2, 1, 0],
+                  [0, 2, -1, -2, 1, 0],
+                  [0, 4, 0, -5, 0, 1]], np.float64),
+        np.array([[1 / 4, 0, 0],
+                  [-1 / 6, -1 / 6, -1 / 6],
+                  [-1 / 6, 1 / 6, -1 / 6],
+                  [1 / 24, 1 / 12, 1 / 6],
+                  [1 / 24, -1 / 12, 1 / 6],
+                  [0, 0, 1]], np.float64),
+        np.array([[1, 1, 1, 1, 1, 0],
+                  [0, 1, -1, 2, -2, 0],
+                  [0, 1, 1, 4, 4, 0],
+                  [0, 1, -1, 8, -8, 1]], np.float64)),
+}
+
+
+def matrices(m: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(B^T, G, A^T) of F(m x m, 3 x 3)."""
+    if m not in _MATRICES:
+        raise IRError(f"{WINOGRAD}: no transforms for output tiles of {m} "
+                      f"(known: {', '.join(map(str, TILE_SIZES))})")
+    return _MATRICES[m]
+
+
+def weight_transform(w: np.ndarray, m: int) -> np.ndarray:
+    """OIHW 3x3 weight -> `u[a * a][O][I]`, `u[:, o, i] = G w[o, i] G^T` (float64 math,
+    stored in `w`'s dtype)."""
+    _, g, _ = matrices(m)
+    u = np.einsum("ap,oipq,bq->aboi", g, w.astype(np.float64), g)
+    a = m + 2
+    return np.ascontiguousarray(u.reshape(a * a, *w.shape[:2]).astype(w.dtype))
+
+
+def _left_inverse(m: int) -> np.ndarray:
+    _, g, _ = matrices(m)
+    return np.linalg.pinv(g)
+
+
+def weight_untransform(u: np.ndarray) -> np.ndarray:
+    """`weight_transform` undone (up to rounding): the OIHW weight."""
+    m = tile_of(u.shape)
+    gi = _left_inverse(m)
+    a = m + 2
+    full = u.astype(np.float64).reshape(a, a, *u.shape[1:])
+    return np.einsum("pa,aboi,qb->oipq", gi, full, gi).astype(u.dtype)
+
+
+def tile_of(u_shape: Sequence[Any]) -> int:
+    """The output tile size m of a transformed weight's shape `[a * a][O][I]`."""
+    if len(u_shape) != 3:
+        raise IRError(f"{WINOGRAD}: transformed weight must be 3-D [a*a][O][I], "
+                      f"got {tuple(u_shape)}")
+    for m in TILE_SIZES:
+        if int(u_shape[0]) == (m + 2) ** 2:
+            return m
+    raise IRError(f"{WINOGRAD}: transformed weight's first dim {u_shape[0]} is not (m+2)^2 "
+                  f"for m in {TILE_SIZES}")
+
+
+def _oihw(types: Sequence[Any], attrs: Attrs) -> tuple[int, ...]:
+    u = tuple(types[1].shape)
+    m = tile_of(u)
+    tile = recorded_tile(attrs, 3, WINOGRAD)
+    if tile is not None and tile[0] != m:
+        raise IRError(f"{WINOGRAD}: tile {tile} does not match the weight's tile size {m}")
+    if int(attrs.get("group", 1)) != 1 or any(
+            int(v) != 1 for k in ("strides", "dilations") for v in attrs.get(k, ())):
+        raise IRError(f"{WINOGRAD}: only ungrouped convolutions of stride and dilation 1")
+    return (int(u[1]), int(u[2]), 3, 3)
+
+
+def _infer(types: Sequence[TensorType], attrs: Attrs) -> Type:
+    w = TensorType(_oihw(types, attrs), types[1].dtype)
+    return conv_infer([types[0], w, *types[2:]], attrs)
+
+
+def _compute(inputs: Sequence[te.Tensor], attrs: Attrs) -> te.Tensor:
+    """The convolution on the weight recovered from `u` (a select over the 9 taps of
+    sums of `u`'s entries with G's left inverse as constant factors)."""
+    oihw = _oihw(inputs, attrs)
+    u = inputs[1]
+    m = tile_of(u.shape)
+    gi = _left_inverse(m)
+    a = m + 2
+
+    def tap(o: PrimExpr, i: PrimExpr, r: int, s: int) -> PrimExpr:
+        total: PrimExpr | None = None
+        for p in range(a):
+            for q in range(a):
+                coef = float(gi[r, p] * gi[s, q])
+                if abs(coef) < 1e-12:
+                    continue
+                term = u[p * a + q, o, i] * as_expr(coef, u.dtype)
+                total = term if total is None else total + term
+        assert total is not None
+        return total
+
+    def element(o: PrimExpr, i: PrimExpr, kh: PrimExpr, kw: PrimExpr) -> PrimExpr:
+        def row(r: int) -> PrimExpr:
+            return select(kw.eq(0), tap(o, i, r, 0),
+                          select(kw.eq(1), tap(o, i, r, 1), tap(o, i, r, 2)))
+
+        return select(kh.eq(0), row(0), select(kh.eq(1), row(1), row(2)))
+
+    w = te.compute(oihw, element, u.dtype, "weight")
+    return conv_compute([inputs[0], w, *inputs[2:]], attrs)
+
+
+def _ref(x: np.ndarray, u: np.ndarray, b: np.ndarray | None = None,
+         **attrs: Any) -> np.ndarray:
+    return conv_ref(x, weight_untransform(u), b, **attrs)
+
+
+OPS.register(WINOGRAD, DirectConvOp(WINOGRAD, "anchor", _infer, _compute, _ref))

@@ -1,0 +1,143 @@
+"""Winograd convolution (kiln.ops.winograd, kiln.ops.kernels.conv_winograd): the
+transforms compute a 3x3 correlation, the weight transform round-trips, and a
+one-Conv ONNX model tuned to the Winograd family (kiln.tuning.apply.Forced) computes
+onnxruntime's result with the fused bias, residual add and ReLU: F(2x2) and F(4x4),
+pads 0 and 1, odd and partial-tile sizes, channel counts no multiple of a vector, on
+this host, its AVX2 path and the C backend, on 1 and 2 threads.
+
+Winograd's sums are rounded differently from a direct convolution's (the transforms
+scale terms up to 8x and cancel them): the bound asserted is 2e-5 of the output's
+largest magnitude for F(4x4) and 5e-6 for F(2x2) (measured on ResNet-50's shapes:
+docs/tuning.md), inside kiln.distributed.tune's check (ATOL = 1e-5 x max|out|
+plus RTOL = 1e-4 of each value).
+"""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import onnx
+import pytest
+
+import kiln
+from kiln.distributed.tune import discover
+from kiln.ops.kernels.tiles import tile_lanes
+from kiln.ops.winograd import matrices, weight_transform, weight_untransform
+from kiln.target.isa import isa_for
+from kiln.tuning.apply import Forced, using
+from support.graphs import GraphBuilder, value_info
+from support.reference import onnxruntime_outputs
+from support.targets import native_target
+
+#: Largest error against onnxruntime, relative to the output's largest magnitude.
+BOUND = {2: 5e-6, 4: 2e-5}
+
+
+@pytest.mark.parametrize("m", [2, 4])
+def test_transforms_compute_a_3x3_correlation(m: int) -> None:
+    """`A^T [(G g G^T) * (B^T d B)] A` is the correlation of `d` with `g` (float64)."""
+    bt, gm, at = matrices(m)
+    rng = np.random.default_rng(m)
+    d, g = rng.standard_normal((m + 2, m + 2)), rng.standard_normal((3, 3))
+    y = at @ ((gm @ g @ gm.T) * (bt @ d @ bt.T)) @ at.T
+    direct = np.array([[(d[i:i + 3, j:j + 3] * g).sum() for j in range(m)]
+                       for i in range(m)])
+    np.testing.assert_allclose(y, direct, rtol=1e-12, atol=1e-12)
+    w = rng.standard_normal((5, 3, 3, 3)).astype(np.float32)
+    u = weight_transform(w, m)
+    assert u.shape == ((m + 2) ** 2, 5, 3) and u.dtype == np.float32
+    np.testing.assert_allclose(weight_untransform(u), w, rtol=1e-5, atol=1e-6)
+
+
+def _model(c: int, co: int, h: int, w: int, pad: int) -> tuple[onnx.ModelProto, tuple[int, ...]]:
+    """Conv 3x3 (bias) + residual Add + Relu."""
+    b = GraphBuilder(7)
+    y = b.op("Conv", "x", b.weight(co, c, 3, 3),
+             b.const(b.rng.normal(0, 0.1, co).astype(np.float32), "b"),
+             kernel_shape=[3, 3], pads=[pad] * 4)
+    y = b.op("Relu", b.op("Add", y, "r"))
+    out = (1, co, h + 2 * pad - 2, w + 2 * pad - 2)
+    return b.model([value_info("x", [1, c, h, w]), value_info("r", list(out))],
+                   [value_info(y, list(out))], 17, "wino"), out
+
+
+# (target, m, channels in, out, height, width, pads, threads): every edge case once
+CASES = [
+    ("llvm", 4, 20, 24, 14, 14, 1, 2),     # 14 = 3 x 4 + 2: partial tiles, 2 threads
+    ("llvm", 2, 16, 33, 7, 7, 1, 2),       # F(2x2), 7 = 3 x 2 + 1
+    ("llvm-avx2", 4, 17, 9, 9, 11, 0, 1),  # 8-lane panels; unpadded, odd sizes
+    ("c", 2, 5, 7, 8, 9, 0, 1),            # the C backend
+]
+
+
+@pytest.mark.parametrize("kind,m,c,co,h,w,pad,threads", CASES)
+def test_winograd_computes_onnxruntimes_conv(kind: str, m: int, c: int, co: int, h: int,
+                                             w: int, pad: int, threads: int) -> None:
+    target = native_target(kind)
+    model, out = _model(c, co, h, w, pad)
+    (spec,) = discover(model, target)
+    offered = [p for p in spec.candidates if p.get("family") == "conv_winograd"]
+    # both tile sizes, F(4x4) first (not where its tiles fill under half a vector: 7x7
+    # on AVX-512), before every other variant (tuning tries them first)
+    f4_tiles = -(-(h + 2 * pad - 2) // 4) * -(-(w + 2 * pad - 2) // 4)
+    sizes = [4, 2] if f4_tiles >= tile_lanes(isa_for(target)) // 2 else [2]
+    assert [p["tile"][0] for p in offered] == sizes
+    assert list(spec.candidates[:len(offered)]) == offered
+    params = next(p for p in offered if p["tile"][0] == m)
+    with using(Forced(spec.family, params)) as session:
+        ex = kiln.compile(model, target)
+    assert session is not None and session.seen == 1
+    assert "conv2d_winograd" in ex.ir.script()
+    rng = np.random.default_rng(c)
+    x = rng.standard_normal((1, c, h, w)).astype(np.float32)
+    r = rng.standard_normal(out).astype(np.float32)
+    lib = ex.jit()
+    lib.set_num_threads(threads)
+    try:
+        got = np.asarray(lib["main"](x, r))
+    finally:
+        lib.set_num_threads(None)
+    (ref,) = onnxruntime_outputs(model, {"x": x, "r": r})
+    err = np.abs(got - ref).max() / np.abs(ref).max()
+    assert err < BOUND[m], err
+
+
+def test_tensor_expression_fallback_recovers_the_weight() -> None:
+    """The op's tensor-expression definition (taken when the kernel cannot be built) is
+    the convolution on the weight recovered from `u`, run by the IR interpreter."""
+    from kiln.ir import IRModule, evaluate
+    from kiln.ir import graph as g
+    from kiln.ir.types import TensorType
+    from kiln.ops import call, get_op
+    from kiln.ops.nn import conv_ref
+    from kiln.ops.registry import OpDef
+
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((1, 2, 5, 4)).astype(np.float32)
+    w = rng.standard_normal((3, 2, 3, 3)).astype(np.float32)
+    u = weight_transform(w, 4)
+    args = [g.Var(f"x{k}", TensorType(a.shape, "float32")) for k, a in enumerate((x, u))]
+    expr = call("conv2d_winograd", *args, pads=(1, 0, 0, 1))
+    func, _ = OpDef.legalize(get_op("conv2d_winograd"), expr)
+    got = np.zeros((1, 3, 4, 3), np.float32)
+    evaluate(IRModule({"kernel": func}), "kernel", x, u, got)
+    np.testing.assert_allclose(got, conv_ref(x, w, pads=(1, 0, 0, 1)), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("u_shape,attrs,message", [
+    ((10, 3, 2), {}, "is not (m+2)^2"),
+    ((36, 3, 2), {"strides": (2, 2)}, "stride and dilation 1"),
+    ((36, 3, 2), {"tile": (2, 8, 16)}, "does not match the weight's tile size 4"),
+])
+def test_bad_calls_raise_clear_errors(u_shape: tuple[int, ...], attrs: dict[str, object],
+                                      message: str) -> None:
+    from kiln.errors import IRError
+    from kiln.ir import graph as g
+    from kiln.ir.types import TensorType
+    from kiln.ops import call
+
+    x = g.Var("x", TensorType((1, 2, 6, 6), "float32"))
+    u = g.Var("u", TensorType(u_shape, "float32"))
+    with pytest.raises(IRError, match=re.escape(message)):
+        call("conv2d_winograd", x, u, **attrs)
