@@ -31,6 +31,7 @@ import numpy as np
 from kiln.ir import tensor as t
 from kiln.ir.module import IRModule
 from kiln.ir.visitor import StmtExprMutator, StmtExprVisitor
+from kiln.transform.partition_loops import index_offset
 from kiln.transform.pass_base import FunctionPass
 
 
@@ -88,7 +89,7 @@ class _Accesses(StmtExprVisitor):
     def _access(self, buf: t.Buffer, indices: tuple[t.PrimExpr, ...]) -> None:
         k = len(self.vars)
         tail = indices[len(indices) - k:] if len(indices) >= k else ()
-        if len(tail) == k and _offset_of(tail[0], self.vars[0]) is not None \
+        if len(tail) == k and index_offset(tail[0], self.vars[0]) is not None \
                 and all(a is v for a, v in zip(tail[1:], self.vars[1:])) \
                 and isinstance(buf.shape[len(buf.shape) - k], int) \
                 and tuple(buf.shape[len(buf.shape) - k + 1:]) == self.extents[1:]:
@@ -115,17 +116,6 @@ class _Accesses(StmtExprVisitor):
         self.plain.add(b)
 
 
-def _offset_of(e: t.PrimExpr, var: t.Var) -> int | None:
-    """`c` when `e` is `var`, `var + c`, `c + var` or `var - c` (integer constant c)."""
-    if e is var:
-        return 0
-    if isinstance(e, t.BinaryOp) and e.op in ("add", "sub"):
-        c = e.b if e.a is var else e.a if e.op == "add" and e.b is var else None
-        if isinstance(c, t.Const) and isinstance(c.value, int) and not isinstance(c.value, bool):
-            return c.value if e.op == "add" else -c.value
-    return None
-
-
 class _Rewrite(StmtExprMutator):
     """Accesses of the flattened buffers through their views at index `var` (plus the
     outermost merged loop's start and offset times the rows under it)."""
@@ -137,7 +127,7 @@ class _Rewrite(StmtExprMutator):
 
     def _indices(self, indices: tuple[t.PrimExpr, ...]) -> tuple[t.PrimExpr, ...]:
         lead = tuple(self.visit_expr(e) for e in indices[:len(indices) - self.k])
-        offset = _offset_of(indices[len(indices) - self.k], self.outer.var)
+        offset = index_offset(indices[len(indices) - self.k], self.outer.var)
         assert offset is not None and isinstance(self.outer.start, t.Const)
         rows = (offset + int(self.outer.start.value)) * self.inner
         if rows == 0:

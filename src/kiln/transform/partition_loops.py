@@ -109,7 +109,7 @@ class _Decide(StmtExprMutator):
         if not (isinstance(e2, t.BinaryOp) and e2.op in ("min", "max")):
             return e2
         for x, k in ((e2.a, e2.b), (e2.b, e2.a)):
-            c, bound = _offset_of(x, self.var), _int_const(k)
+            c, bound = index_offset(x, self.var), _int_const(k)
             if c is None or bound is None:
                 continue
             low, high = self.lo + c, self.hi - 1 + c
@@ -120,8 +120,9 @@ class _Decide(StmtExprMutator):
         return e2
 
 
-def _offset_of(e: t.PrimExpr, var: t.Var) -> int | None:
-    """`c` when `e` is `var`, `var + c`, `c + var` or `var - c` (integer constant c)."""
+def index_offset(e: t.PrimExpr, var: t.Var) -> int | None:
+    """`c` when `e` is `var`, `var + c`, `c + var` or `var - c` (an integer constant `c`),
+    else None."""
     if e is var:
         return 0
     if isinstance(e, t.BinaryOp) and e.op in ("add", "sub"):
@@ -171,4 +172,4 @@ class _Partitioner(StmtExprMutator):
         return t.SeqStmt(tuple(pieces))
 
 
-__all__ = ["MAX_GROWTH", "MAX_PIECES", "PartitionLoops"]
+__all__ = ["MAX_GROWTH", "MAX_PIECES", "PartitionLoops", "index_offset"]
