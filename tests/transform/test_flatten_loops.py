@@ -134,8 +134,12 @@ def test_add_relu_and_concat_relu_against_onnxruntime(kind: str) -> None:
     ex = kiln.compile(model, target=kind)
     add = _kernel_loops(ex, "add")
     assert [int(f.extent.value) for f in add] == [8 * 49]
-    # each concatenated input's piece: its channels, then the 49 elements under each
-    assert [int(f.extent.value) for f in _kernel_loops(ex, "concat")] == [8, 49, 4, 49]
+    # each concatenated input's piece (PartitionLoops) is one loop over its elements,
+    # the second writing at its channels' offset
+    concat = _kernel_loops(ex, "concat")
+    assert [int(f.extent.value) for f in concat] == [8 * 49, 4 * 49]
+    (second,) = [s for s in iter_stmts(concat[1].body) if isinstance(s, t.Store)]
+    assert isinstance(second.indices[-1], t.BinaryOp) and second.indices[-1].b.value == 8 * 49
     rng = np.random.default_rng(2)
     feeds = {"x": rng.standard_normal((1, 8, 7, 7)).astype(np.float32),
              "y": rng.standard_normal((1, 8, 7, 7)).astype(np.float32),

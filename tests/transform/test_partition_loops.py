@@ -88,3 +88,40 @@ def test_concat_reads_each_input_in_its_own_loop(kind: str) -> None:
     want = ort_session(model).run(None, feeds)[0]
     got = ex.jit()["main"](*feeds.values())
     np.testing.assert_array_equal(np.asarray(got), want)
+
+
+class _Clamps(StmtExprVisitor):
+    def __init__(self) -> None:
+        self.found = 0
+
+    def visit_binary_op(self, e: t.BinaryOp) -> None:
+        self.found += e.op in ("min", "max")
+        self.generic_visit(e)
+
+
+def test_clamps_the_piece_decides_are_dropped() -> None:
+    """A concat's `a[clamp(i - 5)]` / `b[clamp(i)]` pieces index their inputs by offsets
+    of `i`; a clamp no piece decides (`min(i, 7)` over [5, 12)) stays."""
+    n, i = 12, t.Var("i", "int64")
+    a, b, c, out = (t.Buffer(name, (n,), "float32") for name in ("a", "b", "c", "out"))
+
+    def clamp(e: t.PrimExpr, hi: int) -> t.PrimExpr:
+        return t.BinaryOp("min", t.BinaryOp("max", e, t.Const(0, "int64")), t.Const(hi, "int64"))
+
+    shifted = t.BinaryOp("sub", i, t.Const(5, "int64"))
+    kept = t.Load(c, (t.BinaryOp("min", i, t.Const(7, "int64")),))
+    value = t.Select(t.Compare("ge", i, t.Const(5, "int64")),
+                     t.BinaryOp("add", t.Load(a, (clamp(shifted, 6),)), kept),
+                     t.Load(b, (clamp(i, 4),)))
+    body = t.For(i, t.Const(0, "int64"), t.Const(n, "int64"), "serial", t.Store(out, value, (i,)))
+    mod = IRModule({"f": t.PrimFunc((a, b, c, out), body)})
+    split = PartitionLoops()(mod)
+    clamps = _Clamps()
+    clamps.visit_stmt(split["f"].body)
+    assert clamps.found == 1  # the min(i, 7) of the second piece
+    rng = np.random.default_rng(4)
+    ins = [rng.standard_normal(n).astype(np.float32) for _ in range(3)]
+    want, got = (np.zeros(n, np.float32) for _ in range(2))
+    evaluate(mod, "f", *ins, want)
+    evaluate(split, "f", *ins, got)
+    np.testing.assert_array_equal(got, want)

@@ -34,6 +34,11 @@ ATTR_WORKSPACE_BYTES: Final = "kiln.workspace_bytes"  # size of the workspace ar
 # operands of cblas_sgemm); without it a buffer handed to external code counts as written.
 ATTR_EXTERN_READS: Final = "kiln.extern_reads"
 
+# Set by LegalizeOps on the kernel of a lone `concat` (kiln.ops.manip): the axis it
+# joins along. Lowering makes the inputs views of the output and drops the call
+# (kiln.transform.concat_views).
+ATTR_CONCAT_AXIS: Final = "kiln.concat_axis"
+
 # Set by the heterogeneous build (kiln.driver.split) on the kernels another target's
 # code generator defines: the host's codegen declares them instead of compiling them.
 ATTR_EXTERNAL: Final = "kiln.external"
@@ -74,6 +79,6 @@ ATTR_PROFILE_SITES: Final = "kiln.profile_sites"
 KILN_ATTRS: Final = frozenset({
     ATTR_PRIVATE, ATTR_GRAPH, ATTR_NUM_OUTPUTS, ATTR_TUPLE_RESULT, ATTR_OUTPUT_NAMES,
     ATTR_WORKSPACE_BYTES, ATTR_PARALLEL_OF, ATTR_PARALLEL_VAR, ATTR_EXTERNAL, ATTR_DIM_BOUNDS,
-    ATTR_BINDS_DIMS, ATTR_RUNTIME_DIMS,
+    ATTR_BINDS_DIMS, ATTR_RUNTIME_DIMS, ATTR_CONCAT_AXIS,
 })
 """Every attribute key kiln sets itself."""

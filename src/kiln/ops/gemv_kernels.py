@@ -42,6 +42,27 @@ def _c(v: int) -> Const:
     return Const(v, INDEX_DTYPE)
 
 
+def lane_sums(stage: Buffer, rows: int, width: int) -> list[Stmt]:
+    """Sum each row of `stage` (`rows x width`) into its lane 0 by halving: every step
+    adds the upper half of the live lanes onto the lower as one vector operation, so a
+    row takes log2(width) dependent adds instead of `width` (the rows' sums are
+    independent chains)."""
+    out: list[Stmt] = []
+    live = width
+    while live > 1:
+        half = live // 2
+        if live % 2:  # the odd last lane first, onto lane 0
+            out.append(seq(*(Store(stage, stage[_c(r), _c(0)] + stage[_c(r), _c(live - 1)],
+                                   (_c(r), _c(0))) for r in range(rows))))
+
+        def fold(v: PrimExpr, h: int = half) -> Stmt:
+            return seq(*(Store(stage, stage[_c(r), v] + stage[_c(r), v + h], (_c(r), v))
+                         for r in range(rows)))
+        out.append(lanes_loop("v", half, fold))
+        live = half
+    return out
+
+
 def gemv_body(k: int, n: int, a: Buffer, b: Buffer, out: Buffer, epilogue: Epilogue,
               lanes: int, fused: bool = True) -> Stmt:
     """The loop nest of `out = epilogue(a @ B^T)`: `a` is `[1, ..., 1, k]`, `b` is
@@ -83,27 +104,26 @@ def gemv_body(k: int, n: int, a: Buffer, b: Buffer, out: Buffer, epilogue: Epilo
 
         body.append(For(step, _c(0), _c(steps), "serial",
                         seq(LetStmt(k0, step * width), lanes_loop("v", width, lane))))
-        # Copied out at constant rows as whole vectors, the accumulators stay registers;
-        # the lane sums below index `stage` with a loop variable.
+        # Copied out at constant rows as whole vectors, the accumulators stay registers
+        # (a narrower access would spill them); K's remainder and the lane sums work on
+        # the copy.
         stage = Buffer("stage", (rows, width), dtype, "local")
         body += [Allocate(stage), lanes_loop("v", width, lambda v: seq(*(
             Store(stage, acc[_c(r), v], (_c(r), v)) for r in range(rows))))]
-        sums = Buffer("sums", (rows,), dtype, "local")
-        body.append(Allocate(sums))
-        for r in range(rows):
-            v, kk = Var("v", INDEX_DTYPE), Var("k", INDEX_DTYPE)
-            at = (_c(r),)
-            body += [Store(sums, zero, at),
-                     For(v, _c(0), _c(width), "serial",
-                         Store(sums, sums[at] + stage[_c(r), v], at))]
-            if rest:
-                body.append(For(kk, _c(steps * width), _c(rest), "serial", Store(
-                    sums, madd(sums[at], b[row_vars[r], kk], a[(*a_lead, kk)], fused), at)))
+        if rest:  # one step over the first `rest` lanes
+            def tail(v: PrimExpr) -> Stmt:
+                kk = steps * width + v
+                return seq(*(Store(stage, madd(stage[_c(r), v], b[row_vars[r], kk],
+                                               a[(*a_lead, kk)], fused), (_c(r), v))
+                             for r in range(rows)))
+            body.append(lanes_loop("v", rest, tail))
+        body += lane_sums(stage, rows, width)
         j = Var("r", INDEX_DTYPE)
         first: PrimExpr = t * rows if tiles > 1 else _c(0)
         here: PrimExpr = _c(rows) if last_rows == rows else min_(rows, n - first)
         idx = (*out_lead, first + j)
-        body.append(For(j, _c(0), here, "serial", Store(out, epilogue(sums[j], idx), idx)))
+        body.append(For(j, _c(0), here, "serial",
+                        Store(out, epilogue(stage[j, _c(0)], idx), idx)))
         return seq(*head, *body)
 
     loop = parallel_tiles((tiles,), tile)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -17,6 +18,7 @@ import numpy as np
 from kiln.errors import IRError
 from kiln.ir import dtype as dt
 from kiln.ir import graph as g
+from kiln.ir.attrs import ATTR_CONCAT_AXIS
 from kiln.ir.kernel_errors import KERNEL_ERRORS, op_error_code
 from kiln.ir.shape_expr import (
     dim_product,
@@ -30,6 +32,7 @@ from kiln.ir.shape_expr import (
 from kiln.ir.tensor import (
     Cast,
     PrimExpr,
+    PrimFunc,
     as_expr,
     max_,
     min_,
@@ -46,7 +49,7 @@ from kiln.ops.onnx_map import (
     onnx_op,
 )
 from kiln.ops.reduce import norm_axes
-from kiln.ops.registry import register_op
+from kiln.ops.registry import OPS, OpDef, register_op
 from kiln.ops.reshape_dims import fill_rest, reshape_attr, reshape_target
 
 Attrs = Mapping[str, Any]
@@ -313,8 +316,19 @@ def _concat_compute(inputs: Sequence[te.Tensor], attrs: Attrs) -> te.Tensor:
     return te.compute(out.shape, element, out.dtype, "concat")
 
 
-register_op("concat", pattern="injective", infer=_concat_infer, compute=_concat_compute,
-            reference=lambda *xs, axis=0, **a: np.concatenate(xs, axis=axis))
+@dataclass(frozen=True)
+class ConcatOp(OpDef):
+    """`concat`, whose lone kernel says it is one (`kiln.concat_axis`): lowering then
+    has the inputs' kernels write into the output (kiln.transform.concat_views)."""
+
+    def legalize(self, call: g.Call) -> tuple[PrimFunc, str]:
+        prim, hint = super().legalize(call)
+        (axis,) = norm_axes(call.attrs.get("axis", 0), len(prim.buffer_params[-1].shape))
+        return prim.with_attrs(**{ATTR_CONCAT_AXIS: axis}), hint
+
+
+OPS.register("concat", ConcatOp("concat", "injective", _concat_infer, _concat_compute,
+                                lambda *xs, axis=0, **a: np.concatenate(xs, axis=axis)))
 
 
 @onnx_op("Concat")

@@ -10,6 +10,8 @@ The lowered function follows the destination-passing ABI (docs/abi.md):
 - a value that flows straight to the result is written directly into its
   output buffer; a result that is a parameter, a constant, or a value already
   returned in an earlier position is copied by an inline copy loop;
+- the inputs of a concat that kernels of the same block compute are views of its
+  output, and the concat is not called (kiln.transform.concat_views);
 - every other intermediate is a view (`DeclBuffer`) into ONE workspace arena,
   a global `Allocate` of uint8, laid out by the static memory planner
   (`memory_plan.py`): buffers that are never live together share bytes.
@@ -71,6 +73,7 @@ from kiln.ir.shape_expr import (
 )
 from kiln.ir.types import Dim, TensorType, TupleType
 from kiln.ir.visitor import substitute
+from kiln.transform.concat_views import ConcatViews, concat_views, drop_uncalled_concats
 from kiln.transform.memory_plan import (
     DEFAULT_ALIGNMENT,
     Block,
@@ -89,6 +92,7 @@ class LowerGraphToTensor(Pass):
     name = "lower-graph-to-tensor"
     alignment: int = DEFAULT_ALIGNMENT
     strategy: str = "greedy-by-size"
+    concat_in_place: bool = True
 
     def run(self, mod: IRModule) -> IRModule:
         graph_funcs = mod.graph_funcs()
@@ -102,8 +106,9 @@ class LowerGraphToTensor(Pass):
                 del funcs[name]
                 continue
             funcs[name] = lower_function(name, fn, mod, alignment=self.alignment,
-                                         strategy=self.strategy).func
-        return IRModule(funcs, mod.attrs)
+                                         strategy=self.strategy,
+                                         concat_in_place=self.concat_in_place).func
+        return IRModule(drop_uncalled_concats(funcs), mod.attrs)
 
 
 def control_flow_functions(graph_funcs: dict[str, g.Function]) -> set[str]:
@@ -306,8 +311,10 @@ class GraphAnalyzer:
 
 def lower_function(name: str, fn: g.Function, mod: IRModule, *,
                    alignment: int = DEFAULT_ALIGNMENT,
-                   strategy: str = "greedy-by-size") -> LoweredGraph:
-    """Lower one graph function (see the module docstring)."""
+                   strategy: str = "greedy-by-size",
+                   concat_in_place: bool = True) -> LoweredGraph:
+    """Lower one graph function (see the module docstring); `concat_in_place`: a
+    concat's inputs are views of its output (kiln.transform.concat_views)."""
     an = GraphAnalyzer(name, mod)
     params: list[t.Buffer] = []
     for v in fn.params:
@@ -361,10 +368,15 @@ def lower_function(name: str, fn: g.Function, mod: IRModule, *,
             assert src is not None
             copies.append((outs[k], src, s))
 
+    # A concat's inputs computed here are views of its output (no copy).
+    views = concat_views(an.items, mod, claimed) if concat_in_place else ConcatViews()
     # Everything else a call writes lives in the workspace arena.
     inter = [s for step in an.steps for s in (*step.outputs, *step.counts)
-             if s not in claimed and s.kind == "call"]
-    ranges = live_ranges({s: s.def_step for s in inter}, {s: s.uses for s in inter})
+             if s not in claimed and s.kind == "call" and s not in views.pieces]
+    defs: dict[Hashable, int] = {s: s.def_step for s in inter}
+    uses: dict[Hashable, list[int]] = {s: s.uses for s in inter}
+    views.widen(defs, uses)
+    ranges = live_ranges(defs, uses)
     static = [s for s in inter if is_static(s.type.shape)]
     blocks = tuple(Block(s, s.type.numel() * itemsize(s.type.dtype), *ranges[s])
                    for s in static)
@@ -377,6 +389,7 @@ def lower_function(name: str, fn: g.Function, mod: IRModule, *,
         offsets.update(placed)
     for s in inter:
         s.buffer = t.Buffer(s.name, s.type.shape, s.type.dtype)
+    view_decls = views.declarations()
     arena: t.Buffer | None = None
     if inter:
         if isinstance(workspace, int):  # zero-size values still need a base pointer
@@ -385,7 +398,8 @@ def lower_function(name: str, fn: g.Function, mod: IRModule, *,
 
     scalars: dict[str, t.Var] = {**dims, **{n: v for n, (v, _) in runtime.items()}}
     ctx = EmitContext(mod, scalars, arena, {s: _offset(offsets[s]) for s in inter})
-    body: list[t.Stmt] = [stmt for item in an.items for stmt in emit_item(item, ctx)]
+    body: list[t.Stmt] = [stmt for item in an.items if id(item) not in views.dropped
+                          for stmt in emit_item(item, ctx)]
     for dst, src, slot in copies:
         body.append(copy_stmt(_actual_view(slot, dst, body), _actual_view(slot, src, body)))
     runtime_out: tuple[t.Buffer, ...] = ()
@@ -407,6 +421,7 @@ def lower_function(name: str, fn: g.Function, mod: IRModule, *,
         decls.append(t.AllocConst(_buf(slot), slot.data))
     if arena is not None:
         decls.extend(t.DeclBuffer(_buf(s), arena, _offset(offsets[s])) for s in inter)
+    decls.extend(view_decls)
     stmt = t.seq(*decls, *body)
 
     attrs = {k: v for k, v in fn.attrs.items() if k != ATTR_GIVEN_OUTPUT_NAMES}

@@ -6,7 +6,10 @@ be evaluated (docs/ir.md), every element then loads every input (a DenseNet conc
 of 24 inputs: 24 loads per element) and the selects stay in the fused elementwise
 tail after it. Split at those starts, the loop becomes one loop per input, each
 reading its input only: in each piece every comparison of the index with a
-constant has one value, and Simplify drops the selects it decided.
+constant has one value, and Simplify drops the selects it decided. A clamp of the
+index (`min`/`max` of `i`, `i + c` or `i - c` with a constant) that the piece's
+range decides goes too, so the piece's accesses are plain offsets of its index
+(which FlattenLoops then merges with the loops under it).
 
 A `serial` or `parallel` loop of constant bounds is split when its body compares
 the loop's own variable (bare, `i >= c`, `c < i`, ...) with integer constants strictly
@@ -99,6 +102,36 @@ class _Decide(StmtExprMutator):
                 return t.Const(first, "bool")
         return self.generic_visit(e)
 
+    def visit_binary_op(self, e: t.BinaryOp) -> t.PrimExpr:
+        # A clamp of the index the range decides (a concat input's `clamp_index`):
+        # `max(i + c, k)` is `i + c` when i + c >= k over the whole range, ...
+        e2 = self.generic_visit(e)
+        if not (isinstance(e2, t.BinaryOp) and e2.op in ("min", "max")):
+            return e2
+        for x, k in ((e2.a, e2.b), (e2.b, e2.a)):
+            c, bound = index_offset(x, self.var), _int_const(k)
+            if c is None or bound is None:
+                continue
+            low, high = self.lo + c, self.hi - 1 + c
+            if (low >= bound) if e2.op == "max" else (high <= bound):
+                return x
+            if (high <= bound) if e2.op == "max" else (low >= bound):
+                return k
+        return e2
+
+
+def index_offset(e: t.PrimExpr, var: t.Var) -> int | None:
+    """`c` when `e` is `var`, `var + c`, `c + var` or `var - c` (an integer constant `c`),
+    else None."""
+    if e is var:
+        return 0
+    if isinstance(e, t.BinaryOp) and e.op in ("add", "sub"):
+        if e.a is var and (c := _int_const(e.b)) is not None:
+            return c if e.op == "add" else -c
+        if e.op == "add" and e.b is var and (c := _int_const(e.a)) is not None:
+            return c
+    return None
+
 
 def _holds(op: str, v: int, c: int) -> bool:
     return {"ge": v >= c, "gt": v > c, "lt": v < c, "le": v <= c, "eq": v == c,
@@ -139,4 +172,4 @@ class _Partitioner(StmtExprMutator):
         return t.SeqStmt(tuple(pieces))
 
 
-__all__ = ["MAX_GROWTH", "MAX_PIECES", "PartitionLoops"]
+__all__ = ["MAX_GROWTH", "MAX_PIECES", "PartitionLoops", "index_offset"]

@@ -1,0 +1,123 @@
+"""Concatenations as output views: the kernels producing a concat's inputs write
+straight into their part of its output, and the concat's copy disappears.
+
+A concatenation along an axis with only size-1 dimensions before it (a channel
+concat at batch 1: SqueezeNet's fire modules, Inception's branches, a blocked NCHWc
+concat) lays each input out as one contiguous run of the output, at a byte offset the
+shapes fix. When every input is a tensor a kernel of the same block computes (not a
+parameter, a constant, a function result or a control-flow value) and no input is
+given twice, lowering (kiln.transform.lower_graph) declares each input's buffer as a
+view of the concat's output at that offset and drops the concat's call. The output's
+buffer is then live from its first input's kernel on, and as long as any input is
+still read.
+
+LegalizeOps builds a concat's kernel with the attribute `kiln.concat_axis`
+(kiln.ir.attrs.ATTR_CONCAT_AXIS): that is how lowering knows a call copies its
+inputs and does nothing else (a concat fused with other ops has its own kernel,
+without the attribute, and stays a call).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from kiln.ir import tensor as t
+from kiln.ir.attrs import ATTR_CONCAT_AXIS, ATTR_PRIVATE
+from kiln.ir.dtype import itemsize
+from kiln.ir.module import BaseFunc, IRModule
+from kiln.ir.shape_expr import is_static
+from kiln.ir.visitor import iter_stmts
+
+if TYPE_CHECKING:
+    from kiln.transform.lower_graph import GraphSlot, GraphStep
+
+
+@dataclass
+class ConcatViews:
+    """The concats lowering drops: each input slot's (output slot, byte offset) and the
+    dropped calls."""
+
+    pieces: dict[GraphSlot, tuple[GraphSlot, int]] = field(default_factory=dict)
+    dropped: set[int] = field(default_factory=set)  # id() of the dropped GraphSteps
+
+    def widen(self, defs: dict[Hashable, int], uses: dict[Hashable, list[int]]) -> None:
+        """Extend each concat output's live range (`defs`, `uses` of the memory plan) over
+        its inputs': their bytes are its bytes."""
+        for piece, (whole, _) in self.pieces.items():
+            if whole in defs:
+                defs[whole] = min(defs[whole], piece.def_step)
+                uses[whole] = [*uses.get(whole, []), *piece.uses]
+
+    def declarations(self) -> list[t.Stmt]:
+        """A view of its concat's output for every input (each input's buffer made here,
+        its output's already), declared after the outputs' own declarations."""
+        out: list[t.Stmt] = []
+        for piece, (whole, offset) in self.pieces.items():
+            assert whole.buffer is not None
+            piece.buffer = t.Buffer(piece.name, piece.type.shape, piece.type.dtype)
+            out.append(t.DeclBuffer(piece.buffer, whole.buffer, offset))
+        return out
+
+
+def concat_views(items: Sequence[object], mod: IRModule,
+                 results: Mapping[GraphSlot, int]) -> ConcatViews:
+    """The concats of one block (`items`: its GraphSteps and control-flow regions, in
+    order) that become views (see the module docstring); `results` are the slots written
+    straight into the function's outputs."""
+    from kiln.transform.lower_graph import GraphStep
+
+    views = ConcatViews()
+    producer: dict[GraphSlot, GraphStep] = {}
+    for item in items:
+        if not isinstance(item, GraphStep):
+            continue
+        offsets = _piece_offsets(item, mod)
+        if offsets is not None and all(
+                _may_alias(s, producer, views, results) for s in item.inputs):
+            views.dropped.add(id(item))
+            views.pieces.update({s: (item.outputs[0], off)
+                                 for s, off in zip(item.inputs, offsets)})
+        if not item.binds:
+            producer.update((s, item) for s in item.outputs)
+    return views
+
+
+def _piece_offsets(step: GraphStep, mod: IRModule) -> list[int] | None:
+    """The byte offset of each input in the output, if `step` is a concat whose inputs
+    are contiguous runs of its output (static shapes), else None."""
+    callee = mod.functions.get(step.func)
+    axis = callee.attrs.get(ATTR_CONCAT_AXIS) if isinstance(callee, t.PrimFunc) else None
+    if not isinstance(axis, int) or step.binds or len(step.outputs) != 1:
+        return None
+    out = step.outputs[0]
+    shapes = [s.type.shape for s in (*step.inputs, out)]
+    if (not all(is_static(sh) and len(sh) > axis for sh in shapes)
+            or any(s.actual is not None for s in (*step.inputs, out))
+            or len(set(step.inputs)) != len(step.inputs)
+            or any(d != 1 for d in out.type.shape[:axis])):
+        return None
+    offsets, at = [], 0
+    for s in step.inputs:
+        offsets.append(at)
+        at += s.type.numel() * itemsize(s.type.dtype)
+    return offsets
+
+
+def _may_alias(s: GraphSlot, producer: Mapping[GraphSlot, GraphStep], views: ConcatViews,
+               results: Mapping[GraphSlot, int]) -> bool:
+    """Whether input `s` of a concat may live in the concat's output: a kernel of this
+    block computes it, it is no function result, in no other concat's output, and not
+    itself the output of a dropped concat (its bytes are already someone's view)."""
+    step = producer.get(s)
+    return (s.kind == "call" and step is not None and s not in results
+            and s not in views.pieces and id(step) not in views.dropped)
+
+
+def drop_uncalled_concats(funcs: dict[str, BaseFunc]) -> dict[str, BaseFunc]:
+    """`funcs` without the private concat kernels no lowered function calls any more."""
+    called = {s.func for f in funcs.values() if isinstance(f, t.PrimFunc)
+              for s in iter_stmts(f.body) if isinstance(s, t.CallFunc)}
+    return {n: f for n, f in funcs.items()
+            if n in called or not (f.attrs.get(ATTR_PRIVATE) and ATTR_CONCAT_AXIS in f.attrs)}
