@@ -4,6 +4,7 @@ from kiln.ops import (  # noqa: F401
     cblas,
     composed,
     conv_direct,
+    conv_nchwc_depthwise,
     data_dependent,
     elementwise,
     gemm,

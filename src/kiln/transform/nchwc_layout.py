@@ -118,7 +118,7 @@ class _Rewriter:
         assert isinstance(b.value, g.Call)
         roots = list(dict.fromkeys(self._root(self.region[a]) for a in b.value.args
                                    if isinstance(a, g.Var) and a in self.region))
-        if b.value.op == "conv2d_blocked":
+        if b.value.op in CONVS:
             self.parent[b.var] = b.var
             roots.append(b.var)
         for r in roots[1:]:
@@ -188,6 +188,8 @@ class _Rewriter:
         assert isinstance(c, g.Call)
         if c.op == "conv2d_blocked":
             return None if b.var in self.skip else self._conv(c, b.var)
+        if c.op == "conv2d_depthwise":
+            return None if b.var in self.skip else self._depthwise(c, b.var)
         if not c.args or not _is_plain_4d(c.ret_type):
             return None
         pattern = get_op(c.op).pattern
@@ -218,6 +220,35 @@ class _Rewriter:
         blocked = g.Call(c.op, (self._to_blocked(c.args[0], var), *c.args[1:]), c.attrs,
                          c.ret_type)
         return self.family.pack(blocked, self.isa)
+
+    def _depthwise(self, c: g.Call, var: g.Var) -> g.Call | None:
+        """`c` (a `conv2d_depthwise`) as `conv2d_nchwc_depthwise`: weight and bias packed
+        into whole channel blocks (kiln.ops.conv_nchwc_depthwise)."""
+        from kiln.ops import conv_nchwc_depthwise as dw
+        from kiln.ops.kernels.nchwc_depthwise import choose_tile_width, conv_geometry
+        from kiln.ops.registry import call
+
+        w = c.args[1]
+        bias = c.args[2] if len(c.args) > 2 else None
+        if not (_is_plain_4d(c.args[0].type) and isinstance(w, g.Constant)
+                and (bias is None or isinstance(bias, g.Constant))):
+            return None
+        xt = c.args[0].type
+        assert isinstance(xt, TensorType)
+        x = self._to_blocked(c.args[0], var)
+        channels = int(w.data.shape[0])
+        attrs = {k: v for k, v in c.attrs.items() if k != "tile"}
+        attrs["channels"] = channels
+        shape = conv_geometry(xt.shape, attrs, tuple(w.data.shape[2:]))
+        attrs["tile"] = (choose_tile_width(shape, self.isa),)
+        args = [g.Constant(dw.pack_weight(w.data, self.block), w.name)]
+        if bias is not None:
+            args.append(g.Constant(dw.pack_bias(bias.data, self.block), bias.name))
+        return call(dw.NCHWC_DEPTHWISE, x, *args, **attrs)
+
+
+#: The convolutions a blocked region counts (their original ops).
+CONVS = ("conv2d_blocked", "conv2d_depthwise")
 
 
 def _is_plain_4d(t: Any) -> bool:

@@ -1,0 +1,99 @@
+"""Depthwise convolutions inside a blocked region (kiln.ops.conv_nchwc_depthwise, its
+kernel kiln.ops.kernels.nchwc_depthwise, the nchwc-layout pass) against onnxruntime.
+
+One ONNX model, a MobileNet-style chain: a 3x3 convolution with ReLU, a 3x3 depthwise
+layer with Clip (ReLU6), a 5x5 stride-2 depthwise layer with Swish (x * sigmoid(x)),
+a 3x3 convolution, and a residual Add of two 3x3 stride-1 dilated-2 depthwise layers;
+40 channels (not a multiple of 16: padding lanes on AVX-512), images 13x11 (border
+columns on both sides, whole tiles and a remainder). Compiled with the `nchwc` graph
+pipeline on llvm and c, run here and in a fresh process with 2 threads.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import kernel_checks
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+import kiln
+from kiln.frontend import from_onnx
+from kiln.ir import graph as g
+from kiln.transform.registry import parse_passes
+from support.processes import outputs_in_fresh_process
+
+TOL = 1e-4
+RNG = np.random.default_rng(5)
+C = 40
+
+
+def build_model() -> onnx.ModelProto:
+    inits: list[onnx.TensorProto] = []
+    nodes: list[onnx.NodeProto] = []
+
+    def const(name: str, value: np.ndarray) -> str:
+        inits.append(numpy_helper.from_array(np.asarray(value, np.float32), name))
+        return name
+
+    def conv(x: str, out: str, ci: int, co: int, k: int, stride: int = 1, pad: int = 1,
+             group: int = 1, dilation: int = 1) -> str:
+        w = const(out + "_w", RNG.normal(0, 1 / np.sqrt(ci // group * k * k),
+                                         (co, ci // group, k, k)))
+        b = const(out + "_b", RNG.normal(0, 0.1, co))
+        nodes.append(helper.make_node("Conv", [x, w, b], [out], kernel_shape=[k, k],
+                                      strides=[stride] * 2, pads=[pad] * 4, group=group,
+                                      dilations=[dilation] * 2))
+        return out
+
+    def node(op: str, inputs: list[str], out: str) -> str:
+        nodes.append(helper.make_node(op, inputs, [out]))
+        return out
+
+    a = node("Relu", [conv("x", "a0", 37, C, 3)], "a")
+    d = node("Clip", [conv(a, "d0", C, C, 3, group=C), const("lo", np.array(0.0)),
+                      const("hi", np.array(6.0))], "d")
+    e0 = conv(d, "e0", C, C, 5, stride=2, pad=2, group=C)
+    e = node("Mul", [e0, node("Sigmoid", [e0], "e1")], "e")
+    f = conv(e, "f", C, C, 3)
+    node("Add", [conv(f, "g", C, C, 3, pad=2, group=C, dilation=2),
+                 conv(f, "h", C, C, 3, group=C)], "y")
+    inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 37, 13, 11])]
+    outputs = [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)]
+    return kernel_checks.branches_model("nchwc_depthwise", nodes, inputs, outputs, inits)
+
+
+MODEL = build_model()
+CHECKS = kernel_checks.KernelCases(MODEL, ["mobilenet-style chain"], TOL, RNG)
+FEEDS = CHECKS.feeds
+native = CHECKS.native_fixture(graph_pipeline="nchwc")
+reference = CHECKS.reference_fixture()
+
+
+def test_the_pass_blocks_depthwise_layers() -> None:
+    mod = from_onnx(MODEL)
+    for p in parse_passes("fold-constants,fold-batchnorm,block-convolutions,"
+                          "nchwc-layout{lanes=8}"):
+        mod = p(mod)
+    names = [b.value.op for b in mod["main"].bindings if isinstance(b.value, g.Call)]
+    # one region: every convolution blocked, one reorder in and one out
+    assert names.count("conv2d_nchwc_depthwise") == 4 and "conv2d_depthwise" not in names
+    assert names.count("layout_transform") == 2
+    dw = [b.value for b in mod["main"].bindings if isinstance(b.value, g.Call)
+          and b.value.op == "conv2d_nchwc_depthwise"]
+    # weights packed into whole blocks of 8 channels, the bias padded alike
+    assert all(c.args[1].type.shape[::3] == (5, 8) and c.args[2].type.shape == (40,)
+               for c in dw)
+
+
+def test_matches_onnxruntime(native: kiln.driver.Executable,
+                             reference: list[np.ndarray]) -> None:
+    kinds = [f.attrs.get("kiln.conv_kernel") for f in native.ir.functions.values()]
+    assert kinds.count("conv2d_nchwc_depthwise") >= 3
+    CHECKS.assert_close([native(*FEEDS.values())], reference)
+
+
+def test_two_threads_in_a_fresh_process(native: kiln.driver.Executable, tmp_path: Path,
+                                        reference: list[np.ndarray]) -> None:
+    CHECKS.assert_close(outputs_in_fresh_process(native, FEEDS, tmp_path, 2), reference)
