@@ -1,7 +1,7 @@
 """Depthwise convolutions inside a blocked region (kiln.ops.conv_nchwc_depthwise, its
 kernel kiln.ops.kernels.nchwc_depthwise, the nchwc-layout pass) against onnxruntime.
 
-One ONNX model, a MobileNet-style chain: a 3x3 convolution with ReLU, a 3x3 depthwise
+One ONNX model, a MobileNet-style chain: a 3x3 convolution with ReLU, a 1x1 one, a 3x3 depthwise
 layer with Clip (ReLU6), a 5x5 stride-2 depthwise layer with Swish (x * sigmoid(x)),
 a 3x3 convolution, and a residual Add of two 3x3 stride-1 dilated-2 depthwise layers;
 40 channels (not a multiple of 16: padding lanes on AVX-512), images 13x11 (border
@@ -52,7 +52,8 @@ def build_model() -> onnx.ModelProto:
         return out
 
     a = node("Relu", [conv("x", "a0", 37, C, 3)], "a")
-    d = node("Clip", [conv(a, "d0", C, C, 3, group=C), const("lo", np.array(0.0)),
+    p = conv(a, "p", C, C, 1, pad=0)  # 1x1: the GEMM kernel's in NCHW
+    d = node("Clip", [conv(p, "d0", C, C, 3, group=C), const("lo", np.array(0.0)),
                       const("hi", np.array(6.0))], "d")
     e0 = conv(d, "e0", C, C, 5, stride=2, pad=2, group=C)
     e = node("Mul", [e0, node("Sigmoid", [e0], "e1")], "e")
@@ -77,8 +78,9 @@ def test_the_pass_blocks_depthwise_layers() -> None:
                           "nchwc-layout{lanes=8}"):
         mod = p(mod)
     names = [b.value.op for b in mod["main"].bindings if isinstance(b.value, g.Call)]
-    # one region: every convolution blocked, one reorder in and one out
-    assert names.count("conv2d_nchwc_depthwise") == 4 and "conv2d_depthwise" not in names
+    # one region: every convolution blocked (the 1x1 one too), one reorder in and one out
+    assert names.count("conv2d_nchwc_depthwise") == 4 and names.count("conv2d_nchwc") == 3
+    assert not {"conv2d_depthwise", "conv2d_gemm", "conv2d_blocked"} & set(names)
     assert names.count("layout_transform") == 2
     dw = [b.value for b in mod["main"].bindings if isinstance(b.value, g.Call)
           and b.value.op == "conv2d_nchwc_depthwise"]

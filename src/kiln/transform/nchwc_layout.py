@@ -81,7 +81,7 @@ class NchwcLayout(FunctionPass):
 
 
 class _Rewriter:
-    def __init__(self, block: int, skip: set[g.Var], isa: Any) -> None:
+    def __init__(self, block: int, skip: set[g.Var], isa: Any, gemm: bool = True) -> None:
         from kiln.ops.kernels.registry import KERNELS
         from kiln.ops.layout import blocked_layout
 
@@ -89,6 +89,7 @@ class _Rewriter:
         self.isa = isa
         self.family = KERNELS.get("nchwc")
         self.skip = skip                          # convolutions (by result) to leave NCHW
+        self.gemm = gemm                          # also block conv2d_gemm (1x1) calls
         self.layout = blocked_layout(block)
         self.bindings: list[g.Binding] = []
         self.blocked: dict[g.Var, g.Var] = {}     # NCHW var -> its NCHW{b}c value
@@ -188,6 +189,8 @@ class _Rewriter:
         assert isinstance(c, g.Call)
         if c.op == "conv2d_blocked":
             return None if b.var in self.skip else self._conv(c, b.var)
+        if c.op == "conv2d_gemm" and self.gemm:
+            return None if b.var in self.skip else self._gemm(c, b.var)
         if c.op == "conv2d_depthwise":
             return None if b.var in self.skip else self._depthwise(c, b.var)
         if not c.args or not _is_plain_4d(c.ret_type):
@@ -221,6 +224,17 @@ class _Rewriter:
                          c.ret_type)
         return self.family.pack(blocked, self.isa)
 
+    def _gemm(self, c: g.Call, var: g.Var) -> g.Call | None:
+        """`c` (a `conv2d_gemm`, OIHW weight) as the blocked kernel's `conv2d_nchwc`."""
+        from kiln.ops.kernels.registry import KERNELS, TILE
+
+        plain = g.Call("conv2d", c.args, g.freeze_attrs(
+            {k: v for k, v in c.attrs.items() if k != TILE}), c.ret_type)
+        direct = KERNELS.get("conv_direct")
+        if not direct.applies(plain, self.isa):
+            return None
+        return self._conv(direct.pack(plain, self.isa), var)
+
     def _depthwise(self, c: g.Call, var: g.Var) -> g.Call | None:
         """`c` (a `conv2d_depthwise`) as `conv2d_nchwc_depthwise`: weight and bias packed
         into whole channel blocks (kiln.ops.conv_nchwc_depthwise)."""
@@ -248,7 +262,7 @@ class _Rewriter:
 
 
 #: The convolutions a blocked region counts (their original ops).
-CONVS = ("conv2d_blocked", "conv2d_depthwise")
+CONVS = ("conv2d_blocked", "conv2d_depthwise", "conv2d_gemm")
 
 
 def _is_plain_4d(t: Any) -> bool:
