@@ -21,6 +21,9 @@ from onnx import TensorProto, helper, numpy_helper
 import kiln
 from kiln.frontend import from_onnx
 from kiln.ir import graph as g
+from kiln.ops.kernels.nchwc import pointwise_tile
+from kiln.target import Target
+from kiln.target.isa import isa_for
 from kiln.transform.registry import parse_passes
 from support.processes import outputs_in_fresh_process
 
@@ -99,3 +102,14 @@ def test_matches_onnxruntime(native: kiln.driver.Executable,
 def test_two_threads_in_a_fresh_process(native: kiln.driver.Executable, tmp_path: Path,
                                         reference: list[np.ndarray]) -> None:
     CHECKS.assert_close(outputs_in_fresh_process(native, FEEDS, tmp_path, 2), reference)
+
+
+def test_pointwise_tiles_on_32_registers() -> None:
+    avx512 = isa_for(Target("llvm -mcpu=skylake-avx512"))
+    # the fewest padded channels, then the most vectors; the most positions that fit
+    assert pointwise_tile(576, 196, avx512) == (64, 6)
+    assert pointwise_tile(96, 196, avx512) == (48, 7)
+    assert pointwise_tile(160, 49, avx512) == (32, 7)
+    assert pointwise_tile(40, 143, avx512) == (48, 8)
+    # 16 registers (AVX2) keep the blocked kernel's rule
+    assert pointwise_tile(576, 196, isa_for(Target("llvm -mcpu=haswell"))) is None
