@@ -516,4 +516,6 @@ CASES: dict[str, list[OpCase]] = {
                {"channels": 4, "group": 4, "pads": (1, 0, 1, 2)}),
         OpCase((f32(2, 1, 9, 8, 8), f32(1, 5, 5, 8)),
                {"channels": 8, "group": 8, "strides": (2, 2), "pads": (2, 2, 2, 2)})],
+    # an SE block's per-channel scale on NCHW{b}c (its vector kernel)
+    "channel_scale_nchwc": [OpCase((f32(2, 2, 3, 5, 4), f32(2, 2, 1, 1, 4)), {})],
 }

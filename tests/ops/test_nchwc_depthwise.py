@@ -1,9 +1,11 @@
 """Depthwise convolutions inside a blocked region (kiln.ops.conv_nchwc_depthwise, its
 kernel kiln.ops.kernels.nchwc_depthwise, the nchwc-layout pass) against onnxruntime.
 
-One ONNX model, a MobileNet-style chain: a 3x3 convolution with ReLU, a 1x1 one, a 3x3 depthwise
-layer with Clip (ReLU6), a 5x5 stride-2 depthwise layer with Swish (x * sigmoid(x)),
-a 3x3 convolution, and a residual Add of two 3x3 stride-1 dilated-2 depthwise layers;
+One ONNX model, a MobileNet/EfficientNet-style chain: a 3x3 convolution with ReLU, a
+1x1 one, a 3x3 depthwise layer with Clip (ReLU6), a 5x5 stride-2 depthwise layer with
+Swish (x * sigmoid(x)) and a squeeze-and-excitation block (global pool, 1x1
+convolutions, per-channel scale), a 3x3 convolution, and a residual Add of a 3x3
+dilated-2 and a 3x3 depthwise layer;
 40 channels (not a multiple of 16: padding lanes on AVX-512), images 13x11 (border
 columns on both sides, whole tiles and a remainder). Compiled with the `nchwc` graph
 pipeline on llvm and c, run here and in a fresh process with 2 threads.
@@ -60,7 +62,11 @@ def build_model() -> onnx.ModelProto:
                       const("hi", np.array(6.0))], "d")
     e0 = conv(d, "e0", C, C, 5, stride=2, pad=2, group=C)
     e = node("Mul", [e0, node("Sigmoid", [e0], "e1")], "e")
-    f = conv(e, "f", C, C, 3)
+    # a squeeze-and-excitation block: global pool, 1x1 convolutions, per-channel scale
+    se = node("Relu", [conv(node("GlobalAveragePool", [e], "gap"), "se0", C, 8, 1, pad=0)],
+              "se1")
+    z = node("Mul", [e, node("Sigmoid", [conv(se, "se2", 8, C, 1, pad=0)], "se3")], "z")
+    f = conv(z, "f", C, C, 3)
     node("Add", [conv(f, "g", C, C, 3, pad=2, group=C, dilation=2),
                  conv(f, "h", C, C, 3, group=C)], "y")
     inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 37, 13, 11])]
@@ -81,9 +87,11 @@ def test_the_pass_blocks_depthwise_layers() -> None:
                           "nchwc-layout{lanes=8}"):
         mod = p(mod)
     names = [b.value.op for b in mod["main"].bindings if isinstance(b.value, g.Call)]
-    # one region: every convolution blocked (the 1x1 one too), one reorder in and one out
-    assert names.count("conv2d_nchwc_depthwise") == 4 and names.count("conv2d_nchwc") == 3
+    # one region: every convolution blocked (the 1x1 ones too), the SE block's pool and
+    # scale on the blocked tensors; one reorder in and one out
+    assert names.count("conv2d_nchwc_depthwise") == 4 and names.count("conv2d_nchwc") == 5
     assert not {"conv2d_depthwise", "conv2d_gemm", "conv2d_blocked"} & set(names)
+    assert names.count("reduce_mean") == names.count("channel_scale_nchwc") == 1
     assert names.count("layout_transform") == 2
     dw = [b.value for b in mod["main"].bindings if isinstance(b.value, g.Call)
           and b.value.op == "conv2d_nchwc_depthwise"]

@@ -2,6 +2,7 @@
 
 from kiln.ops import (  # noqa: F401
     cblas,
+    channel_scale_nchwc,
     composed,
     conv_direct,
     conv_nchwc_depthwise,

@@ -160,7 +160,8 @@ class _Rewriter:
         assert isinstance(t, TensorType)
         value = call("layout_transform", self.blocked[var], src=self.layout, dst="NCHW",
                      channels=t.shape[1])
-        self.reorders.append(self.region[var])
+        if tuple(t.shape[2:]) != (1, 1):  # one value per channel (a pooled tensor) is free
+            self.reorders.append(self.region[var])
         self.bindings.append(g.Binding(var, value))
         self.plain.add(var)
 
@@ -182,6 +183,7 @@ class _Rewriter:
     # ------------------------------------------------------------------ ops
 
     def _blocked_call(self, b: g.Binding) -> g.Call | None:
+        from kiln.ops.channel_scale_nchwc import CHANNEL_SCALE
         from kiln.ops.pool_nchwc import POOL_NCHWC, POOLS
         from kiln.ops.registry import call, get_op
 
@@ -197,14 +199,22 @@ class _Rewriter:
             return None
         pattern = get_op(c.op).pattern
         if pattern in ("elemwise", "broadcast") and all(
-                isinstance(a, g.Var) and a in self.blocked and a.type == c.ret_type
-                for a in c.args):
-            return call(c.op, *(self.blocked[a] for a in c.args if isinstance(a, g.Var)),
-                        **c.attrs)
+                isinstance(a, g.Var) and a in self.blocked and _same_or_per_channel(
+                    a.type, c.ret_type) for a in c.args):
+            args = [self.blocked[a] for a in c.args if isinstance(a, g.Var)]
+            if c.op == "multiply" and len(args) == 2 and c.args[0].type != c.args[1].type:
+                # a per-channel scale (an SE block): one vector multiply per position
+                x, s = args if c.args[0].type == c.ret_type else args[::-1]
+                return call(CHANNEL_SCALE, x, s)
+            return call(c.op, *args, **c.attrs)
         if c.op == "concat" and self._whole_blocks(c):
             # channel blocks are whole, so the blocked tensors concatenate block-wise
             return call("concat", *(self.blocked[a] for a in c.args if isinstance(a, g.Var)),
                         axis=1)
+        if c.op == "global_avg_pool" and isinstance(c.args[0], g.Var) \
+                and c.args[0] in self.blocked:
+            # the mean of each lane over the image: [N][C/b][1][1][b]
+            return call("reduce_mean", self.blocked[c.args[0]], axes=(2, 3), keepdims=True)
         if c.op in POOLS and isinstance(c.args[0], g.Var) and c.args[0] in self.blocked:
             return call(POOL_NCHWC, self.blocked[c.args[0]], pool=c.op, **c.attrs)
         return None
@@ -263,6 +273,16 @@ class _Rewriter:
 
 #: The convolutions a blocked region counts (their original ops).
 CONVS = ("conv2d_blocked", "conv2d_depthwise", "conv2d_gemm")
+
+
+def _same_or_per_channel(t: Any, out: Any) -> bool:
+    """Whether operand type `t` of an elementwise op with result type `out` is `out`
+    itself or one value per channel (`[N][C][1][1]`, an SE block's scale): blocked,
+    both broadcast as their NCHW forms do."""
+    if t == out:
+        return True
+    return isinstance(t, TensorType) and isinstance(out, TensorType) and t.ndim == 4 \
+        and t.shape[:2] == out.shape[:2] and t.shape[2:] == (1, 1) and t.dtype == out.dtype
 
 
 def _is_plain_4d(t: Any) -> bool:
