@@ -27,6 +27,7 @@ from kiln.ops.kernels.nchwc import pointwise_tile
 from kiln.target import Target
 from kiln.target.isa import isa_for
 from kiln.transform.registry import parse_passes
+from support.graphs import GraphBuilder
 from support.processes import outputs_in_fresh_process
 
 TOL = 1e-4
@@ -121,3 +122,20 @@ def test_pointwise_tiles_on_32_registers() -> None:
     assert pointwise_tile(40, 143, avx512) == (48, 8)
     # 16 registers (AVX2) keep the blocked kernel's rule
     assert pointwise_tile(576, 196, isa_for(Target("llvm -mcpu=haswell"))) is None
+
+
+def test_an_input_read_by_a_region_and_an_activation() -> None:
+    # `x` is reordered for the convolution; the Relu reading `x` alone belongs to no
+    # region and stays NCHW (the pass once failed on it)
+    b = GraphBuilder()
+    x = b.input("x", [1, C, 6, 6])
+    y = b.conv(b.conv(b.op("Relu", b.conv(x, C, C, 3, group=C)), C, C, 3, group=C), C, C, 3,
+               group=C)
+    b.output(y, [1, C, 6, 6])
+    b.output(b.op("Relu", x), [1, C, 6, 6])
+    mod = from_onnx(b.model())
+    for p in parse_passes("fold-constants,block-convolutions,nchwc-layout{lanes=8}"):
+        mod = p(mod)
+    calls = [b.value for b in mod["main"].bindings if isinstance(b.value, g.Call)]
+    assert [c.op for c in calls].count("conv2d_nchwc_depthwise") == 3
+    assert [c.args[0].type.ndim for c in calls if c.op == "relu"] == [5, 4]

@@ -54,13 +54,16 @@ class NchwcLayout(FunctionPass):
     """Convert chains of `conv2d_blocked` + elementwise ops + pooling to NCHW{b}c.
 
     `lanes` (0: from the current target) is the channel block `b`; `min_convs` the
-    fewest convolutions a region keeps its layout with.
+    fewest convolutions a region keeps its layout with; `depthwise_only` keeps only
+    regions holding a depthwise convolution (where the layout pays most: MobileNet-style
+    networks), leaving the others NCHW.
     """
 
     name = "nchwc-layout"
     level = "graph"
     lanes: int = 0
     min_convs: int = MIN_REGION_CONVS
+    depthwise_only: bool = False
 
     def run_on_function(self, func: Any, name: str, mod: IRModule) -> g.Function:
         assert isinstance(func, g.Function)
@@ -74,7 +77,7 @@ class NchwcLayout(FunctionPass):
         while True:  # each round leaves out the convolutions of regions too small to pay
             rewriter = _Rewriter(tile_lanes(isa), skip, isa)
             new = rewriter.run(func)
-            small = rewriter.small_regions(self.min_convs)
+            small = rewriter.small_regions(self.min_convs, self.depthwise_only)
             if not small:
                 return new
             skip |= small
@@ -97,16 +100,19 @@ class _Rewriter:
         self.region: dict[g.Var, g.Var] = {}      # blocked (original) var -> a conv of its region
         self.parent: dict[g.Var, g.Var] = {}      # union-find over the blocked convs
         self.reorders: list[g.Var] = []           # a conv of the region of each reorder
+        self.depthwise: set[g.Var] = set()        # the depthwise convs (by result)
 
-    def small_regions(self, min_convs: int) -> set[g.Var]:
+    def small_regions(self, min_convs: int, depthwise_only: bool = False) -> set[g.Var]:
         """The convolutions (original result vars) of regions that do not pay: fewer than
-        `min_convs` convolutions, or no more convolutions than reorders in and out."""
+        `min_convs` convolutions, or no more convolutions than reorders in and out (or,
+        with `depthwise_only`, no depthwise convolution)."""
         members: dict[g.Var, list[g.Var]] = {}
         for conv in self.parent:
             members.setdefault(self._root(conv), []).append(conv)
         reorders = Counter(self._root(c) for c in self.reorders)
         return {c for root, group in members.items()
-                if len(group) < max(min_convs, reorders[root] + 1) for c in group}
+                if len(group) < max(min_convs, reorders[root] + 1)
+                or (depthwise_only and not self.depthwise & set(group)) for c in group}
 
     def _root(self, conv: g.Var) -> g.Var:
         while self.parent[conv] is not conv:
@@ -121,6 +127,8 @@ class _Rewriter:
                                    if isinstance(a, g.Var) and a in self.region))
         if b.value.op in CONVS:
             self.parent[b.var] = b.var
+            if b.value.op == "conv2d_depthwise":
+                self.depthwise.add(b.var)
             roots.append(b.var)
         for r in roots[1:]:
             self.parent[r] = roots[0]
@@ -195,8 +203,9 @@ class _Rewriter:
             return None if b.var in self.skip else self._gemm(c, b.var)
         if c.op == "conv2d_depthwise":
             return None if b.var in self.skip else self._depthwise(c, b.var)
-        if not c.args or not _is_plain_4d(c.ret_type):
-            return None
+        if not c.args or not _is_plain_4d(c.ret_type) or not any(
+                isinstance(a, g.Var) and a in self.region for a in c.args):
+            return None  # not fed by a region (an input only reordered for a convolution)
         pattern = get_op(c.op).pattern
         if pattern in ("elemwise", "broadcast") and all(
                 isinstance(a, g.Var) and a in self.blocked and _same_or_per_channel(
