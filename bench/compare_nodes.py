@@ -217,9 +217,14 @@ def main() -> None:
                              "QOperator for a name ending in _qop, e.g. resnet50_qop)")
     parser.add_argument("--graph-pipeline", default="default",
                         help="kiln's graph pipeline, e.g. 'nchwc' (blocked activation layout)")
+    parser.add_argument("--mattr", default=None,
+                        help="the target's LLVM features as changes to its CPU's, e.g. "
+                             "'-avx512f' (the AVX2 path on an AVX-512 host)")
     args = parser.parse_args()
     GRAPH_PIPELINE[0] = args.graph_pipeline
     target = kiln.Target.from_host()
+    if args.mattr is not None:
+        target = target.with_attrs(mattr=tuple(f for f in args.mattr.split(",") if f))
     print(f"host: {harness.describe_target(target)}; {args.calls} calls each")
     for name in args.models.split(","):
         model, feed = build(name.removesuffix(QOP) if args.int8 else name)

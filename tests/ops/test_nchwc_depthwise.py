@@ -120,8 +120,10 @@ def test_pointwise_tiles_on_32_registers() -> None:
     assert pointwise_tile(96, 196, avx512) == (48, 7)
     assert pointwise_tile(160, 49, avx512) == (32, 7)
     assert pointwise_tile(40, 143, avx512) == (48, 8)
-    # 16 registers (AVX2) keep the blocked kernel's rule
+    # 16 registers (AVX2) and NEON (4 lanes, not measured) keep the blocked kernel's rule
     assert pointwise_tile(576, 196, isa_for(Target("llvm -mcpu=haswell"))) is None
+    assert pointwise_tile(576, 196, isa_for(Target("llvm -mtriple=aarch64-linux-gnu"
+                                                   " -mcpu=neoverse-n1"))) is None
 
 
 def test_an_input_read_by_a_region_and_an_activation() -> None:
@@ -139,3 +141,22 @@ def test_an_input_read_by_a_region_and_an_activation() -> None:
     calls = [b.value for b in mod["main"].bindings if isinstance(b.value, g.Call)]
     assert [c.op for c in calls].count("conv2d_nchwc_depthwise") == 3
     assert [c.args[0].type.ndim for c in calls if c.op == "relu"] == [5, 4]
+
+
+def _ops_after(spec: str, passes: str, model: onnx.ModelProto = MODEL) -> list[str]:
+    with Target(spec):
+        mod = from_onnx(model)
+        for p in parse_passes(passes):
+            mod = p(mod)
+    return [b.value.op for b in mod["main"].bindings if isinstance(b.value, g.Call)]
+
+
+def test_the_default_pipeline_blocks_depthwise_regions_on_avx512_only() -> None:
+    from test_nchwc_layout import MODEL as NO_DEPTHWISE
+
+    passes = "fold-constants,block-convolutions,nchwc-layout{depthwise_only=true}"
+    assert "conv2d_nchwc_depthwise" in _ops_after("llvm -mcpu=skylake-avx512", passes)
+    # regions without a depthwise convolution, and AVX2, stay NCHW
+    assert "layout_transform" not in _ops_after("llvm -mcpu=skylake-avx512", passes,
+                                                NO_DEPTHWISE)
+    assert "layout_transform" not in _ops_after("llvm -mcpu=haswell", passes)

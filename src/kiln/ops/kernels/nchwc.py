@@ -1,8 +1,8 @@
 """The NCHWc family: an ungrouped `conv2d_blocked` whose channel tile is a multiple of
 the block `b` (the ISA's float32 lanes) -> `conv2d_nchwc` on NCHW{b}c activations
 (kiln.transform.nchwc_layout decides where a region pays); the tile `(cb, tile_w)`
-is the blocked call's, except for a 1x1 layer on an ISA with 32 vector registers
-(`pointwise_tile`): up to four vectors of output channels per tile, each input value
+is the blocked call's, except for a 1x1 layer on AVX-512 (32 registers of 16 lanes:
+`pointwise_tile`): up to four vectors of output channels per tile, each input value
 broadcast to twice as many channels, so the input is read half as often."""
 
 from __future__ import annotations
@@ -26,13 +26,14 @@ POINTWISE_POSITIONS = 8
 
 def pointwise_tile(channels: int, positions: int, isa: ISA) -> tuple[int, int] | None:
     """`(cb, tile_w)` of a 1x1 NCHWc layer with `channels` outputs and `positions`
-    output positions, or None (keep the blocked rule's: fewer than 32 registers). `cb`:
+    output positions, or None (keep the blocked rule's: fewer than 32 registers or 16
+    lanes, where it was not measured). `cb`:
     the vectors (4 to 1) that compute the fewest padded channels, the most on ties
     (96 channels at 16 lanes: 3 vectors, 2 tiles; 576: 4); `tile_w`: the most positions
     (up to 8) whose accumulators fit the registers, fewer where that wastes less than 2%
     of the last tile (as the blocked rule does)."""
-    if tile_registers(isa) < 32:
-        return None
+    if tile_registers(isa) < 32 or tile_lanes(isa) < 16:
+        return None  # measured on AVX-512 only
     lanes = tile_lanes(isa)
     vecs = -(-channels // lanes)
     v = min(range(min(POINTWISE_VECTORS, vecs), 0, -1), key=lambda v: -(-vecs // v) * v)
