@@ -160,3 +160,5 @@ def test_the_default_pipeline_blocks_depthwise_regions_on_avx512_only() -> None:
     assert "layout_transform" not in _ops_after("llvm -mcpu=skylake-avx512", passes,
                                                 NO_DEPTHWISE)
     assert "layout_transform" not in _ops_after("llvm -mcpu=haswell", passes)
+    assert "layout_transform" not in _ops_after(
+        "llvm -mtriple=aarch64-linux-gnu -mcpu=neoverse-n1", passes)

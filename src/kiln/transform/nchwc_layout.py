@@ -47,8 +47,10 @@ from kiln.transform.pass_base import FunctionPass
 # convolutions and pairs between reorders (as between MobileNetV2's depthwise layers)
 # measured slower than staying NCHW.
 MIN_REGION_CONVS = 2
-#: The fewest vector registers `depthwise_only` blocks regions with (see NchwcLayout).
+#: The fewest vector registers and float32 lanes `depthwise_only` blocks regions with
+#: (AVX-512, where it was measured; see NchwcLayout).
 DEPTHWISE_REGISTERS = 32
+DEPTHWISE_LANES = 16
 
 
 @dataclass(frozen=True)
@@ -58,9 +60,10 @@ class NchwcLayout(FunctionPass):
     `lanes` (0: from the current target) is the channel block `b`; `min_convs` the
     fewest convolutions a region keeps its layout with; `depthwise_only` keeps only
     regions holding a depthwise convolution (where the layout pays most: MobileNet-style
-    networks), leaving the others NCHW, and only on ISAs with 32 vector registers
-    (AVX-512: with AVX2's 16 the blocked 1x1 layers at 8 lanes measured twice as slow
-    as the NCHW kernels, MobileNetV2 1.5x slower in all).
+    networks), leaving the others NCHW, and only on ISAs with 32 vector registers of 16
+    lanes (AVX-512: with AVX2's 16 registers the blocked 1x1 layers at 8 lanes measured
+    twice as slow as the NCHW kernels, MobileNetV2 1.5x slower in all; NEON is not
+    measured).
     """
 
     name = "nchwc-layout"
@@ -77,7 +80,8 @@ class NchwcLayout(FunctionPass):
         isa = isa_for(None)
         if self.lanes:
             isa = with_lanes(isa, self.lanes)
-        if self.depthwise_only and tile_registers(isa) < DEPTHWISE_REGISTERS:
+        if self.depthwise_only and (tile_registers(isa) < DEPTHWISE_REGISTERS
+                                    or tile_lanes(isa) < DEPTHWISE_LANES):
             return func
         skip: set[g.Var] = set()
         while True:  # each round leaves out the convolutions of regions too small to pay

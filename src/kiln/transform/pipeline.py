@@ -55,8 +55,9 @@ def list_pipelines(level: str) -> list[str]:
     return [n.split("/", 1)[1] for n in PIPELINES.names() if n.startswith(f"{level}/")]
 
 
-# Whether the default graph pipeline keeps convolution chains in NCHW{b}c
-# (kiln.transform.nchwc_layout); the "nchwc" pipeline always does.
+# Whether the default graph pipeline keeps every convolution chain that pays in NCHW{b}c
+# (kiln.transform.nchwc_layout; without, only chains with a depthwise convolution, on
+# AVX-512); the "nchwc" pipeline always does.
 NCHWC_BY_DEFAULT = False
 
 
