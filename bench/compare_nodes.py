@@ -37,6 +37,7 @@ from kiln.frontend import from_onnx
 from models import QOP, build, quantize
 
 Key = tuple[str, str, str]  # (op kind, input C x H x W, output C x H x W)
+GRAPH_PIPELINE = ["default"]  # kiln's graph pipeline, set by --graph-pipeline
 
 # onnxruntime op types -> the kind kiln's op of the same computation is counted under
 ORT_KINDS = {"fusedconv": "conv", "conv": "conv", "gemm": "matmul", "fusedgemm": "matmul",
@@ -80,7 +81,8 @@ def kiln_kind(kernel: str) -> str:
 def kiln_times(model: Any, feed: dict[str, np.ndarray], threads: int, calls: int,
                target: kiln.target.Target) -> tuple[float, dict[Key, float]]:
     """(median whole call ms, ms per call of each key) of kiln's profiled build."""
-    lib = kiln.compile(from_onnx(model), target, profile=True).jit()
+    lib = kiln.compile(from_onnx(model), target, profile=True,
+                       graph_pipeline=GRAPH_PIPELINE[0]).jit()
     kiln.runtime.set_num_threads(threads)
     args = list(feed.values())
     for _ in range(3):
@@ -213,8 +215,16 @@ def main() -> None:
     parser.add_argument("--int8", action="store_true",
                         help="each model quantized as bench/models.py --int8 does (QDQ; "
                              "QOperator for a name ending in _qop, e.g. resnet50_qop)")
+    parser.add_argument("--graph-pipeline", default="default",
+                        help="kiln's graph pipeline, e.g. 'nchwc' (blocked activation layout)")
+    parser.add_argument("--mattr", default=None,
+                        help="the target's LLVM features as changes to its CPU's, e.g. "
+                             "'-avx512f' (the AVX2 path on an AVX-512 host)")
     args = parser.parse_args()
+    GRAPH_PIPELINE[0] = args.graph_pipeline
     target = kiln.Target.from_host()
+    if args.mattr is not None:
+        target = target.with_attrs(mattr=tuple(f for f in args.mattr.split(",") if f))
     print(f"host: {harness.describe_target(target)}; {args.calls} calls each")
     for name in args.models.split(","):
         model, feed = build(name.removesuffix(QOP) if args.int8 else name)

@@ -507,6 +507,17 @@ CASES: dict[str, list[OpCase]] = {
         # a 3x3 layer (what tuning may give the kernel): padded panels per group
         OpCase((f32(1, 4, 5, 6), f32(6, 2, 3, 3)),
                {"group": 2, "pads": (1, 0, 1, 1), "strides": (1, 2)})],
+    # a depthwise convolution on NCHW{b}c: padding channels (7 of 8), border columns,
+    # whole tiles and a remainder between them, stride 2 with a 5x5 window
+    "conv2d_nchwc_depthwise": [
+        OpCase((f32(1, 2, 5, 6, 4), f32(2, 3, 3, 4), f32(8)),
+               {"channels": 7, "group": 7, "pads": (1, 1, 1, 1)}),
+        OpCase((f32(1, 1, 3, 20, 4), f32(1, 3, 3, 4)),
+               {"channels": 4, "group": 4, "pads": (1, 0, 1, 2)}),
+        OpCase((f32(2, 1, 9, 8, 8), f32(1, 5, 5, 8)),
+               {"channels": 8, "group": 8, "strides": (2, 2), "pads": (2, 2, 2, 2)})],
+    # an SE block's per-channel scale on NCHW{b}c (its vector kernel)
+    "channel_scale_nchwc": [OpCase((f32(2, 2, 3, 5, 4), f32(2, 2, 1, 1, 4)), {})],
 }
 
 

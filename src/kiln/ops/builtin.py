@@ -2,8 +2,10 @@
 
 from kiln.ops import (  # noqa: F401
     cblas,
+    channel_scale_nchwc,
     composed,
     conv_direct,
+    conv_nchwc_depthwise,
     data_dependent,
     elementwise,
     gemm,

@@ -47,6 +47,10 @@ from kiln.transform.pass_base import FunctionPass
 # convolutions and pairs between reorders (as between MobileNetV2's depthwise layers)
 # measured slower than staying NCHW.
 MIN_REGION_CONVS = 2
+#: The fewest vector registers and float32 lanes `depthwise_only` blocks regions with
+#: (AVX-512, where it was measured; see NchwcLayout).
+DEPTHWISE_REGISTERS = 32
+DEPTHWISE_LANES = 16
 
 
 @dataclass(frozen=True)
@@ -54,34 +58,43 @@ class NchwcLayout(FunctionPass):
     """Convert chains of `conv2d_blocked` + elementwise ops + pooling to NCHW{b}c.
 
     `lanes` (0: from the current target) is the channel block `b`; `min_convs` the
-    fewest convolutions a region keeps its layout with.
+    fewest convolutions a region keeps its layout with; `depthwise_only` keeps only
+    regions holding a depthwise convolution (where the layout pays most: MobileNet-style
+    networks), leaving the others NCHW, and only on ISAs with 32 vector registers of 16
+    lanes (AVX-512: with AVX2's 16 registers the blocked 1x1 layers at 8 lanes measured
+    twice as slow as the NCHW kernels, MobileNetV2 1.5x slower in all; NEON is not
+    measured).
     """
 
     name = "nchwc-layout"
     level = "graph"
     lanes: int = 0
     min_convs: int = MIN_REGION_CONVS
+    depthwise_only: bool = False
 
     def run_on_function(self, func: Any, name: str, mod: IRModule) -> g.Function:
         assert isinstance(func, g.Function)
-        from kiln.ops.kernels.tiles import tile_lanes, with_lanes
+        from kiln.ops.kernels.tiles import tile_lanes, tile_registers, with_lanes
         from kiln.target.isa import isa_for
 
         isa = isa_for(None)
         if self.lanes:
             isa = with_lanes(isa, self.lanes)
+        if self.depthwise_only and (tile_registers(isa) < DEPTHWISE_REGISTERS
+                                    or tile_lanes(isa) < DEPTHWISE_LANES):
+            return func
         skip: set[g.Var] = set()
         while True:  # each round leaves out the convolutions of regions too small to pay
             rewriter = _Rewriter(tile_lanes(isa), skip, isa)
             new = rewriter.run(func)
-            small = rewriter.small_regions(self.min_convs)
+            small = rewriter.small_regions(self.min_convs, self.depthwise_only)
             if not small:
                 return new
             skip |= small
 
 
 class _Rewriter:
-    def __init__(self, block: int, skip: set[g.Var], isa: Any) -> None:
+    def __init__(self, block: int, skip: set[g.Var], isa: Any, gemm: bool = True) -> None:
         from kiln.ops.kernels.registry import KERNELS
         from kiln.ops.layout import blocked_layout
 
@@ -89,6 +102,7 @@ class _Rewriter:
         self.isa = isa
         self.family = KERNELS.get("nchwc")
         self.skip = skip                          # convolutions (by result) to leave NCHW
+        self.gemm = gemm                          # also block conv2d_gemm (1x1) calls
         self.layout = blocked_layout(block)
         self.bindings: list[g.Binding] = []
         self.blocked: dict[g.Var, g.Var] = {}     # NCHW var -> its NCHW{b}c value
@@ -96,16 +110,19 @@ class _Rewriter:
         self.region: dict[g.Var, g.Var] = {}      # blocked (original) var -> a conv of its region
         self.parent: dict[g.Var, g.Var] = {}      # union-find over the blocked convs
         self.reorders: list[g.Var] = []           # a conv of the region of each reorder
+        self.depthwise: set[g.Var] = set()        # the depthwise convs (by result)
 
-    def small_regions(self, min_convs: int) -> set[g.Var]:
+    def small_regions(self, min_convs: int, depthwise_only: bool = False) -> set[g.Var]:
         """The convolutions (original result vars) of regions that do not pay: fewer than
-        `min_convs` convolutions, or no more convolutions than reorders in and out."""
+        `min_convs` convolutions, or no more convolutions than reorders in and out (or,
+        with `depthwise_only`, no depthwise convolution)."""
         members: dict[g.Var, list[g.Var]] = {}
         for conv in self.parent:
             members.setdefault(self._root(conv), []).append(conv)
         reorders = Counter(self._root(c) for c in self.reorders)
         return {c for root, group in members.items()
-                if len(group) < max(min_convs, reorders[root] + 1) for c in group}
+                if len(group) < max(min_convs, reorders[root] + 1)
+                or (depthwise_only and not self.depthwise & set(group)) for c in group}
 
     def _root(self, conv: g.Var) -> g.Var:
         while self.parent[conv] is not conv:
@@ -118,8 +135,10 @@ class _Rewriter:
         assert isinstance(b.value, g.Call)
         roots = list(dict.fromkeys(self._root(self.region[a]) for a in b.value.args
                                    if isinstance(a, g.Var) and a in self.region))
-        if b.value.op == "conv2d_blocked":
+        if b.value.op in CONVS:
             self.parent[b.var] = b.var
+            if b.value.op == "conv2d_depthwise":
+                self.depthwise.add(b.var)
             roots.append(b.var)
         for r in roots[1:]:
             self.parent[r] = roots[0]
@@ -159,7 +178,8 @@ class _Rewriter:
         assert isinstance(t, TensorType)
         value = call("layout_transform", self.blocked[var], src=self.layout, dst="NCHW",
                      channels=t.shape[1])
-        self.reorders.append(self.region[var])
+        if tuple(t.shape[2:]) != (1, 1):  # one value per channel (a pooled tensor) is free
+            self.reorders.append(self.region[var])
         self.bindings.append(g.Binding(var, value))
         self.plain.add(var)
 
@@ -181,6 +201,7 @@ class _Rewriter:
     # ------------------------------------------------------------------ ops
 
     def _blocked_call(self, b: g.Binding) -> g.Call | None:
+        from kiln.ops.channel_scale_nchwc import CHANNEL_SCALE
         from kiln.ops.pool_nchwc import POOL_NCHWC, POOLS
         from kiln.ops.registry import call, get_op
 
@@ -188,18 +209,31 @@ class _Rewriter:
         assert isinstance(c, g.Call)
         if c.op == "conv2d_blocked":
             return None if b.var in self.skip else self._conv(c, b.var)
-        if not c.args or not _is_plain_4d(c.ret_type):
-            return None
+        if c.op == "conv2d_gemm" and self.gemm:
+            return None if b.var in self.skip else self._gemm(c, b.var)
+        if c.op == "conv2d_depthwise":
+            return None if b.var in self.skip else self._depthwise(c, b.var)
+        if not c.args or not _is_plain_4d(c.ret_type) or not any(
+                isinstance(a, g.Var) and a in self.region for a in c.args):
+            return None  # not fed by a region (an input only reordered for a convolution)
         pattern = get_op(c.op).pattern
         if pattern in ("elemwise", "broadcast") and all(
-                isinstance(a, g.Var) and a in self.blocked and a.type == c.ret_type
-                for a in c.args):
-            return call(c.op, *(self.blocked[a] for a in c.args if isinstance(a, g.Var)),
-                        **c.attrs)
+                isinstance(a, g.Var) and a in self.blocked and _same_or_per_channel(
+                    a.type, c.ret_type) for a in c.args):
+            args = [self.blocked[a] for a in c.args if isinstance(a, g.Var)]
+            if c.op == "multiply" and len(args) == 2 and c.args[0].type != c.args[1].type:
+                # a per-channel scale (an SE block): one vector multiply per position
+                x, s = args if c.args[0].type == c.ret_type else args[::-1]
+                return call(CHANNEL_SCALE, x, s)
+            return call(c.op, *args, **c.attrs)
         if c.op == "concat" and self._whole_blocks(c):
             # channel blocks are whole, so the blocked tensors concatenate block-wise
             return call("concat", *(self.blocked[a] for a in c.args if isinstance(a, g.Var)),
                         axis=1)
+        if c.op == "global_avg_pool" and isinstance(c.args[0], g.Var) \
+                and c.args[0] in self.blocked:
+            # the mean of each lane over the image: [N][C/b][1][1][b]
+            return call("reduce_mean", self.blocked[c.args[0]], axes=(2, 3), keepdims=True)
         if c.op in POOLS and isinstance(c.args[0], g.Var) and c.args[0] in self.blocked:
             return call(POOL_NCHWC, self.blocked[c.args[0]], pool=c.op, **c.attrs)
         return None
@@ -218,6 +252,56 @@ class _Rewriter:
         blocked = g.Call(c.op, (self._to_blocked(c.args[0], var), *c.args[1:]), c.attrs,
                          c.ret_type)
         return self.family.pack(blocked, self.isa)
+
+    def _gemm(self, c: g.Call, var: g.Var) -> g.Call | None:
+        """`c` (a `conv2d_gemm`, OIHW weight) as the blocked kernel's `conv2d_nchwc`."""
+        from kiln.ops.kernels.registry import KERNELS, TILE
+
+        plain = g.Call("conv2d", c.args, g.freeze_attrs(
+            {k: v for k, v in c.attrs.items() if k != TILE}), c.ret_type)
+        direct = KERNELS.get("conv_direct")
+        if not direct.applies(plain, self.isa):
+            return None
+        return self._conv(direct.pack(plain, self.isa), var)
+
+    def _depthwise(self, c: g.Call, var: g.Var) -> g.Call | None:
+        """`c` (a `conv2d_depthwise`) as `conv2d_nchwc_depthwise`: weight and bias packed
+        into whole channel blocks (kiln.ops.conv_nchwc_depthwise)."""
+        from kiln.ops import conv_nchwc_depthwise as dw
+        from kiln.ops.kernels.nchwc_depthwise import choose_tile_width, conv_geometry
+        from kiln.ops.registry import call
+
+        w = c.args[1]
+        bias = c.args[2] if len(c.args) > 2 else None
+        if not (_is_plain_4d(c.args[0].type) and isinstance(w, g.Constant)
+                and (bias is None or isinstance(bias, g.Constant))):
+            return None
+        xt = c.args[0].type
+        assert isinstance(xt, TensorType)
+        x = self._to_blocked(c.args[0], var)
+        channels = int(w.data.shape[0])
+        attrs = {k: v for k, v in c.attrs.items() if k != "tile"}
+        attrs["channels"] = channels
+        shape = conv_geometry(xt.shape, attrs, tuple(w.data.shape[2:]))
+        attrs["tile"] = (choose_tile_width(shape, self.isa),)
+        args = [g.Constant(dw.pack_weight(w.data, self.block), w.name)]
+        if bias is not None:
+            args.append(g.Constant(dw.pack_bias(bias.data, self.block), bias.name))
+        return call(dw.NCHWC_DEPTHWISE, x, *args, **attrs)
+
+
+#: The convolutions a blocked region counts (their original ops).
+CONVS = ("conv2d_blocked", "conv2d_depthwise", "conv2d_gemm")
+
+
+def _same_or_per_channel(t: Any, out: Any) -> bool:
+    """Whether operand type `t` of an elementwise op with result type `out` is `out`
+    itself or one value per channel (`[N][C][1][1]`, an SE block's scale): blocked,
+    both broadcast as their NCHW forms do."""
+    if t == out:
+        return True
+    return isinstance(t, TensorType) and isinstance(out, TensorType) and t.ndim == 4 \
+        and t.shape[:2] == out.shape[:2] and t.shape[2:] == (1, 1) and t.dtype == out.dtype
 
 
 def _is_plain_4d(t: Any) -> bool:

@@ -55,8 +55,9 @@ def list_pipelines(level: str) -> list[str]:
     return [n.split("/", 1)[1] for n in PIPELINES.names() if n.startswith(f"{level}/")]
 
 
-# Whether the default graph pipeline keeps convolution chains in NCHW{b}c
-# (kiln.transform.nchwc_layout); the "nchwc" pipeline always does.
+# Whether the default graph pipeline keeps every convolution chain that pays in NCHW{b}c
+# (kiln.transform.nchwc_layout; without, only chains with a depthwise convolution, on
+# AVX-512); the "nchwc" pipeline always does.
 NCHWC_BY_DEFAULT = False
 
 
@@ -73,7 +74,9 @@ def default_graph_pipeline(nchwc: bool = NCHWC_BY_DEFAULT) -> Sequential:
     lower to PrimFuncs. BatchNorm
     folding must precede fusion, which would otherwise swallow the multiply/add it folds
     into the convolution. `nchwc`: keep convolution chains in the blocked activation
-    layout (kiln.transform.nchwc_layout) between picking kernels and fusing."""
+    layout (kiln.transform.nchwc_layout) between picking kernels and fusing; without it
+    only chains holding a depthwise convolution are (on ISAs with 32 vector registers:
+    `NchwcLayout(depthwise_only=True)`)."""
     from kiln.transform.composite_ops import RecognizeComposites
     from kiln.transform.conv_blocking import BlockConvolutions
     from kiln.transform.dead_code import DeadCodeElimination
@@ -90,7 +93,8 @@ def default_graph_pipeline(nchwc: bool = NCHWC_BY_DEFAULT) -> Sequential:
     blas = [UseCBLAS()] if target_wants_cblas() else []
     from kiln.transform.nchwc_layout import NchwcLayout
 
-    layout = [NchwcLayout()] if nchwc else []
+    # without `nchwc`, only regions with a depthwise convolution (MobileNet-style networks)
+    layout = [NchwcLayout()] if nchwc else [NchwcLayout(depthwise_only=True)]
     return Sequential([QuantizeOps(), FoldConstants(), RecognizeComposites(), FoldBatchNorm(),
                        *blas, BlockConvolutions(), *layout,
                        BlockMatmuls(), FuseOps(), LegalizeOps(), DeadCodeElimination(),

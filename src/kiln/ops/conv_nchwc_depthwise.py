@@ -1,0 +1,139 @@
+"""`conv2d_nchwc_depthwise(x, wp[, bias])`: a depthwise 2-D convolution on activations in
+the blocked NCHW{b}c layout (kiln.ops.layout).
+
+`x` is `[N][ceil(C/b)][H][W][b]`, `wp` the depthwise weight packed into
+`[ceil(C/b)][kh][kw][b]` (`pack_weight`: the `b` channels of a block side by side,
+zero-padded), `bias` (optional) `[ceil(C/b) * b]` zero-padded (`pack_bias`); attribute
+`channels` is the real channel count C, `tile` the output positions per register tile
+(kiln.ops.kernels.nchwc_depthwise), the others `conv2d`'s (strides, pads, dilations,
+`group` = C). The result is `[N][ceil(C/b)][OH][OW][b]` with its padding channels zero.
+The `nchwc-layout` pass (kiln.transform.nchwc_layout) introduces it in place of a
+`conv2d_depthwise` whose input is in a blocked region: a vector is then `b` channels
+of one position, so a stride-2 or 7-pixel-wide layer fills its vectors as a
+stride-1 wide one does, and no padded copy of the input is made.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar, cast
+
+import numpy as np
+
+from kiln.errors import IRError
+from kiln.ir.tensor import PrimExpr, PrimFunc, as_expr, min_, select
+from kiln.ir.types import TensorType, Type
+from kiln.ops import layout, te
+from kiln.ops.kernels.registry import recorded_tile
+from kiln.ops.nn import conv_compute, conv_infer, conv_ref
+from kiln.ops.registry import OPS, HandBuiltOp
+
+NCHWC_DEPTHWISE = "conv2d_nchwc_depthwise"
+Attrs = Mapping[str, Any]
+
+
+def pack_weight(w: np.ndarray, block: int) -> np.ndarray:
+    """OIHW depthwise weight `(C, 1, kh, kw)` -> `[ceil(C/block)][kh][kw][block]`,
+    channels padded with zeros."""
+    c, _, kh, kw = w.shape
+    blocks = -(-c // block)
+    padded = np.zeros((blocks * block, kh, kw), dtype=w.dtype)
+    padded[:c] = w[:, 0]
+    return np.ascontiguousarray(padded.reshape(blocks, block, kh, kw).transpose(0, 2, 3, 1))
+
+
+def unpack_weight(wp: np.ndarray, channels: int) -> np.ndarray:
+    """`pack_weight` undone: the OIHW weight `(channels, 1, kh, kw)`."""
+    blocks, kh, kw, block = wp.shape
+    w = wp.transpose(0, 3, 1, 2).reshape(blocks * block, 1, kh, kw)[:channels]
+    return np.ascontiguousarray(w)
+
+
+def pack_bias(bias: np.ndarray, block: int) -> np.ndarray:
+    """A per-channel bias padded with zeros to whole blocks of `block`."""
+    padded = np.zeros(-(-bias.shape[0] // block) * block, dtype=bias.dtype)
+    padded[:bias.shape[0]] = bias
+    return padded
+
+
+def _channels(types: Sequence[Any], attrs: Attrs) -> tuple[int, int, int, int]:
+    """(C, b, kh, kw) of a call, checked against its blocked input and packed weight."""
+    x, wp = tuple(types[0].shape), tuple(types[1].shape)
+    if "channels" not in attrs:
+        raise IRError(f"{NCHWC_DEPTHWISE}: needs the `channels` attribute")
+    c = int(attrs["channels"])
+    if len(x) != 5 or len(wp) != 4 or not isinstance(x[1], int) or int(x[4]) != int(wp[3]) \
+            or int(x[1]) != int(wp[0]) or not (int(x[1]) - 1) * int(x[4]) < c <= int(
+                x[1]) * int(x[4]) or int(attrs.get("group", 1)) != c:
+        raise IRError(f"{NCHWC_DEPTHWISE}: input {x} must be NCHW<b>c and the weight {wp} "
+                      f"[C/b][kh][kw][b] of {c} channels (`group` = `channels`)")
+    if len(types) > 2 and tuple(types[2].shape) != (int(x[1]) * int(x[4]),):
+        raise IRError(f"{NCHWC_DEPTHWISE}: bias {tuple(types[2].shape)} must hold "
+                      f"{int(x[1]) * int(x[4])} channels (padded to whole blocks)")
+    recorded_tile(attrs, 1, NCHWC_DEPTHWISE)
+    return c, int(x[4]), int(wp[1]), int(wp[2])
+
+
+def _plain_types(types: Sequence[TensorType], attrs: Attrs) -> list[TensorType]:
+    c, _, kh, kw = _channels(types, attrs)
+    x = types[0]
+    return [TensorType((x.shape[0], c, x.shape[2], x.shape[3]), x.dtype),
+            TensorType((c, 1, kh, kw), types[1].dtype),
+            *(TensorType((c,), t.dtype) for t in types[2:])]
+
+
+def _infer(types: Sequence[TensorType], attrs: Attrs) -> Type:
+    out = conv_infer(_plain_types(types, attrs), attrs)
+    assert isinstance(out, TensorType)
+    return TensorType(layout.block_shape(out.shape, cast(int, types[0].shape[4])), out.dtype)
+
+
+def _compute(inputs: Sequence[te.Tensor], attrs: Attrs) -> te.Tensor:
+    c, b, kh, kw = _channels(inputs, attrs)
+    x, wp = inputs[0], inputs[1]
+    plain = te.compute((x.shape[0], c, x.shape[2], x.shape[3]),
+                       lambda n, ch, h, w: x[n, ch // b, h, w, ch % b], x.dtype, "x_nchw")
+    w = te.compute((c, 1, kh, kw), lambda o, i, p, q: wp[o // b, p, q, o % b], wp.dtype,
+                   "weight")
+    rest = [te.compute((c,), lambda o, t=t: t[o], t.dtype, "bias") for t in inputs[2:]]
+    out = conv_compute([plain, w, *rest], attrs)
+
+    def blocked(n: PrimExpr, cb: PrimExpr, h: PrimExpr, ow: PrimExpr, v: PrimExpr) -> PrimExpr:
+        ch = cb * b + v
+        if c % b == 0:
+            return out[n, ch, h, ow]
+        return select(ch < c, out[n, min_(ch, c - 1), h, ow], as_expr(0.0, out.dtype))
+
+    return te.compute(layout.block_shape(out.shape, b), blocked, out.dtype, "dw_nchwc")
+
+
+def _reference(x: np.ndarray, wp: np.ndarray, bias: np.ndarray | None = None,
+               **attrs: Any) -> np.ndarray:
+    c = int(attrs["channels"])
+    out = conv_ref(layout.from_blocked(x, c), unpack_weight(wp, c),
+                   None if bias is None else bias[:c], **attrs)
+    return layout.to_blocked(out, int(x.shape[4]))
+
+
+@dataclass(frozen=True)
+class NchwcDepthwiseOp(HandBuiltOp):
+    """The op of this module; its kernel is kiln.ops.kernels.nchwc_depthwise's (float32,
+    static channels and image sizes; the batch may be symbolic)."""
+
+    supports_symbolic: ClassVar[bool] = True
+
+    def lower_fused(self, params: Sequence[te.Tensor], args: Sequence[te.Tensor], attrs: Attrs,
+                    anchor: te.Tensor | None, result: te.Tensor | None,
+                    name: str) -> PrimFunc | None:
+        """The hand-built kernel (see `HandBuiltOp.lower_fused`)."""
+        if any(t.dtype != "float32" for t in (*args, *params)) or not all(
+                isinstance(d, int) for t in args for d in t.shape[1:]):
+            return None
+        from kiln.ops.kernels.nchwc_depthwise import build
+
+        return build(params, args, attrs, anchor, result)
+
+
+OPS.register(NCHWC_DEPTHWISE, NchwcDepthwiseOp(NCHWC_DEPTHWISE, "anchor", _infer, _compute,
+                                               _reference))

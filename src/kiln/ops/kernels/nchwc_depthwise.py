@@ -1,0 +1,170 @@
+"""The kernel of `conv2d_nchwc_depthwise` (kiln.ops.conv_nchwc_depthwise): a depthwise
+convolution on NCHW{b}c activations, one vector = the `b` channels of one position.
+
+A tile is `tile_w` consecutive output positions of one output row of one channel
+block: `tile_w` vector accumulators (started at the bias), and for each window tap one
+weight vector (contiguous in the packed weight) multiplied with the tile's input
+vectors (contiguous in the blocked input, whatever the stride). Nothing is copied: a
+window row outside the image is skipped by a test per (row, kh), and the columns whose
+window leaves the image (at most `pad / stride` on each side) are one-position tiles
+that leave the missing taps out, so the tiles between them run without tests. The
+tiles of a row (rows of all blocks and images) form one parallel loop.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from kiln.ir.tensor import (
+    Allocate,
+    Buffer,
+    IfThenElse,
+    PrimExpr,
+    PrimFunc,
+    Stmt,
+    Store,
+    as_expr,
+    select,
+    seq,
+)
+from kiln.ops import layout
+from kiln.ops.conv_kernels import ConvShape
+from kiln.ops.epilogue import fused_store
+from kiln.ops.kernels.registry import recorded_tile
+from kiln.ops.kernels.tiles import Epilogue, lanes_loop, madd, parallel_tiles, parallel_when
+from kiln.ops.kernels.tiles import const as _c
+from kiln.ops.kernels.tiles import loop as _loop
+from kiln.target.isa import ISA, isa_for
+
+#: Output positions per tile the rule prefers: 8 accumulators leave AVX2's 16 registers
+#: room for the weight and an input vector, and keep the unrolled taps (kh x kw x 8
+#: vector FMAs) small enough for LLVM.
+TILE_POSITIONS = 8
+
+
+def choose_tile_width(shape: ConvShape, isa: ISA) -> int:
+    """Positions per tile: `TILE_POSITIONS` (fewer when the registers hold fewer), no
+    wider than the columns whose window lies inside the image."""
+    registers = isa.vector_registers or 16
+    lo, hi = inner_columns(shape)
+    return max(1, min(TILE_POSITIONS, registers - 3, hi - lo))
+
+
+def inner_columns(shape: ConvShape) -> tuple[int, int]:
+    """The output columns `[lo, hi)` whose whole window row lies inside the image."""
+    sw, dw, left = shape.stride[1], shape.dilation[1], shape.pads[1]
+    lo = min(shape.out_w, -(-left // sw))
+    last = (shape.w - 1 + left - (shape.kw - 1) * dw) // sw  # the last such column
+    return lo, max(lo, min(shape.out_w, last + 1))
+
+
+def conv_geometry(x_shape: Sequence[Any], attrs: Mapping[str, Any], kernel: tuple[int, int]
+                  ) -> ConvShape:
+    """The NCHW geometry of a call on the blocked input shape `x_shape`."""
+    from kiln.ops.conv_direct import conv_shape
+
+    c = int(attrs["channels"])
+    return conv_shape((x_shape[0], c, x_shape[2], x_shape[3]), c, kernel, attrs)
+
+
+def build(params: Sequence[Any], args: Sequence[Any], attrs: Mapping[str, Any],
+          anchor: Any, result: Any) -> PrimFunc | None:
+    """The kernel of a `conv2d_nchwc_depthwise` call with its fused elementwise tail (the
+    arguments of `HandBuiltOp.lower_fused`); None when the tail needs statements."""
+    isa = isa_for(None)
+    x, wp = args[0], args[1]
+    bias = args[2] if len(args) > 2 else None
+    block = int(x.shape[4])
+    shape = conv_geometry(x.shape, attrs, (int(wp.shape[1]), int(wp.shape[2])))
+    out_shape = layout.block_shape((shape.n, shape.c_out, shape.out_h, shape.out_w), block)
+    store = fused_store(params, anchor, result, out_shape)
+    if store is None:
+        return None
+    tile = recorded_tile(attrs, 1, "conv2d_nchwc_depthwise")
+    tile_w = tile[0] if tile else choose_tile_width(shape, isa)
+    stmt = parallel_when(lambda: nest(
+        shape, block, store.buffers[x], store.buffers[wp],
+        None if bias is None else store.buffers[bias], store.out, tile_w, store.epilogue,
+        isa.fma), shape.n * shape.c_in * shape.out_h * shape.out_w * shape.kh * shape.kw)
+    return PrimFunc((*(store.buffers[t] for t in params), store.out), stmt,
+                    {"kiln.conv_kernel": "conv2d_nchwc_depthwise"})
+
+
+def nest(shape: ConvShape, block: int, x: Buffer, w: Buffer, bias: Buffer | None,
+         out: Buffer, tile_w: int, epilogue: Epilogue, fused: bool) -> Stmt:
+    """The loop nest (see the module docstring): `x` `[N][C/b][H][W][b]`, `w`
+    `[C/b][kh][kw][b]`, `bias` `[C/b * b]` or None, `out` `[N][C/b][OH][OW][b]`."""
+    sh, sw = shape.stride
+    dh, dw = shape.dilation
+    top, left = shape.pads[0], shape.pads[1]
+    blocks = -(-shape.c_in // block)
+    dtype = x.dtype
+    lo, hi = inner_columns(shape)
+
+    def taps(ow: int) -> list[int]:
+        """The kw whose input column lies inside the image for output column `ow`."""
+        return [k for k in range(shape.kw) if 0 <= ow * sw - left + k * dw < shape.w]
+
+    def tile(n: PrimExpr, cb: PrimExpr, oh: PrimExpr, ow0: PrimExpr,
+             kws: list[list[int]]) -> Stmt:
+        width = len(kws)
+        acc = Buffer("acc", (width, block), dtype, "local")
+        start = lanes_loop("v", block, lambda v: seq(*(
+            Store(acc, bias[cb * block + v] if bias is not None else as_expr(0.0, dtype),
+                  (_c(t), v)) for t in range(width))))
+
+        def window_row(kh: PrimExpr) -> Stmt:
+            ih = oh * sh - top + kh * dh
+            steps: list[Stmt] = []
+            for kw in range(shape.kw):
+                ts = [t for t in range(width) if kw in kws[t]]
+                if not ts:
+                    continue
+
+                def lane(v: PrimExpr, kw: int = kw, ts: list[int] = ts) -> Stmt:
+                    wv = w[cb, kh, _c(kw), v]
+                    return seq(*(Store(acc, madd(
+                        acc[_c(t), v], x[n, cb, ih, (ow0 + t) * sw + (kw * dw - left), v],
+                        wv, fused), (_c(t), v)) for t in ts))
+
+                steps.append(lanes_loop("v", block, lane))
+            body = seq(*steps)
+            if top or (shape.out_h - 1) * sh - top + (shape.kh - 1) * dh >= shape.h:
+                body = IfThenElse((ih >= 0) & (ih < shape.h), body)
+            return body
+
+        rows = _loop("kh", shape.kh, window_row) if shape.kh > 1 else window_row(_c(0))
+        # The accumulators are staged (constant rows: they stay registers) and stored
+        # through the epilogue by one loop: one copy of the epilogue's code per tile.
+        stage = Buffer("stage", (width, block), dtype, "local")
+        copy = lanes_loop("v", block, lambda v: seq(*(
+            Store(stage, acc[_c(t), v], (_c(t), v)) for t in range(width))))
+
+        def put(j: PrimExpr) -> Stmt:
+            def lane(v: PrimExpr) -> Stmt:
+                idx = (n, cb, oh, ow0 + j, v)
+                value = epilogue(stage[j, v], idx)
+                if shape.c_in % block:  # the last block's padding channels stay zero
+                    value = select(cb * block + v < shape.c_in, value, as_expr(0.0, dtype))
+                return Store(out, value, idx)
+
+            return lanes_loop("v", block, lane)
+
+        stores = _loop("j", width, put) if width > 1 else put(_c(0))
+        return seq(Allocate(acc), start, rows, Allocate(stage), copy, stores)
+
+    def row(n: PrimExpr, cb: PrimExpr, oh: PrimExpr) -> Stmt:
+        parts: list[Stmt] = [tile(n, cb, oh, _c(ow), [taps(ow)]) for ow in range(lo)]
+        full, rest = divmod(hi - lo, tile_w)
+        every = [list(range(shape.kw))]
+        if full:
+            parts.append(_loop("owt", full, lambda t: tile(
+                n, cb, oh, t * tile_w + lo, every * tile_w)) if full > 1
+                else tile(n, cb, oh, _c(lo), every * tile_w))
+        if rest:
+            parts.append(tile(n, cb, oh, _c(lo + full * tile_w), every * rest))
+        parts += [tile(n, cb, oh, _c(ow), [taps(ow)]) for ow in range(max(hi, lo), shape.out_w)]
+        return seq(*parts)
+
+    return parallel_tiles((shape.n, blocks, shape.out_h), row)

@@ -1,0 +1,164 @@
+"""Depthwise convolutions inside a blocked region (kiln.ops.conv_nchwc_depthwise, its
+kernel kiln.ops.kernels.nchwc_depthwise, the nchwc-layout pass) against onnxruntime.
+
+One ONNX model, a MobileNet/EfficientNet-style chain: a 3x3 convolution with ReLU, a
+1x1 one, a 3x3 depthwise layer with Clip (ReLU6), a 5x5 stride-2 depthwise layer with
+Swish (x * sigmoid(x)) and a squeeze-and-excitation block (global pool, 1x1
+convolutions, per-channel scale), a 3x3 convolution, and a residual Add of a 3x3
+dilated-2 and a 3x3 depthwise layer;
+40 channels (not a multiple of 16: padding lanes on AVX-512), images 13x11 (border
+columns on both sides, whole tiles and a remainder). Compiled with the `nchwc` graph
+pipeline on llvm and c, run here and in a fresh process with 2 threads.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import kernel_checks
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+import kiln
+from kiln.frontend import from_onnx
+from kiln.ir import graph as g
+from kiln.ops.kernels.nchwc import pointwise_tile
+from kiln.target import Target
+from kiln.target.isa import isa_for
+from kiln.transform.registry import parse_passes
+from support.graphs import GraphBuilder
+from support.processes import outputs_in_fresh_process
+
+TOL = 1e-4
+RNG = np.random.default_rng(5)
+C = 40
+
+
+def build_model() -> onnx.ModelProto:
+    inits: list[onnx.TensorProto] = []
+    nodes: list[onnx.NodeProto] = []
+
+    def const(name: str, value: np.ndarray) -> str:
+        inits.append(numpy_helper.from_array(np.asarray(value, np.float32), name))
+        return name
+
+    def conv(x: str, out: str, ci: int, co: int, k: int, stride: int = 1, pad: int = 1,
+             group: int = 1, dilation: int = 1) -> str:
+        w = const(out + "_w", RNG.normal(0, 1 / np.sqrt(ci // group * k * k),
+                                         (co, ci // group, k, k)))
+        b = const(out + "_b", RNG.normal(0, 0.1, co))
+        nodes.append(helper.make_node("Conv", [x, w, b], [out], kernel_shape=[k, k],
+                                      strides=[stride] * 2, pads=[pad] * 4, group=group,
+                                      dilations=[dilation] * 2))
+        return out
+
+    def node(op: str, inputs: list[str], out: str) -> str:
+        nodes.append(helper.make_node(op, inputs, [out]))
+        return out
+
+    a = node("Relu", [conv("x", "a0", 37, C, 3)], "a")
+    p = conv(a, "p", C, C, 1, pad=0)  # 1x1: the GEMM kernel's in NCHW
+    d = node("Clip", [conv(p, "d0", C, C, 3, group=C), const("lo", np.array(0.0)),
+                      const("hi", np.array(6.0))], "d")
+    e0 = conv(d, "e0", C, C, 5, stride=2, pad=2, group=C)
+    e = node("Mul", [e0, node("Sigmoid", [e0], "e1")], "e")
+    # a squeeze-and-excitation block: global pool, 1x1 convolutions, per-channel scale
+    se = node("Relu", [conv(node("GlobalAveragePool", [e], "gap"), "se0", C, 8, 1, pad=0)],
+              "se1")
+    z = node("Mul", [e, node("Sigmoid", [conv(se, "se2", 8, C, 1, pad=0)], "se3")], "z")
+    f = conv(z, "f", C, C, 3)
+    node("Add", [conv(f, "g", C, C, 3, pad=2, group=C, dilation=2),
+                 conv(f, "h", C, C, 3, group=C)], "y")
+    inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 37, 13, 11])]
+    outputs = [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)]
+    return kernel_checks.branches_model("nchwc_depthwise", nodes, inputs, outputs, inits)
+
+
+MODEL = build_model()
+CHECKS = kernel_checks.KernelCases(MODEL, ["mobilenet-style chain"], TOL, RNG)
+FEEDS = CHECKS.feeds
+native = CHECKS.native_fixture(graph_pipeline="nchwc")
+reference = CHECKS.reference_fixture()
+
+
+def test_the_pass_blocks_depthwise_layers() -> None:
+    mod = from_onnx(MODEL)
+    for p in parse_passes("fold-constants,fold-batchnorm,block-convolutions,"
+                          "nchwc-layout{lanes=8}"):
+        mod = p(mod)
+    names = [b.value.op for b in mod["main"].bindings if isinstance(b.value, g.Call)]
+    # one region: every convolution blocked (the 1x1 ones too), the SE block's pool and
+    # scale on the blocked tensors; one reorder in and one out
+    assert names.count("conv2d_nchwc_depthwise") == 4 and names.count("conv2d_nchwc") == 5
+    assert not {"conv2d_depthwise", "conv2d_gemm", "conv2d_blocked"} & set(names)
+    assert names.count("reduce_mean") == names.count("channel_scale_nchwc") == 1
+    assert names.count("layout_transform") == 2
+    dw = [b.value for b in mod["main"].bindings if isinstance(b.value, g.Call)
+          and b.value.op == "conv2d_nchwc_depthwise"]
+    # weights packed into whole blocks of 8 channels, the bias padded alike
+    assert all(c.args[1].type.shape[::3] == (5, 8) and c.args[2].type.shape == (40,)
+               for c in dw)
+
+
+def test_matches_onnxruntime(native: kiln.driver.Executable,
+                             reference: list[np.ndarray]) -> None:
+    kinds = [f.attrs.get("kiln.conv_kernel") for f in native.ir.functions.values()]
+    assert kinds.count("conv2d_nchwc_depthwise") >= 3
+    CHECKS.assert_close([native(*FEEDS.values())], reference)
+
+
+def test_two_threads_in_a_fresh_process(native: kiln.driver.Executable, tmp_path: Path,
+                                        reference: list[np.ndarray]) -> None:
+    CHECKS.assert_close(outputs_in_fresh_process(native, FEEDS, tmp_path, 2), reference)
+
+
+def test_pointwise_tiles_on_32_registers() -> None:
+    avx512 = isa_for(Target("llvm -mcpu=skylake-avx512"))
+    # the fewest padded channels, then the most vectors; the most positions that fit
+    assert pointwise_tile(576, 196, avx512) == (64, 6)
+    assert pointwise_tile(96, 196, avx512) == (48, 7)
+    assert pointwise_tile(160, 49, avx512) == (32, 7)
+    assert pointwise_tile(40, 143, avx512) == (48, 8)
+    # 16 registers (AVX2) and NEON (4 lanes, not measured) keep the blocked kernel's rule
+    assert pointwise_tile(576, 196, isa_for(Target("llvm -mcpu=haswell"))) is None
+    assert pointwise_tile(576, 196, isa_for(Target("llvm -mtriple=aarch64-linux-gnu"
+                                                   " -mcpu=neoverse-n1"))) is None
+
+
+def test_an_input_read_by_a_region_and_an_activation() -> None:
+    # `x` is reordered for the convolution; the Relu reading `x` alone belongs to no
+    # region and stays NCHW (the pass once failed on it)
+    b = GraphBuilder()
+    x = b.input("x", [1, C, 6, 6])
+    y = b.conv(b.conv(b.op("Relu", b.conv(x, C, C, 3, group=C)), C, C, 3, group=C), C, C, 3,
+               group=C)
+    b.output(y, [1, C, 6, 6])
+    b.output(b.op("Relu", x), [1, C, 6, 6])
+    mod = from_onnx(b.model())
+    for p in parse_passes("fold-constants,block-convolutions,nchwc-layout{lanes=8}"):
+        mod = p(mod)
+    calls = [b.value for b in mod["main"].bindings if isinstance(b.value, g.Call)]
+    assert [c.op for c in calls].count("conv2d_nchwc_depthwise") == 3
+    assert [c.args[0].type.ndim for c in calls if c.op == "relu"] == [5, 4]
+
+
+def _ops_after(spec: str, passes: str, model: onnx.ModelProto = MODEL) -> list[str]:
+    with Target(spec):
+        mod = from_onnx(model)
+        for p in parse_passes(passes):
+            mod = p(mod)
+    return [b.value.op for b in mod["main"].bindings if isinstance(b.value, g.Call)]
+
+
+def test_the_default_pipeline_blocks_depthwise_regions_on_avx512_only() -> None:
+    from test_nchwc_layout import MODEL as NO_DEPTHWISE
+
+    passes = "fold-constants,block-convolutions,nchwc-layout{depthwise_only=true}"
+    assert "conv2d_nchwc_depthwise" in _ops_after("llvm -mcpu=skylake-avx512", passes)
+    # regions without a depthwise convolution, and AVX2, stay NCHW
+    assert "layout_transform" not in _ops_after("llvm -mcpu=skylake-avx512", passes,
+                                                NO_DEPTHWISE)
+    assert "layout_transform" not in _ops_after("llvm -mcpu=haswell", passes)
+    assert "layout_transform" not in _ops_after(
+        "llvm -mtriple=aarch64-linux-gnu -mcpu=neoverse-n1", passes)
