@@ -103,6 +103,16 @@ def test_matmul_integer_equals_numpy(signed: bool) -> None:
 def test_words_round_trip_and_generic_targets_keep_the_element_layout() -> None:
     b = np.random.default_rng(5).integers(-128, 128, (7, 5)).astype(np.int8)
     np.testing.assert_array_equal(quant_dot.unwords(quant_dot.words(b), 7), b)
+    # the documented value: byte i of word g is row 4g + i, the top byte signed, rows
+    # past K zero; the same from any integer dtype holding the values
+    rows = np.concatenate([b, np.zeros((1, 5), np.int8)]).astype(np.int64)
+    unsigned = rows & 0xFF
+    value = (unsigned[0::4] + (unsigned[1::4] << 8) + (unsigned[2::4] << 16)
+             + (rows[3::4] << 24))
+    for dtype in (np.int8, np.int16, np.int64):
+        words = quant_dot.words(b.astype(dtype))
+        assert words.dtype == np.int32
+        np.testing.assert_array_equal(words, value)
     with Target("llvm -mcpu=x86-64"):
         assert quant_dot.target_isa() is None  # SSE2: the int32 multiply-add tiles
     with Target("llvm -mtriple=aarch64-linux-gnu -mattr=+dotprod"):
