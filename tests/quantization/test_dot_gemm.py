@@ -131,6 +131,7 @@ def qlinear_conv(shape: tuple[int, int, int, int], oc: int, k: int, stride: int,
     ((1, 5, 7, 6), 9, 3, 1, 1, False, 1),    # K = 45: a partial word; pads read x_zp
     ((2, 8, 9, 9), 20, 1, 2, 0, True, 1),    # 1x1, strided, batch 2, s8 shifted to u8
     ((1, 3, 9, 8), 6, 3, 2, (2, 0, 1, 3), False, 2),  # uneven pads, dilated, strided
+    ((1, 4, 9, 9), 6, 3, 2, 0, True, 1),     # 3x3/2 unpadded: phase planes one by one
 ])
 def test_qlinear_conv_equals_onnxruntime(target: str, shape: tuple[int, int, int, int],
                                          oc: int, k: int, stride: int,
