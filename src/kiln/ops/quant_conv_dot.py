@@ -451,8 +451,10 @@ def _tiles(x: Buffer, ww: Buffer, bias: Buffer, x_zp: Buffer, multiplier: Buffer
     lo, hi = out_range(attrs, y_zp.dtype)
 
     def requantized(acc: PrimExpr, oc: PrimExpr) -> PrimExpr:
+        # vector code along the channels (vectorize-loops): select clamp, magic rounding
         mult = multiplier[()] if multiplier.ndim == 0 else multiplier[oc]
-        return requantize_value(acc + bias[oc], mult, y_zp[()], lo, hi, y_zp.dtype)
+        return requantize_value(acc + bias[oc], mult, y_zp[()], lo, hi, y_zp.dtype,
+                                selects=True, magic_round=True)
 
     if tile.channels_as_lanes:
         nest_ = _channel_tiles(words, ww, flat_out, tile, requantized, positions, oc_n, big,
@@ -596,8 +598,9 @@ def _channel_tiles(words: Buffer, ww: Buffer, flat_out: Buffer, tile: ConvTile,
             return body(nr) if rest == nr else IfThenElse(
                 compare("lt", ct, col_tiles - 1), body(nr), body(rest))
 
-        requant = by_panel(lambda lanes: tile_loop("r", mr, lambda r: tile_loop(
-            "v", lanes, lambda v: Store(quant, requantized(acc[r, v], ct * nr + v), (r, v)))))
+        requant = by_panel(lambda lanes: tile_loop("r", mr, lambda r: lanes_loop(
+            "v", lanes, lambda v: Store(quant, requantized(acc[r, v], ct * nr + v), (r, v))),
+            "unrolled"))
 
         def channels(rows: int) -> Stmt:
             return by_panel(lambda lanes: tile_loop("v", lanes, lambda v: tile_loop(
