@@ -21,7 +21,7 @@ from kiln.codegen.constants import ConstantPool
 from kiln.codegen.llvm.lower_to_llvm import LoweringOptions, lower_module
 from kiln.ir import IRBuilder, IRModule
 from kiln.ir.evaluate import evaluate
-from kiln.ir.tensor import BinaryOp, Intrin, UnaryOp, intrin, select
+from kiln.ir.tensor import BinaryOp, Cast, Intrin, UnaryOp, intrin, select
 from kiln.ops.kernels.math import exp_f32
 from kiln.transform.vectorize_loops import VectorizeLoops
 
@@ -238,6 +238,36 @@ def test_select_cast_and_bit_casts_become_vector_code() -> None:
     np.testing.assert_allclose(got, want, rtol=3e-7, atol=2.0 ** -149)  # a subnormal ulp
 
 
+def _narrow() -> IRModule:
+    """y[v] = uint8(x[v] + 3), z[v] = int8(x[v] * 2): int32 lanes stored as bytes (the
+    quantized kernels' requantized outputs), each truncated as the scalar cast is."""
+    ib = IRBuilder()
+    with ib.prim_func("narrow"):
+        x = ib.arg("X", (16,), "int32")
+        y = ib.arg("Y", (16,), "uint8")
+        z = ib.arg("Z", (16,), "int8")
+        with ib.for_range(16, name="v", kind="vectorized") as v:
+            ib.store(y, [v], Cast("uint8", x[v] + 3))
+            ib.store(z, [v], Cast("int8", x[v] * 2))
+    return ib.get()
+
+
+NARROW_X = np.array([0, 1, -1, 127, 128, 252, 253, 300, -128, -129, 2 ** 20 + 5,
+                     -2 ** 20 - 1, 65535, 7, -300, 1000], np.int32)
+
+
+def _narrow_args() -> list[np.ndarray]:
+    return [NARROW_X, np.zeros(16, np.uint8), np.zeros(16, np.int8)]
+
+
+def test_narrowing_stores_become_vector_code() -> None:
+    (_, y, z), text = _run(_narrow(), "narrow", *_narrow_args())
+    assert "trunc <16 x i32>" in text and "store <16 x i8>" in text
+    assert not _scalar_loop(text)
+    np.testing.assert_array_equal(y, (NARROW_X.astype(np.int64) + 3) % 256)
+    np.testing.assert_array_equal(z, ((NARROW_X.astype(np.int64) * 2 + 128) % 256) - 128)
+
+
 # ------------------------------------------------------------------ the C backend
 
 
@@ -284,6 +314,8 @@ C_CASES = {
     "carried": (_carried(), 256, "carried", [np.ones(9, np.float32)]),
     # selects (masks and blends), bit casts, int32 shifts, __builtin_convertvector
     "exp": (_exp_lanes(), 256, "exp", [EXP_X, np.zeros(8, np.float32)]),
+    # a narrowing store: the C printer keeps the loop scalar (the C compiler's to vectorize)
+    "narrow": (_narrow(), 256, "narrow", _narrow_args()),
 }
 
 
@@ -308,7 +340,7 @@ def test_c_vector_code_agrees_with_the_interpreter(case: str,
     for g, w in zip(got, want):
         np.testing.assert_array_equal(g, w)
     source = lib.source("kernels.c")
-    assert ("#if KILN_VECTORS" in source) == (case != "carried")
+    assert ("#if KILN_VECTORS" in source) == (case not in ("carried", "narrow"))
 
 
 def test_c_vector_loops_print_register_chunks(c_libs: dict[str, CLibrary]) -> None:

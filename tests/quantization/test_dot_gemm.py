@@ -103,6 +103,16 @@ def test_matmul_integer_equals_numpy(signed: bool) -> None:
 def test_words_round_trip_and_generic_targets_keep_the_element_layout() -> None:
     b = np.random.default_rng(5).integers(-128, 128, (7, 5)).astype(np.int8)
     np.testing.assert_array_equal(quant_dot.unwords(quant_dot.words(b), 7), b)
+    # the documented value: byte i of word g is row 4g + i, the top byte signed, rows
+    # past K zero; the same from any integer dtype holding the values
+    rows = np.concatenate([b, np.zeros((1, 5), np.int8)]).astype(np.int64)
+    unsigned = rows & 0xFF
+    value = (unsigned[0::4] + (unsigned[1::4] << 8) + (unsigned[2::4] << 16)
+             + (rows[3::4] << 24))
+    for dtype in (np.int8, np.int16, np.int64):
+        words = quant_dot.words(b.astype(dtype))
+        assert words.dtype == np.int32
+        np.testing.assert_array_equal(words, value)
     with Target("llvm -mcpu=x86-64"):
         assert quant_dot.target_isa() is None  # SSE2: the int32 multiply-add tiles
     with Target("llvm -mtriple=aarch64-linux-gnu -mattr=+dotprod"):
@@ -121,6 +131,7 @@ def qlinear_conv(shape: tuple[int, int, int, int], oc: int, k: int, stride: int,
     ((1, 5, 7, 6), 9, 3, 1, 1, False, 1),    # K = 45: a partial word; pads read x_zp
     ((2, 8, 9, 9), 20, 1, 2, 0, True, 1),    # 1x1, strided, batch 2, s8 shifted to u8
     ((1, 3, 9, 8), 6, 3, 2, (2, 0, 1, 3), False, 2),  # uneven pads, dilated, strided
+    ((1, 4, 9, 9), 6, 3, 2, 0, True, 1),     # 3x3/2 unpadded: phase planes one by one
 ])
 def test_qlinear_conv_equals_onnxruntime(target: str, shape: tuple[int, int, int, int],
                                          oc: int, k: int, stride: int,

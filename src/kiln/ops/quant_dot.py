@@ -98,11 +98,13 @@ def words(b: np.ndarray) -> np.ndarray:
     (by value: `sum(byte_i << 8i)`, the top byte signed), rows past K zero."""
     k, n = b.shape
     groups = -(-k // GROUP)
-    padded = np.zeros((groups * GROUP, n), np.int64)
-    padded[:k] = np.asarray(b, np.int64)
-    parts = padded.reshape(groups, GROUP, n) & 0xFF
-    value = sum(parts[:, i] << (8 * i) for i in range(GROUP))
-    return np.asarray(value, np.int64).astype(np.uint32).view(np.int32)
+    # bytes in place (two's complement, as `& 0xFF` would give), each column's 4 rows
+    # of a group made adjacent and read as one little-endian word: a byte copy and a
+    # transpose instead of int64 shifts and sums (ResNet-50's weights: 0.25 -> 0.03 s)
+    padded = np.zeros((groups * GROUP, n), np.uint8)
+    padded[:k] = np.asarray(b).astype(np.uint8, casting="unsafe")
+    quads = np.ascontiguousarray(padded.reshape(groups, GROUP, n).transpose(0, 2, 1))
+    return quads.view(np.dtype("<i4")).reshape(groups, n).astype(np.int32)
 
 
 def unwords(w: np.ndarray, k: int) -> np.ndarray:

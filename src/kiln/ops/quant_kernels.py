@@ -116,9 +116,13 @@ def pack(call: g.Call) -> g.Call | None:
         wp = _shifted_b(w.data, w_zp.data, bool(attrs.pop("transpose_b", False)))
         sums = wp.astype(np.int64).sum(axis=0)
     else:
-        data = np.asarray(w.data, np.int64)
+        # 8-bit weights minus an 8-bit zero point fit int16: a quarter of int64's
+        # memory traffic over every weight (ResNet-50: 23.5 M)
+        data = np.asarray(w.data)
+        data = data.astype(np.int16 if data.dtype.itemsize == 1 else np.int64)
+        zw = zw.astype(data.dtype)
         wp = data - zw.reshape(-1, *([1] * (data.ndim - 1))) if zw.ndim else data - zw
-        sums = wp.reshape(wp.shape[0], -1).sum(axis=1)
+        sums = wp.reshape(wp.shape[0], -1).sum(axis=1, dtype=np.int64)
     weight_dtype = np.int8 if wp.min() >= -128 and wp.max() <= 127 else np.int16
     groups = int(attrs.get("group", 1))  # type: ignore[arg-type]
     two_d_conv = call.op == "qlinear_conv" and wp.ndim == 4 and groups == 1

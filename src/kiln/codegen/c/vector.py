@@ -128,6 +128,8 @@ def prints_as_vectors(loop: For) -> bool:
 
 
 def _scalar_only(node: object) -> bool:
+    if isinstance(node, Store):  # a narrowing store (int32 lanes to bytes): the C
+        return node.buffer.dtype not in _SHORT  # compiler vectorizes the scalar loop
     if isinstance(node, Intrin):
         return node.name not in _VECTOR_INTRINSICS or (
             node.name == "isnan" and node.args[0].dtype != "float32")

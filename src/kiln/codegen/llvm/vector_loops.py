@@ -21,7 +21,7 @@ from kiln.codegen.llvm.dtypes import F32, I32, storage_type
 from kiln.codegen.llvm.intrinsics import emit_intrinsic
 from kiln.ir import dtype as dt
 from kiln.ir.affine import mentions
-from kiln.ir.analysis.vector_loops import vector_shape_fault
+from kiln.ir.analysis.vector_loops import narrowed, vector_shape_fault
 from kiln.ir.tensor import (
     BinaryOp,
     Cast,
@@ -94,7 +94,12 @@ class _VectorBody:
                 table[item.var] = value
             else:
                 assert isinstance(item, Store)
-                value = self.vexpr(item.value)
+                narrow = narrowed(item)
+                if narrow is None:
+                    value = self.vexpr(item.value)
+                else:  # int32 lanes truncated to bytes (one vpmovdb on AVX-512)
+                    value = self.b.trunc(self.vexpr(narrow), ir.VectorType(
+                        storage_type(item.buffer.dtype), self.lanes))
                 ptr = self.fl.element_ptr(item.buffer, item.indices)
                 self.b.store(value, ptr, align=dt.itemsize(item.buffer.dtype))
         for var, is_vector, previous in reversed(bound):

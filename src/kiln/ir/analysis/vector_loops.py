@@ -22,7 +22,8 @@ when:
   load whose element moves by exactly one when the variable grows by one (a
   contiguous load); expressions that do not depend on it are computed once and
   broadcast;
-- every store is contiguous;
+- every store is contiguous; a store into an int8/uint8 buffer stores the cast of an
+  int32 expression (each lane truncated to its low byte: the quantized kernels' outputs);
 - (independence) the buffers the loop writes are touched only contiguously, at element
   distances that keep different iterations apart (0, or at least the extent), and no
   other buffer of the loop may share their memory (stack buffers, constants and
@@ -69,6 +70,18 @@ INT_VECTOR_BINARY = frozenset({"add", "sub", "mul", "min", "max", "and", "or", "
 SHIFTS = frozenset({"shl", "shr"})
 # reinterpret / cast between these two only (both 32 bits wide)
 BIT_CAST_DTYPES = frozenset({"float32", "int32"})
+# a store into these narrows int32 lanes (a Cast at the top of the stored value)
+NARROW_STORE_DTYPES = frozenset({"int8", "uint8"})
+
+
+def narrowed(s: Store) -> PrimExpr | None:
+    """The int32 value a narrowing store `buffer[...] = Cast(int8/uint8, value)`
+    truncates, or None for any other store."""
+    v = s.value
+    if (s.buffer.dtype in NARROW_STORE_DTYPES and isinstance(v, Cast)
+            and v.dtype == s.buffer.dtype and v.value.dtype == INT_VECTOR_DTYPE):
+        return v.value
+    return None
 
 Access = tuple[Buffer, tuple[PrimExpr, ...], bool]  # buffer, indices, contiguous
 
@@ -100,9 +113,11 @@ class VectorBody:
                 self.vectors.add(s.var)
             return True
         if isinstance(s, Store):
-            if s.buffer.dtype not in (*VECTOR_DTYPES, INT_VECTOR_DTYPE):
+            narrow = narrowed(s)
+            if narrow is None and s.buffer.dtype not in (*VECTOR_DTYPES, INT_VECTOR_DTYPE):
                 return self.fail(f"store into {s.buffer.dtype} buffer '{s.buffer.name}'")
-            if s.value.dtype != s.buffer.dtype or not self.expr(s.value):
+            value = s.value if narrow is None else narrow
+            if value.dtype not in (s.buffer.dtype, INT_VECTOR_DTYPE) or not self.expr(value):
                 return self.fail(self.fault or f"the value stored into '{s.buffer.name}' "
                                  "is not a vector expression")
             if not self.contiguous(s.buffer, s.indices):
