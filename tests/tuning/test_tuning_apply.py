@@ -15,8 +15,17 @@ import onnx
 import pytest
 
 import kiln
+from kiln.distributed import tune as tune_module
 from kiln.distributed.executor import TaskOutcome
-from kiln.distributed.tune import KernelSpec, discover, show, tune
+from kiln.distributed.tune import (
+    KernelSpec,
+    build_variant,
+    discover,
+    evict_bytes,
+    measure_kernel,
+    show,
+    tune,
+)
 from kiln.errors import FormatError, UsageError
 from kiln.ir import graph as g
 from kiln.ir.module import IRModule
@@ -373,3 +382,33 @@ def test_k_blocking_computes_the_product_on_avx2_and_c(kind: str) -> None:
     x = np.random.default_rng(1).standard_normal((3, 600)).astype(np.float32)
     (ref,) = onnxruntime_outputs(model, {"x": x})
     np.testing.assert_allclose(np.asarray(ex(x)), ref, rtol=1e-4, atol=1e-4)
+
+
+def test_weights_past_the_last_level_cache_are_measured_cold(
+        specs: list[KernelSpec], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every spec carries the weight bytes of the model's tunable calls; a measurement
+    evicts the caches before each timed call only when they exceed the machine's
+    last-level cache (in the model each kernel then reads its weights from memory), and
+    still checks and times every variant."""
+    weights = sum(s.count * sum(o[1].nbytes for o in s.operands if o[0] == "const")
+                  for s in specs)
+    assert weights > 0 and {s.model_weight_bytes for s in specs} == {weights}
+    spec = next(s for s in specs if s.family.startswith("conv"))
+    assert evict_bytes(spec) == 0  # tens of KB of weights stay cached
+
+    evicted: list[int] = []
+    add = np.add
+
+    def counting_add(a: Any, b: Any, **kw: Any) -> Any:
+        if kw.get("out") is a:  # the eviction buffer, written in place
+            evicted.append(a.nbytes)
+        return add(a, b, **kw)
+
+    monkeypatch.setattr(tune_module, "last_level_cache_bytes", lambda: weights // 2)
+    assert evict_bytes(spec) == weights // 2 * 3 // 2
+    monkeypatch.setattr(tune_module.np, "add", counting_add)
+    lib = build_variant(spec, str(kiln.Target.from_host()), None)["data"]
+    out = measure_kernel(spec, [lib, lib], warmup=1, repeats=2, threads=1)
+    assert out["equal"] == [True, True] and [len(t) for t in out["times_us"]] == [2, 2]
+    # one eviction before each timed call, a call per sample: 2 repeats x 2 variants
+    assert evicted == [weights // 2 * 3 // 2 // 4 * 4] * (2 * 2)

@@ -34,7 +34,7 @@ import os
 import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -75,6 +75,11 @@ class KernelSpec:
     count: int
     default: Params
     candidates: tuple[Params, ...]
+    # the weight bytes of the whole model's tunable calls: a measurement evicts the
+    # caches before each call when they exceed the measuring machine's last-level
+    # cache (`evict_bytes`), since in the model each kernel then reads its weights
+    # from memory
+    model_weight_bytes: int = 0
 
     @property
     def label(self) -> str:
@@ -131,7 +136,32 @@ def discover(model: Any, target: Any, shapes: dict[str, Any] | None = None
                                 dict(call.attrs), recorder.counts[key],
                                 default_params(family, call, isa),
                                 tuple(variants(family, call, isa))))
-    return specs
+    weights = sum(s.count * sum(o[1].nbytes for o in s.operands if o[0] == "const")
+                  for s in specs)
+    return [replace(s, model_weight_bytes=weights) for s in specs]
+
+
+def last_level_cache_bytes() -> int:
+    """This machine's last-level cache (the OS's figure for L3, else L2; 32 MiB when
+    it gives none)."""
+    for name in ("SC_LEVEL3_CACHE_SIZE", "SC_LEVEL2_CACHE_SIZE"):
+        try:
+            size = os.sysconf(name)
+        except (ValueError, OSError):
+            continue
+        if size > 0:
+            return int(size)
+    return 32 << 20
+
+
+def evict_bytes(spec: KernelSpec) -> int:
+    """Bytes to write between the timed calls of `spec`'s variants: 1.5x the
+    last-level cache when the model's weights do not fit in it (each kernel of the
+    model then finds its weights in memory, not in a cache: a variant that reads more
+    weight bytes, e.g. Winograd's transformed ones, must pay for them when measured
+    too), else 0 (the weights stay cached between calls, as in the model)."""
+    llc = last_level_cache_bytes()
+    return llc * 3 // 2 if spec.model_weight_bytes > llc else 0
 
 
 def kernel_module(spec: KernelSpec) -> Any:
@@ -205,9 +235,11 @@ def measure_kernel(spec: KernelSpec, libraries: Sequence[bytes], warmup: int = W
                    repeats: int = REPEATS, threads: int | None = None) -> dict[str, Any]:
     """A task: load the libraries (the first is the default's; `threads`: their thread
     count, None the runtime's default), check every result equals the default's, take
-    `repeats` samples of each, variants interleaved. Returns the samples (us) per
-    library, whether each result was equal and the task's seconds."""
+    `repeats` samples of each, variants interleaved, the caches evicted before each
+    call where the model's weights exceed them (`evict_bytes`). Returns the samples
+    (us) per library, whether each result was equal and the task's seconds."""
     from kiln.runtime import load_module
+    from kiln.runtime.module import LibraryModule
 
     start, cpu = time.perf_counter(), _cpu_seconds()
     inputs = kernel_inputs(spec)
@@ -216,7 +248,13 @@ def measure_kernel(spec: KernelSpec, libraries: Sequence[bytes], warmup: int = W
         for i, data in enumerate(libraries):
             path = Path(tmp) / f"v{i}.so"
             path.write_bytes(data)
-            fns.append(load_module(str(path), num_threads=threads)["main"])
+            lib = load_module(str(path), num_threads=threads)
+            if evict_bytes(spec) and isinstance(lib, LibraryModule):
+                # idle workers sleep at once: an eviction outlasts the spin window
+                # anyway, and a library's spinning workers would share the CPUs with
+                # the next variant's call; every call pays one wake-up alike
+                lib.set_spin_us(0)
+            fns.append(lib["main"])
         outs = [np.asarray(fn(*inputs)) for fn in fns]
         ref = outs[0]
         scale = float(np.max(np.abs(ref))) if ref.size else 0.0
@@ -227,10 +265,17 @@ def measure_kernel(spec: KernelSpec, libraries: Sequence[bytes], warmup: int = W
             for fn in fns:
                 fn(*inputs)
         times: list[list[float]] = [[] for _ in fns]
+        # written (read and stored through the caches) before each timed call
+        evict = np.zeros(evict_bytes(spec) // 4, dtype=np.float32)
+        # a sample is the fastest of CALLS calls; a cold call is one sample (the
+        # eviction, not the call, would take most of the measurement's time)
+        calls = 1 if evict.size else CALLS
         for _ in range(repeats):
             for i, fn in enumerate(fns):
                 best = float("inf")
-                for _ in range(CALLS):
+                for _ in range(calls):
+                    if evict.size:
+                        np.add(evict, 1.0, out=evict)
                     t0 = time.perf_counter()
                     fn(*inputs)
                     best = min(best, time.perf_counter() - t0)
@@ -530,6 +575,11 @@ def tune_model(model: str | os.PathLike[str], target: Any, budget_s: float, outp
     log(f"{model}: {len(specs)} distinct tunable kernel(s), "
         f"{sum(s.count for s in specs)} call(s), "
         f"{sum(len(s.candidates) for s in specs)} candidate(s) in the search space")
+    if specs:
+        weights = specs[0].model_weight_bytes
+        log(f"weights {weights / 2**20:.1f} MiB: kernels measured with the caches evicted "
+            f"before each call where the weights exceed the measuring machine's "
+            f"last-level cache ({last_level_cache_bytes() / 2**20:.0f} MiB here)")
     left = max(1.0, budget_s - (time.monotonic() - start))
     report = tune(specs, target, left, executor=executor, log=log, repeats=repeats,
                   threads=threads)
