@@ -1,10 +1,8 @@
-"""The row-by-row 2-D max pooling kernel (NCHW, static shapes; float32, int8, uint8),
-and the same loop nest summing for average pooling (float32, `row_pool_body`).
+"""The row-by-row 2-D max pooling kernel (NCHW, static shapes; float32, int8, uint8).
 
-A max needs no multiply and no neutral value inside the input (nor does a sum: the
-padding adds zero), so unlike the window kernel of a depthwise convolution
-(kiln.ops.conv_kernels.window_body) nothing is copied into a padded workspace. Each
-output row is made in two steps:
+A max needs no multiply and no neutral value inside the input, so unlike the window
+kernel of a depthwise convolution (kiln.ops.conv_kernels.window_body) nothing is copied
+into a padded workspace. Each output row is made in two steps:
 
 1. vertical: the max of the window's input rows, contiguous vector loads straight from
    the input into one row buffer on the stack (in L1). Rows outside the input are left
@@ -16,8 +14,7 @@ output row is made in two steps:
    a stride s > 1 the row is first split by column phase (column q * s + p to phase p),
    so every window column is again a contiguous vector load.
 
-Max is exact, so the result equals the tensor-expression definition bit for bit; a sum
-adds each window's rows first, then its columns.
+Max is exact, so the result equals the tensor-expression definition bit for bit.
 """
 
 from __future__ import annotations
@@ -54,19 +51,10 @@ def max_pool_body(shape: ck.ConvShape, x: Buffer, out: Buffer, lanes: int,
                   epilogue: Epilogue) -> Stmt:
     """The loop nest of a max pool of `shape` (its pads already widened for
     `ceil_mode`) over `x` into `out`, each output stored through `epilogue`."""
-    return row_pool_body(shape, x, out, lanes, epilogue, max_, te.lowest_value(x.dtype))
-
-
-def row_pool_body(shape: ck.ConvShape, x: Buffer, out: Buffer, lanes: int,
-                  epilogue: Epilogue, combine: Callable[[PrimExpr, PrimExpr], PrimExpr],
-                  lowest: PrimExpr) -> Stmt:
-    """The loop nest combining (`combine`: max, or an add for an average pool's sums)
-    each window of `shape` over `x` into `out`, the padding taking the value `lowest`
-    (the neutral value: the dtype's lowest for a max, 0 for a sum), each output stored
-    through `epilogue` (an average divides there)."""
     sh, sw = shape.stride
     dh, dw = shape.dilation
     top, left, _, right = shape.pads
+    lowest = te.lowest_value(x.dtype)
     width = left + shape.w + right
     phase_w = -(-width // sw)
     row = Buffer("maxrow", (phase_w * sw,), x.dtype, "local")
@@ -79,7 +67,7 @@ def row_pool_body(shape: ck.ConvShape, x: Buffer, out: Buffer, lanes: int,
                 value: PrimExpr = lowest
                 for k, kh in enumerate(inside):
                     v = x[n, c, oh * sh + (kh * dh - top), w0 + r]
-                    value = v if k == 0 else combine(value, v)
+                    value = v if k == 0 else max_(value, v)
                 return Store(row, value, (w0 + r + left,))
             return lanes_loop("r", wd, lane)
         return ck.tiled_row(shape.w, tile_w, lanes, tile)
@@ -99,7 +87,7 @@ def row_pool_body(shape: ck.ConvShape, x: Buffer, out: Buffer, lanes: int,
                     col = kw * dw
                     v = (phases[_c(col % sw), ow0 + r + col // sw] if phases is not None
                          else row[ow0 + r + col])
-                    value = v if kw == 0 else combine(value, v)
+                    value = v if kw == 0 else max_(value, v)
                 idx = (n, c, oh, ow0 + r)
                 return Store(out, epilogue(value, idx), idx)
             return lanes_loop("r", wd, lane)

@@ -1,14 +1,12 @@
 """Hand-built 2-D max and average pooling (NCHW, static shapes).
 
 `max_pool2d` (float32, int8, uint8) runs the row-by-row max kernel of
-kiln.ops.max_pool_kernel: no padded copy of the input. `avg_pool2d` (float32) runs the
-same loop nest summing (`row_pool_body`) where windows do not share input rows
-(`disjoint_rows`: a 2x2/2 pool), else the depthwise convolution's window kernel
-(kiln.ops.conv_kernels.window_body: vectors along the output columns, tiles of several
-output rows that load each input row segment once, the input copied once into a
-workspace padded with 0 and split by column phase for stride 2). Each sum is divided by
-its window's count, a compile-time table (ONNX's `count_include_pad` and `ceil_mode`
-make it vary at the borders).
+kiln.ops.max_pool_kernel: no padded copy of the input. `avg_pool2d` (float32) takes
+the depthwise convolution's window kernel (kiln.ops.conv_kernels.window_body):
+vectors along the output columns, tiles of several output rows that load each input
+row segment once, the input copied once into a workspace padded with 0 and split by
+column phase for stride 2; each sum is divided by its window's count, a compile-time
+table (ONNX's `count_include_pad` and `ceil_mode` make it vary at the borders).
 Elementwise ops FuseOps groups after a float32 pool are applied as each output is
 stored. Other dtypes, ranks and symbolic shapes keep the tensor-expression
 definitions of kiln.ops.pool.
@@ -22,12 +20,12 @@ from typing import Any
 
 import numpy as np
 
-from kiln.ir.tensor import AllocConst, Buffer, PrimExpr, PrimFunc, as_expr, seq
+from kiln.ir.tensor import AllocConst, Buffer, PrimExpr, PrimFunc, as_expr, max_, seq
 from kiln.ops import conv_kernels as ck
 from kiln.ops import te
 from kiln.ops.epilogue import fused_store
 from kiln.ops.kernels.tiles import tile_lanes, tile_registers
-from kiln.ops.max_pool_kernel import max_pool_body, row_pool_body
+from kiln.ops.max_pool_kernel import max_pool_body
 from kiln.target.isa import isa_for
 
 POOLS = ("max", "avg")
@@ -96,36 +94,32 @@ def pool2d_kernel(kind: str, geometry: PoolGeometry, include_pad: bool,
                              store.epilogue)
         return PrimFunc((*(store.buffers[t] for t in params), store.out), body,
                         {"kiln.pool_kernel": name})
-    counts = Buffer("window_count", (shape.out_h, shape.out_w), "float32")
-
-    def finish(v: PrimExpr, idx: tuple[PrimExpr, ...]) -> PrimExpr:
-        return store.epilogue(v / counts[idx[2], idx[3]], idx)
-
     lanes = tile_lanes(isa)
-    if disjoint_rows(shape):
-        body = row_pool_body(shape, store.buffers[x], store.out, lanes, finish,
-                             lambda a, b: a + b, as_expr(0.0, "float32"))
+    tile_w = ck.depthwise_tile_width(shape, lanes)
+    finish = store.epilogue
+    decls = []
+    if kind == "max":
+        neutral = te.lowest_value("float32")
+        border: PrimExpr | None = neutral
+
+        def tap(acc: PrimExpr, xv: PrimExpr, c: PrimExpr, kh: PrimExpr, kw: PrimExpr) -> PrimExpr:
+            return max_(acc, xv)
     else:
-        def tap(acc: PrimExpr, xv: PrimExpr, c: PrimExpr, kh: PrimExpr, kw: PrimExpr
-                ) -> PrimExpr:
+        neutral, border = as_expr(0.0, "float32"), None
+
+        def tap(acc: PrimExpr, xv: PrimExpr, c: PrimExpr, kh: PrimExpr, kw: PrimExpr) -> PrimExpr:
             return acc + xv
 
-        body = ck.window_body(shape, store.buffers[x], store.out,
-                              ck.depthwise_tile_width(shape, lanes), lanes,
-                              tile_registers(isa), tap, as_expr(0.0, "float32"), None, finish)
-    return PrimFunc((*(store.buffers[t] for t in params), store.out),
-                    seq(AllocConst(counts, geometry.counts(include_pad)), body),
+        counts = Buffer("window_count", (shape.out_h, shape.out_w), "float32")
+        decls.append(AllocConst(counts, geometry.counts(include_pad)))
+
+        def finish(v: PrimExpr, idx: tuple[PrimExpr, ...]) -> PrimExpr:
+            return store.epilogue(v / counts[idx[2], idx[3]], idx)
+
+    body = ck.window_body(shape, store.buffers[x], store.out, tile_w, lanes,
+                          tile_registers(isa), tap, neutral, border, finish)
+    return PrimFunc((*(store.buffers[t] for t in params), store.out), seq(*decls, body),
                     {"kiln.pool_kernel": name})
-
-
-def disjoint_rows(shape: ck.ConvShape) -> bool:
-    """Whether no input row is in two windows' rows (the stride at least the window's
-    height): an average pool then sums row by row (`row_pool_body`), each input row read
-    once; DenseNet's 2x2/2 transition pools ran 1.9-2.5x faster so (Zen 5, AVX-512). Where
-    windows overlap, the window kernel's tiles of several output rows load each input row
-    once for all of them: the row-by-row sums took up to 1.8x as long on 3x3/1 pools
-    (Inception's) and the same on 3x3/2 ones."""
-    return shape.stride[0] >= shape.dilation[0] * (shape.kh - 1) + 1
 
 
 MAX_DTYPES = ("float32", "int8", "uint8")
