@@ -65,6 +65,7 @@ def workers(model: str, candidates: int, counts: list[int]) -> None:
         os.environ["KILN_CACHE_DIR"] = tempfile.mkdtemp(prefix="kiln-bench-cache-")
         ex = RayExecutor(None, {measure_resource(target): 1.0}, n)
         try:
+            epoch = time.time()
             t0 = time.perf_counter()
             report = tune(specs, target, 1e9, executor=ex, threads=1)
             wall = time.perf_counter() - t0
@@ -77,7 +78,25 @@ def workers(model: str, candidates: int, counts: list[int]) -> None:
               f"{p['build_tasks']:.1f} s ({p['build_cpu']:.1f} s CPU; the driver waited "
               f"{p['build']:.1f} s for builds), measurement tasks {p['measure_tasks']:.1f} s "
               f"({p['measure_cpu']:.1f} s CPU; waited {p['measure']:.1f} s); "
-              f"the measuring CPU idle {wall - p['measure_tasks']:.1f} s")
+              f"the measuring CPU idle {wall - p['measure_tasks']:.1f} s; the driver's CPU "
+              f"{p['driver_cpu']:.1f} s")
+        busy = occupancy(report.spans, epoch, epoch + wall)
+        print("    seconds with k tasks running: " +
+              ", ".join(f"{k}: {s:.1f}" for k, s in sorted(busy.items())))
+
+
+def occupancy(spans: list[tuple[str, float, float]], start: float, end: float
+              ) -> dict[int, float]:
+    """Seconds of [start, end] during which k of the `spans` ran, per k."""
+    events = sorted([(start, 0), (end, 0)] + [(a, 1) for _, a, _ in spans]
+                    + [(b, -1) for _, _, b in spans])
+    out: dict[int, float] = {}
+    running, last = 0, start
+    for t, step in events:
+        t = min(max(t, start), end)
+        out[running] = out.get(running, 0.0) + t - last
+        running, last = running + step, t
+    return out
 
 
 def main() -> None:

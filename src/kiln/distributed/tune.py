@@ -190,7 +190,7 @@ def build_variant(spec: KernelSpec, target: str, params: Params | None) -> dict[
     import kiln
     from kiln.tuning.apply import Forced, using
 
-    start, cpu = time.perf_counter(), _cpu_seconds()
+    start, cpu, wall = time.perf_counter(), _cpu_seconds(), time.time()
     forced = Forced(spec.family, params)
     with using(forced):
         ex = kiln.compile(kernel_module(spec), kiln.Target(target))
@@ -205,7 +205,7 @@ def build_variant(spec: KernelSpec, target: str, params: Params | None) -> dict[
         data = path.read_bytes()
     return {"data": data, "seconds": time.perf_counter() - start,
             "cpu_seconds": _cpu_seconds() - cpu, "node": task_node(),
-            "kiln": kiln.__version__}
+            "kiln": kiln.__version__, "span": (wall, time.time())}
 
 
 def build_variants(jobs: Sequence[tuple[KernelSpec, str, Params | None]]
@@ -241,7 +241,7 @@ def measure_kernel(spec: KernelSpec, libraries: Sequence[bytes], warmup: int = W
     from kiln.runtime import load_module
     from kiln.runtime.module import LibraryModule
 
-    start, cpu = time.perf_counter(), _cpu_seconds()
+    start, cpu, wall = time.perf_counter(), _cpu_seconds(), time.time()
     inputs = kernel_inputs(spec)
     with tempfile.TemporaryDirectory(prefix="kiln-measure-") as tmp:
         fns = []
@@ -281,7 +281,8 @@ def measure_kernel(spec: KernelSpec, libraries: Sequence[bytes], warmup: int = W
                     best = min(best, time.perf_counter() - t0)
                 times[i].append(best * 1e6)
     return {"times_us": times, "equal": equal, "node": task_node(),
-            "seconds": time.perf_counter() - start, "cpu_seconds": _cpu_seconds() - cpu}
+            "seconds": time.perf_counter() - start, "cpu_seconds": _cpu_seconds() - cpu,
+            "span": (wall, time.time())}
 
 
 @dataclass(eq=False)
@@ -317,6 +318,8 @@ class TuneReport:
     measured_on: set[str]
     seconds: float
     profile: dict[str, float] = field(default_factory=dict)
+    # ("build" | "measure", start, end): each task's wall-clock span, for a timeline
+    spans: list[tuple[str, float, float]] = field(default_factory=list)
 
 
 Build = Callable[[Sequence[tuple[Any, ...]]], list[TaskOutcome]]
@@ -367,6 +370,8 @@ def tune(specs: Sequence[KernelSpec], target: Any, budget_s: float, *,
     # CPU time the tasks had (on a loaded machine far less than their time)
     profile = dict.fromkeys(("build", "build_tasks", "build_cpu", "measure",
                              "measure_tasks", "measure_cpu"), 0.0)
+    spans: list[tuple[str, float, float]] = []
+    driver_cpu = time.process_time()
 
     def note(text: str) -> None:
         lines.append(text)
@@ -409,6 +414,8 @@ def tune(specs: Sequence[KernelSpec], target: Any, budget_s: float, *,
                 note(f"  discarded {discarded[-1]}")
                 continue
             builds_on.add(outcome.value["node"])
+            if "span" in outcome.value:
+                spans.append(("build", *outcome.value["span"]))
             profile["build_tasks"] += float(outcome.value.get("seconds", 0.0))
             profile["build_cpu"] += float(outcome.value.get("cpu_seconds", 0.0))
             if params is None:
@@ -435,6 +442,8 @@ def tune(specs: Sequence[KernelSpec], target: Any, budget_s: float, *,
                 continue
             value = outcome.value
             measured_on.add(value["node"])
+            if "span" in value:
+                spans.append(("measure", *value["span"]))
             profile["measure_tasks"] += float(value.get("seconds", 0.0))
             profile["measure_cpu"] += float(value.get("cpu_seconds", 0.0))
             st.default_times += value["times_us"][0]
@@ -462,12 +471,13 @@ def tune(specs: Sequence[KernelSpec], target: Any, budget_s: float, *,
                  f"{base / float(np.median(best.times_us)):.2f}x the default's "
                  f"{show(r.default.params)}")
     wall = clock() - start
+    profile["driver_cpu"] = time.process_time() - driver_cpu
     note(f"time: {wall:.1f} s wall; builds {profile['build_tasks']:.1f} s in tasks "
          f"({profile['build_cpu']:.1f} s CPU, {profile['build']:.1f} s waited for), "
          f"measurements {profile['measure_tasks']:.1f} s in tasks "
          f"({profile['measure_cpu']:.1f} s CPU, {profile['measure']:.1f} s waited for)")
     return TuneReport(db, lines, len(specs), measured, discarded, builds_on, measured_on,
-                      wall, profile)
+                      wall, profile, spans)
 
 
 def _cpu_seconds() -> float:
