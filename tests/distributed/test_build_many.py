@@ -251,7 +251,8 @@ def test_two_node_ray_cluster(matrix: Path, tmp_path: Path) -> None:
         assert f"running on: ray at {head}, 2 node(s)" in proc.stdout
         assert f"measurements on: {head_node[:12]}\n" in proc.stdout
         (record,) = TuningDatabase.load(db).records()
-        assert record.kernel == "conv_direct" and record.candidates
+        # conv_direct or conv_rows: the rule picks the family from the host's ISA
+        assert record.kernel.startswith("conv_") and record.candidates
     finally:
         for raylet in reversed(raylets):
             with contextlib.suppress(ProcessLookupError):

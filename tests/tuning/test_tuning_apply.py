@@ -23,6 +23,7 @@ from kiln.distributed.tune import (
     discover,
     evict_bytes,
     measure_kernel,
+    measure_resource,
     show,
     tune,
 )
@@ -235,17 +236,16 @@ RECORDED = {("matmul(a)", '{"tile":[8,32]}'): 100.0,
 
 
 def _run_recorded(budget: float) -> tuple[Any, list[str]]:
+    # simulated time: a build task (two variants) and a measurement take 1 s each
     now = [0.0]
 
-    def clock() -> float:
-        now[0] += 1.0
-        return now[0]
-
     def build(args: Any) -> list[TaskOutcome]:
-        return [TaskOutcome({"data": show(params or spec.default).encode(), "node": "n1"})
-                for spec, _, params in args]
+        now[0] += 1.0
+        return [TaskOutcome([{"data": show(params or spec.default).encode(), "node": "n1"}
+                             for spec, _, params in jobs]) for (jobs,) in args]
 
     def measure(args: Any) -> list[TaskOutcome]:
+        now[0] += 1.0
         out = []
         for spec, libs, _, repeats, _ in args:
             times = [[RECORDED[spec.signature, d.decode()] * (1 + 0.001 * (r % 3))
@@ -256,7 +256,7 @@ def _run_recorded(budget: float) -> tuple[Any, list[str]]:
         return out
 
     report = tune([_fake_spec("a", 3, count=2), _fake_spec("b", 2)], "host", budget,
-                  build=build, measure=measure, clock=clock, batch=2)
+                  build=build, measure=measure, clock=lambda: now[0])
     return report, report.discarded
 
 
@@ -271,12 +271,12 @@ def test_tuning_chooses_from_recorded_measurements_deterministically() -> None:
     assert report.measured == 7 and report.measured_on == {"n2"}
     again, _ = _run_recorded(1000)
     assert again.database.fingerprint() == db.fingerprint()
-    # the budget ends it after the first round: every default, and 2 candidates of the
-    # kernel called most (a)
-    short, _ = _run_recorded(3)
+    # 5 s: a (called most) is built with one candidate and measured, then b; a third
+    # build and measurement (2 s, the longest of each seen) would end past the budget
+    short, _ = _run_recorded(5)
     assert short.measured == 2
-    assert [(len(r.default.times_us), len(r.candidates))
-            for r in short.database.records()] == [(15, 2), (15, 0)]
+    assert [(r.signature, len(r.default.times_us), len(r.candidates))
+            for r in short.database.records()] == [("matmul(a)", 15, 1), ("matmul(b)", 15, 1)]
 
 
 def test_the_inner_split_computes_the_untuned_result_with_a_symbolic_batch() -> None:
@@ -304,11 +304,14 @@ def test_the_inner_split_computes_the_untuned_result_with_a_symbolic_batch() -> 
 
 
 class _DeferringExecutor:
-    """An executor whose tasks run only when waited for (as on a cluster, where they run
-    meanwhile), logging submissions and waits: the pipeline's order is visible."""
+    """An executor of two CPUs whose tasks run only when waited for (as on a cluster,
+    where they run meanwhile) and end in submission order, logging submissions and
+    waits: the scheduling is visible."""
 
-    def __init__(self) -> None:
+    def __init__(self, resource: str) -> None:
         self.events: list[str] = []
+        self.resource = resource
+        self.running = self.most = 0
 
     def put(self, value: Any) -> Any:
         return value
@@ -319,13 +322,16 @@ class _DeferringExecutor:
     def submit(self, fn: Any, args: Any, **kw: Any) -> Any:
         kind = fn.__name__
         self.events.append(f"submit {kind}")
+        self.running += len(args)
+        self.most = max(self.most, self.running)
 
         def wait() -> list[TaskOutcome]:
             self.events.append(f"wait {kind}")
+            self.running -= len(args)
             if kind == "build_variants":
                 return [TaskOutcome([{"data": show(params or spec.default).encode(),
                                       "node": "n1", "seconds": 1.0}
-                                     for spec, _, params in chunk]) for (chunk,) in args]
+                                     for spec, _, params in jobs]) for (jobs,) in args]
             return [TaskOutcome({"times_us": [[RECORDED[spec.signature, d.decode()]] * repeats
                                               for d in libs],
                                  "equal": [True] * len(libs), "node": "n2"})
@@ -333,32 +339,36 @@ class _DeferringExecutor:
 
         return wait
 
+    def first_done(self, pending: Any) -> int:
+        return 0
+
     def describe(self) -> dict[str, Any]:
-        return {"engine": "in-process", "address": None, "nodes": []}
+        return {"engine": "in-process", "address": None,
+                "nodes": [{"cpus": 2, "resources": [self.resource]}]}
 
     def close(self) -> None:
         pass
 
 
-def test_round_k_plus_1_builds_while_round_k_is_measured() -> None:
+def test_builds_run_while_kernels_are_measured() -> None:
     now = [0.0]
 
     def clock() -> float:
         now[0] += 1.0
         return now[0]
 
-    ex = _DeferringExecutor()
+    ex = _DeferringExecutor(measure_resource(kiln.Target.from_host()))
     report = tune([_fake_spec("a", 3, count=2), _fake_spec("b", 2)], "host", 1000,
-                  executor=ex, clock=clock, batch=2)
-    # every candidate measured once (4 + 3), 2 per round: 4 rounds
+                  executor=ex, clock=clock)
     assert report.measured == 7
-    rounds = [e for e in ex.events if e != "wait build_variants"]
-    # each round's builds are submitted before the last round's measurements are
-    # waited for; the first round's builds are waited for before any measurement
-    assert ex.events[:2] == ["submit build_variants", "wait build_variants"]
-    assert rounds[1:] == ["submit measure_kernel", "submit build_variants",
-                          "wait measure_kernel"] * 3 + ["submit measure_kernel",
-                                                       "wait measure_kernel"]
+    # both CPUs busy from the start (a build each: the defaults of a and b, with a
+    # candidate each), never more than one task per CPU
+    assert ex.events[:2] == ["submit build_variants"] * 2 and ex.most == 2
+    # a build starts while a measurement runs (between its submission and its end)
+    overlapped = [i for i, e in enumerate(ex.events) if e == "submit measure_kernel"
+                  and "submit build_variants" in ex.events[
+                      i:ex.events.index("wait measure_kernel", i)]]
+    assert overlapped
     key = report.database.records()[0].target
     assert report.database.lookup("gemm", "matmul(a)", key) == {"tile": [2, 16]}
 

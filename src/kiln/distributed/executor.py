@@ -52,6 +52,11 @@ class Executor(Protocol):
         calling the result waits for their outcomes. Work submitted later may run
         while these do (how `kiln tune` overlaps builds with measurements)."""
 
+    def first_done(self, pending: Sequence[Pending]) -> int:
+        """The index of one of `pending` (from `submit`, not empty) whose tasks have all ended,
+        waiting until one has: the first such, so an executor whose tasks end in
+        submission order gives the same answers every run."""
+
     def describe(self) -> dict[str, Any]:
         """Where the work runs, for logs and summaries."""
 
@@ -86,6 +91,9 @@ class InProcessExecutor:
                num_cpus: float = 1, resources: dict[str, float] | None = None) -> Pending:
         out = self.run(fn, args)
         return lambda: out
+
+    def first_done(self, pending: Sequence[Pending]) -> int:
+        return 0  # they ran when submitted
 
     def describe(self) -> dict[str, Any]:
         return {"engine": "in-process", "address": None, "nodes": []}
@@ -140,21 +148,22 @@ class RayExecutor:
 
         remote = ray.remote(fn).options(num_cpus=num_cpus, resources=resources or {},
                                         max_retries=0)
-        refs = [remote.remote(*a) for a in args]
+        return _RayPending([remote.remote(*a) for a in args])
 
-        def wait() -> list[TaskOutcome]:
-            out = []
-            for ref in refs:
-                try:
-                    out.append(TaskOutcome(ray.get(ref)))
-                except ray.exceptions.RayTaskError as exc:
-                    cause = exc.cause if isinstance(exc.cause, BaseException) else exc
-                    out.append(TaskOutcome(error=error_line(cause)))
-                except ray.exceptions.RayError as exc:  # a worker or node died
-                    out.append(TaskOutcome(error=error_line(exc)))
-            return out
+    def first_done(self, pending: Sequence[Pending]) -> int:
+        import ray
 
-        return wait
+        assert pending, "first_done of no pending tasks"
+        while True:
+            running = []
+            for i, p in enumerate(pending):
+                refs = p.refs if isinstance(p, _RayPending) else []
+                _, left = ray.wait(refs, num_returns=len(refs), timeout=0,
+                                   fetch_local=False) if refs else ([], [])
+                if not left:
+                    return i
+                running += left
+            ray.wait(running, num_returns=1, fetch_local=False)  # until one more ends
 
     def describe(self) -> dict[str, Any]:
         import ray
@@ -174,6 +183,27 @@ class RayExecutor:
 
         if self._started and ray.is_initialized():
             ray.shutdown()
+
+
+@dataclass
+class _RayPending:
+    """Ray tasks started by `RayExecutor.submit`: calling waits for their outcomes."""
+
+    refs: list[Any]
+
+    def __call__(self) -> list[TaskOutcome]:
+        import ray
+
+        out = []
+        for ref in self.refs:
+            try:
+                out.append(TaskOutcome(ray.get(ref)))
+            except ray.exceptions.RayTaskError as exc:
+                cause = exc.cause if isinstance(exc.cause, BaseException) else exc
+                out.append(TaskOutcome(error=error_line(cause)))
+            except ray.exceptions.RayError as exc:  # a worker or node died
+                out.append(TaskOutcome(error=error_line(exc)))
+        return out
 
 
 def make_executor(address: str | None = None, *, in_process: bool = False,

@@ -293,9 +293,12 @@ class _State:
     default_lib: bytes | None = None
     default_times: list[float] = field(default_factory=list)
     measured: list[Measurement] = field(default_factory=list)
-    tried: int = 0
+    tried: int = 0  # candidates handed to builds
     failed: bool = False
     queued: bool = False  # its default is built or being built
+    building: int = 0  # build tasks under way
+    measuring: bool = False
+    ready: list[tuple[Params, bytes]] = field(default_factory=list)  # built, not measured
 
     def score(self) -> tuple[bool, float]:
         """Kernels not measured yet first (by occurrences / (candidates tried + 1)),
@@ -303,6 +306,24 @@ class _State:
         if not self.default_times:  # picked before its default's timings are in
             return True, float(self.spec.count) / (self.tried + 1)
         return False, float(np.median(self.default_times)) * self.spec.count / (self.tried + 1)
+
+    def open(self) -> bool:
+        """Whether candidates are left to build."""
+        return self.queued and not self.failed and self.tried < len(self.spec.candidates)
+
+
+@dataclass(eq=False)
+class _Task:
+    """A build or measurement task under way."""
+
+    kind: str  # "build" | "measure"
+    state: _State
+    cpus: float
+    pending: Pending
+    # build: the jobs' params (None: the default); measure: the candidates measured
+    params: list[Params | None]
+    libs: list[tuple[Params, bytes]] = field(default_factory=list)
+    submitted: float = 0.0
 
 
 @dataclass
@@ -327,25 +348,35 @@ Measure = Callable[[Sequence[tuple[Any, ...]]], list[TaskOutcome]]
 #: Starts tasks over argument tuples; calling the result waits for their outcomes.
 Start = Callable[[Sequence[tuple[Any, ...]]], Pending]
 
+#: Variants per build task (one kernel's: its weights ship once per task), and the
+#: built candidates of a kernel that make its measurement due. Small, so a CPU that
+#: frees takes the next task soon and no CPU waits long for another's last build.
+PER_BUILD = 2
+
 
 def tune(specs: Sequence[KernelSpec], target: Any, budget_s: float, *,
          executor: Executor | None = None, build: Build | None = None,
          measure: Measure | None = None, log: Callable[[str], None] = lambda s: None,
-         batch: int = 0, repeats: int = REPEATS, warmup: int = WARMUP,
-         threads: int | None = None, clock: Callable[[], float] = time.monotonic
-         ) -> TuneReport:
+         repeats: int = REPEATS, warmup: int = WARMUP, threads: int | None = None,
+         clock: Callable[[], float] = time.monotonic) -> TuneReport:
     """Measure candidates of `specs` on `target` until `budget_s` seconds are spent.
 
-    `build` / `measure` run a list of `build_variant` / `measure_kernel` argument tuples
-    (default: as tasks of `executor`; measurement tasks with `measure_resource`);
-    a test injects recorded ones. `batch` is the candidates per round (default: twice
-    the executor's CPUs, at least 2).
+    `build` / `measure` run a list of `build_variants` / `measure_kernel` argument
+    tuples (default: as tasks of `executor`; measurement tasks with
+    `measure_resource`); a test injects recorded ones.
 
-    Rounds are pipelined: round k's measurements run while round k+1 builds (its
-    candidates picked before round k's timings are in, from the timings of the rounds
-    before), so the measuring CPU never waits for a whole round of builds and the build
-    CPUs never wait for the measurements. The picks depend only on the timings, never on
-    which task finished first, so the same timings give the same database."""
+    No rounds: every CPU of the executor keeps one task. When a task ends, the driver
+    starts the next: a measurement when one is due (a kernel with `PER_BUILD` built
+    candidates, or its default not measured yet, or no more builds coming; one
+    measurement at a time per measuring node, and builds wait while a due measurement
+    waits for its CPUs), else a build of `PER_BUILD` variants of one kernel: the default
+    and a candidate of the most frequent kernel not built yet (while fewer than 2 x
+    CPUs kernels await their first timings), else the next candidates of the kernel of
+    the largest score (`_State.score`). Builds start while the budget leaves time for
+    one more build and measurement (the longest seen); what is built is measured.
+    Picks depend on the timings in the order tasks end: an executor whose tasks end in
+    submission order (this process, a test's recorded runs) gives the same database
+    every run."""
     from kiln import __version__ as version
     from kiln.distributed.executor import InProcessExecutor
 
@@ -353,111 +384,164 @@ def tune(specs: Sequence[KernelSpec], target: Any, budget_s: float, *,
     spec_text = str(tgt)
     runner = executor or InProcessExecutor()
     start_build: Start = _eager(build) if build is not None else \
-        (lambda args: _batched(runner, args, _cpus(runner)))
+        (lambda args: runner.submit(build_variants, args))
     if measure is None:
-        start_measure = _measurer(runner, tgt, target, threads, log)
+        start_measure, measure_cpus, measurers = _measurer(runner, tgt, target, threads, log)
     else:
-        start_measure = _eager(measure)
-    size = batch or max(2, 2 * _cpus(runner))
+        start_measure, measure_cpus, measurers = _eager(measure), 1.0, 1
+    cpus = float(_cpus(runner))
     start = clock()
     states = [_State(s) for s in specs]
     lines: list[str] = []
     discarded: list[str] = []
     builds_on: set[str] = set()
     measured_on: set[str] = set()
-    # where the wall time goes (seconds): the time the driver waited for builds and for
-    # measurements (the pipeline overlaps the two), the time their tasks report, and the
-    # CPU time the tasks had (on a loaded machine far less than their time)
+    # where the wall time goes (seconds): the time the driver waited for a build or a
+    # measurement to end (it waits for whichever ends first), the time the tasks report,
+    # and the CPU time they had (on a loaded machine far less than their time)
     profile = dict.fromkeys(("build", "build_tasks", "build_cpu", "measure",
                              "measure_tasks", "measure_cpu"), 0.0)
     spans: list[tuple[str, float, float]] = []
     driver_cpu = time.process_time()
+    longest = {"build": 0.0, "measure": 0.0}  # the longest task of each kind (clock)
+    running: list[_Task] = []
+    measured = 0
 
     def note(text: str) -> None:
         lines.append(text)
         log(text)
 
-    def plan() -> list[tuple[_State, Params | None]]:
-        # up to `size` defaults not built yet, the most frequent kernels first (their
-        # times rank the kernels from then on; a few per round, so the first
-        # measurements start early), then the next candidates by score of the kernels
-        # whose default is built or in this round
-        fresh = sorted((st for st in states if not st.queued and not st.failed),
-                       key=lambda st: -st.spec.count)[:size]
-        for st in fresh:
+    def time_left() -> bool:
+        return clock() - start + longest["build"] + longest["measure"] <= budget_s
+
+    def due(more: bool) -> _State | None:
+        # the kernel whose measurement is due (its default unmeasured first, then the
+        # most candidates ready), None when none is
+        def is_due(st: _State) -> bool:
+            if st.default_lib is None or st.measuring or st.failed:
+                return False
+            if not st.default_times:
+                return True
+            return len(st.ready) >= PER_BUILD or (bool(st.ready) and not (
+                st.building or (more and st.open())))
+        cands = [st for st in states if is_due(st)]
+        return max(cands, key=lambda st: (not st.default_times, len(st.ready)),
+                   default=None)
+
+    def next_build() -> list[tuple[_State, Params | None]]:
+        fresh = [st for st in states if not st.queued and not st.failed]
+        waiting = sum(st.queued and not st.default_times and not st.failed for st in states)
+        opened = [st for st in states if st.open()]
+        if fresh and (waiting < 2 * cpus or not opened):
+            st = max(fresh, key=lambda s: s.spec.count)  # the first of the most frequent
             st.queued = True
-        return [(st, None) for st in fresh] + list(_pick(states, size))
+            jobs: list[tuple[_State, Params | None]] = [(st, None)]
+        elif opened:
+            st = max(opened, key=_State.score)
+            jobs = []
+        else:
+            return []
+        while len(jobs) < PER_BUILD and st.tried < len(st.spec.candidates):
+            jobs.append((st, st.spec.candidates[st.tried]))
+            st.tried += 1
+        return jobs
 
-    def submit(jobs: list[tuple[_State, Params | None]]) -> Pending:
-        return start_build([(st.spec, spec_text, params) for st, params in jobs])
+    def launch() -> None:
+        # fill the free CPUs: a due measurement first (builds wait for its CPUs), else
+        # builds while the budget lasts
+        while True:
+            free = cpus - sum(t.cpus for t in running)
+            more = time_left()
+            st = due(more) if sum(t.kind == "measure" for t in running) < measurers \
+                else None
+            if st is not None:
+                if free < min(measure_cpus, cpus):
+                    return
+                cands, st.ready = st.ready, []
+                st.measuring = True
+                assert st.default_lib is not None
+                began = clock()
+                pending = start_measure([(st.spec, [st.default_lib, *(d for _, d in cands)],
+                                          warmup, repeats, threads)])
+                running.append(_Task("measure", st, min(measure_cpus, cpus), pending,
+                                     [p for p, _ in cands], cands, began))
+                continue
+            if free < 1 or not more:
+                return
+            jobs = next_build()
+            if not jobs:
+                return
+            st = jobs[0][0]
+            st.building += 1
+            began = clock()
+            pending = start_build([([(st.spec, spec_text, params) for _, params in jobs],)])
+            running.append(_Task("build", st, 1.0, pending, [p for _, p in jobs],
+                                 submitted=began))
 
-    note(f"tuning {len(specs)} distinct kernel(s) for {target_key(_isa(tgt))}, "
-         f"budget {budget_s:.0f} s, {size} candidate(s) per round, builds of a round "
-         "overlapping the measurements of the one before")
-    measured, step = 0, 0.0
-    jobs = plan()
-    pending: Pending | None = submit(jobs) if jobs else None
-    while pending is not None:
-        began = clock()
-        t0 = time.perf_counter()
-        built = pending()
-        profile["build"] += time.perf_counter() - t0
-        libs: dict[int, list[tuple[Params, bytes]]] = {}
-        for (st, params), outcome in zip(jobs, built, strict=True):
-            if outcome.ok and outcome.value.get("kiln", version) != version:
-                outcome = TaskOutcome(error=f"the node runs kiln {outcome.value['kiln']}, "
-                                            f"this machine {version}: install one version")
-            if not outcome.ok:
+    def finish_build(task: _Task, outcome: TaskOutcome) -> None:
+        st = task.state
+        st.building -= 1
+        values = [TaskOutcome(error=v["error"]) if "error" in v else TaskOutcome(v)
+                  for v in outcome.value] if outcome.ok else \
+            [TaskOutcome(error=outcome.error)] * len(task.params)
+        for params, out in zip(task.params, values, strict=True):
+            if out.ok and out.value.get("kiln", version) != version:
+                out = TaskOutcome(error=f"the node runs kiln {out.value['kiln']}, "
+                                        f"this machine {version}: install one version")
+            if not out.ok:
                 what = "default" if params is None else show(params)
                 st.failed = st.failed or params is None
-                discarded.append(f"{st.spec.label} {what}: build failed: {outcome.error}")
+                discarded.append(f"{st.spec.label} {what}: build failed: {out.error}")
                 note(f"  discarded {discarded[-1]}")
                 continue
-            builds_on.add(outcome.value["node"])
-            if "span" in outcome.value:
-                spans.append(("build", *outcome.value["span"]))
-            profile["build_tasks"] += float(outcome.value.get("seconds", 0.0))
-            profile["build_cpu"] += float(outcome.value.get("cpu_seconds", 0.0))
+            builds_on.add(out.value["node"])
+            profile["build_tasks"] += float(out.value.get("seconds", 0.0))
+            profile["build_cpu"] += float(out.value.get("cpu_seconds", 0.0))
+            if "span" in out.value:
+                spans.append(("build", *out.value["span"]))
             if params is None:
-                st.default_lib = outcome.value["data"]
+                st.default_lib = out.value["data"]
             else:
-                libs.setdefault(id(st), []).append((params, outcome.value["data"]))
-        rounds = [(st, libs.get(id(st), [])) for st in dict.fromkeys(st for st, _ in jobs)
-                  if st.default_lib is not None]
-        timing = start_measure([(st.spec, [st.default_lib, *(d for _, d in cands)], warmup,
-                                 repeats, threads) for st, cands in rounds])
-        # the next round builds while this one is measured, when it should end within the
-        # budget (a step as long as the last one, or as this round's builds took)
-        fresh = sum(params is None for _, params in jobs)
-        picked = len(jobs) - fresh
-        jobs = plan() if clock() - start + max(step, clock() - began) <= budget_s else []
-        pending = submit(jobs) if jobs else None
-        t0 = time.perf_counter()
-        results = timing()
-        profile["measure"] += time.perf_counter() - t0
-        for (st, cands), outcome in zip(rounds, results, strict=True):
-            if not outcome.ok:
-                discarded.append(f"{st.spec.label}: measurement failed: {outcome.error}")
+                st.ready.append((params, out.value["data"]))
+
+    def finish_measure(task: _Task, outcome: TaskOutcome) -> None:
+        nonlocal measured
+        st = task.state
+        st.measuring = False
+        if not outcome.ok:
+            discarded.append(f"{st.spec.label}: measurement failed: {outcome.error}")
+            note(f"  discarded {discarded[-1]}")
+            return
+        value = outcome.value
+        measured_on.add(value["node"])
+        profile["measure_tasks"] += float(value.get("seconds", 0.0))
+        profile["measure_cpu"] += float(value.get("cpu_seconds", 0.0))
+        if "span" in value:
+            spans.append(("measure", *value["span"]))
+        st.default_times += value["times_us"][0]
+        for (params, _), times, eq in zip(task.libs, value["times_us"][1:],
+                                          value["equal"][1:], strict=True):
+            st.measured.append(Measurement(dict(params), tuple(times), eq))
+            measured += 1
+            if not eq:
+                discarded.append(f"{st.spec.label} {show(params)}: result differs "
+                                 "from the default's")
                 note(f"  discarded {discarded[-1]}")
-                continue
-            value = outcome.value
-            measured_on.add(value["node"])
-            if "span" in value:
-                spans.append(("measure", *value["span"]))
-            profile["measure_tasks"] += float(value.get("seconds", 0.0))
-            profile["measure_cpu"] += float(value.get("cpu_seconds", 0.0))
-            st.default_times += value["times_us"][0]
-            for (params, _), times, eq in zip(cands, value["times_us"][1:],
-                                              value["equal"][1:], strict=True):
-                st.measured.append(Measurement(dict(params), tuple(times), eq))
-                measured += 1
-                if not eq:
-                    discarded.append(f"{st.spec.label} {show(params)}: result differs "
-                                     "from the default's")
-                    note(f"  discarded {discarded[-1]}")
-        step = clock() - began
-        note(f"round: {fresh} default(s), {picked} candidate(s), {measured} "
+        note(f"measured {st.spec.label}: {len(task.libs)} candidate(s); {measured} "
              f"measured, {clock() - start:.0f} s of {budget_s:.0f} s")
+
+    note(f"tuning {len(specs)} distinct kernel(s) for {target_key(_isa(tgt))}, "
+         f"budget {budget_s:.0f} s, {cpus:.0f} CPU(s) each running one task at a time "
+         f"(builds of {PER_BUILD} variants, measurements one at a time per node)")
+    launch()
+    while running:
+        t0 = time.perf_counter()
+        task = running.pop(runner.first_done([t.pending for t in running]))
+        (outcome,) = task.pending()
+        profile[task.kind] += time.perf_counter() - t0
+        longest[task.kind] = max(longest[task.kind], clock() - task.submitted)
+        (finish_build if task.kind == "build" else finish_measure)(task, outcome)
+        launch()
     key = target_key(_isa(tgt))
     db = TuningDatabase(
         Record(st.spec.family, st.spec.signature, key,
@@ -491,28 +575,6 @@ def show(params: Mapping[str, Any]) -> str:
     return json.dumps(dict(params), sort_keys=True, separators=(",", ":"))
 
 
-def _batched(runner: Executor, jobs: Sequence[tuple[Any, ...]], cpus: int) -> Pending:
-    """Start `build_variants` over `jobs` in tasks of consecutive jobs (the variants of
-    one kernel share a task: its weights ship once), about two tasks per CPU so a CPU
-    that finishes early (or a measurement that ends) takes the next; waiting gives an
-    outcome per job."""
-    per = -(-len(jobs) // max(1, 2 * cpus)) if jobs else 1
-    chunks = [list(jobs[i:i + per]) for i in range(0, len(jobs), per)]
-    pending = runner.submit(build_variants, [(c,) for c in chunks])
-
-    def wait() -> list[TaskOutcome]:
-        out: list[TaskOutcome] = []
-        for chunk, outcome in zip(chunks, pending(), strict=True):
-            if not outcome.ok:
-                out += [TaskOutcome(error=outcome.error)] * len(chunk)
-                continue
-            out += [TaskOutcome(error=v["error"]) if "error" in v else TaskOutcome(v)
-                    for v in outcome.value]
-        return out
-
-    return wait
-
-
 def _eager(run: Callable[[Sequence[tuple[Any, ...]]], list[TaskOutcome]]) -> Start:
     """A synchronous runner (a test's recorded one) as a `Start`: runs at once."""
     def start(args: Sequence[tuple[Any, ...]]) -> Pending:
@@ -523,10 +585,11 @@ def _eager(run: Callable[[Sequence[tuple[Any, ...]]], list[TaskOutcome]]) -> Sta
 
 
 def _measurer(runner: Executor, tgt: Any, target: Any, threads: int | None,
-              log: Callable[[str], None]) -> Start:
+              log: Callable[[str], None]) -> tuple[Start, float, int]:
     """Starts `measure_kernel` tasks: on Ray, only on nodes offering the target's
     measurement resource (one unit: one measurement at a time per node), each holding
-    as many CPUs as it runs threads (so no build shares them)."""
+    as many CPUs as it runs threads (so no build shares them). Also gives those CPUs
+    and how many nodes measure."""
     resource = measure_resource(tgt)
     where = runner.describe()
     ray = where.get("engine") == "ray"
@@ -545,22 +608,7 @@ def _measurer(runner: Executor, tgt: Any, target: Any, threads: int | None,
         return runner.submit(measure_kernel, args, num_cpus=cpus,
                              resources={resource: 1.0} if ray else None)
 
-    return start
-
-
-def _pick(states: Sequence[_State], size: int) -> list[tuple[_State, Params]]:
-    """The next `size` untried candidates, each from the kernel of the largest score
-    (ties: the first kernel) among those whose default is queued."""
-    picks: list[tuple[_State, Params]] = []
-    while len(picks) < size:
-        open_ = [st for st in states if st.queued and not st.failed
-                 and st.tried < len(st.spec.candidates)]
-        if not open_:
-            break
-        st = max(open_, key=_State.score)
-        picks.append((st, st.spec.candidates[st.tried]))
-        st.tried += 1
-    return picks
+    return start, cpus, max(1, len(nodes))
 
 
 def _isa(tgt: Any) -> Any:
