@@ -303,6 +303,31 @@ def test_the_inner_split_computes_the_untuned_result_with_a_symbolic_batch() -> 
     np.testing.assert_allclose(np.asarray(lib["main"](x)), want, rtol=1e-4, atol=1e-4)
 
 
+def test_a_failing_build_or_measurement_leaves_its_kernel_alone() -> None:
+    """A default that does not build, or a kernel whose measurement fails, is reported
+    and left out; the other kernels are tuned, and the run ends."""
+    def build(args: Any) -> list[TaskOutcome]:
+        return [TaskOutcome([{"error": "CompileError: no"} if spec.signature == "matmul(c)"
+                             else {"data": show(params or spec.default).encode(),
+                                   "node": "n1"} for spec, _, params in jobs])
+                for (jobs,) in args]
+
+    def measure(args: Any) -> list[TaskOutcome]:
+        return [TaskOutcome(error="RuntimeError: the node died")
+                if spec.signature == "matmul(b)" else
+                TaskOutcome({"times_us": [[RECORDED[spec.signature, d.decode()]] * repeats
+                                          for d in libs],
+                             "equal": [True] * len(libs), "node": "n2"})
+                for spec, libs, _, repeats, _ in args]
+
+    report = tune([_fake_spec("a", 3, count=2), _fake_spec("b", 2), _fake_spec("c", 1)],
+                  "host", 1000, build=build, measure=measure, clock=lambda: 0.0)
+    assert [r.signature for r in report.database.records()] == ["matmul(a)"]
+    assert report.measured == 4
+    assert any(d.startswith("gemm matmul(b): measurement failed") for d in report.discarded)
+    assert any(d.startswith("gemm matmul(c) default: build failed") for d in report.discarded)
+
+
 class _DeferringExecutor:
     """An executor of two CPUs whose tasks run only when waited for (as on a cluster,
     where they run meanwhile) and end in submission order, logging submissions and

@@ -7,15 +7,15 @@ clearly faster ones in a tuning database.
    (operand types, constant weights, attributes), its signature, how often the model
    has it and its search space (`kiln.ops.kernels.search.variants`, most promising
    first). Equal calls are one spec.
-2. Rounds until the budget is spent: each builds the defaults (the rule's variants)
-   of a few kernels not built yet, the most frequent first, so the time each kernel
-   takes becomes known, and picks candidates of the kernels whose untried time is
-   largest (default time x occurrences / (tried + 1)); every variant is built as a
-   library of that one call (`build_variants`: a task builds a batch, tasks run
-   anywhere, in parallel); then one `measure_kernel` task per kernel loads the default
-   and the round's candidates, checks each result equals the default's, and times
-   them interleaved (warm-up, then repeats). Round k+1 builds while round k is
-   measured (`tune`).
+2. Until the budget is spent, every CPU runs one task at a time (`tune`): builds of
+   the defaults (the rule's variants) of kernels not built yet, the most frequent
+   first, so the time each kernel takes becomes known, and of candidates of the
+   kernels whose untried time is largest (default time x occurrences / (tried + 1));
+   every variant is built as a library of that one call (`build_variants`: a task
+   builds two variants of one kernel, tasks run anywhere, in parallel); and
+   `measure_kernel` tasks, each loading a kernel's default and its candidates built
+   since its last measurement, checking each result equals the default's, and timing
+   them interleaved (warm-up, then repeats).
 3. `kiln.tuning.select` decides from the recorded timings; the records are merged
    into the database (timings of a variant measured before are pooled).
 
@@ -508,7 +508,8 @@ def tune(specs: Sequence[KernelSpec], target: Any, budget_s: float, *,
         nonlocal measured
         st = task.state
         st.measuring = False
-        if not outcome.ok:
+        if not outcome.ok:  # the kernel is left alone (measuring it again would fail too)
+            st.failed = True
             discarded.append(f"{st.spec.label}: measurement failed: {outcome.error}")
             note(f"  discarded {discarded[-1]}")
             return
