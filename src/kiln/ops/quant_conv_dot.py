@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 
 from kiln.errors import IRError
+from kiln.ir import dtype as dt
 from kiln.ir.tensor import (
     DOT4_U8S8,
     Allocate,
@@ -57,7 +58,14 @@ from kiln.ops.kernels.parallel_work import worth_parallel
 from kiln.ops.kernels.tiles import lanes_loop, nest
 from kiln.ops.kernels.tiles import loop as tile_loop
 from kiln.ops.nn import conv_geometry
-from kiln.ops.quant import channel, check_requant, conv_int_shape, out_range, requantize_value
+from kiln.ops.quant import (
+    channel,
+    check_requant,
+    conv_int_shape,
+    out_range,
+    requantize_ref,
+    requantize_value,
+)
 from kiln.ops.registry import OPS, HandBuiltOp
 
 Attrs = Mapping[str, Any]
@@ -66,27 +74,43 @@ CONV_DOT = "qlinear_conv_dot"
 PARALLEL_TILES = 8
 
 
-def weight_words(wp: np.ndarray) -> np.ndarray:
-    """The shifted int8 weight `[OC][C][...]` as words `[OC][ceil(K / 4)]`."""
-    flat = np.asarray(wp).reshape(wp.shape[0], -1)
-    return np.ascontiguousarray(quant_dot.words(flat.T).T)
+def k_order(wp: np.ndarray, tap_major: bool) -> np.ndarray:
+    """The weight `[OC][C][taps...]` as `[OC][K]`: k = (c, tap), or with `tap_major`
+    k = (tap, c), the order of onnxruntime's NHWC im2col and of its symmetric
+    convolution kernel (MLAS packs 4 channels of one tap to a word), whose pairs
+    `int8-pairs=saturate` reproduces."""
+    w = np.asarray(wp)
+    if tap_major:
+        w = np.moveaxis(w, 1, -1)
+    return w.reshape(w.shape[0], -1)
 
 
-def weight_panels(wp: np.ndarray, nr: int) -> np.ndarray:
+def weight_words(wp: np.ndarray, tap_major: bool = False) -> np.ndarray:
+    """The shifted int8 weight `[OC][C][...]` as words `[OC][ceil(K / 4)]` (k in the
+    order of `k_order`)."""
+    return np.ascontiguousarray(quant_dot.words(k_order(wp, tap_major).T).T)
+
+
+def weight_panels(wp: np.ndarray, nr: int, tap_major: bool = False) -> np.ndarray:
     """The shifted int8 weight `[OC][C][...]` as the channels-as-lanes tile reads it:
     words in panels of `nr` channels, `[ceil(OC / nr)][ceil(K / 4)][nr]` (zero-padded)."""
     from kiln.ops.quant_kernels import panelize
 
-    return panelize(weight_words(wp).T, nr)
+    return panelize(weight_words(wp, tap_major).T, nr)
 
 
-def unpacked_weight(ww: np.ndarray, w_shape: Sequence[int]) -> np.ndarray:
+def unpacked_weight(ww: np.ndarray, w_shape: Sequence[int], tap_major: bool = False
+                    ) -> np.ndarray:
     """The int8 weight `[OC][C][...]` of `weight_words` or `weight_panels`."""
     from kiln.ops.quant_kernels import unpanelize
 
     oc, k = int(w_shape[0]), int(np.prod(w_shape[1:]))
     words = np.asarray(ww) if np.ndim(ww) == 2 else unpanelize(np.asarray(ww), oc).T
-    return quant_dot.unwords(words.T, k).T.reshape(tuple(w_shape))
+    flat = quant_dot.unwords(words.T, k).T
+    if tap_major:
+        shape = (oc, *w_shape[2:], int(w_shape[1]))
+        return np.moveaxis(flat.reshape(shape), -1, 1)
+    return flat.reshape(tuple(w_shape))
 
 
 @dataclass(frozen=True)
@@ -197,16 +221,30 @@ def _build(inputs: Sequence[te.Tensor], attrs: Attrs) -> te.Tensor:
                                            TensorType((), x.dtype), TensorType((), "int8")],
                                 attrs)
 
+    saturate = quant_dot.saturates(attrs)
+    k_total = int(np.prod(ws[1:]))
+
     def value(n: PrimExpr, oc: PrimExpr, *o: PrimExpr) -> PrimExpr:
         def term(c: PrimExpr, *k: PrimExpr) -> PrimExpr:
             pos = tuple(o[j] * strides[j] + k[j] * dilations[j] - begins[j] for j in range(rank))
-            flat = c * taps + te.flat_index(k, ws[2:])
+            flat = (te.flat_index(k, ws[2:]) * ws[1] + c if saturate
+                    else c * taps + te.flat_index(k, ws[2:]))
             g = flat // quant_dot.GROUP
             word = ww[oc, g] if ww.ndim == 2 else ww[oc // ww.shape[2], g, oc % ww.shape[2]]
             return quant_dot.a_byte(te.padded(x, (n, c, *pos), x_zp[()])) * quant_dot.b_byte(
                 word, flat)
 
-        acc = te.reduce("sum", term, tuple(ws[1:]), "int32") + bias[oc]
+        if saturate:  # k = (tap, c); the products of k = 2p and 2p + 1 clamped to int16
+            def at(k: PrimExpr) -> PrimExpr:
+                kk = min_(k, k_total - 1)
+                value = term(kk % ws[1], *te.unflatten_index(kk // ws[1], ws[2:]))
+                return value if k_total % 2 == 0 else Select(
+                    compare("lt", k, k_total), value, as_expr(0, "int32"))
+
+            acc = te.reduce("sum", lambda p: quant_dot.clamp16(at(2 * p) + at(2 * p + 1)),
+                            (-(-k_total // 2),), "int32") + bias[oc]
+        else:
+            acc = te.reduce("sum", term, tuple(ws[1:]), "int32") + bias[oc]
         return requantize_value(acc, channel(multiplier, oc), y_zp[()], lo, hi, y_zp.dtype)
 
     return te.compute(out_shape, value, y_zp.dtype, CONV_DOT)
@@ -216,11 +254,40 @@ def _reference(x: np.ndarray, ww: np.ndarray, bias: np.ndarray, x_zp: np.ndarray
                multiplier: np.ndarray, y_zp: np.ndarray, **attrs: Any) -> np.ndarray:
     from kiln.ops.quant_kernels import conv_packed_ref
 
-    w = unpacked_weight(ww, _w_shape(attrs))
+    saturate = quant_dot.saturates(attrs)
+    w = unpacked_weight(ww, _w_shape(attrs), saturate)
     shift = quant_dot.a_shift(str(x.dtype))
-    rest = {a: v for a, v in attrs.items() if a != "w_shape"}
+    rest = {a: v for a, v in attrs.items() if a not in ("w_shape", "pairs")}
+    if saturate:
+        return _saturated_conv_ref(x.astype(np.int64) + shift, w, bias,
+                                   np.asarray(int(x_zp) + shift), multiplier, y_zp, **rest)
     return conv_packed_ref(x.astype(np.int64) + shift, w, bias,
                             np.asarray(int(x_zp) + shift), multiplier, y_zp, **rest)
+
+
+def _saturated_conv_ref(x: np.ndarray, w: np.ndarray, bias: np.ndarray, x_zp: np.ndarray,
+                        multiplier: np.ndarray, y_zp: np.ndarray, **attrs: Any) -> np.ndarray:
+    """The convolution of `int8-pairs=saturate`: an im2col in onnxruntime's k order
+    (tap, channel) times the weight with pairs clamped to int16 (quant_dot)."""
+
+
+    rank, strides, dilations, begins, ends = conv_geometry(x.shape, w.shape, attrs, CONV_DOT)
+    xp = np.pad(x, ((0, 0), (0, 0), *zip(begins, ends)), constant_values=int(x_zp))
+    kernel = w.shape[2:]
+    spatial = [(xp.shape[2 + j] - (kernel[j] - 1) * dilations[j] - 1) // strides[j] + 1
+               for j in range(rank)]
+    cols = []
+    for tap in np.ndindex(*kernel):
+        window = tuple(slice(tap[j] * dilations[j],
+                             tap[j] * dilations[j] + (spatial[j] - 1) * strides[j] + 1, strides[j])
+                       for j in range(rank))
+        cols.append(xp[(slice(None), slice(None), *window)])  # [N][C][spatial...]
+    a = np.stack(cols, axis=1)  # [N][taps][C][spatial...]
+    a = np.moveaxis(a.reshape(a.shape[0], -1, *spatial), 1, -1)  # [N][spatial...][K]
+    acc = quant_dot.saturated_matmul(a, k_order(w, True).T.astype(np.int64))
+    acc = np.moveaxis(acc, -1, 1) + bias.astype(np.int64).reshape(-1, *([1] * rank))
+    lo, hi = out_range(attrs, dt.from_numpy(y_zp.dtype))
+    return requantize_ref(acc.astype(np.int32), multiplier, y_zp, lo, hi, 1)
 
 
 @dataclass(frozen=True)
@@ -230,7 +297,7 @@ class _TiledConv(HandBuiltOp):
     def lower_fused(self, params: Sequence[te.Tensor], args: Sequence[te.Tensor], attrs: Attrs,
                     anchor: te.Tensor | None, result: te.Tensor | None,
                     name: str) -> PrimFunc | None:
-        isa = quant_dot.target_isa()
+        isa = quant_dot.target_isa(quant_dot.saturates(attrs))
         if result is not None or len(args) != len(params) or isa is None:
             return None
         x, ww, bias, x_zp, multiplier, y_zp = (Buffer(t.name, t.shape, t.dtype) for t in params)
@@ -363,6 +430,8 @@ def _tiles(x: Buffer, ww: Buffer, bias: Buffer, x_zp: Buffer, multiplier: Buffer
     batch, oc_n, spatial = int(out.shape[0]), ws[0], tuple(int(d) for d in out.shape[2:])
     positions = int(np.prod(spatial))
     taps, k_total, groups = int(np.prod(ws[2:])), int(np.prod(ws[1:])), int(ww.shape[1])
+    saturate = quant_dot.saturates(attrs)
+    intrinsic = quant_dot.dot_intrinsic(attrs)
     if ww.ndim == 3:  # weight panels: channels as lanes, as wide as the panels
         nr = int(ww.shape[2])
         tile = ConvTile(True, channel_rows(isa, positions, nr, k_total), nr)
@@ -417,7 +486,10 @@ def _tiles(x: Buffer, ww: Buffer, bias: Buffer, x_zp: Buffer, multiplier: Buffer
         total: PrimExpr = as_expr(0, "int32")
         for i in range(quant_dot.GROUP):
             k = g * quant_dot.GROUP + i
-            c, kk = k // taps, te.unflatten_index(k % taps, ws[2:])
+            if saturate:  # onnxruntime's k order: (tap, c)
+                c, kk = k % ws[1], te.unflatten_index(min_(k // ws[1], taps - 1), ws[2:])
+            else:
+                c, kk = k // taps, te.unflatten_index(k % taps, ws[2:])
             byte = quant_dot.a_byte(load(planes.plane(min_(c, ws[1] - 1), kk),
                                          planes.offsets(kk)))
             if k_total % quant_dot.GROUP:
@@ -458,10 +530,10 @@ def _tiles(x: Buffer, ww: Buffer, bias: Buffer, x_zp: Buffer, multiplier: Buffer
 
     if tile.channels_as_lanes:
         nest_ = _channel_tiles(words, ww, flat_out, tile, requantized, positions, oc_n, big,
-                               word_at)
+                               word_at, intrinsic)
     else:
         nest_ = _position_tiles(words, ww, flat_out, tile, _RowEpilogue(
-            bias, multiplier, y_zp, lo, hi), positions, oc_n, big)
+            bias, multiplier, y_zp, lo, hi), positions, oc_n, big, intrinsic)
     views = (DeclBuffer(grid_view, src, 0),) if in_grid else ()
     return seq(pad, split, *views, Allocate(words), pack, DeclBuffer(flat_out, out, 0), nest_)
 
@@ -509,7 +581,8 @@ class _RowEpilogue:
 
 
 def _position_tiles(words: Buffer, ww: Buffer, flat_out: Buffer, tile: ConvTile,
-                    epilogue: _RowEpilogue, positions: int, oc_n: int, big: bool) -> Stmt:
+                    epilogue: _RowEpilogue, positions: int, oc_n: int, big: bool,
+                    intrinsic: str = DOT4_U8S8) -> Stmt:
     """Tiles of output channels (a broadcast weight word each) x output positions (the
     lanes: vectors of input words), stored along the output rows."""
     batch, groups = int(words.shape[0]), int(words.shape[1])
@@ -525,7 +598,7 @@ def _position_tiles(words: Buffer, ww: Buffer, flat_out: Buffer, tile: ConvTile,
         zero = tile_loop("r", mr, lambda r: tile_loop(
             "v", nr, lambda v: Store(acc, as_expr(0, "int32"), (r, v)), "vectorized"))
         step = tile_loop("g", groups, lambda g: tile_loop("r", mr, lambda r: tile_loop(
-            "v", nr, lambda v: Store(acc, Intrin(DOT4_U8S8, (
+            "v", nr, lambda v: Store(acc, Intrin(intrinsic, (
                 acc[r, v], words[n, g, ct * nr + v], ww[row(r), g])), (r, v)),
             "vectorized"), "unrolled"))
 
@@ -565,7 +638,7 @@ def _position_tiles(words: Buffer, ww: Buffer, flat_out: Buffer, tile: ConvTile,
 
 def _channel_tiles(words: Buffer, ww: Buffer, flat_out: Buffer, tile: ConvTile,
                    requantized: Epilogue, positions: int, oc_n: int, big: bool,
-                   word_at: Callable[[PrimExpr], PrimExpr]) -> Stmt:
+                   word_at: Callable[[PrimExpr], PrimExpr], intrinsic: str = DOT4_U8S8) -> Stmt:
     """Tiles of output positions (a broadcast input word each, output position p's at
     `words[n, g, word_at(p)]`) x output channels (the lanes: a row of a weight panel),
     the per-channel requantization along the lanes.
@@ -581,7 +654,7 @@ def _channel_tiles(words: Buffer, ww: Buffer, flat_out: Buffer, tile: ConvTile,
         zero = tile_loop("r", mr, lambda r: tile_loop(
             "v", nr, lambda v: Store(acc, as_expr(0, "int32"), (r, v)), "vectorized"))
         step = tile_loop("g", groups, lambda g: tile_loop("r", mr, lambda r: tile_loop(
-            "v", nr, lambda v: Store(acc, Intrin(DOT4_U8S8, (
+            "v", nr, lambda v: Store(acc, Intrin(intrinsic, (
                 acc[r, v], words[n, g, word_at(pt * mr + r)], ww[ct, g, v])), (r, v)),
             "vectorized"), "unrolled"))
 
