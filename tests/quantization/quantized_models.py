@@ -6,6 +6,11 @@ calibration reader over random inputs; `quantize_dynamic_model` runs
 `quantize_dynamic`. `integer_outputs` removes the DequantizeLinear nodes in front of
 a QDQ model's outputs, so the model returns its quantized tensors (compared element
 by element, in quanta).
+
+`like_onnxruntime(target)` is the kiln target whose integer products equal this host's
+onnxruntime: on an x86 host without VNNI, MLAS's u8 x s8 kernels (AVX2 and AVX-512BW:
+`vpmaddubsw`) add pairs of products into a saturating int16, so the tests that compare
+with onnxruntime there compile with `int8-pairs=saturate` (docs/quantization.md).
 """
 
 from __future__ import annotations
@@ -25,12 +30,27 @@ from onnxruntime.quantization import (
 )
 from onnxruntime.quantization.shape_inference import quant_pre_process
 
+from kiln.target import Target
+from kiln.target.isa import isa_for
 from support.graphs import GraphBuilder
 
 #: Relative L2 error allowed on dequantized (float) outputs vs onnxruntime's int8 run.
 MAX_REL_L2 = 1e-2
 #: Integer outputs: equal, or one quantum apart on at most this share of the elements.
 MAX_OFF_BY_ONE = 1e-3
+
+
+def onnxruntime_saturates() -> bool:
+    """Whether this host's onnxruntime saturates its u8 x s8 pair sums: an x86 host
+    without VNNI (MLAS picks its kernels from the CPU; with `vpdpbusd` the sums are
+    exact, on AVX2 and AVX-512BW `vpmaddubsw` clamps each pair to int16)."""
+    isa = isa_for(Target.from_host())
+    return isa.arch in ("x86_64", "x86", "i686") and not {"avx512vnni", "avxvnni"} & isa.features
+
+
+def like_onnxruntime(target: str) -> str:
+    """`target` with the integer products of this host's onnxruntime (see above)."""
+    return f"{target} -int8-pairs=saturate" if onnxruntime_saturates() else target
 
 
 class RandomReader(CalibrationDataReader):

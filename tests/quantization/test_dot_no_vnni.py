@@ -12,7 +12,7 @@ import numpy as np
 import onnx
 import pytest
 from onnx import TensorProto, numpy_helper
-from quantized_models import qlinear_conv_model
+from quantized_models import like_onnxruntime, qlinear_conv_model
 
 import kiln
 from kiln.frontend import from_onnx
@@ -76,7 +76,7 @@ def test_worst_case_products_are_exact(target: str) -> None:
     assert isa.int8_dot in ("avx2", "avx512bw")  # VNNI hidden, the widened family
     onnx_model, feeds, want = model()
     # every product kernel (one per A dtype) took the dot form, none the int16 element tiles
-    ex = kiln.compile(from_onnx(onnx_model), target)
+    ex = kiln.compile(from_onnx(onnx_model), like_onnxruntime(target))
     text = kiln.script.print_module(ex.ir)
     kernels = len(re.findall(r"def matmul_integer_packed", text))
     assert kernels == 2 and len(re.findall(r"T\.dot4_u8s8\(", text)) == kernels
@@ -99,7 +99,7 @@ def test_conv_tiles_equal_onnxruntime(target: str) -> None:
     w.CopyFrom(numpy_helper.from_array(weights, "w"))
     x = rng.integers(0, 256, (1, 8, 14, 14)).astype(np.uint8)
     x[..., :3, :] = 255
-    ex = kiln.compile(from_onnx(model), target)
+    ex = kiln.compile(from_onnx(model), like_onnxruntime(target))
     if not isa_for(Target(target)).features <= isa_for(Target.from_host()).features:
         pytest.skip(f"this host lacks {target}'s features: compiled, not run")
     np.testing.assert_array_equal(ex["main"](x), onnxruntime_outputs(model, {"x": x})[0])
