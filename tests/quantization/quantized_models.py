@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import tempfile
 from pathlib import Path
+from typing import overload
 
 import numpy as np
 import onnx
@@ -48,9 +49,17 @@ def onnxruntime_saturates() -> bool:
     return isa.arch in ("x86_64", "x86", "i686") and not {"avx512vnni", "avxvnni"} & isa.features
 
 
-def like_onnxruntime(target: str) -> str:
+@overload
+def like_onnxruntime(target: str) -> str: ...
+@overload
+def like_onnxruntime(target: Target) -> Target: ...
+def like_onnxruntime(target: str | Target) -> str | Target:
     """`target` with the integer products of this host's onnxruntime (see above)."""
-    return f"{target} -int8-pairs=saturate" if onnxruntime_saturates() else target
+    if not onnxruntime_saturates():
+        return target
+    if isinstance(target, Target):
+        return target.with_attrs({"int8-pairs": "saturate"})
+    return f"{target} -int8-pairs=saturate"
 
 
 class RandomReader(CalibrationDataReader):

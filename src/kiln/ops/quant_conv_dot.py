@@ -33,7 +33,6 @@ from typing import Any
 import numpy as np
 
 from kiln.errors import IRError
-from kiln.ir import dtype as dt
 from kiln.ir.tensor import (
     DOT4_U8S8,
     Allocate,
@@ -63,7 +62,6 @@ from kiln.ops.quant import (
     check_requant,
     conv_int_shape,
     out_range,
-    requantize_ref,
     requantize_value,
 )
 from kiln.ops.registry import OPS, HandBuiltOp
@@ -257,37 +255,9 @@ def _reference(x: np.ndarray, ww: np.ndarray, bias: np.ndarray, x_zp: np.ndarray
     saturate = quant_dot.saturates(attrs)
     w = unpacked_weight(ww, _w_shape(attrs), saturate)
     shift = quant_dot.a_shift(str(x.dtype))
-    rest = {a: v for a, v in attrs.items() if a not in ("w_shape", "pairs")}
-    if saturate:
-        return _saturated_conv_ref(x.astype(np.int64) + shift, w, bias,
-                                   np.asarray(int(x_zp) + shift), multiplier, y_zp, **rest)
+    rest = {a: v for a, v in attrs.items() if a != "w_shape"}
     return conv_packed_ref(x.astype(np.int64) + shift, w, bias,
                             np.asarray(int(x_zp) + shift), multiplier, y_zp, **rest)
-
-
-def _saturated_conv_ref(x: np.ndarray, w: np.ndarray, bias: np.ndarray, x_zp: np.ndarray,
-                        multiplier: np.ndarray, y_zp: np.ndarray, **attrs: Any) -> np.ndarray:
-    """The convolution of `int8-pairs=saturate`: an im2col in onnxruntime's k order
-    (tap, channel) times the weight with pairs clamped to int16 (quant_dot)."""
-
-
-    rank, strides, dilations, begins, ends = conv_geometry(x.shape, w.shape, attrs, CONV_DOT)
-    xp = np.pad(x, ((0, 0), (0, 0), *zip(begins, ends)), constant_values=int(x_zp))
-    kernel = w.shape[2:]
-    spatial = [(xp.shape[2 + j] - (kernel[j] - 1) * dilations[j] - 1) // strides[j] + 1
-               for j in range(rank)]
-    cols = []
-    for tap in np.ndindex(*kernel):
-        window = tuple(slice(tap[j] * dilations[j],
-                             tap[j] * dilations[j] + (spatial[j] - 1) * strides[j] + 1, strides[j])
-                       for j in range(rank))
-        cols.append(xp[(slice(None), slice(None), *window)])  # [N][C][spatial...]
-    a = np.stack(cols, axis=1)  # [N][taps][C][spatial...]
-    a = np.moveaxis(a.reshape(a.shape[0], -1, *spatial), 1, -1)  # [N][spatial...][K]
-    acc = quant_dot.saturated_matmul(a, k_order(w, True).T.astype(np.int64))
-    acc = np.moveaxis(acc, -1, 1) + bias.astype(np.int64).reshape(-1, *([1] * rank))
-    lo, hi = out_range(attrs, dt.from_numpy(y_zp.dtype))
-    return requantize_ref(acc.astype(np.int32), multiplier, y_zp, lo, hi, 1)
 
 
 @dataclass(frozen=True)

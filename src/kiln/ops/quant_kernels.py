@@ -72,7 +72,7 @@ from kiln.ops.quant import (
     requantize_ref,
     requantize_value,
 )
-from kiln.ops.quant_conv_dot import CONV_DOT, choose_tile, weight_panels, weight_words
+from kiln.ops.quant_conv_dot import CONV_DOT, choose_tile, k_order, weight_panels, weight_words
 from kiln.ops.registry import OPS, HandBuiltOp, register_op
 from kiln.ops.registry import call as op_call
 from kiln.target.isa import ISA
@@ -131,9 +131,11 @@ def pack(call: g.Call) -> g.Call | None:
     # onnxruntime's AVX2 pairs (`int8-pairs=saturate`): its u8 x s8 kernels take int8
     # weights as they are, so only those with zero points of 0 (wp = w) saturate as it
     # does, and only with uint8 activations (its s8 x s8 products are exact)
+    # (its depthwise kernel, one input and one output channel a group, is exact too)
+    depthwise = two_d_grouped and wp.shape[1] == 1 and wp.shape[0] == groups
     sat = (quant_dot.target_saturates() and np.asarray(w.data).dtype == np.int8
-           and np.asarray(x_zp.data).dtype == np.uint8
-           and not zw.any() and (call.op == "qlinear_matmul" or two_d_conv))
+           and np.asarray(x_zp.data).dtype == np.uint8 and not zw.any()
+           and (call.op == "qlinear_matmul" or two_d_conv or (two_d_grouped and not depthwise)))
     isa = quant_dot.target_isa(sat) if (call.op == "qlinear_matmul" or two_d_conv) \
         and weight_dtype == np.int8 else None
     pairs = {"pairs": quant_dot.SATURATE} if sat and isa is not None else {}
@@ -160,7 +162,8 @@ def pack(call: g.Call) -> g.Call | None:
     if two_d_grouped:
         from kiln.ops.quant_depthwise import GROUPED
 
-        return op_call(GROUPED, x, packed, corrected, x_zp, multiplier, y_zp, **attrs)
+        return op_call(GROUPED, x, packed, corrected, x_zp, multiplier, y_zp,
+                       **({"pairs": quant_dot.SATURATE} if sat else {}), **attrs)
     return op_call(CONV, x, packed, corrected, x_zp, multiplier, y_zp, **attrs)
 
 
@@ -406,7 +409,19 @@ def build_conv(inputs: Sequence[te.Tensor], attrs: Attrs) -> te.Tensor:
             pos = tuple(o[j] * strides[j] + k[j] * dilations[j] for j in range(rank))
             return Cast("int32", src[(n, first + c, *pos)]) * Cast("int32", wp[(oc, c, *k)])
 
-        acc = te.reduce("sum", term, (ci, *kernel), "int32") + bias[oc]
+        if quant_dot.saturates(attrs):  # k = (tap, c), pairs clamped to int16
+            k_total = int(ci) * int(np.prod(kernel))
+
+            def at(k: PrimExpr) -> PrimExpr:
+                kk = min_(k, k_total - 1)
+                value = term(kk % ci, *te.unflatten_index(kk // ci, kernel))
+                return value if k_total % 2 == 0 else Select(
+                    compare("lt", k, k_total), value, as_expr(0, "int32"))
+
+            acc = te.reduce("sum", lambda p: quant_dot.clamp16(at(2 * p) + at(2 * p + 1)),
+                            (-(-k_total // 2),), "int32") + bias[oc]
+        else:
+            acc = te.reduce("sum", term, (ci, *kernel), "int32") + bias[oc]
         return requantize_value(acc, channel(multiplier, oc), y_zp[()], lo, hi, y_zp.dtype)
 
     return te.compute(out_shape, value, y_zp.dtype, CONV)
@@ -419,11 +434,38 @@ def conv_packed_ref(x: np.ndarray, wp: np.ndarray, bias: np.ndarray, x_zp: np.nd
     rank, _, _, begins, ends = conv_geometry(x.shape, wp.shape, attrs, CONV)
     xp = np.pad(x.astype(np.int64), ((0, 0), (0, 0), *zip(begins, ends)),
                 constant_values=int(x_zp))
-    unpadded = {**attrs, "pads": (0,) * (2 * rank)}
-    acc = conv_ref(xp, wp.astype(np.int64), **unpadded)
+    unpadded = {a: v for a, v in attrs.items() if a != "pairs"} | {"pads": (0,) * (2 * rank)}
+    if quant_dot.saturates(attrs):
+        acc = _saturated_conv(xp, wp.astype(np.int64), **unpadded)
+    else:
+        acc = conv_ref(xp, wp.astype(np.int64), **unpadded)
     acc = (acc + bias.astype(np.int64).reshape(-1, *([1] * rank))).astype(np.int32)
     lo, hi = out_range(attrs, dt.from_numpy(y_zp.dtype))
     return requantize_ref(acc, multiplier, y_zp, lo, hi, 1)
+
+
+def _saturated_conv(xp: np.ndarray, wp: np.ndarray, **attrs: Any) -> np.ndarray:
+    """The (padded) convolution of `int8-pairs=saturate`, group by group: an im2col in
+    onnxruntime's k order (tap, channel) times the weight, pairs clamped to int16."""
+    rank, strides, dilations, _, _ = conv_geometry(xp.shape, wp.shape, attrs, CONV)
+    kernel, groups = wp.shape[2:], int(attrs.get("group", 1))
+    spatial = [(xp.shape[2 + j] - (kernel[j] - 1) * dilations[j] - 1) // strides[j] + 1
+               for j in range(rank)]
+    cols = []
+    for tap in np.ndindex(*kernel):
+        window = tuple(slice(tap[j] * dilations[j],
+                             tap[j] * dilations[j] + (spatial[j] - 1) * strides[j] + 1,
+                             strides[j]) for j in range(rank))
+        cols.append(xp[(slice(None), slice(None), *window)])
+    taps = np.stack(cols, axis=2)  # [N][C][taps][spatial...]
+    cig, cog = wp.shape[1], wp.shape[0] // groups
+    parts = []
+    for gi in range(groups):
+        a = taps[:, gi * cig:(gi + 1) * cig].swapaxes(1, 2)  # [N][taps][cig][spatial...]
+        a = np.moveaxis(a.reshape(a.shape[0], -1, *spatial), 1, -1)  # [..., K]
+        b = k_order(wp[gi * cog:(gi + 1) * cog], True).T  # [K][cog]
+        parts.append(np.moveaxis(quant_dot.saturated_matmul(a, b), -1, 1))
+    return np.concatenate(parts, axis=1)
 
 
 register_op(CONV, pattern="anchor", infer=conv_infer, compute=build_conv,
