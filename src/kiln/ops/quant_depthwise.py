@@ -122,8 +122,7 @@ def grouped_body(shape: ck.ConvShape, x: Buffer, wp: Buffer, bias: Buffer, x_zp:
         def pair(taps: Sequence[tuple[int, int, int]]) -> Stmt:
             # `int8-pairs=saturate`: two products summed and clamped to int16 first
             # (onnxruntime's im2col + u8 x s8 GEMM: k in the order (tap, channel))
-            tap_cols = [(ci, oh * sh + kh * dh, *(((kw * dw) % sw, (kw * dw) // sw)
-                                                   if sw > 1 else (0, kw * dw)))
+            tap_cols = [(ci, oh * sh + kh * dh, const((kw * dw) % sw), (kw * dw) // sw)
                         for ci, kh, kw in taps]
             weights = [Cast("int32", wp[oc, ci, kh, kw]) for ci, kh, kw in taps]
 
