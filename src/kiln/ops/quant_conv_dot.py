@@ -136,7 +136,9 @@ def _step_cost(isa: Any, rows: int, vectors: int) -> float:
     accumulator, the widening per row and per vector (as quant_dot counts them)."""
     if quant_dot.widens(isa):
         return 4 * rows * vectors + 4 * rows + 3 * vectors
-    return rows * vectors + (rows + vectors) * LOAD_WEIGHT
+    # vpmaddubsw, vpmaddwd by ones and an add per accumulator (int8-pairs=saturate)
+    per_dot = 3 if isa.int8_dot == quant_dot.MADDUBS else 1
+    return per_dot * rows * vectors + (rows + vectors) * LOAD_WEIGHT
 
 
 def _tile_cost(isa: Any, tile: ConvTile, positions: int, channels: int, k: int) -> float:

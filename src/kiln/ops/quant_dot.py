@@ -26,6 +26,7 @@ stay in registers.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -54,6 +55,11 @@ GROUP = 4
 FAMILIES = ("avx512vnni", "avxvnni", "avx512bw", "avx2", "i8mm", "sdot", "dsp")
 _EXACT_FAMILIES = ("avx512vnni", "avxvnni", "i8mm")  # one instruction, no temporaries
 _WIDENED_FAMILIES = ("avx512bw", "avx2")  # vpmaddwd on bytes widened to int16
+#: The tile planning family of `dot4_u8s8_sat16` on x86 (`target_isa(saturate=True)`):
+#: `vpmaddubsw`, then `vpmaddwd` by ones and an add, per accumulator and word; registers
+#: for the broadcast A word, the int16 pair sums and the ones.
+MADDUBS = "maddubs"
+_X86_FAMILIES = ("avx512vnni", "avxvnni", "avx512bw", "avx2")
 
 
 #: The `pairs` attribute of a packed product whose pair sums saturate to int16
@@ -66,6 +72,8 @@ def target_isa(saturate: bool = False) -> ISA | None:
     with `saturate` the ISA whatever its family (the saturating dot form runs on every
     target: portable code where there is no family)."""
     isa = isa_for(None)
+    if saturate and isa.int8_dot in _X86_FAMILIES:
+        return replace(isa, int8_dots=(MADDUBS,))
     return isa if saturate or isa.int8_dot in FAMILIES else None
 
 
@@ -158,6 +166,7 @@ def tile_rows(isa: ISA, nr: int) -> int:
     # even and odd halves, a product and the mask. sdot: A shifted, its correction
     b_row, spare = ((vectors, 1) if isa.int8_dot in _EXACT_FAMILIES
                     else (2 * vectors, 4) if isa.int8_dot in _WIDENED_FAMILIES
+                    else (vectors, 3) if isa.int8_dot == MADDUBS
                     else (vectors, 6))
     return max(1, min(8, (isa.vector_registers - b_row - spare) // vectors))
 
