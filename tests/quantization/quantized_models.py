@@ -62,6 +62,27 @@ def like_onnxruntime(target: str | Target) -> str | Target:
     return f"{target} -int8-pairs=saturate"
 
 
+#: onnxruntime's graph transformer that runs a QDQ model's int8 activations as uint8
+#: (shifted by 128) on x86; in the groups it then fuses into its QLinearConv the shifted
+#: bytes saturate too, in the others (kept as float Conv) they do not.
+S8_TO_U8 = "QDQS8ToU8Transformer"
+
+
+def onnxruntime_int8_outputs(model: onnx.ModelProto, feeds: dict[str, np.ndarray],
+                             activations: str = "uint8") -> list[np.ndarray]:
+    """`model`'s outputs as this host's onnxruntime computes them, for the kiln build
+    `like_onnxruntime` gives. With int8 activations on a host that saturates, which of
+    onnxruntime's products saturate follows its fusions (`S8_TO_U8`), which kiln does
+    not reproduce: there the session runs without that transformer, on its s8 x s8
+    kernels, which are exact (docs/quantization.md)."""
+    import onnxruntime as ort
+
+    disabled = [S8_TO_U8] if activations == "int8" and onnxruntime_saturates() else []
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"],
+                                   disabled_optimizers=disabled)
+    return [np.asarray(out) for out in session.run(None, feeds)]
+
+
 class RandomReader(CalibrationDataReader):
     """`count` batches of standard-normal inputs for `model` (a seeded generator)."""
 

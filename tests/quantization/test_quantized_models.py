@@ -26,6 +26,7 @@ from quantized_models import (
     check_integer,
     integer_outputs,
     like_onnxruntime,
+    onnxruntime_int8_outputs,
     quantize_dynamic_model,
     quantize_static_model,
     rel_l2,
@@ -77,8 +78,8 @@ def quantized(request: pytest.FixtureRequest) -> dict[str, Any]:
     ints = integer_outputs(model)
     feeds = builders.example_inputs(model, seed=1)
     return {"name": request.param, "format": fmt, "model": model, "ints": ints,
-            "feeds": feeds, "want_float": onnxruntime_outputs(model, feeds),
-            "want_int": onnxruntime_outputs(ints, feeds),
+            "feeds": feeds, "want_float": onnxruntime_int8_outputs(model, feeds, activations),
+            "want_int": onnxruntime_int8_outputs(ints, feeds, activations),
             "executables": {}}
 
 
