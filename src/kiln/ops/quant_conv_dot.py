@@ -127,6 +127,8 @@ class ConvTile:
 TRANSPOSE_GAIN = 0.92
 #: Weight of a load or broadcast against a dot product (they issue on ports of their own).
 LOAD_WEIGHT = 0.125
+#: The same for the `vpmaddubsw` tiles of `int8-pairs=saturate` (`_step_cost`).
+MADDUBS_LOAD_WEIGHT = 1.0
 
 
 def _step_cost(isa: Any, rows: int, vectors: int) -> float:
@@ -136,9 +138,13 @@ def _step_cost(isa: Any, rows: int, vectors: int) -> float:
     accumulator, the widening per row and per vector (as quant_dot counts them)."""
     if quant_dot.widens(isa):
         return 4 * rows * vectors + 4 * rows + 3 * vectors
-    # vpmaddubsw, vpmaddwd by ones and an add per accumulator (int8-pairs=saturate)
-    per_dot = 3 if isa.int8_dot == quant_dot.MADDUBS else 1
-    return per_dot * rows * vectors + (rows + vectors) * LOAD_WEIGHT
+    if isa.int8_dot == quant_dot.MADDUBS:
+        # vpmaddubsw, vpmaddwd by ones and an add per accumulator (int8-pairs=saturate);
+        # a load or broadcast weighs as one of those (on AMD EPYC Zen 3, 3x3 256>256 at
+        # 14 x 14: the positions tile of one vector, 8 broadcasts a step, 2.0 ms; the
+        # channels tile 1.5 ms, which the lighter weight did not pick)
+        return 3 * rows * vectors + (rows + vectors) * MADDUBS_LOAD_WEIGHT
+    return rows * vectors + (rows + vectors) * LOAD_WEIGHT
 
 
 def _tile_cost(isa: Any, tile: ConvTile, positions: int, channels: int, k: int) -> float:
