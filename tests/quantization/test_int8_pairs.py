@@ -10,6 +10,8 @@ the host. Convolutions pair k in onnxruntime's order, (tap, channel)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 from onnx import TensorProto, helper
@@ -146,3 +148,34 @@ def test_the_intrinsic(target: str) -> None:
     out = np.zeros_like(acc)
     kiln.compile(_sat_module(), target)["dot"](acc, a, b, out)
     np.testing.assert_array_equal(out, want)
+
+
+def _symbolic_batch(model: Any) -> Any:
+    for value in (model.graph.input[0], model.graph.output[0]):
+        value.type.tensor_type.shape.dim[0].dim_param = "N"
+    return model
+
+
+@pytest.mark.parametrize(("shape", "oc", "group"), [
+    ((2, 8, 7, 7), 16, 1), ((2, 6, 9, 8), 12, 3), ((1, 3, 9, 9), 8, 1)])
+def test_tensor_expression_definitions_saturate_too(shape: tuple[int, int, int, int], oc: int,
+                                                    group: int) -> None:
+    # a symbolic batch: the packed ops' te definitions instead of the static tiles
+    target = "llvm -mcpu=haswell -int8-pairs=saturate"
+    if not host_runs(target):
+        pytest.skip(f"this host cannot run {target}")
+    a = _a()
+    model = _symbolic_batch(_matmul_model())
+    got = kiln.compile(from_onnx(model), target)["main"](a)
+    np.testing.assert_array_equal(got, _quantized(quant_dot.saturated_matmul(a, _b())))
+    rng = np.random.default_rng(1)
+    static = qlinear_conv_model(shape, oc, 3, 1, 1, False, rng, group=group)
+    x = rng.integers(0, 256, shape).astype(np.uint8)
+    x[..., ::2] = 255
+    tiles = kiln.compile(from_onnx(static), target)["main"](x)
+    got = kiln.compile(from_onnx(_symbolic_batch(static)), target)["main"](x)
+    exact = kiln.compile(from_onnx(static), "llvm -mcpu=haswell")["main"](x)
+    assert (np.asarray(tiles) != np.asarray(exact)).any()
+    np.testing.assert_array_equal(got, tiles)
+    if onnxruntime_saturates():
+        np.testing.assert_array_equal(got, onnxruntime_outputs(static, {"x": x})[0])

@@ -241,14 +241,8 @@ def _build(inputs: Sequence[te.Tensor], attrs: Attrs) -> te.Tensor:
                 word, flat)
 
         if saturate:  # k = (tap, c); the products of k = 2p and 2p + 1 clamped to int16
-            def at(k: PrimExpr) -> PrimExpr:
-                kk = min_(k, k_total - 1)
-                value = term(kk % ws[1], *te.unflatten_index(kk // ws[1], ws[2:]))
-                return value if k_total % 2 == 0 else Select(
-                    compare("lt", k, k_total), value, as_expr(0, "int32"))
-
-            acc = te.reduce("sum", lambda p: quant_dot.clamp16(at(2 * p) + at(2 * p + 1)),
-                            (-(-k_total // 2),), "int32") + bias[oc]
+            acc = quant_dot.saturated_sum(lambda k: term(
+                k % ws[1], *te.unflatten_index(k // ws[1], ws[2:])), k_total) + bias[oc]
         else:
             acc = te.reduce("sum", term, tuple(ws[1:]), "int32") + bias[oc]
         return requantize_value(acc, channel(multiplier, oc), y_zp[()], lo, hi, y_zp.dtype)

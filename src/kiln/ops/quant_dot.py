@@ -25,7 +25,7 @@ stay in registers.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Any
 
@@ -99,6 +99,19 @@ def dot_intrinsic(attrs: Mapping[str, Any]) -> str:
 def clamp16(value: PrimExpr) -> PrimExpr:
     """An int32 pair sum clamped to int16's range (what `vpmaddubsw` stores)."""
     return min_(max_(value, as_expr(-32768, "int32")), as_expr(32767, "int32"))
+
+
+def saturated_sum(product: Callable[[PrimExpr], PrimExpr], k_total: int) -> PrimExpr:
+    """The te reduction of `int8-pairs=saturate`: the int32 `product(k)` of every
+    k < `k_total` summed in pairs (k = 2p, 2p + 1), each pair clamped to int16 (an odd
+    K's last pair one product)."""
+    def at(k: PrimExpr) -> PrimExpr:
+        value = product(min_(k, k_total - 1))
+        return value if k_total % 2 == 0 else Select(compare("lt", k, k_total), value,
+                                                     as_expr(0, "int32"))
+
+    return te.reduce("sum", lambda p: clamp16(at(2 * p) + at(2 * p + 1)),
+                     (-(-k_total // 2),), "int32")
 
 
 def saturated_matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:

@@ -49,7 +49,6 @@ from kiln.ir.tensor import (
     Intrin,
     PrimExpr,
     PrimFunc,
-    Select,
     Stmt,
     Store,
     as_expr,
@@ -275,15 +274,8 @@ def _row_times_b(a: te.Tensor, bp: te.Tensor, rows: Sequence[PrimExpr],
     nr = bp.shape[2]
     k_extent = int(a.shape[-1])
     if saturate:
-        def product(k: PrimExpr) -> PrimExpr:
-            kk = min_(k, k_extent - 1)
-            term = quant_dot.a_byte(a[(*rows, kk)]) * quant_dot.b_byte(
-                bp[col // nr, k // group, col % nr], k)
-            return term if k_extent % 2 == 0 else Select(compare("lt", k, k_extent), term,
-                                                         as_expr(0, "int32"))
-
-        return te.reduce("sum", lambda p: quant_dot.clamp16(product(2 * p) + product(2 * p + 1)),
-                         (-(-k_extent // 2),), "int32")
+        return quant_dot.saturated_sum(lambda k: quant_dot.a_byte(a[(*rows, k)]) * quant_dot.b_byte(
+            bp[col // nr, k // group, col % nr], k), k_extent)
     if group > 1:
         return te.reduce("sum", lambda k: quant_dot.a_byte(a[(*rows, k)]) * quant_dot.b_byte(
             bp[col // nr, k // group, col % nr], k), (a.shape[-1],), "int32")
@@ -412,14 +404,8 @@ def build_conv(inputs: Sequence[te.Tensor], attrs: Attrs) -> te.Tensor:
         if quant_dot.saturates(attrs):  # k = (tap, c), pairs clamped to int16
             k_total = int(ci) * int(np.prod(kernel))
 
-            def at(k: PrimExpr) -> PrimExpr:
-                kk = min_(k, k_total - 1)
-                value = term(kk % ci, *te.unflatten_index(kk // ci, kernel))
-                return value if k_total % 2 == 0 else Select(
-                    compare("lt", k, k_total), value, as_expr(0, "int32"))
-
-            acc = te.reduce("sum", lambda p: quant_dot.clamp16(at(2 * p) + at(2 * p + 1)),
-                            (-(-k_total // 2),), "int32") + bias[oc]
+            acc = quant_dot.saturated_sum(lambda k: term(
+                k % ci, *te.unflatten_index(k // ci, kernel)), k_total) + bias[oc]
         else:
             acc = te.reduce("sum", term, (ci, *kernel), "int32") + bias[oc]
         return requantize_value(acc, channel(multiplier, oc), y_zp[()], lo, hi, y_zp.dtype)
