@@ -34,6 +34,7 @@ from onnxruntime.quantization.shape_inference import quant_pre_process
 from kiln.target import Target
 from kiln.target.isa import isa_for
 from support.graphs import GraphBuilder
+from support.reference import onnxruntime_outputs
 
 #: Relative L2 error allowed on dequantized (float) outputs vs onnxruntime's int8 run.
 MAX_REL_L2 = 1e-2
@@ -75,12 +76,8 @@ def onnxruntime_int8_outputs(model: onnx.ModelProto, feeds: dict[str, np.ndarray
     onnxruntime's products saturate follows its fusions (`S8_TO_U8`), which kiln does
     not reproduce: there the session runs without that transformer, on its s8 x s8
     kernels, which are exact (docs/quantization.md)."""
-    import onnxruntime as ort
-
     disabled = [S8_TO_U8] if activations == "int8" and onnxruntime_saturates() else []
-    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"],
-                                   disabled_optimizers=disabled)
-    return [np.asarray(out) for out in session.run(None, feeds)]
+    return onnxruntime_outputs(model, feeds, disabled_optimizers=disabled)
 
 
 class RandomReader(CalibrationDataReader):
