@@ -20,9 +20,10 @@ from test_dot_intrinsic import assembly, host_runs, operands
 
 import kiln
 from kiln.frontend import from_onnx
-from kiln.ir import IRModule, evaluate
+from kiln.ir import IRModule, assert_structural_equal, evaluate
 from kiln.ir.tensor import Buffer, Const, For, Intrin, PrimFunc, Store, Var
 from kiln.ops import quant_dot
+from kiln.script import from_source, print_module
 from support.graphs import GraphBuilder
 from support.reference import onnxruntime_outputs
 
@@ -179,3 +180,10 @@ def test_tensor_expression_definitions_saturate_too(shape: tuple[int, int, int, 
     np.testing.assert_array_equal(got, tiles)
     if onnxruntime_saturates():
         np.testing.assert_array_equal(got, onnxruntime_outputs(static, {"x": x})[0])
+
+
+def test_the_saturating_build_round_trips_through_kiln_script() -> None:
+    ex = kiln.compile(from_onnx(_matmul_model()), "llvm -mcpu=haswell -int8-pairs=saturate")
+    text = print_module(ex.ir)
+    assert "T.dot4_u8s8_sat16(" in text
+    assert_structural_equal(from_source(text), ex.ir)
