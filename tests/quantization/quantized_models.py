@@ -6,12 +6,18 @@ calibration reader over random inputs; `quantize_dynamic_model` runs
 `quantize_dynamic`. `integer_outputs` removes the DequantizeLinear nodes in front of
 a QDQ model's outputs, so the model returns its quantized tensors (compared element
 by element, in quanta).
+
+`like_onnxruntime(target)` is the kiln target whose integer products equal this host's
+onnxruntime: on an x86 host without VNNI, MLAS's u8 x s8 kernels (AVX2 and AVX-512BW:
+`vpmaddubsw`) add pairs of products into a saturating int16, so the tests that compare
+with onnxruntime there compile with `int8-pairs=saturate` (docs/quantization.md).
 """
 
 from __future__ import annotations
 
 import tempfile
 from pathlib import Path
+from typing import overload
 
 import numpy as np
 import onnx
@@ -25,12 +31,53 @@ from onnxruntime.quantization import (
 )
 from onnxruntime.quantization.shape_inference import quant_pre_process
 
+from kiln.target import Target
+from kiln.target.isa import isa_for
 from support.graphs import GraphBuilder
+from support.reference import onnxruntime_outputs
 
 #: Relative L2 error allowed on dequantized (float) outputs vs onnxruntime's int8 run.
 MAX_REL_L2 = 1e-2
 #: Integer outputs: equal, or one quantum apart on at most this share of the elements.
 MAX_OFF_BY_ONE = 1e-3
+
+
+def onnxruntime_saturates() -> bool:
+    """Whether this host's onnxruntime saturates its u8 x s8 pair sums: an x86 host
+    without VNNI (MLAS picks its kernels from the CPU; with `vpdpbusd` the sums are
+    exact, on AVX2 and AVX-512BW `vpmaddubsw` clamps each pair to int16)."""
+    isa = isa_for(Target.from_host())
+    return isa.arch in ("x86_64", "x86", "i686") and not {"avx512vnni", "avxvnni"} & isa.features
+
+
+@overload
+def like_onnxruntime(target: str) -> str: ...
+@overload
+def like_onnxruntime(target: Target) -> Target: ...
+def like_onnxruntime(target: str | Target) -> str | Target:
+    """`target` with the integer products of this host's onnxruntime (see above)."""
+    if not onnxruntime_saturates():
+        return target
+    if isinstance(target, Target):
+        return target.with_attrs({"int8-pairs": "saturate"})
+    return f"{target} -int8-pairs=saturate"
+
+
+#: onnxruntime's graph transformer that runs a QDQ model's int8 activations as uint8
+#: (shifted by 128) on x86; in the groups it then fuses into its QLinearConv the shifted
+#: bytes saturate too, in the others (kept as float Conv) they do not.
+S8_TO_U8 = "QDQS8ToU8Transformer"
+
+
+def onnxruntime_int8_outputs(model: onnx.ModelProto, feeds: dict[str, np.ndarray],
+                             activations: str = "uint8") -> list[np.ndarray]:
+    """`model`'s outputs as this host's onnxruntime computes them, for the kiln build
+    `like_onnxruntime` gives. With int8 activations on a host that saturates, which of
+    onnxruntime's products saturate follows its fusions (`S8_TO_U8`), which kiln does
+    not reproduce: there the session runs without that transformer, on its s8 x s8
+    kernels, which are exact (docs/quantization.md)."""
+    disabled = [S8_TO_U8] if activations == "int8" and onnxruntime_saturates() else []
+    return onnxruntime_outputs(model, feeds, disabled_optimizers=disabled)
 
 
 class RandomReader(CalibrationDataReader):

@@ -11,7 +11,7 @@ import numpy as np
 import onnx
 import pytest
 from onnx import TensorProto, helper
-from quantized_models import qlinear_conv_model
+from quantized_models import like_onnxruntime, qlinear_conv_model
 
 import kiln
 from kiln.frontend import from_onnx
@@ -77,7 +77,7 @@ def test_qlinear_matmul_equals_onnxruntime(target: str, signed: bool) -> None:
             mod = kiln.transform.get_pipeline("default", "graph", target=tgt)(from_onnx(model))
         assert "T.dot4_u8s8(" in kiln.script.print_module(mod)  # the dot form was chosen
         a = activations(m, k, signed, rng)
-        got = kiln.compile(from_onnx(model), target)["main"](a)
+        got = kiln.compile(from_onnx(model), like_onnxruntime(target))["main"](a)
         np.testing.assert_array_equal(got, onnxruntime_outputs(model, {"a": a})[0])
 
 
@@ -95,7 +95,7 @@ def test_matmul_integer_equals_numpy(signed: bool) -> None:
     model = _model(node, TensorProto.INT8 if signed else TensorProto.UINT8, m, k,
                    TensorProto.INT32, n, {"b": b, "az": a_zp, "bz": np.uint8(128)})
     a = activations(m, k, signed, rng)
-    got = kiln.compile(from_onnx(model), target)["main"](a)
+    got = kiln.compile(from_onnx(model), like_onnxruntime(target))["main"](a)
     want = (a.astype(np.int64) - int(a_zp)) @ (b.astype(np.int64) - 128)
     np.testing.assert_array_equal(got, want.astype(np.int32))
 
@@ -143,7 +143,7 @@ def test_qlinear_conv_equals_onnxruntime(target: str, shape: tuple[int, int, int
     model = qlinear_conv(shape, oc, k, stride, pad, signed, rng, dilation)
     lo, hi, q = (-128, 128, np.int8) if signed else (0, 256, np.uint8)
     x = rng.integers(lo, hi, shape).astype(q)
-    ex = kiln.compile(from_onnx(model), target)
+    ex = kiln.compile(from_onnx(model), like_onnxruntime(target))
     np.testing.assert_array_equal(ex["main"](x), onnxruntime_outputs(model, {"x": x})[0])
 
 

@@ -57,9 +57,9 @@ def run(target: str, kind: str = "vectorized") -> np.ndarray:
     return out
 
 
-def assembly(target: str) -> str:
+def assembly(target: str, module: IRModule | None = None) -> str:
     with Target(target):  # the pass makes the lane loop a vector loop
-        mod = VectorizeLoops()(dot_module())
+        mod = VectorizeLoops()(module or dot_module())
     compiled = compile_module(mod, Target(target), prefix="kiln_",
                               pool=ConstantPool.from_module(mod))
     return str(compiled.target_machine.emit_assembly(compiled.module))

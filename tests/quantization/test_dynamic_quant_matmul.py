@@ -15,6 +15,7 @@ from collections import Counter
 import numpy as np
 import pytest
 from onnx import TensorProto
+from quantized_models import like_onnxruntime
 
 import kiln
 from kiln.errors import IRError
@@ -104,7 +105,8 @@ def test_the_fused_kernel_matches_onnxruntime(target: str) -> None:
     # int8 weights scaled per column and a bias, as quantize_dynamic writes for BERT
     model, feeds = _model("int8", per_column=True)
     want = onnxruntime_outputs(model, feeds)[0]
-    got = np.asarray(kiln.compile(from_onnx(model), target)["main"](*feeds.values()))
+    ex = kiln.compile(from_onnx(model), like_onnxruntime(target))
+    got = np.asarray(ex["main"](*feeds.values()))
     # the same integers and the same float32 operations in the same order
     np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
 

@@ -21,7 +21,7 @@ import numpy as np
 import onnx
 import pytest
 from onnx import TensorProto, helper
-from quantized_models import integer_outputs, quantize_static_model
+from quantized_models import integer_outputs, like_onnxruntime, quantize_static_model
 
 import kiln
 from kiln.frontend import from_onnx
@@ -128,5 +128,5 @@ def test_int8_cnn_c_kernels_equal_onnxruntime(models: dict[str, onnx.ModelProto]
     # the C the firmware compiles, built for this host: onnxruntime's integer outputs
     model = integer_outputs(models["int8"])
     x = np.random.default_rng(1).standard_normal((1, 3, SIZE, SIZE)).astype(np.float32)
-    got = kiln.compile(from_onnx(model), "c")["main"](x)
+    got = kiln.compile(from_onnx(model), like_onnxruntime("c"))["main"](x)
     np.testing.assert_array_equal(got, onnxruntime_outputs(model, {"x": x})[0])

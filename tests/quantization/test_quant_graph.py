@@ -300,7 +300,12 @@ def test_residual_cnn_quantized_by_onnxruntime_equals_it() -> None:
     a global average, quantized by onnxruntime's own quantizer (QDQ, per channel): every
     group onnxruntime runs as an integer op is one here, and the integer outputs are
     equal, not just within a quantum."""
-    from quantized_models import RandomReader, integer_outputs, quantize_static_model
+    from quantized_models import (
+        RandomReader,
+        integer_outputs,
+        like_onnxruntime,
+        quantize_static_model,
+    )
 
     b = GraphBuilder(seed=3)
     x = b.input("x", [1, 8, 16, 16])
@@ -315,7 +320,7 @@ def test_residual_cnn_quantized_by_onnxruntime_equals_it() -> None:
     for op in ('"qlinear_add"', '"qlinear_global_average_pool"', "zero_point_first"):
         assert op in text, op
     q = integer_outputs(model)
-    fn = kiln.compile(from_onnx(q), "llvm")["main"]
+    fn = kiln.compile(from_onnx(q), like_onnxruntime("llvm"))["main"]
     session = ort_session(q)
     reader = RandomReader(model, count=3, seed=9)
     while (feed := reader.get_next()) is not None:

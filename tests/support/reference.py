@@ -17,13 +17,20 @@ PROVIDERS = ["CPUExecutionProvider"]
 
 
 def ort_session(model: onnx.ModelProto | str | Path,
-                options: ort.SessionOptions | None = None) -> ort.InferenceSession:
-    """An onnxruntime CPU session for a model proto or a model file."""
+                options: ort.SessionOptions | None = None,
+                disabled_optimizers: list[str] | None = None) -> ort.InferenceSession:
+    """An onnxruntime CPU session for a model proto or a model file (without the graph
+    transformers named in `disabled_optimizers`)."""
     source = model.SerializeToString() if isinstance(model, onnx.ModelProto) else str(model)
+    if disabled_optimizers:
+        return ort.InferenceSession(source, options, providers=PROVIDERS,
+                                    disabled_optimizers=disabled_optimizers)
     return ort.InferenceSession(source, options, providers=PROVIDERS)
 
 
 def onnxruntime_outputs(model: onnx.ModelProto | str | Path, feeds: dict[str, Any],
-                        options: ort.SessionOptions | None = None) -> list[np.ndarray]:
+                        options: ort.SessionOptions | None = None,
+                        disabled_optimizers: list[str] | None = None) -> list[np.ndarray]:
     """Every output of `model` on `feeds` as onnxruntime computes it (the reference)."""
-    return [np.asarray(out) for out in ort_session(model, options).run(None, feeds)]
+    session = ort_session(model, options, disabled_optimizers)
+    return [np.asarray(out) for out in session.run(None, feeds)]

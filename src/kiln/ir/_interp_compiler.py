@@ -608,8 +608,8 @@ class _Compiler:
         depth = max(a.depth for a in args) + 1
         dtype = e.args[0].dtype
         name = e.name
-        if name == t.DOT4_U8S8:
-            return self.wrap(f"_dot4_u8s8({codes})", None, None, "int32", depth)
+        if name in t.DOT4_INTRINSICS:
+            return self.wrap(f"_{name}({codes})", None, None, "int32", depth)
         if not dt.is_float(dtype):
             if name == "abs" and dt.is_int(dtype):
                 a = args[0]

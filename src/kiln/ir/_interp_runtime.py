@@ -199,9 +199,23 @@ def _dot4_u8s8(acc: Any, a: Any, b: Any) -> int:
     return total
 
 
+def _dot4_u8s8_sat16(acc: Any, a: Any, b: Any) -> int:
+    """The `dot4_u8s8_sat16` intrinsic before int32 wraparound: `acc` plus the two pair
+    sums of `a`'s bytes (unsigned) times `b`'s (signed), each clamped to int16."""
+    a, b = int(a), int(b)
+    total = int(acc)
+    for pair in (0, 16):
+        s = 0
+        for shift in (pair, pair + 8):
+            sb = (b >> shift) & 0xFF
+            s += ((a >> shift) & 0xFF) * (sb - 256 if sb > 127 else sb)
+        total += min(max(s, -32768), 32767)
+    return total
+
+
 def _base_namespace() -> dict[str, Any]:
     ns: dict[str, Any] = {
-        "_check": _check, "_dot4_u8s8": _dot4_u8s8,
+        "_check": _check, "_dot4_u8s8": _dot4_u8s8, "_dot4_u8s8_sat16": _dot4_u8s8_sat16,
         "_Fault": _Fault, "_tdiv": _tdiv, "_tmod": _tmod, "_ipow": _ipow, "_shl": _shl,
         "_shr": _shr, "_sel": _sel, "_f2i": _f2i, "_fmin": _fmin, "_fmax": _fmax,
         "_ffloordiv": _ffloordiv, "_ffloormod": _ffloormod, "_round16": _round16,

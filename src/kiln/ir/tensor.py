@@ -263,6 +263,8 @@ INTRINSICS: dict[str, int] = {
     "fma": 3,
     # dot4_u8s8(acc, a, b): the integer dot product of DOT4_U8S8 below
     "dot4_u8s8": 3,
+    # dot4_u8s8_sat16(acc, a, b): the same with int16-saturated pair sums (DOT4_U8S8_SAT16)
+    "dot4_u8s8_sat16": 3,
     CHECK_INTRINSIC: 2,
     PROFILE_START: 1, PROFILE_STOP: 2,
 }
@@ -271,6 +273,14 @@ INTRINSICS: dict[str, int] = {
 # the least significant). One lane of x86 `vpdpbusd`; in a `vectorized` loop the
 # llvm backend emits the target's dot-product instructions (docs/quantization.md).
 DOT4_U8S8 = "dot4_u8s8"
+# `dot4_u8s8_sat16(acc, a, b)`: `acc + sat16(p0 + p1) + sat16(p2 + p3)` with `pi` the
+# product of byte i of `a` (unsigned) and of `b` (signed), each pair sum clamped to
+# [-32768, 32767] (x86 `vpmaddubsw`, then `vpmaddwd` by ones): what onnxruntime's MLAS
+# u8 x s8 kernels compute on AVX2 hosts without VNNI (docs/quantization.md, the
+# `int8-pairs` target attribute), int32 wraparound for the additions to `acc`.
+DOT4_U8S8_SAT16 = "dot4_u8s8_sat16"
+#: The byte dot-product intrinsics (int32 arguments: 4 packed bytes each).
+DOT4_INTRINSICS = frozenset({DOT4_U8S8, DOT4_U8S8_SAT16})
 # Intrinsics whose result is bool whatever the argument's dtype.
 BOOL_INTRINSICS = frozenset({"isnan", "isinf"})
 

@@ -531,13 +531,14 @@ class _PrimFuncVerifier(StmtExprVisitor):
         if e.name == t.CHECK_INTRINSIC:
             self.fault("intrinsic 'check' is valid only as the value of an Evaluate", e)
         first = e.args[0].dtype
-        if e.name == t.DOT4_U8S8 and first != "int32":
+        if e.name in t.DOT4_INTRINSICS and first != "int32":
             self.fault(f"intrinsic '{e.name}' takes int32 arguments (4 packed bytes), "
                        f"got {first}", e)
         elif e.name in t.PROFILE_INTRINSICS and first != "int64":
             self.fault(f"intrinsic '{e.name}' takes int64 arguments, got {first}", e)
         elif (not dt.is_float(first) and e.name not in t.PROFILE_INTRINSICS
-              and e.name != t.DOT4_U8S8 and not (e.name in _INT_INTRINSICS and dt.is_int(first))):
+              and e.name not in t.DOT4_INTRINSICS
+              and not (e.name in _INT_INTRINSICS and dt.is_int(first))):
             need = "a float or integer" if e.name in _INT_INTRINSICS else "a float"
             self.fault(f"intrinsic '{e.name}' needs {need} argument, got {first}", e)
         for a in e.args[1:]:

@@ -57,7 +57,13 @@ from kiln.ops.kernels.parallel_work import worth_parallel
 from kiln.ops.kernels.tiles import lanes_loop, nest
 from kiln.ops.kernels.tiles import loop as tile_loop
 from kiln.ops.nn import conv_geometry
-from kiln.ops.quant import channel, check_requant, conv_int_shape, out_range, requantize_value
+from kiln.ops.quant import (
+    channel,
+    check_requant,
+    conv_int_shape,
+    out_range,
+    requantize_value,
+)
 from kiln.ops.registry import OPS, HandBuiltOp
 
 Attrs = Mapping[str, Any]
@@ -66,27 +72,43 @@ CONV_DOT = "qlinear_conv_dot"
 PARALLEL_TILES = 8
 
 
-def weight_words(wp: np.ndarray) -> np.ndarray:
-    """The shifted int8 weight `[OC][C][...]` as words `[OC][ceil(K / 4)]`."""
-    flat = np.asarray(wp).reshape(wp.shape[0], -1)
-    return np.ascontiguousarray(quant_dot.words(flat.T).T)
+def k_order(wp: np.ndarray, tap_major: bool) -> np.ndarray:
+    """The weight `[OC][C][taps...]` as `[OC][K]`: k = (c, tap), or with `tap_major`
+    k = (tap, c), the order of onnxruntime's NHWC im2col and of its symmetric
+    convolution kernel (MLAS packs 4 channels of one tap to a word), whose pairs
+    `int8-pairs=saturate` reproduces."""
+    w = np.asarray(wp)
+    if tap_major:
+        w = np.moveaxis(w, 1, -1)
+    return w.reshape(w.shape[0], -1)
 
 
-def weight_panels(wp: np.ndarray, nr: int) -> np.ndarray:
+def weight_words(wp: np.ndarray, tap_major: bool = False) -> np.ndarray:
+    """The shifted int8 weight `[OC][C][...]` as words `[OC][ceil(K / 4)]` (k in the
+    order of `k_order`)."""
+    return np.ascontiguousarray(quant_dot.words(k_order(wp, tap_major).T).T)
+
+
+def weight_panels(wp: np.ndarray, nr: int, tap_major: bool = False) -> np.ndarray:
     """The shifted int8 weight `[OC][C][...]` as the channels-as-lanes tile reads it:
     words in panels of `nr` channels, `[ceil(OC / nr)][ceil(K / 4)][nr]` (zero-padded)."""
     from kiln.ops.quant_kernels import panelize
 
-    return panelize(weight_words(wp).T, nr)
+    return panelize(weight_words(wp, tap_major).T, nr)
 
 
-def unpacked_weight(ww: np.ndarray, w_shape: Sequence[int]) -> np.ndarray:
+def unpacked_weight(ww: np.ndarray, w_shape: Sequence[int], tap_major: bool = False
+                    ) -> np.ndarray:
     """The int8 weight `[OC][C][...]` of `weight_words` or `weight_panels`."""
     from kiln.ops.quant_kernels import unpanelize
 
     oc, k = int(w_shape[0]), int(np.prod(w_shape[1:]))
     words = np.asarray(ww) if np.ndim(ww) == 2 else unpanelize(np.asarray(ww), oc).T
-    return quant_dot.unwords(words.T, k).T.reshape(tuple(w_shape))
+    flat = quant_dot.unwords(words.T, k).T
+    if tap_major:
+        shape = (oc, *w_shape[2:], int(w_shape[1]))
+        return np.moveaxis(flat.reshape(shape), -1, 1)
+    return flat.reshape(tuple(w_shape))
 
 
 @dataclass(frozen=True)
@@ -105,6 +127,8 @@ class ConvTile:
 TRANSPOSE_GAIN = 0.92
 #: Weight of a load or broadcast against a dot product (they issue on ports of their own).
 LOAD_WEIGHT = 0.125
+#: The same for the `vpmaddubsw` tiles of `int8-pairs=saturate` (`_step_cost`).
+MADDUBS_LOAD_WEIGHT = 1.0
 
 
 def _step_cost(isa: Any, rows: int, vectors: int) -> float:
@@ -114,6 +138,12 @@ def _step_cost(isa: Any, rows: int, vectors: int) -> float:
     accumulator, the widening per row and per vector (as quant_dot counts them)."""
     if quant_dot.widens(isa):
         return 4 * rows * vectors + 4 * rows + 3 * vectors
+    if isa.int8_dot == quant_dot.MADDUBS:
+        # vpmaddubsw, vpmaddwd by ones and an add per accumulator (int8-pairs=saturate);
+        # a load or broadcast weighs as one of those (on AMD EPYC Zen 3, 3x3 256>256 at
+        # 14 x 14: the positions tile of one vector, 8 broadcasts a step, 2.0 ms; the
+        # channels tile 1.5 ms, which the lighter weight did not pick)
+        return 3 * rows * vectors + (rows + vectors) * MADDUBS_LOAD_WEIGHT
     return rows * vectors + (rows + vectors) * LOAD_WEIGHT
 
 
@@ -197,16 +227,24 @@ def _build(inputs: Sequence[te.Tensor], attrs: Attrs) -> te.Tensor:
                                            TensorType((), x.dtype), TensorType((), "int8")],
                                 attrs)
 
+    saturate = quant_dot.saturates(attrs)
+    k_total = int(np.prod(ws[1:]))
+
     def value(n: PrimExpr, oc: PrimExpr, *o: PrimExpr) -> PrimExpr:
         def term(c: PrimExpr, *k: PrimExpr) -> PrimExpr:
             pos = tuple(o[j] * strides[j] + k[j] * dilations[j] - begins[j] for j in range(rank))
-            flat = c * taps + te.flat_index(k, ws[2:])
+            flat = (te.flat_index(k, ws[2:]) * ws[1] + c if saturate
+                    else c * taps + te.flat_index(k, ws[2:]))
             g = flat // quant_dot.GROUP
             word = ww[oc, g] if ww.ndim == 2 else ww[oc // ww.shape[2], g, oc % ww.shape[2]]
             return quant_dot.a_byte(te.padded(x, (n, c, *pos), x_zp[()])) * quant_dot.b_byte(
                 word, flat)
 
-        acc = te.reduce("sum", term, tuple(ws[1:]), "int32") + bias[oc]
+        if saturate:  # k = (tap, c); the products of k = 2p and 2p + 1 clamped to int16
+            acc = quant_dot.saturated_sum(lambda k: term(
+                k % ws[1], *te.unflatten_index(k // ws[1], ws[2:])), k_total) + bias[oc]
+        else:
+            acc = te.reduce("sum", term, tuple(ws[1:]), "int32") + bias[oc]
         return requantize_value(acc, channel(multiplier, oc), y_zp[()], lo, hi, y_zp.dtype)
 
     return te.compute(out_shape, value, y_zp.dtype, CONV_DOT)
@@ -216,7 +254,8 @@ def _reference(x: np.ndarray, ww: np.ndarray, bias: np.ndarray, x_zp: np.ndarray
                multiplier: np.ndarray, y_zp: np.ndarray, **attrs: Any) -> np.ndarray:
     from kiln.ops.quant_kernels import conv_packed_ref
 
-    w = unpacked_weight(ww, _w_shape(attrs))
+    saturate = quant_dot.saturates(attrs)
+    w = unpacked_weight(ww, _w_shape(attrs), saturate)
     shift = quant_dot.a_shift(str(x.dtype))
     rest = {a: v for a, v in attrs.items() if a != "w_shape"}
     return conv_packed_ref(x.astype(np.int64) + shift, w, bias,
@@ -230,7 +269,7 @@ class _TiledConv(HandBuiltOp):
     def lower_fused(self, params: Sequence[te.Tensor], args: Sequence[te.Tensor], attrs: Attrs,
                     anchor: te.Tensor | None, result: te.Tensor | None,
                     name: str) -> PrimFunc | None:
-        isa = quant_dot.target_isa()
+        isa = quant_dot.target_isa(quant_dot.saturates(attrs))
         if result is not None or len(args) != len(params) or isa is None:
             return None
         x, ww, bias, x_zp, multiplier, y_zp = (Buffer(t.name, t.shape, t.dtype) for t in params)
@@ -363,6 +402,8 @@ def _tiles(x: Buffer, ww: Buffer, bias: Buffer, x_zp: Buffer, multiplier: Buffer
     batch, oc_n, spatial = int(out.shape[0]), ws[0], tuple(int(d) for d in out.shape[2:])
     positions = int(np.prod(spatial))
     taps, k_total, groups = int(np.prod(ws[2:])), int(np.prod(ws[1:])), int(ww.shape[1])
+    saturate = quant_dot.saturates(attrs)
+    intrinsic = quant_dot.dot_intrinsic(attrs)
     if ww.ndim == 3:  # weight panels: channels as lanes, as wide as the panels
         nr = int(ww.shape[2])
         tile = ConvTile(True, channel_rows(isa, positions, nr, k_total), nr)
@@ -417,7 +458,10 @@ def _tiles(x: Buffer, ww: Buffer, bias: Buffer, x_zp: Buffer, multiplier: Buffer
         total: PrimExpr = as_expr(0, "int32")
         for i in range(quant_dot.GROUP):
             k = g * quant_dot.GROUP + i
-            c, kk = k // taps, te.unflatten_index(k % taps, ws[2:])
+            if saturate:  # onnxruntime's k order: (tap, c)
+                c, kk = k % ws[1], te.unflatten_index(min_(k // ws[1], taps - 1), ws[2:])
+            else:
+                c, kk = k // taps, te.unflatten_index(k % taps, ws[2:])
             byte = quant_dot.a_byte(load(planes.plane(min_(c, ws[1] - 1), kk),
                                          planes.offsets(kk)))
             if k_total % quant_dot.GROUP:
@@ -458,10 +502,10 @@ def _tiles(x: Buffer, ww: Buffer, bias: Buffer, x_zp: Buffer, multiplier: Buffer
 
     if tile.channels_as_lanes:
         nest_ = _channel_tiles(words, ww, flat_out, tile, requantized, positions, oc_n, big,
-                               word_at)
+                               word_at, intrinsic)
     else:
         nest_ = _position_tiles(words, ww, flat_out, tile, _RowEpilogue(
-            bias, multiplier, y_zp, lo, hi), positions, oc_n, big)
+            bias, multiplier, y_zp, lo, hi), positions, oc_n, big, intrinsic)
     views = (DeclBuffer(grid_view, src, 0),) if in_grid else ()
     return seq(pad, split, *views, Allocate(words), pack, DeclBuffer(flat_out, out, 0), nest_)
 
@@ -509,7 +553,8 @@ class _RowEpilogue:
 
 
 def _position_tiles(words: Buffer, ww: Buffer, flat_out: Buffer, tile: ConvTile,
-                    epilogue: _RowEpilogue, positions: int, oc_n: int, big: bool) -> Stmt:
+                    epilogue: _RowEpilogue, positions: int, oc_n: int, big: bool,
+                    intrinsic: str = DOT4_U8S8) -> Stmt:
     """Tiles of output channels (a broadcast weight word each) x output positions (the
     lanes: vectors of input words), stored along the output rows."""
     batch, groups = int(words.shape[0]), int(words.shape[1])
@@ -525,7 +570,7 @@ def _position_tiles(words: Buffer, ww: Buffer, flat_out: Buffer, tile: ConvTile,
         zero = tile_loop("r", mr, lambda r: tile_loop(
             "v", nr, lambda v: Store(acc, as_expr(0, "int32"), (r, v)), "vectorized"))
         step = tile_loop("g", groups, lambda g: tile_loop("r", mr, lambda r: tile_loop(
-            "v", nr, lambda v: Store(acc, Intrin(DOT4_U8S8, (
+            "v", nr, lambda v: Store(acc, Intrin(intrinsic, (
                 acc[r, v], words[n, g, ct * nr + v], ww[row(r), g])), (r, v)),
             "vectorized"), "unrolled"))
 
@@ -565,7 +610,7 @@ def _position_tiles(words: Buffer, ww: Buffer, flat_out: Buffer, tile: ConvTile,
 
 def _channel_tiles(words: Buffer, ww: Buffer, flat_out: Buffer, tile: ConvTile,
                    requantized: Epilogue, positions: int, oc_n: int, big: bool,
-                   word_at: Callable[[PrimExpr], PrimExpr]) -> Stmt:
+                   word_at: Callable[[PrimExpr], PrimExpr], intrinsic: str = DOT4_U8S8) -> Stmt:
     """Tiles of output positions (a broadcast input word each, output position p's at
     `words[n, g, word_at(p)]`) x output channels (the lanes: a row of a weight panel),
     the per-channel requantization along the lanes.
@@ -581,7 +626,7 @@ def _channel_tiles(words: Buffer, ww: Buffer, flat_out: Buffer, tile: ConvTile,
         zero = tile_loop("r", mr, lambda r: tile_loop(
             "v", nr, lambda v: Store(acc, as_expr(0, "int32"), (r, v)), "vectorized"))
         step = tile_loop("g", groups, lambda g: tile_loop("r", mr, lambda r: tile_loop(
-            "v", nr, lambda v: Store(acc, Intrin(DOT4_U8S8, (
+            "v", nr, lambda v: Store(acc, Intrin(intrinsic, (
                 acc[r, v], words[n, g, word_at(pt * mr + r)], ww[ct, g, v])), (r, v)),
             "vectorized"), "unrolled"))
 

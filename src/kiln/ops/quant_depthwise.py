@@ -60,7 +60,7 @@ from kiln.ir.tensor import (
 )
 from kiln.ir.types import TensorType
 from kiln.ops import conv_kernels as ck
-from kiln.ops import te
+from kiln.ops import quant_dot, te
 from kiln.ops.kernels.tiles import const, lanes_loop, nest, tile_lanes, tile_registers
 from kiln.ops.kernels.tiles import loop as tile_loop
 from kiln.ops.nn import conv_geometry
@@ -92,6 +92,7 @@ def grouped_body(shape: ck.ConvShape, x: Buffer, wp: Buffer, bias: Buffer, x_zp:
     sh, sw = shape.stride
     dh, dw = shape.dilation
     cig, cog = shape.ci_group, shape.co_group
+    saturate = quant_dot.saturates(attrs)
     lo, hi = out_range(attrs, y_zp.dtype)
     tile_w = ck.rows_tile_width(shape.out_w, lanes)
     # a row narrower than a vector spans whole vectors of 8: the extra lanes read the
@@ -118,7 +119,26 @@ def grouped_body(shape: ck.ConvShape, x: Buffer, wp: Buffer, bias: Buffer, x_zp:
                 "r", width, lambda r: Store(acc, acc[r] + Cast("int32", xp(
                     n, first + ci, row, phase, ow0 + r + shift)) * wv, (r,))))
 
-        reduction = nest(("ci", "kh", "kw"), (cig, shape.kh, shape.kw), step)
+        def pair(taps: Sequence[tuple[int, int, int]]) -> Stmt:
+            # `int8-pairs=saturate`: two products summed and clamped to int16 first
+            # (onnxruntime's im2col + u8 x s8 GEMM: k in the order (tap, channel))
+            tap_cols = [(ci, oh * sh + kh * dh, const((kw * dw) % sw), (kw * dw) // sw)
+                        for ci, kh, kw in taps]
+            weights = [Cast("int32", wp[oc, ci, kh, kw]) for ci, kh, kw in taps]
+
+            def product(r: PrimExpr) -> PrimExpr:
+                terms = [Cast("int32", xp(n, first + ci, row, phase, ow0 + r + shift)) * w
+                         for (ci, row, phase, shift), w in zip(tap_cols, weights, strict=True)]
+                return quant_dot.clamp16(terms[0] + terms[1] if len(terms) > 1 else terms[0])
+
+            return lanes_loop("r", width, lambda r: Store(acc, acc[r] + product(r), (r,)))
+
+        if saturate:
+            order = [(ci, kh, kw) for kh in range(shape.kh) for kw in range(shape.kw)
+                     for ci in range(cig)]
+            reduction = seq(*(pair(order[i:i + 2]) for i in range(0, len(order), 2)))
+        else:
+            reduction = nest(("ci", "kh", "kw"), (cig, shape.kh, shape.kw), step)
         mult = multiplier[()] if multiplier.ndim == 0 else multiplier[oc]
         # the accumulators go through a stack row, so they are only read as whole vectors
         staged = Buffer("row", (width,), "int32", "local")
@@ -369,8 +389,10 @@ class _GroupedConv(HandBuiltOp):
         isa = isa_for(None)
         lanes = tile_lanes(isa, "int32")
         operands = (shape, x, wp, bias, x_zp, multiplier, y_zp, out, attrs, lanes)
-        body = grouped_body(*operands) if plane_geometry(shape, lanes) is None else \
-            plane_body(*operands, registers=tile_registers(isa))
+        # the planes add one product at a time: saturating pairs take the row tiles
+        body = grouped_body(*operands) if plane_geometry(shape, lanes) is None \
+            or quant_dot.saturates(attrs) else plane_body(*operands,
+                                                        registers=tile_registers(isa))
         return PrimFunc((x, wp, bias, x_zp, multiplier, y_zp, out), body,
                         {"kiln.gemm_kernel": GROUPED})
 

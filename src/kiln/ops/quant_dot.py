@@ -12,6 +12,12 @@ The dot product multiplies *unsigned* bytes of A: an int8 A is shifted by +128
 (`a + 128` is `a ^ 0x80` on the byte) and the shift is corrected like a zero point,
 `sum((a + 128) * w) - 128 * colsum(w)` (`a_shift`).
 
+With the target attribute `int8-pairs=saturate` the products are onnxruntime's AVX2
+ones instead of ONNX's exact sums (docs/quantization.md): the packed op carries
+`pairs="saturate"`, every target takes the dot form (a portable one where the ISA has no
+family), and the tile step is `dot4_u8s8_sat16`, which adds the products of k = 2p and
+2p + 1 into an int16 clamped to [-32768, 32767] (`vpmaddubsw`), as MLAS does.
+
 The tile has `nr` columns (whole vector registers of int32 lanes) and `tile_rows()` rows,
 both from the ISA's vector registers, so accumulators, one B row and a broadcast A word
 stay in registers.
@@ -19,9 +25,26 @@ stay in registers.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
+from dataclasses import replace
+from typing import Any
+
 import numpy as np
 
-from kiln.ir.tensor import Buffer, Cast, PrimExpr, Select, Stmt, Store, as_expr, compare, min_
+from kiln.ir.tensor import (
+    DOT4_U8S8,
+    DOT4_U8S8_SAT16,
+    Buffer,
+    Cast,
+    PrimExpr,
+    Select,
+    Stmt,
+    Store,
+    as_expr,
+    compare,
+    max_,
+    min_,
+)
 from kiln.ops import te
 from kiln.target.isa import ISA, isa_for
 
@@ -32,12 +55,79 @@ GROUP = 4
 FAMILIES = ("avx512vnni", "avxvnni", "avx512bw", "avx2", "i8mm", "sdot", "dsp")
 _EXACT_FAMILIES = ("avx512vnni", "avxvnni", "i8mm")  # one instruction, no temporaries
 _WIDENED_FAMILIES = ("avx512bw", "avx2")  # vpmaddwd on bytes widened to int16
+#: The tile planning family of `dot4_u8s8_sat16` on x86 (`target_isa(saturate=True)`):
+#: `vpmaddubsw`, then `vpmaddwd` by ones and an add, per accumulator and word; registers
+#: for the broadcast A word, the int16 pair sums and the ones.
+MADDUBS = "maddubs"
+_X86_FAMILIES = ("avx512vnni", "avxvnni", "avx512bw", "avx2")
 
 
-def target_isa() -> ISA | None:
-    """The current target's ISA when it has a dot-product family kiln emits, else None."""
+#: The `pairs` attribute of a packed product whose pair sums saturate to int16
+#: (the target attribute `int8-pairs=saturate`); absent: ONNX's exact sums.
+SATURATE = "saturate"
+
+
+def target_isa(saturate: bool = False) -> ISA | None:
+    """The current target's ISA when it has a dot-product family kiln emits, else None;
+    with `saturate` the ISA whatever its family (the saturating dot form runs on every
+    target: portable code where there is no family)."""
     isa = isa_for(None)
-    return isa if isa.int8_dot in FAMILIES else None
+    if saturate and isa.int8_dot in _X86_FAMILIES:
+        return replace(isa, int8_dots=(MADDUBS,))
+    return isa if saturate or isa.int8_dot in FAMILIES else None
+
+
+def target_saturates() -> bool:
+    """Whether the current target asks for onnxruntime's AVX2 int16 pair saturation
+    (target attribute `int8-pairs=saturate`; default `exact`)."""
+    from kiln.target.target import Target
+
+    target = Target.current()
+    return target is not None and target.attrs.get("int8-pairs") == SATURATE
+
+
+def saturates(attrs: Mapping[str, Any]) -> bool:
+    """Whether a packed product's attributes ask for saturating pair sums."""
+    return attrs.get("pairs") == SATURATE
+
+
+def dot_intrinsic(attrs: Mapping[str, Any]) -> str:
+    """The tile step's intrinsic for a packed product with `attrs`."""
+    return DOT4_U8S8_SAT16 if saturates(attrs) else DOT4_U8S8
+
+
+def clamp16(value: PrimExpr) -> PrimExpr:
+    """An int32 pair sum clamped to int16's range (what `vpmaddubsw` stores)."""
+    return min_(max_(value, as_expr(-32768, "int32")), as_expr(32767, "int32"))
+
+
+def saturated_sum(product: Callable[[PrimExpr], PrimExpr], k_total: int) -> PrimExpr:
+    """The te reduction of `int8-pairs=saturate`: the int32 `product(k)` of every
+    k < `k_total` summed in pairs (k = 2p, 2p + 1), each pair clamped to int16 (an odd
+    K's last pair one product)."""
+    def at(k: PrimExpr) -> PrimExpr:
+        value = product(min_(k, k_total - 1))
+        return value if k_total % 2 == 0 else Select(compare("lt", k, k_total), value,
+                                                     as_expr(0, "int32"))
+
+    return te.reduce("sum", lambda p: clamp16(at(2 * p) + at(2 * p + 1)),
+                     (-(-k_total // 2),), "int32")
+
+
+def saturated_matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """`a @ b` (int64 `[..., K]` x `[K][N]`) with the products of k = 2p and 2p + 1
+    added first and clamped to int16 (`dot4_u8s8_sat16`'s pairs): the reference of the
+    saturating products."""
+    a, b = np.asarray(a, np.int64), np.asarray(b, np.int64)
+    k = a.shape[-1]
+    if k % 2:
+        a = np.concatenate([a, np.zeros((*a.shape[:-1], 1), np.int64)], axis=-1)
+        b = np.concatenate([b, np.zeros((1, b.shape[1]), np.int64)], axis=0)
+    total = np.zeros((*a.shape[:-1], b.shape[1]), np.int64)
+    for p in range(0, a.shape[-1], 2):
+        pair = a[..., p, None] * b[p] + a[..., p + 1, None] * b[p + 1]
+        total += np.clip(pair, -32768, 32767)
+    return total
 
 
 def widens(isa: ISA) -> bool:
@@ -89,6 +179,7 @@ def tile_rows(isa: ISA, nr: int) -> int:
     # even and odd halves, a product and the mask. sdot: A shifted, its correction
     b_row, spare = ((vectors, 1) if isa.int8_dot in _EXACT_FAMILIES
                     else (2 * vectors, 4) if isa.int8_dot in _WIDENED_FAMILIES
+                    else (vectors, 3) if isa.int8_dot == MADDUBS
                     else (vectors, 6))
     return max(1, min(8, (isa.vector_registers - b_row - spare) // vectors))
 

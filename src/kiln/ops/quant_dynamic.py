@@ -233,7 +233,7 @@ class _DynamicTiledMatmul(HandBuiltOp):
         if args[0].ndim < 2 or not is_static((*args[0].shape, *args[1].shape)):
             return None
         group = int(attrs.get("k_group", 1))
-        isa = quant_dot.target_isa() if group > 1 else None
+        isa = quant_dot.target_isa(quant_dot.saturates(attrs)) if group > 1 else None
         if group > 1 and isa is None:
             return None  # words packed for another target: the te definition reads them
         n = int(attrs["n"])
@@ -255,7 +255,8 @@ class _DynamicTiledMatmul(HandBuiltOp):
             mult = scalars[2] * (b_scale[()] if b_scale.ndim == 0 else b_scale[j])
             return store.epilogue(Cast("float32", exact) * mult + bias[j], at)
 
-        body = quant_kernels.build_matmul_tiles(a_q, bp, n, store.out, epilogue, isa)
+        body = quant_kernels.build_matmul_tiles(a_q, bp, n, store.out, epilogue, isa,
+                                                quant_dot.dot_intrinsic(attrs))
         return PrimFunc((*(store.buffers[t] for t in params), store.out), seq(prologue, body),
                         {"kiln.gemm_kernel": self.name})
 

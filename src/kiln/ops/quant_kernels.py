@@ -71,7 +71,7 @@ from kiln.ops.quant import (
     requantize_ref,
     requantize_value,
 )
-from kiln.ops.quant_conv_dot import CONV_DOT, choose_tile, weight_panels, weight_words
+from kiln.ops.quant_conv_dot import CONV_DOT, choose_tile, k_order, weight_panels, weight_words
 from kiln.ops.registry import OPS, HandBuiltOp, register_op
 from kiln.ops.registry import call as op_call
 from kiln.target.isa import ISA
@@ -127,9 +127,18 @@ def pack(call: g.Call) -> g.Call | None:
     groups = int(attrs.get("group", 1))  # type: ignore[arg-type]
     two_d_conv = call.op == "qlinear_conv" and wp.ndim == 4 and groups == 1
     two_d_grouped = call.op == "qlinear_conv" and wp.ndim == 4 and groups > 1
-    isa = quant_dot.target_isa() if (call.op == "qlinear_matmul" or two_d_conv) \
+    # onnxruntime's AVX2 pairs (`int8-pairs=saturate`): its u8 x s8 kernels take int8
+    # weights as they are, so only those with zero points of 0 (wp = w) saturate as it
+    # does, and only with uint8 activations (its s8 x s8 products are exact)
+    # (its depthwise kernel, one input and one output channel a group, is exact too)
+    depthwise = two_d_grouped and wp.shape[1] == 1 and wp.shape[0] == groups
+    sat = (quant_dot.target_saturates() and np.asarray(w.data).dtype == np.int8
+           and np.asarray(x_zp.data).dtype == np.uint8 and not zw.any()
+           and (call.op == "qlinear_matmul" or two_d_conv or (two_d_grouped and not depthwise)))
+    isa = quant_dot.target_isa(sat) if (call.op == "qlinear_matmul" or two_d_conv) \
         and weight_dtype == np.int8 else None
-    if isa is not None and two_d_conv and isa.int8_dot == "dsp":
+    pairs = {"pairs": quant_dot.SATURATE} if sat and isa is not None else {}
+    if isa is not None and two_d_conv and isa.int8_dot == "dsp" and not pairs:
         # microcontrollers (Cortex-M): the run-time im2col words would cost RAM and flash
         # the element form does not spend; it reads the input in place
         isa = None
@@ -144,21 +153,23 @@ def pack(call: g.Call) -> g.Call | None:
         panels = g.Constant(_panels(np.asarray(packed.data), isa), w.name)
         group = {"k_group": quant_dot.GROUP} if isa else {}
         return op_call(MATMUL, x, panels, corrected, multiplier, y_zp, n=wp.shape[1],
-                       **group, **attrs)
+                       **group, **pairs, **attrs)
     if isa is not None:
-        return op_call(CONV_DOT, x, g.Constant(_conv_words(wp.astype(np.int8), call, isa),
-                                               w.name),
-                       corrected, x_zp, multiplier, y_zp, w_shape=tuple(wp.shape), **attrs)
+        words = _conv_words(wp.astype(np.int8), call, isa, bool(pairs))
+        return op_call(CONV_DOT, x, g.Constant(words, w.name), corrected, x_zp, multiplier,
+                       y_zp, w_shape=tuple(wp.shape), **pairs, **attrs)
     if two_d_grouped:
         from kiln.ops.quant_depthwise import GROUPED
 
-        return op_call(GROUPED, x, packed, corrected, x_zp, multiplier, y_zp, **attrs)
+        return op_call(GROUPED, x, packed, corrected, x_zp, multiplier, y_zp,
+                       **({"pairs": quant_dot.SATURATE} if sat else {}), **attrs)
     return op_call(CONV, x, packed, corrected, x_zp, multiplier, y_zp, **attrs)
 
 
-def _conv_words(wp: np.ndarray, call: g.Call, isa: ISA) -> np.ndarray:
+def _conv_words(wp: np.ndarray, call: g.Call, isa: ISA, tap_major: bool) -> np.ndarray:
     """The dot-form convolution's weight: in panels of the channels-as-lanes tile when
-    `choose_tile` picks it for the (static) output, else words per output channel."""
+    `choose_tile` picks it for the (static) output, else words per output channel (k in
+    the order (tap, channel) with `tap_major`)."""
     out = call.type
     spatial = [d for d in out.shape[2:] if isinstance(d, int)] \
         if isinstance(out, TensorType) and out.ndim > 2 else []
@@ -166,8 +177,8 @@ def _conv_words(wp: np.ndarray, call: g.Call, isa: ISA) -> np.ndarray:
         positions = math.prod(spatial)
         tile = choose_tile(isa, positions, int(wp.shape[0]), math.prod(wp.shape[1:]))
         if tile.channels_as_lanes:
-            return weight_panels(wp, tile.cols)
-    return weight_words(wp)
+            return weight_panels(wp, tile.cols, tap_major)
+    return weight_words(wp, tap_major)
 
 
 def _shifted_b(b: np.ndarray, b_zp: np.ndarray, transpose: bool) -> np.ndarray:
@@ -187,10 +198,14 @@ def _pack_matmul_integer(call: g.Call) -> g.Call:
     assert isinstance(b, g.Constant) and isinstance(b_zp, g.Constant)
     wp = _shifted_b(b.data, b_zp.data, bool(call.attrs.get("transpose_b")))
     colsum = wp.astype(np.int64).sum(axis=0).astype(np.int32)
-    isa = quant_dot.target_isa() if wp.dtype == np.int8 else None
+    sat = (quant_dot.target_saturates() and np.asarray(b.data).dtype == np.int8
+           and isinstance(a.type, TensorType) and a.type.dtype == "uint8"
+           and not np.asarray(b_zp.data).any())
+    isa = quant_dot.target_isa(sat) if wp.dtype == np.int8 else None
     group = {"k_group": quant_dot.GROUP} if isa else {}
+    pairs = {"pairs": quant_dot.SATURATE} if sat and isa is not None else {}
     return op_call(INTEGER, a, g.Constant(_panels(wp, isa), b.name), g.Constant(colsum), a_zp,
-                   n=wp.shape[1], **group)
+                   n=wp.shape[1], **group, **pairs)
 
 
 def _panels(b: np.ndarray, isa: ISA | None) -> np.ndarray:
@@ -252,10 +267,15 @@ def _matmul_infer(types: Sequence[TensorType], attrs: Attrs) -> Type:
 
 
 def _row_times_b(a: te.Tensor, bp: te.Tensor, rows: Sequence[PrimExpr],
-                 col: PrimExpr, group: int) -> PrimExpr:
+                 col: PrimExpr, group: int, saturate: bool = False) -> PrimExpr:
     """The int32 sum over k of a[rows, k] * B[k, col] (B in panels; in words when
-    `group` > 1, with A shifted as the dot form shifts it)."""
+    `group` > 1, with A shifted as the dot form shifts it; with `saturate` the products
+    of k = 2p and 2p + 1 summed and clamped to int16 first)."""
     nr = bp.shape[2]
+    k_extent = int(a.shape[-1])
+    if saturate:
+        return quant_dot.saturated_sum(lambda k: quant_dot.a_byte(a[(*rows, k)]) * quant_dot.b_byte(
+            bp[col // nr, k // group, col % nr], k), k_extent)
     if group > 1:
         return te.reduce("sum", lambda k: quant_dot.a_byte(a[(*rows, k)]) * quant_dot.b_byte(
             bp[col // nr, k // group, col % nr], k), (a.shape[-1],), "int32")
@@ -280,7 +300,7 @@ def build_matmul(inputs: Sequence[te.Tensor], attrs: Attrs) -> te.Tensor:
     lo, hi = out_range(attrs, y_zp.dtype)
 
     def value(*i: PrimExpr) -> PrimExpr:
-        acc = _row_times_b(a, bp, i[:-1], i[-1], _group(attrs))
+        acc = _row_times_b(a, bp, i[:-1], i[-1], _group(attrs), quant_dot.saturates(attrs))
         col = i[-1]
         return requantize_value(acc + bias[col], channel(multiplier, col), y_zp[()], lo, hi,
                                 y_zp.dtype)
@@ -291,7 +311,7 @@ def build_matmul(inputs: Sequence[te.Tensor], attrs: Attrs) -> te.Tensor:
 def _matmul_ref(a: np.ndarray, bp: np.ndarray, bias: np.ndarray, multiplier: np.ndarray,
                 y_zp: np.ndarray, **attrs: Any) -> np.ndarray:
     a64, b = _unpacked_b(a, bp, attrs)
-    acc = (np.matmul(a64, b) + bias).astype(np.int32)
+    acc = (_product(a64, b, attrs) + bias).astype(np.int32)
     lo, hi = out_range(attrs, dt.from_numpy(y_zp.dtype))
     return requantize_ref(acc, multiplier, y_zp, lo, hi, acc.ndim - 1)
 
@@ -318,7 +338,8 @@ def build_integer(inputs: Sequence[te.Tensor], attrs: Attrs) -> te.Tensor:
 
     def value(*i: PrimExpr) -> PrimExpr:
         zp = Cast("int32", a_zp[()]) + shift
-        return _row_times_b(a, bp, i[:-1], i[-1], group) - zp * colsum[i[-1]]
+        return _row_times_b(a, bp, i[:-1], i[-1], group,
+                            quant_dot.saturates(attrs)) - zp * colsum[i[-1]]
 
     return te.compute((*a.shape[:-1], n), value, "int32", INTEGER)
 
@@ -327,8 +348,14 @@ def _integer_ref(a: np.ndarray, bp: np.ndarray, colsum: np.ndarray, a_zp: np.nda
                  **attrs: Any) -> np.ndarray:
     a64, b = _unpacked_b(a, bp, attrs)
     shift = quant_dot.a_shift(str(a.dtype)) if _group(attrs) > 1 else 0
-    acc = np.matmul(a64, b) - (int(a_zp) + shift) * colsum
+    acc = _product(a64, b, attrs) - (int(a_zp) + shift) * colsum
     return acc.astype(np.int32)
+
+
+def _product(a64: np.ndarray, b: np.ndarray, attrs: Attrs) -> np.ndarray:
+    """A @ B exactly, or with onnxruntime's saturating pairs (`pairs="saturate"`)."""
+    return quant_dot.saturated_matmul(a64, b) if quant_dot.saturates(attrs) \
+        else np.matmul(a64, b)
 
 
 
@@ -374,7 +401,13 @@ def build_conv(inputs: Sequence[te.Tensor], attrs: Attrs) -> te.Tensor:
             pos = tuple(o[j] * strides[j] + k[j] * dilations[j] for j in range(rank))
             return Cast("int32", src[(n, first + c, *pos)]) * Cast("int32", wp[(oc, c, *k)])
 
-        acc = te.reduce("sum", term, (ci, *kernel), "int32") + bias[oc]
+        if quant_dot.saturates(attrs):  # k = (tap, c), pairs clamped to int16
+            k_total = int(ci) * int(np.prod(kernel))
+
+            acc = quant_dot.saturated_sum(lambda k: term(
+                k % ci, *te.unflatten_index(k // ci, kernel)), k_total) + bias[oc]
+        else:
+            acc = te.reduce("sum", term, (ci, *kernel), "int32") + bias[oc]
         return requantize_value(acc, channel(multiplier, oc), y_zp[()], lo, hi, y_zp.dtype)
 
     return te.compute(out_shape, value, y_zp.dtype, CONV)
@@ -387,11 +420,38 @@ def conv_packed_ref(x: np.ndarray, wp: np.ndarray, bias: np.ndarray, x_zp: np.nd
     rank, _, _, begins, ends = conv_geometry(x.shape, wp.shape, attrs, CONV)
     xp = np.pad(x.astype(np.int64), ((0, 0), (0, 0), *zip(begins, ends)),
                 constant_values=int(x_zp))
-    unpadded = {**attrs, "pads": (0,) * (2 * rank)}
-    acc = conv_ref(xp, wp.astype(np.int64), **unpadded)
+    unpadded = {a: v for a, v in attrs.items() if a != "pairs"} | {"pads": (0,) * (2 * rank)}
+    if quant_dot.saturates(attrs):
+        acc = _saturated_conv(xp, wp.astype(np.int64), **unpadded)
+    else:
+        acc = conv_ref(xp, wp.astype(np.int64), **unpadded)
     acc = (acc + bias.astype(np.int64).reshape(-1, *([1] * rank))).astype(np.int32)
     lo, hi = out_range(attrs, dt.from_numpy(y_zp.dtype))
     return requantize_ref(acc, multiplier, y_zp, lo, hi, 1)
+
+
+def _saturated_conv(xp: np.ndarray, wp: np.ndarray, **attrs: Any) -> np.ndarray:
+    """The (padded) convolution of `int8-pairs=saturate`, group by group: an im2col in
+    onnxruntime's k order (tap, channel) times the weight, pairs clamped to int16."""
+    rank, strides, dilations, _, _ = conv_geometry(xp.shape, wp.shape, attrs, CONV)
+    kernel, groups = wp.shape[2:], int(attrs.get("group", 1))
+    spatial = [(xp.shape[2 + j] - (kernel[j] - 1) * dilations[j] - 1) // strides[j] + 1
+               for j in range(rank)]
+    cols = []
+    for tap in np.ndindex(*kernel):
+        window = tuple(slice(tap[j] * dilations[j],
+                             tap[j] * dilations[j] + (spatial[j] - 1) * strides[j] + 1,
+                             strides[j]) for j in range(rank))
+        cols.append(xp[(slice(None), slice(None), *window)])
+    taps = np.stack(cols, axis=2)  # [N][C][taps][spatial...]
+    cig, cog = wp.shape[1], wp.shape[0] // groups
+    parts = []
+    for gi in range(groups):
+        a = taps[:, gi * cig:(gi + 1) * cig].swapaxes(1, 2)  # [N][taps][cig][spatial...]
+        a = np.moveaxis(a.reshape(a.shape[0], -1, *spatial), 1, -1)  # [..., K]
+        b = k_order(wp[gi * cog:(gi + 1) * cog], True).T  # [K][cog]
+        parts.append(np.moveaxis(quant_dot.saturated_matmul(a, b), -1, 1))
+    return np.concatenate(parts, axis=1)
 
 
 register_op(CONV, pattern="anchor", infer=conv_infer, compute=build_conv,
@@ -406,7 +466,7 @@ TILE_ROWS, TILE_COLS = 4, 64
 
 
 def build_matmul_tiles(a: Buffer, bp: Buffer, n: int, out: Buffer, epilogue: TileEpilogue,
-                       isa: ISA | None = None) -> Stmt:
+                       isa: ISA | None = None, intrinsic: str = DOT4_U8S8) -> Stmt:
     """The register-tiled loop nest of a packed matrix product (A's leading dims are its
     rows, flattened): tiles of rows x `bp.shape[2]` int32 accumulators (surplus rows and
     columns read the last row/column and are not stored). `epilogue(acc, column, at)`
@@ -446,7 +506,7 @@ def build_matmul_tiles(a: Buffer, bp: Buffer, n: int, out: Buffer, epilogue: Til
 
         def update(k: PrimExpr, r: PrimExpr, v: PrimExpr) -> PrimExpr:
             if isa is not None:
-                return Intrin(DOT4_U8S8, (acc[r, v], packed_a[row(r), k], bp[ct, k, v]))
+                return Intrin(intrinsic, (acc[r, v], packed_a[row(r), k], bp[ct, k, v]))
             a_rk = Cast("int32", a[(*te.unflatten_index(row(r), lead), k)])
             return acc[r, v] + a_rk * Cast("int32", bp[ct, k, v])
 
@@ -510,10 +570,10 @@ class _TiledMatmul(HandBuiltOp):
 
         n = int(attrs["n"])
         out = Buffer("out", (*a.shape[:-1], n), dtype)
-        isa = quant_dot.target_isa() if _group(attrs) > 1 else None
+        isa = quant_dot.target_isa(quant_dot.saturates(attrs)) if _group(attrs) > 1 else None
         if _group(attrs) > 1 and isa is None:
             return None  # words packed for another target: the te definition reads them
-        body = build_matmul_tiles(a, bp, n, out, epilogue, isa)
+        body = build_matmul_tiles(a, bp, n, out, epilogue, isa, quant_dot.dot_intrinsic(attrs))
         return PrimFunc((*buffers, out), body,
                         {"kiln.gemm_kernel": self.name})
 

@@ -39,6 +39,11 @@ def _cpu_options(triple_doc: str) -> dict[str, AttrSpec]:
         "vector-width": AttrSpec(
             int, min=8, doc="preferred vector width in bits; default: from mcpu/mattr"
         ),
+        "int8-pairs": AttrSpec(
+            str, choices=("exact", "saturate"),
+            doc="u8 x s8 products: ONNX's exact sums (default) or, with 'saturate', "
+                "onnxruntime's AVX2 ones (pairs of products summed into a saturating int16)",
+        ),
     }
 
 

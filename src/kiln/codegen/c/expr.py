@@ -29,7 +29,7 @@ from kiln.codegen.cfamily.literals import float_literal, int_literal, wrap_int
 from kiln.codegen.naming import C_TYPES, profile_symbol
 from kiln.ir import dtype as dt
 from kiln.ir.tensor import (
-    DOT4_U8S8,
+    DOT4_INTRINSICS,
     PROFILE_INTRINSICS,
     BinaryOp,
     Buffer,
@@ -364,10 +364,10 @@ class ExprEmitter:
                                  f"({', '.join(a.dtype for a in e.args)})")
         if name in PROFILE_INTRINSICS:  # host.c's timers (kiln.transform.profile)
             return call(profile_symbol(self.ctx.module.prefix, name), *args)
-        if name == DOT4_U8S8:
+        if name in DOT4_INTRINSICS:
             if d != "int32":
                 raise self.ctx.error(f"intrinsic {name} takes int32 arguments, got {d}")
-            return call(self.helpers.use("kiln_dot4_u8s8"), *args)
+            return call(self.helpers.use(f"kiln_{name}"), *args)
         if not dt.is_float(d):
             return self.int_intrin(name, args, d)
         f32 = d != "float64"

@@ -21,6 +21,12 @@ the host:
 - anything else (and big-endian targets): bytes by shifts, multiplied and added.
 
 A scalar `dot4_u8s8` (outside a vector loop) is computed the portable way.
+
+`dot4_u8s8_sat16` (onnxruntime's AVX2 arithmetic: each pair of products summed into a
+saturating int16) is `vpmaddubsw` then `vpmaddwd` by ones and an add on every x86
+family above (ymm, or zmm where the family has 512-bit registers), and elsewhere the
+portable bytes with each pair sum clamped to [-32768, 32767]: the same result on every
+target.
 """
 
 from __future__ import annotations
@@ -80,6 +86,17 @@ def _madd_pairs(b: ir.IRBuilder, mod: ir.Module, acc: ir.Value, a: ir.Value,
     return b.add(acc, b.add(even, odd))
 
 
+def _maddubs(b: ir.IRBuilder, mod: ir.Module, acc: ir.Value, a: ir.Value,
+             w: ir.Value) -> ir.Value:
+    # vpmaddubsw: u8 x s8 products added in pairs into saturating int16; vpmaddwd by
+    # ones: the two pair sums of each int32 lane added exactly
+    n = acc.type.count
+    ubs, madd = (("llvm.x86.avx512.pmaddubs.w.512", "llvm.x86.avx512.pmaddw.d.512")
+                 if n == 16 else ("llvm.x86.avx2.pmadd.ub.sw", "llvm.x86.avx2.pmadd.wd"))
+    pairs = _call(b, mod, ubs, _vec(I16, 2 * n), (_bytes(b, a), _bytes(b, w)))
+    return b.add(acc, _call(b, mod, madd, acc.type, (pairs, _splat(I16, 2 * n, 1))))
+
+
 def _usdot(b: ir.IRBuilder, mod: ir.Module, acc: ir.Value, a: ir.Value,
            w: ir.Value) -> ir.Value:
     return _call(b, mod, "llvm.aarch64.neon.usdot.v4i32.v16i8", acc.type,
@@ -108,28 +125,53 @@ def _portable(b: ir.IRBuilder, mod: ir.Module, acc: ir.Value, a: ir.Value,
     return total
 
 
+def _portable_sat16(b: ir.IRBuilder, mod: ir.Module, acc: ir.Value, a: ir.Value,
+                    w: ir.Value) -> ir.Value:
+    n = acc.type.count
+    total = acc
+    for pair in (0, 2):
+        s: ir.Value = _splat(I32, n, 0)
+        for byte in (pair, pair + 1):
+            x = b.and_(b.lshr(a, _splat(I32, n, 8 * byte)), _splat(I32, n, 0xFF))
+            y = b.ashr(b.shl(w, _splat(I32, n, 24 - 8 * byte)), _splat(I32, n, 24))
+            s = b.add(s, b.mul(x, y))
+        lo, hi = _splat(I32, n, -32768), _splat(I32, n, 32767)
+        s = b.select(b.icmp_signed("<", s, lo), lo, s)
+        s = b.select(b.icmp_signed(">", s, hi), hi, s)
+        total = b.add(total, s)
+    return total
+
+
 # family -> (lanes of one instruction, lowering)
 _FAMILIES: dict[str, tuple[int, Lowering]] = {
     "avx512vnni": (16, _vnni), "avxvnni": (8, _vnni),
     "avx512bw": (16, _madd_pairs), "avx2": (8, _madd_pairs),
     "i8mm": (4, _usdot), "sdot": (4, _sdot),
 }
+# family -> (lanes, lowering) of `dot4_u8s8_sat16`
+_SAT16_FAMILIES: dict[str, tuple[int, Lowering]] = {
+    "avx512vnni": (16, _maddubs), "avxvnni": (8, _maddubs),
+    "avx512bw": (16, _maddubs), "avx2": (8, _maddubs),
+}
 
 
 def emit_dot4_u8s8(b: ir.IRBuilder, mod: ir.Module, family: str | None,
-                   args: Sequence[ir.Value]) -> ir.Value:
-    """`dot4_u8s8(acc, a, b)` on i32 scalars or `<n x i32>` vectors (any n)."""
+                   args: Sequence[ir.Value], saturate: bool = False) -> ir.Value:
+    """`dot4_u8s8(acc, a, b)` on i32 scalars or `<n x i32>` vectors (any n); with
+    `saturate`, `dot4_u8s8_sat16` (pair sums clamped to int16)."""
     acc, a, w = args
+    portable = _portable_sat16 if saturate else _portable
     if not isinstance(acc.type, ir.VectorType):
         one = [b.insert_element(ir.Constant(_vec(I32, 1), ir.Undefined), v,
                                 ir.Constant(I32, 0)) for v in (acc, a, w)]
-        return b.extract_element(_portable(b, mod, *one), ir.Constant(I32, 0))
+        return b.extract_element(portable(b, mod, *one), ir.Constant(I32, 0))
     n = acc.type.count
     if str(mod.data_layout).startswith("E"):
         family = None  # the families' byte views assume little-endian lanes
-    width, lower = _FAMILIES.get(family or "", (n, _portable))
-    if width >= n and lower is _portable:
-        return _portable(b, mod, acc, a, w)
+    families = _SAT16_FAMILIES if saturate else _FAMILIES
+    width, lower = families.get(family or "", (n, portable))
+    if width >= n and lower is portable:
+        return portable(b, mod, acc, a, w)
     chunks = -(-n // width)
     padded = [_resize(b, v, chunks * width) for v in (acc, a, w)]
     parts = [lower(b, mod, *(_slice(b, v, c * width, width) for v in padded))

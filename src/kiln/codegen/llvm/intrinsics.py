@@ -119,6 +119,13 @@ def _dot4_u8s8(cx: MathContext, b: ir.IRBuilder, dtype: str,
     return emit_dot4_u8s8(b, cx.module, cx.int8_dot, args)
 
 
+def _dot4_u8s8_sat16(cx: MathContext, b: ir.IRBuilder, dtype: str,
+                     args: Sequence[ir.Value]) -> ir.Value:
+    if dtype != "int32":
+        raise CompileError(f"intrinsic dot4_u8s8_sat16 takes int32 arguments, got {dtype}")
+    return emit_dot4_u8s8(b, cx.module, cx.int8_dot, args, saturate=True)
+
+
 INTRINSICS: dict[str, IntrinEmitter] = {
     "exp": _llvm("exp"), "exp2": _llvm("exp2"), "log": _llvm("log"), "log2": _llvm("log2"),
     "sqrt": _llvm("sqrt"), "sin": _llvm("sin"), "cos": _llvm("cos"),
@@ -131,6 +138,7 @@ INTRINSICS: dict[str, IntrinEmitter] = {
     "round": _rounding("round"),
     "abs": _abs, "rsqrt": _rsqrt, "sigmoid": _sigmoid, "isnan": _isnan, "isinf": _isinf,
     "pow": _pow, "fmod": _fmod, "dot4_u8s8": _dot4_u8s8,
+    "dot4_u8s8_sat16": _dot4_u8s8_sat16,
 }
 
 

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 from kiln.ir.affine import constant_offset, flat_coefficient, mentions
 from kiln.ir.tensor import (
-    DOT4_U8S8,
+    DOT4_INTRINSICS,
     Allocate,
     AllocConst,
     BinaryOp,
@@ -205,7 +205,7 @@ class VectorBody:
         if isinstance(e, UnaryOp):
             return (e.op == "neg" or self.fail(f"int32 '{e.op}' has no vector form")
                     ) and self.expr(e.a)
-        if not (isinstance(e, Intrin) and e.name == DOT4_U8S8):
+        if not (isinstance(e, Intrin) and e.name in DOT4_INTRINSICS):
             return self.fail("an int32 expression other than a load, arithmetic or dot4_u8s8")
         return all(a.dtype == INT_VECTOR_DTYPE and self.expr(a) for a in e.args)
 

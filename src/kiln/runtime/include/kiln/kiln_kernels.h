@@ -96,6 +96,25 @@ static inline int32_t kiln_dot4_u8s8(int32_t acc, int32_t a, int32_t b) {
 #endif
 }
 
+KILN_HELPER(kiln_dot4_u8s8_sat16)
+/* The `dot4_u8s8_sat16` intrinsic: like kiln_dot4_u8s8, but the products of bytes 0 and
+   1 and those of bytes 2 and 3 are added in pairs, each pair sum clamped to int16 (x86
+   vpmaddubsw, then vpmaddwd by ones: onnxruntime's MLAS u8 x s8 kernels on AVX2; the
+   `int8-pairs=saturate` target attribute, docs/quantization.md). */
+static inline int32_t kiln_dot4_u8s8_sat16(int32_t acc, int32_t a, int32_t b) {
+  uint32_t ua = (uint32_t)a, ub = (uint32_t)b, total = (uint32_t)acc;
+  int shift;
+  for (shift = 0; shift < 32; shift += 16) {
+    int32_t x0 = (int32_t)((ua >> shift) & 0xFFu), x1 = (int32_t)((ua >> (shift + 8)) & 0xFFu);
+    int32_t w0 = (int32_t)(((ub >> shift) & 0xFFu) ^ 0x80u) - 0x80;
+    int32_t w1 = (int32_t)(((ub >> (shift + 8)) & 0xFFu) ^ 0x80u) - 0x80;
+    int32_t pair = x0 * w0 + x1 * w1;
+    pair = pair > 32767 ? 32767 : pair < -32768 ? -32768 : pair;
+    total += (uint32_t)pair;
+  }
+  return (int32_t)total;
+}
+
 KILN_HELPER(kiln_f16_from_double)
 KILN_NEEDS(kiln_narrow_float)
 /* float16 bit pattern of x (IEEE binary16, round to nearest even). */
