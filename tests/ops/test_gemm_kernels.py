@@ -68,6 +68,9 @@ CASES: list[dict[str, Any]] = [
     # bias + GELU with Erf (x read twice: the tail is a DAG; erf is a library call, so
     # the epilogue runs as a second pass over the tile)
     dict(a=(9, 24), b=(24, 20), w=True, node="Gemm", bias=True, tail=("Gelu",)),
+    # B's panels (100 x 1008 floats, 403 KB) past 3/4 of a 512 KB L2: panel by panel (the
+    # cases above run row tile by row tile, gemm_kernels.rows_first), a partial last panel
+    dict(a=(13, 100), b=(100, 1000), w=True, tail=("Relu",)),
 ]
 
 
@@ -168,7 +171,7 @@ def test_the_rewrite_is_visible_in_the_graph_and_round_trips() -> None:
     mod = get_pass("block-matmuls")(from_onnx(MODEL))
     ops = [b.value.op for b in mod["main"].bindings if isinstance(b.value, g.Call)
            and b.value.op.startswith("matmul")]
-    assert ops == ["matmul_packed"] * 7 + ["matmul_tiled"] * 4 + ["matmul_packed"]
+    assert ops == ["matmul_packed"] * 7 + ["matmul_tiled"] * 4 + ["matmul_packed"] * 2
     text = print_module(mod)
     assert "matmul_packed" in text and "matmul(" not in text
     assert_structural_equal(from_source(text), mod)
@@ -192,6 +195,20 @@ def test_packed_b_round_trip() -> None:
 def test_tile_follows_the_target(spec: str, m: int, tile: tuple[int, int]) -> None:
     t = choose_tile(m, 1000, isa_for(Target(spec)))
     assert (t.mr, t.nr) == tile
+
+
+@pytest.mark.parametrize(("batch", "m", "k", "n", "l2_kib", "by_rows"), [
+    ((8,), 1500, 64, 1500, 512, True),    # Whisper's Q @ K^T: K^T's panels 384 KB
+    ((8,), 1500, 1500, 64, 512, True),    # P @ V: V's panels 384 KB, P re-read per panel
+    ((), 128, 768, 3072, 512, False),     # BERT's dense layers: 9.4 MB of weights
+    ((), 13, 100, 1000, 512, False),      # 403 KB: past 3/4 of a 512 KB L2 ...
+    ((), 13, 100, 1000, 1024, True),      # ... within 3/4 of 1 MB (Zen 5)
+    ((8,), 1500, 64, 1500, 0, False),     # no L2 known (generic targets)
+])
+def test_tiles_run_row_by_row_when_b_fits_l2(batch: tuple[int, ...], m: int, k: int, n: int,
+                                              l2_kib: int, by_rows: bool) -> None:
+    shape = gk.GemmShape(batch, batch, (m,), n, k)
+    assert gk.rows_first(shape, gk.GemmTiling(6, 16), l2_kib * 1024) is by_rows
 
 
 def test_narrow_products_are_not_padded_to_a_wide_tile() -> None:

@@ -122,3 +122,32 @@ def test_kernels_are_vector_code_without_libm_calls() -> None:
         # 2^n put into the exponent field: a vector shift (no float-to-int conversion)
         assert re.search(r"\bvpslld\s+\$23, [^\n]*zmm", body), f"{name}: no 2^n in vectors"
         assert not re.search(r"\bvcvt\w*2\w*qq?\b", body), f"{name}: a 64-bit conversion"
+
+
+@pytest.mark.parametrize("target", ["c", "host"])
+def test_softmax_exp_is_mlas_sum_exp(target: str) -> None:
+    # softmax's `x - max` (<= 0): within 1.5 ulp of exp down to -87.3; with FMA (MLAS's
+    # form) 0 below its clamp at -88.38 (n = -127: a 0 exponent field), as onnxruntime's
+    # softmax gives; without FMA, exp_f32 knowing x <= 0 (subnormals as libm's)
+    from kiln.ops.kernels.math import softmax_exp_f32
+    from kiln.target.isa import isa_for
+
+    tgt = kiln.target.Target.from_host() if target == "host" else kiln.target.Target(target)
+    fused = isa_for(tgt).fma
+    xs = np.concatenate([-np.abs(INPUTS[np.isfinite(INPUTS)]), [-0.0, -np.inf, np.nan]]
+                        ).astype(np.float32)
+    x, y = Buffer("x", (xs.size,), "float32"), Buffer("y", (xs.size,), "float32")
+    i = Var("i", "int64")
+    body = For(i, Const(0, "int64"), Const(xs.size, "int64"), "serial",
+               Store(y, softmax_exp_f32(x[i], fused=fused), (i,)))
+    got = np.empty_like(xs)
+    kiln.compile(PrimFunc((x, y), body, {}), tgt)["main"](xs, got)
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(xs))
+    normal = xs >= -87.3
+    want = np.exp(xs[normal].astype(np.float64))
+    assert ulp_error(got[normal], want).max() <= 1.5
+    if fused:
+        assert not got[xs < -88.38].any()
+    else:
+        tiny = ~normal & ~np.isnan(xs)
+        assert ulp_error(got[tiny], np.exp(xs[tiny].astype(np.float64))).max() <= 1.5

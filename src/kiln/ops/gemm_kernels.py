@@ -18,7 +18,8 @@ padding and are not stored. Each output value passes through
 `epilogue(value, index)` as it is stored (bias, activation, residual add: the
 elementwise ops FuseOps grouped after the product). The tiles of all products
 (batch x panel x row tile, panel-major so that a thread's consecutive tiles
-reuse one B panel from L2) form one `parallel` loop, split evenly over threads.
+reuse one B panel from L2; batch x row tile x panel when B's panels fit L2,
+`rows_first`) form one `parallel` loop, split evenly over threads.
 """
 
 from __future__ import annotations
@@ -266,13 +267,46 @@ def k_blocking(caches: tuple[int, int] | None) -> Iterator[None]:
         _K_BLOCK.reset(token)
 
 
+#: The share of L2 B's panels (of one product) may fill for the tiles to run row tile
+#: by row tile (`rows_first`): the rest holds the row tile's A rows and the output.
+ROWS_FIRST_L2_SHARE = 0.75
+#: The size counted for a symbolic dimension when deciding the order (attention's seq:
+#: its K^T and V panels are head_dim x seq, small at any usual length).
+TYPICAL_DIM = 64
+
+
+def rows_first(shape: GemmShape, tiling: GemmTiling, l2_bytes: int, itemsize: int = 4
+               ) -> bool:
+    """Whether the tiles of `shape` run row tile by row tile (each sweeping all of B's
+    panels) instead of panel by panel (each sweeping all of A's rows): when B's panels
+    of one product fit `ROWS_FIRST_L2_SHARE` of L2 (`l2_bytes`; 0: no L2 known).
+
+    Panel by panel, A is read once per panel: from L2 when it fits there (BERT's 128
+    rows), from L3 or memory otherwise (attention's `P @ V`: 1500 x 1500 scores read
+    once per 16 columns of V), and each output row is written 16 columns at a time,
+    one panel apart, so a cache line straddling two panels is fetched and written back
+    twice (attention's `Q @ K^T`: 1500 x 1500 scores per head). Row tile by row tile,
+    A is read once, B's panels come from L2 and the output is written row by row."""
+    if l2_bytes <= 0:
+        return False
+
+    def size(d: object) -> int:
+        return d if isinstance(d, int) else TYPICAL_DIM
+
+    panels = -(-size(shape.n) // tiling.nr)
+    return size(shape.k) * panels * tiling.nr * itemsize <= ROWS_FIRST_L2_SHARE * l2_bytes
+
+
 def gemm_body(shape: GemmShape, tiling: GemmTiling, a: Buffer, b_at: BReader, out: Buffer,
               epilogue: Epilogue, fused: bool = True,
-              prologue: Sequence[Stmt] = (), blocking: KBlocking | None = None) -> Stmt:
+              prologue: Sequence[Stmt] = (), blocking: KBlocking | None = None,
+              by_rows: bool = False) -> Stmt:
     """The loop nest of `out = epilogue(A @ B)`: `a` is A (`[*a_batch, *rows, k]`, read
     in place), `b_at` reads B's panels, `out` is `[*batch, *rows, n]`; `prologue` runs
     first (a run-time packing of B). With `blocking` (a static K longer than its `kc`),
-    the sums run `kc` steps at a time (`KBlocking`)."""
+    the sums run `kc` steps at a time (`KBlocking`). The tiles run panel by panel (each
+    panel's row tiles in turn), or with `by_rows` row tile by row tile (`rows_first`;
+    not with `blocking`)."""
     m, n = shape.m, shape.n
     static_m = isinstance(m, int)  # else an expression of the kernel's dim scalars
     if (static_m and m < 1) or (isinstance(n, int) and n < 1):
@@ -370,8 +404,13 @@ def gemm_body(shape: GemmShape, tiling: GemmTiling, a: Buffer, b_at: BReader, ou
 
     if blocking is None or not static_m or not isinstance(shape.k, int) \
             or shape.k <= blocking.kc:
-        loop = parallel_when(lambda: parallel_tiles((shape.batches, panels, mtiles), tile),
-                             shape.madds)
+        if by_rows:
+            loop = parallel_when(lambda: parallel_tiles(
+                (shape.batches, mtiles, panels), lambda bf, mt, p: tile(bf, p, mt)),
+                shape.madds)
+        else:
+            loop = parallel_when(lambda: parallel_tiles((shape.batches, panels, mtiles), tile),
+                                 shape.madds)
         return seq(*prologue, loop)
     per_block = max(1, blocking.mc // mr)  # row tiles per parallel tile
     mblocks = -(-mtiles // per_block)

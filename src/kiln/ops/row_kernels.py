@@ -19,7 +19,8 @@ innermost loops are `vectorized` of constant extent, lanes along the row):
   onnxruntime's SkipLayerNormalization computes it instead (layer_norm_welford_rows),
   so that a quantized model's next DynamicQuantizeLinear sees onnxruntime's values;
 - softmax's lane sums are added up as onnxruntime's MLAS kernels add theirs
-  (`folded_sum`), its `exp` being MLAS's too (kiln.ops.kernels.math);
+  (`folded_sum`), its `exp` being MLAS's softmax exp too on CPU targets
+  (kiln.ops.kernels.math.softmax_exp_f32: `x - max` clamped at -88.38, one `2^n`);
 - reductions over trailing axes (reduce_sum/mean/max/..., global pooling): one
   pass, `lanes` partial results combined at the end (a single accumulator
   would be a serial chain the backend cannot vectorize).
@@ -165,6 +166,27 @@ def _row_max(a: PrimExpr, b: PrimExpr) -> PrimExpr:
     return select(b > a, b, a)
 
 
+def _softmax_exp(x: PrimExpr, lets: list[Stmt]) -> PrimExpr:
+    """`exp(x)` of softmax's `x - max`: on a CPU target, float32, as onnxruntime's softmax
+    computes it (kiln.ops.kernels.math.softmax_exp_f32, its intermediate values let
+    variables appended to `lets`); elsewhere the `exp` intrinsic."""
+    from kiln.ops.kernels.math import CPU_KINDS, softmax_exp_f32
+    from kiln.target.target import Target
+
+    target = Target.current()
+    if target is None or target.kind.name not in CPU_KINDS or x.dtype != F32:
+        return intrin("exp", x)
+
+    def bind(e: PrimExpr) -> PrimExpr:
+        if isinstance(e, (Var, Const)):
+            return e
+        v = Var(f"x{len(lets)}", e.dtype)
+        lets.append(LetStmt(v, e))
+        return v
+
+    return softmax_exp_f32(x, fused=isa_for(target).fma, bind=bind)
+
+
 def softmax_row(loops: RowLoops, read: Reader, out_at: Callable[[PrimExpr], Any],
                 store: Callable[[PrimExpr, PrimExpr], Stmt], log: bool) -> Stmt:
     """One row of softmax (or log_softmax): `read(j)` is the input element j,
@@ -183,9 +205,10 @@ def softmax_row(loops: RowLoops, read: Reader, out_at: Callable[[PrimExpr], Any]
         return seq(*init_m, pass1, let_mx, *init_s, pass2, let_shift, pass3)
 
     def exp_and_sum(j: PrimExpr, lane: PrimExpr) -> Stmt:
-        e, let_e = _let("e", intrin("exp", read(j) - mx))
+        lets: list[Stmt] = []
+        e, let_e = _let("e", _softmax_exp(read(j) - mx, lets))
         buf, idx = out_at(j)
-        return seq(let_e, Store(buf, e, idx), Store(s, s[lane] + e, (lane,)))
+        return seq(*lets, let_e, Store(buf, e, idx), Store(s, s[lane] + e, (lane,)))
 
     pass2 = loops.each(exp_and_sum)
     inv, let_inv = _let("inv", as_expr(1.0, F32) / loops.folded_sum(s))

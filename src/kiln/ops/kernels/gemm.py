@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 from kiln.ir import graph as g
+from kiln.ir.dtype import itemsize
 from kiln.ir.tensor import PrimFunc
 from kiln.ir.types import TensorType
 from kiln.ops import gemm_kernels as gk
@@ -176,8 +177,9 @@ def _gemm(op: str, params: Sequence[Any], args: Sequence[Any], anchor: Any, resu
     else:
         prologue, b_at = gk.pack_b_at_run_time(bb, tuple(run_time_b[:-2]), shape.k, shape.n,
                                                tiling.nr, transpose_b)
+    by_rows = gk.rows_first(shape, tiling, isa.l2_bytes, itemsize(a.dtype))
     body = gk.gemm_body(shape, tiling, ab, b_at, store.out, store.epilogue, isa.fma,
-                        prologue)
+                        prologue, by_rows=by_rows)
     return PrimFunc((*(store.buffers[t] for t in params), store.out), body,
                     {"kiln.gemm_kernel": op})
 

@@ -79,6 +79,9 @@ _MLAS_EXP_P = (float.fromhex("0x1.694000p-10"), float.fromhex("0x1.125edcp-7"),
                float.fromhex("0x1.fffff6p-2"), 1.0, 1.0)
 # MLAS's lower clamp: exp is 0 in float32 below it
 _MLAS_EXP_LO = -103.9720840454
+# MLAS's lower clamp of softmax's `x - max` (its `LowerRangeSumExp`): n = -127 there,
+# 2^n's exponent field 0, the result 0
+_MLAS_SUM_EXP_LO = -88.3762626647949
 # exp(x) is 0 in float32 below -103.98 (under half the smallest subnormal) and inf above
 # 88.73; clamping to these keeps n within [-150, 128].
 _EXP_LO, _EXP_HI = -104.0, 88.75
@@ -167,6 +170,22 @@ def exp_f32(x: PrimExpr, *, fused: bool = False, nonpositive: bool = False,
     two_m = reinterpret(normal + _i(_ONE_BITS), F32)
     two_rest = reinterpret(field - normal + _i(_ONE_BITS), F32)  # 2^(n - m), n - m in [-24, 1]
     return (e_r * two_m) * two_rest  # the last product rounds (subnormal or inf)
+
+
+def softmax_exp_f32(x: PrimExpr, *, fused: bool = False, bind: Bind = _inline) -> PrimExpr:
+    """`exp(x)` of softmax's `x - max` (`<= 0` or NaN) as onnxruntime's softmax computes
+    it (MLAS's `MlasComputeSumExpF32Kernel`, with FMA): `x` clamped below at
+    `_MLAS_SUM_EXP_LO`, where `n` reaches -127, and one `2^n` factor whose exponent field
+    is then 0 (the result flushed to 0 below about -87.3: MLAS's zeros). Without FMA,
+    `exp_f32` knowing `x <= 0`. Seven vector operations and three constants fewer than
+    `exp_f32`: the kernel keeps its constants in the 16 AVX2 registers."""
+    if not fused:
+        return exp_f32(x, fused=False, nonpositive=True, bind=bind)
+    x = bind(x)
+    lo = _f(_MLAS_SUM_EXP_LO)
+    # a clamp that lets NaN through: r, exp(r) and the product are NaN
+    e_r, field = _exp_parts(bind(select(x < lo, lo, x)), True, bind)
+    return e_r * reinterpret(field + _i(_ONE_BITS), F32)
 
 
 def _exp_parts(x: PrimExpr, fused: bool, bind: Bind) -> tuple[PrimExpr, PrimExpr]:
