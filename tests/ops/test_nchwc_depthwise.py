@@ -18,17 +18,21 @@ from pathlib import Path
 import kernel_checks
 import numpy as np
 import onnx
+import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import kiln
 from kiln.frontend import from_onnx
 from kiln.ir import graph as g
-from kiln.ops.kernels.nchwc import pointwise_tile
+from kiln.ops.kernels.nchwc import pointwise_kernel, pointwise_tile
 from kiln.target import Target
 from kiln.target.isa import isa_for
 from kiln.transform.registry import parse_passes
 from support.graphs import GraphBuilder
+from support.numerics import assert_close
 from support.processes import outputs_in_fresh_process
+from support.reference import onnxruntime_outputs
+from support.targets import NATIVE_TARGETS, native_target
 
 TOL = 1e-4
 RNG = np.random.default_rng(5)
@@ -151,14 +155,57 @@ def _ops_after(spec: str, passes: str, model: onnx.ModelProto = MODEL) -> list[s
     return [b.value.op for b in mod["main"].bindings if isinstance(b.value, g.Call)]
 
 
-def test_the_default_pipeline_blocks_depthwise_regions_on_avx512_only() -> None:
+def test_the_default_pipeline_blocks_depthwise_regions_on_avx2_and_avx512() -> None:
     from test_nchwc_layout import MODEL as NO_DEPTHWISE
 
     passes = "fold-constants,block-convolutions,nchwc-layout{depthwise_only=true}"
-    assert "conv2d_nchwc_depthwise" in _ops_after("llvm -mcpu=skylake-avx512", passes)
-    # regions without a depthwise convolution, and AVX2, stay NCHW
-    assert "layout_transform" not in _ops_after("llvm -mcpu=skylake-avx512", passes,
-                                                NO_DEPTHWISE)
-    assert "layout_transform" not in _ops_after("llvm -mcpu=haswell", passes)
+    for cpu in ("skylake-avx512", "haswell", "znver4 -mattr=-avx512f"):
+        assert "conv2d_nchwc_depthwise" in _ops_after(f"llvm -mcpu={cpu}", passes)
+        # regions without a depthwise convolution stay NCHW
+        assert "layout_transform" not in _ops_after(f"llvm -mcpu={cpu}", passes,
+                                                    NO_DEPTHWISE)
+    # 4 lanes (NEON, SSE): not measured, NCHW
     assert "layout_transform" not in _ops_after(
         "llvm -mtriple=aarch64-linux-gnu -mcpu=neoverse-n1", passes)
+    assert "layout_transform" not in _ops_after("llvm -mcpu=nehalem", passes)
+
+
+def test_pointwise_kernel_on_16_registers_of_8_lanes() -> None:
+    def on(spec: str) -> bool:
+        return pointwise_kernel(isa_for(Target(spec)))
+
+    assert on("llvm -mcpu=haswell") and on("llvm -mcpu=znver4 -mattr=-avx512f")
+    # AVX-512 keeps the blocked kernel with `pointwise_tile`; NEON and SSE (4 lanes) too
+    assert not on("llvm -mcpu=znver4") and not on("llvm -mcpu=nehalem")
+    assert not on("llvm -mtriple=aarch64-linux-gnu -mcpu=neoverse-n1")
+
+
+def _pointwise_model() -> onnx.ModelProto:
+    """1x1 layers around a depthwise one, the default pipeline's region on AVX2: input
+    channels 21 (two whole blocks of 8 and 5 lanes) and 44, outputs 44 (a padded last
+    block), 21 (the tile's second vector past the last block) and 16; 9x7 = 63
+    positions (a last tile with slots past the end; 7 columns: too few for the
+    row-tiled kernel); a bias, ReLU, Clip and a residual Add in the epilogues."""
+    b = GraphBuilder(seed=11)
+    x = b.input("x", [1, 21, 9, 7])
+    a = b.op("Relu", b.conv(x, 21, 44, 1))
+    d = b.op("Clip", b.conv(a, 44, 44, 3, group=44), b.const(np.float32(0.0), "lo"),
+             b.const(np.float32(6.0), "hi"))
+    y = b.op("Add", b.conv(d, 44, 21, 1), x)
+    b.output(b.conv(y, 21, 16, 1, bias=False), [1, 16, 9, 7])
+    return b.model()
+
+
+POINTWISE = _pointwise_model()
+
+
+@pytest.mark.parametrize("kind", NATIVE_TARGETS)
+def test_pointwise_layers_of_a_default_region_match_onnxruntime(kind: str) -> None:
+    target = native_target(kind)
+    feeds = {"x": RNG.standard_normal((1, 21, 9, 7)).astype(np.float32)}
+    exe = kiln.compile(from_onnx(POINTWISE), target)
+    kinds = [f.attrs.get("kiln.conv_kernel") for f in exe.ir.functions.values()]
+    if kind != "c" and pointwise_kernel(isa_for(target)):
+        assert kinds.count("conv2d_nchwc") == 3 and "conv2d_nchwc_depthwise" in kinds
+    assert_close([np.asarray(exe(*feeds.values()))], onnxruntime_outputs(POINTWISE, feeds),
+                 TOL, ["pointwise"])

@@ -317,6 +317,41 @@ def _store_row(acc_t: str, width: int, value: Callable[[PrimExpr], PrimExpr],
             lanes_loop("j", width, lambda j: Store(out, epilogue(row[j], index(j)), index(j)))]
 
 
+def blocked_tile_stores(out: Buffer, stage: Buffer, epilogue: Epilogue, n: PrimExpr,
+                        ob: PrimExpr, rows: list[PrimExpr], cols: list[PrimExpr],
+                        real: list[PrimExpr | None], block: int, channels: int,
+                        blocks: int, out_blocks: int) -> list[Stmt]:
+    """The stores of a tile of `len(rows)` positions x `cb` output channels (channel tile
+    `ob` of `blocks`; `cb` the staged accumulators' width), staged in `stage`, into the
+    NCHW{block}c `out` (`out_blocks` blocks) through `epilogue`: one contiguous vector of
+    `block` channels per position and sub-block. The last block's padding lanes (past
+    `channels`) hold zeros, a sub-block past the output is not stored, nor a slot whose
+    `real` condition (None: always real) is false."""
+    cb = int(stage.shape[1])
+    zero = as_expr(0.0, stage.dtype)
+    stores: list[Stmt] = []
+    for r, (oh, ow) in enumerate(zip(rows, cols)):
+        for sub in range(cb // block):
+            obk = ob * (cb // block) + sub
+
+            def lane(v: PrimExpr, r: int = r, sub: int = sub, obk: PrimExpr = obk,
+                     oh: PrimExpr = oh, ow: PrimExpr = ow) -> Stmt:
+                idx = (n, obk, oh, ow, v)
+                value = epilogue(stage[_c(r), _c(sub * block) + v], idx)
+                if channels % block:
+                    value = select(obk * block + v < channels, value, zero)
+                return Store(out, value, idx)
+
+            st: Stmt = lanes_loop("v", block, lane)
+            if blocks * cb > out_blocks * block:
+                st = IfThenElse(obk < out_blocks, st)
+            cond = real[r]
+            if cond is not None:
+                st = IfThenElse(cond, st)
+            stores.append(st)
+    return stores
+
+
 # --------------------------------------------------------------------------- blocked
 
 def blocked_conv_body(shape: ConvShape, x: Buffer, wp: Buffer, out: Buffer,
@@ -399,27 +434,10 @@ def blocked_conv_body(shape: ConvShape, x: Buffer, wp: Buffer, out: Buffer,
             Store(stage, acc[_c(r), v], (_c(r), v)) for r in range(tile_w))))
 
         def emit_blocked() -> Stmt:
-            # one contiguous vector of `block` output channels per position and sub-block
-            stores: list[Stmt] = []
-            for r in range(tile_w):
-                for sub in range(cb // block):
-                    obk = ob * (cb // block) + sub
-
-                    def lane(v: PrimExpr, r: int = r, sub: int = sub,
-                             obk: PrimExpr = obk) -> Stmt:
-                        idx = (n, obk, rows[r], cols[r], v)
-                        value = epilogue(stage[_c(r), _c(sub * block) + v], idx)
-                        if cog % block:  # the last block's padding lanes hold zeros
-                            value = select(obk * block + v < cog, value, as_expr(0.0, acc_t))
-                        return Store(out, value, idx)
-
-                    st: Stmt = lanes_loop("v", block, lane)
-                    if blocks * cb > out_blocks * block:  # a sub-block past the output
-                        st = IfThenElse(obk < out_blocks, st)
-                    if overflow[r]:
-                        st = IfThenElse(t * tile_w + r < positions, st)
-                    stores.append(st)
-            return seq(*stores)
+            real = [t * tile_w + r < positions if overflow[r] else None
+                    for r in range(tile_w)]
+            return seq(*blocked_tile_stores(out, stage, epilogue, n, ob, rows, cols, real,
+                                            block, cog, blocks, out_blocks))
 
         # NCHW: a tile's `cb` channels of one position lie a plane apart, so the stores
         # are scalar. The epilogue's arithmetic (a sigmoid is dozens of operations) is

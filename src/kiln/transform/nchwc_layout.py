@@ -47,10 +47,11 @@ from kiln.transform.pass_base import FunctionPass
 # convolutions and pairs between reorders (as between MobileNetV2's depthwise layers)
 # measured slower than staying NCHW.
 MIN_REGION_CONVS = 2
-#: The fewest vector registers and float32 lanes `depthwise_only` blocks regions with
-#: (AVX-512, where it was measured; see NchwcLayout).
-DEPTHWISE_REGISTERS = 32
-DEPTHWISE_LANES = 16
+#: The fewest vector registers and float32 lanes `depthwise_only` blocks regions with:
+#: AVX2 (16 x 8) and AVX-512 (32 x 16), where it was measured (see NchwcLayout); NEON
+#: and SSE (4 lanes) are not measured and stay NCHW.
+DEPTHWISE_REGISTERS = 16
+DEPTHWISE_LANES = 8
 
 
 @dataclass(frozen=True)
@@ -60,10 +61,11 @@ class NchwcLayout(FunctionPass):
     `lanes` (0: from the current target) is the channel block `b`; `min_convs` the
     fewest convolutions a region keeps its layout with; `depthwise_only` keeps only
     regions holding a depthwise convolution (where the layout pays most: MobileNet-style
-    networks), leaving the others NCHW, and only on ISAs with 32 vector registers of 16
-    lanes (AVX-512: with AVX2's 16 registers the blocked 1x1 layers at 8 lanes measured
-    twice as slow as the NCHW kernels, MobileNetV2 1.5x slower in all; NEON is not
-    measured).
+    networks), leaving the others NCHW, and only on ISAs with at least 16 vector
+    registers of 8 float32 lanes (AVX2, AVX-512; NEON is not measured). On AVX2 the 1x1
+    layers of a region run on the NCHWc pointwise kernel (kiln.ops.kernels.nchwc): on
+    the blocked kernel they measured 2-3x slower than NCHW (Zen 3), MobileNetV2 1.3x
+    slower in all.
     """
 
     name = "nchwc-layout"

@@ -57,7 +57,7 @@ def list_pipelines(level: str) -> list[str]:
 
 # Whether the default graph pipeline keeps every convolution chain that pays in NCHW{b}c
 # (kiln.transform.nchwc_layout; without, only chains with a depthwise convolution, on
-# AVX-512); the "nchwc" pipeline always does.
+# AVX2 and AVX-512); the "nchwc" pipeline always does.
 NCHWC_BY_DEFAULT = False
 
 
@@ -75,7 +75,7 @@ def default_graph_pipeline(nchwc: bool = NCHWC_BY_DEFAULT) -> Sequential:
     folding must precede fusion, which would otherwise swallow the multiply/add it folds
     into the convolution. `nchwc`: keep convolution chains in the blocked activation
     layout (kiln.transform.nchwc_layout) between picking kernels and fusing; without it
-    only chains holding a depthwise convolution are (on ISAs with 32 vector registers:
+    only chains holding a depthwise convolution are (on ISAs with 8 float32 lanes or more:
     `NchwcLayout(depthwise_only=True)`)."""
     from kiln.transform.composite_ops import RecognizeComposites
     from kiln.transform.conv_blocking import BlockConvolutions

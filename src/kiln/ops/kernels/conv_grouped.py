@@ -53,18 +53,35 @@ def group_product(shape: ck.ConvShape) -> tuple[int, int]:
     return shape.c_out // shape.groups, shape.out_h * shape.out_w
 
 
+#: Where no width divides the positions (the input is copied into panels anyway), the
+#: share of computed positions the GEMM rule's width may waste before a narrower one is
+#: taken: on AVX2 14x14 layers keep 2 vectors (208 of 196 positions; 6 x 8 left 6 of 16
+#: registers busy: ShuffleNet 1.08x faster on one Zen 3 core), on AVX-512 1 (2 would
+#: compute 224).
+MAX_COPY_WASTE = 0.1
+
+
 def choose_tile(shape: ck.ConvShape, isa: ISA) -> tuple[int, int]:
     """The GEMM tile of one group's `co` x `oh * ow` product (kiln.ops.gemm_kernels),
     its width narrowed to whole vectors that divide the positions where some do (the
     product then reads the input in place: 28x28, 8 x 16 instead of 8 x 32, 0.16 ->
-    0.09 ms for 60->240 channels in 3 groups, one Zen 5 core, loaded), else to the one
-    that wastes the fewest lanes."""
+    0.09 ms for 60->240 channels in 3 groups, one Zen 5 core, loaded), else kept where
+    it wastes at most `MAX_COPY_WASTE`, else narrowed to the one that wastes the
+    fewest lanes."""
     lanes = tile_lanes(isa)
     rows, positions = group_product(shape)
     t = gk.choose_gemm_tiling(rows, positions, lanes, tile_registers(isa))
-    nr = min(range(t.nr, 0, -lanes),
-             key=lambda w: (positions % w != 0, -(-positions // w) * w, -w))
-    return (t.mr, nr)
+
+    def computed(w: int) -> int:
+        return -(-positions // w) * w
+
+    widths = range(t.nr, 0, -lanes)
+    dividing = [w for w in widths if positions % w == 0]
+    if dividing:
+        return (t.mr, max(dividing))
+    if computed(t.nr) - positions <= MAX_COPY_WASTE * positions:
+        return (t.mr, t.nr)
+    return (t.mr, min(widths, key=lambda w: (computed(w), -w)))
 
 
 def group_gemm_body(shape: ck.ConvShape, x: Buffer, w: Buffer, out: Buffer,
