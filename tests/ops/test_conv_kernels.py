@@ -361,7 +361,11 @@ KBLOCK_CASES = [dict(x=(1, 48, 5, 7), co=20, k=3, pads=(1, 1, 1, 1), tail=("Relu
                 dict(x=(1, 32, 7, 7), co=24, k=1, pads=(0, 0, 0, 0), tail=("Add",)),
                 dict(x=(1, 32, 6, 6), co=18, k=3, pads=(1, 1, 1, 1), group=2,
                      tail=("Swish",)),
-                dict(x=(2, 16, 9, 9), co=16, k=3, strides=(2, 2), pads=(1, 1, 1, 1))]
+                dict(x=(2, 16, 9, 9), co=16, k=3, strides=(2, 2), pads=(1, 1, 1, 1)),
+                # a strided 1x1 (a projection shortcut: subsampled first on AVX2), batch 2,
+                # with the residual Add
+                dict(x=(2, 16, 10, 12), co=24, k=1, strides=(2, 2), pads=(0, 0, 0, 0),
+                     tail=("Add", "Relu"))]
 
 
 def _kblocked_model(monkeypatch: pytest.MonkeyPatch, target: str, pipeline: str = "default"
@@ -450,6 +454,7 @@ def print_module_text(func: Any) -> str:
     ((64, 224, 3, 1), None),
     ((1024, 14, 1, 1), None),
     ((12, 7, 1, 1), None),           # no segment of 8 channels or more divides 12 in two
+    ((256, 7, 1, 1), None),          # a 7x7 image, but 16 KB of weights: they stay in L1
 ])
 def test_k_blocking_rule_on_avx2(shape: tuple[int, int, int, int],
                                  blocked: tuple[int, int] | None) -> None:
@@ -464,3 +469,24 @@ def test_k_blocking_rule_on_avx2(shape: tuple[int, int, int, int],
     # the AVX-512 kernel keeps its unblocked sums (measured at 85-94% of peak)
     avx512 = isa_for(Target("llvm -mcpu=znver4"))
     assert choose_k_blocking(conv, ck.choose_tiling(conv, 16, 32), avx512) is None
+
+
+@pytest.mark.parametrize(("spec", "subsampled"), [
+    ("llvm -mcpu=znver3", True), ("llvm -mcpu=haswell", True),
+    ("llvm -mcpu=znver4", False),  # AVX-512: read in place, as measured on Zen 5
+])
+def test_strided_pointwise_layers_are_subsampled_on_avx2(spec: str, subsampled: bool) -> None:
+    # compiled only (the AVX-512 target need not run here); the values are checked on
+    # the host by test_matches_onnxruntime (its strided 1x1 case) and the K-blocked cases
+    case = dict(x=(1, 8, 14, 14), co=40, k=1, strides=(2, 2), pads=(0, 0, 0, 0),
+                tail=("Relu",))
+    saved = list(CASES)
+    CASES[:] = [case]
+    try:
+        model = build_model()
+    finally:
+        CASES[:] = saved
+    ex = kiln.compile(from_onnx(model), Target(spec))
+    (conv,) = [f for f in ex.ir.functions.values()
+               if f.attrs.get("kiln.conv_kernel") == "conv2d_blocked"]
+    assert ("xsub" in print_module_text(conv)) == subsampled

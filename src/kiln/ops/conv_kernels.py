@@ -30,7 +30,7 @@ pass.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -52,7 +52,7 @@ from kiln.ir.tensor import (
     select,
     seq,
 )
-from kiln.ops.kernels.tiles import Epilogue, lanes_loop, madd, parallel_tiles
+from kiln.ops.kernels.tiles import Epilogue, lanes_loop, madd, parallel_tiles, parallel_when
 from kiln.ops.kernels.tiles import const as _c
 from kiln.ops.kernels.tiles import loop as _loop
 from kiln.ops.kernels.tiles import nest as _nest
@@ -322,7 +322,8 @@ def _store_row(acc_t: str, width: int, value: Callable[[PrimExpr], PrimExpr],
 
 def blocked_conv_body(shape: ConvShape, x: Buffer, wp: Buffer, out: Buffer,
                       tiling: Tiling, epilogue: Epilogue, fused: bool = True,
-                      block: int = 0, kblock: ConvKBlocking | None = None) -> Stmt:
+                      block: int = 0, kblock: ConvKBlocking | None = None,
+                      subsample: bool = False) -> Stmt:
     """The loop nest of a blocked direct convolution reading packed weights `wp`
     (`pack_blocked_weight` layout) and writing `epilogue(acc, index)` into `out` (NCHW).
 
@@ -344,7 +345,15 @@ def blocked_conv_body(shape: ConvShape, x: Buffer, wp: Buffer, out: Buffer,
     With `kblock` (`choose_conv_k_blocking`) the sums run `kblock.kc` input channels at
     a time: a parallel task takes `kblock.band` consecutive tiles of one channel block
     and sums each channel segment over all of them before the next, the tiles' partial
-    sums kept in a buffer of the task's between segments."""
+    sums kept in a buffer of the task's between segments. With `subsample`, an
+    unpadded strided 1x1 layer (`subsamples`) first copies the input values it reads
+    into a workspace (`subsampled_input`, a quarter of the input at stride 2) and runs
+    as a stride-1 layer on it: its tiles then read consecutive columns."""
+    if subsample and not block and subsamples(shape):
+        xs, copy = subsampled_input(x, shape)
+        one = replace(shape, h=shape.out_h, w=shape.out_w, stride=(1, 1))
+        return seq(*copy, blocked_conv_body(one, xs, wp, out, tiling, epilogue, fused, 0,
+                                            kblock))
     cb, tile_w = tiling.cb, tiling.tile_w
     cig, cog = shape.ci_group, shape.co_group
     blocks = -(-cog // cb)
@@ -493,6 +502,29 @@ def blocked_conv_body(shape: ConvShape, x: Buffer, wp: Buffer, out: Buffer,
             tt, _c(0), here, "serial", tile(n, g, ob, b * band + tt, seg))))
 
     return seq(*prologue, parallel_tiles((shape.n, shape.groups, blocks, bands), task))
+
+
+def subsamples(shape: ConvShape) -> bool:
+    """Whether the blocked kernel first copies the input's strided columns and rows: an
+    unpadded strided 1x1 layer (a projection shortcut)."""
+    return ((shape.kh, shape.kw) == (1, 1) and shape.stride != (1, 1)
+            and not any(shape.pads))
+
+
+def subsampled_input(x: Buffer, shape: ConvShape) -> tuple[Buffer, list[Stmt]]:
+    """The workspace `[n][c][oh][ow]` of the input values an unpadded strided 1x1 layer
+    reads (`x[n, c, oh * sh, ow * sw]`), and the statements filling it (one parallel
+    loop over images and channels)."""
+    sh, sw = shape.stride
+    xs = Buffer("xsub", (shape.n, shape.c_in, shape.out_h, shape.out_w), x.dtype)
+
+    def fill(n: PrimExpr, c: PrimExpr) -> Stmt:
+        return _loop("i", shape.out_h, lambda i: _loop("j", shape.out_w, lambda j: Store(
+            xs, x[n, c, i * sh, j * sw], (n, c, i, j))))
+
+    work = shape.n * shape.c_in * shape.out_h * shape.out_w
+    return xs, [Allocate(xs), parallel_when(lambda: parallel_tiles((shape.n, shape.c_in), fill),
+                                            work, "element")]
 
 
 @dataclass(frozen=True)
