@@ -141,6 +141,16 @@ def build_model() -> onnx.ModelProto:
     return kernel_checks.branches_model("convs", nodes, inputs, outputs, inits)
 
 
+def model_of(cases: list[dict[str, Any]]) -> onnx.ModelProto:
+    """`build_model` of `cases` instead of CASES."""
+    saved = list(CASES)
+    CASES[:] = cases
+    try:
+        return build_model()
+    finally:
+        CASES[:] = saved
+
+
 CHECKS = kernel_checks.KernelCases(build_model(), CASES, TOL, RNG)
 MODEL, FEEDS, assert_close = CHECKS.model, CHECKS.feeds, CHECKS.assert_close
 native, reference = CHECKS.native_fixture(), CHECKS.reference_fixture()
@@ -269,12 +279,7 @@ def _check_gemm_kernel(cases: list[dict[str, Any]], target: str,
     from kiln.ops.kernels.conv_gemm import CONV_GEMM
     from kiln.transform.functor import rewrite_calls
 
-    saved = list(CASES)
-    CASES[:] = cases
-    try:
-        model = build_model()
-    finally:
-        CASES[:] = saved
+    model = model_of(cases)
     checks = kernel_checks.KernelCases(model, cases, TOL, RNG)
     mod = from_onnx(model)
     tgt = native_target(target)
@@ -373,12 +378,7 @@ def _kblocked_model(monkeypatch: pytest.MonkeyPatch, target: str, pipeline: str 
     from kiln.ops.kernels import conv_direct
     from kiln.transform import PassContext
 
-    saved = list(CASES)
-    CASES[:] = KBLOCK_CASES
-    try:
-        model = build_model()
-    finally:
-        CASES[:] = saved
+    model = model_of(KBLOCK_CASES)
     checks = kernel_checks.KernelCases(model, KBLOCK_CASES, TOL, RNG)
     monkeypatch.setattr(conv_direct, "choose_k_blocking",
                         lambda shape, tiling, isa: ck.ConvKBlocking(8, 2)
@@ -480,12 +480,7 @@ def test_strided_pointwise_layers_are_subsampled_on_avx2(spec: str, subsampled: 
     # the host by test_matches_onnxruntime (its strided 1x1 case) and the K-blocked cases
     case = dict(x=(1, 8, 14, 14), co=40, k=1, strides=(2, 2), pads=(0, 0, 0, 0),
                 tail=("Relu",))
-    saved = list(CASES)
-    CASES[:] = [case]
-    try:
-        model = build_model()
-    finally:
-        CASES[:] = saved
+    model = model_of([case])
     ex = kiln.compile(from_onnx(model), Target(spec))
     (conv,) = [f for f in ex.ir.functions.values()
                if f.attrs.get("kiln.conv_kernel") == "conv2d_blocked"]
