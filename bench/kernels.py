@@ -193,6 +193,11 @@ RESNET50_LAYERS = [
 ]
 KERNELS += [Conv(cin, cout, size, k, stride, family="resnet50")
             for cin, cout, size, k, stride in RESNET50_LAYERS]
+# VGG-19's distinct 3x3 layers (in channels, out channels, size): the deep ones K-blocked
+# on AVX2 (kiln.ops.kernels.conv_direct.choose_k_blocking)
+VGG19_LAYERS = [(3, 64, 224), (64, 64, 224), (64, 128, 112), (128, 128, 112), (128, 256, 56),
+                (256, 256, 56), (256, 512, 28), (512, 512, 28), (512, 512, 14)]
+KERNELS += [Conv(cin, cout, size, family="vgg19") for cin, cout, size in VGG19_LAYERS]
 # MobileNetV2's depthwise 3x3 layers (channels, input size, stride) and its residual adds
 MOBILENETV2_DEPTHWISE = [(32, 112, 1), (96, 112, 2), (144, 56, 1), (144, 56, 2), (192, 28, 1),
                          (192, 28, 2), (384, 14, 1), (576, 14, 1), (576, 14, 2), (960, 7, 1)]
@@ -200,7 +205,7 @@ KERNELS += [Conv(c, c, size, stride=stride, depthwise=True, family="mbv2dw")
             for c, size, stride in MOBILENETV2_DEPTHWISE]
 KERNELS += [QAdd(24, 56), QAdd(32, 28), QAdd(64, 14), QAdd(96, 14), QAdd(160, 7),
             QAdd(256, 56)]  # the last: a ResNet-50-sized residual
-GROUPS = ("gemm", "conv", "dw", "resnet50", "mbv2dw", "qadd")
+GROUPS = ("gemm", "conv", "dw", "resnet50", "vgg19", "mbv2dw", "qadd")
 
 
 def one_node_model(kernel: Gemm | Conv, rng: np.random.Generator

@@ -11,6 +11,7 @@ c, in this process and in fresh processes with 1 and 2 threads.
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +31,9 @@ from kiln.ops.kernels.tiles import tile_lanes
 from kiln.target import Target
 from kiln.target.isa import isa_for
 from kiln.transform import get_pass
+from support.graphs import GraphBuilder
 from support.processes import outputs_in_fresh_process
+from support.reference import onnxruntime_outputs
 from support.targets import NATIVE_TARGETS, native_target
 
 ort = pytest.importorskip("onnxruntime")
@@ -136,6 +139,16 @@ def build_model() -> onnx.ModelProto:
             last = out
         outputs.append(helper.make_tensor_value_info(last, TensorProto.FLOAT, oshape))
     return kernel_checks.branches_model("convs", nodes, inputs, outputs, inits)
+
+
+def model_of(cases: list[dict[str, Any]]) -> onnx.ModelProto:
+    """`build_model` of `cases` instead of CASES."""
+    saved = list(CASES)
+    CASES[:] = cases
+    try:
+        return build_model()
+    finally:
+        CASES[:] = saved
 
 
 CHECKS = kernel_checks.KernelCases(build_model(), CASES, TOL, RNG)
@@ -266,12 +279,7 @@ def _check_gemm_kernel(cases: list[dict[str, Any]], target: str,
     from kiln.ops.kernels.conv_gemm import CONV_GEMM
     from kiln.transform.functor import rewrite_calls
 
-    saved = list(CASES)
-    CASES[:] = cases
-    try:
-        model = build_model()
-    finally:
-        CASES[:] = saved
+    model = model_of(cases)
     checks = kernel_checks.KernelCases(model, cases, TOL, RNG)
     mod = from_onnx(model)
     tgt = native_target(target)
@@ -347,3 +355,133 @@ def test_blocked_epilogue_math_runs_in_vectors(native: kiln.driver.Executable) -
                       if isinstance(loop, t.For) and loop.kind == "vector"
                       for s in iter_stmts(loop.body)}
         assert stores and all(id(s) in in_vectors for s in stores), name
+
+
+# K-blocked sums of the blocked kernel (`ConvKBlocking`), forced onto small layers with
+# 8 channels per segment and 2 tiles per task, so that every layer has several segments
+# and a partial last band: a padded 3x3 with a ReLU, a 7x7-image 1x1 with a residual Add,
+# a grouped 3x3 (2 groups of 16 channels) with Swish and a partial channel block, a
+# strided 3x3 on a batch of 2.
+KBLOCK_CASES = [dict(x=(1, 48, 5, 7), co=20, k=3, pads=(1, 1, 1, 1), tail=("Relu",)),
+                dict(x=(1, 32, 7, 7), co=24, k=1, pads=(0, 0, 0, 0), tail=("Add",)),
+                dict(x=(1, 32, 6, 6), co=18, k=3, pads=(1, 1, 1, 1), group=2,
+                     tail=("Swish",)),
+                dict(x=(2, 16, 9, 9), co=16, k=3, strides=(2, 2), pads=(1, 1, 1, 1)),
+                # a strided 1x1 (a projection shortcut: subsampled first on AVX2), batch 2,
+                # with the residual Add
+                dict(x=(2, 16, 10, 12), co=24, k=1, strides=(2, 2), pads=(0, 0, 0, 0),
+                     tail=("Add", "Relu"))]
+
+
+def _kblocked_model(monkeypatch: pytest.MonkeyPatch, target: str, pipeline: str = "default"
+                    ) -> tuple[kiln.driver.Executable, kernel_checks.KernelCases]:
+    from kiln.ops.kernels import conv_direct
+    from kiln.transform import PassContext
+
+    model = model_of(KBLOCK_CASES)
+    checks = kernel_checks.KernelCases(model, KBLOCK_CASES, TOL, RNG)
+    monkeypatch.setattr(conv_direct, "choose_k_blocking",
+                        lambda shape, tiling, isa: ck.ConvKBlocking(8, 2)
+                        if shape.ci_group % 8 == 0 else None)
+    with PassContext(config={"kiln.cache": False}):  # not the unblocked kernels' entry
+        ex = kiln.compile(from_onnx(model), native_target(target), graph_pipeline=pipeline)
+    return ex, checks
+
+
+@pytest.mark.parametrize("target", NATIVE_TARGETS)
+def test_k_blocked_sums_match_onnxruntime(monkeypatch: pytest.MonkeyPatch, target: str,
+                                          tmp_path: Path) -> None:
+    ex, checks = _kblocked_model(monkeypatch, target)
+    blocked = [f for f in ex.ir.functions.values()
+               if f.attrs.get("kiln.conv_kernel") == "conv2d_blocked"]
+    # at 4 lanes (c) the 1x1 and the strided layer are the row kernel's
+    assert len(blocked) >= (2 if target == "c" else 3)
+    assert all("part" in print_module_text(f) for f in blocked)
+    want = checks.reference()
+    got = ex(*checks.feeds.values())
+    checks.assert_close(list(got), want)
+    checks.assert_close(outputs_in_fresh_process(ex, checks.feeds, tmp_path, 2), want)
+
+
+def test_k_blocked_sums_in_nchwc(monkeypatch: pytest.MonkeyPatch) -> None:
+    # the NCHW{b}c kernel (`conv2d_nchwc`) stores blocked vectors after the last
+    # segment: a chain of 3x3 layers (24 -> 32 -> 20 -> 32 channels, a partial block)
+    # with ReLUs, in the blocked layout from the first convolution to the last
+    from kiln.ops.kernels import conv_direct
+    from kiln.transform import PassContext
+
+    b = GraphBuilder()
+    channels = [24, 32, 20, 32, 32, 32, 16]
+    last = "x"
+    for i, (ci, co) in enumerate(itertools.pairwise(channels)):
+        w = (RNG.standard_normal((co, ci, 3, 3)) / np.sqrt(9 * ci)).astype(np.float32)
+        b.consts([numpy_helper.from_array(w, f"w{i}")])
+        b.add(helper.make_node("Conv", [last, f"w{i}"], [f"c{i}"], pads=[1, 1, 1, 1]),
+              helper.make_node("Relu", [f"c{i}"], [f"r{i}"]))
+        last = f"r{i}"
+    model = b.model([helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 24, 6, 7])],
+                    [helper.make_tensor_value_info(last, TensorProto.FLOAT, [1, 16, 6, 7])],
+                    name="chain", check=False)
+    x = RNG.standard_normal((1, 24, 6, 7)).astype(np.float32)
+    monkeypatch.setattr(conv_direct, "choose_k_blocking",
+                        lambda shape, tiling, isa: ck.ConvKBlocking(8, 2)
+                        if shape.ci_group % 8 == 0 else None)
+    with PassContext(config={"kiln.cache": False}):
+        ex = kiln.compile(from_onnx(model), native_target("llvm"), graph_pipeline="nchwc")
+    kinds = [f.attrs.get("kiln.conv_kernel") for f in ex.ir.functions.values()]
+    assert kinds.count("conv2d_nchwc") >= 5
+    got = np.asarray(ex(x))
+    want = onnxruntime_outputs(model, {"x": x})[0]
+    assert np.linalg.norm(got - want) <= TOL * np.linalg.norm(want)
+
+
+def print_module_text(func: Any) -> str:
+    """The buffers `func` allocates, by name (a K-blocked kernel allocates `part`)."""
+    from kiln.ir.tensor import Allocate
+    from kiln.ir.visitor import iter_stmts
+
+    return " ".join(s.buffer.name for s in iter_stmts(func.body) if isinstance(s, Allocate))
+
+
+@pytest.mark.parametrize(("shape", "blocked"), [
+    # 3x3 512 > 512 @28: 295 KB of weights per 16-channel block, past a quarter of the L2
+    ((512, 28, 3, 1), (32, 341)),    # partial sums: 341 tiles of 6 x 16 in 128 KB
+    ((256, 56, 3, 1), (32, 341)),
+    ((512, 14, 3, 2), (32, 409)),   # 7x7 output: 5-position tiles
+    ((2048, 7, 1, 1), (32, 409)),   # a 7x7 image
+    ((512, 7, 1, 1), (32, 409)),
+    ((128, 28, 3, 1), None),         # 74 KB of weights: unblocked
+    ((64, 224, 3, 1), None),
+    ((1024, 14, 1, 1), None),
+    ((12, 7, 1, 1), None),           # no segment of 8 channels or more divides 12 in two
+    ((256, 7, 1, 1), None),          # a 7x7 image, but 16 KB of weights: they stay in L1
+])
+def test_k_blocking_rule_on_avx2(shape: tuple[int, int, int, int],
+                                 blocked: tuple[int, int] | None) -> None:
+    from kiln.ops.kernels.conv_direct import choose_k_blocking
+
+    ci, hw, k, stride = shape
+    conv = ck.ConvShape(1, ci, hw, hw, 512, k, k, (stride, stride), (1, 1), (k // 2,) * 4)
+    isa = isa_for(Target("llvm -mcpu=znver3"))
+    tiling = ck.choose_tiling(conv, tile_lanes(isa), isa.vector_registers)
+    got = choose_k_blocking(conv, tiling, isa)
+    assert (got.kc, got.band) == blocked if blocked else got is None
+    # the AVX-512 kernel keeps its unblocked sums (measured at 85-94% of peak)
+    avx512 = isa_for(Target("llvm -mcpu=znver4"))
+    assert choose_k_blocking(conv, ck.choose_tiling(conv, 16, 32), avx512) is None
+
+
+@pytest.mark.parametrize(("spec", "subsampled"), [
+    ("llvm -mcpu=znver3", True), ("llvm -mcpu=haswell", True),
+    ("llvm -mcpu=znver4", False),  # AVX-512: read in place, as measured on Zen 5
+])
+def test_strided_pointwise_layers_are_subsampled_on_avx2(spec: str, subsampled: bool) -> None:
+    # compiled only (the AVX-512 target need not run here); the values are checked on
+    # the host by test_matches_onnxruntime (its strided 1x1 case) and the K-blocked cases
+    case = dict(x=(1, 8, 14, 14), co=40, k=1, strides=(2, 2), pads=(0, 0, 0, 0),
+                tail=("Relu",))
+    model = model_of([case])
+    ex = kiln.compile(from_onnx(model), Target(spec))
+    (conv,) = [f for f in ex.ir.functions.values()
+               if f.attrs.get("kiln.conv_kernel") == "conv2d_blocked"]
+    assert ("xsub" in print_module_text(conv)) == subsampled

@@ -30,7 +30,7 @@ pass.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -47,11 +47,12 @@ from kiln.ir.tensor import (
     Store,
     Var,
     as_expr,
+    compare,
     min_,
     select,
     seq,
 )
-from kiln.ops.kernels.tiles import Epilogue, lanes_loop, madd, parallel_tiles
+from kiln.ops.kernels.tiles import Epilogue, lanes_loop, madd, parallel_tiles, parallel_when
 from kiln.ops.kernels.tiles import const as _c
 from kiln.ops.kernels.tiles import loop as _loop
 from kiln.ops.kernels.tiles import nest as _nest
@@ -356,7 +357,8 @@ def blocked_tile_stores(out: Buffer, stage: Buffer, epilogue: Epilogue, n: PrimE
 
 def blocked_conv_body(shape: ConvShape, x: Buffer, wp: Buffer, out: Buffer,
                       tiling: Tiling, epilogue: Epilogue, fused: bool = True,
-                      block: int = 0) -> Stmt:
+                      block: int = 0, kblock: ConvKBlocking | None = None,
+                      subsample: bool = False) -> Stmt:
     """The loop nest of a blocked direct convolution reading packed weights `wp`
     (`pack_blocked_weight` layout) and writing `epilogue(acc, index)` into `out` (NCHW).
 
@@ -373,7 +375,20 @@ def blocked_conv_body(shape: ConvShape, x: Buffer, wp: Buffer, out: Buffer,
     next tile reuses them from L1; positions spread over the plane touched a line per
     position, which left the large middle layers waiting on L2. Positions past the end
     (the last tile's last slots) read the last position and store nothing, so one tile
-    shape covers every image."""
+    shape covers every image.
+
+    With `kblock` (`choose_conv_k_blocking`) the sums run `kblock.kc` input channels at
+    a time: a parallel task takes `kblock.band` consecutive tiles of one channel block
+    and sums each channel segment over all of them before the next, the tiles' partial
+    sums kept in a buffer of the task's between segments. With `subsample`, an
+    unpadded strided 1x1 layer (`subsamples`) first copies the input values it reads
+    into a workspace (`subsampled_input`, a quarter of the input at stride 2) and runs
+    as a stride-1 layer on it: its tiles then read consecutive columns."""
+    if subsample and not block and subsamples(shape):
+        xs, copy = subsampled_input(x, shape)
+        one = replace(shape, h=shape.out_h, w=shape.out_w, stride=(1, 1))
+        return seq(*copy, blocked_conv_body(one, xs, wp, out, tiling, epilogue, fused, 0,
+                                            kblock))
     cb, tile_w = tiling.cb, tiling.tile_w
     cig, cog = shape.ci_group, shape.co_group
     blocks = -(-cog // cb)
@@ -392,10 +407,19 @@ def blocked_conv_body(shape: ConvShape, x: Buffer, wp: Buffer, out: Buffer,
     xp, prologue = padded_blocked_input(x, shape, block) if block else padded_input(x, shape)
     out_blocks = -(-cog // block) if block else 0
 
-    def tile(n: PrimExpr, g: PrimExpr, ob: PrimExpr, t: PrimExpr) -> Stmt:
+    def tile(n: PrimExpr, g: PrimExpr, ob: PrimExpr, t: PrimExpr,
+             seg: _Segment | None = None) -> Stmt:
         acc = Buffer("acc", (tile_w, cb), acc_t, "local")
-        head: list[Stmt] = [Allocate(acc), lanes_loop("v", cb, lambda v: seq(*(
-            Store(acc, as_expr(0.0, acc_t), (_c(r), v)) for r in range(tile_w))))]
+        zero = lanes_loop("v", cb, lambda v: seq(*(
+            Store(acc, as_expr(0.0, acc_t), (_c(r), v)) for r in range(tile_w))))
+        head: list[Stmt] = [Allocate(acc)]
+        if seg is None:
+            head.append(zero)
+        else:  # the first segment starts from zero, the others from the partial sums
+            head.append(IfThenElse(seg.first, zero, lanes_loop("v", cb, lambda v: seq(*(
+                Store(acc, seg.part[seg.tile, _c(r), v], (_c(r), v))
+                for r in range(tile_w))))))
+        ci0: PrimExpr = _c(0) if seg is None else seg.ci0
         rows: list[PrimExpr] = []
         cols: list[PrimExpr] = []
         for r in range(tile_w):
@@ -413,19 +437,20 @@ def blocked_conv_body(shape: ConvShape, x: Buffer, wp: Buffer, out: Buffer,
             xs = []
             for r in range(tile_w):
                 xv = Var(f"x{r}", acc_t)
-                stmts.append(LetStmt(xv, xp(n, g * cig + ci, rows[r] * sh + kh * dh, _c(0),
-                                            cols[r] * sw + kw * dw)))
+                stmts.append(LetStmt(xv, xp(n, g * cig + ci0 + ci, rows[r] * sh + kh * dh,
+                                            _c(0), cols[r] * sw + kw * dw)))
                 xs.append(xv)
 
             def lanes(v: PrimExpr) -> Stmt:
                 wv = Var("w", acc_t)
-                return seq(LetStmt(wv, wp[g, ob, ci, kh, kw, v]), *(
+                return seq(LetStmt(wv, wp[g, ob, ci0 + ci, kh, kw, v]), *(
                     Store(acc, madd(acc[_c(r), v], xs[r], wv, fused), (_c(r), v))
                     for r in range(tile_w)))
 
             return seq(*stmts, lanes_loop("v", cb, lanes))
 
-        red = _nest(("ci", "kh", "kw"), (cig, shape.kh, shape.kw), step_)
+        red = _nest(("ci", "kh", "kw"), (cig if seg is None else seg.kc, shape.kh, shape.kw),
+                    step_)
         # The accumulators are read at constant rows and whole vectors only, so LLVM keeps
         # them in registers; they are copied to `stage`, which the epilogue loop reads
         # one output channel at a time.
@@ -465,15 +490,81 @@ def blocked_conv_body(shape: ConvShape, x: Buffer, wp: Buffer, out: Buffer,
             return IfThenElse(ob * cb + v < cog, body) if cog % cb else body
 
         if block:
-            return seq(*head, Allocate(stage), red, copy, emit_blocked())
-        applied = lanes_loop("v", cb, apply)
-        if cog % cb:
-            last = lanes_loop("v", cog % cb, apply)
-            applied = IfThenElse(ob < blocks - 1, applied, last) if blocks > 1 else last
-        return seq(*head, Allocate(stage), red, copy, Allocate(result), applied,
-                   _loop("v", cb, emit))
+            finish = seq(Allocate(stage), copy, emit_blocked())
+        else:
+            applied = lanes_loop("v", cb, apply)
+            if cog % cb:
+                last = lanes_loop("v", cog % cb, apply)
+                applied = IfThenElse(ob < blocks - 1, applied, last) if blocks > 1 else last
+            finish = seq(Allocate(stage), copy, Allocate(result), applied, _loop("v", cb, emit))
+        if seg is None:
+            return seq(*head, red, finish)
+        keep = lanes_loop("v", cb, lambda v: seq(*(
+            Store(seg.part, acc[_c(r), v], (seg.tile, _c(r), v)) for r in range(tile_w))))
+        return seq(*head, red, IfThenElse(seg.last, finish, keep))
 
-    return seq(*prologue, parallel_tiles((shape.n, shape.groups, blocks, tiles), tile))
+    if kblock is None:
+        return seq(*prologue, parallel_tiles((shape.n, shape.groups, blocks, tiles), tile))
+    kc, band = kblock.kc, min(kblock.band, tiles)
+    if cig % kc:
+        raise IRError(f"blocked conv kernel: {kc} channels per segment do not divide the "
+                      f"group's {cig}")
+    segments, bands = cig // kc, -(-tiles // band)
+
+    def task(n: PrimExpr, g: PrimExpr, ob: PrimExpr, b: PrimExpr) -> Stmt:
+        part = Buffer("part", (band, tile_w, cb), acc_t)
+        here: PrimExpr = (_c(band) if tiles % band == 0 else min_(band, tiles - b * band))
+        k, tt = Var("kseg", INDEX_DTYPE), Var("tt", INDEX_DTYPE)
+        seg = _Segment(part, tt, k * kc, kc, compare("eq", k, 0), compare("eq", k, segments - 1))
+        return seq(Allocate(part), For(k, _c(0), _c(segments), "serial", For(
+            tt, _c(0), here, "serial", tile(n, g, ob, b * band + tt, seg))))
+
+    return seq(*prologue, parallel_tiles((shape.n, shape.groups, blocks, bands), task))
+
+
+def subsamples(shape: ConvShape) -> bool:
+    """Whether the blocked kernel first copies the input's strided columns and rows: an
+    unpadded strided 1x1 layer (a projection shortcut)."""
+    return ((shape.kh, shape.kw) == (1, 1) and shape.stride != (1, 1)
+            and not any(shape.pads))
+
+
+def subsampled_input(x: Buffer, shape: ConvShape) -> tuple[Buffer, list[Stmt]]:
+    """The workspace `[n][c][oh][ow]` of the input values an unpadded strided 1x1 layer
+    reads (`x[n, c, oh * sh, ow * sw]`), and the statements filling it (one parallel
+    loop over images and channels)."""
+    sh, sw = shape.stride
+    xs = Buffer("xsub", (shape.n, shape.c_in, shape.out_h, shape.out_w), x.dtype)
+
+    def fill(n: PrimExpr, c: PrimExpr) -> Stmt:
+        return _loop("i", shape.out_h, lambda i: _loop("j", shape.out_w, lambda j: Store(
+            xs, x[n, c, i * sh, j * sw], (n, c, i, j))))
+
+    work = shape.n * shape.c_in * shape.out_h * shape.out_w
+    return xs, [Allocate(xs), parallel_when(lambda: parallel_tiles((shape.n, shape.c_in), fill),
+                                            work, "element")]
+
+
+@dataclass(frozen=True)
+class ConvKBlocking:
+    """How the blocked kernel splits its sums (`blocked_conv_body`): `kc` input channels
+    per segment (a divisor of the group's), `band` tiles per parallel task."""
+
+    kc: int
+    band: int
+
+
+@dataclass(frozen=True)
+class _Segment:
+    """One segment of a K-blocked tile's sums: channels `ci0 .. ci0 + kc` of tile `tile`
+    of the task's partial sums `part`; `first`/`last`: whether it is the first / last."""
+
+    part: Buffer
+    tile: PrimExpr
+    ci0: PrimExpr
+    kc: int
+    first: PrimExpr
+    last: PrimExpr
 
 
 # --------------------------------------------------------------------------- depthwise

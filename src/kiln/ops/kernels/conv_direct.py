@@ -24,9 +24,66 @@ def blocked_body(isa: ISA) -> Any:
              epilogue: Epilogue, fused: bool, block: int) -> Stmt:
         tile_w = t[1] if t else ck.choose_tiling(shape, tile_lanes(isa), tile_registers(isa)).tile_w
         tiling = ck.Tiling(cb=int(w.shape[5]), tile_w=tile_w)
-        return ck.blocked_conv_body(shape, x, w, out, tiling, epilogue, fused, block)
+        return ck.blocked_conv_body(shape, x, w, out, tiling, epilogue, fused, block,
+                                    choose_k_blocking(shape, tiling, isa),
+                                    subsample=isa.vector_bits in ZEN3_VECTOR_BITS)
 
     return body
+
+
+#: Input channels per segment of K-blocked sums: 32 ran faster than 16 (3x3 512>512 @28:
+#: 80 against 90 GFLOP/s) and than 64 or 128 on the 7x7 1x1 layers (2048>512: 68 against
+#: 60 and 54) on one Zen 3 core; a group whose channels 32 does not divide takes the
+#: largest divisor from `MIN_SEGMENT_CHANNELS` on, or stays unblocked.
+SEGMENT_CHANNELS = 32
+MIN_SEGMENT_CHANNELS = 8
+#: Where the blocked kernel's sums are K-blocked: a channel block's weights at least
+#: this share of the L2 (a sweep of the image then streams them and the input rows from
+#: beyond the L2), or an image of at most `SMALL_IMAGE_POSITIONS` output positions (its
+#: tiles wrap rows, and each reads every channel's plane) with weights past the L1.
+KBLOCK_WEIGHT_L2_SHARE = 0.25
+SMALL_IMAGE_POSITIONS = 64
+#: The vector widths the K-blocking rule and the subsampled strided 1x1 layers
+#: (ck.subsampled_input) were measured on: AVX2, on Zen 3. On AVX-512 (Zen 5) the
+#: kernel as it was ran at 85-94% of peak on the 3x3 layers and 72-81% on the strided
+#: 1x1 ones (docs/performance.md); it is left so there until measured. A strided 1x1
+#: layer on one Zen 3 core, ms strided -> subsampled (onnxruntime): 512>1024 @28 4.07 ->
+#: 3.22 (3.14), 1024>2048 @14 4.51 -> 3.27 (3.58).
+ZEN3_VECTOR_BITS = (256,)
+#: The most partial sums (bytes) a K-blocked task keeps: a quarter of the L2.
+PARTIAL_SUMS_L2_SHARE = 0.25
+
+
+def choose_k_blocking(shape: ck.ConvShape, tiling: ck.Tiling, isa: ISA
+                      ) -> ck.ConvKBlocking | None:
+    """How the blocked kernel splits its sums along the input channels on `isa`
+    (ck.blocked_conv_body), or None: unblocked.
+
+    Unblocked, a tile sums over every input channel and tap before it stores, and a
+    parallel task sweeps the image tile by tile with one block of `cb` output channels:
+    its weights (`ci * kh * kw * cb` values) and the input rows the tiles read are
+    re-read for every tile. Where they outgrow the caches (512-channel 3x3 layers:
+    295 KB of weights per block, with the input rows beyond Zen 3's 512 KB L2) the
+    kernel ran at 50-60% of peak. K-blocked, a task sums `SEGMENT_CHANNELS` channels
+    over all its tiles at a time (a segment's weights, 18 KB for a 3x3 layer, stay in
+    L1), keeping the tiles' partial sums in a buffer of its own; one Zen 3 core, GFLOP/s
+    unblocked -> blocked (onnxruntime): 3x3 512>512 @28 62 -> 90 (94), 3x3/2 512>512
+    @14 48 -> 65 (66), 1x1 2048>512 @7 40 -> 68 (67), 1x1 512>2048 @7 52 -> 67 (72)."""
+    if isa.vector_bits not in ZEN3_VECTOR_BITS:
+        return None
+    cig = shape.ci_group
+    kc = next((k for k in range(min(SEGMENT_CHANNELS, cig // 2), MIN_SEGMENT_CHANNELS - 1, -1)
+               if cig % k == 0), 0)
+    if not kc:
+        return None
+    positions = shape.out_h * shape.out_w
+    weights = cig * shape.kh * shape.kw * tiling.cb * 4
+    small_image = positions <= SMALL_IMAGE_POSITIONS and weights >= isa.l1d_bytes
+    if weights < KBLOCK_WEIGHT_L2_SHARE * isa.l2_bytes and not small_image:
+        return None
+    tile_bytes = tiling.tile_w * tiling.cb * 4
+    band = max(1, int(PARTIAL_SUMS_L2_SHARE * isa.l2_bytes) // tile_bytes)
+    return ck.ConvKBlocking(kc, band)
 
 
 @dataclass(frozen=True)
