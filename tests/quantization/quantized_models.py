@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import tempfile
 from pathlib import Path
-from typing import overload
 
 import numpy as np
 import onnx
@@ -31,36 +30,13 @@ from onnxruntime.quantization import (
 )
 from onnxruntime.quantization.shape_inference import quant_pre_process
 
-from kiln.target import Target
-from kiln.target.isa import isa_for
 from support.graphs import GraphBuilder
-from support.reference import onnxruntime_outputs
+from support.reference import onnxruntime_outputs, onnxruntime_saturates
 
 #: Relative L2 error allowed on dequantized (float) outputs vs onnxruntime's int8 run.
 MAX_REL_L2 = 1e-2
 #: Integer outputs: equal, or one quantum apart on at most this share of the elements.
 MAX_OFF_BY_ONE = 1e-3
-
-
-def onnxruntime_saturates() -> bool:
-    """Whether this host's onnxruntime saturates its u8 x s8 pair sums: an x86 host
-    without VNNI (MLAS picks its kernels from the CPU; with `vpdpbusd` the sums are
-    exact, on AVX2 and AVX-512BW `vpmaddubsw` clamps each pair to int16)."""
-    isa = isa_for(Target.from_host())
-    return isa.arch in ("x86_64", "x86", "i686") and not {"avx512vnni", "avxvnni"} & isa.features
-
-
-@overload
-def like_onnxruntime(target: str) -> str: ...
-@overload
-def like_onnxruntime(target: Target) -> Target: ...
-def like_onnxruntime(target: str | Target) -> str | Target:
-    """`target` with the integer products of this host's onnxruntime (see above)."""
-    if not onnxruntime_saturates():
-        return target
-    if isinstance(target, Target):
-        return target.with_attrs({"int8-pairs": "saturate"})
-    return f"{target} -int8-pairs=saturate"
 
 
 #: onnxruntime's graph transformer that runs a QDQ model's int8 activations as uint8

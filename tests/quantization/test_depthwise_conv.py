@@ -16,13 +16,7 @@ import numpy as np
 import onnx
 import pytest
 from onnx.reference import ReferenceEvaluator
-from quantized_models import (
-    integer_outputs,
-    like_onnxruntime,
-    onnxruntime_saturates,
-    qlinear_conv_model,
-    quantize_static_model,
-)
+from quantized_models import integer_outputs, qlinear_conv_model, quantize_static_model
 
 import kiln
 from kiln.frontend import from_onnx
@@ -38,7 +32,7 @@ from kiln.target import Target
 from kiln.target.isa import isa_for
 from kiln.transform.quantize_ops import QuantizeOps
 from support.graphs import GraphBuilder
-from support.reference import onnxruntime_outputs
+from support.reference import like_onnxruntime, onnxruntime_outputs, onnxruntime_saturates
 
 ort = pytest.importorskip("onnxruntime")
 

@@ -16,14 +16,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from quantized_models import like_onnxruntime
 from test_dot_gemm import host_runs, qlinear_conv, qlinear_matmul
 from test_dot_intrinsic import expected, operands
 
 import kiln
 from kiln.frontend import from_onnx
 from kiln.script import print_module
-from support.reference import onnxruntime_outputs
+from support.reference import like_onnxruntime, onnxruntime_outputs
 from support.toolchains import find_tool, needs
 
 ort = pytest.importorskip("onnxruntime")

@@ -11,7 +11,7 @@ import numpy as np
 import onnx
 import pytest
 from onnx import TensorProto, helper
-from quantized_models import like_onnxruntime, qlinear_conv_model
+from quantized_models import qlinear_conv_model
 
 import kiln
 from kiln.frontend import from_onnx
@@ -22,7 +22,7 @@ from kiln.ops import evaluate_call, quant_dot, quant_kernels
 from kiln.target import Target
 from kiln.target.isa import isa_for
 from support.graphs import GraphBuilder
-from support.reference import onnxruntime_outputs
+from support.reference import like_onnxruntime, onnxruntime_outputs
 
 ort = pytest.importorskip("onnxruntime")
 

@@ -12,14 +12,14 @@ import numpy as np
 import onnx
 import pytest
 from onnx import TensorProto, numpy_helper
-from quantized_models import like_onnxruntime, qlinear_conv_model
+from quantized_models import qlinear_conv_model
 
 import kiln
 from kiln.frontend import from_onnx
 from kiln.target import Target
 from kiln.target.isa import isa_for
 from support.graphs import GraphBuilder
-from support.reference import onnxruntime_outputs
+from support.reference import like_onnxruntime, onnxruntime_outputs
 
 # VNNI hidden by the CPU (haswell: AVX2) or by mattr (Zen 4 without its VNNI: AVX-512BW)
 TARGETS = ["llvm -mcpu=haswell", "llvm -mcpu=znver4 -mattr=-avx512vnni,-avxvnni"]

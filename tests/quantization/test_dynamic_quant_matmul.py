@@ -15,7 +15,6 @@ from collections import Counter
 import numpy as np
 import pytest
 from onnx import TensorProto
-from quantized_models import like_onnxruntime
 
 import kiln
 from kiln.errors import IRError
@@ -28,7 +27,7 @@ from kiln.target import Target
 from kiln.target.isa import isa_for
 from kiln.transform.quantize_ops import QuantizeOps
 from support.graphs import GraphBuilder
-from support.reference import onnxruntime_outputs
+from support.reference import like_onnxruntime, onnxruntime_outputs
 
 # partial row and column tiles, a partial word of k and of A's range scan
 M, K, N = 7, 38, 70

@@ -11,14 +11,14 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from quantized_models import like_onnxruntime, onnxruntime_saturates, quantize_static_model
+from quantized_models import quantize_static_model
 
 import kiln
 from kiln.runtime.native import include_dir
 from kiln.target import Target
 from kiln.target.isa import isa_for
 from support.graphs import GraphBuilder
-from support.reference import onnxruntime_outputs
+from support.reference import like_onnxruntime, onnxruntime_outputs, onnxruntime_saturates
 from support.toolchains import needs
 
 pytest.importorskip("onnxruntime")

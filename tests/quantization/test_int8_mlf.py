@@ -21,12 +21,12 @@ import numpy as np
 import onnx
 import pytest
 from onnx import TensorProto, helper
-from quantized_models import integer_outputs, like_onnxruntime, quantize_static_model
+from quantized_models import integer_outputs, quantize_static_model
 
 import kiln
 from kiln.frontend import from_onnx
 from support.graphs import GraphBuilder
-from support.reference import onnxruntime_outputs
+from support.reference import like_onnxruntime, onnxruntime_outputs
 from support.toolchains import needs
 
 FLAGS = ["-mthumb", "-mfloat-abi=hard", "-O2", "-std=c11", "-Wall", "-Werror",

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import pytest
 from onnx import TensorProto, helper
-from quantized_models import onnxruntime_saturates, qlinear_conv_model
+from quantized_models import qlinear_conv_model
 from test_dot_intrinsic import assembly, host_runs, operands
 
 import kiln
@@ -25,7 +25,7 @@ from kiln.ir.tensor import Buffer, Const, For, Intrin, PrimFunc, Store, Var
 from kiln.ops import quant_dot
 from kiln.script import from_source, print_module
 from support.graphs import GraphBuilder
-from support.reference import onnxruntime_outputs
+from support.reference import onnxruntime_outputs, onnxruntime_saturates
 
 # the portable form (generic x86-64, c), vpmaddubsw on ymm and on zmm
 TARGETS = ["llvm", "c", "llvm -mcpu=haswell", "c -mcpu=haswell", "llvm -mcpu=znver4"]

@@ -300,12 +300,9 @@ def test_residual_cnn_quantized_by_onnxruntime_equals_it() -> None:
     a global average, quantized by onnxruntime's own quantizer (QDQ, per channel): every
     group onnxruntime runs as an integer op is one here, and the integer outputs are
     equal, not just within a quantum."""
-    from quantized_models import (
-        RandomReader,
-        integer_outputs,
-        like_onnxruntime,
-        quantize_static_model,
-    )
+    from quantized_models import RandomReader, integer_outputs, quantize_static_model
+
+    from support.reference import like_onnxruntime
 
     b = GraphBuilder(seed=3)
     x = b.input("x", [1, 8, 16, 16])

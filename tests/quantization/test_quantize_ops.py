@@ -16,7 +16,6 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 from onnx.version_converter import convert_version
-from quantized_models import like_onnxruntime, onnxruntime_saturates
 
 from kiln import evaluate
 from kiln.errors import FrontendError
@@ -28,7 +27,7 @@ from kiln.ops import evaluate_call, quant_kernels
 from kiln.target import Target
 from kiln.transform.quantize_ops import QuantizeOps
 from support.graphs import GraphBuilder
-from support.reference import ort_session
+from support.reference import like_onnxruntime, onnxruntime_saturates, ort_session
 
 
 def g_tensor_type(a: np.ndarray) -> TensorType:

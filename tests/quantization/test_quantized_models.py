@@ -25,7 +25,6 @@ from quantized_models import (
     MAX_REL_L2,
     check_integer,
     integer_outputs,
-    like_onnxruntime,
     onnxruntime_int8_outputs,
     quantize_dynamic_model,
     quantize_static_model,
@@ -43,7 +42,7 @@ from kiln.transform.quantize_ops import QuantizeOps
 from support import dynamic_models
 from support import small_models as builders
 from support.processes import outputs_in_fresh_process
-from support.reference import onnxruntime_outputs
+from support.reference import like_onnxruntime, onnxruntime_outputs
 
 TARGETS = ("llvm", "c")
 # The dot-product kernels (vpdpbusd) on the model set: about 100 s of compilation, so

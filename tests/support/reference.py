@@ -7,11 +7,14 @@ providers the host's onnxruntime build has.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, overload
 
 import numpy as np
 import onnx
 import onnxruntime as ort
+
+from kiln.target import Target
+from kiln.target.isa import isa_for
 
 PROVIDERS = ["CPUExecutionProvider"]
 
@@ -34,3 +37,26 @@ def onnxruntime_outputs(model: onnx.ModelProto | str | Path, feeds: dict[str, An
     """Every output of `model` on `feeds` as onnxruntime computes it (the reference)."""
     session = ort_session(model, options, disabled_optimizers)
     return [np.asarray(out) for out in session.run(None, feeds)]
+
+
+def onnxruntime_saturates() -> bool:
+    """Whether this host's onnxruntime saturates its u8 x s8 pair sums: an x86 host
+    without VNNI (MLAS picks its kernels from the CPU; with `vpdpbusd` the sums are
+    exact, on AVX2 and AVX-512BW `vpmaddubsw` clamps each pair to int16)."""
+    isa = isa_for(Target.from_host())
+    return isa.arch in ("x86_64", "x86", "i686") and not {"avx512vnni", "avxvnni"} & isa.features
+
+
+@overload
+def like_onnxruntime(target: str) -> str: ...
+@overload
+def like_onnxruntime(target: Target) -> Target: ...
+def like_onnxruntime(target: str | Target) -> str | Target:
+    """`target` with the integer products of this host's onnxruntime: on an x86 host
+    without VNNI (`onnxruntime_saturates`) it compiles with `int8-pairs=saturate`
+    (docs/quantization.md), elsewhere it is `target`."""
+    if not onnxruntime_saturates():
+        return target
+    if isinstance(target, Target):
+        return target.with_attrs({"int8-pairs": "saturate"})
+    return f"{target} -int8-pairs=saturate"
