@@ -243,13 +243,15 @@ def measure_kernel(spec: KernelSpec, libraries: Sequence[bytes], warmup: int = W
 
     start, cpu, wall = time.perf_counter(), _cpu_seconds(), time.time()
     inputs = kernel_inputs(spec)
+    # written (read and stored through the caches) before each timed call
+    evict = np.zeros(evict_bytes(spec) // 4, dtype=np.float32)
     with tempfile.TemporaryDirectory(prefix="kiln-measure-") as tmp:
         fns = []
         for i, data in enumerate(libraries):
             path = Path(tmp) / f"v{i}.so"
             path.write_bytes(data)
             lib = load_module(str(path), num_threads=threads)
-            if evict_bytes(spec) and isinstance(lib, LibraryModule):
+            if evict.size and isinstance(lib, LibraryModule):
                 # idle workers sleep at once: an eviction outlasts the spin window
                 # anyway, and a library's spinning workers would share the CPUs with
                 # the next variant's call; every call pays one wake-up alike
@@ -265,8 +267,6 @@ def measure_kernel(spec: KernelSpec, libraries: Sequence[bytes], warmup: int = W
             for fn in fns:
                 fn(*inputs)
         times: list[list[float]] = [[] for _ in fns]
-        # written (read and stored through the caches) before each timed call
-        evict = np.zeros(evict_bytes(spec) // 4, dtype=np.float32)
         # a sample is the fastest of CALLS calls; a cold call is one sample (the
         # eviction, not the call, would take most of the measurement's time)
         calls = 1 if evict.size else CALLS
@@ -320,9 +320,8 @@ class _Task:
     state: _State
     cpus: float
     pending: Pending
-    # build: the jobs' params (None: the default); measure: the candidates measured
-    params: list[Params | None]
-    libs: list[tuple[Params, bytes]] = field(default_factory=list)
+    params: list[Params | None]  # build: the jobs' params (None: the default)
+    libs: list[tuple[Params, bytes]] = field(default_factory=list)  # measure: candidates
     submitted: float = 0.0
 
 
@@ -464,7 +463,7 @@ def tune(specs: Sequence[KernelSpec], target: Any, budget_s: float, *,
                 pending = start_measure([(st.spec, [st.default_lib, *(d for _, d in cands)],
                                           warmup, repeats, threads)])
                 running.append(_Task("measure", st, min(measure_cpus, cpus), pending,
-                                     [p for p, _ in cands], cands, began))
+                                     [], cands, began))
                 continue
             if free < 1 or not more:
                 return
