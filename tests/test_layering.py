@@ -16,6 +16,7 @@ still a dependency.
 from __future__ import annotations
 
 import ast
+import functools
 import sys
 from pathlib import Path
 
@@ -24,6 +25,8 @@ import pytest
 import kiln
 
 SRC = Path(kiln.__file__).resolve().parent
+# one worker, so the parse cache below serves every test
+pytestmark = pytest.mark.xdist_group("layering")
 
 # The layers, bottom first: the first element of a module's name under kiln.
 LAYERS: list[tuple[str, ...]] = [
@@ -125,6 +128,7 @@ def imports_in(source: str, module: str, is_package: bool = False) -> list[tuple
     return found
 
 
+@functools.cache  # several tests below read every module: parse each once
 def imports_of(path: Path) -> list[tuple[int, str]]:
     return imports_in(path.read_text(encoding="utf-8"), _module_name(path),
                       path.name == "__init__.py")

@@ -57,7 +57,7 @@ from kiln.ir.tensor import (
     UnaryOp,
     Var,
 )
-from kiln.ir.visitor import iter_exprs, iter_stmts
+from kiln.ir.visitor import expr_children, iter_exprs, iter_stmts
 
 MAX_LANES = 256
 VECTOR_DTYPES = frozenset({"float32", "float64"})
@@ -95,13 +95,38 @@ class VectorBody:
         self.accesses: list[Access] = []
         self.written: set[Buffer] = set()
         self.fault = ""
+        # id(expression) -> (expression, does it vary per lane); the node is kept so its id
+        # stays its own while the walk lasts (narrowed stores build temporary expressions)
+        self._varying: dict[int, tuple[PrimExpr, bool]] = {}
 
     def fail(self, why: str) -> bool:
         self.fault = self.fault or why
         return False
 
     def lane_invariant(self, e: PrimExpr) -> bool:
-        return not mentions(e, {self.var, *self.vectors})
+        return not self._varies(e)
+
+    def _varies(self, root: PrimExpr) -> bool:
+        """Whether `root` mentions the loop variable or a vector let. `expr` asks this of
+        every node on its way down, so each node's answer is computed once (bottom-up)
+        rather than by walking its whole subtree again: quadratic in the depth otherwise."""
+        memo = self._varying
+        stack = [root]
+        while stack:
+            e = stack[-1]
+            if id(e) in memo:
+                stack.pop()
+                continue
+            kids = [c for c in expr_children(e) if isinstance(c, PrimExpr)]
+            todo = [c for c in kids if id(c) not in memo]
+            if todo:
+                stack.extend(todo)
+                continue
+            stack.pop()
+            varies = (e is self.var or e in self.vectors if isinstance(e, Var)
+                      else any(memo[id(c)][1] for c in kids))
+            memo[id(e)] = (e, varies)
+        return memo[id(root)][1]
 
     def stmt(self, s: Stmt) -> bool:
         if isinstance(s, SeqStmt):
@@ -111,6 +136,8 @@ class VectorBody:
                 return self.fail(self.fault or f"let '{s.var.name}' is not a vector value")
             if not self.lane_invariant(s.value):
                 self.vectors.add(s.var)
+                if id(s.var) in self._varying:  # s.var was seen before its let (reused):
+                    self._varying.clear()       # answers above it may be stale
             return True
         if isinstance(s, Store):
             narrow = narrowed(s)
@@ -235,8 +262,19 @@ def vector_shape_fault(loop: For) -> str | None:
     lanes = int(loop.extent.value)
     if not 2 <= lanes <= MAX_LANES:
         return f"its extent {lanes} is not from 2 to {MAX_LANES}"
+    body = _walked(loop)
+    assert body is not None
+    return body.fault or None
+
+
+def _walked(loop: For) -> VectorBody | None:
+    """`loop`'s body walked once, or None when its extent is no vector length."""
+    if not isinstance(loop.extent, Const) or not 2 <= int(loop.extent.value) <= MAX_LANES:
+        return None
     body = VectorBody(loop.var)
-    return None if body.stmt(loop.body) else body.fault
+    if not body.stmt(loop.body):
+        body.fault = body.fault or "the body is not straight-line vector code"
+    return body
 
 
 def vector_loop_lanes(loop: For, private: set[Buffer], readonly: set[Buffer]) -> int:
@@ -245,11 +283,10 @@ def vector_loop_lanes(loop: For, private: set[Buffer], readonly: set[Buffer]) ->
     `private`: buffers no other buffer of the function can reach (`private_buffers`);
     `readonly`: constant buffers (`readonly_buffers`), which the loop must not write.
     """
-    if not isinstance(loop.extent, Const) or vector_shape_fault(loop) is not None:
+    body = _walked(loop)
+    if body is None or body.fault or not isinstance(loop.extent, Const):
         return 0
     lanes = int(loop.extent.value)
-    body = VectorBody(loop.var)
-    body.stmt(loop.body)
     if body.written & readonly:
         return 0  # the scalar path reports the store into a constant
     return lanes if body.independent(lanes, private) else 0
