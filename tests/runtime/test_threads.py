@@ -393,3 +393,51 @@ def test_each_thread_gets_an_equal_share_of_the_iterations(tmp_path: Path) -> No
             inside = [(b, e) for b, e in got if lo <= b < hi]
             assert sum(e - b for b, e in inside) == hi - lo  # no chunk crosses a share
             assert 1 <= len(inside) <= 4 or hi == lo
+
+
+PER_CHUNK_PROGRAM = r"""
+#define KILN_HOST_PARALLEL
+#include <kiln/kiln_host.c>
+
+/* Each call of the body costs 3 us whatever its range (a per-chunk set-up, e.g. a
+   padded band's copy), so 8 chunks on the pool cost 8 times one run on the caller. */
+static int32_t setup_bound(int64_t begin, int64_t end, void* context) {
+  int64_t until = kiln_pool_now_ns() + 3000;
+  (void)begin, (void)end, (void)context;
+  while (kiln_pool_now_ns() < until) {
+  }
+  return 0;
+}
+
+int main(void) {
+  int64_t stats[KILN_POOL_STAT_COUNT];
+  int k;
+  if (kiln_set_num_threads(2) != 0) return 2;
+  for (k = 0; k < 100; ++k) {
+    if (kiln_parallel_for(8, setup_bound, 0) != 0) return 3;
+  }
+  kiln_pool_stats(stats, KILN_POOL_STAT_COUNT);
+  printf("%lld %lld\n", (long long)stats[KILN_POOL_STAT_LOOPS],
+         (long long)stats[KILN_POOL_STAT_SMALL]);
+  return 0;
+}
+"""
+
+
+def test_a_loop_faster_on_the_caller_alone_stays_there(tmp_path: Path) -> None:
+    """A loop whose pooled run is short (under 8 x KILN_SERIAL_NS) runs once on the
+    caller alone after its first pooled run; when that is faster, as for this body whose
+    cost is per chunk (3 us on the caller, 24 us of chunks on the pool, whatever the
+    second thread does), it stays there. Before, its measured work on the pool (24 us,
+    above KILN_SERIAL_NS) kept it on the pool for good."""
+    source = tmp_path / "per_chunk.c"
+    source.write_text(PER_CHUNK_PROGRAM)
+    exe = tmp_path / "per_chunk"
+    subprocess.run(["cc", "-std=c11", "-Wall", "-Werror", f"-I{include_dir()}", str(source),
+                    "-o", str(exe), "-pthread"], check=True, capture_output=True, text=True)
+    env = {k: v for k, v in os.environ.items() if k not in POOL_ENV}
+    proc = subprocess.run([str(exe)], capture_output=True, text=True, timeout=TIMEOUT, env=env)
+    assert proc.returncode == 0, proc.stderr
+    loops, small = (int(v) for v in proc.stdout.split())
+    assert loops + small == 100
+    assert small >= 95, proc.stdout  # the first run on the pool; then alone (a probe or two)
