@@ -45,7 +45,7 @@ class PoolStats(NamedTuple):
     sleeping: int  # workers asleep now (past the spin window)
     sleeps: int    # times a worker went to sleep
     loops: int     # loops handed to the pool
-    small: int     # loops run on the caller alone: too small, or faster there
+    small: int     # loops run on the caller alone: too small to hand off
     spin_us: int   # the spin window
     pinned: int    # workers pinned to a CPU (KILN_PIN_THREADS=1)
     # Chunks of the loops handed to the pool, run by any thread; of them, those a worker

@@ -693,7 +693,7 @@ enum {
   KILN_POOL_STAT_SLEEPING, /* workers asleep now (past the spin window) */
   KILN_POOL_STAT_SLEEPS,   /* times a worker went to sleep */
   KILN_POOL_STAT_LOOPS,    /* loops handed to the pool */
-  KILN_POOL_STAT_SMALL,    /* loops run on the caller alone: too small, or faster there */
+  KILN_POOL_STAT_SMALL,    /* loops run on the caller alone: too small to hand off */
   KILN_POOL_STAT_SPIN_US,  /* the spin window */
   KILN_POOL_STAT_PINNED,   /* workers pinned to a CPU (KILN_PIN_THREADS=1) */
   KILN_POOL_STAT_CHUNKS,   /* chunks of handed-off loops run, by any thread */
@@ -780,8 +780,6 @@ enum {
   KILN_POOL_WAIT_SPINS = 2000,  /* the caller waiting for the last chunks */
   KILN_POOL_SPIN_BATCH = 64,    /* pauses between two looks at the clock */
   KILN_POOL_COSTS = 64,         /* loops whose cost the pool remembers */
-  KILN_POOL_PROBE_EVERY = 64,   /* a small loop kept on the caller tries the pool so often */
-  KILN_POOL_PROBE_SPAN = 8,     /* ... while its pooled run takes under so many serial_ns */
   KILN_POOL_LINE = 64           /* bytes of a cache line: one thread's chunk counter each */
 };
 
@@ -852,13 +850,10 @@ static struct {
     int64_t end;
     char pad[KILN_POOL_LINE - 2 * sizeof(int64_t)];
   } share[KILN_POOL_MAX_THREADS] __attribute__((aligned(KILN_POOL_LINE)));
-  /* What recent loops cost, by body (kiln_pool_cost). */
-  struct kiln_pool_loop_cost {
+  /* The last measured work per iteration of recent loops (in ns / 256), by body. */
+  struct {
     kiln_pool_body_fn body;
-    int64_t per_iteration;  /* work of the last run (ns / 256 per iteration; -1: none) */
-    int64_t serial;         /* caller's time of a run on the caller alone (same unit; */
-    int64_t pooled;         /* ... of a run on the pool): kiln_pool_note's running minimum */
-    int64_t runs;           /* runs since it took this slot */
+    int64_t per_iteration;
   } costs[KILN_POOL_COSTS];
 } kiln_pool;
 static pthread_once_t kiln_pool_once = PTHREAD_ONCE_INIT;
@@ -1127,16 +1122,14 @@ static void kiln_pool_wait_workers(void) {
   }
 }
 
-/* The remembered costs of `body` (the caller holds `busy`). */
-static struct kiln_pool_loop_cost* kiln_pool_cost(kiln_pool_body_fn body) {
-  struct kiln_pool_loop_cost* cost =
-      &kiln_pool.costs[((size_t)(uintptr_t)body >> 4) % KILN_POOL_COSTS];
-  if (cost->body != body) {
-    cost->body = body;
-    cost->per_iteration = cost->serial = cost->pooled = -1; /* not measured yet */
-    cost->runs = 0;
+/* The remembered cost of `body` (the caller holds `busy`). */
+static int64_t* kiln_pool_cost(kiln_pool_body_fn body) {
+  size_t slot = ((size_t)(uintptr_t)body >> 4) % KILN_POOL_COSTS;
+  if (kiln_pool.costs[slot].body != body) {
+    kiln_pool.costs[slot].body = body;
+    kiln_pool.costs[slot].per_iteration = -1; /* not measured yet */
   }
-  return cost;
+  return &kiln_pool.costs[slot].per_iteration;
 }
 
 /* Work measured over n iterations, per iteration in ns / 256 (integer arithmetic). */
@@ -1144,58 +1137,18 @@ static int64_t kiln_pool_per_iteration(int64_t ns, int64_t n) {
   return ns > INT64_MAX / 256 ? INT64_MAX / n : ns * 256 / n;
 }
 
-/* Note a time `ns` in `*kept`: the lowest seen, allowed to rise by 1/16 a run, so one
-   run slowed by another job changes little while a lasting change shows in a few
-   dozen runs. */
-static void kiln_pool_note(int64_t* kept, int64_t ns) {
-  int64_t ceiling = *kept + *kept / 16 + 1;
-  *kept = *kept < 0 || ns < ceiling ? ns : ceiling;
-}
-
-/* A loop the pool does not take: on the caller, timed (so that a loop which has grown
-   is handed off again, and a small one compares its two ways). */
+/* A loop the pool does not take: on the caller, timed when it is `small` (so that a
+   loop which has grown is handed off again). */
 static int32_t kiln_pool_run_here(int64_t n, kiln_pool_body_fn body, void* context,
-                                  struct kiln_pool_loop_cost* cost) {
+                                  int64_t* cost) {
   int64_t start = kiln_pool_now_ns();
   int32_t status;
   kiln_pool_in_parallel = 1;
   status = body(0, n, context);
   kiln_pool_in_parallel = 0;
-  cost->per_iteration = kiln_pool_per_iteration(kiln_pool_now_ns() - start, n);
-  kiln_pool_note(&cost->serial, cost->per_iteration);
+  *cost = kiln_pool_per_iteration(kiln_pool_now_ns() - start, n);
   KILN_ADD(kiln_pool.stats[KILN_POOL_STAT_SMALL], 1);
   return status;
-}
-
-/* Whether a loop of n iterations runs on the caller alone (the caller holds `busy`):
-   when its measured work is below serial_ns (it cannot pay for a hand-off), or, for a
-   loop whose run on the pool took under KILN_POOL_PROBE_SPAN serial_ns, when a run on
-   the caller alone took at least 1/8 less. The hand-off is not a parallel loop's only
-   cost: the threads read data another core wrote (a convolution split by rows, the
-   max pooling after it by channels), so a 5 us max pooling took 10 us on two threads
-   and a 2.5 us one 7 us (the cnn of bench/nets.py, AMD EPYC Zen 3); only a run each
-   way tells. Such a loop runs once on the caller alone, after its first run on the
-   pool; if that was faster, it stays there and goes to the pool once every
-   KILN_POOL_PROBE_EVERY runs, to see a change (a core freed, a grown extent). A loop
-   the pool runs faster is not tried alone again: one thread streaming all of a large
-   product's weights evicts its half from that core's cache (the mlp: 0.050 -> 0.056
-   ms per call when re-tried every 64 runs). serial_ns 0: always the pool. */
-static int kiln_pool_stays_here(int64_t n, struct kiln_pool_loop_cost* cost) {
-  int64_t limit = kiln_pool.serial_ns;
-  /* n * per_iteration / 256 < serial_ns, without overflow */
-  if (cost->per_iteration >= 0 && cost->per_iteration < limit * 256 / n) {
-    return 1;
-  }
-  if (cost->pooled < 0 || cost->pooled >= limit * KILN_POOL_PROBE_SPAN * 256 / n) {
-    return 0;
-  }
-  if (cost->serial < 0) {
-    return 1; /* one run alone, to compare */
-  }
-  if (cost->serial * 8 >= cost->pooled * 7) {
-    return 0;
-  }
-  return ++cost->runs % KILN_POOL_PROBE_EVERY != 0;
 }
 
 /* The first iteration of share `t` of `threads` over [0, n): the shares' sizes differ
@@ -1230,8 +1183,7 @@ static void kiln_pool_release(void) {
 }
 
 KILN_HIDDEN int32_t KILN_PARALLEL_FOR(int64_t n, kiln_pool_body_fn body, void* context) {
-  struct kiln_pool_loop_cost* cost;
-  int64_t start;
+  int64_t *cost;
   int32_t status;
   int want;
   if (n <= 0) {
@@ -1265,12 +1217,12 @@ KILN_HIDDEN int32_t KILN_PARALLEL_FOR(int64_t n, kiln_pool_body_fn body, void* c
     return body(0, n, context);
   }
   cost = kiln_pool_cost(body);
-  if (kiln_pool_stays_here(n, cost)) {
+  /* Measured work below serial_ns: n * cost / 256 < serial_ns, without overflow. */
+  if (*cost >= 0 && *cost < kiln_pool.serial_ns * 256 / n) {
     status = kiln_pool_run_here(n, body, context, cost);
     kiln_pool_release();
     return status;
   }
-  start = kiln_pool_now_ns();
   KILN_STORE(kiln_pool.generation, KILN_LOAD(kiln_pool.generation) + 1); /* odd: being posted */
   kiln_pool_wait_workers(); /* a late worker may still be looking at the previous loop */
   kiln_pool.body = body;
@@ -1290,8 +1242,7 @@ KILN_HIDDEN int32_t KILN_PARALLEL_FOR(int64_t n, kiln_pool_body_fn body, void* c
   kiln_pool_in_parallel = 0;
   kiln_pool_wait_workers(); /* every chunk is taken: wait for those still running */
   status = KILN_LOAD(kiln_pool.status);
-  cost->per_iteration = kiln_pool_per_iteration(KILN_LOAD(kiln_pool.work_ns), n);
-  kiln_pool_note(&cost->pooled, kiln_pool_per_iteration(kiln_pool_now_ns() - start, n));
+  *cost = kiln_pool_per_iteration(KILN_LOAD(kiln_pool.work_ns), n);
   kiln_pool_release();
   return status;
 }
