@@ -11,6 +11,7 @@ for bit with 1 and 2 threads. Nothing is timed: waits have generous timeouts onl
 
 from __future__ import annotations
 
+import itertools
 import os
 import shutil
 import subprocess
@@ -223,18 +224,18 @@ def test_loops_too_small_to_hand_off_run_on_the_caller(
 
 def test_the_pool_counts_the_chunks_and_who_ran_them(
         fresh: Callable[..., LibraryModule], monkeypatch: pytest.MonkeyPatch) -> None:
-    """64 rows on 3 threads: about 4 chunks per thread, 11 of 6 rows, in shares of 3
-    (the caller's), 4 and 4. Every chunk is counted once, whoever ran it; the chunks of
-    the workers' shares that no worker ran, the caller took from them (stolen)."""
+    """64 rows on 3 threads: shares of 21, 21 and 22 rows (the caller's first), each in
+    4 chunks of at most 6 rows. Every chunk is counted once, whoever ran it; the chunks
+    of the workers' shares that no worker ran, the caller took from them (stolen)."""
     monkeypatch.setenv("KILN_SERIAL_NS", "0")  # every loop goes to the pool
     lib = fresh(num_threads=3)
     for _ in range(5):
         run(lib)
     stats = lib.pool_stats()
-    assert (stats.loops, stats.chunks) == (5, 55)
-    assert 0 <= stats.helped <= 55 and 0 <= stats.stolen <= 55
+    assert (stats.loops, stats.chunks) == (5, 60)
+    assert 0 <= stats.helped <= 60 and 0 <= stats.stolen <= 60
     caller = stats.chunks - stats.helped
-    assert stats.stolen >= caller - 5 * 3  # beyond its own share: other shares' chunks
+    assert stats.stolen >= caller - 5 * 4  # beyond its own share: other shares' chunks
     single = fresh(num_threads=1)  # no pool: its loops run directly, nothing counted
     run(single)
     assert (single.pool_stats().chunks, single.pool_stats().helped) == (0, 0)
@@ -329,3 +330,66 @@ def test_the_controls_from_a_c_program(exported: Path, tmp_path: Path) -> None:
     xs = ((np.arange(ROWS * COLS) % 13) - 6).astype(np.float32)
     want = xs[[0, -1]] * np.float32(1.5) - np.float32(0.25)
     assert lines[3] == f"y {want[0]:.9g} {want[1]:.9g}"
+
+
+SPLIT_PROGRAM = r"""
+#define KILN_HOST_PARALLEL
+#include <kiln/kiln_host.c>
+
+static int64_t chunks[1024][2];
+static int count;
+
+static int32_t record(int64_t begin, int64_t end, void* context) {
+  int k = __atomic_fetch_add(&count, 1, __ATOMIC_SEQ_CST);
+  (void)context;
+  chunks[k][0] = begin;
+  chunks[k][1] = end;
+  return 0;
+}
+
+int main(int argc, char** argv) {
+  int a, k;
+  for (a = 1; a + 1 < argc; a += 2) {
+    int64_t n = atoll(argv[a]);
+    count = 0;
+    if (kiln_set_num_threads(atoi(argv[a + 1])) != 0 || kiln_parallel_for(n, record, 0) != 0) {
+      return 2;
+    }
+    printf("%lld %s:", (long long)n, argv[a + 1]);
+    for (k = 0; k < count; ++k) {
+      printf(" %lld-%lld", (long long)chunks[k][0], (long long)chunks[k][1]);
+    }
+    printf("\n");
+  }
+  return 0;
+}
+"""
+
+
+def test_each_thread_gets_an_equal_share_of_the_iterations(tmp_path: Path) -> None:
+    """The split rule (docs/abi.md, "Parallel loops"): n iterations on T threads are T
+    contiguous shares whose sizes differ by at most one, each in at most 4 chunks that
+    stay inside it, so the threads get equal work whatever n is (chunks of ceil(n / 8)
+    dealt out whole gave 100 iterations on 2 threads as shares of 52 and 48). The
+    chunks are the same whoever runs them, so the program's record of them is exact."""
+    source = tmp_path / "split.c"
+    source.write_text(SPLIT_PROGRAM)
+    exe = tmp_path / "split"
+    subprocess.run(["cc", "-std=c11", "-Wall", "-Werror", f"-I{include_dir()}", str(source),
+                    "-o", str(exe), "-pthread"], check=True, capture_output=True, text=True)
+    cases = [(100, 2), (9, 2), (64, 3), (3, 2), (1001, 2), (12, 2), (130, 4)]
+    env = {k: v for k, v in os.environ.items() if k not in POOL_ENV}
+    proc = subprocess.run([str(exe), *(str(v) for case in cases for v in case)],
+                          capture_output=True, text=True, timeout=TIMEOUT,
+                          env=dict(env, KILN_SERIAL_NS="0"))
+    assert proc.returncode == 0, proc.stderr
+    for line, (n, threads) in zip(proc.stdout.splitlines(), cases, strict=True):
+        head, _, ranges = line.partition(":")
+        assert head == f"{n} {threads}"
+        got = sorted(tuple(int(v) for v in r.split("-")) for r in ranges.split())
+        assert [b for b, _ in got] == [0] + [e for _, e in got[:-1]] and got[-1][1] == n
+        bounds = [n * t // threads for t in range(threads + 1)]  # the shares
+        for lo, hi in itertools.pairwise(bounds):
+            inside = [(b, e) for b, e in got if lo <= b < hi]
+            assert sum(e - b for b, e in inside) == hi - lo  # no chunk crosses a share
+            assert 1 <= len(inside) <= 4 or hi == lo

@@ -795,10 +795,14 @@ enum {
 #endif
 
 /* One loop at a time runs on the pool. The caller posts it and takes chunks
-   itself. The chunks are split into one contiguous share per thread (the caller's
-   first, then worker 0's, ...); each thread takes the chunks of its own share first
-   and then those left in the others' shares, each chunk index with an atomic
-   increment of its share's counter, so no lock is held while the loop runs. A
+   itself. The iterations are split into one contiguous share per thread (the
+   caller's first, then worker 0's, ...), the same number of iterations each (n / T
+   rounded up or down: kiln_pool_share_begin), and each share into chunks of at most
+   `chunk` iterations (about KILN_POOL_CHUNKS_PER_THREAD of them); each thread takes
+   the chunks of its own share first and then those left in the others' shares, each
+   chunk with an atomic add to its share's counter, so no lock is held while the loop
+   runs. (Chunks of ceil(n / 4T) dealt out as whole chunks gave one thread up to 4
+   chunks' worth of remainder more: n = 100 on 2 threads, shares of 52 and 48.) A
    thread thus runs the same part of a loop on every call while no thread falls
    behind: the weights and activations it touched last call are still in its
    core's cache (a small model's layers fit a core's L2, and a shared counter
@@ -837,10 +841,10 @@ static struct {
   kiln_pool_body_fn body;            /* the posted loop: written before `generation` */
   void* context;
   int64_t n;
-  int64_t chunk;
-  int64_t chunks;
-  /* Each thread's share of the chunks: `next` (atomic) up to `end`, one cache line
-     each so that a thread taking its chunks does not slow the others'. */
+  int64_t chunk;            /* iterations per chunk (a share's last one may have fewer) */
+  /* Each thread's share of the iterations: the first not taken, `next` (atomic), up
+     to `end`, one cache line each so that a thread taking its chunks does not slow
+     the others'. */
   struct {
     int64_t next;
     int64_t end;
@@ -945,17 +949,18 @@ static void kiln_pool_run_chunks(int self) {
   for (i = 0; i < shares; ++i) {
     int owner = (self + i) % shares;
     for (;;) {
-      int64_t k = KILN_ADD(kiln_pool.share[owner].next, 1);
-      int64_t begin, end;
+      int64_t begin = KILN_ADD(kiln_pool.share[owner].next, kiln_pool.chunk);
+      int64_t end = kiln_pool.share[owner].end;
       int32_t status;
-      if (k >= kiln_pool.share[owner].end || KILN_LOAD(kiln_pool.status) != 0) {
+      if (begin >= end || KILN_LOAD(kiln_pool.status) != 0) {
         break;
       }
       if (start < 0) {
         start = kiln_pool_now_ns();
       }
-      begin = k * kiln_pool.chunk;
-      end = kiln_pool.n - begin > kiln_pool.chunk ? begin + kiln_pool.chunk : kiln_pool.n;
+      if (end - begin > kiln_pool.chunk) {
+        end = begin + kiln_pool.chunk;
+      }
       status = kiln_pool.body(begin, end, kiln_pool.context);
       ++ran;
       stolen += owner != self;
@@ -1146,14 +1151,27 @@ static int32_t kiln_pool_run_here(int64_t n, kiln_pool_body_fn body, void* conte
   return status;
 }
 
-/* Split `chunks` chunks into `threads` contiguous shares, as even as they can be (the
-   caller holds `busy`, the generation is odd and no worker is inside). */
-static void kiln_pool_split(int64_t chunks, int threads) {
+/* The first iteration of share `t` of `threads` over [0, n): the shares' sizes differ
+   by at most one iteration, the larger ones last (n * t / threads, without overflow:
+   n < 2^63 and threads <= KILN_POOL_MAX_THREADS). */
+static int64_t kiln_pool_share_begin(int64_t n, int t, int threads) {
+  return n / threads * t + n % threads * t / threads;
+}
+
+/* Split the n iterations of the posted loop into `threads` contiguous shares of equal
+   size (within one) and chunks of at most `chunk` iterations, about
+   KILN_POOL_CHUNKS_PER_THREAD per share, none crossing a share's end (the caller
+   holds `busy`, the generation is odd and no worker is inside). */
+static void kiln_pool_split(int64_t n, int threads) {
+  int64_t widest = n / threads + (n % threads != 0);
   int t;
+  kiln_pool.n = n;
+  kiln_pool.chunk = widest / KILN_POOL_CHUNKS_PER_THREAD
+                    + (widest % KILN_POOL_CHUNKS_PER_THREAD != 0);
   kiln_pool.shares = threads;
   for (t = 0; t < threads; ++t) {
-    KILN_STORE(kiln_pool.share[t].next, chunks * t / threads);
-    kiln_pool.share[t].end = chunks * (t + 1) / threads;
+    KILN_STORE(kiln_pool.share[t].next, kiln_pool_share_begin(n, t, threads));
+    kiln_pool.share[t].end = kiln_pool_share_begin(n, t + 1, threads);
   }
 }
 
@@ -1165,7 +1183,7 @@ static void kiln_pool_release(void) {
 }
 
 KILN_HIDDEN int32_t KILN_PARALLEL_FOR(int64_t n, kiln_pool_body_fn body, void* context) {
-  int64_t chunks, *cost;
+  int64_t *cost;
   int32_t status;
   int want;
   if (n <= 0) {
@@ -1207,16 +1225,9 @@ KILN_HIDDEN int32_t KILN_PARALLEL_FOR(int64_t n, kiln_pool_body_fn body, void* c
   }
   KILN_STORE(kiln_pool.generation, KILN_LOAD(kiln_pool.generation) + 1); /* odd: being posted */
   kiln_pool_wait_workers(); /* a late worker may still be looking at the previous loop */
-  chunks = (int64_t)(kiln_pool.started + 1) * KILN_POOL_CHUNKS_PER_THREAD;
-  if (chunks > n) {
-    chunks = n;
-  }
   kiln_pool.body = body;
   kiln_pool.context = context;
-  kiln_pool.n = n;
-  kiln_pool.chunk = n / chunks + (n % chunks != 0);
-  kiln_pool.chunks = n / kiln_pool.chunk + (n % kiln_pool.chunk != 0);
-  kiln_pool_split(kiln_pool.chunks, kiln_pool.started + 1);
+  kiln_pool_split(n, kiln_pool.started + 1);
   KILN_STORE(kiln_pool.status, 0);
   KILN_STORE(kiln_pool.work_ns, 0);
   KILN_ADD(kiln_pool.stats[KILN_POOL_STAT_LOOPS], 1);
