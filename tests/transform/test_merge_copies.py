@@ -68,31 +68,39 @@ def test_channel_shuffle_matches_onnxruntime(kind: str, channels: int, groups: i
     _check(_shuffle(channels, groups, h, w), {"x": x}, kind)
 
 
-def _attention(seq: int, heads: int, dim: int, k_perm: tuple[int, ...]) -> onnx.ModelProto:
-    """Q @ K^T with both split into heads: K's transpose `k_perm` puts [heads, dim, seq]."""
+def _attention(seq: int, heads: int, dim: int, k_perm: tuple[int, ...],
+               scale: float | None = None) -> onnx.ModelProto:
+    """Q @ K^T with both split into heads: K's transpose `k_perm` puts [heads, dim, seq]
+    (then multiplied by `scale`, as torch's exporter splits attention's scale)."""
     gb = GraphBuilder()
     q, k = gb.input("q", (seq, heads * dim)), gb.input("k", (seq, heads * dim))
     split = gb.const(np.array((1, seq, heads, dim), np.int64))
     qh = gb.op("Transpose", gb.op("Reshape", q, split), perm=(0, 2, 1, 3))
     kh = gb.op("Transpose", gb.op("Reshape", k, split), perm=k_perm)
+    if scale is not None:
+        kh = gb.op("Mul", kh, gb.const(np.array(scale, np.float32)))
     gb.node("MatMul", [qh, kh], ["scores"])
     gb.output("scores", typed=False)
     return gb.model(check=False)
 
 
-def test_transposed_key_is_read_in_place() -> None:
-    ops = _ops(_attention(5, 2, 3, (0, 2, 3, 1)))
+@pytest.mark.parametrize("scale", [None, 0.5])
+def test_transposed_key_is_read_in_place(scale: float | None) -> None:
+    ops = _ops(_attention(5, 2, 3, (0, 2, 3, 1), scale))
     (mm,) = [attrs for op, attrs in ops if op == "matmul"]
     assert mm.get("transpose_b") is True
     # each of Q and K: one reshape_transpose to [1, heads, seq, dim], no other copy
-    assert sorted(op for op, _ in ops) == ["matmul", "reshape_transpose", "reshape_transpose"]
+    assert sorted(op for op, _ in ops if op != "multiply") == [
+        "matmul", "reshape_transpose", "reshape_transpose"]
 
 
 @pytest.mark.parametrize("kind", ["llvm", "c"])
-@pytest.mark.parametrize(("seq", "heads", "dim"), [(5, 2, 3), (1, 1, 8), (17, 3, 9)])
-def test_transposed_key_matches_onnxruntime(kind: str, seq: int, heads: int, dim: int) -> None:
+@pytest.mark.parametrize(("seq", "heads", "dim", "scale"), [(5, 2, 3, None), (1, 1, 8, 2.0),
+                                                            (17, 3, 9, 0.25)])
+def test_transposed_key_matches_onnxruntime(kind: str, seq: int, heads: int, dim: int,
+                                            scale: float | None) -> None:
     feeds = {n: RNG.normal(size=(seq, heads * dim)).astype(np.float32) for n in ("q", "k")}
-    _check(_attention(seq, heads, dim, (0, 2, 3, 1)), feeds, kind)
+    _check(_attention(seq, heads, dim, (0, 2, 3, 1), scale), feeds, kind)
 
 
 def test_transposes_compose_and_cancel() -> None:

@@ -134,32 +134,62 @@ class MergeCopies(FunctionPass):
         return g.Function(func.params, tuple(bindings), func.result, dict(func.attrs))
 
 
+SCALAR_OPS = ("multiply", "divide", "add", "subtract")
+
+
+def _scalar_step(value: g.Expr) -> tuple[g.Call, int] | None:
+    """(call, position of its tensor operand) for an elementwise op of a tensor and a
+    one-element constant (`k * 1.0`, the exporters' split of attention's scale), which
+    commutes with any transpose of the tensor."""
+    if not (isinstance(value, g.Call) and value.op in SCALAR_OPS and len(value.args) == 2):
+        return None
+    for pos in (0, 1):
+        c = value.args[1 - pos]
+        if isinstance(c, g.Constant) and c.data.size == 1 and c.data.ndim == 0 and \
+                isinstance(value.args[pos], g.Var):
+            return value, pos
+    return None
+
+
 def _transposed_b(func: g.Function) -> list[g.Binding] | None:
     """`matmul(a, transpose(x, p))` -> `matmul(a, transpose(x, q), transpose_b=True)`
     where `q` is `p` with its last two axes swapped (no transpose when `q` is the
-    identity); only when the transpose has no other reader."""
+    identity); only when the transpose has no other reader. Scalar elementwise ops
+    between the transpose and the product (`transpose(k) * 1.0`) move with it."""
     uses = var_use_counts(func)
     defs = {b.var: b.value for b in func.bindings}
-    rewritten: dict[g.Var, g.Call] = {}      # the matmul's var -> its new call
+    replaced: dict[g.Var, list[g.Binding]] = {}  # the matmul's var -> its new bindings
     dropped: set[g.Var] = set()
     for b in func.bindings:
         v = b.value
         if not (isinstance(v, g.Call) and v.op == "matmul" and len(v.args) == 2):
             continue
         bt = v.args[1]
-        if not isinstance(bt, g.Var):
-            continue
-        t = defs.get(bt)
-        if not (isinstance(t, g.Call) and t.op == "transpose" and uses[bt] == 1):
+        scalars: list[tuple[g.Call, int]] = []   # from the product down to the transpose
+        path: list[g.Var] = []
+        t: g.Expr | None = None
+        while isinstance(bt, g.Var) and uses[bt] == 1 and bt in defs:
+            path.append(bt)
+            t = defs[bt]
+            step = _scalar_step(t)
+            if step is None:
+                break
+            scalars.append(step)
+            bt = step[0].args[step[1]]
+        if not (isinstance(t, g.Call) and t.op == "transpose" and path):
             continue
         x_type = t.args[0].type
         if not isinstance(x_type, TensorType) or x_type.ndim < 2:
             continue
         p = _perm_of(t, x_type.ndim)
         q = (*p[:-2], p[-1], p[-2])
+        stmts: list[g.Binding] = []
         b_new: g.Expr = t.args[0]
         if q != tuple(range(len(q))):
-            b_new = call("transpose", t.args[0], perm=q)
+            b_new = _bind(stmts, f"{b.var.name}_b", call("transpose", b_new, perm=q))
+        for op, pos in reversed(scalars):
+            args = [b_new, op.args[1]] if pos == 0 else [op.args[0], b_new]
+            b_new = _bind(stmts, f"{b.var.name}_b", call(op.op, *args, **dict(op.attrs)))
         attrs = dict(v.attrs)
         attrs["transpose_b"] = not bool(attrs.get("transpose_b"))
         if not attrs["transpose_b"]:
@@ -167,26 +197,21 @@ def _transposed_b(func: g.Function) -> list[g.Binding] | None:
         new = call("matmul", v.args[0], b_new, **attrs)
         if new.ret_type != v.ret_type:
             continue
-        rewritten[b.var] = new
-        dropped.add(bt)
-    if not rewritten:
+        replaced[b.var] = [*stmts, g.Binding(b.var, new)]
+        dropped.update(path)
+    if not replaced:
         return None
     out: list[g.Binding] = []
     for b in func.bindings:
-        if b.var in dropped:
-            continue
-        mm = rewritten.get(b.var)
-        if mm is None:
-            out.append(b)
-            continue
-        new = mm
-        b_arg = new.args[1]
-        if isinstance(b_arg, g.Call):  # the remaining transpose gets its own binding
-            x = g.Var(f"{b.var.name}_b", b_arg.ret_type)
-            out.append(g.Binding(x, b_arg))
-            new = g.Call(new.op, (new.args[0], x), new.attrs, new.ret_type)
-        out.append(g.Binding(b.var, new))
+        if b.var not in dropped:
+            out.extend(replaced.get(b.var, [b]))
     return out
+
+
+def _bind(stmts: list[g.Binding], hint: str, value: g.Call) -> g.Var:
+    var = g.Var(hint, value.ret_type)
+    stmts.append(g.Binding(var, value))
+    return var
 
 
 def _merge_chains(func: g.Function, bindings: list[g.Binding] | None) -> list[g.Binding] | None:
