@@ -94,6 +94,14 @@ def test_transposed_key_is_read_in_place(scale: float | None) -> None:
         "matmul", "reshape_transpose", "reshape_transpose"]
 
 
+def test_value_transpose_stays() -> None:
+    """V's heads transpose keeps its rows: reading it with transpose_b would turn a copy
+    of whole rows into a transpose of single elements."""
+    ops = _ops(_attention(4, 2, 4, (0, 2, 1, 3)))  # [seq, dim] @ [seq, dim]: seq == dim
+    (mm,) = [attrs for op, attrs in ops if op == "matmul"]
+    assert "transpose_b" not in mm
+
+
 @pytest.mark.parametrize("kind", ["llvm", "c"])
 @pytest.mark.parametrize(("seq", "heads", "dim", "scale"), [(5, 2, 3, None), (1, 1, 8, 2.0),
                                                             (17, 3, 9, 0.25)])

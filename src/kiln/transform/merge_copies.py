@@ -154,7 +154,8 @@ def _scalar_step(value: g.Expr) -> tuple[g.Call, int] | None:
 def _transposed_b(func: g.Function) -> list[g.Binding] | None:
     """`matmul(a, transpose(x, p))` -> `matmul(a, transpose(x, q), transpose_b=True)`
     where `q` is `p` with its last two axes swapped (no transpose when `q` is the
-    identity); only when the transpose has no other reader. Scalar elementwise ops
+    identity), when `p` makes x's last axis B's rows (K^T, not attention's V, whose
+    transpose keeps it last) and the transpose has no other reader. Scalar elementwise ops
     between the transpose and the product (`transpose(k) * 1.0`) move with it."""
     uses = var_use_counts(func)
     defs = {b.var: b.value for b in func.bindings}
@@ -182,6 +183,8 @@ def _transposed_b(func: g.Function) -> list[g.Binding] | None:
         if not isinstance(x_type, TensorType) or x_type.ndim < 2:
             continue
         p = _perm_of(t, x_type.ndim)
+        if p[-2] != x_type.ndim - 1:
+            continue  # x's rows would no longer be B's rows: transpose_b would not help
         q = (*p[:-2], p[-1], p[-2])
         stmts: list[g.Binding] = []
         b_new: g.Expr = t.args[0]
