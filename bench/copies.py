@@ -1,6 +1,7 @@
 """Data-movement benchmark: reshape/transpose chains with and without `merge-copies`.
 
     .venv/bin/python bench/copies.py [--calls 60] [--threads 1,2] [--cases shuffle60,...]
+                                     [--models shufflenet,whisper_encoder --calls 15]
 
 The copies of ShuffleNet's channel shuffle (Reshape -> Transpose -> Reshape) and of
 Whisper-base's attention (heads split of Q and V, K^T before `Q @ K^T`, the heads
@@ -8,8 +9,9 @@ merge), each a small ONNX model at the model's shapes, compiled by kiln with its
 default graph pipeline ("merged") and with the `merge-copies` pass disabled
 ("unmerged", each op its own copy), beside onnxruntime, in this process. One thread:
 the median CPU time of a call (`time.thread_time`, alternating blocks:
-bench/harness.py); more threads: the median wall time. Prints a table; asserts
-nothing (this is not a test).
+bench/harness.py); more threads: the median wall time. With `--models`, whole models
+of bench/models.py instead, merged and unmerged, one thread by CPU time (the figure a
+loaded machine disturbs least). Prints a table; asserts nothing (this is not a test).
 """
 
 from __future__ import annotations
@@ -108,19 +110,30 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=60)
     parser.add_argument("--threads", default="1,2")
     parser.add_argument("--cases", default=",".join(CASES))
+    parser.add_argument("--models", default="",
+                        help="models of bench/models.py, one thread by CPU time")
     args = parser.parse_args()
     import onnxruntime as ort
 
     print(f"host: {harness.describe_target(kiln.target.Target.from_host())}")
+    if args.models:
+        from models import build
+
+        cases = {name: (lambda name=name: build(name)) for name in args.models.split(",")}
+        threads_list = "1"
+    else:
+        cases = {name: CASES[name] for name in args.cases.split(",")}
+        threads_list = args.threads
     print("| case | threads | merged ms | unmerged ms | ort ms | merged/ort | unmerged/ort |")
     print("|---|---:|---:|---:|---:|---:|---:|")
-    for name in args.cases.split(","):
-        model, feeds = CASES[name]()
+    for name, case in cases.items():
+        model, feeds = case()
         fns = {"merged": _kiln(model, True), "unmerged": _kiln(model, False)}
         inputs = list(feeds.values())
-        want = np.asarray(fns["unmerged"](*inputs))
-        assert np.allclose(np.asarray(fns["merged"](*inputs)), want, rtol=1e-4, atol=1e-4)
-        for threads in (int(t) for t in args.threads.split(",")):
+        if not args.models:  # one output: both builds agree
+            want = np.asarray(fns["unmerged"](*inputs))
+            assert np.allclose(np.asarray(fns["merged"](*inputs)), want, rtol=1e-4, atol=1e-4)
+        for threads in (int(t) for t in threads_list.split(",")):
             opts = ort.SessionOptions()
             opts.intra_op_num_threads = threads
             sess = ort.InferenceSession(model.SerializeToString(), opts,
@@ -128,7 +141,8 @@ def main() -> None:
             kiln.runtime.set_num_threads(threads)
             calls: dict[str, Callable[[], object]] = {
                 k: (lambda f=f, a=inputs: f(*a)) for k, f in fns.items()}
-            calls["ort"] = harness.ort_bound_run(sess, feeds, [np.empty_like(want)])
+            outs = [np.empty_like(o) for o in sess.run(None, feeds)]
+            calls["ort"] = harness.ort_bound_run(sess, feeds, outs)
             clock = time.thread_time if threads == 1 else time.perf_counter
             ms = harness.alternating_blocks_ms(calls, args.calls, rounds=5, clock=clock)
             print(f"| {name} | {threads} | {ms['merged']:.3f} | {ms['unmerged']:.3f} | "
