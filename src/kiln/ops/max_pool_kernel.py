@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from kiln.ir.tensor import Allocate, Buffer, PrimExpr, Stmt, Store, as_expr, max_, seq
+from kiln.ir.tensor import Allocate, Buffer, PrimExpr, Stmt, Store, max_, seq
 from kiln.ops import conv_kernels as ck
 from kiln.ops import te
 from kiln.ops.kernels.tiles import const as _c
@@ -51,25 +51,10 @@ def max_pool_body(shape: ck.ConvShape, x: Buffer, out: Buffer, lanes: int,
                   epilogue: Epilogue) -> Stmt:
     """The loop nest of a max pool of `shape` (its pads already widened for
     `ceil_mode`) over `x` into `out`, each output stored through `epilogue`."""
-    return window_rows_body(shape, x, out, lanes, epilogue, max_, te.lowest_value(x.dtype))
-
-
-def sum_pool_body(shape: ck.ConvShape, x: Buffer, out: Buffer, lanes: int,
-                  epilogue: Epilogue) -> Stmt:
-    """The same two steps summing the window (zeros outside the input), each sum stored
-    through `epilogue` (an average pool divides it by its window's count there)."""
-    zero = as_expr(0, x.dtype) if "int" in x.dtype else as_expr(0.0, x.dtype)
-    return window_rows_body(shape, x, out, lanes, epilogue, lambda a, b: a + b, zero)
-
-
-def window_rows_body(shape: ck.ConvShape, x: Buffer, out: Buffer, lanes: int,
-                     epilogue: Epilogue, combine: Callable[[PrimExpr, PrimExpr], PrimExpr],
-                     lowest: PrimExpr) -> Stmt:
-    """The two-step loop nest (module docstring) combining the window's values with
-    `combine`, `lowest` its neutral value (the padding)."""
     sh, sw = shape.stride
     dh, dw = shape.dilation
     top, left, _, right = shape.pads
+    lowest = te.lowest_value(x.dtype)
     width = left + shape.w + right
     phase_w = -(-width // sw)
     row = Buffer("maxrow", (phase_w * sw,), x.dtype, "local")
@@ -82,7 +67,7 @@ def window_rows_body(shape: ck.ConvShape, x: Buffer, out: Buffer, lanes: int,
                 value: PrimExpr = lowest
                 for k, kh in enumerate(inside):
                     v = x[n, c, oh * sh + (kh * dh - top), w0 + r]
-                    value = v if k == 0 else combine(value, v)
+                    value = v if k == 0 else max_(value, v)
                 return Store(row, value, (w0 + r + left,))
             return lanes_loop("r", wd, lane)
         return ck.tiled_row(shape.w, tile_w, lanes, tile)
@@ -102,7 +87,7 @@ def window_rows_body(shape: ck.ConvShape, x: Buffer, out: Buffer, lanes: int,
                     col = kw * dw
                     v = (phases[_c(col % sw), ow0 + r + col // sw] if phases is not None
                          else row[ow0 + r + col])
-                    value = v if kw == 0 else combine(value, v)
+                    value = v if kw == 0 else max_(value, v)
                 idx = (n, c, oh, ow0 + r)
                 return Store(out, epilogue(value, idx), idx)
             return lanes_loop("r", wd, lane)

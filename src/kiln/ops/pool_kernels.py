@@ -1,18 +1,11 @@
 """Hand-built 2-D max and average pooling (NCHW, static shapes).
 
 `max_pool2d` (float32, int8, uint8) runs the row-by-row max kernel of
-kiln.ops.max_pool_kernel: no padded copy of the input; so does a strided `avg_pool2d`
-(float32), summing, when its windows do not overlap along the width or its output
-rows are 2 vectors or wider. One thread on a Zen 3 (CPU time, loaded), window kernel
--> rows: DenseNet's 2x2/2 transitions 128x56x56 0.122 -> 0.059 ms, 256x28x28 0.072
--> 0.035, 512x14x14 0.041 -> 0.023; ShuffleNet's 3x3/2 pad 1 24x56x56 0.034 -> 0.021;
-but 240x28x28 0.079-0.083 -> 0.097 and 480x14x14 0.052-0.055 -> 0.057 (7-14 output
-columns: the per-row steps cost more than the window kernel's copy), which keep the
-window kernel, as does stride 1 (64x56x56 3x3: 0.116 against 0.167 ms on rows). The
-other `avg_pool2d` (float32) take the depthwise convolution's window kernel
-(kiln.ops.conv_kernels.window_body): vectors along the output columns, tiles of
-several output rows that load each input row segment once, the input copied once into
-a workspace padded with 0; each sum is divided by its window's count, a compile-time
+kiln.ops.max_pool_kernel: no padded copy of the input. `avg_pool2d` (float32) takes
+the depthwise convolution's window kernel (kiln.ops.conv_kernels.window_body):
+vectors along the output columns, tiles of several output rows that load each input
+row segment once, the input copied once into a workspace padded with 0 and split by
+column phase for stride 2; each sum is divided by its window's count, a compile-time
 table (ONNX's `count_include_pad` and `ceil_mode` make it vary at the borders).
 Elementwise ops FuseOps groups after a float32 pool are applied as each output is
 stored. Other dtypes, ranks and symbolic shapes keep the tensor-expression
@@ -32,7 +25,7 @@ from kiln.ops import conv_kernels as ck
 from kiln.ops import te
 from kiln.ops.epilogue import fused_store
 from kiln.ops.kernels.tiles import tile_lanes, tile_registers
-from kiln.ops.max_pool_kernel import max_pool_body, sum_pool_body
+from kiln.ops.max_pool_kernel import max_pool_body
 from kiln.target.isa import isa_for
 
 POOLS = ("max", "avg")
@@ -100,19 +93,6 @@ def pool2d_kernel(kind: str, geometry: PoolGeometry, include_pad: bool,
         body = max_pool_body(shape, store.buffers[x], store.out, tile_lanes(isa),
                              store.epilogue)
         return PrimFunc((*(store.buffers[t] for t in params), store.out), body,
-                        {"kiln.pool_kernel": name})
-    sw, kw_span = geometry.strides[1], (geometry.kernel[1] - 1) * geometry.dilations[1] + 1
-    if kind == "avg" and sw > 1 and (kw_span <= sw or geometry.out[1] >= 2 * tile_lanes(isa)):
-        # Rows whose windows do not overlap, or rows of 2 vectors or more: narrower rows
-        # with overlapping windows ran faster on the window kernel (module docstring).
-        counts = Buffer("window_count", (shape.out_h, shape.out_w), "float32")
-
-        def divided(v: PrimExpr, idx: tuple[PrimExpr, ...]) -> PrimExpr:
-            return store.epilogue(v / counts[idx[2], idx[3]], idx)
-
-        body = sum_pool_body(shape, store.buffers[x], store.out, tile_lanes(isa), divided)
-        return PrimFunc((*(store.buffers[t] for t in params), store.out),
-                        seq(AllocConst(counts, geometry.counts(include_pad)), body),
                         {"kiln.pool_kernel": name})
     lanes = tile_lanes(isa)
     tile_w = ck.depthwise_tile_width(shape, lanes)
