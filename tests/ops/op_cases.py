@@ -292,6 +292,10 @@ CASES: dict[str, list[OpCase]] = {
     # tensor manipulation
     "reshape": [OpCase((X,), {"shape": (4, 6)}), OpCase((X,), {"shape": (24,)})],
     "transpose": [OpCase((X,), {"perm": (2, 0, 1)}), OpCase((X,), {})],
+    # X is 2x3x4: ShuffleNet's channel shuffle of 6 channels in 2 groups, rows of 4
+    "reshape_transpose": [OpCase((X,), {"inner": (2, 3, 4), "perm": (1, 0, 2),
+                                        "shape": (6, 4)}),
+                          OpCase((X,), {"inner": (6, 4), "perm": (1, 0), "shape": (2, 2, 6)})],
     "concat": [OpCase((X, f32(2, 1, 4), f32(2, 2, 4)), {"axis": 1})],
     "split": [OpCase((f32(2, 7),), {"axis": 1, "sections": (2, 0, 5)})],
     "shape_of": [OpCase((X,), {"start": 0, "end": 3}), OpCase((X,), {"start": 1, "end": 2})],

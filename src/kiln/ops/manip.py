@@ -229,6 +229,52 @@ register_op("transpose", pattern="injective", infer=_transpose_infer,
             reference=lambda x, **a: np.transpose(x, _perm(a, x.ndim)).copy())
 
 
+# ---------------------------------------------------------- reshape_transpose
+
+def _reshape_transpose_attrs(x: TensorType | te.Tensor, attrs: Attrs
+                             ) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
+    """(inner, perm, shape) of a `reshape_transpose` call, checked against the input."""
+    inner = tuple(int(d) for d in attrs["inner"])
+    perm = _perm(attrs, len(inner))
+    shape = tuple(int(d) for d in attrs["shape"])
+    size = int(np.prod(inner, dtype=np.int64))
+    if not is_static(tuple(x.shape)) or dim_product(x.shape) != size or \
+            int(np.prod(shape, dtype=np.int64)) != size:
+        raise IRError(f"reshape_transpose: a static input {shape_text(x.shape)}, its view "
+                      f"{inner} and the result {shape} must hold as many elements")
+    return inner, perm, shape
+
+
+def _reshape_transpose_infer(types: Sequence[TensorType], attrs: Attrs) -> Type:
+    x = types[0]
+    return TensorType(_reshape_transpose_attrs(x, attrs)[2], x.dtype)
+
+
+def _reshape_transpose_compute(inputs: Sequence[te.Tensor], attrs: Attrs) -> te.Tensor:
+    """reshape -> transpose -> reshape as one copy: the three index maps composed (each
+    reshape splits and merges only within its runs of axes, so an axis the chain keeps,
+    e.g. the spatial axes of a channel shuffle, is indexed directly)."""
+    (x,) = inputs
+    inner, perm, shape = _reshape_transpose_attrs(x, attrs)
+    viewed = _reshape_compute([x], {"shape": inner})
+    moved = _transpose_compute([viewed], {"perm": perm})
+    return _reshape_compute([moved], {"shape": shape})
+
+
+def _reshape_transpose_ref(x: np.ndarray, **attrs: Any) -> np.ndarray:
+    inner = tuple(int(d) for d in attrs["inner"])
+    perm = _perm(attrs, len(inner))
+    shape = tuple(int(d) for d in attrs["shape"])
+    return np.transpose(x.reshape(inner), perm).reshape(shape).copy()
+
+
+# `reshape(x, inner) -> transpose(perm) -> reshape(shape)` in one copy; the
+# `merge-copies` graph pass (kiln.transform.merge_copies) builds it from chains of
+# reshapes and transposes such as ShuffleNet's channel shuffle.
+register_op("reshape_transpose", pattern="injective", infer=_reshape_transpose_infer,
+            compute=_reshape_transpose_compute, reference=_reshape_transpose_ref)
+
+
 @onnx_op("Transpose")
 def _transpose_onnx(ctx: GraphContext, inputs: Sequence[g.Expr | None],
                     attrs: dict[str, Any]) -> list[g.Expr]:

@@ -69,7 +69,8 @@ def nchwc_graph_pipeline() -> Sequential:
 def default_graph_pipeline(nchwc: bool = NCHWC_BY_DEFAULT) -> Sequential:
     """Fuse quantized QDQ patterns into integer ops (before fold-constants turns dequantized
     weights into float constants), fold constants, recognize spelled-out GELU and layer
-    norm (recognize-composites), fold BatchNorm, pick the convolution and
+    norm (recognize-composites), fold BatchNorm, merge reshape/transpose chains into one
+    copy and read transposed matmul operands in place (merge-copies), pick the convolution and
     matrix-product kernels, fuse elementwise chains, legalize operators, drop dead code,
     lower to PrimFuncs. BatchNorm
     folding must precede fusion, which would otherwise swallow the multiply/add it folds
@@ -86,6 +87,7 @@ def default_graph_pipeline(nchwc: bool = NCHWC_BY_DEFAULT) -> Sequential:
     from kiln.transform.legalize_ops import LegalizeOps
     from kiln.transform.lower_graph import LowerGraphToTensor
     from kiln.transform.matmul_blocking import BlockMatmuls
+    from kiln.transform.merge_copies import MergeCopies
     from kiln.transform.quantize_ops import QuantizeOps
     from kiln.transform.use_cblas import UseCBLAS, target_wants_cblas
 
@@ -96,7 +98,7 @@ def default_graph_pipeline(nchwc: bool = NCHWC_BY_DEFAULT) -> Sequential:
     # without `nchwc`, only regions with a depthwise convolution (MobileNet-style networks)
     layout = [NchwcLayout()] if nchwc else [NchwcLayout(depthwise_only=True)]
     return Sequential([QuantizeOps(), FoldConstants(), RecognizeComposites(), FoldBatchNorm(),
-                       *blas, BlockConvolutions(), *layout,
+                       MergeCopies(), *blas, BlockConvolutions(), *layout,
                        BlockMatmuls(), FuseOps(), LegalizeOps(), DeadCodeElimination(),
                        LowerGraphToTensor()],
                       name="graph-default")

@@ -23,6 +23,7 @@ for _name, _path in {
     "quantize-ops": "kiln.transform.quantize_ops:QuantizeOps",
     "fold-constants": "kiln.transform.fold_constants:FoldConstants",
     "fold-batchnorm": "kiln.transform.fold_batchnorm:FoldBatchNorm",
+    "merge-copies": "kiln.transform.merge_copies:MergeCopies",
     "recognize-composites": "kiln.transform.composite_ops:RecognizeComposites",
     "block-convolutions": "kiln.transform.conv_blocking:BlockConvolutions",
     "nchwc-layout": "kiln.transform.nchwc_layout:NchwcLayout",
