@@ -449,8 +449,8 @@ def test_weights_past_the_last_level_cache_are_measured_cold(
     lib = build_variant(spec, str(kiln.Target.from_host()), None)["data"]
     out = measure_kernel(spec, [lib, lib], warmup=1, repeats=2, threads=1)
     assert out["equal"] == [True, True] and [len(t) for t in out["times_us"]] == [2, 2]
-    # one eviction before each timed call, a call per sample: 2 repeats x 2 variants
-    assert evicted == [weights // 2 * 3 // 2 // 4 * 4] * (2 * 2)
+    # one eviction before each timed call, COLD_CALLS per sample: 2 repeats x 2 variants
+    assert evicted == [weights // 2 * 3 // 2 // 4 * 4] * (2 * 2 * tune_module.COLD_CALLS)
 
 
 @pytest.mark.parametrize("cpu", ["host", "znver4"])

@@ -52,6 +52,10 @@ Params = dict[str, Any]
 WARMUP = 3
 REPEATS = 15
 CALLS = 3
+#: Calls per sample where the caches are evicted before each: two, so a time slice
+#: another process took during one call does not make the sample (on a loaded 2-vCPU
+#: host one cold call's samples spread by 50-350 %, docs/tuning.md "Measured").
+COLD_CALLS = 2
 #: Adaptive repeats (`measure_blocks`): while a candidate's verdict is open, blocks go
 #: on up to MORE_BLOCKS x the repeats and MORE_TIME x the time the repeats took on top.
 MORE_BLOCKS = 4
@@ -303,9 +307,9 @@ def measure_kernel(spec: KernelSpec, libraries: Sequence[bytes], warmup: int = W
         for _ in range(warmup):
             for fn in fns:
                 fn(*inputs)
-        # a sample is the fastest of CALLS calls; a cold call is one sample (the
-        # eviction, not the call, would take most of the measurement's time)
-        calls = 1 if evict.size else CALLS
+        # a sample is the fastest of CALLS calls, of COLD_CALLS where each call is
+        # preceded by an eviction (which, not the call, takes most of the time)
+        calls = COLD_CALLS if evict.size else CALLS
 
         def sample(fn: Callable[..., Any]) -> float:
             best = float("inf")
