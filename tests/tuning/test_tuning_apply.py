@@ -128,7 +128,8 @@ def _database(specs: list[KernelSpec], key: str, chosen: dict[str, dict[str, Any
     """Recorded timings in which the variant `chosen[family]` is twice as fast."""
     return TuningDatabase(
         Record(s.family, s.signature, key, Measurement(s.default, (100.0,) * 5),
-               [Measurement(chosen[s.family], (50.0, 51.0, 49.0, 50.0, 50.0))])
+               [Measurement(chosen[s.family], (50.0, 51.0, 49.0, 50.0, 50.0), True,
+                            (100.0,) * 5)])
         for s in specs)
 
 
@@ -205,7 +206,7 @@ def test_a_database_of_another_cpu_is_ignored_and_a_corrupt_one_refused(
         ex = kiln.compile(model, kiln.Target.from_host(), tuning=other)
     assert ex.metadata["tuning"]["kernels"] == {}
     bad = tmp_path / "bad.json"
-    bad.write_text(json.dumps({"format": "kiln-tuning", "version": 1,
+    bad.write_text(json.dumps({"format": "kiln-tuning", "version": 2,
                                "records": [{"kernel": "gemm"}]}))
     with pytest.raises(FormatError, match=r"records\[0\]"):
         kiln.compile(model, kiln.Target.from_host(), tuning=bad)
@@ -248,8 +249,10 @@ def _run_recorded(budget: float) -> tuple[Any, list[str]]:
         now[0] += 1.0
         out = []
         for spec, libs, _, repeats, _ in args:
+            # the host drifts: block r runs every variant (1 + r % 4 / 2) times slower,
+            # a relative spread of 50 % that no unpaired rule sees through; the pairs do
             times = [[RECORDED[spec.signature, d.decode()] * (1 + 0.001 * (r % 3))
-                      for r in range(repeats)] for d in libs]
+                      * (1 + (r % 4) / 2) for r in range(repeats)] for d in libs]
             equal = [not (spec.signature == "matmul(b)" and d == b'{"tile":[2,16]}')
                      for d in libs]
             out.append(TaskOutcome({"times_us": times, "equal": equal, "node": "n2"}))
@@ -442,8 +445,40 @@ def test_weights_past_the_last_level_cache_are_measured_cold(
     monkeypatch.setattr(tune_module, "last_level_cache_bytes", lambda: weights // 2)
     assert evict_bytes(spec) == weights // 2 * 3 // 2
     monkeypatch.setattr(tune_module.np, "add", counting_add)
+    monkeypatch.setattr(tune_module, "MORE_BLOCKS", 1)  # the repeats, no more
     lib = build_variant(spec, str(kiln.Target.from_host()), None)["data"]
     out = measure_kernel(spec, [lib, lib], warmup=1, repeats=2, threads=1)
     assert out["equal"] == [True, True] and [len(t) for t in out["times_us"]] == [2, 2]
-    # one eviction before each timed call, a call per sample: 2 repeats x 2 variants
-    assert evicted == [weights // 2 * 3 // 2 // 4 * 4] * (2 * 2)
+    # one eviction before each timed call, COLD_CALLS per sample: 2 repeats x 2 variants
+    assert evicted == [weights // 2 * 3 // 2 // 4 * 4] * (2 * 2 * tune_module.COLD_CALLS)
+
+
+@pytest.mark.parametrize("cpu", ["host", "znver4"])
+def test_k_segments_of_the_blocked_convolution_compute_the_convolution(cpu: str) -> None:
+    """The blocked direct kernel's K-blocking as a knob (`ksegment`: 0 unblocked, or
+    input channels per segment): 64 input channels offer 0, 16 and 32 (64 would be one
+    segment) but the rule's; each computes onnxruntime's result (an AVX-512 CPU is
+    compiled and verified only, unless this host runs it). An illegal one is refused."""
+    from kiln.tuning.apply import Forced, using
+
+    host = kiln.Target.from_host()
+    target = host if cpu == "host" else kiln.Target(
+        f"llvm -mtriple=x86_64-linux-gnu -mcpu={cpu}")
+    runs = cpu == "host" or "+avx512f" in [str(f) for f in host.export().get("mattr", ())]
+    b = GraphBuilder(14)
+    y = b.conv("x", 64, 16, 3)
+    model = b.model([value_info("x", [1, 64, 6, 9])], [value_info(y, [1, 16, 6, 9])], 17,
+                    "segments")
+    (spec,) = [s for s in discover(model, target) if s.family == "conv_direct"]
+    offered = sorted(c["ksegment"] for c in spec.candidates if "ksegment" in c)
+    assert set(offered) < {0, 16, 32} and len(offered) == 2
+    x = np.random.default_rng(2).standard_normal((1, 64, 6, 9)).astype(np.float32)
+    (want,) = onnxruntime_outputs(model, {"x": x})
+    for k in offered:
+        with using(Forced(spec.family, {**spec.default, "ksegment": k})):
+            ex = kiln.compile(model, target)
+        if runs:
+            np.testing.assert_allclose(np.asarray(ex(x)), want, rtol=1e-4, atol=1e-4)
+    with pytest.raises(UsageError, match="ksegment"), \
+            using(Forced(spec.family, {**spec.default, "ksegment": 48})):
+        kiln.compile(model, target)

@@ -52,6 +52,14 @@ Params = dict[str, Any]
 WARMUP = 3
 REPEATS = 15
 CALLS = 3
+#: Calls per sample where the caches are evicted before each: two, so a time slice
+#: another process took during one call does not make the sample (on a loaded 2-vCPU
+#: host one cold call's samples spread by 50-350 %, docs/tuning.md "Measured").
+COLD_CALLS = 2
+#: Adaptive repeats (`measure_blocks`): while a candidate's verdict is open, blocks go
+#: on up to MORE_BLOCKS x the repeats and MORE_TIME x the time the repeats took on top.
+MORE_BLOCKS = 4
+MORE_TIME = 2.0
 #: C flags of a variant's host code (the wrapper around its kernel: argument checks,
 #: metadata; the kernel itself is LLVM's). Unoptimized, it costs every variant a
 #: measurement compares the same few instructions per call, and its compile no longer
@@ -231,13 +239,46 @@ def kernel_inputs(spec: KernelSpec) -> list[np.ndarray]:
     return [rng.standard_normal(o[2]).astype(o[1]) for o in spec.operands if o[0] == "input"]
 
 
+def measure_blocks(sample: Callable[[Any], float], fns: Sequence[Any], equal: Sequence[bool],
+                   repeats: int, clock: Callable[[], float] = time.perf_counter
+                   ) -> list[list[float]]:
+    """Samples of every variant (`fns[0]` the default), taken in blocks of one sample
+    each, the order reversed every other block (so what drifts within a block weighs
+    on the default and the candidates alike). After `repeats` blocks, more are taken
+    while a candidate's verdict is open (kiln.tuning.select.undecided: its median
+    ratio's bounds straddle the winning line), up to `MORE_BLOCKS` x `repeats` blocks
+    and `MORE_TIME` x the time the first `repeats` took: a noisy kernel is measured
+    longer, a clear one not."""
+    from kiln.tuning.select import undecided
+
+    times: list[list[float]] = [[] for _ in fns]
+    order = list(range(len(fns)))
+    tests = sum(equal[1:])
+    began = clock()
+    first = 0.0
+    block = 0
+    while True:
+        if block >= repeats:
+            if block == repeats:
+                first = clock() - began
+            if block >= MORE_BLOCKS * repeats or clock() - began > (1 + MORE_TIME) * first \
+                    or not any(eq and undecided(t, times[0], tests)
+                               for t, eq in zip(times[1:], equal[1:], strict=True)):
+                return times
+        for i in (order if block % 2 == 0 else order[::-1]):
+            times[i].append(sample(fns[i]))
+        block += 1
+
+
 def measure_kernel(spec: KernelSpec, libraries: Sequence[bytes], warmup: int = WARMUP,
                    repeats: int = REPEATS, threads: int | None = None) -> dict[str, Any]:
     """A task: load the libraries (the first is the default's; `threads`: their thread
     count, None the runtime's default), check every result equals the default's, take
     `repeats` samples of each, variants interleaved, the caches evicted before each
-    call where the model's weights exceed them (`evict_bytes`). Returns the samples
-    (us) per library, whether each result was equal and the task's seconds."""
+    call where the model's weights exceed them (`evict_bytes`), in alternating blocks,
+    longer while the noise leaves a verdict open (`measure_blocks`). Returns the
+    samples (us) per library (as many for each, block by block), whether each result
+    was equal and the task's seconds."""
     from kiln.runtime import load_module
     from kiln.runtime.module import LibraryModule
 
@@ -266,20 +307,21 @@ def measure_kernel(spec: KernelSpec, libraries: Sequence[bytes], warmup: int = W
         for _ in range(warmup):
             for fn in fns:
                 fn(*inputs)
-        times: list[list[float]] = [[] for _ in fns]
-        # a sample is the fastest of CALLS calls; a cold call is one sample (the
-        # eviction, not the call, would take most of the measurement's time)
-        calls = 1 if evict.size else CALLS
-        for _ in range(repeats):
-            for i, fn in enumerate(fns):
-                best = float("inf")
-                for _ in range(calls):
-                    if evict.size:
-                        np.add(evict, 1.0, out=evict)
-                    t0 = time.perf_counter()
-                    fn(*inputs)
-                    best = min(best, time.perf_counter() - t0)
-                times[i].append(best * 1e6)
+        # a sample is the fastest of CALLS calls, of COLD_CALLS where each call is
+        # preceded by an eviction (which, not the call, takes most of the time)
+        calls = COLD_CALLS if evict.size else CALLS
+
+        def sample(fn: Callable[..., Any]) -> float:
+            best = float("inf")
+            for _ in range(calls):
+                if evict.size:
+                    np.add(evict, 1.0, out=evict)
+                t0 = time.perf_counter()
+                fn(*inputs)
+                best = min(best, time.perf_counter() - t0)
+            return best * 1e6
+
+        times = measure_blocks(sample, fns, equal, repeats)
     return {"times_us": times, "equal": equal, "node": task_node(),
             "seconds": time.perf_counter() - start, "cpu_seconds": _cpu_seconds() - cpu,
             "span": (wall, time.time())}
@@ -519,9 +561,10 @@ def tune(specs: Sequence[KernelSpec], target: Any, budget_s: float, *,
         if "span" in value:
             spans.append(("measure", *value["span"]))
         st.default_times += value["times_us"][0]
+        paired = tuple(value["times_us"][0])
         for (params, _), times, eq in zip(task.libs, value["times_us"][1:],
                                           value["equal"][1:], strict=True):
-            st.measured.append(Measurement(dict(params), tuple(times), eq))
+            st.measured.append(Measurement(dict(params), tuple(times), eq, paired))
             measured += 1
             if not eq:
                 discarded.append(f"{st.spec.label} {show(params)}: result differs "
@@ -549,11 +592,14 @@ def tune(specs: Sequence[KernelSpec], target: Any, budget_s: float, *,
         for st in states if st.default_times)
     for r in db.records():
         if r.chosen is not None:
-            base = float(np.median(r.default.times_us))
+            from kiln.tuning.select import ratio_bounds
+
             best = next(c for c in r.candidates if c.params == r.chosen)
-            note(f"  {r.kernel} {r.signature}: {show(r.chosen)} "
-                 f"{base / float(np.median(best.times_us)):.2f}x the default's "
-                 f"{show(r.default.params)}")
+            _, mid, high = ratio_bounds(best.times_us, best.default_us,
+                                        sum(c.equal for c in r.candidates))
+            note(f"  {r.kernel} {r.signature}: {show(r.chosen)} {1 / mid:.2f}x the "
+                 f"default's {show(r.default.params)} (at least {1 / high:.2f}x, "
+                 f"{len(best.times_us)} paired samples)")
     wall = clock() - start
     profile["driver_cpu"] = time.process_time() - driver_cpu
     note(f"time: {wall:.1f} s wall; builds {profile['build_tasks']:.1f} s in tasks "

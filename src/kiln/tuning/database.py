@@ -3,11 +3,16 @@
 A JSON file, human-readable and diff-friendly (sorted keys, one record per distinct
 kernel):
 
-    {"format": "kiln-tuning", "version": 1,
+    {"format": "kiln-tuning", "version": 2,
      "records": [{"kernel": "gemm", "signature": "m=64,n=512,k=256,float32",
                   "target": "x86_64:znver4:3f2a...", "default": {"params": {...},
                   "times_us": [...]}, "candidates": [{"params": {...}, "times_us": [...],
-                  "equal": true}], "chosen": {...} or null}]}
+                  "default_us": [...], "equal": true}], "chosen": {...} or null}]}
+
+A candidate's `default_us` are the default's samples taken in the same blocks as its
+`times_us` (same length, pair by pair): the selection rule compares them pairwise.
+Version 1 files (no pairs) are refused with a FormatError saying to tune again: their
+timings cannot be paired after the fact.
 
 `target` is `target_key(isa)`: the architecture, the CPU name and a hash of the
 features LLVM enables, so a record measured on one CPU never applies to another.
@@ -32,7 +37,7 @@ from kiln.target.isa import ISA
 from kiln.tuning.select import choose
 
 FORMAT = "kiln-tuning"
-VERSION = 1
+VERSION = 2
 Params = Mapping[str, Any]
 
 
@@ -49,12 +54,14 @@ def _canonical(params: Params) -> str:
 
 @dataclass(frozen=True)
 class Measurement:
-    """Timings (microseconds) of one variant, and whether its result equalled the
-    default's (always True for the default itself)."""
+    """Timings (microseconds) of one variant, whether its result equalled the default's
+    (always True for the default itself) and, for a candidate, the default's timings
+    of the same measurement blocks (`default_us`, pair by pair with `times_us`)."""
 
     params: Params
     times_us: tuple[float, ...]
     equal: bool = True
+    default_us: tuple[float, ...] = ()
 
 
 @dataclass
@@ -75,7 +82,7 @@ class Record:
     @property
     def chosen(self) -> Params | None:
         """The winning candidate's params (kiln.tuning.select), None for the default."""
-        i = choose(self.default.times_us, [(c.times_us, c.equal) for c in self.candidates])
+        i = choose([(c.times_us, c.default_us, c.equal) for c in self.candidates])
         return None if i is None else self.candidates[i].params
 
     def merged(self, other: Record) -> Record:
@@ -85,7 +92,8 @@ class Record:
             k = _canonical(m.params)
             old = pooled.get(k)
             pooled[k] = m if old is None else Measurement(
-                m.params, old.times_us + m.times_us, old.equal and m.equal)
+                m.params, old.times_us + m.times_us, old.equal and m.equal,
+                old.default_us + m.default_us)
         default = Measurement(self.default.params,
                               self.default.times_us + other.default.times_us)
         return Record(self.kernel, self.signature, self.target, default,
@@ -124,6 +132,7 @@ class TuningDatabase:
             out: dict[str, Any] = {"params": dict(m.params), "times_us": list(m.times_us)}
             if with_equal:
                 out["equal"] = m.equal
+                out["default_us"] = list(m.default_us)
             return out
 
         return {"format": FORMAT, "version": VERSION, "records": [
@@ -173,6 +182,10 @@ class TuningDatabase:
         if version > VERSION:
             raise FormatError(f"{where}: version {version} is newer than this kiln reads "
                               f"({VERSION}); upgrade kiln")
+        if version < VERSION:
+            raise FormatError(f"{where}: version {version} records unpaired timings, which "
+                              f"the selection rule of version {VERSION} cannot compare "
+                              "(kiln.tuning.select); run `kiln tune` again into a new file")
         records = doc.get("records")
         _expect(isinstance(records, list), where, "'records': a list")
         return cls(_record(r, f"{where}: records[{i}]") for i, r in enumerate(records))
@@ -201,9 +214,20 @@ def _measurement(doc: Any, where: str, with_equal: bool) -> Measurement:
     params, times = doc.get("params"), doc.get("times_us")
     _expect(isinstance(params, dict) and all(isinstance(k, str) for k in params), where,
             "'params': an object")
-    _expect(isinstance(times, list) and len(times) > 0 and all(
-        isinstance(t, int | float) and not isinstance(t, bool) and 0 < t < 1e12
-        for t in times), where, "'times_us': a non-empty list of positive numbers")
+    _expect(_timings(times) and len(times) > 0, where,
+            "'times_us': a non-empty list of positive numbers")
     equal = doc.get("equal", True)
     _expect(isinstance(equal, bool) and (with_equal or equal), where, "'equal': a boolean")
-    return Measurement(params, tuple(float(t) for t in times), equal)
+    paired = doc.get("default_us", [] if not with_equal else None)
+    _expect(_timings(paired) and (not with_equal or len(paired) == len(times))
+            and (with_equal or not paired), where,
+            "'default_us': the default's timings of the same blocks, as many as 'times_us'"
+            if with_equal else "no 'default_us'")
+    return Measurement(params, tuple(float(t) for t in times), equal,
+                       tuple(float(t) for t in paired))
+
+
+def _timings(times: Any) -> bool:
+    return isinstance(times, list) and all(
+        isinstance(t, int | float) and not isinstance(t, bool) and 0 < t < 1e12
+        for t in times)

@@ -1,46 +1,103 @@
-"""The selection rule: keep the default unless a candidate is faster by more than the
-noise.
+"""The selection rule: keep the default unless a candidate is faster by a bound the
+measurements support.
 
-Given repeated timings of the default and of each candidate (same kernel, same
-machine), the noise of a sample is its relative spread, (p75 - p25) / median, and at
-least `MIN_NOISE`. A candidate wins only if it computed the same result as the default
-and its median is below the default's by more than the larger of the two noises; the
-fastest such candidate is chosen. So tuning never picks a kernel that was not clearly
-faster, and the choice depends only on the recorded timings (no clock is read here):
-the same measurements always give the same choice.
+A measurement times the default and its candidates in blocks, one sample of each
+variant per block, the order alternating from block to block; a candidate's samples
+are recorded with the default's of the same blocks (`paired`). Host drift (another
+process, the clock, the thermal state) moves both samples of a block alike, so the
+per-block ratio candidate / default is stable where the samples themselves are not.
+
+The statistic is the median of those ratios, bounded by order statistics (a
+distribution-free confidence bound on a median: the number of ratios below the true
+median is binomial(n, 1/2)). A candidate wins only if its result equalled the default's
+and the upper bound of its median ratio, at confidence `CONFIDENCE` shared out over the
+kernel's candidates (Bonferroni: so that trying many does not make one win by chance),
+is below `1 - MIN_GAIN`; of the winners the lowest median ratio is chosen. So tuning
+never picks a kernel that the measurements do not say is faster, and the choice
+depends only on the recorded timings (no clock, no random numbers): the same
+measurements always give the same choice.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import numpy as np
 
 from kiln.errors import UsageError
 
-MIN_NOISE = 0.02
+#: A candidate must be at least this much faster (ratio bound below 1 - MIN_GAIN).
+MIN_GAIN = 0.02
+#: Confidence of the bound, over all candidates of one kernel together.
+CONFIDENCE = 0.95
+#: Fewest paired blocks a candidate needs to be chosen at all.
+MIN_PAIRS = 5
+
+#: (candidate samples, the default's samples of the same blocks, equal result)
+Paired = tuple[Sequence[float], Sequence[float], bool]
 
 
 def noise(times: Sequence[float]) -> float:
-    """Relative interquartile spread of `times`, at least MIN_NOISE."""
+    """Relative interquartile spread of `times` (for logs and the measurement's
+    stopping rule; the choice uses the paired ratios)."""
     t = np.asarray(times, dtype=np.float64)
     if t.size == 0:
         raise UsageError("no timings to take the noise of")
     p25, p50, p75 = np.percentile(t, [25, 50, 75])
-    return max(MIN_NOISE, float((p75 - p25) / p50) if p50 > 0 else MIN_NOISE)
+    return float((p75 - p25) / p50) if p50 > 0 else 0.0
 
 
-def choose(default: Sequence[float], candidates: Sequence[tuple[Sequence[float], bool]]
-           ) -> int | None:
-    """Index of the winning candidate, or None to keep the default. `candidates` are
-    (timings, equal to the default's result) pairs."""
-    base = float(np.median(default))
+def ratios(times: Sequence[float], default: Sequence[float]) -> np.ndarray:
+    """Per-block ratios candidate / default, sorted (pairs up to the shorter list)."""
+    n = min(len(times), len(default))
+    r = np.asarray(times[:n], dtype=np.float64) / np.asarray(default[:n], dtype=np.float64)
+    return np.sort(r)
+
+
+def _rank(n: int, alpha: float) -> int:
+    """The smallest k (1-based) with P(Binomial(n, 1/2) <= k - 1) >= 1 - alpha: the
+    k-th smallest of n samples is an upper bound of their median at confidence
+    1 - alpha (and the (n + 1 - k)-th a lower bound); n + 1 when n is too small."""
+    total, acc = 2.0 ** n, 0.0
+    for k in range(1, n + 1):
+        acc += math.comb(n, k - 1)
+        if acc / total >= 1 - alpha:
+            return k
+    return n + 1
+
+
+def ratio_bounds(times: Sequence[float], default: Sequence[float], tests: int = 1
+                 ) -> tuple[float, float, float]:
+    """(lower bound, median, upper bound) of the median per-block ratio, one-sided
+    bounds each at confidence `CONFIDENCE` shared over `tests` candidates; infinite
+    where too few pairs bound it."""
+    r = ratios(times, default)
+    if r.size == 0:
+        return 0.0, math.inf, math.inf
+    k = _rank(int(r.size), (1 - CONFIDENCE) / max(1, tests))
+    if k > r.size:
+        return 0.0, float(np.median(r)), math.inf
+    return float(r[r.size - k]), float(np.median(r)), float(r[k - 1])
+
+
+def undecided(times: Sequence[float], default: Sequence[float], tests: int = 1) -> bool:
+    """Whether more blocks could change the verdict on a candidate: its median ratio's
+    bounds straddle the winning line `1 - MIN_GAIN`."""
+    low, _, high = ratio_bounds(times, default, tests)
+    return low < 1 - MIN_GAIN <= high
+
+
+def choose(candidates: Sequence[Paired]) -> int | None:
+    """Index of the winning candidate, or None to keep the default (see the module
+    docstring). `candidates` are (timings, the default's timings of the same blocks,
+    equal to the default's result) triples."""
+    tests = sum(1 for _, _, equal in candidates if equal)
     best: tuple[float, int] | None = None
-    for i, (times, equal) in enumerate(candidates):
-        if not equal or len(times) == 0:
+    for i, (times, default, equal) in enumerate(candidates):
+        if not equal or min(len(times), len(default)) < MIN_PAIRS:
             continue
-        median = float(np.median(times))
-        margin = max(noise(default), noise(times))
-        if median < base * (1 - margin) and (best is None or median < best[0]):
+        _, median, high = ratio_bounds(times, default, tests)
+        if high < 1 - MIN_GAIN and (best is None or median < best[0]):
             best = (median, i)
     return None if best is None else best[1]

@@ -18,17 +18,51 @@ from kiln.ops.kernels.tiles import Epilogue, tile_lanes, tile_registers
 from kiln.target.isa import ISA
 
 
-def blocked_body(isa: ISA) -> Any:
-    """The loop nest of `conv2d_blocked` / `conv2d_nchwc` (`cb` is the packed weight's)."""
+def blocked_body(isa: ISA, segment: int | None = None) -> Any:
+    """The loop nest of `conv2d_blocked` / `conv2d_nchwc` (`cb` is the packed weight's);
+    `segment`: the K-blocking's input channels per segment a tuned call records
+    (`KSEGMENT`; 0 unblocked), None the rule's (`choose_k_blocking`)."""
     def body(shape: ck.ConvShape, x: Buffer, w: Buffer, out: Buffer, t: tuple[int, ...],
              epilogue: Epilogue, fused: bool, block: int) -> Stmt:
         tile_w = t[1] if t else ck.choose_tiling(shape, tile_lanes(isa), tile_registers(isa)).tile_w
         tiling = ck.Tiling(cb=int(w.shape[5]), tile_w=tile_w)
+        kblock = choose_k_blocking(shape, tiling, isa) if segment is None else \
+            segment_blocking(tiling, isa, segment)
         return ck.blocked_conv_body(shape, x, w, out, tiling, epilogue, fused, block,
-                                    choose_k_blocking(shape, tiling, isa),
-                                    subsample=isa.vector_bits in ZEN3_VECTOR_BITS)
+                                    kblock, subsample=isa.vector_bits in ZEN3_VECTOR_BITS)
 
     return body
+
+
+#: The attribute a tuned `conv2d_blocked` call records its K-blocking in: input
+#: channels per segment, 0 for unblocked (absent: the rule's, `choose_k_blocking`).
+KSEGMENT = "ksegment"
+#: The segment sizes tuning offers (kiln.ops.kernels.search), where they divide the
+#: group's input channels into at least two segments.
+TUNED_SEGMENTS = (0, 16, 32, 64)
+
+
+def rule_segment(shape: ck.ConvShape, tile: tuple[int, ...], isa: ISA) -> int:
+    """The rule's channels per segment for `tile` (0: unblocked)."""
+    kb = choose_k_blocking(shape, ck.Tiling(cb=tile[0], tile_w=tile[1]), isa)
+    return 0 if kb is None else kb.kc
+
+
+def legal_segments(shape: ck.ConvShape) -> list[int]:
+    """The `TUNED_SEGMENTS` the kernel computes `shape` with: 0, and sizes dividing the
+    group's input channels in at least two segments."""
+    return [k for k in TUNED_SEGMENTS
+            if k == 0 or (shape.ci_group % k == 0 and shape.ci_group >= 2 * k)]
+
+
+def segment_blocking(tiling: ck.Tiling, isa: ISA, channels: int) -> ck.ConvKBlocking | None:
+    """K-blocking of `channels` input channels per segment (0: None, unblocked), the
+    band of tiles per task as the rule's (`PARTIAL_SUMS_L2_SHARE` of the L2)."""
+    if channels == 0:
+        return None
+    tile_bytes = tiling.tile_w * tiling.cb * 4
+    return ck.ConvKBlocking(channels,
+                            max(1, int(PARTIAL_SUMS_L2_SHARE * isa.l2_bytes) // tile_bytes))
 
 
 #: Input channels per segment of K-blocked sums: 32 ran faster than 16 (3x3 512>512 @28:
@@ -81,9 +115,7 @@ def choose_k_blocking(shape: ck.ConvShape, tiling: ck.Tiling, isa: ISA
     small_image = positions <= SMALL_IMAGE_POSITIONS and weights >= isa.l1d_bytes
     if weights < KBLOCK_WEIGHT_L2_SHARE * isa.l2_bytes and not small_image:
         return None
-    tile_bytes = tiling.tile_w * tiling.cb * 4
-    band = max(1, int(PARTIAL_SUMS_L2_SHARE * isa.l2_bytes) // tile_bytes)
-    return ck.ConvKBlocking(kc, band)
+    return segment_blocking(tiling, isa, kc)
 
 
 @dataclass(frozen=True)
@@ -122,9 +154,15 @@ class DirectConv(Family):
 
     def build(self, params: Sequence[Any], args: Sequence[Any], attrs: Mapping[str, Any],
               anchor: Any, result: Any, isa: ISA) -> PrimFunc | None:
+        from kiln.errors import IRError
+
         tile = recorded_tile(attrs, 2, self.op)
+        segment = attrs.get(KSEGMENT)
+        if segment is not None and (isinstance(segment, bool) or segment not in TUNED_SEGMENTS):
+            raise IRError(f"{self.op}: attribute {KSEGMENT!r} must be one of "
+                          f"{', '.join(map(str, TUNED_SEGMENTS))}, got {segment!r}")
         return build_conv(self.op, params, args, attrs, anchor, result, isa, tile or (),
-                          blocked_body(isa))
+                          blocked_body(isa, segment))
 
 
 CONV_DIRECT = DirectConv("conv_direct", "conv2d_blocked", ("conv2d",), 3)

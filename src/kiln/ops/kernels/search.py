@@ -7,6 +7,10 @@
 - `{"tile": [...], "kblock": true}`: the rule's tile with the sums blocked along K
   for the ISA's caches (kiln.ops.gemm_kernels.KBlocking; the GEMM kernels, where K is
   deeper than one block: off by rule, since it measured slower on average);
+- `{"tile": [...], "ksegment": C}`: the blocked direct convolution (`conv_direct`)
+  with its sums K-blocked in segments of C input channels (0: unblocked; 16, 32, 64
+  where they divide the group's channels in two or more: `legal_segments`), other
+  than its rule's (kiln.ops.kernels.conv_direct.choose_k_blocking);
 - `{"family": F, "tile": [...]}`: another convolution algorithm F (`conv_direct`,
   `conv_rows`, `conv_gemm`, `conv_grouped`, `conv_winograd`) with its rule's tile (or
   the tiles it offers: `offered_tiles`), where F computes the call (`computes`).
@@ -28,6 +32,7 @@ from typing import Any, cast
 from kiln.errors import UsageError
 from kiln.ir import graph as g
 from kiln.ir.types import TensorType
+from kiln.ops.kernels.conv_direct import KSEGMENT
 from kiln.ops.kernels.parallel_work import worth_parallel
 from kiln.ops.kernels.registry import KBLOCK, KERNELS, SPLIT, TILE, KernelFamily
 from kiln.ops.kernels.tiles import PARALLEL_SPLITS, tile_lanes
@@ -129,6 +134,26 @@ def blocks_k(family: KernelFamily, call: g.Call, isa: ISA, tile: Sequence[int]) 
                              isa.l2_bytes) is not None
 
 
+def _legal_segments(call: g.Call) -> list[int]:
+    from kiln.ops.kernels.conv import conv_call_shape
+    from kiln.ops.kernels.conv_direct import legal_segments
+
+    shape = conv_call_shape(call)
+    return [] if shape is None else legal_segments(shape)
+
+
+def segments(call: g.Call, isa: ISA, tile: Sequence[int]) -> list[int]:
+    """The K-blocking segments (input channels, 0: unblocked) the blocked direct
+    kernel may take for `call` with `tile`, other than its rule's."""
+    from kiln.ops.kernels.conv import conv_call_shape
+    from kiln.ops.kernels.conv_direct import rule_segment
+
+    shape = conv_call_shape(call)
+    assert shape is not None
+    rule = rule_segment(shape, tuple(tile), isa)
+    return [k for k in _legal_segments(call) if k != rule]
+
+
 def variants(family: KernelFamily, call: g.Call, isa: ISA) -> list[Params]:
     """The legal variants of `call` other than the rule's (`default_params`), most
     promising first (see the module docstring)."""
@@ -151,6 +176,8 @@ def variants(family: KernelFamily, call: g.Call, isa: ISA) -> list[Params]:
         rule_split = ("serial" if work is not None and not worth_parallel(work, "madd", isa)
                       else "outer")
         out += [{**rule, SPLIT: s} for s in PARALLEL_SPLITS if s != rule_split]
+    if family.name == "conv_direct":
+        out += [{**rule, KSEGMENT: k} for k in segments(call, isa, rule["tile"])]
     if blocks_k(family, call, isa, rule["tile"]):
         out.append({**rule, KBLOCK: True})
     out += [p for p in algorithms if p["family"] != WINOGRAD]
@@ -176,13 +203,19 @@ def pack_params(family: KernelFamily, call: g.Call, isa: ISA, params: Mapping[st
     if not isinstance(kblock, bool) or (kblock and name not in KBLOCK_FAMILIES):
         raise UsageError(f"kblock {kblock!r}: only true or false, and true only for the "
                          f"GEMM kernels ({', '.join(KBLOCK_FAMILIES)}), not {name!r}")
+    segment = params.get(KSEGMENT)
+    if segment is not None and (name != "conv_direct" or isinstance(segment, bool)
+                                or segment not in _legal_segments(call)):
+        raise UsageError(f"ksegment {segment!r}: only the 'conv_direct' kernel takes it, "
+                         "0 or input channels per segment dividing the group's")
     chosen = KERNELS.get(name) if name != family.name else family
     tile = params.get("tile")
     pack_tile = getattr(chosen, "pack_tile", None)
     packed = pack_tile(call, isa, tuple(tile)) if tile is not None and callable(pack_tile) \
         else chosen.pack(call, isa)
     extra = {**({SPLIT: split} if split is not None else {}),
-             **({KBLOCK: True} if kblock else {})}
+             **({KBLOCK: True} if kblock else {}),
+             **({KSEGMENT: segment} if segment is not None else {})}
     if not extra:
         return packed
     return g.Call(packed.op, packed.args, g.freeze_attrs({**packed.attrs, **extra}),
