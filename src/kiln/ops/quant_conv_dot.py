@@ -456,7 +456,12 @@ def _tiles(x: Buffer, ww: Buffer, bias: Buffer, x_zp: Buffer, multiplier: Buffer
     else:  # the output positions, padded to whole tiles (zero words past the last)
         padded = (-(-positions // tile.rows) * tile.rows if tile.channels_as_lanes
                   else -(-positions // nr) * nr)
-    words = Buffer("x_words", (batch, groups, padded), "int32", "global")
+    # a group's words start an odd number of cache lines after the previous group's: a
+    # tile reads one vector per group, and a pitch of an even count of lines (3136
+    # positions: 196) maps those vectors onto a few cache sets, which then evict one
+    # another between the tile's row tiles
+    lines = -(-padded // 16)
+    words = Buffer("x_words", (batch, groups, 16 * (lines + 1 - lines % 2)), "int32", "global")
     grid_view = Buffer("x_grid", (batch, int(src.shape[1]), int(np.prod(grid))), x.dtype)
 
     def word_at(p: PrimExpr) -> PrimExpr:
@@ -502,7 +507,20 @@ def _tiles(x: Buffer, ww: Buffer, bias: Buffer, x_zp: Buffer, multiplier: Buffer
             words, as_expr(0, "int32"), (n, g, p)), start=positions)
         return seq(rows, tail)
 
-    pack = tile_loop("n", batch, lambda n: tile_loop(
+    # int16 pairs (twice the words of bytes) on the positions tile: the im2col is packed
+    # a block of whole output rows at a time, just before that block's column tiles
+    # read it (in the same thread: in cache, not evicted by the whole image's words)
+    block = _block_rows(spatial, nr, groups) if (
+        group == quant_dot.PAIR_GROUP and not tile.channels_as_lanes and not in_grid) else 0
+
+    def fill(n: PrimExpr, b: PrimExpr) -> Stmt:
+        width = spatial[1]
+        return tile_loop("g", groups, lambda g: nest(
+            names, (block, width), lambda o0, o1: Store(words, word(g, lambda c, off: src[(
+                n, c, b * block + o0 + off[0], o1 + off[1])]),
+                (n, g, (b * block + o0) * width + o1))))
+
+    pack = seq() if block else tile_loop("n", batch, lambda n: tile_loop(
         "g", groups, lambda g: pack_group(n, g),
         "parallel" if big and groups > 1 else "serial"))
     flat_out = Buffer("out_flat", (batch, oc_n, positions), out.dtype)
@@ -519,12 +537,27 @@ def _tiles(x: Buffer, ww: Buffer, bias: Buffer, x_zp: Buffer, multiplier: Buffer
                                word_at, intrinsic)
     else:
         nest_ = _position_tiles(words, ww, flat_out, tile, _RowEpilogue(
-            bias, multiplier, y_zp, lo, hi), positions, oc_n, big, intrinsic)
+            bias, multiplier, y_zp, lo, hi), positions, oc_n, big, intrinsic,
+            (block * spatial[1] // nr, fill) if block else None)
     views = (DeclBuffer(grid_view, src, 0),) if in_grid else ()
     return seq(pad, split, *views, Allocate(words), pack, DeclBuffer(flat_out, out, 0), nest_)
 
 
 Epilogue = Callable[[PrimExpr, PrimExpr], PrimExpr]
+#: Most bytes of im2col words a block of output rows packs at a time (`_block_rows`).
+BLOCK_BYTES = 384 * 1024
+
+
+def _block_rows(spatial: Sequence[int], nr: int, groups: int) -> int:
+    """Output rows of a 2-D convolution's im2col block: whole column tiles (`nr`
+    positions) that divide the image's rows evenly, as many as fit BLOCK_BYTES of
+    words and leave at least 4 blocks; 0 when no such block exists."""
+    if len(spatial) != 2:
+        return 0
+    rows, width = spatial
+    fits = [r for r in range(1, rows + 1) if rows % r == 0 and r * width % nr == 0
+            and rows // r >= 4 and r * width * groups * 4 <= BLOCK_BYTES]
+    return max(fits, default=0)
 
 
 @dataclass(frozen=True)
@@ -568,14 +601,18 @@ class _RowEpilogue:
 
 def _position_tiles(words: Buffer, ww: Buffer, flat_out: Buffer, tile: ConvTile,
                     epilogue: _RowEpilogue, positions: int, oc_n: int, big: bool,
-                    intrinsic: str = DOT4_U8S8) -> Stmt:
+                    intrinsic: str = DOT4_U8S8,
+                    blocks: tuple[int, Callable[[PrimExpr, PrimExpr], Stmt]] | None = None
+                    ) -> Stmt:
     """Tiles of output channels (a broadcast weight word each) x output positions (the
-    lanes: vectors of input words), stored along the output rows."""
+    lanes: vectors of input words), stored along the output rows. With `blocks`
+    (column tiles per block, `fill(n, block)`), the blocks run in parallel, each packing
+    its words with `fill` before its column tiles."""
     batch, groups = int(words.shape[0]), int(words.shape[1])
     mr, nr = tile.rows, tile.cols
     col_tiles, row_tiles = -(-positions // nr), -(-oc_n // mr)
 
-    def one(n: Var, ct: Var, rt: Var) -> Stmt:
+    def one(n: PrimExpr, ct: PrimExpr, rt: PrimExpr) -> Stmt:
         acc = Buffer("acc", (mr, nr), "int32", "local")
 
         def row(r: PrimExpr) -> PrimExpr:
@@ -612,6 +649,12 @@ def _position_tiles(words: Buffer, ww: Buffer, flat_out: Buffer, tile: ConvTile,
         return seq(Allocate(acc), zero, step, *(Allocate(b) for b in regs),
                    tile_loop("r", mr, store_row, "unrolled"))
 
+    if blocks is not None:
+        per, fill = blocks
+        return tile_loop("n", batch, lambda n: tile_loop("b", col_tiles // per, lambda b: seq(
+            fill(n, b), tile_loop("ct", per, lambda ct: tile_loop(
+                "rt", row_tiles, lambda rt: one(n, b * per + ct, rt))))),
+            "parallel" if big else "serial")
     if col_tiles >= PARALLEL_TILES or row_tiles < col_tiles:
         # column tiles in parallel: each thread reads the input words of its positions
         return tile_loop("n", batch, lambda n: tile_loop("ct", col_tiles, lambda ct: tile_loop(
