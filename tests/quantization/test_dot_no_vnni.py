@@ -1,5 +1,5 @@
-"""The int8 dot form on x86 targets without VNNI (AVX2, AVX-512BW: `vpmaddwd` on bytes
-widened to int16, kiln/codegen/llvm/int_dot.py) is exact on the inputs that saturate a
+"""The int8 dot form on x86 targets without VNNI (AVX2, AVX-512BW: `vpmaddwd` on words
+of int16 pairs, `dot2_i16`, kiln/ops/quant_dot.py) is exact on the inputs that saturate a
 plain `vpmaddubsw`: adjacent weights of -128 and 127 against activations of 255, for
 every signedness of A and B that MatMulInteger allows, against numpy's int64 product;
 and the convolution tiles sized for them, against onnxruntime."""
@@ -73,13 +73,14 @@ def model() -> tuple[onnx.ModelProto, dict[str, np.ndarray], dict[str, np.ndarra
 @pytest.mark.parametrize("target", TARGETS)
 def test_worst_case_products_are_exact(target: str) -> None:
     isa = isa_for(Target(target))
-    assert isa.int8_dot in ("avx2", "avx512bw")  # VNNI hidden, the widened family
+    assert isa.int8_dot in ("avx2", "avx512bw")  # VNNI hidden
     onnx_model, feeds, want = model()
-    # every product kernel (one per A dtype) took the dot form, none the int16 element tiles
+    # every product kernel (one per A dtype) took the int16-pair dot form, none the int16
+    # element tiles
     ex = kiln.compile(from_onnx(onnx_model), target)
     text = kiln.script.print_module(ex.ir)
     kernels = len(re.findall(r"def matmul_integer_packed", text))
-    assert kernels == 2 and len(re.findall(r"T\.dot4_u8s8\(", text)) == kernels
+    assert kernels == 2 and len(re.findall(r"T\.dot2_i16\(", text)) == kernels
     if not isa.features <= isa_for(Target.from_host()).features:
         pytest.skip(f"this host lacks {target}'s features: compiled, not run")
     got = ex["main"](*feeds.values())
@@ -89,8 +90,8 @@ def test_worst_case_products_are_exact(target: str) -> None:
 
 @pytest.mark.parametrize("target", TARGETS)
 def test_conv_tiles_equal_onnxruntime(target: str) -> None:
-    # 14 x 14 = 196 output positions: AVX-512BW's widened tiles take 3 vectors (48
-    # columns, the last tile partial), AVX2's 2; worst-case weights in channel 0
+    # 14 x 14 = 196 output positions (the last tile partial); worst-case weights in
+    # channel 0
     rng = np.random.default_rng(13)
     model = qlinear_conv_model((1, 8, 14, 14), 6, 3, 1, 1, False, rng)
     w = next(t for t in model.graph.initializer if t.name == "w")

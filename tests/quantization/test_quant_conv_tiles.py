@@ -18,6 +18,7 @@ from test_dot_gemm import host_runs
 import kiln
 from kiln.frontend import from_onnx
 from kiln.ir import graph as g
+from kiln.ops import quant_dot
 from kiln.ops.quant_conv_dot import choose_tile, unpacked_weight, weight_panels
 from kiln.target import Target
 from kiln.target.isa import isa_for
@@ -113,11 +114,13 @@ def test_channel_tiles_equal_onnxruntime(
         target: str, model: tuple[onnx.ModelProto, dict[str, np.ndarray], list[np.ndarray]]
 ) -> None:
     onnx_model, feeds, want = model
-    isa = isa_for(Target(target))
-    assert isa.vector_bits >= 256
+    with Target(target):  # the tile planning ISA (int16 pairs without VNNI)
+        isa = quant_dot.target_isa()
+    assert isa is not None and isa.vector_bits >= 256
     # the layers the rule puts on the channels-as-lanes tile for this target (all of
     # them with zmm registers; AVX2's 16 ymm keep 14 x 14 on the positions tile) have
-    # their weights packed in panels ([panels][K / 4][nr] words), the others in words
+    # their weights packed in panels ([panels][K / 4][nr] words, K / 2 without VNNI),
+    # the others in words
     chosen = [choose_tile(isa, ((h + 2 * (k // 2) - k) // stride + 1) ** 2, oc,
                           c * k * k).channels_as_lanes
               for _, (c, h, _), oc, k, stride, *_ in LAYERS + POSITION_LAYERS]

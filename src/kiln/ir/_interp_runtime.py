@@ -213,9 +213,21 @@ def _dot4_u8s8_sat16(acc: Any, a: Any, b: Any) -> int:
     return total
 
 
+def _dot2_i16(acc: Any, a: Any, b: Any) -> int:
+    """The `dot2_i16` intrinsic before int32 wraparound: `acc` plus the products of
+    `a`'s and `b`'s 16-bit halves, both signed."""
+    a, b = int(a), int(b)
+    total = int(acc)
+    for shift in (0, 16):
+        x, w = (a >> shift) & 0xFFFF, (b >> shift) & 0xFFFF
+        total += (x - 0x10000 if x > 0x7FFF else x) * (w - 0x10000 if w > 0x7FFF else w)
+    return total
+
+
 def _base_namespace() -> dict[str, Any]:
     ns: dict[str, Any] = {
         "_check": _check, "_dot4_u8s8": _dot4_u8s8, "_dot4_u8s8_sat16": _dot4_u8s8_sat16,
+        "_dot2_i16": _dot2_i16,
         "_Fault": _Fault, "_tdiv": _tdiv, "_tmod": _tmod, "_ipow": _ipow, "_shl": _shl,
         "_shr": _shr, "_sel": _sel, "_f2i": _f2i, "_fmin": _fmin, "_fmax": _fmax,
         "_ffloordiv": _ffloordiv, "_ffloormod": _ffloormod, "_round16": _round16,

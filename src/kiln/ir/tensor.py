@@ -265,6 +265,8 @@ INTRINSICS: dict[str, int] = {
     "dot4_u8s8": 3,
     # dot4_u8s8_sat16(acc, a, b): the same with int16-saturated pair sums (DOT4_U8S8_SAT16)
     "dot4_u8s8_sat16": 3,
+    # dot2_i16(acc, a, b): two int16 products per word (DOT2_I16)
+    "dot2_i16": 3,
     CHECK_INTRINSIC: 2,
     PROFILE_START: 1, PROFILE_STOP: 2,
 }
@@ -279,8 +281,15 @@ DOT4_U8S8 = "dot4_u8s8"
 # u8 x s8 kernels compute on AVX2 hosts without VNNI (docs/quantization.md, the
 # `int8-pairs` target attribute), int32 wraparound for the additions to `acc`.
 DOT4_U8S8_SAT16 = "dot4_u8s8_sat16"
-#: The byte dot-product intrinsics (int32 arguments: 4 packed bytes each).
-DOT4_INTRINSICS = frozenset({DOT4_U8S8, DOT4_U8S8_SAT16})
+# `dot2_i16(acc, a, b)`, all int32: `acc + s16(a) * s16(b) + s16(a >> 16) * s16(b >> 16)`
+# with int32 wraparound: both 16-bit halves of each word signed (half 0 the least
+# significant). One lane of x86 `vpmaddwd` plus an add: the exact int8 products on
+# AVX2 / AVX-512BW without VNNI, with u8 or s8 values stored widened in int16 pairs
+# (docs/quantization.md, "Without VNNI: int16 pairs").
+DOT2_I16 = "dot2_i16"
+#: The integer dot-product intrinsics (int32 arguments: packed words of 4 bytes, or of
+#: 2 int16 halves for `dot2_i16`).
+DOT4_INTRINSICS = frozenset({DOT4_U8S8, DOT4_U8S8_SAT16, DOT2_I16})
 # Intrinsics whose result is bool whatever the argument's dtype.
 BOOL_INTRINSICS = frozenset({"isnan", "isinf"})
 

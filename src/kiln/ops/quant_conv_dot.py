@@ -21,6 +21,10 @@ per-channel multiplier along the lanes. That tile's input words are packed at ea
 output position's place in the padded input grid (`_tiles`), one contiguous loop per word
 group; a strided convolution reads its input split into phase planes (`_PhasePlanes`),
 where its taps read contiguously as a stride-1 convolution's do.
+
+Without VNNI (AVX2, AVX-512BW: `quant_dot.PAIRS16`) the words hold 2 k as int16 halves
+(attribute `k_group=2`: `[OC][ceil(K / 2)]`), the im2col writes its words the same way
+and the tile step is `dot2_i16`.
 """
 
 from __future__ import annotations
@@ -83,28 +87,31 @@ def k_order(wp: np.ndarray, tap_major: bool) -> np.ndarray:
     return w.reshape(w.shape[0], -1)
 
 
-def weight_words(wp: np.ndarray, tap_major: bool = False) -> np.ndarray:
-    """The shifted int8 weight `[OC][C][...]` as words `[OC][ceil(K / 4)]` (k in the
-    order of `k_order`)."""
-    return np.ascontiguousarray(quant_dot.words(k_order(wp, tap_major).T).T)
+def weight_words(wp: np.ndarray, tap_major: bool = False,
+                 group: int = quant_dot.GROUP) -> np.ndarray:
+    """The shifted int8 weight `[OC][C][...]` as words `[OC][ceil(K / group)]` (k in the
+    order of `k_order`; `quant_dot.words`)."""
+    return np.ascontiguousarray(quant_dot.words(k_order(wp, tap_major).T, group).T)
 
 
-def weight_panels(wp: np.ndarray, nr: int, tap_major: bool = False) -> np.ndarray:
+def weight_panels(wp: np.ndarray, nr: int, tap_major: bool = False,
+                  group: int = quant_dot.GROUP) -> np.ndarray:
     """The shifted int8 weight `[OC][C][...]` as the channels-as-lanes tile reads it:
-    words in panels of `nr` channels, `[ceil(OC / nr)][ceil(K / 4)][nr]` (zero-padded)."""
+    words in panels of `nr` channels, `[ceil(OC / nr)][ceil(K / group)][nr]`
+    (zero-padded)."""
     from kiln.ops.quant_kernels import panelize
 
-    return panelize(weight_words(wp, tap_major).T, nr)
+    return panelize(weight_words(wp, tap_major, group).T, nr)
 
 
-def unpacked_weight(ww: np.ndarray, w_shape: Sequence[int], tap_major: bool = False
-                    ) -> np.ndarray:
+def unpacked_weight(ww: np.ndarray, w_shape: Sequence[int], tap_major: bool = False,
+                    group: int = quant_dot.GROUP) -> np.ndarray:
     """The int8 weight `[OC][C][...]` of `weight_words` or `weight_panels`."""
     from kiln.ops.quant_kernels import unpanelize
 
     oc, k = int(w_shape[0]), int(np.prod(w_shape[1:]))
     words = np.asarray(ww) if np.ndim(ww) == 2 else unpanelize(np.asarray(ww), oc).T
-    flat = quant_dot.unwords(words.T, k).T
+    flat = quant_dot.unwords(words.T, k, group).T
     if tap_major:
         shape = (oc, *w_shape[2:], int(w_shape[1]))
         return np.moveaxis(flat.reshape(shape), -1, 1)
@@ -131,13 +138,18 @@ LOAD_WEIGHT = 0.125
 MADDUBS_LOAD_WEIGHT = 1.0
 
 
+#: The same for the int16-pair tiles (`quant_dot.PAIRS16`: a step is 2 k, so twice the
+#: loads of a step of 4 k per product).
+PAIRS16_LOAD_WEIGHT = 0.5
+
+
 def _step_cost(isa: Any, rows: int, vectors: int) -> float:
-    """Vector instructions of one step (4 k) of a tile, loads weighted by LOAD_WEIGHT:
-    a dot product per accumulator, a broadcast per row and a load per vector; the
-    widening families (quant_dot.widens) pay two `vpmaddwd` and two adds per
-    accumulator, the widening per row and per vector (as quant_dot counts them)."""
-    if quant_dot.widens(isa):
-        return 4 * rows * vectors + 4 * rows + 3 * vectors
+    """Vector instructions of one step (a word: 4 k, or 2 k of int16 pairs) of a tile,
+    loads weighted by LOAD_WEIGHT: a dot product per accumulator, a broadcast per row and
+    a load per vector."""
+    if isa.int8_dot == quant_dot.PAIRS16:
+        # vpmaddwd and an add per accumulator and 2 k
+        return 2 * rows * vectors + (rows + vectors) * PAIRS16_LOAD_WEIGHT
     if isa.int8_dot == quant_dot.MADDUBS:
         # vpmaddubsw, vpmaddwd by ones and an add per accumulator (int8-pairs=saturate);
         # a load or broadcast weighs as one of those (on AMD EPYC Zen 3, 3x3 256>256 at
@@ -156,7 +168,8 @@ def _tile_cost(isa: Any, tile: ConvTile, positions: int, channels: int, k: int) 
     rows, cols = (positions, channels) if tile.channels_as_lanes else (channels, positions)
     tiles = -(-rows // tile.rows) * -(-cols // tile.cols)
     epilogue = tile.rows * (tile.cols if tile.channels_as_lanes else vectors)
-    return tiles * (-(-k // quant_dot.GROUP) * _step_cost(isa, tile.rows, vectors) + epilogue)
+    return tiles * (-(-k // quant_dot.k_group(isa)) * _step_cost(isa, tile.rows, vectors)
+                    + epilogue)
 
 
 def channel_rows(isa: Any, positions: int, nr: int, k: int) -> int:
@@ -200,7 +213,7 @@ def _w_shape(attrs: Attrs) -> tuple[int, ...]:
 def _infer(types: Sequence[TensorType], attrs: Attrs) -> Type:
     x, ww, bias, x_zp, multiplier, y_zp = types
     ws = _w_shape(attrs)
-    groups = -(-int(np.prod(ws[1:])) // quant_dot.GROUP)
+    groups = -(-int(np.prod(ws[1:])) // quant_dot.word_group(attrs))
     # words [OC][groups], or panels [ceil(OC / nr)][groups][nr] of the channels tile
     shape = tuple(ww.shape)
     words = shape == (ws[0], groups) or (
@@ -229,16 +242,17 @@ def _build(inputs: Sequence[te.Tensor], attrs: Attrs) -> te.Tensor:
 
     saturate = quant_dot.saturates(attrs)
     k_total = int(np.prod(ws[1:]))
+    group = quant_dot.word_group(attrs)
 
     def value(n: PrimExpr, oc: PrimExpr, *o: PrimExpr) -> PrimExpr:
         def term(c: PrimExpr, *k: PrimExpr) -> PrimExpr:
             pos = tuple(o[j] * strides[j] + k[j] * dilations[j] - begins[j] for j in range(rank))
             flat = (te.flat_index(k, ws[2:]) * ws[1] + c if saturate
                     else c * taps + te.flat_index(k, ws[2:]))
-            g = flat // quant_dot.GROUP
+            g = flat // group
             word = ww[oc, g] if ww.ndim == 2 else ww[oc // ww.shape[2], g, oc % ww.shape[2]]
             return quant_dot.a_byte(te.padded(x, (n, c, *pos), x_zp[()])) * quant_dot.b_byte(
-                word, flat)
+                word, flat, group)
 
         if saturate:  # k = (tap, c); the products of k = 2p and 2p + 1 clamped to int16
             acc = quant_dot.saturated_sum(lambda k: term(
@@ -255,9 +269,9 @@ def _reference(x: np.ndarray, ww: np.ndarray, bias: np.ndarray, x_zp: np.ndarray
     from kiln.ops.quant_kernels import conv_packed_ref
 
     saturate = quant_dot.saturates(attrs)
-    w = unpacked_weight(ww, _w_shape(attrs), saturate)
+    w = unpacked_weight(ww, _w_shape(attrs), saturate, quant_dot.word_group(attrs))
     shift = quant_dot.a_shift(str(x.dtype))
-    rest = {a: v for a, v in attrs.items() if a != "w_shape"}
+    rest = {a: v for a, v in attrs.items() if a not in ("w_shape", "k_group")}
     return conv_packed_ref(x.astype(np.int64) + shift, w, bias,
                             np.asarray(int(x_zp) + shift), multiplier, y_zp, **rest)
 
@@ -270,8 +284,9 @@ class _TiledConv(HandBuiltOp):
                     anchor: te.Tensor | None, result: te.Tensor | None,
                     name: str) -> PrimFunc | None:
         isa = quant_dot.target_isa(quant_dot.saturates(attrs))
-        if result is not None or len(args) != len(params) or isa is None:
-            return None
+        if result is not None or len(args) != len(params) or isa is None \
+                or quant_dot.k_group(isa) != quant_dot.word_group(attrs):
+            return None  # (words packed for another target: the te definition reads them)
         x, ww, bias, x_zp, multiplier, y_zp = (Buffer(t.name, t.shape, t.dtype) for t in params)
         out_type = _infer([TensorType(t.shape, t.dtype) for t in params], attrs)
         assert isinstance(out_type, TensorType)
@@ -404,6 +419,7 @@ def _tiles(x: Buffer, ww: Buffer, bias: Buffer, x_zp: Buffer, multiplier: Buffer
     taps, k_total, groups = int(np.prod(ws[2:])), int(np.prod(ws[1:])), int(ww.shape[1])
     saturate = quant_dot.saturates(attrs)
     intrinsic = quant_dot.dot_intrinsic(attrs)
+    group = quant_dot.word_group(attrs)
     if ww.ndim == 3:  # weight panels: channels as lanes, as wide as the panels
         nr = int(ww.shape[2])
         tile = ConvTile(True, channel_rows(isa, positions, nr, k_total), nr)
@@ -440,7 +456,12 @@ def _tiles(x: Buffer, ww: Buffer, bias: Buffer, x_zp: Buffer, multiplier: Buffer
     else:  # the output positions, padded to whole tiles (zero words past the last)
         padded = (-(-positions // tile.rows) * tile.rows if tile.channels_as_lanes
                   else -(-positions // nr) * nr)
-    words = Buffer("x_words", (batch, groups, padded), "int32", "global")
+    # a group's words start an odd number of cache lines after the previous group's: a
+    # tile reads one vector per group, and a pitch of an even count of lines (3136
+    # positions: 196) maps those vectors onto a few cache sets, which then evict one
+    # another between the tile's row tiles
+    lines = -(-padded // 16)
+    words = Buffer("x_words", (batch, groups, 16 * (lines + 1 - lines % 2)), "int32", "global")
     grid_view = Buffer("x_grid", (batch, int(src.shape[1]), int(np.prod(grid))), x.dtype)
 
     def word_at(p: PrimExpr) -> PrimExpr:
@@ -453,23 +474,21 @@ def _tiles(x: Buffer, ww: Buffer, bias: Buffer, x_zp: Buffer, multiplier: Buffer
 
     def word(g: PrimExpr, load: Callable[[PrimExpr, Sequence[PrimExpr]], PrimExpr]
              ) -> PrimExpr:
-        # the im2col word of group g: 4 k = (c, tap) read by `load(plane, offsets)`,
-        # 0 past K
-        total: PrimExpr = as_expr(0, "int32")
-        for i in range(quant_dot.GROUP):
-            k = g * quant_dot.GROUP + i
+        # the im2col word of group g: `group` k = (c, tap) read by
+        # `load(plane, offsets)`, 0 past K
+        def value(i: int) -> PrimExpr:
+            k = g * group + i
             if saturate:  # onnxruntime's k order: (tap, c)
                 c, kk = k % ws[1], te.unflatten_index(min_(k // ws[1], taps - 1), ws[2:])
             else:
                 c, kk = k // taps, te.unflatten_index(k % taps, ws[2:])
             byte = quant_dot.a_byte(load(planes.plane(min_(c, ws[1] - 1), kk),
                                          planes.offsets(kk)))
-            if k_total % quant_dot.GROUP:
+            if k_total % group:
                 byte = Select(compare("lt", k, k_total), byte, as_expr(0, "int32"))
-            if i == quant_dot.GROUP - 1:
-                byte = Select(compare("ge", byte, 128), byte - 256, byte)
-            total = total + byte * (1 << (8 * i))
-        return total
+            return byte
+
+        return quant_dot.pack_word(value, group)
 
     names = tuple(f"o{j}" for j in range(rank))
 
@@ -488,7 +507,20 @@ def _tiles(x: Buffer, ww: Buffer, bias: Buffer, x_zp: Buffer, multiplier: Buffer
             words, as_expr(0, "int32"), (n, g, p)), start=positions)
         return seq(rows, tail)
 
-    pack = tile_loop("n", batch, lambda n: tile_loop(
+    # int16 pairs (twice the words of bytes) on the positions tile: the im2col is packed
+    # a block of whole output rows at a time, just before that block's column tiles
+    # read it (in the same thread: in cache, not evicted by the whole image's words)
+    block = _block_rows(spatial, nr, groups) if (
+        group == quant_dot.PAIR_GROUP and not tile.channels_as_lanes and not in_grid) else 0
+
+    def fill(n: PrimExpr, b: PrimExpr) -> Stmt:
+        width = spatial[1]
+        return tile_loop("g", groups, lambda g: nest(
+            names, (block, width), lambda o0, o1: Store(words, word(g, lambda c, off: src[(
+                n, c, b * block + o0 + off[0], o1 + off[1])]),
+                (n, g, (b * block + o0) * width + o1))))
+
+    pack = seq() if block else tile_loop("n", batch, lambda n: tile_loop(
         "g", groups, lambda g: pack_group(n, g),
         "parallel" if big and groups > 1 else "serial"))
     flat_out = Buffer("out_flat", (batch, oc_n, positions), out.dtype)
@@ -505,12 +537,27 @@ def _tiles(x: Buffer, ww: Buffer, bias: Buffer, x_zp: Buffer, multiplier: Buffer
                                word_at, intrinsic)
     else:
         nest_ = _position_tiles(words, ww, flat_out, tile, _RowEpilogue(
-            bias, multiplier, y_zp, lo, hi), positions, oc_n, big, intrinsic)
+            bias, multiplier, y_zp, lo, hi), positions, oc_n, big, intrinsic,
+            (block * spatial[1] // nr, fill) if block else None)
     views = (DeclBuffer(grid_view, src, 0),) if in_grid else ()
     return seq(pad, split, *views, Allocate(words), pack, DeclBuffer(flat_out, out, 0), nest_)
 
 
 Epilogue = Callable[[PrimExpr, PrimExpr], PrimExpr]
+#: Most bytes of im2col words a block of output rows packs at a time (`_block_rows`).
+BLOCK_BYTES = 384 * 1024
+
+
+def _block_rows(spatial: Sequence[int], nr: int, groups: int) -> int:
+    """Output rows of a 2-D convolution's im2col block: whole column tiles (`nr`
+    positions) that divide the image's rows evenly, as many as fit BLOCK_BYTES of
+    words and leave at least 4 blocks; 0 when no such block exists."""
+    if len(spatial) != 2:
+        return 0
+    rows, width = spatial
+    fits = [r for r in range(1, rows + 1) if rows % r == 0 and r * width % nr == 0
+            and rows // r >= 4 and r * width * groups * 4 <= BLOCK_BYTES]
+    return max(fits, default=0)
 
 
 @dataclass(frozen=True)
@@ -554,14 +601,18 @@ class _RowEpilogue:
 
 def _position_tiles(words: Buffer, ww: Buffer, flat_out: Buffer, tile: ConvTile,
                     epilogue: _RowEpilogue, positions: int, oc_n: int, big: bool,
-                    intrinsic: str = DOT4_U8S8) -> Stmt:
+                    intrinsic: str = DOT4_U8S8,
+                    blocks: tuple[int, Callable[[PrimExpr, PrimExpr], Stmt]] | None = None
+                    ) -> Stmt:
     """Tiles of output channels (a broadcast weight word each) x output positions (the
-    lanes: vectors of input words), stored along the output rows."""
+    lanes: vectors of input words), stored along the output rows. With `blocks`
+    (column tiles per block, `fill(n, block)`), the blocks run in parallel, each packing
+    its words with `fill` before its column tiles."""
     batch, groups = int(words.shape[0]), int(words.shape[1])
     mr, nr = tile.rows, tile.cols
     col_tiles, row_tiles = -(-positions // nr), -(-oc_n // mr)
 
-    def one(n: Var, ct: Var, rt: Var) -> Stmt:
+    def one(n: PrimExpr, ct: PrimExpr, rt: PrimExpr) -> Stmt:
         acc = Buffer("acc", (mr, nr), "int32", "local")
 
         def row(r: PrimExpr) -> PrimExpr:
@@ -598,6 +649,12 @@ def _position_tiles(words: Buffer, ww: Buffer, flat_out: Buffer, tile: ConvTile,
         return seq(Allocate(acc), zero, step, *(Allocate(b) for b in regs),
                    tile_loop("r", mr, store_row, "unrolled"))
 
+    if blocks is not None:
+        per, fill = blocks
+        return tile_loop("n", batch, lambda n: tile_loop("b", col_tiles // per, lambda b: seq(
+            fill(n, b), tile_loop("ct", per, lambda ct: tile_loop(
+                "rt", row_tiles, lambda rt: one(n, b * per + ct, rt))))),
+            "parallel" if big else "serial")
     if col_tiles >= PARALLEL_TILES or row_tiles < col_tiles:
         # column tiles in parallel: each thread reads the input words of its positions
         return tile_loop("n", batch, lambda n: tile_loop("ct", col_tiles, lambda ct: tile_loop(

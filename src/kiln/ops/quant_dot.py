@@ -12,6 +12,14 @@ The dot product multiplies *unsigned* bytes of A: an int8 A is shifted by +128
 (`a + 128` is `a ^ 0x80` on the byte) and the shift is corrected like a zero point,
 `sum((a + 128) * w) - 128 * colsum(w)` (`a_shift`).
 
+Without VNNI (AVX2, AVX-512BW; the default `int8-pairs=exact`) the words hold *int16
+pairs* instead (`k_group` 2, the planning family PAIRS16): two consecutive k of one
+column per word, each value in a signed 16-bit half (A's unsigned bytes zero-extended,
+the weights sign-extended), and the tile step is one `dot2_i16` per accumulator and 2 k:
+one `vpmaddwd` and one add, the exact products, with no widening in the loop (the
+operands were widened when they were packed: the weights at compile time, A's words at
+run time, twice the bytes of the 4-k words).
+
 With the target attribute `int8-pairs=saturate` the products are onnxruntime's AVX2
 ones instead of ONNX's exact sums (docs/quantization.md): the packed op carries
 `pairs="saturate"`, every target takes the dot form (a portable one where the ISA has no
@@ -32,6 +40,7 @@ from typing import Any
 import numpy as np
 
 from kiln.ir.tensor import (
+    DOT2_I16,
     DOT4_U8S8,
     DOT4_U8S8_SAT16,
     Buffer,
@@ -48,8 +57,10 @@ from kiln.ir.tensor import (
 from kiln.ops import te
 from kiln.target.isa import ISA, isa_for
 
-#: k per packed word
+#: k per packed word (bytes)
 GROUP = 4
+#: k per packed word of int16 pairs (PAIRS16)
+PAIR_GROUP = 2
 #: The ISA families whose dot products the llvm backend emits (kiln.codegen.llvm.int_dot);
 #: "dsp" (Arm Cortex-M): the c backend's helper runs two SMLADs per word (kiln_kernels.h).
 FAMILIES = ("avx512vnni", "avxvnni", "avx512bw", "avx2", "i8mm", "sdot", "dsp")
@@ -60,6 +71,10 @@ _WIDENED_FAMILIES = ("avx512bw", "avx2")  # vpmaddwd on bytes widened to int16
 #: for the broadcast A word, the int16 pair sums and the ones.
 MADDUBS = "maddubs"
 _X86_FAMILIES = ("avx512vnni", "avxvnni", "avx512bw", "avx2")
+#: The tile planning family of the exact products without VNNI (`target_isa()` on
+#: AVX2 / AVX-512BW): words of int16 pairs, one `vpmaddwd` and an add per accumulator
+#: and word (`dot2_i16`); a register for the broadcast word.
+PAIRS16 = "pairs16"
 
 
 #: The `pairs` attribute of a packed product whose pair sums saturate to int16
@@ -74,6 +89,8 @@ def target_isa(saturate: bool = False) -> ISA | None:
     isa = isa_for(None)
     if saturate and isa.int8_dot in _X86_FAMILIES:
         return replace(isa, int8_dots=(MADDUBS,))
+    if not saturate and isa.int8_dot in _WIDENED_FAMILIES:
+        return replace(isa, int8_dots=(PAIRS16,))
     return isa if saturate or isa.int8_dot in FAMILIES else None
 
 
@@ -93,7 +110,25 @@ def saturates(attrs: Mapping[str, Any]) -> bool:
 
 def dot_intrinsic(attrs: Mapping[str, Any]) -> str:
     """The tile step's intrinsic for a packed product with `attrs`."""
-    return DOT4_U8S8_SAT16 if saturates(attrs) else DOT4_U8S8
+    if saturates(attrs):
+        return DOT4_U8S8_SAT16
+    return DOT2_I16 if attrs.get("k_group") == PAIR_GROUP else DOT4_U8S8
+
+
+def k_group(isa: ISA) -> int:
+    """k per packed word on `isa` (a `target_isa` result): 2 for int16 pairs, else 4."""
+    return PAIR_GROUP if isa.int8_dot == PAIRS16 else GROUP
+
+
+def word_group(attrs: Mapping[str, Any]) -> int:
+    """k per packed word of a dot-form convolution with `attrs` (`k_group`, default 4)."""
+    group = int(attrs.get("k_group", GROUP))
+    if group not in (GROUP, PAIR_GROUP):
+        from kiln.errors import IRError
+
+        raise IRError(f"k_group of a dot-form convolution must be {GROUP} or {PAIR_GROUP}, "
+                      f"got {group}")
+    return group
 
 
 def clamp16(value: PrimExpr) -> PrimExpr:
@@ -130,12 +165,6 @@ def saturated_matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return total
 
 
-def widens(isa: ISA) -> bool:
-    """Whether the ISA's dot product widens bytes to int16 for `vpmaddwd` (its operands
-    cost instructions of their own: `_widened_step`)."""
-    return isa.int8_dot in _WIDENED_FAMILIES
-
-
 def tile_cols(isa: ISA) -> int:
     """Columns of a register tile: 4 int32 vectors with 32 registers, else 2."""
     return isa.lanes("int32") * (4 if isa.vector_registers >= 32 else 2)
@@ -146,26 +175,12 @@ def tile_cols_for(isa: ISA, extent: int) -> int:
     positions; its rows are output channels, a broadcast weight word each): the whole
     vectors (up to `tile_cols`) that leave the fewest padded columns in the last tile
     (14 x 14 = 196 output positions: 13 tiles of one vector, 208, instead of 4 of four,
-    256), the widest of equals; `extent` itself when it is below one vector. Where
-    `vpmaddwd` widens the bytes (`_WIDENED_FAMILIES`), the widening is paid per row and
-    vector, so the width with the fewest instructions for all columns wins instead."""
+    256), the widest of equals; `extent` itself when it is below one vector."""
     lanes = isa.lanes("int32")
     if extent <= lanes:
         return extent
     widths = range(tile_cols(isa), 0, -lanes)
-    if isa.int8_dot in _WIDENED_FAMILIES:
-        return min(widths, key=lambda nr: -(-extent // nr) * _widened_step(isa, nr))
     return min(widths, key=lambda nr: -(-extent // nr) * nr)
-
-
-def _widened_step(isa: ISA, nr: int) -> float:
-    """Vector instructions per row of a step of 4 k of a `vpmaddwd` tile `nr` columns
-    wide whose rows broadcast the signed word (kiln.codegen.llvm.int_dot): per row a
-    broadcast and three shifts, per vector a load, a mask and a shift, per accumulator
-    two `vpmaddwd` and two adds."""
-    vectors = -(-nr // isa.lanes("int32"))
-    rows = tile_rows(isa, nr)
-    return (4 * rows + 3 * vectors + 4 * rows * vectors) / rows
 
 
 def tile_rows(isa: ISA, nr: int) -> int:
@@ -174,37 +189,45 @@ def tile_rows(isa: ISA, nr: int) -> int:
     if not isa.vector_bits:
         return 2  # scalar registers (Cortex-M: 2 x 2 accumulators, 2 + 2 words)
     vectors = max(1, -(-nr // isa.lanes("int32")))
-    # one instruction: the broadcast A word. vpmaddwd on int16 halves
-    # (kiln.codegen.llvm.int_dot): B's row widened to two registers a vector, A's
-    # even and odd halves, a product and the mask. sdot: A shifted, its correction
-    b_row, spare = ((vectors, 1) if isa.int8_dot in _EXACT_FAMILIES
+    # one instruction (and int16 pairs: vpmaddwd + add): the broadcast A word.
+    # vpmaddwd on bytes widened in the loop (kiln.codegen.llvm.int_dot, the families
+    # themselves; the ops plan PAIRS16 for them): B's row widened to two registers a
+    # vector, A's even and odd halves, a product and the mask. sdot: A shifted, its
+    # correction
+    b_row, spare = ((vectors, 1) if isa.int8_dot in (*_EXACT_FAMILIES, PAIRS16)
                     else (2 * vectors, 4) if isa.int8_dot in _WIDENED_FAMILIES
                     else (vectors, 3) if isa.int8_dot == MADDUBS
                     else (vectors, 6))
     return max(1, min(8, (isa.vector_registers - b_row - spare) // vectors))
 
 
-def words(b: np.ndarray) -> np.ndarray:
+def words(b: np.ndarray, group: int = GROUP) -> np.ndarray:
     """int8 `[K][N]` as int32 words `[ceil(K / 4)][N]`, byte i of word g = row 4g + i
-    (by value: `sum(byte_i << 8i)`, the top byte signed), rows past K zero."""
+    (by value: `sum(byte_i << 8i)`, the top byte signed), rows past K zero. With
+    `group` PAIR_GROUP: int16 pairs `[ceil(K / 2)][N]`, half i of word g = row 2g + i
+    sign-extended (`(row 2g & 0xFFFF) + (row 2g+1 << 16)`)."""
     k, n = b.shape
-    groups = -(-k // GROUP)
-    # bytes in place (two's complement, as `& 0xFF` would give), each column's 4 rows
-    # of a group made adjacent and read as one little-endian word: a byte copy and a
+    groups = -(-k // group)
+    # elements in place (two's complement, as `& 0xFF` would give), each column's rows
+    # of a group made adjacent and read as one little-endian word: a copy and a
     # transpose instead of int64 shifts and sums (ResNet-50's weights: 0.25 -> 0.03 s)
-    padded = np.zeros((groups * GROUP, n), np.uint8)
-    padded[:k] = np.asarray(b).astype(np.uint8, casting="unsafe")
-    quads = np.ascontiguousarray(padded.reshape(groups, GROUP, n).transpose(0, 2, 1))
+    element = np.dtype(np.uint8) if group == GROUP else np.dtype("<i2")
+    padded = np.zeros((groups * group, n), element)
+    padded[:k] = np.asarray(b).astype(element, casting="unsafe")
+    quads = np.ascontiguousarray(padded.reshape(groups, group, n).transpose(0, 2, 1))
     return quads.view(np.dtype("<i4")).reshape(groups, n).astype(np.int32)
 
 
-def unwords(w: np.ndarray, k: int) -> np.ndarray:
+def unwords(w: np.ndarray, k: int, group: int = GROUP) -> np.ndarray:
     """`words` undone along axis -2 (any leading axes): int8 rows `[..., K, N]`."""
     u = np.asarray(w).astype(np.uint32).astype(np.int64)
-    parts = [((u >> (8 * i)) & 0xFF) for i in range(GROUP)]
-    stacked = np.stack(parts, axis=-2)  # [..., groups, 4, N]
-    rows = stacked.reshape(*w.shape[:-2], w.shape[-2] * GROUP, w.shape[-1])[..., :k, :]
-    return rows.astype(np.uint8).view(np.int8)
+    bits = 32 // group
+    parts = [((u >> (bits * i)) & ((1 << bits) - 1)) for i in range(group)]
+    stacked = np.stack(parts, axis=-2)  # [..., groups, group, N]
+    rows = stacked.reshape(*w.shape[:-2], w.shape[-2] * group, w.shape[-1])[..., :k, :]
+    if group == GROUP:
+        return rows.astype(np.uint8).view(np.int8)
+    return rows.astype(np.uint16).view(np.int16).astype(np.int8)
 
 
 def a_shift(dtype: str) -> int:
@@ -217,35 +240,49 @@ def a_byte(value: PrimExpr) -> PrimExpr:
     return Cast("int32", value) + a_shift(value.dtype)
 
 
-def b_byte(word: PrimExpr, k: PrimExpr) -> PrimExpr:
-    """Row `k` (of the whole K) of a B word, as a signed int32."""
-    byte = (word >> Cast("int32", (k % GROUP) * 8)) & 255
-    return (byte ^ 128) - 128
+def b_byte(word: PrimExpr, k: PrimExpr, group: int = GROUP) -> PrimExpr:
+    """Row `k` (of the whole K) of a B word (of `group` k), as a signed int32."""
+    bits = 32 // group
+    sign = 1 << (bits - 1)
+    element = (word >> Cast("int32", (k % group) * bits)) & ((1 << bits) - 1)
+    return (element ^ sign) - sign
 
 
-def a_word(a: Buffer, lead: tuple[int, ...], row: PrimExpr, g: PrimExpr) -> PrimExpr:
-    """Group `g` of A's row `row` as one word of unsigned bytes (zero past K), an int32
-    computed without overflow: the top byte enters signed."""
-    k_extent = int(a.shape[-1])
+def pack_word(values: Callable[[int], PrimExpr], group: int = GROUP) -> PrimExpr:
+    """One word of `group` A values `values(i)` (int32 in [0, 255]: unsigned bytes, or
+    int16 halves holding them), computed without overflow: a top byte enters signed."""
     total: PrimExpr = as_expr(0, "int32")
-    for i in range(GROUP):
-        k = g * GROUP + i
-        index = (*te.unflatten_index(row, lead), k if k_extent % GROUP == 0 else
-                 min_(k, k_extent - 1))
-        byte = a_byte(a[index])
-        if i == GROUP - 1:
-            byte = Select(compare("ge", byte, 128), byte - 256, byte)
-        if k_extent % GROUP:
-            byte = Select(compare("lt", k, k_extent), byte, as_expr(0, "int32"))
-        total = total + byte * (1 << (8 * i))
+    for i in range(group):
+        value = values(i)
+        if group == GROUP and i == GROUP - 1:
+            value = Select(compare("ge", value, 128), value - 256, value)
+        total = total + value * (1 << (32 // group * i))
     return total
 
 
-def pack_a(a: Buffer, words_out: Buffer, kind: str) -> Stmt:
+def a_word(a: Buffer, lead: tuple[int, ...], row: PrimExpr, g: PrimExpr,
+           group: int = GROUP) -> PrimExpr:
+    """Group `g` of A's row `row` as one word of `group` unsigned bytes (or int16
+    halves; zero past K)."""
+    k_extent = int(a.shape[-1])
+
+    def value(i: int) -> PrimExpr:
+        k = g * group + i
+        index = (*te.unflatten_index(row, lead), k if k_extent % group == 0 else
+                 min_(k, k_extent - 1))
+        byte = a_byte(a[index])
+        if k_extent % group:
+            byte = Select(compare("lt", k, k_extent), byte, as_expr(0, "int32"))
+        return byte
+
+    return pack_word(value, group)
+
+
+def pack_a(a: Buffer, words_out: Buffer, kind: str, group: int = GROUP) -> Stmt:
     """`words_out[row, g] = a_word(...)` for every row of A (its leading dims flattened)."""
     from kiln.ops.kernels.tiles import loop as tile_loop
 
     lead = tuple(int(d) for d in a.shape[:-1])
     rows, groups = int(words_out.shape[0]), int(words_out.shape[1])
     return tile_loop("i", rows, lambda i: tile_loop(
-        "g", groups, lambda g: Store(words_out, a_word(a, lead, i, g), (i, g))), kind)
+        "g", groups, lambda g: Store(words_out, a_word(a, lead, i, g, group), (i, g))), kind)

@@ -233,7 +233,7 @@ class _DynamicTiledMatmul(HandBuiltOp):
         if args[0].ndim < 2 or not is_static((*args[0].shape, *args[1].shape)):
             return None
         group = int(attrs.get("k_group", 1))
-        isa = quant_dot.target_isa(quant_dot.saturates(attrs)) if group > 1 else None
+        isa = quant_kernels.tile_isa(attrs)
         if group > 1 and isa is None:
             return None  # words packed for another target: the te definition reads them
         n = int(attrs["n"])

@@ -151,13 +151,15 @@ def pack(call: g.Call) -> g.Call | None:
     corrected = g.Constant(bias_eff.astype(np.int32))
     if call.op == "qlinear_matmul":
         panels = g.Constant(_panels(np.asarray(packed.data), isa), w.name)
-        group = {"k_group": quant_dot.GROUP} if isa else {}
+        group = {"k_group": quant_dot.k_group(isa)} if isa else {}
         return op_call(MATMUL, x, panels, corrected, multiplier, y_zp, n=wp.shape[1],
                        **group, **pairs, **attrs)
     if isa is not None:
         words = _conv_words(wp.astype(np.int8), call, isa, bool(pairs))
+        k_group = quant_dot.k_group(isa)
         return op_call(CONV_DOT, x, g.Constant(words, w.name), corrected, x_zp, multiplier,
-                       y_zp, w_shape=tuple(wp.shape), **pairs, **attrs)
+                       y_zp, w_shape=tuple(wp.shape), **pairs, **attrs,
+                       **({"k_group": k_group} if k_group != quant_dot.GROUP else {}))
     if two_d_grouped:
         from kiln.ops.quant_depthwise import GROUPED
 
@@ -177,8 +179,8 @@ def _conv_words(wp: np.ndarray, call: g.Call, isa: ISA, tap_major: bool) -> np.n
         positions = math.prod(spatial)
         tile = choose_tile(isa, positions, int(wp.shape[0]), math.prod(wp.shape[1:]))
         if tile.channels_as_lanes:
-            return weight_panels(wp, tile.cols, tap_major)
-    return weight_words(wp, tap_major)
+            return weight_panels(wp, tile.cols, tap_major, quant_dot.k_group(isa))
+    return weight_words(wp, tap_major, quant_dot.k_group(isa))
 
 
 def _shifted_b(b: np.ndarray, b_zp: np.ndarray, transpose: bool) -> np.ndarray:
@@ -202,7 +204,7 @@ def _pack_matmul_integer(call: g.Call) -> g.Call:
            and isinstance(a.type, TensorType) and a.type.dtype == "uint8"
            and not np.asarray(b_zp.data).any())
     isa = quant_dot.target_isa(sat) if wp.dtype == np.int8 else None
-    group = {"k_group": quant_dot.GROUP} if isa else {}
+    group = {"k_group": quant_dot.k_group(isa)} if isa else {}
     pairs = {"pairs": quant_dot.SATURATE} if sat and isa is not None else {}
     return op_call(INTEGER, a, g.Constant(_panels(wp, isa), b.name), g.Constant(colsum), a_zp,
                    n=wp.shape[1], **group, **pairs)
@@ -212,7 +214,7 @@ def _panels(b: np.ndarray, isa: ISA | None) -> np.ndarray:
     """B's panels: of int8/int16 elements, or of the dot form's words (`isa` given)."""
     if isa is None:
         return panelize(b)
-    return panelize(quant_dot.words(b), quant_dot.tile_cols(isa))
+    return panelize(quant_dot.words(b, quant_dot.k_group(isa)), quant_dot.tile_cols(isa))
 
 
 def panelize(b: np.ndarray, cols: int = 0) -> np.ndarray:
@@ -252,11 +254,22 @@ def _check_packed_product(op: str, a: TensorType, bp: TensorType, attrs: Attrs) 
 
 
 def _group(attrs: Attrs) -> int:
-    """k per element of the packed B: 1, or quant_dot.GROUP for the dot form's words."""
+    """k per element of the packed B: 1, or that of the dot form's words (quant_dot.GROUP
+    bytes, quant_dot.PAIR_GROUP int16 halves)."""
     group = int(attrs.get("k_group", 1))
-    if group not in (1, quant_dot.GROUP):
-        raise IRError(f"k_group must be 1 or {quant_dot.GROUP}, got {group}")
+    if group not in (1, quant_dot.GROUP, quant_dot.PAIR_GROUP):
+        raise IRError(f"k_group must be 1, {quant_dot.GROUP} or {quant_dot.PAIR_GROUP}, "
+                      f"got {group}")
     return group
+
+
+def tile_isa(attrs: Attrs) -> ISA | None:
+    """The ISA whose register tiles run a packed product of words (`k_group` > 1) on the
+    current target, or None when the target's dot form packs other words (the te
+    definition reads them)."""
+    group = _group(attrs)
+    isa = quant_dot.target_isa(quant_dot.saturates(attrs)) if group > 1 else None
+    return isa if isa is not None and quant_dot.k_group(isa) == group else None
 
 
 def _matmul_infer(types: Sequence[TensorType], attrs: Attrs) -> Type:
@@ -275,10 +288,10 @@ def _row_times_b(a: te.Tensor, bp: te.Tensor, rows: Sequence[PrimExpr],
     k_extent = int(a.shape[-1])
     if saturate:
         return quant_dot.saturated_sum(lambda k: quant_dot.a_byte(a[(*rows, k)]) * quant_dot.b_byte(
-            bp[col // nr, k // group, col % nr], k), k_extent)
+            bp[col // nr, k // group, col % nr], k, group), k_extent)
     if group > 1:
         return te.reduce("sum", lambda k: quant_dot.a_byte(a[(*rows, k)]) * quant_dot.b_byte(
-            bp[col // nr, k // group, col % nr], k), (a.shape[-1],), "int32")
+            bp[col // nr, k // group, col % nr], k, group), (a.shape[-1],), "int32")
     return te.reduce("sum", lambda k: Cast("int32", a[(*rows, k)])
                      * Cast("int32", bp[col // nr, k, col % nr]), (bp.shape[1],), "int32")
 
@@ -287,7 +300,7 @@ def _unpacked_b(a: np.ndarray, bp: np.ndarray, attrs: Attrs) -> tuple[np.ndarray
     """A (int64, shifted as the dot form shifts it) and B `[K][N]` of a packed product."""
     n = int(attrs["n"])
     if _group(attrs) > 1:
-        b = unpanelize(quant_dot.unwords(bp, a.shape[-1]), n)
+        b = unpanelize(quant_dot.unwords(bp, a.shape[-1], _group(attrs)), n)
         shift = quant_dot.a_shift(str(a.dtype))
         return a.astype(np.int64) + shift, b.astype(np.int64)
     return a.astype(np.int64), unpanelize(bp, n).astype(np.int64)
@@ -492,7 +505,7 @@ def build_matmul_tiles(a: Buffer, bp: Buffer, n: int, out: Buffer, epilogue: Til
         packed_a = Buffer("a_words", (m, int(bp.shape[1])), "int32", "global")
         prologue = [Allocate(packed_a), quant_dot.pack_a(
             a, packed_a, "parallel" if worth_parallel(work, "madd", dtype="int8") and m > 1
-            else "serial")]
+            else "serial", quant_dot.k_group(isa))]
 
     def tile(ct: PrimExpr, rt: PrimExpr) -> Stmt:
         acc = Buffer("acc", (mr, nr), "int32", "local")
@@ -570,7 +583,7 @@ class _TiledMatmul(HandBuiltOp):
 
         n = int(attrs["n"])
         out = Buffer("out", (*a.shape[:-1], n), dtype)
-        isa = quant_dot.target_isa(quant_dot.saturates(attrs)) if _group(attrs) > 1 else None
+        isa = tile_isa(attrs)
         if _group(attrs) > 1 and isa is None:
             return None  # words packed for another target: the te definition reads them
         body = build_matmul_tiles(a, bp, n, out, epilogue, isa, quant_dot.dot_intrinsic(attrs))

@@ -27,6 +27,11 @@ saturating int16) is `vpmaddubsw` then `vpmaddwd` by ones and an add on every x8
 family above (ymm, or zmm where the family has 512-bit registers), and elsewhere the
 portable bytes with each pair sum clamped to [-32768, 32767]: the same result on every
 target.
+
+`dot2_i16(acc, a, b)` (two signed int16 halves a word) is one `vpmaddwd` and an add on
+every x86 family above (`llvm.x86.avx2.pmadd.wd`, `llvm.x86.avx512.pmaddw.d.512` where
+the family has 512-bit registers): `vpmaddwd`'s one wrapping sum (-32768 * -32768
+twice) wraps as the IR's int32 does. Elsewhere: halves by shifts, multiplied and added.
 """
 
 from __future__ import annotations
@@ -97,6 +102,15 @@ def _maddubs(b: ir.IRBuilder, mod: ir.Module, acc: ir.Value, a: ir.Value,
     return b.add(acc, _call(b, mod, madd, acc.type, (pairs, _splat(I16, 2 * n, 1))))
 
 
+def _madd_halves(b: ir.IRBuilder, mod: ir.Module, acc: ir.Value, a: ir.Value,
+                 w: ir.Value) -> ir.Value:
+    n = acc.type.count
+    madd = "llvm.x86.avx512.pmaddw.d.512" if n == 16 else "llvm.x86.avx2.pmadd.wd"
+    halves = _vec(I16, 2 * n)
+    return b.add(acc, _call(b, mod, madd, acc.type,
+                            (b.bitcast(a, halves), b.bitcast(w, halves))))
+
+
 def _usdot(b: ir.IRBuilder, mod: ir.Module, acc: ir.Value, a: ir.Value,
            w: ir.Value) -> ir.Value:
     return _call(b, mod, "llvm.aarch64.neon.usdot.v4i32.v16i8", acc.type,
@@ -142,6 +156,17 @@ def _portable_sat16(b: ir.IRBuilder, mod: ir.Module, acc: ir.Value, a: ir.Value,
     return total
 
 
+def _portable_i16(b: ir.IRBuilder, mod: ir.Module, acc: ir.Value, a: ir.Value,
+                  w: ir.Value) -> ir.Value:
+    n = acc.type.count
+    total = acc
+    for half in (0, 1):
+        x, y = (b.ashr(b.shl(v, _splat(I32, n, 16 - 16 * half)), _splat(I32, n, 16))
+                for v in (a, w))
+        total = b.add(total, b.mul(x, y))
+    return total
+
+
 # family -> (lanes of one instruction, lowering)
 _FAMILIES: dict[str, tuple[int, Lowering]] = {
     "avx512vnni": (16, _vnni), "avxvnni": (8, _vnni),
@@ -155,12 +180,33 @@ _SAT16_FAMILIES: dict[str, tuple[int, Lowering]] = {
 }
 
 
+# family -> (lanes, lowering) of `dot2_i16`
+_I16_FAMILIES: dict[str, tuple[int, Lowering]] = {
+    "avx512vnni": (16, _madd_halves), "avxvnni": (8, _madd_halves),
+    "avx512bw": (16, _madd_halves), "avx2": (8, _madd_halves),
+}
+
+
 def emit_dot4_u8s8(b: ir.IRBuilder, mod: ir.Module, family: str | None,
                    args: Sequence[ir.Value], saturate: bool = False) -> ir.Value:
     """`dot4_u8s8(acc, a, b)` on i32 scalars or `<n x i32>` vectors (any n); with
     `saturate`, `dot4_u8s8_sat16` (pair sums clamped to int16)."""
+    if saturate:
+        return _emit(b, mod, family, args, _SAT16_FAMILIES, _portable_sat16)
+    return _emit(b, mod, family, args, _FAMILIES, _portable)
+
+
+def emit_dot2_i16(b: ir.IRBuilder, mod: ir.Module, family: str | None,
+                  args: Sequence[ir.Value]) -> ir.Value:
+    """`dot2_i16(acc, a, b)` on i32 scalars or `<n x i32>` vectors (any n)."""
+    return _emit(b, mod, family, args, _I16_FAMILIES, _portable_i16)
+
+
+def _emit(b: ir.IRBuilder, mod: ir.Module, family: str | None, args: Sequence[ir.Value],
+          families: dict[str, tuple[int, Lowering]], portable: Lowering) -> ir.Value:
+    """An integer dot intrinsic: `families[family]`'s instruction over chunks of its
+    lanes, or `portable` (scalars, big-endian targets, other families)."""
     acc, a, w = args
-    portable = _portable_sat16 if saturate else _portable
     if not isinstance(acc.type, ir.VectorType):
         one = [b.insert_element(ir.Constant(_vec(I32, 1), ir.Undefined), v,
                                 ir.Constant(I32, 0)) for v in (acc, a, w)]
@@ -168,7 +214,6 @@ def emit_dot4_u8s8(b: ir.IRBuilder, mod: ir.Module, family: str | None,
     n = acc.type.count
     if str(mod.data_layout).startswith("E"):
         family = None  # the families' byte views assume little-endian lanes
-    families = _SAT16_FAMILIES if saturate else _FAMILIES
     width, lower = families.get(family or "", (n, portable))
     if width >= n and lower is portable:
         return portable(b, mod, acc, a, w)

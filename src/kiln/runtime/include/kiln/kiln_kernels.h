@@ -115,6 +115,23 @@ static inline int32_t kiln_dot4_u8s8_sat16(int32_t acc, int32_t a, int32_t b) {
   return (int32_t)total;
 }
 
+KILN_HELPER(kiln_dot2_i16)
+/* The `dot2_i16` intrinsic: acc + the products of a's and b's 16-bit halves, both
+   signed, wrapping like int32 in the IR (x86 vpmaddwd and an add: the exact int8
+   products on AVX2 without VNNI, values stored widened in int16 pairs;
+   docs/quantization.md). The products are summed unsigned: -32768 * -32768 twice is
+   the one sum past int32. */
+static inline int32_t kiln_dot2_i16(int32_t acc, int32_t a, int32_t b) {
+  uint32_t ua = (uint32_t)a, ub = (uint32_t)b, total = (uint32_t)acc;
+  int shift;
+  for (shift = 0; shift < 32; shift += 16) {
+    int32_t x = (int32_t)(((ua >> shift) & 0xFFFFu) ^ 0x8000u) - 0x8000;
+    int32_t w = (int32_t)(((ub >> shift) & 0xFFFFu) ^ 0x8000u) - 0x8000;
+    total += (uint32_t)x * (uint32_t)w;
+  }
+  return (int32_t)total;
+}
+
 KILN_HELPER(kiln_f16_from_double)
 KILN_NEEDS(kiln_narrow_float)
 /* float16 bit pattern of x (IEEE binary16, round to nearest even). */
