@@ -40,6 +40,9 @@ COVERED = ("blob header", "blob section table", "blob sections", "blob checksum"
            "truncation")
 PER_REGION = 24
 BATCH = 25
+# A batch of 25 loads and calls takes a few seconds; a mutant whose machine code loops
+# (a .text flip) costs this whole wait, so it is not minutes.
+HANG_S = 30
 SEED = 20261122
 
 WORKER = r"""
@@ -141,7 +144,7 @@ def run_batches(mutants: list[tuple[Path, str]], x_file: Path,
         try:
             proc = subprocess.run([sys.executable, "-c", WORKER, str(x_file), str(y_file),
                                    *map(str, batch)], capture_output=True, text=True,
-                                  timeout=120, env=env, check=False)
+                                  timeout=HANG_S, env=env, check=False)
             lines, code = proc.stdout.splitlines(), proc.returncode
         except subprocess.TimeoutExpired as exc:
             out = exc.stdout or b""
