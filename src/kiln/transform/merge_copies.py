@@ -1,7 +1,7 @@
 """MergeCopies: one copy for a chain of reshapes and transposes, none for a transposed B.
 
 Every `reshape` and `transpose` the importer emits becomes a kernel that reads and
-writes the whole tensor. Two patterns cost most of them (issue 25):
+writes the whole tensor. Two patterns cost most of them:
 
 - **a transpose feeding a matrix product's B** (attention's `Q @ K^T`, where the
   exporter transposes K's heads as `[seq, heads, dim] -> [heads, dim, seq]`): a
