@@ -112,6 +112,15 @@ def test_measurement_goes_on_while_a_verdict_is_open() -> None:
     assert 6 < len(times[0]) < 6 * MORE_BLOCKS  # the time cap, not the block cap
 
 
+def test_merged_pools_past_a_thousand_pairs_still_bound_the_median() -> None:
+    # many merged runs pool their pairs: the order-statistic bound must not overflow
+    rng = np.random.default_rng(3)
+    default = rng.uniform(100.0, 110.0, 1500)
+    low, median, high = ratio_bounds(default * 0.8, default)
+    assert low == median == high == pytest.approx(0.8)
+    assert choose([(list(default * 0.8), list(default), True)]) == 0
+
+
 def test_the_choice_is_a_function_of_the_recorded_timings(tmp_path: Path) -> None:
     default = _times(100, 0.02)
     record = Record("gemm", "m=64,n=512,k=256,float32", "x86_64:znver4:abc",

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from fractions import Fraction
 
 import numpy as np
 
@@ -59,10 +60,11 @@ def _rank(n: int, alpha: float) -> int:
     """The smallest k (1-based) with P(Binomial(n, 1/2) <= k - 1) >= 1 - alpha: the
     k-th smallest of n samples is an upper bound of their median at confidence
     1 - alpha (and the (n + 1 - k)-th a lower bound); n + 1 when n is too small."""
-    total, acc = 2.0 ** n, 0.0
+    # exact integers: 2.0 ** n overflows a float past 1023 pairs (merged databases pool them)
+    need, acc = Fraction(1 - alpha) * (1 << n), 0
     for k in range(1, n + 1):
         acc += math.comb(n, k - 1)
-        if acc / total >= 1 - alpha:
+        if acc >= need:
             return k
     return n + 1
 
