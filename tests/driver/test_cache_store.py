@@ -151,8 +151,9 @@ def test_size_cap_evicts_the_least_recently_used(monkeypatch: pytest.MonkeyPatch
 
 
 def test_eviction_reads_each_entry_once(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Every store evicts; it parses only the entries it has not read yet (an entry
-    replaced on disk counts as new), so a store stays cheap in a full cache."""
+    """A store under the cap reads no entry; eviction parses only the entries it has
+    not read yet (an entry replaced on disk counts as new), so a store stays cheap in a
+    full cache."""
     read: list[str] = []
     listed = cache._listed
 
@@ -162,7 +163,12 @@ def test_eviction_reads_each_entry_once(monkeypatch: pytest.MonkeyPatch) -> None
 
     monkeypatch.setattr(cache, "_listed", counting)
     keys = [str(kiln.compile(weights_module(seed)[0], "c").cache_key) for seed in range(3)]
-    assert sorted(read) == sorted(keys)  # each store read only its own entry
+    assert read == []  # under the cap: no entry parsed
+    cache.evict(cache.usage())
+    assert sorted(read) == sorted(keys)
+    read.clear()
+    cache.evict(cache.usage())
+    assert read == []  # each entry read once
     entry = cache.entry_path(keys[0])
     replaced = entry.with_name(".replaced")
     replaced.write_bytes(entry.read_bytes())

@@ -157,18 +157,27 @@ def _symbolic_batch(model: Any) -> Any:
     return model
 
 
+SATURATE = "llvm -mcpu=haswell -int8-pairs=saturate"
+
+
+def test_the_matmul_tensor_expression_saturates_too() -> None:
+    # a symbolic batch: the packed op's te definition instead of the static tiles
+    if not host_runs(SATURATE):
+        pytest.skip(f"this host cannot run {SATURATE}")
+    a = _a()
+    model = _symbolic_batch(_matmul_model())
+    got = kiln.compile(from_onnx(model), SATURATE)["main"](a)
+    np.testing.assert_array_equal(got, _quantized(quant_dot.saturated_matmul(a, _b())))
+
+
 @pytest.mark.parametrize(("shape", "oc", "group"), [
     ((2, 8, 7, 7), 16, 1), ((2, 6, 9, 8), 12, 3), ((1, 3, 9, 9), 8, 1)])
 def test_tensor_expression_definitions_saturate_too(shape: tuple[int, int, int, int], oc: int,
                                                     group: int) -> None:
-    # a symbolic batch: the packed ops' te definitions instead of the static tiles
-    target = "llvm -mcpu=haswell -int8-pairs=saturate"
+    # a symbolic batch: the packed conv's te definition instead of the static tiles
+    target = SATURATE
     if not host_runs(target):
         pytest.skip(f"this host cannot run {target}")
-    a = _a()
-    model = _symbolic_batch(_matmul_model())
-    got = kiln.compile(from_onnx(model), target)["main"](a)
-    np.testing.assert_array_equal(got, _quantized(quant_dot.saturated_matmul(a, _b())))
     rng = np.random.default_rng(1)
     static = qlinear_conv_model(shape, oc, 3, 1, 1, False, rng, group=group)
     x = rng.integers(0, 256, shape).astype(np.uint8)

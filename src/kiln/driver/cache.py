@@ -507,7 +507,10 @@ def store(key: str, artifacts: ArtifactSet, metadata: dict[str, Any]) -> bool:
     STATS.stores += 1
     if cap is not None:
         try:
-            evict(cap)
+            # Under the cap, nothing to evict: only stat the files. A new process (a CLI
+            # compile) would otherwise parse every entry of the cache at its first store.
+            if usage() > cap:
+                evict(cap)
         except OSError as exc:
             _degrade(exc, "evict entries from the compile cache at")
     return True
