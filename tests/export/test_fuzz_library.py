@@ -40,18 +40,22 @@ COVERED = ("blob header", "blob section table", "blob sections", "blob checksum"
            "truncation")
 PER_REGION = 24
 BATCH = 25
-# A batch of 25 loads and calls takes a few seconds; a mutant whose machine code loops
-# (a .text flip) costs this whole wait, so it is not minutes.
-HANG_S = 30
+# A load and call takes a fraction of a second; a mutant whose machine code loops (a
+# .text flip) is stopped by the worker's watchdog after MUTANT_S (faulthandler's timer
+# thread exits the process while the main thread spins in native code). HANG_S bounds a
+# whole batch of 25 in case the watchdog itself cannot run.
+MUTANT_S = 8
+HANG_S = 120
 SEED = 20261122
 
 WORKER = r"""
-import json, sys
+import faulthandler, json, sys
 import numpy as np
 from kiln.runtime import load_module
 x = np.load(sys.argv[1])
 ref = np.load(sys.argv[2])
-for path in sys.argv[3:]:
+for path in sys.argv[4:]:
+    faulthandler.dump_traceback_later(float(sys.argv[3]), exit=True)
     try:
         with load_module(path) as lib:
             out = lib["main"](x)
@@ -59,6 +63,7 @@ for path in sys.argv[3:]:
             else "changed"
     except Exception as exc:  # classified by the parent: which error types are clean
         kind = "error:" + type(exc).__name__
+    faulthandler.cancel_dump_traceback_later()
     print(json.dumps([path, kind]), flush=True)
 """
 
@@ -143,9 +148,11 @@ def run_batches(mutants: list[tuple[Path, str]], x_file: Path,
         batch, pending = pending[:BATCH], pending[BATCH:]
         try:
             proc = subprocess.run([sys.executable, "-c", WORKER, str(x_file), str(y_file),
-                                   *map(str, batch)], capture_output=True, text=True,
-                                  timeout=HANG_S, env=env, check=False)
+                                   str(MUTANT_S), *map(str, batch)], capture_output=True,
+                                  text=True, timeout=HANG_S, env=env, check=False)
             lines, code = proc.stdout.splitlines(), proc.returncode
+            if code != 0 and "Timeout (" in proc.stderr:  # the watchdog fired
+                code = None
         except subprocess.TimeoutExpired as exc:
             out = exc.stdout or b""
             text = out.decode() if isinstance(out, bytes) else out
