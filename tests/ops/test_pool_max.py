@@ -3,7 +3,9 @@ bit for bit, on llvm, llvm with AVX-512 off and c.
 
 Cases: float32 with ceil_mode and asymmetric pads (a last window past the end pads),
 dilation with stride 2 (window columns in both phases), a non-square window with
-stride 3 x 1, int8 (the stem's 3x3/2 pad 1) and uint8 (2x2/2 with ceil_mode).
+stride 3 x 1, int8 (the stem's 3x3/2 pad 1) and uint8 (2x2/2 with ceil_mode). Then
+the parallel loop over (image, channel), chosen by the one work threshold
+(kiln.ops.kernels.parallel_work), bit for bit on two threads.
 """
 
 from __future__ import annotations
@@ -74,3 +76,40 @@ def test_matches_onnxruntime_exactly(target: str, reference: list[np.ndarray]) -
     for case, g, want in zip(CASES, got, reference, strict=True):
         assert np.asarray(g).dtype == want.dtype, case
         np.testing.assert_array_equal(np.asarray(g), want, err_msg=str(case))
+
+
+def test_parallel_by_the_work_threshold() -> None:
+    """A pool's (image, channel) loop goes to the thread pool when its work reaches the one
+    threshold of kiln.ops.kernels.parallel_work, and `parallelize` splits nothing else:
+    the cnn's first 2x2/2 pool (16 x 64 x 64) is parallel, its third (64 x 16 x 16, about
+    1 us) serial on AVX2 and AVX-512; two threads give the same values bit for bit."""
+    from kiln.ir.tensor import For
+    from kiln.ops.kernels.parallel_work import worth_parallel
+    from kiln.ops.max_pool_kernel import MAX_ELEMENTS
+
+    b = GraphBuilder(seed=27)
+    shapes = [(1, 16, 64, 64), (1, 64, 16, 16)]
+    for i, shape in enumerate(shapes):
+        b.output(b.op("MaxPool", b.input(f"x{i}", list(shape)), kernel_shape=[2, 2],
+                      strides=[2, 2]))
+    model = b.model(opset=17, name="max_pool_split", check=False)
+    rng = np.random.default_rng(27)
+    feeds = {f"x{i}": rng.standard_normal(s).astype(np.float32) for i, s in enumerate(shapes)}
+    exe = kiln.compile(from_onnx(model), "llvm")
+    pools = sorted((f for f in exe.ir.functions.values() if f.attrs.get("kiln.pool_kernel")),
+                   key=lambda f: f.params[0].shape[1])
+    # the (image, channel) loop: kiln.ops.kernels.tiles.parallel_tiles's `tile`
+    kinds = [[s.kind for s in iter_stmts(f.body) if isinstance(s, For) and s.var.name == "tile"]
+             for f in pools]
+    for shape, loop in zip(shapes, kinds, strict=True):
+        n, c, h, w = shape
+        work = n * c * (h // 2) * (2 * w + 2 * (w // 2)) * MAX_ELEMENTS
+        assert loop == ["parallel" if worth_parallel(work, "element") else "serial"], shape
+    assert kinds[0] == ["parallel"]  # the small one depends on the host's vector width
+    kiln.runtime.set_num_threads(2)
+    try:
+        got = exe(*feeds.values())
+    finally:
+        kiln.runtime.set_num_threads(None)
+    for g, want in zip(got, onnxruntime_outputs(model, feeds), strict=True):
+        np.testing.assert_array_equal(np.asarray(g), want)

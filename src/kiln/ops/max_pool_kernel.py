@@ -14,6 +14,10 @@ into a padded workspace. Each output row is made in two steps:
    a stride s > 1 the row is first split by column phase (column q * s + p to phase p),
    so every window column is again a contiguous vector load.
 
+The channels run as one loop over (image, channel), parallel when its work (window
+values read, MAX_ELEMENTS operations each) reaches the threshold of
+kiln.ops.kernels.parallel_work.
+
 Max is exact, so the result equals the tensor-expression definition bit for bit.
 """
 
@@ -25,11 +29,14 @@ from kiln.ir.tensor import Allocate, Buffer, PrimExpr, Stmt, Store, max_, seq
 from kiln.ops import conv_kernels as ck
 from kiln.ops import te
 from kiln.ops.kernels.tiles import const as _c
-from kiln.ops.kernels.tiles import lanes_loop
+from kiln.ops.kernels.tiles import lanes_loop, parallel_tiles, parallel_when
 from kiln.ops.kernels.tiles import loop as _loop
-from kiln.ops.kernels.tiles import nest as _nest
 
 Epilogue = Callable[[PrimExpr, tuple[PrimExpr, ...]], PrimExpr]
+#: Vector operations per window value read (the "element" unit of
+#: kiln.ops.kernels.parallel_work): kiln's max propagates NaN, a compare and a select
+#: beside the `max` instruction.
+MAX_ELEMENTS = 2
 
 
 def row_runs(shape: ck.ConvShape) -> list[tuple[int, int, tuple[int, ...]]]:
@@ -115,6 +122,14 @@ def max_pool_body(shape: ck.ConvShape, x: Buffer, out: Buffer, lanes: int,
                 parts.append(_loop("oh", count, run))
         return seq(*parts)
 
-    # Every channel writes its own output plane: `parallelize` splits this loop nest at
-    # its first loop with enough iterations (the channels, at batch 1).
-    return _nest(("n", "c"), (shape.n, shape.c_in), channel)
+    # Every channel writes its own output plane: one loop over (image, channel), parallel
+    # when its work reaches the threshold of kiln.ops.kernels.parallel_work, like every
+    # kernel family's (`parallelize`'s estimate in expression nodes split even the cnn's
+    # 1 us pool on AVX2: docs/performance.md, "Pools and the 2-thread split (Zen 3)").
+    work = shape.n * shape.c_in * shape.out_h * (shape.kh * shape.w + shape.kw * shape.out_w)
+    def build() -> Stmt:
+        if shape.n == 1:  # the channel is the loop's index (no remainder to take)
+            return parallel_tiles((shape.c_in,), lambda c: channel(_c(0), c))
+        return parallel_tiles((shape.n, shape.c_in), channel)
+
+    return parallel_when(build, work * MAX_ELEMENTS, "element", x.dtype)

@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from kiln.ir.attrs import ATTR_PARALLEL_DECIDED
 from kiln.ir.tensor import AllocConst, Buffer, PrimExpr, PrimFunc, as_expr, max_, seq
 from kiln.ops import conv_kernels as ck
 from kiln.ops import te
@@ -85,7 +86,7 @@ def pool2d_kernel(kind: str, geometry: PoolGeometry, include_pad: bool,
         out = Buffer("out", out_shape, x.dtype)
         body = max_pool_body(shape, buffers[x], out, tile_lanes(isa, x.dtype),
                              lambda v, idx: v)
-        return PrimFunc((*buffers.values(), out), body, {"kiln.pool_kernel": name})
+        return PrimFunc((*buffers.values(), out), body, _max_pool_attrs(name))
     store = fused_store(params, anchor, result, out_shape)
     if store is None:
         return None
@@ -93,7 +94,7 @@ def pool2d_kernel(kind: str, geometry: PoolGeometry, include_pad: bool,
         body = max_pool_body(shape, store.buffers[x], store.out, tile_lanes(isa),
                              store.epilogue)
         return PrimFunc((*(store.buffers[t] for t in params), store.out), body,
-                        {"kiln.pool_kernel": name})
+                        _max_pool_attrs(name))
     lanes = tile_lanes(isa)
     tile_w = ck.depthwise_tile_width(shape, lanes)
     finish = store.epilogue
@@ -120,6 +121,12 @@ def pool2d_kernel(kind: str, geometry: PoolGeometry, include_pad: bool,
                           tile_registers(isa), tap, neutral, border, finish)
     return PrimFunc((*(store.buffers[t] for t in params), store.out), seq(*decls, body),
                     {"kiln.pool_kernel": name})
+
+
+def _max_pool_attrs(name: str) -> dict[str, Any]:
+    """A max pool kernel's attributes: it chose its parallel loop by the work threshold
+    (kiln.ops.max_pool_kernel), which `parallelize` keeps."""
+    return {"kiln.pool_kernel": name, ATTR_PARALLEL_DECIDED: True}
 
 
 MAX_DTYPES = ("float32", "int8", "uint8")

@@ -832,6 +832,7 @@ static struct {
   unsigned long generation; /* atomic: odd while a loop is being posted */
   unsigned long birth;      /* the generation new workers start from (set by resize) */
   int entered;              /* atomic: workers inside the posted loop */
+  int waiting;              /* atomic: the caller sleeps on `done` (set under `lock`) */
   int shares;               /* threads the posted loop's chunks are split between */
   int32_t status;           /* atomic: first non-zero status of a chunk */
   int64_t spin_ns;          /* atomic: the spin window */
@@ -919,6 +920,7 @@ static void kiln_pool_after_fork_child(void) {
   kiln_pool.busy = 0;
   KILN_STORE(kiln_pool.keep, KILN_POOL_MAX_THREADS);
   KILN_STORE(kiln_pool.entered, 0);
+  KILN_STORE(kiln_pool.waiting, 0);
   KILN_STORE(kiln_pool.stats[KILN_POOL_STAT_STARTED], 0);
   KILN_STORE(kiln_pool.stats[KILN_POOL_STAT_SLEEPING], 0);
   KILN_STORE(kiln_pool.stats[KILN_POOL_STAT_PINNED], 0);
@@ -1063,7 +1065,11 @@ static void* kiln_pool_worker(void* arg) {
       seen = posted;
       kiln_pool_run_chunks(1 + index);
     }
-    if (KILN_ADD(kiln_pool.entered, -1) == 1) {
+    /* The last worker out wakes the caller only if it sleeps: taking the lock after
+       every loop made the caller's next post wait for it (a futex round trip when
+       the two met). `entered` and `waiting` are sequentially consistent, so either
+       the caller sees no worker inside or this worker sees it waiting. */
+    if (KILN_ADD(kiln_pool.entered, -1) == 1 && KILN_LOAD(kiln_pool.waiting)) {
       pthread_mutex_lock(&kiln_pool.lock);
       pthread_cond_signal(&kiln_pool.done); /* only a caller waits on it */
       pthread_mutex_unlock(&kiln_pool.lock);
@@ -1115,9 +1121,11 @@ static void kiln_pool_wait_workers(void) {
   }
   if (KILN_LOAD(kiln_pool.entered) > 0) {
     pthread_mutex_lock(&kiln_pool.lock);
+    KILN_STORE(kiln_pool.waiting, 1); /* before looking at `entered` again */
     while (KILN_LOAD(kiln_pool.entered) > 0) {
       pthread_cond_wait(&kiln_pool.done, &kiln_pool.lock);
     }
+    KILN_STORE(kiln_pool.waiting, 0);
     pthread_mutex_unlock(&kiln_pool.lock);
   }
 }

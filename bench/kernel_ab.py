@@ -1,0 +1,110 @@
+"""Per-kernel A/B of one model built by several kiln source trees, in one process.
+
+    .venv/bin/python bench/kernel_ab.py --model cnn --src /tmp/main/src,src
+                                        [--threads 2] [--blocks 6] [--calls 300]
+
+For an A/B of two commits: check the old one out in a detached worktree
+(`git worktree add --detach /tmp/main main`) and name both trees' `src`. Each tree
+compiles the model of bench/nets.py (or bench/zoo_set.py) with `profile=True` in a
+subprocess of its own (`PYTHONPATH` at that tree, the compile cache off) and exports a
+library; this process loads all of them and calls each in turn, in blocks of `--calls`
+calls (after a 50 ms pause, so that the other libraries' spinning workers have gone to
+sleep, and a warm-up), reading every kernel's time after every call. Printed: the
+median per call of each kernel and of the whole call (`perf_counter`, Python's call
+included) per library, and the share of the chunks the library's workers ran
+(`PoolStats.helped / chunks`: near `1 - 1/threads` the second thread took part; near 0
+it was off its core and the run says nothing about splitting). Medians of single calls
+are what a shared machine disturbs least; on a loaded one, raise the process's priority
+for the run (docs/performance.md, "The 2-thread split on Zen 3"). Prints a table;
+asserts nothing (this is not a test).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+BENCH = Path(__file__).resolve().parent
+
+BUILD = """
+import sys
+sys.path.insert(0, {bench!r})
+import kiln
+from kiln.frontend import from_onnx
+from models import MODELS
+model, _ = MODELS[{model!r}]()
+kiln.compile(from_onnx(model), "llvm", profile=True).export_library({out!r})
+"""
+
+
+def build(src: str, model: str, out: Path) -> None:
+    """Compile `model` with the kiln of source tree `src` into the library `out`."""
+    env = dict(os.environ, PYTHONPATH=str(Path(src).resolve()), KILN_CACHE="0")
+    code = BUILD.format(bench=str(BENCH), model=model, out=str(out))
+    subprocess.run([sys.executable, "-c", code], env=env, check=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="cnn")
+    parser.add_argument("--src", required=True, help="kiln source trees, comma-separated")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--blocks", type=int, default=6)
+    parser.add_argument("--calls", type=int, default=300)
+    args = parser.parse_args()
+
+    from kiln.runtime import load_module
+
+    sources = args.src.split(",")
+    with tempfile.TemporaryDirectory() as tmp:
+        paths = [Path(tmp) / f"lib{i}.so" for i in range(len(sources))]
+        for src, path in zip(sources, paths, strict=True):
+            build(src, args.model, path)
+        libs = [load_module(path) for path in paths]
+        for lib in libs:
+            lib.set_num_threads(args.threads)
+        params = libs[0].metadata["functions"]["main"]["params"]
+        rng = np.random.default_rng(0)
+        inputs = [rng.standard_normal(p["shape"]).astype(p["dtype"]) for p in params]
+        times: list[dict[str, list[float]]] = [{} for _ in libs]
+        helped = [[0, 0] for _ in libs]
+        for _ in range(args.blocks):
+            for lib, per, share in zip(libs, times, helped, strict=True):
+                fn = lib["main"]
+                time.sleep(0.05)
+                for _ in range(20):
+                    fn(*inputs)
+                before = lib.pool_stats()
+                for _ in range(args.calls):
+                    lib.profile_reset()
+                    start = time.perf_counter()
+                    fn(*inputs)
+                    per.setdefault("call", []).append((time.perf_counter() - start) * 1e6)
+                    for row in lib.profile():
+                        if row.function == "main" and row.kernel is not None:
+                            per.setdefault(row.kernel, []).append(row.total_ns / 1e3)
+                after = lib.pool_stats()
+                share[0] += after.helped - before.helped
+                share[1] += after.chunks - before.chunks
+    print(f"{args.model}, {args.threads} thread(s): median us per call, "
+          f"{args.blocks} blocks of {args.calls} calls per library")
+    names = sorted(times[0], key=lambda k: -statistics.median(times[0][k]))
+    print(f"{'kernel':<32}" + "".join(f"{s[-24:]:>26}" for s in sources))
+    for name in names:
+        print(f"{name:<32}" + "".join(
+            f"{statistics.median(t[name]) if name in t else float('nan'):26.2f}"
+            for t in times))
+    print(f"{'helped / chunks':<32}" + "".join(
+        f"{h / max(c, 1):26.2f}" for h, c in helped))
+
+
+if __name__ == "__main__":
+    main()
