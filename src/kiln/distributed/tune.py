@@ -697,14 +697,14 @@ def tune_model(model: str | os.PathLike[str], target: Any, budget_s: float, outp
     db = TuningDatabase.load(path).merge(report.database) if path.exists() \
         else report.database
     if specs:
-        report.check = _check_in_model(model, shapes, target, specs, db, threads, repeats,
+        report.check = check_in_model(model, shapes, target, specs, db, threads, repeats,
                                        start + budget_s, log)
     db.save(path)
     report.database = db
     return report
 
 
-def _check_in_model(model: str | os.PathLike[str], shapes: dict[str, Any] | None,
+def check_in_model(model: str | os.PathLike[str], shapes: dict[str, Any] | None,
                     target: Any, specs: Sequence[KernelSpec], db: TuningDatabase,
                     threads: int | None, repeats: int, deadline: float,
                     log: Callable[[str], None]) -> ModelCheck | None:
