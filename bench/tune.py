@@ -37,7 +37,11 @@ from kiln.frontend import from_onnx
 def speedup(model: str, db: str, threads: int | None, repeat: int) -> None:
     target = kiln.Target.from_host()
     mod = from_onnx(model)
-    libs = [kiln.compile(mod, target).jit(), kiln.compile(mod, target, tuning=db).jit()]
+    tuned = kiln.compile(mod, target, tuning=db)
+    meta = tuned.metadata["tuning"]
+    print(f"{len(meta['kernels'])} tuned kernel(s) applied; checked in this model: "
+          f"{meta['checked_in_model']}")
+    libs = [kiln.compile(mod, target).jit(), tuned.jit()]
     for lib in libs:
         lib.set_num_threads(threads)
     fns = [lib["main"] for lib in libs]

@@ -733,17 +733,17 @@ def check_in_model(model: str | os.PathLike[str], shapes: dict[str, Any] | None,
               for c in result.accepted),
         tuple(Checked(c.kernel, c.signature, c.params, why) for c, why in result.rejected),
         tuple(result.untuned_us), tuple(result.tuned_us)))
-    if result.tuned_us:
+    if not choices:
+        log("model check: no record chooses another variant for this model's kernels")
+    else:
         from kiln.tuning.select import ratio_bounds
 
         _, mid, high = ratio_bounds(result.tuned_us, result.untuned_us)
-        verdict = (f"tuned / untuned median ratio {mid:.3f} (bound {high:.3f}, "
-                   f"{len(result.tuned_us)} pairs)")
-    else:
-        verdict = "nothing to check"
-    log(f"model check: {len(result.accepted)} of {len(choices)} choice(s) accepted in the "
-        f"model; {verdict}" + (" (with every choice: all dropped)"
-                               if choices and not result.accepted else ""))
+        pairs = f"median ratio {mid:.3f}, bound {high:.3f} over {len(result.tuned_us)} pairs"
+        log(f"model check: {len(result.accepted)} of {len(choices)} choice(s) accepted; "
+            f"the model with them against untuned: {pairs}" if result.accepted else
+            f"model check: none of {len(choices)} choice(s) accepted: this model keeps the "
+            f"rule's kernels (the last comparison with untuned: {pairs})")
     for c, why in result.rejected:
         log(f"  dropped {c.kernel} {c.signature} {show(c.params)}: {why}")
     return result
