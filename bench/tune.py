@@ -38,10 +38,14 @@ def speedup(model: str, db: str, threads: int | None, repeat: int) -> None:
     target = kiln.Target.from_host()
     mod = from_onnx(model)
     tuned = kiln.compile(mod, target, tuning=db)
+    untuned = kiln.compile(mod, target)
     meta = tuned.metadata["tuning"]
+    # a build without any tuned kernel is the untuned library (its compile cache key):
+    # what `speedup` then prints is the host's noise between two loads of one library
+    same = tuned.cache_key is not None and tuned.cache_key == untuned.cache_key
     print(f"{len(meta['kernels'])} tuned kernel(s) applied; checked in this model: "
-          f"{meta['checked_in_model']}")
-    libs = [kiln.compile(mod, target).jit(), tuned.jit()]
+          f"{meta['checked_in_model']}; the same library as untuned: {same}")
+    libs = [untuned.jit(), tuned.jit()]
     for lib in libs:
         lib.set_num_threads(threads)
     fns = [lib["main"] for lib in libs]
