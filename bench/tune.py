@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/tune.py speedup MODEL.onnx DB.json [--threads 1] [--repeat 30]
     .venv/bin/python bench/tune.py workers MODEL.onnx [--candidates 3] [--workers 1,2]
+    .venv/bin/python bench/tune.py check MODEL.onnx DB.json [--threads 2] [--seconds 60]
 
 `speedup` compiles MODEL untuned and with the tuning database DB and times both as
 bench/models.py times a model (the median of `--repeat` calls in alternating blocks:
@@ -10,8 +11,10 @@ tunes the same candidates (the first K of each kernel, no time limit) on a local
 instance of 1 and of 2 CPUs, each with an empty compile cache, and prints the wall
 times and where they went (the time inside build and measurement tasks and their CPU
 time, the time the driver waited for each: builds and measurements overlap, and the
-time the measurements' CPU was not measuring). Prints numbers; asserts nothing
-(this is not a test).
+time the measurements' CPU was not measuring). `check` runs `kiln tune`'s whole-model
+check alone (kiln.distributed.tune.check_in_model) on the records DB already has for
+MODEL, within `--seconds`, and writes its verdict into DB (a database tuned before the
+check existed gets one). Prints numbers; asserts nothing (this is not a test).
 """
 
 from __future__ import annotations
@@ -27,14 +30,22 @@ from harness import alternating_blocks_ms
 
 import kiln
 from kiln.distributed.executor import RayExecutor
-from kiln.distributed.tune import discover, measure_resource, tune
+from kiln.distributed.tune import REPEATS, check_in_model, discover, measure_resource, tune
 from kiln.frontend import from_onnx
 
 
 def speedup(model: str, db: str, threads: int | None, repeat: int) -> None:
     target = kiln.Target.from_host()
     mod = from_onnx(model)
-    libs = [kiln.compile(mod, target).jit(), kiln.compile(mod, target, tuning=db).jit()]
+    tuned = kiln.compile(mod, target, tuning=db)
+    untuned = kiln.compile(mod, target)
+    meta = tuned.metadata["tuning"]
+    # a build without any tuned kernel is the untuned library (its compile cache key):
+    # what `speedup` then prints is the host's noise between two loads of one library
+    same = tuned.cache_key is not None and tuned.cache_key == untuned.cache_key
+    print(f"{len(meta['kernels'])} tuned kernel(s) applied; checked in this model: "
+          f"{meta['checked_in_model']}; the same library as untuned: {same}")
+    libs = [untuned.jit(), tuned.jit()]
     for lib in libs:
         lib.set_num_threads(threads)
     fns = [lib["main"] for lib in libs]
@@ -50,6 +61,18 @@ def speedup(model: str, db: str, threads: int | None, repeat: int) -> None:
     print(f"{model}: untuned {base:.2f} ms, tuned {tuned:.2f} ms (medians of {repeat} calls "
           f"in alternating blocks, threads {threads or 'default'}): {base / tuned:.3f}x; "
           f"max rel diff {err:.1e}")
+
+
+def check(model: str, db_path: str, threads: int | None, seconds: float) -> None:
+    from kiln.tuning import TuningDatabase
+
+    target = kiln.Target.from_host()
+    db = TuningDatabase.load(db_path)
+    t0 = time.monotonic()
+    check_in_model(model, None, target, discover(model, target), db, threads, REPEATS,
+                   t0 + seconds, print)
+    db.save(db_path)
+    print(f"check took {time.monotonic() - t0:.1f} s; verdict written to {db_path}")
 
 
 def workers(model: str, candidates: int, counts: list[int]) -> None:
@@ -112,9 +135,16 @@ def main() -> None:
     w.add_argument("model")
     w.add_argument("--candidates", type=int, default=3)
     w.add_argument("--workers", default="1,2")
+    c = sub.add_parser("check")
+    c.add_argument("model")
+    c.add_argument("db")
+    c.add_argument("--threads", type=int, default=None)
+    c.add_argument("--seconds", type=float, default=60.0)
     args = p.parse_args()
     if args.cmd == "speedup":
         speedup(args.model, args.db, args.threads, args.repeat)
+    elif args.cmd == "check":
+        check(args.model, args.db, args.threads, args.seconds)
     else:
         workers(args.model, args.candidates, [int(n) for n in args.workers.split(",")])
 

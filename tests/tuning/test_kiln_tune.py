@@ -9,8 +9,11 @@ import onnx
 import pytest
 
 import kiln
+from kiln.artifact import load_with_metadata
 from kiln.cli.main import main
 from kiln.distributed.tune import MORE_BLOCKS, REPEATS
+from kiln.driver.fingerprint import module_fingerprint
+from kiln.frontend import from_onnx
 from kiln.target.isa import isa_for
 from kiln.tuning import TuningDatabase, target_key
 from support.graphs import GraphBuilder, value_info
@@ -44,12 +47,23 @@ def test_kiln_tune_in_process_then_compile_with_its_database(
         for c in record.candidates)
     assert len(record.default.times_us) >= REPEATS
     assert all(c.equal for c in record.candidates)
+    # the whole-model check ran on the model (1 thread) and recorded its verdict: what
+    # a compile of this model applies (no warning: filterwarnings makes one an error)
+    assert "model check: " in out
+    (verdict,) = db.verdicts()
+    assert verdict.model == module_fingerprint(from_onnx(str(model)))
+    assert verdict.target == record.target and verdict.threads == 1
+    assert {c.key for c in (*verdict.accepted, *verdict.rejected)} == (
+        {(record.kernel, record.signature)} if record.chosen else set())
+    assert len(verdict.untuned_us) == len(verdict.tuned_us) >= (
+        REPEATS if record.chosen else 0)
 
     lib = tmp_path / "conv.so"
     assert main(["compile", str(model), "--tuning", str(db_path), "-o", str(lib)]) == 0
     capsys.readouterr()
     assert main(["inspect", str(lib)]) == 0
     assert f"tuning:   database sha256 {db.fingerprint()}" in capsys.readouterr().out
+    assert load_with_metadata(str(lib))[1]["tuning"]["checked_in_model"] is True
     db_path.write_text("{not json")
     assert main(["compile", str(model), "--tuning", str(db_path), "-o", str(lib)]) == 2
     assert "not JSON" in capsys.readouterr().err

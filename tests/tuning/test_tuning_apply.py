@@ -175,7 +175,9 @@ def test_a_tuned_build_applies_every_kind_of_variant(
     path = tmp_path / "model.tuning.json"
     db.save(path)
     capture = _AfterBlocking()
-    with PassContext(instruments=[capture]):
+    # no model check recorded a verdict for this model: applied with a warning
+    with PassContext(instruments=[capture]), \
+            pytest.warns(UserWarning, match="3 tuned kernel.* not checked in this model"):
         tuned = kiln.compile(model, target, tuning=str(path))
     untuned = kiln.compile(model, target)
     print("\n".join(map(str, capture.calls)), _parallel_loops(untuned), _parallel_loops(tuned))
@@ -192,6 +194,7 @@ def test_a_tuned_build_applies_every_kind_of_variant(
     assert "fused_conv2d_blocked_relu" not in _parallel_loops(tuned)
     meta = tuned.metadata["tuning"]
     assert meta["fingerprint"] == TuningDatabase.load(path).fingerprint()
+    assert meta["checked_in_model"] is False
     assert sorted(map(show, meta["kernels"].values())) == sorted(map(show, chosen.values()))
     x = np.random.default_rng(0).standard_normal((2, 40, 4, 16)).astype(np.float32)
     np.testing.assert_allclose(np.asarray(tuned.jit()["main"](x)),
@@ -294,8 +297,9 @@ def test_the_inner_split_computes_the_untuned_result_with_a_symbolic_batch() -> 
     found = discover(model, target)
     assert {s.family for s in found} == {"conv_rows", "gemm"}  # 72 taps: row-tiled
     inner = {s.family: {**s.default, "split": "inner"} for s in found}
-    tuned = kiln.compile(model, target, tuning=_database(found, target_key(isa_for(target)),
-                                                          inner))
+    with pytest.warns(UserWarning, match="not checked in this model"):
+        tuned = kiln.compile(model, target,
+                             tuning=_database(found, target_key(isa_for(target)), inner))
     assert sorted(map(show, tuned.metadata["tuning"]["kernels"].values())) == sorted(
         map(show, inner.values()))
     assert _parallel_loops(tuned)

@@ -3,6 +3,7 @@ timings, never a slower or different kernel, strict reading of untrusted files."
 
 from __future__ import annotations
 
+import itertools
 import json
 from pathlib import Path
 
@@ -91,7 +92,9 @@ def test_measurement_goes_on_while_a_verdict_is_open() -> None:
     from kiln.distributed.tune import MORE_BLOCKS, measure_blocks
 
     order: list[str] = []
-    noisy = iter(RNG.uniform(0.68, 1.28, 10_000))  # around the line: 0.98
+    # around the line (0.98), never decided; not drawn from the module's RNG, whose
+    # state depends on which tests ran before in the worker
+    noisy = itertools.cycle([0.7, 1.26])
 
     def sample(fn: str) -> float:
         order.append(fn)
@@ -134,7 +137,7 @@ def test_the_choice_is_a_function_of_the_recorded_timings(tmp_path: Path) -> Non
     assert again.lookup(*record.key) == {"mr": 6, "nr": 32}
     assert again.lookup("gemm", "m=1,n=1,k=1,float32", "x86_64:znver4:abc") is None
     doc = json.loads((tmp_path / "a.json").read_text())
-    assert doc["format"] == "kiln-tuning" and doc["version"] == 2
+    assert doc["format"] == "kiln-tuning" and doc["version"] == 3
     assert doc["records"][0]["chosen"] == {"mr": 6, "nr": 32}
 
 

@@ -39,6 +39,11 @@ def cmd_tune(model: str, target: str | None, budget: str, output: str, address: 
              f"{report.seconds:.0f} s; {chosen} record(s) choose a variant other than the rule's",
              f"builds ran on: {', '.join(sorted(n[:12] for n in report.builds_on)) or '-'}; "
              f"measurements on: {', '.join(sorted(n[:12] for n in report.measured_on)) or '-'}"]
+    check = report.check
+    if check is not None:
+        lines.append(f"model check: {len(check.accepted)} of "
+                     f"{len(check.accepted) + len(check.rejected)} choice(s) accepted in the "
+                     "model (a compile of this model applies only those)")
     if report.discarded:
         lines.append(f"{len(report.discarded)} candidate(s) discarded (see above)")
     lines.append(f"wrote {output} (fingerprint {report.database.fingerprint()[:16]})")

@@ -240,17 +240,18 @@ def kernel_inputs(spec: KernelSpec) -> list[np.ndarray]:
 
 
 def measure_blocks(sample: Callable[[Any], float], fns: Sequence[Any], equal: Sequence[bool],
-                   repeats: int, clock: Callable[[], float] = time.perf_counter
-                   ) -> list[list[float]]:
+                   repeats: int, clock: Callable[[], float] = time.perf_counter,
+                   line: float | None = None) -> list[list[float]]:
     """Samples of every variant (`fns[0]` the default), taken in blocks of one sample
     each, the order reversed every other block (so what drifts within a block weighs
     on the default and the candidates alike). After `repeats` blocks, more are taken
     while a candidate's verdict is open (kiln.tuning.select.undecided: its median
-    ratio's bounds straddle the winning line), up to `MORE_BLOCKS` x `repeats` blocks
-    and `MORE_TIME` x the time the first `repeats` took: a noisy kernel is measured
-    longer, a clear one not."""
-    from kiln.tuning.select import undecided
+    ratio's bounds straddle the winning line, a kernel's or `line`), up to
+    `MORE_BLOCKS` x `repeats` blocks and `MORE_TIME` x the time the first `repeats`
+    took: a noisy kernel is measured longer, a clear one not."""
+    from kiln.tuning.select import MIN_GAIN, undecided
 
+    win = 1 - MIN_GAIN if line is None else line
     times: list[list[float]] = [[] for _ in fns]
     order = list(range(len(fns)))
     tests = sum(equal[1:])
@@ -262,7 +263,7 @@ def measure_blocks(sample: Callable[[Any], float], fns: Sequence[Any], equal: Se
             if block == repeats:
                 first = clock() - began
             if block >= MORE_BLOCKS * repeats or clock() - began > (1 + MORE_TIME) * first \
-                    or not any(eq and undecided(t, times[0], tests)
+                    or not any(eq and undecided(t, times[0], tests, win)
                                for t, eq in zip(times[1:], equal[1:], strict=True)):
                 return times
         for i in (order if block % 2 == 0 else order[::-1]):
@@ -369,7 +370,8 @@ class _Task:
 
 @dataclass
 class TuneReport:
-    """The database a run made, and what happened (for the log)."""
+    """The database a run made, and what happened (for the log); `check` what the
+    whole-model check decided (None: not run)."""
 
     database: TuningDatabase
     lines: list[str]
@@ -382,6 +384,7 @@ class TuneReport:
     profile: dict[str, float] = field(default_factory=dict)
     # ("build" | "measure", start, end): each task's wall-clock span, for a timeline
     spans: list[tuple[str, float, float]] = field(default_factory=list)
+    check: ModelCheck | None = None
 
 
 Build = Callable[[Sequence[tuple[Any, ...]]], list[TaskOutcome]]
@@ -672,8 +675,10 @@ def tune_model(model: str | os.PathLike[str], target: Any, budget_s: float, outp
                os.PathLike[str], *, executor: Executor | None = None,
                shapes: dict[str, Any] | None = None, log: Callable[[str], None] = print,
                repeats: int = REPEATS, threads: int | None = None) -> TuneReport:
-    """Tune `model` for `target` and merge the records into the database `output`
-    (created when missing)."""
+    """Tune `model` for `target`, merge the records into the database `output` (created
+    when missing), then check the database's choices in the whole model (`check_model`,
+    on `threads` threads, in `CHECK_SHARE` of the budget plus what tuning left) and
+    record the verdict."""
     start = time.monotonic()
     specs = discover(model, target, shapes)
     log(f"{model}: {len(specs)} distinct tunable kernel(s), "
@@ -684,12 +689,247 @@ def tune_model(model: str | os.PathLike[str], target: Any, budget_s: float, outp
         log(f"weights {weights / 2**20:.1f} MiB: kernels measured with the caches evicted "
             f"before each call where the weights exceed the measuring machine's "
             f"last-level cache ({last_level_cache_bytes() / 2**20:.0f} MiB here)")
-    left = max(1.0, budget_s - (time.monotonic() - start))
+    reserve = CHECK_SHARE * budget_s if specs else 0.0
+    left = max(1.0, budget_s - reserve - (time.monotonic() - start))
     report = tune(specs, target, left, executor=executor, log=log, repeats=repeats,
                   threads=threads)
     path = Path(output)
     db = TuningDatabase.load(path).merge(report.database) if path.exists() \
         else report.database
+    if specs:
+        report.check = check_in_model(model, shapes, target, specs, db, threads, repeats,
+                                       start + budget_s, log)
     db.save(path)
     report.database = db
     return report
+
+
+def check_in_model(model: str | os.PathLike[str], shapes: dict[str, Any] | None,
+                    target: Any, specs: Sequence[KernelSpec], db: TuningDatabase,
+                    threads: int | None, repeats: int, deadline: float,
+                    log: Callable[[str], None]) -> ModelCheck | None:
+    """`check_model` of `db`'s choices for `model` in this process, its verdict added to
+    `db`; None (and no verdict) when this machine's CPU is not the target's."""
+    from kiln.driver.fingerprint import module_fingerprint
+    from kiln.frontend import from_onnx
+    from kiln.tuning.database import Checked, Verdict
+
+    tgt = resolve(target)
+    key = target_key(_isa(tgt))
+    if measure_resource(tgt) != measure_resource(resolve("host")):
+        log(f"model check skipped: this machine's CPU is not the target's ({key}); the "
+            "records stay unchecked in the model")
+        return None
+    mod = from_onnx(model, shapes or None)
+    choices = model_choices(db, specs, key)
+    log(f"model check on {threads or 'the default'} thread(s): {len(choices)} choice(s), "
+        f"{max(0.0, deadline - time.monotonic()):.0f} s left")
+    fingerprint = module_fingerprint(mod)  # as kiln.compile takes it, before any pass
+    runner = _ModelRunner(mod, tgt, threads, repeats)
+    result = check_model(choices, runner.build, runner.measure, deadline, log=log)
+    db.add_verdict(Verdict(
+        fingerprint, key, threads,
+        tuple(Checked(c.kernel, c.signature, c.params, "the model was faster with it")
+              for c in result.accepted),
+        tuple(Checked(c.kernel, c.signature, c.params, why) for c, why in result.rejected),
+        tuple(result.untuned_us), tuple(result.tuned_us)))
+    if not choices:
+        log("model check: no record chooses another variant for this model's kernels")
+    else:
+        from kiln.tuning.select import ratio_bounds
+
+        _, mid, high = ratio_bounds(result.tuned_us, result.untuned_us)
+        pairs = f"median ratio {mid:.3f}, bound {high:.3f} over {len(result.tuned_us)} pairs"
+        log(f"model check: {len(result.accepted)} of {len(choices)} choice(s) accepted; "
+            f"the model with them against untuned: {pairs}" if result.accepted else
+            f"model check: none of {len(choices)} choice(s) accepted: this model keeps the "
+            f"rule's kernels (the last comparison with untuned: {pairs})")
+    for c, why in result.rejected:
+        log(f"  dropped {c.kernel} {c.signature} {show(c.params)}: {why}")
+    return result
+
+
+class _ModelRunner:
+    """Builds of a whole model with given choices (through kiln's compile cache),
+    loaded in this process, and paired measurements of two of them."""
+
+    def __init__(self, mod: Any, tgt: Any, threads: int | None, repeats: int) -> None:
+        self.mod, self.tgt, self.threads, self.repeats = mod, tgt, threads, repeats
+        self.libs: list[Any] = []  # keeps the loaded libraries alive
+        rng = np.random.default_rng(0)
+        self.inputs = []
+        for p in mod["main"].params:
+            shape = tuple(d if isinstance(d, int) else 1 for d in p.type.shape)
+            dtype = np.dtype(str(p.type.dtype))
+            self.inputs.append(rng.standard_normal(shape).astype(dtype)
+                               if dtype.kind == "f" else np.zeros(shape, dtype))
+
+    def build(self, choices: tuple[Choice, ...]) -> Any:
+        import kiln
+        from kiln.tuning.apply import Chosen, using
+
+        with using(Chosen({c.key: c.params for c in choices})):
+            ex = kiln.compile(self.mod, self.tgt)
+        lib = ex.jit()
+        if self.threads:
+            lib.set_num_threads(self.threads)
+        self.libs.append(lib)
+        return lib["main"]
+
+    def measure(self, a: Any, b: Any) -> tuple[list[float], list[float]]:
+        for _ in range(WARMUP):
+            a(*self.inputs)
+            b(*self.inputs)
+
+        def sample(fn: Callable[..., Any]) -> float:
+            # the other build's idle workers go to sleep first (they would share the
+            # CPUs with this call, which hurts a build that needs both CPUs more than
+            # one whose kernels run serial), then one call wakes this build's workers
+            # and the next one is timed: a call as in a run of calls, alone
+            time.sleep(MODEL_PAUSE_S)
+            fn(*self.inputs)
+            t0 = time.perf_counter()
+            fn(*self.inputs)
+            return (time.perf_counter() - t0) * 1e6
+
+        base, new = measure_blocks(sample, [a, b], [True, True], self.repeats,
+                                   line=MODEL_LINE)
+        return base, new
+
+
+#: Share of `kiln tune`'s budget reserved for the whole-model check (`check_model`):
+#: the kernels are tuned in the rest, the check takes this plus what tuning left.
+CHECK_SHARE = 0.25
+#: The model check's line: a tuned build is accepted when the upper bound of its
+#: median per-block ratio tuned / untuned (kiln.tuning.select.faster, one test) is
+#: below it: the model measured faster at 95 % by the kernels' margin (MIN_GAIN, 2 %),
+#: never merely not slower. Not 1.0: on a loaded host two loads of one library
+#: measured 5 % apart (docs/tuning.md, "The whole-model check").
+MODEL_LINE = 0.98
+
+
+#: Pause before each sample of a model check, longer than a library's default spin
+#: window (20 ms): the other build's workers are asleep when this one is timed.
+MODEL_PAUSE_S = 0.03
+
+
+@dataclass(frozen=True)
+class Choice:
+    """A record's choice for one of the model's kernels, and its expected saving in the
+    model (default time x occurrences x (1 - median ratio), microseconds)."""
+
+    kernel: str
+    signature: str
+    params: Params
+    saving: float
+
+    @property
+    def key(self) -> tuple[str, str]:
+        """(kernel, signature)."""
+        return self.kernel, self.signature
+
+
+@dataclass
+class ModelCheck:
+    """What `check_model` decided: choices kept and dropped (with why), the model's
+    paired samples of the last comparison against the untuned build."""
+
+    accepted: list[Choice]
+    rejected: list[tuple[Choice, str]]
+    untuned_us: list[float]
+    tuned_us: list[float]
+
+
+def model_choices(db: TuningDatabase, specs: Sequence[KernelSpec], key: str) -> list[Choice]:
+    """The choices `db` makes for `specs` on target `key`, largest expected saving first
+    (ties by kernel and signature)."""
+    from kiln.tuning.select import ratio_bounds
+
+    out = []
+    for s in specs:
+        rec = next((r for r in db.records() if r.key == (s.family, s.signature, key)), None)
+        chosen = None if rec is None else rec.chosen
+        if rec is None or chosen is None:
+            continue
+        best = next(c for c in rec.candidates if c.params == chosen)
+        _, mid, _ = ratio_bounds(best.times_us, best.default_us)
+        saving = float(np.median(rec.default.times_us)) * s.count * (1 - mid)
+        out.append(Choice(s.family, s.signature, dict(chosen), saving))
+    return sorted(out, key=lambda c: (-c.saving, c.kernel, c.signature))
+
+
+def check_model(choices: Sequence[Choice], build: Callable[[tuple[Choice, ...]], Any],
+                measure: Callable[[Any, Any], tuple[Sequence[float], Sequence[float]]],
+                deadline: float, clock: Callable[[], float] = time.monotonic,
+                log: Callable[[str], None] = lambda s: None) -> ModelCheck:
+    """Which `choices` (largest expected saving first) a model gains from as a whole.
+
+    `build(choices)` gives the model built with those choices (the rule's elsewhere),
+    `measure(a, b)` paired samples of two builds (`measure_blocks`); a build is faster
+    than another when `kiln.tuning.select.faster` bounds it below `MODEL_LINE`.
+
+    1. The model with every choice against the untuned model: faster, all are kept.
+    2. Else (two or more choices) they are added one at a time in order, each kept only
+       if the model with it is faster than without it, while the last step's time fits
+       before `deadline` (the rest are dropped: not checked); then, if more than one
+       was kept, the kept set against the untuned model once more: not faster, all
+       are dropped.
+
+    The decision depends only on the samples `measure` returns (and `clock`, which only
+    stops step 2): the same measurements always give the same verdict."""
+    from kiln.tuning.select import faster
+
+    def compare(base: Any, new: Any) -> tuple[bool, float, float, list[float], list[float]]:
+        b, n = measure(base, new)
+        ok, mid, high = faster(n, b, MODEL_LINE)
+        return ok, mid, high, list(b), list(n)
+
+    def text(mid: float, high: float, pairs: int) -> str:
+        return f"median ratio {mid:.3f}, bound {high:.3f} over {pairs} pairs"
+
+    if not choices:
+        return ModelCheck([], [], [], [])
+    began = clock()
+    untuned = build(())
+    ok, mid, high, base_us, new_us = compare(untuned, build(tuple(choices)))
+    step = clock() - began  # a step of 2 takes about as long: one build, one measurement
+    log(f"model check: all {len(choices)} choice(s) against untuned: "
+        f"{text(mid, high, len(new_us))}")
+    if ok:
+        return ModelCheck(list(choices), [], base_us, new_us)
+    why = f"the model with all {len(choices)} was not faster ({text(mid, high, len(new_us))})"
+    if len(choices) == 1:
+        return ModelCheck([], [(choices[0], why)], base_us, new_us)
+    kept: list[Choice] = []
+    rejected: list[tuple[Choice, str]] = []
+    current = untuned
+    last = (base_us, new_us, False)  # the last comparison against untuned, kept or not
+    for i, c in enumerate(choices):
+        now = clock()
+        if now + step > deadline:
+            rejected += [(r, "not checked in the model: the check's time ran out")
+                         for r in choices[i:]]
+            break
+        trial = build((*kept, c))
+        ok, mid, high, b, n = compare(current, trial)
+        step = clock() - now
+        log(f"  model with {len(kept)} kept + {c.kernel} {c.signature} {show(c.params)}: "
+            f"{text(mid, high, len(n))}: {'kept' if ok else 'dropped'}")
+        if ok:
+            if not kept:
+                last = (b, n, True)
+            kept.append(c)
+            current = trial
+        else:
+            rejected.append((c, f"the model was not faster with it ({text(mid, high, len(n))})"))
+    if len(kept) > 1:
+        ok, mid, high, b, n = compare(untuned, current)
+        log(f"  model with the {len(kept)} kept against untuned: {text(mid, high, len(n))}")
+        if not ok:
+            rejected = [(c, f"kept one by one, but the model with all kept was not faster "
+                            f"than untuned ({text(mid, high, len(n))})") for c in kept] \
+                + rejected
+            kept = []
+        last = (b, n, True)
+    base_us, new_us, _ = last
+    return ModelCheck(kept, rejected, base_us, new_us)

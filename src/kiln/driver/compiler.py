@@ -96,7 +96,7 @@ def compile(
                                    tensor_pipeline=tensor_pipeline, prefix=prefix)
 
     verify_stage(mod, "the input module")
-    session = _tuning_session(tuning, tgt)
+    session = _tuning_session(tuning, tgt, mod)
     # no database: leave a session of the caller's (kiln tune's) in place
     with tgt, using(session) if session is not None else contextlib.nullcontext():
         graph = get_pipeline(graph_pipeline, "graph", target=tgt)
@@ -112,9 +112,16 @@ def compile(
 
     metadata = executable_metadata(mod, prefix)
     if session is not None:
-        metadata["tuning"] = {"fingerprint": session.db.fingerprint(),
-                              "target": target_key(isa_for(tgt)),
-                              "kernels": dict(sorted(session.applied.items()))}
+        tkey = target_key(isa_for(tgt))
+        metadata["tuning"] = {"fingerprint": session.db.fingerprint(), "target": tkey,
+                              "kernels": dict(sorted(session.applied.items())),
+                              "checked_in_model": session.checked(tkey) is not None}
+        if session.unchecked:
+            import warnings
+
+            warnings.warn(f"{len(session.applied)} tuned kernel(s) applied from records not "
+                          "checked in this model (no verdict of `kiln tune` for it, "
+                          "docs/tuning.md): tune this model to check them", stacklevel=2)
     key = None
     artifacts = None
     with timed_step("constants"):
@@ -176,8 +183,10 @@ def outline_for(codegen_name: str, mod: IRModule) -> IRModule:
     return outlined
 
 
-def _tuning_session(tuning: Any, tgt: Target) -> FromDatabase | None:
-    """The session applying `tuning` (a path or a TuningDatabase) for `tgt`, or None."""
+def _tuning_session(tuning: Any, tgt: Target, mod: IRModule) -> FromDatabase | None:
+    """The session applying `tuning` (a path or a TuningDatabase) for `tgt` to `mod`,
+    or None; a database with model verdicts names `mod` by its fingerprint before any
+    pass (kiln.tuning.database.Verdict)."""
     if tuning is None:
         return None
     db = tuning if isinstance(tuning, TuningDatabase) else TuningDatabase.load(tuning)
@@ -190,7 +199,7 @@ def _tuning_session(tuning: Any, tgt: Target) -> FromDatabase | None:
         warnings.warn(f"{name} has no record for this target's CPU ({key}; it has "
                       f"{', '.join(sorted(targets))}): every kernel takes the rule's tile",
                       stacklevel=3)
-    return FromDatabase(db)
+    return FromDatabase(db, module_fingerprint(mod) if db.verdicts() else None)
 
 
 def _instrument(mod: IRModule, codegen_name: str) -> IRModule:

@@ -5,8 +5,11 @@ call's params (`Session.params_for`): None is the rule's variant, else a dict su
 `{"family": "conv_gemm", "tile": [8, 32]}` (kiln.ops.kernels.search). Inside
 `using(session)`:
 
-- `FromDatabase`: the params a database chose for the call's (kernel, signature,
-  target), else None; it counts what it applied (the library metadata says so);
+- `FromDatabase`: for a model the database has verdicts for (`model`, its
+  fingerprint), the params they accepted in the model (`TuningDatabase.checked`);
+  otherwise the params the database chose for the call's (kernel, signature, target),
+  else None; it counts what it applied (the library metadata says so);
+- `Chosen`: given params per (kernel, signature) (a model check's builds);
 - `Recorder`: None, remembering every tunable call (what `kiln tune` measures);
 - `Forced`: given params for every call of one family (a candidate's build).
 
@@ -67,18 +70,48 @@ class Session:
 
 @dataclass
 class FromDatabase(Session):
-    """Params from a database for the records of this target; `applied` counts them."""
+    """Params from a database for the records of this target, only those its verdicts
+    accepted when it has verdicts for `model` (the fingerprint of the model compiled);
+    `applied` counts them, `unchecked` says whether they come from records no model
+    check judged."""
 
     db: TuningDatabase
+    model: str | None = None
     applied: dict[str, dict[str, Any]] = field(default_factory=dict)
+    unchecked: bool = False
+    # the verdicts' accepted params per target key (None: no verdict there)
+    _checked: dict[str, dict[tuple[str, str], Any] | None] = field(default_factory=dict)
+
+    def checked(self, target: str) -> dict[tuple[str, str], Any] | None:
+        """The params the model's verdicts on `target` accepted (None: no verdict)."""
+        if target not in self._checked:
+            self._checked[target] = None if self.model is None else \
+                self.db.checked(self.model, target)
+        return self._checked[target]
 
     def params_for(self, family: Any, call: g.Call, isa: ISA) -> dict[str, Any] | None:
-        params = self.db.lookup(family.name, signature(call), target_key(isa)) \
-            if tunable(family) else None
+        if not tunable(family):
+            return None
+        sig, key = signature(call), target_key(isa)
+        accepted = self.checked(key)
+        params = self.db.lookup(family.name, sig, key) if accepted is None \
+            else accepted.get((family.name, sig))
         if not params:
             return None
-        self.applied[f"{family.name} {signature(call)}"] = dict(params)
+        self.unchecked = self.unchecked or accepted is None
+        self.applied[f"{family.name} {sig}"] = dict(params)
         return dict(params)
+
+
+@dataclass
+class Chosen(Session):
+    """`params[(kernel, signature)]` for the calls it names, the rule's for the others."""
+
+    params: dict[tuple[str, str], Any]
+
+    def params_for(self, family: Any, call: g.Call, isa: ISA) -> dict[str, Any] | None:
+        found = self.params.get((family.name, signature(call))) if tunable(family) else None
+        return None if found is None else dict(found)
 
 
 @dataclass

@@ -3,11 +3,23 @@
 A JSON file, human-readable and diff-friendly (sorted keys, one record per distinct
 kernel):
 
-    {"format": "kiln-tuning", "version": 2,
+    {"format": "kiln-tuning", "version": 3,
      "records": [{"kernel": "gemm", "signature": "m=64,n=512,k=256,float32",
                   "target": "x86_64:znver4:3f2a...", "default": {"params": {...},
                   "times_us": [...]}, "candidates": [{"params": {...}, "times_us": [...],
-                  "default_us": [...], "equal": true}], "chosen": {...} or null}]}
+                  "default_us": [...], "equal": true}], "chosen": {...} or null}],
+     "verdicts": [...]}
+
+Version 3 adds `"verdicts"`: the whole-model checks of `kiln tune`
+(kiln.distributed.tune.check_model), one per (model, target, threads):
+
+    {"model": "<sha256 of the imported model>", "target": "x86_64:znver3:...",
+     "threads": 2, "accepted": [{"kernel": ..., "signature": ..., "params": {...},
+     "reason": ...}], "rejected": [...], "untuned_us": [...], "tuned_us": [...]}
+
+A compile of a model with verdicts applies only the params they accepted (accepted by
+every verdict of that model and target, whatever the thread count); of a model without
+one, the records' choices as before. Version 2 files read as before (no verdicts).
 
 A candidate's `default_us` are the default's samples taken in the same blocks as its
 `times_us` (same length, pair by pair): the selection rule compares them pairwise.
@@ -37,7 +49,9 @@ from kiln.target.isa import ISA
 from kiln.tuning.select import choose
 
 FORMAT = "kiln-tuning"
-VERSION = 2
+VERSION = 3
+#: The oldest version read: version 1 has no paired timings.
+OLDEST = 2
 Params = Mapping[str, Any]
 
 
@@ -100,22 +114,90 @@ class Record:
                       sorted(pooled.values(), key=lambda m: _canonical(m.params)))
 
 
-class TuningDatabase:
-    """Records by (kernel, signature, target); load, save, merge, look up."""
+@dataclass(frozen=True)
+class Checked:
+    """A record's choice as a model check judged it: the params and why."""
 
-    def __init__(self, records: Iterable[Record] = ()) -> None:
+    kernel: str
+    signature: str
+    params: Params
+    reason: str = ""
+
+    @property
+    def key(self) -> tuple[str, str]:
+        """(kernel, signature)."""
+        return self.kernel, self.signature
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The whole-model check of one model (`model`: the sha256 of the imported module,
+    kiln.driver.fingerprint.module_fingerprint, which kiln.compile and `kiln tune` both
+    take of the module before any pass) on one target with `threads` threads (None: the
+    runtime's default): the choices accepted and rejected in the model, and the model's paired
+    samples (untuned, tuned with the accepted choices; microseconds, block by block) of
+    the last comparison against the untuned build."""
+
+    model: str
+    target: str
+    threads: int | None
+    accepted: tuple[Checked, ...] = ()
+    rejected: tuple[Checked, ...] = ()
+    untuned_us: tuple[float, ...] = ()
+    tuned_us: tuple[float, ...] = ()
+
+    @property
+    def key(self) -> tuple[str, str, int]:
+        """(model, target, threads; 0 for the runtime's default)."""
+        return self.model, self.target, self.threads or 0
+
+
+class TuningDatabase:
+    """Records by (kernel, signature, target) and model verdicts by (model, target,
+    threads); load, save, merge, look up."""
+
+    def __init__(self, records: Iterable[Record] = (), verdicts: Iterable[Verdict] = ()
+                 ) -> None:
         self._records: dict[tuple[str, str, str], Record] = {}
+        self._verdicts: dict[tuple[str, str, int], Verdict] = {}
         for r in records:
             self.add(r)
+        for v in verdicts:
+            self.add_verdict(v)
 
     def add(self, record: Record) -> None:
         """Add `record`, pooling with a record of the same key."""
         old = self._records.get(record.key)
         self._records[record.key] = record if old is None else old.merged(record)
 
+    def add_verdict(self, verdict: Verdict) -> None:
+        """Add `verdict`, replacing one of the same (model, target, threads)."""
+        self._verdicts[verdict.key] = verdict
+
     def merge(self, other: TuningDatabase) -> TuningDatabase:
-        """A new database with both's records (timings of equal variants pooled)."""
-        return TuningDatabase([*self.records(), *other.records()])
+        """A new database with both's records (timings of equal variants pooled) and
+        verdicts (`other`'s replaces this one's of the same model, target and threads:
+        the later check). A verdict is kept when records change under it: it names the
+        params it checked, and a compile applies only those (`checked`), so a record
+        merged in later never reaches a checked model unchecked."""
+        return TuningDatabase([*self.records(), *other.records()],
+                              [*self.verdicts(), *other.verdicts()])
+
+    def verdicts(self) -> list[Verdict]:
+        """Every verdict, sorted by key."""
+        return [self._verdicts[k] for k in sorted(self._verdicts)]
+
+    def checked(self, model: str, target: str) -> dict[tuple[str, str], Params] | None:
+        """The params a model's verdicts on `target` accepted, by (kernel, signature):
+        those every verdict (one per thread count) accepted with the same params; None
+        when the model has no verdict there."""
+        found = [v for v in self.verdicts() if v.model == model and v.target == target]
+        if not found:
+            return None
+        sets = [{c.key: _canonical(c.params) for c in v.accepted} for v in found]
+        first = {c.key: c.params for c in found[0].accepted}
+        return {k: dict(p) for k, p in first.items()
+                if all(s.get(k) == sets[0][k] for s in sets)}
 
     def records(self) -> list[Record]:
         """Every record, sorted by key."""
@@ -135,12 +217,21 @@ class TuningDatabase:
                 out["default_us"] = list(m.default_us)
             return out
 
+        def checked(c: Checked) -> dict[str, Any]:
+            return {"kernel": c.kernel, "signature": c.signature, "params": dict(c.params),
+                    "reason": c.reason}
+
         return {"format": FORMAT, "version": VERSION, "records": [
             {"kernel": r.kernel, "signature": r.signature, "target": r.target,
              "default": meas(r.default, False),
              "candidates": [meas(c, True) for c in r.candidates],
              "chosen": None if r.chosen is None else dict(r.chosen)}
-            for r in self.records()]}
+            for r in self.records()], "verdicts": [
+            {"model": v.model, "target": v.target, "threads": v.threads,
+             "accepted": [checked(c) for c in v.accepted],
+             "rejected": [checked(c) for c in v.rejected],
+             "untuned_us": list(v.untuned_us), "tuned_us": list(v.tuned_us)}
+            for v in self.verdicts()]}
 
     def fingerprint(self) -> str:
         """sha256 of the canonical document: what a library's metadata records."""
@@ -182,13 +273,18 @@ class TuningDatabase:
         if version > VERSION:
             raise FormatError(f"{where}: version {version} is newer than this kiln reads "
                               f"({VERSION}); upgrade kiln")
-        if version < VERSION:
+        if version < OLDEST:
             raise FormatError(f"{where}: version {version} records unpaired timings, which "
                               f"the selection rule of version {VERSION} cannot compare "
                               "(kiln.tuning.select); run `kiln tune` again into a new file")
         records = doc.get("records")
         _expect(isinstance(records, list), where, "'records': a list")
-        return cls(_record(r, f"{where}: records[{i}]") for i, r in enumerate(records))
+        verdicts = doc.get("verdicts", [])
+        _expect(version >= 3 or "verdicts" not in doc, where,
+                "no 'verdicts' in a version 2 file (they came with version 3)")
+        _expect(isinstance(verdicts, list), where, "'verdicts': a list")
+        return cls((_record(r, f"{where}: records[{i}]") for i, r in enumerate(records)),
+                   (_verdict(v, f"{where}: verdicts[{i}]") for i, v in enumerate(verdicts)))
 
 
 def _expect(ok: bool, where: str, what: str) -> None:
@@ -207,6 +303,43 @@ def _record(doc: Any, where: str) -> Record:
                   _measurement(doc.get("default"), f"{where}.default", False),
                   [_measurement(c, f"{where}.candidates[{i}]", True)
                    for i, c in enumerate(candidates)])
+
+
+def _verdict(doc: Any, where: str) -> Verdict:
+    _expect(isinstance(doc, dict), where, "an object")
+    for key in ("model", "target"):
+        _expect(isinstance(doc.get(key), str) and bool(doc[key]), where,
+                f"'{key}': a non-empty string")
+    threads = doc.get("threads")
+    _expect(threads is None or (isinstance(threads, int) and not isinstance(threads, bool)
+                                and 0 < threads < 1 << 16), where,
+            "'threads': a positive integer or null")
+    lists = {}
+    for key in ("accepted", "rejected"):
+        items = doc.get(key, [])
+        _expect(isinstance(items, list), where, f"'{key}': a list")
+        lists[key] = tuple(_checked(c, f"{where}.{key}[{i}]") for i, c in enumerate(items))
+    samples = {}
+    for key in ("untuned_us", "tuned_us"):
+        times = doc.get(key, [])
+        _expect(_timings(times), where, f"'{key}': a list of positive numbers")
+        samples[key] = tuple(float(t) for t in times)
+    _expect(len(samples["untuned_us"]) == len(samples["tuned_us"]), where,
+            "'tuned_us': as many samples as 'untuned_us' (pairs)")
+    return Verdict(doc["model"], doc["target"], threads, lists["accepted"],
+                   lists["rejected"], samples["untuned_us"], samples["tuned_us"])
+
+
+def _checked(doc: Any, where: str) -> Checked:
+    _expect(isinstance(doc, dict), where, "an object")
+    for key in ("kernel", "signature"):
+        _expect(isinstance(doc.get(key), str) and bool(doc[key]), where,
+                f"'{key}': a non-empty string")
+    params, reason = doc.get("params"), doc.get("reason", "")
+    _expect(isinstance(params, dict) and all(isinstance(k, str) for k in params), where,
+            "'params': an object")
+    _expect(isinstance(reason, str), where, "'reason': a string")
+    return Checked(doc["kernel"], doc["signature"], params, reason)
 
 
 def _measurement(doc: Any, where: str, with_equal: bool) -> Measurement:

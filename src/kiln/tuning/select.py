@@ -83,11 +83,20 @@ def ratio_bounds(times: Sequence[float], default: Sequence[float], tests: int = 
     return float(r[r.size - k]), float(np.median(r)), float(r[k - 1])
 
 
-def undecided(times: Sequence[float], default: Sequence[float], tests: int = 1) -> bool:
+def undecided(times: Sequence[float], default: Sequence[float], tests: int = 1,
+              line: float = 1 - MIN_GAIN) -> bool:
     """Whether more blocks could change the verdict on a candidate: its median ratio's
-    bounds straddle the winning line `1 - MIN_GAIN`."""
+    bounds straddle the winning `line` (a kernel's: `1 - MIN_GAIN`)."""
     low, _, high = ratio_bounds(times, default, tests)
-    return low < 1 - MIN_GAIN <= high
+    return low < line <= high
+
+
+def faster(times: Sequence[float], default: Sequence[float], line: float, tests: int = 1
+           ) -> tuple[bool, float, float]:
+    """(whether `times` are bounded faster than `default`: at least `MIN_PAIRS` pairs and
+    the upper bound of the median ratio below `line`, the median ratio, that bound)."""
+    _, median, high = ratio_bounds(times, default, tests)
+    return min(len(times), len(default)) >= MIN_PAIRS and high < line, median, high
 
 
 def choose(candidates: Sequence[Paired]) -> int | None:
@@ -97,9 +106,9 @@ def choose(candidates: Sequence[Paired]) -> int | None:
     tests = sum(1 for _, _, equal in candidates if equal)
     best: tuple[float, int] | None = None
     for i, (times, default, equal) in enumerate(candidates):
-        if not equal or min(len(times), len(default)) < MIN_PAIRS:
+        if not equal:
             continue
-        _, median, high = ratio_bounds(times, default, tests)
-        if high < 1 - MIN_GAIN and (best is None or median < best[0]):
+        wins, median, _ = faster(times, default, 1 - MIN_GAIN, tests)
+        if wins and (best is None or median < best[0]):
             best = (median, i)
     return None if best is None else best[1]
