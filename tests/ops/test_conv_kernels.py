@@ -306,6 +306,27 @@ def test_gemm_kernel_computes_strided_kxk_layers(target: str) -> None:
     _check_gemm_kernel(GEMM_KXK, target)
 
 
+# 63 positions per image: whole panels and a partial last one at 4, 8 and 16 lanes.
+PARTIAL_PANEL = [dict(x=(2, 5, 7, 9), co=13, k=1, pads=(0, 0, 0, 0), tail=("Add", "Relu"))]
+
+
+@pytest.mark.parametrize("target", NATIVE_TARGETS)
+def test_gemm_kernel_reads_a_partial_last_panel_in_place(target: str) -> None:
+    # A 1x1 stride-1 layer whose positions fill no whole last panel reads its input in
+    # place: the last panel computes the last `nr` positions and stores only those the
+    # panel before left (gemm_body's `shifted_tail`), with no im2col workspace.
+    from kiln.ir import tensor as t
+    from kiln.ir.visitor import iter_stmts
+
+    _check_gemm_kernel(PARTIAL_PANEL, target)
+    ex = kiln.compile(model_of(PARTIAL_PANEL), native_target(target))
+    gemm = [f for f in ex.ir.functions.values()
+            if f.attrs.get("kiln.conv_kernel") == "conv2d_gemm"]
+    assert len(gemm) == 1
+    allocated = [s.buffer.name for s in iter_stmts(gemm[0].body) if isinstance(s, t.Allocate)]
+    assert "col" not in allocated
+
+
 def test_gemm_kernel_wide_tile() -> None:
     # The wide tile (6 rows x 4 vectors) the rule gives an output far larger than the
     # L2 on a 32-register target (so only on llvm): 128 positions (2 panels at 16
