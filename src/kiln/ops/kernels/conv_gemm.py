@@ -40,6 +40,7 @@ from kiln.ir.visitor import StmtExprMutator, substitute
 from kiln.ops import conv_kernels as ck
 from kiln.ops import gemm_kernels as gk
 from kiln.ops.kernels.conv import UnpackedConv, conv_call_shape
+from kiln.ops.kernels.conv_direct import ZEN3_VECTOR_BITS
 from kiln.ops.kernels.gemm import tile_candidates
 from kiln.ops.kernels.registry import fits_registers
 from kiln.ops.kernels.tiles import (
@@ -89,14 +90,35 @@ WIDE_OUTPUT_L2_MULTIPLE = 2
 WIDE_TILE = (6, 4)
 
 
+# Narrow outputs (SqueezeNet's 16 and 32 channel squeeze layers): where the GEMM rule's
+# row tile leaves more than this share of surplus rows (6-row tiles: 18 rows for 16
+# channels, 36 for 32), a shorter tile that divides the channels is taken.
+NARROW_SURPLUS_SHARE = 0.1
+
+
+def narrow_rows(m: int, tiling: gk.GemmTiling, lanes: int) -> int:
+    """The row count of a tile for `m` output channels: the rule's `tiling.mr`, or where
+    it leaves surplus rows past `NARROW_SURPLUS_SHARE` of `m`, the tallest shorter row
+    count dividing `m` that keeps `MIN_ACCUMULATORS` accumulator chains (16 and 32
+    channels on AVX2: 4 rows x 2 vectors)."""
+    mr, vecs = tiling.mr, tiling.nr // lanes
+    if m <= mr or -(-m // mr) * mr - m <= NARROW_SURPLUS_SHARE * m:
+        return mr
+    return next((r for r in range(mr - 1, 0, -1)
+                 if m % r == 0 and r * vecs >= gk.MIN_ACCUMULATORS), mr)
+
+
 def choose_tile(shape: ck.ConvShape, isa: ISA) -> tuple[int, int]:
     """The GEMM tile of the `co` x `oh * ow` product (kiln.ops.gemm_kernels): the GEMM
     rule's, or for an output far larger than the L2 (`WIDE_OUTPUT_L2_MULTIPLE`) the
     wider `WIDE_TILE` where it fits the registers and fills its panels (each row of a
     tile then stores, and its residual loads, 4 vectors in a row: fewer, longer runs
-    through memory, and fewer operand loads per multiply-add)."""
+    through memory, and fewer operand loads per multiply-add). On 256-bit vectors
+    (AVX2, where it was measured) a narrow output takes `narrow_rows`."""
     lanes, positions = tile_lanes(isa), shape.out_h * shape.out_w
     t = gk.choose_gemm_tiling(shape.c_out, positions, lanes, tile_registers(isa))
+    if isa.vector_bits in ZEN3_VECTOR_BITS:
+        t = gk.GemmTiling(narrow_rows(shape.c_out, t, lanes), t.nr)
     rows, vectors = WIDE_TILE
     nr = vectors * lanes
     panels = -(-positions // nr)
