@@ -373,6 +373,31 @@ def test_gemm_conv_narrow_outputs_take_rows_that_divide_them(
         assert choose_tile(shape, isa) == tile, co
 
 
+def _conv_calls(main: g.Function) -> list[g.Call]:
+    from kiln.transform.functor import rewrite_calls
+
+    convs: list[g.Call] = []
+    rewrite_calls(main, lambda c: convs.append(c) if c.op == "conv2d" else None)
+    return convs
+
+
+@pytest.mark.parametrize(("spec", "rows"), [
+    ("llvm -mcpu=znver3", {32: 4, 16: 4, 64: 6, 128: 6}),  # 6-row tiles: 36 rows for 32
+    ("llvm -mcpu=znver4", {32: 6, 16: 6, 64: 6, 128: 6}),  # AVX-512: the rule's 6 rows
+])
+def test_row_tiled_narrow_outputs_take_rows_that_divide_them(spec: str,
+                                                              rows: dict[int, int]) -> None:
+    from kiln.ops.kernels.conv_rows import CONV_ROWS
+    from kiln.ops.kernels.registry import TILE
+
+    isa = isa_for(Target(spec))
+    for co, want in rows.items():
+        main = from_onnx(model_of([dict(x=(1, 32, 8, 32), co=co, k=3,
+                                        pads=(1, 1, 1, 1))]))["main"]
+        assert isinstance(main, g.Function)
+        assert [CONV_ROWS.pack(c, isa).attrs[TILE][0] for c in _conv_calls(main)] == [want], co
+
+
 def test_blocked_epilogue_math_runs_in_vectors(native: kiln.driver.Executable) -> None:
     # The NCHW blocked kernel's stores are a plane apart (scalar); its epilogue (here
     # Swish's sigmoid, dozens of operations) is computed first in vector loops along

@@ -47,6 +47,7 @@ from kiln.ops.kernels.tiles import (
     Epilogue,
     const,
     loop,
+    narrow_rows,
     parallel_tiles,
     parallel_when,
     tile_lanes,
@@ -90,24 +91,6 @@ WIDE_OUTPUT_L2_MULTIPLE = 2
 WIDE_TILE = (6, 4)
 
 
-# Narrow outputs (SqueezeNet's 16 and 32 channel squeeze layers): where the GEMM rule's
-# row tile leaves more than this share of surplus rows (6-row tiles: 18 rows for 16
-# channels, 36 for 32), a shorter tile that divides the channels is taken.
-NARROW_SURPLUS_SHARE = 0.1
-
-
-def narrow_rows(m: int, tiling: gk.GemmTiling, lanes: int) -> int:
-    """The row count of a tile for `m` output channels: the rule's `tiling.mr`, or where
-    it leaves surplus rows past `NARROW_SURPLUS_SHARE` of `m`, the tallest shorter row
-    count dividing `m` that keeps `MIN_ACCUMULATORS` accumulator chains (16 and 32
-    channels on AVX2: 4 rows x 2 vectors)."""
-    mr, vecs = tiling.mr, tiling.nr // lanes
-    if m <= mr or -(-m // mr) * mr - m <= NARROW_SURPLUS_SHARE * m:
-        return mr
-    return next((r for r in range(mr - 1, 0, -1)
-                 if m % r == 0 and r * vecs >= gk.MIN_ACCUMULATORS), mr)
-
-
 def choose_tile(shape: ck.ConvShape, isa: ISA) -> tuple[int, int]:
     """The GEMM tile of the `co` x `oh * ow` product (kiln.ops.gemm_kernels): the GEMM
     rule's, or for an output far larger than the L2 (`WIDE_OUTPUT_L2_MULTIPLE`) the
@@ -118,7 +101,7 @@ def choose_tile(shape: ck.ConvShape, isa: ISA) -> tuple[int, int]:
     lanes, positions = tile_lanes(isa), shape.out_h * shape.out_w
     t = gk.choose_gemm_tiling(shape.c_out, positions, lanes, tile_registers(isa))
     if isa.vector_bits in ZEN3_VECTOR_BITS:
-        t = gk.GemmTiling(narrow_rows(shape.c_out, t, lanes), t.nr)
+        t = gk.GemmTiling(narrow_rows(shape.c_out, t.mr, t.nr // lanes), t.nr)
     rows, vectors = WIDE_TILE
     nr = vectors * lanes
     panels = -(-positions // nr)
