@@ -12,6 +12,8 @@ bias, batch 1, NCHW, float32):
 - `conv`: single convolutions with ResNet-18's 3x3 and 1x1 shapes (and its
   7x7 stem, and two MobileNetV2 1x1 layers);
 - `dw`: depthwise 3x3 convolutions of MobileNetV2;
+- `squeezenet`: SqueezeNet 1.0's 1x1 squeeze layers (16-64 outputs) and its 1x1 and
+  3x3 expand layers;
 - `mbv2dw` (with `--int8`): every depthwise 3x3 shape of MobileNetV2, and `qadd`
   (`--int8` only): com.microsoft QLinearAdd of two u8 tensors at MobileNetV2's residual
   shapes and a ResNet-50-sized one.
@@ -203,9 +205,20 @@ MOBILENETV2_DEPTHWISE = [(32, 112, 1), (96, 112, 2), (144, 56, 1), (144, 56, 2),
                          (192, 28, 2), (384, 14, 1), (576, 14, 1), (576, 14, 2), (960, 7, 1)]
 KERNELS += [Conv(c, c, size, stride=stride, depthwise=True, family="mbv2dw")
             for c, size, stride in MOBILENETV2_DEPTHWISE]
+# SqueezeNet 1.0's fire modules (in channels, out channels, size, kernel): the narrow 1x1
+# squeeze layers (16-64 outputs) and the 1x1 / 3x3 expands; their images (54x54, 26x26)
+# fill no whole GEMM panel
+SQUEEZENET_LAYERS = [(96, 16, 54, 1), (128, 16, 54, 1), (128, 32, 54, 1), (256, 32, 26, 1),
+                     (256, 48, 26, 1), (384, 48, 26, 1), (384, 64, 26, 1), (512, 64, 12, 1),
+                     (16, 64, 54, 1), (32, 128, 54, 1), (32, 128, 26, 1), (48, 192, 26, 1),
+                     (64, 256, 26, 1), (64, 256, 12, 1), (512, 1000, 12, 1),
+                     (16, 64, 54, 3), (32, 128, 54, 3), (32, 128, 26, 3), (48, 192, 26, 3),
+                     (64, 256, 26, 3), (64, 256, 12, 3)]
+KERNELS += [Conv(cin, cout, size, k, family="squeezenet")
+            for cin, cout, size, k in SQUEEZENET_LAYERS]
 KERNELS += [QAdd(24, 56), QAdd(32, 28), QAdd(64, 14), QAdd(96, 14), QAdd(160, 7),
             QAdd(256, 56)]  # the last: a ResNet-50-sized residual
-GROUPS = ("gemm", "conv", "dw", "resnet50", "vgg19", "mbv2dw", "qadd")
+GROUPS = ("gemm", "conv", "dw", "resnet50", "vgg19", "squeezenet", "mbv2dw", "qadd")
 
 
 def one_node_model(kernel: Gemm | Conv, rng: np.random.Generator

@@ -79,6 +79,8 @@ CASES: list[dict[str, Any]] = [
     dict(x=(1, 3, 8, 40), co=7, k=3, strides=(2, 2), pads=(1, 0, 2, 1), dil=(1, 2)),
     # 3x3 over 2 channels, stride 1, bias + ReLU
     dict(x=(1, 2, 5, 20), co=6, k=3, pads=(1, 1, 1, 1), tail=("Relu",)),
+    # 11 output rows: 8 bands of 1 or 2 rows, each padding its own input rows
+    dict(x=(1, 2, 11, 16), co=5, k=3, pads=(1, 1, 1, 1)),
     # On the GEMM micro-kernel (64 positions fill its panels at 4-16 lanes):
     # 1x1 read in place (no copy), batch 2, 13 channels (a partial row tile), the
     # residual Add read through a flat view
@@ -88,7 +90,7 @@ CASES: list[dict[str, Any]] = [
     # 1x1 with padding (zero borders in the workspace), no bias; Swish in one pass
     dict(x=(1, 3, 6, 6), co=7, k=1, pads=(1, 1, 1, 1), bias=False, tail=("Swish",)),
 ]
-ROWS = 2  # the two few-tap 3x3 cases before the GEMM ones
+ROWS = 3  # the three few-tap 3x3 cases before the GEMM ones
 GEMM = 3  # the last cases
 # the kernel each case gets at 8 lanes
 AT_8_LANES = ["conv2d_blocked"] * 3 + ["conv2d_depthwise"] * 2 + ["conv2d_blocked"] * 2 \
@@ -306,6 +308,37 @@ def test_gemm_kernel_computes_strided_kxk_layers(target: str) -> None:
     _check_gemm_kernel(GEMM_KXK, target)
 
 
+# 63 positions per image: whole panels and a partial last one at 4, 8 and 16 lanes.
+PARTIAL_PANEL = [dict(x=(2, 5, 7, 9), co=13, k=1, pads=(0, 0, 0, 0), tail=("Add", "Relu"))]
+
+
+@pytest.mark.parametrize("target", NATIVE_TARGETS)
+def test_gemm_kernel_reads_a_partial_last_panel_in_place(target: str) -> None:
+    # A 1x1 stride-1 layer whose positions fill no whole last panel reads its input in
+    # place: the last panel computes the last `nr` positions and stores only those the
+    # panel before left (gemm_body's `shifted_tail`), with no im2col workspace.
+    _check_gemm_kernel(PARTIAL_PANEL, target)
+    _assert_gemm_without_workspace(native_target(target))
+
+
+def test_gemm_kernel_partial_last_panel_compiles_for_avx512() -> None:
+    # compile only (LLVM verifies the module): 63 positions are one whole panel of 32
+    # lanes and a shifted partial one
+    _assert_gemm_without_workspace(Target("llvm -mcpu=znver4"))
+
+
+def _assert_gemm_without_workspace(target: Any) -> None:
+    from kiln.ir import tensor as t
+    from kiln.ir.visitor import iter_stmts
+
+    ex = kiln.compile(model_of(PARTIAL_PANEL), target)
+    gemm = [f for f in ex.ir.functions.values()
+            if f.attrs.get("kiln.conv_kernel") == "conv2d_gemm"]
+    assert len(gemm) == 1
+    allocated = [s.buffer.name for s in iter_stmts(gemm[0].body) if isinstance(s, t.Allocate)]
+    assert "col" not in allocated
+
+
 def test_gemm_kernel_wide_tile() -> None:
     # The wide tile (6 rows x 4 vectors) the rule gives an output far larger than the
     # L2 on a 32-register target (so only on llvm): 128 positions (2 panels at 16
@@ -332,6 +365,47 @@ def test_gemm_conv_widens_the_tile_of_a_large_output(spec: str, tile: tuple[int,
     small = ck.ConvShape(1, 256, 56, 56, 64, 1, 1, (1, 1), (1, 1), (0, 0, 0, 0))
     assert choose_tile(big, isa) == tile
     assert choose_tile(small, isa) == ((8, 32) if isa.vector_registers == 32 else (6, 16))
+
+
+@pytest.mark.parametrize(("spec", "tiles"), [
+    # AVX2: 6-row tiles leave 2 of 18 and 4 of 36 rows surplus for 16 and 32 channels
+    ("llvm -mcpu=znver3", {16: (4, 16), 32: (4, 16), 48: (6, 16), 64: (6, 16), 20: (5, 16)}),
+    # AVX-512 (not measured there): the GEMM rule's 8 rows throughout
+    ("llvm -mcpu=znver4", {16: (8, 32), 32: (8, 32), 48: (8, 32), 64: (8, 32), 20: (8, 32)}),
+])
+def test_gemm_conv_narrow_outputs_take_rows_that_divide_them(
+        spec: str, tiles: dict[int, tuple[int, int]]) -> None:
+    from kiln.ops.kernels.conv_gemm import choose_tile
+
+    isa = isa_for(Target(spec))
+    for co, tile in tiles.items():
+        shape = ck.ConvShape(1, 96, 54, 54, co, 1, 1, (1, 1), (1, 1), (0, 0, 0, 0))
+        assert choose_tile(shape, isa) == tile, co
+
+
+def _conv_calls(main: g.Function) -> list[g.Call]:
+    from kiln.transform.functor import rewrite_calls
+
+    convs: list[g.Call] = []
+    rewrite_calls(main, lambda c: convs.append(c) if c.op == "conv2d" else None)
+    return convs
+
+
+@pytest.mark.parametrize(("spec", "rows"), [
+    ("llvm -mcpu=znver3", {32: 4, 16: 4, 64: 6, 128: 6}),  # 6-row tiles: 36 rows for 32
+    ("llvm -mcpu=znver4", {32: 6, 16: 6, 64: 6, 128: 6}),  # AVX-512: the rule's 6 rows
+])
+def test_row_tiled_narrow_outputs_take_rows_that_divide_them(spec: str,
+                                                              rows: dict[int, int]) -> None:
+    from kiln.ops.kernels.conv_rows import CONV_ROWS
+    from kiln.ops.kernels.registry import TILE
+
+    isa = isa_for(Target(spec))
+    for co, want in rows.items():
+        main = from_onnx(model_of([dict(x=(1, 32, 8, 32), co=co, k=3,
+                                        pads=(1, 1, 1, 1))]))["main"]
+        assert isinstance(main, g.Function)
+        assert [CONV_ROWS.pack(c, isa).attrs[TILE][0] for c in _conv_calls(main)] == [want], co
 
 
 def test_blocked_epilogue_math_runs_in_vectors(native: kiln.driver.Executable) -> None:

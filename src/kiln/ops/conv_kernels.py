@@ -847,8 +847,10 @@ def rows_conv_body(shape: ConvShape, x: Buffer, wp: Buffer, out: Buffer, tile_w:
     return parallel_tiles((shape.n, blocks, shape.out_h, per_row), run)
 
 
-#: Bands of output rows a padded row-tiled convolution is split into (at least): two
-#: threads then take whole bands, four chunks each.
+#: Bands of output rows a padded row-tiled convolution is split into (fewer on an image
+#: of fewer rows), their heights within one of each other: two, four or eight threads
+#: then take equal shares of whole bands. (Bands of `out_h // 8` rows made 9 bands of
+#: SqueezeNet's 109- and 54-row layers: shares of 5 and 4 bands on two threads.)
 ROW_BANDS = 8
 
 
@@ -863,8 +865,8 @@ def banded_rows(shape: ConvShape, x: Buffer, blocks: int, per_row: int,
     bands the copy a thread reads is its own). The rows around a band are copied twice."""
     sh, dh = shape.stride[0], shape.dilation[0]
     sw = shape.stride[1]
-    band = max(1, shape.out_h // ROW_BANDS)
-    bands = -(-shape.out_h // band)
+    bands = min(ROW_BANDS, shape.out_h)
+    band = -(-shape.out_h // bands)  # the tallest band's rows
     rows_in = (band - 1) * sh + (shape.kh - 1) * dh + 1  # padded rows a band reads
     top, left = shape.pads[0], shape.pads[1]
     _, _, wq = padded_plane_dims(shape, sw)
@@ -872,7 +874,10 @@ def banded_rows(shape: ConvShape, x: Buffer, blocks: int, per_row: int,
 
     def body(n: PrimExpr, b: PrimExpr) -> Stmt:
         xb = Buffer("xband", (shape.c_in, sw, rows_in, wq), x.dtype)
-        row0 = b * (band * sh)  # the padded row of the band's first buffer row
+        # band b: output rows b * out_h // bands .. (b + 1) * out_h // bands
+        even = shape.out_h % bands == 0
+        first_row: PrimExpr = b * band if even else b * shape.out_h // bands
+        row0 = first_row * sh  # the padded row of the band's first buffer row
 
         def fill(c: PrimExpr) -> Stmt:
             parts: list[Stmt] = []
@@ -901,11 +906,11 @@ def banded_rows(shape: ConvShape, x: Buffer, blocks: int, per_row: int,
         def read(n_: PrimExpr, c: PrimExpr, i: PrimExpr, p: PrimExpr, q: PrimExpr) -> PrimExpr:
             return xb[c, p, i - row0, q]
 
-        here: PrimExpr = (_c(band) if shape.out_h % band == 0
-                          else min_(band, shape.out_h - b * band))
+        here: PrimExpr = (_c(band) if even
+                          else (b + 1) * shape.out_h // bands - first_row)
         j = Var("j", INDEX_DTYPE)
         tiles = _loop("ob", blocks, lambda ob: For(j, _c(0), here, "serial", _loop(
-            "t", per_row, lambda t: run(n, ob, b * band + j, t, read))))
+            "t", per_row, lambda t: run(n, ob, first_row + j, t, read))))
         return seq(Allocate(xb), _loop("c", shape.c_in, fill), tiles)
 
     return parallel_tiles((shape.n, bands), body)

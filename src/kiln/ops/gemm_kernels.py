@@ -300,13 +300,20 @@ def rows_first(shape: GemmShape, tiling: GemmTiling, l2_bytes: int, itemsize: in
 def gemm_body(shape: GemmShape, tiling: GemmTiling, a: Buffer, b_at: BReader, out: Buffer,
               epilogue: Epilogue, fused: bool = True,
               prologue: Sequence[Stmt] = (), blocking: KBlocking | None = None,
-              by_rows: bool = False) -> Stmt:
+              by_rows: bool = False, shifted_tail: bool = False) -> Stmt:
     """The loop nest of `out = epilogue(A @ B)`: `a` is A (`[*a_batch, *rows, k]`, read
     in place), `b_at` reads B's panels, `out` is `[*batch, *rows, n]`; `prologue` runs
     first (a run-time packing of B). With `blocking` (a static K longer than its `kc`),
     the sums run `kc` steps at a time (`KBlocking`). The tiles run panel by panel (each
     panel's row tiles in turn), or with `by_rows` row tile by row tile (`rows_first`;
-    not with `blocking`)."""
+    not with `blocking`).
+
+    `shifted_tail` (a static N of at least `nr`, no multiple of it): the last, partial
+    panel is computed over the last `nr` columns `n - nr .. n` instead of `nr` columns
+    from its start (`b_at` then reads columns `min(panel * nr, n - nr) + v`: B read in
+    place needs no zero padding), and stores only its columns past the previous panel,
+    from its upper lanes (the columns both panels compute are stored once, so an
+    epilogue reading the output's own memory, an in-place residual, reads it once)."""
     m, n = shape.m, shape.n
     static_m = isinstance(m, int)  # else an expression of the kernel's dim scalars
     if (static_m and m < 1) or (isinstance(n, int) and n < 1):
@@ -318,6 +325,9 @@ def gemm_body(shape: GemmShape, tiling: GemmTiling, a: Buffer, b_at: BReader, ou
     # a symbolic N (attention's seq) makes a symbolic panel count, the last one partial
     mtiles, panels = (m + mr - 1) // mr, (n + nr - 1) // nr
     whole_panels = isinstance(n, int) and n % nr == 0
+    if shifted_tail and not (isinstance(n, int) and n >= nr):
+        raise IRError(f"gemm kernel: a shifted last panel needs a static N >= {nr}: {shape}")
+    shift = shifted_tail and not whole_panels
     last_rows = m - (mtiles - 1) * mr  # rows of the last row tile
     many_tiles = not static_m or mtiles > 1
     # symbolic M: any row but the first may be past the end (M >= 1 when a tile runs)
@@ -376,7 +386,10 @@ def gemm_body(shape: GemmShape, tiling: GemmTiling, a: Buffer, b_at: BReader, ou
             rv = Var("row", INDEX_DTYPE)
             lets.append(LetStmt(rv, mt * mr + r if many_tiles else r))
             idx = (*bidx, *_unflatten(rv, shape.rows, "o", lets), n0 + v)
-            value: PrimExpr = out[idx] if from_out else stage[r, v]
+            # a shifted last panel's columns are its upper lanes (`shifted_tail`)
+            lane: PrimExpr = v + (_c(nr) - cols) if shift and not isinstance(cols, Const) \
+                else v
+            value: PrimExpr = out[idx] if from_out else stage[r, lane]
             # whole panels store as vectors when the epilogue allows (vector_loops)
             kind = "vectorized" if isinstance(cols, Const) else "serial"
             row = For(v, _c(0), cols, kind,

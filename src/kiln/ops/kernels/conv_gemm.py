@@ -6,7 +6,9 @@ tile `(mr, nr)`: `mr` output channels (weights broadcast) x `nr` consecutive
 positions (whole vectors, contiguous in the NCHW output).
 
 `X` is the input itself, viewed as `[n][ci][h*w]`, for a 1x1 stride-1 unpadded layer
-whose positions fill whole panels; any other layer first copies its columns once per
+with at least one panel of positions (a partial last panel computes the last `nr`
+positions and stores those the previous panel left: gemm_body's `shifted_tail`, no
+copy to pad it); any other layer first copies its columns once per
 call into a workspace `[n][ci*kh*kw][panels*nr]` (im2col: padding and the last
 panel's surplus positions zero), a copy of `k * p` values against `co * k * p`
 multiply-adds. The fused epilogue sees the 4-D output index; its loads of tensors
@@ -31,18 +33,21 @@ from kiln.ir.tensor import (
     Store,
     Var,
     as_expr,
+    min_,
     seq,
 )
 from kiln.ir.visitor import StmtExprMutator, substitute
 from kiln.ops import conv_kernels as ck
 from kiln.ops import gemm_kernels as gk
 from kiln.ops.kernels.conv import UnpackedConv, conv_call_shape
+from kiln.ops.kernels.conv_direct import ZEN3_VECTOR_BITS
 from kiln.ops.kernels.gemm import tile_candidates
 from kiln.ops.kernels.registry import fits_registers
 from kiln.ops.kernels.tiles import (
     Epilogue,
     const,
     loop,
+    narrow_rows,
     parallel_tiles,
     parallel_when,
     tile_lanes,
@@ -91,9 +96,12 @@ def choose_tile(shape: ck.ConvShape, isa: ISA) -> tuple[int, int]:
     rule's, or for an output far larger than the L2 (`WIDE_OUTPUT_L2_MULTIPLE`) the
     wider `WIDE_TILE` where it fits the registers and fills its panels (each row of a
     tile then stores, and its residual loads, 4 vectors in a row: fewer, longer runs
-    through memory, and fewer operand loads per multiply-add)."""
+    through memory, and fewer operand loads per multiply-add). On 256-bit vectors
+    (AVX2, where it was measured) a narrow output takes `narrow_rows`."""
     lanes, positions = tile_lanes(isa), shape.out_h * shape.out_w
     t = gk.choose_gemm_tiling(shape.c_out, positions, lanes, tile_registers(isa))
+    if isa.vector_bits in ZEN3_VECTOR_BITS:
+        t = gk.GemmTiling(narrow_rows(shape.c_out, t.mr, t.nr // lanes), t.nr)
     rows, vectors = WIDE_TILE
     nr = vectors * lanes
     panels = -(-positions // nr)
@@ -225,7 +233,10 @@ def gemm_conv_body(shape: ck.ConvShape, x: Buffer, w: Buffer, out: Buffer,
     a = view(w, (shape.c_out, k))
     o = view(out, (shape.n, shape.c_out, positions))
     in_place = ((shape.kh, shape.kw) == (1, 1) and shape.stride == (1, 1)
-                and not any(shape.pads) and positions % nr == 0)
+                and not any(shape.pads) and positions >= nr)
+    # read in place, a partial last panel is the last `nr` positions (gemm_body's
+    # `shifted_tail`): no copy of the input to pad it
+    shifted = in_place and positions % nr != 0
     prologue: list[Stmt] = []
     if in_place:
         b = view(x, (shape.n, shape.c_in, positions))
@@ -234,11 +245,13 @@ def gemm_conv_body(shape: ck.ConvShape, x: Buffer, w: Buffer, out: Buffer,
 
     def b_at(bidx: tuple[PrimExpr, ...], panel: PrimExpr, kk: PrimExpr,
              v: PrimExpr) -> PrimExpr:
-        return b[bidx[0], kk, panel * nr + v]
+        start = min_(panel * nr, positions - nr) if shifted else panel * nr
+        return b[bidx[0], kk, start + v]
 
     flat = FlatEpilogue(epilogue, shape.out_h, shape.out_w)
     product = gk.GemmShape((shape.n,), (), (shape.c_out,), positions, k)
-    body = gk.gemm_body(product, gk.GemmTiling(mr, nr), a, b_at, o, flat, fused, prologue)
+    body = gk.gemm_body(product, gk.GemmTiling(mr, nr), a, b_at, o, flat, fused, prologue,
+                        shifted_tail=shifted)
     return seq(*decls, *flat.decls, body)
 
 

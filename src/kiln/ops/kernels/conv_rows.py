@@ -17,9 +17,10 @@ from kiln.ir import graph as g
 from kiln.ir.tensor import Buffer, PrimFunc, Stmt
 from kiln.ops import conv_kernels as ck
 from kiln.ops.kernels.conv import build_conv, conv_call_shape, packed_call, vector_widths
+from kiln.ops.kernels.conv_direct import ZEN3_VECTOR_BITS
 from kiln.ops.kernels.conv_gemm import MIN_LANE_USE
 from kiln.ops.kernels.registry import Family, fits_registers, recorded_tile
-from kiln.ops.kernels.tiles import Epilogue, tile_lanes
+from kiln.ops.kernels.tiles import Epilogue, narrow_rows, tile_lanes
 from kiln.target.isa import ISA
 
 # Below this many multiply-adds per output the row-tiled kernel beat the blocked one
@@ -89,7 +90,11 @@ class RowsConv(Family):
         shape = conv_call_shape(call)
         assert shape is not None
         lanes = tile_lanes(isa)
-        return (ck.ROW_TILE_CHANNELS, ck.rows_tile_width(shape.out_w, lanes), lanes)
+        width = ck.rows_tile_width(shape.out_w, lanes)
+        rows = ck.ROW_TILE_CHANNELS
+        if isa.vector_bits in ZEN3_VECTOR_BITS:  # measured on AVX2 (Zen 3) only
+            rows = narrow_rows(shape.c_out, rows, -(-width // lanes))
+        return (rows, width, lanes)
 
     def build(self, params: Sequence[Any], args: Sequence[Any], attrs: Mapping[str, Any],
               anchor: Any, result: Any, isa: ISA) -> PrimFunc | None:

@@ -73,6 +73,28 @@ def tile_registers(isa: ISA) -> int:
     return isa.vector_registers or SCALAR_TILE_REGISTERS
 
 
+# Narrow outputs (SqueezeNet's 16 and 32 channel squeeze layers, a 32-channel 3x3
+# layer): where a kernel's rule of `rows` output channels per tile leaves more than
+# this share of surplus rows (6 rows: 18 for 16 channels, 36 for 32), a shorter tile
+# that divides the channels is taken (`narrow_rows`).
+NARROW_SURPLUS_SHARE = 0.1
+#: The fewest accumulators a shorter tile keeps: 8 chains hide the FMA latency of two
+#: pipes (kiln.ops.gemm_kernels.MIN_ACCUMULATORS).
+NARROW_MIN_ACCUMULATORS = 8
+
+
+def narrow_rows(channels: int, rows: int, vectors: int) -> int:
+    """Output channels per register tile for `channels` outputs, the rule's `rows` per
+    tile of `vectors` vectors: `rows`, or where it leaves surplus channels past
+    `NARROW_SURPLUS_SHARE` of them, the tallest shorter count dividing `channels` that
+    keeps `NARROW_MIN_ACCUMULATORS` accumulators (16 or 32 channels at 2 vectors: 4)."""
+    if channels <= rows or -(-channels // rows) * rows - channels <= (
+            NARROW_SURPLUS_SHARE * channels):
+        return rows
+    return next((r for r in range(rows - 1, 0, -1)
+                 if channels % r == 0 and r * vectors >= NARROW_MIN_ACCUMULATORS), rows)
+
+
 def const(v: int) -> Const:
     """An index constant."""
     return Const(v, INDEX_DTYPE)
