@@ -62,7 +62,9 @@ def test_kiln_tune_in_process_then_compile_with_its_database(
     assert main(["compile", str(model), "--tuning", str(db_path), "-o", str(lib)]) == 0
     capsys.readouterr()
     assert main(["inspect", str(lib)]) == 0
-    assert f"tuning:   database sha256 {db.fingerprint()}" in capsys.readouterr().out
+    shown = capsys.readouterr().out
+    assert f"tuning:   database sha256 {db.fingerprint()}" in shown
+    assert "checked in this model" in shown and "not checked" not in shown
     assert load_with_metadata(str(lib))[1]["tuning"]["checked_in_model"] is True
     db_path.write_text("{not json")
     assert main(["compile", str(model), "--tuning", str(db_path), "-o", str(lib)]) == 2

@@ -245,7 +245,9 @@ def as_text(info: dict[str, Any]) -> str:
     if isinstance(tuning, dict):
         lines.append(f"  tuning:   database sha256 {tuning.get('fingerprint')}, "
                      f"{len(tuning.get('kernels') or {})} kernel(s) tuned for "
-                     f"{tuning.get('target')}")
+                     f"{tuning.get('target')}, "
+                     + ("checked in this model" if tuning.get("checked_in_model")
+                        else "not checked in this model"))
     for d in info["external_dependencies"]:
         lines.append(f"  depends:  {d.get('short_name')} {d.get('version_spec', '')} "
                      f"({d.get('url_type')}: {d.get('url') or '-'})")
