@@ -17,10 +17,7 @@ reported, not asserted (docs/format.md lists them).
 
 from __future__ import annotations
 
-import json
 import random
-import subprocess
-import sys
 from collections import Counter
 from pathlib import Path
 
@@ -33,7 +30,7 @@ from kiln.artifact.elf import SHT_DYNSYM, find_blob_symbol, read_symbols, sectio
 from kiln.ir import IRBuilder
 from kiln.ir import graph as g
 from kiln.runtime import load_module
-from support.processes import child_env
+from support.processes import run_isolated
 
 ROWS, COLS = 64, 256
 COVERED = ("blob header", "blob section table", "blob sections", "blob checksum", "weights",
@@ -41,21 +38,20 @@ COVERED = ("blob header", "blob section table", "blob sections", "blob checksum"
 PER_REGION = 24
 BATCH = 25
 # A load and call takes a fraction of a second; a mutant whose machine code loops (a
-# .text flip) is stopped by the worker's watchdog after MUTANT_S (faulthandler's timer
-# thread exits the process while the main thread spins in native code). HANG_S bounds a
-# whole batch of 25 in case the watchdog itself cannot run.
+# .text flip) is stopped by the worker's watchdog after MUTANT_S (run_isolated). HANG_S
+# bounds a whole batch of 25 in case the watchdog itself cannot run.
 MUTANT_S = 8
 HANG_S = 120
 SEED = 20261122
 
 WORKER = r"""
-import faulthandler, json, sys
+import json, sys
 import numpy as np
 from kiln.runtime import load_module
 x = np.load(sys.argv[1])
 ref = np.load(sys.argv[2])
 for path in sys.argv[4:]:
-    faulthandler.dump_traceback_later(float(sys.argv[3]), exit=True)
+    watch(float(sys.argv[3]))
     try:
         with load_module(path) as lib:
             out = lib["main"](x)
@@ -63,7 +59,7 @@ for path in sys.argv[4:]:
             else "changed"
     except Exception as exc:  # classified by the parent: which error types are clean
         kind = "error:" + type(exc).__name__
-    faulthandler.cancel_dump_traceback_later()
+    unwatch()
     print(json.dumps([path, kind]), flush=True)
 """
 
@@ -141,31 +137,9 @@ def make_mutants(so: Path, folder: Path, rng: random.Random) -> list[tuple[Path,
 def run_batches(mutants: list[tuple[Path, str]], x_file: Path,
                 y_file: Path) -> dict[Path, str]:
     """Outcome per mutant; a worker killed by a signal loses only the mutant it was on."""
-    results: dict[Path, str] = {}
-    pending = [p for p, _r in mutants]
-    env = child_env()
-    while pending:
-        batch, pending = pending[:BATCH], pending[BATCH:]
-        try:
-            proc = subprocess.run([sys.executable, "-c", WORKER, str(x_file), str(y_file),
-                                   str(MUTANT_S), *map(str, batch)], capture_output=True,
-                                  text=True, timeout=HANG_S, env=env, check=False)
-            lines, code = proc.stdout.splitlines(), proc.returncode
-            if code != 0 and "Timeout (" in proc.stderr:  # the watchdog fired
-                code = None
-        except subprocess.TimeoutExpired as exc:
-            out = exc.stdout or b""
-            text = out.decode() if isinstance(out, bytes) else out
-            lines, code = text.splitlines(), None
-        for line in lines:
-            path, kind = json.loads(line)
-            results[Path(path)] = kind
-        done = [p for p in batch if p in results]
-        if len(done) < len(batch):
-            culprit = batch[len(done)]
-            results[culprit] = "hang" if code is None else f"crash:{code}"
-            pending = batch[len(done) + 1:] + pending
-    return results
+    results = run_isolated(WORKER, [str(x_file), str(y_file)], [p for p, _r in mutants],
+                           batch=BATCH, item_s=MUTANT_S, batch_s=HANG_S)
+    return {p: outcome[0] for p, outcome in results.items()}
 
 
 def test_fuzz_exported_library(tmp_path: Path) -> None:

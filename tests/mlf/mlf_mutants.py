@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import io
 import json
-import subprocess
-import sys
 import tarfile
 from collections.abc import Callable
 from pathlib import Path
@@ -23,9 +21,12 @@ from typing import Any
 
 import numpy as np
 
-from support.processes import child_env
+from support.processes import run_isolated
 
 BATCH = 40
+#: One archive's load and call takes well under a second; a damaged one that loops is
+#: stopped by the worker's watchdog after this (support.processes.run_isolated).
+ARCHIVE_S = 30
 
 WORKER = r"""
 import json, sys
@@ -33,7 +34,8 @@ import numpy as np
 import kiln
 x = np.load(sys.argv[1])
 ref = np.load(sys.argv[2])
-for path in sys.argv[3:]:
+for path in sys.argv[4:]:
+    watch(float(sys.argv[3]))
     try:
         model = kiln.mlf.load(path)
         try:
@@ -47,6 +49,7 @@ for path in sys.argv[3:]:
         kind, detail = "kiln:" + type(exc).__name__, str(exc)
     except Exception as exc:  # noqa: BLE001 - what the parent reports as a bug
         kind, detail = "other:" + type(exc).__name__, repr(exc)
+    unwatch()
     print(json.dumps([path, kind, detail[-300:]]), flush=True)
 """
 
@@ -86,29 +89,12 @@ def with_metadata(archive: Path, out: Path, metadata: bytes | Callable[[dict[str
 
 def run_in_workers(archives: list[Path], x: np.ndarray, ref: np.ndarray, folder: Path,
                    timeout: float = 600) -> dict[Path, tuple[str, str]]:
-    """(outcome, detail) per archive (see the module docstring)."""
+    """(outcome, detail) per archive (see the module docstring); `timeout` bounds a
+    worker's batch, ARCHIVE_S one archive."""
     x_file, ref_file = folder / "mlf_x.npy", folder / "mlf_ref.npy"
     np.save(x_file, x)
     np.save(ref_file, ref)
-    results: dict[Path, tuple[str, str]] = {}
-    pending = list(archives)
-    env = child_env()
-    while pending:
-        batch, pending = pending[:BATCH], pending[BATCH:]
-        try:
-            proc = subprocess.run([sys.executable, "-c", WORKER, str(x_file), str(ref_file),
-                                   *map(str, batch)], capture_output=True, text=True,
-                                  timeout=timeout, env=env, check=False)
-            lines, code = proc.stdout.splitlines(), proc.returncode
-        except subprocess.TimeoutExpired as exc:
-            out = exc.stdout or b""
-            lines, code = (out.decode() if isinstance(out, bytes) else out).splitlines(), None
-        for line in lines:
-            path, kind, detail = json.loads(line)
-            results[Path(path)] = (kind, detail)
-        done = [p for p in batch if p in results]
-        if len(done) < len(batch):
-            culprit = batch[len(done)]
-            results[culprit] = ("hang", "") if code is None else (f"crash:{code}", "")
-            pending = batch[len(done) + 1:] + pending
-    return results
+    results = run_isolated(WORKER, [str(x_file), str(ref_file)], archives, batch=BATCH,
+                           item_s=ARCHIVE_S, batch_s=timeout)
+    return {p: (outcome[0], outcome[1] if len(outcome) > 1 else "")
+            for p, outcome in results.items()}

@@ -1,14 +1,17 @@
 """Fresh interpreters: a child Python that imports what this process imports (kiln,
-the test support, the test folders) without editing its sys.path, and an exported
-library run in one with a chosen thread count."""
+the test support, the test folders) without editing its sys.path, an exported
+library run in one with a chosen thread count, and hostile files tried in batches of
+workers that a crash or a hang costs only the file it was on (`run_isolated`)."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -45,6 +48,54 @@ def run_python(code: str | Path, *args: str, paths: tuple[str | Path, ...] = (),
     return subprocess.run([sys.executable, *command, *args], capture_output=True, text=True,
                           timeout=timeout, check=False, cwd=cwd,
                           env=child_env(*paths, **(env or {})))
+
+
+#: A worker's watchdog for one item (`run_isolated`): arm it before trying the item,
+#: cancel it after. faulthandler's timer thread exits the process (printing "Timeout
+#: (") while the main thread spins in native code, e.g. a damaged library's loop.
+WATCHDOG = """
+import faulthandler
+
+def watch(seconds):
+    faulthandler.dump_traceback_later(seconds, exit=True)
+
+def unwatch():
+    faulthandler.cancel_dump_traceback_later()
+"""
+
+
+def run_isolated(worker: str, args: list[str], items: list[Path], *, batch: int,
+                 item_s: float, batch_s: float) -> dict[Path, list[Any]]:
+    """Try each of `items` in worker processes, `batch` per worker: `worker` (Python
+    source, run after WATCHDOG's `watch`/`unwatch`) gets `args`, then `item_s`, then
+    its items as argv, and prints one JSON line `[item, *outcome]` per item it
+    finishes, calling `watch(item_s)` before each and `unwatch()` after. An item whose
+    worker died is `["crash:<code>"]`, or `["hang"]` when the watchdog or `batch_s`
+    stopped it; the rest of its batch runs in a new worker."""
+    results: dict[Path, list[Any]] = {}
+    pending = list(items)
+    env = child_env()
+    while pending:
+        chunk, pending = pending[:batch], pending[batch:]
+        try:
+            proc = subprocess.run([sys.executable, "-c", WATCHDOG + worker, *args, str(item_s),
+                                   *map(str, chunk)], capture_output=True, text=True,
+                                  timeout=batch_s, env=env, check=False)
+            lines, code = proc.stdout.splitlines(), proc.returncode
+            if code != 0 and "Timeout (" in proc.stderr:  # the watchdog fired
+                code = None
+        except subprocess.TimeoutExpired as exc:
+            out = exc.stdout or b""
+            lines, code = (out.decode() if isinstance(out, bytes) else out).splitlines(), None
+        for line in lines:
+            item, *outcome = json.loads(line)
+            results[Path(item)] = outcome
+        done = [p for p in chunk if p in results]
+        if len(done) < len(chunk):
+            culprit = chunk[len(done)]
+            results[culprit] = ["hang"] if code is None else [f"crash:{code}"]
+            pending = chunk[len(done) + 1:] + pending
+    return results
 
 
 def outputs_in_fresh_process(ex: kiln.driver.Executable, feeds: dict[str, np.ndarray],

@@ -509,8 +509,9 @@ def store(key: str, artifacts: ArtifactSet, metadata: dict[str, Any]) -> bool:
         try:
             # Under the cap, nothing to evict: only stat the files. A new process (a CLI
             # compile) would otherwise parse every entry of the cache at its first store.
-            if usage() > cap:
-                evict(cap)
+            used = usage()
+            if used > cap:
+                evict(cap, used=used)
         except OSError as exc:
             _degrade(exc, "evict entries from the compile cache at")
     return True
@@ -625,13 +626,14 @@ def info() -> dict[str, Any]:
             "objects": len(_objects()), "bytes": usage(), "enabled": cache_enabled()}
 
 
-def evict(limit: int) -> int:
-    """Evict least recently used entries until the cache holds at most `limit` bytes.
+def evict(limit: int, *, used: int | None = None) -> int:
+    """Evict least recently used entries until the cache holds at most `limit` bytes
+    (`used`: what `usage()` just returned, if the caller has it).
 
     Then removes objects no entry uses (except very recent ones, which a
     concurrent store may be about to use). Returns the bytes freed.
     """
-    before = usage()
+    before = usage() if used is None else used
     entries = sorted(_entries(), key=lambda e: e[1].st_mtime)
     total = before
     objects = _objects()

@@ -194,10 +194,9 @@ class TuningDatabase:
         found = [v for v in self.verdicts() if v.model == model and v.target == target]
         if not found:
             return None
-        sets = [{c.key: _canonical(c.params) for c in v.accepted} for v in found]
-        first = {c.key: c.params for c in found[0].accepted}
-        return {k: dict(p) for k, p in first.items()
-                if all(s.get(k) == sets[0][k] for s in sets)}
+        others = [{c.key: _canonical(c.params) for c in v.accepted} for v in found[1:]]
+        return {c.key: dict(c.params) for c in found[0].accepted
+                if all(s.get(c.key) == _canonical(c.params) for s in others)}
 
     def records(self) -> list[Record]:
         """Every record, sorted by key."""

@@ -14,7 +14,7 @@ from kiln.ir.tensor import Buffer, PrimFunc, Stmt
 from kiln.ops import conv_kernels as ck
 from kiln.ops.kernels.conv import TUNED_WIDTHS, build_conv, conv_call_shape, packed_call
 from kiln.ops.kernels.registry import Family, fits_registers, recorded_tile
-from kiln.ops.kernels.tiles import Epilogue, tile_lanes, tile_registers
+from kiln.ops.kernels.tiles import ZEN3_VECTOR_BITS, Epilogue, tile_lanes, tile_registers
 from kiln.target.isa import ISA
 
 
@@ -77,13 +77,10 @@ MIN_SEGMENT_CHANNELS = 8
 #: tiles wrap rows, and each reads every channel's plane) with weights past the L1.
 KBLOCK_WEIGHT_L2_SHARE = 0.25
 SMALL_IMAGE_POSITIONS = 64
-#: The vector widths the K-blocking rule and the subsampled strided 1x1 layers
-#: (ck.subsampled_input) were measured on: AVX2, on Zen 3. On AVX-512 (Zen 5) the
-#: kernel as it was ran at 85-94% of peak on the 3x3 layers and 72-81% on the strided
-#: 1x1 ones (docs/performance.md); it is left so there until measured. A strided 1x1
-#: layer on one Zen 3 core, ms strided -> subsampled (onnxruntime): 512>1024 @28 4.07 ->
-#: 3.22 (3.14), 1024>2048 @14 4.51 -> 3.27 (3.58).
-ZEN3_VECTOR_BITS = (256,)
+# The K-blocking rule and the subsampled strided 1x1 layers (ck.subsampled_input) hold
+# on tiles.ZEN3_VECTOR_BITS only. A strided 1x1 layer on one Zen 3 core, ms strided ->
+# subsampled (onnxruntime): 512>1024 @28 4.07 -> 3.22 (3.14), 1024>2048 @14 4.51 ->
+# 3.27 (3.58).
 #: The most partial sums (bytes) a K-blocked task keeps: a quarter of the L2.
 PARTIAL_SUMS_L2_SHARE = 0.25
 

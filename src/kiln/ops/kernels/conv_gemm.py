@@ -40,7 +40,6 @@ from kiln.ir.visitor import StmtExprMutator, substitute
 from kiln.ops import conv_kernels as ck
 from kiln.ops import gemm_kernels as gk
 from kiln.ops.kernels.conv import UnpackedConv, conv_call_shape
-from kiln.ops.kernels.conv_direct import ZEN3_VECTOR_BITS
 from kiln.ops.kernels.gemm import tile_candidates
 from kiln.ops.kernels.registry import fits_registers
 from kiln.ops.kernels.tiles import (
@@ -100,8 +99,7 @@ def choose_tile(shape: ck.ConvShape, isa: ISA) -> tuple[int, int]:
     (AVX2, where it was measured) a narrow output takes `narrow_rows`."""
     lanes, positions = tile_lanes(isa), shape.out_h * shape.out_w
     t = gk.choose_gemm_tiling(shape.c_out, positions, lanes, tile_registers(isa))
-    if isa.vector_bits in ZEN3_VECTOR_BITS:
-        t = gk.GemmTiling(narrow_rows(shape.c_out, t.mr, t.nr // lanes), t.nr)
+    t = gk.GemmTiling(narrow_rows(isa, shape.c_out, t.mr, t.nr // lanes), t.nr)
     rows, vectors = WIDE_TILE
     nr = vectors * lanes
     panels = -(-positions // nr)

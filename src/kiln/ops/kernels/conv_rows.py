@@ -17,7 +17,6 @@ from kiln.ir import graph as g
 from kiln.ir.tensor import Buffer, PrimFunc, Stmt
 from kiln.ops import conv_kernels as ck
 from kiln.ops.kernels.conv import build_conv, conv_call_shape, packed_call, vector_widths
-from kiln.ops.kernels.conv_direct import ZEN3_VECTOR_BITS
 from kiln.ops.kernels.conv_gemm import MIN_LANE_USE
 from kiln.ops.kernels.registry import Family, fits_registers, recorded_tile
 from kiln.ops.kernels.tiles import Epilogue, narrow_rows, tile_lanes
@@ -92,8 +91,7 @@ class RowsConv(Family):
         lanes = tile_lanes(isa)
         width = ck.rows_tile_width(shape.out_w, lanes)
         rows = ck.ROW_TILE_CHANNELS
-        if isa.vector_bits in ZEN3_VECTOR_BITS:  # measured on AVX2 (Zen 3) only
-            rows = narrow_rows(shape.c_out, rows, -(-width // lanes))
+        rows = narrow_rows(isa, shape.c_out, rows, -(-width // lanes))
         return (rows, width, lanes)
 
     def build(self, params: Sequence[Any], args: Sequence[Any], attrs: Mapping[str, Any],
