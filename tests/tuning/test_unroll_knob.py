@@ -1,0 +1,151 @@
+"""The K-unroll knob of the GEMM micro-kernel families (`{"tile": ..., "unroll": U}`):
+listed by the search space where the static K allows U, built as a loop of K // U steps
+around an `unrolled` loop of U (plus the K % U steps left), the sums in the rule's
+order, so every unroll's output is bit-identical to the rule's; an illegal U is refused."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import onnx
+import pytest
+
+import kiln
+from kiln.distributed.tune import KernelSpec, discover
+from kiln.errors import UsageError
+from kiln.ir.tensor import For, PrimFunc
+from kiln.ir.visitor import post_order_visit
+from kiln.ops.gemm_kernels import TUNED_UNROLLS
+from kiln.tuning.apply import Forced, using
+from support.graphs import GraphBuilder, value_info
+
+
+def _gemm() -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
+    """A dense layer, K = 10 (U = 4 and 8 leave 2 steps)."""
+    b = GraphBuilder(21)
+    y = b.proj("x", 10, 24)
+    model = b.model([value_info("x", [5, 10])], [value_info(y, [5, 24])], 17, "dense")
+    return model, {"x": np.random.default_rng(0).standard_normal((5, 10), np.float32)}
+
+
+def _gemm_tiled() -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
+    """A product of two activations (B packed at run time), K = 6."""
+    b = GraphBuilder(22)
+    y = b.op("MatMul", "x", "w")
+    model = b.model([value_info("x", [3, 6]), value_info("w", [6, 20])],
+                    [value_info(y, [3, 20])], 17, "activations")
+    rng = np.random.default_rng(1)
+    return model, {"x": rng.standard_normal((3, 6), np.float32),
+                   "w": rng.standard_normal((6, 20), np.float32)}
+
+
+def _conv_gemm() -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
+    """A 1x1 convolution over a 16x16 image, K = 12 input channels."""
+    b = GraphBuilder(23)
+    y = b.conv("x", 12, 8, 1)
+    model = b.model([value_info("x", [1, 12, 16, 16])], [value_info(y, [1, 8, 16, 16])],
+                    17, "pointwise")
+    return model, {"x": np.random.default_rng(2).standard_normal((1, 12, 16, 16),
+                                                                 np.float32)}
+
+
+def _conv_grouped() -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
+    """A 1x1 convolution in 2 groups of 12 input channels over 4x16: K = 12 per group."""
+    b = GraphBuilder(24)
+    y = b.conv("x", 24, 16, 1, group=2)
+    model = b.model([value_info("x", [1, 24, 4, 16])], [value_info(y, [1, 16, 4, 16])], 17,
+                    "grouped")
+    return model, {"x": np.random.default_rng(3).standard_normal((1, 24, 4, 16),
+                                                                 np.float32)}
+
+
+MODELS = {"gemm": _gemm, "gemm_tiled": _gemm_tiled, "conv_gemm": _conv_gemm,
+          "conv_grouped": _conv_grouped}
+
+
+def _spec(family: str, target: kiln.Target) -> tuple[onnx.ModelProto, dict[str, np.ndarray],
+                                                     KernelSpec]:
+    model, inputs = MODELS[family]()
+    (spec,) = [s for s in discover(model, target) if s.family == family]
+    return model, inputs, spec
+
+
+def _unrolled_loops(ex: Any) -> list[int]:
+    """The extents of the `unrolled` loops in the kernels of a build."""
+    found: list[int] = []
+    for f in ex.ir.functions.values():
+        if isinstance(f, PrimFunc):
+            post_order_visit(f, lambda n: found.append(int(n.extent.value))
+                             if isinstance(n, For) and n.kind == "unrolled" else None)
+    return found
+
+
+def _run(ex: Any, inputs: dict[str, np.ndarray]) -> np.ndarray:
+    return np.asarray(ex(*inputs.values()))
+
+
+@pytest.mark.parametrize("family", sorted(MODELS))
+def test_every_legal_unroll_gives_the_rules_bits(family: str) -> None:
+    """Each family lists the unrolls no larger than K after its other variants; each
+    builds an `unrolled` loop of U and computes exactly the rule's output."""
+    target = kiln.Target.from_host()
+    model, inputs, spec = _spec(family, target)
+    k = {"gemm": 10, "gemm_tiled": 6, "conv_gemm": 12, "conv_grouped": 12}[family]
+    offered = [c["unroll"] for c in spec.candidates if "unroll" in c]
+    assert offered == [u for u in TUNED_UNROLLS if u <= k]
+    assert all(set(c) == {"tile", "unroll"} and c["tile"] == spec.default["tile"]
+               for c in spec.candidates if "unroll" in c)
+    rule = kiln.compile(model, target)
+    assert _unrolled_loops(rule) == []  # the rule's K loop is LLVM's to unroll
+    want = _run(rule, inputs)
+    for u in offered:
+        with using(Forced(spec.family, {**spec.default, "unroll": u})):
+            ex = kiln.compile(model, target)
+        assert u in _unrolled_loops(ex)
+        np.testing.assert_array_equal(_run(ex, inputs), want)
+
+
+def test_the_c_backend_unrolls_alike() -> None:
+    """The C backend (`KILN_UNROLL`) computes the rule's bits too, K = 10 by 4."""
+    target = kiln.Target("c")
+    model, inputs, spec = _spec("gemm", target)
+    want = _run(kiln.compile(model, target), inputs)
+    with using(Forced(spec.family, {**spec.default, "unroll": 4})):
+        ex = kiln.compile(model, target)
+    assert 4 in _unrolled_loops(ex)
+    np.testing.assert_array_equal(_run(ex, inputs), want)
+
+
+def test_an_avx512_target_compiles_an_unrolled_kernel() -> None:
+    """An AVX-512 CPU's kernel with an unrolled K loop compiles and verifies (it runs
+    where the host has AVX-512)."""
+    target = kiln.Target("llvm -mtriple=x86_64-linux-gnu -mcpu=znver4")
+    model, _, spec = _spec("conv_gemm", target)
+    with using(Forced(spec.family, {**spec.default, "unroll": 8})):
+        ex = kiln.compile(model, target)
+    assert 8 in _unrolled_loops(ex)
+
+
+@pytest.mark.parametrize("unroll", [16, 3, 0, True, "4"])
+def test_an_illegal_unroll_is_refused(unroll: Any) -> None:
+    """U larger than K (16 > 10), not a tuned factor, or not an int: a UsageError."""
+    target = kiln.Target.from_host()
+    model, _, spec = _spec("gemm", target)
+    with pytest.raises(UsageError, match="unroll"), \
+            using(Forced(spec.family, {**spec.default, "unroll": unroll})):
+        kiln.compile(model, target)
+
+
+def test_only_the_gemm_kernels_take_an_unroll() -> None:
+    """The blocked direct convolution has no such knob: none listed, one refused."""
+    target = kiln.Target.from_host()
+    b = GraphBuilder(25)
+    y = b.conv("x", 16, 16, 3)
+    model = b.model([value_info("x", [1, 16, 5, 5])], [value_info(y, [1, 16, 5, 5])], 17,
+                    "direct")
+    (spec,) = [s for s in discover(model, target) if s.family == "conv_direct"]
+    assert not any("unroll" in c for c in spec.candidates)
+    with pytest.raises(UsageError, match="unroll"), \
+            using(Forced(spec.family, {**spec.default, "unroll": 2})):
+        kiln.compile(model, target)
