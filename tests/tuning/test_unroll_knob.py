@@ -1,4 +1,5 @@
-"""The K-unroll knob of the GEMM micro-kernel families (`{"tile": ..., "unroll": U}`):
+"""The K-unroll knob of the GEMM micro-kernel families and the blocked direct
+convolution (`{"tile": ..., "unroll": U}`):
 listed by the search space where the static K allows U, built as a loop of K // U steps
 around an `unrolled` loop of U (plus the K % U steps left), the sums in the rule's
 order, so every unroll's output is bit-identical to the rule's; an illegal U is refused."""
@@ -60,8 +61,18 @@ def _conv_grouped() -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
                                                                  np.float32)}
 
 
+def _conv_direct() -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
+    """A 3x3 convolution of 12 input channels (the blocked direct kernel, its
+    input-channel loop unrolled around the 3x3 taps)."""
+    b = GraphBuilder(25)
+    y = b.conv("x", 12, 16, 3)
+    model = b.model([value_info("x", [1, 12, 5, 7])], [value_info(y, [1, 16, 5, 7])], 17,
+                    "direct")
+    return model, {"x": np.random.default_rng(4).standard_normal((1, 12, 5, 7), np.float32)}
+
+
 MODELS = {"gemm": _gemm, "gemm_tiled": _gemm_tiled, "conv_gemm": _conv_gemm,
-          "conv_grouped": _conv_grouped}
+          "conv_grouped": _conv_grouped, "conv_direct": _conv_direct}
 
 
 def _spec(family: str, target: kiln.Target) -> tuple[onnx.ModelProto, dict[str, np.ndarray],
@@ -91,9 +102,16 @@ def test_every_legal_unroll_gives_the_rules_bits(family: str) -> None:
     builds an `unrolled` loop of U and computes exactly the rule's output."""
     target = kiln.Target.from_host()
     model, inputs, spec = _spec(family, target)
-    k = {"gemm": 10, "gemm_tiled": 6, "conv_gemm": 12, "conv_grouped": 12}[family]
+    k = {"gemm": 10, "gemm_tiled": 6, "conv_gemm": 12, "conv_grouped": 12,
+         "conv_direct": 12}[family]
     offered = [c["unroll"] for c in spec.candidates if "unroll" in c]
     assert offered == [u for u in TUNED_UNROLLS if u <= k]
+    # after the splits, the K blocking and its segments, before the other tiles
+    at = [i for i, c in enumerate(spec.candidates) if "unroll" in c]
+    assert at == list(range(at[0], at[0] + len(at)))
+    assert all(i < at[0] for i, c in enumerate(spec.candidates)
+               if {"split", "kblock", "ksegment"} & set(c))
+    assert all(i > at[-1] for i, c in enumerate(spec.candidates) if set(c) == {"tile"})
     assert all(set(c) == {"tile", "unroll"} and c["tile"] == spec.default["tile"]
                for c in spec.candidates if "unroll" in c)
     rule = kiln.compile(model, target)
@@ -104,6 +122,32 @@ def test_every_legal_unroll_gives_the_rules_bits(family: str) -> None:
             ex = kiln.compile(model, target)
         assert u in _unrolled_loops(ex)
         np.testing.assert_array_equal(_run(ex, inputs), want)
+
+
+@pytest.mark.parametrize("family, blocked", [("gemm", {"kblock": True}),
+                                             ("conv_direct", {"ksegment": 16})])
+def test_an_unroll_within_k_blocks(family: str, blocked: dict[str, Any]) -> None:
+    """With the sums blocked along K (the GEMM's `kblock`: K = 300 in two blocks of 150;
+    the blocked 3x3 convolution's segments of 16 of 32 channels) each block's loop is
+    unrolled (8: 6 steps left in each), bit-identical to the blocking alone."""
+    target = kiln.Target.from_host()
+    b = GraphBuilder(27)
+    if family == "gemm":
+        y = b.proj("x", 300, 24)
+        shape, out = [3, 300], [3, 24]
+    else:
+        y = b.conv("x", 32, 8, 3)
+        shape, out = [1, 32, 4, 5], [1, 8, 4, 5]
+    model = b.model([value_info("x", shape)], [value_info(y, out)], 17, "deep")
+    (spec,) = [s for s in discover(model, target) if s.family == family]
+    assert {**spec.default, **blocked} in spec.candidates
+    x = np.random.default_rng(5).standard_normal(shape).astype(np.float32)
+    with using(Forced(spec.family, {**spec.default, **blocked})):
+        want = np.asarray(kiln.compile(model, target)(x))
+    with using(Forced(spec.family, {**spec.default, **blocked, "unroll": 8})):
+        ex = kiln.compile(model, target)
+    assert 8 in _unrolled_loops(ex)
+    np.testing.assert_array_equal(np.asarray(ex(x)), want)
 
 
 def test_the_c_backend_unrolls_alike() -> None:
@@ -137,14 +181,14 @@ def test_an_illegal_unroll_is_refused(unroll: Any) -> None:
         kiln.compile(model, target)
 
 
-def test_only_the_gemm_kernels_take_an_unroll() -> None:
-    """The blocked direct convolution has no such knob: none listed, one refused."""
+def test_a_kernel_without_the_loop_takes_no_unroll() -> None:
+    """The depthwise kernel has no K loop to unroll: none listed, one refused."""
     target = kiln.Target.from_host()
-    b = GraphBuilder(25)
-    y = b.conv("x", 16, 16, 3)
-    model = b.model([value_info("x", [1, 16, 5, 5])], [value_info(y, [1, 16, 5, 5])], 17,
-                    "direct")
-    (spec,) = [s for s in discover(model, target) if s.family == "conv_direct"]
+    b = GraphBuilder(26)
+    y = b.conv("x", 16, 16, 3, group=16)
+    model = b.model([value_info("x", [1, 16, 5, 32])], [value_info(y, [1, 16, 5, 32])], 17,
+                    "depthwise")
+    (spec,) = [s for s in discover(model, target) if s.family == "conv_depthwise"]
     assert not any("unroll" in c for c in spec.candidates)
     with pytest.raises(UsageError, match="unroll"), \
             using(Forced(spec.family, {**spec.default, "unroll": 2})):

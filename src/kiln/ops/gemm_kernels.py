@@ -210,7 +210,7 @@ def register_tile(mr: int, nr: int, k: PrimExpr | int,
 
         return seq(*lets, lanes_loop("v", nr, lane))
 
-    stmts.append(reduction_loop("k", k0, k, _K_UNROLL.get(), step))
+    stmts.append(reduction_loop("k", k0, k, k_unroll(), step))
     return acc, stmts
 
 
@@ -230,6 +230,11 @@ def k_unrolling(unroll: int | None) -> Iterator[None]:
         yield
     finally:
         _K_UNROLL.reset(token)
+
+
+def k_unroll() -> int | None:
+    """The K unroll factor of the kernel being built (`k_unrolling`; None: the rule's)."""
+    return _K_UNROLL.get()
 
 
 def reduction_loop(name: str, k0: PrimExpr | int, k: PrimExpr | int, unroll: int | None,

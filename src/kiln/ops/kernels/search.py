@@ -48,6 +48,8 @@ SPLIT_FAMILIES = ("gemm", "gemm_tiled", "conv_direct", "conv_rows", "conv_gemm",
                   "conv_grouped")
 #: Families whose kernel is kiln.ops.gemm_kernels.gemm_body (K blocking applies).
 KBLOCK_FAMILIES = ("gemm", "gemm_tiled", "conv_gemm", "conv_grouped")
+#: Families whose K (reduction) loop may be unrolled (`{"unroll": U}`).
+UNROLL_FAMILIES = (*KBLOCK_FAMILIES, "conv_direct")
 #: The GEMM convolution families (one product per image, or per image and group).
 CONV_GEMMS = ("conv_gemm", "conv_grouped")
 
@@ -142,14 +144,21 @@ def blocks_k(family: KernelFamily, call: g.Call, isa: ISA, tile: Sequence[int]) 
 
 
 def unrolls(name: str, call: g.Call) -> list[int]:
-    """The K unroll factors the GEMM family `name` may take for `call`
-    (kiln.ops.gemm_kernels.TUNED_UNROLLS no larger than a static K; none for the other
+    """The K unroll factors the family `name` may take for `call`
+    (kiln.ops.gemm_kernels.TUNED_UNROLLS no larger than a static K: the GEMM kernels'
+    K, the blocked direct kernel's input channels per group; none for the other
     families, or a symbolic K)."""
     from kiln.ops.gemm_kernels import TUNED_UNROLLS
 
-    if name not in KBLOCK_FAMILIES:
+    if name not in UNROLL_FAMILIES:
         return []
-    k = _gemm_m_k(name, call)[1]
+    if name == "conv_direct":
+        from kiln.ops.kernels.conv import conv_call_shape
+
+        shape = conv_call_shape(call)
+        k: object = None if shape is None else shape.ci_group
+    else:
+        k = _gemm_m_k(name, call)[1]
     return [u for u in TUNED_UNROLLS if isinstance(k, int) and u <= k]
 
 
@@ -230,8 +239,8 @@ def pack_params(family: KernelFamily, call: g.Call, isa: ISA, params: Mapping[st
                          "0 or input channels per segment dividing the group's")
     unroll = params.get(UNROLL)
     if unroll is not None and (isinstance(unroll, bool) or unroll not in unrolls(name, call)):
-        raise UsageError(f"unroll {unroll!r}: only the GEMM kernels ({', '.join(KBLOCK_FAMILIES)}"
-                         f") take it, one of {', '.join(map(str, unrolls(name, call))) or 'none'}"
+        raise UsageError(f"unroll {unroll!r}: only the kernels {', '.join(UNROLL_FAMILIES)} "
+                         f"take it, one of {', '.join(map(str, unrolls(name, call))) or 'none'}"
                          f" for this {name!r} call (no larger than its K)")
     chosen = KERNELS.get(name) if name != family.name else family
     tile = params.get("tile")
