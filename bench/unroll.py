@@ -1,6 +1,6 @@
 """The K-unroll knob (docs/tuning.md, "K unroll") against the rule's kernel, per layer:
 
-    .venv/bin/python bench/unroll.py [--threads 2] [--calls 200] [--rounds 10]
+    .venv/bin/python bench/unroll.py [--threads 2] [--calls 200] [--rounds 10] [--cpu-time]
 
 Compiles each layer once by rule and once per legal unroll (`{"unroll": U}` forced through
 kiln.tuning.apply.Forced), checks every output is bit-identical to the rule's, then times
@@ -8,14 +8,17 @@ all of them in alternating blocks of calls (harness.alternating_blocks_ms: media
 libraries' idle workers asleep between blocks) and prints each unroll's time and its
 ratio to the rule's (above 1: faster). Layers: a 256x256x256 product (constant B, the
 `gemm` family), ResNet-18's three strided 1x1 projections (`conv_gemm` or the blocked
-`conv_direct`, as the rule picks) and two of its 3x3 layers (`conv_direct`). Prints
-numbers; asserts nothing (this is not a test).
+`conv_direct`, as the rule picks) and two of its 3x3 layers (`conv_direct`).
+`--cpu-time` (one thread) times the calls by the calling thread's CPU time, which time
+descheduled by other jobs does not count. Prints numbers; asserts nothing (this is not
+a test).
 """
 
 from __future__ import annotations
 
 import argparse
 import functools
+import time
 
 import numpy as np
 import onnx
@@ -62,9 +65,14 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--calls", type=int, default=200)
     ap.add_argument("--rounds", type=int, default=10)
+    ap.add_argument("--cpu-time", action="store_true",
+                    help="one thread, timed by its CPU time (time.thread_time)")
     args = ap.parse_args()
+    if args.cpu_time:
+        args.threads = 1
     target = kiln.Target.from_host()
-    print(f"target {target.export().get('mcpu')}, {args.threads} thread(s)")
+    print(f"target {target.export().get('mcpu')}, {args.threads} thread(s), "
+          f"{'CPU time' if args.cpu_time else 'wall time'}")
     for name, model in layers().items():
         (spec,) = discover(model, target)
         unrolls = [c["unroll"] for c in spec.candidates if "unroll" in c]
@@ -80,7 +88,8 @@ def main() -> None:
             fns[key] = functools.partial(lib["main"], x)
         want = np.asarray(fns["rule"]())
         same = all(np.array_equal(np.asarray(f()), want) for f in fns.values())
-        ms = alternating_blocks_ms(fns, args.calls, args.rounds)
+        ms = alternating_blocks_ms(fns, args.calls, args.rounds,
+                                   time.thread_time if args.cpu_time else time.perf_counter)
         cells = ", ".join(f"{k} {v:.3f} ms ({ms['rule'] / v:.3f}x)" for k, v in ms.items()
                           if k != "rule")
         print(f"{name} [{spec.family}, tile {spec.default['tile']}]: rule "

@@ -11,6 +11,10 @@
   with its sums K-blocked in segments of C input channels (0: unblocked; 16, 32, 64
   where they divide the group's channels in two or more: `legal_segments`), other
   than its rule's (kiln.ops.kernels.conv_direct.choose_k_blocking);
+- `{"tile": [...], "unroll": U}`: the rule's tile with the K (reduction) loop of the
+  register tile unrolled by U (2, 4, 8 up to a static K: the GEMM kernels' K, the
+  blocked direct convolution's input channels per group; `unrolls`), the sums in the
+  rule's order (kiln.ops.gemm_kernels.reduction_loop; the rule leaves it to LLVM);
 - `{"family": F, "tile": [...]}`: another convolution algorithm F (`conv_direct`,
   `conv_rows`, `conv_gemm`, `conv_grouped`, `conv_winograd`) with its rule's tile (or
   the tiles it offers: `offered_tiles`), where F computes the call (`computes`).
@@ -18,10 +22,10 @@
 Every variant is legal by construction: tiles come from the ISA object (the families'
 `candidates`), a split only reorders independent tiles, and an algorithm is offered
 only for the calls its kernel computes, K blocking computes the same sums in
-another order. `variants` lists them most promising first (the Winograd kernel where
-it computes the call, splits, K blocking and the other algorithms, then tiles nearest
-the rule's), the order `kiln tune` tries them in; `pack_params` packs a call with one
-(what a tuned compile does).
+another order, an unroll the same sums in the same order. `variants` lists them most
+promising first (the Winograd kernel where it computes the call, splits, K blocking,
+unrolls and the other algorithms, then tiles nearest the rule's), the order `kiln tune`
+tries them in; `pack_params` packs a call with one (what a tuned compile does).
 """
 
 from __future__ import annotations
