@@ -150,8 +150,9 @@ def blocks_k(family: KernelFamily, call: g.Call, isa: ISA, tile: Sequence[int]) 
 def unrolls(name: str, call: g.Call) -> list[int]:
     """The K unroll factors the family `name` may take for `call`
     (kiln.ops.gemm_kernels.TUNED_UNROLLS no larger than a static K: the GEMM kernels'
-    K, the blocked direct kernel's input channels per group; none for the other
-    families, or a symbolic K)."""
+    K, the blocked direct kernel's input channels per group where its taps are 1x1;
+    none for the other families, or a symbolic K). A KxK layer's unrolled channel
+    loop (U copies of its tap loops) measured slower at every U (docs/tuning.md)."""
     from kiln.ops.gemm_kernels import TUNED_UNROLLS
 
     if name not in UNROLL_FAMILIES:
@@ -160,7 +161,8 @@ def unrolls(name: str, call: g.Call) -> list[int]:
         from kiln.ops.kernels.conv import conv_call_shape
 
         shape = conv_call_shape(call)
-        k: object = None if shape is None else shape.ci_group
+        k: object = (shape.ci_group if shape is not None and (shape.kh, shape.kw) == (1, 1)
+                     else None)
     else:
         k = _gemm_m_k(name, call)[1]
     return [u for u in TUNED_UNROLLS if isinstance(k, int) and u <= k]
