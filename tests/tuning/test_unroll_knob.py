@@ -6,6 +6,7 @@ order, so every unroll's output is bit-identical to the rule's; an illegal U is 
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -18,6 +19,8 @@ from kiln.errors import UsageError
 from kiln.ir.tensor import For, PrimFunc
 from kiln.ir.visitor import post_order_visit
 from kiln.ops.gemm_kernels import TUNED_UNROLLS
+from kiln.target.isa import isa_for
+from kiln.tuning import Measurement, Record, TuningDatabase, target_key
 from kiln.tuning.apply import Forced, using
 from support.graphs import GraphBuilder, value_info
 
@@ -137,6 +140,26 @@ def test_an_unroll_within_k_blocks(family: str, blocked: dict[str, Any]) -> None
         ex = kiln.compile(model, target)
     assert 8 in _unrolled_loops(ex)
     np.testing.assert_array_equal(np.asarray(ex(x)), want)
+
+
+def test_a_database_applies_an_unroll(tmp_path: Path) -> None:
+    """A record choosing `{"unroll": 4}` (recorded timings: twice as fast) is applied by
+    a tuned compile like any other params: the metadata names it, the kernel holds the
+    unrolled loop, the output is the rule's bit for bit."""
+    target = kiln.Target.from_host()
+    model, inputs, spec = _spec("conv_gemm", target)
+    chosen = {**spec.default, "unroll": 4}
+    db = TuningDatabase([Record(spec.family, spec.signature, target_key(isa_for(target)),
+                                Measurement(spec.default, (100.0,) * 5),
+                                [Measurement(chosen, (50.0,) * 5, True, (100.0,) * 5)])])
+    path = tmp_path / "unroll.tuning.json"
+    db.save(path)
+    with pytest.warns(UserWarning, match="not checked in this model"):
+        tuned = kiln.compile(model, target, tuning=str(path))
+    assert list(tuned.metadata["tuning"]["kernels"].values()) == [chosen]
+    assert 4 in _unrolled_loops(tuned)
+    np.testing.assert_array_equal(_run(tuned, inputs),
+                                  _run(kiln.compile(model, target), inputs))
 
 
 def test_the_c_backend_unrolls_alike() -> None:
