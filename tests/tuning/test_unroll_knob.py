@@ -15,10 +15,11 @@ import pytest
 
 import kiln
 from kiln.distributed.tune import KernelSpec, discover
-from kiln.errors import UsageError
+from kiln.errors import IRError, UsageError
 from kiln.ir.tensor import For, PrimFunc
 from kiln.ir.visitor import post_order_visit
 from kiln.ops.gemm_kernels import TUNED_UNROLLS
+from kiln.ops.kernels.registry import KERNELS, build_call
 from kiln.target.isa import isa_for
 from kiln.tuning import Measurement, Record, TuningDatabase, target_key
 from kiln.tuning.apply import Forced, using
@@ -210,3 +211,13 @@ def test_no_unroll_without_a_plain_k_loop(family: str) -> None:
     with pytest.raises(UsageError, match="unroll"), \
             using(Forced(spec.family, {**spec.default, "unroll": 2})):
         kiln.compile(model, target)
+
+
+@pytest.mark.parametrize("unroll", ["4", 0, False])
+def test_a_malformed_unroll_attribute_is_an_ir_error(unroll: Any) -> None:
+    """A call whose `unroll` attribute is no positive int (a hand-written or corrupted
+    module) is refused before its kernel is built."""
+    family = KERNELS.get("gemm")
+    with pytest.raises(IRError, match="'unroll' must be a positive int"):
+        build_call(family, [], [], {"unroll": unroll}, None, None,
+                   isa_for(kiln.Target.from_host()))
