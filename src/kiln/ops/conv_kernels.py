@@ -52,6 +52,7 @@ from kiln.ir.tensor import (
     select,
     seq,
 )
+from kiln.ops.gemm_kernels import reduction_loop
 from kiln.ops.kernels.tiles import Epilogue, lanes_loop, madd, parallel_tiles, parallel_when
 from kiln.ops.kernels.tiles import const as _c
 from kiln.ops.kernels.tiles import loop as _loop
@@ -358,7 +359,7 @@ def blocked_tile_stores(out: Buffer, stage: Buffer, epilogue: Epilogue, n: PrimE
 def blocked_conv_body(shape: ConvShape, x: Buffer, wp: Buffer, out: Buffer,
                       tiling: Tiling, epilogue: Epilogue, fused: bool = True,
                       block: int = 0, kblock: ConvKBlocking | None = None,
-                      subsample: bool = False) -> Stmt:
+                      subsample: bool = False, unroll: int | None = None) -> Stmt:
     """The loop nest of a blocked direct convolution reading packed weights `wp`
     (`pack_blocked_weight` layout) and writing `epilogue(acc, index)` into `out` (NCHW).
 
@@ -383,12 +384,14 @@ def blocked_conv_body(shape: ConvShape, x: Buffer, wp: Buffer, out: Buffer,
     sums kept in a buffer of the task's between segments. With `subsample`, an
     unpadded strided 1x1 layer (`subsamples`) first copies the input values it reads
     into a workspace (`subsampled_input`, a quarter of the input at stride 2) and runs
-    as a stride-1 layer on it: its tiles then read consecutive columns."""
+    as a stride-1 layer on it: its tiles then read consecutive columns. With `unroll`
+    (a tuning knob) the loop over input channels is unrolled by it
+    (kiln.ops.gemm_kernels.reduction_loop: the sums in the same order)."""
     if subsample and not block and subsamples(shape):
         xs, copy = subsampled_input(x, shape)
         one = replace(shape, h=shape.out_h, w=shape.out_w, stride=(1, 1))
         return seq(*copy, blocked_conv_body(one, xs, wp, out, tiling, epilogue, fused, 0,
-                                            kblock))
+                                            kblock, unroll=unroll))
     cb, tile_w = tiling.cb, tiling.tile_w
     cig, cog = shape.ci_group, shape.co_group
     blocks = -(-cog // cb)
@@ -449,8 +452,11 @@ def blocked_conv_body(shape: ConvShape, x: Buffer, wp: Buffer, out: Buffer,
 
             return seq(*stmts, lanes_loop("v", cb, lanes))
 
-        red = _nest(("ci", "kh", "kw"), (cig if seg is None else seg.kc, shape.kh, shape.kw),
-                    step_)
+        channels = cig if seg is None else seg.kc
+        red = (_nest(("ci", "kh", "kw"), (channels, shape.kh, shape.kw), step_)
+               if unroll is None else
+               reduction_loop("ci", 0, channels, unroll, lambda ci: _nest(
+                   ("kh", "kw"), (shape.kh, shape.kw), lambda kh, kw: step_(ci, kh, kw))))
         # The accumulators are read at constant rows and whole vectors only, so LLVM keeps
         # them in registers; they are copied to `stage`, which the epilogue loop reads
         # one output channel at a time.

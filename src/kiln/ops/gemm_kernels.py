@@ -198,7 +198,7 @@ def register_tile(mr: int, nr: int, k: PrimExpr | int,
     stmts: list[Stmt] = [Allocate(acc), lanes_loop("v", nr, lambda v: seq(*(
         Store(acc, zero if init is None else init(r, v), (_c(r), v)) for r in range(mr))))]
 
-    def step(kk: Var) -> Stmt:
+    def step(kk: PrimExpr) -> Stmt:
         xs = [Var(f"a{r}", dtype) for r in range(mr)]
         lets: list[Stmt] = [LetStmt(av, a_rows[r](kk)) for r, av in enumerate(xs)]
 
@@ -210,10 +210,58 @@ def register_tile(mr: int, nr: int, k: PrimExpr | int,
 
         return seq(*lets, lanes_loop("v", nr, lane))
 
-    kk = Var("k", INDEX_DTYPE)
-    stmts.append(For(kk, as_expr(k0, INDEX_DTYPE), as_expr(k, INDEX_DTYPE), "serial",
-                     step(kk)))
+    stmts.append(reduction_loop("k", k0, k, k_unroll(), step))
     return acc, stmts
+
+
+#: The K unroll factors tuning offers (kiln.ops.kernels.search), those no larger than K.
+TUNED_UNROLLS = (2, 4, 8)
+#: The K unroll factor GEMM kernels built inside `k_unrolling` take (a tuning knob:
+#: kiln.ops.kernels.search's `{"unroll": U}`); None: the rule's, LLVM's to unroll.
+_K_UNROLL: ContextVar[int | None] = ContextVar("kiln_k_unroll", default=None)
+
+
+@contextlib.contextmanager
+def k_unrolling(unroll: int | None) -> Iterator[None]:
+    """Build the GEMM micro-kernels inside with their K loop unrolled by `unroll`
+    (`reduction_loop`; None: the rule's, a plain loop)."""
+    token = _K_UNROLL.set(unroll)
+    try:
+        yield
+    finally:
+        _K_UNROLL.reset(token)
+
+
+def k_unroll() -> int | None:
+    """The K unroll factor of the kernel being built (`k_unrolling`; None: the rule's)."""
+    return _K_UNROLL.get()
+
+
+def reduction_loop(name: str, k0: PrimExpr | int, k: PrimExpr | int, unroll: int | None,
+                   step: Callable[[PrimExpr], Stmt]) -> Stmt:
+    """`step(kk)` for `kk` in `k0 .. k0 + k`, in that order: one `serial` loop (unroll
+    None or 1: the backend's to unroll), or with `unroll` = U a loop of `k // U` steps
+    around an `unrolled` loop of U (both backends unroll it whole: LLVM's
+    `llvm.loop.unroll.full`, C's `KILN_UNROLL`), then the `k % U` steps left. The
+    steps run in the same order either way, so the sums are rounded the same."""
+    start = as_expr(k0, INDEX_DTYPE)
+    if unroll is None or unroll == 1:
+        kk = Var(name, INDEX_DTYPE)
+        return For(kk, start, as_expr(k, INDEX_DTYPE), "serial", step(kk))
+    if not isinstance(k, int) or unroll < 1:
+        raise IRError(f"a K loop unrolled by {unroll!r} needs a static K and a positive "
+                      f"factor, got K = {k}")
+    whole, rest = divmod(k, unroll)
+    parts: list[Stmt] = []
+    if whole:
+        ko, ku, kk = (Var(f"{name}{s}", INDEX_DTYPE) for s in ("o", "u", ""))
+        at = start + ko * unroll + ku if whole > 1 else start + ku
+        inner = For(ku, _c(0), _c(unroll), "unrolled", seq(LetStmt(kk, at), step(kk)))
+        parts.append(For(ko, _c(0), _c(whole), "serial", inner) if whole > 1 else inner)
+    if rest:
+        kr = Var(name, INDEX_DTYPE)
+        parts.append(For(kr, start + whole * unroll, _c(rest), "serial", step(kr)))
+    return seq(*parts)
 
 
 @dataclass(frozen=True)

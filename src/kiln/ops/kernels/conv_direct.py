@@ -18,10 +18,11 @@ from kiln.ops.kernels.tiles import ZEN3_VECTOR_BITS, Epilogue, tile_lanes, tile_
 from kiln.target.isa import ISA
 
 
-def blocked_body(isa: ISA, segment: int | None = None) -> Any:
+def blocked_body(isa: ISA, segment: int | None = None, unroll: int | None = None) -> Any:
     """The loop nest of `conv2d_blocked` / `conv2d_nchwc` (`cb` is the packed weight's);
     `segment`: the K-blocking's input channels per segment a tuned call records
-    (`KSEGMENT`; 0 unblocked), None the rule's (`choose_k_blocking`)."""
+    (`KSEGMENT`; 0 unblocked), None the rule's (`choose_k_blocking`); `unroll`: the
+    input-channel loop unrolled by it (the call's `unroll`), None the rule's."""
     def body(shape: ck.ConvShape, x: Buffer, w: Buffer, out: Buffer, t: tuple[int, ...],
              epilogue: Epilogue, fused: bool, block: int) -> Stmt:
         tile_w = t[1] if t else ck.choose_tiling(shape, tile_lanes(isa), tile_registers(isa)).tile_w
@@ -29,7 +30,8 @@ def blocked_body(isa: ISA, segment: int | None = None) -> Any:
         kblock = choose_k_blocking(shape, tiling, isa) if segment is None else \
             segment_blocking(tiling, isa, segment)
         return ck.blocked_conv_body(shape, x, w, out, tiling, epilogue, fused, block,
-                                    kblock, subsample=isa.vector_bits in ZEN3_VECTOR_BITS)
+                                    kblock, subsample=isa.vector_bits in ZEN3_VECTOR_BITS,
+                                    unroll=unroll)
 
     return body
 
@@ -152,6 +154,7 @@ class DirectConv(Family):
     def build(self, params: Sequence[Any], args: Sequence[Any], attrs: Mapping[str, Any],
               anchor: Any, result: Any, isa: ISA) -> PrimFunc | None:
         from kiln.errors import IRError
+        from kiln.ops.gemm_kernels import k_unroll
 
         tile = recorded_tile(attrs, 2, self.op)
         segment = attrs.get(KSEGMENT)
@@ -159,7 +162,7 @@ class DirectConv(Family):
             raise IRError(f"{self.op}: attribute {KSEGMENT!r} must be one of "
                           f"{', '.join(map(str, TUNED_SEGMENTS))}, got {segment!r}")
         return build_conv(self.op, params, args, attrs, anchor, result, isa, tile or (),
-                          blocked_body(isa, segment))
+                          blocked_body(isa, segment, k_unroll()))
 
 
 CONV_DIRECT = DirectConv("conv_direct", "conv2d_blocked", ("conv2d",), 3)

@@ -29,6 +29,10 @@ SPLIT = "split"
 #: The attribute a tuned GEMM call sets (true) to block its sums along K for the ISA's
 #: caches (kiln.ops.gemm_kernels.k_blocking; absent: the rule's, unblocked).
 KBLOCK = "kblock"
+#: The attribute a tuned GEMM call records its K unroll factor in (an int: the K loop of
+#: the register tile unrolled by it, kiln.ops.gemm_kernels.reduction_loop; absent: the
+#: rule's, LLVM's to unroll).
+UNROLL = "unroll"
 
 
 class KernelFamily(Protocol):
@@ -116,10 +120,11 @@ def family_of(op: str) -> KernelFamily:
 def build_call(family: KernelFamily, params: Sequence[Any], args: Sequence[Any],
                attrs: Mapping[str, Any], anchor: Any, result: Any, isa: ISA
                ) -> PrimFunc | None:
-    """`family.build(...)` with the parallel split and K blocking the call records (its
-    `split` and `kblock` attributes, set by tuning; absent: the rule's)."""
+    """`family.build(...)` with the parallel split, K blocking and K unroll the call
+    records (its `split`, `kblock` and `unroll` attributes, set by tuning; absent: the
+    rule's)."""
     from kiln.errors import IRError
-    from kiln.ops.gemm_kernels import k_blocking
+    from kiln.ops.gemm_kernels import k_blocking, k_unrolling
 
     split = attrs.get(SPLIT)
     if split is not None and split not in PARALLEL_SPLITS:
@@ -128,8 +133,13 @@ def build_call(family: KernelFamily, params: Sequence[Any], args: Sequence[Any],
     kblock = attrs.get(KBLOCK, False)
     if not isinstance(kblock, bool):
         raise IRError(f"{family.op}: attribute 'kblock' must be a bool, got {kblock!r}")
+    unroll = attrs.get(UNROLL)
+    if unroll is not None and (isinstance(unroll, bool) or not isinstance(unroll, int)
+                               or unroll < 1):
+        raise IRError(f"{family.op}: attribute 'unroll' must be a positive int, "
+                      f"got {unroll!r}")
     with parallel_split(split), k_blocking((isa.l1d_bytes, isa.l2_bytes) if kblock
-                                           else None):
+                                           else None), k_unrolling(unroll):
         return family.build(params, args, attrs, anchor, result, isa)
 
 

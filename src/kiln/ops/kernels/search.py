@@ -11,6 +11,10 @@
   with its sums K-blocked in segments of C input channels (0: unblocked; 16, 32, 64
   where they divide the group's channels in two or more: `legal_segments`), other
   than its rule's (kiln.ops.kernels.conv_direct.choose_k_blocking);
+- `{"tile": [...], "unroll": U}`: the rule's tile with the K (reduction) loop of the
+  register tile unrolled by U (2, 4, 8 up to a static K: the GEMM kernels' K, the
+  blocked direct convolution's input channels per group; `unrolls`), the sums in the
+  rule's order (kiln.ops.gemm_kernels.reduction_loop; the rule leaves it to LLVM);
 - `{"family": F, "tile": [...]}`: another convolution algorithm F (`conv_direct`,
   `conv_rows`, `conv_gemm`, `conv_grouped`, `conv_winograd`) with its rule's tile (or
   the tiles it offers: `offered_tiles`), where F computes the call (`computes`).
@@ -18,10 +22,10 @@
 Every variant is legal by construction: tiles come from the ISA object (the families'
 `candidates`), a split only reorders independent tiles, and an algorithm is offered
 only for the calls its kernel computes, K blocking computes the same sums in
-another order. `variants` lists them most promising first (the Winograd kernel where
-it computes the call, splits, K blocking and the other algorithms, then tiles nearest
-the rule's), the order `kiln tune` tries them in; `pack_params` packs a call with one
-(what a tuned compile does).
+another order, an unroll the same sums in the same order. `variants` lists them most
+promising first (the Winograd kernel where it computes the call, splits, K blocking,
+unrolls and the other algorithms, then tiles nearest the rule's), the order `kiln tune`
+tries them in; `pack_params` packs a call with one (what a tuned compile does).
 """
 
 from __future__ import annotations
@@ -34,7 +38,7 @@ from kiln.ir import graph as g
 from kiln.ir.types import TensorType
 from kiln.ops.kernels.conv_direct import KSEGMENT
 from kiln.ops.kernels.parallel_work import worth_parallel
-from kiln.ops.kernels.registry import KBLOCK, KERNELS, SPLIT, TILE, KernelFamily
+from kiln.ops.kernels.registry import KBLOCK, KERNELS, SPLIT, TILE, UNROLL, KernelFamily
 from kiln.ops.kernels.tiles import PARALLEL_SPLITS, tile_lanes
 from kiln.target.isa import ISA
 
@@ -48,6 +52,8 @@ SPLIT_FAMILIES = ("gemm", "gemm_tiled", "conv_direct", "conv_rows", "conv_gemm",
                   "conv_grouped")
 #: Families whose kernel is kiln.ops.gemm_kernels.gemm_body (K blocking applies).
 KBLOCK_FAMILIES = ("gemm", "gemm_tiled", "conv_gemm", "conv_grouped")
+#: Families whose K (reduction) loop may be unrolled (`{"unroll": U}`).
+UNROLL_FAMILIES = (*KBLOCK_FAMILIES, "conv_direct")
 #: The GEMM convolution families (one product per image, or per image and group).
 CONV_GEMMS = ("conv_gemm", "conv_grouped")
 
@@ -107,16 +113,12 @@ def _work(family: KernelFamily, call: g.Call) -> int | None:
     return None
 
 
-def blocks_k(family: KernelFamily, call: g.Call, isa: ISA, tile: Sequence[int]) -> bool:
-    """Whether K blocking changes the kernel of `call` with `tile`: a GEMM family, static
-    M and K, and K deeper than one block (kiln.ops.gemm_kernels.choose_k_blocking)."""
-    from kiln.ops.gemm_kernels import GemmTiling, choose_k_blocking
-
-    if family.name not in KBLOCK_FAMILIES:
-        return False
+def _gemm_m_k(name: str, call: g.Call) -> tuple[object, object]:
+    """M and K (ints, or symbolic) of the product the GEMM family `name` computes for
+    `call` (per image, or per image and group)."""
     m: object
     k: object
-    if family.name in CONV_GEMMS:
+    if name in CONV_GEMMS:
         from kiln.ops.kernels.conv import conv_call_shape
 
         s = conv_call_shape(call)
@@ -128,10 +130,42 @@ def blocks_k(family: KernelFamily, call: g.Call, isa: ISA, tile: Sequence[int]) 
         a, b = (x.type for x in call.args)
         assert isinstance(a, TensorType) and isinstance(b, TensorType)
         m, k = a.shape[-2], b_shape(cast(Sequence[int], b.shape), call.attrs)[-2]
+    return m, k
+
+
+def blocks_k(family: KernelFamily, call: g.Call, isa: ISA, tile: Sequence[int]) -> bool:
+    """Whether K blocking changes the kernel of `call` with `tile`: a GEMM family, static
+    M and K, and K deeper than one block (kiln.ops.gemm_kernels.choose_k_blocking)."""
+    from kiln.ops.gemm_kernels import GemmTiling, choose_k_blocking
+
+    if family.name not in KBLOCK_FAMILIES:
+        return False
+    m, k = _gemm_m_k(family.name, call)
     if not isinstance(m, int) or not isinstance(k, int):
         return False
     return choose_k_blocking(m, k, GemmTiling(tile[0], tile[1]), isa.l1d_bytes,
                              isa.l2_bytes) is not None
+
+
+def unrolls(name: str, call: g.Call) -> list[int]:
+    """The K unroll factors the family `name` may take for `call`
+    (kiln.ops.gemm_kernels.TUNED_UNROLLS no larger than a static K: the GEMM kernels'
+    K, the blocked direct kernel's input channels per group where its taps are 1x1;
+    none for the other families, or a symbolic K). A KxK layer's unrolled channel
+    loop (U copies of its tap loops) measured slower at every U (docs/tuning.md)."""
+    from kiln.ops.gemm_kernels import TUNED_UNROLLS
+
+    if name not in UNROLL_FAMILIES:
+        return []
+    if name == "conv_direct":
+        from kiln.ops.kernels.conv import conv_call_shape
+
+        shape = conv_call_shape(call)
+        k: object = (shape.ci_group if shape is not None and (shape.kh, shape.kw) == (1, 1)
+                     else None)
+    else:
+        k = _gemm_m_k(name, call)[1]
+    return [u for u in TUNED_UNROLLS if isinstance(k, int) and u <= k]
 
 
 def _legal_segments(call: g.Call) -> list[int]:
@@ -180,6 +214,7 @@ def variants(family: KernelFamily, call: g.Call, isa: ISA) -> list[Params]:
         out += [{**rule, KSEGMENT: k} for k in segments(call, isa, rule["tile"])]
     if blocks_k(family, call, isa, rule["tile"]):
         out.append({**rule, KBLOCK: True})
+    out += [{**rule, UNROLL: u} for u in unrolls(family.name, call)]
     out += [p for p in algorithms if p["family"] != WINOGRAD]
     candidates = getattr(family, "candidates", None)
     if callable(candidates):
@@ -208,6 +243,11 @@ def pack_params(family: KernelFamily, call: g.Call, isa: ISA, params: Mapping[st
                                 or segment not in _legal_segments(call)):
         raise UsageError(f"ksegment {segment!r}: only the 'conv_direct' kernel takes it, "
                          "0 or input channels per segment dividing the group's")
+    unroll = params.get(UNROLL)
+    if unroll is not None and (isinstance(unroll, bool) or unroll not in unrolls(name, call)):
+        raise UsageError(f"unroll {unroll!r}: only the kernels {', '.join(UNROLL_FAMILIES)} "
+                         f"take it, one of {', '.join(map(str, unrolls(name, call))) or 'none'}"
+                         f" for this {name!r} call (no larger than its K)")
     chosen = KERNELS.get(name) if name != family.name else family
     tile = params.get("tile")
     pack_tile = getattr(chosen, "pack_tile", None)
@@ -215,7 +255,8 @@ def pack_params(family: KernelFamily, call: g.Call, isa: ISA, params: Mapping[st
         else chosen.pack(call, isa)
     extra = {**({SPLIT: split} if split is not None else {}),
              **({KBLOCK: True} if kblock else {}),
-             **({KSEGMENT: segment} if segment is not None else {})}
+             **({KSEGMENT: segment} if segment is not None else {}),
+             **({UNROLL: unroll} if unroll is not None else {})}
     if not extra:
         return packed
     return g.Call(packed.op, packed.args, g.freeze_attrs({**packed.attrs, **extra}),
