@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 import onnx
 import pytest
+from test_tuning_apply import parallel_kernels
 
 import kiln
 from kiln.distributed import tune as tune_module
@@ -26,8 +27,6 @@ from kiln.distributed.tune import (
 )
 from kiln.driver.fingerprint import module_fingerprint
 from kiln.frontend import from_onnx
-from kiln.ir.tensor import For, PrimFunc
-from kiln.ir.visitor import post_order_visit
 from kiln.ops.kernels import parallel_work
 from kiln.ops.kernels.parallel_work import PARALLEL_MIN_NS
 from kiln.target.isa import isa_for
@@ -86,15 +85,6 @@ def _blocked_ops(session: Any) -> list[str]:
     return sorted(n for n in mod.functions if "conv2d_nchwc" in n)
 
 
-def _parallel_kernels(ex: Any) -> list[str]:
-    found: set[str] = set()
-    for name, f in ex.ir.functions.items():
-        if isinstance(f, PrimFunc):
-            post_order_visit(f, lambda n, name=name: found.add(name) if isinstance(n, For)
-                             and n.kind == "parallel" else None)
-    return sorted(found)
-
-
 def _run(session: Any) -> tuple[Any, list[np.ndarray]]:
     with using(session):
         ex = kiln.compile(from_onnx(MODEL), kiln.Target.from_host())
@@ -142,13 +132,13 @@ def test_the_threshold_changes_which_loops_are_parallel(reference: list[np.ndarr
     kernels = {}
     for ns in (2_000, PARALLEL_MIN_NS, 20_000):
         ex, out = _run(Chosen({(PARALLEL_THRESHOLD, fp): {"min_ns": ns}}, fp))
-        kernels[ns] = _parallel_kernels(ex)
+        kernels[ns] = parallel_kernels(ex)
         for o, r in zip(out, reference, strict=True):
             np.testing.assert_allclose(o, r, rtol=1e-4, atol=1e-4)
     assert set(kernels[20_000]) <= set(kernels[PARALLEL_MIN_NS]) < set(kernels[2_000])
     # a threshold signed by another model's fingerprint does not apply
     ex, _ = _run(Chosen({(PARALLEL_THRESHOLD, "other"): {"min_ns": 2_000}}, fp))
-    assert _parallel_kernels(ex) == kernels[PARALLEL_MIN_NS]
+    assert parallel_kernels(ex) == kernels[PARALLEL_MIN_NS]
 
 
 class _Recorded:
