@@ -128,12 +128,15 @@ def occupancy(spans: list[tuple[str, float, float]], start: float, end: float
 
 def knobs(model: str, threads: int | None, seconds: float) -> None:
     from kiln.distributed.tune import ModelKnob, measure_knobs, model_runner
+    from kiln.target.isa import isa_for
+    from kiln.tuning import target_key
 
     target = kiln.Target.from_host()
     found: list[ModelKnob] = []
     discover(model, target, None, found)
     print(f"{model}: {len(found)} model-level knob(s), "
-          f"{sum(len(k.candidates) for k in found)} variant(s); CPU {kiln.Target.from_host()}")
+          f"{sum(len(k.candidates) for k in found)} variant(s); CPU "
+          f"{target_key(isa_for(target))}")
     runner = model_runner(model, None, target, threads, REPEATS, print)
     assert runner is not None
     for r in measure_knobs(found, runner, time.monotonic() + seconds, print):

@@ -18,6 +18,9 @@ clearly faster ones in a tuning database.
    them interleaved (warm-up, then repeats).
 3. `kiln.tuning.select` decides from the recorded timings; the records are merged
    into the database (timings of a variant measured before are pooled).
+4. `tune_model` then measures the model-level knobs (`measure_knobs`: NCHWc per region,
+   the parallel threshold) as whole-model builds in this process, records them like
+   kernels, and checks every choice in the whole model (`check_model`).
 
 Measurement tasks ask for the resource `measure_resource(target)` ("kiln-cpu-" + a
 hash of the target's `target_key`), one unit per node: Ray runs them only on nodes
@@ -166,8 +169,12 @@ class ModelKnob:
 
     @property
     def label(self) -> str:
-        """Pseudo-kernel and signature, for logs."""
-        return f"{self.kernel} {self.signature}"
+        """Pseudo-kernel and signature, for logs (a long region's cut after its first
+        convolutions, with their count)."""
+        sig = self.signature
+        if len(sig) > 160:
+            sig = f"{sig[:120]}... ({sig.count('|') + 1} convolutions)"
+        return f"{self.kernel} {sig}"
 
 
 def model_knobs(recorder: Any, fingerprint: str) -> list[ModelKnob]:
