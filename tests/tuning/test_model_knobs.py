@@ -139,6 +139,8 @@ def test_the_threshold_changes_which_loops_are_parallel(reference: list[np.ndarr
     # a threshold signed by another model's fingerprint does not apply
     ex, _ = _run(Chosen({(PARALLEL_THRESHOLD, "other"): {"min_ns": 2_000}}, fp))
     assert parallel_kernels(ex) == kernels[PARALLEL_MIN_NS]
+    with pytest.raises(kiln.errors.UsageError, match="min_ns must be a positive integer"):
+        _run(Chosen({(PARALLEL_THRESHOLD, fp): {"min_ns": 0}}, fp))
 
 
 class _Recorded:
