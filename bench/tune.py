@@ -3,6 +3,7 @@
     .venv/bin/python bench/tune.py speedup MODEL.onnx DB.json [--threads 1] [--repeat 30]
     .venv/bin/python bench/tune.py workers MODEL.onnx [--candidates 3] [--workers 1,2]
     .venv/bin/python bench/tune.py check MODEL.onnx DB.json [--threads 2] [--seconds 60]
+    .venv/bin/python bench/tune.py knobs MODEL.onnx [--threads 2] [--seconds 300]
 
 `speedup` compiles MODEL untuned and with the tuning database DB and times both as
 bench/models.py times a model (the median of `--repeat` calls in alternating blocks:
@@ -14,7 +15,10 @@ time, the time the driver waited for each: builds and measurements overlap, and 
 time the measurements' CPU was not measuring). `check` runs `kiln tune`'s whole-model
 check alone (kiln.distributed.tune.check_in_model) on the records DB already has for
 MODEL, within `--seconds`, and writes its verdict into DB (a database tuned before the
-check existed gets one). Prints numbers; asserts nothing (this is not a test).
+check existed gets one). `knobs` measures the model-level knobs alone (NCHWc per region,
+the parallel threshold: kiln.distributed.tune.measure_knobs) within `--seconds`, each
+variant as the whole model against the untuned one, and prints each ratio and the
+records' choices. Prints numbers; asserts nothing (this is not a test).
 """
 
 from __future__ import annotations
@@ -122,6 +126,23 @@ def occupancy(spans: list[tuple[str, float, float]], start: float, end: float
     return out
 
 
+def knobs(model: str, threads: int | None, seconds: float) -> None:
+    from kiln.distributed.tune import ModelKnob, measure_knobs, model_runner
+    from kiln.target.isa import isa_for
+    from kiln.tuning import target_key
+
+    target = kiln.Target.from_host()
+    found: list[ModelKnob] = []
+    discover(model, target, None, found)
+    print(f"{model}: {len(found)} model-level knob(s), "
+          f"{sum(len(k.candidates) for k in found)} variant(s); CPU "
+          f"{target_key(isa_for(target))}")
+    runner = model_runner(model, None, target, threads, REPEATS, print)
+    assert runner is not None
+    for r in measure_knobs(found, runner, time.monotonic() + seconds, print):
+        print(f"{r.kernel} {r.signature[:80]}: chosen {r.chosen}")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -140,8 +161,14 @@ def main() -> None:
     c.add_argument("db")
     c.add_argument("--threads", type=int, default=None)
     c.add_argument("--seconds", type=float, default=60.0)
+    k = sub.add_parser("knobs")
+    k.add_argument("model")
+    k.add_argument("--threads", type=int, default=None)
+    k.add_argument("--seconds", type=float, default=300.0)
     args = p.parse_args()
-    if args.cmd == "speedup":
+    if args.cmd == "knobs":
+        knobs(args.model, args.threads, args.seconds)
+    elif args.cmd == "speedup":
         speedup(args.model, args.db, args.threads, args.repeat)
     elif args.cmd == "check":
         check(args.model, args.db, args.threads, args.seconds)

@@ -148,7 +148,7 @@ def _allocates(buffer: str, ex: Any) -> list[str]:
     return sorted(found)
 
 
-def _parallel_loops(ex: Any) -> list[str]:
+def parallel_kernels(ex: Any) -> list[str]:
     """The kernels of a build that hold a parallel loop."""
     found: set[str] = set()
     for name, f in ex.ir.functions.items():
@@ -180,7 +180,7 @@ def test_a_tuned_build_applies_every_kind_of_variant(
             pytest.warns(UserWarning, match="3 tuned kernel.* not checked in this model"):
         tuned = kiln.compile(model, target, tuning=str(path))
     untuned = kiln.compile(model, target)
-    print("\n".join(map(str, capture.calls)), _parallel_loops(untuned), _parallel_loops(tuned))
+    print("\n".join(map(str, capture.calls)), parallel_kernels(untuned), parallel_kernels(tuned))
     alt = KERNELS.get(chosen[conv1x1.family]["family"])
     assert sorted(capture.calls, key=str) == sorted([
         ("conv2d_blocked", tuple(conv3x3.default["tile"]), "serial", None),
@@ -190,8 +190,8 @@ def test_a_tuned_build_applies_every_kind_of_variant(
     assert _allocates("sums", tuned) == ["matmul_packed"] and not _allocates("sums", untuned)
     # the serial split leaves the 3x3's kernel (fused with its Relu) without a parallel
     # loop; the 1x1 moved to the blocked kernel, which has one
-    assert "fused_conv2d_blocked_relu" in _parallel_loops(untuned)
-    assert "fused_conv2d_blocked_relu" not in _parallel_loops(tuned)
+    assert "fused_conv2d_blocked_relu" in parallel_kernels(untuned)
+    assert "fused_conv2d_blocked_relu" not in parallel_kernels(tuned)
     meta = tuned.metadata["tuning"]
     assert meta["fingerprint"] == TuningDatabase.load(path).fingerprint()
     assert meta["checked_in_model"] is False
@@ -302,7 +302,7 @@ def test_the_inner_split_computes_the_untuned_result_with_a_symbolic_batch() -> 
                              tuning=_database(found, target_key(isa_for(target)), inner))
     assert sorted(map(show, tuned.metadata["tuning"]["kernels"].values())) == sorted(
         map(show, inner.values()))
-    assert _parallel_loops(tuned)
+    assert parallel_kernels(tuned)
     x = np.random.default_rng(1).standard_normal((3, 8, 4, 16)).astype(np.float32)
     lib = tuned.jit()
     lib.set_num_threads(2)

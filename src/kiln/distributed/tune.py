@@ -18,6 +18,9 @@ clearly faster ones in a tuning database.
    them interleaved (warm-up, then repeats).
 3. `kiln.tuning.select` decides from the recorded timings; the records are merged
    into the database (timings of a variant measured before are pooled).
+4. `tune_model` then measures the model-level knobs (`measure_knobs`: NCHWc per region,
+   the parallel threshold) as whole-model builds in this process, records them like
+   kernels, and checks every choice in the whole model (`check_model`).
 
 Measurement tasks ask for the resource `measure_resource(target)` ("kiln-cpu-" + a
 hash of the target's `target_key`), one unit per node: Ray runs them only on nodes
@@ -112,10 +115,12 @@ def resolve(spec: Any) -> Any:
     return kiln.Target.from_host() if spec in (None, "host") else kiln.Target(spec)
 
 
-def discover(model: Any, target: Any, shapes: dict[str, Any] | None = None
-             ) -> list[KernelSpec]:
+def discover(model: Any, target: Any, shapes: dict[str, Any] | None = None,
+             knobs: list[ModelKnob] | None = None) -> list[KernelSpec]:
     """The distinct tunable kernel calls of `model` (an ONNX path, bytes or ModelProto,
-    or an IRModule) on `target`, in the order the passes meet them."""
+    or an IRModule) on `target`, in the order the passes meet them; `knobs`, when given,
+    gets the model's model-level knobs appended (`model_knobs`)."""
+    from kiln.driver.fingerprint import module_fingerprint
     from kiln.frontend import from_onnx
     from kiln.ir import graph as g
     from kiln.ir.module import IRModule
@@ -127,8 +132,11 @@ def discover(model: Any, target: Any, shapes: dict[str, Any] | None = None
     tgt = resolve(target)
     mod = model if isinstance(model, IRModule) else from_onnx(model, shapes or None)
     recorder = Recorder()
+    fingerprint = module_fingerprint(mod) if knobs is not None else ""  # before any pass
     with tgt, using(recorder):
         get_pipeline("default", "graph", target=tgt)(mod)
+    if knobs is not None:
+        knobs += model_knobs(recorder, fingerprint)
     specs = []
     for key, (family, call, isa) in recorder.calls.items():
         operands: list[tuple[Any, ...]] = []
@@ -147,6 +155,46 @@ def discover(model: Any, target: Any, shapes: dict[str, Any] | None = None
     weights = sum(s.count * sum(o[1].nbytes for o in s.operands if o[0] == "const")
                   for s in specs)
     return [replace(s, model_weight_bytes=weights) for s in specs]
+
+
+@dataclass(frozen=True)
+class ModelKnob:
+    """A model-level knob (kiln.tuning.apply.MODEL_KNOBS): its pseudo-kernel name,
+    signature, the rule's params and the other variants, measured in the whole model."""
+
+    kernel: str
+    signature: str
+    default: Params
+    candidates: tuple[Params, ...]
+
+    @property
+    def label(self) -> str:
+        """Pseudo-kernel and signature, for logs (a long region's cut after its first
+        convolutions, with their count)."""
+        sig = self.signature
+        if len(sig) > 160:
+            sig = f"{sig[:120]}... ({sig.count('|') + 1} convolutions)"
+        return f"{self.kernel} {sig}"
+
+
+def model_knobs(recorder: Any, fingerprint: str) -> list[ModelKnob]:
+    """The model-level knobs of a model the graph pipeline ran on under `recorder`:
+    the parallel threshold (signed by the model's `fingerprint`; the values of
+    kiln.ops.kernels.parallel_work.THRESHOLD_CHOICES: it applies to every kernel, so it
+    comes first), then each NCHWc region the `nchwc-layout` pass formed (the other
+    layout than the rule's)."""
+    from kiln.ops.kernels.parallel_work import PARALLEL_MIN_NS, THRESHOLD_CHOICES
+    from kiln.transform.nchwc_layout import LAYOUTS
+    from kiln.tuning.apply import NCHWC_REGION, PARALLEL_THRESHOLD
+
+    threshold = ModelKnob(PARALLEL_THRESHOLD, fingerprint, {"min_ns": PARALLEL_MIN_NS},
+                          tuple({"min_ns": n} for n in THRESHOLD_CHOICES
+                                if n != PARALLEL_MIN_NS))
+    return [threshold, *(ModelKnob(NCHWC_REGION, sig, dict(default),
+                                   tuple({"layout": x} for x in LAYOUTS
+                                         if x != default["layout"]))
+                         for (kernel, sig), default in recorder.knobs.items()
+                         if kernel == NCHWC_REGION and sig is not None)]
 
 
 def last_level_cache_bytes() -> int:
@@ -680,7 +728,8 @@ def tune_model(model: str | os.PathLike[str], target: Any, budget_s: float, outp
     on `threads` threads, in `CHECK_SHARE` of the budget plus what tuning left) and
     record the verdict."""
     start = time.monotonic()
-    specs = discover(model, target, shapes)
+    knobs: list[ModelKnob] = []
+    specs = discover(model, target, shapes, knobs)
     log(f"{model}: {len(specs)} distinct tunable kernel(s), "
         f"{sum(s.count for s in specs)} call(s), "
         f"{sum(len(s.candidates) for s in specs)} candidate(s) in the search space")
@@ -690,45 +739,118 @@ def tune_model(model: str | os.PathLike[str], target: Any, budget_s: float, outp
             f"before each call where the weights exceed the measuring machine's "
             f"last-level cache ({last_level_cache_bytes() / 2**20:.0f} MiB here)")
     reserve = CHECK_SHARE * budget_s if specs else 0.0
-    left = max(1.0, budget_s - reserve - (time.monotonic() - start))
+    knob_share = KNOB_SHARE * budget_s if specs else 0.0
+    left = max(1.0, budget_s - reserve - knob_share - (time.monotonic() - start))
     report = tune(specs, target, left, executor=executor, log=log, repeats=repeats,
                   threads=threads)
     path = Path(output)
     db = TuningDatabase.load(path).merge(report.database) if path.exists() \
         else report.database
     if specs:
+        runner = model_runner(model, shapes, target, threads, repeats, log)
+        if runner is not None:
+            for record in measure_knobs(knobs, runner, start + budget_s - reserve, log):
+                db.add(record)
         report.check = check_in_model(model, shapes, target, specs, db, threads, repeats,
-                                       start + budget_s, log)
+                                       start + budget_s, log, knobs, runner)
     db.save(path)
     report.database = db
     return report
 
 
+def model_runner(model: str | os.PathLike[str], shapes: dict[str, Any] | None,
+                 target: Any, threads: int | None, repeats: int,
+                 log: Callable[[str], None]) -> _ModelRunner | None:
+    """Builds and measurements of `model` in this process; None (logged) when this
+    machine's CPU is not the target's (the model-level knobs and the model check are
+    then not measured: the records stay unchecked in the model)."""
+    from kiln.frontend import from_onnx
+
+    tgt = resolve(target)
+    if measure_resource(tgt) != measure_resource(resolve("host")):
+        log(f"model knobs and model check skipped: this machine's CPU is not the "
+            f"target's ({target_key(_isa(tgt))}); the records stay unchecked in the model")
+        return None
+    return _ModelRunner(from_onnx(model, shapes or None), tgt, threads, repeats)
+
+
+def measure_knobs(knobs: Sequence[ModelKnob], runner: _ModelRunner, deadline: float,
+                  log: Callable[[str], None], clock: Callable[[], float] = time.monotonic
+                  ) -> list[Record]:
+    """Each variant of `knobs` measured in the whole model: the model built with that
+    one variant (the rule's elsewhere) against the untuned model, paired samples
+    (`_ModelRunner.measure`); its result checked equal to the untuned one's. A record
+    per knob (its `times_us`/`default_us` model timings), decided by
+    kiln.tuning.select like a kernel's. A variant starts only while the last one's time
+    fits before `deadline`; the others are logged as not measured."""
+    from kiln.tuning.select import ratio_bounds
+
+    key = target_key(_isa(runner.tgt))
+    # round robin: every knob's first variant, then the second ones, ...
+    order = [(j, k, p) for i in range(max((len(k.candidates) for k in knobs), default=0))
+             for j, k in enumerate(knobs) if i < len(k.candidates)
+             for p in (k.candidates[i],)]
+    if not order or clock() >= deadline:
+        if order:
+            log(f"model knobs: none of {len(order)} variant(s) measured: the budget ran out")
+        return []
+    began = clock()
+    untuned = runner.build(())
+    reference = runner.outputs(untuned)
+    step = clock() - began
+    measured: dict[int, list[Measurement]] = {}  # by the knob's index
+    skipped = 0
+    for j, knob, params in order:
+        now = clock()
+        if now + step > deadline:
+            skipped += 1
+            continue
+        variant = runner.build((Choice(knob.kernel, knob.signature, dict(params), 0.0),))
+        equal = _equal(runner.outputs(variant), reference)
+        base, new = runner.measure(untuned, variant)
+        step = clock() - now
+        measured.setdefault(j, []).append(
+            Measurement(dict(params), tuple(new), equal, tuple(base)))
+        _, mid, high = ratio_bounds(new, base)
+        log(f"model knob {knob.label} {show(params)}: median ratio {mid:.3f}, bound "
+            f"{high:.3f} over {len(new)} pairs" + ("" if equal else "; result differs"))
+    log(f"model knobs: {len(order) - skipped} of {len(order)} variant(s) measured in the "
+        "model" + (f" ({skipped} not: the budget ran out)" if skipped else ""))
+    return [Record(knobs[j].kernel, knobs[j].signature, key,
+                   Measurement(dict(knobs[j].default),
+                               tuple(t for m in ms for t in m.default_us)), ms)
+            for j, ms in sorted(measured.items())]
+
+
+def _equal(outs: Sequence[np.ndarray], refs: Sequence[np.ndarray]) -> bool:
+    """Whether every output equals the reference's (the candidates' tolerance)."""
+    for o, r in zip(outs, refs, strict=True):
+        scale = float(np.max(np.abs(r))) if r.size else 0.0
+        if o.shape != r.shape or not np.allclose(o, r, rtol=RTOL, atol=ATOL * max(scale, 1.0)):
+            return False
+    return True
+
+
 def check_in_model(model: str | os.PathLike[str], shapes: dict[str, Any] | None,
                     target: Any, specs: Sequence[KernelSpec], db: TuningDatabase,
                     threads: int | None, repeats: int, deadline: float,
-                    log: Callable[[str], None]) -> ModelCheck | None:
-    """`check_model` of `db`'s choices for `model` in this process, its verdict added to
-    `db`; None (and no verdict) when this machine's CPU is not the target's."""
-    from kiln.driver.fingerprint import module_fingerprint
-    from kiln.frontend import from_onnx
+                    log: Callable[[str], None], knobs: Sequence[ModelKnob] = (),
+                    runner: _ModelRunner | None = None) -> ModelCheck | None:
+    """`check_model` of `db`'s choices for `model` (its kernels' and `knobs`') in this
+    process, its verdict added to `db`; None (and no verdict) when this machine's CPU is
+    not the target's."""
     from kiln.tuning.database import Checked, Verdict
 
-    tgt = resolve(target)
-    key = target_key(_isa(tgt))
-    if measure_resource(tgt) != measure_resource(resolve("host")):
-        log(f"model check skipped: this machine's CPU is not the target's ({key}); the "
-            "records stay unchecked in the model")
+    runner = runner or model_runner(model, shapes, target, threads, repeats, log)
+    if runner is None:
         return None
-    mod = from_onnx(model, shapes or None)
-    choices = model_choices(db, specs, key)
+    key = target_key(_isa(runner.tgt))
+    choices = model_choices(db, specs, key, knobs)
     log(f"model check on {threads or 'the default'} thread(s): {len(choices)} choice(s), "
         f"{max(0.0, deadline - time.monotonic()):.0f} s left")
-    fingerprint = module_fingerprint(mod)  # as kiln.compile takes it, before any pass
-    runner = _ModelRunner(mod, tgt, threads, repeats)
     result = check_model(choices, runner.build, runner.measure, deadline, log=log)
     db.add_verdict(Verdict(
-        fingerprint, key, threads,
+        runner.fingerprint, key, threads,
         tuple(Checked(c.kernel, c.signature, c.params, "the model was faster with it")
               for c in result.accepted),
         tuple(Checked(c.kernel, c.signature, c.params, why) for c, why in result.rejected),
@@ -754,7 +876,12 @@ class _ModelRunner:
     loaded in this process, and paired measurements of two of them."""
 
     def __init__(self, mod: Any, tgt: Any, threads: int | None, repeats: int) -> None:
+        from kiln.driver.fingerprint import module_fingerprint
+
         self.mod, self.tgt, self.threads, self.repeats = mod, tgt, threads, repeats
+        # as kiln.compile takes it, before any pass: what the model's verdicts and its
+        # `parallel_threshold` record are signed with
+        self.fingerprint = module_fingerprint(mod)
         self.libs: list[Any] = []  # keeps the loaded libraries alive
         rng = np.random.default_rng(0)
         self.inputs = []
@@ -768,13 +895,18 @@ class _ModelRunner:
         import kiln
         from kiln.tuning.apply import Chosen, using
 
-        with using(Chosen({c.key: c.params for c in choices})):
+        with using(Chosen({c.key: c.params for c in choices}, self.fingerprint)):
             ex = kiln.compile(self.mod, self.tgt)
         lib = ex.jit()
         if self.threads:
             lib.set_num_threads(self.threads)
         self.libs.append(lib)
         return lib["main"]
+
+    def outputs(self, fn: Any) -> list[np.ndarray]:
+        """The outputs of build `fn` on the inputs."""
+        out = fn(*self.inputs)
+        return [np.array(o) for o in (out if isinstance(out, (tuple, list)) else (out,))]
 
     def measure(self, a: Any, b: Any) -> tuple[list[float], list[float]]:
         for _ in range(WARMUP):
@@ -800,6 +932,12 @@ class _ModelRunner:
 #: Share of `kiln tune`'s budget reserved for the whole-model check (`check_model`):
 #: the kernels are tuned in the rest, the check takes this plus what tuning left.
 CHECK_SHARE = 0.25
+#: Share of `kiln tune`'s budget for the model-level knobs (`measure_knobs`: NCHWc
+#: regions, the parallel threshold), measured after the kernels (plus what they left),
+#: before the check. Small: each variant is a whole-model build and measurement, and
+#: ResNet-50's kernels need about 400 s of a 10-minute budget on Zen 3 to measure their
+#: whole space, which holds the choices that make it faster (docs/tuning.md).
+KNOB_SHARE = 0.15
 #: The model check's line: a tuned build is accepted when the upper bound of its
 #: median per-block ratio tuned / untuned (kiln.tuning.select.faster, one test) is
 #: below it: the model measured faster at 95 % by the kernels' margin (MIN_GAIN, 2 %),
@@ -840,21 +978,25 @@ class ModelCheck:
     tuned_us: list[float]
 
 
-def model_choices(db: TuningDatabase, specs: Sequence[KernelSpec], key: str) -> list[Choice]:
-    """The choices `db` makes for `specs` on target `key`, largest expected saving first
-    (ties by kernel and signature)."""
+def model_choices(db: TuningDatabase, specs: Sequence[KernelSpec], key: str,
+                  knobs: Sequence[ModelKnob] = ()) -> list[Choice]:
+    """The choices `db` makes for `specs` and `knobs` on target `key`, largest expected
+    saving first (ties by kernel and signature; a knob's saving is of the model's time,
+    once)."""
     from kiln.tuning.select import ratio_bounds
 
     out = []
-    for s in specs:
-        rec = next((r for r in db.records() if r.key == (s.family, s.signature, key)), None)
+    records = {r.key: r for r in db.records()}
+    for name, sig, count in [*((s.family, s.signature, s.count) for s in specs),
+                             *((k.kernel, k.signature, 1) for k in knobs)]:
+        rec = records.get((name, sig, key))
         chosen = None if rec is None else rec.chosen
         if rec is None or chosen is None:
             continue
         best = next(c for c in rec.candidates if c.params == chosen)
         _, mid, _ = ratio_bounds(best.times_us, best.default_us)
-        saving = float(np.median(rec.default.times_us)) * s.count * (1 - mid)
-        out.append(Choice(s.family, s.signature, dict(chosen), saving))
+        saving = float(np.median(rec.default.times_us)) * count * (1 - mid)
+        out.append(Choice(name, sig, dict(chosen), saving))
     return sorted(out, key=lambda c: (-c.saving, c.kernel, c.signature))
 
 

@@ -27,6 +27,14 @@ at least `min_convs` convolutions and more convolutions than reorders; the
 convolutions of the others stay `conv2d_blocked` and the pass runs again without
 them.
 
+Tuning (docs/tuning.md, "Model-level knobs"): under a tuning session
+(kiln.tuning.apply.current) the pass asks the session for every region it forms,
+kept by the rule or not (`Session.knob` with the pseudo-kernel `nchwc_region`, signed
+by the region's convolutions in graph order, `region_signature`), with params
+`{"layout": "NCHWc"}` or `{"layout": "NCHW"}`; the rule's decision is the default. A
+region forced NCHWc keeps the invariants above (it is the same rewrite, only not
+left out).
+
 The pass runs after block-convolutions (whose packed weights it keeps) and
 before fuse-ops, which fuses each `conv2d_nchwc` with its elementwise tail as
 for `conv2d_blocked`.
@@ -85,11 +93,17 @@ class NchwcLayout(FunctionPass):
         if self.depthwise_only and (tile_registers(isa) < DEPTHWISE_REGISTERS
                                     or tile_lanes(isa) < DEPTHWISE_LANES):
             return func
+        from kiln.tuning.apply import current
+
+        session = current()
         skip: set[g.Var] = set()
+        layouts: dict[frozenset[g.Var], str] = {}  # a region's layout, once decided
         while True:  # each round leaves out the convolutions of regions too small to pay
             rewriter = _Rewriter(tile_lanes(isa), skip, isa)
             new = rewriter.run(func)
             small = rewriter.small_regions(self.min_convs, self.depthwise_only)
+            if session is not None:
+                small = rewriter.tuned_small(session, small, layouts)
             if not small:
                 return new
             skip |= small
@@ -113,6 +127,7 @@ class _Rewriter:
         self.parent: dict[g.Var, g.Var] = {}      # union-find over the blocked convs
         self.reorders: list[g.Var] = []           # a conv of the region of each reorder
         self.depthwise: set[g.Var] = set()        # the depthwise convs (by result)
+        self.convs: dict[g.Var, g.Call] = {}      # each blocked conv's original call
 
     def small_regions(self, min_convs: int, depthwise_only: bool = False) -> set[g.Var]:
         """The convolutions (original result vars) of regions that do not pay: fewer than
@@ -125,6 +140,38 @@ class _Rewriter:
         return {c for root, group in members.items()
                 if len(group) < max(min_convs, reorders[root] + 1)
                 or (depthwise_only and not self.depthwise & set(group)) for c in group}
+
+    def regions(self) -> list[list[g.Var]]:
+        """The regions formed (their convolutions' original result vars), each in graph
+        order, in the order of their first convolution."""
+        members: dict[g.Var, list[g.Var]] = {}
+        for conv in self.parent:
+            members.setdefault(self._root(conv), []).append(conv)
+        return list(members.values())
+
+    def tuned_small(self, session: Any, small: set[g.Var],
+                    layouts: dict[frozenset[g.Var], str]) -> set[g.Var]:
+        """The convolutions of the regions left NCHW as `session` says (the
+        `nchwc_region` knob, asked once per region; the rule's decision, `small`, is
+        the default), `layouts` remembering each region's layout."""
+        from kiln.errors import UsageError
+        from kiln.tuning.apply import NCHWC_REGION
+
+        out: set[g.Var] = set()
+        for group in self.regions():
+            key = frozenset(group)
+            if key not in layouts:
+                rule = "NCHW" if key <= small else "NCHWc"
+                params = session.knob(NCHWC_REGION, region_signature(
+                    [self.convs[c] for c in group]), self.isa, {"layout": rule})
+                layout = rule if params is None else params.get("layout")
+                if layout not in LAYOUTS:
+                    raise UsageError(f"{NCHWC_REGION}: layout must be one of "
+                                     f"{', '.join(LAYOUTS)}, got {layout!r}")
+                layouts[key] = layout
+            if layouts[key] == "NCHW":
+                out |= key
+        return out
 
     def _root(self, conv: g.Var) -> g.Var:
         while self.parent[conv] is not conv:
@@ -139,6 +186,7 @@ class _Rewriter:
                                    if isinstance(a, g.Var) and a in self.region))
         if b.value.op in CONVS:
             self.parent[b.var] = b.var
+            self.convs[b.var] = b.value
             if b.value.op == "conv2d_depthwise":
                 self.depthwise.add(b.var)
             roots.append(b.var)
@@ -294,6 +342,26 @@ class _Rewriter:
 
 #: The convolutions a blocked region counts (their original ops).
 CONVS = ("conv2d_blocked", "conv2d_depthwise", "conv2d_gemm")
+#: A region's layouts (the `nchwc_region` knob's params).
+LAYOUTS = ("NCHWc", "NCHW")
+
+
+def region_signature(convs: list[g.Call]) -> str:
+    """The `nchwc_region` signature of a region of `convs` (in graph order): each one's
+    source convolution as its geometry (input shape, output channels, kernel, strides,
+    dilations, pads, groups, bias), whatever kernel family packed it, so equal regions
+    in one or two models share a record."""
+    from kiln.ops.conv_direct import call_conv_shape
+
+    parts = []
+    for c in convs:
+        s = call_conv_shape(c.op, [a.type for a in c.args], c.attrs)
+        assert s is not None
+        parts.append(f"conv2d(float32[{s.n},{s.c_in},{s.h},{s.w}];{s.c_out}x{s.kh}x{s.kw})"
+                     f"{{s={s.stride[0]},{s.stride[1]};d={s.dilation[0]},{s.dilation[1]};"
+                     f"p={','.join(map(str, s.pads))};g={s.groups}"
+                     f"{';bias' if len(c.args) > 2 else ''}}}")
+    return "|".join(parts)
 
 
 def _same_or_per_channel(t: Any, out: Any) -> bool:

@@ -16,6 +16,12 @@ call's params (`Session.params_for`): None is the rule's variant, else a dict su
 A kernel's signature is its source call's: the op, the operand types (a constant as
 `const` plus its shape) and the attributes, so equal calls in one model or in two
 models share a record.
+
+Model-level knobs (measured in the whole model, kiln.distributed.tune) are asked with
+`Session.knob(kernel, signature, isa)`: a pseudo-kernel name (`NCHWC_REGION`: a blocked
+region's layout, signed by its convolutions; `PARALLEL_THRESHOLD`: the work threshold of
+parallel loops, signed by the model's fingerprint, `signature` None) and the same
+database records and verdicts as kernels.
 """
 
 from __future__ import annotations
@@ -34,6 +40,12 @@ from kiln.tuning.database import TuningDatabase, target_key
 
 #: The attribute the packed call's tile lives in (kiln.ops.kernels.registry.TILE).
 TILE_ATTR = "tile"
+#: Model-level knobs: a region of the blocked layout (kiln.transform.nchwc_layout),
+#: params `{"layout": "NCHWc"}` or `{"layout": "NCHW"}`; the parallel work threshold of
+#: the whole compile (kiln.ops.kernels.parallel_work), params `{"min_ns": N}`.
+NCHWC_REGION = "nchwc_region"
+PARALLEL_THRESHOLD = "parallel_threshold"
+MODEL_KNOBS = (NCHWC_REGION, PARALLEL_THRESHOLD)
 
 
 def signature(call: g.Call) -> str:
@@ -65,6 +77,13 @@ class Session:
 
     def params_for(self, family: Any, call: g.Call, isa: ISA) -> dict[str, Any] | None:
         """The params `call` is packed with by `family` (None: the rule's)."""
+        return None
+
+    def knob(self, kernel: str, sig: str | None, isa: ISA,
+             default: dict[str, Any]) -> dict[str, Any] | None:
+        """The params of the model-level knob `kernel` (MODEL_KNOBS) signed `sig` (None:
+        the compiled model's fingerprint, where the session knows it), `default` being
+        the rule's; None: the rule's."""
         return None
 
 
@@ -102,24 +121,54 @@ class FromDatabase(Session):
         self.applied[f"{family.name} {sig}"] = dict(params)
         return dict(params)
 
+    def knob(self, kernel: str, sig: str | None, isa: ISA,
+             default: dict[str, Any]) -> dict[str, Any] | None:
+        sig = self.model if sig is None else sig
+        if sig is None:
+            return None
+        key = target_key(isa)
+        accepted = self.checked(key)
+        params = self.db.lookup(kernel, sig, key) if accepted is None \
+            else accepted.get((kernel, sig))
+        if not params:
+            return None
+        self.unchecked = self.unchecked or accepted is None
+        self.applied[f"{kernel} {sig}"] = dict(params)
+        return dict(params)
+
 
 @dataclass
 class Chosen(Session):
-    """`params[(kernel, signature)]` for the calls it names, the rule's for the others."""
+    """`params[(kernel, signature)]` for the calls and knobs it names, the rule's for the
+    others; `model`: the fingerprint a knob signed None stands for."""
 
     params: dict[tuple[str, str], Any]
+    model: str | None = None
 
     def params_for(self, family: Any, call: g.Call, isa: ISA) -> dict[str, Any] | None:
         found = self.params.get((family.name, signature(call))) if tunable(family) else None
         return None if found is None else dict(found)
 
+    def knob(self, kernel: str, sig: str | None, isa: ISA,
+             default: dict[str, Any]) -> dict[str, Any] | None:
+        sig = self.model if sig is None else sig
+        found = None if sig is None else self.params.get((kernel, sig))
+        return None if found is None else dict(found)
+
 
 @dataclass
 class Recorder(Session):
-    """The rule's variants; every tunable call seen, by (family, signature)."""
+    """The rule's variants; every tunable call seen, by (family, signature), and every
+    model-level knob asked, by (kernel, signature) with the rule's params."""
 
     calls: dict[tuple[str, str], tuple[Any, g.Call, ISA]] = field(default_factory=dict)
     counts: dict[tuple[str, str], int] = field(default_factory=dict)
+    knobs: dict[tuple[str, str | None], dict[str, Any]] = field(default_factory=dict)
+
+    def knob(self, kernel: str, sig: str | None, isa: ISA,
+             default: dict[str, Any]) -> dict[str, Any] | None:
+        self.knobs.setdefault((kernel, sig), dict(default))
+        return None
 
     def params_for(self, family: Any, call: g.Call, isa: ISA) -> dict[str, Any] | None:
         if tunable(family):

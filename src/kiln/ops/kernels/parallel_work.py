@@ -19,6 +19,12 @@ half of 16 lanes x 2 pipes x 3 GHz). A kernel that reads each value once (a
 matrix-vector product's weights) is bound by the cache instead: STREAM_BYTES_PER_CYCLE
 whatever the vector width (the same machine: a 512 x 512 gemv streams 14 float32
 weights per ns from L2).
+
+The threshold is a model-level tuning knob (`kiln tune`, docs/tuning.md "Model-level
+knobs"): a tuning session may give the whole compile another one (`threshold_ns`,
+the pseudo-kernel `parallel_threshold` of kiln.tuning.apply, params `{"min_ns": N}`, N
+in THRESHOLD_CHOICES), for the kernel families' rules and the `parallelize` pass alike;
+the runtime's `KILN_SERIAL_NS` keeps PARALLEL_MIN_NS.
 """
 
 from __future__ import annotations
@@ -30,6 +36,8 @@ from kiln.target.isa import ISA, isa_for
 #: Estimated one-thread work (ns) from which a loop runs on the thread pool: twice a
 #: hand-off (~2 us), plus a margin for a worker that is not spinning.
 PARALLEL_MIN_NS = 5_000
+#: The other thresholds (ns) `kiln tune` measures a model with (around the rule's).
+THRESHOLD_CHOICES = (2_000, 10_000, 20_000)
 #: The clock the rates assume (GHz).
 NOMINAL_GHZ = 3.0
 #: The fraction of the vector pipes' peak a small kernel sustains.
@@ -70,9 +78,29 @@ def work_ns(work: int, unit: str, isa: ISA | None = None, dtype: str = "float32"
     return work / rate(unit, isa, dtype)
 
 
+def threshold_ns(isa: ISA | None = None) -> int:
+    """The one-thread work (ns) from which a loop goes parallel on `isa` (None: the
+    current target's): the current tuning session's `parallel_threshold` for the model
+    compiled, else PARALLEL_MIN_NS."""
+    from kiln.tuning.apply import PARALLEL_THRESHOLD, current
+
+    session = current()
+    if session is None:
+        return PARALLEL_MIN_NS
+    params = session.knob(PARALLEL_THRESHOLD, None, isa if isa is not None else isa_for(None),
+                          {"min_ns": PARALLEL_MIN_NS})
+    if params is None:
+        return PARALLEL_MIN_NS
+    ns = params.get("min_ns")
+    if isinstance(ns, bool) or not isinstance(ns, int) or ns <= 0:
+        raise UsageError(f"parallel_threshold: min_ns must be a positive integer, got {ns!r}")
+    return ns
+
+
 def min_parallel_work(unit: str, isa: ISA | None = None, dtype: str = "float32") -> int:
-    """The least work (in `unit`s) worth a parallel loop on `isa`: PARALLEL_MIN_NS of it."""
-    return max(1, round(PARALLEL_MIN_NS * rate(unit, isa, dtype)))
+    """The least work (in `unit`s) worth a parallel loop on `isa`: `threshold_ns` of it
+    (PARALLEL_MIN_NS unless a tuning session says otherwise)."""
+    return max(1, round(threshold_ns(isa) * rate(unit, isa, dtype)))
 
 
 def worth_parallel(work: int, unit: str, isa: ISA | None = None,
@@ -81,5 +109,5 @@ def worth_parallel(work: int, unit: str, isa: ISA | None = None,
     return work >= min_parallel_work(unit, isa, dtype)
 
 
-__all__ = ["NOMINAL_GHZ", "PARALLEL_MIN_NS", "SUSTAINED", "UNITS", "min_parallel_work",
-           "rate", "work_ns", "worth_parallel"]
+__all__ = ["NOMINAL_GHZ", "PARALLEL_MIN_NS", "SUSTAINED", "THRESHOLD_CHOICES", "UNITS",
+           "min_parallel_work", "rate", "threshold_ns", "work_ns", "worth_parallel"]
