@@ -2,7 +2,9 @@
 `kiln.ops.kernels.search.pack`, which asks the current session (`current()`) for the
 call's params (`Session.params_for`): None is the rule's variant, else a dict such as
 `{"tile": [6, 32]}`, `{"tile": [8, 32], "split": "inner"}` or
-`{"family": "conv_gemm", "tile": [8, 32]}` (kiln.ops.kernels.search). Inside
+`{"family": "conv_gemm", "tile": [8, 32]}` (kiln.ops.kernels.search); the `use-cblas`
+pass asks it the same way whether a product calls CBLAS (`{"library": "own"}`: not;
+kiln.ops.cblas.LIBRARY_CHOICE). Inside
 `using(session)`:
 
 - `FromDatabase`: for a model the database has verdicts for (`model`, its
@@ -54,10 +56,12 @@ def signature(call: g.Call) -> str:
 
 
 def tunable(family: Any) -> bool:
-    """Whether `family` has a search space (kiln.ops.kernels.registry.TunableFamily; asked
-    by its methods, since the tuning layer sits below the ops)."""
-    return callable(getattr(family, "candidates", None)) and callable(
-        getattr(family, "pack_tile", None))
+    """Whether `family` has a search space: a kiln.ops.kernels.registry.TunableFamily
+    (its tiles) or a kiln.ops.kernels.search.KernelChoice (e.g. CBLAS or kiln's own
+    GEMM); asked by their methods, since the tuning layer sits below the ops."""
+    return callable(getattr(family, "other_params", None)) or (
+        callable(getattr(family, "candidates", None)) and callable(
+            getattr(family, "pack_tile", None)))
 
 
 class Session:
