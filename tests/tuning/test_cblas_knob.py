@@ -71,15 +71,25 @@ def _kernels(mod: Any, target: kiln.Target) -> list[str]:
 
 
 def test_discover_offers_the_library_only_where_libs_allow_it(mlp: onnx.ModelProto) -> None:
-    found = [s for s in discover(mlp, _host_cblas()) if s.family == NAME]
-    assert [s.signature for s in found] == [
+    found = discover(mlp, _host_cblas())
+    choices = [s for s in found if s.family == NAME]
+    assert [s.signature for s in choices] == [
         "matmul(float32[1,256];const float32[256,256])",
         "matmul(float32[1,256];const float32[256,64])"]
-    assert all(s.default == CBLAS and s.candidates == (OWN,) and s.count == 1 for s in found)
+    assert all(s.default == CBLAS and s.candidates == (OWN,) and s.count == 1
+               for s in choices)
     # without the library, no such choice: the products are kiln's, their tiles tunable
     plain = discover(mlp, kiln.Target.from_host())
     assert plain and all(s.family != NAME and "library" not in json.dumps(s.candidates)
                          for s in plain)
+    # with it, kiln's kernels of the same products stay in the space (taken when the
+    # library choice is "own")
+    def summary(specs: list[KernelSpec]) -> list[tuple[Any, ...]]:
+        return [(s.family, s.signature, s.count, s.default, s.candidates,
+                 s.model_weight_bytes) for s in specs]
+
+    assert summary([s for s in found if s.family != NAME]) == summary(plain)
+    assert {s.signature for s in plain} == {s.signature for s in choices}
 
 
 def test_chosen_params_pick_the_library_per_product(mlp: onnx.ModelProto) -> None:
@@ -105,19 +115,27 @@ def test_a_database_applies_the_choice_with_the_untuned_result(
         mlp: onnx.ModelProto, tmp_path: Path) -> None:
     target = _host_cblas()
     key = target_key(isa_for(target))
-    first, second = (s for s in discover(mlp, target) if s.family == NAME)
+    found = discover(mlp, target)
+    first, second = (s for s in found if s.family == NAME)
+    gemms = [s for s in found if s.family != NAME]
+
+    def faster(spec: KernelSpec, params: dict[str, Any], us: float) -> Record:
+        return Record(spec.family, spec.signature, key, Measurement(spec.default, (100.0,) * 5),
+                      [Measurement(params, (us, us + 1, us - 1, us, us), True, (100.0,) * 5)])
+
     # recorded timings in which kiln's own kernel is twice as fast for the first product,
-    # the library for the second (its candidate slower: no choice)
-    db = TuningDatabase([
-        Record(NAME, first.signature, key, Measurement(CBLAS, (100.0,) * 5),
-               [Measurement(OWN, (50.0, 51.0, 49.0, 50.0, 50.0), True, (100.0,) * 5)]),
-        Record(NAME, second.signature, key, Measurement(CBLAS, (100.0,) * 5),
-               [Measurement(OWN, (150.0,) * 5, True, (100.0,) * 5)])])
-    with pytest.warns(UserWarning, match="1 tuned kernel.* not checked in this model"):
+    # the library for the second (its candidate slower: no choice); a tile of kiln's
+    # kernel is faster for both, but only the product left to kiln's kernel takes it
+    tiles = {s.signature: s.candidates[0] for s in gemms}
+    db = TuningDatabase([faster(first, OWN, 50.0), faster(second, OWN, 150.0),
+                         *(faster(s, tiles[s.signature], 50.0) for s in gemms)])
+    with pytest.warns(UserWarning, match="2 tuned kernel.* not checked in this model"):
         tuned = kiln.compile(mlp, target, tuning=db)
     script = tuned.ir.script()
     assert script.count("cblas_matmul") >= 1 and "matmul_packed" in script
-    assert tuned.metadata["tuning"]["kernels"] == {f"{NAME} {first.signature}": OWN}
+    assert tuned.metadata["tuning"]["kernels"] == {
+        f"{NAME} {first.signature}": OWN,
+        f"{gemms[0].family} {first.signature}": tiles[first.signature]}
     assert tuned.metadata["external_dependencies"][0]["short_name"] == "cblas"
     onnx.save(mlp, tmp_path / "mlp.onnx")
     x = np.random.default_rng(5).standard_normal((1, 256)).astype(np.float32)
@@ -129,13 +147,24 @@ def test_a_database_applies_the_choice_with_the_untuned_result(
 
 
 def test_a_variant_builds_the_one_product_it_chooses_for(mlp: onnx.ModelProto) -> None:
-    spec: KernelSpec = next(s for s in discover(mlp, _host_cblas()) if s.family == NAME)
+    found = discover(mlp, _host_cblas())
+    spec: KernelSpec = next(s for s in found if s.family == NAME)
     forced = Forced(NAME, OWN)
     with using(forced):
         assert _kernels(kernel_module(spec), _host_cblas()) == ["own"]
     assert forced.seen == 1
+    with using(Forced(NAME, None)):
+        assert _kernels(kernel_module(spec), _host_cblas()) == ["cblas"]
+    # a tile of kiln's kernel of that product, built on the target with the library:
+    # the library choice leaves the product to the family being built
+    gemm = next(s for s in found if s.family != NAME and s.signature == spec.signature)
+    forced = Forced(gemm.family, gemm.candidates[0])
+    with using(forced):
+        assert _kernels(kernel_module(gemm), _host_cblas()) == ["own"]
+    assert forced.seen == 1
     if HAS_OPENBLAS:
         assert build_variant(spec, str(_host_cblas()), OWN)["data"]
+        assert build_variant(gemm, str(_host_cblas()), gemm.candidates[0])["data"]
     assert LIBRARY_CHOICE.calls_library(None) and not LIBRARY_CHOICE.calls_library(OWN)
 
 

@@ -83,6 +83,11 @@ class LibraryChoice:
         """Kiln's own kernels (the same product, as the GEMM families' rule packs it)."""
         return [{LIBRARY: lib} for lib in LIBRARIES[1:]]
 
+    def kernel_params(self, call: g.Call, isa: ISA) -> dict[str, Any]:
+        """Kiln's own kernels: the GEMM families take the product (and their tiles are
+        tuned)."""
+        return {LIBRARY: "own"}
+
     def calls_library(self, params: Mapping[str, Any] | None) -> bool:
         """Whether `params` (a tuning session's answer; None: the rule's) say CBLAS."""
         if params is None:

@@ -15,6 +15,11 @@ kiln.ops.cblas.LIBRARY_CHOICE). Inside
 - `Recorder`: None, remembering every tunable call (what `kiln tune` measures);
 - `Forced`: given params for every call of one family (a candidate's build).
 
+A choice that is not a kernel family's (kiln.ops.kernels.search.KernelChoice: CBLAS
+or kiln's own GEMM) is asked the same way; `Recorder` and `Forced` answer it with the
+choice that leaves the call to kiln's kernel families (`kernel_params`), so the
+families' variants of those calls are recorded and built too.
+
 A kernel's signature is its source call's: the op, the operand types (a constant as
 `const` plus its shape) and the attributes, so equal calls in one model or in two
 models share a record.
@@ -118,9 +123,18 @@ class Chosen(Session):
         return None if found is None else dict(found)
 
 
+def _kernel_params(family: Any, call: g.Call, isa: ISA) -> dict[str, Any] | None:
+    """A choice's params that leave `call` to kiln's kernel families (a
+    kiln.ops.kernels.search.KernelChoice, e.g. CBLAS: kiln's GEMM), None for a family."""
+    route = getattr(family, "kernel_params", None)
+    return dict(route(call, isa)) if callable(route) else None
+
+
 @dataclass
 class Recorder(Session):
-    """The rule's variants; every tunable call seen, by (family, signature)."""
+    """The rule's variants; every tunable call seen, by (family, signature). A choice
+    (`KernelChoice`) is recorded and then leaves the call to kiln's kernel families, so
+    their calls are recorded too (the module built is only looked at, never run)."""
 
     calls: dict[tuple[str, str], tuple[Any, g.Call, ISA]] = field(default_factory=dict)
     counts: dict[tuple[str, str], int] = field(default_factory=dict)
@@ -130,19 +144,23 @@ class Recorder(Session):
             key = (family.name, signature(call))
             self.calls.setdefault(key, (family, call, isa))
             self.counts[key] = self.counts.get(key, 0) + 1
-        return None
+        return _kernel_params(family, call, isa)
 
 
 @dataclass
 class Forced(Session):
-    """`params` for every call of the family named `family` (None: the rule's)."""
+    """`params` for every call of the family named `family` (None: the rule's); a choice
+    other than `family` (`KernelChoice`) leaves its calls to the kernel families, so the
+    family gets the call it was recorded for (see `Recorder`)."""
 
     family: str
     params: dict[str, Any] | None
     seen: int = 0
 
     def params_for(self, family: Any, call: g.Call, isa: ISA) -> dict[str, Any] | None:
-        if family.name != self.family or self.params is None:
+        if family.name != self.family:
+            return _kernel_params(family, call, isa)
+        if self.params is None:
             return None
         self.seen += 1
         return self.params

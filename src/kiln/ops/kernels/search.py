@@ -73,6 +73,11 @@ class KernelChoice(Protocol):
         """The other legal choices for `call` (they compute the same result)."""
         ...
 
+    def kernel_params(self, call: g.Call, isa: ISA) -> Params:
+        """The choice that leaves `call` to kiln's kernel families, whose own variants
+        tuning then records and builds (kiln.tuning.apply's `Recorder`, `Forced`)."""
+        ...
+
 
 def computes(name: str, call: g.Call, isa: ISA) -> bool:
     """Whether the convolution family `name` computes `call` (not: whether its rule
