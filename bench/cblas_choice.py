@@ -1,0 +1,97 @@
+"""CBLAS or kiln's own GEMM for one float32 product (docs/tuning.md, "CBLAS or kiln's
+own GEMM"):
+
+    .venv/bin/python bench/cblas_choice.py [--threads 2] [--calls 60] [--rounds 6]
+                                           [--shape 128x768x768 ...]
+
+For each `MxKxN` product `x[M, K] @ w[K, N]` (w a constant), builds the one-product
+library both ways the tuning knob offers, on the host target with `libs: ["cblas"]`:
+`{"library": "cblas"}` (the rule: one `cblas_sgemm` call, OpenBLAS here) and
+`{"library": "own"}` (kiln's packed GEMM by its rule), and times them next to
+onnxruntime's MatMul and numpy's `@` in alternating blocks (harness.alternating_blocks_ms,
+wall time), all on `--threads` threads (OpenBLAS through OPENBLAS_NUM_THREADS, set
+before it loads). Prints the medians and the ratios; asserts nothing (this is not a test).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+DEFAULT_SHAPES = ("128x768x768", "128x768x3072", "128x3072x768", "1x768x768", "1x256x256")
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--calls", type=int, default=60)
+    parser.add_argument("--rounds", type=int, default=6)
+    parser.add_argument("--shape", action="append", help="MxKxN (default: BERT-base's "
+                        "projections at 128 tokens and two batch-1 dense layers)")
+    args = parser.parse_args(argv)
+    # before OpenBLAS (numpy's or kiln's) is loaded
+    os.environ["OPENBLAS_NUM_THREADS"] = str(args.threads)
+
+    import numpy as np
+    import onnxruntime as ort
+    from harness import alternating_blocks_ms, describe_target
+    from onnx import TensorProto, helper, numpy_helper
+
+    import kiln
+    from kiln.ir import graph as g
+    from kiln.ir.module import IRModule
+    from kiln.ir.types import TensorType
+    from kiln.ops.cblas import NAME
+    from kiln.ops.registry import call
+    from kiln.tuning.apply import Forced, using
+
+    target = kiln.Target.from_host().with_attrs(libs=["cblas"])
+    print(f"CPU: {describe_target(target)}; {os.cpu_count()} CPUs; {args.threads} "
+          f"thread(s); load average {os.getloadavg()[0]:.2f} at start; wall time, medians "
+          f"of {args.rounds} alternating blocks of {args.calls // args.rounds} calls")
+    print("| M x K x N | cblas ms | own ms | own/cblas | ort ms | numpy ms |")
+    print("|---|---|---|---|---|---|")
+    for text in args.shape or DEFAULT_SHAPES:
+        m, k, n = (int(v) for v in text.split("x"))
+        rng = np.random.default_rng(0)
+        w = (rng.standard_normal((k, n)) / np.sqrt(k)).astype(np.float32)
+        x = rng.standard_normal((m, k)).astype(np.float32)
+        xv = g.Var("x", TensorType((m, k), "float32"))
+        c = call("matmul", xv, g.Constant(w, "w"))
+        out = g.Var("y", c.ret_type)
+        mod = IRModule({"main": g.Function((xv,), (g.Binding(out, c),), out)})
+        fns = {}
+        for name, params in (("cblas", None), ("own", {"library": "own"})):
+            with using(Forced(NAME, params)):
+                lib = kiln.compile(mod, target).jit()
+            lib.set_num_threads(args.threads)
+            fns[name] = (lib, lib["main"])
+        graph = helper.make_graph(
+            [helper.make_node("MatMul", ["x", "w"], ["y"])], "mm",
+            [helper.make_tensor_value_info("x", TensorProto.FLOAT, [m, k])],
+            [helper.make_tensor_value_info("y", TensorProto.FLOAT, [m, n])],
+            [numpy_helper.from_array(w, "w")])
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+        model.ir_version = 8
+        opts = ort.SessionOptions()
+        opts.intra_op_num_threads = args.threads
+        sess = ort.InferenceSession(model.SerializeToString(), opts,
+                                    providers=["CPUExecutionProvider"])
+        want = x @ w
+        for name, (_, fn) in fns.items():
+            err = float(np.max(np.abs(np.asarray(fn(x)) - want)) / np.max(np.abs(want)))
+            if err > 1e-4:
+                print(f"{text}: {name} differs from numpy by {err:.2e}", file=sys.stderr)
+        ms = alternating_blocks_ms({
+            "cblas": lambda f=fns["cblas"][1]: f(x), "own": lambda f=fns["own"][1]: f(x),
+            "ort": lambda: sess.run(None, {"x": x}), "numpy": lambda: x @ w},
+            args.calls, args.rounds)
+        print(f"| {m} x {k} x {n} | {ms['cblas']:.3f} | {ms['own']:.3f} | "
+              f"{ms['own'] / ms['cblas']:.2f} | {ms['ort']:.3f} | {ms['numpy']:.3f} |",
+              flush=True)
+    print(f"load average {os.getloadavg()[0]:.2f} at the end")
+
+
+if __name__ == "__main__":
+    main()
