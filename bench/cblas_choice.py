@@ -2,7 +2,7 @@
 own GEMM"):
 
     .venv/bin/python bench/cblas_choice.py [--threads 2] [--calls 60] [--rounds 6]
-                                           [--shape 128x768x768 ...]
+                                           [--shape 128x768x768 ...] [--model M.onnx]
 
 For each `MxKxN` product `x[M, K] @ w[K, N]` (w a constant), builds the one-product
 library both ways the tuning knob offers, on the host target with `libs: ["cblas"]`:
@@ -10,7 +10,10 @@ library both ways the tuning knob offers, on the host target with `libs: ["cblas
 `{"library": "own"}` (kiln's packed GEMM by its rule), and times them next to
 onnxruntime's MatMul and numpy's `@` in alternating blocks (harness.alternating_blocks_ms,
 wall time), all on `--threads` threads (OpenBLAS through OPENBLAS_NUM_THREADS, set
-before it loads). Prints the medians and the ratios; asserts nothing (this is not a test).
+before it loads). With `--model`, the whole model instead: built with every product on
+CBLAS (the rule), every product on kiln's own GEMM, and each product alone on kiln's
+(kiln.tuning.apply.Chosen), timed likewise. Prints the medians and the ratios; asserts
+nothing (this is not a test).
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--shape", action="append", help="MxKxN (default: BERT-base's "
                         "projections at 128 tokens and two batch-1 dense layers)")
+    parser.add_argument("--model", help="an ONNX model (static shapes) to time as a whole")
     args = parser.parse_args(argv)
     # before OpenBLAS (numpy's or kiln's) is loaded
     os.environ["OPENBLAS_NUM_THREADS"] = str(args.threads)
@@ -44,14 +48,15 @@ def main(argv: list[str] | None = None) -> None:
     from kiln.ir.types import TensorType
     from kiln.ops.cblas import NAME
     from kiln.ops.registry import call
-    from kiln.tuning.apply import Forced, using
+    from kiln.tuning.apply import Chosen, Forced, using
 
     target = kiln.Target.from_host().with_attrs(libs=["cblas"])
     print(f"CPU: {describe_target(target)}; {os.cpu_count()} CPUs; {args.threads} "
           f"thread(s); load average {os.getloadavg()[0]:.2f} at start; wall time, medians "
           f"of {args.rounds} alternating blocks of {args.calls // args.rounds} calls")
-    print("| M x K x N | cblas ms | own ms | own/cblas | ort ms | numpy ms |")
-    print("|---|---|---|---|---|---|")
+    if not args.model:
+        print("| M x K x N | cblas ms | own ms | own/cblas | ort ms | numpy ms |")
+        print("|---|---|---|---|---|---|")
 
     def measure(m: int, k: int, n: int) -> dict[str, float]:
         """Median ms of the product both ways, onnxruntime and numpy."""
@@ -89,7 +94,36 @@ def main(argv: list[str] | None = None) -> None:
             "ort": lambda: sess.run(None, {"x": x}), "numpy": lambda: x @ w},
             args.calls, args.rounds)
 
-    for text in args.shape or DEFAULT_SHAPES:
+    def whole_model(path: str) -> None:
+        from kiln.distributed.tune import discover
+
+        mod = kiln.frontend.from_onnx(path)
+        sigs = [s.signature for s in discover(mod, target) if s.family == NAME]
+        own = {"library": "own"}
+        builds = {"all cblas": {}, "all own": {(NAME, s): own for s in sigs},
+                  **{f"own: {s}": {(NAME, s): own} for s in sigs}}
+        shape = tuple(d if isinstance(d, int) else 1 for d in mod["main"].params[0].type.shape)
+        x = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
+        libs = {}
+        for name, chosen in builds.items():
+            with using(Chosen(chosen)):
+                libs[name] = kiln.compile(mod, target).jit()
+            libs[name].set_num_threads(args.threads)
+        fns = {name: lib["main"] for name, lib in libs.items()}
+        ref = np.asarray(fns["all cblas"](x))
+        for name, fn in fns.items():
+            err = float(np.max(np.abs(np.asarray(fn(x)) - ref)) / np.max(np.abs(ref)))
+            if err > 1e-4:
+                print(f"{name} differs from all cblas by {err:.2e}", file=sys.stderr)
+        ms = alternating_blocks_ms({n: (lambda f=f: f(x)) for n, f in fns.items()},
+                                   args.calls, args.rounds)
+        print("| build | ms | / all cblas |\n|---|---|---|")
+        for name, v in ms.items():
+            print(f"| {name} | {v:.3f} | {v / ms['all cblas']:.2f} |")
+
+    if args.model:
+        whole_model(args.model)
+    for text in [] if args.model else args.shape or DEFAULT_SHAPES:
         m, k, n = (int(v) for v in text.split("x"))
         ms = measure(m, k, n)
         print(f"| {m} x {k} x {n} | {ms['cblas']:.3f} | {ms['own']:.3f} | "
