@@ -35,7 +35,8 @@ OWN = {"library": "own"}
 CBLAS = {"library": "cblas"}
 
 
-def _mlp() -> onnx.ModelProto:
+@pytest.fixture(scope="module")
+def mlp() -> onnx.ModelProto:
     """Two dense layers of distinct shapes: [1, 256] @ [256, 256], relu, @ [256, 64]."""
     rng = np.random.default_rng(28)
     b = GraphBuilder()
@@ -47,11 +48,6 @@ def _mlp() -> onnx.ModelProto:
     b.input("x", [1, 256])
     b.output("y", [1, 64])
     return b.model(name="mlp")
-
-
-@pytest.fixture(scope="module")
-def mlp() -> onnx.ModelProto:
-    return _mlp()
 
 
 def _host_cblas() -> kiln.Target:
