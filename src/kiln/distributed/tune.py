@@ -152,8 +152,11 @@ def discover(model: Any, target: Any, shapes: dict[str, Any] | None = None,
                                 dict(call.attrs), recorder.counts[key],
                                 default_params(family, call, isa),
                                 tuple(variants(family, call, isa))))
+    # a call two knobs record (CBLAS or kiln's GEMM, then the GEMM's tiles) reads its
+    # weights once: count each signature once
+    by_call = {s.signature: s for s in specs}.values()
     weights = sum(s.count * sum(o[1].nbytes for o in s.operands if o[0] == "const")
-                  for s in specs)
+                  for s in by_call)
     return [replace(s, model_weight_bytes=weights) for s in specs]
 
 

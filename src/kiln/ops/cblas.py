@@ -9,6 +9,12 @@ external dependency `cblas` (Debian's OpenBLAS: `-lopenblas`), which the
 library metadata, Model Library Format archives and the link step carry.
 `cblas_sgemm` returns nothing; the call is made for its effect and its
 (absent) result is never read.
+
+Whether a product calls the library is a tuning choice (`LIBRARY_CHOICE`, a
+kiln.ops.kernels.search.KernelChoice recorded as the pseudo-kernel `cblas_matmul`):
+`use-cblas` asks the tuning session (kiln.tuning.apply) for each product it would
+rewrite; `{"library": "cblas"}` is the rule's, `{"library": "own"}` leaves the product
+to kiln's GEMM families (packed by their rule).
 """
 
 from __future__ import annotations
@@ -19,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from kiln.errors import IRError
+from kiln.errors import IRError, UsageError
 from kiln.ir import graph as g
 from kiln.ir.attrs import ATTR_EXTERN_READS
 from kiln.ir.evaluate import register_extern_reference
@@ -40,6 +46,7 @@ from kiln.ir.types import TensorType, Type
 from kiln.ops import te
 from kiln.ops.nn import matmul_compute, matmul_infer, matmul_ref
 from kiln.ops.registry import OPS, OpDef
+from kiln.target.isa import ISA
 
 NAME = "cblas_matmul"
 CBLAS = ExternDependency(short_name="cblas", version_spec=">=0.3",
@@ -53,6 +60,45 @@ def supports(a: TensorType, b: TensorType, attrs: Mapping[str, Any]) -> bool:
     """Whether `matmul(a, b, **attrs)` is a float32 product with one B matrix."""
     return (a.dtype == b.dtype == "float32" and len(a.shape) >= 2 and len(b.shape) == 2
             and all(isinstance(d, int) and d > 0 for d in (*a.shape, *b.shape)))
+
+
+#: The library choice's parameter and its values: the rule's first.
+LIBRARY = "library"
+LIBRARIES = ("cblas", "own")
+
+
+@dataclass(frozen=True)
+class LibraryChoice:
+    """Whether a product `use-cblas` would rewrite calls CBLAS (the rule) or kiln's own
+    GEMM: the tuning knob of the pseudo-kernel `cblas_matmul`, keyed by the source
+    `matmul`'s signature (a kiln.ops.kernels.search.KernelChoice)."""
+
+    name: str = NAME
+
+    def rule_params(self, call: g.Call, isa: ISA) -> dict[str, Any]:
+        """The rule: the library."""
+        return {LIBRARY: LIBRARIES[0]}
+
+    def other_params(self, call: g.Call, isa: ISA) -> list[dict[str, Any]]:
+        """Kiln's own kernels (the same product, as the GEMM families' rule packs it)."""
+        return [{LIBRARY: lib} for lib in LIBRARIES[1:]]
+
+    def kernel_params(self, call: g.Call, isa: ISA) -> dict[str, Any]:
+        """Kiln's own kernels: the GEMM families take the product (and their tiles are
+        tuned)."""
+        return {LIBRARY: "own"}
+
+    def calls_library(self, params: Mapping[str, Any] | None) -> bool:
+        """Whether `params` (a tuning session's answer; None: the rule's) say CBLAS."""
+        if params is None:
+            return True
+        if set(params) != {LIBRARY} or params[LIBRARY] not in LIBRARIES:
+            raise UsageError(f"{NAME} params {dict(params)!r}: only "
+                             f"{{{LIBRARY!r}: one of {', '.join(map(repr, LIBRARIES))}}}")
+        return bool(params[LIBRARY] == LIBRARIES[0])
+
+
+LIBRARY_CHOICE = LibraryChoice()
 
 
 @dataclass(frozen=True)
@@ -143,4 +189,5 @@ register_extern_reference(
                     "buffer", "int", "float32", "buffer", "int"), None, _sgemm_reference)
 OPS.register(NAME, CBLASMatmulOp(NAME, "opaque", _infer, _compute, matmul_ref))
 
-__all__ = ["CBLAS", "NAME", "supports"]
+__all__ = ["CBLAS", "LIBRARIES", "LIBRARY", "LIBRARY_CHOICE", "NAME", "LibraryChoice",
+           "supports"]

@@ -2,7 +2,9 @@
 `kiln.ops.kernels.search.pack`, which asks the current session (`current()`) for the
 call's params (`Session.params_for`): None is the rule's variant, else a dict such as
 `{"tile": [6, 32]}`, `{"tile": [8, 32], "split": "inner"}` or
-`{"family": "conv_gemm", "tile": [8, 32]}` (kiln.ops.kernels.search). Inside
+`{"family": "conv_gemm", "tile": [8, 32]}` (kiln.ops.kernels.search); the `use-cblas`
+pass asks it the same way whether a product calls CBLAS (`{"library": "own"}`: not;
+kiln.ops.cblas.LIBRARY_CHOICE). Inside
 `using(session)`:
 
 - `FromDatabase`: for a model the database has verdicts for (`model`, its
@@ -12,6 +14,11 @@ call's params (`Session.params_for`): None is the rule's variant, else a dict su
 - `Chosen`: given params per (kernel, signature) (a model check's builds);
 - `Recorder`: None, remembering every tunable call (what `kiln tune` measures);
 - `Forced`: given params for every call of one family (a candidate's build).
+
+A choice that is not a kernel family's (kiln.ops.kernels.search.KernelChoice: CBLAS
+or kiln's own GEMM) is asked the same way; `Recorder` and `Forced` answer it with the
+choice that leaves the call to kiln's kernel families (`kernel_params`), so the
+families' variants of those calls are recorded and built too.
 
 A kernel's signature is its source call's: the op, the operand types (a constant as
 `const` plus its shape) and the attributes, so equal calls in one model or in two
@@ -66,10 +73,12 @@ def signature(call: g.Call) -> str:
 
 
 def tunable(family: Any) -> bool:
-    """Whether `family` has a search space (kiln.ops.kernels.registry.TunableFamily; asked
-    by its methods, since the tuning layer sits below the ops)."""
-    return callable(getattr(family, "candidates", None)) and callable(
-        getattr(family, "pack_tile", None))
+    """Whether `family` has a search space: a kiln.ops.kernels.registry.TunableFamily
+    (its tiles) or a kiln.ops.kernels.search.KernelChoice (e.g. CBLAS or kiln's own
+    GEMM); asked by their methods, since the tuning layer sits below the ops."""
+    return callable(getattr(family, "other_params", None)) or (
+        callable(getattr(family, "candidates", None)) and callable(
+            getattr(family, "pack_tile", None)))
 
 
 class Session:
@@ -156,10 +165,19 @@ class Chosen(Session):
         return None if found is None else dict(found)
 
 
+def _kernel_params(family: Any, call: g.Call, isa: ISA) -> dict[str, Any] | None:
+    """A choice's params that leave `call` to kiln's kernel families (a
+    kiln.ops.kernels.search.KernelChoice, e.g. CBLAS: kiln's GEMM), None for a family."""
+    route = getattr(family, "kernel_params", None)
+    return dict(route(call, isa)) if callable(route) else None
+
+
 @dataclass
 class Recorder(Session):
     """The rule's variants; every tunable call seen, by (family, signature), and every
-    model-level knob asked, by (kernel, signature) with the rule's params."""
+    model-level knob asked, by (kernel, signature) with the rule's params. A choice
+    (`KernelChoice`) is recorded and then leaves the call to kiln's kernel families, so
+    their calls are recorded too (the module built is only looked at, never run)."""
 
     calls: dict[tuple[str, str], tuple[Any, g.Call, ISA]] = field(default_factory=dict)
     counts: dict[tuple[str, str], int] = field(default_factory=dict)
@@ -175,19 +193,23 @@ class Recorder(Session):
             key = (family.name, signature(call))
             self.calls.setdefault(key, (family, call, isa))
             self.counts[key] = self.counts.get(key, 0) + 1
-        return None
+        return _kernel_params(family, call, isa)
 
 
 @dataclass
 class Forced(Session):
-    """`params` for every call of the family named `family` (None: the rule's)."""
+    """`params` for every call of the family named `family` (None: the rule's); a choice
+    other than `family` (`KernelChoice`) leaves its calls to the kernel families, so the
+    family gets the call it was recorded for (see `Recorder`)."""
 
     family: str
     params: dict[str, Any] | None
     seen: int = 0
 
     def params_for(self, family: Any, call: g.Call, isa: ISA) -> dict[str, Any] | None:
-        if family.name != self.family or self.params is None:
+        if family.name != self.family:
+            return _kernel_params(family, call, isa)
+        if self.params is None:
             return None
         self.seen += 1
         return self.params

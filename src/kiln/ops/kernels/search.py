@@ -17,7 +17,10 @@
   rule's order (kiln.ops.gemm_kernels.reduction_loop; the rule leaves it to LLVM);
 - `{"family": F, "tile": [...]}`: another convolution algorithm F (`conv_direct`,
   `conv_rows`, `conv_gemm`, `conv_grouped`, `conv_winograd`) with its rule's tile (or
-  the tiles it offers: `offered_tiles`), where F computes the call (`computes`).
+  the tiles it offers: `offered_tiles`), where F computes the call (`computes`);
+- a `KernelChoice`'s own params, asked by the pass that makes the choice, not by a
+  family's `pack`: `{"library": "cblas" | "own"}` of kiln.ops.cblas.LIBRARY_CHOICE
+  (a float32 product calls CBLAS or kiln's GEMM, where the target's `libs` allow it).
 
 Every variant is legal by construction: tiles come from the ISA object (the families'
 `candidates`), a split only reorders independent tiles, and an algorithm is offered
@@ -31,7 +34,7 @@ tries them in; `pack_params` packs a call with one (what a tuned compile does).
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any, cast
+from typing import Any, Protocol, cast, runtime_checkable
 
 from kiln.errors import UsageError
 from kiln.ir import graph as g
@@ -60,6 +63,28 @@ CONV_GEMMS = ("conv_gemm", "conv_grouped")
 Params = dict[str, Any]
 
 
+@runtime_checkable
+class KernelChoice(Protocol):
+    """A kernel-level choice other than a family's variants (kiln.ops.cblas's library
+    choice): tuning records it as the pseudo-kernel `name`, the pass that makes the
+    choice asks the tuning session for it with this object as the family."""
+
+    name: str
+
+    def rule_params(self, call: g.Call, isa: ISA) -> Params:
+        """The rule's choice for `call`."""
+        ...
+
+    def other_params(self, call: g.Call, isa: ISA) -> list[Params]:
+        """The other legal choices for `call` (they compute the same result)."""
+        ...
+
+    def kernel_params(self, call: g.Call, isa: ISA) -> Params:
+        """The choice that leaves `call` to kiln's kernel families, whose own variants
+        tuning then records and builds (kiln.tuning.apply's `Recorder`, `Forced`)."""
+        ...
+
+
 def computes(name: str, call: g.Call, isa: ISA) -> bool:
     """Whether the convolution family `name` computes `call` (not: whether its rule
     picks it): the blocked kernel any float32 conv the families take, the GEMM one any
@@ -84,8 +109,10 @@ def computes(name: str, call: g.Call, isa: ISA) -> bool:
     return name == "conv_gemm" or shape.out_w >= tile_lanes(isa)
 
 
-def default_params(family: KernelFamily, call: g.Call, isa: ISA) -> Params:
-    """The rule's variant: its tile."""
+def default_params(family: KernelFamily | KernelChoice, call: g.Call, isa: ISA) -> Params:
+    """The rule's variant: its tile (a `KernelChoice`'s: its rule's params)."""
+    if isinstance(family, KernelChoice):
+        return family.rule_params(call, isa)
     tile = family.pack(call, isa).attrs[TILE]
     assert isinstance(tile, tuple)
     return {"tile": list(tile)}
@@ -188,9 +215,11 @@ def segments(call: g.Call, isa: ISA, tile: Sequence[int]) -> list[int]:
     return [k for k in _legal_segments(call) if k != rule]
 
 
-def variants(family: KernelFamily, call: g.Call, isa: ISA) -> list[Params]:
+def variants(family: KernelFamily | KernelChoice, call: g.Call, isa: ISA) -> list[Params]:
     """The legal variants of `call` other than the rule's (`default_params`), most
     promising first (see the module docstring)."""
+    if isinstance(family, KernelChoice):
+        return family.other_params(call, isa)
     rule = default_params(family, call, isa)
     out: list[Params] = []
     algorithms: list[Params] = []
