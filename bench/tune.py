@@ -13,10 +13,10 @@ instance of 1 and of 2 CPUs, each with an empty compile cache, and prints the wa
 times and where they went (the time inside build and measurement tasks and their CPU
 time, the time the driver waited for each: builds and measurements overlap, and the
 time the measurements' CPU was not measuring). `check` runs `kiln tune`'s whole-model
-check alone (kiln.distributed.tune.check_in_model) on the records DB already has for
+check alone (kiln.distributed.model_tuning.check_in_model) on the records DB already has for
 MODEL, within `--seconds`, and writes its verdict into DB (a database tuned before the
 check existed gets one). `knobs` measures the model-level knobs alone (NCHWc per region,
-the parallel threshold: kiln.distributed.tune.measure_knobs) within `--seconds`, each
+the parallel threshold: kiln.distributed.model_tuning.measure_knobs) within `--seconds`, each
 variant as the whole model against the untuned one, and prints each ratio and the
 records' choices. Prints numbers; asserts nothing (this is not a test).
 """
@@ -34,7 +34,8 @@ from harness import alternating_blocks_ms
 
 import kiln
 from kiln.distributed.executor import RayExecutor
-from kiln.distributed.tune import REPEATS, check_in_model, discover, measure_resource, tune
+from kiln.distributed.model_tuning import check_in_model
+from kiln.distributed.tune import REPEATS, discover, measure_resource, tune
 from kiln.frontend import from_onnx
 
 
@@ -127,7 +128,8 @@ def occupancy(spans: list[tuple[str, float, float]], start: float, end: float
 
 
 def knobs(model: str, threads: int | None, seconds: float) -> None:
-    from kiln.distributed.tune import ModelKnob, measure_knobs, model_runner
+    from kiln.distributed.model_tuning import measure_knobs, model_runner
+    from kiln.distributed.tune import ModelKnob
     from kiln.target.isa import isa_for
     from kiln.tuning import target_key
 

@@ -1,4 +1,4 @@
-"""The whole-model check of `kiln tune` (kiln.distributed.tune.check_model) decided
+"""The whole-model check of `kiln tune` (kiln.distributed.model_tuning.check_model) decided
 from recorded timings, and its verdicts in the database (format version 3): round
 trip, version 2 read, merge rule, untrusted fields, what a compile applies."""
 
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from kiln.distributed.tune import Choice, ModelCheck, check_model
+from kiln.distributed.model_tuning import Choice, ModelCheck, check_model
 from kiln.errors import FormatError
 from kiln.tuning import Measurement, Record, TuningDatabase
 from kiln.tuning.apply import FromDatabase
@@ -46,7 +46,7 @@ def _recorded(effects: dict[str, float]) -> tuple[
 
 
 def _choices(*names: str) -> list[Choice]:
-    # in the order of their expected saving, as kiln.distributed.tune.model_choices sorts
+    # in the order of their expected saving, as kiln.distributed.model_tuning.model_choices sorts
     return [Choice(n, f"conv2d({n})", {"tile": [i + 1, 16]}, 100.0 - i)
             for i, n in enumerate(names)]
 

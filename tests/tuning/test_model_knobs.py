@@ -16,15 +16,15 @@ import pytest
 from test_tuning_apply import parallel_kernels
 
 import kiln
-from kiln.distributed import tune as tune_module
-from kiln.distributed.tune import (
+from kiln.distributed import model_tuning
+from kiln.distributed.model_tuning import (
     Choice,
-    ModelKnob,
     check_model,
     measure_knobs,
     model_choices,
     tune_model,
 )
+from kiln.distributed.tune import ModelKnob
 from kiln.driver.fingerprint import module_fingerprint
 from kiln.frontend import from_onnx
 from kiln.ops.kernels import parallel_work
@@ -230,7 +230,7 @@ def test_kiln_tune_records_and_a_compile_applies_model_knobs(
     # the budget almost all the knobs' (one other threshold, the region), whose
     # stage ends when they are measured, and few repeats (5 blocks, up to 20 while a
     # verdict is open): even the loaded host measures every variant in a few seconds
-    monkeypatch.setattr(tune_module, "KNOB_SHARE", 0.7)
+    monkeypatch.setattr(model_tuning, "KNOB_SHARE", 0.7)
     monkeypatch.setattr(parallel_work, "THRESHOLD_CHOICES", (2_000,))
     tune_model(str(model), "host", 30.0, db_path, log=lines.append, repeats=5, threads=1)
     out = "\n".join(lines)

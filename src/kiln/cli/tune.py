@@ -11,7 +11,8 @@ def cmd_tune(model: str, target: str | None, budget: str, output: str, address: 
              threads: int | None = None) -> str:
     """Tune and save; the closing summary (the log lines are printed as they come)."""
     from kiln.distributed.executor import make_executor
-    from kiln.distributed.tune import measure_resource, resolve, tune_model
+    from kiln.distributed.model_tuning import tune_model
+    from kiln.distributed.tune import measure_resource, resolve
     from kiln.tuning import parse_budget
 
     seconds = parse_budget(budget)

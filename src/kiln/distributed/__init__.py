@@ -1,6 +1,7 @@
 """Work that outgrows one process: batch builds of many models for many targets, and
 per-model tuning (kiln.distributed.tune: build tasks anywhere, measurement tasks on
-nodes with the target's CPU).
+nodes with the target's CPU; kiln.distributed.model_tuning: what is measured in the
+whole model, in the driver).
 
 `build_many(matrix, out_dir)` compiles every (model, target) cell of a build
 matrix (kiln.distributed.matrix) as one task each; the tasks run on a Ray cluster

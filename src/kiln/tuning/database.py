@@ -11,7 +11,7 @@ kernel):
      "verdicts": [...]}
 
 Version 3 adds `"verdicts"`: the whole-model checks of `kiln tune`
-(kiln.distributed.tune.check_model), one per (model, target, threads):
+(kiln.distributed.model_tuning.check_model), one per (model, target, threads):
 
     {"model": "<sha256 of the imported model>", "target": "x86_64:znver3:...",
      "threads": 2, "accepted": [{"kernel": ..., "signature": ..., "params": {...},
