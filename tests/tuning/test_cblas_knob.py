@@ -17,6 +17,7 @@ import pytest
 
 import kiln
 from kiln.cli.main import main
+from kiln.distributed.model_tuning import model_choices
 from kiln.distributed.tune import KernelSpec, build_variant, discover, kernel_module
 from kiln.errors import UsageError
 from kiln.ops.cblas import LIBRARY_CHOICE, NAME
@@ -125,6 +126,10 @@ def test_a_database_applies_the_choice_with_the_untuned_result(
     tiles = {s.signature: s.candidates[0] for s in gemms}
     db = TuningDatabase([faster(first, OWN, 50.0), faster(second, OWN, 150.0),
                          *(faster(s, tiles[s.signature], 50.0) for s in gemms)])
+    # the whole-model check is offered only choices that can change the model: not the
+    # tile of the product that stays on the library
+    offered = {(c.kernel, c.signature) for c in model_choices(db, found, key)}
+    assert offered == {(NAME, first.signature), (gemms[0].family, first.signature)}
     with pytest.warns(UserWarning, match="2 tuned kernel.* not checked in this model"):
         tuned = kiln.compile(mlp, target, tuning=db)
     script = tuned.ir.script()

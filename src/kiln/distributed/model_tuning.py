@@ -307,16 +307,21 @@ def model_choices(db: TuningDatabase, specs: Sequence[KernelSpec], key: str,
                   knobs: Sequence[ModelKnob] = ()) -> list[Choice]:
     """The choices `db` makes for `specs` and `knobs` on target `key`, largest expected
     saving first (ties by kernel and signature; a knob's saving is of the model's time,
-    once)."""
+    once). A GEMM choice of a product that stays on CBLAS (its `cblas_matmul` record
+    does not choose kiln's own kernel) is left out: it cannot change the model."""
+    from kiln.ops.cblas import LIBRARY_CHOICE
     from kiln.tuning.select import ratio_bounds
 
     out = []
     records = {r.key: r for r in db.records()}
+    on_library = {s.signature for s in specs if s.family == LIBRARY_CHOICE.name and
+                  LIBRARY_CHOICE.calls_library(
+                      getattr(records.get((s.family, s.signature, key)), "chosen", None))}
     for name, sig, count in [*((s.family, s.signature, s.count) for s in specs),
                              *((k.kernel, k.signature, 1) for k in knobs)]:
         rec = records.get((name, sig, key))
         chosen = None if rec is None else rec.chosen
-        if rec is None or chosen is None:
+        if rec is None or chosen is None or (sig in on_library and name != LIBRARY_CHOICE.name):
             continue
         best = next(c for c in rec.candidates if c.params == chosen)
         _, mid, _ = ratio_bounds(best.times_us, best.default_us)
