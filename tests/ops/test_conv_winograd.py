@@ -141,3 +141,48 @@ def test_bad_calls_raise_clear_errors(u_shape: tuple[int, ...], attrs: dict[str,
     u = g.Var("u", TensorType(u_shape, "float32"))
     with pytest.raises(IRError, match=re.escape(message)):
         call("conv2d_winograd", x, u, **attrs)
+
+
+def _chain(c: int, h: int) -> onnx.ModelProto:
+    """Three convolutions: 3x3 stride 1 of `c` channels (Winograd's by the opt-in rule),
+    3x3 stride 2 and 3x3 stride 1 of 16 channels (not: strided, too few channels)."""
+    b = GraphBuilder(11)
+    y = b.op("Relu", b.op("Conv", "x", b.weight(c, c, 3, 3), kernel_shape=[3, 3],
+                          pads=[1] * 4))
+    y = b.op("Conv", y, b.weight(16, c, 3, 3), kernel_shape=[3, 3], pads=[1] * 4,
+             strides=[2, 2])
+    y = b.op("Conv", y, b.weight(16, 16, 3, 3), kernel_shape=[3, 3], pads=[1] * 4)
+    return b.model([value_info("x", [1, c, h, h])], [value_info(y, [1, 16, h // 2, h // 2])],
+                   17, "chain")
+
+
+@pytest.mark.parametrize("kind,h,m", [("llvm", 16, 4), ("llvm", 4, 2), ("c", 4, 2)])
+def test_a_target_that_opts_in_takes_winograd_by_rule(kind: str, h: int, m: int) -> None:
+    """With the target attribute `winograd`, the rule takes eligible layers of 64+
+    channels to Winograd (F(4x4) where its tiles fill half a vector, else F(2x2)) and
+    leaves the others direct; without it, none; both within Winograd's bound of
+    onnxruntime's result."""
+    model = _chain(64, h)
+    plain = _target(kind, winograd=False)
+    opted = _target(kind, winograd=True)
+    assert opted.attrs["winograd"] is True and plain.attrs.get("winograd") is None
+    # the rule's family and tile per distinct convolution, as tuning records them
+    rule = [(s.family, s.default["tile"][0] if s.family == "conv_winograd" else None)
+            for s in discover(model, opted)]
+    assert rule[0] == ("conv_winograd", m) and len(rule) == 3, rule
+    assert all(f != "conv_winograd" for f, _m in rule[1:]), rule
+    assert all(s.family != "conv_winograd" for s in discover(model, plain))
+    tuned, untuned = kiln.compile(model, opted), kiln.compile(model, plain)
+    assert "conv2d_winograd" in tuned.ir.script()
+    assert "conv2d_winograd" not in untuned.ir.script()
+    x = np.random.default_rng(h).standard_normal((1, 64, h, h)).astype(np.float32)
+    (ref,) = onnxruntime_outputs(model, {"x": x})
+    scale = np.abs(ref).max()
+    got = np.asarray(tuned.jit()["main"](x))
+    assert np.abs(got - ref).max() / scale < BOUND[m]
+    np.testing.assert_allclose(untuned.jit()["main"](x), ref, rtol=1e-4, atol=1e-5 * scale)
+
+
+def _target(kind: str, winograd: bool) -> kiln.Target:
+    base = kiln.Target("c") if kind == "c" else kiln.Target.from_host()
+    return base.with_attrs(winograd=True) if winograd else base

@@ -44,6 +44,12 @@ def _cpu_options(triple_doc: str) -> dict[str, AttrSpec]:
             doc="u8 x s8 products: ONNX's exact sums (default) or, with 'saturate', "
                 "onnxruntime's AVX2 ones (pairs of products summed into a saturating int16)",
         ),
+        "winograd": AttrSpec(
+            bool,
+            doc="run 3x3 stride-1 float32 convolutions of 64+ channels by Winograd's "
+                "F(4x4) or F(2x2): 2.25-4x fewer multiplies, sums rounded differently "
+                "from a direct convolution's (about 1e-5 of the largest output); default off",
+        ),
     }
 
 

@@ -3,10 +3,11 @@
 at compile time), tile `(m, mr, nr)`: F(m x m, 3 x 3) with the GEMM micro-kernel's
 `mr x nr` register tile (kiln.ops.gemm_kernels).
 
-Never the rule's choice (`applies` is False): its sums are rounded differently from a
-direct convolution's (the transforms scale and cancel terms; the error grows with m),
-so only tuning picks it, after checking a candidate against the rule's result
-(kiln.distributed.tune). Per image, with `a = m + 2`, `T` output tiles (`ceil(OH/m)` x
+Not the default rule's choice: its sums are rounded differently from a direct
+convolution's (the transforms scale and cancel terms; the error grows with m), so
+tuning picks it, after checking a candidate against the rule's result
+(kiln.distributed.tune), or a target that opts in (attribute `winograd`: `applies`).
+Per image, with `a = m + 2`, `T` output tiles (`ceil(OH/m)` x
 `ceil(OW/m)`):
 
 1. the input copied into a zero-padded workspace covering every tile's `a x a` window
@@ -306,19 +307,40 @@ def winograd_body(shape: ck.ConvShape, x: Buffer, u: Buffer, out: Buffer,
     return seq(Allocate(xq), Allocate(v), Allocate(mm), batch)
 
 
+#: The fewest input and output channels the rule takes a convolution to Winograd with
+#: (target attribute `winograd`): the layers it was measured on (ResNet-50's, 64-512
+#: channels; docs/tuning.md "Winograd convolution"). With fewer, the transforms' cost
+#: per multiply saved grows and was not measured.
+MIN_RULE_CHANNELS = 64
+
+
+def target_asks_winograd() -> bool:
+    """Whether the current target opts in to Winograd convolutions by rule (its
+    `winograd` attribute; default false)."""
+    from kiln.target.target import Target
+
+    target = Target.current()
+    return target is not None and bool(target.attrs.get("winograd"))
+
+
 @dataclass(frozen=True)
 class WinogradConv(Family):
-    """See the module docstring. Not chosen by rule (`applies` is False): its results
-    differ from a direct convolution's by the transforms' rounding, so only tuning,
-    which checks each candidate's result against the rule's, may choose it."""
+    """See the module docstring. Its results differ from a direct convolution's by the
+    transforms' rounding, so the rule chooses it only on a target that opts in
+    (attribute `winograd`) and for layers of MIN_RULE_CHANNELS or more, with the first
+    of its `offered_tiles` (F(4x4) where its output tiles fill half a vector, else
+    F(2x2)); elsewhere only tuning, which checks each candidate's result against the
+    rule's, may choose it."""
 
     def applies(self, call: g.Call, isa: ISA) -> bool:
-        return False
+        if not target_asks_winograd():
+            return False
+        shape = conv_call_shape(call)
+        return shape is not None and eligible(shape) and \
+            min(shape.c_in, shape.c_out) >= MIN_RULE_CHANNELS
 
     def pack(self, call: g.Call, isa: ISA) -> g.Call:
-        shape = conv_call_shape(call)
-        assert shape is not None
-        return self.pack_tile(call, isa, (DEFAULT_M, *gemm_tile(shape, DEFAULT_M, isa)))
+        return self.pack_tile(call, isa, self.offered_tiles(call, isa)[0])
 
     def pack_tile(self, call: g.Call, isa: ISA, tile: tuple[int, ...]) -> g.Call:
         """`call` with the weight transformed for F(tile[0] x tile[0], 3 x 3)."""
@@ -375,4 +397,4 @@ class WinogradConv(Family):
                         {"kiln.conv_kernel": self.op})
 
 
-CONV_WINOGRAD = WinogradConv("conv_winograd", WINOGRAD, ("conv2d",), 9)
+CONV_WINOGRAD = WinogradConv("conv_winograd", WINOGRAD, ("conv2d",), 0)

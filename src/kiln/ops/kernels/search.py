@@ -47,7 +47,7 @@ from kiln.target.isa import ISA
 
 #: The convolution families an ungrouped or grouped float32 `conv2d` may take.
 CONV_ALGORITHMS = ("conv_direct", "conv_rows", "conv_gemm", "conv_grouped", "conv_winograd")
-#: The Winograd family (never the rule's; offered first where it computes a call).
+#: The Winograd family (not the default rule's; offered first where it computes a call).
 WINOGRAD = "conv_winograd"
 #: Families whose parallel loop is a tile loop the split reorders (the depthwise
 #: kernel's rows are split by the `parallelize` pass instead).
