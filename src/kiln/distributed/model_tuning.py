@@ -24,15 +24,14 @@ import numpy as np
 
 from kiln.distributed.executor import Executor
 from kiln.distributed.tune import (
-    ATOL,
     REPEATS,
-    RTOL,
     WARMUP,
     KernelSpec,
     ModelKnob,
     Params,
     TuneReport,
     discover,
+    equal_result,
     last_level_cache_bytes,
     measure_blocks,
     measure_resource,
@@ -131,7 +130,8 @@ def measure_knobs(knobs: Sequence[ModelKnob], runner: _ModelRunner, deadline: fl
             skipped += 1
             continue
         variant = runner.build((Choice(knob.kernel, knob.signature, dict(params), 0.0),))
-        equal = _equal(runner.outputs(variant), reference)
+        equal = all(equal_result(o, r) for o, r in
+                    zip(runner.outputs(variant), reference, strict=True))
         base, new = runner.measure(untuned, variant)
         step = clock() - now
         measured.setdefault(j, []).append(
@@ -145,15 +145,6 @@ def measure_knobs(knobs: Sequence[ModelKnob], runner: _ModelRunner, deadline: fl
                    Measurement(dict(knobs[j].default),
                                tuple(t for m in ms for t in m.default_us)), ms)
             for j, ms in sorted(measured.items())]
-
-
-def _equal(outs: Sequence[np.ndarray], refs: Sequence[np.ndarray]) -> bool:
-    """Whether every output equals the reference's (the candidates' tolerance)."""
-    for o, r in zip(outs, refs, strict=True):
-        scale = float(np.max(np.abs(r))) if r.size else 0.0
-        if o.shape != r.shape or not np.allclose(o, r, rtol=RTOL, atol=ATOL * max(scale, 1.0)):
-            return False
-    return True
 
 
 def check_in_model(model: str | os.PathLike[str], shapes: dict[str, Any] | None,

@@ -326,6 +326,14 @@ def measure_blocks(sample: Callable[[Any], float], fns: Sequence[Any], equal: Se
         block += 1
 
 
+def equal_result(out: np.ndarray, ref: np.ndarray) -> bool:
+    """Whether a candidate's output `out` equals the rule's `ref` within the tuner's
+    tolerance (RTOL of each value, ATOL of the largest magnitude, at least 1)."""
+    scale = float(np.max(np.abs(ref))) if ref.size else 0.0
+    return bool(out.shape == ref.shape and
+                np.allclose(out, ref, rtol=RTOL, atol=ATOL * max(scale, 1.0)))
+
+
 def measure_kernel(spec: KernelSpec, libraries: Sequence[bytes], warmup: int = WARMUP,
                    repeats: int = REPEATS, threads: int | None = None) -> dict[str, Any]:
     """A task: load the libraries (the first is the default's; `threads`: their thread
@@ -355,11 +363,7 @@ def measure_kernel(spec: KernelSpec, libraries: Sequence[bytes], warmup: int = W
                 lib.set_spin_us(0)
             fns.append(lib["main"])
         outs = [np.asarray(fn(*inputs)) for fn in fns]
-        ref = outs[0]
-        scale = float(np.max(np.abs(ref))) if ref.size else 0.0
-        equal = [bool(o.shape == ref.shape and np.allclose(o, ref, rtol=RTOL,
-                                                            atol=ATOL * max(scale, 1.0)))
-                 for o in outs]
+        equal = [equal_result(o, outs[0]) for o in outs]
         for _ in range(warmup):
             for fn in fns:
                 fn(*inputs)

@@ -118,23 +118,15 @@ class FromDatabase(Session):
         return self._checked[target]
 
     def params_for(self, family: Any, call: g.Call, isa: ISA) -> dict[str, Any] | None:
-        if not tunable(family):
-            return None
-        sig, key = signature(call), target_key(isa)
-        accepted = self.checked(key)
-        params = self.db.lookup(family.name, sig, key) if accepted is None \
-            else accepted.get((family.name, sig))
-        if not params:
-            return None
-        self.unchecked = self.unchecked or accepted is None
-        self.applied[f"{family.name} {sig}"] = dict(params)
-        return dict(params)
+        return self._lookup(family.name, signature(call), isa) if tunable(family) else None
 
     def knob(self, kernel: str, sig: str | None, isa: ISA,
              default: dict[str, Any]) -> dict[str, Any] | None:
         sig = self.model if sig is None else sig
-        if sig is None:
-            return None
+        return None if sig is None else self._lookup(kernel, sig, isa)
+
+    def _lookup(self, kernel: str, sig: str, isa: ISA) -> dict[str, Any] | None:
+        """The params applied to (kernel, sig) on `isa`'s target, counted in `applied`."""
         key = target_key(isa)
         accepted = self.checked(key)
         params = self.db.lookup(kernel, sig, key) if accepted is None \
