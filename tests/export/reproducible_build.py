@@ -33,12 +33,12 @@ def main(out: Path, wasm: bool) -> None:
     }
     for name, proto in models.items():
         mod = kiln.frontend.from_onnx(proto)
-        for target in ("llvm", "c"):
-            ex = kiln.compile(mod, target)
+        built = {target: kiln.compile(mod, target) for target in ("llvm", "c")}
+        for target, ex in built.items():
             for suffix in (".so", ".tar", ".a"):
                 ex.export_library(out / f"{name}-{target}{suffix}")
         if _static(proto):
-            kiln.export_model_library_format(kiln.compile(mod, "c"), out / f"{name}-mlf.tar")
+            kiln.export_model_library_format(built["c"], out / f"{name}-mlf.tar")
             if wasm:
                 export_wasm(kiln.compile(mod, "web/wasm32"), out / f"{name}.wasm")
 

@@ -453,10 +453,8 @@ def blocked_conv_body(shape: ConvShape, x: Buffer, wp: Buffer, out: Buffer,
             return seq(*stmts, lanes_loop("v", cb, lanes))
 
         channels = cig if seg is None else seg.kc
-        red = (_nest(("ci", "kh", "kw"), (channels, shape.kh, shape.kw), step_)
-               if unroll is None else
-               reduction_loop("ci", 0, channels, unroll, lambda ci: _nest(
-                   ("kh", "kw"), (shape.kh, shape.kw), lambda kh, kw: step_(ci, kh, kw))))
+        red = reduction_loop("ci", 0, channels, unroll, lambda ci: _nest(
+            ("kh", "kw"), (shape.kh, shape.kw), lambda kh, kw: step_(ci, kh, kw)))
         # The accumulators are read at constant rows and whole vectors only, so LLVM keeps
         # them in registers; they are copied to `stage`, which the epilogue loop reads
         # one output channel at a time.

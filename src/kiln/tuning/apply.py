@@ -147,12 +147,13 @@ class Chosen(Session):
     model: str | None = None
 
     def params_for(self, family: Any, call: g.Call, isa: ISA) -> dict[str, Any] | None:
-        found = self.params.get((family.name, signature(call))) if tunable(family) else None
-        return None if found is None else dict(found)
+        return self._get(family.name, signature(call)) if tunable(family) else None
 
     def knob(self, kernel: str, sig: str | None, isa: ISA,
              default: dict[str, Any]) -> dict[str, Any] | None:
-        sig = self.model if sig is None else sig
+        return self._get(kernel, self.model if sig is None else sig)
+
+    def _get(self, kernel: str, sig: str | None) -> dict[str, Any] | None:
         found = None if sig is None else self.params.get((kernel, sig))
         return None if found is None else dict(found)
 
