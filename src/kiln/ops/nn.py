@@ -286,9 +286,8 @@ def conv_geometry(x: Sequence[Any], w: Sequence[int], attrs: Attrs, what: str
         raise IRError(f"{what}: weight {tuple(w)} and input {tuple(x)} differ in rank")
     strides = spatial.ints(attrs, "strides", rank, 1)
     dilations = spatial.ints(attrs, "dilations", rank, 1)
-    begins, ends = spatial.pads(attrs, rank)
-    if min(strides) < 1 or min(dilations) < 1:
-        raise IRError(f"{what}: strides and dilations must be >= 1")
+    # a transposed convolution's pads may be negative: they then extend its output
+    begins, ends = spatial.pads(attrs, rank, -spatial.MAX_WINDOW if what == "conv_transpose" else 0)
     return rank, strides, dilations, begins, ends
 
 
@@ -379,7 +378,7 @@ def _convt_geometry(x: Sequence[int], w: Sequence[int], attrs: Attrs
                     ) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...], int]:
     """(output spatial shape, strides, dilations, pad begins...) of a transposed conv."""
     rank, strides, dilations, begins, ends = conv_geometry(x, w, attrs, "conv_transpose")
-    out_pad = spatial.ints(attrs, "output_padding", rank, 0)
+    out_pad = spatial.ints(attrs, "output_padding", rank, 0, least=0)
     out = tuple(strides[j] * (x[2 + j] - 1) + out_pad[j] + (w[2 + j] - 1) * dilations[j] + 1
                 - begins[j] - ends[j] for j in range(rank))
     if min(out) <= 0:
@@ -408,7 +407,7 @@ def _convt_compute(inputs: Sequence[te.Tensor], attrs: Attrs) -> te.Tensor:
     out_t = _convt_infer([_tt(t) for t in inputs], attrs)
     assert isinstance(out_t, TensorType)
     _, strides, dilations, rank = _convt_geometry(x.shape, w.shape, attrs)
-    begins, _ = spatial.pads(attrs, rank)
+    begins, _ = spatial.pads(attrs, rank, -spatial.MAX_WINDOW)
     group = int(attrs.get("group", 1))
     cg, og = w.shape[0] // group, w.shape[1]
     kernel = w.shape[2:]
@@ -444,7 +443,7 @@ def _convt_compute(inputs: Sequence[te.Tensor], attrs: Attrs) -> te.Tensor:
 def _convt_ref(x: np.ndarray, w: np.ndarray, b: np.ndarray | None = None,
                **attrs: Any) -> np.ndarray:
     out_sp, strides, dilations, rank = _convt_geometry(x.shape, w.shape, attrs)
-    begins, _ = spatial.pads(attrs, rank)
+    begins, _ = spatial.pads(attrs, rank, -spatial.MAX_WINDOW)
     group = int(attrs.get("group", 1))
     n, c = x.shape[:2]
     cg, og = c // group, w.shape[1]
@@ -531,7 +530,7 @@ def _conv_transpose_onnx(ctx: GraphContext, inputs: Sequence[g.Expr | None],
     kernel = _kernel(attrs, wt)
     strides = spatial.ints(attrs, "strides", rank, 1)
     dilations = spatial.ints(attrs, "dilations", rank, 1)
-    out_pad = spatial.ints(attrs, "output_padding", rank, 0)
+    out_pad = spatial.ints(attrs, "output_padding", rank, 0, least=0)
     auto = attrs.get("auto_pad", "NOTSET")
     if "output_shape" in attrs or auto in ("SAME_UPPER", "SAME_LOWER"):
         in_sp = TensorType(xt.shape[2:], xt.dtype).static_shape

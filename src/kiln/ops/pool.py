@@ -41,8 +41,11 @@ class _Window:
         self.strides = spatial.ints(attrs, "strides", r, 1)
         self.dilations = spatial.ints(attrs, "dilations", r, 1)
         self.begins, self.ends = spatial.pads(attrs, r)
-        if min(self.kernel) < 1 or min(self.strides) < 1 or min(self.dilations) < 1:
-            raise IRError("pooling: kernel_shape, strides and dilations must be >= 1")
+        for j, (k, d) in enumerate(zip(self.kernel, self.dilations)):
+            extent = d * (k - 1) + 1
+            if max(self.begins[j], self.ends[j]) >= extent:  # onnxruntime's rule too
+                raise IRError(f"pooling: pads ({self.begins[j]}, {self.ends[j]}) of spatial "
+                              f"axis {j} must be smaller than the window ({extent})")
         ceil = bool(attrs.get("ceil_mode", False))
         # Any: ints for kernels; a symbolic dimension only reaches the type (infer).
         self.size: tuple[Any, ...] = tuple(simplify_dim(d) for d in shape[2:])

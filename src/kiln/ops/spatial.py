@@ -17,25 +17,44 @@ SPATIAL_RANKS = (1, 2, 3)
 SUFFIX = {1: "1d", 2: "2d", 3: "3d"}
 
 
-def ints(attrs: Mapping[str, Any], key: str, count: int, default: int) -> tuple[int, ...]:
-    """`attrs[key]` as `count` ints (a scalar is repeated; absent means `default`)."""
+#: The largest kernel size, stride, dilation or pad a window takes. Kernels size their
+#: buffers and loops by these (a row buffer spans a stride), so a model's 2**62 stride
+#: must be an error, not a loop of 2**62 steps; real models stay far below.
+MAX_WINDOW = 1 << 20
+
+
+def _bounded(key: str, items: tuple[int, ...], least: int) -> tuple[int, ...]:
+    bad = [x for x in items if not least <= x <= MAX_WINDOW]
+    if bad:
+        raise IRError(f"{key} {items}: every value must be in [{least}, {MAX_WINDOW}], "
+                      f"got {bad[0]}")
+    return items
+
+
+def ints(attrs: Mapping[str, Any], key: str, count: int, default: int,
+         least: int = 1) -> tuple[int, ...]:
+    """`attrs[key]` as `count` ints (a scalar is repeated; absent means `default`), each
+    in [least, MAX_WINDOW]."""
     v = attrs.get(key)
     if v is None:
         return (default,) * count
     items = tuple(v) if isinstance(v, (tuple, list)) else (v,) * count
     if len(items) != count:
         raise IRError(f"{key} must have {count} value(s) (one per spatial dim), got {items}")
-    return tuple(int(x) for x in items)
+    return _bounded(key, tuple(int(x) for x in items), least)
 
 
-def pads(attrs: Mapping[str, Any], count: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    """(begins, ends) from `pads` = (begin_1..begin_n, end_1..end_n)."""
+def pads(attrs: Mapping[str, Any], count: int, least: int = 0
+         ) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(begins, ends) from `pads` = (begin_1..begin_n, end_1..end_n), each in [least,
+    MAX_WINDOW]."""
     p = attrs.get("pads")
     if p is None:
         return (0,) * count, (0,) * count
     p = tuple(int(x) for x in p)
     if len(p) != 2 * count:
         raise IRError(f"pads must have {2 * count} values (all begins, then all ends), got {p}")
+    _bounded("pads", p, least)
     return p[:count], p[count:]
 
 

@@ -23,7 +23,8 @@ from kiln.ir import graph as g
 from kiln.ir.analysis.graph_uses import function_exprs
 from kiln.ir.attrs import ATTR_PRIVATE
 from kiln.ir.module import BaseFunc, IRModule
-from kiln.ir.tensor import PrimFunc
+from kiln.ir.tensor import Buffer, PrimFunc, SeqStmt
+from kiln.ir.types import TensorType
 from kiln.ir.visitor import GraphMutator
 from kiln.transform.pass_base import Pass
 
@@ -101,7 +102,8 @@ class _State:
             return self.cache[key]
         legalize = find_legalizer(call.op, self.ops)
         assert legalize is not None  # checked before rewriting
-        result = legalize(call)
+        empty = _empty_result_kernel(call)
+        result = (empty, f"{call.op}_empty") if empty is not None else legalize(call)
         if not (isinstance(result, tuple) and len(result) == 2
                 and isinstance(result[0], PrimFunc)):
             raise CompileError(
@@ -122,6 +124,19 @@ class _State:
             n += 1
             name = f"{base}_{n}"
         return name
+
+
+def _empty_result_kernel(call: g.Call) -> PrimFunc | None:
+    """A kernel that does nothing, for a call whose result has no elements (a static
+    dimension of 0) and whose operands all have static shapes: there is nothing to
+    compute, and the operators' kernels assume at least one element (their tiles and
+    workspaces would write into a zero-byte buffer)."""
+    types = [t for t in (*(a.type for a in call.args), call.ret_type)
+             if isinstance(t, TensorType) and all(isinstance(d, int) for d in t.shape)]
+    if len(types) != len(call.args) + 1 or types[-1].numel() != 0:
+        return None
+    params = [Buffer(f"arg{i}", t.shape, t.dtype) for i, t in enumerate(types[:-1])]
+    return PrimFunc((*params, Buffer("out", types[-1].shape, types[-1].dtype)), SeqStmt(()))
 
 
 def _identifier(hint: str) -> str:

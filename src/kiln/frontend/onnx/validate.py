@@ -104,3 +104,45 @@ def check_graph(graph: Any, *, in_memory: bool) -> None:
         tt = inp.type.tensor_type
         fixed = [int(d.dim_value) for d in tt.shape.dim if d.HasField("dim_value")]
         check_shape(f"input {_text(inp.name)!r}", fixed, itemsize(tt.elem_type))
+    check_attributes(graph)
+
+
+#: Integer attributes of the standard operators that are flags: ONNX defines them as
+#: 0 or 1 only, and runtimes read other values differently (onnxruntime takes
+#: `keepdims == 1` as true, a C reader `keepdims != 0`), so any other value is refused.
+FLAGS = frozenset({
+    "allowzero", "antialias", "ceil_mode", "center_point_box", "count_include_pad",
+    "detect_negative", "detect_positive", "exclude_outside", "exclusive", "fmod",
+    "input_forget", "keepdims", "largest", "linear_before_reset", "noop_with_empty_axes",
+    "reverse", "saturate", "select_last_index", "sorted", "storage_order", "training_mode",
+    "transA", "transB", "upper",
+})
+
+#: Integer attributes that must not be negative, by operator: onnx's own shape
+#: inference indexes arrays with them unchecked (a negative GatherND batch_dims
+#: crashes it, and onnxruntime with it).
+NON_NEGATIVE = {"GatherND": ("batch_dims",)}
+
+
+def check_attributes(graph: Any) -> None:
+    """FrontendError for a flag attribute other than 0 or 1, or a negative count, in
+    `graph` or any subgraph, checked before onnx's checker reads them."""
+    from onnx import AttributeProto
+
+    for k, node in enumerate(graph.node):
+        op = _text(node.op_type)
+        here = f"node {_text(node.name)!r}" if node.name else f"node #{k}"
+        for attr in node.attribute:
+            name = _text(attr.name)
+            if attr.type == AttributeProto.INT and node.domain in ("", "ai.onnx"):
+                if name in FLAGS and attr.i not in (0, 1):
+                    raise FrontendError(f"{here} ({op}): attribute {name} is a flag, 0 or 1; "
+                                        f"got {attr.i}")
+                if name in NON_NEGATIVE.get(op, ()) and attr.i < 0:
+                    raise FrontendError(f"{here} ({op}): attribute {name} must not be "
+                                        f"negative, got {attr.i}")
+            elif attr.type == AttributeProto.GRAPH:
+                check_attributes(attr.g)
+            elif attr.type == AttributeProto.GRAPHS:
+                for sub in attr.graphs:
+                    check_attributes(sub)

@@ -19,6 +19,7 @@ from typing import Any, Protocol, runtime_checkable
 from kiln._registry import Registry, RegistryError
 from kiln.ir import graph as g
 from kiln.ir.tensor import PrimFunc
+from kiln.ir.types import TensorType, TupleType
 from kiln.ops.kernels.tiles import PARALLEL_SPLITS, parallel_split, tile_registers
 from kiln.target.isa import ISA
 
@@ -102,11 +103,21 @@ def families() -> list[KernelFamily]:
 
 
 def select(call: g.Call, isa: ISA) -> KernelFamily | None:
-    """The first family (by rank) that takes `call` on `isa`, or None."""
+    """The first family (by rank) that takes `call` on `isa`, or None. A call with an
+    empty operand or result (a static dimension of 0) is left to the generic tensor
+    expressions, whose loops run zero times: the families' tiles assume elements."""
+    if any(_empty(t) for t in (*(a.type for a in call.args), call.type)):
+        return None
     for family in families():
         if call.op in family.sources and family.applies(call, isa):
             return family
     return None
+
+
+def _empty(t: Any) -> bool:
+    if isinstance(t, TupleType):
+        return any(_empty(f) for f in t.fields)
+    return isinstance(t, TensorType) and any(isinstance(d, int) and d == 0 for d in t.shape)
 
 
 def family_of(op: str) -> KernelFamily:

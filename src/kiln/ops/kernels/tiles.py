@@ -125,10 +125,11 @@ def lanes_loop(name: str, extent: int, body: Callable[[PrimExpr], Stmt]) -> Stmt
 
 def nest(names: Sequence[str], extents: Sequence[int],
          body: Callable[..., Stmt], kind: str = "serial") -> Stmt:
-    """A loop nest over `extents` (loops of extent 1 are left out)."""
+    """A loop nest over `extents` (loops of extent 1 are left out; one of extent 0 stays,
+    so that the body runs zero times on an empty tensor)."""
     vs = [Var(n, INDEX_DTYPE) for n in names]
     # a symbolic extent (the batch: a dim scalar of the kernel) always loops
-    loops = [not isinstance(e, int) or e > 1 for e in extents]
+    loops = [not isinstance(e, int) or e != 1 for e in extents]
     idx: list[PrimExpr] = [v if lp else const(0) for v, lp in zip(vs, loops)]
     stmt = body(*idx)
     for v, e, lp in reversed(list(zip(vs, extents, loops))):

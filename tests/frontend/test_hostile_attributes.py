@@ -1,0 +1,145 @@
+"""Attribute values a damaged or hostile model may carry (found by mutating valid
+models' attributes and comparing with onnxruntime): each is a FrontendError naming the
+node, never a hang, a crash in onnx's shape inference, or a result that depends on how
+a runtime reads an out-of-range flag. Empty tensors (a static dimension of 0) run
+their kernels zero times."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from kiln.errors import FrontendError
+from kiln.frontend import from_onnx
+from support.graphs import GraphBuilder
+from support.processes import run_python
+from support.reference import onnxruntime_outputs
+
+
+def _model(node, shape, inits=()):
+    b = GraphBuilder()
+    b.add(node)
+    b.consts(inits)
+    return b.model([helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
+                   [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                   opset=17, ir_version=None, check=False)
+
+
+@pytest.mark.parametrize("node", [
+    helper.make_node("ReduceMax", ["x"], ["y"], axes=[1], keepdims=2, name="rm"),
+    helper.make_node("ArgMax", ["x"], ["y"], select_last_index=-1, name="rm"),
+    helper.make_node("CumSum", ["x", "a"], ["y"], reverse=8, name="rm"),
+    helper.make_node("MaxPool", ["x"], ["y"], kernel_shape=[2, 2], ceil_mode=3, name="rm"),
+], ids=["keepdims", "select_last_index", "reverse", "ceil_mode"])
+def test_a_flag_other_than_0_or_1_is_refused(node) -> None:
+    # onnxruntime reads keepdims=2 as false, a `!= 0` reader as true: neither is ONNX
+    model = _model(node, [1, 2, 4, 4], [numpy_helper.from_array(np.array(1), "a")])
+    with pytest.raises(FrontendError, match=rf"node 'rm' \({node.op_type}\): attribute "
+                                            r"\w+ is a flag, 0 or 1; got -?\d"):
+        from_onnx(model)
+
+
+@pytest.mark.parametrize("attrs, message", [
+    ({"strides": [2, 1 << 62]}, r"strides \(2, 4611686018427387904\): every value must be "
+                                r"in \[1, 1048576\]"),
+    ({"pads": [1, 1, 1, 1 << 31]}, r"pads .*every value must be in \[0, 1048576\]"),
+    ({"pads": [0, 3, 0, 0]}, r"pads \(3, 0\) of spatial axis 1 must be smaller than the "
+                             r"window \(3\)"),
+])
+def test_window_attributes_out_of_range_are_refused_at_import(attrs, message) -> None:
+    # a 2**62 stride used to size a kernel's row buffer: a loop of 2**62 steps
+    node = helper.make_node("MaxPool", ["x"], ["y"], kernel_shape=[3, 3], name="mp", **attrs)
+    with pytest.raises(FrontendError, match=rf"node 'mp' \(MaxPool\): .*{message}"):
+        from_onnx(_model(node, [1, 2, 7, 7]))
+
+
+def _save(tmp_path: Path, name: str, node, inputs, inits=()) -> Path:
+    b = GraphBuilder()
+    b.add(node)
+    b.consts(inits)
+    model = b.model(inputs, [helper.make_tensor_value_info(o, TensorProto.FLOAT, None)
+                             for o in node.output], opset=17, ir_version=None, check=False)
+    path = tmp_path / f"{name}.onnx"
+    path.write_bytes(model.SerializeToString())
+    return path
+
+
+REFUSE = """
+import sys
+from kiln.errors import FrontendError
+from kiln.frontend import from_onnx
+
+try:
+    from_onnx(sys.argv[1])
+except FrontendError as exc:
+    print("refused:", exc)
+"""
+
+
+def test_negative_batch_dims_never_reach_onnx_shape_inference(tmp_path: Path) -> None:
+    # onnx's shape inference indexes with a negative GatherND batch_dims unchecked (a
+    # segmentation fault): kiln refuses it before onnx's checker runs
+    path = _save(tmp_path, "gnd", helper.make_node("GatherND", ["x", "i"], ["y"],
+                                                    batch_dims=-3, name="gnd"),
+                 [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3, 4])],
+                 [numpy_helper.from_array(np.array([[[1 << 62], [2]], [[0], [1]]]), "i")])
+    proc = run_python(REFUSE, str(path), timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "refused: node 'gnd' (GatherND): attribute batch_dims must not be negative, " \
+           "got -3" in proc.stdout
+
+
+EMPTY = """
+import sys
+import numpy as np
+import kiln
+
+for path in sys.argv[2:]:
+    want = np.load(path + ".npz")
+    x = np.zeros(want["x"].shape, np.float32)
+    got = kiln.compile(kiln.frontend.from_onnx(path), sys.argv[1]).jit()["main"](x)
+    assert [g.shape for g in got] == [want["y"].shape, want["s"].shape], (path, got)
+    np.testing.assert_array_equal(got[0], want["y"])
+    np.testing.assert_array_equal(got[1], want["s"])
+    print(path, "ok")
+"""
+
+#: (node, input shape): pools, a row kernel, LRN, a product with K = 0.
+EMPTY_CASES = [
+    (helper.make_node("AveragePool", ["x"], ["y"], kernel_shape=[3, 2], pads=[1, 0, 1, 1]),
+     [0, 3, 7, 7]),
+    (helper.make_node("MaxPool", ["x"], ["y"], kernel_shape=[3, 2], pads=[1, 0, 1, 1]),
+     [0, 3, 7, 7]),
+    (helper.make_node("LayerNormalization", ["x", "g"], ["y"], axis=-1), [2, 0, 8]),
+    (helper.make_node("LRN", ["x"], ["y"], size=3), [1, 0, 7, 7]),
+    (helper.make_node("MatMul", ["x", "w"], ["y"]), [3, 0]),
+]
+
+
+def test_kernels_on_empty_tensors_compute_nothing(tmp_path: Path) -> None:
+    # Kernels assume elements: a pool's loop nest ran one image of a 0-image batch, a
+    # layer norm and LRN wrote their workspaces' rows into zero-byte outputs (glibc's
+    # MALLOC_CHECK_ makes such heap damage fatal), a GEMM tile divided by K = 0. The
+    # kernels are IR both backends print alike, so llvm alone is run.
+    inits = [numpy_helper.from_array(np.ones(8, np.float32), "g"),
+             numpy_helper.from_array(np.ones((0, 5), np.float32), "w")]
+    paths = []
+    for k, (node, shape) in enumerate(EMPTY_CASES):
+        b = GraphBuilder()
+        b.add(node, helper.make_node("ReduceSum", ["y"], ["s"], keepdims=0))
+        b.consts([i for i in inits if i.name in node.input])
+        model = b.model([helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
+                        [helper.make_tensor_value_info(o, TensorProto.FLOAT, None)
+                         for o in ("y", "s")], opset=17, ir_version=None, check=False)
+        path = tmp_path / f"{k}_{node.op_type}.onnx"
+        path.write_bytes(model.SerializeToString())
+        x = np.zeros(shape, np.float32)
+        y, total = onnxruntime_outputs(model, {"x": x})
+        np.savez(f"{path}.npz", x=x, y=y, s=total)
+        paths.append(str(path))
+    proc = run_python(EMPTY, "llvm", *paths, env={"MALLOC_CHECK_": "3"}, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.count(" ok") == len(EMPTY_CASES), proc.stdout
