@@ -56,6 +56,14 @@ def test_window_attributes_out_of_range_are_refused_at_import(attrs, message) ->
         from_onnx(_model(node, [1, 2, 7, 7]))
 
 
+def test_an_lrn_window_out_of_range_is_refused_at_import() -> None:
+    # it sums `size` channels per element: 2**31 was a hang
+    node = helper.make_node("LRN", ["x"], ["y"], size=1 << 31, name="lrn")
+    with pytest.raises(FrontendError, match=r"node 'lrn' \(LRN\): lrn: size must be in "
+                                            r"\[1, 1048576\], got 2147483648"):
+        from_onnx(_model(node, [1, 2, 7, 7]))
+
+
 def _save(tmp_path: Path, name: str, node, inputs, inits=()) -> Path:
     b = GraphBuilder()
     b.add(node)

@@ -38,6 +38,7 @@ from kiln.ops.kernels.ort_pow import NumpyArith, powf
 from kiln.ops.nn import acc_dtype, widen
 from kiln.ops.onnx_map import GraphContext, onnx_op
 from kiln.ops.registry import OPS, Attrs, OpDef
+from kiln.ops.spatial import MAX_WINDOW
 
 F32 = "float32"
 I32 = "int32"
@@ -49,8 +50,8 @@ _ROUNDER, _ROUNDER_BITS = 12582912.0, 0x4B400000
 def _window(attrs: Attrs) -> tuple[int, int, int]:
     """(size, channels before, channels after) of the window."""
     size = int(attrs["size"])
-    if size < 1:
-        raise IRError(f"lrn: size must be >= 1, got {size}")
+    if not 1 <= size <= MAX_WINDOW:  # a window sums `size` channels per element
+        raise IRError(f"lrn: size must be in [1, {MAX_WINDOW}], got {size}")
     return size, (size - 1) // 2, size - 1 - (size - 1) // 2
 
 
