@@ -287,6 +287,9 @@ CASES: list[C] = [
                                      "ax": i64(-1)}, inputs=["x", "p", "v", "ax"], opset=18,
       id="axes"),
     C("Pad", {"x": f(3, 4)}, {"pads": [0, 1, 1, 0], "value": 1.0}, opset=2, id="opset2"),
+    # negative pads crop (sliced off before the other sides are padded)
+    C("Pad", {"x": f(3, 5)}, {"mode": "reflect"}, consts={"p": i64(-1, 2, 1, -2)},
+      inputs=["x", "p"], id="negative-reflect"),
     C("Trilu", {"x": f(4, 5)}, consts={"k": i64(1)}, inputs=["x", "k"], opset=14),
     C("Trilu", {"x": f(3, 4, 4)}, {"upper": 0}, opset=14, id="lower"),
     C("DepthToSpace", {"x": f(1, 8, 2, 3)}, {"blocksize": 2}),

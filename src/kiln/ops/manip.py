@@ -819,8 +819,21 @@ def _pad_onnx(ctx: GraphContext, inputs: Sequence[g.Expr | None],
         pads = [int(p) for p in attrs["pads"]]
         value = float(attrs.get("value", 0.0))
     mode = attrs.get("mode", "constant")
-    if any(p < 0 for p in pads):
-        raise IRError(f"Pad: negative pads {pads} are not supported")
+    if any(p < 0 for p in pads):  # a negative pad removes elements: sliced off first
+        shape = ctx.tensor_type(x).shape
+        crop = [a for a in range(ndim) if pads[a] < 0 or pads[a + ndim] < 0]
+        sizes = [d for d in (shape[a] for a in crop) if isinstance(d, int)]
+        if len(sizes) < len(crop):
+            raise IRError(f"Pad: negative pads {pads} on a symbolic axis of {shape}")
+        starts = [max(0, -pads[a]) for a in crop]
+        ends = [d + min(0, pads[a + ndim]) for a, d in zip(crop, sizes)]
+        if any(e <= s for s, e in zip(starts, ends)):
+            raise IRError(f"Pad: pads {pads} remove every element of an axis of {shape}")
+        x = ctx.call("strided_slice", x, starts=tuple(starts), ends=tuple(ends),
+                     axes=tuple(crop), steps=(1,) * len(crop))
+        pads = [max(0, p) for p in pads]
+        if not any(pads):
+            return [x]
     return [ctx.call("pad", x, pads=tuple(pads), mode=mode, value=value)]
 
 
