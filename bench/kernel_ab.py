@@ -41,7 +41,7 @@ import kiln
 from kiln.frontend import from_onnx
 from models import MODELS
 model, _ = MODELS[{model!r}]()
-kiln.compile(from_onnx(model), "llvm", profile=True).export_library({out!r})
+kiln.compile(from_onnx(model), kiln.Target.from_host(), profile=True).export_library({out!r})
 """
 
 

@@ -339,6 +339,28 @@ def _assert_gemm_without_workspace(target: Any) -> None:
     assert "col" not in allocated
 
 
+@pytest.mark.parametrize(("spec", "copies"), [
+    ("llvm -mcpu=znver3", True), ("c -mcpu=znver3", True), ("llvm -mcpu=znver4", False)])
+def test_gemm_kernel_copies_panels_on_avx2(spec: str, copies: bool) -> None:
+    # On 256-bit vectors a 1x1 layer read in place copies each panel of positions to
+    # the stack before its row tiles read it (conv_gemm.copies_panels); the AVX-512
+    # tiles keep reading the input in place. The c code runs where the host can (the
+    # llvm code runs in the partial-panel test above on any AVX2 path).
+    from kiln.ir import tensor as t
+    from kiln.ir.visitor import iter_stmts
+
+    target, model = Target(spec), model_of(PARTIAL_PANEL)
+    ex = kiln.compile(model, target)
+    gemm = [f for f in ex.ir.functions.values()
+            if f.attrs.get("kiln.conv_kernel") == "conv2d_gemm"]
+    allocated = [s.buffer.name for s in iter_stmts(gemm[0].body) if isinstance(s, t.Allocate)]
+    assert ("panel" in allocated) is copies
+    host = {str(f) for f in Target.from_host().export().get("mattr", ())}
+    if spec.startswith("c") and {"+avx2", "+fma"} <= host:  # runs on any AVX2+FMA host
+        checks = kernel_checks.KernelCases(model, PARTIAL_PANEL, TOL, RNG)
+        checks.assert_close([ex(*checks.feeds.values())], checks.reference())
+
+
 def test_gemm_kernel_wide_tile() -> None:
     # The wide tile (6 rows x 4 vectors) the rule gives an output far larger than the
     # L2 on a 32-register target (so only on llvm): 128 positions (2 panels at 16

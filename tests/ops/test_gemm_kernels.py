@@ -71,6 +71,9 @@ CASES: list[dict[str, Any]] = [
     # B's panels (100 x 1008 floats, 403 KB) past 3/4 of a 512 KB L2: panel by panel (the
     # cases above run row tile by row tile, gemm_kernels.rows_first), a partial last panel
     dict(a=(13, 100), b=(100, 1000), w=True, tail=("Relu",)),
+    # GPT-2's scores: Q @ K^T scaled, then Where(causal mask, s, min); the bool mask is
+    # read by the epilogue (the product stays on the kernel)
+    dict(a=(1, 2, 9, 8), b=(1, 2, 8, 11), tail=("Div", "Where")),
 ]
 
 
@@ -115,6 +118,14 @@ def build_model() -> onnx.ModelProto:
                           helper.make_node("Add", [f"e{i}", f"one{i}"], [f"s{i}"]),
                           helper.make_node("Mul", [last, f"s{i}"], [f"g{i}"]),
                           helper.make_node("Mul", [f"g{i}", f"half{i}"], [out])]
+            elif op == "Div":
+                inits.append(numpy_helper.from_array(np.array(8.0, np.float32), f"dv{i}"))
+                nodes.append(helper.make_node("Div", [last, f"dv{i}"], [out]))
+            elif op == "Where":
+                causal = np.tril(np.ones(oshape[-2:], bool))[None, None]
+                inits += [numpy_helper.from_array(causal, f"mask{i}"),
+                          numpy_helper.from_array(np.array(-1e30, np.float32), f"neg{i}")]
+                nodes.append(helper.make_node("Where", [f"mask{i}", last, f"neg{i}"], [out]))
             elif op == "Add":
                 inputs.append(helper.make_tensor_value_info(f"r{i}", TensorProto.FLOAT, oshape))
                 nodes.append(helper.make_node("Add", [last, f"r{i}"], [out]))
@@ -135,7 +146,7 @@ def test_every_product_uses_the_gemm_kernel(native: kiln.driver.Executable) -> N
              if not f.attrs.get("kiln.graph")]
     used = [k for k in kinds if k is not None]
     assert len(used) == len(CASES)
-    assert used.count("matmul_tiled") == 4  # the activations' and the batched constant B
+    assert used.count("matmul_tiled") == 5  # the activations' and the batched constant B
     # the spelled-out GELU is recognized as `gelu` (recognize-composites)
     gelu = [n for n in native.ir.functions if "gelu" in n or "erf" in n]
     assert gelu and all(native.ir[n].attrs.get("kiln.gemm_kernel") for n in gelu)
@@ -171,7 +182,8 @@ def test_the_rewrite_is_visible_in_the_graph_and_round_trips() -> None:
     mod = get_pass("block-matmuls")(from_onnx(MODEL))
     ops = [b.value.op for b in mod["main"].bindings if isinstance(b.value, g.Call)
            and b.value.op.startswith("matmul")]
-    assert ops == ["matmul_packed"] * 7 + ["matmul_tiled"] * 4 + ["matmul_packed"] * 2
+    assert ops == ["matmul_packed"] * 7 + ["matmul_tiled"] * 4 + ["matmul_packed"] * 2 + [
+        "matmul_tiled"]
     text = print_module(mod)
     assert "matmul_packed" in text and "matmul(" not in text
     assert_structural_equal(from_source(text), mod)

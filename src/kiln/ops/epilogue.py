@@ -33,6 +33,15 @@ class SubstituteLoad(StmtExprMutator):
         return super().visit_load(e)
 
 
+def float32_operands(operands: Sequence[te.Tensor], result: te.Tensor | None) -> bool:
+    """Whether a float32 kernel takes a call: its `operands` (the anchor op's inputs) and
+    the fused chain's `result` are float32. The chain's other inputs may have any dtype
+    (a causal mask's bool in `Where(mask, scores, -inf)` after an attention product):
+    the epilogue reads them as the elementwise ops would."""
+    return all(t.dtype == "float32" for t in operands) and (
+        result is None or result.dtype == "float32")
+
+
 @dataclass(frozen=True)
 class FusedStore:
     """A hand-written kernel's parameter buffers (by placeholder), its output buffer and

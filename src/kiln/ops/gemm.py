@@ -35,6 +35,7 @@ from kiln.ir.tensor import PrimExpr, PrimFunc
 from kiln.ir.types import TensorType, Type
 from kiln.ops import gemm_kernels as gk
 from kiln.ops import te
+from kiln.ops.epilogue import float32_operands
 from kiln.ops.kernels.registry import checking_tile, recorded_tile
 from kiln.ops.nn import matmul_compute, matmul_infer, matmul_ref
 from kiln.ops.registry import OPS, HandBuiltOp
@@ -99,7 +100,7 @@ class GemmOp(HandBuiltOp):
                     anchor: te.Tensor | None, result: te.Tensor | None,
                     name: str) -> PrimFunc | None:
         """The GEMM kernel (see `HandBuiltOp.lower_fused`)."""
-        if any(t.dtype != "float32" for t in (args[0], args[1], *params)):
+        if not float32_operands(args[:2], result):
             return None
         from kiln.ops.kernels.registry import build_call, family_of
 

@@ -348,7 +348,8 @@ def rows_first(shape: GemmShape, tiling: GemmTiling, l2_bytes: int, itemsize: in
 def gemm_body(shape: GemmShape, tiling: GemmTiling, a: Buffer, b_at: BReader, out: Buffer,
               epilogue: Epilogue, fused: bool = True,
               prologue: Sequence[Stmt] = (), blocking: KBlocking | None = None,
-              by_rows: bool = False, shifted_tail: bool = False) -> Stmt:
+              by_rows: bool = False, shifted_tail: bool = False,
+              copy_panels: bool = False) -> Stmt:
     """The loop nest of `out = epilogue(A @ B)`: `a` is A (`[*a_batch, *rows, k]`, read
     in place), `b_at` reads B's panels, `out` is `[*batch, *rows, n]`; `prologue` runs
     first (a run-time packing of B). With `blocking` (a static K longer than its `kc`),
@@ -361,7 +362,12 @@ def gemm_body(shape: GemmShape, tiling: GemmTiling, a: Buffer, b_at: BReader, ou
     from its start (`b_at` then reads columns `min(panel * nr, n - nr) + v`: B read in
     place needs no zero padding), and stores only its columns past the previous panel,
     from its upper lanes (the columns both panels compute are stored once, so an
-    epilogue reading the output's own memory, an in-place residual, reads it once)."""
+    epilogue reading the output's own memory, an in-place residual, reads it once).
+
+    `copy_panels` (a static K; ignored with `blocking` or `by_rows`): a parallel tile is one
+    panel of one product with all its row tiles; it first copies the panel's `k` x `nr`
+    values (through `b_at`) into a contiguous block on the stack, which every row tile
+    then reads (`panel_copy`)."""
     m, n = shape.m, shape.n
     static_m = isinstance(m, int)  # else an expression of the kernel's dim scalars
     if (static_m and m < 1) or (isinstance(n, int) and n < 1):
@@ -383,10 +389,11 @@ def gemm_body(shape: GemmShape, tiling: GemmTiling, a: Buffer, b_at: BReader, ou
     acc_t = a.dtype  # accumulate in float32; the epilogue may cast
     two_pass = out.dtype == acc_t and _calls_a_library(epilogue, out.ndim)
 
-    def tile(bflat: PrimExpr, panel: PrimExpr, mt: PrimExpr, part: _Segment | None = None
-             ) -> Stmt:
+    def tile(bflat: PrimExpr, panel: PrimExpr, mt: PrimExpr, part: _Segment | None = None,
+             copied: Buffer | None = None) -> Stmt:
         """One register tile; `part`: only K's segment `part.k0 ..` of it, its sums
-        started from (and, but in the last segment, left in) the partial sums."""
+        started from (and, but in the last segment, left in) the partial sums; `copied`:
+        the panel's copy `[k][nr]` to read B from."""
         head: list[Stmt] = []
         bidx = _unflatten(bflat, shape.batch, "i", head)
         a_batch = tuple(as_expr(i, INDEX_DTYPE)
@@ -401,7 +408,8 @@ def gemm_body(shape: GemmShape, tiling: GemmTiling, a: Buffer, b_at: BReader, ou
             ridx = _unflatten(rv, shape.rows, f"r{r}_", head)
             a_pre.append((*a_batch, *ridx))
         a_rows = [(lambda kk, p=p: a[(*p, kk)]) for p in a_pre]
-        b_row = lambda kk, v: b_at(bidx, panel, kk, v)  # noqa: E731
+        b_row = ((lambda kk, v: b_at(bidx, panel, kk, v)) if copied is None
+                 else (lambda kk, v: copied[kk, v]))
         if part is None:
             acc, red = register_tile(mr, nr, shape.k, a_rows, b_row, acc_t, fused)
         else:
@@ -463,6 +471,22 @@ def gemm_body(shape: GemmShape, tiling: GemmTiling, a: Buffer, b_at: BReader, ou
             stores = [panel_stores(False, True)]
         return seq(*head, *red, Allocate(stage), copy, *stores)
 
+    if copy_panels and blocking is None and not by_rows and isinstance(shape.k, int):
+        k_steps = shape.k
+
+        def panel_tiles(bflat: PrimExpr, panel: PrimExpr) -> Stmt:
+            copied = Buffer("panel", (k_steps, nr), acc_t, "local")
+            lets: list[Stmt] = []
+            bidx = _unflatten(bflat, shape.batch, "j", lets)
+            kk, mt = Var("k", INDEX_DTYPE), Var("mt", INDEX_DTYPE)
+            fill = For(kk, _c(0), _c(k_steps), "serial", lanes_loop("v", nr, lambda v: Store(
+                copied, b_at(bidx, panel, kk, v), (kk, v))))
+            return seq(Allocate(copied), *lets, fill, For(
+                mt, _c(0), as_expr(mtiles, INDEX_DTYPE), "serial",
+                tile(bflat, panel, mt, copied=copied)))
+
+        return seq(*prologue, parallel_when(lambda: parallel_tiles(
+            (shape.batches, panels), panel_tiles), shape.madds))
     if blocking is None or not static_m or not isinstance(shape.k, int) \
             or shape.k <= blocking.kc:
         if by_rows:

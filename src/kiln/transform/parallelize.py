@@ -15,6 +15,8 @@ iterations can run in any order, at the same time. It is conservative: a loop
   that does not change during the loop. Indices are in range per dimension
   (docs/ir.md), so distinct iterations touch disjoint slices of that buffer
   and read nothing another iteration writes;
+- it touches no `local` buffer allocated outside it (registers or the stack of
+  the function around it, which another thread cannot reach);
 - no other buffer that may share the written buffer's memory is accessed in
   the loop: views (`DeclBuffer`) of one allocation conflict unless their byte
   ranges are disjoint, and the parameters of a kernel that some call inside
@@ -60,6 +62,7 @@ from kiln.ir.attrs import ATTR_GRAPH, ATTR_PARALLEL_DECIDED
 from kiln.ir.module import IRModule
 from kiln.ir.tensor import (
     CHECK_INTRINSIC,
+    Allocate,
     AllocConst,
     CallExtern,
     CallFunc,
@@ -69,6 +72,7 @@ from kiln.ir.tensor import (
     IfThenElse,
     Intrin,
     LetStmt,
+    Load,
     PrimExpr,
     PrimFunc,
     Stmt,
@@ -216,7 +220,7 @@ class _Scheduler(LoopRewriter):
                 and _extent(loop) * _cost(loop.body) >= self.min_work)
 
     def independent(self, loop: For) -> bool:
-        return loop_is_parallelizable(loop, self.storage)
+        return loop_is_parallelizable(loop, self.storage) and not _outer_locals(loop)
 
 
 def _rebuild(chain: list[For], old: For, new: Stmt) -> Stmt:
@@ -266,6 +270,20 @@ def _collapsed(group: list[For]) -> For:
     for loop in group[1:]:
         extent = extent * loop.extent
     return For(flat, Const(0, flat.dtype), extent, "parallel", seq(*lets, group[-1].body))
+
+
+def _outer_locals(loop: For) -> bool:
+    """Whether `loop` touches a `local` buffer allocated outside it (registers or the
+    stack of the function around it: a GEMM tile's `stage`, read by its store loop),
+    which the iterations run on another thread could not reach."""
+    inside = {s.buffer for s in iter_stmts(loop.body) if isinstance(s, Allocate)}
+    for s in iter_stmts(loop.body):
+        used = [s.buffer] if isinstance(s, Store) else []
+        used += [e.buffer for x in expr_children(s) if isinstance(x, PrimExpr)
+                 for e in iter_exprs(x) if isinstance(e, Load)]
+        if any(b.scope == "local" and b not in inside for b in used):
+            return True
+    return False
 
 
 def _has_loop(s: Stmt) -> bool:

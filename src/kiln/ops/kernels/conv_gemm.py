@@ -43,6 +43,7 @@ from kiln.ops.kernels.conv import UnpackedConv, conv_call_shape
 from kiln.ops.kernels.gemm import tile_candidates
 from kiln.ops.kernels.registry import fits_registers
 from kiln.ops.kernels.tiles import (
+    ZEN3_VECTOR_BITS,
     Epilogue,
     const,
     loop,
@@ -213,10 +214,32 @@ def im2col(x: Buffer, shape: ck.ConvShape, width: int) -> tuple[Buffer, list[Stm
     return col, [Allocate(col), fill_loop]
 
 
+# A panel copied to the stack (`copies_panels`) is at most this many bytes: K-blocked
+# partial sums' bound (gemm_kernels.PARTIAL_SUM_BYTES), 512 input channels at 16 lanes.
+PANEL_COPY_BYTES = 32 * 1024
+
+
+def copies_panels(shape: ck.ConvShape, tile: tuple[int, int], isa: ISA) -> bool:
+    """Whether a 1x1 layer read in place copies each panel of positions to the stack
+    before its row tiles read it (gemm_body's `copy_panels`), on the vector widths it was
+    measured on (ZEN3_VECTOR_BITS): where more than one row tile reads the panel and the
+    copy fits `PANEL_COPY_BYTES`.
+
+    In place, a panel is `ci` runs of `nr` positions one input plane apart: at 56x56 a
+    plane is 12544 bytes (196 cache lines), so the runs fall into 16 of the L1's 64 sets
+    and a 256-deep panel (256 lines) cannot stay in L1 between row tiles; at 28x28 each
+    run is on another 4 KiB page. Copied, the row tiles read one contiguous block."""
+    mr, nr = tile
+    return (isa.vector_bits in ZEN3_VECTOR_BITS and shape.c_out > mr
+            and shape.c_in * nr * 4 <= PANEL_COPY_BYTES)
+
+
 def gemm_conv_body(shape: ck.ConvShape, x: Buffer, w: Buffer, out: Buffer,
-                   tile: tuple[int, int], epilogue: Epilogue, fused: bool) -> Stmt:
+                   tile: tuple[int, int], epilogue: Epilogue, fused: bool,
+                   copy_panels: bool = False) -> Stmt:
     """The loop nest of an ungrouped convolution as one GEMM per image (module
-    docstring): `x` NCHW, `w` OIHW, `out` NCHW, `epilogue` over the 4-D output index."""
+    docstring): `x` NCHW, `w` OIHW, `out` NCHW, `epilogue` over the 4-D output index;
+    `copy_panels`: a 1x1 layer read in place copies each panel first (`copies_panels`)."""
     mr, nr = tile
     k = shape.c_in * shape.kh * shape.kw
     positions = shape.out_h * shape.out_w
@@ -249,7 +272,7 @@ def gemm_conv_body(shape: ck.ConvShape, x: Buffer, w: Buffer, out: Buffer,
     flat = FlatEpilogue(epilogue, shape.out_h, shape.out_w)
     product = gk.GemmShape((shape.n,), (), (shape.c_out,), positions, k)
     body = gk.gemm_body(product, gk.GemmTiling(mr, nr), a, b_at, o, flat, fused, prologue,
-                        shifted_tail=shifted)
+                        shifted_tail=shifted, copy_panels=copy_panels and in_place)
     return seq(*decls, *flat.decls, body)
 
 
@@ -278,7 +301,8 @@ class GemmConv(UnpackedConv):
 
     def loop_nest(self, shape: ck.ConvShape, x: Buffer, w: Buffer, out: Buffer,
                   tile: tuple[int, int], epilogue: Epilogue, fused: bool, isa: ISA) -> Stmt:
-        return gemm_conv_body(shape, x, w, out, tile, epilogue, fused)
+        return gemm_conv_body(shape, x, w, out, tile, epilogue, fused,
+                              copies_panels(shape, tile, isa))
 
 
 CONV_GEMM = GemmConv("conv_gemm", "conv2d_gemm", ("conv2d",), 1)
