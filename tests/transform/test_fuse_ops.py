@@ -132,8 +132,10 @@ def test_a_tail_reading_a_value_twice_fuses_when_the_value_is_cheap() -> None:
     fused = FuseOps().run(mod)
     assert _kernels(fused) == ["fused_matmul_add_sigmoid_multiply"]
     x = RNG.standard_normal((3, 5)).astype("float32")
+    # the fused kernel rounds its sums in its own order: an ulp or two of float32 (1e-6
+    # was exceeded by 1.7e-6 on some draws of the module's generator, order-dependent)
     np.testing.assert_allclose(evaluate(fused, "main", x), evaluate(mod, "main", x),
-                               rtol=1e-6)
+                               rtol=1e-5, atol=1e-6)
 
 
 def test_an_anchor_read_twice_fuses_only_into_a_hand_written_kernel() -> None:
