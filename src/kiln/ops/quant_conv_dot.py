@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -467,10 +467,10 @@ def _tiles(x: Buffer, ww: Buffer, bias: Buffer, x_zp: Buffer, multiplier: Buffer
     # (strided ones on their phase planes measured slower in place: 3x3/2 128>128 at
     # 56 x 56, 94% of onnxruntime on the im2col of words, 85% in place)
     if quads and rank == 2 and ww.ndim == 2 and not planes.strided and _in_place_pays(
-            isa, spatial, planes.extents[1]):
+            isa, spatial, _in_place_width(x, begins, ends)):
         return _in_place(x, ww, x_zp, out, _RowEpilogue(
             bias, multiplier, y_zp, *out_range(attrs, y_zp.dtype)), ws, begins, ends,
-            planes, big, isa, intrinsic)
+            dilations, big, isa, intrinsic)
     if planes.strided and (quads or any(begins) or any(ends)):
         # already a padded copy: a little more of it lets one loop copy every phase
         ends = planes.whole_ends(grid_in, ends)
@@ -595,9 +595,16 @@ def _tiles(x: Buffer, ww: Buffer, bias: Buffer, x_zp: Buffer, multiplier: Buffer
 IN_PLACE_WASTE = 1.05
 
 
+def _in_place_width(x: Buffer, begins: Sequence[int], ends: Sequence[int]) -> int:
+    """The columns of a row of `_in_place`'s grid: the input's and the larger of its left
+    and right padding, which the rows share (a row's right padding is the next row's
+    left padding)."""
+    return int(x.shape[3]) + max(begins[1], ends[1])
+
+
 def _in_place_pays(isa: Any, spatial: Sequence[int], width: int) -> bool:
-    """Whether a stride-1 convolution with output `spatial` on a padded grid `width`
-    columns wide runs in place (`_in_place`) rather than on an im2col of words."""
+    """Whether a stride-1 convolution with output `spatial` on a grid `width` columns wide
+    runs in place (`_in_place`) rather than on an im2col of words."""
     nr = quant_dot.tile_cols(isa)
     grid = -(-spatial[0] * width // nr) * nr
     im2col = -(-int(np.prod(spatial)) // quant_dot.tile_cols_for(isa, int(np.prod(spatial)))
@@ -607,39 +614,36 @@ def _in_place_pays(isa: Any, spatial: Sequence[int], width: int) -> bool:
 
 def _in_place(x: Buffer, ww: Buffer, x_zp: Buffer, out: Buffer, epilogue: _RowEpilogue,
               ws: Sequence[int], begins: Sequence[int], ends: Sequence[int],
-              planes: _PhasePlanes, big: bool, isa: Any, intrinsic: str) -> Stmt:
-    """A 2-D convolution with k = (tap, c) and C a multiple of 4 (`int8-pairs=saturate`)
-    on the positions tile without an im2col: the input is copied once as words of 4
-    channels on its padded grid (`_padded_words`; a strided one then split into its
-    phase planes, `_PhasePlanes`, W' columns each), and the tile's lanes are grid
-    positions q = o0 W' + o1, whose word of tap (t0, t1) and channels 4 c4 .. 4 c4 + 3 is
-    word c4 of the tap's plane at q + its offset: read in place, as onnxruntime's
-    symmetric convolution kernel reads its NHWC input. The W' - W columns past each
-    output row are computed too and left out when the tiles' output grid is copied into
-    the output (a contiguous copy per row). The planes have rows enough below the image
-    (the zero point's) that the last tile reads inside them."""
+              dilations: Sequence[int], big: bool, isa: Any, intrinsic: str) -> Stmt:
+    """A stride-1 2-D convolution with k = (tap, c) and C a multiple of 4
+    (`int8-pairs=saturate`) on the positions tile without an im2col: the input is copied
+    once as words of 4 channels on a padded grid (`_padded_words`) of W' = W + P columns,
+    P the larger of the left and right padding, all of it on the left: a row's taps past
+    its right end read the next row's padding, and those before its left end its own.
+    The tile's lanes are grid positions q = o0 W' + o1, whose word of tap (t0, t1) and
+    channels 4 c4 .. 4 c4 + 3 is the grid's word c4 at q + t0 W' + t1 (dilated; shifted by
+    P less the left padding): read in place, as onnxruntime's symmetric convolution
+    kernel reads its NHWC input. The P columns past each output row are computed too and
+    left out when the tiles' output grid is copied into the output (a contiguous copy
+    per row). The grid has rows enough below the image (the zero point's) that the last
+    tile reads inside it."""
     batch, oc_n = int(out.shape[0]), int(ws[0])
     rows_out, cols_out = int(out.shape[2]), int(out.shape[3])
-    width = planes.extents[1]
+    width = _in_place_width(x, begins, ends)
+    shift = width - int(x.shape[3]) - begins[1]
     # the widest tile: one vector broadcasts a weight word per accumulator and step
     nr = min(quant_dot.tile_cols(isa), rows_out * width)
     tile = ConvTile(False, min(quant_dot.tile_rows(isa, nr), oc_n), nr)
     cols = -(-rows_out * width // nr) * nr
-    # where the last tap reads its plane (`planes.offsets`)
-    last = [(ws[2 + j] - 1) * planes.dilations[j] // planes.strides[j] for j in range(2)]
-    reach = cols - 1 + last[0] * width + last[1]
-    planes = replace(planes, extents=(max(planes.extents[0], reach // width + 1), width))
-    grid_in = [int(x.shape[2 + j]) + begins[j] + ends[j] for j in range(2)]
-    xw, pad = _padded_words(x, x_zp, begins, planes.whole_ends(grid_in, ends))
-    src, split = planes.split(xw)
-    grid = Buffer("x_grid", (batch, int(src.shape[1]), int(np.prod(planes.extents))),
-                  "int32")
+    reach = cols - 1 + (ws[2] - 1) * dilations[0] * width + (ws[3] - 1) * dilations[1] + shift
+    below = max(int(ends[0]), reach // width + 1 - int(x.shape[2]) - begins[0])
+    xw, pad = _padded_words(x, x_zp, (begins[0], width - int(x.shape[3])), (below, 0))
+    grid = Buffer("x_grid", (batch, int(xw.shape[1]), int(xw.shape[2]) * width), "int32")
     quarter = int(ws[1]) // quant_dot.GROUP
 
     def read(n: PrimExpr, t: PrimExpr, c4: PrimExpr, q: PrimExpr) -> PrimExpr:
         kk = te.unflatten_index(t, ws[2:])
-        off = planes.offsets(kk)
-        return grid[n, planes.plane(c4, kk), q + off[0] * width + off[1]]
+        return grid[n, c4, q + kk[0] * (dilations[0] * width) + kk[1] * dilations[1] + shift]
 
     out_grid = Buffer("out_grid", (batch, oc_n, cols), out.dtype, "global")
     tiles = _position_tiles(_InPlace(quarter, read), ww, out_grid, tile, epilogue, cols, oc_n,
@@ -647,7 +651,7 @@ def _in_place(x: Buffer, ww: Buffer, x_zp: Buffer, out: Buffer, epilogue: _RowEp
     compact = nest(("n", "oc", "o0", "o1"), (batch, oc_n, rows_out, cols_out),
                    lambda n, oc, o0, o1: Store(out, out_grid[n, oc, o0 * width + o1],
                                                (n, oc, o0, o1)))
-    return seq(pad, split, DeclBuffer(grid, src, 0), Allocate(out_grid), tiles, compact)
+    return seq(pad, DeclBuffer(grid, xw, 0), Allocate(out_grid), tiles, compact)
 
 
 Epilogue = Callable[[PrimExpr, PrimExpr], PrimExpr]
