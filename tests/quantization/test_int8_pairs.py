@@ -97,9 +97,11 @@ CONVOLUTIONS = [
     ((1, 8, 7, 7), 16, 3, 1, 1),     # 4 channels of one tap a word (MLAS's ConvSym)
     ((1, 12, 6, 6), 8, 1, 1, 0),     # 1x1
 ]
-# llvm only (each case compiles twice): 4 channels of a tap a word, strided (an im2col
-# copying words of the input's), and read in place (quant_conv_dot._in_place)
-WORD_CONVOLUTIONS = [((1, 8, 9, 9), 16, 3, 2, 1), ((1, 8, 48, 48), 16, 3, 1, 1)]
+# llvm only (each case compiles twice): 4 channels of a tap a word (quant_conv_dot's
+# words of the input), strided on the positions tile (an im2col copying them), strided
+# on the channels tile and stride 1 on the positions tile (read in place)
+WORD_CONVOLUTIONS = [((1, 8, 9, 9), 4, 3, 2, 1), ((1, 8, 9, 9), 16, 3, 2, 1),
+                     ((1, 8, 26, 26), 8, 3, 1, 1)]
 
 
 @pytest.mark.parametrize(("target", "shape", "oc", "k", "stride", "pad"), [

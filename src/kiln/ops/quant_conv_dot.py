@@ -25,6 +25,11 @@ where its taps read contiguously as a stride-1 convolution's do.
 Without VNNI (AVX2, AVX-512BW: `quant_dot.PAIRS16`) the words hold 2 k as int16 halves
 (attribute `k_group=2`: `[OC][ceil(K / 2)]`), the im2col writes its words the same way
 and the tile step is `dot2_i16`.
+
+With `int8-pairs=saturate` (k = (tap, c)) and C a multiple of 4, every im2col word is 4
+channels of one tap: the input is copied once as such words (`_padded_words`) and the
+im2col copies whole words; a stride-1 convolution on an image wide enough reads them in
+place instead (`_in_place`: no im2col, grid positions as the tile's lanes).
 """
 
 from __future__ import annotations
@@ -576,6 +581,18 @@ def _tiles(x: Buffer, ww: Buffer, bias: Buffer, x_zp: Buffer, multiplier: Buffer
         return requantize_value(acc + bias[oc], mult, y_zp[()], lo, hi, y_zp.dtype,
                                 selects=True, magic_round=True)
 
+    if tile.channels_as_lanes and quads:
+        # the words of 4 channels read in place (at q(o) + the tap's offset): no im2col
+        def read(n: PrimExpr, t: PrimExpr, c4: PrimExpr, q: PrimExpr) -> PrimExpr:
+            kk = te.unflatten_index(t, ws[2:])
+            off = planes.offsets(kk)
+            return grid_view[n, planes.plane(c4, kk), q + sum(
+                (off[j] * row[j] for j in range(1, rank)), off[0] * row[0])]
+
+        nest_ = _channel_tiles(_InPlace(ws[1] // group, read), ww, flat_out, tile,
+                               requantized, positions, oc_n, big, word_at, intrinsic)
+        return seq(pad, split, DeclBuffer(grid_view, src, 0), DeclBuffer(flat_out, out, 0),
+                   nest_)
     if tile.channels_as_lanes:
         nest_ = _channel_tiles(words, ww, flat_out, tile, requantized, positions, oc_n, big,
                                word_at, intrinsic)
@@ -796,7 +813,7 @@ def _position_tiles(words: Buffer | _InPlace, ww: Buffer, flat_out: Buffer, tile
         "ct", col_tiles, lambda ct: one(n, ct, rt)), "parallel" if big else "serial"))
 
 
-def _channel_tiles(words: Buffer, ww: Buffer, flat_out: Buffer, tile: ConvTile,
+def _channel_tiles(words: Buffer | _InPlace, ww: Buffer, flat_out: Buffer, tile: ConvTile,
                    requantized: Epilogue, positions: int, oc_n: int, big: bool,
                    word_at: Callable[[PrimExpr], PrimExpr], intrinsic: str = DOT4_U8S8) -> Stmt:
     """Tiles of output positions (a broadcast input word each, output position p's at
@@ -804,7 +821,7 @@ def _channel_tiles(words: Buffer, ww: Buffer, flat_out: Buffer, tile: ConvTile,
     the per-channel requantization along the lanes.
     Channel tiles run in parallel, each over all positions: a thread keeps its weight
     panel in cache while the positions' words stream past it."""
-    batch, groups = int(words.shape[0]), int(words.shape[1])
+    batch, groups = int(flat_out.shape[0]), int(ww.shape[1])
     mr, nr = tile.rows, tile.cols
     col_tiles, row_tiles = int(ww.shape[0]), -(-positions // mr)
 
@@ -813,10 +830,18 @@ def _channel_tiles(words: Buffer, ww: Buffer, flat_out: Buffer, tile: ConvTile,
 
         zero = tile_loop("r", mr, lambda r: tile_loop(
             "v", nr, lambda v: Store(acc, as_expr(0, "int32"), (r, v)), "vectorized"))
-        step = tile_loop("g", groups, lambda g: tile_loop("r", mr, lambda r: tile_loop(
-            "v", nr, lambda v: Store(acc, Intrin(intrinsic, (
-                acc[r, v], words[n, g, word_at(pt * mr + r)], ww[ct, g, v])), (r, v)),
-            "vectorized"), "unrolled"))
+        def products(g: PrimExpr, word: Callable[[PrimExpr], PrimExpr]) -> Stmt:
+            return tile_loop("r", mr, lambda r: tile_loop("v", nr, lambda v: Store(
+                acc, Intrin(intrinsic, (acc[r, v], word(word_at(pt * mr + r)), ww[ct, g, v])),
+                (r, v)), "vectorized"), "unrolled")
+
+        if isinstance(words, _InPlace):
+            inner, read = words.inner, words.read
+            step = tile_loop("t", groups // inner, lambda t: tile_loop(
+                "c", inner, lambda c: products(t * inner + c, lambda p: read(n, t, c, p))))
+        else:
+            buf = words
+            step = tile_loop("g", groups, lambda g: products(g, lambda p: buf[n, g, p]))
 
         # requantized along the lanes into a tile of output bytes (contiguous: LLVM
         # vectorizes it), then copied out a channel at a time (its positions are
