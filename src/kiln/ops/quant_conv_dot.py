@@ -738,6 +738,18 @@ class _InPlace:
     read: Callable[[PrimExpr, PrimExpr, PrimExpr, PrimExpr], PrimExpr]
 
 
+def _steps(words: Buffer | _InPlace, groups: int, n: PrimExpr,
+           products: Callable[[PrimExpr, Callable[[PrimExpr], PrimExpr]], Stmt]) -> Stmt:
+    """A tile's loop over its word groups g: `products(g, word)`, `word(p)` the input word
+    of group g at position p (`words[n, g, p]`, or read in place, `_InPlace`: nested
+    loops over its outer and inner groups)."""
+    if isinstance(words, _InPlace):
+        inner, read = words.inner, words.read
+        return tile_loop("t", groups // inner, lambda t: tile_loop(
+            "c", inner, lambda c: products(t * inner + c, lambda p: read(n, t, c, p))))
+    return tile_loop("g", groups, lambda g: products(g, lambda p: words[n, g, p]))
+
+
 def _position_tiles(words: Buffer | _InPlace, ww: Buffer, flat_out: Buffer, tile: ConvTile,
                     epilogue: _RowEpilogue, positions: int, oc_n: int, big: bool,
                     intrinsic: str = DOT4_U8S8,
@@ -760,18 +772,13 @@ def _position_tiles(words: Buffer | _InPlace, ww: Buffer, flat_out: Buffer, tile
 
         zero = tile_loop("r", mr, lambda r: tile_loop(
             "v", nr, lambda v: Store(acc, as_expr(0, "int32"), (r, v)), "vectorized"))
+
         def products(g: PrimExpr, word: Callable[[PrimExpr], PrimExpr]) -> Stmt:
             return tile_loop("r", mr, lambda r: tile_loop("v", nr, lambda v: Store(
                 acc, Intrin(intrinsic, (acc[r, v], word(ct * nr + v), ww[row(r), g])),
                 (r, v)), "vectorized"), "unrolled")
 
-        if isinstance(words, _InPlace):
-            inner, read = words.inner, words.read
-            step = tile_loop("t", groups // inner, lambda t: tile_loop(
-                "c", inner, lambda c: products(t * inner + c, lambda p: read(n, t, c, p))))
-        else:
-            buf = words
-            step = tile_loop("g", groups, lambda g: products(g, lambda p: buf[n, g, p]))
+        step = _steps(words, groups, n, products)
 
         regs = epilogue.buffers()
 
@@ -830,18 +837,13 @@ def _channel_tiles(words: Buffer | _InPlace, ww: Buffer, flat_out: Buffer, tile:
 
         zero = tile_loop("r", mr, lambda r: tile_loop(
             "v", nr, lambda v: Store(acc, as_expr(0, "int32"), (r, v)), "vectorized"))
+
         def products(g: PrimExpr, word: Callable[[PrimExpr], PrimExpr]) -> Stmt:
             return tile_loop("r", mr, lambda r: tile_loop("v", nr, lambda v: Store(
                 acc, Intrin(intrinsic, (acc[r, v], word(word_at(pt * mr + r)), ww[ct, g, v])),
                 (r, v)), "vectorized"), "unrolled")
 
-        if isinstance(words, _InPlace):
-            inner, read = words.inner, words.read
-            step = tile_loop("t", groups // inner, lambda t: tile_loop(
-                "c", inner, lambda c: products(t * inner + c, lambda p: read(n, t, c, p))))
-        else:
-            buf = words
-            step = tile_loop("g", groups, lambda g: products(g, lambda p: buf[n, g, p]))
+        step = _steps(words, groups, n, products)
 
         # requantized along the lanes into a tile of output bytes (contiguous: LLVM
         # vectorizes it), then copied out a channel at a time (its positions are
