@@ -2,6 +2,8 @@
 
     .venv/bin/python bench/kernel_ab.py --model cnn --src /tmp/main/src,src
                                         [--threads 2] [--blocks 6] [--calls 300]
+                                        [--int8] [--target "llvm -mcpu=znver3 -int8-pairs=saturate"]
+                                        [--cpu-time]
 
 For an A/B of two commits: check the old one out in a detached worktree
 (`git worktree add --detach /tmp/main main`) and name both trees' `src`. Each tree
@@ -17,6 +19,11 @@ it was off its core and the run says nothing about splitting). Medians of single
 are what a shared machine disturbs least; on a loaded one, raise the process's priority
 for the run (docs/performance.md, "The 2-thread split on Zen 3"). Prints a table;
 asserts nothing (this is not a test).
+
+`--int8` quantizes the model once as bench/models.py --int8 does (QDQ; QOperator for a
+name ending in `_qop`) and every tree compiles that file; `--target` is the kiln target of
+every build; `--cpu-time` times the calling thread's CPU time per call instead of the
+wall clock (meaningful with `--threads 1`: robust on a loaded machine).
 """
 
 from __future__ import annotations
@@ -38,18 +45,37 @@ BUILD = """
 import sys
 sys.path.insert(0, {bench!r})
 import kiln
+import onnx
 from kiln.frontend import from_onnx
 from models import MODELS
-model, _ = MODELS[{model!r}]()
-kiln.compile(from_onnx(model), kiln.Target.from_host(), profile=True).export_library({out!r})
+model = onnx.load({onnx_file!r}) if {onnx_file!r} else MODELS[{model!r}]()[0]
+target = kiln.Target.from_host() if {target!r} == "host" else {target!r}
+kiln.compile(from_onnx(model), target, profile=True).export_library({out!r})
 """
 
 
-def build(src: str, model: str, out: Path) -> None:
-    """Compile `model` with the kiln of source tree `src` into the library `out`."""
+def build(src: str, model: str, out: Path, target: str = "host", onnx_file: str = "") -> None:
+    """Compile `model` (or the ONNX file `onnx_file`) for `target` with the kiln of source
+    tree `src` into the library `out`."""
     env = dict(os.environ, PYTHONPATH=str(Path(src).resolve()), KILN_CACHE="0")
-    code = BUILD.format(bench=str(BENCH), model=model, out=str(out))
+    code = BUILD.format(bench=str(BENCH), model=model, out=str(out), target=target,
+                        onnx_file=onnx_file)
     subprocess.run([sys.executable, "-c", code], env=env, check=True)
+
+
+def quantized_file(name: str, directory: Path) -> str:
+    """Model `name` quantized as bench/models.py --int8 does, saved in `directory`."""
+    import onnx
+
+    from models import QOP, quantize
+    from models import build as build_model
+
+    model, feed = build_model(name.removesuffix(QOP))
+    model = quantize(model, {k: list(v.shape) for k, v in feed.items()},
+                     "QOperator" if name.endswith(QOP) else "QDQ")
+    path = directory / "model.onnx"
+    onnx.save(model, str(path))
+    return str(path)
 
 
 def main() -> None:
@@ -59,15 +85,23 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--blocks", type=int, default=6)
     parser.add_argument("--calls", type=int, default=300)
+    parser.add_argument("--int8", action="store_true",
+                        help="the model quantized as bench/models.py --int8 does")
+    parser.add_argument("--target", default="host",
+                        help="kiln target of every build (host: this machine's CPU)")
+    parser.add_argument("--cpu-time", action="store_true",
+                        help="the calling thread's CPU time per call (with --threads 1)")
     args = parser.parse_args()
+    clock = time.thread_time if args.cpu_time else time.perf_counter
 
     from kiln.runtime import load_module
 
     sources = args.src.split(",")
     with tempfile.TemporaryDirectory() as tmp:
         paths = [Path(tmp) / f"lib{i}.so" for i in range(len(sources))]
+        onnx_file = quantized_file(args.model, Path(tmp)) if args.int8 else ""
         for src, path in zip(sources, paths, strict=True):
-            build(src, args.model, path)
+            build(src, args.model, path, args.target, onnx_file)
         libs = [load_module(path) for path in paths]
         for lib in libs:
             lib.set_num_threads(args.threads)
@@ -85,9 +119,9 @@ def main() -> None:
                 before = lib.pool_stats()
                 for _ in range(args.calls):
                     lib.profile_reset()
-                    start = time.perf_counter()
+                    start = clock()
                     fn(*inputs)
-                    per.setdefault("call", []).append((time.perf_counter() - start) * 1e6)
+                    per.setdefault("call", []).append((clock() - start) * 1e6)
                     for row in lib.profile():
                         if row.function == "main" and row.kernel is not None:
                             per.setdefault(row.kernel, []).append(row.total_ns / 1e3)

@@ -92,12 +92,21 @@ def test_saturation_is_an_opt_in(target: str) -> None:
     np.testing.assert_array_equal(ort, saturated if onnxruntime_saturates() else exact)
 
 
-@pytest.mark.parametrize(("shape", "oc", "k", "stride", "pad"), [
+CONVOLUTIONS = [
     ((1, 3, 11, 10), 16, 3, 2, 1),   # C = 3: words straddle taps (the im2col path)
     ((1, 8, 7, 7), 16, 3, 1, 1),     # 4 channels of one tap a word (MLAS's ConvSym)
     ((1, 12, 6, 6), 8, 1, 1, 0),     # 1x1
-])
-@pytest.mark.parametrize("target", ["llvm -mcpu=haswell", "c"])
+]
+# llvm only (each case compiles twice): 4 channels of a tap a word (quant_conv_dot's
+# words of the input), strided on the positions tile (an im2col copying them), strided
+# on the channels tile and stride 1 on the positions tile (read in place)
+WORD_CONVOLUTIONS = [((1, 8, 9, 9), 4, 3, 2, 1), ((1, 8, 9, 9), 16, 3, 2, 1),
+                     ((1, 8, 26, 26), 8, 3, 1, 1)]
+
+
+@pytest.mark.parametrize(("target", "shape", "oc", "k", "stride", "pad"), [
+    *((t, *case) for t in ["llvm -mcpu=haswell", "c"] for case in CONVOLUTIONS),
+    *(("llvm -mcpu=haswell", *case) for case in WORD_CONVOLUTIONS)])
 def test_saturating_convolution_pairs_like_onnxruntime(
         target: str, shape: tuple[int, int, int, int], oc: int, k: int, stride: int,
         pad: int) -> None:

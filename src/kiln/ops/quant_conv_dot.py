@@ -25,6 +25,11 @@ where its taps read contiguously as a stride-1 convolution's do.
 Without VNNI (AVX2, AVX-512BW: `quant_dot.PAIRS16`) the words hold 2 k as int16 halves
 (attribute `k_group=2`: `[OC][ceil(K / 2)]`), the im2col writes its words the same way
 and the tile step is `dot2_i16`.
+
+With `int8-pairs=saturate` (k = (tap, c)) and C a multiple of 4, every im2col word is 4
+channels of one tap: the input is copied once as such words (`_padded_words`) and the
+im2col copies whole words; a stride-1 convolution on an image wide enough reads them in
+place instead (`_in_place`: no im2col, grid positions as the tile's lanes).
 """
 
 from __future__ import annotations
@@ -318,6 +323,35 @@ def _padded_input(x: Buffer, x_zp: Buffer, begins: Sequence[int], ends: Sequence
     return xp, seq(Allocate(xp), DeclBuffer(flat, xp, 0), fill, rows)
 
 
+def _padded_words(x: Buffer, x_zp: Buffer, begins: Sequence[int], ends: Sequence[int]
+                  ) -> tuple[Buffer, Stmt]:
+    """`x` (C a multiple of 4) padded with its zero point as words of 4 channels,
+    `[N][C / 4][*padded spatial]` int32: byte i of word (n, c4, ...) is channel 4 c4 + i
+    at that place, an unsigned byte as the dot product reads it. With k = (tap, c)
+    (`int8-pairs=saturate`), an im2col word is 4 channels of one tap: a word of this
+    grid, so the im2col copies words instead of gathering bytes from 4 planes (and
+    the gather runs once per input word here, not once per tap)."""
+    rank = len(x.shape) - 2
+    shape = (int(x.shape[0]), int(x.shape[1]) // quant_dot.GROUP,
+             *(int(d) + b + e for d, b, e in zip(x.shape[2:], begins, ends)))
+    xw = Buffer("x_words4", shape, "int32", "global")
+    statements: list[Stmt] = [Allocate(xw)]
+    if any(begins) or any(ends):
+        flat = Buffer("x_words4_flat", (int(np.prod(shape)),), "int32")
+        zp_word = quant_dot.pack_word(lambda i: quant_dot.a_byte(x_zp[()]))
+        statements += [DeclBuffer(flat, xw, 0), tile_loop(
+            "i", int(np.prod(shape)), lambda i: Store(flat, zp_word, (i,)))]
+
+    def copy(n: PrimExpr, c4: PrimExpr, *i: PrimExpr) -> Stmt:
+        word = quant_dot.pack_word(lambda b: quant_dot.a_byte(
+            x[(n, c4 * quant_dot.GROUP + b, *i)]))
+        return Store(xw, word, (n, c4, *(i[j] + begins[j] for j in range(rank))))
+
+    statements.append(nest(("n", "c4", *(f"i{j}" for j in range(rank))),
+                           [shape[0], shape[1], *(int(d) for d in x.shape[2:])], copy))
+    return xw, seq(*statements)
+
+
 @dataclass(frozen=True)
 class _PhasePlanes:
     """The padded input of a strided convolution split into phase planes: along a
@@ -432,10 +466,20 @@ def _tiles(x: Buffer, ww: Buffer, bias: Buffer, x_zp: Buffer, multiplier: Buffer
                 - begins[j] + 1 - int(x.shape[2 + j])) for j in range(rank)]
     grid_in = [int(x.shape[2 + j]) + begins[j] + ends[j] for j in range(rank)]
     planes = _PhasePlanes.of(grid_in, ws, strides, dilations, spatial)
-    if planes.strided and (any(begins) or any(ends)):
+    # k = (tap, c) with whole words of channels: the input is copied once as words of
+    # 4 channels (`_padded_words`), and the im2col copies whole words
+    quads = saturate and group == quant_dot.GROUP and taps > 1 and ws[1] % group == 0
+    # (strided ones on their phase planes measured slower in place: 3x3/2 128>128 at
+    # 56 x 56, 94% of onnxruntime on the im2col of words, 85% in place)
+    if quads and rank == 2 and ww.ndim == 2 and not planes.strided and _in_place_pays(
+            isa, spatial, _in_place_width(x, begins, ends)):
+        return _in_place(x, ww, x_zp, out, _RowEpilogue(
+            bias, multiplier, y_zp, *out_range(attrs, y_zp.dtype)), ws, begins, ends,
+            dilations, big, isa, intrinsic)
+    if planes.strided and (quads or any(begins) or any(ends)):
         # already a padded copy: a little more of it lets one loop copy every phase
         ends = planes.whole_ends(grid_in, ends)
-    xp, pad = _padded_input(x, x_zp, begins, ends)
+    xp, pad = (_padded_words if quads else _padded_input)(x, x_zp, begins, ends)
     # A strided convolution reads its input through phase planes (`_PhasePlanes`): there
     # output position o reads plane (c, phase of the tap) at o + the tap's offset, as
     # a stride-1 convolution reads its input. With stride 1 the planes are the input.
@@ -462,7 +506,7 @@ def _tiles(x: Buffer, ww: Buffer, bias: Buffer, x_zp: Buffer, multiplier: Buffer
     # another between the tile's row tiles
     lines = -(-padded // 16)
     words = Buffer("x_words", (batch, groups, 16 * (lines + 1 - lines % 2)), "int32", "global")
-    grid_view = Buffer("x_grid", (batch, int(src.shape[1]), int(np.prod(grid))), x.dtype)
+    grid_view = Buffer("x_grid", (batch, int(src.shape[1]), int(np.prod(grid))), src.dtype)
 
     def word_at(p: PrimExpr) -> PrimExpr:
         """Where the channels tile reads output position `p`'s words (p past the last
@@ -476,6 +520,11 @@ def _tiles(x: Buffer, ww: Buffer, bias: Buffer, x_zp: Buffer, multiplier: Buffer
              ) -> PrimExpr:
         # the im2col word of group g: `group` k = (c, tap) read by
         # `load(plane, offsets)`, 0 past K
+        if quads:  # k = (tap, c): the word of channels 4 c4 .. 4 c4 + 3 at tap g // (C / 4)
+            quarter = ws[1] // group
+            kk = te.unflatten_index(g // quarter, ws[2:])
+            return load(planes.plane(g % quarter, kk), planes.offsets(kk))
+
         def value(i: int) -> PrimExpr:
             k = g * group + i
             if saturate:  # onnxruntime's k order: (tap, c)
@@ -532,6 +581,18 @@ def _tiles(x: Buffer, ww: Buffer, bias: Buffer, x_zp: Buffer, multiplier: Buffer
         return requantize_value(acc + bias[oc], mult, y_zp[()], lo, hi, y_zp.dtype,
                                 selects=True, magic_round=True)
 
+    if tile.channels_as_lanes and quads:
+        # the words of 4 channels read in place (at q(o) + the tap's offset): no im2col
+        def read(n: PrimExpr, t: PrimExpr, c4: PrimExpr, q: PrimExpr) -> PrimExpr:
+            kk = te.unflatten_index(t, ws[2:])
+            off = planes.offsets(kk)
+            return grid_view[n, planes.plane(c4, kk), q + sum(
+                (off[j] * row[j] for j in range(1, rank)), off[0] * row[0])]
+
+        nest_ = _channel_tiles(_InPlace(ws[1] // group, read), ww, flat_out, tile,
+                               requantized, positions, oc_n, big, word_at, intrinsic)
+        return seq(pad, split, DeclBuffer(grid_view, src, 0), DeclBuffer(flat_out, out, 0),
+                   nest_)
     if tile.channels_as_lanes:
         nest_ = _channel_tiles(words, ww, flat_out, tile, requantized, positions, oc_n, big,
                                word_at, intrinsic)
@@ -541,6 +602,73 @@ def _tiles(x: Buffer, ww: Buffer, bias: Buffer, x_zp: Buffer, multiplier: Buffer
             (block * spatial[1] // nr, fill) if block else None)
     views = (DeclBuffer(grid_view, src, 0),) if in_grid else ()
     return seq(pad, split, *views, Allocate(words), pack, DeclBuffer(flat_out, out, 0), nest_)
+
+
+#: The grid positions an in-place convolution computes (`_in_place`: the padding columns
+#: too), at most this many times the output positions the im2col's tiles compute (the
+#: im2col's copy of words costs 5-9% at 28 x 28; AMD EPYC Zen 3, `int8-pairs=saturate`,
+#: one thread: 3x3 64>64 at 56 x 56, 3136 positions or 3248 in place, 88% -> 99% of
+#: onnxruntime; 128>128 at 28 x 28, 784 or 848, 95% -> 93%; 64>256 at 12 x 12, 95% -> 84%).
+IN_PLACE_WASTE = 1.05
+
+
+def _in_place_width(x: Buffer, begins: Sequence[int], ends: Sequence[int]) -> int:
+    """The columns of a row of `_in_place`'s grid: the input's and the larger of its left
+    and right padding, which the rows share (a row's right padding is the next row's
+    left padding)."""
+    return int(x.shape[3]) + max(begins[1], ends[1])
+
+
+def _in_place_pays(isa: Any, spatial: Sequence[int], width: int) -> bool:
+    """Whether a stride-1 convolution with output `spatial` on a grid `width` columns wide
+    runs in place (`_in_place`) rather than on an im2col of words."""
+    nr = quant_dot.tile_cols(isa)
+    grid = -(-spatial[0] * width // nr) * nr
+    im2col = -(-int(np.prod(spatial)) // quant_dot.tile_cols_for(isa, int(np.prod(spatial)))
+               ) * quant_dot.tile_cols_for(isa, int(np.prod(spatial)))
+    return grid <= IN_PLACE_WASTE * im2col
+
+
+def _in_place(x: Buffer, ww: Buffer, x_zp: Buffer, out: Buffer, epilogue: _RowEpilogue,
+              ws: Sequence[int], begins: Sequence[int], ends: Sequence[int],
+              dilations: Sequence[int], big: bool, isa: Any, intrinsic: str) -> Stmt:
+    """A stride-1 2-D convolution with k = (tap, c) and C a multiple of 4
+    (`int8-pairs=saturate`) on the positions tile without an im2col: the input is copied
+    once as words of 4 channels on a padded grid (`_padded_words`) of W' = W + P columns,
+    P the larger of the left and right padding, all of it on the left: a row's taps past
+    its right end read the next row's padding, and those before its left end its own.
+    The tile's lanes are grid positions q = o0 W' + o1, whose word of tap (t0, t1) and
+    channels 4 c4 .. 4 c4 + 3 is the grid's word c4 at q + t0 W' + t1 (dilated; shifted by
+    P less the left padding): read in place, as onnxruntime's symmetric convolution
+    kernel reads its NHWC input. The P columns past each output row are computed too and
+    left out when the tiles' output grid is copied into the output (a contiguous copy
+    per row). The grid has rows enough below the image (the zero point's) that the last
+    tile reads inside it."""
+    batch, oc_n = int(out.shape[0]), int(ws[0])
+    rows_out, cols_out = int(out.shape[2]), int(out.shape[3])
+    width = _in_place_width(x, begins, ends)
+    shift = width - int(x.shape[3]) - begins[1]
+    # the widest tile: one vector broadcasts a weight word per accumulator and step
+    nr = min(quant_dot.tile_cols(isa), rows_out * width)
+    tile = ConvTile(False, min(quant_dot.tile_rows(isa, nr), oc_n), nr)
+    cols = -(-rows_out * width // nr) * nr
+    reach = cols - 1 + (ws[2] - 1) * dilations[0] * width + (ws[3] - 1) * dilations[1] + shift
+    below = max(int(ends[0]), reach // width + 1 - int(x.shape[2]) - begins[0])
+    xw, pad = _padded_words(x, x_zp, (begins[0], width - int(x.shape[3])), (below, 0))
+    grid = Buffer("x_grid", (batch, int(xw.shape[1]), int(xw.shape[2]) * width), "int32")
+    quarter = int(ws[1]) // quant_dot.GROUP
+
+    def read(n: PrimExpr, t: PrimExpr, c4: PrimExpr, q: PrimExpr) -> PrimExpr:
+        kk = te.unflatten_index(t, ws[2:])
+        return grid[n, c4, q + kk[0] * (dilations[0] * width) + kk[1] * dilations[1] + shift]
+
+    out_grid = Buffer("out_grid", (batch, oc_n, cols), out.dtype, "global")
+    tiles = _position_tiles(_InPlace(quarter, read), ww, out_grid, tile, epilogue, cols, oc_n,
+                            big, intrinsic)
+    compact = nest(("n", "oc", "o0", "o1"), (batch, oc_n, rows_out, cols_out),
+                   lambda n, oc, o0, o1: Store(out, out_grid[n, oc, o0 * width + o1],
+                                               (n, oc, o0, o1)))
+    return seq(pad, DeclBuffer(grid, xw, 0), Allocate(out_grid), tiles, compact)
 
 
 Epilogue = Callable[[PrimExpr, PrimExpr], PrimExpr]
@@ -599,16 +727,40 @@ class _RowEpilogue:
                                 self.y_zp.dtype, selects=True, magic_round=True)
 
 
-def _position_tiles(words: Buffer, ww: Buffer, flat_out: Buffer, tile: ConvTile,
+@dataclass(frozen=True)
+class _InPlace:
+    """Where a positions tile reads its input words without an im2col: word group g =
+    `outer` * `inner` group + inner group (taps x words of channels) at `read(n, outer,
+    inner, p)`; the step loop is nested the same way, so the read's address steps by a
+    constant in the inner loop (a flat loop over g divides per step)."""
+
+    inner: int
+    read: Callable[[PrimExpr, PrimExpr, PrimExpr, PrimExpr], PrimExpr]
+
+
+def _steps(words: Buffer | _InPlace, groups: int, n: PrimExpr,
+           products: Callable[[PrimExpr, Callable[[PrimExpr], PrimExpr]], Stmt]) -> Stmt:
+    """A tile's loop over its word groups g: `products(g, word)`, `word(p)` the input word
+    of group g at position p (`words[n, g, p]`, or read in place, `_InPlace`: nested
+    loops over its outer and inner groups)."""
+    if isinstance(words, _InPlace):
+        inner, read = words.inner, words.read
+        return tile_loop("t", groups // inner, lambda t: tile_loop(
+            "c", inner, lambda c: products(t * inner + c, lambda p: read(n, t, c, p))))
+    return tile_loop("g", groups, lambda g: products(g, lambda p: words[n, g, p]))
+
+
+def _position_tiles(words: Buffer | _InPlace, ww: Buffer, flat_out: Buffer, tile: ConvTile,
                     epilogue: _RowEpilogue, positions: int, oc_n: int, big: bool,
                     intrinsic: str = DOT4_U8S8,
                     blocks: tuple[int, Callable[[PrimExpr, PrimExpr], Stmt]] | None = None
                     ) -> Stmt:
     """Tiles of output channels (a broadcast weight word each) x output positions (the
-    lanes: vectors of input words), stored along the output rows. With `blocks`
-    (column tiles per block, `fill(n, block)`), the blocks run in parallel, each packing
-    its words with `fill` before its column tiles."""
-    batch, groups = int(words.shape[0]), int(words.shape[1])
+    lanes: vectors of input words, `words[n, g, p]`, or read in place, `_InPlace`),
+    stored along the output rows. With `blocks` (column tiles per block,
+    `fill(n, block)`), the blocks run in parallel, each packing its words with `fill`
+    before its column tiles."""
+    batch, groups = int(flat_out.shape[0]), int(ww.shape[1])
     mr, nr = tile.rows, tile.cols
     col_tiles, row_tiles = -(-positions // nr), -(-oc_n // mr)
 
@@ -620,10 +772,13 @@ def _position_tiles(words: Buffer, ww: Buffer, flat_out: Buffer, tile: ConvTile,
 
         zero = tile_loop("r", mr, lambda r: tile_loop(
             "v", nr, lambda v: Store(acc, as_expr(0, "int32"), (r, v)), "vectorized"))
-        step = tile_loop("g", groups, lambda g: tile_loop("r", mr, lambda r: tile_loop(
-            "v", nr, lambda v: Store(acc, Intrin(intrinsic, (
-                acc[r, v], words[n, g, ct * nr + v], ww[row(r), g])), (r, v)),
-            "vectorized"), "unrolled"))
+
+        def products(g: PrimExpr, word: Callable[[PrimExpr], PrimExpr]) -> Stmt:
+            return tile_loop("r", mr, lambda r: tile_loop("v", nr, lambda v: Store(
+                acc, Intrin(intrinsic, (acc[r, v], word(ct * nr + v), ww[row(r), g])),
+                (r, v)), "vectorized"), "unrolled")
+
+        step = _steps(words, groups, n, products)
 
         regs = epilogue.buffers()
 
@@ -665,7 +820,7 @@ def _position_tiles(words: Buffer, ww: Buffer, flat_out: Buffer, tile: ConvTile,
         "ct", col_tiles, lambda ct: one(n, ct, rt)), "parallel" if big else "serial"))
 
 
-def _channel_tiles(words: Buffer, ww: Buffer, flat_out: Buffer, tile: ConvTile,
+def _channel_tiles(words: Buffer | _InPlace, ww: Buffer, flat_out: Buffer, tile: ConvTile,
                    requantized: Epilogue, positions: int, oc_n: int, big: bool,
                    word_at: Callable[[PrimExpr], PrimExpr], intrinsic: str = DOT4_U8S8) -> Stmt:
     """Tiles of output positions (a broadcast input word each, output position p's at
@@ -673,7 +828,7 @@ def _channel_tiles(words: Buffer, ww: Buffer, flat_out: Buffer, tile: ConvTile,
     the per-channel requantization along the lanes.
     Channel tiles run in parallel, each over all positions: a thread keeps its weight
     panel in cache while the positions' words stream past it."""
-    batch, groups = int(words.shape[0]), int(words.shape[1])
+    batch, groups = int(flat_out.shape[0]), int(ww.shape[1])
     mr, nr = tile.rows, tile.cols
     col_tiles, row_tiles = int(ww.shape[0]), -(-positions // mr)
 
@@ -682,10 +837,13 @@ def _channel_tiles(words: Buffer, ww: Buffer, flat_out: Buffer, tile: ConvTile,
 
         zero = tile_loop("r", mr, lambda r: tile_loop(
             "v", nr, lambda v: Store(acc, as_expr(0, "int32"), (r, v)), "vectorized"))
-        step = tile_loop("g", groups, lambda g: tile_loop("r", mr, lambda r: tile_loop(
-            "v", nr, lambda v: Store(acc, Intrin(intrinsic, (
-                acc[r, v], words[n, g, word_at(pt * mr + r)], ww[ct, g, v])), (r, v)),
-            "vectorized"), "unrolled"))
+
+        def products(g: PrimExpr, word: Callable[[PrimExpr], PrimExpr]) -> Stmt:
+            return tile_loop("r", mr, lambda r: tile_loop("v", nr, lambda v: Store(
+                acc, Intrin(intrinsic, (acc[r, v], word(word_at(pt * mr + r)), ww[ct, g, v])),
+                (r, v)), "vectorized"), "unrolled")
+
+        step = _steps(words, groups, n, products)
 
         # requantized along the lanes into a tile of output bytes (contiguous: LLVM
         # vectorizes it), then copied out a channel at a time (its positions are
