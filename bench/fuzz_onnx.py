@@ -8,7 +8,7 @@ runs it against onnxruntime's outputs, each side in worker processes that a cras
 hang costs only the mutant it was on (tests/support/processes.run_isolated). `--zero`
 instead sets each input dimension of each model to 0 in turn (empty tensors).
 
-    python bench/fuzz_onnx.py --count 500 --seed 1 [--quantized] [--target c] [--zero]
+    python bench/fuzz_onnx.py --count 500 --rng 1 [--quantized] [--target c] [--zero]
 
 Prints every mutant where kiln crashed, hung, raised something other than a KilnError,
 differed from onnxruntime, or where the two disagree on accepting it, then the counts.
@@ -648,7 +648,7 @@ for p in sys.argv[2:]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--count", type=int, default=300, help="mutants to try")
-    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--rng", type=int, default=1, help="the mutations' random seed")
     parser.add_argument("--quantized", action="store_true", help="mutate the int8 models")
     parser.add_argument(
         "--zero",
@@ -659,7 +659,7 @@ def main() -> None:
     args = parser.parse_args()
     models = quantized_models() if args.quantized else float_models()
     out = Path(tempfile.mkdtemp(prefix="kiln-fuzz-"))
-    rng = np.random.default_rng(args.seed)
+    rng = np.random.default_rng(args.rng)
     items: list[Path] = []
     names = sorted(models)
     if args.zero:
@@ -674,7 +674,7 @@ def main() -> None:
     else:
         for i in range(args.count):
             name = names[i % len(names)]
-            items.append(out / f"{args.seed}_{i:04d}_{name}.onnx")
+            items.append(out / f"{args.rng}_{i:04d}_{name}.onnx")
             onnx.save(mutate(models[name], rng), items[-1])
     ort_res = run_isolated(ORT, [], items, batch=50, item_s=20, batch_s=600)
     os.environ["FUZZ_TARGET"] = args.target
