@@ -32,7 +32,7 @@ lint: $(STAMP)
 # kiln's sources anew, about 1.5 s each.
 unit: $(STAMP)
 	$(VPY) -m compileall -q -j 0 src tests > /dev/null
-	$(VPY) -m pytest tests -n auto --dist loadgroup --durations=25
+	$(VPY) -m pytest tests -n auto --dist loadgroup --durations=60
 
 test: apt lint unit
 

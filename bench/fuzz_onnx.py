@@ -7,8 +7,10 @@ dimensions of a small valid model. onnxruntime runs every mutant, then kiln comp
 runs it against onnxruntime's outputs, each side in worker processes that a crash or a
 hang costs only the mutant it was on (tests/support/processes.run_isolated). `--zero`
 instead sets each input dimension of each model to 0 in turn (empty tensors).
+`--models DIR` mutates the ONNX files of DIR instead (exporters' output: symbolic
+dimensions run at 3, integer inputs hold 0 and 1).
 
-    python bench/fuzz_onnx.py --count 500 --rng 1 [--quantized] [--target c] [--zero]
+    python bench/fuzz_onnx.py --count 500 --rng 1 [--quantized | --models DIR] [--target c] [--zero]
 
 Prints every mutant where kiln crashed, hung, raised something other than a KilnError,
 differed from onnxruntime, or where the two disagree on accepting it, then the counts.
@@ -595,8 +597,15 @@ for p in sys.argv[2:]:
         r = np.random.default_rng(zlib.crc32(p.encode()))
         feeds = {}
         for v in m.graph.input:
-            shape = [d.dim_value for d in v.type.tensor_type.shape.dim]
-            feeds[v.name] = r.standard_normal(shape).astype(np.float32)
+            tt = v.type.tensor_type
+            # a named (symbolic) dimension runs at 3; integer inputs (token ids, masks)
+            # are drawn from {0, 1}, valid ids for any vocabulary
+            shape = [d.dim_value if d.HasField("dim_value") else 3 for d in tt.shape.dim]
+            dtype = onnx.helper.tensor_dtype_to_np_dtype(tt.elem_type)
+            if dtype.kind in "iub":
+                feeds[v.name] = r.integers(0, 2, shape).astype(dtype)
+            else:
+                feeds[v.name] = r.standard_normal(shape).astype(dtype)
         so = ort.SessionOptions()
         so.log_severity_level = 4
         outs = ort.InferenceSession(p, so, providers=["CPUExecutionProvider"]).run(None, feeds)
@@ -656,8 +665,16 @@ def main() -> None:
         help="each input dimension set to 0 in turn, no random mutants",
     )
     parser.add_argument("--target", default="llvm", help="kiln target")
+    parser.add_argument("--models", type=Path, metavar="DIR",
+                        help="mutate every .onnx file in DIR (exporters' output, say) "
+                             "instead of the built-in models")
     args = parser.parse_args()
-    models = quantized_models() if args.quantized else float_models()
+    if args.models:
+        models = {p.stem: onnx.load(p) for p in sorted(args.models.glob("*.onnx"))}
+        if not models:
+            parser.error(f"no .onnx file in {args.models}")
+    else:
+        models = quantized_models() if args.quantized else float_models()
     out = Path(tempfile.mkdtemp(prefix="kiln-fuzz-"))
     rng = np.random.default_rng(args.rng)
     items: list[Path] = []

@@ -277,17 +277,20 @@ register_op("einsum", pattern="anchor", infer=_einsum_infer, compute=_einsum_com
 
 # --------------------------------------------------------------------------- convolution
 
-def conv_geometry(x: Sequence[Any], w: Sequence[int], attrs: Attrs, what: str
-                   ) -> tuple[int, tuple[int, ...], tuple[int, ...], tuple[int, ...],
-                              tuple[int, ...]]:
-    """(rank, strides, dilations, pad begins, pad ends), checked against the shapes."""
+def conv_geometry(x: Sequence[Any], w: Sequence[int], attrs: Attrs, what: str,
+                  least_pad: int = 0
+                  ) -> tuple[int, tuple[int, ...], tuple[int, ...], tuple[int, ...],
+                             tuple[int, ...]]:
+    """(rank, strides, dilations, pad begins, pad ends), checked against the shapes.
+
+    Pads below `least_pad` are refused (0 for convolutions).
+    """
     rank = spatial.spatial_rank(x, what)
     if len(w) != len(x):
         raise IRError(f"{what}: weight {tuple(w)} and input {tuple(x)} differ in rank")
     strides = spatial.ints(attrs, "strides", rank, 1)
     dilations = spatial.ints(attrs, "dilations", rank, 1)
-    # a transposed convolution's pads may be negative: they then extend its output
-    begins, ends = spatial.pads(attrs, rank, -spatial.MAX_WINDOW if what == "conv_transpose" else 0)
+    begins, ends = spatial.pads(attrs, rank, least_pad)
     return rank, strides, dilations, begins, ends
 
 
@@ -375,15 +378,17 @@ for _rank in spatial.SPATIAL_RANKS:
 # --------------------------------------------------------------------------- conv transpose
 
 def _convt_geometry(x: Sequence[int], w: Sequence[int], attrs: Attrs
-                    ) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...], int]:
-    """(output spatial shape, strides, dilations, pad begins...) of a transposed conv."""
-    rank, strides, dilations, begins, ends = conv_geometry(x, w, attrs, "conv_transpose")
+                    ) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
+    """(output spatial shape, strides, dilations, pad begins) of a transposed conv."""
+    # a transposed convolution's pads may be negative: they then extend its output
+    rank, strides, dilations, begins, ends = conv_geometry(x, w, attrs, "conv_transpose",
+                                                           -spatial.MAX_WINDOW)
     out_pad = spatial.ints(attrs, "output_padding", rank, 0, least=0)
     out = tuple(strides[j] * (x[2 + j] - 1) + out_pad[j] + (w[2 + j] - 1) * dilations[j] + 1
                 - begins[j] - ends[j] for j in range(rank))
     if min(out) <= 0:
         raise IRError(f"conv_transpose output would be empty ({out})")
-    return out, strides, dilations, rank
+    return out, strides, dilations, begins
 
 
 def _convt_infer(types: Sequence[TensorType], attrs: Attrs) -> Type:
@@ -406,8 +411,8 @@ def _convt_compute(inputs: Sequence[te.Tensor], attrs: Attrs) -> te.Tensor:
     bias = inputs[2] if len(inputs) == 3 else None
     out_t = _convt_infer([_tt(t) for t in inputs], attrs)
     assert isinstance(out_t, TensorType)
-    _, strides, dilations, rank = _convt_geometry(x.shape, w.shape, attrs)
-    begins, _ = spatial.pads(attrs, rank, -spatial.MAX_WINDOW)
+    _, strides, dilations, begins = _convt_geometry(x.shape, w.shape, attrs)
+    rank = len(begins)
     group = int(attrs.get("group", 1))
     cg, og = w.shape[0] // group, w.shape[1]
     kernel = w.shape[2:]
@@ -442,8 +447,8 @@ def _convt_compute(inputs: Sequence[te.Tensor], attrs: Attrs) -> te.Tensor:
 
 def _convt_ref(x: np.ndarray, w: np.ndarray, b: np.ndarray | None = None,
                **attrs: Any) -> np.ndarray:
-    out_sp, strides, dilations, rank = _convt_geometry(x.shape, w.shape, attrs)
-    begins, _ = spatial.pads(attrs, rank, -spatial.MAX_WINDOW)
+    out_sp, strides, dilations, begins = _convt_geometry(x.shape, w.shape, attrs)
+    rank = len(begins)
     group = int(attrs.get("group", 1))
     n, c = x.shape[:2]
     cg, og = c // group, w.shape[1]
