@@ -275,9 +275,10 @@ GEMM_KXK = [dict(x=(1, 5, 11, 10), co=9, k=3, strides=(2, 2), pads=(1, 2, 0, 1),
 
 
 def _check_gemm_kernel(cases: list[dict[str, Any]], target: str,
-                       tile: Any = None) -> None:
+                       tile: Any = None) -> Any:
     """Compile `cases` with every convolution packed for the GEMM kernel (with `tile`,
-    a function of the ISA, or the rule's) and compare with onnxruntime."""
+    a function of the ISA, or the rule's), compare with onnxruntime and return the
+    compiled module."""
     from kiln.ops.kernels.conv_gemm import CONV_GEMM
     from kiln.transform.functor import rewrite_calls
 
@@ -301,11 +302,32 @@ def _check_gemm_kernel(cases: list[dict[str, Any]], target: str,
     got = ex(*checks.feeds.values())
     checks.assert_close(list(got) if isinstance(got, (tuple, list)) else [got],
                         checks.reference())
+    return ex
+
+
+# A strided 1x1 layer of 300 input channels with a residual Add, 100 positions (7 panels
+# at 16 lanes): on 256-bit vectors its im2col panels copied in groups of 3
+# (conv_gemm.panel_group), the last group one panel (PARTIAL_PANEL below groups a
+# shifted last panel read in place).
+GROUPED = [dict(x=(1, 300, 20, 19), co=7, k=1, strides=(2, 2), pads=(0, 0, 0, 0),
+                tail=("Add", "Relu"))]
 
 
 @pytest.mark.parametrize("target", NATIVE_TARGETS)
 def test_gemm_kernel_computes_strided_kxk_layers(target: str) -> None:
-    _check_gemm_kernel(GEMM_KXK, target)
+    # GROUPED: on 256-bit vectors a 1x1 layer whose epilogue reads a residual copies
+    # groups of consecutive panels and runs each row tile over the group
+    # (conv_gemm.panel_group: each output and residual row in runs of several panels)
+    from kiln.ir import tensor as t
+    from kiln.ir.visitor import iter_stmts
+
+    ex = _check_gemm_kernel(GEMM_KXK + GROUPED, target)
+    panels = [s.buffer.shape for f in ex.ir.functions.values()
+              if f.attrs.get("kiln.conv_kernel") == "conv2d_gemm"
+              for s in iter_stmts(f.body) if isinstance(s, t.Allocate)
+              and s.buffer.name == "panel" and s.buffer.shape[1] == 300]
+    grouped = isa_for(native_target(target)).vector_bits == 256
+    assert panels == ([(3, 300, 16)] if grouped else [])
 
 
 # 63 positions per image: whole panels and a partial last one at 4, 8 and 16 lanes.

@@ -234,6 +234,37 @@ def copies_panels(shape: ck.ConvShape, tile: tuple[int, int], isa: ISA) -> bool:
             and shape.c_in * nr * 4 <= PANEL_COPY_BYTES)
 
 
+# A group of panels copied together (`panel_group`) is at most this many bytes: 16 panels
+# of 64 input channels, 8 of 128 (twice `PANEL_COPY_BYTES`: measured faster than it).
+PANEL_GROUP_BYTES = 64 * 1024
+
+
+def reads_output_shaped(flat: FlatEpilogue) -> bool:
+    """Whether the epilogue loads a tensor shaped like the output (a residual Add's other
+    operand): the flat views it reads through (`FlatEpilogue.view`)."""
+    flat(Var("value", "float32"), (const(0), const(0), const(0)))
+    return bool(flat.views)
+
+
+def panel_group(shape: ck.ConvShape, tile: tuple[int, int], flat: FlatEpilogue) -> int:
+    """How many consecutive panels a parallel tile of a panel-copying layer
+    (`copies_panels`) copies and runs together, each row tile over all of them in turn:
+    for a 1x1 layer whose epilogue reads a residual (`reads_output_shaped`), as many as
+    `PANEL_GROUP_BYTES` holds, else one.
+
+    Panel by panel, a tile of `co` rows stores one `nr`-wide run in each of `co` output
+    planes and reads one from each of the residual's: at 56x56 a 256-channel residual is
+    256 streams advancing 64 bytes per panel, more than the hardware prefetchers follow,
+    so every residual line was a demand miss (ResNet-50's 64>256 @56 with its Add took
+    2.3x the time it took without). Grouped, each row reads and writes `group * nr`
+    positions in a row."""
+    if (shape.kh, shape.kw) != (1, 1) or not reads_output_shaped(flat):
+        return 1
+    positions = shape.out_h * shape.out_w
+    panels = -(-positions // tile[1])
+    return max(1, min(panels, PANEL_GROUP_BYTES // (shape.c_in * tile[1] * 4)))
+
+
 def gemm_conv_body(shape: ck.ConvShape, x: Buffer, w: Buffer, out: Buffer,
                    tile: tuple[int, int], epilogue: Epilogue, fused: bool,
                    copy_panels: bool = False) -> Stmt:
@@ -270,9 +301,11 @@ def gemm_conv_body(shape: ck.ConvShape, x: Buffer, w: Buffer, out: Buffer,
         return b[bidx[0], kk, start + v]
 
     flat = FlatEpilogue(epilogue, shape.out_h, shape.out_w)
+    group = panel_group(shape, tile, flat) if copy_panels else 1
     product = gk.GemmShape((shape.n,), (), (shape.c_out,), positions, k)
     body = gk.gemm_body(product, gk.GemmTiling(mr, nr), a, b_at, o, flat, fused, prologue,
-                        shifted_tail=shifted, copy_panels=copy_panels and in_place)
+                        shifted_tail=shifted, copy_panels=copy_panels and (in_place or group > 1),
+                        panel_group=group)
     return seq(*decls, *flat.decls, body)
 
 
