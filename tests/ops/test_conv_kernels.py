@@ -411,6 +411,28 @@ def test_gemm_conv_widens_the_tile_of_a_large_output(spec: str, tile: tuple[int,
     assert choose_tile(small, isa) == ((8, 32) if isa.vector_registers == 32 else (6, 16))
 
 
+@pytest.mark.parametrize(("spec", "gemm"), [
+    # AVX2: a 14x14 image (196 of 208 lanes) on the GEMM kernel with its panels copied,
+    # up to 1024 input channels (conv_gemm.COPIED_LANE_USE, PANEL_COPY_BYTES)
+    ("llvm -mcpu=znver3", {(256, 14, 1): True, (1024, 14, 1): True, (2048, 14, 1): False,
+                           (512, 28, 2): False, (512, 7, 1): False}),
+    # AVX-512 (not measured there): read in place, 95% of the lanes
+    ("llvm -mcpu=znver4", {(256, 14, 1): False, (1024, 14, 1): False, (2048, 14, 1): False,
+                           (512, 28, 2): False, (512, 7, 1): False}),
+])
+def test_gemm_conv_takes_14x14_1x1_layers_whose_panels_are_copied(
+        spec: str, gemm: dict[tuple[int, int, int], bool]) -> None:
+    from kiln.ops.kernels.conv_gemm import choose_tile, copies_panels, takes
+
+    isa = isa_for(Target(spec))
+    for (ci, h, stride), expected in gemm.items():
+        shape = ck.ConvShape(1, ci, h, h, 256, 1, 1, (stride, stride), (1, 1),
+                             (0, 0, 0, 0))
+        assert takes(shape, isa) is expected, (ci, h, stride)
+        assert copies_panels(shape, choose_tile(shape, isa), isa) is (
+            isa.vector_bits == 256 and ci <= 1024), ci
+
+
 @pytest.mark.parametrize(("spec", "tiles"), [
     # AVX2: 6-row tiles leave 2 of 18 and 4 of 36 rows surplus for 16 and 32 channels
     ("llvm -mcpu=znver3", {16: (4, 16), 32: (4, 16), 48: (6, 16), 64: (6, 16), 20: (5, 16)}),
