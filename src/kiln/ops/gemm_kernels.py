@@ -396,7 +396,7 @@ def gemm_body(shape: GemmShape, tiling: GemmTiling, a: Buffer, b_at: BReader, ou
              copied: Callable[[PrimExpr, PrimExpr], PrimExpr] | None = None) -> Stmt:
         """One register tile; `part`: only K's segment `part.k0 ..` of it, its sums
         started from (and, but in the last segment, left in) the partial sums; `copied`:
-        the panel's copy `[k][nr]` to read B from."""
+        reads B at `(k, v)` from the panel's copy."""
         head: list[Stmt] = []
         bidx = _unflatten(bflat, shape.batch, "i", head)
         a_batch = tuple(as_expr(i, INDEX_DTYPE)
