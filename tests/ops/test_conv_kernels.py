@@ -275,9 +275,10 @@ GEMM_KXK = [dict(x=(1, 5, 11, 10), co=9, k=3, strides=(2, 2), pads=(1, 2, 0, 1),
 
 
 def _check_gemm_kernel(cases: list[dict[str, Any]], target: str,
-                       tile: Any = None) -> None:
+                       tile: Any = None) -> Any:
     """Compile `cases` with every convolution packed for the GEMM kernel (with `tile`,
-    a function of the ISA, or the rule's) and compare with onnxruntime."""
+    a function of the ISA, or the rule's), compare with onnxruntime and return the
+    compiled module."""
     from kiln.ops.kernels.conv_gemm import CONV_GEMM
     from kiln.transform.functor import rewrite_calls
 
@@ -301,11 +302,32 @@ def _check_gemm_kernel(cases: list[dict[str, Any]], target: str,
     got = ex(*checks.feeds.values())
     checks.assert_close(list(got) if isinstance(got, (tuple, list)) else [got],
                         checks.reference())
+    return ex
+
+
+# A strided 1x1 layer of 300 input channels with a residual Add, 100 positions (7 panels
+# at 16 lanes): on 256-bit vectors its im2col panels copied in groups of 3
+# (conv_gemm.panel_group), the last group one panel (PARTIAL_PANEL below groups a
+# shifted last panel read in place).
+GROUPED = [dict(x=(1, 300, 20, 19), co=7, k=1, strides=(2, 2), pads=(0, 0, 0, 0),
+                tail=("Add", "Relu"))]
 
 
 @pytest.mark.parametrize("target", NATIVE_TARGETS)
 def test_gemm_kernel_computes_strided_kxk_layers(target: str) -> None:
-    _check_gemm_kernel(GEMM_KXK, target)
+    # GROUPED: on 256-bit vectors a 1x1 layer whose epilogue reads a residual copies
+    # groups of consecutive panels and runs each row tile over the group
+    # (conv_gemm.panel_group: each output and residual row in runs of several panels)
+    from kiln.ir import tensor as t
+    from kiln.ir.visitor import iter_stmts
+
+    ex = _check_gemm_kernel(GEMM_KXK + GROUPED, target)
+    panels = [s.buffer.shape for f in ex.ir.functions.values()
+              if f.attrs.get("kiln.conv_kernel") == "conv2d_gemm"
+              for s in iter_stmts(f.body) if isinstance(s, t.Allocate)
+              and s.buffer.name == "panel" and s.buffer.shape[1] == 300]
+    grouped = isa_for(native_target(target)).vector_bits == 256
+    assert panels == ([(3, 300, 16)] if grouped else [])
 
 
 # 63 positions per image: whole panels and a partial last one at 4, 8 and 16 lanes.
@@ -387,6 +409,28 @@ def test_gemm_conv_widens_the_tile_of_a_large_output(spec: str, tile: tuple[int,
     small = ck.ConvShape(1, 256, 56, 56, 64, 1, 1, (1, 1), (1, 1), (0, 0, 0, 0))
     assert choose_tile(big, isa) == tile
     assert choose_tile(small, isa) == ((8, 32) if isa.vector_registers == 32 else (6, 16))
+
+
+@pytest.mark.parametrize(("spec", "gemm"), [
+    # AVX2: a 14x14 image (196 of 208 lanes) on the GEMM kernel with its panels copied,
+    # up to 1024 input channels (conv_gemm.COPIED_LANE_USE, PANEL_COPY_BYTES)
+    ("llvm -mcpu=znver3", {(256, 14, 1): True, (1024, 14, 1): True, (2048, 14, 1): False,
+                           (512, 28, 2): False, (512, 7, 1): False}),
+    # AVX-512 (not measured there): read in place, 95% of the lanes
+    ("llvm -mcpu=znver4", {(256, 14, 1): False, (1024, 14, 1): False, (2048, 14, 1): False,
+                           (512, 28, 2): False, (512, 7, 1): False}),
+])
+def test_gemm_conv_takes_14x14_1x1_layers_whose_panels_are_copied(
+        spec: str, gemm: dict[tuple[int, int, int], bool]) -> None:
+    from kiln.ops.kernels.conv_gemm import choose_tile, copies_panels, takes
+
+    isa = isa_for(Target(spec))
+    for (ci, h, stride), expected in gemm.items():
+        shape = ck.ConvShape(1, ci, h, h, 256, 1, 1, (stride, stride), (1, 1),
+                             (0, 0, 0, 0))
+        assert takes(shape, isa) is expected, (ci, h, stride)
+        assert copies_panels(shape, choose_tile(shape, isa), isa) is (
+            isa.vector_bits == 256 and ci <= 1024), ci
 
 
 @pytest.mark.parametrize(("spec", "tiles"), [

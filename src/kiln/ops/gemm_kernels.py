@@ -349,7 +349,7 @@ def gemm_body(shape: GemmShape, tiling: GemmTiling, a: Buffer, b_at: BReader, ou
               epilogue: Epilogue, fused: bool = True,
               prologue: Sequence[Stmt] = (), blocking: KBlocking | None = None,
               by_rows: bool = False, shifted_tail: bool = False,
-              copy_panels: bool = False) -> Stmt:
+              copy_panels: bool = False, panel_group: int = 1) -> Stmt:
     """The loop nest of `out = epilogue(A @ B)`: `a` is A (`[*a_batch, *rows, k]`, read
     in place), `b_at` reads B's panels, `out` is `[*batch, *rows, n]`; `prologue` runs
     first (a run-time packing of B). With `blocking` (a static K longer than its `kc`),
@@ -367,7 +367,10 @@ def gemm_body(shape: GemmShape, tiling: GemmTiling, a: Buffer, b_at: BReader, ou
     `copy_panels` (a static K; ignored with `blocking` or `by_rows`): a parallel tile is one
     panel of one product with all its row tiles; it first copies the panel's `k` x `nr`
     values (through `b_at`) into a contiguous block on the stack, which every row tile
-    then reads (`panel_copy`)."""
+    then reads (`panel_copy`). `panel_group` (with `copy_panels`): a parallel tile is that
+    many consecutive panels (fewer in the last), copied together; each row tile then runs
+    over all of them in turn, so it stores (and its epilogue reads) `panel_group * nr`
+    consecutive columns of each output row."""
     m, n = shape.m, shape.n
     static_m = isinstance(m, int)  # else an expression of the kernel's dim scalars
     if (static_m and m < 1) or (isinstance(n, int) and n < 1):
@@ -390,10 +393,10 @@ def gemm_body(shape: GemmShape, tiling: GemmTiling, a: Buffer, b_at: BReader, ou
     two_pass = out.dtype == acc_t and _calls_a_library(epilogue, out.ndim)
 
     def tile(bflat: PrimExpr, panel: PrimExpr, mt: PrimExpr, part: _Segment | None = None,
-             copied: Buffer | None = None) -> Stmt:
+             copied: Callable[[PrimExpr, PrimExpr], PrimExpr] | None = None) -> Stmt:
         """One register tile; `part`: only K's segment `part.k0 ..` of it, its sums
         started from (and, but in the last segment, left in) the partial sums; `copied`:
-        the panel's copy `[k][nr]` to read B from."""
+        reads B at `(k, v)` from the panel's copy."""
         head: list[Stmt] = []
         bidx = _unflatten(bflat, shape.batch, "i", head)
         a_batch = tuple(as_expr(i, INDEX_DTYPE)
@@ -409,7 +412,7 @@ def gemm_body(shape: GemmShape, tiling: GemmTiling, a: Buffer, b_at: BReader, ou
             a_pre.append((*a_batch, *ridx))
         a_rows = [(lambda kk, p=p: a[(*p, kk)]) for p in a_pre]
         b_row = ((lambda kk, v: b_at(bidx, panel, kk, v)) if copied is None
-                 else (lambda kk, v: copied[kk, v]))
+                 else copied)
         if part is None:
             acc, red = register_tile(mr, nr, shape.k, a_rows, b_row, acc_t, fused)
         else:
@@ -472,21 +475,28 @@ def gemm_body(shape: GemmShape, tiling: GemmTiling, a: Buffer, b_at: BReader, ou
         return seq(*head, *red, Allocate(stage), copy, *stores)
 
     if copy_panels and blocking is None and not by_rows and isinstance(shape.k, int):
-        k_steps = shape.k
+        k_steps, group = shape.k, max(1, min(panel_group, panels if isinstance(panels, int)
+                                             else 1))
+        groups = -(-panels // group)
 
-        def panel_tiles(bflat: PrimExpr, panel: PrimExpr) -> Stmt:
-            copied = Buffer("panel", (k_steps, nr), acc_t, "local")
+        def panel_tiles(bflat: PrimExpr, gi: PrimExpr) -> Stmt:
+            copied = Buffer("panel", (group, k_steps, nr), acc_t, "local")
             lets: list[Stmt] = []
             bidx = _unflatten(bflat, shape.batch, "j", lets)
-            kk, mt = Var("k", INDEX_DTYPE), Var("mt", INDEX_DTYPE)
-            fill = For(kk, _c(0), _c(k_steps), "serial", lanes_loop("v", nr, lambda v: Store(
-                copied, b_at(bidx, panel, kk, v), (kk, v))))
+            kk, mt, j = Var("k", INDEX_DTYPE), Var("mt", INDEX_DTYPE), Var("pj", INDEX_DTYPE)
+            here: PrimExpr = (_c(group) if panels % group == 0
+                              else min_(group, panels - gi * group))
+            first = gi * group if group > 1 else gi
+            fill = For(j, _c(0), here, "serial", For(
+                kk, _c(0), _c(k_steps), "serial", lanes_loop("v", nr, lambda v: Store(
+                    copied, b_at(bidx, first + j, kk, v), (j, kk, v)))))
             return seq(Allocate(copied), *lets, fill, For(
                 mt, _c(0), as_expr(mtiles, INDEX_DTYPE), "serial",
-                tile(bflat, panel, mt, copied=copied)))
+                For(j, _c(0), here, "serial", tile(
+                    bflat, first + j, mt, copied=lambda kk, v: copied[j, kk, v]))))
 
         return seq(*prologue, parallel_when(lambda: parallel_tiles(
-            (shape.batches, panels), panel_tiles), shape.madds))
+            (shape.batches, groups), panel_tiles), shape.madds))
     if blocking is None or not static_m or not isinstance(shape.k, int) \
             or shape.k <= blocking.kc:
         if by_rows:

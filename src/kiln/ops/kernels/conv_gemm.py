@@ -59,6 +59,12 @@ from kiln.target.isa import ISA
 # surplus lanes are multiply-adds thrown away (a 7x7 image fills 49 of 64 lanes at 16
 # lanes; the blocked kernel, vectors along output channels, wastes none there).
 MIN_LANE_USE = 0.95
+# The share where the panels are copied (`copies_panels`, AVX2): a 14x14 image fills 196
+# of 208 lanes at 16. ResNet-50's, DenseNet-121's, MobileNetV2's and EfficientNet-B0's
+# 14x14 1x1 layers ran 3-20% faster on the GEMM kernel with their panels copied than on
+# the blocked kernel (Zen 3, docs/performance.md "AVX2 round four"); read in place
+# they had run slower.
+COPIED_LANE_USE = 0.93
 # Fewer panels (a tiny image) leave the layer to the blocked kernel as well: it was
 # faster on every 1x1 layer of 14x14 and 7x7 images measured (ResNet-50's last stages).
 MIN_PANELS = 2
@@ -66,8 +72,8 @@ MIN_PANELS = 2
 
 def takes(shape: ck.ConvShape, isa: ISA) -> bool:
     """Whether the registry gives a convolution to the GEMM kernel: an ungrouped 1x1 (any
-    stride) with enough output positions to fill its panels (`MIN_LANE_USE`,
-    `MIN_PANELS`).
+    stride) with enough output positions to fill its panels (`MIN_LANE_USE`, or
+    `COPIED_LANE_USE` for a stride-1 layer whose panels are copied; `MIN_PANELS`).
 
     Strided KxK layers are left to the blocked kernel, which reads them in place and ran
     faster (AVX-512: 3x3/2 layers of 128-256 channels, 1-D k=3/2 layers of 384-768
@@ -77,9 +83,13 @@ def takes(shape: ck.ConvShape, isa: ISA) -> bool:
     if shape.groups != 1 or (shape.kh, shape.kw) != (1, 1):
         return False
     positions = shape.out_h * shape.out_w
-    nr = choose_tile(shape, isa)[1]
+    tile = choose_tile(shape, isa)
+    nr = tile[1]
     panels = -(-positions // nr)
-    return panels >= MIN_PANELS and positions >= MIN_LANE_USE * panels * nr
+    copied = (shape.stride == (1, 1) and not any(shape.pads)
+              and copies_panels(shape, tile, isa))
+    lane_use = COPIED_LANE_USE if copied else MIN_LANE_USE
+    return panels >= MIN_PANELS and positions >= lane_use * panels * nr
 
 
 # An image's output larger than this many times the L2 gets the wide tile (`WIDE_TILE`):
@@ -214,9 +224,11 @@ def im2col(x: Buffer, shape: ck.ConvShape, width: int) -> tuple[Buffer, list[Stm
     return col, [Allocate(col), fill_loop]
 
 
-# A panel copied to the stack (`copies_panels`) is at most this many bytes: K-blocked
-# partial sums' bound (gemm_kernels.PARTIAL_SUM_BYTES), 512 input channels at 16 lanes.
-PANEL_COPY_BYTES = 32 * 1024
+# A panel copied to the stack (`copies_panels`) is at most this many bytes: 1024 input
+# channels at 16 lanes (twice K-blocked partial sums' bound, gemm_kernels.
+# PARTIAL_SUM_BYTES). At 32 KB the 768- and 1024-deep layers read in place ran 1.1-1.7x
+# onnxruntime's time (Inception's 768>192 @17, 1024>256 @16 and @14), copied 0.88-1.0.
+PANEL_COPY_BYTES = 64 * 1024
 
 
 def copies_panels(shape: ck.ConvShape, tile: tuple[int, int], isa: ISA) -> bool:
@@ -232,6 +244,37 @@ def copies_panels(shape: ck.ConvShape, tile: tuple[int, int], isa: ISA) -> bool:
     mr, nr = tile
     return (isa.vector_bits in ZEN3_VECTOR_BITS and shape.c_out > mr
             and shape.c_in * nr * 4 <= PANEL_COPY_BYTES)
+
+
+# A group of panels copied together (`panel_group`) is at most this many bytes: 16 panels
+# of 64 input channels, 8 of 128 (at 32 KB, 4 of 128 measured slower).
+PANEL_GROUP_BYTES = 64 * 1024
+
+
+def reads_output_shaped(flat: FlatEpilogue) -> bool:
+    """Whether the epilogue loads a tensor shaped like the output (a residual Add's other
+    operand): the flat views it reads through (`FlatEpilogue.view`)."""
+    flat(Var("value", "float32"), (const(0), const(0), const(0)))
+    return bool(flat.views)
+
+
+def panel_group(shape: ck.ConvShape, tile: tuple[int, int], flat: FlatEpilogue) -> int:
+    """How many consecutive panels a parallel tile of a panel-copying layer
+    (`copies_panels`) copies and runs together, each row tile over all of them in turn:
+    for a 1x1 layer whose epilogue reads a residual (`reads_output_shaped`), as many as
+    `PANEL_GROUP_BYTES` holds, else one.
+
+    Panel by panel, a tile of `co` rows stores one `nr`-wide run in each of `co` output
+    planes and reads one from each of the residual's: at 56x56 a 256-channel residual is
+    256 streams advancing 64 bytes per panel, more than the hardware prefetchers follow,
+    so every residual line was a demand miss (ResNet-50's 64>256 @56 with its Add took
+    2.3x the time it took without). Grouped, each row reads and writes `group * nr`
+    positions in a row."""
+    if (shape.kh, shape.kw) != (1, 1) or not reads_output_shaped(flat):
+        return 1
+    positions = shape.out_h * shape.out_w
+    panels = -(-positions // tile[1])
+    return max(1, min(panels, PANEL_GROUP_BYTES // (shape.c_in * tile[1] * 4)))
 
 
 def gemm_conv_body(shape: ck.ConvShape, x: Buffer, w: Buffer, out: Buffer,
@@ -270,9 +313,11 @@ def gemm_conv_body(shape: ck.ConvShape, x: Buffer, w: Buffer, out: Buffer,
         return b[bidx[0], kk, start + v]
 
     flat = FlatEpilogue(epilogue, shape.out_h, shape.out_w)
+    group = panel_group(shape, tile, flat) if copy_panels else 1
     product = gk.GemmShape((shape.n,), (), (shape.c_out,), positions, k)
     body = gk.gemm_body(product, gk.GemmTiling(mr, nr), a, b_at, o, flat, fused, prologue,
-                        shifted_tail=shifted, copy_panels=copy_panels and in_place)
+                        shifted_tail=shifted, copy_panels=copy_panels and (in_place or group > 1),
+                        panel_group=group)
     return seq(*decls, *flat.decls, body)
 
 
