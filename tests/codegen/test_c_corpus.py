@@ -28,7 +28,10 @@ corpus = pytest.importorskip("corpus", reason="the IR corpus (tests/corpus) is n
 CORPUS = getattr(corpus, "CORPUS", None) or {}
 from corpus._case import assert_outputs_match, run_interpreter  # noqa: E402
 
-pytestmark = pytest.mark.skipif(not have_cc(), reason="needs a C compiler")
+# One worker runs the module, so the libraries (the `libraries` fixture, ~12 s) are built
+# once, not once per xdist worker.
+pytestmark = [pytest.mark.skipif(not have_cc(), reason="needs a C compiler"),
+              pytest.mark.xdist_group("c_corpus")]
 
 
 def _prefix(case_name: str) -> str:
