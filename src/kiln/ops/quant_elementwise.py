@@ -126,14 +126,14 @@ def _saturate(v: PrimExpr, dtype: str) -> PrimExpr:
 
 def _saturate_magic(v: PrimExpr, dtype: str) -> PrimExpr:
     """`_saturate(v, dtype)` as the flat kernels compute it: `v` clamped to the type's
-    range first (a select on one ordered compare per bound: one `vmaxps` / `vminps`; a
-    NaN fails both compares and passes), then rounded half to even and converted by
-    adding ROUNDING_MAGIC and reading the sum's bits (|v| <= 255 after the clamp: the
-    sum's ulp is 1). Clamping before rounding gives the same values, the bounds being
-    integers; a NaN of the default bit pattern gives 0, as the conversion does. It
-    replaces a rounding, a NaN-passing max (a compare and a mask), a NaN clear (a
-    compare and a mask) and a conversion per vector with an add and an integer
-    subtract."""
+    range first (a select on one ordered compare per bound: a `vmaxps` / `vminps`, or for
+    a bound of 0 a compare and a mask; a NaN fails both compares and passes), then
+    rounded half to even and converted by adding ROUNDING_MAGIC and reading the sum's
+    bits (|v| <= 255 after the clamp: the sum's ulp is 1). Clamping before rounding
+    gives the same values, the bounds being integers; a NaN of the default bit pattern
+    gives 0, as the conversion does. It replaces a rounding, a NaN-passing max (a
+    compare and a mask), a NaN clear (a compare and a mask) and a conversion per vector
+    with an add and an integer subtract."""
     lo, hi = qrange(dtype)
     lo_, hi_ = as_expr(float(lo), "float32"), as_expr(float(hi), "float32")
     v = select(compare("lt", v, lo_), lo_, v)
