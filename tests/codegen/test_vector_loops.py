@@ -21,7 +21,8 @@ from kiln.codegen.constants import ConstantPool
 from kiln.codegen.llvm.lower_to_llvm import LoweringOptions, lower_module
 from kiln.ir import IRBuilder, IRModule
 from kiln.ir.evaluate import evaluate
-from kiln.ir.tensor import BinaryOp, Cast, Intrin, UnaryOp, intrin, select
+from kiln.ir.tensor import BinaryOp, Cast, Const, Intrin, UnaryOp, intrin, select
+from kiln.ir.visitor import iter_stmts
 from kiln.ops.kernels.math import exp_f32
 from kiln.transform.vectorize_loops import VectorizeLoops
 
@@ -268,6 +269,51 @@ def test_narrowing_stores_become_vector_code() -> None:
     np.testing.assert_array_equal(z, ((NARROW_X.astype(np.int64) * 2 + 128) % 256) - 128)
 
 
+def _bytes() -> IRModule:
+    """Byte and word lanes (the integer max pools' rows): y = max(a, min(b, 200)) over
+    uint8, z = a select on an int8 comparison, w = max of int16 rows; 54 lanes are
+    pieces of 32, 16, 4 and 2 (`register_pieces`' `split_rest`)."""
+    ib = IRBuilder()
+    for name, dtype, n in (("bytes", "uint8", 54), ("signed", "int8", 54),
+                           ("words", "int16", 54)):
+        with ib.prim_func(name):
+            a = ib.arg("A", (n,), dtype)
+            b = ib.arg("B", (n,), dtype)
+            y = ib.arg("Y", (n,), dtype)
+            with ib.for_range(n, name="v", kind="vectorized") as v:
+                if dtype == "int8":
+                    value = select(a[v] > b[v], a[v], BinaryOp("max", b[v], Const(-100, dtype)))
+                else:
+                    value = BinaryOp("max", a[v], BinaryOp("min", b[v], Const(200, dtype)))
+                ib.store(y, [v], value)
+    with ib.prim_func("byte_add"):  # arithmetic on bytes: no vector form (scalar loop)
+        a = ib.arg("A", (32,), "uint8")
+        y = ib.arg("Y", (32,), "uint8")
+        with ib.for_range(32, name="v", kind="vectorized") as v:
+            ib.store(y, [v], a[v] + a[v])
+    return ib.get()
+
+
+def _byte_args(dtype: type) -> list[np.ndarray]:
+    info = np.iinfo(dtype)
+    return [RNG.integers(info.min, info.max + 1, 54).astype(dtype) for _ in range(2)] + [
+        np.zeros(54, dtype)]
+
+
+def test_byte_and_word_lanes_become_vector_code() -> None:
+    text = ""
+    for name, dtype in (("bytes", np.uint8), ("signed", np.int8), ("words", np.int16)):
+        (a, b, y), text = _run(_bytes(), name, *_byte_args(dtype))
+        want = (np.where(a > b, a, np.maximum(b, -100)) if dtype == np.int8
+                else np.maximum(a, np.minimum(b, 200)))
+        np.testing.assert_array_equal(y, want.astype(dtype))
+    assert re.search(r"<32 x i8>.*<16 x i8>.*<4 x i8>.*<2 x i8>", text, re.S)
+    assert "<32 x i16>" in text and "<22 x i8>" not in text
+    assert "icmp ugt <32 x i8>" in text or "icmp uge <32 x i8>" in text  # unsigned max
+    add = _decided(_bytes())["byte_add"]
+    assert not any(getattr(s, "kind", None) == "vector" for s in iter_stmts(add.body))
+
+
 # ------------------------------------------------------------------ the C backend
 
 
@@ -316,6 +362,11 @@ C_CASES = {
     "exp": (_exp_lanes(), 256, "exp", [EXP_X, np.zeros(8, np.float32)]),
     # a narrowing store: the C printer keeps the loop scalar (the C compiler's to vectorize)
     "narrow": (_narrow(), 256, "narrow", _narrow_args()),
+    # byte and word lanes: 54 = 32 + 16 + 4 + 2 bytes at 256 bits, 16 + 16 + 16 + 4 + 2
+    # words; a select on an int8 mask
+    "bytes": (_bytes(), 256, "bytes", _byte_args(np.uint8)),
+    "signed": (_bytes(), 256, "signed", _byte_args(np.int8)),
+    "words": (_bytes(), 256, "words", _byte_args(np.int16)),
 }
 
 
@@ -353,6 +404,9 @@ def test_c_vector_loops_print_register_chunks(c_libs: dict[str, CLibrary]) -> No
     assert "for (int64_t lane = 0; lane < 64; lane += 4)" in c_libs[
         "kiln_tile72_"].source("kernels.c")
     assert "kiln_f64x4" in c_libs["kiln_f64_"].source("kernels.c")
+    assert "kiln_u8x32 load" in c_libs["kiln_bytes_"].source("kernels.c")
+    assert "kiln_i8x32 pick" in c_libs["kiln_signed_"].source("kernels.c")
+    assert "kiln_i16x16 load" in c_libs["kiln_words_"].source("kernels.c")
 
 
 def test_c_scalar_fallback_compiles(c_libs: dict[str, CLibrary], tmp_path: Path) -> None:

@@ -16,8 +16,12 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 from onnx.version_converter import convert_version
+from test_dot_intrinsic import host_runs
 
+import kiln
 from kiln import evaluate
+from kiln.codegen.constants import ConstantPool
+from kiln.codegen.llvm.codegen import compile_module
 from kiln.errors import FrontendError
 from kiln.frontend import from_onnx
 from kiln.ir import graph as g
@@ -159,6 +163,37 @@ def test_qdq_max_pool_runs_on_integers(zp: np.generic, out_scale: float) -> None
     assert ops["dequantize_linear"] == (0 if out_scale == 0.05 else 1)
     np.testing.assert_array_equal(evaluate(mod, "main", x),
                                   ort_session(model).run(None, {"x": x})[0])
+
+
+# target -> the byte vector the integer max pool's rows must compile to (its lanes come
+# from the ISA: 32 bytes with AVX2, 64 with AVX-512; C: the vector extension's type)
+BYTE_POOL_VECTORS = {"llvm -mcpu=haswell": "<32 x i8>", "c -mcpu=haswell": "kiln_{t}8x32 load",
+                     "llvm -mcpu=skylake-avx512": "<64 x i8>"}
+
+
+@pytest.mark.parametrize("target", sorted(BYTE_POOL_VECTORS))
+@pytest.mark.parametrize("dtype", [np.uint8, np.int8])
+def test_integer_max_pool_rows_are_byte_vectors(target: str, dtype: type) -> None:
+    """A uint8 / int8 MaxPool's row loops (loads, max, stores of bytes) are vector loops
+    of the ISA's byte lanes (kiln.ir.analysis.vector_loops), and equal onnxruntime's."""
+    elem = TensorProto.UINT8 if dtype == np.uint8 else TensorProto.INT8
+    b = GraphBuilder()
+    b.node("MaxPool", ["x"], ["y"], kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1])
+    b.input("x", [1, 2, 5, 72], elem)
+    b.output("y", [1, 2, 3, 36], elem)
+    model = b.model(opset=13)
+    info = np.iinfo(dtype)
+    x = R.integers(info.min, info.max + 1, (1, 2, 5, 72)).astype(dtype)
+    ex = kiln.compile(from_onnx(model), target)
+    if target.startswith("c"):
+        text = next(a.content.decode() for a in ex.artifacts if a.file_name == "kernels.c")
+    else:
+        text = str(compile_module(ex.ir, Target(target), prefix="kiln_",
+                                  pool=ConstantPool.from_module(ex.ir)).module)
+    assert BYTE_POOL_VECTORS[target].format(t="u" if dtype == np.uint8 else "i") in text
+    if not host_runs(target):
+        pytest.skip(f"this host cannot run {target}: compiled only")
+    np.testing.assert_array_equal(ex["main"](x), ort_session(model).run(None, {"x": x})[0])
 
 
 def _single_node(node: onnx.NodeProto, inits: list[onnx.TensorProto],

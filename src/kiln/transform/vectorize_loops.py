@@ -22,7 +22,12 @@ from typing import Any
 
 from kiln.ir import tensor as t
 from kiln.ir.aliasing import analyze
-from kiln.ir.analysis.vector_loops import private_buffers, readonly_buffers, vector_loop_lanes
+from kiln.ir.analysis.vector_loops import (
+    element_bytes,
+    private_buffers,
+    readonly_buffers,
+    vector_loop_lanes,
+)
 from kiln.ir.attrs import ATTR_VECTOR_BITS
 from kiln.ir.module import IRModule
 from kiln.ir.visitor import StmtMutator, iter_stmts, substitute
@@ -47,7 +52,7 @@ class VectorizeLoops(Pass):
         changed: dict[str, Any] = {}
         for name, fn in funcs.items():
             mutator = _Decide(private_buffers(fn, aliasing.noalias[name]), readonly_buffers(fn),
-                              bits // 32)
+                              bits)
             new = mutator.visit_func(fn)
             if new is not fn:
                 changed[name] = new
@@ -64,33 +69,39 @@ def _target_vector_bits() -> int:
 
 class _Decide(StmtMutator):
     def __init__(self, private: set[t.Buffer], readonly: set[t.Buffer],
-                 register_lanes: int) -> None:
+                 bits: int) -> None:
         self.private = private
         self.readonly = readonly
-        self.register_lanes = register_lanes
+        self.bits = bits
 
     def visit_for(self, s: t.For) -> t.Stmt:
         if s.kind == "vectorized" and vector_loop_lanes(s, self.private, self.readonly):
-            return register_pieces(s, self.register_lanes)
+            # a register's lanes: of the loop's elements, 32-bit ones for wider elements
+            size = element_bytes(s)
+            return register_pieces(s, self.bits // (8 * min(size, 4)), split_rest=size < 4)
         return self.generic_visit(s)
 
 
-def register_pieces(loop: t.For, register_lanes: int) -> t.Stmt:
+def register_pieces(loop: t.For, register_lanes: int, split_rest: bool = False) -> t.Stmt:
     """`loop` (constant start and extent, independent iterations) as consecutive `vector`
-    loops: power-of-two pieces of at least a register (`register_lanes` 32-bit lanes),
+    loops: power-of-two pieces of at least a register (`register_lanes` lanes),
     then the rest, less than a register, as one piece. With 16 lanes 48 are one loop of
     32 and one of 16, 37 are 32 and 5. LLVM pads a `<48 x float>` to 64 lanes in memory
     and then keeps a register tile of them on the stack (a 3-vector conv tile ran 10x
-    slower than a 2- or 4-vector one); the pieces stay in registers. Later pieces bind
-    fresh variables (loop and lets)."""
+    slower than a 2- or 4-vector one); the pieces stay in registers. `split_rest` (byte
+    and word loops) splits the rest into power-of-two pieces too, the last of one lane
+    scalar code: 27 bytes are 16, 8, 2 and 1 (LLVM made a `<27 x i8>` row of the uint8
+    max pools 3.5x slower than its own loop vectorizer's code; `<22 x i8>` legalizes as
+    16, 4 and 2 by itself). Later pieces bind fresh variables (loop and lets)."""
     whole = t.For(loop.var, loop.start, loop.extent, "vector", loop.body)
     start = loop.start.value if isinstance(loop.start, t.Const) else None
     extent = int(loop.extent.value)  # type: ignore[attr-defined]  # checked by the analysis
-    if start is None or extent & (extent - 1) == 0 or extent <= register_lanes:
+    if start is None or extent & (extent - 1) == 0 or (extent <= register_lanes
+                                                        and not split_rest):
         return whole
     sizes = []
     rest = extent
-    while rest >= max(register_lanes, 1):
+    while rest >= (1 if split_rest else max(register_lanes, 1)):
         sizes.append(1 << (rest.bit_length() - 1))
         rest -= sizes[-1]
     sizes += [rest] if rest else []

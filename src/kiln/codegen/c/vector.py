@@ -13,15 +13,21 @@ not depend on the loop variable are computed once per chunk and broadcast. `min`
 keep the IR's NaN rule with a compare-and-blend, `fma` is `fmaf` per lane (GCC and
 Clang fuse it into vector FMA instructions where the target has them); a `select` is a
 blend on an int32 comparison mask, a `reinterpret` a vector cast (bits kept), an
-int32-to-float32 `cast` `__builtin_convertvector` (exp's forms, kiln.ops.kernels.math). Chunk widths
-are powers of two (the extension's rule): `n` is covered by full-width chunks, then
+int32-to-float32 `cast` `__builtin_convertvector` (exp's forms, kiln.ops.kernels.math).
+Byte and word lanes (int8, uint8, int16, uint16: the integer max pools' rows) load,
+`min`/`max` and store as `kiln_u8x32` and so on, their masks of the same width (GCC 12
+makes a uint8 max `vpminub`, `vpcmpeqb` and `vpblendvb` with AVX2: it does not see the
+blend as `vpmaxub`; LLVM's backend emits the one instruction). Chunks span the register
+over the widest element the loop touches (32 bytes, 8 float32 lanes with AVX2). Chunk
+widths are powers of two (the extension's rule): `n` is covered by full-width chunks, then
 halves down to one lane, which prints as scalar code.
 
 A compiler without the extensions (`__GNUC__` undefined; MSVC is not a kiln target),
 or a build with `-DKILN_VECTORS=0`, gets the plain scalar loop printed next to the
 vector code under `#if KILN_VECTORS`.
 Loops with `dot4_u8s8` stay scalar loops (the scalar helper is what the C compiler
-vectorizes best), and so do selects of 64-bit lanes and rounding intrinsics.
+vectorizes best), and so do selects of 64-bit lanes, rounding intrinsics and narrowing
+stores (int32 lanes to bytes).
 
 No function takes or returns a vector, so no vector crosses an ABI boundary (GCC warns
 about that, `-Wpsabi`, when the vector is wider than the target's registers).
@@ -37,6 +43,7 @@ from kiln.codegen.c.context import value_ctype
 from kiln.codegen.c.expr import ADD, paren
 from kiln.ir import dtype as dt
 from kiln.ir.affine import mentions
+from kiln.ir.analysis.vector_loops import element_bytes, narrowed
 from kiln.ir.attrs import ATTR_VECTOR_BITS
 from kiln.ir.tensor import (
     BinaryOp,
@@ -69,13 +76,16 @@ DEFAULT_VECTOR_BITS = 128
 MAX_UNROLLED_CHUNKS = 8
 # A scalar operand that can be splatted as it is printed (a name or a plain number).
 SIMPLE_OPERAND = re.compile(r"[\w.]+")
-_SHORT = {"float32": "f32", "float64": "f64", "int32": "i32", "int64": "i64"}
+_SHORT = {"float32": "f32", "float64": "f64", "int32": "i32", "int64": "i64",
+          "int8": "i8", "uint8": "u8", "int16": "i16", "uint16": "u16"}
 # The integer vector a comparison of two vectors of a dtype gives (also the blend mask).
-_MASK = {"float32": "int32", "float64": "int64", "int32": "int32", "int64": "int64"}
+_MASK = {"float32": "int32", "float64": "int64", "int32": "int32", "int64": "int64",
+         "int8": "int8", "uint8": "int8", "int16": "int16", "uint16": "int16"}
 _FMA = {"float32": "fmaf", "float64": "fma"}
 _VECTOR_INTRINSICS = frozenset({"fma", "isnan"})
-# selects and comparisons print as 32-bit masks (the vectorizable math's lanes)
-_LANES_32 = frozenset({"float32", "int32"})
+# selects and comparisons print as masks of 32-bit lanes (the vectorizable math's) or of
+# byte and word lanes (the integer max pools')
+_MASKED_LANES = frozenset({"float32", "int32", "int8", "uint8", "int16", "uint16"})
 _INFIX_TOKENS = {"add": "+", "sub": "-", "mul": "*", "div": "/", "and": "&", "or": "|",
                  "xor": "^", "shl": "<<", "shr": ">>"}
 _COMPARE_TOKENS = {"eq": "==", "ne": "!=", "lt": "<", "le": "<=", "gt": ">", "ge": ">="}
@@ -114,29 +124,27 @@ def vector_preamble(types: set[tuple[str, int]]) -> list[str]:
 
 def chunk_lanes(loop: For, vector_bits: int) -> int:
     """Lanes per chunk: the register width over the widest element, a power of two."""
-    widest = max((dt.itemsize(n.buffer.dtype) for n in iter_nodes(loop.body)
-                  if isinstance(n, (Load, Store)) and n.buffer.dtype in _SHORT), default=4)
-    lanes = max(1, vector_bits // (8 * widest))
+    lanes = max(1, vector_bits // (8 * element_bytes(loop)))
     return 1 << (lanes.bit_length() - 1)
 
 
 def prints_as_vectors(loop: For) -> bool:
     """Whether the C backend prints `vector` loop `loop` as vector code: not with
     `dot4_u8s8` (nor the `vector` forms this printer lacks: rounding intrinsics, selects
-    and comparisons other than of 32-bit lanes), which print as the scalar loop."""
+    and comparisons of 64-bit lanes, narrowing stores), which print as the scalar loop."""
     return not any(_scalar_only(n) for n in iter_nodes(loop.body))
 
 
 def _scalar_only(node: object) -> bool:
     if isinstance(node, Store):  # a narrowing store (int32 lanes to bytes): the C
-        return node.buffer.dtype not in _SHORT  # compiler vectorizes the scalar loop
+        return narrowed(node) is not None  # compiler vectorizes the scalar loop
     if isinstance(node, Intrin):
         return node.name not in _VECTOR_INTRINSICS or (
             node.name == "isnan" and node.args[0].dtype != "float32")
     if isinstance(node, Select):
-        return node.dtype not in _LANES_32
+        return node.dtype not in _MASKED_LANES
     if isinstance(node, Compare):
-        return node.a.dtype not in _LANES_32
+        return node.a.dtype not in _MASKED_LANES
     return False
 
 
@@ -283,7 +291,8 @@ class VectorLoopPrinter:
             assert e.op == "neg"
             return self.temp(e.dtype, f"-{self.vexpr(e.a)}")
         if isinstance(e, Select):
-            return self.blend(e.dtype, self.mask(e.cond), self.vexpr(e.true_value),
+            return self.blend(e.dtype, self.mask(e.cond, _MASK[e.dtype]),
+                              self.vexpr(e.true_value),
                               self.vexpr(e.false_value))
         if isinstance(e, Reinterpret):  # a cast between vector types of one size: the bits
             return self.temp(e.dtype, f"({self.vtype(e.dtype)}){self.vexpr(e.value)}")
@@ -296,19 +305,25 @@ class VectorLoopPrinter:
                           for k in range(self.width))
         return self.temp(e.dtype, f"({self.vtype(e.dtype)}){{{lanes}}}")
 
-    def mask(self, cond: PrimExpr) -> str:
-        """An int32 vector of -1 (true) or 0 per lane for the bool `cond`."""
+    def mask(self, cond: PrimExpr, dtype: str) -> str:
+        """A `dtype` (signed integer) vector of -1 (true) or 0 per lane for the bool
+        `cond`; a comparison of lanes of another width is converted (-1 stays -1)."""
         if self.lane_invariant(cond):
             scalar = self.ctx.names.fresh("inv")
-            self.p.line(f"const int32_t {scalar} = -(int32_t)({self.kp.expr(cond).text});")
-            return self.temp("int32", f"({self.vtype('int32')}){{"
+            ctype = value_ctype(dtype)
+            self.p.line(f"const {ctype} {scalar} = -({ctype})({self.kp.expr(cond).text});")
+            return self.temp(dtype, f"({self.vtype(dtype)}){{"
                              + ", ".join([scalar] * self.width) + "}", "splat")
         if isinstance(cond, Intrin):  # isnan: a NaN lane is unequal to itself
-            a = self.vexpr(cond.args[0])
-            return self.temp("int32", f"{a} != {a}", "pick")
-        assert isinstance(cond, Compare)
-        a, b = self.vexpr(cond.a), self.vexpr(cond.b)
-        return self.temp("int32", f"{a} {_COMPARE_TOKENS[cond.op]} {b}", "pick")
+            a, own = self.vexpr(cond.args[0]), _MASK[cond.args[0].dtype]
+            pick = self.temp(own, f"{a} != {a}", "pick")
+        else:
+            assert isinstance(cond, Compare)
+            a, b, own = self.vexpr(cond.a), self.vexpr(cond.b), _MASK[cond.a.dtype]
+            pick = self.temp(own, f"{a} {_COMPARE_TOKENS[cond.op]} {b}", "pick")
+        if own == dtype:
+            return pick
+        return self.temp(dtype, f"__builtin_convertvector({pick}, {self.vtype(dtype)})", "pick")
 
     def blend(self, dtype: str, mask: str, a: str, b: str) -> str:
         """`mask ? a : b` per lane, as bitwise operations on the lanes' bits."""

@@ -22,8 +22,12 @@ when:
   load whose element moves by exactly one when the variable grows by one (a
   contiguous load); expressions that do not depend on it are computed once and
   broadcast;
+- byte and word lanes (`SMALL_INT_DTYPES`: int8, uint8, int16, uint16) hold loads,
+  `min`, `max` and `select`s on comparisons of the same dtype only (the integer max
+  pools' rows); arithmetic that would widen or narrow them is refused;
 - every store is contiguous; a store into an int8/uint8 buffer stores the cast of an
-  int32 expression (each lane truncated to its low byte: the quantized kernels' outputs);
+  int32 expression (each lane truncated to its low byte: the quantized kernels' outputs)
+  or a value of the buffer's own dtype;
 - (independence) the buffers the loop writes are touched only contiguously, at element
   distances that keep different iterations apart (0, or at least the extent), and no
   other buffer of the loop may share their memory (stack buffers, constants and
@@ -33,6 +37,7 @@ when:
 from __future__ import annotations
 
 from kiln.ir.affine import constant_offset, flat_coefficient, mentions
+from kiln.ir.dtype import itemsize as dtype_bytes
 from kiln.ir.tensor import (
     DOT4_INTRINSICS,
     Allocate,
@@ -57,7 +62,7 @@ from kiln.ir.tensor import (
     UnaryOp,
     Var,
 )
-from kiln.ir.visitor import expr_children, iter_exprs, iter_stmts
+from kiln.ir.visitor import expr_children, iter_exprs, iter_nodes, iter_stmts
 
 MAX_LANES = 256
 VECTOR_DTYPES = frozenset({"float32", "float64"})
@@ -72,6 +77,9 @@ SHIFTS = frozenset({"shl", "shr"})
 BIT_CAST_DTYPES = frozenset({"float32", "int32"})
 # a store into these narrows int32 lanes (a Cast at the top of the stored value)
 NARROW_STORE_DTYPES = frozenset({"int8", "uint8"})
+# byte and word lanes: loads, stores, min, max and selects (no arithmetic)
+SMALL_INT_DTYPES = frozenset({"int8", "uint8", "int16", "uint16"})
+SMALL_INT_BINARY = frozenset({"min", "max"})
 
 
 def narrowed(s: Store) -> PrimExpr | None:
@@ -141,10 +149,13 @@ class VectorBody:
             return True
         if isinstance(s, Store):
             narrow = narrowed(s)
-            if narrow is None and s.buffer.dtype not in (*VECTOR_DTYPES, INT_VECTOR_DTYPE):
+            small = narrow is None and s.buffer.dtype in SMALL_INT_DTYPES
+            if narrow is None and not small and s.buffer.dtype not in (*VECTOR_DTYPES,
+                                                                      INT_VECTOR_DTYPE):
                 return self.fail(f"store into {s.buffer.dtype} buffer '{s.buffer.name}'")
             value = s.value if narrow is None else narrow
-            if value.dtype not in (s.buffer.dtype, INT_VECTOR_DTYPE) or not self.expr(value):
+            wanted = (s.buffer.dtype,) if small else (s.buffer.dtype, INT_VECTOR_DTYPE)
+            if value.dtype not in wanted or not self.expr(value):
                 return self.fail(self.fault or f"the value stored into '{s.buffer.name}' "
                                  "is not a vector expression")
             if not self.contiguous(s.buffer, s.indices):
@@ -169,6 +180,8 @@ class VectorBody:
             return e in self.vectors or self.fail("the loop variable is used as a value")
         if e.dtype == "bool":
             return self.condition(e)
+        if e.dtype in SMALL_INT_DTYPES:
+            return self.small_int_expr(e)
         if e.dtype not in (*VECTOR_DTYPES, INT_VECTOR_DTYPE):
             return self.fail(f"a {e.dtype} expression depends on the loop variable")
         if isinstance(e, Load):
@@ -197,7 +210,7 @@ class VectorBody:
         if self.lane_invariant(e):
             return self.expr(e)
         if isinstance(e, Compare):
-            return ((e.a.dtype in (*VECTOR_DTYPES, INT_VECTOR_DTYPE)
+            return ((e.a.dtype in (*VECTOR_DTYPES, INT_VECTOR_DTYPE, *SMALL_INT_DTYPES)
                      or self.fail(f"a comparison of {e.a.dtype} values has no vector form"))
                     and self.expr(e.a) and self.expr(e.b))
         if isinstance(e, Intrin) and e.name == "isnan" and e.args[0].dtype in VECTOR_DTYPES:
@@ -217,6 +230,20 @@ class VectorBody:
             return self.fail(f"the load of '{e.buffer.name}' is not contiguous")
         self.accesses.append((e.buffer, e.indices, True))
         return True
+
+    def small_int_expr(self, e: PrimExpr) -> bool:
+        """Byte or word lanes: a load, `min`/`max` of two such values, a select."""
+        if isinstance(e, Load):
+            return self.load(e)
+        if isinstance(e, Select):
+            return self.condition(e.cond) and self.expr(e.true_value) and self.expr(
+                e.false_value)
+        if (isinstance(e, BinaryOp) and e.op in SMALL_INT_BINARY
+                and e.a.dtype == e.b.dtype == e.dtype):
+            return self.expr(e.a) and self.expr(e.b)
+        what = e.op if isinstance(e, (BinaryOp, UnaryOp)) else type(e).__name__
+        return self.fail(f"{e.dtype} '{what}' has no vector form (byte and word lanes: "
+                         "loads, min, max, selects)")
 
     def int_expr(self, e: PrimExpr) -> bool:
         """int32 lanes: `dot4_u8s8`, integer arithmetic, shifts by a constant."""
@@ -252,6 +279,14 @@ class VectorBody:
             if others and w not in private and not others <= private:
                 return False
         return True
+
+
+def element_bytes(loop: For) -> int:
+    """The widest element (in bytes) `loop`'s body loads or stores (4 with no access): a
+    register of `bits` holds `bits // (8 * element_bytes)` of the loop's lanes, 32 for a
+    byte loop on AVX2, 8 for float32."""
+    return max((dtype_bytes(n.buffer.dtype) for n in iter_nodes(loop.body)
+                if isinstance(n, (Load, Store))), default=4)
 
 
 def vector_shape_fault(loop: For) -> str | None:
