@@ -26,7 +26,7 @@ def main(out: Path, wasm: bool) -> None:
 
     out.mkdir(parents=True, exist_ok=True)
     models = {
-        "resnet18": builders.resnet18(),  # convolutions, parallel loops, split LLVM modules
+        "resnet18": builders.resnet18(),  # convolutions, residual adds, parallel loops
         # attention, GEMMs, reshapes, symbolic batch and seq (the static transformer
         # adds nothing a build could depend on, and the suite's time is budgeted)
         "encoder_dyn": dynamic_models.encoder(layers=1),
