@@ -36,7 +36,7 @@ from kiln.ir.tensor import (
     min_,
     seq,
 )
-from kiln.ir.visitor import StmtExprMutator, substitute
+from kiln.ir.visitor import StmtExprMutator, iter_exprs, substitute
 from kiln.ops import conv_kernels as ck
 from kiln.ops import gemm_kernels as gk
 from kiln.ops.kernels.conv import UnpackedConv, conv_call_shape
@@ -70,6 +70,12 @@ COPIED_LANE_USE = 0.93
 MIN_PANELS = 2
 
 
+def panel_count(shape: ck.ConvShape, nr: int) -> int:
+    """How many panels of `nr` output positions cover one image's output (the last one
+    partial where `nr` does not divide it)."""
+    return -(-(shape.out_h * shape.out_w) // nr)
+
+
 def takes(shape: ck.ConvShape, isa: ISA) -> bool:
     """Whether the registry gives a convolution to the GEMM kernel: an ungrouped 1x1 (any
     stride) with enough output positions to fill its panels (`MIN_LANE_USE`, or
@@ -85,7 +91,7 @@ def takes(shape: ck.ConvShape, isa: ISA) -> bool:
     positions = shape.out_h * shape.out_w
     tile = choose_tile(shape, isa)
     nr = tile[1]
-    panels = -(-positions // nr)
+    panels = panel_count(shape, nr)
     copied = (shape.stride == (1, 1) and not any(shape.pads)
               and copies_panels(shape, tile, isa))
     lane_use = COPIED_LANE_USE if copied else MIN_LANE_USE
@@ -113,7 +119,7 @@ def choose_tile(shape: ck.ConvShape, isa: ISA) -> tuple[int, int]:
     t = gk.GemmTiling(narrow_rows(isa, shape.c_out, t.mr, t.nr // lanes), t.nr)
     rows, vectors = WIDE_TILE
     nr = vectors * lanes
-    panels = -(-positions // nr)
+    panels = panel_count(shape, nr)
     if (shape.c_out * positions * 4 > WIDE_OUTPUT_L2_MULTIPLE * isa.l2_bytes
             and shape.c_out >= rows and fits_registers(rows * vectors, vectors, isa)
             and positions >= MIN_LANE_USE * panels * nr):
@@ -144,6 +150,19 @@ class FlatEpilogue:
             self.decls.append(DeclBuffer(flat, buf, 0))
         return self.views[buf]
 
+    def merges(self, load: Load) -> bool:
+        """Whether `load` reads a tensor shaped like the output at `(..., oh, ow)`: the
+        loads this epilogue reads through a flat view."""
+        return (len(load.indices) >= 2 and load.indices[-2] is self.oh
+                and load.indices[-1] is self.ow
+                and tuple(load.buffer.shape[-2:]) == (self.out_h, self.out_w))
+
+    def reads_output_shaped(self) -> bool:
+        """Whether the epilogue loads a tensor shaped like the output (a residual Add's
+        other operand), asked of the 4-D epilogue without building the flat one."""
+        expr = self.epilogue(Var("value", "float32"), (const(0), const(0), self.oh, self.ow))
+        return any(isinstance(e, Load) and self.merges(e) for e in iter_exprs(expr))
+
     def __call__(self, value: PrimExpr, idx: tuple[PrimExpr, ...]) -> PrimExpr:
         n, c, p = idx
         expr = _Flatten(self, p).visit_expr(self.epilogue(value, (n, c, self.oh, self.ow)))
@@ -158,8 +177,7 @@ class _Flatten(StmtExprMutator):
 
     def visit_load(self, e: Load) -> PrimExpr:
         f = self.flat
-        if (len(e.indices) >= 2 and e.indices[-2] is f.oh and e.indices[-1] is f.ow
-                and tuple(e.buffer.shape[-2:]) == (f.out_h, f.out_w)):
+        if f.merges(e):
             head = tuple(self.visit_expr(i) for i in e.indices[:-2])
             return Load(f.view(e.buffer), (*head, self.p))
         return super().visit_load(e)
@@ -251,17 +269,11 @@ def copies_panels(shape: ck.ConvShape, tile: tuple[int, int], isa: ISA) -> bool:
 PANEL_GROUP_BYTES = 64 * 1024
 
 
-def reads_output_shaped(flat: FlatEpilogue) -> bool:
-    """Whether the epilogue loads a tensor shaped like the output (a residual Add's other
-    operand): the flat views it reads through (`FlatEpilogue.view`)."""
-    flat(Var("value", "float32"), (const(0), const(0), const(0)))
-    return bool(flat.views)
-
-
 def panel_group(shape: ck.ConvShape, tile: tuple[int, int], flat: FlatEpilogue) -> int:
     """How many consecutive panels a parallel tile of a panel-copying layer
     (`copies_panels`) copies and runs together, each row tile over all of them in turn:
-    for a 1x1 layer whose epilogue reads a residual (`reads_output_shaped`), as many as
+    for a 1x1 layer whose epilogue reads a residual (`FlatEpilogue.reads_output_shaped`),
+    as many as
     `PANEL_GROUP_BYTES` holds, else one.
 
     Panel by panel, a tile of `co` rows stores one `nr`-wide run in each of `co` output
@@ -270,11 +282,10 @@ def panel_group(shape: ck.ConvShape, tile: tuple[int, int], flat: FlatEpilogue) 
     so every residual line was a demand miss (ResNet-50's 64>256 @56 with its Add took
     2.3x the time it took without). Grouped, each row reads and writes `group * nr`
     positions in a row."""
-    if (shape.kh, shape.kw) != (1, 1) or not reads_output_shaped(flat):
+    if (shape.kh, shape.kw) != (1, 1) or not flat.reads_output_shaped():
         return 1
-    positions = shape.out_h * shape.out_w
-    panels = -(-positions // tile[1])
-    return max(1, min(panels, PANEL_GROUP_BYTES // (shape.c_in * tile[1] * 4)))
+    fitting = PANEL_GROUP_BYTES // (shape.c_in * tile[1] * 4)
+    return max(1, min(panel_count(shape, tile[1]), fitting))
 
 
 def gemm_conv_body(shape: ck.ConvShape, x: Buffer, w: Buffer, out: Buffer,
@@ -286,7 +297,7 @@ def gemm_conv_body(shape: ck.ConvShape, x: Buffer, w: Buffer, out: Buffer,
     mr, nr = tile
     k = shape.c_in * shape.kh * shape.kw
     positions = shape.out_h * shape.out_w
-    panels = -(-positions // nr)
+    panels = panel_count(shape, nr)
     decls: list[Stmt] = []
 
     def view(buf: Buffer, dims: tuple[Any, ...]) -> Buffer:

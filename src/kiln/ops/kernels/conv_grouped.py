@@ -25,7 +25,7 @@ from kiln.ir.tensor import Buffer, DeclBuffer, PrimExpr, Stmt, seq
 from kiln.ops import conv_kernels as ck
 from kiln.ops import gemm_kernels as gk
 from kiln.ops.kernels.conv import UnpackedConv, conv_call_shape
-from kiln.ops.kernels.conv_gemm import FlatEpilogue, im2col
+from kiln.ops.kernels.conv_gemm import FlatEpilogue, im2col, panel_count
 from kiln.ops.kernels.gemm import tile_candidates
 from kiln.ops.kernels.tiles import Epilogue, tile_lanes, tile_registers
 from kiln.target.isa import ISA
@@ -44,7 +44,7 @@ def takes(shape: ck.ConvShape, isa: ISA) -> bool:
         return False
     positions = shape.out_h * shape.out_w
     nr = choose_tile(shape, isa)[1]
-    panels = -(-positions // nr)
+    panels = panel_count(shape, nr)
     return positions >= MIN_GROUP_LANE_USE * panels * nr
 
 
@@ -93,7 +93,7 @@ def group_gemm_body(shape: ck.ConvShape, x: Buffer, w: Buffer, out: Buffer,
     cog, cig = shape.c_out // groups, shape.c_in // groups
     k = cig * shape.kh * shape.kw
     positions = shape.out_h * shape.out_w
-    panels = -(-positions // nr)
+    panels = panel_count(shape, nr)
     decls: list[Stmt] = []
 
     def view(buf: Buffer, dims: tuple[object, ...]) -> Buffer:
