@@ -3,7 +3,9 @@ bit for bit, on llvm, llvm with AVX-512 off and c.
 
 Cases: float32 with ceil_mode and asymmetric pads (a last window past the end pads),
 dilation with stride 2 (window columns in both phases), a non-square window with
-stride 3 x 1, int8 (the stem's 3x3/2 pad 1) and uint8 (2x2/2 with ceil_mode). Then
+stride 3 x 1, int8 (the stem's 3x3/2 pad 1) and uint8 (2x2/2 with ceil_mode), each
+channel's rows staged before the horizontal steps; then a plane too large to stage and
+a uint8 pool with short phase rows, one row at a time. Then
 the parallel loop over (image, channel), chosen by the one work threshold
 (kiln.ops.kernels.parallel_work), bit for bit on two threads.
 """
@@ -37,6 +39,9 @@ CASES: list[tuple[tuple[int, ...], str, dict[str, Any]]] = [
     ((1, 4, 14, 9), "float32", dict(kernel_shape=[3, 2], strides=[3, 1], pads=[0, 1, 1, 0])),
     ((1, 5, 23, 40), "int8", dict(kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1])),
     ((1, 3, 11, 37), "uint8", dict(kernel_shape=[2, 2], strides=[2, 2], ceil_mode=1)),
+    # rows staged one at a time: a plane past half the L1, and a byte pool's short phases
+    ((1, 1, 100, 100), "float32", dict(kernel_shape=[3, 3], strides=[1, 1], pads=[1, 1, 1, 1])),
+    ((1, 3, 15, 15), "uint8", dict(kernel_shape=[3, 3], strides=[2, 2], ceil_mode=1)),
 ]
 
 
@@ -68,10 +73,15 @@ def test_matches_onnxruntime_exactly(target: str, reference: list[np.ndarray]) -
     exe = kiln.compile(from_onnx(MODEL), native_target(target))
     pools = [f for f in exe.ir.functions.values() if f.attrs.get("kiln.pool_kernel")]
     assert len(pools) == len(CASES)
-    for f in pools:  # one row buffer on the stack, no padded copy of the input
-        allocs = {s.buffer.name: s.buffer.scope for s in iter_stmts(f.body)
+    one_row = {shape for shape, _, _ in CASES[-2:]}
+    for f in pools:  # the staged rows on the stack, no padded copy of the input
+        allocs = {s.buffer.name: s.buffer for s in iter_stmts(f.body)
                   if isinstance(s, Allocate)}
-        assert allocs.get("maxrow") == "local" and "xpad" not in allocs
+        assert allocs["maxrow"].scope == "local" and "xpad" not in allocs
+        # the buffer the horizontal steps read (kiln.ops.max_pool_kernel.staged_rows)
+        staged = allocs.get("maxphase", allocs["maxrow"]).shape[0]
+        x, out = f.params[0].shape, f.params[-1].shape
+        assert staged == (1 if tuple(x) in one_row else out[2]), (x, staged)
     got = exe(*FEEDS.values())
     for case, g, want in zip(CASES, got, reference, strict=True):
         assert np.asarray(g).dtype == want.dtype, case

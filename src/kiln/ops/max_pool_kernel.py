@@ -14,6 +14,10 @@ into a padded workspace. Each output row is made in two steps:
    a stride s > 1 the row is first split by column phase (column q * s + p to phase p),
    so every window column is again a contiguous vector load.
 
+Where they fit half the L1, a channel stages the first step's results for all its
+output rows and then runs all the second steps (`staged_rows`: loads right after the
+stores they read stall).
+
 The channels run as one loop over (image, channel), parallel when its work (window
 values read, MAX_ELEMENTS operations each) reaches the threshold of
 kiln.ops.kernels.parallel_work.
@@ -65,20 +69,50 @@ def row_runs(shape: ck.ConvShape) -> list[tuple[int, int, tuple[int, ...]]]:
     return runs
 
 
+def staged_rows(shape: ck.ConvShape, dtype: str, short_phases: bool, l1d_bytes: int) -> int:
+    """How many output rows' horizontal inputs (the vertical maxima at stride 1, their
+    column phases at stride 2) a channel stages before its horizontal steps: all of them
+    when they fit half the L1 (`l1d_bytes`), else one.
+
+    The horizontal step reads the staged row at offsets 1, 2, ... of the vector stores
+    that wrote it; straight after those stores each such load spans two of them, which
+    the store buffer cannot forward, and waits for both to reach the cache. With every
+    row staged first, the loads come long after the stores. Zen 3, one thread:
+    512 x 14 x 14 3x3/1 0.110 -> 0.071 ms, 832 x 7 x 7 0.089 -> 0.044, 512 x 27 x 27
+    3x3/2 0.094 -> 0.066, uint8 256 x 54 x 54 0.102 -> 0.066 (docs/performance.md,
+    "Max pooling"). A byte pool's short phase rows (`short_phases`) ran slower staged
+    (uint8 512 x 27 x 27 0.031 -> 0.043 ms) and stay one row at a time."""
+    _, sw = shape.stride
+    width = shape.pads[1] + shape.w + shape.pads[3]
+    row_bytes = -(-width // sw) * sw * dtype_bytes(dtype)
+    fits = shape.out_h * row_bytes <= l1d_bytes // 2
+    return shape.out_h if fits and not short_phases else 1
+
+
 def max_pool_body(shape: ck.ConvShape, x: Buffer, out: Buffer, lanes: int,
-                  epilogue: Epilogue) -> Stmt:
+                  epilogue: Epilogue, l1d_bytes: int) -> Stmt:
     """The loop nest of a max pool of `shape` (its pads already widened for
-    `ceil_mode`) over `x` into `out`, each output stored through `epilogue`."""
+    `ceil_mode`) over `x` into `out`, each output stored through `epilogue`; `l1d_bytes`
+    bounds the rows staged per channel (`staged_rows`)."""
     sh, sw = shape.stride
     dh, dw = shape.dilation
     top, left, _, right = shape.pads
     lowest = te.lowest_value(x.dtype)
     width = left + shape.w + right
     phase_w = -(-width // sw)
-    row = Buffer("maxrow", (phase_w * sw,), x.dtype, "local")
-    phases = Buffer("maxphase", (sw, phase_w), x.dtype, "local") if sw > 1 else None
     tile_w = 4 * lanes
-    short_phases = phases is not None and dtype_bytes(x.dtype) == 1 and 2 * shape.out_w < lanes
+    short_phases = sw > 1 and dtype_bytes(x.dtype) == 1 and 2 * shape.out_w < lanes
+    staged = staged_rows(shape, x.dtype, short_phases, l1d_bytes)
+    # the buffer the horizontal step reads holds `staged` rows: `row` at stride 1,
+    # `phases` at stride 2 (each row's vertical maxima are split right after them)
+    row = Buffer("maxrow", (staged if sw == 1 else 1, phase_w * sw), x.dtype, "local")
+    phases = Buffer("maxphase", (staged, sw, phase_w), x.dtype, "local") if sw > 1 else None
+
+    def slot(oh: PrimExpr) -> PrimExpr:
+        return oh if staged > 1 else _c(0)
+
+    def row_slot(oh: PrimExpr) -> PrimExpr:
+        return slot(oh) if sw == 1 else _c(0)
 
     def vertical(n: PrimExpr, c: PrimExpr, oh: PrimExpr, inside: tuple[int, ...]) -> Stmt:
         def tile(w0: PrimExpr, wd: int) -> Stmt:
@@ -87,16 +121,16 @@ def max_pool_body(shape: ck.ConvShape, x: Buffer, out: Buffer, lanes: int,
                 for k, kh in enumerate(inside):
                     v = x[n, c, oh * sh + (kh * dh - top), w0 + r]
                     value = v if k == 0 else max_(value, v)
-                return Store(row, value, (w0 + r + left,))
+                return Store(row, value, (row_slot(oh), w0 + r + left))
             return lanes_loop("r", wd, lane)
         return ck.tiled_row(shape.w, tile_w, lanes, tile)
 
-    def split() -> Stmt:
+    def split(oh: PrimExpr) -> Stmt:
         # a plain loop LLVM's and the C compiler's vectorizers turn into
         # loads and shuffles (an interleaved access group)
         assert phases is not None
         return _loop("q", phase_w, lambda q: seq(*(
-            Store(phases, row[q * sw + p], (_c(p), q)) for p in range(sw))))
+            Store(phases, row[_c(0), q * sw + p], (slot(oh), _c(p), q)) for p in range(sw))))
 
     def horizontal(n: PrimExpr, c: PrimExpr, oh: PrimExpr) -> Stmt:
         def tile(ow0: PrimExpr, wd: int) -> Stmt:
@@ -104,8 +138,8 @@ def max_pool_body(shape: ck.ConvShape, x: Buffer, out: Buffer, lanes: int,
                 value: PrimExpr = lowest
                 for kw in range(shape.kw):
                     col = kw * dw
-                    v = (phases[_c(col % sw), ow0 + r + col // sw] if phases is not None
-                         else row[ow0 + r + col])
+                    v = (phases[slot(oh), _c(col % sw), ow0 + r + col // sw]
+                         if phases is not None else row[slot(oh), ow0 + r + col])
                     value = v if kw == 0 else max_(value, v)
                 idx = (n, c, oh, ow0 + r)
                 return Store(out, epilogue(value, idx), idx)
@@ -117,15 +151,21 @@ def max_pool_body(shape: ck.ConvShape, x: Buffer, out: Buffer, lanes: int,
     def output_row(n: PrimExpr, c: PrimExpr, oh: PrimExpr, inside: tuple[int, ...]) -> Stmt:
         parts = [vertical(n, c, oh, inside)]
         if phases is not None:
-            parts.append(split())
-        parts.append(horizontal(n, c, oh))
+            parts.append(split(oh))
+        if staged == 1:
+            parts.append(horizontal(n, c, oh))
         return seq(*parts)
 
     def channel(n: PrimExpr, c: PrimExpr) -> Stmt:
         # the padding columns (and the phase split's tail) never change: written once
-        ends = [Store(row, lowest, (_c(i),)) for i in range(left)]
-        ends += [Store(row, lowest, (_c(i),)) for i in range(left + shape.w, phase_w * sw)]
-        parts: list[Stmt] = [Allocate(row), *([Allocate(phases)] if phases else []), *ends]
+        columns = (*range(left), *range(left + shape.w, phase_w * sw))
+
+        def ends(r: PrimExpr) -> Stmt:
+            return seq(*(Store(row, lowest, (r, _c(i))) for i in columns))
+        rows = row.shape[0]
+        parts: list[Stmt] = [Allocate(row), *([Allocate(phases)] if phases else [])]
+        if columns:
+            parts.append(ends(_c(0)) if rows == 1 else _loop("r", rows, ends))
         for start, count, inside in row_runs(shape):
             if count == 1:
                 parts.append(output_row(n, c, _c(start), inside))
@@ -134,6 +174,8 @@ def max_pool_body(shape: ck.ConvShape, x: Buffer, out: Buffer, lanes: int,
                     return output_row(n, c, t + s, i)
 
                 parts.append(_loop("oh", count, run))
+        if staged > 1:
+            parts.append(_loop("oh", shape.out_h, lambda oh: horizontal(n, c, oh)))
         return seq(*parts)
 
     # Every channel writes its own output plane: one loop over (image, channel), parallel

@@ -85,14 +85,14 @@ def pool2d_kernel(kind: str, geometry: PoolGeometry, include_pad: bool,
         buffers = {t: Buffer(t.name, t.shape, t.dtype) for t in params}
         out = Buffer("out", out_shape, x.dtype)
         body = max_pool_body(shape, buffers[x], out, tile_lanes(isa, x.dtype),
-                             lambda v, idx: v)
+                             lambda v, idx: v, isa.l1d_bytes)
         return PrimFunc((*buffers.values(), out), body, _max_pool_attrs(name))
     store = fused_store(params, anchor, result, out_shape)
     if store is None:
         return None
     if kind == "max":
         body = max_pool_body(shape, store.buffers[x], store.out, tile_lanes(isa),
-                             store.epilogue)
+                             store.epilogue, isa.l1d_bytes)
         return PrimFunc((*(store.buffers[t] for t in params), store.out), body,
                         _max_pool_attrs(name))
     lanes = tile_lanes(isa)
