@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from kiln.ir.attrs import ATTR_PARALLEL_DECIDED
-from kiln.ir.tensor import AllocConst, Buffer, PrimExpr, PrimFunc, as_expr, max_, seq
+from kiln.ir.tensor import AllocConst, Buffer, PrimExpr, PrimFunc, as_expr, seq
 from kiln.ops import conv_kernels as ck
 from kiln.ops import te
 from kiln.ops.epilogue import fused_store
@@ -95,31 +95,22 @@ def pool2d_kernel(kind: str, geometry: PoolGeometry, include_pad: bool,
                              store.epilogue, isa.l1d_bytes)
         return PrimFunc((*(store.buffers[t] for t in params), store.out), body,
                         _max_pool_attrs(name))
+    # an average: the window kernel sums in onnxruntime's window order (row-major), which
+    # a quantized QLinearAveragePool's rounding needs (docs/performance.md, "Max pooling")
     lanes = tile_lanes(isa)
     tile_w = ck.depthwise_tile_width(shape, lanes)
-    finish = store.epilogue
-    decls = []
-    if kind == "max":
-        neutral = te.lowest_value("float32")
-        border: PrimExpr | None = neutral
+    counts = Buffer("window_count", (shape.out_h, shape.out_w), "float32")
 
-        def tap(acc: PrimExpr, xv: PrimExpr, c: PrimExpr, kh: PrimExpr, kw: PrimExpr) -> PrimExpr:
-            return max_(acc, xv)
-    else:
-        neutral, border = as_expr(0.0, "float32"), None
+    def tap(acc: PrimExpr, xv: PrimExpr, c: PrimExpr, kh: PrimExpr, kw: PrimExpr) -> PrimExpr:
+        return acc + xv
 
-        def tap(acc: PrimExpr, xv: PrimExpr, c: PrimExpr, kh: PrimExpr, kw: PrimExpr) -> PrimExpr:
-            return acc + xv
-
-        counts = Buffer("window_count", (shape.out_h, shape.out_w), "float32")
-        decls.append(AllocConst(counts, geometry.counts(include_pad)))
-
-        def finish(v: PrimExpr, idx: tuple[PrimExpr, ...]) -> PrimExpr:
-            return store.epilogue(v / counts[idx[2], idx[3]], idx)
+    def finish(v: PrimExpr, idx: tuple[PrimExpr, ...]) -> PrimExpr:
+        return store.epilogue(v / counts[idx[2], idx[3]], idx)
 
     body = ck.window_body(shape, store.buffers[x], store.out, tile_w, lanes,
-                          tile_registers(isa), tap, neutral, border, finish)
-    return PrimFunc((*(store.buffers[t] for t in params), store.out), seq(*decls, body),
+                          tile_registers(isa), tap, as_expr(0.0, "float32"), None, finish)
+    return PrimFunc((*(store.buffers[t] for t in params), store.out),
+                    seq(AllocConst(counts, geometry.counts(include_pad)), body),
                     {"kiln.pool_kernel": name})
 
 
