@@ -624,6 +624,8 @@ import kiln
 from kiln.errors import KilnError
 item_s = float(sys.argv[1])
 target = os.environ.get("FUZZ_TARGET", "llvm")
+# FUZZ_REL_L2: compare by relative L2 ("equal" < 1e-6, "close" below the bound)
+rel_l2_bound = float(os.environ.get("FUZZ_REL_L2", "0"))
 for p in sys.argv[2:]:
     watch(item_s)
     try:
@@ -637,14 +639,21 @@ for p in sys.argv[2:]:
         else:
             out = ex.jit()["main"](*feeds)
             out = out if isinstance(out, tuple) else (out,)
-            bad = []
+            bad, worst = [], 0.0
             for k, o in enumerate(out):
                 o = np.asarray(o); e = ref[f"arr_{k}"]
                 if o.shape != e.shape:
                     bad.append(f"out{k} shape {o.shape} vs {e.shape}")
+                elif rel_l2_bound:  # quantized models: the relative L2 of every output
+                    d = o.astype(np.float64) - e
+                    worst = max(worst, float(np.linalg.norm(d) / max(np.linalg.norm(e), 1e-30)))
                 elif not np.allclose(o, e, rtol=1e-4, atol=1e-5, equal_nan=True):
                     bad.append(f"out{k} maxdiff {np.max(np.abs(o.astype(np.float64) - e)):.3g}")
-            res = ["differ", *bad] if bad else ["equal"]
+            if rel_l2_bound and not bad:
+                res = ["equal" if worst < 1e-6 else "close" if worst < rel_l2_bound
+                       else "differ", worst]
+            else:
+                res = ["differ", *bad] if bad else ["equal"]
     except KilnError as e:
         res = ["kiln-error", type(e).__name__, str(e)[:240]]
     except Exception as e:

@@ -88,12 +88,13 @@ def quantize_static_model(model: onnx.ModelProto, fmt: str, per_channel: bool = 
         return onnx.load(str(out))
 
 
-def quantize_dynamic_model(model: onnx.ModelProto) -> onnx.ModelProto:
-    """`model` with its matrix products dynamically quantized by onnxruntime."""
+def quantize_dynamic_model(model: onnx.ModelProto, **options: object) -> onnx.ModelProto:
+    """`model` with its matrix products (and LSTMs) dynamically quantized by onnxruntime,
+    int8 weights unless `options` (quantize_dynamic's keywords) say otherwise."""
     with tempfile.TemporaryDirectory() as tmp:
         src, out = Path(tmp) / "float.onnx", Path(tmp) / "q.onnx"
         onnx.save(model, src)
-        quantize_dynamic(str(src), str(out), weight_type=QuantType.QInt8)
+        quantize_dynamic(str(src), str(out), **{"weight_type": QuantType.QInt8, **options})
         return onnx.load(str(out))
 
 

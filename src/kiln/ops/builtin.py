@@ -26,6 +26,7 @@ from kiln.ops import (  # noqa: F401
     quant_kernels,
     quant_onnx,
     quant_pool,
+    quant_recurrent,
     quant_softmax,
     recurrent,
     reduce,

@@ -76,17 +76,21 @@ def _c(ctx: GraphContext, like: g.Expr, v: float) -> g.Expr:
     return ctx.const(np.asarray(v, dtype=ctx.tensor_type(like).dtype))
 
 
-def _take(ctx: GraphContext, x: g.Expr, axis: int, start: int, stop: int) -> g.Expr:
+def take_range(ctx: GraphContext, x: g.Expr, axis: int, start: int, stop: int) -> g.Expr:
+    """`x[start:stop]` along `axis`."""
     return ctx.call("strided_slice", x, starts=(start,), ends=(stop,), axes=(axis,),
                     steps=(1,))
 
 
-class _Cell:
-    """The weights of one direction, split per gate and transposed for x @ W."""
+class Cell:
+    """The weights of one direction `d` of a recurrent node, split per gate and
+    transposed for x @ W, and the input `x` (`[seq, batch, in]`) its steps read.
+    `step_input`, `xw`, `hr` and `pre` are what an unrolled step asks of it (a quantized
+    cell answers them with integer products: kiln.ops.quant_recurrent)."""
 
     def __init__(self, ctx: GraphContext, inputs: Sequence[g.Expr | None], d: int,
-                 gates: int, hidden: int) -> None:
-        self.ctx, self.h = ctx, hidden
+                 gates: int, hidden: int, x: g.Expr) -> None:
+        self.ctx, self.h, self.x = ctx, hidden, x
         w, r, b = inputs[1], inputs[2], inputs[3] if len(inputs) > 3 else None
         assert w is not None and r is not None
         self.w = [self._mat(w, d, k) for k in range(gates)]
@@ -94,13 +98,13 @@ class _Cell:
         self.wb: list[g.Expr | None] = [None] * gates
         self.rb: list[g.Expr | None] = [None] * gates
         if b is not None:
-            bd = _take(ctx, b, 0, d, d + 1)  # [1, 2*gates*H]
-            self.wb = [_take(ctx, bd, 1, k * hidden, (k + 1) * hidden) for k in range(gates)]
-            self.rb = [_take(ctx, bd, 1, (gates + k) * hidden, (gates + k + 1) * hidden)
+            bd = take_range(ctx, b, 0, d, d + 1)  # [1, 2*gates*H]
+            self.wb = [take_range(ctx, bd, 1, k * hidden, (k + 1) * hidden) for k in range(gates)]
+            self.rb = [take_range(ctx, bd, 1, (gates + k) * hidden, (gates + k + 1) * hidden)
                        for k in range(gates)]
 
     def _mat(self, m: g.Expr, d: int, k: int) -> g.Expr:
-        part = _take(self.ctx, _take(self.ctx, m, 0, d, d + 1), 1, k * self.h,
+        part = take_range(self.ctx, take_range(self.ctx, m, 0, d, d + 1), 1, k * self.h,
                      (k + 1) * self.h)  # [1, H, in]
         return self.ctx.call("transpose", part, perm=(0, 2, 1))  # [1, in, H]
 
@@ -114,9 +118,33 @@ class _Cell:
         y, b = self.ctx.call("matmul", h, self.r[k]), self.rb[k]
         return y if b is None else self.ctx.call("add", y, b)
 
+    #: Whether a product's result for one row depends on the other rows it is computed
+    #: with (a quantized cell's dynamic ranges): the unrolled steps then follow
+    #: onnxruntime's order of rows with `sequence_lens` (`unroll`).
+    rows_together = False
 
-def _recurrent(kind: str, ctx: GraphContext, inputs: Sequence[g.Expr | None],
-               attrs: dict[str, Any]) -> list[g.Expr]:
+    def step_input(self, t: int) -> g.Expr:
+        """What `xw` reads at step `t`: x[t], `[1, batch, in]`."""
+        return take_range(self.ctx, self.x, 0, t, t + 1)
+
+    def reverse_rows(self, lens: g.Expr) -> None:
+        """Read each row's first `lens` steps in reverse from now on (ONNX
+        ReverseSequence)."""
+        self.x = self.ctx.call("reverse_sequence", self.x, lens, batch_axis=1, time_axis=0)
+
+    def pre(self, xt: g.Expr, h: g.Expr, k: int) -> g.Expr:
+        """Gate `k`'s value before its activation: (x @ W_k + Wb_k) + (h @ R_k + Rb_k)."""
+        return self.ctx.call("add", self.xw(xt, k), self.hr(h, k))
+
+
+CellMaker = Callable[[GraphContext, Sequence[g.Expr | None], int, int, int, g.Expr], Cell]
+
+
+def unroll(kind: str, ctx: GraphContext, inputs: Sequence[g.Expr | None],
+           attrs: dict[str, Any], make_cell: CellMaker = Cell) -> list[g.Expr]:
+    """The outputs of the recurrent node `kind` ("LSTM", "GRU", "RNN") with ONNX's
+    `inputs` and `attrs`, unrolled over its static sequence length, each direction's
+    weights and products made by `make_cell`."""
     x = first_input(inputs)
     layout = int(attrs.get("layout", 0))
     if layout:
@@ -160,17 +188,27 @@ def _recurrent(kind: str, ctx: GraphContext, inputs: Sequence[g.Expr | None],
         ltype = ctx.tensor_type(seq_lens).dtype
         masks = [ctx.call("less", ctx.const(np.asarray(t, dtype=ltype)), lens)
                  for t in range(steps)]
+    # whether the node's Y is read (onnxruntime then reads a finished row's h from it)
+    y_read = bool(ctx.node_outputs) and bool(ctx.node_outputs[0])
     ys, hs, cs = [], [], []
     for d, reverse in enumerate(dirs[direction]):
-        cell = _Cell(ctx, inputs, d, gates, hidden)
-        h = zero_state if init_h is None else _take(ctx, init_h, 0, d, d + 1)
-        c = zero_state if init_c is None else _take(ctx, init_c, 0, d, d + 1)
-        p = None if peep is None else _take(ctx, peep, 0, d, d + 1)
+        cell = make_cell(ctx, inputs, d, gates, hidden, x)
+        h = zero_state if init_h is None else take_range(ctx, init_h, 0, d, d + 1)
+        c = zero_state if init_c is None else take_range(ctx, init_c, 0, d, d + 1)
+        p = None if peep is None else take_range(ctx, peep, 0, d, d + 1)
         step = _STEPS[kind]
         outs: list[g.Expr] = [zero_state] * steps
-        for t in (range(steps - 1, -1, -1) if reverse else range(steps)):
-            xt = _take(ctx, x, 0, t, t + 1)  # [1, batch, in]
-            h_new, c_new = step(ctx, cell, acts[d], attrs, xt, h, c, p)
+        # onnxruntime's order, where a cell's products depend on which rows share them
+        # (`Cell.rows_together`): a reversed direction runs each row's own steps reversed,
+        # all rows from their first step on, and a finished row's h is read as Y's 0
+        by_row = cell.rows_together and seq_lens is not None
+        if by_row and reverse:
+            assert seq_lens is not None
+            cell.reverse_rows(seq_lens)
+        h_read = h
+        for t in (range(steps - 1, -1, -1) if reverse and not by_row else range(steps)):
+            xt = cell.step_input(t)
+            h_new, c_new = step(ctx, cell, acts[d], attrs, xt, h_read, c, p)
             m = masks[t]
             if m is None:
                 h, c, outs[t] = h_new, c_new, h_new
@@ -178,7 +216,11 @@ def _recurrent(kind: str, ctx: GraphContext, inputs: Sequence[g.Expr | None],
                 outs[t] = ctx.call("where", m, h_new, zero_state)
                 h = ctx.call("where", m, h_new, h)
                 c = ctx.call("where", m, c_new, c)
+            h_read = outs[t] if by_row and y_read else h
         y = ctx.call("concat", *outs, axis=0) if steps > 1 else outs[0]
+        if by_row and reverse:
+            assert seq_lens is not None
+            y = ctx.call("reverse_sequence", y, seq_lens, batch_axis=1, time_axis=0)
         ys.append(reshape_to(ctx, y, (steps, 1, batch, hidden)))
         hs.append(h)
         cs.append(c)
@@ -209,17 +251,17 @@ def _clip(ctx: GraphContext, x: g.Expr, attrs: dict[str, Any]) -> g.Expr:
 StepOut = tuple[g.Expr, g.Expr]
 
 
-def _lstm_step(ctx: GraphContext, cell: _Cell, acts: list[Act], attrs: dict[str, Any],
+def _lstm_step(ctx: GraphContext, cell: Cell, acts: list[Act], attrs: dict[str, Any],
                xt: g.Expr, h: g.Expr, c: g.Expr, p: g.Expr | None) -> StepOut:
     f, gact, hact = acts
     hid = cell.h
 
     def pre(k: int) -> g.Expr:  # gate order i, o, f, c
-        return ctx.call("add", cell.xw(xt, k), cell.hr(h, k))
+        return cell.pre(xt, h, k)
 
     def peep(k: int, state: g.Expr) -> g.Expr | None:  # P order i, o, f
         return None if p is None else ctx.call(
-            "multiply", _take(ctx, p, 1, k * hid, (k + 1) * hid), state)
+            "multiply", take_range(ctx, p, 1, k * hid, (k + 1) * hid), state)
 
     def gate(k: int, pk: int, state: g.Expr) -> g.Expr:
         z, pp = pre(k), peep(pk, state)
@@ -236,7 +278,7 @@ def _lstm_step(ctx: GraphContext, cell: _Cell, acts: list[Act], attrs: dict[str,
     return ctx.call("multiply", o, hact(c_new)), c_new
 
 
-def _gru_step(ctx: GraphContext, cell: _Cell, acts: list[Act], attrs: dict[str, Any],
+def _gru_step(ctx: GraphContext, cell: Cell, acts: list[Act], attrs: dict[str, Any],
               xt: g.Expr, h: g.Expr, c: g.Expr, p: g.Expr | None) -> StepOut:
     f, gact = acts
     z = f(_clip(ctx, ctx.call("add", cell.xw(xt, 0), cell.hr(h, 0)), attrs))
@@ -251,7 +293,7 @@ def _gru_step(ctx: GraphContext, cell: _Cell, acts: list[Act], attrs: dict[str, 
     return h_new, c
 
 
-def _rnn_step(ctx: GraphContext, cell: _Cell, acts: list[Act], attrs: dict[str, Any],
+def _rnn_step(ctx: GraphContext, cell: Cell, acts: list[Act], attrs: dict[str, Any],
               xt: g.Expr, h: g.Expr, c: g.Expr, p: g.Expr | None) -> StepOut:
     (f,) = acts
     return f(_clip(ctx, ctx.call("add", cell.xw(xt, 0), cell.hr(h, 0)), attrs)), c
@@ -264,18 +306,18 @@ _STEPS = {"LSTM": _lstm_step, "GRU": _gru_step, "RNN": _rnn_step}
 def _lstm_onnx(ctx: GraphContext, inputs: Sequence[g.Expr | None],
                attrs: dict[str, Any]) -> list[g.Expr]:
     """ONNX LSTM (opset 7+, layout 0/1), unrolled."""
-    return _recurrent("LSTM", ctx, inputs, attrs)
+    return unroll("LSTM", ctx, inputs, attrs)
 
 
 @onnx_op("GRU")
 def _gru_onnx(ctx: GraphContext, inputs: Sequence[g.Expr | None],
               attrs: dict[str, Any]) -> list[g.Expr]:
     """ONNX GRU (opset 7+, layout 0/1, linear_before_reset 0/1), unrolled."""
-    return _recurrent("GRU", ctx, inputs, attrs)
+    return unroll("GRU", ctx, inputs, attrs)
 
 
 @onnx_op("RNN")
 def _rnn_onnx(ctx: GraphContext, inputs: Sequence[g.Expr | None],
               attrs: dict[str, Any]) -> list[g.Expr]:
     """ONNX RNN (opset 7+, layout 0/1), unrolled."""
-    return _recurrent("RNN", ctx, inputs, attrs)
+    return unroll("RNN", ctx, inputs, attrs)

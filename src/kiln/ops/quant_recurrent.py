@@ -1,0 +1,177 @@
+"""onnxruntime's com.microsoft DynamicQuantizeLSTM: the LSTM `quantize_dynamic` writes.
+
+`onnxruntime.quantization.quantize_dynamic` replaces every LSTM whose weights are
+constants by this node (its default operator types include LSTM): `W` and `R` stored as
+int8 or uint8 in the `[num_directions, in, 4 * hidden]` layout (transposed from ONNX's),
+with a scale and zero point per direction or per column, and the gates computed as
+onnxruntime's LSTM does with its two products on integers:
+
+- x @ W for every step at once: `X` (all steps, all batch entries) quantized to uint8
+  with one dynamic scale and zero point (DynamicQuantizeLinear's formula), the u8 x W
+  product in int32, times `x_scale * W_scale[column]`;
+- h @ R at each step: that step's `h` quantized the same way (its own range), the
+  product in int32 times `h_scale * R_scale[column]`, added to the x @ W term;
+- then the bias `Wb + Rb`, `clip`, the activations and the state update as ONNX's LSTM.
+
+The unrolled node is kiln.ops.recurrent's with `QuantizedCell` answering for the
+products; a weight zero point is one value per direction, as onnxruntime reads it.
+
+Which rows share a range changes the results, so the unrolled steps keep onnxruntime's
+order of rows (`Cell.rows_together`): with `sequence_lens`, X quantized up to the
+longest row, a reversed direction run over each row's own reversed steps, and a
+finished row's h read as 0 when Y is an output. onnxruntime splits a batch of 2 or more
+rows between its threads and quantizes each part of h on its own range, so its results
+depend on its thread count; kiln's are those of one thread (every row on one range).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from kiln.errors import IRError
+from kiln.ir import graph as g
+from kiln.ops.onnx_map import GraphContext, onnx_op
+from kiln.ops.quant_onnx import MS
+from kiln.ops.recurrent import Cell, take_range, unroll
+
+#: DynamicQuantizeLSTM's inputs after ONNX LSTM's eight: W_scale, W_zero_point,
+#: R_scale, R_zero_point.
+QUANT_INPUTS = 4
+
+
+def _per_direction(ctx: GraphContext, v: g.Expr, d: int, what: str) -> g.Expr:
+    """Direction `d`'s scale or zero point: a scalar (`[dirs]`) or one per column
+    (`[dirs, 4 * hidden]` -> `[4 * hidden]`)."""
+    shape = tuple(ctx.tensor_type(v).shape)
+    if len(shape) not in (1, 2):
+        raise IRError(f"DynamicQuantizeLSTM: {what} has shape {shape}: one value per "
+                      "direction, or one per direction and column")
+    part = take_range(ctx, v, 0, d, d + 1)
+    return ctx.call("reshape", part, shape=shape[1:])
+
+
+def _gate_part(ctx: GraphContext, v: g.Expr, k: int, hidden: int) -> g.Expr:
+    """Gate `k`'s columns of a per-column parameter (a scalar is every gate's)."""
+    if not ctx.tensor_type(v).shape:
+        return v
+    return take_range(ctx, v, 0, k * hidden, (k + 1) * hidden)
+
+
+def _weight_zero_point(ctx: GraphContext, zp: g.Expr, d: int, what: str) -> g.Expr:
+    """Direction `d`'s weight zero point as the integer product takes it, a scalar:
+    onnxruntime reads one value per direction (and refuses per-column zero points that
+    differ, or that are not 0 for int8 weights)."""
+    value = ctx.value(zp)
+    if value is None:
+        raise IRError(f"DynamicQuantizeLSTM: the {what} zero point must be a constant")
+    flat = value[d].reshape(-1) if value.ndim else value.reshape(-1)
+    if flat.size and np.any(flat != flat[0]):
+        raise IRError(f"DynamicQuantizeLSTM: the {what} zero points of a direction differ "
+                      f"({flat.min()}..{flat.max()}): onnxruntime takes one per direction")
+    return ctx.const(np.asarray(flat[0] if flat.size else 0, dtype=value.dtype))
+
+
+class QuantizedCell(Cell):
+    """A direction of DynamicQuantizeLSTM: its products on integers (module docstring).
+    `quantized_x` is `X` quantized once for the whole node (data, scale, zero point)."""
+
+    def __init__(self, ctx: GraphContext, inputs: Sequence[g.Expr | None], d: int,
+                 gates: int, hidden: int, x: g.Expr,
+                 quantized_x: tuple[g.Expr, g.Expr, g.Expr]) -> None:
+        w, r, b = inputs[1], inputs[2], inputs[3]
+        w_scale, w_zp, r_scale, r_zp = inputs[8:12]
+        assert w is not None and r is not None and w_scale is not None and r_scale is not None
+        assert w_zp is not None and r_zp is not None
+        self.ctx, self.h, self.x, self.gates = ctx, hidden, x, gates
+        self.xq, self.x_scale, self.x_zp = quantized_x
+        self.w = [self._columns(w, d, k) for k in range(gates)]
+        self.r = [self._columns(r, d, k) for k in range(gates)]
+        ws, rs = (_per_direction(ctx, s, d, n) for s, n in ((w_scale, "W_scale"),
+                                                             (r_scale, "R_scale")))
+        self.w_scale = [_gate_part(ctx, ws, k, hidden) for k in range(gates)]
+        self.r_scale = [_gate_part(ctx, rs, k, hidden) for k in range(gates)]
+        self.w_zp = _weight_zero_point(ctx, w_zp, d, "W")
+        self.r_zp = _weight_zero_point(ctx, r_zp, d, "R")
+        self.bias: list[g.Expr | None] = [None] * gates
+        if b is not None:  # onnxruntime adds Wb + Rb once, after both products
+            bd = take_range(ctx, b, 0, d, d + 1)
+            self.bias = [ctx.call("add", take_range(ctx, bd, 1, k * hidden, (k + 1) * hidden),
+                                  take_range(ctx, bd, 1, (gates + k) * hidden,
+                                             (gates + k + 1) * hidden))
+                         for k in range(gates)]
+        self._h_quantized: tuple[g.Expr, tuple[g.Expr, g.Expr, g.Expr]] | None = None
+
+    def _columns(self, m: g.Expr, d: int, k: int) -> g.Expr:
+        # [dirs, in, 4H] -> direction d's gate k: [in, H] (already laid out for x @ W; a
+        # 2-D constant, which the integer product packs at compile time)
+        part = take_range(self.ctx, take_range(self.ctx, m, 0, d, d + 1), 2,
+                          k * self.h, (k + 1) * self.h)
+        return self.ctx.call("reshape", part, shape=tuple(self.ctx.tensor_type(part).shape[1:]))
+
+    def _product(self, q: g.Expr, zp: g.Expr, scale: g.Expr, m: g.Expr, m_zp: g.Expr,
+                 m_scale: g.Expr) -> g.Expr:
+        acc = self.ctx.call("matmul_integer", q, m, zp, m_zp)
+        factor = self.ctx.call("multiply", scale, m_scale)
+        return self.ctx.call("multiply", self.ctx.call("cast", acc, dtype="float32"), factor)
+
+    rows_together = True
+
+    def step_input(self, t: int) -> g.Expr:
+        """Step `t`'s slice of the quantized `X`."""
+        return take_range(self.ctx, self.xq, 0, t, t + 1)
+
+    def reverse_rows(self, lens: g.Expr) -> None:
+        self.xq = self.ctx.call("reverse_sequence", self.xq, lens, batch_axis=1, time_axis=0)
+
+    def xw(self, xt: g.Expr, k: int) -> g.Expr:
+        return self._product(xt, self.x_zp, self.x_scale, self.w[k], self.w_zp,
+                             self.w_scale[k])
+
+    def hr(self, h: g.Expr, k: int) -> g.Expr:
+        if self._h_quantized is None or self._h_quantized[0] is not h:
+            t = self.ctx.call("dynamic_quantize_linear", h)
+            self._h_quantized = (h, (self.ctx.item(t, 0), self.ctx.item(t, 1),
+                                     self.ctx.item(t, 2)))
+        hq, h_scale, h_zp = self._h_quantized[1]
+        return self._product(hq, h_zp, h_scale, self.r[k], self.r_zp, self.r_scale[k])
+
+    def pre(self, xt: g.Expr, h: g.Expr, k: int) -> g.Expr:
+        """(x @ W_k + h @ R_k) + (Wb_k + Rb_k), onnxruntime's order."""
+        z = self.ctx.call("add", self.xw(xt, k), self.hr(h, k))
+        bias = self.bias[k]
+        return z if bias is None else self.ctx.call("add", z, bias)
+
+
+@onnx_op(MS + "DynamicQuantizeLSTM")
+def _dynamic_quantize_lstm(ctx: GraphContext, inputs: Sequence[g.Expr | None],
+                           attrs: dict[str, Any]) -> list[g.Expr]:
+    """com.microsoft DynamicQuantizeLSTM (module docstring), unrolled like LSTM."""
+    padded = list(inputs) + [None] * (8 + QUANT_INPUTS - len(inputs))
+    if any(v is None for v in padded[8:]) or padded[0] is None:
+        raise IRError("DynamicQuantizeLSTM: X, W_scale, W_zero_point, R_scale and "
+                      "R_zero_point are required")
+    if int(attrs.get("layout", 0)):
+        raise IRError("DynamicQuantizeLSTM: layout 1 is not an attribute of this node")
+    if "hidden_size" not in attrs:  # R is [dirs, hidden, 4 * hidden] here
+        attrs = {**attrs, "hidden_size": ctx.tensor_type(padded[2]).shape[1]} \
+            if padded[2] is not None else attrs
+    x, lens = padded[0], padded[4]
+    steps = ctx.tensor_type(x).shape[0]
+    if lens is not None and isinstance(steps, int):  # (unroll refuses a symbolic length)
+        # onnxruntime quantizes the steps up to the longest row only: the others as 0,
+        # which every range holds anyway
+        index = ctx.const(np.arange(steps, dtype=ctx.tensor_type(lens).dtype).reshape(-1, 1))
+        longest = ctx.call("reduce_max", lens, axes=(0,), keepdims=True)
+        inside = ctx.call("reshape", ctx.call("less", index, longest), shape=(steps, 1, 1))
+        x = ctx.call("where", inside, x, ctx.const(np.zeros((), np.float32)))
+    t = ctx.call("dynamic_quantize_linear", x)
+    quantized = (ctx.item(t, 0), ctx.item(t, 1), ctx.item(t, 2))
+
+    def cell(ctx: GraphContext, lstm_inputs: Sequence[g.Expr | None], d: int, gates: int,
+             hidden: int, x: g.Expr) -> Cell:
+        return QuantizedCell(ctx, padded, d, gates, hidden, x, quantized)
+
+    return unroll("LSTM", ctx, padded[:8], attrs, cell)
