@@ -346,3 +346,28 @@ def test_qdq_softmax_equals_onnxruntime_qlinear_softmax(target: str) -> None:
     text = print_module(QuantizeOps()(from_onnx(model)))
     assert text.count('"qlinear_softmax"') == 2 and '"softmax"' not in text
     _equals_onnxruntime(model, 12, target)
+
+
+def test_qdq_product_of_two_activations_is_an_integer_product() -> None:
+    """DQ(a) @ DQ(b) -> Q with two uint8 activations (attention's Q K^T and P V, as
+    onnxruntime's quantizer writes them): quantize-ops makes it `qlinear_matmul` reading B
+    at run time, onnxruntime's QLinearMatMul, so the integers equal onnxruntime's, where
+    the float product had rounded some of them a quantum apart."""
+    b = GraphBuilder()
+    # scales whose float products round: the float form was a quantum off on 0.1% of
+    # these outputs
+    b.consts({"sa": np.float32(0.1), "za": np.asarray(121, np.uint8),
+              "sb": np.float32(0.1), "zb": np.asarray(134, np.uint8),
+              "sy": np.float32(0.7), "zy": np.asarray(117, np.uint8)})
+    b.node("DequantizeLinear", ["a", "sa", "za"], ["af"])
+    b.node("DequantizeLinear", ["b", "sb", "zb"], ["bf"])
+    b.node("MatMul", ["af", "bf"], ["p"])
+    b.node("QuantizeLinear", ["p", "sy", "zy"], ["y"])
+    b.input("a", [1, 4, 64, 64], TensorProto.UINT8)
+    b.input("b", [1, 4, 64, 64], TensorProto.UINT8)
+    b.output("y", [1, 4, 64, 64], TensorProto.UINT8)
+    model = b.model(opset=13)
+    text = print_module(QuantizeOps()(from_onnx(model)))
+    assert '"qlinear_matmul"' in text and '"matmul"' not in text
+    _equals_onnxruntime(model, 34)
+    _equals_onnxruntime(model, 34, "c")

@@ -368,9 +368,11 @@ class _Matcher:
         if x is None or w is None or x.axis is not None or x.scale.ndim:
             return None
         xt = x.data.type
-        if not (isinstance(xt, TensorType) and xt.dtype in _PRODUCT_DTYPES
-                and isinstance(w.data, g.Constant) and w.data.data.ndim >= 2
-                and str(w.data.data.dtype) in _PRODUCT_DTYPES):
+        if not (isinstance(xt, TensorType) and xt.dtype in _PRODUCT_DTYPES):
+            return None
+        if not isinstance(w.data, g.Constant):
+            return self._activation_product(q, op, product, x, w, bias, lo, hi, y_scale, y_zp)
+        if not (w.data.data.ndim >= 2 and str(w.data.data.dtype) in _PRODUCT_DTYPES):
             return None
         channels = w.data.data.shape[channel_axis]
         if w.axis is not None and (w.axis != channel_axis or w.scale.shape != (channels,)):
@@ -460,6 +462,34 @@ class _Matcher:
                 or bias.data.size != n or (bias.data.ndim and bias.data.shape[-1] != n):
             return None
         return np.asarray(bias.data, np.float32).reshape(n)
+
+    def _activation_product(self, q: g.Call, op: str, product: g.Call, x: Any, w: Any,
+                            bias: g.Expr | None, lo: int, hi: int, y_scale: np.ndarray,
+                            y_zp: np.ndarray) -> g.Call | None:
+        """`quantize(matmul(dequantize(a), dequantize(b)))` of two uint8 activations, both
+        per tensor, no bias (attention's Q K^T and P V): `qlinear_matmul` with B read at
+        run time, as onnxruntime's QDQ transformer makes it a QLinearMatMul (an exact
+        int32 product requantized, where the float product rounded before the
+        quantization). int8 activations keep the float product: onnxruntime runs them
+        either way, depending on its int8-to-uint8 transformer (docs/quantization.md)."""
+        from kiln.ops import call as op_call
+        from kiln.ops.quant import requantize_multiplier
+
+        wt, xt = w.data.type, x.data.type
+        if op != "qlinear_matmul" or bias is not None or product.attrs.get("transpose_b") \
+                or w.axis is not None or w.scale.ndim \
+                or not (isinstance(wt, TensorType) and wt.dtype == "uint8"
+                        and isinstance(xt, TensorType) and xt.dtype == "uint8"
+                        and wt.ndim >= 2 and isinstance(wt.shape[-1], int)):
+            return None
+        try:
+            return op_call(op, x.data, w.data, g.Constant(np.zeros((wt.shape[-1],), np.int32)),
+                           g.Constant(np.asarray(x.zero_point).reshape(())),
+                           g.Constant(np.asarray(w.zero_point).reshape(())),
+                           g.Constant(requantize_multiplier(x.scale, w.scale, y_scale)),
+                           g.Constant(np.asarray(y_zp)), qmin=lo, qmax=hi)
+        except IRError:  # a shape the integer op refuses: keep float
+            return None
 
     def _bias(self, bias: g.Expr | None, scale: np.ndarray, channels: int) -> np.ndarray | None:
         """The int32 bias of the fused op (zeros when the product has none), or None when
