@@ -510,6 +510,11 @@ KBLOCK_CASES = [dict(x=(1, 48, 5, 7), co=20, k=3, pads=(1, 1, 1, 1), tail=("Relu
                 # a strided 1x1 (a projection shortcut: subsampled first on AVX2), batch 2,
                 # with the residual Add
                 dict(x=(2, 16, 10, 12), co=24, k=1, strides=(2, 2), pads=(0, 0, 0, 0),
+                     tail=("Add", "Relu")),
+                # unblocked (12 channels), run in bands of 2 tiles (`band_tiles`): 5 tiles
+                # of a 5x5 output (a partial last band), 3 channel blocks (the last
+                # partial), batch 2, asymmetric pads, the residual Add
+                dict(x=(2, 12, 9, 9), co=40, k=3, strides=(2, 2), pads=(0, 1, 2, 1),
                      tail=("Add", "Relu"))]
 
 
@@ -523,6 +528,7 @@ def _kblocked_model(monkeypatch: pytest.MonkeyPatch, target: str, pipeline: str 
     monkeypatch.setattr(conv_direct, "choose_k_blocking",
                         lambda shape, tiling, isa: ck.ConvKBlocking(8, 2)
                         if shape.ci_group % 8 == 0 else None)
+    monkeypatch.setattr(conv_direct, "band_tiles", lambda shape, tiling, isa: 2)
     with PassContext(config={"kiln.cache": False}):  # not the unblocked kernels' entry
         ex = kiln.compile(from_onnx(model), native_target(target), graph_pipeline=pipeline)
     return ex, checks
@@ -534,9 +540,11 @@ def test_k_blocked_sums_match_onnxruntime(monkeypatch: pytest.MonkeyPatch, targe
     ex, checks = _kblocked_model(monkeypatch, target)
     blocked = [f for f in ex.ir.functions.values()
                if f.attrs.get("kiln.conv_kernel") == "conv2d_blocked"]
-    # at 4 lanes (c) the 1x1 and the strided layer are the row kernel's
-    assert len(blocked) >= (2 if target == "c" else 3)
-    assert all("part" in print_module_text(f) for f in blocked)
+    # at 4 lanes (c) the 1x1 and the strided layers are the row kernel's
+    assert len(blocked) >= (2 if target == "c" else 4)
+    # all K-blocked but the 12-channel layer, which runs in bands
+    assert sum("part" in print_module_text(f) for f in blocked) == len(blocked) - (
+        target != "c")
     want = checks.reference()
     got = ex(*checks.feeds.values())
     checks.assert_close(list(got), want)
@@ -609,6 +617,29 @@ def test_k_blocking_rule_on_avx2(shape: tuple[int, int, int, int],
     # the AVX-512 kernel keeps its unblocked sums (measured at 85-94% of peak)
     avx512 = isa_for(Target("llvm -mcpu=znver4"))
     assert choose_k_blocking(conv, ck.choose_tiling(conv, 16, 32), avx512) is None
+
+
+@pytest.mark.parametrize(("shape", "band"), [
+    ((128, 128, 56, 3, 2), 14),   # 1.7 MB padded input; 7 input rows (3 output rows)
+    ((64, 128, 56, 3, 2), 37),    # ResNet-18's: 8 output rows of 28 in tiles of 6
+    ((256, 256, 28, 3, 2), 7),
+    ((128, 256, 28, 3, 2), 0),    # 460 KB: within the L2
+    ((64, 64, 56, 3, 1), 0),      # stride 1
+    ((512, 1024, 28, 1, 2), 0),   # a strided 1x1: subsampled, it runs at stride 1
+    ((128, 16, 56, 3, 2), 0),     # one block of output channels
+])
+def test_band_rule_on_avx2(shape: tuple[int, int, int, int, int], band: int) -> None:
+    from kiln.ops.kernels.conv_direct import band_tiles
+
+    ci, co, hw, k, stride = shape
+    pads = (0,) * 4 if k == 1 else (k // 2,) * 4
+    conv = ck.ConvShape(1, ci, hw, hw, co, k, k, (stride, stride), (1, 1), pads)
+    isa = isa_for(Target("llvm -mcpu=znver3"))
+    assert band_tiles(conv, ck.choose_tiling(conv, tile_lanes(isa), isa.vector_registers),
+                      isa) == band
+    # the AVX-512 kernel keeps its order (not measured there)
+    avx512 = isa_for(Target("llvm -mcpu=znver4"))
+    assert band_tiles(conv, ck.choose_tiling(conv, 16, 32), avx512) == 0
 
 
 @pytest.mark.parametrize(("spec", "subsampled"), [

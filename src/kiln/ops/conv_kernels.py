@@ -359,7 +359,8 @@ def blocked_tile_stores(out: Buffer, stage: Buffer, epilogue: Epilogue, n: PrimE
 def blocked_conv_body(shape: ConvShape, x: Buffer, wp: Buffer, out: Buffer,
                       tiling: Tiling, epilogue: Epilogue, fused: bool = True,
                       block: int = 0, kblock: ConvKBlocking | None = None,
-                      subsample: bool = False, unroll: int | None = None) -> Stmt:
+                      subsample: bool = False, unroll: int | None = None,
+                      band: int = 0) -> Stmt:
     """The loop nest of a blocked direct convolution reading packed weights `wp`
     (`pack_blocked_weight` layout) and writing `epilogue(acc, index)` into `out` (NCHW).
 
@@ -386,7 +387,9 @@ def blocked_conv_body(shape: ConvShape, x: Buffer, wp: Buffer, out: Buffer,
     into a workspace (`subsampled_input`, a quarter of the input at stride 2) and runs
     as a stride-1 layer on it: its tiles then read consecutive columns. With `unroll`
     (a tuning knob) the loop over input channels is unrolled by it
-    (kiln.ops.gemm_kernels.reduction_loop: the sums in the same order)."""
+    (kiln.ops.gemm_kernels.reduction_loop: the sums in the same order). With `band`
+    (unblocked sums only) the tiles run in bands of `band` consecutive tiles, each band's
+    tiles for every channel block in turn (kiln.ops.kernels.conv_direct.band_tiles)."""
     if subsample and not block and subsamples(shape):
         xs, copy = subsampled_input(x, shape)
         one = replace(shape, h=shape.out_h, w=shape.out_w, stride=(1, 1))
@@ -507,6 +510,18 @@ def blocked_conv_body(shape: ConvShape, x: Buffer, wp: Buffer, out: Buffer,
             Store(seg.part, acc[_c(r), v], (seg.tile, _c(r), v)) for r in range(tile_w))))
         return seq(*head, red, IfThenElse(seg.last, finish, keep))
 
+    if kblock is None and band and band < tiles:
+        bands = -(-tiles // band)
+
+        def banded(n: PrimExpr, g: PrimExpr, b: PrimExpr, ob: PrimExpr, tt: PrimExpr) -> Stmt:
+            t = Var("t", INDEX_DTYPE)
+            body: Stmt = tile(n, g, ob, t)
+            if tiles % band:
+                body = IfThenElse(t < tiles, body)
+            return seq(LetStmt(t, b * band + tt), body)
+
+        return seq(*prologue, parallel_tiles((shape.n, shape.groups, bands, blocks, band),
+                                             banded))
     if kblock is None:
         return seq(*prologue, parallel_tiles((shape.n, shape.groups, blocks, tiles), tile))
     kc, band = kblock.kc, min(kblock.band, tiles)
