@@ -78,6 +78,9 @@ class QuantizedCell(Cell):
     """A direction of DynamicQuantizeLSTM: its products on integers (module docstring).
     `quantized_x` is `X` quantized once for the whole node (data, scale, zero point)."""
 
+    #: h is quantized on the range of all the rows a product takes (`Cell.rows_together`)
+    rows_together = True
+
     def __init__(self, ctx: GraphContext, inputs: Sequence[g.Expr | None], d: int,
                  gates: int, hidden: int, x: g.Expr,
                  quantized_x: tuple[g.Expr, g.Expr, g.Expr]) -> None:
@@ -116,8 +119,6 @@ class QuantizedCell(Cell):
         acc = self.ctx.call("matmul_integer", q, m, zp, m_zp)
         factor = self.ctx.call("multiply", scale, m_scale)
         return self.ctx.call("multiply", self.ctx.call("cast", acc, dtype="float32"), factor)
-
-    rows_together = True
 
     def step_input(self, t: int) -> g.Expr:
         """Step `t`'s slice of the quantized `X`."""
