@@ -314,6 +314,44 @@ def test_byte_and_word_lanes_become_vector_code() -> None:
     assert not any(getattr(s, "kind", None) == "vector" for s in iter_stmts(add.body))
 
 
+def _widen() -> IRModule:
+    """Bytes widened (every dequantize of bytes): y = float32(a) * 0.5 + float32(b),
+    z = int32(a) - int32(b), w = float32(int8(int32(a) + int32(b))) for uint8 `a` and int8
+    `b` over 20 lanes (16 + 4): `uitofp`/`zext` from uint8, `sitofp`/`sext` from int8,
+    the int8 narrowing inside the expression wraps."""
+    ib = IRBuilder()
+    with ib.prim_func("widen"):
+        a = ib.arg("A", (20,), "uint8")
+        b = ib.arg("B", (20,), "int8")
+        y = ib.arg("Y", (20,), "float32")
+        z = ib.arg("Z", (20,), "int32")
+        w = ib.arg("W", (20,), "float32")
+        with ib.for_range(20, name="v", kind="vectorized") as v:
+            ib.store(y, [v], Cast("float32", a[v]) * 0.5 + Cast("float32", b[v]))
+            ib.store(z, [v], Cast("int32", a[v]) - Cast("int32", b[v]))
+            ib.store(w, [v], Cast("float32", Cast("int8", Cast("int32", a[v])
+                                                  + Cast("int32", b[v]))))
+    return ib.get()
+
+
+def _widen_args() -> list[np.ndarray]:
+    a = np.array([0, 1, 127, 128, 200, 255, 254, 129, 3, 250] * 2, np.uint8)
+    b = np.array([0, -1, 127, -128, -100, 5, -2, 100, 100, -127] * 2, np.int8)
+    return [a, b, np.zeros(20, np.float32), np.zeros(20, np.int32), np.zeros(20, np.float32)]
+
+
+def test_byte_widening_casts_become_vector_code() -> None:
+    (a, b, y, z, w), text = _run(_widen(), "widen", *_widen_args())
+    assert "uitofp <16 x i8>" in text and "sitofp <16 x i8>" in text
+    assert "zext <16 x i8>" in text and "sext <16 x i8>" in text
+    assert "trunc <16 x i32>" in text and not _scalar_loop(text)
+    wide_a, wide_b = a.astype(np.int32), b.astype(np.int32)
+    np.testing.assert_array_equal(y, a.astype(np.float32) * 0.5 + b.astype(np.float32))
+    np.testing.assert_array_equal(z, wide_a - wide_b)
+    np.testing.assert_array_equal(w, (wide_a + wide_b).astype(np.int8).astype(np.float32))
+    assert y.max() > 127 and z.min() < 0  # both signs reached
+
+
 # ------------------------------------------------------------------ the C backend
 
 
@@ -367,6 +405,8 @@ C_CASES = {
     "bytes": (_bytes(), 256, "bytes", _byte_args(np.uint8)),
     "signed": (_bytes(), 256, "signed", _byte_args(np.int8)),
     "words": (_bytes(), 256, "words", _byte_args(np.int16)),
+    # bytes widened to int32 / float32 by their sign, int32 narrowed to int8 in between
+    "widen": (_widen(), 256, "widen", _widen_args()),
 }
 
 
@@ -407,6 +447,8 @@ def test_c_vector_loops_print_register_chunks(c_libs: dict[str, CLibrary]) -> No
     assert "kiln_u8x32 load" in c_libs["kiln_bytes_"].source("kernels.c")
     assert "kiln_i8x32 pick" in c_libs["kiln_signed_"].source("kernels.c")
     assert "kiln_i16x16 load" in c_libs["kiln_words_"].source("kernels.c")
+    widen = c_libs["kiln_widen_"].source("kernels.c")  # float32 lanes: 8 bytes a chunk
+    assert "kiln_u8x8 load" in widen and "__builtin_convertvector" in widen
 
 
 def test_c_scalar_fallback_compiles(c_libs: dict[str, CLibrary], tmp_path: Path) -> None:

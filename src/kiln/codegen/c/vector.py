@@ -12,13 +12,16 @@ Loads and stores go through an unaligned, `may_alias` variant of the type
 not depend on the loop variable are computed once per chunk and broadcast. `min`/`max`
 keep the IR's NaN rule with a compare-and-blend, `fma` is `fmaf` per lane (GCC and
 Clang fuse it into vector FMA instructions where the target has them); a `select` is a
-blend on an int32 comparison mask, a `reinterpret` a vector cast (bits kept), an
-int32-to-float32 `cast` `__builtin_convertvector` (exp's forms, kiln.ops.kernels.math).
+blend on an int32 comparison mask, a `reinterpret` a vector cast (bits kept), a value
+`cast` `__builtin_convertvector` (int32 to float32: exp's forms, kiln.ops.kernels.math;
+bytes and words widened to int32 or float32, which C converts by the source's sign: the
+dequantize loops; int32 narrowed to bytes, modulo 256 as GCC and Clang define it).
 Byte and word lanes (int8, uint8, int16, uint16: the integer max pools' rows) load,
 `min`/`max` and store as `kiln_u8x32` and so on, their masks of the same width (GCC 12
 makes a uint8 max `vpminub`, `vpcmpeqb` and `vpblendvb` with AVX2: it does not see the
 blend as `vpmaxub`; LLVM's backend emits the one instruction). Chunks span the register
-over the widest element the loop touches (32 bytes, 8 float32 lanes with AVX2). Chunk
+over the widest element the loop touches or casts to (32 bytes, 8 float32 lanes with
+AVX2, also when bytes are widened to float32). Chunk
 widths are powers of two (the extension's rule): `n` is covered by full-width chunks, then
 halves down to one lane, which prints as scalar code.
 
@@ -296,7 +299,7 @@ class VectorLoopPrinter:
                               self.vexpr(e.false_value))
         if isinstance(e, Reinterpret):  # a cast between vector types of one size: the bits
             return self.temp(e.dtype, f"({self.vtype(e.dtype)}){self.vexpr(e.value)}")
-        if isinstance(e, Cast):  # int32 -> float32 (the analysis checks)
+        if isinstance(e, Cast):  # the analysis checks which (`vector_cast_fault`)
             return self.temp(e.dtype, f"__builtin_convertvector({self.vexpr(e.value)}, "
                                       f"{self.vtype(e.dtype)})")
         assert isinstance(e, Intrin) and e.name == "fma"

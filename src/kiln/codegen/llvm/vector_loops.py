@@ -139,11 +139,24 @@ class _VectorBody:
             return arith.compare(b, e.op, e.a.dtype, self.vexpr(e.a), self.vexpr(e.b))
         if isinstance(e, Reinterpret):
             return arith.reinterpret(b, self.vexpr(e.value), e.dtype)
-        if isinstance(e, Cast):  # int32 -> float32 (the analysis checks)
-            return b.sitofp(self.vexpr(e.value), ir.VectorType(F32, self.lanes))
+        if isinstance(e, Cast):
+            return self.cast(self.vexpr(e.value), e.value.dtype, e.dtype)
         assert isinstance(e, Intrin)
         return emit_intrinsic(fl.math, b, e.name, e.args[0].dtype,
                               [self.vexpr(a) for a in e.args])
+
+    def cast(self, x: ir.Value, src: str, dst: str) -> ir.Value:
+        """The casts `vector_cast_fault` accepts: int32 -> float32, bytes or words widened
+        (`uitofp` / `zext` from uint8 and uint16, `sitofp` / `sext` from int8, int16 and
+        int32), int32 truncated to bytes."""
+        b = self.b
+        vt = ir.VectorType(F32 if dst == "float32" else storage_type(dst), self.lanes)
+        signed = dt.kind(src) == "int"
+        if dst == "float32":
+            return b.sitofp(x, vt) if signed else b.uitofp(x, vt)
+        if dt.bits(dst) < dt.bits(src):
+            return b.trunc(x, vt)
+        return b.sext(x, vt) if signed else b.zext(x, vt)
 
     def broadcast(self, value: ir.Value) -> ir.Value:
         vt = ir.VectorType(value.type, self.lanes)

@@ -17,14 +17,17 @@ when:
   `mul`, `div`, `min`, `max`, `neg`, `fma`, `floor`, `ceil`, `trunc`, `round` or
   `abs`; an int32 `add`, `sub`, `mul`, `min`, `max`, `and`, `or`, `xor`, `neg`, a
   shift by a constant or `dot4_u8s8`; a `select` on a comparison of such values (or
-  `isnan`); an int32-to-float32 `cast`; a 32-bit `reinterpret` between float32 and
+  `isnan`); an int32-to-float32 `cast`, a widening `cast` of byte or word lanes to int32
+  or float32 (zero-extended from the unsigned types, sign-extended from the signed ones:
+  every dequantize of bytes); a 32-bit `reinterpret` between float32 and
   int32 (the vectorizable math of kiln.ops.kernels.math); such a let variable, or a
   load whose element moves by exactly one when the variable grows by one (a
   contiguous load); expressions that do not depend on it are computed once and
   broadcast;
 - byte and word lanes (`SMALL_INT_DTYPES`: int8, uint8, int16, uint16) hold loads,
-  `min`, `max` and `select`s on comparisons of the same dtype only (the integer max
-  pools' rows); arithmetic that would widen or narrow them is refused;
+  `min`, `max` and `select`s on comparisons of the same dtype (the integer max pools'
+  rows), and int32 lanes narrowed to int8/uint8 by a `cast` (each lane's low byte);
+  arithmetic on them is refused (it would wrap in the lane's width);
 - every store is contiguous; a store into an int8/uint8 buffer stores the cast of an
   int32 expression (each lane truncated to its low byte: the quantized kernels' outputs)
   or a value of the buffer's own dtype;
@@ -80,6 +83,18 @@ NARROW_STORE_DTYPES = frozenset({"int8", "uint8"})
 # byte and word lanes: loads, stores, min, max and selects (no arithmetic)
 SMALL_INT_DTYPES = frozenset({"int8", "uint8", "int16", "uint16"})
 SMALL_INT_BINARY = frozenset({"min", "max"})
+# a cast of byte or word lanes widens them to these (zext / sext by the source's sign)
+WIDENED_DTYPES = frozenset({INT_VECTOR_DTYPE, "float32"})
+
+
+def vector_cast_fault(src: str, dst: str) -> str | None:
+    """Why a `cast` of `src` lanes to `dst` has no vector form, or None: int32 to float32,
+    byte or word lanes widened to int32 or float32, int32 narrowed to int8/uint8."""
+    if (src, dst) == (INT_VECTOR_DTYPE, "float32") or (
+            src in SMALL_INT_DTYPES and dst in WIDENED_DTYPES) or (
+            src == INT_VECTOR_DTYPE and dst in NARROW_STORE_DTYPES):
+        return None
+    return f"a cast from {src} to {dst} has no vector form"
 
 
 def narrowed(s: Store) -> PrimExpr | None:
@@ -218,12 +233,13 @@ class VectorBody:
         return self.fail(f"a bool {type(e).__name__} has no vector form")
 
     def bit_cast(self, e: Cast | Reinterpret) -> bool:
-        """float32 <-> int32 bits (Reinterpret), int32 -> float32 values (Cast)."""
+        """float32 <-> int32 bits (Reinterpret), the value casts of `vector_cast_fault`."""
         src = e.value.dtype
-        ok = ({src, e.dtype} == BIT_CAST_DTYPES if isinstance(e, Reinterpret)
-              else (src, e.dtype) == (INT_VECTOR_DTYPE, "float32"))
-        return (ok or self.fail(f"a {type(e).__name__.lower()} from {src} to {e.dtype} has "
-                                "no vector form")) and self.expr(e.value)
+        if isinstance(e, Cast):
+            fault = vector_cast_fault(src, e.dtype)
+            return (fault is None or self.fail(fault)) and self.expr(e.value)
+        return ({src, e.dtype} == BIT_CAST_DTYPES or self.fail(
+            f"a reinterpret from {src} to {e.dtype} has no vector form")) and self.expr(e.value)
 
     def load(self, e: Load) -> bool:
         if not self.contiguous(e.buffer, e.indices):
@@ -232,9 +248,12 @@ class VectorBody:
         return True
 
     def small_int_expr(self, e: PrimExpr) -> bool:
-        """Byte or word lanes: a load, `min`/`max` of two such values, a select."""
+        """Byte or word lanes: a load, `min`/`max` of two such values, a select, int32
+        lanes narrowed to bytes."""
         if isinstance(e, Load):
             return self.load(e)
+        if isinstance(e, Cast):
+            return self.bit_cast(e)
         if isinstance(e, Select):
             return self.condition(e.cond) and self.expr(e.true_value) and self.expr(
                 e.false_value)
@@ -282,11 +301,12 @@ class VectorBody:
 
 
 def element_bytes(loop: For) -> int:
-    """The widest element (in bytes) `loop`'s body loads or stores (4 with no access): a
-    register of `bits` holds `bits // (8 * element_bytes)` of the loop's lanes, 32 for a
-    byte loop on AVX2, 8 for float32."""
-    return max((dtype_bytes(n.buffer.dtype) for n in iter_nodes(loop.body)
-                if isinstance(n, (Load, Store))), default=4)
+    """The widest element (in bytes) `loop`'s body loads, stores or casts to (4 with no
+    access): a register of `bits` holds `bits // (8 * element_bytes)` of the loop's lanes,
+    32 for a byte loop on AVX2, 8 for float32 (also when the bytes are widened to it)."""
+    return max((dtype_bytes(n.buffer.dtype if isinstance(n, (Load, Store)) else n.dtype)
+                for n in iter_nodes(loop.body) if isinstance(n, (Load, Store, Cast))),
+               default=4)
 
 
 def vector_shape_fault(loop: For) -> str | None:
