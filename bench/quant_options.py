@@ -96,10 +96,8 @@ def lstm_model() -> tuple[onnx.ModelProto, dict[str, list[int]]]:
 def models(names: list[str]) -> dict[str, onnx.ModelProto]:
     from nets import MODELS
 
-    out = {}
-    for name in names:
-        out[name] = lstm_model()[0] if name == "lstm" else MODELS[name]()[0]
-    return out
+    builders = {**MODELS, "lstm": lstm_model}  # each gives (model, input shapes)
+    return {name: builders[name]()[0] for name in names}
 
 
 class Reader(CalibrationDataReader):

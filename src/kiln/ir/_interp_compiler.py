@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import itertools
 import re
-from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -33,6 +32,7 @@ from kiln.ir._interp_runtime import (
     _round_bf16,
     _text,
 )
+from kiln.ir.identity_cache import IdentityCache
 from kiln.ir.visitor import check_nesting
 
 
@@ -59,7 +59,6 @@ class _Layout:
 @dataclass
 class _Compiled:
     name: str
-    func: t.PrimFunc
     source: str
     run: Callable[..., None]
 
@@ -152,7 +151,7 @@ class _Compiler:
             raise IRError(f"{self.name}: the interpreter cannot compile this function "
                           f"({type(exc).__name__}: {exc})") from exc
         exec(code, self.ns)
-        return _Compiled(self.name, self.func, source, self.ns["_kernel"])
+        return _Compiled(self.name, source, self.ns["_kernel"])
 
     def emit(self, depth: int, text: str) -> None:
         for line in self.pre:
@@ -696,20 +695,14 @@ _EXPR_RULES: dict[type, Callable[[_Compiler, Any], _V]] = {
     t.CallExtern: _Compiler.call_extern,
 }
 
-# Compiled functions by identity (the entry keeps the PrimFunc alive so ids are unique).
-_CACHE: OrderedDict[int, _Compiled] = OrderedDict()
-_CACHE_SIZE = 512
+# Compiled functions, each kept while its PrimFunc lives.
+_CACHE: IdentityCache[t.PrimFunc, _Compiled] = IdentityCache()
 
 
 def _compile(func: t.PrimFunc, name: str) -> _Compiled:
-    hit = _CACHE.get(id(func))
-    if hit is not None and hit.func is func:
-        _CACHE.move_to_end(id(func))
-        return hit
-    check_nesting(func, f"evaluate {name}")
-    compiled = _Compiler(func, name).compile()
-    _CACHE[id(func)] = compiled
-    while len(_CACHE) > _CACHE_SIZE:
-        _CACHE.popitem(last=False)
-    return compiled
+    def compile_func(func: t.PrimFunc) -> _Compiled:
+        check_nesting(func, f"evaluate {name}")
+        return _Compiler(func, name).compile()
+
+    return _CACHE.get_or_compute(func, compile_func)
 

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 from kiln.errors import IRError
 from kiln.ir.attrs import ATTR_EXTERN_READS
+from kiln.ir.identity_cache import IdentityCache
 from kiln.ir.tensor import (
     Allocate,
     AllocConst,
@@ -85,7 +86,7 @@ class AliasInfo:
 
 def analyze(funcs: dict[str, PrimFunc]) -> AliasInfo:
     """Which buffer parameters each kernel writes and which may be marked `noalias`."""
-    summaries = {name: _summarize(fn) for name, fn in funcs.items()}
+    summaries = {name: _SUMMARIES.get_or_compute(fn, _summarize) for name, fn in funcs.items()}
     written = _written_params(summaries)
     unsafe = _kernels_with_aliasing_calls(summaries, written)
     return AliasInfo(
@@ -154,6 +155,10 @@ def _static_nbytes(buf: Buffer) -> int | None:
         return buf.nbytes()
     except IRError:
         return None
+
+
+# Several passes and both backends ask about the same (immutable) kernels.
+_SUMMARIES: IdentityCache[PrimFunc, _Summary] = IdentityCache()
 
 
 def _summarize(fn: PrimFunc) -> _Summary:

@@ -673,7 +673,7 @@ def seq(*stmts: Stmt) -> Stmt:
 Param = Buffer | Var
 
 
-@dataclass(frozen=True, eq=False, slots=True)
+@dataclass(frozen=True, eq=False, slots=True, weakref_slot=True)  # IdentityCache keys
 class PrimFunc:
     """A tensor-level function: buffer and scalar parameters and a loop-nest body.
 

@@ -632,15 +632,15 @@ def depthwise_conv_body(shape: ConvShape, x: Buffer, w: Buffer, out: Buffer, til
         return madd(acc, xv, w[c, _c(0), kh, kw], fused)
 
     return window_body(shape, x, out, tile_w, lanes, registers, tap, as_expr(0.0, x.dtype),
-                       None, epilogue, l2_bytes)
+                       epilogue, l2_bytes)
 
 
 def window_body(shape: ConvShape, x: Buffer, out: Buffer, tile_w: int, lanes: int,
-                registers: int, tap: Tap, init: PrimExpr, border: PrimExpr | None,
-                epilogue: Epilogue, l2_bytes: int = 0) -> Stmt:
+                registers: int, tap: Tap, init: PrimExpr, epilogue: Epilogue,
+                l2_bytes: int = 0) -> Stmt:
     """The loop nest of a per-channel window kernel (a depthwise convolution, a 2-D
     pooling) over the NCHW input `x`: each output is `init` combined with `tap` over its
-    `kh x kw` window of the input padded with `border` (None: zeros), then stored
+    `kh x kw` window of the input padded with zeros, then stored
     through `epilogue`.
 
     A tile is `rows` consecutive output rows (`depthwise_tile_rows`) x `tile_w`
@@ -668,12 +668,12 @@ def window_body(shape: ConvShape, x: Buffer, out: Buffer, tile_w: int, lanes: in
         and shape.c_in * plane_bytes > l2_bytes > 0  # one image's (the batch may be symbolic)
     if local:
         xplane = Buffer("xplane", plane, x.dtype, "local")
-        fill_plane = plane_fill(x, shape, sw, border, 0,
+        fill_plane = plane_fill(x, shape, sw, None, 0,
                                 lambda n, c, p, i, q: (_c(p), i, q), xplane)
         prologue: list[Stmt] = []
         xp: PhaseReader = lambda n, c, i, p, q: xplane[p, i, q]  # noqa: E731
     else:
-        xp, prologue = padded_input(x, shape, phases=sw, border=border)
+        xp, prologue = padded_input(x, shape, phases=sw)
     rows = depthwise_tile_rows(shape, tile_w, lanes, registers)
     # input row offset i (from the tile's first row's first input row) feeds output row
     # j of the tile through window row kh when i = j * sh + kh * dh

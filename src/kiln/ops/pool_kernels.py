@@ -108,7 +108,7 @@ def pool2d_kernel(kind: str, geometry: PoolGeometry, include_pad: bool,
         return store.epilogue(v / counts[idx[2], idx[3]], idx)
 
     body = ck.window_body(shape, store.buffers[x], store.out, tile_w, lanes,
-                          tile_registers(isa), tap, as_expr(0.0, "float32"), None, finish)
+                          tile_registers(isa), tap, as_expr(0.0, "float32"), finish)
     return PrimFunc((*(store.buffers[t] for t in params), store.out),
                     seq(AllocConst(counts, geometry.counts(include_pad)), body),
                     {"kiln.pool_kernel": name})

@@ -361,9 +361,6 @@ class _Matcher:
 
     def _fuse(self, q: g.Call, op: str, product: g.Call, bias: g.Expr | None, channel_axis: int,
               lo: int, hi: int, y_scale: np.ndarray, y_zp: np.ndarray) -> g.Call | None:
-        from kiln.ops import call as op_call
-        from kiln.ops.quant import requantize_multiplier
-
         x, w = self._dequantized(product.args[0]), self._dequantized(product.args[1])
         if x is None or w is None or x.axis is not None or x.scale.ndim:
             return None
@@ -382,12 +379,23 @@ class _Matcher:
         bias_data = self._bias(bias, x.scale * w.scale, channels)
         if bias_data is None:
             return None
-        attrs = {k: v for k, v in product.attrs.items()}
-        attrs.update(qmin=lo, qmax=hi)
+        return self._integer_product(op, x, w, bias_data, y_scale, y_zp,
+                                     {**product.attrs, "qmin": lo, "qmax": hi})
+
+    @staticmethod
+    def _integer_product(op: str, x: Any, w: Any, bias: np.ndarray, y_scale: np.ndarray,
+                         y_zp: np.ndarray, attrs: dict[str, Any]) -> g.Call | None:
+        """The fused integer product `op(x, w, bias, x_zp, w_zp, multiplier, y_zp)` of two
+        dequantized operands, or None (keep float) where the op refuses the shapes."""
+        from kiln.ops import call as op_call
+        from kiln.ops.quant import requantize_multiplier
+
+        w_zp = np.asarray(w.zero_point)
         try:
-            return op_call(op, x.data, w.data, g.Constant(bias_data),
+            return op_call(op, x.data, w.data, g.Constant(bias),
                            g.Constant(np.asarray(x.zero_point).reshape(())),
-                           g.Constant(np.asarray(w.zero_point)),
+                           g.Constant(w_zp.reshape(()) if w_zp.size == 1 and w.axis is None
+                                      else w_zp),
                            g.Constant(requantize_multiplier(x.scale, w.scale, y_scale)),
                            g.Constant(np.asarray(y_zp)), **attrs)
         except IRError:  # a shape the integer op refuses: keep float
@@ -472,9 +480,6 @@ class _Matcher:
         int32 product requantized, where the float product rounded before the
         quantization). int8 activations keep the float product: onnxruntime runs them
         either way, depending on its int8-to-uint8 transformer (docs/quantization.md)."""
-        from kiln.ops import call as op_call
-        from kiln.ops.quant import requantize_multiplier
-
         wt, xt = w.data.type, x.data.type
         if op != "qlinear_matmul" or bias is not None or product.attrs.get("transpose_b") \
                 or w.axis is not None or w.scale.ndim \
@@ -482,14 +487,8 @@ class _Matcher:
                         and isinstance(xt, TensorType) and xt.dtype == "uint8"
                         and wt.ndim >= 2 and isinstance(wt.shape[-1], int)):
             return None
-        try:
-            return op_call(op, x.data, w.data, g.Constant(np.zeros((wt.shape[-1],), np.int32)),
-                           g.Constant(np.asarray(x.zero_point).reshape(())),
-                           g.Constant(np.asarray(w.zero_point).reshape(())),
-                           g.Constant(requantize_multiplier(x.scale, w.scale, y_scale)),
-                           g.Constant(np.asarray(y_zp)), qmin=lo, qmax=hi)
-        except IRError:  # a shape the integer op refuses: keep float
-            return None
+        return self._integer_product(op, x, w, np.zeros((wt.shape[-1],), np.int32), y_scale,
+                                     y_zp, {"qmin": lo, "qmax": hi})
 
     def _bias(self, bias: g.Expr | None, scale: np.ndarray, channels: int) -> np.ndarray | None:
         """The int32 bias of the fused op (zeros when the product has none), or None when
