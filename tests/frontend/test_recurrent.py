@@ -9,8 +9,9 @@ import onnx
 import pytest
 
 import kiln
-from kiln.errors import FrontendError
 from kiln.frontend import from_onnx
+from kiln.ir import assert_structural_equal
+from kiln.script import from_source, print_module
 from support.graphs import GraphBuilder
 from support.reference import onnxruntime_outputs
 
@@ -117,18 +118,52 @@ def test_recurrent_on_c_target(op: str) -> None:
     _check(op, {"direction": "bidirectional", "lens": [4, 1, 3]}, target="c")
 
 
-def test_symbolic_sequence_length_is_refused_with_a_fix() -> None:
-    model, _ = _model("LSTM", seq="seq")
-    with pytest.raises(FrontendError, match=r"seq=N"):
-        from_onnx(model)
-
-
-@pytest.mark.parametrize("op", ["LSTM", "GRU"])
-def test_symbolic_batch_runs_every_size(op: str) -> None:
-    model, feeds = _model(op, direction="bidirectional")
+def _symbolic_batch(model: onnx.ModelProto) -> None:
     model.graph.input[0].type.tensor_type.shape.dim[1].dim_param = "batch"
     for o in model.graph.output:
         o.type.tensor_type.shape.dim[2 if o.name == "y" else 1].dim_param = "batch"
+
+
+SYMBOLIC_CASES = [
+    ("LSTM", {"direction": "bidirectional", "init": True, "peep": True}, "llvm"),
+    ("LSTM", {"direction": "bidirectional", "lens": [3, 4, 1], "clip": 0.7}, "c"),
+    # every axis symbolic; RNN takes GRU's path
+    ("GRU", {"direction": "reverse", "linear_before_reset": 1, "batch": "batch"}, "llvm"),
+]
+
+
+@pytest.mark.parametrize("op,kw,target", SYMBOLIC_CASES,
+                         ids=[f"{o}-{t}-{k}" for k, (o, _, t) in enumerate(SYMBOLIC_CASES)])
+def test_symbolic_sequence_length_is_a_loop_for_every_length(op: str, kw: dict[str, Any],
+                                                             target: str) -> None:
+    """A symbolic sequence length (what exporters write for a dynamic time axis) becomes
+    a graph Loop over the steps: one library runs every length, including 1 and lengths
+    past every row's `sequence_lens`, and with a symbolic batch every batch size."""
+    kw = dict(kw)
+    symbolic_batch = kw.pop("batch", None) is not None
+    model, _ = _model(op, seq="seq", **kw)
+    if symbolic_batch:
+        _symbolic_batch(model)
+    mod = from_onnx(model)
+    text = print_module(mod)
+    assert f'G.loop("{op.lower()}_body"' in text
+    assert_structural_equal(from_source(text), mod)  # the DSL round-trips the loop
+    ex = kiln.compile(mod, target)
+    rng = np.random.default_rng(5)
+    sizes = ((4, 3), (6, 3)) if "lens" in kw else ((1, 3), (4, 3), (7, 3))
+    for steps, batch in (((1, 1), (4, 3), (7, 2)) if symbolic_batch else sizes):
+        x = rng.normal(0, 1, (steps, batch, 5)).astype(np.float32)
+        got = ex["main"](x)
+        for g_, w in zip(got if isinstance(got, (tuple, list)) else (got,),
+                         onnxruntime_outputs(model, {"x": x}), strict=True):
+            assert np.asarray(g_).shape == w.shape
+            assert np.linalg.norm(np.asarray(g_) - w) / np.linalg.norm(w) < 1e-5
+
+
+def test_symbolic_batch_runs_every_size() -> None:
+    """A static sequence length (unrolled) over a symbolic batch (GRU's: above)."""
+    model, feeds = _model("LSTM", direction="bidirectional")
+    _symbolic_batch(model)
     ex = kiln.compile(from_onnx(model), "llvm")
     for x in (feeds["x"], np.concatenate([feeds["x"]] * 2, axis=1)):
         for got, want in zip(ex["main"](x), onnxruntime_outputs(model, {"x": x})):

@@ -102,3 +102,54 @@ def test_zero_points_that_differ_within_a_direction_are_refused() -> None:
     init.raw_data = zp.tobytes()
     with pytest.raises(KilnError, match="zero points of a direction differ"):
         from_onnx(quantized)
+
+
+def _symbolic_model(lens: bool) -> object:
+    """A forward and a bidirectional LSTM (states, peepholes) over a symbolic `seq`."""
+    rng = np.random.default_rng(12)
+
+    def weights(*shape: int) -> np.ndarray:
+        return (rng.standard_normal(shape) * 0.4).astype(np.float32)
+
+    b = GraphBuilder()
+    b.consts({"W": weights(1, 4 * HIDDEN, IN), "R": weights(1, 4 * HIDDEN, HIDDEN),
+              "B": weights(1, 8 * HIDDEN), "W2": weights(2, 4 * HIDDEN, IN),
+              "R2": weights(2, 4 * HIDDEN, HIDDEN), "P2": weights(2, 3 * HIDDEN),
+              "lens": np.asarray([2, 1, 2], np.int32)})
+    b.node("LSTM", ["x", "W", "R", "B", "lens" if lens else ""], ["y", "yh"],
+           hidden_size=HIDDEN)
+    b.node("LSTM", ["x", "W2", "R2", "", "", "h0", "c0", "P2"], ["y2", "yh2"],
+           hidden_size=HIDDEN, direction="bidirectional")
+    b.input("x", ["seq", BATCH, IN])
+    b.input("h0", [2, BATCH, HIDDEN])
+    b.input("c0", [2, BATCH, HIDDEN])
+    for name, shape in (("y", ["seq", 1, BATCH, HIDDEN]), ("yh", [1, BATCH, HIDDEN]),
+                        ("y2", ["seq", 2, BATCH, HIDDEN]), ("yh2", [2, BATCH, HIDDEN])):
+        b.output(name, shape, TensorProto.FLOAT)
+    return quantize_dynamic_model(b.model(opset=17), per_channel=True,
+                                  weight_type=QuantType.QInt8, op_types_to_quantize=["LSTM"])
+
+
+def test_a_symbolic_sequence_length_loops_over_the_steps() -> None:
+    """Over a symbolic sequence length each direction is a graph Loop (X quantized once
+    before it, h in every step): one library, every length, onnxruntime's results."""
+    quantized = _symbolic_model(lens=False)
+    one_thread = onnxruntime.SessionOptions()
+    one_thread.intra_op_num_threads = 1
+    ex = kiln.compile(from_onnx(quantized), like_onnxruntime("llvm"))
+    rng = np.random.default_rng(3)
+    for steps in (1, 5):
+        feeds = {"x": rng.standard_normal((steps, BATCH, IN)).astype(np.float32),
+                 "h0": rng.standard_normal((2, BATCH, HIDDEN)).astype(np.float32) * 0.5,
+                 "c0": rng.standard_normal((2, BATCH, HIDDEN)).astype(np.float32) * 0.5}
+        want = onnxruntime_outputs(quantized, feeds, one_thread)
+        for g, w in zip(ex(*feeds.values()), want, strict=True):
+            assert np.asarray(g).shape == w.shape
+            assert rel_l2(np.asarray(g), w) < 1e-5, (steps, rel_l2(np.asarray(g), w))
+
+
+def test_sequence_lengths_over_a_symbolic_length_are_refused() -> None:
+    """onnxruntime quantizes a batch's rows with sequence lengths in its own order of
+    steps (the unrolled case); over a run-time length kiln refuses it, naming the fix."""
+    with pytest.raises(KilnError, match="pin the length"):
+        from_onnx(_symbolic_model(lens=True))

@@ -473,6 +473,8 @@ def _back_bound(b: int, n: PrimExpr, floor: int) -> Dim:
         return floor
     if b >= 0:
         return simplify_dim(min_(as_expr(b).astype(n.dtype), n - 1))
+    if b == -1:  # n - 1 >= floor for n >= 1; and n = 0 leaves nothing to slice
+        return simplify_dim(n - 1)
     return simplify_dim(max_(n + b, floor))
 
 

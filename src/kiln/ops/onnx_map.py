@@ -19,7 +19,7 @@ from kiln.errors import IRError
 from kiln.ir import graph as g
 
 if TYPE_CHECKING:
-    from kiln.ir.types import TensorType
+    from kiln.ir.types import Dim, TensorType
 
 
 class GraphContext(Protocol):
@@ -64,6 +64,24 @@ class GraphContext(Protocol):
     def check_materialize(self, nbytes: int, what: str) -> None:
         """IRError naming `what` if a constant of `nbytes` exceeds the fold budget."""
         ...
+
+    def outer(self, expr: g.Expr) -> g.Expr:
+        """In a body that `loop` builds, `expr` (a value of the graph around it) as the
+        body reads it; elsewhere `expr` itself."""
+        ...
+
+    def loop(self, hint: str, trip: g.Expr, states: Sequence[g.Expr], length: Dim,
+             step: LoopStep) -> list[g.Expr]:
+        """A graph Loop of `trip` iterations (0-d int64) whose body function (named after
+        `hint`) `step(body, iteration, states) -> (new states, scan values)` emits into
+        `body`, a GraphContext that reads this graph's values through `body.outer`: the
+        final states, then each scan value stacked along a new leading axis of `length`."""
+        ...
+
+
+# (the body's context, the iteration, the loop-carried values) -> (their new values, the
+# iteration's scan values): a loop body a converter builds (GraphContext.loop)
+LoopStep = Callable[[GraphContext, g.Expr, list[g.Expr]], tuple[list[g.Expr], list[g.Expr]]]
 
 
 Converter = Callable[[GraphContext, Sequence["g.Expr | None"], dict[str, Any]], Sequence[g.Expr]]

@@ -120,9 +120,10 @@ class QuantizedCell(Cell):
         factor = self.ctx.call("multiply", scale, m_scale)
         return self.ctx.call("multiply", self.ctx.call("cast", acc, dtype="float32"), factor)
 
-    def step_input(self, t: int) -> g.Expr:
-        """Step `t`'s slice of the quantized `X`."""
-        return take_range(self.ctx, self.xq, 0, t, t + 1)
+    @property
+    def sequence(self) -> g.Expr:
+        """What the steps read: the quantized `X`."""
+        return self.xq
 
     def reverse_rows(self, lens: g.Expr) -> None:
         self.xq = self.ctx.call("reverse_sequence", self.xq, lens, batch_axis=1, time_axis=0)
@@ -161,7 +162,7 @@ def _dynamic_quantize_lstm(ctx: GraphContext, inputs: Sequence[g.Expr | None],
             if padded[2] is not None else attrs
     x, lens = padded[0], padded[4]
     steps = ctx.tensor_type(x).shape[0]
-    if lens is not None and isinstance(steps, int):  # (unroll refuses a symbolic length)
+    if lens is not None and isinstance(steps, int):  # (a symbolic one is refused by unroll)
         # onnxruntime quantizes the steps up to the longest row only: the others as 0,
         # which every range holds anyway
         index = ctx.const(np.arange(steps, dtype=ctx.tensor_type(lens).dtype).reshape(-1, 1))
@@ -173,6 +174,10 @@ def _dynamic_quantize_lstm(ctx: GraphContext, inputs: Sequence[g.Expr | None],
 
     def cell(ctx: GraphContext, lstm_inputs: Sequence[g.Expr | None], d: int, gates: int,
              hidden: int, x: g.Expr) -> Cell:
-        return QuantizedCell(ctx, padded, d, gates, hidden, x, quantized)
+        # in a loop's body (a symbolic sequence length) the node's values are outer ones
+        return QuantizedCell(ctx, [None if v is None else ctx.outer(v) for v in padded], d,
+                             gates, hidden, x, (ctx.outer(quantized[0]),
+                                                ctx.outer(quantized[1]),
+                                                ctx.outer(quantized[2])))
 
     return unroll("LSTM", ctx, padded[:8], attrs, cell)

@@ -1,4 +1,4 @@
-"""ONNX LSTM, GRU and RNN, unrolled over a static sequence length.
+"""ONNX LSTM, GRU and RNN: unrolled over a static sequence length, a loop over a symbolic one.
 
 Each time step becomes kiln graph ops: per-gate MatMuls (so the products run on the
 GEMM kernels) and elementwise gate math. `sequence_lens` is applied with masks: a
@@ -9,6 +9,7 @@ the reverse direction start at each entry's own last step (as onnxruntime does).
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -123,9 +124,19 @@ class Cell:
     #: onnxruntime's order of rows with `sequence_lens` (`unroll`).
     rows_together = False
 
+    @property
+    def sequence(self) -> g.Expr:
+        """What the steps read, `[seq, batch, in]`: x."""
+        return self.x
+
     def step_input(self, t: int) -> g.Expr:
-        """What `xw` reads at step `t`: x[t], `[1, batch, in]`."""
-        return take_range(self.ctx, self.x, 0, t, t + 1)
+        """What `xw` reads at step `t`: `sequence[t]`, `[1, batch, in]`."""
+        return take_range(self.ctx, self.sequence, 0, t, t + 1)
+
+    def step_input_at(self, t: g.Expr) -> g.Expr:
+        """`step_input` at a step computed at run time (a 0-d int64: a loop's)."""
+        return self.ctx.call("gather", self.sequence, self.ctx.call("reshape", t, shape=(1,)),
+                             axis=0)
 
     def reverse_rows(self, lens: g.Expr) -> None:
         """Read each row's first `lens` steps in reverse from now on (ONNX
@@ -143,20 +154,13 @@ CellMaker = Callable[[GraphContext, Sequence[g.Expr | None], int, int, int, g.Ex
 def unroll(kind: str, ctx: GraphContext, inputs: Sequence[g.Expr | None],
            attrs: dict[str, Any], make_cell: CellMaker = Cell) -> list[g.Expr]:
     """The outputs of the recurrent node `kind` ("LSTM", "GRU", "RNN") with ONNX's
-    `inputs` and `attrs`, unrolled over its static sequence length, each direction's
-    weights and products made by `make_cell`."""
+    `inputs` and `attrs`: unrolled over a static sequence length, a graph Loop over a
+    symbolic one; each direction's weights and products made by `make_cell`."""
     x = first_input(inputs)
     layout = int(attrs.get("layout", 0))
     if layout:
         x = ctx.call("transpose", x, perm=(1, 0, 2))
     seq, batch, _ = ctx.tensor_type(x).shape
-    if not is_static(seq):
-        name = dim_text(seq)
-        raise FrontendError(
-            f"{kind}: the sequence length is symbolic ({name}); kiln unrolls recurrent ops "
-            f"over a static length: pin it, e.g. shape_dict={{{name!r}: N}} or "
-            f"`kiln compile --shape {name}=N`")
-    steps = int(seq)  # type: ignore[arg-type]  # static: checked above
     r = inputs[2] if len(inputs) > 2 else None
     if r is None or len(inputs) < 2 or inputs[1] is None:
         raise FrontendError(f"{kind}: inputs W and R are required")
@@ -172,9 +176,6 @@ def unroll(kind: str, ctx: GraphContext, inputs: Sequence[g.Expr | None],
         raise FrontendError(f"{kind}: unknown direction {direction!r}; choices: "
                             "forward, reverse, bidirectional")
     gates = {"LSTM": 4, "GRU": 3, "RNN": 1}[kind]
-    defaults = {"LSTM": ("Sigmoid", "Tanh", "Tanh"), "GRU": ("Sigmoid", "Tanh"),
-                "RNN": ("Tanh",)}[kind]
-    acts = _activations(ctx, attrs, defaults, len(dirs[direction]), kind)
     opt = list(inputs) + [None] * (8 - len(inputs))
     seq_lens, init_h, init_c, peep = opt[4], opt[5], opt[6], opt[7]
     if layout:
@@ -182,46 +183,16 @@ def unroll(kind: str, ctx: GraphContext, inputs: Sequence[g.Expr | None],
         init_c = None if init_c is None else ctx.call("transpose", init_c, perm=(1, 0, 2))
     dtype = ctx.tensor_type(x).dtype
     zero_state = _zeros(ctx, (1, batch, hidden), dtype)
-    masks: list[g.Expr | None] = [None] * steps
-    if seq_lens is not None:
-        lens = reshape_to(ctx, seq_lens, (1, batch, 1))
-        ltype = ctx.tensor_type(seq_lens).dtype
-        masks = [ctx.call("less", ctx.const(np.asarray(t, dtype=ltype)), lens)
-                 for t in range(steps)]
-    # whether the node's Y is read (onnxruntime then reads a finished row's h from it)
-    y_read = bool(ctx.node_outputs) and bool(ctx.node_outputs[0])
+    node = _Node(kind, attrs, inputs, make_cell, gates, hidden, len(dirs[direction]), x,
+                 seq_lens)
     ys, hs, cs = [], [], []
     for d, reverse in enumerate(dirs[direction]):
-        cell = make_cell(ctx, inputs, d, gates, hidden, x)
         h = zero_state if init_h is None else take_range(ctx, init_h, 0, d, d + 1)
         c = zero_state if init_c is None else take_range(ctx, init_c, 0, d, d + 1)
         p = None if peep is None else take_range(ctx, peep, 0, d, d + 1)
-        step = _STEPS[kind]
-        outs: list[g.Expr] = [zero_state] * steps
-        # onnxruntime's order, where a cell's products depend on which rows share them
-        # (`Cell.rows_together`): a reversed direction runs each row's own steps reversed,
-        # all rows from their first step on, and a finished row's h is read as Y's 0
-        by_row = cell.rows_together and seq_lens is not None
-        if by_row and reverse:
-            assert seq_lens is not None
-            cell.reverse_rows(seq_lens)
-        h_read = h
-        for t in (range(steps - 1, -1, -1) if reverse and not by_row else range(steps)):
-            xt = cell.step_input(t)
-            h_new, c_new = step(ctx, cell, acts[d], attrs, xt, h_read, c, p)
-            m = masks[t]
-            if m is None:
-                h, c, outs[t] = h_new, c_new, h_new
-            else:
-                outs[t] = ctx.call("where", m, h_new, zero_state)
-                h = ctx.call("where", m, h_new, h)
-                c = ctx.call("where", m, c_new, c)
-            h_read = outs[t] if by_row and y_read else h
-        y = ctx.call("concat", *outs, axis=0) if steps > 1 else outs[0]
-        if by_row and reverse:
-            assert seq_lens is not None
-            y = ctx.call("reverse_sequence", y, seq_lens, batch_axis=1, time_axis=0)
-        ys.append(reshape_to(ctx, y, (steps, 1, batch, hidden)))
+        run = _unrolled if is_static(seq) else _looped
+        y, h, c = run(ctx, node, d, reverse, h, c, p)
+        ys.append(y)
         hs.append(h)
         cs.append(c)
     y_all = ys[0] if len(ys) == 1 else ctx.call("concat", *ys, axis=1)
@@ -232,6 +203,117 @@ def unroll(kind: str, ctx: GraphContext, inputs: Sequence[g.Expr | None],
         h_all = ctx.call("transpose", h_all, perm=(1, 0, 2))
         c_all = ctx.call("transpose", c_all, perm=(1, 0, 2))
     return [y_all, h_all, c_all][:len(ctx.node_outputs)]
+
+
+@dataclass(frozen=True)
+class _Node:
+    """What every direction of a recurrent node shares."""
+
+    kind: str
+    attrs: dict[str, Any]
+    inputs: Sequence[g.Expr | None]
+    make_cell: CellMaker
+    gates: int
+    hidden: int
+    num_dirs: int
+    x: g.Expr  # [seq, batch, in] (layout 1 transposed already)
+    seq_lens: g.Expr | None
+
+    def activations(self, ctx: GraphContext, d: int) -> list[Act]:
+        defaults = {"LSTM": ("Sigmoid", "Tanh", "Tanh"), "GRU": ("Sigmoid", "Tanh"),
+                    "RNN": ("Tanh",)}[self.kind]
+        return _activations(ctx, self.attrs, defaults, self.num_dirs, self.kind)[d]
+
+
+Direction = tuple[g.Expr, g.Expr, g.Expr]  # Y [seq, 1, batch, H], final h, final c
+
+
+def _unrolled(ctx: GraphContext, node: _Node, d: int, reverse: bool, h: g.Expr, c: g.Expr,
+              p: g.Expr | None) -> Direction:
+    """Direction `d` over a static sequence length: each step its own ops."""
+    seq, batch, _ = ctx.tensor_type(node.x).shape
+    steps, hidden, seq_lens = int(seq), node.hidden, node.seq_lens  # type: ignore[arg-type]
+    zero_state = _zeros(ctx, (1, batch, hidden), ctx.tensor_type(node.x).dtype)
+    masks: list[g.Expr | None] = [None] * steps
+    if seq_lens is not None:
+        lens = reshape_to(ctx, seq_lens, (1, batch, 1))
+        ltype = ctx.tensor_type(seq_lens).dtype
+        masks = [ctx.call("less", ctx.const(np.asarray(t, dtype=ltype)), lens)
+                 for t in range(steps)]
+    # whether the node's Y is read (onnxruntime then reads a finished row's h from it)
+    y_read = bool(ctx.node_outputs) and bool(ctx.node_outputs[0])
+    cell = node.make_cell(ctx, node.inputs, d, node.gates, hidden, node.x)
+    acts = node.activations(ctx, d)
+    step = _STEPS[node.kind]
+    outs: list[g.Expr] = [zero_state] * steps
+    # onnxruntime's order, where a cell's products depend on which rows share them
+    # (`Cell.rows_together`): a reversed direction runs each row's own steps reversed,
+    # all rows from their first step on, and a finished row's h is read as Y's 0
+    by_row = cell.rows_together and seq_lens is not None
+    if by_row and reverse:
+        assert seq_lens is not None
+        cell.reverse_rows(seq_lens)
+    h_read = h
+    for t in (range(steps - 1, -1, -1) if reverse and not by_row else range(steps)):
+        xt = cell.step_input(t)
+        h_new, c_new = step(ctx, cell, acts, node.attrs, xt, h_read, c, p)
+        m = masks[t]
+        if m is None:
+            h, c, outs[t] = h_new, c_new, h_new
+        else:
+            outs[t] = ctx.call("where", m, h_new, zero_state)
+            h = ctx.call("where", m, h_new, h)
+            c = ctx.call("where", m, c_new, c)
+        h_read = outs[t] if by_row and y_read else h
+    y = ctx.call("concat", *outs, axis=0) if steps > 1 else outs[0]
+    if by_row and reverse:
+        assert seq_lens is not None
+        y = ctx.call("reverse_sequence", y, seq_lens, batch_axis=1, time_axis=0)
+    return reshape_to(ctx, y, (steps, 1, batch, hidden)), h, c
+
+
+def _looped(ctx: GraphContext, node: _Node, d: int, reverse: bool, h: g.Expr, c: g.Expr,
+            p: g.Expr | None) -> Direction:
+    """Direction `d` over a symbolic sequence length: a graph Loop whose body is one
+    step (the same cell and step code as `_unrolled`), Y its scan output. A reversed
+    direction's iteration i is step `seq - 1 - i`, and Y is flipped after the loop."""
+    x, seq_lens = node.x, node.seq_lens
+    seq = ctx.tensor_type(x).shape[0]
+    trip = ctx.call("reshape", ctx.call("shape_of", x, start=0, end=1), shape=())
+    lens = None if seq_lens is None else reshape_to(
+        ctx, seq_lens, (1, ctx.tensor_type(x).shape[1], 1))
+
+    def body(sub: GraphContext, i: g.Expr, states: list[g.Expr]) -> tuple[list[g.Expr],
+                                                                           list[g.Expr]]:
+        h, c = states
+        cell = node.make_cell(sub, [None if v is None else sub.outer(v) for v in node.inputs],
+                              d, node.gates, node.hidden, sub.outer(x))
+        if cell.rows_together and seq_lens is not None:
+            name = dim_text(seq)
+            raise FrontendError(
+                f"{node.kind}: sequence_lens over a symbolic sequence length ({name}) with "
+                "rows quantized together (onnxruntime's order of rows is unrolled): pin the "
+                f"length, e.g. shape_dict={{{name!r}: N}} or `kiln compile --shape {name}=N`")
+        t = i
+        if reverse:
+            last = sub.call("subtract", sub.outer(trip), sub.const(np.asarray(1, np.int64)))
+            t = sub.call("subtract", last, i)
+        xt = cell.step_input_at(t)
+        h_new, c_new = _STEPS[node.kind](sub, cell, node.activations(sub, d), node.attrs, xt,
+                                         h, c, None if p is None else sub.outer(p))
+        if lens is None:
+            return [h_new, c_new], [h_new]
+        inner = sub.outer(lens)
+        m = sub.call("less", sub.call("cast", t, dtype=sub.tensor_type(inner).dtype), inner)
+        zero = sub.const(np.zeros((), sub.tensor_type(h_new).dtype))
+        return ([sub.call("where", m, h_new, h), sub.call("where", m, c_new, c)],
+                [sub.call("where", m, h_new, zero)])
+
+    h, c, y = ctx.loop(node.kind.lower(), trip, [h, c], seq, body)
+    if reverse:
+        y = ctx.call("strided_slice", y, starts=(-1,), ends=(-(2 ** 62),), axes=(0,),
+                     steps=(-1,))
+    return y, h, c
 
 
 def _zeros(ctx: GraphContext, shape: tuple[Any, ...], dtype: str) -> g.Expr:

@@ -32,6 +32,7 @@ from kiln.ir import graph as g
 from kiln.ir.attrs import ATTR_PRIVATE
 from kiln.ir.shape_expr import dims_equal, shape_text
 from kiln.ir.types import Dim, TensorType, TupleType
+from kiln.ops.onnx_map import LoopStep
 
 if TYPE_CHECKING:
     from kiln.frontend.onnx.importer import GraphImporter
@@ -118,7 +119,11 @@ def _captures(imp: GraphImporter, graphs: Sequence[Any]) -> tuple[_Captures, dic
 
 
 def _fresh_name(imp: GraphImporter, node: Any, role: str) -> str:
-    base = str(node.name or node.op_type)
+    return fresh_function_name(imp, str(node.name or node.op_type), role)
+
+
+def fresh_function_name(imp: GraphImporter, base: str, role: str) -> str:
+    """A function name from `base` and `role` that no function of the module has yet."""
     base = "".join(c if c.isalnum() or c == "_" else "_" for c in base).strip("_") or "body"
     if base[0].isdigit():
         base = f"n{base}"
@@ -325,6 +330,41 @@ def _convert_loop(imp: GraphImporter, node: Any, inputs: Sequence[g.Expr | None]
                   TupleType(tuple(fields)))
     out = imp.ib.emit(expr, "loop_out")
     return [imp.item(out, k) for k in range(len(fields))]
+
+
+# ------------------------------------------------------------ loops built by converters
+
+def converter_loop(imp: GraphImporter, hint: str, trip: g.Expr, states: Sequence[g.Expr],
+                   length: Dim, step: LoopStep) -> list[g.Expr]:
+    """A Loop of `trip` iterations (0-d int64) whose body `step` builds with the
+    converters' own code in a nested importer (a recurrent op over a symbolic sequence
+    length): the final `states`, then each scan value stacked along a new leading axis
+    of `length`. The body reads values of this graph through `outer` (kiln.ops.onnx_map
+    GraphContext), which captures them as parameters."""
+    from kiln.transform.dead_code import remove_dead_bindings
+
+    name = fresh_function_name(imp, hint, "body")
+    sub = imp.sub_importer(None)
+    sub.enclosing = imp
+    sub.where = imp.where
+    with sub.ib.function(name):
+        iteration = sub.ib.param("iteration", _INT0)
+        cond = sub.ib.param("cond", _BOOL0)
+        carried: list[g.Expr] = [sub.ib.param(f"state{k}", imp.tensor_type(s))
+                                 for k, s in enumerate(states)]
+        new_states, scans = step(sub, iteration, carried)
+        _check_states(new_states, states, imp)
+        sub.ib.func_attr(ATTR_PRIVATE, True)
+        sub.ib.ret(g.Tuple((cond, *new_states, *scans)))
+    fn = sub.ib.get()[name]
+    assert isinstance(fn, g.Function)
+    imp.functions[name] = remove_dead_bindings(fn)
+    fields = [imp.tensor_type(s) for s in states]
+    fields += [TensorType((length, *sub.tensor_type(v).shape), sub.tensor_type(v).dtype)
+               for v in scans]
+    loop = imp.ib.emit(g.Loop(name, trip, None, tuple(states), tuple(sub.captured),
+                              TupleType(tuple(fields))), "loop_out")
+    return [imp.item(loop, k) for k in range(len(fields))]
 
 
 # --------------------------------------------------------------------------- Scan

@@ -39,7 +39,7 @@ from kiln.ir.pin_hint import pin_hint, pin_hint_for
 from kiln.ir.shape_expr import dim_terms, dim_text, dims_equal, shape_text
 from kiln.ir.types import Dim, TensorType, Type
 from kiln.ops import registry as op_registry
-from kiln.ops.onnx_map import converters
+from kiln.ops.onnx_map import LoopStep, converters
 from kiln.ops.reshape_dims import reshape_attr
 from kiln.transform.dead_code import remove_dead_bindings
 from kiln.transform.fold_constants import DEFAULT_FOLD_BUDGET, type_bytes
@@ -293,11 +293,20 @@ class GraphImporter:
         # If branches and Loop bodies (control_flow.py), shared with nested importers
         self.functions: dict[str, g.Function] = {}
         self.function_names: set[str] = {"main"}  # given out, bodies still being imported
+        # A body a converter builds (control_flow.converter_loop): the graph whose values
+        # `outer` captures, and those values in the order of their parameters
+        self.enclosing: GraphImporter | None = None
+        self.captured: list[g.Expr] = []
+        self._capture_params: dict[g.Expr, g.Var] = {}
 
     @property
     def where(self) -> str:
         """The node being converted, for messages."""
         return self._where
+
+    @where.setter
+    def where(self, text: str) -> None:
+        self._where = text
 
     def sub_importer(self, graph: Any) -> GraphImporter:
         """An importer for a subgraph of this graph (an If branch, a Loop body)."""
@@ -307,6 +316,26 @@ class GraphImporter:
         return sub
 
     # ---------------------------------------------------------------- GraphContext
+
+    def outer(self, expr: g.Expr) -> g.Expr:
+        """`expr`, a value of the enclosing graph, as this body reads it: a constant in
+        place, another value through a parameter the loop passes in (one per value)."""
+        if self.enclosing is None or isinstance(expr, g.Constant):
+            return expr
+        param = self._capture_params.get(expr)
+        if param is None:
+            param = self.ib.param("captured", expr.type)
+            self._capture_params[expr] = param
+            self.captured.append(expr)
+            self.params.add(param)
+            if expr in self.enclosing.shape_values:
+                self.shape_values[param] = self.enclosing.shape_values[expr]
+        return param
+
+    def loop(self, hint: str, trip: g.Expr, states: Sequence[g.Expr], length: Dim,
+             step: LoopStep) -> list[g.Expr]:
+        """A Loop whose body `step` builds (control_flow.converter_loop)."""
+        return control_flow.converter_loop(self, hint, trip, states, length, step)
 
     def call(self, op: str, *args: g.Expr, **attrs: Any) -> g.Expr:
         """Emit `op(*args, **attrs)`, folded into a Constant when every arg is constant."""
