@@ -53,13 +53,6 @@ def _per_direction(ctx: GraphContext, v: g.Expr, d: int, what: str) -> g.Expr:
     return ctx.call("reshape", part, shape=shape[1:])
 
 
-def _gate_part(ctx: GraphContext, v: g.Expr, k: int, hidden: int) -> g.Expr:
-    """Gate `k`'s columns of a per-column parameter (a scalar is every gate's)."""
-    if not ctx.tensor_type(v).shape:
-        return v
-    return take_range(ctx, v, 0, k * hidden, (k + 1) * hidden)
-
-
 def _weight_zero_point(ctx: GraphContext, zp: g.Expr, d: int, what: str) -> g.Expr:
     """Direction `d`'s weight zero point as the integer product takes it, a scalar:
     onnxruntime reads one value per direction (and refuses per-column zero points that
@@ -90,61 +83,57 @@ class QuantizedCell(Cell):
         assert w_zp is not None and r_zp is not None
         self.ctx, self.h, self.x, self.gates = ctx, hidden, x, gates
         self.xq, self.x_scale, self.x_zp = quantized_x
-        self.w = [self._columns(w, d, k) for k in range(gates)]
-        self.r = [self._columns(r, d, k) for k in range(gates)]
-        ws, rs = (_per_direction(ctx, s, d, n) for s, n in ((w_scale, "W_scale"),
-                                                             (r_scale, "R_scale")))
-        self.w_scale = [_gate_part(ctx, ws, k, hidden) for k in range(gates)]
-        self.r_scale = [_gate_part(ctx, rs, k, hidden) for k in range(gates)]
+        self.w, self.r = self._columns(w, d), self._columns(r, d)
+        self.w_scale = _per_direction(ctx, w_scale, d, "W_scale")
+        self.r_scale = _per_direction(ctx, r_scale, d, "R_scale")
         self.w_zp = _weight_zero_point(ctx, w_zp, d, "W")
         self.r_zp = _weight_zero_point(ctx, r_zp, d, "R")
-        self.bias: list[g.Expr | None] = [None] * gates
+        self.bias: g.Expr | None = None
         if b is not None:  # onnxruntime adds Wb + Rb once, after both products
             bd = take_range(ctx, b, 0, d, d + 1)
-            self.bias = [ctx.call("add", take_range(ctx, bd, 1, k * hidden, (k + 1) * hidden),
-                                  take_range(ctx, bd, 1, (gates + k) * hidden,
-                                             (gates + k + 1) * hidden))
-                         for k in range(gates)]
-        self._h_quantized: tuple[g.Expr, tuple[g.Expr, g.Expr, g.Expr]] | None = None
+            self.bias = ctx.call("add", take_range(ctx, bd, 1, 0, gates * hidden),
+                                 take_range(ctx, bd, 1, gates * hidden, 2 * gates * hidden))
+        self._inputs: g.Expr | None = None
+        self._hr: tuple[g.Expr, g.Expr] | None = None
 
-    def _columns(self, m: g.Expr, d: int, k: int) -> g.Expr:
-        # [dirs, in, 4H] -> direction d's gate k: [in, H] (already laid out for x @ W; a
-        # 2-D constant, which the integer product packs at compile time)
-        part = take_range(self.ctx, take_range(self.ctx, m, 0, d, d + 1), 2,
-                          k * self.h, (k + 1) * self.h)
+    def _columns(self, m: g.Expr, d: int) -> g.Expr:
+        # [dirs, in, 4H] -> direction d: [in, 4H] (already laid out for x @ W; a 2-D
+        # constant, which the integer product packs at compile time)
+        part = take_range(self.ctx, m, 0, d, d + 1)
         return self.ctx.call("reshape", part, shape=tuple(self.ctx.tensor_type(part).shape[1:]))
 
-    def _product(self, q: g.Expr, zp: g.Expr, scale: g.Expr, m: g.Expr, m_zp: g.Expr,
-                 m_scale: g.Expr) -> g.Expr:
+    def _integer_product(self, q: g.Expr, zp: g.Expr, scale: g.Expr, m: g.Expr,
+                         m_zp: g.Expr, m_scale: g.Expr) -> g.Expr:
         acc = self.ctx.call("matmul_integer", q, m, zp, m_zp)
         factor = self.ctx.call("multiply", scale, m_scale)
         return self.ctx.call("multiply", self.ctx.call("cast", acc, dtype="float32"), factor)
 
     @property
     def sequence(self) -> g.Expr:
-        """What the steps read: the quantized `X`."""
+        """What the x products read: the quantized `X`."""
         return self.xq
+
+    def step_inputs(self) -> g.Expr:
+        """x @ W of every step and gate on integers (the bias comes after h @ R)."""
+        if self._inputs is None:
+            self._inputs = self._integer_product(self.sequence, self.x_zp, self.x_scale,
+                                                 self.w, self.w_zp, self.w_scale)
+        return self._inputs
 
     def reverse_rows(self, lens: g.Expr) -> None:
         self.xq = self.ctx.call("reverse_sequence", self.xq, lens, batch_axis=1, time_axis=0)
+        self._inputs = None
 
-    def xw(self, xt: g.Expr, k: int) -> g.Expr:
-        return self._product(xt, self.x_zp, self.x_scale, self.w[k], self.w_zp,
-                             self.w_scale[k])
-
-    def hr(self, h: g.Expr, k: int) -> g.Expr:
-        if self._h_quantized is None or self._h_quantized[0] is not h:
-            t = self.ctx.call("dynamic_quantize_linear", h)
-            self._h_quantized = (h, (self.ctx.item(t, 0), self.ctx.item(t, 1),
-                                     self.ctx.item(t, 2)))
-        hq, h_scale, h_zp = self._h_quantized[1]
-        return self._product(hq, h_zp, h_scale, self.r[k], self.r_zp, self.r_scale[k])
+    def _every_hr(self, h: g.Expr) -> g.Expr:
+        """h quantized on its own range, times R for every gate."""
+        t = self.ctx.call("dynamic_quantize_linear", h)
+        return self._integer_product(self.ctx.item(t, 0), self.ctx.item(t, 2),
+                                     self.ctx.item(t, 1), self.r, self.r_zp, self.r_scale)
 
     def pre(self, xt: g.Expr, h: g.Expr, k: int) -> g.Expr:
         """(x @ W_k + h @ R_k) + (Wb_k + Rb_k), onnxruntime's order."""
         z = self.ctx.call("add", self.xw(xt, k), self.hr(h, k))
-        bias = self.bias[k]
-        return z if bias is None else self.ctx.call("add", z, bias)
+        return z if self.bias is None else self.ctx.call("add", z, self.gate(self.bias, k))
 
 
 @onnx_op(MS + "DynamicQuantizeLSTM")
@@ -174,10 +163,9 @@ def _dynamic_quantize_lstm(ctx: GraphContext, inputs: Sequence[g.Expr | None],
 
     def cell(ctx: GraphContext, lstm_inputs: Sequence[g.Expr | None], d: int, gates: int,
              hidden: int, x: g.Expr) -> Cell:
-        # in a loop's body (a symbolic sequence length) the node's values are outer ones
+        # in a loop's body (a symbolic sequence length) the weights are outer values; the
+        # quantized X is not read there (its products are made before the loop)
         return QuantizedCell(ctx, [None if v is None else ctx.outer(v) for v in padded], d,
-                             gates, hidden, x, (ctx.outer(quantized[0]),
-                                                ctx.outer(quantized[1]),
-                                                ctx.outer(quantized[2])))
+                             gates, hidden, x, quantized)
 
     return unroll("LSTM", ctx, padded[:8], attrs, cell)

@@ -84,40 +84,66 @@ def take_range(ctx: GraphContext, x: g.Expr, axis: int, start: int, stop: int) -
 
 
 class Cell:
-    """The weights of one direction `d` of a recurrent node, split per gate and
-    transposed for x @ W, and the input `x` (`[seq, batch, in]`) its steps read.
-    `step_input`, `xw`, `hr` and `pre` are what an unrolled step asks of it (a quantized
-    cell answers them with integer products: kiln.ops.quant_recurrent)."""
+    """The weights of one direction `d` of a recurrent node, every gate side by side
+    (`[in, gates*H]` for x @ W, `[H, gates*H]` for h @ R), and the input `x`
+    (`[seq, batch, in]`) its steps read. The x products of every step and gate are one
+    matrix product before the steps (`step_inputs`), each step's h products one more
+    (`hr`, shared by the gates): a step asks `step_input`, `xw`, `hr` and `pre` (a
+    quantized cell answers with integer products: kiln.ops.quant_recurrent)."""
 
     def __init__(self, ctx: GraphContext, inputs: Sequence[g.Expr | None], d: int,
                  gates: int, hidden: int, x: g.Expr) -> None:
-        self.ctx, self.h, self.x = ctx, hidden, x
+        self.ctx, self.h, self.x, self.gates = ctx, hidden, x, gates
         w, r, b = inputs[1], inputs[2], inputs[3] if len(inputs) > 3 else None
         assert w is not None and r is not None
-        self.w = [self._mat(w, d, k) for k in range(gates)]
-        self.r = [self._mat(r, d, k) for k in range(gates)]
-        self.wb: list[g.Expr | None] = [None] * gates
-        self.rb: list[g.Expr | None] = [None] * gates
+        self.w, self.r = self._mat(w, d), self._mat(r, d)
+        self.wb: g.Expr | None = None
+        self.rb: g.Expr | None = None
         if b is not None:
-            bd = take_range(ctx, b, 0, d, d + 1)  # [1, 2*gates*H]
-            self.wb = [take_range(ctx, bd, 1, k * hidden, (k + 1) * hidden) for k in range(gates)]
-            self.rb = [take_range(ctx, bd, 1, (gates + k) * hidden, (gates + k + 1) * hidden)
-                       for k in range(gates)]
+            bd = reshape_to(ctx, take_range(ctx, b, 0, d, d + 1), (2 * gates * hidden,))
+            self.wb = take_range(ctx, bd, 0, 0, gates * hidden)
+            self.rb = take_range(ctx, bd, 0, gates * hidden, 2 * gates * hidden)
+        self._inputs: g.Expr | None = None
+        self._hr: tuple[g.Expr, g.Expr] | None = None
 
-    def _mat(self, m: g.Expr, d: int, k: int) -> g.Expr:
-        part = take_range(self.ctx, take_range(self.ctx, m, 0, d, d + 1), 1, k * self.h,
-                     (k + 1) * self.h)  # [1, H, in]
-        return self.ctx.call("transpose", part, perm=(0, 2, 1))  # [1, in, H]
+    def _mat(self, m: g.Expr, d: int) -> g.Expr:
+        """Direction d of W or R (`[dirs, gates*H, n]`) as `[n, gates*H]`."""
+        part = take_range(self.ctx, m, 0, d, d + 1)
+        n = self.ctx.tensor_type(m).shape[2]
+        return self.ctx.call("transpose", reshape_to(self.ctx, part, (self.gates * self.h, n)),
+                             perm=(1, 0))
 
-    def xw(self, x: g.Expr, k: int) -> g.Expr:
-        """x @ W_k + Wb_k."""
-        y, b = self.ctx.call("matmul", x, self.w[k]), self.wb[k]
-        return y if b is None else self.ctx.call("add", y, b)
+    def gate(self, v: g.Expr, k: int) -> g.Expr:
+        """Gate `k`'s part of the last axis of an every-gate value."""
+        return take_range(self.ctx, v, -1, k * self.h, (k + 1) * self.h)
+
+    def _product(self, v: g.Expr, m: g.Expr, bias: g.Expr | None) -> g.Expr:
+        y = self.ctx.call("matmul", v, m)
+        return y if bias is None else self.ctx.call("add", y, bias)
+
+    def step_inputs(self) -> g.Expr:
+        """x @ W + Wb of every step and gate, `[seq, batch, gates*H]` (one product)."""
+        if self._inputs is None:
+            self._inputs = self._product(self.sequence, self.w, self.wb)
+        return self._inputs
+
+    def xw(self, xt: g.Expr, k: int) -> g.Expr:
+        """x @ W_k + Wb_k of the step whose `step_input` is `xt`."""
+        return self.gate(xt, k)
 
     def hr(self, h: g.Expr, k: int) -> g.Expr:
-        """h @ R_k + Rb_k."""
-        y, b = self.ctx.call("matmul", h, self.r[k]), self.rb[k]
-        return y if b is None else self.ctx.call("add", y, b)
+        """h @ R_k + Rb_k: gate k's part of one product for every gate (per `h`)."""
+        if self._hr is None or self._hr[0] is not h:
+            self._hr = (h, self._every_hr(h))
+        return self.gate(self._hr[1], k)
+
+    def _every_hr(self, h: g.Expr) -> g.Expr:
+        return self._product(h, self.r, self.rb)
+
+    def hr_alone(self, h: g.Expr, k: int) -> g.Expr:
+        """h @ R_k + Rb_k for gate k only (GRU's product of the reset-gated state)."""
+        rk = take_range(self.ctx, self.r, 1, k * self.h, (k + 1) * self.h)
+        return self._product(h, rk, None if self.rb is None else self.gate(self.rb, k))
 
     #: Whether a product's result for one row depends on the other rows it is computed
     #: with (a quantized cell's dynamic ranges): the unrolled steps then follow
@@ -126,22 +152,18 @@ class Cell:
 
     @property
     def sequence(self) -> g.Expr:
-        """What the steps read, `[seq, batch, in]`: x."""
+        """What the x products read, `[seq, batch, in]`: x."""
         return self.x
 
     def step_input(self, t: int) -> g.Expr:
-        """What `xw` reads at step `t`: `sequence[t]`, `[1, batch, in]`."""
-        return take_range(self.ctx, self.sequence, 0, t, t + 1)
-
-    def step_input_at(self, t: g.Expr) -> g.Expr:
-        """`step_input` at a step computed at run time (a 0-d int64: a loop's)."""
-        return self.ctx.call("gather", self.sequence, self.ctx.call("reshape", t, shape=(1,)),
-                             axis=0)
+        """Step `t`'s part of `step_inputs`, `[1, batch, gates*H]`."""
+        return take_range(self.ctx, self.step_inputs(), 0, t, t + 1)
 
     def reverse_rows(self, lens: g.Expr) -> None:
         """Read each row's first `lens` steps in reverse from now on (ONNX
         ReverseSequence)."""
         self.x = self.ctx.call("reverse_sequence", self.x, lens, batch_axis=1, time_axis=0)
+        self._inputs = None
 
     def pre(self, xt: g.Expr, h: g.Expr, k: int) -> g.Expr:
         """Gate `k`'s value before its activation: (x @ W_k + Wb_k) + (h @ R_k + Rb_k)."""
@@ -283,11 +305,17 @@ def _looped(ctx: GraphContext, node: _Node, d: int, reverse: bool, h: g.Expr, c:
     lens = None if seq_lens is None else reshape_to(
         ctx, seq_lens, (1, ctx.tensor_type(x).shape[1], 1))
 
+    # every step's x products before the loop, one product (`Cell.step_inputs`)
+    inputs = node.make_cell(ctx, node.inputs, d, node.gates, node.hidden, x).step_inputs()
+
     def body(sub: GraphContext, i: g.Expr, states: list[g.Expr]) -> tuple[list[g.Expr],
                                                                            list[g.Expr]]:
         h, c = states
-        cell = node.make_cell(sub, [None if v is None else sub.outer(v) for v in node.inputs],
-                              d, node.gates, node.hidden, sub.outer(x))
+        # a cell reads W, R, B and a quantized one its scales and zero points; x stays an
+        # outer value, as the body reads only `inputs`, made before the loop
+        weights = [None if v is None or k in (0, 4, 5, 6, 7) else sub.outer(v)
+                   for k, v in enumerate(node.inputs)]
+        cell = node.make_cell(sub, weights, d, node.gates, node.hidden, x)
         if cell.rows_together and seq_lens is not None:
             name = dim_text(seq)
             raise FrontendError(
@@ -298,7 +326,7 @@ def _looped(ctx: GraphContext, node: _Node, d: int, reverse: bool, h: g.Expr, c:
         if reverse:
             last = sub.call("subtract", sub.outer(trip), sub.const(np.asarray(1, np.int64)))
             t = sub.call("subtract", last, i)
-        xt = cell.step_input_at(t)
+        xt = sub.call("gather", sub.outer(inputs), sub.call("reshape", t, shape=(1,)), axis=0)
         h_new, c_new = _STEPS[node.kind](sub, cell, node.activations(sub, d), node.attrs, xt,
                                          h, c, None if p is None else sub.outer(p))
         if lens is None:
@@ -368,7 +396,7 @@ def _gru_step(ctx: GraphContext, cell: Cell, acts: list[Act], attrs: dict[str, A
     if int(attrs.get("linear_before_reset", 0)):
         hh = ctx.call("multiply", r, cell.hr(h, 2))
     else:
-        hh = cell.hr(ctx.call("multiply", r, h), 2)
+        hh = cell.hr_alone(ctx.call("multiply", r, h), 2)
     cand = gact(_clip(ctx, ctx.call("add", cell.xw(xt, 2), hh), attrs))
     # H = (1 - z) * cand + z * H_prev = cand + z * (H_prev - cand)
     h_new = ctx.call("add", cand, ctx.call("multiply", z, ctx.call("subtract", h, cand)))
