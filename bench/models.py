@@ -15,9 +15,10 @@ symbolic batch run at batch 1. The static build is the same ONNX file with
 The models (bench/nets.py, onnx.helper, deterministic weights): the small
 `mlp`, `cnn` and `resnet` (the default set, `small`), and the full-size
 `resnet18` and `mobilenetv2` (224x224), `encoder` (2 layers, width 256,
-sequence 128) and `bert` (BERT-base-like, 12 layers, width 768, sequence 128),
-the set `full`; `zoo` is the published architectures of tests/models/zoo.py at
-their published sizes (ResNet-50, SqueezeNet, ShuffleNet, Inception, DenseNet-121,
+sequence 128), `bert` (BERT-base-like, 12 layers, width 768, sequence 128) and
+`lstm` (a bidirectional LSTM, 128 -> 256, 50 steps, and a linear head), the set
+`full`; `zoo` is the published architectures of tests/models/zoo.py at their
+published sizes (ResNet-50, SqueezeNet, ShuffleNet, Inception, DenseNet-121,
 EfficientNet-B0, VGG-19, GPT-2 small and ViT-B/16 at 12 layers; bench/zoo_set.py);
 `hf` is Hugging Face `transformers` models at their published configurations
 with random weights, exported with torch.onnx (DistilBERT at sequence 128,

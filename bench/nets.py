@@ -264,10 +264,23 @@ def bert() -> tuple[onnx.ModelProto, Shapes]:
     return transformer_encoder("bert", 6, layers=12, dim=768, heads=12, ffn=3072, seq=128)
 
 
+def lstm() -> tuple[onnx.ModelProto, Shapes]:
+    """A bidirectional LSTM (128 -> 256, 50 steps, batch 1) and a linear head: a tagger."""
+    g = Graph(7)
+    seq, inp, hid = 50, 128, 256
+    w, r = g.weight(2, 4 * hid, inp), g.weight(2, 4 * hid, hid)
+    y = g.op("LSTM", "x", w, r, g.const(g.rng.normal(0, 0.1, (2, 8 * hid)), "b"),
+             hidden_size=hid, direction="bidirectional")  # [seq, 2, 1, hid]
+    y = g.op("Transpose", y, perm=[0, 2, 1, 3])
+    y = g.op("Reshape", y, g.const(np.array([seq, 2 * hid], np.int64), "shape"))
+    return g.model("lstm", {"x": [seq, 1, inp]}, g.dense(y, 2 * hid, 10), [seq, 10])
+
+
 SMALL: dict[str, Callable[[], tuple[onnx.ModelProto, Shapes]]] = {
     "mlp": mlp, "cnn": cnn, "resnet": resnet,
 }
 FULL: dict[str, Callable[[], tuple[onnx.ModelProto, Shapes]]] = {
     "resnet18": resnet18, "mobilenetv2": mobilenetv2, "encoder": encoder, "bert": bert,
+    "lstm": lstm,
 }
 MODELS = {**SMALL, **FULL}
