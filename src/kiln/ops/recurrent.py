@@ -1,7 +1,8 @@
 """ONNX LSTM, GRU and RNN: unrolled over a static sequence length, a loop over a symbolic one.
 
-Each time step becomes kiln graph ops: per-gate MatMuls (so the products run on the
-GEMM kernels) and elementwise gate math. `sequence_lens` is applied with masks: a
+The x products of every step and gate are one MatMul before the steps, each step's h
+products one MatMul for every gate (both on the GEMM kernels), then elementwise gate
+math; a symbolic length makes the step the body of a graph Loop (`_looped`). `sequence_lens` is applied with masks: a
 batch entry past its length keeps its state and writes zeros to Y, which also makes
 the reverse direction start at each entry's own last step (as onnxruntime does).
 """
