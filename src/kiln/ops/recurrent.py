@@ -2,9 +2,10 @@
 
 The x products of every step and gate are one MatMul before the steps, each step's h
 products one MatMul for every gate (both on the GEMM kernels), then elementwise gate
-math; a symbolic length makes the step the body of a graph Loop (`_looped`). `sequence_lens` is applied with masks: a
-batch entry past its length keeps its state and writes zeros to Y, which also makes
-the reverse direction start at each entry's own last step (as onnxruntime does).
+math; a symbolic length makes the step the body of a graph Loop (`_looped`).
+`sequence_lens` is applied with masks: a batch entry past its length keeps its state
+and writes zeros to Y, which also makes the reverse direction start at each entry's
+own last step (as onnxruntime does).
 """
 
 from __future__ import annotations
