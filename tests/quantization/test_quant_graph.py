@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import onnx
 import pytest
-from onnx import TensorProto
+from onnx import TensorProto, helper
 
 import kiln
 from kiln.frontend import from_onnx
@@ -99,10 +99,15 @@ def test_qlinear_add_mul_equal_onnxruntime(dtype: str, target: str,
 
 
 def _equals_onnxruntime(model: onnx.ModelProto, seed: int, target: str = "llvm") -> None:
-    """Every output of `model` on random uint8 inputs, kiln's against onnxruntime's."""
+    """Every output of `model` on random byte inputs (uint8 or int8, as declared), kiln's
+    against onnxruntime's."""
     rng = np.random.default_rng(seed)
-    feed = {v.name: rng.integers(0, 256, [d.dim_value for d in v.type.tensor_type.shape.dim])
-            .astype(np.uint8) for v in model.graph.input}
+    feed = {}
+    for v in model.graph.input:
+        np_type = helper.tensor_dtype_to_np_dtype(v.type.tensor_type.elem_type)
+        info = np.iinfo(np_type)
+        feed[v.name] = rng.integers(info.min, info.max + 1, [
+            d.dim_value for d in v.type.tensor_type.shape.dim]).astype(np_type)
     want = ort_session(model).run(None, feed)
     got = kiln.compile(from_onnx(model), target)["main"](*feed.values())
     for w, g_ in zip(want, got if len(want) > 1 else [got], strict=True):
@@ -326,22 +331,23 @@ def test_residual_cnn_quantized_by_onnxruntime_equals_it() -> None:
 
 @pytest.mark.parametrize("target", ["llvm", "c"])
 def test_qdq_softmax_equals_onnxruntime_qlinear_softmax(target: str) -> None:
-    """DQ -> Softmax -> Q (uint8) runs as onnxruntime's QLinearSoftmax: an integer exp
-    table, an integer sum and division."""
+    """DQ -> Softmax -> Q (uint8 and int8) runs as onnxruntime's QLinearSoftmax: an exp
+    table, a float32 sum in row order and a division."""
     b = GraphBuilder()
     b.consts({"sx": np.float32(0.173), "zx": np.asarray(97, np.uint8),
               "sy": np.float32(1 / 256), "zy": np.asarray(0, np.uint8),
-              "sy2": np.float32(0.0061), "zy2": np.asarray(3, np.uint8)})
+              "zx2": np.asarray(-3, np.int8),
+              "sy2": np.float32(0.0061), "zy2": np.asarray(-128, np.int8)})
     b.node("DequantizeLinear", ["x", "sx", "zx"], ["f"])
     b.node("Softmax", ["f"], ["s"], axis=-1)
     b.node("QuantizeLinear", ["s", "sy", "zy"], ["y"])
-    b.node("DequantizeLinear", ["x2", "sx", "zx"], ["f2"])
+    b.node("DequantizeLinear", ["x2", "sx", "zx2"], ["f2"])
     b.node("Softmax", ["f2"], ["s2"], axis=-1)
     b.node("QuantizeLinear", ["s2", "sy2", "zy2"], ["y2"])
     b.input("x", [3, 1000], TensorProto.UINT8)
-    b.input("x2", [2, 3, 37], TensorProto.UINT8)
+    b.input("x2", [2, 3, 37], TensorProto.INT8)
     b.output("y", [3, 1000], TensorProto.UINT8)
-    b.output("y2", [2, 3, 37], TensorProto.UINT8)
+    b.output("y2", [2, 3, 37], TensorProto.INT8)
     model = b.model(opset=13)
     text = print_module(QuantizeOps()(from_onnx(model)))
     assert text.count('"qlinear_softmax"') == 2 and '"softmax"' not in text
