@@ -377,3 +377,65 @@ def test_qdq_product_of_two_activations_is_an_integer_product() -> None:
     assert '"qlinear_matmul"' in text and '"matmul"' not in text
     _equals_onnxruntime(model, 34)
     _equals_onnxruntime(model, 34, "c")
+
+
+#: Row lengths of the layer norms below: tails of 4 + 3 and of 1 after chunks of 8.
+LN_ROWS = (15, 17)
+
+
+def _layer_norms(quantized: bool) -> onnx.ModelProto:
+    """A LayerNormalization per row length of `LN_ROWS` on dequantized uint8 (each output
+    quantized again when `quantized`: a static model's), or on float inputs."""
+    rng = np.random.default_rng(5)
+    b = GraphBuilder()
+    b.consts({"s": np.float32(0.05), "z": np.asarray(120, np.uint8),
+              "s2": np.float32(1e-4), "z2": np.asarray(128, np.uint8)})
+    for n in LN_ROWS:
+        b.consts({f"g{n}": rng.normal(1, 0.2, n).astype(np.float32),
+                  f"b{n}": rng.normal(0, 0.2, n).astype(np.float32)})
+        if quantized:
+            b.node("DequantizeLinear", [f"x{n}", "s", "z"], [f"f{n}"])
+        b.node("LayerNormalization", [f"f{n}" if quantized else f"x{n}", f"g{n}", f"b{n}"],
+               [f"y{n}"], axis=-1, epsilon=1e-5)
+        b.input(f"x{n}", [9, n], TensorProto.UINT8 if quantized else TensorProto.FLOAT)
+        b.output(f"y{n}", [9, n])
+        if quantized:
+            b.node("QuantizeLinear", [f"y{n}", "s2", "z2"], [f"q{n}"])
+            b.output(f"q{n}", [9, n], TensorProto.UINT8)
+    return b.model(opset=17)
+
+
+def test_layer_norms_where_activations_are_quantized_are_marked() -> None:
+    """recognize-composites marks the layer norms of a statically quantized function
+    `like_onnxruntime` (onnxruntime's LayerNormalization arithmetic), not a float
+    model's (which keeps the faster kernel)."""
+    from kiln.transform.composite_ops import RecognizeComposites
+
+    for quantized, marks in ((True, len(LN_ROWS)), (False, 0)):
+        text = print_module(RecognizeComposites()(QuantizeOps()(from_onnx(
+            _layer_norms(quantized)))))
+        assert text.count("like_onnxruntime=True") == marks
+
+
+@pytest.mark.parametrize("kind", ["llvm", "c"])
+def test_layer_norm_between_quantized_tensors_equals_onnxruntime(kind: str) -> None:
+    """A statically quantized model's LayerNormalization equals onnxruntime's bit for bit
+    on a CPU where onnxruntime runs MLAS's AVX2 LayerNorm kernel (a float64 mean, FMA
+    squares, its tail's order: kiln.ops.row_kernels.layer_norm_mlas_row), the target
+    being this CPU."""
+    from kiln.ops.row_kernels import mlas_layer_norm
+    from kiln.target import Target
+    from kiln.target.isa import isa_for
+
+    if not mlas_layer_norm(isa_for(Target.from_host())):
+        pytest.skip("onnxruntime runs MLAS's LayerNorm kernel on x86 with AVX2 and FMA")
+    model = _layer_norms(True)
+    config = Target.from_host().export()
+    config["kind"] = kind
+    rng = np.random.default_rng(8)
+    feed = {f"x{n}": rng.integers(0, 256, (9, n)).astype(np.uint8) for n in LN_ROWS}
+    feed[f"x{LN_ROWS[0]}"][0] = 7  # a constant row: variance 0
+    want = ort_session(model).run(None, feed)
+    got = kiln.compile(from_onnx(model), Target(config))["main"](*feed.values())
+    for g_, w in zip(got, want, strict=True):
+        np.testing.assert_array_equal(np.asarray(g_), w)
