@@ -146,11 +146,13 @@ class RowLoops:
         return _tree([acc[_c(k)] for k in range(self.lanes)], combine)
 
     def folded_sum(self, acc: Buffer) -> PrimExpr:
-        """The lanes' sum in the order of onnxruntime's MLAS softmax kernels (AVX-512 and
-        AVX2): the upper half of the vector added onto the lower half, then neighbours
-        pairwise (its `vhaddps`), so equal lane sums give its row sum bit for bit."""
+        """The lanes' sum in the order of onnxruntime's MLAS softmax kernels, so equal lane
+        sums give its row sum bit for bit: AVX-512 (16 lanes) adds the upper half of the
+        vector onto the lower half, then neighbours pairwise (its `vhaddps`); AVX2 (8
+        lanes, MlasComputeSumExpF32KernelFma3) neighbours pairwise from the start (two
+        `vhaddps`, then the two 128-bit halves)."""
         lanes: list[PrimExpr] = [acc[_c(k)] for k in range(self.lanes)]
-        if self.lanes >= 8:
+        if self.lanes > 8:
             half = self.lanes // 2
             lanes = [lanes[k] + lanes[k + half] for k in range(half)]
         return _tree(lanes, _add)
