@@ -51,7 +51,7 @@ def weight_panels(nr: int, *shape: int) -> Gen:
 
 
 def exp_table(x_scale: float, row: int) -> Gen:
-    """qlinear_softmax's uint32 exp table for `x_scale` and rows of `row`."""
+    """qlinear_softmax's float32 exp table for `x_scale` and rows of `row`."""
     from kiln.ops.quant_softmax import softmax_table
 
     return lambda rng: softmax_table(x_scale, row)
@@ -418,7 +418,9 @@ CASES: dict[str, list[OpCase]] = {
                {"channels_last": 1})],
     "qlinear_softmax": [
         OpCase((ints(2, 3, 9, low=0, high=256, dtype="uint8"), exp_table(0.1, 9),
-                const(2, "uint8")), {"y_multiplier": 255})],
+                const(2, "uint8")), {"y_multiplier": 255}),
+        OpCase((ints(4, 17, low=-128, high=128, dtype="int8"), exp_table(0.05, 17),
+                const(-128, "int8")), {"y_multiplier": 256})],
     "qlinear_matmul_packed": [
         OpCase((ints(2, 4, 6, low=0, high=256, dtype="uint8"),
                 ints(1, 6, 5, low=-128, high=128, dtype="int8"), ints(5, low=-9000, high=9000),

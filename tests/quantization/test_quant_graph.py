@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import onnx
 import pytest
-from onnx import TensorProto
+from onnx import TensorProto, helper
 
 import kiln
 from kiln.frontend import from_onnx
@@ -99,10 +99,15 @@ def test_qlinear_add_mul_equal_onnxruntime(dtype: str, target: str,
 
 
 def _equals_onnxruntime(model: onnx.ModelProto, seed: int, target: str = "llvm") -> None:
-    """Every output of `model` on random uint8 inputs, kiln's against onnxruntime's."""
+    """Every output of `model` on random byte inputs (uint8 or int8, as declared), kiln's
+    against onnxruntime's."""
     rng = np.random.default_rng(seed)
-    feed = {v.name: rng.integers(0, 256, [d.dim_value for d in v.type.tensor_type.shape.dim])
-            .astype(np.uint8) for v in model.graph.input}
+    feed = {}
+    for v in model.graph.input:
+        np_type = helper.tensor_dtype_to_np_dtype(v.type.tensor_type.elem_type)
+        info = np.iinfo(np_type)
+        feed[v.name] = rng.integers(info.min, info.max + 1, [
+            d.dim_value for d in v.type.tensor_type.shape.dim]).astype(np_type)
     want = ort_session(model).run(None, feed)
     got = kiln.compile(from_onnx(model), target)["main"](*feed.values())
     for w, g_ in zip(want, got if len(want) > 1 else [got], strict=True):
@@ -326,22 +331,23 @@ def test_residual_cnn_quantized_by_onnxruntime_equals_it() -> None:
 
 @pytest.mark.parametrize("target", ["llvm", "c"])
 def test_qdq_softmax_equals_onnxruntime_qlinear_softmax(target: str) -> None:
-    """DQ -> Softmax -> Q (uint8) runs as onnxruntime's QLinearSoftmax: an integer exp
-    table, an integer sum and division."""
+    """DQ -> Softmax -> Q (uint8 and int8) runs as onnxruntime's QLinearSoftmax: an exp
+    table, a float32 sum in row order and a division."""
     b = GraphBuilder()
     b.consts({"sx": np.float32(0.173), "zx": np.asarray(97, np.uint8),
               "sy": np.float32(1 / 256), "zy": np.asarray(0, np.uint8),
-              "sy2": np.float32(0.0061), "zy2": np.asarray(3, np.uint8)})
+              "zx2": np.asarray(-3, np.int8),
+              "sy2": np.float32(0.0061), "zy2": np.asarray(-128, np.int8)})
     b.node("DequantizeLinear", ["x", "sx", "zx"], ["f"])
     b.node("Softmax", ["f"], ["s"], axis=-1)
     b.node("QuantizeLinear", ["s", "sy", "zy"], ["y"])
-    b.node("DequantizeLinear", ["x2", "sx", "zx"], ["f2"])
+    b.node("DequantizeLinear", ["x2", "sx", "zx2"], ["f2"])
     b.node("Softmax", ["f2"], ["s2"], axis=-1)
     b.node("QuantizeLinear", ["s2", "sy2", "zy2"], ["y2"])
     b.input("x", [3, 1000], TensorProto.UINT8)
-    b.input("x2", [2, 3, 37], TensorProto.UINT8)
+    b.input("x2", [2, 3, 37], TensorProto.INT8)
     b.output("y", [3, 1000], TensorProto.UINT8)
-    b.output("y2", [2, 3, 37], TensorProto.UINT8)
+    b.output("y2", [2, 3, 37], TensorProto.INT8)
     model = b.model(opset=13)
     text = print_module(QuantizeOps()(from_onnx(model)))
     assert text.count('"qlinear_softmax"') == 2 and '"softmax"' not in text
@@ -371,3 +377,65 @@ def test_qdq_product_of_two_activations_is_an_integer_product() -> None:
     assert '"qlinear_matmul"' in text and '"matmul"' not in text
     _equals_onnxruntime(model, 34)
     _equals_onnxruntime(model, 34, "c")
+
+
+#: Row lengths of the layer norms below: tails of 4 + 3 and of 1 after chunks of 8.
+LN_ROWS = (15, 17)
+
+
+def _layer_norms(quantized: bool) -> onnx.ModelProto:
+    """A LayerNormalization per row length of `LN_ROWS` on dequantized uint8 (each output
+    quantized again when `quantized`: a static model's), or on float inputs."""
+    rng = np.random.default_rng(5)
+    b = GraphBuilder()
+    b.consts({"s": np.float32(0.05), "z": np.asarray(120, np.uint8),
+              "s2": np.float32(1e-4), "z2": np.asarray(128, np.uint8)})
+    for n in LN_ROWS:
+        b.consts({f"g{n}": rng.normal(1, 0.2, n).astype(np.float32),
+                  f"b{n}": rng.normal(0, 0.2, n).astype(np.float32)})
+        if quantized:
+            b.node("DequantizeLinear", [f"x{n}", "s", "z"], [f"f{n}"])
+        b.node("LayerNormalization", [f"f{n}" if quantized else f"x{n}", f"g{n}", f"b{n}"],
+               [f"y{n}"], axis=-1, epsilon=1e-5)
+        b.input(f"x{n}", [9, n], TensorProto.UINT8 if quantized else TensorProto.FLOAT)
+        b.output(f"y{n}", [9, n])
+        if quantized:
+            b.node("QuantizeLinear", [f"y{n}", "s2", "z2"], [f"q{n}"])
+            b.output(f"q{n}", [9, n], TensorProto.UINT8)
+    return b.model(opset=17)
+
+
+def test_layer_norms_where_activations_are_quantized_are_marked() -> None:
+    """recognize-composites marks the layer norms of a statically quantized function
+    `like_onnxruntime` (onnxruntime's LayerNormalization arithmetic), not a float
+    model's (which keeps the faster kernel)."""
+    from kiln.transform.composite_ops import RecognizeComposites
+
+    for quantized, marks in ((True, len(LN_ROWS)), (False, 0)):
+        text = print_module(RecognizeComposites()(QuantizeOps()(from_onnx(
+            _layer_norms(quantized)))))
+        assert text.count("like_onnxruntime=True") == marks
+
+
+@pytest.mark.parametrize("kind", ["llvm", "c"])
+def test_layer_norm_between_quantized_tensors_equals_onnxruntime(kind: str) -> None:
+    """A statically quantized model's LayerNormalization equals onnxruntime's bit for bit
+    on a CPU where onnxruntime runs MLAS's AVX2 LayerNorm kernel (a float64 mean, FMA
+    squares, its tail's order: kiln.ops.row_kernels.layer_norm_mlas_row), the target
+    being this CPU."""
+    from kiln.ops.row_kernels import mlas_layer_norm
+    from kiln.target import Target
+    from kiln.target.isa import isa_for
+
+    if not mlas_layer_norm(isa_for(Target.from_host())):
+        pytest.skip("onnxruntime runs MLAS's LayerNorm kernel on x86 with AVX2 and FMA")
+    model = _layer_norms(True)
+    config = Target.from_host().export()
+    config["kind"] = kind
+    rng = np.random.default_rng(8)
+    feed = {f"x{n}": rng.integers(0, 256, (9, n)).astype(np.uint8) for n in LN_ROWS}
+    feed[f"x{LN_ROWS[0]}"][0] = 7  # a constant row: variance 0
+    want = ort_session(model).run(None, feed)
+    got = kiln.compile(from_onnx(model), Target(config))["main"](*feed.values())
+    for g_, w in zip(got, want, strict=True):
+        np.testing.assert_array_equal(np.asarray(g_), w)

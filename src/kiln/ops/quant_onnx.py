@@ -23,6 +23,7 @@ import numpy as np
 from kiln.errors import IRError
 from kiln.ir import dtype as dt
 from kiln.ir import graph as g
+from kiln.ir.shape_expr import shape_text
 from kiln.ops import spatial
 from kiln.ops.onnx_map import GraphContext, onnx_op
 from kiln.ops.quant import PRODUCT_DTYPES, QUANT_DTYPES
@@ -413,10 +414,10 @@ def _qlinear_concat(ctx: GraphContext, inputs: Sequence[g.Expr | None],
 @onnx_op(MS + "QLinearSoftmax")
 def _qlinear_softmax(ctx: GraphContext, inputs: Sequence[g.Expr | None],
                      attrs: dict[str, Any]) -> list[g.Expr]:
-    # onnxruntime's integer table and division (kiln.ops.quant_softmax): built here from
-    # the constant scales, uint8 over the last axis; anything else is refused, since a
-    # float softmax would round differently from onnxruntime's
-    from kiln.ops.quant_softmax import softmax_multiplier, softmax_table
+    # onnxruntime's exp table and division (kiln.ops.quant_softmax): built here from the
+    # constant scales, uint8 or int8, over rows of static length; anything else is
+    # refused, since a float softmax would round differently from onnxruntime's
+    from kiln.ops.quant_softmax import MAX_MULTIPLIER, softmax_multiplier, softmax_table
 
     x, xs, xz, ys, yz = (list(inputs) + [None] * 5)[:5]
     assert x is not None
@@ -424,23 +425,50 @@ def _qlinear_softmax(ctx: GraphContext, inputs: Sequence[g.Expr | None],
     opset = int(attrs.get("opset", 13))
     axis = int(attrs.get("axis", -1 if opset >= 13 else 1))
     scales = [ctx.value(s) for s in (xs, ys)]
-    zps = [np.zeros((), np.uint8) if z is None else ctx.value(z) for z in (xz, yz)]
-    if xt.dtype != "uint8" or any(z is None or z.dtype != np.uint8 for z in zps):
-        raise IRError(f"QLinearSoftmax on {xt.dtype}: kiln runs onnxruntime's uint8 table "
-                      "only (its int8 one is not reproduced)")
-    if xt.ndim == 0 or axis % xt.ndim != xt.ndim - 1 or not isinstance(xt.shape[-1], int):
-        raise IRError(f"QLinearSoftmax over axis {axis} of a rank-{xt.ndim} input: kiln "
-                      "runs it over a last axis of static size only")
+    zps = [np.zeros((), dt.to_numpy(xt.dtype)) if z is None else ctx.value(z)
+           for z in (xz, yz)]
+    if xt.dtype not in ("uint8", "int8") or \
+            any(z is None or str(z.dtype) != xt.dtype for z in zps):
+        raise IRError(f"QLinearSoftmax on {xt.dtype}: kiln runs onnxruntime's uint8 and int8 "
+                      "tables, with zero points of the input's type")
+    if xt.ndim == 0 or not -xt.ndim <= axis < xt.ndim:
+        raise IRError(f"QLinearSoftmax: axis {axis} is out of range for a rank-{xt.ndim} "
+                      "input")
+    axis %= xt.ndim
+    # opset < 13: a row is every dim from `axis` on; opset 13: the one dim `axis`
+    row_dims = xt.shape[axis:] if opset < 13 else (xt.shape[axis],)
+    if not all(isinstance(d, int) for d in row_dims) or \
+            (opset < 13 and not all(isinstance(d, int) for d in xt.shape)):
+        raise IRError(f"QLinearSoftmax over axis {axis} of {shape_text(xt.shape)}: kiln "
+                      "runs it over rows of static length only")
     if any(s is None or s.size != 1 for s in scales) or \
             any(z is not None and z.size != 1 for z in zps):
         raise IRError("QLinearSoftmax needs constant per-tensor scales and zero points")
     x_scale, y_scale = (float(np.float32(s.reshape(()))) for s in scales)  # type: ignore[union-attr]
-    if not 0 < y_scale <= 1:
-        raise IRError(f"QLinearSoftmax: y_scale {y_scale} is outside (0, 1]")
+    if not (x_scale > 0 and y_scale > 0 and 1 / y_scale <= MAX_MULTIPLIER):
+        raise IRError(f"QLinearSoftmax: scales {x_scale} and {y_scale} are outside what "
+                      f"kiln reproduces (x_scale > 0, 1 / y_scale <= {MAX_MULTIPLIER})")
     y_zp = np.asarray(zps[1]).reshape(())  # x's zero point cancels in x - max(x)
-    table = softmax_table(x_scale, int(xt.shape[-1]))
-    return [ctx.call("qlinear_softmax", x, ctx.const(table), ctx.const(y_zp),
-                     y_multiplier=softmax_multiplier(y_scale))]
+    row = 1
+    for d in row_dims:
+        assert isinstance(d, int)
+        row *= d
+    table = softmax_table(x_scale, row)
+
+    def softmax(v: g.Expr) -> g.Expr:
+        return ctx.call("qlinear_softmax", v, ctx.const(table), ctx.const(y_zp),
+                        y_multiplier=softmax_multiplier(y_scale))
+
+    if axis == xt.ndim - 1:
+        return [softmax(x)]
+    if opset < 13:  # the trailing dims as one row, and back
+        rows = ctx.call("reshape", x, shape=(*xt.shape[:axis], row))
+        return [ctx.call("reshape", softmax(rows), shape=tuple(xt.shape))]
+    # opset 13: onnxruntime swaps `axis` with the last dim, and back (its own inverse)
+    perm = list(range(xt.ndim))
+    perm[axis], perm[-1] = perm[-1], perm[axis]
+    swapped = ctx.call("transpose", x, perm=tuple(perm))
+    return [ctx.call("transpose", softmax(swapped), perm=tuple(perm))]
 
 
 @onnx_op(MS + "QLinearWhere")

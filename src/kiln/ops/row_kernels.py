@@ -18,6 +18,9 @@ innermost loops are `vectorized` of constant extent, lanes along the row):
   marked `residual` (recognize-composites: its input is a residual sum), as
   onnxruntime's SkipLayerNormalization computes it instead (layer_norm_welford_rows),
   so that a quantized model's next DynamicQuantizeLinear sees onnxruntime's values;
+  marked `like_onnxruntime` (the other layer norms of a quantized model), as
+  onnxruntime's LayerNormalization computes it with MLAS's AVX2 kernel on an x86 target
+  with AVX2 and FMA (layer_norm_mlas_row: a float64 mean, then centred FMA squares);
 - softmax's lane sums are added up as onnxruntime's MLAS kernels add theirs
   (`folded_sum`), its `exp` being MLAS's softmax exp too on CPU targets
   (kiln.ops.kernels.math.softmax_exp_f32: `x - max` clamped at -88.38, one `2^n`);
@@ -73,6 +76,9 @@ from kiln.target.isa import isa_for
 
 Attrs = Mapping[str, Any]
 SOFTMAX, LOG_SOFTMAX, LAYER_NORM = "softmax", "log_softmax", "layer_norm"
+#: layer_norm's attribute asking for onnxruntime's LayerNormalization arithmetic where the
+#: target runs MLAS's kernel (recognize-composites sets it where activations are quantized).
+LIKE_ONNXRUNTIME = "like_onnxruntime"
 F32 = "float32"
 #: Vectors of rows whose Welford chains (a division each step) run side by side.
 WELFORD_VECTORS = 4
@@ -140,11 +146,13 @@ class RowLoops:
         return _tree([acc[_c(k)] for k in range(self.lanes)], combine)
 
     def folded_sum(self, acc: Buffer) -> PrimExpr:
-        """The lanes' sum in the order of onnxruntime's MLAS softmax kernels (AVX-512 and
-        AVX2): the upper half of the vector added onto the lower half, then neighbours
-        pairwise (its `vhaddps`), so equal lane sums give its row sum bit for bit."""
+        """The lanes' sum in the order of onnxruntime's MLAS softmax kernels, so equal lane
+        sums give its row sum bit for bit: AVX-512 (16 lanes) adds the upper half of the
+        vector onto the lower half, then neighbours pairwise (its `vhaddps`); AVX2 (8
+        lanes, MlasComputeSumExpF32KernelFma3) neighbours pairwise from the start (two
+        `vhaddps`, then the two 128-bit halves)."""
         lanes: list[PrimExpr] = [acc[_c(k)] for k in range(self.lanes)]
-        if self.lanes >= 8:
+        if self.lanes > 8:
             half = self.lanes // 2
             lanes = [lanes[k] + lanes[k + half] for k in range(half)]
         return _tree(lanes, _add)
@@ -279,6 +287,98 @@ def layer_norm_welford_rows(count: int, read: Callable[[PrimExpr, PrimExpr], Pri
     return seq(Allocate(mean), Allocate(m2), Allocate(stats), init, step, keep, rows)
 
 
+#: The shortest row onnxruntime's MLAS LayerNorm kernel takes (shorter ones run its
+#: scalar code, which `layer_norm_mlas_row` does not repeat).
+MLAS_LAYER_NORM_MIN = 8
+
+
+def mlas_layer_norm(isa: Any) -> bool:
+    """Whether onnxruntime runs LayerNormalization with MLAS's AVX2 kernel on a CPU of `isa`
+    (x86 with AVX2 and FMA: MLAS picks it from the CPU, on AVX-512 ones too)."""
+    return isa.arch in ("x86_64", "i386", "i686") and isa.fma and "avx2" in isa.features
+
+
+def _halving_sum(acc: Buffer, lanes: int) -> PrimExpr:
+    """The lanes' sum as a vector register is reduced: the upper half added onto the lower
+    until one lane is left (`(a0 + a2) + (a1 + a3)` for 4 lanes)."""
+    items: list[PrimExpr] = [acc[_c(k)] for k in range(lanes)]
+    while len(items) > 1:
+        half = len(items) // 2
+        items = [items[k] + items[k + half] for k in range(half)]
+    return items[0]
+
+
+def _chunks(n: int, lanes: int, body: Callable[[PrimExpr, PrimExpr], Stmt]) -> Stmt:
+    """`body(j, lane)` over the first `n // lanes` chunks of `lanes` elements (vectorized)."""
+    chunks = n // lanes
+    if not chunks:
+        return seq()
+    c, lane = Var("c", INDEX_DTYPE), Var("l", INDEX_DTYPE)
+    inner = For(lane, _c(0), _c(lanes), "vectorized", body(c * lanes + lane, lane))
+    return For(c, _c(0), _c(chunks), "serial", inner) if chunks > 1 else _bind_zero(c, inner)
+
+
+def _serial(start: int, stop: int, body: Callable[[PrimExpr], Stmt]) -> Stmt:
+    if stop <= start:
+        return seq()
+    j = Var("j", INDEX_DTYPE)
+    return For(j, _c(0), _c(stop - start), "serial", body(j + start))
+
+
+def layer_norm_mlas_row(n: int, read: Reader, store: Callable[[PrimExpr, PrimExpr], Stmt],
+                        affine: Callable[[PrimExpr, PrimExpr], PrimExpr], eps: float) -> Stmt:
+    """One row of layer_norm as onnxruntime's LayerNormalization computes it on x86 with
+    AVX2 and FMA (MLAS's AVX2 LayerNorm kernel, rows of `MLAS_LAYER_NORM_MIN` or more),
+    step for step, so the two agree bit for bit (probed on onnxruntime 1.32's outputs and
+    its Mean / InvStdDev outputs, docs/quantization.md):
+
+    - the mean in float64: 4 lanes over chunks of 4, reduced upper half onto lower, the
+      last `n % 4` elements added in order, divided by `n` and rounded to float32;
+    - the centred squares `d = x - mean` in float32: 8 lanes over chunks of 8 with FMA,
+      reduced upper half onto lower; of the last `n % 8`, whole groups of 4 add their
+      rounded squares in order (its compiler's vectorized tail), the rest with FMA;
+    - `inv = 1 / sqrt(var / n + eps)` in float32, then `affine(j, (x - mean) * inv)`
+      (`fma(y, gamma, beta)`: the caller's)."""
+    f64 = "float64"
+    dacc, init_d = RowLoops(n, 4).accumulators("sum_f64", as_expr(0.0, f64))
+    dsum = Buffer("mean_f64", (1,), f64, "local")
+    zero = (_c(0),)
+    pass1 = seq(*init_d, _chunks(n, 4, lambda j, lane: Store(
+        dacc, dacc[lane] + Cast(f64, read(j)), (lane,))),
+        Allocate(dsum), Store(dsum, _halving_sum(dacc, 4), zero),
+        _serial(n - n % 4, n, lambda j: Store(dsum, dsum[zero] + Cast(f64, read(j)), zero)))
+    mean, let_mean = _let("mean", Cast(F32, dsum[zero] / as_expr(float(n), f64)))
+
+    vacc, init_v = RowLoops(n, 8).accumulators("centred", as_expr(0.0, F32))
+    var = Buffer("var", (1,), F32, "local")
+    tail = n - n % 8
+    rounded = tail + (n % 8) // 4 * 4  # the tail's groups of 4: rounded squares
+
+    def square(j: PrimExpr) -> tuple[Var, Stmt]:
+        return _let("d", read(j) - mean)
+
+    def lanes_step(j: PrimExpr, lane: PrimExpr) -> Stmt:
+        d, let_d = square(j)
+        return seq(let_d, Store(vacc, intrin("fma", d, d, vacc[lane]), (lane,)))
+
+    def rounded_step(j: PrimExpr) -> Stmt:
+        d, let_d = square(j)
+        return seq(let_d, Store(var, var[zero] + d * d, zero))
+
+    def fused_step(j: PrimExpr) -> Stmt:
+        d, let_d = square(j)
+        return seq(let_d, Store(var, intrin("fma", d, d, var[zero]), zero))
+
+    pass2 = seq(*init_v, _chunks(n, 8, lanes_step), Allocate(var),
+                Store(var, _halving_sum(vacc, 8), zero), _serial(tail, rounded, rounded_step),
+                _serial(rounded, n, fused_step))
+    inv, let_inv = _let("inv", as_expr(1.0, F32) / intrin(
+        "sqrt", var[zero] / as_expr(float(n), F32) + as_expr(eps, F32)))
+    loops = RowLoops(n, 8)
+    pass3 = loops.each(lambda j, lane: store(j, affine(j, (read(j) - mean) * inv)))
+    return seq(pass1, let_mean, pass2, let_inv, pass3)
+
+
 def _add(a: PrimExpr, b: PrimExpr) -> PrimExpr:
     return a + b
 
@@ -377,7 +477,10 @@ class RowOp(HandBuiltOp):
         kernel does not apply (another dtype or axis, a chain needing statements)."""
         x = args[0]
         final = result if result is not None else anchor
-        if x.dtype != F32 or (final is not None and final.dtype != F32) or \
+        # MLAS's layer norm writes its output once, in the last pass: a consumer chain
+        # may end in another type there (a QuantizeLinear's bytes)
+        mlas = self._mlas(attrs, x.shape[-1] if x.ndim else 0)
+        if x.dtype != F32 or (final is not None and final.dtype != F32 and not mlas) or \
                 any(t.dtype != F32 for t in args[1:]):
             return None
         axis = int(attrs.get("axis", -1)) % max(x.ndim, 1)
@@ -387,7 +490,7 @@ class RowOp(HandBuiltOp):
         n = x.shape[-1]
         outer = x.shape[:-1]
         buffers = {t: Buffer(t.name, t.shape, t.dtype) for t in params}
-        out = Buffer("out", x.shape, F32)
+        out = Buffer("out", x.shape, final.dtype if final is not None else F32)
         value_buf = Buffer("row_value", x.shape, F32)
         mapping = dict(buffers)
         if anchor is not None:
@@ -458,17 +561,30 @@ class RowOp(HandBuiltOp):
             parts.append(group(_c(groups * lanes), rest))
         return seq(*parts)
 
+    def _mlas(self, attrs: Attrs, n: int | PrimExpr) -> bool:
+        """Whether this op's rows are onnxruntime's LayerNormalization on MLAS's kernel
+        (layer_norm_mlas_row): marked `like_onnxruntime`, rows of static length it takes,
+        a target CPU it runs on."""
+        return self.name == LAYER_NORM and bool(attrs.get(LIKE_ONNXRUNTIME)) and \
+            not attrs.get("residual") and isinstance(n, int) and \
+            n >= MLAS_LAYER_NORM_MIN and mlas_layer_norm(isa_for(None))
+
     @staticmethod
     def _affine(args: Sequence[te.Tensor], idx: tuple[PrimExpr, ...], ndim: int,
-                buffers: dict[te.Tensor, Buffer], y: PrimExpr) -> PrimExpr:
-        """`y * scale + bias` at output index `idx` (layer_norm's optional operands)."""
-        for t, combine in ((args[1] if len(args) > 1 else None, "mul"),
-                           (args[2] if len(args) > 2 else None, "add")):
-            if t is None:
-                continue
-            v = te.inline_expr(t, tuple(idx[ndim - t.ndim:]), buffers)
-            y = y * v if combine == "mul" else y + v
-        return y
+                buffers: dict[te.Tensor, Buffer], y: PrimExpr, fused: bool = False
+                ) -> PrimExpr:
+        """`y * scale + bias` at output index `idx` (layer_norm's optional operands); with
+        both and `fused`, `fma(y, scale, bias)` (one rounding, as MLAS's kernel)."""
+        def operand(k: int) -> PrimExpr | None:
+            t = args[k] if len(args) > k else None
+            return None if t is None else te.inline_expr(t, tuple(idx[ndim - t.ndim:]), buffers)
+
+        scale, bias = operand(1), operand(2)
+        if fused and scale is not None and bias is not None:
+            return intrin("fma", y, scale, bias)
+        if scale is not None:
+            y = y * scale
+        return y + bias if bias is not None else y
 
     def _row(self, o: tuple[PrimExpr, ...], x: te.Tensor, args: Sequence[te.Tensor],
              attrs: Attrs, n: int | PrimExpr, buffers: dict[te.Tensor, Buffer],
@@ -488,13 +604,20 @@ class RowOp(HandBuiltOp):
                     te.inline_expr(result, index(j), mapping))
             return Store(out, v, index(j))
 
-        lanes = tile_lanes(isa_for(None))
+        isa = isa_for(None)
+        lanes = tile_lanes(isa)
         loops = RowLoops(n, min(lanes, max(n, 1)) if isinstance(n, int) else lanes)
         if self.name == LAYER_NORM:
+            eps = float(attrs.get("epsilon", 1e-5))
+            if self._mlas(attrs, n):
+                assert isinstance(n, int)
+                return layer_norm_mlas_row(n, read, store, lambda j, y: self._affine(
+                    args, index(j), x.ndim, buffers, y, fused=True), eps)
+
             def affine(j: PrimExpr, y: PrimExpr) -> PrimExpr:
                 return self._affine(args, index(j), x.ndim, buffers, y)
 
-            return layer_norm_row(loops, read, store, affine, float(attrs.get("epsilon", 1e-5)))
+            return layer_norm_row(loops, read, store, affine, eps)
         return softmax_row(loops, read, lambda j: (out, index(j)), store,
                            self.name == LOG_SOFTMAX)
 

@@ -30,6 +30,11 @@ kernel then computes as onnxruntime's SkipLayerNormalization does (Welford's
 statistics), the sum being fused either into it or into the product before it. There
 an ulp of difference moves values across quantization steps and compounds over the
 layers; elsewhere the faster two-pass kernel (about 4x on a 128 x 768 row block) stays.
+The other layer norms of such a function, and every layer norm of a function that
+quantizes activations statically (`quantize_linear`, quantize-ops' `qlinear_*` ops: a
+QDQ or QOperator model), are marked `like_onnxruntime=True`: onnxruntime's
+LayerNormalization arithmetic where the target runs MLAS's AVX2 kernel
+(kiln.ops.row_kernels.layer_norm_mlas_row), for the same reason.
 
 A pattern matches only when none of its intermediate values is read outside it,
 its input has the result's shape (no broadcasting inside) and its constants
@@ -99,6 +104,12 @@ class RecognizeComposites(FunctionPass):
                 marked = _residual_layer_norm(graph, b)
                 if marked:
                     new[b.var] = [marked]
+        if quantizes or any(isinstance(b.value, g.Call) and _quantizes_statically(b.value.op)
+                            for b in func.bindings):
+            for b in func.bindings:  # the other layer norms: onnxruntime's LayerNormalization
+                marked = _like_onnxruntime(new[b.var][-1] if b.var in new else b)
+                if marked:
+                    new[b.var] = [*new.get(b.var, [])[:-1], marked]
         if not new:
             return func
         bindings = [r for b in func.bindings for r in new.get(b.var, [b])]
@@ -261,6 +272,24 @@ def _residual_layer_norm(graph: _Graph, b: g.Binding) -> g.Binding | None:
         return None
     return g.Binding(b.var, g.Call("layer_norm", ln.args, {**ln.attrs, "residual": True},
                                    b.var.type))
+
+
+def _quantizes_statically(op: str) -> bool:
+    """Whether `op` quantizes activations with constant parameters (QDQ's QuantizeLinear,
+    quantize-ops' integer ops: a static model's)."""
+    return op == "quantize_linear" or op.startswith("qlinear_")
+
+
+def _like_onnxruntime(b: g.Binding) -> g.Binding | None:
+    """`b`'s layer_norm marked `like_onnxruntime=True` (kiln.ops.row_kernels: onnxruntime's
+    LayerNormalization arithmetic where the target runs MLAS's kernel), unless it is
+    marked already or a residual one (SkipLayerNormalization's)."""
+    ln = b.value
+    if not isinstance(ln, g.Call) or ln.op != "layer_norm" or ln.attrs.get("residual") \
+            or ln.attrs.get("like_onnxruntime"):
+        return None
+    return g.Binding(b.var, g.Call("layer_norm", ln.args, {**ln.attrs, "like_onnxruntime": True},
+                                   ln.type))
 
 
 def _last_axis_mean(graph: _Graph, e: g.Expr) -> g.Call | None:

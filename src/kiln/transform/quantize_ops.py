@@ -23,8 +23,8 @@ onnxruntime's QLinearConcat: each input copied or requantized.
 onnxruntime runs some other DQ -> op -> Q groups with its own integer kernels, whose
 float32 arithmetic differs from dequantize-op-quantize; those become the ops computing
 its numbers: uint8 Add/Mul -> `qlinear_add`/`qlinear_mul` (kiln.ops.quant_elementwise),
-GlobalAveragePool -> `qlinear_global_average_pool` (kiln.ops.quant_pool), uint8 Softmax
--> `qlinear_softmax` (kiln.ops.quant_softmax), and a uint8 AveragePool's QuantizeLinear
+GlobalAveragePool -> `qlinear_global_average_pool` (kiln.ops.quant_pool), uint8 and int8
+Softmax -> `qlinear_softmax` (kiln.ops.quant_softmax), and a uint8 AveragePool's QuantizeLinear
 rounds with the zero point added first.
 
 It applies only when the result is the same computation onnxruntime runs for the
@@ -333,18 +333,19 @@ class _Matcher:
 
     def _softmax(self, softmax: g.Call, q: g.Call, y_scale: np.ndarray, y_zp: np.ndarray
                  ) -> g.Call | None:
-        """`quantize(softmax(dequantize(x)))` over the last axis, per tensor, uint8:
+        """`quantize(softmax(dequantize(x)))` over the last axis, per tensor, uint8 or int8:
         onnxruntime's QLinearSoftmax (kiln.ops.quant_softmax), its exp table built here."""
         from kiln.ops import call as op_call
-        from kiln.ops.quant_softmax import softmax_multiplier, softmax_table
+        from kiln.ops.quant_softmax import MAX_MULTIPLIER, softmax_multiplier, softmax_table
 
         x = self._dequantized(softmax.args[0])
         xt = x.data.type if x is not None else None
         axis = softmax.attrs.get("axis", -1)
         if x is None or x.axis is not None or x.scale.ndim or not isinstance(xt, TensorType) \
-                or xt.dtype != "uint8" or y_zp.dtype != np.uint8 or not isinstance(axis, int) \
-                or axis % max(xt.ndim, 1) != xt.ndim - 1 \
-                or not isinstance(xt.shape[-1], int) or not 0 < float(y_scale) <= 1:
+                or xt.dtype not in ("uint8", "int8") or str(y_zp.dtype) != xt.dtype \
+                or not isinstance(axis, int) or axis % max(xt.ndim, 1) != xt.ndim - 1 \
+                or not isinstance(xt.shape[-1], int) or not float(x.scale) > 0 \
+                or not float(y_scale) > 0 or 1 / float(y_scale) > MAX_MULTIPLIER:
             return None
         table = softmax_table(float(x.scale), int(xt.shape[-1]))
         return op_call("qlinear_softmax", x.data, g.Constant(table),
