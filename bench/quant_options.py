@@ -6,9 +6,11 @@ Each small model of bench/nets.py named in `--models` is quantized by onnxruntim
 channel, activation and weight types, `reduce_range`, the `extra_options` that change
 the graph) and by `quantize_dynamic` under its options, including the operator types
 it quantizes beyond MatMul (Conv, LSTM, Gather, ...). onnxruntime runs each file, then
-kiln compiles and runs it (target `--target`, default `llvm -int8-pairs=saturate`,
-whose integer products equal onnxruntime's AVX2 ones), each side in worker processes
-that a crash or a hang costs only the file it was on (tests/support/processes).
+kiln compiles and runs it (target `--target`, default `host`: this machine's CPU, as
+onnxruntime's float kernels follow it, with `int8-pairs=saturate` where this host's
+onnxruntime saturates its integer products, support.reference.like_onnxruntime), each
+side in worker processes that a crash or a hang costs only the file it was on
+(tests/support/processes).
 
     python bench/quant_options.py [--models cnn,resnet,encoder,lstm] [--target T] [--limit N]
 
@@ -47,7 +49,9 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from fuzz_onnx import KILN, ORT  # noqa: E402  (the workers: onnxruntime's, then kiln's)
 
+import kiln  # noqa: E402
 from support.processes import run_isolated  # noqa: E402
+from support.reference import like_onnxruntime  # noqa: E402
 
 #: The dequantized outputs' bound (issue's acceptance: rel. L2 < 1e-2 vs onnxruntime).
 MAX_REL_L2 = 1e-2
@@ -155,7 +159,7 @@ def quantize_all(name: str, model: onnx.ModelProto, out: Path, limit: int) -> li
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--models", default="cnn,resnet,encoder,lstm")
-    parser.add_argument("--target", default="llvm -int8-pairs=saturate")
+    parser.add_argument("--target", default="host")
     parser.add_argument("--limit", type=int, default=24,
                         help="option combinations per model and quantizer (drawn at random)")
     args = parser.parse_args()
@@ -164,7 +168,8 @@ def main() -> None:
     for name, model in models(args.models.split(",")).items():
         items += quantize_all(name, model, out, args.limit)
     ort_res = run_isolated(ORT, [], items, batch=40, item_s=30, batch_s=900)
-    os.environ["FUZZ_TARGET"] = args.target
+    os.environ["FUZZ_TARGET"] = str(like_onnxruntime(kiln.Target.from_host())) \
+        if args.target == "host" else args.target
     os.environ["FUZZ_REL_L2"] = str(MAX_REL_L2)
     kiln_res = run_isolated(KILN, [], items, batch=20, item_s=120, batch_s=1800)
     counts: Counter[tuple[str, str]] = Counter()
