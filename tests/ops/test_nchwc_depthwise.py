@@ -185,14 +185,17 @@ def _pointwise_model() -> onnx.ModelProto:
     channels 21 (two whole blocks of 8 and 5 lanes) and 44, outputs 44 (a padded last
     block), 21 (the tile's second vector past the last block) and 16; 9x7 = 63
     positions (a last tile with slots past the end; 7 columns: too few for the
-    row-tiled kernel); a bias, ReLU, Clip and a residual Add in the epilogues."""
+    row-tiled kernel); a bias, ReLU, Clip and a residual Add in the epilogues; the last
+    a stride-2 1x1 layer (5x4 positions read in place) of 512 input channels, whose 32
+    KB of weights per tile's channels K-block its sums (`pointwise_k_blocking`)."""
     b = GraphBuilder(seed=11)
     x = b.input("x", [1, 21, 9, 7])
     a = b.op("Relu", b.conv(x, 21, 44, 1))
     d = b.op("Clip", b.conv(a, 44, 44, 3, group=44), b.const(np.float32(0.0), "lo"),
              b.const(np.float32(6.0), "hi"))
     y = b.op("Add", b.conv(d, 44, 21, 1), x)
-    b.output(b.conv(y, 21, 16, 1, bias=False), [1, 16, 9, 7])
+    wide = b.op("Relu", b.conv(y, 21, 512, 1))
+    b.output(b.conv(wide, 512, 16, 1, stride=2, bias=False), [1, 16, 5, 4])
     return b.model()
 
 
@@ -206,6 +209,6 @@ def test_pointwise_layers_of_a_default_region_match_onnxruntime(kind: str) -> No
     exe = kiln.compile(from_onnx(POINTWISE), target)
     kinds = [f.attrs.get("kiln.conv_kernel") for f in exe.ir.functions.values()]
     if kind != "c" and pointwise_kernel(isa_for(target)):
-        assert kinds.count("conv2d_nchwc") == 3 and "conv2d_nchwc_depthwise" in kinds
+        assert kinds.count("conv2d_nchwc") == 4 and "conv2d_nchwc_depthwise" in kinds
     assert_close([np.asarray(exe(*feeds.values()))], onnxruntime_outputs(POINTWISE, feeds),
                  TOL, ["pointwise"])

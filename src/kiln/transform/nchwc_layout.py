@@ -73,7 +73,8 @@ class NchwcLayout(FunctionPass):
     registers of 8 float32 lanes (AVX2, AVX-512; NEON is not measured). On AVX2 the 1x1
     layers of a region run on the NCHWc pointwise kernel (kiln.ops.kernels.nchwc): on
     the blocked kernel they measured 2-3x slower than NCHW (Zen 3), MobileNetV2 1.3x
-    slower in all.
+    slower in all. Without `depthwise_only`, on AVX2 the layers the blocked kernel
+    K-blocks on small images stay NCHW (`k_blocked_small_images`).
     """
 
     name = "nchwc-layout"
@@ -96,7 +97,7 @@ class NchwcLayout(FunctionPass):
         from kiln.tuning.apply import current
 
         session = current()
-        skip: set[g.Var] = set()
+        skip: set[g.Var] = set() if self.depthwise_only else k_blocked_small_images(func, isa)
         layouts: dict[frozenset[g.Var], str] = {}  # a region's layout, once decided
         while True:  # each round leaves out the convolutions of regions too small to pay
             rewriter = _Rewriter(tile_lanes(isa), skip, isa)
@@ -342,6 +343,42 @@ class _Rewriter:
 
 #: The convolutions a blocked region counts (their original ops).
 CONVS = ("conv2d_blocked", "conv2d_depthwise", "conv2d_gemm")
+def k_blocked_small_images(func: g.Function, isa: Any) -> set[g.Var]:
+    """On ISAs whose 1x1 NCHWc layers take the pointwise kernel (AVX2:
+    kiln.ops.kernels.nchwc.pointwise_kernel), the ungrouped convolutions
+    (`conv2d_blocked`, `conv2d_gemm`) on images of at most `SMALL_IMAGE_POSITIONS` output
+    positions whose sums the blocked kernel K-blocks (kiln.ops.kernels.conv_direct.
+    choose_k_blocking: ResNet-50's 7x7 stage); none elsewhere. In NCHW{b}c the K-blocked
+    loop divides every input channel index by the block, and the strided 1x1 layer reads
+    half of each cache line in place where NCHW subsamples it first: ResNet-50's 7x7
+    stage on one Zen 3 core, ms per node NCHW -> NCHWc, 3x3 512>512 @7 6.25 -> 7.11,
+    3x3/2 512>512 @14 3.15 -> 4.00, 1x1/2 1024>2048 @14 3.14 -> 4.08
+    (docs/performance.md, "AVX2 round six (Zen 3)"); left NCHW they cost two reorders of
+    14x14 tensors."""
+    from kiln.ops import conv_kernels as ck
+    from kiln.ops.conv_direct import call_conv_shape
+    from kiln.ops.kernels.conv_direct import SMALL_IMAGE_POSITIONS, choose_k_blocking
+    from kiln.ops.kernels.nchwc import pointwise_kernel
+    from kiln.ops.kernels.tiles import tile_lanes, tile_registers
+
+    if not pointwise_kernel(isa):
+        return set()
+    out: set[g.Var] = set()
+    for b in func.bindings:
+        c = b.value
+        if not (isinstance(c, g.Call) and c.op in ("conv2d_blocked", "conv2d_gemm")
+                and _is_plain_4d(c.args[0].type)):
+            continue
+        shape = call_conv_shape(c.op, [a.type for a in c.args], c.attrs)
+        if shape is None or shape.groups != 1 \
+                or shape.out_h * shape.out_w > SMALL_IMAGE_POSITIONS:
+            continue
+        if choose_k_blocking(shape, ck.choose_tiling(shape, tile_lanes(isa),
+                                                     tile_registers(isa)), isa) is not None:
+            out.add(b.var)
+    return out
+
+
 #: A region's layouts (the `nchwc_region` knob's params).
 LAYOUTS = ("NCHWc", "NCHW")
 
