@@ -21,16 +21,12 @@ from kiln.ir.dtype import INDEX_DTYPE
 from kiln.ir.tensor import (
     Allocate,
     Buffer,
-    For,
-    IfThenElse,
     LetStmt,
     PrimExpr,
     PrimFunc,
     Stmt,
     Store,
     Var,
-    as_expr,
-    compare,
     min_,
     seq,
 )
@@ -183,17 +179,9 @@ def pointwise_body(shape: ck.ConvShape, x: Buffer, wp: Buffer, out: Buffer,
     full, rest = divmod(cin, block)
     dtype = x.dtype
 
-    def body(n: PrimExpr, ob: PrimExpr, t: PrimExpr, seg: _Segment | None = None) -> Stmt:
+    def body(n: PrimExpr, ob: PrimExpr, t: PrimExpr, seg: ck.Segment | None = None) -> Stmt:
         acc = Buffer("acc", (tile_w, cb), dtype, "local")
-        zero = lanes_loop("v", cb, lambda v: seq(*(
-            Store(acc, as_expr(0.0, dtype), (_c(r), v)) for r in range(tile_w))))
-        head: list[Stmt] = [Allocate(acc)]
-        if seg is None:
-            head.append(zero)
-        else:  # the first segment starts from zero, the others from the partial sums
-            head.append(IfThenElse(seg.first, zero, lanes_loop("v", cb, lambda v: seq(*(
-                Store(acc, seg.part[seg.tile, _c(r), v], (_c(r), v))
-                for r in range(tile_w))))))
+        head = ck.tile_accumulators(acc, seg)
         rows: list[PrimExpr] = []
         cols: list[PrimExpr] = []
         for r in range(tile_w):
@@ -238,44 +226,20 @@ def pointwise_body(shape: ck.ConvShape, x: Buffer, wp: Buffer, out: Buffer,
         stores = ck.blocked_tile_stores(out, stage, epilogue, n, ob, rows, cols, real, block,
                                         cout, blocks, out_blocks)
         finish = seq(Allocate(stage), copy, *stores)
-        if seg is None:
-            return seq(*head, *red, finish)
-        keep = lanes_loop("v", cb, lambda v: seq(*(
-            Store(seg.part, acc[_c(r), v], (seg.tile, _c(r), v)) for r in range(tile_w))))
-        return seq(*head, *red, IfThenElse(seg.last, finish, keep))
+        return seq(*head, *red, finish if seg is None else ck.segment_end(acc, seg, finish))
 
     if kblock is None:
         return parallel_tiles((shape.n, blocks, tiles), body)
-    kc, band = kblock.kc, min(kblock.band, tiles)
-    if cin % kc or kc % block:
-        raise IRError(f"NCHW{block}c pointwise kernel: {kc} channels per segment must be "
-                      f"whole blocks dividing the {cin} input channels")
-    segments, bands = cin // kc, -(-tiles // band)
+    if cin % kblock.kc or kblock.kc % block:
+        raise IRError(f"NCHW{block}c pointwise kernel: {kblock.kc} channels per segment "
+                      f"must be whole blocks dividing the {cin} input channels")
 
     def task(n: PrimExpr, ob: PrimExpr, b: PrimExpr) -> Stmt:
-        part = Buffer("part", (band, tile_w, cb), dtype)
-        here: PrimExpr = _c(band) if tiles % band == 0 else min_(band, tiles - b * band)
-        k, tt = Var("kseg", INDEX_DTYPE), Var("tt", INDEX_DTYPE)
-        seg = _Segment(part, tt, k * kc, kc, compare("eq", k, 0),
-                       compare("eq", k, segments - 1))
-        return seq(Allocate(part), For(k, _c(0), _c(segments), "serial", For(
-            tt, _c(0), here, "serial", body(n, ob, b * band + tt, seg))))
+        return ck.segmented_band(kblock, cin, tiles, b, (tile_w, cb), dtype,
+                                 lambda t, seg: body(n, ob, t, seg))
 
+    bands = -(-tiles // min(kblock.band, tiles))
     return parallel_tiles((shape.n, blocks, bands), task)
-
-
-@dataclass(frozen=True)
-class _Segment:
-    """One segment of a K-blocked tile's sums (`pointwise_body`): channels `ci0 .. ci0 +
-    kc` of tile `tile` of the task's partial sums `part`; `first`/`last`: whether it is
-    the first / last."""
-
-    part: Buffer
-    tile: PrimExpr
-    ci0: PrimExpr
-    kc: int
-    first: PrimExpr
-    last: PrimExpr
 
 
 NCHWC = NchwcConv("nchwc", "conv2d_nchwc", ("conv2d_blocked",), 0)
