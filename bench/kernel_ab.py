@@ -3,7 +3,7 @@
     .venv/bin/python bench/kernel_ab.py --model cnn --src /tmp/main/src,src
                                         [--threads 2] [--blocks 6] [--calls 300]
                                         [--int8] [--target "llvm -mcpu=znver3 -int8-pairs=saturate"]
-                                        [--cpu-time]
+                                        [--cpu-time] [--graph-pipeline default,nchwc]
 
 For an A/B of two commits: check the old one out in a detached worktree
 (`git worktree add --detach /tmp/main main`) and name both trees' `src`. Each tree
@@ -23,7 +23,9 @@ asserts nothing (this is not a test).
 `--int8` quantizes the model once as bench/models.py --int8 does (QDQ; QOperator for a
 name ending in `_qop`) and every tree compiles that file; `--target` is the kiln target of
 every build; `--cpu-time` times the calling thread's CPU time per call instead of the
-wall clock (meaningful with `--threads 1`: robust on a loaded machine).
+wall clock (meaningful with `--threads 1`: robust on a loaded machine);
+`--graph-pipeline` names kiln's graph pipeline, one for every tree or one per tree in
+`--src`'s order (`--src src,src --graph-pipeline default,nchwc`: one tree, two layouts).
 """
 
 from __future__ import annotations
@@ -50,16 +52,18 @@ from kiln.frontend import from_onnx
 from models import MODELS
 model = onnx.load({onnx_file!r}) if {onnx_file!r} else MODELS[{model!r}]()[0]
 target = kiln.Target.from_host() if {target!r} == "host" else {target!r}
-kiln.compile(from_onnx(model), target, profile=True).export_library({out!r})
+kiln.compile(from_onnx(model), target, profile=True,
+             graph_pipeline={pipeline!r}).export_library({out!r})
 """
 
 
-def build(src: str, model: str, out: Path, target: str = "host", onnx_file: str = "") -> None:
+def build(src: str, model: str, out: Path, target: str = "host", onnx_file: str = "",
+          pipeline: str = "default") -> None:
     """Compile `model` (or the ONNX file `onnx_file`) for `target` with the kiln of source
-    tree `src` into the library `out`."""
+    tree `src` and graph pipeline `pipeline` into the library `out`."""
     env = dict(os.environ, PYTHONPATH=str(Path(src).resolve()), KILN_CACHE="0")
     code = BUILD.format(bench=str(BENCH), model=model, out=str(out), target=target,
-                        onnx_file=onnx_file)
+                        onnx_file=onnx_file, pipeline=pipeline)
     subprocess.run([sys.executable, "-c", code], env=env, check=True)
 
 
@@ -91,17 +95,27 @@ def main() -> None:
                         help="kiln target of every build (host: this machine's CPU)")
     parser.add_argument("--cpu-time", action="store_true",
                         help="the calling thread's CPU time per call (with --threads 1)")
+    parser.add_argument("--graph-pipeline", default="default",
+                        help="kiln's graph pipeline: one, or one per tree of --src")
     args = parser.parse_args()
     clock = time.thread_time if args.cpu_time else time.perf_counter
 
     from kiln.runtime import load_module
 
     sources = args.src.split(",")
+    pipelines = args.graph_pipeline.split(",")
+    if len(pipelines) == 1:
+        pipelines *= len(sources)
+    if len(pipelines) != len(sources):
+        parser.error(f"--graph-pipeline names {len(pipelines)} pipelines for "
+                     f"{len(sources)} source trees")
+    labels = [s if p == "default" else f"{s}@{p}" for s, p in zip(sources, pipelines,
+                                                                   strict=True)]
     with tempfile.TemporaryDirectory() as tmp:
         paths = [Path(tmp) / f"lib{i}.so" for i in range(len(sources))]
         onnx_file = quantized_file(args.model, Path(tmp)) if args.int8 else ""
-        for src, path in zip(sources, paths, strict=True):
-            build(src, args.model, path, args.target, onnx_file)
+        for src, path, pipeline in zip(sources, paths, pipelines, strict=True):
+            build(src, args.model, path, args.target, onnx_file, pipeline)
         libs = [load_module(path) for path in paths]
         for lib in libs:
             lib.set_num_threads(args.threads)
@@ -131,7 +145,7 @@ def main() -> None:
     print(f"{args.model}, {args.threads} thread(s): median us per call, "
           f"{args.blocks} blocks of {args.calls} calls per library")
     names = sorted(times[0], key=lambda k: -statistics.median(times[0][k]))
-    print(f"{'kernel':<32}" + "".join(f"{s[-24:]:>26}" for s in sources))
+    print(f"{'kernel':<32}" + "".join(f"{s[-24:]:>26}" for s in labels))
     for name in names:
         print(f"{name:<32}" + "".join(
             f"{statistics.median(t[name]) if name in t else float('nan'):26.2f}"

@@ -168,6 +168,26 @@ def test_the_default_pipeline_blocks_depthwise_regions_on_avx2_and_avx512() -> N
     assert "layout_transform" not in _ops_after(
         "llvm -mtriple=aarch64-linux-gnu -mcpu=neoverse-n1", passes)
     assert "layout_transform" not in _ops_after("llvm -mcpu=nehalem", passes)
+    # the default's `pointwise_regions`: on AVX2 regions without a depthwise convolution
+    # too, unless they hold a clipped pool; AVX-512 and 4 lanes as before
+    passes = passes.replace("=true}", "=true pointwise_regions=true}")
+    ops = _ops_after("llvm -mcpu=haswell", passes, NO_DEPTHWISE)
+    assert "conv2d_nchwc" in ops and "pool2d_nchwc" in ops
+    # the pool's region stays NCHW; the 13-channel chain is blocked still
+    ops = _ops_after("llvm -mcpu=haswell", passes, _with_clipped_pool(NO_DEPTHWISE))
+    assert "pool2d_nchwc" not in ops and "max_pool2d" in ops and "conv2d_nchwc" in ops
+    assert "layout_transform" not in _ops_after("llvm -mcpu=skylake-avx512", passes,
+                                                NO_DEPTHWISE)
+
+
+def _with_clipped_pool(model: onnx.ModelProto) -> onnx.ModelProto:
+    """`model` with its max pools padded by one on every side."""
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    for node in out.graph.node:
+        if node.op_type == "MaxPool":
+            node.attribute.append(helper.make_attribute("pads", [1, 1, 1, 1]))
+    return out
 
 
 def test_pointwise_kernel_on_16_registers_of_8_lanes() -> None:
@@ -185,14 +205,17 @@ def _pointwise_model() -> onnx.ModelProto:
     channels 21 (two whole blocks of 8 and 5 lanes) and 44, outputs 44 (a padded last
     block), 21 (the tile's second vector past the last block) and 16; 9x7 = 63
     positions (a last tile with slots past the end; 7 columns: too few for the
-    row-tiled kernel); a bias, ReLU, Clip and a residual Add in the epilogues."""
+    row-tiled kernel); a bias, ReLU, Clip and a residual Add in the epilogues; the last
+    a stride-2 1x1 layer (5x4 positions read in place) of 512 input channels, whose 32
+    KB of weights per tile's channels K-block its sums (`pointwise_k_blocking`)."""
     b = GraphBuilder(seed=11)
     x = b.input("x", [1, 21, 9, 7])
     a = b.op("Relu", b.conv(x, 21, 44, 1))
     d = b.op("Clip", b.conv(a, 44, 44, 3, group=44), b.const(np.float32(0.0), "lo"),
              b.const(np.float32(6.0), "hi"))
     y = b.op("Add", b.conv(d, 44, 21, 1), x)
-    b.output(b.conv(y, 21, 16, 1, bias=False), [1, 16, 9, 7])
+    wide = b.op("Relu", b.conv(y, 21, 512, 1))
+    b.output(b.conv(wide, 512, 16, 1, stride=2, bias=False), [1, 16, 5, 4])
     return b.model()
 
 
@@ -206,6 +229,6 @@ def test_pointwise_layers_of_a_default_region_match_onnxruntime(kind: str) -> No
     exe = kiln.compile(from_onnx(POINTWISE), target)
     kinds = [f.attrs.get("kiln.conv_kernel") for f in exe.ir.functions.values()]
     if kind != "c" and pointwise_kernel(isa_for(target)):
-        assert kinds.count("conv2d_nchwc") == 3 and "conv2d_nchwc_depthwise" in kinds
+        assert kinds.count("conv2d_nchwc") == 4 and "conv2d_nchwc_depthwise" in kinds
     assert_close([np.asarray(exe(*feeds.values()))], onnxruntime_outputs(POINTWISE, feeds),
                  TOL, ["pointwise"])

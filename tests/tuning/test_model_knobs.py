@@ -41,12 +41,13 @@ C, H = 16, 6
 
 
 def _model() -> onnx.ModelProto:
-    """Two regions: `x` through two 3x3 convolutions with a residual add and one more
-    (no depthwise: NCHW by rule), `y` through a 1x1, a depthwise 3x3 and a 1x1 (a
-    MobileNet block: NCHWc by rule)."""
+    """Two regions: `x` through two 3x3 convolutions with a padded max pool between and a
+    residual add and one more (no depthwise, a pool with clipped windows: NCHW by rule,
+    on AVX2 too), `y` through a 1x1, a depthwise 3x3 and a 1x1 (a MobileNet block: NCHWc
+    by rule)."""
     b = GraphBuilder(7)
     a = b.op("Relu", b.conv("x", C, C, 3))
-    r = b.op("Add", b.op("Relu", b.conv(a, C, C, 3)), a)
+    r = b.op("Add", b.op("Relu", b.conv(_padded_pool(b, a), C, C, 3)), a)
     u = b.conv(r, C, 8, 3)
     p = b.op("Relu", b.conv("y", C, 2 * C, 1))
     d = b.op("Relu", b.conv(p, 2 * C, 2 * C, 3, group=2 * C))
@@ -58,6 +59,11 @@ def _model() -> onnx.ModelProto:
                     value_info("z", [4, 256])],
                    [value_info(u, [1, 8, H, H]), value_info(v, [1, C, H, H]),
                     value_info(m, [4, 64])], 17, "knobs")
+
+
+def _padded_pool(b: GraphBuilder, x: str) -> str:
+    """A 3x3 stride-1 max pool padded by one (its windows clipped at the border)."""
+    return b.op("MaxPool", x, kernel_shape=[3, 3], pads=[1, 1, 1, 1], strides=[1, 1])
 
 
 MODEL = _model()
@@ -221,9 +227,9 @@ def test_kiln_tune_records_and_a_compile_applies_model_knobs(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     _needs_blocked_regions()
     model, db_path = tmp_path / "chain.onnx", tmp_path / "chain.tuning.json"
-    b = GraphBuilder(7)  # one region (no depthwise: NCHW by rule)
+    b = GraphBuilder(7)  # one region (no depthwise, a padded pool: NCHW by rule)
     a = b.op("Relu", b.conv("x", C, C, 3))
-    r = b.op("Add", b.op("Relu", b.conv(a, C, C, 3)), a)
+    r = b.op("Add", b.op("Relu", b.conv(_padded_pool(b, a), C, C, 3)), a)
     onnx.save(b.model([value_info("x", [1, C, H, H])],
                       [value_info(b.conv(r, C, 8, 3), [1, 8, H, H])], 17, "chain"), model)
     lines: list[str] = []

@@ -414,17 +414,9 @@ def blocked_conv_body(shape: ConvShape, x: Buffer, wp: Buffer, out: Buffer,
     out_blocks = -(-cog // block) if block else 0
 
     def tile(n: PrimExpr, g: PrimExpr, ob: PrimExpr, t: PrimExpr,
-             seg: _Segment | None = None) -> Stmt:
+             seg: Segment | None = None) -> Stmt:
         acc = Buffer("acc", (tile_w, cb), acc_t, "local")
-        zero = lanes_loop("v", cb, lambda v: seq(*(
-            Store(acc, as_expr(0.0, acc_t), (_c(r), v)) for r in range(tile_w))))
-        head: list[Stmt] = [Allocate(acc)]
-        if seg is None:
-            head.append(zero)
-        else:  # the first segment starts from zero, the others from the partial sums
-            head.append(IfThenElse(seg.first, zero, lanes_loop("v", cb, lambda v: seq(*(
-                Store(acc, seg.part[seg.tile, _c(r), v], (_c(r), v))
-                for r in range(tile_w))))))
+        head = tile_accumulators(acc, seg)
         ci0: PrimExpr = _c(0) if seg is None else seg.ci0
         rows: list[PrimExpr] = []
         cols: list[PrimExpr] = []
@@ -504,11 +496,7 @@ def blocked_conv_body(shape: ConvShape, x: Buffer, wp: Buffer, out: Buffer,
                 last = lanes_loop("v", cog % cb, apply)
                 applied = IfThenElse(ob < blocks - 1, applied, last) if blocks > 1 else last
             finish = seq(Allocate(stage), copy, Allocate(result), applied, _loop("v", cb, emit))
-        if seg is None:
-            return seq(*head, red, finish)
-        keep = lanes_loop("v", cb, lambda v: seq(*(
-            Store(seg.part, acc[_c(r), v], (seg.tile, _c(r), v)) for r in range(tile_w))))
-        return seq(*head, red, IfThenElse(seg.last, finish, keep))
+        return seq(*head, red, finish if seg is None else segment_end(acc, seg, finish))
 
     if kblock is None and band and band < tiles:
         bands = -(-tiles // band)
@@ -524,20 +512,15 @@ def blocked_conv_body(shape: ConvShape, x: Buffer, wp: Buffer, out: Buffer,
                                              banded))
     if kblock is None:
         return seq(*prologue, parallel_tiles((shape.n, shape.groups, blocks, tiles), tile))
-    kc, band = kblock.kc, min(kblock.band, tiles)
-    if cig % kc:
-        raise IRError(f"blocked conv kernel: {kc} channels per segment do not divide the "
-                      f"group's {cig}")
-    segments, bands = cig // kc, -(-tiles // band)
+    if cig % kblock.kc:
+        raise IRError(f"blocked conv kernel: {kblock.kc} channels per segment do not divide "
+                      f"the group's {cig}")
 
     def task(n: PrimExpr, g: PrimExpr, ob: PrimExpr, b: PrimExpr) -> Stmt:
-        part = Buffer("part", (band, tile_w, cb), acc_t)
-        here: PrimExpr = (_c(band) if tiles % band == 0 else min_(band, tiles - b * band))
-        k, tt = Var("kseg", INDEX_DTYPE), Var("tt", INDEX_DTYPE)
-        seg = _Segment(part, tt, k * kc, kc, compare("eq", k, 0), compare("eq", k, segments - 1))
-        return seq(Allocate(part), For(k, _c(0), _c(segments), "serial", For(
-            tt, _c(0), here, "serial", tile(n, g, ob, b * band + tt, seg))))
+        return segmented_band(kblock, cig, tiles, b, (tile_w, cb), acc_t,
+                              lambda t, seg: tile(n, g, ob, t, seg))
 
+    bands = -(-tiles // min(kblock.band, tiles))
     return seq(*prologue, parallel_tiles((shape.n, shape.groups, blocks, bands), task))
 
 
@@ -574,7 +557,7 @@ class ConvKBlocking:
 
 
 @dataclass(frozen=True)
-class _Segment:
+class Segment:
     """One segment of a K-blocked tile's sums: channels `ci0 .. ci0 + kc` of tile `tile`
     of the task's partial sums `part`; `first`/`last`: whether it is the first / last."""
 
@@ -584,6 +567,44 @@ class _Segment:
     kc: int
     first: PrimExpr
     last: PrimExpr
+
+
+def tile_accumulators(acc: Buffer, seg: Segment | None) -> list[Stmt]:
+    """`acc` (a tile's `[tile_w][cb]` accumulators) allocated and zeroed; in a segment
+    after the first, loaded from the partial sums instead."""
+    tile_w, cb = (int(d) for d in acc.shape)
+    zero = lanes_loop("v", cb, lambda v: seq(*(
+        Store(acc, as_expr(0.0, acc.dtype), (_c(r), v)) for r in range(tile_w))))
+    if seg is None:
+        return [Allocate(acc), zero]
+    return [Allocate(acc), IfThenElse(seg.first, zero, lanes_loop("v", cb, lambda v: seq(*(
+        Store(acc, seg.part[seg.tile, _c(r), v], (_c(r), v)) for r in range(tile_w)))))]
+
+
+def segment_end(acc: Buffer, seg: Segment, finish: Stmt) -> Stmt:
+    """`finish` (the tile's stores) after the last segment; the partial sums kept after
+    the others."""
+    tile_w, cb = (int(d) for d in acc.shape)
+    keep = lanes_loop("v", cb, lambda v: seq(*(
+        Store(seg.part, acc[_c(r), v], (seg.tile, _c(r), v)) for r in range(tile_w))))
+    return IfThenElse(seg.last, finish, keep)
+
+
+def segmented_band(kblock: ConvKBlocking, channels: int, tiles: int, b: PrimExpr,
+                   tile: tuple[int, int], dtype: str,
+                   body: Callable[[PrimExpr, Segment], Stmt]) -> Stmt:
+    """Band `b` of `kblock.band` consecutive tiles (of `tiles`), each `tile` = `(tile_w,
+    cb)` accumulators, summed `kblock.kc` of `channels` input channels at a time: every
+    tile's segment (`body(tile index, segment)`) before the next segment, the partial
+    sums in a buffer of the band's."""
+    kc, band = kblock.kc, min(kblock.band, tiles)
+    segments = channels // kc
+    part = Buffer("part", (band, *tile), dtype)
+    here: PrimExpr = _c(band) if tiles % band == 0 else min_(band, tiles - b * band)
+    k, tt = Var("kseg", INDEX_DTYPE), Var("tt", INDEX_DTYPE)
+    seg = Segment(part, tt, k * kc, kc, compare("eq", k, 0), compare("eq", k, segments - 1))
+    return seq(Allocate(part), For(k, _c(0), _c(segments), "serial", For(
+        tt, _c(0), here, "serial", body(b * band + tt, seg))))
 
 
 # --------------------------------------------------------------------------- depthwise

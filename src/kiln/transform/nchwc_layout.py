@@ -73,7 +73,13 @@ class NchwcLayout(FunctionPass):
     registers of 8 float32 lanes (AVX2, AVX-512; NEON is not measured). On AVX2 the 1x1
     layers of a region run on the NCHWc pointwise kernel (kiln.ops.kernels.nchwc): on
     the blocked kernel they measured 2-3x slower than NCHW (Zen 3), MobileNetV2 1.3x
-    slower in all.
+    slower in all. Without `depthwise_only`, on AVX2 the layers the blocked kernel
+    K-blocks on small images stay NCHW (`k_blocked_small_images`). `pointwise_regions`:
+    with `depthwise_only`, on ISAs whose 1x1 layers take that pointwise kernel (AVX2,
+    `pointwise_kernel`) every region that pays is kept, as without `depthwise_only`,
+    but for regions without a depthwise convolution holding a pool whose windows are
+    clipped (`_clips_windows`: GoogLeNet measured 8% slower in NCHW{b}c, its branch
+    pools 3.8 ms against 0.6; docs/performance.md, "AVX2 round six (Zen 3)").
     """
 
     name = "nchwc-layout"
@@ -81,6 +87,7 @@ class NchwcLayout(FunctionPass):
     lanes: int = 0
     min_convs: int = MIN_REGION_CONVS
     depthwise_only: bool = False
+    pointwise_regions: bool = False
 
     def run_on_function(self, func: Any, name: str, mod: IRModule) -> g.Function:
         assert isinstance(func, g.Function)
@@ -90,18 +97,30 @@ class NchwcLayout(FunctionPass):
         isa = isa_for(None)
         if self.lanes:
             isa = with_lanes(isa, self.lanes)
-        if self.depthwise_only and (tile_registers(isa) < DEPTHWISE_REGISTERS
+        from kiln.ops.kernels.nchwc import pointwise_kernel
+
+        depthwise_only = self.depthwise_only and not (self.pointwise_regions
+                                                      and pointwise_kernel(isa))
+        if depthwise_only and (tile_registers(isa) < DEPTHWISE_REGISTERS
                                     or tile_lanes(isa) < DEPTHWISE_LANES):
             return func
         from kiln.tuning.apply import current
 
         session = current()
         skip: set[g.Var] = set()
+        if not depthwise_only:  # the small K-blocked layers, unless in a depthwise region
+            skip = k_blocked_small_images(func, isa)
+            if skip:
+                first = _Rewriter(tile_lanes(isa), set(), isa)
+                first.run(func)
+                skip -= {c for group in first.regions() if first.depthwise & set(group)
+                         for c in group}
         layouts: dict[frozenset[g.Var], str] = {}  # a region's layout, once decided
         while True:  # each round leaves out the convolutions of regions too small to pay
             rewriter = _Rewriter(tile_lanes(isa), skip, isa)
             new = rewriter.run(func)
-            small = rewriter.small_regions(self.min_convs, self.depthwise_only)
+            small = rewriter.small_regions(self.min_convs, depthwise_only,
+                                           self.depthwise_only and not depthwise_only)
             if session is not None:
                 small = rewriter.tuned_small(session, small, layouts)
             if not small:
@@ -128,18 +147,24 @@ class _Rewriter:
         self.reorders: list[g.Var] = []           # a conv of the region of each reorder
         self.depthwise: set[g.Var] = set()        # the depthwise convs (by result)
         self.convs: dict[g.Var, g.Call] = {}      # each blocked conv's original call
+        self.clipped_pools: list[g.Var] = []      # a conv of the region of each padded pool
 
-    def small_regions(self, min_convs: int, depthwise_only: bool = False) -> set[g.Var]:
+    def small_regions(self, min_convs: int, depthwise_only: bool = False,
+                      pointwise_regions: bool = False) -> set[g.Var]:
         """The convolutions (original result vars) of regions that do not pay: fewer than
         `min_convs` convolutions, or no more convolutions than reorders in and out (or,
-        with `depthwise_only`, no depthwise convolution)."""
+        with `depthwise_only`, no depthwise convolution; with `pointwise_regions`, no
+        depthwise convolution and a pool whose windows are clipped)."""
         members: dict[g.Var, list[g.Var]] = {}
         for conv in self.parent:
             members.setdefault(self._root(conv), []).append(conv)
         reorders = Counter(self._root(c) for c in self.reorders)
+        clipped = {self._root(c) for c in self.clipped_pools}
         return {c for root, group in members.items()
                 if len(group) < max(min_convs, reorders[root] + 1)
-                or (depthwise_only and not self.depthwise & set(group)) for c in group}
+                or (depthwise_only and not self.depthwise & set(group))
+                or (pointwise_regions and root in clipped and not self.depthwise & set(group))
+                for c in group}
 
     def regions(self) -> list[list[g.Var]]:
         """The regions formed (their convolutions' original result vars), each in graph
@@ -208,6 +233,8 @@ class _Rewriter:
                 changed = True
                 var = g.Var(b.var.name + "_c", new.ret_type)
                 self._join_binding(b)
+                if _clips_windows(new):
+                    self.clipped_pools.append(self.region[b.var])
                 self.bindings.append(g.Binding(var, new))
                 self.blocked[b.var] = var
         if not changed:
@@ -342,6 +369,44 @@ class _Rewriter:
 
 #: The convolutions a blocked region counts (their original ops).
 CONVS = ("conv2d_blocked", "conv2d_depthwise", "conv2d_gemm")
+def k_blocked_small_images(func: g.Function, isa: Any) -> set[g.Var]:
+    """On ISAs whose 1x1 NCHWc layers take the pointwise kernel (AVX2:
+    kiln.ops.kernels.nchwc.pointwise_kernel), the ungrouped convolutions
+    (`conv2d_blocked`, `conv2d_gemm`) on images of at most `SMALL_IMAGE_POSITIONS` output
+    positions whose sums the blocked kernel K-blocks (kiln.ops.kernels.conv_direct.
+    choose_k_blocking: ResNet-50's and DenseNet-121's 7x7 stages); none elsewhere. The
+    pass leaves them NCHW outside regions holding a depthwise convolution. In NCHW{b}c
+    the blocked kernel's K-blocked loop divides every input channel index by the block,
+    and a strided 1x1 layer reads half of each cache line in place where NCHW subsamples
+    it first: ResNet-50's 7x7 stage on one Zen 3 core, ms per node NCHW -> NCHWc, 3x3
+    512>512 @7 6.25 -> 7.11, 3x3/2 512>512 @14 3.15 -> 4.00, 1x1/2 1024>2048 @14 3.14 ->
+    4.08 (docs/performance.md, "AVX2 round six (Zen 3)"). The stride-1 1x1 layers go
+    with them, so that the stage is one NCHW run rather than reorders around each 3x3
+    layer (which made DenseNet-121's whole region fail `small_regions`)."""
+    from kiln.ops import conv_kernels as ck
+    from kiln.ops.conv_direct import call_conv_shape
+    from kiln.ops.kernels.conv_direct import SMALL_IMAGE_POSITIONS, choose_k_blocking
+    from kiln.ops.kernels.nchwc import pointwise_kernel
+    from kiln.ops.kernels.tiles import tile_lanes, tile_registers
+
+    if not pointwise_kernel(isa):
+        return set()
+    out: set[g.Var] = set()
+    for b in func.bindings:
+        c = b.value
+        if not (isinstance(c, g.Call) and c.op in ("conv2d_blocked", "conv2d_gemm")
+                and _is_plain_4d(c.args[0].type)):
+            continue
+        shape = call_conv_shape(c.op, [a.type for a in c.args], c.attrs)
+        if shape is None or shape.groups != 1 \
+                or shape.out_h * shape.out_w > SMALL_IMAGE_POSITIONS:
+            continue
+        if choose_k_blocking(shape, ck.choose_tiling(shape, tile_lanes(isa),
+                                                     tile_registers(isa)), isa) is not None:
+            out.add(b.var)
+    return out
+
+
 #: A region's layouts (the `nchwc_region` knob's params).
 LAYOUTS = ("NCHWc", "NCHW")
 
@@ -362,6 +427,18 @@ def region_signature(convs: list[g.Call]) -> str:
                      f"p={','.join(map(str, s.pads))};g={s.groups}"
                      f"{';bias' if len(c.args) > 2 else ''}}}")
     return "|".join(parts)
+
+
+def _clips_windows(c: g.Call) -> bool:
+    """Whether `c` is a `pool2d_nchwc` whose windows may pass the image's border (pads or
+    `ceil_mode`): its generic loop nest then bounds every read, 5-10x slower than the
+    NCHW pooling kernels (GoogLeNet's 3x3/1 branch pools, docs/performance.md "AVX2
+    round six (Zen 3)")."""
+    from kiln.ops.pool_nchwc import POOL_NCHWC
+
+    pads = c.attrs.get("pads") or ()
+    return c.op == POOL_NCHWC and ((isinstance(pads, tuple) and any(pads))
+                                   or bool(c.attrs.get("ceil_mode", 0)))
 
 
 def _same_or_per_channel(t: Any, out: Any) -> bool:

@@ -4,8 +4,8 @@ the block `b` (the ISA's float32 lanes) -> `conv2d_nchwc` on NCHW{b}c activation
 is the blocked call's, except for a 1x1 layer on AVX-512 (32 registers of 16 lanes:
 `pointwise_tile`): up to four vectors of output channels per tile, each input value
 broadcast to twice as many channels, so the input is read half as often. On ISAs with
-16 registers of 8 lanes (AVX2) a 1x1, stride-1, unpadded layer runs on
-`pointwise_body` instead of the blocked kernel (`pointwise_kernel`)."""
+16 registers of 8 lanes (AVX2) an unpadded 1x1 layer (strided too) runs on
+`pointwise_body` instead of the blocked kernel (`pointwise_kernel`, `takes_pointwise`)."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from kiln.errors import IRError
 from kiln.ir import graph as g
 from kiln.ir.dtype import INDEX_DTYPE
 from kiln.ir.tensor import (
@@ -26,14 +27,13 @@ from kiln.ir.tensor import (
     Stmt,
     Store,
     Var,
-    as_expr,
     min_,
     seq,
 )
 from kiln.ir.types import TensorType
 from kiln.ops import conv_kernels as ck
 from kiln.ops.kernels.conv import build_conv
-from kiln.ops.kernels.conv_direct import DirectConv, blocked_body
+from kiln.ops.kernels.conv_direct import DirectConv, blocked_body, choose_k_blocking
 from kiln.ops.kernels.registry import TILE, fits_registers, recorded_tile
 from kiln.ops.kernels.tiles import (
     Epilogue,
@@ -84,6 +84,26 @@ def pointwise_kernel(isa: ISA) -> bool:
     return tile_registers(isa) < 32 and tile_lanes(isa) >= 8
 
 
+def takes_pointwise(shape: ck.ConvShape, block: int) -> bool:
+    """Whether a layer of `shape` runs on `pointwise_body` (where `pointwise_kernel`
+    holds) with NCHW{block}c activations: an unpadded 1x1 layer, strided ones included (a
+    tile reads every `stride`-th position's contiguous vector of `block` channels in
+    place). On the blocked kernel, ResNet-50's strided 1x1 layers in NCHWc ran 2.2-2.4x
+    onnxruntime's time on one Zen 3 core (1024>2048 @14 7.31 ms, 512>1024 @28 6.57,
+    256>512 @56 6.27; onnxruntime 3.38, 2.69, 2.85: docs/performance.md, "AVX2 round six
+    (Zen 3)")."""
+    return (shape.kh, shape.kw) == (1, 1) and not any(shape.pads) and block > 0
+
+
+def pointwise_k_blocking(shape: ck.ConvShape, tiling: ck.Tiling, isa: ISA, block: int
+                         ) -> ck.ConvKBlocking | None:
+    """The K-blocking of a pointwise layer: the blocked kernel's rule
+    (`choose_k_blocking`: ResNet's 7x7 layers of 512 and 2048 channels) where its
+    segments are whole blocks, else None."""
+    kblock = choose_k_blocking(shape, tiling, isa)
+    return kblock if kblock is not None and kblock.kc % block == 0 else None
+
+
 @dataclass(frozen=True)
 class NchwcConv(DirectConv):
     """See the module docstring. `pack` takes the call's input already blocked; `build`
@@ -114,16 +134,17 @@ class NchwcConv(DirectConv):
 
     def build(self, params: Sequence[Any], args: Sequence[Any], attrs: Mapping[str, Any],
               anchor: Any, result: Any, isa: ISA) -> PrimFunc | None:
-        """A 1x1, stride-1, unpadded layer on `pointwise_body` where `pointwise_kernel`
-        says so; the others on the blocked kernel."""
+        """An unpadded 1x1 layer on `pointwise_body` where `pointwise_kernel` and
+        `takes_pointwise` say so; the others on the blocked kernel."""
         blocked = blocked_body(isa)
         pointwise = pointwise_kernel(isa)
 
         def body(shape: ck.ConvShape, x: Buffer, w: Buffer, out: Buffer, t: tuple[int, ...],
                  epilogue: Epilogue, fused: bool, block: int) -> Stmt:
-            if pointwise and (shape.kh, shape.kw, *shape.stride) == (1, 1, 1, 1) \
-                    and not any(shape.pads) and t:
-                return pointwise_body(shape, x, w, out, t, epilogue, fused, block)
+            if pointwise and t and takes_pointwise(shape, block):
+                kblock = pointwise_k_blocking(shape, ck.Tiling(int(w.shape[5]), t[1]), isa,
+                                              block)
+                return pointwise_body(shape, x, w, out, t, epilogue, fused, block, kblock)
             return blocked(shape, x, w, out, t, epilogue, fused, block)
 
         tile = recorded_tile(attrs, 2, self.op)
@@ -132,8 +153,8 @@ class NchwcConv(DirectConv):
 
 def pointwise_body(shape: ck.ConvShape, x: Buffer, wp: Buffer, out: Buffer,
                    tile: tuple[int, ...], epilogue: Epilogue, fused: bool,
-                   block: int) -> Stmt:
-    """The loop nest of a 1x1, stride-1, unpadded `conv2d_nchwc`: `x` and `out` are
+                   block: int, kblock: ck.ConvKBlocking | None = None) -> Stmt:
+    """The loop nest of an unpadded 1x1 `conv2d_nchwc` (any stride): `x` and `out` are
     NCHW{block}c, `wp` the blocked kernel's packed weight `[1][co/cb][ci][1][1][cb]`.
 
     A tile is `tile_w` consecutive positions of the flattened image x `cb` output
@@ -141,7 +162,12 @@ def pointwise_body(shape: ck.ConvShape, x: Buffer, wp: Buffer, out: Buffer,
     with the `block` lanes of each unrolled: every input value is read at a constant
     lane of a block-aligned vector (no division or remainder of the channel index in
     the loop), a tile's positions of one block are one contiguous run, and a channel
-    count no multiple of `block` ends with its real lanes only."""
+    count no multiple of `block` ends with its real lanes only.
+
+    With `kblock` (whole blocks of input channels per segment) a parallel task takes
+    `kblock.band` consecutive tiles of one channel block and sums each segment over all
+    of them before the next, the partial sums in a buffer of the task's, as
+    `blocked_conv_body` does (whose NCHW{b}c reads divide the channel index)."""
     cb, tile_w = int(wp.shape[5]), int(tile[1])
     cin, cout = shape.c_in, shape.c_out
     ow_n = shape.out_w
@@ -153,10 +179,9 @@ def pointwise_body(shape: ck.ConvShape, x: Buffer, wp: Buffer, out: Buffer,
     full, rest = divmod(cin, block)
     dtype = x.dtype
 
-    def body(n: PrimExpr, ob: PrimExpr, t: PrimExpr) -> Stmt:
+    def body(n: PrimExpr, ob: PrimExpr, t: PrimExpr, seg: ck.Segment | None = None) -> Stmt:
         acc = Buffer("acc", (tile_w, cb), dtype, "local")
-        head: list[Stmt] = [Allocate(acc), lanes_loop("v", cb, lambda v: seq(*(
-            Store(acc, as_expr(0.0, dtype), (_c(r), v)) for r in range(tile_w))))]
+        head = ck.tile_accumulators(acc, seg)
         rows: list[PrimExpr] = []
         cols: list[PrimExpr] = []
         for r in range(tile_w):
@@ -167,12 +192,13 @@ def pointwise_body(shape: ck.ConvShape, x: Buffer, wp: Buffer, out: Buffer,
             head += [LetStmt(rv, pos // ow_n), LetStmt(cv, pos % ow_n)]
             rows.append(rv)
             cols.append(cv)
+        sh, sw = shape.stride
 
         def channels(cib: PrimExpr, lanes: int) -> Stmt:
             steps: list[Stmt] = []
             for lane in range(lanes):
                 xs = [Var(f"x{r}", dtype) for r in range(tile_w)]
-                lets = [LetStmt(xv, x[n, cib, rows[r], cols[r], _c(lane)])
+                lets = [LetStmt(xv, x[n, cib, rows[r] * sh, cols[r] * sw, _c(lane)])
                         for r, xv in enumerate(xs)]
 
                 def step(v: PrimExpr, lane: int = lane, xs: list[Var] = xs) -> Stmt:
@@ -185,10 +211,13 @@ def pointwise_body(shape: ck.ConvShape, x: Buffer, wp: Buffer, out: Buffer,
             return seq(*steps)
 
         red: list[Stmt] = []
-        if full:
+        if seg is not None:  # whole blocks of the segment's channels
+            red.append(_loop("cib", seg.kc // block, lambda cib: channels(
+                seg.ci0 // block + cib, block)))
+        elif full:
             red.append(_loop("cib", full, lambda cib: channels(cib, block))
                        if full > 1 else channels(_c(0), block))
-        if rest:
+        if rest and seg is None:
             red.append(channels(_c(full), rest))
         stage = Buffer("stage", (tile_w, cb), dtype, "local")
         copy = lanes_loop("v", cb, lambda v: seq(*(
@@ -196,9 +225,21 @@ def pointwise_body(shape: ck.ConvShape, x: Buffer, wp: Buffer, out: Buffer,
         real = [t * tile_w + r < positions if overflow[r] else None for r in range(tile_w)]
         stores = ck.blocked_tile_stores(out, stage, epilogue, n, ob, rows, cols, real, block,
                                         cout, blocks, out_blocks)
-        return seq(*head, *red, Allocate(stage), copy, *stores)
+        finish = seq(Allocate(stage), copy, *stores)
+        return seq(*head, *red, finish if seg is None else ck.segment_end(acc, seg, finish))
 
-    return parallel_tiles((shape.n, blocks, tiles), body)
+    if kblock is None:
+        return parallel_tiles((shape.n, blocks, tiles), body)
+    if cin % kblock.kc or kblock.kc % block:
+        raise IRError(f"NCHW{block}c pointwise kernel: {kblock.kc} channels per segment "
+                      f"must be whole blocks dividing the {cin} input channels")
+
+    def task(n: PrimExpr, ob: PrimExpr, b: PrimExpr) -> Stmt:
+        return ck.segmented_band(kblock, cin, tiles, b, (tile_w, cb), dtype,
+                                 lambda t, seg: body(n, ob, t, seg))
+
+    bands = -(-tiles // min(kblock.band, tiles))
+    return parallel_tiles((shape.n, blocks, bands), task)
 
 
 NCHWC = NchwcConv("nchwc", "conv2d_nchwc", ("conv2d_blocked",), 0)
