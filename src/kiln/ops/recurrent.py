@@ -207,8 +207,16 @@ def unroll(kind: str, ctx: GraphContext, inputs: Sequence[g.Expr | None],
         init_c = None if init_c is None else ctx.call("transpose", init_c, perm=(1, 0, 2))
     dtype = ctx.tensor_type(x).dtype
     zero_state = _zeros(ctx, (1, batch, hidden), dtype)
+    masks: list[g.Expr | None] = []
+    if is_static(seq):  # the unrolled steps' masks, shared by the directions
+        masks = [None] * int(seq)  # type: ignore[arg-type]
+        if seq_lens is not None:
+            lens = reshape_to(ctx, seq_lens, (1, batch, 1))
+            ltype = ctx.tensor_type(seq_lens).dtype
+            masks = [ctx.call("less", ctx.const(np.asarray(t, dtype=ltype)), lens)
+                     for t in range(len(masks))]
     node = _Node(kind, attrs, inputs, make_cell, gates, hidden, len(dirs[direction]), x,
-                 seq_lens)
+                 seq_lens, zero_state, masks)
     ys, hs, cs = [], [], []
     for d, reverse in enumerate(dirs[direction]):
         h = zero_state if init_h is None else take_range(ctx, init_h, 0, d, d + 1)
@@ -242,6 +250,8 @@ class _Node:
     num_dirs: int
     x: g.Expr  # [seq, batch, in] (layout 1 transposed already)
     seq_lens: g.Expr | None
+    zero_state: g.Expr  # [1, batch, H]
+    masks: list[g.Expr | None]  # per unrolled step: the rows still running (None: all)
 
     def activations(self, ctx: GraphContext, d: int) -> list[Act]:
         defaults = {"LSTM": ("Sigmoid", "Tanh", "Tanh"), "GRU": ("Sigmoid", "Tanh"),
@@ -255,15 +265,9 @@ Direction = tuple[g.Expr, g.Expr, g.Expr]  # Y [seq, 1, batch, H], final h, fina
 def _unrolled(ctx: GraphContext, node: _Node, d: int, reverse: bool, h: g.Expr, c: g.Expr,
               p: g.Expr | None) -> Direction:
     """Direction `d` over a static sequence length: each step its own ops."""
-    seq, batch, _ = ctx.tensor_type(node.x).shape
-    steps, hidden, seq_lens = int(seq), node.hidden, node.seq_lens  # type: ignore[arg-type]
-    zero_state = _zeros(ctx, (1, batch, hidden), ctx.tensor_type(node.x).dtype)
-    masks: list[g.Expr | None] = [None] * steps
-    if seq_lens is not None:
-        lens = reshape_to(ctx, seq_lens, (1, batch, 1))
-        ltype = ctx.tensor_type(seq_lens).dtype
-        masks = [ctx.call("less", ctx.const(np.asarray(t, dtype=ltype)), lens)
-                 for t in range(steps)]
+    batch = ctx.tensor_type(node.x).shape[1]
+    steps, hidden, seq_lens = len(node.masks), node.hidden, node.seq_lens
+    zero_state, masks = node.zero_state, node.masks
     # whether the node's Y is read (onnxruntime then reads a finished row's h from it)
     y_read = bool(ctx.node_outputs) and bool(ctx.node_outputs[0])
     cell = node.make_cell(ctx, node.inputs, d, node.gates, hidden, node.x)
@@ -307,8 +311,16 @@ def _looped(ctx: GraphContext, node: _Node, d: int, reverse: bool, h: g.Expr, c:
     lens = None if seq_lens is None else reshape_to(
         ctx, seq_lens, (1, ctx.tensor_type(x).shape[1], 1))
 
+    outer_cell = node.make_cell(ctx, node.inputs, d, node.gates, node.hidden, x)
+    if outer_cell.rows_together and seq_lens is not None:
+        name = dim_text(seq)
+        raise FrontendError(
+            f"{node.kind}: sequence_lens over a symbolic sequence length ({name}) with "
+            "rows quantized together (onnxruntime's order of rows is unrolled): pin the "
+            f"length, e.g. shape_dict={{{name!r}: N}} or `kiln compile --shape {name}=N`")
     # every step's x products before the loop, one product (`Cell.step_inputs`)
-    inputs = node.make_cell(ctx, node.inputs, d, node.gates, node.hidden, x).step_inputs()
+    inputs = outer_cell.step_inputs()
+    last = ctx.call("subtract", trip, ctx.const(np.asarray(1, np.int64)))
 
     def body(sub: GraphContext, i: g.Expr, states: list[g.Expr]) -> tuple[list[g.Expr],
                                                                            list[g.Expr]]:
@@ -318,16 +330,7 @@ def _looped(ctx: GraphContext, node: _Node, d: int, reverse: bool, h: g.Expr, c:
         weights = [None if v is None or k in (0, 4, 5, 6, 7) else sub.outer(v)
                    for k, v in enumerate(node.inputs)]
         cell = node.make_cell(sub, weights, d, node.gates, node.hidden, x)
-        if cell.rows_together and seq_lens is not None:
-            name = dim_text(seq)
-            raise FrontendError(
-                f"{node.kind}: sequence_lens over a symbolic sequence length ({name}) with "
-                "rows quantized together (onnxruntime's order of rows is unrolled): pin the "
-                f"length, e.g. shape_dict={{{name!r}: N}} or `kiln compile --shape {name}=N`")
-        t = i
-        if reverse:
-            last = sub.call("subtract", sub.outer(trip), sub.const(np.asarray(1, np.int64)))
-            t = sub.call("subtract", last, i)
+        t = sub.call("subtract", sub.outer(last), i) if reverse else i
         xt = sub.call("gather", sub.outer(inputs), sub.call("reshape", t, shape=(1,)), axis=0)
         h_new, c_new = _STEPS[node.kind](sub, cell, node.activations(sub, d), node.attrs, xt,
                                          h, c, None if p is None else sub.outer(p))
