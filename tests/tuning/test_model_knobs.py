@@ -38,6 +38,7 @@ from support.graphs import GraphBuilder, value_info
 from support.reference import onnxruntime_outputs
 
 C, H = 16, 6
+MATMUL_MADDS = 4 * 256 * 64
 
 
 def _model() -> onnx.ModelProto:
@@ -52,8 +53,8 @@ def _model() -> onnx.ModelProto:
     p = b.op("Relu", b.conv("y", C, 2 * C, 1))
     d = b.op("Relu", b.conv(p, 2 * C, 2 * C, 3, group=2 * C))
     v = b.conv(d, 2 * C, C, 1)
-    # and a product of 4 x 256 x 64 multiply-adds (~2.7 us on AVX2): parallel only
-    # under a threshold below the rule's 5 us
+    # and a product of MATMUL_MADDS multiply-adds (~2.7 us on AVX2, ~1.4 on AVX-512):
+    # parallel only under a threshold below the rule's 5 us
     m = b.op("MatMul", "z", b.const(b.rng.normal(0, 0.1, (256, 64)).astype(np.float32)))
     return b.model([value_info("x", [1, C, H, H]), value_info("y", [1, C, H, H]),
                     value_info("z", [4, 256])],
@@ -135,15 +136,19 @@ def test_the_pass_asks_per_region_and_either_layout_matches_onnxruntime(
 
 def test_the_threshold_changes_which_loops_are_parallel(reference: list[np.ndarray]) -> None:
     fp = module_fingerprint(from_onnx(MODEL))
+    # below the host's estimate of the model's small product, so that it goes parallel
+    # (half of it: 1.4 us on AVX2, 0.7 on AVX-512)
+    low = int(parallel_work.work_ns(MATMUL_MADDS, "madd", isa_for(kiln.Target.from_host())) / 2)
+    assert low < PARALLEL_MIN_NS
     kernels = {}
-    for ns in (2_000, PARALLEL_MIN_NS, 20_000):
+    for ns in (low, PARALLEL_MIN_NS, 20_000):
         ex, out = _run(Chosen({(PARALLEL_THRESHOLD, fp): {"min_ns": ns}}, fp))
         kernels[ns] = parallel_kernels(ex)
         for o, r in zip(out, reference, strict=True):
             np.testing.assert_allclose(o, r, rtol=1e-4, atol=1e-4)
-    assert set(kernels[20_000]) <= set(kernels[PARALLEL_MIN_NS]) < set(kernels[2_000])
+    assert set(kernels[20_000]) <= set(kernels[PARALLEL_MIN_NS]) < set(kernels[low])
     # a threshold signed by another model's fingerprint does not apply
-    ex, _ = _run(Chosen({(PARALLEL_THRESHOLD, "other"): {"min_ns": 2_000}}, fp))
+    ex, _ = _run(Chosen({(PARALLEL_THRESHOLD, "other"): {"min_ns": low}}, fp))
     assert parallel_kernels(ex) == kernels[PARALLEL_MIN_NS]
     with pytest.raises(kiln.errors.UsageError, match="min_ns must be a positive integer"):
         _run(Chosen({(PARALLEL_THRESHOLD, fp): {"min_ns": 0}}, fp))
