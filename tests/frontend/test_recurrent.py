@@ -177,3 +177,17 @@ def test_hidden_size_is_read_from_r_when_omitted() -> None:
     got = kiln.compile(from_onnx(model), "llvm")["main"](*feeds.values())
     for g_, w in zip(got, want):
         assert np.linalg.norm(np.asarray(g_) - w) / np.linalg.norm(w) < 1e-5
+
+
+def test_unrolled_steps_share_one_packed_r_per_direction() -> None:
+    """Every step's h product reads its direction's one packed R (a copy per step made the
+    library hold seq copies, each step streaming its own from memory)."""
+    from kiln.ir import graph as g
+    from kiln.transform import get_pass
+
+    model, _ = _model("LSTM", seq=6, direction="bidirectional")
+    products = [b.value for b in get_pass("block-matmuls")(from_onnx(model))["main"].bindings
+                if isinstance(b.value, g.Call) and b.value.op == "matmul_packed"]
+    # the x products of each direction, then the h products of its steps after the first
+    assert len(products) == 2 + 2 * 5
+    assert len({id(p.args[1]) for p in products}) == 2 + 2

@@ -31,7 +31,9 @@ from kiln.script import from_source, print_module
 from kiln.target import Target
 from kiln.target.isa import isa_for
 from kiln.transform import get_pass
+from support.graphs import GraphBuilder
 from support.processes import outputs_in_fresh_process
+from support.reference import ort_session
 
 ort = pytest.importorskip("onnxruntime")
 
@@ -265,3 +267,26 @@ def test_float32_erf_is_arithmetic_within_5e7(target: str) -> None:
     assert np.abs(got[ok] - want[ok]).max() < 5e-7
     tiny = ok & (np.abs(x) < 1e-3) & (x != 0)
     assert np.all(np.abs(got[tiny] / want[tiny] - 1) < 1e-6)  # relative near zero
+
+
+@pytest.mark.parametrize("target", ["llvm", "c"])
+def test_products_of_one_weight_share_one_packed_copy(target: str) -> None:
+    """Packing is per call: two products by one weight (as an unrolled recurrent op's
+    steps read its R) read one packed copy, which the library holds once."""
+    b = GraphBuilder()
+    b.consts({"w": RNG.standard_normal((40, 40)).astype(np.float32) / 6})
+    b.input("x", [1, 40])
+    b.node("MatMul", ["x", "w"], ["h"])
+    b.node("Tanh", ["h"], ["t"])
+    b.node("MatMul", ["t", "w"], ["y"])
+    b.output("y", [1, 40])
+    model = b.model()
+    packed = [c.value.args[1] for c in get_pass("block-matmuls")(from_onnx(model))["main"]
+              .bindings if isinstance(c.value, g.Call) and c.value.op == "matmul_packed"]
+    assert len(packed) == 2 and packed[0] is packed[1]
+    ex = kiln.compile(from_onnx(model), target)
+    blob = next(a for a in ex.artifacts if a.file_name == "constants.bin")
+    assert len(blob.content) < 2 * packed[0].data.nbytes
+    x = RNG.standard_normal((1, 40)).astype(np.float32)
+    want = ort_session(model).run(None, {"x": x})[0]
+    np.testing.assert_allclose(ex["main"](x), want, rtol=TOL, atol=TOL)

@@ -35,7 +35,7 @@ from typing import Any
 
 from kiln.ir import graph as g
 from kiln.ir.module import IRModule
-from kiln.transform.functor import rewrite_calls
+from kiln.transform.functor import SharedPacking, rewrite_calls
 from kiln.transform.pass_base import FunctionPass
 
 
@@ -67,4 +67,4 @@ class BlockConvolutions(FunctionPass):
             family = select(call, isa) if call.op == "conv2d" else None
             return pack(family, call, isa) if family is not None else None
 
-        return rewrite_calls(func, rewrite)
+        return rewrite_calls(func, SharedPacking(rewrite))

@@ -30,7 +30,7 @@ from typing import Any
 
 from kiln.ir import graph as g
 from kiln.ir.module import IRModule
-from kiln.transform.functor import rewrite_calls
+from kiln.transform.functor import SharedPacking, rewrite_calls
 from kiln.transform.pass_base import FunctionPass
 
 
@@ -48,7 +48,7 @@ class BlockMatmuls(FunctionPass):
         from kiln.target.isa import isa_for
 
         isa = isa_for(None)
-        return rewrite_calls(func, lambda call: _rewrite(call, isa))
+        return rewrite_calls(func, SharedPacking(lambda call: _rewrite(call, isa)))
 
 
 def _rewrite(call: g.Call, isa: Any) -> g.Call | None:

@@ -63,7 +63,7 @@ from kiln.ir.analysis.graph_uses import var_use_counts
 from kiln.ir.module import IRModule
 from kiln.ir.types import TensorType
 from kiln.transform.dead_code import remove_dead_bindings
-from kiln.transform.functor import rewrite_calls
+from kiln.transform.functor import SharedPacking, rewrite_calls
 from kiln.transform.pass_base import FunctionPass
 
 _CONVS = ("conv1d", "conv2d", "conv3d")
@@ -99,7 +99,8 @@ class QuantizeOps(FunctionPass):
         if fused is not func:  # the integer products a fused op replaced: not packed
             fused = remove_dead_bindings(fused)
         # weights, zero-point corrections and bias prepared for the kernels
-        packed = rewrite_calls(fused, lambda c: quant_kernels.pack(c) or quant_dynamic.pack(c))
+        packed = rewrite_calls(fused, SharedPacking(
+            lambda c: quant_kernels.pack(c) or quant_dynamic.pack(c)))
         # the float products and dequantized weights the fused ops replaced
         return packed if packed is func else remove_dead_bindings(packed)
 
