@@ -290,3 +290,26 @@ def test_products_of_one_weight_share_one_packed_copy(target: str) -> None:
     x = RNG.standard_normal((1, 40)).astype(np.float32)
     want = ort_session(model).run(None, {"x": x})[0]
     np.testing.assert_allclose(ex["main"](x), want, rtol=TOL, atol=TOL)
+
+
+def test_weights_that_differ_in_one_value_keep_their_own_packed_copies() -> None:
+    """Sharing compares whole values: a weight equal to another but in one element is
+    packed on its own, and each product reads its own."""
+    w = RNG.standard_normal((40, 40)).astype(np.float32) / 6
+    w2 = w.copy()
+    w2[17, 23] += 1.0
+    b = GraphBuilder()
+    b.consts({"w": w, "w2": w2})
+    b.input("x", [1, 40])
+    b.node("MatMul", ["x", "w"], ["h"])
+    b.node("MatMul", ["h", "w2"], ["y"])
+    b.output("y", [1, 40])
+    model = b.model()
+    packed = [c.value.args[1] for c in get_pass("block-matmuls")(from_onnx(model))["main"]
+              .bindings if isinstance(c.value, g.Call) and c.value.op == "matmul_packed"]
+    assert len(packed) == 2 and packed[0] is not packed[1]
+    assert np.count_nonzero(packed[0].data != packed[1].data) == 1
+    x = RNG.standard_normal((1, 40)).astype(np.float32)
+    want = ort_session(model).run(None, {"x": x})[0]
+    np.testing.assert_allclose(kiln.compile(from_onnx(model), "llvm")["main"](x), want,
+                               rtol=TOL, atol=TOL)

@@ -154,3 +154,17 @@ def test_sequence_lengths_over_a_symbolic_length_are_refused() -> None:
     steps (the unrolled case); over a run-time length kiln refuses it, naming the fix."""
     with pytest.raises(KilnError, match="pin the length"):
         from_onnx(_symbolic_model(lens=True))
+
+
+def test_the_steps_of_a_direction_share_its_packed_weights() -> None:
+    """Each step's integer product has its own scale and bias constants, but reads its
+    direction's one packed R: two packed weights (W, R) per direction, six directions."""
+    from kiln.ir import graph as g
+    from kiln.transform import get_pass
+
+    quantized = quantize_dynamic_model(MODEL, per_channel=False, weight_type=QuantType.QInt8,
+                                       op_types_to_quantize=["LSTM"])
+    products = [b.value for b in get_pass("quantize-ops")(from_onnx(quantized))["main"].bindings
+                if isinstance(b.value, g.Call) and b.value.op.endswith("_packed")]
+    assert len(products) > 12
+    assert len({id(p.args[1]) for p in products}) == 2 * 6

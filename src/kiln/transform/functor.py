@@ -35,34 +35,47 @@ class SharedPacking:
     """A packing pass's `rewrite` (a call -> its kernel's call on weights packed at compile
     time) whose calls of one weight share one packed copy.
 
-    Packing is per call, so calls that read the same constant (the steps of an unrolled
+    Packing is per call, so calls that read the same weight (the steps of an unrolled
     recurrent op all read its R) would each get their own copy: the library would hold
     one per call, and each call would stream its own from memory instead of finding the
-    one the previous call left in cache. A packed constant is replaced by the first one
-    made at the same argument position of the same op from the same source constants,
-    when the two hold the same values (so whatever else the packing read, the values
-    decide).
+    one the previous call left in cache. So a packed constant equal to one made before at
+    the same argument position of the same op is replaced by that one. Equal values are
+    the test, not the source constants: the other arguments of such calls (a quantized
+    step's scale and bias) may be new constants each time. Candidates are found by a
+    sample of their values (`_sample`), then compared whole.
     """
 
     def __init__(self, rewrite: Callable[[g.Call], g.Expr | None]) -> None:
         self._rewrite = rewrite
-        self._first: dict[tuple[object, ...], g.Constant] = {}
-        self._sources: list[g.Call] = []  # keeps the sources' ids theirs while in use
+        self._made: dict[tuple[object, ...], list[g.Constant]] = {}
 
     def __call__(self, call: g.Call) -> g.Expr | None:
         new = self._rewrite(call)
-        sources = tuple(id(a) for a in call.args if isinstance(a, g.Constant))
-        if not isinstance(new, g.Call) or not sources:
+        if not isinstance(new, g.Call):
             return new
-        self._sources.append(call)
-        args = list(new.args)
-        for i, arg in enumerate(args):
-            if not isinstance(arg, g.Constant) or any(arg is a for a in call.args):
-                continue
-            first = self._first.setdefault((new.op, i, sources), arg)
-            if first is not arg and first.data.dtype == arg.data.dtype \
-                    and np.array_equal(first.data, arg.data):
-                args[i] = first
+        args = [self._shared(new.op, i, a) if isinstance(a, g.Constant)
+                and not any(a is b for b in call.args) else a for i, a in enumerate(new.args)]
         if all(a is b for a, b in zip(args, new.args, strict=True)):
             return new
         return g.Call(new.op, tuple(args), new.attrs, new.ret_type)
+
+    def _shared(self, op: str, position: int, packed: g.Constant) -> g.Constant:
+        data = packed.data
+        made = self._made.setdefault((op, position, data.dtype.str, data.shape,
+                                      _sample(data)), [])
+        for first in made:
+            if np.array_equal(first.data, data):
+                return first
+        made.append(packed)
+        return packed
+
+
+#: Values `SharedPacking` samples from a packed constant to find its equals.
+_SAMPLED = 64
+
+
+def _sample(data: np.ndarray) -> bytes:
+    """`_SAMPLED` values of `data`, evenly spaced (all of a smaller one), as bytes."""
+    flat = data.reshape(-1)
+    step = max(1, flat.size // _SAMPLED)
+    return flat[::step][:_SAMPLED].tobytes()
