@@ -191,3 +191,22 @@ def test_unrolled_steps_share_one_packed_r_per_direction() -> None:
     # the x products of each direction, then the h products of its steps after the first
     assert len(products) == 2 + 2 * 5
     assert len({id(p.args[1]) for p in products}) == 2 + 2
+
+
+@pytest.mark.parametrize("lbr", [0, 1])
+def test_gru_products_compute_only_the_columns_the_step_reads(lbr: int) -> None:
+    """GRU without linear_before_reset reads z's and r's columns of the shared h product
+    and makes the third gate's own (of the reset-gated state): the shared one leaves
+    that gate out. With it, the shared product has every gate's columns."""
+    from kiln.ir import graph as g
+    from kiln.transform import get_pass
+
+    hid = 6
+    model, _ = _model("GRU", seq=5, hid=hid, linear_before_reset=lbr)
+    widths = sorted(int(b.value.attrs["n"])
+                    for b in get_pass("block-matmuls")(from_onnx(model))["main"].bindings
+                    if isinstance(b.value, g.Call) and b.value.op == "matmul_packed")
+    # (the first step's shared product, of the zero state, is folded)
+    h_products = [hid] * 5 + [2 * hid] * 4 if not lbr else [3 * hid] * 4
+    assert widths == sorted([3 * hid, *h_products])  # the x products: every gate
+    _check("GRU", {"seq": 5, "hid": hid, "linear_before_reset": lbr})

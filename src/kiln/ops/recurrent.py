@@ -139,8 +139,18 @@ class Cell:
             self._hr = (h, self._every_hr(h))
         return self.gate(self._hr[1], k)
 
+    #: The gates `hr` is asked for, the first ones (None: every gate): GRU without
+    #: `linear_before_reset` reads only z's and r's columns of the shared product (its
+    #: third gate's product is `hr_alone`'s), so the product leaves the third out.
+    hr_gates: int | None = None
+
     def _every_hr(self, h: g.Expr) -> g.Expr:
-        return self._product(h, self.r, self.rb)
+        if self.hr_gates is None or self.hr_gates == self.gates:
+            return self._product(h, self.r, self.rb)
+        width = self.hr_gates * self.h
+        return self._product(h, take_range(self.ctx, self.r, 1, 0, width),
+                             None if self.rb is None else take_range(self.ctx, self.rb, 0, 0,
+                                                                     width))
 
     def hr_alone(self, h: g.Expr, k: int) -> g.Expr:
         """h @ R_k + Rb_k for gate k only (GRU's product of the reset-gated state)."""
@@ -253,6 +263,15 @@ class _Node:
     zero_state: g.Expr  # [1, batch, H]
     masks: list[g.Expr | None]  # per unrolled step: the rows still running (None: all)
 
+    def cell(self, ctx: GraphContext, inputs: Sequence[g.Expr | None], d: int,
+             x: g.Expr) -> Cell:
+        """Direction `d`'s cell (`make_cell`), its shared h product covering the gates
+        the step reads from it (`Cell.hr_gates`)."""
+        cell = self.make_cell(ctx, inputs, d, self.gates, self.hidden, x)
+        if self.kind == "GRU" and not int(self.attrs.get("linear_before_reset", 0)):
+            cell.hr_gates = 2
+        return cell
+
     def activations(self, ctx: GraphContext, d: int) -> list[Act]:
         defaults = {"LSTM": ("Sigmoid", "Tanh", "Tanh"), "GRU": ("Sigmoid", "Tanh"),
                     "RNN": ("Tanh",)}[self.kind]
@@ -270,7 +289,7 @@ def _unrolled(ctx: GraphContext, node: _Node, d: int, reverse: bool, h: g.Expr, 
     zero_state, masks = node.zero_state, node.masks
     # whether the node's Y is read (onnxruntime then reads a finished row's h from it)
     y_read = bool(ctx.node_outputs) and bool(ctx.node_outputs[0])
-    cell = node.make_cell(ctx, node.inputs, d, node.gates, hidden, node.x)
+    cell = node.cell(ctx, node.inputs, d, node.x)
     acts = node.activations(ctx, d)
     step = _STEPS[node.kind]
     outs: list[g.Expr] = [zero_state] * steps
@@ -311,7 +330,7 @@ def _looped(ctx: GraphContext, node: _Node, d: int, reverse: bool, h: g.Expr, c:
     lens = None if seq_lens is None else reshape_to(
         ctx, seq_lens, (1, ctx.tensor_type(x).shape[1], 1))
 
-    outer_cell = node.make_cell(ctx, node.inputs, d, node.gates, node.hidden, x)
+    outer_cell = node.cell(ctx, node.inputs, d, x)
     if outer_cell.rows_together and seq_lens is not None:
         name = dim_text(seq)
         raise FrontendError(
@@ -329,7 +348,7 @@ def _looped(ctx: GraphContext, node: _Node, d: int, reverse: bool, h: g.Expr, c:
         # outer value, as the body reads only `inputs`, made before the loop
         weights = [None if v is None or k in (0, 4, 5, 6, 7) else sub.outer(v)
                    for k, v in enumerate(node.inputs)]
-        cell = node.make_cell(sub, weights, d, node.gates, node.hidden, x)
+        cell = node.cell(sub, weights, d, x)
         t = sub.call("subtract", sub.outer(last), i) if reverse else i
         xt = sub.call("gather", sub.outer(inputs), sub.call("reshape", t, shape=(1,)), axis=0)
         h_new, c_new = _STEPS[node.kind](sub, cell, node.activations(sub, d), node.attrs, xt,
