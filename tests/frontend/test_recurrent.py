@@ -129,6 +129,8 @@ SYMBOLIC_CASES = [
     ("LSTM", {"direction": "bidirectional", "lens": [3, 4, 1], "clip": 0.7}, "c"),
     # every axis symbolic; RNN takes GRU's path
     ("GRU", {"direction": "reverse", "linear_before_reset": 1, "batch": "batch"}, "llvm"),
+    # without linear_before_reset: the shared h product has z's and r's columns only
+    ("GRU", {"direction": "bidirectional", "lens": [2, 4, 1]}, "c"),
 ]
 
 
