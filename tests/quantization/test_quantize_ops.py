@@ -100,6 +100,26 @@ def test_qdq_conv_fuses_into_qlinear_conv(activation: str) -> None:
     np.testing.assert_array_equal(got, want)
 
 
+@pytest.mark.parametrize("scale", ["ys", "xs", "ws"])
+def test_a_scale_below_zero_keeps_the_float_ops(scale: str) -> None:
+    """Every fusion assumes quantization increases with its input (a ReLU as the output
+    range, the requantizing multiplier); a scale below 0 reverses it, so the graph keeps
+    its float ops and computes what the spec says, as onnxruntime does."""
+    model = _qdq_conv("relu", X_SCALE * W_SCALES)
+    for init in model.graph.initializer:
+        if init.name == scale:
+            init.CopyFrom(numpy_helper.from_array(-numpy_helper.to_array(init), scale))
+    x = R.uniform(-2.5, 2.5, (1, 2, 6, 6)).astype(np.float32)
+    mod = QuantizeOps()(from_onnx(model))
+    assert "qlinear_conv_packed" not in _ops(mod) and _ops(mod)["relu"] == 1
+    want = ReferenceEvaluator(convert_version(model, 21)).run(None, {"x": x})[0].astype(int)
+    # a float convolution's sums round their own way: a value at a rounding boundary of
+    # the QuantizeLinear may land one quantum apart (a ReLU taken the wrong way round
+    # is dozens)
+    for got in (evaluate(mod, "main", x), kiln.compile(from_onnx(model), "llvm")["main"](x)):
+        assert np.abs(np.asarray(got).astype(int) - want).max() <= 1
+
+
 @pytest.mark.parametrize("weight_zero_point", [0, 3])
 @pytest.mark.parametrize("op", ["qlinear_conv", "qlinear_matmul"])
 def test_packed_kernels_compute_the_unpacked_ops(op: str, weight_zero_point: int) -> None:
@@ -208,6 +228,33 @@ def _single_node(node: onnx.NodeProto, inits: list[onnx.TensorProto],
 
 
 SCALE = numpy_helper.from_array(np.array(0.1, np.float32), "s")
+
+
+def _qlinear_matmul(scales: dict[str, float]) -> onnx.ModelProto:
+    inits = [numpy_helper.from_array(np.array(scales.get(n, 0.05), np.float32), n)
+             for n in ("as", "bs", "ys")]
+    inits += [numpy_helper.from_array(np.array(v, dtype), n) for n, v, dtype in (
+        ("az", 0, np.uint8), ("bz", 0, np.int8), ("yz", 0, np.uint8))]
+    inits.append(numpy_helper.from_array(np.ones((3, 4), np.int8), "b"))
+    return _single_node(helper.make_node(
+        "QLinearMatMul", ["x", "as", "az", "b", "bs", "bz", "ys", "yz"], ["y"], name="qmm"),
+        inits, TensorProto.UINT8, 13)
+
+
+@pytest.mark.parametrize("value", [0.0, np.inf, np.nan])
+@pytest.mark.parametrize("where", ["QuantizeLinear", "as", "bs", "ys"])
+def test_a_scale_of_zero_inf_or_nan_is_a_frontend_error(where: str, value: float) -> None:
+    """Quantizing divides by the scale and a requantizing product multiplies by
+    `a_scale * b_scale / y_scale`: at 0, inf or NaN the spec's arithmetic divides by zero
+    or rounds NaN, which runtimes do each their own way. (onnxruntime runs such files.)"""
+    if where == "QuantizeLinear":
+        model = _single_node(helper.make_node("QuantizeLinear", ["x", "s"], ["y"], name="q"),
+                             [numpy_helper.from_array(np.array(value, np.float32), "s")])
+        node = r"node 'q' \(QuantizeLinear\)"
+    else:
+        model, node = _qlinear_matmul({where: value}), r"node 'qmm' \(QLinearMatMul\)"
+    with pytest.raises(FrontendError, match=node + ".*must be a finite number other than 0"):
+        from_onnx(model)
 
 
 @pytest.mark.parametrize(("model", "message"), [

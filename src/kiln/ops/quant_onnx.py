@@ -48,6 +48,21 @@ def _check_qdtype(dtype: str, what: str, allowed: Sequence[str] = QUANT_DTYPES) 
         raise _refuse_type(f"{what} of type {dtype}")
 
 
+def _check_scale(ctx: GraphContext, scale: g.Expr, what: str) -> None:
+    """Refuse a constant scale that a value is divided by, or that a product is
+    requantized with, when it is 0, infinite or NaN: the spec's arithmetic then divides
+    by zero or rounds NaN, which every runtime does its own way, so no result would be
+    right. (DequantizeLinear only multiplies by its scale: any float is defined there.)"""
+    value = ctx.value(scale)
+    if value is None:
+        return
+    bad = np.asarray(value, np.float64).ravel()
+    bad = bad[~np.isfinite(bad) | (bad == 0)]
+    if bad.size:
+        raise IRError(f"{what} {bad[0]!r}: a quantization scale must be a finite number "
+                      "other than 0")
+
+
 def _scalarize(ctx: GraphContext, expr: g.Expr) -> g.Expr:
     """A one-element 1-D tensor as a scalar (ONNX allows both for per-tensor parameters)."""
     shape = tuple(ctx.tensor_type(expr).shape)
@@ -115,6 +130,7 @@ def _quantize_linear(ctx: GraphContext, inputs: Sequence[g.Expr | None],
     if not dt.is_float(ctx.tensor_type(x).dtype):
         raise IRError(f"QuantizeLinear of {ctx.tensor_type(x).dtype} input: the input must "
                       "be a float tensor")
+    _check_scale(ctx, scale, "the scale")
     scale = _scalarize(ctx, scale)
     zp_expr = _zero_point(ctx, zp, scale, dtype)
     return [quantize(ctx, x, scale, zp_expr, **_axis_attrs(ctx, attrs, x, scale))]
@@ -209,8 +225,10 @@ def _conv_integer(ctx: GraphContext, inputs: Sequence[g.Expr | None],
 # --------------------------------------------------------------------------- QOperator products
 
 def _f32(ctx: GraphContext, expr: g.Expr | None, what: str) -> g.Expr:
+    """A QOperator node's scale `expr` as float32 (checked: `_check_scale`)."""
     if expr is None:
         raise IRError(f"{what} is missing")
+    _check_scale(ctx, expr, what)
     expr = _scalarize(ctx, expr)
     if ctx.tensor_type(expr).dtype != "float32":
         expr = ctx.call("cast", expr, dtype="float32")

@@ -129,6 +129,15 @@ def _scalar(e: g.Expr) -> np.ndarray | None:
     return None
 
 
+def _increasing(scale: np.ndarray) -> bool:
+    """Whether quantizing or dequantizing with `scale` is an increasing map, as every
+    rewrite here assumes (an activation as the output range, a max pool on integers,
+    a requantizing multiplier): each value finite and above 0. A model with other
+    scales keeps its float ops, computed as the spec writes them."""
+    values = np.asarray(scale, np.float64)
+    return bool(np.all(np.isfinite(values) & (values > 0)))
+
+
 class _Matcher:
     def __init__(self, defs: dict[g.Var, g.Expr], uses: Any) -> None:
         self.defs = defs
@@ -146,7 +155,8 @@ class _Matcher:
         if call is None or call.op != "dequantize_linear" or call.attrs.get("block_size"):
             return None
         data, scale, zp = call.args
-        if not (isinstance(scale, g.Constant) and isinstance(zp, g.Constant)):
+        if not (isinstance(scale, g.Constant) and isinstance(zp, g.Constant)) \
+                or not _increasing(scale.data):
             return None
         axis = call.attrs.get("axis") if scale.data.ndim else None
         return _Quant(data, np.asarray(scale.data, np.float32), zp.data,
@@ -158,7 +168,8 @@ class _Matcher:
         if q.op != "quantize_linear" or q.attrs.get("block_size"):
             return None
         y_scale, y_zp = _scalar(q.args[1]), _scalar(q.args[2])
-        if y_scale is None or y_zp is None or str(y_zp.dtype) not in _PRODUCT_DTYPES:
+        if y_scale is None or y_zp is None or str(y_zp.dtype) not in _PRODUCT_DTYPES \
+                or not _increasing(y_scale):
             return None
         from kiln.ops.quant import qrange, quantize_ref
 
@@ -215,7 +226,8 @@ class _Matcher:
         """`quantize(op(dequantize(x), ...))` with the same scale and zero point is `op(x,
         ...)` for an op that only moves or selects elements (reshape, transpose, gather,
         ...): quantize(dequantize(x)) = x. For a max pool the scale must be > 0, so that
-        dequantization is increasing and the maximum is the same element. onnxruntime's
+        dequantization is increasing and the maximum is the same element (`_increasing`, as for
+every rewrite here). onnxruntime's
         QDQ transformer drops these pairs too."""
         source = self._dequantized(op.args[0])
         if op.op == "resize" and (op.attrs.get("mode", "nearest") != "nearest"
@@ -224,7 +236,6 @@ class _Matcher:
                                   == "tf_crop_and_resize"):
             return None  # interpolates, or writes a float extrapolation value
         if source is None or source.axis is not None \
-                or (op.op in _MAX_POOLS and float(source.scale) <= 0) \
                 or source.scale.reshape(()) != y_scale \
                 or source.zero_point.dtype != y_zp.dtype \
                 or source.zero_point.reshape(()) != y_zp:
