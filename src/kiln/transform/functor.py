@@ -42,7 +42,7 @@ class SharedPacking:
     the same argument position of the same op is replaced by that one. Equal values are
     the test, not the source constants: the other arguments of such calls (a quantized
     step's scale and bias) may be new constants each time. Candidates are found by a
-    sample of their values (`_sample`), then compared whole.
+    sample of their values (`_sample`), then compared whole, bit for bit.
     """
 
     def __init__(self, rewrite: Callable[[g.Call], g.Expr | None]) -> None:
@@ -63,8 +63,8 @@ class SharedPacking:
         data = packed.data
         made = self._made.setdefault((op, position, data.dtype.str, data.shape,
                                       _sample(data)), [])
-        for first in made:
-            if np.array_equal(first.data, data):
+        for first in made:  # bit for bit: -0.0 and 0.0 (or two NaNs) are not the same
+            if first.data.tobytes() == data.tobytes():
                 return first
         made.append(packed)
         return packed
