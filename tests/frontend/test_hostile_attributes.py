@@ -19,13 +19,13 @@ from support.processes import run_python
 from support.reference import onnxruntime_outputs
 
 
-def _model(node, shape, inits=()):
+def _model(node, shape, inits=(), opset=17):
     b = GraphBuilder()
     b.add(node)
     b.consts(inits)
     return b.model([helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
                    [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
-                   opset=17, ir_version=None, check=False)
+                   opset=opset, ir_version=None, check=False)
 
 
 @pytest.mark.parametrize("node", [
@@ -62,6 +62,37 @@ def test_an_lrn_window_out_of_range_is_refused_at_import() -> None:
     with pytest.raises(FrontendError, match=r"node 'lrn' \(LRN\): lrn: size must be in "
                                             r"\[1, 1048576\], got 2147483648"):
         from_onnx(_model(node, [1, 2, 7, 7]))
+
+
+def _vec(name: str, n: int):
+    return numpy_helper.from_array(np.linspace(0.5, 1.5, n).astype(np.float32), name)
+
+
+@pytest.mark.parametrize("node, inits, message", [
+    (helper.make_node("InstanceNormalization", ["x", "s", "b"], ["y"], name="n"),
+     [_vec("s", 4), _vec("b", 1)], r"input scale has 4 values for an input of 1 channels"),
+    (helper.make_node("BatchNormalization", ["x", "s", "b", "m", "v"], ["y"], name="n"),
+     [_vec("s", 1), _vec("b", 1), _vec("m", 3), _vec("v", 1)],
+     r"input input_mean has 3 values for an input of 1 channels"),
+    (helper.make_node("GroupNormalization", ["x", "s", "b"], ["y"], num_groups=1, name="n"),
+     [_vec("s", 2), _vec("b", 1)], r"input scale has 2 values for an input of 1 channels"),
+], ids=["instance", "batch", "group"])
+def test_per_channel_parameters_of_another_length_are_refused(node, inits, message) -> None:
+    # found by mutating shapes: broadcasting made 4 scale values on a 1-channel input 4
+    # output channels, where onnxruntime refuses the model (onnx's checker catches some:
+    # kiln's converters refuse them without it too)
+    with pytest.raises(FrontendError, match=rf"node 'n' \({node.op_type}\): {message}"):
+        from_onnx(_model(node, [1, 1, 5, 5], inits, opset=21), check=False)
+
+
+def test_conv_transpose_output_padding_past_its_stride_is_refused() -> None:
+    # ONNX: each output_padding value is less than its stride or dilation
+    node = helper.make_node("ConvTranspose", ["x", "w"], ["y"], strides=[2, 2],
+                            output_padding=[2, 1], name="ct")
+    w = numpy_helper.from_array(np.ones((1, 2, 3, 3), np.float32), "w")
+    with pytest.raises(FrontendError, match=r"node 'ct' \(ConvTranspose\): output_padding "
+                                            r"\[2, 1\]: value 0 must be less than its stride 2"):
+        from_onnx(_model(node, [1, 1, 5, 5], [w]))
 
 
 def _save(tmp_path: Path, name: str, node, inputs, inits=()) -> Path:

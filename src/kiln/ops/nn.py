@@ -23,7 +23,7 @@ from kiln.ops import spatial, te
 from kiln.ops._numpy import is_float
 from kiln.ops._numpy import widen as widen_np
 from kiln.ops.broadcast import broadcast_index, broadcast_shapes
-from kiln.ops.onnx_map import GraphContext, onnx_op
+from kiln.ops.onnx_map import GraphContext, check_per_channel, onnx_op
 from kiln.ops.registry import register_op
 from kiln.ops.reshape_dims import reshape_attr
 
@@ -384,6 +384,10 @@ def _convt_geometry(x: Sequence[int], w: Sequence[int], attrs: Attrs
     rank, strides, dilations, begins, ends = conv_geometry(x, w, attrs, "conv_transpose",
                                                            -spatial.MAX_WINDOW)
     out_pad = spatial.ints(attrs, "output_padding", rank, 0, least=0)
+    for j in range(rank):  # ONNX: each value less than its stride or dilation
+        if out_pad[j] >= max(strides[j], dilations[j]):
+            raise IRError(f"output_padding {list(out_pad)}: value {j} must be less than "
+                          f"its stride {strides[j]} or dilation {dilations[j]}")
     out = tuple(strides[j] * (x[2 + j] - 1) + out_pad[j] + (w[2 + j] - 1) * dilations[j] + 1
                 - begins[j] - ends[j] for j in range(rank))
     if min(out) <= 0:
@@ -629,6 +633,9 @@ def _batchnorm_onnx(ctx: GraphContext, inputs: Sequence[g.Expr | None],
         shape = xt.static_shape[1:]
     else:
         shape = (_static_dim(xt, 1, "BatchNormalization"),) + (1,) * (xt.ndim - 2)
+        for v, name in ((scale, "scale"), (bias, "B"), (mean, "input_mean"),
+                        (var, "input_var")):
+            check_per_channel(ctx, v, x, f"input {name}")
     training = bool(attrs.get("training_mode", 0)) and ctx.opset >= 14
     if training:
         return _batchnorm_training(ctx, x, scale, bias, mean, var, eps,

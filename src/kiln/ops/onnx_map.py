@@ -123,6 +123,24 @@ def first_input(inputs: Sequence[g.Expr | None]) -> g.Expr:
     return x
 
 
+def check_per_channel(ctx: GraphContext, v: g.Expr, x: g.Expr, what: str,
+                      counts: Sequence[int] = ()) -> None:
+    """`v` must be a 1-D vector of one value per channel (dimension 1) of `x`, or of
+    one of `counts` values (a GroupNormalization scale per group): an IRError naming
+    `what` otherwise. Broadcasting would make a vector of the wrong length a new
+    channel dimension (4 scale values on a 1-channel input: 4 output channels)."""
+    vt, xt = ctx.tensor_type(v), ctx.tensor_type(x)
+    channels = xt.shape[1] if xt.ndim > 1 else None
+    if vt.ndim != 1 or not isinstance(channels, int) or not isinstance(vt.shape[0], int):
+        if vt.ndim != 1:
+            raise IRError(f"{what} must be 1-D, one value per channel; got shape "
+                          f"{list(vt.shape)}")
+        return  # a symbolic channel count: the broadcast checks it at run time
+    if vt.shape[0] != channels and vt.shape[0] not in counts:
+        raise IRError(f"{what} has {vt.shape[0]} values for an input of {channels} "
+                      "channels: one per channel is required")
+
+
 def need_constant(ctx: GraphContext, expr: g.Expr | None, what: str) -> np.ndarray:
     """The compile-time value of input `expr` (`what` names it in the error)."""
     value = ctx.value(expr)

@@ -23,7 +23,7 @@ from kiln.ir.tensor import Cast, PrimExpr, as_expr, intrin, select
 from kiln.ir.types import TensorType, TupleType, Type
 from kiln.ops import te
 from kiln.ops._numpy import is_float, widen, work
-from kiln.ops.onnx_map import Converter, GraphContext, onnx_op
+from kiln.ops.onnx_map import Converter, GraphContext, check_per_channel, onnx_op
 from kiln.ops.registry import OPS, register_op
 from kiln.ops.reshape_dims import reshape_attr
 from kiln.ops.row_kernels import RowOp, RowReduceOp, mean_of
@@ -700,6 +700,8 @@ def _instance_norm_onnx(ctx: GraphContext, inputs: Sequence[g.Expr | None],
     x, scale, bias = inputs[:3]
     assert x is not None and scale is not None and bias is not None
     ndim = ctx.tensor_type(x).ndim
+    check_per_channel(ctx, scale, x, "input scale")
+    check_per_channel(ctx, bias, x, "input B")
     y = ctx.call("layer_norm", x, axis=2, epsilon=float(attrs.get("epsilon", 1e-5)))
     y = ctx.call("multiply", y, _channel(ctx, scale, ndim))
     return [ctx.call("add", y, _channel(ctx, bias, ndim))]
@@ -715,6 +717,8 @@ def _group_norm_onnx(ctx: GraphContext, inputs: Sequence[g.Expr | None],
     n, c = shape[:2]
     if c % groups:
         raise IRError(f"GroupNormalization: {c} channels do not split into {groups} groups")
+    check_per_channel(ctx, scale, x, "input scale", (groups,))
+    check_per_channel(ctx, bias, x, "input bias", (groups,))
     grouped = ctx.call("reshape", x, shape=(n, groups, int(np.prod(shape[1:])) // groups))
     y = ctx.call("layer_norm", grouped, axis=2, epsilon=float(attrs.get("epsilon", 1e-5)))
     y = ctx.call("reshape", y, shape=shape)
