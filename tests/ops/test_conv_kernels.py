@@ -366,8 +366,9 @@ def _assert_gemm_without_workspace(target: Any) -> None:
 def test_gemm_kernel_copies_panels_on_avx2(spec: str, copies: bool) -> None:
     # On 256-bit vectors a 1x1 layer read in place copies each panel of positions to
     # the stack before its row tiles read it (conv_gemm.copies_panels); the AVX-512
-    # tiles keep reading the input in place. The c code runs where the host can (the
-    # llvm code runs in the partial-panel test above on any AVX2 path).
+    # tiles keep reading this layer's input in place (too few row tiles read a panel:
+    # `test_gemm_conv_copies_panels_read_by_many_row_tiles`). The c code runs where the
+    # host can (the llvm code runs in the partial-panel test above on any AVX2 path).
     from kiln.ir import tensor as t
     from kiln.ir.visitor import iter_stmts
 
@@ -381,6 +382,26 @@ def test_gemm_kernel_copies_panels_on_avx2(spec: str, copies: bool) -> None:
     if spec.startswith("c") and {"+avx2", "+fma"} <= host:  # runs on any AVX2+FMA host
         checks = kernel_checks.KernelCases(model, PARTIAL_PANEL, TOL, RNG)
         checks.assert_close([ex(*checks.feeds.values())], checks.reference())
+
+
+# 512 outputs, 2 images of 64 positions (2 panels of 32 on AVX-512, 4 of 16 on AVX2) with the
+# residual Add: 64 row tiles of 8 read each panel, which AVX2 and AVX-512 copy first.
+MANY_ROW_TILES = [dict(x=(2, 24, 8, 8), co=512, k=1, pads=(0, 0, 0, 0), tail=("Add", "Relu"))]
+
+
+@pytest.mark.parametrize("target", NATIVE_TARGETS)
+def test_gemm_kernel_copies_panels_read_by_many_row_tiles(target: str) -> None:
+    from kiln.ir import tensor as t
+    from kiln.ir.visitor import iter_stmts
+    from kiln.ops.kernels.conv_gemm import choose_tile, copies_panels
+
+    ex = _check_gemm_kernel(MANY_ROW_TILES, target)
+    isa = isa_for(native_target(target))
+    shape = ck.ConvShape(2, 24, 8, 8, 512, 1, 1, (1, 1), (1, 1), (0, 0, 0, 0))
+    gemm = [f for f in ex.ir.functions.values()
+            if f.attrs.get("kiln.conv_kernel") == "conv2d_gemm"]
+    allocated = [s.buffer.name for s in iter_stmts(gemm[0].body) if isinstance(s, t.Allocate)]
+    assert ("panel" in allocated) is copies_panels(shape, choose_tile(shape, isa), isa)
 
 
 def test_gemm_kernel_wide_tile() -> None:
@@ -429,8 +450,30 @@ def test_gemm_conv_takes_14x14_1x1_layers_whose_panels_are_copied(
         shape = ck.ConvShape(1, ci, h, h, 256, 1, 1, (stride, stride), (1, 1),
                              (0, 0, 0, 0))
         assert takes(shape, isa) is expected, (ci, h, stride)
+        # 256 outputs: 32 row tiles of 8, too few on AVX-512
         assert copies_panels(shape, choose_tile(shape, isa), isa) is (
             isa.vector_bits == 256 and ci <= 1024), ci
+
+
+@pytest.mark.parametrize(("spec", "copied"), [
+    # AVX2: wherever more than one row tile reads the panel
+    ("llvm -mcpu=znver3", {(64, 256): True, (128, 512): True, (256, 64): True,
+                           (64, 64): True, (512, 256): True}),
+    # AVX-512: only where at least 40 row tiles read it (ResNet-50's expanding layers)
+    ("llvm -mcpu=znver4", {(64, 256): True, (128, 512): True, (256, 64): False,
+                           (64, 64): False, (256, 128): False, (512, 256): False}),
+])
+def test_gemm_conv_copies_panels_read_by_many_row_tiles(
+        spec: str, copied: dict[tuple[int, int], bool]) -> None:
+    from kiln.ops.kernels.conv_gemm import PANEL_COPY_READERS, choose_tile, copies_panels
+
+    isa = isa_for(Target(spec))
+    for (ci, co), expected in copied.items():
+        h = 56 if ci <= 256 else 28
+        shape = ck.ConvShape(1, ci, h, h, co, 1, 1, (1, 1), (1, 1), (0, 0, 0, 0))
+        tile = choose_tile(shape, isa)
+        assert copies_panels(shape, tile, isa) is expected, (ci, co, tile)
+        assert expected is (-(-co // tile[0]) >= PANEL_COPY_READERS[isa.vector_bits])
 
 
 @pytest.mark.parametrize(("spec", "tiles"), [
@@ -459,7 +502,7 @@ def _conv_calls(main: g.Function) -> list[g.Call]:
 
 @pytest.mark.parametrize(("spec", "rows"), [
     ("llvm -mcpu=znver3", {32: 4, 16: 4, 64: 6, 128: 6}),  # 6-row tiles: 36 rows for 32
-    ("llvm -mcpu=znver4", {32: 6, 16: 6, 64: 6, 128: 6}),  # AVX-512: the rule's 6 rows
+    ("llvm -mcpu=znver4", {32: 4, 16: 4, 64: 6, 128: 6}),  # AVX-512 the same
 ])
 def test_row_tiled_narrow_outputs_take_rows_that_divide_them(spec: str,
                                                               rows: dict[int, int]) -> None:

@@ -43,7 +43,6 @@ from kiln.ops.kernels.conv import UnpackedConv, conv_call_shape
 from kiln.ops.kernels.gemm import tile_candidates
 from kiln.ops.kernels.registry import fits_registers
 from kiln.ops.kernels.tiles import (
-    ZEN3_VECTOR_BITS,
     Epilogue,
     const,
     loop,
@@ -249,18 +248,30 @@ def im2col(x: Buffer, shape: ck.ConvShape, width: int) -> tuple[Buffer, list[Stm
 PANEL_COPY_BYTES = 64 * 1024
 
 
+#: The fewest row tiles that must read a panel for it to be copied (`copies_panels`), per
+#: vector width where it was measured. 256 bits (Zen 3): two. 512 bits (Zen 4, one core,
+#: ResNet-50's 1x1 layers in the model, ms in place -> copied): 64>256 @56 with the
+#: residual Add 1.33-1.42 -> 1.14-1.19 (43 row tiles of 6), 128>512 @28 with the Add
+#: 1.20-1.29 -> 1.07-1.09 (64 of 8), 1x1/2 256>512 @56 with the Add 2.39-2.45 -> 2.24-2.32
+#: (64); 512>256 @28 (32) 1.92-2.02 -> 1.95-1.97, no gain; with 16 or 8 readers the copy
+#: cost more than it saved: 256>128 @56 2.33 -> 2.52, 256>64 @56 1.22 -> 1.30, 64>64 @56
+#: 0.26 -> 0.42 (docs/performance.md, "AVX-512 round (Zen 4)").
+PANEL_COPY_READERS = {256: 2, 512: 40}
+
+
 def copies_panels(shape: ck.ConvShape, tile: tuple[int, int], isa: ISA) -> bool:
     """Whether a 1x1 layer read in place copies each panel of positions to the stack
     before its row tiles read it (gemm_body's `copy_panels`), on the vector widths it was
-    measured on (ZEN3_VECTOR_BITS): where more than one row tile reads the panel and the
-    copy fits `PANEL_COPY_BYTES`.
+    measured on (`PANEL_COPY_READERS`): where at least that many row tiles read the panel
+    and the copy fits `PANEL_COPY_BYTES`.
 
     In place, a panel is `ci` runs of `nr` positions one input plane apart: at 56x56 a
     plane is 12544 bytes (196 cache lines), so the runs fall into 16 of the L1's 64 sets
     and a 256-deep panel (256 lines) cannot stay in L1 between row tiles; at 28x28 each
     run is on another 4 KiB page. Copied, the row tiles read one contiguous block."""
     mr, nr = tile
-    return (isa.vector_bits in ZEN3_VECTOR_BITS and shape.c_out > mr
+    readers = PANEL_COPY_READERS.get(isa.vector_bits)
+    return (readers is not None and -(-shape.c_out // mr) >= readers
             and shape.c_in * nr * 4 <= PANEL_COPY_BYTES)
 
 

@@ -91,7 +91,7 @@ class RowsConv(Family):
         lanes = tile_lanes(isa)
         width = ck.rows_tile_width(shape.out_w, lanes)
         rows = ck.ROW_TILE_CHANNELS
-        rows = narrow_rows(isa, shape.c_out, rows, -(-width // lanes))
+        rows = narrow_rows(isa, shape.c_out, rows, -(-width // lanes), NARROW_ROWS_BITS)
         return (rows, width, lanes)
 
     def build(self, params: Sequence[Any], args: Sequence[Any], attrs: Mapping[str, Any],
@@ -106,5 +106,13 @@ class RowsConv(Family):
 
         return build_conv(self.op, params, args, attrs, anchor, result, isa, tile or (), body)
 
+
+#: The vector widths whose row tiles narrow to a divisor of a narrow output's channels
+#: (`narrow_rows`). AVX2 (Zen 3) and AVX-512: on Zen 4 (one core, CPU time) the small
+#: ResNet's 3x3 32>32 @32 layers took 0.180 ms against 0.199 in 6-row tiles (4 rows: no
+#: surplus rows of 36), the model 1.124 ms against 1.235; the GEMM kernel's narrow rows
+#: stay AVX2-only (SqueezeNet's 96>16 @55 squeeze layer 0.146 against 0.100 ms there;
+#: docs/performance.md, "AVX-512 round (Zen 4)").
+NARROW_ROWS_BITS = (256, 512)
 
 CONV_ROWS = RowsConv("conv_rows", "conv2d_rows", ("conv2d",), 2)

@@ -73,7 +73,8 @@ def tile_registers(isa: ISA) -> int:
     return isa.vector_registers or SCALAR_TILE_REGISTERS
 
 
-#: The vector widths the AVX2-only rules (`narrow_rows`; the blocked convolution's K
+#: The vector widths the AVX2-only rules (`narrow_rows` but for the row-tiled kernel's
+#: tiles, kiln.ops.kernels.conv_rows.NARROW_ROWS_BITS; the blocked convolution's K
 #: blocking and subsampled strided 1x1 layers, kiln.ops.kernels.conv_direct) were
 #: measured on: AVX2, on Zen 3. On AVX-512 (Zen 5) the kernels as they were ran at
 #: 85-94% of peak on the 3x3 layers and 72-81% on the strided 1x1 ones
@@ -90,13 +91,14 @@ NARROW_SURPLUS_SHARE = 0.1
 NARROW_MIN_ACCUMULATORS = 8
 
 
-def narrow_rows(isa: ISA, channels: int, rows: int, vectors: int) -> int:
+def narrow_rows(isa: ISA, channels: int, rows: int, vectors: int,
+                widths: tuple[int, ...] = ZEN3_VECTOR_BITS) -> int:
     """Output channels per register tile for `channels` outputs, the rule's `rows` per
-    tile of `vectors` vectors: `rows`, or on the vector widths it was measured on
-    (ZEN3_VECTOR_BITS) where `rows` leaves surplus channels past `NARROW_SURPLUS_SHARE`
-    of them, the tallest shorter count dividing `channels` that keeps
-    `NARROW_MIN_ACCUMULATORS` accumulators (16 or 32 channels at 2 vectors: 4)."""
-    if isa.vector_bits not in ZEN3_VECTOR_BITS or channels <= rows or \
+    tile of `vectors` vectors: `rows`, or on the vector widths the caller's kernel was
+    measured on (`widths`) where `rows` leaves surplus channels past
+    `NARROW_SURPLUS_SHARE` of them, the tallest shorter count dividing `channels` that
+    keeps `NARROW_MIN_ACCUMULATORS` accumulators (16 or 32 channels at 2 vectors: 4)."""
+    if isa.vector_bits not in widths or channels <= rows or \
             -(-channels // rows) * rows - channels <= NARROW_SURPLUS_SHARE * channels:
         return rows
     return next((r for r in range(rows - 1, 0, -1)
