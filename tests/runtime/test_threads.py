@@ -241,22 +241,65 @@ def test_the_pool_counts_the_chunks_and_who_ran_them(
     assert (single.pool_stats().chunks, single.pool_stats().helped) == (0, 0)
 
 
-def test_pinning_is_opt_in_and_never_fails(fresh: Callable[..., LibraryModule],
-                                           monkeypatch: pytest.MonkeyPatch) -> None:
+def _pinned_cpus() -> set[int]:
+    """The CPUs that threads of this process are pinned to, one each."""
+    cpus = set()
+    for tid in os.listdir("/proc/self/task"):
+        status = Path(f"/proc/self/task/{tid}/status").read_text()
+        allowed = status.split("Cpus_allowed_list:\t")[1].split("\n")[0]
+        if allowed.isdigit():
+            cpus.add(int(allowed))
+    return cpus
+
+
+def _can_pin() -> bool:
+    """Linux, 2 CPUs or more, and the OS lets this process set its threads' CPUs."""
+    if not hasattr(os, "sched_getaffinity") or len(os.sched_getaffinity(0)) < 2:
+        return False
+    try:
+        os.sched_setaffinity(0, os.sched_getaffinity(0))
+    except OSError:
+        return False
+    return True
+
+
+@pytest.mark.parametrize("setting", [None, "1"])
+def test_workers_pin_when_the_pool_fills_the_cpus_or_when_asked(
+        setting: str | None, fresh: Callable[..., LibraryModule],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """By default a pool with as many threads as the CPUs the process may use pins each
+    worker to one of them; KILN_PIN_THREADS=1 pins a smaller pool too, 0 never pins.
+    The results are the same either way."""
+    if not _can_pin():
+        pytest.skip("needs Linux, 2 CPUs or more and leave to set a thread's CPUs")
     monkeypatch.setenv("KILN_SERIAL_NS", "0")
-    plain = fresh(num_threads=2)
-    run(plain)
+    allowed = os.sched_getaffinity(0)
+    threads = len(allowed) if setting is None else 2
+    monkeypatch.setenv("KILN_PIN_THREADS", "0")
+    plain = fresh(num_threads=threads)
+    want = run(plain)
     assert plain.pool_stats().pinned == 0
-    monkeypatch.setenv("KILN_PIN_THREADS", "1")
-    pinned = fresh(num_threads=2)
-    np.testing.assert_array_equal(run(pinned), run(plain))
-    stats = wait_for(pinned, lambda s: s.pinned == 1 or not hasattr(os, "sched_getaffinity")
-                     or len(os.sched_getaffinity(0)) < 2)
-    if stats.pinned:  # the OS allowed it: one thread of this process runs on one CPU only
-        masks = [Path(f"/proc/self/task/{tid}/status").read_text()
-                 for tid in os.listdir("/proc/self/task")]
-        assert any(f"Cpus_allowed_list:\t{cpu}\n" in text for text in masks
-                   for cpu in os.sched_getaffinity(0))
+    if setting is None:
+        monkeypatch.delenv("KILN_PIN_THREADS")
+    else:
+        monkeypatch.setenv("KILN_PIN_THREADS", setting)
+    pinned = fresh(num_threads=threads)
+    np.testing.assert_array_equal(run(pinned), want)
+    stats = wait_for(pinned, lambda s: s.started > 0 and s.pinned == s.started)
+    assert stats.pinned == stats.started == threads - 1
+    assert _pinned_cpus() and _pinned_cpus() <= allowed
+
+
+def test_a_pool_smaller_than_the_machine_stays_unpinned(
+        fresh: Callable[..., LibraryModule], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Other processes' pools of the same size would pin to the same CPUs."""
+    monkeypatch.setenv("KILN_SERIAL_NS", "0")
+    monkeypatch.delenv("KILN_PIN_THREADS", raising=False)
+    if not hasattr(os, "sched_getaffinity") or len(os.sched_getaffinity(0)) < 3:
+        pytest.skip("needs 3 CPUs or more: a 2-thread pool on 2 CPUs fills the machine")
+    small = fresh(num_threads=2)
+    run(small)
+    assert small.pool_stats().pinned == 0
 
 
 C_PROGRAM = r"""

@@ -47,7 +47,7 @@ class PoolStats(NamedTuple):
     loops: int     # loops handed to the pool
     small: int     # loops run on the caller alone: too small to hand off
     spin_us: int   # the spin window
-    pinned: int    # workers pinned to a CPU (KILN_PIN_THREADS=1)
+    pinned: int    # workers pinned to a CPU (docs/abi.md, "Parallel loops")
     # Chunks of the loops handed to the pool, run by any thread; of them, those a worker
     # ran (the rest: the caller) and those a thread took from another's share (a late
     # worker's). `helped / chunks` near `1 - 1 / threads`: the workers take their part.

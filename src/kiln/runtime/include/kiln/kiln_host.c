@@ -36,7 +36,7 @@
 #endif
 #if defined(KILN_HOST_PARALLEL) && !defined(KILN_NO_THREADS) && defined(__linux__) \
     && !defined(_GNU_SOURCE)
-#define _GNU_SOURCE /* sched_setaffinity and cpu_set_t: KILN_PIN_THREADS */
+#define _GNU_SOURCE /* sched_setaffinity, sched_getcpu and cpu_set_t: pinned workers */
 #endif
 #include <stdarg.h>
 #include <stddef.h>
@@ -695,7 +695,7 @@ enum {
   KILN_POOL_STAT_LOOPS,    /* loops handed to the pool */
   KILN_POOL_STAT_SMALL,    /* loops run on the caller alone: too small to hand off */
   KILN_POOL_STAT_SPIN_US,  /* the spin window */
-  KILN_POOL_STAT_PINNED,   /* workers pinned to a CPU (KILN_PIN_THREADS=1) */
+  KILN_POOL_STAT_PINNED,   /* workers pinned to a CPU (kiln_pool_pins) */
   KILN_POOL_STAT_CHUNKS,   /* chunks of handed-off loops run, by any thread */
   KILN_POOL_STAT_HELPED,   /* ... of them run by a worker (the rest: by the caller) */
   KILN_POOL_STAT_STOLEN,   /* ... of them run by a thread other than their share's */
@@ -828,7 +828,9 @@ static struct {
   int started;              /* workers running */
   int busy;                 /* some thread is running a loop on the pool */
   int keep;                 /* atomic: workers with a smaller index keep running */
-  int pin;                  /* KILN_PIN_THREADS=1: pin each worker to one CPU */
+  int pin;                  /* KILN_PIN_THREADS: 1 pin, 0 never, -1 (unset) as kiln_pool_pins */
+  int pin_now;              /* the workers being started pin themselves (set by resize) */
+  int caller_cpu;           /* the CPU the thread starting them ran on (-1: unknown) */
   unsigned long generation; /* atomic: odd while a loop is being posted */
   unsigned long birth;      /* the generation new workers start from (set by resize) */
   int entered;              /* atomic: workers inside the posted loop */
@@ -932,7 +934,7 @@ static void kiln_pool_init(void) {
   pthread_cond_init(&kiln_pool.wake, NULL);
   pthread_cond_init(&kiln_pool.done, NULL);
   kiln_pool.threads = kiln_pool_default_threads();
-  kiln_pool.pin = kiln_pool_env("KILN_PIN_THREADS", 0, 1, 0) == 1;
+  kiln_pool.pin = (int)kiln_pool_env("KILN_PIN_THREADS", 0, 1, -1);
   kiln_pool.serial_ns = kiln_pool_env("KILN_SERIAL_NS", 0, 2000000000L,
                                       KILN_POOL_DEFAULT_SERIAL_NS);
   KILN_STORE(kiln_pool.keep, KILN_POOL_MAX_THREADS);
@@ -989,19 +991,48 @@ static int kiln_pool_posted(unsigned long seen) {
   return now != seen && (now & 1UL) == 0;
 }
 
-/* Pin the calling worker (`index`) to one CPU of those the process may use, the
-   next ones after the first (where the caller usually runs). Linux only; a refusal
-   (a container's CPU set, a seccomp filter) leaves the worker unpinned. */
+/* The CPUs this process may run on (0: unknown, or not Linux). */
+static int kiln_pool_allowed_cpus(void) {
+#if defined(__linux__) && defined(CPU_SETSIZE)
+  cpu_set_t allowed;
+  return sched_getaffinity(0, sizeof allowed, &allowed) == 0 ? CPU_COUNT(&allowed) : 0;
+#else
+  return 0;
+#endif
+}
+
+/* Whether `workers` new workers pin themselves: always with KILN_PIN_THREADS=1, never
+   with 0; by default when the pool's threads (the workers and the caller) are as many
+   as the CPUs the process may use. Unpinned, a worker woken after a pause was often
+   left on its caller's CPU, or moved between the CPUs with its caller, for hundreds of
+   calls: the share it ran last call (its weights in that core's L2) was then read from
+   the other core, or the two threads took turns on one CPU (a 784-512-512-10 MLP
+   after 50 ms idle: 38 us a call unpinned, 25 pinned; docs/abi.md "Parallel loops").
+   A pool smaller than the machine stays unpinned: other processes' pools (a server's
+   workers, each with two threads) would all pin to the same CPUs. */
+static int kiln_pool_pins(int workers) {
+  if (kiln_pool.pin >= 0) {
+    return kiln_pool.pin;
+  }
+  return workers + 1 == kiln_pool_allowed_cpus();
+}
+
+/* Pin the calling worker (`index`) to one CPU of those the process may use: the
+   index-th of them after leaving out the CPU its caller ran on when it started the
+   workers (`caller_cpu`, where the caller's share usually runs). Linux only; a
+   refusal (a container's CPU set, a seccomp filter) leaves the worker unpinned. */
 static void kiln_pool_pin(int index) {
 #if defined(__linux__) && defined(CPU_SETSIZE)
   cpu_set_t allowed, one;
-  int cpu, count = 0, want;
+  int cpu, count = 0, want, others;
   if (sched_getaffinity(0, sizeof allowed, &allowed) != 0 || CPU_COUNT(&allowed) < 2) {
     return;
   }
-  want = (index + 1) % CPU_COUNT(&allowed);
+  others = CPU_COUNT(&allowed) - (kiln_pool.caller_cpu >= 0
+                                  && CPU_ISSET(kiln_pool.caller_cpu, &allowed));
+  want = index % others;
   for (cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
-    if (CPU_ISSET(cpu, &allowed) && count++ == want) {
+    if (CPU_ISSET(cpu, &allowed) && cpu != kiln_pool.caller_cpu && count++ == want) {
       CPU_ZERO(&one);
       CPU_SET(cpu, &one);
       if (sched_setaffinity(0, sizeof one, &one) == 0) {
@@ -1049,7 +1080,7 @@ static void* kiln_pool_worker(void* arg) {
   int index = (int)(intptr_t)arg;
   unsigned long seen = kiln_pool.birth; /* written before this thread was created */
   kiln_pool_in_parallel = 1;
-  if (kiln_pool.pin) {
+  if (kiln_pool.pin_now) {
     kiln_pool_pin(index);
   }
   for (;;) {
@@ -1098,6 +1129,13 @@ static void kiln_pool_resize(int want) {
     sigfillset(&all);
     pthread_sigmask(SIG_SETMASK, &all, &old);
     kiln_pool.birth = KILN_LOAD(kiln_pool.generation);
+    /* read by the new workers (written before pthread_create, which orders them) */
+    kiln_pool.pin_now = kiln_pool_pins(want);
+#if defined(__linux__) && defined(CPU_SETSIZE)
+    kiln_pool.caller_cpu = sched_getcpu();
+#else
+    kiln_pool.caller_cpu = -1;
+#endif
     while (started < want) {
       if (pthread_create(&kiln_pool.workers[started], NULL, kiln_pool_worker,
                          (void*)(intptr_t)started) != 0) {
