@@ -59,7 +59,7 @@ def _check_scale(ctx: GraphContext, scale: g.Expr, what: str) -> None:
     bad = np.asarray(value, np.float64).ravel()
     bad = bad[~np.isfinite(bad) | (bad == 0)]
     if bad.size:
-        raise IRError(f"{what} {bad[0]!r}: a quantization scale must be a finite number "
+        raise IRError(f"{what} {float(bad[0])}: a quantization scale must be a finite number "
                       "other than 0")
 
 
