@@ -131,10 +131,10 @@ def check_per_channel(ctx: GraphContext, v: g.Expr, x: g.Expr, what: str,
     channel dimension (4 scale values on a 1-channel input: 4 output channels)."""
     vt, xt = ctx.tensor_type(v), ctx.tensor_type(x)
     channels = xt.shape[1] if xt.ndim > 1 else None
-    if vt.ndim != 1 or not isinstance(channels, int) or not isinstance(vt.shape[0], int):
-        if vt.ndim != 1:
-            raise IRError(f"{what} must be 1-D, one value per channel; got shape "
-                          f"{list(vt.shape)}")
+    if vt.ndim != 1:
+        raise IRError(f"{what} must be 1-D, one value per channel; got shape "
+                      f"{list(vt.shape)}")
+    if not isinstance(channels, int) or not isinstance(vt.shape[0], int):
         return  # a symbolic channel count: the broadcast checks it at run time
     if vt.shape[0] != channels and vt.shape[0] not in counts:
         raise IRError(f"{what} has {vt.shape[0]} values for an input of {channels} "

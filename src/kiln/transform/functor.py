@@ -63,8 +63,9 @@ class SharedPacking:
         data = packed.data
         made = self._made.setdefault((op, position, data.dtype.str, data.shape,
                                       _sample(data)), [])
-        for first in made:  # bit for bit: -0.0 and 0.0 (or two NaNs) are not the same
-            if first.data.tobytes() == data.tobytes():
+        value = data.tobytes()  # bit for bit: -0.0 and 0.0 (or two NaNs) are not the same
+        for first in made:
+            if first.data.tobytes() == value:
                 return first
         made.append(packed)
         return packed

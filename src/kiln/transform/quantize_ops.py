@@ -226,9 +226,8 @@ class _Matcher:
         """`quantize(op(dequantize(x), ...))` with the same scale and zero point is `op(x,
         ...)` for an op that only moves or selects elements (reshape, transpose, gather,
         ...): quantize(dequantize(x)) = x. For a max pool the scale must be > 0, so that
-        dequantization is increasing and the maximum is the same element (`_increasing`, as for
-every rewrite here). onnxruntime's
-        QDQ transformer drops these pairs too."""
+        dequantization is increasing and the maximum is the same element (`_increasing`,
+        as for every rewrite here). onnxruntime's QDQ transformer drops these pairs too."""
         source = self._dequantized(op.args[0])
         if op.op == "resize" and (op.attrs.get("mode", "nearest") != "nearest"
                                   or op.attrs.get("antialias")
@@ -356,8 +355,7 @@ every rewrite here). onnxruntime's
         if x is None or x.axis is not None or x.scale.ndim or not isinstance(xt, TensorType) \
                 or xt.dtype not in ("uint8", "int8") or str(y_zp.dtype) != xt.dtype \
                 or not isinstance(axis, int) or axis % max(xt.ndim, 1) != xt.ndim - 1 \
-                or not isinstance(xt.shape[-1], int) or not float(x.scale) > 0 \
-                or not float(y_scale) > 0 or 1 / float(y_scale) > MAX_MULTIPLIER:
+                or not isinstance(xt.shape[-1], int) or 1 / float(y_scale) > MAX_MULTIPLIER:
             return None
         table = softmax_table(float(x.scale), int(xt.shape[-1]))
         return op_call("qlinear_softmax", x.data, g.Constant(table),
