@@ -71,7 +71,7 @@ def matmul(ib: IRBuilder) -> None:
         a = ib.arg("A", (4, 5), "float32")
         b = ib.arg("B", (5, 3), "float32")
         c = ib.arg("C", (4, 3), "float32")
-        with (ib.for_range(4, name="i") as i, ib.for_range(3, name="j") as j,
+        with (ib.for_range(4, name="i") as i, ib.for_range(3, name="j", kind="scalar") as j,
               ib.allocate("acc", (1,), "float32", "local") as acc):
             ib.store(acc, [0], 0.0)
             with ib.for_range(5, name="k", kind="unrolled") as k:
@@ -375,6 +375,7 @@ def test_matmul_with_local_accumulator(lib: CLibrary) -> None:
     lib.run("matmul", a, b, c)
     np.testing.assert_allclose(c, a @ b, rtol=1e-5, atol=1e-6)
     assert "KILN_UNROLL(5)" in lib.source()
+    assert "KILN_NO_VECTORIZE" in lib.source()  # the j loop, kind "scalar"
 
 
 def test_conv1d_select_and_if(lib: CLibrary, mod: IRModule) -> None:

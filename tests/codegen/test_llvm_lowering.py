@@ -61,6 +61,8 @@ def _every_node_module() -> IRModule:
                     ib.for_range(4, name="j", kind="vectorized") as j, \
                     ib.let("t", Intrin("exp", (x[i, j],)) + w[i, j]) as t:
                 ib.store(y, [i, j], BinaryOp("max", t, -x[i, j]))
+            with ib.for_range(2, name="s", kind="scalar") as s:
+                ib.store(y, [s, 0], y[s, 0] + 1.0)
             with ib.for_range(4, name="u", kind="unrolled") as u:
                 cond = (Cast("int64", k) + u).eq(3)
                 with ib.if_(cond):
@@ -81,6 +83,7 @@ def test_every_node_type_lowers_to_verified_ir() -> None:
                      r'ptr noalias %"Y", i32 %"k"\)', text)
     assert '@"kiln__consts" = external hidden constant [0 x i8], align 64' in text
     assert "llvm.loop.vectorize.enable" in text and "llvm.loop.unroll.full" in text
+    assert re.search(r'!"llvm.loop.vectorize.width", i32 1', text)  # the scalar loop
     assert 'call i32 @"kiln__kernel_leaf"' in text
     assert "alloca [4 x float], align 64" in text
     assert re.search(r"call ptr @\"malloc\"\(i64 ", text)

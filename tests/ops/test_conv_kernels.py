@@ -57,10 +57,13 @@ CASES: list[dict[str, Any]] = [
          tail=("Clip",)),
     # depthwise on a row wider than two tiles at 16 lanes (full tiles + remainder)
     dict(x=(1, 3, 4, 37), co=3, k=3, pads=(1, 1, 1, 1), group=3, tail=("Relu",)),
-    # a 1-wide image, ReLU6 as Clip, a residual Add (read a plane apart per channel)
+    # a 1-wide image, ReLU6 as Clip, a residual Add (read per channel along positions)
     dict(x=(1, 4, 5, 1), co=7, k=3, pads=(1, 1, 1, 1), tail=("Clip", "Add")),
     # a 1x1 image and a 1x1 kernel, residual add
     dict(x=(1, 3, 1, 1), co=4, k=1, pads=(0, 0, 0, 0), tail=("Add",)),
+    # a residual Add read per channel along positions through flat views (63 positions:
+    # the last tile partial), 20 channels (a partial block), then a ReLU
+    dict(x=(1, 8, 9, 7), co=20, k=3, pads=(1, 1, 1, 1), tail=("Add", "Relu")),
     # the 7x7/2 stem, odd output width
     dict(x=(1, 3, 20, 17), co=16, k=7, strides=(2, 2), pads=(3, 3, 3, 3), tail=("Relu",)),
     # no padding (the kernel reads the input directly), 33 channels: 3 blocks at 16 lanes
@@ -93,7 +96,7 @@ CASES: list[dict[str, Any]] = [
 ROWS = 3  # the three few-tap 3x3 cases before the GEMM ones
 GEMM = 3  # the last cases
 # the kernel each case gets at 8 lanes
-AT_8_LANES = ["conv2d_blocked"] * 3 + ["conv2d_depthwise"] * 2 + ["conv2d_blocked"] * 2 \
+AT_8_LANES = ["conv2d_blocked"] * 3 + ["conv2d_depthwise"] * 2 + ["conv2d_blocked"] * 3 \
     + ["conv2d_rows"] + ["conv2d_blocked"] * 2 + ["conv2d_gemm"] * 2 + ["conv2d_rows"] * ROWS \
     + ["conv2d_gemm"] * GEMM
 
@@ -538,6 +541,34 @@ def test_blocked_epilogue_math_runs_in_vectors(native: kiln.driver.Executable) -
                       if isinstance(loop, t.For) and loop.kind == "vector"
                       for s in iter_stmts(loop.body)}
         assert stores and all(id(s) in in_vectors for s in stores), name
+
+
+def test_blocked_residual_is_read_along_positions(native: kiln.driver.Executable) -> None:
+    # NCHW, an epilogue reading a tensor shaped like the output (the residual Add) runs
+    # per output channel in a loop kept scalar, reading the residual and storing the
+    # output through flat views at the tile's consecutive positions: along the
+    # channels both are a plane apart and LLVM made them gathers and scatters.
+    from kiln.ir import tensor as t
+    from kiln.ir.visitor import iter_nodes, iter_stmts
+
+    added = [f for name, f in native.ir.functions.items()
+             if f.attrs.get("kiln.conv_kernel") == "conv2d_blocked" and "add" in name]
+    flat = 0
+    for f in added:  # (a 1-wide image's residual is indexed without its column: left)
+        loads = [e for e in iter_nodes(f.body) if isinstance(e, t.Load)
+                 and e.buffer.name.endswith("_flat")]
+        if not loads:
+            continue
+        flat += 1
+        in_scalar = {id(e) for loop in iter_stmts(f.body)
+                     if isinstance(loop, t.For) and loop.kind == "scalar"
+                     for e in iter_nodes(loop.body)}
+        assert all(len(e.indices) == 3 and id(e) in in_scalar for e in loads), f.attrs
+        assert any(isinstance(s, t.Store) and s.buffer.name == "out_flat"
+                   for s in iter_stmts(f.body))
+    if native.target.kind.name == "c" and not flat:
+        pytest.skip("the c target's narrower tiles give the residual case to the row kernel")
+    assert flat >= 1, [f.attrs for f in added]
 
 
 # K-blocked sums of the blocked kernel (`ConvKBlocking`), forced onto small layers with

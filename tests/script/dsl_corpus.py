@@ -524,6 +524,8 @@ def loop_kinds(A: T.Buffer((4, 16), "float32"), B: T.Buffer((4, 16), "float32"))
     for i in T.unrolled(2, 4):
         for j in range(1, 16):
             B[i, j] = B[i, j] + B[i, j - 1]
+    for j in T.scalar(16):
+        B[0, j] = B[0, j] * B[1, j]
     for i in T.serial(T.int32(0), T.int32(2)):
         for j in T.serial(3, extent=2):
             B[T.cast(i, "int64"), j] = T.float32(0)

@@ -528,7 +528,10 @@ class SeqStmt(Stmt):
 # "vector": a `vectorized` loop the `vectorize-loops` pass found to be straight-line vector
 # code (kiln.ir.analysis.vector_loops): the backends emit it as vector instructions, all
 # lanes (its constant extent) at once. It promises independent iterations, like "parallel".
-FOR_KINDS = ("serial", "parallel", "vectorized", "vector", "unrolled", "block_x", "thread_x")
+# "scalar": a serial loop the backend compiler must not vectorize (its iterations lie a
+# plane apart in memory: vectorized, its loads and stores would be gathers and scatters).
+FOR_KINDS = ("serial", "parallel", "vectorized", "vector", "unrolled", "scalar", "block_x",
+             "thread_x")
 
 
 @dataclass(frozen=True, eq=False, slots=True)

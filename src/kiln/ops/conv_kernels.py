@@ -53,6 +53,7 @@ from kiln.ir.tensor import (
     seq,
 )
 from kiln.ops.gemm_kernels import reduction_loop
+from kiln.ops.kernels.flat_epilogue import FlatEpilogue
 from kiln.ops.kernels.tiles import Epilogue, lanes_loop, madd, parallel_tiles, parallel_when
 from kiln.ops.kernels.tiles import const as _c
 from kiln.ops.kernels.tiles import loop as _loop
@@ -412,6 +413,13 @@ def blocked_conv_body(shape: ConvShape, x: Buffer, wp: Buffer, out: Buffer,
                       f"channel tile that is a multiple of {block}: {shape}, cb={cb}")
     xp, prologue = padded_blocked_input(x, shape, block) if block else padded_input(x, shape)
     out_blocks = -(-cog // block) if block else 0
+    # NCHW, an epilogue reading a tensor shaped like the output (a residual Add) reads it
+    # per channel along the tile's consecutive positions (`flat_stores`): read along the
+    # channels, as the rest of the epilogue is computed, each value is a plane apart and
+    # the loads became gathers (ResNet-50's 1x1 layers with their Add at 14x14 and 7x7:
+    # 24 gathers of 8 per tile).
+    flat = FlatEpilogue(epilogue, shape.out_h, shape.out_w)
+    flat_out = flat.view(out) if not block and flat.reads_output_shaped() else None
 
     def tile(n: PrimExpr, g: PrimExpr, ob: PrimExpr, t: PrimExpr,
              seg: Segment | None = None) -> Stmt:
@@ -488,8 +496,21 @@ def blocked_conv_body(shape: ConvShape, x: Buffer, wp: Buffer, out: Buffer,
             body = seq(*stores)
             return IfThenElse(ob * cb + v < cog, body) if cog % cb else body
 
+        def flat_stores(v: Var) -> Stmt:
+            assert flat_out is not None
+            stores: list[Stmt] = []
+            for r in range(tile_w):
+                n_, oc, _, _ = index(r, v)
+                p = t * tile_w + r
+                st: Stmt = Store(flat_out, flat(stage[_c(r), v], (n_, oc, p)), (n_, oc, p))
+                stores.append(IfThenElse(p < positions, st) if overflow[r] else st)
+            body = seq(*stores)
+            return IfThenElse(ob * cb + v < cog, body) if cog % cb else body
+
         if block:
             finish = seq(Allocate(stage), copy, emit_blocked())
+        elif flat_out is not None:
+            finish = seq(Allocate(stage), copy, _loop("v", cb, flat_stores, kind="scalar"))
         else:
             applied = lanes_loop("v", cb, apply)
             if cog % cb:
@@ -498,30 +519,34 @@ def blocked_conv_body(shape: ConvShape, x: Buffer, wp: Buffer, out: Buffer,
             finish = seq(Allocate(stage), copy, Allocate(result), applied, _loop("v", cb, emit))
         return seq(*head, red, finish if seg is None else segment_end(acc, seg, finish))
 
-    if kblock is None and band and band < tiles:
-        bands = -(-tiles // band)
+    def loops() -> Stmt:  # the parallel loops over `tile`
+        if kblock is None and band and band < tiles:
+            bands = -(-tiles // band)
 
-        def banded(n: PrimExpr, g: PrimExpr, b: PrimExpr, ob: PrimExpr, tt: PrimExpr) -> Stmt:
-            t = Var("t", INDEX_DTYPE)
-            body: Stmt = tile(n, g, ob, t)
-            if tiles % band:
-                body = IfThenElse(t < tiles, body)
-            return seq(LetStmt(t, b * band + tt), body)
+            def banded(n: PrimExpr, g: PrimExpr, b: PrimExpr, ob: PrimExpr, tt: PrimExpr) -> Stmt:
+                t = Var("t", INDEX_DTYPE)
+                body: Stmt = tile(n, g, ob, t)
+                if tiles % band:
+                    body = IfThenElse(t < tiles, body)
+                return seq(LetStmt(t, b * band + tt), body)
 
-        return seq(*prologue, parallel_tiles((shape.n, shape.groups, bands, blocks, band),
-                                             banded))
-    if kblock is None:
-        return seq(*prologue, parallel_tiles((shape.n, shape.groups, blocks, tiles), tile))
-    if cig % kblock.kc:
-        raise IRError(f"blocked conv kernel: {kblock.kc} channels per segment do not divide "
-                      f"the group's {cig}")
+            return seq(*prologue, parallel_tiles((shape.n, shape.groups, bands, blocks, band),
+                                                 banded))
+        if kblock is None:
+            return seq(*prologue, parallel_tiles((shape.n, shape.groups, blocks, tiles), tile))
+        if cig % kblock.kc:
+            raise IRError(f"blocked conv kernel: {kblock.kc} channels per segment do not divide "
+                          f"the group's {cig}")
 
-    def task(n: PrimExpr, g: PrimExpr, ob: PrimExpr, b: PrimExpr) -> Stmt:
-        return segmented_band(kblock, cig, tiles, b, (tile_w, cb), acc_t,
-                              lambda t, seg: tile(n, g, ob, t, seg))
+        def task(n: PrimExpr, g: PrimExpr, ob: PrimExpr, b: PrimExpr) -> Stmt:
+            return segmented_band(kblock, cig, tiles, b, (tile_w, cb), acc_t,
+                                  lambda t, seg: tile(n, g, ob, t, seg))
 
-    bands = -(-tiles // min(kblock.band, tiles))
-    return seq(*prologue, parallel_tiles((shape.n, shape.groups, blocks, bands), task))
+        bands = -(-tiles // min(kblock.band, tiles))
+        return seq(*prologue, parallel_tiles((shape.n, shape.groups, blocks, bands), task))
+
+    nest = loops()
+    return seq(*flat.decls, nest)  # the views the tiles' flat stores made
 
 
 def subsamples(shape: ConvShape) -> bool:

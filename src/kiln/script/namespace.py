@@ -24,7 +24,8 @@ from kiln.ir.types import TensorType, TupleType, Type
 # Loop iterators: DSL name -> For.kind.
 LOOP_KINDS = {"serial": "serial", "parallel": "parallel", "vectorized": "vectorized",
               "vector": "vector",
-              "unrolled": "unrolled", "block_x": "block_x", "thread_x": "thread_x"}
+              "unrolled": "unrolled", "scalar": "scalar", "block_x": "block_x",
+              "thread_x": "thread_x"}
 
 # T.<name>(a, b) that build a BinaryOp (Python operators cover the others).
 BINARY_FUNCS = {"min": "min", "max": "max", "truncdiv": "div", "truncmod": "mod"}

@@ -47,6 +47,7 @@ _STMT_FUNCS = {
     "vectorized": "a loop iterator: `for i in T.vectorized(n):`",
     "vector": "a straight-line vector loop: `for v in T.vector(8):`",
     "unrolled": "a loop iterator: `for i in T.unrolled(n):`",
+    "scalar": "a loop kept scalar (not vectorized): `for i in T.scalar(n):`",
     "block_x": "a GPU block loop: `for b in T.block_x(n):`",
     "thread_x": "a GPU thread loop: `for t in T.thread_x(n):`",
     "let": "a binding: `x = T.let(value)`",

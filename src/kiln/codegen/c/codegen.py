@@ -64,6 +64,15 @@ _PRAGMA_MACROS = {
 #else
 #define KILN_UNROLL(n)
 #endif""",
+    "KILN_NO_VECTORIZE": """\
+/* Keep the next loop scalar (IR loop kind "scalar"): GCC before 14 has no pragma. */
+#if defined(__clang__)
+#define KILN_NO_VECTORIZE _Pragma("clang loop vectorize(disable)")
+#elif defined(__GNUC__) && __GNUC__ >= 14
+#define KILN_NO_VECTORIZE _Pragma("GCC novector")
+#else
+#define KILN_NO_VECTORIZE
+#endif""",
 }
 
 

@@ -287,6 +287,9 @@ class KernelPrinter:
                 self.p.line(f"KILN_UNROLL({min(int(s.extent.value), MAX_UNROLL)})")
             else:
                 self.p.line("/* unrolled (extent unknown at compile time) */")
+        elif s.kind == "scalar":
+            self.ctx.module.macros.add("KILN_NO_VECTORIZE")
+            self.p.line("KILN_NO_VECTORIZE")
         elif s.kind == "parallel":
             # Outlined loops never get here (kiln.transform.outline): this one is not
             # an integer loop with matching bounds.

@@ -385,6 +385,10 @@ class _ModuleLowering:
         elif kind == "unrolled":
             props = [self.module.add_metadata([
                 ir.MetaDataString(self.module, "llvm.loop.unroll.full")])]
+        elif kind == "scalar":
+            props = [self.module.add_metadata([
+                ir.MetaDataString(self.module, "llvm.loop.vectorize.width"),
+                ir.Constant(ir.IntType(32), 1)])]
         else:
             return None
         return _LoopID(self.module, props)

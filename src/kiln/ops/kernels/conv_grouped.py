@@ -25,7 +25,8 @@ from kiln.ir.tensor import Buffer, DeclBuffer, PrimExpr, Stmt, seq
 from kiln.ops import conv_kernels as ck
 from kiln.ops import gemm_kernels as gk
 from kiln.ops.kernels.conv import UnpackedConv, conv_call_shape
-from kiln.ops.kernels.conv_gemm import FlatEpilogue, im2col, panel_count
+from kiln.ops.kernels.conv_gemm import im2col, panel_count
+from kiln.ops.kernels.flat_epilogue import FlatEpilogue
 from kiln.ops.kernels.gemm import tile_candidates
 from kiln.ops.kernels.tiles import Epilogue, tile_lanes, tile_registers
 from kiln.target.isa import ISA
