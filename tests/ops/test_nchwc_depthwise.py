@@ -24,7 +24,7 @@ from onnx import TensorProto, helper, numpy_helper
 import kiln
 from kiln.frontend import from_onnx
 from kiln.ir import graph as g
-from kiln.ops.kernels.nchwc import pointwise_kernel, pointwise_tile
+from kiln.ops.kernels.nchwc import pointwise_body_isa, pointwise_kernel, pointwise_tile
 from kiln.target import Target
 from kiln.target.isa import isa_for
 from kiln.transform.registry import parse_passes
@@ -123,7 +123,10 @@ def test_pointwise_tiles_on_32_registers() -> None:
     assert pointwise_tile(576, 196, avx512) == (64, 6)
     assert pointwise_tile(96, 196, avx512) == (48, 7)
     assert pointwise_tile(160, 49, avx512) == (32, 7)
-    assert pointwise_tile(40, 143, avx512) == (48, 8)
+    # three vectors: a broadcast per position besides (8 positions spilled)
+    assert pointwise_tile(96, 112 * 112, avx512) == (48, 7)
+    assert pointwise_tile(40, 143, avx512) == (48, 6)  # 7 would compute 147 positions
+    assert pointwise_tile(16, 112 * 112, avx512) == (16, 8)
     # 16 registers (AVX2) and NEON (4 lanes, not measured) keep the blocked kernel's rule
     assert pointwise_tile(576, 196, isa_for(Target("llvm -mcpu=haswell"))) is None
     assert pointwise_tile(576, 196, isa_for(Target("llvm -mtriple=aarch64-linux-gnu"
@@ -195,9 +198,13 @@ def test_pointwise_kernel_on_16_registers_of_8_lanes() -> None:
         return pointwise_kernel(isa_for(Target(spec)))
 
     assert on("llvm -mcpu=haswell") and on("llvm -mcpu=znver4 -mattr=-avx512f")
-    # AVX-512 keeps the blocked kernel with `pointwise_tile`; NEON and SSE (4 lanes) too
+    # AVX-512 runs it with `pointwise_tile`'s tiles, the lanes a loop; NEON and SSE (4
+    # lanes) keep the blocked kernel
     assert not on("llvm -mcpu=znver4") and not on("llvm -mcpu=nehalem")
     assert not on("llvm -mtriple=aarch64-linux-gnu -mcpu=neoverse-n1")
+    assert pointwise_body_isa(isa_for(Target("llvm -mcpu=znver4")))
+    assert pointwise_body_isa(isa_for(Target("llvm -mcpu=haswell")))
+    assert not pointwise_body_isa(isa_for(Target("llvm -mcpu=nehalem")))
 
 
 def _pointwise_model() -> onnx.ModelProto:
