@@ -13,7 +13,11 @@ layout-agnostic ops between such convolutions follow it:
   `concat` along the block axis.
 
 A region is entered with one `layout_transform(x, src="NCHW", dst="NCHW{b}c")`
-per NCHW tensor it reads, and a tensor it produces is reordered back (one
+per NCHW tensor it reads, but for a convolution on fewer input channels than a block
+(a network's first layer on an RGB image; a row-tiled `conv2d_rows` one becomes the
+blocked kernel's): that one reads its NCHW input in place and writes NCHW{b}c
+(`conv2d_nchwc` with attribute `block`, `_reads_nchw`). A tensor a region produces is
+reordered back (one
 `layout_transform(..., dst="NCHW")`, bound to the original variable) just
 before its first other consumer (a depthwise or row-tiled convolution, a
 concat of partial blocks, a global pooling, a Flatten, ...) or the function's
@@ -288,6 +292,8 @@ class _Rewriter:
             return None if b.var in self.skip else self._conv(c, b.var)
         if c.op == "conv2d_gemm" and self.gemm:
             return None if b.var in self.skip else self._gemm(c, b.var)
+        if c.op == "conv2d_rows" and self._reads_nchw(c):
+            return None if b.var in self.skip else self._rows(c, b.var)
         if c.op == "conv2d_depthwise":
             return None if b.var in self.skip else self._depthwise(c, b.var)
         if not c.args or not _is_plain_4d(c.ret_type) or not any(
@@ -324,18 +330,60 @@ class _Rewriter:
             and a.type.shape[1] % self.block == 0 for a in c.args)
 
     def _conv(self, c: g.Call, var: g.Var) -> g.Call | None:
+        from kiln.ops.conv_direct import NCHW_INPUT_BLOCK
+
         if not self.family.applies(c, self.isa):
             return None
-        blocked = g.Call(c.op, (self._to_blocked(c.args[0], var), *c.args[1:]), c.attrs,
-                         c.ret_type)
+        if self._reads_nchw(c):
+            blocked = g.Call(c.op, c.args, g.freeze_attrs(
+                {**c.attrs, NCHW_INPUT_BLOCK: self.block}), c.ret_type)
+        else:
+            blocked = g.Call(c.op, (self._to_blocked(c.args[0], var), *c.args[1:]), c.attrs,
+                             c.ret_type)
         return self.family.pack(blocked, self.isa)
+
+    def _reads_nchw(self, c: g.Call) -> bool:
+        """Whether the convolution `c` reads its NCHW input in place: an input not blocked
+        yet, of fewer channels than a block. Its NCHW{b}c copy would pad each position's
+        channels to a whole block (3 to 16 for an RGB image), and a blocked tile's step
+        reads one input value per position either way. MobileNetV2's first layer
+        (3->32 3x3/2 at 224x224, the row-tiled kernel) and the reorder after it took
+        0.27 + 0.21 ms on one Zen 4 core, the blocked kernel writing NCHW16c 0.28 (AVX2
+        code there: 0.29 + 0.16 -> 0.34 ms in NCHW8c; docs/performance.md,
+        "MobileNetV2 on AVX-512 (Zen 4)")."""
+        x = c.args[0]
+        t = x.type
+        return not (isinstance(x, g.Var) and x in self.blocked) and _is_plain_4d(t) \
+            and isinstance(t, TensorType) and isinstance(t.shape[1], int) \
+            and t.shape[1] < self.block
+
+    def _rows(self, c: g.Call, var: g.Var) -> g.Call | None:
+        """`c` (a `conv2d_rows`, `[co_block][ci][kh][kw][rows]` weight) as the blocked
+        kernel's `conv2d_nchwc`."""
+        from kiln.ops import conv_kernels as ck
+        from kiln.ops.kernels.registry import TILE
+
+        w, channels = c.args[1], c.attrs.get("channels")
+        if not isinstance(w, g.Constant) or not isinstance(channels, int):
+            return None
+        oihw = ck.unpack_rows_weight(w.data, channels)
+        plain = g.Call("conv2d", (c.args[0], g.Constant(oihw, w.name), *c.args[2:]),
+                       g.freeze_attrs({k: v for k, v in c.attrs.items()
+                                       if k not in (TILE, "channels")}), c.ret_type)
+        return self._plain_conv(plain, var)
 
     def _gemm(self, c: g.Call, var: g.Var) -> g.Call | None:
         """`c` (a `conv2d_gemm`, OIHW weight) as the blocked kernel's `conv2d_nchwc`."""
-        from kiln.ops.kernels.registry import KERNELS, TILE
+        from kiln.ops.kernels.registry import TILE
 
         plain = g.Call("conv2d", c.args, g.freeze_attrs(
             {k: v for k, v in c.attrs.items() if k != TILE}), c.ret_type)
+        return self._plain_conv(plain, var)
+
+    def _plain_conv(self, plain: g.Call, var: g.Var) -> g.Call | None:
+        """`plain` (a `conv2d`, OIHW weight) as the blocked kernel's `conv2d_nchwc`."""
+        from kiln.ops.kernels.registry import KERNELS
+
         direct = KERNELS.get("conv_direct")
         if not direct.applies(plain, self.isa):
             return None
@@ -368,7 +416,7 @@ class _Rewriter:
 
 
 #: The convolutions a blocked region counts (their original ops).
-CONVS = ("conv2d_blocked", "conv2d_depthwise", "conv2d_gemm")
+CONVS = ("conv2d_blocked", "conv2d_depthwise", "conv2d_gemm", "conv2d_rows")
 def k_blocked_small_images(func: g.Function, isa: Any) -> set[g.Var]:
     """On ISAs whose 1x1 NCHWc layers take the pointwise kernel (AVX2:
     kiln.ops.kernels.nchwc.pointwise_kernel), the ungrouped convolutions

@@ -170,7 +170,7 @@ class NchwcConv(DirectConv):
 
         def body(shape: ck.ConvShape, x: Buffer, w: Buffer, out: Buffer, t: tuple[int, ...],
                  epilogue: Epilogue, fused: bool, block: int) -> Stmt:
-            if pointwise and t and takes_pointwise(shape, block):
+            if pointwise and t and x.ndim == 5 and takes_pointwise(shape, block):
                 kblock = pointwise_k_blocking(shape, ck.Tiling(int(w.shape[5]), t[1]), isa,
                                               block)
                 return pointwise_body(shape, x, w, out, t, epilogue, fused, block, kblock,
