@@ -349,7 +349,7 @@ class _Rewriter:
         reads one input value per position either way. MobileNetV2's first layer
         (3->32 3x3/2 at 224x224, the row-tiled kernel) and the reorder after it took
         0.27 + 0.21 ms on one Zen 4 core, the blocked kernel writing NCHW16c 0.28 (AVX2
-        code there: 0.29 + 0.16 -> 0.34 ms in NCHW8c; docs/performance.md,
+        code there: 0.27-0.29 + 0.08-0.16 -> 0.31-0.34 ms in NCHW8c; docs/performance.md,
         "MobileNetV2 on AVX-512 (Zen 4)")."""
         x = c.args[0]
         t = x.type
