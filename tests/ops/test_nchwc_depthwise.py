@@ -127,6 +127,12 @@ def test_pointwise_tiles_on_32_registers() -> None:
     assert pointwise_tile(96, 112 * 112, avx512) == (48, 7)
     assert pointwise_tile(40, 143, avx512) == (48, 6)  # 7 would compute 147 positions
     assert pointwise_tile(16, 112 * 112, avx512) == (16, 8)
+    # `pointwise_body`'s layers: one tile of all the channels ends in half a vector where
+    # they fill at most half of the last one
+    assert pointwise_tile(24, 56 * 56, avx512, half=True) == (24, 8)
+    assert pointwise_tile(40, 143, avx512, half=True) == (40, 6)
+    assert pointwise_tile(44, 143, avx512, half=True) == (48, 6)
+    assert pointwise_tile(160, 49, avx512, half=True) == (32, 7)  # 5 tiles
     # 16 registers (AVX2) and NEON (4 lanes, not measured) keep the blocked kernel's rule
     assert pointwise_tile(576, 196, isa_for(Target("llvm -mcpu=haswell"))) is None
     assert pointwise_tile(576, 196, isa_for(Target("llvm -mtriple=aarch64-linux-gnu"

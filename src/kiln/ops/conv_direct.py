@@ -131,6 +131,13 @@ def nchwc_block(x: Sequence[Any], attrs: Attrs) -> int:
     return int(x[4]) if len(x) == 5 else int(attrs.get(NCHW_INPUT_BLOCK, 0))
 
 
+def nchwc_channel_tile(cb: int, blocks: int, block: int) -> bool:
+    """Whether `blocks` tiles of `cb` output channels suit an NCHW{block}c output: whole
+    blocks, or one tile ending in half a block (kiln.ops.kernels.nchwc.half_vector;
+    its block's upper half stored as zeros)."""
+    return cb % block == 0 or (blocks == 1 and 2 * (cb % block) == block)
+
+
 def _nchwc_oihw(types: Sequence[Any], attrs: Attrs) -> tuple[int, ...]:
     """The OIHW weight of a `conv2d_nchwc` call (checked against its input)."""
     oihw = _blocked_oihw(types, attrs)
@@ -140,10 +147,11 @@ def _nchwc_oihw(types: Sequence[Any], attrs: Attrs) -> tuple[int, ...]:
     plain = len(x) == 4 and b > 0
     if int(attrs.get("group", 1)) != 1 or not (blocked or plain) or \
             int(x[1]) != (-(-oihw[1] // b) if blocked else oihw[1]) or \
-            int(types[1].shape[5]) % b:
+            not nchwc_channel_tile(int(types[1].shape[5]), int(types[1].shape[1]), b):
         raise IRError(f"{NCHWC}: input {x} must be NCHW<b>c (or NCHW with attribute "
                       f"{NCHW_INPUT_BLOCK}=b) holding the weight's {oihw[1]} input channels, "
-                      f"ungrouped, with a packed channel tile a multiple of b")
+                      f"ungrouped, with a packed channel tile a multiple of b (or one tile "
+                      f"ending in half a block)")
     return oihw
 
 

@@ -28,11 +28,13 @@ from kiln.ir.tensor import (
     Stmt,
     Store,
     Var,
+    as_expr,
     min_,
     seq,
 )
 from kiln.ir.types import TensorType
 from kiln.ops import conv_kernels as ck
+from kiln.ops import spatial
 from kiln.ops.kernels.conv import build_conv
 from kiln.ops.kernels.conv_direct import DirectConv, blocked_body, choose_k_blocking
 from kiln.ops.kernels.registry import TILE, fits_registers, recorded_tile
@@ -53,12 +55,16 @@ POINTWISE_VECTORS = 4
 POINTWISE_POSITIONS = 8
 
 
-def pointwise_tile(channels: int, positions: int, isa: ISA) -> tuple[int, int] | None:
+def pointwise_tile(channels: int, positions: int, isa: ISA, half: bool = False
+                   ) -> tuple[int, int] | None:
     """`(cb, tile_w)` of a 1x1 NCHWc layer with `channels` outputs and `positions`
     output positions, or None (keep the blocked rule's: fewer than 32 registers or 16
     lanes, where it was not measured). `cb`:
     the vectors (4 to 1) that compute the fewest padded channels, the most on ties
-    (96 channels at 16 lanes: 3 vectors, 2 tiles; 576: 4); `tile_w`: the most positions
+    (96 channels at 16 lanes: 3 vectors, 2 tiles; 576: 4); with `half` (a layer on
+    `pointwise_body`) a tile of all the channels whose last vector they fill at most
+    half of ends in half a vector instead (24 channels: 16 + 8, `half_vector`);
+    `tile_w`: the most positions
     (up to 8) whose accumulators fit the registers with the weight vectors and, but for
     4 vectors, one broadcast per position (`pointwise_fits`), fewer where that wastes
     less than 2% of the last tile (as the blocked rule does)."""
@@ -74,7 +80,20 @@ def pointwise_tile(channels: int, positions: int, isa: ISA) -> tuple[int, int] |
 
     tile_w = next((w for w in fit if waste(w) <= ck.MAX_POSITION_WASTE * positions),
                   min(fit, key=waste))
+    if half and v == vecs and half_vector(channels, lanes):
+        return v * lanes - lanes // 2, tile_w
     return v * lanes, tile_w
+
+
+def half_vector(channels: int, lanes: int) -> bool:
+    """Whether a 1x1 tile of all `channels` ends in half a vector of `lanes` (they fill
+    at most half of their last vector). Its last multiply-adds are then half as wide:
+    a 512-bit one takes both of Zen 4's 256-bit FMA pipes, a 256-bit one either, and
+    on cores with two 512-bit FMA units both count one. MobileNetV2's 24-channel layers
+    at 56x56 on one Zen 4 core, ms, 32 -> 24 channels per tile: 96->24 0.185 -> 0.155,
+    144->24 + Add 0.276 -> 0.230 (docs/performance.md, "MobileNetV2 on AVX-512 (Zen
+    4)")."""
+    return 0 < channels % lanes <= lanes // 2
 
 
 def pointwise_fits(vectors: int, positions: int, isa: ISA) -> bool:
@@ -151,7 +170,11 @@ class NchwcConv(DirectConv):
                 out, TensorType) and isinstance(channels, int):
             oh, ow = out.shape[2], out.shape[3]
             assert isinstance(oh, int) and isinstance(ow, int)  # `applies` checked the input
-            tile = pointwise_tile(channels, oh * ow, isa)
+            begins, ends = spatial.pads(call.attrs, 2)
+            # `pointwise_body`'s layers (`takes_pointwise`: a blocked input, unpadded)
+            xt = call.args[0].type
+            unpadded = isinstance(xt, TensorType) and xt.ndim == 5 and not any((*begins, *ends))
+            tile = pointwise_tile(channels, oh * ow, isa, unpadded)
             if tile is not None and tile != call.attrs.get(TILE):
                 w = ck.unpack_blocked_weight(np.asarray(wp.data), channels)
                 packed = g.Constant(ck.pack_blocked_weight(w, 1, tile[0]), wp.name)
@@ -162,19 +185,31 @@ class NchwcConv(DirectConv):
     def build(self, params: Sequence[Any], args: Sequence[Any], attrs: Mapping[str, Any],
               anchor: Any, result: Any, isa: ISA) -> PrimFunc | None:
         """An unpadded 1x1 layer on `pointwise_body` where `pointwise_body_isa` and
-        `takes_pointwise` say so (its lanes unrolled where `pointwise_kernel` holds);
-        the others on the blocked kernel."""
+        `takes_pointwise` say so (its lanes unrolled where `pointwise_kernel` holds), and
+        wherever its channel tile ends in half a block (`half_vector`; None, the
+        generic loop nest, for any other layer with such a tile); the others on the
+        blocked kernel."""
+        from kiln.ops.conv_direct import call_conv_shape, nchwc_block
+
         blocked = blocked_body(isa)
         pointwise = pointwise_body_isa(isa)
         unrolled = pointwise_kernel(isa)
+        shape = call_conv_shape(self.op, args, attrs)
+        block = nchwc_block(args[0].shape, attrs)
+        half = int(args[1].shape[5]) % block > 0
+        if shape is None or (half and not (len(args[0].shape) == 5
+                                           and takes_pointwise(shape, block))):
+            return None
 
         def body(shape: ck.ConvShape, x: Buffer, w: Buffer, out: Buffer, t: tuple[int, ...],
                  epilogue: Epilogue, fused: bool, block: int) -> Stmt:
-            if pointwise and t and x.ndim == 5 and takes_pointwise(shape, block):
-                kblock = pointwise_k_blocking(shape, ck.Tiling(int(w.shape[5]), t[1]), isa,
-                                              block)
-                return pointwise_body(shape, x, w, out, t, epilogue, fused, block, kblock,
-                                      unrolled)
+            if ((pointwise and t) or half) and x.ndim == 5 and takes_pointwise(shape, block):
+                cb = int(w.shape[5])
+                tile_w = t[1] if t else ck.choose_tiling(shape, tile_lanes(isa),
+                                                         tile_registers(isa)).tile_w
+                kblock = pointwise_k_blocking(shape, ck.Tiling(cb, tile_w), isa, block)
+                return pointwise_body(shape, x, w, out, (cb, tile_w), epilogue, fused, block,
+                                      kblock, unrolled)
             return blocked(shape, x, w, out, t, epilogue, fused, block)
 
         tile = recorded_tile(attrs, 2, self.op)
@@ -258,9 +293,14 @@ def pointwise_body(shape: ck.ConvShape, x: Buffer, wp: Buffer, out: Buffer,
                        if full > 1 else channels(_c(0), block))
         if rest and seg is None:
             red.append(channels(_c(full), rest))
-        stage = Buffer("stage", (tile_w, cb), dtype, "local")
+        # whole blocks: a tile ending in half a block (`half_vector`) stores zeros past it
+        wide = -(-cb // block) * block
+        stage = Buffer("stage", (tile_w, wide), dtype, "local")
         copy = lanes_loop("v", cb, lambda v: seq(*(
             Store(stage, acc[_c(r), v], (_c(r), v)) for r in range(tile_w))))
+        if wide > cb:
+            copy = seq(copy, lanes_loop("v", wide - cb, lambda v: seq(*(
+                Store(stage, as_expr(0.0, dtype), (_c(r), v + cb)) for r in range(tile_w)))))
         real = [t * tile_w + r < positions if overflow[r] else None for r in range(tile_w)]
         stores = ck.blocked_tile_stores(out, stage, epilogue, n, ob, rows, cols, real, block,
                                         cout, blocks, out_blocks)
