@@ -189,7 +189,14 @@ CASES: dict[str, list[OpCase]] = {
     "conv2d_nchwc": [OpCase((f32(1, 1, 5, 6, 4), f32(1, 1, 3, 3, 3, 8), f32(5)),
                             {"channels": 5, "pads": (1, 1, 1, 1)}),
                      OpCase((f32(2, 2, 6, 5, 4), f32(1, 1, 6, 1, 1, 4)),
-                            {"channels": 3, "strides": (2, 2)})],
+                            {"channels": 3, "strides": (2, 2)}),
+                     # one tile of 6 channels: a block and a half
+                     OpCase((f32(1, 2, 5, 6, 4), f32(1, 1, 6, 1, 1, 6), f32(5)),
+                            {"channels": 5}),
+                     # an NCHW input (a region's first layer) -> NCHW4c
+                     OpCase((f32(1, 3, 6, 5), f32(1, 1, 3, 3, 3, 8), f32(5)),
+                            {"channels": 5, "strides": (2, 2), "pads": (1, 1, 1, 1),
+                             "block": 4})],
     "layout_transform": [OpCase((f32(2, 5, 3, 4),), {"src": "NCHW", "dst": "NCHW4c"}),
                          OpCase((f32(1, 2, 3, 3, 8),),
                                 {"src": "NCHW8c", "dst": "NCHW", "channels": 13})],

@@ -24,7 +24,7 @@ from onnx import TensorProto, helper, numpy_helper
 import kiln
 from kiln.frontend import from_onnx
 from kiln.ir import graph as g
-from kiln.ops.kernels.nchwc import pointwise_kernel, pointwise_tile
+from kiln.ops.kernels.nchwc import pointwise_body_isa, pointwise_kernel, pointwise_tile
 from kiln.target import Target
 from kiln.target.isa import isa_for
 from kiln.transform.registry import parse_passes
@@ -123,7 +123,16 @@ def test_pointwise_tiles_on_32_registers() -> None:
     assert pointwise_tile(576, 196, avx512) == (64, 6)
     assert pointwise_tile(96, 196, avx512) == (48, 7)
     assert pointwise_tile(160, 49, avx512) == (32, 7)
-    assert pointwise_tile(40, 143, avx512) == (48, 8)
+    # three vectors: a broadcast per position besides (8 positions spilled)
+    assert pointwise_tile(96, 112 * 112, avx512) == (48, 7)
+    assert pointwise_tile(40, 143, avx512) == (48, 6)  # 7 would compute 147 positions
+    assert pointwise_tile(16, 112 * 112, avx512) == (16, 8)
+    # `pointwise_body`'s layers: one tile of all the channels ends in half a vector where
+    # they fill at most half of the last one
+    assert pointwise_tile(24, 56 * 56, avx512, half=True) == (24, 8)
+    assert pointwise_tile(40, 143, avx512, half=True) == (40, 6)
+    assert pointwise_tile(44, 143, avx512, half=True) == (48, 6)
+    assert pointwise_tile(160, 49, avx512, half=True) == (32, 7)  # 5 tiles
     # 16 registers (AVX2) and NEON (4 lanes, not measured) keep the blocked kernel's rule
     assert pointwise_tile(576, 196, isa_for(Target("llvm -mcpu=haswell"))) is None
     assert pointwise_tile(576, 196, isa_for(Target("llvm -mtriple=aarch64-linux-gnu"
@@ -195,9 +204,13 @@ def test_pointwise_kernel_on_16_registers_of_8_lanes() -> None:
         return pointwise_kernel(isa_for(Target(spec)))
 
     assert on("llvm -mcpu=haswell") and on("llvm -mcpu=znver4 -mattr=-avx512f")
-    # AVX-512 keeps the blocked kernel with `pointwise_tile`; NEON and SSE (4 lanes) too
+    # AVX-512 runs it with `pointwise_tile`'s tiles, the lanes a loop; NEON and SSE (4
+    # lanes) keep the blocked kernel
     assert not on("llvm -mcpu=znver4") and not on("llvm -mcpu=nehalem")
     assert not on("llvm -mtriple=aarch64-linux-gnu -mcpu=neoverse-n1")
+    assert pointwise_body_isa(isa_for(Target("llvm -mcpu=znver4")))
+    assert pointwise_body_isa(isa_for(Target("llvm -mcpu=haswell")))
+    assert not pointwise_body_isa(isa_for(Target("llvm -mcpu=nehalem")))
 
 
 def _pointwise_model() -> onnx.ModelProto:
@@ -232,3 +245,46 @@ def test_pointwise_layers_of_a_default_region_match_onnxruntime(kind: str) -> No
         assert kinds.count("conv2d_nchwc") == 4 and "conv2d_nchwc_depthwise" in kinds
     assert_close([np.asarray(exe(*feeds.values()))], onnxruntime_outputs(POINTWISE, feeds),
                  TOL, ["pointwise"])
+
+
+def _stem_model() -> onnx.ModelProto:
+    """A first layer on 3 channels (3x3/2 with BatchNorm and Clip: the row-tiled kernel
+    outside a region) before a depthwise layer and a 1x1 one; 33x35 -> 17x18."""
+    b = GraphBuilder(seed=12)
+    x = b.input("x", [1, 3, 33, 35])
+    s = b.relu6(b.bn(b.conv(x, 3, 24, 3, stride=2, bias=False), 24))
+    d = b.relu6(b.conv(s, 24, 24, 3, group=24))
+    b.output(b.conv(d, 24, 16, 1), [1, 16, 17, 18])
+    return b.model()
+
+
+STEM = _stem_model()
+
+
+@pytest.mark.parametrize("cpu", ["skylake-avx512", "haswell"])
+def test_a_first_layer_on_3_channels_writes_the_blocked_layout(cpu: str) -> None:
+    passes = ("fold-constants,fold-batchnorm,block-convolutions,"
+              "nchwc-layout{depthwise_only=true}")
+    with Target(f"llvm -mcpu={cpu}"):
+        mod = from_onnx(STEM)
+        for p in parse_passes(passes):
+            mod = p(mod)
+    calls = [b.value for b in mod["main"].bindings if isinstance(b.value, g.Call)]
+    # no reorder into the region: the first layer reads the NCHW image in place
+    assert [c.attrs["dst"] for c in calls if c.op == "layout_transform"] == ["NCHW"]
+    lanes = 16 if cpu == "skylake-avx512" else 8
+    first = calls[0]
+    assert first.op == "conv2d_nchwc" and first.args[0].type.shape == (1, 3, 33, 35)
+    assert first.ret_type.shape == (1, 24 // lanes + (24 % lanes > 0), 17, 18, lanes)
+
+
+@pytest.mark.parametrize("kind", NATIVE_TARGETS)
+def test_a_first_layer_on_3_channels_matches_onnxruntime(kind: str) -> None:
+    feeds = {"x": RNG.standard_normal((1, 3, 33, 35)).astype(np.float32)}
+    exe = kiln.compile(from_onnx(STEM), native_target(kind))
+    if kind != "c":  # (NCHW{b}c regions on vector ISAs of 8 lanes or more)
+        reads = [tuple(f.params[0].shape) for f in exe.ir.functions.values()
+                 if f.attrs.get("kiln.conv_kernel") == "conv2d_nchwc"]
+        assert (1, 3, 33, 35) in reads
+    assert_close([np.asarray(exe(*feeds.values()))], onnxruntime_outputs(STEM, feeds),
+                 TOL, ["stem"])

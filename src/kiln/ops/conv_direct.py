@@ -14,8 +14,10 @@ visible in the graph (and in its kiln.script text):
   `[co_block][ci][kh][kw][rows]` (`pack_rows_weight`), attribute `channels`;
 - `conv2d_nchwc(x, wp[, bias])`: `conv2d_blocked` (ungrouped) on activations in the
   blocked NCHW{b}c layout (kiln.ops.layout): `x` is `[N][ceil(ci/b)][H][W][b]`, the
-  result `[N][ceil(co/b)][OH][OW][b]` with its padding channels zero; the
-  `nchwc-layout` pass (kiln.transform.nchwc_layout) introduces it;
+  result `[N][ceil(co/b)][OH][OW][b]` with its padding channels zero; with attribute
+  `block` = b, `x` is NCHW instead (a region's first convolution reading its NCHW
+  input in place: `NCHW_INPUT_BLOCK`); the `nchwc-layout` pass
+  (kiln.transform.nchwc_layout) introduces it;
 - `conv2d_group_gemm(x, w[, bias])`: a grouped (not depthwise) 1x1 convolution as
   one GEMM per group (kiln.ops.kernels.conv_grouped); same attributes as `conv2d`.
 
@@ -119,14 +121,37 @@ def _blocked_ref(x: np.ndarray, wp: np.ndarray, b: np.ndarray | None = None,
 
 # --------------------------------------------------------------------------- NCHWc op
 
+#: The attribute of a `conv2d_nchwc` call on an NCHW input: its output's block `b`.
+NCHW_INPUT_BLOCK = "block"
+
+
+def nchwc_block(x: Sequence[Any], attrs: Attrs) -> int:
+    """The block `b` of a `conv2d_nchwc` call's NCHW{b}c output: its input's (5-D), or
+    the `NCHW_INPUT_BLOCK` attribute of an NCHW (4-D) input."""
+    return int(x[4]) if len(x) == 5 else int(attrs.get(NCHW_INPUT_BLOCK, 0))
+
+
+def nchwc_channel_tile(cb: int, blocks: int, block: int) -> bool:
+    """Whether `blocks` tiles of `cb` output channels suit an NCHW{block}c output: whole
+    blocks, or one tile ending in half a block (kiln.ops.kernels.nchwc.half_vector;
+    its block's upper half stored as zeros)."""
+    return cb % block == 0 or (blocks == 1 and 2 * (cb % block) == block)
+
+
 def _nchwc_oihw(types: Sequence[Any], attrs: Attrs) -> tuple[int, ...]:
-    """The OIHW weight of a `conv2d_nchwc` call (checked against its blocked input)."""
+    """The OIHW weight of a `conv2d_nchwc` call (checked against its input)."""
     oihw = _blocked_oihw(types, attrs)
     x = tuple(types[0].shape)
-    if int(attrs.get("group", 1)) != 1 or len(x) != 5 or \
-            int(x[1]) != -(-oihw[1] // int(x[4])) or int(types[1].shape[5]) % int(x[4]):
-        raise IRError(f"{NCHWC}: input {x} must be NCHW<b>c holding the weight's {oihw[1]} "
-                      f"input channels, ungrouped, with a packed channel tile a multiple of b")
+    b = nchwc_block(x, attrs)
+    blocked = len(x) == 5 and NCHW_INPUT_BLOCK not in attrs
+    plain = len(x) == 4 and b > 0
+    if int(attrs.get("group", 1)) != 1 or not (blocked or plain) or \
+            int(x[1]) != (-(-oihw[1] // b) if blocked else oihw[1]) or \
+            not nchwc_channel_tile(int(types[1].shape[5]), int(types[1].shape[1]), b):
+        raise IRError(f"{NCHWC}: input {x} must be NCHW<b>c (or NCHW with attribute "
+                      f"{NCHW_INPUT_BLOCK}=b) holding the weight's {oihw[1]} input channels, "
+                      f"ungrouped, with a packed channel tile a multiple of b (or one tile "
+                      f"ending in half a block)")
     return oihw
 
 
@@ -140,15 +165,16 @@ def _nchwc_infer(types: Sequence[TensorType], attrs: Attrs) -> Type:
     out = conv_infer([TensorType(_nchw_of(x.shape, oihw[1]), x.dtype),
                        TensorType(oihw, types[1].dtype), *types[2:]], attrs)
     assert isinstance(out, TensorType)
-    return TensorType(layout.block_shape(out.shape, cast(int, x.shape[4])), out.dtype)
+    return TensorType(layout.block_shape(out.shape, nchwc_block(x.shape, attrs)), out.dtype)
 
 
 def _nchwc_compute(inputs: Sequence[te.Tensor], attrs: Attrs) -> te.Tensor:
     oihw = _nchwc_oihw(inputs, attrs)
     x = inputs[0]
-    b = int(x.shape[4])
-    plain = te.compute(_nchw_of(x.shape, oihw[1]),
-                       lambda n, c, h, w: x[n, c // b, h, w, c % b], x.dtype, "x_nchw")
+    b = nchwc_block(x.shape, attrs)
+    plain = x if len(x.shape) == 4 else te.compute(
+        _nchw_of(x.shape, oihw[1]), lambda n, c, h, w: x[n, c // b, h, w, c % b], x.dtype,
+        "x_nchw")
     out = _blocked_compute([plain, *inputs[1:]], attrs)
     co = oihw[0]
 
@@ -161,8 +187,10 @@ def _nchwc_compute(inputs: Sequence[te.Tensor], attrs: Attrs) -> te.Tensor:
 
 def _nchwc_ref(x: np.ndarray, wp: np.ndarray, b: np.ndarray | None = None,
                **attrs: Any) -> np.ndarray:
-    plain = layout.from_blocked(x, int(wp.shape[2]))
-    return layout.to_blocked(_blocked_ref(plain, wp, b, **attrs), int(x.shape[4]))
+    plain = x if x.ndim == 4 else layout.from_blocked(x, int(wp.shape[2]))
+    block = nchwc_block(x.shape, attrs)
+    attrs = {k: v for k, v in attrs.items() if k != NCHW_INPUT_BLOCK}
+    return layout.to_blocked(_blocked_ref(plain, wp, b, **attrs), block)
 
 
 # --------------------------------------------------------------------------- row-tiled op

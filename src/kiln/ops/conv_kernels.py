@@ -369,7 +369,8 @@ def blocked_conv_body(shape: ConvShape, x: Buffer, wp: Buffer, out: Buffer,
     (kiln.ops.layout): the input is read as `x[n][ci/block][h][w][ci%block]` and each
     output position stores `cb / block` contiguous vectors at index
     `(n, oc/block, oh, ow, oc%block)`; output channels past the real ones in the last
-    block are stored as zeros (their epilogue is not applied).
+    block are stored as zeros (their epilogue is not applied). A 4-D `x` is read as NCHW
+    (NCHW in, NCHW{b}c out).
 
     A tile holds `tile_w` consecutive output positions of the flattened (oh, ow) plane:
     tile `t` takes `t * tile_w, ..., t * tile_w + tile_w - 1` (a run may wrap onto the
@@ -411,7 +412,9 @@ def blocked_conv_body(shape: ConvShape, x: Buffer, wp: Buffer, out: Buffer,
     if block and (shape.groups != 1 or cb % block):
         raise IRError(f"NCHW{block}c conv kernel needs an ungrouped convolution and a "
                       f"channel tile that is a multiple of {block}: {shape}, cb={cb}")
-    xp, prologue = padded_blocked_input(x, shape, block) if block else padded_input(x, shape)
+    # a region's first convolution (a 4-D `x`) reads its NCHW input in place
+    xp, prologue = (padded_blocked_input(x, shape, block) if block and x.ndim == 5
+                    else padded_input(x, shape))
     out_blocks = -(-cog // block) if block else 0
     # NCHW, an epilogue reading a tensor shaped like the output (a residual Add) reads it
     # per channel along the tile's consecutive positions (`flat_stores`): read along the

@@ -13,7 +13,12 @@ layout-agnostic ops between such convolutions follow it:
   `concat` along the block axis.
 
 A region is entered with one `layout_transform(x, src="NCHW", dst="NCHW{b}c")`
-per NCHW tensor it reads, and a tensor it produces is reordered back (one
+per NCHW tensor it reads, but for a convolution on fewer input channels than a block
+(a network's first layer on an RGB image; a row-tiled `conv2d_rows` one becomes the
+blocked kernel's) in a region holding a depthwise convolution: that one reads its NCHW
+input in place and writes NCHW{b}c (`conv2d_nchwc` with attribute `block`,
+`_reads_nchw`, `loose_entries`). A tensor a region produces is
+reordered back (one
 `layout_transform(..., dst="NCHW")`, bound to the original variable) just
 before its first other consumer (a depthwise or row-tiled convolution, a
 concat of partial blocks, a global pooling, a Flatten, ...) or the function's
@@ -116,9 +121,14 @@ class NchwcLayout(FunctionPass):
                 skip -= {c for group in first.regions() if first.depthwise & set(group)
                          for c in group}
         layouts: dict[frozenset[g.Var], str] = {}  # a region's layout, once decided
+        reordered: set[g.Var] = set()  # first layers whose input is reordered after all
         while True:  # each round leaves out the convolutions of regions too small to pay
-            rewriter = _Rewriter(tile_lanes(isa), skip, isa)
+            rewriter = _Rewriter(tile_lanes(isa), skip, isa, reordered=reordered)
             new = rewriter.run(func)
+            loose = rewriter.loose_entries()
+            if loose:  # their regions entered by a reorder instead
+                reordered |= loose
+                continue
             small = rewriter.small_regions(self.min_convs, depthwise_only,
                                            self.depthwise_only and not depthwise_only)
             if session is not None:
@@ -129,7 +139,8 @@ class NchwcLayout(FunctionPass):
 
 
 class _Rewriter:
-    def __init__(self, block: int, skip: set[g.Var], isa: Any, gemm: bool = True) -> None:
+    def __init__(self, block: int, skip: set[g.Var], isa: Any, gemm: bool = True,
+                 reordered: frozenset[g.Var] | set[g.Var] = frozenset()) -> None:
         from kiln.ops.kernels.registry import KERNELS
         from kiln.ops.layout import blocked_layout
 
@@ -138,6 +149,7 @@ class _Rewriter:
         self.family = KERNELS.get("nchwc")
         self.skip = skip                          # convolutions (by result) to leave NCHW
         self.gemm = gemm                          # also block conv2d_gemm (1x1) calls
+        self.reordered = reordered                # convs entering by a reorder anyway
         self.layout = blocked_layout(block)
         self.bindings: list[g.Binding] = []
         self.blocked: dict[g.Var, g.Var] = {}     # NCHW var -> its NCHW{b}c value
@@ -148,6 +160,7 @@ class _Rewriter:
         self.depthwise: set[g.Var] = set()        # the depthwise convs (by result)
         self.convs: dict[g.Var, g.Call] = {}      # each blocked conv's original call
         self.clipped_pools: list[g.Var] = []      # a conv of the region of each padded pool
+        self.entries: set[g.Var] = set()          # the convs reading NCHW in place
 
     def small_regions(self, min_convs: int, depthwise_only: bool = False,
                       pointwise_regions: bool = False) -> set[g.Var]:
@@ -165,6 +178,15 @@ class _Rewriter:
                 or (depthwise_only and not self.depthwise & set(group))
                 or (pointwise_regions and root in clipped and not self.depthwise & set(group))
                 for c in group}
+
+    def loose_entries(self) -> set[g.Var]:
+        """The convolutions reading their NCHW input in place (`_reads_nchw`) whose
+        region holds no depthwise convolution: measured on MobileNetV2 and EfficientNet-B0
+        only; the pass runs again with their inputs reordered, as before. (On AVX2 a first
+        layer joined ResNet's region through its padded max pool, which
+        `pointwise_regions` then left NCHW whole.)"""
+        with_depthwise = {self._root(c) for c in self.depthwise}
+        return {c for c in self.entries if self._root(c) not in with_depthwise}
 
     def regions(self) -> list[list[g.Var]]:
         """The regions formed (their convolutions' original result vars), each in graph
@@ -288,6 +310,8 @@ class _Rewriter:
             return None if b.var in self.skip else self._conv(c, b.var)
         if c.op == "conv2d_gemm" and self.gemm:
             return None if b.var in self.skip else self._gemm(c, b.var)
+        if c.op == "conv2d_rows" and self._reads_nchw(c, b.var):
+            return None if b.var in self.skip else self._rows(c, b.var)
         if c.op == "conv2d_depthwise":
             return None if b.var in self.skip else self._depthwise(c, b.var)
         if not c.args or not _is_plain_4d(c.ret_type) or not any(
@@ -324,18 +348,63 @@ class _Rewriter:
             and a.type.shape[1] % self.block == 0 for a in c.args)
 
     def _conv(self, c: g.Call, var: g.Var) -> g.Call | None:
+        from kiln.ops.conv_direct import NCHW_INPUT_BLOCK
+
         if not self.family.applies(c, self.isa):
             return None
-        blocked = g.Call(c.op, (self._to_blocked(c.args[0], var), *c.args[1:]), c.attrs,
-                         c.ret_type)
+        if self._reads_nchw(c, var):
+            self.entries.add(var)
+            blocked = g.Call(c.op, c.args, g.freeze_attrs(
+                {**c.attrs, NCHW_INPUT_BLOCK: self.block}), c.ret_type)
+        else:
+            blocked = g.Call(c.op, (self._to_blocked(c.args[0], var), *c.args[1:]), c.attrs,
+                             c.ret_type)
         return self.family.pack(blocked, self.isa)
+
+    def _reads_nchw(self, c: g.Call, var: g.Var) -> bool:
+        """Whether the convolution `c` (bound to `var`) reads its NCHW input in place: an
+        input not blocked yet, of fewer channels than a block, unless `var` is one of
+        `reordered` (`loose_entries`). Its NCHW{b}c copy would pad each position's
+        channels to a whole block (3 to 16 for an RGB image), and a blocked tile's step
+        reads one input value per position either way. MobileNetV2's first layer
+        (3->32 3x3/2 at 224x224, the row-tiled kernel) and the reorder after it took
+        0.27 + 0.21 ms on one Zen 4 core, the blocked kernel writing NCHW16c 0.28 (AVX2
+        code there: 0.27-0.29 + 0.08-0.16 -> 0.31-0.34 ms in NCHW8c; docs/performance.md,
+        "MobileNetV2 on AVX-512 (Zen 4)")."""
+        x = c.args[0]
+        t = x.type
+        return var not in self.reordered and not (isinstance(x, g.Var) and x in self.blocked) \
+            and _is_plain_4d(t) \
+            and isinstance(t, TensorType) and isinstance(t.shape[1], int) \
+            and t.shape[1] < self.block
+
+    def _rows(self, c: g.Call, var: g.Var) -> g.Call | None:
+        """`c` (a `conv2d_rows`, `[co_block][ci][kh][kw][rows]` weight) as the blocked
+        kernel's `conv2d_nchwc`."""
+        from kiln.ops import conv_kernels as ck
+        from kiln.ops.kernels.registry import TILE
+
+        w, channels = c.args[1], c.attrs.get("channels")
+        if not isinstance(w, g.Constant) or not isinstance(channels, int):
+            return None
+        oihw = ck.unpack_rows_weight(w.data, channels)
+        plain = g.Call("conv2d", (c.args[0], g.Constant(oihw, w.name), *c.args[2:]),
+                       g.freeze_attrs({k: v for k, v in c.attrs.items()
+                                       if k not in (TILE, "channels")}), c.ret_type)
+        return self._plain_conv(plain, var)
 
     def _gemm(self, c: g.Call, var: g.Var) -> g.Call | None:
         """`c` (a `conv2d_gemm`, OIHW weight) as the blocked kernel's `conv2d_nchwc`."""
-        from kiln.ops.kernels.registry import KERNELS, TILE
+        from kiln.ops.kernels.registry import TILE
 
         plain = g.Call("conv2d", c.args, g.freeze_attrs(
             {k: v for k, v in c.attrs.items() if k != TILE}), c.ret_type)
+        return self._plain_conv(plain, var)
+
+    def _plain_conv(self, plain: g.Call, var: g.Var) -> g.Call | None:
+        """`plain` (a `conv2d`, OIHW weight) as the blocked kernel's `conv2d_nchwc`."""
+        from kiln.ops.kernels.registry import KERNELS
+
         direct = KERNELS.get("conv_direct")
         if not direct.applies(plain, self.isa):
             return None
@@ -368,7 +437,7 @@ class _Rewriter:
 
 
 #: The convolutions a blocked region counts (their original ops).
-CONVS = ("conv2d_blocked", "conv2d_depthwise", "conv2d_gemm")
+CONVS = ("conv2d_blocked", "conv2d_depthwise", "conv2d_gemm", "conv2d_rows")
 def k_blocked_small_images(func: g.Function, isa: Any) -> set[g.Var]:
     """On ISAs whose 1x1 NCHWc layers take the pointwise kernel (AVX2:
     kiln.ops.kernels.nchwc.pointwise_kernel), the ungrouped convolutions

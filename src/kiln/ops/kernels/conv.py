@@ -86,7 +86,7 @@ def build_conv(op: str, params: Sequence[Any], args: Sequence[Any], attrs: Mappi
     shape = cd.call_conv_shape(op, args, attrs)
     if shape is None:
         return None
-    block = int(x.shape[4]) if op == cd.NCHWC else 0
+    block = cd.nchwc_block(x.shape, attrs) if op == cd.NCHWC else 0
     conv_out: tuple[Any, ...] = (shape.n, shape.c_out, shape.out_h, shape.out_w)
     bias = args[2] if len(args) > 2 else None
     if block:

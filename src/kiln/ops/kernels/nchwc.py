@@ -3,9 +3,10 @@ the block `b` (the ISA's float32 lanes) -> `conv2d_nchwc` on NCHW{b}c activation
 (kiln.transform.nchwc_layout decides where a region pays); the tile `(cb, tile_w)`
 is the blocked call's, except for a 1x1 layer on AVX-512 (32 registers of 16 lanes:
 `pointwise_tile`): up to four vectors of output channels per tile, each input value
-broadcast to twice as many channels, so the input is read half as often. On ISAs with
-16 registers of 8 lanes (AVX2) an unpadded 1x1 layer (strided too) runs on
-`pointwise_body` instead of the blocked kernel (`pointwise_kernel`, `takes_pointwise`)."""
+broadcast to twice as many channels, so the input is read half as often. An unpadded
+1x1 layer (strided too) runs on `pointwise_body` instead of the blocked kernel
+(`takes_pointwise`) on ISAs with 16 registers of 8 lanes (AVX2, `pointwise_kernel`)
+and on those `pointwise_tile` holds for (`pointwise_body_isa`)."""
 
 from __future__ import annotations
 
@@ -27,11 +28,13 @@ from kiln.ir.tensor import (
     Stmt,
     Store,
     Var,
+    as_expr,
     min_,
     seq,
 )
 from kiln.ir.types import TensorType
 from kiln.ops import conv_kernels as ck
+from kiln.ops import spatial
 from kiln.ops.kernels.conv import build_conv
 from kiln.ops.kernels.conv_direct import DirectConv, blocked_body, choose_k_blocking
 from kiln.ops.kernels.registry import TILE, fits_registers, recorded_tile
@@ -52,27 +55,70 @@ POINTWISE_VECTORS = 4
 POINTWISE_POSITIONS = 8
 
 
-def pointwise_tile(channels: int, positions: int, isa: ISA) -> tuple[int, int] | None:
+def pointwise_tile(channels: int, positions: int, isa: ISA, half: bool = False
+                   ) -> tuple[int, int] | None:
     """`(cb, tile_w)` of a 1x1 NCHWc layer with `channels` outputs and `positions`
     output positions, or None (keep the blocked rule's: fewer than 32 registers or 16
     lanes, where it was not measured). `cb`:
     the vectors (4 to 1) that compute the fewest padded channels, the most on ties
-    (96 channels at 16 lanes: 3 vectors, 2 tiles; 576: 4); `tile_w`: the most positions
-    (up to 8) whose accumulators fit the registers, fewer where that wastes less than 2%
-    of the last tile (as the blocked rule does)."""
+    (96 channels at 16 lanes: 3 vectors, 2 tiles; 576: 4); with `half` (a layer on
+    `pointwise_body`) a tile of all the channels whose last vector they fill at most
+    half of ends in half a vector instead (24 channels: 16 + 8, `half_vector`);
+    `tile_w`: the most positions
+    (up to 8) whose accumulators fit the registers with the weight vectors and, but for
+    4 vectors, one broadcast per position (`pointwise_fits`), fewer where that wastes
+    less than 2% of the last tile (as the blocked rule does)."""
     if tile_registers(isa) < 32 or tile_lanes(isa) < 16:
         return None  # measured on AVX-512 only
     lanes = tile_lanes(isa)
     vecs = -(-channels // lanes)
     v = min(range(min(POINTWISE_VECTORS, vecs), 0, -1), key=lambda v: -(-vecs // v) * v)
-    fit = [w for w in range(POINTWISE_POSITIONS, 3, -1) if fits_registers(v * w, v, isa)]
+    fit = [w for w in range(POINTWISE_POSITIONS, 3, -1) if pointwise_fits(v, w, isa)]
 
     def waste(w: int) -> int:
         return -(-positions // w) * w - positions
 
     tile_w = next((w for w in fit if waste(w) <= ck.MAX_POSITION_WASTE * positions),
                   min(fit, key=waste))
+    if half and v == vecs and half_vector(channels, lanes):
+        return v * lanes - lanes // 2, tile_w
     return v * lanes, tile_w
+
+
+def half_vector(channels: int, lanes: int) -> bool:
+    """Whether a 1x1 tile of all `channels` ends in half a vector of `lanes` (they fill
+    at most half of their last vector). Its last multiply-adds are then half as wide:
+    a 512-bit one takes both of Zen 4's 256-bit FMA pipes, a 256-bit one either, and
+    on cores with two 512-bit FMA units both count one. MobileNetV2's 24-channel layers
+    at 56x56 on one Zen 4 core, ms, 32 -> 24 channels per tile: 96->24 0.185 -> 0.155,
+    144->24 + Add 0.276 -> 0.230 (docs/performance.md, "MobileNetV2 on AVX-512 (Zen
+    4)")."""
+    return 0 < channels % lanes <= lanes // 2
+
+
+def pointwise_fits(vectors: int, positions: int, isa: ISA) -> bool:
+    """Whether a 1x1 tile of `vectors` x `positions` fits the registers of `isa`: its
+    accumulators, the weight vectors and a broadcast per position (LLVM loads a step's
+    broadcasts ahead of its multiply-adds). Where that spilled, 48 channels x 8
+    positions (24 accumulators, 3 weight vectors, 8 broadcasts), the 1x1 16->96 layer
+    at 112x112 took 0.57 ms against 0.46 at 7 positions, 24->144 at 56x56 0.30 against
+    0.23 (Zen 4, one thread, docs/performance.md, "MobileNetV2 on AVX-512 (Zen 4)").
+    Four vectors keep the one-broadcast budget (`fits_registers`): 64 x 6 ran no slower
+    than 64 x 5 on any 1x1 layer of MobileNetV2 there."""
+    if vectors >= POINTWISE_VECTORS:
+        return fits_registers(vectors * positions, vectors, isa)
+    return vectors * positions + vectors + positions <= tile_registers(isa)
+
+
+def pointwise_body_isa(isa: ISA) -> bool:
+    """Whether the unpadded 1x1 layers (`takes_pointwise`) run on `pointwise_body` on
+    `isa`: with `pointwise_kernel` (AVX2), and where `pointwise_tile` sets the tile
+    (32 registers of 16 lanes: AVX-512). On the blocked kernel an AVX-512 tile's step
+    divides each input channel index by the block for every position (Zen 4, one
+    thread, ms: 32->16 at 112x112 0.217 -> 0.126, 144->24 + Add at 56x56 0.327 ->
+    0.276, 96->24 at 56x56 0.219 -> 0.185; docs/performance.md, "MobileNetV2 on
+    AVX-512 (Zen 4)")."""
+    return pointwise_kernel(isa) or (tile_registers(isa) >= 32 and tile_lanes(isa) >= 16)
 
 
 def pointwise_kernel(isa: ISA) -> bool:
@@ -124,7 +170,11 @@ class NchwcConv(DirectConv):
                 out, TensorType) and isinstance(channels, int):
             oh, ow = out.shape[2], out.shape[3]
             assert isinstance(oh, int) and isinstance(ow, int)  # `applies` checked the input
-            tile = pointwise_tile(channels, oh * ow, isa)
+            begins, ends = spatial.pads(call.attrs, 2)
+            # `pointwise_body`'s layers (`takes_pointwise`: a blocked input, unpadded)
+            xt = call.args[0].type
+            unpadded = isinstance(xt, TensorType) and xt.ndim == 5 and not any((*begins, *ends))
+            tile = pointwise_tile(channels, oh * ow, isa, unpadded)
             if tile is not None and tile != call.attrs.get(TILE):
                 w = ck.unpack_blocked_weight(np.asarray(wp.data), channels)
                 packed = g.Constant(ck.pack_blocked_weight(w, 1, tile[0]), wp.name)
@@ -134,17 +184,32 @@ class NchwcConv(DirectConv):
 
     def build(self, params: Sequence[Any], args: Sequence[Any], attrs: Mapping[str, Any],
               anchor: Any, result: Any, isa: ISA) -> PrimFunc | None:
-        """An unpadded 1x1 layer on `pointwise_body` where `pointwise_kernel` and
-        `takes_pointwise` say so; the others on the blocked kernel."""
+        """An unpadded 1x1 layer on `pointwise_body` where `pointwise_body_isa` and
+        `takes_pointwise` say so (its lanes unrolled where `pointwise_kernel` holds), and
+        wherever its channel tile ends in half a block (`half_vector`; None, the
+        generic loop nest, for any other layer with such a tile); the others on the
+        blocked kernel."""
+        from kiln.ops.conv_direct import call_conv_shape, nchwc_block
+
         blocked = blocked_body(isa)
-        pointwise = pointwise_kernel(isa)
+        pointwise = pointwise_body_isa(isa)
+        unrolled = pointwise_kernel(isa)
+        shape = call_conv_shape(self.op, args, attrs)
+        block = nchwc_block(args[0].shape, attrs)
+        half = int(args[1].shape[5]) % block > 0
+        if shape is None or (half and not (len(args[0].shape) == 5
+                                           and takes_pointwise(shape, block))):
+            return None
 
         def body(shape: ck.ConvShape, x: Buffer, w: Buffer, out: Buffer, t: tuple[int, ...],
                  epilogue: Epilogue, fused: bool, block: int) -> Stmt:
-            if pointwise and t and takes_pointwise(shape, block):
-                kblock = pointwise_k_blocking(shape, ck.Tiling(int(w.shape[5]), t[1]), isa,
-                                              block)
-                return pointwise_body(shape, x, w, out, t, epilogue, fused, block, kblock)
+            if ((pointwise and t) or half) and x.ndim == 5 and takes_pointwise(shape, block):
+                cb = int(w.shape[5])
+                tile_w = t[1] if t else ck.choose_tiling(shape, tile_lanes(isa),
+                                                         tile_registers(isa)).tile_w
+                kblock = pointwise_k_blocking(shape, ck.Tiling(cb, tile_w), isa, block)
+                return pointwise_body(shape, x, w, out, (cb, tile_w), epilogue, fused, block,
+                                      kblock, unrolled)
             return blocked(shape, x, w, out, t, epilogue, fused, block)
 
         tile = recorded_tile(attrs, 2, self.op)
@@ -153,7 +218,8 @@ class NchwcConv(DirectConv):
 
 def pointwise_body(shape: ck.ConvShape, x: Buffer, wp: Buffer, out: Buffer,
                    tile: tuple[int, ...], epilogue: Epilogue, fused: bool,
-                   block: int, kblock: ck.ConvKBlocking | None = None) -> Stmt:
+                   block: int, kblock: ck.ConvKBlocking | None = None,
+                   unrolled: bool = True) -> Stmt:
     """The loop nest of an unpadded 1x1 `conv2d_nchwc` (any stride): `x` and `out` are
     NCHW{block}c, `wp` the blocked kernel's packed weight `[1][co/cb][ci][1][1][cb]`.
 
@@ -162,7 +228,11 @@ def pointwise_body(shape: ck.ConvShape, x: Buffer, wp: Buffer, out: Buffer,
     with the `block` lanes of each unrolled: every input value is read at a constant
     lane of a block-aligned vector (no division or remainder of the channel index in
     the loop), a tile's positions of one block are one contiguous run, and a channel
-    count no multiple of `block` ends with its real lanes only.
+    count no multiple of `block` ends with its real lanes only. Not `unrolled`, the
+    lanes of a block are a loop instead (the same reads at a lane offset that grows by
+    one): on 32 registers (AVX-512) LLVM hoisted the unrolled lanes' broadcasts ahead
+    of their multiply-adds and spilled them (144->24 + Add at 56x56: 0.331 ms unrolled,
+    0.276 as a loop, Zen 4).
 
     With `kblock` (whole blocks of input channels per segment) a parallel task takes
     `kblock.band` consecutive tiles of one channel block and sums each segment over all
@@ -194,21 +264,25 @@ def pointwise_body(shape: ck.ConvShape, x: Buffer, wp: Buffer, out: Buffer,
             cols.append(cv)
         sh, sw = shape.stride
 
+        def lane_step(cib: PrimExpr, lane: PrimExpr) -> Stmt:
+            # the tile's input values of channel `cib * block + lane`, each bound once,
+            # against one weight row
+            xs = [Var(f"x{r}", dtype) for r in range(tile_w)]
+            lets = [LetStmt(xv, x[n, cib, rows[r] * sh, cols[r] * sw, lane])
+                    for r, xv in enumerate(xs)]
+
+            def step(v: PrimExpr) -> Stmt:
+                wv = Var("w", dtype)
+                return seq(LetStmt(wv, wp[_c(0), ob, cib * block + lane, _c(0), _c(0), v]),
+                           *(Store(acc, madd(acc[_c(r), v], xs[r], wv, fused), (_c(r), v))
+                             for r in range(tile_w)))
+
+            return seq(*lets, lanes_loop("v", cb, step))
+
         def channels(cib: PrimExpr, lanes: int) -> Stmt:
-            steps: list[Stmt] = []
-            for lane in range(lanes):
-                xs = [Var(f"x{r}", dtype) for r in range(tile_w)]
-                lets = [LetStmt(xv, x[n, cib, rows[r] * sh, cols[r] * sw, _c(lane)])
-                        for r, xv in enumerate(xs)]
-
-                def step(v: PrimExpr, lane: int = lane, xs: list[Var] = xs) -> Stmt:
-                    wv = Var("w", dtype)
-                    return seq(LetStmt(wv, wp[_c(0), ob, cib * block + lane, _c(0), _c(0), v]),
-                               *(Store(acc, madd(acc[_c(r), v], xs[r], wv, fused), (_c(r), v))
-                                 for r in range(tile_w)))
-
-                steps += [*lets, lanes_loop("v", cb, step)]
-            return seq(*steps)
+            if not unrolled and lanes > 1:
+                return _loop("lane", lanes, lambda lane: lane_step(cib, lane))
+            return seq(*(lane_step(cib, _c(lane)) for lane in range(lanes)))
 
         red: list[Stmt] = []
         if seg is not None:  # whole blocks of the segment's channels
@@ -219,9 +293,14 @@ def pointwise_body(shape: ck.ConvShape, x: Buffer, wp: Buffer, out: Buffer,
                        if full > 1 else channels(_c(0), block))
         if rest and seg is None:
             red.append(channels(_c(full), rest))
-        stage = Buffer("stage", (tile_w, cb), dtype, "local")
+        # whole blocks: a tile ending in half a block (`half_vector`) stores zeros past it
+        wide = -(-cb // block) * block
+        stage = Buffer("stage", (tile_w, wide), dtype, "local")
         copy = lanes_loop("v", cb, lambda v: seq(*(
             Store(stage, acc[_c(r), v], (_c(r), v)) for r in range(tile_w))))
+        if wide > cb:
+            copy = seq(copy, lanes_loop("v", wide - cb, lambda v: seq(*(
+                Store(stage, as_expr(0.0, dtype), (_c(r), v + cb)) for r in range(tile_w)))))
         real = [t * tile_w + r < positions if overflow[r] else None for r in range(tile_w)]
         stores = ck.blocked_tile_stores(out, stage, epilogue, n, ob, rows, cols, real, block,
                                         cout, blocks, out_blocks)
