@@ -80,10 +80,17 @@ MIN_SEGMENT_CHANNELS = 8
 #: tiles wrap rows, and each reads every channel's plane) with weights past the L1.
 KBLOCK_WEIGHT_L2_SHARE = 0.25
 SMALL_IMAGE_POSITIONS = 64
-# The K-blocking rule and the subsampled strided 1x1 layers (ck.subsampled_input) hold
-# on tiles.ZEN3_VECTOR_BITS only. A strided 1x1 layer on one Zen 3 core, ms strided ->
+# The subsampled strided 1x1 layers (ck.subsampled_input) hold on
+# tiles.ZEN3_VECTOR_BITS only. A strided 1x1 layer on one Zen 3 core, ms strided ->
 # subsampled (onnxruntime): 512>1024 @28 4.07 -> 3.22 (3.14), 1024>2048 @14 4.51 ->
 # 3.27 (3.58).
+#: The vector widths the K-blocking rule was measured on: 256 bits (Zen 3, below) and 512
+#: (Zen 4, docs/performance.md "K-blocked sums on AVX-512"), where it blocks a layer whose
+#: weights pass `KBLOCK_WEIGHT_L2_SHARE` of the L2 and whose padded input passes
+#: `KBLOCK_INPUT_L2_SHARE` (VGG-19's 3x3 layers of 512 channels at 28x28 and 14x14), not
+#: by the small-image criterion (a 7x7 image's layers: no faster blocked).
+K_BLOCKING_BITS = (256, 512)
+KBLOCK_INPUT_L2_SHARE = 0.5
 #: The most partial sums (bytes) a K-blocked task keeps: a quarter of the L2.
 PARTIAL_SUMS_L2_SHARE = 0.25
 
@@ -103,7 +110,7 @@ def choose_k_blocking(shape: ck.ConvShape, tiling: ck.Tiling, isa: ISA
     L1), keeping the tiles' partial sums in a buffer of its own; one Zen 3 core, GFLOP/s
     unblocked -> blocked (onnxruntime): 3x3 512>512 @28 62 -> 90 (94), 3x3/2 512>512
     @14 48 -> 65 (66), 1x1 2048>512 @7 40 -> 68 (67), 1x1 512>2048 @7 52 -> 67 (72)."""
-    if isa.vector_bits not in ZEN3_VECTOR_BITS:
+    if isa.vector_bits not in K_BLOCKING_BITS:
         return None
     cig = shape.ci_group
     kc = next((k for k in range(min(SEGMENT_CHANNELS, cig // 2), MIN_SEGMENT_CHANNELS - 1, -1)
@@ -112,6 +119,12 @@ def choose_k_blocking(shape: ck.ConvShape, tiling: ck.Tiling, isa: ISA
         return None
     positions = shape.out_h * shape.out_w
     weights = cig * shape.kh * shape.kw * tiling.cb * 4
+    if isa.vector_bits not in ZEN3_VECTOR_BITS:  # AVX-512: big weights and a big input
+        top, left, bottom, right = shape.pads
+        image = shape.c_in * (shape.h + top + bottom) * (shape.w + left + right) * 4
+        big = (weights >= KBLOCK_WEIGHT_L2_SHARE * isa.l2_bytes
+               and image >= KBLOCK_INPUT_L2_SHARE * isa.l2_bytes)
+        return segment_blocking(tiling, isa, kc) if big else None
     small_image = positions <= SMALL_IMAGE_POSITIONS and weights >= isa.l1d_bytes
     if weights < KBLOCK_WEIGHT_L2_SHARE * isa.l2_bytes and not small_image:
         return None

@@ -39,6 +39,7 @@ from kiln.ops.kernels.conv import build_conv
 from kiln.ops.kernels.conv_direct import DirectConv, blocked_body, choose_k_blocking
 from kiln.ops.kernels.registry import TILE, fits_registers, recorded_tile
 from kiln.ops.kernels.tiles import (
+    ZEN3_VECTOR_BITS,
     Epilogue,
     lanes_loop,
     madd,
@@ -145,7 +146,11 @@ def pointwise_k_blocking(shape: ck.ConvShape, tiling: ck.Tiling, isa: ISA, block
                          ) -> ck.ConvKBlocking | None:
     """The K-blocking of a pointwise layer: the blocked kernel's rule
     (`choose_k_blocking`: ResNet's 7x7 layers of 512 and 2048 channels) where its
-    segments are whole blocks, else None."""
+    segments are whole blocks, else None. On the vector widths it was measured on in
+    NCHWc (tiles.ZEN3_VECTOR_BITS) only: the NCHW rule's AVX-512 measurements were of the
+    blocked kernel."""
+    if isa.vector_bits not in ZEN3_VECTOR_BITS:
+        return None
     kblock = choose_k_blocking(shape, tiling, isa)
     return kblock if kblock is not None and kblock.kc % block == 0 else None
 
