@@ -961,9 +961,17 @@ def banded_rows(shape: ConvShape, x: Buffer, blocks: int, per_row: int,
                     if hi < lo:
                         return seq(*zeros(r, 0, wq))
                     src = row0 + r - top
-                    copy = seq(*zeros(r, 0, lo), _loop("q", hi - lo + 1, lambda q: Store(
-                        xb, x[n, c, src, q * sw + (p - left)], (c, _c(p), r, q)), start=lo),
-                        *zeros(r, hi + 1, wq))
+
+                    def put(q: PrimExpr, p: int = p, lo: int = lo) -> Stmt:
+                        return Store(xb, x[n, c, src, (q + lo) * sw + (p - left)],
+                                     (c, _c(p), r, q + lo))
+
+                    # One phase (stride 1) reads the row's columns consecutively: a vector
+                    # loop (a serial one was left as scalar copies, 7% of a 32x32x32 3x3
+                    # layer's time on Zen 4).
+                    cols = (lanes_loop("q", hi - lo + 1, put) if sw == 1
+                            else _loop("q", hi - lo + 1, put))
+                    copy = seq(*zeros(r, 0, lo), cols, *zeros(r, hi + 1, wq))
                     # each branch its own loops (a loop variable is bound once)
                     return IfThenElse(src >= 0, IfThenElse(src < shape.h, copy, seq(
                         *zeros(r, 0, wq))), seq(*zeros(r, 0, wq)))
