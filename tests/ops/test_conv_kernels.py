@@ -71,6 +71,10 @@ CASES: list[dict[str, Any]] = [
     # a strided 1x1 (a projection shortcut) on rows two vectors wide: blocked, not
     # row-tiled; 99 positions: 16 tiles of 6 and one of 3
     dict(x=(1, 6, 18, 22), co=10, k=1, strides=(2, 2), pads=(0, 0, 0, 0), tail=("Relu",)),
+    # pads taller than the kernel's reach: the first and last output rows read only
+    # border rows (their sums skip every tap: the bias alone), tiles spanning them and
+    # image rows skip some (`image_rows`)
+    dict(x=(1, 4, 3, 5), co=6, k=3, pads=(3, 1, 4, 0), tail=("Relu",)),
     # Row-tiled at any vector width up to 16 lanes (output rows >= 16 wide):
     # 1x1 with a full row tile and a remainder, 13 channels (two blocks of 6 and one),
     # residual add
@@ -100,7 +104,7 @@ ROWS = 4  # the four few-tap 3x3 cases before the GEMM ones
 GEMM = 3  # the last cases
 # the kernel each case gets at 8 lanes
 AT_8_LANES = ["conv2d_blocked"] * 3 + ["conv2d_depthwise"] * 2 + ["conv2d_blocked"] * 3 \
-    + ["conv2d_rows"] + ["conv2d_blocked"] * 2 + ["conv2d_gemm"] * 2 + ["conv2d_rows"] * ROWS \
+    + ["conv2d_rows"] + ["conv2d_blocked"] * 3 + ["conv2d_gemm"] * 2 + ["conv2d_rows"] * ROWS \
     + ["conv2d_gemm"] * GEMM
 
 

@@ -48,6 +48,7 @@ from kiln.ir.tensor import (
     Var,
     as_expr,
     compare,
+    max_,
     min_,
     select,
     seq,
@@ -202,6 +203,24 @@ def padded_plane_dims(shape: ConvShape, phases: int = 1, cols: int = 0
     top, left, bottom, right = shape.pads
     hp, wp = shape.h + top + bottom, shape.w + left + right
     return phases, hp, max(-(-wp // phases), cols)
+
+
+def image_rows(shape: ConvShape, first: PrimExpr, last: PrimExpr
+               ) -> tuple[PrimExpr, PrimExpr] | None:
+    """`(kh0, count)`: the kernel rows that read an image row (not the zero border above
+    or below it) for some output row in `first .. last`; None when every one does (no
+    top or bottom padding). A tile's sums then leave out the taps that only multiply
+    border zeros (onnxruntime computes only in-bounds taps too): a 3x3 layer with pads
+    1 skips a third of them in the first and last output rows."""
+    top, bottom = shape.pads[0], shape.pads[2]
+    if not top and not bottom:
+        return None
+    sh, dh = shape.stride[0], shape.dilation[0]
+    # kernel row kh of output row oh reads padded row oh * sh + kh * dh, an image row
+    # when top <= it < top + h
+    lo = max_(_c(0), -((last * sh - top) // dh))
+    hi = min_(_c(shape.kh), (top + shape.h - 1 - first * sh) // dh + 1)
+    return lo, max_(hi - lo, _c(0))
 
 
 def plane_fill(x: Buffer, shape: ConvShape, phases: int, border: PrimExpr | None, cols: int,
@@ -379,7 +398,8 @@ def blocked_conv_body(shape: ConvShape, x: Buffer, wp: Buffer, out: Buffer,
     next tile reuses them from L1; positions spread over the plane touched a line per
     position, which left the large middle layers waiting on L2. Positions past the end
     (the last tile's last slots) read the last position and store nothing, so one tile
-    shape covers every image.
+    shape covers every image. With top or bottom padding a tile's sums leave out the
+    kernel rows that read only the zero border for all its positions (`image_rows`).
 
     With `kblock` (`choose_conv_k_blocking`) the sums run `kblock.kc` input channels at
     a time: a parallel task takes `kblock.band` consecutive tiles of one channel block
@@ -459,8 +479,17 @@ def blocked_conv_body(shape: ConvShape, x: Buffer, wp: Buffer, out: Buffer,
             return seq(*stmts, lanes_loop("v", cb, lanes))
 
         channels = cig if seg is None else seg.kc
-        red = reduction_loop("ci", 0, channels, unroll, lambda ci: _nest(
-            ("kh", "kw"), (shape.kh, shape.kw), lambda kh, kw: step_(ci, kh, kw)))
+        taps = image_rows(shape, rows[0], rows[-1])
+
+        def kernel_rows(ci: PrimExpr) -> Stmt:
+            if taps is None:
+                return _nest(("kh", "kw"), (shape.kh, shape.kw),
+                             lambda kh, kw: step_(ci, kh, kw))
+            kh = Var("kh", INDEX_DTYPE)
+            return For(kh, taps[0], taps[1], "serial",
+                       _nest(("kw",), (shape.kw,), lambda kw: step_(ci, kh, kw)))
+
+        red = reduction_loop("ci", 0, channels, unroll, kernel_rows)
         # The accumulators are read at constant rows and whole vectors only, so LLVM keeps
         # them in registers; they are copied to `stage`, which the epilogue loop reads
         # one output channel at a time.
@@ -848,7 +877,8 @@ def rows_conv_body(shape: ConvShape, x: Buffer, wp: Buffer, out: Buffer, tile_w:
     and in the output); each (ci, kh, kw) step broadcasts `rows` weights (contiguous in
     the `pack_rows_weight` layout) against one input row segment. For a 1x1 stride-1
     convolution this is a matrix-product tile; it suits layers with few input channels
-    (the blocked kernel's tile would spend more on its epilogue than on the sums)."""
+    (the blocked kernel's tile would spend more on its epilogue than on the sums). A
+    tile's sums leave out the kernel rows reading the zero border (`image_rows`)."""
     if shape.groups != 1:
         raise IRError(f"row-tiled conv kernel needs an ungrouped convolution: {shape}")
     blocks, ci_n, _, _, rows = (int(d) for d in wp.shape)
@@ -881,7 +911,14 @@ def rows_conv_body(shape: ConvShape, x: Buffer, wp: Buffer, out: Buffer, tile_w:
 
             return seq(*stmts, lanes_loop("j", width, lanes))
 
-        body: list[Stmt] = [*head, _nest(("ci", "kh", "kw"), (ci_n, shape.kh, shape.kw), step)]
+        taps = image_rows(shape, oh, oh)
+        if taps is None:
+            sums = _nest(("ci", "kh", "kw"), (ci_n, shape.kh, shape.kw), step)
+        else:
+            kh = Var("kh", INDEX_DTYPE)
+            sums = _loop("ci", ci_n, lambda ci: For(kh, taps[0], taps[1], "serial", _nest(
+                ("kw",), (shape.kw,), lambda kw: step(ci, kh, kw))))
+        body: list[Stmt] = [*head, sums]
         for r in range(rows):
             co = ob * rows + r
             def value(j: PrimExpr, r: int = r) -> PrimExpr:
