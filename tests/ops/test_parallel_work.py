@@ -161,3 +161,39 @@ def test_padded_row_convolution_pads_per_band() -> None:
     finally:
         lib.set_num_threads(None)
     assert_close([np.asarray(o) for o in outs], expected, 1e-5)
+
+
+def test_padded_blocked_convolution_pads_per_band() -> None:
+    """A padded NCHW blocked convolution runs as one parallel loop over bands of
+    consecutive tiles, each padding the input rows its tiles read into a buffer of its
+    own (kiln.ops.conv_kernels.banded_tiles): a 3x3 layer of 64 channels on 11x10
+    (110 positions, tiles wrapping rows, a partial last band) and a 3x3/2 one with
+    asymmetric pads; results match onnxruntime on two threads."""
+    pytest.importorskip("onnxruntime")
+    rng = np.random.default_rng(6)
+    b = GraphBuilder(6)
+    feeds = {}
+    for i, (c, h, w, s, pads) in enumerate(((64, 11, 10, 1, [1, 1, 1, 1]),
+                                            (48, 15, 13, 2, [0, 1, 2, 1]))):
+        x = b.input(f"x{i}", [1, c, h, w])
+        b.output(b.op("Conv", x, b.weight(20, c, 3, 3), kernel_shape=[3, 3], strides=[s, s],
+                      pads=pads), None)
+        feeds[x] = rng.standard_normal((1, c, h, w)).astype(np.float32)
+    model = b.model(infer_outputs=True)
+    ex = kiln.compile(model, Target.from_host())
+    kernels = [fn for fn in ex.ir.functions.values() if isinstance(fn, PrimFunc)
+               and fn.attrs.get("kiln.conv_kernel") == "conv2d_blocked"]
+    assert len(kernels) == 2
+    for fn in kernels:
+        (band_loop,) = [s for s in iter_stmts(fn.body) if isinstance(s, For)
+                        and s.kind == "parallel"]
+        assert any(isinstance(s, Allocate) and s.buffer.name == "xband"
+                   for s in iter_stmts(band_loop.body))
+    expected = onnxruntime_outputs(model, feeds)
+    lib = ex.jit()
+    lib.set_num_threads(2)
+    try:
+        outs = lib["main"](*feeds.values())
+    finally:
+        lib.set_num_threads(None)
+    assert_close([np.asarray(o) for o in outs], expected, 1e-5)
