@@ -163,13 +163,16 @@ def test_padded_row_convolution_pads_per_band() -> None:
     assert_close([np.asarray(o) for o in outs], expected, 1e-5)
 
 
-def test_padded_blocked_convolution_pads_per_band() -> None:
-    """A padded NCHW blocked convolution runs as one parallel loop over bands of
-    consecutive tiles, each padding the input rows its tiles read into a buffer of its
-    own (kiln.ops.conv_kernels.banded_tiles): a 3x3 layer of 64 channels on 11x10
-    (110 positions, tiles wrapping rows, a partial last band) and a 3x3/2 one with
-    asymmetric pads; results match onnxruntime on two threads."""
+def test_padded_blocked_convolution_pads_per_band(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A padded NCHW blocked convolution (of an input from `BANDED_TILES_BYTES` on, here
+    lowered to any size) runs as one parallel loop over bands of consecutive tiles, each
+    padding the input rows its tiles read into a buffer of its own
+    (kiln.ops.conv_kernels.banded_tiles): a 3x3 layer of 64 channels on 11x10 (110
+    positions, tiles wrapping rows, a partial last band) and a 3x3/2 one with asymmetric
+    pads; results match onnxruntime on two threads."""
     pytest.importorskip("onnxruntime")
+    from kiln.ops import conv_kernels
+    monkeypatch.setattr(conv_kernels, "BANDED_TILES_BYTES", 0)
     rng = np.random.default_rng(6)
     b = GraphBuilder(6)
     feeds = {}
