@@ -554,7 +554,7 @@ def blocked_conv_body(shape: ConvShape, x: Buffer, wp: Buffer, out: Buffer,
 
     def loops() -> Stmt:  # the parallel loops over `tile`
         if (prologue and not block and kblock is None and not band and shape.groups == 1
-                and shape.n * shape.c_in * prod(padded_plane_dims(shape)) * itemsize(x.dtype)
+                and shape.c_in * prod(padded_plane_dims(shape)) * itemsize(x.dtype)
                 >= BANDED_TILES_BYTES):
             return banded_tiles(shape, x, tiles, tile_w, blocks,
                                 lambda n, ob, t, read: tile(n, _c(0), ob, t, read=read))
@@ -587,7 +587,7 @@ def blocked_conv_body(shape: ConvShape, x: Buffer, wp: Buffer, out: Buffer,
     return seq(*flat.decls, nest)  # the views the tiles' flat stores made
 
 
-#: The padded input size from which the NCHW blocked kernel pads per band of tiles
+#: The padded image size from which the NCHW blocked kernel pads per band of tiles
 #: (`banded_tiles`): 3x3 layers reading 0.86 MB (64 channels at 56x56, stride 1 and 2)
 #: ran 7-20% faster on two threads, those reading 0.46 MB or less (128 at 28x28, 256 at
 #: 14x14) the same, and at 7x7 (one tile per band: each band streams every channel
