@@ -71,6 +71,10 @@ CASES: list[dict[str, Any]] = [
     # a strided 1x1 (a projection shortcut) on rows two vectors wide: blocked, not
     # row-tiled; 99 positions: 16 tiles of 6 and one of 3
     dict(x=(1, 6, 18, 22), co=10, k=1, strides=(2, 2), pads=(0, 0, 0, 0), tail=("Relu",)),
+    # pads taller than the kernel's reach: the first and last output rows read only
+    # border rows (their sums skip every tap: the bias alone), tiles spanning them and
+    # image rows skip some (`image_rows`)
+    dict(x=(1, 4, 3, 5), co=6, k=3, pads=(3, 1, 4, 0), tail=("Relu",)),
     # Row-tiled at any vector width up to 16 lanes (output rows >= 16 wide):
     # 1x1 with a full row tile and a remainder, 13 channels (two blocks of 6 and one),
     # residual add
@@ -84,6 +88,9 @@ CASES: list[dict[str, Any]] = [
     dict(x=(1, 2, 5, 20), co=6, k=3, pads=(1, 1, 1, 1), tail=("Relu",)),
     # 11 output rows: 8 bands of 1 or 2 rows, each padding its own input rows
     dict(x=(1, 2, 11, 16), co=5, k=3, pads=(1, 1, 1, 1)),
+    # a 1-row image, stride 1 with dilation 2 along the row and asymmetric pads: each
+    # band's row copy a vector loop from padded column 2 on, the right border empty
+    dict(x=(1, 3, 1, 24), co=5, k=3, pads=(1, 2, 1, 0), dil=(1, 2), tail=("Relu",)),
     # On the GEMM micro-kernel (64 positions fill its panels at 4-16 lanes):
     # 1x1 read in place (no copy), batch 2, 13 channels (a partial row tile), the
     # residual Add read through a flat view
@@ -93,11 +100,11 @@ CASES: list[dict[str, Any]] = [
     # 1x1 with padding (zero borders in the workspace), no bias; Swish in one pass
     dict(x=(1, 3, 6, 6), co=7, k=1, pads=(1, 1, 1, 1), bias=False, tail=("Swish",)),
 ]
-ROWS = 3  # the three few-tap 3x3 cases before the GEMM ones
+ROWS = 4  # the four few-tap 3x3 cases before the GEMM ones
 GEMM = 3  # the last cases
 # the kernel each case gets at 8 lanes
 AT_8_LANES = ["conv2d_blocked"] * 3 + ["conv2d_depthwise"] * 2 + ["conv2d_blocked"] * 3 \
-    + ["conv2d_rows"] + ["conv2d_blocked"] * 2 + ["conv2d_gemm"] * 2 + ["conv2d_rows"] * ROWS \
+    + ["conv2d_rows"] + ["conv2d_blocked"] * 3 + ["conv2d_gemm"] * 2 + ["conv2d_rows"] * ROWS \
     + ["conv2d_gemm"] * GEMM
 
 

@@ -143,16 +143,26 @@ def test_padded_row_convolution_pads_per_band() -> None:
                       pads=[1, 1, 1, 1]), None)
         feeds[x] = rng.standard_normal((1, 4, h, w)).astype(np.float32)
     model = b.model(infer_outputs=True)
-    ex = kiln.compile(model, Target.from_host())
+    for band_loop in _padded_per_band(model, feeds, Target.from_host(), "conv2d_rows"):
+        assert band_loop.extent.value == 8  # type: ignore[attr-defined]
+
+
+def _padded_per_band(model: onnx.ModelProto, feeds: dict[str, np.ndarray], target: Target,
+                     kernel: str) -> list[For]:
+    """The parallel loops of the model's two `kernel` convolutions, each checked to
+    allocate its band's padded rows inside; the outputs on two threads checked against
+    onnxruntime's."""
+    ex = kiln.compile(model, target)
     kernels = [fn for fn in ex.ir.functions.values()
-               if isinstance(fn, PrimFunc) and fn.attrs.get("kiln.conv_kernel") == "conv2d_rows"]
+               if isinstance(fn, PrimFunc) and fn.attrs.get("kiln.conv_kernel") == kernel]
     assert len(kernels) == 2
+    loops = []
     for fn in kernels:
         (band_loop,) = [s for s in iter_stmts(fn.body) if isinstance(s, For)
                         and s.kind == "parallel"]
-        assert band_loop.extent.value == 8  # type: ignore[attr-defined]
         assert any(isinstance(s, Allocate) and s.buffer.name == "xband"
                    for s in iter_stmts(band_loop.body))
+        loops.append(band_loop)
     expected = onnxruntime_outputs(model, feeds)
     lib = ex.jit()
     lib.set_num_threads(2)
@@ -161,3 +171,30 @@ def test_padded_row_convolution_pads_per_band() -> None:
     finally:
         lib.set_num_threads(None)
     assert_close([np.asarray(o) for o in outs], expected, 1e-5)
+    return loops
+
+
+@pytest.mark.parametrize("target", ["host", "c"])
+def test_padded_blocked_convolution_pads_per_band(monkeypatch: pytest.MonkeyPatch,
+                                                  target: str) -> None:
+    """A padded NCHW blocked convolution (of an input from `BANDED_TILES_BYTES` on, here
+    lowered to any size) runs as one parallel loop over bands of consecutive tiles, each
+    padding the input rows its tiles read into a buffer of its own
+    (kiln.ops.conv_kernels.banded_tiles): a 3x3 layer of 64 channels on 11x10 (110
+    positions, tiles wrapping rows, a partial last band) and a 3x3/2 one with asymmetric
+    pads; results match onnxruntime on two threads (llvm and c)."""
+    pytest.importorskip("onnxruntime")
+    from kiln.ops import conv_kernels
+    monkeypatch.setattr(conv_kernels, "BANDED_TILES_BYTES", 0)
+    rng = np.random.default_rng(6)
+    b = GraphBuilder(6)
+    feeds = {}
+    for i, (c, h, w, s, pads) in enumerate(((64, 11, 10, 1, [1, 1, 1, 1]),
+                                            (48, 15, 13, 2, [0, 1, 2, 1]))):
+        x = b.input(f"x{i}", [1, c, h, w])
+        b.output(b.op("Conv", x, b.weight(20, c, 3, 3), kernel_shape=[3, 3], strides=[s, s],
+                      pads=pads), None)
+        feeds[x] = rng.standard_normal((1, c, h, w)).astype(np.float32)
+    model = b.model(infer_outputs=True)
+    _padded_per_band(model, feeds, Target.from_host() if target == "host" else Target(target),
+                     "conv2d_blocked")

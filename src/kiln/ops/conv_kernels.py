@@ -31,6 +31,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from math import prod
 
 import numpy as np
 
@@ -48,6 +49,7 @@ from kiln.ir.tensor import (
     Var,
     as_expr,
     compare,
+    max_,
     min_,
     select,
     seq,
@@ -202,6 +204,24 @@ def padded_plane_dims(shape: ConvShape, phases: int = 1, cols: int = 0
     top, left, bottom, right = shape.pads
     hp, wp = shape.h + top + bottom, shape.w + left + right
     return phases, hp, max(-(-wp // phases), cols)
+
+
+def image_rows(shape: ConvShape, first: PrimExpr, last: PrimExpr
+               ) -> tuple[PrimExpr, PrimExpr] | None:
+    """`(kh0, count)`: the kernel rows that read an image row (not the zero border above
+    or below it) for some output row in `first .. last`; None when every one does (no
+    top or bottom padding). A tile's sums then leave out the taps that only multiply
+    border zeros (onnxruntime computes only in-bounds taps too): a 3x3 layer with pads
+    1 skips a third of them in the first and last output rows."""
+    top, bottom = shape.pads[0], shape.pads[2]
+    if not top and not bottom:
+        return None
+    sh, dh = shape.stride[0], shape.dilation[0]
+    # kernel row kh of output row oh reads padded row oh * sh + kh * dh, an image row
+    # when top <= it < top + h
+    lo = max_(_c(0), -((last * sh - top) // dh))
+    hi = min_(_c(shape.kh), (top + shape.h - 1 - first * sh) // dh + 1)
+    return lo, max_(hi - lo, _c(0))
 
 
 def plane_fill(x: Buffer, shape: ConvShape, phases: int, border: PrimExpr | None, cols: int,
@@ -379,7 +399,8 @@ def blocked_conv_body(shape: ConvShape, x: Buffer, wp: Buffer, out: Buffer,
     next tile reuses them from L1; positions spread over the plane touched a line per
     position, which left the large middle layers waiting on L2. Positions past the end
     (the last tile's last slots) read the last position and store nothing, so one tile
-    shape covers every image.
+    shape covers every image. With top or bottom padding a tile's sums leave out the
+    kernel rows that read only the zero border for all its positions (`image_rows`).
 
     With `kblock` (`choose_conv_k_blocking`) the sums run `kblock.kc` input channels at
     a time: a parallel task takes `kblock.band` consecutive tiles of one channel block
@@ -425,7 +446,7 @@ def blocked_conv_body(shape: ConvShape, x: Buffer, wp: Buffer, out: Buffer,
     flat_out = flat.view(out) if not block and flat.reads_output_shaped() else None
 
     def tile(n: PrimExpr, g: PrimExpr, ob: PrimExpr, t: PrimExpr,
-             seg: Segment | None = None) -> Stmt:
+             seg: Segment | None = None, read: PhaseReader = xp) -> Stmt:
         acc = Buffer("acc", (tile_w, cb), acc_t, "local")
         head = tile_accumulators(acc, seg)
         ci0: PrimExpr = _c(0) if seg is None else seg.ci0
@@ -446,8 +467,8 @@ def blocked_conv_body(shape: ConvShape, x: Buffer, wp: Buffer, out: Buffer,
             xs = []
             for r in range(tile_w):
                 xv = Var(f"x{r}", acc_t)
-                stmts.append(LetStmt(xv, xp(n, g * cig + ci0 + ci, rows[r] * sh + kh * dh,
-                                            _c(0), cols[r] * sw + kw * dw)))
+                stmts.append(LetStmt(xv, read(n, g * cig + ci0 + ci, rows[r] * sh + kh * dh,
+                                              _c(0), cols[r] * sw + kw * dw)))
                 xs.append(xv)
 
             def lanes(v: PrimExpr) -> Stmt:
@@ -459,8 +480,17 @@ def blocked_conv_body(shape: ConvShape, x: Buffer, wp: Buffer, out: Buffer,
             return seq(*stmts, lanes_loop("v", cb, lanes))
 
         channels = cig if seg is None else seg.kc
-        red = reduction_loop("ci", 0, channels, unroll, lambda ci: _nest(
-            ("kh", "kw"), (shape.kh, shape.kw), lambda kh, kw: step_(ci, kh, kw)))
+        taps = image_rows(shape, rows[0], rows[-1])
+
+        def kernel_rows(ci: PrimExpr) -> Stmt:
+            if taps is None:
+                return _nest(("kh", "kw"), (shape.kh, shape.kw),
+                             lambda kh, kw: step_(ci, kh, kw))
+            kh = Var("kh", INDEX_DTYPE)
+            return For(kh, taps[0], taps[1], "serial",
+                       _nest(("kw",), (shape.kw,), lambda kw: step_(ci, kh, kw)))
+
+        red = reduction_loop("ci", 0, channels, unroll, kernel_rows)
         # The accumulators are read at constant rows and whole vectors only, so LLVM keeps
         # them in registers; they are copied to `stage`, which the epilogue loop reads
         # one output channel at a time.
@@ -523,6 +553,11 @@ def blocked_conv_body(shape: ConvShape, x: Buffer, wp: Buffer, out: Buffer,
         return seq(*head, red, finish if seg is None else segment_end(acc, seg, finish))
 
     def loops() -> Stmt:  # the parallel loops over `tile`
+        if (prologue and not block and kblock is None and not band and shape.groups == 1
+                and shape.c_in * prod(padded_plane_dims(shape)) * itemsize(x.dtype)
+                >= BANDED_TILES_BYTES):
+            return banded_tiles(shape, x, tiles, tile_w, blocks,
+                                lambda n, ob, t, read: tile(n, _c(0), ob, t, read=read))
         if kblock is None and band and band < tiles:
             bands = -(-tiles // band)
 
@@ -550,6 +585,53 @@ def blocked_conv_body(shape: ConvShape, x: Buffer, wp: Buffer, out: Buffer,
 
     nest = loops()
     return seq(*flat.decls, nest)  # the views the tiles' flat stores made
+
+
+#: The padded image size from which the NCHW blocked kernel pads per band of tiles
+#: (`banded_tiles`): 3x3 layers reading 0.86 MB (64 channels at 56x56, stride 1 and 2)
+#: ran 7-20% faster on two threads, those reading 0.46 MB or less (128 at 28x28, 256 at
+#: 14x14) the same, and at 7x7 (one tile per band: each band streams every channel
+#: block's weights again) 4% slower on one thread (Zen 4).
+BANDED_TILES_BYTES = 512 * 1024
+
+
+def banded_tiles(shape: ConvShape, x: Buffer, tiles: int, tile_w: int, blocks: int,
+                 run: Callable[[PrimExpr, PrimExpr, PrimExpr, PhaseReader], Stmt]) -> Stmt:
+    """The tiles of a padded NCHW blocked convolution as one parallel loop over bands of
+    consecutive tiles (`ROW_BANDS` of them, as `banded_rows`), each band zero-padding the
+    input rows its tiles read into a buffer of its own (`band_copy`) and then running
+    `run(n, channel block, tile, reader)` for every channel block and tile of the band.
+    A padded copy of the whole input made before the tiles, split over the threads by
+    channel, was read by every thread's tiles: on two threads a 3x3 64>64 @56 layer
+    spent a fifth of its time moving it between the cores (Zen 4)."""
+    per = -(-tiles // min(ROW_BANDS, tiles))  # tiles per band
+    bands = -(-tiles // per)
+    positions = shape.out_h * shape.out_w
+    sh, dh = shape.stride[0], shape.dilation[0]
+
+    def first_row(b: int) -> int:
+        return b * per * tile_w // shape.out_w
+
+    def last_row(b: int) -> int:
+        return (min((b + 1) * per * tile_w, positions) - 1) // shape.out_w
+
+    # padded rows the tallest band reads
+    rows_in = max((last_row(b) - first_row(b)) * sh for b in range(bands)) \
+        + (shape.kh - 1) * dh + 1
+
+    def body(n: PrimExpr, b: PrimExpr) -> Stmt:
+        copy, read = band_copy(shape, x, n, b * per * tile_w // shape.out_w * sh, rows_in)
+
+        def one(ob: PrimExpr, tt: PrimExpr) -> Stmt:
+            t = Var("t", INDEX_DTYPE)
+            stmt = run(n, ob, t, read)
+            if tiles % per:
+                stmt = IfThenElse(t < tiles, stmt)
+            return seq(LetStmt(t, b * per + tt), stmt)
+
+        return seq(*copy, _nest(("ob", "tt"), (blocks, per), one))
+
+    return parallel_tiles((shape.n, bands), body)
 
 
 def subsamples(shape: ConvShape) -> bool:
@@ -848,7 +930,8 @@ def rows_conv_body(shape: ConvShape, x: Buffer, wp: Buffer, out: Buffer, tile_w:
     and in the output); each (ci, kh, kw) step broadcasts `rows` weights (contiguous in
     the `pack_rows_weight` layout) against one input row segment. For a 1x1 stride-1
     convolution this is a matrix-product tile; it suits layers with few input channels
-    (the blocked kernel's tile would spend more on its epilogue than on the sums)."""
+    (the blocked kernel's tile would spend more on its epilogue than on the sums). A
+    tile's sums leave out the kernel rows reading the zero border (`image_rows`)."""
     if shape.groups != 1:
         raise IRError(f"row-tiled conv kernel needs an ungrouped convolution: {shape}")
     blocks, ci_n, _, _, rows = (int(d) for d in wp.shape)
@@ -881,7 +964,14 @@ def rows_conv_body(shape: ConvShape, x: Buffer, wp: Buffer, out: Buffer, tile_w:
 
             return seq(*stmts, lanes_loop("j", width, lanes))
 
-        body: list[Stmt] = [*head, _nest(("ci", "kh", "kw"), (ci_n, shape.kh, shape.kw), step)]
+        taps = image_rows(shape, oh, oh)
+        if taps is None:
+            sums = _nest(("ci", "kh", "kw"), (ci_n, shape.kh, shape.kw), step)
+        else:
+            kh = Var("kh", INDEX_DTYPE)
+            sums = _loop("ci", ci_n, lambda ci: For(kh, taps[0], taps[1], "serial", _nest(
+                ("kw",), (shape.kw,), lambda kw: step(ci, kh, kw))))
+        body: list[Stmt] = [*head, sums]
         for r in range(rows):
             co = ob * rows + r
             def value(j: PrimExpr, r: int = r) -> PrimExpr:
@@ -926,59 +1016,75 @@ def banded_rows(shape: ConvShape, x: Buffer, blocks: int, per_row: int,
                 run: Callable[..., Stmt]) -> Stmt:
     """The tiles of a padded row-tiled convolution as one parallel loop over bands of
     output rows, each band zero-padding the input rows it reads into a buffer of its
-    own and then running its tiles (`run(n, block, row, tile, reader)`). A padded copy
-    of the whole input made before the tile loop is written by one thread and read by
-    all: every call then moves it between the cores' caches, which cost more than the
-    second thread saved (a 32x32x32 3x3 layer: 192 us on one thread, 221 on two; with
+    own (`band_copy`) and then running its tiles (`run(n, block, row, tile, reader)`). A
+    padded copy of the whole input made before the tile loop is written by one thread and
+    read by all: every call then moves it between the cores' caches, which cost more than
+    the second thread saved (a 32x32x32 3x3 layer: 192 us on one thread, 221 on two; with
     bands the copy a thread reads is its own). The rows around a band are copied twice."""
     sh, dh = shape.stride[0], shape.dilation[0]
-    sw = shape.stride[1]
     bands = min(ROW_BANDS, shape.out_h)
     band = -(-shape.out_h // bands)  # the tallest band's rows
     rows_in = (band - 1) * sh + (shape.kh - 1) * dh + 1  # padded rows a band reads
-    top, left = shape.pads[0], shape.pads[1]
-    _, _, wq = padded_plane_dims(shape, sw)
-    zero = as_expr(0.0, x.dtype)
 
     def body(n: PrimExpr, b: PrimExpr) -> Stmt:
-        xb = Buffer("xband", (shape.c_in, sw, rows_in, wq), x.dtype)
         # band b: output rows b * out_h // bands .. (b + 1) * out_h // bands
         even = shape.out_h % bands == 0
         first_row: PrimExpr = b * band if even else b * shape.out_h // bands
-        row0 = first_row * sh  # the padded row of the band's first buffer row
-
-        def fill(c: PrimExpr) -> Stmt:
-            parts: list[Stmt] = []
-            for p in range(sw):
-                lo = max(0, -(-(left - p) // sw))
-                hi = min(wq - 1, (left + shape.w - 1 - p) // sw)
-
-                def zeros(r: PrimExpr, q0: int, q1: int, p: int = p) -> list[Stmt]:
-                    return [_loop("q", q1 - q0, lambda q: Store(xb, zero, (c, _c(p), r, q)),
-                                  start=q0)] if q1 > q0 else []
-
-                def row(r: Var, p: int = p, lo: int = lo, hi: int = hi) -> Stmt:
-                    if hi < lo:
-                        return seq(*zeros(r, 0, wq))
-                    src = row0 + r - top
-                    copy = seq(*zeros(r, 0, lo), _loop("q", hi - lo + 1, lambda q: Store(
-                        xb, x[n, c, src, q * sw + (p - left)], (c, _c(p), r, q)), start=lo),
-                        *zeros(r, hi + 1, wq))
-                    # each branch its own loops (a loop variable is bound once)
-                    return IfThenElse(src >= 0, IfThenElse(src < shape.h, copy, seq(
-                        *zeros(r, 0, wq))), seq(*zeros(r, 0, wq)))
-
-                parts.append(_loop("r", rows_in, row))
-            return seq(*parts)
-
-        def read(n_: PrimExpr, c: PrimExpr, i: PrimExpr, p: PrimExpr, q: PrimExpr) -> PrimExpr:
-            return xb[c, p, i - row0, q]
-
+        copy, read = band_copy(shape, x, n, first_row * sh, rows_in, shape.stride[1])
         here: PrimExpr = (_c(band) if even
                           else (b + 1) * shape.out_h // bands - first_row)
         j = Var("j", INDEX_DTYPE)
         tiles = _loop("ob", blocks, lambda ob: For(j, _c(0), here, "serial", _loop(
             "t", per_row, lambda t: run(n, ob, first_row + j, t, read))))
-        return seq(Allocate(xb), _loop("c", shape.c_in, fill), tiles)
+        return seq(*copy, tiles)
 
     return parallel_tiles((shape.n, bands), body)
+
+
+def band_copy(shape: ConvShape, x: Buffer, n: PrimExpr, row0: PrimExpr, rows_in: int,
+              phases: int = 1) -> tuple[list[Stmt], PhaseReader]:
+    """The statements copying padded rows `row0 .. row0 + rows_in` of image `n`, zero
+    padded and split into `phases` column phases (as `padded_input`), into a buffer of
+    the task's own, and the reader of that buffer (at padded rows, as `padded_input`'s)."""
+    sw = phases
+    top, left = shape.pads[0], shape.pads[1]
+    _, _, wq = padded_plane_dims(shape, sw)
+    zero = as_expr(0.0, x.dtype)
+    xb = Buffer("xband", (shape.c_in, sw, rows_in, wq), x.dtype)
+
+    def fill(c: PrimExpr) -> Stmt:
+        parts: list[Stmt] = []
+        for p in range(sw):
+            lo = max(0, -(-(left - p) // sw))
+            hi = min(wq - 1, (left + shape.w - 1 - p) // sw)
+
+            def zeros(r: PrimExpr, q0: int, q1: int, p: int = p) -> list[Stmt]:
+                return [_loop("q", q1 - q0, lambda q: Store(xb, zero, (c, _c(p), r, q)),
+                              start=q0)] if q1 > q0 else []
+
+            def row(r: Var, p: int = p, lo: int = lo, hi: int = hi) -> Stmt:
+                if hi < lo:
+                    return seq(*zeros(r, 0, wq))
+                src = row0 + r - top
+
+                def put(q: PrimExpr, p: int = p, lo: int = lo) -> Stmt:
+                    return Store(xb, x[n, c, src, (q + lo) * sw + (p - left)],
+                                 (c, _c(p), r, q + lo))
+
+                # One phase (stride 1) reads the row's columns consecutively: a vector
+                # loop (a serial one was left as scalar copies, 7% of a 32x32x32 3x3
+                # layer's time on Zen 4).
+                cols = (lanes_loop("q", hi - lo + 1, put) if sw == 1
+                        else _loop("q", hi - lo + 1, put))
+                copy = seq(*zeros(r, 0, lo), cols, *zeros(r, hi + 1, wq))
+                # each branch its own loops (a loop variable is bound once)
+                return IfThenElse(src >= 0, IfThenElse(src < shape.h, copy, seq(
+                    *zeros(r, 0, wq))), seq(*zeros(r, 0, wq)))
+
+            parts.append(_loop("r", rows_in, row))
+        return seq(*parts)
+
+    def read(n_: PrimExpr, c: PrimExpr, i: PrimExpr, p: PrimExpr, q: PrimExpr) -> PrimExpr:
+        return xb[c, p, i - row0, q]
+
+    return [Allocate(xb), _loop("c", shape.c_in, fill)], read
