@@ -206,6 +206,22 @@ def padded_plane_dims(shape: ConvShape, phases: int = 1, cols: int = 0
     return phases, hp, max(-(-wp // phases), cols)
 
 
+def padded_image_bytes(shape: ConvShape, item_bytes: int = 4) -> int:
+    """The bytes of one image's zero-padded input (every channel, one column phase)."""
+    return shape.c_in * prod(padded_plane_dims(shape)) * item_bytes
+
+
+def kernel_taps(shape: ConvShape, taps: tuple[PrimExpr, PrimExpr] | None,
+                step: Callable[[PrimExpr, PrimExpr], Stmt]) -> Stmt:
+    """The `(kh, kw)` loop nest of a tile's sums around `step(kh, kw)`: every kernel row,
+    or the `image_rows` range `taps` (first row, count)."""
+    if taps is None:
+        return _nest(("kh", "kw"), (shape.kh, shape.kw), step)
+    kh = Var("kh", INDEX_DTYPE)
+    return For(kh, taps[0], taps[1], "serial",
+               _nest(("kw",), (shape.kw,), lambda kw: step(kh, kw)))
+
+
 def image_rows(shape: ConvShape, first: PrimExpr, last: PrimExpr
                ) -> tuple[PrimExpr, PrimExpr] | None:
     """`(kh0, count)`: the kernel rows that read an image row (not the zero border above
@@ -481,16 +497,8 @@ def blocked_conv_body(shape: ConvShape, x: Buffer, wp: Buffer, out: Buffer,
 
         channels = cig if seg is None else seg.kc
         taps = image_rows(shape, rows[0], rows[-1])
-
-        def kernel_rows(ci: PrimExpr) -> Stmt:
-            if taps is None:
-                return _nest(("kh", "kw"), (shape.kh, shape.kw),
-                             lambda kh, kw: step_(ci, kh, kw))
-            kh = Var("kh", INDEX_DTYPE)
-            return For(kh, taps[0], taps[1], "serial",
-                       _nest(("kw",), (shape.kw,), lambda kw: step_(ci, kh, kw)))
-
-        red = reduction_loop("ci", 0, channels, unroll, kernel_rows)
+        red = reduction_loop("ci", 0, channels, unroll, lambda ci: kernel_taps(
+            shape, taps, lambda kh, kw: step_(ci, kh, kw)))
         # The accumulators are read at constant rows and whole vectors only, so LLVM keeps
         # them in registers; they are copied to `stage`, which the epilogue loop reads
         # one output channel at a time.
@@ -554,8 +562,7 @@ def blocked_conv_body(shape: ConvShape, x: Buffer, wp: Buffer, out: Buffer,
 
     def loops() -> Stmt:  # the parallel loops over `tile`
         if (prologue and not block and kblock is None and not band and shape.groups == 1
-                and shape.c_in * prod(padded_plane_dims(shape)) * itemsize(x.dtype)
-                >= BANDED_TILES_BYTES):
+                and padded_image_bytes(shape, itemsize(x.dtype)) >= BANDED_TILES_BYTES):
             return banded_tiles(shape, x, tiles, tile_w, blocks,
                                 lambda n, ob, t, read: tile(n, _c(0), ob, t, read=read))
         if kblock is None and band and band < tiles:
@@ -965,12 +972,8 @@ def rows_conv_body(shape: ConvShape, x: Buffer, wp: Buffer, out: Buffer, tile_w:
             return seq(*stmts, lanes_loop("j", width, lanes))
 
         taps = image_rows(shape, oh, oh)
-        if taps is None:
-            sums = _nest(("ci", "kh", "kw"), (ci_n, shape.kh, shape.kw), step)
-        else:
-            kh = Var("kh", INDEX_DTYPE)
-            sums = _loop("ci", ci_n, lambda ci: For(kh, taps[0], taps[1], "serial", _nest(
-                ("kw",), (shape.kw,), lambda kw: step(ci, kh, kw))))
+        sums = _nest(("ci",), (ci_n,), lambda ci: kernel_taps(
+            shape, taps, lambda kh, kw: step(ci, kh, kw)))
         body: list[Stmt] = [*head, sums]
         for r in range(rows):
             co = ob * rows + r

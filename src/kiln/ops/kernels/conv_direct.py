@@ -120,10 +120,8 @@ def choose_k_blocking(shape: ck.ConvShape, tiling: ck.Tiling, isa: ISA
     positions = shape.out_h * shape.out_w
     weights = cig * shape.kh * shape.kw * tiling.cb * 4
     if isa.vector_bits not in ZEN3_VECTOR_BITS:  # AVX-512: big weights and a big input
-        top, left, bottom, right = shape.pads
-        image = shape.c_in * (shape.h + top + bottom) * (shape.w + left + right) * 4
         big = (weights >= KBLOCK_WEIGHT_L2_SHARE * isa.l2_bytes
-               and image >= KBLOCK_INPUT_L2_SHARE * isa.l2_bytes)
+               and ck.padded_image_bytes(shape) >= KBLOCK_INPUT_L2_SHARE * isa.l2_bytes)
         return segment_blocking(tiling, isa, kc) if big else None
     small_image = positions <= SMALL_IMAGE_POSITIONS and weights >= isa.l1d_bytes
     if weights < KBLOCK_WEIGHT_L2_SHARE * isa.l2_bytes and not small_image:
