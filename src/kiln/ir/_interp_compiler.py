@@ -243,6 +243,10 @@ class _Compiler:
                          f"{layout.numel}, {npdt})")
 
     def evaluate(self, s: t.Evaluate, depth: int) -> None:
+        if isinstance(s.value, t.Intrin) and s.value.name == t.PREFETCH_INTRINSIC:
+            # a hint: read the element (checking it is in bounds) and drop it
+            self.emit(depth, self.expr(s.value.args[0]).code)
+            return
         self.emit(depth, self.expr(s.value).code)
 
     def call_func(self, s: t.CallFunc, depth: int) -> None:

@@ -245,6 +245,11 @@ class Load(PrimExpr):
 # (an int32 Const of kiln.ir.kernel_errors) when the bool `cond` is false; the one
 # intrinsic with an effect, valid only as the value of an Evaluate (docs/ir.md).
 CHECK_INTRINSIC = "check"
+# `Evaluate(Intrin("prefetch", (Load(buf, idx),)))`: a hint that `buf[idx]` (an
+# element in bounds, as for any load) is read soon, so the backends ask the CPU to
+# bring its cache line in; it reads nothing and changes no result. Valid only as the
+# value of an Evaluate, outside vector loops (docs/ir.md, "Prefetches").
+PREFETCH_INTRINSIC = "prefetch"
 # Kernel-call timers (kiln.transform.profile): `profile_start(site)` reads a monotonic
 # clock in nanoseconds, `profile_stop(site, start)` adds the time since `start` and one
 # call to the counters of `site`. Both take and give int64; they have an effect, so no
@@ -268,6 +273,7 @@ INTRINSICS: dict[str, int] = {
     # dot2_i16(acc, a, b): two int16 products per word (DOT2_I16)
     "dot2_i16": 3,
     CHECK_INTRINSIC: 2,
+    PREFETCH_INTRINSIC: 1,
     PROFILE_START: 1, PROFILE_STOP: 2,
 }
 # `dot4_u8s8(acc, a, b)`, all int32: `acc + sum(u8(a >> 8i) * s8(b >> 8i) for i < 4)`

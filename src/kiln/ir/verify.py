@@ -525,11 +525,18 @@ class _PrimFuncVerifier(StmtExprVisitor):
             for a in e.args:
                 self.visit_expr(a)
             return
+        if isinstance(e, t.Intrin) and e.name == t.PREFETCH_INTRINSIC:
+            (address,) = e.args
+            if not isinstance(address, t.Load):
+                self.fault("intrinsic 'prefetch' takes a buffer element (a Load), got "
+                           f"{type(address).__name__}", e)
+            self.visit_expr(address)
+            return
         super().visit_evaluate(s)
 
     def visit_intrin(self, e: t.Intrin) -> None:
-        if e.name == t.CHECK_INTRINSIC:
-            self.fault("intrinsic 'check' is valid only as the value of an Evaluate", e)
+        if e.name in (t.CHECK_INTRINSIC, t.PREFETCH_INTRINSIC):
+            self.fault(f"intrinsic '{e.name}' is valid only as the value of an Evaluate", e)
         first = e.args[0].dtype
         if e.name in t.DOT4_INTRINSICS and first != "int32":
             self.fault(f"intrinsic '{e.name}' takes int32 arguments (4 packed bytes), "

@@ -44,7 +44,7 @@ from kiln.transform.profile import profile_sites
 KERNELS_FILE = C_DIALECT.file_name
 CODEGEN_ID = "c"
 
-_PRAGMA_MACROS = {
+_MACROS = {
     "KILN_VECTORIZE": """\
 /* Ask for the next loop to be vectorized (IR loop kind "vectorized"). Only a
    hint: GCC's `ivdep` would also promise independent iterations, which the IR
@@ -72,6 +72,14 @@ _PRAGMA_MACROS = {
 #define KILN_NO_VECTORIZE _Pragma("GCC novector")
 #else
 #define KILN_NO_VECTORIZE
+#endif""",
+    "KILN_PREFETCH": """\
+/* Ask the CPU to bring the cache line of address p in for a read (IR intrinsic
+   "prefetch"); nothing where the compiler has no builtin or in CUDA device code. */
+#if (defined(__GNUC__) || defined(__clang__)) && !defined(__CUDA_ARCH__)
+#define KILN_PREFETCH(p) __builtin_prefetch((p), 0, 3)
+#else
+#define KILN_PREFETCH(p) ((void)(p))
 #endif""",
 }
 
@@ -147,7 +155,7 @@ def emit_kernels(mod: IRModule, *, prefix: str, pool: ConstantPool,
         out.append("#include <string.h>")
     out += ["", dialect.linkage, ""]
     for macro in sorted(ctx.macros):
-        out += [_PRAGMA_MACROS[macro], ""]
+        out += [_MACROS[macro], ""]
     out += vector_preamble(ctx.vector_types)
     if ctx.uses_consts:
         out += ["/* Weights: read-only, 64-byte aligned, linked from constants.bin. */",

@@ -48,6 +48,7 @@ from kiln.ir.kernel_errors import ERROR_SIZE_OVERFLOW
 from kiln.ir.shape_expr import dim_product, dim_vars, to_dim_expr
 from kiln.ir.tensor import (
     CHECK_INTRINSIC,
+    PREFETCH_INTRINSIC,
     Allocate,
     AllocConst,
     BinaryOp,
@@ -61,6 +62,7 @@ from kiln.ir.tensor import (
     IfThenElse,
     Intrin,
     LetStmt,
+    Load,
     PrimExpr,
     PrimFunc,
     SeqStmt,
@@ -481,6 +483,14 @@ class KernelPrinter:
     def evaluate(self, s: Evaluate) -> None:
         if isinstance(s.value, Intrin) and s.value.name == CHECK_INTRINSIC:
             self.check(s.value)
+            return
+        if isinstance(s.value, Intrin) and s.value.name == PREFETCH_INTRINSIC:
+            (element,) = s.value.args
+            assert isinstance(element, Load)
+            ref = self.ctx.buffer(element.buffer)
+            self.ctx.module.macros.add("KILN_PREFETCH")
+            offset = self.exprs.index(element.buffer, element.indices)
+            self.p.line(f"KILN_PREFETCH(&{ref.name}[{offset}]);")
             return
         if isinstance(s.value, CallExtern):
             self.p.line(f"{self.exprs.call_extern(s.value, discard=True).text};")

@@ -52,6 +52,7 @@ from kiln.ir.module import IRModule
 from kiln.ir.shape_expr import dim_product, dim_vars, to_dim_expr
 from kiln.ir.tensor import (
     CHECK_INTRINSIC,
+    PREFETCH_INTRINSIC,
     PROFILE_INTRINSICS,
     Allocate,
     AllocConst,
@@ -920,6 +921,16 @@ def _evaluate(fl: FunctionLowering, s: Evaluate) -> None:
         cond, code = s.value.args
         assert isinstance(code, Const)
         fl.return_if(fl.b.not_(fl.as_bool(cond)), ir.Constant(I32, int(code.value)))
+        return
+    if isinstance(s.value, Intrin) and s.value.name == PREFETCH_INTRINSIC:
+        # A read prefetch into every cache level (`llvm.prefetch(ptr, rw 0, locality 3,
+        # data 1)`: x86 `prefetcht0`); it cannot fault.
+        (element,) = s.value.args
+        assert isinstance(element, Load)
+        ptr = fl.element_ptr(element.buffer, element.indices)
+        prefetch = declare(fl.parent.module, "llvm.prefetch.p0", ir.VoidType(),
+                           [PTR, I32, I32, I32], what="intrinsic")
+        fl.b.call(prefetch, [ptr, *(ir.Constant(I32, v) for v in (0, 3, 1))])
         return
     fl.expr(s.value)
 
