@@ -25,7 +25,7 @@ import kiln
 from kiln.frontend import from_onnx
 from kiln.ir import IRModule
 from kiln.ir import graph as g
-from kiln.ir.printer import print_module
+from kiln.ir.printer import print_func, print_module
 from kiln.ops import conv_kernels as ck
 from kiln.ops.kernels.tiles import tile_lanes
 from kiln.target import Target
@@ -708,6 +708,52 @@ def test_k_blocking_rule(shape: tuple[int, int, int, int],
     assert (got is not None and got.kc == 32) if want else got is None
 
 
+@pytest.mark.parametrize("target", NATIVE_TARGETS)
+def test_weight_prefetches_keep_results_and_stay_in_bounds(
+        monkeypatch: pytest.MonkeyPatch, target: str) -> None:
+    # every blocked layer of the K-blocked cases prefetched (the rule takes only large
+    # weights on small images): K-blocked, banded, grouped, strided, partial blocks;
+    # the values match onnxruntime and the reference interpreter, which reads each
+    # prefetched element, so an address past a weight buffer fails there
+    from kiln.ir import evaluate
+    from kiln.ops.kernels import conv_direct
+
+    monkeypatch.setattr(conv_direct, "prefetches_weights", lambda shape, tiling, isa: True)
+    ex, checks = _kblocked_model(monkeypatch, target)
+    blocked = [f for f in ex.ir.functions.values()
+               if f.attrs.get("kiln.conv_kernel") == "conv2d_blocked"]
+    assert blocked and all("T.prefetch(" in print_func(f) for f in blocked)
+    want = checks.reference()
+    checks.assert_close(list(ex(*checks.feeds.values())), want)
+    feeds = list(checks.feeds.values())
+    main = ex.ir.functions["main"]  # lowered: the outputs are parameters after the inputs
+    outs = [np.zeros(tuple(p.shape), p.dtype) for p in main.params[len(feeds):]]
+    evaluate(ex.ir, "main", *feeds, *outs)
+    checks.assert_close(outs, want)
+
+
+@pytest.mark.parametrize(("shape", "prefetched"), [
+    ((512, 2048, 7, 1), True),    # ResNet-50's last stage: 4 MB of weights at 7x7
+    ((256, 1024, 14, 1), True),   # 1 MB at 14x14
+    ((256, 256, 14, 3), True),
+    ((512, 512, 28, 3), False),   # 784 positions: a block's weights serve many tiles
+    ((64, 64, 56, 3), False),
+    ((32, 32, 7, 3), False),      # 36 KB of weights: they stay in cache
+])
+def test_weight_prefetch_rule(shape: tuple[int, int, int, int], prefetched: bool) -> None:
+    from kiln.ops.kernels.conv_direct import prefetches_weights
+
+    ci, co, hw, k = shape
+    conv = ck.ConvShape(1, ci, hw, hw, co, k, k, (1, 1), (1, 1), (k // 2,) * 4)
+    for spec in ("llvm -mcpu=znver4", "llvm -mcpu=znver3", "llvm -mtriple=aarch64-linux-gnu"):
+        isa = isa_for(Target(spec))
+        tiling = ck.choose_tiling(conv, tile_lanes(isa), isa.vector_registers)
+        assert prefetches_weights(conv, tiling, isa) == prefetched, spec
+    # a microcontroller has no L2 (nor a cache to fill)
+    m4 = isa_for(Target("c -mtriple=thumbv7em-none-eabihf -mcpu=cortex-m4"))
+    assert not prefetches_weights(conv, ck.Tiling(cb=4, tile_w=6), m4)
+
+
 @pytest.mark.parametrize(("shape", "band"), [
     ((128, 128, 56, 3, 2), 14),   # 1.7 MB padded input; 7 input rows (3 output rows)
     ((64, 128, 56, 3, 2), 37),    # ResNet-18's: 8 output rows of 28 in tiles of 6
@@ -745,3 +791,17 @@ def test_strided_pointwise_layers_are_subsampled_on_avx2(spec: str, subsampled: 
     (conv,) = [f for f in ex.ir.functions.values()
                if f.attrs.get("kiln.conv_kernel") == "conv2d_blocked"]
     assert ("xsub" in print_module_text(conv)) == subsampled
+
+
+@pytest.mark.parametrize(("shape", "spec", "subsampled"), [
+    ((512, 28), "llvm -mcpu=znver4", True),    # 1.6 MB of input: past the 1 MiB L2
+    ((1024, 14), "llvm -mcpu=znver4", False),  # 0.8 MB
+    ((1024, 14), "llvm -mcpu=znver3", True),   # 256-bit vectors: always
+    ((64, 14), "llvm -mcpu=znver3", True),
+])
+def test_subsampling_rule(shape: tuple[int, int], spec: str, subsampled: bool) -> None:
+    from kiln.ops.kernels.conv_direct import subsamples_input
+
+    ci, hw = shape
+    conv = ck.ConvShape(1, ci, hw, hw, 2 * ci, 1, 1, (2, 2), (1, 1), (0,) * 4)
+    assert subsamples_input(conv, isa_for(Target(spec))) == subsampled

@@ -56,6 +56,7 @@ from kiln.ir.tensor import (
 )
 from kiln.ops.gemm_kernels import reduction_loop
 from kiln.ops.kernels.flat_epilogue import FlatEpilogue
+from kiln.ops.kernels.prefetch import WeightPrefetch
 from kiln.ops.kernels.tiles import Epilogue, lanes_loop, madd, parallel_tiles, parallel_when
 from kiln.ops.kernels.tiles import const as _c
 from kiln.ops.kernels.tiles import loop as _loop
@@ -397,7 +398,7 @@ def blocked_conv_body(shape: ConvShape, x: Buffer, wp: Buffer, out: Buffer,
                       tiling: Tiling, epilogue: Epilogue, fused: bool = True,
                       block: int = 0, kblock: ConvKBlocking | None = None,
                       subsample: bool = False, unroll: int | None = None,
-                      band: int = 0) -> Stmt:
+                      band: int = 0, prefetch: bool = False) -> Stmt:
     """The loop nest of a blocked direct convolution reading packed weights `wp`
     (`pack_blocked_weight` layout) and writing `epilogue(acc, index)` into `out` (NCHW).
 
@@ -428,12 +429,14 @@ def blocked_conv_body(shape: ConvShape, x: Buffer, wp: Buffer, out: Buffer,
     (a tuning knob) the loop over input channels is unrolled by it
     (kiln.ops.gemm_kernels.reduction_loop: the sums in the same order). With `band`
     (unblocked sums only) the tiles run in bands of `band` consecutive tiles, each band's
-    tiles for every channel block in turn (kiln.ops.kernels.conv_direct.band_tiles)."""
+    tiles for every channel block in turn (kiln.ops.kernels.conv_direct.band_tiles). With
+    `prefetch` each step of the sums also prefetches the weights the next channel block
+    (or segment) reads at that step (kiln.ops.kernels.prefetch)."""
     if subsample and not block and subsamples(shape):
         xs, copy = subsampled_input(x, shape)
         one = replace(shape, h=shape.out_h, w=shape.out_w, stride=(1, 1))
         return seq(*copy, blocked_conv_body(one, xs, wp, out, tiling, epilogue, fused, 0,
-                                            kblock, unroll=unroll))
+                                            kblock, unroll=unroll, prefetch=prefetch))
     cb, tile_w = tiling.cb, tiling.tile_w
     cig, cog = shape.ci_group, shape.co_group
     blocks = -(-cog // cb)
@@ -460,6 +463,9 @@ def blocked_conv_body(shape: ConvShape, x: Buffer, wp: Buffer, out: Buffer,
     # 24 gathers of 8 per tile).
     flat = FlatEpilogue(epilogue, shape.out_h, shape.out_w)
     flat_out = flat.view(out) if not block and flat.reads_output_shaped() else None
+    # the weights of one (block, input channel): kh * kw vectors of cb channels
+    per_channel = shape.kh * shape.kw * cb
+    pf = WeightPrefetch(wp, (kblock.kc if kblock else cig) * per_channel) if prefetch else None
 
     def tile(n: PrimExpr, g: PrimExpr, ob: PrimExpr, t: PrimExpr,
              seg: Segment | None = None, read: PhaseReader = xp) -> Stmt:
@@ -476,6 +482,9 @@ def blocked_conv_body(shape: ConvShape, x: Buffer, wp: Buffer, out: Buffer,
             head += [LetStmt(rv, pos // ow_n), LetStmt(cv, pos % ow_n)]
             rows.append(rv)
             cols.append(cv)
+        channels = cig if seg is None else seg.kc
+        if pf is not None:
+            head.append(pf.start((g, ob, ci0, _c(0), _c(0), _c(0)), channels * per_channel))
 
         def step_(ci: PrimExpr, kh: PrimExpr, kw: PrimExpr) -> Stmt:
             # one load per input value, bound once; the weight row is one vector load
@@ -486,6 +495,8 @@ def blocked_conv_body(shape: ConvShape, x: Buffer, wp: Buffer, out: Buffer,
                 stmts.append(LetStmt(xv, read(n, g * cig + ci0 + ci, rows[r] * sh + kh * dh,
                                               _c(0), cols[r] * sw + kw * dw)))
                 xs.append(xv)
+            if pf is not None:
+                stmts += pf.at(((ci * shape.kh + kh) * shape.kw + kw) * cb, cb)
 
             def lanes(v: PrimExpr) -> Stmt:
                 wv = Var("w", acc_t)
@@ -495,7 +506,6 @@ def blocked_conv_body(shape: ConvShape, x: Buffer, wp: Buffer, out: Buffer,
 
             return seq(*stmts, lanes_loop("v", cb, lanes))
 
-        channels = cig if seg is None else seg.kc
         taps = image_rows(shape, rows[0], rows[-1])
         red = reduction_loop("ci", 0, channels, unroll, lambda ci: kernel_taps(
             shape, taps, lambda kh, kw: step_(ci, kh, kw)))
@@ -591,7 +601,8 @@ def blocked_conv_body(shape: ConvShape, x: Buffer, wp: Buffer, out: Buffer,
         return seq(*prologue, parallel_tiles((shape.n, shape.groups, blocks, bands), task))
 
     nest = loops()
-    return seq(*flat.decls, nest)  # the views the tiles' flat stores made
+    # the views the tiles' flat stores and prefetches made
+    return seq(*flat.decls, *(pf.decls if pf else ()), nest)
 
 
 #: The padded image size from which the NCHW blocked kernel pads per band of tiles

@@ -30,11 +30,47 @@ def blocked_body(isa: ISA, segment: int | None = None, unroll: int | None = None
         kblock = choose_k_blocking(shape, tiling, isa) if segment is None else \
             segment_blocking(tiling, isa, segment)
         return ck.blocked_conv_body(shape, x, w, out, tiling, epilogue, fused, block,
-                                    kblock, subsample=isa.vector_bits in ZEN3_VECTOR_BITS,
+                                    kblock, subsample=subsamples_input(shape, isa),
                                     unroll=unroll,
-                                    band=0 if block else band_tiles(shape, tiling, isa))
+                                    band=0 if block else band_tiles(shape, tiling, isa),
+                                    prefetch=prefetches_weights(shape, tiling, isa))
 
     return body
+
+
+#: Where the blocked kernel prefetches the next channel block's weights
+#: (kiln.ops.kernels.prefetch): on an image of at most this many output positions (a
+#: block's weights are read by few tiles, so fetching them is a large share of its
+#: time), for packed weights of at least `PREFETCH_WEIGHT_L2_SHARE` of the L2 (in a
+#: model, such a layer's weights come from memory on every call), on a CPU with an L2.
+#: One Zen 4 core, kiln/onnxruntime: eight ResNet-50 1x1 pairs at 7x7 (64 MB of weights)
+#: 1.09-1.11 -> 0.98-0.99, the two layers alone 1.00 either way; 3x3 layers at 7x7 and
+#: 14x14 2-4% faster, at 28x28 the same, at 56x56 1% slower (not prefetched).
+PREFETCH_MAX_POSITIONS = 256
+PREFETCH_WEIGHT_L2_SHARE = 0.25
+
+
+def subsamples_input(shape: ck.ConvShape, isa: ISA) -> bool:
+    """Whether the blocked kernel runs an unpadded strided 1x1 layer on a copy of the
+    input values it reads (ck.subsampled_input; ck.subsamples names the layers): on
+    256-bit vectors (Zen 3) always, on others where one image's input is at least the L2 (read
+    in place, a stride-2 layer brings in every cache line of it for a quarter of the
+    values). A strided 1x1 layer on one core, ms strided -> subsampled (onnxruntime):
+    Zen 3 512>1024 @28 4.07 -> 3.22 (3.14), 1024>2048 @14 4.51 -> 3.27 (3.58); Zen 4
+    (1 MiB L2) 512>1024 @28 (1.6 MB of input) 2.06-2.10 -> 1.91-1.97 (1.89-1.96),
+    1024>2048 @14 (0.8 MB) 1.90-1.92 -> 1.92-1.93 (2.03-2.17), left in place."""
+    # one image's input: the batch may be symbolic, and the tiles run image by image
+    return (isa.vector_bits in ZEN3_VECTOR_BITS
+            or shape.c_in * shape.h * shape.w * 4 >= isa.l2_bytes > 0)
+
+
+def prefetches_weights(shape: ck.ConvShape, tiling: ck.Tiling, isa: ISA) -> bool:
+    """Whether the blocked kernel's sums prefetch the weights of the channel block (or
+    segment) after their own (`PREFETCH_MAX_POSITIONS`)."""
+    weights = shape.groups * shape.ci_group * shape.kh * shape.kw \
+        * -(-shape.co_group // tiling.cb) * tiling.cb * 4
+    return (shape.out_h * shape.out_w <= PREFETCH_MAX_POSITIONS and isa.l2_bytes > 0
+            and weights >= PREFETCH_WEIGHT_L2_SHARE * isa.l2_bytes)
 
 
 #: The attribute a tuned `conv2d_blocked` call records its K-blocking in: input
@@ -80,10 +116,6 @@ MIN_SEGMENT_CHANNELS = 8
 #: tiles wrap rows, and each reads every channel's plane) with weights past the L1.
 KBLOCK_WEIGHT_L2_SHARE = 0.25
 SMALL_IMAGE_POSITIONS = 64
-# The subsampled strided 1x1 layers (ck.subsampled_input) hold on
-# tiles.ZEN3_VECTOR_BITS only. A strided 1x1 layer on one Zen 3 core, ms strided ->
-# subsampled (onnxruntime): 512>1024 @28 4.07 -> 3.22 (3.14), 1024>2048 @14 4.51 ->
-# 3.27 (3.58).
 #: The vector widths the K-blocking rule was measured on: 256 bits (Zen 3, below) and 512
 #: (Zen 4, docs/performance.md "K-blocked sums on AVX-512"), where it blocks a layer whose
 #: weights pass `KBLOCK_WEIGHT_L2_SHARE` of the L2 and whose padded input passes
