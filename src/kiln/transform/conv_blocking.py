@@ -9,8 +9,10 @@ and float32 operands becomes
   wide that is 1x1 with stride 1 (MobileNet's expansions and projections: a
   matrix-product tile)
   or sums over few inputs (`ci * kh * kw < ROWS_MAX_TAPS` of kiln.ops.kernels.conv_rows,
-  e.g. a first layer on 3 channels, a 3x3 layer on 32): the weight packed into
-  `[co_block][ci][kh][kw][6]`, tiles of 6 channels x 2 vectors of one output row;
+  e.g. a first layer on 3 channels, a 3x3 layer on 32, unless its rows leave more
+  vector lanes empty than the blocked tiles lose: `blocked_computes_less`): the weight
+  packed into `[co_block][ci][kh][kw][6]`, tiles of 6 channels x 2 vectors of one
+  output row;
 - `conv2d_blocked` otherwise: the weight is packed here, at compile time, into
   `[group][co_block][ci][kh][kw][cb]` with `cb` = one or two vectors of the
   target's float32 lanes (AVX-512 16, AVX2 8, NEON/SSE 4), so the kernel reads

@@ -201,3 +201,26 @@ def test_pointwise_rows_that_leave_lanes_empty_go_to_the_blocked_kernel(
     w = g.Constant(RNG.standard_normal((8, ci, 1, 1)).astype(np.float32), "w")
     picked = select(call("conv2d", x, w), isa)
     assert picked is not None and picked.name == family
+
+
+@pytest.mark.parametrize("cpu, ci, co, width, family", [
+    # AVX-512: rows of 54 fill 4 vectors of 16 to 84%; 288 taps pay the blocked stores
+    ("znver4", 32, 128, 54, "conv_direct"),
+    ("znver4", 32, 128, 26, "conv_direct"),
+    ("znver4", 16, 64, 54, "conv_rows"),     # 144 taps: the blocked stores cost more
+    ("znver4", 32, 32, 32, "conv_rows"),     # rows of whole vectors
+    ("znver4", 24, 48, 28, "conv_rows"),     # the blocked tiles of 32 compute 64 channels
+    # AVX2: rows of 54 fill 7 vectors of 8 to 96%
+    ("znver3", 16, 64, 54, "conv_rows"),
+    ("znver3", 32, 128, 54, "conv_direct"),
+    ("znver3", 24, 48, 28, "conv_direct"),   # 16-channel blocks: no surplus
+    ("znver3", 32, 32, 32, "conv_rows"),
+    ("znver3", 8, 32, 26, "conv_rows"),      # too few input channels to be measured
+])
+def test_short_3x3_sums_whose_rows_leave_lanes_empty_go_to_the_blocked_kernel(
+        cpu: str, ci: int, co: int, width: int, family: str) -> None:
+    isa = isa_for(Target(f"llvm -mtriple=x86_64-linux-gnu -mcpu={cpu}"))
+    x = g.Var("x", TensorType((1, ci, width, width), "float32"))
+    w = g.Constant(RNG.standard_normal((co, ci, 3, 3)).astype(np.float32), "w")
+    picked = select(call("conv2d", x, w, pads=(1, 1, 1, 1)), isa)
+    assert picked is not None and picked.name == family

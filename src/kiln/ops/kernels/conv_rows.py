@@ -19,7 +19,7 @@ from kiln.ops import conv_kernels as ck
 from kiln.ops.kernels.conv import build_conv, conv_call_shape, packed_call, vector_widths
 from kiln.ops.kernels.conv_gemm import MIN_LANE_USE
 from kiln.ops.kernels.registry import Family, fits_registers, recorded_tile
-from kiln.ops.kernels.tiles import Epilogue, narrow_rows, tile_lanes
+from kiln.ops.kernels.tiles import Epilogue, narrow_rows, tile_lanes, tile_registers
 from kiln.target.isa import ISA
 
 # Below this many multiply-adds per output the row-tiled kernel beat the blocked one
@@ -42,6 +42,51 @@ def row_lane_use(out_w: int, isa: ISA) -> float:
     return out_w / (-(-out_w // lanes) * lanes)
 
 
+#: A stride-1 layer wider than 1x1 on at least `BLOCKED_MIN_CHANNELS` input channels
+#: whose sums are short enough for the row tiles (`ROWS_MAX_TAPS`) goes to the blocked
+#: kernel where the row tiles leave more lanes empty than the blocked tiles lose: the
+#: blocked tile's scalar stores and epilogue cost about as much as this many taps
+#: (input channel x kernel position) of its sums, per vector width, so per computed
+#: lane it runs at `taps / (taps + overhead)` of the row kernel's speed (fitted on Zen 4
+#: to 512-bit and 256-bit code). Layers of one thread, ms rows -> blocked
+#: (onnxruntime): AVX-512 3x3 32>128 @26 0.543 -> 0.467 (0.442), 32>128 @54 2.108 ->
+#: 2.011 (1.939), 32>64 @28 0.297 -> 0.278, 16>64 @26 0.142 -> 0.133; AVX2 code 32>32
+#: @26 0.207 -> 0.128, 32>128 @26 0.654 -> 0.476, 16>32 @28 0.114 -> 0.081, 24>48 @28
+#: 0.202 -> 0.167. Kept on rows: 32>32 @32 (whole vectors; blocked 0.197 against 0.172
+#: on AVX-512), 16>64 @54 (144 taps; 0.555 against 0.540), 16>48 @26 and 24>48 @28 on
+#: AVX-512 (the blocked tiles of 32 channels compute 64). Other vector widths are not
+#: measured: rows as before.
+BLOCKED_TILE_OVERHEAD_TAPS = {256: 12, 512: 36}
+BLOCKED_MIN_CHANNELS = 16
+
+
+def rows_lane_use(shape: ck.ConvShape, isa: ISA) -> float:
+    """The share of the row tiles' multiply-adds that compute an output: columns in
+    the vectors times output channels in the rule's tiles of rows."""
+    rows = RowsConv._rule_for(shape, isa)[0]
+    return row_lane_use(shape.out_w, isa) * shape.c_out / (-(-shape.c_out // rows) * rows)
+
+
+def blocked_lane_use(shape: ck.ConvShape, isa: ISA) -> float:
+    """The same share for the blocked kernel's rule tiles (kiln.ops.kernels.conv_direct):
+    output channels in blocks of `cb`, positions in tiles of `tile_w`."""
+    tiling = ck.choose_tiling(shape, tile_lanes(isa), tile_registers(isa))
+    positions = shape.out_h * shape.out_w
+    tile_w = min(tiling.tile_w, positions)
+    return (shape.co_group / (-(-shape.co_group // tiling.cb) * tiling.cb)
+            * positions / (-(-positions // tile_w) * tile_w))
+
+
+def blocked_computes_less(shape: ck.ConvShape, isa: ISA) -> bool:
+    """Whether a few-tap layer goes to the blocked kernel (`BLOCKED_TILE_OVERHEAD_TAPS`)."""
+    overhead = BLOCKED_TILE_OVERHEAD_TAPS.get(isa.vector_bits)
+    if overhead is None or shape.stride != (1, 1) or shape.ci_group < BLOCKED_MIN_CHANNELS:
+        return False
+    taps = shape.ci_group * shape.kh * shape.kw
+    speed = taps / (taps + overhead)
+    return rows_lane_use(shape, isa) < speed * blocked_lane_use(shape, isa)
+
+
 @dataclass(frozen=True)
 class RowsConv(Family):
     """See the module docstring."""
@@ -58,6 +103,8 @@ class RowsConv(Family):
         few_taps = shape.ci_group * shape.kh * shape.kw < ROWS_MAX_TAPS
         if (pointwise and shape.ci_group >= PARTIAL_ROWS_MIN_CHANNELS
                 and row_lane_use(shape.out_w, isa) < MIN_LANE_USE):
+            return False
+        if not pointwise and few_taps and blocked_computes_less(shape, isa):
             return False
         return (pointwise or few_taps) and not strided_pointwise
 
@@ -88,6 +135,10 @@ class RowsConv(Family):
     def _rule(call: g.Call, isa: ISA) -> tuple[int, int, int]:
         shape = conv_call_shape(call)
         assert shape is not None
+        return RowsConv._rule_for(shape, isa)
+
+    @staticmethod
+    def _rule_for(shape: ck.ConvShape, isa: ISA) -> tuple[int, int, int]:
         lanes = tile_lanes(isa)
         width = ck.rows_tile_width(shape.out_w, lanes)
         rows = ck.ROW_TILE_CHANNELS
