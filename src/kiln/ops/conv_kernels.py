@@ -183,13 +183,19 @@ def padded_input(x: Buffer, shape: ConvShape, phases: int = 1, border: PrimExpr 
     input's zero point), 0 by default; each phase's rows hold at least `cols` columns
     (the right border widened), for a kernel reading whole vectors past the last column."""
     if not needs_padding(shape, phases, cols):
-        return (lambda n, c, i, p, q: x[n, c, i, q]), []
+        return unpadded_reader(x), []
     dims = padded_plane_dims(shape, phases, cols)
     xp = Buffer("xpad", (shape.n, shape.c_in, *dims), x.dtype)
     fill = plane_fill(x, shape, phases, border, cols,
                       lambda n, c, p, i, q: (n, c, _c(p), i, q), xp)
     return (lambda n, c, i, p, q: xp[n, c, p, i, q]), [
         Allocate(xp), _nest(("n", "c"), (shape.n, shape.c_in), fill)]
+
+
+def unpadded_reader(x: Buffer) -> PhaseReader:
+    """The `padded_input` reader of `x` itself (one phase, no border): `(n, c, row, 0,
+    col) -> x[n, c, row, col]`."""
+    return lambda n, c, i, p, q: x[n, c, i, q]
 
 
 def needs_padding(shape: ConvShape, phases: int = 1, cols: int = 0) -> bool:
@@ -452,9 +458,13 @@ def blocked_conv_body(shape: ConvShape, x: Buffer, wp: Buffer, out: Buffer,
     if block and (shape.groups != 1 or cb % block):
         raise IRError(f"NCHW{block}c conv kernel needs an ungrouped convolution and a "
                       f"channel tile that is a multiple of {block}: {shape}, cb={cb}")
+    # a padded NCHW layer past BANDED_TILES_BYTES pads per band of tiles, not the whole input
+    pads_per_band = (not block and kblock is None and not band and shape.groups == 1
+                     and needs_padding(shape)
+                     and padded_image_bytes(shape, itemsize(x.dtype)) >= BANDED_TILES_BYTES)
     # a region's first convolution (a 4-D `x`) reads its NCHW input in place
     xp, prologue = (padded_blocked_input(x, shape, block) if block and x.ndim == 5
-                    else padded_input(x, shape))
+                    else (unpadded_reader(x), []) if pads_per_band else padded_input(x, shape))
     out_blocks = -(-cog // block) if block else 0
     # NCHW, an epilogue reading a tensor shaped like the output (a residual Add) reads it
     # per channel along the tile's consecutive positions (`flat_stores`): read along the
@@ -528,6 +538,10 @@ def blocked_conv_body(shape: ConvShape, x: Buffer, wp: Buffer, out: Buffer,
         # the last block of a channel count no multiple of `cb` the channels there are.
         result = Buffer("result", (tile_w, cb), out.dtype, "local")
 
+        def in_block(v: PrimExpr, body: Stmt) -> Stmt:
+            # lane `v` of the last block of a channel count no multiple of `cb`: a real channel?
+            return IfThenElse(ob * cb + v < cog, body) if cog % cb else body
+
         def index(r: int, v: PrimExpr) -> tuple[PrimExpr, ...]:
             oc_local = ob * cb + v
             oc = g * cog + oc_local if shape.groups > 1 else oc_local
@@ -544,8 +558,7 @@ def blocked_conv_body(shape: ConvShape, x: Buffer, wp: Buffer, out: Buffer,
                 if overflow[r]:
                     st = IfThenElse(t * tile_w + r < positions, st)
                 stores.append(st)
-            body = seq(*stores)
-            return IfThenElse(ob * cb + v < cog, body) if cog % cb else body
+            return in_block(v, seq(*stores))
 
         def flat_stores(v: Var) -> Stmt:
             assert flat_out is not None
@@ -555,8 +568,7 @@ def blocked_conv_body(shape: ConvShape, x: Buffer, wp: Buffer, out: Buffer,
                 p = t * tile_w + r
                 st: Stmt = Store(flat_out, flat(stage[_c(r), v], (n_, oc, p)), (n_, oc, p))
                 stores.append(IfThenElse(p < positions, st) if overflow[r] else st)
-            body = seq(*stores)
-            return IfThenElse(ob * cb + v < cog, body) if cog % cb else body
+            return in_block(v, seq(*stores))
 
         if block:
             finish = seq(Allocate(stage), copy, emit_blocked())
@@ -571,8 +583,7 @@ def blocked_conv_body(shape: ConvShape, x: Buffer, wp: Buffer, out: Buffer,
         return seq(*head, red, finish if seg is None else segment_end(acc, seg, finish))
 
     def loops() -> Stmt:  # the parallel loops over `tile`
-        if (prologue and not block and kblock is None and not band and shape.groups == 1
-                and padded_image_bytes(shape, itemsize(x.dtype)) >= BANDED_TILES_BYTES):
+        if pads_per_band:
             return banded_tiles(shape, x, tiles, tile_w, blocks,
                                 lambda n, ob, t, read: tile(n, _c(0), ob, t, read=read))
         if kblock is None and band and band < tiles:
