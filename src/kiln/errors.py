@@ -14,6 +14,11 @@ class KilnError(Exception):
     """The base of every error kiln raises on purpose."""
 
 
+class PerformanceWarning(UserWarning):
+    """A model compiles and runs correctly, but part of it takes a path much slower
+    than kiln's tuned kernels; the message says which part and how to avoid it."""
+
+
 class CallError(KilnError, RuntimeError):
     """A compiled function rejected its arguments or failed while running."""
 

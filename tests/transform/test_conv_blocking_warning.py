@@ -1,0 +1,62 @@
+"""block-convolutions warns when convolutions over a symbolic image size are left on
+their generic loops (a correct but far slower path) and says what to pin."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto
+from onnx import helper as oh
+
+import kiln
+from kiln.errors import PerformanceWarning
+from kiln.frontend import from_onnx
+from support.reference import ort_session
+
+RNG = np.random.default_rng(7)
+
+
+def conv_net(dims: tuple[int | str, ...]) -> onnx.ModelProto:
+    """Conv 3x3 (4 -> 8, pads 1) + ReLU + Conv 1x1 (8 -> 8) on an input of `dims`."""
+    w1 = oh.make_tensor("w1", TensorProto.FLOAT, [8, 4, 3, 3],
+                        RNG.standard_normal((8, 4, 3, 3)).astype(np.float32).ravel())
+    w2 = oh.make_tensor("w2", TensorProto.FLOAT, [8, 8, 1, 1],
+                        RNG.standard_normal((8, 8, 1, 1)).astype(np.float32).ravel())
+    nodes = [oh.make_node("Conv", ["x", "w1"], ["c"], pads=[1] * 4),
+             oh.make_node("Relu", ["c"], ["r"]),
+             oh.make_node("Conv", ["r", "w2"], ["y"])]
+    graph = oh.make_graph(nodes, "net", [oh.make_tensor_value_info("x", TensorProto.FLOAT, dims)],
+                          [oh.make_tensor_value_info("y", TensorProto.FLOAT, None)], [w1, w2])
+    return oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17)])
+
+
+def conv_kernels(ex: kiln.Executable) -> list[str]:
+    return [f.attrs["kiln.conv_kernel"] for f in ex.ir.functions.values()
+            if "kiln.conv_kernel" in f.attrs]
+
+
+def test_a_symbolic_image_size_warns_and_still_matches_onnxruntime() -> None:
+    model = conv_net((1, 4, "height", "width"))
+    with pytest.warns(PerformanceWarning, match=r"2 convolution\(s\) over a symbolic image "
+                      r"size \(in height, width\).*shape_dict=\{'height': \.\.\., "
+                      r"'width': \.\.\.\}.*--shape height="):
+        ex = kiln.compile(from_onnx(model), "llvm")
+    assert conv_kernels(ex) == []  # the generic loops: what the warning is about
+    for hw in ((5, 7), (12, 3)):
+        x = RNG.standard_normal((1, 4, *hw)).astype(np.float32)
+        want = ort_session(model).run(None, {"x": x})[0]
+        np.testing.assert_allclose(ex["main"](x), want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("pin", [{"height": 6, "width": 6}, None])
+def test_static_or_batch_only_symbolic_images_take_the_tiled_kernels(
+        pin: dict[str, int] | None) -> None:
+    # pinned by shape_dict, or only the batch symbolic (the kernels take it)
+    model = conv_net((1, 4, "height", "width") if pin else ("batch", 4, 6, 6))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", PerformanceWarning)
+        ex = kiln.compile(from_onnx(model, shape_dict=pin), "llvm")
+    assert len(conv_kernels(ex)) == 2
