@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper
+from onnx.reference import ReferenceEvaluator
 
 from kiln.errors import FrontendError
 from kiln.frontend import from_onnx
@@ -93,6 +94,21 @@ def test_conv_transpose_output_padding_past_its_stride_is_refused() -> None:
     with pytest.raises(FrontendError, match=r"node 'ct' \(ConvTranspose\): output_padding "
                                             r"\[2, 1\]: value 0 must be less than its stride 2"):
         from_onnx(_model(node, [1, 1, 5, 5], [w]))
+
+
+@pytest.mark.parametrize("mode", ["edge", "wrap", "reflect"])
+def test_padding_an_empty_axis_by_its_neighbours_is_refused(mode) -> None:
+    # found with empty tensors: edge and wrap read the missing neighbours from past the
+    # zero-byte input; onnx's reference refuses the three modes on an empty padded axis
+    # (onnxruntime refuses edge and reflect and has no wrap)
+    node = helper.make_node("Pad", ["x", "p"], ["y"], mode=mode, name="pad")
+    model = _model(node, [0, 4], [numpy_helper.from_array(np.array([1, 0, 1, 0]), "p")],
+                   opset=19)
+    with pytest.raises(ValueError, match="can't extend empty axis"):
+        ReferenceEvaluator(model).run(None, {"x": np.zeros((0, 4), np.float32)})
+    with pytest.raises(FrontendError, match=rf"node 'pad' \(Pad\): pad: {mode} mode needs at "
+                                            r"least \d elements? along padded dims"):
+        from_onnx(model)
 
 
 def _save(tmp_path: Path, name: str, node, inputs, inits=()) -> Path:

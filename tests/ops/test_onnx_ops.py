@@ -290,6 +290,9 @@ CASES: list[C] = [
     # negative pads crop (sliced off before the other sides are padded)
     C("Pad", {"x": f(3, 5)}, {"mode": "reflect"}, consts={"p": i64(-1, 2, 1, -2)},
       inputs=["x", "p"], id="negative-reflect"),
+    # an empty axis left unpadded: nothing to read, an empty result
+    C("Pad", {"x": f(0, 4)}, {"mode": "reflect"}, consts={"p": i64(0, 2, 0, 1)},
+      inputs=["x", "p"], id="reflect-empty"),
     C("Trilu", {"x": f(4, 5)}, consts={"k": i64(1)}, inputs=["x", "k"], opset=14),
     C("Trilu", {"x": f(3, 4, 4)}, {"upper": 0}, opset=14, id="lower"),
     C("DepthToSpace", {"x": f(1, 8, 2, 3)}, {"blocksize": 2}),

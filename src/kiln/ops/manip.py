@@ -751,10 +751,14 @@ def _pad_infer(types: Sequence[TensorType], attrs: Attrs) -> Type:
                                  for d, (a, b) in zip(x.shape, widths)):
         raise IRError(f"pad: reflect mode along a symbolic dimension of "
                       f"{shape_text(x.shape)} is not supported")
-    static = [(d, w) for d, w in zip(x.shape, widths) if isinstance(d, int)]
-    if mode == "reflect" and any(d < 2 and (a or b) for d, (a, b) in static):
+    # Only padded axes read their neighbours: an unpadded axis may be empty. A padded
+    # empty axis has nothing to copy (edge and wrap read past x; onnxruntime refuses).
+    padded = [(d, a, b) for d, (a, b) in zip(x.shape, widths) if isinstance(d, int) and (a or b)]
+    if mode in ("edge", "wrap") and any(d == 0 for d, _, _ in padded):
+        raise IRError(f"pad: {mode} mode needs at least 1 element along padded dims of {x}")
+    if mode == "reflect" and any(d < 2 for d, _, _ in padded):
         raise IRError(f"pad: reflect mode needs at least 2 elements along padded dims of {x}")
-    if mode == "reflect" and any(a >= d or b >= d for d, (a, b) in static):
+    if mode == "reflect" and any(a >= d or b >= d for d, a, b in padded):
         raise IRError(f"pad: reflect pads {widths} must be smaller than the dims of {x}")
     return TensorType(tuple(simplify_dim(d + a + b) for d, (a, b) in zip(x.shape, widths)),
                       x.dtype)
@@ -792,8 +796,8 @@ def _pad_ref(x: np.ndarray, **attrs: Any) -> np.ndarray:
     mode = attrs.get("mode", "constant")
     if mode == "constant":
         return np.pad(x, widths, constant_values=attrs.get("value", 0))
-    if x.size == 0:
-        raise IRError(f"pad: mode {mode!r} cannot pad an empty tensor")
+    if x.size == 0:  # only unpadded axes may be empty (`_pad_infer`): so is the result
+        return np.zeros([d + a + b for d, (a, b) in zip(x.shape, widths)], x.dtype)
     return np.pad(x, widths, mode=mode)
 
 
