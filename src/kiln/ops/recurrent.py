@@ -312,6 +312,8 @@ def _unrolled(ctx: GraphContext, node: _Node, d: int, reverse: bool, h: g.Expr, 
             h = ctx.call("where", m, h_new, h)
             c = ctx.call("where", m, c_new, c)
         h_read = outs[t] if by_row and y_read else h
+    if not steps:  # an empty sequence: no output rows, the state as it came in
+        return _zeros(ctx, (0, 1, batch, hidden), ctx.tensor_type(h).dtype), h, c
     y = ctx.call("concat", *outs, axis=0) if steps > 1 else outs[0]
     if by_row and reverse:
         assert seq_lens is not None

@@ -594,8 +594,11 @@ class GraphImporter:
         except KeyError as exc:
             raise FrontendError(f"{self._where}: missing attribute or input {exc}") from exc
         except (AssertionError, IndexError) as exc:
+            # converters index their inputs unchecked, but a converter's own bug lands
+            # here too: the text says which it may be
             raise FrontendError(f"{self._where}: a required input is missing (the node has "
-                                f"{len(node.input)} input(s))") from exc
+                                f"{len(node.input)} input(s)), or kiln's converter failed: "
+                                f"{type(exc).__name__}: {exc}") from exc
         except (IRError, ValueError, TypeError, ArithmeticError) as exc:
             if isinstance(exc, IRError) and "is not static" in str(exc):
                 raise FrontendError(f"{self._where}: kiln does not import this operator over "
