@@ -111,6 +111,20 @@ def test_padding_an_empty_axis_by_its_neighbours_is_refused(mode) -> None:
         from_onnx(model)
 
 
+@pytest.mark.parametrize("op", ["MaxPool", "AveragePool", "LpPool"])
+def test_pooling_over_an_empty_spatial_axis_is_refused(op) -> None:
+    # found with empty tensors: with pads, windows of padding alone made a MaxPool
+    # output of -inf and an AveragePool of 0/0, where onnxruntime refuses the model
+    node = helper.make_node(op, ["x"], ["y"], kernel_shape=[2, 2], pads=[1, 1, 1, 1],
+                            name="pool")
+    model = _model(node, [1, 2, 0, 5])
+    with pytest.raises(Exception, match="pool_attributes"):
+        onnxruntime_outputs(model, {"x": np.zeros((1, 2, 0, 5), np.float32)})
+    with pytest.raises(FrontendError, match=rf"node 'pool' \({op}\): pooling over an empty "
+                                            r"spatial axis of \[1, 2, 0, 5\]"):
+        from_onnx(model)
+
+
 def _save(tmp_path: Path, name: str, node, inputs, inits=()) -> Path:
     b = GraphBuilder()
     b.add(node)
