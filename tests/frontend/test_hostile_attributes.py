@@ -13,6 +13,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 
+import kiln
 from kiln.errors import FrontendError
 from kiln.frontend import from_onnx
 from support.graphs import GraphBuilder
@@ -125,6 +126,24 @@ def test_pooling_over_an_empty_spatial_axis_is_refused(op) -> None:
         from_onnx(model)
 
 
+def test_resizing_an_empty_axis_to_elements_is_refused() -> None:
+    # found with empty tensors: the size's ratio to an empty axis divided by zero, a
+    # FrontendError that said only "division by zero"
+    node = helper.make_node("Resize", ["x", "", "", "s"], ["y"], mode="linear", name="rs")
+    x = np.zeros((1, 2, 0, 5), np.float32)
+    to = numpy_helper.from_array(np.array([1, 2, 3, 10]), "s")
+    with pytest.raises(Exception, match="Input dim is zero but required output dim is non-zero"):
+        onnxruntime_outputs(_model(node, list(x.shape), [to]), {"x": x})
+    with pytest.raises(FrontendError, match=r"node 'rs' \(Resize\): Resize: axis 2 of "
+                                            r"\(1, 2, 0, 5\) is empty and cannot be resized "
+                                            r"to 3"):
+        from_onnx(_model(node, list(x.shape), [to]))
+    # to 0 it stays empty, as onnxruntime runs it
+    model = _model(node, list(x.shape), [numpy_helper.from_array(np.array([1, 2, 0, 10]), "s")])
+    (want,) = onnxruntime_outputs(model, {"x": x})
+    assert kiln.compile(from_onnx(model), "llvm")["main"](x).shape == want.shape == (1, 2, 0, 10)
+
+
 def _save(tmp_path: Path, name: str, node, inputs, inits=()) -> Path:
     b = GraphBuilder()
     b.add(node)
@@ -138,6 +157,7 @@ def _save(tmp_path: Path, name: str, node, inputs, inits=()) -> Path:
 
 REFUSE = """
 import sys
+import kiln
 from kiln.errors import FrontendError
 from kiln.frontend import from_onnx
 
