@@ -58,6 +58,18 @@ def test_window_attributes_out_of_range_are_refused_at_import(attrs, message) ->
         from_onnx(_model(node, [1, 2, 7, 7]))
 
 
+@pytest.mark.parametrize("axis", [1 << 62, 5, -5])
+def test_a_flatten_axis_out_of_range_is_refused(axis) -> None:
+    # found by mutating attributes: onnx's checker let 2**62 through and kiln sliced the
+    # shape with it, a (196, 1) result where onnxruntime refuses the model
+    model = _model(helper.make_node("Flatten", ["x"], ["y"], axis=axis, name="fl"), [1, 4, 7, 7])
+    with pytest.raises(Exception, match="Flatten"):
+        onnxruntime_outputs(model, {"x": np.zeros((1, 4, 7, 7), np.float32)})
+    with pytest.raises(FrontendError, match=rf"node 'fl' \(Flatten\): Flatten: axis {axis} is "
+                                            r"out of range \[-4, 4\] for \[1, 4, 7, 7\]"):
+        from_onnx(model, check=False)
+
+
 def test_an_lrn_window_out_of_range_is_refused_at_import() -> None:
     # it sums `size` channels per element: 2**31 was a hang
     node = helper.make_node("LRN", ["x"], ["y"], size=1 << 31, name="lrn")

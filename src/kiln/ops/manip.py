@@ -163,6 +163,10 @@ def _flatten_onnx(ctx: GraphContext, inputs: Sequence[g.Expr | None],
     x = first_input(inputs)
     shape = ctx.tensor_type(x).shape
     axis = int(attrs.get("axis", 1))
+    # [-r, r]: r too, the split after the last dim (slicing would take any axis past it)
+    if not -len(shape) <= axis <= len(shape):
+        raise IRError(f"Flatten: axis {axis} is out of range [-{len(shape)}, {len(shape)}] "
+                      f"for {shape_text(shape)}")
     axis = axis + len(shape) if axis < 0 else axis
     return [reshape_to(ctx, x, (dim_product(shape[:axis]), dim_product(shape[axis:])))]
 
