@@ -9,6 +9,7 @@ import onnx
 import pytest
 
 import kiln
+from kiln.errors import FrontendError
 from kiln.frontend import from_onnx
 from kiln.ir import assert_structural_equal
 from kiln.script import from_source, print_module
@@ -137,6 +138,24 @@ def test_an_empty_sequence_leaves_the_initial_state(op: str) -> None:
     np.testing.assert_array_equal(got[1], init["H0"])
     if op == "LSTM":
         np.testing.assert_array_equal(got[2], init["C0"])
+
+
+@pytest.mark.parametrize("op", ["LSTM", "GRU", "RNN"])
+@pytest.mark.parametrize("hidden", [4, (1 << 32) + 6])
+def test_weights_that_do_not_fit_hidden_size_are_refused(op: str, hidden: int) -> None:
+    # found by mutating attributes: a hidden_size of 2**32 + 1 sized the zero state
+    # first, a MemoryError instead of a FrontendError; onnxruntime refuses the model
+    model, feeds = _model(op)
+    node = model.graph.node[0]
+    (attr,) = [a for a in node.attribute if a.name == "hidden_size"]
+    attr.i = hidden
+    with pytest.raises(Exception, match=r"Input W must have shape|narrowing_error"):
+        onnxruntime_outputs(model, feeds)
+    rows = GATES[op] * hidden
+    with pytest.raises(FrontendError, match=rf"\({op}\): {op}: W of shape \[1, {GATES[op] * 6}, "
+                                            rf"5\] does not fit hidden_size {hidden} and 1 "
+                                            rf"direction\(s\): \[1, {rows}, 5\] expected"):
+        from_onnx(model, check=False)
 
 
 def _symbolic_batch(model: onnx.ModelProto) -> None:
