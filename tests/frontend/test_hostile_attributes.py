@@ -70,6 +70,20 @@ def test_a_flatten_axis_out_of_range_is_refused(axis) -> None:
         from_onnx(model, check=False)
 
 
+@pytest.mark.parametrize("to, message", [
+    ((1 << 32) + 1, r"Cast: to 4294967297 is not an ONNX element type"),
+    (TensorProto.STRING, r"Cast: to is STRING, an element type kiln does not compute with; "
+                         r"known: bool, "),
+])
+def test_a_cast_to_an_unknown_element_type_is_refused(to, message) -> None:
+    # found by mutating attributes: onnx's checker let 2**32 + 1 through (onnxruntime
+    # reads it as 1, FLOAT), and the importer reported a KeyError as 'missing attribute
+    # or input 4294967297'
+    node = helper.make_node("Cast", ["x"], ["y"], to=to, name="c")
+    with pytest.raises(FrontendError, match=rf"node 'c' \(Cast\): {message}"):
+        from_onnx(_model(node, [2, 3]))
+
+
 def test_an_lrn_window_out_of_range_is_refused_at_import() -> None:
     # it sums `size` channels per element: 2**31 was a hang
     node = helper.make_node("LRN", ["x"], ["y"], size=1 << 31, name="lrn")

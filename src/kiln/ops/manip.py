@@ -46,6 +46,7 @@ from kiln.ops.onnx_map import (
     first_input,
     need_constant,
     need_dims,
+    onnx_dtype,
     onnx_op,
 )
 from kiln.ops.reduce import norm_axes
@@ -1135,13 +1136,11 @@ def _symbolic_range(ctx: GraphContext, inputs: Sequence[g.Expr | None],
 @onnx_op("EyeLike")
 def _eye_like_onnx(ctx: GraphContext, inputs: Sequence[g.Expr | None],
                    attrs: dict[str, Any]) -> list[g.Expr]:
-    from onnx import helper
-
     t = ctx.tensor_type(first_input(inputs))
     if t.ndim != 2:
         raise IRError(f"EyeLike needs a 2-D input, got {t}")
-    dtype = t.dtype if "dtype" not in attrs else dt.from_numpy(
-        helper.tensor_dtype_to_np_dtype(int(attrs["dtype"])))
+    dtype = t.dtype if "dtype" not in attrs else onnx_dtype(int(attrs["dtype"]),
+                                                            "EyeLike: dtype")
     rows, cols = t.static_shape
     k = int(attrs.get("k", 0))
     # (i + k == j) from a column and a row of indices: folded within the budget.
