@@ -294,6 +294,9 @@ CASES: list[C] = [
     # negative pads crop (sliced off before the other sides are padded)
     C("Pad", {"x": f(3, 5)}, {"mode": "reflect"}, consts={"p": i64(-1, 2, 1, -2)},
       inputs=["x", "p"], id="negative-reflect"),
+    # an axis cropped to nothing, then padded with the constant
+    C("Pad", {"x": f(2, 3)}, consts={"p": i64(0, -3, 0, 2)}, inputs=["x", "p"],
+      id="crop-all"),
     C("Pad", {"x": f(0, 3)}, consts={"p": i64(1, 0, 2, 0)}, inputs=["x", "p"], id="empty"),
     # an empty axis left unpadded: nothing to read, an empty result
     C("Pad", {"x": f(0, 4)}, {"mode": "reflect"}, consts={"p": i64(0, 2, 0, 1)},

@@ -838,8 +838,9 @@ def _pad_onnx(ctx: GraphContext, inputs: Sequence[g.Expr | None],
             raise IRError(f"Pad: negative pads {pads} on a symbolic axis of {shape}")
         starts = [max(0, -pads[a]) for a in crop]
         ends = [d + min(0, pads[a + ndim]) for a, d in zip(crop, sizes)]
-        if any(e <= s for s, e in zip(starts, ends)):
-            raise IRError(f"Pad: pads {pads} remove every element of an axis of {shape}")
+        if any(e < s for s, e in zip(starts, ends)):
+            raise IRError(f"Pad: pads {pads} remove more elements than an axis of {shape} "
+                          "has")
         x = ctx.call("strided_slice", x, starts=tuple(starts), ends=tuple(ends),
                      axes=tuple(crop), steps=(1,) * len(crop))
         pads = [max(0, p) for p in pads]
