@@ -152,6 +152,20 @@ def test_pooling_over_an_empty_spatial_axis_is_refused(op) -> None:
         from_onnx(model)
 
 
+def test_grid_sampling_an_empty_image_is_refused() -> None:
+    # found with empty tensors: the call failed at run time with a message about
+    # gather_elements, an op the model does not have
+    node = helper.make_node("GridSample", ["x", "g"], ["y"], name="gs")
+    model = _model(node, [1, 1, 0, 4], [numpy_helper.from_array(np.zeros((1, 2, 2, 2),
+                                                                         np.float32), "g")],
+                   opset=16)
+    with pytest.raises(Exception, match="Input spatial dimensions must be non-empty"):
+        onnxruntime_outputs(model, {"x": np.zeros((1, 1, 0, 4), np.float32)})
+    with pytest.raises(FrontendError, match=r"node 'gs' \(GridSample\): GridSample: X "
+                                            r"\(1, 1, 0, 4\) has an empty spatial axis"):
+        from_onnx(model)
+
+
 def test_resizing_an_empty_axis_to_elements_is_refused() -> None:
     # found with empty tensors: the size's ratio to an empty axis divided by zero, a
     # FrontendError that said only "division by zero"
