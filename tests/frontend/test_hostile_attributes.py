@@ -11,7 +11,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper
+from onnx.reference import ReferenceEvaluator
 
+import kiln
 from kiln.errors import FrontendError
 from kiln.frontend import from_onnx
 from support.graphs import GraphBuilder
@@ -56,6 +58,32 @@ def test_window_attributes_out_of_range_are_refused_at_import(attrs, message) ->
         from_onnx(_model(node, [1, 2, 7, 7]))
 
 
+@pytest.mark.parametrize("axis", [1 << 62, 5, -5])
+def test_a_flatten_axis_out_of_range_is_refused(axis) -> None:
+    # found by mutating attributes: onnx's checker let 2**62 through and kiln sliced the
+    # shape with it, a (196, 1) result where onnxruntime refuses the model
+    model = _model(helper.make_node("Flatten", ["x"], ["y"], axis=axis, name="fl"), [1, 4, 7, 7])
+    with pytest.raises(Exception, match="Flatten"):
+        onnxruntime_outputs(model, {"x": np.zeros((1, 4, 7, 7), np.float32)})
+    with pytest.raises(FrontendError, match=rf"node 'fl' \(Flatten\): Flatten: axis {axis} is "
+                                            r"out of range \[-4, 4\] for \[1, 4, 7, 7\]"):
+        from_onnx(model, check=False)
+
+
+@pytest.mark.parametrize("to, message", [
+    ((1 << 32) + 1, r"Cast: to 4294967297 is not an ONNX element type"),
+    (TensorProto.STRING, r"Cast: to is STRING, an element type kiln does not compute with; "
+                         r"known: bool, "),
+])
+def test_a_cast_to_an_unknown_element_type_is_refused(to, message) -> None:
+    # found by mutating attributes: onnx's checker let 2**32 + 1 through (onnxruntime
+    # reads it as 1, FLOAT), and the importer reported a KeyError as 'missing attribute
+    # or input 4294967297'
+    node = helper.make_node("Cast", ["x"], ["y"], to=to, name="c")
+    with pytest.raises(FrontendError, match=rf"node 'c' \(Cast\): {message}"):
+        from_onnx(_model(node, [2, 3]))
+
+
 def test_an_lrn_window_out_of_range_is_refused_at_import() -> None:
     # it sums `size` channels per element: 2**31 was a hang
     node = helper.make_node("LRN", ["x"], ["y"], size=1 << 31, name="lrn")
@@ -95,6 +123,67 @@ def test_conv_transpose_output_padding_past_its_stride_is_refused() -> None:
         from_onnx(_model(node, [1, 1, 5, 5], [w]))
 
 
+@pytest.mark.parametrize("mode", ["edge", "wrap", "reflect"])
+def test_padding_an_empty_axis_by_its_neighbours_is_refused(mode) -> None:
+    # found with empty tensors: edge and wrap read the missing neighbours from past the
+    # zero-byte input; onnx's reference refuses the three modes on an empty padded axis
+    # (onnxruntime refuses edge and reflect and has no wrap)
+    node = helper.make_node("Pad", ["x", "p"], ["y"], mode=mode, name="pad")
+    model = _model(node, [0, 4], [numpy_helper.from_array(np.array([1, 0, 1, 0]), "p")],
+                   opset=19)
+    with pytest.raises(ValueError, match="can't extend empty axis"):
+        ReferenceEvaluator(model).run(None, {"x": np.zeros((0, 4), np.float32)})
+    with pytest.raises(FrontendError, match=rf"node 'pad' \(Pad\): pad: {mode} mode needs at "
+                                            r"least \d elements? along padded dims"):
+        from_onnx(model)
+
+
+@pytest.mark.parametrize("op", ["MaxPool", "AveragePool", "LpPool"])
+def test_pooling_over_an_empty_spatial_axis_is_refused(op) -> None:
+    # found with empty tensors: with pads, windows of padding alone made a MaxPool
+    # output of -inf and an AveragePool of 0/0, where onnxruntime refuses the model
+    node = helper.make_node(op, ["x"], ["y"], kernel_shape=[2, 2], pads=[1, 1, 1, 1],
+                            name="pool")
+    model = _model(node, [1, 2, 0, 5])
+    with pytest.raises(Exception, match="pool_attributes"):
+        onnxruntime_outputs(model, {"x": np.zeros((1, 2, 0, 5), np.float32)})
+    with pytest.raises(FrontendError, match=rf"node 'pool' \({op}\): pooling over an empty "
+                                            r"spatial axis of \[1, 2, 0, 5\]"):
+        from_onnx(model)
+
+
+def test_grid_sampling_an_empty_image_is_refused() -> None:
+    # found with empty tensors: the call failed at run time with a message about
+    # gather_elements, an op the model does not have
+    node = helper.make_node("GridSample", ["x", "g"], ["y"], name="gs")
+    model = _model(node, [1, 1, 0, 4], [numpy_helper.from_array(np.zeros((1, 2, 2, 2),
+                                                                         np.float32), "g")],
+                   opset=16)
+    with pytest.raises(Exception, match="Input spatial dimensions must be non-empty"):
+        onnxruntime_outputs(model, {"x": np.zeros((1, 1, 0, 4), np.float32)})
+    with pytest.raises(FrontendError, match=r"node 'gs' \(GridSample\): GridSample: X "
+                                            r"\(1, 1, 0, 4\) has an empty spatial axis"):
+        from_onnx(model)
+
+
+def test_resizing_an_empty_axis_to_elements_is_refused() -> None:
+    # found with empty tensors: the size's ratio to an empty axis divided by zero, a
+    # FrontendError that said only "division by zero"
+    node = helper.make_node("Resize", ["x", "", "", "s"], ["y"], mode="linear", name="rs")
+    x = np.zeros((1, 2, 0, 5), np.float32)
+    to = numpy_helper.from_array(np.array([1, 2, 3, 10]), "s")
+    with pytest.raises(Exception, match="Input dim is zero but required output dim is non-zero"):
+        onnxruntime_outputs(_model(node, list(x.shape), [to]), {"x": x})
+    with pytest.raises(FrontendError, match=r"node 'rs' \(Resize\): Resize: axis 2 of "
+                                            r"\(1, 2, 0, 5\) is empty and cannot be resized "
+                                            r"to 3"):
+        from_onnx(_model(node, list(x.shape), [to]))
+    # to 0 it stays empty, as onnxruntime runs it
+    model = _model(node, list(x.shape), [numpy_helper.from_array(np.array([1, 2, 0, 10]), "s")])
+    (want,) = onnxruntime_outputs(model, {"x": x})
+    assert kiln.compile(from_onnx(model), "llvm")["main"](x).shape == want.shape == (1, 2, 0, 10)
+
+
 def _save(tmp_path: Path, name: str, node, inputs, inits=()) -> Path:
     b = GraphBuilder()
     b.add(node)
@@ -108,6 +197,7 @@ def _save(tmp_path: Path, name: str, node, inputs, inits=()) -> Path:
 
 REFUSE = """
 import sys
+import kiln
 from kiln.errors import FrontendError
 from kiln.frontend import from_onnx
 

@@ -57,6 +57,19 @@ def test_a_type_error_is_refused_like_onnxruntime() -> None:
         from_onnx(model)
 
 
+@pytest.mark.parametrize("check", [True, False])
+def test_an_output_declared_with_another_type_and_no_shape_is_refused(check: bool) -> None:
+    # found by bench/fuzz_onnx.py --quantized (a Cast's `to` mutated): the checker sees no
+    # output declared without a shape, and kiln returned int8 for a float output
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [3])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
+    model = _model([helper.make_node("Cast", ["x"], ["y"], to=TensorProto.INT8)], [x], [y])
+    _ort_refuses(model)
+    with pytest.raises(FrontendError, match=r"graph output 'y' is declared FLOAT but the "
+                                            r"graph computes int8 \(INT8\)"):
+        from_onnx(model, check=check)
+
+
 def test_a_type_error_against_a_large_weight_is_refused() -> None:
     # The weight is larger than what the checked copy keeps: the checker sees it as an
     # input of the same type and shape, so inference still catches the mismatch.

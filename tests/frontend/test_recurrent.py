@@ -9,6 +9,7 @@ import onnx
 import pytest
 
 import kiln
+from kiln.errors import FrontendError
 from kiln.frontend import from_onnx
 from kiln.ir import assert_structural_equal
 from kiln.script import from_source, print_module
@@ -116,6 +117,45 @@ def test_recurrent_matches_onnxruntime(op: str, kw: dict[str, Any]) -> None:
 @pytest.mark.parametrize("op", ["LSTM", "GRU"])
 def test_recurrent_on_c_target(op: str) -> None:
     _check(op, {"direction": "bidirectional", "lens": [4, 1, 3]}, target="c")
+
+
+def test_an_empty_lstm_sequence_matches_onnxruntime() -> None:
+    # found with empty tensors (bench/fuzz_onnx.py --zero): a static sequence length of 0
+    # was an IndexError that the importer reported as a missing input. Y only: here
+    # onnxruntime's Y_h and Y_c were zeros in most runs, other values in some
+    _check("LSTM", {"seq": 0, "direction": "bidirectional", "outs": ("y",)})
+
+
+@pytest.mark.parametrize("op", ["LSTM", "GRU", "RNN"])
+def test_an_empty_sequence_leaves_the_initial_state(op: str) -> None:
+    # zero steps: no rows of Y, the state as it came in (onnx's reference fails on an
+    # empty sequence, onnxruntime's GRU and RNN abort the process and its LSTM gives
+    # zeros, ignoring the initial state)
+    model, feeds = _model(op, seq=0, direction="bidirectional", init=True)
+    got = kiln.compile(from_onnx(model), "llvm")["main"](*feeds.values())
+    init = {t.name: onnx.numpy_helper.to_array(t) for t in model.graph.initializer}
+    assert np.asarray(got[0]).shape == (0, 2, 3, 6)
+    np.testing.assert_array_equal(got[1], init["H0"])
+    if op == "LSTM":
+        np.testing.assert_array_equal(got[2], init["C0"])
+
+
+@pytest.mark.parametrize("op", ["LSTM", "GRU", "RNN"])
+@pytest.mark.parametrize("hidden", [4, (1 << 32) + 6])
+def test_weights_that_do_not_fit_hidden_size_are_refused(op: str, hidden: int) -> None:
+    # found by mutating attributes: a hidden_size of 2**32 + 1 sized the zero state
+    # first, a MemoryError instead of a FrontendError; onnxruntime refuses the model
+    model, feeds = _model(op)
+    node = model.graph.node[0]
+    (attr,) = [a for a in node.attribute if a.name == "hidden_size"]
+    attr.i = hidden
+    with pytest.raises(Exception, match=r"Input W must have shape|narrowing_error"):
+        onnxruntime_outputs(model, feeds)
+    rows = GATES[op] * hidden
+    with pytest.raises(FrontendError, match=rf"\({op}\): {op}: W of shape \[1, {GATES[op] * 6}, "
+                                            rf"5\] does not fit hidden_size {hidden} and 1 "
+                                            rf"direction\(s\): \[1, {rows}, 5\] expected"):
+        from_onnx(model, check=False)
 
 
 def _symbolic_batch(model: onnx.ModelProto) -> None:

@@ -11,8 +11,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 from index_check_cases import cases
-from onnx import numpy_helper
+from onnx import helper, numpy_helper
 
+import kiln
 from kiln import evaluate
 from kiln.errors import FrontendError, IRError, KilnError
 from kiln.frontend import from_onnx
@@ -29,6 +30,7 @@ from kiln.ir.tensor import (
     PrimFunc,
     Store,
 )
+from support.graphs import GraphBuilder
 from support.processes import run_python
 from support.reference import ort_session
 
@@ -81,6 +83,41 @@ def test_constant_out_of_range_indices_fail_at_import_naming_the_node(case) -> N
     with pytest.raises(FrontendError, match=rf"node #0 \(output 'y'\) \({case.name}\): "
                                             rf"{KILN_OP[case.name]}: .*out of range"):
         from_onnx(model)
+
+
+def _elements_model(op: str, indices_shape: list[int]):
+    # data [2, 4], indices along axis 1 (values 0 and 1: in range for any data row)
+    b = GraphBuilder()
+    b.input("x", [2, 4])
+    idx = np.indices(indices_shape)[1] % 2
+    b.consts({"i": idx.astype(np.int64), "u": np.ones(indices_shape, np.float32)})
+    b.add(helper.make_node(op, ["x", "i", "u"][:3 if op == "ScatterElements" else 2], ["y"],
+                           axis=1, name="e"))
+    b.output("y")
+    return b.model(name=op, check=False)  # the output has no shape (onnx checker)
+
+
+@pytest.mark.parametrize("op", ["GatherElements", "ScatterElements"])
+def test_element_indices_longer_than_data_off_the_axis_are_refused(op) -> None:
+    # Found by mutating shapes: GatherElements read past the data rows (garbage or a
+    # crash), ScatterElements dropped the updates of rows data lacks. onnxruntime
+    # refuses both when run; only the indexed axis may be longer.
+    model = _elements_model(op, [3, 5])
+    x = {"x": np.ones((2, 4), np.float32)}
+    with pytest.raises(Exception, match=r"[Ii]ndices"):
+        ort_session(model).run(None, x)
+    with pytest.raises(FrontendError, match=rf"node 'e' \({op}\): {KILN_OP[op]}: indices "
+                                            r"\[3, 5\] are longer than data \[2, 4\] on "
+                                            r"axis 0; only axis 1 may be longer"):
+        from_onnx(model)
+
+
+@pytest.mark.parametrize("op", ["GatherElements", "ScatterElements"])
+def test_element_indices_shorter_than_data_match_onnxruntime(op) -> None:
+    model = _elements_model(op, [1, 6])
+    x = np.arange(8, dtype=np.float32).reshape(2, 4)
+    got = kiln.compile(from_onnx(model), "llvm")["main"](x)
+    np.testing.assert_array_equal(got, ort_session(model).run(None, {"x": x})[0])
 
 
 def _check_func(cond, code) -> IRModule:

@@ -136,6 +136,9 @@ CASES: list[C] = [
     C("Einsum", {"a": f(3, 4), "b": f(3, 4)}, {"equation": "ij,ij->j"}, id="reduce"),
     C("Einsum", {"a": f(2, 3, 4), "b": f(4, 5)}, {"equation": "...j,jk"}, id="implicit"),
     C("Conv", {"x": IMG, "w": f(4, 3, 3, 3), "b": f(4)}, {"pads": [1, 1, 1, 1]}),
+    # an empty image row: every window is padding, the output the bias
+    C("Conv", {"x": f(1, 3, 0, 5), "w": f(4, 3, 1, 3), "b": f(4)}, {"pads": [1, 1, 1, 1]},
+      id="empty-row"),
     C("Conv", {"x": IMG, "w": f(4, 3, 3, 2)}, {"auto_pad": "SAME_UPPER", "strides": [2, 2]},
       id="same-upper"),
     C("Conv", {"x": IMG, "w": f(4, 3, 3, 2)}, {"auto_pad": "SAME_LOWER", "strides": [2, 3]},
@@ -147,6 +150,7 @@ CASES: list[C] = [
     C("Conv", {"x": f(1, 2, 9), "w": f(3, 2, 3)}, {"strides": [2]}, id="1d"),
     C("Conv", {"x": f(1, 1, 4, 4, 4), "w": f(2, 1, 2, 2, 2)}, {"pads": [1, 0, 0, 0, 1, 1]},
       id="3d"),
+    C("ConvTranspose", {"x": f(1, 2, 0, 4), "w": f(2, 3, 3, 3), "b": f(3)}, id="empty-row"),
     C("ConvTranspose", {"x": f(1, 2, 3, 4), "w": f(2, 3, 3, 3), "b": f(3)},
       {"strides": [2, 2], "pads": [1, 0, 1, 1], "output_padding": [1, 0]}),
     C("ConvTranspose", {"x": f(1, 2, 3, 3), "w": f(2, 2, 3, 3)},
@@ -290,6 +294,13 @@ CASES: list[C] = [
     # negative pads crop (sliced off before the other sides are padded)
     C("Pad", {"x": f(3, 5)}, {"mode": "reflect"}, consts={"p": i64(-1, 2, 1, -2)},
       inputs=["x", "p"], id="negative-reflect"),
+    # an axis cropped to nothing, then padded with the constant
+    C("Pad", {"x": f(2, 3)}, consts={"p": i64(0, -3, 0, 2)}, inputs=["x", "p"],
+      id="crop-all"),
+    C("Pad", {"x": f(0, 3)}, consts={"p": i64(1, 0, 2, 0)}, inputs=["x", "p"], id="empty"),
+    # an empty axis left unpadded: nothing to read, an empty result
+    C("Pad", {"x": f(0, 4)}, {"mode": "reflect"}, consts={"p": i64(0, 2, 0, 1)},
+      inputs=["x", "p"], id="reflect-empty"),
     C("Trilu", {"x": f(4, 5)}, consts={"k": i64(1)}, inputs=["x", "k"], opset=14),
     C("Trilu", {"x": f(3, 4, 4)}, {"upper": 0}, opset=14, id="lower"),
     C("DepthToSpace", {"x": f(1, 8, 2, 3)}, {"blocksize": 2}),

@@ -29,10 +29,11 @@ from typing import Any
 import numpy as np
 
 from kiln.errors import IRError
+from kiln.ir import dtype as dt
 from kiln.ir import graph as g
 from kiln.ir.dtype import to_numpy
 from kiln.ir.types import TensorType
-from kiln.ops.onnx_map import GraphContext, first_input, need_static, onnx_op
+from kiln.ops.onnx_map import GraphContext, first_input, need_static, onnx_dtype, onnx_op
 from kiln.ops.sampling import chain
 
 
@@ -353,8 +354,6 @@ def _mel_weight_matrix_onnx(ctx: GraphContext, inputs: Sequence[g.Expr | None],
                             attrs: dict[str, Any]) -> list[g.Expr]:
     """The [dft_length // 2 + 1, num_mel_bins] triangular filter bank, computed at import
     from its constant inputs (the standard's formula, as in onnx's reference)."""
-    from onnx import helper
-
     names = ("num_mel_bins", "dft_length", "sample_rate", "lower_edge_hertz",
              "upper_edge_hertz")
     args = [need_static(ctx, _required(inputs, k, "MelWeightMatrix", name),
@@ -383,8 +382,8 @@ def _mel_weight_matrix_onnx(ctx: GraphContext, inputs: Sequence[g.Expr | None],
             out[left:center + 1, i] = (np.arange(left, center + 1) - left) / (center - left)
         if right > center:
             out[center:right, i] = (right - np.arange(center, right)) / (right - center)
-    dtype = helper.tensor_dtype_to_np_dtype(int(attrs.get("output_datatype", 1)))
-    return [ctx.const(out.astype(dtype))]
+    dtype = onnx_dtype(int(attrs.get("output_datatype", 1)), "MelWeightMatrix: output_datatype")
+    return [ctx.const(out.astype(dt.to_numpy(dtype)))]
 
 
 TREE_MODES = ("BRANCH_LEQ", "BRANCH_LT", "BRANCH_GTE", "BRANCH_GT", "BRANCH_EQ", "BRANCH_NEQ",

@@ -297,7 +297,15 @@ def resize_call(ctx: GraphContext, x: g.Expr, *, scales: Sequence[float] | None,
     if sizes is not None:
         if len(sizes) != len(axes):
             raise IRError(f"Resize sizes {tuple(sizes)} need {len(axes)} values")
-        ratio = [sizes[n] / shape[a] for n, a in enumerate(axes)]
+        for n, a in enumerate(axes):
+            if shape[a] == 0 and sizes[n] != 0:  # no elements to interpolate from
+                raise IRError(f"Resize: axis {a} of {shape} is empty and cannot be resized "
+                              f"to {sizes[n]}")
+            if shape[a] == 0 and policy != "stretch":  # its ratio is 0/0
+                raise IRError(f"Resize: axis {a} of {shape} is empty: it has no scale for "
+                              f"keep_aspect_ratio_policy {policy!r}")
+        # an empty axis resized to 0 stays empty whatever its scale
+        ratio = [sizes[n] / shape[a] if shape[a] else 1.0 for n, a in enumerate(axes)]
         if policy in ("not_larger", "not_smaller"):
             common = min(ratio) if policy == "not_larger" else max(ratio)
             for a in axes:

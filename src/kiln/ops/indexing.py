@@ -12,7 +12,7 @@ from kiln.errors import IRError
 from kiln.ir import dtype as dt
 from kiln.ir import graph as g
 from kiln.ir.kernel_errors import KERNEL_ERRORS, op_error_code
-from kiln.ir.shape_expr import dim_product, dim_text, dims_equal, shape_text
+from kiln.ir.shape_expr import dim_at_least, dim_product, dim_text, dims_equal, shape_text
 from kiln.ir.tensor import (
     Cast,
     PrimExpr,
@@ -105,11 +105,22 @@ def _gather_onnx(ctx: GraphContext, inputs: Sequence[g.Expr | None],
 
 # ------------------------------------------------------------ gather_elements
 
+def check_element_indices(op: str, data: Sequence[Dim], ind: Sequence[Dim], axis: int) -> None:
+    """Off `axis`, an indices dimension must be no longer than data's: the kernels
+    address data at the indices' own positions there (gather_elements read past data,
+    scatter_elements dropped the extra updates; onnxruntime refuses both)."""
+    for d, (n, k) in enumerate(zip(data, ind, strict=True)):
+        if d != axis and not dim_at_least(n, k):
+            raise IRError(f"{op}: indices {shape_text(ind)} are longer than data "
+                          f"{shape_text(data)} on axis {d}; only axis {axis} may be longer")
+
+
 def _gather_elements_infer(types: Sequence[TensorType], attrs: Attrs) -> Type:
     x, idx = types
-    norm_axes(attrs.get("axis", 0), x.ndim)
+    (axis,) = norm_axes(attrs.get("axis", 0), x.ndim)
     if idx.ndim != x.ndim or not dt.is_int(idx.dtype):
         raise IRError(f"gather_elements: indices {idx} must be integers of the rank of {x}")
+    check_element_indices("gather_elements", x.shape, idx.shape, axis)
     return TensorType(idx.shape, x.dtype)
 
 
@@ -268,12 +279,13 @@ def _scatter_combine(red: str, base: PrimExpr, matches: Callable[[str], PrimExpr
 
 def _scatter_elements_infer(types: Sequence[TensorType], attrs: Attrs) -> Type:
     x, idx, upd = types
-    norm_axes(attrs.get("axis", 0), x.ndim)
+    (axis,) = norm_axes(attrs.get("axis", 0), x.ndim)
     _scatter_check(attrs)
     if idx.ndim != x.ndim or idx.shape != upd.shape or upd.dtype != x.dtype or \
             not dt.is_int(idx.dtype):
         raise IRError(f"scatter_elements: indices {idx} and updates {upd} must have one shape "
                       f"and the rank of data {x}")
+    check_element_indices("scatter_elements", x.shape, idx.shape, axis)
     return x
 
 

@@ -26,7 +26,7 @@ from kiln.ir.tensor import (
 from kiln.ir.types import TensorType, Type
 from kiln.ops import te
 from kiln.ops.broadcast import broadcast_index, broadcast_shapes, broadcast_types
-from kiln.ops.onnx_map import Converter, GraphContext, first_input, onnx_op
+from kiln.ops.onnx_map import Converter, GraphContext, first_input, onnx_dtype, onnx_op
 from kiln.ops.registry import register_op
 
 Attrs = Mapping[str, Any]
@@ -55,10 +55,7 @@ register_op("cast", pattern="elemwise", infer=_cast_infer,
 @onnx_op("Cast")
 def _cast_onnx(ctx: GraphContext, inputs: Sequence[g.Expr | None],
                attrs: dict[str, Any]) -> list[g.Expr]:
-    from onnx import helper
-
-    to = attrs["to"]
-    dtype = dt.from_numpy(helper.tensor_dtype_to_np_dtype(int(to)))
+    dtype = onnx_dtype(int(attrs["to"]), "Cast: to")
     return [ctx.call("cast", first_input(inputs), dtype=dtype)]
 
 

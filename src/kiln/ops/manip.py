@@ -46,6 +46,7 @@ from kiln.ops.onnx_map import (
     first_input,
     need_constant,
     need_dims,
+    onnx_dtype,
     onnx_op,
 )
 from kiln.ops.reduce import norm_axes
@@ -163,6 +164,10 @@ def _flatten_onnx(ctx: GraphContext, inputs: Sequence[g.Expr | None],
     x = first_input(inputs)
     shape = ctx.tensor_type(x).shape
     axis = int(attrs.get("axis", 1))
+    # [-r, r]: r too, the split after the last dim (slicing would take any axis past it)
+    if not -len(shape) <= axis <= len(shape):
+        raise IRError(f"Flatten: axis {axis} is out of range [-{len(shape)}, {len(shape)}] "
+                      f"for {shape_text(shape)}")
     axis = axis + len(shape) if axis < 0 else axis
     return [reshape_to(ctx, x, (dim_product(shape[:axis]), dim_product(shape[axis:])))]
 
@@ -751,10 +756,14 @@ def _pad_infer(types: Sequence[TensorType], attrs: Attrs) -> Type:
                                  for d, (a, b) in zip(x.shape, widths)):
         raise IRError(f"pad: reflect mode along a symbolic dimension of "
                       f"{shape_text(x.shape)} is not supported")
-    static = [(d, w) for d, w in zip(x.shape, widths) if isinstance(d, int)]
-    if mode == "reflect" and any(d < 2 and (a or b) for d, (a, b) in static):
+    # Only padded axes read their neighbours: an unpadded axis may be empty. A padded
+    # empty axis has nothing to copy (edge and wrap read past x; onnxruntime refuses).
+    padded = [(d, a, b) for d, (a, b) in zip(x.shape, widths) if isinstance(d, int) and (a or b)]
+    if mode in ("edge", "wrap") and any(d == 0 for d, _, _ in padded):
+        raise IRError(f"pad: {mode} mode needs at least 1 element along padded dims of {x}")
+    if mode == "reflect" and any(d < 2 for d, _, _ in padded):
         raise IRError(f"pad: reflect mode needs at least 2 elements along padded dims of {x}")
-    if mode == "reflect" and any(a >= d or b >= d for d, (a, b) in static):
+    if mode == "reflect" and any(a >= d or b >= d for d, a, b in padded):
         raise IRError(f"pad: reflect pads {widths} must be smaller than the dims of {x}")
     return TensorType(tuple(simplify_dim(d + a + b) for d, (a, b) in zip(x.shape, widths)),
                       x.dtype)
@@ -792,8 +801,8 @@ def _pad_ref(x: np.ndarray, **attrs: Any) -> np.ndarray:
     mode = attrs.get("mode", "constant")
     if mode == "constant":
         return np.pad(x, widths, constant_values=attrs.get("value", 0))
-    if x.size == 0:
-        raise IRError(f"pad: mode {mode!r} cannot pad an empty tensor")
+    if x.size == 0:  # only unpadded axes may be empty (`_pad_infer`): so is the result
+        return np.zeros([d + a + b for d, (a, b) in zip(x.shape, widths)], x.dtype)
     return np.pad(x, widths, mode=mode)
 
 
@@ -829,8 +838,9 @@ def _pad_onnx(ctx: GraphContext, inputs: Sequence[g.Expr | None],
             raise IRError(f"Pad: negative pads {pads} on a symbolic axis of {shape}")
         starts = [max(0, -pads[a]) for a in crop]
         ends = [d + min(0, pads[a + ndim]) for a, d in zip(crop, sizes)]
-        if any(e <= s for s, e in zip(starts, ends)):
-            raise IRError(f"Pad: pads {pads} remove every element of an axis of {shape}")
+        if any(e < s for s, e in zip(starts, ends)):
+            raise IRError(f"Pad: pads {pads} remove more elements than an axis of {shape} "
+                          "has")
         x = ctx.call("strided_slice", x, starts=tuple(starts), ends=tuple(ends),
                      axes=tuple(crop), steps=(1,) * len(crop))
         pads = [max(0, p) for p in pads]
@@ -1127,13 +1137,11 @@ def _symbolic_range(ctx: GraphContext, inputs: Sequence[g.Expr | None],
 @onnx_op("EyeLike")
 def _eye_like_onnx(ctx: GraphContext, inputs: Sequence[g.Expr | None],
                    attrs: dict[str, Any]) -> list[g.Expr]:
-    from onnx import helper
-
     t = ctx.tensor_type(first_input(inputs))
     if t.ndim != 2:
         raise IRError(f"EyeLike needs a 2-D input, got {t}")
-    dtype = t.dtype if "dtype" not in attrs else dt.from_numpy(
-        helper.tensor_dtype_to_np_dtype(int(attrs["dtype"])))
+    dtype = t.dtype if "dtype" not in attrs else onnx_dtype(int(attrs["dtype"]),
+                                                            "EyeLike: dtype")
     rows, cols = t.static_shape
     k = int(attrs.get("k", 0))
     # (i + k == j) from a column and a row of indices: folded within the budget.

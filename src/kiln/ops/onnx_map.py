@@ -16,6 +16,7 @@ import numpy as np
 
 from kiln._registry import Registry
 from kiln.errors import IRError
+from kiln.ir import dtype as dt
 from kiln.ir import graph as g
 
 if TYPE_CHECKING:
@@ -139,6 +140,22 @@ def check_per_channel(ctx: GraphContext, v: g.Expr, x: g.Expr, what: str,
     if vt.shape[0] != channels and vt.shape[0] not in counts:
         raise IRError(f"{what} has {vt.shape[0]} values for an input of {channels} "
                       "channels: one per channel is required")
+
+
+def onnx_dtype(code: int, what: str) -> str:
+    """The kiln dtype of the ONNX element type number `code`, an attribute such as Cast's
+    `to` (`what` names it in the error)."""
+    from onnx import TensorProto, helper  # onnx's table of element types
+
+    try:
+        np_type = helper.tensor_dtype_to_np_dtype(code)
+    except KeyError:  # no element type has this number
+        raise IRError(f"{what} {code} is not an ONNX element type") from None
+    try:
+        return dt.from_numpy(np_type)
+    except IRError:
+        raise IRError(f"{what} is {TensorProto.DataType.Name(code)}, an element type kiln "
+                      f"does not compute with; known: {', '.join(dt.DTYPES)}") from None
 
 
 def need_constant(ctx: GraphContext, expr: g.Expr | None, what: str) -> np.ndarray:

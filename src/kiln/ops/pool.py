@@ -49,6 +49,8 @@ class _Window:
         ceil = bool(attrs.get("ceil_mode", False))
         # Any: ints for kernels; a symbolic dimension only reaches the type (infer).
         self.size: tuple[Any, ...] = tuple(simplify_dim(d) for d in shape[2:])
+        if 0 in self.size:  # pads would make windows of padding alone (onnxruntime refuses)
+            raise IRError(f"pooling over an empty spatial axis of {shape_text(shape)}")
         if ceil and not is_static(self.size):
             raise IRError(f"pooling with ceil_mode over symbolic dimensions {shape_text(shape)} "
                           "is not supported")

@@ -168,4 +168,4 @@ def _dynamic_quantize_lstm(ctx: GraphContext, inputs: Sequence[g.Expr | None],
         return QuantizedCell(ctx, [None if v is None else ctx.outer(v) for v in padded], d,
                              gates, hidden, x, quantized)
 
-    return unroll("LSTM", ctx, padded[:8], attrs, cell)
+    return unroll("LSTM", ctx, padded[:8], attrs, cell, transposed=True)

@@ -18,7 +18,7 @@ import numpy as np
 
 from kiln.errors import FrontendError
 from kiln.ir import graph as g
-from kiln.ir.shape_expr import dim_text, is_static
+from kiln.ir.shape_expr import dim_text, is_static, shape_text
 from kiln.ops.manip import reshape_to
 from kiln.ops.onnx_map import GraphContext, first_input, onnx_op
 
@@ -186,10 +186,13 @@ CellMaker = Callable[[GraphContext, Sequence[g.Expr | None], int, int, int, g.Ex
 
 
 def unroll(kind: str, ctx: GraphContext, inputs: Sequence[g.Expr | None],
-           attrs: dict[str, Any], make_cell: CellMaker = Cell) -> list[g.Expr]:
+           attrs: dict[str, Any], make_cell: CellMaker = Cell,
+           transposed: bool = False) -> list[g.Expr]:
     """The outputs of the recurrent node `kind` ("LSTM", "GRU", "RNN") with ONNX's
     `inputs` and `attrs`: unrolled over a static sequence length, a graph Loop over a
-    symbolic one; each direction's weights and products made by `make_cell`."""
+    symbolic one; each direction's weights and products made by `make_cell`. W and R
+    are [directions, gates * hidden, columns], or [directions, columns, gates * hidden]
+    if `transposed`."""
     x = first_input(inputs)
     layout = int(attrs.get("layout", 0))
     if layout:
@@ -210,6 +213,17 @@ def unroll(kind: str, ctx: GraphContext, inputs: Sequence[g.Expr | None],
         raise FrontendError(f"{kind}: unknown direction {direction!r}; choices: "
                             "forward, reverse, bidirectional")
     gates = {"LSTM": 4, "GRU": 3, "RNN": 1}[kind]
+    # Before anything is sized by hidden_size (a state of zeros: 2**32 was a MemoryError)
+    nd, size = len(dirs[direction]), ctx.tensor_type(x).shape[2]
+    for name, arg, rows, cols in (("W", inputs[1], gates * hidden, size),
+                                  ("R", r, gates * hidden, hidden)):
+        want = (nd, cols, rows) if transposed else (nd, rows, cols)
+        have = ctx.tensor_type(arg).shape
+        if len(have) != 3 or any(is_static(d) and is_static(w) and d != w
+                                 for d, w in zip(have, want)):
+            raise FrontendError(f"{kind}: {name} of shape {shape_text(have)} does not fit "
+                                f"hidden_size {hidden} and {nd} direction(s): "
+                                f"{shape_text(want)} expected")
     opt = list(inputs) + [None] * (8 - len(inputs))
     seq_lens, init_h, init_c, peep = opt[4], opt[5], opt[6], opt[7]
     if layout:
@@ -312,6 +326,8 @@ def _unrolled(ctx: GraphContext, node: _Node, d: int, reverse: bool, h: g.Expr, 
             h = ctx.call("where", m, h_new, h)
             c = ctx.call("where", m, c_new, c)
         h_read = outs[t] if by_row and y_read else h
+    if not steps:  # an empty sequence: no output rows, the state as it came in
+        return _zeros(ctx, (0, 1, batch, hidden), ctx.tensor_type(h).dtype), h, c
     y = ctx.call("concat", *outs, axis=0) if steps > 1 else outs[0]
     if by_row and reverse:
         assert seq_lens is not None

@@ -144,6 +144,9 @@ def _grid_sample_onnx(ctx: GraphContext, inputs: Sequence[g.Expr | None],
     if k < 1 or gt.ndim != k + 2 or gt.shape[-1] != k or gt.shape[0] != n:
         raise IRError(f"GridSample: grid {gt.shape} does not fit X {xt.shape} (expected "
                       f"[{n}, ..., {k}])")
+    if 0 in sizes and n * c * int(np.prod(out_dims)):  # onnxruntime refuses it too
+        raise IRError(f"GridSample: X {xt.shape} has an empty spatial axis, no values to "
+                      "sample")
     a = _Arith(ctx, gt.dtype)
     per_axis = []
     for i, size in enumerate(sizes):

@@ -193,6 +193,9 @@ def clamp_index(i: PrimExpr, extent: int | PrimExpr) -> PrimExpr:
 
 def padded(t: Tensor, idx: Sequence[PrimExpr], pad_value: ExprLike) -> PrimExpr:
     """`t[idx]` where every index is in range, else `pad_value` (reads stay in bounds)."""
+    if any(isinstance(d, int) and d == 0 for d in t.shape):
+        # nothing to read: a clamped index would be -1, a read before t
+        return as_expr(pad_value, t.dtype)
     conds: PrimExpr | None = None
     safe: list[PrimExpr] = []
     for i, extent in zip(idx, t.shape):

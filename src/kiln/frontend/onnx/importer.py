@@ -236,6 +236,27 @@ def _onnx_elem_type(dtype: str) -> int:
     return int(helper.np_dtype_to_tensor_dtype(np.dtype(to_numpy(dtype))))
 
 
+def _check_declared_type(out: Any, value: g.Expr) -> None:
+    """A graph output's declared element type is the one the graph computes. onnx's
+    checker cannot see it on an output declared without a shape (`_declare_ranks` drops
+    those), and onnxruntime refuses such a model: the caller would get another type."""
+    from onnx import TensorProto
+
+    declared = out.type.tensor_type.elem_type if out.type.HasField("tensor_type") else 0
+    if not declared or not isinstance(value.type, TensorType):
+        return
+    try:
+        computed = _onnx_elem_type(value.type.dtype)
+    except (IRError, KeyError, TypeError, ValueError):  # a type ONNX has no number for
+        return
+    if computed != declared:
+        name = TensorProto.DataType.Name(declared) if declared in TensorProto.DataType.values() \
+            else f"element type {declared}"
+        raise FrontendError(f"graph output {_text(out.name)!r} is declared {name} but the "
+                            f"graph computes {value.type.dtype} "
+                            f"({TensorProto.DataType.Name(computed)})")
+
+
 def _graph_inputs(graph: Any) -> list[Any]:
     init_names = {t.name for t in graph.initializer}
     return [i for i in graph.input if i.name not in init_names]
@@ -534,6 +555,7 @@ class GraphImporter:
             for out in self.graph.output:
                 if out.name not in self.values:
                     raise FrontendError(f"graph output {out.name!r} is produced by no node")
+                _check_declared_type(out, self.values[out.name])
                 outputs.append(self._as_result(self.values[out.name], seen))
             if not outputs:
                 raise FrontendError("the model has no outputs")
@@ -594,8 +616,11 @@ class GraphImporter:
         except KeyError as exc:
             raise FrontendError(f"{self._where}: missing attribute or input {exc}") from exc
         except (AssertionError, IndexError) as exc:
+            # converters index their inputs unchecked, but a converter's own bug lands
+            # here too: the text says which it may be
             raise FrontendError(f"{self._where}: a required input is missing (the node has "
-                                f"{len(node.input)} input(s))") from exc
+                                f"{len(node.input)} input(s)), or kiln's converter failed: "
+                                f"{type(exc).__name__}: {exc}") from exc
         except (IRError, ValueError, TypeError, ArithmeticError) as exc:
             if isinstance(exc, IRError) and "is not static" in str(exc):
                 raise FrontendError(f"{self._where}: kiln does not import this operator over "
