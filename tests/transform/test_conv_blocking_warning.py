@@ -8,12 +8,11 @@ import warnings
 import numpy as np
 import onnx
 import pytest
-from onnx import TensorProto
-from onnx import helper as oh
 
 import kiln
 from kiln.errors import PerformanceWarning
 from kiln.frontend import from_onnx
+from support.graphs import GraphBuilder
 from support.reference import ort_session
 
 RNG = np.random.default_rng(7)
@@ -21,16 +20,11 @@ RNG = np.random.default_rng(7)
 
 def conv_net(dims: tuple[int | str, ...]) -> onnx.ModelProto:
     """Conv 3x3 (4 -> 8, pads 1) + ReLU + Conv 1x1 (8 -> 8) on an input of `dims`."""
-    w1 = oh.make_tensor("w1", TensorProto.FLOAT, [8, 4, 3, 3],
-                        RNG.standard_normal((8, 4, 3, 3)).astype(np.float32).ravel())
-    w2 = oh.make_tensor("w2", TensorProto.FLOAT, [8, 8, 1, 1],
-                        RNG.standard_normal((8, 8, 1, 1)).astype(np.float32).ravel())
-    nodes = [oh.make_node("Conv", ["x", "w1"], ["c"], pads=[1] * 4),
-             oh.make_node("Relu", ["c"], ["r"]),
-             oh.make_node("Conv", ["r", "w2"], ["y"])]
-    graph = oh.make_graph(nodes, "net", [oh.make_tensor_value_info("x", TensorProto.FLOAT, dims)],
-                          [oh.make_tensor_value_info("y", TensorProto.FLOAT, None)], [w1, w2])
-    return oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17)])
+    gb = GraphBuilder(seed=7)
+    x = gb.input("x", dims)
+    y = gb.conv(gb.op("Relu", gb.conv(x, 4, 8, 3)), 8, 8, 1)
+    gb.output(y, typed=False)
+    return gb.model(check=False)
 
 
 def conv_kernels(ex: kiln.Executable) -> list[str]:
