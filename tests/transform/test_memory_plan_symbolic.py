@@ -4,6 +4,7 @@ never overlapping while live together, for every value of the variables."""
 from __future__ import annotations
 
 import itertools
+from typing import Any
 
 import numpy as np
 import pytest
@@ -71,3 +72,39 @@ def test_dim_at_least_is_sound() -> None:
     assert dim_at_least(B * S * S, B * S * S)
     assert not dim_at_least(B * S * 4, B * S * S)  # depends on seq
     assert not dim_at_least(B * 4, B * 4 + 1)
+
+
+def test_a_workspace_size_too_long_for_the_metadata_is_written_unknown(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
+    # a deep network's symbolic workspace is a max over its buffers: MobileNetV2 with a
+    # symbolic image size wrote a text its own loader refused (library_schema's
+    # SIZE_TEXT_MAX); the writer now writes null for it (the limit lowered here, so a
+    # small model reaches it)
+    import subprocess
+    import sys
+
+    import kiln
+    from kiln.frontend import from_onnx
+    from kiln.transform import lower_graph
+    from support.graphs import GraphBuilder
+
+    gb = GraphBuilder(seed=1)
+    y = gb.input("x", (1, 4, "h", "w"))
+    for _ in range(4):
+        y = gb.op("Conv", y, gb.weight(4, 4, 3, 3), kernel_shape=[3, 3], pads=[0, 1, 0, 0])
+    gb.output(y, typed=False)
+    model = gb.model(check=False)
+    full = kiln.compile(from_onnx(model), "llvm").metadata["workspace_bytes"]["main"]
+    assert isinstance(full, str) and "max(" in full
+    monkeypatch.setattr(lower_graph, "SIZE_TEXT_MAX", len(full) - 1)
+    ex = kiln.compile(from_onnx(model), "llvm")
+    assert ex.metadata["workspace_bytes"].get("main") is None
+    lib = tmp_path / "m.so"
+    ex.export_library(lib)
+    x = np.random.default_rng(0).standard_normal((1, 4, 12, 9)).astype(np.float32)
+    np.save(tmp_path / "x.npy", x)
+    code = ("import sys, numpy as np, kiln.runtime as rt; m = rt.load_module(sys.argv[1]); "
+            "np.save(sys.argv[3], m['main'](np.load(sys.argv[2])))")
+    subprocess.run([sys.executable, "-c", code, str(lib), str(tmp_path / "x.npy"),
+                    str(tmp_path / "y.npy")], check=True, timeout=120)
+    np.testing.assert_array_equal(np.load(tmp_path / "y.npy"), np.asarray(ex["main"](x)))

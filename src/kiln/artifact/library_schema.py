@@ -39,7 +39,10 @@ SHAPE = ListOf(DIM, max_len=64)
 NAME_MAX = 1 << 20
 NAME = Str(max_len=NAME_MAX, what="a name")
 DTYPE = Str(r"[a-z][a-z0-9_]*", 32, "a dtype name")
-SIZE = AnyOf((Int(0), Str(max_len=4096, what="a size text"), Null()))
+#: The longest text of a symbolic size the metadata holds (longer ones are written null:
+#: a deep network's workspace is a max over its planned buffers, thousands of characters).
+SIZE_TEXT_MAX = 4096
+SIZE = AnyOf((Int(0), Str(max_len=SIZE_TEXT_MAX, what="a size text"), Null()))
 
 PARAM = Obj(required={"name": NAME},
             optional={"kind": Str(max_len=64), "shape": SHAPE, "dtype": DTYPE,

@@ -46,6 +46,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from kiln import dim_expr
+from kiln.artifact.library_schema import SIZE_TEXT_MAX
 from kiln.errors import CompileError
 from kiln.ir import graph as g
 from kiln.ir import tensor as t
@@ -431,7 +432,7 @@ def lower_function(name: str, fn: g.Function, mod: IRModule, *,
         ATTR_TUPLE_RESULT: isinstance(fn.ret_type, TupleType),
         ATTR_OUTPUT_NAMES: tuple(out_names),
         # bytes, or for symbolic sizes the text of the expression (metadata shows it)
-        ATTR_WORKSPACE_BYTES: workspace if isinstance(workspace, int) else dim_text(workspace),
+        ATTR_WORKSPACE_BYTES: workspace if isinstance(workspace, int) else _size_text(workspace),
     })
     if runtime:
         attrs[ATTR_RUNTIME_DIMS] = _runtime_attr(runtime, results_types, dims)
@@ -628,3 +629,10 @@ def copy_stmt(dst: t.Buffer, src: t.Buffer) -> t.Stmt:
     for var, extent in reversed(list(zip(loop_vars, dst.shape))):
         stmt = t.For(var, t.Const(0, var.dtype), t.as_expr(extent, var.dtype), "serial", stmt)
     return stmt
+
+
+def _size_text(size: t.PrimExpr) -> str | None:
+    """The text of a symbolic workspace size, or None (unknown) where it is longer than
+    library metadata holds (kiln.artifact.library_schema.SIZE_TEXT_MAX)."""
+    text = dim_text(size)
+    return text if len(text) <= SIZE_TEXT_MAX else None
