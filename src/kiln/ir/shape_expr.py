@@ -237,6 +237,15 @@ def dims_equal(a: Dim, b: Dim) -> bool | None:
     return k == 0
 
 
+def shapes_equal(a: Sequence[Dim], b: Sequence[Dim]) -> bool:
+    """Whether two shapes are provably equal for every value of their variables (two
+    symbolic dimensions are separately built expressions: compare them so, not with
+    `==`)."""
+    return len(a) == len(b) and all(
+        x == y if isinstance(x, int) and isinstance(y, int) else dims_equal(x, y) is True
+        for x, y in zip(a, b))
+
+
 def dim_at_least(a: Dim, b: Dim) -> bool:
     """True if `a >= b` for every value of the variables, taking each variable to be
     non-negative (sizes are): `a - b` has no negative coefficient and only plain variables.

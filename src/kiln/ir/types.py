@@ -11,7 +11,8 @@ from kiln.ir.dtype import check_dtype
 if TYPE_CHECKING:
     from kiln.ir.tensor import PrimExpr
 
-# A dimension is a static int today; a PrimExpr (symbolic size) is reserved for later.
+# A dimension is a static int, or an int64 PrimExpr over dimension variables (a symbolic
+# size, kiln.ir.shape_expr).
 Dim = Union[int, "PrimExpr"]
 
 
@@ -53,6 +54,24 @@ class TensorType:
 
     def __str__(self) -> str:
         return f"Tensor({tuple(self.shape)}, {self.dtype!r})"
+
+    def __eq__(self, other: object) -> bool:
+        """Same dtype and shape; symbolic dimensions are equal when they are for every
+        value of their variables (two ops' separately built expressions of one size, not
+        the same objects: compared by identity, every pass would see them differ)."""
+        if not isinstance(other, TensorType):
+            return NotImplemented
+        if self.dtype != other.dtype or len(self.shape) != len(other.shape):
+            return False
+        if self.shape == other.shape:
+            return True
+        from kiln.ir.shape_expr import shapes_equal  # shape_expr imports this module
+
+        return shapes_equal(self.shape, other.shape)
+
+    def __hash__(self) -> int:
+        # symbolic dims hash alike: equal types must hash equal
+        return hash((self.dtype, tuple(d if isinstance(d, int) else None for d in self.shape)))
 
 
 @dataclass(frozen=True, slots=True)

@@ -27,13 +27,13 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from kiln.ir import graph as g
 from kiln.ir.analysis.graph_uses import var_use_counts
 from kiln.ir.attrs import ATTR_PRIVATE
 from kiln.ir.module import BaseFunc, IRModule
-from kiln.ir.shape_expr import is_static
+from kiln.ir.shape_expr import is_static, shapes_equal
 from kiln.ir.tensor import PrimFunc
 from kiln.ir.types import TensorType
 from kiln.transform.pass_base import Pass
@@ -127,12 +127,13 @@ def _extends(group: list[g.Binding], value: g.Expr) -> bool:
         return False
     members = {id(b.var): b.var for b in group}
     read = [a for a in value.args if id(a) in members]
-    if not read or any(not isinstance(a.type, TensorType) or a.type.shape != value.ret_type.shape
-                       for a in read):
+    if not read or any(not isinstance(a.type, TensorType)
+                       or not shapes_equal(a.type.shape, value.ret_type.shape) for a in read):
         return False
     first = group[0]
     assert isinstance(first.value, g.Call)
-    if any(a.type != value.ret_type for a in read) and _pattern(first.value.op) not in _CASTS_JOIN:
+    if any(cast(TensorType, a.type).dtype != value.ret_type.dtype for a in read) \
+            and _pattern(first.value.op) not in _CASTS_JOIN:
         # a dtype change (quantize_linear, dequantize_linear, cast) joins elementwise and
         # layout chains (DenseNet's concat -> quantize -> dequantize -> BatchNorm ->
         # quantize: one kernel, not three); an anchor's hand-built epilogue keeps its
