@@ -317,6 +317,9 @@ DYNAMIC_CASES = [
     ("encoder", {0: "batch", 1: "seq"}, {"batch": 1, "seq": 32}),
     ("encoder", {0: "batch", 1: "seq"}, {"batch": 1, "seq": 128}),
     ("resnet18", {0: "batch"}, {"batch": 1}),
+    ("resnet18", {2: "height", 3: "width"}, {"height": 224, "width": 224}),
+    ("resnet", {2: "height", 3: "width"}, {"height": 32, "width": 32}),
+    ("cnn", {2: "height", 3: "width"}, {"height": 64, "width": 64}),
 ]
 
 

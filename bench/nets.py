@@ -114,12 +114,18 @@ class Graph:
 
 def symbolic_dims(model: onnx.ModelProto, dims: dict[int, str]) -> onnx.ModelProto:
     """A copy of `model` whose inputs' and outputs' dimension `k` is the symbol `dims[k]`
-    (e.g. `{0: "batch", 1: "seq"}`): what an exporter writes for dynamic axes."""
+    (e.g. `{0: "batch", 1: "seq"}`): what an exporter writes for dynamic axes. An
+    output without axis `k` (a classifier's `[batch, classes]` for an image's height
+    and width) keeps its dims."""
     out = onnx.ModelProto()
     out.CopyFrom(model)
-    for value in [*out.graph.input, *out.graph.output]:
+    values = [(v, False) for v in out.graph.input] + [(v, True) for v in out.graph.output]
+    for value, output in values:
+        shape = value.type.tensor_type.shape.dim
         for k, name in dims.items():
-            dim = value.type.tensor_type.shape.dim[k]
+            if output and k >= len(shape):
+                continue
+            dim = shape[k]
             dim.Clear()
             dim.dim_param = name
     onnx.checker.check_model(out)

@@ -1,5 +1,7 @@
 """block-convolutions warns when convolutions over a symbolic image size are left on
-their generic loops (a correct but far slower path) and says what to pin."""
+their generic loops (a correct but far slower path: grouped layers that are not
+depthwise; ungrouped and depthwise ones take kernels for run-time image sizes, tests/ops/
+kernels/test_symbolic_image_kernels.py) and says what to pin."""
 
 from __future__ import annotations
 
@@ -19,10 +21,11 @@ RNG = np.random.default_rng(7)
 
 
 def conv_net(dims: tuple[int | str, ...]) -> onnx.ModelProto:
-    """Conv 3x3 (4 -> 8, pads 1) + ReLU + Conv 1x1 (8 -> 8) on an input of `dims`."""
+    """Conv 3x3 in 2 groups (4 -> 8, pads 1) + ReLU + Conv 1x1 in 2 groups (8 -> 8) on an
+    input of `dims`."""
     gb = GraphBuilder(seed=7)
     x = gb.input("x", dims)
-    y = gb.conv(gb.op("Relu", gb.conv(x, 4, 8, 3)), 8, 8, 1)
+    y = gb.conv(gb.op("Relu", gb.conv(x, 4, 8, 3, group=2)), 8, 8, 1, group=2)
     gb.output(y, typed=False)
     return gb.model(check=False)
 

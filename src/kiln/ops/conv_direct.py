@@ -61,9 +61,11 @@ def conv_shape(x: Sequence[int | PrimExpr], c_out: int, kernel: Sequence[int],
     strides = spatial.ints(attrs, "strides", 2, 1)
     dilations = spatial.ints(attrs, "dilations", 2, 1)
     begins, ends = spatial.pads(attrs, 2)
-    # the batch may be symbolic (an int64 expression): only the kernels' batch loops see it
-    batch = cast(int, x[0]) if isinstance(x[0], PrimExpr) else int(x[0])
-    c, h, w = (int(cast(int, d)) for d in x[1:4])
+    # the batch may be symbolic (an int64 expression): only the kernels' batch loops see
+    # it; a symbolic image height or width only the families taking one (ConvShape)
+    batch, h, w = (cast(int, d) if isinstance(d, PrimExpr) else int(d)
+                   for d in (x[0], x[2], x[3]))
+    c = int(cast(int, x[1]))
     return ck.ConvShape(batch, c, h, w, int(c_out),
                         int(kernel[0]), int(kernel[1]), (strides[0], strides[1]),
                         (dilations[0], dilations[1]),

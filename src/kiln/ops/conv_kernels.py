@@ -32,11 +32,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from math import prod
+from typing import cast
 
 import numpy as np
 
 from kiln.errors import IRError
 from kiln.ir.dtype import INDEX_DTYPE, itemsize
+from kiln.ir.shape_expr import simplify_dim
 from kiln.ir.tensor import (
     Allocate,
     Buffer,
@@ -61,11 +63,15 @@ from kiln.ops.kernels.tiles import Epilogue, lanes_loop, madd, parallel_tiles, p
 from kiln.ops.kernels.tiles import const as _c
 from kiln.ops.kernels.tiles import loop as _loop
 from kiln.ops.kernels.tiles import nest as _nest
+from kiln.ops.spatial import conv_out
 
 
 @dataclass(frozen=True)
 class ConvShape:
-    """A 2-D convolution's geometry (NCHW input, OIHW weight, ONNX pads)."""
+    """A 2-D convolution's geometry (NCHW input, OIHW weight, ONNX pads). The batch
+    may be symbolic, and for the families that take one (`symbolic_image`) the image
+    height and width: int64 expressions over dimension variables (kiln.ops.te.dims),
+    typed as ints like those."""
 
     n: int
     c_in: int
@@ -81,13 +87,18 @@ class ConvShape:
 
     @property
     def out_h(self) -> int:
-        return (self.h + self.pads[0] + self.pads[2] - self.dilation[0] * (self.kh - 1)
-                - 1) // self.stride[0] + 1
+        return _out_size(self.h, self.kh, self.stride[0], self.dilation[0], self.pads[0],
+                         self.pads[2])
 
     @property
     def out_w(self) -> int:
-        return (self.w + self.pads[1] + self.pads[3] - self.dilation[1] * (self.kw - 1)
-                - 1) // self.stride[1] + 1
+        return _out_size(self.w, self.kw, self.stride[1], self.dilation[1], self.pads[1],
+                         self.pads[3])
+
+    @property
+    def symbolic_image(self) -> bool:
+        """Whether the image height or width is symbolic (known at run time)."""
+        return not (isinstance(self.h, int) and isinstance(self.w, int))
 
     @property
     def ci_group(self) -> int:
@@ -100,6 +111,13 @@ class ConvShape:
     @property
     def depthwise(self) -> bool:
         return self.groups == self.c_in == self.c_out and self.groups > 1
+
+
+def _out_size(size: int, k: int, stride: int, dilation: int, lo: int, hi: int) -> int:
+    """A convolution's output length along one axis: an int, or for a symbolic `size`
+    the canonical expression (the one the type rule gives its result's dimension)."""
+    out = conv_out(size, k, stride, dilation, lo, hi)
+    return out if isinstance(out, int) else cast(int, simplify_dim(out))
 
 
 @dataclass(frozen=True)

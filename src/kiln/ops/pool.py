@@ -10,7 +10,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any, ClassVar, cast
 
 import numpy as np
 
@@ -191,16 +191,24 @@ class WindowPoolOp(HandBuiltOp):
         """The input dtypes the hand-built kernel takes (a max also int8 and uint8)."""
         return pk.MAX_DTYPES if self.kind == "max" else ("float32",)
 
+    supports_symbolic: ClassVar[bool] = True  # a max pool over a symbolic image size
+
     def builds(self, call: g.Call) -> bool:
-        return bool(call.args) and pk.static_4d(call.args[0].type, self.dtypes())
+        return bool(call.args) and (
+            pk.static_4d(call.args[0].type, self.dtypes())
+            or (self.kind == "max" and pk.symbolic_image_max_pool(call.args[0].type,
+                                                                   call.attrs) is not None))
 
     def lower_fused(self, params: Sequence[te.Tensor], args: Sequence[te.Tensor], attrs: Attrs,
                     anchor: te.Tensor | None, result: te.Tensor | None,
                     name: str) -> PrimFunc | None:
         x = args[0]
-        if not pk.static_4d(x, self.dtypes()) or x not in params or (
-                result is not None and result.dtype != x.dtype):
+        if x not in params or (result is not None and result.dtype != x.dtype):
             return None
+        if not pk.static_4d(x, self.dtypes()):
+            shape = pk.symbolic_image_max_pool(x, attrs) if self.kind == "max" else None
+            return None if shape is None else pk.symbolic_max_pool_kernel(
+                shape, params, x, anchor, result, name)
         win = _Window(x.shape, attrs)
         pair = tuple[int, int]
         geometry = pk.PoolGeometry(

@@ -8,8 +8,9 @@ row segment once, the input copied once into a workspace padded with 0 and split
 column phase for stride 2; each sum is divided by its window's count, a compile-time
 table (ONNX's `count_include_pad` and `ceil_mode` make it vary at the borders).
 Elementwise ops FuseOps groups after a float32 pool are applied as each output is
-stored. Other dtypes, ranks and symbolic shapes keep the tensor-expression
-definitions of kiln.ops.pool.
+stored. A max pool over an image of symbolic height and width runs
+kiln.ops.kernels.window_symbolic's kernel (`symbolic_image_max_pool`). Other dtypes,
+ranks and symbolic shapes keep the tensor-expression definitions of kiln.ops.pool.
 """
 
 from __future__ import annotations
@@ -21,12 +22,13 @@ from typing import Any
 import numpy as np
 
 from kiln.ir.attrs import ATTR_PARALLEL_DECIDED
-from kiln.ir.tensor import AllocConst, Buffer, PrimExpr, PrimFunc, as_expr, seq
+from kiln.ir.tensor import AllocConst, Buffer, PrimExpr, PrimFunc, as_expr, max_, seq
 from kiln.ops import conv_kernels as ck
-from kiln.ops import te
+from kiln.ops import spatial, te
 from kiln.ops.epilogue import fused_store
-from kiln.ops.kernels.tiles import tile_lanes, tile_registers
-from kiln.ops.max_pool_kernel import max_pool_body
+from kiln.ops.kernels.tiles import parallel_over_images, tile_lanes, tile_registers
+from kiln.ops.kernels.window_symbolic import symbolic_window_body
+from kiln.ops.max_pool_kernel import MAX_ELEMENTS, max_pool_body
 from kiln.target.isa import isa_for
 
 POOLS = ("max", "avg")
@@ -129,3 +131,50 @@ def static_4d(t: Any, dtypes: Sequence[str]) -> bool:
     shape = tuple(getattr(t, "shape", ()))
     return (getattr(t, "dtype", None) in dtypes and len(shape) == 4
             and all(isinstance(d, int) for d in shape))
+
+
+def symbolic_image_max_pool(t: Any, attrs: Any) -> ck.ConvShape | None:
+    """The window of a `max_pool2d` over `t` (a type or te tensor: NCHW of one of
+    `MAX_DTYPES`, static channels, symbolic height or width, no `ceil_mode`) as a
+    convolution's geometry; None for any other."""
+    shape = tuple(getattr(t, "shape", ()))
+    if (getattr(t, "dtype", None) not in MAX_DTYPES or len(shape) != 4
+            or not isinstance(shape[1], int) or all(isinstance(d, int) for d in shape[2:])
+            or attrs.get("ceil_mode", False) or "kernel_shape" not in attrs):
+        return None
+    kernel = spatial.ints(attrs, "kernel_shape", 2, 1)
+    strides = spatial.ints(attrs, "strides", 2, 1)
+    dilations = spatial.ints(attrs, "dilations", 2, 1)
+    begins, ends = spatial.pads(attrs, 2)
+    return ck.ConvShape(shape[0], shape[1], shape[2], shape[3], shape[1], kernel[0],
+                        kernel[1], (strides[0], strides[1]), (dilations[0], dilations[1]),
+                        (begins[0], begins[1], ends[0], ends[1]), shape[1])
+
+
+def symbolic_max_pool_kernel(shape: ck.ConvShape, params: Sequence[te.Tensor], x: te.Tensor,
+                             anchor: te.Tensor | None, result: te.Tensor | None,
+                             name: str) -> PrimFunc | None:
+    """The max pool of `shape` (`symbolic_image_max_pool`) over the parameter `x` with
+    the fused elementwise chain `result` over `anchor` (float32 only; None when it
+    cannot be applied as a store): kiln.ops.kernels.window_symbolic's kernel."""
+    out_shape = (shape.n, shape.c_in, shape.out_h, shape.out_w)
+    lanes = tile_lanes(isa_for(None), x.dtype)
+    lowest = te.lowest_value(x.dtype)
+
+    def body(xb: Buffer, out: Buffer, epilogue: Any) -> Any:
+        with parallel_over_images():
+            return symbolic_window_body(shape, xb, out, lanes, lambda acc, v, c, kh, kw: max_(
+                acc, v), lowest, lowest, epilogue, MAX_ELEMENTS)
+
+    if x.dtype != "float32":  # fused_store's chains are float32
+        if not (result is None or result is anchor):
+            return None
+        buffers = {t: Buffer(t.name, t.shape, t.dtype) for t in params}
+        out = Buffer("out", out_shape, x.dtype)
+        return PrimFunc((*buffers.values(), out), body(buffers[x], out, lambda v, idx: v),
+                        _max_pool_attrs(name))
+    store = fused_store(params, anchor, result, out_shape)
+    if store is None:
+        return None
+    return PrimFunc((*(store.buffers[t] for t in params), store.out),
+                    body(store.buffers[x], store.out, store.epilogue), _max_pool_attrs(name))

@@ -8,7 +8,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 from kiln.ir import graph as g
 from kiln.ir.tensor import Buffer, PrimExpr, PrimFunc, Stmt, min_
@@ -26,10 +26,11 @@ Body = Callable[[ck.ConvShape, Buffer, Buffer, Buffer, tuple[int, ...], Epilogue
                 Stmt]
 
 
-def conv_call_shape(call: g.Call) -> ck.ConvShape | None:
+def conv_call_shape(call: g.Call, symbolic_image: bool = False) -> ck.ConvShape | None:
     """The geometry of a float32 `conv2d` with a constant weight (and constant or no
-    bias), static channels and image sizes and non-negative pads; None for any other
-    call (no hand-built kernel takes it)."""
+    bias), static channels and image sizes (with `symbolic_image`, image sizes that may
+    be symbolic) and non-negative pads; None for any other call (no hand-built kernel
+    takes it)."""
     from kiln.ops.conv_direct import conv_shape
 
     if call.op != "conv2d" or len(call.args) not in (2, 3):
@@ -39,9 +40,11 @@ def conv_call_shape(call: g.Call) -> ck.ConvShape | None:
     if not isinstance(w, g.Constant) or (bias is not None and not isinstance(bias, g.Constant)):
         return None
     xt = x.type
-    # the batch may be symbolic; the kernels' tiles need static channels and image sizes
+    # the batch may be symbolic; the kernels' tiles need static channels and, but in the
+    # families taking a symbolic image, image sizes
     if not (isinstance(xt, TensorType) and xt.dtype == "float32" and w.type.dtype == "float32"
-            and xt.ndim == 4 and all(isinstance(d, int) for d in xt.shape[1:])):
+            and xt.ndim == 4 and isinstance(xt.shape[1], int)
+            and (symbolic_image or all(isinstance(d, int) for d in xt.shape[2:]))):
         return None
     shape = conv_shape(xt.shape, w.data.shape[0], w.data.shape[2:], call.attrs)
     return None if min(shape.pads) < 0 else shape
@@ -75,16 +78,17 @@ def packed_call(op: str, call: g.Call, packed: Any, tile: tuple[int, ...],
 
 def build_conv(op: str, params: Sequence[Any], args: Sequence[Any], attrs: Mapping[str, Any],
                anchor: Any, result: Any, isa: ISA, tile: tuple[int, ...],
-               body: Body) -> PrimFunc | None:
+               body: Body, symbolic_image: bool = False) -> PrimFunc | None:
     """The kernel of a call of `op` (one of kiln.ops.conv_direct's ops) with its fused
-    elementwise tail, the loop nest from `body`."""
+    elementwise tail, the loop nest from `body` (which, with `symbolic_image`, takes a
+    symbolic image height and width)."""
     from kiln.ops import conv_direct as cd
 
     x, w = args[0], args[1]
-    if not all(isinstance(d, int) for t in args for d in (t.shape[1:] if t is x else t.shape)):
-        return None  # only the batch may be symbolic
+    if not all(isinstance(d, int) for t in args for d in (t.shape[1:2] if t is x else t.shape)):
+        return None  # only the batch and image sizes may be symbolic
     shape = cd.call_conv_shape(op, args, attrs)
-    if shape is None:
+    if shape is None or (shape.symbolic_image and not symbolic_image):
         return None
     block = cd.nchwc_block(x.shape, attrs) if op == cd.NCHWC else 0
     conv_out: tuple[Any, ...] = (shape.n, shape.c_out, shape.out_h, shape.out_w)
@@ -117,7 +121,10 @@ def _blocked_bias(epilogue: Epilogue, bias: Buffer, block: int, channels: int) -
 class UnpackedConv(Family, ABC):
     """A family whose op takes the OIHW weight as it is and a 2-int tile: subclasses
     give `applies`, `choose_tile(shape, isa)` and `loop_nest(shape, x, w, out, tile,
-    epilogue, fused, isa)`."""
+    epilogue, fused, isa)`; one whose loop nest takes a symbolic image height and width
+    sets `symbolic_image`."""
+
+    symbolic_image: ClassVar[bool] = False
 
     @abstractmethod
     def choose_tile(self, shape: ck.ConvShape, isa: ISA) -> tuple[int, int]:
@@ -129,7 +136,7 @@ class UnpackedConv(Family, ABC):
         """The kernel's loops with `tile` and the fused `epilogue`."""
 
     def pack(self, call: g.Call, isa: ISA) -> g.Call:
-        shape = conv_call_shape(call)
+        shape = conv_call_shape(call, self.symbolic_image)
         assert shape is not None
         return self.pack_tile(call, isa, self.choose_tile(shape, isa))
 
@@ -146,4 +153,5 @@ class UnpackedConv(Family, ABC):
             a, b = t or self.choose_tile(shape, isa)
             return self.loop_nest(shape, x, w, out, (a, b), epilogue, fused, isa)
 
-        return build_conv(self.op, params, args, attrs, anchor, result, isa, tile or (), body)
+        return build_conv(self.op, params, args, attrs, anchor, result, isa, tile or (), body,
+                          self.symbolic_image)

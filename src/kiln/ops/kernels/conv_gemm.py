@@ -19,7 +19,7 @@ stores and those loads stay vector operations (`FlatEpilogue`).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar, cast
 
 from kiln.ir import graph as g
 from kiln.ir.tensor import (
@@ -31,6 +31,7 @@ from kiln.ir.tensor import (
     Store,
     Var,
     as_expr,
+    max_,
     min_,
     seq,
 )
@@ -42,8 +43,10 @@ from kiln.ops.kernels.gemm import tile_candidates
 from kiln.ops.kernels.registry import fits_registers
 from kiln.ops.kernels.tiles import (
     Epilogue,
+    bound,
     loop,
     narrow_rows,
+    parallel_over_images,
     parallel_tiles,
     parallel_when,
     tile_lanes,
@@ -66,10 +69,15 @@ COPIED_LANE_USE = 0.93
 MIN_PANELS = 2
 
 
+#: The output positions per image assumed when choosing the tile of a layer over a
+#: symbolic image size (`choose_tile`): a 28x28 output, mid-network in a 224x224 CNN.
+TYPICAL_POSITIONS = 28 * 28
+
+
 def panel_count(shape: ck.ConvShape, nr: int) -> int:
     """How many panels of `nr` output positions cover one image's output (the last one
-    partial where `nr` does not divide it)."""
-    return -(-(shape.out_h * shape.out_w) // nr)
+    partial where `nr` does not divide it); symbolic for a symbolic image size."""
+    return (shape.out_h * shape.out_w + nr - 1) // nr
 
 
 def takes(shape: ck.ConvShape, isa: ISA) -> bool:
@@ -111,8 +119,12 @@ def choose_tile(shape: ck.ConvShape, isa: ISA) -> tuple[int, int]:
     through memory, and fewer operand loads per multiply-add). On 256-bit vectors
     (AVX2, where it was measured) a narrow output takes `narrow_rows`."""
     lanes, positions = tile_lanes(isa), shape.out_h * shape.out_w
+    if shape.symbolic_image:
+        positions = TYPICAL_POSITIONS
     t = gk.choose_gemm_tiling(shape.c_out, positions, lanes, tile_registers(isa))
     t = gk.GemmTiling(narrow_rows(isa, shape.c_out, t.mr, t.nr // lanes), t.nr)
+    if shape.symbolic_image:
+        return (t.mr, t.nr)
     rows, vectors = WIDE_TILE
     nr = vectors * lanes
     panels = panel_count(shape, nr)
@@ -125,55 +137,78 @@ def choose_tile(shape: ck.ConvShape, isa: ISA) -> tuple[int, int]:
 
 def _span(offset: int, stride: int, pad: int, size: int, out: int) -> tuple[int, int]:
     """The outputs `o` (first, last) whose input `o * stride + offset - pad` lies in
-    `[0, size)`; last < first when none does."""
+    `[0, size)`; last < first when none does. `first` is static; `last` is symbolic
+    for a symbolic `size`."""
     first = max(0, -(-(pad - offset) // stride))
-    last = min(out - 1, (size - 1 + pad - offset) // stride)
-    return first, last
+    return first, _min(out - 1, (size - 1 + pad - offset) // stride)
+
+
+def _min(a: int, b: int) -> int:
+    # ints fold; a symbolic operand makes a `min` expression
+    return min(a, b) if isinstance(a, int) and isinstance(b, int) else cast(int, min_(a, b))
+
+
+def _max(a: int, b: int) -> int:
+    return max(a, b) if isinstance(a, int) and isinstance(b, int) else cast(int, max_(a, b))
+
+
+def _runs(start: int, stop: int) -> bool:
+    """Whether the range `start .. stop` may hold indices (always, when symbolic)."""
+    return not (isinstance(start, int) and isinstance(stop, int)) or stop > start
 
 
 def im2col(x: Buffer, shape: ck.ConvShape, width: int) -> tuple[Buffer, list[Stmt]]:
     """The workspace `col[n][(ci, kh, kw)][width]` holding at `oh * OW + ow` the input
     the tap `(kh, kw)` of output `(oh, ow)` reads (zero in the padding and past the
     positions), and the statements filling it (one parallel loop over images and input
-    channels; each row a contiguous run of positions)."""
+    channels; each row a contiguous run of positions). The image size may be symbolic
+    (`width` too): the runs' bounds are then clamped expressions."""
     taps = shape.kh * shape.kw
-    oh_n, ow_n = shape.out_h, shape.out_w
     col = Buffer("col", (shape.n, shape.c_in * taps, width), x.dtype)
     zero = as_expr(0.0, x.dtype)
     (sh, sw), (dh, dw) = shape.stride, shape.dilation
     top, left = shape.pads[0], shape.pads[1]
 
     def fill(n: PrimExpr, ci: PrimExpr) -> Stmt:
-        parts: list[Stmt] = []
+        parts: list[Stmt] = []  # a symbolic size's bounds computed once (`bound`)
+        oh_n, ow_n = bound("out_h", shape.out_h, parts), bound("out_w", shape.out_w, parts)
+        h, w = bound("height", shape.h, parts), bound("width", shape.w, parts)
+        cols_n = bound("cols", width, parts)
 
         def zeros(k: PrimExpr, start: int, stop: int) -> None:
-            if stop > start:
+            if _runs(start, stop):
                 parts.append(loop("j", stop - start, lambda j: Store(col, zero, (n, k, j)),
                                   start=start))
 
         for kh in range(shape.kh):
-            r0, r1 = _span(kh * dh, sh, top, shape.h, oh_n)
+            r0, r1 = _span(kh * dh, sh, top, h, oh_n)
+            rows = bound(f"rows{kh}", _max(0, r1 - r0 + 1), parts)
             for kw in range(shape.kw):
-                c0, c1 = _span(kw * dw, sw, left, shape.w, ow_n)
+                c0, c1 = _span(kw * dw, sw, left, w, ow_n)
+                cols = bound(f"cols{kh}_{kw}", _max(0, c1 - c0 + 1), parts)
                 k = ci * taps + (kh * shape.kw + kw)
-                if r1 < r0 or c1 < c0:
-                    zeros(k, 0, width)
+                if rows == 0 or cols == 0:  # static: the tap reads padding only
+                    zeros(k, 0, cols_n)
                     continue
-                zeros(k, 0, r0 * ow_n)
+                # a symbolic image: the first rows and columns read may lie past a tiny one
+                head = _min(r0 * ow_n, cols_n) if r0 else 0
+                edge = _min(c0, ow_n) if c0 else 0
+                zeros(k, 0, head)
 
                 def row(oh: Var, k: PrimExpr = k, kh: int = kh, kw: int = kw,
-                        c0: int = c0, c1: int = c1) -> Stmt:
+                        c0: int = c0, cols: int = cols, edge: int = edge) -> Stmt:
                     base = oh * ow_n
                     ih = oh * sh + (kh * dh - top)
-                    edges = [loop("j", hi - lo, lambda j: Store(col, zero, (n, k, base + j)),
-                                  start=lo) for lo, hi in ((0, c0), (c1 + 1, ow_n)) if hi > lo]
-                    copy = loop("ow", c1 - c0 + 1, lambda ow: Store(
+                    edges = [loop("j", _max(0, hi - lo), lambda j: Store(
+                        col, zero, (n, k, base + j)), start=lo)
+                        for lo, hi in ((0, edge), (c0 + cols, ow_n)) if _runs(lo, hi)]
+                    copy = loop("ow", cols, lambda ow: Store(
                         col, x[n, ci, ih, ow * sw + (kw * dw - left)], (n, k, base + ow)),
                         start=c0)
                     return seq(*edges, copy)
 
-                parts.append(loop("oh", r1 - r0 + 1, row, start=r0))
-                zeros(k, (r1 + 1) * ow_n, width)
+                parts.append(loop("oh", rows, row, start=r0))
+                zeros(k, _min((r0 + rows) * ow_n, cols_n), cols_n)
         return seq(*parts)
 
     work = shape.n * shape.c_in * taps * width
@@ -259,8 +294,9 @@ def gemm_conv_body(shape: ck.ConvShape, x: Buffer, w: Buffer, out: Buffer,
 
     a = view(w, (shape.c_out, k))
     o = view(out, (shape.n, shape.c_out, positions))
+    # a symbolic image is copied: a partial last panel read in place would read past it
     in_place = ((shape.kh, shape.kw) == (1, 1) and shape.stride == (1, 1)
-                and not any(shape.pads) and positions >= nr)
+                and not any(shape.pads) and isinstance(positions, int) and positions >= nr)
     # read in place, a partial last panel is the last `nr` positions (gemm_body's
     # `shifted_tail`): no copy of the input to pad it
     shifted = in_place and positions % nr != 0
@@ -276,7 +312,7 @@ def gemm_conv_body(shape: ck.ConvShape, x: Buffer, w: Buffer, out: Buffer,
         return b[bidx[0], kk, start + v]
 
     flat = FlatEpilogue(epilogue, shape.out_h, shape.out_w)
-    group = panel_group(shape, tile, flat) if copy_panels else 1
+    group = panel_group(shape, tile, flat) if copy_panels and not shape.symbolic_image else 1
     product = gk.GemmShape((shape.n,), (), (shape.c_out,), positions, k)
     body = gk.gemm_body(product, gk.GemmTiling(mr, nr), a, b_at, o, flat, fused, prologue,
                         shifted_tail=shifted, copy_panels=copy_panels and (in_place or group > 1),
@@ -288,17 +324,25 @@ def gemm_conv_body(shape: ck.ConvShape, x: Buffer, w: Buffer, out: Buffer,
 class GemmConv(UnpackedConv):
     """See the module docstring."""
 
+    symbolic_image: ClassVar[bool] = True
+
     def applies(self, call: g.Call, isa: ISA) -> bool:
-        shape = conv_call_shape(call)
-        return shape is not None and takes(shape, isa)
+        shape = conv_call_shape(call, symbolic_image=True)
+        if shape is None or not shape.symbolic_image:
+            return shape is not None and takes(shape, isa)
+        # any ungrouped layer over a symbolic image: the tiled families need static sizes
+        return shape.groups == 1
 
     def choose_tile(self, shape: ck.ConvShape, isa: ISA) -> tuple[int, int]:
         return choose_tile(shape, isa)
 
     def candidates(self, call: g.Call, isa: ISA) -> list[tuple[int, ...]]:
-        """The GEMM family's tiles of the `co` x `oh * ow` product (kiln.tuning)."""
-        shape = conv_call_shape(call)
+        """The GEMM family's tiles of the `co` x `oh * ow` product (kiln.tuning; none
+        over a symbolic image size, which tuning cannot measure)."""
+        shape = conv_call_shape(call, symbolic_image=True)
         assert shape is not None
+        if shape.symbolic_image:
+            return []
         positions = shape.out_h * shape.out_w
         gemm = gk.choose_gemm_tiling(shape.c_out, positions, tile_lanes(isa),
                                      tile_registers(isa))
@@ -309,6 +353,9 @@ class GemmConv(UnpackedConv):
 
     def loop_nest(self, shape: ck.ConvShape, x: Buffer, w: Buffer, out: Buffer,
                   tile: tuple[int, int], epilogue: Epilogue, fused: bool, isa: ISA) -> Stmt:
+        if shape.symbolic_image:
+            with parallel_over_images():
+                return gemm_conv_body(shape, x, w, out, tile, epilogue, fused)
         return gemm_conv_body(shape, x, w, out, tile, epilogue, fused,
                               copies_panels(shape, tile, isa))
 

@@ -7,6 +7,7 @@ loads at consecutive addresses along `p`."""
 from __future__ import annotations
 
 from kiln.ir.dtype import INDEX_DTYPE
+from kiln.ir.structural import structural_equal
 from kiln.ir.tensor import Buffer, DeclBuffer, Load, PrimExpr, Stmt, Var
 from kiln.ir.visitor import StmtExprMutator, iter_exprs, substitute
 from kiln.ops.kernels.tiles import Epilogue, const
@@ -40,7 +41,8 @@ class FlatEpilogue:
         loads this epilogue reads through a flat view."""
         return (len(load.indices) >= 2 and load.indices[-2] is self.oh
                 and load.indices[-1] is self.ow
-                and tuple(load.buffer.shape[-2:]) == (self.out_h, self.out_w))
+                and all(_same_dim(a, b) for a, b in
+                        zip(load.buffer.shape[-2:], (self.out_h, self.out_w))))
 
     def reads_output_shaped(self) -> bool:
         """Whether the epilogue loads a tensor shaped like the output (a residual Add's
@@ -51,9 +53,15 @@ class FlatEpilogue:
     def __call__(self, value: PrimExpr, idx: tuple[PrimExpr, ...]) -> PrimExpr:
         n, c, p = idx
         expr = _Flatten(self, p).visit_expr(self.epilogue(value, (n, c, self.oh, self.ow)))
-        h: PrimExpr = const(0) if self.out_h == 1 else p // self.out_w
-        w: PrimExpr = p if self.out_h == 1 else p % self.out_w
+        one_row = isinstance(self.out_h, int) and self.out_h == 1
+        h: PrimExpr = const(0) if one_row else p // self.out_w
+        w: PrimExpr = p if one_row else p % self.out_w
         return substitute(expr, {self.oh: h, self.ow: w})
+
+
+def _same_dim(a: object, b: object) -> bool:
+    # symbolic dimensions are canonical expressions (kiln.ir.shape_expr.simplify_dim)
+    return a == b if isinstance(a, int) or isinstance(b, int) else structural_equal(a, b)
 
 
 class _Flatten(StmtExprMutator):

@@ -12,6 +12,7 @@ import contextlib
 from collections.abc import Callable, Iterator, Sequence
 from contextvars import ContextVar
 from dataclasses import replace
+from typing import cast
 
 from kiln.ir.dtype import INDEX_DTYPE
 from kiln.ir.tensor import (
@@ -52,6 +53,17 @@ def parallel_split(split: str | None) -> Iterator[None]:
         yield
     finally:
         _SPLIT.reset(token)
+
+
+@contextlib.contextmanager
+def parallel_over_images() -> Iterator[None]:
+    """Build a kernel over an image of run-time size inside: its tile loops go parallel
+    whatever the work (a tuned split stays). `parallel_when` would build each loop twice,
+    parallel and serial, chosen at run time; for the convolutions and pools of such
+    images that doubled their code and a third of their compile time, for a serial twin
+    that only a few-pixel image would take."""
+    with parallel_split(_SPLIT.get() or "outer"):
+        yield
 
 
 # A target without vector registers still gets tiles this many float32 values wide
@@ -110,11 +122,23 @@ def const(v: int) -> Const:
     return Const(v, INDEX_DTYPE)
 
 
-def loop(name: str, extent: int, body: Callable[[Var], Stmt], kind: str = "serial",
-         start: int = 0) -> Stmt:
-    """`for name in range(start, start + extent)` around `body(var)`."""
+def loop(name: str, extent: int | PrimExpr, body: Callable[[Var], Stmt],
+         kind: str = "serial", start: int | PrimExpr = 0) -> Stmt:
+    """`for name in range(start, start + extent)` around `body(var)` (`start` and
+    `extent` may be int64 expressions: symbolic sizes)."""
     v = Var(name, INDEX_DTYPE)
-    return For(v, const(start), const(extent), kind, body(v))
+    return For(v, as_expr(start, INDEX_DTYPE), as_expr(extent, INDEX_DTYPE), kind, body(v))
+
+
+def bound(name: str, value: int | PrimExpr, lets: list[Stmt]) -> int:
+    """`value` as is when an int or a variable, else a variable bound to it by a LetStmt
+    appended to `lets`: a symbolic size's expression evaluated once, not rebuilt in every
+    loop bound that uses it (kernels over symbolic sizes stay small)."""
+    if isinstance(value, (int, Var)):
+        return cast(int, value)
+    v = Var(name, INDEX_DTYPE)
+    lets.append(LetStmt(v, as_expr(value, INDEX_DTYPE)))
+    return cast(int, v)
 
 
 def lanes_loop(name: str, extent: int, body: Callable[[PrimExpr], Stmt]) -> Stmt:
