@@ -8,9 +8,11 @@
 
 With `--dynamic`, the table compares code compiled for symbolic dimensions
 with code compiled for one static size, on the same model: the encoder with
-symbolic `(batch, seq)` run at (1, 32) and (1, 128), and ResNet-18 with a
-symbolic batch run at batch 1. The static build is the same ONNX file with
-`shape_dict` pinning the sizes; the goal is dynamic/static <= 1.25.
+symbolic `(batch, seq)` run at (1, 32) and (1, 128), ResNet-18 with a
+symbolic batch run at batch 1, and ResNet-18, the small `resnet`, the `cnn` and
+MobileNetV2 with a symbolic image height and width run at their own sizes. The
+static build is the same ONNX file with `shape_dict` pinning the sizes; the goal is
+dynamic/static <= 1.25.
 
 The models (bench/nets.py, onnx.helper, deterministic weights): the small
 `mlp`, `cnn` and `resnet` (the default set, `small`), and the full-size
@@ -320,6 +322,7 @@ DYNAMIC_CASES = [
     ("resnet18", {2: "height", 3: "width"}, {"height": 224, "width": 224}),
     ("resnet", {2: "height", 3: "width"}, {"height": 32, "width": 32}),
     ("cnn", {2: "height", 3: "width"}, {"height": 64, "width": 64}),
+    ("mobilenetv2", {2: "height", 3: "width"}, {"height": 224, "width": 224}),
 ]
 
 

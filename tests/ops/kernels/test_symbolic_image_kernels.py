@@ -1,7 +1,7 @@
 """Convolutions and max pools over an image of symbolic height and width (what exporters
 write for detection and segmentation models) run hand-built kernels, not their generic
 loops: ungrouped convolutions the GEMM family (im2col into a workspace sized at run
-time), max pools the clamped kernel. Each against onnxruntime at several run-time sizes,
+time), max pools and depthwise layers a window kernel over padded planes. Each against onnxruntime at several run-time sizes,
 tiny ones (smaller than the window, one pixel) among them, on llvm and c."""
 
 from __future__ import annotations
@@ -107,7 +107,7 @@ def pool_model(k: int, stride: int, pads: list[int], elem: int = onnx.TensorProt
     (1, 1, [0, 0, 0, 0]),
     (5, 3, [4, 4, 4, 4]),      # pads one short of the window
 ])
-def test_max_pools_take_the_clamped_kernel(target: str, k: int, stride: int,
+def test_max_pools_take_the_window_kernel(target: str, k: int, stride: int,
                                            pads: list[int]) -> None:
     sizes = [hw for hw in SIZES
              if all(d + pads[j] + pads[j + 2] >= k for j, d in enumerate(hw))]
