@@ -1,8 +1,9 @@
 """Convolutions and max pools over an image of symbolic height and width (what exporters
 write for detection and segmentation models) run hand-built kernels, not their generic
 loops: ungrouped convolutions the GEMM family (im2col into a workspace sized at run
-time), max pools and depthwise layers a window kernel over padded planes. Each against onnxruntime at several run-time sizes,
-tiny ones (smaller than the window, one pixel) among them, on llvm and c."""
+time), max pools and depthwise layers a window kernel over padded planes. Each against
+onnxruntime at several run-time sizes, tiny ones (smaller than the window, one pixel)
+among them, on llvm and c."""
 
 from __future__ import annotations
 
