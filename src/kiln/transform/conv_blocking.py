@@ -84,8 +84,8 @@ class BlockConvolutions(FunctionPass):
 
 
 def symbolic_image(call: g.Call) -> bool:
-    """Whether a `conv2d`'s input has a symbolic height or width (only the GEMM and
-    depthwise families take one; kiln.ops.kernels.conv.conv_call_shape)."""
+    """Whether a `conv2d`'s input has a symbolic height or width (only the GEMM, grouped
+    GEMM and depthwise families take one; kiln.ops.kernels.conv.conv_call_shape)."""
     t = call.args[0].type
     return isinstance(t, TensorType) and t.ndim == 4 and \
         not all(isinstance(d, int) for d in t.shape[2:])
@@ -99,8 +99,8 @@ def warn_generic_convolutions(func: str, calls: list[g.Call]) -> None:
     pins = ", ".join(f"{n!r}: ..." for n in names)
     warnings.warn(
         f"{func}: {len(calls)} convolution(s) over a symbolic image size (in {', '.join(names)}) "
-        "run their generic loops (kiln's kernels for run-time image sizes take ungrouped and "
-        "depthwise layers with constant weights), several to tens of times slower than "
+        "run their generic loops (kiln's kernels for run-time image sizes take layers with "
+        "constant weights), several to tens of times slower than "
         f"with the size pinned; pin it for full speed: shape_dict={{{pins}}} (CLI: "
         f"--shape {names[0]}=...) "
         "(docs/dynamic-shapes.md)", PerformanceWarning, stacklevel=2)

@@ -1,7 +1,7 @@
 """Convolutions and max pools over an image of symbolic height and width (what exporters
 write for detection and segmentation models) run hand-built kernels, not their generic
-loops: ungrouped convolutions the GEMM family (im2col into a workspace sized at run
-time), max pools and depthwise layers a window kernel over padded planes. Each against
+loops: ungrouped and grouped convolutions the GEMM families (im2col into a workspace
+sized at run time), max pools and depthwise layers a window kernel over padded planes. Each against
 onnxruntime at several run-time sizes, tiny ones (smaller than the window, one pixel)
 among them, on llvm and c."""
 
@@ -48,13 +48,13 @@ def check(model: onnx.ModelProto, target: str, channels: int, sizes=SIZES,
 
 
 def conv_model(k: int, stride: int, pads: list[int], dilation: int, cin: int = 3,
-               cout: int = 5, residual: bool = False) -> onnx.ModelProto:
+               cout: int = 5, residual: bool = False, group: int = 1) -> onnx.ModelProto:
     gb = GraphBuilder(seed=k * 10 + stride)
     x = gb.input("x", ("n", cin, "h", "w"))
-    y = gb.op("Conv", x, gb.weight(cout, cin, k, k),
+    y = gb.op("Conv", x, gb.weight(cout, cin // group, k, k),
               gb.const(gb.rng.normal(0, 0.1, cout).astype(np.float32), "b"),
               kernel_shape=[k, k], strides=[stride, stride], pads=pads,
-              dilations=[dilation, dilation])
+              dilations=[dilation, dilation], group=group)
     if residual:  # an epilogue reading a tensor shaped like the output
         y = gb.op("Relu", gb.op("Add", y, gb.op("Conv", y, gb.weight(cout, cout, 1, 1),
                                                 kernel_shape=[1, 1])))
@@ -81,6 +81,19 @@ def test_ungrouped_convolutions_take_the_gemm_kernel(target: str, k: int, stride
              if all(d + pads[j] + pads[j + 2] >= extent for j, d in enumerate(hw))]
     ex = check(model, target, 3, sizes)
     assert kernels(ex, "kiln.conv_kernel") == ["conv2d_gemm"]
+
+
+@pytest.mark.parametrize("target", ["llvm", "c"])
+@pytest.mark.parametrize(("k", "stride", "pads", "group"), [
+    (1, 1, [0, 0, 0, 0], 3),      # ShuffleNet's pointwise layers
+    (3, 2, [1, 1, 1, 1], 2),
+    (3, 1, [1, 0, 0, 1], 3),
+])
+def test_grouped_convolutions_take_the_grouped_gemm_kernel(target: str, k: int, stride: int,
+                                                           pads: list[int], group: int) -> None:
+    sizes = [hw for hw in SIZES if all(d + pads[j] + pads[j + 2] >= k for j, d in enumerate(hw))]
+    ex = check(conv_model(k, stride, pads, 1, cin=6, cout=12, group=group), target, 6, sizes)
+    assert kernels(ex, "kiln.conv_kernel") == ["conv2d_group_gemm"]
 
 
 def test_a_residual_epilogue_over_a_symbolic_image() -> None:
