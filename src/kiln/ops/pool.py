@@ -191,13 +191,12 @@ class WindowPoolOp(HandBuiltOp):
         """The input dtypes the hand-built kernel takes (a max also int8 and uint8)."""
         return pk.MAX_DTYPES if self.kind == "max" else ("float32",)
 
-    supports_symbolic: ClassVar[bool] = True  # a max pool over a symbolic image size
+    supports_symbolic: ClassVar[bool] = True  # a pool over a symbolic image size
 
     def builds(self, call: g.Call) -> bool:
         return bool(call.args) and (
             pk.static_4d(call.args[0].type, self.dtypes())
-            or (self.kind == "max" and pk.symbolic_image_max_pool(call.args[0].type,
-                                                                   call.attrs) is not None))
+            or pk.symbolic_image_pool(self.kind, call.args[0].type, call.attrs) is not None)
 
     def lower_fused(self, params: Sequence[te.Tensor], args: Sequence[te.Tensor], attrs: Attrs,
                     anchor: te.Tensor | None, result: te.Tensor | None,
@@ -206,9 +205,10 @@ class WindowPoolOp(HandBuiltOp):
         if x not in params or (result is not None and result.dtype != x.dtype):
             return None
         if not pk.static_4d(x, self.dtypes()):
-            shape = pk.symbolic_image_max_pool(x, attrs) if self.kind == "max" else None
-            return None if shape is None else pk.symbolic_max_pool_kernel(
-                shape, params, x, anchor, result, name)
+            shape = pk.symbolic_image_pool(self.kind, x, attrs)
+            return None if shape is None else pk.symbolic_pool_kernel(
+                self.kind, shape, bool(attrs.get("count_include_pad", False)), params, x,
+                anchor, result, name)
         win = _Window(x.shape, attrs)
         pair = tuple[int, int]
         geometry = pk.PoolGeometry(

@@ -8,8 +8,8 @@ row segment once, the input copied once into a workspace padded with 0 and split
 column phase for stride 2; each sum is divided by its window's count, a compile-time
 table (ONNX's `count_include_pad` and `ceil_mode` make it vary at the borders).
 Elementwise ops FuseOps groups after a float32 pool are applied as each output is
-stored. A max pool over an image of symbolic height and width runs
-kiln.ops.kernels.window_symbolic's kernel (`symbolic_image_max_pool`). Other dtypes,
+stored. A max or average pool over an image of symbolic height and width runs
+kiln.ops.kernels.window_symbolic's kernel (`symbolic_image_pool`). Other dtypes,
 ranks and symbolic shapes keep the tensor-expression definitions of kiln.ops.pool.
 """
 
@@ -22,11 +22,23 @@ from typing import Any
 import numpy as np
 
 from kiln.ir.attrs import ATTR_PARALLEL_DECIDED
-from kiln.ir.tensor import AllocConst, Buffer, PrimExpr, PrimFunc, as_expr, max_, seq
+from kiln.ir.tensor import (
+    Allocate,
+    AllocConst,
+    Buffer,
+    Cast,
+    PrimExpr,
+    PrimFunc,
+    Store,
+    as_expr,
+    max_,
+    min_,
+    seq,
+)
 from kiln.ops import conv_kernels as ck
 from kiln.ops import spatial, te
 from kiln.ops.epilogue import fused_store
-from kiln.ops.kernels.tiles import parallel_over_images, tile_lanes, tile_registers
+from kiln.ops.kernels.tiles import loop, parallel_over_images, tile_lanes, tile_registers
 from kiln.ops.kernels.window_symbolic import symbolic_window_body
 from kiln.ops.max_pool_kernel import MAX_ELEMENTS, max_pool_body
 from kiln.target.isa import isa_for
@@ -133,38 +145,73 @@ def static_4d(t: Any, dtypes: Sequence[str]) -> bool:
             and all(isinstance(d, int) for d in shape))
 
 
-def symbolic_image_max_pool(t: Any, attrs: Any) -> ck.ConvShape | None:
-    """The window of a `max_pool2d` over `t` (a type or te tensor: NCHW of one of
-    `MAX_DTYPES`, static channels, symbolic height or width, no `ceil_mode`) as a
-    convolution's geometry; None for any other."""
+def symbolic_image_pool(kind: str, t: Any, attrs: Any) -> ck.ConvShape | None:
+    """The window of a `kind` ("max" or "avg") pool over `t` (a type or te tensor: NCHW,
+    static channels, symbolic height or width; a max of one of `MAX_DTYPES`, an average
+    of float32 without dilation) as a convolution's geometry, when
+    kiln.ops.kernels.window_symbolic's kernel takes it (no `ceil_mode`); None otherwise."""
     shape = tuple(getattr(t, "shape", ()))
-    if (getattr(t, "dtype", None) not in MAX_DTYPES or len(shape) != 4
+    dtypes = MAX_DTYPES if kind == "max" else ("float32",)
+    if (getattr(t, "dtype", None) not in dtypes or len(shape) != 4
             or not isinstance(shape[1], int) or all(isinstance(d, int) for d in shape[2:])
             or attrs.get("ceil_mode", False) or "kernel_shape" not in attrs):
         return None
     kernel = spatial.ints(attrs, "kernel_shape", 2, 1)
     strides = spatial.ints(attrs, "strides", 2, 1)
     dilations = spatial.ints(attrs, "dilations", 2, 1)
+    if kind != "max" and tuple(dilations) != (1, 1):
+        return None
     begins, ends = spatial.pads(attrs, 2)
     return ck.ConvShape(shape[0], shape[1], shape[2], shape[3], shape[1], kernel[0],
                         kernel[1], (strides[0], strides[1]), (dilations[0], dilations[1]),
                         (begins[0], begins[1], ends[0], ends[1]), shape[1])
 
 
-def symbolic_max_pool_kernel(shape: ck.ConvShape, params: Sequence[te.Tensor], x: te.Tensor,
-                             anchor: te.Tensor | None, result: te.Tensor | None,
-                             name: str) -> PrimFunc | None:
-    """The max pool of `shape` (`symbolic_image_max_pool`) over the parameter `x` with
-    the fused elementwise chain `result` over `anchor` (float32 only; None when it
-    cannot be applied as a store): kiln.ops.kernels.window_symbolic's kernel."""
+def _inside(o: PrimExpr, stride: int, pad: int, k: int, size: int) -> PrimExpr:
+    """How many of the `k` taps of output `o`'s window (no dilation) lie inside `size`."""
+    start = o * stride - pad
+    return min_(start + k, size) - max_(start, 0)
+
+
+def symbolic_pool_kernel(kind: str, shape: ck.ConvShape, include_pad: bool,
+                         params: Sequence[te.Tensor], x: te.Tensor, anchor: te.Tensor | None,
+                         result: te.Tensor | None, name: str) -> PrimFunc | None:
+    """The `kind` pool of `shape` (`symbolic_image_pool`) over the parameter `x` with the
+    fused elementwise chain `result` over `anchor` (float32 only; None when it cannot be
+    applied as a store): kiln.ops.kernels.window_symbolic's kernel. An average sums its
+    window in row-major order (onnxruntime's) and divides by its count: the window's
+    taps inside the image (its padded size with `include_pad`), a run-time table of
+    each column's and an expression of each row's."""
     out_shape = (shape.n, shape.c_in, shape.out_h, shape.out_w)
     lanes = tile_lanes(isa_for(None), x.dtype)
-    lowest = te.lowest_value(x.dtype)
 
     def body(xb: Buffer, out: Buffer, epilogue: Any) -> Any:
         with parallel_over_images():
-            return symbolic_window_body(shape, xb, out, lanes, lambda acc, v, c, kh, kw: max_(
-                acc, v), lowest, lowest, epilogue, MAX_ELEMENTS)
+            if kind == "max":
+                lowest = te.lowest_value(x.dtype)
+                return symbolic_window_body(shape, xb, out, lanes, lambda acc, v, c, kh, kw:
+                                            max_(acc, v), lowest, lowest, epilogue,
+                                            MAX_ELEMENTS)
+            zero = as_expr(0.0, "float32")
+            if include_pad:
+                count: Any = as_expr(float(shape.kh * shape.kw), "float32")
+                return symbolic_window_body(
+                    shape, xb, out, lanes, lambda acc, v, c, kh, kw: acc + v, zero, zero,
+                    lambda v, idx: epilogue(v / count, idx))
+            # per column, the taps inside the image: filled once per call
+            columns = Buffer("column_taps", (shape.out_w,), "float32")
+            fill = loop("ow", shape.out_w, lambda ow: Store(columns, Cast(
+                "float32", _inside(ow, shape.stride[1], shape.pads[1], shape.kw, shape.w)),
+                (ow,)))
+
+            def finish(v: PrimExpr, idx: tuple[PrimExpr, ...]) -> PrimExpr:
+                rows = Cast("float32", _inside(idx[2], shape.stride[0], shape.pads[0],
+                                               shape.kh, shape.h))
+                return epilogue(v / (rows * columns[idx[3]]), idx)
+
+            return seq(Allocate(columns), fill, symbolic_window_body(
+                shape, xb, out, lanes, lambda acc, v, c, kh, kw: acc + v, zero, zero,
+                finish))
 
     if x.dtype != "float32":  # fused_store's chains are float32
         if not (result is None or result is anchor):

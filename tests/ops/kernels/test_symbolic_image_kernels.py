@@ -1,7 +1,7 @@
 """Convolutions and max pools over an image of symbolic height and width (what exporters
 write for detection and segmentation models) run hand-built kernels, not their generic
 loops: ungrouped and grouped convolutions the GEMM families (im2col into a workspace
-sized at run time), max pools and depthwise layers a window kernel over padded planes. Each against
+sized at run time), pools and depthwise layers a window kernel over padded planes. Each against
 onnxruntime at several run-time sizes, tiny ones (smaller than the window, one pixel)
 among them, on llvm and c."""
 
@@ -102,10 +102,10 @@ def test_a_residual_epilogue_over_a_symbolic_image() -> None:
 
 
 def pool_model(k: int, stride: int, pads: list[int], elem: int = onnx.TensorProto.FLOAT,
-               relu: bool = False) -> onnx.ModelProto:
+               relu: bool = False, op: str = "MaxPool", **attrs: int) -> onnx.ModelProto:
     gb = GraphBuilder(seed=k)
     x = gb.input("x", ("n", 3, "h", "w"), elem)
-    y = gb.op("MaxPool", x, kernel_shape=[k, k], strides=[stride, stride], pads=pads)
+    y = gb.op(op, x, kernel_shape=[k, k], strides=[stride, stride], pads=pads, **attrs)
     if relu:
         y = gb.op("Relu", y)
     gb.output(y, elem=elem, typed=False)
@@ -126,6 +126,22 @@ def test_max_pools_take_the_window_kernel(target: str, k: int, stride: int,
     sizes = [hw for hw in SIZES
              if all(d + pads[j] + pads[j + 2] >= k for j, d in enumerate(hw))]
     ex = check(pool_model(k, stride, pads, relu=True), target, 3, sizes)
+    assert kernels(ex, "kiln.pool_kernel")
+
+
+@pytest.mark.parametrize("target", ["llvm", "c"])
+@pytest.mark.parametrize("include_pad", [0, 1])
+@pytest.mark.parametrize(("k", "stride", "pads"), [
+    (2, 2, [0, 0, 0, 0]),         # DenseNet's transitions
+    (3, 1, [1, 1, 1, 1]),         # Inception's branches
+    (3, 2, [0, 2, 1, 0]),
+])
+def test_average_pools_take_the_window_kernel(target: str, include_pad: int, k: int,
+                                              stride: int, pads: list[int]) -> None:
+    sizes = [hw for hw in SIZES
+             if all(d + pads[j] + pads[j + 2] >= k for j, d in enumerate(hw))]
+    ex = check(pool_model(k, stride, pads, relu=True, op="AveragePool",
+                          count_include_pad=include_pad), target, 3, sizes)
     assert kernels(ex, "kiln.pool_kernel")
 
 
