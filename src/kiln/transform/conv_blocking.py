@@ -18,6 +18,12 @@ and float32 operands becomes
   target's float32 lanes (AVX-512 16, AVX2 8, NEON/SSE 4), so the kernel reads
   one contiguous weight row per (ci, kh, kw) and the run time never repacks.
 
+Over an image of symbolic height or width (a model exported with dynamic H and W) only
+the families that take one apply: `conv2d_gemm` for any ungrouped layer,
+`conv2d_group_gemm` for any grouped one, `conv2d_depthwise` (kiln.ops.kernels.
+window_symbolic) for depthwise ones; a convolution left on its generic loops there (a
+computed weight) is warned about (`warn_generic_convolutions`).
+
 The choice is kiln.ops.kernels.registry's (`select`, over the ISA of the current
 target); each rewritten call records its register tile in its `tile` attribute: the
 rule's, or a tuning database's (kiln.ops.kernels.search).
