@@ -15,7 +15,7 @@ ranks and symbolic shapes keep the tensor-expression definitions of kiln.ops.poo
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,6 +29,7 @@ from kiln.ir.tensor import (
     Cast,
     PrimExpr,
     PrimFunc,
+    Stmt,
     Store,
     as_expr,
     max_,
@@ -38,7 +39,13 @@ from kiln.ir.tensor import (
 from kiln.ops import conv_kernels as ck
 from kiln.ops import spatial, te
 from kiln.ops.epilogue import fused_store
-from kiln.ops.kernels.tiles import loop, parallel_over_images, tile_lanes, tile_registers
+from kiln.ops.kernels.tiles import (
+    Epilogue,
+    loop,
+    parallel_over_images,
+    tile_lanes,
+    tile_registers,
+)
 from kiln.ops.kernels.window_symbolic import symbolic_window_body
 from kiln.ops.max_pool_kernel import MAX_ELEMENTS, max_pool_body
 from kiln.target.isa import isa_for
@@ -93,22 +100,15 @@ def pool2d_kernel(kind: str, geometry: PoolGeometry, include_pad: bool,
     shape = geometry.conv_shape()
     out_shape = (shape.n, shape.c_in, shape.out_h, shape.out_w)
     isa = isa_for(None)
-    if x.dtype != "float32":  # an integer max pool: fused_store's chains are float32
-        if kind != "max" or not (result is None or result is anchor):
-            return None
-        buffers = {t: Buffer(t.name, t.shape, t.dtype) for t in params}
-        out = Buffer("out", out_shape, x.dtype)
-        body = max_pool_body(shape, buffers[x], out, tile_lanes(isa, x.dtype),
-                             lambda v, idx: v, isa.l1d_bytes)
-        return PrimFunc((*buffers.values(), out), body, _max_pool_attrs(name))
+    if kind == "max":
+        return _stored_pool(params, x, anchor, result, out_shape, name, lambda xb, out, ep:
+                            max_pool_body(shape, xb, out, tile_lanes(isa, x.dtype), ep,
+                                          isa.l1d_bytes))
+    if x.dtype != "float32":
+        return None
     store = fused_store(params, anchor, result, out_shape)
     if store is None:
         return None
-    if kind == "max":
-        body = max_pool_body(shape, store.buffers[x], store.out, tile_lanes(isa),
-                             store.epilogue, isa.l1d_bytes)
-        return PrimFunc((*(store.buffers[t] for t in params), store.out), body,
-                        _max_pool_attrs(name))
     # an average: the window kernel sums in onnxruntime's window order (row-major), which
     # a quantized QLinearAveragePool's rounding needs (docs/performance.md, "Max pooling")
     lanes = tile_lanes(isa)
@@ -128,9 +128,31 @@ def pool2d_kernel(kind: str, geometry: PoolGeometry, include_pad: bool,
                     {"kiln.pool_kernel": name})
 
 
+def _stored_pool(params: Sequence[te.Tensor], x: te.Tensor, anchor: te.Tensor | None,
+                 result: te.Tensor | None, out_shape: tuple[Any, ...], name: str,
+                 body: Callable[[Buffer, Buffer, Epilogue], Stmt]) -> PrimFunc | None:
+    """The pool kernel whose loop nest `body(input, output, epilogue)` builds: a float32
+    pool stores through the fused chain `result` over `anchor` (None when it cannot be
+    applied as a store), an integer one (a max) only its values (fused_store's chains
+    are float32)."""
+    if x.dtype != "float32":
+        if not (result is None or result is anchor):
+            return None
+        buffers = {t: Buffer(t.name, t.shape, t.dtype) for t in params}
+        out = Buffer("out", out_shape, x.dtype)
+        return PrimFunc((*buffers.values(), out), body(buffers[x], out, lambda v, idx: v),
+                        _max_pool_attrs(name))
+    store = fused_store(params, anchor, result, out_shape)
+    if store is None:
+        return None
+    return PrimFunc((*(store.buffers[t] for t in params), store.out),
+                    body(store.buffers[x], store.out, store.epilogue), _max_pool_attrs(name))
+
+
 def _max_pool_attrs(name: str) -> dict[str, Any]:
-    """A max pool kernel's attributes: it chose its parallel loop by the work threshold
-    (kiln.ops.max_pool_kernel), which `parallelize` keeps."""
+    """The attributes of a kernel that chose its parallel loop itself (a max pool by the
+    work threshold, kiln.ops.max_pool_kernel; a pool over a symbolic image size always
+    parallel), which `parallelize` keeps."""
     return {"kiln.pool_kernel": name, ATTR_PARALLEL_DECIDED: True}
 
 
@@ -185,7 +207,7 @@ def symbolic_pool_kernel(kind: str, shape: ck.ConvShape, include_pad: bool,
     out_shape = (shape.n, shape.c_in, shape.out_h, shape.out_w)
     lanes = tile_lanes(isa_for(None), x.dtype)
 
-    def body(xb: Buffer, out: Buffer, epilogue: Any) -> Any:
+    def body(xb: Buffer, out: Buffer, epilogue: Epilogue) -> Stmt:
         with parallel_over_images():
             if kind == "max":
                 lowest = te.lowest_value(x.dtype)
@@ -213,15 +235,4 @@ def symbolic_pool_kernel(kind: str, shape: ck.ConvShape, include_pad: bool,
                 shape, xb, out, lanes, lambda acc, v, c, kh, kw: acc + v, zero, zero,
                 finish))
 
-    if x.dtype != "float32":  # fused_store's chains are float32
-        if not (result is None or result is anchor):
-            return None
-        buffers = {t: Buffer(t.name, t.shape, t.dtype) for t in params}
-        out = Buffer("out", out_shape, x.dtype)
-        return PrimFunc((*buffers.values(), out), body(buffers[x], out, lambda v, idx: v),
-                        _max_pool_attrs(name))
-    store = fused_store(params, anchor, result, out_shape)
-    if store is None:
-        return None
-    return PrimFunc((*(store.buffers[t] for t in params), store.out),
-                    body(store.buffers[x], store.out, store.epilogue), _max_pool_attrs(name))
+    return _stored_pool(params, x, anchor, result, out_shape, name, body)

@@ -7,7 +7,7 @@ loads at consecutive addresses along `p`."""
 from __future__ import annotations
 
 from kiln.ir.dtype import INDEX_DTYPE
-from kiln.ir.structural import structural_equal
+from kiln.ir.shape_expr import shapes_equal
 from kiln.ir.tensor import Buffer, DeclBuffer, Load, PrimExpr, Stmt, Var
 from kiln.ir.visitor import StmtExprMutator, iter_exprs, substitute
 from kiln.ops.kernels.tiles import Epilogue, const
@@ -41,8 +41,7 @@ class FlatEpilogue:
         loads this epilogue reads through a flat view."""
         return (len(load.indices) >= 2 and load.indices[-2] is self.oh
                 and load.indices[-1] is self.ow
-                and all(_same_dim(a, b) for a, b in
-                        zip(load.buffer.shape[-2:], (self.out_h, self.out_w))))
+                and shapes_equal(load.buffer.shape[-2:], (self.out_h, self.out_w)))
 
     def reads_output_shaped(self) -> bool:
         """Whether the epilogue loads a tensor shaped like the output (a residual Add's
@@ -57,11 +56,6 @@ class FlatEpilogue:
         h: PrimExpr = const(0) if one_row else p // self.out_w
         w: PrimExpr = p if one_row else p % self.out_w
         return substitute(expr, {self.oh: h, self.ow: w})
-
-
-def _same_dim(a: object, b: object) -> bool:
-    # symbolic dimensions are canonical expressions (kiln.ir.shape_expr.simplify_dim)
-    return a == b if isinstance(a, int) or isinstance(b, int) else structural_equal(a, b)
 
 
 class _Flatten(StmtExprMutator):

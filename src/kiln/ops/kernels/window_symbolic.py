@@ -1,6 +1,6 @@
 """The per-channel window kernel over an image of symbolic height and width: depthwise
-convolutions (kiln.ops.kernels.conv_depthwise) and max pools (kiln.ops.pool_kernels)
-whose image size is known at run time only.
+convolutions (kiln.ops.kernels.conv_depthwise), max and average pools
+(kiln.ops.pool_kernels) whose image size is known at run time only.
 
 The static kernels (kiln.ops.conv_kernels.window_body, kiln.ops.max_pool_kernel) plan
 their row tiles, padded copies and border runs from the image size at compile time.
