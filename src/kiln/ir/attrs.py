@@ -62,6 +62,11 @@ ATTR_BINDS_DIMS: Final = "kiln.binds_dims"
 # takes one more int64 buffer after its results, into which it writes their values.
 ATTR_RUNTIME_DIMS: Final = "kiln.runtime_dims"
 
+# Set by a kernel builder whose vector code is all explicit (`vector` loops over a register
+# tile, kiln.ops.kernels): the LLVM backend keeps LLVM's SLP vectorizer off the kernel and
+# its outlined loop bodies (docs/codegen-llvm.md, "Kernels LLVM must not regroup").
+ATTR_NO_SLP: Final = "kiln.no_slp"
+
 # Module attribute set by the vectorize-loops pass (kiln.transform.vectorize_loops): the
 # vector register width, in bits, its `vector` loops were decided for; the C backend
 # prints those loops in chunks of that width.
@@ -79,6 +84,6 @@ ATTR_PROFILE_SITES: Final = "kiln.profile_sites"
 KILN_ATTRS: Final = frozenset({
     ATTR_PRIVATE, ATTR_GRAPH, ATTR_NUM_OUTPUTS, ATTR_TUPLE_RESULT, ATTR_OUTPUT_NAMES,
     ATTR_WORKSPACE_BYTES, ATTR_PARALLEL_OF, ATTR_PARALLEL_VAR, ATTR_EXTERNAL, ATTR_DIM_BOUNDS,
-    ATTR_BINDS_DIMS, ATTR_RUNTIME_DIMS, ATTR_CONCAT_AXIS,
+    ATTR_BINDS_DIMS, ATTR_RUNTIME_DIMS, ATTR_CONCAT_AXIS, ATTR_NO_SLP,
 })
 """Every attribute key kiln sets itself."""

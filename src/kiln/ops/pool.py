@@ -209,15 +209,21 @@ class WindowPoolOp(HandBuiltOp):
             return None if shape is None else pk.symbolic_pool_kernel(
                 self.kind, shape, bool(attrs.get("count_include_pad", False)), params, x,
                 anchor, result, name)
-        win = _Window(x.shape, attrs)
-        pair = tuple[int, int]
-        geometry = pk.PoolGeometry(
-            cast(tuple[int, int, int, int], tuple(int(d) for d in x.shape)),
-            cast(pair, win.kernel), cast(pair, win.strides),
-            cast(pair, win.dilations), cast(pair, win.begins), cast(pair, win.ends),
-            cast(pair, tuple(int(d) for d in win.out)))
-        return pk.pool2d_kernel(self.kind, geometry, bool(attrs.get("count_include_pad", False)),
+        return pk.pool2d_kernel(self.kind, window_geometry(x.shape, attrs),
+                                bool(attrs.get("count_include_pad", False)),
                                 params, x, anchor, result, name)
+
+
+def window_geometry(shape: Sequence[Any], attrs: Attrs) -> pk.PoolGeometry:
+    """The checked window of a 2-D pool (its attributes `attrs`) on a static NCHW input
+    of `shape`."""
+    win = _Window(shape, attrs)
+    pair = tuple[int, int]
+    return pk.PoolGeometry(
+        cast(tuple[int, int, int, int], tuple(int(d) for d in shape)),
+        cast(pair, win.kernel), cast(pair, win.strides),
+        cast(pair, win.dilations), cast(pair, win.begins), cast(pair, win.ends),
+        cast(pair, tuple(int(d) for d in win.out)))
 
 
 for _rank in spatial.SPATIAL_RANKS:

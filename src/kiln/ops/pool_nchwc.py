@@ -6,22 +6,28 @@
 attributes follow; the window moves over dims 2 and 3 and every channel lane of
 every block is pooled independently (padding lanes too: their values carry no
 meaning). The definition reuses the NCHW op's on a channel-merged view of the
-blocked tensor, so both agree by construction. The `nchwc-layout` pass
+blocked tensor, so both agree by construction. A float32 pool of static shape runs
+the hand-built kernel of kiln.ops.kernels.pool_nchwc (a vector of the block's lanes per
+output position); the definition stays the fallback. The `nchwc-layout` pass
 (kiln.transform.nchwc_layout) introduces it inside blocked regions.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, cast
 
 import numpy as np
 
 from kiln.errors import IRError
-from kiln.ir.tensor import PrimExpr
+from kiln.ir import graph as g
+from kiln.ir.attrs import ATTR_PARALLEL_DECIDED
+from kiln.ir.shape_expr import is_static
+from kiln.ir.tensor import PrimExpr, PrimFunc
 from kiln.ir.types import TensorType, Type
 from kiln.ops import layout, te
-from kiln.ops.registry import get_op, register_op
+from kiln.ops.registry import OPS, HandBuiltOp, get_op
 
 POOL_NCHWC = "pool2d_nchwc"
 POOLS = ("max_pool2d", "avg_pool2d")
@@ -72,5 +78,39 @@ def _reference(x: np.ndarray, **attrs: Any) -> np.ndarray:
     return layout.to_blocked(get_op(pool).reference(plain, **rest), b)
 
 
-register_op(POOL_NCHWC, pattern="opaque", infer=_infer, compute=_compute,
-            reference=_reference)
+@dataclass(frozen=True)
+class PoolNchwcOp(HandBuiltOp):
+    """The op of this module: float32 inputs of static shape take the hand-built kernel."""
+
+    def builds(self, call: g.Call) -> bool:
+        x = call.args[0].type if call.args else None
+        return (isinstance(x, TensorType) and x.ndim == 5 and x.dtype == "float32"
+                and is_static(tuple(x.shape)))
+
+    def lower_fused(self, params: Sequence[te.Tensor], args: Sequence[te.Tensor], attrs: Attrs,
+                    anchor: te.Tensor | None, result: te.Tensor | None,
+                    name: str) -> PrimFunc | None:
+        """The vector kernel (see `HandBuiltOp.lower_fused`)."""
+        from kiln.ops.epilogue import fused_store
+        from kiln.ops.kernels.pool_nchwc import pool_nchwc_body
+        from kiln.ops.pool import window_geometry
+
+        x = args[0]
+        if x not in params or x.dtype != "float32" or len(x.shape) != 5 \
+                or (result is not None and result.dtype != x.dtype):
+            return None
+        pool, rest = _split(attrs)
+        geometry = window_geometry(_merged(x.shape), rest)
+        block = int(x.shape[4])
+        store = fused_store(params, anchor, result,
+                            layout.block_shape((*geometry.shape[:2], *geometry.out), block))
+        if store is None:
+            return None
+        body = pool_nchwc_body("max" if pool == "max_pool2d" else "avg", geometry,
+                               bool(rest.get("count_include_pad", False)), store.buffers[x],
+                               store.out, store.epilogue)
+        return PrimFunc((*(store.buffers[t] for t in params), store.out), body,
+                        {"kiln.pool_kernel": name, ATTR_PARALLEL_DECIDED: True})
+
+
+OPS.register(POOL_NCHWC, PoolNchwcOp(POOL_NCHWC, "opaque", _infer, _compute, _reference))

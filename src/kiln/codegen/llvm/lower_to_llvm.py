@@ -46,7 +46,7 @@ from kiln.errors import CompileError, IRError
 from kiln.escape import c_identifier, is_c_identifier
 from kiln.ir import dtype as dt
 from kiln.ir.aliasing import analyze
-from kiln.ir.attrs import ATTR_EXTERNAL
+from kiln.ir.attrs import ATTR_EXTERNAL, ATTR_NO_SLP, ATTR_PARALLEL_OF
 from kiln.ir.kernel_errors import ERROR_OUT_OF_MEMORY, ERROR_SIZE_OVERFLOW, KERNEL_ERRORS
 from kiln.ir.module import IRModule
 from kiln.ir.shape_expr import dim_product, dim_vars, to_dim_expr
@@ -254,7 +254,7 @@ class _ModuleLowering:
         for name, fn in self.funcs.items():
             self.kernels[name] = self._declare_kernel(name, fn, self.aliasing.noalias[name])
         for name in self.bodies:
-            self.trampolines[name] = self._trampoline(self.kernels[name])
+            self.trampolines[name] = self._trampoline(self.kernels[name], self._no_slp(name))
         for name, fn in self.funcs.items():
             if not fn.attrs.get(ATTR_EXTERNAL):  # else another codegen defines it: declared
                 FunctionLowering(self, name, fn, self.kernels[name]).run()
@@ -279,6 +279,11 @@ class _ModuleLowering:
             irfn.linkage = "hidden"  # printed as the visibility of an external definition
         irfn.attributes = _KernelAttributes(self.options.function_attrs)
         irfn.attributes.add("nounwind")
+        if self._no_slp(name):
+            irfn.attributes.add("noimplicitfloat")
+            # inlined, it would pass the attribute on to its caller (LLVM's inliner ORs
+            # it in): the graph function and every kernel inlined there would lose SLP
+            irfn.attributes.add("noinline")
         if self.options.sext_int32:
             irfn.return_value.add_attribute("signext")
         used: set[str] = set()
@@ -294,16 +299,30 @@ class _ModuleLowering:
                 arg.add_attribute("noalias")
         return irfn
 
+    def _no_slp(self, name: str) -> bool:
+        """Whether kernel `name` (or the kernel an outlined loop body `name` came from)
+        carries `ATTR_NO_SLP`. It is lowered as LLVM's `noimplicitfloat`, the one
+        function attribute LLVM's SLP vectorizer stops at: the kernel's vectors are
+        explicit IR vector operations, which the attribute leaves alone (it only keeps
+        LLVM from introducing vector or float registers itself: SLP, the loop
+        vectorizer, vector memcpy)."""
+        fn = self.funcs[name]
+        owner = self.funcs.get(str(fn.attrs.get(ATTR_PARALLEL_OF, name)), fn)
+        return bool(fn.attrs.get(ATTR_NO_SLP) or owner.attrs.get(ATTR_NO_SLP))
+
     # -- parallel loops ----------------------------------------------------------
 
-    def _trampoline(self, body: ir.Function) -> ir.Function:
+    def _trampoline(self, body: ir.Function, no_slp: bool = False) -> ir.Function:
         """`i32 @{body}.run(i64 begin, i64 end, ptr context)`, what the thread pool calls:
-        loads the captured values from the context struct and calls the loop body."""
+        loads the captured values from the context struct and calls the loop body (with
+        `no_slp`, under `noimplicitfloat` as the body is: `_no_slp`)."""
         fn = ir.Function(self.module, ir.FunctionType(I32, [I64, I64, PTR]), f"{body.name}.run")
         fn.linkage = "internal"
         # The kernels' CPU and features: the body is inlined here.
         fn.attributes = _KernelAttributes(self.options.function_attrs)
         fn.attributes.add("nounwind")
+        if no_slp:
+            fn.attributes.add("noimplicitfloat")
         begin, end, context = fn.args
         begin.name, end.name, context.name = "begin", "end", "context"
         b = ir.IRBuilder(fn.append_basic_block("entry"))

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from kiln.ir import graph as g
+from kiln.ir.attrs import ATTR_NO_SLP
 from kiln.ir.tensor import Buffer, PrimExpr, PrimFunc, Stmt, min_
 from kiln.ir.types import TensorType
 from kiln.ops import conv_kernels as ck
@@ -78,10 +79,14 @@ def packed_call(op: str, call: g.Call, packed: Any, tile: tuple[int, ...],
 
 def build_conv(op: str, params: Sequence[Any], args: Sequence[Any], attrs: Mapping[str, Any],
                anchor: Any, result: Any, isa: ISA, tile: tuple[int, ...],
-               body: Body, symbolic_image: bool = False) -> PrimFunc | None:
+               body: Body, symbolic_image: bool = False, no_slp: bool = False
+               ) -> PrimFunc | None:
     """The kernel of a call of `op` (one of kiln.ops.conv_direct's ops) with its fused
     elementwise tail, the loop nest from `body` (which, with `symbolic_image`, takes a
-    symbolic image height and width)."""
+    symbolic image height and width). With `no_slp` the kernel carries `ATTR_NO_SLP`:
+    its register tile's vectors are all explicit, and LLVM's SLP vectorizer, left on
+    it, regrouped the tile's scalar input addresses into vectors of i64 on the critical
+    path of the sums (docs/codegen-llvm.md, "Kernels LLVM must not regroup")."""
     from kiln.ops import conv_direct as cd
 
     x, w = args[0], args[1]
@@ -103,8 +108,10 @@ def build_conv(op: str, params: Sequence[Any], args: Sequence[Any], attrs: Mappi
         epilogue = _blocked_bias(epilogue, store.buffers[bias], block, shape.c_out)
     stmt = body(shape, store.buffers[x], store.buffers[w], store.out, tile, epilogue,
                 isa.fma, block)
-    return PrimFunc((*(store.buffers[t] for t in params), store.out), stmt,
-                    {"kiln.conv_kernel": op})
+    fattrs: dict[str, Any] = {"kiln.conv_kernel": op}
+    if no_slp:
+        fattrs[ATTR_NO_SLP] = True
+    return PrimFunc((*(store.buffers[t] for t in params), store.out), stmt, fattrs)
 
 
 def _blocked_bias(epilogue: Epilogue, bias: Buffer, block: int, channels: int) -> Epilogue:

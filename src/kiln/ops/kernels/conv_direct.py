@@ -242,7 +242,7 @@ class DirectConv(Family):
             raise IRError(f"{self.op}: attribute {KSEGMENT!r} must be one of "
                           f"{', '.join(map(str, TUNED_SEGMENTS))}, got {segment!r}")
         return build_conv(self.op, params, args, attrs, anchor, result, isa, tile or (),
-                          blocked_body(isa, segment, k_unroll()))
+                          blocked_body(isa, segment, k_unroll()), no_slp=True)
 
 
 CONV_DIRECT = DirectConv("conv_direct", "conv2d_blocked", ("conv2d",), 3)

@@ -218,7 +218,8 @@ class NchwcConv(DirectConv):
             return blocked(shape, x, w, out, t, epilogue, fused, block)
 
         tile = recorded_tile(attrs, 2, self.op)
-        return build_conv(self.op, params, args, attrs, anchor, result, isa, tile or (), body)
+        return build_conv(self.op, params, args, attrs, anchor, result, isa, tile or (), body,
+                          no_slp=True)
 
 
 def pointwise_body(shape: ck.ConvShape, x: Buffer, wp: Buffer, out: Buffer,

@@ -1,0 +1,116 @@
+"""The kernel of `pool2d_nchwc` (kiln.ops.pool_nchwc): a 2-D max or average pool of an
+NCHW{b}c tensor, one vector of the block's `b` channel lanes per output position.
+
+Each parallel task takes one output row of one channel block; a position's window
+folds `kh x kw` vector loads into one vector accumulator (max, or a sum then divided
+by the window's count, a compile-time table as for the NCHW kernel,
+kiln.ops.pool_kernels). No padded copy: the taps outside the input are left out (the
+kernel rows by bounds computed once per output row, the kernel columns by bounds
+computed per position in the row's border runs only; its interior positions run every
+tap). A max over the taps left is the max over a window padded with the lowest value,
+so both agree with the tensor-expression definition, whose sum order (row-major over
+the window) the average keeps too. The generic lowering this replaces ran the window
+one element at a time: SqueezeNet's 3x3/2 max pools on 256 and 512 channels took 1.0 ms
+each in NCHW16c against 0.05 ms for the NCHW kernel (Zen 4, one thread).
+"""
+
+from __future__ import annotations
+
+from kiln.ir.dtype import INDEX_DTYPE
+from kiln.ir.tensor import (
+    Allocate,
+    AllocConst,
+    Buffer,
+    LetStmt,
+    PrimExpr,
+    Stmt,
+    Store,
+    Var,
+    as_expr,
+    max_,
+    min_,
+    seq,
+)
+from kiln.ops import te
+from kiln.ops.kernels.tiles import Epilogue, lanes_loop, loop, parallel_tiles, parallel_when
+from kiln.ops.pool_kernels import PoolGeometry
+
+
+def interior(out: int, stride: int, pad: int, k: int, dilation: int, size: int
+             ) -> tuple[int, int]:
+    """`(first, end)`: the output positions along one axis whose windows lie inside the
+    input (every tap reads an input value); empty (`first == end`) when none do."""
+    first = min(-(-pad // stride), out)
+    last = (size - 1 + pad - (k - 1) * dilation) // stride  # may be below `first`
+    return first, max(first, min(out, last + 1))
+
+
+def _taps(start: PrimExpr, k: int, dilation: int, size: int) -> tuple[PrimExpr, PrimExpr]:
+    """`(lo, hi)`: the taps `t` of a window starting at input index `start` (may be
+    negative) with `0 <= start + t * dilation < size`."""
+    lo = max_(as_expr(0, INDEX_DTYPE), (dilation - 1 - start) // dilation)
+    hi = min_(as_expr(k, INDEX_DTYPE), (size - start + dilation - 1) // dilation)
+    return lo, hi
+
+
+def pool_nchwc_body(kind: str, geometry: PoolGeometry, include_pad: bool, x: Buffer,
+                    out: Buffer, epilogue: Epilogue) -> Stmt:
+    """The loop nest of a `kind` ("max" or "avg") pool of the NCHW{b}c `x` into `out`,
+    `epilogue(value, index)` applied as each output lane is stored. `geometry` is the
+    window on the channel-merged NCHW input (kiln.ops.pool_nchwc)."""
+    batch, blocks, h, w, block = (int(d) for d in x.shape)
+    (kh, kw), (sh, sw), (dh, dw) = geometry.kernel, geometry.strides, geometry.dilations
+    top, left = geometry.begins
+    out_h, out_w = geometry.out
+    dtype = x.dtype
+    start: PrimExpr = as_expr(te.lowest_value(dtype) if kind == "max" else 0.0, dtype)
+    counts = Buffer("window_count", (out_h, out_w), "float32")
+
+    def fold(acc: PrimExpr, value: PrimExpr) -> PrimExpr:
+        return max_(acc, value) if kind == "max" else acc + value
+
+    def row(n: PrimExpr, c: PrimExpr, oh: PrimExpr) -> Stmt:
+        r0 = Var("r0", INDEX_DTYPE)
+        kh_lo, kh_hi = Var("kh_lo", INDEX_DTYPE), Var("kh_hi", INDEX_DTYPE)
+        lo, hi = _taps(r0, kh, dh, h)
+
+        def position(ow: PrimExpr, cols: tuple[PrimExpr, PrimExpr] | None) -> Stmt:
+            q0 = ow * sw - left
+            acc = Buffer("acc", (block,), dtype, "local")
+
+            def taps(i: PrimExpr) -> Stmt:
+                def tap(j: PrimExpr) -> Stmt:
+                    return lanes_loop("v", block, lambda v: Store(
+                        acc, fold(acc[v], x[n, c, r0 + i * dh, q0 + j * dw, v]), (v,)))
+
+                if cols is None:  # an interior position: every kernel column
+                    return loop("kw", kw, tap)
+                return loop("kw", cols[1] - cols[0], tap, start=cols[0])
+
+            def store(v: PrimExpr) -> Stmt:
+                idx = (n, c, oh, ow, v)
+                value = acc[v] if kind == "max" else acc[v] / counts[oh, ow]
+                return Store(out, epilogue(value, idx), idx)
+
+            return seq(Allocate(acc), lanes_loop("v", block, lambda v: Store(acc, start, (v,))),
+                       loop("kh", kh_hi - kh_lo, taps, start=kh_lo),
+                       lanes_loop("v", block, store))
+
+        def border(ow: PrimExpr) -> Stmt:
+            return position(ow, _taps(ow * sw - left, kw, dw, w))
+
+        first, end = interior(out_w, sw, left, kw, dw, w)
+        runs: list[Stmt] = []
+        if first:
+            runs.append(loop("ow", first, border))
+        if end > first:
+            runs.append(loop("ow", end - first, lambda ow: position(ow, None), start=first))
+        if out_w > end:
+            runs.append(loop("ow", out_w - end, border, start=end))
+        return seq(LetStmt(r0, oh * sh - top), LetStmt(kh_lo, lo), LetStmt(kh_hi, hi), *runs)
+
+    nest = parallel_when(lambda: parallel_tiles((batch, blocks, out_h), row),
+                         batch * blocks * out_h * out_w * block * kh * kw, "element")
+    if kind == "max":
+        return nest
+    return seq(AllocConst(counts, geometry.counts(include_pad)), nest)

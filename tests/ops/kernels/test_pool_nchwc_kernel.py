@@ -1,0 +1,95 @@
+"""`pool2d_nchwc`'s hand-built kernel (kiln.ops.kernels.pool_nchwc): max and average
+pools inside a blocked region, against onnxruntime on llvm and c.
+
+Each model is conv 3x3 + ReLU -> the pool -> conv 3x3 -> conv 3x3 -> conv 1x1 (a region
+that pays whichever kernel the first layer takes), compiled with the
+`nchwc` graph pipeline, so the pool runs on NCHW{b}c activations between blocked
+convolutions; 36 channels leave padding lanes in the last block of 8 or 16. The pools cover what
+networks use (VGG's 2x2/2, ResNet's padded 3x3/2, SqueezeNet's 3x3/2 with and without
+`ceil_mode`, Inception's 3x3/1 branch pool, average pools with and without
+`count_include_pad`) and what ONNX allows beside (dilations, asymmetric pads), on
+images whose windows are all borders (5x5) and with interior runs (13x13, 18x11).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import onnx
+import pytest
+
+import kiln
+from kiln.frontend import from_onnx
+from support.graphs import GraphBuilder
+from support.reference import onnxruntime_outputs
+from support.targets import native_target
+
+CHANNELS = 36
+POOLS: dict[str, tuple[str, dict[str, Any]]] = {
+    "vgg_2x2_s2": ("MaxPool", {"kernel_shape": [2, 2], "strides": [2, 2]}),
+    "resnet_3x3_s2_pad": ("MaxPool", {"kernel_shape": [3, 3], "strides": [2, 2],
+                                      "pads": [1, 1, 1, 1]}),
+    "squeezenet_3x3_s2": ("MaxPool", {"kernel_shape": [3, 3], "strides": [2, 2]}),
+    "squeezenet_3x3_s2_ceil": ("MaxPool", {"kernel_shape": [3, 3], "strides": [2, 2],
+                                           "ceil_mode": 1}),
+    "branch_3x3_s1_pad": ("MaxPool", {"kernel_shape": [3, 3], "strides": [1, 1],
+                                      "pads": [1, 1, 1, 1]}),
+    "dilated": ("MaxPool", {"kernel_shape": [3, 2], "strides": [1, 2], "dilations": [2, 2],
+                            "pads": [2, 1, 1, 0]}),
+    "asymmetric": ("MaxPool", {"kernel_shape": [2, 3], "strides": [2, 1],
+                               "pads": [0, 2, 1, 0]}),
+    "avg_3x3_s1_pad": ("AveragePool", {"kernel_shape": [3, 3], "pads": [1, 1, 1, 1]}),
+    "avg_3x3_s1_pad_counted": ("AveragePool", {"kernel_shape": [3, 3], "pads": [1, 1, 1, 1],
+                                               "count_include_pad": 1}),
+    "avg_3x3_s2_ceil_counted": ("AveragePool", {"kernel_shape": [3, 3], "strides": [2, 2],
+                                                "pads": [1, 1, 1, 1], "ceil_mode": 1,
+                                                "count_include_pad": 1}),
+    "avg_2x2_s2": ("AveragePool", {"kernel_shape": [2, 2], "strides": [2, 2]}),
+}
+SIZES = ((13, 13), (18, 11), (5, 5))
+
+
+def model(pool: str, attrs: dict[str, Any], h: int, w: int) -> onnx.ModelProto:
+    gb = GraphBuilder(seed=h * 31 + w)
+    x = gb.input("x", [1, CHANNELS, h, w])
+    y = gb.op("Relu", gb.conv(x, CHANNELS, CHANNELS, 3))
+    y = gb.op(pool, y, **attrs)
+    for k in (3, 3, 1):
+        y = gb.conv(y, CHANNELS, CHANNELS, k)
+    gb.output(y, None)
+    return gb.model(check=False)
+
+
+@pytest.mark.parametrize("kind", ["llvm", "c"])
+@pytest.mark.parametrize("case", sorted(POOLS))
+def test_pool_in_a_blocked_region_matches_onnxruntime(case: str, kind: str) -> None:
+    op, attrs = POOLS[case]
+    for h, w in SIZES:
+        m = model(op, attrs, h, w)
+        ex = kiln.compile(from_onnx(m), native_target(kind), graph_pipeline="nchwc")
+        pools = [f for f in ex.ir.prim_funcs().values() if "kiln.pool_kernel" in f.attrs]
+        # the hand-built kernel, on NCHW{b}c
+        assert pools and all(f.attrs["kiln.pool_kernel"] == "pool2d_nchwc"
+                             and f.params[0].ndim == 5 for f in pools), (h, w)
+        x = np.random.default_rng(h).standard_normal((1, CHANNELS, h, w)).astype(np.float32)
+        (want,) = onnxruntime_outputs(m, {"x": x})
+        got = np.asarray(ex["main"](x))
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4, err_msg=f"{h}x{w}")
+
+
+def test_max_pool_keeps_nan_and_infinities() -> None:
+    """NaN and infinities reach the pool through the first convolution (which turns the
+    infinities into NaN around them); the outputs hold NaN where onnxruntime's do, and
+    its values elsewhere."""
+    op, attrs = POOLS["resnet_3x3_s2_pad"]
+    m = model(op, attrs, 13, 13)
+    ex = kiln.compile(from_onnx(m), native_target("llvm"), graph_pipeline="nchwc")
+    x = np.random.default_rng(5).standard_normal((1, CHANNELS, 13, 13)).astype(np.float32)
+    x[0, 3, 4, 4], x[0, 5, 0, 0], x[0, 7, 12, 12] = np.inf, -np.inf, np.nan
+    (want,) = onnxruntime_outputs(m, {"x": x})
+    got = np.asarray(ex["main"](x))
+    assert np.isnan(want).any() and not np.isnan(want).all()
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    finite = np.isfinite(want)
+    np.testing.assert_allclose(got[finite], want[finite], rtol=1e-4, atol=1e-4)
