@@ -80,11 +80,15 @@ class NchwcLayout(FunctionPass):
     the blocked kernel they measured 2-3x slower than NCHW (Zen 3), MobileNetV2 1.3x
     slower in all. Without `depthwise_only`, on AVX2 the layers the blocked kernel
     K-blocks on small images stay NCHW (`k_blocked_small_images`). `pointwise_regions`:
-    with `depthwise_only`, on ISAs whose 1x1 layers take that pointwise kernel (AVX2,
-    `pointwise_kernel`) every region that pays is kept, as without `depthwise_only`,
-    but for regions without a depthwise convolution holding a pool whose windows are
-    clipped (`_clips_windows`: GoogLeNet measured 8% slower in NCHW{b}c, its branch
-    pools 3.8 ms against 0.6; docs/performance.md, "AVX2 round six (Zen 3)").
+    with `depthwise_only`, on ISAs whose unpadded 1x1 layers take the pointwise kernel
+    (`pointwise_body_isa`: AVX2, and AVX-512 with `pointwise_tile`'s tiles) every
+    region that pays is kept, as without `depthwise_only`, but for regions without a
+    depthwise convolution holding a pool whose windows are clipped (`_clips_windows`:
+    GoogLeNet measured 8% slower in NCHW{b}c, its branch pools 3.8 ms against 0.6;
+    docs/performance.md, "AVX2 round six (Zen 3)"). On AVX-512 since the conv kernels
+    left LLVM's SLP vectorizer (kiln.ir.attrs.ATTR_NO_SLP) and `pool2d_nchwc` got its
+    own kernel: ResNet-50 2.8%, VGG-19 1.6%, ResNet-18 1.4%, SqueezeNet 1.3% faster
+    (docs/performance.md, "NCHW16c regions on AVX-512 (Zen 4)").
     """
 
     name = "nchwc-layout"
@@ -102,10 +106,10 @@ class NchwcLayout(FunctionPass):
         isa = isa_for(None)
         if self.lanes:
             isa = with_lanes(isa, self.lanes)
-        from kiln.ops.kernels.nchwc import pointwise_kernel
+        from kiln.ops.kernels.nchwc import pointwise_body_isa
 
         depthwise_only = self.depthwise_only and not (self.pointwise_regions
-                                                      and pointwise_kernel(isa))
+                                                      and pointwise_body_isa(isa))
         if depthwise_only and (tile_registers(isa) < DEPTHWISE_REGISTERS
                                     or tile_lanes(isa) < DEPTHWISE_LANES):
             return func
