@@ -85,6 +85,7 @@ def _lower(mod: IRModule, target: Any, *, prefix: str, pool: ConstantPool,
         prefix=prefix, triple=config.triple, data_layout=data_layout,
         hidden=not jit, pointer_bits=_pointer_bits(data_layout), fast_math=config.fast_math,
         native_roundeven=config.native_roundeven, sext_int32=config.sext_int32,
+        no_slp=config.no_slp,
         int8_dot=isa_of(config.triple, config.cpu, config.features).int8_dot,
         function_attrs=config.function_attrs(), serial_parallel_for=jit,
         # wasm has no host.c (kiln.export.wasm), the JIT none either

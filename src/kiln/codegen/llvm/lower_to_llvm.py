@@ -124,6 +124,9 @@ class LoweringOptions:
     sext_int32: bool = False
     # Function attributes ("target-cpu", "target-features", "prefer-vector-width").
     function_attrs: tuple[tuple[str, str], ...] = ()
+    # Whether kernels marked `kiln.no_slp` get `noimplicitfloat` (`_no_slp`): where LLVM
+    # was seen to leave explicit vector code alone under it (MachineConfig.no_slp).
+    no_slp: bool = False
     # Parallel loops call `{prefix}_parallel_for`: host.c's thread pool (False), or
     # a serial definition emitted into this module (True: the JIT has no host.c).
     serial_parallel_for: bool = False
@@ -305,7 +308,9 @@ class _ModuleLowering:
         function attribute LLVM's SLP vectorizer stops at: the kernel's vectors are
         explicit IR vector operations, which the attribute leaves alone (it only keeps
         LLVM from introducing vector or float registers itself: SLP, the loop
-        vectorizer, vector memcpy)."""
+        vectorizer, vector memcpy). On x86-64 only (`LoweringOptions.no_slp`)."""
+        if not self.options.no_slp:
+            return False
         fn = self.funcs[name]
         owner = self.funcs.get(str(fn.attrs.get(ATTR_PARALLEL_OF, name)), fn)
         return bool(fn.attrs.get(ATTR_NO_SLP) or owner.attrs.get(ATTR_NO_SLP))

@@ -56,6 +56,14 @@ class MachineConfig:
         """Whether llvm.roundeven is one instruction here (else lower `round` to rint)."""
         return self.arch in ("x86_64", "i686", "aarch64", "arm64")
 
+    @property
+    def no_slp(self) -> bool:
+        """Whether kernels marked `kiln.no_slp` are lowered with `noimplicitfloat`: on
+        x86-64, where it was measured and leaves their explicit vector code alone. On
+        wasm32 with SIMD, LLVM's instruction selection failed an assertion on a vector
+        type under it ("Unexpected illegal type!"); other targets keep SLP."""
+        return self.arch == "x86_64"
+
     def function_attrs(self) -> tuple[tuple[str, str], ...]:
         """LLVM string attributes recorded on every kernel (self-describing bitcode)."""
         attrs: list[tuple[str, str]] = []
