@@ -814,7 +814,10 @@ def _for(fl: FunctionLowering, s: For) -> None:
     step = b.add(i, ir.Constant(i.type, 1), flags=["nsw"] if signed else ["nuw"])
     i.add_incoming(step, latch)
     back = b.branch(header)
-    md = fl.parent.loop_metadata(s.kind)
+    # under `noimplicitfloat` (`_no_slp`) LLVM's loop vectorizer does not run: a request
+    # for it would only print "loop not vectorized" warnings
+    kind = "serial" if s.kind == "vectorized" and fl.parent._no_slp(fl.name) else s.kind
+    md = fl.parent.loop_metadata(kind)
     if md is not None:
         back.set_metadata("llvm.loop", md)
     b.position_at_end(exit_)
