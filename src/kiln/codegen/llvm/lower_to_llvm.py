@@ -124,7 +124,7 @@ class LoweringOptions:
     sext_int32: bool = False
     # Function attributes ("target-cpu", "target-features", "prefer-vector-width").
     function_attrs: tuple[tuple[str, str], ...] = ()
-    # Whether kernels marked `kiln.no_slp` get `noimplicitfloat` (`_no_slp`): where LLVM
+    # Whether kernels marked `kiln.no_slp` get `noimplicitfloat` (`keeps_slp_off`): where LLVM
     # was seen to leave explicit vector code alone under it (MachineConfig.no_slp).
     no_slp: bool = False
     # Parallel loops call `{prefix}_parallel_for`: host.c's thread pool (False), or
@@ -257,7 +257,7 @@ class _ModuleLowering:
         for name, fn in self.funcs.items():
             self.kernels[name] = self._declare_kernel(name, fn, self.aliasing.noalias[name])
         for name in self.bodies:
-            self.trampolines[name] = self._trampoline(self.kernels[name], self._no_slp(name))
+            self.trampolines[name] = self._trampoline(self.kernels[name], self.keeps_slp_off(name))
         for name, fn in self.funcs.items():
             if not fn.attrs.get(ATTR_EXTERNAL):  # else another codegen defines it: declared
                 FunctionLowering(self, name, fn, self.kernels[name]).run()
@@ -282,7 +282,7 @@ class _ModuleLowering:
             irfn.linkage = "hidden"  # printed as the visibility of an external definition
         irfn.attributes = _KernelAttributes(self.options.function_attrs)
         irfn.attributes.add("nounwind")
-        if self._no_slp(name):
+        if self.keeps_slp_off(name):
             irfn.attributes.add("noimplicitfloat")
             # inlined, it would pass the attribute on to its caller (LLVM's inliner ORs
             # it in): the graph function and every kernel inlined there would lose SLP
@@ -302,7 +302,7 @@ class _ModuleLowering:
                 arg.add_attribute("noalias")
         return irfn
 
-    def _no_slp(self, name: str) -> bool:
+    def keeps_slp_off(self, name: str) -> bool:
         """Whether kernel `name` (or the kernel an outlined loop body `name` came from)
         carries `ATTR_NO_SLP`. It is lowered as LLVM's `noimplicitfloat`, the one
         function attribute LLVM's SLP vectorizer stops at: the kernel's vectors are
@@ -320,7 +320,7 @@ class _ModuleLowering:
     def _trampoline(self, body: ir.Function, no_slp: bool = False) -> ir.Function:
         """`i32 @{body}.run(i64 begin, i64 end, ptr context)`, what the thread pool calls:
         loads the captured values from the context struct and calls the loop body (with
-        `no_slp`, under `noimplicitfloat` as the body is: `_no_slp`)."""
+        `no_slp`, under `noimplicitfloat` as the body is: `keeps_slp_off`)."""
         fn = ir.Function(self.module, ir.FunctionType(I32, [I64, I64, PTR]), f"{body.name}.run")
         fn.linkage = "internal"
         # The kernels' CPU and features: the body is inlined here.
@@ -814,9 +814,9 @@ def _for(fl: FunctionLowering, s: For) -> None:
     step = b.add(i, ir.Constant(i.type, 1), flags=["nsw"] if signed else ["nuw"])
     i.add_incoming(step, latch)
     back = b.branch(header)
-    # under `noimplicitfloat` (`_no_slp`) LLVM's loop vectorizer does not run: a request
+    # under `noimplicitfloat` (`keeps_slp_off`) LLVM's loop vectorizer does not run: a request
     # for it would only print "loop not vectorized" warnings
-    kind = "serial" if s.kind == "vectorized" and fl.parent._no_slp(fl.name) else s.kind
+    kind = "serial" if s.kind == "vectorized" and fl.parent.keeps_slp_off(fl.name) else s.kind
     md = fl.parent.loop_metadata(kind)
     if md is not None:
         back.set_metadata("llvm.loop", md)
