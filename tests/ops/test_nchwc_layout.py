@@ -108,12 +108,16 @@ def test_the_pass_keeps_conv_chains_blocked() -> None:
     assert names.count("conv2d_nchwc") == 8 and "conv2d_blocked" not in names
     transforms = [b.value for b in mod["main"].bindings if isinstance(b.value, g.Call)
                   and b.value.op == "layout_transform"]
-    # in: x, y (y's 3 channels, fewer than a block, would be read in place by their
-    # convolution in a region holding a depthwise one: `loose_entries`); out: r (the
-    # output), the global pool (read by Flatten), the concat, u
-    assert sorted(t.attrs["dst"] for t in transforms) == ["NCHW"] * 4 + ["NCHW8c"] * 2
+    # in: x (y's 3 channels, fewer than a block, are read in place by their convolution,
+    # which writes NCHW8c: `_reads_nchw`); out: r (the output), the global pool (read by
+    # Flatten), the concat, u
+    assert sorted(t.attrs["dst"] for t in transforms) == ["NCHW"] * 4 + ["NCHW8c"]
+    assert [c.value.attrs.get("block") for c in mod["main"].bindings
+            if isinstance(c.value, g.Call)
+            and c.value.op == "conv2d_nchwc" and c.value.args[0].type.ndim == 4] == [8]
     assert all(b.value.args[0].type.ndim == 5 for b in mod["main"].bindings
-               if isinstance(b.value, g.Call) and b.value.op == "conv2d_nchwc")
+               if isinstance(b.value, g.Call) and b.value.op == "conv2d_nchwc"
+               and "block" not in b.value.attrs)
     assert all(t.ret_type.shape[-1] == 8 for t in transforms if t.attrs["dst"] != "NCHW")
     # the residual Add, the activations, the max and global pools and the concat (40 + 40
     # channels: whole blocks) run on the blocked tensors

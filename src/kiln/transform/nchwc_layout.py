@@ -15,11 +15,10 @@ layout-agnostic ops between such convolutions follow it:
 A region is entered with one `layout_transform(x, src="NCHW", dst="NCHW{b}c")`
 per NCHW tensor it reads, but for a convolution on fewer input channels than a block
 (a network's first layer on an RGB image; a row-tiled `conv2d_rows` one becomes the
-blocked kernel's) in a region holding a depthwise convolution: that one reads its NCHW
-input in place and writes NCHW{b}c (`conv2d_nchwc` with attribute `block`,
-`_reads_nchw`, `loose_entries`). A tensor a region produces is
-reordered back (one
-`layout_transform(..., dst="NCHW")`, bound to the original variable) just
+blocked kernel's): that one reads its NCHW input in place and writes NCHW{b}c
+(`conv2d_nchwc` with attribute `block`, `_reads_nchw`). A tensor a region produces is
+reordered back (one `layout_transform(..., dst="NCHW")`, bound to the original
+variable) just
 before its first other consumer (a depthwise or row-tiled convolution, a
 concat of partial blocks, a global pooling, a Flatten, ...) or the function's
 result. Padding
@@ -82,13 +81,13 @@ class NchwcLayout(FunctionPass):
     K-blocks on small images stay NCHW (`k_blocked_small_images`). `pointwise_regions`:
     with `depthwise_only`, on ISAs whose unpadded 1x1 layers take the pointwise kernel
     (`pointwise_body_isa`: AVX2, and AVX-512 with `pointwise_tile`'s tiles) every
-    region that pays is kept, as without `depthwise_only`, but for regions without a
-    depthwise convolution holding a pool whose windows are clipped (`_clips_windows`:
-    GoogLeNet measured 8% slower in NCHW{b}c, its branch pools 3.8 ms against 0.6;
-    docs/performance.md, "AVX2 round six (Zen 3)"). On AVX-512 since the conv kernels
-    left LLVM's SLP vectorizer (kiln.ir.attrs.ATTR_NO_SLP) and `pool2d_nchwc` got its
-    own kernel: ResNet-50 2.8%, VGG-19 1.6%, ResNet-18 1.4%, SqueezeNet 1.3% faster
-    (docs/performance.md, "NCHW16c regions on AVX-512 (Zen 4)").
+    region that pays is kept, as without `depthwise_only`. On AVX-512 since the conv
+    kernels left LLVM's SLP vectorizer (kiln.ir.attrs.ATTR_NO_SLP) and `pool2d_nchwc`
+    got its own kernel: ResNet-50 2.8%, VGG-19 1.6%, ResNet-18 1.4%, SqueezeNet 1.3%
+    faster (docs/performance.md, "NCHW16c regions on AVX-512 (Zen 4)"); with that
+    kernel, regions holding pools whose windows are clipped (GoogLeNet's branch pools,
+    ResNet's stem pool) are kept too, and so are first layers reading NCHW in place
+    outside depthwise regions ("First layers and clipped pools in NCHW{b}c regions").
     """
 
     name = "nchwc-layout"
@@ -125,16 +124,10 @@ class NchwcLayout(FunctionPass):
                 skip -= {c for group in first.regions() if first.depthwise & set(group)
                          for c in group}
         layouts: dict[frozenset[g.Var], str] = {}  # a region's layout, once decided
-        reordered: set[g.Var] = set()  # first layers whose input is reordered after all
         while True:  # each round leaves out the convolutions of regions too small to pay
-            rewriter = _Rewriter(tile_lanes(isa), skip, isa, reordered=reordered)
+            rewriter = _Rewriter(tile_lanes(isa), skip, isa)
             new = rewriter.run(func)
-            loose = rewriter.loose_entries()
-            if loose:  # their regions entered by a reorder instead
-                reordered |= loose
-                continue
-            small = rewriter.small_regions(self.min_convs, depthwise_only,
-                                           self.depthwise_only and not depthwise_only)
+            small = rewriter.small_regions(self.min_convs, depthwise_only)
             if session is not None:
                 small = rewriter.tuned_small(session, small, layouts)
             if not small:
@@ -143,8 +136,7 @@ class NchwcLayout(FunctionPass):
 
 
 class _Rewriter:
-    def __init__(self, block: int, skip: set[g.Var], isa: Any, gemm: bool = True,
-                 reordered: frozenset[g.Var] | set[g.Var] = frozenset()) -> None:
+    def __init__(self, block: int, skip: set[g.Var], isa: Any, gemm: bool = True) -> None:
         from kiln.ops.kernels.registry import KERNELS
         from kiln.ops.layout import blocked_layout
 
@@ -153,7 +145,6 @@ class _Rewriter:
         self.family = KERNELS.get("nchwc")
         self.skip = skip                          # convolutions (by result) to leave NCHW
         self.gemm = gemm                          # also block conv2d_gemm (1x1) calls
-        self.reordered = reordered                # convs entering by a reorder anyway
         self.layout = blocked_layout(block)
         self.bindings: list[g.Binding] = []
         self.blocked: dict[g.Var, g.Var] = {}     # NCHW var -> its NCHW{b}c value
@@ -163,34 +154,19 @@ class _Rewriter:
         self.reorders: list[g.Var] = []           # a conv of the region of each reorder
         self.depthwise: set[g.Var] = set()        # the depthwise convs (by result)
         self.convs: dict[g.Var, g.Call] = {}      # each blocked conv's original call
-        self.clipped_pools: list[g.Var] = []      # a conv of the region of each padded pool
-        self.entries: set[g.Var] = set()          # the convs reading NCHW in place
 
-    def small_regions(self, min_convs: int, depthwise_only: bool = False,
-                      pointwise_regions: bool = False) -> set[g.Var]:
+    def small_regions(self, min_convs: int, depthwise_only: bool = False) -> set[g.Var]:
         """The convolutions (original result vars) of regions that do not pay: fewer than
         `min_convs` convolutions, or no more convolutions than reorders in and out (or,
-        with `depthwise_only`, no depthwise convolution; with `pointwise_regions`, no
-        depthwise convolution and a pool whose windows are clipped)."""
+        with `depthwise_only`, no depthwise convolution)."""
         members: dict[g.Var, list[g.Var]] = {}
         for conv in self.parent:
             members.setdefault(self._root(conv), []).append(conv)
         reorders = Counter(self._root(c) for c in self.reorders)
-        clipped = {self._root(c) for c in self.clipped_pools}
         return {c for root, group in members.items()
                 if len(group) < max(min_convs, reorders[root] + 1)
                 or (depthwise_only and not self.depthwise & set(group))
-                or (pointwise_regions and root in clipped and not self.depthwise & set(group))
                 for c in group}
-
-    def loose_entries(self) -> set[g.Var]:
-        """The convolutions reading their NCHW input in place (`_reads_nchw`) whose
-        region holds no depthwise convolution: measured on MobileNetV2 and EfficientNet-B0
-        only; the pass runs again with their inputs reordered, as before. (On AVX2 a first
-        layer joined ResNet's region through its padded max pool, which
-        `pointwise_regions` then left NCHW whole.)"""
-        with_depthwise = {self._root(c) for c in self.depthwise}
-        return {c for c in self.entries if self._root(c) not in with_depthwise}
 
     def regions(self) -> list[list[g.Var]]:
         """The regions formed (their convolutions' original result vars), each in graph
@@ -259,8 +235,6 @@ class _Rewriter:
                 changed = True
                 var = g.Var(b.var.name + "_c", new.ret_type)
                 self._join_binding(b)
-                if _clips_windows(new):
-                    self.clipped_pools.append(self.region[b.var])
                 self.bindings.append(g.Binding(var, new))
                 self.blocked[b.var] = var
         if not changed:
@@ -314,7 +288,7 @@ class _Rewriter:
             return None if b.var in self.skip else self._conv(c, b.var)
         if c.op == "conv2d_gemm" and self.gemm:
             return None if b.var in self.skip else self._gemm(c, b.var)
-        if c.op == "conv2d_rows" and self._reads_nchw(c, b.var):
+        if c.op == "conv2d_rows" and self._reads_nchw(c):
             return None if b.var in self.skip else self._rows(c, b.var)
         if c.op == "conv2d_depthwise":
             return None if b.var in self.skip else self._depthwise(c, b.var)
@@ -356,8 +330,7 @@ class _Rewriter:
 
         if not self.family.applies(c, self.isa):
             return None
-        if self._reads_nchw(c, var):
-            self.entries.add(var)
+        if self._reads_nchw(c):
             blocked = g.Call(c.op, c.args, g.freeze_attrs(
                 {**c.attrs, NCHW_INPUT_BLOCK: self.block}), c.ret_type)
         else:
@@ -365,20 +338,20 @@ class _Rewriter:
                              c.ret_type)
         return self.family.pack(blocked, self.isa)
 
-    def _reads_nchw(self, c: g.Call, var: g.Var) -> bool:
-        """Whether the convolution `c` (bound to `var`) reads its NCHW input in place: an
-        input not blocked yet, of fewer channels than a block, unless `var` is one of
-        `reordered` (`loose_entries`). Its NCHW{b}c copy would pad each position's
-        channels to a whole block (3 to 16 for an RGB image), and a blocked tile's step
-        reads one input value per position either way. MobileNetV2's first layer
+    def _reads_nchw(self, c: g.Call) -> bool:
+        """Whether the convolution `c` reads its NCHW input in place: an input not
+        blocked yet, of fewer channels than a block. Its NCHW{b}c copy would pad each
+        position's channels to a whole block (3 to 16 for an RGB image), and a blocked
+        tile's step reads one input value per position either way. MobileNetV2's first layer
         (3->32 3x3/2 at 224x224, the row-tiled kernel) and the reorder after it took
         0.27 + 0.21 ms on one Zen 4 core, the blocked kernel writing NCHW16c 0.28 (AVX2
         code there: 0.27-0.29 + 0.08-0.16 -> 0.31-0.34 ms in NCHW8c; docs/performance.md,
-        "MobileNetV2 on AVX-512 (Zen 4)")."""
+        "MobileNetV2 on AVX-512 (Zen 4)"); VGG-19's (3->64 3x3 at 224x224) and its
+        reorder 1.8 + 3.2 ms, the blocked kernel 2.0 ("First layers and clipped pools in
+        NCHW{b}c regions")."""
         x = c.args[0]
         t = x.type
-        return var not in self.reordered and not (isinstance(x, g.Var) and x in self.blocked) \
-            and _is_plain_4d(t) \
+        return not (isinstance(x, g.Var) and x in self.blocked) and _is_plain_4d(t) \
             and isinstance(t, TensorType) and isinstance(t.shape[1], int) \
             and t.shape[1] < self.block
 
@@ -500,18 +473,6 @@ def region_signature(convs: list[g.Call]) -> str:
                      f"p={','.join(map(str, s.pads))};g={s.groups}"
                      f"{';bias' if len(c.args) > 2 else ''}}}")
     return "|".join(parts)
-
-
-def _clips_windows(c: g.Call) -> bool:
-    """Whether `c` is a `pool2d_nchwc` whose windows may pass the image's border (pads or
-    `ceil_mode`): its generic loop nest then bounds every read, 5-10x slower than the
-    NCHW pooling kernels (GoogLeNet's 3x3/1 branch pools, docs/performance.md "AVX2
-    round six (Zen 3)")."""
-    from kiln.ops.pool_nchwc import POOL_NCHWC
-
-    pads = c.attrs.get("pads") or ()
-    return c.op == POOL_NCHWC and ((isinstance(pads, tuple) and any(pads))
-                                   or bool(c.attrs.get("ceil_mode", 0)))
 
 
 def _same_or_per_channel(t: Any, out: Any) -> bool:

@@ -77,8 +77,8 @@ def default_graph_pipeline(nchwc: bool = NCHWC_BY_DEFAULT) -> Sequential:
     into the convolution. `nchwc`: keep convolution chains in the blocked activation
     layout (kiln.transform.nchwc_layout) between picking kernels and fusing; without it
     only chains holding a depthwise convolution are (on ISAs with 8 float32 lanes or more:
-    `NchwcLayout(depthwise_only=True)`), and on AVX2 and AVX-512 also chains without a
-    pool whose windows are clipped (`pointwise_regions=True`)."""
+    `NchwcLayout(depthwise_only=True)`), and on AVX2 and AVX-512 every chain that pays
+    (`pointwise_regions=True`)."""
     from kiln.transform.composite_ops import RecognizeComposites
     from kiln.transform.conv_blocking import BlockConvolutions
     from kiln.transform.dead_code import DeadCodeElimination
@@ -97,7 +97,7 @@ def default_graph_pipeline(nchwc: bool = NCHWC_BY_DEFAULT) -> Sequential:
     from kiln.transform.nchwc_layout import NchwcLayout
 
     # without `nchwc`, only regions with a depthwise convolution (MobileNet-style networks),
-    # and on AVX2 and AVX-512 also those without a clipped pool (`pointwise_regions`)
+    # and on AVX2 and AVX-512 every region that pays (`pointwise_regions`)
     layout = [NchwcLayout()] if nchwc else [NchwcLayout(depthwise_only=True,
                                                         pointwise_regions=True)]
     return Sequential([QuantizeOps(), FoldConstants(), RecognizeComposites(), FoldBatchNorm(),
