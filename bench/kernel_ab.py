@@ -24,7 +24,8 @@ asserts nothing (this is not a test).
 name ending in `_qop`) and every tree compiles that file; `--target` is the kiln target of
 every build; `--cpu-time` times the calling thread's CPU time per call instead of the
 wall clock (meaningful with `--threads 1`: robust on a loaded machine);
-`--graph-pipeline` names kiln's graph pipeline, one for every tree or one per tree in
+`--onnx FILE` times an ONNX file of your own (one layer, a block) instead of a model of
+the set; `--graph-pipeline` names kiln's graph pipeline, one for every tree or one per tree in
 `--src`'s order (`--src src,src --graph-pipeline default,nchwc`: one tree, two layouts).
 """
 
@@ -89,6 +90,8 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--blocks", type=int, default=6)
     parser.add_argument("--calls", type=int, default=300)
+    parser.add_argument("--onnx", default="",
+                        help="an ONNX file every tree compiles instead of --model")
     parser.add_argument("--int8", action="store_true",
                         help="the model quantized as bench/models.py --int8 does")
     parser.add_argument("--target", default="host",
@@ -113,7 +116,7 @@ def main() -> None:
                                                                    strict=True)]
     with tempfile.TemporaryDirectory() as tmp:
         paths = [Path(tmp) / f"lib{i}.so" for i in range(len(sources))]
-        onnx_file = quantized_file(args.model, Path(tmp)) if args.int8 else ""
+        onnx_file = quantized_file(args.model, Path(tmp)) if args.int8 else args.onnx
         for src, path, pipeline in zip(sources, paths, pipelines, strict=True):
             build(src, args.model, path, args.target, onnx_file, pipeline)
         libs = [load_module(path) for path in paths]
@@ -142,7 +145,7 @@ def main() -> None:
                 after = lib.pool_stats()
                 share[0] += after.helped - before.helped
                 share[1] += after.chunks - before.chunks
-    print(f"{args.model}, {args.threads} thread(s): median us per call, "
+    print(f"{args.onnx or args.model}, {args.threads} thread(s): median us per call, "
           f"{args.blocks} blocks of {args.calls} calls per library")
     names = sorted(times[0], key=lambda k: -statistics.median(times[0][k]))
     print(f"{'kernel':<32}" + "".join(f"{s[-24:]:>26}" for s in labels))
