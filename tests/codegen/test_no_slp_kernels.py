@@ -113,3 +113,39 @@ def test_the_built_library_matches_onnxruntime() -> None:
         (want,) = onnxruntime_outputs(model, {"x": x})
         lib = kiln.compile(from_onnx(model), "llvm").jit()
         np.testing.assert_allclose(np.asarray(lib["main"](x)), want, rtol=1e-4, atol=1e-4)
+
+
+def _silu_chain(channels: int, size: int) -> object:
+    """Three 3x3 convolutions with a bias and a SiLU (`x * sigmoid(x)`) each, of a channel
+    count no multiple of the block (EfficientNet-B0's 24- and 40-channel layers): the last
+    block's real lanes go through the epilogue, its padding lanes are stored as zeros."""
+    gb = GraphBuilder(seed=5)
+    x = gb.input("x", [1, channels, size, size])
+    for _ in range(3):
+        y = gb.conv(x, channels, channels, 3)
+        x = gb.op("Mul", y, gb.op("Sigmoid", y))
+    gb.output(x, [1, channels, size, size])
+    return gb.model()
+
+
+@pytest.mark.parametrize("channels", [24, 40])
+def test_every_lane_loop_of_a_partial_block_is_a_vector_loop(channels: int) -> None:
+    """Under `noimplicitfloat` LLVM vectorizes nothing itself, so every lane loop of a
+    `kiln.no_slp` kernel must be one kiln emits as vector code (`T.vector`): a lane loop
+    left `vectorized` (the last block's stores once selected zero past the channel count
+    and read the bias at a clamped channel, neither of which has a vector form) ran one
+    lane at a time. The outputs match onnxruntime's."""
+    from kiln.ir.tensor import For
+    from kiln.ir.visitor import iter_stmts
+
+    model = _silu_chain(channels, 9)
+    ex = kiln.compile(from_onnx(model), TARGET)
+    kernels = [f for f in ex.ir.prim_funcs().values() if f.attrs.get(ATTR_NO_SLP)]
+    assert kernels and all(f.attrs["kiln.conv_kernel"] == "conv2d_nchwc" for f in kernels)
+    scalar = [s.var.name for f in kernels for s in iter_stmts(f.body)
+              if isinstance(s, For) and s.kind == "vectorized"]
+    assert scalar == []
+    x = np.random.default_rng(1).standard_normal((1, channels, 9, 9)).astype(np.float32)
+    (want,) = onnxruntime_outputs(model, {"x": x})
+    got = kiln.compile(from_onnx(model), "llvm").jit()["main"](x)
+    np.testing.assert_allclose(np.asarray(got), want, rtol=1e-4, atol=1e-4)

@@ -84,7 +84,8 @@ def test_model_has_the_published_layout(case) -> None:
 
 
 @pytest.mark.parametrize("target", TARGETS)
-def test_model_matches_onnxruntime(case, target: str) -> None:
+def test_model_matches_onnxruntime(case, target: str, capfd: pytest.CaptureFixture[str]
+                                   ) -> None:
     name, model, feeds, want = case
     if target in LLVM_ONLY.get(name, ()):
         pytest.skip(LLVM_ONLY[name][target])
@@ -93,7 +94,12 @@ def test_model_matches_onnxruntime(case, target: str) -> None:
         model = entry.build(**{**entry.test, **REDUCED[name]})
         feeds = zoo.example_inputs(model)
         want = onnxruntime_outputs(model, feeds)
+    capfd.readouterr()
     ex = kiln.compile(from_onnx(model), target)
+    # nothing on stderr: LLVM's remarks and warnings (e.g. "loop not vectorized", which a
+    # vectorize hint on a loop LLVM may not vectorize printed) and the C compiler's go
+    # to file descriptor 2, where no exception reports them
+    assert capfd.readouterr().err == "", f"{name} on {target}: the compile printed to stderr"
     got = ex["main"](*feeds.values())
     got = got if isinstance(got, tuple) else (got,)
     assert len(got) == len(want)

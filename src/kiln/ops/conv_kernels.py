@@ -53,7 +53,6 @@ from kiln.ir.tensor import (
     compare,
     max_,
     min_,
-    select,
     seq,
 )
 from kiln.ops.gemm_kernels import reduction_loop
@@ -390,23 +389,41 @@ def blocked_tile_stores(out: Buffer, stage: Buffer, epilogue: Epilogue, n: PrimE
     NCHW{block}c `out` (`out_blocks` blocks) through `epilogue`: one contiguous vector of
     `block` channels per position and sub-block. The last block's padding lanes (past
     `channels`) hold zeros, a sub-block past the output is not stored, nor a slot whose
-    `real` condition (None: always real) is false."""
+    `real` condition (None: always real) is false.
+
+    The last block of a channel count no multiple of `block` is stored as two runs, its
+    real lanes through `epilogue` and its padding lanes as zeros (the sub-block that may
+    be the last one chooses between that and the whole block when the tile is the last
+    channel tile): the epilogue never sees a padding lane, and each run is a vector loop
+    of constant lanes. (One loop selecting zero for a lane past `channels`, its bias read
+    at a clamped channel, had no vector form: LLVM vectorized it with SLP, which the
+    convolution kernels leave off, kiln.ir.attrs.ATTR_NO_SLP, so it ran a lane at a time:
+    EfficientNet-B0's and MobileNetV2's 24-channel layers.)"""
     cb = int(stage.shape[1])
+    subs = cb // block
+    last = out_blocks - 1            # the last block, partial when `rest`
+    rest = channels - last * block if channels % block else 0
+    last_sub = last - (blocks - 1) * subs  # its sub-block in the last channel tile
     zero = as_expr(0.0, stage.dtype)
     stores: list[Stmt] = []
     for r, (oh, ow) in enumerate(zip(rows, cols)):
-        for sub in range(cb // block):
-            obk = ob * (cb // block) + sub
+        for sub in range(subs):
+            obk = ob * subs + sub
 
             def lane(v: PrimExpr, r: int = r, sub: int = sub, obk: PrimExpr = obk,
                      oh: PrimExpr = oh, ow: PrimExpr = ow) -> Stmt:
                 idx = (n, obk, oh, ow, v)
-                value = epilogue(stage[_c(r), _c(sub * block) + v], idx)
-                if channels % block:
-                    value = select(obk * block + v < channels, value, zero)
-                return Store(out, value, idx)
+                return Store(out, epilogue(stage[_c(r), _c(sub * block) + v], idx), idx)
+
+            def padding(v: PrimExpr, obk: PrimExpr = obk, oh: PrimExpr = oh,
+                        ow: PrimExpr = ow) -> Stmt:
+                return Store(out, zero, (n, obk, oh, ow, v + rest))
 
             st: Stmt = lanes_loop("v", block, lane)
+            if rest and sub == last_sub:
+                partial = seq(lanes_loop("v", rest, lane), lanes_loop("v", block - rest,
+                                                                      padding))
+                st = partial if blocks == 1 else IfThenElse(ob.eq(blocks - 1), partial, st)
             if blocks * cb > out_blocks * block:
                 st = IfThenElse(obk < out_blocks, st)
             cond = real[r]

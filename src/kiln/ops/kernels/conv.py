@@ -12,7 +12,7 @@ from typing import Any, ClassVar
 
 from kiln.ir import graph as g
 from kiln.ir.attrs import ATTR_NO_SLP
-from kiln.ir.tensor import Buffer, PrimExpr, PrimFunc, Stmt, min_
+from kiln.ir.tensor import Buffer, PrimExpr, PrimFunc, Stmt
 from kiln.ir.types import TensorType
 from kiln.ops import conv_kernels as ck
 from kiln.ops import layout
@@ -105,7 +105,7 @@ def build_conv(op: str, params: Sequence[Any], args: Sequence[Any], attrs: Mappi
         return None
     epilogue = store.epilogue
     if block and bias is not None:
-        epilogue = _blocked_bias(epilogue, store.buffers[bias], block, shape.c_out)
+        epilogue = _blocked_bias(epilogue, store.buffers[bias], block)
     stmt = body(shape, store.buffers[x], store.buffers[w], store.out, tile, epilogue,
                 isa.fma, block)
     fattrs: dict[str, Any] = {"kiln.conv_kernel": op}
@@ -114,12 +114,12 @@ def build_conv(op: str, params: Sequence[Any], args: Sequence[Any], attrs: Mappi
     return PrimFunc((*(store.buffers[t] for t in params), store.out), stmt, fattrs)
 
 
-def _blocked_bias(epilogue: Epilogue, bias: Buffer, block: int, channels: int) -> Epilogue:
+def _blocked_bias(epilogue: Epilogue, bias: Buffer, block: int) -> Epilogue:
     """`epilogue` after adding the bias of the NCHW{block}c output index's channel (a
-    padding lane reads the last channel's: its value is replaced by zero)."""
+    real one: kiln.ops.conv_kernels.blocked_tile_stores stores the padding lanes' zeros
+    without the epilogue)."""
     def with_bias(v: PrimExpr, idx: tuple[PrimExpr, ...]) -> PrimExpr:
-        ch = idx[1] * block + idx[4]
-        return epilogue(v + bias[min_(ch, channels - 1) if channels % block else ch], idx)
+        return epilogue(v + bias[idx[1] * block + idx[4]], idx)
 
     return with_bias
 
