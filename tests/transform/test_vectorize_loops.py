@@ -89,3 +89,52 @@ def test_the_pass_is_registered_and_ends_the_default_tensor_pipeline() -> None:
     assert isinstance(get_pass("vectorize-loops", vector_bits=128), VectorizeLoops)
     pipeline = get_pipeline("default", "tensor")
     assert [p.name for p in pipeline.passes][-1] == "vectorize-loops"
+
+
+def _row_copy(n: int) -> IRModule:
+    """A padded row's copy, as a convolution's band fill: `Y[0] = Y[n+1] = 0`,
+    `Y[q + 1] = X[q]`, a lane loop of `n` (Whisper's 3000-sample rows)."""
+    ib = IRBuilder()
+    with ib.prim_func("kernels"):
+        x = ib.arg("X", (n,), "float32")
+        y = ib.arg("Y", (n + 2,), "float32")
+        ib.store(y, [0], 0.0)
+        with ib.for_range(n, name="q", kind="vectorized") as q:
+            ib.store(y, [q + 1], x[q] * 2.0)
+        ib.store(y, [n + 1], 0.0)
+    return ib.get()
+
+
+@pytest.mark.parametrize(("n", "bits", "pieces"), [
+    (3000, 512, [(64, 46), 32, 16, 8]),  # 2944 in pieces of 4 x 16 lanes, then 32 + 16 + 8
+    (3000, 256, [(32, 93), 16, 8]),      # 2976 in pieces of 4 x 8 lanes, then 16 + 8
+    (257, 128, [(16, 16), 1]),           # 256, then one lane: a serial loop
+])
+def test_a_loop_longer_than_a_vector_runs_vector_pieces(
+        n: int, bits: int, pieces: list[object]) -> None:
+    """A lane loop above MAX_LANES (256) that is vector code runs as a serial loop over
+    pieces of four registers and its rest as register pieces (under `noimplicitfloat`,
+    in a `kiln.no_slp` kernel, LLVM vectorizes nothing itself); the copy is exact on
+    llvm and c."""
+    import numpy as np
+
+    import kiln
+
+    mod = VectorizeLoops(vector_bits=bits)(_row_copy(n))
+    loops = [s for s in iter_stmts(mod["kernels"].body) if isinstance(s, For)]
+    got: list[object] = []
+    for s in loops:
+        if s.kind == "serial" and isinstance(s.body, For):
+            got.append((int(s.body.extent.value), int(s.extent.value)))
+        elif s.kind == "vector" and s not in [o.body for o in loops]:
+            got.append(int(s.extent.value))
+        elif s.kind == "serial":
+            got.append(1)
+    assert got == pieces
+    assert not any(s.kind == "vectorized" for s in loops)
+    verify(from_source(str(print_module(mod))))
+    x = np.random.default_rng(0).standard_normal(n).astype(np.float32)
+    for target in ("llvm", "c"):
+        y = np.full(n + 2, np.nan, np.float32)
+        kiln.compile(_row_copy(n), target).jit()["kernels"](x, y)
+        np.testing.assert_array_equal(y, np.concatenate([[0], 2 * x, [0]]))

@@ -283,7 +283,8 @@ def plane_fill(x: Buffer, shape: ConvShape, phases: int, border: PrimExpr | None
             if rows[1] > rows[0] and cols[1] > cols[0]:
                 parts.append(_loop("i", rows[1] - rows[0], lambda i: _loop(
                     "q", cols[1] - cols[0], lambda q: Store(
-                        xp, zero, at(n, c, p, i, q)), start=cols[0]), start=rows[0]))
+                        xp, zero, at(n, c, p, i, q)), start=cols[0], kind="vectorized"),
+                    start=rows[0]))
 
         for p in range(phases):
             # padded column q * phases + p holds input column q * phases + p - left
@@ -298,9 +299,14 @@ def plane_fill(x: Buffer, shape: ConvShape, phases: int, border: PrimExpr | None
             zeros(p, (top, top + shape.h), (hi + 1, wq))
 
             def copy(i: Var, p: int = p, lo: int = lo, hi: int = hi) -> Stmt:
-                return _loop("q", hi - lo + 1, lambda q: Store(
-                    xp, x[n, c, i, q * phases + (p - left)], at(n, c, p, i + top, q)),
-                    start=lo)
+                def put(q: PrimExpr) -> Stmt:
+                    return Store(xp, x[n, c, i, q * phases + (p - left)],
+                                 at(n, c, p, i + top, q))
+
+                if phases == 1:  # a contiguous run: vector code (`lanes_loop`), which
+                    # LLVM does not make of a loop in a `kiln.no_slp` kernel itself
+                    return _loop("q", hi - lo + 1, put, start=lo, kind="vectorized")
+                return _loop("q", hi - lo + 1, put, start=lo)
 
             parts.append(_loop("i", shape.h, copy))
         return seq(*parts)

@@ -6,8 +6,10 @@ iterations (kiln.ir.analysis.vector_loops) into `for v in T.vector(n)`, and reco
 the target's vector register width as the module attribute `kiln.vector_bits`
 (`ATTR_VECTOR_BITS`). Both backends then emit what it decided: the llvm backend one
 `<n x float>` operation per IR node (LLVM splits it into registers), the C backend
-GCC/Clang vector-extension code in chunks of that register width. Loops it leaves
-`vectorized` stay scalar loops with a vectorizer hint.
+GCC/Clang vector-extension code in chunks of that register width. A longer loop (above
+MAX_LANES, e.g. the copy of a padded image row) that is vector code becomes a serial
+loop over vector pieces of a few registers, and its rest (`strip_mined`). Loops it
+leaves `vectorized` stay scalar loops with a vectorizer hint.
 
 The decision comes from the target's ISA object (kiln.target.isa.isa_for): a CPU
 without vector registers (`vector_bits` 0, e.g. a Cortex-M without MVE) keeps every
@@ -24,6 +26,7 @@ from kiln.ir import tensor as t
 from kiln.ir.aliasing import analyze
 from kiln.ir.analysis.vector_loops import (
     element_bytes,
+    long_loop_vectorizable,
     private_buffers,
     readonly_buffers,
     vector_loop_lanes,
@@ -79,7 +82,49 @@ class _Decide(StmtMutator):
             # a register's lanes: of the loop's elements, 32-bit ones for wider elements
             size = element_bytes(s)
             return register_pieces(s, self.bits // (8 * min(size, 4)), split_rest=size < 4)
+        if s.kind == "vectorized" and long_loop_vectorizable(s, self.private, self.readonly):
+            size = element_bytes(s)
+            lanes = self.bits // (8 * min(size, 4))
+            return strip_mined(s, lanes * STRIP_REGISTERS, lanes, size < 4) or s
         return self.generic_visit(s)
+
+
+#: The registers one piece of a strip-mined loop covers (four independent operations
+#: per statement, as LLVM's loop vectorizer interleaves its own).
+STRIP_REGISTERS = 4
+
+
+def strip_mined(loop: t.For, piece: int, register_lanes: int, split_rest: bool
+                ) -> t.Stmt | None:
+    """`loop` (a constant extent above MAX_LANES, independent iterations) as a serial loop
+    over `vector` pieces of `piece` lanes, then its rest as `register_pieces`; None when
+    its body cannot be copied (`_rebound`). Under `noimplicitfloat` (kiln.ir.attrs.
+    ATTR_NO_SLP) LLVM vectorizes no loop itself: the padded row copy of Whisper's
+    3000-sample conv1d ran a float at a time."""
+    start = loop.start
+    extent = int(loop.extent.value)  # type: ignore[attr-defined]  # checked by the caller
+    if not isinstance(start, t.Const):
+        return None
+    count, rest = divmod(extent, piece)
+    dtype = loop.var.dtype
+    outer = t.Var(loop.var.name + "_o", dtype)
+    lane = t.Var(loop.var.name, dtype)
+    body = _rebound(loop.body, {loop.var: start + outer * piece + lane})
+    if body is None:
+        return None
+    parts: list[t.Stmt] = [t.For(outer, t.Const(0, dtype), t.Const(count, dtype), "serial",
+                                 t.For(lane, t.Const(0, dtype), t.Const(piece, dtype),
+                                       "vector", body))]
+    if rest:
+        tail = t.Var(loop.var.name, dtype)
+        tail_body = _rebound(loop.body, {loop.var: tail})
+        if tail_body is None:
+            return None
+        last = t.For(tail, t.Const(int(start.value) + count * piece, dtype),
+                     t.Const(rest, dtype), "vectorized", tail_body)
+        parts.append(register_pieces(last, register_lanes, split_rest) if rest > 1 else
+                     t.For(tail, last.start, last.extent, "serial", tail_body))
+    return t.seq(*parts)
 
 
 def register_pieces(loop: t.For, register_lanes: int, split_rest: bool = False) -> t.Stmt:

@@ -347,6 +347,19 @@ def vector_loop_lanes(loop: For, private: set[Buffer], readonly: set[Buffer]) ->
     return lanes if body.independent(lanes, private) else 0
 
 
+def long_loop_vectorizable(loop: For, private: set[Buffer], readonly: set[Buffer]) -> bool:
+    """Whether `loop`, of a constant extent above MAX_LANES, is straight-line vector code
+    with independent iterations over its whole extent: it can run as a loop over vector
+    pieces of at most MAX_LANES lanes (kiln.transform.vectorize_loops, `strip_mined`)."""
+    if not isinstance(loop.extent, Const) or int(loop.extent.value) <= MAX_LANES:
+        return False
+    body = _walked(For(loop.var, loop.start, Const(MAX_LANES, loop.var.dtype), loop.kind,
+                       loop.body))
+    if body is None or body.fault or body.written & readonly:
+        return False
+    return body.independent(int(loop.extent.value), private)
+
+
 def private_buffers(fn: PrimFunc, noalias: set[int] | frozenset[int]) -> set[Buffer]:
     """Buffers whose memory no other buffer of `fn` can reach: its own allocations,
     constants and the parameters at the indices `noalias` (kiln.ir.aliasing), unless a
