@@ -1,9 +1,10 @@
 """The NCHWc family: an ungrouped `conv2d_blocked` whose channel tile is a multiple of
 the block `b` (the ISA's float32 lanes) -> `conv2d_nchwc` on NCHW{b}c activations
 (kiln.transform.nchwc_layout decides where a region pays); the tile `(cb, tile_w)`
-is the blocked call's, except for a 1x1 layer on AVX-512 (32 registers of 16 lanes:
-`pointwise_tile`): up to four vectors of output channels per tile, each input value
-broadcast to twice as many channels, so the input is read half as often. An unpadded
+is the blocked call's, except on AVX-512 (32 registers of 16 lanes) for a 1x1 layer
+(`pointwise_tile`: up to four vectors of output channels per tile, each input value
+broadcast to twice as many channels, so the input is read half as often) and for other
+layers over images of 112x112 and up (`wide_tile`: 64 channels x 4 positions). An unpadded
 1x1 layer (strided too) runs on `pointwise_body` instead of the blocked kernel
 (`takes_pointwise`) on ISAs with 16 registers of 8 lanes (AVX2, `pointwise_kernel`)
 and on those `pointwise_tile` holds for (`pointwise_body_isa`)."""
@@ -84,6 +85,30 @@ def pointwise_tile(channels: int, positions: int, isa: ISA, half: bool = False
     if half and v == vecs and half_vector(channels, lanes):
         return v * lanes - lanes // 2, tile_w
     return v * lanes, tile_w
+
+
+#: The fewest output positions of a layer `wide_tile` widens, and its tile's positions.
+WIDE_TILE_POSITIONS = 112 * 112
+WIDE_TILE_WIDTH = 4
+
+
+def wide_tile(channels: int, positions: int, isa: ISA) -> tuple[int, int] | None:
+    """`(cb, tile_w)` of a layer that is not 1x1 with `channels` outputs and `positions`
+    output positions, or None (the blocked rule's tile, `choose_tiling`: 2 vectors x 6
+    positions): on 32 registers of 16 lanes (AVX-512), 4 vectors x 4 positions where
+    the channels fill whole tiles of 4 vectors and the image has at least
+    WIDE_TILE_POSITIONS positions. Each tile of channels sweeps the whole input, which at
+    that size comes from L3 (128 channels at 112x112 are 6.4 MB); twice the channels per
+    tile halves the sweeps. One Zen 4 core, a chain of three 3x3 layers, ms per layer:
+    128>128 @112 33.7-34.8 -> 33.0 (4 or 6 positions alike), 64>64 @224 34.0-34.2 ->
+    33.8 (6 positions: 34.0); at 56x56 and below no faster (256>256 @56 32.4 -> 32.8 with
+    4 positions, 32.5 with 6; 512>512 @28 and @14 within 1%)."""
+    lanes = tile_lanes(isa)
+    cb = POINTWISE_VECTORS * lanes
+    if tile_registers(isa) < 32 or lanes < 16 or channels % cb \
+            or positions < WIDE_TILE_POSITIONS:
+        return None
+    return cb, WIDE_TILE_WIDTH
 
 
 def half_vector(channels: int, lanes: int) -> bool:
@@ -171,15 +196,19 @@ class NchwcConv(DirectConv):
         from kiln.ops.registry import call as make_call
 
         wp, out, channels = call.args[1], call.ret_type, call.attrs.get("channels")
-        if isinstance(wp, g.Constant) and wp.data.shape[3:5] == (1, 1) and isinstance(
-                out, TensorType) and isinstance(channels, int):
+        if isinstance(wp, g.Constant) and isinstance(out, TensorType) \
+                and isinstance(channels, int):
             oh, ow = out.shape[2], out.shape[3]
             assert isinstance(oh, int) and isinstance(ow, int)  # `applies` checked the input
-            begins, ends = spatial.pads(call.attrs, 2)
-            # `pointwise_body`'s layers (`takes_pointwise`: a blocked input, unpadded)
-            xt = call.args[0].type
-            unpadded = isinstance(xt, TensorType) and xt.ndim == 5 and not any((*begins, *ends))
-            tile = pointwise_tile(channels, oh * ow, isa, unpadded)
+            if wp.data.shape[3:5] == (1, 1):
+                begins, ends = spatial.pads(call.attrs, 2)
+                # `pointwise_body`'s layers (`takes_pointwise`: a blocked input, unpadded)
+                xt = call.args[0].type
+                unpadded = isinstance(xt, TensorType) and xt.ndim == 5 \
+                    and not any((*begins, *ends))
+                tile = pointwise_tile(channels, oh * ow, isa, unpadded)
+            else:
+                tile = wide_tile(channels, oh * ow, isa)
             if tile is not None and tile != call.attrs.get(TILE):
                 w = ck.unpack_blocked_weight(np.asarray(wp.data), channels)
                 packed = g.Constant(ck.pack_blocked_weight(w, 1, tile[0]), wp.name)
