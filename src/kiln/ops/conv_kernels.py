@@ -303,8 +303,8 @@ def plane_fill(x: Buffer, shape: ConvShape, phases: int, border: PrimExpr | None
                     return Store(xp, x[n, c, i, q * phases + (p - left)],
                                  at(n, c, p, i + top, q))
 
-                if phases == 1:  # a contiguous run: vector code (`lanes_loop`), which
-                    # LLVM does not make of a loop in a `kiln.no_slp` kernel itself
+                if phases == 1:  # a contiguous run: a lane loop, emitted as vector code
+                    # (LLVM vectorizes no loop of a `kiln.no_slp` kernel itself)
                     return _loop("q", hi - lo + 1, put, start=lo, kind="vectorized")
                 return _loop("q", hi - lo + 1, put, start=lo)
 

@@ -18,13 +18,11 @@ per NCHW tensor it reads, but for a convolution on fewer input channels than a b
 blocked kernel's): that one reads its NCHW input in place and writes NCHW{b}c
 (`conv2d_nchwc` with attribute `block`, `_reads_nchw`). A tensor a region produces is
 reordered back (one `layout_transform(..., dst="NCHW")`, bound to the original
-variable) just
-before its first other consumer (a depthwise or row-tiled convolution, a
-concat of partial blocks, a global pooling, a Flatten, ...) or the function's
-result. Padding
-channels (up to a multiple of `b`) are zeros at the region's entry and at each
-convolution's output; every blocked consumer ignores them (the convolutions sum
-over the real input channels only; the way back drops them).
+variable) just before its first other consumer (a depthwise or row-tiled convolution,
+a concat of partial blocks, a global pooling, a Flatten, ...) or the function's
+result. Padding channels (up to a multiple of `b`) are zeros at the region's entry and
+at each convolution's output; every blocked consumer ignores them (the convolutions
+sum over the real input channels only; the way back drops them).
 
 A region (blocked values connected through these ops) is kept only when it holds
 at least `min_convs` convolutions and more convolutions than reorders; the
