@@ -458,6 +458,8 @@ class FunctionLowering:
         self.let_blocks: list[list[tuple[Var, ir.Value | None]]] = []
         calls = sum(isinstance(x, CallFunc) for x in _statements(fn.body))
         self.call_attrs = ("noinline",) if calls > MAX_INLINED_CALL_SITES else ()
+        # under `noimplicitfloat` (`keeps_slp_off`) LLVM's loop vectorizer does not run
+        self.no_slp = parent.keeps_slp_off(name)
 
     def error(self, message: str) -> CompileError:
         return CompileError(f"llvm codegen, function {self.name!r}: {message}")
@@ -814,9 +816,9 @@ def _for(fl: FunctionLowering, s: For) -> None:
     step = b.add(i, ir.Constant(i.type, 1), flags=["nsw"] if signed else ["nuw"])
     i.add_incoming(step, latch)
     back = b.branch(header)
-    # under `noimplicitfloat` (`keeps_slp_off`) LLVM's loop vectorizer does not run: a request
-    # for it would only print "loop not vectorized" warnings
-    kind = "serial" if s.kind == "vectorized" and fl.parent.keeps_slp_off(fl.name) else s.kind
+    # without LLVM's loop vectorizer (`no_slp`) a request for it would only print "loop
+    # not vectorized" warnings
+    kind = "serial" if s.kind == "vectorized" and fl.no_slp else s.kind
     md = fl.parent.loop_metadata(kind)
     if md is not None:
         back.set_metadata("llvm.loop", md)
