@@ -225,20 +225,40 @@ def test_loops_too_small_to_hand_off_run_on_the_caller(
 def test_the_pool_counts_the_chunks_and_who_ran_them(
         fresh: Callable[..., LibraryModule], monkeypatch: pytest.MonkeyPatch) -> None:
     """64 rows on 3 threads: shares of 21, 21 and 22 rows (the caller's first), each in
-    4 chunks of at most 6 rows. Every chunk is counted once, whoever ran it; the chunks
-    of the workers' shares that no worker ran, the caller took from them (stolen)."""
+    11 chunks of at most 2 rows (22 / 16 rounded up). Every chunk is counted once,
+    whoever ran it; the chunks of the workers' shares that no worker ran, the caller
+    took from them (stolen)."""
     monkeypatch.setenv("KILN_SERIAL_NS", "0")  # every loop goes to the pool
     lib = fresh(num_threads=3)
     for _ in range(5):
         run(lib)
     stats = lib.pool_stats()
-    assert (stats.loops, stats.chunks) == (5, 60)
-    assert 0 <= stats.helped <= 60 and 0 <= stats.stolen <= 60
+    assert (stats.loops, stats.chunks) == (5, 165)
+    assert 0 <= stats.helped <= 165 and 0 <= stats.stolen <= 165
     caller = stats.chunks - stats.helped
-    assert stats.stolen >= caller - 5 * 4  # beyond its own share: other shares' chunks
+    assert stats.stolen >= caller - 5 * 11  # beyond its own share: other shares' chunks
     single = fresh(num_threads=1)  # no pool: its loops run directly, nothing counted
     run(single)
     assert (single.pool_stats().chunks, single.pool_stats().helped) == (0, 0)
+    assert (single.pool_stats().work_ns, single.pool_stats().span_ns) == (0, 0)
+
+
+def test_the_pool_times_its_loops_and_the_work_in_them(
+        fresh: Callable[..., LibraryModule], monkeypatch: pytest.MonkeyPatch) -> None:
+    """`span_ns` adds up the handed-off loops' wall time, posting to return; `work_ns`
+    the time each thread spent in chunks. Every chunk runs inside its loop's span on one
+    of the threads, so the work is at most span x threads; it is more than nothing,
+    and a second run adds to both."""
+    monkeypatch.setenv("KILN_SERIAL_NS", "0")  # every loop goes to the pool
+    lib = fresh(num_threads=2)
+    run(lib)
+    first = lib.pool_stats()
+    assert first.loops == 1 and 0 < first.work_ns <= first.span_ns * 2
+    for _ in range(4):
+        run(lib)
+    stats = lib.pool_stats()
+    assert stats.loops == 5 and 0 < stats.work_ns <= stats.span_ns * 2
+    assert stats.work_ns > first.work_ns and stats.span_ns > first.span_ns
 
 
 def _pinned_cpus() -> set[int]:
@@ -411,7 +431,7 @@ int main(int argc, char** argv) {
 
 def test_each_thread_gets_an_equal_share_of_the_iterations(tmp_path: Path) -> None:
     """The split rule (docs/abi.md, "Parallel loops"): n iterations on T threads are T
-    contiguous shares whose sizes differ by at most one, each in at most 4 chunks that
+    contiguous shares whose sizes differ by at most one, each in at most 16 chunks that
     stay inside it, so the threads get equal work whatever n is (chunks of ceil(n / 8)
     dealt out whole gave 100 iterations on 2 threads as shares of 52 and 48). The
     chunks are the same whoever runs them, so the program's record of them is exact."""
@@ -435,4 +455,4 @@ def test_each_thread_gets_an_equal_share_of_the_iterations(tmp_path: Path) -> No
         for lo, hi in itertools.pairwise(bounds):
             inside = [(b, e) for b, e in got if lo <= b < hi]
             assert sum(e - b for b, e in inside) == hi - lo  # no chunk crosses a share
-            assert 1 <= len(inside) <= 4 or hi == lo
+            assert 1 <= len(inside) <= 16 or hi == lo

@@ -54,6 +54,11 @@ class PoolStats(NamedTuple):
     chunks: int
     helped: int
     stolen: int
+    # Time the threads spent running those chunks (summed over the threads) and the
+    # loops' wall time from posting to return: `work_ns / (span_ns * threads)` is the
+    # share of the pool's time spent working (the rest: waiting for a late thread).
+    work_ns: int
+    span_ns: int
 
 
 class PoolControls:
