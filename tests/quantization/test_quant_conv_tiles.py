@@ -44,10 +44,15 @@ LAYERS = [("a", (64, 7, 7), 56, 3, 1, True, False, True),
 # and on the positions tile on every target (18 x 18 = 324 positions: a partial last
 # column tile of 48 lanes; 40 channels a partial row tile of 7 rows): its requantizing
 # store rows (select clamp, row parameters in registers); strided, the phase planes
-# packed per output row (3x3/2, odd input) and in the output's grid (1x1/2)
+# packed per output row (3x3/2, odd input) and in the output's grid (1x1/2). With VNNI,
+# layers whose channels fill words take k = (tap, channel) (`tap_major`): "g" (62 x 62,
+# rows of 64 grid columns) reads its input words in place, "h" (6 channels) keeps k =
+# (channel, tap)
 POSITION_LAYERS = [("d", (16, 18, 18), 40, 3, 1, True, False, True),
                    ("e", (8, 35, 35), 40, 3, 2, True, True, False),
-                   ("f", (16, 36, 36), 24, 1, 2, True, False, True)]
+                   ("f", (16, 36, 36), 24, 1, 2, True, False, True),
+                   ("g", (16, 62, 62), 32, 3, 1, True, False, True),
+                   ("h", (6, 20, 20), 24, 3, 1, True, True, False)]
 
 
 def qdq_convs(rng: np.random.Generator) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
@@ -98,13 +103,17 @@ def model() -> tuple[onnx.ModelProto, dict[str, np.ndarray], list[np.ndarray]]:
     return onnx_model, feeds, ort_session(onnx_model).run(None, feeds)
 
 
-def _packed_weights(onnx_model: onnx.ModelProto, target: str) -> list[np.ndarray]:
-    """The weight constants of the dot-form convolutions `target` packs."""
+def _packed_convs(onnx_model: onnx.ModelProto, target: str) -> list[g.Call]:
+    """The dot-form convolutions `target` packs, in the graph's order."""
     with Target(target):
         mod = QuantizeOps()(from_onnx(onnx_model))
-    calls = [b.value for b in mod["main"].bindings
-             if isinstance(b.value, g.Call) and b.value.op == "qlinear_conv_dot"]
-    weights = [c.args[1] for c in calls]
+    return [b.value for b in mod["main"].bindings
+            if isinstance(b.value, g.Call) and b.value.op == "qlinear_conv_dot"]
+
+
+def _packed_weights(onnx_model: onnx.ModelProto, target: str) -> list[np.ndarray]:
+    """The weight constants of the dot-form convolutions `target` packs."""
+    weights = [c.args[1] for c in _packed_convs(onnx_model, target)]
     assert all(isinstance(w, g.Constant) for w in weights)
     return [np.asarray(w.data) for w in weights]  # type: ignore[union-attr]
 
@@ -134,6 +143,28 @@ def test_channel_tiles_equal_onnxruntime(
     got = ex["main"](*feeds.values())
     for (name, *_), y, y_want in zip(LAYERS + POSITION_LAYERS, got, want, strict=True):
         np.testing.assert_array_equal(y, y_want, err_msg=f"layer {name} on {target}")
+
+
+@pytest.mark.parametrize("target", [*TARGETS, "llvm -mcpu=znver3 -int8-pairs=saturate"])
+def test_exact_products_take_k_by_tap_where_channels_fill_words(
+        target: str, model: tuple[onnx.ModelProto, dict[str, np.ndarray], list[np.ndarray]]
+) -> None:
+    """With VNNI, a layer of more than one tap whose input channels are a multiple of 4
+    packs k = (tap, channel) (`tap_major`): each im2col word is then 4 channels of one
+    tap, a word of the input copied once as words (or read in place). 1x1 layers, 6
+    input channels and the int16-pair targets keep k = (channel, tap); saturating pairs
+    take (tap, channel) as onnxruntime's order (`pairs`), not as this choice. The
+    outputs of all of them: test_channel_tiles_equal_onnxruntime."""
+    with Target(target):
+        isa = quant_dot.target_isa(quant_dot.target_saturates())
+    assert isa is not None
+    exact = isa.int8_dot in quant_dot.EXACT_FAMILIES and "saturate" not in target
+    convs = _packed_convs(model[0], target)
+    layers = LAYERS + POSITION_LAYERS
+    assert len(convs) == len(layers)
+    for call, (name, (c, *_), _, k, *_) in zip(convs, layers, strict=True):
+        want = exact and k > 1 and c % 4 == 0
+        assert call.attrs.get("tap_major", False) is want, (name, target)
 
 
 def test_rule_keeps_position_tiles_where_positions_fill_the_lanes() -> None:

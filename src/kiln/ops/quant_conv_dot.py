@@ -211,6 +211,13 @@ def choose_tile(isa: Any, positions: int, channels: int, k: int) -> ConvTile:
     return best
 
 
+def tap_major_k(attrs: Attrs) -> bool:
+    """Whether a dot-form convolution's k runs (tap, channel): with `int8-pairs=saturate`
+    (onnxruntime's order, which its saturation depends on), or `tap_major` (exact
+    products, where the order changes no result)."""
+    return quant_dot.saturates(attrs) or bool(attrs.get("tap_major", False))
+
+
 def _w_shape(attrs: Attrs) -> tuple[int, ...]:
     return tuple(int(d) for d in attrs["w_shape"])
 
@@ -246,13 +253,14 @@ def _build(inputs: Sequence[te.Tensor], attrs: Attrs) -> te.Tensor:
                                 attrs)
 
     saturate = quant_dot.saturates(attrs)
+    by_tap = tap_major_k(attrs)
     k_total = int(np.prod(ws[1:]))
     group = quant_dot.word_group(attrs)
 
     def value(n: PrimExpr, oc: PrimExpr, *o: PrimExpr) -> PrimExpr:
         def term(c: PrimExpr, *k: PrimExpr) -> PrimExpr:
             pos = tuple(o[j] * strides[j] + k[j] * dilations[j] - begins[j] for j in range(rank))
-            flat = (te.flat_index(k, ws[2:]) * ws[1] + c if saturate
+            flat = (te.flat_index(k, ws[2:]) * ws[1] + c if by_tap
                     else c * taps + te.flat_index(k, ws[2:]))
             g = flat // group
             word = ww[oc, g] if ww.ndim == 2 else ww[oc // ww.shape[2], g, oc % ww.shape[2]]
@@ -273,8 +281,7 @@ def _reference(x: np.ndarray, ww: np.ndarray, bias: np.ndarray, x_zp: np.ndarray
                multiplier: np.ndarray, y_zp: np.ndarray, **attrs: Any) -> np.ndarray:
     from kiln.ops.quant_kernels import conv_packed_ref
 
-    saturate = quant_dot.saturates(attrs)
-    w = unpacked_weight(ww, _w_shape(attrs), saturate, quant_dot.word_group(attrs))
+    w = unpacked_weight(ww, _w_shape(attrs), tap_major_k(attrs), quant_dot.word_group(attrs))
     shift = quant_dot.a_shift(str(x.dtype))
     rest = {a: v for a, v in attrs.items() if a not in ("w_shape", "k_group")}
     return conv_packed_ref(x.astype(np.int64) + shift, w, bias,
@@ -451,7 +458,7 @@ def _tiles(x: Buffer, ww: Buffer, bias: Buffer, x_zp: Buffer, multiplier: Buffer
     batch, oc_n, spatial = int(out.shape[0]), ws[0], tuple(int(d) for d in out.shape[2:])
     positions = int(np.prod(spatial))
     taps, k_total, groups = int(np.prod(ws[2:])), int(np.prod(ws[1:])), int(ww.shape[1])
-    saturate = quant_dot.saturates(attrs)
+    by_tap = tap_major_k(attrs)
     intrinsic = quant_dot.dot_intrinsic(attrs)
     group = quant_dot.word_group(attrs)
     if ww.ndim == 3:  # weight panels: channels as lanes, as wide as the panels
@@ -468,7 +475,7 @@ def _tiles(x: Buffer, ww: Buffer, bias: Buffer, x_zp: Buffer, multiplier: Buffer
     planes = _PhasePlanes.of(grid_in, ws, strides, dilations, spatial)
     # k = (tap, c) with whole words of channels: the input is copied once as words of
     # 4 channels (`_padded_words`), and the im2col copies whole words
-    quads = saturate and group == quant_dot.GROUP and taps > 1 and ws[1] % group == 0
+    quads = by_tap and group == quant_dot.GROUP and taps > 1 and ws[1] % group == 0
     # (strided ones on their phase planes measured slower in place: 3x3/2 128>128 at
     # 56 x 56, 94% of onnxruntime on the im2col of words, 85% in place)
     if quads and rank == 2 and ww.ndim == 2 and not planes.strided and _in_place_pays(
@@ -527,7 +534,7 @@ def _tiles(x: Buffer, ww: Buffer, bias: Buffer, x_zp: Buffer, multiplier: Buffer
 
         def value(i: int) -> PrimExpr:
             k = g * group + i
-            if saturate:  # onnxruntime's k order: (tap, c)
+            if by_tap:  # k = (tap, c)
                 c, kk = k % ws[1], te.unflatten_index(min_(k // ws[1], taps - 1), ws[2:])
             else:
                 c, kk = k // taps, te.unflatten_index(k % taps, ws[2:])

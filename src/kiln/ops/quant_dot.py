@@ -64,7 +64,7 @@ PAIR_GROUP = 2
 #: The ISA families whose dot products the llvm backend emits (kiln.codegen.llvm.int_dot);
 #: "dsp" (Arm Cortex-M): the c backend's helper runs two SMLADs per word (kiln_kernels.h).
 FAMILIES = ("avx512vnni", "avxvnni", "avx512bw", "avx2", "i8mm", "sdot", "dsp")
-_EXACT_FAMILIES = ("avx512vnni", "avxvnni", "i8mm")  # one instruction, no temporaries
+EXACT_FAMILIES = ("avx512vnni", "avxvnni", "i8mm")  # one instruction, no temporaries
 _WIDENED_FAMILIES = ("avx512bw", "avx2")  # vpmaddwd on bytes widened to int16
 #: The tile planning family of `dot4_u8s8_sat16` on x86 (`target_isa(saturate=True)`):
 #: `vpmaddubsw`, then `vpmaddwd` by ones and an add, per accumulator and word; registers
@@ -194,7 +194,7 @@ def tile_rows(isa: ISA, nr: int) -> int:
     # themselves; the ops plan PAIRS16 for them): B's row widened to two registers a
     # vector, A's even and odd halves, a product and the mask. sdot: A shifted, its
     # correction
-    b_row, spare = ((vectors, 1) if isa.int8_dot in (*_EXACT_FAMILIES, PAIRS16)
+    b_row, spare = ((vectors, 1) if isa.int8_dot in (*EXACT_FAMILIES, PAIRS16)
                     else (2 * vectors, 4) if isa.int8_dot in _WIDENED_FAMILIES
                     else (vectors, 3) if isa.int8_dot == MADDUBS
                     else (vectors, 6))

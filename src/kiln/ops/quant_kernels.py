@@ -155,17 +155,28 @@ def pack(call: g.Call) -> g.Call | None:
         return op_call(MATMUL, x, panels, corrected, multiplier, y_zp, n=wp.shape[1],
                        **group, **pairs, **attrs)
     if isa is not None:
-        words = _conv_words(wp.astype(np.int8), call, isa, bool(pairs))
+        by_tap = bool(pairs) or _whole_word_taps(wp, isa)
+        words = _conv_words(wp.astype(np.int8), call, isa, by_tap)
         k_group = quant_dot.k_group(isa)
         return op_call(CONV_DOT, x, g.Constant(words, w.name), corrected, x_zp, multiplier,
                        y_zp, w_shape=tuple(wp.shape), **pairs, **attrs,
-                       **({"k_group": k_group} if k_group != quant_dot.GROUP else {}))
+                       **({"k_group": k_group} if k_group != quant_dot.GROUP else {}),
+                       **({"tap_major": True} if by_tap and not pairs else {}))
     if two_d_grouped:
         from kiln.ops.quant_depthwise import GROUPED
 
         return op_call(GROUPED, x, packed, corrected, x_zp, multiplier, y_zp,
                        **({"pairs": quant_dot.SATURATE} if sat else {}), **attrs)
     return op_call(CONV, x, packed, corrected, x_zp, multiplier, y_zp, **attrs)
+
+
+def _whole_word_taps(wp: np.ndarray, isa: ISA) -> bool:
+    """Whether a convolution with exact dot products takes k = (tap, channel): input
+    channels a multiple of a word's 4 and more than one tap, so that every im2col word is
+    4 channels of one tap, copied whole from the input's words (or read in place)."""
+    return (quant_dot.k_group(isa) == quant_dot.GROUP and isa.int8_dot in quant_dot.EXACT_FAMILIES
+            and wp.ndim == 4 and wp.shape[1] % quant_dot.GROUP == 0
+            and math.prod(wp.shape[2:]) > 1)
 
 
 def _conv_words(wp: np.ndarray, call: g.Call, isa: ISA, tap_major: bool) -> np.ndarray:
