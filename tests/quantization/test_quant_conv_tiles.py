@@ -18,8 +18,10 @@ from test_dot_gemm import host_runs
 import kiln
 from kiln.frontend import from_onnx
 from kiln.ir import graph as g
+from kiln.ir.tensor import For, PrimFunc
+from kiln.ir.visitor import iter_stmts
 from kiln.ops import quant_dot
-from kiln.ops.quant_conv_dot import choose_tile, unpacked_weight, weight_panels
+from kiln.ops.quant_conv_dot import CONV_DOT, choose_tile, unpacked_weight, weight_panels
 from kiln.target import Target
 from kiln.target.isa import isa_for
 from kiln.transform.quantize_ops import QuantizeOps
@@ -198,3 +200,35 @@ def test_channel_tiles_of_a_dilated_unevenly_padded_convolution() -> None:
     x = rng.integers(0, 256, (1, 64, 8, 8)).astype(np.uint8)
     got = kiln.compile(from_onnx(model), target)["main"](x)
     np.testing.assert_array_equal(got, ort_session(model).run(None, {"x": x})[0])
+
+
+@pytest.mark.parametrize(("shape", "oc"), [((1, 960, 7, 7), 320), ((1, 64, 14, 14), 384)])
+def test_tiles_run_in_one_parallel_loop_over_both_tile_dimensions(
+        shape: tuple[int, int, int, int], oc: int) -> None:
+    """A layer with few tiles in one dimension (960>320 @7: 5 weight panels of 64
+    channels; 64>384 @14: 13 column tiles of 16 positions) runs all its tiles in one
+    parallel loop (panels or columns x the other dimension), not a loop over the few
+    alone (3 and 2 panels on two threads); two threads give onnxruntime's output."""
+    target = "llvm -mcpu=znver4"
+    isa = isa_for(Target(target))
+    positions = shape[2] * shape[3]
+    tile = choose_tile(isa, positions, oc, shape[1])
+    if tile.channels_as_lanes:
+        outer, inner = -(-oc // tile.cols), -(-positions // tile.rows)
+    else:
+        outer, inner = -(-positions // tile.cols), -(-oc // tile.rows)
+    assert outer < 16 < outer * inner
+    rng = np.random.default_rng(3)
+    model = qlinear_conv_model(shape, oc, 1, 1, 0, False, rng)
+    ex = kiln.compile(from_onnx(model), target)
+    (fn,) = [f for name, f in ex.ir.functions.items()
+             if isinstance(f, PrimFunc) and name.startswith(CONV_DOT)]
+    extents = [s.extent.value for s in iter_stmts(fn.body)  # type: ignore[attr-defined]
+               if isinstance(s, For) and s.kind == "parallel"]
+    assert outer * inner in extents and outer not in extents
+    if not host_runs(target):
+        pytest.skip(f"this host lacks {target}'s features")
+    x = rng.integers(0, 256, shape).astype(np.uint8)
+    lib = ex.jit()
+    lib.set_num_threads(2)
+    np.testing.assert_array_equal(lib["main"](x), ort_session(model).run(None, {"x": x})[0])
