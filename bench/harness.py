@@ -35,27 +35,49 @@ def describe_target(target: kiln.target.Target) -> str:
     return f"{target.get('mcpu', '') or '?'} ({' '.join(notable) or 'no notable features'})"
 
 
-def alternating_blocks_ms(fns: dict[str, Callable[[], object]], calls: int,
-                          rounds: int = 5, clock: Callable[[], float] = time.perf_counter
-                          ) -> dict[str, float]:
-    """Median milliseconds per call of each function: `rounds` rounds, each running
+def alternating_blocks(fns: dict[str, Callable[[], object]], calls: int,
+                       rounds: int = 5, clock: Callable[[], float] = time.perf_counter
+                       ) -> dict[str, list[list[float]]]:
+    """Seconds per call of each function, by round: `rounds` rounds, each running
     every function in its own block of calls (after a pause and one warm-up call),
     so slow drift of a shared machine hits all alike while each runtime's thread
     pool runs undisturbed by the other's spinning threads. `clock` times the calls
     (`time.thread_time`: the CPU time of single-threaded calls, which time spent
     descheduled by other jobs does not count)."""
-    times: dict[str, list[float]] = {name: [] for name in fns}
+    times: dict[str, list[list[float]]] = {name: [] for name in fns}
     rounds = max(1, min(rounds, calls))
     per_block = max(1, calls // rounds)
     for _ in range(rounds):
         for name, fn in fns.items():
             time.sleep(0.05)  # let the other runtime's spinning threads go to sleep
             fn()
+            block = []
             for _ in range(per_block):
                 start = clock()
                 fn()
-                times[name].append(clock() - start)
-    return {name: statistics.median(t) * 1e3 for name, t in times.items()}
+                block.append(clock() - start)
+            times[name].append(block)
+    return times
+
+
+def alternating_blocks_ms(fns: dict[str, Callable[[], object]], calls: int,
+                          rounds: int = 5, clock: Callable[[], float] = time.perf_counter
+                          ) -> dict[str, float]:
+    """Median milliseconds per call of each function over all rounds of
+    `alternating_blocks`."""
+    times = alternating_blocks(fns, calls, rounds, clock)
+    return {name: statistics.median(t for block in blocks for t in block) * 1e3
+            for name, blocks in times.items()}
+
+
+def paired_ratio(num: list[list[float]], den: list[list[float]]) -> float:
+    """The median over rounds of one round's ratio of block medians (`alternating_blocks`
+    results of two functions): the two blocks of a round run within a fraction of a
+    second, so a slow spell of a shared machine (this guest's CPUs run 10-60% slower
+    for seconds at a time) moves both sides of most rounds' ratios alike, and the
+    median leaves out the rounds it split."""
+    return statistics.median(statistics.median(a) / statistics.median(b)
+                             for a, b in zip(num, den, strict=True))
 
 
 def paced_ms(fns: dict[str, Callable[[], object]], period_s: float, calls: int = 200,

@@ -37,7 +37,8 @@ onnxruntime (`intra_op_num_threads=2`) on the same input: compile time
 each (fewer when `--seconds` would not hold them; in alternating blocks of
 calls: machine drift hits both alike, and neither runtime's spinning worker
 threads slow the other's calls), the ratio kiln/ort (below 1: kiln is
-faster) and the relative L2 error of kiln's output against ort's. Each runtime
+faster; the median over rounds of two calls each of one round's ratio,
+harness.paired_ratio) and the relative L2 error of kiln's output against ort's. Each runtime
 is called through its fastest public path (`--call-path fast`, the default):
 kiln's `fn.prepare(*args, out=...)` and ort's `run_with_iobinding`, the arrays
 bound once; `--call-path plain` times `fn(*args)` against `session.run` (both
@@ -76,6 +77,7 @@ from __future__ import annotations
 import argparse
 import os
 import resource
+import statistics
 import sys
 import tempfile
 import time
@@ -88,11 +90,13 @@ import onnx
 import onnx.version_converter
 from doc_table import machine_line, markdown_table, write_block
 from harness import (
+    alternating_blocks,
     alternating_blocks_ms,
     calls_within,
     describe_target,
     ort_bound_run,
     paced_ms,
+    paired_ratio,
     rel_l2,
     short_error,
 )
@@ -174,10 +178,13 @@ def run(name: str, target: kiln.target.Target, repeat: int, seconds: float,
 
     fns = call_paths(call_path, fn, args, session, feed)
     calls = calls_within(fns, repeat, seconds)
-    ms = alternating_blocks_ms(fns, calls)
-    kiln_ms, ort_ms = ms["kiln"], ms["ort"]
+    # rounds of two calls each: the ratio is the median of the rounds' ratios
+    blocks = alternating_blocks(fns, calls, rounds=max(5, calls // 2))
+    kiln_ms, ort_ms = (statistics.median(t for b in blocks[k] for t in b) * 1e3
+                       for k in ("kiln", "ort"))
     result = {"compile_s": compile_s, "kiln_ms": kiln_ms, "ort_ms": ort_ms,
-              "ratio": kiln_ms / ort_ms, "rel_l2": rel_l2(actual, expected),
+              "ratio": paired_ratio(blocks["kiln"], blocks["ort"]),
+              "rel_l2": rel_l2(actual, expected),
               "calls": calls, "cache_hit": float(ex.cache_hit)}
     for period in PACED_PERIODS if paced else ():
         # up to PACED_CALLS, as many as `seconds` holds for both runtimes (at least 5)
