@@ -67,7 +67,8 @@ MobileNetV2, SqueezeNet, Inception, DenseNet-121 (the zoo set, bench/zoo_set.py)
 the BERT-base-like encoder (dynamic quantization, sequence 128) and `resnet50_qop`,
 ResNet-50 quantized to the QOperator form (QLinearConv, QLinearAdd, ...). Its compile
 columns are CPU seconds (the C compiler included, the compile cache off) of the int8
-build and their ratio to the float32 build's. `--cpu-time` times one thread's CPU time
+build and their ratio to the float32 build's; the int8/ort and int8/fp32 ratios are
+medians of paired rounds, as kiln/ort. `--cpu-time` times one thread's CPU time
 per call (both runtimes on one thread, the best of 5 blocks) instead of the wall clock:
 the figure a machine shared with other jobs barely moves.
 """
@@ -298,10 +299,16 @@ def run_int8(name: str, target: kiln.target.Target, repeat: int, seconds: float,
     timed = {"int8": lambda: fns["int8"](*args), "ort": lambda: session.run(None, feed),
              "fp32": lambda: fns["fp32"](*args)}
     calls = calls_within(timed, repeat, seconds)
-    ms = thread_cpu_ms(timed, max(1, calls // 5)) if cpu_time else alternating_blocks_ms(
-        timed, calls)
+    if cpu_time:
+        ms = thread_cpu_ms(timed, max(1, calls // 5))
+        ratios = {"int8/ort": ms["int8"] / ms["ort"], "int8/fp32": ms["int8"] / ms["fp32"]}
+    else:  # as `run`: the ratios are medians of paired rounds of two calls
+        blocks = alternating_blocks(timed, calls, rounds=max(5, calls // 2))
+        ms = {k: statistics.median(t for b in v for t in b) * 1e3 for k, v in blocks.items()}
+        ratios = {"int8/ort": paired_ratio(blocks["int8"], blocks["ort"]),
+                  "int8/fp32": paired_ratio(blocks["int8"], blocks["fp32"])}
     return {"compile_s": compile_s["int8"], "compile_ratio": compile_s["int8"] / compile_s[
-        "fp32"], **ms, "rel_l2": rel_l2(actual, expected), "calls": calls}
+        "fp32"], **ms, **ratios, "rel_l2": rel_l2(actual, expected), "calls": calls}
 
 
 def print_int8(names: list[str], target: kiln.target.Target, repeat: int,
@@ -317,8 +324,8 @@ def print_int8(names: list[str], target: kiln.target.Target, repeat: int,
             print(f"{name:<12} skipped: {exc}", flush=True)
             continue
         print(f"{name:<12} {r['compile_s']:>9.2f} {r['compile_ratio']:>9.2f} {r['int8']:>9.3f} "
-              f"{r['ort']:>9.3f} {r['fp32']:>9.3f} {r['int8'] / r['ort']:>9.2f} "
-              f"{r['int8'] / r['fp32']:>9.2f} {r['rel_l2']:>9.1e}", flush=True)
+              f"{r['ort']:>9.3f} {r['fp32']:>9.3f} {r['int8/ort']:>9.2f} "
+              f"{r['int8/fp32']:>9.2f} {r['rel_l2']:>9.1e}", flush=True)
 
 
 # (model, its symbolic dims by axis, the sizes to run at) for --dynamic
