@@ -15,6 +15,7 @@ import itertools
 import os
 import shutil
 import subprocess
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -456,3 +457,45 @@ def test_each_thread_gets_an_equal_share_of_the_iterations(tmp_path: Path) -> No
             inside = [(b, e) for b, e in got if lo <= b < hi]
             assert sum(e - b for b, e in inside) == hi - lo  # no chunk crosses a share
             assert 1 <= len(inside) <= 16 or hi == lo
+
+
+def _thread_cpus() -> dict[str, str]:
+    """Each thread of this process and the CPUs it may run on (`Cpus_allowed_list`)."""
+    return {tid: Path(f"/proc/self/task/{tid}/status").read_text()
+            .split("Cpus_allowed_list:\t")[1].split("\n")[0]
+            for tid in os.listdir("/proc/self/task")}
+
+
+def test_a_pinned_worker_leaves_the_cpu_its_caller_came_to(
+        fresh: Callable[..., LibraryModule], monkeypatch: pytest.MonkeyPatch) -> None:
+    """A worker pinned away from its caller's CPU moves to the CPU the caller left once
+    the caller posts loops from the worker's CPU (here: the calling thread pinned there
+    after the pool started;
+    two libraries in one process, their workers pinned while the caller ran on
+    different CPUs, kept one of them sharing its caller's CPU), and the results stay the
+    same."""
+    if not _can_pin():
+        pytest.skip("needs Linux, 2 CPUs or more and leave to set a thread's CPUs")
+    monkeypatch.setenv("KILN_SERIAL_NS", "0")
+    monkeypatch.setenv("KILN_PIN_THREADS", "1")
+    allowed = os.sched_getaffinity(0)
+    before = set(_thread_cpus())
+    lib = fresh(num_threads=2)
+    want = run(lib)
+    wait_for(lib, lambda s: s.started == 1 and s.pinned == 1)
+    (worker,) = set(_thread_cpus()) - before - {str(threading.get_native_id())}
+    held = _thread_cpus()[worker]
+    assert held.isdigit() and int(held) in allowed
+    os.sched_setaffinity(0, {int(held)})  # this thread, the caller, to the worker's CPU
+    try:
+        for _ in range(3):
+            np.testing.assert_array_equal(run(lib), want)
+        # the worker takes the CPU when this thread blocks (the loops are short: the
+        # caller may have run them all before the worker looked at them)
+        deadline = time.monotonic() + TIMEOUT
+        while _thread_cpus()[worker] == held and time.monotonic() < deadline:
+            time.sleep(0.01)
+        now = _thread_cpus()[worker]
+        assert now.isdigit() and now != held and int(now) in allowed
+    finally:
+        os.sched_setaffinity(0, allowed)
