@@ -65,7 +65,12 @@ def alternating_blocks_ms(fns: dict[str, Callable[[], object]], calls: int,
                           ) -> dict[str, float]:
     """Median milliseconds per call of each function over all rounds of
     `alternating_blocks`."""
-    times = alternating_blocks(fns, calls, rounds, clock)
+    return pooled_ms(alternating_blocks(fns, calls, rounds, clock))
+
+
+def pooled_ms(times: dict[str, list[list[float]]]) -> dict[str, float]:
+    """Median milliseconds per call of each function over all blocks of
+    `alternating_blocks` results."""
     return {name: statistics.median(t for block in blocks for t in block) * 1e3
             for name, blocks in times.items()}
 

@@ -78,7 +78,6 @@ from __future__ import annotations
 import argparse
 import os
 import resource
-import statistics
 import sys
 import tempfile
 import time
@@ -98,6 +97,7 @@ from harness import (
     ort_bound_run,
     paced_ms,
     paired_ratio,
+    pooled_ms,
     rel_l2,
     short_error,
 )
@@ -181,8 +181,8 @@ def run(name: str, target: kiln.target.Target, repeat: int, seconds: float,
     calls = calls_within(fns, repeat, seconds)
     # rounds of two calls each: the ratio is the median of the rounds' ratios
     blocks = alternating_blocks(fns, calls, rounds=max(5, calls // 2))
-    kiln_ms, ort_ms = (statistics.median(t for b in blocks[k] for t in b) * 1e3
-                       for k in ("kiln", "ort"))
+    ms = pooled_ms(blocks)
+    kiln_ms, ort_ms = ms["kiln"], ms["ort"]
     result = {"compile_s": compile_s, "kiln_ms": kiln_ms, "ort_ms": ort_ms,
               "ratio": paired_ratio(blocks["kiln"], blocks["ort"]),
               "rel_l2": rel_l2(actual, expected),
@@ -304,7 +304,7 @@ def run_int8(name: str, target: kiln.target.Target, repeat: int, seconds: float,
         ratios = {"int8/ort": ms["int8"] / ms["ort"], "int8/fp32": ms["int8"] / ms["fp32"]}
     else:  # as `run`: the ratios are medians of paired rounds of two calls
         blocks = alternating_blocks(timed, calls, rounds=max(5, calls // 2))
-        ms = {k: statistics.median(t for b in v for t in b) * 1e3 for k, v in blocks.items()}
+        ms = pooled_ms(blocks)
         ratios = {"int8/ort": paired_ratio(blocks["int8"], blocks["ort"]),
                   "int8/fp32": paired_ratio(blocks["int8"], blocks["fp32"])}
     return {"compile_s": compile_s["int8"], "compile_ratio": compile_s["int8"] / compile_s[

@@ -262,15 +262,16 @@ def test_the_pool_times_its_loops_and_the_work_in_them(
     assert stats.work_ns > first.work_ns and stats.span_ns > first.span_ns
 
 
+def _thread_cpus() -> dict[str, str]:
+    """Each thread of this process and the CPUs it may run on (`Cpus_allowed_list`)."""
+    return {tid: Path(f"/proc/self/task/{tid}/status").read_text()
+            .split("Cpus_allowed_list:\t")[1].split("\n")[0]
+            for tid in os.listdir("/proc/self/task")}
+
+
 def _pinned_cpus() -> set[int]:
     """The CPUs that threads of this process are pinned to, one each."""
-    cpus = set()
-    for tid in os.listdir("/proc/self/task"):
-        status = Path(f"/proc/self/task/{tid}/status").read_text()
-        allowed = status.split("Cpus_allowed_list:\t")[1].split("\n")[0]
-        if allowed.isdigit():
-            cpus.add(int(allowed))
-    return cpus
+    return {int(allowed) for allowed in _thread_cpus().values() if allowed.isdigit()}
 
 
 def _can_pin() -> bool:
@@ -457,13 +458,6 @@ def test_each_thread_gets_an_equal_share_of_the_iterations(tmp_path: Path) -> No
             inside = [(b, e) for b, e in got if lo <= b < hi]
             assert sum(e - b for b, e in inside) == hi - lo  # no chunk crosses a share
             assert 1 <= len(inside) <= 16 or hi == lo
-
-
-def _thread_cpus() -> dict[str, str]:
-    """Each thread of this process and the CPUs it may run on (`Cpus_allowed_list`)."""
-    return {tid: Path(f"/proc/self/task/{tid}/status").read_text()
-            .split("Cpus_allowed_list:\t")[1].split("\n")[0]
-            for tid in os.listdir("/proc/self/task")}
 
 
 def test_a_pinned_worker_leaves_the_cpu_its_caller_came_to(

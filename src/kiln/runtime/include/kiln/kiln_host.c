@@ -1029,13 +1029,31 @@ static int kiln_pool_pins(int workers) {
   return workers + 1 == kiln_pool_allowed_cpus();
 }
 
+/* Pin the calling worker (`index`) to `cpu` and record it; 0 where the OS refuses. */
+static int kiln_pool_pin_to(int index, int cpu) {
+#if defined(__linux__) && defined(CPU_SETSIZE)
+  cpu_set_t one;
+  CPU_ZERO(&one);
+  CPU_SET(cpu, &one);
+  if (sched_setaffinity(0, sizeof one, &one) != 0) {
+    return 0;
+  }
+  kiln_pool.pinned[index] = cpu;
+  return 1;
+#else
+  (void)index;
+  (void)cpu;
+  return 0;
+#endif
+}
+
 /* Pin the calling worker (`index`) to one CPU of those the process may use: the
    index-th of them after leaving out the CPU its caller ran on when it started the
    workers (`caller_cpu`, where the caller's share usually runs). Linux only; a
    refusal (a container's CPU set, a seccomp filter) leaves the worker unpinned. */
 static void kiln_pool_pin(int index) {
 #if defined(__linux__) && defined(CPU_SETSIZE)
-  cpu_set_t allowed, one;
+  cpu_set_t allowed;
   int cpu, count = 0, want, others, caller;
   if (sched_getaffinity(0, sizeof allowed, &allowed) != 0 || CPU_COUNT(&allowed) < 2) {
     return;
@@ -1045,10 +1063,7 @@ static void kiln_pool_pin(int index) {
   want = index % others;
   for (cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
     if (CPU_ISSET(cpu, &allowed) && cpu != caller && count++ == want) {
-      CPU_ZERO(&one);
-      CPU_SET(cpu, &one);
-      if (sched_setaffinity(0, sizeof one, &one) == 0) {
-        kiln_pool.pinned[index] = cpu;
+      if (kiln_pool_pin_to(index, cpu)) {
         KILN_ADD(kiln_pool.stats[KILN_POOL_STAT_PINNED], 1);
       }
       return;
@@ -1076,25 +1091,14 @@ static int kiln_pool_current_cpu(void) {
    for whole runs, MobileNetV2 int8 2.45 ms a call against 1.8). Pinned workers hold
    distinct CPUs, so at most one moves, and it alone writes `caller_cpu` then. */
 static void kiln_pool_follow_caller(int index) {
-#if defined(__linux__) && defined(CPU_SETSIZE)
   int mine = kiln_pool.pinned[index], left;
-  cpu_set_t one;
   if (mine < 0 || KILN_LOAD(kiln_pool.post_cpu) != mine) {
     return;
   }
   left = KILN_LOAD(kiln_pool.caller_cpu);
-  if (left < 0 || left == mine) {
-    return;
-  }
-  CPU_ZERO(&one);
-  CPU_SET(left, &one);
-  if (sched_setaffinity(0, sizeof one, &one) == 0) {
-    kiln_pool.pinned[index] = left;
+  if (left >= 0 && left != mine && kiln_pool_pin_to(index, left)) {
     KILN_STORE(kiln_pool.caller_cpu, mine);
   }
-#else
-  (void)index;
-#endif
 }
 
 /* Until a loop other than `seen` is posted or this worker must stop: spin for the
