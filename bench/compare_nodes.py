@@ -228,12 +228,16 @@ def main() -> None:
     parser.add_argument("--target", default=None,
                         help="kiln target (default: this host), e.g. "
                              "'llvm -mcpu=znver3 -int8-pairs=saturate'")
+    parser.add_argument("--ort-isa", choices=("target", "host"), default="target",
+                        help="target (default): onnxruntime without the CPU features the "
+                             "host has and the target lacks (bench/ort_isa.py); host: all")
     args = parser.parse_args()
     GRAPH_PIPELINE[0] = args.graph_pipeline
     target = kiln.Target.from_host() if args.target is None else kiln.Target(args.target)
     if args.mattr is not None:
         target = target.with_attrs(mattr=tuple(f for f in args.mattr.split(",") if f))
     print(f"host: {harness.describe_target(target)}; {args.calls} calls each")
+    print(harness.ort_on_target_isa(target, args.ort_isa))
     for name in args.models.split(","):
         model, feed = build(name.removesuffix(QOP) if args.int8 else name)
         if args.int8:

@@ -35,6 +35,26 @@ def describe_target(target: kiln.target.Target) -> str:
     return f"{target.get('mcpu', '') or '?'} ({' '.join(notable) or 'no notable features'})"
 
 
+def ort_on_target_isa(target: kiln.target.Target, mode: str = "target") -> str:
+    """Before onnxruntime is imported: with `mode` "target", hide from its cpuid the CPU
+    features the host has and `target` lacks (bench/ort_isa.py; AVX-512 as a whole when
+    the target has none), so both runtimes run the same instruction set's kernels, e.g.
+    the AVX2 path on an AVX-512 host; "host" leaves onnxruntime on the host's. Returns
+    the line saying what onnxruntime sees."""
+    import ort_isa
+
+    from kiln.target.isa import isa_for
+
+    if mode == "host":
+        return "onnxruntime: the host's CPU features"
+    host = isa_for(kiln.target.Target("host")).features
+    features = isa_for(target).features
+    hidden = set(ort_isa.hidden_for(features, host))
+    if "avx512f" in hidden:
+        hidden |= {f for f in ort_isa.CPUID_BITS if f.startswith("avx512")}
+    return ort_isa.hide_from_onnxruntime(hidden)
+
+
 def alternating_blocks(fns: dict[str, Callable[[], object]], calls: int,
                        rounds: int = 5, clock: Callable[[], float] = time.perf_counter
                        ) -> dict[str, list[list[float]]]:

@@ -72,7 +72,14 @@ from pathlib import Path
 import numpy as np
 import onnx
 from doc_table import machine_line, markdown_table, write_block
-from harness import alternating_blocks_ms, calls_within, describe_target, rel_l2, short_error
+from harness import (
+    alternating_blocks_ms,
+    calls_within,
+    describe_target,
+    ort_on_target_isa,
+    rel_l2,
+    short_error,
+)
 from onnx import TensorProto, helper, numpy_helper
 from peak import Peak, measure_int8_peak, measure_peak
 
@@ -540,6 +547,10 @@ def main() -> None:
     parser.add_argument("--int8", action="store_true",
                         help="int8 GEMMs and convolutions (QLinearMatMul, QLinearConv) "
                              "against onnxruntime instead")
+    parser.add_argument("--ort-isa", choices=("target", "host"), default="target",
+                        help="target (default): onnxruntime without the CPU features the "
+                             "host has and the target lacks (bench/ort_isa.py; with --int8, "
+                             "or one --isa); host: all")
     args = parser.parse_args()
     if "OPENBLAS_CORETYPE" in os.environ and not args.keep_openblas_coretype:
         # OpenBLAS reads it when numpy loads: only a fresh process can drop it.
@@ -556,6 +567,7 @@ def main() -> None:
     if args.int8:
         threads = os.environ.get("KILN_NUM_THREADS", f"all ({os.cpu_count()})")
         print(f"target: {target.kind.name} {describe_target(target)}")
+        print(ort_on_target_isa(target, args.ort_isa))
         clock = "the calling thread's CPU time" if args.threads == 1 else "wall time"
         print(f"KILN_NUM_THREADS: {threads}   ort threads: {args.threads}   median of up to "
               f"{args.repeat} calls in {args.seconds:g} s, alternating blocks, {clock}")
@@ -569,6 +581,9 @@ def main() -> None:
         how = f"OPENBLAS_CORETYPE={os.environ[DROPPED_CORETYPE]} removed (re-executed)"
     else:
         how = "OPENBLAS_CORETYPE not set"
+    isas = isa_targets(args.isa, target)
+    # one onnxruntime per process: it runs the ISA of a single --isa, else the host's
+    print(ort_on_target_isa(isas[0][1], args.ort_isa if len(isas) == 1 else "host"))
     peak = measure_peak(threads=args.threads, cpu_time=args.threads == 1)
     blas = find_openblas()
     on = "1 thread" if args.threads == 1 else "1 and on 2 threads"
@@ -582,7 +597,7 @@ def main() -> None:
     print(f"KILN_NUM_THREADS: {threads}   ort threads: {args.threads}   median of up to "
           f"{args.repeat} calls in {args.seconds:g} s, alternating blocks, {clock}")
     block: list[str] = []
-    for label, isa_target in isa_targets(args.isa, target):
+    for label, isa_target in isas:
         block += ["", *print_conv_table(kernels, label, isa_target, peak, blas, args)]
     if args.write_docs:
         command = " ".join(["bench/kernels.py", *sys.argv[1:]])

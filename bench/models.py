@@ -95,6 +95,7 @@ from harness import (
     calls_within,
     describe_target,
     ort_bound_run,
+    ort_on_target_isa,
     paced_ms,
     paired_ratio,
     pooled_ms,
@@ -433,6 +434,10 @@ def main() -> None:
     parser.add_argument("--cpu-time", action="store_true",
                         help="with --int8: time one thread's CPU time per call (both "
                              "runtimes on one thread) instead of the wall clock")
+    parser.add_argument("--ort-isa", choices=("target", "host"), default="target",
+                        help="target (default): hide from onnxruntime the CPU features the "
+                             "host has and kiln's target lacks (bench/ort_isa.py); host: "
+                             "onnxruntime on all of the host's")
     args = parser.parse_args()
     names = model_names(args.models or ("int8" if args.int8 else "small"))
     target = kiln.target.Target(args.target or "host")
@@ -444,6 +449,7 @@ def main() -> None:
     ORT_THREADS[0] = args.threads
     spin = os.environ.get("KILN_SPIN_US", "default")
     print(f"target: {target.kind.name} {describe_target(target)}")
+    print(ort_on_target_isa(target, args.ort_isa))
     print(f"graph pipeline: {args.graph_pipeline}   tensor pipeline: {args.tensor_pipeline}   "
           f"threads: {args.threads} (kiln and ort)   KILN_SPIN_US: {spin}   "
           f"call path: {args.call_path}   "
