@@ -281,6 +281,11 @@ def _alloc_consts(func: Any) -> list[Any]:
 GEMM_KXK = [dict(x=(1, 5, 11, 10), co=9, k=3, strides=(2, 2), pads=(1, 2, 0, 1), dil=(1, 2),
                  tail=("Add", "Relu")),
             dict(x=(2, 6, 3, 23), co=17, k=3, strides=(1, 2), pads=(0, 1, 0, 1),
+                 tail=("Relu",)),
+            # stride 1, output rows as wide as the input's: the middle column's taps
+            # copy whole planes (from rows 0, 2 and 4, the last two runs shortened by the
+            # bottom padding), the others row by row
+            dict(x=(1, 4, 6, 9), co=5, k=3, strides=(1, 1), pads=(0, 1, 2, 1), dil=(2, 1),
                  tail=("Relu",))]
 
 

@@ -3,8 +3,9 @@ onnxruntime on llvm, llvm with AVX-512 off and c, one and two threads.
 
 The cases are ShuffleNet's pointwise layers, small: a grouped 1x1 convolution with a
 bias and a fused ReLU on positions that fill whole panels (read in place), one on a
-14x14-like image whose last panel is partial (the input copied into padded panels)
-with a fused residual add, and a strided one (batch 2). Then a whole ShuffleNet unit:
+14x14-like image whose last panel is partial (read in place too, the last panel shifted
+back to end at the last position) with a fused residual add, and a strided one (batch
+2: the input copied into panels). Then a whole ShuffleNet unit:
 grouped 1x1, channel shuffle (Reshape-Transpose-Reshape), depthwise 3x3, grouped 1x1
 and the residual add. Last, a symbolic batch (one product per image and group).
 """
@@ -100,15 +101,28 @@ def test_the_tile_reads_the_input_in_place_where_whole_vectors_divide_the_positi
     assert not takes(small, isa)
 
 
-def test_a_copied_input_keeps_two_vectors_where_they_waste_little() -> None:
+def test_a_partial_last_panel_keeps_two_vectors_where_they_waste_little() -> None:
     # ShuffleNet's 14x14 layers: no width of whole vectors divides 196 positions, so the
-    # input is copied into panels; AVX2 keeps the GEMM rule's 16 (208 computed, 6%),
-    # AVX-512 narrows its 32 (224, 14%) to 16
+    # last panel overlaps the one before; AVX2 keeps the GEMM rule's 16 (208 computed,
+    # 6%), AVX-512 narrows its 32 (224, 14%) to 16
     shape = ck.ConvShape(1, 480, 14, 14, 120, 1, 1, (1, 1), (1, 1), (0, 0, 0, 0), 3)
     avx2 = isa_for(Target("llvm -mtriple=x86_64-linux-gnu -mcpu=znver3"))
     avx512 = isa_for(Target("llvm -mtriple=x86_64-linux-gnu -mcpu=znver4"))
     assert choose_tile(shape, avx2) == (6, 16) and takes(shape, avx2)
     assert choose_tile(shape, avx512) == (8, 16)
+
+
+def test_only_a_strided_layer_copies_its_input(native: kiln.driver.Executable) -> None:
+    # the 1x1 stride-1 cases read the input in place, a partial last panel included (a
+    # serial copy of ShuffleNet's 480-channel 14x14 input took a third of its layer)
+    from kiln.ir import tensor as t
+    from kiln.ir.visitor import iter_stmts
+
+    copies = [name for name, f in native.ir.functions.items() if isinstance(f, PrimFunc)
+              and f.attrs.get("kiln.conv_kernel") == "conv2d_group_gemm"
+              for s in iter_stmts(f.body)
+              if isinstance(s, t.Allocate) and s.buffer.name == "col"]
+    assert len(copies) == 1
 
 
 def test_a_symbolic_batch_runs_every_image() -> None:

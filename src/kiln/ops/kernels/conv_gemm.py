@@ -157,6 +157,14 @@ def _runs(start: int, stop: int) -> bool:
     return not (isinstance(start, int) and isinstance(stop, int)) or stop > start
 
 
+def _plane_copy(col: Buffer, plane: Buffer, n: PrimExpr, ci: PrimExpr, k: PrimExpr,
+                offset: int, r0: int, rows: int, w: int) -> Stmt:
+    """Output rows `r0 .. r0 + rows` of a stride-1 tap reading whole input rows (row
+    `oh + offset`, the same columns) as one run of `col[n][k]`."""
+    return loop("p", rows * w, lambda p: Store(col, plane[n, ci, (r0 + offset) * w + p],
+                                               (n, k, r0 * w + p)))
+
+
 def im2col(x: Buffer, shape: ck.ConvShape, width: int) -> tuple[Buffer, list[Stmt]]:
     """The workspace `col[n][(ci, kh, kw)][width]` holding at `oh * OW + ow` the input
     the tap `(kh, kw)` of output `(oh, ow)` reads (zero in the padding and past the
@@ -168,6 +176,13 @@ def im2col(x: Buffer, shape: ck.ConvShape, width: int) -> tuple[Buffer, list[Stm
     zero = as_expr(0.0, x.dtype)
     (sh, sw), (dh, dw) = shape.stride, shape.dilation
     top, left = shape.pads[0], shape.pads[1]
+    # a static stride-1 layer whose output rows are as wide as the input's: a tap that
+    # reads whole input rows copies its rows as one run (a 1x1 layer: the channel's
+    # plane), not row by row (14-value rows at 14x14: most of each a scalar tail)
+    plane = None
+    if all(isinstance(d, int) for d in (shape.h, shape.w, shape.out_w)) \
+            and (sh, sw) == (1, 1) and shape.out_w == shape.w:
+        plane = Buffer(f"{x.name}_planes", (shape.n, shape.c_in, shape.h * shape.w), x.dtype)
 
     def fill(n: PrimExpr, ci: PrimExpr) -> Stmt:
         parts: list[Stmt] = []  # a symbolic size's bounds computed once (`bound`)
@@ -195,6 +210,12 @@ def im2col(x: Buffer, shape: ck.ConvShape, width: int) -> tuple[Buffer, list[Stm
                 edge = _min(c0, ow_n) if c0 else 0
                 zeros(k, 0, head)
 
+                if plane is not None and c0 == 0 and cols == shape.w:
+                    parts.append(_plane_copy(col, plane, n, ci, k, kh * dh - top, r0, rows,
+                                             shape.w))
+                    zeros(k, (r0 + rows) * shape.w, cols_n)
+                    continue
+
                 def row(oh: Var, k: PrimExpr = k, kh: int = kh, kw: int = kw,
                         c0: int = c0, cols: int = cols, edge: int = edge) -> Stmt:
                     base = oh * ow_n
@@ -214,7 +235,8 @@ def im2col(x: Buffer, shape: ck.ConvShape, width: int) -> tuple[Buffer, list[Stm
     work = shape.n * shape.c_in * taps * width
     fill_loop = parallel_when(lambda: parallel_tiles((shape.n, shape.c_in), fill), work,
                               "element")
-    return col, [Allocate(col), fill_loop]
+    decls = [] if plane is None else [DeclBuffer(plane, x, 0)]
+    return col, [Allocate(col), *decls, fill_loop]
 
 
 # A panel copied to the stack (`copies_panels`) is at most this many bytes: 1024 input

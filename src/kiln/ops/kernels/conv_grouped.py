@@ -10,11 +10,14 @@ The blocked kernel, vectors along output channels, stores each output one lane a
 time into the NCHW planes; here every store is a vector along an output row (60->240
 channels, 3 groups, 28x28: 0.18 -> 0.10 ms on one Zen 5 core, loaded).
 
-`X` is the input itself, viewed as `[n][group][ci][h*w]`, when the positions fill
-whole panels; otherwise the input is first copied once per call into a workspace
-whose rows are padded to whole panels (kiln.ops.kernels.conv_gemm.im2col, which
-also serves strided layers). Over a symbolic image size any grouped layer that is not
-depthwise, any kernel size, is copied so and run here.
+`X` is the input itself, viewed as `[n][group][ci][h*w]`, for a stride-1 layer
+without padding: where the positions fill no whole last panel, that panel is the last
+`nr` positions (gemm_body's `shifted_tail`). A strided or padded layer's input is
+first copied once per call into a workspace whose rows are padded to whole panels
+(kiln.ops.kernels.conv_gemm.im2col). Over a symbolic image size any grouped layer that
+is not depthwise, any kernel size, is copied so and run here. (The copy was serial and
+took a third of ShuffleNet's 480>120 layer at 14x14: 97 -> 44 us on two Zen 4 threads
+read in place, AVX2.)
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from kiln.ir import graph as g
-from kiln.ir.tensor import Buffer, DeclBuffer, PrimExpr, Stmt, seq
+from kiln.ir.tensor import Buffer, DeclBuffer, PrimExpr, Stmt, min_, seq
 from kiln.ops import conv_kernels as ck
 from kiln.ops import gemm_kernels as gk
 from kiln.ops.kernels.conv import UnpackedConv, conv_call_shape
@@ -61,7 +64,7 @@ def group_product(shape: ck.ConvShape) -> tuple[int, int]:
     return shape.c_out // shape.groups, shape.out_h * shape.out_w
 
 
-#: Where no width divides the positions (the input is copied into panels anyway), the
+#: Where no width divides the positions (the last panel overlaps the one before), the
 #: share of computed positions the GEMM rule's width may waste before a narrower one is
 #: taken: on AVX2 14x14 layers keep 2 vectors (208 of 196 positions; 6 x 8 left 6 of 16
 #: registers busy: ShuffleNet 1.08x faster on one Zen 3 core), on AVX-512 1 (2 would
@@ -71,9 +74,9 @@ MAX_COPY_WASTE = 0.1
 
 def choose_tile(shape: ck.ConvShape, isa: ISA) -> tuple[int, int]:
     """The GEMM tile of one group's `co` x `oh * ow` product (kiln.ops.gemm_kernels),
-    its width narrowed to whole vectors that divide the positions where some do (the
-    product then reads the input in place: 28x28, 8 x 16 instead of 8 x 32, 0.16 ->
-    0.09 ms for 60->240 channels in 3 groups, one Zen 5 core, loaded), else kept where
+    its width narrowed to whole vectors that divide the positions where some do (no
+    overlapping last panel: 28x28, 8 x 16 instead of 8 x 32, 0.16 -> 0.09 ms for 60->240
+    channels in 3 groups, one Zen 5 core, loaded, when the overlap was a copy), else kept where
     it wastes at most `MAX_COPY_WASTE`, else narrowed to the one that wastes the
     fewest lanes."""
     lanes = tile_lanes(isa)
@@ -115,14 +118,18 @@ def group_gemm_body(shape: ck.ConvShape, x: Buffer, w: Buffer, out: Buffer,
     a = view(w, (groups, cog, k))
     o = view(out, (shape.n, groups, cog, positions))
     in_place = (shape.stride == (1, 1) and not any(shape.pads) and isinstance(positions, int)
-                and positions % nr == 0)
+                and positions >= nr)
+    # read in place, a partial last panel is the last `nr` positions (gemm_body's
+    # `shifted_tail`), as the ungrouped GEMM convolution's: no copy to pad it
+    shifted = in_place and positions % nr != 0
     prologue: list[Stmt] = []
     if in_place:
         b = view(x, (shape.n, groups, k, positions))
 
         def b_at(bidx: tuple[PrimExpr, ...], panel: PrimExpr, kk: PrimExpr,
                  v: PrimExpr) -> PrimExpr:
-            return b[bidx[0], bidx[1], kk, panel * nr + v]
+            start = min_(panel * nr, positions - nr) if shifted else panel * nr
+            return b[bidx[0], bidx[1], kk, start + v]
     else:
         col, prologue = im2col(x, shape, panels * nr)
 
@@ -137,7 +144,8 @@ def group_gemm_body(shape: ck.ConvShape, x: Buffer, w: Buffer, out: Buffer,
         return flat(value, (n, grp * cog + co, p))
 
     product = gk.GemmShape((shape.n, groups), (groups,), (cog,), positions, k)
-    body = gk.gemm_body(product, gk.GemmTiling(mr, nr), a, b_at, o, grouped, fused, prologue)
+    body = gk.gemm_body(product, gk.GemmTiling(mr, nr), a, b_at, o, grouped, fused, prologue,
+                        shifted_tail=shifted)
     return seq(*decls, *flat.decls, body)
 
 
