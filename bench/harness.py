@@ -38,10 +38,10 @@ def describe_target(target: kiln.target.Target) -> str:
 
 def ort_on_target_isa(target: kiln.target.Target, mode: str = "target") -> str:
     """Before onnxruntime is imported: with `mode` "target", hide from its cpuid the CPU
-    features the host has and `target` lacks (bench/ort_isa.py; AVX-512 as a whole when
-    the target has none), so both runtimes run the same instruction set's kernels, e.g.
-    the AVX2 path on an AVX-512 host; "host" leaves onnxruntime on the host's. Returns
-    the line saying what onnxruntime sees."""
+    features the host has and `target` lacks (`ort_isa.hidden_for`), so both runtimes
+    run the same instruction set's kernels, e.g. the AVX2 path on an AVX-512 host;
+    "host" leaves onnxruntime on the host's. Returns the line saying what onnxruntime
+    sees."""
     import ort_isa
 
     from kiln.target.isa import isa_for
@@ -50,14 +50,12 @@ def ort_on_target_isa(target: kiln.target.Target, mode: str = "target") -> str:
         return "onnxruntime: the host's CPU features"
     host = isa_for(kiln.target.Target("host")).features
     features = isa_for(target).features
-    hidden = set(ort_isa.hidden_for(features, host))
-    if "avx512f" in hidden:
-        hidden |= {f for f in ort_isa.CPUID_BITS if f.startswith("avx512")}
+    hidden = ort_isa.hidden_for(features, host)
     try:
         return ort_isa.hide_from_onnxruntime(hidden)
     except (RuntimeError, OSError, subprocess.CalledProcessError) as exc:
         # a bench goes on: its ratios then compare against onnxruntime's host kernels
-        return (f"onnxruntime: the host's CPU features (could not hide {' '.join(sorted(hidden))}"
+        return (f"onnxruntime: the host's CPU features (could not hide {' '.join(hidden)}"
                 f": {short_error(exc)})")
 
 

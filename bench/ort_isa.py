@@ -99,9 +99,13 @@ _handler: list[ctypes.CDLL] = []  # the loaded handler, kept alive
 
 
 def hidden_for(target_features: Iterable[str], host_features: Iterable[str]) -> list[str]:
-    """The hideable features the host has and the target lacks, sorted."""
+    """The hideable features the host has and the target lacks, sorted; every AVX-512
+    one when the target lacks `avx512f` (a feature list may not name them all)."""
     target = set(target_features)
-    return sorted(f for f in set(host_features) - target if f in CPUID_BITS)
+    hidden = {f for f in set(host_features) - target if f in CPUID_BITS}
+    if "avx512f" in hidden:
+        hidden |= {f for f in CPUID_BITS if f.startswith("avx512")}
+    return sorted(hidden)
 
 
 def hide_from_onnxruntime(features: Iterable[str]) -> str:
