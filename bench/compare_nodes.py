@@ -3,12 +3,17 @@
     .venv/bin/python bench/compare_nodes.py --models mobilenetv2,shufflenet
                                             [--threads 1,2] [--calls 30] [--top 15]
                                             [--target "llvm -mcpu=znver3 -int8-pairs=saturate"]
+                                            [--stat min|median]
 
 For each model of bench/models.py (the same builders and inputs), kiln compiles it
 with `profile=True` and `kiln.cli.profiling.record` reads every kernel call's time;
 onnxruntime runs the same calls with `SessionOptions.enable_profiling` and its JSON
 trace gives every node's time (the `*_kernel_time` events). Each node counts its
-shortest time over the calls (what a shared machine's load disturbs least). Both sides
+shortest time over the calls (what a shared machine's load disturbs least), or with
+`--stat median` its median (a node whose time varies from call to call, e.g. one whose
+input comes from L3 in some calls and from L2 in others, then counts what it costs in
+a typical call: the shortest times of a model's nodes may add up to well below its whole
+call). Both sides
 are keyed by op kind (conv, depthwise conv, pool, ...; onnxruntime's fused
 `FusedConv`/NCHWc convs count as conv) and the input and output activation shape
 (C x H x W; kiln's blocked NCHWc tensors unblocked, onnxruntime's channel-padded ones
@@ -26,6 +31,7 @@ from __future__ import annotations
 import argparse
 import math
 from collections import defaultdict
+from collections.abc import Callable
 from typing import Any
 
 import harness
@@ -79,9 +85,15 @@ def kiln_kind(kernel: str) -> str:
     return first
 
 
+Stat = Callable[[list[float]], float]  # a node's times over the calls -> the one it counts
+STATS: dict[str, Stat] = {"min": min, "median": lambda ts: float(np.median(ts))}
+
+
 def kiln_times(model: Any, feed: dict[str, np.ndarray], threads: int, calls: int,
-               target: kiln.target.Target) -> tuple[float, dict[Key, float]]:
-    """(median whole call ms, ms per call of each key) of kiln's profiled build."""
+               target: kiln.target.Target, stat: Stat = min
+               ) -> tuple[float, dict[Key, float]]:
+    """(median whole call ms, ms per call of each key: `stat` of each node's times) of
+    kiln's profiled build."""
     lib = kiln.compile(from_onnx(model), target, profile=True,
                        graph_pipeline=GRAPH_PIPELINE[0]).jit()
     kiln.runtime.set_num_threads(threads)
@@ -99,7 +111,7 @@ def kiln_times(model: Any, feed: dict[str, np.ndarray], threads: int, calls: int
         outs = [tensors[t]["shape"] for t in call.get("outputs", [])]
         key = (kiln_kind(site.kernel), chw(ins[0]) if ins else "?",
                chw(outs[0]) if outs else "?")
-        per_key[key] += min(site.ns) / 1e6
+        per_key[key] += stat([ns / 1e6 for ns in site.ns])
     return float(np.median(rec.whole_ns)) / 1e6, dict(per_key)
 
 
@@ -134,15 +146,16 @@ def _shapes(arg: list[dict[str, list[int]]]) -> list[list[int]]:
     return [next(iter(t.values())) for t in arg]
 
 
-def ort_times(model: Any, feed: dict[str, np.ndarray], threads: int, calls: int
-              ) -> tuple[float, dict[Key, float]]:
-    """(median whole call ms, ms per call of each key) from onnxruntime's profiling trace."""
+def ort_times(model: Any, feed: dict[str, np.ndarray], threads: int, calls: int,
+              stat: Stat = min) -> tuple[float, dict[Key, float]]:
+    """(median whole call ms, ms per call of each key: `stat` of each node's times) from
+    onnxruntime's profiling trace."""
     events = harness.ort_profile_events(model, feed, threads, 3 + calls)
     runs = [e for e in events if e.get("name") == "model_run"][3:]
     nodes = [e for e in events if e.get("cat") == "Node"
              and e.get("name", "").endswith("_kernel_time")]
     first = runs[0]["ts"] if runs else 0
-    fastest: dict[str, tuple[Key, float]] = {}  # node -> (key, its shortest run)
+    times: dict[str, tuple[Key, list[float]]] = {}  # node -> (key, its runs' ms)
     for e in nodes:
         if e["ts"] < first:
             continue  # a warm-up call
@@ -155,12 +168,10 @@ def ort_times(model: Any, feed: dict[str, np.ndarray], threads: int, calls: int
                          for ts in (ins, outs))
         key = (ort_kind(op, ins, outs), chw(ins[0]) if ins else "?",
                chw(outs[0]) if outs else "?")
-        ms = e["dur"] / 1e3
-        if e["name"] not in fastest or ms < fastest[e["name"]][1]:
-            fastest[e["name"]] = (key, ms)
+        times.setdefault(e["name"], (key, []))[1].append(e["dur"] / 1e3)
     per_key: dict[Key, float] = defaultdict(float)
-    for key, ms in fastest.values():
-        per_key[key] += ms
+    for key, ms in times.values():
+        per_key[key] += stat(ms)
     whole = float(np.median([e["dur"] for e in runs])) / 1e3 if runs else math.nan
     return whole, dict(per_key)
 
@@ -217,6 +228,9 @@ def main() -> None:
     parser.add_argument("--threads", default="1,2")
     parser.add_argument("--calls", type=int, default=30)
     parser.add_argument("--top", type=int, default=12)
+    parser.add_argument("--stat", choices=sorted(STATS), default="min",
+                        help="what a node counts of its times over the calls: its "
+                             "shortest (default) or its median")
     parser.add_argument("--int8", action="store_true",
                         help="each model quantized as bench/models.py --int8 does (QDQ; "
                              "QOperator for a name ending in _qop, e.g. resnet50_qop)")
@@ -244,8 +258,9 @@ def main() -> None:
             model = quantize(model, {k: list(v.shape) for k, v in feed.items()},
                              "QOperator" if name.endswith(QOP) else "QDQ")
         for threads in [int(t) for t in args.threads.split(",")]:
-            kiln_ms, k = kiln_times(model, feed, threads, args.calls, target)
-            ort_ms, o = ort_times(model, feed, threads, args.calls)
+            kiln_ms, k = kiln_times(model, feed, threads, args.calls, target,
+                                    STATS[args.stat])
+            ort_ms, o = ort_times(model, feed, threads, args.calls, STATS[args.stat])
             report(name, threads, kiln_ms, ort_ms, k, unpad(k, o), args.top)
 
 

@@ -1,4 +1,4 @@
-"""Winograd convolution benchmark: the rule's kernel vs the Winograd family, F(4x4) and
+"""Winograd convolution benchmark: the direct kernel vs the Winograd family, F(4x4) and
 F(2x2), on ResNet-50's stride-1 3x3 convolutions, and the whole model with every such
 convolution on Winograd.
 
@@ -6,16 +6,18 @@ convolution on Winograd.
                                        [--model resnet50.onnx] [--target llvm]
 
 Each convolution is bench/kernels.py's one-node Conv model (bias, batch 1, NCHW,
-float32), compiled three times: untuned (the rule's kernel) and with the call forced to
-`conv_winograd` at each output tile size (kiln.tuning.apply.Forced: what a tuned build
-does), plus a one-node onnxruntime session. Times are medians of alternating blocks of
-calls (bench/harness.py); `--threads 1` times each by the calling thread's CPU time
-(robust on a loaded machine), 2 by wall time. `err` is the largest difference from the
-rule's output over its largest magnitude (kiln.distributed.tune accepts a candidate
-within 1e-5 of it, plus 1e-4 of each value). With `--model`, an ONNX model is compiled
-untuned and with every Winograd-eligible convolution forced (F(4x4), F(2x2) below 8x8
-outputs, where F(4x4)'s 16-lane panels would hold 4 tiles), and the two are timed the
-same way. Prints a table; asserts nothing (this is not a test).
+float32), compiled three times: on the direct kernel (the target with its attribute
+`winograd` false; the column `rule` names the family the rule takes on the target as
+given) and with the call forced to `conv_winograd` at each output tile size
+(kiln.tuning.apply: what a tuned build does), plus a one-node onnxruntime session.
+Times are medians of alternating blocks of calls (bench/harness.py); `--threads 1`
+times each by the calling thread's CPU time (robust on a loaded machine), 2 by wall
+time. `err` is the largest difference from the direct kernel's output over its largest
+magnitude (kiln.distributed.tune accepts a candidate within 1e-5 of it, plus 1e-4 of
+each value). With `--model`, an ONNX model is compiled direct and with every
+Winograd-eligible convolution forced (F(4x4), F(2x2) below 8x8 outputs, where F(4x4)'s
+16-lane panels would hold 4 tiles), and the two are timed the same way. Prints a
+table; asserts nothing (this is not a test).
 """
 
 from __future__ import annotations
@@ -72,8 +74,8 @@ def conv_row(kernel: Conv, target: kiln.target.Target, args: argparse.Namespace)
     model, x, _ = one_node_model(kernel, np.random.default_rng(0))
     (spec,) = discover(model, target)
     fns: dict[str, Any] = {}
-    ex = kiln.compile(from_onnx(model), target)
-    fns["rule"] = ex["main"]
+    # the direct kernel: the rule's choice where the target's `winograd` is false
+    fns["direct"] = kiln.compile(from_onnx(model), target.with_attrs(winograd=False))["main"]
     for m in (4, 2):  # both, also where tuning offers only F(2x2)
         with using(AllWinograd(m)):
             fns[f"F{m}"] = kiln.compile(from_onnx(model), target)["main"]
@@ -81,7 +83,7 @@ def conv_row(kernel: Conv, target: kiln.target.Target, args: argparse.Namespace)
     options.intra_op_num_threads = args.threads
     session = ort.InferenceSession(model.SerializeToString(), options,
                                    providers=["CPUExecutionProvider"])
-    ref = np.asarray(fns["rule"](x))
+    ref = np.asarray(fns["direct"](x))
     scale = float(np.abs(ref).max())
     errs = {k: float(np.abs(np.asarray(f(x)) - ref).max()) / scale for k, f in fns.items()}
     calls = {k: (lambda f=f: f(x)) for k, f in fns.items()}
@@ -89,14 +91,14 @@ def conv_row(kernel: Conv, target: kiln.target.Target, args: argparse.Namespace)
     n = calls_within(calls, args.repeat, args.seconds)
     ms = alternating_blocks_ms(calls, n, clock=CPU_TIME if args.threads == 1
                                else time.perf_counter)
-    return (f"{kernel.name:<22} {spec.family:<12} {ms['rule']:>8.3f} {ms['F4']:>8.3f} "
-            f"{ms['F2']:>8.3f} {ms['ort']:>8.3f} {ms['rule'] / ms['F4']:>6.2f}x "
-            f"{ms['rule'] / ms['F2']:>6.2f}x {errs['F4']:>8.1e} {errs['F2']:>8.1e}")
+    return (f"{kernel.name:<22} {spec.family:<14} {ms['direct']:>9.3f} {ms['F4']:>8.3f} "
+            f"{ms['F2']:>8.3f} {ms['ort']:>8.3f} {ms['direct'] / ms['F4']:>6.2f}x "
+            f"{ms['direct'] / ms['F2']:>6.2f}x {errs['F4']:>8.1e} {errs['F2']:>8.1e}")
 
 
 def model_rows(path: str, target: kiln.target.Target, args: argparse.Namespace) -> list[str]:
     model = onnx.load(path)
-    untuned = kiln.compile(from_onnx(model), target)
+    untuned = kiln.compile(from_onnx(model), target.with_attrs(winograd=False))
     session = AllWinograd()
     with using(session):
         wino = kiln.compile(from_onnx(model), target)
@@ -109,7 +111,7 @@ def model_rows(path: str, target: kiln.target.Target, args: argparse.Namespace) 
     n = calls_within(calls, args.repeat, args.seconds)
     ms = alternating_blocks_ms(calls, n, clock=CPU_TIME if args.threads == 1
                                else time.perf_counter)
-    return [f"{os.path.basename(path)}: {session.forced} convolutions on Winograd; untuned "
+    return [f"{os.path.basename(path)}: {session.forced} convolutions on Winograd; direct "
             f"{ms['untuned']:.1f} ms, Winograd {ms['winograd']:.1f} ms "
             f"({ms['untuned'] / ms['winograd']:.3f}x), err {err:.1e}"]
 
@@ -129,7 +131,7 @@ def main() -> None:
     clock = "the calling thread's CPU time" if args.threads == 1 else "wall time"
     print(f"target: {describe_target(target)}; {args.threads} thread(s), {clock}, "
           f"load average {os.getloadavg()[0]:.1f}")
-    print(f"{'kernel':<22} {'rule':<12} {'rule ms':>8} {'F4 ms':>8} {'F2 ms':>8} "
+    print(f"{'kernel':<22} {'rule':<14} {'direct ms':>9} {'F4 ms':>8} {'F2 ms':>8} "
           f"{'ort ms':>8} {'F4':>7} {'F2':>7} {'F4 err':>8} {'F2 err':>8}")
     for kernel in SHAPES:
         print(conv_row(kernel, target, args), flush=True)

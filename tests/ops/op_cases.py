@@ -548,3 +548,20 @@ CASES["conv2d_winograd"] = [
            {"pads": (1, 0, 2, 1), "tile": (4, 3, 16)}, rtol=1e-4, atol=1e-4),
     OpCase((f32(2, 3, 5, 6), winograd_weight(2, 4, 3, 3, 3)), {"pads": (1, 1, 1, 1)},
            rtol=1e-4, atol=1e-4)]
+
+
+def winograd_panels(m: int, nr: int, *shape: int) -> Gen:
+    """`winograd_weight` packed in panels of `nr` output channels (the NCHW{b}c op's)."""
+    from kiln.ops.winograd import pack_panels
+
+    return lambda rng: pack_panels(winograd_weight(m, *shape)(rng), nr)
+
+
+# Winograd on NCHW{b}c: F(4x4) with uneven pads, partial tiles at the bottom and right,
+# a bias and output channels padded to a whole panel (the recorded tile); F(2x2) over a
+# batch of two without one (the rule's tile)
+CASES["conv2d_winograd_nchwc"] = [
+    OpCase((f32(1, 2, 9, 7, 4), winograd_panels(4, 16, 12, 8, 3, 3), f32(12)),
+           {"pads": (1, 0, 2, 1), "tile": (4, 3, 16), "channels": 12}, rtol=1e-4, atol=1e-4),
+    OpCase((f32(2, 1, 5, 6, 8), winograd_panels(2, 8, 8, 8, 3, 3)),
+           {"pads": (1, 1, 1, 1), "tile": (2, 4, 8), "channels": 8}, rtol=1e-4, atol=1e-4)]

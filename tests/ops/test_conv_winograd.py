@@ -144,28 +144,32 @@ def test_bad_calls_raise_clear_errors(u_shape: tuple[int, ...], attrs: dict[str,
 
 
 def _chain(c: int, h: int) -> onnx.ModelProto:
-    """Three convolutions: 3x3 stride 1 of `c` channels (Winograd's by the opt-in rule),
-    3x3 stride 2 and 3x3 stride 1 of 16 channels (not: strided, too few channels)."""
+    """Three convolutions: 3x3 stride 1 of `c` channels (Winograd's by the rule), 3x3
+    stride 2 and 3x3 stride 1 of 8 channels (not: strided, too few channels)."""
     b = GraphBuilder(11)
     y = b.op("Relu", b.op("Conv", "x", b.weight(c, c, 3, 3), kernel_shape=[3, 3],
                           pads=[1] * 4))
-    y = b.op("Conv", y, b.weight(16, c, 3, 3), kernel_shape=[3, 3], pads=[1] * 4,
+    y = b.op("Conv", y, b.weight(8, c, 3, 3), kernel_shape=[3, 3], pads=[1] * 4,
              strides=[2, 2])
-    y = b.op("Conv", y, b.weight(16, 16, 3, 3), kernel_shape=[3, 3], pads=[1] * 4)
-    return b.model([value_info("x", [1, c, h, h])], [value_info(y, [1, 16, h // 2, h // 2])],
+    y = b.op("Conv", y, b.weight(8, 8, 3, 3), kernel_shape=[3, 3], pads=[1] * 4)
+    return b.model([value_info("x", [1, c, h, h])], [value_info(y, [1, 8, h // 2, h // 2])],
                    17, "chain")
 
 
-@pytest.mark.parametrize("kind,h,m", [("llvm", 16, 4), ("llvm", 4, 2), ("c", 4, 2)])
-def test_a_target_that_opts_in_takes_winograd_by_rule(kind: str, h: int, m: int) -> None:
-    """With the target attribute `winograd`, the rule takes eligible layers of 64+
-    channels to Winograd (F(4x4) where its tiles fill half a vector, else F(2x2)) and
-    leaves the others direct; without it, none; both within Winograd's bound of
-    onnxruntime's result."""
+@pytest.mark.parametrize("kind,h", [("llvm", 16), ("llvm", 8), ("c", 8)])
+def test_the_rule_takes_winograd_unless_the_target_opts_out(kind: str, h: int) -> None:
+    """By default (and with the target attribute `winograd` true) the rule takes
+    eligible layers of 64+ channels over 8x8 outputs or more to Winograd (F(4x4) where
+    its tiles fill half a vector, else F(2x2)) and leaves the others direct; with
+    `winograd` false, none; both within Winograd's bound of onnxruntime's result."""
     model = _chain(64, h)
     plain = _target(kind, winograd=False)
     opted = _target(kind, winograd=True)
-    assert opted.attrs["winograd"] is True and plain.attrs.get("winograd") is None
+    default = kiln.Target("c") if kind == "c" else kiln.Target.from_host()
+    m = 4 if (h // 4) ** 2 >= tile_lanes(isa_for(default)) // 2 else 2
+    assert opted.attrs["winograd"] is True and plain.attrs["winograd"] is False
+    assert [s.family for s in discover(model, default)] == \
+        [s.family for s in discover(model, opted)]
     # the rule's family and tile per distinct convolution, as tuning records them
     rule = [(s.family, s.default["tile"][0] if s.family == "conv_winograd" else None)
             for s in discover(model, opted)]
@@ -185,4 +189,47 @@ def test_a_target_that_opts_in_takes_winograd_by_rule(kind: str, h: int, m: int)
 
 def _target(kind: str, winograd: bool) -> kiln.Target:
     base = kiln.Target("c") if kind == "c" else kiln.Target.from_host()
-    return base.with_attrs(winograd=True) if winograd else base
+    return base.with_attrs(winograd=winograd)
+
+
+def _bottleneck(c: int, h: int, w: int) -> onnx.ModelProto:
+    """ResNet's bottleneck at `c` channels: 1x1 + ReLU, 3x3 (bias) + ReLU, 1x1, the
+    residual Add and ReLU: one blocked region of three convolutions."""
+    b = GraphBuilder(13)
+    y = b.op("Relu", b.op("Conv", "x", b.weight(c, c, 1, 1), kernel_shape=[1, 1]))
+    y = b.op("Relu", b.op("Conv", y, b.weight(c, c, 3, 3),
+                          b.const(b.rng.normal(0, 0.1, c).astype(np.float32), "b3"),
+                          kernel_shape=[3, 3], pads=[1] * 4))
+    y = b.op("Conv", y, b.weight(c, c, 1, 1), kernel_shape=[1, 1])
+    y = b.op("Relu", b.op("Add", y, "x"))
+    return b.model([value_info("x", [1, c, h, w])], [value_info(y, [1, c, h, w])], 17,
+                   "bottleneck")
+
+
+@pytest.mark.parametrize("kind,h,w,threads", [
+    ("llvm", 14, 11, 2), ("llvm", 8, 8, 1), ("llvm-avx2", 14, 11, 1), ("c", 9, 8, 2)])
+def test_winograd_stays_in_a_blocked_region(kind: str, h: int, w: int, threads: int) -> None:
+    """In a blocked region the rule's Winograd layer runs on NCHW{b}c activations
+    (`conv2d_winograd_nchwc`: no reorder around it), with its fused bias and ReLU, and
+    computes onnxruntime's result within Winograd's bound (the `c` target, without a
+    region, on the NCHW kernel); with the target's `winograd` false it runs direct."""
+    target = native_target(kind)
+    model = _bottleneck(64, h, w)
+    ex = kiln.compile(model, target)
+    kernels = [k["name"] for k in ex.metadata["graphs"]["main"]["kernels"]]
+    if kind == "c":  # the generic CPU of the `c` target keeps NCHW (4 lanes)
+        assert [k for k in kernels if "winograd" in k] == ["fused_conv2d_winograd_relu"]
+    else:  # one reorder in (x, read by the first convolution and the Add), one out
+        assert [k for k in kernels if "winograd" in k] == ["fused_conv2d_winograd_nchwc_relu"]
+        assert [k.startswith("layout_transform") for k in kernels].count(True) == 2, kernels
+    direct = kiln.compile(model, target.with_attrs(winograd=False))
+    assert "winograd" not in direct.ir.script()
+    x = np.random.default_rng(h).standard_normal((1, 64, h, w)).astype(np.float32)
+    (ref,) = onnxruntime_outputs(model, {"x": x})
+    lib = ex.jit()
+    lib.set_num_threads(threads)
+    try:
+        got = np.asarray(lib["main"](x))
+    finally:
+        lib.set_num_threads(None)
+    assert np.abs(got - ref).max() / np.abs(ref).max() < BOUND[4]

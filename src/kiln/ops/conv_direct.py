@@ -53,6 +53,7 @@ ROWS = "conv2d_rows"
 NCHWC = "conv2d_nchwc"
 GEMM = "conv2d_gemm"
 GROUP_GEMM = "conv2d_group_gemm"
+WINOGRAD = "conv2d_winograd"  # kiln.ops.winograd, which builds on this module
 Attrs = Mapping[str, Any]
 
 def conv_shape(x: Sequence[int | PrimExpr], c_out: int, kernel: Sequence[int],
@@ -232,8 +233,9 @@ def _rows_ref(x: np.ndarray, wp: np.ndarray, b: np.ndarray | None = None,
 # --------------------------------------------------------------------------- lowering
 
 def call_conv_shape(op: str, args: Sequence[Any], attrs: Attrs) -> ck.ConvShape | None:
-    """The geometry of a call of `op` (one of this module's ops) on `args` (tensors
-    with shapes), or None when a `conv2d_depthwise` call is not depthwise."""
+    """The geometry of a call of `op` (one of this module's ops, or `conv2d_winograd`) on
+    `args` (tensors with shapes), or None when a `conv2d_depthwise` call is not
+    depthwise."""
     x, w = args[0], args[1]
     if op == NCHWC:
         oihw = _nchwc_oihw(args, attrs)
@@ -241,6 +243,8 @@ def call_conv_shape(op: str, args: Sequence[Any], attrs: Attrs) -> ck.ConvShape 
     if op in (BLOCKED, ROWS):
         oihw = (_blocked_oihw if op == BLOCKED else _rows_oihw)(args, attrs)
         return conv_shape(x.shape, oihw[0], oihw[2:], attrs)
+    if op == WINOGRAD:  # the transformed weight [a*a][O][C] (kiln.ops.winograd)
+        return conv_shape(x.shape, w.shape[1], (3, 3), attrs)
     shape = conv_shape(x.shape, w.shape[0], w.shape[2:], attrs)
     if op == GEMM:
         return shape if shape.groups == 1 else None

@@ -320,11 +320,20 @@ def padded_blocked_input(x: Buffer, shape: ConvShape, block: int
     channel `c` and reads `[c/block][row][col][c%block]`; with padding the input is
     copied into a zero-bordered NCHW{block}c workspace (border zeroed, image copied one
     `block`-wide vector at a time)."""
+    xp, prologue = padded_blocked_buffer(x, shape, block)
+    return (lambda n, c, i, p, q: xp[n, c // block, i, q, c % block]), prologue
+
+
+def padded_blocked_buffer(x: Buffer, shape: ConvShape, block: int
+                          ) -> tuple[Buffer, list[Stmt]]:
+    """The zero-padded NCHW{block}c input of `padded_blocked_input` as a buffer
+    `[n][c/block][row][col][c%block]` (`x` itself without padding), and the statements
+    filling it."""
     top, left, bottom, right = shape.pads
     if min(shape.pads) < 0:
         raise IRError(f"conv kernel: negative pads {shape.pads} are not supported")
     if not any(shape.pads):
-        return (lambda n, c, i, p, q: x[n, c // block, i, q, c % block]), []
+        return x, []
     hp, wp = shape.h + top + bottom, shape.w + left + right
     cblocks = -(-shape.c_in // block)
     xp = Buffer("xpad", (shape.n, cblocks, hp, wp, block), x.dtype)
@@ -350,8 +359,7 @@ def padded_blocked_input(x: Buffer, shape: ConvShape, block: int
                    *rect((top, top + shape.h), (left + shape.w, wp), zeros),
                    *rect((top, top + shape.h), (left, left + shape.w), image))
 
-    return (lambda n, c, i, p, q: xp[n, c // block, i, q, c % block]), [
-        Allocate(xp), _nest(("n", "c"), (shape.n, cblocks), fill)]
+    return xp, [Allocate(xp), _nest(("n", "c"), (shape.n, cblocks), fill)]
 
 
 def row_tiles(out_w: int, tile_w: int, lanes: int) -> list[tuple[int, int, int]]:

@@ -9,6 +9,8 @@ layout-agnostic ops between such convolutions follow it:
   whose two operands are blocked tensors of one shape (a residual Add): the same
   op on the 5-D tensor;
 - 2-D max and average pooling: `pool2d_nchwc` (kiln.ops.pool_nchwc);
+- a Winograd convolution (`conv2d_winograd`) of whole channel blocks:
+  `conv2d_winograd_nchwc` (kiln.ops.kernels.winograd_nchwc), counted as a convolution;
 - a channel concat of blocked tensors whose channel counts are multiples of `b`:
   `concat` along the block axis.
 
@@ -114,16 +116,17 @@ class NchwcLayout(FunctionPass):
 
         session = current()
         skip: set[g.Var] = set()
+        packs: dict[g.Var, g.Call] = {}  # the Winograd convolutions packed, for every round
         if not depthwise_only:  # the small K-blocked layers, unless in a depthwise region
             skip = k_blocked_small_images(func, isa)
             if skip:
-                first = _Rewriter(tile_lanes(isa), set(), isa)
+                first = _Rewriter(tile_lanes(isa), set(), isa, packs)
                 first.run(func)
                 skip -= {c for group in first.regions() if first.depthwise & set(group)
                          for c in group}
         layouts: dict[frozenset[g.Var], str] = {}  # a region's layout, once decided
         while True:  # each round leaves out the convolutions of regions too small to pay
-            rewriter = _Rewriter(tile_lanes(isa), skip, isa)
+            rewriter = _Rewriter(tile_lanes(isa), skip, isa, packs)
             new = rewriter.run(func)
             small = rewriter.small_regions(self.min_convs, depthwise_only)
             if session is not None:
@@ -134,7 +137,8 @@ class NchwcLayout(FunctionPass):
 
 
 class _Rewriter:
-    def __init__(self, block: int, skip: set[g.Var], isa: Any, gemm: bool = True) -> None:
+    def __init__(self, block: int, skip: set[g.Var], isa: Any,
+                 packs: dict[g.Var, g.Call] | None = None, gemm: bool = True) -> None:
         from kiln.ops.kernels.registry import KERNELS
         from kiln.ops.layout import blocked_layout
 
@@ -143,6 +147,7 @@ class _Rewriter:
         self.family = KERNELS.get("nchwc")
         self.skip = skip                          # convolutions (by result) to leave NCHW
         self.gemm = gemm                          # also block conv2d_gemm (1x1) calls
+        self.packs = {} if packs is None else packs  # conv var -> its packed Winograd call
         self.layout = blocked_layout(block)
         self.bindings: list[g.Binding] = []
         self.blocked: dict[g.Var, g.Var] = {}     # NCHW var -> its NCHW{b}c value
@@ -290,6 +295,8 @@ class _Rewriter:
             return None if b.var in self.skip else self._rows(c, b.var)
         if c.op == "conv2d_depthwise":
             return None if b.var in self.skip else self._depthwise(c, b.var)
+        if c.op == WINOGRAD:
+            return None if b.var in self.skip else self._winograd(c, b.var)
         if not c.args or not _is_plain_4d(c.ret_type) or not any(
                 isinstance(a, g.Var) and a in self.region for a in c.args):
             return None  # not fed by a region (an input only reordered for a convolution)
@@ -385,6 +392,27 @@ class _Rewriter:
             return None
         return self._conv(direct.pack(plain, self.isa), var)
 
+    def _winograd(self, c: g.Call, var: g.Var) -> g.Call | None:
+        """`c` (a `conv2d_winograd` of whole channel blocks) as `conv2d_winograd_nchwc`:
+        the weight packed in panels (kiln.ops.kernels.winograd_nchwc)."""
+        from kiln.ops.kernels.registry import KERNELS
+
+        x, u = c.args[0], c.args[1]
+        if not (_is_plain_4d(x.type) and isinstance(u, g.Constant) and u.data.ndim == 3):
+            return None
+        c_out, c_in = int(u.data.shape[1]), int(u.data.shape[2])
+        if c_out % self.block or c_in % self.block:
+            return None  # (padding lanes would need zeros kept through the transforms)
+        family = KERNELS.get("winograd_nchwc")
+        blocked = g.Call(c.op, (self._to_blocked(x, var), *c.args[1:]), c.attrs, c.ret_type)
+        if var in self.packs:  # packed in an earlier round (its weight is megabytes)
+            done = self.packs[var]
+            return g.Call(done.op, (blocked.args[0], *done.args[1:]), done.attrs, done.ret_type)
+        if not family.applies(blocked, self.isa):
+            return None
+        self.packs[var] = family.pack(blocked, self.isa)
+        return self.packs[var]
+
     def _depthwise(self, c: g.Call, var: g.Var) -> g.Call | None:
         """`c` (a `conv2d_depthwise`) as `conv2d_nchwc_depthwise`: weight and bias packed
         into whole channel blocks (kiln.ops.conv_nchwc_depthwise)."""
@@ -412,7 +440,8 @@ class _Rewriter:
 
 
 #: The convolutions a blocked region counts (their original ops).
-CONVS = ("conv2d_blocked", "conv2d_depthwise", "conv2d_gemm", "conv2d_rows")
+WINOGRAD = "conv2d_winograd"  # kiln.ops.winograd.WINOGRAD
+CONVS = ("conv2d_blocked", "conv2d_depthwise", "conv2d_gemm", "conv2d_rows", WINOGRAD)
 def k_blocked_small_images(func: g.Function, isa: Any) -> set[g.Var]:
     """On ISAs whose 1x1 NCHWc layers take the pointwise kernel (AVX2:
     kiln.ops.kernels.nchwc.pointwise_kernel), the ungrouped convolutions

@@ -105,7 +105,7 @@ def build_conv(op: str, params: Sequence[Any], args: Sequence[Any], attrs: Mappi
         return None
     epilogue = store.epilogue
     if block and bias is not None:
-        epilogue = _blocked_bias(epilogue, store.buffers[bias], block)
+        epilogue = blocked_bias(epilogue, store.buffers[bias], block)
     stmt = body(shape, store.buffers[x], store.buffers[w], store.out, tile, epilogue,
                 isa.fma, block)
     fattrs: dict[str, Any] = {"kiln.conv_kernel": op}
@@ -114,7 +114,7 @@ def build_conv(op: str, params: Sequence[Any], args: Sequence[Any], attrs: Mappi
     return PrimFunc((*(store.buffers[t] for t in params), store.out), stmt, fattrs)
 
 
-def _blocked_bias(epilogue: Epilogue, bias: Buffer, block: int) -> Epilogue:
+def blocked_bias(epilogue: Epilogue, bias: Buffer, block: int) -> Epilogue:
     """`epilogue` after adding the bias of the NCHW{block}c output index's channel (a
     real one: kiln.ops.conv_kernels.blocked_tile_stores stores the padding lanes' zeros
     without the epilogue)."""

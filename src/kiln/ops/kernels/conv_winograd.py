@@ -3,12 +3,13 @@
 at compile time), tile `(m, mr, nr)`: F(m x m, 3 x 3) with the GEMM micro-kernel's
 `mr x nr` register tile (kiln.ops.gemm_kernels).
 
-Not the default rule's choice: its sums are rounded differently from a direct
-convolution's (the transforms scale and cancel terms; the error grows with m), so
-tuning picks it, after checking a candidate against the rule's result
-(kiln.distributed.tune), or a target that opts in (attribute `winograd`: `applies`).
-Per image, with `a = m + 2`, `T` output tiles (`ceil(OH/m)` x
-`ceil(OW/m)`):
+The rule's choice for layers of 64+ channels over 8x8 outputs or more (`applies`),
+unless the target's attribute `winograd` is false: its sums are rounded differently
+from a direct convolution's (the transforms scale and cancel terms; the error grows
+with m, about 1e-5 of the output's largest magnitude for F(4x4)); tuning checks a
+candidate against the rule's result (kiln.distributed.tune). Inside a blocked region
+the layout pass turns it into kiln.ops.kernels.winograd_nchwc's kernel. Per image,
+with `a = m + 2`, `T` output tiles (`ceil(OH/m)` x `ceil(OW/m)`):
 
 1. the input copied into a zero-padded workspace covering every tile's `a x a` window
    (out-of-image reads are zero), split by column phase (`[c][row][col % m][col // m]`)
@@ -308,27 +309,35 @@ def winograd_body(shape: ck.ConvShape, x: Buffer, u: Buffer, out: Buffer,
 
 
 #: The fewest input and output channels the rule takes a convolution to Winograd with
-#: (target attribute `winograd`): the layers it was measured on (ResNet-50's, 64-512
-#: channels; docs/tuning.md "Winograd convolution"). With fewer, the transforms' cost
-#: per multiply saved grows and was not measured.
+#: (unless the target's attribute `winograd` is false): the layers it was measured on
+#: (ResNet-50's and VGG-19's, 64-512 channels, 2-3x the direct kernel; docs/tuning.md
+#: "Winograd convolution"). Chains of 16-48 channels measured 0.94-1.9x the direct
+#: kernel (docs/performance.md, "Winograd 3x3 convolutions"), not taken yet.
 MIN_RULE_CHANNELS = 64
+#: The fewest output positions the rule takes a convolution to Winograd with. On a
+#: small image the layer streams its weights, which F(4x4) makes 4x larger (F(2x2)
+#: 1.8x): ResNet-50's 512>512 @7 ran 1.46x faster than direct on AVX-512 (F(2x2)) and
+#: 0.96x on AVX2 (F(4x4)), and its two such layers' transformed weights were 75 of the
+#: 100 MB F(4x4) added to its library (103 -> 202 MB).
+MIN_RULE_POSITIONS = 64
 
 
 def target_asks_winograd() -> bool:
-    """Whether the current target opts in to Winograd convolutions by rule (its
-    `winograd` attribute; default false)."""
+    """Whether the rule takes Winograd convolutions on the current target: unless its
+    `winograd` attribute is false (absent: the rule's default, on)."""
     from kiln.target.target import Target
 
     target = Target.current()
-    return target is not None and bool(target.attrs.get("winograd"))
+    return target is not None and target.attrs.get("winograd") is not False
 
 
 @dataclass(frozen=True)
 class WinogradConv(Family):
     """See the module docstring. Its results differ from a direct convolution's by the
-    transforms' rounding, so the rule chooses it only on a target that opts in
-    (attribute `winograd`) and for layers of MIN_RULE_CHANNELS or more, with the first
-    of its `offered_tiles` (F(4x4) where its output tiles fill half a vector, else
+    transforms' rounding (about 1e-5 of the output's largest magnitude): the rule
+    chooses it unless the target's attribute `winograd` is false, for layers of
+    MIN_RULE_CHANNELS or more and MIN_RULE_POSITIONS outputs or more, with the first of
+    its `offered_tiles` (F(4x4) where its output tiles fill half a vector, else
     F(2x2)); elsewhere only tuning, which checks each candidate's result against the
     rule's, may choose it."""
 
@@ -337,7 +346,8 @@ class WinogradConv(Family):
             return False
         shape = conv_call_shape(call)
         return shape is not None and eligible(shape) and \
-            min(shape.c_in, shape.c_out) >= MIN_RULE_CHANNELS
+            min(shape.c_in, shape.c_out) >= MIN_RULE_CHANNELS and \
+            shape.out_h * shape.out_w >= MIN_RULE_POSITIONS
 
     def pack(self, call: g.Call, isa: ISA) -> g.Call:
         return self.pack_tile(call, isa, self.offered_tiles(call, isa)[0])

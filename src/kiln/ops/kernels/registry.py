@@ -92,7 +92,7 @@ class Family:
 
 KERNELS: Registry[KernelFamily] = Registry("kernel family")
 for _name in ("gemv", "gemm", "gemm_tiled", "conv_depthwise", "conv_gemm", "conv_grouped",
-              "conv_rows", "conv_direct", "nchwc", "conv_winograd"):
+              "conv_rows", "conv_direct", "nchwc", "conv_winograd", "winograd_nchwc"):
     KERNELS.register(_name, lazy=f"kiln.ops.kernels.{_name.removesuffix('_tiled')}:"
                                  f"{_name.upper()}")
 

@@ -1,0 +1,238 @@
+"""The Winograd family on NCHW{b}c activations: a `conv2d_winograd` inside a blocked
+region (kiln.transform.nchwc_layout) -> `conv2d_winograd_nchwc` (kiln.ops.winograd),
+tile `(m, mr, nr)`: F(m x m, 3 x 3) with the GEMM micro-kernel's `mr x nr` register
+tile, here over the products' transposes.
+
+In NCHW (kiln.ops.kernels.conv_winograd) a product is `M[p] = U[p] @ V[p]`, output
+channels x tiles, with vectors across a tile row's tiles. In NCHW{b}c a position's `b`
+channels are one vector, so every step runs across channels instead. Per image, with
+`a = m + 2` and `T` output tiles:
+
+1. the input transform `V^T[p][t][c] = (B^T d B)[p]`, one vector of `b` channels per
+   tile and position, read from the (zero-bordered, kiln.ops.conv_kernels.
+   padded_blocked_buffer) blocked input, stored contiguous along the channels;
+2. `a * a` products `M^T[p] = V^T[p] @ U^T[p]` (`[T x C] @ [C x O]`) on the GEMM
+   kernel: a tile's rows are output tiles (a broadcast value each), its lanes output
+   channels read from the weight packed in panels (`pack_panels`);
+3. the output transform `Y = A^T M A`, a vector of `b` output channels per position,
+   stored through the fused epilogue into the NCHW{b}c output (a tile's positions past
+   the image's bottom or right edge are not stored).
+
+Nothing is reordered between the region's other convolutions and this one, so
+Winograd layers and the blocked kernel's 1x1 layers share a region (ResNet's
+bottlenecks).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any, cast
+
+import numpy as np
+
+from kiln.ir import graph as g
+from kiln.ir.tensor import (
+    Allocate,
+    Buffer,
+    IfThenElse,
+    PrimExpr,
+    PrimFunc,
+    Stmt,
+    Store,
+    Var,
+    as_expr,
+    seq,
+)
+from kiln.ir.types import TensorType
+from kiln.ops import conv_kernels as ck
+from kiln.ops import gemm_kernels as gk
+from kiln.ops import layout
+from kiln.ops.epilogue import fused_store
+from kiln.ops.kernels.conv import blocked_bias
+from kiln.ops.kernels.conv_winograd import bound_tile, skewed_rows, tiles, transform_2d
+from kiln.ops.kernels.registry import TILE, Family, recorded_tile
+from kiln.ops.kernels.tiles import (
+    Epilogue,
+    const,
+    lanes_loop,
+    loop,
+    parallel_tiles,
+    parallel_when,
+    tile_lanes,
+    tile_registers,
+)
+from kiln.ops.winograd import WINOGRAD_NCHWC as OP
+from kiln.ops.winograd import matrices, pack_panels, tile_of
+from kiln.target.isa import ISA
+
+
+def gemm_tile(shape: ck.ConvShape, m: int, isa: ISA) -> tuple[int, int]:
+    """The GEMM rule's register tile of one position's `T x O` product."""
+    th, tw = tiles(shape, m)
+    t = gk.choose_gemm_tiling(th * tw, shape.c_out, tile_lanes(isa), tile_registers(isa))
+    return (t.mr, t.nr)
+
+
+def takes(shape: ck.ConvShape, block: int) -> bool:
+    """Whether a Winograd convolution of `shape` runs on NCHW{block}c activations: both
+    channel counts whole blocks (no padding lanes to keep zero)."""
+    return shape.c_in % block == 0 and shape.c_out % block == 0
+
+
+def winograd_nchwc_body(shape: ck.ConvShape, x: Buffer, up: Buffer, out: Buffer,
+                        tile: tuple[int, int, int], epilogue: Epilogue, fused: bool,
+                        block: int) -> Stmt:
+    """The loop nest (module docstring): `x` `[N][C/b][H][W][b]`, `up` the weight packed
+    `[a*a][O/nr][C][nr]`, `out` `[N][O/b][OH][OW][b]`, `epilogue` over its 5-D index."""
+    m, mr, nr = tile
+    bt, _, at = matrices(m)
+    a = m + 2
+    b = block
+    c_in, c_out = shape.c_in, shape.c_out
+    th, tw = tiles(shape, m)
+    t_all = th * tw
+    panels = int(up.shape[1])
+    dt = x.dtype
+    top, left, bottom, right = shape.pads
+    # zero rows and columns past the image's padding up to the last tile's window
+    extra_h = max(0, th * m + 2 - (shape.h + top + bottom))
+    extra_w = max(0, tw * m + 2 - (shape.w + left + right))
+    xp, prologue = ck.padded_blocked_buffer(
+        x, replace(shape, pads=(top, left, bottom + extra_h, right + extra_w)), b)
+    # the transforms touch all a*a positions at once: positions skewed apart (skewed_rows)
+    vt = Buffer("wino_vt", (a * a, skewed_rows(t_all, c_in), c_in), dt)
+    mt = Buffer("wino_mt", (a * a, skewed_rows(t_all, panels * nr), panels * nr), dt)
+
+    def image(n: PrimExpr) -> Stmt:
+        def transform_in(cb: PrimExpr, ty: PrimExpr) -> Stmt:
+            def at_tile(tx: PrimExpr) -> Stmt:
+                def lanes(v: PrimExpr) -> Stmt:
+                    lets, d = bound_tile(
+                        a, lambda i, j: xp[n, cb, ty * m + i, tx * m + j, v], dt, "d")
+                    more, vals = transform_2d(bt, d, dt, "v")
+                    return seq(*lets, *more, *(
+                        Store(vt, vals[i][j], (const(i * a + j), ty * tw + tx, cb * b + v))
+                        for i in range(a) for j in range(a)))
+
+                return lanes_loop("v", b, lanes)
+
+            return loop("tx", tw, at_tile)
+
+        parts = [parallel_when(lambda: parallel_tiles((c_in // b, th), transform_in),
+                               c_in * t_all * a * a * 4, "element")]
+
+        def b_at(bidx: tuple[PrimExpr, ...], panel: PrimExpr, kk: PrimExpr,
+                 lane: PrimExpr) -> PrimExpr:
+            return up[bidx[0], panel, kk, lane]
+
+        product = gk.GemmShape((a * a,), (a * a,), (t_all,), panels * nr, c_in)
+        parts.append(gk.gemm_body(product, gk.GemmTiling(mr, nr), vt, b_at, mt,
+                                  lambda value, idx: value, fused))
+
+        def transform_out(ob: PrimExpr, ty: PrimExpr) -> Stmt:
+            ys = Buffer("wino_y", (m, m, b), dt, "local")
+
+            def at_tile(tx: PrimExpr) -> Stmt:
+                def lanes(v: PrimExpr) -> Stmt:
+                    lets, d = bound_tile(
+                        a, lambda i, j: mt[const(i * a + j), ty * tw + tx, ob * b + v], dt, "m")
+                    more, vals = transform_2d(at, d, dt, "y")
+                    return seq(*lets, *more, *(Store(ys, vals[i][j], (const(i), const(j), v))
+                                               for i in range(m) for j in range(m)))
+
+                def store(i: Var, j: Var) -> Stmt:
+                    # one loop over the tile's positions: one copy of the epilogue's code
+                    oh, ow = ty * m + i, tx * m + j
+                    st: Stmt = lanes_loop("v", b, lambda v: Store(
+                        out, epilogue(ys[i, j, v], (n, ob, oh, ow, v)), (n, ob, oh, ow, v)))
+                    edges = [c for c, cut in ((oh < shape.out_h, shape.out_h % m),
+                                              (ow < shape.out_w, shape.out_w % m)) if cut]
+                    for cond in edges:  # a partial tile at the bottom or right edge
+                        st = IfThenElse(cond, st)
+                    return st
+
+                stores = [loop("i", m, lambda i: loop("j", m, lambda j: store(i, j)))]
+                return seq(lanes_loop("v", b, lanes), *stores)
+
+            return seq(Allocate(ys), loop("tx", tw, at_tile))
+
+        parts.append(parallel_when(lambda: parallel_tiles((c_out // b, th), transform_out),
+                                   c_out * t_all * a * a * 4, "element"))
+        return seq(*parts)
+
+    batch = (image(const(0)) if isinstance(shape.n, int) and shape.n == 1
+             else loop("n", as_expr(shape.n), image))
+    return seq(*prologue, Allocate(vt), Allocate(mt), batch)
+
+
+@dataclass(frozen=True)
+class WinogradNchwc(Family):
+    """See the module docstring. `pack` takes a `conv2d_winograd` call (weight
+    `[a*a][O][C]`) whose input the layout pass has blocked; `build` lowers
+    `conv2d_winograd_nchwc`."""
+
+    def applies(self, call: g.Call, isa: ISA) -> bool:
+        x, u = call.args[0].type, call.args[1]
+        if call.op != "conv2d_winograd" or not isinstance(u, g.Constant) or \
+                not isinstance(x, TensorType) or x.ndim != 5 or x.dtype != "float32":
+            return False
+        return self._shape(call) is not None
+
+    def _shape(self, call: g.Call) -> ck.ConvShape | None:
+        from kiln.ops.conv_direct import conv_shape
+
+        x, u = call.args[0].type, call.args[1]
+        assert isinstance(u, g.Constant) and isinstance(x, TensorType)
+        b, blocks = x.shape[4], x.shape[1]
+        plain = (x.shape[0], int(u.data.shape[2]), x.shape[2], x.shape[3])
+        if not all(isinstance(d, int) for d in (b, blocks, *plain[1:])) or \
+                cast(int, blocks) * cast(int, b) != plain[1]:
+            return None
+        b = cast(int, b)
+        shape = conv_shape(plain, int(u.data.shape[1]), (3, 3), call.attrs)
+        return shape if takes(shape, b) else None
+
+    def pack(self, call: g.Call, isa: ISA) -> g.Call:
+        u = call.args[1]
+        assert isinstance(u, g.Constant)
+        shape = self._shape(call)
+        assert shape is not None
+        m = tile_of(u.data.shape)
+        mr, nr = gemm_tile(shape, m, isa)
+        attrs: dict[str, Any] = {**dict(call.attrs), TILE: (m, mr, nr),
+                                 "channels": shape.c_out}
+        from kiln.ops.registry import call as make_call
+
+        packed = g.Constant(pack_panels(np.asarray(u.data), nr), u.name)
+        return make_call(self.op, call.args[0], packed, *call.args[2:], **attrs)
+
+    def build(self, params: Sequence[Any], args: Sequence[Any], attrs: Mapping[str, Any],
+              anchor: Any, result: Any, isa: ISA) -> PrimFunc | None:
+        from kiln.ops.conv_direct import conv_shape
+
+        x, up = args[0], args[1]
+        if not all(isinstance(d, int) for d in (*x.shape[1:], *up.shape)):
+            return None  # only the batch may be symbolic
+        b = int(x.shape[4])
+        m = tile_of((up.shape[0], attrs["channels"], up.shape[2]))
+        shape = conv_shape((x.shape[0], int(up.shape[2]), x.shape[2], x.shape[3]),
+                           int(attrs["channels"]), (3, 3), attrs)
+        tile = recorded_tile(attrs, 3, self.op) or (m, *gemm_tile(shape, m, isa))
+        if tile[2] != int(up.shape[3]):
+            return None  # a tile whose panels the weight is not packed in
+        bias = args[2] if len(args) > 2 else None
+        out_shape = layout.block_shape((shape.n, shape.c_out, shape.out_h, shape.out_w), b)
+        store = fused_store(params, anchor, result, out_shape, bias=None)
+        if store is None:  # an epilogue needing statements (a reduction, a table)
+            return None
+        epilogue = store.epilogue
+        if bias is not None:
+            epilogue = blocked_bias(epilogue, store.buffers[bias], b)
+        stmt = winograd_nchwc_body(shape, store.buffers[x], store.buffers[up], store.out,
+                                   (tile[0], tile[1], tile[2]), epilogue, isa.fma, b)
+        return PrimFunc((*(store.buffers[t] for t in params), store.out), stmt,
+                        {"kiln.conv_kernel": self.op})
+
+
+WINOGRAD_NCHWC = WinogradNchwc("winograd_nchwc", OP, ("conv2d_winograd",), 0)
