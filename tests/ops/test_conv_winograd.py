@@ -3,7 +3,9 @@ transforms compute a 3x3 correlation, the weight transform round-trips, and a
 one-Conv ONNX model tuned to the Winograd family (kiln.tuning.apply.Forced) computes
 onnxruntime's result with the fused bias, residual add and ReLU: F(2x2) and F(4x4),
 pads 0 and 1, odd and partial-tile sizes, channel counts no multiple of a vector, on
-this host, its AVX2 path and the C backend, on 1 and 2 threads.
+this host, its AVX2 path and the C backend, on 1 and 2 threads. The rule takes it by
+default (not with the target's `winograd` false), keeps it inside NCHW{b}c regions
+(`conv2d_winograd_nchwc`), and its aarch64 build matches under qemu.
 
 Winograd's sums are rounded differently from a direct convolution's (the transforms
 scale terms up to 8x and cancel them): the bound asserted is 2e-5 of the output's
@@ -15,6 +17,8 @@ plus RTOL = 1e-4 of each value).
 from __future__ import annotations
 
 import re
+import subprocess
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -29,6 +33,7 @@ from kiln.tuning.apply import Forced, using
 from support.graphs import GraphBuilder, value_info
 from support.reference import onnxruntime_outputs
 from support.targets import native_target
+from support.toolchains import needs
 
 #: Largest error against onnxruntime, relative to the output's largest magnitude.
 BOUND = {2: 5e-6, 4: 2e-5}
@@ -232,4 +237,34 @@ def test_winograd_stays_in_a_blocked_region(kind: str, h: int, w: int, threads: 
         got = np.asarray(lib["main"](x))
     finally:
         lib.set_num_threads(None)
+    assert np.abs(got - ref).max() / np.abs(ref).max() < BOUND[4]
+
+
+@needs("aarch64-linux-gnu-gcc", "qemu-aarch64", why="make test installs them")
+def test_winograd_built_for_aarch64_matches_under_qemu(tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """The rule's Winograd layer built for aarch64 (NEON), exported with the cross
+    compiler and run by the plain-C deploy program under qemu-aarch64, computes
+    onnxruntime's result (on this host) within Winograd's bound."""
+    from kiln.runtime.native import include_dir
+
+    monkeypatch.delenv("CC", raising=False)
+    shape = (1, 64, 9, 8)
+    model = _bottleneck(64, *shape[2:])
+    ex = kiln.compile(model, "llvm -mtriple=aarch64-linux-gnu -mattr=+neon")
+    assert "conv2d_winograd" in ex.ir.script()
+    so = ex.export_library(tmp_path / "wino.so")
+    exe = tmp_path / "deploy"
+    deploy = Path(__file__).resolve().parents[2] / "examples" / "c_deploy" / "deploy.c"
+    subprocess.run(["aarch64-linux-gnu-gcc", f"-I{include_dir()}", str(deploy), "-ldl", "-o",
+                    str(exe)], check=True)
+    x = np.random.default_rng(5).standard_normal(shape).astype(np.float32)
+    (tmp_path / "in.bin").write_bytes(x.tobytes())
+    dims = ",".join(map(str, shape))
+    proc = subprocess.run(["qemu-aarch64", "-L", "/usr/aarch64-linux-gnu", str(exe), str(so),
+                           "kiln_", str(tmp_path / "in.bin"), dims, str(tmp_path / "out.bin"),
+                           dims], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    got = np.frombuffer((tmp_path / "out.bin").read_bytes(), np.float32).reshape(shape)
+    (ref,) = onnxruntime_outputs(model, {"x": x})
     assert np.abs(got - ref).max() / np.abs(ref).max() < BOUND[4]
