@@ -32,6 +32,7 @@ from typing import Any, cast
 import numpy as np
 
 from kiln.ir import graph as g
+from kiln.ir.attrs import ATTR_NO_SLP
 from kiln.ir.tensor import (
     Allocate,
     Buffer,
@@ -232,7 +233,7 @@ class WinogradNchwc(Family):
         stmt = winograd_nchwc_body(shape, store.buffers[x], store.buffers[up], store.out,
                                    (tile[0], tile[1], tile[2]), epilogue, isa.fma, b)
         return PrimFunc((*(store.buffers[t] for t in params), store.out), stmt,
-                        {"kiln.conv_kernel": self.op})
+                        {"kiln.conv_kernel": self.op, ATTR_NO_SLP: True})
 
 
 WINOGRAD_NCHWC = WinogradNchwc("winograd_nchwc", OP, ("conv2d_winograd",), 0)
