@@ -26,7 +26,8 @@ import numpy as np
 from kiln.errors import IRError
 from kiln.ir.tensor import PrimExpr, as_expr, select
 from kiln.ir.types import TensorType, Type
-from kiln.ops import te
+from kiln.ops import gemm_kernels as gk
+from kiln.ops import layout, te
 from kiln.ops.conv_direct import DirectConvOp
 from kiln.ops.kernels.registry import recorded_tile
 from kiln.ops.nn import conv_compute, conv_infer, conv_ref
@@ -185,18 +186,15 @@ WINOGRAD_NCHWC = "conv2d_winograd_nchwc"
 
 
 def pack_panels(u: np.ndarray, nr: int) -> np.ndarray:
-    """`u[a*a][O][C]` -> `[a*a][ceil(O / nr)][C][nr]`, output channels zero-padded."""
-    a2, o, c = u.shape
-    panels = -(-o // nr)
-    padded = np.zeros((a2, panels * nr, c), u.dtype)
-    padded[:, :o] = u
-    return np.ascontiguousarray(padded.reshape(a2, panels, nr, c).transpose(0, 1, 3, 2))
+    """`u[a*a][O][C]` -> `[a*a][ceil(O / nr)][C][nr]`: each position's `U^T` (`[C][O]`) as
+    the GEMM kernel's B panels (kiln.ops.gemm_kernels.pack_b), output channels
+    zero-padded."""
+    return np.stack([gk.pack_b(up.T, nr) for up in u])
 
 
 def unpack_panels(up: np.ndarray, channels: int) -> np.ndarray:
     """`pack_panels` undone: `u[a*a][channels][C]`."""
-    a2, panels, c, nr = up.shape
-    return np.ascontiguousarray(up.transpose(0, 1, 3, 2).reshape(a2, panels * nr, c)[:, :channels])
+    return np.stack([gk.unpack_b(panels, channels).T for panels in up])
 
 
 def _nchwc_parts(types: Sequence[Any], attrs: Attrs) -> tuple[int, tuple[int, ...]]:
@@ -220,39 +218,35 @@ def _nchwc_u(types: Sequence[Any], attrs: Attrs) -> TensorType:
     return TensorType((up[0], int(attrs["channels"]), up[2]), types[1].dtype)
 
 
-def _nchwc_infer(types: Sequence[TensorType], attrs: Attrs) -> Type:
-    from kiln.ops import layout
+def _conv_attrs(attrs: Attrs) -> dict[str, Any]:
+    """A `conv2d_winograd_nchwc` call's attributes as its NCHW op's (no `channels`)."""
+    return {k: v for k, v in attrs.items() if k != "channels"}
 
+
+def _nchwc_infer(types: Sequence[TensorType], attrs: Attrs) -> Type:
     b, plain = _nchwc_parts(types, attrs)
-    conv_attrs = {k: v for k, v in attrs.items() if k != "channels"}
     out = _infer([TensorType(plain, types[0].dtype), _nchwc_u(types, attrs), *types[2:]],
-                 conv_attrs)
+                 _conv_attrs(attrs))
     assert isinstance(out, TensorType)
     return TensorType(layout.block_shape(out.shape, b), out.dtype)
 
 
 def _nchwc_compute(inputs: Sequence[te.Tensor], attrs: Attrs) -> te.Tensor:
-    from kiln.ops import layout
-
     b, plain = _nchwc_parts(inputs, attrs)
     x, up = inputs[0], inputs[1]
     nr = up.shape[3]
     xn = te.compute(plain, lambda n, c, h, w: x[n, c // b, h, w, c % b], x.dtype, "x_nchw")
     u = te.compute(_nchwc_u(inputs, attrs).shape,
                    lambda p, o, i: up[p, o // nr, i, o % nr], up.dtype, "u")
-    conv_attrs = {k: v for k, v in attrs.items() if k != "channels"}
-    out = _compute([xn, u, *inputs[2:]], conv_attrs)
+    out = _compute([xn, u, *inputs[2:]], _conv_attrs(attrs))
     return te.compute(layout.block_shape(out.shape, b),
                       lambda n, cb, h, w, v: out[n, cb * b + v, h, w], out.dtype, "conv_nchwc")
 
 
 def _nchwc_ref(x: np.ndarray, up: np.ndarray, b: np.ndarray | None = None,
                **attrs: Any) -> np.ndarray:
-    from kiln.ops import layout
-
-    channels = int(attrs.pop("channels"))
-    u = unpack_panels(up, channels)
-    out = _ref(layout.from_blocked(x, int(up.shape[2])), u, b, **attrs)
+    u = unpack_panels(up, int(attrs["channels"]))
+    out = _ref(layout.from_blocked(x, int(up.shape[2])), u, b, **_conv_attrs(attrs))
     return layout.to_blocked(out, int(x.shape[4]))
 
 

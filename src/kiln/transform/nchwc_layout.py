@@ -396,13 +396,12 @@ class _Rewriter:
         """`c` (a `conv2d_winograd` of whole channel blocks) as `conv2d_winograd_nchwc`:
         the weight packed in panels (kiln.ops.kernels.winograd_nchwc)."""
         from kiln.ops.kernels.registry import KERNELS
+        from kiln.ops.kernels.winograd_nchwc import takes
 
         x, u = c.args[0], c.args[1]
-        if not (_is_plain_4d(x.type) and isinstance(u, g.Constant) and u.data.ndim == 3):
-            return None
-        c_out, c_in = int(u.data.shape[1]), int(u.data.shape[2])
-        if c_out % self.block or c_in % self.block:
-            return None  # (padding lanes would need zeros kept through the transforms)
+        if not (_is_plain_4d(x.type) and isinstance(u, g.Constant) and u.data.ndim == 3
+                and takes(int(u.data.shape[2]), int(u.data.shape[1]), self.block)):
+            return None  # checked before the input's reorder is recorded
         family = KERNELS.get("winograd_nchwc")
         blocked = g.Call(c.op, (self._to_blocked(x, var), *c.args[1:]), c.attrs, c.ret_type)
         if var in self.packs:  # packed in an earlier round (its weight is megabytes)

@@ -75,10 +75,10 @@ def gemm_tile(shape: ck.ConvShape, m: int, isa: ISA) -> tuple[int, int]:
     return (t.mr, t.nr)
 
 
-def takes(shape: ck.ConvShape, block: int) -> bool:
-    """Whether a Winograd convolution of `shape` runs on NCHW{block}c activations: both
-    channel counts whole blocks (no padding lanes to keep zero)."""
-    return shape.c_in % block == 0 and shape.c_out % block == 0
+def takes(c_in: int, c_out: int, block: int) -> bool:
+    """Whether a Winograd convolution of `c_in` > `c_out` channels runs on NCHW{block}c
+    activations: both channel counts whole blocks (no padding lanes to keep zero)."""
+    return c_in % block == 0 and c_out % block == 0
 
 
 def winograd_nchwc_body(shape: ck.ConvShape, x: Buffer, up: Buffer, out: Buffer,
@@ -192,7 +192,7 @@ class WinogradNchwc(Family):
             return None
         b = cast(int, b)
         shape = conv_shape(plain, int(u.data.shape[1]), (3, 3), call.attrs)
-        return shape if takes(shape, b) else None
+        return shape if takes(shape.c_in, shape.c_out, b) else None
 
     def pack(self, call: g.Call, isa: ISA) -> g.Call:
         u = call.args[1]
