@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import re
 import subprocess
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -26,6 +27,8 @@ import pytest
 
 import kiln
 from kiln.distributed.tune import discover
+from kiln.ir.tensor import For
+from kiln.ir.visitor import iter_stmts
 from kiln.ops.kernels.tiles import tile_lanes
 from kiln.ops.winograd import matrices, weight_transform, weight_untransform
 from kiln.target.isa import isa_for
@@ -164,7 +167,7 @@ def _chain(c: int, h: int) -> onnx.ModelProto:
 @pytest.mark.parametrize("kind,h", [("llvm", 16), ("llvm", 8), ("c", 8)])
 def test_the_rule_takes_winograd_unless_the_target_opts_out(kind: str, h: int) -> None:
     """By default (and with the target attribute `winograd` true) the rule takes
-    eligible layers of 64+ channels over 8x8 outputs or more to Winograd (F(4x4) where
+    eligible layers of 32+ channels over 8x8 outputs or more to Winograd (F(4x4) where
     its tiles fill half a vector, else F(2x2)) and leaves the others direct; with
     `winograd` false, none; both within Winograd's bound of onnxruntime's result."""
     model = _chain(64, h)
@@ -192,6 +195,18 @@ def test_the_rule_takes_winograd_unless_the_target_opts_out(kind: str, h: int) -
     np.testing.assert_allclose(untuned.jit()["main"](x), ref, rtol=1e-4, atol=1e-5 * scale)
 
 
+@pytest.mark.parametrize("c", [16, 32, 40, 48])
+def test_the_rule_takes_32_channels_of_whole_vector_blocks(c: int) -> None:
+    """The rule's floor is 32 channels, and the channels must be whole blocks of the
+    target's vector (16 float32 lanes on AVX-512, 8 on AVX2): 40 channels run Winograd
+    on AVX2 only, where the layer keeps its NCHW8c region."""
+    model = _chain(c, 16)
+    for cpu, block in (("znver4", 16), ("znver4 -mattr=-avx512f", 8)):
+        target = kiln.Target(f"llvm -mtriple=x86_64-linux-gnu -mcpu={cpu}")
+        first = discover(model, target)[0].family
+        assert (first == "conv_winograd") == (c >= 32 and c % block == 0), (cpu, first)
+
+
 def _target(kind: str, winograd: bool) -> kiln.Target:
     base = kiln.Target("c") if kind == "c" else kiln.Target.from_host()
     return base.with_attrs(winograd=winograd)
@@ -217,7 +232,8 @@ def test_winograd_stays_in_a_blocked_region(kind: str, h: int, w: int, threads: 
     """In a blocked region the rule's Winograd layer runs on NCHW{b}c activations
     (`conv2d_winograd_nchwc`: no reorder around it), with its fused bias and ReLU, and
     computes onnxruntime's result within Winograd's bound (the `c` target, without a
-    region, on the NCHW kernel); with the target's `winograd` false it runs direct."""
+    region, on the NCHW kernel), its transforms vector code; with the target's
+    `winograd` false it runs direct."""
     target = native_target(kind)
     model = _bottleneck(64, h, w)
     ex = kiln.compile(model, target)
@@ -227,6 +243,10 @@ def test_winograd_stays_in_a_blocked_region(kind: str, h: int, w: int, threads: 
     else:  # one reorder in (x, read by the first convolution and the Add), one out
         assert [k for k in kernels if "winograd" in k] == ["fused_conv2d_winograd_nchwc_relu"]
         assert [k.startswith("layout_transform") for k in kernels].count(True) == 2, kernels
+    # both transforms are `unrolled` loops of vector code (the lanes of every statement)
+    (kernel,) = [f for n, f in ex.ir.prim_funcs().items() if "winograd" in n]
+    kinds = Counter(s.kind for s in iter_stmts(kernel.body) if isinstance(s, For))
+    assert kinds["unrolled"] == 4 and kinds["vectorized"] == 0, kinds
     direct = kiln.compile(model, target.with_attrs(winograd=False))
     assert "winograd" not in direct.ir.script()
     x = np.random.default_rng(h).standard_normal((1, 64, h, w)).astype(np.float32)

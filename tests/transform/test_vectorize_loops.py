@@ -138,3 +138,39 @@ def test_a_loop_longer_than_a_vector_runs_vector_pieces(
         y = np.full(n + 2, np.nan, np.float32)
         kiln.compile(_row_copy(n), target).jit()["kernels"](x, y)
         np.testing.assert_array_equal(y, np.concatenate([[0], 2 * x, [0]]))
+
+
+def _strided_rows(step: int) -> IRModule:
+    """Under a loop over `i`, a lane loop of 8 storing `Y[i*3*step + v + k*step]` for k
+    of 0, 1, 2 (as a Winograd transform stores one tile's positions) from X."""
+    ib = IRBuilder()
+    with ib.prim_func("kernels"):
+        x = ib.arg("X", (4, 8), "float32")
+        y = ib.arg("Y", (12 * 8,), "float32")
+        with ib.for_range(4, name="i") as i, \
+                ib.for_range(8, name="v", kind="vectorized") as v:
+            for k in range(3):
+                ib.store(y, [i * (3 * step) + v + k * step], x[i, v] * float(k + 1))
+    return ib.get()
+
+
+@pytest.mark.parametrize(("step", "kind"), [(8, "vector"), (1, "vectorized")])
+def test_stores_a_constant_apart_from_a_loop_varying_base(step: int, kind: str) -> None:
+    """Stores whose indices differ by constants added to one expression of the loop
+    variables are independent when that distance is at least the lane count (8 elements
+    apart), and stay a scalar loop when it is less (1 apart: iteration `v + 1` of one
+    store writes iteration `v`'s element of the next)."""
+    import numpy as np
+
+    import kiln
+
+    mod = VectorizeLoops(vector_bits=256)(_strided_rows(step))
+    assert _kinds(mod) == {"i": "serial", "v": kind}
+    if kind != "vector":
+        return
+    x = np.random.default_rng(0).standard_normal((4, 8)).astype(np.float32)
+    for target in ("llvm", "c"):
+        y = np.zeros(96, np.float32)
+        kiln.compile(_strided_rows(step), target).jit()["kernels"](x, y)
+        want = np.stack([x * (k + 1) for k in range(3)], axis=1).reshape(-1)
+        np.testing.assert_array_equal(y, want)

@@ -81,7 +81,8 @@ def flat_coefficient(buf: Buffer, indices: tuple[PrimExpr, ...], v: Var) -> int 
 def constant_offset(buf: Buffer, a: tuple[PrimExpr, ...], b: tuple[PrimExpr, ...]
                     ) -> int | None:
     """The row-major element distance `flat(a) - flat(b)` when it is a compile-time constant
-    because the two index tuples differ only where both hold integer constants; else None."""
+    because, index by index, the two differ by an integer constant (`i*6 + 1` and `i*6`,
+    two constants, equal expressions); else None."""
     if len(a) != len(b):
         return None
     strides = _row_major_strides(buf)
@@ -89,16 +90,25 @@ def constant_offset(buf: Buffer, a: tuple[PrimExpr, ...], b: tuple[PrimExpr, ...
     for k, (x, y) in enumerate(zip(a, b)):
         if x is y:
             continue
-        if isinstance(x, Const) and isinstance(y, Const):
+        (xb, xc), (yb, yc) = _split_constant(x), _split_constant(y)
+        if xb is not yb and (xb is None or yb is None or not _same(xb, yb)):
+            return None
+        if xc != yc:
             if strides is None and k != len(a) - 1:
                 return None
-            step = 1 if strides is None else strides[k]
-            diff += (int(x.value) - int(y.value)) * step
-            continue
-        if _same(x, y):
-            continue
-        return None
+            diff += (xc - yc) * (1 if strides is None else strides[k])
     return diff
+
+
+def _split_constant(e: PrimExpr) -> tuple[PrimExpr | None, int]:
+    """`(base, c)` with `e == base + c` (`base` None for a constant): a constant added to
+    or subtracted from the top of an integer index."""
+    if isinstance(e, Const) and dt.is_int(e.dtype):
+        return None, int(e.value)
+    if isinstance(e, BinaryOp) and e.op in ("add", "sub") and isinstance(e.b, Const) \
+            and dt.is_int(e.b.dtype):
+        return e.a, int(e.b.value) if e.op == "add" else -int(e.b.value)
+    return e, 0
 
 
 def _same(x: PrimExpr, y: PrimExpr) -> bool:

@@ -46,7 +46,7 @@ def _cpu_options(triple_doc: str) -> dict[str, AttrSpec]:
         ),
         "winograd": AttrSpec(
             bool,
-            doc="run 3x3 stride-1 float32 convolutions of 64+ channels (8x8+ outputs) by "
+            doc="run 3x3 stride-1 float32 convolutions of 32+ channels (8x8+ outputs) by "
                 "Winograd's F(4x4) or F(2x2): 2.25-4x fewer multiplies, sums rounded differently "
                 "from a direct convolution's (about 1e-5 of the largest output); absent: "
                 "on; false: direct convolutions only",

@@ -395,8 +395,8 @@ class _Rewriter:
     def _winograd(self, c: g.Call, var: g.Var) -> g.Call | None:
         """`c` (a `conv2d_winograd` of whole channel blocks) as `conv2d_winograd_nchwc`:
         the weight packed in panels (kiln.ops.kernels.winograd_nchwc)."""
+        from kiln.ops.kernels.conv_winograd import takes
         from kiln.ops.kernels.registry import KERNELS
-        from kiln.ops.kernels.winograd_nchwc import takes
 
         x, u = c.args[0], c.args[1]
         if not (_is_plain_4d(x.type) and isinstance(u, g.Constant) and u.data.ndim == 3

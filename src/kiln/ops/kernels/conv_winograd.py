@@ -3,7 +3,8 @@
 at compile time), tile `(m, mr, nr)`: F(m x m, 3 x 3) with the GEMM micro-kernel's
 `mr x nr` register tile (kiln.ops.gemm_kernels).
 
-The rule's choice for layers of 64+ channels over 8x8 outputs or more (`applies`),
+The rule's choice for layers of 32+ channels (whole vector blocks) over 8x8 outputs
+or more (`applies`),
 unless the target's attribute `winograd` is false: its sums are rounded differently
 from a direct convolution's (the transforms scale and cancel terms; the error grows
 with m, about 1e-5 of the output's largest magnitude for F(4x4)); tuning checks a
@@ -83,6 +84,13 @@ def eligible(shape: ck.ConvShape) -> bool:
             and shape.dilation == (1, 1) and shape.groups == 1)
 
 
+def takes(c_in: int, c_out: int, block: int) -> bool:
+    """Whether a Winograd convolution of `c_in` > `c_out` channels runs on NCHW{block}c
+    activations (kiln.ops.kernels.winograd_nchwc): both channel counts whole blocks (no
+    padding lanes to keep zero)."""
+    return c_in % block == 0 and c_out % block == 0
+
+
 def tiles(shape: ck.ConvShape, m: int) -> tuple[int, int]:
     """Output tiles of `m x m` down and across the output."""
     return -(-shape.out_h // m), -(-shape.out_w // m)
@@ -126,39 +134,49 @@ def combine(mat: np.ndarray, xs: Sequence[PrimExpr], dtype: str) -> list[PrimExp
     return out
 
 
-def bound_tile(a: int, load: Callable[[int, int], PrimExpr], dtype: str, name: str
-               ) -> tuple[list[Stmt], list[list[PrimExpr]]]:
-    """The `a x a` values `load(i, j)`, each bound once to a variable (read many times
-    by the transforms), and the statements binding them."""
+def bound(values: Sequence[PrimExpr], dtype: str, name: str
+          ) -> tuple[list[Stmt], list[PrimExpr]]:
+    """`values`, each bound once to a variable (read many times by a transform), and the
+    statements binding them."""
     lets: list[Stmt] = []
-    cells: list[list[PrimExpr]] = []
-    for i in range(a):
-        row: list[PrimExpr] = []
-        for j in range(a):
-            var = Var(f"{name}{i}_{j}", dtype)
-            lets.append(LetStmt(var, load(i, j)))
-            row.append(var)
-        cells.append(row)
-    return lets, cells
+    out: list[PrimExpr] = []
+    for k, value in enumerate(values):
+        var = Var(f"{name}{k}", dtype)
+        lets.append(LetStmt(var, value))
+        out.append(var)
+    return lets, out
 
 
-def transform_2d(mat: np.ndarray, d: Sequence[Sequence[PrimExpr]], dtype: str, name: str
-                 ) -> tuple[list[Stmt], list[list[PrimExpr]]]:
-    """`mat @ d @ mat^T` (`d` square): the statements binding it and its entries (each
-    intermediate bound once, so the expressions stay linear in size)."""
-    lets: list[Stmt] = []
+def transform_2d(mat: np.ndarray, load: Callable[[int, Var, PrimExpr], PrimExpr],
+                 store: Callable[[Var, int, PrimExpr, PrimExpr], Stmt], half: Buffer,
+                 lanes: Callable[[Callable[[PrimExpr], Stmt]], Stmt], name: str) -> Stmt:
+    """`mat @ d @ mat^T` of an `a x a` tile `d` (entry `(k, j)` of a lane: `load(k, j,
+    lane)`) as two loops of 1-D transforms, each statement one vector of `lanes` (a
+    lanes loop around its body): down each column `j` into the local `half`
+    (`[len(mat)][a][lanes]`), then along each row `i` of it, entry `(i, j)` stored by
+    `store(i, j, value, lane)`. Loops over the rows and columns keep the kernel a sixth
+    of the unrolled transform's size, and its compile time with it (ResNet-50: three
+    kernels of ~3200 IR nodes each); the loops are `unrolled` (LLVM unrolls them and
+    keeps `half` in registers: as loops, 64 > 64 channels at 56x56 ran 1.12x slower)."""
+    a, dtype = int(mat.shape[1]), half.dtype
 
-    def bind(e: PrimExpr, label: str) -> PrimExpr:
-        v = Var(label, dtype)
-        lets.append(LetStmt(v, e))
-        return v
+    def column(j: Var) -> Stmt:
+        def at(lane: PrimExpr) -> Stmt:
+            lets, d = bound([load(k, j, lane) for k in range(a)], dtype, f"{name}d")
+            return seq(*lets, *(Store(half, e, (const(i), j, lane))
+                                for i, e in enumerate(combine(mat, d, dtype))))
 
-    n = len(d)
-    cols = [combine(mat, [d[k][j] for k in range(n)], dtype) for j in range(n)]
-    half = [[bind(cols[j][i], f"{name}h{i}_{j}") for j in range(n)] for i in range(len(mat))]
-    full = [[bind(e, f"{name}{i}_{j}") for j, e in enumerate(combine(mat, half[i], dtype))]
-            for i in range(len(mat))]
-    return lets, full
+        return lanes(at)
+
+    def row(i: Var) -> Stmt:
+        def at(lane: PrimExpr) -> Stmt:
+            lets, h = bound([half[i, const(k), lane] for k in range(a)], dtype, f"{name}h")
+            return seq(*lets, *(store(i, j, e, lane)
+                                for j, e in enumerate(combine(mat, h, dtype))))
+
+        return lanes(at)
+
+    return seq(loop("j", a, column, "unrolled"), loop("i", len(mat), row, "unrolled"))
 
 
 #: Bytes of the address range a cache set index repeats over (4 KiB pages: L1 sets on
@@ -241,15 +259,11 @@ def winograd_body(shape: ck.ConvShape, x: Buffer, u: Buffer, out: Buffer,
 
         # 2. the input transform, per channel and tile row (vectors across its tiles)
         def transform_in(c: PrimExpr, ty: PrimExpr) -> Stmt:
-            def tiles_at(tx: PrimExpr) -> Stmt:
-                lets, d = bound_tile(
-                    a, lambda i, j: xq[c, ty * m + i, const(j % m), tx + j // m], dt, "d")
-                more, vals = transform_2d(bt, d, dt, "v")
-                return seq(*lets, *more, *(Store(v, vals[i][j], (const(i * a + j), c,
-                                                                  ty * tw + tx))
-                                           for i in range(a) for j in range(a)))
-
-            return lanes_loop("tx", tw, tiles_at)
+            half = Buffer("wino_vh", (a, a, tw), dt, "local")
+            return seq(Allocate(half), transform_2d(
+                bt, lambda k, j, tx: xq[c, ty * m + k, j % m, tx + j // m],
+                lambda i, j, value, tx: Store(v, value, (i * a + j, c, ty * tw + tx)),
+                half, lambda body: lanes_loop("tx", tw, body), "v"))
 
         transform = parallel_when(lambda: parallel_tiles((c_in, th), transform_in),
                                   c_in * t_all * a * a * 4, "element")
@@ -277,13 +291,11 @@ def winograd_body(shape: ck.ConvShape, x: Buffer, u: Buffer, out: Buffer,
             ys = Buffer("wino_y", (m, m, tw), dt, "local")
             row = Buffer("wino_row", (m, tw * m), dt, "local")
 
-            def tiles_at(tx: PrimExpr) -> Stmt:
-                lets, d = bound_tile(a, lambda i, j: mm[const(i * a + j), oc, ty * tw + tx],
-                                     dt, "m")
-                more, vals = transform_2d(at, d, dt, "y")
-                return seq(*lets, *more, *(Store(ys, vals[i][j], (const(i), const(j), tx))
-                                           for i in range(m) for j in range(m)))
-
+            half = Buffer("wino_yh", (m, a, tw), dt, "local")
+            transform = transform_2d(
+                at, lambda k, j, tx: mm[k * a + j, oc, ty * tw + tx],
+                lambda i, j, value, tx: Store(ys, value, (i, const(j), tx)),
+                half, lambda body: lanes_loop("tx", tw, body), "y")
             interleave = loop("i", m, lambda i: loop("j", m, lambda j: loop(
                 "tx", tw, lambda tx: Store(row, ys[i, j, tx], (i, tx * m + j)))))
 
@@ -295,7 +307,7 @@ def winograd_body(shape: ck.ConvShape, x: Buffer, u: Buffer, out: Buffer,
             i = Var("i", INDEX_DTYPE)
             rows: PrimExpr = (const(m) if shape.out_h % m == 0
                               else min_(m, shape.out_h - ty * m))
-            return seq(Allocate(ys), Allocate(row), lanes_loop("tx", tw, tiles_at), interleave,
+            return seq(Allocate(ys), Allocate(row), Allocate(half), transform, interleave,
                        For(i, const(0), rows, "serial", put(i)))
 
         parts.append(parallel_when(lambda: parallel_tiles((c_out, th), transform_out),
@@ -309,11 +321,12 @@ def winograd_body(shape: ck.ConvShape, x: Buffer, u: Buffer, out: Buffer,
 
 
 #: The fewest input and output channels the rule takes a convolution to Winograd with
-#: (unless the target's attribute `winograd` is false): the layers it was measured on
-#: (ResNet-50's and VGG-19's, 64-512 channels, 2-3x the direct kernel; docs/tuning.md
-#: "Winograd convolution"). Chains of 16-48 channels measured 0.94-1.9x the direct
-#: kernel (docs/performance.md, "Winograd 3x3 convolutions"), not taken yet.
-MIN_RULE_CHANNELS = 64
+#: (unless the target's attribute `winograd` is false): ResNet-50's and VGG-19's layers
+#: of 64-512 channels ran 2-3x the direct kernel, the 32-channel ones of DenseNet-121
+#: (128 > 32), SqueezeNet (32 > 128) and the small ResNet (32 > 32 @32) made those
+#: models 4-25% faster on AVX-512 and AVX2 (docs/performance.md, "Winograd 3x3
+#: convolutions"); 16-channel layers are rare and not measured on whole models.
+MIN_RULE_CHANNELS = 32
 #: The fewest output positions the rule takes a convolution to Winograd with. On a
 #: small image the layer streams its weights, which F(4x4) makes 4x larger (F(2x2)
 #: 1.8x): ResNet-50's 512>512 @7 ran 1.46x faster than direct on AVX-512 (F(2x2)) and
@@ -336,7 +349,8 @@ class WinogradConv(Family):
     """See the module docstring. Its results differ from a direct convolution's by the
     transforms' rounding (about 1e-5 of the output's largest magnitude): the rule
     chooses it unless the target's attribute `winograd` is false, for layers of
-    MIN_RULE_CHANNELS or more and MIN_RULE_POSITIONS outputs or more, with the first of
+    MIN_RULE_CHANNELS or more (whole vector blocks: `takes`) and MIN_RULE_POSITIONS
+    outputs or more, with the first of
     its `offered_tiles` (F(4x4) where its output tiles fill half a vector, else
     F(2x2)); elsewhere only tuning, which checks each candidate's result against the
     rule's, may choose it."""
@@ -345,9 +359,11 @@ class WinogradConv(Family):
         if not target_asks_winograd():
             return False
         shape = conv_call_shape(call)
+        # channels of whole vector blocks: else the layer would leave its NCHW{b}c region
         return shape is not None and eligible(shape) and \
             min(shape.c_in, shape.c_out) >= MIN_RULE_CHANNELS and \
-            shape.out_h * shape.out_w >= MIN_RULE_POSITIONS
+            shape.out_h * shape.out_w >= MIN_RULE_POSITIONS and \
+            takes(shape.c_in, shape.c_out, tile_lanes(isa))
 
     def pack(self, call: g.Call, isa: ISA) -> g.Call:
         return self.pack_tile(call, isa, self.offered_tiles(call, isa)[0])

@@ -51,7 +51,7 @@ from kiln.ops import gemm_kernels as gk
 from kiln.ops import layout
 from kiln.ops.epilogue import fused_store
 from kiln.ops.kernels.conv import blocked_bias
-from kiln.ops.kernels.conv_winograd import bound_tile, skewed_rows, tiles, transform_2d
+from kiln.ops.kernels.conv_winograd import skewed_rows, takes, tiles, transform_2d
 from kiln.ops.kernels.registry import TILE, Family, recorded_tile
 from kiln.ops.kernels.tiles import (
     Epilogue,
@@ -73,12 +73,6 @@ def gemm_tile(shape: ck.ConvShape, m: int, isa: ISA) -> tuple[int, int]:
     th, tw = tiles(shape, m)
     t = gk.choose_gemm_tiling(th * tw, shape.c_out, tile_lanes(isa), tile_registers(isa))
     return (t.mr, t.nr)
-
-
-def takes(c_in: int, c_out: int, block: int) -> bool:
-    """Whether a Winograd convolution of `c_in` > `c_out` channels runs on NCHW{block}c
-    activations: both channel counts whole blocks (no padding lanes to keep zero)."""
-    return c_in % block == 0 and c_out % block == 0
 
 
 def winograd_nchwc_body(shape: ck.ConvShape, x: Buffer, up: Buffer, out: Buffer,
@@ -107,18 +101,15 @@ def winograd_nchwc_body(shape: ck.ConvShape, x: Buffer, up: Buffer, out: Buffer,
 
     def image(n: PrimExpr) -> Stmt:
         def transform_in(cb: PrimExpr, ty: PrimExpr) -> Stmt:
+            half = Buffer("wino_vh", (a, a, b), dt, "local")
+
             def at_tile(tx: PrimExpr) -> Stmt:
-                def lanes(v: PrimExpr) -> Stmt:
-                    lets, d = bound_tile(
-                        a, lambda i, j: xp[n, cb, ty * m + i, tx * m + j, v], dt, "d")
-                    more, vals = transform_2d(bt, d, dt, "v")
-                    return seq(*lets, *more, *(
-                        Store(vt, vals[i][j], (const(i * a + j), ty * tw + tx, cb * b + v))
-                        for i in range(a) for j in range(a)))
+                return transform_2d(
+                    bt, lambda k, j, v: xp[n, cb, ty * m + k, tx * m + j, v],
+                    lambda i, j, value, v: Store(vt, value, (i * a + j, ty * tw + tx, cb * b + v)),
+                    half, lambda body: lanes_loop("v", b, body), "v")
 
-                return lanes_loop("v", b, lanes)
-
-            return loop("tx", tw, at_tile)
+            return seq(Allocate(half), loop("tx", tw, at_tile))
 
         parts = [parallel_when(lambda: parallel_tiles((c_in // b, th), transform_in),
                                c_in * t_all * a * a * 4, "element")]
@@ -133,14 +124,13 @@ def winograd_nchwc_body(shape: ck.ConvShape, x: Buffer, up: Buffer, out: Buffer,
 
         def transform_out(ob: PrimExpr, ty: PrimExpr) -> Stmt:
             ys = Buffer("wino_y", (m, m, b), dt, "local")
+            half = Buffer("wino_yh", (m, a, b), dt, "local")
 
             def at_tile(tx: PrimExpr) -> Stmt:
-                def lanes(v: PrimExpr) -> Stmt:
-                    lets, d = bound_tile(
-                        a, lambda i, j: mt[const(i * a + j), ty * tw + tx, ob * b + v], dt, "m")
-                    more, vals = transform_2d(at, d, dt, "y")
-                    return seq(*lets, *more, *(Store(ys, vals[i][j], (const(i), const(j), v))
-                                               for i in range(m) for j in range(m)))
+                transform = transform_2d(
+                    at, lambda k, j, v: mt[k * a + j, ty * tw + tx, ob * b + v],
+                    lambda i, j, value, v: Store(ys, value, (i, const(j), v)),
+                    half, lambda body: lanes_loop("v", b, body), "y")
 
                 def store(i: Var, j: Var) -> Stmt:
                     # one loop over the tile's positions: one copy of the epilogue's code
@@ -154,9 +144,9 @@ def winograd_nchwc_body(shape: ck.ConvShape, x: Buffer, up: Buffer, out: Buffer,
                     return st
 
                 stores = [loop("i", m, lambda i: loop("j", m, lambda j: store(i, j)))]
-                return seq(lanes_loop("v", b, lanes), *stores)
+                return seq(transform, *stores)
 
-            return seq(Allocate(ys), loop("tx", tw, at_tile))
+            return seq(Allocate(ys), Allocate(half), loop("tx", tw, at_tile))
 
         parts.append(parallel_when(lambda: parallel_tiles((c_out // b, th), transform_out),
                                    c_out * t_all * a * a * 4, "element"))
