@@ -156,8 +156,9 @@ def transform_2d(mat: np.ndarray, load: Callable[[int, Var, PrimExpr], PrimExpr]
     (`[len(mat)][a][lanes]`), then along each row `i` of it, entry `(i, j)` stored by
     `store(i, j, value, lane)`. Loops over the rows and columns keep the kernel a sixth
     of the unrolled transform's size, and its compile time with it (ResNet-50: three
-    kernels of ~3200 IR nodes each); the loops are `unrolled` (LLVM unrolls them and
-    keeps `half` in registers: as loops, 64 > 64 channels at 56x56 ran 1.12x slower)."""
+    kernels of ~3200 IR nodes each); the loops are `unrolled`: LLVM unrolls them and
+    keeps `half` in registers (as serial loops, 64 > 64 channels at 56x56 ran 1.12x
+    slower)."""
     a, dtype = int(mat.shape[1]), half.dtype
 
     def column(j: Var) -> Stmt:
