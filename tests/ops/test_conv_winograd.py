@@ -207,6 +207,18 @@ def test_the_rule_takes_32_channels_of_whole_vector_blocks(c: int) -> None:
         assert (first == "conv_winograd") == (c >= 32 and c % block == 0), (cpu, first)
 
 
+@pytest.mark.parametrize("asked,taken", [(None, False), (True, True), (False, False)])
+def test_bare_metal_targets_keep_direct_convolutions_unless_asked(
+        asked: bool | None, taken: bool) -> None:
+    """A firmware target (a triple without an OS) keeps 4x the weights out of its flash
+    and the transforms' workspace out of its RAM: the rule takes Winograd there only
+    when the target's `winograd` is true."""
+    target = kiln.Target("c -mtriple=thumbv7em-none-eabihf -mcpu=cortex-m4")
+    if asked is not None:
+        target = target.with_attrs(winograd=asked)
+    assert (discover(_chain(64, 16), target)[0].family == "conv_winograd") == taken
+
+
 def _target(kind: str, winograd: bool) -> kiln.Target:
     base = kiln.Target("c") if kind == "c" else kiln.Target.from_host()
     return base.with_attrs(winograd=winograd)

@@ -49,7 +49,8 @@ def _cpu_options(triple_doc: str) -> dict[str, AttrSpec]:
             doc="run 3x3 stride-1 float32 convolutions of 32+ channels (8x8+ outputs) by "
                 "Winograd's F(4x4) or F(2x2): 2.25-4x fewer multiplies, sums rounded differently "
                 "from a direct convolution's (about 1e-5 of the largest output); absent: "
-                "on; false: direct convolutions only",
+                "on, but off for a bare-metal triple (firmware: 4x the weights, and "
+                "workspace); false: direct convolutions only",
         ),
     }
 

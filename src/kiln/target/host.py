@@ -54,6 +54,11 @@ def triple_arch(triple: str) -> str:
     return triple.split("-", 1)[0]
 
 
+def triple_bare_metal(triple: str) -> bool:
+    """Whether `triple` names no OS ('thumbv7em-none-eabi'): firmware, no threads, no PIC."""
+    return "none" in triple.split("-")[1:]
+
+
 def check_triple(triple: str, where: str) -> None:
     """Raise TargetError when LLVM has no backend for `triple` (skipped without llvmlite)."""
     llvm = llvm_if_installed()

@@ -21,6 +21,7 @@ import platform
 from typing import Any
 
 from kiln.runtime.toolchain import cross_compiler
+from kiln.target.host import triple_bare_metal
 
 # Python's names for machines -> the architecture part of LLVM triples.
 _MACHINE_ARCH = {"amd64": "x86_64", "x64": "x86_64", "arm64": "aarch64", "i686": "i386"}
@@ -81,7 +82,7 @@ def _x86_feature_flags(mattr: Any) -> list[str]:
 def bare_metal(target: Any) -> bool:
     """True for a triple without an OS (`thumbv7em-none-eabi`): firmware, no threads, no PIC."""
     triple = target_attr(target, "mtriple")
-    return triple is not None and "none" in str(triple).split("-")[1:]
+    return triple is not None and triple_bare_metal(str(triple))
 
 
 def _is_host_cpu(mcpu: str) -> bool:

@@ -337,12 +337,23 @@ MIN_RULE_POSITIONS = 64
 
 
 def target_asks_winograd() -> bool:
-    """Whether the rule takes Winograd convolutions on the current target: unless its
-    `winograd` attribute is false (absent: the rule's default, on)."""
+    """Whether the rule takes Winograd convolutions on the current target: as its
+    `winograd` attribute says; absent, on for a target with an OS and off for a
+    bare-metal one (firmware, e.g. `thumbv7em-none-eabi`), whose flash and RAM are the
+    limit: F(4x4) keeps 4x a layer's weights, and its transformed input and products,
+    `(m+2)^2 / m^2` times the layer's input and output each (a 32-channel layer at 16x16:
+    ~74 KB each), would be workspace a direct convolution does not need."""
+    from kiln.target.host import triple_bare_metal
     from kiln.target.target import Target
 
     target = Target.current()
-    return target is not None and target.attrs.get("winograd") is not False
+    if target is None:
+        return False
+    asked = target.attrs.get("winograd")
+    if asked is not None:
+        return bool(asked)
+    triple = target.attrs.get("mtriple")
+    return not (triple and triple_bare_metal(str(triple)))
 
 
 @dataclass(frozen=True)
