@@ -21,7 +21,13 @@ from kiln.ir import graph as g
 from kiln.ir.tensor import For, PrimFunc
 from kiln.ir.visitor import iter_stmts
 from kiln.ops import quant_dot
-from kiln.ops.quant_conv_dot import CONV_DOT, choose_tile, unpacked_weight, weight_panels
+from kiln.ops.quant_conv_dot import (
+    CONV_DOT,
+    choose_tile,
+    position_rows,
+    unpacked_weight,
+    weight_panels,
+)
 from kiln.target import Target
 from kiln.target.isa import isa_for
 from kiln.transform.quantize_ops import QuantizeOps
@@ -178,6 +184,25 @@ def test_rule_keeps_position_tiles_where_positions_fill_the_lanes() -> None:
     assert tile.channels_as_lanes and tile.cols % isa.lanes("int32") == 0
     # fewer channels than one vector: positions stay the lanes
     assert not choose_tile(isa, 7 * 7, 8, 512).channels_as_lanes
+
+
+def test_saturating_pairs_on_16_registers_leave_the_epilogue_a_row() -> None:
+    """The positions tile of `int8-pairs=saturate` on AVX2 takes a row fewer than the
+    registers hold (4 of 2 vectors: whole tiles of 2^n channels, and room for the
+    requantizing epilogue); VNNI, AVX-512 and the int16 pairs keep every row."""
+    for target, saturate, fewer in (("llvm -mcpu=znver3", True, True),
+                                    ("llvm -mcpu=znver3", False, False),
+                                    ("llvm -mcpu=znver4", False, False),
+                                    ("llvm -mcpu=skylake-avx512", True, False)):
+        with Target(target):
+            isa = quant_dot.target_isa(saturate)
+        assert isa is not None
+        nr = quant_dot.tile_cols_for(isa, 56 * 56)
+        top = quant_dot.tile_rows(isa, nr)
+        assert position_rows(isa, nr, 256) == top - fewer, target
+        assert position_rows(isa, nr, 2) == 2
+        assert not choose_tile(isa, 56 * 56, 256, 64).channels_as_lanes
+        assert choose_tile(isa, 56 * 56, 256, 64).rows == top - fewer, target
 
 
 def test_weight_panels_round_trip() -> None:
