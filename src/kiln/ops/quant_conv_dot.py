@@ -179,14 +179,29 @@ def _tile_cost(isa: Any, tile: ConvTile, positions: int, channels: int, k: int) 
                     + epilogue)
 
 
+#: Instructions of a channels tile beyond its steps and its per-output epilogue (the
+#: `vpmaddubsw` tiles of `int8-pairs=saturate`): the requantization's setup, the copy out
+#: a channel at a time, the loop and the rows' word places. With it 14 x 14 = 196
+#: positions take 49 tiles of 4 rows for K = 2304 (3x3 256>256: no padded row, 3% faster
+#: than 40 tiles of 5 on AMD EPYC Zen 4, AVX2) and keep 5 rows for K = 256 (4 rows: 1%
+#: slower), 7 x 7 keeps 10 tiles of 5.
+MADDUBS_TILE_OVERHEAD = 200.0
+
+
 def channel_rows(isa: Any, positions: int, nr: int, k: int) -> int:
     """Rows (output positions) of a channels-as-lanes tile `nr` channels wide: of the
     row counts the registers hold, the one with the fewest estimated instructions for
     all positions (49 positions: 7 rows of 3 vectors, not 6 of 4 padded to 54); of
-    counts within 2% of that, the most rows (the estimate undercounts the loads of few)."""
+    counts within 2% of that, the most rows (the estimate undercounts the loads of few).
+    The `vpmaddubsw` tiles, bound by their products, count a fixed cost per tile
+    instead (MADDUBS_TILE_OVERHEAD) and take the least."""
     top = min(quant_dot.tile_rows(isa, nr), positions)
     costs = {mr: _tile_cost(isa, ConvTile(True, mr, nr), positions, nr, k)
              for mr in range(1, top + 1)}
+    if isa.int8_dot == quant_dot.MADDUBS:
+        costs = {mr: cost + MADDUBS_TILE_OVERHEAD * -(-positions // mr)
+                 for mr, cost in costs.items()}
+        return min(costs, key=lambda mr: (costs[mr], -mr))
     least = min(costs.values())
     return max(mr for mr, cost in costs.items() if cost <= 1.02 * least)
 
