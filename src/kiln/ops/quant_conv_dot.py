@@ -730,9 +730,9 @@ def _block_rows(spatial: Sequence[int], nr: int, groups: int) -> int:
 
 @dataclass(frozen=True)
 class _RowEpilogue:
-    """The requantization of one output channel's row of a positions tile. The channel's
-    bias, multiplier and the zero point are first copied into registers (`locals` /
-    `load`), so the store loop over the row reads only the tile's own buffers: the
+    """The requantization of one output channel's row of a positions tile. Its
+    accumulators start from the channel's bias (`start`); the multiplier and the zero
+    point are first copied into registers (`buffers` / `load`), so the store loop over the row reads only the tile's own buffers: the
     vectorize-loops pass can then prove its lanes independent and emit it as vector code
     (left to LLVM, it unrolls a one-vector row and vectorizes across the rows with
     gathers and byte scatters, or vectorizes it again after unrolling it: a third of
@@ -747,23 +747,27 @@ class _RowEpilogue:
     lo: int
     hi: int
 
-    def buffers(self) -> tuple[Buffer, Buffer, Buffer]:
-        """The per-tile register copies (bias, multiplier, zero point)."""
-        return (Buffer("row_bias", (1,), "int32", "local"),
-                Buffer("row_multiplier", (1,), "float32", "local"),
+    def start(self, oc: PrimExpr) -> PrimExpr:
+        """The value channel `oc`'s accumulators start from: its bias (the correction of
+        the zero points included), so the epilogue adds nothing."""
+        return self.bias[oc]
+
+    def buffers(self) -> tuple[Buffer, Buffer]:
+        """The per-tile register copies (multiplier, zero point)."""
+        return (Buffer("row_multiplier", (1,), "float32", "local"),
                 Buffer("row_zp", (1,), self.y_zp.dtype, "local"))
 
     def load(self, regs: Sequence[Buffer], oc: PrimExpr) -> Stmt:
         """Copy channel `oc`'s parameters into `regs`."""
         m = self.multiplier
         zero = (as_expr(0, "int64"),)
-        return seq(Store(regs[0], self.bias[oc], zero),
-                   Store(regs[1], m[()] if m.ndim == 0 else m[oc], zero),
-                   Store(regs[2], self.y_zp[()], zero))
+        return seq(Store(regs[0], m[()] if m.ndim == 0 else m[oc], zero),
+                   Store(regs[1], self.y_zp[()], zero))
 
     def value(self, regs: Sequence[Buffer], acc: PrimExpr) -> PrimExpr:
-        """The requantized output of accumulator `acc` of the loaded channel."""
-        return requantize_value(acc + regs[0][0], regs[1][0], regs[2][0], self.lo, self.hi,
+        """The requantized output of accumulator `acc` (bias included) of the loaded
+        channel."""
+        return requantize_value(acc, regs[0][0], regs[1][0], self.lo, self.hi,
                                 self.y_zp.dtype, selects=True, magic_round=True)
 
 
@@ -811,7 +815,7 @@ def _position_tiles(words: Buffer | _InPlace, ww: Buffer, flat_out: Buffer, tile
             return rt * mr + r if oc_n % mr == 0 else min_(rt * mr + r, oc_n - 1)
 
         zero = tile_loop("r", mr, lambda r: tile_loop(
-            "v", nr, lambda v: Store(acc, as_expr(0, "int32"), (r, v)), "vectorized"))
+            "v", nr, lambda v: Store(acc, epilogue.start(row(r)), (r, v)), "vectorized"))
 
         def products(g: PrimExpr, word: Callable[[PrimExpr], PrimExpr]) -> Stmt:
             return tile_loop("r", mr, lambda r: tile_loop("v", nr, lambda v: Store(
