@@ -451,7 +451,8 @@ ROUNDING_MAGIC, MAGIC_BITS = 12582912.0, 0x4B400000
 
 def requantize_value(acc: PrimExpr, multiplier: PrimExpr, zp: PrimExpr, lo: int, hi: int,
                      out_dtype: str, bounds_first: bool = False,
-                     magic_round: bool = False, selects: bool = False) -> PrimExpr:
+                     magic_round: bool = False, selects: bool = False,
+                     packs: bool = False) -> PrimExpr:
     """`clamp(float32(acc) * multiplier, lo - zp, hi - zp)` rounded half to even, + zp
     (onnxruntime's MLAS requantization: the clamp before rounding is exact because the
     bounds are integers).
@@ -473,7 +474,14 @@ def requantize_value(acc: PrimExpr, multiplier: PrimExpr, zp: PrimExpr, lo: int,
     an unordered compare, a mask OR and a blend (LLVM does not see that the bounds are
     never NaN). The leaner body changes what LLVM unrolls and vectorizes around it, so a
     kernel takes it where its store loops were checked (the dot-form convolution's
-    positions tile, kiln.ops.quant_conv_dot)."""
+    positions tile, kiln.ops.quant_conv_dot).
+
+    `packs` (with `magic_round`) clamps the rounded integer to [lo, hi] as well: the
+    same values (the float clamp put it there), but LLVM, now knowing the range, narrows
+    the int32 lanes with saturating packs instead of masking each lane to a byte first
+    (one instruction less a vector; the positions tile's 1x1 layers of ResNet-50 1.5-3%
+    faster on AMD EPYC Zen 4, AVX2; the channels tile, which narrows into a small
+    buffer, measured no faster and does not take it)."""
     z = Cast("float32", zp)
     v = Cast("float32", acc) * multiplier
     lo_, hi_ = as_expr(float(lo), "float32") - z, as_expr(float(hi), "float32") - z
@@ -484,7 +492,10 @@ def requantize_value(acc: PrimExpr, multiplier: PrimExpr, zp: PrimExpr, lo: int,
         v = min_(hi_, max_(lo_, v)) if bounds_first else min_(max_(v, lo_), hi_)
     if magic_round:
         bits = reinterpret(v + as_expr(ROUNDING_MAGIC, "float32"), "int32")
-        return Cast(out_dtype, bits - (as_expr(MAGIC_BITS, "int32") - Cast("int32", zp)))
+        q = bits - (as_expr(MAGIC_BITS, "int32") - Cast("int32", zp))
+        if packs:
+            q = min_(max_(q, as_expr(lo, "int32")), as_expr(hi, "int32"))
+        return Cast(out_dtype, q)
     return Cast(out_dtype, Cast("int32", intrin("round", v)) + Cast("int32", zp))
 
 

@@ -732,14 +732,15 @@ def _block_rows(spatial: Sequence[int], nr: int, groups: int) -> int:
 class _RowEpilogue:
     """The requantization of one output channel's row of a positions tile. Its
     accumulators start from the channel's bias (`start`); the multiplier and the zero
-    point are first copied into registers (`buffers` / `load`), so the store loop over the row reads only the tile's own buffers: the
-    vectorize-loops pass can then prove its lanes independent and emit it as vector code
+    point are first copied into registers (`buffers` / `load`), so the store loop over
+    the row reads only the tile's own buffers: the vectorize-loops pass can then prove
+    its lanes independent and emit it as vector code
     (left to LLVM, it unrolls a one-vector row and vectorizes across the rows with
     gathers and byte scatters, or vectorizes it again after unrolling it: a third of
     ResNet-50's LLVM time on these tiles). The clamp is the select form
     (`requantize_value(..., selects=True)`: one `vmaxps` / `vminps` per bound), the
     rounding the magic number's (`magic_round`: int32 and float32 lanes only), the store
-    a narrowing one (int32 lanes to bytes)."""
+    a narrowing one (int32 lanes to bytes, clamped to the range as well: `packs`)."""
 
     bias: Buffer
     multiplier: Buffer
@@ -768,7 +769,7 @@ class _RowEpilogue:
         """The requantized output of accumulator `acc` (bias included) of the loaded
         channel."""
         return requantize_value(acc, regs[0][0], regs[1][0], self.lo, self.hi,
-                                self.y_zp.dtype, selects=True, magic_round=True)
+                                self.y_zp.dtype, selects=True, magic_round=True, packs=True)
 
 
 @dataclass(frozen=True)
