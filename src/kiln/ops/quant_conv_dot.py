@@ -897,6 +897,12 @@ def _channel_tiles(words: Buffer | _InPlace, ww: Buffer, flat_out: Buffer, tile:
     def row_word(p: PrimExpr) -> PrimExpr:
         return Cast(INDEX_DTYPE, table[p])
 
+    # tiles of 4 rows over whole words of each channel's bytes store a channel's 4
+    # output bytes as one int32 (a tile of 4 x 16 bytes: 16 stores instead of 64)
+    out_words = (Buffer("out_words", (batch, oc_n, positions // quant_dot.GROUP), "int32")
+                 if mr == quant_dot.GROUP and positions % quant_dot.GROUP == 0
+                 and flat_out.dtype in ("uint8", "int8") else None)
+
     def one(n: Var, ct: Var, pt: Var) -> Stmt:
         acc = Buffer("acc", (mr, nr), "int32", "local")
 
@@ -927,7 +933,21 @@ def _channel_tiles(words: Buffer | _InPlace, ww: Buffer, flat_out: Buffer, tile:
             "v", lanes, lambda v: Store(quant, requantized(acc[r, v], ct * nr + v), (r, v))),
             "unrolled"))
 
+        def byte(r: int, v: PrimExpr) -> PrimExpr:  # an output byte as int32 in [0, 255]
+            q = Cast("int32", quant[r, v])
+            return q if flat_out.dtype == "uint8" else Select(
+                compare("lt", q, 0), q + 256, q)
+
         def channels(rows: int) -> Stmt:
+            if rows == quant_dot.GROUP and out_words is not None:
+                # a channel's 4 positions are one word of the output: the words packed
+                # along the lanes (vector code), then one store each
+                packed = Buffer("packed", (nr,), "int32", "local")
+                return seq(Allocate(packed), by_panel(lambda lanes: seq(
+                    lanes_loop("v", lanes, lambda v: Store(
+                        packed, quant_dot.pack_word(lambda r: byte(r, v)), (v,))),
+                    tile_loop("v", lanes, lambda v: Store(
+                        out_words, packed[v], (n, ct * nr + v, pt))))))
             return by_panel(lambda lanes: tile_loop("v", lanes, lambda v: tile_loop(
                 "r", rows, lambda r: Store(flat_out, quant[r, v], (n, ct * nr + v, pt * mr + r)))))
 
@@ -936,7 +956,10 @@ def _channel_tiles(words: Buffer | _InPlace, ww: Buffer, flat_out: Buffer, tile:
             compare("lt", pt, row_tiles - 1), channels(mr), channels(last))
         return seq(Allocate(acc), zero, step, Allocate(quant), requant, out)
 
-    return seq(Allocate(table), fill, _tiles_of(batch, (col_tiles, row_tiles), one, big))
+    tiles = _tiles_of(batch, (col_tiles, row_tiles), one, big)
+    if out_words is not None:
+        tiles = seq(DeclBuffer(out_words, flat_out, 0), tiles)
+    return seq(Allocate(table), fill, tiles)
 
 
 OPS.register(CONV_DOT, _TiledConv(CONV_DOT, "anchor", _infer, _build, _reference))
