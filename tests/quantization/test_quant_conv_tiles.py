@@ -23,6 +23,7 @@ from kiln.ir.visitor import iter_stmts
 from kiln.ops import quant_dot
 from kiln.ops.quant_conv_dot import (
     CONV_DOT,
+    _spread,
     choose_tile,
     position_rows,
     unpacked_weight,
@@ -203,6 +204,21 @@ def test_saturating_pairs_on_16_registers_leave_the_epilogue_a_row() -> None:
         assert position_rows(isa, nr, 2) == 2
         assert not choose_tile(isa, 56 * 56, 256, 64).channels_as_lanes
         assert choose_tile(isa, 56 * 56, 256, 64).rows == top - fewer, target
+
+
+def test_planes_read_in_place_do_not_start_two_cache_lines_apart() -> None:
+    """The channels tile broadcasts one word of each channel word's plane in turn: a
+    plane pitch that is a multiple of 128 bytes (16 x 16 words: a 14 x 14 image padded by
+    one) grows by a row, 4 phase planes of 8-word rows by a column and a row; pitches
+    off that grid stay."""
+    assert _spread((16, 16), 1) == (17, 16)
+    assert _spread((8, 8), 4) == (9, 9)
+    assert _spread((9, 9), 1) == (9, 9)
+    assert _spread((15, 15), 4) == (15, 15)
+    for extents, planes in (((16, 16), 1), ((8, 8), 4), ((7, 32), 1), ((4, 4), 8)):
+        rows, cols = _spread(extents, planes)
+        assert rows >= extents[0] and cols >= extents[1]
+        assert planes * rows * cols * 4 % 128
 
 
 def test_weight_panels_round_trip() -> None:
