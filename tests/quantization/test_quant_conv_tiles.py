@@ -25,6 +25,7 @@ from kiln.ops.quant_conv_dot import (
     CONV_DOT,
     _spread,
     choose_tile,
+    narrows_by_packs,
     position_rows,
     unpacked_weight,
     weight_panels,
@@ -219,6 +220,16 @@ def test_planes_read_in_place_do_not_start_two_cache_lines_apart() -> None:
         rows, cols = _spread(extents, planes)
         assert rows >= extents[0] and cols >= extents[1]
         assert planes * rows * cols * 4 % 128
+
+
+def test_positions_tiles_narrow_by_packs_on_x86_up_to_avx2() -> None:
+    """The integer clamp that lets LLVM narrow with saturating packs pays on AVX2 and not
+    with AVX-512's `vpmovdb` (kiln.ops.quant_conv_dot.narrows_by_packs); the saturating
+    AVX2 build's positions tile then packs without masking its lanes."""
+    assert narrows_by_packs(isa_for(Target("llvm -mcpu=haswell")))
+    assert narrows_by_packs(isa_for(Target("llvm -mcpu=znver3")))
+    assert not narrows_by_packs(isa_for(Target("llvm -mcpu=znver4")))
+    assert not narrows_by_packs(isa_for(Target("llvm -mtriple=aarch64-linux-gnu")))
 
 
 def test_weight_panels_round_trip() -> None:
