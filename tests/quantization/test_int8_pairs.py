@@ -207,30 +207,42 @@ def test_the_saturating_build_round_trips_through_kiln_script() -> None:
     assert_structural_equal(from_source(text), ex.ir)
 
 
-@pytest.mark.parametrize("signed", [False, True])
-def test_channel_tiles_of_four_rows_store_words(signed: bool) -> None:
-    """With saturating pairs on AVX2, 14 x 14 = 196 output positions and K = 1152 take the
-    channels tile of 4 rows (`channel_rows`), which stores a channel's 4 output bytes
-    as one word. Weights of at most 63 in magnitude keep every pair sum inside int16, so
-    saturating and exact products agree and onnxruntime's result is the reference on
-    any host; u8 and s8 outputs (the word's top byte)."""
+# (target, input [C, H, W], output channels): 14 x 14 = 196 positions and K = 1152 with
+# saturating pairs on AVX2; 2 x 2 = 4 positions on VNNI (every x86 family's rule takes
+# 4 rows there), u8 and s8, llvm and c
+FOUR_ROW_TILES = [("llvm -mcpu=haswell -int8-pairs=saturate", (128, 14, 14), 64, False),
+                  ("c -mcpu=haswell -int8-pairs=saturate", (128, 14, 14), 64, False),
+                  ("llvm -mcpu=znver4", (64, 2, 2), 32, True),
+                  ("c -mcpu=znver4", (64, 2, 2), 32, True),
+                  ("llvm -mcpu=znver4", (64, 2, 2), 32, False)]
+
+
+@pytest.mark.parametrize(("target", "chw", "oc", "signed"), FOUR_ROW_TILES)
+def test_channel_tiles_of_four_rows_store_words(target: str, chw: tuple[int, int, int],
+                                                oc: int, signed: bool) -> None:
+    """A channels tile of 4 rows over whole words of each channel's output bytes
+    (`word_stores`) packs them along the lanes and stores one word per channel. Weights
+    of at most 63 in magnitude keep every pair sum inside int16, so saturating and exact
+    products agree and onnxruntime's result is the reference on any host; u8 and s8
+    outputs (the word's top byte), llvm and c."""
     from kiln.ops.quant_conv_dot import choose_tile
 
-    target = "llvm -mcpu=haswell -int8-pairs=saturate"
+    c, h, w = chw
     with kiln.Target(target):
-        isa = quant_dot.target_isa(True)
+        isa = quant_dot.target_isa(quant_dot.target_saturates())
     assert isa is not None
-    tile = choose_tile(isa, 14 * 14, 64, 128 * 9)
+    tile = choose_tile(isa, h * w, oc, c * 9)
     assert tile.channels_as_lanes and tile.rows == 4
     rng = np.random.default_rng(11)
-    model = qlinear_conv_model((1, 128, 14, 14), 64, 3, 1, 1, signed, rng)
+    model = qlinear_conv_model((1, *chw), oc, 3, 1, 1, signed, rng)
     for init in model.graph.initializer:
         if init.name == "w":
-            small = rng.integers(-63, 64, (64, 128, 3, 3)).astype(np.int8)
+            small = rng.integers(-63, 64, (oc, c, 3, 3)).astype(np.int8)
             init.CopyFrom(helper.make_tensor("w", TensorProto.INT8, small.shape,
                                              small.tobytes(), raw=True))
     if not host_runs(target):
         pytest.skip(f"this host cannot run {target}")
-    x = rng.integers(-128, 128, (1, 128, 14, 14)).astype(np.int8 if signed else np.uint8)
-    got = kiln.compile(from_onnx(model), target)["main"](x)
-    np.testing.assert_array_equal(got, onnxruntime_outputs(model, {"x": x})[0])
+    x = rng.integers(-128, 128, (1, *chw)).astype(np.int8 if signed else np.uint8)
+    ex = kiln.compile(from_onnx(model), target)
+    assert "out_words" in print_module(ex.ir)
+    np.testing.assert_array_equal(ex["main"](x), onnxruntime_outputs(model, {"x": x})[0])
