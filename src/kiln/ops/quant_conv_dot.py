@@ -177,10 +177,12 @@ def _tile_cost(isa: Any, tile: ConvTile, positions: int, channels: int, k: int) 
     vectors = max(1, -(-tile.cols // isa.lanes("int32")))
     rows, cols = (positions, channels) if tile.channels_as_lanes else (channels, positions)
     tiles = -(-rows // tile.rows) * -(-cols // tile.cols)
-    epilogue = tile.rows * vectors
-    if tile.channels_as_lanes:
-        words = isa.int8_dot == quant_dot.MADDUBS and word_stores(tile.rows, positions)
-        epilogue = tile.cols if words else tile.rows * tile.cols
+    if not tile.channels_as_lanes:
+        epilogue = tile.rows * vectors
+    elif isa.int8_dot == quant_dot.MADDUBS and word_stores(tile.rows, positions):
+        epilogue = tile.cols
+    else:
+        epilogue = tile.rows * tile.cols
     return tiles * (-(-k // quant_dot.k_group(isa)) * _step_cost(isa, tile.rows, vectors)
                     + epilogue)
 
@@ -539,25 +541,24 @@ def _tiles(x: Buffer, ww: Buffer, bias: Buffer, x_zp: Buffer, multiplier: Buffer
     ends = [max(0, (spatial[j] - 1) * strides[j] + (ws[2 + j] - 1) * dilations[j]
                 - begins[j] + 1 - int(x.shape[2 + j])) for j in range(rank)]
     grid_in = [int(x.shape[2 + j]) + begins[j] + ends[j] for j in range(rank)]
-    planes = _PhasePlanes.of(grid_in, ws, strides, dilations, spatial)
     # k = (tap, c) with whole words of channels: the input is copied once as words of
     # 4 channels (`_padded_words`), and the im2col copies whole words
     quads = by_tap and group == quant_dot.GROUP and taps > 1 and ws[1] % group == 0
-    if quads and tile.channels_as_lanes and rank == 2 and not planes.strided:
+    if quads and tile.channels_as_lanes and rank == 2 and max(strides) == 1:
         # (its words read in place, below; strided ones' phase planes spread so measured
         # 1% slower: 3x3/2 512>512 at 14 x 14, 4 planes of 8 x 8 words to 9 x 9)
         spread = _spread(grid_in, 1)
         ends = [e + s - g for e, s, g in zip(ends, spread, grid_in)]
         grid_in = list(spread)
-        planes = _PhasePlanes.of(grid_in, ws, strides, dilations, spatial)
+    planes = _PhasePlanes.of(grid_in, ws, strides, dilations, spatial)
+    lo, hi = out_range(attrs, y_zp.dtype)
+    row_epilogue = _RowEpilogue(bias, multiplier, y_zp, lo, hi, narrows_by_packs(isa))
     # (strided ones on their phase planes measured slower in place: 3x3/2 128>128 at
     # 56 x 56, 94% of onnxruntime on the im2col of words, 85% in place)
     if quads and rank == 2 and ww.ndim == 2 and not planes.strided and _in_place_pays(
             isa, spatial, _in_place_width(x, begins, ends)):
-        return _in_place(x, ww, x_zp, out, _RowEpilogue(
-            bias, multiplier, y_zp, *out_range(attrs, y_zp.dtype), narrows_by_packs(isa)),
-            ws, begins, ends,
-            dilations, big, isa, intrinsic)
+        return _in_place(x, ww, x_zp, out, row_epilogue, ws, begins, ends, dilations, big,
+                         isa, intrinsic)
     if planes.strided and (quads or any(begins) or any(ends)):
         # already a padded copy: a little more of it lets one loop copy every phase
         ends = planes.whole_ends(grid_in, ends)
@@ -655,7 +656,6 @@ def _tiles(x: Buffer, ww: Buffer, bias: Buffer, x_zp: Buffer, multiplier: Buffer
         "g", groups, lambda g: pack_group(n, g),
         "parallel" if big and groups > 1 else "serial"))
     flat_out = Buffer("out_flat", (batch, oc_n, positions), out.dtype)
-    lo, hi = out_range(attrs, y_zp.dtype)
 
     def requantized(acc: PrimExpr, oc: PrimExpr) -> PrimExpr:
         # vector code along the channels (vectorize-loops): select clamp, magic rounding
@@ -679,10 +679,9 @@ def _tiles(x: Buffer, ww: Buffer, bias: Buffer, x_zp: Buffer, multiplier: Buffer
         nest_ = _channel_tiles(words, ww, flat_out, tile, requantized, positions, oc_n, big,
                                word_at, intrinsic)
     else:
-        nest_ = _position_tiles(words, ww, flat_out, tile, _RowEpilogue(
-            bias, multiplier, y_zp, lo, hi, narrows_by_packs(isa)), positions, oc_n, big,
-            intrinsic,
-            (block * spatial[1] // nr, fill) if block else None)
+        nest_ = _position_tiles(words, ww, flat_out, tile, row_epilogue, positions, oc_n,
+                                big, intrinsic,
+                                (block * spatial[1] // nr, fill) if block else None)
     views = (DeclBuffer(grid_view, src, 0),) if in_grid else ()
     return seq(pad, split, *views, Allocate(words), pack, DeclBuffer(flat_out, out, 0), nest_)
 
