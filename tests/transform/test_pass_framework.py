@@ -161,11 +161,11 @@ def test_timing_instrument_reports_nested_passes() -> None:
     with PassContext(instruments=[timing]):
         get_pipeline("default", "graph")(_module())
     names = [t.name for t in timing.timings]
-    assert names == ["graph-default", "quantize-ops", "fold-constants", "recognize-composites",
-                     "fold-batchnorm", "merge-copies", "block-convolutions", "nchwc-layout",
-                     "block-matmuls", "fuse-ops", "legalize-ops", "dead-code-elimination",
-                     "lower-graph-to-tensor"]
-    assert [t.depth for t in timing.timings] == [0, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1]
+    assert names == ["graph-default", "quantize-ops", "quant-layout", "fold-constants",
+                     "recognize-composites", "fold-batchnorm", "merge-copies",
+                     "block-convolutions", "nchwc-layout", "block-matmuls", "fuse-ops",
+                     "legalize-ops", "dead-code-elimination", "lower-graph-to-tensor"]
+    assert [t.depth for t in timing.timings] == [0] + [1] * 13
     assert all(t.seconds >= 0 for t in timing.timings)
     assert timing.total() == timing.timings[0].seconds
     report = timing.report().splitlines()
@@ -181,17 +181,12 @@ def test_dump_ir_to_directory_and_callback(tmp_path: Path) -> None:
     with PassContext(instruments=[dump, cb]):
         get_pipeline("default", "graph")(_module())
     files = sorted(p.name for p in (tmp_path / "dumps").iterdir())
-    assert files == ["000_quantize-ops.py", "001_fold-constants.py",
-                     "002_recognize-composites.py", "003_fold-batchnorm.py",
-                     "004_merge-copies.py", "005_block-convolutions.py", "006_nchwc-layout.py",
-                     "007_block-matmuls.py", "008_fuse-ops.py", "009_legalize-ops.py",
-                     "010_dead-code-elimination.py", "011_lower-graph-to-tensor.py"]
-    assert [n for n, _ in texts] == ["quantize-ops", "fold-constants", "recognize-composites",
-                                     "fold-batchnorm", "merge-copies", "block-convolutions",
-                                     "nchwc-layout",
-                                     "block-matmuls", "fuse-ops",
-                                     "legalize-ops", "dead-code-elimination",
-                                     "lower-graph-to-tensor"]
+    passes = ["quantize-ops", "quant-layout", "fold-constants", "recognize-composites",
+              "fold-batchnorm", "merge-copies", "block-convolutions", "nchwc-layout",
+              "block-matmuls", "fuse-ops", "legalize-ops", "dead-code-elimination",
+              "lower-graph-to-tensor"]
+    assert files == [f"{i:03d}_{name}.py" for i, name in enumerate(passes)]
+    assert [n for n, _ in texts] == passes
     last = (tmp_path / "dumps" / files[-1]).read_text()
     assert "def main(" in last and last == texts[-1][1]  # kiln.script text
 

@@ -30,6 +30,12 @@ With `int8-pairs=saturate` (k = (tap, c)) and C a multiple of 4, every im2col wo
 channels of one tap: the input is copied once as such words (`_padded_words`) and the
 im2col copies whole words; a stride-1 convolution on an image wide enough reads them in
 place instead (`_in_place`: no im2col, grid positions as the tile's lanes).
+
+Between such convolutions the activations may be kept as those words (WORDS_LAYOUT,
+`NCHW4c`: attributes `in_layout` / `out_layout`, chosen by kiln.transform.quant_layout):
+the input is then read as words where it needs no padding (1x1 layers: no im2col at all)
+and copied word by word where it does; each 4 rows of a positions tile store one word
+per position, and a channels tile's rows are words of 4 channels already.
 """
 
 from __future__ import annotations
@@ -67,6 +73,7 @@ from kiln.ops import quant_dot, te
 from kiln.ops.kernels.parallel_work import worth_parallel
 from kiln.ops.kernels.tiles import lanes_loop, nest, parallel_tiles
 from kiln.ops.kernels.tiles import loop as tile_loop
+from kiln.ops.layout import block_shape, blocked_layout, from_blocked, to_blocked
 from kiln.ops.nn import conv_geometry
 from kiln.ops.quant import (
     channel,
@@ -79,6 +86,10 @@ from kiln.ops.registry import OPS, HandBuiltOp
 
 Attrs = Mapping[str, Any]
 CONV_DOT = "qlinear_conv_dot"
+#: The activation layout of int8 convolution chains (kiln.transform.quant_layout): NCHW
+#: with 4 channels to a word, `[N][C / 4][H][W][4]` bytes, the unit the dot form's input
+#: word holds (k = (tap, c)): read in place, no byte gather from 4 channel planes.
+WORDS_LAYOUT = blocked_layout(quant_dot.GROUP)
 #: Column tiles that keep the threads busy; with fewer, row tiles (channels) run in parallel.
 PARALLEL_TILES = 8
 
@@ -220,7 +231,7 @@ def channel_rows(isa: Any, positions: int, nr: int, k: int) -> int:
     return max(mr for mr, cost in costs.items() if cost <= 1.02 * least)
 
 
-def position_rows(isa: Any, nr: int, channels: int) -> int:
+def position_rows(isa: Any, nr: int, channels: int, words: bool = False) -> int:
     """Rows (output channels, a broadcast weight word each) of a positions tile `nr`
     positions wide: as many as the registers hold (`quant_dot.tile_rows`), one fewer for
     the `vpmaddubsw` pairs of `int8-pairs=saturate` on 16 registers (AVX2). There 5 rows
@@ -229,10 +240,13 @@ def position_rows(isa: Any, nr: int, channels: int) -> int:
     never divide the 2^n channels of a network, so every tile clamps its weight rows
     and guards its stores; 4 rows do neither (AMD EPYC Zen 4, AVX2, one thread: the 1x1
     layers of ResNet-50 1.6-4.2% faster, the 3x3 ones read in place 0.5-1%; VNNI and the
-    int16 pairs measured mixed, within the noise, and keep theirs)."""
+    int16 pairs measured mixed, within the noise, and keep theirs). With `words` (an output
+    in WORDS_LAYOUT: each 4 rows store a word per position) a multiple of 4."""
     rows = quant_dot.tile_rows(isa, nr)
     if isa.int8_dot == quant_dot.MADDUBS and isa.vector_registers <= 16 and rows > 1:
         rows -= 1
+    if words:  # (channels are a multiple of 4 there)
+        rows = max(quant_dot.GROUP, rows - rows % quant_dot.GROUP)
     return min(rows, channels)
 
 
@@ -269,6 +283,66 @@ def _w_shape(attrs: Attrs) -> tuple[int, ...]:
     return tuple(int(d) for d in attrs["w_shape"])
 
 
+def layouts(attrs: Attrs) -> tuple[bool, bool]:
+    """Whether a dot-form convolution's input and output are in WORDS_LAYOUT (attributes
+    `in_layout`, `out_layout`: "NCHW", the default, or WORDS_LAYOUT)."""
+    flags = []
+    for key in ("in_layout", "out_layout"):
+        value = str(attrs.get(key, "NCHW"))
+        if value not in ("NCHW", WORDS_LAYOUT):
+            raise IRError(f"{CONV_DOT}: {key} must be 'NCHW' or {WORDS_LAYOUT!r}, got {value!r}")
+        flags.append(value == WORDS_LAYOUT)
+    return flags[0], flags[1]
+
+
+def reads_words(attrs: Attrs, x: TensorType) -> bool:
+    """Whether a dot-form convolution with `attrs` on NCHW input `x` (a 2-D one) can read
+    its input as words of 4 channels: 4 k to a word (not the int16 pairs), every word
+    4 channels of one tap (k = (tap, c), or a single tap), unsigned or signed bytes."""
+    ws = _w_shape(attrs)
+    return (len(ws) == 4 and ws[1] % quant_dot.GROUP == 0 and x.ndim == 4
+            and quant_dot.word_group(attrs) == quant_dot.GROUP
+            and (tap_major_k(attrs) or int(np.prod(ws[2:])) == 1)
+            and x.dtype in ("uint8", "int8"))
+
+
+def writes_words(attrs: Attrs, out: TensorType) -> bool:
+    """Whether a dot-form convolution with `attrs` and NCHW output `out` can write it as
+    words of 4 channels: a 2-D one, output channels a multiple of 4, bytes."""
+    return out.ndim == 4 and int(_w_shape(attrs)[0]) % quant_dot.GROUP == 0 \
+        and out.dtype in ("uint8", "int8")
+
+
+def stores_words(call: Any) -> bool:
+    """Whether dot-form convolution `call` (a graph call with NCHW output) can write its
+    output in WORDS_LAYOUT at no cost to its tile: a channels tile (its rows' channels
+    are words already), or a positions tile whose rows, at each width it may take, are a
+    multiple of 4 (`position_rows`: 4 on AVX2 with `int8-pairs=saturate`, where each 4
+    rows store a word per position; 6 on AVX-512 at 64 positions would narrow to 4)."""
+    out, ww = call.ret_type, call.args[1].type
+    if not isinstance(out, TensorType) or not writes_words(call.attrs, out):
+        return False
+    isa = quant_dot.target_isa(quant_dot.saturates(call.attrs))
+    if isa is None or quant_dot.k_group(isa) != quant_dot.word_group(call.attrs):
+        return False  # the te definition (words packed for another target)
+    if ww.ndim == 3:
+        return True
+    dims = out.static_shape
+    positions = int(np.prod(dims[2:]))
+    widths = {quant_dot.tile_cols_for(isa, positions), quant_dot.tile_cols(isa)}
+    return all(position_rows(isa, nr, dims[1]) % quant_dot.GROUP == 0 for nr in widths)
+
+
+def _nchw_input(x: TensorType, in_words: bool) -> TensorType:
+    """The NCHW type of input `x` (WORDS_LAYOUT with `in_words`; checked)."""
+    if not in_words:
+        return x
+    if x.ndim != 5 or x.shape[4] != quant_dot.GROUP or not isinstance(x.shape[1], int):
+        raise IRError(f"{CONV_DOT}: a {WORDS_LAYOUT} input is 5-D [N][C / 4][H][W][4] with "
+                      f"static channels, got {x.shape}")
+    return TensorType((x.shape[0], x.shape[1] * quant_dot.GROUP, *x.shape[2:4]), x.dtype)
+
+
 def _infer(types: Sequence[TensorType], attrs: Attrs) -> Type:
     x, ww, bias, x_zp, multiplier, y_zp = types
     ws = _w_shape(attrs)
@@ -282,15 +356,33 @@ def _infer(types: Sequence[TensorType], attrs: Attrs) -> Type:
         raise IRError(f"{CONV_DOT}: expects one group and int32 weight words "
                       f"({ws[0]}, {groups}) or panels (ceil({ws[0]} / nr), {groups}, nr) for "
                       f"w_shape {ws}, got {ww.dtype}{shape}")
+    in_words, out_words = layouts(attrs)
+    x = _nchw_input(x, in_words)
+    if in_words and not reads_words(attrs, x):
+        raise IRError(f"{CONV_DOT}: a {WORDS_LAYOUT} input needs words of 4 channels of one "
+                      f"tap (a 2-D convolution, k_group 4, tap_major or 1x1), got w_shape {ws}")
     shape = conv_int_shape(CONV_DOT, [x, TensorType(ws, "int8"), x_zp,
                                        TensorType((), "int8")], attrs)
     check_requant(CONV_DOT, ws[0], bias, multiplier, y_zp, attrs)
-    return TensorType(shape, y_zp.dtype)
+    out = TensorType(shape, y_zp.dtype)
+    if out_words:
+        if not writes_words(attrs, out):
+            raise IRError(f"{CONV_DOT}: a {WORDS_LAYOUT} output needs a 2-D convolution with "
+                          f"a multiple of 4 output channels, got {shape}")
+        return TensorType(block_shape(shape, quant_dot.GROUP), y_zp.dtype)
+    return out
 
 
 def _build(inputs: Sequence[te.Tensor], attrs: Attrs) -> te.Tensor:
     """The tensor-expression definition (used where the tiled kernel is not)."""
     x, ww, bias, x_zp, multiplier, y_zp = inputs
+    in_words, out_words = layouts(attrs)
+    if in_words:  # read through an NCHW view of the words
+        words = x
+        x = te.compute(_nchw_input(TensorType(words.shape, words.dtype), True).shape,
+                       lambda n, c, *i: words[(n, c // quant_dot.GROUP, *i,
+                                               c % quant_dot.GROUP)],
+                       words.dtype, "from_words")
     ws = _w_shape(attrs)
     rank, strides, dilations, begins, _ = conv_geometry(x.shape, ws, attrs, CONV_DOT)
     lo, hi = out_range(attrs, y_zp.dtype)
@@ -321,7 +413,11 @@ def _build(inputs: Sequence[te.Tensor], attrs: Attrs) -> te.Tensor:
             acc = te.reduce("sum", term, tuple(ws[1:]), "int32") + bias[oc]
         return requantize_value(acc, channel(multiplier, oc), y_zp[()], lo, hi, y_zp.dtype)
 
-    return te.compute(out_shape, value, y_zp.dtype, CONV_DOT)
+    y = te.compute(out_shape, value, y_zp.dtype, CONV_DOT)
+    if not out_words:
+        return y
+    return te.compute(block_shape(out_shape, quant_dot.GROUP), lambda n, cb, h, w, v: y[
+        n, cb * quant_dot.GROUP + v, h, w], y_zp.dtype, "to_words")
 
 
 def _reference(x: np.ndarray, ww: np.ndarray, bias: np.ndarray, x_zp: np.ndarray,
@@ -329,10 +425,15 @@ def _reference(x: np.ndarray, ww: np.ndarray, bias: np.ndarray, x_zp: np.ndarray
     from kiln.ops.quant_kernels import conv_packed_ref
 
     w = unpacked_weight(ww, _w_shape(attrs), tap_major_k(attrs), quant_dot.word_group(attrs))
+    in_words, out_words = layouts(attrs)
+    if in_words:
+        x = from_blocked(x, x.shape[1] * quant_dot.GROUP)
     shift = quant_dot.a_shift(str(x.dtype))
-    rest = {a: v for a, v in attrs.items() if a not in ("w_shape", "k_group")}
-    return conv_packed_ref(x.astype(np.int64) + shift, w, bias,
-                            np.asarray(int(x_zp) + shift), multiplier, y_zp, **rest)
+    rest = {a: v for a, v in attrs.items()
+            if a not in ("w_shape", "k_group", "in_layout", "out_layout")}
+    y = conv_packed_ref(x.astype(np.int64) + shift, w, bias,
+                        np.asarray(int(x_zp) + shift), multiplier, y_zp, **rest)
+    return to_blocked(y, quant_dot.GROUP) if out_words else y
 
 
 @dataclass(frozen=True)
@@ -377,16 +478,51 @@ def _padded_input(x: Buffer, x_zp: Buffer, begins: Sequence[int], ends: Sequence
     return xp, seq(Allocate(xp), DeclBuffer(flat, xp, 0), fill, rows)
 
 
-def _padded_words(x: Buffer, x_zp: Buffer, begins: Sequence[int], ends: Sequence[int]
+#: The top bit of each byte of a word (int32): flipping them adds 128 to each int8 byte
+#: (`quant_dot.a_shift`).
+_SIGN_BITS = -0x7F7F7F80
+
+
+@dataclass(frozen=True)
+class _Input:
+    """A dot-form convolution's input: NCHW bytes, or (`words_of`: the bytes' dtype) the
+    int32 view `[N][C / 4][H][W]` of a WORDS_LAYOUT input."""
+
+    buffer: Buffer
+    words_of: str | None = None
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """The NCHW shape."""
+        dims = [int(d) for d in self.buffer.shape]
+        if self.words_of is None:
+            return tuple(dims)
+        return (dims[0], dims[1] * quant_dot.GROUP, *dims[2:])
+
+    @staticmethod
+    def of(x: Buffer, in_words: bool) -> tuple[_Input, tuple[Stmt, ...]]:
+        """The input of buffer parameter `x` and the declarations it needs."""
+        if not in_words:
+            return _Input(x), ()
+        view = Buffer("x_in_words", tuple(int(d) for d in x.shape[:4]), "int32")
+        return _Input(view, str(x.dtype)), (DeclBuffer(view, x, 0),)
+
+
+def _padded_words(src: _Input, x_zp: Buffer, begins: Sequence[int], ends: Sequence[int]
                   ) -> tuple[Buffer, Stmt]:
-    """`x` (C a multiple of 4) padded with its zero point as words of 4 channels,
+    """The input (C a multiple of 4) padded with its zero point as words of 4 channels,
     `[N][C / 4][*padded spatial]` int32: byte i of word (n, c4, ...) is channel 4 c4 + i
     at that place, an unsigned byte as the dot product reads it. With k = (tap, c)
     (`int8-pairs=saturate`), an im2col word is 4 channels of one tap: a word of this
     grid, so the im2col copies words instead of gathering bytes from 4 planes (and
-    the gather runs once per input word here, not once per tap)."""
+    the gather runs once per input word here, not once per tap). An input already in
+    words (WORDS_LAYOUT) copies whole words, and none when it needs no padding and no
+    shift (unsigned bytes): it is then read in place."""
+    x = src.buffer
     rank = len(x.shape) - 2
-    shape = (int(x.shape[0]), int(x.shape[1]) // quant_dot.GROUP,
+    if src.words_of == "uint8" and not any(begins) and not any(ends):
+        return x, seq()
+    shape = (int(x.shape[0]), src.shape[1] // quant_dot.GROUP,
              *(int(d) + b + e for d, b, e in zip(x.shape[2:], begins, ends)))
     xw = Buffer("x_words4", shape, "int32", "global")
     statements: list[Stmt] = [Allocate(xw)]
@@ -397,8 +533,13 @@ def _padded_words(x: Buffer, x_zp: Buffer, begins: Sequence[int], ends: Sequence
             "i", int(np.prod(shape)), lambda i: Store(flat, zp_word, (i,)))]
 
     def copy(n: PrimExpr, c4: PrimExpr, *i: PrimExpr) -> Stmt:
-        word = quant_dot.pack_word(lambda b: quant_dot.a_byte(
-            x[(n, c4 * quant_dot.GROUP + b, *i)]))
+        if src.words_of is None:
+            word = quant_dot.pack_word(lambda b: quant_dot.a_byte(
+                x[(n, c4 * quant_dot.GROUP + b, *i)]))
+        else:  # int8 bytes shifted to unsigned ones: their top bits flipped
+            word = x[(n, c4, *i)]
+            if quant_dot.a_shift(src.words_of):
+                word = word ^ as_expr(_SIGN_BITS, "int32")
         return Store(xw, word, (n, c4, *(i[j] + begins[j] for j in range(rank))))
 
     statements.append(nest(("n", "c4", *(f"i{j}" for j in range(rank))),
@@ -523,8 +664,12 @@ def _spread(extents: Sequence[int], planes: int) -> tuple[int, ...]:
 def _tiles(x: Buffer, ww: Buffer, bias: Buffer, x_zp: Buffer, multiplier: Buffer,
            y_zp: Buffer, out: Buffer, attrs: Attrs, isa: Any) -> Stmt:
     ws = _w_shape(attrs)
-    rank, strides, dilations, begins, _ = conv_geometry(x.shape, ws, attrs, CONV_DOT)
-    batch, oc_n, spatial = int(out.shape[0]), ws[0], tuple(int(d) for d in out.shape[2:])
+    in_words, out_words = layouts(attrs)
+    source, decls = _Input.of(x, in_words)
+    x_shape = source.shape
+    rank, strides, dilations, begins, _ = conv_geometry(x_shape, ws, attrs, CONV_DOT)
+    batch, oc_n = int(out.shape[0]), ws[0]
+    spatial = tuple(int(d) for d in out.shape[2:2 + len(ws) - 2])
     positions = int(np.prod(spatial))
     taps, k_total, groups = int(np.prod(ws[2:])), int(np.prod(ws[1:])), int(ww.shape[1])
     by_tap = tap_major_k(attrs)
@@ -535,15 +680,17 @@ def _tiles(x: Buffer, ww: Buffer, bias: Buffer, x_zp: Buffer, multiplier: Buffer
         tile = ConvTile(True, channel_rows(isa, positions, nr, k_total), nr)
     else:
         nr = quant_dot.tile_cols_for(isa, positions)
-        tile = ConvTile(False, position_rows(isa, nr, oc_n), nr)
+        tile = ConvTile(False, position_rows(isa, nr, oc_n, out_words), nr)
     big = worth_parallel(batch * positions * oc_n * k_total, "madd", isa, "int8")
     # the padding past the input's end that the last output position reads
     ends = [max(0, (spatial[j] - 1) * strides[j] + (ws[2 + j] - 1) * dilations[j]
-                - begins[j] + 1 - int(x.shape[2 + j])) for j in range(rank)]
-    grid_in = [int(x.shape[2 + j]) + begins[j] + ends[j] for j in range(rank)]
+                - begins[j] + 1 - x_shape[2 + j]) for j in range(rank)]
+    grid_in = [x_shape[2 + j] + begins[j] + ends[j] for j in range(rank)]
     # k = (tap, c) with whole words of channels: the input is copied once as words of
-    # 4 channels (`_padded_words`), and the im2col copies whole words
-    quads = by_tap and group == quant_dot.GROUP and taps > 1 and ws[1] % group == 0
+    # 4 channels (`_padded_words`), and the im2col copies whole words; an input in
+    # words (WORDS_LAYOUT: `_infer` checked its k order) is read as such
+    quads = in_words or (by_tap and group == quant_dot.GROUP and taps > 1
+                         and ws[1] % group == 0)
     if quads and tile.channels_as_lanes and rank == 2 and max(strides) == 1:
         # (its words read in place, below; strided ones' phase planes spread so measured
         # 1% slower: 3x3/2 512>512 at 14 x 14, 4 planes of 8 x 8 words to 9 x 9)
@@ -556,13 +703,14 @@ def _tiles(x: Buffer, ww: Buffer, bias: Buffer, x_zp: Buffer, multiplier: Buffer
     # (strided ones on their phase planes measured slower in place: 3x3/2 128>128 at
     # 56 x 56, 94% of onnxruntime on the im2col of words, 85% in place)
     if quads and rank == 2 and ww.ndim == 2 and not planes.strided and _in_place_pays(
-            isa, spatial, _in_place_width(x, begins, ends)):
-        return _in_place(x, ww, x_zp, out, row_epilogue, ws, begins, ends, dilations, big,
-                         isa, intrinsic)
+            isa, spatial, _in_place_width(x_shape, begins, ends)):
+        return seq(*decls, _in_place(source, ww, x_zp, out, out_words, row_epilogue, ws,
+                                     begins, ends, dilations, big, isa, intrinsic))
     if planes.strided and (quads or any(begins) or any(ends)):
         # already a padded copy: a little more of it lets one loop copy every phase
         ends = planes.whole_ends(grid_in, ends)
-    xp, pad = (_padded_words if quads else _padded_input)(x, x_zp, begins, ends)
+    xp, pad = (_padded_words(source, x_zp, begins, ends) if quads
+               else _padded_input(x, x_zp, begins, ends))
     # A strided convolution reads its input through phase planes (`_PhasePlanes`): there
     # output position o reads plane (c, phase of the tap) at o + the tap's offset, as
     # a stride-1 convolution reads its input. With stride 1 the planes are the input.
@@ -655,7 +803,8 @@ def _tiles(x: Buffer, ww: Buffer, bias: Buffer, x_zp: Buffer, multiplier: Buffer
     pack = seq() if block else tile_loop("n", batch, lambda n: tile_loop(
         "g", groups, lambda g: pack_group(n, g),
         "parallel" if big and groups > 1 else "serial"))
-    flat_out = Buffer("out_flat", (batch, oc_n, positions), out.dtype)
+    flat_out = _flat_output(out, out_words, positions)
+    bytes_of = str(y_zp.dtype) if out_words else None
 
     def requantized(acc: PrimExpr, oc: PrimExpr) -> PrimExpr:
         # vector code along the channels (vectorize-loops): select clamp, magic rounding
@@ -672,18 +821,28 @@ def _tiles(x: Buffer, ww: Buffer, bias: Buffer, x_zp: Buffer, multiplier: Buffer
                 (off[j] * row[j] for j in range(1, rank)), off[0] * row[0])]
 
         nest_ = _channel_tiles(_InPlace(ws[1] // group, read), ww, flat_out, tile,
-                               requantized, positions, oc_n, big, word_at, intrinsic)
-        return seq(pad, split, DeclBuffer(grid_view, src, 0), DeclBuffer(flat_out, out, 0),
-                   nest_)
+                               requantized, positions, oc_n, big, word_at, intrinsic,
+                               y_zp.dtype, out_words)
+        return seq(*decls, pad, split, DeclBuffer(grid_view, src, 0),
+                   DeclBuffer(flat_out, out, 0), nest_)
     if tile.channels_as_lanes:
         nest_ = _channel_tiles(words, ww, flat_out, tile, requantized, positions, oc_n, big,
-                               word_at, intrinsic)
+                               word_at, intrinsic, y_zp.dtype, out_words)
     else:
         nest_ = _position_tiles(words, ww, flat_out, tile, row_epilogue, positions, oc_n,
                                 big, intrinsic,
-                                (block * spatial[1] // nr, fill) if block else None)
+                                (block * spatial[1] // nr, fill) if block else None, bytes_of)
     views = (DeclBuffer(grid_view, src, 0),) if in_grid else ()
-    return seq(pad, split, *views, Allocate(words), pack, DeclBuffer(flat_out, out, 0), nest_)
+    return seq(*decls, pad, split, *views, Allocate(words), pack,
+               DeclBuffer(flat_out, out, 0), nest_)
+
+
+def _flat_output(out: Buffer, out_words: bool, positions: int) -> Buffer:
+    """The view the tiles store into: `[N][OC][positions]` bytes, or with `out_words`
+    `[N][OC / 4][positions]` int32 words of 4 channels (WORDS_LAYOUT)."""
+    if out_words:
+        return Buffer("out_words4", (int(out.shape[0]), int(out.shape[1]), positions), "int32")
+    return Buffer("out_flat", (int(out.shape[0]), int(out.shape[1]), positions), out.dtype)
 
 
 #: The grid positions an in-place convolution computes (`_in_place`: the padding columns
@@ -694,11 +853,12 @@ def _tiles(x: Buffer, ww: Buffer, bias: Buffer, x_zp: Buffer, multiplier: Buffer
 IN_PLACE_WASTE = 1.05
 
 
-def _in_place_width(x: Buffer, begins: Sequence[int], ends: Sequence[int]) -> int:
-    """The columns of a row of `_in_place`'s grid: the input's and the larger of its left
-    and right padding, which the rows share (a row's right padding is the next row's
-    left padding)."""
-    return int(x.shape[3]) + max(begins[1], ends[1])
+def _in_place_width(x_shape: Sequence[int], begins: Sequence[int], ends: Sequence[int]
+                    ) -> int:
+    """The columns of a row of `_in_place`'s grid: the input's (NCHW `x_shape`) and the
+    larger of its left and right padding, which the rows share (a row's right padding is
+    the next row's left padding)."""
+    return int(x_shape[3]) + max(begins[1], ends[1])
 
 
 def _in_place_pays(isa: Any, spatial: Sequence[int], width: int) -> bool:
@@ -711,9 +871,10 @@ def _in_place_pays(isa: Any, spatial: Sequence[int], width: int) -> bool:
     return grid <= IN_PLACE_WASTE * im2col
 
 
-def _in_place(x: Buffer, ww: Buffer, x_zp: Buffer, out: Buffer, epilogue: _RowEpilogue,
-              ws: Sequence[int], begins: Sequence[int], ends: Sequence[int],
-              dilations: Sequence[int], big: bool, isa: Any, intrinsic: str) -> Stmt:
+def _in_place(source: _Input, ww: Buffer, x_zp: Buffer, out: Buffer, out_words: bool,
+              epilogue: _RowEpilogue, ws: Sequence[int], begins: Sequence[int],
+              ends: Sequence[int], dilations: Sequence[int], big: bool, isa: Any,
+              intrinsic: str) -> Stmt:
     """A stride-1 2-D convolution with k = (tap, c) and C a multiple of 4
     (`int8-pairs=saturate`) on the positions tile without an im2col: the input is copied
     once as words of 4 channels on a padded grid (`_padded_words`) of W' = W + P columns,
@@ -725,18 +886,21 @@ def _in_place(x: Buffer, ww: Buffer, x_zp: Buffer, out: Buffer, epilogue: _RowEp
     kernel reads its NHWC input. The P columns past each output row are computed too and
     left out when the tiles' output grid is copied into the output (a contiguous copy
     per row). The grid has rows enough below the image (the zero point's) that the last
-    tile reads inside it."""
+    tile reads inside it. Where the grid is the output's (an unpadded 1x1 convolution on
+    whole tiles) the tiles store into the output itself; and an input in words
+    (WORDS_LAYOUT) of unsigned bytes that needs no padding is read where it is."""
+    x_shape = source.shape
     batch, oc_n = int(out.shape[0]), int(ws[0])
     rows_out, cols_out = int(out.shape[2]), int(out.shape[3])
-    width = _in_place_width(x, begins, ends)
-    shift = width - int(x.shape[3]) - begins[1]
+    width = _in_place_width(x_shape, begins, ends)
+    shift = width - x_shape[3] - begins[1]
     # the widest tile: one vector broadcasts a weight word per accumulator and step
     nr = min(quant_dot.tile_cols(isa), rows_out * width)
-    tile = ConvTile(False, position_rows(isa, nr, oc_n), nr)
+    tile = ConvTile(False, position_rows(isa, nr, oc_n, out_words), nr)
     cols = -(-rows_out * width // nr) * nr
     reach = cols - 1 + (ws[2] - 1) * dilations[0] * width + (ws[3] - 1) * dilations[1] + shift
-    below = max(int(ends[0]), reach // width + 1 - int(x.shape[2]) - begins[0])
-    xw, pad = _padded_words(x, x_zp, (begins[0], width - int(x.shape[3])), (below, 0))
+    below = max(int(ends[0]), reach // width + 1 - x_shape[2] - begins[0])
+    xw, pad = _padded_words(source, x_zp, (begins[0], width - x_shape[3]), (below, 0))
     grid = Buffer("x_grid", (batch, int(xw.shape[1]), int(xw.shape[2]) * width), "int32")
     quarter = int(ws[1]) // quant_dot.GROUP
 
@@ -744,16 +908,34 @@ def _in_place(x: Buffer, ww: Buffer, x_zp: Buffer, out: Buffer, epilogue: _RowEp
         kk = te.unflatten_index(t, ws[2:])
         return grid[n, c4, q + kk[0] * (dilations[0] * width) + kk[1] * dilations[1] + shift]
 
-    out_grid = Buffer("out_grid", (batch, oc_n, cols), out.dtype, "global")
+    bytes_of = str(epilogue.y_zp.dtype) if out_words else None
+    if width == cols_out and cols == rows_out * cols_out:
+        flat = _flat_output(out, out_words, cols)
+        tiles = _position_tiles(_InPlace(quarter, read), ww, flat, tile, epilogue, cols,
+                                oc_n, big, intrinsic, out_bytes=bytes_of)
+        return seq(pad, DeclBuffer(grid, xw, 0), DeclBuffer(flat, out, 0), tiles)
+    # the output grid, then its rows without the padding columns
+    rows_of = oc_n // quant_dot.GROUP if out_words else oc_n
+    dtype = "int32" if out_words else out.dtype
+    out_grid = Buffer("out_grid", (batch, rows_of, cols), dtype, "global")
     tiles = _position_tiles(_InPlace(quarter, read), ww, out_grid, tile, epilogue, cols, oc_n,
-                            big, intrinsic)
-    compact = nest(("n", "oc", "o0", "o1"), (batch, oc_n, rows_out, cols_out),
-                   lambda n, oc, o0, o1: Store(out, out_grid[n, oc, o0 * width + o1],
+                            big, intrinsic, out_bytes=bytes_of)
+    target = Buffer("out_rows", (batch, rows_of, rows_out, cols_out), dtype)
+    compact = nest(("n", "oc", "o0", "o1"), (batch, rows_of, rows_out, cols_out),
+                   lambda n, oc, o0, o1: Store(target, out_grid[n, oc, o0 * width + o1],
                                                (n, oc, o0, o1)))
-    return seq(pad, DeclBuffer(grid, xw, 0), Allocate(out_grid), tiles, compact)
+    return seq(pad, DeclBuffer(grid, xw, 0), Allocate(out_grid), tiles,
+               DeclBuffer(target, out, 0), compact)
 
 
 Epilogue = Callable[[PrimExpr, PrimExpr], PrimExpr]
+
+
+def unsigned_byte(value: PrimExpr, dtype: str) -> PrimExpr:
+    """An output byte of `dtype` (uint8 or int8) as int32 in [0, 255], as `pack_word`
+    packs it."""
+    q = Cast("int32", value)
+    return q if dtype == "uint8" else Select(compare("lt", q, 0), q + 256, q)
 #: Most bytes of im2col words a block of output rows packs at a time (`_block_rows`).
 BLOCK_BYTES = 384 * 1024
 
@@ -806,10 +988,10 @@ class _RowEpilogue:
         the zero points included), so the epilogue adds nothing."""
         return self.bias[oc]
 
-    def buffers(self) -> tuple[Buffer, Buffer]:
+    def buffers(self, suffix: str = "") -> tuple[Buffer, Buffer]:
         """The per-tile register copies (multiplier, zero point)."""
-        return (Buffer("row_multiplier", (1,), "float32", "local"),
-                Buffer("row_zp", (1,), self.y_zp.dtype, "local"))
+        return (Buffer(f"row_multiplier{suffix}", (1,), "float32", "local"),
+                Buffer(f"row_zp{suffix}", (1,), self.y_zp.dtype, "local"))
 
     def load(self, regs: Sequence[Buffer], oc: PrimExpr) -> Stmt:
         """Copy channel `oc`'s parameters into `regs`."""
@@ -852,13 +1034,15 @@ def _steps(words: Buffer | _InPlace, groups: int, n: PrimExpr,
 def _position_tiles(words: Buffer | _InPlace, ww: Buffer, flat_out: Buffer, tile: ConvTile,
                     epilogue: _RowEpilogue, positions: int, oc_n: int, big: bool,
                     intrinsic: str = DOT4_U8S8,
-                    blocks: tuple[int, Callable[[PrimExpr, PrimExpr], Stmt]] | None = None
-                    ) -> Stmt:
+                    blocks: tuple[int, Callable[[PrimExpr, PrimExpr], Stmt]] | None = None,
+                    out_bytes: str | None = None) -> Stmt:
     """Tiles of output channels (a broadcast weight word each) x output positions (the
     lanes: vectors of input words, `words[n, g, p]`, or read in place, `_InPlace`),
     stored along the output rows. With `blocks` (column tiles per block,
     `fill(n, block)`), the blocks run in parallel, each packing its words with `fill`
-    before its column tiles."""
+    before its column tiles. With `out_bytes` (the output's byte dtype) `flat_out` is
+    int32 words of 4 channels `[N][OC / 4][positions]` (WORDS_LAYOUT): each 4 rows of
+    the tile (rows a multiple of 4) store one word per position."""
     batch, groups = int(flat_out.shape[0]), int(ww.shape[1])
     mr, nr = tile.rows, tile.cols
     col_tiles, row_tiles = -(-positions // nr), -(-oc_n // mr)
@@ -900,8 +1084,34 @@ def _position_tiles(words: Buffer | _InPlace, ww: Buffer, flat_out: Buffer, tile
                 return stores
             return IfThenElse(compare("lt", rt * mr + r, oc_n), stores)
 
-        return seq(Allocate(acc), zero, step, *(Allocate(b) for b in regs),
-                   tile_loop("r", mr, store_row, "unrolled"))
+        if out_bytes is None:
+            return seq(Allocate(acc), zero, step, *(Allocate(b) for b in regs),
+                       tile_loop("r", mr, store_row, "unrolled"))
+        # WORDS_LAYOUT: rows 4 q .. 4 q + 3 (4 channels) requantized and packed to a word
+        # per position, along the lanes (vector code)
+        quad = [epilogue.buffers(f"_{b}") for b in range(quant_dot.GROUP)]
+
+        def store_words(q: PrimExpr) -> Stmt:
+            first = q * quant_dot.GROUP
+
+            def store(v: PrimExpr) -> Stmt:
+                word = quant_dot.pack_word(lambda b: unsigned_byte(
+                    epilogue.value(quad[b], acc[first + b, v]), out_bytes))
+                return Store(flat_out, word, (n, rt * (mr // quant_dot.GROUP) + q, ct * nr + v))
+
+            rest = positions - (col_tiles - 1) * nr
+            stores: Stmt = lanes_loop("v", nr, store)
+            if rest != nr:
+                stores = IfThenElse(compare("lt", ct, col_tiles - 1), stores,
+                                    lanes_loop("v", rest, store))
+            stores = seq(*(epilogue.load(quad[b], row(first + b))
+                           for b in range(quant_dot.GROUP)), stores)
+            if oc_n % mr == 0:
+                return stores
+            return IfThenElse(compare("lt", rt * mr + first, oc_n), stores)
+
+        return seq(Allocate(acc), zero, step, *(Allocate(b) for regs_ in quad for b in regs_),
+                   tile_loop("q", mr // quant_dot.GROUP, store_words, "unrolled"))
 
     if blocks is not None:
         per, fill = blocks
@@ -931,10 +1141,13 @@ def _tiles_of(batch: int, extents: tuple[int, int], one: Callable[..., Stmt], bi
 
 def _channel_tiles(words: Buffer | _InPlace, ww: Buffer, flat_out: Buffer, tile: ConvTile,
                    requantized: Epilogue, positions: int, oc_n: int, big: bool,
-                   word_at: Callable[[PrimExpr], PrimExpr], intrinsic: str = DOT4_U8S8) -> Stmt:
+                   word_at: Callable[[PrimExpr], PrimExpr], intrinsic: str = DOT4_U8S8,
+                   out_dtype: str = "", words_out: bool = False) -> Stmt:
     """Tiles of output positions (a broadcast input word each, output position p's at
     `words[n, g, word_at(p)]`) x output channels (the lanes: a row of a weight panel),
-    the per-channel requantization along the lanes.
+    the per-channel requantization along the lanes into bytes of `out_dtype` (default:
+    `flat_out`'s). With `words_out`, `flat_out` is int32 words of 4 channels `[N][OC /
+    4][positions]` (WORDS_LAYOUT): each row's bytes are 4 channels to a word already.
     The tiles run in parallel panel by panel (`_tiles_of`): a thread keeps its weight
     panel in cache while the positions' words stream past it."""
     batch, groups = int(flat_out.shape[0]), int(ww.shape[1])
@@ -953,9 +1166,10 @@ def _channel_tiles(words: Buffer | _InPlace, ww: Buffer, flat_out: Buffer, tile:
 
     # tiles of 4 rows over whole words of each channel's bytes store a channel's 4
     # output bytes as one int32 (a tile of 4 x 16 bytes: 16 stores instead of 64)
+    byte_dtype = out_dtype or str(flat_out.dtype)
     out_words = (Buffer("out_words", (batch, oc_n, positions // quant_dot.GROUP), "int32")
-                 if word_stores(mr, positions) and flat_out.dtype in ("uint8", "int8")
-                 else None)
+                 if word_stores(mr, positions) and byte_dtype in ("uint8", "int8")
+                 and not words_out else None)
 
     def one(n: Var, ct: Var, pt: Var) -> Stmt:
         acc = Buffer("acc", (mr, nr), "int32", "local")
@@ -974,7 +1188,7 @@ def _channel_tiles(words: Buffer | _InPlace, ww: Buffer, flat_out: Buffer, tile:
         # vectorizes it), then copied out a channel at a time (its positions are
         # contiguous in the output; an element-wise requantizing scatter costs more than
         # the products of a short K)
-        quant = Buffer("quant", (mr, nr), flat_out.dtype, "local")
+        quant = Buffer("quant", (mr, nr), byte_dtype, "local")
         rest = oc_n - (col_tiles - 1) * nr  # channels of the last panel
 
         def by_panel(body: Callable[[int], Stmt]) -> Stmt:
@@ -987,12 +1201,22 @@ def _channel_tiles(words: Buffer | _InPlace, ww: Buffer, flat_out: Buffer, tile:
             "v", lanes, lambda v: Store(quant, requantized(acc[r, v], ct * nr + v), (r, v))),
             "unrolled"))
 
-        def byte(r: int, v: PrimExpr) -> PrimExpr:  # an output byte as int32 in [0, 255]
-            q = Cast("int32", quant[r, v])
-            return q if flat_out.dtype == "uint8" else Select(
-                compare("lt", q, 0), q + 256, q)
+        def byte(r: PrimExpr | int, v: PrimExpr) -> PrimExpr:  # as int32 in [0, 255]
+            return unsigned_byte(quant[r, v], byte_dtype)
 
         def channels(rows: int) -> Stmt:
+            if words_out:
+                # a row's 4 channels are one word of the output: packed along the row,
+                # then stored one each
+                group = quant_dot.GROUP
+                packed = Buffer("packed", (mr, nr // group), "int32", "local")
+                return seq(Allocate(packed), by_panel(lambda lanes: seq(
+                    tile_loop("r", rows, lambda r: lanes_loop("j", lanes // group, lambda j: Store(
+                        packed, quant_dot.pack_word(lambda b: byte(r, j * group + b)), (r, j))),
+                        "unrolled"),
+                    tile_loop("r", rows, lambda r: tile_loop("j", lanes // group, lambda j: Store(
+                        flat_out, packed[r, j], (n, ct * (nr // group) + j, pt * mr + r))),
+                        "unrolled"))))
             if rows == quant_dot.GROUP and out_words is not None:
                 # a channel's 4 positions are one word of the output: the words packed
                 # along the lanes (vector code), then one store each

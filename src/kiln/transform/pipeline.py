@@ -68,11 +68,12 @@ def nchwc_graph_pipeline() -> Sequential:
 
 def default_graph_pipeline(nchwc: bool = NCHWC_BY_DEFAULT) -> Sequential:
     """Fuse quantized QDQ patterns into integer ops (before fold-constants turns dequantized
-    weights into float constants), fold constants, recognize spelled-out GELU and layer
-    norm (recognize-composites), fold BatchNorm, merge reshape/transpose chains into one
-    copy and read transposed matmul operands in place (merge-copies), pick the convolution and
-    matrix-product kernels, fuse elementwise chains, legalize operators, drop dead code,
-    lower to PrimFuncs. BatchNorm
+    weights into float constants) and keep the int8 activations between their dot-form
+    convolutions in words of 4 channels (kiln.transform.quant_layout), fold constants,
+    recognize spelled-out GELU and layer norm (recognize-composites), fold BatchNorm,
+    merge reshape/transpose chains into one copy and read transposed matmul operands in
+    place (merge-copies), pick the convolution and matrix-product kernels, fuse
+    elementwise chains, legalize operators, drop dead code, lower to PrimFuncs. BatchNorm
     folding must precede fusion, which would otherwise swallow the multiply/add it folds
     into the convolution. `nchwc`: keep convolution chains in the blocked activation
     layout (kiln.transform.nchwc_layout) between picking kernels and fusing; without it
@@ -100,8 +101,10 @@ def default_graph_pipeline(nchwc: bool = NCHWC_BY_DEFAULT) -> Sequential:
     # and on AVX2 and AVX-512 every region that pays (`pointwise_regions`)
     layout = [NchwcLayout()] if nchwc else [NchwcLayout(depthwise_only=True,
                                                         pointwise_regions=True)]
-    return Sequential([QuantizeOps(), FoldConstants(), RecognizeComposites(), FoldBatchNorm(),
-                       MergeCopies(), *blas, BlockConvolutions(), *layout,
+    from kiln.transform.quant_layout import QuantLayout
+
+    return Sequential([QuantizeOps(), QuantLayout(), FoldConstants(), RecognizeComposites(),
+                       FoldBatchNorm(), MergeCopies(), *blas, BlockConvolutions(), *layout,
                        BlockMatmuls(), FuseOps(), LegalizeOps(), DeadCodeElimination(),
                        LowerGraphToTensor()],
                       name="graph-default")
