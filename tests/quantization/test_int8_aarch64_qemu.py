@@ -1,7 +1,9 @@
 """The int8 dot-product kernels built for aarch64 (`sdot`, `usdot` with i8mm), exported
 as a shared library with aarch64-linux-gnu-gcc and run under qemu-aarch64: a QDQ model
 (onnxruntime's quantizer) of a 3x3 convolution, a strided 1x1 convolution and a matrix
-product gives exactly onnxruntime's output on this host (x86-64): the same integers."""
+product gives exactly onnxruntime's output on this host (x86-64): the same integers. With
+`sdot` the 3x3 layer's channels tile writes its output as words of 4 channels, which the
+1x1 layer reads in place (kiln.transform.quant_layout)."""
 
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ from quantized_models import quantize_static_model
 
 import kiln
 from kiln.runtime.native import include_dir
+from kiln.script import print_module
 from kiln.target import Target
 from kiln.target.isa import isa_for
 from support.graphs import GraphBuilder
@@ -24,7 +27,7 @@ from support.toolchains import needs
 pytest.importorskip("onnxruntime")
 
 DEPLOY = Path(__file__).resolve().parents[2] / "examples" / "c_deploy" / "deploy.c"
-IN_SHAPE, OUT_SHAPE = (1, 8, 10, 10), (1, 10)
+IN_SHAPE, OUT_SHAPE = (1, 8, 20, 20), (1, 10)
 QEMU = ["qemu-aarch64", "-cpu", "max", "-L", "/usr/aarch64-linux-gnu"]
 AARCH64 = "llvm -mtriple=aarch64-linux-gnu -mattr=+neon,+dotprod"
 
@@ -33,7 +36,7 @@ def _float_model() -> onnx.ModelProto:
     rng = np.random.default_rng(11)
     consts = {"w1": rng.standard_normal((16, 8, 3, 3)) * 0.2, "b1": rng.standard_normal(16) * 0.1,
               "w2": rng.standard_normal((16, 16, 1, 1)) * 0.3, "fc": rng.standard_normal(
-                  (16 * 5 * 5, 10)) * 0.1}
+                  (16 * 10 * 10, 10)) * 0.1}
     b = GraphBuilder()
     b.consts({k: np.asarray(v, np.float32) for k, v in consts.items()})
     b.node("Conv", ["x", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1])
@@ -77,6 +80,7 @@ def test_int8_conv_and_gemm_under_qemu_match(
     asm = subprocess.run(["aarch64-linux-gnu-objdump", "-d", str(so)], capture_output=True,
                          text=True).stdout
     assert ("usdot" if mattr else "sdot") in asm
+    assert ("out_words4" in print_module(ex.ir)) == (not mattr)
     exe = tmp_path / "deploy"
     subprocess.run(["aarch64-linux-gnu-gcc", f"-I{include_dir()}", str(DEPLOY), "-ldl", "-o",
                     str(exe)], check=True)
