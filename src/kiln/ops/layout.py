@@ -82,7 +82,9 @@ def _infer(types: Sequence[TensorType], attrs: Attrs) -> Type:
     return TensorType((x.shape[0], channels, x.shape[2], x.shape[3]), x.dtype)
 
 
-def _compute(inputs: Sequence[te.Tensor], attrs: Attrs) -> te.Tensor:
+def reorder(inputs: Sequence[te.Tensor], attrs: Attrs) -> te.Tensor:
+    """The tensor expression of `layout_transform(x, **attrs)` (`inputs` = [x]): also the
+    reorder an op on a blocked operand reads or writes through in its own definition."""
     (x,) = inputs
     src, dst = _blocks(attrs)
     if dst:
@@ -124,5 +126,5 @@ def _reference(x: np.ndarray, **attrs: Any) -> np.ndarray:
     return to_blocked(x, dst) if dst else from_blocked(x, int(attrs["channels"]))
 
 
-register_op(LAYOUT_TRANSFORM, pattern="injective", infer=_infer, compute=_compute,
+register_op(LAYOUT_TRANSFORM, pattern="injective", infer=_infer, compute=reorder,
             reference=_reference)

@@ -73,7 +73,7 @@ from kiln.ops import quant_dot, te
 from kiln.ops.kernels.parallel_work import worth_parallel
 from kiln.ops.kernels.tiles import lanes_loop, nest, parallel_tiles
 from kiln.ops.kernels.tiles import loop as tile_loop
-from kiln.ops.layout import block_shape, blocked_layout, from_blocked, to_blocked
+from kiln.ops.layout import block_shape, blocked_layout, from_blocked, reorder, to_blocked
 from kiln.ops.nn import conv_geometry
 from kiln.ops.quant import (
     channel,
@@ -378,11 +378,8 @@ def _build(inputs: Sequence[te.Tensor], attrs: Attrs) -> te.Tensor:
     x, ww, bias, x_zp, multiplier, y_zp = inputs
     in_words, out_words = layouts(attrs)
     if in_words:  # read through an NCHW view of the words
-        words = x
-        x = te.compute(_nchw_input(TensorType(words.shape, words.dtype), True).shape,
-                       lambda n, c, *i: words[(n, c // quant_dot.GROUP, *i,
-                                               c % quant_dot.GROUP)],
-                       words.dtype, "from_words")
+        x = reorder([x], {"src": WORDS_LAYOUT, "dst": "NCHW",
+                          "channels": int(x.shape[1]) * quant_dot.GROUP})
     ws = _w_shape(attrs)
     rank, strides, dilations, begins, _ = conv_geometry(x.shape, ws, attrs, CONV_DOT)
     lo, hi = out_range(attrs, y_zp.dtype)
@@ -414,10 +411,7 @@ def _build(inputs: Sequence[te.Tensor], attrs: Attrs) -> te.Tensor:
         return requantize_value(acc, channel(multiplier, oc), y_zp[()], lo, hi, y_zp.dtype)
 
     y = te.compute(out_shape, value, y_zp.dtype, CONV_DOT)
-    if not out_words:
-        return y
-    return te.compute(block_shape(out_shape, quant_dot.GROUP), lambda n, cb, h, w, v: y[
-        n, cb * quant_dot.GROUP + v, h, w], y_zp.dtype, "to_words")
+    return reorder([y], {"src": "NCHW", "dst": WORDS_LAYOUT}) if out_words else y
 
 
 def _reference(x: np.ndarray, ww: np.ndarray, bias: np.ndarray, x_zp: np.ndarray,
@@ -1069,20 +1063,23 @@ def _position_tiles(words: Buffer | _InPlace, ww: Buffer, flat_out: Buffer, tile
             return Store(flat_out, epilogue.value(regs, acc[r, v]),
                          (n, rt * mr + r, ct * nr + v))
 
-        def store_row(r: PrimExpr) -> Stmt:
+        def along_row(first: PrimExpr, loads: Stmt, store_at: Callable[[PrimExpr], Stmt]
+                      ) -> Stmt:
             # whole column tiles store unguarded (vector code); the last, partial one
-            # stores its positions only
-            full = lanes_loop("v", nr, lambda v: store(r, v))
+            # stores its positions only; rows past the last channel (whose first row is
+            # `first`) store nothing
             rest = positions - (col_tiles - 1) * nr
-            if rest == nr:
-                stores = full
-            else:
-                stores = IfThenElse(compare("lt", ct, col_tiles - 1), full,
-                                    lanes_loop("v", rest, lambda v: store(r, v)))
-            stores = seq(epilogue.load(regs, row(r)), stores)
+            stores: Stmt = lanes_loop("v", nr, store_at)
+            if rest != nr:
+                stores = IfThenElse(compare("lt", ct, col_tiles - 1), stores,
+                                    lanes_loop("v", rest, store_at))
+            stores = seq(loads, stores)
             if oc_n % mr == 0:
                 return stores
-            return IfThenElse(compare("lt", rt * mr + r, oc_n), stores)
+            return IfThenElse(compare("lt", rt * mr + first, oc_n), stores)
+
+        def store_row(r: PrimExpr) -> Stmt:
+            return along_row(r, epilogue.load(regs, row(r)), lambda v: store(r, v))
 
         if out_bytes is None:
             return seq(Allocate(acc), zero, step, *(Allocate(b) for b in regs),
@@ -1099,16 +1096,8 @@ def _position_tiles(words: Buffer | _InPlace, ww: Buffer, flat_out: Buffer, tile
                     epilogue.value(quad[b], acc[first + b, v]), out_bytes))
                 return Store(flat_out, word, (n, rt * (mr // quant_dot.GROUP) + q, ct * nr + v))
 
-            rest = positions - (col_tiles - 1) * nr
-            stores: Stmt = lanes_loop("v", nr, store)
-            if rest != nr:
-                stores = IfThenElse(compare("lt", ct, col_tiles - 1), stores,
-                                    lanes_loop("v", rest, store))
-            stores = seq(*(epilogue.load(quad[b], row(first + b))
-                           for b in range(quant_dot.GROUP)), stores)
-            if oc_n % mr == 0:
-                return stores
-            return IfThenElse(compare("lt", rt * mr + first, oc_n), stores)
+            return along_row(first, seq(*(epilogue.load(quad[b], row(first + b))
+                                          for b in range(quant_dot.GROUP))), store)
 
         return seq(Allocate(acc), zero, step, *(Allocate(b) for regs_ in quad for b in regs_),
                    tile_loop("q", mr // quant_dot.GROUP, store_words, "unrolled"))
