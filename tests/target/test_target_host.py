@@ -3,17 +3,24 @@
 from __future__ import annotations
 
 import ast
+import os
 import pathlib
 import subprocess
 import sys
 import textwrap
 
+import pytest
+
 import kiln.target
 from kiln.target import Target
+from kiln.target.host import HOST_CPU_VAR
+from support.processes import run_python
 
 TARGET_DIR = pathlib.Path(kiln.target.__file__).parent
 
 
+@pytest.mark.skipif(HOST_CPU_VAR in os.environ and os.environ[HOST_CPU_VAR].strip() != "",
+                    reason=f"${HOST_CPU_VAR} makes host another CPU than this machine's")
 def test_from_host_matches_llvmlite() -> None:
     import llvmlite.binding as llvm
 
@@ -93,3 +100,58 @@ def test_target_package_is_a_leaf() -> None:
             module = node.module if isinstance(node, ast.ImportFrom) else node.names[0].name
             eager = (module or "").startswith("llvmlite")
             assert not eager, f"{path.name} imports llvmlite at module level"
+
+
+# An LLVM CPU of this machine's architecture that lacks the widest vectors of today's
+# servers, for `host` to stand for.
+STAND_IN = {"x86_64": ("haswell", "avx512f"), "aarch64": ("cortex-a53", "sve")}
+
+STAND_IN_CHILD = """
+import sys
+import numpy as np
+import kiln
+from kiln.codegen.c.flags import arch_flags
+from kiln.script import ir_module, T
+from kiln.target import Target
+from kiln.target.isa import isa_for
+
+@ir_module
+class Mod:
+    @T.prim_func
+    def add_one(X: T.Buffer((64,), "float32"), Y: T.Buffer((64,), "float32")):
+        for i in T.serial(64):
+            Y[i] = X[i] + T.float32(1)
+
+host = Target.from_host()
+print(host.get("mcpu"), sorted(isa_for(host).features))
+print(arch_flags(Target(dict(host.export(), kind="c"))))
+x, y = np.arange(64, dtype="float32"), np.empty(64, "float32")
+kiln.compile(Mod)["add_one"](x, y)
+print(bool((y == x + 1).all()))
+"""
+
+
+def test_host_cpu_variable_makes_host_another_cpu(tmp_path: pathlib.Path) -> None:
+    """$KILN_HOST_CPU makes `host` an older CPU of this machine's architecture: its
+    features only, the C compiler asked for it by name (not -march=native), and what
+    kiln builds for it runs here."""
+    import platform
+
+    cpu, missing = STAND_IN.get(platform.machine().lower(), (None, None))
+    if cpu is None:
+        pytest.skip(f"no stand-in CPU listed for {platform.machine()}")
+    script = tmp_path / "child.py"  # the DSL reads its source from a file
+    script.write_text(STAND_IN_CHILD)
+    proc = run_python(script, env={HOST_CPU_VAR: cpu})
+    assert proc.returncode == 0, proc.stderr
+    name, flags, ran = proc.stdout.strip().splitlines()[-3:]
+    assert name.split()[0] == cpu and f"'{missing}'" not in name, name
+    assert "native" not in flags and cpu in flags, flags
+    assert ran == "True"
+
+
+def test_host_cpu_variable_names_an_llvm_cpu() -> None:
+    proc = run_python("from kiln.target import Target; Target.from_host()",
+                      env={HOST_CPU_VAR: "zen99"})
+    assert proc.returncode != 0
+    assert f"${HOST_CPU_VAR}='zen99'" in proc.stderr and "TargetError" in proc.stderr

@@ -10,6 +10,7 @@ needs the CPU name and features) raises TargetError.
 from __future__ import annotations
 
 import functools
+import os
 import platform
 import sys
 from types import ModuleType
@@ -74,8 +75,13 @@ def check_triple(triple: str, where: str) -> None:
         ) from None
 
 
+#: An LLVM CPU name that `host` stands for instead of this machine's CPU
+#: (docs/targets.md, "Another CPU as `host`").
+HOST_CPU_VAR = "KILN_HOST_CPU"
+
+
 @functools.cache
-def _host_config() -> tuple[str, str, tuple[str, ...]]:
+def _detected() -> tuple[str, str, tuple[str, ...]]:
     llvm = llvm_if_installed()
     if llvm is None:
         raise TargetError(
@@ -87,11 +93,33 @@ def _host_config() -> tuple[str, str, tuple[str, ...]]:
     return str(llvm.get_process_triple()), str(llvm.get_host_cpu_name()), mattr
 
 
-def host_config() -> dict[str, Any]:
-    """The `llvm` target config of this machine: triple, CPU name and CPU features.
+@functools.cache
+def _standing_in(cpu: str) -> tuple[str, str, tuple[str, ...]]:
+    """`host` as the LLVM CPU `cpu` of this machine's triple, with that CPU's features."""
+    # llvm_names imports this module
+    from kiln.target.llvm_names import check_cpu_names
 
-    Features are LLVM's view of the host ("+avx2", "-avx512f", ...), sorted by
-    name, both enabled and disabled ones, as `-mcpu=native` would pass them.
+    triple = _detected()[0]
+    try:
+        check_cpu_names(triple, cpu, (), "llvm")
+    except TargetError as exc:
+        raise TargetError(f"${HOST_CPU_VAR}={cpu!r}: {exc}") from None
+    return triple, cpu, ()
+
+
+def machine_config() -> dict[str, Any]:
+    """The `llvm` target config of this machine as LLVM detects it: triple, CPU name
+    and every feature ("+avx2", "-avx512f", ...), sorted by name, enabled and
+    disabled, as `-mcpu=native` would pass them. What `native` means to a C compiler."""
+    triple, cpu, mattr = _detected()
+    return {"kind": "llvm", "mtriple": triple, "mcpu": cpu, "mattr": list(mattr)}
+
+
+def host_config() -> dict[str, Any]:
+    """The `llvm` target config `host` stands for: this machine's (`machine_config`),
+    or, when `$KILN_HOST_CPU` names an LLVM CPU, that CPU on this machine's triple with
+    the features LLVM gives it (no `mattr`), e.g. an AVX2 `znver3` on an AVX-512 host.
     """
-    triple, cpu, mattr = _host_config()
+    cpu = os.environ.get(HOST_CPU_VAR, "").strip()
+    triple, cpu, mattr = _standing_in(cpu) if cpu else _detected()
     return {"kind": "llvm", "mtriple": triple, "mcpu": cpu, "mattr": list(mattr)}

@@ -100,9 +100,9 @@ def isa_for(target: Any) -> ISA:
     cpu = str(attrs.get("mcpu") or "")
     features = [str(f) for f in attrs.get("mattr") or ()]
     if cpu == "native":  # `c -mcpu=native`: this machine's CPU, as the C compiler takes it
-        from kiln.target.host import host_config
+        from kiln.target.host import machine_config
 
-        host = host_config()
+        host = machine_config()
         cpu, features = str(host["mcpu"]), [*host["mattr"], *features]
     return isa_of(triple, cpu, ",".join(features))
 

@@ -12,12 +12,18 @@ interpreter; `-ffast-math` replaces it when the target asks for it) and
 `-fno-math-errno -fno-trapping-math` (the IR has no errno and no floating-point
 exceptions; GCC vectorizes `floorf` only without them). A native build whose `mcpu`
 is this machine's CPU gets `-march=native`: the system compiler may not know LLVM's
-name for a newer CPU.
+name for a newer CPU. Another x86 CPU the system compiler does not know (GCC 12 has no
+`znver4`) is spelled as the x86-64 baseline with the CPU's features that LLVM lists
+and GCC names alike (`X86_FEATURES`), so the kernels use the same instruction sets.
 """
 
 from __future__ import annotations
 
+import functools
+import os
 import platform
+import shlex
+import subprocess
 from typing import Any
 
 from kiln.runtime.toolchain import cross_compiler
@@ -86,13 +92,38 @@ def bare_metal(target: Any) -> bool:
 
 
 def _is_host_cpu(mcpu: str) -> bool:
-    """Whether `mcpu` is LLVM's name of this machine's CPU (Target.from_host's mcpu)."""
-    from kiln.target.host import host_config
+    """Whether `mcpu` is LLVM's name of this machine's CPU (kiln.target.machine_config)."""
+    from kiln.target.host import machine_config
 
     try:
-        return mcpu == str(host_config()["mcpu"])
+        return mcpu == str(machine_config()["mcpu"])
     except ImportError:  # no llvmlite: no LLVM name to compare with
         return False
+
+
+@functools.cache
+def _system_cc_knows_march(cc: str, cpu: str) -> bool:
+    """Whether the system C compiler `cc` (a command line) accepts `-march=cpu`."""
+    try:
+        proc = subprocess.run([*shlex.split(cc), f"-march={cpu}", "-E", "-x", "c", "-"],
+                              input=b"", capture_output=True, timeout=60, check=False)
+    except (OSError, ValueError, subprocess.TimeoutExpired):
+        return True  # no compiler to ask: the build reports its own error
+    return proc.returncode == 0
+
+
+def _x86_cpu_flags(cpu: str) -> list[str]:
+    """`-march=cpu`, or the x86-64 baseline with `cpu`'s features (as LLVM lists them)
+    where the system compiler ($CC, else cc, as the runtime builds) does not know it."""
+    if cpu == "native" or _system_cc_knows_march(os.environ.get("CC") or "cc", cpu):
+        return [f"-march={cpu}"]
+    try:
+        from kiln.target.llvm_features import implied_features
+    except ImportError:  # pragma: no cover - the compiler always has llvmlite
+        return [f"-march={cpu}"]
+    features = implied_features("x86_64-unknown-linux-gnu", cpu, "",
+                                tuple(sorted(X86_FEATURES)))
+    return ["-march=x86-64", *(f"-m{f}" for f in sorted(features))]
 
 
 def arch_flags(target: Any) -> list[str]:
@@ -104,9 +135,10 @@ def arch_flags(target: Any) -> list[str]:
         if mcpu:
             # This machine's CPU is `native` to the system compiler, which may predate
             # LLVM's name for it (GCC 12 has no -march=znver4).
-            cpu = "native" if _is_host_cpu(str(mcpu)) else mcpu
+            cpu = "native" if _is_host_cpu(str(mcpu)) else str(mcpu)
             # x86 GCC selects a CPU with -march; Arm, AArch64 and RISC-V GCC with -mcpu.
-            flags.append(f"-march={cpu}" if arch in ("x86_64", "i386") else f"-mcpu={cpu}")
+            flags.extend(_x86_cpu_flags(cpu) if arch in ("x86_64", "i386")
+                         else [f"-mcpu={cpu}"])
         if arch in ("x86_64", "i386"):
             flags.extend(_x86_feature_flags(target_attr(target, "mattr", ())))
         return [*flags, "-fPIC"]
@@ -131,7 +163,7 @@ def arch_flags(target: Any) -> list[str]:
 def selected_cpu(target: Any) -> tuple[str, str] | None:
     """(LLVM CPU name, LLVM feature string) of what `arch_flags` asks the system C
     compiler for in a native build (`-march`/`-mcpu`, and x86 `-m<feature>`), or
-    None when it selects no CPU. `native` is this machine (kiln.target.host_config)."""
+    None when it selects no CPU. `native` is this machine (kiln.target.host.machine_config)."""
     if not is_native(target):
         return None
     mcpu = str(target_attr(target, "mcpu", "") or "")
@@ -141,9 +173,9 @@ def selected_cpu(target: Any) -> tuple[str, str] | None:
     else:
         mattr = []  # other architectures get no feature flags (arch_flags)
     if mcpu == "native":
-        from kiln.target.host import host_config
+        from kiln.target.host import machine_config
 
-        host = host_config()
+        host = machine_config()
         mcpu, mattr = str(host["mcpu"]), [*host["mattr"], *mattr]
     if not mcpu and not mattr:
         return None
