@@ -51,6 +51,7 @@ _LAZY = {
     "cuda": "kiln.runtime.cuda_device:cuda",
     "InferenceSession": "kiln.session:InferenceSession",
     "SessionOptions": "kiln.session:SessionOptions",
+    "RunOptions": "kiln.session:RunOptions",
 }
 _SUBMODULES = (
     "artifact", "cli", "codegen", "export", "frontend", "ir", "mlf", "ops", "runtime",

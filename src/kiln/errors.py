@@ -9,6 +9,9 @@ where a Python protocol requires one (tests/test_errors_contract.py lists them).
 
 from __future__ import annotations
 
+import reprlib
+from typing import Any
+
 
 class KilnError(Exception):
     """The base of every error kiln raises on purpose."""
@@ -96,3 +99,28 @@ def missing_dependency(exc: ImportError, feature: str) -> MissingDependencyError
         f"(pip install \"kiln-tensor[{_EXTRAS.get(top, 'compiler')}]\", or pip install "
         f"{package}); a deploy host with kiln.runtime alone can load and run "
         "exported libraries but not compile")
+
+
+def shown(value: Any, limit: int = 120) -> str:
+    """`repr(value)` for an error message, at most `limit` characters. Only the first
+    levels and items of a container are looked at, so a huge or deeply shared value (a
+    YAML alias bomb, a megabyte string) costs no more to show than a short one."""
+    brief = _Brief()
+    brief.maxlevel, brief.maxstring, brief.maxother, brief.maxlong = 3, limit, limit, 40
+    brief.maxlist = brief.maxtuple = brief.maxdict = brief.maxset = brief.maxfrozenset = 6
+    try:
+        text = brief.repr(value)
+    except (ValueError, RecursionError):  # an int past Python's digit limit, a cycle
+        text = f"<{type(value).__name__}>"
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+class _Brief(reprlib.Repr):
+    """reprlib's bounded repr, also for subclasses of the containers (which plain
+    reprlib shows with their full repr)."""
+
+    def repr1(self, x: Any, level: int) -> str:
+        for base in (dict, list, tuple, set, frozenset, str):
+            if isinstance(x, base) and type(x) is not base:
+                return str(getattr(self, f"repr_{base.__name__}")(x, level))
+        return str(super().repr1(x, level))

@@ -11,14 +11,20 @@ Both import paths stay supported (docs/mlf.md); the writer is
 from __future__ import annotations
 
 from kiln.runtime.mlf import (
+    CHECKSUMS_SCHEMA,
+    CHECKSUMS_SINCE,
     METADATA_SCHEMA,
     READ_VERSIONS,
     MLFModel,
+    UncheckedArchiveWarning,
+    extract_checked,
     load,
+    metadata_digest,
     probe_source,
     read_metadata,
     verify,
 )
 
-__all__ = ["METADATA_SCHEMA", "READ_VERSIONS", "MLFModel", "load", "probe_source",
-           "read_metadata", "verify"]
+__all__ = ["CHECKSUMS_SCHEMA", "CHECKSUMS_SINCE", "METADATA_SCHEMA", "READ_VERSIONS",
+           "MLFModel", "UncheckedArchiveWarning", "extract_checked", "load",
+           "metadata_digest", "probe_source", "read_metadata", "verify"]

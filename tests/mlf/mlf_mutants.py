@@ -21,6 +21,9 @@ from typing import Any
 
 import numpy as np
 
+import kiln
+from kiln.artifact.integrity import CHUNK_SIZE, chunk_digests
+from support.graphs import GraphBuilder
 from support.processes import run_isolated
 
 BATCH = 40
@@ -54,6 +57,22 @@ for path in sys.argv[4:]:
 """
 
 
+# The model of every golden MLF archive (tests/golden/make_mlf_golden.py) and of the flip
+# fuzz: y = relu(x + ADDRELU_BIAS), x of 4 float32s.
+ADDRELU_BIAS = np.array([0.5, -1, 2, -0.25], np.float32)
+
+
+def addrelu() -> kiln.driver.executable.Executable:
+    """y = relu(x + ADDRELU_BIAS), compiled for `c`: an archive of about 100 KB."""
+    g = GraphBuilder()
+    g.node("Add", ["x", "b"], ["s"])
+    g.node("Relu", ["s"], ["y"])
+    g.consts({"b": ADDRELU_BIAS})
+    g.input("x", [4])
+    g.output("y", [4])
+    return kiln.compile(kiln.frontend.from_onnx(g.model(name="addrelu")), "c")
+
+
 def archive_files(archive: Path) -> dict[str, bytes]:
     """The regular files of a (trusted, test-made) tar by name."""
     with tarfile.open(archive) as tar:
@@ -74,14 +93,35 @@ def write_archive(path: Path, files: dict[str, bytes]) -> Path:
     return path
 
 
+def resealed(files: dict[str, bytes]) -> dict[str, bytes]:
+    """`files` with metadata.json's `checksums` recomputed as the writer does (every
+    member's chunk SHA-256s, then metadata.json's own): an archive edited on purpose that
+    the checksums do not refuse, so that the checks behind them are what a test meets."""
+    meta = json.loads(files["metadata.json"])
+    return {**files, "metadata.json": json.dumps(sealed(meta, files)).encode()}
+
+
+def sealed(meta: dict[str, Any], files: dict[str, bytes], chunk: int = CHUNK_SIZE
+           ) -> dict[str, Any]:
+    """`meta` with `checksums` recomputed for `files` (metadata.json among them ignored),
+    in chunks of `chunk` bytes."""
+    meta = {**meta, "checksums": {
+        "chunk_size": chunk,
+        "chunk_sha256": {name: chunk_digests(data, chunk).hex()
+                         for name, data in sorted(files.items()) if name != "metadata.json"}}}
+    meta["checksums"]["metadata_sha256"] = kiln.mlf.metadata_digest(meta)
+    return meta
+
+
 def with_metadata(archive: Path, out: Path, metadata: bytes | Callable[[dict[str, Any]], Any]
                   ) -> Path:
-    """A copy of `archive` whose metadata.json is `metadata` (bytes) or edited in place by it."""
+    """A copy of `archive` whose metadata.json is `metadata` (bytes, as it is) or edited in
+    place by it (then resealed: `sealed`)."""
     files = archive_files(archive)
     if callable(metadata):
         meta = json.loads(files["metadata.json"])
         metadata(meta)
-        files["metadata.json"] = json.dumps(meta).encode()
+        files["metadata.json"] = json.dumps(sealed(meta, files)).encode()
     else:
         files["metadata.json"] = metadata
     return write_archive(out, files)

@@ -1,9 +1,11 @@
 """Fuzzing MLF metadata.json: hundreds of mutants inside a real exported archive.
 
-Each mutant replaces metadata.json of a CNN exported for `c` and is loaded and
-called in a child process (mlf_mutants.run_in_workers). Every one must either
-load and give exactly the original output, or be refused with a KilnError
-subclass: never another exception, never a signal, never a silent wrong answer.
+Each mutant replaces metadata.json of a CNN exported for `c` (resealed: its
+`checksums.metadata_sha256` recomputed, unless the mutant changes `checksums`
+itself) and is loaded and called in a child process (mlf_mutants.run_in_workers).
+Every one must either load and give exactly the original output, or be refused
+with a KilnError subclass: never another exception, never a signal, never a
+silent wrong answer.
 `-s` prints the counts (docs/security.md quotes a run).
 
 `make test` runs a sample: every category, at most `PER_CATEGORY` mutants of each
@@ -24,6 +26,8 @@ from typing import Any
 import pytest
 from mlf_mutants import archive_files, run_in_workers, write_archive
 from test_mlf_trust import cnn_mlf  # noqa: F401 - the fixture
+
+import kiln
 
 SEED = 20261123
 PER_CATEGORY = 12
@@ -75,6 +79,11 @@ def mutants(meta: dict[str, Any], rng: random.Random) -> list[tuple[str, bytes]]
     out: list[tuple[str, bytes]] = []
 
     def add(category: str, value: Any) -> None:
+        # A mutant outside `checksums` is resealed (its metadata_sha256 recomputed), so
+        # that the checks behind the checksums meet it; one inside is refused by them.
+        if isinstance(value, dict) and value.get("checksums") == meta["checksums"]:
+            value = {**value, "checksums": {**meta["checksums"],
+                                            "metadata_sha256": kiln.mlf.metadata_digest(value)}}
         out.append((category, value if isinstance(value, bytes) else
                     json.dumps(value, ensure_ascii=False).encode()))
 
@@ -117,9 +126,10 @@ def mutants(meta: dict[str, Any], rng: random.Random) -> list[tuple[str, bytes]]
     for cut in sorted({0, 1, len(text) // 2, len(text) - 1} |
                       {rng.randrange(len(text)) for _ in range(16)}):
         add("truncated JSON", text[:cut])
+    version = f'"version": {meta["version"]}'.encode()
     for raw in (b"[]", b"null", b"\xff\xfe{}", b"\xef\xbb\xbf" + text,
-                text.replace(b'"version": 1', b'"version": NaN'),
-                text.replace(b'"version": 1', b'"version": 1, "version": 1'),
+                text.replace(version, b'"version": NaN'),
+                text.replace(version, version + b", " + version),
                 text.replace(b'"cnn"', b'"c\\ud800"', 1), text + b"garbage", b" " * 100):
         add("not JSON", raw)
     return out

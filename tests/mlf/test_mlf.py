@@ -101,7 +101,7 @@ def test_mlf_builds_runs_and_matches(tmp_path: Path, cnn: tuple[Path, np.ndarray
     archive = kiln.export_model_library_format(ex, tmp_path / "cnn.tar", model_name="cnn")
     root = tmp_path / "tree"
     meta = _extract(archive, root)
-    assert meta["version"] == 2 and meta["model_name"] == "cnn"
+    assert meta["version"] == 3 and meta["model_name"] == "cnn"
     assert meta["inputs"] == [{"name": "x", "shape": list(IN_SHAPE), "dtype": "float32"}]
     mem = meta["memory"]["main"]  # type: ignore[index]
     assert mem["constants_bytes"] == (root / "parameters/cnn.params").stat().st_size > 0

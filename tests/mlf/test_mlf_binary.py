@@ -192,21 +192,3 @@ def test_a_deploy_host_reads_an_archive_with_numpy_only(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     want = onnxruntime_outputs(tmp_path / "cnn.onnx", {"x": x})[0]
     np.testing.assert_allclose(np.load(tmp_path / "y.npy"), want, rtol=1e-4, atol=1e-5)
-
-
-GOLDEN_V1 = Path(__file__).resolve().parents[1] / "golden" / "mlf_v1_2026-11-23.tar"
-
-
-def test_a_version_1_archive_still_loads() -> None:
-    """A version-1 archive (weights as a C array, the allocator inside addrelu_mlf.c),
-    written by kiln's MLF writer before version 2 for y = relu(x + b), b = [0.5, -1, 2,
-    -0.25], still builds and runs."""
-    model = kiln.mlf.load(GOLDEN_V1)
-    try:
-        assert model.metadata["version"] == 1
-        x = np.array([1.0, 0.5, -3.0, 0.1], np.float32)
-        (y,) = model(x)
-        np.testing.assert_array_equal(y, np.maximum(x + np.array([0.5, -1, 2, -0.25],
-                                                                 np.float32), 0))
-    finally:
-        model.close()

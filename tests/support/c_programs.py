@@ -17,11 +17,12 @@ from support.toolchains import c_compiler
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "c_deploy"
 
 
-def build_c_program(source: Path, out: Path) -> Path:
+def build_c_program(source: Path, out: Path, libs: tuple[str, ...] = ()) -> Path:
     """`source` compiled with the host C compiler, `-std=c11 -Wall -Wextra -Werror`,
-    kiln's include directory and -ldl; skips the test when there is no compiler."""
+    kiln's include directory, -ldl and `libs` (e.g. "-pthread"); skips the test when
+    there is no compiler."""
     subprocess.run([c_compiler(), "-std=c11", "-Wall", "-Wextra", "-Werror",
-                    f"-I{include_dir()}", str(source), "-ldl", "-o", str(out)],
+                    f"-I{include_dir()}", str(source), "-ldl", *libs, "-o", str(out)],
                    check=True, timeout=300)
     return out
 

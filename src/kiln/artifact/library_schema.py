@@ -54,7 +54,8 @@ FUNCTION = Obj(optional={"name": NAME, "symbol": identifier(), "kind": Str(max_l
                          "dims": ListOf(Obj(required={"name": NAME},
                                             optional={"min": Int(0), "max": optional(Int(0))},
                                             extra=Anything())),
-                         "workspace_bytes": SIZE, "output_shapes_symbol": identifier()},
+                         "workspace_bytes": SIZE, "output_shapes_symbol": identifier(),
+                         "terminate": Bool()},
                extra=Anything())
 GRAPH_TENSOR = Obj(required={"name": NAME, "kind": Str(max_len=64)},
                    optional={"shape": SHAPE, "dtype": DTYPE, "bytes": optional(Int(0)),

@@ -12,7 +12,7 @@ from typing import Any
 from kiln.artifact import archive, blob, elf
 from kiln.artifact._json import thaw
 from kiln.artifact.artifact import ArtifactSet
-from kiln.errors import FormatError
+from kiln.errors import ArgumentTypeError, FormatError, MissingFileError
 
 
 def load(path: str | os.PathLike[str], *, prefix: str | None = None) -> ArtifactSet:
@@ -30,9 +30,8 @@ def load_with_metadata(path: str | os.PathLike[str], *,
     `prefix` picks the blob symbol `{prefix}_blob` of a library when it has
     several. A file of any other kind raises FormatError naming it.
     """
+    head = _head(path)
     path = os.fspath(path)
-    with open(path, "rb") as f:
-        head = f.read(512)
     if head.startswith(elf.ELF_MAGIC):
         contents = _unpack(elf.read_blob(path, prefix=prefix), path)
         return contents.artifacts, thaw(contents.metadata)
@@ -46,6 +45,20 @@ def load_with_metadata(path: str | os.PathLike[str], *,
     raise FormatError(
         f"{path}: not a kiln library, archive or blob (starts with {head[:8]!r}); expected "
         f"an ELF shared library ({elf.ELF_MAGIC!r}), a tar archive, or a blob ({blob.MAGIC!r})")
+
+
+def _head(path: Any) -> bytes:
+    """The first bytes of the file at `path`: a KilnError naming it when it cannot be read."""
+    if not isinstance(path, (str, os.PathLike)):
+        raise ArgumentTypeError(f"kiln.artifact.load: path must be a str or os.PathLike, got "
+                                f"{type(path).__name__}")
+    try:
+        with open(path, "rb") as f:
+            return f.read(512)
+    except (FileNotFoundError, ValueError):  # ValueError: a NUL in the name
+        raise MissingFileError(f"{os.fspath(path)!r}: no such file") from None
+    except OSError as exc:
+        raise FormatError(f"{os.fspath(path)}: cannot read it ({exc.strerror or exc})") from None
 
 
 def _unpack(data: bytes, path: str) -> blob.BlobContents:

@@ -12,7 +12,7 @@ import os
 from collections import Counter
 from typing import Any
 
-from kiln.errors import FrontendError, MissingFileError
+from kiln.errors import MissingFileError
 
 
 def _dtype(elem_type: int) -> str:
@@ -38,17 +38,11 @@ def _value(info: Any) -> dict[str, Any]:
 
 def describe_onnx(path: str) -> dict[str, Any]:
     """The facts `kiln inspect` prints about the ONNX model at `path` (weights not read)."""
-    import onnx
-    from google.protobuf.message import DecodeError
+    from kiln.frontend.onnx.importer import default_opset, parse_onnx, unsupported_ops
 
-    from kiln.frontend.onnx.importer import default_opset, unsupported_ops
-
-    if not os.path.isfile(path):
+    if not os.path.exists(path):
         raise MissingFileError(f"no ONNX model at {path}")
-    try:
-        model = onnx.load(path, load_external_data=False)
-    except (DecodeError, ValueError, RuntimeError) as exc:
-        raise FrontendError(f"{path!r} is not a readable ONNX model: {exc}") from exc
+    model = parse_onnx(path)  # FrontendError for a directory, an empty or damaged file
     graph = model.graph
     weights = {t.name for t in graph.initializer}
     ops = Counter(n.op_type if n.domain in ("", "ai.onnx") else f"{n.domain}.{n.op_type}"

@@ -30,6 +30,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from kiln.cli.flags import MAX_REPEAT, MAX_TOP, MAX_WORKERS, count, max_threads
 from kiln.errors import KilnError, UsageError, missing_dependency
 
 # Errors about the user's input or environment: one line on stderr, exit code 2.
@@ -62,6 +63,13 @@ def _parse_shapes(items: Sequence[str]) -> dict[str, Any]:
     return shapes
 
 
+def _model_file(path: str) -> None:
+    """The model's size, checked before anything reads it (docs/security.md, "Limits")."""
+    from kiln.frontend.onnx.file_limits import check_model_file
+
+    check_model_file(path)
+
+
 def _cmd_compile(args: argparse.Namespace) -> int:
     import kiln
     from kiln.cli.progress import CompileProgress
@@ -77,9 +85,11 @@ def _cmd_compile(args: argparse.Namespace) -> int:
     target = kiln.Target(args.target or ("web/wasm32" if wasm else "host"))
     t0 = time.perf_counter()
     timing = TimingInstrument()
+    shapes = _parse_shapes(args.shape)
+    _model_file(args.model)
     with CompileProgress(os.path.basename(args.model)) as progress:
         progress.stage("importing the ONNX model")
-        mod = from_onnx(args.model, _parse_shapes(args.shape), check=not args.no_check)
+        mod = from_onnx(args.model, shapes, check=not args.no_check)
         instruments: list[PassInstrument] = [timing] if args.timings else []
         if progress.enabled:
             instruments.append(progress)
@@ -111,6 +121,7 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
         if args.report is not None or args.artifact is not None:
             raise UsageError("--report and --show read a compiled library; for an ONNX "
                              "model, kiln inspect prints its inputs, outputs and ops")
+        _model_file(args.file)
         print(inspect_onnx(args.file, args.format))
         return 0
 
@@ -292,9 +303,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="save the only output")
     r.add_argument("--outputs", default=None, metavar="FILE.npz",
                    help="save every output, by name")
-    r.add_argument("--repeat", type=int, default=0, metavar="N",
-                   help="time N more calls and print median, p90 and min latency")
-    r.add_argument("--warmup", type=int, default=3, metavar="M",
+    r.add_argument("--repeat", type=count(0, MAX_REPEAT), default=0, metavar="N",
+                   help=f"time N more calls and print median, p90 and min latency (N up "
+                        f"to {MAX_REPEAT})")
+    r.add_argument("--warmup", type=count(0, MAX_REPEAT), default=3, metavar="M",
                    help="untimed calls before the timed ones (default 3)")
     r.add_argument("--profile", action="store_true",
                    help="print kernel times by op type and fused group (library built "
@@ -302,7 +314,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--profile-by", default="op,group", metavar="KEYS",
                    help="the --profile tables: comma-separated op, group, kernel "
                         "(default op,group)")
-    r.add_argument("--top", type=int, default=None, metavar="N",
+    r.add_argument("--top", type=count(1, MAX_TOP), default=None, metavar="N",
                    help="rows per --profile table before the 'other' row (default: the "
                         "fewest holding 95%% of the time, at most 9)")
     r.add_argument("--profile-json", default=None, metavar="FILE.json",
@@ -346,9 +358,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="join this Ray cluster ('auto' or HOST:PORT); default: a local Ray "
                          "instance when Ray is installed")
     on.add_argument("--in-process", action="store_true", help="tune in this process (no Ray)")
-    u.add_argument("--workers", type=int, default=None,
+    u.add_argument("--workers", type=count(1, MAX_WORKERS), default=None,
                    help="CPUs of the local Ray instance (default: all)")
-    u.add_argument("--threads", type=int, default=None,
+    u.add_argument("--threads", type=count(1, max_threads), default=None,
                    help="threads of the measured kernels (default: the runtime's, "
                         "$KILN_NUM_THREADS or one per CPU); tune for the count you deploy with")
     u.set_defaults(func=_cmd_tune)

@@ -5,17 +5,29 @@ from __future__ import annotations
 
 from typing import Any
 
+from kiln.errors import UsageError, shown
+
 
 def cmd_tune(model: str, target: str | None, budget: str, output: str, address: str | None,
              in_process: bool, shapes: dict[str, Any], workers: int | None,
              threads: int | None = None) -> str:
-    """Tune and save; the closing summary (the log lines are printed as they come)."""
+    """Tune and save; the closing summary (the log lines are printed as they come).
+    UsageError, before anything is measured, for a thread or worker count out of
+    range (the command line's flags are checked by kiln.cli.flags already)."""
+    from kiln.cli.flags import MAX_WORKERS, max_threads
     from kiln.distributed.executor import make_executor
     from kiln.distributed.model_tuning import tune_model
     from kiln.distributed.tune import measure_resource, resolve
+    from kiln.frontend.onnx.file_limits import check_model_file
     from kiln.tuning import parse_budget
 
     seconds = parse_budget(budget)
+    for flag, value, top in (("--threads", threads, max_threads()),
+                             ("--workers", workers, MAX_WORKERS)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                                  or not 1 <= value <= top):
+            raise UsageError(f"{flag} takes an integer from 1 to {top}, got {shown(value)}")
+    check_model_file(model)  # before a worker starts (docs/security.md, "Limits")
     tgt = resolve(target or "host")
     # a local Ray instance is this machine: it measures for the target only when its
     # CPU is the target's

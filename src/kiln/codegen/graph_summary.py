@@ -20,8 +20,8 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from kiln.codegen.naming import param_info
-from kiln.ir.attrs import ATTR_NUM_OUTPUTS, ATTR_RUNTIME_DIMS, ATTR_WORKSPACE_BYTES
+from kiln.codegen.naming import packed_params, param_info
+from kiln.ir.attrs import ATTR_NUM_OUTPUTS, ATTR_WORKSPACE_BYTES
 from kiln.ir.shape_expr import dim_text, simplify_dim
 from kiln.ir.tensor import (
     Allocate,
@@ -79,9 +79,8 @@ def graph_summary(fn: PrimFunc, written: Mapping[str, frozenset[int]],
             entry["offset"] = offset if isinstance(offset, int) else dim_text(offset)
         tensors.append(entry)
 
-    buffers = fn.buffer_params
-    if fn.attrs.get(ATTR_RUNTIME_DIMS):  # the data-dependent sizes' values: no tensor
-        buffers = buffers[:-1]
+    # the caller's tensors: not the data-dependent sizes' values nor the terminate flag
+    buffers = [p for p in packed_params(fn) if isinstance(p, Buffer)]
     n_out = int(fn.attrs.get(ATTR_NUM_OUTPUTS, 0))
     for k, buf in enumerate(buffers):
         add(buf, "output" if k >= len(buffers) - n_out else "input")

@@ -53,6 +53,7 @@ from kiln.codegen.naming import (
     last_error_symbol,
     metadata_symbol,
     output_shapes_symbol,
+    packed_params,
     parallel_for_symbol,
     pool_controls_config,
     profile_symbol,
@@ -63,7 +64,7 @@ from kiln.errors import CompileError
 from kiln.escape import c_char_array, c_comment, c_string_literal, int64_literal, utf8
 from kiln.ir import dtype as dt
 from kiln.ir.analysis.tensor_queries import calls, heap_allocations
-from kiln.ir.attrs import ATTR_NUM_OUTPUTS
+from kiln.ir.attrs import ATTR_CHECK_MESSAGES, ATTR_NUM_OUTPUTS
 from kiln.ir.kernel_errors import ERROR_OUT_OF_MEMORY, KERNEL_ERRORS
 from kiln.ir.module import IRModule
 from kiln.ir.shape_expr import graph_dims, is_static
@@ -72,6 +73,7 @@ from kiln.ops.kernels.parallel_work import PARALLEL_MIN_NS
 from kiln.runtime.abi import INT64_MAX, SCALAR_RANGES, dl_type
 from kiln.runtime.cpu_features import CPUFeature
 from kiln.transform.outline import has_parallel_loops, kernel_funcs
+from kiln.transform.terminate import terminate_flag
 
 HOST_FILE = "host.c"
 DEFAULT_HOST_CFLAGS = ("-std=c11", "-O2", "-fPIC")
@@ -131,13 +133,26 @@ def host_runtime_names() -> frozenset[str]:
     return frozenset(m[1] for m in _C_TOKEN.finditer(host_runtime_source()) if m[1])
 
 
-def check_messages_define() -> str:
+def check_messages_define(own: Mapping[int, str] | None = None) -> str:
     """`#define KILN_HOST_CHECK_MESSAGES {...}`: the messages of failed kernel checks
-    (kiln.ir.kernel_errors) by status code, which kiln_host.c's kernel_failed reports."""
-    top = max(KERNEL_ERRORS)
-    items = ["0" if code == ERROR_OUT_OF_MEMORY or code not in KERNEL_ERRORS
-             else c_string_literal(KERNEL_ERRORS[code]) for code in range(top + 1)]
+    (kiln.ir.kernel_errors) by status code, which kiln_host.c's kernel_failed reports;
+    `own`: the functions' own codes (`kiln.check_messages`) and their messages."""
+    messages = {**KERNEL_ERRORS, **(own or {})}
+    items = ["0" if code == ERROR_OUT_OF_MEMORY or code not in messages
+             else c_string_literal(messages[code]) for code in range(max(messages) + 1)]
     return f"#define KILN_HOST_CHECK_MESSAGES {{{', '.join(items)}}}"
+
+
+def own_check_messages(mod: IRModule) -> dict[int, str]:
+    """The check codes of `mod`'s functions' own (`kiln.check_messages`), with their
+    messages; CompileError when two functions give one code two messages."""
+    out: dict[int, str] = {}
+    for name, fn in mod.prim_funcs().items():
+        for code, text in fn.attrs.get(ATTR_CHECK_MESSAGES, ()) or ():
+            if out.setdefault(int(code), str(text)) != text:
+                raise CompileError(f"function '{name}': check code {code} means "
+                                   f"{text!r}, another function's {out[int(code)]!r}")
+    return out
 
 
 def cpu_features_config(prefix: str, features: Sequence[CPUFeature]) -> list[str]:
@@ -232,7 +247,8 @@ class HostPrinter:
         for name, fn in funcs.items():
             entries.extend(self.entry(name, fn))
             entries.append("")
-        config = [check_messages_define(), *cpu_features_config(self.prefix, self.cpu_features)]
+        config = [check_messages_define(own_check_messages(self.mod)),
+                  *cpu_features_config(self.prefix, self.cpu_features)]
         config += self.profile_config()
         config += pool_controls_config(self.prefix)
         if self.heap:
@@ -288,7 +304,8 @@ class HostPrinter:
         for a graph function with symbolic dimensions also its output-shapes entry."""
         dims = graph_dims(fn)
         runtime = runtime_dims(fn)  # data-dependent sizes: written back after the call
-        packed = fn.params[:len(fn.params) - len(dims) - bool(runtime)]
+        packed = packed_params(fn)
+        terminable = terminate_flag(fn) is not None
         p = CPrinter()
         names = NameScope(self.reserved | {"args", "type_codes", "num_args", "status", "fn"})
         p.line(f"/* {c_comment(f'{name}({describe_params(fn)})')} */")
@@ -296,7 +313,9 @@ class HostPrinter:
                "(const KilnValue* args, const int32_t* type_codes,")
         p.line("    int32_t num_args) {")
         with p.indented():
-            args = self.prologue(p, names, name, packed, ("args", "type_codes"))
+            args = self.prologue(p, names, name, packed, ("args", "type_codes"),
+                                 terminable=terminable)
+            flag = self.terminate_argument(p, names, len(packed)) if terminable else ""
             call_args = list(args.call_args)
             bound: dict[str, str] = {}
             if args.symbolic:
@@ -306,6 +325,8 @@ class HostPrinter:
                 values = names.fresh("runtime_dims")
                 p.line(f"int64_t {values}[{len(runtime)}] = {{0}};")
                 call_args.append(values)
+            if terminable:
+                call_args.append(flag)
             call_args += [bound[d.name] for d in dims]
             symbol = kernel_symbol(self.prefix, name)
             p.line(f"int32_t status = {symbol}({', '.join(call_args)});")
@@ -376,9 +397,11 @@ class HostPrinter:
         p.line("}")
 
     def prologue(self, p: CPrinter, names: NameScope, name: str,
-                 params: Sequence[Buffer | Var], pointers: Sequence[str]) -> _Arguments:
+                 params: Sequence[Buffer | Var], pointers: Sequence[str], *,
+                 terminable: bool = False) -> _Arguments:
         """The start of an entry: its name, locals, and checks 1-6 of docs/abi.md in order
-        (`pointers`: the pointer parameters that must not be NULL)."""
+        (`pointers`: the pointer parameters that must not be NULL; `terminable`: one more
+        argument, the caller's terminate flag, may follow)."""
         n = len(params)
         self.string_array(p, "fn", name)
         args = self.arguments(p, names, params)
@@ -387,7 +410,8 @@ class HostPrinter:
         with p.block(f"if (!{_NS}cpu_ok(fn))"):
             p.line("return KILN_HOST_ARGUMENT_ERROR;")
         noun = "argument" if n == 1 else "arguments"
-        with p.block(f"if (num_args != {n})"):
+        count = f"num_args != {n} && num_args != {n + 1}" if terminable else f"num_args != {n}"
+        with p.block(f"if ({count})"):
             p.line(f'return {_NS}fail("%s: expected {n} {noun}, got %d", fn, (int)num_args);')
         if n or len(pointers) > 2:
             which = ", ".join(pointers[:-1]) + " or " + pointers[-1]
@@ -399,6 +423,17 @@ class HostPrinter:
             p.line("(void)args;")
             p.line("(void)type_codes;")
         return args
+
+    @staticmethod
+    def terminate_argument(p: CPrinter, names: NameScope, index: int) -> str:
+        """The kernel's terminate flag: packed argument `index`, the caller's, when given
+        (checked), else host.c's flag that is never set (docs/abi.md, "Stopping a call")."""
+        flag = names.fresh("terminate")
+        p.line(f"void* {flag} = NULL;")
+        with p.block(f"if ({_NS}terminate_flag(&{flag}, fn, {index}, args, type_codes, "
+                     "num_args) != 0)"):
+            p.line("return KILN_HOST_ARGUMENT_ERROR;")
+        return flag
 
     def arguments(self, p: CPrinter, names: NameScope,
                   params: Sequence[Buffer | Var]) -> _Arguments:

@@ -38,6 +38,7 @@ from kiln.ir.shape_expr import dim_bounds, dim_text, graph_dims
 from kiln.ir.tensor import Buffer, PrimExpr, PrimFunc, Var
 from kiln.runtime import abi
 from kiln.runtime.threads import POOL_EXPORTS
+from kiln.transform.terminate import terminate_flag
 
 DEFAULT_PREFIX = "kiln_"
 LIBRARY_FORMAT = "kiln.library"
@@ -54,7 +55,10 @@ LIBRARY_FORMAT = "kiln.library"
 #     result axes they size, with each axis' actual-size text); its results' "shape" is
 #     the upper bound the caller allocates, and the entry writes the actual extents into
 #     the results' DLTensor shapes. Libraries without them differ from 3 only in the number.
-LIBRARY_FORMAT_VERSION = 4
+#   5 (2026-11-27): `"terminate": true` on a graph function whose entry takes the caller's
+#     terminate flag as one more argument (docs/abi.md, "Stopping a call"); a Loop's
+#     iteration limit (max_loop_iterations). Every key of version 4 is unchanged.
+LIBRARY_FORMAT_VERSION = 5
 
 
 # Longest system_lib_prefix: it starts every symbol of the library.
@@ -162,6 +166,14 @@ def param_info(p: Buffer | Var) -> dict[str, Any]:
     return {"name": p.name, "kind": "scalar", "dtype": p.dtype}
 
 
+def packed_params(fn: PrimFunc) -> tuple[Buffer | Var, ...]:
+    """The parameters of `fn` its packed entry takes as arguments (docs/abi.md): all but
+    a lowered graph function's trailing ones, which the entry fills in itself (the
+    buffer of run-time dimensions, the terminate flag, the dimension scalars)."""
+    hidden = len(graph_dims(fn)) + bool(runtime_dims(fn)) + (terminate_flag(fn) is not None)
+    return fn.params[:len(fn.params) - hidden]
+
+
 def function_signature(name: str, fn: PrimFunc, prefix: str,
                        written: frozenset[int] = frozenset()) -> dict[str, Any]:
     """The JSON signature of one lowered function, as the metadata symbol carries it.
@@ -172,9 +184,7 @@ def function_signature(name: str, fn: PrimFunc, prefix: str,
     so the runtime can refuse read-only or overlapping buffers there.
     """
     n_out = int(fn.attrs.get(ATTR_NUM_OUTPUTS, 0))
-    dims = graph_dims(fn)  # read from the tensors by the entry, not passed
-    runtime = runtime_dims(fn)  # their values go to the results' DLTensor shapes
-    params = [param_info(p) for p in fn.params[:len(fn.params) - len(dims) - bool(runtime)]]
+    params = [param_info(p) for p in packed_params(fn)]
     split = len(params) - n_out
     for i, info in enumerate(params[:split]):  # results are always written
         if i in written and info["kind"] == "tensor":
@@ -184,11 +194,14 @@ def function_signature(name: str, fn: PrimFunc, prefix: str,
     for r, rname in zip(results, names):
         r["name"] = rname
     extra: dict[str, Any] = {}
+    dims, runtime = graph_dims(fn), runtime_dims(fn)
     if dims:
         bounds = dim_bounds(fn)
         extra = {"dims": [{"name": d.name, "min": bounds.get(d.name, (1, None))[0],
                            "max": bounds.get(d.name, (1, None))[1]} for d in dims],
                  "output_shapes_symbol": output_shapes_symbol(prefix, name)}
+    if terminate_flag(fn) is not None:  # the entry takes the caller's flag (docs/abi.md)
+        extra["terminate"] = True
     if runtime:
         extra["runtime_dims"] = [
             {"name": n, "bound": b,

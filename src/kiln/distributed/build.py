@@ -105,7 +105,10 @@ def build_many(matrix: BuildMatrix, out_dir: str | Path, *, executor: Executor |
     own = executor is None
     runner = make_executor() if executor is None else executor
     try:
-        models = {m.path: runner.put(m.path.read_bytes()) for m in matrix.models}
+        from kiln.frontend.onnx.file_limits import read_model_file
+
+        # each file's size checked before it is read (docs/security.md, "Limits")
+        models = {m.path: runner.put(read_model_file(m.path)) for m in matrix.models}
         cells = matrix.cells()
         cache = None if cache_dir is None else str(Path(cache_dir).resolve())
         outcomes = runner.run(build_cell, [(models[m.path], m.shape, t, cache)

@@ -6,9 +6,11 @@
 3. run the graph pipeline (default: legalize operators, drop dead code, lower
    graph functions to PrimFuncs with a planned workspace) and the tensor
    pipeline (default: simplify), inside the target's scope;
-4. verify the lowered IR; for a code generator that consumes outlined IR, run the
-   pass `outline-parallel-loops` (unless the tensor pipeline did): the
-   Executable keeps the module before it, the code generator gets the outlined one;
+4. verify the lowered IR; for the llvm and c codegens, give the lowered graph functions
+   the caller's terminate flag (kiln.transform.terminate); for a code generator that
+   consumes outlined IR, run the pass `outline-parallel-loops` (unless the tensor
+   pipeline did): the Executable keeps the module before both, the code generator
+   gets the rewritten one;
 5. gather the weights into one ConstantPool (one copy, hashed once in chunks;
    the digest feeds the cache key, the cache and the library's weight check);
 6. codegen through the registry (`kiln.codegen.build`), or take the artifacts
@@ -28,8 +30,8 @@ from kiln.codegen.naming import DEFAULT_PREFIX, check_prefix, library_metadata
 from kiln.driver import cache
 from kiln.driver.executable import Executable
 from kiln.driver.fingerprint import module_fingerprint
-from kiln.errors import CompileError, IRError
-from kiln.ir.attrs import ATTR_TARGET, ATTR_WORKSPACE_BYTES
+from kiln.errors import CompileError, IRError, UsageError
+from kiln.ir.attrs import ATTR_MAX_LOOP_ITERATIONS, ATTR_TARGET, ATTR_WORKSPACE_BYTES
 from kiln.ir.graph import Function
 from kiln.ir.module import IRModule
 from kiln.ir.tensor import PrimFunc
@@ -37,6 +39,7 @@ from kiln.target import Target
 from kiln.target.isa import isa_for
 from kiln.transform.context import PassContext
 from kiln.transform.instruments import timed_step
+from kiln.transform.pass_base import Pass
 from kiln.transform.pipeline import PipelineSpec, get_pipeline
 from kiln.transform.profile import profile_sites
 from kiln.tuning.apply import FromDatabase, using
@@ -47,6 +50,7 @@ def compile(
     mod: IRModule | PrimFunc | Function | str | os.PathLike[str] | Any, target: Any = None, *,
     graph_pipeline: PipelineSpec = "default", tensor_pipeline: PipelineSpec = "default",
     system_lib_prefix: str | None = None, profile: bool = False, tuning: Any = None,
+    max_loop_iterations: int | None = None,
 ) -> Executable:
     """Compile `mod` for `target` into an Executable.
 
@@ -73,6 +77,9 @@ def compile(
             target's CPU take that tile, the others the rule's. Its fingerprint goes
             into the library metadata ("tuning"), so the build is reproducible from it.
             A database with no record for this target's CPU is ignored with a warning.
+        max_loop_iterations: the most iterations a graph-level Loop (ONNX Loop or Scan)
+            may run; a call whose Loop would run more fails with a CallError naming the
+            Loop node. None (default): no limit, as onnxruntime.
 
     Raises:
         IRError: the input or the lowered IR is ill-formed.
@@ -82,7 +89,7 @@ def compile(
     """
     import kiln.codegen as codegen
 
-    mod = _as_module(mod)
+    mod = _with_loop_limit(_as_module(mod), max_loop_iterations)
     tgt = _pick_target(mod, target)
     prefix = check_prefix(system_lib_prefix if system_lib_prefix is not None else DEFAULT_PREFIX)
     from kiln.driver import split
@@ -107,10 +114,12 @@ def compile(
     codegen_name, codegen_fn = codegen.codegen_for(tgt)
     if profile and not profile_sites(mod):  # else the tensor pipeline named the pass
         mod = _instrument(mod, codegen_name)
+    # What the codegen compiles; the Executable keeps `mod`, as for outlining.
+    built = _terminable(mod, codegen_name, tgt)
 
     from kiln.codegen.constants import ConstantPool
 
-    metadata = executable_metadata(mod, prefix)
+    metadata = executable_metadata(built, prefix)
     if session is not None:
         tkey = target_key(isa_for(tgt))
         metadata["tuning"] = {"fingerprint": session.db.fingerprint(), "target": tkey,
@@ -145,8 +154,8 @@ def compile(
                 pool.size, pool.parts())
         try:
             with timed_step("codegen"):
-                artifacts = codegen.build(outline_for(codegen_name, mod), tgt, prefix=prefix,
-                                          pool=pool)
+                artifacts = codegen.build(outline_for(codegen_name, built), tgt,
+                                          prefix=prefix, pool=pool)
         finally:
             if writer is not None:
                 with timed_step("cache.weights"):
@@ -163,7 +172,8 @@ def compile(
     return Executable(artifacts, mod, metadata, tgt, prefix, cache_hit=hit, cache_key=key)
 
 
-# Code generators whose libraries carry host.c, where the profiling counters live.
+# Code generators whose libraries carry host.c, where the profiling counters live and
+# whose entries pass the caller's terminate flag.
 PROFILING_CODEGENS = ("llvm", "c")
 # Code generators that take parallel loops outlined (kiln.transform.outline).
 OUTLINING_CODEGENS = ("llvm", "llvmjit", "c", "cuda")
@@ -176,11 +186,17 @@ def outline_for(codegen_name: str, mod: IRModule) -> IRModule:
 
     if codegen_name not in OUTLINING_CODEGENS or not has_parallel_loops(mod):
         return mod
-    with timed_step("codegen.outline"):
-        outlined = OutlineParallelLoops()(mod)
-    if outlined is not mod:
-        verify_stage(outlined, "the module with outlined parallel loops")
-    return outlined
+    return _late_pass(OutlineParallelLoops(), mod, "codegen.outline",
+                      "the module with outlined parallel loops")
+
+
+def _late_pass(p: Pass, mod: IRModule, step: str, what: str) -> IRModule:
+    """`p(mod)` after the pipelines, timed as `step`; verified (as `what`) when changed."""
+    with timed_step(step):
+        out = p(mod)
+    if out is not mod:
+        verify_stage(out, what)
+    return out
 
 
 def _tuning_session(tuning: Any, tgt: Target, mod: IRModule) -> FromDatabase | None:
@@ -189,7 +205,10 @@ def _tuning_session(tuning: Any, tgt: Target, mod: IRModule) -> FromDatabase | N
     pass (kiln.tuning.database.Verdict)."""
     if tuning is None:
         return None
+    from kiln.ops.kernels.search import check_database
+
     db = tuning if isinstance(tuning, TuningDatabase) else TuningDatabase.load(tuning)
+    check_database(db)  # unknown kernels and parameters: a UsageError naming the record
     key = target_key(isa_for(tgt))
     targets = {r.target for r in db.records()}
     if targets and key not in targets:
@@ -214,6 +233,29 @@ def _instrument(mod: IRModule, codegen_name: str) -> IRModule:
         mod = ProfileKernelCalls()(mod)
     verify_stage(mod, "the module with profiling timers")
     return mod
+
+
+def _with_loop_limit(mod: IRModule, limit: int | None) -> IRModule:
+    """`mod` with the module attribute `kiln.max_loop_iterations` the lowering of its
+    Loops reads (kiln.transform.lower_control_flow); `mod` itself for no limit."""
+    if limit is None:
+        return mod
+    if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
+        raise UsageError(f"max_loop_iterations must be a positive integer or None, got "
+                         f"{limit!r}")
+    return IRModule(mod.functions, {**mod.attrs, ATTR_MAX_LOOP_ITERATIONS: limit})
+
+
+def _terminable(mod: IRModule, codegen_name: str, tgt: Target) -> IRModule:
+    """`mod` whose lowered graph functions poll the caller's terminate flag
+    (kiln.transform.terminate), where host.c's entries pass it: the llvm and c codegens
+    (a wasm32 module has no host.c: its embedder calls the raw kernels)."""
+    from kiln.transform.terminate import TerminateChecks
+
+    wasm = str(tgt.attrs.get("mtriple", "")).startswith("wasm")
+    if codegen_name not in PROFILING_CODEGENS or wasm:
+        return mod
+    return _late_pass(TerminateChecks(), mod, "terminate", "the module with terminate checks")
 
 
 def executable_metadata(mod: IRModule, prefix: str) -> dict[str, Any]:

@@ -3,7 +3,8 @@
 `export_model_library_format(executable, path)` writes an uncompressed tar
 (layout and metadata in docs/mlf.md):
 
-    metadata.json                     version, model, target, memory, I/O, deps, build
+    metadata.json                     version, model, target, memory, I/O, deps, build,
+                                      checksums (SHA-256s of every member and of itself)
     codegen/host/src/*.c              generated C (kernels.c with the c target, host.c)
                                       and <model>_mlf.c, the plain C interface
     codegen/host/lib/*.o              generated objects (llvm targets)
@@ -34,15 +35,21 @@ from pathlib import Path
 from typing import Any
 
 from kiln.artifact.artifact import NATIVE, Artifact
+from kiln.artifact.integrity import CHUNK_SIZE, DIGEST_SIZE, chunk_count, chunk_digests
 from kiln.artifact.segments import Content
 from kiln.errors import ExportError
 from kiln.escape import c_comment, int64_literal, is_c_identifier
 from kiln.export.dependencies import collect_dependencies
 from kiln.runtime.abi import C_DTYPE_MACROS
+from kiln.runtime.mlf import metadata_digest
 
-# 2: weights as binary (`<model>.params` + `<model>_params.S`), the allocator in
-# runtime/src/kiln_mlf.c, the DSL source optional (docs/mlf.md, "Versions").
-MLF_VERSION = 2
+# The format's versions (docs/mlf.md, "Versions"; kiln.mlf.load reads every one):
+# 1 (2026-11-22): weights as a C array, the allocator generated into <model>_mlf.c.
+# 2 (2026-11-23): weights as binary (`<model>.params` + `<model>_params.S`), the allocator
+#   in runtime/src/kiln_mlf.c, the DSL source optional.
+# 3 (2026-11-27): `checksums` in metadata.json: the chunk SHA-256s of every member and the
+#   SHA-256 of metadata.json's own content, checked by kiln.mlf.load before it compiles.
+MLF_VERSION = 3
 # kiln_mlf.h's KILN_MLF_ALIGN: the workspace's and every buffer's alignment.
 WORKSPACE_ALIGN = 64
 # The model-independent allocator, copied into the archive as is.
@@ -209,6 +216,24 @@ def params_source(prefix: str, params_file: str, size: int) -> str:
     ])
 
 
+def _checksums(files: Mapping[str, Content], records: Mapping[str, Mapping[str, Any]]
+               ) -> dict[str, Any]:
+    """metadata.json's `checksums` (docs/mlf.md), all but `metadata_sha256`: the chunk
+    SHA-256s (kiln.artifact.integrity) of every member, as hex. A member whose artifact
+    recorded its chunk hashes (the weights: hashed once, when the pool was built) reuses
+    them."""
+    digests = {}
+    for name, content in sorted(files.items()):
+        record = records.get(name, {})
+        known = record.get("chunk_sha256")
+        if (record.get("chunk_size") == CHUNK_SIZE and isinstance(known, str)
+                and len(known) == 2 * DIGEST_SIZE * chunk_count(len(content))):
+            digests[name] = known
+        else:
+            digests[name] = chunk_digests(content).hex()
+    return {"chunk_size": CHUNK_SIZE, "chunk_sha256": digests}
+
+
 def _export_datetime() -> str:
     """`export_datetime`: `$SOURCE_DATE_EPOCH` (the reproducible-builds convention) when
     set, else the epoch, so that exporting one model twice gives identical archives."""
@@ -244,13 +269,14 @@ def export_model_library_format(executable: Any, path: str | os.PathLike[str], *
     files: dict[str, Content] = {}
     build: dict[str, list[str]] = {}
     consts: Content = b""
+    consts_record: Mapping[str, Any] = {}
     for a in arts:
         if a.loader != NATIVE:
             if a.target_key and isinstance(a, Artifact):  # a device's code (e.g. CUDA PTX)
                 files[f"codegen/{a.codegen_id}/{a.file_name}"] = a.content
             continue
         if a.file_name == "constants.bin":
-            consts = a.content
+            consts, consts_record = a.content, a.metadata
         elif a.extension == ".c":
             member = f"codegen/host/src/{a.file_name}"
             files[member] = a.content
@@ -304,7 +330,9 @@ def export_model_library_format(executable: Any, path: str | os.PathLike[str], *
         "build": {"cflags": build,
                   "include_dirs": ["codegen/host/include", "runtime/include", "parameters"],
                   "libs": ["-lm"]},
+        "checksums": _checksums(files, {f"parameters/{model_name}.params": consts_record}),
     }
+    metadata["checksums"]["metadata_sha256"] = metadata_digest(metadata)
     files["metadata.json"] = (json.dumps(metadata, indent=2, sort_keys=True) + "\n").encode()
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)

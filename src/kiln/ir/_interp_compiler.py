@@ -247,6 +247,12 @@ class _Compiler:
             # a hint: read the element (checking it is in bounds) and drop it
             self.emit(depth, self.expr(s.value.args[0]).code)
             return
+        if isinstance(s.value, t.Intrin) and s.value.name == t.TERMINATE_CHECK:
+            from kiln.ir.kernel_errors import ERROR_TERMINATED
+
+            flag = self.expr(s.value.args[0]).code
+            self.emit(depth, f"_check(({flag}) == 0, {ERROR_TERMINATED})")
+            return
         self.emit(depth, self.expr(s.value).code)
 
     def call_func(self, s: t.CallFunc, depth: int) -> None:

@@ -77,6 +77,24 @@ ATTR_VECTOR_BITS: Final = "kiln.vector_bits"
 # | None}` (kiln/frontend/pytorch.py).
 ATTR_TORCH_EXPORT: Final = "kiln.torch_export"
 
+# Module attribute (kiln.compile's max_loop_iterations): the most iterations a graph-level
+# Loop may run; lowering (kiln.transform.lower_control_flow) fails the call at the next.
+ATTR_MAX_LOOP_ITERATIONS: Final = "kiln.max_loop_iterations"
+# Set by the ONNX importer on a Loop's body function: the Loop node's name, which the
+# loop's errors quote.
+ATTR_SOURCE_NODE: Final = "kiln.source_node"
+
+# Set by TerminateChecks (kiln.transform.terminate) on a lowered graph function: it takes
+# one more parameter, an int32 0-d buffer (the caller's terminate flag), after its
+# results and its run-time dimensions' buffer, before its dimension scalars; it polls the
+# flag before every kernel call and at every loop back-edge (docs/abi.md).
+ATTR_TERMINATE_FLAG: Final = "kiln.terminate_flag"
+
+# Set by lowering (kiln.transform.lower_control_flow) on a lowered graph function whose
+# own `check` codes (kiln.ir.kernel_errors.FIRST_FUNCTION_ERROR and up) have messages
+# of their own: `(code, message)` pairs; host.c reports them (a Loop's iteration limit).
+ATTR_CHECK_MESSAGES: Final = "kiln.check_messages"
+
 # Module attribute set by ProfileKernelCalls (kiln.transform.profile): one
 # (function, kernel or None) pair per timer site, in site order.
 ATTR_PROFILE_SITES: Final = "kiln.profile_sites"
@@ -84,6 +102,7 @@ ATTR_PROFILE_SITES: Final = "kiln.profile_sites"
 KILN_ATTRS: Final = frozenset({
     ATTR_PRIVATE, ATTR_GRAPH, ATTR_NUM_OUTPUTS, ATTR_TUPLE_RESULT, ATTR_OUTPUT_NAMES,
     ATTR_WORKSPACE_BYTES, ATTR_PARALLEL_OF, ATTR_PARALLEL_VAR, ATTR_EXTERNAL, ATTR_DIM_BOUNDS,
-    ATTR_BINDS_DIMS, ATTR_RUNTIME_DIMS, ATTR_CONCAT_AXIS, ATTR_NO_SLP,
+    ATTR_BINDS_DIMS, ATTR_RUNTIME_DIMS, ATTR_CONCAT_AXIS, ATTR_NO_SLP, ATTR_TERMINATE_FLAG,
+    ATTR_CHECK_MESSAGES, ATTR_SOURCE_NODE,
 })
 """Every attribute key kiln sets itself."""

@@ -18,6 +18,10 @@ ERROR_NO_CUDA_DEVICE = 8
 ERROR_CUDA_LAUNCH = 9
 ERROR_SIZE_OVERFLOW = 10
 ERROR_LOOP_SCAN = 20
+ERROR_TERMINATED = 21
+# Codes from here on are a function's own checks: their messages are in the lowered
+# function's `kiln.check_messages` (a Loop's iteration limit names the Loop).
+FIRST_FUNCTION_ERROR = 64
 
 KERNEL_ERRORS: dict[int, str] = {
     ERROR_OUT_OF_MEMORY: "out of memory allocating a workspace",
@@ -40,6 +44,9 @@ KERNEL_ERRORS: dict[int, str] = {
     # A graph-level Loop with scan outputs (kiln.transform.lower_control_flow) that ran
     # more or fewer iterations than a scan output has slices.
     ERROR_LOOP_SCAN: "loop: the number of iterations differs from the length of a scan output",
+    # The `terminate_check` intrinsic (kiln.transform.terminate): the caller set the
+    # call's terminate flag (docs/abi.md, "Stopping a call").
+    ERROR_TERMINATED: "terminated: the caller set the call's terminate flag",
 }
 
 

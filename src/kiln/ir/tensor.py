@@ -257,6 +257,11 @@ PREFETCH_INTRINSIC = "prefetch"
 PROFILE_START = "profile_start"
 PROFILE_STOP = "profile_stop"
 PROFILE_INTRINSICS = frozenset({PROFILE_START, PROFILE_STOP})
+# `Evaluate(Intrin("terminate_check", (Load(flag, idx),)))`: the kernel fails with
+# kiln.ir.kernel_errors.ERROR_TERMINATED when the int32 element `flag[idx]` is non-zero.
+# The element is read anew (a volatile load) every time: another thread sets it while
+# the kernel runs (kiln.transform.terminate). Valid only as the value of an Evaluate.
+TERMINATE_CHECK = "terminate_check"
 # Math intrinsics: name -> number of arguments. Result dtype is the first argument's.
 INTRINSICS: dict[str, int] = {
     "exp": 1, "exp2": 1, "expm1": 1, "log": 1, "log2": 1, "log1p": 1, "sqrt": 1, "rsqrt": 1,
@@ -275,6 +280,7 @@ INTRINSICS: dict[str, int] = {
     CHECK_INTRINSIC: 2,
     PREFETCH_INTRINSIC: 1,
     PROFILE_START: 1, PROFILE_STOP: 2,
+    TERMINATE_CHECK: 1,
 }
 # `dot4_u8s8(acc, a, b)`, all int32: `acc + sum(u8(a >> 8i) * s8(b >> 8i) for i < 4)`
 # with int32 wraparound: the four bytes of `a` unsigned, those of `b` signed (byte 0

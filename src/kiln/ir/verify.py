@@ -46,7 +46,7 @@ from kiln.ir import dtype as dt
 from kiln.ir import graph as g
 from kiln.ir import tensor as t
 from kiln.ir.analysis.vector_loops import vector_shape_fault
-from kiln.ir.attrs import ATTR_NUM_OUTPUTS, ATTR_OUTPUT_NAMES
+from kiln.ir.attrs import ATTR_CHECK_MESSAGES, ATTR_NUM_OUTPUTS, ATTR_OUTPUT_NAMES
 from kiln.ir.module import BaseFunc, IRModule
 from kiln.ir.printer import NodeText, print_function
 from kiln.ir.shape_expr import graph_dims, shape_text
@@ -507,8 +507,10 @@ class _PrimFuncVerifier(StmtExprVisitor):
         cond, code = e.args
         if cond.dtype != "bool":
             self.fault(f"intrinsic 'check' needs a bool condition, got {cond.dtype}", e)
+        own = dict(self.fn.attrs.get(ATTR_CHECK_MESSAGES, ()) or ())  # the function's codes
         if not (isinstance(code, t.Const) and code.dtype == "int32"
-                and int(code.value) in KERNEL_ERRORS and int(code.value) > 1):
+                and (int(code.value) in KERNEL_ERRORS or int(code.value) in own)
+                and int(code.value) > 1):
             self.fault(f"intrinsic 'check' needs an int32 constant error code of "
                        f"kiln.ir.kernel_errors, got {code}", e)
 
@@ -525,17 +527,19 @@ class _PrimFuncVerifier(StmtExprVisitor):
             for a in e.args:
                 self.visit_expr(a)
             return
-        if isinstance(e, t.Intrin) and e.name == t.PREFETCH_INTRINSIC:
+        if isinstance(e, t.Intrin) and e.name in (t.PREFETCH_INTRINSIC, t.TERMINATE_CHECK):
             (address,) = e.args
             if not isinstance(address, t.Load):
-                self.fault("intrinsic 'prefetch' takes a buffer element (a Load), got "
+                self.fault(f"intrinsic '{e.name}' takes a buffer element (a Load), got "
                            f"{type(address).__name__}", e)
+            elif e.name == t.TERMINATE_CHECK and address.dtype != "int32":
+                self.fault(f"intrinsic '{e.name}' reads an int32 flag, got {address.dtype}", e)
             self.visit_expr(address)
             return
         super().visit_evaluate(s)
 
     def visit_intrin(self, e: t.Intrin) -> None:
-        if e.name in (t.CHECK_INTRINSIC, t.PREFETCH_INTRINSIC):
+        if e.name in (t.CHECK_INTRINSIC, t.PREFETCH_INTRINSIC, t.TERMINATE_CHECK):
             self.fault(f"intrinsic '{e.name}' is valid only as the value of an Evaluate", e)
         first = e.args[0].dtype
         if e.name in t.DOT4_INTRINSICS and first != "int32":

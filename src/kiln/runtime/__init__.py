@@ -19,11 +19,12 @@ from kiln.runtime.loaders import LOADERS, LoadContext, get_loader, register_load
 from kiln.runtime.loading import load_artifacts, load_module
 from kiln.runtime.module import FunctionTableModule, HostModule, LibraryModule, Module
 from kiln.runtime.native import include_dir
+from kiln.runtime.terminate import TerminateFlag
 from kiln.runtime.threads import PoolStats, set_num_threads, set_spin_us
 
 __all__ = [
     "LOADERS", "FunctionTableModule", "HostModule", "LibraryModule", "LoadContext", "Module",
     "NativeFunction", "PackedFunction", "PoolStats", "PreparedCall", "RawKernelFunction",
-    "get_loader", "include_dir", "load_artifacts", "load_module", "register_loader",
-    "set_num_threads", "set_spin_us",
+    "TerminateFlag", "get_loader", "include_dir", "load_artifacts", "load_module",
+    "register_loader", "set_num_threads", "set_spin_us",
 ]

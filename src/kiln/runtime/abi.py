@@ -38,12 +38,16 @@ KDL_INT, KDL_UINT, KDL_FLOAT, KDL_OPAQUE, KDL_BFLOAT, KDL_COMPLEX, KDL_BOOL = 0,
 DLPACK_MAJOR_VERSION = 1
 
 # ---------------------------------------------------------------- packed calls
-# Version of the packed calling convention (KILN_ABI_VERSION).
-ABI_VERSION = 1
+# Version of the packed calling convention (KILN_ABI_VERSION): 2 (2026-11-27) adds the
+# optional terminate flag after a graph function's arguments (docs/abi.md, "Stopping a
+# call"); a call of version 1 is a call of version 2 without it.
+ABI_VERSION = 2
 
-# Type codes of packed arguments (KILN_ARG_*).
+# Type codes of packed arguments (KILN_ARG_*); ARG_HANDLE: the terminate flag, an
+# `int32_t*` the caller may set from another thread.
 ARG_INT = 0
 ARG_FLOAT = 2
+ARG_HANDLE = 3
 ARG_DLTENSOR = 7
 
 # Status codes of an entry: 0 success; ARGUMENT_ERROR an argument was rejected
@@ -152,7 +156,8 @@ def dl_type_of(dtype: np.dtype[Any]) -> DLType | None:
 
 
 __all__ = [
-    "ABI_VERSION", "ARGUMENT_ERROR", "ARG_DLTENSOR", "ARG_FLOAT", "ARG_INT", "C_DTYPE_MACROS",
+    "ABI_VERSION", "ARGUMENT_ERROR", "ARG_DLTENSOR", "ARG_FLOAT", "ARG_HANDLE", "ARG_INT",
+    "C_DTYPE_MACROS",
     "C_TYPE_NAMES", "DLPACK_MAJOR_VERSION", "DL_TYPES", "ERROR_BUFFER_SIZE", "INT64_MAX",
     "INT64_MIN", "KDL_BFLOAT", "KDL_BOOL", "KDL_COMPLEX", "KDL_CPU", "KDL_CUDA", "KDL_FLOAT",
     "KDL_INT", "KDL_OPAQUE", "KDL_UINT", "MAX_TENSOR_ARGS", "SCALAR_RANGES", "SUCCESS", "DLType",

@@ -34,8 +34,9 @@ class ArgumentSlots:
         n = len(layouts)
         self.count = n
         self._storage = (ctypes_abi.DLTensor * n)()
-        self.values = (ctypes_abi.KilnValue * n)()
-        self.codes = (ctypes.c_int32 * n)(*([abi.ARG_DLTENSOR] * n))
+        # one slot more: the terminate flag (`set_flag`) follows the arguments
+        self.values = (ctypes_abi.KilnValue * (n + 1))()
+        self.codes = (ctypes.c_int32 * (n + 1))(*([abi.ARG_DLTENSOR] * n), abi.ARG_HANDLE)
         self.shapes: list[Any] = []
         self.tensors: list[ctypes_abi.DLTensor] = []
         for i, (shape, dtype) in enumerate(layouts):
@@ -55,6 +56,14 @@ class ArgumentSlots:
         """Point each tensor at its array's memory."""
         for t, address in zip(self.tensors, addresses):
             t.data = address
+
+    def set_flag(self, address: int | None) -> int:
+        """Put the terminate flag at `address` after the arguments; the number of extra
+        arguments to pass: 1, or 0 when `address` is None (no flag)."""
+        if address is None:
+            return 0
+        self.values[self.count].v_handle = address
+        return 1
 
     def set_shapes(self, shapes: Sequence[Sequence[int]]) -> None:
         """Write each tensor's shape (a signature with symbolic dimensions: the sizes of

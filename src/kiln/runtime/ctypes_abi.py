@@ -246,15 +246,17 @@ def tensor_shape(handle: int) -> tuple[int, ...]:
     return tuple(int(tensor.shape[d]) for d in range(tensor.ndim))
 
 
-def pack_arguments(values: list[object], wheres: list[Where]) -> tuple[Any, Any, list[Any]]:
-    """(KilnValue array, type-code array, keep-alive list) for a packed call.
+def pack_arguments(values: list[object], wheres: list[Where], spare: int = 0
+                   ) -> tuple[Any, Any, list[Any]]:
+    """(KilnValue array, type-code array, keep-alive list) for a packed call, with
+    `spare` more slots after the values (for the terminate flag).
 
     Each value travels with the type code of its Python type; the C entry then
     checks it against the parameter (docs/abi.md).
     """
     n = len(values)
-    args = (KilnValue * n)()
-    codes = (ctypes.c_int32 * n)()
+    args = (KilnValue * (n + spare))()
+    codes = (ctypes.c_int32 * (n + spare))()
     keep: list[Any] = []
     for i, (value, where) in enumerate(zip(values, wheres)):
         code = type_code_of(value)

@@ -29,6 +29,7 @@ from kiln.runtime.call_slots import ArgumentSlots, SlotPool
 from kiln.runtime.ctypes_abi import Where, data_address
 from kiln.runtime.dim_binding import bind_dims, compile_dim_text, dim_size
 from kiln.runtime.lifetime import CallGuard
+from kiln.runtime.terminate import TerminateFlag
 
 
 def _plural(n: int, word: str) -> str:
@@ -86,12 +87,30 @@ class PackedFunction:
         # and trimmed to the extents the call reports.
         self.runtime_dims: list[dict[str, Any]] = [dict(d) for d in
                                                    signature.get("runtime_dims", [])]
+        # The entry takes the caller's terminate flag after its arguments (docs/abi.md).
+        self.terminable = signature.get("terminate") is True
 
     # -------------------------------------------------------------- calling
     def __call__(self, *args: Any, out: Any = None, **kwargs: Any) -> Any:
+        return self._call(args, out, kwargs, None)
+
+    def call_with_flag(self, flag: TerminateFlag, *args: Any, out: Any = None,
+                       **kwargs: Any) -> Any:
+        """`self(*args, out=out, **kwargs)` that `flag.set()`, from any thread, stops at
+        its next kernel call or loop iteration with a CallError ("F: terminated: the
+        caller set the call's terminate flag"). A function that cannot be stopped
+        (`terminable` False: a library older than the flag, the llvmjit target, a
+        tensor-level function) runs to its end."""
+        return self._call(args, out, kwargs, flag)
+
+    def _call(self, args: tuple[Any, ...], out: Any, kwargs: dict[str, Any],
+              flag: TerminateFlag | None) -> Any:
         out, kwargs = self._tensor_out(out, kwargs)
         values, outputs = self._checked(args, kwargs, out)
-        actual = self._invoke([*values, *outputs], self._wheres)
+        if flag is not None and self.terminable:
+            actual = self._invoke_with_flag([*values, *outputs], self._wheres, flag)
+        else:
+            actual = self._invoke([*values, *outputs], self._wheres)
         if self.kind != "graph":
             return None
         if actual is not None:  # data-dependent sizes: views of the bound-sized buffers
@@ -189,6 +208,12 @@ class PackedFunction:
         """Call the compiled code with every argument (parameters, then results); for a
         function with data-dependent sizes, return the results' actual shapes."""
         raise NotImplementedError
+
+    def _invoke_with_flag(self, values: list[Any], wheres: list[Where],
+                          flag: TerminateFlag) -> list[tuple[int, ...]] | None:
+        """`_invoke` passing the terminate flag too (a function that cannot take it runs
+        to its end)."""
+        return self._invoke(values, wheres)
 
     # -------------------------------------------------------------- symbolic shapes
     def bind_symbolic(self, values: Sequence[Any]) -> dict[str, int]:
@@ -565,16 +590,17 @@ class NativeFunction(PackedFunction):
     def _results_set(self) -> frozenset[int]:
         return frozenset(range(len(self.params), len(self._arguments)))
 
-    def __call__(self, *args: Any, out: Any = None, **kwargs: Any) -> Any:
+    def _call(self, args: tuple[Any, ...], out: Any, kwargs: dict[str, Any],
+              flag: TerminateFlag | None) -> Any:
         if self._slot_pool is not None and not kwargs:
-            result = self._call_fast(args, out)
+            result = self._call_fast(args, out, flag)
             if result is not _SLOW:
                 return result
         # Anything unusual (keywords, a wrong or strided tensor, a DLPack object):
         # the general path, which checks everything and names what is wrong.
-        return super().__call__(*args, out=out, **kwargs)
+        return super()._call(args, out, kwargs, flag)
 
-    def _call_fast(self, args: tuple[Any, ...], out: Any) -> Any:
+    def _call_fast(self, args: tuple[Any, ...], out: Any, flag: TerminateFlag | None) -> Any:
         """Call with prebuilt arguments when every tensor fits the signature exactly
         (numpy array, shape, native dtype, C-contiguous; `out=` also writable and apart
         from the others); `_SLOW` (nothing done) otherwise."""
@@ -619,7 +645,8 @@ class NativeFunction(PackedFunction):
             if shapes is not None:
                 slots.set_shapes(shapes)
             slots.set_data(addresses)
-            self._run(slots.values, slots.codes, slots.count)
+            self._run(slots.values, slots.codes, slots.count + slots.set_flag(
+                flag.address if flag is not None and self.terminable else None))
         finally:
             pool.give_back(slots)
         if out is not None:
@@ -657,8 +684,20 @@ class NativeFunction(PackedFunction):
             raise CallError(message)
 
     def _invoke(self, values: list[Any], wheres: list[Where]) -> list[tuple[int, ...]] | None:
-        args, codes, keep = ctypes_abi.pack_arguments(values, wheres)
-        self._run(args, codes, len(values))
+        return self._invoke_flagged(values, wheres, None)
+
+    def _invoke_with_flag(self, values: list[Any], wheres: list[Where],
+                          flag: TerminateFlag) -> list[tuple[int, ...]] | None:
+        return self._invoke_flagged(values, wheres, flag)
+
+    def _invoke_flagged(self, values: list[Any], wheres: list[Where],
+                        flag: TerminateFlag | None) -> list[tuple[int, ...]] | None:
+        spare = int(flag is not None)  # the flag rides after the arguments
+        args, codes, keep = ctypes_abi.pack_arguments(values, wheres, spare=spare)
+        if flag is not None:
+            args[len(values)].v_handle = flag.address
+            codes[len(values)] = abi.ARG_HANDLE
+        self._run(args, codes, len(values) + spare)
         actual = None
         if self.runtime_dims:  # the entry wrote the actual extents into the DLTensors
             n = len(self.params)

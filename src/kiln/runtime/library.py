@@ -43,7 +43,7 @@ from kiln.artifact.artifact import (
 from kiln.artifact.blob import build_contents, pack, place_linked
 from kiln.artifact.integrity import CHUNK_SIZE, DIGEST_SIZE, chunk_count, chunk_digests
 from kiln.artifact.segments import Content, write_content
-from kiln.errors import CompileError, ExportError, UsageError
+from kiln.errors import ArgumentTypeError, CompileError, ExportError, UsageError
 from kiln.escape import c_comment, is_c_identifier
 from kiln.runtime import native
 from kiln.runtime.data_object import DataSymbol, machine_of, write_data_object
@@ -71,9 +71,12 @@ def export_library(
     extra flags for compiling C artifacts, `fcompile(out_path, objects,
     options)` replaces the `.so` link step. Intermediate files go to
     `workspace_dir` (kept) or a temporary directory (removed). An in-memory
-    artifact raises ExportError, as does a `file_name` that is a directory; an
-    unknown suffix raises ValueError.
+    artifact raises ExportError, as does a `file_name` that is a directory or
+    cannot be written; an unknown suffix raises UsageError.
     """
+    if not isinstance(file_name, (str, os.PathLike)):
+        raise ArgumentTypeError(f"export_library: file_name must be a str or os.PathLike, "
+                                f"got {type(file_name).__name__}")
     path = Path(file_name)
     if path.is_dir():
         raise ExportError(f"cannot export to {os.fspath(path)!r}: it is a directory; give the "
@@ -89,7 +92,7 @@ def export_library(
         cc = default_compiler(arts)  # a cross compiler for another target
     if isinstance(options, str):
         options = shlex.split(options)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    _check_writable(path)
     if suffix == ".tar":
         write_tar(path, arts, metadata)
         return path
@@ -134,6 +137,19 @@ def export_library(
                 tmp_h.write_text(static_header(metadata, prefix, header.name, path.name,
                                                native.native_libs(native_arts)))
     return path
+
+
+def _check_writable(path: Path) -> None:
+    """Make `path`'s directory and try a file there, before any work: an ExportError
+    naming `path` and the system's reason when the library could not be written."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(prefix=f".{path.name}.", suffix=".tmp",
+                                         dir=path.parent):
+            pass
+    except OSError as exc:
+        raise ExportError(f"cannot write {os.fspath(path)!r}: {exc.strerror or exc}; "
+                          "export to a directory you can write") from exc
 
 
 # Times the steps of export_library when set (`set_step_timer`); None: untimed.

@@ -32,7 +32,7 @@ from kiln.artifact.archive import read_tar
 from kiln.artifact.artifact import NATIVE, NONE, AnyArtifact, ArtifactSet
 from kiln.artifact.blob import HEADER_SIZE, BlobContents, blob_length, unpack
 from kiln.artifact.elf import host_machine, machine_name
-from kiln.errors import FormatError, MissingFileError
+from kiln.errors import ArgumentTypeError, FormatError, MissingFileError
 from kiln.runtime.cpu_features import check_library
 from kiln.runtime.dynsym import find_blob_symbol
 from kiln.runtime.library import export_library
@@ -56,15 +56,11 @@ def load_module(path: str | os.PathLike[str], *, prefix: str | None = None,
     the library's parallel loops, the calling thread included (None: the process
     default, kiln.runtime.set_num_threads, else $KILN_NUM_THREADS, else one per CPU).
     """
-    p = Path(path)
+    p = _library_path(path)
+    if prefix is not None and not isinstance(prefix, str):
+        raise ArgumentTypeError(f"load_module: prefix must be a str or None, got "
+                                f"{type(prefix).__name__}")
     suffix = p.suffix.lower()
-    if suffix not in LIBRARY_SUFFIXES:
-        raise FormatError(f"{p}: cannot load a {suffix or 'suffix-less'} file; kiln loads "
-                          f"{' and '.join(LIBRARY_SUFFIXES)} files written by export_library")
-    if p.is_dir():
-        raise FormatError(f"{p}: is a directory, not a library file")
-    if not p.is_file():
-        raise MissingFileError(f"{p}: no such library file")
     if suffix == ".tar":
         artifacts, metadata = read_tar(p)
         tar_prefix = metadata.get("prefix")
@@ -74,6 +70,24 @@ def load_module(path: str | os.PathLike[str], *, prefix: str | None = None,
                               num_threads=num_threads)
     return load_shared_library(p, prefix=prefix, verify_weights=verify_weights,
                                num_threads=num_threads)
+
+
+def _library_path(path: Any) -> Path:
+    """`path` as the path of an existing library file, a KilnError naming it otherwise."""
+    if not isinstance(path, (str, os.PathLike)):
+        raise ArgumentTypeError(f"load_module: path must be a str or os.PathLike, got "
+                                f"{type(path).__name__}")
+    p = Path(path)
+    suffix = p.suffix.lower()
+    if suffix not in LIBRARY_SUFFIXES:
+        raise FormatError(f"{p}: cannot load a {suffix or 'suffix-less'} file; kiln loads "
+                          f"{' and '.join(LIBRARY_SUFFIXES)} files written by export_library")
+    # os.path's tests: a name too long for the filesystem is absent, not an OSError
+    if os.path.isdir(p):
+        raise FormatError(f"{p}: is a directory, not a library file")
+    if not os.path.isfile(p):
+        raise MissingFileError(f"{p}: no such library file")
+    return p
 
 
 def load_artifacts(

@@ -7,8 +7,11 @@ Part of the runtime: it needs numpy and a C compiler, nothing of the compiler.
 
 `load` extracts the archive through `kiln.artifact.safe_tar` (regular files
 and directories only, no absolute paths or `..`, bounded member count and
-sizes), checks `metadata.json` against `METADATA_SCHEMA`, compiles the
-sources with the flags the metadata lists plus `-fPIC`, links them with the
+sizes), checks `metadata.json` against `METADATA_SCHEMA` and, before
+anything is compiled, the SHA-256s its `checksums` record (of every member
+and of metadata.json itself; an archive of a version before 3 has none and
+gets an `UncheckedArchiveWarning`; `extract_checked` does this much alone),
+compiles the sources with the flags the metadata lists plus `-fPIC`, links them with the
 objects and the parameters into a shared library in a temporary directory,
 and then **checks metadata.json against the compiled code before trusting
 it**: the buffers `MLFModel` allocates are sized from metadata.json, and a
@@ -34,6 +37,7 @@ import math
 import os
 import shutil
 import tempfile
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -41,6 +45,13 @@ from typing import Any
 import numpy as np
 
 from kiln.artifact import safe_tar
+from kiln.artifact.integrity import (
+    DIGEST_SIZE,
+    MAX_CHUNK_SIZE,
+    MIN_CHUNK_SIZE,
+    chunk_count,
+    stream_digests,
+)
 from kiln.artifact.library_schema import DTYPE, NAME, check_library_metadata
 from kiln.artifact.schema import (
     Anything,
@@ -54,12 +65,15 @@ from kiln.artifact.schema import (
     identifier,
     parse,
 )
-from kiln.errors import CallError, FormatError
+from kiln.errors import ArgumentTypeError, CallError, FormatError, MissingFileError
 
 # 1: weights as a C array; 2: weights as binary assembled by parameters/<model>_params.S,
-# the allocator in runtime/src/kiln_mlf.c. The reader builds both the same way: compile
-# every listed source with its flags.
-READ_VERSIONS = (1, 2)
+# the allocator in runtime/src/kiln_mlf.c; 3: `checksums` of every member and of
+# metadata.json (the writer's changelog: kiln/export/mlf.py, MLF_VERSION). The reader
+# builds them all the same way: compile every listed source with its flags.
+READ_VERSIONS = (1, 2, 3)
+# From this version on metadata.json must carry `checksums`.
+CHECKSUMS_SINCE = 3
 # A firmware model's workspace; more than this is not a Model Library Format archive
 # kiln wrote (and numpy would fail to allocate it).
 MAX_WORKSPACE_BYTES = 1 << 40
@@ -68,6 +82,16 @@ MAX_WORKSPACE_BYTES = 1 << 40
 _MEMBER_PATH = Str(r"(?!(.*/)?\.\.(/|$))[A-Za-z0-9_.+-]+(/[A-Za-z0-9_.+-]+)*", 1024,
                    "a relative path inside the archive")
 _TENSOR = Obj(required={"name": NAME, "shape": ListOf(Int(0), max_len=64), "dtype": DTYPE})
+_SHA256 = Str(r"[0-9a-f]{64}", 64, "a SHA-256 as 64 lowercase hex digits")
+# A member's chunk SHA-256s, concatenated (none for an empty member); a member is at most
+# safe_tar.MAX_MEMBER_BYTES, so at most that many chunks of the smallest chunk size.
+_CHUNK_SHA256 = Str(r"([0-9a-f]{64})*",
+                    2 * DIGEST_SIZE * (safe_tar.MAX_MEMBER_BYTES // MIN_CHUNK_SIZE),
+                    "chunk SHA-256s as lowercase hex")
+CHECKSUMS_SCHEMA = Obj(required={
+    "chunk_size": Int(MIN_CHUNK_SIZE, MAX_CHUNK_SIZE),
+    "chunk_sha256": MapOf(_CHUNK_SHA256, key=_MEMBER_PATH, max_len=safe_tar.MAX_MEMBERS),
+    "metadata_sha256": _SHA256})
 METADATA_SCHEMA = Obj(
     required={
         "version": Enum(READ_VERSIONS),
@@ -86,28 +110,67 @@ METADATA_SCHEMA = Obj(
             "libs": ListOf(Str(r"-l[A-Za-z0-9_.+-]+", 256, "a -l<library> flag"),
                            max_len=64)}),
     },
+    # `checksums` is required from version CHECKSUMS_SINCE on (read_metadata checks).
     optional={"kiln_version": Str(max_len=64), "export_datetime": Str(max_len=64),
-              "target": Obj(extra=Anything()), "external_dependencies": ListOf(Anything())},
+              "target": Obj(extra=Anything()), "external_dependencies": ListOf(Anything()),
+              "checksums": CHECKSUMS_SCHEMA},
     # A newer writer may add keys; nothing here reads them.
     extra=Anything())
 
 PROBE_SYMBOL = "kiln_mlf_probe"
 
 
+class UncheckedArchiveWarning(UserWarning):
+    """An MLF archive written before version 3 records no checksums: `load` cannot tell
+    damaged weights or sources from good ones. Re-export it with this kiln."""
+
+
 def _extract(path: Path, into: Path) -> None:
     where = f"{path}: Model Library Format archive"
+    # Each path extracted so far (a member, or a folder above one) -> (is a folder, the
+    # member that made it), so that a member below a file is named, not an OSError.
+    made: dict[str, tuple[bool, str]] = {}
     for member, data in safe_tar.members(path, where, dot_prefix=True):
+        _claim(made, member, where)
         target = into.joinpath(*member.name.split("/"))
-        if data is None:
-            target.mkdir(parents=True, exist_ok=True)
-            continue
-        target.parent.mkdir(parents=True, exist_ok=True)
-        if target.exists():
-            raise FormatError(f"{where}: member '{member.name}' appears more than once")
-        with open(target, "wb") as out:
-            shutil.copyfileobj(data, out)
-        if target.stat().st_size != member.size:
+        try:
+            if data is None:
+                target.mkdir(parents=True, exist_ok=True)
+                continue
+            target.parent.mkdir(parents=True, exist_ok=True)
+            with open(target, "xb") as out:
+                shutil.copyfileobj(data, out)
+            size = target.stat().st_size
+        except OSError as err:
+            raise FormatError(f"{where}: member '{member.name}' cannot be extracted "
+                              f"({err.strerror or err})") from None
+        if size != member.size:
             raise FormatError(f"{where}: member '{member.name}' is truncated")
+
+
+def _claim(made: dict[str, tuple[bool, str]], member: safe_tar.Member, where: str) -> None:
+    """Record `member` and the folders above it in `made`; FormatError naming both members
+    when it lies below a file, is a file where a folder is, or comes twice."""
+    parts = member.name.split("/")
+    for depth in range(1, len(parts)):
+        folder = "/".join(parts[:depth])
+        is_dir, owner = made.setdefault(folder, (True, member.name))
+        if not is_dir:
+            raise FormatError(f"{where}: member '{member.name}' lies below member '{owner}', "
+                              "which is a file")
+    if member.name not in made:
+        made[member.name] = (member.is_dir, member.name)
+        return
+    is_dir, owner = made[member.name]
+    if is_dir and member.is_dir:
+        return
+    if is_dir and owner != member.name:
+        raise FormatError(f"{where}: member '{member.name}' is a file, but member '{owner}' "
+                          "lies below it")
+    if is_dir or member.is_dir:
+        raise FormatError(f"{where}: member '{member.name}' appears twice, as a file and as "
+                          "a folder")
+    raise FormatError(f"{where}: member '{member.name}' appears more than once")
 
 
 def read_metadata(text: bytes, where: str) -> dict[str, Any]:
@@ -121,6 +184,9 @@ def read_metadata(text: bytes, where: str) -> dict[str, Any]:
         raise FormatError(f"{where}: Model Library Format version {json.dumps(version)[:40]} "
                           f"is not one this kiln reads ({', '.join(map(str, READ_VERSIONS))})")
     check(METADATA_SCHEMA, meta, where)
+    if version >= CHECKSUMS_SINCE and "checksums" not in meta:
+        raise FormatError(f"{where}: checksums: missing (a version-{version} archive records "
+                          "the SHA-256 of every file; this one is damaged)")
     return meta
 
 
@@ -129,8 +195,76 @@ def _metadata(root: Path, path: Path) -> dict[str, Any]:
     try:
         text = (root / "metadata.json").read_bytes()
     except OSError:
-        raise FormatError(f"{where}: missing (not a Model Library Format archive)") from None
+        raise FormatError(f"{where}: missing (not a Model Library Format archive, or its tar "
+                          "is damaged before metadata.json)") from None
     return read_metadata(text, where)
+
+
+def metadata_digest(meta: dict[str, Any]) -> str:
+    """The SHA-256 (hex) that `checksums.metadata_sha256` records: of metadata.json's
+    content without that field, as canonical JSON (sorted keys, no spaces, ASCII), so it
+    does not depend on how the file is laid out."""
+    body = dict(meta)
+    if isinstance(body.get("checksums"), dict):
+        body["checksums"] = {k: v for k, v in body["checksums"].items()
+                             if k != "metadata_sha256"}
+    text = json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+    return hashlib.sha256(text.encode("ascii")).hexdigest()
+
+
+def _check_checksums(meta: dict[str, Any], root: Path, archive: Path) -> None:
+    """FormatError unless metadata.json and every member match `checksums`; an archive
+    without them gets an UncheckedArchiveWarning (shown at the caller of `load` or
+    `extract_checked`, three frames up)."""
+    checksums = meta.get("checksums")
+    if checksums is None:
+        warnings.warn(f"{archive}: Model Library Format version {meta['version']} archive "
+                      "has no content checksums, so damage to its weights or sources cannot "
+                      "be detected; re-export it with this kiln (version "
+                      f"{CHECKSUMS_SINCE} and later record them)", UncheckedArchiveWarning,
+                      stacklevel=4)
+        return
+    found = metadata_digest(meta)
+    if found != checksums["metadata_sha256"]:
+        raise FormatError(f"{archive}: metadata.json is damaged: expected SHA-256 "
+                          f"{checksums['metadata_sha256']} (checksums.metadata_sha256), "
+                          f"found {found}")
+    where = f"{archive}: Model Library Format archive"
+    listed = checksums["chunk_sha256"]
+    held = {p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file()}
+    for member in sorted(held - {"metadata.json"} - set(listed)):
+        raise FormatError(f"{where}: member '{member}' has no checksum in metadata.json "
+                          "(checksums.chunk_sha256): the archive is damaged or was changed "
+                          "after export")
+    for member, expected in sorted(listed.items()):
+        if member not in held:
+            raise FormatError(f"{where}: metadata.json's checksums.chunk_sha256 lists "
+                              f"'{member}', which is not in the archive (damaged or "
+                              "truncated)")
+        _check_member(root / member, member, expected, checksums["chunk_size"], where)
+
+
+def _check_member(path: Path, member: str, expected: str, chunk_size: int, where: str
+                  ) -> None:
+    """FormatError naming `member`, the damaged byte range and both digests unless the
+    file's chunk SHA-256s are `expected` (hex)."""
+    with open(path, "rb") as f:  # read in 1 MiB pieces, whatever the chunk size
+        found = stream_digests(iter(lambda: f.read(1 << 20), b""), chunk_size).hex()
+    if found == expected:
+        return
+    size = path.stat().st_size
+    step = 2 * DIGEST_SIZE
+    if len(found) != len(expected):
+        raise FormatError(f"{where}: member '{member}' is damaged: it holds {size} bytes "
+                          f"({chunk_count(size, chunk_size)} chunks of {chunk_size}), "
+                          f"metadata.json records {len(expected) // step} chunk SHA-256s")
+    first = next(i for i in range(0, len(found), step)
+                 if found[i:i + step] != expected[i:i + step])
+    start = first // step * chunk_size
+    span = f" in bytes [{start}, {min(start + chunk_size, size)})" if size > chunk_size else ""
+    raise FormatError(f"{where}: member '{member}' is damaged{span}: expected SHA-256 "
+                      f"{expected[first:first + step]} (metadata.json, checksums.chunk_sha256),"
+                      f" found {found[first:first + step]}")
 
 
 def _check_members(meta: dict[str, Any], root: Path, archive: Path) -> None:
@@ -367,6 +501,35 @@ def _compile(inputs: _BuildInputs | None, cmd: list[str], src: Path, obj: Path,
         object_cache.store(key, obj.read_bytes())
 
 
+def _unpack(archive: Path, root: Path) -> dict[str, Any]:
+    _extract(archive, root)
+    meta = _metadata(root, archive)
+    _check_checksums(meta, root, archive)
+    _check_members(meta, root, archive)
+    return meta
+
+
+def extract_checked(path: str | os.PathLike[str], into: str | os.PathLike[str]
+                    ) -> dict[str, Any]:
+    """Extract the archive at `path` into the empty folder `into` and check it as `load`
+    does before it runs the compiler; return its checked metadata.json.
+
+    Checked: the tar (`kiln.artifact.safe_tar`), metadata.json (`METADATA_SCHEMA`), the
+    SHA-256s of metadata.json and of every member (`checksums`; an archive of a version
+    before 3 has none and gets an `UncheckedArchiveWarning`), and the files metadata.json
+    names. A FormatError names what is wrong. Files that pass are the exported bytes.
+    """
+    return _unpack(_path_argument(path, "path"), _path_argument(into, "into"))
+
+
+def _path_argument(value: Any, name: str) -> Path:
+    """`value` as a Path; ArgumentTypeError unless it is a str or PathLike without NUL."""
+    if not isinstance(value, (str, os.PathLike)) or "\x00" in os.fsdecode(value):
+        raise ArgumentTypeError(f"kiln.mlf.extract_checked: {name} must be a str or "
+                                f"os.PathLike without NUL, got {value!r:.80}")
+    return Path(os.fsdecode(value))
+
+
 def load(path: str | os.PathLike[str], *, cc: str | None = None) -> MLFModel:
     """Extract, build for this machine, check and load a Model Library Format archive.
 
@@ -375,14 +538,17 @@ def load(path: str | os.PathLike[str], *, cc: str | None = None) -> MLFModel:
     """
     from kiln.runtime import native
 
+    if not isinstance(path, (str, os.PathLike)):
+        raise ArgumentTypeError(f"kiln.mlf.load: path must be a str or os.PathLike, got "
+                                f"{type(path).__name__}")
     archive = Path(path)
+    if "\x00" in str(archive):  # open() would raise ValueError
+        raise MissingFileError(f"{str(archive)!r}: no such archive (its name holds a NUL)")
     workdir = tempfile.mkdtemp(prefix="kiln-mlf-")
     try:
         root = Path(workdir) / "mlf"
         root.mkdir()
-        _extract(archive, root)
-        meta = _metadata(root, archive)
-        _check_members(meta, root, archive)
+        meta = _unpack(archive, root)
         build = meta["build"]
         includes = [f"-I{root / d}" for d in build["include_dirs"]]
         build_inputs = _build_inputs(root, workdir, build)
@@ -413,4 +579,6 @@ def load(path: str | os.PathLike[str], *, cc: str | None = None) -> MLFModel:
         raise
 
 
-__all__ = ["METADATA_SCHEMA", "MLFModel", "load", "probe_source", "read_metadata", "verify"]
+__all__ = ["CHECKSUMS_SCHEMA", "CHECKSUMS_SINCE", "METADATA_SCHEMA", "MLFModel",
+           "UncheckedArchiveWarning", "extract_checked", "load", "metadata_digest",
+           "probe_source", "read_metadata", "verify"]

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kiln._registry import suggest
-from kiln.errors import FormatError, KilnError, UsageError
+from kiln.errors import ArgumentTypeError, FormatError, KilnError, UsageError
 from kiln.runtime import abi, ctypes_abi, threads
 from kiln.runtime.dim_binding import is_dim_text
 from kiln.runtime.function import NativeFunction, PackedFunction
@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 
 LIBRARY_FORMAT = "kiln.library"
 SOURCE_FORMATS = ("c", "ll", "asm")
-MAX_LIBRARY_VERSION = 4  # newest library metadata version this runtime reads
+MAX_LIBRARY_VERSION = 5  # newest library metadata version this runtime reads
 
 
 class Module:
@@ -115,6 +115,9 @@ class Module:
         self._profile_counters().reset()
 
     def __getitem__(self, name: str) -> PackedFunction:
+        if not isinstance(name, str):
+            raise ArgumentTypeError(f"a module's functions are looked up by name (str), got "
+                                    f"{type(name).__name__} {name!r:.60}")
         fn = self.get_function(name)
         if fn is None:
             names = self.function_names()

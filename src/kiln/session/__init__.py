@@ -9,8 +9,9 @@ Over a compiled library this package needs only numpy (the compiler is imported
 only to compile an ONNX file).
 """
 
-from kiln.session.inference import InferenceSession
+from kiln.session.inference import InferenceSession, RunOptions
 from kiln.session.io_binding import IOBinding
 from kiln.session.node_arg import ModelMetadata, NodeArg, SessionOptions
 
-__all__ = ["IOBinding", "InferenceSession", "ModelMetadata", "NodeArg", "SessionOptions"]
+__all__ = ["IOBinding", "InferenceSession", "ModelMetadata", "NodeArg", "RunOptions",
+           "SessionOptions"]

@@ -30,22 +30,24 @@ class InferenceSession:
             `kiln.runtime.Module`, or an IRModule (compiled for `host`).
         sess_options: a `kiln.SessionOptions` (`intra_op_num_threads`).
         providers: None or execution providers as onnxruntime takes them (names, or
-            (name, options) pairs); kiln runs on the CPU, so only
+            (name, options dict) tuples); kiln runs on the CPU, so only
             "CPUExecutionProvider" is accepted.
+        provider_options: None or one options dict per name in `providers`.
 
     Raises:
-        UsageError: a provider other than the CPU's, or bad options.
+        ArgumentTypeError: an argument of the wrong type (named, with the type expected).
+        UsageError: a provider other than the CPU's, or an option's bad value.
         MissingFileError, FormatError, FrontendError, CompileError: the model cannot
             be read or compiled.
     """
 
     def __init__(self, path_or_library: Any, sess_options: SessionOptions | None = None,
-                 providers: Sequence[Any] | None = None, **kwargs: Any) -> None:
-        if kwargs.keys() - {"provider_options"}:
-            raise UsageError(f"InferenceSession: unknown keyword(s) "
-                             f"{', '.join(sorted(kwargs.keys() - {'provider_options'}))}")
-        _check_providers(providers)
-        self._options = sess_options if sess_options is not None else SessionOptions()
+                 providers: Sequence[Any] | None = None,
+                 provider_options: Sequence[Mapping[str, Any]] | None = None,
+                 **kwargs: Any) -> None:
+        if kwargs:
+            raise UsageError(f"InferenceSession: unknown keyword(s) {', '.join(sorted(kwargs))}")
+        self._options = _checked_options(sess_options, providers, provider_options)
         self._meta = ModelMetadata()
         threads = _thread_count(self._options)
         self._function = self._open(path_or_library, threads)
@@ -55,6 +57,7 @@ class InferenceSession:
 
     # ------------------------------------------------------------ loading
     def _open(self, source: Any, threads: int) -> PackedFunction:
+        _check_loop_limit(self._options, source)
         module = self._module(source, threads)
         if threads and hasattr(module, "set_num_threads"):
             module.set_num_threads(threads)  # this library only, from its next call
@@ -67,9 +70,9 @@ class InferenceSession:
         if isinstance(source, Module):
             return source
         if isinstance(source, (bytes, bytearray)):
-            import onnx
+            from kiln.frontend.onnx.importer import parse_onnx
 
-            model = onnx.load_from_string(bytes(source))
+            model = parse_onnx(source)  # FrontendError when the bytes are not ONNX
             return self._compile(model, _metadata_of(model))
         if isinstance(source, (str, os.PathLike)):
             path = Path(source)
@@ -89,7 +92,8 @@ class InferenceSession:
         import kiln
 
         self._meta = meta
-        return kiln.compile(model, "host").jit()
+        limit = self._options.max_loop_iterations
+        return kiln.compile(model, "host", max_loop_iterations=limit).jit()
 
     # ------------------------------------------------------------ describing
     def get_inputs(self) -> list[NodeArg]:
@@ -119,15 +123,16 @@ class InferenceSession:
 
     # ------------------------------------------------------------ running
     def run(self, output_names: Sequence[str] | None, input_feed: Mapping[str, Any],
-            run_options: Any = None) -> list[np.ndarray]:
+            run_options: RunOptions | None = None) -> list[np.ndarray]:
         """Run the model: the outputs named by `output_names` (None: all), as arrays.
+        `run_options.terminate = True`, set from another thread, stops the run.
 
         Raises:
             CallError: an input missing or unknown, of the wrong dtype, rank or shape; an
-                unknown output name.
+                unknown output name; the run was terminated (its message says so).
         """
         picks = self._picks(output_names)
-        results = self._call(self._arguments(input_feed), None)
+        results = self._call(self._arguments(input_feed), None, run_options)
         return [results[i] for i in picks]
 
     def io_binding(self) -> IOBinding:
@@ -139,15 +144,20 @@ class InferenceSession:
     def run_with_iobinding(self, iobinding: IOBinding, run_options: Any = None) -> None:
         """Run with the binding's inputs; write its bound outputs in place, allocate the
         others (read them with `iobinding.copy_outputs_to_cpu()`)."""
+        from kiln.session.io_binding import IOBinding
+
+        if not isinstance(iobinding, IOBinding):
+            raise ArgumentTypeError(f"run_with_iobinding takes the IOBinding of "
+                                    f"session.io_binding(), got {_given(iobinding)}")
         args = self._arguments(iobinding.inputs)
         given = [iobinding.outputs.get(o.name) for o in self._outputs]
         if all(g is None for g in given):
-            iobinding.results = self._call(args, None)
+            iobinding.results = self._call(args, None, run_options)
             return
         shapes = self._function.output_shapes(*args)
         bound = tuple(g if g is not None else np.empty(shape, _numpy_dtype(r["dtype"]))
                       for g, shape, r in zip(given, shapes, self._function.results))
-        iobinding.results = self._call(args, bound)
+        iobinding.results = self._call(args, bound, run_options)
 
     def _arguments(self, feed: Mapping[str, Any]) -> list[Any]:
         """The input feed as positional arguments, checked by name."""
@@ -165,8 +175,15 @@ class InferenceSession:
                             f"{', '.join(names)})")
         return [feed[n] for n in names]
 
-    def _call(self, args: list[Any], out: tuple[np.ndarray, ...] | None) -> list[np.ndarray]:
-        result = self._function(*args, out=out)
+    def _call(self, args: list[Any], out: tuple[np.ndarray, ...] | None,
+              run_options: RunOptions | None = None) -> list[np.ndarray]:
+        if run_options is None:
+            result = self._function(*args, out=out)
+        elif isinstance(run_options, RunOptions):
+            result = self._function.call_with_flag(run_options._flag, *args, out=out)
+        else:
+            raise ArgumentTypeError(f"run_options must be a kiln.RunOptions or None, got "
+                                    f"{type(run_options).__name__}")
         return list(result) if isinstance(result, tuple) else [result]
 
     def _picks(self, output_names: Sequence[str] | None) -> list[int]:
@@ -176,6 +193,9 @@ class InferenceSession:
             raise ArgumentTypeError(
                 f"output_names must be a list of names or None, got the string "
                 f"{output_names!r}")
+        if not isinstance(output_names, Sequence):
+            raise ArgumentTypeError(f"output_names must be a list of names or None, got "
+                                    f"{_given(output_names)}")
         picks = []
         for name in output_names:
             if name not in self._output_index:
@@ -187,6 +207,57 @@ class InferenceSession:
     def output_index(self, name: str) -> int:
         """The position of output `name` (CallError naming the outputs if unknown)."""
         return self._picks([name])[0]
+
+
+class RunOptions:
+    """Options of one `run`, named as in onnxruntime.
+
+    Attributes:
+        terminate: set it to True, from any thread, to stop the runs given these
+            options: each stops at its next kernel call or Loop iteration with a
+            CallError ("main: terminated: the caller set the call's terminate flag").
+            It stays True until reset (a run started with it set stops at once). A
+            library compiled before kiln's library metadata version 5 cannot be stopped:
+            its runs go to the end.
+        logid, log_severity_level, log_verbosity_level: accepted for compatibility;
+            kiln does not log runs.
+    """
+
+    __slots__ = ("_flag", "log_severity_level", "log_verbosity_level", "logid")
+
+    def __init__(self) -> None:
+        from kiln.runtime.terminate import TerminateFlag
+
+        self._flag = TerminateFlag()
+        self.logid = ""
+        self.log_severity_level = -1
+        self.log_verbosity_level = 0
+
+    @property
+    def terminate(self) -> bool:
+        """Whether the runs given these options are asked to stop."""
+        return self._flag.is_set
+
+    @terminate.setter
+    def terminate(self, value: bool) -> None:
+        if not isinstance(value, (bool, np.bool_)):
+            raise ArgumentTypeError(f"RunOptions.terminate must be a bool, got "
+                                    f"{type(value).__name__}")
+        if value:
+            self._flag.set()
+        else:
+            self._flag.clear()
+
+
+def _check_loop_limit(options: SessionOptions, source: Any) -> None:
+    """UsageError when the options ask for a Loop limit that a compiled library cannot
+    take (the limit is compiled in: kiln.compile(..., max_loop_iterations=N))."""
+    compiles = isinstance(source, (bytes, bytearray)) or type(source).__name__ == "IRModule" \
+        or (isinstance(source, (str, os.PathLike)) and Path(source).suffix.lower() == ".onnx")
+    if getattr(options, "max_loop_iterations", None) is not None and not compiles:
+        raise UsageError("SessionOptions.max_loop_iterations applies when the session "
+                         "compiles the model (an ONNX file or bytes, an IRModule); compile a "
+                         "library with kiln.compile(..., max_loop_iterations=N) instead")
 
 
 def _entry(module: Any) -> PackedFunction:
@@ -208,31 +279,83 @@ def _numpy_dtype(dtype: str) -> np.dtype[Any]:
     return numpy_dtype(dtype)
 
 
-def _check_providers(providers: Sequence[Any] | None) -> None:
-    for entry in providers or ():
-        name = entry[0] if isinstance(entry, tuple) else entry
-        if name != CPU_PROVIDER:
-            raise UsageError(
-                f"execution provider {name!r} is not available: kiln compiles for the CPU "
-                f"(use {CPU_PROVIDER!r} or leave providers out; GPU targets are compiled "
-                "with kiln.compile, docs/gpu.md)")
+def _given(value: Any) -> str:
+    """A value as an error message quotes it: its type, and its repr when short."""
+    text = repr(value)
+    return type(value).__name__ + (f" {text}" if len(text) <= 60 else "")
 
 
-def _thread_count(options: SessionOptions) -> int:
-    n = options.intra_op_num_threads
+def _checked_options(sess_options: Any, providers: Any,
+                     provider_options: Any) -> SessionOptions:
+    """The session's options, each constructor argument checked as onnxruntime types it:
+    ArgumentTypeError naming the argument and the type it takes."""
+    if sess_options is None:
+        sess_options = SessionOptions()
+    elif not isinstance(sess_options, SessionOptions):
+        raise ArgumentTypeError(f"InferenceSession: sess_options must be a kiln.SessionOptions "
+                                f"or None, got {_given(sess_options)}")
+    if provider_options is not None:
+        _check_provider_options(provider_options, providers)
+    if providers is not None:
+        if isinstance(providers, (str, bytes)) or not isinstance(providers, Sequence):
+            raise ArgumentTypeError(
+                "InferenceSession: providers must be None or a list of provider names or "
+                f"(name, options dict) tuples, e.g. [{CPU_PROVIDER!r}]; got {_given(providers)}")
+        for entry in providers:
+            _check_provider(entry)
+    for name in ("intra_op_num_threads", "inter_op_num_threads"):
+        _thread_option(sess_options, name)
+    return sess_options
+
+
+def _check_provider_options(options: Any, providers: Any) -> None:
+    if isinstance(options, (str, bytes, Mapping)) or not isinstance(options, Sequence) or \
+            not all(isinstance(o, Mapping) for o in options):
+        raise ArgumentTypeError("InferenceSession: provider_options must be None or a list of "
+                                f"dicts, one per provider; got {_given(options)}")
+    if providers is not None and isinstance(providers, Sequence):
+        if len(options) != len(providers):
+            raise UsageError(f"InferenceSession: {len(providers)} provider(s) but "
+                             f"{len(options)} provider_options dict(s); give one per provider")
+        if not all(isinstance(p, str) for p in providers):
+            raise ArgumentTypeError("InferenceSession: with provider_options, providers must "
+                                    f"be names (str); got {_given(providers)}")
+
+
+def _check_provider(entry: Any) -> None:
+    """One entry of `providers`: a name, or a (name, options dict) tuple, the CPU's."""
+    if isinstance(entry, tuple) and len(entry) == 2 and isinstance(entry[1], Mapping):
+        name = entry[0]
+    else:
+        name = entry
+    if not isinstance(name, str):
+        raise ArgumentTypeError(f"InferenceSession: each provider must be a name (str) or a "
+                                f"(name, options dict) tuple, got {_given(entry)}")
+    if name != CPU_PROVIDER:
+        raise UsageError(
+            f"execution provider {name!r} is not available: kiln compiles for the CPU "
+            f"(use {CPU_PROVIDER!r} or leave providers out; GPU targets are compiled "
+            "with kiln.compile, docs/gpu.md)")
+
+
+def _thread_option(options: SessionOptions, name: str) -> int:
+    n = getattr(options, name)
     if not isinstance(n, int) or isinstance(n, bool) or n < 0:
-        raise UsageError(f"intra_op_num_threads must be an integer >= 0, got {n!r}")
+        raise UsageError(f"SessionOptions.{name} must be an integer >= 0, got {n!r}")
     return n
 
 
+def _thread_count(options: SessionOptions) -> int:
+    return _thread_option(options, "intra_op_num_threads")
+
+
 def _onnx_metadata(path: Path) -> ModelMetadata:
-    import onnx
-
     from kiln.errors import MissingFileError
+    from kiln.frontend.onnx.importer import parse_onnx
 
-    if not path.is_file():
+    if not os.path.exists(path):  # os.path: a name too long to stat is absent, not an OSError
         raise MissingFileError(f"no ONNX model at {path}")
-    return _metadata_of(onnx.load(str(path), load_external_data=False))
+    return _metadata_of(parse_onnx(path))  # FrontendError when the file is not ONNX
 
 
 def _metadata_of(model: Any) -> ModelMetadata:

@@ -63,8 +63,13 @@ class SessionOptions:
             `KILN_NUM_THREADS`, else one per online CPU). Applied to this session's
             library only (`Module.set_num_threads`, docs/runtime.md).
         inter_op_num_threads: accepted for compatibility; kiln runs one op at a time.
+        max_loop_iterations: kiln's own: the most iterations an ONNX Loop may run when
+            the session compiles the model (`kiln.compile(..., max_loop_iterations=)`);
+            a run whose Loop would run more raises CallError naming the Loop node.
+            None (default): no limit, as onnxruntime.
     """
 
     def __init__(self) -> None:
         self.intra_op_num_threads = 0
         self.inter_op_num_threads = 0
+        self.max_loop_iterations: int | None = None

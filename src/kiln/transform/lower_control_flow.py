@@ -35,6 +35,12 @@ tensors, which the body reads as its `iteration` and `cond` parameters:
 A scan output stacks one slice per iteration: slice `i` is a view at byte `i *
 slice_bytes` of its buffer, and a check (error 20) refuses an iteration past its
 length and a loop that stopped before filling it.
+
+With the module attribute `kiln.max_loop_iterations` (kiln.compile's
+max_loop_iterations) every iteration starts with `check(i < limit)`, whose code is
+the loop's own (FIRST_FUNCTION_ERROR + the body's place among the module's graph
+functions) and whose message, recorded in the lowered function's
+`kiln.check_messages`, names the Loop node.
 """
 
 from __future__ import annotations
@@ -44,8 +50,9 @@ from dataclasses import dataclass, field
 from kiln.errors import CompileError
 from kiln.ir import graph as g
 from kiln.ir import tensor as t
+from kiln.ir.attrs import ATTR_MAX_LOOP_ITERATIONS, ATTR_SOURCE_NODE
 from kiln.ir.dtype import itemsize
-from kiln.ir.kernel_errors import ERROR_LOOP_SCAN
+from kiln.ir.kernel_errors import ERROR_LOOP_SCAN, FIRST_FUNCTION_ERROR
 from kiln.ir.shape_expr import dim_product, dim_vars
 from kiln.ir.types import TensorType, TupleType
 from kiln.ir.visitor import substitute
@@ -232,6 +239,8 @@ class _LoopRegion:
     finals: list[GraphSlot]
     body: _Block
     name: str
+    label: str  # how errors name the loop: its ONNX node, else its body function
+    limit: _Limit | None  # the iteration limit (max_loop_iterations), if any
     # filled while emitting
     stmts: list[t.Stmt] = field(default_factory=list)
 
@@ -260,6 +269,8 @@ class _LoopRegion:
         body: list[t.Stmt] = []
         i = t.Var("iteration", "int64")
         body.append(t.LetStmt(i, t.Load(counter, ())))
+        if self.limit is not None:
+            body.append(self.limit.check(i, self.label, ctx))
         even = t.Compare("eq", t.BinaryOp("floormod", i, two), zero)
         for (a, b), cur, nxt in zip(self.halves, self.cur, self.nxt):
             off_a, off_b = ctx.offsets[a], ctx.offsets[b]
@@ -302,6 +313,41 @@ class _LoopRegion:
                 even_n, t.as_expr(ctx.offsets[a], "int64"), t.as_expr(ctx.offsets[b], "int64"))))
             out.append(copy_stmt(_buf(final), last))
         return out
+
+
+@dataclass(frozen=True)
+class _Limit:
+    """At most `count` iterations (the module attribute `kiln.max_loop_iterations`): the
+    check that fails the next one, with the loop's own error code `code`."""
+
+    count: int
+    code: int
+
+    def check(self, i: t.Var, label: str, ctx: EmitContext) -> t.Stmt:
+        """`check(i < count)`, its message (naming the loop) recorded in `ctx`."""
+        ctx.messages[self.code] = (f"Loop {label} ran more than {self.count} iterations "
+                                   f"(the limit max_loop_iterations={self.count})")
+        ok = t.Compare("lt", i, t.Const(self.count, "int64"))
+        return t.Evaluate(t.Intrin(t.CHECK_INTRINSIC, (ok, t.Const(self.code, "int32"))))
+
+
+def _limit(an: GraphAnalyzer, body: str) -> _Limit | None:
+    """The iteration limit of the loop with body function `body`: the module's
+    `kiln.max_loop_iterations`, with an error code no other loop of the module has."""
+    count = an.mod.attrs.get(ATTR_MAX_LOOP_ITERATIONS)
+    if count is None:
+        return None
+    if not isinstance(count, int) or isinstance(count, bool) or count < 1:
+        raise CompileError(f"module attribute {ATTR_MAX_LOOP_ITERATIONS}={count!r}: expected "
+                           "a positive integer (the most iterations a Loop may run)")
+    bodies = sorted(name for name, fn in an.mod.functions.items() if isinstance(fn, g.Function))
+    return _Limit(count, FIRST_FUNCTION_ERROR + bodies.index(body))
+
+
+def _label(an: GraphAnalyzer, body: str) -> str:
+    """How errors name a loop: its ONNX node's name when the importer recorded it."""
+    node = an.mod.functions[body].attrs.get(ATTR_SOURCE_NODE)
+    return f"{node!r} (body {body!r})" if node else f"with body {body!r}"
 
 
 def _buf(s: GraphSlot | None) -> t.Buffer:
@@ -352,5 +398,6 @@ def _analyze_loop(an: GraphAnalyzer, e: g.Loop, hint: str) -> GraphValue:
     finals = [slot(s.type, f"final{k}") for k, s in enumerate(inits)]
     _marker(an, [*region, *outer, *body.results], finals)
     an.items.append(_LoopRegion(trip, cond, inits, halves, cur, nxt, counter, keep, scans,
-                                scan_views, finals, body, hint))
+                                scan_views, finals, body, hint, _label(an, e.body),
+                                _limit(an, e.body)))
     return tuple([*finals, *scans])

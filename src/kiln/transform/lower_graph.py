@@ -52,6 +52,7 @@ from kiln.ir import graph as g
 from kiln.ir import tensor as t
 from kiln.ir.attrs import (
     ATTR_BINDS_DIMS,
+    ATTR_CHECK_MESSAGES,
     ATTR_GIVEN_OUTPUT_NAMES,
     ATTR_GRAPH,
     ATTR_NUM_OUTPUTS,
@@ -436,6 +437,8 @@ def lower_function(name: str, fn: g.Function, mod: IRModule, *,
     })
     if runtime:
         attrs[ATTR_RUNTIME_DIMS] = _runtime_attr(runtime, results_types, dims)
+    if ctx.messages:  # a Loop's iteration limit (kiln.transform.lower_control_flow)
+        attrs[ATTR_CHECK_MESSAGES] = tuple(sorted(ctx.messages.items()))
     dim_params = tuple(dims[n] for n in sorted(dims))
     prim = t.PrimFunc(tuple(params) + tuple(outs) + runtime_out + dim_params, stmt, attrs)
     buffers: dict[object, t.Buffer] = {s: _buf(s) for s in inter}
@@ -452,6 +455,8 @@ class EmitContext:
     dims: dict[str, t.Var]
     arena: t.Buffer | None
     offsets: dict[GraphSlot, int | t.PrimExpr]
+    # the function's own check codes and their messages (`kiln.check_messages`)
+    messages: dict[int, str] = field(default_factory=dict)
 
 
 class Region(Protocol):

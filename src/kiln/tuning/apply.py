@@ -40,6 +40,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
 
+from kiln.errors import shown
 from kiln.ir import graph as g
 from kiln.ir.types import TensorType
 from kiln.target.isa import ISA
@@ -95,6 +96,10 @@ class Session:
         the rule's; None: the rule's."""
         return None
 
+    def describe(self, kernel: str, sig: str) -> str:
+        """Where the params of (kernel, sig) come from, for an error about them."""
+        return f"the tuning params of {kernel} {shown(sig)}"
+
 
 @dataclass
 class FromDatabase(Session):
@@ -119,6 +124,11 @@ class FromDatabase(Session):
 
     def params_for(self, family: Any, call: g.Call, isa: ISA) -> dict[str, Any] | None:
         return self._lookup(family.name, signature(call), isa) if tunable(family) else None
+
+    def describe(self, kernel: str, sig: str) -> str:
+        """The database and the record (its kernel and signature, the key a compile
+        looks up)."""
+        return f"{self.db.source}: the record of kernel {kernel!r}, signature {shown(sig)}"
 
     def knob(self, kernel: str, sig: str | None, isa: ISA,
              default: dict[str, Any]) -> dict[str, Any] | None:

@@ -30,7 +30,11 @@ timings cannot be paired after the fact.
 features LLVM enables, so a record measured on one CPU never applies to another.
 `chosen` is what kiln.tuning.select decides from the recorded timings; `merge`
 combines two databases (timings of the same variant are pooled, the choice made
-again). Files are untrusted input: every deviation is a FormatError naming the place.
+again). Files are untrusted input: every deviation is a FormatError naming the place,
+and a parameter out of its range (`PARAM_RULES`) a UsageError naming the record; a
+file is read only up to `MAX_DATABASE_BYTES` (docs/security.md, "Limits"). Whether a
+record's kernel and parameters are the kernel's own is checked where the kernels are
+known (kiln.ops.kernels.search.check_database, at compile time).
 """
 
 from __future__ import annotations
@@ -39,12 +43,14 @@ import hashlib
 import json
 import os
 import tempfile
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kiln.errors import FormatError, MissingFileError
+from kiln.artifact._json import MAX_DEPTH, text_depth
+from kiln.artifact.capped import read_capped
+from kiln.errors import FormatError, UsageError, shown
 from kiln.target.isa import ISA
 from kiln.tuning.select import choose
 
@@ -53,6 +59,58 @@ VERSION = 3
 #: The oldest version read: version 1 has no paired timings.
 OLDEST = 2
 Params = Mapping[str, Any]
+
+#: The largest database file read: bounds what reading one holds in memory.
+MAX_DATABASE_BYTES = 64 << 20
+#: Bounds of a parameter's value, far above any kernel's (a register tile holds at
+#: most a few hundred lanes): values past them are refused before any kernel sees them.
+MAX_TILE = 1024
+MAX_TILE_DIMS = 4
+MAX_SEGMENT = 1 << 16
+MAX_UNROLL = 1024
+MAX_MIN_NS = 10**9
+#: The longest name a parameter may hold (a family, a split, a layout, a library).
+MAX_NAME = 64
+#: The most threads a verdict may record (kiln.runtime.threads.MAX_THREADS is far below).
+MAX_VERDICT_THREADS = (1 << 16) - 1
+
+
+def _whole(lo: int, hi: int) -> Callable[[Any], bool]:
+    return lambda v: isinstance(v, int) and not isinstance(v, bool) and lo <= v <= hi
+
+
+def _name(v: Any) -> bool:
+    return isinstance(v, str) and 0 < len(v) <= MAX_NAME
+
+
+def _tile(v: Any) -> bool:
+    return isinstance(v, list) and 1 <= len(v) <= MAX_TILE_DIMS and all(
+        _whole(1, MAX_TILE)(t) for t in v)
+
+
+#: What each parameter a record may hold must be (kiln.ops.kernels.search lists which
+#: parameters each kernel takes, and checks them against the call's variants).
+PARAM_RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "tile": (_tile, f"a list of 1 to {MAX_TILE_DIMS} integers from 1 to {MAX_TILE}"),
+    "split": (_name, "the name of a parallel split"),
+    "kblock": (lambda v: isinstance(v, bool), "true or false"),
+    "ksegment": (_whole(0, MAX_SEGMENT), f"an integer from 0 to {MAX_SEGMENT}"),
+    "unroll": (_whole(1, MAX_UNROLL), f"an integer from 1 to {MAX_UNROLL}"),
+    "family": (_name, "the name of a kernel family"),
+    "layout": (_name, "the name of a layout"),
+    "library": (_name, "the name of a library choice"),
+    "min_ns": (_whole(1, MAX_MIN_NS), f"an integer from 1 to {MAX_MIN_NS}"),
+}
+
+
+def check_param_values(params: Params, where: str) -> None:
+    """UsageError naming `where` when a parameter of `params` is out of its
+    `PARAM_RULES` range (a parameter not listed there is the kernel's to judge)."""
+    for key, value in params.items():
+        ok, what = PARAM_RULES.get(key, (None, ""))
+        if ok is not None and not ok(value):
+            raise UsageError(f"{where}: parameter {key!r} must be {what}, got "
+                             f"{shown(value)}")
 
 
 def target_key(isa: ISA) -> str:
@@ -160,6 +218,8 @@ class TuningDatabase:
                  ) -> None:
         self._records: dict[tuple[str, str, str], Record] = {}
         self._verdicts: dict[tuple[str, str, int], Verdict] = {}
+        #: What errors call the database ("tuning database PATH" once loaded).
+        self.source = "the tuning database"
         for r in records:
             self.add(r)
         for v in verdicts:
@@ -171,7 +231,12 @@ class TuningDatabase:
         self._records[record.key] = record if old is None else old.merged(record)
 
     def add_verdict(self, verdict: Verdict) -> None:
-        """Add `verdict`, replacing one of the same (model, target, threads)."""
+        """Add `verdict`, replacing one of the same (model, target, threads); UsageError
+        for a thread count a file could not hold (`load` refuses it)."""
+        threads = verdict.threads
+        if threads is not None and not _whole(1, MAX_VERDICT_THREADS)(threads):
+            raise UsageError(f"a model verdict's threads must be 1 to {MAX_VERDICT_THREADS} "
+                             f"or None (the runtime's default), got {shown(threads)}")
         self._verdicts[verdict.key] = verdict
 
     def merge(self, other: TuningDatabase) -> TuningDatabase:
@@ -248,18 +313,27 @@ class TuningDatabase:
 
     @classmethod
     def load(cls, path: str | Path) -> TuningDatabase:
-        """Read and check a database file."""
+        """Read and check a database file (at most MAX_DATABASE_BYTES, its size checked
+        before it is read)."""
+        name = f"tuning database {path}"
+        data = read_capped(path, MAX_DATABASE_BYTES, name, FormatError)
         try:
-            text = Path(path).read_text(encoding="utf-8")
-        except FileNotFoundError:
-            raise MissingFileError(f"tuning database {path} does not exist") from None
-        except (OSError, UnicodeDecodeError) as exc:
-            raise FormatError(f"cannot read tuning database {path}: {exc}") from None
+            text = data.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise FormatError(f"cannot read {name}: not UTF-8 text ({exc.reason} at byte "
+                              f"{exc.start})") from None
+        # json.loads recurses once per level: measure the nesting first
+        depth = text_depth(text)
+        if depth > MAX_DEPTH:
+            raise FormatError(f"{name}: not JSON kiln reads: nested {depth} levels deep, "
+                              f"deeper than {MAX_DEPTH}")
         try:
             doc = json.loads(text)
-        except (json.JSONDecodeError, RecursionError) as exc:
-            raise FormatError(f"tuning database {path}: not JSON: {exc}") from None
-        return cls.from_json(doc, str(path))
+        except ValueError as exc:  # JSONDecodeError, or an int past Python's digit limit
+            raise FormatError(f"{name}: not JSON: {str(exc)[:200]}") from None
+        db = cls.from_json(doc, name)
+        db.source = name
+        return db
 
     @classmethod
     def from_json(cls, doc: Any, where: str = "tuning database") -> TuningDatabase:
@@ -310,8 +384,7 @@ def _verdict(doc: Any, where: str) -> Verdict:
         _expect(isinstance(doc.get(key), str) and bool(doc[key]), where,
                 f"'{key}': a non-empty string")
     threads = doc.get("threads")
-    _expect(threads is None or (isinstance(threads, int) and not isinstance(threads, bool)
-                                and 0 < threads < 1 << 16), where,
+    _expect(threads is None or _whole(1, MAX_VERDICT_THREADS)(threads), where,
             "'threads': a positive integer or null")
     lists = {}
     for key in ("accepted", "rejected"):
@@ -337,6 +410,7 @@ def _checked(doc: Any, where: str) -> Checked:
     params, reason = doc.get("params"), doc.get("reason", "")
     _expect(isinstance(params, dict) and all(isinstance(k, str) for k in params), where,
             "'params': an object")
+    check_param_values(params, f"{where}.params")
     _expect(isinstance(reason, str), where, "'reason': a string")
     return Checked(doc["kernel"], doc["signature"], params, reason)
 
@@ -346,6 +420,7 @@ def _measurement(doc: Any, where: str, with_equal: bool) -> Measurement:
     params, times = doc.get("params"), doc.get("times_us")
     _expect(isinstance(params, dict) and all(isinstance(k, str) for k in params), where,
             "'params': an object")
+    check_param_values(params, f"{where}.params")
     _expect(_timings(times) and len(times) > 0, where,
             "'times_us': a non-empty list of positive numbers")
     equal = doc.get("equal", True)

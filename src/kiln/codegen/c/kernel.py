@@ -44,11 +44,12 @@ from kiln.ir.analysis.tensor_queries import (
     referenced,
 )
 from kiln.ir.attrs import ATTR_PARALLEL_OF, ATTR_PARALLEL_VAR
-from kiln.ir.kernel_errors import ERROR_SIZE_OVERFLOW
+from kiln.ir.kernel_errors import ERROR_SIZE_OVERFLOW, ERROR_TERMINATED
 from kiln.ir.shape_expr import dim_product, dim_vars, to_dim_expr
 from kiln.ir.tensor import (
     CHECK_INTRINSIC,
     PREFETCH_INTRINSIC,
+    TERMINATE_CHECK,
     Allocate,
     AllocConst,
     BinaryOp,
@@ -492,6 +493,9 @@ class KernelPrinter:
             offset = self.exprs.index(element.buffer, element.indices)
             self.p.line(f"KILN_PREFETCH(&{ref.name}[{offset}]);")
             return
+        if isinstance(s.value, Intrin) and s.value.name == TERMINATE_CHECK:
+            self.terminate_check(s.value)
+            return
         if isinstance(s.value, CallExtern):
             self.p.line(f"{self.exprs.call_extern(s.value, discard=True).text};")
             return
@@ -504,11 +508,25 @@ class KernelPrinter:
         """The `check` intrinsic: leave the kernel with its error code if `cond` is false."""
         cond, code = e.args
         assert isinstance(code, Const)
-        with self.p.block(f"if (!({self.condition(cond)}))"):
+        self.fail_if(f"!({self.condition(cond)})", int(code.value), "failed check")
+
+    def terminate_check(self, e: Intrin) -> None:
+        """The `terminate_check` intrinsic: a volatile read of the caller's flag (another
+        thread sets it), and leave the kernel with ERROR_TERMINATED when it is set."""
+        (element,) = e.args
+        assert isinstance(element, Load)
+        ref = self.ctx.buffer(element.buffer)
+        offset = self.exprs.index(element.buffer, element.indices)
+        self.fail_if(f"*(const volatile int32_t*)&{ref.name}[{offset}] != 0", ERROR_TERMINATED,
+                     "terminated by the caller")
+
+    def fail_if(self, cond: str, code: int, why: str) -> None:
+        """Leave the kernel with status `code` when the C condition `cond` holds."""
+        with self.p.block(f"if ({cond})"):
             if self.status is None:  # no heap workspace to free
-                self.p.line(f"return {int(code.value)}; /* failed check */")
+                self.p.line(f"return {code}; /* {why} */")
             else:
-                self.p.line(f"{self.status} = {int(code.value)}; /* failed check */")
+                self.p.line(f"{self.status} = {code}; /* {why} */")
                 self.check_status()
 
     def call_func(self, s: CallFunc) -> None:

@@ -47,13 +47,19 @@ from kiln.escape import c_identifier, is_c_identifier
 from kiln.ir import dtype as dt
 from kiln.ir.aliasing import analyze
 from kiln.ir.attrs import ATTR_EXTERNAL, ATTR_NO_SLP, ATTR_PARALLEL_OF
-from kiln.ir.kernel_errors import ERROR_OUT_OF_MEMORY, ERROR_SIZE_OVERFLOW, KERNEL_ERRORS
+from kiln.ir.kernel_errors import (
+    ERROR_OUT_OF_MEMORY,
+    ERROR_SIZE_OVERFLOW,
+    ERROR_TERMINATED,
+    KERNEL_ERRORS,
+)
 from kiln.ir.module import IRModule
 from kiln.ir.shape_expr import dim_product, dim_vars, to_dim_expr
 from kiln.ir.tensor import (
     CHECK_INTRINSIC,
     PREFETCH_INTRINSIC,
     PROFILE_INTRINSICS,
+    TERMINATE_CHECK,
     Allocate,
     AllocConst,
     BinaryOp,
@@ -960,6 +966,16 @@ def _evaluate(fl: FunctionLowering, s: Evaluate) -> None:
         prefetch = declare(fl.parent.module, "llvm.prefetch.p0", ir.VoidType(),
                            [PTR, I32, I32, I32], what="intrinsic")
         fl.b.call(prefetch, [ptr, *(ir.Constant(I32, v) for v in (0, 3, 1))])
+        return
+    if isinstance(s.value, Intrin) and s.value.name == TERMINATE_CHECK:
+        # The caller's flag, read anew each time: an atomic (monotonic) load, which LLVM
+        # neither hoists out of a loop nor merges, since another thread sets the flag.
+        (element,) = s.value.args
+        assert isinstance(element, Load)
+        ptr = fl.element_ptr(element.buffer, element.indices)
+        flag = fl.b.load_atomic(ptr, "monotonic", 4, typ=I32)
+        fl.return_if(fl.b.icmp_signed("!=", flag, ir.Constant(I32, 0)),
+                     ir.Constant(I32, ERROR_TERMINATED))
         return
     fl.expr(s.value)
 

@@ -29,7 +29,7 @@ import numpy as np
 
 from kiln.errors import FrontendError
 from kiln.ir import graph as g
-from kiln.ir.attrs import ATTR_PRIVATE
+from kiln.ir.attrs import ATTR_PRIVATE, ATTR_SOURCE_NODE
 from kiln.ir.shape_expr import dims_equal, shape_text
 from kiln.ir.types import Dim, TensorType, TupleType
 from kiln.ops.onnx_map import LoopStep
@@ -310,6 +310,8 @@ def _convert_loop(imp: GraphImporter, node: Any, inputs: Sequence[g.Expr | None]
     name = _fresh_name(imp, node, "body")
     body = _build_body(imp, body_g, name, "body", leading, captures, consts,
                        _bind_inputs(body_g), finish)
+    if node.name:  # the loop's errors (its iteration limit) name the node
+        body = imp.functions[name] = body.with_attrs(**{ATTR_SOURCE_NODE: str(node.name)})
     ret = body.ret_type
     assert isinstance(ret, TupleType)
     scan_types = list(ret.fields[1 + n:])

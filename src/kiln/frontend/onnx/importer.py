@@ -14,7 +14,7 @@ ONNX's version converter first. A model newer than 21 is accepted: the opset
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -23,6 +23,7 @@ from kiln.errors import FrontendError, IRError
 from kiln.frontend.onnx import control_flow
 from kiln.frontend.onnx.control_flow import CONTROL_FLOW_OPS
 from kiln.frontend.onnx.dims import Declared, InputDims, declared_dims
+from kiln.frontend.onnx.file_limits import check_model_file
 from kiln.frontend.onnx.functions import InputType, function_schema
 from kiln.frontend.onnx.functions import expand as expand_function
 from kiln.frontend.onnx.onnx_checker import check_onnx_model
@@ -123,34 +124,123 @@ def _load(model: Any) -> tuple[Any, dict[int, Any]]:
     if isinstance(model, onnx.ModelProto):
         return model, {}
     if isinstance(model, (bytes, bytearray)):
-        try:
-            proto = onnx.load_from_string(bytes(model))
-        except (DecodeError, ValueError, RuntimeError) as exc:
-            raise FrontendError(f"these {len(model)} bytes are not an ONNX model: {exc}") from exc
-        return _check_nonempty(proto, "the bytes"), {}
+        return _parse_bytes(bytes(model)), {}
     if not isinstance(model, (str, os.PathLike)):
         raise FrontendError(f"from_onnx expects a path, bytes or onnx.ModelProto, got "
                             f"{type(model).__name__}")
     from onnx.checker import ValidationError
 
+    path = _model_file(model)
+    try:
+        proto, views = load_with_views(path)
+    except ValidationError as exc:  # onnx checks external data locations while loading
+        raise FrontendError(f"{path!r}: its external data cannot be loaded: {exc}") from exc
+    except FrontendError:  # the size limits (file_limits) already name the file
+        raise
+    except (DecodeError, ValueError, RuntimeError, OSError) as exc:
+        raise _unreadable(path, exc) from exc
+    return _check_nonempty(proto, repr(path), lambda: _head(path)), views
+
+
+def parse_onnx(source: bytes | bytearray | str | os.PathLike[str]) -> Any:
+    """The onnx.ModelProto of serialized model bytes or of the file at a path, its
+    external data not loaded: for readers of the model's fields (names, metadata), not
+    of its weights as arrays.
+
+    Raises FrontendError naming the file (or the bytes) and what it holds instead when
+    it is not an ONNX model: missing, a directory, empty, truncated, another format.
+    """
+    import onnx
+    from google.protobuf.message import DecodeError
+
+    if isinstance(source, (bytes, bytearray)):
+        return _parse_bytes(bytes(source))
+    if not isinstance(source, (str, os.PathLike)):
+        raise FrontendError(f"expected an ONNX file's path or its bytes, got "
+                            f"{type(source).__name__}")
+    path = _model_file(source)
+    try:
+        proto = onnx.load(path, load_external_data=False)
+    except (DecodeError, ValueError, RuntimeError, OSError) as exc:
+        raise _unreadable(path, exc) from exc
+    return _check_nonempty(proto, repr(path), lambda: _head(path))
+
+
+def _parse_bytes(data: bytes) -> Any:
+    import onnx
+    from google.protobuf.message import DecodeError
+
+    try:
+        proto = onnx.load_from_string(data)
+    except (DecodeError, ValueError, RuntimeError) as exc:
+        raise FrontendError(f"these {len(data)} bytes are not an ONNX model: "
+                            f"{_found(data[:_HEAD_BYTES])} ({exc})") from exc
+    return _check_nonempty(proto, f"these {len(data)} model bytes", lambda: data[:_HEAD_BYTES])
+
+
+def _model_file(model: str | os.PathLike[str]) -> str:
+    """`model` as a path to an existing file (FrontendError naming it otherwise)."""
     path = os.fspath(model)
     if not os.path.exists(path):
         raise FrontendError(f"ONNX model file {path!r} does not exist")
     if os.path.isdir(path):
         raise FrontendError(f"{path!r} is a directory, not an ONNX model file")
+    check_model_file(path)  # its size, before a byte is read (docs/security.md, "Limits")
+    return path
+
+
+def _unreadable(path: str, exc: Exception) -> FrontendError:
+    return FrontendError(f"{path!r} is not a readable ONNX model: {_found(_head(path))} "
+                         f"({exc})")
+
+
+# Enough of a file to tell its format: a tar header's magic is at byte 257.
+_HEAD_BYTES = 512
+# Formats a file given as an ONNX model may be instead: (magic, its offset, what it is).
+_OTHER_FORMATS = (
+    (b"\x7fELF", 0, "an ELF file, such as a compiled library, not a model (a kiln library "
+                    "loads with kiln.runtime.load_module, `kiln run`, or InferenceSession "
+                    "from a .so path)"),
+    (b"KILNBLOB", 0, "a kiln blob (kiln.artifact.load reads it)"),
+    (b"ustar", 257, "a tar archive, such as a kiln .tar library or an MLF archive"),
+    (b"PK\x03\x04", 0, "a zip archive, such as a PyTorch checkpoint (kiln.from_torch "
+                        "imports a torch.nn.Module)"),
+    (b"\x1f\x8b", 0, "gzip-compressed data (decompress it first)"),
+)
+
+
+def _head(path: str) -> bytes | None:
+    """The first bytes of the file at `path`, None when it cannot be read."""
     try:
-        proto, views = load_with_views(path)
-    except ValidationError as exc:  # onnx checks external data locations while loading
-        raise FrontendError(f"{path!r}: its external data cannot be loaded: {exc}") from exc
-    except (DecodeError, ValueError, RuntimeError, OSError) as exc:
-        raise FrontendError(f"{path!r} is not a readable ONNX model: {exc}") from exc
-    return _check_nonempty(proto, repr(path)), views
+        with open(path, "rb") as f:
+            return f.read(_HEAD_BYTES)
+    except OSError:
+        return None
 
 
-def _check_nonempty(proto: Any, what: str) -> Any:
+def _found(head: bytes | None) -> str:
+    """What a file or bytes that are not an ONNX model hold, by their first bytes."""
+    if head is None:
+        return "it cannot be read"
+    if not head:
+        return "it is empty"
+    for magic, offset, what in _OTHER_FORMATS:
+        if head[offset:offset + len(magic)] == magic:
+            return f"it is {what}"
+    return f"it starts with {head[:16]!r}"
+
+
+def _check_nonempty(proto: Any, what: str, head: Callable[[], bytes | None]) -> Any:
+    """`proto` when it holds a graph and, as a file cut short may not, its opset imports;
+    `head` gives the first bytes of what was parsed, for the message."""
     # Protobuf parses many random byte strings into an empty message.
     if not proto.graph.node and not proto.graph.output:
-        raise FrontendError(f"{what} hold no ONNX graph (empty, truncated or not an ONNX file)")
+        raise FrontendError(f"{what} hold no ONNX graph: {_found(head())} (an ONNX model that is "
+                            "empty or truncated, or not an ONNX file)")
+    # A file cut right after its graph parses too; IR version 3 on requires opset imports.
+    if proto.ir_version >= 3 and not proto.opset_import:
+        raise FrontendError(f"{what} hold an ONNX model of IR version {proto.ir_version} "
+                            "without its opset imports: the file is truncated or damaged")
     return proto
 
 

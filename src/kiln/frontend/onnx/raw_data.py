@@ -173,6 +173,9 @@ def load_with_views(path: str) -> tuple[Any, dict[int, np.ndarray]]:
     """
     import onnx
 
+    from kiln.frontend.onnx.file_limits import check_external_data, check_model_file
+
+    check_model_file(path)  # its size, before a byte is read (docs/security.md, "Limits")
     with open(path, "rb") as f:
         if sys.byteorder != "little":
             return onnx.load_from_string(f.read()), {}
@@ -218,6 +221,7 @@ def load_with_views(path: str) -> tuple[Any, dict[int, np.ndarray]]:
     if any(t.data_location == t.EXTERNAL for t in inits):
         from onnx.external_data_helper import load_external_data_for_model
 
+        check_external_data(proto, os.path.dirname(os.path.abspath(path)), repr(path))
         load_external_data_for_model(proto, os.path.dirname(os.path.abspath(path)))
     return proto, views
 

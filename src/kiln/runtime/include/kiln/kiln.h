@@ -102,7 +102,7 @@ typedef struct {
 
 /* ------------------------------------------------------------- kiln ABI */
 /* Version of the packed calling convention described in docs/abi.md. */
-#define KILN_ABI_VERSION 1
+#define KILN_ABI_VERSION 2
 
 /* One argument of a packed call; which member is live is given by its type code. */
 typedef union {
@@ -115,6 +115,7 @@ typedef union {
 enum {
   KILN_ARG_INT = 0,      /* v_int64: integer and bool scalars */
   KILN_ARG_FLOAT = 2,    /* v_float64: float scalars */
+  KILN_ARG_HANDLE = 3,   /* v_handle: the terminate flag, an int32_t* (or NULL) */
   KILN_ARG_DLTENSOR = 7  /* v_handle: DLTensor* */
 };
 
@@ -194,6 +195,19 @@ KILN_INLINE void kiln_set_float(KilnValue *args, int32_t *codes, int32_t i, doub
   codes[i] = KILN_ARG_FLOAT;
 }
 
+/*
+ * Set packed argument `i` (one after a graph function's own arguments) to the call's
+ * terminate flag: an int32_t the caller owns and may set to non-zero from another
+ * thread while the call runs; the call then stops at its next kernel call or loop
+ * back-edge and returns non-zero ("terminated: ..." in `{prefix}_last_error()`).
+ * Pass `num_args` + 1. Only entries whose metadata says "terminate": true take it
+ * (docs/abi.md, "Stopping a call").
+ */
+KILN_INLINE void kiln_set_terminate_flag(KilnValue *args, int32_t *codes, int32_t i,
+                                         volatile int32_t *flag) {
+  args[i].v_handle = (void *)flag;
+  codes[i] = KILN_ARG_HANDLE;
+}
 /* Number of elements of a tensor (1 for a 0-d tensor). */
 KILN_INLINE int64_t kiln_numel(const DLTensor *t) {
   int64_t n = 1;

@@ -75,7 +75,7 @@ typedef union {
   void* v_handle;
 } KilnValue;
 
-enum { KILN_ARG_INT = 0, KILN_ARG_FLOAT = 2, KILN_ARG_DLTENSOR = 7 };
+enum { KILN_ARG_INT = 0, KILN_ARG_FLOAT = 2, KILN_ARG_HANDLE = 3, KILN_ARG_DLTENSOR = 7 };
 enum { KILN_DEVICE_CPU = 1 };
 
 #if defined(__GNUC__) || defined(__clang__)
@@ -350,6 +350,26 @@ static KILN_UNUSED int32_t kiln_host_float(double* out, const char* fn, int32_t 
   } else {
     return kiln_host_arg_fail(fn, index, param, "expected a float scalar (type code %d), got type "
         "code %d", KILN_ARG_FLOAT, (int)type_code);
+  }
+  return 0;
+}
+
+/* The terminate flag a lowered graph function polls (docs/abi.md, "Stopping a call"): the
+   caller's, a KILN_ARG_HANDLE to an int32_t after the function's own arguments, when
+   the call has one more argument (NULL: none); else this flag, which is never set. */
+static int32_t kiln_host_never_terminated;
+static KILN_UNUSED int32_t kiln_host_terminate_flag(void** flag, const char* fn, int32_t index,
+    const KilnValue* args, const int32_t* type_codes, int32_t num_args) {
+  *flag = &kiln_host_never_terminated;
+  if (num_args <= index) {
+    return 0;
+  }
+  if (type_codes[index] != KILN_ARG_HANDLE) {
+    return kiln_host_arg_fail(fn, index, "terminate", "expected a terminate flag (type code "
+        "%d), got type code %d", KILN_ARG_HANDLE, (int)type_codes[index]);
+  }
+  if (args[index].v_handle != NULL) {
+    *flag = args[index].v_handle;
   }
   return 0;
 }
