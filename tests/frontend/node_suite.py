@@ -312,18 +312,19 @@ def check_outputs(got: Sequence[np.ndarray], want: Sequence[np.ndarray],
             np.testing.assert_array_equal(g.astype(np.float64), w.astype(np.float64),
                                           err_msg=f"output {k}")
         elif w.dtype.kind == "f" or w.dtype.name == "bfloat16":
-            if tolerance is not None:
-                rtol, atol = tolerance
-            elif w.dtype.name == "bfloat16":
-                rtol, atol = 8e-3, 8e-3
-            elif w.dtype.itemsize == 2:
-                rtol, atol = 1e-3, 1e-3
-            else:
-                rtol, atol = 1e-4, 1e-5
+            rtol, atol = tolerance or float_tolerance(w.dtype)
             np.testing.assert_allclose(g.astype(np.float64), w.astype(np.float64),
                                        rtol=rtol, atol=atol, err_msg=f"output {k}")
         else:
             np.testing.assert_array_equal(g, w, err_msg=f"output {k}")
+
+
+def float_tolerance(dtype: np.dtype) -> tuple[float, float]:
+    """check_outputs's (rtol, atol) for a float dtype: float32/64 1e-4 and 1e-5, float16
+    1e-3, bfloat16 8e-3."""
+    if dtype.name == "bfloat16":
+        return 8e-3, 8e-3
+    return (1e-3, 1e-3) if dtype.itemsize == 2 else (1e-4, 1e-5)
 
 
 def run_case(case: Case, execute: Executor) -> Outcome:
@@ -398,19 +399,24 @@ def run_onnxruntime_in_process(raw: Sequence[Any] | None = None) -> list[Outcome
             try:
                 want = [_ort_value(o) for o in outs]
                 feeds = {n: _ort_value(v) for n, v in zip(inputs, ins)}
-                with warnings.catch_warnings(), np.errstate(all="ignore"):
-                    warnings.simplefilter("ignore")
-                    if any(_byte_typed(v) for v in feeds.values()) or \
-                            any(_byte_typed(w) for w in want):
-                        got = _run_with_byte_types(session, feeds, want)
-                    else:
-                        got = session.run(None, feeds)
-                check_outputs(got, want, TOLERANCE.get(name))
+                check_outputs(session_outputs(session, feeds, want), want,
+                              TOLERANCE.get(name))
             except Exception as exc:  # the outcome records every failure
                 outcomes.append(Outcome(name, "fail", _text(exc), op_types))
                 continue
             outcomes.append(Outcome(name, "pass", "", op_types))
     return outcomes
+
+
+def session_outputs(session: Any, feeds: dict[str, Any], want: Sequence[Any]) -> list[Any]:
+    """An onnxruntime session's outputs on `feeds`, whose types `want` (arrays of the
+    expected outputs) gives: types numpy's binding of onnxruntime lacks (bfloat16, the
+    float8s) go through OrtValues as raw bytes."""
+    with warnings.catch_warnings(), np.errstate(all="ignore"):
+        warnings.simplefilter("ignore")
+        if any(_byte_typed(v) for v in feeds.values()) or any(_byte_typed(w) for w in want):
+            return _run_with_byte_types(session, feeds, list(want))
+        return list(session.run(None, feeds))
 
 
 def _ort_value(value: Any) -> Any:
@@ -603,12 +609,51 @@ def run_compiled(cases: Sequence[Case], target: str = "llvm", batch: int = 40
     """Compile the cases in batches (one module, one function per case), jit, check.
 
     A batch that fails to compile is retried case by case, so a failure names
-    its case.
+    its case. A case this process compiled for `target` before (the same name and
+    model) is not compiled again: its outcome is reused (compiled_case).
     """
-    outcomes: list[Outcome] = []
-    for start in range(0, len(cases), batch):
-        outcomes.extend(_run_batch(list(cases[start:start + batch]), target))
-    return outcomes
+    todo = [c for c in cases if (target, case_key(c)) not in _OUTCOMES]
+    keys = {c.name: case_key(c) for c in todo}
+    for start in range(0, len(todo), batch):
+        for outcome in _run_batch(list(todo[start:start + batch]), target):
+            _OUTCOMES[(target, keys[outcome.name])] = outcome
+    return [_OUTCOMES[(target, case_key(c))] for c in cases]
+
+
+@dataclass(frozen=True)
+class CompiledCase:
+    """A case as run_compiled compiled it: the library, the case's function in it and
+    the imported module (whose main's parameters order the inputs)."""
+
+    library: Any
+    function: str
+    module: Any
+
+    def __call__(self, inputs: dict[str, np.ndarray]) -> tuple[np.ndarray, ...]:
+        """The case's function on `inputs` (graph input name -> array)."""
+        got = self.library[self.function](*ordered_inputs(self.module, inputs))
+        return got if isinstance(got, tuple) else (got,)
+
+
+# (target, case_key) -> run_compiled's outcome, and the compiled case where it compiled:
+# each case compiles once per process and target, and the non-finite fuzz
+# (tests/frontend/test_nonfinite_fuzz.py) runs the node suite's modules on its inputs.
+_OUTCOMES: dict[tuple[str, str], Outcome] = {}
+_COMPILED: dict[tuple[str, str], CompiledCase] = {}
+
+
+def case_key(case: Case) -> str:
+    """The case's name and a digest of its prepared model (two cases may share a name)."""
+    import hashlib
+
+    return f"{case.name}:{hashlib.sha1(case.model.SerializeToString()).hexdigest()}"
+
+
+def compiled_case(case: Case, target: str = "llvm") -> CompiledCase | None:
+    """`case` compiled for `target` (by run_compiled, now if this process has not yet),
+    or None where it did not compile."""
+    run_compiled([case], target)
+    return _COMPILED.get((target, case_key(case)))
 
 
 def _run_batch(cases: list[Case], target: str) -> list[Outcome]:
@@ -649,6 +694,7 @@ def _run_batch(cases: list[Case], target: str) -> list[Outcome]:
         return outcomes + [o for c, _ in imported.values() for o in _run_batch([c], target)]
     seconds = (time.perf_counter() - start) / len(imported)
     for name, (case, m) in imported.items():
+        _COMPILED[(target, case_key(case))] = CompiledCase(lib, name, m)
         reason = xfail_reason(case.name)
         try:
             with np.errstate(all="ignore"):

@@ -119,7 +119,10 @@ CASES: dict[str, list[OpCase]] = {
     + _unary(const([0.0, np.inf, -np.inf], "float32"), detect_negative=0),
     "copy": _unary(),
     "cast": [OpCase((X,), {"dtype": "int32"}), OpCase((f32(5),), {"dtype": "bool"}),
-             OpCase((ints(5),), {"dtype": "float16"}), OpCase((X,), {"dtype": "float64"})],
+             OpCase((ints(5),), {"dtype": "float16"}), OpCase((X,), {"dtype": "float64"}),
+             # onnxruntime's out-of-range rule (finite: the interpreter refuses NaN casts)
+             OpCase((const([3e9, -1.5, 300.5, -3e9, 1e10, 0.5], "float32"),),
+                    {"dtype": "uint8", "float_to_int": "x86"})],
     "clip": [OpCase((X,), {"min": -0.5, "max": 0.7}), OpCase((ints(8),), {"min": -3}),
              OpCase((X,), {"max": 0.1})],
     # elementwise binary (broadcasting)
@@ -181,6 +184,12 @@ CASES: dict[str, list[OpCase]] = {
                OpCase((f32(2, 4, 5, 5), f32(6, 2, 2, 2)), {"group": 2}),
                OpCase((ints(1, 2, 4, 4, dtype="int8", low=-4, high=4),
                        ints(2, 2, 2, 2, dtype="int8", low=-4, high=4)), {})],
+    "conv2d_mlas": [OpCase((f32(1, 20, 5, 5), f32(6, 20, 3, 3), f32(6)),
+                           {"pads": (1, 1, 1, 1), "threads": 2}),
+                    OpCase((f32(2, 4, 6, 6), f32(6, 2, 2, 2)),
+                           {"group": 2, "strides": (2, 2), "threads": 1}),
+                    OpCase((f32(1, 6, 7, 7), f32(6, 1, 3, 3), f32(6)),
+                           {"group": 6, "pads": (1, 1, 1, 1), "threads": 2})],
     "conv2d_blocked": [OpCase((IMG, f32(1, 1, 2, 3, 3, 8), f32(5)),
                               {"channels": 5, "pads": (1, 1, 1, 1)}),
                        OpCase((f32(1, 4, 6, 5), f32(2, 1, 2, 3, 3, 4)),
@@ -225,6 +234,21 @@ CASES: dict[str, list[OpCase]] = {
                                 {"strides": (3, 2), "pads": (0, 0, -1, -1)})],
     "conv_transpose3d": [OpCase((f32(1, 1, 2, 3, 2), f32(1, 2, 2, 2, 2)),
                                 {"strides": (1, 2, 1)})],
+    # image 7x6, block 3x2: ((7+1-3)//2+1) x ((6+2-3)//1+1) = 3 x 6 block positions
+    "col2im": [OpCase((f32(2, 2 * 6, 18),), {"image_shape": (7, 6), "block_shape": (3, 2),
+                                              "strides": (2, 1), "pads": (1, 0, 0, 2),
+                                              "dilations": (1, 2)}),
+               # a transposed convolution's: stride 3 and dilation 2 (taps every third
+               # offset), negative pads, 1-D and 3-D
+               OpCase((f32(1, 4 * 5, 4),), {"image_shape": (16,), "block_shape": (4,),
+                                            "strides": (3,), "dilations": (2,),
+                                            "pads": (-1, 1)}),
+               OpCase((f32(1, 3 * 8, 12),), {"image_shape": (4, 5, 3),
+                                             "block_shape": (2, 2, 2),
+                                             "strides": (2, 2, 1), "pads": (1, 0, 0, 0, 1, 0)}),
+               # a grouped GEMM's columns [N, G, C/G * B, L]: 2 groups of 3 channels
+               OpCase((f32(2, 2, 3 * 4, 9),), {"image_shape": (6, 6), "block_shape": (2, 2),
+                                               "strides": (2, 2), "pads": (0, 1, 1, 0)})],
     "lrn": [OpCase((f32(1, 5, 3, 2),), {"size": 3, "alpha": 0.01, "beta": 0.6, "bias": 1.5}),
             OpCase((f32(2, 4, 3),), {"size": 2}),
             # not float32: the tensor-expression definition instead of the kernel

@@ -31,7 +31,7 @@ from onnxruntime.quantization import (
 from onnxruntime.quantization.shape_inference import quant_pre_process
 
 from support.graphs import GraphBuilder
-from support.reference import onnxruntime_outputs, onnxruntime_saturates
+from support.reference import onnxruntime_outputs
 
 #: Relative L2 error allowed on dequantized (float) outputs vs onnxruntime's int8 run.
 MAX_REL_L2 = 1e-2
@@ -47,13 +47,12 @@ S8_TO_U8 = "QDQS8ToU8Transformer"
 
 def onnxruntime_int8_outputs(model: onnx.ModelProto, feeds: dict[str, np.ndarray],
                              activations: str = "uint8") -> list[np.ndarray]:
-    """`model`'s outputs as this host's onnxruntime computes them, for the kiln build
-    `like_onnxruntime` gives. With int8 activations on a host that saturates, which of
-    onnxruntime's products saturate follows its fusions (`S8_TO_U8`), which kiln does
-    not reproduce: there the session runs without that transformer, on its s8 x s8
-    kernels, which are exact (docs/quantization.md)."""
-    disabled = [S8_TO_U8] if activations == "int8" and onnxruntime_saturates() else []
-    return onnxruntime_outputs(model, feeds, disabled_optimizers=disabled)
+    """`model`'s outputs as this host's onnxruntime computes them (its default session),
+    for the kiln build `like_onnxruntime` gives. With int8 activations, which groups
+    onnxruntime fuses and which of its products saturate follow its `S8_TO_U8`
+    transformer, which kiln reproduces (kiln.ops.quant_ort, docs/quantization.md)."""
+    del activations  # every activation type: the default session
+    return onnxruntime_outputs(model, feeds)
 
 
 class RandomReader(CalibrationDataReader):

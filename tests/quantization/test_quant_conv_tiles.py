@@ -66,9 +66,9 @@ POSITION_LAYERS = [("d", (16, 18, 18), 40, 3, 1, True, False, True),
 
 
 def qdq_convs(rng: np.random.Generator) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
-    """One graph of the LAYERS (each x -> Q -> DQ -> Conv(DQ(w), DQ(b)) [-> Relu] -> Q,
-    the QDQ form onnxruntime's quantizer writes, or x -> Q -> QLinearConv), returning
-    the quantized outputs; and float inputs for it."""
+    """One graph of the LAYERS (each x -> Q -> DQ -> Conv(DQ(w), DQ(b)) [-> Relu] -> Q ->
+    DQ, the QDQ form onnxruntime's quantizer writes, or x -> Q -> QLinearConv), returning
+    the (de)quantized outputs; and float inputs for it."""
     b = GraphBuilder()
     feeds = {}
     for name, (c, h, w), oc, k, stride, per_channel, signed, relu in LAYERS + POSITION_LAYERS:
@@ -99,10 +99,14 @@ def qdq_convs(rng: np.random.Generator) -> tuple[onnx.ModelProto, dict[str, np.n
             if relu:
                 b.node("Relu", [f"c{name}"], [f"r{name}"])
             b.node("QuantizeLinear", [f"r{name}" if relu else f"c{name}", f"ys{name}",
-                                      f"yz{name}"], [f"y{name}"])
+                                      f"yz{name}"], [f"q{name}"])
+            # dequantized, as a model goes on: onnxruntime runs an int8 pair read by one
+            # DequantizeLinear as uint8 and fuses the group (kiln.ops.quant_ort)
+            b.node("DequantizeLinear", [f"q{name}", f"ys{name}", f"yz{name}"], [f"y{name}"])
         b.input(f"x{name}", [1, c, h, w])
         out = (h + 2 * (k // 2) - k) // stride + 1
-        b.output(f"y{name}", [1, oc, out, out], TensorProto.INT8 if signed else TensorProto.UINT8)
+        b.output(f"y{name}", [1, oc, out, out], TensorProto.FLOAT if per_channel
+                 else TensorProto.INT8 if signed else TensorProto.UINT8)
         feeds[f"x{name}"] = rng.uniform(-2.5, 2.5, (1, c, h, w)).astype(np.float32)
     return b.model(opset=13), feeds
 

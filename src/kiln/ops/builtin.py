@@ -24,6 +24,7 @@ from kiln.ops import (  # noqa: F401
     quant_dynamic,
     quant_elementwise,
     quant_kernels,
+    quant_mlas_conv,
     quant_onnx,
     quant_pool,
     quant_recurrent,

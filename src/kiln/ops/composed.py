@@ -2,9 +2,9 @@
 
 - TensorScatter (opset 24): a KV-cache update, `scatter_elements` along `axis` at
   `write_indices[b] + s` (modulo the cache length in `circular` mode).
-- Col2Im (opset 18): linear in its input, so a `matmul` with the constant 0/1
-  matrix that sends each column entry to its image position (entries landing in
-  the padding are dropped), within the fold budget.
+- Col2Im (opset 18): its attributes checked, then kiln.ops.nn's `col2im`, which sums
+  for each image element the column entries landing on it (those landing in the
+  padding are dropped).
 - MaxUnpool: `scatter_elements` of X into zeros of the output shape at the flat
   indices MaxPool returns (with `output_shape`, they address that shape, as in
   onnxruntime; onnx's reference implementation pads the default shape instead).
@@ -86,26 +86,6 @@ def _tensor_scatter_onnx(ctx: GraphContext, inputs: Sequence[g.Expr | None],
     return [ctx.call("scatter_elements", cache, index, update, axis=axis)]
 
 
-def col2im_matrix(image: Sequence[int], block: Sequence[int], dilations: Sequence[int],
-                  pads: Sequence[int], strides: Sequence[int]) -> np.ndarray:
-    """The [prod(block) * L, prod(image)] 0/1 matrix of Col2Im: row (b, l) has a 1 at the
-    image position block offset b of sliding position l lands on (none in the padding)."""
-    k = len(image)
-    counts = [(image[i] + pads[i] + pads[i + k] - dilations[i] * (block[i] - 1) - 1)
-              // strides[i] + 1 for i in range(k)]
-    if any(c < 1 for c in counts):
-        raise IRError(f"Col2Im: no block position fits image {tuple(image)} with block "
-                      f"{tuple(block)}, dilations {tuple(dilations)}, pads {tuple(pads)}")
-    rows = int(np.prod(block)) * int(np.prod(counts))
-    matrix = np.zeros((rows, int(np.prod(image))), np.float32)
-    for r, (b, pos) in enumerate(itertools.product(itertools.product(*map(range, block)),
-                                                   itertools.product(*map(range, counts)))):
-        at = [pos[i] * strides[i] + b[i] * dilations[i] - pads[i] for i in range(k)]
-        if all(0 <= a < image[i] for i, a in enumerate(at)):
-            matrix[r, int(np.ravel_multi_index(at, image))] = 1.0
-    return matrix
-
-
 @onnx_op("Col2Im", min_opset=18)
 def _col2im_onnx(ctx: GraphContext, inputs: Sequence[g.Expr | None],
                  attrs: dict[str, Any]) -> list[g.Expr]:
@@ -120,22 +100,23 @@ def _col2im_onnx(ctx: GraphContext, inputs: Sequence[g.Expr | None],
     dilations = [int(v) for v in attrs.get("dilations", [1] * k)]
     strides = [int(v) for v in attrs.get("strides", [1] * k)]
     pads = [int(v) for v in attrs.get("pads", [0] * 2 * k)]
-    n, cb, length = _static(ctx.tensor_type(x), "Col2Im")
+    _, cb, length = _static(ctx.tensor_type(x), "Col2Im")
     blocks = int(np.prod(block))
     if cb % blocks:
         raise IRError(f"Col2Im: input dimension 1 ({cb}) is not a multiple of the block "
                       f"size {blocks}")
-    c = cb // blocks
-    size = blocks * length * int(np.prod(image)) * 4
-    ctx.check_materialize(size, "Col2Im's scatter matrix")
-    matrix = col2im_matrix(image, block, dilations, pads, strides)
-    if matrix.shape[0] != blocks * length:
+    counts = [(image[i] + pads[i] + pads[i + k] - dilations[i] * (block[i] - 1) - 1)
+              // strides[i] + 1 for i in range(k)]
+    if any(c < 1 for c in counts):
+        raise IRError(f"Col2Im: no block position fits image {tuple(image)} with block "
+                      f"{tuple(block)}, dilations {tuple(dilations)}, pads {tuple(pads)}")
+    if int(np.prod(counts)) != length:
         raise IRError(f"Col2Im: input has {length} block positions, the attributes give "
-                      f"{matrix.shape[0] // blocks}")
-    dtype = ctx.tensor_type(x).dtype
-    cols = ctx.call("reshape", x, shape=(n, c, blocks * length))
-    out = ctx.call("matmul", cols, ctx.const(matrix.astype(to_numpy(dtype))))
-    return [ctx.call("reshape", out, shape=(n, c, *image))]
+                      f"{int(np.prod(counts))}")
+    # nn.col2im: each image element sums the column entries that land on it, and only
+    # those (a NaN or an infinity spreads nowhere else, as in onnxruntime)
+    return [ctx.call("col2im", x, image_shape=image, block_shape=block, strides=strides,
+                     dilations=dilations, pads=pads)]
 
 
 @onnx_op("MaxUnpool", min_opset=9)
@@ -308,12 +289,14 @@ def _det_onnx(ctx: GraphContext, inputs: Sequence[g.Expr | None],
 
 def max_pool_indices(ctx: GraphContext, x: g.Expr, values: g.Expr, kernel: Sequence[int],
                      strides: Sequence[int], dilations: Sequence[int], pads: Sequence[int],
-                     storage_order: int) -> g.Expr:
-    """MaxPool's second output: the flat index into X (`((n*C + c)*H + h)*W + w`, or
-    `w*H + h` within a plane for storage_order 1) of each window's first maximum, its
-    window read in row-major order (onnxruntime's rule); `values` is MaxPool's output.
-    Each window position is a `gather` of X with constant indices; a running `greater`
-    keeps the first maximum."""
+                     storage_order: int) -> tuple[g.Expr, g.Expr]:
+    """MaxPool's two outputs as onnxruntime computes them when the indices are asked for:
+    each window's maximum and its flat index into X (`((n*C + c)*H + h)*W + w`, or
+    `w*H + h` within a plane for storage_order 1), the window read in row-major order
+    from its first element inside X, replaced only by a strictly greater one (a leading
+    NaN stays, a later one is skipped: kiln.ops.nan_order.max_keep_first); `values`
+    (MaxPool's first output) gives the shape. Each window position is a `gather` of X
+    with constant indices; a running `greater` keeps the first maximum."""
     xt, vt = ctx.tensor_type(x), ctx.tensor_type(values)
     shape, out_shape = _static(xt, "MaxPool"), _static(vt, "MaxPool")
     n, c, spatial, out_spatial = shape[0], shape[1], shape[2:], out_shape[2:]
@@ -328,6 +311,7 @@ def max_pool_indices(ctx: GraphContext, x: g.Expr, values: g.Expr, kernel: Seque
     out_pos = np.stack(np.meshgrid(*[np.arange(o) for o in out_spatial], indexing="ij"))
     best: g.Expr | None = None
     arg: g.Expr | None = None
+    seen = np.zeros(points, bool)  # windows that met an element inside X already
     for offset in itertools.product(*map(range, kernel)):
         at = [out_pos[i] * strides[i] - pads[i] + offset[i] * dilations[i] for i in range(rank)]
         inside = np.logical_and.reduce([(a >= 0) & (a < s) for a, s in zip(at, spatial)])
@@ -338,15 +322,20 @@ def max_pool_indices(ctx: GraphContext, x: g.Expr, values: g.Expr, kernel: Seque
         v = ctx.call("gather", flat, ctx.const(read), axis=2)
         v = ctx.call("where", ctx.const(inside.reshape(-1)), v, lowest)
         here = ctx.const(stored)
+        first = inside.reshape(-1) & ~seen  # a window's first element inside X starts it
+        seen |= inside.reshape(-1)
         if best is None or arg is None:
             best, arg = v, ctx.call("broadcast_to", here, shape=(n, c, points))
             continue
         better = ctx.call("greater", v, best)
+        if first.any():
+            better = ctx.call("logical_or", better, ctx.const(first))
         best = ctx.call("where", better, v, best)
         arg = ctx.call("where", better, here, arg)
-    assert arg is not None
+    assert arg is not None and best is not None
     base = (np.arange(n * c, dtype=np.int64) * plane).reshape(n, c, 1)
-    return ctx.call("reshape", ctx.call("add", arg, ctx.const(base)), shape=out_shape)
+    return (ctx.call("reshape", best, shape=out_shape),
+            ctx.call("reshape", ctx.call("add", arg, ctx.const(base)), shape=out_shape))
 
 
 @onnx_op("MelWeightMatrix", min_opset=17)

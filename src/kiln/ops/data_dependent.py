@@ -49,7 +49,7 @@ from kiln.ir.shape_expr import (
     simplify_dim,
 )
 from kiln.ir.types import Dim, TensorType, TupleType, Type
-from kiln.ops import te
+from kiln.ops import nan_order, te
 from kiln.ops.onnx_map import GraphContext, onnx_op
 from kiln.ops.reduce import norm_axes, topk_compute, topk_ref
 from kiln.ops.registry import OPS, Attrs, OpDef, register_op, result_types
@@ -437,79 +437,178 @@ def _unique_bound(types: Sequence[TensorType], attrs: Attrs) -> Dim:
 def _unique_kernel(ins: Sequence[t.Buffer], outs: Sequence[t.Buffer], count: t.Buffer,
                    attrs: Attrs) -> t.Stmt:
     """Unique over slices `x[o, i, k]` (i along the axis; the flat case has one element per
-    slice): `first[i]` marks first occurrences; a unique slice's position counts the
-    first occurrences before it (in index order, or in value order when sorted)."""
+    slice) as onnxruntime's std::map finds them: `rep[i]` is the first occurrence slice i
+    counts for (`_unique_rep`), a slice with rep[i] == i is a unique one; its position
+    counts the unique slices before it (in index order, or in value order when sorted)."""
     (x,), (y, indices, inverse, counts) = ins, outs
     axis = _unique_axis(TensorType(x.shape, x.dtype), attrs)
     flat, decl = _flat(x, "xf")
     outer, length, inner = ((1, flat.shape[0], 1) if axis is None else _split(x.shape, axis))
-    sorted_ = bool(attrs.get("sorted", 1))
-    first = t.Buffer("first", (simplify_dim(length),), I64, "global")
+    rep = t.Buffer("rep", (simplify_dim(length),), I64, "global")
     state, c, pos, n = _counter("state"), _counter("c"), _counter("pos"), t.Var("n", I64)
+    slices = _Slices(flat, state, outer, length, inner)
 
-    def elem(i: t.PrimExpr, o: t.Var, k: t.Var) -> t.PrimExpr:
-        return flat[(o * _e(length) + i) * _e(inner) + k]
+    def unique(j: t.PrimExpr) -> t.PrimExpr:
+        return t.compare("eq", rep[j], j)
 
-    def compare(a: t.PrimExpr, b: t.PrimExpr) -> t.Stmt:
-        """state := -1, 0 or 1 as slice a is below, equal to or above slice b."""
-        def step(o: t.Var) -> t.Stmt:
-            def one(k: t.Var) -> t.Stmt:
-                va, vb = elem(a, o, k), elem(b, o, k)
-                return _when(t.compare("eq", state[0], _e(0)),
-                             t.IfThenElse(va < vb, _set(state, -1),
-                                          _when(va > vb, _set(state, 1))))
-            return _loop("k", inner, one)
-        return t.seq(_set(state, 0), _loop("o", outer, step))
-
-    def position(i: t.Var) -> t.Stmt:
-        """pos := the output position of the unique slice equal to slice i."""
-        def before(j: t.Var) -> t.Stmt:
-            if sorted_:
-                return _when(t.compare("ne", first[j], _e(0)), compare(j, i),
-                             _when(t.compare("lt", state[0], _e(0)), _bump(pos)))
-            return _when(t.compare("ne", first[j], _e(0)), compare(j, i),
-                         _when(t.compare("eq", state[0], _e(0)), _set(c, 1)),
-                         _when(t.compare("eq", c[0], _e(0)), _bump(pos)))
-        return t.seq(_set(pos, 0), _set(c, 0), _loop("j", length, before))
-
-    def mark(i: t.Var) -> t.Stmt:
-        def earlier(j: t.Var) -> t.Stmt:
-            return t.seq(compare(j, i), _when(t.compare("eq", state[0], _e(0)), _set(c, 0)))
-        return t.seq(_set(c, 1), _loop("j", i, earlier), t.Store(first, c[0], (i,)))
+    def position(r: t.PrimExpr) -> t.Stmt:
+        """pos := the output position of the unique slice r."""
+        def before(m: t.Var) -> t.Stmt:
+            if not attrs.get("sorted", 1):
+                return _when(unique(m) & (m < r), _bump(pos))
+            # value order (NaN above every number), ties by index: a permutation
+            return _when(unique(m), slices.compare(m, r, total=True),
+                         _when((state[0] < 0) | (t.compare("eq", state[0], _e(0)) & (m < r)),
+                               _bump(pos)))
+        return t.seq(_set(pos, 0), _loop("m", length, before))
 
     def emit(i: t.Var) -> t.Stmt:
         def copy(o: t.Var) -> t.Stmt:
             return _loop("k", inner, lambda k: t.Store(
-                y, elem(i, o, k), ((o * n + pos[0]) * _e(inner) + k,)))
+                y, slices.at(i, o, k), ((o * n + pos[0]) * _e(inner) + k,)))
 
         def same(j: t.Var) -> t.Stmt:
-            return t.seq(compare(j, i), _when(t.compare("eq", state[0], _e(0)), _bump(c)))
-        write = _when(t.compare("ne", first[i], _e(0)), _loop("o", outer, copy),
-                      t.Store(indices, i, (pos[0],)), _set(c, 0), _loop("j", length, same),
-                      t.Store(counts, c[0], (pos[0],)))
-        return t.seq(position(i), t.Store(inverse, pos[0], (i,)), write)
+            return _when(t.compare("eq", rep[j], i), _bump(c))
+        write = _when(unique(i), _loop("o", outer, copy), t.Store(indices, i, (pos[0],)),
+                      _set(c, 0), _loop("j", length, same), t.Store(counts, c[0], (pos[0],)))
+        return t.seq(position(rep[i]), t.Store(inverse, pos[0], (i,)), write)
 
-    def total(i: t.Var) -> t.Stmt:
-        return _when(t.compare("ne", first[i], _e(0)), _bump(pos))
-
-    return t.seq(decl, t.Allocate(first), t.Allocate(state), t.Allocate(c), t.Allocate(pos),
-                 _loop("i", length, mark), _set(pos, 0), _loop("i", length, total),
+    return t.seq(decl, t.Allocate(rep), t.Allocate(state), t.Allocate(c), t.Allocate(pos),
+                 _unique_rep(slices, rep, c), _set(pos, 0),
+                 _loop("i", length, lambda i: _when(unique(i), _bump(pos))),
                  t.LetStmt(n, pos[0]), _loop("i", length, emit), t.Store(count, n, (_e(0),)))
 
 
+@dataclass(frozen=True)
+class _Slices:
+    """The slices `flat[o, i, k]` of Unique's input and their comparisons into `state`."""
+
+    flat: t.Buffer
+    state: t.Buffer
+    outer: Dim
+    length: Dim
+    inner: Dim
+
+    def at(self, i: t.PrimExpr, o: t.PrimExpr, k: t.PrimExpr) -> t.PrimExpr:
+        return self.flat[(o * _e(self.length) + i) * _e(self.inner) + k]
+
+    def compare(self, a: t.PrimExpr, b: t.PrimExpr, total: bool = False) -> t.Stmt:
+        """state := -1, 0 or 1 as slice a is below, equal to or above slice b,
+        lexicographically: by `<` and `>` as onnxruntime's std::map compares (a NaN
+        element equals everything), or, `total`, with NaN above every number."""
+        state = self.state
+
+        def one(o: t.Var, k: t.Var) -> t.Stmt:
+            va, vb = self.at(a, o, k), self.at(b, o, k)
+            less, more = ((nan_order.order_less(va, vb), nan_order.order_greater(va, vb))
+                          if total else (va < vb, va > vb))
+            return _when(t.compare("eq", state[0], _e(0)),
+                         t.IfThenElse(less, _set(state, -1), _when(more, _set(state, 1))))
+        return t.seq(_set(state, 0), _loop("o", self.outer, lambda o: _loop(
+            "k", self.inner, lambda k: one(o, k))))
+
+
+def _unique_rep(slices: _Slices, rep: t.Buffer, cand: t.Buffer) -> t.Stmt:
+    """rep[i] for every slice i, as onnxruntime's `std::map::find` of slice i among the
+    unique slices before it: the first of them in value order that slice i is not above
+    (`lower_bound`), if slice i is not below it either; else i itself (a new unique
+    slice). With a NaN, which `<` leaves unordered, this is what its tree does: a NaN
+    (after a number first) counts for the smallest value seen so far, and everything
+    after a leading NaN counts for it (exact for single elements; for longer slices
+    holding NaN, onnxruntime's result depends on its tree's shape)."""
+    state = slices.state
+
+    def find(i: t.Var) -> t.Stmt:
+        def candidate(j: t.Var) -> t.Stmt:
+            smaller = t.seq(slices.compare(j, cand[0]),
+                            _when(state[0] < 0, _set(cand, j)))
+            take = t.IfThenElse(cand[0] < 0, _set(cand, j), smaller)
+            return _when(t.compare("eq", rep[j], j), slices.compare(j, i),
+                         _when(state[0] >= 0, take))
+        found = t.seq(slices.compare(i, cand[0]),
+                      t.IfThenElse(state[0] >= 0, t.Store(rep, cand[0], (i,)),
+                                   t.Store(rep, i, (i,))))
+        return t.seq(_set(cand, -1), _loop("j", i, candidate),
+                     t.IfThenElse(cand[0] >= 0, found, t.Store(rep, i, (i,))))
+    return _loop("i", slices.length, find)
+
+
 def _unique_ref(x: np.ndarray, **attrs: Any) -> tuple[np.ndarray, ...]:
+    """Unique as the kernel computes it (onnxruntime's rules, `_unique_rep`)."""
     axis = attrs.get("axis")
-    data = x.reshape(-1) if axis is None else x
-    vals, idx, inv, cnt = np.unique(data, return_index=True, return_inverse=True,
-                                    return_counts=True, axis=None if axis is None else int(axis))
-    inv = inv.reshape(-1)
-    if not attrs.get("sorted", 1):  # in order of first occurrence
-        order = np.argsort(idx, kind="stable")
-        new_pos = np.empty_like(order)
-        new_pos[order] = np.arange(order.size)
-        vals = np.take(vals, order, axis=0 if axis is None else int(axis))
-        idx, cnt, inv = idx[order], cnt[order], new_pos[inv]
-    return vals, idx.astype(np.int64), inv.astype(np.int64), cnt.astype(np.int64)
+    slices = x.reshape(-1, 1) if axis is None else \
+        np.moveaxis(x, int(axis), 0).reshape(x.shape[int(axis)], -1)
+    rep = _unique_rep_ref(slices)
+    firsts = np.flatnonzero(rep == np.arange(rep.size))
+    pos = np.zeros(rep.size, np.int64)
+    if attrs.get("sorted", 1) and firsts.size:
+        # value order, NaN last (numpy's sort), ties by index: lexsort is stable
+        cols = slices[firsts].astype(np.float32) if slices.dtype.name == "bfloat16" \
+            else slices[firsts]
+        order = np.lexsort(cols.T[::-1]) if cols.shape[1] else np.arange(firsts.size)
+        pos[firsts[order]] = np.arange(firsts.size)
+    else:
+        pos[firsts] = np.arange(firsts.size)
+    out_firsts = np.empty(firsts.size, np.int64)
+    out_firsts[pos[firsts]] = firsts
+    counts = np.bincount(rep, minlength=rep.size)[out_firsts]
+    vals = x.reshape(-1)[out_firsts] if axis is None else np.take(x, out_firsts, int(axis))
+    return vals, out_firsts, pos[rep], counts.astype(np.int64)
+
+
+def _unique_rep_ref(slices: np.ndarray) -> np.ndarray:
+    """`_unique_rep` in numpy: vectorized without NaN (or for single elements), else the
+    kernel's loop."""
+    n = slices.shape[0]
+    nan = np.isnan(slices) if _is_float_array(slices) else np.zeros(slices.shape, bool)
+    if n == 0:
+        return np.zeros(0, np.int64)
+    if not nan.any():
+        return _first_equal(slices)
+    if slices.shape[1] == 1:
+        v = slices[:, 0]
+        if nan[0, 0]:  # every later value finds the leading NaN
+            return np.zeros(n, np.int64)
+        rep = _first_equal(slices)
+        with np.errstate(invalid="ignore"):
+            lowest = np.fmin.accumulate(v.astype(np.float64))  # the smallest number so far
+        first_at = {float(v[j]): j for j in range(n - 1, -1, -1) if not nan[j, 0]}
+        return np.where(nan[:, 0], [first_at.get(float(m), 0) for m in lowest], rep)
+    return _unique_rep_loop(slices)
+
+
+def _is_float_array(a: np.ndarray) -> bool:
+    """True for float arrays (bfloat16 included), where NaN can occur."""
+    return a.dtype.kind == "f" or a.dtype.name == "bfloat16"
+
+
+def _first_equal(slices: np.ndarray) -> np.ndarray:
+    """For each row, the first row equal to it (NaN-free rows; -0.0 equals 0.0)."""
+    key = slices + 0 if _is_float_array(slices) else slices  # -0.0 + 0 is 0.0
+    _, first, inv = np.unique(key, axis=0, return_index=True, return_inverse=True)
+    return first[inv.reshape(-1)].astype(np.int64)
+
+
+def _unique_rep_loop(slices: np.ndarray) -> np.ndarray:
+    def cmp(a: int, b: int) -> int:
+        for va, vb in zip(slices[a], slices[b]):
+            if va < vb:
+                return -1
+            if va > vb:
+                return 1
+        return 0
+
+    rep = np.zeros(slices.shape[0], np.int64)
+    firsts: list[int] = []
+    for i in range(slices.shape[0]):
+        cand = -1
+        for j in firsts:
+            if cmp(j, i) >= 0 and (cand < 0 or cmp(j, cand) < 0):
+                cand = j
+        rep[i] = cand if cand >= 0 and cmp(i, cand) >= 0 else i
+        if rep[i] == i:
+            firsts.append(i)
+    return rep
 
 
 register_data_dependent("unique", infer=_unique_infer, bound=_unique_bound,
@@ -550,8 +649,8 @@ def _nms_bound(types: Sequence[TensorType], attrs: Attrs) -> Dim:
 
 def _nms_kernel(ins: Sequence[t.Buffer], outs: Sequence[t.Buffer], count: t.Buffer,
                 attrs: Attrs) -> t.Stmt:
-    """Per batch and class: candidates in descending score (ties by index) above the
-    score threshold, each kept unless its IoU with a box kept before exceeds the
+    """Per batch and class: candidates in descending score (ties by index, NaN last) above
+    the score threshold, each kept unless its IoU with a box kept before exceeds the
     threshold, at most max_output_boxes_per_class (onnxruntime's rules)."""
     boxes, scores, max_out, iou_thr, score_thr = ins
     (out,) = outs
@@ -596,7 +695,9 @@ def _nms_kernel(ins: Sequence[t.Buffer], outs: Sequence[t.Buffer], count: t.Buff
 
         def scan(i: t.Var) -> t.Stmt:
             best_score = scores[b, cl, t.max_(best[0], _e(0))]
-            better = (best[0] < 0) | (scores[b, cl, i] > best_score)
+            # a NaN score ranks below every number (onnxruntime's heap has no order for it)
+            better = (best[0] < 0) | nan_order.order_greater(scores[b, cl, i], best_score,
+                                                              nan_order.NanPlace.LOW)
             return _when(t.compare("eq", taken[i], _e(0)) & better, _set(best, i))
 
         def candidate(r: t.Var) -> t.Stmt:
@@ -651,7 +752,7 @@ def _nms_ref(boxes: np.ndarray, scores: np.ndarray, max_out: np.ndarray, iou_thr
         for cl in range(scores.shape[1]):
             s = scores[b, cl]
             kept: list[int] = []
-            for i in sorted(range(s.size), key=lambda i: (-s[i], i)):
+            for i in nan_order.order_argsort_ref(s, 0, True, nan_order.NanPlace.LOW):
                 if len(kept) >= limit:
                     break
                 if attrs.get("has_score_threshold") and not s[i] > score_thr.reshape(-1)[0]:

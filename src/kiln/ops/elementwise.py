@@ -27,9 +27,10 @@ from kiln.ir.tensor import (
     select,
 )
 from kiln.ir.types import TensorType, Type
-from kiln.ops import te
+from kiln.ops import nan_order, te
 from kiln.ops._numpy import is_float, widen
 from kiln.ops.broadcast import broadcast_index, broadcast_types
+from kiln.ops.logic import X86
 from kiln.ops.onnx_map import Converter, GraphContext, onnx_op
 from kiln.ops.registry import OPS, register_op
 
@@ -58,7 +59,9 @@ def _erf_ref(a: np.ndarray) -> np.ndarray:
 
 def _sign(x: PrimExpr) -> PrimExpr:
     zero = _c(x, 0)
-    return select(x > zero, _c(x, 1), select(x < zero, _c(x, -1), zero))
+    # NaN stays NaN (np.sign; onnxruntime's float and double), a zero gives +0
+    rest = select(nan_order.is_nan(x), x, zero) if dt.is_float(x.dtype) else zero
+    return select(x > zero, _c(x, 1), select(x < zero, _c(x, -1), rest))
 
 
 def _elu(x: PrimExpr, alpha: PrimExpr) -> PrimExpr:
@@ -140,14 +143,15 @@ UNARY: dict[str, tuple[UnaryFn, UnaryRef]] = {
     "relu": (lambda x, a: max_(x, _c(x, 0)), lambda v, a: np.maximum(v, 0)),
     "leaky_relu": (lambda x, a: select(x >= _c(x, 0), x, _f(x, a, "alpha", 0.01) * x),
                    lambda v, a: np.where(v >= 0, v, _a(a, "alpha", 0.01) * v)),
+    # exp(x) - 1 as the kernels (and onnxruntime) compute it: 0 where exp(x) rounds to 1
     "elu": (lambda x, a: _elu(x, _f(x, a, "alpha", 1.0)),
-            lambda v, a: np.where(v > 0, v, _a(a, "alpha", 1.0) * np.expm1(v))),
+            lambda v, a: np.where(v > 0, v, _a(a, "alpha", 1.0) * (np.exp(v) - 1))),
     "selu": (lambda x, a: _f(x, a, "gamma", 1.0507009873554805) * _elu(
         x, _f(x, a, "alpha", 1.6732632423543772)),
              lambda v, a: _a(a, "gamma", 1.0507009873554805) * np.where(
-                 v > 0, v, _a(a, "alpha", 1.6732632423543772) * np.expm1(v))),
+                 v > 0, v, _a(a, "alpha", 1.6732632423543772) * (np.exp(v) - 1))),
     "celu": (_celu, lambda v, a: np.maximum(0, v) + np.minimum(
-        0, _a(a, "alpha", 1.0) * np.expm1(v / _a(a, "alpha", 1.0)))),
+        0, _a(a, "alpha", 1.0) * (np.exp(v / _a(a, "alpha", 1.0)) - 1))),
     "hard_sigmoid": (lambda x, a: max_(_c(x, 0), min_(_c(x, 1), _f(x, a, "alpha", 0.2) * x
                                                       + _f(x, a, "beta", 0.5))),
                      lambda v, a: np.clip(_a(a, "alpha", 0.2) * v + _a(a, "beta", 0.5), 0, 1)),
@@ -386,9 +390,22 @@ def _binary_converter(op: str) -> Converter:
         if ctx.opset < 7 and attrs.get("broadcast", 0) and "axis" in attrs:
             raise IRError("legacy broadcast with an axis attribute (opset < 7) is not supported")
         if op == "power" and ctx.tensor_type(b).dtype != ctx.tensor_type(a).dtype:
-            b = ctx.call("cast", b, dtype=ctx.tensor_type(a).dtype)
+            return [_mixed_power(ctx, a, b)]
         return [ctx.call(op, a, b)]
     return convert
+
+
+def _mixed_power(ctx: GraphContext, a: g.Expr, b: g.Expr) -> g.Expr:
+    """ONNX Pow whose exponent's type is not the base's. An integer base with a float
+    exponent is onnxruntime's `std::pow` in double, cast back by x86's conversion:
+    `3 ** 2.5` is 15, a NaN exponent, `3 ** inf` or an overflow the type's most negative
+    value, `3 ** -1e20` 0 (docs/onnx.md, *Numerics at the edges*). Otherwise the
+    exponent takes the base's type."""
+    base = ctx.tensor_type(a).dtype
+    if not (dt.is_int(base) and dt.is_float(ctx.tensor_type(b).dtype)):
+        return ctx.call("power", a, ctx.call("cast", b, dtype=base))
+    wide = [ctx.call("cast", v, dtype="float64") for v in (a, b)]
+    return ctx.call("cast", ctx.call("power", *wide), dtype=base, float_to_int=X86)
 
 
 def _variadic_converter(onnx_name: str, op: str) -> Converter:

@@ -22,7 +22,7 @@ from kiln.ir.tensor import (
     select,
 )
 from kiln.ir.types import Dim, TensorType, Type
-from kiln.ops import te
+from kiln.ops import nan_order, te
 from kiln.ops.onnx_map import GraphContext, first_input, need_constant, onnx_op
 from kiln.ops.reduce import norm_axes
 from kiln.ops.registry import register_op
@@ -265,16 +265,43 @@ def _neutral(kind: str, dtype: str) -> PrimExpr:
     return as_expr(0 if kind == "sum" else 1, dtype)
 
 
-def _scatter_combine(red: str, base: PrimExpr, matches: Callable[[str], PrimExpr]
-                     ) -> PrimExpr:
-    """`base` combined with the matching updates (`matches(kind)` reduces them)."""
+#: `over(kind, dtype, term)`: the `kind` reduction of `term(hit, update, position)` over
+#: the updates (`hit`: it goes to this element; `position`: its flat index, their order).
+Over = Callable[[str, str, Callable[[PrimExpr, PrimExpr, PrimExpr], PrimExpr]], PrimExpr]
+
+
+def _scatter_combine(red: str, base: PrimExpr, over: Over) -> PrimExpr:
+    """`base` combined with the matching updates, in the updates' order."""
+    if red in ("max", "min") and dt.is_float(base.dtype):
+        return _scatter_extreme(red, base, over)
+    kind = {"add": "sum", "mul": "prod"}.get(red, red)
+    fill = _neutral(kind, base.dtype)
+    total = over(kind, base.dtype, lambda hit, v, p: select(hit, v, fill))
     if red == "add":
-        return base + matches("sum")
+        return base + total
     if red == "mul":
-        return base * matches("prod")
-    if red == "max":
-        return max_(base, matches("max"))
-    return min_(base, matches("min"))
+        return base * total
+    return max_(base, total) if red == "max" else min_(base, total)
+
+
+def _scatter_extreme(red: str, base: PrimExpr, over: Over) -> PrimExpr:
+    """onnxruntime's float `max` (`min`) scatter, `cur = max_keep_second(cur, update)` in
+    the updates' order (kiln.ops.nan_order): a NaN update replaces, a NaN `cur` gives way
+    to the next update. So the result is the extreme of `base` and the updates after the
+    last NaN update, NaN if nothing follows it."""
+    last_nan = over("max", "int64", lambda hit, v, p: select(hit & nan_order.is_nan(v), p,
+                                                             as_expr(-1)))
+
+    def later(hit: PrimExpr, p: PrimExpr) -> PrimExpr:
+        return hit & (p > last_nan)
+
+    best = over(red, base.dtype, lambda hit, v, p: select(later(hit, p), v,
+                                                          _neutral(red, base.dtype)))
+    some = over("max", "int64", lambda hit, v, p: select(later(hit, p), as_expr(1),
+                                                         as_expr(0)))
+    start = select(last_nan >= 0, as_expr(float("nan"), base.dtype), base)
+    keep = nan_order.max_keep_second if red == "max" else nan_order.min_keep_second
+    return select(some > 0, keep(start, best), start)
 
 
 def _scatter_elements_infer(types: Sequence[TensorType], attrs: Attrs) -> Type:
@@ -314,17 +341,20 @@ def _scatter_elements_compute(inputs: Sequence[te.Tensor], attrs: Attrs) -> te.T
             hit = upd[src(te.clamp_index(last, m))]
             return select(last >= 0, hit, x[i])
 
-        def matches(kind: str) -> PrimExpr:
-            fill = _neutral(kind, x.dtype)
-            return te.reduce(kind, lambda k: select(match(k), upd[src(k)], fill), (m,), x.dtype)
+        def over(kind: str, dtype: str,
+                 term: Callable[[PrimExpr, PrimExpr, PrimExpr], PrimExpr]) -> PrimExpr:
+            return te.reduce(kind, lambda k: term(match(k), upd[src(k)], k), (m,), dtype)
 
-        return _scatter_combine(red, x[i], matches)
+        return _scatter_combine(red, x[i], over)
 
     return te.compute(x.shape, element, x.dtype, "scatter_elements",
                       checks=[index_check("scatter_elements", ind, n)])
 
 
-_NP_REDUCE = {"add": np.add, "mul": np.multiply, "max": np.maximum, "min": np.minimum}
+# max/min: onnxruntime's std::max(update, cur): a NaN update replaces, a NaN cur gives way
+_NP_REDUCE: dict[str, Callable[[Any, Any], Any]] = {
+    "add": np.add, "mul": np.multiply,
+    "max": lambda cur, v: cur if cur > v else v, "min": lambda cur, v: cur if cur < v else v}
 
 
 def _scatter_elements_ref(x: np.ndarray, idx: np.ndarray, upd: np.ndarray,
@@ -395,12 +425,12 @@ def _scatter_nd_compute(inputs: Sequence[te.Tensor], attrs: Attrs) -> te.Tensor:
             q = te.unflatten_index(te.clamp_index(last, count), lead)
             return select(last >= 0, upd[(*q, *i[r:])], x[i])
 
-        def matches(kind: str) -> PrimExpr:
-            fill = _neutral(kind, x.dtype)
-            return te.reduce(kind, lambda *q: select(match(*q), upd[(*q, *i[r:])], fill), lead,
-                             x.dtype)
+        def over(kind: str, dtype: str,
+                 term: Callable[[PrimExpr, PrimExpr, PrimExpr], PrimExpr]) -> PrimExpr:
+            return te.reduce(kind, lambda *q: term(match(*q), upd[(*q, *i[r:])],
+                                                   te.flat_index(q, lead)), lead, dtype)
 
-        return _scatter_combine(red, x[i], matches)
+        return _scatter_combine(red, x[i], over)
 
     checks = [index_check("scatter_nd", ind, x.shape[t], t) for t in range(r)]
     return te.compute(x.shape, element, x.dtype, "scatter_nd", checks=checks)

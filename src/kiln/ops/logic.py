@@ -19,12 +19,11 @@ from kiln.ir.tensor import (
     as_expr,
     binary,
     compare,
-    max_,
-    min_,
     select,
 )
 from kiln.ir.types import TensorType, Type
-from kiln.ops import te
+from kiln.ops import nan_order, te
+from kiln.ops._numpy import is_float
 from kiln.ops.broadcast import broadcast_index, broadcast_shapes, broadcast_types
 from kiln.ops.onnx_map import Converter, GraphContext, first_input, onnx_dtype, onnx_op
 from kiln.ops.registry import register_op
@@ -34,29 +33,129 @@ Attrs = Mapping[str, Any]
 
 # ----------------------------------------------------------------------- cast
 
+#: `cast`'s `float_to_int` rules for a float -> integer cast of NaN, +-inf and values
+#: whose truncation the integer type cannot hold: "wrap", the IR's own (a kiln.ir Cast:
+#: kiln.codegen.llvm.arith), and "x86", onnxruntime's on x86 (the ONNX Cast and CastLike
+#: converters ask for it): cvttss2si's "integer indefinite", the most negative int32 or
+#: int64, then the narrower types' low bits.
+WRAP, X86 = "wrap", "x86"
+FLOAT_TO_INT = (WRAP, X86)
+_INT32_MIN, _INT64_MIN = -(2 ** 31), -(2 ** 63)
+
+
 def _cast_infer(types: Sequence[TensorType], attrs: Attrs) -> Type:
+    rule = attrs.get("float_to_int", WRAP)
+    if rule not in FLOAT_TO_INT:
+        raise IRError(f"cast: float_to_int must be one of {', '.join(FLOAT_TO_INT)}, "
+                      f"got {rule!r}")
     return TensorType(types[0].shape, dt.check_dtype(attrs["dtype"]))
 
 
-def _cast_value(v: PrimExpr, dtype: str) -> PrimExpr:
+def _cast_value(v: PrimExpr, dtype: str, rule: str = WRAP) -> PrimExpr:
     if v.dtype == dtype:
         return v
     if dtype == "bool":
         return compare("ne", v, Const(0, v.dtype))
+    if rule == X86 and dt.is_float(v.dtype) and dt.is_int(dtype):
+        return _x86_float_to_int(v, dtype)
     return Cast(dtype, v)
+
+
+def _indefinite(v: PrimExpr, wide: str) -> PrimExpr:
+    """x86's truncating conversion of float `v` to `wide` (int32 or int64): NaN and values
+    whose truncation `wide` cannot hold give its most negative value."""
+    low = float(_INT32_MIN if wide == "int32" else _INT64_MIN)
+    # NaN fails both; a value just below `low` truncates to `low`, the fallback itself
+    ok = (v >= as_expr(low, v.dtype)) & (v < as_expr(-low, v.dtype))
+    # the IR's Cast of the others is defined (kiln.codegen.llvm.arith) and selected away;
+    # clearing them first would cost more than the select (the conversion folds into it)
+    return select(ok, Cast(wide, v), Const(int(low), wide))
+
+
+def _x86_float_to_int(v: PrimExpr, dtype: str) -> PrimExpr:
+    """onnxruntime's float -> `dtype` conversion on x86 (its compiler's code): int32 and
+    the narrower types through int32, then their low bits; int64 through int64; uint64,
+    and uint32 from float32, float64 and bfloat16, through the signed type of their width
+    with 2**(bits-1) taken off the values above it and the top bit flipped back
+    (`_unsigned`); uint32 from float16 through int64, then its low bits."""
+    half = v.dtype == "float16"
+    if v.dtype != "float64":
+        v = Cast("float32", v)  # 16-bit floats compute in float32 (exact)
+    if dtype == "uint64" or (dtype == "uint32" and not half):
+        return Cast(dtype, _unsigned(v, "int64" if dtype == "uint64" else "int32"))
+    wide = _indefinite(v, "int64" if dtype in ("int64", "uint32") else "int32")
+    return wide if wide.dtype == dtype else Cast(dtype, wide)
+
+
+def _unsigned(v: PrimExpr, wide: str) -> PrimExpr:
+    """The bits of x86's float -> unsigned conversion, as the signed `wide`: values from
+    2**(bits-1) on converted less that, with the top bit set again."""
+    low = _INT32_MIN if wide == "int32" else _INT64_MIN
+    top = as_expr(-float(low), v.dtype)
+    big = v >= top
+    bits = _indefinite(select(big, v - top, v), wide)
+    return select(big, binary("xor", bits, Const(low, wide)), bits)
+
+
+def _cast_ref(x: np.ndarray, dtype: str, float_to_int: str = WRAP, **attrs: Any) -> np.ndarray:
+    target = dt.to_numpy(dtype)
+    if not is_float(x) or not dt.is_int(dtype):
+        return x.astype(target)
+    v = x.astype(np.float64)  # exact for every float dtype; the bounds compare alike
+    if float_to_int == WRAP:
+        return _wrap_ref(v, dtype)
+    if dtype == "uint64" or (dtype == "uint32" and x.dtype != np.float16):
+        bits = dt.bits(dtype)
+        top = 2.0 ** (bits - 1)
+        with np.errstate(invalid="ignore"):
+            big = v >= top
+        wide = _indefinite_ref(np.where(big, v - top, v), bits)
+        return np.where(big, wide ^ np.int64(-top), wide).astype(target)
+    wide = _indefinite_ref(v, 64 if dtype in ("int64", "uint32") else 32)
+    return wide.astype(target)  # integer to integer: the low bits
+
+
+def _wrap_ref(v: np.ndarray, dtype: str) -> np.ndarray:
+    """The IR's float -> integer rule (kiln.codegen.llvm.arith): truncation, wrapped to
+    the type's bits within int64 (within uint64 for uint64), saturated beyond, NaN 0."""
+    top = 2.0 ** 63
+    with np.errstate(invalid="ignore"):
+        inside, above, below = (v >= -top) & (v < top), v >= top, v < -top
+    wide = np.zeros(v.shape, np.int64)
+    wide[inside] = np.trunc(v[inside]).astype(np.int64)
+    wide[above], wide[below] = np.iinfo(np.int64).max, np.iinfo(np.int64).min
+    if dtype != "uint64":
+        return wide.astype(dt.to_numpy(dtype))
+    out = wide.astype(np.uint64)
+    with np.errstate(invalid="ignore"):
+        huge = v >= 2.0 * top
+    out[above & ~huge] = v[above & ~huge].astype(np.uint64)
+    out[huge] = np.iinfo(np.uint64).max
+    return out
+
+
+def _indefinite_ref(v: np.ndarray, bits: int) -> np.ndarray:
+    low = -(2.0 ** (bits - 1))
+    with np.errstate(invalid="ignore"):
+        ok = (v >= low) & (v < -low)
+    out = np.full(v.shape, int(low), np.int64)
+    out[ok] = np.trunc(v[ok]).astype(np.int64)
+    return out
 
 
 register_op("cast", pattern="elemwise", infer=_cast_infer,
             compute=lambda ins, a: te.compute(
-                ins[0].shape, lambda *i: _cast_value(ins[0][i], a["dtype"]), a["dtype"], "cast"),
-            reference=lambda x, dtype, **a: x.astype(dt.to_numpy(dtype)))
+                ins[0].shape, lambda *i: _cast_value(ins[0][i], a["dtype"],
+                                                     a.get("float_to_int", WRAP)),
+                a["dtype"], "cast"),
+            reference=_cast_ref)
 
 
 @onnx_op("Cast")
 def _cast_onnx(ctx: GraphContext, inputs: Sequence[g.Expr | None],
                attrs: dict[str, Any]) -> list[g.Expr]:
     dtype = onnx_dtype(int(attrs["to"]), "Cast: to")
-    return [ctx.call("cast", first_input(inputs), dtype=dtype)]
+    return [_onnx_cast(ctx, first_input(inputs), dtype)]
 
 
 @onnx_op("CastLike")
@@ -64,7 +163,15 @@ def _cast_like_onnx(ctx: GraphContext, inputs: Sequence[g.Expr | None],
                     attrs: dict[str, Any]) -> list[g.Expr]:
     like = inputs[1]
     assert like is not None
-    return [ctx.call("cast", first_input(inputs), dtype=ctx.tensor_type(like).dtype)]
+    return [_onnx_cast(ctx, first_input(inputs), ctx.tensor_type(like).dtype)]
+
+
+def _onnx_cast(ctx: GraphContext, x: g.Expr, dtype: str) -> g.Expr:
+    """ONNX's Cast: a float -> integer one converts out-of-range values as onnxruntime
+    does on x86 (X86); every other pair is the plain cast."""
+    if dt.is_float(ctx.tensor_type(x).dtype) and dt.is_int(dtype):
+        return ctx.call("cast", x, dtype=dtype, float_to_int=X86)
+    return ctx.call("cast", x, dtype=dtype)
 
 
 # ---------------------------------------------------------------- where, clip
@@ -103,10 +210,11 @@ def _clip_compute(inputs: Sequence[te.Tensor], attrs: Attrs) -> te.Tensor:
 
     def element(*i: PrimExpr) -> PrimExpr:
         v = x[i]
+        # onnxruntime's Clip: a NaN bound is ignored, a NaN value stays NaN
         if lo is not None:
-            v = max_(v, as_expr(lo, x.dtype))
+            v = nan_order.clip_below(v, as_expr(lo, x.dtype))
         if hi is not None:
-            v = min_(v, as_expr(hi, x.dtype))
+            v = nan_order.clip_above(v, as_expr(hi, x.dtype))
         return v
 
     return te.compute(x.shape, element, x.dtype, "clip")
@@ -118,9 +226,10 @@ register_op("clip", pattern="elemwise", infer=lambda t, a: t[0], compute=_clip_c
 
 def _clip_ref(x: np.ndarray, lo: Any, hi: Any) -> np.ndarray:
     out = x
-    if lo is not None:
+    # a NaN bound is ignored (kiln.ops.nan_order.clip_below); a NaN value stays
+    if lo is not None and not np.isnan(lo):
         out = np.maximum(out, np.asarray(lo).astype(x.dtype))
-    if hi is not None:
+    if hi is not None and not np.isnan(hi):
         out = np.minimum(out, np.asarray(hi).astype(x.dtype))
     return np.array(out, dtype=x.dtype)
 
@@ -139,6 +248,13 @@ def _clip_onnx(ctx: GraphContext, inputs: Sequence[g.Expr | None],
         hi = None if hi_v is None else hi_v.reshape(-1)[0].item()
     else:
         lo, hi = attrs.get("min"), attrs.get("max")
+    dtype = ctx.tensor_type(x).dtype
+    if dt.is_float(dtype):
+        # a bound left out is the type's finite limit (ONNX's default, onnxruntime's):
+        # +-inf become the largest finite values
+        limit = (2 - 2 ** -7) * 2.0 ** 127 if dtype == "bfloat16" else \
+            float(np.finfo(dt.to_numpy(dtype)).max)
+        lo, hi = (-limit if lo is None else lo), (limit if hi is None else hi)
     return [ctx.call("clip", x, min=lo, max=hi)]
 
 

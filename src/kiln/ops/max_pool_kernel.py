@@ -32,26 +32,81 @@ that loop stays a plain loop for LLVM. (An 8-byte load at offset 1 spans the 8- 
 overlapping pieces instead, 8 + 8 for 13 bytes, was slower for every byte pool, the
 wide rows' too: 256 x 54 x 54 0.10 -> 0.17 ms, Zen 3.)
 
-Max is exact, so the result equals the tensor-expression definition bit for bit.
+Max is exact, so the result equals the tensor-expression definition bit for bit. The
+max is `window_max` from `max_floor` (NaN skipped, onnxruntime's rule for MaxPool): one
+`maxps` per value on x86, the padding columns holding `max_floor`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
+import numpy as np
+
+from kiln.ir import dtype as dt
 from kiln.ir.dtype import itemsize as dtype_bytes
-from kiln.ir.tensor import Allocate, Buffer, PrimExpr, Stmt, Store, max_, seq
+from kiln.ir.tensor import (
+    Allocate,
+    Buffer,
+    Const,
+    LetStmt,
+    PrimExpr,
+    Stmt,
+    Store,
+    Var,
+    as_expr,
+    max_,
+    seq,
+)
 from kiln.ops import conv_kernels as ck
-from kiln.ops import te
+from kiln.ops import nan_order, te
 from kiln.ops.kernels.tiles import const as _c
 from kiln.ops.kernels.tiles import lanes_loop, parallel_tiles, parallel_when
 from kiln.ops.kernels.tiles import loop as _loop
 
 Epilogue = Callable[[PrimExpr, tuple[PrimExpr, ...]], PrimExpr]
 #: Vector operations per window value read (the "element" unit of
-#: kiln.ops.kernels.parallel_work): kiln's max propagates NaN, a compare and a select
-#: beside the `max` instruction.
+#: kiln.ops.kernels.parallel_work): its load and its max.
 MAX_ELEMENTS = 2
+
+
+def max_floor(dtype: str) -> PrimExpr:
+    """Where a max pool's window starts and what its padding holds: the most negative
+    finite value of a float `dtype` (onnxruntime's initial value, -3.4028235e38 for
+    float32: a window of -inf, NaN and padding alone gives it), the smallest value of an
+    integer one."""
+    if not dt.is_float(dtype):
+        return te.lowest_value(dtype)
+    top = (2 - 2 ** -7) * 2.0 ** 127 if dtype == "bfloat16" else \
+        float(np.finfo(dt.to_numpy(dtype)).max)
+    return Const(-top, dtype)
+
+
+def window_max(acc: PrimExpr, v: PrimExpr) -> PrimExpr:
+    """A max pool's step: `v` where strictly greater than `acc` (a NaN `v` is skipped;
+    from `max_floor`, `acc` is never NaN), onnxruntime's MaxPool rule
+    (kiln.ops.nan_order.max_keep_first: one `maxps` on x86)."""
+    return nan_order.max_keep_first(acc, v)
+
+
+def max_chain(start: PrimExpr, values: Sequence[PrimExpr], name: str
+              ) -> tuple[list[Stmt], PrimExpr]:
+    """`window_max` folded over `values` from `start`: each step a let (its operand is
+    read twice, so a nested expression would double with every value), the result."""
+    lets: list[Stmt] = []
+    acc = start
+    for v in values:
+        var = Var(name, v.dtype)
+        lets.append(LetStmt(var, window_max(acc, v)))
+        acc = var
+    return lets, acc
+
+
+def first_tap(o: PrimExpr, stride: int, pad: int, dilation: int) -> PrimExpr:
+    """The input index of output `o`'s first window tap inside the input along one axis
+    (every window has one: its pads are smaller than it)."""
+    skipped = max_(as_expr(0, o.dtype), (pad - o * stride + (dilation - 1)) // dilation)
+    return o * stride - pad + skipped * dilation
 
 
 def row_runs(shape: ck.ConvShape) -> list[tuple[int, int, tuple[int, ...]]]:
@@ -90,14 +145,16 @@ def staged_rows(shape: ck.ConvShape, dtype: str, short_phases: bool, l1d_bytes: 
 
 
 def max_pool_body(shape: ck.ConvShape, x: Buffer, out: Buffer, lanes: int,
-                  epilogue: Epilogue, l1d_bytes: int) -> Stmt:
+                  epilogue: Epilogue, l1d_bytes: int, scan: bool = False) -> Stmt:
     """The loop nest of a max pool of `shape` (its pads already widened for
     `ceil_mode`) over `x` into `out`, each output stored through `epilogue`; `l1d_bytes`
-    bounds the rows staged per channel (`staged_rows`)."""
+    bounds the rows staged per channel (`staged_rows`). `scan`: onnxruntime's scan of
+    each window from its first element inside the input (kiln.ops.pool's
+    `scans_from_first`: NaN skipped from -inf, but a leading NaN stays)."""
     sh, sw = shape.stride
     dh, dw = shape.dilation
     top, left, _, right = shape.pads
-    lowest = te.lowest_value(x.dtype)
+    lowest = te.lowest_value(x.dtype) if scan else max_floor(x.dtype)
     width = left + shape.w + right
     phase_w = -(-width // sw)
     tile_w = 4 * lanes
@@ -117,11 +174,9 @@ def max_pool_body(shape: ck.ConvShape, x: Buffer, out: Buffer, lanes: int,
     def vertical(n: PrimExpr, c: PrimExpr, oh: PrimExpr, inside: tuple[int, ...]) -> Stmt:
         def tile(w0: PrimExpr, wd: int) -> Stmt:
             def lane(r: PrimExpr) -> Stmt:
-                value: PrimExpr = lowest
-                for k, kh in enumerate(inside):
-                    v = x[n, c, oh * sh + (kh * dh - top), w0 + r]
-                    value = v if k == 0 else max_(value, v)
-                return Store(row, value, (row_slot(oh), w0 + r + left))
+                taps = [x[n, c, oh * sh + (kh * dh - top), w0 + r] for kh in inside]
+                lets, value = max_chain(lowest, taps, "colmax")
+                return seq(*lets, Store(row, value, (row_slot(oh), w0 + r + left)))
             return lanes_loop("r", wd, lane)
         return ck.tiled_row(shape.w, tile_w, lanes, tile)
 
@@ -135,14 +190,16 @@ def max_pool_body(shape: ck.ConvShape, x: Buffer, out: Buffer, lanes: int,
     def horizontal(n: PrimExpr, c: PrimExpr, oh: PrimExpr) -> Stmt:
         def tile(ow0: PrimExpr, wd: int) -> Stmt:
             def lane(r: PrimExpr) -> Stmt:
-                value: PrimExpr = lowest
-                for kw in range(shape.kw):
-                    col = kw * dw
-                    v = (phases[slot(oh), _c(col % sw), ow0 + r + col // sw]
-                         if phases is not None else row[slot(oh), ow0 + r + col])
-                    value = v if kw == 0 else max_(value, v)
+                columns = [phases[slot(oh), _c(col % sw), ow0 + r + col // sw]
+                           if phases is not None else row[slot(oh), ow0 + r + col]
+                           for col in range(0, shape.kw * dw, dw)]
+                # the vertical maxima are never NaN: the first column starts the max
+                lets, value = max_chain(columns[0], columns[1:], "rowmax")
+                if scan:
+                    first = x[n, c, first_tap(oh, sh, top, dh), first_tap(ow0 + r, sw, left, dw)]
+                    value = nan_order.with_leading_nan(first, value)
                 idx = (n, c, oh, ow0 + r)
-                return Store(out, epilogue(value, idx), idx)
+                return seq(*lets, Store(out, epilogue(value, idx), idx))
             if short_phases:
                 return _loop("r", wd, lane)
             return lanes_loop("r", wd, lane)

@@ -1,5 +1,6 @@
 """Neural-network anchor operators: matmul, einsum, convolution (1-3 spatial dims),
-transposed convolution, and local response normalisation.
+transposed convolution, col2im (the sum of a GEMM's columns into an image, which
+float32 ConvTranspose and ONNX Col2Im lower to), and local response normalisation.
 
 Attributes follow ONNX's spelling where one exists (strides, dilations, pads as
 (begins..., ends...), group), so the frontend maps 1:1; see kiln.ops.spatial.
@@ -8,6 +9,7 @@ Attributes follow ONNX's spelling where one exists (strides, dilations, pads as
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -17,7 +19,7 @@ from kiln.errors import IRError
 from kiln.ir import dtype as dt
 from kiln.ir import graph as g
 from kiln.ir.shape_expr import dim_text, dims_equal, is_static, shape_text, simplify_dim
-from kiln.ir.tensor import Cast, PrimExpr, as_expr, select
+from kiln.ir.tensor import Cast, PrimExpr, as_expr, min_, select
 from kiln.ir.types import Dim, TensorType, Type
 from kiln.ops import spatial, te
 from kiln.ops._numpy import is_float
@@ -421,6 +423,9 @@ def _convt_compute(inputs: Sequence[te.Tensor], attrs: Attrs) -> te.Tensor:
     cg, og = w.shape[0] // group, w.shape[1]
     kernel = w.shape[2:]
     acc = acc_dtype(x.dtype)
+    if 0 in (cg, *x.shape[2:]):  # no input element: every output is its bias (or 0)
+        return te.compute(te.dims(out_t.shape), lambda n, oc, *o: as_expr(0, x.dtype)
+                          if bias is None else bias[oc], x.dtype, "conv_transpose")
 
     def element(n: PrimExpr, oc: PrimExpr, *o: PrimExpr) -> PrimExpr:
         first = (oc // og) * cg if group > 1 else as_expr(0)
@@ -428,6 +433,8 @@ def _convt_compute(inputs: Sequence[te.Tensor], attrs: Attrs) -> te.Tensor:
 
         def term(c: PrimExpr, *k: PrimExpr) -> PrimExpr:
             # output o receives input i where o = i * stride + k * dilation - pad
+            # a tap without an input element adds nothing: 0, not 0 x w (NaN for an
+            # infinite weight), as onnxruntime's GEMM + col2im never forms that product
             pos: list[PrimExpr] = []
             ok: PrimExpr | None = None
             for j in range(rank):
@@ -436,9 +443,10 @@ def _convt_compute(inputs: Sequence[te.Tensor], attrs: Attrs) -> te.Tensor:
                     divisible = (t % strides[j]).eq(0)
                     ok = divisible if ok is None else ok & divisible
                     t = t // strides[j]
-                pos.append(t)
-            xv = te.padded(x, (n, first + c, *pos), 0)
-            v = widen(xv, acc) * widen(w[(first + c, local, *k)], acc)
+                inside = (t >= 0) & (t < x.shape[2 + j])
+                ok = inside if ok is None else ok & inside
+                pos.append(te.clamp_index(t, x.shape[2 + j]))
+            v = widen(x[(n, first + c, *pos)], acc) * widen(w[(first + c, local, *k)], acc)
             return v if ok is None else select(ok, v, as_expr(0, acc))
 
         total = te.reduce("sum", term, (cg, *kernel), acc)
@@ -481,6 +489,169 @@ def _convt_ref(x: np.ndarray, w: np.ndarray, b: np.ndarray | None = None,
 for _rank in spatial.SPATIAL_RANKS:
     register_op(f"conv_transpose{spatial.SUFFIX[_rank]}", pattern="anchor",
                 infer=_convt_infer, compute=_convt_compute, reference=_convt_ref)
+
+
+# --------------------------------------------------------------------------- col2im
+
+def _col2im_geometry(attrs: Attrs) -> tuple[tuple[int, ...], ...]:
+    """(image, block, strides, dilations, pad begins, pad ends, block positions per
+    dim) of `col2im`; the pads may be negative (a transposed convolution's)."""
+    image = tuple(int(v) for v in attrs["image_shape"])
+    block = tuple(int(v) for v in attrs["block_shape"])
+    rank = len(image)
+    if rank < 1 or len(block) != rank:
+        raise IRError(f"col2im: image_shape {list(image)} and block_shape {list(block)} "
+                      f"differ in length")
+    if min(image) < 0 or min(block) < 1 or max(*image, *block) > spatial.MAX_WINDOW:
+        raise IRError(f"col2im: image_shape {list(image)} and block_shape {list(block)} "
+                      f"must be in [0, {spatial.MAX_WINDOW}] and [1, {spatial.MAX_WINDOW}]")
+    strides = spatial.ints(attrs, "strides", rank, 1)
+    dilations = spatial.ints(attrs, "dilations", rank, 1)
+    begins, ends = spatial.pads(attrs, rank, -spatial.MAX_WINDOW)
+    counts = tuple(max(0, (image[j] + begins[j] + ends[j] - dilations[j] * (block[j] - 1) - 1)
+                       // strides[j] + 1) for j in range(rank))
+    return image, block, strides, dilations, begins, ends, counts
+
+
+def _col2im_layout(x: TensorType | te.Tensor, attrs: Attrs) -> tuple[int, int, int]:
+    """(groups, channels per group x prod(block), block positions) of col2im's input:
+    [N, C * prod(block), L] (ONNX's layout) or [N, G, C/G * prod(block), L] (a grouped
+    GEMM's columns); with `columns_last`, the last two axes swapped ([N, L, C *
+    prod(block)], [N, G, L, C/G * prod(block)]: the rows of a GEMM of the input's pixels)."""
+    shape = x.shape
+    if len(shape) not in (3, 4):
+        raise IRError(f"col2im: input must be [N, C * prod(block), L] or [N, G, C/G * "
+                      f"prod(block), L], got {shape_text(shape)}")
+    last = bool(attrs.get("columns_last", 0))
+    dims = []
+    for axis in range(1, len(shape)):
+        d = shape[axis]
+        if not isinstance(d, int):
+            raise IRError(f"col2im: dimension {axis} of {shape_text(shape)} must be static")
+        dims.append(d)
+    groups = dims[0] if len(shape) == 4 else 1
+    cb, length = (dims[-1], dims[-2]) if last else (dims[-2], dims[-1])
+    return groups, cb, length
+
+
+def _col2im_infer(types: Sequence[TensorType], attrs: Attrs) -> Type:
+    """col2im's input (`_col2im_layout`) -> [N, C, *image_shape]."""
+    x = types[0]
+    groups, cb, length = _col2im_layout(x, attrs)
+    image, block, *_, counts = _col2im_geometry(attrs)
+    blocks = int(np.prod(block))
+    if cb % blocks:
+        raise IRError(f"col2im: input has {cb} channels x blocks, not a multiple of the "
+                      f"block size {blocks}")
+    if int(np.prod(counts)) != length:
+        raise IRError(f"col2im: input has {length} block positions, the attributes give "
+                      f"{int(np.prod(counts))}")
+    return TensorType((x.shape[0], groups * (cb // blocks), *image), x.dtype)
+
+
+def _col2im_taps(stride: int, dilation: int, kernel: int, begin: int, count: int,
+                 y: PrimExpr
+                 ) -> tuple[int, Callable[[PrimExpr], tuple[PrimExpr, PrimExpr, PrimExpr]]]:
+    """The block offsets that land on image position `y` along one dim: offset `k` of
+    block position `i` lands on `i * stride + k * dilation - begin`. Their number `taps`
+    (at most ceil(kernel / (stride / gcd))), and tap t -> (k, i) with a condition, in
+    increasing k (onnxruntime's order of accumulation), as (clamped k and i, ok)."""
+    g_ = math.gcd(stride, dilation)
+    period = stride // g_  # the offsets landing on y are k0, k0 + period, ...
+    taps = -(-kernel // period)
+    # u >= 0 and u = y + begin (mod stride): floor division and modulo stay exact
+    lift = -(-max(0, -begin) // stride)
+    u = y + (begin + stride * lift)
+    if period == 1:  # stride divides dilation: every offset, where stride divides u
+        k0, base = as_expr(0), u // stride
+    elif dilation == 1:
+        k0, base = u % stride, u // stride
+    else:  # k0 * dilation = u (mod stride)
+        k0 = ((u // g_) * pow(dilation // g_, -1, period)) % period
+        base = (u - k0 * dilation) // stride
+    divisible = (u % g_).eq(0) if g_ > 1 else None
+    step = dilation // g_  # i falls by this from one landing offset to the next
+
+    def tap(t: PrimExpr) -> tuple[PrimExpr, PrimExpr, PrimExpr]:
+        k = k0 + t * period if period > 1 else t
+        i = base - (t * step if step > 1 else t) - lift
+        ok = (i >= 0) & (i < count)
+        if taps * period > kernel:
+            ok = ok & (k < kernel)
+            k = min_(k, kernel - 1)
+        if divisible is not None:
+            ok = ok & divisible
+        return k, te.clamp_index(i, count), ok
+
+    return taps, tap
+
+
+def _col2im_compute(inputs: Sequence[te.Tensor], attrs: Attrs) -> te.Tensor:
+    """Each image element sums the column entries that land on it, and only those (an
+    offset landing elsewhere or in the padding is never read: a NaN or an infinity
+    stays where it lands, as in onnxruntime's scatter)."""
+    x = inputs[0]
+    out_t = _col2im_infer([_tt(x)], attrs)
+    assert isinstance(out_t, TensorType)
+    image, block, strides, dilations, begins, _, counts = _col2im_geometry(attrs)
+    rank, blocks = len(image), int(np.prod(block))
+    _, cb, length = _col2im_layout(x, attrs)
+    per_group = cb // blocks  # channels per group (all of them without groups)
+    last = bool(attrs.get("columns_last", 0))
+    acc = acc_dtype(x.dtype)
+
+    def read(n: PrimExpr, c: PrimExpr, b: PrimExpr, i: PrimExpr) -> PrimExpr:
+        group: tuple[PrimExpr, ...] = () if x.ndim == 3 else (c // per_group,)
+        row = (c % per_group if group else c) * blocks + b
+        return x[(n, *group, *((i, row) if last else (row, i)))]
+
+    if length == 0:  # no block position: nothing lands anywhere
+        return te.compute(te.dims(out_t.shape), lambda *i: as_expr(0, x.dtype), x.dtype,
+                          "col2im")
+
+    def element(n: PrimExpr, c: PrimExpr, *y: PrimExpr) -> PrimExpr:
+        dims = [_col2im_taps(strides[j], dilations[j], block[j], begins[j], counts[j], y[j])
+                for j in range(rank)]
+
+        def term(*t: PrimExpr) -> PrimExpr:
+            taps = [tap(t[j]) for j, (_, tap) in enumerate(dims)]
+            ok = taps[0][2]
+            for _, _, cond in taps[1:]:
+                ok = ok & cond
+            v = read(n, c, te.flat_index([k for k, _, _ in taps], block),
+                     te.flat_index([i for _, i, _ in taps], counts))
+            return select(ok, widen(v, acc), as_expr(0, acc))
+
+        return widen(te.reduce("sum", term, [taps for taps, _ in dims], acc), x.dtype)
+
+    return te.compute(te.dims(out_t.shape), element, x.dtype, "col2im")
+
+
+def _col2im_ref(x: np.ndarray, **attrs: Any) -> np.ndarray:
+    """numpy reference of col2im: onnxruntime's scatter, one block offset after the
+    other (a NaN or an infinity lands where its column entry lands, and nowhere else)."""
+    image, block, strides, dilations, begins, _, counts = _col2im_geometry(attrs)
+    if attrs.get("columns_last", 0):
+        x = np.swapaxes(x, -1, -2)
+    n, cb = x.shape[0], int(np.prod(x.shape[1:-1]))
+    rank, blocks = len(image), int(np.prod(block))
+    work = np.float64 if is_float(x) else np.int64
+    cols: Any = x.astype(work).reshape(n, cb // blocks, *block, *counts)
+    out: Any = np.zeros((n, cb // blocks, *image), work)
+    every = (slice(None), slice(None))
+    for k in itertools.product(*map(range, block)):
+        at = [np.arange(counts[j]) * strides[j] + k[j] * dilations[j] - begins[j]
+              for j in range(rank)]
+        keep = [(a >= 0) & (a < image[j]) for j, a in enumerate(at)]
+        where = np.ix_(*(a[m] for a, m in zip(at, keep)))
+        taken = np.ix_(*(np.flatnonzero(m) for m in keep))
+        # one offset's entries land on distinct positions: a plain += adds each once
+        out[(*every, *where)] += cols[(*every, *k)][(*every, *taken)]
+    return np.asarray(out.astype(x.dtype))
+
+
+register_op("col2im", pattern="anchor", infer=_col2im_infer, compute=_col2im_compute,
+            reference=_col2im_ref)
 
 
 # --------------------------------------------------------------------------- ONNX mapping
@@ -558,9 +729,65 @@ def _conv_transpose_onnx(ctx: GraphContext, inputs: Sequence[g.Expr | None],
         b_, e_ = spatial.pads(attrs, rank)
         pads = (*b_, *e_)
     args = [x, w] if b is None else [x, w, b]
-    return [ctx.call(f"conv_transpose{spatial.SUFFIX[rank]}", *args,
-                     group=int(attrs.get("group", 1)), strides=strides, dilations=dilations,
-                     pads=pads, output_padding=out_pad)]
+    op_attrs = {"group": int(attrs.get("group", 1)), "strides": strides,
+                "dilations": dilations, "pads": pads, "output_padding": out_pad}
+    if xt.dtype == "float32":  # the other types: the direct loop nest, accumulating wider
+        return [_conv_transpose_as_gemm(ctx, x, w, b, op_attrs)]
+    return [ctx.call(f"conv_transpose{spatial.SUFFIX[rank]}", *args, **op_attrs)]
+
+
+# A transposed convolution over fewer input pixels than this (or than its kernel's taps)
+# takes the pixels as the GEMM's rows (`columns_last`): as columns they would fill a
+# fraction of the tile (2 vectors wide: 32 columns on AVX-512, 16 on AVX2).
+COL2IM_ROWS_BELOW = 32
+
+
+def _conv_transpose_as_gemm(ctx: GraphContext, x: g.Expr, w: g.Expr, b: g.Expr | None,
+                            attrs: Attrs) -> g.Expr:
+    """A float32 transposed convolution as onnxruntime computes it: a `matmul` of the
+    weight and the input per group (the GEMM micro-kernel), whose columns `col2im` sums
+    into the image, then the bias. Each product of an input pixel and a tap is formed
+    once and added where it lands, or nowhere: a NaN or an infinity reaches only the
+    outputs that read it, and no zero is multiplied by a weight.
+
+    The columns come in one of two layouts (`columns_last` of col2im):
+    `[N, G, og * kk, L]`, the weight `[G, og * kk, cg]` times the input viewed
+    `[N, G, cg, L]` as onnxruntime does (rows of `L` pixels, which col2im reads as a few
+    streams), or, where the input has fewer pixels `L` than the kernel has taps `kk` or
+    than COL2IM_ROWS_BELOW (a 1x1 latent, FCN's 64x64 kernels over a 7x7 map),
+    `[N, G, L, og * kk]`, the input's pixels as rows times the weight `[G, cg, og * kk]`
+    (packed at compile time without groups; a product of few columns would waste most
+    of the GEMM tile's lanes), which col2im reads along the taps."""
+    xt, wt = ctx.tensor_type(x), ctx.tensor_type(w)
+    types = [xt, wt] if b is None else [xt, wt, ctx.tensor_type(b)]
+    out_t = _convt_infer(types, attrs)  # the checks and messages of conv_transpose
+    assert isinstance(out_t, TensorType)
+    n, _, *in_sp = xt.shape
+    ws = wt.static_shape
+    kernel = ws[2:]
+    group = int(attrs["group"])
+    cg, og, kk = ws[0] // group, ws[1], int(np.prod(kernel))
+    length = int(np.prod(in_sp))  # type: ignore[arg-type]
+    last = length < max(kk, COL2IM_ROWS_BELOW)
+    grouped = () if group == 1 else (group,)
+    xv = ctx.call("reshape", x, shape=reshape_attr(xt.shape, (n, *grouped, cg, length)))
+    wv = ctx.call("reshape", w, shape=(*grouped, cg, og * kk))
+    if last:  # [N, G, L, cg] @ [G, cg, og * kk]
+        xv = ctx.call("transpose", xv, perm=(0, 2, 1) if group == 1 else (0, 1, 3, 2))
+        cols = ctx.call("matmul", xv, wv)
+    else:  # [G, og * kk, cg] @ [N, G, cg, L]
+        wv = ctx.call("transpose", wv, perm=(1, 0) if group == 1 else (0, 2, 1))
+        cols = ctx.call("matmul", wv, xv)
+    rank = len(kernel)
+    begins, ends = attrs["pads"][:rank], attrs["pads"][rank:]
+    out_pad = attrs["output_padding"]
+    y = ctx.call("col2im", cols, image_shape=out_t.shape[2:], block_shape=kernel,
+                 strides=attrs["strides"], dilations=attrs["dilations"],
+                 pads=(*begins, *(e - p for e, p in zip(ends, out_pad))),
+                 columns_last=int(last))
+    if b is None:
+        return y
+    return ctx.call("add", y, ctx.call("reshape", b, shape=(group * og, *(1,) * rank)))
 
 
 @onnx_op("MatMul")
@@ -640,39 +867,46 @@ def _batchnorm_onnx(ctx: GraphContext, inputs: Sequence[g.Expr | None],
     if training:
         return _batchnorm_training(ctx, x, scale, bias, mean, var, eps,
                                    float(attrs.get("momentum", 0.9)))
-    # y = x * a + b with a = scale / sqrt(var + eps), b = bias - mean * a (per channel);
-    # constant statistics fold here, and fold-batchnorm merges a, b into a conv.
+    return [_batchnorm_folded(ctx, x, scale, bias, mean, var, eps, shape)]
+
+
+def _batchnorm_folded(ctx: GraphContext, x: g.Expr, scale: g.Expr, bias: g.Expr,
+                      mean: g.Expr, var: g.Expr, eps: float, shape: tuple[int, ...]
+                      ) -> g.Expr:
+    """y = x * a + b with a = (1 / sqrt(var + eps)) * scale, b = bias - mean * a (per
+    channel, reshaped to `shape`), rounded as onnxruntime's kernel rounds them, in both
+    modes: where `a` overflows (a huge scale over a small deviation) y is +-inf or NaN
+    as there. Constant statistics fold here, and fold-batchnorm merges a, b into a conv."""
     dtype = ctx.tensor_type(var).dtype
-    a = ctx.call("divide", scale, ctx.call("sqrt", ctx.call("add", var, ctx.const(eps, dtype))))
+    root = ctx.call("sqrt", ctx.call("add", var, ctx.const(eps, dtype)))
+    a = ctx.call("multiply", ctx.call("divide", ctx.const(1.0, dtype), root), scale)
     b = ctx.call("subtract", bias, ctx.call("multiply", mean, a))
     a = ctx.call("reshape", a, shape=shape)
     b = ctx.call("reshape", b, shape=shape)
-    return [ctx.call("add", ctx.call("multiply", x, a), b)]
+    return ctx.call("add", ctx.call("multiply", x, a), b)
 
 
 def _batchnorm_training(ctx: GraphContext, x: g.Expr, scale: g.Expr, bias: g.Expr,
                         mean: g.Expr, var: g.Expr, eps: float, momentum: float
                         ) -> list[g.Expr]:
-    """Training mode: normalise with the batch statistics, update the running ones."""
+    """Training mode: the batch statistics (two passes: the mean, then the squared
+    deviations), folded into y as in inference (`_batchnorm_folded`, onnxruntime's
+    arithmetic), and the running ones updated."""
     xt = ctx.tensor_type(x)
     dtype = xt.dtype
     axes = tuple(k for k in range(xt.ndim) if k != 1)
     shape = (xt.static_shape[1],) + (1,) * (xt.ndim - 2)
+    c = xt.static_shape[1]
     bmean = ctx.call("reduce_mean", x, axes=axes, keepdims=True)
     centered = ctx.call("subtract", x, bmean)
     bvar = ctx.call("reduce_mean", ctx.call("multiply", centered, centered), axes=axes,
                     keepdims=True)
-    inv = ctx.call("sqrt", ctx.call("add", bvar, ctx.const(eps, dtype)))
-    y = ctx.call("divide", centered, inv)
-    y = ctx.call("add", ctx.call("multiply", y, ctx.call("reshape", scale, shape=shape)),
-                 ctx.call("reshape", bias, shape=shape))
-    outs = [y]
+    bmean, bvar = (ctx.call("reshape", v, shape=(c,)) for v in (bmean, bvar))
+    outs = [_batchnorm_folded(ctx, x, scale, bias, bmean, bvar, eps, shape)]
     if len(ctx.node_outputs) > 1:
-        c = xt.static_shape[1]
         keep = ctx.const(momentum, dtype)
         take = ctx.const(1.0 - momentum, dtype)
-        for running, batch in ((mean, bmean), (var, bvar)):
-            current = ctx.call("reshape", batch, shape=(c,))
+        for running, current in ((mean, bmean), (var, bvar)):
             outs.append(ctx.call("add", ctx.call("multiply", running, keep),
                                  ctx.call("multiply", current, take)))
     return outs

@@ -18,10 +18,21 @@ from kiln.errors import IRError
 from kiln.ir import dtype as dt
 from kiln.ir import graph as g
 from kiln.ir.shape_expr import is_static, shape_text, simplify_dim
-from kiln.ir.tensor import Cast, PrimExpr, PrimFunc, as_expr, intrin, min_, select
+from kiln.ir.tensor import (
+    Cast,
+    Const,
+    PrimExpr,
+    PrimFunc,
+    as_expr,
+    intrin,
+    max_,
+    min_,
+    select,
+)
 from kiln.ir.types import TensorType, Type
+from kiln.ops import nan_order, spatial, te
 from kiln.ops import pool_kernels as pk
-from kiln.ops import spatial, te
+from kiln.ops.max_pool_kernel import max_floor, window_max
 from kiln.ops.onnx_map import GraphContext, onnx_op
 from kiln.ops.registry import OPS, HandBuiltOp, register_op
 from kiln.ops.row_kernels import RowReduceOp, mean_of
@@ -65,6 +76,27 @@ class _Window:
         return tuple(o[j] * self.strides[j] + k[j] * self.dilations[j] - self.begins[j]
                      for j in range(self.rank))
 
+    def first_inside(self, o: Sequence[PrimExpr]) -> tuple[PrimExpr, ...]:
+        """The position of output `o`'s first window element inside the input (row-major;
+        every window has one: its pads are smaller than it)."""
+        def first(j: int) -> PrimExpr:
+            d, before = self.dilations[j], self.begins[j] - o[j] * self.strides[j]
+            return max_(as_expr(0), (before + (d - 1)) // d)
+        return self.positions(o, tuple(first(j) for j in range(self.rank)))
+
+    @property
+    def dilated(self) -> bool:
+        return any(d > 1 for d in self.dilations)
+
+
+def scans_from_first(attrs: Attrs, dtype: str) -> bool:
+    """Whether a max pool of a `dtype` input with `attrs` takes onnxruntime's scan from
+    each window's first element inside the input (a leading NaN stays, a later one is
+    skipped, a window of -inf gives -inf): its kernel for dilated float windows. Other
+    max pools are its MLAS kernels' (`max_floor`, `window_max`); integers give the same
+    values either way."""
+    return dt.is_float(dtype) and any(int(d) > 1 for d in attrs.get("dilations", ()) or ())
+
 
 def _pool_infer(types: Sequence[TensorType], attrs: Attrs) -> Type:
     x = types[0]
@@ -78,11 +110,17 @@ def _acc(dtype: str) -> str:
 def _max_pool_compute(inputs: Sequence[te.Tensor], attrs: Attrs) -> te.Tensor:
     (x,) = inputs
     win = _Window(x.shape, attrs)
-    lowest = te.lowest_value(x.dtype)
+    # onnxruntime's MaxPool: NaN skipped, from the most negative finite value (max_floor,
+    # window_max), or each window scanned from its first element (scans_from_first)
+    scan = scans_from_first(attrs, x.dtype)
+    floor = te.lowest_value(x.dtype) if scan else max_floor(x.dtype)
 
     def element(n: PrimExpr, c: PrimExpr, *o: PrimExpr) -> PrimExpr:
-        return te.reduce("max", lambda *k: te.padded(x, (n, c, *win.positions(o, k)), lowest),
-                         win.kernel, x.dtype)
+        total = te.reduce("scan_max", lambda *k: te.padded(x, (n, c, *win.positions(o, k)),
+                                                           floor), win.kernel, x.dtype, floor)
+        if not scan:
+            return total
+        return nan_order.with_leading_nan(x[(n, c, *win.first_inside(o))], total)
 
     return te.compute(win.out_shape, element, x.dtype, "max_pool")
 
@@ -157,6 +195,10 @@ def _pool_ref(x: np.ndarray, attrs: Attrs, kind: str) -> np.ndarray:
     fill = -np.inf if kind == "max" else 0.0
     xp = np.pad(x.astype(np.float64), ((0, 0), (0, 0), *zip(win.begins, hi)),
                 constant_values=fill)
+    scan = kind == "max" and scans_from_first(attrs, dt.from_numpy(x.dtype))
+    if kind == "max":
+        firsts = np.isnan(xp)
+        xp = np.where(firsts, -np.inf, xp)  # skipped (max_floor bounds the result)
     inside = np.pad(np.ones(win.size), tuple(zip(win.begins, hi)))
     in_pad = np.pad(np.ones(tuple(win.size[j] + win.begins[j] + win.ends[j] for j in range(r))),
                     tuple((0, hi[j] - win.ends[j]) for j in range(r)))
@@ -168,8 +210,12 @@ def _pool_ref(x: np.ndarray, attrs: Attrs, kind: str) -> np.ndarray:
                    for j in range(r))
         block = xp[(slice(None), slice(None), *sl)]
         axes = tuple(range(2, 2 + r))
-        if kind == "max":
-            value = block.max(axis=axes)
+        if scan:  # NaN where the window's first element inside the input is NaN
+            lead = np.argmax(inside[sl].reshape(-1))
+            first_nan = firsts[(slice(None), slice(None), *sl)].reshape(*x.shape[:2], -1)
+            value = np.where(first_nan[..., lead], np.nan, block.max(axis=axes))
+        elif kind == "max":
+            value = np.maximum(block.max(axis=axes), _floor_ref(x.dtype))
         elif kind == "lp":
             value = (np.abs(block) ** p).sum(axis=axes) ** (1.0 / p)
         else:
@@ -177,6 +223,13 @@ def _pool_ref(x: np.ndarray, attrs: Attrs, kind: str) -> np.ndarray:
             value = block.sum(axis=axes) / mask[sl].sum()
         out[(slice(None), slice(None), *o)] = value
     return out.astype(x.dtype)
+
+
+def _floor_ref(dtype: np.dtype) -> float:
+    """`max_floor` of `dtype` as a number."""
+    floor = max_floor(dt.from_numpy(dtype))
+    assert isinstance(floor, Const)
+    return float(floor.value)
 
 
 @dataclass(frozen=True)
@@ -208,10 +261,11 @@ class WindowPoolOp(HandBuiltOp):
             shape = pk.symbolic_image_pool(self.kind, x, attrs)
             return None if shape is None else pk.symbolic_pool_kernel(
                 self.kind, shape, bool(attrs.get("count_include_pad", False)), params, x,
-                anchor, result, name)
+                anchor, result, name, self.kind == "max" and scans_from_first(attrs, x.dtype))
         return pk.pool2d_kernel(self.kind, window_geometry(x.shape, attrs),
                                 bool(attrs.get("count_include_pad", False)),
-                                params, x, anchor, result, name)
+                                params, x, anchor, result, name,
+                                self.kind == "max" and scans_from_first(attrs, x.dtype))
 
 
 def window_geometry(shape: Sequence[Any], attrs: Attrs) -> pk.PoolGeometry:
@@ -262,7 +316,10 @@ def _global_compute(kind: str) -> Any:
             def body(*r: PrimExpr) -> PrimExpr:
                 v = x[(n, c, *r)]
                 return v if v.dtype == acc else Cast(acc, v)
-            total = te.reduce("sum" if kind == "avg" else "max", body, spatial_shape, acc)
+            if kind == "avg":
+                total = te.reduce("sum", body, spatial_shape, acc)
+            else:  # MaxPool's rule (max_floor): NaN skipped
+                total = te.reduce("scan_max", body, spatial_shape, acc, max_floor(x.dtype))
             v = total / count if kind == "avg" else total
             return v if acc == x.dtype else Cast(x.dtype, v)
 
@@ -275,8 +332,10 @@ def _global_ref(kind: str) -> Any:
     def ref(x: np.ndarray, **attrs: Any) -> np.ndarray:
         axes = tuple(range(2, x.ndim))
         x64 = x.astype(np.float64)
-        return (x64.mean(axis=axes, keepdims=True) if kind == "avg"
-                else x64.max(axis=axes, keepdims=True)).astype(x.dtype)
+        if kind == "avg":
+            return x64.mean(axis=axes, keepdims=True).astype(x.dtype)
+        top = np.where(np.isnan(x64), -np.inf, x64).max(axis=axes, keepdims=True)
+        return np.maximum(top, _floor_ref(x.dtype)).astype(x.dtype)
     return ref
 
 
@@ -288,9 +347,11 @@ def _spatial_axes(attrs: Attrs, ndim: int) -> tuple[int, ...]:
 OPS.register("global_avg_pool", RowReduceOp(
     "global_avg_pool", "reduce", _global_infer, _global_compute("avg"), _global_ref("avg"),
     kind="sum", post=mean_of, axes_of=_spatial_axes))
+# A max over the row's values floored at max_floor (a NaN becomes it): MaxPool's rule.
 OPS.register("global_max_pool", RowReduceOp(
     "global_max_pool", "reduce", _global_infer, _global_compute("max"), _global_ref("max"),
-    kind="max", axes_of=_spatial_axes))
+    kind="max", pre=lambda v: window_max(max_floor(v.dtype), v),
+    axes_of=_spatial_axes))
 
 
 # --------------------------------------------------------------------------- ONNX mapping
@@ -322,8 +383,9 @@ def _pool_converter(kind: str) -> Any:
         if kind == "max" and len(ctx.node_outputs) > 1 and ctx.node_outputs[1]:
             from kiln.ops.composed import max_pool_indices
 
-            return [out, max_pool_indices(ctx, x, out, kernel, strides, dilations, pads,
-                                          int(attrs.get("storage_order", 0)))]
+            # values and indices from one scan (onnxruntime's pool with indices)
+            return list(max_pool_indices(ctx, x, out, kernel, strides, dilations, pads,
+                                         int(attrs.get("storage_order", 0))))
         return [out]
     return convert
 

@@ -37,7 +37,7 @@ from kiln.ir.tensor import (
     seq,
 )
 from kiln.ops import conv_kernels as ck
-from kiln.ops import spatial, te
+from kiln.ops import nan_order, spatial, te
 from kiln.ops.epilogue import fused_store
 from kiln.ops.kernels.tiles import (
     Epilogue,
@@ -47,7 +47,13 @@ from kiln.ops.kernels.tiles import (
     tile_registers,
 )
 from kiln.ops.kernels.window_symbolic import symbolic_window_body
-from kiln.ops.max_pool_kernel import MAX_ELEMENTS, max_pool_body
+from kiln.ops.max_pool_kernel import (
+    MAX_ELEMENTS,
+    first_tap,
+    max_floor,
+    max_pool_body,
+    window_max,
+)
 from kiln.target.isa import isa_for
 
 POOLS = ("max", "avg")
@@ -93,17 +99,18 @@ class PoolGeometry:
 
 def pool2d_kernel(kind: str, geometry: PoolGeometry, include_pad: bool,
                   params: Sequence[te.Tensor], x: te.Tensor, anchor: te.Tensor | None,
-                  result: te.Tensor | None, name: str) -> PrimFunc | None:
+                  result: te.Tensor | None, name: str, scan: bool = False) -> PrimFunc | None:
     """The kernel of a `kind` ("max" or "avg") pool of the parameter `x` with the fused
     elementwise chain `result` over `anchor` (None: the pool alone), or None when the
-    chain cannot be applied as a store."""
+    chain cannot be applied as a store. `scan`: a max scanned from each window's first
+    element (kiln.ops.max_pool_kernel's `max_pool_body`)."""
     shape = geometry.conv_shape()
     out_shape = (shape.n, shape.c_in, shape.out_h, shape.out_w)
     isa = isa_for(None)
     if kind == "max":
         return _stored_pool(params, x, anchor, result, out_shape, name, lambda xb, out, ep:
                             max_pool_body(shape, xb, out, tile_lanes(isa, x.dtype), ep,
-                                          isa.l1d_bytes))
+                                          isa.l1d_bytes, scan))
     if x.dtype != "float32":
         return None
     store = fused_store(params, anchor, result, out_shape)
@@ -189,6 +196,18 @@ def symbolic_image_pool(kind: str, t: Any, attrs: Any) -> ck.ConvShape | None:
                         (begins[0], begins[1], ends[0], ends[1]), shape[1])
 
 
+def _leading_nan(shape: ck.ConvShape, x: Buffer, epilogue: Epilogue) -> Epilogue:
+    """`epilogue` of a max whose window's first element inside the input, when NaN, is
+    the result (a scan from it, kiln.ops.max_pool_kernel's `max_pool_body`)."""
+    (sh, sw), (dh, dw) = shape.stride, shape.dilation
+
+    def apply(v: PrimExpr, idx: tuple[PrimExpr, ...]) -> PrimExpr:
+        first = x[idx[0], idx[1], first_tap(idx[2], sh, shape.pads[0], dh),
+                  first_tap(idx[3], sw, shape.pads[1], dw)]
+        return epilogue(nan_order.with_leading_nan(first, v), idx)
+    return apply
+
+
 def _inside(o: PrimExpr, stride: int, pad: int, k: int, size: int) -> PrimExpr:
     """How many of the `k` taps of output `o`'s window (no dilation) lie inside `size`."""
     start = o * stride - pad
@@ -197,23 +216,28 @@ def _inside(o: PrimExpr, stride: int, pad: int, k: int, size: int) -> PrimExpr:
 
 def symbolic_pool_kernel(kind: str, shape: ck.ConvShape, include_pad: bool,
                          params: Sequence[te.Tensor], x: te.Tensor, anchor: te.Tensor | None,
-                         result: te.Tensor | None, name: str) -> PrimFunc | None:
+                         result: te.Tensor | None, name: str, scan: bool = False
+                         ) -> PrimFunc | None:
     """The `kind` pool of `shape` (`symbolic_image_pool`) over the parameter `x` with the
     fused elementwise chain `result` over `anchor` (float32 only; None when it cannot be
     applied as a store): kiln.ops.kernels.window_symbolic's kernel. An average sums its
     window in row-major order (onnxruntime's) and divides by its count: the window's
     taps inside the image (its padded size with `include_pad`), a run-time table of
-    each column's and an expression of each row's."""
+    each column's and an expression of each row's. `scan`: a max scanned from each
+    window's first element (kiln.ops.max_pool_kernel's `max_pool_body`)."""
     out_shape = (shape.n, shape.c_in, shape.out_h, shape.out_w)
     lanes = tile_lanes(isa_for(None), x.dtype)
 
     def body(xb: Buffer, out: Buffer, epilogue: Epilogue) -> Stmt:
         with parallel_over_images():
             if kind == "max":
-                lowest = te.lowest_value(x.dtype)
+                floor = te.lowest_value(x.dtype) if scan else max_floor(x.dtype)
+                # the kernel nests its taps in one expression, which reads `acc` once
+                # here: the tap's NaN made the floor, then the IR's max
                 return symbolic_window_body(shape, xb, out, lanes, lambda acc, v, c, kh, kw:
-                                            max_(acc, v), lowest, lowest, epilogue,
-                                            MAX_ELEMENTS)
+                                            max_(acc, window_max(floor, v)), floor, floor,
+                                            _leading_nan(shape, xb, epilogue) if scan
+                                            else epilogue, MAX_ELEMENTS)
             zero = as_expr(0.0, "float32")
             if include_pad:
                 count: Any = as_expr(float(shape.kh * shape.kw), "float32")

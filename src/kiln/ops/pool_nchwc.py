@@ -93,7 +93,7 @@ class PoolNchwcOp(HandBuiltOp):
         """The vector kernel (see `HandBuiltOp.lower_fused`)."""
         from kiln.ops.epilogue import fused_store
         from kiln.ops.kernels.pool_nchwc import pool_nchwc_body
-        from kiln.ops.pool import window_geometry
+        from kiln.ops.pool import scans_from_first, window_geometry
 
         x = args[0]
         if x not in params or x.dtype != "float32" or len(x.shape) != 5 \
@@ -106,9 +106,11 @@ class PoolNchwcOp(HandBuiltOp):
                             layout.block_shape((*geometry.shape[:2], *geometry.out), block))
         if store is None:
             return None
-        body = pool_nchwc_body("max" if pool == "max_pool2d" else "avg", geometry,
+        maximum = pool == "max_pool2d"
+        body = pool_nchwc_body("max" if maximum else "avg", geometry,
                                bool(rest.get("count_include_pad", False)), store.buffers[x],
-                               store.out, store.epilogue)
+                               store.out, store.epilogue,
+                               maximum and scans_from_first(rest, x.dtype))
         return PrimFunc((*(store.buffers[t] for t in params), store.out), body,
                         {"kiln.pool_kernel": name, ATTR_PARALLEL_DECIDED: True})
 

@@ -6,7 +6,9 @@ their requantizing forms (docs/quantization.md).
   `block_size` choose per-tensor (scalar scale), per-axis (1-D scale along `axis`) or
   blocked (scale of x's rank, `block_size` elements of `axis` per scale) parameters;
   `zero_point_first` rounds `x / scale + zp` instead (onnxruntime's QLinearAveragePool,
-  kiln.transform.quantize_ops).
+  kiln.transform.quantize_ops); with `as_uint8` too (int8 only) the zero point is
+  onnxruntime's uint8 one, `zp + 128`, and 128 is taken off the rounded value (its
+  QLinearAveragePool on an int8 group it runs as uint8, kiln.ops.quant_ort).
 - `dequantize_linear(x, scale, zero_point)`: `(x - zp) * scale` in the scale's dtype
   (x may also be int32, a bias, with zero point 0); same attributes.
 - `dynamic_quantize_linear(x)` -> (y uint8, scale, zero_point): ONNX DynamicQuantizeLinear.
@@ -23,7 +25,9 @@ their requantizing forms (docs/quantization.md).
   QLinearConv/QLinearMatMul/QGemm import to and what the QDQ fusion pass builds.
 
 Rounding is half to even (`round`, i.e. `rint` under the default rounding mode),
-as ONNX QuantizeLinear specifies and onnxruntime computes.
+as ONNX QuantizeLinear specifies and onnxruntime computes. A NaN quantizes (and
+requantizes) to the type's minimum, as onnxruntime's kernels give it: MLAS clamps with
+`maxps(v, lo)`, which returns `lo` for a NaN `v`.
 """
 
 from __future__ import annotations
@@ -49,6 +53,7 @@ from kiln.ir.tensor import (
 )
 from kiln.ir.types import TensorType, TupleType, Type
 from kiln.ops import spatial, te
+from kiln.ops.nan_order import max_keep_first, max_keep_second, min_keep_first
 from kiln.ops.nn import b_shape, conv_geometry, conv_ref, matmul_indexing, matmul_shapes
 from kiln.ops.registry import register_op
 
@@ -155,19 +160,26 @@ def _quantize_infer(types: Sequence[TensorType], attrs: Attrs) -> Type:
     if zp.dtype not in QUANT_DTYPES:
         raise IRError(f"quantize_linear: kiln quantizes to {', '.join(QUANT_DTYPES)}, "
                       f"not {zp.dtype}")
+    if attrs.get("as_uint8") and zp.dtype != "int8":
+        raise IRError(f"quantize_linear: as_uint8 takes an int8 output (onnxruntime's "
+                      f"shift of int8 to uint8), not {zp.dtype}")
     _check_params("quantize_linear", x, scale, zp, attrs)
     return TensorType(x.shape, zp.dtype)
 
 
 def quantize_value(v: PrimExpr, scale: PrimExpr, zp: PrimExpr, lo: int, hi: int,
-                   out_dtype: str, zero_point_first: bool = False) -> PrimExpr:
+                   out_dtype: str, zero_point_first: bool = False, shift: int = 0) -> PrimExpr:
     """`saturate(round_half_even(v / scale) + zp)` for float32 `v` and `scale`
-    (`zero_point_first`: `saturate(round_half_even(v / scale + zp))`)."""
+    (`zero_point_first`: `saturate(round_half_even(v / scale + zp + shift) - shift)`)."""
     if zero_point_first:
-        q = intrin("round", v / scale + Cast("float32", zp))
+        zf = Cast("float32", zp) + float(shift) if shift else Cast("float32", zp)
+        q = intrin("round", v / scale + zf)
+        if shift:
+            q = q - float(shift)
     else:
         q = intrin("round", v / scale) + Cast("float32", zp)
-    return Cast(out_dtype, min_(max_(q, float(lo)), float(hi)))
+    # a NaN goes to `lo` (max_keep_second: one `maxps` on x86, as MLAS clamps)
+    return Cast(out_dtype, min_(max_keep_second(q, as_expr(float(lo), "float32")), float(hi)))
 
 
 def as_float32(v: PrimExpr) -> PrimExpr:
@@ -182,7 +194,8 @@ def _quantize_compute(inputs: Sequence[te.Tensor], attrs: Attrs) -> te.Tensor:
     def element(*i: PrimExpr) -> PrimExpr:
         p = _param_index(attrs, scale, i)
         return quantize_value(as_float32(x[i]), as_float32(scale[p]), zp[p], lo, hi, zp.dtype,
-                              bool(attrs.get("zero_point_first")))
+                              bool(attrs.get("zero_point_first")),
+                              128 if attrs.get("as_uint8") else 0)
 
     return te.compute(x.shape, element, zp.dtype, "quantize")
 
@@ -192,12 +205,13 @@ def quantize_ref(x: np.ndarray, scale: np.ndarray, zp: np.ndarray, **attrs: Any)
     s = _expand(np.asarray(scale, np.float32), x.shape, attrs)
     z = _expand(np.asarray(zp), x.shape, attrs).astype(np.float32)
     lo, hi = qrange(dt.from_numpy(zp.dtype))
+    shift = np.float32(128 if attrs.get("as_uint8") else 0)
     with np.errstate(all="ignore"):
         if attrs.get("zero_point_first"):
-            q = np.rint((x.astype(np.float32) / s + z).astype(np.float32))
+            q = np.rint((x.astype(np.float32) / s + (z + shift)).astype(np.float32)) - shift
         else:
             q = np.rint(x.astype(np.float32) / s) + z
-    return np.clip(q, lo, hi).astype(zp.dtype)
+    return np.clip(np.where(np.isnan(q), lo, q), lo, hi).astype(zp.dtype)
 
 
 register_op("quantize_linear", pattern="elemwise", infer=_quantize_infer,
@@ -256,9 +270,13 @@ def dynamic_scale(lo: PrimExpr, hi: PrimExpr) -> PrimExpr:
 
 
 def dynamic_zero_point(lo: PrimExpr, scale: PrimExpr) -> PrimExpr:
-    """DynamicQuantizeLinear's uint8 zero point for the range's minimum `lo`."""
+    """DynamicQuantizeLinear's uint8 zero point for the range's minimum `lo`, clamped as
+    onnxruntime clamps it (`std::max(0, std::min(255, initial))`: a NaN initial value, an
+    infinite range's, gives 255)."""
     initial = as_expr(0.0, "float32") - lo / scale
-    return Cast("uint8", intrin("round", min_(max_(initial, 0.0), 255.0)))
+    clamped = max_keep_first(as_expr(0.0, "float32"),
+                             min_keep_first(as_expr(255.0, "float32"), initial))
+    return Cast("uint8", intrin("round", clamped))
 
 
 def _dynamic_compute(inputs: Sequence[te.Tensor], attrs: Attrs
@@ -267,10 +285,13 @@ def _dynamic_compute(inputs: Sequence[te.Tensor], attrs: Attrs
     every = tuple(x.shape)
 
     def extreme(kind: str) -> PrimExpr:
+        # a NaN never replaces the extreme so far: onnxruntime's range skips NaN
         return te.reduce(kind, lambda *k: x[k], every, "float32")
 
-    lo_t = te.compute((), lambda: min_(extreme("min"), 0.0), "float32", "lo", materialize=True)
-    hi_t = te.compute((), lambda: max_(extreme("max"), 0.0), "float32", "hi", materialize=True)
+    lo_t = te.compute((), lambda: min_(extreme("scan_min"), 0.0), "float32", "lo",
+                      materialize=True)
+    hi_t = te.compute((), lambda: max_(extreme("scan_max"), 0.0), "float32", "hi",
+                      materialize=True)
 
     scale = te.compute((), lambda: dynamic_scale(lo_t[()], hi_t[()]), "float32", "scale",
                        materialize=True)
@@ -282,11 +303,14 @@ def _dynamic_compute(inputs: Sequence[te.Tensor], attrs: Attrs
 
 
 def _dynamic_ref(x: np.ndarray, **attrs: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    lo = np.float32(min(float(x.min()) if x.size else 0.0, 0.0))
-    hi = np.float32(max(float(x.max()) if x.size else 0.0, 0.0))
-    scale = np.float32(1.0) if hi == lo else np.float32((hi - lo) / np.float32(255.0))
-    initial = np.float32(np.float32(0.0) - lo / scale)
-    zp = np.uint8(np.rint(np.clip(initial, 0.0, 255.0)))
+    flat = np.asarray(x, np.float32).ravel()
+    lo = np.float32(np.fmin.reduce(flat, initial=0.0))  # NaN skipped, 0 included
+    hi = np.float32(np.fmax.reduce(flat, initial=0.0))
+    with np.errstate(all="ignore"):
+        scale = np.float32(1.0) if hi == lo else np.float32((hi - lo) / np.float32(255.0))
+        initial = np.float32(np.float32(0.0) - lo / scale)
+    clamped = initial if initial < 255 else np.float32(255.0)  # std::min: NaN gives 255
+    zp = np.uint8(np.rint(clamped if clamped > 0 else np.float32(0.0)))
     y = quantize_ref(x, np.asarray(scale), np.asarray(zp))
     return y, np.asarray(scale), np.asarray(zp)
 
@@ -455,26 +479,26 @@ def requantize_value(acc: PrimExpr, multiplier: PrimExpr, zp: PrimExpr, lo: int,
                      packs: bool = False) -> PrimExpr:
     """`clamp(float32(acc) * multiplier, lo - zp, hi - zp)` rounded half to even, + zp
     (onnxruntime's MLAS requantization: the clamp before rounding is exact because the
-    bounds are integers).
+    bounds are integers). The lower bound is always `v > lo ? v : lo`, one `vmaxps` on
+    x86, which takes a NaN (a scale given at run time: NaN, or infinite times a zero
+    sum) to `lo`, as MLAS's clamp does.
 
-    `bounds_first` puts the bounds first in the clamp's min/max: the same values (ties
-    give the same value, a NaN passes either way), which LLVM, knowing the bounds are no
-    NaN, makes a compare and a masked move each instead of two compares and a blend (the
-    depthwise plane kernel, 960 channels at 7x7 on Zen 5: 0.047 -> 0.043 ms; used by every
-    int8 kernel, MobileNetV2 as a whole measured 10% slower, so it is not the default).
+    `bounds_first` puts the bound first in the upper clamp's min: the same values, which
+    LLVM, knowing the bound is no NaN, makes a compare and a masked move instead of two
+    compares and a blend (the depthwise plane kernel, 960 channels at 7x7 on Zen 5: 0.047
+    -> 0.043 ms; used by every int8 kernel, MobileNetV2 as a whole measured 10% slower,
+    so it is not the default).
 
     `magic_round` rounds and converts the clamped value (|v| <= 510) by adding
     ROUNDING_MAGIC and reading the sum's bits (two integer-exact operations instead of a
-    rounding, a NaN clear and a conversion; a NaN of the default bit pattern gives the
-    zero point, as the cast does).
+    rounding and a conversion).
 
-    `selects` writes the clamp as a select on one ordered compare per bound (`v < lo ?
-    lo : v`: the same values, a NaN `v` fails the compare and passes as through kiln's
-    min/max), which x86 makes one `vmaxps` / `vminps` each where min/max cost a compare,
-    an unordered compare, a mask OR and a blend (LLVM does not see that the bounds are
-    never NaN). The leaner body changes what LLVM unrolls and vectorizes around it, so a
-    kernel takes it where its store loops were checked (the dot-form convolution's
-    positions tile, kiln.ops.quant_conv_dot).
+    `selects` writes the upper clamp as a select on one ordered compare too (`v > hi ?
+    hi : v`), which x86 makes one `vminps` where min costs a compare, an unordered
+    compare, a mask OR and a blend (LLVM does not see that the bound is never NaN). The
+    leaner body changes what LLVM unrolls and vectorizes around it, so a kernel takes it
+    where its store loops were checked (the dot-form convolution's positions tile,
+    kiln.ops.quant_conv_dot).
 
     `packs` (with `magic_round`) clamps the rounded integer to [lo, hi] as well: the
     same values (the float clamp put it there), but LLVM, now knowing the range, narrows
@@ -485,11 +509,13 @@ def requantize_value(acc: PrimExpr, multiplier: PrimExpr, zp: PrimExpr, lo: int,
     z = Cast("float32", zp)
     v = Cast("float32", acc) * multiplier
     lo_, hi_ = as_expr(float(lo), "float32") - z, as_expr(float(hi), "float32") - z
+    # the lower bound first, as `v > lo ? v : lo` (one `maxps`): a NaN (a NaN or
+    # infinite scale given at run time) goes to `lo`, as onnxruntime's kernels give it
+    v = select(compare("gt", v, lo_), v, lo_)
     if selects:
-        v = select(compare("lt", v, lo_), lo_, v)
         v = select(compare("gt", v, hi_), hi_, v)
     else:
-        v = min_(hi_, max_(lo_, v)) if bounds_first else min_(max_(v, lo_), hi_)
+        v = min_(hi_, v) if bounds_first else min_(v, hi_)
     if magic_round:
         bits = reinterpret(v + as_expr(ROUNDING_MAGIC, "float32"), "int32")
         q = bits - (as_expr(MAGIC_BITS, "int32") - Cast("int32", zp))
@@ -508,8 +534,10 @@ def requantize_ref(acc: np.ndarray, multiplier: np.ndarray, zp: np.ndarray, lo: 
         view[channel_axis] = -1
         m = m.reshape(view)
     z = np.float32(np.asarray(zp).astype(np.float32))
-    v = acc.astype(np.float32) * m
-    v = np.clip(v, np.float32(lo) - z, np.float32(hi) - z)
+    with np.errstate(invalid="ignore"):
+        v = acc.astype(np.float32) * m
+    v = np.clip(np.where(np.isnan(v), np.float32(lo) - z, v), np.float32(lo) - z,
+                np.float32(hi) - z)
     return (np.rint(v).astype(np.int32) + np.int32(z)).astype(zp.dtype)
 
 

@@ -57,6 +57,7 @@ from kiln.ops.epilogue import fused_store
 from kiln.ops.kernels.parallel_work import worth_parallel
 from kiln.ops.kernels.tiles import const
 from kiln.ops.kernels.tiles import loop as tile_loop
+from kiln.ops.nan_order import max_keep_first, min_keep_first
 from kiln.ops.quant import (
     as_float32,
     channel,
@@ -179,8 +180,8 @@ def pack(call: g.Call) -> g.Call | None:
 def range_lanes(isa: ISA) -> int:
     """Running minima (and as many maxima) kept while scanning A for its range: a
     quarter of the vector registers each, at most 8 vectors, so the scan runs that many
-    independent min/max chains instead of waiting on one (a NaN-propagating min is a
-    compare and a blend: a 128 x 3072 x 768 product took 1.95 ms with one AVX-512
+    independent min/max chains instead of waiting on one (with a NaN-propagating min, a
+    compare and a blend, a 128 x 3072 x 768 product took 1.95 ms with one AVX-512
     vector of them, 1.5 ms with 8; one core, loaded host)."""
     return max(1, min(8, isa.vector_registers // 4)) * isa.lanes("float32")
 
@@ -206,9 +207,11 @@ def quantize_tensor(a: Buffer, a_q: Buffer, params: Buffer, zp: Buffer,
     # starting from 0: the range DynamicQuantizeLinear takes includes 0
     init = tile_loop("v", lanes, lambda v: seq(Store(lo, zero, (v,)), Store(hi, zero, (v,))),
                      "vectorized")
+    # a NaN never replaces the extreme so far (onnxruntime's range skips NaN): one
+    # `minps` / `maxps` each
     scan = tile_loop("r", m, lambda r: tile_loop("c", chunks, lambda c: tile_loop(
-        "v", lanes, lambda v: seq(Store(lo, min_(lo[v], a[at(r, c, v)]), (v,)),
-                                  Store(hi, max_(hi[v], a[at(r, c, v)]), (v,))),
+        "v", lanes, lambda v: seq(Store(lo, min_keep_first(lo[v], a[at(r, c, v)]), (v,)),
+                                  Store(hi, max_keep_first(hi[v], a[at(r, c, v)]), (v,))),
         "vectorized")))
     fold = seq(Store(params, zero, (const(0),)), Store(params, zero, (const(1),)), tile_loop(
         "v", lanes, lambda v: seq(Store(params, min_(params[0], lo[v]), (const(0),)),

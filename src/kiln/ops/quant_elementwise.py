@@ -25,7 +25,11 @@ some rounding boundaries, and later layers carry that on. These ops are that for
 
 The operands of qlinear_add and qlinear_mul broadcast like numpy; `a`, `b` and `y_zp`
 are all int8 or all uint8, the scales float32 scalars and the zero points scalars of
-their tensor's type.
+their tensor's type. With `as_uint8` (int8 operands only), the formula runs on the
+uint8 values onnxruntime computes with after its QDQS8ToU8Transformer has shifted an
+int8 group to uint8 (kiln.ops.quant_ort): every operand and zero point + 128, the
+result saturated to [0, 255], then - 128. The float32 steps round differently from
+the int8 formula's, so the two are different ops.
 
 `qlinear_add` of two operands of the output's static shape (a residual add) runs on a
 hand-built kernel: the tensors read as flat arrays, in tiles of `ADD_TILE_VECTORS`
@@ -60,7 +64,6 @@ from kiln.ir.tensor import (
     as_expr,
     compare,
     intrin,
-    max_,
     min_,
     reinterpret,
     select,
@@ -71,6 +74,7 @@ from kiln.ops import te
 from kiln.ops.broadcast import broadcast_index, broadcast_shapes
 from kiln.ops.kernels.parallel_work import worth_parallel
 from kiln.ops.kernels.tiles import const, lanes_loop, loop, tile_lanes
+from kiln.ops.nan_order import max_keep_second
 from kiln.ops.quant import MAGIC_BITS, PRODUCT_DTYPES, ROUNDING_MAGIC, as_float32, qrange
 from kiln.ops.registry import OPS, HandBuiltOp, register_op
 from kiln.target.isa import isa_for
@@ -98,11 +102,23 @@ def _dim_at(shape: Sequence[Any], k: int, rank: int) -> Any:
     return shape[pos] if pos >= 0 else 1
 
 
-def _check(what: str, types: Sequence[TensorType]) -> TensorType:
+#: What `as_uint8` adds to an int8 value: onnxruntime's shift of int8 to uint8.
+UINT8_SHIFT = 128
+
+
+def uint8_shift(attrs: Attrs) -> int:
+    """The shift of the `as_uint8` attribute: 128 when set, else 0."""
+    return UINT8_SHIFT if attrs.get("as_uint8") else 0
+
+
+def _check(what: str, types: Sequence[TensorType], attrs: Attrs) -> TensorType:
     a, a_scale, a_zp, b, b_scale, b_zp, y_scale, y_zp = types
     if a.dtype not in PRODUCT_DTYPES or {b.dtype, y_zp.dtype} != {a.dtype}:
         raise IRError(f"{what}: A, B and the output zero point must all be int8 or all "
                       f"uint8, got {a.dtype}, {b.dtype} and {y_zp.dtype}")
+    if attrs.get("as_uint8") and a.dtype != "int8":
+        raise IRError(f"{what}: as_uint8 computes int8 operands as onnxruntime's uint8 "
+                      f"kernel does; the operands are {a.dtype}")
     for name, scale, zp, like in (("A", a_scale, a_zp, a), ("B", b_scale, b_zp, b),
                                   ("the output", y_scale, y_zp, y_zp)):
         if scale.dtype != "float32" or scale.ndim or zp.ndim or zp.dtype != like.dtype:
@@ -113,68 +129,82 @@ def _check(what: str, types: Sequence[TensorType]) -> TensorType:
 
 
 def _infer(what: str) -> Callable[[Sequence[TensorType], Attrs], Type]:
-    return lambda types, attrs: _check(what, types)
+    return lambda types, attrs: _check(what, types, attrs)
 
 
-def _saturate(v: PrimExpr, dtype: str) -> PrimExpr:
-    """`saturate(round_half_even(v))` of float32 `v` in `dtype`. The operand orders are
-    those LLVM turns into one `vmaxps` and one `vminps` (kiln's min/max pass a NaN
-    through, which those instructions do for the operand on this side)."""
+def _saturate(v: PrimExpr, dtype: str, shift: int = 0) -> PrimExpr:
+    """`saturate(round_half_even(v) - shift)` of float32 `v` in `dtype` (`shift`: 128 for
+    a value computed in uint8 and stored as int8, `as_uint8`). A NaN (a scale given at run
+    time) gives the type's minimum, as MLAS's conversion and saturating packs do; the
+    lower clamp is one `vmaxps`, the upper one a `vminps`."""
     lo, hi = qrange(dtype)
-    return Cast(dtype, min_(as_expr(float(hi), "float32"), max_(intrin("round", v), float(lo))))
+    rounded = intrin("round", v)
+    if shift:
+        rounded = rounded - float(shift)
+    return Cast(dtype, min_(as_expr(float(hi), "float32"),
+                            max_keep_second(rounded, as_expr(float(lo), "float32"))))
 
 
-def _saturate_magic(v: PrimExpr, dtype: str) -> PrimExpr:
-    """`_saturate(v, dtype)` as the flat kernels compute it: `v` clamped to the type's
+def _saturate_magic(v: PrimExpr, dtype: str, shift: int = 0) -> PrimExpr:
+    """`_saturate(v, dtype, shift)` as the flat kernels compute it: `v` clamped to the type's
     range first (a select on one ordered compare per bound: a `vmaxps` / `vminps`, or for
-    a bound of 0 a compare and a mask; a NaN fails both compares and passes), then
-    rounded half to even and converted by adding ROUNDING_MAGIC and reading the sum's
-    bits (|v| <= 255 after the clamp: the sum's ulp is 1). Clamping before rounding
-    gives the same values, the bounds being integers; a NaN of the default bit pattern
-    gives 0, as the conversion does. It replaces a rounding, a NaN-passing max (a
-    compare and a mask), a NaN clear (a compare and a mask) and a conversion per vector
-    with an add and an integer subtract."""
+    a bound of 0 a compare and a mask; a NaN fails the lower compare and takes the lower
+    bound), then rounded half to even and converted by adding ROUNDING_MAGIC and reading
+    the sum's bits (|v| <= 255 after the clamp: the sum's ulp is 1). Clamping before
+    rounding gives the same values, the bounds being integers. It replaces a rounding, a
+    NaN-passing max (a compare and a mask), a NaN clear (a compare and a mask) and a
+    conversion per vector with an add and an integer subtract."""
     lo, hi = qrange(dtype)
-    lo_, hi_ = as_expr(float(lo), "float32"), as_expr(float(hi), "float32")
-    v = select(compare("lt", v, lo_), lo_, v)
+    lo_, hi_ = (as_expr(float(b + shift), "float32") for b in (lo, hi))
+    v = select(compare("gt", v, lo_), v, lo_)
     v = select(compare("gt", v, hi_), hi_, v)
     bits = reinterpret(v + as_expr(ROUNDING_MAGIC, "float32"), "int32")
-    return Cast(dtype, bits - as_expr(MAGIC_BITS, "int32"))
+    return Cast(dtype, bits - as_expr(MAGIC_BITS + shift, "int32"))
 
 
 def _elementwise(inputs: Sequence[te.Tensor], name: str,
-                 value: Callable[[PrimExpr, PrimExpr, Sequence[PrimExpr]], PrimExpr]
-                 ) -> te.Tensor:
+                 value: Callable[[PrimExpr, PrimExpr, Sequence[PrimExpr]], PrimExpr],
+                 shift: int = 0) -> te.Tensor:
     a, a_scale, a_zp, b, b_scale, b_zp, y_scale, y_zp = inputs
     shape = broadcast_shapes(a.shape, b.shape)
 
     def element(*i: PrimExpr) -> PrimExpr:
         params = [t[()] for t in (a_scale, a_zp, b_scale, b_zp, y_scale, y_zp)]
         av, bv = a[broadcast_index(i, a.shape)], b[broadcast_index(i, b.shape)]
-        return _saturate(value(av, bv, params), y_zp.dtype)
+        return _saturate(value(av, bv, params), y_zp.dtype, shift)
 
     return te.compute(te.dims(shape), element, y_zp.dtype, name)
 
 
 # --------------------------------------------------------------------------- qlinear_add
 
-def _add_value(swap: bool) -> Callable[[PrimExpr, PrimExpr, Sequence[PrimExpr]], PrimExpr]:
-    """MLAS's QLinearAdd of one element (the module docstring), before saturation."""
+def _shifted(v: PrimExpr, shift: int) -> PrimExpr:
+    """`v` as float32, plus `shift` (exact: an 8-bit value plus 128)."""
+    return as_float32(v) + float(shift) if shift else as_float32(v)
+
+
+def _add_value(swap: bool, shift: int = 0
+               ) -> Callable[[PrimExpr, PrimExpr, Sequence[PrimExpr]], PrimExpr]:
+    """MLAS's QLinearAdd of one element (the module docstring), before saturation; the
+    operands and zero points + `shift` (`as_uint8`)."""
 
     def value(av: PrimExpr, bv: PrimExpr, params: Sequence[PrimExpr]) -> PrimExpr:
         sa, za, sb, zb, sy, zy = params
         span, span_scale, span_zp, other, other_scale, other_zp = (
             (bv, sb, zb, av, sa, za) if swap else (av, sa, za, bv, sb, zb))
         rs, ro = span_scale / sy, other_scale / sy
-        fixed = as_float32(zy) - intrin("fma", rs, as_float32(span_zp), ro * as_float32(other_zp))
-        return intrin("fma", as_float32(span), rs, intrin("fma", as_float32(other), ro, fixed))
+        fixed = _shifted(zy, shift) - intrin("fma", rs, _shifted(span_zp, shift),
+                                             ro * _shifted(other_zp, shift))
+        return intrin("fma", _shifted(span, shift), rs,
+                      intrin("fma", _shifted(other, shift), ro, fixed))
 
     return value
 
 
 def _add_compute(inputs: Sequence[te.Tensor], attrs: Attrs) -> te.Tensor:
+    shift = uint8_shift(attrs)
     return _elementwise(inputs, ADD, _add_value(swaps_operands(inputs[0].shape,
-                                                               inputs[3].shape)))
+                                                               inputs[3].shape), shift), shift)
 
 
 #: float32 vectors of one tile of the flat `qlinear_add` kernel (four: the loads, the
@@ -182,20 +212,21 @@ def _add_compute(inputs: Sequence[te.Tensor], attrs: Attrs) -> te.Tensor:
 ADD_TILE_VECTORS = 4
 
 
-def flat_add_body(buffers: Sequence[Buffer], out: Buffer, lanes: int) -> Stmt:
+def flat_add_body(buffers: Sequence[Buffer], out: Buffer, lanes: int, shift: int = 0) -> Stmt:
     """The flat kernel of the module docstring: `buffers` are qlinear_add's operands, `a`
-    and `b` of `out`'s shape; `lanes` the float32 lanes of a vector."""
+    and `b` of `out`'s shape; `lanes` the float32 lanes of a vector; `shift` that of
+    `as_uint8`."""
     a, a_scale, a_zp, b, b_scale, b_zp, y_scale, y_zp = buffers
     size = out.numel()
     views = [Buffer(t.name + "_flat", (size,), t.dtype) for t in (a, b, out)]
     fa, fb, fout = views
-    value = _add_value(swaps_operands(a.shape, b.shape))
+    value = _add_value(swaps_operands(a.shape, b.shape), shift)
     params = [t[()] for t in (a_scale, a_zp, b_scale, b_zp, y_scale, y_zp)]
     width = ADD_TILE_VECTORS * lanes
 
     def run(start: PrimExpr, extent: int) -> Stmt:
         return lanes_loop("v", extent, lambda v: Store(fout, _saturate_magic(
-            value(fa[start + v], fb[start + v], params), y_zp.dtype), (start + v,)))
+            value(fa[start + v], fb[start + v], params), y_zp.dtype, shift), (start + v,)))
 
     tiles, rest = divmod(size, width)
     kind = "parallel" if tiles > 1 and worth_parallel(size, "element") else "serial"
@@ -223,9 +254,10 @@ def fma_f32(a: Any, b: Any, c: Any) -> np.ndarray:
     return np.where(tie, nudged.astype(np.float32), r).astype(np.float32)
 
 
-def _saturate_ref(v: np.ndarray, zp: np.ndarray) -> np.ndarray:
+def _saturate_ref(v: np.ndarray, zp: np.ndarray, shift: int = 0) -> np.ndarray:
     lo, hi = qrange(dt.from_numpy(zp.dtype))
-    return np.clip(np.rint(v), lo, hi).astype(zp.dtype)
+    q = np.rint(v) - shift
+    return np.clip(np.where(np.isnan(q), lo, q), lo, hi).astype(zp.dtype)
 
 
 def _params(*xs: np.ndarray) -> list[np.float32]:
@@ -236,15 +268,18 @@ def qlinear_add_ref(a: np.ndarray, a_scale: np.ndarray, a_zp: np.ndarray, b: np.
                     b_scale: np.ndarray, b_zp: np.ndarray, y_scale: np.ndarray,
                     y_zp: np.ndarray, **attrs: Any) -> np.ndarray:
     """numpy QLinearAdd as MLAS computes it (the module docstring)."""
+    shift = uint8_shift(attrs)
     sa, za, sb, zb, sy, zy = _params(a_scale, a_zp, b_scale, b_zp, y_scale, y_zp)
-    af, bf = np.broadcast_arrays(a.astype(np.float32), b.astype(np.float32))
+    za, zb, zy = (np.float32(z + shift) for z in (za, zb, zy))
+    af, bf = np.broadcast_arrays(a.astype(np.float32) + np.float32(shift),
+                                 b.astype(np.float32) + np.float32(shift))
     span, ss, zs, other, so, zo = (bf, sb, zb, af, sa, za) \
         if swaps_operands(a.shape, b.shape) else (af, sa, za, bf, sb, zb)
     with np.errstate(all="ignore"):
         rs, ro = np.float32(ss / sy), np.float32(so / sy)
         fixed = np.float32(zy - fma_f32(rs, zs, np.float32(ro * zo)))
         v = fma_f32(span, rs, fma_f32(other, ro, fixed))
-    return _saturate_ref(v, np.asarray(y_zp))
+    return _saturate_ref(v, np.asarray(y_zp), shift)
 
 
 def _flat(types: Sequence[Any]) -> bool:
@@ -270,7 +305,8 @@ class _QLinearAdd(HandBuiltOp):
             return None
         buffers = [Buffer(t.name, t.shape, t.dtype) for t in params]
         out = Buffer("out", tuple(params[0].shape), params[7].dtype)
-        body = flat_add_body(buffers, out, tile_lanes(isa_for(None), "float32"))
+        body = flat_add_body(buffers, out, tile_lanes(isa_for(None), "float32"),
+                             uint8_shift(attrs))
         return PrimFunc((*buffers, out), body, {"kiln.qlinear_add": "flat"})
 
 
@@ -283,26 +319,29 @@ OPS.register(ADD, _QLinearAdd(ADD, "injective", _infer(ADD), _add_compute, qline
 # --------------------------------------------------------------------------- qlinear_mul
 
 def _mul_compute(inputs: Sequence[te.Tensor], attrs: Attrs) -> te.Tensor:
+    shift = uint8_shift(attrs)
+
     def value(av: PrimExpr, bv: PrimExpr, params: Sequence[PrimExpr]) -> PrimExpr:
         sa, za, sb, zb, sy, zy = params
         da = Cast("int32", av) - Cast("int32", za)
         db = Cast("int32", bv) - Cast("int32", zb)
-        return Cast("float32", da * db) * (sa * sb / sy) + as_float32(zy)
+        return Cast("float32", da * db) * (sa * sb / sy) + _shifted(zy, shift)
 
-    return _elementwise(inputs, MUL, value)
+    return _elementwise(inputs, MUL, value, shift)
 
 
 def qlinear_mul_ref(a: np.ndarray, a_scale: np.ndarray, a_zp: np.ndarray, b: np.ndarray,
                     b_scale: np.ndarray, b_zp: np.ndarray, y_scale: np.ndarray,
                     y_zp: np.ndarray, **attrs: Any) -> np.ndarray:
     """numpy QLinearMul as MLAS computes it (the module docstring)."""
+    shift = uint8_shift(attrs)
     sa, _, sb, _, sy, zy = _params(a_scale, a_zp, b_scale, b_zp, y_scale, y_zp)
     da = a.astype(np.int32) - np.int32(np.asarray(a_zp))
     db = b.astype(np.int32) - np.int32(np.asarray(b_zp))
     with np.errstate(all="ignore"):
         ratio = np.float32(np.float32(sa * sb) / sy)
-        v = ((da * db).astype(np.float32) * ratio + zy).astype(np.float32)
-    return _saturate_ref(v, np.asarray(y_zp))
+        v = ((da * db).astype(np.float32) * ratio + np.float32(zy + shift)).astype(np.float32)
+    return _saturate_ref(v, np.asarray(y_zp), shift)
 
 
 register_op(MUL, pattern="injective", infer=_infer(MUL), compute=_mul_compute,

@@ -111,6 +111,9 @@ def pack(call: g.Call) -> g.Call | None:
     assert isinstance(w, g.Constant) and isinstance(bias, g.Constant)
     assert isinstance(x_zp, g.Constant) and isinstance(w_zp, g.Constant)
     attrs = dict(call.attrs)
+    # int8 activations onnxruntime runs as uint8 (kiln.ops.quant_ort): its AVX2 kernels
+    # then take them as uint8, and their pairs saturate as uint8 ones do
+    as_uint8 = bool(attrs.pop("as_uint8", False))
     zw = np.asarray(w_zp.data, np.int64)
     if call.op == "qlinear_matmul":
         wp = _shifted_b(w.data, w_zp.data, bool(attrs.pop("transpose_b", False)))
@@ -133,7 +136,7 @@ def pack(call: g.Call) -> g.Call | None:
     # (its depthwise kernel, one input and one output channel a group, is exact too)
     depthwise = two_d_grouped and wp.shape[1] == 1 and wp.shape[0] == groups
     sat = (quant_dot.target_saturates() and np.asarray(w.data).dtype == np.int8
-           and np.asarray(x_zp.data).dtype == np.uint8 and not zw.any()
+           and (np.asarray(x_zp.data).dtype == np.uint8 or as_uint8) and not zw.any()
            and (call.op == "qlinear_matmul" or two_d_conv or (two_d_grouped and not depthwise)))
     isa = quant_dot.target_isa(sat) if (call.op == "qlinear_matmul" or two_d_conv) \
         and weight_dtype == np.int8 else None

@@ -89,9 +89,11 @@ class QuantizedCell(Cell):
         self.w_zp = _weight_zero_point(ctx, w_zp, d, "W")
         self.r_zp = _weight_zero_point(ctx, r_zp, d, "R")
         self.bias: g.Expr | None = None
+        self.wb: g.Expr | None = None  # as Cell's: whether the node has a bias B
         if b is not None:  # onnxruntime adds Wb + Rb once, after both products
             bd = take_range(ctx, b, 0, d, d + 1)
-            self.bias = ctx.call("add", take_range(ctx, bd, 1, 0, gates * hidden),
+            self.wb = take_range(ctx, bd, 1, 0, gates * hidden)
+            self.bias = ctx.call("add", self.wb,
                                  take_range(ctx, bd, 1, gates * hidden, 2 * gates * hidden))
         self._inputs: g.Expr | None = None
         self._hr: tuple[g.Expr, g.Expr] | None = None

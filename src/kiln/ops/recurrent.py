@@ -152,6 +152,11 @@ class Cell:
                              None if self.rb is None else take_range(self.ctx, self.rb, 0, 0,
                                                                      width))
 
+    def hr_of_nothing(self, k: int) -> g.Expr | None:
+        """Gate `k`'s h term where no state is multiplied (`_Node.skips_first_hr`):
+        Rb_k alone, None without B."""
+        return None if self.rb is None else self.gate(self.rb, k)
+
     def hr_alone(self, h: g.Expr, k: int) -> g.Expr:
         """h @ R_k + Rb_k for gate k only (GRU's product of the reset-gated state)."""
         rk = take_range(self.ctx, self.r, 1, k * self.h, (k + 1) * self.h)
@@ -240,7 +245,7 @@ def unroll(kind: str, ctx: GraphContext, inputs: Sequence[g.Expr | None],
             masks = [ctx.call("less", ctx.const(np.asarray(t, dtype=ltype)), lens)
                      for t in range(len(masks))]
     node = _Node(kind, attrs, inputs, make_cell, gates, hidden, len(dirs[direction]), x,
-                 seq_lens, zero_state, masks)
+                 seq_lens, zero_state, masks, init_h is not None)
     ys, hs, cs = [], [], []
     for d, reverse in enumerate(dirs[direction]):
         h = zero_state if init_h is None else take_range(ctx, init_h, 0, d, d + 1)
@@ -276,6 +281,14 @@ class _Node:
     seq_lens: g.Expr | None
     zero_state: g.Expr  # [1, batch, H]
     masks: list[g.Expr | None]  # per unrolled step: the rows still running (None: all)
+    initial_h: bool  # whether the node has an initial_h input
+
+    @property
+    def skips_first_hr(self) -> bool:
+        """Whether the first step leaves out h @ R: onnxruntime's RNN without initial_h
+        has no previous state there (a non-finite R stays out of it: 0 x inf would be
+        NaN); its LSTM and GRU multiply a state of zeros."""
+        return self.kind == "RNN" and not self.initial_h
 
     def cell(self, ctx: GraphContext, inputs: Sequence[g.Expr | None], d: int,
              x: g.Expr) -> Cell:
@@ -314,7 +327,7 @@ def _unrolled(ctx: GraphContext, node: _Node, d: int, reverse: bool, h: g.Expr, 
     if by_row and reverse:
         assert seq_lens is not None
         cell.reverse_rows(seq_lens)
-    h_read = h
+    h_read: g.Expr | None = None if node.skips_first_hr else h
     for t in (range(steps - 1, -1, -1) if reverse and not by_row else range(steps)):
         xt = cell.step_input(t)
         h_new, c_new = step(ctx, cell, acts, node.attrs, xt, h_read, c, p)
@@ -367,8 +380,13 @@ def _looped(ctx: GraphContext, node: _Node, d: int, reverse: bool, h: g.Expr, c:
         cell = node.cell(sub, weights, d, x)
         t = sub.call("subtract", sub.outer(last), i) if reverse else i
         xt = sub.call("gather", sub.outer(inputs), sub.call("reshape", t, shape=(1,)), axis=0)
-        h_new, c_new = _STEPS[node.kind](sub, cell, node.activations(sub, d), node.attrs, xt,
-                                         h, c, None if p is None else sub.outer(p))
+        step, acts = _STEPS[node.kind], node.activations(sub, d)
+        peep = None if p is None else sub.outer(p)
+        h_new, c_new = step(sub, cell, acts, node.attrs, xt, h, c, peep)
+        if node.skips_first_hr:
+            first, _ = step(sub, cell, acts, node.attrs, xt, None, c, peep)
+            zero_i = sub.const(np.zeros((), sub.tensor_type(i).dtype))
+            h_new = sub.call("where", sub.call("equal", i, zero_i), first, h_new)
         if lens is None:
             return [h_new, c_new], [h_new]
         inner = sub.outer(lens)
@@ -392,10 +410,30 @@ def _zeros(ctx: GraphContext, shape: tuple[Any, ...], dtype: str) -> g.Expr:
 
 
 def _clip(ctx: GraphContext, x: g.Expr, attrs: dict[str, Any]) -> g.Expr:
+    """RNN's clip of a gate's input (onnxruntime's `max(min(x, clip), -clip)`, a NaN
+    stays), none without the attribute."""
     if "clip" not in attrs:
         return x
     lim = float(attrs["clip"])
     return ctx.call("clip", x, min=-lim, max=lim)
+
+
+#: LSTM's and GRU's clip when the node sets none (onnxruntime's: float32's largest).
+DEFAULT_GATE_CLIP = float(np.finfo(np.float32).max)
+
+
+def _gate_clip(ctx: GraphContext, cell: Cell, x: g.Expr, attrs: dict[str, Any]) -> g.Expr:
+    """LSTM's and GRU's input to a gate's activation as onnxruntime's kernels clip it, to
+    `clip` (`DEFAULT_GATE_CLIP` without the attribute): with a bias B, `max(-clip,
+    min(clip, x))` in C++'s `std::min` and `std::max`, which make a NaN +clip (an LSTM
+    whose gates are NaN reads them as saturated: `tanh(1)` where every gate is 1);
+    without one, a NaN stays."""
+    lim = float(attrs.get("clip", DEFAULT_GATE_CLIP))
+    if cell.wb is None:
+        return ctx.call("clip", x, min=-lim, max=lim)
+    hi, lo = _c(ctx, x, lim), _c(ctx, x, -lim)
+    below = ctx.call("where", ctx.call("less", x, hi), x, hi)  # std::min(clip, x)
+    return ctx.call("where", ctx.call("greater", below, lo), below, lo)  # std::max(-clip, .)
 
 
 StepOut = tuple[g.Expr, g.Expr]
@@ -415,14 +453,14 @@ def _lstm_step(ctx: GraphContext, cell: Cell, acts: list[Act], attrs: dict[str, 
 
     def gate(k: int, pk: int, state: g.Expr) -> g.Expr:
         z, pp = pre(k), peep(pk, state)
-        return f(_clip(ctx, z if pp is None else ctx.call("add", z, pp), attrs))
+        return f(_gate_clip(ctx, cell, z if pp is None else ctx.call("add", z, pp), attrs))
 
     i = gate(0, 0, c)
     if int(attrs.get("input_forget", 0)):
         fg = ctx.call("subtract", _c(ctx, i, 1.0), i)
     else:
         fg = gate(2, 2, c)
-    cand = gact(_clip(ctx, pre(3), attrs))
+    cand = gact(_gate_clip(ctx, cell, pre(3), attrs))
     c_new = ctx.call("add", ctx.call("multiply", fg, c), ctx.call("multiply", i, cand))
     o = gate(1, 1, c_new)
     return ctx.call("multiply", o, hact(c_new)), c_new
@@ -431,25 +469,30 @@ def _lstm_step(ctx: GraphContext, cell: Cell, acts: list[Act], attrs: dict[str, 
 def _gru_step(ctx: GraphContext, cell: Cell, acts: list[Act], attrs: dict[str, Any],
               xt: g.Expr, h: g.Expr, c: g.Expr, p: g.Expr | None) -> StepOut:
     f, gact = acts
-    z = f(_clip(ctx, ctx.call("add", cell.xw(xt, 0), cell.hr(h, 0)), attrs))
-    r = f(_clip(ctx, ctx.call("add", cell.xw(xt, 1), cell.hr(h, 1)), attrs))
+    z = f(_gate_clip(ctx, cell, ctx.call("add", cell.xw(xt, 0), cell.hr(h, 0)), attrs))
+    r = f(_gate_clip(ctx, cell, ctx.call("add", cell.xw(xt, 1), cell.hr(h, 1)), attrs))
     if int(attrs.get("linear_before_reset", 0)):
         hh = ctx.call("multiply", r, cell.hr(h, 2))
     else:
         hh = cell.hr_alone(ctx.call("multiply", r, h), 2)
-    cand = gact(_clip(ctx, ctx.call("add", cell.xw(xt, 2), hh), attrs))
+    cand = gact(_gate_clip(ctx, cell, ctx.call("add", cell.xw(xt, 2), hh), attrs))
     # H = (1 - z) * cand + z * H_prev = cand + z * (H_prev - cand)
     h_new = ctx.call("add", cand, ctx.call("multiply", z, ctx.call("subtract", h, cand)))
     return h_new, c
 
 
 def _rnn_step(ctx: GraphContext, cell: Cell, acts: list[Act], attrs: dict[str, Any],
-              xt: g.Expr, h: g.Expr, c: g.Expr, p: g.Expr | None) -> StepOut:
+              xt: g.Expr, h: g.Expr | None, c: g.Expr, p: g.Expr | None) -> StepOut:
+    """One RNN step; `h` None: no previous state, x's product alone (`skips_first_hr`)."""
     (f,) = acts
-    return f(_clip(ctx, ctx.call("add", cell.xw(xt, 0), cell.hr(h, 0)), attrs)), c
+    hr = cell.hr_of_nothing(0) if h is None else cell.hr(h, 0)
+    pre = cell.xw(xt, 0) if hr is None else ctx.call("add", cell.xw(xt, 0), hr)
+    return f(_clip(ctx, pre, attrs)), c
 
 
-_STEPS = {"LSTM": _lstm_step, "GRU": _gru_step, "RNN": _rnn_step}
+# (ctx, cell, activations, attrs, x_t, h or None (RNN only), c, peepholes) -> (h, c)
+_STEPS: dict[str, Callable[..., StepOut]] = {"LSTM": _lstm_step, "GRU": _gru_step,
+                                             "RNN": _rnn_step}
 
 
 @onnx_op("LSTM")

@@ -21,12 +21,12 @@ from kiln.ir import graph as g
 from kiln.ir.shape_expr import dim_product, shape_text
 from kiln.ir.tensor import Cast, PrimExpr, as_expr, intrin, select
 from kiln.ir.types import TensorType, TupleType, Type
-from kiln.ops import te
+from kiln.ops import nan_order, te
 from kiln.ops._numpy import is_float, widen, work
 from kiln.ops.onnx_map import Converter, GraphContext, check_per_channel, onnx_op
 from kiln.ops.registry import OPS, register_op
 from kiln.ops.reshape_dims import reshape_attr
-from kiln.ops.row_kernels import RowOp, RowReduceOp, mean_of
+from kiln.ops.row_kernels import MLAS_LAYER_NORM_MIN, RowOp, RowReduceOp, mean_of
 
 Attrs = Mapping[str, Any]
 
@@ -114,6 +114,9 @@ def _register_reduce(name: str, kind: str, post: Callable[[PrimExpr, Any], PrimE
                 return pre(v) if pre else v
 
             total = te.reduce(kind, body, extents, acc)
+            if kind in SCAN_KINDS and not any(isinstance(e, int) and e == 0 for e in extents):
+                # onnxruntime's scan keeps a leading NaN (kiln.ops.nan_order)
+                total = nan_order.with_leading_nan(body(*(as_expr(0) for _ in extents)), total)
             total = post(total, count) if post else total
             return total if acc == x.dtype else Cast(x.dtype, total)
 
@@ -144,16 +147,20 @@ def _mean_ref(x: np.ndarray, axis: tuple[int, ...], keepdims: bool) -> np.ndarra
 
 def _extreme_ref(kind: str) -> Callable[..., np.ndarray]:
     def ref(x: np.ndarray, axis: tuple[int, ...], keepdims: bool) -> np.ndarray:
-        fn = np.max if kind == "max" else np.min
-        return fn(x, axis=axis, keepdims=keepdims, initial=_identity(kind, x.dtype))
+        return nan_order.scan_extreme_ref(x, kind, axis, keepdims, _identity(kind, x.dtype))
     return ref
+
+
+#: ReduceMax/ReduceMin follow onnxruntime's scan: the first element, replaced only by a
+#: strictly greater (less) one, so a leading NaN stays and a later one is skipped.
+SCAN_KINDS = ("scan_max", "scan_min")
 
 
 _register_reduce("reduce_sum", "sum", None, None,
                  lambda x, axis, keepdims: np.sum(work(x), axis=axis, keepdims=keepdims))
 _register_reduce("reduce_mean", "sum", mean_of, None, _mean_ref)
-_register_reduce("reduce_max", "max", None, None, _extreme_ref("max"))
-_register_reduce("reduce_min", "min", None, None, _extreme_ref("min"))
+_register_reduce("reduce_max", "scan_max", None, None, _extreme_ref("max"))
+_register_reduce("reduce_min", "scan_min", None, None, _extreme_ref("min"))
 _register_reduce("reduce_prod", "prod", None, None,
                  lambda x, axis, keepdims: np.prod(work(x), axis=axis, keepdims=keepdims))
 _register_reduce("reduce_l1", "sum", None, lambda v: intrin("abs", v) if dt.is_signed(v.dtype)
@@ -188,10 +195,16 @@ def _arg_compute(kind: str) -> Callable[[Sequence[te.Tensor], Attrs], te.Tensor]
         last = bool(attrs.get("select_last_index", False))
         n = x.shape[axis]
         best_shape = _reduced_shape(x.shape, (axis,), True)
-        # pass 1: the extreme value; pass 2: the first (or last) index holding it
-        best = te.compute(best_shape, lambda *i: te.reduce(
-            kind, lambda r: x[tuple(r if k == axis else i[k] for k in range(x.ndim))],
-            (n,), x.dtype), x.dtype, f"arg{kind}_value", materialize=True)
+
+        def along(i: Sequence[PrimExpr], r: PrimExpr) -> PrimExpr:
+            return x[tuple(r if k == axis else i[k] for k in range(x.ndim))]
+
+        # pass 1: onnxruntime's scan value (a leading NaN stays, later ones are skipped);
+        # pass 2: the first (or last) index holding it, 0 for a leading NaN
+        best = te.compute(best_shape, lambda *i: nan_order.with_leading_nan(
+            along(i, as_expr(0)), te.reduce(f"scan_{kind}", lambda r: along(i, r), (n,),
+                                            x.dtype)),
+            x.dtype, f"arg{kind}_value", materialize=True)
 
         def element(*i: PrimExpr) -> PrimExpr:
             outer = _split_index(i, x.ndim, (axis,), keep)
@@ -201,7 +214,8 @@ def _arg_compute(kind: str) -> Callable[[Sequence[te.Tensor], Attrs], te.Tensor]
                 found = x[_fill(outer, (r,))].eq(best[full])
                 return select(found, r, as_expr(-1 if last else n))
 
-            return te.reduce("max" if last else "min", hit, (n,), "int64")
+            index = te.reduce("max" if last else "min", hit, (n,), "int64")
+            return select(nan_order.is_nan(best[full]), as_expr(0), index)
 
         return te.compute(_reduced_shape(x.shape, (axis,), keep), element, "int64",
                           f"arg{kind}")
@@ -211,16 +225,8 @@ def _arg_compute(kind: str) -> Callable[[Sequence[te.Tensor], Attrs], te.Tensor]
 def _arg_ref(kind: str) -> Callable[..., np.ndarray]:
     def ref(x: np.ndarray, **attrs: Any) -> np.ndarray:
         (axis,) = norm_axes(attrs.get("axis", 0), x.ndim)
-        keep = bool(attrs.get("keepdims", True))
-        fn = np.argmax if kind == "max" else np.argmin
-        if attrs.get("select_last_index", False):
-            flipped = np.flip(x, axis=axis)
-            out = x.shape[axis] - 1 - fn(flipped, axis=axis)
-        else:
-            out = fn(x, axis=axis)
-        if keep:
-            out = np.expand_dims(out, axis)
-        return np.asarray(out, dtype=np.int64)
+        out = nan_order.scan_arg_ref(x, kind, axis, bool(attrs.get("select_last_index", 0)))
+        return np.expand_dims(out, axis) if attrs.get("keepdims", True) else out
     return ref
 
 
@@ -316,10 +322,16 @@ def topk_compute(inputs: Sequence[te.Tensor], attrs: Attrs) -> tuple[te.Tensor, 
     def at(i: Sequence[PrimExpr], m: PrimExpr) -> PrimExpr:
         return x[tuple(m if d == axis else i[d] for d in range(x.ndim))]
 
+    # onnxruntime's order, NaN above +inf and NaNs equal, as integer keys made once
+    # (kiln.ops.nan_order.order_key): the ranks below are a permutation, every index found
+    key = x if not dt.is_float(x.dtype) else te.compute(
+        x.shape, lambda *i: nan_order.order_key(x[i]), nan_order.order_key_dtype(x.dtype),
+        "topk_key", materialize=True)
+
     # rank[i] = how many elements come before x[i] (better value, or equal and earlier)
     def rank_of(*i: PrimExpr) -> PrimExpr:
         def before(m: PrimExpr) -> PrimExpr:
-            a, b = at(i, m), x[i]
+            a, b = key[tuple(m if d == axis else i[d] for d in range(x.ndim))], key[i]
             better = a > b if largest else a < b
             return select(better | (a.eq(b) & (m < i[axis])), as_expr(1), as_expr(0))
         return te.reduce("sum", before, (n,), "int64")
@@ -340,15 +352,11 @@ def topk_compute(inputs: Sequence[te.Tensor], attrs: Attrs) -> tuple[te.Tensor, 
 
 
 def topk_ref(x: np.ndarray, **attrs: Any) -> tuple[np.ndarray, np.ndarray]:
-    """TopK in numpy (ONNX semantics: stable, the lower index first among equal values)."""
+    """TopK in numpy (onnxruntime's order: NaN above +inf, the lower index first among
+    equal values)."""
     (axis,) = norm_axes(attrs.get("axis", -1), x.ndim)
-    k, n = int(attrs["k"]), x.shape[axis]
-    if attrs.get("largest", 1):
-        # descending values, ties by ascending index: sort the flipped axis stably
-        order = n - 1 - np.flip(np.argsort(np.flip(x, axis), axis=axis, kind="stable"), axis)
-    else:
-        order = np.argsort(x, axis=axis, kind="stable")
-    idx = np.take(order, np.arange(k), axis=axis).astype(np.int64)
+    order = nan_order.order_argsort_ref(x, axis, bool(attrs.get("largest", 1)))
+    idx = np.take(order, np.arange(int(attrs["k"])), axis=axis).astype(np.int64)
     return np.take_along_axis(x, idx, axis=axis), idx
 
 
@@ -397,8 +405,9 @@ def _softmax_compute(log: bool) -> Callable[[Sequence[te.Tensor], Attrs], te.Ten
 
 def _softmax_ref(x: np.ndarray, axis: int = -1, **attrs: Any) -> np.ndarray:
     x64 = x.astype(np.float64)
-    e = np.exp(x64 - x64.max(axis=axis, keepdims=True))
-    return (e / e.sum(axis=axis, keepdims=True)).astype(x.dtype)
+    with np.errstate(invalid="ignore"):  # a row of -inf, or holding +inf, is NaN
+        e = np.exp(x64 - x64.max(axis=axis, keepdims=True))
+        return (e / e.sum(axis=axis, keepdims=True)).astype(x.dtype)
 
 
 def _log_softmax_ref(x: np.ndarray, axis: int = -1, **attrs: Any) -> np.ndarray:
@@ -469,10 +478,16 @@ def _layer_norm_ref(x: np.ndarray, scale: np.ndarray | None = None,
                     bias: np.ndarray | None = None, **attrs: Any) -> np.ndarray:
     axis = norm_axes(attrs.get("axis", -1), x.ndim)[0]
     axes = tuple(range(axis, x.ndim))
-    x64 = x.astype(np.float64)
-    mean = x64.mean(axis=axes, keepdims=True)
-    var = ((x64 - mean) ** 2).mean(axis=axes, keepdims=True)
-    y = (x64 - mean) / np.sqrt(var + float(attrs.get("epsilon", 1e-5)))
+    acc = dt.to_numpy(_compute_dtype(dt.from_numpy(x.dtype)))
+    # the kernels' statistics: the mean rounded to the compute dtype, the squared
+    # deviations summed in it (infinite where that sum overflows: the outputs are then 0)
+    with np.errstate(invalid="ignore", over="ignore"):  # inf and NaN rows give NaN
+        mean = x.astype(np.float64).mean(axis=axes, keepdims=True).astype(acc)
+        centred = x.astype(acc).astype(np.float64) - mean
+        squares = (centred ** 2).sum(axis=axes, keepdims=True)
+        var = np.where(squares > np.finfo(acc).max, np.inf, squares / np.prod(
+            [x.shape[a] for a in axes]))
+        y = centred / np.sqrt(var + float(attrs.get("epsilon", 1e-5)))
     if scale is not None:
         y = y * scale.astype(np.float64)
     if bias is not None:
@@ -536,6 +551,11 @@ def _reduce_converter(op: str, axes_input_since: int) -> Converter:
 def _log_sum_exp(ctx: GraphContext, x: g.Expr, axes: tuple[int, ...], keep: bool) -> g.Expr:
     # log(sum(exp(x - m))) + m with m the max: no overflow
     m = ctx.call("reduce_max", x, axes=axes, keepdims=True)
+    dtype = ctx.tensor_type(x).dtype
+    if dt.is_float(dtype):
+        # an infinite max shifts by 0 instead (onnxruntime's rule): inf - inf is NaN, and
+        # a row of -inf sums exp(-inf) = 0 into log(0) = -inf
+        m = ctx.call("where", ctx.call("isinf", m), ctx.const(0.0, dtype), m)
     total = ctx.call("reduce_sum", ctx.call("exp", ctx.call("subtract", x, m)), axes=axes,
                      keepdims=True)
     y = ctx.call("add", ctx.call("log", total), m)
@@ -650,7 +670,11 @@ def _hardmax_onnx(ctx: GraphContext, inputs: Sequence[g.Expr | None],
     ctx.check_materialize(8 * ft.static_shape[axis], f"Hardmax over an axis of "
                           f"{ft.static_shape[axis]}")
     iota = ctx.const(np.arange(ft.static_shape[axis], dtype=np.int64).reshape(iota_shape))
-    y = ctx.call("cast", ctx.call("equal", iota, idx), dtype=t.dtype)
+    hot = ctx.call("equal", iota, idx)
+    if dt.is_float(t.dtype):
+        # onnxruntime compares with the row max: a NaN max (a leading NaN) marks nothing
+        hot = ctx.call("logical_and", hot, ctx.call("equal", flat, flat))
+    y = ctx.call("cast", hot, dtype=t.dtype)
     if ctx.tensor_type(y).static_shape != ft.static_shape:
         y = ctx.call("broadcast_to", y, shape=ft.static_shape)
     return [y if flat is x else ctx.call("reshape", y, shape=shape)]
@@ -689,9 +713,49 @@ def _layer_norm_onnx(ctx: GraphContext, inputs: Sequence[g.Expr | None],
         # the optional Mean and InvStdDev outputs, in the stash type (float32 by default)
         stash = "float32" if int(attrs.get("stash_type", 1)) == 1 else t.dtype
         xs = x if stash == t.dtype else ctx.call("cast", x, dtype=stash)
-        _, mean, inv = _normalized(ctx, xs, tuple(range(axis, t.ndim)), eps)
-        outs += [mean, inv]
+        outs += list(_layer_norm_statistics(ctx, xs, axis, eps, t.dtype))
     return outs
+
+
+def _layer_norm_statistics(ctx: GraphContext, x: g.Expr, axis: int, eps: float,
+                           dtype: str) -> tuple[g.Expr, g.Expr]:
+    """LayerNormalization's Mean and InvStdDev outputs over the axes from `axis` as
+    onnxruntime computes them (`dtype` the input's): a row shorter than its MLAS
+    kernel's minimum (`MLAS_LAYER_NORM_MIN`, 16 for float16) by Welford's update in
+    order, so an infinity before the row's last element makes the mean NaN; a longer
+    one (or one of symbolic length) with the mean summed in float64, then the squared
+    deviations from it."""
+    t = ctx.tensor_type(x)
+    row = [d for d in t.shape[axis:] if isinstance(d, int)]
+    n = int(np.prod(row))
+    if len(row) == t.ndim - axis and n < (16 if dtype == "float16" else MLAS_LAYER_NORM_MIN):
+        mean, m2 = _welford(ctx, x, axis, row)
+        var = ctx.call("divide", m2, ctx.const(float(n), t.dtype))
+    else:
+        axes = tuple(range(axis, t.ndim))
+        wide = x if t.dtype == "float64" else ctx.call("cast", x, dtype="float64")
+        mean = ctx.call("reduce_mean", wide, axes=axes, keepdims=True)
+        mean = mean if t.dtype == "float64" else ctx.call("cast", mean, dtype=t.dtype)
+        centred = ctx.call("subtract", x, mean)
+        var = ctx.call("reduce_mean", ctx.call("multiply", centred, centred), axes=axes,
+                       keepdims=True)
+    inv = ctx.call("reciprocal", ctx.call("sqrt", ctx.call("add", var, ctx.const(eps, t.dtype))))
+    return mean, inv
+
+
+def _welford(ctx: GraphContext, x: g.Expr, axis: int, row: list[int]
+             ) -> tuple[g.Expr, g.Expr]:
+    """(mean, sum of squared deviations) of each row of `x` (the axes from `axis`, of
+    static extents `row`) by Welford's update over its elements in row-major order."""
+    dtype = ctx.tensor_type(x).dtype
+    mean = m2 = ctx.const(0.0, dtype)
+    for k, at in enumerate(np.ndindex(*row), start=1):
+        v = ctx.call("strided_slice", x, starts=at, ends=tuple(i + 1 for i in at),
+                     axes=tuple(range(axis, axis + len(row))), steps=(1,) * len(row))
+        d = ctx.call("subtract", v, mean)
+        mean = ctx.call("add", mean, ctx.call("divide", d, ctx.const(float(k), dtype)))
+        m2 = ctx.call("add", m2, ctx.call("multiply", d, ctx.call("subtract", v, mean)))
+    return mean, m2
 
 
 @onnx_op("InstanceNormalization")
@@ -702,7 +766,15 @@ def _instance_norm_onnx(ctx: GraphContext, inputs: Sequence[g.Expr | None],
     ndim = ctx.tensor_type(x).ndim
     check_per_channel(ctx, scale, x, "input scale")
     check_per_channel(ctx, bias, x, "input B")
-    y = ctx.call("layer_norm", x, axis=2, epsilon=float(attrs.get("epsilon", 1e-5)))
+    t = ctx.tensor_type(x)
+    eps = float(attrs.get("epsilon", 1e-5))
+    if ndim > 3 and all(isinstance(d, int) for d in t.shape):
+        # spatial dims as one row: the hand-built row kernel (kiln.ops.row_kernels) takes it
+        shape = t.static_shape
+        rows = ctx.call("reshape", x, shape=(*shape[:2], int(np.prod(shape[2:]))))
+        y = ctx.call("reshape", ctx.call("layer_norm", rows, axis=2, epsilon=eps), shape=shape)
+    else:
+        y = ctx.call("layer_norm", x, axis=2, epsilon=eps)
     y = ctx.call("multiply", y, _channel(ctx, scale, ndim))
     return [ctx.call("add", y, _channel(ctx, bias, ndim))]
 
@@ -737,7 +809,17 @@ def _mvn_onnx(ctx: GraphContext, inputs: Sequence[g.Expr | None],
               attrs: dict[str, Any]) -> list[g.Expr]:
     x = inputs[0]
     assert x is not None
-    axes = norm_axes(attrs.get("axes", (0, 2, 3)), ctx.tensor_type(x).ndim)
+    t = ctx.tensor_type(x)
+    axes = norm_axes(attrs.get("axes", (0, 2, 3)), t.ndim)
+    first = t.ndim - len(axes)
+    if axes == tuple(range(first, t.ndim)) and all(isinstance(d, int) for d in t.shape):
+        # trailing axes as rows: the row kernel's statistics (kiln.ops.row_kernels), which
+        # neither overflow in the mean nor lose a far-from-zero row's digits
+        shape = t.static_shape
+        rows = ctx.call("reshape", x, shape=(int(np.prod(shape[:first])),
+                                             int(np.prod(shape[first:]))))
+        return [ctx.call("reshape", ctx.call("layer_norm", rows, axis=1, epsilon=1e-9),
+                         shape=shape)]
     return [_normalized(ctx, x, axes, 1e-9)[0]]
 
 

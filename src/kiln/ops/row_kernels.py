@@ -12,9 +12,13 @@ innermost loops are `vectorized` of constant extent, lanes along the row):
   while rescaling the running sum, one to normalize);
 - log_softmax: pass 1 the max; pass 2 the sum of `exp(x - max)`; pass 3
   `x - max - log(sum)`;
-- layer_norm: one pass of shifted sums `sum(x - k)` and `sum((x - k)^2)`, `k`
-  the row's first element (so float32 keeps its accuracy when the mean is large
-  against the spread), then `(x - mean) * rsqrt(var + eps) * scale + bias`;
+- layer_norm: pass 1 the mean, shifted (`k + sum(x - k) / n`, `k` the row's
+  first element; a row whose sum overflows sums `x / n` again), pass 2 the sum
+  of squared deviations from it (two passes: float32 keeps its accuracy when
+  the mean is large against the spread, and rows whose squares overflow get
+  onnxruntime's 0, not inf - inf), pass 3 `(x - mean) * rsqrt(var + eps) *
+  scale + bias`; the sums in several vectors of accumulators (independent add
+  chains);
   marked `residual` (recognize-composites: its input is a residual sum), as
   onnxruntime's SkipLayerNormalization computes it instead (layer_norm_welford_rows),
   so that a quantized model's next DynamicQuantizeLinear sees onnxruntime's values;
@@ -54,6 +58,7 @@ from kiln.ir.tensor import (
     Const,
     DeclBuffer,
     For,
+    IfThenElse,
     LetStmt,
     PrimExpr,
     PrimFunc,
@@ -64,11 +69,10 @@ from kiln.ir.tensor import (
     intrin,
     max_,
     min_,
-    select,
     seq,
 )
 from kiln.ir.types import TensorType
-from kiln.ops import te
+from kiln.ops import nan_order, te
 from kiln.ops.epilogue import SubstituteLoad
 from kiln.ops.kernels.tiles import parallel_when, tile_lanes
 from kiln.ops.registry import HandBuiltOp
@@ -80,6 +84,9 @@ SOFTMAX, LOG_SOFTMAX, LAYER_NORM = "softmax", "log_softmax", "layer_norm"
 #: target runs MLAS's kernel (recognize-composites sets it where activations are quantized).
 LIKE_ONNXRUNTIME = "like_onnxruntime"
 F32 = "float32"
+FLT_MAX = float.fromhex("0x1.fffffep+127")
+#: Independent vector accumulators of a row's sums (latency: see _stat_loops).
+STAT_CHAINS = 4
 #: Vectors of rows whose Welford chains (a division each step) run side by side.
 WELFORD_VECTORS = 4
 
@@ -171,7 +178,7 @@ def _row_max(a: PrimExpr, b: PrimExpr) -> PrimExpr:
     """max(a, b) that skips a NaN `b` (one `maxps`, against three instructions for the
     NaN-propagating `max`): a row with a NaN still gives NaN everywhere, through
     `exp(NaN - max)` in its sum."""
-    return select(b > a, b, a)
+    return nan_order.max_keep_first(a, b)
 
 
 def _softmax_exp(x: PrimExpr, lets: list[Stmt]) -> PrimExpr:
@@ -229,25 +236,63 @@ def softmax_row(loops: RowLoops, read: Reader, out_at: Callable[[PrimExpr], Any]
 
 
 def layer_norm_row(loops: RowLoops, read: Reader, store: Callable[[PrimExpr, PrimExpr], Stmt],
-                   affine: Callable[[PrimExpr, PrimExpr], PrimExpr], eps: float) -> Stmt:
-    """One row of layer_norm: shifted sums in one pass, then normalize; `affine(j, y)`
-    applies scale and bias to normalized element j."""
-    k, let_k = _let("k", read(_c(0)))
-    s1, init1 = loops.accumulators("sum", as_expr(0.0, F32))
-    s2, init2 = loops.accumulators("sum_sq", as_expr(0.0, F32))
+                   affine: Callable[[PrimExpr, PrimExpr], PrimExpr], eps: float,
+                   fused: bool = False, stats: RowLoops | None = None) -> Stmt:
+    """One row of layer_norm in three passes, like onnxruntime's kernel: the mean, the sum
+    of squared deviations from it, then `affine(j, (x - mean) * rstd)` (scale and bias of
+    normalized element j). `stats`: the loops of the two sums (more lanes than `loops`:
+    independent add chains); `fused`: multiply-adds.
 
-    def accumulate(j: PrimExpr, lane: PrimExpr) -> Stmt:
-        d, let_d = _let("d", read(j) - k)
-        return seq(let_d, Store(s1, s1[lane] + d, (lane,)), Store(s2, s2[lane] + d * d, (lane,)))
-
+    The mean is `k + sum(x - k) / n`, `k` the row's first element (float32 keeps its
+    digits when the mean is far from zero against the spread); a row whose sum
+    overflows (+-3e38) sums `x / n` again instead (`_scaled_mean`). The variance is the
+    sum over `n`, infinite when the squares overflow: then every normalized value is 0,
+    as onnxruntime's. A row holding inf or NaN gives NaN."""
+    stats = stats or loops
     n = as_expr(float(loops.n), F32) if isinstance(loops.n, int) else Cast(F32, loops.n)
-    mean_d, let_mean_d = _let("mean_d", loops.combined(s1, _add) / n)
-    var = max_(loops.combined(s2, _add) / n - mean_d * mean_d, as_expr(0.0, F32))
+    k, let_k = _let("k", read(_c(0)))
+    s1, init1 = stats.accumulators("sum", as_expr(0.0, F32))
+    s2, init2 = stats.accumulators("sum_sq", as_expr(0.0, F32))
+    pass1 = stats.each(lambda j, lane: Store(s1, s1[lane] + (read(j) - k), (lane,)))
+    mean_at = Buffer("mean", (1,), F32, "local")
+    total, let_total = _let("total", _lane_sum(stats, s1))
+    # only finite rows overflow to +-inf here (inf or NaN in the row makes the sum NaN)
+    overflow = intrin("abs", total) > as_expr(FLT_MAX, F32)
+    shifted = seq(Allocate(mean_at), Store(mean_at, k + total / n, (_c(0),)),
+                  IfThenElse(overflow, _scaled_mean(stats, read, n, mean_at, fused)))
+    mean, let_mean = _let("m", mean_at[_c(0)])
+
+    def add_square(j: PrimExpr, lane: PrimExpr) -> Stmt:
+        d, let_d = _let("d", read(j) - mean)
+        return seq(let_d, Store(s2, _mul_add(d, d, s2[lane], fused), (lane,)))
+
+    var = _lane_sum(stats, s2) / n
     rstd, let_rstd = _let("rstd", intrin("rsqrt", var + as_expr(eps, F32)))
-    mean, let_mean = _let("mean", k + mean_d)
-    pass2 = loops.each(lambda j, lane: store(j, affine(j, (read(j) - mean) * rstd)))
-    return seq(let_k, *init1, *init2, loops.each(accumulate), let_mean_d, let_rstd, let_mean,
-               pass2)
+    pass3 = loops.each(lambda j, lane: store(j, affine(j, (read(j) - mean) * rstd)))
+    return seq(let_k, *init1, pass1, let_total, shifted, let_mean, *init2,
+               stats.each(add_square), let_rstd, pass3)
+
+
+def _scaled_mean(stats: RowLoops, read: Reader, n: PrimExpr, mean_at: Buffer,
+                 fused: bool) -> Stmt:
+    """`mean_at[0] = sum(x / n)`: a row's mean where the sum of `x` overflows."""
+    inv_n, let_inv_n = _let("inv_n", as_expr(1.0, F32) / n)
+    acc, init = stats.accumulators("sum_scaled", as_expr(0.0, F32))
+    step = stats.each(lambda j, lane: Store(acc, _mul_add(read(j), inv_n, acc[lane], fused),
+                                            (lane,)))
+    return seq(let_inv_n, *init, step, Store(mean_at, _lane_sum(stats, acc), (_c(0),)))
+
+
+def _lane_sum(loops: RowLoops, acc: Buffer) -> PrimExpr:
+    """The sum of `loops`' accumulators: a power of two of them upper half onto lower, as
+    vector registers add (one vector add per level), others pairwise."""
+    if loops.lanes & (loops.lanes - 1) == 0:
+        return _halving_sum(acc, loops.lanes)
+    return loops.combined(acc, _add)
+
+
+def _mul_add(a: PrimExpr, b: PrimExpr, c: PrimExpr, fused: bool) -> PrimExpr:
+    return intrin("fma", a, b, c) if fused else a * b + c
 
 
 def layer_norm_welford_rows(count: int, read: Callable[[PrimExpr, PrimExpr], PrimExpr],
@@ -377,6 +422,17 @@ def layer_norm_mlas_row(n: int, read: Reader, store: Callable[[PrimExpr, PrimExp
     loops = RowLoops(n, 8)
     pass3 = loops.each(lambda j, lane: store(j, affine(j, (read(j) - mean) * inv)))
     return seq(pass1, let_mean, pass2, let_inv, pass3)
+
+
+def _stat_loops(n: int | PrimExpr, lanes: int) -> RowLoops:
+    """The loops of a row's sums: `STAT_CHAINS` vectors of `lanes` accumulators where the
+    row holds them without a longer scalar tail, so that many independent add chains
+    hide the adds' latency (one chain of `lanes` makes each sum latency-bound)."""
+    if not isinstance(n, int):
+        return RowLoops(n, lanes)
+    chains = next(k for k in (STAT_CHAINS, 2, 1) if k == 1 or (
+        n >= k * lanes and n % (k * lanes) < lanes))
+    return RowLoops(n, lanes * chains)
 
 
 def _add(a: PrimExpr, b: PrimExpr) -> PrimExpr:
@@ -617,7 +673,8 @@ class RowOp(HandBuiltOp):
             def affine(j: PrimExpr, y: PrimExpr) -> PrimExpr:
                 return self._affine(args, index(j), x.ndim, buffers, y)
 
-            return layer_norm_row(loops, read, store, affine, eps)
+            return layer_norm_row(loops, read, store, affine, eps, fused=isa.fma,
+                                  stats=_stat_loops(n, loops.lanes))
         return softmax_row(loops, read, lambda j: (out, index(j)), store,
                            self.name == LOG_SOFTMAX)
 
@@ -625,13 +682,14 @@ class RowOp(HandBuiltOp):
 # --------------------------------------------------------------------------- reductions
 
 _COMBINE: dict[str, Callable[[PrimExpr, PrimExpr], PrimExpr]] = {
-    "sum": _add, "prod": lambda a, b: a * b, "max": max_, "min": min_}
+    "sum": _add, "prod": lambda a, b: a * b, "max": max_, "min": min_,
+    "scan_max": nan_order.max_keep_first, "scan_min": nan_order.min_keep_first}
 
 
 def _identity(kind: str) -> PrimExpr:
-    if kind == "max":
+    if kind in ("max", "scan_max"):
         return te.lowest_value(F32)
-    if kind == "min":
+    if kind in ("min", "scan_min"):
         return te.highest_value(F32)
     return as_expr(1.0 if kind == "prod" else 0.0, F32)
 
@@ -646,7 +704,11 @@ def reduce_row(loops: RowLoops, read: Reader, kind: str,
         v = read(j)
         return Store(acc, combine(acc[lane], pre(v) if pre else v), (lane,))
 
-    total, let_total = _let("total", loops.combined(acc, combine))
+    total_value = loops.combined(acc, combine)
+    if kind in ("scan_max", "scan_min"):
+        # the lanes skip every NaN; onnxruntime's scan keeps a leading one
+        total_value = nan_order.with_leading_nan(read(_c(0)), total_value)
+    total, let_total = _let("total", total_value)
     return [*init, loops.each(step), let_total], total
 
 

@@ -7,11 +7,12 @@ first). Each coordinate is denormalized (`align_corners`), rounded for
 `align_corners`, else `[-0.5, D-0.5]`), clamped (`border`) or reflected
 (`reflection`); the interpolation then reads 1 (`nearest`), 2 (`linear`) or 4
 (`cubic`, Keys' kernel with a = -0.75) taps per axis, each tap index again
-padded: zero weight outside X (`zeros`), clamped (`border`) or reflected
+padded: read as 0 outside X (`zeros`), clamped (`border`) or reflected
 (`reflection`). This follows the operator's definition in the ONNX standard
-(onnx's reference implementation, `onnx/reference/ops/op_grid_sample.py`), but for
-one case where onnxruntime (like PyTorch's grid_sample) differs from it: `cubic`
-with `border` clamps only the taps, not the coordinate first, as onnxruntime does.
+(onnx's reference implementation, `onnx/reference/ops/op_grid_sample.py`), but
+`linear` and `cubic` pad only their taps, not the coordinate first, as onnxruntime
+(like PyTorch's grid_sample) does: the values are the same, and a tap of weight 0
+reads the pixel onnxruntime reads (an infinite one there makes the sum NaN).
 
 The converter emits, for every combination of taps, a `gather_elements` of X
 flattened over its spatial axes and a weight; the result is their weighted sum.
@@ -25,7 +26,7 @@ the weights with one `matmul` per group.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -39,6 +40,9 @@ MODES = {"linear": "linear", "bilinear": "linear", "nearest": "nearest", "cubic"
          "bicubic": "cubic"}
 PADDING_MODES = ("zeros", "border", "reflection")
 CUBIC_A = -0.75
+#: A denormalized coordinate at least this large (or NaN, or infinite) samples at the
+#: border's low end, as onnxruntime does.
+COORD_LIMIT = 2.0 ** 62
 
 
 class _Arith:
@@ -55,6 +59,12 @@ class _Arith:
 
     def where(self, cond: g.Expr, a: g.Expr, b: g.Expr) -> g.Expr:
         return self.ctx.call("where", cond, a, b)
+
+    def finite_or(self, x: g.Expr, lo: float) -> g.Expr:
+        """`x`, or `lo` where `x` is NaN, infinite or at least 2**62 in magnitude: where
+        onnxruntime's GridSample puts such a coordinate (no int64 index holds it)."""
+        inside = self.op("less", self.ctx.call("abs", x), COORD_LIMIT)  # false for NaN
+        return self.where(inside, x, self.c(lo))
 
     def outside(self, x: g.Expr, lo: float, hi: float) -> g.Expr:
         return self.ctx.call("logical_or", self.op("less", x, lo), self.op("greater", x, hi))
@@ -89,9 +99,15 @@ def _cubic_weights(a: _Arith, t: g.Expr) -> list[g.Expr]:
             far(a.op("subtract", a.c(2.0), t))]
 
 
+Tap = tuple[g.Expr, g.Expr | None, g.Expr | None]
+
+
 def _axis_taps(a: _Arith, x: g.Expr, size: int, mode: str, padding: str, lo: float, hi: float
-               ) -> list[tuple[g.Expr, g.Expr | None]]:
-    """(int64 index, weight or None for 1) of each tap along one axis at coordinates x."""
+               ) -> list[Tap]:
+    """(int64 index, weight or None for 1, validity or None) of each tap along one axis at
+    coordinates x. With `zeros` padding the validity says where the tap is inside X: a
+    tap outside reads 0, not its clamped pixel times a weight of 0 (an infinite pixel
+    would make that NaN, where onnxruntime reads nothing)."""
     ctx = a.ctx
     raw: list[tuple[g.Expr, g.Expr | None]]
     if mode == "nearest":
@@ -104,10 +120,11 @@ def _axis_taps(a: _Arith, x: g.Expr, size: int, mode: str, padding: str, lo: flo
         first = 0 if mode == "linear" else -1
         raw = [(ctx.call("cast", a.op("add", base, float(first + k)), dtype="int64"), w)
                for k, w in enumerate(weights)]
-    taps: list[tuple[g.Expr, g.Expr | None]] = []
+    taps: list[Tap] = []
     top = ctx.const(np.array(size - 1, np.int64))
     zero = ctx.const(np.array(0, np.int64))
     for j, w in raw:
+        valid = None
         if padding == "reflection":
             jf = ctx.call("cast", j, dtype=a.dtype)
             jf = a.where(a.outside(jf, lo, hi), a.reflect(jf, lo, hi), jf)
@@ -115,10 +132,18 @@ def _axis_taps(a: _Arith, x: g.Expr, size: int, mode: str, padding: str, lo: flo
         elif padding == "zeros":
             valid = ctx.call("logical_and", ctx.call("greater_equal", j, zero),
                              ctx.call("less_equal", j, top))
-            mask = ctx.call("cast", valid, dtype=a.dtype)
-            w = mask if w is None else a.op("multiply", w, mask)
-        taps.append((ctx.call("clip", j, min=0, max=size - 1), w))
+        taps.append((ctx.call("clip", j, min=0, max=size - 1), w, valid))
     return taps
+
+
+def _inside_only(ctx: GraphContext, value: g.Expr, valids: list[g.Expr],
+                 shape: Callable[[g.Expr], g.Expr]) -> g.Expr:
+    """`value` where every tap of a combination is inside X, else 0 (`shape` makes the
+    validity broadcast against `value`)."""
+    if not valids:
+        return value
+    zero = ctx.const(np.array(0, to_numpy(ctx.tensor_type(value).dtype)))
+    return ctx.call("where", shape(chain(ctx, "logical_and", valids)), value, zero)
 
 
 @onnx_op("GridSample", min_opset=16)
@@ -156,13 +181,16 @@ def _grid_sample_onnx(ctx: GraphContext, inputs: Sequence[g.Expr | None],
         else:
             coord = a.op("divide", a.op("subtract", a.op("multiply", a.op("add", comp, 1.0),
                                                          float(size)), 1.0), 2.0)
+        lo, hi = (0.0, size - 1.0) if align else (-0.5, size - 0.5)
+        coord = a.finite_or(coord, lo)
         if mode == "nearest":
             coord = ctx.call("round", coord)
-        lo, hi = (0.0, size - 1.0) if align else (-0.5, size - 0.5)
-        if padding == "border" and mode != "cubic":
+        # linear and cubic pad their taps only (clamped or reflected one by one), as
+        # onnxruntime does: a tap of weight 0 reads the pixel onnxruntime reads
+        if padding == "border" and mode == "nearest":
             coord = a.where(a.outside(coord, lo, hi),
                             ctx.call("clip", coord, min=0.0, max=size - 1.0), coord)
-        elif padding == "reflection":
+        elif padding == "reflection" and mode == "nearest":
             coord = a.where(a.outside(coord, lo, hi), a.reflect(coord, lo, hi), coord)
         per_axis.append(_axis_taps(a, coord, size, mode, padding, lo, hi))
     points = int(np.prod(out_dims))
@@ -173,19 +201,54 @@ def _grid_sample_onnx(ctx: GraphContext, inputs: Sequence[g.Expr | None],
         e = e if ctx.tensor_type(e).dtype == dtype else ctx.call("cast", e, dtype=dtype)
         return ctx.call("reshape", e, shape=(n, 1, points))
 
-    total: g.Expr | None = None
-    for combo in itertools.product(*per_axis):
+    def read(combo: Sequence[Tap]) -> g.Expr:
         index = chain(ctx, "add", [
             j if s == 1 else ctx.call("multiply", j, ctx.const(np.array(s, np.int64)))
-            for (j, _), s in zip(combo, strides)])
+            for (j, _, _), s in zip(combo, strides)])
         index = ctx.call("broadcast_to", flat(index, "int64"), shape=(n, c, points))
-        value = ctx.call("gather_elements", flat_x, index, axis=2)
-        weights = [w for _, w in combo if w is not None]
+        return _inside_only(ctx, ctx.call("gather_elements", flat_x, index, axis=2),
+                            [v for _, _, v in combo if v is not None],
+                            lambda e: flat(e, "bool"))
+
+    # onnxruntime's sums: its bilinear kernel for 2-D `zeros` without align_corners adds
+    # each pixel times the product of its weights; its others nest, last axis innermost
+    nested = not (mode == "linear" and k == 2 and padding == "zeros" and not align)
+    total = _nested_sum(ctx, per_axis, read, lambda w: flat(w, xt.dtype)) if nested else \
+        _product_sum(ctx, per_axis, read, lambda w: flat(w, xt.dtype))
+    return [ctx.call("reshape", total, shape=(n, c, *out_dims))]
+
+
+def _product_sum(ctx: GraphContext, per_axis: list[list[Tap]],
+                 read: Callable[[Sequence[Tap]], g.Expr], shape: Callable[[g.Expr], g.Expr]
+                 ) -> g.Expr:
+    """The sum over every combination of taps of its pixel times the product of its
+    weights (first axis first)."""
+    total: g.Expr | None = None
+    for combo in itertools.product(*per_axis):
+        value = read(combo)
+        weights = [w for _, w, _ in combo if w is not None]
         if weights:
-            value = ctx.call("multiply", value, flat(chain(ctx, "multiply", weights), xt.dtype))
+            value = ctx.call("multiply", value, shape(chain(ctx, "multiply", weights)))
         total = value if total is None else ctx.call("add", total, value)
     assert total is not None
-    return [ctx.call("reshape", total, shape=(n, c, *out_dims))]
+    return total
+
+
+def _nested_sum(ctx: GraphContext, per_axis: list[list[Tap]],
+                read: Callable[[Sequence[Tap]], g.Expr], shape: Callable[[g.Expr], g.Expr],
+                prefix: tuple[Tap, ...] = ()) -> g.Expr:
+    """sum_t w_t * (the same over the next axes) along the first axis, the last axis
+    innermost: `wy1 (wx1 p11 + wx2 p12) + wy2 (wx1 p21 + wx2 p22)`."""
+    if len(prefix) == len(per_axis):
+        return read(prefix)
+    total: g.Expr | None = None
+    for tap in per_axis[len(prefix)]:
+        value = _nested_sum(ctx, per_axis, read, shape, (*prefix, tap))
+        if tap[1] is not None:
+            value = ctx.call("multiply", shape(tap[1]), value)
+        total = value if total is None else ctx.call("add", total, value)
+    assert total is not None
+    return total
 
 
 def chain(ctx: GraphContext, op: str, terms: list[g.Expr]) -> g.Expr:
@@ -195,6 +258,14 @@ def chain(ctx: GraphContext, op: str, terms: list[g.Expr]) -> g.Expr:
         out = ctx.call(op, out, t)
     return out
 
+
+
+def _off_image(a: _Arith, y: g.Expr, x: g.Expr, height: int, width: int) -> g.Expr:
+    """Where a DeformConv sample lies a pixel or more off the image (y <= -1, y >= H, ...):
+    onnxruntime reads none of its taps there, the sample is 0 (NaN is not off)."""
+    ctx = a.ctx
+    return chain(ctx, "logical_or", [a.op("less_equal", y, -1.0), a.op("greater_equal", y, height),
+                                     a.op("less_equal", x, -1.0), a.op("greater_equal", x, width)])
 
 
 @onnx_op("DeformConv", min_opset=19)
@@ -243,22 +314,27 @@ def _deform_conv_onnx(ctx: GraphContext, inputs: Sequence[g.Expr | None],
                     grp * 2 * taps + 2 * k + axis, np.int64)), axis=1)
                 return a.op("add", shift, ctx.const(base.astype(to_numpy(a.dtype))))
 
-            ys = _axis_taps(a, coord(0, rows + i * dh), height, "linear", "zeros", 0, 0)
-            xs_ = _axis_taps(a, coord(1, cols + j * dw), width, "linear", "zeros", 0, 0)
+            y_at, x_at = coord(0, rows + i * dh), coord(1, cols + j * dw)
+            ys = _axis_taps(a, y_at, height, "linear", "zeros", 0, 0)
+            xs_ = _axis_taps(a, x_at, width, "linear", "zeros", 0, 0)
             chans = ctx.call("gather", flat_x, ctx.const(np.arange(
                 grp * per_group, (grp + 1) * per_group, dtype=np.int64)), axis=1)
             total: g.Expr | None = None
-            for (yi, yw), (xi, xw) in itertools.product(ys, xs_):
+            for (yi, yw, yv), (xi, xw, xv) in itertools.product(ys, xs_):
                 index = ctx.call("add", ctx.call("multiply", yi, ctx.const(
                     np.array(width, np.int64))), xi)
                 index = ctx.call("broadcast_to", ctx.call("reshape", index, shape=(
                     n, 1, points)), shape=(n, per_group, points))
-                value = ctx.call("gather_elements", chans, index, axis=2)
+                value = _inside_only(ctx, ctx.call("gather_elements", chans, index, axis=2),
+                                     [v for v in (yv, xv) if v is not None],
+                                     lambda e: ctx.call("reshape", e, shape=(n, 1, points)))
                 assert yw is not None and xw is not None
                 weight = ctx.call("reshape", a.op("multiply", yw, xw), shape=(n, 1, points))
                 value = ctx.call("multiply", value, weight)
                 total = value if total is None else ctx.call("add", total, value)
             assert total is not None
+            total = ctx.call("where", ctx.call("reshape", _off_image(a, y_at, x_at, height, width),
+                                               shape=(n, 1, points)), a.c(0.0), total)
             if mask is not None:
                 m = ctx.call("gather", mask, ctx.const(np.array(grp * taps + k, np.int64)),
                              axis=1)

@@ -52,6 +52,7 @@ from kiln.ir.tensor import (
     select,
     seq,
 )
+from kiln.ops import nan_order
 
 FCompute = Callable[..., PrimExpr]
 
@@ -154,12 +155,16 @@ REDUCERS: dict[str, _Reducer] = {
     "prod": _Reducer(lambda a, b: a * b, lambda d: Const(1, d)),
     "max": _Reducer(max_, lowest_value),
     "min": _Reducer(min_, highest_value),
+    # onnxruntime's scan (kiln.ops.nan_order): a NaN never replaces the running extreme
+    "scan_max": _Reducer(nan_order.max_keep_first, lowest_value),
+    "scan_min": _Reducer(nan_order.min_keep_first, highest_value),
 }
 
 
 def reduce(kind: str, body: FCompute, extents: Sequence[int | PrimExpr], dtype: str,
            init: ExprLike | None = None) -> PrimExpr:
-    """Reduce `body(*k)` over `k` in `extents` with `kind` (sum, prod, max, min).
+    """Reduce `body(*k)` over `k` in `extents` with `kind` (sum, prod, max, min; scan_max
+    and scan_min skip NaN values, kiln.ops.nan_order.max_keep_first).
 
     Only valid inside a compute lambda while lowering: it emits the accumulator
     loop right before the statement that uses the result.

@@ -22,10 +22,22 @@ onnxruntime's QLinearConcat: each input copied or requantized.
 
 onnxruntime runs some other DQ -> op -> Q groups with its own integer kernels, whose
 float32 arithmetic differs from dequantize-op-quantize; those become the ops computing
-its numbers: uint8 Add/Mul -> `qlinear_add`/`qlinear_mul` (kiln.ops.quant_elementwise),
-GlobalAveragePool -> `qlinear_global_average_pool` (kiln.ops.quant_pool), uint8 and int8
-Softmax -> `qlinear_softmax` (kiln.ops.quant_softmax), and a uint8 AveragePool's QuantizeLinear
-rounds with the zero point added first.
+its numbers: Add/Mul -> `qlinear_add`/`qlinear_mul` (kiln.ops.quant_elementwise),
+GlobalAveragePool -> `qlinear_global_average_pool` (kiln.ops.quant_pool), Softmax ->
+`qlinear_softmax` (kiln.ops.quant_softmax), and an AveragePool's QuantizeLinear rounds
+with the zero point added first.
+
+Which groups those are follows onnxruntime's optimizer (kiln.ops.quant_ort): on x86 it
+runs an int8 Q/DQ pair as uint8 only when the pair has one reader, then fuses a group
+only when its quantized tensors have one type as its kernels see them (a convolution or
+MatMul only with uint8 activations); an int8 group it runs as uint8 is computed as uint8
+(`as_uint8`). Before matching, Q/DQ calls of one input with equal constant parameters
+are merged (its common-subexpression elimination), and a float bias between a DQ and a Q
+is quantized as its WeightBiasQuantization does (`onnxruntime_bias`). After, each
+convolution of dequantized operands whose result is quantized but that onnxruntime
+keeps in float becomes `conv2d_mlas` (kiln.ops.quant_mlas_conv): its float sums in MLAS's
+order (option `threads`: onnxruntime's thread count, which sets that order for some
+shapes).
 
 It applies only when the result is the same computation onnxruntime runs for the
 pattern (its QDQ transformer makes the same fusion): the scales and zero points are
@@ -53,7 +65,7 @@ point known only at run time, applied with B's column sums).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -62,9 +74,13 @@ from kiln.ir import graph as g
 from kiln.ir.analysis.graph_uses import var_use_counts
 from kiln.ir.module import IRModule
 from kiln.ir.types import TensorType
+from kiln.ir.visitor import GraphMutator
 from kiln.transform.dead_code import remove_dead_bindings
 from kiln.transform.functor import SharedPacking, rewrite_calls
 from kiln.transform.pass_base import FunctionPass
+
+if TYPE_CHECKING:
+    from kiln.ops.quant_ort import OrtTypes
 
 _CONVS = ("conv1d", "conv2d", "conv3d")
 _PRODUCT_DTYPES = ("int8", "uint8")
@@ -84,6 +100,9 @@ class QuantizeOps(FunctionPass):
 
     name = "quantize-ops"
     level = "graph"
+    #: onnxruntime's intra-op thread count, which sets how MLAS sums some float
+    #: convolutions (kiln.ops.quant_mlas_conv); None: its default on this host
+    threads: int | None = None
 
     def run_on_function(self, func: Any, name: str, mod: IRModule) -> g.Function:
         from kiln.ops import quant_kernels
@@ -93,11 +112,17 @@ class QuantizeOps(FunctionPass):
                    for b in func.bindings):
             return func
         from kiln.ops import quant_dynamic
+        from kiln.ops.quant_ort import OrtTypes
 
-        match = _Matcher({b.var: b.value for b in func.bindings}, var_use_counts(func))
+        func = _MergeEqualQdq().visit_function(func)
+        uses = var_use_counts(func)
+        match = _Matcher({b.var: b.value for b in func.bindings}, uses,
+                         OrtTypes.of(func, uses))
         fused = rewrite_calls(func, match.rewrite)
         if fused is not func:  # the integer products a fused op replaced: not packed
             fused = remove_dead_bindings(fused)
+        # the quantized convolutions left in float: summed as onnxruntime sums them
+        fused = rewrite_calls(fused, _FloatConvs(fused, self.threads).rewrite)
         # weights, zero-point corrections and bias prepared for the kernels
         packed = rewrite_calls(fused, SharedPacking(
             lambda c: quant_kernels.pack(c) or quant_dynamic.pack(c)))
@@ -139,9 +164,10 @@ def _increasing(scale: np.ndarray) -> bool:
 
 
 class _Matcher:
-    def __init__(self, defs: dict[g.Var, g.Expr], uses: Any) -> None:
+    def __init__(self, defs: dict[g.Var, g.Expr], uses: Any, ort: OrtTypes) -> None:
         self.defs = defs
         self.uses = uses
+        self.ort = ort
 
     def _producer(self, e: g.Expr, single_use: bool) -> g.Call | None:
         if isinstance(e, g.Var):
@@ -288,26 +314,34 @@ class _Matcher:
             return None
 
     def _binary(self, call: g.Call, q: g.Call) -> g.Call | None:
-        """`quantize(add|multiply(dequantize(a), dequantize(b)))` in float32, per tensor,
-        a, b and the output all uint8: onnxruntime's QLinearAdd / QLinearMul
-        (kiln.ops.quant_elementwise), the formula it runs for this group. onnxruntime
-        (x86) keeps the int8 group in float, and so does kiln."""
+        """`quantize(add|multiply(dequantize(a), dequantize(b)))` in float32, per tensor:
+        onnxruntime's QLinearAdd / QLinearMul (kiln.ops.quant_elementwise) when a, b and
+        the output have one type as its kernels see them (kiln.ops.quant_ort); int8
+        tensors it runs as uint8 are computed as uint8 (`as_uint8`). Mixed types stay
+        float there, and in kiln."""
         from kiln.ops import call as op_call
 
-        dtype = q.type.dtype if isinstance(q.type, TensorType) else ""
         ct = call.type
-        if dtype != "uint8" or not (isinstance(ct, TensorType) and ct.dtype == "float32"):
+        if not (isinstance(ct, TensorType) and ct.dtype == "float32"):
             return None
         operands: list[g.Expr] = []
+        seen = {self.ort.output(q)}
+        stored = {str(q.type.dtype) if isinstance(q.type, TensorType) else ""}
         for arg in call.args:
             p = self._dequantized(arg)
-            if p is None or p.axis is not None or p.scale.ndim or not (
-                    isinstance(p.data.type, TensorType) and p.data.type.dtype == dtype):
+            if p is None or p.axis is not None or p.scale.ndim \
+                    or not isinstance(p.data.type, TensorType):
                 return None
+            seen.add(self.ort.stored(p.data))
+            stored.add(p.data.type.dtype)
             operands += [p.data, g.Constant(p.scale.reshape(())),
                          g.Constant(np.asarray(p.zero_point).reshape(()))]
+        if len(seen) != 1 or len(stored) != 1 or not seen <= set(_PRODUCT_DTYPES):
+            return None
+        shifted = seen != stored  # int8 tensors onnxruntime runs as uint8
         try:
-            return op_call(_BINARY[call.op], *operands, *_output_params(q))
+            return op_call(_BINARY[call.op], *operands, *_output_params(q),
+                           **({"as_uint8": True} if shifted else {}))
         except IRError:  # shapes that do not broadcast: keep float
             return None
 
@@ -319,7 +353,8 @@ class _Matcher:
         x = self._dequantized(pool.args[0])
         if x is None or x.axis is not None or x.scale.ndim or not (
                 isinstance(x.data.type, TensorType) and isinstance(q.type, TensorType)
-                and x.data.type.dtype == q.type.dtype in _PRODUCT_DTYPES):
+                and x.data.type.dtype == q.type.dtype in _PRODUCT_DTYPES) \
+                or self.ort.stored(x.data) != self.ort.output(q):
             return None
         try:
             return op_call("qlinear_global_average_pool", x.data, g.Constant(x.scale),
@@ -329,18 +364,22 @@ class _Matcher:
             return None
 
     def _average_pool(self, pool: g.Call, q: g.Call) -> g.Call | None:
-        """`quantize(avg_pool(dequantize(x)))`, per tensor, uint8: onnxruntime's
-        QLinearAveragePool averages the dequantized floats as the float op does, then
-        rounds `average / y_scale + y_zp` (the zero point added before rounding)."""
+        """`quantize(avg_pool(dequantize(x)))`, per tensor, x and the output of one type as
+        onnxruntime's kernels see them: its QLinearAveragePool averages the dequantized
+        floats as the float op does, then rounds `average / y_scale + y_zp` (the zero point
+        added before rounding; for int8 it runs as uint8, with `y_zp + 128`)."""
         from kiln.ops import call as op_call
 
         x = self._dequantized(pool.args[0])
         if q.attrs.get("zero_point_first") or x is None or x.axis is not None \
                 or x.scale.ndim or q.attrs.get("axis") \
                 or not (isinstance(x.data.type, TensorType) and isinstance(q.type, TensorType)
-                        and x.data.type.dtype == q.type.dtype == "uint8"):
+                        and x.data.type.dtype == q.type.dtype in _PRODUCT_DTYPES) \
+                or self.ort.stored(x.data) != self.ort.output(q):
             return None
-        return op_call("quantize_linear", *q.args, zero_point_first=True)
+        shifted = self.ort.output(q) != q.type.dtype
+        return op_call("quantize_linear", *q.args, zero_point_first=True,
+                       **({"as_uint8": True} if shifted else {}))
 
     def _softmax(self, softmax: g.Call, q: g.Call, y_scale: np.ndarray, y_zp: np.ndarray
                  ) -> g.Call | None:
@@ -354,6 +393,7 @@ class _Matcher:
         axis = softmax.attrs.get("axis", -1)
         if x is None or x.axis is not None or x.scale.ndim or not isinstance(xt, TensorType) \
                 or xt.dtype not in ("uint8", "int8") or str(y_zp.dtype) != xt.dtype \
+                or self.ort.stored(x.data) != self.ort.output(q) \
                 or not isinstance(axis, int) or axis % max(xt.ndim, 1) != xt.ndim - 1 \
                 or not isinstance(xt.shape[-1], int) or 1 / float(y_scale) > MAX_MULTIPLIER:
             return None
@@ -382,16 +422,34 @@ class _Matcher:
             return self._activation_product(q, op, product, x, w, bias, lo, hi, y_scale, y_zp)
         if not (w.data.data.ndim >= 2 and str(w.data.data.dtype) in _PRODUCT_DTYPES):
             return None
+        gemm = product.op == "matmul" and (bias is not None
+                                           or bool(product.attrs.get("transpose_b")))
+        if not self._integer_group(q, x.data, str(w.data.data.dtype), gemm):
+            return None
         channels = w.data.data.shape[channel_axis]
         if w.axis is not None and (w.axis != channel_axis or w.scale.shape != (channels,)):
             return None
         if product.op == "matmul" and w.data.data.ndim != 2:
             return None
-        bias_data = self._bias(bias, x.scale * w.scale, channels)
+        # a float bias is quantized by onnxruntime for a Conv or Gemm (a 2-D MatMul + Add
+        # becomes one), not for a batched MatMul's Add
+        float_bias = product.op in _CONVS or xt.ndim == 2
+        bias_data = self._bias(bias, x.scale * w.scale, channels, float_bias)
         if bias_data is None:
             return None
+        # int8 activations onnxruntime runs as uint8: its AVX2 pairs saturate on them too
+        shifted = {"as_uint8": True} if xt.dtype == "int8" \
+            and self.ort.stored(x.data) == "uint8" else {}
         return self._integer_product(op, x, w, bias_data, y_scale, y_zp,
-                                     {**product.attrs, "qmin": lo, "qmax": hi})
+                                     {**product.attrs, "qmin": lo, "qmax": hi, **shifted})
+
+    def _integer_group(self, q: g.Call, x_data: g.Expr, w_dtype: str, gemm: bool) -> bool:
+        """Whether onnxruntime runs the product group ending at `q` as QLinearConv,
+        QLinearMatMul or QGemm (kiln.ops.quant_ort): the activation and the output of one
+        type, uint8 (int8 activations only in a Gemm with an int8 weight). Otherwise it
+        computes the float product, and so does kiln."""
+        x_type, y_type = self.ort.stored(x_data), self.ort.output(q)
+        return x_type == y_type and (x_type == "uint8" or (gemm and w_dtype == "int8"))
 
     @staticmethod
     def _integer_product(op: str, x: Any, w: Any, bias: np.ndarray, y_scale: np.ndarray,
@@ -485,27 +543,32 @@ class _Matcher:
     def _activation_product(self, q: g.Call, op: str, product: g.Call, x: Any, w: Any,
                             bias: g.Expr | None, lo: int, hi: int, y_scale: np.ndarray,
                             y_zp: np.ndarray) -> g.Call | None:
-        """`quantize(matmul(dequantize(a), dequantize(b)))` of two uint8 activations, both
-        per tensor, no bias (attention's Q K^T and P V): `qlinear_matmul` with B read at
-        run time, as onnxruntime's QDQ transformer makes it a QLinearMatMul (an exact
-        int32 product requantized, where the float product rounded before the
-        quantization). int8 activations keep the float product: onnxruntime runs them
-        either way, depending on its int8-to-uint8 transformer (docs/quantization.md)."""
-        wt, xt = w.data.type, x.data.type
+        """`quantize(matmul(dequantize(a), dequantize(b)))` of two activations, both per
+        tensor, no bias (attention's Q K^T and P V), A and the output uint8 as
+        onnxruntime's kernels see them (int8 pairs it runs as uint8 included):
+        `qlinear_matmul` with B read at run time, as onnxruntime's QDQ transformer makes
+        it a QLinearMatMul (an exact int32 product requantized, where the float product
+        rounded before the quantization). Other types keep the float product, as
+        onnxruntime does."""
+        wt = w.data.type
         if op != "qlinear_matmul" or bias is not None or product.attrs.get("transpose_b") \
                 or w.axis is not None or w.scale.ndim \
-                or not (isinstance(wt, TensorType) and wt.dtype == "uint8"
-                        and isinstance(xt, TensorType) and xt.dtype == "uint8"
+                or not self._integer_group(q, x.data, "", False) \
+                or not (isinstance(wt, TensorType) and wt.dtype in _PRODUCT_DTYPES
                         and wt.ndim >= 2 and isinstance(wt.shape[-1], int)):
             return None
         return self._integer_product(op, x, w, np.zeros((wt.shape[-1],), np.int32), y_scale,
                                      y_zp, {"qmin": lo, "qmax": hi})
 
-    def _bias(self, bias: g.Expr | None, scale: np.ndarray, channels: int) -> np.ndarray | None:
+    def _bias(self, bias: g.Expr | None, scale: np.ndarray, channels: int,
+              float_bias: bool) -> np.ndarray | None:
         """The int32 bias of the fused op (zeros when the product has none), or None when
-        the bias is not `dequantize_linear(int32 constant, x_scale * w_scale, 0)`."""
+        the bias is not `dequantize_linear(int32 constant, x_scale * w_scale, 0)` or, with
+        `float_bias`, a float constant (which onnxruntime quantizes, `onnxruntime_bias`)."""
         if bias is None:
             return np.zeros((channels,), np.int32)
+        if isinstance(bias, g.Constant):
+            return onnxruntime_bias(bias, scale, channels) if float_bias else None
         b = self._dequantized(bias)
         if b is None or not isinstance(b.data, g.Constant) or b.data.data.dtype != np.int32 \
                 or b.data.data.shape != (channels,) or np.any(b.zero_point != 0):
@@ -514,3 +577,121 @@ class _Matcher:
         if not np.allclose(np.broadcast_to(b.scale, (channels,)), want, rtol=1e-5, atol=0):
             return None
         return np.asarray(b.data.data, np.int32)
+
+
+class _MergeEqualQdq(GraphMutator):
+    """One QuantizeLinear (DequantizeLinear) for calls of one input with equal constant
+    parameters: onnxruntime's common-subexpression elimination merges them before its
+    QDQ fusion (a file with a dedicated Q/DQ pair per consumer quantizes a convolution's
+    output twice; merged, the convolution has one reader and fuses)."""
+
+    def __init__(self) -> None:
+        self.seen: dict[tuple[Any, ...], g.Var] = {}
+        self.alias: dict[g.Var, g.Var] = {}
+
+    def visit_var(self, e: g.Var) -> g.Expr:
+        return self.alias.get(e, e)
+
+    def visit_binding(self, b: g.Binding) -> g.Binding | list[g.Binding] | None:
+        new = super().visit_binding(b)
+        value = new.value if isinstance(new, g.Binding) else None
+        if not (isinstance(value, g.Call) and value.op in ("quantize_linear", "dequantize_linear")
+                and all(isinstance(a, g.Constant) for a in value.args[1:])):
+            return new
+        params = tuple((c.data.dtype.str, c.data.shape, c.data.tobytes())
+                       for c in value.args[1:] if isinstance(c, g.Constant))
+        key = (value.op, id(value.args[0]), params, tuple(sorted(value.attrs.items())))
+        if key in self.seen:
+            self.alias[b.var] = self.seen[key]
+            return None
+        self.seen[key] = b.var
+        return new
+
+
+def onnxruntime_bias(bias: g.Constant, scale: np.ndarray, channels: int) -> np.ndarray | None:
+    """A float bias of a product between a DequantizeLinear and a QuantizeLinear as
+    onnxruntime's WeightBiasQuantization transformer quantizes it before its QDQ fusion:
+    `int32(round_half_even(bias / (x_scale * w_scale)))` in float32 (None: not a 1-D
+    float32 bias of `channels` values, or out of int32's range)."""
+    data = np.asarray(bias.data)
+    if data.dtype != np.float32 or data.shape != (channels,):
+        return None
+    with np.errstate(all="ignore"):
+        q = np.rint((data / np.asarray(scale, np.float32)).astype(np.float32))
+    if not np.all(np.abs(q) < 2.0 ** 31):
+        return None
+    return q.astype(np.int32)
+
+
+class _FloatConvs:
+    """The convolutions of a QDQ group onnxruntime keeps in float (the matcher fused the
+    others): `conv2d(dequantize(x), dequantize(w)[, bias])` whose result only a
+    QuantizeLinear reads (through a ReLU or Clip or not) becomes `conv2d_mlas`
+    (kiln.ops.quant_mlas_conv), the float sums in MLAS's order, so that the quantized
+    result is onnxruntime's. A weight that is a float constant is not such a group
+    (onnxruntime runs it on its blocked-layout kernels instead)."""
+
+    def __init__(self, func: g.Function, threads: int | None) -> None:
+        from kiln.ops.quant_mlas_conv import default_threads
+
+        self.defs = {b.var: b.value for b in func.bindings}
+        self.vars = {id(b.value): b.var for b in func.bindings}
+        self.uses = var_use_counts(func)
+        self.readers: dict[g.Var, g.Call] = {}
+        for b in func.bindings:
+            if isinstance(b.value, g.Call):
+                for a in b.value.args:
+                    if isinstance(a, g.Var):
+                        self.readers[a] = b.value
+        self.threads = default_threads() if threads is None else threads
+
+    def _dequantized(self, e: g.Expr) -> bool:
+        value = self.defs.get(e) if isinstance(e, g.Var) else None
+        return isinstance(value, g.Call) and value.op == "dequantize_linear"
+
+    def _quantized(self, var: g.Var | None) -> bool:
+        """Whether `var`'s one reader is a QuantizeLinear, or a ReLU/Clip whose is."""
+        for _ in range(2):
+            if var is None or self.uses[var] != 1 or var not in self.readers:
+                return False
+            reader = self.readers[var]
+            if reader.op == "quantize_linear":
+                return True
+            if reader.op not in ("relu", "clip"):
+                return False
+            var = self.vars.get(id(reader))
+        return False
+
+    def _scale(self, e: g.Expr) -> np.ndarray | None:
+        """The constant scale of the DequantizeLinear bound to `e`, else None."""
+        value = self.defs.get(e) if isinstance(e, g.Var) else None
+        if isinstance(value, g.Call) and isinstance(value.args[1], g.Constant):
+            return np.asarray(value.args[1].data, np.float32)
+        return None
+
+    def _bias(self, call: g.Call) -> g.Expr | None:
+        """A float constant bias as onnxruntime computes with it: quantized to int32 with
+        scale `x_scale * w_scale` (`onnxruntime_bias`), then dequantized."""
+        bias = call.args[2]
+        x_scale, w_scale = self._scale(call.args[0]), self._scale(call.args[1])
+        if not isinstance(bias, g.Constant) or x_scale is None or x_scale.ndim \
+                or w_scale is None:
+            return bias
+        scale = (x_scale * w_scale).astype(np.float32)
+        q = onnxruntime_bias(bias, scale, int(np.asarray(bias.data).size))
+        if q is None:
+            return bias
+        return g.Constant((q.astype(np.float32) * scale).astype(np.float32))
+
+    def rewrite(self, call: g.Call) -> g.Call | None:
+        from kiln.ops import call as op_call
+
+        if call.op != "conv2d" or not all(self._dequantized(a) for a in call.args[:2]) \
+                or not self._quantized(self.vars.get(id(call))):
+            return None
+        args = (*call.args[:2], self._bias(call)) if len(call.args) == 3 else call.args
+        try:
+            return op_call("conv2d_mlas", *args, **call.attrs, threads=self.threads)
+        except IRError:  # a shape MLAS sums with other kernels: keep kiln's
+            return None
+

@@ -78,18 +78,21 @@ def test_pool_in_a_blocked_region_matches_onnxruntime(case: str, kind: str) -> N
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4, err_msg=f"{h}x{w}")
 
 
-def test_max_pool_keeps_nan_and_infinities() -> None:
+@pytest.mark.parametrize("case", ["resnet_3x3_s2_pad", "dilated"])
+def test_max_pool_treats_nan_like_the_nchw_kernel(case: str) -> None:
     """NaN and infinities reach the pool through the first convolution (which turns the
-    infinities into NaN around them); the outputs hold NaN where onnxruntime's do, and
-    its values elsewhere."""
-    op, attrs = POOLS["resnet_3x3_s2_pad"]
+    infinities into NaN around them): the blocked kernel skips NaN as the NCHW kernel
+    does (MaxPool's rule, kiln.ops.max_pool_kernel's `window_max`; a dilated window
+    keeps a leading NaN), so the model's outputs equal those of the default pipeline,
+    NaN where they have NaN."""
+    op, attrs = POOLS[case]
     m = model(op, attrs, 13, 13)
-    ex = kiln.compile(from_onnx(m), native_target("llvm"), graph_pipeline="nchwc")
+    blocked = kiln.compile(from_onnx(m), native_target("llvm"), graph_pipeline="nchwc")
+    pools = [f for f in blocked.ir.prim_funcs().values() if "kiln.pool_kernel" in f.attrs]
+    assert pools and all(f.attrs["kiln.pool_kernel"] == "pool2d_nchwc" for f in pools)
+    plain = kiln.compile(from_onnx(m), native_target("llvm"))
     x = np.random.default_rng(5).standard_normal((1, CHANNELS, 13, 13)).astype(np.float32)
     x[0, 3, 4, 4], x[0, 5, 0, 0], x[0, 7, 12, 12] = np.inf, -np.inf, np.nan
-    (want,) = onnxruntime_outputs(m, {"x": x})
-    got = np.asarray(ex["main"](x))
-    assert np.isnan(want).any() and not np.isnan(want).all()
-    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
-    finite = np.isfinite(want)
-    np.testing.assert_allclose(got[finite], want[finite], rtol=1e-4, atol=1e-4)
+    got, want = np.asarray(blocked["main"](x)), np.asarray(plain["main"](x))
+    assert np.isfinite(want).any() and not np.isfinite(want).all()
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)  # NaN where NaN

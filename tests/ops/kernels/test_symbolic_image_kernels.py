@@ -153,8 +153,9 @@ def test_byte_max_pools_over_a_symbolic_image(elem: int, dtype: type) -> None:
 
 
 def test_a_max_pool_with_nan_and_infinities_equals_the_static_kernel() -> None:
-    # kiln's max propagates NaN (onnxruntime's skips it): the clamped kernel as the
-    # static one, bit for bit, and onnxruntime's wherever no NaN is in the window
+    # MaxPool's rule (kiln.ops.max_pool_kernel's `window_max`): NaN skipped, in the
+    # clamped kernel as in the static one, bit for bit, and onnxruntime's (its NaN comes
+    # first in the window, where onnxruntime's vector kernel drops it too)
     model = pool_model(3, 2, [1, 1, 1, 1])
     ex = kiln.compile(from_onnx(model), "llvm")
     static = kiln.compile(from_onnx(model, shape_dict={"n": 1, "h": 9, "w": 8}), "llvm")
@@ -162,10 +163,27 @@ def test_a_max_pool_with_nan_and_infinities_equals_the_static_kernel() -> None:
     x[0, 0, 0, 0], x[0, 1, 4, 4], x[0, 2, 8, 7] = np.nan, -np.inf, np.inf
     got = np.asarray(ex["main"](x))
     np.testing.assert_array_equal(got, np.asarray(static["main"](x)))
-    assert np.isnan(got[0, 0, 0, 0]) and got[0, 2, 4, 3] == np.inf
+    assert not np.isnan(got).any() and got[0, 2, 4, 3] == np.inf
+    np.testing.assert_array_equal(got, ort_session(model).run(None, {"x": x})[0])
+
+
+def test_a_dilated_max_pool_with_nan_scans_as_onnxruntime() -> None:
+    # a dilated window scanned from its first element inside the image (kiln.ops.pool's
+    # scans_from_first): a leading NaN stays, later ones are skipped, -inf alone is -inf
+    gb = GraphBuilder(seed=1)
+    x = gb.input("x", ("n", 3, "h", "w"))
+    gb.output(gb.op("MaxPool", x, kernel_shape=[3, 2], strides=[1, 2], dilations=[2, 2],
+                    pads=[2, 1, 1, 0]), typed=False)
+    model = gb.model(check=False)
+    ex = kiln.compile(from_onnx(model), "llvm")
+    assert kernels(ex, "kiln.pool_kernel")
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal((1, 3, 9, 8)).astype(np.float32)
+    mask = rng.random(x.shape) < 0.3
+    x[mask] = rng.choice(np.array([np.nan, -np.inf, np.inf], np.float32), mask.sum())
     want = ort_session(model).run(None, {"x": x})[0]
-    finite = ~np.isnan(got)
-    np.testing.assert_array_equal(got[finite], want[finite])
+    assert np.isnan(want).any()
+    np.testing.assert_array_equal(np.asarray(ex["main"](x)), want)
 
 
 def test_a_dilated_max_pool_over_a_symbolic_image() -> None:

@@ -9,7 +9,7 @@ on: i32 (int32_t, also used for the narrower integers after C's promotion), i64,
 u32, u64, f32 (float; float16 and bfloat16 compute in float) and f64.
 
 They exist where C has no operator with the IR's meaning (kiln.ir.evaluate):
-rounding division and modulo, min/max with Python's tie rule, integer pow/abs,
+rounding division and modulo, min/max with the IR's tie and NaN rules, integer pow/abs,
 and the 16-bit float conversions (correctly rounded, ties to even).
 """
 

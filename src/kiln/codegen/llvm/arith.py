@@ -14,7 +14,8 @@ numpy, so no input traps or yields poison:
   such as 1.0 // 0.1);
 - `min`/`max` return the first operand on ties (so min(-0.0, +0.0) is -0.0), as
   the interpreter does; a NaN operand gives NaN, like `np.minimum`/`np.maximum`
-  (the interpreter leaves that case unspecified);
+  (the interpreter and the c backend's helpers too; the NaN rules of ONNX operators
+  are built on top of these in kiln/ops/nan_order.py);
 - float `ne` is unordered (NaN != NaN is true), the other comparisons ordered;
 - float -> int truncates toward zero; values outside the target type but within
   int64 wrap modulo 2**bits, beyond int64 they saturate, NaN gives 0;

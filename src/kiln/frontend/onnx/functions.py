@@ -18,6 +18,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from kiln.errors import FrontendError
+from kiln.frontend.onnx import attention_body
 
 # An input's type for a context-dependent function: (ONNX element type, dims),
 # a dim being an int or a symbolic name; None for an omitted optional input.
@@ -102,7 +103,9 @@ def expand(node: Any, opset: int, input_types: Sequence[InputType], prefix: str
             attrs[name] = spec.default_value
     body_opset = next((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")),
                       opset)
-    return [_renamed(n, rename, attrs) for n in proto.node], int(body_opset)
+    # onnxruntime's own kernel masks differently from some bodies (attention_body.py)
+    nodes = attention_body.rewrite(schema, list(proto.node))
+    return [_renamed(n, rename, attrs) for n in nodes], int(body_opset)
 
 
 def _renamed(node: Any, rename: Callable[[str], str], attrs: dict[str, Any]) -> Any:

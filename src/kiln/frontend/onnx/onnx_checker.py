@@ -14,10 +14,18 @@ graph input of the same type and shape instead (legal since IR version 4, and
 what onnx's own shape inference sees for an input without data). Small
 initializers keep their data: shape inference propagates the values of small
 integer tensors (Reshape targets, Slice bounds, Resize scales) and must see them.
+
+Where onnx's checker is stricter than onnxruntime, the checked copy is amended and the
+model accepted with a warning: IR versions before 4 require every initializer to be a
+graph input too, which files quantized by onnxruntime's own quantizer break (it adds
+scales and zero points as initializers only and keeps the IR version); onnxruntime runs
+them, so an initializer a node reads is declared as an input of the copy
+(`ir3_undeclared`). One that no node reads stays undeclared: onnxruntime refuses it.
 """
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Mapping
 from typing import Any
 
@@ -44,6 +52,7 @@ def check_onnx_model(proto: Any, views: dict[int, np.ndarray],
 
     try:
         copy = _weightless_copy(proto, views)
+        _declare_ir3_initializers(proto, copy)
         _declare_ranks(copy, input_ranks)
         onnx.checker.check_model(copy, full_check=True)
     except UnicodeDecodeError:  # onnx quotes the model's bytes in its message
@@ -86,6 +95,60 @@ def _weightless_copy(proto: Any, views: dict[int, np.ndarray]) -> Any:
             graph.input.append(helper.make_tensor_value_info(init.name, init.data_type,
                                                              list(init.dims)))
     return copy
+
+
+#: The first IR version whose initializers need not be graph inputs.
+INITIALIZERS_AS_INPUTS_UNTIL = 4
+
+
+def ir3_undeclared(model: Any) -> list[str]:
+    """The initializers of an IR version < 4 `model` that a node of its main graph (or of
+    a subgraph) reads but that are not listed as graph inputs, as that IR version
+    requires: onnx's checker refuses them, onnxruntime runs the file."""
+    if model.ir_version >= INITIALIZERS_AS_INPUTS_UNTIL:
+        return []
+    graph = model.graph
+    declared = {i.name for i in graph.input}
+    read = set(_names_read(graph))
+    return [t.name for t in graph.initializer if t.name not in declared and t.name in read]
+
+
+def _names_read(graph: Any) -> Any:
+    """Every value name a node of `graph` or of its subgraphs reads."""
+    from onnx import AttributeProto
+
+    for node in graph.node:
+        yield from node.input
+        for attr in node.attribute:
+            if attr.type == AttributeProto.GRAPH:
+                yield from _names_read(attr.g)
+            elif attr.type == AttributeProto.GRAPHS:
+                for sub in attr.graphs:
+                    yield from _names_read(sub)
+
+
+def _declare_ir3_initializers(model: Any, copy: Any) -> None:
+    """Declare `model`'s `ir3_undeclared` initializers as graph inputs of the checked
+    `copy` (of their type and shape; large ones already are), with a warning naming them."""
+    from onnx import helper
+
+    names = ir3_undeclared(model)
+    if not names:
+        return
+    shown = ", ".join(repr(n) for n in names[:5]) + (
+        f" and {len(names) - 5} more" if len(names) > 5 else "")
+    warnings.warn(
+        f"initializer(s) {shown} of this IR version {model.ir_version} model are not listed "
+        f"as graph inputs, which IR versions before {INITIALIZERS_AS_INPUTS_UNTIL} require "
+        "(onnx.checker refuses the file); accepted as constants, as onnxruntime runs them",
+        UserWarning, stacklevel=4)
+    graph = copy.graph
+    declared = {i.name for i in graph.input}
+    by_name = {t.name: t for t in model.graph.initializer}
+    for name in names:
+        if name not in declared:
+            t = by_name[name]
+            graph.input.append(helper.make_tensor_value_info(name, t.data_type, list(t.dims)))
 
 
 def _declare_ranks(model: Any, input_ranks: Mapping[str, int]) -> None:

@@ -114,8 +114,9 @@ _ERF_BIG = (-3.0726646005889705e-07, 1.2775221941525514e-06, 1.908717145763411e-
             9.993823041870228e-01)
 
 # MLAS's erf (with FMA): x + x P(x^2) below the split, 1 - exp(-(x + x Q(x))) above,
-# |x| clamped to 3.725; its exp has its own degree-6 polynomial. Faithfully rounded.
-_MLAS_ERF_UPPER = 3.725
+# |x| clamped to 3.925 (its ErfUpperAbsRange: from there on the result rounds to exactly
+# +-1); its exp has its own degree-6 polynomial. Faithfully rounded.
+_MLAS_ERF_UPPER = 3.925
 _MLAS_ERF_SMALL = (-5.99104969e-4, 4.99339588e-3, -2.67667342e-2, 1.12818025e-1,
                    -3.76124859e-1, 1.28379151e-1)
 _MLAS_ERF_BIG = (1.72948930e-5, -3.83208680e-4, 3.88393435e-3, -2.42545605e-2,

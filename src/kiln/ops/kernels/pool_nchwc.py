@@ -9,12 +9,11 @@ kernel rows by bounds computed once per output row, the kernel columns by bounds
 computed per position in the row's border runs only; its interior positions run every
 tap). A max over the taps left is the max over a window padded with the lowest value,
 so both agree with the tensor-expression definition, whose sum order (row-major over
-the window) the average keeps too. kiln's max propagates NaN (a compare, an unordered
-compare and a select per tap on x86); the window's max is folded as `maxps` computes
-it instead (NaN dropped: one instruction on the accumulator's chain) while a second
-vector keeps any NaN tap's value, which wins at the store (VGG-19's 2x2/2 pool on 64
-channels at 224x224: 1.06, 0.98 -> 0.91 ms; without the NaN vector 0.89; Zen 4, one
-thread). The generic lowering this replaces ran the window one element at a time:
+the window) the average keeps too. The max is MaxPool's rule (kiln.ops.max_pool_kernel:
+`window_max` from `max_floor`, NaN skipped), one `maxps` per tap on x86 (VGG-19's 2x2/2
+pool on 64 channels at 224x224: 0.89 ms, against 0.91 when a second vector carried a
+NaN tap to the store and 1.06 with a NaN-propagating max; Zen 4, one thread). The
+generic lowering this replaces ran the window one element at a time:
 SqueezeNet's 3x3/2 max pools on 256 and 512 channels took 1.0 ms each in NCHW16c
 against 0.05 ms for the NCHW kernel (Zen 4, one thread).
 """
@@ -32,14 +31,13 @@ from kiln.ir.tensor import (
     Store,
     Var,
     as_expr,
-    intrin,
     max_,
     min_,
-    select,
     seq,
 )
-from kiln.ops import te
+from kiln.ops import nan_order, te
 from kiln.ops.kernels.tiles import Epilogue, lanes_loop, loop, parallel_tiles, parallel_when
+from kiln.ops.max_pool_kernel import max_floor, window_max
 from kiln.ops.pool_kernels import PoolGeometry
 
 
@@ -61,21 +59,23 @@ def _taps(start: PrimExpr, k: int, dilation: int, size: int) -> tuple[PrimExpr, 
 
 
 def pool_nchwc_body(kind: str, geometry: PoolGeometry, include_pad: bool, x: Buffer,
-                    out: Buffer, epilogue: Epilogue) -> Stmt:
+                    out: Buffer, epilogue: Epilogue, scan: bool = False) -> Stmt:
     """The loop nest of a `kind` ("max" or "avg") pool of the NCHW{b}c `x` into `out`,
     `epilogue(value, index)` applied as each output lane is stored. `geometry` is the
-    window on the channel-merged NCHW input (kiln.ops.pool_nchwc)."""
+    window on the channel-merged NCHW input (kiln.ops.pool_nchwc). `scan`: a max scanned
+    from each window's first element inside the input (kiln.ops.pool's
+    `scans_from_first`: from -inf, a leading NaN kept)."""
     batch, blocks, h, w, block = (int(d) for d in x.shape)
     (kh, kw), (sh, sw), (dh, dw) = geometry.kernel, geometry.strides, geometry.dilations
     top, left = geometry.begins
     out_h, out_w = geometry.out
     dtype = x.dtype
-    start: PrimExpr = as_expr(te.lowest_value(dtype) if kind == "max" else 0.0, dtype)
+    start: PrimExpr = as_expr(0.0, dtype) if kind != "max" else \
+        te.lowest_value(dtype) if scan else max_floor(dtype)
     counts = Buffer("window_count", (out_h, out_w), "float32")
 
     def fold(acc: PrimExpr, value: PrimExpr) -> PrimExpr:
-        # a max as x86's `maxps` computes it (NaN dropped: `nan` carries it)
-        return select(value > acc, value, acc) if kind == "max" else acc + value
+        return window_max(acc, value) if kind == "max" else acc + value
 
     def row(n: PrimExpr, c: PrimExpr, oh: PrimExpr) -> Stmt:
         r0 = Var("r0", INDEX_DTYPE)
@@ -85,16 +85,11 @@ def pool_nchwc_body(kind: str, geometry: PoolGeometry, include_pad: bool, x: Buf
         def position(ow: PrimExpr, cols: tuple[PrimExpr, PrimExpr] | None) -> Stmt:
             q0 = ow * sw - left
             acc = Buffer("acc", (block,), dtype, "local")
-            nan = Buffer("nan", (block,), dtype, "local")  # a NaN tap's value, else 0
 
             def taps(i: PrimExpr) -> Stmt:
                 def lane(j: PrimExpr, v: PrimExpr) -> Stmt:
                     value = x[n, c, r0 + i * dh, q0 + j * dw, v]
-                    folded = Store(acc, fold(acc[v], value), (v,))
-                    if kind != "max":
-                        return folded
-                    return seq(folded, Store(nan, select(intrin("isnan", value), value,
-                                                         nan[v]), (v,)))
+                    return Store(acc, fold(acc[v], value), (v,))
 
                 def tap(j: PrimExpr) -> Stmt:
                     return lanes_loop("v", block, lambda v: lane(j, v))
@@ -105,17 +100,13 @@ def pool_nchwc_body(kind: str, geometry: PoolGeometry, include_pad: bool, x: Buf
 
             def store(v: PrimExpr) -> Stmt:
                 idx = (n, c, oh, ow, v)
-                value = select(intrin("isnan", nan[v]), nan[v], acc[v]) if kind == "max" \
-                    else acc[v] / counts[oh, ow]
+                value = acc[v] if kind == "max" else acc[v] / counts[oh, ow]
+                if scan:  # the window's first tap: kh_lo, and its first column
+                    first = x[n, c, r0 + kh_lo * dh, q0 + (cols[0] if cols else 0) * dw, v]
+                    value = nan_order.with_leading_nan(first, value)
                 return Store(out, epilogue(value, idx), idx)
 
-            def init(v: PrimExpr) -> Stmt:
-                if kind != "max":
-                    return Store(acc, start, (v,))
-                return seq(Store(acc, start, (v,)), Store(nan, as_expr(0.0, dtype), (v,)))
-
-            return seq(Allocate(acc), *([Allocate(nan)] if kind == "max" else []),
-                       lanes_loop("v", block, init),
+            return seq(Allocate(acc), lanes_loop("v", block, lambda v: Store(acc, start, (v,))),
                        loop("kh", kh_hi - kh_lo, taps, start=kh_lo),
                        lanes_loop("v", block, store))
 

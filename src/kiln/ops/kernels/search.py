@@ -28,7 +28,11 @@ only for the calls its kernel computes, K blocking computes the same sums in
 another order, an unroll the same sums in the same order. `variants` lists them most
 promising first (the Winograd kernel where it computes the call, splits, K blocking,
 unrolls and the other algorithms, then tiles nearest the rule's), the order `kiln tune`
-tries them in; `pack_params` packs a call with one (what a tuned compile does).
+tries them in; `pack_params` packs a call with one (what a tuned compile does), after
+checking it is one of the call's variants: a tile must be the rule's or one the family
+lists (`legal_tiles`), so a database edited by hand cannot make a kernel of any other
+tile. `check_database` checks, before a compile, that every record names a known
+kernel and only the parameters that kernel takes (`kernel_parameters`).
 """
 
 from __future__ import annotations
@@ -36,7 +40,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol, cast, runtime_checkable
 
-from kiln.errors import UsageError
+from kiln.errors import UsageError, shown
 from kiln.ir import graph as g
 from kiln.ir.types import TensorType
 from kiln.ops.kernels.conv_direct import KSEGMENT
@@ -59,6 +63,10 @@ KBLOCK_FAMILIES = ("gemm", "gemm_tiled", "conv_gemm", "conv_grouped")
 UNROLL_FAMILIES = (*KBLOCK_FAMILIES, "conv_direct")
 #: The GEMM convolution families (one product per image, or per image and group).
 CONV_GEMMS = ("conv_gemm", "conv_grouped")
+#: The parameters a kernel family's variant may hold.
+FAMILY_PARAMS = ("tile", SPLIT, KBLOCK, KSEGMENT, UNROLL, "family")
+#: Tiles an error lists before it says how many more there are.
+SHOWN_TILES = 12
 
 Params = dict[str, Any]
 
@@ -278,10 +286,7 @@ def pack_params(family: KernelFamily, call: g.Call, isa: ISA, params: Mapping[st
                          f"take it, one of {', '.join(map(str, unrolls(name, call))) or 'none'}"
                          f" for this {name!r} call (no larger than its K)")
     chosen = KERNELS.get(name) if name != family.name else family
-    tile = params.get("tile")
-    pack_tile = getattr(chosen, "pack_tile", None)
-    packed = pack_tile(call, isa, tuple(tile)) if tile is not None and callable(pack_tile) \
-        else chosen.pack(call, isa)
+    packed = _packed_with_tile(chosen, call, isa, params.get("tile"))
     extra = {**({SPLIT: split} if split is not None else {}),
              **({KBLOCK: True} if kblock else {}),
              **({KSEGMENT: segment} if segment is not None else {}),
@@ -292,12 +297,99 @@ def pack_params(family: KernelFamily, call: g.Call, isa: ISA, params: Mapping[st
                   packed.ret_type)
 
 
+def legal_tiles(family: KernelFamily, call: g.Call, isa: ISA) -> list[tuple[int, ...]]:
+    """The tiles `family` lists for `call` on `isa` other than its rule's: its
+    `candidates` and, where it has them, its `offered_tiles` (none for a family without
+    a tile to tune)."""
+    out: list[tuple[int, ...]] = []
+    for method in ("candidates", "offered_tiles"):
+        listed = getattr(family, method, None)
+        if callable(listed):
+            out += [tuple(t) for t in listed(call, isa) if tuple(t) not in out]
+    return out
+
+
+def _packed_with_tile(family: KernelFamily, call: g.Call, isa: ISA, tile: Any) -> g.Call:
+    """`call` packed by `family` with `tile` (None: the rule's); UsageError listing the
+    legal tiles when `tile` is neither the rule's nor one of `legal_tiles`."""
+    if tile is None:
+        return family.pack(call, isa)
+    wanted = tuple(tile) if isinstance(tile, list | tuple) else None
+    legal = legal_tiles(family, call, isa)
+    pack_tile = getattr(family, "pack_tile", None)
+    if wanted in legal and callable(pack_tile):
+        return cast(g.Call, pack_tile(call, isa, wanted))
+    packed = family.pack(call, isa)  # the rule's tile is legal too
+    recorded = packed.attrs.get(TILE)
+    rule = tuple(recorded) if isinstance(recorded, tuple | list) else None
+    if rule is not None and rule == wanted:
+        return packed
+    choices = [*([list(rule)] if rule is not None else []), *map(list, legal)]
+    listed = ", ".join(map(str, choices[:SHOWN_TILES])) or "none (it takes no tile)"
+    more = f" and {len(choices) - SHOWN_TILES} more" if len(choices) > SHOWN_TILES else ""
+    raise UsageError(f"tile {shown(tile)} is not a tile the {family.name!r} kernel takes for "
+                     f"this call on this CPU; its tiles: {listed}{more} (the rule's first)")
+
+
+def kernel_parameters(kernel: str) -> tuple[str, ...] | None:
+    """The parameters a tuning record of `kernel` may hold: a kernel family's
+    (`FAMILY_PARAMS`), a choice's (kiln.ops.cblas: `library`), a model-level knob's
+    (kiln.tuning.apply.MODEL_KNOBS); None for a name that is none of them."""
+    from kiln.ops.cblas import LIBRARY, LIBRARY_CHOICE
+    from kiln.tuning.apply import NCHWC_REGION, PARALLEL_THRESHOLD
+
+    if kernel in KERNELS.names():
+        return FAMILY_PARAMS
+    return {LIBRARY_CHOICE.name: (LIBRARY,), NCHWC_REGION: ("layout",),
+            PARALLEL_THRESHOLD: ("min_ns",)}.get(kernel)
+
+
+def check_params(kernel: str, params: Mapping[str, Any], where: str) -> None:
+    """UsageError naming `where` (a record) when `kernel` is not a kernel kiln knows or
+    `params` hold a parameter it does not take."""
+    from kiln.tuning.apply import MODEL_KNOBS
+
+    known = kernel_parameters(kernel)
+    if known is None:
+        from kiln.ops.cblas import LIBRARY_CHOICE
+
+        names = sorted([*KERNELS.names(), LIBRARY_CHOICE.name, *MODEL_KNOBS])
+        raise UsageError(f"{where}: unknown kernel {shown(kernel)}; the kernels: "
+                         f"{', '.join(names)}")
+    unknown = sorted(set(params) - set(known))
+    if unknown:
+        raise UsageError(f"{where}: the {kernel!r} kernel takes no parameter "
+                         f"{', '.join(shown(k) for k in unknown[:4])}; it takes "
+                         f"{', '.join(known)}")
+
+
+def check_database(db: Any) -> None:
+    """`check_params` of every record and verdict of the tuning database `db`
+    (kiln.tuning.TuningDatabase), each named by its key, before a compile applies it."""
+    for r in db.records():
+        where = f"{db.source}: the record of kernel {shown(r.kernel)}, signature " \
+                f"{shown(r.signature)}"
+        for m in (r.default, *r.candidates):
+            check_params(r.kernel, m.params, where)
+    for v in db.verdicts():
+        for c in (*v.accepted, *v.rejected):
+            check_params(c.kernel, c.params, f"{db.source}: the verdict of model "
+                         f"{shown(v.model)}, kernel {shown(c.kernel)}, signature "
+                         f"{shown(c.signature)}")
+
+
 def pack(family: KernelFamily, call: g.Call, isa: ISA) -> g.Call:
     """`call` packed by `family` as the current tuning session says (kiln.tuning.apply;
-    no session, or no params for the call: the rule's `pack`)."""
-    from kiln.tuning.apply import current
+    no session, or no params for the call: the rule's `pack`); a UsageError about the
+    params names where the session took them from (a database's record)."""
+    from kiln.tuning.apply import current, signature
 
     session = current()
     params = session.params_for(family, call, isa) if session is not None else None
-    return family.pack(call, isa) if params is None else pack_params(family, call, isa,
-                                                                     params)
+    if params is None:
+        return family.pack(call, isa)
+    try:
+        return pack_params(family, call, isa, params)
+    except UsageError as exc:
+        assert session is not None
+        raise UsageError(f"{session.describe(family.name, signature(call))}: {exc}") from None

@@ -372,15 +372,17 @@ static inline uint64_t kiln_min_u64(uint64_t a, uint64_t b) {
 }
 
 KILN_HELPER(kiln_min_f32)
-/* min(a, b): b only if b < a (so a on ties and, for floats, when unordered). */
+/* min(a, b) as numpy's minimum (the IR's `min`): a on ties, and a NaN operand
+   wins, whichever side it is on. */
 static inline float kiln_min_f32(float a, float b) {
-  return b < a ? b : a;
+  return (a <= b || a != a) ? a : b;
 }
 
 KILN_HELPER(kiln_min_f64)
-/* min(a, b): b only if b < a (so a on ties and, for floats, when unordered). */
+/* min(a, b) as numpy's minimum (the IR's `min`): a on ties, and a NaN operand
+   wins, whichever side it is on. */
 static inline double kiln_min_f64(double a, double b) {
-  return b < a ? b : a;
+  return (a <= b || a != a) ? a : b;
 }
 
 KILN_HELPER(kiln_max_i32)
@@ -408,15 +410,17 @@ static inline uint64_t kiln_max_u64(uint64_t a, uint64_t b) {
 }
 
 KILN_HELPER(kiln_max_f32)
-/* max(a, b): b only if b > a (so a on ties and, for floats, when unordered). */
+/* max(a, b) as numpy's maximum (the IR's `max`): a on ties, and a NaN operand
+   wins, whichever side it is on. */
 static inline float kiln_max_f32(float a, float b) {
-  return b > a ? b : a;
+  return (a >= b || a != a) ? a : b;
 }
 
 KILN_HELPER(kiln_max_f64)
-/* max(a, b): b only if b > a (so a on ties and, for floats, when unordered). */
+/* max(a, b) as numpy's maximum (the IR's `max`): a on ties, and a NaN operand
+   wins, whichever side it is on. */
 static inline double kiln_max_f64(double a, double b) {
-  return b > a ? b : a;
+  return (a >= b || a != a) ? a : b;
 }
 
 KILN_HELPER(kiln_pow_i32)
