@@ -320,6 +320,8 @@ OTHER_ENTRIES: list[tuple[str, Callable[[dict[str, Path], Any], Any], type, str]
     ("export_library(below a file)",
      lambda f, ex: ex.export_library(f["model.onnx"] / "lib.so"), ExportError,
      r"cannot write '.*model\.onnx/lib\.so': .*; export to a directory you can write"),
+    ("kiln.compile(profile=str)", lambda f, ex: kiln.compile(f["model.onnx"], profile="yes"),
+     ArgumentTypeError, r"profile must be True or False, got str"),
 ]
 
 

@@ -130,3 +130,20 @@ def test_a_device_is_read_no_further_than_the_limit() -> None:
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.strip() == ("FormatError: tuning database /dev/zero goes on past "
                                    'the 64 MiB it may hold (docs/security.md, "Limits")')
+
+
+@pytest.mark.parametrize("kwargs", [
+    {"threads": 0}, {"threads": 100_000}, {"threads": "2"}, {"threads": 1.5},
+    {"budget_s": 0.0}, {"budget_s": -5}, {"budget_s": float("nan")}, {"budget_s": "60"},
+], ids=lambda kw: "-".join(f"{k}={v!r}" for k, v in kw.items()))
+def test_tune_model_checks_its_arguments_before_reading(tmp_path: Path,
+                                                        kwargs: dict[str, Any]) -> None:
+    """tune_model's `threads` and `budget_s` are checked as the CLI's flags are: a
+    KilnError naming the argument, raised before the (missing) model is read."""
+    from kiln.distributed.model_tuning import tune_model
+
+    args: dict[str, Any] = {"budget_s": 10.0, **kwargs}
+    budget = args.pop("budget_s")
+    with pytest.raises(kiln.KilnError, match=r"threads|budget_s"):
+        tune_model(tmp_path / "missing.onnx", HOST, budget, tmp_path / "db.json", **args)
+    assert not (tmp_path / "db.json").exists()

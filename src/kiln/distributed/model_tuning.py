@@ -13,6 +13,7 @@ measured in the whole model, in this process, on the machine that runs it:
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from collections.abc import Callable, Sequence
@@ -39,6 +40,8 @@ from kiln.distributed.tune import (
     show,
     tune,
 )
+from kiln.errors import UsageError
+from kiln.runtime.threads import check_num_threads
 from kiln.target.isa import isa_for
 from kiln.tuning.database import Measurement, Record, TuningDatabase, target_key
 
@@ -50,7 +53,14 @@ def tune_model(model: str | os.PathLike[str], target: Any, budget_s: float, outp
     """Tune `model` for `target`, merge the records into the database `output` (created
     when missing), then check the database's choices in the whole model (`check_model`,
     on `threads` threads, in `CHECK_SHARE` of the budget plus what tuning left) and
-    record the verdict."""
+    record the verdict. A `threads` outside 1 to kiln.runtime.threads.MAX_THREADS, or a
+    `budget_s` that is not a positive number of seconds, is a UsageError before anything
+    is read."""
+    if threads is not None:
+        threads = check_num_threads(threads)
+    if isinstance(budget_s, bool) or not isinstance(budget_s, int | float) \
+            or not math.isfinite(budget_s) or budget_s <= 0:
+        raise UsageError(f"budget_s={budget_s!r}: expected a positive number of seconds")
     start = time.monotonic()
     knobs: list[ModelKnob] = []
     specs = discover(model, target, shapes, knobs)

@@ -30,7 +30,7 @@ from kiln.codegen.naming import DEFAULT_PREFIX, check_prefix, library_metadata
 from kiln.driver import cache
 from kiln.driver.executable import Executable
 from kiln.driver.fingerprint import module_fingerprint
-from kiln.errors import CompileError, IRError, UsageError
+from kiln.errors import ArgumentTypeError, CompileError, IRError, UsageError
 from kiln.ir.attrs import ATTR_MAX_LOOP_ITERATIONS, ATTR_TARGET, ATTR_WORKSPACE_BYTES
 from kiln.ir.graph import Function
 from kiln.ir.module import IRModule
@@ -89,6 +89,8 @@ def compile(
     """
     import kiln.codegen as codegen
 
+    if not isinstance(profile, bool):
+        raise ArgumentTypeError(f"profile must be True or False, got {type(profile).__name__}")
     mod = _with_loop_limit(_as_module(mod), max_loop_iterations)
     tgt = _pick_target(mod, target)
     prefix = check_prefix(system_lib_prefix if system_lib_prefix is not None else DEFAULT_PREFIX)

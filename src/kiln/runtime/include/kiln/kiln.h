@@ -208,6 +208,7 @@ KILN_INLINE void kiln_set_terminate_flag(KilnValue *args, int32_t *codes, int32_
   args[i].v_handle = (void *)flag;
   codes[i] = KILN_ARG_HANDLE;
 }
+
 /* Number of elements of a tensor (1 for a 0-d tensor). */
 KILN_INLINE int64_t kiln_numel(const DLTensor *t) {
   int64_t n = 1;
