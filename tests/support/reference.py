@@ -14,6 +14,7 @@ import onnx
 import onnxruntime as ort
 
 from kiln.target import Target
+from kiln.target.host import machine_config
 from kiln.target.isa import isa_for
 
 PROVIDERS = ["CPUExecutionProvider"]
@@ -42,8 +43,9 @@ def onnxruntime_outputs(model: onnx.ModelProto | str | Path, feeds: dict[str, An
 def onnxruntime_saturates() -> bool:
     """Whether this host's onnxruntime saturates its u8 x s8 pair sums: an x86 host
     without VNNI (MLAS picks its kernels from the CPU; with `vpdpbusd` the sums are
-    exact, on AVX2 and AVX-512BW `vpmaddubsw` clamps each pair to int16)."""
-    isa = isa_for(Target.from_host())
+    exact, on AVX2 and AVX-512BW `vpmaddubsw` clamps each pair to int16). The machine's
+    CPU, not a `$KILN_HOST_CPU` standing in for it: onnxruntime runs on the machine."""
+    isa = isa_for(Target(machine_config()))
     return isa.arch in ("x86_64", "x86", "i686") and not {"avx512vnni", "avxvnni"} & isa.features
 
 
