@@ -26,6 +26,7 @@ import pytest
 import kiln
 from kiln.frontend import from_onnx
 from kiln.target import Target
+from kiln.target.host import machine_config
 from kiln.target.isa import isa_for
 from quantization.quantized_models import quantize_dynamic_model
 from support.graphs import GraphBuilder
@@ -96,7 +97,7 @@ def _encoder() -> tuple[onnx.ModelProto, list[str]]:
 
 @pytest.fixture(scope="module")
 def encoder() -> tuple[onnx.ModelProto, list[str], dict[str, np.ndarray], list[np.ndarray]]:
-    host = isa_for(Target.from_host())
+    host = isa_for(Target(machine_config()))  # onnxruntime runs the machine's kernels
     if not ((host.has("avx512f") or host.has("avx2")) and host.fma):
         pytest.skip("the MLAS kernels matched are onnxruntime's AVX-512 and AVX2 ones")
     model, names = _encoder()
@@ -117,7 +118,7 @@ def test_softmax_gelu_layer_norm_equal_onnxruntime(
         encoder: tuple[onnx.ModelProto, list[str], dict[str, np.ndarray], list[np.ndarray]],
         kind: str) -> None:
     qmodel, names, feed, expected = encoder
-    config = Target.from_host().export()
+    config = Target(machine_config()).export()  # the machine's CPU, as onnxruntime's
     config["kind"] = kind  # C compiled for this CPU: its FMA, as onnxruntime's kernels
     # the quantized products as this host's onnxruntime computes them (AVX2: saturating)
     got = kiln.compile(from_onnx(qmodel), like_onnxruntime(Target(config)))["main"](feed["x"])
