@@ -25,14 +25,13 @@ from kiln.ir.tensor import (
     PrimFunc,
     as_expr,
     intrin,
-    max_,
     min_,
     select,
 )
 from kiln.ir.types import TensorType, Type
 from kiln.ops import nan_order, spatial, te
 from kiln.ops import pool_kernels as pk
-from kiln.ops.max_pool_kernel import max_floor, window_max
+from kiln.ops.max_pool_kernel import first_tap, max_floor, window_max
 from kiln.ops.onnx_map import GraphContext, onnx_op
 from kiln.ops.registry import OPS, HandBuiltOp, register_op
 from kiln.ops.row_kernels import RowReduceOp, mean_of
@@ -79,14 +78,8 @@ class _Window:
     def first_inside(self, o: Sequence[PrimExpr]) -> tuple[PrimExpr, ...]:
         """The position of output `o`'s first window element inside the input (row-major;
         every window has one: its pads are smaller than it)."""
-        def first(j: int) -> PrimExpr:
-            d, before = self.dilations[j], self.begins[j] - o[j] * self.strides[j]
-            return max_(as_expr(0), (before + (d - 1)) // d)
-        return self.positions(o, tuple(first(j) for j in range(self.rank)))
-
-    @property
-    def dilated(self) -> bool:
-        return any(d > 1 for d in self.dilations)
+        return tuple(first_tap(o[j], self.strides[j], self.begins[j], self.dilations[j])
+                     for j in range(self.rank))
 
 
 def scans_from_first(attrs: Attrs, dtype: str) -> bool:

@@ -169,13 +169,13 @@ def load_with_views(path: str) -> tuple[Any, dict[int, np.ndarray]]:
     each 64-byte aligned, read from the file once; initializers not in the dict
     (and the whole model when the scan does not apply) are left to onnx.
     Raises OSError for an unreadable file and the protobuf/onnx errors of a
-    damaged one, like `onnx.load`.
+    damaged one, like `onnx.load`. The caller has checked the file's size
+    (kiln.frontend.onnx.file_limits.check_model_file); its external data's is checked here.
     """
     import onnx
 
-    from kiln.frontend.onnx.file_limits import check_external_data, check_model_file
+    from kiln.frontend.onnx.file_limits import check_external_data
 
-    check_model_file(path)  # its size, before a byte is read (docs/security.md, "Limits")
     with open(path, "rb") as f:
         if sys.byteorder != "little":
             return onnx.load_from_string(f.read()), {}
