@@ -28,6 +28,8 @@ FLAGS = [
     (["run", "m.so", "--repeat"], "1000000000", "from 0 to 100000"),
     (["run", "m.so", "--warmup"], "-3", "from 0 to 100000"),
     (["run", "m.so", "--top"], "0", "from 1 to 10000"),
+    (["compile", "m.onnx", "-o", "m.so", "--max-loop-iterations"], "0",
+     "from 1 to 9223372036854775807"),
 ]
 
 

@@ -6,6 +6,7 @@ it compute what onnxruntime does; without the option there is no limit."""
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -13,7 +14,9 @@ import pytest
 from onnx import TensorProto
 
 import kiln
+from kiln.cli.main import main
 from kiln.errors import UsageError
+from kiln.runtime import load_module
 from support.graphs import GraphBuilder, value_info
 from support.numerics import assert_close
 from support.reference import onnxruntime_outputs
@@ -65,6 +68,22 @@ def test_loop_limit(target: str) -> None:
                    f"iterations (the limit max_loop_iterations={LIMIT})")
         with pytest.raises(kiln.CallError, match=re.escape(message)):
             f(*_feeds(m, k).values())
+
+
+def test_cli_flag(tmp_path: Path) -> None:
+    """`kiln compile --max-loop-iterations N` builds the limit into the library."""
+    path = tmp_path / "loops.onnx"
+    onnx.save(nested_loops(), path)
+    lib = tmp_path / "loops.so"
+    assert main(["compile", str(path), "-o", str(lib), "--max-loop-iterations",
+                 str(LIMIT)]) == 0
+    f = load_module(lib)["main"]
+    np.testing.assert_array_equal(f(*_feeds(LIMIT, 1).values()),
+                                  kiln.compile(nested_loops(), "host").jit()["main"](
+                                      *_feeds(LIMIT, 1).values()))
+    with pytest.raises(kiln.CallError, match=re.escape(
+            f"Loop 'outer' (body 'outer_body') ran more than {LIMIT} iterations")):
+        f(*_feeds(LIMIT + 1, 1).values())
 
 
 def test_no_limit_by_default() -> None:

@@ -18,6 +18,8 @@ from kiln.errors import shown
 MAX_REPEAT = 100_000
 #: `kiln run --top`: rows per profile table.
 MAX_TOP = 10_000
+#: `kiln compile --max-loop-iterations`: a Loop's iteration counter is an int64.
+MAX_LOOP_ITERATIONS = 2**63 - 1
 #: `kiln tune --workers`: CPUs of the local Ray instance.
 MAX_WORKERS = 1024
 
@@ -47,4 +49,4 @@ def max_threads() -> int:
     return MAX_THREADS
 
 
-__all__ = ["MAX_REPEAT", "MAX_TOP", "MAX_WORKERS", "count", "max_threads"]
+__all__ = ["MAX_LOOP_ITERATIONS", "MAX_REPEAT", "MAX_TOP", "MAX_WORKERS", "count", "max_threads"]

@@ -30,7 +30,14 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from kiln.cli.flags import MAX_REPEAT, MAX_TOP, MAX_WORKERS, count, max_threads
+from kiln.cli.flags import (
+    MAX_LOOP_ITERATIONS,
+    MAX_REPEAT,
+    MAX_TOP,
+    MAX_WORKERS,
+    count,
+    max_threads,
+)
 from kiln.errors import KilnError, UsageError, missing_dependency
 
 # Errors about the user's input or environment: one line on stderr, exit code 2.
@@ -95,7 +102,8 @@ def _cmd_compile(args: argparse.Namespace) -> int:
             instruments.append(progress)
         with PassContext(instruments=instruments):
             ex = kiln.compile(mod, target, system_lib_prefix=args.prefix, profile=args.profile,
-                              tuning=args.tuning)
+                              tuning=args.tuning,
+                              max_loop_iterations=args.max_loop_iterations)
             if args.mlf:
                 kiln.export_model_library_format(ex, args.output, model_name=args.mlf,
                                                  source=args.mlf_source)
@@ -253,6 +261,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="print the time of every pass and backend step")
     c.add_argument("--profile", action="store_true",
                    help="time every kernel call in the library (read with kiln run --profile)")
+    c.add_argument("--max-loop-iterations", type=count(1, MAX_LOOP_ITERATIONS), default=None,
+                   metavar="N", help="fail a call whose Loop would start iteration N + 1 "
+                                     "(default: no limit, as onnxruntime)")
     c.add_argument("--cc", default=None,
                    help="C compiler for the export (default: $CC, else the one the target "
                         "needs, e.g. aarch64-linux-gnu-gcc)")
