@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from kiln.errors import ArgumentTypeError, CallError, UsageError
+from kiln.errors import ArgumentTypeError, CallError, UsageError, shown
 from kiln.session.node_arg import ModelMetadata, NodeArg, SessionOptions
 
 if TYPE_CHECKING:
@@ -280,8 +280,9 @@ def _numpy_dtype(dtype: str) -> np.dtype[Any]:
 
 
 def _given(value: Any) -> str:
-    """A value as an error message quotes it: its type, and its repr when short."""
-    text = repr(value)
+    """A value as an error message quotes it: its type, and its repr when short (read
+    through kiln.errors.shown, so a huge argument costs no more than a short one)."""
+    text = shown(value, 61)
     return type(value).__name__ + (f" {text}" if len(text) <= 60 else "")
 
 
