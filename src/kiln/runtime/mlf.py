@@ -65,7 +65,7 @@ from kiln.artifact.schema import (
     identifier,
     parse,
 )
-from kiln.errors import ArgumentTypeError, CallError, FormatError, MissingFileError
+from kiln.errors import ArgumentTypeError, CallError, FormatError, MissingFileError, shown
 
 # 1: weights as a C array; 2: weights as binary assembled by parameters/<model>_params.S,
 # the allocator in runtime/src/kiln_mlf.c; 3: `checksums` of every member and of
@@ -526,7 +526,7 @@ def _path_argument(value: Any, name: str) -> Path:
     """`value` as a Path; ArgumentTypeError unless it is a str or PathLike without NUL."""
     if not isinstance(value, (str, os.PathLike)) or "\x00" in os.fsdecode(value):
         raise ArgumentTypeError(f"kiln.mlf.extract_checked: {name} must be a str or "
-                                f"os.PathLike without NUL, got {value!r:.80}")
+                                f"os.PathLike without NUL, got {shown(value, 80)}")
     return Path(os.fsdecode(value))
 
 

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kiln._registry import suggest
-from kiln.errors import ArgumentTypeError, FormatError, KilnError, UsageError
+from kiln.errors import ArgumentTypeError, FormatError, KilnError, UsageError, shown
 from kiln.runtime import abi, ctypes_abi, threads
 from kiln.runtime.dim_binding import is_dim_text
 from kiln.runtime.function import NativeFunction, PackedFunction
@@ -117,7 +117,7 @@ class Module:
     def __getitem__(self, name: str) -> PackedFunction:
         if not isinstance(name, str):
             raise ArgumentTypeError(f"a module's functions are looked up by name (str), got "
-                                    f"{type(name).__name__} {name!r:.60}")
+                                    f"{type(name).__name__} {shown(name, 60)}")
         fn = self.get_function(name)
         if fn is None:
             names = self.function_names()

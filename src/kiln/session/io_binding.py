@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from kiln.errors import ArgumentTypeError, CallError, UsageError
+from kiln.errors import ArgumentTypeError, CallError, UsageError, shown
 from kiln.session.node_arg import NodeArg, ort_type
 
 if TYPE_CHECKING:
@@ -110,7 +110,7 @@ class IOBinding:
         """The model's input or output `name` (a KilnError naming them all otherwise)."""
         if not isinstance(name, str):
             raise ArgumentTypeError(f"the name of an {kind} to bind must be a str, got "
-                                    f"{type(name).__name__} {name!r:.60}")
+                                    f"{type(name).__name__} {shown(name, 60)}")
         for arg in args:
             if arg.name == name:
                 return arg
@@ -170,11 +170,11 @@ def _shape(arg: NodeArg, shape: Any) -> tuple[int, ...]:
     """`shape` as ints >= 0, checked against the model's dimensions for `arg`."""
     if isinstance(shape, (str, bytes)) or not isinstance(shape, (Sequence, np.ndarray)):
         raise ArgumentTypeError(f"'{arg.name}': shape must be a list of ints, got "
-                                f"{type(shape).__name__} {shape!r:.60}")
+                                f"{type(shape).__name__} {shown(shape, 60)}")
     dims = []
     for d in shape:
         if isinstance(d, (bool, np.bool_)) or not isinstance(d, (int, np.integer)) or d < 0:
-            raise UsageError(f"'{arg.name}': shape {list(shape)!r:.80} has {d!r}; every "
+            raise UsageError(f"'{arg.name}': shape {shown(list(shape), 80)} has {d!r}; every "
                              "dimension must be an int >= 0")
         dims.append(int(d))
     fits = len(dims) == len(arg.shape) and all(
@@ -189,7 +189,7 @@ def _address(name: str, buffer_ptr: Any, size: int) -> int:
     if isinstance(buffer_ptr, (bool, np.bool_)) or not hasattr(buffer_ptr, "__index__"):
         raise ArgumentTypeError(f"'{name}': buffer_ptr must be an address (an int, e.g. "
                                 f"array.ctypes.data), got {type(buffer_ptr).__name__} "
-                                f"{buffer_ptr!r:.60}")
+                                f"{shown(buffer_ptr, 60)}")
     address = operator.index(buffer_ptr)
     if address == 0:
         raise UsageError(f"'{name}': buffer_ptr is NULL; give the address of the memory to "
