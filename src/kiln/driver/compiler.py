@@ -107,12 +107,8 @@ def compile(
     verify_stage(mod, "the input module")
     session = _tuning_session(tuning, tgt, mod)
     # no database: leave a session of the caller's (kiln tune's) in place
-    with tgt, using(session) if session is not None else contextlib.nullcontext():
-        graph = get_pipeline(graph_pipeline, "graph", target=tgt)
-        mod = graph(mod)
-        tensor = get_pipeline(tensor_pipeline, "tensor", target=tgt)
-        mod = tensor(mod)
-    verify_stage(mod, "the module after the graph and tensor pipelines")
+    with using(session) if session is not None else contextlib.nullcontext():
+        mod = _pipelines(mod, tgt, graph_pipeline, tensor_pipeline)
     codegen_name, codegen_fn = codegen.codegen_for(tgt)
     if profile and not profile_sites(mod):  # else the tensor pipeline named the pass
         mod = _instrument(mod, codegen_name)
@@ -172,6 +168,29 @@ def compile(
                 cache.store(key, artifacts, metadata)
     del pool  # the artifacts hold the one copy of the weights now
     return Executable(artifacts, mod, metadata, tgt, prefix, cache_hit=hit, cache_key=key)
+
+
+def lower_for_codegen(mod: IRModule, target: Target) -> IRModule:
+    """`mod` as `compile(mod, target)` hands it to the code generator (default pipelines,
+    no tuning database, no profiling): the graph and tensor pipelines under `target`,
+    terminate checks and outlined parallel loops where its codegen takes them. What
+    tests/replay hashes to prove a refactor changed no kernel."""
+    import kiln.codegen as codegen
+
+    verify_stage(mod, "the input module")
+    mod = _pipelines(mod, target, "default", "default")
+    codegen_name, _ = codegen.codegen_for(target)
+    return outline_for(codegen_name, _terminable(mod, codegen_name, target))
+
+
+def _pipelines(mod: IRModule, tgt: Target, graph_pipeline: PipelineSpec,
+               tensor_pipeline: PipelineSpec) -> IRModule:
+    """`mod` through the graph then the tensor pipeline under `tgt`, verified."""
+    with tgt:
+        mod = get_pipeline(graph_pipeline, "graph", target=tgt)(mod)
+        mod = get_pipeline(tensor_pipeline, "tensor", target=tgt)(mod)
+    verify_stage(mod, "the module after the graph and tensor pipelines")
+    return mod
 
 
 # Code generators whose libraries carry host.c, where the profiling counters live and
