@@ -97,6 +97,8 @@ def test_parallel_by_the_work_threshold() -> None:
     from kiln.ir.tensor import For
     from kiln.ops.kernels.parallel_work import worth_parallel
     from kiln.ops.max_pool_kernel import MAX_ELEMENTS
+    from kiln.target import Target
+    from kiln.target.isa import isa_for
 
     b = GraphBuilder(seed=27)
     shapes = [(1, 16, 64, 64), (1, 64, 16, 16)]
@@ -112,10 +114,11 @@ def test_parallel_by_the_work_threshold() -> None:
     # the (image, channel) loop: kiln.ops.kernels.tiles.parallel_tiles's `tile`
     kinds = [[s.kind for s in iter_stmts(f.body) if isinstance(s, For) and s.var.name == "tile"]
              for f in pools]
+    isa = isa_for(Target("llvm"))  # the ISA the pools were built for
     for shape, loop in zip(shapes, kinds, strict=True):
         n, c, h, w = shape
         work = n * c * (h // 2) * (2 * w + 2 * (w // 2)) * MAX_ELEMENTS
-        assert loop == ["parallel" if worth_parallel(work, "element") else "serial"], shape
+        assert loop == ["parallel" if worth_parallel(work, "element", isa) else "serial"], shape
     assert kinds[0] == ["parallel"]  # the small one depends on the host's vector width
     kiln.runtime.set_num_threads(2)
     try:

@@ -117,9 +117,9 @@ def test_words_round_trip_and_generic_targets_keep_the_element_layout() -> None:
         assert words.dtype == np.int32
         np.testing.assert_array_equal(words, value)
     with Target("llvm -mcpu=x86-64"):
-        assert quant_dot.target_isa() is None  # SSE2: the int32 multiply-add tiles
+        assert quant_dot.target_isa(isa_for(None)) is None  # SSE2: the int32 multiply-add tiles
     with Target("llvm -mtriple=aarch64-linux-gnu -mattr=+dotprod"):
-        isa = quant_dot.target_isa()
+        isa = quant_dot.target_isa(isa_for(None))
         assert isa is not None and quant_dot.tile_cols(isa) == 16
 
 
@@ -167,7 +167,7 @@ def test_packed_conv_reference_computes_the_unpacked_op(signed: bool) -> None:
     attrs = {"pads": (1, 2, 0, 1), "strides": (1, 2)}
     call = call_op("qlinear_conv", g.Var("x", TensorType(x.shape, str(x.dtype))), *args, **attrs)
     with Target("llvm -mcpu=znver4"):
-        packed = quant_kernels.pack(call)
+        packed = quant_kernels.pack(call, isa_for(None))
     assert packed is not None and packed.op == "qlinear_conv_dot"
     want = evaluate_call("qlinear_conv", [x, *(a.data for a in args)], call.attrs)
     got = evaluate_call(packed.op, [x, *(a.data for a in packed.args[1:])], packed.attrs)

@@ -24,6 +24,7 @@ from kiln.ir import IRModule, assert_structural_equal, evaluate
 from kiln.ir.tensor import Buffer, Const, For, Intrin, PrimFunc, Store, Var
 from kiln.ops import quant_dot
 from kiln.script import from_source, print_module
+from kiln.target.isa import isa_for
 from support.graphs import GraphBuilder
 from support.reference import onnxruntime_outputs, onnxruntime_saturates
 
@@ -229,7 +230,7 @@ def test_channel_tiles_of_four_rows_store_words(target: str, chw: tuple[int, int
 
     c, h, w = chw
     with kiln.Target(target):
-        isa = quant_dot.target_isa(quant_dot.target_saturates())
+        isa = quant_dot.target_isa(isa_for(None), quant_dot.target_saturates(isa_for(None)))
     assert isa is not None
     tile = choose_tile(isa, h * w, oc, c * 9)
     assert tile.channels_as_lanes and tile.rows == 4

@@ -26,6 +26,7 @@ from kiln.ops import call as op_call
 from kiln.ops import get_op
 from kiln.ops.kernels.mlas_order_gemm import MlasGemm, Segment
 from kiln.ops.quant_mlas_conv import geometry, k_blocks
+from kiln.target.isa import isa_for
 from support.graphs import GraphBuilder
 from support.reference import ort_session
 from support.targets import NATIVE_TARGETS, native_target
@@ -173,7 +174,7 @@ def _allocates_columns(name: str) -> bool:
     x = g.Var("x", TensorType(case.x, "float32"))
     w = g.Var("w", TensorType(case.w, "float32"))
     func, _ = get_op("conv2d_mlas").legalize(op_call("conv2d_mlas", x, w, **case.attrs,
-                                                     threads=case.threads))
+                                                     threads=case.threads), isa_for(None))
     assert isinstance(func, PrimFunc)
     return any(isinstance(s, Allocate) and s.buffer.name == "col"
                for s in iter_stmts(func.body))

@@ -138,7 +138,7 @@ def test_channel_tiles_equal_onnxruntime(
 ) -> None:
     onnx_model, feeds, want = model
     with Target(target):  # the tile planning ISA (int16 pairs without VNNI)
-        isa = quant_dot.target_isa()
+        isa = quant_dot.target_isa(isa_for(None))
     assert isa is not None and isa.vector_bits >= 256
     # the layers the rule puts on the channels-as-lanes tile for this target (all of
     # them with zmm registers; AVX2's 16 ymm keep 14 x 14 on the positions tile) have
@@ -170,7 +170,7 @@ def test_exact_products_take_k_by_tap_where_channels_fill_words(
     take (tap, channel) as onnxruntime's order (`pairs`), not as this choice. The
     outputs of all of them: test_channel_tiles_equal_onnxruntime."""
     with Target(target):
-        isa = quant_dot.target_isa(quant_dot.target_saturates())
+        isa = quant_dot.target_isa(isa_for(None), quant_dot.target_saturates(isa_for(None)))
     assert isa is not None
     exact = isa.int8_dot in quant_dot.EXACT_FAMILIES and "saturate" not in target
     convs = _packed_convs(model[0], target)
@@ -201,7 +201,7 @@ def test_saturating_pairs_on_16_registers_leave_the_epilogue_a_row() -> None:
                                     ("llvm -mcpu=znver4", False, False),
                                     ("llvm -mcpu=skylake-avx512", True, False)):
         with Target(target):
-            isa = quant_dot.target_isa(saturate)
+            isa = quant_dot.target_isa(isa_for(None), saturate)
         assert isa is not None
         nr = quant_dot.tile_cols_for(isa, 56 * 56)
         top = quant_dot.tile_rows(isa, nr)

@@ -105,20 +105,22 @@ LIBRARY_CHOICE = LibraryChoice()
 class CBLASMatmulOp(OpDef):
     """matmul's meaning, type rule and reference; the kernel is one cblas_sgemm call."""
 
-    def legalize(self, call: g.Call) -> tuple[PrimFunc, str]:
+    def legalize(self, call: g.Call, isa: ISA | None = None) -> tuple[PrimFunc, str]:
         types = [a.type for a in call.args]
         inputs = [te.placeholder(t.static_shape, t.dtype, f"x{k}")  # type: ignore[union-attr]
                   for k, t in enumerate(types)]
-        prim = self.lower_fused(inputs, inputs, call.attrs, None, None, NAME)
+        prim = self.lower_fused(inputs, inputs, call.attrs, None, None, NAME, isa)
         assert prim is not None
         return prim, NAME
 
     def lower_fused(self, params: Sequence[te.Tensor], args: Sequence[te.Tensor],
                     attrs: Mapping[str, Any], anchor: te.Tensor | None,
-                    result: te.Tensor | None, name: str) -> PrimFunc | None:
-        """The sgemm call writing `out`, then FuseOps' elementwise tail (`result` over
-        `anchor`) applied to `out` in place; None when an operand is computed inside
-        the group (FuseOps then lowers it through tensor expressions)."""
+                    result: te.Tensor | None, name: str,
+                    isa: ISA | None = None) -> PrimFunc | None:
+        """The sgemm call writing `out` (any ISA: the library has its own kernels), then
+        FuseOps' elementwise tail (`result` over `anchor`) applied to `out` in place; None
+        when an operand is computed inside the group (FuseOps then lowers it through
+        tensor expressions)."""
         if any(a not in params for a in args[:2]):
             return None
         buffers = {t: Buffer(t.name, t.shape, t.dtype) for t in params}

@@ -23,6 +23,7 @@ from kiln.ops.broadcast import broadcast_index
 from kiln.ops.epilogue import fused_store
 from kiln.ops.kernels.tiles import const, lanes_loop, nest
 from kiln.ops.registry import Attrs, HandBuiltOp
+from kiln.target.isa import ISA
 
 
 def _static(shape: Sequence[Any]) -> bool:
@@ -56,7 +57,7 @@ class ChannelScaleOp(HandBuiltOp):
 
     def lower_fused(self, params: Sequence[te.Tensor], args: Sequence[te.Tensor], attrs: Attrs,
                     anchor: te.Tensor | None, result: te.Tensor | None,
-                    name: str) -> PrimFunc | None:
+                    name: str, isa: ISA) -> PrimFunc | None:
         k = scaled_operand([a.shape for a in args], [a.dtype for a in args])
         final = result if result is not None else anchor
         if k is None or any(a not in params for a in args) or (

@@ -19,6 +19,7 @@ from kiln.ir.tensor import PrimExpr, PrimFunc, Stmt, Store
 from kiln.ir.types import TensorType, Type
 from kiln.ops import te
 from kiln.ops.registry import OPS, HandBuiltOp
+from kiln.target.isa import ISA
 
 CHANNEL_SCALE = "channel_scale_nchwc"
 Attrs = Mapping[str, Any]
@@ -51,7 +52,7 @@ class ChannelScaleOp(HandBuiltOp):
 
     def lower_fused(self, params: Sequence[te.Tensor], args: Sequence[te.Tensor], attrs: Attrs,
                     anchor: te.Tensor | None, result: te.Tensor | None,
-                    name: str) -> PrimFunc | None:
+                    name: str, isa: ISA) -> PrimFunc | None:
         """The vector kernel (see `HandBuiltOp.lower_fused`)."""
         from kiln.ops.epilogue import fused_store
         from kiln.ops.kernels.tiles import (
@@ -80,7 +81,7 @@ class ChannelScaleOp(HandBuiltOp):
             return loop("q", w, lambda q: lanes_loop("v", b, lambda v: lane(q, v)))
 
         stmt = parallel_when(lambda: parallel_tiles((n, cb, h), row), n * cb * h * w * b,
-                             "element")
+                             "element", isa=isa)
         return PrimFunc((*(store.buffers[t] for t in params), store.out), stmt, {})
 
 

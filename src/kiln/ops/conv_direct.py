@@ -45,7 +45,7 @@ from kiln.ops import layout, spatial, te
 from kiln.ops.kernels.registry import checking_tile, recorded_tile
 from kiln.ops.nn import conv_compute, conv_infer, conv_ref
 from kiln.ops.registry import OPS, HandBuiltOp
-from kiln.target.isa import isa_for
+from kiln.target.isa import ISA
 
 BLOCKED = "conv2d_blocked"
 DEPTHWISE = "conv2d_depthwise"
@@ -263,14 +263,14 @@ class DirectConvOp(HandBuiltOp):
 
     def lower_fused(self, params: Sequence[te.Tensor], args: Sequence[te.Tensor], attrs: Attrs,
                     anchor: te.Tensor | None, result: te.Tensor | None,
-                    name: str) -> PrimFunc | None:
+                    name: str, isa: ISA) -> PrimFunc | None:
         """The convolution kernel (see `HandBuiltOp.lower_fused`)."""
         if any(t.dtype != "float32" for t in (args[0], args[1], *params)):
             return None
         from kiln.ops.kernels.registry import build_call, family_of
 
         return build_call(family_of(self.name), params, args, attrs, anchor, result,
-                          isa_for(None))
+                          isa)
 
 
 def _register(name: str, infer: Any, compute: Any, reference: Any) -> None:

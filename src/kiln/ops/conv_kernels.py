@@ -63,6 +63,7 @@ from kiln.ops.kernels.tiles import const as _c
 from kiln.ops.kernels.tiles import loop as _loop
 from kiln.ops.kernels.tiles import nest as _nest
 from kiln.ops.spatial import conv_out
+from kiln.target.isa import ISA
 
 
 @dataclass(frozen=True)
@@ -453,7 +454,7 @@ def blocked_conv_body(shape: ConvShape, x: Buffer, wp: Buffer, out: Buffer,
                       tiling: Tiling, epilogue: Epilogue, fused: bool = True,
                       block: int = 0, kblock: ConvKBlocking | None = None,
                       subsample: bool = False, unroll: int | None = None,
-                      band: int = 0, prefetch: bool = False) -> Stmt:
+                      band: int = 0, prefetch: bool = False, *, isa: ISA) -> Stmt:
     """The loop nest of a blocked direct convolution reading packed weights `wp`
     (`pack_blocked_weight` layout) and writing `epilogue(acc, index)` into `out` (NCHW).
 
@@ -488,10 +489,10 @@ def blocked_conv_body(shape: ConvShape, x: Buffer, wp: Buffer, out: Buffer,
     `prefetch` each step of the sums also prefetches the weights the next channel block
     (or segment) reads at that step (kiln.ops.kernels.prefetch)."""
     if subsample and not block and subsamples(shape):
-        xs, copy = subsampled_input(x, shape)
+        xs, copy = subsampled_input(x, shape, isa=isa)
         one = replace(shape, h=shape.out_h, w=shape.out_w, stride=(1, 1))
         return seq(*copy, blocked_conv_body(one, xs, wp, out, tiling, epilogue, fused, 0,
-                                            kblock, unroll=unroll, prefetch=prefetch))
+                                            kblock, unroll=unroll, prefetch=prefetch, isa=isa))
     cb, tile_w = tiling.cb, tiling.tile_w
     cig, cog = shape.ci_group, shape.co_group
     blocks = -(-cog // cb)
@@ -719,7 +720,7 @@ def subsamples(shape: ConvShape) -> bool:
             and not any(shape.pads))
 
 
-def subsampled_input(x: Buffer, shape: ConvShape) -> tuple[Buffer, list[Stmt]]:
+def subsampled_input(x: Buffer, shape: ConvShape, *, isa: ISA) -> tuple[Buffer, list[Stmt]]:
     """The workspace `[n][c][oh][ow]` of the input values an unpadded strided 1x1 layer
     reads (`x[n, c, oh * sh, ow * sw]`), and the statements filling it (one parallel
     loop over images and channels)."""
@@ -732,7 +733,7 @@ def subsampled_input(x: Buffer, shape: ConvShape) -> tuple[Buffer, list[Stmt]]:
 
     work = shape.n * shape.c_in * shape.out_h * shape.out_w
     return xs, [Allocate(xs), parallel_when(lambda: parallel_tiles((shape.n, shape.c_in), fill),
-                                            work, "element")]
+                                            work, "element", isa=isa)]
 
 
 @dataclass(frozen=True)

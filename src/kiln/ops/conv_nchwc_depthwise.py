@@ -28,6 +28,7 @@ from kiln.ops import layout, te
 from kiln.ops.kernels.registry import recorded_tile
 from kiln.ops.nn import conv_compute, conv_infer, conv_ref
 from kiln.ops.registry import OPS, HandBuiltOp
+from kiln.target.isa import ISA
 
 NCHWC_DEPTHWISE = "conv2d_nchwc_depthwise"
 Attrs = Mapping[str, Any]
@@ -125,14 +126,14 @@ class NchwcDepthwiseOp(HandBuiltOp):
 
     def lower_fused(self, params: Sequence[te.Tensor], args: Sequence[te.Tensor], attrs: Attrs,
                     anchor: te.Tensor | None, result: te.Tensor | None,
-                    name: str) -> PrimFunc | None:
+                    name: str, isa: ISA) -> PrimFunc | None:
         """The hand-built kernel (see `HandBuiltOp.lower_fused`)."""
         if any(t.dtype != "float32" for t in (*args, *params)) or not all(
                 isinstance(d, int) for t in args for d in t.shape[1:]):
             return None
         from kiln.ops.kernels.nchwc_depthwise import build
 
-        return build(params, args, attrs, anchor, result)
+        return build(params, args, attrs, anchor, result, isa=isa)
 
 
 OPS.register(NCHWC_DEPTHWISE, NchwcDepthwiseOp(NCHWC_DEPTHWISE, "anchor", _infer, _compute,

@@ -39,7 +39,7 @@ from kiln.ops.epilogue import float32_operands
 from kiln.ops.kernels.registry import checking_tile, recorded_tile
 from kiln.ops.nn import matmul_compute, matmul_infer, matmul_ref
 from kiln.ops.registry import OPS, HandBuiltOp
-from kiln.target.isa import isa_for
+from kiln.target.isa import ISA
 
 PACKED = "matmul_packed"
 TILED = "matmul_tiled"
@@ -98,14 +98,14 @@ class GemmOp(HandBuiltOp):
 
     def lower_fused(self, params: Sequence[te.Tensor], args: Sequence[te.Tensor], attrs: Attrs,
                     anchor: te.Tensor | None, result: te.Tensor | None,
-                    name: str) -> PrimFunc | None:
+                    name: str, isa: ISA) -> PrimFunc | None:
         """The GEMM kernel (see `HandBuiltOp.lower_fused`)."""
         if not float32_operands(args[:2], result):
             return None
         from kiln.ops.kernels.registry import build_call, family_of
 
         return build_call(family_of(self.name), params, args, attrs, anchor, result,
-                          isa_for(None))
+                          isa)
 
 
 OPS.register(PACKED, GemmOp(PACKED, "anchor", _packed_infer, _packed_compute, _packed_ref))

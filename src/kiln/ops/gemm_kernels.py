@@ -62,6 +62,7 @@ from kiln.ops.kernels.tiles import (
     parallel_tiles,
     parallel_when,
 )
+from kiln.target.isa import ISA
 
 # A tile's accumulators: at least 8 independent chains keep two FMA pipes with a
 # 4-cycle latency busy; more than 16 only grows the unrolled IR (compile time).
@@ -349,7 +350,7 @@ def gemm_body(shape: GemmShape, tiling: GemmTiling, a: Buffer, b_at: BReader, ou
               epilogue: Epilogue, fused: bool = True,
               prologue: Sequence[Stmt] = (), blocking: KBlocking | None = None,
               by_rows: bool = False, shifted_tail: bool = False,
-              copy_panels: bool = False, panel_group: int = 1) -> Stmt:
+              copy_panels: bool = False, panel_group: int = 1, *, isa: ISA) -> Stmt:
     """The loop nest of `out = epilogue(A @ B)`: `a` is A (`[*a_batch, *rows, k]`, read
     in place), `b_at` reads B's panels, `out` is `[*batch, *rows, n]`; `prologue` runs
     first (a run-time packing of B). With `blocking` (a static K longer than its `kc`),
@@ -390,7 +391,7 @@ def gemm_body(shape: GemmShape, tiling: GemmTiling, a: Buffer, b_at: BReader, ou
     # symbolic M: any row but the first may be past the end (M >= 1 when a tile runs)
     surplus_from = last_rows if static_m else 1
     acc_t = a.dtype  # accumulate in float32; the epilogue may cast
-    two_pass = out.dtype == acc_t and _calls_a_library(epilogue, out.ndim)
+    two_pass = out.dtype == acc_t and _calls_a_library(epilogue, out.ndim, isa=isa)
 
     def tile(bflat: PrimExpr, panel: PrimExpr, mt: PrimExpr, part: _Segment | None = None,
              copied: Callable[[PrimExpr, PrimExpr], PrimExpr] | None = None) -> Stmt:
@@ -496,16 +497,16 @@ def gemm_body(shape: GemmShape, tiling: GemmTiling, a: Buffer, b_at: BReader, ou
                     bflat, first + j, mt, copied=lambda kk, v: copied[j, kk, v]))))
 
         return seq(*prologue, parallel_when(lambda: parallel_tiles(
-            (shape.batches, groups), panel_tiles), shape.madds))
+            (shape.batches, groups), panel_tiles), shape.madds, isa=isa))
     if blocking is None or not static_m or not isinstance(shape.k, int) \
             or shape.k <= blocking.kc:
         if by_rows:
             loop = parallel_when(lambda: parallel_tiles(
                 (shape.batches, mtiles, panels), lambda bf, mt, p: tile(bf, p, mt)),
-                shape.madds)
+                shape.madds, isa=isa)
         else:
             loop = parallel_when(lambda: parallel_tiles((shape.batches, panels, mtiles), tile),
-                                 shape.madds)
+                                 shape.madds, isa=isa)
         return seq(*prologue, loop)
     per_block = max(1, blocking.mc // mr)  # row tiles per parallel tile
     mblocks = -(-mtiles // per_block)
@@ -532,7 +533,7 @@ def gemm_body(shape: GemmShape, tiling: GemmTiling, a: Buffer, b_at: BReader, ou
                    over_rows(_c((blocks - 1) * kc), k - (blocks - 1) * kc, False, True))
 
     loop = parallel_when(lambda: parallel_tiles((shape.batches, panels, mblocks), blocked),
-                         shape.madds)
+                         shape.madds, isa=isa)
     return seq(*prologue, loop)
 
 
@@ -554,15 +555,13 @@ _INSTRUCTIONS = frozenset({"fma", "sqrt", "abs", "floor", "ceil", "round", "trun
                            "isinf"})
 
 
-def _calls_a_library(epilogue: Epilogue, ndim: int) -> bool:
+def _calls_a_library(epilogue: Epilogue, ndim: int, *, isa: ISA) -> bool:
     """Whether the epilogue calls functions (a math library's erf, exp, ...). On a CPU
-    target the float32 exp/tanh/sigmoid/erf become arithmetic (kiln.transform.expand_math)
-    that vectorizes in the one-pass store loop."""
+    target (`isa.kind`) the float32 exp/tanh/sigmoid/erf become arithmetic
+    (kiln.transform.expand_math) that vectorizes in the one-pass store loop."""
     from kiln.ops.kernels.math import BUILDERS, CPU_KINDS
-    from kiln.target.target import Target
 
-    target = Target.current()
-    expanded = target is not None and target.kind.name in CPU_KINDS
+    expanded = isa.kind in CPU_KINDS
     zero = (_c(0),) * ndim
     probe = epilogue(Var("probe", "float32"), zero)
     return any(isinstance(e, CallExtern) or (
@@ -572,7 +571,7 @@ def _calls_a_library(epilogue: Epilogue, ndim: int) -> bool:
 
 
 def pack_b_at_run_time(b: Buffer, b_batch: tuple[int, ...], k: int, n: int, nr: int,
-                       transposed: bool
+                       transposed: bool, *, isa: ISA
                        ) -> tuple[list[Stmt], BReader]:
     """Statements packing the activation `b` (`[*b_batch, k, n]`, or `[*b_batch, n, k]`
     when `transposed`) into a workspace `[prod(b_batch)][panels][k][nr]` (zero past n),
@@ -613,7 +612,7 @@ def pack_b_at_run_time(b: Buffer, b_batch: tuple[int, ...], k: int, n: int, nr: 
         return seq(*lets, IfThenElse(compare("ge", n - n0, _c(nr)), copy(_c(nr)), partial))
 
     pack = parallel_when(lambda: parallel_tiles((bb, panels), panel_copy),
-                         dim_product((bb, panels, k, nr)), "element")
+                         dim_product((bb, panels, k, nr)), "element", isa=isa)
 
     def read(oidx: tuple[PrimExpr, ...], p: PrimExpr, kk: PrimExpr, v: PrimExpr) -> PrimExpr:
         flat: PrimExpr = _c(0)

@@ -31,6 +31,7 @@ from kiln.ir.tensor import (
 )
 from kiln.ops.kernels.parallel_work import worth_parallel
 from kiln.ops.kernels.tiles import Epilogue, lanes_loop, madd, parallel_tiles
+from kiln.target.isa import ISA
 
 # Rows of B per tile and vectors per row: 4 x 2 = 8 independent accumulator chains
 # keep both FMA pipes busy; with the A vectors and a B load they fit 16 registers.
@@ -64,7 +65,7 @@ def lane_sums(stage: Buffer, rows: int, width: int) -> list[Stmt]:
 
 
 def gemv_body(k: int, n: int, a: Buffer, b: Buffer, out: Buffer, epilogue: Epilogue,
-              lanes: int, fused: bool = True) -> Stmt:
+              lanes: int, fused: bool = True, *, isa: ISA) -> Stmt:
     """The loop nest of `out = epilogue(a @ B^T)`: `a` is `[1, ..., 1, k]`, `b` is
     `[n, k]` (row-major, read in place), `out` is `[1, ..., 1, n]`."""
     if k < 1 or n < 1:
@@ -128,6 +129,6 @@ def gemv_body(k: int, n: int, a: Buffer, b: Buffer, out: Buffer, epilogue: Epilo
 
     loop = parallel_tiles((tiles,), tile)
     # each weight is read once: the product streams B (n x k values) from cache
-    if not worth_parallel(n * k, "stream") and isinstance(loop, For):
+    if not worth_parallel(n * k, "stream", isa=isa) and isinstance(loop, For):
         loop = For(loop.var, loop.start, loop.extent, "serial", loop.body)
     return loop

@@ -39,6 +39,7 @@ from kiln.ops.nn import acc_dtype, widen
 from kiln.ops.onnx_map import GraphContext, onnx_op
 from kiln.ops.registry import OPS, Attrs, OpDef
 from kiln.ops.spatial import MAX_WINDOW
+from kiln.target.isa import ISA
 
 F32 = "float32"
 I32 = "int32"
@@ -199,12 +200,12 @@ class LrnOp(OpDef):
     """lrn: a hand-built kernel for static float32 shapes (see the module docstring),
     the tensor-expression definition otherwise."""
 
-    def legalize(self, call: g.Call) -> tuple[t.PrimFunc, str]:
+    def legalize(self, call: g.Call, isa: ISA | None = None) -> tuple[t.PrimFunc, str]:
         (arg,) = call.args
         xt = arg.type
         assert isinstance(xt, TensorType)
         if xt.dtype != F32 or not is_static(tuple(xt.shape)):
-            return super().legalize(call)
+            return super().legalize(call, isa)
         shape = xt.static_shape
         x = t.Buffer("x0", shape, F32)
         out = t.Buffer("out", shape, F32)

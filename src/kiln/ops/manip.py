@@ -52,6 +52,7 @@ from kiln.ops.onnx_map import (
 from kiln.ops.reduce import norm_axes
 from kiln.ops.registry import OPS, OpDef, register_op
 from kiln.ops.reshape_dims import fill_rest, reshape_attr, reshape_target
+from kiln.target.isa import ISA
 
 Attrs = Mapping[str, Any]
 
@@ -372,8 +373,8 @@ class ConcatOp(OpDef):
     """`concat`, whose lone kernel says it is one (`kiln.concat_axis`): lowering then
     has the inputs' kernels write into the output (kiln.transform.concat_views)."""
 
-    def legalize(self, call: g.Call) -> tuple[PrimFunc, str]:
-        prim, hint = super().legalize(call)
+    def legalize(self, call: g.Call, isa: ISA | None = None) -> tuple[PrimFunc, str]:
+        prim, hint = super().legalize(call, isa)
         (axis,) = norm_axes(call.attrs.get("axis", 0), len(prim.buffer_params[-1].shape))
         return prim.with_attrs(**{ATTR_CONCAT_AXIS: axis}), hint
 

@@ -63,6 +63,7 @@ from kiln.ops import nan_order, te
 from kiln.ops.kernels.tiles import const as _c
 from kiln.ops.kernels.tiles import lanes_loop, parallel_tiles, parallel_when
 from kiln.ops.kernels.tiles import loop as _loop
+from kiln.target.isa import ISA
 
 Epilogue = Callable[[PrimExpr, tuple[PrimExpr, ...]], PrimExpr]
 #: Vector operations per window value read (the "element" unit of
@@ -145,7 +146,7 @@ def staged_rows(shape: ck.ConvShape, dtype: str, short_phases: bool, l1d_bytes: 
 
 
 def max_pool_body(shape: ck.ConvShape, x: Buffer, out: Buffer, lanes: int,
-                  epilogue: Epilogue, l1d_bytes: int, scan: bool = False) -> Stmt:
+                  epilogue: Epilogue, l1d_bytes: int, scan: bool = False, *, isa: ISA) -> Stmt:
     """The loop nest of a max pool of `shape` (its pads already widened for
     `ceil_mode`) over `x` into `out`, each output stored through `epilogue`; `l1d_bytes`
     bounds the rows staged per channel (`staged_rows`). `scan`: onnxruntime's scan of
@@ -245,4 +246,4 @@ def max_pool_body(shape: ck.ConvShape, x: Buffer, out: Buffer, lanes: int,
             return parallel_tiles((shape.c_in,), lambda c: channel(_c(0), c))
         return parallel_tiles((shape.n, shape.c_in), channel)
 
-    return parallel_when(build, work * MAX_ELEMENTS, "element", x.dtype)
+    return parallel_when(build, work * MAX_ELEMENTS, "element", x.dtype, isa=isa)

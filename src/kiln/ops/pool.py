@@ -35,6 +35,7 @@ from kiln.ops.max_pool_kernel import first_tap, max_floor, window_max
 from kiln.ops.onnx_map import GraphContext, onnx_op
 from kiln.ops.registry import OPS, HandBuiltOp, register_op
 from kiln.ops.row_kernels import RowReduceOp, mean_of
+from kiln.target.isa import ISA
 
 Attrs = Mapping[str, Any]
 
@@ -246,7 +247,7 @@ class WindowPoolOp(HandBuiltOp):
 
     def lower_fused(self, params: Sequence[te.Tensor], args: Sequence[te.Tensor], attrs: Attrs,
                     anchor: te.Tensor | None, result: te.Tensor | None,
-                    name: str) -> PrimFunc | None:
+                    name: str, isa: ISA) -> PrimFunc | None:
         x = args[0]
         if x not in params or (result is not None and result.dtype != x.dtype):
             return None
@@ -254,11 +255,12 @@ class WindowPoolOp(HandBuiltOp):
             shape = pk.symbolic_image_pool(self.kind, x, attrs)
             return None if shape is None else pk.symbolic_pool_kernel(
                 self.kind, shape, bool(attrs.get("count_include_pad", False)), params, x,
-                anchor, result, name, self.kind == "max" and scans_from_first(attrs, x.dtype))
+                anchor, result, name, self.kind == "max" and scans_from_first(attrs, x.dtype),
+                isa=isa)
         return pk.pool2d_kernel(self.kind, window_geometry(x.shape, attrs),
                                 bool(attrs.get("count_include_pad", False)),
                                 params, x, anchor, result, name,
-                                self.kind == "max" and scans_from_first(attrs, x.dtype))
+                                self.kind == "max" and scans_from_first(attrs, x.dtype), isa=isa)
 
 
 def window_geometry(shape: Sequence[Any], attrs: Attrs) -> pk.PoolGeometry:

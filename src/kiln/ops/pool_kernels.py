@@ -54,7 +54,7 @@ from kiln.ops.max_pool_kernel import (
     max_pool_body,
     window_max,
 )
-from kiln.target.isa import isa_for
+from kiln.target.isa import ISA
 
 POOLS = ("max", "avg")
 
@@ -99,18 +99,18 @@ class PoolGeometry:
 
 def pool2d_kernel(kind: str, geometry: PoolGeometry, include_pad: bool,
                   params: Sequence[te.Tensor], x: te.Tensor, anchor: te.Tensor | None,
-                  result: te.Tensor | None, name: str, scan: bool = False) -> PrimFunc | None:
-    """The kernel of a `kind` ("max" or "avg") pool of the parameter `x` with the fused
+                  result: te.Tensor | None, name: str, scan: bool = False, *, isa: ISA
+                  ) -> PrimFunc | None:
+    """The kernel for `isa` of a `kind` ("max" or "avg") pool of the parameter `x` with the fused
     elementwise chain `result` over `anchor` (None: the pool alone), or None when the
     chain cannot be applied as a store. `scan`: a max scanned from each window's first
     element (kiln.ops.max_pool_kernel's `max_pool_body`)."""
     shape = geometry.conv_shape()
     out_shape = (shape.n, shape.c_in, shape.out_h, shape.out_w)
-    isa = isa_for(None)
     if kind == "max":
         return _stored_pool(params, x, anchor, result, out_shape, name, lambda xb, out, ep:
                             max_pool_body(shape, xb, out, tile_lanes(isa, x.dtype), ep,
-                                          isa.l1d_bytes, scan))
+                                          isa.l1d_bytes, scan, isa=isa))
     if x.dtype != "float32":
         return None
     store = fused_store(params, anchor, result, out_shape)
@@ -216,7 +216,7 @@ def _inside(o: PrimExpr, stride: int, pad: int, k: int, size: int) -> PrimExpr:
 
 def symbolic_pool_kernel(kind: str, shape: ck.ConvShape, include_pad: bool,
                          params: Sequence[te.Tensor], x: te.Tensor, anchor: te.Tensor | None,
-                         result: te.Tensor | None, name: str, scan: bool = False
+                         result: te.Tensor | None, name: str, scan: bool = False, *, isa: ISA
                          ) -> PrimFunc | None:
     """The `kind` pool of `shape` (`symbolic_image_pool`) over the parameter `x` with the
     fused elementwise chain `result` over `anchor` (float32 only; None when it cannot be
@@ -226,7 +226,7 @@ def symbolic_pool_kernel(kind: str, shape: ck.ConvShape, include_pad: bool,
     each column's and an expression of each row's. `scan`: a max scanned from each
     window's first element (kiln.ops.max_pool_kernel's `max_pool_body`)."""
     out_shape = (shape.n, shape.c_in, shape.out_h, shape.out_w)
-    lanes = tile_lanes(isa_for(None), x.dtype)
+    lanes = tile_lanes(isa, x.dtype)
 
     def body(xb: Buffer, out: Buffer, epilogue: Epilogue) -> Stmt:
         with parallel_over_images():
@@ -237,13 +237,13 @@ def symbolic_pool_kernel(kind: str, shape: ck.ConvShape, include_pad: bool,
                 return symbolic_window_body(shape, xb, out, lanes, lambda acc, v, c, kh, kw:
                                             max_(acc, window_max(floor, v)), floor, floor,
                                             _leading_nan(shape, xb, epilogue) if scan
-                                            else epilogue, MAX_ELEMENTS)
+                                            else epilogue, MAX_ELEMENTS, isa=isa)
             zero = as_expr(0.0, "float32")
             if include_pad:
                 count: Any = as_expr(float(shape.kh * shape.kw), "float32")
                 return symbolic_window_body(
                     shape, xb, out, lanes, lambda acc, v, c, kh, kw: acc + v, zero, zero,
-                    lambda v, idx: epilogue(v / count, idx))
+                    lambda v, idx: epilogue(v / count, idx), isa=isa)
             # per column, the taps inside the image: filled once per call
             columns = Buffer("column_taps", (shape.out_w,), "float32")
             fill = loop("ow", shape.out_w, lambda ow: Store(columns, Cast(
@@ -257,6 +257,6 @@ def symbolic_pool_kernel(kind: str, shape: ck.ConvShape, include_pad: bool,
 
             return seq(Allocate(columns), fill, symbolic_window_body(
                 shape, xb, out, lanes, lambda acc, v, c, kh, kw: acc + v, zero, zero,
-                finish))
+                finish, isa=isa))
 
     return _stored_pool(params, x, anchor, result, out_shape, name, body)

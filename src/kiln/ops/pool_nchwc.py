@@ -28,6 +28,7 @@ from kiln.ir.tensor import PrimExpr, PrimFunc
 from kiln.ir.types import TensorType, Type
 from kiln.ops import layout, te
 from kiln.ops.registry import OPS, HandBuiltOp, get_op
+from kiln.target.isa import ISA
 
 POOL_NCHWC = "pool2d_nchwc"
 POOLS = ("max_pool2d", "avg_pool2d")
@@ -89,7 +90,7 @@ class PoolNchwcOp(HandBuiltOp):
 
     def lower_fused(self, params: Sequence[te.Tensor], args: Sequence[te.Tensor], attrs: Attrs,
                     anchor: te.Tensor | None, result: te.Tensor | None,
-                    name: str) -> PrimFunc | None:
+                    name: str, isa: ISA) -> PrimFunc | None:
         """The vector kernel (see `HandBuiltOp.lower_fused`)."""
         from kiln.ops.epilogue import fused_store
         from kiln.ops.kernels.pool_nchwc import pool_nchwc_body
@@ -110,7 +111,7 @@ class PoolNchwcOp(HandBuiltOp):
         body = pool_nchwc_body("max" if maximum else "avg", geometry,
                                bool(rest.get("count_include_pad", False)), store.buffers[x],
                                store.out, store.epilogue,
-                               maximum and scans_from_first(rest, x.dtype))
+                               maximum and scans_from_first(rest, x.dtype), isa=isa)
         return PrimFunc((*(store.buffers[t] for t in params), store.out), body,
                         {"kiln.pool_kernel": name, ATTR_PARALLEL_DECIDED: True})
 

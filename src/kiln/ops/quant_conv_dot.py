@@ -83,6 +83,7 @@ from kiln.ops.quant import (
     requantize_value,
 )
 from kiln.ops.registry import OPS, HandBuiltOp
+from kiln.target.isa import ISA
 
 Attrs = Mapping[str, Any]
 CONV_DOT = "qlinear_conv_dot"
@@ -161,7 +162,7 @@ MADDUBS_LOAD_WEIGHT = 1.0
 PAIRS16_LOAD_WEIGHT = 0.5
 
 
-def _step_cost(isa: Any, rows: int, vectors: int) -> float:
+def _step_cost(isa: ISA, rows: int, vectors: int) -> float:
     """Vector instructions of one step (a word: 4 k, or 2 k of int16 pairs) of a tile,
     loads weighted by LOAD_WEIGHT: a dot product per accumulator, a broadcast per row and
     a load per vector."""
@@ -177,7 +178,7 @@ def _step_cost(isa: Any, rows: int, vectors: int) -> float:
     return rows * vectors + (rows + vectors) * LOAD_WEIGHT
 
 
-def _tile_cost(isa: Any, tile: ConvTile, positions: int, channels: int, k: int) -> float:
+def _tile_cost(isa: ISA, tile: ConvTile, positions: int, channels: int, k: int) -> float:
     """The estimated instructions of all tiles of a convolution (K = `k`), the padded
     rows and lanes of partial tiles included: every step, and an epilogue of a vector
     per accumulator register (positions as lanes: contiguous stores) or of a scalar
@@ -213,7 +214,7 @@ def word_stores(rows: int, positions: int) -> bool:
 MADDUBS_TILE_OVERHEAD = 200.0
 
 
-def channel_rows(isa: Any, positions: int, nr: int, k: int) -> int:
+def channel_rows(isa: ISA, positions: int, nr: int, k: int) -> int:
     """Rows (output positions) of a channels-as-lanes tile `nr` channels wide: of the
     row counts the registers hold, the one with the fewest estimated instructions for
     all positions (49 positions: 7 rows of 3 vectors, not 6 of 4 padded to 54); of
@@ -231,7 +232,7 @@ def channel_rows(isa: Any, positions: int, nr: int, k: int) -> int:
     return max(mr for mr, cost in costs.items() if cost <= 1.02 * least)
 
 
-def position_rows(isa: Any, nr: int, channels: int, words: bool = False) -> int:
+def position_rows(isa: ISA, nr: int, channels: int, words: bool = False) -> int:
     """Rows (output channels, a broadcast weight word each) of a positions tile `nr`
     positions wide: as many as the registers hold (`quant_dot.tile_rows`), one fewer for
     the `vpmaddubsw` pairs of `int8-pairs=saturate` on 16 registers (AVX2). There 5 rows
@@ -250,7 +251,7 @@ def position_rows(isa: Any, nr: int, channels: int, words: bool = False) -> int:
     return min(rows, channels)
 
 
-def choose_tile(isa: Any, positions: int, channels: int, k: int) -> ConvTile:
+def choose_tile(isa: ISA, positions: int, channels: int, k: int) -> ConvTile:
     """The tile of a convolution with `positions` output positions (per image),
     `channels` output channels and K = `k` (input channels x kernel taps). Output
     positions are the lanes (`quant_dot.tile_cols_for`) unless they fill the vectors
@@ -313,7 +314,7 @@ def writes_words(attrs: Attrs, out: TensorType) -> bool:
         and out.dtype in ("uint8", "int8")
 
 
-def stores_words(call: Any) -> bool:
+def stores_words(call: Any, isa: ISA) -> bool:
     """Whether dot-form convolution `call` (a graph call with NCHW output) can write its
     output in WORDS_LAYOUT at no cost to its tile: a channels tile (its rows' channels
     are words already), or a positions tile whose rows, at each width it may take, are a
@@ -322,15 +323,15 @@ def stores_words(call: Any) -> bool:
     out, ww = call.ret_type, call.args[1].type
     if not isinstance(out, TensorType) or not writes_words(call.attrs, out):
         return False
-    isa = quant_dot.target_isa(quant_dot.saturates(call.attrs))
-    if isa is None or quant_dot.k_group(isa) != quant_dot.word_group(call.attrs):
+    dot = quant_dot.target_isa(isa, quant_dot.saturates(call.attrs))
+    if dot is None or quant_dot.k_group(dot) != quant_dot.word_group(call.attrs):
         return False  # the te definition (words packed for another target)
     if ww.ndim == 3:
         return True
     dims = out.static_shape
     positions = int(np.prod(dims[2:]))
-    widths = {quant_dot.tile_cols_for(isa, positions), quant_dot.tile_cols(isa)}
-    return all(position_rows(isa, nr, dims[1]) % quant_dot.GROUP == 0 for nr in widths)
+    widths = {quant_dot.tile_cols_for(dot, positions), quant_dot.tile_cols(dot)}
+    return all(position_rows(dot, nr, dims[1]) % quant_dot.GROUP == 0 for nr in widths)
 
 
 def _nchw_input(x: TensorType, in_words: bool) -> TensorType:
@@ -436,17 +437,17 @@ class _TiledConv(HandBuiltOp):
 
     def lower_fused(self, params: Sequence[te.Tensor], args: Sequence[te.Tensor], attrs: Attrs,
                     anchor: te.Tensor | None, result: te.Tensor | None,
-                    name: str) -> PrimFunc | None:
-        isa = quant_dot.target_isa(quant_dot.saturates(attrs))
-        if result is not None or len(args) != len(params) or isa is None \
-                or quant_dot.k_group(isa) != quant_dot.word_group(attrs):
+                    name: str, isa: ISA) -> PrimFunc | None:
+        dot = quant_dot.target_isa(isa, quant_dot.saturates(attrs))
+        if result is not None or len(args) != len(params) or dot is None \
+                or quant_dot.k_group(dot) != quant_dot.word_group(attrs):
             return None  # (words packed for another target: the te definition reads them)
         x, ww, bias, x_zp, multiplier, y_zp = (Buffer(t.name, t.shape, t.dtype) for t in params)
         out_type = _infer([TensorType(t.shape, t.dtype) for t in params], attrs)
         assert isinstance(out_type, TensorType)
         out = Buffer("out", out_type.shape, y_zp.dtype)
         return PrimFunc((x, ww, bias, x_zp, multiplier, y_zp, out),
-                        _tiles(x, ww, bias, x_zp, multiplier, y_zp, out, attrs, isa),
+                        _tiles(x, ww, bias, x_zp, multiplier, y_zp, out, attrs, dot),
                         {"kiln.gemm_kernel": CONV_DOT})
 
 
@@ -656,7 +657,7 @@ def _spread(extents: Sequence[int], planes: int) -> tuple[int, ...]:
 
 
 def _tiles(x: Buffer, ww: Buffer, bias: Buffer, x_zp: Buffer, multiplier: Buffer,
-           y_zp: Buffer, out: Buffer, attrs: Attrs, isa: Any) -> Stmt:
+           y_zp: Buffer, out: Buffer, attrs: Attrs, isa: ISA) -> Stmt:
     ws = _w_shape(attrs)
     in_words, out_words = layouts(attrs)
     source, decls = _Input.of(x, in_words)
@@ -855,7 +856,7 @@ def _in_place_width(x_shape: Sequence[int], begins: Sequence[int], ends: Sequenc
     return int(x_shape[3]) + max(begins[1], ends[1])
 
 
-def _in_place_pays(isa: Any, spatial: Sequence[int], width: int) -> bool:
+def _in_place_pays(isa: ISA, spatial: Sequence[int], width: int) -> bool:
     """Whether a stride-1 convolution with output `spatial` on a grid `width` columns wide
     runs in place (`_in_place`) rather than on an im2col of words."""
     nr = quant_dot.tile_cols(isa)
@@ -867,7 +868,7 @@ def _in_place_pays(isa: Any, spatial: Sequence[int], width: int) -> bool:
 
 def _in_place(source: _Input, ww: Buffer, x_zp: Buffer, out: Buffer, out_words: bool,
               epilogue: _RowEpilogue, ws: Sequence[int], begins: Sequence[int],
-              ends: Sequence[int], dilations: Sequence[int], big: bool, isa: Any,
+              ends: Sequence[int], dilations: Sequence[int], big: bool, isa: ISA,
               intrinsic: str) -> Stmt:
     """A stride-1 2-D convolution with k = (tap, c) and C a multiple of 4
     (`int8-pairs=saturate`) on the positions tile without an im2col: the input is copied
@@ -946,7 +947,7 @@ def _block_rows(spatial: Sequence[int], nr: int, groups: int) -> int:
     return max(fits, default=0)
 
 
-def narrows_by_packs(isa: Any) -> bool:
+def narrows_by_packs(isa: ISA) -> bool:
     """Whether the positions tile's requantized rows are clamped as integers too, so that
     LLVM narrows them with saturating packs (`requantize_value(packs=True)`): x86 up to
     AVX2, where that saves a mask per vector (the 1x1 layers of ResNet-50 1.5-3% faster

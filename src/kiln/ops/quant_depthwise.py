@@ -67,7 +67,7 @@ from kiln.ops.nn import conv_geometry
 from kiln.ops.quant import out_range, requantize_value
 from kiln.ops.quant_kernels import build_conv, conv_infer, conv_packed_ref
 from kiln.ops.registry import OPS, HandBuiltOp
-from kiln.target.isa import isa_for
+from kiln.target.isa import ISA
 
 Attrs = Mapping[str, Any]
 GROUPED = "qlinear_conv_grouped"
@@ -375,7 +375,7 @@ class _GroupedConv(HandBuiltOp):
 
     def lower_fused(self, params: Sequence[te.Tensor], args: Sequence[te.Tensor], attrs: Attrs,
                     anchor: te.Tensor | None, result: te.Tensor | None,
-                    name: str) -> PrimFunc | None:
+                    name: str, isa: ISA) -> PrimFunc | None:
         if result is not None or len(args) != len(params):
             return None
         shape = conv_shape(params[0].shape, params[1].shape, attrs)
@@ -386,7 +386,6 @@ class _GroupedConv(HandBuiltOp):
         out_type = conv_infer([TensorType(t.shape, t.dtype) for t in params], attrs)
         assert isinstance(out_type, TensorType)
         out = Buffer("out", out_type.shape, y_zp.dtype)
-        isa = isa_for(None)
         lanes = tile_lanes(isa, "int32")
         operands = (shape, x, wp, bias, x_zp, multiplier, y_zp, out, attrs, lanes)
         # the planes add one product at a time: saturating pairs take the row tiles

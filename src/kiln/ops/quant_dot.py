@@ -55,7 +55,7 @@ from kiln.ir.tensor import (
     min_,
 )
 from kiln.ops import te
-from kiln.target.isa import ISA, isa_for
+from kiln.target.isa import ISA
 
 #: k per packed word (bytes)
 GROUP = 4
@@ -82,11 +82,10 @@ PAIRS16 = "pairs16"
 SATURATE = "saturate"
 
 
-def target_isa(saturate: bool = False) -> ISA | None:
-    """The current target's ISA when it has a dot-product family kiln emits, else None;
-    with `saturate` the ISA whatever its family (the saturating dot form runs on every
-    target: portable code where there is no family)."""
-    isa = isa_for(None)
+def target_isa(isa: ISA, saturate: bool = False) -> ISA | None:
+    """`isa` when it has a dot-product family kiln emits, else None; with `saturate`
+    `isa` whatever its family (the saturating dot form runs on every target: portable
+    code where there is no family)."""
     if saturate and isa.int8_dot in _X86_FAMILIES:
         return replace(isa, int8_dots=(MADDUBS,))
     if not saturate and isa.int8_dot in _WIDENED_FAMILIES:
@@ -94,13 +93,10 @@ def target_isa(saturate: bool = False) -> ISA | None:
     return isa if saturate or isa.int8_dot in FAMILIES else None
 
 
-def target_saturates() -> bool:
-    """Whether the current target asks for onnxruntime's AVX2 int16 pair saturation
+def target_saturates(isa: ISA) -> bool:
+    """Whether the target of `isa` asks for onnxruntime's AVX2 int16 pair saturation
     (target attribute `int8-pairs=saturate`; default `exact`)."""
-    from kiln.target.target import Target
-
-    target = Target.current()
-    return target is not None and target.attrs.get("int8-pairs") == SATURATE
+    return isa.int8_pairs == SATURATE
 
 
 def saturates(attrs: Mapping[str, Any]) -> bool:

@@ -67,7 +67,7 @@ from kiln.ops.quant import (
 )
 from kiln.ops.registry import OPS, HandBuiltOp, get_op, register_op
 from kiln.ops.registry import call as op_call
-from kiln.target.isa import ISA, isa_for
+from kiln.target.isa import ISA
 
 Attrs = Mapping[str, Any]
 DYNAMIC = "dynamic_quant_matmul"
@@ -158,9 +158,9 @@ def _packed_ref(a: np.ndarray, bp: np.ndarray, colsum: np.ndarray, b_scale: np.n
     return _float_ref(acc, scale, b_scale, bias)
 
 
-def pack(call: g.Call) -> g.Call | None:
-    """`dynamic_quant_matmul` with a constant B and zero point as its packed form (B
-    packed as `matmul_integer_packed` packs it), else None."""
+def pack(call: g.Call, isa: ISA) -> g.Call | None:
+    """`dynamic_quant_matmul` with a constant B and zero point as its packed form for
+    `isa` (B packed as `matmul_integer_packed` packs it), else None."""
     if call.op != DYNAMIC:
         return None
     a, b, b_zp, b_scale, bias = call.args
@@ -168,7 +168,7 @@ def pack(call: g.Call) -> g.Call | None:
     assert isinstance(at, TensorType)
     a_q = g.Var("a_q", _quantized_type(at))
     integer = quant_kernels.pack(op_call("matmul_integer", a_q, b, g.Var(
-        "a_zp", TensorType((), "uint8")), b_zp))
+        "a_zp", TensorType((), "uint8")), b_zp), isa)
     if integer is None:
         return None
     return op_call(PACKED, a, integer.args[1], integer.args[2], b_scale, bias,
@@ -232,12 +232,12 @@ class _DynamicTiledMatmul(HandBuiltOp):
 
     def lower_fused(self, params: Sequence[te.Tensor], args: Sequence[te.Tensor], attrs: Attrs,
                     anchor: te.Tensor | None, result: te.Tensor | None,
-                    name: str) -> PrimFunc | None:
+                    name: str, isa: ISA) -> PrimFunc | None:
         if args[0].ndim < 2 or not is_static((*args[0].shape, *args[1].shape)):
             return None
         group = int(attrs.get("k_group", 1))
-        isa = quant_kernels.tile_isa(attrs)
-        if group > 1 and isa is None:
+        tiles = quant_kernels.tile_isa(attrs, isa)
+        if group > 1 and tiles is None:
             return None  # words packed for another target: the te definition reads them
         n = int(attrs["n"])
         store = fused_store(params, anchor, result, (*args[0].shape[:-1], n))
@@ -250,16 +250,16 @@ class _DynamicTiledMatmul(HandBuiltOp):
         work = int(np.prod(a.shape, dtype=np.int64)) * n
         prologue = seq(Allocate(a_q), Allocate(scalars), Allocate(zp),
                        quantize_tensor(a, a_q, scalars, zp,
-                                       worth_parallel(work, "madd", dtype="int8"),
-                                       isa_for(None)))
+                                       worth_parallel(work, "madd", dtype="int8", isa=isa),
+                                       isa))
 
         def epilogue(acc: PrimExpr, j: PrimExpr, at: tuple[PrimExpr, ...]) -> PrimExpr:
             exact = acc - Cast("int32", zp[0]) * colsum[j]
             mult = scalars[2] * (b_scale[()] if b_scale.ndim == 0 else b_scale[j])
             return store.epilogue(Cast("float32", exact) * mult + bias[j], at)
 
-        body = quant_kernels.build_matmul_tiles(a_q, bp, n, store.out, epilogue, isa,
-                                                quant_dot.dot_intrinsic(attrs))
+        body = quant_kernels.build_matmul_tiles(a_q, bp, n, store.out, epilogue, tiles,
+                                                quant_dot.dot_intrinsic(attrs), target=isa)
         return PrimFunc((*(store.buffers[t] for t in params), store.out), seq(prologue, body),
                         {"kiln.gemm_kernel": self.name})
 

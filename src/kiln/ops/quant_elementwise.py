@@ -77,7 +77,7 @@ from kiln.ops.kernels.tiles import const, lanes_loop, loop, tile_lanes
 from kiln.ops.nan_order import max_keep_second
 from kiln.ops.quant import MAGIC_BITS, PRODUCT_DTYPES, ROUNDING_MAGIC, as_float32, qrange
 from kiln.ops.registry import OPS, HandBuiltOp, register_op
-from kiln.target.isa import isa_for
+from kiln.target.isa import ISA
 
 Attrs = Mapping[str, Any]
 ADD = "qlinear_add"
@@ -212,7 +212,8 @@ def _add_compute(inputs: Sequence[te.Tensor], attrs: Attrs) -> te.Tensor:
 ADD_TILE_VECTORS = 4
 
 
-def flat_add_body(buffers: Sequence[Buffer], out: Buffer, lanes: int, shift: int = 0) -> Stmt:
+def flat_add_body(buffers: Sequence[Buffer], out: Buffer, lanes: int, shift: int = 0, *,
+                  isa: ISA) -> Stmt:
     """The flat kernel of the module docstring: `buffers` are qlinear_add's operands, `a`
     and `b` of `out`'s shape; `lanes` the float32 lanes of a vector; `shift` that of
     `as_uint8`."""
@@ -229,7 +230,7 @@ def flat_add_body(buffers: Sequence[Buffer], out: Buffer, lanes: int, shift: int
             value(fa[start + v], fb[start + v], params), y_zp.dtype, shift), (start + v,)))
 
     tiles, rest = divmod(size, width)
-    kind = "parallel" if tiles > 1 and worth_parallel(size, "element") else "serial"
+    kind = "parallel" if tiles > 1 and worth_parallel(size, "element", isa=isa) else "serial"
     body = [loop("t", tiles, lambda t: run(t * width, width), kind)] if tiles else []
     if rest:
         body.append(run(const(tiles * width), rest))
@@ -299,14 +300,14 @@ class _QLinearAdd(HandBuiltOp):
 
     def lower_fused(self, params: Sequence[te.Tensor], args: Sequence[te.Tensor], attrs: Attrs,
                     anchor: te.Tensor | None, result: te.Tensor | None,
-                    name: str) -> PrimFunc | None:
+                    name: str, isa: ISA) -> PrimFunc | None:
         if result is not None or len(args) != len(params) or \
                 any(a is not p for a, p in zip(args, params)) or not _flat(params):
             return None
         buffers = [Buffer(t.name, t.shape, t.dtype) for t in params]
         out = Buffer("out", tuple(params[0].shape), params[7].dtype)
-        body = flat_add_body(buffers, out, tile_lanes(isa_for(None), "float32"),
-                             uint8_shift(attrs))
+        body = flat_add_body(buffers, out, tile_lanes(isa, "float32"),
+                             uint8_shift(attrs), isa=isa)
         return PrimFunc((*buffers, out), body, {"kiln.qlinear_add": "flat"})
 
 
@@ -421,7 +422,8 @@ def _concat_compute(inputs: Sequence[te.Tensor], attrs: Attrs) -> te.Tensor:
     return out
 
 
-def concat_body(inputs: Sequence[Buffer], out: Buffer, attrs: Attrs, lanes: int) -> Stmt:
+def concat_body(inputs: Sequence[Buffer], out: Buffer, attrs: Attrs, lanes: int, *,
+                isa: ISA) -> Stmt:
     """qlinear_concat's hand-built kernel: per input, the tiles of each of its contiguous
     runs of the output (the axis and all after it) copied or requantized (the te
     definition selects among every input for each element); `lanes` the float32 lanes
@@ -449,7 +451,7 @@ def concat_body(inputs: Sequence[Buffer], out: Buffer, attrs: Attrs, lanes: int)
             return lanes_loop("v", extent, store)
 
         tiles, rest = divmod(run_len, width)
-        kind = "parallel" if outer * tiles > 1 and worth_parallel(x.numel(), "element") \
+        kind = "parallel" if outer * tiles > 1 and worth_parallel(x.numel(), "element", isa=isa) \
             else "serial"
 
         def per_row(o: PrimExpr, tiles: int = tiles, rest: int = rest, tile: Any = tile,
@@ -475,7 +477,7 @@ class _QLinearConcat(HandBuiltOp):
 
     def lower_fused(self, params: Sequence[te.Tensor], args: Sequence[te.Tensor], attrs: Attrs,
                     anchor: te.Tensor | None, result: te.Tensor | None,
-                    name: str) -> PrimFunc | None:
+                    name: str, isa: ISA) -> PrimFunc | None:
         if result is not None or len(args) != len(params) or \
                 any(a is not p for a, p in zip(args, params)) or \
                 not all(isinstance(d, int) for t in params for d in t.shape):
@@ -484,7 +486,7 @@ class _QLinearConcat(HandBuiltOp):
         out_type = _concat_infer([TensorType(t.shape, t.dtype) for t in params], attrs)
         assert isinstance(out_type, TensorType)
         out = Buffer("out", tuple(out_type.shape), out_type.dtype)
-        body = concat_body(buffers, out, attrs, tile_lanes(isa_for(None), "float32"))
+        body = concat_body(buffers, out, attrs, tile_lanes(isa, "float32"), isa=isa)
         return PrimFunc((*buffers, out), body, {"kiln.qlinear_concat": "runs"})
 
 

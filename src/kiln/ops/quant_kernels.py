@@ -101,12 +101,12 @@ def applies(call: g.Call) -> bool:
     return call.op == "qlinear_conv" or w.data.ndim == 2
 
 
-def pack(call: g.Call) -> g.Call | None:
-    """The packed form of `call`, or None when `applies(call)` is false."""
+def pack(call: g.Call, isa: ISA) -> g.Call | None:
+    """The packed form of `call` for `isa`, or None when `applies(call)` is false."""
     if not applies(call):
         return None
     if call.op == "matmul_integer":
-        return _pack_matmul_integer(call)
+        return _pack_matmul_integer(call, isa)
     x, w, bias, x_zp, w_zp, multiplier, y_zp = call.args
     assert isinstance(w, g.Constant) and isinstance(bias, g.Constant)
     assert isinstance(x_zp, g.Constant) and isinstance(w_zp, g.Constant)
@@ -135,32 +135,32 @@ def pack(call: g.Call) -> g.Call | None:
     # does, and only with uint8 activations (its s8 x s8 products are exact)
     # (its depthwise kernel, one input and one output channel a group, is exact too)
     depthwise = two_d_grouped and wp.shape[1] == 1 and wp.shape[0] == groups
-    sat = (quant_dot.target_saturates() and np.asarray(w.data).dtype == np.int8
+    sat = (quant_dot.target_saturates(isa) and np.asarray(w.data).dtype == np.int8
            and (np.asarray(x_zp.data).dtype == np.uint8 or as_uint8) and not zw.any()
            and (call.op == "qlinear_matmul" or two_d_conv or (two_d_grouped and not depthwise)))
-    isa = quant_dot.target_isa(sat) if (call.op == "qlinear_matmul" or two_d_conv) \
+    dot = quant_dot.target_isa(isa, sat) if (call.op == "qlinear_matmul" or two_d_conv) \
         and weight_dtype == np.int8 else None
-    pairs = {"pairs": quant_dot.SATURATE} if sat and isa is not None else {}
-    if isa is not None and two_d_conv and isa.int8_dot == "dsp" and not pairs:
+    pairs = {"pairs": quant_dot.SATURATE} if sat and dot is not None else {}
+    if dot is not None and two_d_conv and dot.int8_dot == "dsp" and not pairs:
         # microcontrollers (Cortex-M): the run-time im2col words would cost RAM and flash
         # the element form does not spend; it reads the input in place
-        isa = None
+        dot = None
     # the dot form multiplies unsigned bytes: an int8 x is shifted by 128 (quant_dot)
-    shift = quant_dot.a_shift(str(np.asarray(x_zp.data).dtype)) if isa else 0
+    shift = quant_dot.a_shift(str(np.asarray(x_zp.data).dtype)) if dot else 0
     bias_eff = np.asarray(bias.data, np.int64) - (int(x_zp.data) + shift) * sums
     if np.abs(bias_eff).max(initial=0) >= 2 ** 31:
         return None  # the corrected bias would not fit the int32 accumulator
     packed = g.Constant(np.ascontiguousarray(wp.astype(weight_dtype)), w.name)
     corrected = g.Constant(bias_eff.astype(np.int32))
     if call.op == "qlinear_matmul":
-        panels = g.Constant(_panels(np.asarray(packed.data), isa), w.name)
-        group = {"k_group": quant_dot.k_group(isa)} if isa else {}
+        panels = g.Constant(_panels(np.asarray(packed.data), dot), w.name)
+        group = {"k_group": quant_dot.k_group(dot)} if dot else {}
         return op_call(MATMUL, x, panels, corrected, multiplier, y_zp, n=wp.shape[1],
                        **group, **pairs, **attrs)
-    if isa is not None:
-        by_tap = bool(pairs) or _whole_word_taps(wp, isa)
-        words = _conv_words(wp.astype(np.int8), call, isa, by_tap)
-        k_group = quant_dot.k_group(isa)
+    if dot is not None:
+        by_tap = bool(pairs) or _whole_word_taps(wp, dot)
+        words = _conv_words(wp.astype(np.int8), call, dot, by_tap)
+        k_group = quant_dot.k_group(dot)
         return op_call(CONV_DOT, x, g.Constant(words, w.name), corrected, x_zp, multiplier,
                        y_zp, w_shape=tuple(wp.shape), **pairs, **attrs,
                        **({"k_group": k_group} if k_group != quant_dot.GROUP else {}),
@@ -207,20 +207,20 @@ def _shifted_b(b: np.ndarray, b_zp: np.ndarray, transpose: bool) -> np.ndarray:
     return wp.astype(np.int8 if wp.min() >= -128 and wp.max() <= 127 else np.int16)
 
 
-def _pack_matmul_integer(call: g.Call) -> g.Call:
+def _pack_matmul_integer(call: g.Call, isa: ISA) -> g.Call:
     # (a - a_zp) @ (b - b_zp) = a @ bp - a_zp * colsum(bp): a_zp is known at run time
     # only (DynamicQuantizeLinear computes it), so the kernel multiplies it in.
     a, b, a_zp, b_zp = call.args
     assert isinstance(b, g.Constant) and isinstance(b_zp, g.Constant)
     wp = _shifted_b(b.data, b_zp.data, bool(call.attrs.get("transpose_b")))
     colsum = wp.astype(np.int64).sum(axis=0).astype(np.int32)
-    sat = (quant_dot.target_saturates() and np.asarray(b.data).dtype == np.int8
+    sat = (quant_dot.target_saturates(isa) and np.asarray(b.data).dtype == np.int8
            and isinstance(a.type, TensorType) and a.type.dtype == "uint8"
            and not np.asarray(b_zp.data).any())
-    isa = quant_dot.target_isa(sat) if wp.dtype == np.int8 else None
-    group = {"k_group": quant_dot.k_group(isa)} if isa else {}
-    pairs = {"pairs": quant_dot.SATURATE} if sat and isa is not None else {}
-    return op_call(INTEGER, a, g.Constant(_panels(wp, isa), b.name), g.Constant(colsum), a_zp,
+    dot = quant_dot.target_isa(isa, sat) if wp.dtype == np.int8 else None
+    group = {"k_group": quant_dot.k_group(dot)} if dot else {}
+    pairs = {"pairs": quant_dot.SATURATE} if sat and dot is not None else {}
+    return op_call(INTEGER, a, g.Constant(_panels(wp, dot), b.name), g.Constant(colsum), a_zp,
                    n=wp.shape[1], **group, **pairs)
 
 
@@ -277,13 +277,12 @@ def _group(attrs: Attrs) -> int:
     return group
 
 
-def tile_isa(attrs: Attrs) -> ISA | None:
-    """The ISA whose register tiles run a packed product of words (`k_group` > 1) on the
-    current target, or None when the target's dot form packs other words (the te
-    definition reads them)."""
+def tile_isa(attrs: Attrs, isa: ISA) -> ISA | None:
+    """The ISA whose register tiles run a packed product of words (`k_group` > 1) on
+    `isa`, or None when its dot form packs other words (the te definition reads them)."""
     group = _group(attrs)
-    isa = quant_dot.target_isa(quant_dot.saturates(attrs)) if group > 1 else None
-    return isa if isa is not None and quant_dot.k_group(isa) == group else None
+    dot = quant_dot.target_isa(isa, quant_dot.saturates(attrs)) if group > 1 else None
+    return dot if dot is not None and quant_dot.k_group(dot) == group else None
 
 
 def _matmul_infer(types: Sequence[TensorType], attrs: Attrs) -> Type:
@@ -493,7 +492,7 @@ TILE_ROWS, TILE_COLS = 4, 64
 
 
 def build_matmul_tiles(a: Buffer, bp: Buffer, n: int, out: Buffer, epilogue: TileEpilogue,
-                       isa: ISA | None = None, intrinsic: str = DOT4_U8S8) -> Stmt:
+                       isa: ISA | None, intrinsic: str = DOT4_U8S8, *, target: ISA) -> Stmt:
     """The register-tiled loop nest of a packed matrix product (A's leading dims are its
     rows, flattened): tiles of rows x `bp.shape[2]` int32 accumulators (surplus rows and
     columns read the last row/column and are not stored). `epilogue(acc, column, at)`
@@ -507,7 +506,7 @@ def build_matmul_tiles(a: Buffer, bp: Buffer, n: int, out: Buffer, epilogue: Til
 
     Without `isa`, B holds int8/int16 elements and a tile has TILE_ROWS rows; with it,
     B holds the dot form's words (quant_dot), A's rows are packed into words first and
-    a tile has `quant_dot.tile_rows(isa)` rows."""
+    a tile has `quant_dot.tile_rows(isa)` rows. `target`: the target's ISA (threads)."""
     lead = tuple(int(d) for d in a.shape[:-1])
     m, k_extent = int(np.prod(lead, dtype=np.int64)), int(a.shape[-1])
     col_tiles, nr = int(bp.shape[0]), int(bp.shape[2])
@@ -518,7 +517,7 @@ def build_matmul_tiles(a: Buffer, bp: Buffer, n: int, out: Buffer, epilogue: Til
     if isa is not None:
         packed_a = Buffer("a_words", (m, int(bp.shape[1])), "int32", "global")
         prologue = [Allocate(packed_a), quant_dot.pack_a(
-            a, packed_a, "parallel" if worth_parallel(work, "madd", dtype="int8") and m > 1
+            a, packed_a, "parallel" if worth_parallel(work, "madd", target, "int8") and m > 1
             else "serial", quant_dot.k_group(isa))]
 
     def tile(ct: PrimExpr, rt: PrimExpr) -> Stmt:
@@ -560,7 +559,7 @@ def build_matmul_tiles(a: Buffer, bp: Buffer, n: int, out: Buffer, epilogue: Til
         return seq(Allocate(acc), zero, step, stores)
 
     tiles = parallel_when(lambda: parallel_tiles((col_tiles, row_tiles), tile), work,
-                          "madd", "int8")
+                          "madd", "int8", isa=target)
     return seq(*prologue, tiles)
 
 
@@ -571,7 +570,7 @@ class _TiledMatmul(HandBuiltOp):
 
     def lower_fused(self, params: Sequence[te.Tensor], args: Sequence[te.Tensor], attrs: Attrs,
                     anchor: te.Tensor | None, result: te.Tensor | None,
-                    name: str) -> PrimFunc | None:
+                    name: str, isa: ISA) -> PrimFunc | None:
         if result is not None or len(args) != len(params) or args[0].ndim < 2 \
                 or not is_static((*args[0].shape, *args[1].shape)):
             return None
@@ -597,10 +596,11 @@ class _TiledMatmul(HandBuiltOp):
 
         n = int(attrs["n"])
         out = Buffer("out", (*a.shape[:-1], n), dtype)
-        isa = tile_isa(attrs)
-        if _group(attrs) > 1 and isa is None:
+        tiles = tile_isa(attrs, isa)
+        if _group(attrs) > 1 and tiles is None:
             return None  # words packed for another target: the te definition reads them
-        body = build_matmul_tiles(a, bp, n, out, epilogue, isa, quant_dot.dot_intrinsic(attrs))
+        body = build_matmul_tiles(a, bp, n, out, epilogue, tiles, quant_dot.dot_intrinsic(attrs),
+                                  target=isa)
         return PrimFunc((*buffers, out), body,
                         {"kiln.gemm_kernel": self.name})
 

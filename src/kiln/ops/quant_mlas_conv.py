@@ -64,7 +64,7 @@ from kiln.ops.kernels.tiles import const, parallel_split
 from kiln.ops.nn import conv_compute, conv_geometry, conv_infer
 from kiln.ops.quant_elementwise import fma_f32
 from kiln.ops.registry import OPS, HandBuiltOp
-from kiln.target.isa import ISA, isa_for
+from kiln.target.isa import ISA
 
 Attrs = Mapping[str, Any]
 CONV = "conv2d_mlas"
@@ -347,7 +347,7 @@ def _columns(geo: Geometry, x: Buffer, isa: ISA) -> tuple[BRead, list[Stmt]]:
     # its reads gather (strides, taps), far slower than the copy rate im2col's own rule
     # assumes: it goes parallel wherever the product does
     with parallel_split("outer") if worth_parallel(madds, "madd", isa) else nullcontext():
-        col, fill = im2col(x, shape, geo.positions)
+        col, fill = im2col(x, shape, geo.positions, isa=isa)
 
     def expanded(bg: PrimExpr, kk: PrimExpr, n: PrimExpr) -> PrimExpr:
         b, g = _batch_group(geo, bg)
@@ -388,7 +388,7 @@ def conv2d_mlas_kernel(params: Sequence[te.Tensor], args: Sequence[te.Tensor], a
 
     gemm = plan(s.batch_groups, per, s.k, [Segment(*span) for span in spans], isa,
                 one_row=per == 1)
-    body = mlas_gemm_body(gemm, a_at, b_at, put, isa.l2_bytes)
+    body = mlas_gemm_body(gemm, a_at, b_at, put, isa.l2_bytes, isa=isa)
     decls = [DeclBuffer(w_flat, store.buffers[w], 0), DeclBuffer(out, store.out, 0)]
     return PrimFunc((*(store.buffers[t] for t in params), store.out),
                     seq(*decls, *flat.decls, *prologue, body), {"kiln.conv2d_mlas": True})
@@ -400,9 +400,9 @@ class _ConvMlas(HandBuiltOp):
 
     def lower_fused(self, params: Sequence[te.Tensor], args: Sequence[te.Tensor], attrs: Attrs,
                     anchor: te.Tensor | None, result: te.Tensor | None,
-                    name: str) -> PrimFunc | None:
+                    name: str, isa: ISA) -> PrimFunc | None:
         return conv2d_mlas_kernel(params, args, attrs, anchor, result,
-                                  isa_for(None))
+                                  isa)
 
 
 def _compute(inputs: Sequence[te.Tensor], attrs: Attrs) -> te.Tensor:

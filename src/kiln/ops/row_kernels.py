@@ -76,7 +76,7 @@ from kiln.ops import nan_order, te
 from kiln.ops.epilogue import SubstituteLoad
 from kiln.ops.kernels.tiles import parallel_when, tile_lanes
 from kiln.ops.registry import HandBuiltOp
-from kiln.target.isa import isa_for
+from kiln.target.isa import ISA
 
 Attrs = Mapping[str, Any]
 SOFTMAX, LOG_SOFTMAX, LAYER_NORM = "softmax", "log_softmax", "layer_norm"
@@ -181,15 +181,13 @@ def _row_max(a: PrimExpr, b: PrimExpr) -> PrimExpr:
     return nan_order.max_keep_first(a, b)
 
 
-def _softmax_exp(x: PrimExpr, lets: list[Stmt]) -> PrimExpr:
-    """`exp(x)` of softmax's `x - max`: on a CPU target, float32, as onnxruntime's softmax
-    computes it (kiln.ops.kernels.math.softmax_exp_f32, its intermediate values let
-    variables appended to `lets`); elsewhere the `exp` intrinsic."""
+def _softmax_exp(x: PrimExpr, lets: list[Stmt], *, isa: ISA) -> PrimExpr:
+    """`exp(x)` of softmax's `x - max`: on a CPU target (`isa.kind`), float32, as
+    onnxruntime's softmax computes it (kiln.ops.kernels.math.softmax_exp_f32, its
+    intermediate values let variables appended to `lets`); elsewhere the `exp` intrinsic."""
     from kiln.ops.kernels.math import CPU_KINDS, softmax_exp_f32
-    from kiln.target.target import Target
 
-    target = Target.current()
-    if target is None or target.kind.name not in CPU_KINDS or x.dtype != F32:
+    if isa.kind not in CPU_KINDS or x.dtype != F32:
         return intrin("exp", x)
 
     def bind(e: PrimExpr) -> PrimExpr:
@@ -199,11 +197,11 @@ def _softmax_exp(x: PrimExpr, lets: list[Stmt]) -> PrimExpr:
         lets.append(LetStmt(v, e))
         return v
 
-    return softmax_exp_f32(x, fused=isa_for(target).fma, bind=bind)
+    return softmax_exp_f32(x, fused=isa.fma, bind=bind)
 
 
 def softmax_row(loops: RowLoops, read: Reader, out_at: Callable[[PrimExpr], Any],
-                store: Callable[[PrimExpr, PrimExpr], Stmt], log: bool) -> Stmt:
+                store: Callable[[PrimExpr, PrimExpr], Stmt], log: bool, *, isa: ISA) -> Stmt:
     """One row of softmax (or log_softmax): `read(j)` is the input element j,
     `store(j, v)` writes result element j (applying any epilogue), `out_at(j)` reads
     back what pass 2 stored (softmax only)."""
@@ -221,7 +219,7 @@ def softmax_row(loops: RowLoops, read: Reader, out_at: Callable[[PrimExpr], Any]
 
     def exp_and_sum(j: PrimExpr, lane: PrimExpr) -> Stmt:
         lets: list[Stmt] = []
-        e, let_e = _let("e", _softmax_exp(read(j) - mx, lets))
+        e, let_e = _let("e", _softmax_exp(read(j) - mx, lets, isa=isa))
         buf, idx = out_at(j)
         return seq(*lets, let_e, Store(buf, e, idx), Store(s, s[lane] + e, (lane,)))
 
@@ -337,7 +335,7 @@ def layer_norm_welford_rows(count: int, read: Callable[[PrimExpr, PrimExpr], Pri
 MLAS_LAYER_NORM_MIN = 8
 
 
-def mlas_layer_norm(isa: Any) -> bool:
+def mlas_layer_norm(isa: ISA) -> bool:
     """Whether onnxruntime runs LayerNormalization with MLAS's AVX2 kernel on a CPU of `isa`
     (x86 with AVX2 and FMA: MLAS picks it from the CPU, on AVX-512 ones too)."""
     return isa.arch in ("x86_64", "i386", "i686") and isa.fma and "avx2" in isa.features
@@ -466,7 +464,7 @@ class Rows:
     outer: tuple[int | PrimExpr, ...]
     row_work: int | PrimExpr = 1  # elements of one row (a symbolic row count's loop)
 
-    def around(self, row: Callable[[tuple[PrimExpr, ...]], Stmt]) -> Stmt:
+    def around(self, row: Callable[[tuple[PrimExpr, ...]], Stmt], *, isa: ISA) -> Stmt:
         """The loops over every row around `row(index)`, the statements of one row."""
         if all(isinstance(d, int) for d in self.outer):
             index_vars = [Var(f"i{k}", INDEX_DTYPE) for k in range(len(self.outer))]
@@ -496,7 +494,7 @@ class Rows:
             return For(r, _c(0), as_expr(count, INDEX_DTYPE), "parallel",
                        seq(*lets, row(tuple(index))))
 
-        return parallel_when(loop, count * self.row_work, "element")
+        return parallel_when(loop, count * self.row_work, "element", isa=isa)
 
 
 def _loops(d: int | PrimExpr) -> bool:
@@ -526,7 +524,7 @@ class RowOp(HandBuiltOp):
 
     def lower_fused(self, params: Sequence[te.Tensor], args: Sequence[te.Tensor], attrs: Attrs,
                     anchor: te.Tensor | None, result: te.Tensor | None,
-                    name: str) -> PrimFunc | None:
+                    name: str, isa: ISA) -> PrimFunc | None:
         """The kernel computing `result` (an elementwise chain over `anchor`, this op
         applied to `args`, which may be elementwise chains over `params`; None: the op
         alone) with buffer parameters `params` + the output; None when the hand-built
@@ -535,7 +533,7 @@ class RowOp(HandBuiltOp):
         final = result if result is not None else anchor
         # MLAS's layer norm writes its output once, in the last pass: a consumer chain
         # may end in another type there (a QuantizeLinear's bytes)
-        mlas = self._mlas(attrs, x.shape[-1] if x.ndim else 0)
+        mlas = self._mlas(attrs, x.shape[-1] if x.ndim else 0, isa=isa)
         if x.dtype != F32 or (final is not None and final.dtype != F32 and not mlas) or \
                 any(t.dtype != F32 for t in args[1:]):
             return None
@@ -563,22 +561,23 @@ class RowOp(HandBuiltOp):
         if self.name == LAYER_NORM and isinstance(n, int) and \
                 all(isinstance(d, int) for d in outer) and attrs.get("residual"):
             kernel = self._welford_groups(x, args, attrs, n, buffers, mapping, value_buf,
-                                          out, result)
+                                          out, result, isa=isa)
         else:
             kernel = Rows(tuple(outer), n).around(
                 lambda o: self._row(o, x, args, attrs, n, buffers, mapping, value_buf, out,
-                                    result))
+                                    result, isa=isa), isa=isa)
         return PrimFunc((*(buffers[t] for t in params), out), kernel,
                         {"kiln.row_kernel": self.name})
 
     def _welford_groups(self, x: te.Tensor, args: Sequence[te.Tensor], attrs: Attrs, n: int,
                         buffers: dict[te.Tensor, Buffer], mapping: dict[te.Tensor, Buffer],
-                        value_buf: Buffer, out: Buffer, result: te.Tensor | None) -> Stmt:
+                        value_buf: Buffer, out: Buffer, result: te.Tensor | None, *,
+                        isa: ISA) -> Stmt:
         """layer_norm over static rows in groups of `lanes` rows
         (layer_norm_welford_rows), the groups split over threads like rows."""
         outer = [int(d) for d in x.shape[:-1]]
         total = math.prod(outer)
-        vector = tile_lanes(isa_for(None))
+        vector = tile_lanes(isa)
         lanes = vector * WELFORD_VECTORS
         eps = float(attrs.get("epsilon", 1e-5))
         loops = RowLoops(n, min(vector, max(n, 1)))
@@ -612,18 +611,18 @@ class RowOp(HandBuiltOp):
             gv = Var("g", INDEX_DTYPE)
             parts.append(parallel_when(
                 lambda: For(gv, _c(0), _c(groups), "parallel", group(gv * lanes, lanes)),
-                groups * lanes * n, "element"))
+                groups * lanes * n, "element", isa=isa))
         if rest:
             parts.append(group(_c(groups * lanes), rest))
         return seq(*parts)
 
-    def _mlas(self, attrs: Attrs, n: int | PrimExpr) -> bool:
+    def _mlas(self, attrs: Attrs, n: int | PrimExpr, *, isa: ISA) -> bool:
         """Whether this op's rows are onnxruntime's LayerNormalization on MLAS's kernel
         (layer_norm_mlas_row): marked `like_onnxruntime`, rows of static length it takes,
         a target CPU it runs on."""
         return self.name == LAYER_NORM and bool(attrs.get(LIKE_ONNXRUNTIME)) and \
             not attrs.get("residual") and isinstance(n, int) and \
-            n >= MLAS_LAYER_NORM_MIN and mlas_layer_norm(isa_for(None))
+            n >= MLAS_LAYER_NORM_MIN and mlas_layer_norm(isa)
 
     @staticmethod
     def _affine(args: Sequence[te.Tensor], idx: tuple[PrimExpr, ...], ndim: int,
@@ -645,7 +644,7 @@ class RowOp(HandBuiltOp):
     def _row(self, o: tuple[PrimExpr, ...], x: te.Tensor, args: Sequence[te.Tensor],
              attrs: Attrs, n: int | PrimExpr, buffers: dict[te.Tensor, Buffer],
              mapping: dict[te.Tensor, Buffer], value_buf: Buffer, out: Buffer,
-             result: te.Tensor | None) -> Stmt:
+             result: te.Tensor | None, *, isa: ISA) -> Stmt:
         """The statements of the row at outer index `o`."""
 
         def index(j: PrimExpr) -> tuple[PrimExpr, ...]:
@@ -660,12 +659,11 @@ class RowOp(HandBuiltOp):
                     te.inline_expr(result, index(j), mapping))
             return Store(out, v, index(j))
 
-        isa = isa_for(None)
         lanes = tile_lanes(isa)
         loops = RowLoops(n, min(lanes, max(n, 1)) if isinstance(n, int) else lanes)
         if self.name == LAYER_NORM:
             eps = float(attrs.get("epsilon", 1e-5))
-            if self._mlas(attrs, n):
+            if self._mlas(attrs, n, isa=isa):
                 assert isinstance(n, int)
                 return layer_norm_mlas_row(n, read, store, lambda j, y: self._affine(
                     args, index(j), x.ndim, buffers, y, fused=True), eps)
@@ -676,7 +674,7 @@ class RowOp(HandBuiltOp):
             return layer_norm_row(loops, read, store, affine, eps, fused=isa.fma,
                                   stats=_stat_loops(n, loops.lanes))
         return softmax_row(loops, read, lambda j: (out, index(j)), store,
-                           self.name == LOG_SOFTMAX)
+                           self.name == LOG_SOFTMAX, isa=isa)
 
 
 # --------------------------------------------------------------------------- reductions
@@ -739,7 +737,7 @@ class RowReduceOp(HandBuiltOp):
 
     def lower_fused(self, params: Sequence[te.Tensor], args: Sequence[te.Tensor], attrs: Attrs,
                     anchor: te.Tensor | None, result: te.Tensor | None,
-                    name: str) -> PrimFunc | None:
+                    name: str, isa: ISA) -> PrimFunc | None:
         x = args[0]
         out_t = result if result is not None else anchor
         assert self.axes_of is not None
@@ -783,7 +781,7 @@ class RowReduceOp(HandBuiltOp):
                 idx = (j,) if len(inner) == 1 else te.unflatten_index(j, inner)
                 return te.inline_expr(x, (*o, *idx), buffers)
 
-            lanes = tile_lanes(isa_for(None))
+            lanes = tile_lanes(isa)
             loops = RowLoops(count, min(lanes, count) if isinstance(count, int) else lanes)
             stmts, total = reduce_row(loops, read, self.kind, self.pre)
             v = self.post(total, count) if self.post else total
@@ -793,7 +791,7 @@ class RowReduceOp(HandBuiltOp):
                     te.inline_expr(result, tuple(out_idx), mapping))
             return seq(*stmts, Store(out, v, out_idx))
 
-        body = Rows(tuple(outer), count).around(row)
+        body = Rows(tuple(outer), count).around(row, isa=isa)
         if flat is not None:
             body = seq(DeclBuffer(flat, buffers[x], 0), body)
         return PrimFunc((*(buffers[t] for t in params), out), body,

@@ -16,7 +16,7 @@ everywhere.
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from kiln.errors import TargetError
@@ -59,6 +59,15 @@ class ISA:
     l2_bytes: int = 512 * 1024
     l3_bytes_per_core: int = 2 * 1024 * 1024
     cpu: str = ""
+    #: The target's kind ("llvm", "c", ...; empty: no target): on CPU kinds the kernels
+    #: compute exp/tanh/erf as arithmetic (kiln.ops.kernels.math) instead of libm calls.
+    kind: str = ""
+    #: The target attribute `int8-pairs`: "exact" (ONNX's sums) or "saturate"
+    #: (onnxruntime's AVX2 int16 pair sums, docs/quantization.md).
+    int8_pairs: str = "exact"
+    #: Whether the kernel rules may take Winograd convolutions (the target attribute
+    #: `winograd`; absent: on where the target has an OS, off on bare metal).
+    winograd: bool = False
 
     def lanes(self, dtype: str = "float32") -> int:
         """Elements of `dtype` in one vector register (1 without vectors)."""
@@ -86,13 +95,29 @@ GENERIC = ISA(arch="generic", features=frozenset(), vector_bits=128, vector_regi
 
 
 def isa_for(target: Any) -> ISA:
-    """The ISA of `target` (a kiln Target; None means the current one, else GENERIC)."""
+    """The ISA of `target` (a kiln Target; None means the current one, else GENERIC),
+    with the target's kind and the kernel choices its attributes make."""
     if target is None:
         from kiln.target.target import Target
 
         target = Target.current()
         if target is None:
             return GENERIC
+    return _with_target_choices(_cpu_isa(target), target)
+
+
+def _with_target_choices(isa: ISA, target: Any) -> ISA:
+    from kiln.target.host import triple_bare_metal
+
+    attrs = target.attrs
+    winograd = attrs.get("winograd")
+    if winograd is None:  # firmware's flash and RAM: no transformed weights by default
+        winograd = not triple_bare_metal(str(attrs.get("mtriple") or host_triple()))
+    return replace(isa, kind=target.kind.name, int8_pairs=str(attrs.get("int8-pairs") or
+                                                              "exact"), winograd=bool(winograd))
+
+
+def _cpu_isa(target: Any) -> ISA:
     attrs = target.attrs
     if "mattr" not in attrs:  # kinds without a CPU (python, cuda, rocm, ...)
         return GENERIC

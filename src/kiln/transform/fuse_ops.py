@@ -36,6 +36,7 @@ from kiln.ir.module import BaseFunc, IRModule
 from kiln.ir.shape_expr import is_static, shapes_equal
 from kiln.ir.tensor import PrimFunc
 from kiln.ir.types import TensorType
+from kiln.target.isa import isa_for
 from kiln.transform.pass_base import Pass
 
 FUSABLE_TAIL = ("elemwise", "broadcast")
@@ -274,7 +275,8 @@ def _lower_group(group: list[g.Binding], externals: list[g.Expr], inside: dict[i
     static = all(is_static(e.type.shape) for e in externals if isinstance(e.type, TensorType))
     if lower_fused is not None and (static or getattr(get_op(first.op), "supports_symbolic",
                                                       False)):
-        fused = lower_fused(placeholders, arguments[k], first.attrs, values[k], values[-1], name)
+        fused = lower_fused(placeholders, arguments[k], first.attrs, values[k], values[-1], name,
+                            isa_for(None))  # the target the pipeline runs under
         if fused is not None:  # hand-built kernels may leave the dim scalars to us
             return te.with_dim_params(fused).with_attrs(**{ATTR_PRIVATE: True})
     prim: PrimFunc = te.lower(placeholders, [values[-1]], name)

@@ -26,6 +26,7 @@ from kiln.ir.module import BaseFunc, IRModule
 from kiln.ir.tensor import Buffer, PrimFunc, SeqStmt
 from kiln.ir.types import TensorType
 from kiln.ir.visitor import GraphMutator
+from kiln.target.isa import isa_for
 from kiln.transform.pass_base import Pass
 
 #: Operator name -> an object with `legalize(call) -> (PrimFunc, name_hint)`.
@@ -39,7 +40,7 @@ def _kiln_ops(name: str) -> Any:
 
 
 def find_legalizer(name: str, ops: OpResolver | None = None
-                   ) -> Callable[[g.Call], tuple[PrimFunc, str]] | None:
+                   ) -> Callable[..., tuple[PrimFunc, str]] | None:
     """The `legalize` method of operator `name` (from `ops`, by default kiln.ops's
     registry), or None if there is no rule for it."""
     lookup = ops or _kiln_ops
@@ -49,6 +50,14 @@ def find_legalizer(name: str, ops: OpResolver | None = None
         return None
     legalize = getattr(op, "legalize", None) if op is not None else None
     return legalize if callable(legalize) else None
+
+
+def _is_kiln_op(legalize: Callable[..., Any]) -> bool:
+    """Whether `legalize` is a kiln OpDef's, which takes the target's ISA (the pipeline
+    runs under the target) to build hand-built kernels; other resolvers' take the call."""
+    from kiln.ops.registry import OpDef
+
+    return isinstance(getattr(legalize, "__self__", None), OpDef)
 
 
 @dataclass(frozen=True)
@@ -103,7 +112,8 @@ class _State:
         legalize = find_legalizer(call.op, self.ops)
         assert legalize is not None  # checked before rewriting
         empty = _empty_result_kernel(call)
-        result = (empty, f"{call.op}_empty") if empty is not None else legalize(call)
+        result = (empty, f"{call.op}_empty") if empty is not None else (
+            legalize(call, isa_for(None)) if _is_kiln_op(legalize) else legalize(call))
         if not (isinstance(result, tuple) and len(result) == 2
                 and isinstance(result[0], PrimFunc)):
             raise CompileError(

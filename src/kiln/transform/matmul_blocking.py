@@ -30,6 +30,7 @@ from typing import Any
 
 from kiln.ir import graph as g
 from kiln.ir.module import IRModule
+from kiln.target.isa import ISA
 from kiln.transform.functor import SharedPacking, rewrite_calls
 from kiln.transform.pass_base import FunctionPass
 
@@ -51,7 +52,7 @@ class BlockMatmuls(FunctionPass):
         return rewrite_calls(func, SharedPacking(lambda call: _rewrite(call, isa)))
 
 
-def _rewrite(call: g.Call, isa: Any) -> g.Call | None:
+def _rewrite(call: g.Call, isa: ISA) -> g.Call | None:
     from kiln.ops.kernels.registry import select
     from kiln.ops.kernels.search import pack
 

@@ -53,6 +53,7 @@ from typing import Any
 from kiln.ir import graph as g
 from kiln.ir.module import IRModule
 from kiln.ir.types import TensorType
+from kiln.target.isa import ISA
 from kiln.transform.pass_base import FunctionPass
 
 # A region must hold this many convolutions, and more than it has reorders: lone
@@ -137,7 +138,7 @@ class NchwcLayout(FunctionPass):
 
 
 class _Rewriter:
-    def __init__(self, block: int, skip: set[g.Var], isa: Any,
+    def __init__(self, block: int, skip: set[g.Var], isa: ISA,
                  packs: dict[g.Var, g.Call] | None = None, gemm: bool = True) -> None:
         from kiln.ops.kernels.registry import KERNELS
         from kiln.ops.layout import blocked_layout
@@ -441,7 +442,7 @@ class _Rewriter:
 #: The convolutions a blocked region counts (their original ops).
 WINOGRAD = "conv2d_winograd"  # kiln.ops.winograd.WINOGRAD
 CONVS = ("conv2d_blocked", "conv2d_depthwise", "conv2d_gemm", "conv2d_rows", WINOGRAD)
-def k_blocked_small_images(func: g.Function, isa: Any) -> set[g.Var]:
+def k_blocked_small_images(func: g.Function, isa: ISA) -> set[g.Var]:
     """On ISAs whose 1x1 NCHWc layers take the pointwise kernel (AVX2:
     kiln.ops.kernels.nchwc.pointwise_kernel), the ungrouped convolutions
     (`conv2d_blocked`, `conv2d_gemm`) on images of at most `SMALL_IMAGE_POSITIONS` output

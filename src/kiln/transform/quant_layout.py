@@ -37,6 +37,7 @@ import numpy as np
 from kiln.ir import graph as g
 from kiln.ir.module import IRModule
 from kiln.ir.types import TensorType
+from kiln.target.isa import isa_for
 from kiln.transform.pass_base import FunctionPass
 
 _ADD = "qlinear_add"
@@ -88,6 +89,7 @@ def _words_values(func: g.Function) -> set[g.Var]:
     from kiln.ir.analysis.graph_uses import graph_vars_used
     from kiln.ops import quant_conv_dot as qc
 
+    isa = isa_for(None)  # the target the pipeline runs under
     producers: dict[g.Var, g.Call] = {}
     readers: dict[g.Var, list[tuple[g.Var, g.Call, int]]] = {}
     fixed: set[g.Var] = set(graph_vars_used(func.result))  # NCHW: the result's
@@ -101,7 +103,7 @@ def _words_values(func: g.Function) -> set[g.Var]:
                 readers.setdefault(a, []).append((b.var, c, i))
             else:
                 fixed.update(graph_vars_used(a))
-        if (c.op == qc.CONV_DOT and _static_4d(c.ret_type) and qc.stores_words(c)) \
+        if (c.op == qc.CONV_DOT and _static_4d(c.ret_type) and qc.stores_words(c, isa)) \
                 or _residual_add(c):
             producers[b.var] = c
 

@@ -106,6 +106,7 @@ class QuantizeOps(FunctionPass):
 
     def run_on_function(self, func: Any, name: str, mod: IRModule) -> g.Function:
         from kiln.ops import quant_kernels
+        from kiln.target.isa import isa_for
 
         assert isinstance(func, g.Function)
         if not any(isinstance(b.value, g.Call) and b.value.op in _STARTS
@@ -124,8 +125,9 @@ class QuantizeOps(FunctionPass):
         # the quantized convolutions left in float: summed as onnxruntime sums them
         fused = rewrite_calls(fused, _FloatConvs(fused, self.threads).rewrite)
         # weights, zero-point corrections and bias prepared for the kernels
+        isa = isa_for(None)  # the target the pipeline runs under
         packed = rewrite_calls(fused, SharedPacking(
-            lambda c: quant_kernels.pack(c) or quant_dynamic.pack(c)))
+            lambda c: quant_kernels.pack(c, isa) or quant_dynamic.pack(c, isa)))
         # the float products and dequantized weights the fused ops replaced
         return packed if packed is func else remove_dead_bindings(packed)
 

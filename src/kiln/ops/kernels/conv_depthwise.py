@@ -69,7 +69,8 @@ class DepthwiseConv(UnpackedConv):
 
             zero = as_expr(0.0, x.dtype)
             with parallel_over_images():
-                return symbolic_window_body(shape, x, out, lanes, tap, zero, zero, epilogue)
+                return symbolic_window_body(shape, x, out, lanes, tap, zero, zero, epilogue,
+                                            isa=isa)
         return ck.depthwise_conv_body(shape, x, w, out, tw, epilogue, fused, lanes,
                                       tile_registers(isa), isa.l2_bytes)
 

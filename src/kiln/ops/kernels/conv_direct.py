@@ -33,7 +33,7 @@ def blocked_body(isa: ISA, segment: int | None = None, unroll: int | None = None
                                     kblock, subsample=subsamples_input(shape, isa),
                                     unroll=unroll,
                                     band=0 if block else band_tiles(shape, tiling, isa),
-                                    prefetch=prefetches_weights(shape, tiling, isa))
+                                    prefetch=prefetches_weights(shape, tiling, isa), isa=isa)
 
     return body
 

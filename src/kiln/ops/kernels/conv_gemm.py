@@ -165,7 +165,7 @@ def _plane_copy(col: Buffer, plane: Buffer, n: PrimExpr, ci: PrimExpr, k: PrimEx
                                                (n, k, r0 * w + p)))
 
 
-def im2col(x: Buffer, shape: ck.ConvShape, width: int) -> tuple[Buffer, list[Stmt]]:
+def im2col(x: Buffer, shape: ck.ConvShape, width: int, *, isa: ISA) -> tuple[Buffer, list[Stmt]]:
     """The workspace `col[n][(ci, kh, kw)][width]` holding at `oh * OW + ow` the input
     the tap `(kh, kw)` of output `(oh, ow)` reads (zero in the padding and past the
     positions), and the statements filling it (one parallel loop over images and input
@@ -234,7 +234,7 @@ def im2col(x: Buffer, shape: ck.ConvShape, width: int) -> tuple[Buffer, list[Stm
 
     work = shape.n * shape.c_in * taps * width
     fill_loop = parallel_when(lambda: parallel_tiles((shape.n, shape.c_in), fill), work,
-                              "element")
+                              "element", isa=isa)
     decls = [] if plane is None else [DeclBuffer(plane, x, 0)]
     return col, [Allocate(col), *decls, fill_loop]
 
@@ -299,7 +299,7 @@ def panel_group(shape: ck.ConvShape, tile: tuple[int, int], flat: FlatEpilogue) 
 
 def gemm_conv_body(shape: ck.ConvShape, x: Buffer, w: Buffer, out: Buffer,
                    tile: tuple[int, int], epilogue: Epilogue, fused: bool,
-                   copy_panels: bool = False) -> Stmt:
+                   copy_panels: bool = False, *, isa: ISA) -> Stmt:
     """The loop nest of an ungrouped convolution as one GEMM per image (module
     docstring): `x` NCHW, `w` OIHW, `out` NCHW, `epilogue` over the 4-D output index;
     `copy_panels`: a 1x1 layer read in place copies each panel first (`copies_panels`)."""
@@ -326,7 +326,7 @@ def gemm_conv_body(shape: ck.ConvShape, x: Buffer, w: Buffer, out: Buffer,
     if in_place:
         b = view(x, (shape.n, shape.c_in, positions))
     else:
-        b, prologue = im2col(x, shape, panels * nr)
+        b, prologue = im2col(x, shape, panels * nr, isa=isa)
 
     def b_at(bidx: tuple[PrimExpr, ...], panel: PrimExpr, kk: PrimExpr,
              v: PrimExpr) -> PrimExpr:
@@ -338,7 +338,7 @@ def gemm_conv_body(shape: ck.ConvShape, x: Buffer, w: Buffer, out: Buffer,
     product = gk.GemmShape((shape.n,), (), (shape.c_out,), positions, k)
     body = gk.gemm_body(product, gk.GemmTiling(mr, nr), a, b_at, o, flat, fused, prologue,
                         shifted_tail=shifted, copy_panels=copy_panels and (in_place or group > 1),
-                        panel_group=group)
+                        panel_group=group, isa=isa)
     return seq(*decls, *flat.decls, body)
 
 
@@ -377,9 +377,9 @@ class GemmConv(UnpackedConv):
                   tile: tuple[int, int], epilogue: Epilogue, fused: bool, isa: ISA) -> Stmt:
         if shape.symbolic_image:
             with parallel_over_images():
-                return gemm_conv_body(shape, x, w, out, tile, epilogue, fused)
+                return gemm_conv_body(shape, x, w, out, tile, epilogue, fused, isa=isa)
         return gemm_conv_body(shape, x, w, out, tile, epilogue, fused,
-                              copies_panels(shape, tile, isa))
+                              copies_panels(shape, tile, isa), isa=isa)
 
 
 CONV_GEMM = GemmConv("conv_gemm", "conv2d_gemm", ("conv2d",), 1)

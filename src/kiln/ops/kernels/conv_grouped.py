@@ -99,7 +99,7 @@ def choose_tile(shape: ck.ConvShape, isa: ISA) -> tuple[int, int]:
 
 
 def group_gemm_body(shape: ck.ConvShape, x: Buffer, w: Buffer, out: Buffer,
-                    tile: tuple[int, int], epilogue: Epilogue, fused: bool) -> Stmt:
+                    tile: tuple[int, int], epilogue: Epilogue, fused: bool, *, isa: ISA) -> Stmt:
     """The loop nest of a grouped convolution as one GEMM per image and group (module
     docstring): `x` NCHW, `w` OIHW, `out` NCHW, `epilogue` over the 4-D output index."""
     mr, nr = tile
@@ -131,7 +131,7 @@ def group_gemm_body(shape: ck.ConvShape, x: Buffer, w: Buffer, out: Buffer,
             start = min_(panel * nr, positions - nr) if shifted else panel * nr
             return b[bidx[0], bidx[1], kk, start + v]
     else:
-        col, prologue = im2col(x, shape, panels * nr)
+        col, prologue = im2col(x, shape, panels * nr, isa=isa)
 
         def b_at(bidx: tuple[PrimExpr, ...], panel: PrimExpr, kk: PrimExpr,
                  v: PrimExpr) -> PrimExpr:
@@ -145,7 +145,7 @@ def group_gemm_body(shape: ck.ConvShape, x: Buffer, w: Buffer, out: Buffer,
 
     product = gk.GemmShape((shape.n, groups), (groups,), (cog,), positions, k)
     body = gk.gemm_body(product, gk.GemmTiling(mr, nr), a, b_at, o, grouped, fused, prologue,
-                        shifted_tail=shifted)
+                        shifted_tail=shifted, isa=isa)
     return seq(*decls, *flat.decls, body)
 
 
@@ -178,8 +178,8 @@ class GroupGemmConv(UnpackedConv):
                   tile: tuple[int, int], epilogue: Epilogue, fused: bool, isa: ISA) -> Stmt:
         if shape.symbolic_image:
             with parallel_over_images():
-                return group_gemm_body(shape, x, w, out, tile, epilogue, fused)
-        return group_gemm_body(shape, x, w, out, tile, epilogue, fused)
+                return group_gemm_body(shape, x, w, out, tile, epilogue, fused, isa=isa)
+        return group_gemm_body(shape, x, w, out, tile, epilogue, fused, isa=isa)
 
 
 CONV_GROUPED = GroupGemmConv("conv_grouped", "conv2d_group_gemm", ("conv2d",), 1)

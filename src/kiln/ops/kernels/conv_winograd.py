@@ -201,7 +201,7 @@ def skewed_rows(rows: int, width: int, itemsize: int = 4) -> int:
 
 
 def winograd_body(shape: ck.ConvShape, x: Buffer, u: Buffer, out: Buffer,
-                  tile: tuple[int, int, int], epilogue: Epilogue, fused: bool) -> Stmt:
+                  tile: tuple[int, int, int], epilogue: Epilogue, fused: bool, *, isa: ISA) -> Stmt:
     """The loop nest of a convolution by F(m x m, 3 x 3) (module docstring): `x` NCHW,
     `u` the transformed weight `[a*a][O][C]`, `out` NCHW, `epilogue` over its 4-D
     index. Both transforms are vector code over the tiles of a tile row: the padded
@@ -256,7 +256,7 @@ def winograd_body(shape: ck.ConvShape, x: Buffer, u: Buffer, out: Buffer,
             return seq(*parts)
 
         pad = parallel_when(lambda: parallel_tiles((c_in,), pad_rows), c_in * hp * m * qn,
-                            "element")
+                            "element", isa=isa)
 
         # 2. the input transform, per channel and tile row (vectors across its tiles)
         def transform_in(c: PrimExpr, ty: PrimExpr) -> Stmt:
@@ -267,7 +267,7 @@ def winograd_body(shape: ck.ConvShape, x: Buffer, u: Buffer, out: Buffer,
                 half, lambda body: lanes_loop("tx", tw, body), "v"))
 
         transform = parallel_when(lambda: parallel_tiles((c_in, th), transform_in),
-                                  c_in * t_all * a * a * 4, "element")
+                                  c_in * t_all * a * a * 4, "element", isa=isa)
         parts = [pad, transform]
         if panels * nr > t_all:  # the last panel's surplus columns are zero
             def clear(p: PrimExpr, c: PrimExpr) -> Stmt:
@@ -275,7 +275,7 @@ def winograd_body(shape: ck.ConvShape, x: Buffer, u: Buffer, out: Buffer,
                             start=t_all)
 
             parts.append(parallel_when(lambda: parallel_tiles((a * a, c_in), clear),
-                                       a * a * c_in * (panels * nr - t_all), "element"))
+                                       a * a * c_in * (panels * nr - t_all), "element", isa=isa))
 
         # 3. the a*a products M[p] = U[p] @ V[p]
         def b_at(bidx: tuple[PrimExpr, ...], panel: PrimExpr, kk: PrimExpr,
@@ -284,7 +284,7 @@ def winograd_body(shape: ck.ConvShape, x: Buffer, u: Buffer, out: Buffer,
 
         product = gk.GemmShape((a * a,), (a * a,), (c_out,), panels * nr, c_in)
         parts.append(gk.gemm_body(product, gk.GemmTiling(mr, nr), u, b_at, mm,
-                                  lambda value, idx: value, fused))
+                                  lambda value, idx: value, fused, isa=isa))
 
         # 4. the output transform, per output channel and tile row (vectors across its
         # tiles), interleaved into output rows, stored through the epilogue
@@ -312,7 +312,7 @@ def winograd_body(shape: ck.ConvShape, x: Buffer, u: Buffer, out: Buffer,
                        For(i, const(0), rows, "serial", put(i)))
 
         parts.append(parallel_when(lambda: parallel_tiles((c_out, th), transform_out),
-                                   c_out * t_all * a * a * 4, "element"))
+                                   c_out * t_all * a * a * 4, "element", isa=isa))
         return seq(*parts)
 
     nv = Var("n", INDEX_DTYPE)
@@ -336,24 +336,14 @@ MIN_RULE_CHANNELS = 32
 MIN_RULE_POSITIONS = 64
 
 
-def target_asks_winograd() -> bool:
-    """Whether the rule takes Winograd convolutions on the current target: as its
-    `winograd` attribute says; absent, on for a target with an OS and off for a
+def target_asks_winograd(isa: ISA) -> bool:
+    """Whether the rule takes Winograd convolutions on the target of `isa` (`ISA.winograd`:
+    its `winograd` attribute; absent, on for a target with an OS and off for a
     bare-metal one (firmware, e.g. `thumbv7em-none-eabi`), whose flash and RAM are the
     limit: F(4x4) keeps 4x a layer's weights, and its transformed input and products,
     `(m+2)^2 / m^2` times the layer's input and output each (a 32-channel layer at 16x16:
-    ~74 KB each), would be workspace a direct convolution does not need."""
-    from kiln.target.host import triple_bare_metal
-    from kiln.target.target import Target
-
-    target = Target.current()
-    if target is None:
-        return False
-    asked = target.attrs.get("winograd")
-    if asked is not None:
-        return bool(asked)
-    triple = target.attrs.get("mtriple")
-    return not (triple and triple_bare_metal(str(triple)))
+    ~74 KB each), would be workspace a direct convolution does not need)."""
+    return isa.winograd
 
 
 @dataclass(frozen=True)
@@ -368,7 +358,7 @@ class WinogradConv(Family):
     rule's, may choose it."""
 
     def applies(self, call: g.Call, isa: ISA) -> bool:
-        if not target_asks_winograd():
+        if not target_asks_winograd(isa):
             return False
         shape = conv_call_shape(call)
         # channels of whole vector blocks: else the layer would leave its NCHW{b}c region
@@ -430,7 +420,7 @@ class WinogradConv(Family):
         if store is None:  # an epilogue needing statements (a reduction, a table)
             return None
         stmt = winograd_body(shape, store.buffers[x], store.buffers[u], store.out,
-                             (tile[0], tile[1], tile[2]), store.epilogue, isa.fma)
+                             (tile[0], tile[1], tile[2]), store.epilogue, isa.fma, isa=isa)
         return PrimFunc((*(store.buffers[t] for t in params), store.out), stmt,
                         {"kiln.conv_kernel": self.op})
 

@@ -176,10 +176,10 @@ def _gemm(op: str, params: Sequence[Any], args: Sequence[Any], anchor: Any, resu
         b_at = lambda bidx, p, kk, v: bb[p, kk, v]  # noqa: E731  (packed at compile time)
     else:
         prologue, b_at = gk.pack_b_at_run_time(bb, tuple(run_time_b[:-2]), shape.k, shape.n,
-                                               tiling.nr, transpose_b)
+                                               tiling.nr, transpose_b, isa=isa)
     by_rows = gk.rows_first(shape, tiling, isa.l2_bytes, itemsize(a.dtype))
     body = gk.gemm_body(shape, tiling, ab, b_at, store.out, store.epilogue, isa.fma,
-                        prologue, by_rows=by_rows)
+                        prologue, by_rows=by_rows, isa=isa)
     return PrimFunc((*(store.buffers[t] for t in params), store.out), body,
                     {"kiln.gemm_kernel": op})
 

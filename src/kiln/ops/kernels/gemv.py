@@ -57,7 +57,7 @@ class Gemv(Family):
                           f"{gv.GEMV_VECTORS} lanes)")
         lanes = tile[1] // gv.GEMV_VECTORS if tile else tile_lanes(isa)
         body = gv.gemv_body(k, n, store.buffers[a], store.buffers[b], store.out,
-                            store.epilogue, lanes, isa.fma)
+                            store.epilogue, lanes, isa.fma, isa=isa)
         return PrimFunc((*(store.buffers[t] for t in params), store.out), body,
                         {"kiln.gemm_kernel": self.op, ATTR_PARALLEL_DECIDED: True})
 

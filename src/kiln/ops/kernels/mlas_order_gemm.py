@@ -285,7 +285,8 @@ def _over_runs(runs: list[Run], tile: Callable[[Run, PrimExpr], Stmt], panel: Pr
     return stmt
 
 
-def mlas_gemm_body(g: MlasGemm, a_at: ARead, b_at: BRead, put: Put, l2_bytes: int) -> Stmt:
+def mlas_gemm_body(g: MlasGemm, a_at: ARead, b_at: BRead, put: Put, l2_bytes: int, *,
+                   isa: ISA) -> Stmt:
     """The loop nest of every product's tiles (the module docstring): one parallel loop,
     row tile by row tile where B's panels of one product fit `l2_bytes` (rows_first),
     else panel by panel."""
@@ -305,4 +306,4 @@ def mlas_gemm_body(g: MlasGemm, a_at: ARead, b_at: BRead, put: Put, l2_bytes: in
         return parallel_tiles((g.batches, panels, row_tiles),
                               lambda bg, panel, rt: tile(bg, rt, panel))
 
-    return parallel_when(build, g.madds)
+    return parallel_when(build, g.madds, isa=isa)

@@ -35,7 +35,7 @@ from kiln.ops.kernels.registry import recorded_tile
 from kiln.ops.kernels.tiles import Epilogue, lanes_loop, madd, parallel_tiles, parallel_when
 from kiln.ops.kernels.tiles import const as _c
 from kiln.ops.kernels.tiles import loop as _loop
-from kiln.target.isa import ISA, isa_for
+from kiln.target.isa import ISA
 
 #: Output positions per tile the rule prefers: 8 accumulators leave AVX2's 16 registers
 #: room for the weight and an input vector, and keep the unrolled taps (kh x kw x 8
@@ -69,10 +69,9 @@ def conv_geometry(x_shape: Sequence[Any], attrs: Mapping[str, Any], kernel: tupl
 
 
 def build(params: Sequence[Any], args: Sequence[Any], attrs: Mapping[str, Any],
-          anchor: Any, result: Any) -> PrimFunc | None:
-    """The kernel of a `conv2d_nchwc_depthwise` call with its fused elementwise tail (the
-    arguments of `HandBuiltOp.lower_fused`); None when the tail needs statements."""
-    isa = isa_for(None)
+          anchor: Any, result: Any, isa: ISA) -> PrimFunc | None:
+    """The kernel for `isa` of a `conv2d_nchwc_depthwise` call with its fused elementwise
+    tail (the arguments of `HandBuiltOp.lower_fused`); None when the tail needs statements."""
     x, wp = args[0], args[1]
     bias = args[2] if len(args) > 2 else None
     block = int(x.shape[4])
@@ -86,7 +85,7 @@ def build(params: Sequence[Any], args: Sequence[Any], attrs: Mapping[str, Any],
     stmt = parallel_when(lambda: nest(
         shape, block, store.buffers[x], store.buffers[wp],
         None if bias is None else store.buffers[bias], store.out, tile_w, store.epilogue,
-        isa.fma), shape.n * shape.c_in * shape.out_h * shape.out_w * shape.kh * shape.kw)
+        isa.fma), shape.n * shape.c_in * shape.out_h * shape.out_w * shape.kh * shape.kw, isa=isa)
     return PrimFunc((*(store.buffers[t] for t in params), store.out), stmt,
                     {"kiln.conv_kernel": "conv2d_nchwc_depthwise"})
 

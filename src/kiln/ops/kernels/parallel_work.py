@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from kiln.errors import UsageError
 from kiln.ir.dtype import itemsize
-from kiln.target.isa import ISA, isa_for
+from kiln.target.isa import ISA
 
 #: Estimated one-thread work (ns) from which a loop runs on the thread pool: twice a
 #: hand-off (~2 us), plus a margin for a worker that is not spinning.
@@ -56,14 +56,12 @@ NODES_PER_OPERATION = 4
 UNITS = ("madd", "element", "node", "stream")
 
 
-def rate(unit: str, isa: ISA | None = None, dtype: str = "float32") -> float:
-    """Units of work of `dtype` one thread does per ns on `isa` (None: the current
-    target's)."""
+def rate(unit: str, isa: ISA, dtype: str = "float32") -> float:
+    """Units of work of `dtype` one thread does per ns on `isa`."""
     if unit not in UNITS:
         raise UsageError(f"unit of work: expected one of {', '.join(UNITS)}, got {unit!r}")
     if unit == "stream":
         return STREAM_BYTES_PER_CYCLE / itemsize(dtype) * NOMINAL_GHZ
-    isa = isa if isa is not None else isa_for(None)
     lanes = isa.lanes(dtype) if isa.vector_bits else 1  # scalar pipes: one value
     per_cycle = lanes * (VECTOR_PIPES if isa.vector_bits else 1) * SUSTAINED
     if unit == "madd" and not isa.fma:
@@ -73,22 +71,21 @@ def rate(unit: str, isa: ISA | None = None, dtype: str = "float32") -> float:
     return per_cycle * NOMINAL_GHZ
 
 
-def work_ns(work: int, unit: str, isa: ISA | None = None, dtype: str = "float32") -> float:
+def work_ns(work: int, unit: str, isa: ISA, dtype: str = "float32") -> float:
     """The estimated time (ns) of `work` units of `unit` on one thread of `isa`."""
     return work / rate(unit, isa, dtype)
 
 
-def threshold_ns(isa: ISA | None = None) -> int:
-    """The one-thread work (ns) from which a loop goes parallel on `isa` (None: the
-    current target's): the current tuning session's `parallel_threshold` for the model
+def threshold_ns(isa: ISA) -> int:
+    """The one-thread work (ns) from which a loop goes parallel on `isa`: the current
+    tuning session's `parallel_threshold` for the model
     compiled, else PARALLEL_MIN_NS."""
     from kiln.tuning.apply import PARALLEL_THRESHOLD, current
 
     session = current()
     if session is None:
         return PARALLEL_MIN_NS
-    params = session.knob(PARALLEL_THRESHOLD, None, isa if isa is not None else isa_for(None),
-                          {"min_ns": PARALLEL_MIN_NS})
+    params = session.knob(PARALLEL_THRESHOLD, None, isa, {"min_ns": PARALLEL_MIN_NS})
     if params is None:
         return PARALLEL_MIN_NS
     ns = params.get("min_ns")
@@ -97,14 +94,13 @@ def threshold_ns(isa: ISA | None = None) -> int:
     return ns
 
 
-def min_parallel_work(unit: str, isa: ISA | None = None, dtype: str = "float32") -> int:
+def min_parallel_work(unit: str, isa: ISA, dtype: str = "float32") -> int:
     """The least work (in `unit`s) worth a parallel loop on `isa`: `threshold_ns` of it
     (PARALLEL_MIN_NS unless a tuning session says otherwise)."""
     return max(1, round(threshold_ns(isa) * rate(unit, isa, dtype)))
 
 
-def worth_parallel(work: int, unit: str, isa: ISA | None = None,
-                   dtype: str = "float32") -> bool:
+def worth_parallel(work: int, unit: str, isa: ISA, dtype: str = "float32") -> bool:
     """Whether `work` units of `unit` pay for a parallel loop on `isa`."""
     return work >= min_parallel_work(unit, isa, dtype)
 

@@ -39,6 +39,7 @@ from kiln.ops import nan_order, te
 from kiln.ops.kernels.tiles import Epilogue, lanes_loop, loop, parallel_tiles, parallel_when
 from kiln.ops.max_pool_kernel import max_floor, window_max
 from kiln.ops.pool_kernels import PoolGeometry
+from kiln.target.isa import ISA
 
 
 def interior(out: int, stride: int, pad: int, k: int, dilation: int, size: int
@@ -59,7 +60,7 @@ def _taps(start: PrimExpr, k: int, dilation: int, size: int) -> tuple[PrimExpr, 
 
 
 def pool_nchwc_body(kind: str, geometry: PoolGeometry, include_pad: bool, x: Buffer,
-                    out: Buffer, epilogue: Epilogue, scan: bool = False) -> Stmt:
+                    out: Buffer, epilogue: Epilogue, scan: bool = False, *, isa: ISA) -> Stmt:
     """The loop nest of a `kind` ("max" or "avg") pool of the NCHW{b}c `x` into `out`,
     `epilogue(value, index)` applied as each output lane is stored. `geometry` is the
     window on the channel-merged NCHW input (kiln.ops.pool_nchwc). `scan`: a max scanned
@@ -124,7 +125,7 @@ def pool_nchwc_body(kind: str, geometry: PoolGeometry, include_pad: bool, x: Buf
         return seq(LetStmt(r0, oh * sh - top), LetStmt(kh_lo, lo), LetStmt(kh_hi, hi), *runs)
 
     nest = parallel_when(lambda: parallel_tiles((batch, blocks, out_h), row),
-                         batch * blocks * out_h * out_w * block * kh * kw, "element")
+                         batch * blocks * out_h * out_w * block * kh * kw, "element", isa=isa)
     if kind == "max":
         return nest
     return seq(AllocConst(counts, geometry.counts(include_pad)), nest)

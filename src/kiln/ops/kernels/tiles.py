@@ -234,17 +234,17 @@ def _unflatten_inner(t: Var, extents: Sequence[int]) -> list[PrimExpr]:
 
 
 def parallel_when(build: Callable[[], Stmt], work: int | PrimExpr, unit: str = "madd",
-                  dtype: str = "float32") -> Stmt:
+                  dtype: str = "float32", *, isa: ISA) -> Stmt:
     """The loop `build()` makes (a `parallel` For) run in parallel only when `work`
     (in `unit`s of `dtype`: "madd" or "element", kiln.ops.kernels.parallel_work) is at
-    least PARALLEL_MIN_NS of work on the current target: serial when `work` is a
+    least PARALLEL_MIN_NS of work on `isa`: serial when `work` is a
     smaller int; for a symbolic `work` (sizes known at run time) built twice, parallel
     and serial, chosen at run time, since a launch costs more than a small loop gains.
     (Built twice, not copied: each copy binds its own variables and buffers.)"""
     built = build()
     if not isinstance(built, For) or built.kind != "parallel" or _SPLIT.get() is not None:
         return built  # a tuned split goes parallel (or not) whatever the work
-    threshold = min_parallel_work(unit, dtype=dtype)
+    threshold = min_parallel_work(unit, isa, dtype)
     if isinstance(work, int):
         return built if work >= threshold else For(built.var, built.start, built.extent,
                                                     "serial", built.body)

@@ -42,6 +42,7 @@ from kiln.ops.kernels.tiles import (
     parallel_tiles,
     parallel_when,
 )
+from kiln.target.isa import ISA
 
 #: (accumulator, input value, channel, kh, kw) -> accumulator: one tap of the window.
 Tap = Callable[[PrimExpr, PrimExpr, PrimExpr, int, int], PrimExpr]
@@ -49,7 +50,7 @@ Tap = Callable[[PrimExpr, PrimExpr, PrimExpr, int, int], PrimExpr]
 
 def symbolic_window_body(shape: ck.ConvShape, x: Buffer, out: Buffer, lanes: int, tap: Tap,
                          pad: PrimExpr, init: PrimExpr, epilogue: Epilogue,
-                         work_per_tap: int = 1) -> Stmt:
+                         work_per_tap: int = 1, *, isa: ISA) -> Stmt:
     """The loop nest of a per-channel window op of `shape` (`c_in == c_out` channels,
     `x` and `out` NCHW): each output is `init` combined by `tap` over its window, taps
     in the padding reading `pad`, then stored through `epilogue` (module docstring).
@@ -136,4 +137,4 @@ def symbolic_window_body(shape: ck.ConvShape, x: Buffer, out: Buffer, lanes: int
 
     work = planes * out_h * out_w * shape.kh * shape.kw * work_per_tap
     return parallel_when(lambda: parallel_tiles((shape.n, shape.c_in), channel), work,
-                         "element", x.dtype)
+                         "element", x.dtype, isa=isa)

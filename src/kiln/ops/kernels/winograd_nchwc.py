@@ -77,7 +77,7 @@ def gemm_tile(shape: ck.ConvShape, m: int, isa: ISA) -> tuple[int, int]:
 
 def winograd_nchwc_body(shape: ck.ConvShape, x: Buffer, up: Buffer, out: Buffer,
                         tile: tuple[int, int, int], epilogue: Epilogue, fused: bool,
-                        block: int) -> Stmt:
+                        block: int, *, isa: ISA) -> Stmt:
     """The loop nest (module docstring): `x` `[N][C/b][H][W][b]`, `up` the weight packed
     `[a*a][O/nr][C][nr]`, `out` `[N][O/b][OH][OW][b]`, `epilogue` over its 5-D index."""
     m, mr, nr = tile
@@ -112,7 +112,7 @@ def winograd_nchwc_body(shape: ck.ConvShape, x: Buffer, up: Buffer, out: Buffer,
             return seq(Allocate(half), loop("tx", tw, at_tile))
 
         parts = [parallel_when(lambda: parallel_tiles((c_in // b, th), transform_in),
-                               c_in * t_all * a * a * 4, "element")]
+                               c_in * t_all * a * a * 4, "element", isa=isa)]
 
         def b_at(bidx: tuple[PrimExpr, ...], panel: PrimExpr, kk: PrimExpr,
                  lane: PrimExpr) -> PrimExpr:
@@ -120,7 +120,7 @@ def winograd_nchwc_body(shape: ck.ConvShape, x: Buffer, up: Buffer, out: Buffer,
 
         product = gk.GemmShape((a * a,), (a * a,), (t_all,), panels * nr, c_in)
         parts.append(gk.gemm_body(product, gk.GemmTiling(mr, nr), vt, b_at, mt,
-                                  lambda value, idx: value, fused))
+                                  lambda value, idx: value, fused, isa=isa))
 
         def transform_out(ob: PrimExpr, ty: PrimExpr) -> Stmt:
             ys = Buffer("wino_y", (m, m, b), dt, "local")
@@ -149,7 +149,7 @@ def winograd_nchwc_body(shape: ck.ConvShape, x: Buffer, up: Buffer, out: Buffer,
             return seq(Allocate(ys), Allocate(half), loop("tx", tw, at_tile))
 
         parts.append(parallel_when(lambda: parallel_tiles((c_out // b, th), transform_out),
-                                   c_out * t_all * a * a * 4, "element"))
+                                   c_out * t_all * a * a * 4, "element", isa=isa))
         return seq(*parts)
 
     batch = (image(const(0)) if isinstance(shape.n, int) and shape.n == 1
@@ -221,7 +221,7 @@ class WinogradNchwc(Family):
         if bias is not None:
             epilogue = blocked_bias(epilogue, store.buffers[bias], b)
         stmt = winograd_nchwc_body(shape, store.buffers[x], store.buffers[up], store.out,
-                                   (tile[0], tile[1], tile[2]), epilogue, isa.fma, b)
+                                   (tile[0], tile[1], tile[2]), epilogue, isa.fma, b, isa=isa)
         return PrimFunc((*(store.buffers[t] for t in params), store.out), stmt,
                         {"kiln.conv_kernel": self.op, ATTR_NO_SLP: True})
 
