@@ -480,7 +480,6 @@ def tune(specs: Sequence[KernelSpec], target: Any, budget_s: float, *,
     Picks depend on the timings in the order tasks end: an executor whose tasks end in
     submission order (this process, a test's recorded runs) gives the same database
     every run."""
-    from kiln import __version__ as version
     from kiln.distributed.executor import InProcessExecutor
 
     tgt = resolve(target)
@@ -493,49 +492,86 @@ def tune(specs: Sequence[KernelSpec], target: Any, budget_s: float, *,
     else:
         start_measure, measure_cpus, measurers = _eager(measure), 1.0, 1
     cpus = float(_cpus(runner))
-    start = clock()
-    states = [_State(s) for s in specs]
-    lines: list[str] = []
-    discarded: list[str] = []
-    builds_on: set[str] = set()
-    measured_on: set[str] = set()
+    run = _TuneRun(runner=runner, target_text=spec_text, budget_s=budget_s, cpus=cpus,
+                   start_build=start_build, start_measure=start_measure,
+                   measure_cpus=measure_cpus, measurers=measurers, warmup=warmup,
+                   repeats=repeats, threads=threads, clock=clock, log=log, start=clock(),
+                   states=[_State(s) for s in specs])
+    run.note(f"tuning {len(specs)} distinct kernel(s) for {target_key(_isa(tgt))}, "
+             f"budget {budget_s:.0f} s, {cpus:.0f} CPU(s) each running one task at a time "
+             f"(builds of {PER_BUILD} variants, measurements one at a time per node)")
+    run.launch()
+    run.drain()
+    db = run.database(target_key(_isa(tgt)))
+    run.note_choices(db)
+    return run.report(db, len(specs))
+
+
+@dataclass(eq=False)
+class _TuneRun:
+    """The driver of one `tune` run: what it knows of each kernel, the tasks under way,
+    and what it logs and tallies for the report."""
+
+    runner: Executor
+    target_text: str  # str(target): what every build task compiles for
+    budget_s: float
+    cpus: float  # the executor's CPUs, each keeping one task
+    start_build: Start
+    start_measure: Start
+    measure_cpus: float  # CPUs one measurement holds
+    measurers: int  # measurements under way at most (one per measuring node)
+    warmup: int
+    repeats: int
+    threads: int | None
+    clock: Callable[[], float]
+    log: Callable[[str], None]
+    start: float  # the clock when the run began
+    states: list[_State]
+    lines: list[str] = field(default_factory=list)
+    discarded: list[str] = field(default_factory=list)
+    builds_on: set[str] = field(default_factory=set)
+    measured_on: set[str] = field(default_factory=set)
     # where the wall time goes (seconds): the time the driver waited for a build or a
     # measurement to end (it waits for whichever ends first), the time the tasks report,
     # and the CPU time they had (on a loaded machine far less than their time)
-    profile = dict.fromkeys(("build", "build_tasks", "build_cpu", "measure",
-                             "measure_tasks", "measure_cpu"), 0.0)
-    spans: list[tuple[str, float, float]] = []
-    driver_cpu = time.process_time()
-    longest = {"build": 0.0, "measure": 0.0}  # the longest task of each kind (clock)
-    running: list[_Task] = []
-    measured = 0
+    profile: dict[str, float] = field(default_factory=lambda: dict.fromkeys(
+        ("build", "build_tasks", "build_cpu", "measure", "measure_tasks", "measure_cpu"), 0.0))
+    spans: list[tuple[str, float, float]] = field(default_factory=list)
+    driver_cpu: float = field(default_factory=time.process_time)  # at the run's start
+    # the longest task of each kind (clock): the budget keeps room for one more of each
+    longest: dict[str, float] = field(default_factory=lambda: {"build": 0.0, "measure": 0.0})
+    running: list[_Task] = field(default_factory=list)
+    measured: int = 0
 
-    def note(text: str) -> None:
-        lines.append(text)
-        log(text)
+    def note(self, text: str) -> None:
+        """Log `text` and keep it for the report."""
+        self.lines.append(text)
+        self.log(text)
 
-    def time_left() -> bool:
-        return clock() - start + longest["build"] + longest["measure"] <= budget_s
+    def discard(self, text: str) -> None:
+        """Record a discarded variant or kernel (`text`: what and why) and log it."""
+        self.discarded.append(text)
+        self.note(f"  discarded {text}")
 
-    def due(more: bool) -> _State | None:
-        # the kernel whose measurement is due (its default unmeasured first, then the
-        # most candidates ready), None when none is
-        def is_due(st: _State) -> bool:
-            if st.default_lib is None or st.measuring or st.failed:
-                return False
-            if not st.default_times:
-                return True
-            return len(st.ready) >= PER_BUILD or (bool(st.ready) and not (
-                st.building or (more and st.open())))
-        cands = [st for st in states if is_due(st)]
+    def time_left(self) -> bool:
+        """Whether the budget leaves time for one more build and measurement."""
+        return (self.clock() - self.start + self.longest["build"] + self.longest["measure"]
+                <= self.budget_s)
+
+    def due(self, more: bool) -> _State | None:
+        """The kernel whose measurement is due (its default unmeasured first, then the
+        most candidates ready), None when none is; `more`: builds may still start."""
+        cands = [st for st in self.states if _measurement_due(st, more)]
         return max(cands, key=lambda st: (not st.default_times, len(st.ready)),
                    default=None)
 
-    def next_build() -> list[tuple[_State, Params | None]]:
+    def next_build(self) -> list[tuple[_State, Params | None]]:
+        """The variants of the next build task (one kernel's; None: its default), or none."""
+        states = self.states
         fresh = [st for st in states if not st.queued and not st.failed]
         waiting = sum(st.queued and not st.default_times and not st.failed for st in states)
         opened = [st for st in states if st.open()]
-        if fresh and (waiting < 2 * cpus or not opened):
+        if fresh and (waiting < 2 * self.cpus or not opened):
             st = max(fresh, key=lambda s: s.spec.count)  # the first of the most frequent
             st.queued = True
             jobs: list[tuple[_State, Params | None]] = [(st, None)]
@@ -549,127 +585,164 @@ def tune(specs: Sequence[KernelSpec], target: Any, budget_s: float, *,
             st.tried += 1
         return jobs
 
-    def launch() -> None:
-        # fill the free CPUs: a due measurement first (builds wait for its CPUs), else
-        # builds while the budget lasts
+    def launch(self) -> None:
+        """Fill the free CPUs: a due measurement first (builds wait for its CPUs), else
+        builds while the budget lasts."""
         while True:
-            free = cpus - sum(t.cpus for t in running)
-            more = time_left()
-            st = due(more) if sum(t.kind == "measure" for t in running) < measurers \
-                else None
+            free = self.cpus - sum(t.cpus for t in self.running)
+            more = self.time_left()
+            st = self.due(more) \
+                if sum(t.kind == "measure" for t in self.running) < self.measurers else None
             if st is not None:
-                if free < min(measure_cpus, cpus):
+                if free < min(self.measure_cpus, self.cpus):
                     return
-                cands, st.ready = st.ready, []
-                st.measuring = True
-                assert st.default_lib is not None
-                began = clock()
-                pending = start_measure([(st.spec, [st.default_lib, *(d for _, d in cands)],
-                                          warmup, repeats, threads)])
-                running.append(_Task("measure", st, min(measure_cpus, cpus), pending,
-                                     [], cands, began))
+                self.start_measurement(st)
                 continue
             if free < 1 or not more:
                 return
-            jobs = next_build()
+            jobs = self.next_build()
             if not jobs:
                 return
-            st = jobs[0][0]
-            st.building += 1
-            began = clock()
-            pending = start_build([([(st.spec, spec_text, params) for _, params in jobs],)])
-            running.append(_Task("build", st, 1.0, pending, [p for _, p in jobs],
-                                 submitted=began))
+            self.start_builds(jobs)
 
-    def finish_build(task: _Task, outcome: TaskOutcome) -> None:
+    def start_measurement(self, st: _State) -> None:
+        """Start measuring `st`'s default against its candidates built since the last."""
+        cands, st.ready = st.ready, []
+        st.measuring = True
+        assert st.default_lib is not None
+        began = self.clock()
+        pending = self.start_measure([(st.spec, [st.default_lib, *(d for _, d in cands)],
+                                       self.warmup, self.repeats, self.threads)])
+        self.running.append(_Task("measure", st, min(self.measure_cpus, self.cpus), pending,
+                                  [], cands, began))
+
+    def start_builds(self, jobs: list[tuple[_State, Params | None]]) -> None:
+        """Start one build task of `jobs` (variants of one kernel)."""
+        st = jobs[0][0]
+        st.building += 1
+        began = self.clock()
+        pending = self.start_build([([(st.spec, self.target_text, params)
+                                      for _, params in jobs],)])
+        self.running.append(_Task("build", st, 1.0, pending, [p for _, p in jobs],
+                                  submitted=began))
+
+    def drain(self) -> None:
+        """Wait for the tasks as they end, each end starting the next, until none runs."""
+        while self.running:
+            t0 = time.perf_counter()
+            task = self.running.pop(self.runner.first_done([t.pending for t in self.running]))
+            (outcome,) = task.pending()
+            self.profile[task.kind] += time.perf_counter() - t0
+            self.longest[task.kind] = max(self.longest[task.kind],
+                                          self.clock() - task.submitted)
+            (self.finish_build if task.kind == "build" else self.finish_measure)(task, outcome)
+            self.launch()
+
+    def tally(self, kind: str, value: Mapping[str, Any]) -> None:
+        """Count a finished task's node, seconds, CPU seconds and span (`kind`: "build"
+        or "measure")."""
+        (self.builds_on if kind == "build" else self.measured_on).add(value["node"])
+        self.profile[f"{kind}_tasks"] += float(value.get("seconds", 0.0))
+        self.profile[f"{kind}_cpu"] += float(value.get("cpu_seconds", 0.0))
+        if "span" in value:
+            self.spans.append((kind, *value["span"]))
+
+    def finish_build(self, task: _Task, outcome: TaskOutcome) -> None:
+        """Take a build task's libraries: the default's, or candidates ready to measure."""
         st = task.state
         st.building -= 1
-        values = [TaskOutcome(error=v["error"]) if "error" in v else TaskOutcome(v)
-                  for v in outcome.value] if outcome.ok else \
-            [TaskOutcome(error=outcome.error)] * len(task.params)
-        for params, out in zip(task.params, values, strict=True):
-            if out.ok and out.value.get("kiln", version) != version:
-                out = TaskOutcome(error=f"the node runs kiln {out.value['kiln']}, "
-                                        f"this machine {version}: install one version")
+        for params, out in zip(task.params, _variant_outcomes(task, outcome), strict=True):
             if not out.ok:
                 what = "default" if params is None else show(params)
                 st.failed = st.failed or params is None
-                discarded.append(f"{st.spec.label} {what}: build failed: {out.error}")
-                note(f"  discarded {discarded[-1]}")
+                self.discard(f"{st.spec.label} {what}: build failed: {out.error}")
                 continue
-            builds_on.add(out.value["node"])
-            profile["build_tasks"] += float(out.value.get("seconds", 0.0))
-            profile["build_cpu"] += float(out.value.get("cpu_seconds", 0.0))
-            if "span" in out.value:
-                spans.append(("build", *out.value["span"]))
+            self.tally("build", out.value)
             if params is None:
                 st.default_lib = out.value["data"]
             else:
                 st.ready.append((params, out.value["data"]))
 
-    def finish_measure(task: _Task, outcome: TaskOutcome) -> None:
-        nonlocal measured
+    def finish_measure(self, task: _Task, outcome: TaskOutcome) -> None:
+        """Take a measurement task's timings: the default's, and each candidate's paired
+        with them."""
         st = task.state
         st.measuring = False
         if not outcome.ok:  # the kernel is left alone (measuring it again would fail too)
             st.failed = True
-            discarded.append(f"{st.spec.label}: measurement failed: {outcome.error}")
-            note(f"  discarded {discarded[-1]}")
+            self.discard(f"{st.spec.label}: measurement failed: {outcome.error}")
             return
         value = outcome.value
-        measured_on.add(value["node"])
-        profile["measure_tasks"] += float(value.get("seconds", 0.0))
-        profile["measure_cpu"] += float(value.get("cpu_seconds", 0.0))
-        if "span" in value:
-            spans.append(("measure", *value["span"]))
+        self.tally("measure", value)
         st.default_times += value["times_us"][0]
         paired = tuple(value["times_us"][0])
         for (params, _), times, eq in zip(task.libs, value["times_us"][1:],
                                           value["equal"][1:], strict=True):
             st.measured.append(Measurement(dict(params), tuple(times), eq, paired))
-            measured += 1
+            self.measured += 1
             if not eq:
-                discarded.append(f"{st.spec.label} {show(params)}: result differs "
-                                 "from the default's")
-                note(f"  discarded {discarded[-1]}")
-        note(f"measured {st.spec.label}: {len(task.libs)} candidate(s); {measured} "
-             f"measured, {clock() - start:.0f} s of {budget_s:.0f} s")
+                self.discard(f"{st.spec.label} {show(params)}: result differs "
+                             "from the default's")
+        self.note(f"measured {st.spec.label}: {len(task.libs)} candidate(s); {self.measured} "
+                  f"measured, {self.clock() - self.start:.0f} s of {self.budget_s:.0f} s")
 
-    note(f"tuning {len(specs)} distinct kernel(s) for {target_key(_isa(tgt))}, "
-         f"budget {budget_s:.0f} s, {cpus:.0f} CPU(s) each running one task at a time "
-         f"(builds of {PER_BUILD} variants, measurements one at a time per node)")
-    launch()
-    while running:
-        t0 = time.perf_counter()
-        task = running.pop(runner.first_done([t.pending for t in running]))
-        (outcome,) = task.pending()
-        profile[task.kind] += time.perf_counter() - t0
-        longest[task.kind] = max(longest[task.kind], clock() - task.submitted)
-        (finish_build if task.kind == "build" else finish_measure)(task, outcome)
-        launch()
-    key = target_key(_isa(tgt))
-    db = TuningDatabase(
-        Record(st.spec.family, st.spec.signature, key,
-               Measurement(dict(st.spec.default), tuple(st.default_times)), st.measured)
-        for st in states if st.default_times)
-    for r in db.records():
-        if r.chosen is not None:
-            from kiln.tuning.select import ratio_bounds
+    def database(self, key: str) -> TuningDatabase:
+        """The records of every kernel whose default was measured, for target `key`."""
+        return TuningDatabase(
+            Record(st.spec.family, st.spec.signature, key,
+                   Measurement(dict(st.spec.default), tuple(st.default_times)), st.measured)
+            for st in self.states if st.default_times)
 
-            best = next(c for c in r.candidates if c.params == r.chosen)
-            _, mid, high = ratio_bounds(best.times_us, best.default_us,
-                                        sum(c.equal for c in r.candidates))
-            note(f"  {r.kernel} {r.signature}: {show(r.chosen)} {1 / mid:.2f}x the "
-                 f"default's {show(r.default.params)} (at least {1 / high:.2f}x, "
-                 f"{len(best.times_us)} paired samples)")
-    wall = clock() - start
-    profile["driver_cpu"] = time.process_time() - driver_cpu
-    note(f"time: {wall:.1f} s wall; builds {profile['build_tasks']:.1f} s in tasks "
-         f"({profile['build_cpu']:.1f} s CPU, {profile['build']:.1f} s waited for), "
-         f"measurements {profile['measure_tasks']:.1f} s in tasks "
-         f"({profile['measure_cpu']:.1f} s CPU, {profile['measure']:.1f} s waited for)")
-    return TuneReport(db, lines, len(specs), measured, discarded, builds_on, measured_on,
-                      wall, profile, spans)
+    def note_choices(self, db: TuningDatabase) -> None:
+        """Log each kernel's chosen variant with its speed-up over the default."""
+        for r in db.records():
+            if r.chosen is not None:
+                from kiln.tuning.select import ratio_bounds
+
+                best = next(c for c in r.candidates if c.params == r.chosen)
+                _, mid, high = ratio_bounds(best.times_us, best.default_us,
+                                            sum(c.equal for c in r.candidates))
+                self.note(f"  {r.kernel} {r.signature}: {show(r.chosen)} {1 / mid:.2f}x the "
+                          f"default's {show(r.default.params)} (at least {1 / high:.2f}x, "
+                          f"{len(best.times_us)} paired samples)")
+
+    def report(self, db: TuningDatabase, kernels: int) -> TuneReport:
+        """The run's report, after logging where its time went."""
+        wall = self.clock() - self.start
+        profile = self.profile
+        profile["driver_cpu"] = time.process_time() - self.driver_cpu
+        self.note(f"time: {wall:.1f} s wall; builds {profile['build_tasks']:.1f} s in tasks "
+                  f"({profile['build_cpu']:.1f} s CPU, {profile['build']:.1f} s waited for), "
+                  f"measurements {profile['measure_tasks']:.1f} s in tasks "
+                  f"({profile['measure_cpu']:.1f} s CPU, {profile['measure']:.1f} s waited for)")
+        return TuneReport(db, self.lines, kernels, self.measured, self.discarded,
+                          self.builds_on, self.measured_on, wall, profile, self.spans)
+
+
+def _measurement_due(st: _State, more: bool) -> bool:
+    """Whether `st` is to be measured now: its default is built and not timed yet, or
+    `PER_BUILD` candidates are ready, or some are and no more are coming (`more`:
+    builds may still start)."""
+    if st.default_lib is None or st.measuring or st.failed:
+        return False
+    if not st.default_times:
+        return True
+    return len(st.ready) >= PER_BUILD or (bool(st.ready) and not (
+        st.building or (more and st.open())))
+
+
+def _variant_outcomes(task: _Task, outcome: TaskOutcome) -> list[TaskOutcome]:
+    """The outcome of each variant of build `task`: its own, or the task's failure for
+    all; a library built by another kiln version fails."""
+    from kiln import __version__ as version
+
+    values = [TaskOutcome(error=v["error"]) if "error" in v else TaskOutcome(v)
+              for v in outcome.value] if outcome.ok else \
+        [TaskOutcome(error=outcome.error)] * len(task.params)
+    return [TaskOutcome(error=f"the node runs kiln {out.value['kiln']}, "
+                              f"this machine {version}: install one version")
+            if out.ok and out.value.get("kiln", version) != version else out
+            for out in values]
 
 
 def _cpu_seconds() -> float:

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kiln.codegen.naming import DEFAULT_PREFIX, check_prefix, library_metadata
 from kiln.driver import cache
@@ -44,6 +44,10 @@ from kiln.transform.pipeline import PipelineSpec, get_pipeline
 from kiln.transform.profile import profile_sites
 from kiln.tuning.apply import FromDatabase, using
 from kiln.tuning.database import TuningDatabase, target_key
+
+if TYPE_CHECKING:
+    from kiln.artifact.artifact import ArtifactSet
+    from kiln.codegen.constants import ConstantPool
 
 
 def compile(
@@ -119,45 +123,17 @@ def compile(
 
     metadata = executable_metadata(built, prefix)
     if session is not None:
-        tkey = target_key(isa_for(tgt))
-        metadata["tuning"] = {"fingerprint": session.db.fingerprint(), "target": tkey,
-                              "kernels": dict(sorted(session.applied.items())),
-                              "checked_in_model": session.checked(tkey) is not None}
-        if session.unchecked:
-            import warnings
-
-            warnings.warn(f"{len(session.applied)} tuned kernel(s) applied from records not "
-                          "checked in this model (no verdict of `kiln tune` for it, "
-                          "docs/tuning.md): tune this model to check them", stacklevel=2)
-    key = None
+        _note_tuning(metadata, session, tgt)
     artifacts = None
     with timed_step("constants"):
         pool = ConstantPool.from_module(mod)
-    if cache.cache_enabled(PassContext.current().config):
-        with timed_step("fingerprint"):
-            key = cache.cache_key(ir_fingerprint=module_fingerprint(mod, pool),
-                                  target_fingerprint=tgt.fingerprint(), prefix=prefix,
-                                  codegen=f"{codegen_name}:{_qualname(codegen_fn)}")
+    key = _cache_key(mod, pool, tgt, prefix, codegen_name, codegen_fn)
+    if key is not None:
         with timed_step("cache.lookup"):
             artifacts = cache.lookup(key)
     hit = artifacts is not None
     if artifacts is None:
-        writer = None
-        if key is not None and pool.size:
-            from kiln.artifact.integrity import CHUNK_SIZE
-
-            # The weights go to the cache while the code generator runs.
-            writer = cache.store_object_async(
-                cache.chunked_object_name(pool.size, CHUNK_SIZE, pool.chunk_digests()),
-                pool.size, pool.parts())
-        try:
-            with timed_step("codegen"):
-                artifacts = codegen.build(outline_for(codegen_name, built), tgt,
-                                          prefix=prefix, pool=pool)
-        finally:
-            if writer is not None:
-                with timed_step("cache.weights"):
-                    writer.join()
+        artifacts = _generate(codegen_name, built, tgt, prefix, pool, key)
         from kiln.export.dependencies import collect_dependencies
 
         deps = collect_dependencies(artifacts)
@@ -168,6 +144,58 @@ def compile(
                 cache.store(key, artifacts, metadata)
     del pool  # the artifacts hold the one copy of the weights now
     return Executable(artifacts, mod, metadata, tgt, prefix, cache_hit=hit, cache_key=key)
+
+
+def _note_tuning(metadata: dict[str, Any], session: FromDatabase, tgt: Target) -> None:
+    """Record in `metadata` what tuning `session` applied; warn when some of it was not
+    checked in this model."""
+    tkey = target_key(isa_for(tgt))
+    metadata["tuning"] = {"fingerprint": session.db.fingerprint(), "target": tkey,
+                          "kernels": dict(sorted(session.applied.items())),
+                          "checked_in_model": session.checked(tkey) is not None}
+    if session.unchecked:
+        import warnings
+
+        # stacklevel 3: the warning names compile's caller
+        warnings.warn(f"{len(session.applied)} tuned kernel(s) applied from records not "
+                      "checked in this model (no verdict of `kiln tune` for it, "
+                      "docs/tuning.md): tune this model to check them", stacklevel=3)
+
+
+def _cache_key(mod: IRModule, pool: ConstantPool, tgt: Target, prefix: str,
+               codegen_name: str, codegen_fn: object) -> str | None:
+    """The compile cache's key of this build (its code generator named `codegen_name`,
+    run by `codegen_fn`), or None when the cache is off."""
+    if not cache.cache_enabled(PassContext.current().config):
+        return None
+    with timed_step("fingerprint"):
+        return cache.cache_key(ir_fingerprint=module_fingerprint(mod, pool),
+                               target_fingerprint=tgt.fingerprint(), prefix=prefix,
+                               codegen=f"{codegen_name}:{_qualname(codegen_fn)}")
+
+
+def _generate(codegen_name: str, built: IRModule, tgt: Target, prefix: str,
+              pool: ConstantPool, key: str | None) -> ArtifactSet:
+    """The artifacts of codegen `codegen_name` for `built` (outlined if it needs it); with
+    a cache `key`, the weights are written to the cache meanwhile."""
+    import kiln.codegen as codegen
+
+    writer = None
+    if key is not None and pool.size:
+        from kiln.artifact.integrity import CHUNK_SIZE
+
+        # The weights go to the cache while the code generator runs.
+        writer = cache.store_object_async(
+            cache.chunked_object_name(pool.size, CHUNK_SIZE, pool.chunk_digests()),
+            pool.size, pool.parts())
+    try:
+        with timed_step("codegen"):
+            return codegen.build(outline_for(codegen_name, built), tgt,
+                                 prefix=prefix, pool=pool)
+    finally:
+        if writer is not None:
+            with timed_step("cache.weights"):
+                writer.join()
 
 
 def lower_for_codegen(mod: IRModule, target: Target) -> IRModule:

@@ -31,6 +31,7 @@ import json
 import os
 import tarfile
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -243,43 +244,32 @@ def _export_datetime() -> str:
     return stamp.strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def export_model_library_format(executable: Any, path: str | os.PathLike[str], *,
-                                model_name: str = "model", source: bool = False) -> Path:
-    """Write `executable` as a Model Library Format tar at `path` (docs/mlf.md).
+@dataclass
+class _Members:
+    """An archive's members by path (large ones, weights and objects, stay the artifacts'
+    own memory), the C flags of each C source, and the weights with their artifact's
+    metadata."""
 
-    The weights go in as they are (`parameters/<model>.params`, assembled by
-    `<model>_params.S`), streamed from the executable's memory. `source=True` adds
-    the compiled IR as kiln DSL text (`src/<model>.py`; `kiln compile --mlf-source`).
-    """
-    if not is_c_identifier(model_name) or model_name.startswith("kiln"):
-        raise ExportError(f"model_name {model_name!r} must be a C identifier not starting "
-                          "with 'kiln'")
-    from kiln import __version__
-    from kiln.artifact.archive import add_file
-    from kiln.runtime.native import include_dir
-
-    prefix = executable.prefix
-    arts = list(executable.artifacts)
-    if any(not a.serializable for a in arts):
-        raise ExportError("Model Library Format needs a native target (llvm or c); this "
-                          "executable holds in-memory artifacts")
-    ins, outs = _signature(executable.metadata)
-    workspace = _heap_bytes(executable)
-    # Members by path; large ones (weights, objects) stay the artifacts' own memory.
-    files: dict[str, Content] = {}
-    build: dict[str, list[str]] = {}
+    files: dict[str, Content] = field(default_factory=dict)
+    cflags: dict[str, list[str]] = field(default_factory=dict)
     consts: Content = b""
-    consts_record: Mapping[str, Any] = {}
+    consts_record: Mapping[str, Any] = field(default_factory=dict)
+
+
+def _artifact_members(arts: Sequence[Any], model_name: str) -> _Members:
+    """The members the artifacts give: a device's code, the generated C (with its flags)
+    and objects, and the weights."""
+    m = _Members()
     for a in arts:
         if a.loader != NATIVE:
             if a.target_key and isinstance(a, Artifact):  # a device's code (e.g. CUDA PTX)
-                files[f"codegen/{a.codegen_id}/{a.file_name}"] = a.content
+                m.files[f"codegen/{a.codegen_id}/{a.file_name}"] = a.content
             continue
         if a.file_name == "constants.bin":
-            consts, consts_record = a.content, a.metadata
+            m.consts, m.consts_record = a.content, a.metadata
         elif a.extension == ".c":
             member = f"codegen/host/src/{a.file_name}"
-            files[member] = a.content
+            m.files[member] = a.content
             # The archive's own allocator replaces a library's (below).
             flags = [f for f in a.metadata.get("cflags", []) if f != "-fPIC"
                      and not f.startswith(("-DKILN_MALLOC=", "-DKILN_FREE="))]
@@ -290,28 +280,22 @@ def export_model_library_format(executable: Any, path: str | os.PathLike[str], *
                       f"-DKILN_FREE={model_name}_mlf_free"]
             if a.file_name.removeprefix(f"{a.target_key}_") != "kernels.c":
                 flags += ["-DKILN_NO_THREADS"]
-            build[member] = sorted(set(flags), key=flags.index)
+            m.cflags[member] = sorted(set(flags), key=flags.index)
         elif a.extension == ".o":
-            files[f"codegen/host/lib/{a.file_name}"] = a.content
+            m.files[f"codegen/host/lib/{a.file_name}"] = a.content
         else:
             raise ExportError(f"Model Library Format: no place for native artifact "
                               f"{a.codegen_id}/{a.file_name}")
-    include = Path(include_dir()) / "kiln"
-    files[f"codegen/host/include/{model_name}.h"] = interface_header(
-        model_name, prefix, ins, outs, workspace).encode()
-    iface = f"codegen/host/src/{model_name}_mlf.c"
-    files[iface] = interface_source(model_name, prefix, ins, outs).encode()
-    build[iface] = ["-std=c11"]
-    files[ALLOCATOR_SOURCE] = (include / "kiln_mlf.c").read_bytes()
-    build[ALLOCATOR_SOURCE] = ["-std=c11", f"-DKILN_MLF_PREFIX={model_name}"]
-    files[f"parameters/{model_name}.params"] = consts
-    params_s = f"parameters/{model_name}_params.S"
-    files[params_s] = params_source(prefix, f"{model_name}.params", len(consts)).encode()
-    build[params_s] = []
-    if source:
-        files[f"src/{model_name}.py"] = executable.ir.script().encode()
-    for header in ("kiln.h", "kiln_mlf.h"):
-        files[f"runtime/include/kiln/{header}"] = (include / header).read_bytes()
+    return m
+
+
+def _archive_metadata(executable: Any, model_name: str, ins: Sequence[Mapping[str, Any]],
+                      outs: Sequence[Mapping[str, Any]], workspace: int, arts: Sequence[Any],
+                      m: _Members) -> dict[str, Any]:
+    """metadata.json's content (docs/mlf.md) for the members `m` hold so far, its own
+    digest included."""
+    from kiln import __version__
+
     io_bytes = sum(_nbytes(p) for p in [*ins, *outs])
     metadata = {
         "version": MLF_VERSION,
@@ -319,22 +303,29 @@ def export_model_library_format(executable: Any, path: str | os.PathLike[str], *
         "kiln_version": __version__,
         "export_datetime": _export_datetime(),
         "target": executable.target.export(),
-        "prefix": prefix,
-        "memory": {"main": {"workspace_bytes": workspace, "constants_bytes": len(consts),
+        "prefix": executable.prefix,
+        "memory": {"main": {"workspace_bytes": workspace, "constants_bytes": len(m.consts),
                             "io_bytes": io_bytes}},
         "inputs": [{"name": p["name"], "shape": list(p["shape"]), "dtype": p["dtype"]}
                    for p in ins],
         "outputs": [{"name": p["name"], "shape": list(p["shape"]), "dtype": p["dtype"]}
                     for p in outs],
         "external_dependencies": [d.to_json() for d in collect_dependencies(arts)],
-        "build": {"cflags": build,
+        "build": {"cflags": m.cflags,
                   "include_dirs": ["codegen/host/include", "runtime/include", "parameters"],
                   "libs": ["-lm"]},
-        "checksums": _checksums(files, {f"parameters/{model_name}.params": consts_record}),
+        "checksums": _checksums(m.files,
+                                {f"parameters/{model_name}.params": m.consts_record}),
     }
     metadata["checksums"]["metadata_sha256"] = metadata_digest(metadata)
-    files["metadata.json"] = (json.dumps(metadata, indent=2, sort_keys=True) + "\n").encode()
-    out = Path(path)
+    return metadata
+
+
+def _write_tar(out: Path, files: Mapping[str, Content]) -> Path:
+    """Write `files` as an uncompressed tar at `out`, sorted by path, all or nothing
+    (through a temporary file beside it)."""
+    from kiln.artifact.archive import add_file
+
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.name}.tmp")
     try:
@@ -346,6 +337,49 @@ def export_model_library_format(executable: Any, path: str | os.PathLike[str], *
         tmp.unlink(missing_ok=True)
         raise
     return out
+
+
+def export_model_library_format(executable: Any, path: str | os.PathLike[str], *,
+                                model_name: str = "model", source: bool = False) -> Path:
+    """Write `executable` as a Model Library Format tar at `path` (docs/mlf.md).
+
+    The weights go in as they are (`parameters/<model>.params`, assembled by
+    `<model>_params.S`), streamed from the executable's memory. `source=True` adds
+    the compiled IR as kiln DSL text (`src/<model>.py`; `kiln compile --mlf-source`).
+    """
+    if not is_c_identifier(model_name) or model_name.startswith("kiln"):
+        raise ExportError(f"model_name {model_name!r} must be a C identifier not starting "
+                          "with 'kiln'")
+    from kiln.runtime.native import include_dir
+
+    prefix = executable.prefix
+    arts = list(executable.artifacts)
+    if any(not a.serializable for a in arts):
+        raise ExportError("Model Library Format needs a native target (llvm or c); this "
+                          "executable holds in-memory artifacts")
+    ins, outs = _signature(executable.metadata)
+    workspace = _heap_bytes(executable)
+    m = _artifact_members(arts, model_name)
+    files, build = m.files, m.cflags
+    include = Path(include_dir()) / "kiln"
+    files[f"codegen/host/include/{model_name}.h"] = interface_header(
+        model_name, prefix, ins, outs, workspace).encode()
+    iface = f"codegen/host/src/{model_name}_mlf.c"
+    files[iface] = interface_source(model_name, prefix, ins, outs).encode()
+    build[iface] = ["-std=c11"]
+    files[ALLOCATOR_SOURCE] = (include / "kiln_mlf.c").read_bytes()
+    build[ALLOCATOR_SOURCE] = ["-std=c11", f"-DKILN_MLF_PREFIX={model_name}"]
+    files[f"parameters/{model_name}.params"] = m.consts
+    params_s = f"parameters/{model_name}_params.S"
+    files[params_s] = params_source(prefix, f"{model_name}.params", len(m.consts)).encode()
+    build[params_s] = []
+    if source:
+        files[f"src/{model_name}.py"] = executable.ir.script().encode()
+    for header in ("kiln.h", "kiln_mlf.h"):
+        files[f"runtime/include/kiln/{header}"] = (include / header).read_bytes()
+    metadata = _archive_metadata(executable, model_name, ins, outs, workspace, arts, m)
+    files["metadata.json"] = (json.dumps(metadata, indent=2, sort_keys=True) + "\n").encode()
+    return _write_tar(Path(path), files)
 
 
 __all__ = ["ALLOCATOR_SOURCE", "MLF_VERSION", "export_model_library_format", "interface_header",

@@ -318,6 +318,41 @@ def lower_function(name: str, fn: g.Function, mod: IRModule, *,
     """Lower one graph function (see the module docstring); `concat_in_place`: a
     concat's inputs are views of its output (kiln.transform.concat_views)."""
     an = GraphAnalyzer(name, mod)
+    params = _bind_params(name, fn, an)
+    for b in fn.bindings:
+        an.env[b.var] = an.resolve(b.value, b.var.name)
+    results = flatten_value(an.resolve(fn.result, "result"))
+    results_types = [s.type for s in results]  # before bounds replace run-time dimensions
+    dims, runtime = _dimension_scalars(name, an, params, results)
+    out_names = _output_names(name, fn, len(results))
+    _declare_at_bounds(results, an.steps, dims, runtime)
+    outs = [t.Buffer(n, s.type.shape, s.type.dtype) for n, s in zip(out_names, results)]
+    claimed, copies = _claim_outputs(results, outs)
+
+    # A concat's inputs computed here are views of its output (no copy).
+    views = concat_views(an.items, mod, claimed) if concat_in_place else ConcatViews()
+    ws = _plan_workspace(an.steps, claimed, views, alignment, strategy)
+    view_decls = views.declarations()  # after the values they view got their buffers
+
+    scalars: dict[str, t.Var] = {**dims, **{n: v for n, (v, _) in runtime.items()}}
+    ctx = EmitContext(mod, scalars, ws.arena, {s: _offset(ws.offsets[s]) for s in ws.values})
+    # the values of the run-time dimensions, for the caller
+    runtime_out = (t.Buffer("runtime_dims", (len(runtime),), "int64"),) if runtime else ()
+    body = _body(an, views, ctx, copies, runtime, runtime_out)
+    # One flat statement list (declarations are scoped to the rest of it, see
+    # kiln.ir.tensor.Allocate): workspace, constants, views into the workspace, calls.
+    stmt = t.seq(*_declarations(an, ws), *view_decls, *body)
+
+    attrs = _lowered_attrs(fn, out_names, ws.size, ctx.messages,
+                           _runtime_attr(runtime, results_types, dims) if runtime else None)
+    dim_params = tuple(dims[n] for n in sorted(dims))
+    prim = t.PrimFunc(tuple(params) + tuple(outs) + runtime_out + dim_params, stmt, attrs)
+    buffers: dict[object, t.Buffer] = {s: _buf(s) for s in ws.values}
+    return LoweredGraph(prim, ws.blocks, ws.plan, buffers)
+
+
+def _bind_params(name: str, fn: g.Function, an: GraphAnalyzer) -> list[t.Buffer]:
+    """The input buffers of `fn`'s parameters, each bound in `an` as a "param" slot."""
     params: list[t.Buffer] = []
     for v in fn.params:
         if isinstance(v.type, TupleType):
@@ -328,11 +363,14 @@ def lower_function(name: str, fn: g.Function, mod: IRModule, *,
         buf = t.Buffer(v.name, ty.shape, ty.dtype)
         params.append(buf)
         an.env[v] = GraphSlot("param", ty, v.name, buf)
-    for b in fn.bindings:
-        an.env[b.var] = an.resolve(b.value, b.var.name)
-    results = flatten_value(an.resolve(fn.result, "result"))
-    results_types = [s.type for s in results]  # before bounds replace run-time dimensions
-    # The dimension scalars: every variable of the parameters' shapes, read at entry.
+    return params
+
+
+def _dimension_scalars(name: str, an: GraphAnalyzer, params: list[t.Buffer],
+                       results: list[GraphSlot]) -> tuple[dict[str, t.Var], _RuntimeDims]:
+    """The dimension scalars: every variable of the parameters' shapes, read at entry,
+    and the run-time dimensions the steps bind. Every value's shape must be made of
+    them."""
     dims = {v.name: v for v in dim_vars(d for p in params for d in p.shape)}
     if len(an.items) != len(an.steps):  # control flow: bodies' dimensions are ours, by name
         from kiln.transform.lower_control_flow import rename_dims
@@ -347,16 +385,25 @@ def lower_function(name: str, fn: g.Function, mod: IRModule, *,
                 f"graph function '{name}': value '{s.name}' has shape "
                 f"{shape_text(s.type.shape)}, whose dimension {unknown[0]!r} no parameter's "
                 "shape gives (a size known only at run time is not supported)")
+    return dims, runtime
 
-    out_names = _output_names(name, fn, len(results))
-    # Every buffer is declared at its upper bound (run-time dimensions by their bounds).
-    for s in [*results, *(o for step in an.steps for o in (*step.outputs, *step.counts))]:
+
+def _declare_at_bounds(results: list[GraphSlot], steps: list[GraphStep],
+                       dims: dict[str, t.Var], runtime: _RuntimeDims) -> None:
+    """Every buffer is declared at its upper bound: give each value its type with the
+    run-time dimensions replaced by their bounds, keeping its actual shape where that
+    differs."""
+    for s in [*results, *(o for step in steps for o in (*step.outputs, *step.counts))]:
         bound = _bound_shape(s.type.shape, runtime)
         if bound != s.type.shape and s.actual is None:
             s.actual = _by_name(s.type.shape, {**dims, **{n: v for n, (v, _) in runtime.items()}})
         s.type = TensorType(bound, s.type.dtype)
-    outs = [t.Buffer(n, s.type.shape, s.type.dtype) for n, s in zip(out_names, results)]
 
+
+def _claim_outputs(results: list[GraphSlot], outs: list[t.Buffer]
+                   ) -> tuple[dict[GraphSlot, int], list[tuple[t.Buffer, t.Buffer, GraphSlot]]]:
+    """The results written straight into their output buffer (slot -> position), and
+    the copies (destination, source, slot) of the others."""
     # A value computed by a call and returned is written straight into its
     # output buffer (the first position it appears in); others are copied.
     claimed: dict[GraphSlot, int] = {}
@@ -369,11 +416,28 @@ def lower_function(name: str, fn: g.Function, mod: IRModule, *,
             src = outs[claimed[s]] if s in claimed else s.buffer
             assert src is not None
             copies.append((outs[k], src, s))
+    return claimed, copies
 
-    # A concat's inputs computed here are views of its output (no copy).
-    views = concat_views(an.items, mod, claimed) if concat_in_place else ConcatViews()
-    # Everything else a call writes lives in the workspace arena.
-    inter = [s for step in an.steps for s in (*step.outputs, *step.counts)
+
+@dataclass(frozen=True)
+class _Workspace:
+    """The arena of a lowered function: the values placed in it, the static plan (and
+    its input blocks), each value's byte offset, the arena's size and buffer (None when
+    no value is placed)."""
+
+    values: list[GraphSlot]
+    blocks: tuple[Block, ...]
+    plan: MemoryPlan
+    offsets: dict[Hashable, Dim]
+    size: Dim
+    arena: t.Buffer | None
+
+
+def _plan_workspace(steps: list[GraphStep], claimed: dict[GraphSlot, int], views: ConcatViews,
+                    alignment: int, strategy: str) -> _Workspace:
+    """Place in one arena everything a call writes that is neither a claimed result nor
+    a concat view, and give each such value its buffer."""
+    inter = [s for step in steps for s in (*step.outputs, *step.counts)
              if s not in claimed and s.kind == "call" and s not in views.pieces]
     defs: dict[Hashable, int] = {s: s.def_step for s in inter}
     uses: dict[Hashable, list[int]] = {s: s.uses for s in inter}
@@ -385,64 +449,70 @@ def lower_function(name: str, fn: g.Function, mod: IRModule, *,
     plan = plan_memory(blocks, alignment=alignment, strategy=strategy)
     offsets: dict[Hashable, Dim] = dict(plan.offsets)
     workspace: Dim = plan.total
-    if len(static) < len(inter):
+    if len(static) < len(inter):  # symbolic sizes go after the static plan
         symbolic = [(s, _nbytes(s.type), *ranges[s]) for s in inter if s not in plan.offsets]
         placed, workspace = plan_symbolic(symbolic, plan.total, alignment=alignment)
         offsets.update(placed)
     for s in inter:
         s.buffer = t.Buffer(s.name, s.type.shape, s.type.dtype)
-    view_decls = views.declarations()
     arena: t.Buffer | None = None
     if inter:
         if isinstance(workspace, int):  # zero-size values still need a base pointer
             workspace = max(workspace, alignment)
         arena = t.Buffer("workspace", (workspace,), "uint8", "global")
+    return _Workspace(inter, blocks, plan, offsets, workspace, arena)
 
-    scalars: dict[str, t.Var] = {**dims, **{n: v for n, (v, _) in runtime.items()}}
-    ctx = EmitContext(mod, scalars, arena, {s: _offset(offsets[s]) for s in inter})
+
+def _body(an: GraphAnalyzer, views: ConcatViews, ctx: EmitContext,
+          copies: list[tuple[t.Buffer, t.Buffer, GraphSlot]], runtime: _RuntimeDims,
+          runtime_out: tuple[t.Buffer, ...]) -> list[t.Stmt]:
+    """The statements after the declarations: the calls (concats made views dropped),
+    the copies of results, and the stores of the run-time dimensions into
+    `runtime_out`."""
     body: list[t.Stmt] = [stmt for item in an.items if id(item) not in views.dropped
                           for stmt in emit_item(item, ctx)]
     for dst, src, slot in copies:
         body.append(copy_stmt(_actual_view(slot, dst, body), _actual_view(slot, src, body)))
-    runtime_out: tuple[t.Buffer, ...] = ()
-    if runtime:  # the values of the run-time dimensions, for the caller
-        order = sorted(runtime)
-        runtime_out = (t.Buffer("runtime_dims", (len(order),), "int64"),)
+    if runtime_out:
         body.extend(t.Store(runtime_out[0], runtime[n][0], (t.Const(j, "int64"),))
-                    for j, n in enumerate(order))
+                    for j, n in enumerate(sorted(runtime)))
     if not body:
         body.append(t.Evaluate(t.Const(0, "int32")))
+    return body
 
-    # One flat statement list (declarations are scoped to the rest of it, see
-    # kiln.ir.tensor.Allocate): workspace, constants, views into the workspace, calls.
+
+def _declarations(an: GraphAnalyzer, ws: _Workspace) -> list[t.Stmt]:
+    """The workspace's allocation, the constants, then the views into the workspace."""
     decls: list[t.Stmt] = []
-    if arena is not None:
-        decls.append(t.Allocate(arena))
+    if ws.arena is not None:
+        decls.append(t.Allocate(ws.arena))
     for slot in an.consts.values():
         assert slot.data is not None
         decls.append(t.AllocConst(_buf(slot), slot.data))
-    if arena is not None:
-        decls.extend(t.DeclBuffer(_buf(s), arena, _offset(offsets[s])) for s in inter)
-    decls.extend(view_decls)
-    stmt = t.seq(*decls, *body)
+    if ws.arena is not None:
+        decls.extend(t.DeclBuffer(_buf(s), ws.arena, _offset(ws.offsets[s])) for s in ws.values)
+    return decls
 
+
+def _lowered_attrs(fn: g.Function, out_names: list[str], workspace: Dim,
+                   messages: dict[int, str], runtime_dims: tuple[Any, ...] | None
+                   ) -> dict[str, Any]:
+    """The lowered function's attributes: `fn`'s own (but the given output names), then
+    the lowering's (`runtime_dims`: `kiln.runtime_dims`, None when there are none)."""
     attrs = {k: v for k, v in fn.attrs.items() if k != ATTR_GIVEN_OUTPUT_NAMES}
     attrs.update({
         ATTR_GRAPH: True,
-        ATTR_NUM_OUTPUTS: len(outs),
+        ATTR_NUM_OUTPUTS: len(out_names),
         ATTR_TUPLE_RESULT: isinstance(fn.ret_type, TupleType),
         ATTR_OUTPUT_NAMES: tuple(out_names),
         # bytes, or for symbolic sizes the text of the expression (metadata shows it)
         ATTR_WORKSPACE_BYTES: workspace if isinstance(workspace, int) else _size_text(workspace),
     })
-    if runtime:
-        attrs[ATTR_RUNTIME_DIMS] = _runtime_attr(runtime, results_types, dims)
-    if ctx.messages:  # a Loop's iteration limit (kiln.transform.lower_control_flow)
-        attrs[ATTR_CHECK_MESSAGES] = tuple(sorted(ctx.messages.items()))
-    dim_params = tuple(dims[n] for n in sorted(dims))
-    prim = t.PrimFunc(tuple(params) + tuple(outs) + runtime_out + dim_params, stmt, attrs)
-    buffers: dict[object, t.Buffer] = {s: _buf(s) for s in inter}
-    return LoweredGraph(prim, blocks, plan, buffers)
+    if runtime_dims is not None:
+        attrs[ATTR_RUNTIME_DIMS] = runtime_dims
+    if messages:  # a Loop's iteration limit (kiln.transform.lower_control_flow)
+        attrs[ATTR_CHECK_MESSAGES] = tuple(sorted(messages.items()))
+    return attrs
 
 
 @dataclass(frozen=True)
