@@ -1,21 +1,16 @@
 """No module imports another module's private (`_name`) names.
 
 A name another module needs is part of its module's interface: it is public
-and has a docstring (or, for a constant, a comment). `PRIVATE_FAMILIES` are
-private modules split out of one module, which share their privates by design.
+and has a docstring (or, for a constant, a comment). A module split into private
+modules (the reference interpreter: `kiln.ir.evaluate` and `kiln.ir._interp_*`)
+shares public names between them: the privacy is the modules' own.
 """
 
 from __future__ import annotations
 
 import ast
-from pathlib import Path
 
 from test_layering import SRC, _module_name, _resolve
-
-# Private modules that make up one module between them: the reference interpreter
-# (kiln.ir.evaluate and its private halves, docs/ir.md).
-PRIVATE_FAMILIES = ({"kiln.ir.evaluate", "kiln.ir._interp_compiler", "kiln.ir._interp_runtime",
-                     "kiln.ir._interp_externs"},)
 
 # Reach-ins whose owners are reworking them; each entry is (importing module, imported
 # module). Empty: add one only with the issue that removes it.
@@ -36,10 +31,6 @@ def private_imports(source: str, module: str, is_package: bool = False
     return found
 
 
-def _same_family(a: str, b: str) -> bool:
-    return any(a in family and b in family for family in PRIVATE_FAMILIES)
-
-
 def reach_ins() -> dict[tuple[str, str], list[str]]:
     """(importing module, imported module) -> the private names it takes."""
     out: dict[tuple[str, str], list[str]] = {}
@@ -47,7 +38,7 @@ def reach_ins() -> dict[tuple[str, str], list[str]]:
         module = _module_name(path)
         for line, base, name in private_imports(path.read_text(encoding="utf-8"), module,
                                                 path.name == "__init__.py"):
-            if base != module and not _same_family(module, base):
+            if base != module:
                 out.setdefault((module, base), []).append(f"{name} (line {line})")
     return out
 
@@ -64,8 +55,3 @@ def test_the_scan_sees_private_imports() -> None:
     assert private_imports(source, "kiln.ir.probe") == [
         (1, "kiln.ir.names", "_hidden"), (2, "kiln.ir.verify", "_check")]
 
-
-def test_the_interpreter_family_is_the_only_exception() -> None:
-    assert _same_family("kiln.ir.evaluate", "kiln.ir._interp_runtime")
-    assert not _same_family("kiln.ir.evaluate", "kiln.ir.verify")
-    assert Path(SRC / "ir" / "_interp_runtime.py").is_file()

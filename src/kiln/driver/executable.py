@@ -14,12 +14,10 @@ shared library on disk and dlopen'ed.
 
 from __future__ import annotations
 
-import inspect
 import os
 import threading
 from typing import TYPE_CHECKING, Any
 
-from kiln.errors import CompileError
 from kiln.ir.module import IRModule
 
 if TYPE_CHECKING:
@@ -70,17 +68,11 @@ class Executable:
               cc: Any) -> Module:
         from kiln.runtime.loading import load_artifacts
 
-        kwargs: dict[str, Any] = {}
-        if isinstance(fcompile, (str, list, tuple)):
+        if isinstance(fcompile, (str, list, tuple)):  # a compiler command, as in export
             cc = fcompile if cc is None else cc
-        elif fcompile is not None:
-            if "fcompile" not in inspect.signature(load_artifacts).parameters:
-                raise CompileError(
-                    "this kiln runtime links jit() libraries with `cc` only; pass "
-                    "jit(cc=...) or use export_library(fcompile=...) + load_module")
-            kwargs["fcompile"] = fcompile
+            fcompile = None
         return load_artifacts(self.artifacts, metadata=self.metadata, prefix=self.prefix,
-                              workspace_dir=workspace_dir, cc=cc, **kwargs)
+                              workspace_dir=workspace_dir, cc=cc, fcompile=fcompile)
 
     def __getitem__(self, name: str) -> Any:
         """The function `name` of the loaded module (jit() on first use)."""

@@ -19,18 +19,18 @@ from kiln.ir import dtype as dt
 from kiln.ir import tensor as t
 from kiln.ir._interp_externs import EXTERN_REFERENCES
 from kiln.ir._interp_runtime import (
-    _BASE_NS,
-    _EXACT_UFUNCS,
-    _FLOAT_UFUNCS,
-    _bit_view,
-    _carrier,
-    _converter,
-    _Fault,
-    _int_range,
-    _np_dtype,
-    _round16,
-    _round_bf16,
-    _text,
+    BASE_NS,
+    EXACT_UFUNCS,
+    FLOAT_UFUNCS,
+    Fault,
+    bit_view,
+    converter,
+    float_carrier,
+    int_range,
+    ir_text,
+    np_dtype,
+    round16,
+    round_bf16,
 )
 from kiln.ir.identity_cache import IdentityCache
 from kiln.ir.visitor import check_nesting
@@ -57,7 +57,9 @@ class _Layout:
 
 
 @dataclass
-class _Compiled:
+class CompiledFunc:
+    """A compiled PrimFunc: its name, its Python source and the function to run."""
+
     name: str
     source: str
     run: Callable[..., None]
@@ -74,7 +76,7 @@ class _Compiler:
         self.name = name
         self.lines: list[str] = []
         self.pre: list[str] = []
-        self.ns: dict[str, Any] = dict(_BASE_NS)
+        self.ns: dict[str, Any] = dict(BASE_NS)
         self.names: dict[int, str] = {}
         self.live: set[int] = set()
         self.ranges: dict[int, tuple[int, int]] = {}
@@ -120,11 +122,11 @@ class _Compiler:
 
     # ------------------------------------------------------------------ top level
 
-    def compile(self) -> _Compiled:
+    def compile(self) -> CompiledFunc:
         params = [self.ident(p) for p in self.func.params]
         for p in self.func.params:
             if isinstance(p, t.Var) and dt.is_int(p.dtype):
-                self.ranges[id(p)] = _int_range(p.dtype)
+                self.ranges[id(p)] = int_range(p.dtype)
         # Buffers arrive with their shapes; symbolic dimensions are bound or checked
         # against them, then the kernel works on flat views.
         for p in self.func.params:
@@ -142,7 +144,7 @@ class _Compiler:
         sites = self.sites
 
         def oob(site: int, *values: int) -> int:
-            raise _Fault(sites[site].format(*values))
+            raise Fault(sites[site].format(*values))
 
         self.ns["_oob"] = oob
         try:
@@ -151,7 +153,7 @@ class _Compiler:
             raise IRError(f"{self.name}: the interpreter cannot compile this function "
                           f"({type(exc).__name__}: {exc})") from exc
         exec(code, self.ns)
-        return _Compiled(self.name, source, self.ns["_kernel"])
+        return CompiledFunc(self.name, source, self.ns["_kernel"])
 
     def emit(self, depth: int, text: str) -> None:
         for line in self.pre:
@@ -217,14 +219,14 @@ class _Compiler:
 
     def allocate(self, s: t.Allocate, depth: int) -> None:
         b = s.buffer
-        npdt = self.const(_np_dtype(b.dtype), "dt")
+        npdt = self.const(np_dtype(b.dtype), "dt")
         name = self.declare(b)
         layout = self.define_layout(b, depth)
         self.emit(depth, f"{name} = _alloc({layout.numel}, {npdt})")
 
     def alloc_const(self, s: t.AllocConst, depth: int) -> None:
         data = s.data.reshape(-1)
-        if data.dtype != _np_dtype(s.buffer.dtype) or s.data.shape != s.buffer.shape:
+        if data.dtype != np_dtype(s.buffer.dtype) or s.data.shape != s.buffer.shape:
             raise IRError(f"{self.name}: AllocConst data {s.data.dtype}{s.data.shape} "
                           f"does not match buffer '{s.buffer.name}' (run kiln.ir.verify)")
         name = self.declare(s.buffer)
@@ -233,7 +235,7 @@ class _Compiler:
 
     def decl_buffer(self, s: t.DeclBuffer, depth: int) -> None:
         b = s.buffer
-        npdt = self.const(_np_dtype(b.dtype), "dt")
+        npdt = self.const(np_dtype(b.dtype), "dt")
         src = self.lookup(s.source)
         name = self.declare(b)
         layout = self.define_layout(b, depth)
@@ -309,7 +311,7 @@ class _Compiler:
             if shape_of is not None and isinstance(d, t.Var) and id(d) not in self.live:
                 name = self.ident(d)
                 self.emit(depth, f"{name} = {shape_of}[{k}]")
-                self.ranges[id(d)] = (0, _int_range(d.dtype)[1])
+                self.ranges[id(d)] = (0, int_range(d.dtype)[1])
                 dims.append(name)
                 continue
             value = self.expr(d)
@@ -317,11 +319,11 @@ class _Compiler:
             self.emit(depth, f"{tmp} = {value.code}")
             if shape_of is not None:
                 site = self.site(f"argument '{b.name}': dimension {k} is {{0}} but the "
-                                 f"parameter's shape says {_text(d)} = {{1}}")
+                                 f"parameter's shape says {ir_text(d)} = {{1}}")
                 self.emit(depth, f"if {shape_of}[{k}] != {tmp}: "
                                  f"_oob({site}, {shape_of}[{k}], {tmp})")
             else:
-                site = self.site(f"buffer '{b.name}': dimension {k} ({_text(d)}) is {{0}}")
+                site = self.site(f"buffer '{b.name}': dimension {k} ({ir_text(d)}) is {{0}}")
                 self.emit(depth, f"if {tmp} < 0: _oob({site}, {tmp})")
             dims.append(tmp)
         strides = ["1"] * len(dims)
@@ -390,7 +392,7 @@ class _Compiler:
 
     def wrap(self, code: str, lo: int | None, hi: int | None, dtype: str, depth: int) -> _V:
         """Wrap an integer result into `dtype` unless its bounds prove it fits."""
-        dlo, dhi = _int_range(dtype)
+        dlo, dhi = int_range(dtype)
         if lo is not None and hi is not None and dlo <= lo and hi <= dhi:
             return _V(code, lo, hi, depth)
         mask = (1 << dt.bits(dtype)) - 1
@@ -409,7 +411,7 @@ class _Compiler:
     def var(self, e: t.Var) -> _V:
         name = self.lookup(e)
         if dt.is_int(e.dtype):
-            lo, hi = self.ranges.get(id(e), _int_range(e.dtype))
+            lo, hi = self.ranges.get(id(e), int_range(e.dtype))
             return _V(name, lo, hi)
         return _V(name)
 
@@ -419,12 +421,12 @@ class _Compiler:
         if dt.is_float(e.dtype):
             value = float(e.value)
             if e.dtype == "float16":
-                return _V(self.const(_round16(value)))
+                return _V(self.const(round16(value)))
             if e.dtype == "bfloat16":
-                return _V(self.const(_round_bf16(value)))
-            return _V(self.const(_carrier(e.dtype)(value)))
+                return _V(self.const(round_bf16(value)))
+            return _V(self.const(float_carrier(e.dtype)(value)))
         v = int(e.value)
-        lo, hi = _int_range(e.dtype)
+        lo, hi = int_range(e.dtype)
         if not lo <= v <= hi:
             raise IRError(f"{self.name}: constant {v} does not fit {e.dtype}")
         return _V(f"({v})" if v < 0 else str(v), v, v)
@@ -437,7 +439,7 @@ class _Compiler:
             if b.dtype in ("float16", "bfloat16"):
                 return _V(f"_F32({name}[{index}])", depth=1)
             return _V(f"{name}[{index}]", depth=1)
-        lo, hi = _int_range(b.dtype)
+        lo, hi = int_range(b.dtype)
         return _V(f"{name}.item({index})", lo, hi, depth=1)
 
     def binary(self, e: t.BinaryOp) -> _V:
@@ -524,12 +526,12 @@ class _Compiler:
         if op in ("and", "or", "xor"):
             sym = {"and": "&", "or": "|", "xor": "^"}[op]
             # Bitwise ops on in-range two's complement ints stay in range.
-            dlo, dhi = _int_range(dtype)
+            dlo, dhi = int_range(dtype)
             return _V(f"({a.code} {sym} {b.code})", dlo, dhi, depth)
         if op == "shl":
             return self.wrap(f"_shl({a.code}, {b.code}, {bits})", None, None, dtype, depth)
         if op == "shr":
-            dlo, dhi = _int_range(dtype)
+            dlo, dhi = int_range(dtype)
             return _V(f"_shr({a.code}, {b.code}, {bits})", dlo, dhi, depth)
         if op == "pow":
             return self.wrap(f"_ipow({a.code}, {b.code}, {bits})", None, None, dtype, depth)
@@ -557,8 +559,8 @@ class _Compiler:
         if dt.is_float(dtype):
             raise IRError(f"{self.name}: 'not' is not defined on {dtype}")
         if dt.kind(dtype) == "uint":
-            return _V(f"(~{a.code} & {(1 << dt.bits(dtype)) - 1})", *_int_range(dtype), depth)
-        return _V(f"(~{a.code})", *_int_range(dtype), depth)
+            return _V(f"(~{a.code} & {(1 << dt.bits(dtype)) - 1})", *int_range(dtype), depth)
+        return _V(f"(~{a.code})", *int_range(dtype), depth)
 
     def select(self, e: t.Select) -> _V:
         c, x, y = self.expr(e.cond), self.expr(e.true_value), self.expr(e.false_value)
@@ -598,9 +600,9 @@ class _Compiler:
             raise IRError(f"{self.name}: {fault}")
         if src == dst:
             return v
-        view = self.const(_bit_view(src, dst), "bits")
+        view = self.const(bit_view(src, dst), "bits")
         if dt.is_int(dst):
-            return _V(f"{view}({v.code})", *_int_range(dst), v.depth + 1)
+            return _V(f"{view}({v.code})", *int_range(dst), v.depth + 1)
         return _V(f"{view}({v.code})", depth=v.depth + 1)
 
     def check(self, e: t.Intrin) -> _V:
@@ -630,11 +632,11 @@ class _Compiler:
             raise IRError(f"{self.name}: intrinsic '{name}' needs a float argument, got {dtype}")
         width = "64" if dtype == "float64" else "32"
         carrier = "_F64" if dtype == "float64" else "_F32"
-        if name in _EXACT_UFUNCS:
+        if name in EXACT_UFUNCS:
             return _V(f"_{name}({codes})", depth=depth)
-        if name in _FLOAT_UFUNCS:
+        if name in FLOAT_UFUNCS:
             return _V(f"_{name}{width}({codes})", depth=depth)
-        one = self.const(_carrier(dtype)(1.0))
+        one = self.const(float_carrier(dtype)(1.0))
         if name == "rsqrt":
             return _V(f"({one} / _sqrt({codes}))", depth=depth)
         if name == "sigmoid":
@@ -670,9 +672,9 @@ class _Compiler:
         depth = max((a.depth for a in args), default=0) + 1
         code = f"{fn}({', '.join(a.code for a in args)})"
         if ref.ret_dtype is None:
-            code = f"{self.const(_converter(e.dtype), 'cv')}({code})"
+            code = f"{self.const(converter(e.dtype), 'cv')}({code})"
         if dt.is_int(e.dtype):
-            lo, hi = _int_range(e.dtype)
+            lo, hi = int_range(e.dtype)
             return _V(code, lo, hi, depth)
         return _V(code, depth=depth)
 
@@ -706,11 +708,13 @@ _EXPR_RULES: dict[type, Callable[[_Compiler, Any], _V]] = {
 }
 
 # Compiled functions, each kept while its PrimFunc lives.
-_CACHE: IdentityCache[t.PrimFunc, _Compiled] = IdentityCache()
+_CACHE: IdentityCache[t.PrimFunc, CompiledFunc] = IdentityCache()
 
 
-def _compile(func: t.PrimFunc, name: str) -> _Compiled:
-    def compile_func(func: t.PrimFunc) -> _Compiled:
+def compile_primfunc(func: t.PrimFunc, name: str) -> CompiledFunc:
+    """`func` (called `name` in messages) compiled, once while it lives."""
+
+    def compile_func(func: t.PrimFunc) -> CompiledFunc:
         check_nesting(func, f"evaluate {name}")
         return _Compiler(func, name).compile()
 

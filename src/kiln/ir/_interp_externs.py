@@ -16,7 +16,7 @@ import numpy as np
 
 from kiln.errors import IRError
 from kiln.ir import dtype as dt
-from kiln.ir._interp_runtime import _Fault
+from kiln.ir._interp_runtime import Fault
 
 
 @dataclass(frozen=True)
@@ -102,7 +102,7 @@ _install_libm()
 def _bytes(buf: np.ndarray, n: int, what: str) -> np.ndarray:
     raw = buf.view(np.uint8)
     if not 0 <= n <= raw.size:
-        raise _Fault(f"{what} of {n} bytes on a buffer of {raw.size} bytes")
+        raise Fault(f"{what} of {n} bytes on a buffer of {raw.size} bytes")
     return raw[:n]
 
 

@@ -1,9 +1,12 @@
 """Run-time helpers of the reference interpreter: what compiled PrimFuncs call.
 
 `kiln.ir.evaluate` compiles each PrimFunc into Python source
-(`kiln.ir._interp_compiler`); that code runs in the namespace `_BASE_NS`
+(`kiln.ir._interp_compiler`); that code runs in the namespace `BASE_NS`
 built here: integer division and shifts with C semantics, float16/bfloat16
 rounding, poisoned allocations, byte views, and the float intrinsics.
+
+The public names are what the compiler and `kiln.ir.evaluate` use; the private
+ones are used only here, or through `BASE_NS` by the generated code.
 """
 
 from __future__ import annotations
@@ -17,20 +20,22 @@ import numpy as np
 from kiln.ir import dtype as dt
 
 
-class _Fault(Exception):
+class Fault(Exception):
     """A run-time fault inside interpreted code (reported as CallError)."""
 
 
-def _carrier(dtype: str) -> type:
+def float_carrier(dtype: str) -> type:
     """The numpy scalar type arithmetic of `dtype` uses (floats only)."""
     return np.float64 if dtype == "float64" else np.float32
 
 
-def _np_dtype(dtype: str) -> np.dtype[Any]:
+def np_dtype(dtype: str) -> np.dtype[Any]:
+    """The numpy dtype buffers of `dtype` are stored in."""
     return dt.to_numpy(dtype)
 
 
-def _int_range(dtype: str) -> tuple[int, int]:
+def int_range(dtype: str) -> tuple[int, int]:
+    """The smallest and largest value of the integer (or bool) `dtype`."""
     n = dt.bits(dtype)
     if dtype == "bool":
         return 0, 1
@@ -62,7 +67,7 @@ def _ipow(a: int, b: int, bits: int) -> int:
 
 def _shift_check(b: int, bits: int) -> None:
     if not 0 <= b < bits:
-        raise _Fault(f"shift amount {b} is outside [0, {bits})")
+        raise Fault(f"shift amount {b} is outside [0, {bits})")
 
 
 def _shl(a: int, b: int, bits: int) -> int:
@@ -81,14 +86,14 @@ def _sel(c: Any, x: Any, y: Any) -> Any:
 
 def _f2i(x: Any) -> int:
     if not np.isfinite(x):
-        raise _Fault(f"cannot convert {x} to an integer (undefined in C)")
+        raise Fault(f"cannot convert {x} to an integer (undefined in C)")
     return int(x)
 
 
-def _bit_view(src: str, dst: str) -> Callable[[Any], Any]:
+def bit_view(src: str, dst: str) -> Callable[[Any], Any]:
     """Reads the bits of a `src` value as `dst` (equal widths): an int for integer
     dtypes, the float carrier for float ones."""
-    src_np, dst_np = _np_dtype(src), _np_dtype(dst)
+    src_np, dst_np = np_dtype(src), np_dtype(dst)
     if dt.is_int(dst):
         return lambda x: int(np.asarray(x, src_np).view(dst_np)[()])
     return lambda x: np.asarray(x, src_np).view(dst_np)[()]
@@ -112,32 +117,36 @@ def _ffloormod(a: Any, b: Any) -> Any:
     return a - np.floor(a / b) * b
 
 
-def _converter(dtype: str) -> Callable[[Any], Any]:
+def converter(dtype: str) -> Callable[[Any], Any]:
     """Converts an extern's result to the carrier of `dtype` (ints wrap)."""
     if dtype == "bool":
         return bool
     if dt.is_int(dtype):
-        lo, hi = _int_range(dtype)
+        lo, hi = int_range(dtype)
         span = hi - lo + 1
         return lambda x: (int(x) - lo) % span + lo
     if dtype == "float16":
-        return _round16
+        return round16
     if dtype == "bfloat16":
-        return _round_bf16
-    return _carrier(dtype)
+        return round_bf16
+    return float_carrier(dtype)
 
 
-def _round16(x: Any) -> np.float32:
+def round16(x: Any) -> np.float32:
+    """`x` rounded to float16, carried as float32."""
     return np.float32(np.float16(x))
 
 
-def _round_bf16(x: Any) -> np.float32:
+def round_bf16(x: Any) -> np.float32:
+    """`x` rounded to bfloat16, carried as float32."""
     return np.float32(dt.to_numpy("bfloat16").type(np.float32(x)))
 
 
-def _alloc(count: int, dtype: np.dtype[Any]) -> np.ndarray:
+def alloc(count: int, dtype: np.dtype[Any]) -> np.ndarray:
+    """A flat array of `count` elements, poisoned (floats NaN, bool True, other bytes
+    0xA5) so that reading it before writing shows up."""
     if count < 0:
-        raise _Fault(f"cannot allocate {count} elements")
+        raise Fault(f"cannot allocate {count} elements")
     arr = np.empty(count, dtype=dtype)
     if dtype.kind == "f" or dtype.name == "bfloat16":
         arr[:] = np.nan
@@ -152,7 +161,7 @@ def _view(src: np.ndarray, offset: int, count: int, dtype: np.dtype[Any]) -> np.
     raw = src.view(np.uint8)
     size = count * dtype.itemsize
     if offset < 0 or offset + size > raw.size:
-        raise _Fault(f"DeclBuffer view [{offset}, {offset + size}) is outside its source "
+        raise Fault(f"DeclBuffer view [{offset}, {offset + size}) is outside its source "
                      f"of {raw.size} bytes")
     return raw[offset:offset + size].view(dtype)
 
@@ -166,15 +175,18 @@ def _float_intrinsic(fn: Callable[..., Any], carrier: type) -> Callable[..., Any
     return run
 
 
-_FLOAT_UFUNCS: dict[str, Callable[..., Any]] = {
+# Float intrinsics a float32 value computes in float64 and rounds (`_<name>32` and
+# `_<name>64` in BASE_NS).
+FLOAT_UFUNCS: dict[str, Callable[..., Any]] = {
     "exp": np.exp, "exp2": np.exp2, "expm1": np.expm1, "log": np.log, "log2": np.log2,
     "log1p": np.log1p, "sin": np.sin, "cos": np.cos, "tan": np.tan, "tanh": np.tanh,
     "sinh": np.sinh, "cosh": np.cosh, "asin": np.arcsin, "acos": np.arccos,
     "atan": np.arctan, "asinh": np.arcsinh, "acosh": np.arccosh, "atanh": np.arctanh,
     "pow": np.power, "atan2": np.arctan2,
 }
-# Correctly rounded in any precision: applied to the carrier directly.
-_EXACT_UFUNCS: dict[str, Callable[..., Any]] = {
+# Float intrinsics correctly rounded in any precision: applied to the carrier
+# directly (`_<name>` in BASE_NS).
+EXACT_UFUNCS: dict[str, Callable[..., Any]] = {
     "sqrt": np.sqrt, "abs": np.abs, "floor": np.floor, "ceil": np.ceil, "trunc": np.trunc,
     "round": np.rint, "fmod": np.fmod, "isnan": np.isnan, "isinf": np.isinf,
 }
@@ -185,7 +197,7 @@ def _check(ok: Any, code: int) -> None:
     if not ok:
         from kiln.ir.kernel_errors import error_message
 
-        raise _Fault(error_message(code))
+        raise Fault(error_message(code))
 
 
 def _dot4_u8s8(acc: Any, a: Any, b: Any) -> int:
@@ -228,27 +240,28 @@ def _base_namespace() -> dict[str, Any]:
     ns: dict[str, Any] = {
         "_check": _check, "_dot4_u8s8": _dot4_u8s8, "_dot4_u8s8_sat16": _dot4_u8s8_sat16,
         "_dot2_i16": _dot2_i16,
-        "_Fault": _Fault, "_tdiv": _tdiv, "_tmod": _tmod, "_ipow": _ipow, "_shl": _shl,
+        "_Fault": Fault, "_tdiv": _tdiv, "_tmod": _tmod, "_ipow": _ipow, "_shl": _shl,
         "_shr": _shr, "_sel": _sel, "_f2i": _f2i, "_fmin": _fmin, "_fmax": _fmax,
-        "_ffloordiv": _ffloordiv, "_ffloormod": _ffloormod, "_round16": _round16,
-        "_round_bf16": _round_bf16,
-        "_alloc": _alloc, "_view": _view, "_F32": np.float32, "_F64": np.float64,
+        "_ffloordiv": _ffloordiv, "_ffloormod": _ffloormod, "_round16": round16,
+        "_round_bf16": round_bf16,
+        "_alloc": alloc, "_view": _view, "_F32": np.float32, "_F64": np.float64,
         "_erf32": lambda x: np.float32(math.erf(x)), "_erf64": lambda x: np.float64(
             math.erf(x)),
     }
-    for name, fn in _FLOAT_UFUNCS.items():
+    for name, fn in FLOAT_UFUNCS.items():
         ns[f"_{name}32"] = _float_intrinsic(fn, np.float32)
         ns[f"_{name}64"] = fn
-    for name, fn in _EXACT_UFUNCS.items():
+    for name, fn in EXACT_UFUNCS.items():
         ns[f"_{name}"] = fn
     return ns
 
 
-_BASE_NS = _base_namespace()
+# The globals compiled PrimFuncs run in (each compiled function gets a copy): the
+# helpers above under the names the generated code calls.
+BASE_NS = _base_namespace()
 
 
-
-def _text(node: object) -> str:
+def ir_text(node: object) -> str:
     """One line of IR for a message."""
     from kiln.ir.printer import NodeText
 

@@ -92,21 +92,21 @@ from kiln.errors import CallError, IRError
 from kiln.ir import dtype as dt
 from kiln.ir import graph as g
 from kiln.ir import tensor as t
-from kiln.ir._interp_compiler import _compile
+from kiln.ir._interp_compiler import compile_primfunc
 from kiln.ir._interp_externs import (
     EXTERN_REFERENCES,
     ExternReference,
     register_extern_reference,
 )
 from kiln.ir._interp_runtime import (
-    _alloc,
-    _carrier,
-    _Fault,
-    _int_range,
-    _np_dtype,
-    _round16,
-    _round_bf16,
-    _text,
+    Fault,
+    alloc,
+    float_carrier,
+    int_range,
+    ir_text,
+    np_dtype,
+    round16,
+    round_bf16,
 )
 from kiln.ir.attrs import ATTR_BINDS_DIMS
 from kiln.ir.kernel_errors import ERROR_LOOP_SCAN, KERNEL_ERRORS
@@ -168,7 +168,7 @@ def _evaluate(mod: IRModule, name: str, args: Sequence[Any], kwargs: dict[str, A
 
 def python_source(func: t.PrimFunc, name: str = "func") -> str:
     """The Python source the interpreter compiles `func` into (for debugging)."""
-    return _compile(func, name).source
+    return compile_primfunc(func, name).source
 
 
 
@@ -207,7 +207,7 @@ def _scalar_arg(where: str, p: t.Var, a: Any) -> Any:
         if isinstance(a, (bool, np.bool_)) or not isinstance(a, (int, np.integer)):
             raise CallError(f"{where}: expected an integer scalar ({dtype}), got "
                             f"{type(a).__name__}")
-        lo, hi = _int_range(dtype)
+        lo, hi = int_range(dtype)
         if not lo <= int(a) <= hi:
             raise CallError(f"{where}: {int(a)} does not fit {dtype}")
         return int(a)
@@ -215,10 +215,10 @@ def _scalar_arg(where: str, p: t.Var, a: Any) -> Any:
                                                              np.floating)):
         raise CallError(f"{where}: expected a float scalar ({dtype}), got {type(a).__name__}")
     if dtype == "float16":
-        return _round16(a)
+        return round16(a)
     if dtype == "bfloat16":
-        return _round_bf16(a)
-    return _carrier(dtype)(a)
+        return round_bf16(a)
+    return float_carrier(dtype)(a)
 
 
 def _prepare_args(name: str, fn: t.PrimFunc, args: Sequence[Any]) -> list[Any]:
@@ -232,7 +232,7 @@ def _prepare_args(name: str, fn: t.PrimFunc, args: Sequence[Any]) -> list[Any]:
         if isinstance(p, t.Var):
             flat.append(_scalar_arg(where, p, a))
             continue
-        want = _np_dtype(p.dtype)
+        want = np_dtype(p.dtype)
         if not isinstance(a, np.ndarray):
             raise CallError(f"{where}: expected a numpy array of shape {tuple(p.shape)} and "
                             f"dtype {p.dtype}, got {type(a).__name__}")
@@ -248,7 +248,7 @@ def _prepare_args(name: str, fn: t.PrimFunc, args: Sequence[Any]) -> list[Any]:
 
 
 def _shape_text(shape: Sequence[Any]) -> str:
-    items = [str(d) if isinstance(d, int) else _text(d) for d in shape]
+    items = [str(d) if isinstance(d, int) else ir_text(d) for d in shape]
     return f"({items[0]},)" if len(items) == 1 else f"({', '.join(items)})"
 
 
@@ -261,27 +261,27 @@ class _Runtime:
 
     def call(self, callee: str, args: tuple[Any, ...]) -> None:
         if callee not in self.mod:
-            raise _Fault(f"CallFunc to missing function '{callee}'")
+            raise Fault(f"CallFunc to missing function '{callee}'")
         fn = self.mod[callee]
         if not isinstance(fn, t.PrimFunc):
-            raise _Fault(f"CallFunc to '{callee}', which is not a PrimFunc")
+            raise Fault(f"CallFunc to '{callee}', which is not a PrimFunc")
         if len(args) != len(fn.params):
-            raise _Fault(f"CallFunc to '{callee}' with {len(args)} arguments; it takes "
+            raise Fault(f"CallFunc to '{callee}' with {len(args)} arguments; it takes "
                          f"{len(fn.params)}")
         for p, a in zip(fn.params, args):
             if isinstance(p, t.Buffer) != isinstance(a, np.ndarray):
-                raise _Fault(f"CallFunc to '{callee}': argument for '{p.name}' has the wrong "
+                raise Fault(f"CallFunc to '{callee}': argument for '{p.name}' has the wrong "
                              "kind (buffer vs scalar)")
-        _compile(fn, callee).run(self, *_prepare_args(callee, fn, args))
+        compile_primfunc(fn, callee).run(self, *_prepare_args(callee, fn, args))
 
 
 def _run_prim(mod: IRModule, name: str, fn: t.PrimFunc, args: Sequence[Any]) -> None:
-    compiled = _compile(fn, name)
+    compiled = compile_primfunc(fn, name)
     prepared = _prepare_args(name, fn, args)
     try:
         with np.errstate(all="ignore"):
             compiled.run(_Runtime(mod), *prepared)
-    except _Fault as exc:
+    except Fault as exc:
         raise CallError(f"{name}: {exc}") from None
     except ZeroDivisionError:
         raise CallError(f"{name}: integer division or remainder by zero") from None
@@ -336,7 +336,7 @@ class _Shapes:
         return tuple(self.dim(d) for d in ty.shape)
 
     def text(self, ty: TensorType) -> str:
-        dims = [str(d) if isinstance(d, int) else f"{_text(d)}={self.dim(d)}" for d in ty.shape]
+        dims = [str(d) if isinstance(d, int) else f"{ir_text(d)}={self.dim(d)}" for d in ty.shape]
         return f"({dims[0]},)" if len(dims) == 1 else f"({', '.join(dims)})"
 
     def eval(self, e: t.PrimExpr) -> int:
@@ -449,7 +449,7 @@ class _GraphRunner:
             ty = fields[len(states) + k]
             assert isinstance(ty, TensorType)
             stacked.append(np.stack(acc) if acc else
-                           np.zeros((0, *self.shapes.shape(ty)[1:]), _np_dtype(ty.dtype)))
+                           np.zeros((0, *self.shapes.shape(ty)[1:]), np_dtype(ty.dtype)))
         return self.conform(f"{fname}: loop '{e.body}'", e.ret_type, (*states, *stacked))
 
     def call_tensor(self, fname: str, e: g.CallTensor, args: list[Any]) -> Any:
@@ -462,7 +462,7 @@ class _GraphRunner:
         outs = []
         for ty in e.out_types:
             shape = self.shapes.shape(ty)
-            outs.append(_alloc(math.prod(shape), _np_dtype(ty.dtype)).reshape(shape))
+            outs.append(alloc(math.prod(shape), np_dtype(ty.dtype)).reshape(shape))
         ins = [_contiguous(a) if isinstance(a, np.ndarray) else a for a in args]
         # A kernel with symbolic shapes takes its dimensions as trailing int64 scalars,
         # named as the caller's dimension variables (docs/ir.md).
@@ -483,7 +483,7 @@ class _GraphRunner:
         for p in outs_params:
             assert isinstance(p, t.Buffer)
             size = dim_expr.evaluate_size(to_dim_expr(p.shape[0]), values)
-            flats.append(_alloc(size, _np_dtype(p.dtype)))
+            flats.append(alloc(size, np_dtype(p.dtype)))
         counts = [np.zeros(1, np.int64) for _ in binds]
         dims = [self.shapes.by_name(fname, p.name)
                 for p in callee.params[len(ins) + len(flats) + len(counts):]
@@ -532,7 +532,7 @@ class _GraphRunner:
         if not isinstance(value, np.ndarray):
             raise CallError(f"{where}: expected a numpy array of shape {_shape_text(ty.shape)} "
                             f"and dtype {ty.dtype}, got {type(value).__name__}")
-        if value.dtype != _np_dtype(ty.dtype):
+        if value.dtype != np_dtype(ty.dtype):
             raise CallError(f"{where}: expected dtype {ty.dtype}, got {value.dtype}")
         complaint = self.shapes.match(ty, value.shape)
         if complaint:
@@ -547,7 +547,7 @@ class _GraphRunner:
                               f"a tuple of {len(ty.fields)}")
             return tuple(self.conform(where, f, v) for f, v in zip(ty.fields, value))
         arr = np.asarray(value)
-        want = _np_dtype(ty.dtype)
+        want = np_dtype(ty.dtype)
         complaint = self.shapes.match(ty, arr.shape)
         if complaint:
             raise IRError(f"{where}: the reference result does not fit the call's type {ty}: "
