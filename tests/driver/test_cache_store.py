@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 import kiln
+from kiln.artifact.capped import parse_size
 from kiln.cli.main import main as kiln_main
 from kiln.driver import CACHE_STATS, cache
 from kiln.ir import IRBuilder, IRModule
@@ -123,12 +124,12 @@ def test_new_cache_files_are_private() -> None:
     ("123", 123), ("500M", 500 << 20), ("2G", 2 << 30), ("1.5g", 3 << 29),
     ("300KiB", 300 << 10), ("1T", 1 << 40), (" 64 mb ", 64 << 20)])
 def test_parse_size(text: str, expected: int) -> None:
-    assert cache.parse_size(text) == expected
+    assert parse_size(text) == expected
 
 
 def test_parse_size_rejects_nonsense() -> None:
     with pytest.raises(ValueError, match=r"e\.g\. 500M or 2G"):
-        cache.parse_size("lots")
+        parse_size("lots")
 
 
 def test_size_cap_evicts_the_least_recently_used(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -338,8 +338,9 @@ def _llvm_kernels(mod: IRModule) -> tuple[Any, dict[str, Any]]:
 
     from kiln.codegen.constants import ConstantPool
     from kiln.codegen.llvm.codegen import compile_module
+    from kiln.ir.outlined import kernel_funcs
     from kiln.target import Target
-    from kiln.transform.outline import OutlineParallelLoops, kernel_funcs
+    from kiln.transform.outline import OutlineParallelLoops
 
     prims = {k: f for k, f in mod.functions.items() if isinstance(f, PrimFunc)}
     tmod = OutlineParallelLoops()(default_tensor_pipeline()(IRModule(prims)))
@@ -403,9 +404,10 @@ def _c_kernels(mod: IRModule, directory: Any) -> tuple[Any, dict[str, Any]]:
 
     from kiln.codegen.c.codegen import emit_kernels, kernel_cflags
     from kiln.codegen.constants import ConstantPool
+    from kiln.ir.outlined import kernel_funcs
     from kiln.target import Target
     from kiln.transform.interchange_reductions import InterchangeReductions
-    from kiln.transform.outline import OutlineParallelLoops, kernel_funcs
+    from kiln.transform.outline import OutlineParallelLoops
     from kiln.transform.simplify import Simplify
 
     prims = {k: f for k, f in mod.functions.items() if isinstance(f, PrimFunc)}

@@ -110,7 +110,7 @@ def test_abi_agrees_with_numpy() -> None:
         np_dtype = abi.numpy_dtype(dtype)
         assert np_dtype.itemsize * 8 == dl.bits, dtype
         assert abi.dl_type_of(np_dtype) == dl, dtype
-        assert ctypes.sizeof(ctypes_abi.C_TYPES[dtype]) == np_dtype.itemsize, dtype
+        assert ctypes.sizeof(ctypes_abi.CTYPES_BY_DTYPE[dtype]) == np_dtype.itemsize, dtype
         assert abi.is_float_dtype(dtype) == (np_dtype.kind == "f" or dtype == "bfloat16")
         if dtype in abi.SCALAR_RANGES and dtype != "bool":
             info = np.iinfo(np_dtype)
@@ -136,7 +136,7 @@ def test_abi_agrees_with_the_ir_dtypes() -> None:
 def test_codegen_uses_the_abi_tables() -> None:
     naming = pytest.importorskip("kiln.codegen.naming")
     literals = pytest.importorskip("kiln.codegen.cfamily.literals")
-    assert naming.C_TYPES is abi.C_TYPE_NAMES
+    assert naming.C_TYPE_NAMES is abi.C_TYPE_NAMES
     # The IR's wrap-around ranges and the ABI's argument ranges are the same numbers.
     assert {**literals.INT_RANGES, "bool": (0, 1)} == abi.SCALAR_RANGES
 

@@ -11,12 +11,13 @@ from kiln.errors import CompileError
 from kiln.frontend import from_onnx
 from kiln.ir import structural_equal
 from kiln.ir.attrs import ATTR_GRAPH
+from kiln.ir.gpu_launch import launch_shape
 from kiln.ir.module import IRModule
 from kiln.ir.tensor import For
 from kiln.ir.visitor import iter_stmts
 from kiln.script import from_source
 from kiln.target import Target
-from kiln.transform.gpu_schedule import BindGpuThreads, launch_shape
+from kiln.transform.gpu_schedule import BindGpuThreads
 from kiln.transform.pipeline import get_pipeline
 from support.cuda_nets import NETS
 from support.reference import onnxruntime_outputs

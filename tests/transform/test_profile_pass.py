@@ -13,10 +13,11 @@ from kiln.errors import CompileError, IRError
 from kiln.ir import assert_structural_equal
 from kiln.ir import tensor as t
 from kiln.ir.evaluate import evaluate
+from kiln.ir.profiling import profile_sites
 from kiln.ir.verify import verify
 from kiln.ir.visitor import iter_nodes, iter_stmts
 from kiln.script import from_source, print_module
-from kiln.transform.profile import ProfileKernelCalls, profile_sites
+from kiln.transform.profile import ProfileKernelCalls
 
 CNN = Path(__file__).resolve().parents[2] / "models" / "tiny_cnn.onnx"
 

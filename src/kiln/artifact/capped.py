@@ -9,9 +9,10 @@ that grows while it is read costs at most the limit (docs/security.md, "Limits")
 from __future__ import annotations
 
 import os
+import re
 from typing import BinaryIO
 
-from kiln.errors import KilnError, MissingFileError
+from kiln.errors import KilnError, MissingFileError, UsageError
 
 #: Bytes read per call while reading up to a limit.
 BLOCK = 1 << 20
@@ -65,4 +66,19 @@ def human_bytes(n: int) -> str:
     return f"{value:.1f} {unit}".replace(".0 ", " ")
 
 
-__all__ = ["BLOCK", "human_bytes", "read_capped", "too_large"]
+_SIZE_RE = re.compile(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([kmgt]?)(?:i?b)?\s*", re.IGNORECASE)
+
+
+def parse_size(text: str) -> int:
+    """Bytes from "500M", "2G", "1.5g", "300KiB", "123" (powers of 1024); UsageError otherwise.
+    The size limits kiln reads from the environment ($KILN_CACHE_MAX,
+    $KILN_MAX_MODEL_BYTES, ...) are spelled this way."""
+    m = _SIZE_RE.fullmatch(text)
+    if m is None:
+        raise UsageError(f"cannot read {text!r} as a size: use bytes or a number with K, M, G "
+                         "or T (powers of 1024), e.g. 500M or 2G")
+    scale = 1024 ** ("kmgt".find(m.group(2).lower()) + 1) if m.group(2) else 1
+    return int(float(m.group(1)) * scale)
+
+
+__all__ = ["BLOCK", "human_bytes", "parse_size", "read_capped", "too_large"]

@@ -10,7 +10,7 @@ For every lowered graph function (a PrimFunc that calls kernels with
 
 `kind` is "input" or "output" (the function's parameters and results),
 "weight" (AllocConst), "workspace" (a view at `offset` bytes into the planned
-workspace arena, kiln.transform.memory_plan), or "buffer" (any other
+workspace arena, transform/memory_plan.py), or "buffer" (any other
 allocation). Kernel inputs and outputs index `tensors`; an argument the callee
 writes (kiln.ir.aliasing) is an output. Scalars are left out.
 """
@@ -22,6 +22,7 @@ from typing import Any
 
 from kiln.codegen.naming import packed_params, param_info
 from kiln.ir.attrs import ATTR_NUM_OUTPUTS, ATTR_WORKSPACE_BYTES
+from kiln.ir.outlined import is_loop_body
 from kiln.ir.shape_expr import dim_text, simplify_dim
 from kiln.ir.tensor import (
     Allocate,
@@ -38,7 +39,6 @@ from kiln.ir.tensor import (
 )
 from kiln.ir.types import Dim
 from kiln.ir.visitor import iter_exprs, iter_stmts
-from kiln.transform.outline import is_loop_body
 
 
 def _size(buf: Buffer) -> int | None:
@@ -54,7 +54,7 @@ def _per_iteration(s: DeclBuffer) -> bool:
 
 def _statements(fn: PrimFunc, funcs: Mapping[str, PrimFunc]) -> Iterator[Stmt]:
     """`fn`'s statements in order, each launch of an outlined parallel loop
-    (kiln.transform.outline) replaced by the loop body's statements: the summary is
+    (kiln.ir.outlined) replaced by the loop body's statements: the summary is
     the same whether the loops were outlined or not."""
     for s in iter_stmts(fn.body):
         callee = funcs.get(s.func) if isinstance(s, CallFunc) else None

@@ -21,7 +21,7 @@ standard library; it needs C11 for `_Thread_local` (GNU `__thread` before C11).
 
 When some kernel has a `parallel` loop, host.c defines KILN_HOST_PARALLEL, so
 kiln_host.c adds the hidden `{prefix}_parallel_for`, a small pthread pool the
-kernels run their outlined loops on (kiln.transform.outline; docs/abi.md,
+kernels run their outlined loops on (kiln.ir.outlined; docs/abi.md,
 "Parallel loops"); `-DKILN_NO_THREADS` (firmware) makes it run loops serially.
 When some kernel allocates heap buffers, it defines the hidden
 `{prefix}_workspace_alloc`/`_free` that LLVM-built kernels allocate them with: freed
@@ -45,7 +45,7 @@ from kiln.codegen.cfamily.printer import HELPER_PREFIX, CPrinter, NameScope
 from kiln.codegen.cfamily.signature import describe_params, param_ctype, qualifiers
 from kiln.codegen.host_dims import TensorArg, dim_c, dim_check, emit_binding, or_return
 from kiln.codegen.naming import (
-    C_TYPES,
+    C_TYPE_NAMES,
     check_prefix,
     cpu_missing_symbol,
     entry_symbol,
@@ -67,13 +67,13 @@ from kiln.ir.analysis.tensor_queries import calls, heap_allocations
 from kiln.ir.attrs import ATTR_CHECK_MESSAGES, ATTR_NUM_OUTPUTS
 from kiln.ir.kernel_errors import ERROR_OUT_OF_MEMORY, KERNEL_ERRORS
 from kiln.ir.module import IRModule
+from kiln.ir.outlined import has_parallel_loops, kernel_funcs
 from kiln.ir.shape_expr import graph_dims, is_static
 from kiln.ir.tensor import Buffer, PrimFunc, Var
+from kiln.ir.terminate import terminate_flag
 from kiln.ops.kernels.parallel_work import PARALLEL_MIN_NS
 from kiln.runtime.abi import INT64_MAX, SCALAR_RANGES, dl_type
 from kiln.runtime.cpu_features import CPUFeature
-from kiln.transform.outline import has_parallel_loops, kernel_funcs
-from kiln.transform.terminate import terminate_flag
 
 HOST_FILE = "host.c"
 DEFAULT_HOST_CFLAGS = ("-std=c11", "-O2", "-fPIC")
@@ -470,7 +470,7 @@ class HostPrinter:
                 args.decls.append(f"int64_t {local} = 0;")
                 args.checks.append(f"{_NS}int(&{local}, {where}, {int64_literal(lo)}, "
                                    f"{int64_literal(hi)}, {c_string_literal(q.dtype)})")
-                ctype = C_TYPES[q.dtype]
+                ctype = C_TYPE_NAMES[q.dtype]
                 args.call_args.append(local if ctype == "int64_t" else f"({ctype}){local}")
                 args.given[q.name] = (local, i, param_name)
         return args
@@ -492,7 +492,7 @@ class HostPrinter:
             return f"{self.helper('kiln_f16_from_double')}({local})"
         if dtype == "bfloat16":  # through float32, like the IR interpreter
             return f"{self.helper('kiln_bf16_from_double')}((float){local})"
-        return f"({C_TYPES[dtype]}){local}"
+        return f"({C_TYPE_NAMES[dtype]}){local}"
 
     def accessors(self) -> list[str]:
         meta = json.dumps(self.metadata, sort_keys=False, ensure_ascii=False,

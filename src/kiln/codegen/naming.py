@@ -36,9 +36,9 @@ from kiln.ir.attrs import (
 from kiln.ir.module import IRModule
 from kiln.ir.shape_expr import dim_bounds, dim_text, graph_dims
 from kiln.ir.tensor import Buffer, PrimExpr, PrimFunc, Var
+from kiln.ir.terminate import terminate_flag
 from kiln.runtime import abi
 from kiln.runtime.threads import POOL_EXPORTS
-from kiln.transform.terminate import terminate_flag
 
 DEFAULT_PREFIX = "kiln_"
 LIBRARY_FORMAT = "kiln.library"
@@ -135,7 +135,7 @@ def consts_symbol(prefix: str) -> str:
 def runtime_dims(fn: PrimFunc) -> tuple[tuple[str, int | str, tuple[tuple[int, int, str], ...]],
                                          ...]:
     """`kiln.runtime_dims` of a lowered graph function: (name, bound, places) per
-    data-dependent dimension (kiln.transform.lower_graph); () when it has none. Such a
+    data-dependent dimension (transform/lower_graph.py); () when it has none. Such a
     function takes an int64 buffer of their values after its results."""
     if not fn.attrs.get(ATTR_GRAPH):
         return ()
@@ -144,7 +144,7 @@ def runtime_dims(fn: PrimFunc) -> tuple[tuple[str, int | str, tuple[tuple[int, i
 
 
 # C element types of buffers and scalar parameters (the ABI's table, not a copy).
-C_TYPES = abi.C_TYPE_NAMES
+C_TYPE_NAMES = abi.C_TYPE_NAMES
 
 
 def _metadata_text(name: str, d: PrimExpr) -> str:
@@ -223,9 +223,9 @@ def library_metadata(mod: IRModule, prefix: str, **extra: Any) -> dict[str, Any]
     """The library metadata JSON object (docs/abi.md) of a lowered module."""
     from kiln import __version__
     from kiln.ir.aliasing import analyze
-    from kiln.transform.outline import kernel_funcs
+    from kiln.ir.outlined import kernel_funcs
 
-    # Outlined loop bodies (kiln.transform.outline) write for their kernel, which lists
+    # Outlined loop bodies (kiln.ir.outlined) write for their kernel, which lists
     # the buffers as written; they are no functions of the library.
     written = analyze(mod.prim_funcs()).written
     funcs = {name: function_signature(name, fn, prefix, written.get(name, frozenset()))
@@ -241,7 +241,7 @@ def library_metadata(mod: IRModule, prefix: str, **extra: Any) -> dict[str, Any]
     if graphs:  # the kernel calls and memory plan of each lowered graph function
         extra = {"graphs": graphs, **extra}
     sites = mod.attrs.get(ATTR_PROFILE_SITES, ())
-    if sites:  # kiln.transform.profile ran: the timer sites, in site order
+    if sites:  # profile-kernel-calls ran (kiln.ir.profiling): the timer sites, in order
         extra = {"profile": {"sites": [{"function": f, "kernel": k} for f, k in sites]},
                  **extra}
     return {

@@ -254,11 +254,11 @@ COMPILER_LOADERS = {
 def connect_runtime() -> None:
     """Give the runtime what it needs from the compiler but must not import (a deploy
     host has the runtime alone): the loaders of `COMPILER_LOADERS` (kept when registered
-    already) and the timer of export_library's steps (PassContext instruments).
-    kiln.codegen does this on import."""
+    already) and the timer of export_library's steps (kiln.ir.steps: the PassContext
+    instruments' timer once the passes are imported). kiln.codegen does this on import."""
+    from kiln.ir.steps import timed_step
     from kiln.runtime.library import set_step_timer
     from kiln.runtime.loaders import LOADERS, register_loader
-    from kiln.transform.instruments import timed_step
 
     for name, path in COMPILER_LOADERS.items():
         if name not in LOADERS:

@@ -58,8 +58,8 @@ def max_object_bytes(pointer_bits: int) -> int:
 
 def check_buffer_sizes(mod: IRModule, pointer_bits: int) -> None:
     """CompileError if some buffer of `mod` is larger than one object of the target."""
+    from kiln.ir.outlined import is_loop_body, kernel_funcs
     from kiln.ir.visitor import iter_nodes
-    from kiln.transform.outline import is_loop_body, kernel_funcs
 
     limit = max_object_bytes(pointer_bits)
     # An outlined loop body's buffers are its kernel's (parameters) or made in the loop:

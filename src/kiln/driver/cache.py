@@ -46,7 +46,6 @@ import hashlib
 import importlib.metadata
 import json
 import os
-import re
 import shutil
 import stat
 import tempfile
@@ -58,6 +57,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from kiln.artifact.capped import parse_size
 from kiln.artifact.schema import (
     Anything,
     Enum,
@@ -70,7 +70,7 @@ from kiln.artifact.schema import (
     parse,
 )
 from kiln.artifact.segments import content_parts
-from kiln.errors import FormatError, UnsafePathError, UsageError
+from kiln.errors import FormatError, UnsafePathError
 
 if TYPE_CHECKING:
     from kiln.artifact import Artifact, ArtifactSet
@@ -182,19 +182,6 @@ def _version(dist: str) -> str | None:
 
 
 # ------------------------------------------------------------------ size cap
-
-_SIZE_RE = re.compile(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([kmgt]?)(?:i?b)?\s*", re.IGNORECASE)
-
-
-def parse_size(text: str) -> int:
-    """Bytes from "500M", "2G", "1.5g", "300KiB", "123" (powers of 1024); UsageError otherwise."""
-    m = _SIZE_RE.fullmatch(text)
-    if m is None:
-        raise UsageError(f"cannot read {text!r} as a size: use bytes or a number with K, M, G "
-                         "or T (powers of 1024), e.g. 500M or 2G")
-    scale = 1024 ** ("kmgt".find(m.group(2).lower()) + 1) if m.group(2) else 1
-    return int(float(m.group(1)) * scale)
-
 
 def max_bytes() -> int | None:
     """The size cap: $KILN_CACHE_MAX (None when "0"), else DEFAULT_MAX_BYTES."""

@@ -34,6 +34,7 @@ from kiln.errors import ArgumentTypeError, CompileError, IRError, UsageError
 from kiln.ir.attrs import ATTR_MAX_LOOP_ITERATIONS, ATTR_TARGET, ATTR_WORKSPACE_BYTES
 from kiln.ir.graph import Function
 from kiln.ir.module import IRModule
+from kiln.ir.profiling import profile_sites
 from kiln.ir.tensor import PrimFunc
 from kiln.target import Target
 from kiln.target.isa import isa_for
@@ -41,7 +42,6 @@ from kiln.transform.context import PassContext
 from kiln.transform.instruments import timed_step
 from kiln.transform.pass_base import Pass
 from kiln.transform.pipeline import PipelineSpec, get_pipeline
-from kiln.transform.profile import profile_sites
 from kiln.tuning.apply import FromDatabase, using
 from kiln.tuning.database import TuningDatabase, target_key
 
@@ -231,7 +231,8 @@ OUTLINING_CODEGENS = ("llvm", "llvmjit", "c", "cuda")
 def outline_for(codegen_name: str, mod: IRModule) -> IRModule:
     """`mod` with its parallel loops outlined if codegen `codegen_name` needs it (the pass
     `outline-parallel-loops`, which returns an outlined module as is); else `mod`."""
-    from kiln.transform.outline import OutlineParallelLoops, has_parallel_loops
+    from kiln.ir.outlined import has_parallel_loops
+    from kiln.transform.outline import OutlineParallelLoops
 
     if codegen_name not in OUTLINING_CODEGENS or not has_parallel_loops(mod):
         return mod

@@ -98,8 +98,8 @@ _CTYPES_BY_C_NAME: dict[str, Any] = {
 }
 
 # kiln dtype -> the ctypes type of a raw-kernel scalar argument of that dtype.
-C_TYPES: dict[str, Any] = {dtype: _CTYPES_BY_C_NAME[c_name]
-                           for dtype, c_name in C_TYPE_NAMES.items()}
+CTYPES_BY_DTYPE: dict[str, Any] = {dtype: _CTYPES_BY_C_NAME[c_name]
+                                   for dtype, c_name in C_TYPE_NAMES.items()}
 
 
 def array_dtype_name(arr: np.ndarray) -> str:

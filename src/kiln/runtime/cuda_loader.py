@@ -33,7 +33,7 @@ import numpy as np
 from kiln.artifact.artifact import AnyArtifact
 from kiln.errors import CallError, FormatError
 from kiln.runtime.abi import KDL_CUDA
-from kiln.runtime.ctypes_abi import C_TYPES, DLTensor
+from kiln.runtime.ctypes_abi import CTYPES_BY_DTYPE, DLTensor
 from kiln.runtime.cuda_device import CudaDevice, cuda, require_device
 from kiln.runtime.loaders import LoadContext
 from kiln.runtime.module import Module
@@ -136,7 +136,7 @@ class CudaModule(Module):
                     values.append(dptr)
                     types.append(None)
                 else:
-                    ctype = C_TYPES[p["dtype"]]
+                    ctype = CTYPES_BY_DTYPE[p["dtype"]]
                     values.append(ctype.from_address(slot).value)
                     types.append(ctype)
             self._launch(cu, fns[kernel["name"]], kernel, values, types)
@@ -164,7 +164,7 @@ class CudaModule(Module):
                 values.append(self._device_pointer(name, p, value))
                 types.append(None)
             else:
-                ctype = C_TYPES[p["dtype"]]
+                ctype = CTYPES_BY_DTYPE[p["dtype"]]
                 values.append(ctype(value).value)
                 types.append(ctype)
         self._launch(cu, fns[name], kernel, values, types)

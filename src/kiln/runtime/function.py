@@ -731,8 +731,8 @@ class RawKernelFunction(PackedFunction):
         self.address = address
         self.error_message = error_message
         self.keepalive = keepalive
-        argtypes = [ctypes.c_void_p if p["kind"] == "tensor" else ctypes_abi.C_TYPES[p["dtype"]]
-                    for p in self._arguments]
+        argtypes = [ctypes.c_void_p if p["kind"] == "tensor"
+                    else ctypes_abi.CTYPES_BY_DTYPE[p["dtype"]] for p in self._arguments]
         # Then the values of its data-dependent dimensions (an int64 buffer), and its
         # dimension variables last, sorted by name.
         argtypes += [ctypes.c_void_p] * bool(self.runtime_dims)

@@ -13,7 +13,8 @@ the two outermost loops naming the grid and block size of its launch; the
 device codegen turns them into reads of blockIdx.x and threadIdx.x, and
 anywhere else (kiln's reference interpreter, the CPU backends) they run as
 serial loops, so the scheduled IR keeps its meaning and can be checked
-against a reference.
+against a reference. The code generators read the launch shape through
+kiln.ir.gpu_launch (`bound_loops`, `launch_shape`).
 
 Which loop is bound: the kernel body must be local declarations followed by one
 loop nest whose loops, from the top, are perfectly nested down to a `parallel`
@@ -39,6 +40,7 @@ from kiln.errors import CompileError
 from kiln.ir.aliasing import analyze
 from kiln.ir.analysis.loop_dependence import Storage, loop_is_parallelizable
 from kiln.ir.attrs import ATTR_GRAPH
+from kiln.ir.gpu_launch import BLOCK_LOOP, THREAD_LOOP, starts_with_bound_loops
 from kiln.ir.module import IRModule
 from kiln.ir.tensor import (
     INDEX_DTYPE,
@@ -60,9 +62,6 @@ from kiln.ir.tensor import (
 from kiln.ir.visitor import StmtMutator, iter_stmts
 from kiln.transform.pass_base import Pass
 
-BLOCK_LOOP = "block_x"
-THREAD_LOOP = "thread_x"
-
 
 @dataclass(frozen=True)
 class BindGpuThreads(Pass):
@@ -82,7 +81,7 @@ class BindGpuThreads(Pass):
         info = analyze(dict(funcs))
         changed: dict[str, PrimFunc] = {}
         for name, fn in funcs.items():
-            if fn.attrs.get(ATTR_GRAPH) or _outer_bound(fn.body):
+            if fn.attrs.get(ATTR_GRAPH) or starts_with_bound_loops(fn.body):
                 continue
             # Kernels some call passes overlapping memory: their parameters may alias.
             storage = Storage(fn, info.noalias[name] != info.written[name])
@@ -93,29 +92,6 @@ class BindGpuThreads(Pass):
         if not changed:
             return mod
         return IRModule({n: changed.get(n, f) for n, f in mod.functions.items()}, mod.attrs)
-
-
-def bound_loops(func: PrimFunc) -> tuple[For, For]:
-    """The block and thread loops at the top of a kernel scheduled by BindGpuThreads."""
-    if not _outer_bound(func.body):
-        raise CompileError("a device kernel must be scheduled by the bind-gpu-threads pass "
-                           "(its body starts with T.block_x and T.thread_x loops)")
-    block = func.body
-    assert isinstance(block, For) and isinstance(block.body, For)
-    return block, block.body
-
-
-def launch_shape(func: PrimFunc) -> tuple[int, int]:
-    """(grid, block): the extents of a scheduled kernel's block and thread loops."""
-    block, thread = bound_loops(func)
-    if not isinstance(block.extent, Const) or not isinstance(thread.extent, Const):
-        raise CompileError("a device kernel's launch shape must be constant")
-    return int(block.extent.value), int(thread.extent.value)
-
-
-def _outer_bound(body: Stmt) -> bool:
-    return (isinstance(body, For) and body.kind == BLOCK_LOOP
-            and isinstance(body.body, For) and body.body.kind == THREAD_LOOP)
 
 
 class _Serialize(StmtMutator):

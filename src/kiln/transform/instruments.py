@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kiln.ir.module import IRModule
+from kiln.ir.steps import register_step_timer
 from kiln.transform.pass_base import Pass
 
 
@@ -51,7 +52,8 @@ def timed_step(name: str) -> Iterator[None]:
     `codegen` (with `codegen.<backend step>` inside, e.g. `codegen.emit_object`),
     `cache.store`, and `export` (with `export.compile`, `export.data`,
     `export.link`). Steps nest (depth counts the enclosing steps). A step that
-    raises is not reported.
+    raises is not reported. The code generators, which do not import kiln.transform,
+    reach this through `kiln.ir.steps.timed_step`.
     """
     from kiln.transform.context import PassContext
 
@@ -71,6 +73,10 @@ def timed_step(name: str) -> Iterator[None]:
     seconds = time.perf_counter() - start
     for inst in instruments:
         inst.record_step(name, depth, seconds)
+
+
+# The code generators time their steps through kiln.ir.steps, which cannot import this.
+register_step_timer(timed_step)
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,8 @@ parameters exactly as for any other call.
 A `parallel` loop nested in another one runs serially (the outer loop already
 uses every thread); so do loops whose variable is not an integer (the
 backends report those). Loop bodies never become public
-functions: library metadata and host.c list `kernel_funcs` only.
+functions: library metadata and host.c list `kernel_funcs` only
+(kiln.ir.outlined).
 
 Registered as the pass `outline-parallel-loops` (`OutlineParallelLoops`):
 `kiln.compile` runs it after the pipelines (and profiling), before a code
@@ -33,19 +34,27 @@ PrimFuncs marked `kiln.parallel_loop_of` / `kiln.parallel_loop_var` (and private
 the launches CallFuncs of them, so it prints, parses back and runs in the
 interpreter. The backends recover the launch sites from those attributes
 (`outlined_launches`) and refuse a module that still holds an outlinable
-parallel loop.
+parallel loop. What the result looks like (the launch's arguments, the queries the
+backends ask) is kiln.ir.outlined, which the backends import instead of this pass.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from kiln.errors import CompileError
-from kiln.ir import dtype as dt
 from kiln.ir.aliasing import analyze
 from kiln.ir.attrs import ATTR_PARALLEL_OF, ATTR_PARALLEL_VAR, ATTR_PRIVATE
 from kiln.ir.module import BaseFunc, IRModule
+from kiln.ir.outlined import (
+    OUTLINE_PASS,
+    Launch,
+    Outlined,
+    is_outlinable,
+    outlined_launches,
+    parallel_loops,
+)
 from kiln.ir.tensor import (
     AllocConst,
     BinaryOp,
@@ -69,64 +78,9 @@ from kiln.transform.pass_base import Pass
 INDEX = "int64"
 
 
-# A launch CallFunc's arguments: (0, iteration count, captured values...), matching
-# the loop body's parameters (begin, end, captured...).
-COUNT_ARG = 1
-FIRST_CAPTURE = 2
-
-
-@dataclass(frozen=True)
-class Launch:
-    """One outlined parallel loop: its body function and the loop it came from."""
-
-    body: str       # name of the outlined loop-body function
-    parent: str     # the kernel holding the loop
-    var: str        # the loop variable's name hint
-
-
-@dataclass
-class Outlined:
-    """The module with its parallel loops outlined, and the launch sites."""
-
-    mod: IRModule
-    # Launch CallFunc node (by identity) -> what it launches.
-    launches: dict[CallFunc, Launch] = field(default_factory=dict)
-
-    @property
-    def bodies(self) -> tuple[str, ...]:
-        """Names of the outlined loop-body functions, in outlining order: code generators
-        emit them in this order, so it must not depend on hashing (reproducible builds)."""
-        return tuple(dict.fromkeys(launch.body for launch in self.launches.values()))
-
-
-def is_loop_body(fn: BaseFunc) -> bool:
-    """Whether `fn` is a parallel loop body outlined by this pass (private to the
-    library: never an entry, never in the metadata)."""
-    return isinstance(fn, PrimFunc) and ATTR_PARALLEL_OF in fn.attrs
-
-
-def kernel_funcs(mod: IRModule) -> dict[str, PrimFunc]:
-    """The module's PrimFuncs but outlined loop bodies: the library's functions."""
-    return {name: fn for name, fn in mod.prim_funcs().items() if not is_loop_body(fn)}
-
-
-def _parallel_loops(mod: IRModule) -> Iterator[tuple[str, For]]:
-    for name, fn in mod.prim_funcs().items():
-        for s in iter_stmts(fn.body):
-            if isinstance(s, For) and s.kind == "parallel":
-                yield name, s
-
-
-def has_parallel_loops(mod: IRModule) -> bool:
-    """True if some kernel runs a loop on the thread pool: a loop of kind `parallel`, or
-    one already outlined (host.c then defines the thread pool, which the kernels call)."""
-    return (any(True for _ in _parallel_loops(mod))
-            or any(is_loop_body(fn) for fn in mod.functions.values()))
-
-
 def outline_parallel_loops(mod: IRModule) -> Outlined:
     """Outline every outermost `parallel` loop of every PrimFunc (module docstring)."""
-    if not any(True for _ in _parallel_loops(mod)):
+    if not any(True for _ in parallel_loops(mod)):
         return outlined_launches(mod)  # nothing to outline (or outlined already)
     funcs = mod.prim_funcs()
     written = analyze(dict(funcs)).written
@@ -145,32 +99,12 @@ def outline_parallel_loops(mod: IRModule) -> Outlined:
     return Outlined(IRModule(out, mod.attrs), launches)
 
 
-def outlined_launches(mod: IRModule, who: str = "codegen") -> Outlined:
-    """The launch sites of a module `OutlineParallelLoops` produced, recovered from its
-    loop bodies' attributes; CompileError if a parallel loop is left to outline (the
-    backends consume outlined IR only). `who` names the consumer in the error."""
-    for name, loop in _parallel_loops(mod):
-        if _outlinable(loop) and not is_loop_body(mod.functions[name]):
-            raise CompileError(
-                f"{who} of '{name}': parallel loop '{loop.var.name}' was not outlined; run "
-                f"the pass '{OutlineParallelLoops.name}' before codegen (kiln.compile does "
-                "for the targets that need it)")
-    bodies = {name: fn for name, fn in mod.functions.items() if is_loop_body(fn)}
-    launches: dict[CallFunc, Launch] = {}
-    for fn in mod.prim_funcs().values():
-        for s in iter_stmts(fn.body):
-            if isinstance(s, CallFunc) and s.func in bodies:
-                attrs = bodies[s.func].attrs
-                launches[s] = Launch(s.func, attrs[ATTR_PARALLEL_OF], attrs[ATTR_PARALLEL_VAR])
-    return Outlined(mod, launches)
-
-
 @dataclass(frozen=True)
 class OutlineParallelLoops(Pass):
     """Outline every outermost `parallel` loop into a loop-body function and a launch
     (module docstring); a module outlined already is returned as is."""
 
-    name = "outline-parallel-loops"
+    name = OUTLINE_PASS
 
     def run(self, mod: IRModule) -> IRModule:
         return outline_parallel_loops(mod).mod
@@ -200,7 +134,7 @@ class _Outliner(StmtMutator):
     # Read-only buffers met so far (AllocConst and views of them): a buffer object is
     # bound once, so the set only grows.
     def visit_for(self, s: For) -> Stmt:
-        if s.kind == "parallel" and _outlinable(s):
+        if s.kind == "parallel" and is_outlinable(s):
             return self.outline(s, frozenset(self.consts))
         return super().visit_for(s)
 
@@ -255,13 +189,6 @@ class _Outliner(StmtMutator):
                 raise CompileError(
                     f"codegen of '{self.name}': parallel loop '{loop.var.name}' stores into "
                     f"constant buffer '{target.name}' (AllocConst data is read-only)")
-
-
-def _outlinable(loop: For) -> bool:
-    """Integer loops with matching bound dtypes; anything else is left to the backend's
-    serial path, which reports the problem."""
-    return (dt.is_int(loop.var.dtype) and loop.start.dtype == loop.var.dtype
-            and loop.extent.dtype == loop.var.dtype)
 
 
 def _is_zero(e: PrimExpr) -> bool:
@@ -352,14 +279,6 @@ def _written_buffers(body: Stmt, funcs: dict[str, PrimFunc],
 
 
 __all__ = [
-    "COUNT_ARG",
-    "FIRST_CAPTURE",
-    "Launch",
     "OutlineParallelLoops",
-    "Outlined",
-    "has_parallel_loops",
-    "is_loop_body",
-    "kernel_funcs",
     "outline_parallel_loops",
-    "outlined_launches",
 ]

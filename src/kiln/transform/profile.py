@@ -17,7 +17,8 @@ them in the module attribute `kiln.profile_sites`: one `(function, kernel)`
 pair per site, kernel None for the whole call. The counters and the clock live
 in host.c (docs/abi.md, "Profiling"); without this pass no timer code exists.
 A call that fails (a kernel's non-zero status) leaves before its stop: only
-successful calls are counted.
+successful calls are counted. The backends read the sites through kiln.ir.profiling
+(`profile_sites`).
 """
 
 from __future__ import annotations
@@ -27,10 +28,9 @@ from dataclasses import dataclass
 from kiln.ir import tensor as t
 from kiln.ir.attrs import ATTR_PROFILE_SITES
 from kiln.ir.module import IRModule
+from kiln.ir.profiling import ProfileSite
 from kiln.ir.visitor import StmtMutator, iter_stmts
 from kiln.transform.pass_base import Pass
-
-ProfileSite = tuple[str, str | None]
 
 
 def _timed(body: t.Stmt, site: int) -> t.Stmt:
@@ -67,9 +67,3 @@ class ProfileKernelCalls(Pass):
             sites.append((name, None))
             funcs[name] = fn.with_body(_timed(body, len(sites) - 1))
         return IRModule(funcs, {**mod.attrs, ATTR_PROFILE_SITES: tuple(sites)})
-
-
-def profile_sites(mod: IRModule) -> tuple[ProfileSite, ...]:
-    """The sites ProfileKernelCalls recorded on `mod` (empty when it did not run)."""
-    sites: tuple[ProfileSite, ...] = tuple(mod.attrs.get(ATTR_PROFILE_SITES, ()))
-    return sites

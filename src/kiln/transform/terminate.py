@@ -18,6 +18,7 @@ never read it, so a model pays one load and branch per kernel call and per loop
 iteration, none inside a kernel's loops. A function that finds the flag set returns
 ERROR_TERMINATED (kiln.ir.kernel_errors) after freeing its workspace, as a failed
 check does, and host.c reports "terminated: the caller set the call's terminate flag".
+The backends find the flag parameter through kiln.ir.terminate (`terminate_flag`).
 """
 
 from __future__ import annotations
@@ -52,15 +53,6 @@ class _PollFlag(StmtMutator):
     def visit_while(self, s: t.While) -> t.Stmt:
         body = self.visit_stmt(s.body)
         return t.While(s.cond, t.seq(body, terminate_check(self.flag)))
-
-
-def terminate_flag(fn: t.PrimFunc) -> t.Buffer | None:
-    """The terminate flag parameter of a function TerminateChecks rewrote, else None."""
-    if not fn.attrs.get(ATTR_TERMINATE_FLAG):
-        return None
-    param = fn.params[len(fn.params) - len(graph_dims(fn)) - 1]
-    assert isinstance(param, t.Buffer)
-    return param
 
 
 def with_terminate_flag(fn: t.PrimFunc) -> t.PrimFunc:

@@ -22,7 +22,7 @@ from kiln.codegen.cfamily.signature import ParamQualifiers, check_shape_vars, qu
 from kiln.codegen.constants import ConstantPool
 from kiln.codegen.cpu_requirements import feature_rows, required_features
 from kiln.codegen.naming import (
-    C_TYPES,
+    C_TYPE_NAMES,
     check_prefix,
     consts_symbol,
     kernel_symbol,
@@ -37,9 +37,9 @@ from kiln.escape import c_comment
 from kiln.ir.analysis.tensor_queries import extern_calls
 from kiln.ir.attrs import ATTR_EXTERNAL
 from kiln.ir.module import IRModule
+from kiln.ir.outlined import kernel_funcs, outlined_launches
+from kiln.ir.profiling import profile_sites
 from kiln.ir.tensor import PROFILE_INTRINSICS, Buffer, Param, PrimFunc
-from kiln.transform.outline import kernel_funcs, outlined_launches
-from kiln.transform.profile import profile_sites
 
 KERNELS_FILE = C_DIALECT.file_name
 CODEGEN_ID = "c"
@@ -197,9 +197,9 @@ def _parallel_for_decl(symbol: str) -> list[str]:
 def _capture_ctype(param: Param, index: int, quals: ParamQualifiers) -> str:
     """The context-struct field type of a loop body's parameter (no `restrict`)."""
     if isinstance(param, Buffer):
-        ctype = C_TYPES[param.dtype]
+        ctype = C_TYPE_NAMES[param.dtype]
         return f"{ctype}*" if index in quals.written else f"const {ctype}*"
-    return C_TYPES[param.dtype]
+    return C_TYPE_NAMES[param.dtype]
 
 
 def _context_struct(prefix: str, name: str, fn: PrimFunc, quals: ParamQualifiers) -> list[str]:

@@ -13,8 +13,8 @@ from kiln.codegen.constants import ConstantPool
 from kiln.errors import CompileError
 from kiln.ir import dtype as dt
 from kiln.ir.module import IRModule
+from kiln.ir.outlined import Launch
 from kiln.ir.tensor import Buffer, CallFunc, Var
-from kiln.transform.outline import Launch
 
 # The value an allocation failure returns from a kernel; host.c turns it into
 # "out of memory allocating a workspace of N bytes" (docs/codegen-c.md).
@@ -23,11 +23,11 @@ STATUS_OUT_OF_MEMORY = 1
 
 def value_ctype(dtype: str) -> str:
     """The C type an expression of `dtype` computes in (16-bit floats: float)."""
-    from kiln.codegen.naming import C_TYPES
+    from kiln.codegen.naming import C_TYPE_NAMES
 
     if dtype in ("float16", "bfloat16"):
         return "float"
-    return C_TYPES[dt.check_dtype(dtype)]
+    return C_TYPE_NAMES[dt.check_dtype(dtype)]
 
 
 @dataclass
@@ -49,7 +49,7 @@ class ModuleContext:
     externs: ExternTable
     params: dict[str, ParamQualifiers]  # per kernel: written / restrict parameters
     macros: set[str] = field(default_factory=set)
-    # Parallel loops outlined into loop-body kernels (kiln.transform.outline).
+    # Parallel loops outlined into loop-body kernels (kiln.ir.outlined).
     launches: dict[CallFunc, Launch] = field(default_factory=dict)
     # (dtype, lanes) of the vector types `vector` loops use (kiln.codegen.c.vector).
     vector_types: set[tuple[str, int]] = field(default_factory=set)

@@ -26,7 +26,7 @@ from typing import Any
 from kiln.codegen.c.context import FuncContext, value_ctype
 from kiln.codegen.cfamily.helpers import suffix
 from kiln.codegen.cfamily.literals import float_literal, int_literal, wrap_int
-from kiln.codegen.naming import C_TYPES, profile_symbol
+from kiln.codegen.naming import C_TYPE_NAMES, profile_symbol
 from kiln.ir import dtype as dt
 from kiln.ir.tensor import (
     DOT4_INTRINSICS,
@@ -174,13 +174,13 @@ class ExprEmitter:
     def wrap(self, dtype: str, op: str, e: CExpr) -> CExpr:
         """Cast a promoted 8/16-bit result of `op` back to `dtype`'s C type."""
         if narrow(dtype) and op in _WRAPPING_OPS:
-            return cast(C_TYPES[dtype], e)
+            return cast(C_TYPE_NAMES[dtype], e)
         return e
 
     def typed_pair(self, dtype: str, a: CExpr, b: CExpr) -> tuple[CExpr, CExpr]:
         """Cast `a` when neither operand has the C type of a wide dtype (`2 * 3` is int)."""
         if dtype in _WIDE and not a.typed and not b.typed:
-            a = cast(C_TYPES[dtype], a)
+            a = cast(C_TYPE_NAMES[dtype], a)
         return a, b
 
     def index(self, buf: Buffer, indices: tuple[PrimExpr, ...]) -> str:
@@ -275,10 +275,10 @@ class ExprEmitter:
             # Shift the bits unsigned: shifting into or out of a signed value's
             # sign bit is undefined in ISO C; the result wraps like the IR's.
             unsigned = "uint64_t" if dt.bits(d) == 64 else "uint32_t"
-            return cast(C_TYPES[d], infix("shl", cast(unsigned, a), b))
+            return cast(C_TYPE_NAMES[d], infix("shl", cast(unsigned, a), b))
         if op in ("shl", "shr"):
             if not a.typed and d in _WIDE:
-                a = cast(C_TYPES[d], a)
+                a = cast(C_TYPE_NAMES[d], a)
             return infix(op, a, b)
         a, b = self.typed_pair(d, a, b)
         if op in ("floordiv", "floormod") and not signed:
@@ -335,7 +335,7 @@ class ExprEmitter:
             return self.round16(dst, v if value_ctype(src) == "float" else cast("float", v))
         if src in ("float16", "bfloat16") and dst == "float32":
             return v  # already a float holding the exact value
-        return cast(C_TYPES[dst], v)
+        return cast(C_TYPE_NAMES[dst], v)
 
     def reinterpret(self, e: Reinterpret) -> CExpr:
         """A float's bits through the memcpy helpers (which compilers turn into a
@@ -350,7 +350,7 @@ class ExprEmitter:
         width = dt.bits(src)
         v = self.emit(e.value)
         if dt.is_float(src):
-            return cast(C_TYPES[dst], call(self.helpers.use(f"kiln_f{width}_bits"), v))
+            return cast(C_TYPE_NAMES[dst], call(self.helpers.use(f"kiln_f{width}_bits"), v))
         return call(self.helpers.use(f"kiln_f{width}_from_bits"), cast(f"uint{width}_t", v))
 
     # ------------------------------------------------------------------ calls
@@ -362,7 +362,7 @@ class ExprEmitter:
         if any(a.dtype != d for a in e.args):
             raise self.ctx.error(f"intrinsic {name}: argument dtypes differ "
                                  f"({', '.join(a.dtype for a in e.args)})")
-        if name in PROFILE_INTRINSICS:  # host.c's timers (kiln.transform.profile)
+        if name in PROFILE_INTRINSICS:  # host.c's timers (kiln.ir.profiling)
             return call(profile_symbol(self.ctx.module.prefix, name), *args)
         if name in DOT4_INTRINSICS:
             if d != "int32":
@@ -408,7 +408,7 @@ class ExprEmitter:
             if isinstance(a, Buffer):
                 ref = ctx.buffer(a)
                 # An external function gets a mutable pointer, as its prototype says.
-                args.append(cast(f"{C_TYPES[a.dtype]}*", CExpr(ref.name)) if ref.const
+                args.append(cast(f"{C_TYPE_NAMES[a.dtype]}*", CExpr(ref.name)) if ref.const
                             else CExpr(ref.name))
             else:
                 args.append(self.to_bits(a.dtype, self.emit(a)))
@@ -417,7 +417,7 @@ class ExprEmitter:
             return result
         if proto.pointer_result:
             # memcpy & co. return their pointer argument; the IR reads it as 0.
-            return CExpr(f"((void){result.text}, ({C_TYPES[e.dtype]})0)")
+            return CExpr(f"((void){result.text}, ({C_TYPE_NAMES[e.dtype]})0)")
         return self.from_bits(e.dtype, result)
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kiln.codegen.cfamily.printer import C_KEYWORDS, HELPER_PREFIX
-from kiln.codegen.naming import C_TYPES
+from kiln.codegen.naming import C_TYPE_NAMES
 from kiln.errors import CompileError
 from kiln.escape import is_c_identifier
 from kiln.ir import dtype as dt
@@ -73,9 +73,9 @@ class Prototype:
 
 def signature(call: CallExtern) -> tuple[str, tuple[str, ...]]:
     """(return C type, argument C types) of a call; a Buffer argument is a pointer."""
-    args = tuple(f"{C_TYPES[a.dtype]}*" if isinstance(a, Buffer) else C_TYPES[a.dtype]
+    args = tuple(f"{C_TYPE_NAMES[a.dtype]}*" if isinstance(a, Buffer) else C_TYPE_NAMES[a.dtype]
                  for a in call.args)
-    return C_TYPES[call.dtype], args
+    return C_TYPE_NAMES[call.dtype], args
 
 
 class ExternTable:

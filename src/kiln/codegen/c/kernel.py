@@ -32,7 +32,7 @@ from kiln.codegen.cfamily.helpers import DIM_HELPERS
 from kiln.codegen.cfamily.literals import int_literal
 from kiln.codegen.cfamily.printer import CPrinter, NameScope
 from kiln.codegen.cfamily.signature import describe_params, param_ctype
-from kiln.codegen.naming import C_TYPES, consts_symbol, kernel_symbol, parallel_for_symbol
+from kiln.codegen.naming import C_TYPE_NAMES, consts_symbol, kernel_symbol, parallel_for_symbol
 from kiln.errors import IRError
 from kiln.escape import c_comment
 from kiln.ir import dtype as dt
@@ -45,6 +45,7 @@ from kiln.ir.analysis.tensor_queries import (
 )
 from kiln.ir.attrs import ATTR_PARALLEL_OF, ATTR_PARALLEL_VAR
 from kiln.ir.kernel_errors import ERROR_SIZE_OVERFLOW, ERROR_TERMINATED
+from kiln.ir.outlined import COUNT_ARG, FIRST_CAPTURE
 from kiln.ir.shape_expr import dim_product, dim_vars, to_dim_expr
 from kiln.ir.tensor import (
     CHECK_INTRINSIC,
@@ -72,7 +73,6 @@ from kiln.ir.tensor import (
     Var,
     While,
 )
-from kiln.transform.outline import COUNT_ARG, FIRST_CAPTURE
 
 # The C type of kernels' return value and of the status variable.
 STATUS_CTYPE = "int32_t"
@@ -142,7 +142,7 @@ class KernelPrinter:
             ptr = names.fresh(buf.name)
             heap_names.append(ptr)
             self.heap_ptr[buf] = ptr
-            prologue.append(f"{C_TYPES[buf.dtype]}* {ptr} = NULL;")
+            prologue.append(f"{C_TYPE_NAMES[buf.dtype]}* {ptr} = NULL;")
 
         p = self.p
         if self.loop_of is not None:
@@ -199,7 +199,7 @@ class KernelPrinter:
             else:
                 name = names.fresh(param.name)
                 ctx.vars[param] = name
-                self.params.append(f"{C_TYPES[param.dtype]} {name}")
+                self.params.append(f"{C_TYPE_NAMES[param.dtype]} {name}")
             if not used:
                 prologue.append(f"(void){name}; /* unused */")
         return prologue
@@ -294,7 +294,7 @@ class KernelPrinter:
             self.ctx.module.macros.add("KILN_NO_VECTORIZE")
             self.p.line("KILN_NO_VECTORIZE")
         elif s.kind == "parallel":
-            # Outlined loops never get here (kiln.transform.outline): this one is not
+            # Outlined loops never get here (kiln.ir.outlined): this one is not
             # an integer loop with matching bounds.
             self.p.line("/* parallel: runs serially */")
         with self.ctx.names.scope():
@@ -366,7 +366,7 @@ class KernelPrinter:
         buf = s.buffer
         if buf not in self.refs:
             return
-        ctype = C_TYPES[buf.dtype]
+        ctype = C_TYPE_NAMES[buf.dtype]
         if buf.scope != "local" and not all(isinstance(d, int) for d in buf.shape):
             self.allocate_symbolic(s)
             return
@@ -394,7 +394,7 @@ class KernelPrinter:
         count is computed with kiln_dim.c's checked arithmetic, and one that overflows
         int64 (or size_t) or is negative fails the kernel before any allocation."""
         buf = s.buffer
-        ctype = C_TYPES[buf.dtype]
+        ctype = C_TYPE_NAMES[buf.dtype]
         size_dim = dim_product((*buf.shape, dt.itemsize(buf.dtype)))
         names = {v.name: self.ctx.var_name(v) for v in dim_vars(size_dim)}
         nbytes = to_dim_expr(size_dim)
@@ -432,7 +432,7 @@ class KernelPrinter:
         module = self.ctx.module
         offset = module.pool.add(data)
         module.uses_consts = True
-        ctype = C_TYPES[buf.dtype]
+        ctype = C_TYPE_NAMES[buf.dtype]
         name = self.ctx.names.fresh(buf.name)
         self.p.line(f"const {ctype}* {name} = (const {ctype}*)"
                     f"({consts_symbol(module.prefix)} + {offset});")
@@ -449,9 +449,9 @@ class KernelPrinter:
         else:  # a workspace laid out at entry: the planner placed it (symbolic sizes)
             offset = f"({self.expr(s.byte_offset).text})"
         const = "const " if source.const else ""
-        ctype = C_TYPES[buf.dtype]
+        ctype = C_TYPE_NAMES[buf.dtype]
         name = self.ctx.names.fresh(buf.name)
-        if s.byte_offset == 0 and C_TYPES[src.dtype] == ctype:
+        if s.byte_offset == 0 and C_TYPE_NAMES[src.dtype] == ctype:
             init = source.name
         elif s.byte_offset == 0:
             init = f"({const}{ctype}*){source.name}"
@@ -548,7 +548,7 @@ class KernelPrinter:
             self.p.line(f"if ({self.status} != 0) return {self.status};")
 
     def launch(self, s: CallFunc, body: str) -> None:
-        """Run an outlined parallel loop on the thread pool (kiln.transform.outline)."""
+        """Run an outlined parallel loop on the thread pool (kiln.ir.outlined)."""
         ctx = self.ctx
         args = self.call_args(s)
         symbol = kernel_symbol(ctx.module.prefix, body)
@@ -591,7 +591,7 @@ class KernelPrinter:
             if isinstance(arg, Buffer):
                 ref = ctx.buffer(arg)
                 writes = i in ctx.module.params[s.func].written
-                args.append(f"({C_TYPES[arg.dtype]}*){ref.name}" if ref.const and writes
+                args.append(f"({C_TYPE_NAMES[arg.dtype]}*){ref.name}" if ref.const and writes
                             else ref.name)
             else:
                 args.append(self.exprs.to_bits(arg.dtype, self.expr(arg)).text)

@@ -1,6 +1,6 @@
 """`vector` loops to C with GCC/Clang vector extensions.
 
-The `vectorize-loops` pass (kiln.transform.vectorize_loops) marks straight-line lane
+The `vectorize-loops` pass (transform/vectorize_loops.py) marks straight-line lane
 loops `for v in T.vector(n)`. The C backend prints each as vector code in chunks of the
 register width the pass recorded (module attribute `kiln.vector_bits`; 128 bits when
 absent): a chunk of `w` float32 lanes is one `kiln_f32x{w}` value per IR node, where

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kiln.codegen.naming import C_TYPES
+from kiln.codegen.naming import C_TYPE_NAMES
 from kiln.errors import CompileError
 from kiln.ir.aliasing import analyze
 from kiln.ir.tensor import Buffer, Param, PrimExpr, PrimFunc, Var
@@ -43,7 +43,7 @@ def param_ctype(param: Param, index: int, quals: ParamQualifiers,
                 restrict: str = "restrict") -> str:
     """The C type of parameter `index` of a raw kernel (no name); `restrict` is the
     dialect's spelling of C99's `restrict` (kiln.codegen.cfamily.dialect)."""
-    ctype = C_TYPES[param.dtype]
+    ctype = C_TYPE_NAMES[param.dtype]
     if not isinstance(param, Buffer):
         return ctype
     if index not in quals.written:

@@ -1,7 +1,7 @@
 """Device kernels as per-thread functions: the shared first step of the CUDA source and
 the PTX.
 
-A kernel scheduled by `bind-gpu-threads` (kiln.transform.gpu_schedule) is
+A kernel scheduled by `bind-gpu-threads` (kiln.ir.gpu_launch) is
 
     for bx in T.block_x(G):
         for tx in T.thread_x(B):
@@ -19,14 +19,14 @@ from dataclasses import dataclass
 
 from kiln.errors import CompileError
 from kiln.ir.attrs import ATTR_GRAPH
+from kiln.ir.gpu_launch import bound_loops, launch_shape
 from kiln.ir.module import IRModule
 from kiln.ir.tensor import AllocConst, CallExtern, CallFunc, PrimFunc
 from kiln.ir.visitor import iter_nodes
-from kiln.transform.gpu_schedule import bound_loops, launch_shape
 
 
 @dataclass(frozen=True)
-class Launch:
+class CudaLaunchConfig:
     """How a kernel is launched: grid and block size (1-D), the per-thread function's name."""
 
     name: str
@@ -34,10 +34,10 @@ class Launch:
     block: int
 
 
-def thread_functions(mod: IRModule) -> tuple[IRModule, dict[str, Launch]]:
+def thread_functions(mod: IRModule) -> tuple[IRModule, dict[str, CudaLaunchConfig]]:
     """(module of per-thread functions, launch of each kernel) for the kernels of `mod`."""
     funcs: dict[str, PrimFunc] = {}
-    launches: dict[str, Launch] = {}
+    launches: dict[str, CudaLaunchConfig] = {}
     for name, fn in mod.prim_funcs().items():
         if fn.attrs.get(ATTR_GRAPH):
             raise CompileError(f"the cuda codegen compiles kernels only; graph function "
@@ -49,7 +49,7 @@ def thread_functions(mod: IRModule) -> tuple[IRModule, dict[str, Launch]]:
         attrs = {k: v for k, v in fn.attrs.items() if k != "target"}
         funcs[name] = PrimFunc((*fn.params, block_loop.var, thread_loop.var),
                                thread_loop.body, attrs)
-        launches[name] = Launch(name, grid, block)
+        launches[name] = CudaLaunchConfig(name, grid, block)
     return IRModule(funcs, mod.attrs), launches
 
 

@@ -10,7 +10,7 @@ dialect holds what differs in CUDA C++:
 - one `extern "C" __global__` entry per kernel calls its per-thread function with
   blockIdx.x and threadIdx.x, with `__launch_bounds__` set to its block size.
 
-Heap buffers (kernels launched as one thread, kiln.transform.gpu_schedule) use
+Heap buffers (kernels launched as one thread by `bind-gpu-threads`) use
 the CUDA device heap (`malloc` in device code). `nvcc -c -arch=sm_NN kernels.cu`
 compiles the result; the driver can also take the PTX artifact instead.
 """
@@ -23,7 +23,7 @@ from kiln.codegen.c.codegen import emit_kernels
 from kiln.codegen.cfamily.dialect import CDialect
 from kiln.codegen.cfamily.signature import param_ctype, qualifiers
 from kiln.codegen.constants import ConstantPool
-from kiln.codegen.cuda.kernels import Launch
+from kiln.codegen.cuda.kernels import CudaLaunchConfig
 from kiln.codegen.cuda.ptx import kernel_entry
 from kiln.codegen.naming import kernel_symbol
 from kiln.escape import c_comment
@@ -45,7 +45,7 @@ CUDA_DIALECT = CDialect(
 SOURCE_FILE = CUDA_DIALECT.file_name
 
 
-def emit_cuda_source(mod: IRModule, launches: Mapping[str, Launch], *, prefix: str,
+def emit_cuda_source(mod: IRModule, launches: Mapping[str, CudaLaunchConfig], *, prefix: str,
                      pool: ConstantPool) -> str:
     """kernels.cu for the per-thread functions `mod` and their `launches`."""
     dialect = CUDA_DIALECT

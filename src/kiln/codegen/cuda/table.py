@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from kiln.codegen.cuda.kernels import Launch
+from kiln.codegen.cuda.kernels import CudaLaunchConfig
 from kiln.codegen.cuda.ptx import kernel_entry
 from kiln.ir.aliasing import analyze
 from kiln.ir.module import IRModule
@@ -30,7 +30,7 @@ TABLE_VERSION = 1
 TABLE_FILE = "kernels.json"
 
 
-def function_table(mod: IRModule, launches: Mapping[str, Launch], *, prefix: str,
+def function_table(mod: IRModule, launches: Mapping[str, CudaLaunchConfig], *, prefix: str,
                    arch: str, ptx_file: str, source_file: str) -> dict[str, Any]:
     """The table of the device kernels `mod` (the scheduled kernels, not per-thread)."""
     written = analyze(mod.prim_funcs()).written

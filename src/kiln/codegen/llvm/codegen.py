@@ -62,7 +62,7 @@ def compile_module(mod: IRModule, target: Any, *, prefix: str, pool: ConstantPoo
     the module): llvmlite runs every call into LLVM under one process-wide lock and
     offers no public way around it, so threads could not optimise parts of a module
     at once (docs/codegen-llvm.md, "One module, one thread")."""
-    from kiln.transform.instruments import timed_step
+    from kiln.ir.steps import timed_step
 
     config, tm, lowered = _lower(mod, target, prefix=prefix, pool=pool, jit=jit)
     with timed_step("codegen.parse"):
@@ -91,7 +91,7 @@ def _lower(mod: IRModule, target: Any, *, prefix: str, pool: ConstantPool,
         # wasm has no host.c (kiln.export.wasm), the JIT none either
         heap_functions=(C_LIBRARY_HEAP if jit or config.arch.startswith("wasm")
                         else workspace_symbols(prefix)))
-    from kiln.transform.instruments import timed_step
+    from kiln.ir.steps import timed_step
 
     with timed_step("codegen.lower"):
         return config, tm, lower_module(mod, pool, options)
@@ -116,7 +116,7 @@ def codegen_llvm(mod: IRModule, target: Any, *, prefix: str, pool: ConstantPool)
     from kiln.artifact import Artifact
     from kiln.codegen.cpu_requirements import feature_rows
     from kiln.codegen.host import DEFAULT_HOST_CFLAGS, codegen_host
-    from kiln.transform.instruments import timed_step
+    from kiln.ir.steps import timed_step
 
     with timed_step("codegen.lower_optimize"):
         compiled = compile_module(mod, target, prefix=prefix, pool=pool)

@@ -54,6 +54,13 @@ from kiln.ir.kernel_errors import (
     KERNEL_ERRORS,
 )
 from kiln.ir.module import IRModule
+from kiln.ir.outlined import (
+    COUNT_ARG,
+    FIRST_CAPTURE,
+    Launch,
+    kernel_funcs,
+    outlined_launches,
+)
 from kiln.ir.shape_expr import dim_product, dim_vars, to_dim_expr
 from kiln.ir.tensor import (
     CHECK_INTRINSIC,
@@ -87,13 +94,6 @@ from kiln.ir.tensor import (
     Var,
     While,
     reinterpret_fault,
-)
-from kiln.transform.outline import (
-    COUNT_ARG,
-    FIRST_CAPTURE,
-    Launch,
-    kernel_funcs,
-    outlined_launches,
 )
 
 # Non-zero kernel results; the host entry (kiln/codegen/host.py) maps them to
@@ -686,7 +686,7 @@ def _load(fl: FunctionLowering, e: Load) -> ir.Value:
 
 
 def _intrin(fl: FunctionLowering, e: Intrin) -> ir.Value:
-    if e.name in PROFILE_INTRINSICS:  # host.c's timers (kiln.transform.profile)
+    if e.name in PROFILE_INTRINSICS:  # host.c's timers (kiln.ir.profiling)
         timer = declare(fl.parent.module, profile_symbol(fl.parent.options.prefix, e.name),
                         I64, [I64] * len(e.args), what="profiling timer")
         if fl.parent.options.hidden:
@@ -1021,7 +1021,7 @@ def _call_func(fl: FunctionLowering, s: CallFunc) -> None:
 
 def _launch(fl: FunctionLowering, launch: Launch, values: list[ir.Value]) -> ir.Value:
     """Run an outlined parallel loop: captured values into a stack context struct,
-    then `{prefix}_parallel_for(count, @{body}.run, context)` (kiln.transform.outline)."""
+    then `{prefix}_parallel_for(count, @{body}.run, context)` (kiln.ir.outlined)."""
     parent = fl.parent
     body = parent.kernels[launch.body]
     struct = parent.context_type(body)

@@ -1,6 +1,6 @@
 """`vector` loops emitted as LLVM vector instructions.
 
-The `vectorize-loops` pass (kiln.transform.vectorize_loops) marks a register tile's lane
+The `vectorize-loops` pass (transform/vectorize_loops.py) marks a register tile's lane
 loop `for v in T.vector(n)` when its body is straight-line vector code with independent
 iterations (kiln.ir.analysis.vector_loops). Such a loop becomes one `<n x float>` load,
 operation or store per IR node, instead of `n` scalar copies that LLVM's SLP vectorizer

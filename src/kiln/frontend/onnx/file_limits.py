@@ -22,7 +22,7 @@ import stat
 from collections.abc import Iterator
 from typing import Any
 
-from kiln.artifact.capped import human_bytes, read_capped, too_large
+from kiln.artifact.capped import human_bytes, parse_size, read_capped, too_large
 from kiln.errors import FrontendError, MissingFileError, UsageError, shown
 
 #: The largest .onnx file read by default: protobuf's 2 GiB message limit.
@@ -38,8 +38,6 @@ def _limit(var: str, default: int) -> int | None:
     text = os.environ.get(var, "").strip()
     if not text:
         return default
-    from kiln.driver.cache import parse_size
-
     try:
         return parse_size(text) or None
     except UsageError as exc:
