@@ -1,4 +1,4 @@
-"""The package layering, read from the source (docs/README.md, "Layers").
+"""The package layering, read from the source (docs/README.md, "The developer map").
 
 The layers, bottom first (`LAYERS`): a module imports only from its own
 package and from lower layers; packages that share a layer do not import one
@@ -265,3 +265,14 @@ def test_codegen_llvm_rule_is_about_the_c_backend_only() -> None:
                        "kiln.codegen.llvm.probe")
     assert [target for _, target, _ in offences("kiln.codegen.llvm.probe", found)] == [
         "kiln.codegen.c.kernel"]
+
+
+def test_the_developer_map_is_the_layer_list() -> None:
+    """docs/README.md's layer table names the packages of `LAYERS`, layer by layer."""
+    import re
+
+    text = (SRC.parents[1] / "docs" / "README.md").read_text(encoding="utf-8")
+    table = text.split("| layer (bottom first) | packages | may use |", 1)[1].split("\n\n", 1)[0]
+    rows = [line.split("|")[2] for line in table.splitlines()[2:] if line.startswith("|")]
+    documented = [sorted(set(re.findall(r"`(\w+)`", row)) & set(RANK)) for row in rows]
+    assert documented == [sorted(layer) for layer in LAYERS]

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from kiln.ir.attrs import ATTR_PARALLEL_DECIDED
+from kiln.ir.attrs import ATTR_PARALLEL_DECIDED, ATTR_POOL_KERNEL
 from kiln.ir.tensor import (
     Allocate,
     AllocConst,
@@ -132,7 +132,7 @@ def pool2d_kernel(kind: str, geometry: PoolGeometry, include_pad: bool,
                           tile_registers(isa), tap, as_expr(0.0, "float32"), finish)
     return PrimFunc((*(store.buffers[t] for t in params), store.out),
                     seq(AllocConst(counts, geometry.counts(include_pad)), body),
-                    {"kiln.pool_kernel": name})
+                    {ATTR_POOL_KERNEL: name})
 
 
 def _stored_pool(params: Sequence[te.Tensor], x: te.Tensor, anchor: te.Tensor | None,
@@ -160,7 +160,7 @@ def _max_pool_attrs(name: str) -> dict[str, Any]:
     """The attributes of a kernel that chose its parallel loop itself (a max pool by the
     work threshold, kiln.ops.max_pool_kernel; a pool over a symbolic image size always
     parallel), which `parallelize` keeps."""
-    return {"kiln.pool_kernel": name, ATTR_PARALLEL_DECIDED: True}
+    return {ATTR_POOL_KERNEL: name, ATTR_PARALLEL_DECIDED: True}
 
 
 MAX_DTYPES = ("float32", "int8", "uint8")

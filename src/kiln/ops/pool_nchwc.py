@@ -22,7 +22,7 @@ import numpy as np
 
 from kiln.errors import IRError
 from kiln.ir import graph as g
-from kiln.ir.attrs import ATTR_PARALLEL_DECIDED
+from kiln.ir.attrs import ATTR_PARALLEL_DECIDED, ATTR_POOL_KERNEL
 from kiln.ir.shape_expr import is_static
 from kiln.ir.tensor import PrimExpr, PrimFunc
 from kiln.ir.types import TensorType, Type
@@ -113,7 +113,7 @@ class PoolNchwcOp(HandBuiltOp):
                                store.out, store.epilogue,
                                maximum and scans_from_first(rest, x.dtype), isa=isa)
         return PrimFunc((*(store.buffers[t] for t in params), store.out), body,
-                        {"kiln.pool_kernel": name, ATTR_PARALLEL_DECIDED: True})
+                        {ATTR_POOL_KERNEL: name, ATTR_PARALLEL_DECIDED: True})
 
 
 OPS.register(POOL_NCHWC, PoolNchwcOp(POOL_NCHWC, "opaque", _infer, _compute, _reference))

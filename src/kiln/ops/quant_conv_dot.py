@@ -48,6 +48,7 @@ from typing import Any
 import numpy as np
 
 from kiln.errors import IRError
+from kiln.ir.attrs import ATTR_GEMM_KERNEL
 from kiln.ir.dtype import INDEX_DTYPE
 from kiln.ir.tensor import (
     DOT4_U8S8,
@@ -448,7 +449,7 @@ class _TiledConv(HandBuiltOp):
         out = Buffer("out", out_type.shape, y_zp.dtype)
         return PrimFunc((x, ww, bias, x_zp, multiplier, y_zp, out),
                         _tiles(x, ww, bias, x_zp, multiplier, y_zp, out, attrs, dot),
-                        {"kiln.gemm_kernel": CONV_DOT})
+                        {ATTR_GEMM_KERNEL: CONV_DOT})
 
 
 def _padded_input(x: Buffer, x_zp: Buffer, begins: Sequence[int], ends: Sequence[int]

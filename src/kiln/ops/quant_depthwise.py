@@ -45,6 +45,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from kiln.ir.attrs import ATTR_GEMM_KERNEL
 from kiln.ir.tensor import (
     Allocate,
     Buffer,
@@ -393,7 +394,7 @@ class _GroupedConv(HandBuiltOp):
             or quant_dot.saturates(attrs) else plane_body(*operands,
                                                         registers=tile_registers(isa))
         return PrimFunc((x, wp, bias, x_zp, multiplier, y_zp, out), body,
-                        {"kiln.gemm_kernel": GROUPED})
+                        {ATTR_GEMM_KERNEL: GROUPED})
 
 
 OPS.register(GROUPED, _GroupedConv(GROUPED, "anchor", conv_infer, build_conv, conv_packed_ref))

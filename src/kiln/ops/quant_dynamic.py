@@ -37,6 +37,7 @@ import numpy as np
 
 from kiln.errors import IRError
 from kiln.ir import graph as g
+from kiln.ir.attrs import ATTR_GEMM_KERNEL
 from kiln.ir.shape_expr import is_static
 from kiln.ir.tensor import (
     Allocate,
@@ -261,7 +262,7 @@ class _DynamicTiledMatmul(HandBuiltOp):
         body = quant_kernels.build_matmul_tiles(a_q, bp, n, store.out, epilogue, tiles,
                                                 quant_dot.dot_intrinsic(attrs), target=isa)
         return PrimFunc((*(store.buffers[t] for t in params), store.out), seq(prologue, body),
-                        {"kiln.gemm_kernel": self.name})
+                        {ATTR_GEMM_KERNEL: self.name})
 
 
 register_op(DYNAMIC, pattern="anchor", infer=_infer, compute=_compute, reference=_ref)

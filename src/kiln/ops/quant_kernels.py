@@ -39,6 +39,7 @@ import numpy as np
 from kiln.errors import IRError
 from kiln.ir import dtype as dt
 from kiln.ir import graph as g
+from kiln.ir.attrs import ATTR_GEMM_KERNEL
 from kiln.ir.shape_expr import is_static
 from kiln.ir.tensor import (
     DOT4_U8S8,
@@ -602,7 +603,7 @@ class _TiledMatmul(HandBuiltOp):
         body = build_matmul_tiles(a, bp, n, out, epilogue, tiles, quant_dot.dot_intrinsic(attrs),
                                   target=isa)
         return PrimFunc((*buffers, out), body,
-                        {"kiln.gemm_kernel": self.name})
+                        {ATTR_GEMM_KERNEL: self.name})
 
 OPS.register(MATMUL, _TiledMatmul(MATMUL, "anchor", _matmul_infer, build_matmul, _matmul_ref))
 OPS.register(INTEGER, _TiledMatmul(INTEGER, "anchor", _integer_infer, build_integer,

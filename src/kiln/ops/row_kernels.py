@@ -49,6 +49,7 @@ from typing import Any, ClassVar
 
 from kiln.errors import IRError
 from kiln.ir import graph as g
+from kiln.ir.attrs import ATTR_ROW_KERNEL
 from kiln.ir.dtype import INDEX_DTYPE
 from kiln.ir.shape_expr import dim_product
 from kiln.ir.tensor import (
@@ -567,7 +568,7 @@ class RowOp(HandBuiltOp):
                 lambda o: self._row(o, x, args, attrs, n, buffers, mapping, value_buf, out,
                                     result, isa=isa), isa=isa)
         return PrimFunc((*(buffers[t] for t in params), out), kernel,
-                        {"kiln.row_kernel": self.name})
+                        {ATTR_ROW_KERNEL: self.name})
 
     def _welford_groups(self, x: te.Tensor, args: Sequence[te.Tensor], attrs: Attrs, n: int,
                         buffers: dict[te.Tensor, Buffer], mapping: dict[te.Tensor, Buffer],
@@ -795,4 +796,4 @@ class RowReduceOp(HandBuiltOp):
         if flat is not None:
             body = seq(DeclBuffer(flat, buffers[x], 0), body)
         return PrimFunc((*(buffers[t] for t in params), out), body,
-                        {"kiln.row_kernel": self.name})
+                        {ATTR_ROW_KERNEL: self.name})

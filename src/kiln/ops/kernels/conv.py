@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from kiln.ir import graph as g
-from kiln.ir.attrs import ATTR_NO_SLP
+from kiln.ir.attrs import ATTR_CONV_KERNEL, ATTR_NO_SLP
 from kiln.ir.tensor import Buffer, PrimExpr, PrimFunc, Stmt
 from kiln.ir.types import TensorType
 from kiln.ops import conv_kernels as ck
@@ -108,7 +108,7 @@ def build_conv(op: str, params: Sequence[Any], args: Sequence[Any], attrs: Mappi
         epilogue = blocked_bias(epilogue, store.buffers[bias], block)
     stmt = body(shape, store.buffers[x], store.buffers[w], store.out, tile, epilogue,
                 isa.fma, block)
-    fattrs: dict[str, Any] = {"kiln.conv_kernel": op}
+    fattrs: dict[str, Any] = {ATTR_CONV_KERNEL: op}
     if no_slp:
         fattrs[ATTR_NO_SLP] = True
     return PrimFunc((*(store.buffers[t] for t in params), store.out), stmt, fattrs)

@@ -39,6 +39,7 @@ from typing import Any
 import numpy as np
 
 from kiln.ir import graph as g
+from kiln.ir.attrs import ATTR_CONV_KERNEL
 from kiln.ir.dtype import INDEX_DTYPE
 from kiln.ir.tensor import (
     Allocate,
@@ -422,7 +423,7 @@ class WinogradConv(Family):
         stmt = winograd_body(shape, store.buffers[x], store.buffers[u], store.out,
                              (tile[0], tile[1], tile[2]), store.epilogue, isa.fma, isa=isa)
         return PrimFunc((*(store.buffers[t] for t in params), store.out), stmt,
-                        {"kiln.conv_kernel": self.op})
+                        {ATTR_CONV_KERNEL: self.op})
 
 
 CONV_WINOGRAD = WinogradConv("conv_winograd", WINOGRAD, ("conv2d",), 0)

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 from kiln.ir import graph as g
+from kiln.ir.attrs import ATTR_GEMM_KERNEL
 from kiln.ir.dtype import itemsize
 from kiln.ir.tensor import PrimFunc
 from kiln.ir.types import TensorType
@@ -181,7 +182,7 @@ def _gemm(op: str, params: Sequence[Any], args: Sequence[Any], anchor: Any, resu
     body = gk.gemm_body(shape, tiling, ab, b_at, store.out, store.epilogue, isa.fma,
                         prologue, by_rows=by_rows, isa=isa)
     return PrimFunc((*(store.buffers[t] for t in params), store.out), body,
-                    {"kiln.gemm_kernel": op})
+                    {ATTR_GEMM_KERNEL: op})
 
 
 GEMM = PackedGemm("gemm", "matmul_packed", ("matmul",), 1)

@@ -12,7 +12,7 @@ from typing import Any
 
 from kiln.errors import IRError
 from kiln.ir import graph as g
-from kiln.ir.attrs import ATTR_PARALLEL_DECIDED
+from kiln.ir.attrs import ATTR_GEMM_KERNEL, ATTR_PARALLEL_DECIDED
 from kiln.ir.shape_expr import is_static
 from kiln.ir.tensor import PrimFunc
 from kiln.ir.types import TensorType
@@ -59,7 +59,7 @@ class Gemv(Family):
         body = gv.gemv_body(k, n, store.buffers[a], store.buffers[b], store.out,
                             store.epilogue, lanes, isa.fma, isa=isa)
         return PrimFunc((*(store.buffers[t] for t in params), store.out), body,
-                        {"kiln.gemm_kernel": self.op, ATTR_PARALLEL_DECIDED: True})
+                        {ATTR_GEMM_KERNEL: self.op, ATTR_PARALLEL_DECIDED: True})
 
 
 GEMV = Gemv("gemv", "matmul_gemv", ("matmul",), 0)

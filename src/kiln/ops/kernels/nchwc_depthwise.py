@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from kiln.ir.attrs import ATTR_CONV_KERNEL
 from kiln.ir.tensor import (
     Allocate,
     Buffer,
@@ -87,7 +88,7 @@ def build(params: Sequence[Any], args: Sequence[Any], attrs: Mapping[str, Any],
         None if bias is None else store.buffers[bias], store.out, tile_w, store.epilogue,
         isa.fma), shape.n * shape.c_in * shape.out_h * shape.out_w * shape.kh * shape.kw, isa=isa)
     return PrimFunc((*(store.buffers[t] for t in params), store.out), stmt,
-                    {"kiln.conv_kernel": "conv2d_nchwc_depthwise"})
+                    {ATTR_CONV_KERNEL: "conv2d_nchwc_depthwise"})
 
 
 def nest(shape: ConvShape, block: int, x: Buffer, w: Buffer, bias: Buffer | None,

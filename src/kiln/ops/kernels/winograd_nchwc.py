@@ -32,7 +32,7 @@ from typing import Any, cast
 import numpy as np
 
 from kiln.ir import graph as g
-from kiln.ir.attrs import ATTR_NO_SLP
+from kiln.ir.attrs import ATTR_CONV_KERNEL, ATTR_NO_SLP
 from kiln.ir.tensor import (
     Allocate,
     Buffer,
@@ -223,7 +223,7 @@ class WinogradNchwc(Family):
         stmt = winograd_nchwc_body(shape, store.buffers[x], store.buffers[up], store.out,
                                    (tile[0], tile[1], tile[2]), epilogue, isa.fma, b, isa=isa)
         return PrimFunc((*(store.buffers[t] for t in params), store.out), stmt,
-                        {"kiln.conv_kernel": self.op, ATTR_NO_SLP: True})
+                        {ATTR_CONV_KERNEL: self.op, ATTR_NO_SLP: True})
 
 
 WINOGRAD_NCHWC = WinogradNchwc("winograd_nchwc", OP, ("conv2d_winograd",), 0)
