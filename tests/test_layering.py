@@ -36,6 +36,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("mlf",),  # the MLF reader: runtime side, builds with the system C compiler
     ("tuning",),  # measured kernel choices, read by the passes that choose kernels
     ("script", "ops"),
+    ("kernels",),  # hand-built kernels: an op's target-tuned lowering (kiln.kernels)
     ("transform",),
     ("codegen",),
     ("export",),
@@ -53,8 +54,8 @@ BASE = LAYERS[0]
 ALLOWED: dict[tuple[str, str], str] = {}
 
 # Packages that make up the compiler: what `runtime` and `artifact` must not need.
-COMPILER = ("ir", "script", "transform", "codegen", "ops", "frontend", "driver", "target",
-            "export", "cli")
+COMPILER = ("ir", "script", "transform", "codegen", "ops", "kernels", "frontend", "driver",
+            "target", "export", "cli")
 
 # Third-party packages the runtime side may import (lazily, behind a clear error).
 RUNTIME_OPTIONAL = {

@@ -89,6 +89,8 @@ class HandBuiltOp(OpDef):
 
     #: Whether `lower_fused` accepts symbolic dims (it may still return None for them).
     supports_symbolic: ClassVar[bool] = False
+    #: Whether FuseOps may fuse the chain producing the op's input into the kernel.
+    fuses_producers: ClassVar[bool] = False
 
     def builds(self, call: g.Call) -> bool:
         """Whether the hand-built kernel applies to `call` (decided from its types and

@@ -36,6 +36,7 @@ from kiln.ir.module import BaseFunc, IRModule
 from kiln.ir.shape_expr import is_static, shapes_equal
 from kiln.ir.tensor import PrimFunc
 from kiln.ir.types import TensorType
+from kiln.kernels.lowering import lowering_for
 from kiln.target.isa import isa_for
 from kiln.transform.pass_base import Pass
 
@@ -150,11 +151,8 @@ def _extends(group: list[g.Binding], value: g.Expr) -> bool:
 def _has_hand_kernel(call: g.Call) -> bool:
     """Whether `call`'s kernel is built by hand (it applies the tail to a value in
     registers, however often the tail reads it)."""
-    from kiln.ops import get_op
-    from kiln.ops.registry import HandBuiltOp
-
-    op = get_op(call.op)
-    return isinstance(op, HandBuiltOp) and op.builds(call)
+    lowering = lowering_for(call.op)
+    return lowering is not None and lowering.builds(call)
 
 
 def _closed(group: list[g.Binding], uses: Counter[g.Var]) -> bool:
@@ -169,12 +167,8 @@ def _closed(group: list[g.Binding], uses: Counter[g.Var]) -> bool:
 
 
 def _fuses_producers(op: str) -> bool:
-    from kiln.ops import get_op
-
-    try:
-        return bool(getattr(get_op(op), "fuses_producers", False))
-    except KeyError:
-        return False
+    lowering = lowering_for(op)
+    return lowering is not None and lowering.fuses_producers
 
 
 def _feeds_row_op(group: list[g.Binding], call: g.Call, uses: Counter[g.Var]) -> bool:
@@ -270,13 +264,13 @@ def _lower_group(group: list[g.Binding], externals: list[g.Expr], inside: dict[i
               and _pattern(b.value.op) not in FUSABLE_TAIL), 0)
     first = group[k].value
     assert isinstance(first, g.Call)
-    lower_fused = getattr(get_op(first.op), "lower_fused", None)
-    # Hand-built kernels assume static shapes; symbolic ones take the te definitions.
+    lowering = lowering_for(first.op)
+    # Hand-built kernels assume static shapes unless they say otherwise; the others take
+    # the te definitions.
     static = all(is_static(e.type.shape) for e in externals if isinstance(e.type, TensorType))
-    if lower_fused is not None and (static or getattr(get_op(first.op), "supports_symbolic",
-                                                      False)):
-        fused = lower_fused(placeholders, arguments[k], first.attrs, values[k], values[-1], name,
-                            isa_for(None))  # the target the pipeline runs under
+    if lowering is not None and (static or lowering.supports_symbolic):
+        fused = lowering.lower_fused(placeholders, arguments[k], first.attrs, values[k],
+                                     values[-1], name, isa_for(None))  # the pipeline's target
         if fused is not None:  # hand-built kernels may leave the dim scalars to us
             return te.with_dim_params(fused).with_attrs(**{ATTR_PRIVATE: True})
     prim: PrimFunc = te.lower(placeholders, [values[-1]], name)

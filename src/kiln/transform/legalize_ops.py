@@ -26,6 +26,7 @@ from kiln.ir.module import BaseFunc, IRModule
 from kiln.ir.tensor import Buffer, PrimFunc, SeqStmt
 from kiln.ir.types import TensorType
 from kiln.ir.visitor import GraphMutator
+from kiln.kernels.lowering import legalize_call, lowering_for
 from kiln.target.isa import isa_for
 from kiln.transform.pass_base import Pass
 
@@ -99,6 +100,16 @@ class _State:
         self.functions = functions
         self.ops = ops
         self.cache: dict[Any, str] = {}
+        self.isa = isa_for(None)  # the target the pipeline runs under
+
+    def legalize(self, call: g.Call, legalize: Callable[..., tuple[PrimFunc, str]]
+                 ) -> tuple[PrimFunc, str]:
+        """`call`'s kernel: kiln's hand-built one for the target's ISA where there is
+        one (kiln.kernels), else its op's `legalize`."""
+        lowering = lowering_for(call.op) if self.ops is None else None
+        if lowering is not None:
+            return legalize_call(call, lowering, self.isa)
+        return legalize(call, self.isa) if _is_kiln_op(legalize) else legalize(call)
 
     def add_kernel(self, call: g.Call) -> str:
         key: Any = (call.op, tuple(call.attrs.items()), tuple(a.type for a in call.args),
@@ -112,8 +123,8 @@ class _State:
         legalize = find_legalizer(call.op, self.ops)
         assert legalize is not None  # checked before rewriting
         empty = _empty_result_kernel(call)
-        result = (empty, f"{call.op}_empty") if empty is not None else (
-            legalize(call, isa_for(None)) if _is_kiln_op(legalize) else legalize(call))
+        result = (empty, f"{call.op}_empty") if empty is not None else self.legalize(call,
+                                                                                    legalize)
         if not (isinstance(result, tuple) and len(result) == 2
                 and isinstance(result[0], PrimFunc)):
             raise CompileError(

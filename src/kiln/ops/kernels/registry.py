@@ -91,10 +91,27 @@ class Family:
 
 
 KERNELS: Registry[KernelFamily] = Registry("kernel family")
-for _name in ("gemv", "gemm", "gemm_tiled", "conv_depthwise", "conv_gemm", "conv_grouped",
-              "conv_rows", "conv_direct", "nchwc", "conv_winograd", "winograd_nchwc"):
-    KERNELS.register(_name, lazy=f"kiln.ops.kernels.{_name.removesuffix('_tiled')}:"
-                                 f"{_name.upper()}")
+# family name -> "module:attr", by kind of kernel.
+_FAMILIES: dict[str, str] = {
+    # gemm
+    "gemv": "kiln.ops.kernels.gemv:GEMV",
+    "gemm": "kiln.ops.kernels.gemm:GEMM",
+    "gemm_tiled": "kiln.ops.kernels.gemm:GEMM_TILED",
+
+    # conv
+    "conv_depthwise": "kiln.ops.kernels.conv_depthwise:CONV_DEPTHWISE",
+    "conv_gemm": "kiln.ops.kernels.conv_gemm:CONV_GEMM",
+    "conv_grouped": "kiln.ops.kernels.conv_grouped:CONV_GROUPED",
+    "conv_rows": "kiln.ops.kernels.conv_rows:CONV_ROWS",
+    "conv_direct": "kiln.ops.kernels.conv_direct:CONV_DIRECT",
+    "nchwc": "kiln.ops.kernels.nchwc:NCHWC",
+    "conv_winograd": "kiln.ops.kernels.conv_winograd:CONV_WINOGRAD",
+    "winograd_nchwc": "kiln.ops.kernels.winograd_nchwc:WINOGRAD_NCHWC",
+
+    # int8
+}
+for _name, _where in _FAMILIES.items():
+    KERNELS.register(_name, lazy=_where)
 
 
 def families() -> list[KernelFamily]:

@@ -1,0 +1,91 @@
+"""The one door to hand-built kernels: `lowering_for(op)`.
+
+A `Lowering` builds the kernel of calls of one op for a given ISA, alone (`legalize_call`)
+or with the elementwise chain FuseOps grouped around it (`lower_fused`). `LOWERINGS`
+maps op names to them, lazily ("module:attr"), so that only the families a model uses
+are imported; each family's section of `_LAZY` lists its ops.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol, runtime_checkable
+
+from kiln._registry import Registry
+from kiln.ir import graph as g
+from kiln.ir.shape_expr import is_static
+from kiln.ir.tensor import PrimFunc
+from kiln.ir.types import TensorType
+from kiln.ops import te
+from kiln.ops.registry import get_op
+from kiln.target.isa import ISA
+
+
+@runtime_checkable
+class Lowering(Protocol):
+    """The hand-built kernel of one op (see the module docstring)."""
+
+    #: Whether `lower_fused` accepts symbolic dims (it may still return None for them).
+    supports_symbolic: bool
+    #: Whether FuseOps may fuse an elementwise chain producing the op's first input into
+    #: the kernel, not only one consuming its result (the row ops).
+    fuses_producers: bool
+
+    def builds(self, call: g.Call) -> bool:
+        """Whether the kernel applies to `call` (decided from its types and attributes,
+        without building it); `lower_fused` may still decline a fused chain."""
+        ...
+
+    def lower_fused(self, params: Sequence[te.Tensor], args: Sequence[te.Tensor],
+                    attrs: Mapping[str, Any], anchor: te.Tensor | None,
+                    result: te.Tensor | None, name: str, isa: ISA) -> PrimFunc | None:
+        """The kernel for `isa` computing `result` (an elementwise chain over `anchor`,
+        the op applied to `args`; None: the op alone) with buffer parameters `params` +
+        the output, or None when it does not apply."""
+        ...
+
+
+LOWERINGS: Registry[Lowering] = Registry("hand-built lowering")
+
+# op name -> "module:attr" of its lowering, by family.
+_LAZY: dict[str, str] = {
+    # gemm (kiln.kernels.gemm)
+
+    # conv (kiln.kernels.conv)
+
+    # int8 (kiln.kernels.int8)
+
+    # rows (kiln.kernels.rows)
+
+    # pool (kiln.kernels.pool)
+
+}
+for _op, _where in _LAZY.items():
+    LOWERINGS.register(_op, lazy=_where)
+
+
+def lowering_for(op: str) -> Lowering | None:
+    """The hand-built lowering of `op`, or None (its tensor-expression definition)."""
+    if op in LOWERINGS:
+        return LOWERINGS.get(op)
+    try:
+        opdef = get_op(op)
+    except KeyError:
+        return None
+    # ops whose kernel is still defined with the op (kiln.ops.registry.HandBuiltOp)
+    return opdef if isinstance(opdef, Lowering) else None
+
+
+def legalize_call(call: g.Call, lowering: Lowering, isa: ISA) -> tuple[PrimFunc, str]:
+    """The kernel of `call` alone: `lowering`'s for `isa` where it builds one (static
+    shapes unless it `supports_symbolic`), else the op's tensor-expression definition."""
+    opdef = get_op(call.op)
+    types = [a.type for a in call.args]
+    assert all(isinstance(t, TensorType) for t in types), call.op
+    if lowering.supports_symbolic or all(is_static(t.shape) for t in types):  # type: ignore[union-attr]
+        inputs = [te.placeholder(t.shape, t.dtype, f"x{k}")  # type: ignore[union-attr]
+                  for k, t in enumerate(types)]
+        prim = lowering.lower_fused(inputs, inputs, call.attrs, None, None, opdef.name, isa)
+        if prim is not None:
+            return prim, opdef.name
+    return opdef.legalize(call)
