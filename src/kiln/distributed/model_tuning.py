@@ -261,8 +261,8 @@ CHECK_SHARE = 0.25
 #: Share of `kiln tune`'s budget for the model-level knobs (`measure_knobs`: NCHWc
 #: regions, the parallel threshold), measured after the kernels (plus what they left),
 #: before the check. Small: each variant is a whole-model build and measurement, and
-#: ResNet-50's kernels need about 400 s of a 10-minute budget on Zen 3 to measure their
-#: whole space, which holds the choices that make it faster (docs/tuning.md).
+#: the kernels' own space holds most of the choices that make a model faster, so they
+#: get most of the budget (docs/tuning.md).
 KNOB_SHARE = 0.15
 #: The model check's line: a tuned build is accepted when the upper bound of its
 #: median per-block ratio tuned / untuned (kiln.tuning.select.faster, one test) is

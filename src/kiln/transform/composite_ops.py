@@ -29,7 +29,7 @@ of two tensors of its shape (a residual connection) is marked `residual=True`: i
 kernel then computes as onnxruntime's SkipLayerNormalization does (Welford's
 statistics), the sum being fused either into it or into the product before it. There
 an ulp of difference moves values across quantization steps and compounds over the
-layers; elsewhere the faster two-pass kernel (about 4x on a 128 x 768 row block) stays.
+layers; elsewhere the faster two-pass kernel stays.
 The other layer norms of such a function, and every layer norm of a function that
 quantizes activations statically (`quantize_linear`, quantize-ops' `qlinear_*` ops: a
 QDQ or QOperator model), are marked `like_onnxruntime=True`: onnxruntime's

@@ -58,7 +58,7 @@ from kiln.transform.pass_base import FunctionPass
 
 # A region must hold this many convolutions, and more than it has reorders: lone
 # convolutions and pairs between reorders (as between MobileNetV2's depthwise layers)
-# measured slower than staying NCHW.
+# cost more in reorders than the layout saves.
 MIN_REGION_CONVS = 2
 #: The fewest vector registers and float32 lanes `depthwise_only` blocks regions with:
 #: AVX2 (16 x 8) and AVX-512 (32 x 16), where it was measured (see NchwcLayout); NEON
@@ -71,24 +71,23 @@ DEPTHWISE_LANES = 8
 class NchwcLayout(FunctionPass):
     """Convert chains of `conv2d_blocked` + elementwise ops + pooling to NCHW{b}c.
 
-    `lanes` (0: from the current target) is the channel block `b`; `min_convs` the
-    fewest convolutions a region keeps its layout with; `depthwise_only` keeps only
-    regions holding a depthwise convolution (where the layout pays most: MobileNet-style
-    networks), leaving the others NCHW, and only on ISAs with at least 16 vector
-    registers of 8 float32 lanes (AVX2, AVX-512; NEON is not measured). On AVX2 the 1x1
-    layers of a region run on the NCHWc pointwise kernel (kiln.ops.kernels.nchwc): on
-    the blocked kernel they measured 2-3x slower than NCHW (Zen 3), MobileNetV2 1.3x
-    slower in all. Without `depthwise_only`, on AVX2 the layers the blocked kernel
-    K-blocks on small images stay NCHW (`k_blocked_small_images`). `pointwise_regions`:
-    with `depthwise_only`, on ISAs whose unpadded 1x1 layers take the pointwise kernel
-    (`pointwise_body_isa`: AVX2, and AVX-512 with `pointwise_tile`'s tiles) every
-    region that pays is kept, as without `depthwise_only`. On AVX-512 since the conv
-    kernels left LLVM's SLP vectorizer (kiln.ir.attrs.ATTR_NO_SLP) and `pool2d_nchwc`
-    got its own kernel: ResNet-50 2.8%, VGG-19 1.6%, ResNet-18 1.4%, SqueezeNet 1.3%
-    faster (docs/performance.md, "NCHW16c regions on AVX-512 (Zen 4)"); with that
-    kernel, regions holding pools whose windows are clipped (GoogLeNet's branch pools,
-    ResNet's stem pool) are kept too, and so are first layers reading NCHW in place
-    outside depthwise regions ("First layers and clipped pools in NCHW{b}c regions").
+    `lanes` (0: from the current target) is the channel block `b`; `min_convs` the fewest
+    convolutions a region keeps its layout with; `depthwise_only` keeps only regions holding
+    a depthwise convolution (where the layout pays most: MobileNet-style networks), leaving
+    the others NCHW, and only on ISAs with at least 16 vector registers of 8 float32 lanes
+    (AVX2, AVX-512; NEON is not measured). On AVX2 the 1x1 layers of a region run on the
+    NCHWc pointwise kernel (kiln.ops.kernels.nchwc): the blocked kernel runs them slower
+    than NCHW. Without `depthwise_only`, on AVX2 the layers the blocked kernel K-blocks on
+    small images stay NCHW (`k_blocked_small_images`). `pointwise_regions`: with
+    `depthwise_only`, on ISAs whose unpadded 1x1 layers take the pointwise kernel
+    (`pointwise_body_isa`: AVX2, and AVX-512 with `pointwise_tile`'s tiles) every region
+    that pays is kept, as without `depthwise_only`. On AVX-512, where the conv kernels are
+    out of LLVM's SLP vectorizer (kiln.ir.attrs.ATTR_NO_SLP) and `pool2d_nchwc` has its own
+    kernel, the regions pay on the CNNs of the bench (docs/performance.md, "NCHW16c regions
+    on AVX-512 (Zen 4)"); with that kernel, regions holding pools whose windows are clipped
+    (GoogLeNet's branch pools, ResNet's stem pool) are kept too, and so are first layers
+    reading NCHW in place outside depthwise regions ("First layers and clipped pools in
+    NCHW{b}c regions").
     """
 
     name = "nchwc-layout"
@@ -348,13 +347,10 @@ class _Rewriter:
         """Whether the convolution `c` reads its NCHW input in place: an input not
         blocked yet, of fewer channels than a block. Its NCHW{b}c copy would pad each
         position's channels to a whole block (3 to 16 for an RGB image), and a blocked
-        tile's step reads one input value per position either way. MobileNetV2's first layer
-        (3->32 3x3/2 at 224x224, the row-tiled kernel) and the reorder after it took
-        0.27 + 0.21 ms on one Zen 4 core, the blocked kernel writing NCHW16c 0.28 (AVX2
-        code there: 0.27-0.29 + 0.08-0.16 -> 0.31-0.34 ms in NCHW8c; docs/performance.md,
-        "MobileNetV2 on AVX-512 (Zen 4)"); VGG-19's (3->64 3x3 at 224x224) and its
-        reorder 1.8 + 3.2 ms, the blocked kernel 2.0 ("First layers and clipped pools in
-        NCHW{b}c regions")."""
+        tile's step reads one input value per position either way: the blocked kernel
+        writing NCHW{b}c directly costs about what the first layer alone costs, the
+        reorder after it is saved (docs/performance.md, "First layers and clipped pools
+        in NCHW{b}c regions")."""
         x = c.args[0]
         t = x.type
         return not (isinstance(x, g.Var) and x in self.blocked) and _is_plain_4d(t) \
@@ -451,9 +447,8 @@ def k_blocked_small_images(func: g.Function, isa: ISA) -> set[g.Var]:
     pass leaves them NCHW outside regions holding a depthwise convolution. In NCHW{b}c
     the blocked kernel's K-blocked loop divides every input channel index by the block,
     and a strided 1x1 layer reads half of each cache line in place where NCHW subsamples
-    it first: ResNet-50's 7x7 stage on one Zen 3 core, ms per node NCHW -> NCHWc, 3x3
-    512>512 @7 6.25 -> 7.11, 3x3/2 512>512 @14 3.15 -> 4.00, 1x1/2 1024>2048 @14 3.14 ->
-    4.08 (docs/performance.md, "AVX2 round six (Zen 3)"). The stride-1 1x1 layers go
+    it first, so these layers run slower in NCHW{b}c (docs/performance.md, "AVX2 round
+    six (Zen 3)"). The stride-1 1x1 layers go
     with them, so that the stage is one NCHW run rather than reorders around each 3x3
     layer (which made DenseNet-121's whole region fail `small_regions`)."""
     from kiln.ops import conv_kernels as ck

@@ -132,12 +132,12 @@ def register_pieces(loop: t.For, register_lanes: int, split_rest: bool = False) 
     loops: power-of-two pieces of at least a register (`register_lanes` lanes),
     then the rest, less than a register, as one piece. With 16 lanes 48 are one loop of
     32 and one of 16, 37 are 32 and 5. LLVM pads a `<48 x float>` to 64 lanes in memory
-    and then keeps a register tile of them on the stack (a 3-vector conv tile ran 10x
-    slower than a 2- or 4-vector one); the pieces stay in registers. `split_rest` (byte
+    and then keeps a register tile of them on the stack, many times slower than a 2- or
+    4-vector tile; the pieces stay in registers. `split_rest` (byte
     and word loops) splits the rest into power-of-two pieces too, the last of one lane
-    scalar code: 27 bytes are 16, 8, 2 and 1 (LLVM made a `<27 x i8>` row of the uint8
-    max pools 3.5x slower than its own loop vectorizer's code; `<22 x i8>` legalizes as
-    16, 4 and 2 by itself). Later pieces bind fresh variables (loop and lets)."""
+    scalar code: 27 bytes are 16, 8, 2 and 1 (LLVM legalizes some odd byte widths, as
+    `<27 x i8>`, into code slower than its own loop vectorizer's). Later pieces bind fresh
+    variables (loop and lets)."""
     whole = t.For(loop.var, loop.start, loop.extent, "vector", loop.body)
     start = loop.start.value if isinstance(loop.start, t.Const) else None
     extent = int(loop.extent.value)  # type: ignore[attr-defined]  # checked by the analysis

@@ -1,8 +1,8 @@
 """When a loop is worth the thread pool: one threshold, in time.
 
 A parallel loop pays for its hand-off (posting it to the pool, the workers taking
-their chunks, the caller waiting for the last one: about 2 us on idle cores,
-bench/call_overhead.py) only when the time it saves, half its work on two threads,
+their chunks, the caller waiting for the last one; bench/call_overhead.py measures
+it) only when the time it saves, half its work on two threads,
 exceeds that. So a loop goes parallel when its estimated work on one thread reaches
 PARALLEL_MIN_NS. Every kernel family and the `parallelize` pass estimate that time
 from their own measure of work (multiply-adds, row elements, IR expression nodes)
@@ -13,12 +13,9 @@ it measures as they run.
 
 The rates are a cost model, not a benchmark: a nominal clock of NOMINAL_GHZ, two
 vector pipes (FMA or ALU) per core on vector targets, and SUSTAINED of that peak,
-which small kernels reach (on an AMD EPYC Zen 5, AVX-512: the 3x3 convolutions of
-bench/nets.py's `cnn` run at 46-56 float32 multiply-adds per ns on one thread,
-half of 16 lanes x 2 pipes x 3 GHz). A kernel that reads each value once (a
-matrix-vector product's weights) is bound by the cache instead: STREAM_BYTES_PER_CYCLE
-whatever the vector width (the same machine: a 512 x 512 gemv streams 14 float32
-weights per ns from L2).
+which small kernels reach (bench/nets.py's `cnn` checks it). A kernel that reads each
+value once (a matrix-vector product's weights) is bound by the cache instead:
+STREAM_BYTES_PER_CYCLE whatever the vector width (bench/gemv.py).
 
 The threshold is a model-level tuning knob (`kiln tune`, docs/tuning.md "Model-level
 knobs"): a tuning session may give the whole compile another one (`threshold_ns`,
@@ -34,7 +31,7 @@ from kiln.ir.dtype import itemsize
 from kiln.target.isa import ISA
 
 #: Estimated one-thread work (ns) from which a loop runs on the thread pool: twice a
-#: hand-off (~2 us), plus a margin for a worker that is not spinning.
+#: hand-off, plus a margin for a worker that is not spinning.
 PARALLEL_MIN_NS = 5_000
 #: The other thresholds (ns) `kiln tune` measures a model with (around the rule's).
 THRESHOLD_CHOICES = (2_000, 10_000, 20_000)

@@ -6,7 +6,7 @@
   threads in the other order, or parallel below the work threshold);
 - `{"tile": [...], "kblock": true}`: the rule's tile with the sums blocked along K
   for the ISA's caches (kiln.ops.gemm_kernels.KBlocking; the GEMM kernels, where K is
-  deeper than one block: off by rule, since it measured slower on average);
+  deeper than one block: off by rule, since on average it does not pay);
 - `{"tile": [...], "ksegment": C}`: the blocked direct convolution (`conv_direct`)
   with its sums K-blocked in segments of C input channels (0: unblocked; 16, 32, 64
   where they divide the group's channels in two or more: `legal_segments`), other
@@ -186,8 +186,8 @@ def unrolls(name: str, call: g.Call) -> list[int]:
     """The K unroll factors the family `name` may take for `call`
     (kiln.ops.gemm_kernels.TUNED_UNROLLS no larger than a static K: the GEMM kernels'
     K, the blocked direct kernel's input channels per group where its taps are 1x1;
-    none for the other families, or a symbolic K). A KxK layer's unrolled channel
-    loop (U copies of its tap loops) measured slower at every U (docs/tuning.md)."""
+    none for the other families, or a symbolic K). A KxK layer's channel loop is not
+    unrolled: U copies of its tap loops do not pay at any U (docs/tuning.md)."""
     from kiln.ops.gemm_kernels import TUNED_UNROLLS
 
     if name not in UNROLL_FAMILIES:

@@ -12,9 +12,8 @@ in vectors of `lanes` columns (contiguous loads at stride 1), its last columns a
 vector ending at the row's end whose upper lanes are stored one by one (each output
 stored once: an epilogue reading the output's own memory reads it once); a row
 narrower than a vector column by column. Only the copy depends on where the image
-ends; a border check per tap (the first form of this kernel) ran 4x the static
-kernel's time on MobileNetV2's layers, the copy costs about one more read of the
-input.
+ends: the copy costs about one more read of the input, where a border check per
+tap would cost several times the static kernel's time.
 """
 
 from __future__ import annotations
@@ -65,8 +64,8 @@ def symbolic_window_body(shape: ck.ConvShape, x: Buffer, out: Buffer, lanes: int
     width = shape.w + left + right
     phase_w = (width + sw - 1) // sw
     # one plane per channel, allocated in the channel's parallel tile: a small block the
-    # allocator reuses, in L1/L2 while the windows read it (a workspace for every
-    # channel at once, allocated per call, ran 2-5x slower: its pages faulted in anew)
+    # allocator reuses, in L1/L2 while the windows read it (not a workspace for every
+    # channel at once, whose pages would fault in anew on every call)
     padded = Buffer("padded", (shape.h + top + bottom, sw, phase_w), x.dtype)
 
     def channel(n: PrimExpr, c: PrimExpr) -> Stmt:
