@@ -25,8 +25,8 @@ import kiln
 from kiln.frontend import from_onnx
 from kiln.ir import assert_structural_equal
 from kiln.ir import graph as g
-from kiln.ops import gemm_kernels as gk
-from kiln.ops.kernels.gemm import choose_tile
+from kiln.kernels.gemm import micro_kernel as gk
+from kiln.kernels.gemm.families import choose_tile
 from kiln.script import from_source, print_module
 from kiln.target import Target
 from kiln.target.isa import isa_for

@@ -55,7 +55,7 @@ from kiln.ir.tensor import (
     min_,
     seq,
 )
-from kiln.ops.gemm_kernels import reduction_loop
+from kiln.kernels.gemm.micro_kernel import reduction_loop
 from kiln.ops.kernels.flat_epilogue import FlatEpilogue
 from kiln.ops.kernels.prefetch import WeightPrefetch
 from kiln.ops.kernels.tiles import Epilogue, lanes_loop, madd, parallel_tiles, parallel_when

@@ -33,7 +33,7 @@ import numpy as np
 from kiln.errors import IRError
 from kiln.ir.tensor import PrimExpr, PrimFunc
 from kiln.ir.types import TensorType, Type
-from kiln.ops import gemm_kernels as gk
+from kiln.kernels.gemm import micro_kernel as gk
 from kiln.ops import te
 from kiln.ops.epilogue import float32_operands
 from kiln.ops.kernels.registry import checking_tile, recorded_tile

@@ -53,12 +53,12 @@ import numpy as np
 from kiln.errors import IRError
 from kiln.ir.tensor import Buffer, DeclBuffer, PrimExpr, PrimFunc, Stmt, Store, seq
 from kiln.ir.types import TensorType, Type
+from kiln.kernels.gemm.mlas_order import BRead, Segment, m1_steps, mlas_gemm_body, plan
 from kiln.ops import te
 from kiln.ops.conv_kernels import ConvShape
 from kiln.ops.epilogue import fused_store
 from kiln.ops.kernels.conv_gemm import im2col
 from kiln.ops.kernels.flat_epilogue import FlatEpilogue
-from kiln.ops.kernels.mlas_order_gemm import BRead, Segment, m1_steps, mlas_gemm_body, plan
 from kiln.ops.kernels.parallel_work import worth_parallel
 from kiln.ops.kernels.tiles import const, parallel_split
 from kiln.ops.nn import conv_compute, conv_geometry, conv_infer

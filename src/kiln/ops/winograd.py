@@ -26,7 +26,7 @@ import numpy as np
 from kiln.errors import IRError
 from kiln.ir.tensor import PrimExpr, as_expr, select
 from kiln.ir.types import TensorType, Type
-from kiln.ops import gemm_kernels as gk
+from kiln.kernels.gemm import micro_kernel as gk
 from kiln.ops import layout, te
 from kiln.ops.conv_direct import DirectConvOp
 from kiln.ops.kernels.registry import recorded_tile

@@ -35,11 +35,11 @@ from kiln.ir.tensor import (
     min_,
     seq,
 )
+from kiln.kernels.gemm import micro_kernel as gk
+from kiln.kernels.gemm.families import tile_candidates
 from kiln.ops import conv_kernels as ck
-from kiln.ops import gemm_kernels as gk
 from kiln.ops.kernels.conv import UnpackedConv, conv_call_shape
 from kiln.ops.kernels.flat_epilogue import FlatEpilogue
-from kiln.ops.kernels.gemm import tile_candidates
 from kiln.ops.kernels.registry import fits_registers
 from kiln.ops.kernels.tiles import (
     Epilogue,

@@ -27,12 +27,12 @@ from typing import ClassVar
 
 from kiln.ir import graph as g
 from kiln.ir.tensor import Buffer, DeclBuffer, PrimExpr, Stmt, min_, seq
+from kiln.kernels.gemm import micro_kernel as gk
+from kiln.kernels.gemm.families import tile_candidates
 from kiln.ops import conv_kernels as ck
-from kiln.ops import gemm_kernels as gk
 from kiln.ops.kernels.conv import UnpackedConv, conv_call_shape
 from kiln.ops.kernels.conv_gemm import TYPICAL_POSITIONS, im2col, panel_count
 from kiln.ops.kernels.flat_epilogue import FlatEpilogue
-from kiln.ops.kernels.gemm import tile_candidates
 from kiln.ops.kernels.tiles import (
     Epilogue,
     parallel_over_images,

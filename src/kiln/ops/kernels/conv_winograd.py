@@ -55,11 +55,11 @@ from kiln.ir.tensor import (
     min_,
     seq,
 )
+from kiln.kernels.gemm import micro_kernel as gk
+from kiln.kernels.gemm.families import tile_candidates
 from kiln.ops import conv_kernels as ck
-from kiln.ops import gemm_kernels as gk
 from kiln.ops.epilogue import fused_store
 from kiln.ops.kernels.conv import conv_call_shape, packed_call
-from kiln.ops.kernels.gemm import tile_candidates
 from kiln.ops.kernels.registry import Family, recorded_tile
 from kiln.ops.kernels.tiles import (
     Epilogue,

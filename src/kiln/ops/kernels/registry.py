@@ -94,9 +94,9 @@ KERNELS: Registry[KernelFamily] = Registry("kernel family")
 # family name -> "module:attr", by kind of kernel.
 _FAMILIES: dict[str, str] = {
     # gemm
-    "gemv": "kiln.ops.kernels.gemv:GEMV",
-    "gemm": "kiln.ops.kernels.gemm:GEMM",
-    "gemm_tiled": "kiln.ops.kernels.gemm:GEMM_TILED",
+    "gemv": "kiln.kernels.gemm.gemv_family:GEMV",
+    "gemm": "kiln.kernels.gemm.families:GEMM",
+    "gemm_tiled": "kiln.kernels.gemm.families:GEMM_TILED",
 
     # conv
     "conv_depthwise": "kiln.ops.kernels.conv_depthwise:CONV_DEPTHWISE",
@@ -152,7 +152,7 @@ def build_call(family: KernelFamily, params: Sequence[Any], args: Sequence[Any],
     records (its `split`, `kblock` and `unroll` attributes, set by tuning; absent: the
     rule's)."""
     from kiln.errors import IRError
-    from kiln.ops.gemm_kernels import k_blocking, k_unrolling
+    from kiln.kernels.gemm.micro_kernel import k_blocking, k_unrolling
 
     split = attrs.get(SPLIT)
     if split is not None and split not in PARALLEL_SPLITS:

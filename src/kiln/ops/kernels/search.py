@@ -171,7 +171,7 @@ def _gemm_m_k(name: str, call: g.Call) -> tuple[object, object]:
 def blocks_k(family: KernelFamily, call: g.Call, isa: ISA, tile: Sequence[int]) -> bool:
     """Whether K blocking changes the kernel of `call` with `tile`: a GEMM family, static
     M and K, and K deeper than one block (kiln.ops.gemm_kernels.choose_k_blocking)."""
-    from kiln.ops.gemm_kernels import GemmTiling, choose_k_blocking
+    from kiln.kernels.gemm.micro_kernel import GemmTiling, choose_k_blocking
 
     if family.name not in KBLOCK_FAMILIES:
         return False
@@ -188,7 +188,7 @@ def unrolls(name: str, call: g.Call) -> list[int]:
     K, the blocked direct kernel's input channels per group where its taps are 1x1;
     none for the other families, or a symbolic K). A KxK layer's unrolled channel
     loop (U copies of its tap loops) measured slower at every U (docs/tuning.md)."""
-    from kiln.ops.gemm_kernels import TUNED_UNROLLS
+    from kiln.kernels.gemm.micro_kernel import TUNED_UNROLLS
 
     if name not in UNROLL_FAMILIES:
         return []

@@ -46,8 +46,8 @@ from kiln.ir.tensor import (
     seq,
 )
 from kiln.ir.types import TensorType
+from kiln.kernels.gemm import micro_kernel as gk
 from kiln.ops import conv_kernels as ck
-from kiln.ops import gemm_kernels as gk
 from kiln.ops import layout
 from kiln.ops.epilogue import fused_store
 from kiln.ops.kernels.conv import blocked_bias

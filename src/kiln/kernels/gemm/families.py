@@ -19,7 +19,7 @@ from kiln.ir.attrs import ATTR_GEMM_KERNEL
 from kiln.ir.dtype import itemsize
 from kiln.ir.tensor import PrimFunc
 from kiln.ir.types import TensorType
-from kiln.ops import gemm_kernels as gk
+from kiln.kernels.gemm import micro_kernel as gk
 from kiln.ops.broadcast import broadcast_shapes
 from kiln.ops.epilogue import fused_store
 from kiln.ops.kernels.registry import TILE, Family, fits_registers, recorded_tile

@@ -41,7 +41,7 @@ from kiln.ir.tensor import (
     min_,
     seq,
 )
-from kiln.ops.gemm_kernels import (
+from kiln.kernels.gemm.micro_kernel import (
     GemmShape,
     GemmTiling,
     choose_gemm_tiling,
