@@ -1,4 +1,4 @@
-"""conv2d_mlas's kernel (kiln/ops/quant_mlas_conv.py on kiln/ops/kernels/mlas_order_gemm.py)
+"""conv2d_mlas's kernel (kiln/ops/quant_mlas_conv.py on kiln/kernels/gemm/mlas_order.py)
 against onnxruntime's float Conv whose weights it cannot pre-pack (graph inputs: MLAS's
 im2col and SGEMM, docs/quantization.md "Files quantized by others"), bit for bit, on
 each of the kernel's paths: the input read in place (a 1x1 stride-1 layer, grouped or

@@ -1,5 +1,5 @@
 """The GEMV family: `matmul(a, B^T)` with one row of A and B a constant stored
-`[N][K]` -> `matmul_gemv(a, b)`, read in place by kiln.ops.gemv_kernels.
+`[N][K]` -> `matmul_gemv(a, b)`, read in place by kiln.kernels.gemm.gemv.
 
 Its tile `(rows, width)` is `GEMV_ROWS` rows of B by `GEMV_VECTORS` vectors of K.
 """
