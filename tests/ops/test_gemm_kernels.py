@@ -1,4 +1,4 @@
-"""The GEMM micro-kernel (kiln.ops.gemm_kernels) against onnxruntime and the interpreter.
+"""The GEMM micro-kernel (kiln.kernels.gemm) against onnxruntime and the interpreter.
 
 One ONNX model holds every edge case as an independent branch (so each backend
 compiles once): remainders of the row tile (M), of the panel width (N) and odd K,
@@ -25,8 +25,11 @@ import kiln
 from kiln.frontend import from_onnx
 from kiln.ir import assert_structural_equal
 from kiln.ir import graph as g
-from kiln.ops import gemm_kernels as gk
-from kiln.ops.kernels.gemm import choose_tile
+from kiln.kernels.gemm.families import choose_tile
+from kiln.kernels.gemm.micro_kernel import GemmShape
+from kiln.kernels.gemm.schedule import rows_first
+from kiln.ops.gemm import pack_b, unpack_b
+from kiln.ops.kernels.gemm_knobs import GemmTiling
 from kiln.script import from_source, print_module
 from kiln.target import Target
 from kiln.target.isa import isa_for
@@ -71,7 +74,7 @@ CASES: list[dict[str, Any]] = [
     # the epilogue runs as a second pass over the tile)
     dict(a=(9, 24), b=(24, 20), w=True, node="Gemm", bias=True, tail=("Gelu",)),
     # B's panels (100 x 1008 floats, 403 KB) past 3/4 of a 512 KB L2: panel by panel (the
-    # cases above run row tile by row tile, gemm_kernels.rows_first), a partial last panel
+    # cases above run row tile by row tile, schedule.rows_first), a partial last panel
     dict(a=(13, 100), b=(100, 1000), w=True, tail=("Relu",)),
     # GPT-2's scores: Q @ K^T scaled, then Where(causal mask, s, min); the bool mask is
     # read by the epilogue (the product stays on the kernel)
@@ -193,11 +196,11 @@ def test_the_rewrite_is_visible_in_the_graph_and_round_trips() -> None:
 
 def test_packed_b_round_trip() -> None:
     b = RNG.standard_normal((5, 19)).astype(np.float32)
-    packed = gk.pack_b(b, 8)
+    packed = pack_b(b, 8)
     assert packed.shape == (3, 5, 8)
     assert np.all(packed[2, :, 3:] == 0)
     np.testing.assert_array_equal(packed[1, 4, 2], b[4, 10])
-    np.testing.assert_array_equal(gk.unpack_b(packed, 19), b)
+    np.testing.assert_array_equal(unpack_b(packed, 19), b)
 
 
 @pytest.mark.parametrize(("spec", "m", "tile"), [
@@ -221,8 +224,8 @@ def test_tile_follows_the_target(spec: str, m: int, tile: tuple[int, int]) -> No
 ])
 def test_tiles_run_row_by_row_when_b_fits_l2(batch: tuple[int, ...], m: int, k: int, n: int,
                                               l2_kib: int, by_rows: bool) -> None:
-    shape = gk.GemmShape(batch, batch, (m,), n, k)
-    assert gk.rows_first(shape, gk.GemmTiling(6, 16), l2_kib * 1024) is by_rows
+    shape = GemmShape(batch, batch, (m,), n, k)
+    assert rows_first(shape, GemmTiling(6, 16), l2_kib * 1024) is by_rows
 
 
 def test_narrow_products_are_not_padded_to_a_wide_tile() -> None:

@@ -1,4 +1,4 @@
-"""The matrix-vector kernel (kiln.ops.gemv_kernels) against onnxruntime.
+"""The matrix-vector kernel (kiln.kernels.gemm.gemv) against onnxruntime.
 
 Dense layers at batch 1 (`Gemm(transB=1)` with one row of A) read their weight
 `[N][K]` in place. One ONNX model holds the edge cases as independent branches:

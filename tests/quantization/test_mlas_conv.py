@@ -1,4 +1,4 @@
-"""conv2d_mlas's kernel (kiln/ops/quant_mlas_conv.py on kiln/ops/kernels/mlas_order_gemm.py)
+"""conv2d_mlas's kernel (kiln/ops/quant_mlas_conv.py on kiln/kernels/gemm/mlas_order.py)
 against onnxruntime's float Conv whose weights it cannot pre-pack (graph inputs: MLAS's
 im2col and SGEMM, docs/quantization.md "Files quantized by others"), bit for bit, on
 each of the kernel's paths: the input read in place (a 1x1 stride-1 layer, grouped or
@@ -22,9 +22,9 @@ from kiln.ir import graph as g
 from kiln.ir.tensor import Allocate, PrimFunc
 from kiln.ir.types import TensorType
 from kiln.ir.visitor import iter_stmts
+from kiln.kernels.gemm.mlas_order import MlasGemm, Segment
 from kiln.ops import call as op_call
 from kiln.ops import get_op
-from kiln.ops.kernels.mlas_order_gemm import MlasGemm, Segment
 from kiln.ops.quant_mlas_conv import geometry, k_blocks
 from kiln.target.isa import isa_for
 from support.graphs import GraphBuilder

@@ -50,6 +50,10 @@ LOWERINGS: Registry[Lowering] = Registry("hand-built lowering")
 # op name -> "module:attr" of its lowering, by family.
 _LAZY: dict[str, str] = {
     # gemm (kiln.kernels.gemm)
+    "matmul_packed": "kiln.kernels.gemm.lowering:MATMUL_PACKED",
+    "matmul_tiled": "kiln.kernels.gemm.lowering:MATMUL_TILED",
+    "matmul_gemv": "kiln.kernels.gemm.lowering:MATMUL_GEMV",
+    "cblas_matmul": "kiln.kernels.gemm.cblas:CBLAS_MATMUL",
 
     # conv (kiln.kernels.conv)
 

@@ -4,11 +4,12 @@ On a target with `libs: ["cblas"]` the `use-cblas` graph pass
 (kiln.transform.use_cblas) rewrites a float32 `matmul` whose B is one matrix
 (`[K, N]`, or `[N, K]` with `transpose_b`) into this op: A's leading
 dimensions are rows of one `cblas_sgemm` call (row-major), so an MLP layer or a
-transformer projection is a single call. The kernel is a `call_extern` with the
-external dependency `cblas` (Debian's OpenBLAS: `-lopenblas`), which the
-library metadata, Model Library Format archives and the link step carry.
-`cblas_sgemm` returns nothing; the call is made for its effect and its
-(absent) result is never read.
+transformer projection is a single call. The kernel (kiln.kernels.gemm.cblas) is a
+`call_extern` with the external dependency `cblas` (Debian's OpenBLAS:
+`-lopenblas`), which the library metadata, Model Library Format archives and the
+link step carry. `cblas_sgemm` returns nothing; the call is made for its effect and
+its (absent) result is never read; kiln's interpreter runs it with
+`_sgemm_reference`.
 
 Whether a product calls the library is a tuning choice (`LIBRARY_CHOICE`, a
 kiln.ops.kernels.search.KernelChoice recorded as the pseudo-kernel `cblas_matmul`):
@@ -27,21 +28,8 @@ import numpy as np
 
 from kiln.errors import IRError, UsageError
 from kiln.ir import graph as g
-from kiln.ir.attrs import ATTR_EXTERN_READS
 from kiln.ir.evaluate import register_extern_reference
-from kiln.ir.tensor import (
-    Buffer,
-    CallExtern,
-    Const,
-    Evaluate,
-    ExternDependency,
-    For,
-    PrimFunc,
-    SeqStmt,
-    Stmt,
-    Store,
-    Var,
-)
+from kiln.ir.tensor import ExternDependency
 from kiln.ir.types import TensorType, Type
 from kiln.ops import te
 from kiln.ops.nn import matmul_compute, matmul_infer, matmul_ref
@@ -101,64 +89,6 @@ class LibraryChoice:
 LIBRARY_CHOICE = LibraryChoice()
 
 
-@dataclass(frozen=True)
-class CBLASMatmulOp(OpDef):
-    """matmul's meaning, type rule and reference; the kernel is one cblas_sgemm call."""
-
-    def legalize(self, call: g.Call, isa: ISA | None = None) -> tuple[PrimFunc, str]:
-        types = [a.type for a in call.args]
-        inputs = [te.placeholder(t.static_shape, t.dtype, f"x{k}")  # type: ignore[union-attr]
-                  for k, t in enumerate(types)]
-        prim = self.lower_fused(inputs, inputs, call.attrs, None, None, NAME, isa)
-        assert prim is not None
-        return prim, NAME
-
-    def lower_fused(self, params: Sequence[te.Tensor], args: Sequence[te.Tensor],
-                    attrs: Mapping[str, Any], anchor: te.Tensor | None,
-                    result: te.Tensor | None, name: str,
-                    isa: ISA | None = None) -> PrimFunc | None:
-        """The sgemm call writing `out` (any ISA: the library has its own kernels), then
-        FuseOps' elementwise tail (`result` over `anchor`) applied to `out` in place; None
-        when an operand is computed inside the group (FuseOps then lowers it through
-        tensor expressions)."""
-        if any(a not in params for a in args[:2]):
-            return None
-        buffers = {t: Buffer(t.name, t.shape, t.dtype) for t in params}
-        a, b = buffers[args[0]], buffers[args[1]]
-        out_t = self.infer_type([TensorType(a.shape, a.dtype), TensorType(b.shape, b.dtype)],
-                                attrs)
-        assert isinstance(out_t, TensorType)
-        shape = out_t.static_shape
-        final = result if result is not None and result is not anchor else None
-        out = Buffer("out", shape, final.dtype if final is not None else "float32")
-        trans_b = bool(attrs.get("transpose_b"))
-        k = a.shape[-1]
-        m = int(np.prod(a.shape[:-1]))
-        n = shape[-1]
-
-        def i32(v: int) -> Const:
-            return Const(v, "int32")
-
-        call_args = (i32(ROW_MAJOR), i32(NO_TRANS), i32(TRANS if trans_b else NO_TRANS),
-                     i32(m), i32(n), i32(k), Const(1.0, "float32"), a, i32(k), b,
-                     i32(k if trans_b else n), Const(0.0, "float32"), out, i32(n))
-        body: Stmt = Evaluate(CallExtern("cblas_sgemm", call_args, "int32", CBLAS))
-        if final is not None:
-            if out.dtype != "float32" or anchor is None:
-                return None
-            idx = tuple(Var(f"i{d}", "int64") for d in range(len(shape)))
-            try:
-                value = te.inline_expr(final, idx, {**buffers, anchor: out})
-            except IRError:  # an epilogue needing statements: not fused here
-                return None
-            loop: Stmt = Store(out, value, idx)
-            for d in reversed(range(len(shape))):
-                loop = For(idx[d], Const(0, "int64"), Const(shape[d], "int64"), "serial", loop)
-            body = SeqStmt((body, loop))
-        return PrimFunc((*(buffers[t] for t in params), out), body,
-                        {ATTR_EXTERN_READS: (a.name, b.name)})
-
-
 def _infer(types: Sequence[TensorType], attrs: Mapping[str, Any]) -> Type:
     return matmul_infer(types, attrs)
 
@@ -189,7 +119,7 @@ def _sgemm_reference(order: int, trans_a: int, trans_b: int, m: int, n: int, k: 
 register_extern_reference(
     "cblas_sgemm", ("int", "int", "int", "int", "int", "int", "float32", "buffer", "int",
                     "buffer", "int", "float32", "buffer", "int"), None, _sgemm_reference)
-OPS.register(NAME, CBLASMatmulOp(NAME, "opaque", _infer, _compute, matmul_ref))
+OPS.register(NAME, OpDef(NAME, "opaque", _infer, _compute, matmul_ref))
 
 __all__ = ["CBLAS", "LIBRARIES", "LIBRARY", "LIBRARY_CHOICE", "NAME", "LibraryChoice",
            "supports"]

@@ -55,7 +55,7 @@ from kiln.ir.tensor import (
     min_,
     seq,
 )
-from kiln.ops.gemm_kernels import reduction_loop
+from kiln.kernels.gemm.micro_kernel import reduction_loop
 from kiln.ops.kernels.flat_epilogue import FlatEpilogue
 from kiln.ops.kernels.prefetch import WeightPrefetch
 from kiln.ops.kernels.tiles import Epilogue, lanes_loop, madd, parallel_tiles, parallel_when
@@ -483,7 +483,7 @@ def blocked_conv_body(shape: ConvShape, x: Buffer, wp: Buffer, out: Buffer,
     into a workspace (`subsampled_input`, a quarter of the input at stride 2) and runs
     as a stride-1 layer on it: its tiles then read consecutive columns. With `unroll`
     (a tuning knob) the loop over input channels is unrolled by it
-    (kiln.ops.gemm_kernels.reduction_loop: the sums in the same order). With `band`
+    (kiln.kernels.gemm.micro_kernel.reduction_loop: the sums in the same order). With `band`
     (unblocked sums only) the tiles run in bands of `band` consecutive tiles, each band's
     tiles for every channel block in turn (kiln.ops.kernels.conv_direct.band_tiles). With
     `prefetch` each step of the sums also prefetches the weights the next channel block

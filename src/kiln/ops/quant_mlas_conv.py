@@ -24,7 +24,7 @@ others"):
   positions is small beside K.
 
 The order is per output, so the kernel is free to tile and split the work as kiln's own
-GEMM convolution does (`conv2d_mlas_kernel`, on kiln.ops.kernels.mlas_order_gemm): per
+GEMM convolution does (`conv2d_mlas_kernel`, on kiln.kernels.gemm.mlas_order): per
 image and group, the weight `[OC / group][K]` (read in place) times the columns
 `[K][positions]`: the input itself for a 1x1 stride-1 unpadded layer (MLAS's GemmDirect),
 else a workspace filled once per call (kiln.ops.kernels.conv_gemm.im2col); register
@@ -53,12 +53,12 @@ import numpy as np
 from kiln.errors import IRError
 from kiln.ir.tensor import Buffer, DeclBuffer, PrimExpr, PrimFunc, Stmt, Store, seq
 from kiln.ir.types import TensorType, Type
+from kiln.kernels.gemm.mlas_order import BRead, Segment, m1_steps, mlas_gemm_body, plan
 from kiln.ops import te
 from kiln.ops.conv_kernels import ConvShape
 from kiln.ops.epilogue import fused_store
 from kiln.ops.kernels.conv_gemm import im2col
 from kiln.ops.kernels.flat_epilogue import FlatEpilogue
-from kiln.ops.kernels.mlas_order_gemm import BRead, Segment, m1_steps, mlas_gemm_body, plan
 from kiln.ops.kernels.parallel_work import worth_parallel
 from kiln.ops.kernels.tiles import const, parallel_split
 from kiln.ops.nn import conv_compute, conv_geometry, conv_infer
@@ -362,7 +362,7 @@ def conv2d_mlas_kernel(params: Sequence[te.Tensor], args: Sequence[te.Tensor], a
     """The kernel computing `result` (an elementwise chain over the convolution `anchor`;
     None: the convolution alone) from buffer parameters `params`, tiled for `isa`: per
     image and group the product of the weight `[OC / group][K]` (read in place) by the
-    columns `[K][positions]` (kiln.ops.kernels.mlas_order_gemm), each output stored
+    columns `[K][positions]` (kiln.kernels.gemm.mlas_order), each output stored
     through the fused epilogue along the flat positions."""
     x, w = args[0], args[1]
     bias = args[2] if len(args) == 3 else None

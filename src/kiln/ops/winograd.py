@@ -26,9 +26,9 @@ import numpy as np
 from kiln.errors import IRError
 from kiln.ir.tensor import PrimExpr, as_expr, select
 from kiln.ir.types import TensorType, Type
-from kiln.ops import gemm_kernels as gk
 from kiln.ops import layout, te
 from kiln.ops.conv_direct import DirectConvOp
+from kiln.ops.gemm import pack_b, unpack_b
 from kiln.ops.kernels.registry import recorded_tile
 from kiln.ops.nn import conv_compute, conv_infer, conv_ref
 from kiln.ops.registry import OPS
@@ -187,14 +187,14 @@ WINOGRAD_NCHWC = "conv2d_winograd_nchwc"
 
 def pack_panels(u: np.ndarray, nr: int) -> np.ndarray:
     """`u[a*a][O][C]` -> `[a*a][ceil(O / nr)][C][nr]`: each position's `U^T` (`[C][O]`) as
-    the GEMM kernel's B panels (kiln.ops.gemm_kernels.pack_b), output channels
+    the GEMM kernel's B panels (kiln.ops.gemm.pack_b), output channels
     zero-padded."""
-    return np.stack([gk.pack_b(up.T, nr) for up in u])
+    return np.stack([pack_b(up.T, nr) for up in u])
 
 
 def unpack_panels(up: np.ndarray, channels: int) -> np.ndarray:
     """`pack_panels` undone: `u[a*a][channels][C]`."""
-    return np.stack([gk.unpack_b(panels, channels).T for panels in up])
+    return np.stack([unpack_b(panels, channels).T for panels in up])
 
 
 def _nchwc_parts(types: Sequence[Any], attrs: Attrs) -> tuple[int, tuple[int, ...]]:

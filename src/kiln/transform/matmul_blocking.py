@@ -5,7 +5,7 @@ A `matmul` with float32 operands becomes
 - `matmul_packed(a, bp)` when B is one constant matrix (a dense layer's weight,
   with Gemm's `transpose_b` applied): B is packed here, at compile time, into
   panels `[ceil(N / nr)][K][nr]` for the register tile the target and the
-  product's row count call for (kiln.ops.kernels.gemm.choose_tile), so
+  product's row count call for (kiln.kernels.gemm.families.choose_tile), so
   the run time never repacks;
 - `matmul_gemv(a, b)` when B is one constant matrix stored `[N][K]` (Gemm's
   `transB`) and A has one row (a dense layer at batch 1): the kernel reads B in
@@ -16,7 +16,7 @@ A `matmul` with float32 operands becomes
 
 Each rewritten call records its register tile in its `tile` attribute, which
 lowering reads (kiln.ops.kernels): the rule's, or a tuning database's
-(kiln.tuning.apply). The kernels are in kiln.ops.gemm_kernels;
+(kiln.tuning.apply). The kernels are in kiln.kernels.gemm;
 docs/performance.md, "Matrix products", describes them. The pass runs before
 fuse-ops, which fuses the elementwise tail (Gemm's alpha and bias, activations,
 a residual add) into the new op's kernel, and after use-cblas (a target that asks

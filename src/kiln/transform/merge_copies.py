@@ -8,7 +8,7 @@ writes the whole tensor. Two patterns cost most of them:
   transpose `p` of B whose last two axes swap those of a permutation `q` becomes
   `matmul(a, transpose(x, q), transpose_b=True)`, and the transpose disappears when
   `q` is the identity. The product's packing reads B `[N][K]` rows as they are
-  (kiln.ops.kernels.gemm); what remains of the transpose (`[seq, heads, dim] ->
+  (kiln.kernels.gemm.families); what remains of the transpose (`[seq, heads, dim] ->
   [heads, seq, dim]`) moves whole rows of `dim` elements instead of single ones;
 - **chains of static reshapes and transposes** whose intermediate values are read once
   (ShuffleNet's channel shuffle `reshape -> transpose -> reshape`, the heads split

@@ -234,7 +234,7 @@ class DirectConv(Family):
     def build(self, params: Sequence[Any], args: Sequence[Any], attrs: Mapping[str, Any],
               anchor: Any, result: Any, isa: ISA) -> PrimFunc | None:
         from kiln.errors import IRError
-        from kiln.ops.gemm_kernels import k_unroll
+        from kiln.ops.kernels.gemm_knobs import k_unroll
 
         tile = recorded_tile(attrs, 2, self.op)
         segment = attrs.get(KSEGMENT)

@@ -1,6 +1,6 @@
 """The GEMM convolution family: an ungrouped 1x1 `conv2d` (any stride; `takes`) ->
 `conv2d_gemm` (weight OIHW as it is), run on the GEMM micro-kernel
-(kiln.ops.gemm_kernels.gemm_body): per image `out[co, p] = W[co, k] @ X[k, p]` with
+(kiln.kernels.gemm.loop_nest.gemm_body): per image `out[co, p] = W[co, k] @ X[k, p]` with
 `k` over `(ci, kh, kw)` and `p` over the flattened output positions `oh * OW + ow`;
 tile `(mr, nr)`: `mr` output channels (weights broadcast) x `nr` consecutive
 positions (whole vectors, contiguous in the NCHW output).
@@ -35,11 +35,14 @@ from kiln.ir.tensor import (
     min_,
     seq,
 )
+from kiln.kernels.gemm.families import tile_candidates
+from kiln.kernels.gemm.loop_nest import gemm_body
+from kiln.kernels.gemm.micro_kernel import GemmShape, choose_gemm_tiling
+from kiln.kernels.gemm.schedule import GemmSchedule
 from kiln.ops import conv_kernels as ck
-from kiln.ops import gemm_kernels as gk
 from kiln.ops.kernels.conv import UnpackedConv, conv_call_shape
 from kiln.ops.kernels.flat_epilogue import FlatEpilogue
-from kiln.ops.kernels.gemm import tile_candidates
+from kiln.ops.kernels.gemm_knobs import GemmTiling
 from kiln.ops.kernels.registry import fits_registers
 from kiln.ops.kernels.tiles import (
     Epilogue,
@@ -112,7 +115,7 @@ WIDE_TILE = (6, 4)
 
 
 def choose_tile(shape: ck.ConvShape, isa: ISA) -> tuple[int, int]:
-    """The GEMM tile of the `co` x `oh * ow` product (kiln.ops.gemm_kernels): the GEMM
+    """The GEMM tile of the `co` x `oh * ow` product (kiln.kernels.gemm.micro_kernel): the GEMM
     rule's, or for an output far larger than the L2 (`WIDE_OUTPUT_L2_MULTIPLE`) the
     wider `WIDE_TILE` where it fits the registers and fills its panels (each row of a
     tile then stores, and its residual loads, 4 vectors in a row: fewer, longer runs
@@ -121,8 +124,8 @@ def choose_tile(shape: ck.ConvShape, isa: ISA) -> tuple[int, int]:
     lanes, positions = tile_lanes(isa), shape.out_h * shape.out_w
     if shape.symbolic_image:
         positions = TYPICAL_POSITIONS
-    t = gk.choose_gemm_tiling(shape.c_out, positions, lanes, tile_registers(isa))
-    t = gk.GemmTiling(narrow_rows(isa, shape.c_out, t.mr, t.nr // lanes), t.nr)
+    t = choose_gemm_tiling(shape.c_out, positions, lanes, tile_registers(isa))
+    t = GemmTiling(narrow_rows(isa, shape.c_out, t.mr, t.nr // lanes), t.nr)
     if shape.symbolic_image:
         return (t.mr, t.nr)
     rows, vectors = WIDE_TILE
@@ -240,7 +243,7 @@ def im2col(x: Buffer, shape: ck.ConvShape, width: int, *, isa: ISA) -> tuple[Buf
 
 
 # A panel copied to the stack (`copies_panels`) is at most this many bytes: 1024 input
-# channels at 16 lanes (twice K-blocked partial sums' bound, gemm_kernels.
+# channels at 16 lanes (twice K-blocked partial sums' bound, gemm_knobs.
 # PARTIAL_SUM_BYTES). At 32 KB the 768- and 1024-deep layers read in place ran 1.1-1.7x
 # onnxruntime's time (Inception's 768>192 @17, 1024>256 @16 and @14), copied 0.88-1.0.
 PANEL_COPY_BYTES = 64 * 1024
@@ -335,10 +338,11 @@ def gemm_conv_body(shape: ck.ConvShape, x: Buffer, w: Buffer, out: Buffer,
 
     flat = FlatEpilogue(epilogue, shape.out_h, shape.out_w)
     group = panel_group(shape, tile, flat) if copy_panels and not shape.symbolic_image else 1
-    product = gk.GemmShape((shape.n,), (), (shape.c_out,), positions, k)
-    body = gk.gemm_body(product, gk.GemmTiling(mr, nr), a, b_at, o, flat, fused, prologue,
-                        shifted_tail=shifted, copy_panels=copy_panels and (in_place or group > 1),
-                        panel_group=group, isa=isa)
+    product = GemmShape((shape.n,), (), (shape.c_out,), positions, k)
+    schedule = GemmSchedule(GemmTiling(mr, nr), fused, shifted_tail=shifted,
+                            copy_panels=copy_panels and (in_place or group > 1),
+                            panel_group=group)
+    body = gemm_body(product, schedule, a, b_at, o, flat, prologue, isa=isa)
     return seq(*decls, *flat.decls, body)
 
 
@@ -366,7 +370,7 @@ class GemmConv(UnpackedConv):
         if shape.symbolic_image:
             return []
         positions = shape.out_h * shape.out_w
-        gemm = gk.choose_gemm_tiling(shape.c_out, positions, tile_lanes(isa),
+        gemm = choose_gemm_tiling(shape.c_out, positions, tile_lanes(isa),
                                      tile_registers(isa))
         rule = choose_tile(shape, isa)
         # the GEMM rule's tile too where this family's rule is the wide one

@@ -1,6 +1,6 @@
 """The grouped GEMM convolution family: a grouped (not depthwise) 1x1 `conv2d` ->
 `conv2d_group_gemm` (weight OIHW as it is), one GEMM per image and group on the GEMM
-micro-kernel (kiln.ops.gemm_kernels.gemm_body): `out[g][co, p] = W[g][co, k] @ X[g][k, p]`
+micro-kernel (kiln.kernels.gemm.loop_nest.gemm_body): `out[g][co, p] = W[g][co, k] @ X[g][k, p]`
 with `co` over the group's output channels, `k` over its input channels and `p` over
 the flattened output positions; tile `(mr, nr)`: `mr` output channels (weights
 broadcast) x `nr` consecutive positions (whole vectors, contiguous in the NCHW output).
@@ -27,12 +27,15 @@ from typing import ClassVar
 
 from kiln.ir import graph as g
 from kiln.ir.tensor import Buffer, DeclBuffer, PrimExpr, Stmt, min_, seq
+from kiln.kernels.gemm.families import tile_candidates
+from kiln.kernels.gemm.loop_nest import gemm_body
+from kiln.kernels.gemm.micro_kernel import GemmShape, choose_gemm_tiling
+from kiln.kernels.gemm.schedule import GemmSchedule
 from kiln.ops import conv_kernels as ck
-from kiln.ops import gemm_kernels as gk
 from kiln.ops.kernels.conv import UnpackedConv, conv_call_shape
 from kiln.ops.kernels.conv_gemm import TYPICAL_POSITIONS, im2col, panel_count
 from kiln.ops.kernels.flat_epilogue import FlatEpilogue
-from kiln.ops.kernels.gemm import tile_candidates
+from kiln.ops.kernels.gemm_knobs import GemmTiling
 from kiln.ops.kernels.tiles import (
     Epilogue,
     parallel_over_images,
@@ -73,7 +76,7 @@ MAX_COPY_WASTE = 0.1
 
 
 def choose_tile(shape: ck.ConvShape, isa: ISA) -> tuple[int, int]:
-    """The GEMM tile of one group's `co` x `oh * ow` product (kiln.ops.gemm_kernels),
+    """The GEMM tile of one group's `co` x `oh * ow` product (kiln.kernels.gemm.micro_kernel),
     its width narrowed to whole vectors that divide the positions where some do (no
     overlapping last panel: 28x28, 8 x 16 instead of 8 x 32, 0.16 -> 0.09 ms for 60->240
     channels in 3 groups, one Zen 5 core, loaded, when the overlap was a copy), else kept where
@@ -82,9 +85,9 @@ def choose_tile(shape: ck.ConvShape, isa: ISA) -> tuple[int, int]:
     lanes = tile_lanes(isa)
     rows, positions = group_product(shape)
     if shape.symbolic_image:  # the GEMM rule's tile for a typical image
-        t = gk.choose_gemm_tiling(rows, TYPICAL_POSITIONS, lanes, tile_registers(isa))
+        t = choose_gemm_tiling(rows, TYPICAL_POSITIONS, lanes, tile_registers(isa))
         return (t.mr, t.nr)
-    t = gk.choose_gemm_tiling(rows, positions, lanes, tile_registers(isa))
+    t = choose_gemm_tiling(rows, positions, lanes, tile_registers(isa))
 
     def computed(w: int) -> int:
         return -(-positions // w) * w
@@ -143,9 +146,9 @@ def group_gemm_body(shape: ck.ConvShape, x: Buffer, w: Buffer, out: Buffer,
         n, grp, co, p = idx
         return flat(value, (n, grp * cog + co, p))
 
-    product = gk.GemmShape((shape.n, groups), (groups,), (cog,), positions, k)
-    body = gk.gemm_body(product, gk.GemmTiling(mr, nr), a, b_at, o, grouped, fused, prologue,
-                        shifted_tail=shifted, isa=isa)
+    product = GemmShape((shape.n, groups), (groups,), (cog,), positions, k)
+    body = gemm_body(product, GemmSchedule(GemmTiling(mr, nr), fused, shifted_tail=shifted),
+                     a, b_at, o, grouped, prologue, isa=isa)
     return seq(*decls, *flat.decls, body)
 
 

@@ -1,7 +1,7 @@
 """The Winograd convolution family: a 3x3, stride 1, dilation 1, ungrouped float32
 `conv2d` (any padding) -> `conv2d_winograd` (kiln.ops.winograd: the weight transformed
 at compile time), tile `(m, mr, nr)`: F(m x m, 3 x 3) with the GEMM micro-kernel's
-`mr x nr` register tile (kiln.ops.gemm_kernels).
+`mr x nr` register tile (kiln.kernels.gemm.micro_kernel).
 
 The rule's choice for layers of 32+ channels (whole vector blocks) over 8x8 outputs
 or more (`applies`),
@@ -55,11 +55,14 @@ from kiln.ir.tensor import (
     min_,
     seq,
 )
+from kiln.kernels.gemm.families import tile_candidates
+from kiln.kernels.gemm.loop_nest import gemm_body
+from kiln.kernels.gemm.micro_kernel import GemmShape, choose_gemm_tiling
+from kiln.kernels.gemm.schedule import GemmSchedule
 from kiln.ops import conv_kernels as ck
-from kiln.ops import gemm_kernels as gk
 from kiln.ops.epilogue import fused_store
 from kiln.ops.kernels.conv import conv_call_shape, packed_call
-from kiln.ops.kernels.gemm import tile_candidates
+from kiln.ops.kernels.gemm_knobs import GemmTiling
 from kiln.ops.kernels.registry import Family, recorded_tile
 from kiln.ops.kernels.tiles import (
     Epilogue,
@@ -100,7 +103,7 @@ def tiles(shape: ck.ConvShape, m: int) -> tuple[int, int]:
 def gemm_tile(shape: ck.ConvShape, m: int, isa: ISA) -> tuple[int, int]:
     """The GEMM rule's register tile of one position's `O x T` product."""
     th, tw = tiles(shape, m)
-    t = gk.choose_gemm_tiling(shape.c_out, th * tw, tile_lanes(isa), tile_registers(isa))
+    t = choose_gemm_tiling(shape.c_out, th * tw, tile_lanes(isa), tile_registers(isa))
     return (t.mr, t.nr)
 
 
@@ -283,9 +286,9 @@ def winograd_body(shape: ck.ConvShape, x: Buffer, u: Buffer, out: Buffer,
                  lane: PrimExpr) -> PrimExpr:
             return v[bidx[0], kk, panel * nr + lane]
 
-        product = gk.GemmShape((a * a,), (a * a,), (c_out,), panels * nr, c_in)
-        parts.append(gk.gemm_body(product, gk.GemmTiling(mr, nr), u, b_at, mm,
-                                  lambda value, idx: value, fused, isa=isa))
+        product = GemmShape((a * a,), (a * a,), (c_out,), panels * nr, c_in)
+        parts.append(gemm_body(product, GemmSchedule(GemmTiling(mr, nr), fused), u, b_at,
+                               mm, lambda value, idx: value, isa=isa))
 
         # 4. the output transform, per output channel and tile row (vectors across its
         # tiles), interleaved into output rows, stored through the epilogue

@@ -28,11 +28,11 @@ TILE = "tile"
 #: The attribute a tuned call records its parallel split in (kiln.ops.kernels.tiles).
 SPLIT = "split"
 #: The attribute a tuned GEMM call sets (true) to block its sums along K for the ISA's
-#: caches (kiln.ops.gemm_kernels.k_blocking; absent: the rule's, unblocked).
+#: caches (kiln.ops.kernels.gemm_knobs.k_blocking; absent: the rule's, unblocked).
 KBLOCK = "kblock"
 #: The attribute a tuned GEMM call records its K unroll factor in (an int: the K loop of
-#: the register tile unrolled by it, kiln.ops.gemm_kernels.reduction_loop; absent: the
-#: rule's, LLVM's to unroll).
+#: the register tile unrolled by it, kiln.kernels.gemm.micro_kernel.reduction_loop;
+#: absent: the rule's, LLVM's to unroll).
 UNROLL = "unroll"
 
 
@@ -94,9 +94,9 @@ KERNELS: Registry[KernelFamily] = Registry("kernel family")
 # family name -> "module:attr", by kind of kernel.
 _FAMILIES: dict[str, str] = {
     # gemm
-    "gemv": "kiln.ops.kernels.gemv:GEMV",
-    "gemm": "kiln.ops.kernels.gemm:GEMM",
-    "gemm_tiled": "kiln.ops.kernels.gemm:GEMM_TILED",
+    "gemv": "kiln.kernels.gemm.gemv_family:GEMV",
+    "gemm": "kiln.kernels.gemm.families:GEMM",
+    "gemm_tiled": "kiln.kernels.gemm.families:GEMM_TILED",
 
     # conv
     "conv_depthwise": "kiln.ops.kernels.conv_depthwise:CONV_DEPTHWISE",
@@ -152,7 +152,7 @@ def build_call(family: KernelFamily, params: Sequence[Any], args: Sequence[Any],
     records (its `split`, `kblock` and `unroll` attributes, set by tuning; absent: the
     rule's)."""
     from kiln.errors import IRError
-    from kiln.ops.gemm_kernels import k_blocking, k_unrolling
+    from kiln.ops.kernels.gemm_knobs import k_blocking, k_unrolling
 
     split = attrs.get(SPLIT)
     if split is not None and split not in PARALLEL_SPLITS:

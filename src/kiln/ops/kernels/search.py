@@ -5,8 +5,8 @@
   (kiln.ops.kernels.tiles.PARALLEL_SPLITS: one thread, or the tile loop split over
   threads in the other order, or parallel below the work threshold);
 - `{"tile": [...], "kblock": true}`: the rule's tile with the sums blocked along K
-  for the ISA's caches (kiln.ops.gemm_kernels.KBlocking; the GEMM kernels, where K is
-  deeper than one block: off by rule, since on average it does not pay);
+  for the ISA's caches (kiln.ops.kernels.gemm_knobs.KBlocking; the GEMM kernels, where K
+  is deeper than one block: off by rule, since on average it does not pay);
 - `{"tile": [...], "ksegment": C}`: the blocked direct convolution (`conv_direct`)
   with its sums K-blocked in segments of C input channels (0: unblocked; 16, 32, 64
   where they divide the group's channels in two or more: `legal_segments`), other
@@ -14,7 +14,7 @@
 - `{"tile": [...], "unroll": U}`: the rule's tile with the K (reduction) loop of the
   register tile unrolled by U (2, 4, 8 up to a static K: the GEMM kernels' K, the
   blocked direct convolution's input channels per group; `unrolls`), the sums in the
-  rule's order (kiln.ops.gemm_kernels.reduction_loop; the rule leaves it to LLVM);
+  rule's order (kiln.kernels.gemm.micro_kernel.reduction_loop; the rule leaves it to LLVM);
 - `{"family": F, "tile": [...]}`: another convolution algorithm F (`conv_direct`,
   `conv_rows`, `conv_gemm`, `conv_grouped`, `conv_winograd`) with its rule's tile (or
   the tiles it offers: `offered_tiles`), where F computes the call (`computes`);
@@ -57,7 +57,7 @@ WINOGRAD = "conv_winograd"
 #: kernel's rows are split by the `parallelize` pass instead).
 SPLIT_FAMILIES = ("gemm", "gemm_tiled", "conv_direct", "conv_rows", "conv_gemm",
                   "conv_grouped")
-#: Families whose kernel is kiln.ops.gemm_kernels.gemm_body (K blocking applies).
+#: Families whose kernel is kiln.kernels.gemm.loop_nest.gemm_body (K blocking applies).
 KBLOCK_FAMILIES = ("gemm", "gemm_tiled", "conv_gemm", "conv_grouped")
 #: Families whose K (reduction) loop may be unrolled (`{"unroll": U}`).
 UNROLL_FAMILIES = (*KBLOCK_FAMILIES, "conv_direct")
@@ -170,8 +170,8 @@ def _gemm_m_k(name: str, call: g.Call) -> tuple[object, object]:
 
 def blocks_k(family: KernelFamily, call: g.Call, isa: ISA, tile: Sequence[int]) -> bool:
     """Whether K blocking changes the kernel of `call` with `tile`: a GEMM family, static
-    M and K, and K deeper than one block (kiln.ops.gemm_kernels.choose_k_blocking)."""
-    from kiln.ops.gemm_kernels import GemmTiling, choose_k_blocking
+    M and K, and K deeper than one block (kiln.ops.kernels.gemm_knobs.choose_k_blocking)."""
+    from kiln.ops.kernels.gemm_knobs import GemmTiling, choose_k_blocking
 
     if family.name not in KBLOCK_FAMILIES:
         return False
@@ -184,11 +184,11 @@ def blocks_k(family: KernelFamily, call: g.Call, isa: ISA, tile: Sequence[int]) 
 
 def unrolls(name: str, call: g.Call) -> list[int]:
     """The K unroll factors the family `name` may take for `call`
-    (kiln.ops.gemm_kernels.TUNED_UNROLLS no larger than a static K: the GEMM kernels'
+    (kiln.ops.kernels.gemm_knobs.TUNED_UNROLLS no larger than a static K: the GEMM kernels'
     K, the blocked direct kernel's input channels per group where its taps are 1x1;
     none for the other families, or a symbolic K). A KxK layer's channel loop is not
     unrolled: U copies of its tap loops do not pay at any U (docs/tuning.md)."""
-    from kiln.ops.gemm_kernels import TUNED_UNROLLS
+    from kiln.ops.kernels.gemm_knobs import TUNED_UNROLLS
 
     if name not in UNROLL_FAMILIES:
         return []

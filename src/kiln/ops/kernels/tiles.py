@@ -99,7 +99,7 @@ ZEN3_VECTOR_BITS = (256,)
 # that divides the channels is taken (`narrow_rows`).
 NARROW_SURPLUS_SHARE = 0.1
 #: The fewest accumulators a shorter tile keeps: 8 chains hide the FMA latency of two
-#: pipes (kiln.ops.gemm_kernels.MIN_ACCUMULATORS).
+#: pipes (kiln.kernels.gemm.micro_kernel.MIN_ACCUMULATORS).
 NARROW_MIN_ACCUMULATORS = 8
 
 

@@ -46,12 +46,15 @@ from kiln.ir.tensor import (
     seq,
 )
 from kiln.ir.types import TensorType
+from kiln.kernels.gemm.loop_nest import gemm_body
+from kiln.kernels.gemm.micro_kernel import GemmShape, choose_gemm_tiling
+from kiln.kernels.gemm.schedule import GemmSchedule
 from kiln.ops import conv_kernels as ck
-from kiln.ops import gemm_kernels as gk
 from kiln.ops import layout
 from kiln.ops.epilogue import fused_store
 from kiln.ops.kernels.conv import blocked_bias
 from kiln.ops.kernels.conv_winograd import skewed_rows, takes, tiles, transform_2d
+from kiln.ops.kernels.gemm_knobs import GemmTiling
 from kiln.ops.kernels.registry import TILE, Family, recorded_tile
 from kiln.ops.kernels.tiles import (
     Epilogue,
@@ -71,7 +74,7 @@ from kiln.target.isa import ISA
 def gemm_tile(shape: ck.ConvShape, m: int, isa: ISA) -> tuple[int, int]:
     """The GEMM rule's register tile of one position's `T x O` product."""
     th, tw = tiles(shape, m)
-    t = gk.choose_gemm_tiling(th * tw, shape.c_out, tile_lanes(isa), tile_registers(isa))
+    t = choose_gemm_tiling(th * tw, shape.c_out, tile_lanes(isa), tile_registers(isa))
     return (t.mr, t.nr)
 
 
@@ -118,9 +121,9 @@ def winograd_nchwc_body(shape: ck.ConvShape, x: Buffer, up: Buffer, out: Buffer,
                  lane: PrimExpr) -> PrimExpr:
             return up[bidx[0], panel, kk, lane]
 
-        product = gk.GemmShape((a * a,), (a * a,), (t_all,), panels * nr, c_in)
-        parts.append(gk.gemm_body(product, gk.GemmTiling(mr, nr), vt, b_at, mt,
-                                  lambda value, idx: value, fused, isa=isa))
+        product = GemmShape((a * a,), (a * a,), (t_all,), panels * nr, c_in)
+        parts.append(gemm_body(product, GemmSchedule(GemmTiling(mr, nr), fused), vt, b_at,
+                               mt, lambda value, idx: value, isa=isa))
 
         def transform_out(ob: PrimExpr, ty: PrimExpr) -> Stmt:
             ys = Buffer("wino_y", (m, m, b), dt, "local")

@@ -10,14 +10,14 @@ block's rest, no FMA.
 
 The order is per output, so the tiling is free: a tile is `mr` rows x `width` columns
 (`width` the tile's `nr` lanes, or a segment's last few columns), its accumulators
-held in registers through each block (kiln.ops.gemm_kernels.register_tile: one B row
-loaded as whole vectors, one broadcast A value per row, `mr` FMAs per vector), the
-running sums of the blocks beside them. A is read in place, row-major, by the
-caller's reader (a constant weight: no packing at run time); B by the caller's reader
-too (an input read in place, or a workspace of its columns). All tiles of all batches
-form one `parallel` loop, panel by panel (a thread's consecutive tiles read one B
-panel) or, where B's panels fit the L2 (`gemm_kernels.rows_first`), row tile by row
-tile.
+held in registers through each block (kiln.kernels.gemm.micro_kernel.register_tile:
+one B row loaded as whole vectors, one broadcast A value per row, `mr` FMAs per
+vector), the running sums of the blocks beside them. A is read in place, row-major,
+by the caller's reader (a constant weight: no packing at run time); B by the caller's
+reader too (an input read in place, or a workspace of its columns). All tiles of all
+batches form one `parallel` loop, panel by panel (a thread's consecutive tiles read
+one B panel) or, where B's panels fit the L2 (kiln.kernels.gemm.schedule.rows_first),
+row tile by row tile.
 """
 
 from __future__ import annotations
@@ -41,13 +41,9 @@ from kiln.ir.tensor import (
     min_,
     seq,
 )
-from kiln.ops.gemm_kernels import (
-    GemmShape,
-    GemmTiling,
-    choose_gemm_tiling,
-    register_tile,
-    rows_first,
-)
+from kiln.kernels.gemm.micro_kernel import GemmShape, choose_gemm_tiling, register_tile
+from kiln.kernels.gemm.schedule import rows_first
+from kiln.ops.kernels.gemm_knobs import GemmTiling
 from kiln.ops.kernels.tiles import (
     const,
     lanes_loop,
@@ -147,7 +143,7 @@ class MlasGemm:
 
 def plan(batches: int, m: int, k: int, segments: Sequence[Segment], isa: ISA,
          one_row: bool = False) -> MlasGemm:
-    """The product's tile on `isa`: the GEMM rule's (kiln.ops.gemm_kernels
+    """The product's tile on `isa`: the GEMM rule's (kiln.kernels.gemm.micro_kernel
     .choose_gemm_tiling: 8 rows x 2 vectors with 32 vector registers, 6 x 2 with 16;
     fewer rows, wider, for a product of fewer rows)."""
     segs = merged(segments)

@@ -1,5 +1,5 @@
 """The GEMV family: `matmul(a, B^T)` with one row of A and B a constant stored
-`[N][K]` -> `matmul_gemv(a, b)`, read in place by kiln.ops.gemv_kernels.
+`[N][K]` -> `matmul_gemv(a, b)`, read in place by kiln.kernels.gemm.gemv.
 
 Its tile `(rows, width)` is `GEMV_ROWS` rows of B by `GEMV_VECTORS` vectors of K.
 """
@@ -16,9 +16,9 @@ from kiln.ir.attrs import ATTR_GEMM_KERNEL, ATTR_PARALLEL_DECIDED
 from kiln.ir.shape_expr import is_static
 from kiln.ir.tensor import PrimFunc
 from kiln.ir.types import TensorType
-from kiln.ops import gemv_kernels as gv
+from kiln.kernels.gemm import gemv as gv
+from kiln.kernels.gemm.families import constant_b
 from kiln.ops.epilogue import fused_store
-from kiln.ops.kernels.gemm import constant_b
 from kiln.ops.kernels.registry import TILE, Family, recorded_tile
 from kiln.ops.kernels.tiles import tile_lanes
 from kiln.target.isa import ISA

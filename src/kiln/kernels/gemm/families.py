@@ -1,10 +1,10 @@
 """The GEMM families: `matmul_packed` (B a constant, packed at compile time) and
 `matmul_tiled` (both operands activations, B packed at run time), on the register-tile
-micro-kernel of kiln.ops.gemm_kernels.
+micro-kernel of kiln.kernels.gemm.micro_kernel.
 
 The tile `(mr, nr)` follows the ISA: `nr` whole vectors of float32 lanes, `mr` as
 many rows as the vector registers hold next to one B row and a broadcast
-(`gemm_kernels.choose_gemm_tiling`); a symbolic row count counts as
+(`micro_kernel.choose_gemm_tiling`); a symbolic row count counts as
 `TYPICAL_ROWS`.
 """
 
@@ -19,9 +19,14 @@ from kiln.ir.attrs import ATTR_GEMM_KERNEL
 from kiln.ir.dtype import itemsize
 from kiln.ir.tensor import PrimFunc
 from kiln.ir.types import TensorType
-from kiln.ops import gemm_kernels as gk
+from kiln.kernels.gemm.loop_nest import gemm_body
+from kiln.kernels.gemm.micro_kernel import BReader, GemmShape, choose_gemm_tiling
+from kiln.kernels.gemm.run_time_pack import pack_b_at_run_time
+from kiln.kernels.gemm.schedule import GemmSchedule, rows_first
 from kiln.ops.broadcast import broadcast_shapes
 from kiln.ops.epilogue import fused_store
+from kiln.ops.gemm import pack_b, packed_kn
+from kiln.ops.kernels.gemm_knobs import GemmTiling
 from kiln.ops.kernels.registry import TILE, Family, fits_registers, recorded_tile
 from kiln.ops.kernels.tiles import tile_lanes, tile_registers
 from kiln.ops.nn import b_shape
@@ -31,12 +36,12 @@ from kiln.target.isa import ISA
 TYPICAL_ROWS = 64
 
 
-def choose_tile(m: Any, n: Any, isa: ISA) -> gk.GemmTiling:
+def choose_tile(m: Any, n: Any, isa: ISA) -> GemmTiling:
     """The register tile of an `m` x `n` product on `isa` (symbolic sizes count as
     `TYPICAL_ROWS`)."""
     m = m if isinstance(m, int) else TYPICAL_ROWS
     n = n if isinstance(n, int) else TYPICAL_ROWS
-    return gk.choose_gemm_tiling(m, n, tile_lanes(isa), tile_registers(isa))
+    return choose_gemm_tiling(m, n, tile_lanes(isa), tile_registers(isa))
 
 
 #: Tile heights tuning tries (kiln.tuning): those the registers of the ISA hold.
@@ -93,7 +98,7 @@ class PackedGemm(Family):
         assert isinstance(b, g.Constant)
         data = b.data.T if call.attrs.get("transpose_b") else b.data
         mr, nr = tile
-        packed = g.Constant(gk.pack_b(data, nr), b.name)
+        packed = g.Constant(pack_b(data, nr), b.name)
         return g.Call(self.op, (a, packed), g.freeze_attrs({"n": data.shape[1],
                                                             TILE: (mr, nr)}), call.ret_type)
 
@@ -108,15 +113,13 @@ class PackedGemm(Family):
 
     def build(self, params: Sequence[Any], args: Sequence[Any], attrs: Mapping[str, Any],
               anchor: Any, result: Any, isa: ISA) -> PrimFunc | None:
-        from kiln.ops.gemm import packed_kn
-
         a, b = args[0], args[1]
         k, n = packed_kn(args, attrs)
-        shape = gk.GemmShape((), (), tuple(a.shape[:-1]), n, k)
+        shape = GemmShape((), (), tuple(a.shape[:-1]), n, k)
         tile = recorded_tile(attrs, 2, self.op)
         mr = tile[0] if tile else choose_tile(shape.m, n, isa).mr
         return _gemm(self.op, params, args, anchor, result, shape, (*a.shape[:-1], n),
-                     gk.GemmTiling(mr, b.shape[2]), None, isa)
+                     GemmTiling(mr, b.shape[2]), None, isa)
 
 
 @dataclass(frozen=True)
@@ -152,17 +155,17 @@ class TiledGemm(Family):
         if a.ndim < 2 or len(logical) < 2:
             return None
         batch = broadcast_shapes(a.shape[:-2], logical[:-2])
-        shape = gk.GemmShape(batch, tuple(a.shape[:-2]), (a.shape[-2],), logical[-1],
+        shape = GemmShape(batch, tuple(a.shape[:-2]), (a.shape[-2],), logical[-1],
                              a.shape[-1])
         tile = recorded_tile(attrs, 2, self.op)
-        tiling = gk.GemmTiling(*tile) if tile else choose_tile(shape.m, shape.n, isa)
+        tiling = GemmTiling(*tile) if tile else choose_tile(shape.m, shape.n, isa)
         return _gemm(self.op, params, args, anchor, result, shape,
                      (*batch, a.shape[-2], logical[-1]), tiling, logical, isa,
                      bool(attrs.get("transpose_b")))
 
 
 def _gemm(op: str, params: Sequence[Any], args: Sequence[Any], anchor: Any, result: Any,
-          shape: gk.GemmShape, out_shape: tuple[Any, ...], tiling: gk.GemmTiling,
+          shape: GemmShape, out_shape: tuple[Any, ...], tiling: GemmTiling,
           run_time_b: tuple[Any, ...] | None, isa: ISA, transpose_b: bool = False
           ) -> PrimFunc | None:
     """The GEMM kernel; `run_time_b` is B's logical shape when B is packed at run time."""
@@ -172,15 +175,15 @@ def _gemm(op: str, params: Sequence[Any], args: Sequence[Any], anchor: Any, resu
     a, b = args[0], args[1]
     ab, bb = store.buffers[a], store.buffers[b]
     prologue: list[Any] = []
-    b_at: gk.BReader
+    b_at: BReader
     if run_time_b is None:
         b_at = lambda bidx, p, kk, v: bb[p, kk, v]  # noqa: E731  (packed at compile time)
     else:
-        prologue, b_at = gk.pack_b_at_run_time(bb, tuple(run_time_b[:-2]), shape.k, shape.n,
-                                               tiling.nr, transpose_b, isa=isa)
-    by_rows = gk.rows_first(shape, tiling, isa.l2_bytes, itemsize(a.dtype))
-    body = gk.gemm_body(shape, tiling, ab, b_at, store.out, store.epilogue, isa.fma,
-                        prologue, by_rows=by_rows, isa=isa)
+        prologue, b_at = pack_b_at_run_time(bb, tuple(run_time_b[:-2]), shape.k, shape.n,
+                                            tiling.nr, transpose_b, isa=isa)
+    by_rows = rows_first(shape, tiling, isa.l2_bytes, itemsize(a.dtype))
+    schedule = GemmSchedule(tiling, isa.fma, by_rows=by_rows)
+    body = gemm_body(shape, schedule, ab, b_at, store.out, store.epilogue, prologue, isa=isa)
     return PrimFunc((*(store.buffers[t] for t in params), store.out), body,
                     {ATTR_GEMM_KERNEL: op})
 
