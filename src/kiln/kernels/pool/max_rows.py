@@ -156,6 +156,7 @@ class MaxPoolRows:
 
     @property
     def tile_w(self) -> int:
+        """The columns of one tile of a row step (four vectors)."""
         return 4 * self.lanes
 
     def slot(self, oh: PrimExpr) -> PrimExpr:
@@ -163,6 +164,7 @@ class MaxPoolRows:
         return oh if self.staged > 1 else _c(0)
 
     def row_slot(self, oh: PrimExpr) -> PrimExpr:
+        """Output row `oh`'s row of `row` (one row at stride 2: split right away)."""
         return self.slot(oh) if self.shape.stride[1] == 1 else _c(0)
 
     def vertical(self, n: PrimExpr, c: PrimExpr, oh: PrimExpr, inside: tuple[int, ...]
@@ -215,6 +217,8 @@ class MaxPoolRows:
 
     def output_row(self, n: PrimExpr, c: PrimExpr, oh: PrimExpr, inside: tuple[int, ...]
                    ) -> Stmt:
+        """Output row `oh`'s vertical step (and its split), and its horizontal step unless
+        the channel stages its rows."""
         parts = [self.vertical(n, c, oh, inside)]
         if self.phases is not None:
             parts.append(self.split(oh))

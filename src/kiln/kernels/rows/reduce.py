@@ -82,6 +82,7 @@ class RowReduceLowering:
 
     @property
     def reduction(self) -> Reduction:
+        """What `op` combines over its reduced axes (kiln.ops.reduce)."""
         return reduction_of(self.op)
 
     def _trailing_axes(self, shape: Sequence[Any], attrs: Attrs) -> bool:
