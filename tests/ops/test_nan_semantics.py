@@ -365,8 +365,9 @@ FLT_MAX = float(np.finfo(np.float32).max)
 
 def pool_rule(name: str, kernel: tuple[int, ...], strides: tuple[int, ...],
               pads: tuple[int, ...]) -> Callable[[dict[str, np.ndarray]], np.ndarray]:
-    """MaxPool's rule written out (kiln.ops.max_pool_kernel): each window's maximum with
-    NaN skipped, at least -3.4028235e38 (a window of NaN, -inf and padding)."""
+    """MaxPool's rule written out (kiln.ops.pool's `max_floor`, `window_max`): each
+    window's maximum with NaN skipped, at least -3.4028235e38 (a window of NaN, -inf and
+    padding)."""
     def rule(feeds: dict[str, np.ndarray]) -> np.ndarray:
         x = np.where(np.isnan(feeds[name]), -INF, feeds[name])
         r = len(kernel)

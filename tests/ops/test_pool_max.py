@@ -1,4 +1,4 @@
-"""The row-by-row max pooling kernel (kiln.ops.max_pool_kernel) against onnxruntime,
+"""The row-by-row max pooling kernel (kiln.kernels.pool.max_rows) against onnxruntime,
 bit for bit, on llvm, llvm with AVX-512 off and c.
 
 Cases: float32 with ceil_mode and asymmetric pads (a last window past the end pads),
@@ -79,7 +79,7 @@ def test_matches_onnxruntime_exactly(target: str, reference: list[np.ndarray]) -
         allocs = {s.buffer.name: s.buffer for s in iter_stmts(f.body)
                   if isinstance(s, Allocate)}
         assert allocs["maxrow"].scope == "local" and "xpad" not in allocs
-        # the buffer the horizontal steps read (kiln.ops.max_pool_kernel.staged_rows)
+        # the buffer the horizontal steps read (kiln.kernels.pool.max_rows.staged_rows)
         staged = allocs.get("maxphase", allocs["maxrow"]).shape[0]
         x, out = f.params[0].shape, f.params[-1].shape
         assert staged == (1 if tuple(x) in one_row else out[2]), (x, staged)
@@ -95,8 +95,8 @@ def test_parallel_by_the_work_threshold() -> None:
     the cnn's first 2x2/2 pool (16 x 64 x 64) is parallel, its third (64 x 16 x 16, about
     1 us) serial on AVX2 and AVX-512; two threads give the same values bit for bit."""
     from kiln.ir.tensor import For
+    from kiln.kernels.pool.max_rows import MAX_ELEMENTS
     from kiln.ops.kernels.parallel_work import worth_parallel
-    from kiln.ops.max_pool_kernel import MAX_ELEMENTS
     from kiln.target import Target
     from kiln.target.isa import isa_for
 

@@ -1,4 +1,4 @@
-"""Row kernels (kiln.ops.row_kernels) against onnxruntime, on llvm and c, 1 and 2 threads.
+"""Row kernels (kiln.kernels.rows) against onnxruntime, on llvm and c, 1 and 2 threads.
 
 One ONNX model holds every case as an output: softmax, log_softmax,
 layer_norm and reductions (global pooling too) over rows of 1, 7 and 1000

@@ -421,9 +421,9 @@ def test_layer_norms_where_activations_are_quantized_are_marked() -> None:
 def test_layer_norm_between_quantized_tensors_equals_onnxruntime(kind: str) -> None:
     """A statically quantized model's LayerNormalization equals onnxruntime's bit for bit
     on a CPU where onnxruntime runs MLAS's AVX2 LayerNorm kernel (a float64 mean, FMA
-    squares, its tail's order: kiln.ops.row_kernels.layer_norm_mlas_row), the target
-    being this CPU."""
-    from kiln.ops.row_kernels import mlas_layer_norm
+    squares, its tail's order: kiln.kernels.rows.layer_norm_onnxruntime's
+    `layer_norm_mlas_row`), the target being this CPU."""
+    from kiln.kernels.rows.layer_norm_onnxruntime import mlas_layer_norm
     from kiln.target import Target
     from kiln.target.isa import isa_for
 

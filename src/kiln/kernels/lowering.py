@@ -60,8 +60,25 @@ _LAZY: dict[str, str] = {
     # int8 (kiln.kernels.int8)
 
     # rows (kiln.kernels.rows)
+    "softmax": "kiln.kernels.rows.lowering:SOFTMAX",
+    "log_softmax": "kiln.kernels.rows.lowering:LOG_SOFTMAX",
+    "layer_norm": "kiln.kernels.rows.lowering:LAYER_NORM",
+    "reduce_sum": "kiln.kernels.rows.reduce:REDUCE_SUM",
+    "reduce_mean": "kiln.kernels.rows.reduce:REDUCE_MEAN",
+    "reduce_max": "kiln.kernels.rows.reduce:REDUCE_MAX",
+    "reduce_min": "kiln.kernels.rows.reduce:REDUCE_MIN",
+    "reduce_prod": "kiln.kernels.rows.reduce:REDUCE_PROD",
+    "reduce_l1": "kiln.kernels.rows.reduce:REDUCE_L1",
+    "reduce_l2": "kiln.kernels.rows.reduce:REDUCE_L2",
+    "reduce_sum_square": "kiln.kernels.rows.reduce:REDUCE_SUM_SQUARE",
+    "reduce_log_sum": "kiln.kernels.rows.reduce:REDUCE_LOG_SUM",
+    "global_avg_pool": "kiln.kernels.rows.reduce:GLOBAL_AVG_POOL",
+    "global_max_pool": "kiln.kernels.rows.reduce:GLOBAL_MAX_POOL",
 
     # pool (kiln.kernels.pool)
+    "max_pool2d": "kiln.kernels.pool.lowering:MAX_POOL2D",
+    "avg_pool2d": "kiln.kernels.pool.lowering:AVG_POOL2D",
+    "pool2d_nchwc": "kiln.kernels.pool.lowering:POOL2D_NCHWC",
 
 }
 for _op, _where in _LAZY.items():

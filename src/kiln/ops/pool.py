@@ -9,8 +9,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any, ClassVar, cast
+from typing import Any
 
 import numpy as np
 
@@ -22,26 +21,50 @@ from kiln.ir.tensor import (
     Cast,
     Const,
     PrimExpr,
-    PrimFunc,
     as_expr,
     intrin,
+    max_,
     min_,
     select,
 )
 from kiln.ir.types import TensorType, Type
 from kiln.ops import nan_order, spatial, te
-from kiln.ops import pool_kernels as pk
-from kiln.ops.max_pool_kernel import first_tap, max_floor, window_max
 from kiln.ops.onnx_map import GraphContext, onnx_op
-from kiln.ops.registry import OPS, HandBuiltOp, register_op
-from kiln.ops.row_kernels import RowReduceOp, mean_of
-from kiln.target.isa import ISA
+from kiln.ops.reduce import REDUCTIONS, Reduction, mean_of
+from kiln.ops.registry import register_op
 
 Attrs = Mapping[str, Any]
 
 
-class _Window:
-    """The checked geometry of a pooling op on an input of `shape`."""
+def max_floor(dtype: str) -> PrimExpr:
+    """Where a max pool's window starts and what its padding holds: the most negative
+    finite value of a float `dtype` (onnxruntime's initial value, -3.4028235e38 for
+    float32: a window of -inf, NaN and padding alone gives it), the smallest value of an
+    integer one."""
+    if not dt.is_float(dtype):
+        return te.lowest_value(dtype)
+    top = (2 - 2 ** -7) * 2.0 ** 127 if dtype == "bfloat16" else \
+        float(np.finfo(dt.to_numpy(dtype)).max)
+    return Const(-top, dtype)
+
+
+def window_max(acc: PrimExpr, v: PrimExpr) -> PrimExpr:
+    """A max pool's step: `v` where strictly greater than `acc` (a NaN `v` is skipped;
+    from `max_floor`, `acc` is never NaN), onnxruntime's MaxPool rule
+    (kiln.ops.nan_order.max_keep_first: one `maxps` on x86)."""
+    return nan_order.max_keep_first(acc, v)
+
+
+def first_tap(o: PrimExpr, stride: int, pad: int, dilation: int) -> PrimExpr:
+    """The input index of output `o`'s first window tap inside the input along one axis
+    (every window has one: its pads are smaller than it)."""
+    skipped = max_(as_expr(0, o.dtype), (pad - o * stride + (dilation - 1)) // dilation)
+    return o * stride - pad + skipped * dilation
+
+
+class Window:
+    """The checked geometry of a pooling op on an input of `shape` (its attributes
+    `attrs`): kernel, strides, dilations, pads, and the output size."""
 
     def __init__(self, shape: Sequence[Any], attrs: Attrs) -> None:
         self.rank = spatial.spatial_rank(shape, "pooling")
@@ -94,7 +117,7 @@ def scans_from_first(attrs: Attrs, dtype: str) -> bool:
 
 def _pool_infer(types: Sequence[TensorType], attrs: Attrs) -> Type:
     x = types[0]
-    return TensorType(_Window(x.shape, attrs).out_shape, x.dtype)
+    return TensorType(Window(x.shape, attrs).out_shape, x.dtype)
 
 
 def _acc(dtype: str) -> str:
@@ -103,7 +126,7 @@ def _acc(dtype: str) -> str:
 
 def _max_pool_compute(inputs: Sequence[te.Tensor], attrs: Attrs) -> te.Tensor:
     (x,) = inputs
-    win = _Window(x.shape, attrs)
+    win = Window(x.shape, attrs)
     # onnxruntime's MaxPool: NaN skipped, from the most negative finite value (max_floor,
     # window_max), or each window scanned from its first element (scans_from_first)
     scan = scans_from_first(attrs, x.dtype)
@@ -130,7 +153,7 @@ def _count_inside(start: PrimExpr, k: int, d: int, lo: int, hi: int) -> PrimExpr
 
 def _avg_pool_compute(inputs: Sequence[te.Tensor], attrs: Attrs) -> te.Tensor:
     (x,) = inputs
-    win = _Window(x.shape, attrs)
+    win = Window(x.shape, attrs)
     include_pad = bool(attrs.get("count_include_pad", False))
     acc = _acc(x.dtype)
 
@@ -161,7 +184,7 @@ def _avg_pool_compute(inputs: Sequence[te.Tensor], attrs: Attrs) -> te.Tensor:
 
 def _lp_pool_compute(inputs: Sequence[te.Tensor], attrs: Attrs) -> te.Tensor:
     (x,) = inputs
-    win = _Window(x.shape, attrs)
+    win = Window(x.shape, attrs)
     p = float(attrs.get("p", 2))
     acc = _acc(x.dtype)
 
@@ -180,7 +203,7 @@ def _lp_pool_compute(inputs: Sequence[te.Tensor], attrs: Attrs) -> te.Tensor:
 
 def _pool_ref(x: np.ndarray, attrs: Attrs, kind: str) -> np.ndarray:
     """Window by window over an explicitly padded copy (independent of the lowering)."""
-    win = _Window(x.shape, attrs)
+    win = Window(x.shape, attrs)
     r = win.rank
     # pad enough on the high side for ceil-mode windows that run past the padding
     hi = [max(win.ends[j], (win.out[j] - 1) * win.strides[j]
@@ -226,69 +249,13 @@ def _floor_ref(dtype: np.dtype) -> float:
     return float(floor.value)
 
 
-@dataclass(frozen=True)
-class WindowPoolOp(HandBuiltOp):
-    """`max_pool2d` / `avg_pool2d`: float32 NCHW inputs of static shape take the
-    hand-built window kernel (kiln.ops.pool_kernels); the tensor-expression definition
-    stays the fallback."""
-
-    kind: str = "max"
-
-    def dtypes(self) -> tuple[str, ...]:
-        """The input dtypes the hand-built kernel takes (a max also int8 and uint8)."""
-        return pk.MAX_DTYPES if self.kind == "max" else ("float32",)
-
-    supports_symbolic: ClassVar[bool] = True  # a pool over a symbolic image size
-
-    def builds(self, call: g.Call) -> bool:
-        return bool(call.args) and (
-            pk.static_4d(call.args[0].type, self.dtypes())
-            or pk.symbolic_image_pool(self.kind, call.args[0].type, call.attrs) is not None)
-
-    def lower_fused(self, params: Sequence[te.Tensor], args: Sequence[te.Tensor], attrs: Attrs,
-                    anchor: te.Tensor | None, result: te.Tensor | None,
-                    name: str, isa: ISA) -> PrimFunc | None:
-        x = args[0]
-        if x not in params or (result is not None and result.dtype != x.dtype):
-            return None
-        if not pk.static_4d(x, self.dtypes()):
-            shape = pk.symbolic_image_pool(self.kind, x, attrs)
-            return None if shape is None else pk.symbolic_pool_kernel(
-                self.kind, shape, bool(attrs.get("count_include_pad", False)), params, x,
-                anchor, result, name, self.kind == "max" and scans_from_first(attrs, x.dtype),
-                isa=isa)
-        return pk.pool2d_kernel(self.kind, window_geometry(x.shape, attrs),
-                                bool(attrs.get("count_include_pad", False)),
-                                params, x, anchor, result, name,
-                                self.kind == "max" and scans_from_first(attrs, x.dtype), isa=isa)
-
-
-def window_geometry(shape: Sequence[Any], attrs: Attrs) -> pk.PoolGeometry:
-    """The checked window of a 2-D pool (its attributes `attrs`) on a static NCHW input
-    of `shape`."""
-    win = _Window(shape, attrs)
-    pair = tuple[int, int]
-    return pk.PoolGeometry(
-        cast(tuple[int, int, int, int], tuple(int(d) for d in shape)),
-        cast(pair, win.kernel), cast(pair, win.strides),
-        cast(pair, win.dilations), cast(pair, win.begins), cast(pair, win.ends),
-        cast(pair, tuple(int(d) for d in win.out)))
-
-
 for _rank in spatial.SPATIAL_RANKS:
     _sfx = spatial.SUFFIX[_rank]
-    if _rank == 2:
-        OPS.register("max_pool2d", WindowPoolOp(
-            "max_pool2d", "opaque", _pool_infer, _max_pool_compute,
-            lambda x, **a: _pool_ref(x, a, "max"), kind="max"))
-        OPS.register("avg_pool2d", WindowPoolOp(
-            "avg_pool2d", "opaque", _pool_infer, _avg_pool_compute,
-            lambda x, **a: _pool_ref(x, a, "avg"), kind="avg"))
-    else:
-        register_op(f"max_pool{_sfx}", pattern="opaque", infer=_pool_infer,
-                    compute=_max_pool_compute, reference=lambda x, **a: _pool_ref(x, a, "max"))
-        register_op(f"avg_pool{_sfx}", pattern="opaque", infer=_pool_infer,
-                    compute=_avg_pool_compute, reference=lambda x, **a: _pool_ref(x, a, "avg"))
+    # max_pool2d and avg_pool2d: their hand-built kernels are kiln.kernels.pool's
+    register_op(f"max_pool{_sfx}", pattern="opaque", infer=_pool_infer,
+                compute=_max_pool_compute, reference=lambda x, **a: _pool_ref(x, a, "max"))
+    register_op(f"avg_pool{_sfx}", pattern="opaque", infer=_pool_infer,
+                compute=_avg_pool_compute, reference=lambda x, **a: _pool_ref(x, a, "avg"))
     register_op(f"lp_pool{_sfx}", pattern="opaque", infer=_pool_infer,
                 compute=_lp_pool_compute, reference=lambda x, **a: _pool_ref(x, a, "lp"))
 
@@ -338,15 +305,15 @@ def _spatial_axes(attrs: Attrs, ndim: int) -> tuple[int, ...]:
     return tuple(range(2, ndim))
 
 
-# Built by hand as reductions over the trailing (spatial) axes (kiln.ops.row_kernels).
-OPS.register("global_avg_pool", RowReduceOp(
-    "global_avg_pool", "reduce", _global_infer, _global_compute("avg"), _global_ref("avg"),
-    kind="sum", post=mean_of, axes_of=_spatial_axes))
+# Built by hand as reductions over the trailing (spatial) axes (kiln.kernels.rows).
+register_op("global_avg_pool", pattern="reduce", infer=_global_infer,
+            compute=_global_compute("avg"), reference=_global_ref("avg"))
+REDUCTIONS["global_avg_pool"] = Reduction("sum", None, mean_of, _spatial_axes)
 # A max over the row's values floored at max_floor (a NaN becomes it): MaxPool's rule.
-OPS.register("global_max_pool", RowReduceOp(
-    "global_max_pool", "reduce", _global_infer, _global_compute("max"), _global_ref("max"),
-    kind="max", pre=lambda v: window_max(max_floor(v.dtype), v),
-    axes_of=_spatial_axes))
+register_op("global_max_pool", pattern="reduce", infer=_global_infer,
+            compute=_global_compute("max"), reference=_global_ref("max"))
+REDUCTIONS["global_max_pool"] = Reduction(
+    "max", lambda v: window_max(max_floor(v.dtype), v), None, _spatial_axes)
 
 
 # --------------------------------------------------------------------------- ONNX mapping

@@ -11,6 +11,7 @@ converters at the bottom of this module.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -24,11 +25,42 @@ from kiln.ir.types import TensorType, TupleType, Type
 from kiln.ops import nan_order, te
 from kiln.ops._numpy import is_float, widen, work
 from kiln.ops.onnx_map import Converter, GraphContext, check_per_channel, onnx_op
-from kiln.ops.registry import OPS, register_op
+from kiln.ops.registry import load_builtin_ops, register_op
 from kiln.ops.reshape_dims import reshape_attr
-from kiln.ops.row_kernels import MLAS_LAYER_NORM_MIN, RowOp, RowReduceOp, mean_of
 
 Attrs = Mapping[str, Any]
+#: The shortest row onnxruntime's MLAS LayerNorm kernel takes (shorter ones run its
+#: scalar code, which kiln.kernels.rows' `layer_norm_mlas_row` does not repeat).
+MLAS_LAYER_NORM_MIN = 8
+
+
+@dataclass(frozen=True)
+class Reduction:
+    """What a reduction op computes over its reduced axes (`axes_of(attrs, ndim)`):
+    `kind` (te.reduce's combiner) over `pre(x)`, then `post(total, count)`. The row
+    kernels (kiln.kernels.rows) read it to reduce trailing axes by hand."""
+
+    kind: str
+    pre: Callable[[PrimExpr], PrimExpr] | None
+    post: Callable[[PrimExpr, Any], PrimExpr] | None
+    axes_of: Callable[[Attrs, int], tuple[int, ...]]
+
+
+#: op name -> its Reduction: the reduce ops of this module, the global pools of
+#: kiln.ops.pool.
+REDUCTIONS: dict[str, Reduction] = {}
+
+
+def reduction_of(op: str) -> Reduction:
+    """The Reduction of the reduction op `op` (KeyError for another op)."""
+    load_builtin_ops()  # the global pools register theirs in kiln.ops.pool
+    return REDUCTIONS[op]
+
+
+def mean_of(total: PrimExpr, count: int | PrimExpr) -> PrimExpr:
+    """`total / count`; a symbolic `count` (a product of int64 dim scalars) is converted to
+    the total's dtype first."""
+    return total / (count if isinstance(count, int) else Cast(total.dtype, count))
 
 
 def norm_axes(axes: Any, ndim: int) -> tuple[int, ...]:
@@ -128,8 +160,8 @@ def _register_reduce(name: str, kind: str, post: Callable[[PrimExpr, Any], PrimE
         with np.errstate(all="ignore"):
             return np.asarray(ref(x, axis=axes, keepdims=keep)).astype(x.dtype)
 
-    OPS.register(name, RowReduceOp(name, "reduce", infer, compute, reference, kind=kind,
-                                   pre=pre, post=post, axes_of=_reduce_axes_of))
+    register_op(name, pattern="reduce", infer=infer, compute=compute, reference=reference)
+    REDUCTIONS[name] = Reduction(kind, pre, post, _reduce_axes_of)
 
 
 def _reduce_axes_of(attrs: Attrs, ndim: int) -> tuple[int, ...]:
@@ -416,12 +448,12 @@ def _log_softmax_ref(x: np.ndarray, axis: int = -1, **attrs: Any) -> np.ndarray:
     return (s - np.log(np.exp(s).sum(axis=axis, keepdims=True))).astype(x.dtype)
 
 
-# Row kernels built by hand (kiln.ops.row_kernels); FuseOps fuses elementwise chains
+# Row kernels built by hand (kiln.kernels.rows); FuseOps fuses elementwise chains
 # on both sides of them.
-OPS.register("softmax", RowOp("softmax", "reduce", _same_type, _softmax_compute(False),
-                              _softmax_ref))
-OPS.register("log_softmax", RowOp("log_softmax", "reduce", _same_type, _softmax_compute(True),
-                                  _log_softmax_ref))
+register_op("softmax", pattern="reduce", infer=_same_type, compute=_softmax_compute(False),
+            reference=_softmax_ref)
+register_op("log_softmax", pattern="reduce", infer=_same_type, compute=_softmax_compute(True),
+            reference=_log_softmax_ref)
 
 
 # --------------------------------------------------------------------------- layer norm
@@ -495,8 +527,8 @@ def _layer_norm_ref(x: np.ndarray, scale: np.ndarray | None = None,
     return y.astype(x.dtype)
 
 
-OPS.register("layer_norm", RowOp("layer_norm", "reduce", _layer_norm_infer, _layer_norm_compute,
-                                 _layer_norm_ref))
+register_op("layer_norm", pattern="reduce", infer=_layer_norm_infer,
+            compute=_layer_norm_compute, reference=_layer_norm_ref)
 
 
 # --------------------------------------------------------------------------- ONNX mapping
@@ -769,7 +801,7 @@ def _instance_norm_onnx(ctx: GraphContext, inputs: Sequence[g.Expr | None],
     t = ctx.tensor_type(x)
     eps = float(attrs.get("epsilon", 1e-5))
     if ndim > 3 and all(isinstance(d, int) for d in t.shape):
-        # spatial dims as one row: the hand-built row kernel (kiln.ops.row_kernels) takes it
+        # spatial dims as one row: the hand-built row kernel (kiln.kernels.rows) takes it
         shape = t.static_shape
         rows = ctx.call("reshape", x, shape=(*shape[:2], int(np.prod(shape[2:]))))
         y = ctx.call("reshape", ctx.call("layer_norm", rows, axis=2, epsilon=eps), shape=shape)
@@ -813,7 +845,7 @@ def _mvn_onnx(ctx: GraphContext, inputs: Sequence[g.Expr | None],
     axes = norm_axes(attrs.get("axes", (0, 2, 3)), t.ndim)
     first = t.ndim - len(axes)
     if axes == tuple(range(first, t.ndim)) and all(isinstance(d, int) for d in t.shape):
-        # trailing axes as rows: the row kernel's statistics (kiln.ops.row_kernels), which
+        # trailing axes as rows: the row kernel's statistics (kiln.kernels.rows), which
         # neither overflow in the mean nor lose a far-from-zero row's digits
         shape = t.static_shape
         rows = ctx.call("reshape", x, shape=(int(np.prod(shape[:first])),

@@ -16,7 +16,7 @@ Each match becomes one call, `gelu(x[, approximate="tanh"])` or `layer_norm(x, g
 beta, axis=-1, epsilon=eps)`: the GELU's input is then read once, so fuse-ops puts
 the whole activation in the epilogue of the matrix product before it (spelled out,
 its intermediate values are read by several nodes and the group is cut after the
-bias add), and the layer norm is one row kernel (kiln.ops.row_kernels) instead of
+bias add), and the layer norm is one row kernel (kiln.kernels.rows) instead of
 two reductions and five elementwise kernels. Any other `Pow` by a constant 2 or 3
 becomes products: `pow` is a scalar libm call that no loop vectorizer widens. A
 `matmul` of operands scaled by scalar constants (attention's `q * s`, `k^T * s`)
@@ -34,7 +34,7 @@ The other layer norms of such a function, and every layer norm of a function tha
 quantizes activations statically (`quantize_linear`, quantize-ops' `qlinear_*` ops: a
 QDQ or QOperator model), are marked `like_onnxruntime=True`: onnxruntime's
 LayerNormalization arithmetic where the target runs MLAS's AVX2 kernel
-(kiln.ops.row_kernels.layer_norm_mlas_row), for the same reason.
+(kiln.kernels.rows.layer_norm_onnxruntime.layer_norm_mlas_row), for the same reason.
 
 A pattern matches only when none of its intermediate values is read outside it,
 its input has the result's shape (no broadcasting inside) and its constants
@@ -263,7 +263,7 @@ def _residual_layer_norm(graph: _Graph, b: g.Binding) -> g.Binding | None:
     """`b`'s layer_norm marked `residual=True` when its input is the sum of two tensors of
     its shape (a residual connection): onnxruntime runs that pair as one
     SkipLayerNormalization, whose arithmetic the marked kernel repeats
-    (kiln.ops.row_kernels.layer_norm_welford_rows)."""
+    (kiln.kernels.rows.layer_norm_onnxruntime.layer_norm_welford_rows)."""
     ln = graph.call(b.var, "layer_norm")
     if ln is None or ln.attrs.get("residual") or not ln.args:
         return None
@@ -281,7 +281,7 @@ def _quantizes_statically(op: str) -> bool:
 
 
 def _like_onnxruntime(b: g.Binding) -> g.Binding | None:
-    """`b`'s layer_norm marked `like_onnxruntime=True` (kiln.ops.row_kernels: onnxruntime's
+    """`b`'s layer_norm marked `like_onnxruntime=True` (kiln.kernels.rows: onnxruntime's
     LayerNormalization arithmetic where the target runs MLAS's kernel), unless it is
     marked already or a residual one (SkipLayerNormalization's)."""
     ln = b.value

@@ -12,7 +12,7 @@ bindings are replaced by one `CallTensor`. Single-op groups are left to
 LegalizeOps.
 
 A row op (an OpDef with `fuses_producers`: softmax, log_softmax, layer_norm,
-the reductions, kiln.ops.row_kernels) also joins a group of elementwise ops whose value is
+the reductions, kiln.kernels.rows) also joins a group of elementwise ops whose value is
 its first argument and read nowhere else: its kernel computes that chain as it
 reads each row (the attention's scale and mask before softmax, the residual
 add before layer_norm), and the group goes on growing past it as usual.

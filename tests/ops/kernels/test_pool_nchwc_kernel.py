@@ -1,4 +1,4 @@
-"""`pool2d_nchwc`'s hand-built kernel (kiln.ops.kernels.pool_nchwc): max and average
+"""`pool2d_nchwc`'s hand-built kernel (kiln.kernels.pool.nchwc): max and average
 pools inside a blocked region, against onnxruntime on llvm and c.
 
 Each model is conv 3x3 + ReLU -> the pool -> conv 3x3 -> conv 3x3 -> conv 1x1 (a region
@@ -82,7 +82,7 @@ def test_pool_in_a_blocked_region_matches_onnxruntime(case: str, kind: str) -> N
 def test_max_pool_treats_nan_like_the_nchw_kernel(case: str) -> None:
     """NaN and infinities reach the pool through the first convolution (which turns the
     infinities into NaN around them): the blocked kernel skips NaN as the NCHW kernel
-    does (MaxPool's rule, kiln.ops.max_pool_kernel's `window_max`; a dilated window
+    does (MaxPool's rule, kiln.ops.pool's `window_max`; a dilated window
     keeps a leading NaN), so the model's outputs equal those of the default pipeline,
     NaN where they have NaN."""
     op, attrs = POOLS[case]

@@ -153,7 +153,7 @@ def test_byte_max_pools_over_a_symbolic_image(elem: int, dtype: type) -> None:
 
 
 def test_a_max_pool_with_nan_and_infinities_equals_the_static_kernel() -> None:
-    # MaxPool's rule (kiln.ops.max_pool_kernel's `window_max`): NaN skipped, in the
+    # MaxPool's rule (kiln.ops.pool's `window_max`): NaN skipped, in the
     # clamped kernel as in the static one, bit for bit, and onnxruntime's (its NaN comes
     # first in the window, where onnxruntime's vector kernel drops it too)
     model = pool_model(3, 2, [1, 1, 1, 1])

@@ -4,18 +4,15 @@ NCHW{b}c tensor, one vector of the block's `b` channel lanes per output position
 Each parallel task takes one output row of one channel block; a position's window
 folds `kh x kw` vector loads into one vector accumulator (max, or a sum then divided
 by the window's count, a compile-time table as for the NCHW kernel,
-kiln.ops.pool_kernels). No padded copy: the taps outside the input are left out (the
+kiln.kernels.pool.window). No padded copy: the taps outside the input are left out (the
 kernel rows by bounds computed once per output row, the kernel columns by bounds
 computed per position in the row's border runs only; its interior positions run every
 tap). A max over the taps left is the max over a window padded with the lowest value,
 so both agree with the tensor-expression definition, whose sum order (row-major over
-the window) the average keeps too. The max is MaxPool's rule (kiln.ops.max_pool_kernel:
-`window_max` from `max_floor`, NaN skipped), one `maxps` per tap on x86 (VGG-19's 2x2/2
-pool on 64 channels at 224x224: 0.89 ms, against 0.91 when a second vector carried a
-NaN tap to the store and 1.06 with a NaN-propagating max; Zen 4, one thread). The
-generic lowering this replaces ran the window one element at a time:
-SqueezeNet's 3x3/2 max pools on 256 and 512 channels took 1.0 ms each in NCHW16c
-against 0.05 ms for the NCHW kernel (Zen 4, one thread).
+the window) the average keeps too. The max is MaxPool's rule (kiln.ops.pool:
+`window_max` from `max_floor`, NaN skipped), one `maxps` per tap on x86: one vector
+accumulator, no second one carrying a NaN tap to the store, no NaN-propagating max.
+The generic lowering this replaces ran the window one element at a time.
 """
 
 from __future__ import annotations
@@ -35,10 +32,10 @@ from kiln.ir.tensor import (
     min_,
     seq,
 )
+from kiln.kernels.pool.window import PoolGeometry
 from kiln.ops import nan_order, te
 from kiln.ops.kernels.tiles import Epilogue, lanes_loop, loop, parallel_tiles, parallel_when
-from kiln.ops.max_pool_kernel import max_floor, window_max
-from kiln.ops.pool_kernels import PoolGeometry
+from kiln.ops.pool import max_floor, window_max
 from kiln.target.isa import ISA
 
 

@@ -1,7 +1,7 @@
 """Hand-built 2-D max and average pooling (NCHW, static shapes).
 
 `max_pool2d` (float32, int8, uint8) runs the row-by-row max kernel of
-kiln.ops.max_pool_kernel: no padded copy of the input. `avg_pool2d` (float32) takes
+kiln.kernels.pool.max_rows: no padded copy of the input. `avg_pool2d` (float32) takes
 the depthwise convolution's window kernel (kiln.ops.conv_kernels.window_body):
 vectors along the output columns, tiles of several output rows that load each input
 row segment once, the input copied once into a workspace padded with 0 and split by
@@ -36,6 +36,7 @@ from kiln.ir.tensor import (
     min_,
     seq,
 )
+from kiln.kernels.pool.max_rows import MAX_ELEMENTS, max_pool_body
 from kiln.ops import conv_kernels as ck
 from kiln.ops import nan_order, spatial, te
 from kiln.ops.epilogue import fused_store
@@ -47,13 +48,7 @@ from kiln.ops.kernels.tiles import (
     tile_registers,
 )
 from kiln.ops.kernels.window_symbolic import symbolic_window_body
-from kiln.ops.max_pool_kernel import (
-    MAX_ELEMENTS,
-    first_tap,
-    max_floor,
-    max_pool_body,
-    window_max,
-)
+from kiln.ops.pool import first_tap, max_floor, window_max
 from kiln.target.isa import ISA
 
 POOLS = ("max", "avg")
@@ -104,7 +99,7 @@ def pool2d_kernel(kind: str, geometry: PoolGeometry, include_pad: bool,
     """The kernel for `isa` of a `kind` ("max" or "avg") pool of the parameter `x` with the fused
     elementwise chain `result` over `anchor` (None: the pool alone), or None when the
     chain cannot be applied as a store. `scan`: a max scanned from each window's first
-    element (kiln.ops.max_pool_kernel's `max_pool_body`)."""
+    element (kiln.kernels.pool.max_rows's `max_pool_body`)."""
     shape = geometry.conv_shape()
     out_shape = (shape.n, shape.c_in, shape.out_h, shape.out_w)
     if kind == "max":
@@ -158,7 +153,7 @@ def _stored_pool(params: Sequence[te.Tensor], x: te.Tensor, anchor: te.Tensor | 
 
 def _max_pool_attrs(name: str) -> dict[str, Any]:
     """The attributes of a kernel that chose its parallel loop itself (a max pool by the
-    work threshold, kiln.ops.max_pool_kernel; a pool over a symbolic image size always
+    work threshold, kiln.kernels.pool.max_rows; a pool over a symbolic image size always
     parallel), which `parallelize` keeps."""
     return {ATTR_POOL_KERNEL: name, ATTR_PARALLEL_DECIDED: True}
 
@@ -198,7 +193,7 @@ def symbolic_image_pool(kind: str, t: Any, attrs: Any) -> ck.ConvShape | None:
 
 def _leading_nan(shape: ck.ConvShape, x: Buffer, epilogue: Epilogue) -> Epilogue:
     """`epilogue` of a max whose window's first element inside the input, when NaN, is
-    the result (a scan from it, kiln.ops.max_pool_kernel's `max_pool_body`)."""
+    the result (a scan from it, kiln.kernels.pool.max_rows's `max_pool_body`)."""
     (sh, sw), (dh, dw) = shape.stride, shape.dilation
 
     def apply(v: PrimExpr, idx: tuple[PrimExpr, ...]) -> PrimExpr:
@@ -224,7 +219,7 @@ def symbolic_pool_kernel(kind: str, shape: ck.ConvShape, include_pad: bool,
     window in row-major order (onnxruntime's) and divides by its count: the window's
     taps inside the image (its padded size with `include_pad`), a run-time table of
     each column's and an expression of each row's. `scan`: a max scanned from each
-    window's first element (kiln.ops.max_pool_kernel's `max_pool_body`)."""
+    window's first element (kiln.kernels.pool.max_rows's `max_pool_body`)."""
     out_shape = (shape.n, shape.c_in, shape.out_h, shape.out_w)
     lanes = tile_lanes(isa, x.dtype)
 

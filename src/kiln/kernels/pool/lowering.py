@@ -1,0 +1,117 @@
+"""The lowerings of the 2-D pools: `max_pool2d` and `avg_pool2d` on NCHW
+(kiln.kernels.pool.window) and `pool2d_nchwc` on NCHW{b}c (kiln.kernels.pool.nchwc).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, cast
+
+from kiln.ir import graph as g
+from kiln.ir.attrs import ATTR_PARALLEL_DECIDED, ATTR_POOL_KERNEL
+from kiln.ir.shape_expr import is_static
+from kiln.ir.tensor import PrimFunc
+from kiln.ir.types import TensorType
+from kiln.kernels.pool import window as pk
+from kiln.kernels.pool.nchwc import pool_nchwc_body
+from kiln.ops import layout, te
+from kiln.ops.epilogue import fused_store
+from kiln.ops.pool import Window, scans_from_first
+from kiln.ops.pool_nchwc import merged_shape, split_attrs
+from kiln.target.isa import ISA
+
+Attrs = Mapping[str, Any]
+
+
+def window_geometry(shape: Sequence[Any], attrs: Attrs) -> pk.PoolGeometry:
+    """The checked window of a 2-D pool (its attributes `attrs`) on a static NCHW input
+    of `shape`."""
+    win = Window(shape, attrs)
+    pair = tuple[int, int]
+    return pk.PoolGeometry(
+        cast(tuple[int, int, int, int], tuple(int(d) for d in shape)),
+        cast(pair, win.kernel), cast(pair, win.strides),
+        cast(pair, win.dilations), cast(pair, win.begins), cast(pair, win.ends),
+        cast(pair, tuple(int(d) for d in win.out)))
+
+
+@dataclass(frozen=True)
+class WindowPoolLowering:
+    """`max_pool2d` / `avg_pool2d` (`kind` "max" or "avg"): NCHW inputs of static shape
+    (float32; a max also int8 and uint8), or of a symbolic image size, take the
+    hand-built window kernel (kiln.kernels.pool.window); the tensor-expression
+    definition stays the fallback."""
+
+    kind: str
+
+    fuses_producers = False
+    supports_symbolic = True  # a pool over a symbolic image size
+
+    def dtypes(self) -> tuple[str, ...]:
+        """The input dtypes the hand-built kernel takes (a max also int8 and uint8)."""
+        return pk.MAX_DTYPES if self.kind == "max" else ("float32",)
+
+    def builds(self, call: g.Call) -> bool:
+        return bool(call.args) and (
+            pk.static_4d(call.args[0].type, self.dtypes())
+            or pk.symbolic_image_pool(self.kind, call.args[0].type, call.attrs) is not None)
+
+    def lower_fused(self, params: Sequence[te.Tensor], args: Sequence[te.Tensor], attrs: Attrs,
+                    anchor: te.Tensor | None, result: te.Tensor | None,
+                    name: str, isa: ISA) -> PrimFunc | None:
+        x = args[0]
+        if x not in params or (result is not None and result.dtype != x.dtype):
+            return None
+        if not pk.static_4d(x, self.dtypes()):
+            shape = pk.symbolic_image_pool(self.kind, x, attrs)
+            return None if shape is None else pk.symbolic_pool_kernel(
+                self.kind, shape, bool(attrs.get("count_include_pad", False)), params, x,
+                anchor, result, name, self.kind == "max" and scans_from_first(attrs, x.dtype),
+                isa=isa)
+        return pk.pool2d_kernel(self.kind, window_geometry(x.shape, attrs),
+                                bool(attrs.get("count_include_pad", False)),
+                                params, x, anchor, result, name,
+                                self.kind == "max" and scans_from_first(attrs, x.dtype), isa=isa)
+
+
+@dataclass(frozen=True)
+class PoolNchwcLowering:
+    """`pool2d_nchwc`: float32 inputs of static shape take the vector kernel of
+    kiln.kernels.pool.nchwc."""
+
+    fuses_producers = False
+    supports_symbolic = False
+
+    def builds(self, call: g.Call) -> bool:
+        x = call.args[0].type if call.args else None
+        return (isinstance(x, TensorType) and x.ndim == 5 and x.dtype == "float32"
+                and is_static(tuple(x.shape)))
+
+    def lower_fused(self, params: Sequence[te.Tensor], args: Sequence[te.Tensor], attrs: Attrs,
+                    anchor: te.Tensor | None, result: te.Tensor | None,
+                    name: str, isa: ISA) -> PrimFunc | None:
+        """The vector kernel (see `kiln.kernels.lowering.Lowering.lower_fused`)."""
+        x = args[0]
+        if x not in params or x.dtype != "float32" or len(x.shape) != 5 \
+                or (result is not None and result.dtype != x.dtype):
+            return None
+        pool, rest = split_attrs(attrs)
+        geometry = window_geometry(merged_shape(x.shape), rest)
+        block = int(x.shape[4])
+        store = fused_store(params, anchor, result,
+                            layout.block_shape((*geometry.shape[:2], *geometry.out), block))
+        if store is None:
+            return None
+        maximum = pool == "max_pool2d"
+        body = pool_nchwc_body("max" if maximum else "avg", geometry,
+                               bool(rest.get("count_include_pad", False)), store.buffers[x],
+                               store.out, store.epilogue,
+                               maximum and scans_from_first(rest, x.dtype), isa=isa)
+        return PrimFunc((*(store.buffers[t] for t in params), store.out), body,
+                        {ATTR_POOL_KERNEL: name, ATTR_PARALLEL_DECIDED: True})
+
+
+MAX_POOL2D = WindowPoolLowering("max")
+AVG_POOL2D = WindowPoolLowering("avg")
+POOL2D_NCHWC = PoolNchwcLowering()
