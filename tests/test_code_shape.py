@@ -34,10 +34,8 @@ LONG_FUNCTIONS: dict[tuple[str, str], int] = {
     ("ops/conv_kernels.py", "blocked_conv_body"): 214,
     ("ops/conv_kernels.py", "window_body"): 107,
     ("ops/conv_kernels.py", "tile"): 104,
-    ("ops/gemm_kernels.py", "gemm_body"): 189,
     ("ops/kernels/conv_winograd.py", "winograd_body"): 119,
     ("ops/kernels/nchwc.py", "pointwise_body"): 103,
-    ("ops/max_pool_kernel.py", "max_pool_body"): 102,
     ("ops/quant_conv_dot.py", "_tiles"): 174,
 }
 
