@@ -20,7 +20,7 @@ import kiln
 from kiln.frontend import from_onnx
 from kiln.ir import IRModule, assert_structural_equal, evaluate
 from kiln.ir.tensor import DOT2_I16, Buffer, Const, For, Intrin, PrimFunc, Store, Var
-from kiln.ops import quant_dot
+from kiln.kernels.int8 import dot as quant_dot
 from kiln.script import from_source, print_module
 from support.graphs import GraphBuilder
 

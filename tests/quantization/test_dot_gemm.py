@@ -19,8 +19,10 @@ import kiln
 from kiln.frontend import from_onnx
 from kiln.ir import graph as g
 from kiln.ir.types import TensorType
+from kiln.kernels.int8 import dot as quant_dot
+from kiln.kernels.int8 import packing as quant_kernels
 from kiln.ops import call as call_op
-from kiln.ops import evaluate_call, quant_dot, quant_kernels
+from kiln.ops import evaluate_call
 from kiln.target import Target
 from kiln.target.isa import isa_for
 from support.graphs import GraphBuilder

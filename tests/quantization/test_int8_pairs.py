@@ -22,7 +22,7 @@ import kiln
 from kiln.frontend import from_onnx
 from kiln.ir import IRModule, assert_structural_equal, evaluate
 from kiln.ir.tensor import Buffer, Const, For, Intrin, PrimFunc, Store, Var
-from kiln.ops import quant_dot
+from kiln.kernels.int8 import dot as quant_dot
 from kiln.script import from_source, print_module
 from kiln.target.isa import isa_for
 from support.graphs import GraphBuilder
@@ -226,7 +226,7 @@ def test_channel_tiles_of_four_rows_store_words(target: str, chw: tuple[int, int
     of at most 63 in magnitude keep every pair sum inside int16, so saturating and exact
     products agree and onnxruntime's result is the reference on any host; u8 and s8
     outputs (the word's top byte), llvm and c."""
-    from kiln.ops.quant_conv_dot import choose_tile
+    from kiln.kernels.int8.conv_dot import choose_tile
 
     c, h, w = chw
     with kiln.Target(target):

@@ -20,8 +20,8 @@ from kiln.frontend import from_onnx
 from kiln.ir import graph as g
 from kiln.ir.tensor import For, PrimFunc
 from kiln.ir.visitor import iter_stmts
-from kiln.ops import quant_dot
-from kiln.ops.quant_conv_dot import (
+from kiln.kernels.int8 import dot as quant_dot
+from kiln.kernels.int8.conv_dot import (
     CONV_DOT,
     _spread,
     choose_tile,

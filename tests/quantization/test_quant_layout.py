@@ -22,7 +22,7 @@ from kiln.frontend import from_onnx
 from kiln.ir import assert_structural_equal
 from kiln.ir import graph as g
 from kiln.ir.types import TensorType
-from kiln.ops.quant_conv_dot import CONV_DOT, WORDS_LAYOUT
+from kiln.kernels.int8.conv_dot import CONV_DOT, WORDS_LAYOUT
 from kiln.ops.registry import call
 from kiln.script import from_source, print_module
 from kiln.transform import PassContext

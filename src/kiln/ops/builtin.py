@@ -1,5 +1,6 @@
 """Imports every module that registers built-in operators."""
 
+from kiln.kernels.int8 import conv_dot, grouped, packing  # noqa: F401
 from kiln.ops import (  # noqa: F401
     cblas,
     channel_scale_nchwc,
@@ -19,11 +20,8 @@ from kiln.ops import (  # noqa: F401
     pool,
     pool_nchwc,
     quant,
-    quant_conv_dot,
-    quant_depthwise,
     quant_dynamic,
     quant_elementwise,
-    quant_kernels,
     quant_mlas_conv,
     quant_onnx,
     quant_pool,

@@ -53,7 +53,9 @@ from kiln.ir.tensor import (
     seq,
 )
 from kiln.ir.types import TensorType, Type
-from kiln.ops import quant_dot, quant_kernels, te
+from kiln.kernels.int8 import dot as quant_dot
+from kiln.kernels.int8 import packing as quant_kernels
+from kiln.ops import te
 from kiln.ops.epilogue import fused_store
 from kiln.ops.kernels.parallel_work import worth_parallel
 from kiln.ops.kernels.tiles import const

@@ -54,7 +54,7 @@ class QuantLayout(FunctionPass):
     level = "graph"
 
     def run_on_function(self, func: Any, name: str, mod: IRModule) -> g.Function:
-        from kiln.ops.quant_conv_dot import CONV_DOT
+        from kiln.kernels.int8.conv_dot import CONV_DOT
 
         assert isinstance(func, g.Function)
         if not any(isinstance(b.value, g.Call) and b.value.op == CONV_DOT
@@ -87,7 +87,7 @@ def _residual_add(c: g.Call) -> bool:
 def _words_values(func: g.Function) -> set[g.Var]:
     """The bound values that take NCHW4c (see the module docstring)."""
     from kiln.ir.analysis.graph_uses import graph_vars_used
-    from kiln.ops import quant_conv_dot as qc
+    from kiln.kernels.int8 import conv_dot as qc
 
     isa = isa_for(None)  # the target the pipeline runs under
     producers: dict[g.Var, g.Call] = {}
@@ -132,7 +132,7 @@ def _words_values(func: g.Function) -> set[g.Var]:
 def _rewrite(func: g.Function, words: set[g.Var]) -> g.Function:
     """`func` with the values of `words` in NCHW4c: their producers and readers given the
     layout attributes (residual adds their 5-D operands)."""
-    from kiln.ops.quant_conv_dot import CONV_DOT, WORDS_LAYOUT
+    from kiln.kernels.int8.conv_dot import CONV_DOT, WORDS_LAYOUT
     from kiln.ops.registry import call
 
     renamed: dict[g.Var, g.Var] = {}

@@ -105,7 +105,7 @@ class QuantizeOps(FunctionPass):
     threads: int | None = None
 
     def run_on_function(self, func: Any, name: str, mod: IRModule) -> g.Function:
-        from kiln.ops import quant_kernels
+        from kiln.kernels.int8 import packing as quant_kernels
         from kiln.target.isa import isa_for
 
         assert isinstance(func, g.Function)

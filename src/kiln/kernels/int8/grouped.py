@@ -60,13 +60,14 @@ from kiln.ir.tensor import (
     seq,
 )
 from kiln.ir.types import TensorType
+from kiln.kernels.int8 import dot as quant_dot
+from kiln.kernels.int8.packing import build_conv, conv_infer, conv_packed_ref
 from kiln.ops import conv_kernels as ck
-from kiln.ops import quant_dot, te
+from kiln.ops import te
 from kiln.ops.kernels.tiles import const, lanes_loop, nest, tile_lanes, tile_registers
 from kiln.ops.kernels.tiles import loop as tile_loop
 from kiln.ops.nn import conv_geometry
 from kiln.ops.quant import out_range, requantize_value
-from kiln.ops.quant_kernels import build_conv, conv_infer, conv_packed_ref
 from kiln.ops.registry import OPS, HandBuiltOp
 from kiln.target.isa import ISA
 

@@ -58,7 +58,15 @@ from kiln.ir.tensor import (
     seq,
 )
 from kiln.ir.types import TensorType, Type
-from kiln.ops import quant_dot, te
+from kiln.kernels.int8 import dot as quant_dot
+from kiln.kernels.int8.conv_dot import (
+    CONV_DOT,
+    choose_tile,
+    k_order,
+    weight_panels,
+    weight_words,
+)
+from kiln.ops import te
 from kiln.ops.kernels.parallel_work import worth_parallel
 from kiln.ops.kernels.tiles import loop as tile_loop
 from kiln.ops.kernels.tiles import parallel_tiles, parallel_when
@@ -72,7 +80,6 @@ from kiln.ops.quant import (
     requantize_ref,
     requantize_value,
 )
-from kiln.ops.quant_conv_dot import CONV_DOT, choose_tile, k_order, weight_panels, weight_words
 from kiln.ops.registry import OPS, HandBuiltOp, register_op
 from kiln.ops.registry import call as op_call
 from kiln.target.isa import ISA
@@ -167,7 +174,7 @@ def pack(call: g.Call, isa: ISA) -> g.Call | None:
                        **({"k_group": k_group} if k_group != quant_dot.GROUP else {}),
                        **({"tap_major": True} if by_tap and not pairs else {}))
     if two_d_grouped:
-        from kiln.ops.quant_depthwise import GROUPED
+        from kiln.kernels.int8.grouped import GROUPED
 
         return op_call(GROUPED, x, packed, corrected, x_zp, multiplier, y_zp,
                        **({"pairs": quant_dot.SATURATE} if sat else {}), **attrs)

@@ -70,7 +70,8 @@ from kiln.ir.tensor import (
     seq,
 )
 from kiln.ir.types import TensorType, Type
-from kiln.ops import quant_dot, te
+from kiln.kernels.int8 import dot as quant_dot
+from kiln.ops import te
 from kiln.ops.kernels.parallel_work import worth_parallel
 from kiln.ops.kernels.tiles import lanes_loop, nest, parallel_tiles
 from kiln.ops.kernels.tiles import loop as tile_loop
@@ -119,7 +120,7 @@ def weight_panels(wp: np.ndarray, nr: int, tap_major: bool = False,
     """The shifted int8 weight `[OC][C][...]` as the channels-as-lanes tile reads it:
     words in panels of `nr` channels, `[ceil(OC / nr)][ceil(K / group)][nr]`
     (zero-padded)."""
-    from kiln.ops.quant_kernels import panelize
+    from kiln.kernels.int8.packing import panelize
 
     return panelize(weight_words(wp, tap_major, group).T, nr)
 
@@ -127,7 +128,7 @@ def weight_panels(wp: np.ndarray, nr: int, tap_major: bool = False,
 def unpacked_weight(ww: np.ndarray, w_shape: Sequence[int], tap_major: bool = False,
                     group: int = quant_dot.GROUP) -> np.ndarray:
     """The int8 weight `[OC][C][...]` of `weight_words` or `weight_panels`."""
-    from kiln.ops.quant_kernels import unpanelize
+    from kiln.kernels.int8.packing import unpanelize
 
     oc, k = int(w_shape[0]), int(np.prod(w_shape[1:]))
     words = np.asarray(ww) if np.ndim(ww) == 2 else unpanelize(np.asarray(ww), oc).T
@@ -418,7 +419,7 @@ def _build(inputs: Sequence[te.Tensor], attrs: Attrs) -> te.Tensor:
 
 def _reference(x: np.ndarray, ww: np.ndarray, bias: np.ndarray, x_zp: np.ndarray,
                multiplier: np.ndarray, y_zp: np.ndarray, **attrs: Any) -> np.ndarray:
-    from kiln.ops.quant_kernels import conv_packed_ref
+    from kiln.kernels.int8.packing import conv_packed_ref
 
     w = unpacked_weight(ww, _w_shape(attrs), tap_major_k(attrs), quant_dot.word_group(attrs))
     in_words, out_words = layouts(attrs)

@@ -1,0 +1,1 @@
+"""The int8 (quantized) kernels, moved out of kiln.ops."""
