@@ -1,4 +1,4 @@
-"""Depthwise and grouped int8 convolutions on vector tiles (kiln/ops/quant_depthwise.py).
+"""Depthwise and grouped int8 convolutions on vector tiles (kiln/kernels/int8/grouped.py).
 
 QLinearConv with several groups and a QDQ depthwise block (quantized by onnxruntime's
 own quantizer, per-channel weights) compile to `qlinear_conv_grouped` and equal

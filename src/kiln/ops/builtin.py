@@ -1,6 +1,5 @@
 """Imports every module that registers built-in operators."""
 
-from kiln.kernels.int8 import conv_dot, grouped, packing  # noqa: F401
 from kiln.ops import (  # noqa: F401
     cblas,
     channel_scale_nchwc,
@@ -20,10 +19,12 @@ from kiln.ops import (  # noqa: F401
     pool,
     pool_nchwc,
     quant,
+    quant_conv_words,
     quant_dynamic,
     quant_elementwise,
     quant_mlas_conv,
     quant_onnx,
+    quant_packed,
     quant_pool,
     quant_recurrent,
     quant_softmax,
