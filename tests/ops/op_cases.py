@@ -37,7 +37,7 @@ def bools(*shape: int) -> Gen:
 
 def weight_words(*shape: int) -> Gen:
     """Random int8 weights of `shape` packed as qlinear_conv_dot's int32 words."""
-    from kiln.ops.quant_conv_dot import weight_words as pack
+    from kiln.ops.quant_words import weight_words as pack
 
     return lambda rng: pack(rng.integers(-128, 128, shape).astype(np.int8))
 
@@ -45,7 +45,7 @@ def weight_words(*shape: int) -> Gen:
 def weight_panels(nr: int, *shape: int) -> Gen:
     """Random int8 weights of `shape` packed in qlinear_conv_dot's panels of `nr` channels
     (its channels-as-lanes tile)."""
-    from kiln.ops.quant_conv_dot import weight_panels as pack
+    from kiln.ops.quant_words import weight_panels as pack
 
     return lambda rng: pack(rng.integers(-128, 128, shape).astype(np.int8), nr)
 

@@ -1,4 +1,4 @@
-"""Depthwise and grouped int8 convolutions on vector tiles (kiln/ops/quant_depthwise.py).
+"""Depthwise and grouped int8 convolutions on vector tiles (kiln/kernels/int8/grouped.py).
 
 QLinearConv with several groups and a QDQ depthwise block (quantized by onnxruntime's
 own quantizer, per-channel weights) compile to `qlinear_conv_grouped` and equal
@@ -20,13 +20,13 @@ from quantized_models import integer_outputs, qlinear_conv_model, quantize_stati
 
 import kiln
 from kiln.frontend import from_onnx
-from kiln.ops.kernels.tiles import tile_lanes, tile_registers
-from kiln.ops.quant_depthwise import (
+from kiln.kernels.int8.grouped import (
     conv_shape,
     plane_block,
     plane_geometry,
     plane_pair,
 )
+from kiln.ops.kernels.tiles import tile_lanes, tile_registers
 from kiln.script import print_module
 from kiln.target import Target
 from kiln.target.isa import isa_for

@@ -20,7 +20,7 @@ import kiln
 from kiln.frontend import from_onnx
 from kiln.ir import IRModule, assert_structural_equal, evaluate
 from kiln.ir.tensor import DOT2_I16, Buffer, Const, For, Intrin, PrimFunc, Store, Var
-from kiln.ops import quant_dot
+from kiln.ops import quant_words
 from kiln.script import from_source, print_module
 from support.graphs import GraphBuilder
 
@@ -78,10 +78,10 @@ def test_backends(target: str) -> None:
 
 def test_pair_words() -> None:
     b = np.random.default_rng(5).integers(-128, 128, (7, 5)).astype(np.int8)
-    words = quant_dot.words(b, quant_dot.PAIR_GROUP)
+    words = quant_words.words(b, quant_words.PAIR_GROUP)
     rows = np.concatenate([b, np.zeros((1, 5), np.int8)]).astype(np.int64)
     np.testing.assert_array_equal(words, (rows[0::2] & 0xFFFF) + (rows[1::2] << 16))
-    np.testing.assert_array_equal(quant_dot.unwords(words, 7, quant_dot.PAIR_GROUP), b)
+    np.testing.assert_array_equal(quant_words.unwords(words, 7, quant_words.PAIR_GROUP), b)
 
 
 # generic x86-64 (element tiles) is the reference; int16 pairs on AVX2 (llvm and c) and

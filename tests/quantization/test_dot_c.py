@@ -1,4 +1,4 @@
-"""The int8 dot-product kernels on the c backend (kiln/ops/quant_dot.py, quant_conv_dot.py,
+"""The int8 dot-product kernels on the c backend (kiln/kernels/int8/dot.py, conv_dot.py,
 the `kiln_dot4_u8s8` helper of kiln_kernels.h).
 
 A c target whose ISA has a dot-product family builds the dot form (B packed in words,

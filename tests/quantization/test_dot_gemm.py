@@ -1,5 +1,5 @@
-"""The dot-product form of the int8 matrix products and convolutions (kiln/ops/quant_dot.py,
-quant_conv_dot.py): weights
+"""The dot-product form of the int8 matrix products and convolutions (kiln/kernels/int8/dot.py,
+conv_dot.py): weights
 packed in words of 4 k at compile time for targets with a dot-product family, A packed
 at run time, one `dot4_u8s8` per accumulator. Exact against onnxruntime (QLinearMatMul)
 and numpy (MatMulInteger) on vpdpbusd (znver4) and the exact vpmaddwd path (haswell),
@@ -19,8 +19,10 @@ import kiln
 from kiln.frontend import from_onnx
 from kiln.ir import graph as g
 from kiln.ir.types import TensorType
+from kiln.kernels.int8 import dot
 from kiln.ops import call as call_op
-from kiln.ops import evaluate_call, quant_dot, quant_kernels
+from kiln.ops import evaluate_call, quant_words
+from kiln.ops.kernels.registry import select
 from kiln.target import Target
 from kiln.target.isa import isa_for
 from support.graphs import GraphBuilder
@@ -105,7 +107,7 @@ def test_matmul_integer_equals_numpy(signed: bool) -> None:
 
 def test_words_round_trip_and_generic_targets_keep_the_element_layout() -> None:
     b = np.random.default_rng(5).integers(-128, 128, (7, 5)).astype(np.int8)
-    np.testing.assert_array_equal(quant_dot.unwords(quant_dot.words(b), 7), b)
+    np.testing.assert_array_equal(quant_words.unwords(quant_words.words(b), 7), b)
     # the documented value: byte i of word g is row 4g + i, the top byte signed, rows
     # past K zero; the same from any integer dtype holding the values
     rows = np.concatenate([b, np.zeros((1, 5), np.int8)]).astype(np.int64)
@@ -113,14 +115,14 @@ def test_words_round_trip_and_generic_targets_keep_the_element_layout() -> None:
     value = (unsigned[0::4] + (unsigned[1::4] << 8) + (unsigned[2::4] << 16)
              + (rows[3::4] << 24))
     for dtype in (np.int8, np.int16, np.int64):
-        words = quant_dot.words(b.astype(dtype))
+        words = quant_words.words(b.astype(dtype))
         assert words.dtype == np.int32
         np.testing.assert_array_equal(words, value)
     with Target("llvm -mcpu=x86-64"):
-        assert quant_dot.target_isa(isa_for(None)) is None  # SSE2: the int32 multiply-add tiles
+        assert dot.target_isa(isa_for(None)) is None  # SSE2: the int32 multiply-add tiles
     with Target("llvm -mtriple=aarch64-linux-gnu -mattr=+dotprod"):
-        isa = quant_dot.target_isa(isa_for(None))
-        assert isa is not None and quant_dot.tile_cols(isa) == 16
+        isa = dot.target_isa(isa_for(None))
+        assert isa is not None and dot.tile_cols(isa) == 16
 
 
 def qlinear_conv(shape: tuple[int, int, int, int], oc: int, k: int, stride: int,
@@ -167,7 +169,8 @@ def test_packed_conv_reference_computes_the_unpacked_op(signed: bool) -> None:
     attrs = {"pads": (1, 2, 0, 1), "strides": (1, 2)}
     call = call_op("qlinear_conv", g.Var("x", TensorType(x.shape, str(x.dtype))), *args, **attrs)
     with Target("llvm -mcpu=znver4"):
-        packed = quant_kernels.pack(call, isa_for(None))
+        family = select(call, isa_for(None))
+        packed = family.pack(call, isa_for(None)) if family is not None else None
     assert packed is not None and packed.op == "qlinear_conv_dot"
     want = evaluate_call("qlinear_conv", [x, *(a.data for a in args)], call.attrs)
     got = evaluate_call(packed.op, [x, *(a.data for a in packed.args[1:])], packed.attrs)

@@ -1,5 +1,5 @@
 """The int8 dot form on x86 targets without VNNI (AVX2, AVX-512BW: `vpmaddwd` on words
-of int16 pairs, `dot2_i16`, kiln/ops/quant_dot.py) is exact on the inputs that saturate a
+of int16 pairs, `dot2_i16`, kiln/kernels/int8/dot.py) is exact on the inputs that saturate a
 plain `vpmaddubsw`: adjacent weights of -128 and 127 against activations of 255, for
 every signedness of A and B that MatMulInteger allows, against numpy's int64 product;
 and the convolution tiles sized for them, against onnxruntime."""

@@ -22,7 +22,8 @@ import kiln
 from kiln.frontend import from_onnx
 from kiln.ir import IRModule, assert_structural_equal, evaluate
 from kiln.ir.tensor import Buffer, Const, For, Intrin, PrimFunc, Store, Var
-from kiln.ops import quant_dot
+from kiln.kernels.int8 import dot
+from kiln.ops import quant_words
 from kiln.script import from_source, print_module
 from kiln.target.isa import isa_for
 from support.graphs import GraphBuilder
@@ -65,7 +66,7 @@ def _a() -> np.ndarray:
 
 def test_reference_pairs() -> None:
     a, b = _a().astype(np.int64), _b().astype(np.int64)
-    sat = quant_dot.saturated_matmul(a, b)
+    sat = quant_words.saturated_matmul(a, b)
     assert sat[0, 0] == 4 * -32768 != (a @ b)[0, 0] == -261120
     assert sat[0, 3] == 2 * (-32640 - 32768)
     assert sat[0, 1] == 4 * 32767
@@ -77,7 +78,7 @@ def test_saturation_is_an_opt_in(target: str) -> None:
     a = _a()
     model = _matmul_model()
     exact = _quantized(a.astype(np.int64) @ _b().astype(np.int64))
-    saturated = _quantized(quant_dot.saturated_matmul(a, _b()))
+    saturated = _quantized(quant_words.saturated_matmul(a, _b()))
     assert (exact != saturated).any()
     if not host_runs(target):
         # compile-only: the zmm form is vpmaddubsw + vpmaddwd by ones
@@ -98,8 +99,8 @@ CONVOLUTIONS = [
     ((1, 8, 7, 7), 16, 3, 1, 1),     # 4 channels of one tap a word (MLAS's ConvSym)
     ((1, 12, 6, 6), 8, 1, 1, 0),     # 1x1
 ]
-# llvm only (each case compiles twice): 4 channels of a tap a word (quant_conv_dot's
-# words of the input), strided on the positions tile (an im2col copying them), strided
+# llvm only (each case compiles twice): 4 channels of a tap a word (the dot-form
+# convolution's words of the input), strided on the positions tile (an im2col copying them), strided
 # on the channels tile and stride 1 on the positions tile (read in place)
 WORD_CONVOLUTIONS = [((1, 8, 9, 9), 4, 3, 2, 1), ((1, 8, 9, 9), 16, 3, 2, 1),
                      ((1, 8, 26, 26), 8, 3, 1, 1)]
@@ -177,7 +178,7 @@ def test_the_matmul_tensor_expression_saturates_too() -> None:
     a = _a()
     model = _symbolic_batch(_matmul_model())
     got = kiln.compile(from_onnx(model), SATURATE)["main"](a)
-    np.testing.assert_array_equal(got, _quantized(quant_dot.saturated_matmul(a, _b())))
+    np.testing.assert_array_equal(got, _quantized(quant_words.saturated_matmul(a, _b())))
 
 
 @pytest.mark.parametrize(("shape", "oc", "group"), [
@@ -226,11 +227,11 @@ def test_channel_tiles_of_four_rows_store_words(target: str, chw: tuple[int, int
     of at most 63 in magnitude keep every pair sum inside int16, so saturating and exact
     products agree and onnxruntime's result is the reference on any host; u8 and s8
     outputs (the word's top byte), llvm and c."""
-    from kiln.ops.quant_conv_dot import choose_tile
+    from kiln.kernels.int8.conv_tile import choose_tile
 
     c, h, w = chw
     with kiln.Target(target):
-        isa = quant_dot.target_isa(isa_for(None), quant_dot.target_saturates(isa_for(None)))
+        isa = dot.target_isa(isa_for(None), dot.target_saturates(isa_for(None)))
     assert isa is not None
     tile = choose_tile(isa, h * w, oc, c * 9)
     assert tile.channels_as_lanes and tile.rows == 4

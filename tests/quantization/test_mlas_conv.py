@@ -1,4 +1,4 @@
-"""conv2d_mlas's kernel (kiln/ops/quant_mlas_conv.py on kiln/kernels/gemm/mlas_order.py)
+"""conv2d_mlas's kernel (kiln/kernels/int8/mlas_conv.py on kiln/kernels/gemm/mlas_order.py)
 against onnxruntime's float Conv whose weights it cannot pre-pack (graph inputs: MLAS's
 im2col and SGEMM, docs/quantization.md "Files quantized by others"), bit for bit, on
 each of the kernel's paths: the input read in place (a 1x1 stride-1 layer, grouped or
@@ -23,8 +23,8 @@ from kiln.ir.tensor import Allocate, PrimFunc
 from kiln.ir.types import TensorType
 from kiln.ir.visitor import iter_stmts
 from kiln.kernels.gemm.mlas_order import MlasGemm, Segment
+from kiln.kernels.lowering import legalize_call, lowering_for
 from kiln.ops import call as op_call
-from kiln.ops import get_op
 from kiln.ops.quant_mlas_conv import geometry, k_blocks
 from kiln.target.isa import isa_for
 from support.graphs import GraphBuilder
@@ -173,8 +173,10 @@ def _allocates_columns(name: str) -> bool:
     case = CASES[name]
     x = g.Var("x", TensorType(case.x, "float32"))
     w = g.Var("w", TensorType(case.w, "float32"))
-    func, _ = get_op("conv2d_mlas").legalize(op_call("conv2d_mlas", x, w, **case.attrs,
-                                                     threads=case.threads), isa_for(None))
+    lowering = lowering_for("conv2d_mlas")
+    assert lowering is not None
+    func, _ = legalize_call(op_call("conv2d_mlas", x, w, **case.attrs, threads=case.threads),
+                            lowering, isa_for(None))
     assert isinstance(func, PrimFunc)
     return any(isinstance(s, Allocate) and s.buffer.name == "col"
                for s in iter_stmts(func.body))

@@ -1,4 +1,4 @@
-"""The dot-form convolution's two register tiles (kiln/ops/quant_conv_dot.py): output
+"""The dot-form convolution's two register tiles (kiln/kernels/int8/conv_dot.py): output
 positions as the vector lanes, or, where the positions fill the vectors badly (7 x 7,
 14 x 14 images), output channels. The channels-as-lanes tile is chosen by rule from the
 shapes and packs the weight in panels; its outputs equal onnxruntime's for QDQ
@@ -20,16 +20,11 @@ from kiln.frontend import from_onnx
 from kiln.ir import graph as g
 from kiln.ir.tensor import For, PrimFunc
 from kiln.ir.visitor import iter_stmts
-from kiln.ops import quant_dot
-from kiln.ops.quant_conv_dot import (
-    CONV_DOT,
-    _spread,
-    choose_tile,
-    narrows_by_packs,
-    position_rows,
-    unpacked_weight,
-    weight_panels,
-)
+from kiln.kernels.int8 import dot
+from kiln.kernels.int8.conv_input import spread
+from kiln.kernels.int8.conv_tile import choose_tile, narrows_by_packs, position_rows
+from kiln.ops.quant_conv_words import CONV_DOT
+from kiln.ops.quant_words import unpacked_weight, weight_panels
 from kiln.target import Target
 from kiln.target.isa import isa_for
 from kiln.transform.quantize_ops import QuantizeOps
@@ -138,7 +133,7 @@ def test_channel_tiles_equal_onnxruntime(
 ) -> None:
     onnx_model, feeds, want = model
     with Target(target):  # the tile planning ISA (int16 pairs without VNNI)
-        isa = quant_dot.target_isa(isa_for(None))
+        isa = dot.target_isa(isa_for(None))
     assert isa is not None and isa.vector_bits >= 256
     # the layers the rule puts on the channels-as-lanes tile for this target (all of
     # them with zmm registers; AVX2's 16 ymm keep 14 x 14 on the positions tile) have
@@ -170,9 +165,9 @@ def test_exact_products_take_k_by_tap_where_channels_fill_words(
     take (tap, channel) as onnxruntime's order (`pairs`), not as this choice. The
     outputs of all of them: test_channel_tiles_equal_onnxruntime."""
     with Target(target):
-        isa = quant_dot.target_isa(isa_for(None), quant_dot.target_saturates(isa_for(None)))
+        isa = dot.target_isa(isa_for(None), dot.target_saturates(isa_for(None)))
     assert isa is not None
-    exact = isa.int8_dot in quant_dot.EXACT_FAMILIES and "saturate" not in target
+    exact = isa.int8_dot in dot.EXACT_FAMILIES and "saturate" not in target
     convs = _packed_convs(model[0], target)
     layers = LAYERS + POSITION_LAYERS
     assert len(convs) == len(layers)
@@ -201,10 +196,10 @@ def test_saturating_pairs_on_16_registers_leave_the_epilogue_a_row() -> None:
                                     ("llvm -mcpu=znver4", False, False),
                                     ("llvm -mcpu=skylake-avx512", True, False)):
         with Target(target):
-            isa = quant_dot.target_isa(isa_for(None), saturate)
+            isa = dot.target_isa(isa_for(None), saturate)
         assert isa is not None
-        nr = quant_dot.tile_cols_for(isa, 56 * 56)
-        top = quant_dot.tile_rows(isa, nr)
+        nr = dot.tile_cols_for(isa, 56 * 56)
+        top = dot.tile_rows(isa, nr)
         assert position_rows(isa, nr, 256) == top - fewer, target
         assert position_rows(isa, nr, 2) == 2
         assert not choose_tile(isa, 56 * 56, 256, 64).channels_as_lanes
@@ -216,19 +211,19 @@ def test_planes_read_in_place_do_not_start_two_cache_lines_apart() -> None:
     plane pitch that is a multiple of 128 bytes (16 x 16 words: a 14 x 14 image padded by
     one) grows by a row, 4 phase planes of 8-word rows by a column and a row; pitches
     off that grid stay."""
-    assert _spread((16, 16), 1) == (17, 16)
-    assert _spread((8, 8), 4) == (9, 9)
-    assert _spread((9, 9), 1) == (9, 9)
-    assert _spread((15, 15), 4) == (15, 15)
+    assert spread((16, 16), 1) == (17, 16)
+    assert spread((8, 8), 4) == (9, 9)
+    assert spread((9, 9), 1) == (9, 9)
+    assert spread((15, 15), 4) == (15, 15)
     for extents, planes in (((16, 16), 1), ((8, 8), 4), ((7, 32), 1), ((4, 4), 8)):
-        rows, cols = _spread(extents, planes)
+        rows, cols = spread(extents, planes)
         assert rows >= extents[0] and cols >= extents[1]
         assert planes * rows * cols * 4 % 128
 
 
 def test_positions_tiles_narrow_by_packs_on_x86_up_to_avx2() -> None:
     """The integer clamp that lets LLVM narrow with saturating packs pays on AVX2 and not
-    with AVX-512's `vpmovdb` (kiln.ops.quant_conv_dot.narrows_by_packs); the saturating
+    with AVX-512's `vpmovdb` (kiln.kernels.int8.conv_tile.narrows_by_packs); the saturating
     AVX2 build's positions tile then packs without masking its lanes."""
     assert narrows_by_packs(isa_for(Target("llvm -mcpu=haswell")))
     assert narrows_by_packs(isa_for(Target("llvm -mcpu=znver3")))

@@ -22,7 +22,7 @@ from kiln.frontend import from_onnx
 from kiln.ir import assert_structural_equal
 from kiln.ir import graph as g
 from kiln.ir.types import TensorType
-from kiln.ops.quant_conv_dot import CONV_DOT, WORDS_LAYOUT
+from kiln.ops.quant_conv_words import CONV_DOT, WORDS_LAYOUT
 from kiln.ops.registry import call
 from kiln.script import from_source, print_module
 from kiln.transform import PassContext
@@ -35,7 +35,7 @@ from support.reference import onnxruntime_outputs
 # `int8-pairs=saturate` (s8 activations take the exact int16 pairs there, as onnxruntime's
 # products are exact for them); the int16 pairs read words of 2 k, so their convolutions
 # keep NCHW; VNNI's positions tiles of 6 rows would narrow to 4 to store words, so its
-# convolutions write NCHW (`quant_conv_dot.stores_words`)
+# convolutions write NCHW (kiln.kernels.int8.conv_tile.stores_words)
 CASES = [("llvm -mcpu=haswell -int8-pairs=saturate", False, True),
          ("c -mcpu=haswell -int8-pairs=saturate", False, True),
          ("llvm -mcpu=haswell -int8-pairs=saturate", True, False),

@@ -27,7 +27,8 @@ from kiln.frontend import from_onnx
 from kiln.ir import graph as g
 from kiln.ir.types import TensorType
 from kiln.ops import call as call_op
-from kiln.ops import evaluate_call, quant_kernels
+from kiln.ops import evaluate_call
+from kiln.ops.kernels.registry import select
 from kiln.target import Target
 from kiln.target.isa import isa_for
 from kiln.transform.quantize_ops import QuantizeOps
@@ -143,8 +144,9 @@ def test_packed_kernels_compute_the_unpacked_ops(op: str, weight_zero_point: int
         attrs = {"transpose_b": True}
     xv = g.Var("x", g_tensor_type(x))
     call = call_op(op, xv, w, bias, x_zp, w_zp, multiplier, y_zp, qmin=-100, **attrs)
-    packed = quant_kernels.pack(call, isa_for(None))
-    # a grouped convolution takes the vector-tile kernel (kiln/ops/quant_depthwise.py)
+    family = select(call, isa_for(None))  # the int8 kernel family of the call
+    packed = family.pack(call, isa_for(None)) if family is not None else None
+    # a grouped convolution takes the vector-tile kernel (kiln/kernels/int8/grouped.py)
     want_op = "qlinear_conv_grouped" if op == "qlinear_conv" else f"{op}_packed"
     assert packed is not None and packed.op == want_op
     shifted = w.data.astype(np.int64) - weight_zero_point

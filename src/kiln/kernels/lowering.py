@@ -58,6 +58,14 @@ _LAZY: dict[str, str] = {
     # conv (kiln.kernels.conv)
 
     # int8 (kiln.kernels.int8)
+    "qlinear_matmul_packed": "kiln.kernels.int8.matmul:TILED_MATMUL",
+    "matmul_integer_packed": "kiln.kernels.int8.matmul:TILED_INTEGER",
+    "dynamic_quant_matmul_packed": "kiln.kernels.int8.dynamic:DYNAMIC_TILED_MATMUL",
+    "qlinear_conv_dot": "kiln.kernels.int8.conv_dot:TILED_CONV",
+    "qlinear_conv_grouped": "kiln.kernels.int8.grouped:GROUPED_CONV",
+    "qlinear_add": "kiln.kernels.int8.elementwise:FLAT_ADD",
+    "qlinear_concat": "kiln.kernels.int8.elementwise:CONCAT_RUNS",
+    "conv2d_mlas": "kiln.kernels.int8.mlas_conv:MLAS_CONV",
 
     # rows (kiln.kernels.rows)
     "softmax": "kiln.kernels.rows.lowering:SOFTMAX",

@@ -485,9 +485,8 @@ def requantize_value(acc: PrimExpr, multiplier: PrimExpr, zp: PrimExpr, lo: int,
 
     `bounds_first` puts the bound first in the upper clamp's min: the same values, which
     LLVM, knowing the bound is no NaN, makes a compare and a masked move instead of two
-    compares and a blend (the depthwise plane kernel, 960 channels at 7x7 on Zen 5: 0.047
-    -> 0.043 ms; used by every int8 kernel, MobileNetV2 as a whole measured 10% slower,
-    so it is not the default).
+    compares and a blend (the depthwise plane kernel takes it; in every int8 kernel it
+    made whole models slower, so it is not the default).
 
     `magic_round` rounds and converts the clamped value (|v| <= 510) by adding
     ROUNDING_MAGIC and reading the sum's bits (two integer-exact operations instead of a
@@ -498,13 +497,13 @@ def requantize_value(acc: PrimExpr, multiplier: PrimExpr, zp: PrimExpr, lo: int,
     compare, a mask OR and a blend (LLVM does not see that the bound is never NaN). The
     leaner body changes what LLVM unrolls and vectorizes around it, so a kernel takes it
     where its store loops were checked (the dot-form convolution's positions tile,
-    kiln.ops.quant_conv_dot).
+    kiln.kernels.int8.conv_tiles).
 
     `packs` (with `magic_round`) clamps the rounded integer to [lo, hi] as well: the
     same values (the float clamp put it there), but LLVM, now knowing the range, narrows
     the int32 lanes with saturating packs instead of masking each lane to a byte first
-    (one instruction less a vector on AVX2: kiln.ops.quant_conv_dot.narrows_by_packs;
-    the channels tile, which narrows into a small buffer, measured no faster and does
+    (one instruction less a vector on AVX2: kiln.kernels.int8.conv_tile.narrows_by_packs;
+    the channels tile, which narrows into a small buffer, gains nothing from it and does
     not take it)."""
     z = Cast("float32", zp)
     v = Cast("float32", acc) * multiplier

@@ -31,53 +31,27 @@ int8 group to uint8 (kiln.ops.quant_ort): every operand and zero point + 128, th
 result saturated to [0, 255], then - 128. The float32 steps round differently from
 the int8 formula's, so the two are different ops.
 
-`qlinear_add` of two operands of the output's static shape (a residual add) runs on a
-hand-built kernel: the tensors read as flat arrays, in tiles of `ADD_TILE_VECTORS`
-float32 vectors (whole vectors whatever the rows' width, which the tensor-expression
-nest vectorizes only in vectors that divide a row: 8 lanes for 56 or 14 columns), the
-tiles split over threads, the last partial tile a shorter vector loop. The formula and
-its roundings are the tensor-expression definition's, so the outputs are identical; its
-saturation clamps before it rounds, by the magic number (`_saturate_magic`: the same
-values, fewer instructions).
+`qlinear_add` of two operands of the output's static shape and `qlinear_concat` run on
+hand-built kernels (kiln.kernels.int8.elementwise) computing these formulas.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from kiln.errors import IRError
 from kiln.ir import dtype as dt
-from kiln.ir import graph as g
 from kiln.ir.shape_expr import shape_text
-from kiln.ir.tensor import (
-    Buffer,
-    Cast,
-    DeclBuffer,
-    PrimExpr,
-    PrimFunc,
-    Stmt,
-    Store,
-    as_expr,
-    compare,
-    intrin,
-    min_,
-    reinterpret,
-    select,
-    seq,
-)
+from kiln.ir.tensor import Cast, PrimExpr, as_expr, intrin, min_
 from kiln.ir.types import TensorType, Type
 from kiln.ops import te
 from kiln.ops.broadcast import broadcast_index, broadcast_shapes
-from kiln.ops.kernels.parallel_work import worth_parallel
-from kiln.ops.kernels.tiles import const, lanes_loop, loop, tile_lanes
 from kiln.ops.nan_order import max_keep_second
-from kiln.ops.quant import MAGIC_BITS, PRODUCT_DTYPES, ROUNDING_MAGIC, as_float32, qrange
-from kiln.ops.registry import OPS, HandBuiltOp, register_op
-from kiln.target.isa import ISA
+from kiln.ops.quant import PRODUCT_DTYPES, as_float32, qrange
+from kiln.ops.registry import register_op
 
 Attrs = Mapping[str, Any]
 ADD = "qlinear_add"
@@ -145,23 +119,6 @@ def _saturate(v: PrimExpr, dtype: str, shift: int = 0) -> PrimExpr:
                             max_keep_second(rounded, as_expr(float(lo), "float32"))))
 
 
-def _saturate_magic(v: PrimExpr, dtype: str, shift: int = 0) -> PrimExpr:
-    """`_saturate(v, dtype, shift)` as the flat kernels compute it: `v` clamped to the type's
-    range first (a select on one ordered compare per bound: a `vmaxps` / `vminps`, or for
-    a bound of 0 a compare and a mask; a NaN fails the lower compare and takes the lower
-    bound), then rounded half to even and converted by adding ROUNDING_MAGIC and reading
-    the sum's bits (|v| <= 255 after the clamp: the sum's ulp is 1). Clamping before
-    rounding gives the same values, the bounds being integers. It replaces a rounding, a
-    NaN-passing max (a compare and a mask), a NaN clear (a compare and a mask) and a
-    conversion per vector with an add and an integer subtract."""
-    lo, hi = qrange(dtype)
-    lo_, hi_ = (as_expr(float(b + shift), "float32") for b in (lo, hi))
-    v = select(compare("gt", v, lo_), v, lo_)
-    v = select(compare("gt", v, hi_), hi_, v)
-    bits = reinterpret(v + as_expr(ROUNDING_MAGIC, "float32"), "int32")
-    return Cast(dtype, bits - as_expr(MAGIC_BITS + shift, "int32"))
-
-
 def _elementwise(inputs: Sequence[te.Tensor], name: str,
                  value: Callable[[PrimExpr, PrimExpr, Sequence[PrimExpr]], PrimExpr],
                  shift: int = 0) -> te.Tensor:
@@ -183,8 +140,8 @@ def _shifted(v: PrimExpr, shift: int) -> PrimExpr:
     return as_float32(v) + float(shift) if shift else as_float32(v)
 
 
-def _add_value(swap: bool, shift: int = 0
-               ) -> Callable[[PrimExpr, PrimExpr, Sequence[PrimExpr]], PrimExpr]:
+def add_value(swap: bool, shift: int = 0
+              ) -> Callable[[PrimExpr, PrimExpr, Sequence[PrimExpr]], PrimExpr]:
     """MLAS's QLinearAdd of one element (the module docstring), before saturation; the
     operands and zero points + `shift` (`as_uint8`)."""
 
@@ -203,38 +160,8 @@ def _add_value(swap: bool, shift: int = 0
 
 def _add_compute(inputs: Sequence[te.Tensor], attrs: Attrs) -> te.Tensor:
     shift = uint8_shift(attrs)
-    return _elementwise(inputs, ADD, _add_value(swaps_operands(inputs[0].shape,
-                                                               inputs[3].shape), shift), shift)
-
-
-#: float32 vectors of one tile of the flat `qlinear_add` kernel (four: the loads, the
-#: widening and the two FMAs of one vector overlap those of the next).
-ADD_TILE_VECTORS = 4
-
-
-def flat_add_body(buffers: Sequence[Buffer], out: Buffer, lanes: int, shift: int = 0, *,
-                  isa: ISA) -> Stmt:
-    """The flat kernel of the module docstring: `buffers` are qlinear_add's operands, `a`
-    and `b` of `out`'s shape; `lanes` the float32 lanes of a vector; `shift` that of
-    `as_uint8`."""
-    a, a_scale, a_zp, b, b_scale, b_zp, y_scale, y_zp = buffers
-    size = out.numel()
-    views = [Buffer(t.name + "_flat", (size,), t.dtype) for t in (a, b, out)]
-    fa, fb, fout = views
-    value = _add_value(swaps_operands(a.shape, b.shape), shift)
-    params = [t[()] for t in (a_scale, a_zp, b_scale, b_zp, y_scale, y_zp)]
-    width = ADD_TILE_VECTORS * lanes
-
-    def run(start: PrimExpr, extent: int) -> Stmt:
-        return lanes_loop("v", extent, lambda v: Store(fout, _saturate_magic(
-            value(fa[start + v], fb[start + v], params), y_zp.dtype, shift), (start + v,)))
-
-    tiles, rest = divmod(size, width)
-    kind = "parallel" if tiles > 1 and worth_parallel(size, "element", isa=isa) else "serial"
-    body = [loop("t", tiles, lambda t: run(t * width, width), kind)] if tiles else []
-    if rest:
-        body.append(run(const(tiles * width), rest))
-    return seq(*(DeclBuffer(view, t, 0) for view, t in zip(views, (a, b, out))), *body)
+    return _elementwise(inputs, ADD, add_value(swaps_operands(inputs[0].shape,
+                                                              inputs[3].shape), shift), shift)
 
 
 def fma_f32(a: Any, b: Any, c: Any) -> np.ndarray:
@@ -283,38 +210,11 @@ def qlinear_add_ref(a: np.ndarray, a_scale: np.ndarray, a_zp: np.ndarray, b: np.
     return _saturate_ref(v, np.asarray(y_zp), shift)
 
 
-def _flat(types: Sequence[Any]) -> bool:
-    """Whether qlinear_add of operands of these types (or te tensors) takes the flat
-    kernel: `a` and `b` both of the output's static shape."""
-    a, b = types[0], types[3]
-    return tuple(a.shape) == tuple(b.shape) and all(isinstance(d, int) for d in a.shape)
-
-
-@dataclass(frozen=True)
-class _QLinearAdd(HandBuiltOp):
-    """qlinear_add: the flat kernel where it applies, the te definition else."""
-
-    def builds(self, call: g.Call) -> bool:
-        # the flat kernel takes no fused elementwise chain (FuseOps must not count on it)
-        return False
-
-    def lower_fused(self, params: Sequence[te.Tensor], args: Sequence[te.Tensor], attrs: Attrs,
-                    anchor: te.Tensor | None, result: te.Tensor | None,
-                    name: str, isa: ISA) -> PrimFunc | None:
-        if result is not None or len(args) != len(params) or \
-                any(a is not p for a, p in zip(args, params)) or not _flat(params):
-            return None
-        buffers = [Buffer(t.name, t.shape, t.dtype) for t in params]
-        out = Buffer("out", tuple(params[0].shape), params[7].dtype)
-        body = flat_add_body(buffers, out, tile_lanes(isa, "float32"),
-                             uint8_shift(attrs), isa=isa)
-        return PrimFunc((*buffers, out), body, {"kiln.qlinear_add": "flat"})
-
-
 # "injective": a kernel of its own (it may head a fused elementwise chain), never a tail
 # fused into the integer convolution before it, whose hand-built tiles would then lose
-# their vectorized epilogue (ResNet-50 QDQ ran 5x slower that way).
-OPS.register(ADD, _QLinearAdd(ADD, "injective", _infer(ADD), _add_compute, qlinear_add_ref))
+# their vectorized epilogue (and run far slower).
+register_op(ADD, pattern="injective", infer=_infer(ADD), compute=_add_compute,
+            reference=qlinear_add_ref)
 
 
 # --------------------------------------------------------------------------- qlinear_mul
@@ -354,7 +254,7 @@ register_op(MUL, pattern="injective", infer=_infer(MUL), compute=_mul_compute,
 CONCAT = "qlinear_concat"
 
 
-def _concat_params(n: int, attrs: Attrs) -> tuple[list[float], list[int], float, int, str]:
+def concat_params(n: int, attrs: Attrs) -> tuple[list[float], list[int], float, int, str]:
     """(x_scales, x_zero_points, y_scale, y_zero_point, dtype) of a qlinear_concat of `n`
     inputs, checked."""
     scales = [float(s) for s in attrs["x_scales"]]
@@ -369,7 +269,8 @@ def _concat_params(n: int, attrs: Attrs) -> tuple[list[float], list[int], float,
     return scales, zps, float(attrs["y_scale"]), int(attrs["y_zero_point"]), dtype
 
 
-def _copies(t: Any, scale: float, zp: int, y_scale: float, y_zp: int, dtype: str) -> bool:
+def copies_input(t: Any, scale: float, zp: int, y_scale: float, y_zp: int,
+                 dtype: str) -> bool:
     """Whether an input is its own requantization: quantize(dequantize(v)) = v for one
     positive scale, zero point and type."""
     return t.dtype == dtype and scale == y_scale and zp == y_zp and scale > 0
@@ -378,7 +279,7 @@ def _copies(t: Any, scale: float, zp: int, y_scale: float, y_zp: int, dtype: str
 def _concat_infer(types: Sequence[TensorType], attrs: Attrs) -> Type:
     from kiln.ops import get_op
 
-    _, zps, _, y_zp, dtype = _concat_params(len(types), attrs)
+    _, zps, _, y_zp, dtype = concat_params(len(types), attrs)
     for t, z in zip(types, zps):
         if t.dtype not in PRODUCT_DTYPES:
             raise IRError(f"{CONCAT}: the inputs must be int8 or uint8, got {t.dtype}")
@@ -392,8 +293,8 @@ def _concat_infer(types: Sequence[TensorType], attrs: Attrs) -> Type:
                                   {"axis": attrs.get("axis", 0)})
 
 
-def _requantize(v: PrimExpr, scale: float, zp: int, y_scale: float, y_zp: int,
-                dtype: str) -> PrimExpr:
+def requantize_element(v: PrimExpr, scale: float, zp: int, y_scale: float, y_zp: int,
+                       dtype: str) -> PrimExpr:
     """`v` (an integer element) requantized: quantize(dequantize(v)) in float32."""
     from kiln.ops.quant import quantize_value
 
@@ -406,15 +307,15 @@ def _requantize(v: PrimExpr, scale: float, zp: int, y_scale: float, y_zp: int,
 def _concat_compute(inputs: Sequence[te.Tensor], attrs: Attrs) -> te.Tensor:
     from kiln.ops import get_op
 
-    scales, zps, y_scale, y_zp, dtype = _concat_params(len(inputs), attrs)
+    scales, zps, y_scale, y_zp, dtype = concat_params(len(inputs), attrs)
     parts = []
     for x, s, z in zip(inputs, scales, zps):
-        if _copies(x, s, z, y_scale, y_zp, dtype):
+        if copies_input(x, s, z, y_scale, y_zp, dtype):
             parts.append(x)
             continue
 
         def element(*i: PrimExpr, x: te.Tensor = x, s: float = s, z: int = z) -> PrimExpr:
-            return _requantize(x[i], s, z, y_scale, y_zp, dtype)
+            return requantize_element(x[i], s, z, y_scale, y_zp, dtype)
 
         parts.append(te.compute(tuple(x.shape), element, dtype, "requantize"))
     out = get_op("concat").compute(parts, {"axis": attrs.get("axis", 0)})
@@ -422,80 +323,12 @@ def _concat_compute(inputs: Sequence[te.Tensor], attrs: Attrs) -> te.Tensor:
     return out
 
 
-def concat_body(inputs: Sequence[Buffer], out: Buffer, attrs: Attrs, lanes: int, *,
-                isa: ISA) -> Stmt:
-    """qlinear_concat's hand-built kernel: per input, the tiles of each of its contiguous
-    runs of the output (the axis and all after it) copied or requantized (the te
-    definition selects among every input for each element); `lanes` the float32 lanes
-    of a vector."""
-    scales, zps, y_scale, y_zp, dtype = _concat_params(len(inputs), attrs)
-    axis = int(attrs.get("axis", 0)) % out.ndim
-    outer = int(np.prod(out.shape[:axis], dtype=np.int64))
-    row = int(np.prod(out.shape[axis:], dtype=np.int64))
-    fout = Buffer(out.name + "_flat", (outer, row), out.dtype)
-    width = ADD_TILE_VECTORS * lanes
-    body: list[Stmt] = [DeclBuffer(fout, out, 0)]
-    offset = 0
-    for x, s, z in zip(inputs, scales, zps):
-        run_len = x.numel() // max(outer, 1)
-        fx = Buffer(x.name + "_flat", (outer, run_len), x.dtype)
-        copies = _copies(x, s, z, y_scale, y_zp, dtype)
-
-        def tile(o: PrimExpr, start: PrimExpr, extent: int, fx: Buffer = fx, at: int = offset,
-                 copies: bool = copies, s: float = s, z: int = z) -> Stmt:
-            def store(v: PrimExpr) -> Stmt:
-                value: PrimExpr = fx[o, start + v]
-                if not copies:
-                    value = _requantize(value, s, z, y_scale, y_zp, dtype)
-                return Store(fout, value, (o, start + v + at))
-            return lanes_loop("v", extent, store)
-
-        tiles, rest = divmod(run_len, width)
-        kind = "parallel" if outer * tiles > 1 and worth_parallel(x.numel(), "element", isa=isa) \
-            else "serial"
-
-        def per_row(o: PrimExpr, tiles: int = tiles, rest: int = rest, tile: Any = tile,
-                    kind: str = kind) -> Stmt:
-            parts = [loop("t", tiles, lambda t: tile(o, t * width, width), kind)] \
-                if tiles else []
-            if rest:
-                parts.append(tile(o, const(tiles * width), rest))
-            return seq(*parts)
-
-        body += [DeclBuffer(fx, x, 0), loop("o", outer, per_row) if outer > 1
-                 else per_row(const(0))]
-        offset += run_len
-    return seq(*body)
-
-
-@dataclass(frozen=True)
-class _QLinearConcat(HandBuiltOp):
-    """qlinear_concat: the hand-built kernel for static shapes, the te definition else."""
-
-    def builds(self, call: g.Call) -> bool:
-        return False  # it takes no fused elementwise chain
-
-    def lower_fused(self, params: Sequence[te.Tensor], args: Sequence[te.Tensor], attrs: Attrs,
-                    anchor: te.Tensor | None, result: te.Tensor | None,
-                    name: str, isa: ISA) -> PrimFunc | None:
-        if result is not None or len(args) != len(params) or \
-                any(a is not p for a, p in zip(args, params)) or \
-                not all(isinstance(d, int) for t in params for d in t.shape):
-            return None
-        buffers = [Buffer(t.name, t.shape, t.dtype) for t in params]
-        out_type = _concat_infer([TensorType(t.shape, t.dtype) for t in params], attrs)
-        assert isinstance(out_type, TensorType)
-        out = Buffer("out", tuple(out_type.shape), out_type.dtype)
-        body = concat_body(buffers, out, attrs, tile_lanes(isa, "float32"), isa=isa)
-        return PrimFunc((*buffers, out), body, {"kiln.qlinear_concat": "runs"})
-
-
 def qlinear_concat_ref(*xs: np.ndarray, **attrs: Any) -> np.ndarray:
     """numpy QLinearConcat: every input requantized, quantize(dequantize(x)) in float32
     (an input with the output's parameters is then itself)."""
     from kiln.ops.quant import quantize_ref
 
-    scales, zps, y_scale, y_zp, dtype = _concat_params(len(xs), attrs)
+    scales, zps, y_scale, y_zp, dtype = concat_params(len(xs), attrs)
     yz = np.asarray(y_zp, dtype)
     with np.errstate(all="ignore"):
         parts = [quantize_ref(((x.astype(np.int32) - z).astype(np.float32)
@@ -507,5 +340,5 @@ def qlinear_concat_ref(*xs: np.ndarray, **attrs: Any) -> np.ndarray:
 # "opaque": a kernel of its own; a dequantization after it (DenseNet's concat -> DQ ->
 # BatchNorm -> Q) starts the next kernel, rather than joining the te definition, whose
 # per-element select over the inputs requantizes every one of them (32 in DenseNet)
-OPS.register(CONCAT, _QLinearConcat(CONCAT, "opaque", _concat_infer, _concat_compute,
-                                    qlinear_concat_ref))
+register_op(CONCAT, pattern="opaque", infer=_concat_infer, compute=_concat_compute,
+            reference=qlinear_concat_ref)

@@ -23,14 +23,8 @@ others"):
   whatever the split, and the thread count matters only where a thread's share of the
   positions is small beside K.
 
-The order is per output, so the kernel is free to tile and split the work as kiln's own
-GEMM convolution does (`conv2d_mlas_kernel`, on kiln.kernels.gemm.mlas_order): per
-image and group, the weight `[OC / group][K]` (read in place) times the columns
-`[K][positions]`: the input itself for a 1x1 stride-1 unpadded layer (MLAS's GemmDirect),
-else a workspace filled once per call (kiln.ops.kernels.conv_gemm.im2col); register
-tiles of output channels x whole vectors of positions, summed block by block in
-registers, stored along the flat positions through the fused epilogue; every tile of
-every position range in one parallel loop.
+The order is per output, so the kernel (kiln.kernels.int8.mlas_conv) is free to tile and
+split the work as kiln's own GEMM convolution does.
 
 Refused (an IRError; the caller keeps kiln's own convolution): an output of one position
 (MLAS's N = 1 kernel reduces in an order that depends on the channel's place), an M-split
@@ -44,27 +38,17 @@ x `[N, C, H, W]`, w `[OC, C / group, KH, KW]`, an optional bias `[OC]`, all floa
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from kiln.errors import IRError
-from kiln.ir.tensor import Buffer, DeclBuffer, PrimExpr, PrimFunc, Stmt, Store, seq
 from kiln.ir.types import TensorType, Type
-from kiln.kernels.gemm.mlas_order import BRead, Segment, m1_steps, mlas_gemm_body, plan
 from kiln.ops import te
-from kiln.ops.conv_kernels import ConvShape
-from kiln.ops.epilogue import fused_store
-from kiln.ops.kernels.conv_gemm import im2col
-from kiln.ops.kernels.flat_epilogue import FlatEpilogue
-from kiln.ops.kernels.parallel_work import worth_parallel
-from kiln.ops.kernels.tiles import const, parallel_split
 from kiln.ops.nn import conv_compute, conv_geometry, conv_infer
 from kiln.ops.quant_elementwise import fma_f32
-from kiln.ops.registry import OPS, HandBuiltOp
-from kiln.target.isa import ISA
+from kiln.ops.registry import register_op
 
 Attrs = Mapping[str, Any]
 CONV = "conv2d_mlas"
@@ -88,6 +72,12 @@ class Shape:
     k: int
     direct: bool  # MLAS's GemmDirect: the input is B as it is (1x1, stride 1, no pads)
 
+
+
+def m1_steps(length: int) -> list[int]:
+    """How MLAS's M = 1 kernel takes a block of `length` k: 4 at a time, then 2, then 1
+    (the order of its sums, which the reference and the kernel follow)."""
+    return [4] * (length // 4) + ([2] if length % 4 >= 2 else []) + ([1] if length % 2 else [])
 
 def sgemm_stride_k(n: int, k: int) -> int:
     """The K slice of `MlasSgemmOperation` for an N x K panel: narrower when N is wide
@@ -174,7 +164,12 @@ def k_blocks(s: Shape, threads: int) -> tuple[tuple[int, int, int], ...]:
 def default_threads() -> int:
     """onnxruntime's default intra-op thread count on this host: its physical cores (CPUs
     that share a core and a package count once), or the CPU count where the topology is
-    not readable."""
+    not readable.
+
+    A read of the host compiling the model, so only the quantize-ops pass calls it
+    (kiln.transform.quantize_ops: the default of its `threads` option), once, and records
+    the count in each `conv2d_mlas` call's `threads` attribute; the op's rules and its
+    kernel (kiln.kernels.int8.mlas_conv) read that attribute, never the host."""
     import glob
     import os
 
@@ -243,11 +238,12 @@ def _infer(types: Sequence[TensorType], attrs: Attrs) -> Type:
                       f"{', '.join(t.dtype for t in types)}")
     out = conv_infer(types, attrs)
     geo = geometry(types[0].shape, types[1].static_shape, attrs)
-    k_blocks(geo.shape(), _threads(attrs))
+    k_blocks(geo.shape(), threads_attr(attrs))
     return out
 
 
-def _threads(attrs: Attrs) -> int:
+def threads_attr(attrs: Attrs) -> int:
+    """The call's `threads` attribute (onnxruntime's intra-op thread count), checked."""
     threads = attrs.get("threads")
     if not isinstance(threads, int) or isinstance(threads, bool):
         raise IRError(f"{CONV}: attribute threads (onnxruntime's intra-op thread count) "
@@ -276,7 +272,7 @@ def conv2d_mlas_ref(x: np.ndarray, w: np.ndarray, bias: np.ndarray | None = None
     per = geo.filters // geo.group
     weights = np.asarray(w, np.float32).reshape(geo.group, per, geo.k)
     out = np.empty((geo.batch * geo.group, per, geo.positions), np.float32)
-    for n0, n1, stride in k_blocks(geo.shape(), _threads(attrs)):
+    for n0, n1, stride in k_blocks(geo.shape(), threads_attr(attrs)):
         for bg in range(geo.batch * geo.group):
             wg, col = weights[bg % geo.group], cols[bg, :, n0:n1]
             blocks = [(k0, min(k0 + stride, geo.k)) for k0 in range(0, geo.k, stride)]
@@ -315,101 +311,12 @@ def _m1_ref(w: np.ndarray, col: np.ndarray, blocks: list[tuple[int, int]]) -> np
     return total
 
 
-# --------------------------------------------------------------------------- the kernel
-
-def _batch_group(geo: Geometry, bg: PrimExpr) -> tuple[PrimExpr, PrimExpr]:
-    """(image, group) of the flat index `bg` over images and groups."""
-    if geo.group == 1:
-        return bg, const(0)
-    return bg // geo.group, bg % geo.group
-
-
-def _columns(geo: Geometry, x: Buffer, isa: ISA) -> tuple[BRead, list[Stmt]]:
-    """B's reader `(image and group, k, position)` and the statements preparing it: the
-    input itself, viewed as `[N][C][positions]`, for a 1x1 stride-1 unpadded layer
-    (MLAS's GemmDirect), else a workspace of its columns filled once per call
-    (kiln.ops.kernels.conv_gemm.im2col: `[N][C * KH * KW][positions]`, a group's k rows
-    in a row)."""
-    per_group = geo.channels // geo.group
-    if geo.shape().direct:
-        flat = Buffer(f"{x.name}_cols", (geo.batch, geo.channels, geo.positions), x.dtype)
-
-        def in_place(bg: PrimExpr, kk: PrimExpr, n: PrimExpr) -> PrimExpr:
-            b, g = _batch_group(geo, bg)
-            return flat[b, kk if geo.group == 1 else g * per_group + kk, n]
-
-        return in_place, [DeclBuffer(flat, x, 0)]
-    pads = (geo.begins[0], geo.begins[1], geo.ends[0], geo.ends[1])
-    madds = geo.batch * geo.filters * geo.positions * geo.k
-    shape = ConvShape(geo.batch, geo.channels, geo.height, geo.width, geo.filters,
-                      geo.kernel[0], geo.kernel[1], geo.strides, geo.dilations, pads,
-                      geo.group)
-    # its reads gather (strides, taps), far slower than the copy rate im2col's own rule
-    # assumes: it goes parallel wherever the product does
-    with parallel_split("outer") if worth_parallel(madds, "madd", isa) else nullcontext():
-        col, fill = im2col(x, shape, geo.positions, isa=isa)
-
-    def expanded(bg: PrimExpr, kk: PrimExpr, n: PrimExpr) -> PrimExpr:
-        b, g = _batch_group(geo, bg)
-        return col[b, kk if geo.group == 1 else g * geo.k + kk, n]
-
-    return expanded, fill
-
-
-def conv2d_mlas_kernel(params: Sequence[te.Tensor], args: Sequence[te.Tensor], attrs: Attrs,
-                       anchor: te.Tensor | None, result: te.Tensor | None,
-                       isa: ISA) -> PrimFunc | None:
-    """The kernel computing `result` (an elementwise chain over the convolution `anchor`;
-    None: the convolution alone) from buffer parameters `params`, tiled for `isa`: per
-    image and group the product of the weight `[OC / group][K]` (read in place) by the
-    columns `[K][positions]` (kiln.kernels.gemm.mlas_order), each output stored
-    through the fused epilogue along the flat positions."""
-    x, w = args[0], args[1]
-    bias = args[2] if len(args) == 3 else None
-    geo = geometry(x.shape, w.shape, attrs)
-    s = geo.shape()
-    spans = k_blocks(s, _threads(attrs))
-    store = fused_store(params, anchor, result, (geo.batch, geo.filters, *geo.out), bias)
-    if store is None or any(a not in params for a in args):
-        return None
-    b_at, prologue = _columns(geo, store.buffers[x], isa)
-    w_flat = Buffer("w_flat", (geo.filters, geo.k), "float32")
-    out = Buffer("out_flat", (geo.batch, geo.filters, geo.positions), store.out.dtype)
-    flat = FlatEpilogue(store.epilogue, *geo.out)
-    per = s.filters
-
-    def a_at(bg: PrimExpr, row: PrimExpr, kk: PrimExpr) -> PrimExpr:
-        return w_flat[row if geo.group == 1 else _batch_group(geo, bg)[1] * per + row, kk]
-
-    def put(bg: PrimExpr, row: PrimExpr, n: PrimExpr, value: PrimExpr) -> Stmt:
-        b, g = _batch_group(geo, bg)
-        idx = (b, row if geo.group == 1 else g * per + row, n)
-        return Store(out, flat(value, idx), idx)
-
-    gemm = plan(s.batch_groups, per, s.k, [Segment(*span) for span in spans], isa,
-                one_row=per == 1)
-    body = mlas_gemm_body(gemm, a_at, b_at, put, isa.l2_bytes, isa=isa)
-    decls = [DeclBuffer(w_flat, store.buffers[w], 0), DeclBuffer(out, store.out, 0)]
-    return PrimFunc((*(store.buffers[t] for t in params), store.out),
-                    seq(*decls, *flat.decls, *prologue, body), {"kiln.conv2d_mlas": True})
-
-
-@dataclass(frozen=True)
-class _ConvMlas(HandBuiltOp):
-    """conv2d_mlas: the hand-built kernel for static shapes (the only ones the op takes)."""
-
-    def lower_fused(self, params: Sequence[te.Tensor], args: Sequence[te.Tensor], attrs: Attrs,
-                    anchor: te.Tensor | None, result: te.Tensor | None,
-                    name: str, isa: ISA) -> PrimFunc | None:
-        return conv2d_mlas_kernel(params, args, attrs, anchor, result,
-                                  isa)
-
-
 def _compute(inputs: Sequence[te.Tensor], attrs: Attrs) -> te.Tensor:
     # the definition's value (the static-shape kernel is the one that runs: the sums in
     # MLAS's order)
     return conv_compute(inputs, attrs)
 
 
-OPS.register(CONV, _ConvMlas(CONV, "anchor", _infer, _compute, conv2d_mlas_ref))
+register_op(CONV, pattern="anchor", infer=_infer, compute=_compute,
+            reference=conv2d_mlas_ref)
 

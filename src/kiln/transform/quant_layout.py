@@ -1,6 +1,6 @@
 """QuantLayout: keep int8 activations between dot-form convolutions in words of 4 channels.
 
-A dot-form int8 convolution (`qlinear_conv_dot`, kiln.ops.quant_conv_dot) multiplies
+A dot-form int8 convolution (`qlinear_conv_dot`, kiln.ops.quant_conv_words) multiplies
 words of 4 input channels of one tap: from an NCHW input it first gathers every word
 from 4 channel planes (the im2col of a 1x1 convolution, the padded words of a 3x3 one).
 This pass gives the activations that only such convolutions produce and read the
@@ -9,8 +9,8 @@ convolution writes the words its consumers read in place:
 
 - a `qlinear_conv_dot` whose output channels are a multiple of 4 writes `NCHW4c`
   (`out_layout`) when every reader of its output takes it, and its tile stores a word
-  per position without narrowing (`quant_conv_dot.stores_words`);
-- a `qlinear_conv_dot` whose words are 4 channels of one tap (`quant_conv_dot.
+  per position without narrowing (kiln.kernels.int8.conv_tile.stores_words);
+- a `qlinear_conv_dot` whose words are 4 channels of one tap (`quant_conv_words.
   reads_words`: k = (tap, c), or a 1x1 kernel) reads `NCHW4c` (`in_layout`);
 - a `qlinear_add` of two operands of its output's shape (a residual add) with scalar
   scales and zero points is element-wise, so it runs on the 5-D tensors as they are
@@ -54,7 +54,7 @@ class QuantLayout(FunctionPass):
     level = "graph"
 
     def run_on_function(self, func: Any, name: str, mod: IRModule) -> g.Function:
-        from kiln.ops.quant_conv_dot import CONV_DOT
+        from kiln.ops.quant_conv_words import CONV_DOT
 
         assert isinstance(func, g.Function)
         if not any(isinstance(b.value, g.Call) and b.value.op == CONV_DOT
@@ -87,7 +87,8 @@ def _residual_add(c: g.Call) -> bool:
 def _words_values(func: g.Function) -> set[g.Var]:
     """The bound values that take NCHW4c (see the module docstring)."""
     from kiln.ir.analysis.graph_uses import graph_vars_used
-    from kiln.ops import quant_conv_dot as qc
+    from kiln.kernels.int8.conv_tile import stores_words
+    from kiln.ops import quant_conv_words as qc
 
     isa = isa_for(None)  # the target the pipeline runs under
     producers: dict[g.Var, g.Call] = {}
@@ -103,7 +104,7 @@ def _words_values(func: g.Function) -> set[g.Var]:
                 readers.setdefault(a, []).append((b.var, c, i))
             else:
                 fixed.update(graph_vars_used(a))
-        if (c.op == qc.CONV_DOT and _static_4d(c.ret_type) and qc.stores_words(c, isa)) \
+        if (c.op == qc.CONV_DOT and _static_4d(c.ret_type) and stores_words(c, isa)) \
                 or _residual_add(c):
             producers[b.var] = c
 
@@ -132,7 +133,7 @@ def _words_values(func: g.Function) -> set[g.Var]:
 def _rewrite(func: g.Function, words: set[g.Var]) -> g.Function:
     """`func` with the values of `words` in NCHW4c: their producers and readers given the
     layout attributes (residual adds their 5-D operands)."""
-    from kiln.ops.quant_conv_dot import CONV_DOT, WORDS_LAYOUT
+    from kiln.ops.quant_conv_words import CONV_DOT, WORDS_LAYOUT
     from kiln.ops.registry import call
 
     renamed: dict[g.Var, g.Var] = {}

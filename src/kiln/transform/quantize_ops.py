@@ -56,10 +56,10 @@ stores: the same float32 operations, in the same order.
 
 Then every `qlinear_conv` / `qlinear_matmul` with constant weights (fused here or
 imported from QLinearConv/QLinearMatMul/QGemm), and every `matmul_integer` with a
-constant B and every `dynamic_quant_matmul` become their packed forms
-(kiln.ops.quant_kernels, kiln.ops.quant_dynamic): the weight shifted by its zero
-point, the input zero point's correction folded into the int32 bias (or, for a zero
-point known only at run time, applied with B's column sums).
+constant B and every `dynamic_quant_matmul` become their packed forms, through the
+kernel family the registry selects for the target (kiln.kernels.int8.families): the
+weight shifted by its zero point, the input zero point's correction folded into the int32
+bias (or, for a zero point known only at run time, applied with B's column sums).
 """
 
 from __future__ import annotations
@@ -81,6 +81,7 @@ from kiln.transform.pass_base import FunctionPass
 
 if TYPE_CHECKING:
     from kiln.ops.quant_ort import OrtTypes
+    from kiln.target.isa import ISA
 
 _CONVS = ("conv1d", "conv2d", "conv3d")
 _PRODUCT_DTYPES = ("int8", "uint8")
@@ -92,6 +93,8 @@ _DATA_MOVEMENT = ("reshape", "transpose", "broadcast_to", "gather", "gather_elem
 #: float binary op -> the integer op onnxruntime runs for DQ, DQ -> op -> Q
 _BINARY = {"add": "qlinear_add", "multiply": "qlinear_mul"}
 _STARTS = ("quantize_linear", "qlinear_conv", "qlinear_matmul", "matmul_integer")
+#: the integer products the int8 kernel families pack (kiln.kernels.int8.families)
+_PACKED = ("qlinear_conv", "qlinear_matmul", "matmul_integer", "dynamic_quant_matmul")
 
 
 @dataclass(frozen=True)
@@ -102,17 +105,16 @@ class QuantizeOps(FunctionPass):
     level = "graph"
     #: onnxruntime's intra-op thread count, which sets how MLAS sums some float
     #: convolutions (kiln.ops.quant_mlas_conv); None: its default on this host
+    #: (`default_threads`, the one host read, made here and never by a kernel)
     threads: int | None = None
 
     def run_on_function(self, func: Any, name: str, mod: IRModule) -> g.Function:
-        from kiln.ops import quant_kernels
         from kiln.target.isa import isa_for
 
         assert isinstance(func, g.Function)
         if not any(isinstance(b.value, g.Call) and b.value.op in _STARTS
                    for b in func.bindings):
             return func
-        from kiln.ops import quant_dynamic
         from kiln.ops.quant_ort import OrtTypes
 
         func = _MergeEqualQdq().visit_function(func)
@@ -126,10 +128,18 @@ class QuantizeOps(FunctionPass):
         fused = rewrite_calls(fused, _FloatConvs(fused, self.threads).rewrite)
         # weights, zero-point corrections and bias prepared for the kernels
         isa = isa_for(None)  # the target the pipeline runs under
-        packed = rewrite_calls(fused, SharedPacking(
-            lambda c: quant_kernels.pack(c, isa) or quant_dynamic.pack(c, isa)))
+        packed = rewrite_calls(fused, SharedPacking(lambda c: _packed(c, isa)))
         # the float products and dequantized weights the fused ops replaced
         return packed if packed is func else remove_dead_bindings(packed)
+
+
+def _packed(call: g.Call, isa: ISA) -> g.Call | None:
+    """`call` packed by the kernel family the registry picks for it on `isa`
+    (kiln.ops.kernels.registry.select, as the float blocking passes ask), or None."""
+    from kiln.ops.kernels.registry import select
+
+    family = select(call, isa) if call.op in _PACKED else None
+    return family.pack(call, isa) if family is not None else None
 
 
 @dataclass(frozen=True)

@@ -52,6 +52,7 @@ from kiln.ops.kernels.tiles import (
     tile_lanes,
     tile_registers,
 )
+from kiln.ops.quant_mlas_conv import m1_steps
 from kiln.target.isa import ISA
 
 #: A's value at (batch, row, k); B's at (batch, k, column).
@@ -188,11 +189,6 @@ def _combine(total: Buffer, part: Buffer, rows: int, width: int, first: bool) ->
         return lanes_loop("v", width, lane)
 
     return [row(r) for r in range(rows)]
-
-
-def m1_steps(length: int) -> list[int]:
-    """How MLAS's M = 1 kernel takes a block of `length` k: 4 at a time, then 2, then 1."""
-    return [4] * (length // 4) + ([2] if length % 4 >= 2 else []) + ([1] if length % 2 else [])
 
 
 def m1_sums(k: int, stride: int, width: int, a_row: Callable[[PrimExpr], PrimExpr],

@@ -109,6 +109,12 @@ _FAMILIES: dict[str, str] = {
     "winograd_nchwc": "kiln.ops.kernels.winograd_nchwc:WINOGRAD_NCHWC",
 
     # int8
+    "int8_matmul": "kiln.kernels.int8.families:INT8_MATMUL",
+    "int8_conv_dot": "kiln.kernels.int8.families:INT8_CONV_DOT",
+    "int8_conv_grouped": "kiln.kernels.int8.families:INT8_CONV_GROUPED",
+    "int8_conv": "kiln.kernels.int8.families:INT8_CONV",
+    "int8_matmul_integer": "kiln.kernels.int8.families:INT8_MATMUL_INTEGER",
+    "int8_dynamic_matmul": "kiln.kernels.int8.families:INT8_DYNAMIC_MATMUL",
 }
 for _name, _where in _FAMILIES.items():
     KERNELS.register(_name, lazy=_where)

@@ -1,16 +1,17 @@
-"""The dot-product form of the packed integer matrix products (docs/quantization.md).
+"""The dot-product form of the packed int8 kernels: which instructions a target's tiles
+step with, and the tiles' shapes (docs/quantization.md).
 
 When the target's ISA has an integer dot-product family (`kiln.target.isa.ISA.int8_dot`:
-vpdpbusd, vpmaddwd on widened bytes, sdot/usdot), `quant_kernels.pack` stores B in *words*: k in
-groups of 4, the 4 int8 weights of one column and group packed into one int32
-(byte i = k 4g + i), panels `[ceil(N / nr)][ceil(K / 4)][nr]`. The kernel packs A's
-rows the same way at run time (`pack_a`, O(M K), zero-padded past K), and its tile
-step is one `dot4_u8s8(acc, a_word, b_word)` per accumulator and group
+vpdpbusd, vpmaddwd on widened bytes, sdot/usdot), the packers (kiln.kernels.int8.packing)
+store B in *words* (kiln.ops.quant_words): k in groups of 4, the 4 int8 weights of one
+column and group packed into one int32, panels `[ceil(N / nr)][ceil(K / 4)][nr]`. The
+kernel packs A's rows the same way at run time (`pack_a`, O(M K), zero-padded past K),
+and its tile step is one `dot4_u8s8(acc, a_word, b_word)` per accumulator and group
 (kiln.ir.tensor), which the llvm backend emits as the target's instructions.
 
 The dot product multiplies *unsigned* bytes of A: an int8 A is shifted by +128
 (`a + 128` is `a ^ 0x80` on the byte) and the shift is corrected like a zero point,
-`sum((a + 128) * w) - 128 * colsum(w)` (`a_shift`).
+`sum((a + 128) * w) - 128 * colsum(w)` (kiln.ops.quant_words.a_shift).
 
 Without VNNI (AVX2, AVX-512BW; the default `int8-pairs=exact`) the words hold *int16
 pairs* instead (`k_group` 2, the planning family PAIRS16): two consecutive k of one
@@ -37,30 +38,24 @@ from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Any
 
-import numpy as np
-
 from kiln.ir.tensor import (
     DOT2_I16,
     DOT4_U8S8,
     DOT4_U8S8_SAT16,
     Buffer,
-    Cast,
     PrimExpr,
     Select,
     Stmt,
     Store,
     as_expr,
     compare,
-    max_,
     min_,
 )
 from kiln.ops import te
+from kiln.ops.kernels.tiles import loop as tile_loop
+from kiln.ops.quant_words import GROUP, PAIR_GROUP, SATURATE, a_byte, saturates
 from kiln.target.isa import ISA
 
-#: k per packed word (bytes)
-GROUP = 4
-#: k per packed word of int16 pairs (PAIRS16)
-PAIR_GROUP = 2
 #: The ISA families whose dot products the llvm backend emits (kiln.codegen.llvm.int_dot);
 #: "dsp" (Arm Cortex-M): the c backend's helper runs two SMLADs per word (kiln_kernels.h).
 FAMILIES = ("avx512vnni", "avxvnni", "avx512bw", "avx2", "i8mm", "sdot", "dsp")
@@ -75,11 +70,6 @@ _X86_FAMILIES = ("avx512vnni", "avxvnni", "avx512bw", "avx2")
 #: AVX2 / AVX-512BW): words of int16 pairs, one `vpmaddwd` and an add per accumulator
 #: and word (`dot2_i16`); a register for the broadcast word.
 PAIRS16 = "pairs16"
-
-
-#: The `pairs` attribute of a packed product whose pair sums saturate to int16
-#: (the target attribute `int8-pairs=saturate`); absent: ONNX's exact sums.
-SATURATE = "saturate"
 
 
 def target_isa(isa: ISA, saturate: bool = False) -> ISA | None:
@@ -99,11 +89,6 @@ def target_saturates(isa: ISA) -> bool:
     return isa.int8_pairs == SATURATE
 
 
-def saturates(attrs: Mapping[str, Any]) -> bool:
-    """Whether a packed product's attributes ask for saturating pair sums."""
-    return attrs.get("pairs") == SATURATE
-
-
 def dot_intrinsic(attrs: Mapping[str, Any]) -> str:
     """The tile step's intrinsic for a packed product with `attrs`."""
     if saturates(attrs):
@@ -114,51 +99,6 @@ def dot_intrinsic(attrs: Mapping[str, Any]) -> str:
 def k_group(isa: ISA) -> int:
     """k per packed word on `isa` (a `target_isa` result): 2 for int16 pairs, else 4."""
     return PAIR_GROUP if isa.int8_dot == PAIRS16 else GROUP
-
-
-def word_group(attrs: Mapping[str, Any]) -> int:
-    """k per packed word of a dot-form convolution with `attrs` (`k_group`, default 4)."""
-    group = int(attrs.get("k_group", GROUP))
-    if group not in (GROUP, PAIR_GROUP):
-        from kiln.errors import IRError
-
-        raise IRError(f"k_group of a dot-form convolution must be {GROUP} or {PAIR_GROUP}, "
-                      f"got {group}")
-    return group
-
-
-def clamp16(value: PrimExpr) -> PrimExpr:
-    """An int32 pair sum clamped to int16's range (what `vpmaddubsw` stores)."""
-    return min_(max_(value, as_expr(-32768, "int32")), as_expr(32767, "int32"))
-
-
-def saturated_sum(product: Callable[[PrimExpr], PrimExpr], k_total: int) -> PrimExpr:
-    """The te reduction of `int8-pairs=saturate`: the int32 `product(k)` of every
-    k < `k_total` summed in pairs (k = 2p, 2p + 1), each pair clamped to int16 (an odd
-    K's last pair one product)."""
-    def at(k: PrimExpr) -> PrimExpr:
-        value = product(min_(k, k_total - 1))
-        return value if k_total % 2 == 0 else Select(compare("lt", k, k_total), value,
-                                                     as_expr(0, "int32"))
-
-    return te.reduce("sum", lambda p: clamp16(at(2 * p) + at(2 * p + 1)),
-                     (-(-k_total // 2),), "int32")
-
-
-def saturated_matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """`a @ b` (int64 `[..., K]` x `[K][N]`) with the products of k = 2p and 2p + 1
-    added first and clamped to int16 (`dot4_u8s8_sat16`'s pairs): the reference of the
-    saturating products."""
-    a, b = np.asarray(a, np.int64), np.asarray(b, np.int64)
-    k = a.shape[-1]
-    if k % 2:
-        a = np.concatenate([a, np.zeros((*a.shape[:-1], 1), np.int64)], axis=-1)
-        b = np.concatenate([b, np.zeros((1, b.shape[1]), np.int64)], axis=0)
-    total = np.zeros((*a.shape[:-1], b.shape[1]), np.int64)
-    for p in range(0, a.shape[-1], 2):
-        pair = a[..., p, None] * b[p] + a[..., p + 1, None] * b[p + 1]
-        total += np.clip(pair, -32768, 32767)
-    return total
 
 
 def tile_cols(isa: ISA) -> int:
@@ -197,53 +137,6 @@ def tile_rows(isa: ISA, nr: int) -> int:
     return max(1, min(8, (isa.vector_registers - b_row - spare) // vectors))
 
 
-def words(b: np.ndarray, group: int = GROUP) -> np.ndarray:
-    """int8 `[K][N]` as int32 words `[ceil(K / 4)][N]`, byte i of word g = row 4g + i
-    (by value: `sum(byte_i << 8i)`, the top byte signed), rows past K zero. With
-    `group` PAIR_GROUP: int16 pairs `[ceil(K / 2)][N]`, half i of word g = row 2g + i
-    sign-extended (`(row 2g & 0xFFFF) + (row 2g+1 << 16)`)."""
-    k, n = b.shape
-    groups = -(-k // group)
-    # elements in place (two's complement, as `& 0xFF` would give), each column's rows
-    # of a group made adjacent and read as one little-endian word: a copy and a
-    # transpose instead of int64 shifts and sums (ResNet-50's weights: 0.25 -> 0.03 s)
-    element = np.dtype(np.uint8) if group == GROUP else np.dtype("<i2")
-    padded = np.zeros((groups * group, n), element)
-    padded[:k] = np.asarray(b).astype(element, casting="unsafe")
-    quads = np.ascontiguousarray(padded.reshape(groups, group, n).transpose(0, 2, 1))
-    return quads.view(np.dtype("<i4")).reshape(groups, n).astype(np.int32)
-
-
-def unwords(w: np.ndarray, k: int, group: int = GROUP) -> np.ndarray:
-    """`words` undone along axis -2 (any leading axes): int8 rows `[..., K, N]`."""
-    u = np.asarray(w).astype(np.uint32).astype(np.int64)
-    bits = 32 // group
-    parts = [((u >> (bits * i)) & ((1 << bits) - 1)) for i in range(group)]
-    stacked = np.stack(parts, axis=-2)  # [..., groups, group, N]
-    rows = stacked.reshape(*w.shape[:-2], w.shape[-2] * group, w.shape[-1])[..., :k, :]
-    if group == GROUP:
-        return rows.astype(np.uint8).view(np.int8)
-    return rows.astype(np.uint16).view(np.int16).astype(np.int8)
-
-
-def a_shift(dtype: str) -> int:
-    """What the dot form adds to each byte of an A of `dtype` (unsigned bytes only)."""
-    return 128 if dtype == "int8" else 0
-
-
-def a_byte(value: PrimExpr) -> PrimExpr:
-    """An element of A as the dot product's unsigned byte (int32 in [0, 255])."""
-    return Cast("int32", value) + a_shift(value.dtype)
-
-
-def b_byte(word: PrimExpr, k: PrimExpr, group: int = GROUP) -> PrimExpr:
-    """Row `k` (of the whole K) of a B word (of `group` k), as a signed int32."""
-    bits = 32 // group
-    sign = 1 << (bits - 1)
-    element = (word >> Cast("int32", (k % group) * bits)) & ((1 << bits) - 1)
-    return (element ^ sign) - sign
-
-
 def pack_word(values: Callable[[int], PrimExpr], group: int = GROUP) -> PrimExpr:
     """One word of `group` A values `values(i)` (int32 in [0, 255]: unsigned bytes, or
     int16 halves holding them), computed without overflow: a top byte enters signed."""
@@ -276,8 +169,6 @@ def a_word(a: Buffer, lead: tuple[int, ...], row: PrimExpr, g: PrimExpr,
 
 def pack_a(a: Buffer, words_out: Buffer, kind: str, group: int = GROUP) -> Stmt:
     """`words_out[row, g] = a_word(...)` for every row of A (its leading dims flattened)."""
-    from kiln.ops.kernels.tiles import loop as tile_loop
-
     lead = tuple(int(d) for d in a.shape[:-1])
     rows, groups = int(words_out.shape[0]), int(words_out.shape[1])
     return tile_loop("i", rows, lambda i: tile_loop(

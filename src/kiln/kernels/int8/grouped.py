@@ -1,7 +1,8 @@
-"""`qlinear_conv_grouped`: depthwise and grouped 2-D int8 convolutions on vector tiles.
+"""The kernel of `qlinear_conv_grouped` (kiln.ops.quant_packed): depthwise and grouped
+2-D int8 convolutions on vector tiles.
 
-`quant_kernels.pack` gives a `qlinear_conv` with constant weights and more than one
-group this form on every target (it needs no dot-product instruction). The operands
+The packer (kiln.kernels.int8.packing) gives a `qlinear_conv` with constant weights and
+more than one group this form on every target (it needs no dot-product instruction). The operands
 are those of `qlinear_conv_packed`: the weight shifted by its zero point (`wp`, int8 or
 int16, OIHW), the bias with the zero-point correction `- x_zp * sum(wp)` folded in, the
 input's zero point, the requantization multiplier (per tensor or per output channel)
@@ -18,7 +19,7 @@ even, the ReLU/Clip range) and stored as bytes.
 
 A depthwise convolution of stride 1 or 2 whose channel fits a stack plane
 (`PLANE_BYTES`) runs on whole *planes* instead (`plane_body`; rows narrower than two
-vectors would leave the row tiles' lanes idle, and wider ones measured faster too): each
+vectors would leave the row tiles' lanes idle, and wider ones run faster so too): each
 input channel is copied into a stack plane bordered with `x_zp`, its rows `wq` (the
 padded width) wide, so output `(oh, ow)` at flat position `oh * wq + ow` reads tap
 `(kh, kw)` at that position plus `kh * wq + kw` (dilated). Every tap is then one run of whole
@@ -46,6 +47,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kiln.ir.attrs import ATTR_GEMM_KERNEL
+from kiln.ir.graph import Call
 from kiln.ir.tensor import (
     Allocate,
     Buffer,
@@ -61,17 +63,16 @@ from kiln.ir.tensor import (
 )
 from kiln.ir.types import TensorType
 from kiln.ops import conv_kernels as ck
-from kiln.ops import quant_dot, te
+from kiln.ops import quant_words as qw
+from kiln.ops import te
 from kiln.ops.kernels.tiles import const, lanes_loop, nest, tile_lanes, tile_registers
 from kiln.ops.kernels.tiles import loop as tile_loop
 from kiln.ops.nn import conv_geometry
 from kiln.ops.quant import out_range, requantize_value
-from kiln.ops.quant_kernels import build_conv, conv_infer, conv_packed_ref
-from kiln.ops.registry import OPS, HandBuiltOp
+from kiln.ops.quant_packed import GROUPED, conv_infer
 from kiln.target.isa import ISA
 
 Attrs = Mapping[str, Any]
-GROUPED = "qlinear_conv_grouped"
 
 
 def conv_shape(x_shape: Sequence[Any], w_shape: Sequence[Any], attrs: Attrs) -> ck.ConvShape | None:
@@ -93,12 +94,12 @@ def grouped_body(shape: ck.ConvShape, x: Buffer, wp: Buffer, bias: Buffer, x_zp:
     sh, sw = shape.stride
     dh, dw = shape.dilation
     cig, cog = shape.ci_group, shape.co_group
-    saturate = quant_dot.saturates(attrs)
+    saturate = qw.saturates(attrs)
     lo, hi = out_range(attrs, y_zp.dtype)
     tile_w = ck.rows_tile_width(shape.out_w, lanes)
     # a row narrower than a vector spans whole vectors of 8: the extra lanes read the
-    # widened border of the padded copy and are not stored (measured: 14 columns gain,
-    # a partial last tile of a wider row loses)
+    # widened border of the padded copy and are not stored (for a narrow row only: a
+    # partial last tile of a wider row runs slower so)
     lanes_of = {shape.out_w: _vector_width(shape.out_w, lanes)} if shape.out_w < lanes else {}
     cols = max(lanes_of.values(), default=0) + (shape.kw - 1) * dw // sw
     xp, prologue = ck.padded_input(x, shape, phases=sw, border=x_zp[()], cols=cols)
@@ -130,7 +131,7 @@ def grouped_body(shape: ck.ConvShape, x: Buffer, wp: Buffer, bias: Buffer, x_zp:
             def product(r: PrimExpr) -> PrimExpr:
                 terms = [Cast("int32", xp(n, first + ci, row, phase, ow0 + r + shift)) * w
                          for (ci, row, phase, shift), w in zip(tap_cols, weights, strict=True)]
-                return quant_dot.clamp16(terms[0] + terms[1] if len(terms) > 1 else terms[0])
+                return qw.clamp16(terms[0] + terms[1] if len(terms) > 1 else terms[0])
 
             return lanes_loop("r", width, lambda r: Store(acc, acc[r] + product(r), (r,)))
 
@@ -209,8 +210,7 @@ class PlaneGeometry:
 def plane_geometry(shape: ck.ConvShape, lanes: int) -> PlaneGeometry | None:
     """The plane kernel's layout for `shape`; None where the kernel does not apply:
     grouped, strides above 2, fewer than 8 int32 lanes, or a channel's plane larger than
-    PLANE_BYTES (measured: planes beat the row tiles at every MobileNetV2 size, 7x7 to
-    112x112, strided or not)."""
+    PLANE_BYTES (the planes beat the row tiles wherever they fit, strided or not)."""
     sh, sw = shape.stride
     if shape.ci_group != 1 or max(sh, sw) > 2 or lanes < 8:
         return None
@@ -250,7 +250,7 @@ def plane_body(shape: ck.ConvShape, x: Buffer, wp: Buffer, bias: Buffer, x_zp: B
     def channels(n: PrimExpr, cb: PrimExpr) -> Stmt:
         # `block` channels' planes are filled before any is read: a tap's vector load
         # right after the narrow row stores that wrote its bytes cannot take them from the
-        # store buffer and stalls (measured on Zen 5: the hottest instruction of 7x7)
+        # store buffer and stalls
         plane = Buffer("plane", (block * size,), x.dtype, "local")
         fill = lanes_loop("i", block * size, lambda i: Store(plane, x_zp[()], (i,)))
 
@@ -331,7 +331,7 @@ def plane_stores(shape: ck.ConvShape, g: PlaneGeometry, result: Buffer, out: Buf
     Every row but the last is stored as whole vectors of 8 bytes (`out_w` rounded up):
     the bytes past the row land on the next row's first columns, which that row's store
     then overwrites, so they never reach another channel (a row of 7 is one 8-byte store,
-    not 4 + 2 + 1: measured 15% of MobileNetV2's 7x7 layer on Zen 5). The last row is
+    not 4 + 2 + 1). The last row is
     stored exactly, and so is every row where the rounded rows would read past
     `result`."""
     w = shape.out_w
@@ -351,8 +351,7 @@ def plane_pair(g: PlaneGeometry, block: int, registers: int) -> int:
     """Channels one plane tile computes side by side: where a channel's tile is a single
     chunk (7x7 rows, 14x14 at stride 2), the most channels of the block whose
     accumulators fill at most half the vector registers, so their chains (one dependent
-    multiply-add per tap) overlap (measured on Zen 5, 960 channels at 7x7: 35.9 -> 30.6
-    us with 4 channels of 4 vectors); one else."""
+    multiply-add per tap) overlap; one else."""
     if g.chunks != 1:
         return 1
     return max(p for p in range(1, block + 1)
@@ -371,12 +370,20 @@ def plane_block(channels: int, size: int) -> int:
 
 
 @dataclass(frozen=True)
-class _GroupedConv(HandBuiltOp):
+class GroupedConv:
     """The vector-tile kernel for a static 2-D convolution (the te definition else)."""
 
-    def lower_fused(self, params: Sequence[te.Tensor], args: Sequence[te.Tensor], attrs: Attrs,
-                    anchor: te.Tensor | None, result: te.Tensor | None,
+    supports_symbolic = False
+    fuses_producers = False
+
+    def builds(self, call: Call) -> bool:
+        """Whether the kernel applies to `call`: the tiles take it whole."""
+        return True
+
+    def lower_fused(self, params: Sequence[te.Tensor], args: Sequence[te.Tensor],
+                    attrs: Attrs, anchor: te.Tensor | None, result: te.Tensor | None,
                     name: str, isa: ISA) -> PrimFunc | None:
+        """The tiled kernel of the convolution alone (None under a fused tail)."""
         if result is not None or len(args) != len(params):
             return None
         shape = conv_shape(params[0].shape, params[1].shape, attrs)
@@ -391,10 +398,10 @@ class _GroupedConv(HandBuiltOp):
         operands = (shape, x, wp, bias, x_zp, multiplier, y_zp, out, attrs, lanes)
         # the planes add one product at a time: saturating pairs take the row tiles
         body = grouped_body(*operands) if plane_geometry(shape, lanes) is None \
-            or quant_dot.saturates(attrs) else plane_body(*operands,
-                                                        registers=tile_registers(isa))
+            or qw.saturates(attrs) else plane_body(*operands, registers=tile_registers(isa))
         return PrimFunc((x, wp, bias, x_zp, multiplier, y_zp, out), body,
                         {ATTR_GEMM_KERNEL: GROUPED})
 
 
-OPS.register(GROUPED, _GroupedConv(GROUPED, "anchor", conv_infer, build_conv, conv_packed_ref))
+#: The lowering of `qlinear_conv_grouped` (kiln.kernels.lowering).
+GROUPED_CONV = GroupedConv()
