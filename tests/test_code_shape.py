@@ -36,7 +36,6 @@ LONG_FUNCTIONS: dict[tuple[str, str], int] = {
     ("ops/conv_kernels.py", "tile"): 104,
     ("ops/kernels/conv_winograd.py", "winograd_body"): 119,
     ("ops/kernels/nchwc.py", "pointwise_body"): 103,
-    ("ops/quant_conv_dot.py", "_tiles"): 174,
 }
 
 
