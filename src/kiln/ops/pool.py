@@ -32,7 +32,6 @@ from kiln.ir.types import TensorType, Type
 from kiln.ops import nan_order, spatial, te
 from kiln.ops import pool_kernels as pk
 from kiln.ops.max_pool_kernel import first_tap, max_floor, window_max
-from kiln.ops.onnx_map import GraphContext, onnx_op
 from kiln.ops.registry import OPS, HandBuiltOp, register_op
 from kiln.ops.row_kernels import RowReduceOp, mean_of
 from kiln.target.isa import ISA
@@ -347,57 +346,3 @@ OPS.register("global_max_pool", RowReduceOp(
     "global_max_pool", "reduce", _global_infer, _global_compute("max"), _global_ref("max"),
     kind="max", pre=lambda v: window_max(max_floor(v.dtype), v),
     axes_of=_spatial_axes))
-
-
-# --------------------------------------------------------------------------- ONNX mapping
-
-def _pool_converter(kind: str) -> Any:
-    def convert(ctx: GraphContext, inputs: Sequence[g.Expr | None],
-                attrs: dict[str, Any]) -> list[g.Expr]:
-        x = inputs[0]
-        assert x is not None
-        t = ctx.tensor_type(x)
-        if kind == "max" and not (dt.is_float(t.dtype) or t.dtype in ("int8", "uint8")):
-            raise IRError(f"MaxPool of {t.dtype} is not supported (ONNX allows float, int8, "
-                          "uint8)")
-        rank = spatial.spatial_rank(t.shape, kind.capitalize() + "Pool")
-        if "kernel_shape" not in attrs:
-            raise IRError("the kernel_shape attribute is required")
-        kernel = spatial.ints(attrs, "kernel_shape", rank, 1)
-        strides = spatial.ints(attrs, "strides", rank, 1)
-        dilations = spatial.ints(attrs, "dilations", rank, 1)
-        pads = spatial.onnx_pads(attrs, t.shape[2:], kernel, strides, dilations)
-        extra: dict[str, Any] = {}
-        if kind == "avg":
-            extra["count_include_pad"] = bool(attrs.get("count_include_pad", 0))
-        if kind == "lp":
-            extra["p"] = int(attrs.get("p", 2))
-        out = ctx.call(f"{kind}_pool{spatial.SUFFIX[rank]}", x, kernel_shape=kernel,
-                       strides=strides, dilations=dilations, pads=pads,
-                       ceil_mode=bool(attrs.get("ceil_mode", 0)), **extra)
-        if kind == "max" and len(ctx.node_outputs) > 1 and ctx.node_outputs[1]:
-            from kiln.ops.composed import max_pool_indices
-
-            # values and indices from one scan (onnxruntime's pool with indices)
-            return list(max_pool_indices(ctx, x, out, kernel, strides, dilations, pads,
-                                         int(attrs.get("storage_order", 0))))
-        return [out]
-    return convert
-
-
-onnx_op("MaxPool")(_pool_converter("max"))
-onnx_op("AveragePool")(_pool_converter("avg"))
-onnx_op("LpPool")(_pool_converter("lp"))
-
-
-def _global_converter(op: str) -> Any:
-    def convert(ctx: GraphContext, inputs: Sequence[g.Expr | None],
-                attrs: dict[str, Any]) -> list[g.Expr]:
-        x = inputs[0]
-        assert x is not None
-        return [ctx.call(op, x)]
-    return convert
-
-
-onnx_op("GlobalAveragePool")(_global_converter("global_avg_pool"))
-onnx_op("GlobalMaxPool")(_global_converter("global_max_pool"))
