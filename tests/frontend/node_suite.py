@@ -236,8 +236,8 @@ def missing_ops(model: Any) -> list[str]:
     and no ONNX function body at the model's opset to import instead
     (kiln.frontend.onnx.functions)."""
     from kiln.frontend.onnx.control_flow import CONTROL_FLOW_OPS
+    from kiln.frontend.onnx.converters.registry import converters
     from kiln.frontend.onnx.functions import function_schema
-    from kiln.ops.onnx_map import converters
 
     table = converters()
     opset = model_opset(model)

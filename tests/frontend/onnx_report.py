@@ -189,7 +189,7 @@ def render(results: SuiteResults) -> str:
 def _imported_as(results: SuiteResults) -> dict[str, str]:
     """Op type -> how kiln imports it (converter / function body), for the op types of
     the cases kiln runs."""
-    from kiln.ops.onnx_map import converters
+    from kiln.frontend.onnx.converters.registry import converters
 
     table = converters()
     out = {}

@@ -1,6 +1,7 @@
-"""ONNX operators kiln imports as compositions (kiln/ops/sampling.py, kiln/ops/composed.py)
-against onnxruntime on random data larger than the node suite's, compiled for llvm
-(one module per batch, through node_suite.run_compiled)."""
+"""ONNX operators kiln imports as compositions (kiln/frontend/onnx/converters/sampling.py,
+kiln/frontend/onnx/converters/composed.py) against onnxruntime on random data larger
+than the node suite's, compiled for llvm (one module per batch, through
+node_suite.run_compiled)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """A PyTorch LSTM exported by both exporters with every axis dynamic (batch and time):
 kiln imports the ONNX LSTM over a symbolic sequence length as a graph Loop
-(kiln.ops.recurrent) and matches the module at several sizes; the same export,
+(kiln.frontend.onnx.converters.recurrent) and matches the module at several sizes; the same export,
 quantized by onnxruntime's `quantize_dynamic` (com.microsoft DynamicQuantizeLSTM),
 matches onnxruntime's int8 run."""
 

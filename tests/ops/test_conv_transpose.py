@@ -5,7 +5,7 @@ into columns, then col2im: each product of an input pixel and a tap is added whe
 lands, or nowhere (docs/onnx.md, *Non-finite values*). An infinite weight therefore
 reaches only the outputs that read it, and a product landing in the padding is
 dropped. kiln's float32 ConvTranspose is that GEMM and `col2im` (both column layouts,
-kiln.ops.nn._conv_transpose_as_gemm); the other float types keep the direct
+kiln.frontend.onnx.converters.nn._conv_transpose_as_gemm); the other float types keep the direct
 `conv_transpose` loop nest, which adds nothing for a tap without an input element.
 Each model here holds every geometry at once (one compile per target); the variants
 put NaN or +-inf in the weights, the input or the bias.
@@ -25,7 +25,7 @@ from onnx import TensorProto, helper
 import kiln
 from kiln import evaluate
 from kiln.frontend import from_onnx
-from kiln.ops.nn import COL2IM_ROWS_BELOW
+from kiln.frontend.onnx.converters.nn import COL2IM_ROWS_BELOW
 from support.graphs import GraphBuilder
 from support.reference import onnxruntime_outputs
 

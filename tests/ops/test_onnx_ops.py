@@ -19,7 +19,7 @@ from onnx import numpy_helper
 
 from kiln import evaluate
 from kiln.frontend import from_onnx
-from kiln.ops.onnx_map import converters
+from kiln.frontend.onnx.converters.registry import converters
 from kiln.transform.legalize_ops import LegalizeOps
 from support.graphs import GraphBuilder
 from support.reference import ort_session

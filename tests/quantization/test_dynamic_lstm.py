@@ -1,5 +1,5 @@
 """LSTMs quantized by onnxruntime's `quantize_dynamic` (com.microsoft DynamicQuantizeLSTM,
-kiln.ops.quant_recurrent) against onnxruntime.
+kiln.frontend.onnx.converters.quant_recurrent) against onnxruntime.
 
 `quantize_dynamic` stores W and R as int8 or uint8 with a scale per direction or per
 column and runs both products on integers: X of every step quantized once, each step's
@@ -10,8 +10,8 @@ to float rounding or a quantum of h now and then (RECURRENT_REL_L2), against a
 one-thread session (onnxruntime quantizes the parts of a batch its threads take on
 their own ranges). A forward LSTM with its bias, a
 bidirectional one with initial states and peepholes, and one with sequence lengths
-(onnxruntime's order of rows: kiln.ops.recurrent.unroll); per-tensor and per-column
-scales, int8 and uint8 weights; llvm and c.
+(onnxruntime's order of rows: kiln.frontend.onnx.converters.recurrent.unroll);
+per-tensor and per-column scales, int8 and uint8 weights; llvm and c.
 """
 
 from __future__ import annotations

@@ -3,7 +3,6 @@
 from kiln.ops import (  # noqa: F401
     cblas,
     channel_scale_nchwc,
-    composed,
     conv_direct,
     conv_nchwc_depthwise,
     data_dependent,
@@ -23,13 +22,9 @@ from kiln.ops import (  # noqa: F401
     quant_dynamic,
     quant_elementwise,
     quant_mlas_conv,
-    quant_onnx,
     quant_packed,
     quant_pool,
-    quant_recurrent,
     quant_softmax,
-    recurrent,
     reduce,
-    sampling,
     winograd,
 )

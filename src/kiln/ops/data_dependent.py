@@ -27,8 +27,6 @@ sorting millions of values.
 
 from __future__ import annotations
 
-import re
-import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -50,7 +48,6 @@ from kiln.ir.shape_expr import (
 )
 from kiln.ir.types import Dim, TensorType, TupleType, Type
 from kiln.ops import nan_order, te
-from kiln.ops.onnx_map import GraphContext, onnx_op
 from kiln.ops.reduce import norm_axes, topk_compute, topk_ref
 from kiln.ops.registry import OPS, Attrs, OpDef, register_op, result_types
 from kiln.target.isa import ISA
@@ -69,15 +66,6 @@ def runtime_dim(name: str) -> t.Var:
     if var is None:
         var = _RUNTIME_VARS[name] = dim_var(name)
     return var
-
-
-def fresh_dim_name(op: str, output: str) -> str:
-    """A dimension name for the run-time size of `op`'s output called `output` (an ONNX
-    name): `<op>_<output as an identifier>`, shortened with a hash when long."""
-    hint = re.sub(r"[^A-Za-z0-9_]", "_", output.encode("ascii", "replace").decode()) or "out"
-    if len(hint) > 40:
-        hint = f"{hint[:24]}_{zlib.crc32(output.encode('utf-8')):08x}"
-    return f"{op}_{hint}"
 
 
 def bound_text(d: Dim) -> int | str:
@@ -218,12 +206,13 @@ def _nonzero_kernel(ins: Sequence[t.Buffer], outs: Sequence[t.Buffer], count: t.
                  t.LetStmt(n, c[0]), _set(c, 0), write, t.Store(count, n, (_e(0),)))
 
 
-def _nonzero_ref(x: np.ndarray, **attrs: Any) -> np.ndarray:
+def nonzero_ref(x: np.ndarray, **attrs: Any) -> np.ndarray:
+    """NonZero's result: the indices of the nonzero elements, one row per axis."""
     return np.stack(np.nonzero(x)).astype(np.int64).reshape(x.ndim, -1)
 
 
 register_data_dependent("nonzero", infer=_nonzero_infer, bound=_nonzero_bound,
-                        kernel=_nonzero_kernel, reference=_nonzero_ref)
+                        kernel=_nonzero_kernel, reference=nonzero_ref)
 
 
 # --------------------------------------------------------------------------- compress
@@ -276,7 +265,9 @@ def _compress_kernel(ins: Sequence[t.Buffer], outs: Sequence[t.Buffer], count: t
                  t.LetStmt(n, c[0]), _loop("o", outer, copy), t.Store(count, n, (_e(0),)))
 
 
-def _compress_ref(x: np.ndarray, cond: np.ndarray, **attrs: Any) -> np.ndarray:
+def compress_ref(x: np.ndarray, cond: np.ndarray, **attrs: Any) -> np.ndarray:
+    """Compress's result: the slices of `x` along `axis` (flattened when None) where
+    `cond` is true."""
     axis = attrs.get("axis")
     if axis is None:
         flat = x.reshape(-1)
@@ -287,7 +278,7 @@ def _compress_ref(x: np.ndarray, cond: np.ndarray, **attrs: Any) -> np.ndarray:
 
 
 register_data_dependent("compress", infer=_compress_infer, bound=_compress_bound,
-                        kernel=_compress_kernel, reference=_compress_ref)
+                        kernel=_compress_kernel, reference=compress_ref)
 
 
 # --------------------------------------------------------------------------- run-time k
@@ -356,56 +347,8 @@ register_op("topk_dynamic", pattern="opaque", infer=_topk_dynamic_infer,
             compute=_topk_dynamic_compute, reference=_topk_dynamic_ref)
 
 
-# --------------------------------------------------------------------------- converters
-
-
-def _all_constant(ctx: GraphContext, inputs: Sequence[g.Expr | None]) -> list[np.ndarray] | None:
-    values = [ctx.value(x) for x in inputs if x is not None]
-    if any(v is None for v in values):
-        return None
-    return [v for v in values if v is not None]
-
-
-def _dim_name(ctx: GraphContext, op: str) -> str:
-    return fresh_dim_name(op, next((o for o in ctx.node_outputs if o), op))
-
-
-@onnx_op("NonZero")
-def _nonzero_onnx(ctx: GraphContext, inputs: Sequence[g.Expr | None],
-                  attrs: dict[str, Any]) -> list[g.Expr]:
-    x = inputs[0]
-    assert x is not None
-    consts = _all_constant(ctx, inputs)
-    if consts is not None:
-        return [ctx.const(_nonzero_ref(consts[0]))]
-    return [ctx.call("nonzero", x, dim=_dim_name(ctx, "nonzero"))]
-
-
-@onnx_op("Compress")
-def _compress_onnx(ctx: GraphContext, inputs: Sequence[g.Expr | None],
-                   attrs: dict[str, Any]) -> list[g.Expr]:
-    x, cond = inputs[0], inputs[1]
-    assert x is not None and cond is not None
-    axis = attrs.get("axis")
-    if axis is not None:
-        axis = norm_axes(int(axis), ctx.tensor_type(x).ndim)[0]
-    consts = _all_constant(ctx, inputs)
-    if consts is not None:
-        return [ctx.const(_compress_ref(consts[0], consts[1].astype(bool), axis=axis))]
-    return [ctx.call("compress", x, cond, axis=axis, dim=_dim_name(ctx, "compress"))]
-
-
-def topk_runtime_k(ctx: GraphContext, x: g.Expr, k: g.Expr, axis: int,
-                   largest: bool) -> list[g.Expr]:
-    """TopK whose k is a run-time tensor: `topk_k` binds k (checked within [0, n]), and
-    `topk_dynamic` sorts with it (the converter of TopK calls this when k is no constant)."""
-    ks = ctx.call("topk_k", k, x, axis=axis, dim=_dim_name(ctx, "topk_k"))
-    out = ctx.call("topk_dynamic", x, ks, axis=axis, largest=largest)
-    return [ctx.item(out, 0), ctx.item(out, 1)]
-
-
-__all__ = ["DataDependentOp", "bound_dim", "bound_text", "fresh_dim_name",
-           "register_data_dependent", "runtime_dim", "topk_runtime_k"]
+__all__ = ["DataDependentOp", "bound_dim", "bound_text", "register_data_dependent",
+           "runtime_dim"]
 
 
 # --------------------------------------------------------------------------- unique
@@ -535,7 +478,7 @@ def _unique_rep(slices: _Slices, rep: t.Buffer, cand: t.Buffer) -> t.Stmt:
     return _loop("i", slices.length, find)
 
 
-def _unique_ref(x: np.ndarray, **attrs: Any) -> tuple[np.ndarray, ...]:
+def unique_ref(x: np.ndarray, **attrs: Any) -> tuple[np.ndarray, ...]:
     """Unique as the kernel computes it (onnxruntime's rules, `_unique_rep`)."""
     axis = attrs.get("axis")
     slices = x.reshape(-1, 1) if axis is None else \
@@ -614,23 +557,7 @@ def _unique_rep_loop(slices: np.ndarray) -> np.ndarray:
 
 
 register_data_dependent("unique", infer=_unique_infer, bound=_unique_bound,
-                        kernel=_unique_kernel, reference=_unique_ref)
-
-
-@onnx_op("Unique")
-def _unique_onnx(ctx: GraphContext, inputs: Sequence[g.Expr | None],
-                 attrs: dict[str, Any]) -> list[g.Expr]:
-    x = inputs[0]
-    assert x is not None
-    axis = attrs.get("axis")
-    if axis is not None:
-        axis = norm_axes(int(axis), ctx.tensor_type(x).ndim)[0]
-    sorted_ = bool(attrs.get("sorted", 1))
-    consts = _all_constant(ctx, inputs)
-    if consts is not None:
-        return [ctx.const(v) for v in _unique_ref(consts[0], axis=axis, sorted=sorted_)]
-    out = ctx.call("unique", x, axis=axis, sorted=sorted_, dim=_dim_name(ctx, "unique"))
-    return [ctx.item(out, k) for k in range(4)]
+                        kernel=_unique_kernel, reference=unique_ref)
 
 
 # --------------------------------------------------------------------------- NMS
@@ -725,8 +652,10 @@ def _nms_kernel(ins: Sequence[t.Buffer], outs: Sequence[t.Buffer], count: t.Buff
                  _set(pos, 0), body, t.Store(count, pos[0], (_e(0),)))
 
 
-def _nms_ref(boxes: np.ndarray, scores: np.ndarray, max_out: np.ndarray, iou_thr: np.ndarray,
-             score_thr: np.ndarray, **attrs: Any) -> np.ndarray:
+def nms_ref(boxes: np.ndarray, scores: np.ndarray, max_out: np.ndarray, iou_thr: np.ndarray,
+            score_thr: np.ndarray, **attrs: Any) -> np.ndarray:
+    """NonMaxSuppression's result as the kernel computes it: the selected
+    [batch, class, box] index rows."""
     center = bool(attrs.get("center_point_box", 0))
     limit = max(0, min(int(max_out.reshape(-1)[0]), boxes.shape[1]))
     iou_t = np.float32(iou_thr.reshape(-1)[0])
@@ -766,26 +695,4 @@ def _nms_ref(boxes: np.ndarray, scores: np.ndarray, max_out: np.ndarray, iou_thr
 
 
 register_data_dependent("non_max_suppression", infer=_nms_infer, bound=_nms_bound,
-                        kernel=_nms_kernel, reference=_nms_ref)
-
-
-@onnx_op("NonMaxSuppression")
-def _nms_onnx(ctx: GraphContext, inputs: Sequence[g.Expr | None],
-              attrs: dict[str, Any]) -> list[g.Expr]:
-    boxes, scores = inputs[0], inputs[1]
-    assert boxes is not None and scores is not None
-    given = [inputs[k] if len(inputs) > k else None for k in (2, 3, 4)]
-    f32 = ctx.tensor_type(boxes).dtype
-    defaults = [ctx.const(np.zeros(1, np.int64)), ctx.const(np.zeros(1, np.float32)),
-                ctx.const(np.zeros(1, np.float32))]
-    if f32 != "float32":
-        raise IRError(f"NonMaxSuppression takes float32 boxes, got {f32}")
-    args = [v if v is not None else d for v, d in zip(given, defaults)]
-    center = int(attrs.get("center_point_box", 0))
-    call_attrs = dict(center_point_box=center, has_score_threshold=given[2] is not None,
-                      dim=_dim_name(ctx, "nms"))
-    consts = _all_constant(ctx, [boxes, scores, *args])
-    if consts is not None:
-        return [ctx.const(_nms_ref(*consts, center_point_box=center,
-                                   has_score_threshold=given[2] is not None))]
-    return [ctx.call("non_max_suppression", boxes, scores, *args, **call_attrs)]
+                        kernel=_nms_kernel, reference=nms_ref)

@@ -21,7 +21,7 @@ onnxruntime's rounding).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,7 +36,6 @@ from kiln.ir.types import TensorType, Type
 from kiln.ops import te
 from kiln.ops.kernels.ort_pow import NumpyArith, powf
 from kiln.ops.nn import acc_dtype, widen
-from kiln.ops.onnx_map import GraphContext, onnx_op
 from kiln.ops.registry import OPS, Attrs, OpDef
 from kiln.ops.spatial import MAX_WINDOW
 from kiln.target.isa import ISA
@@ -309,12 +308,3 @@ def _chunk_body(x: t.Buffer, out: t.Buffer, at: Any, channels: int, attrs: Attrs
 
 
 OPS.register("lrn", LrnOp("lrn", "opaque", _infer, _compute, _reference))
-
-
-@onnx_op("LRN")
-def _lrn_onnx(ctx: GraphContext, inputs: Sequence[g.Expr | None],
-              attrs: Mapping[str, Any]) -> list[g.Expr]:
-    x = inputs[0]
-    assert x is not None
-    return [ctx.call("lrn", x, size=int(attrs["size"]), alpha=float(attrs.get("alpha", 1e-4)),
-                     beta=float(attrs.get("beta", 0.75)), bias=float(attrs.get("bias", 1.0)))]

@@ -15,7 +15,6 @@ import numpy as np
 
 from kiln.errors import IRError
 from kiln.ir import dtype as dt
-from kiln.ir import graph as g
 from kiln.ir.shape_expr import is_static, shape_text, simplify_dim
 from kiln.ir.tensor import (
     Cast,
@@ -29,7 +28,6 @@ from kiln.ir.tensor import (
 )
 from kiln.ir.types import TensorType, Type
 from kiln.ops import nan_order, spatial, te
-from kiln.ops.onnx_map import GraphContext, onnx_op
 from kiln.ops.reduce import REDUCTIONS, Reduction, mean_of
 from kiln.ops.registry import register_op
 
@@ -314,57 +312,3 @@ register_op("global_max_pool", pattern="reduce", infer=_global_infer,
             compute=_global_compute("max"), reference=_global_ref("max"))
 REDUCTIONS["global_max_pool"] = Reduction(
     "max", lambda v: window_max(max_floor(v.dtype), v), None, _spatial_axes)
-
-
-# --------------------------------------------------------------------------- ONNX mapping
-
-def _pool_converter(kind: str) -> Any:
-    def convert(ctx: GraphContext, inputs: Sequence[g.Expr | None],
-                attrs: dict[str, Any]) -> list[g.Expr]:
-        x = inputs[0]
-        assert x is not None
-        t = ctx.tensor_type(x)
-        if kind == "max" and not (dt.is_float(t.dtype) or t.dtype in ("int8", "uint8")):
-            raise IRError(f"MaxPool of {t.dtype} is not supported (ONNX allows float, int8, "
-                          "uint8)")
-        rank = spatial.spatial_rank(t.shape, kind.capitalize() + "Pool")
-        if "kernel_shape" not in attrs:
-            raise IRError("the kernel_shape attribute is required")
-        kernel = spatial.ints(attrs, "kernel_shape", rank, 1)
-        strides = spatial.ints(attrs, "strides", rank, 1)
-        dilations = spatial.ints(attrs, "dilations", rank, 1)
-        pads = spatial.onnx_pads(attrs, t.shape[2:], kernel, strides, dilations)
-        extra: dict[str, Any] = {}
-        if kind == "avg":
-            extra["count_include_pad"] = bool(attrs.get("count_include_pad", 0))
-        if kind == "lp":
-            extra["p"] = int(attrs.get("p", 2))
-        out = ctx.call(f"{kind}_pool{spatial.SUFFIX[rank]}", x, kernel_shape=kernel,
-                       strides=strides, dilations=dilations, pads=pads,
-                       ceil_mode=bool(attrs.get("ceil_mode", 0)), **extra)
-        if kind == "max" and len(ctx.node_outputs) > 1 and ctx.node_outputs[1]:
-            from kiln.ops.composed import max_pool_indices
-
-            # values and indices from one scan (onnxruntime's pool with indices)
-            return list(max_pool_indices(ctx, x, out, kernel, strides, dilations, pads,
-                                         int(attrs.get("storage_order", 0))))
-        return [out]
-    return convert
-
-
-onnx_op("MaxPool")(_pool_converter("max"))
-onnx_op("AveragePool")(_pool_converter("avg"))
-onnx_op("LpPool")(_pool_converter("lp"))
-
-
-def _global_converter(op: str) -> Any:
-    def convert(ctx: GraphContext, inputs: Sequence[g.Expr | None],
-                attrs: dict[str, Any]) -> list[g.Expr]:
-        x = inputs[0]
-        assert x is not None
-        return [ctx.call(op, x)]
-    return convert
-
-
-onnx_op("GlobalAveragePool")(_global_converter("global_avg_pool"))
-onnx_op("GlobalMaxPool")(_global_converter("global_max_pool"))

@@ -2,8 +2,8 @@
 
 An operator's rules live together: type inference, the tensor-expression
 definition that legalization lowers to a PrimFunc, and a numpy reference that
-the interpreter and constant folding use. (The ONNX mapping sits beside the
-op's definition too, in the same module, see kiln/frontend/onnx.)
+the interpreter and constant folding use. (The ONNX mapping lives in the frontend,
+in kiln.frontend.onnx.converters: a module there beside each module here.)
 """
 
 from __future__ import annotations

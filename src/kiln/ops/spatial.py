@@ -80,29 +80,3 @@ def pool_out(size: Any, k: int, stride: int, dil: int, lo: int, hi: int, ceil: b
     if ceil and (out - 1) * stride >= size + lo:
         out -= 1
     return out
-
-
-def onnx_pads(attrs: Mapping[str, Any], spatial: Sequence[Any], kernel: Sequence[int],
-              strides: Sequence[int], dilations: Sequence[int]) -> tuple[int, ...]:
-    """ONNX `pads`/`auto_pad` resolved to explicit pads (begins..., ends...)."""
-    auto = attrs.get("auto_pad", "NOTSET")
-    n = len(spatial)
-    if auto in ("SAME_UPPER", "SAME_LOWER"):
-        if any(not isinstance(d, int) for d in spatial):
-            raise IRError(f"auto_pad {auto} over symbolic spatial dimensions is not supported "
-                          "(the pads would depend on the size)")
-        begins, ends = [], []
-        for size, k, s, d in zip(spatial, kernel, strides, dilations):
-            out = -(-size // s)
-            total = max(0, (out - 1) * s + (k - 1) * d + 1 - size)
-            small, big = total // 2, total - total // 2
-            lo, hi = (small, big) if auto == "SAME_UPPER" else (big, small)
-            begins.append(lo)
-            ends.append(hi)
-        return (*begins, *ends)
-    if auto == "VALID":
-        return (0,) * (2 * n)
-    if auto not in ("NOTSET", ""):
-        raise IRError(f"unknown auto_pad {auto!r}; known: NOTSET, SAME_UPPER, SAME_LOWER, VALID")
-    b, e = pads(attrs, n)
-    return (*b, *e)

@@ -28,11 +28,11 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from kiln.errors import FrontendError
+from kiln.frontend.onnx.converters.registry import LoopStep
 from kiln.ir import graph as g
 from kiln.ir.attrs import ATTR_PRIVATE, ATTR_SOURCE_NODE
 from kiln.ir.shape_expr import dims_equal, shape_text
 from kiln.ir.types import Dim, TensorType, TupleType
-from kiln.ops.onnx_map import LoopStep
 
 if TYPE_CHECKING:
     from kiln.frontend.onnx.importer import GraphImporter
@@ -341,8 +341,9 @@ def converter_loop(imp: GraphImporter, hint: str, trip: g.Expr, states: Sequence
     """A Loop of `trip` iterations (0-d int64) whose body `step` builds with the
     converters' own code in a nested importer (a recurrent op over a symbolic sequence
     length): the final `states`, then each scan value stacked along a new leading axis
-    of `length`. The body reads values of this graph through `outer` (kiln.ops.onnx_map
-    GraphContext), which captures them as parameters."""
+    of `length`. The body reads values of this graph through `outer`
+    (kiln.frontend.onnx.converters.registry.GraphContext), which captures them as
+    parameters."""
     from kiln.transform.dead_code import remove_dead_bindings
 
     name = fresh_function_name(imp, hint, "body")

@@ -22,6 +22,7 @@ import numpy as np
 from kiln.errors import FrontendError, IRError
 from kiln.frontend.onnx import control_flow
 from kiln.frontend.onnx.control_flow import CONTROL_FLOW_OPS
+from kiln.frontend.onnx.converters.registry import LoopStep, converters
 from kiln.frontend.onnx.dims import Declared, InputDims, declared_dims
 from kiln.frontend.onnx.file_limits import check_model_file
 from kiln.frontend.onnx.functions import InputType, function_schema
@@ -40,7 +41,6 @@ from kiln.ir.pin_hint import pin_hint, pin_hint_for
 from kiln.ir.shape_expr import dim_terms, dim_text, dims_equal, shape_text
 from kiln.ir.types import Dim, TensorType, Type
 from kiln.ops import registry as op_registry
-from kiln.ops.onnx_map import LoopStep, converters
 from kiln.ops.reshape_dims import reshape_attr
 from kiln.transform.dead_code import remove_dead_bindings
 from kiln.transform.fold_constants import DEFAULT_FOLD_BUDGET, type_bytes

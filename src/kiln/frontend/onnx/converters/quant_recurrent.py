@@ -13,7 +13,7 @@ onnxruntime's LSTM does with its two products on integers:
   product in int32 times `h_scale * R_scale[column]`, added to the x @ W term;
 - then the bias `Wb + Rb`, `clip`, the activations and the state update as ONNX's LSTM.
 
-The unrolled node is kiln.ops.recurrent's with `QuantizedCell` answering for the
+The unrolled node is converters.recurrent's with `QuantizedCell` answering for the
 products; a weight zero point is one value per direction, as onnxruntime reads it.
 
 Which rows share a range changes the results, so the unrolled steps keep onnxruntime's
@@ -32,10 +32,10 @@ from typing import Any
 import numpy as np
 
 from kiln.errors import IRError
+from kiln.frontend.onnx.converters.quant import MS
+from kiln.frontend.onnx.converters.recurrent import Cell, take_range, unroll
+from kiln.frontend.onnx.converters.registry import GraphContext, onnx_op
 from kiln.ir import graph as g
-from kiln.ops.onnx_map import GraphContext, onnx_op
-from kiln.ops.quant_onnx import MS
-from kiln.ops.recurrent import Cell, take_range, unroll
 
 #: DynamicQuantizeLSTM's inputs after ONNX LSTM's eight: W_scale, W_zero_point,
 #: R_scale, R_zero_point.

@@ -29,12 +29,18 @@ from typing import Any
 import numpy as np
 
 from kiln.errors import IRError
+from kiln.frontend.onnx.converters.registry import (
+    GraphContext,
+    first_input,
+    need_static,
+    onnx_dtype,
+    onnx_op,
+)
+from kiln.frontend.onnx.converters.sampling import chain
 from kiln.ir import dtype as dt
 from kiln.ir import graph as g
 from kiln.ir.dtype import to_numpy
 from kiln.ir.types import TensorType
-from kiln.ops.onnx_map import GraphContext, first_input, need_static, onnx_dtype, onnx_op
-from kiln.ops.sampling import chain
 
 
 def _static(t: TensorType, op: str) -> tuple[int, ...]:

@@ -21,11 +21,12 @@ from typing import Any
 import numpy as np
 
 from kiln.errors import IRError
+from kiln.frontend.onnx.converters.registry import GraphContext, onnx_op
+from kiln.frontend.onnx.converters.spatial import onnx_pads
 from kiln.ir import dtype as dt
 from kiln.ir import graph as g
 from kiln.ir.shape_expr import shape_text
 from kiln.ops import spatial
-from kiln.ops.onnx_map import GraphContext, onnx_op
 from kiln.ops.quant import PRODUCT_DTYPES, QUANT_DTYPES
 
 MS = "com.microsoft."
@@ -205,7 +206,7 @@ def conv_attrs(ctx: GraphContext, x: g.Expr, w: g.Expr, attrs: dict[str, Any],
         raise IRError(f"kernel_shape {kernel} does not match the weight {wt.static_shape}")
     strides = spatial.ints(attrs, "strides", rank, 1)
     dilations = spatial.ints(attrs, "dilations", rank, 1)
-    pads = spatial.onnx_pads(attrs, xt.shape[2:], kernel, strides, dilations)
+    pads = onnx_pads(attrs, xt.shape[2:], kernel, strides, dilations)
     return {"group": int(attrs.get("group", 1)), "strides": strides, "dilations": dilations,
             "pads": pads}
 
@@ -394,7 +395,7 @@ def _qlinear_average_pool(ctx: GraphContext, inputs: Sequence[g.Expr | None],
                           attrs: dict[str, Any]) -> list[g.Expr]:
     # onnxruntime: the dequantized floats averaged as AveragePool does, then rounded with
     # the zero point added first (quantize_linear's `zero_point_first`)
-    from kiln.ops.onnx_map import converters
+    from kiln.frontend.onnx.converters.registry import converters
 
     x, xs, xz, ys = inputs[:4]
     yz = inputs[4] if len(inputs) > 4 else None

@@ -17,10 +17,10 @@ from typing import Any
 import numpy as np
 
 from kiln.errors import FrontendError
+from kiln.frontend.onnx.converters.manip import reshape_to
+from kiln.frontend.onnx.converters.registry import GraphContext, first_input, onnx_op
 from kiln.ir import graph as g
 from kiln.ir.shape_expr import dim_text, is_static, shape_text
-from kiln.ops.manip import reshape_to
-from kiln.ops.onnx_map import GraphContext, first_input, onnx_op
 
 Act = Callable[[g.Expr], g.Expr]
 
@@ -91,7 +91,7 @@ class Cell:
     (`[seq, batch, in]`) its steps read. The x products of every step and gate are one
     matrix product before the steps (`step_inputs`), each step's h products one more
     (`hr`, shared by the gates): a step asks `step_input`, `xw`, `hr` and `pre` (a
-    quantized cell answers with integer products: kiln.ops.quant_recurrent)."""
+    quantized cell answers with integer products: converters.quant_recurrent)."""
 
     def __init__(self, ctx: GraphContext, inputs: Sequence[g.Expr | None], d: int,
                  gates: int, hidden: int, x: g.Expr) -> None:

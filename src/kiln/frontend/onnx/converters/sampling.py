@@ -32,9 +32,9 @@ from typing import Any
 import numpy as np
 
 from kiln.errors import IRError
+from kiln.frontend.onnx.converters.registry import GraphContext, first_input, onnx_op
 from kiln.ir import graph as g
 from kiln.ir.dtype import to_numpy
-from kiln.ops.onnx_map import GraphContext, first_input, onnx_op
 
 MODES = {"linear": "linear", "bilinear": "linear", "nearest": "nearest", "cubic": "cubic",
          "bicubic": "cubic"}

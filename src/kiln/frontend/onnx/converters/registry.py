@@ -1,9 +1,12 @@
-"""The ONNX-to-kiln mapping table that op modules fill beside their definitions.
+"""The ONNX-to-kiln mapping table: the converter registry, the `GraphContext` a
+converter is given, and the helpers converters share.
 
 A converter receives the graph builder of the importer, the node's inputs as
 graph expressions (None for an omitted optional input), its attributes already
 decoded into Python values, and returns one expression per node output. It
-imports nothing from onnx: the frontend decodes protobufs.
+imports nothing from onnx: the importer decodes protobufs. The converters live in
+the modules of this package, one beside each `kiln.ops` module whose operators they
+map to (`converters/nn.py` for `ops/nn.py`'s); `converters()` loads them on first use.
 """
 
 from __future__ import annotations
@@ -108,10 +111,13 @@ def onnx_op(*op_types: str, min_opset: int = 1) -> Callable[[Converter], Convert
 
 
 def converters() -> Registry[OnnxConverter]:
-    """The ONNX converter registry, with the built-in converters loaded."""
+    """The ONNX converter registry, with the built-in converters loaded (the modules
+    kiln.frontend.onnx.converters.builtin lists, and the operators they map to)."""
     from kiln.ops.registry import load_builtin_ops
 
     load_builtin_ops()
+    import kiln.frontend.onnx.converters.builtin  # noqa: F401  (registers the converters)
+
     return ONNX_CONVERTERS
 
 

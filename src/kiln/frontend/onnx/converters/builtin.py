@@ -1,0 +1,19 @@
+"""Imports every module that registers built-in ONNX converters."""
+
+from kiln.frontend.onnx.converters import (  # noqa: F401
+    composed,
+    data_dependent,
+    elementwise,
+    image,
+    indexing,
+    logic,
+    lrn,
+    manip,
+    nn,
+    pool,
+    quant,
+    quant_recurrent,
+    recurrent,
+    reduce,
+    sampling,
+)
