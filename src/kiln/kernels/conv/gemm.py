@@ -35,9 +35,9 @@ from kiln.ir.tensor import (
     min_,
     seq,
 )
-from kiln.ops import conv_kernels as ck
+from kiln.kernels.conv.family import UnpackedConv
 from kiln.ops import gemm_kernels as gk
-from kiln.ops.kernels.conv import UnpackedConv, conv_call_shape
+from kiln.ops.conv_geometry import ConvShape, conv_call_shape
 from kiln.ops.kernels.flat_epilogue import FlatEpilogue
 from kiln.ops.kernels.gemm import tile_candidates
 from kiln.ops.kernels.registry import fits_registers
@@ -74,13 +74,13 @@ MIN_PANELS = 2
 TYPICAL_POSITIONS = 28 * 28
 
 
-def panel_count(shape: ck.ConvShape, nr: int) -> int:
+def panel_count(shape: ConvShape, nr: int) -> int:
     """How many panels of `nr` output positions cover one image's output (the last one
     partial where `nr` does not divide it); symbolic for a symbolic image size."""
     return (shape.out_h * shape.out_w + nr - 1) // nr
 
 
-def takes(shape: ck.ConvShape, isa: ISA) -> bool:
+def takes(shape: ConvShape, isa: ISA) -> bool:
     """Whether the registry gives a convolution to the GEMM kernel: an ungrouped 1x1 (any
     stride) with enough output positions to fill its panels (`MIN_LANE_USE`, or
     `COPIED_LANE_USE` for a stride-1 layer whose panels are copied; `MIN_PANELS`).
@@ -111,7 +111,7 @@ WIDE_OUTPUT_L2_MULTIPLE = 2
 WIDE_TILE = (6, 4)
 
 
-def choose_tile(shape: ck.ConvShape, isa: ISA) -> tuple[int, int]:
+def choose_tile(shape: ConvShape, isa: ISA) -> tuple[int, int]:
     """The GEMM tile of the `co` x `oh * ow` product (kiln.ops.gemm_kernels): the GEMM
     rule's, or for an output far larger than the L2 (`WIDE_OUTPUT_L2_MULTIPLE`) the
     wider `WIDE_TILE` where it fits the registers and fills its panels (each row of a
@@ -165,7 +165,7 @@ def _plane_copy(col: Buffer, plane: Buffer, n: PrimExpr, ci: PrimExpr, k: PrimEx
                                                (n, k, r0 * w + p)))
 
 
-def im2col(x: Buffer, shape: ck.ConvShape, width: int, *, isa: ISA) -> tuple[Buffer, list[Stmt]]:
+def im2col(x: Buffer, shape: ConvShape, width: int, *, isa: ISA) -> tuple[Buffer, list[Stmt]]:
     """The workspace `col[n][(ci, kh, kw)][width]` holding at `oh * OW + ow` the input
     the tap `(kh, kw)` of output `(oh, ow)` reads (zero in the padding and past the
     positions), and the statements filling it (one parallel loop over images and input
@@ -257,7 +257,7 @@ PANEL_COPY_BYTES = 64 * 1024
 PANEL_COPY_READERS = {256: 2, 512: 40}
 
 
-def copies_panels(shape: ck.ConvShape, tile: tuple[int, int], isa: ISA) -> bool:
+def copies_panels(shape: ConvShape, tile: tuple[int, int], isa: ISA) -> bool:
     """Whether a 1x1 layer read in place copies each panel of positions to the stack
     before its row tiles read it (gemm_body's `copy_panels`), on the vector widths it was
     measured on (`PANEL_COPY_READERS`): where at least that many row tiles read the panel
@@ -278,7 +278,7 @@ def copies_panels(shape: ck.ConvShape, tile: tuple[int, int], isa: ISA) -> bool:
 PANEL_GROUP_BYTES = 64 * 1024
 
 
-def panel_group(shape: ck.ConvShape, tile: tuple[int, int], flat: FlatEpilogue) -> int:
+def panel_group(shape: ConvShape, tile: tuple[int, int], flat: FlatEpilogue) -> int:
     """How many consecutive panels a parallel tile of a panel-copying layer
     (`copies_panels`) copies and runs together, each row tile over all of them in turn:
     for a 1x1 layer whose epilogue reads a residual (`FlatEpilogue.reads_output_shaped`),
@@ -297,7 +297,7 @@ def panel_group(shape: ck.ConvShape, tile: tuple[int, int], flat: FlatEpilogue) 
     return max(1, min(panel_count(shape, tile[1]), fitting))
 
 
-def gemm_conv_body(shape: ck.ConvShape, x: Buffer, w: Buffer, out: Buffer,
+def gemm_conv_body(shape: ConvShape, x: Buffer, w: Buffer, out: Buffer,
                    tile: tuple[int, int], epilogue: Epilogue, fused: bool,
                    copy_panels: bool = False, *, isa: ISA) -> Stmt:
     """The loop nest of an ungrouped convolution as one GEMM per image (module
@@ -355,7 +355,7 @@ class GemmConv(UnpackedConv):
         # any ungrouped layer over a symbolic image: the tiled families need static sizes
         return shape.groups == 1
 
-    def choose_tile(self, shape: ck.ConvShape, isa: ISA) -> tuple[int, int]:
+    def choose_tile(self, shape: ConvShape, isa: ISA) -> tuple[int, int]:
         return choose_tile(shape, isa)
 
     def candidates(self, call: g.Call, isa: ISA) -> list[tuple[int, ...]]:
@@ -373,7 +373,7 @@ class GemmConv(UnpackedConv):
         tiles = [(gemm.mr, gemm.nr), *tile_candidates(shape.c_out, positions, isa)]
         return [t for t in tiles if t != rule]
 
-    def loop_nest(self, shape: ck.ConvShape, x: Buffer, w: Buffer, out: Buffer,
+    def loop_nest(self, shape: ConvShape, x: Buffer, w: Buffer, out: Buffer,
                   tile: tuple[int, int], epilogue: Epilogue, fused: bool, isa: ISA) -> Stmt:
         if shape.symbolic_image:
             with parallel_over_images():

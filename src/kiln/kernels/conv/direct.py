@@ -1,7 +1,7 @@
 """The blocked direct family: any other `conv2d` the kernels take -> `conv2d_blocked`,
 the weight packed at compile time into `[group][co_block][ci][kh][kw][cb]`; tile
 `(cb, tile_w)`: `tile_w` output positions x `cb` output channels, `cb` one or two
-vectors of the ISA's float32 lanes (kiln.ops.conv_kernels.blocked_conv_body)."""
+vectors of the ISA's float32 lanes (kiln.kernels.conv.blocked.blocked_conv_body)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,18 @@ from typing import Any
 
 from kiln.ir import graph as g
 from kiln.ir.tensor import Buffer, PrimFunc, Stmt
-from kiln.ops import conv_kernels as ck
-from kiln.ops.kernels.conv import TUNED_WIDTHS, build_conv, conv_call_shape, packed_call
+from kiln.kernels.conv.blocked import (
+    Tiling,
+    blocked_conv_body,
+    choose_tiling,
+    pack_blocked_weight,
+    subsamples,
+)
+from kiln.kernels.conv.family import TUNED_WIDTHS, build_conv, packed_call
+from kiln.kernels.conv.ksegments import ConvKBlocking
+from kiln.kernels.conv.padding import padded_image_bytes
+from kiln.ops.conv_direct import KSEGMENT, TUNED_SEGMENTS
+from kiln.ops.conv_geometry import ConvShape, conv_call_shape
 from kiln.ops.kernels.registry import Family, fits_registers, recorded_tile
 from kiln.ops.kernels.tiles import ZEN3_VECTOR_BITS, Epilogue, tile_lanes, tile_registers
 from kiln.target.isa import ISA
@@ -23,17 +33,17 @@ def blocked_body(isa: ISA, segment: int | None = None, unroll: int | None = None
     `segment`: the K-blocking's input channels per segment a tuned call records
     (`KSEGMENT`; 0 unblocked), None the rule's (`choose_k_blocking`); `unroll`: the
     input-channel loop unrolled by it (the call's `unroll`), None the rule's."""
-    def body(shape: ck.ConvShape, x: Buffer, w: Buffer, out: Buffer, t: tuple[int, ...],
+    def body(shape: ConvShape, x: Buffer, w: Buffer, out: Buffer, t: tuple[int, ...],
              epilogue: Epilogue, fused: bool, block: int) -> Stmt:
-        tile_w = t[1] if t else ck.choose_tiling(shape, tile_lanes(isa), tile_registers(isa)).tile_w
-        tiling = ck.Tiling(cb=int(w.shape[5]), tile_w=tile_w)
+        tile_w = t[1] if t else choose_tiling(shape, tile_lanes(isa), tile_registers(isa)).tile_w
+        tiling = Tiling(cb=int(w.shape[5]), tile_w=tile_w)
         kblock = choose_k_blocking(shape, tiling, isa) if segment is None else \
             segment_blocking(tiling, isa, segment)
-        return ck.blocked_conv_body(shape, x, w, out, tiling, epilogue, fused, block,
-                                    kblock, subsample=subsamples_input(shape, isa),
-                                    unroll=unroll,
-                                    band=0 if block else band_tiles(shape, tiling, isa),
-                                    prefetch=prefetches_weights(shape, tiling, isa), isa=isa)
+        return blocked_conv_body(shape, x, w, out, tiling, epilogue, fused, block,
+                                 kblock, subsample=subsamples_input(shape, isa),
+                                 unroll=unroll,
+                                 band=0 if block else band_tiles(shape, tiling, isa),
+                                 prefetch=prefetches_weights(shape, tiling, isa), isa=isa)
 
     return body
 
@@ -50,9 +60,9 @@ PREFETCH_MAX_POSITIONS = 256
 PREFETCH_WEIGHT_L2_SHARE = 0.25
 
 
-def subsamples_input(shape: ck.ConvShape, isa: ISA) -> bool:
+def subsamples_input(shape: ConvShape, isa: ISA) -> bool:
     """Whether the blocked kernel runs an unpadded strided 1x1 layer on a copy of the
-    input values it reads (ck.subsampled_input; ck.subsamples names the layers): on
+    input values it reads (subsampled_input; subsamples names the layers): on
     256-bit vectors (Zen 3) always, on others where one image's input is at least the L2 (read
     in place, a stride-2 layer brings in every cache line of it for a quarter of the
     values). A strided 1x1 layer on one core, ms strided -> subsampled (onnxruntime):
@@ -64,7 +74,7 @@ def subsamples_input(shape: ck.ConvShape, isa: ISA) -> bool:
             or shape.c_in * shape.h * shape.w * 4 >= isa.l2_bytes > 0)
 
 
-def prefetches_weights(shape: ck.ConvShape, tiling: ck.Tiling, isa: ISA) -> bool:
+def prefetches_weights(shape: ConvShape, tiling: Tiling, isa: ISA) -> bool:
     """Whether the blocked kernel's sums prefetch the weights of the channel block (or
     segment) after their own (`PREFETCH_MAX_POSITIONS`)."""
     weights = shape.groups * shape.ci_group * shape.kh * shape.kw \
@@ -73,35 +83,20 @@ def prefetches_weights(shape: ck.ConvShape, tiling: ck.Tiling, isa: ISA) -> bool
             and weights >= PREFETCH_WEIGHT_L2_SHARE * isa.l2_bytes)
 
 
-#: The attribute a tuned `conv2d_blocked` call records its K-blocking in: input
-#: channels per segment, 0 for unblocked (absent: the rule's, `choose_k_blocking`).
-KSEGMENT = "ksegment"
-#: The segment sizes tuning offers (kiln.ops.kernels.search), where they divide the
-#: group's input channels into at least two segments.
-TUNED_SEGMENTS = (0, 16, 32, 64)
-
-
-def rule_segment(shape: ck.ConvShape, tile: tuple[int, ...], isa: ISA) -> int:
+def rule_segment(shape: ConvShape, tile: tuple[int, ...], isa: ISA) -> int:
     """The rule's channels per segment for `tile` (0: unblocked)."""
-    kb = choose_k_blocking(shape, ck.Tiling(cb=tile[0], tile_w=tile[1]), isa)
+    kb = choose_k_blocking(shape, Tiling(cb=tile[0], tile_w=tile[1]), isa)
     return 0 if kb is None else kb.kc
 
 
-def legal_segments(shape: ck.ConvShape) -> list[int]:
-    """The `TUNED_SEGMENTS` the kernel computes `shape` with: 0, and sizes dividing the
-    group's input channels in at least two segments."""
-    return [k for k in TUNED_SEGMENTS
-            if k == 0 or (shape.ci_group % k == 0 and shape.ci_group >= 2 * k)]
-
-
-def segment_blocking(tiling: ck.Tiling, isa: ISA, channels: int) -> ck.ConvKBlocking | None:
+def segment_blocking(tiling: Tiling, isa: ISA, channels: int) -> ConvKBlocking | None:
     """K-blocking of `channels` input channels per segment (0: None, unblocked), the
     band of tiles per task as the rule's (`PARTIAL_SUMS_L2_SHARE` of the L2)."""
     if channels == 0:
         return None
     tile_bytes = tiling.tile_w * tiling.cb * 4
-    return ck.ConvKBlocking(channels,
-                            max(1, int(PARTIAL_SUMS_L2_SHARE * isa.l2_bytes) // tile_bytes))
+    return ConvKBlocking(channels,
+                         max(1, int(PARTIAL_SUMS_L2_SHARE * isa.l2_bytes) // tile_bytes))
 
 
 #: Input channels per segment of K-blocked sums: 32 ran faster than 16 (3x3 512>512 @28:
@@ -127,10 +122,10 @@ KBLOCK_INPUT_L2_SHARE = 0.5
 PARTIAL_SUMS_L2_SHARE = 0.25
 
 
-def choose_k_blocking(shape: ck.ConvShape, tiling: ck.Tiling, isa: ISA
-                      ) -> ck.ConvKBlocking | None:
+def choose_k_blocking(shape: ConvShape, tiling: Tiling, isa: ISA
+                      ) -> ConvKBlocking | None:
     """How the blocked kernel splits its sums along the input channels on `isa`
-    (ck.blocked_conv_body), or None: unblocked.
+    (blocked_conv_body), or None: unblocked.
 
     Unblocked, a tile sums over every input channel and tap before it stores, and a
     parallel task sweeps the image tile by tile with one block of `cb` output channels:
@@ -153,7 +148,7 @@ def choose_k_blocking(shape: ck.ConvShape, tiling: ck.Tiling, isa: ISA
     weights = cig * shape.kh * shape.kw * tiling.cb * 4
     if isa.vector_bits not in ZEN3_VECTOR_BITS:  # AVX-512: big weights and a big input
         big = (weights >= KBLOCK_WEIGHT_L2_SHARE * isa.l2_bytes
-               and ck.padded_image_bytes(shape) >= KBLOCK_INPUT_L2_SHARE * isa.l2_bytes)
+               and padded_image_bytes(shape) >= KBLOCK_INPUT_L2_SHARE * isa.l2_bytes)
         return segment_blocking(tiling, isa, kc) if big else None
     small_image = positions <= SMALL_IMAGE_POSITIONS and weights >= isa.l1d_bytes
     if weights < KBLOCK_WEIGHT_L2_SHARE * isa.l2_bytes and not small_image:
@@ -166,9 +161,9 @@ def choose_k_blocking(shape: ck.ConvShape, tiling: ck.Tiling, isa: ISA
 BAND_INPUT_L2_SHARE = 0.5
 
 
-def band_tiles(shape: ck.ConvShape, tiling: ck.Tiling, isa: ISA) -> int:
+def band_tiles(shape: ConvShape, tiling: Tiling, isa: ISA) -> int:
     """Tiles per band of a strided layer whose tiles run band by band, each band's tiles
-    for every output channel block in turn (ck.blocked_conv_body's `band`), or 0: the
+    for every output channel block in turn (blocked_conv_body's `band`), or 0: the
     rule's order (a channel block's tiles over the whole image, then the next block).
 
     A strided KxK layer's padded input passes the L2 where its image is large (ResNet's
@@ -184,7 +179,7 @@ def band_tiles(shape: ck.ConvShape, tiling: ck.Tiling, isa: ISA) -> int:
     (ZEN3_VECTOR_BITS); ungrouped layers with more than one block of output channels
     (not the subsampled strided 1x1 ones, which run at stride 1)."""
     if isa.vector_bits not in ZEN3_VECTOR_BITS or shape.stride == (1, 1) \
-            or shape.groups != 1 or shape.co_group <= tiling.cb or ck.subsamples(shape):
+            or shape.groups != 1 or shape.co_group <= tiling.cb or subsamples(shape):
         return 0  # (a subsampled strided 1x1 layer runs at stride 1)
     top, left, bottom, right = shape.pads
     row_bytes = shape.c_in * (shape.w + left + right) * 4
@@ -207,7 +202,7 @@ class DirectConv(Family):
     def pack(self, call: g.Call, isa: ISA) -> g.Call:
         shape = conv_call_shape(call)
         assert shape is not None
-        t = ck.choose_tiling(shape, tile_lanes(isa), tile_registers(isa))
+        t = choose_tiling(shape, tile_lanes(isa), tile_registers(isa))
         return self.pack_tile(call, isa, (t.cb, t.tile_w))
 
     def candidates(self, call: g.Call, isa: ISA) -> list[tuple[int, ...]]:
@@ -216,19 +211,24 @@ class DirectConv(Family):
         shape = conv_call_shape(call)
         assert shape is not None
         lanes = tile_lanes(isa)
-        rule = ck.choose_tiling(shape, lanes, tile_registers(isa))
+        rule = choose_tiling(shape, lanes, tile_registers(isa))
         out = [(v * lanes, tw) for v in range(1, 5) if v == 1 or (v - 1) * lanes < shape.co_group
                for tw in TUNED_WIDTHS if fits_registers(v * tw, v, isa)]
         return sorted((t for t in out if t != (rule.cb, rule.tile_w)),
                       key=lambda t: (abs(t[1] - rule.tile_w) + 4 * abs(t[0] - rule.cb) // lanes,
                                      t))
 
+    def rule_segment(self, shape: ConvShape, tile: tuple[int, ...], isa: ISA) -> int:
+        """The rule's input channels per K segment for `tile` (`rule_segment`; tuning's
+        search asks it by the family's name, kiln.ops.kernels.search.segments)."""
+        return rule_segment(shape, tile, isa)
+
     def pack_tile(self, call: g.Call, isa: ISA, tile: tuple[int, ...]) -> g.Call:
         shape = conv_call_shape(call)
         w = call.args[1]
         assert shape is not None and isinstance(w, g.Constant)
         cb, tile_w = tile
-        return packed_call(self.op, call, ck.pack_blocked_weight(w.data, shape.groups, cb),
+        return packed_call(self.op, call, pack_blocked_weight(w.data, shape.groups, cb),
                            (cb, tile_w), shape.c_out)
 
     def build(self, params: Sequence[Any], args: Sequence[Any], attrs: Mapping[str, Any],

@@ -14,7 +14,7 @@ channels, 3 groups, 28x28: 0.18 -> 0.10 ms on one Zen 5 core, loaded).
 without padding: where the positions fill no whole last panel, that panel is the last
 `nr` positions (gemm_body's `shifted_tail`). A strided or padded layer's input is
 first copied once per call into a workspace whose rows are padded to whole panels
-(kiln.ops.kernels.conv_gemm.im2col). Over a symbolic image size any grouped layer that
+(kiln.kernels.conv.gemm.im2col). Over a symbolic image size any grouped layer that
 is not depthwise, any kernel size, is copied so and run here. (The copy was serial and
 took a third of ShuffleNet's 480>120 layer at 14x14: 97 -> 44 us on two Zen 4 threads
 read in place, AVX2.)
@@ -27,10 +27,10 @@ from typing import ClassVar
 
 from kiln.ir import graph as g
 from kiln.ir.tensor import Buffer, DeclBuffer, PrimExpr, Stmt, min_, seq
-from kiln.ops import conv_kernels as ck
+from kiln.kernels.conv.family import UnpackedConv
+from kiln.kernels.conv.gemm import TYPICAL_POSITIONS, im2col, panel_count
 from kiln.ops import gemm_kernels as gk
-from kiln.ops.kernels.conv import UnpackedConv, conv_call_shape
-from kiln.ops.kernels.conv_gemm import TYPICAL_POSITIONS, im2col, panel_count
+from kiln.ops.conv_geometry import ConvShape, conv_call_shape
 from kiln.ops.kernels.flat_epilogue import FlatEpilogue
 from kiln.ops.kernels.gemm import tile_candidates
 from kiln.ops.kernels.tiles import (
@@ -48,7 +48,7 @@ from kiln.target.isa import ISA
 MIN_GROUP_LANE_USE = 0.9
 
 
-def takes(shape: ck.ConvShape, isa: ISA) -> bool:
+def takes(shape: ConvShape, isa: ISA) -> bool:
     """Whether the registry gives a convolution to this family: a grouped 1x1 layer (any
     stride) whose groups are not single channels, its positions filling the panels."""
     if shape.groups == 1 or shape.depthwise or (shape.kh, shape.kw) != (1, 1):
@@ -59,7 +59,7 @@ def takes(shape: ck.ConvShape, isa: ISA) -> bool:
     return positions >= MIN_GROUP_LANE_USE * panels * nr
 
 
-def group_product(shape: ck.ConvShape) -> tuple[int, int]:
+def group_product(shape: ConvShape) -> tuple[int, int]:
     """(M, N) of one group's product: its output channels x the output positions."""
     return shape.c_out // shape.groups, shape.out_h * shape.out_w
 
@@ -72,7 +72,7 @@ def group_product(shape: ck.ConvShape) -> tuple[int, int]:
 MAX_COPY_WASTE = 0.1
 
 
-def choose_tile(shape: ck.ConvShape, isa: ISA) -> tuple[int, int]:
+def choose_tile(shape: ConvShape, isa: ISA) -> tuple[int, int]:
     """The GEMM tile of one group's `co` x `oh * ow` product (kiln.ops.gemm_kernels),
     its width narrowed to whole vectors that divide the positions where some do (no
     overlapping last panel: 28x28, 8 x 16 instead of 8 x 32, 0.16 -> 0.09 ms for 60->240
@@ -98,7 +98,7 @@ def choose_tile(shape: ck.ConvShape, isa: ISA) -> tuple[int, int]:
     return (t.mr, min(widths, key=lambda w: (computed(w), -w)))
 
 
-def group_gemm_body(shape: ck.ConvShape, x: Buffer, w: Buffer, out: Buffer,
+def group_gemm_body(shape: ConvShape, x: Buffer, w: Buffer, out: Buffer,
                     tile: tuple[int, int], epilogue: Epilogue, fused: bool, *, isa: ISA) -> Stmt:
     """The loop nest of a grouped convolution as one GEMM per image and group (module
     docstring): `x` NCHW, `w` OIHW, `out` NCHW, `epilogue` over the 4-D output index."""
@@ -171,10 +171,10 @@ class GroupGemmConv(UnpackedConv):
             return []
         return list(tile_candidates(*group_product(shape), isa))
 
-    def choose_tile(self, shape: ck.ConvShape, isa: ISA) -> tuple[int, int]:
+    def choose_tile(self, shape: ConvShape, isa: ISA) -> tuple[int, int]:
         return choose_tile(shape, isa)
 
-    def loop_nest(self, shape: ck.ConvShape, x: Buffer, w: Buffer, out: Buffer,
+    def loop_nest(self, shape: ConvShape, x: Buffer, w: Buffer, out: Buffer,
                   tile: tuple[int, int], epilogue: Epilogue, fused: bool, isa: ISA) -> Stmt:
         if shape.symbolic_image:
             with parallel_over_images():

@@ -34,10 +34,25 @@ from kiln.ir.tensor import (
     seq,
 )
 from kiln.ir.types import TensorType
-from kiln.ops import conv_kernels as ck
+from kiln.kernels.conv.blocked import (
+    MAX_POSITION_WASTE,
+    Tiling,
+    blocked_tile_stores,
+    choose_tiling,
+    pack_blocked_weight,
+)
+from kiln.kernels.conv.direct import DirectConv, blocked_body, choose_k_blocking
+from kiln.kernels.conv.family import build_conv
+from kiln.kernels.conv.ksegments import (
+    ConvKBlocking,
+    Segment,
+    segment_end,
+    segmented_band,
+    tile_accumulators,
+)
 from kiln.ops import spatial
-from kiln.ops.kernels.conv import build_conv
-from kiln.ops.kernels.conv_direct import DirectConv, blocked_body, choose_k_blocking
+from kiln.ops.conv_direct import unpack_blocked_weight
+from kiln.ops.conv_geometry import ConvShape
 from kiln.ops.kernels.registry import TILE, fits_registers, recorded_tile
 from kiln.ops.kernels.tiles import (
     ZEN3_VECTOR_BITS,
@@ -80,7 +95,7 @@ def pointwise_tile(channels: int, positions: int, isa: ISA, half: bool = False
     def waste(w: int) -> int:
         return -(-positions // w) * w - positions
 
-    tile_w = next((w for w in fit if waste(w) <= ck.MAX_POSITION_WASTE * positions),
+    tile_w = next((w for w in fit if waste(w) <= MAX_POSITION_WASTE * positions),
                   min(fit, key=waste))
     if half and v == vecs and half_vector(channels, lanes):
         return v * lanes - lanes // 2, tile_w
@@ -156,7 +171,7 @@ def pointwise_kernel(isa: ISA) -> bool:
     return tile_registers(isa) < 32 and tile_lanes(isa) >= 8
 
 
-def takes_pointwise(shape: ck.ConvShape, block: int) -> bool:
+def takes_pointwise(shape: ConvShape, block: int) -> bool:
     """Whether a layer of `shape` runs on `pointwise_body` (where `pointwise_kernel`
     holds) with NCHW{block}c activations: an unpadded 1x1 layer, strided ones included (a
     tile reads every `stride`-th position's contiguous vector of `block` channels in
@@ -167,8 +182,8 @@ def takes_pointwise(shape: ck.ConvShape, block: int) -> bool:
     return (shape.kh, shape.kw) == (1, 1) and not any(shape.pads) and block > 0
 
 
-def pointwise_k_blocking(shape: ck.ConvShape, tiling: ck.Tiling, isa: ISA, block: int
-                         ) -> ck.ConvKBlocking | None:
+def pointwise_k_blocking(shape: ConvShape, tiling: Tiling, isa: ISA, block: int
+                         ) -> ConvKBlocking | None:
     """The K-blocking of a pointwise layer: the blocked kernel's rule
     (`choose_k_blocking`: ResNet's 7x7 layers of 512 and 2048 channels) where its
     segments are whole blocks, else None. On the vector widths it was measured on in
@@ -210,8 +225,8 @@ class NchwcConv(DirectConv):
             else:
                 tile = wide_tile(channels, oh * ow, isa)
             if tile is not None and tile != call.attrs.get(TILE):
-                w = ck.unpack_blocked_weight(np.asarray(wp.data), channels)
-                packed = g.Constant(ck.pack_blocked_weight(w, 1, tile[0]), wp.name)
+                w = unpack_blocked_weight(np.asarray(wp.data), channels)
+                packed = g.Constant(pack_blocked_weight(w, 1, tile[0]), wp.name)
                 return make_call(self.op, call.args[0], packed, *call.args[2:],
                                  **{**call.attrs, TILE: tile})
         return make_call(self.op, *call.args, **call.attrs)
@@ -235,13 +250,13 @@ class NchwcConv(DirectConv):
                                            and takes_pointwise(shape, block))):
             return None
 
-        def body(shape: ck.ConvShape, x: Buffer, w: Buffer, out: Buffer, t: tuple[int, ...],
+        def body(shape: ConvShape, x: Buffer, w: Buffer, out: Buffer, t: tuple[int, ...],
                  epilogue: Epilogue, fused: bool, block: int) -> Stmt:
             if ((pointwise and t) or half) and x.ndim == 5 and takes_pointwise(shape, block):
                 cb = int(w.shape[5])
-                tile_w = t[1] if t else ck.choose_tiling(shape, tile_lanes(isa),
-                                                         tile_registers(isa)).tile_w
-                kblock = pointwise_k_blocking(shape, ck.Tiling(cb, tile_w), isa, block)
+                tile_w = t[1] if t else choose_tiling(shape, tile_lanes(isa),
+                                                      tile_registers(isa)).tile_w
+                kblock = pointwise_k_blocking(shape, Tiling(cb, tile_w), isa, block)
                 return pointwise_body(shape, x, w, out, (cb, tile_w), epilogue, fused, block,
                                       kblock, unrolled)
             return blocked(shape, x, w, out, t, epilogue, fused, block)
@@ -251,9 +266,9 @@ class NchwcConv(DirectConv):
                           no_slp=True)
 
 
-def pointwise_body(shape: ck.ConvShape, x: Buffer, wp: Buffer, out: Buffer,
+def pointwise_body(shape: ConvShape, x: Buffer, wp: Buffer, out: Buffer,
                    tile: tuple[int, ...], epilogue: Epilogue, fused: bool,
-                   block: int, kblock: ck.ConvKBlocking | None = None,
+                   block: int, kblock: ConvKBlocking | None = None,
                    unrolled: bool = True) -> Stmt:
     """The loop nest of an unpadded 1x1 `conv2d_nchwc` (any stride): `x` and `out` are
     NCHW{block}c, `wp` the blocked kernel's packed weight `[1][co/cb][ci][1][1][cb]`.
@@ -284,9 +299,9 @@ def pointwise_body(shape: ck.ConvShape, x: Buffer, wp: Buffer, out: Buffer,
     full, rest = divmod(cin, block)
     dtype = x.dtype
 
-    def body(n: PrimExpr, ob: PrimExpr, t: PrimExpr, seg: ck.Segment | None = None) -> Stmt:
+    def body(n: PrimExpr, ob: PrimExpr, t: PrimExpr, seg: Segment | None = None) -> Stmt:
         acc = Buffer("acc", (tile_w, cb), dtype, "local")
-        head = ck.tile_accumulators(acc, seg)
+        head = tile_accumulators(acc, seg)
         rows: list[PrimExpr] = []
         cols: list[PrimExpr] = []
         for r in range(tile_w):
@@ -337,10 +352,10 @@ def pointwise_body(shape: ck.ConvShape, x: Buffer, wp: Buffer, out: Buffer,
             copy = seq(copy, lanes_loop("v", wide - cb, lambda v: seq(*(
                 Store(stage, as_expr(0.0, dtype), (_c(r), v + cb)) for r in range(tile_w)))))
         real = [t * tile_w + r < positions if overflow[r] else None for r in range(tile_w)]
-        stores = ck.blocked_tile_stores(out, stage, epilogue, n, ob, rows, cols, real, block,
-                                        cout, blocks, out_blocks)
+        stores = blocked_tile_stores(out, stage, epilogue, n, ob, rows, cols, real, block,
+                                     cout, blocks, out_blocks)
         finish = seq(Allocate(stage), copy, *stores)
-        return seq(*head, *red, finish if seg is None else ck.segment_end(acc, seg, finish))
+        return seq(*head, *red, finish if seg is None else segment_end(acc, seg, finish))
 
     if kblock is None:
         return parallel_tiles((shape.n, blocks, tiles), body)
@@ -349,8 +364,8 @@ def pointwise_body(shape: ck.ConvShape, x: Buffer, wp: Buffer, out: Buffer,
                       f"must be whole blocks dividing the {cin} input channels")
 
     def task(n: PrimExpr, ob: PrimExpr, b: PrimExpr) -> Stmt:
-        return ck.segmented_band(kblock, cin, tiles, b, (tile_w, cb), dtype,
-                                 lambda t, seg: body(n, ob, t, seg))
+        return segmented_band(kblock, cin, tiles, b, (tile_w, cb), dtype,
+                              lambda t, seg: body(n, ob, t, seg))
 
     bands = -(-tiles // min(kblock.band, tiles))
     return parallel_tiles((shape.n, blocks, bands), task)
