@@ -25,14 +25,7 @@ from kiln.ir.tensor import PrimExpr, PrimFunc, Stmt, Store, seq
 from kiln.ops import te
 from kiln.ops.broadcast import broadcast_index
 from kiln.ops.epilogue import fused_store
-from kiln.ops.kernels.tiles import (
-    const,
-    lanes_loop,
-    loop,
-    nest,
-    parallel_tiles,
-    parallel_when,
-)
+from kiln.ops.kernels.tiles import const, lanes_loop, loop, nest, parallel_tiles, parallel_when
 from kiln.target.isa import ISA
 
 

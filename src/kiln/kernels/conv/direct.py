@@ -12,6 +12,7 @@ from typing import Any
 from kiln.ir import graph as g
 from kiln.ir.tensor import Buffer, PrimFunc, Stmt
 from kiln.kernels.conv.blocked import (
+    BlockedSchedule,
     Tiling,
     blocked_conv_body,
     choose_tiling,
@@ -39,11 +40,11 @@ def blocked_body(isa: ISA, segment: int | None = None, unroll: int | None = None
         tiling = Tiling(cb=int(w.shape[5]), tile_w=tile_w)
         kblock = choose_k_blocking(shape, tiling, isa) if segment is None else \
             segment_blocking(tiling, isa, segment)
-        return blocked_conv_body(shape, x, w, out, tiling, epilogue, fused, block,
-                                 kblock, subsample=subsamples_input(shape, isa),
-                                 unroll=unroll,
-                                 band=0 if block else band_tiles(shape, tiling, isa),
-                                 prefetch=prefetches_weights(shape, tiling, isa), isa=isa)
+        schedule = BlockedSchedule(tiling, fused, block, kblock,
+                                   subsample=subsamples_input(shape, isa), unroll=unroll,
+                                   band=0 if block else band_tiles(shape, tiling, isa),
+                                   prefetch=prefetches_weights(shape, tiling, isa))
+        return blocked_conv_body(shape, x, w, out, schedule, epilogue, isa=isa)
 
     return body
 

@@ -17,54 +17,19 @@ from typing import Any
 
 import numpy as np
 
-from kiln.errors import IRError
 from kiln.ir import graph as g
-from kiln.ir.dtype import INDEX_DTYPE
-from kiln.ir.tensor import (
-    Allocate,
-    Buffer,
-    LetStmt,
-    PrimExpr,
-    PrimFunc,
-    Stmt,
-    Store,
-    Var,
-    as_expr,
-    min_,
-    seq,
-)
+from kiln.ir.tensor import Buffer, PrimFunc, Stmt
 from kiln.ir.types import TensorType
-from kiln.kernels.conv.blocked import (
-    MAX_POSITION_WASTE,
-    Tiling,
-    blocked_tile_stores,
-    choose_tiling,
-    pack_blocked_weight,
-)
+from kiln.kernels.conv.blocked import MAX_POSITION_WASTE, Tiling, choose_tiling, pack_blocked_weight
 from kiln.kernels.conv.direct import DirectConv, blocked_body, choose_k_blocking
 from kiln.kernels.conv.family import build_conv
-from kiln.kernels.conv.ksegments import (
-    ConvKBlocking,
-    Segment,
-    segment_end,
-    segmented_band,
-    tile_accumulators,
-)
+from kiln.kernels.conv.ksegments import ConvKBlocking
+from kiln.kernels.conv.pointwise import PointwiseSchedule, pointwise_body
 from kiln.ops import spatial
 from kiln.ops.conv_direct import unpack_blocked_weight
 from kiln.ops.conv_geometry import ConvShape
 from kiln.ops.kernels.registry import TILE, fits_registers, recorded_tile
-from kiln.ops.kernels.tiles import (
-    ZEN3_VECTOR_BITS,
-    Epilogue,
-    lanes_loop,
-    madd,
-    parallel_tiles,
-    tile_lanes,
-    tile_registers,
-)
-from kiln.ops.kernels.tiles import const as _c
-from kiln.ops.kernels.tiles import loop as _loop
+from kiln.ops.kernels.tiles import ZEN3_VECTOR_BITS, Epilogue, tile_lanes, tile_registers
 from kiln.target.isa import ISA
 
 #: The most output-channel vectors a 1x1 tile holds, and its most positions.
@@ -257,118 +222,13 @@ class NchwcConv(DirectConv):
                 tile_w = t[1] if t else choose_tiling(shape, tile_lanes(isa),
                                                       tile_registers(isa)).tile_w
                 kblock = pointwise_k_blocking(shape, Tiling(cb, tile_w), isa, block)
-                return pointwise_body(shape, x, w, out, (cb, tile_w), epilogue, fused, block,
-                                      kblock, unrolled)
+                schedule = PointwiseSchedule(Tiling(cb, tile_w), fused, block, kblock, unrolled)
+                return pointwise_body(shape, x, w, out, schedule, epilogue)
             return blocked(shape, x, w, out, t, epilogue, fused, block)
 
         tile = recorded_tile(attrs, 2, self.op)
         return build_conv(self.op, params, args, attrs, anchor, result, isa, tile or (), body,
                           no_slp=True)
-
-
-def pointwise_body(shape: ConvShape, x: Buffer, wp: Buffer, out: Buffer,
-                   tile: tuple[int, ...], epilogue: Epilogue, fused: bool,
-                   block: int, kblock: ConvKBlocking | None = None,
-                   unrolled: bool = True) -> Stmt:
-    """The loop nest of an unpadded 1x1 `conv2d_nchwc` (any stride): `x` and `out` are
-    NCHW{block}c, `wp` the blocked kernel's packed weight `[1][co/cb][ci][1][1][cb]`.
-
-    A tile is `tile_w` consecutive positions of the flattened image x `cb` output
-    channels (as in `blocked_conv_body`), but the sum runs over input channel blocks
-    with the `block` lanes of each unrolled: every input value is read at a constant
-    lane of a block-aligned vector (no division or remainder of the channel index in
-    the loop), a tile's positions of one block are one contiguous run, and a channel
-    count no multiple of `block` ends with its real lanes only. Not `unrolled`, the
-    lanes of a block are a loop instead (the same reads at a lane offset that grows by
-    one): on 32 registers (AVX-512) LLVM hoisted the unrolled lanes' broadcasts ahead
-    of their multiply-adds and spilled them (144->24 + Add at 56x56: 0.331 ms unrolled,
-    0.276 as a loop, Zen 4).
-
-    With `kblock` (whole blocks of input channels per segment) a parallel task takes
-    `kblock.band` consecutive tiles of one channel block and sums each segment over all
-    of them before the next, the partial sums in a buffer of the task's, as
-    `blocked_conv_body` does (whose NCHW{b}c reads divide the channel index)."""
-    cb, tile_w = int(wp.shape[5]), int(tile[1])
-    cin, cout = shape.c_in, shape.c_out
-    ow_n = shape.out_w
-    positions = shape.out_h * ow_n
-    tile_w = min(tile_w, positions)
-    tiles = -(-positions // tile_w)
-    overflow = [(tiles - 1) * tile_w + r >= positions for r in range(tile_w)]
-    blocks, out_blocks = -(-cout // cb), -(-cout // block)
-    full, rest = divmod(cin, block)
-    dtype = x.dtype
-
-    def body(n: PrimExpr, ob: PrimExpr, t: PrimExpr, seg: Segment | None = None) -> Stmt:
-        acc = Buffer("acc", (tile_w, cb), dtype, "local")
-        head = tile_accumulators(acc, seg)
-        rows: list[PrimExpr] = []
-        cols: list[PrimExpr] = []
-        for r in range(tile_w):
-            pos: PrimExpr = t * tile_w + r
-            if overflow[r]:  # past the end: read the last position, store nothing
-                pos = min_(pos, positions - 1)
-            rv, cv = Var(f"oh{r}", INDEX_DTYPE), Var(f"ow{r}", INDEX_DTYPE)
-            head += [LetStmt(rv, pos // ow_n), LetStmt(cv, pos % ow_n)]
-            rows.append(rv)
-            cols.append(cv)
-        sh, sw = shape.stride
-
-        def lane_step(cib: PrimExpr, lane: PrimExpr) -> Stmt:
-            # the tile's input values of channel `cib * block + lane`, each bound once,
-            # against one weight row
-            xs = [Var(f"x{r}", dtype) for r in range(tile_w)]
-            lets = [LetStmt(xv, x[n, cib, rows[r] * sh, cols[r] * sw, lane])
-                    for r, xv in enumerate(xs)]
-
-            def step(v: PrimExpr) -> Stmt:
-                wv = Var("w", dtype)
-                return seq(LetStmt(wv, wp[_c(0), ob, cib * block + lane, _c(0), _c(0), v]),
-                           *(Store(acc, madd(acc[_c(r), v], xs[r], wv, fused), (_c(r), v))
-                             for r in range(tile_w)))
-
-            return seq(*lets, lanes_loop("v", cb, step))
-
-        def channels(cib: PrimExpr, lanes: int) -> Stmt:
-            if not unrolled and lanes > 1:
-                return _loop("lane", lanes, lambda lane: lane_step(cib, lane))
-            return seq(*(lane_step(cib, _c(lane)) for lane in range(lanes)))
-
-        red: list[Stmt] = []
-        if seg is not None:  # whole blocks of the segment's channels
-            red.append(_loop("cib", seg.kc // block, lambda cib: channels(
-                seg.ci0 // block + cib, block)))
-        elif full:
-            red.append(_loop("cib", full, lambda cib: channels(cib, block))
-                       if full > 1 else channels(_c(0), block))
-        if rest and seg is None:
-            red.append(channels(_c(full), rest))
-        # whole blocks: a tile ending in half a block (`half_vector`) stores zeros past it
-        wide = -(-cb // block) * block
-        stage = Buffer("stage", (tile_w, wide), dtype, "local")
-        copy = lanes_loop("v", cb, lambda v: seq(*(
-            Store(stage, acc[_c(r), v], (_c(r), v)) for r in range(tile_w))))
-        if wide > cb:
-            copy = seq(copy, lanes_loop("v", wide - cb, lambda v: seq(*(
-                Store(stage, as_expr(0.0, dtype), (_c(r), v + cb)) for r in range(tile_w)))))
-        real = [t * tile_w + r < positions if overflow[r] else None for r in range(tile_w)]
-        stores = blocked_tile_stores(out, stage, epilogue, n, ob, rows, cols, real, block,
-                                     cout, blocks, out_blocks)
-        finish = seq(Allocate(stage), copy, *stores)
-        return seq(*head, *red, finish if seg is None else segment_end(acc, seg, finish))
-
-    if kblock is None:
-        return parallel_tiles((shape.n, blocks, tiles), body)
-    if cin % kblock.kc or kblock.kc % block:
-        raise IRError(f"NCHW{block}c pointwise kernel: {kblock.kc} channels per segment "
-                      f"must be whole blocks dividing the {cin} input channels")
-
-    def task(n: PrimExpr, ob: PrimExpr, b: PrimExpr) -> Stmt:
-        return segmented_band(kblock, cin, tiles, b, (tile_w, cb), dtype,
-                              lambda t, seg: body(n, ob, t, seg))
-
-    bands = -(-tiles // min(kblock.band, tiles))
-    return parallel_tiles((shape.n, blocks, bands), task)
 
 
 NCHWC = NchwcConv("nchwc", "conv2d_nchwc", ("conv2d_blocked",), 0)

@@ -7,12 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from kiln.ir.tensor import (
-    PrimExpr,
-    Stmt,
-    Var,
-    seq,
-)
+from kiln.ir.tensor import PrimExpr, Stmt, Var, seq
 from kiln.ops.kernels.tiles import const as _c
 from kiln.ops.kernels.tiles import loop as _loop
 

@@ -7,18 +7,10 @@ once for all the tile's rows; the channels' loop is left to the `parallelize` pa
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from kiln.ir.dtype import itemsize
-from kiln.ir.tensor import (
-    Allocate,
-    Buffer,
-    LetStmt,
-    PrimExpr,
-    Stmt,
-    Store,
-    Var,
-    seq,
-)
+from kiln.ir.tensor import Allocate, Buffer, LetStmt, PrimExpr, Stmt, Store, Var, seq
 from kiln.kernels.conv.padding import (
     PhaseReader,
     needs_padding,
@@ -66,6 +58,39 @@ WINDOW_PLANE_BYTES = 1 << 16
 Tap = Callable[[PrimExpr, PrimExpr, PrimExpr, PrimExpr, PrimExpr], PrimExpr]
 
 
+@dataclass(frozen=True)
+class WindowSchedule:
+    """The choices of a window kernel (`window_body`; the rule's: `window_schedule`):
+    tiles of `rows` output rows x `tile_w` columns, vectors of `lanes`; `local`: each
+    channel padded into a plane on the stack just before its tiles read it, rather than
+    into a workspace of every channel filled first."""
+
+    tile_w: int
+    lanes: int
+    rows: int
+    local: bool
+
+
+def window_schedule(shape: ConvShape, dtype: str, tile_w: int, lanes: int, registers: int,
+                    l2_bytes: int = 0) -> WindowSchedule:
+    """The rule's schedule of a window kernel with tiles `tile_w` columns wide: as many
+    rows as `depthwise_tile_rows` gives, and a padded stride-1 input larger than the L2
+    (`l2_bytes`, 0: never) padded channel by channel on the stack."""
+    sw = shape.stride[1]
+    plane = padded_plane_dims(shape, sw)
+    # Stride 1, a padded input larger than the L2 (`l2_bytes`, 0: never): each channel
+    # is padded into a stack plane just before its tiles read it, in cache, instead of a
+    # workspace of every channel filled first, a pass through memory of its own
+    # (144x56x56 3x3: 0.155 -> 0.139 ms on one Zen 5 core). Where the workspace fits
+    # the L2 (960x7x7: 0.038 -> 0.055 ms) and for a strided layer's phase-split copy
+    # (96x112x112 3x3/2: 0.36 -> 0.56 ms) the plane measured slower.
+    plane_bytes = plane[0] * plane[1] * plane[2] * itemsize(dtype)
+    local = sw == 1 and needs_padding(shape, sw) and plane_bytes <= WINDOW_PLANE_BYTES \
+        and shape.c_in * plane_bytes > l2_bytes > 0  # one image's (the batch may be symbolic)
+    return WindowSchedule(tile_w, lanes, depthwise_tile_rows(shape, tile_w, lanes, registers),
+                          local)
+
+
 def window_body(shape: ConvShape, x: Buffer, out: Buffer, tile_w: int, lanes: int,
                 registers: int, tap: Tap, init: PrimExpr, epilogue: Epilogue,
                 l2_bytes: int = 0) -> Stmt:
@@ -82,94 +107,116 @@ def window_body(shape: ConvShape, x: Buffer, out: Buffer, tile_w: int, lanes: in
     fixed costs (its initialisation, the epilogue's staging) are shared by its rows. The
     input rows are unrolled, the kw taps of each a loop: the code grows with the rows,
     not with rows x kw. `l2_bytes` (the ISA's L2; 0: never) decides where a padded
-    stride-1 input is padded: channel by channel on the stack past it."""
-    oh_n, ow_n = shape.out_h, shape.out_w
-    sh, sw = shape.stride
-    dh, dw = shape.dilation
-    acc_t = x.dtype  # accumulate in the input dtype (float32); the epilogue may cast
-    plane = padded_plane_dims(shape, sw)
-    # Stride 1, a padded input larger than the L2 (`l2_bytes`, 0: never): each channel
-    # is padded into a stack plane just before its tiles read it, in cache, instead of a
-    # workspace of every channel filled first, a pass through memory of its own
-    # (144x56x56 3x3: 0.155 -> 0.139 ms on one Zen 5 core). Where the workspace fits
-    # the L2 (960x7x7: 0.038 -> 0.055 ms) and for a strided layer's phase-split copy
-    # (96x112x112 3x3/2: 0.36 -> 0.56 ms) the plane measured slower.
-    plane_bytes = plane[0] * plane[1] * plane[2] * itemsize(x.dtype)
-    local = sw == 1 and needs_padding(shape, sw) and plane_bytes <= WINDOW_PLANE_BYTES \
-        and shape.c_in * plane_bytes > l2_bytes > 0  # one image's (the batch may be symbolic)
-    if local:
-        xplane = Buffer("xplane", plane, x.dtype, "local")
+    stride-1 input is padded: channel by channel on the stack past it
+    (`window_schedule`)."""
+    schedule = window_schedule(shape, x.dtype, tile_w, lanes, registers, l2_bytes)
+    sw = shape.stride[1]
+    if schedule.local:
+        xplane = Buffer("xplane", padded_plane_dims(shape, sw), x.dtype, "local")
         fill_plane = plane_fill(x, shape, sw, None, 0,
                                 lambda n, c, p, i, q: (_c(p), i, q), xplane)
-        prologue: list[Stmt] = []
-        xp: PhaseReader = lambda n, c, i, p, q: xplane[p, i, q]  # noqa: E731
-    else:
-        xp, prologue = padded_input(x, shape, phases=sw)
-    rows = depthwise_tile_rows(shape, tile_w, lanes, registers)
-    # input row offset i (from the tile's first row's first input row) feeds output row
-    # j of the tile through window row kh when i = j * sh + kh * dh
-    readers: dict[int, list[tuple[int, int]]] = {}
-    for j in range(rows):
-        for kh in range(shape.kh):
-            readers.setdefault(j * sh + kh * dh, []).append((j, kh))
+        window = _Window(shape, out, schedule, tap, init, epilogue,
+                         lambda n, c, i, p, q: xplane[p, i, q], x.dtype)
 
-    def tile(n: PrimExpr, c: PrimExpr, oh0: PrimExpr, height: int, ow0: PrimExpr,
-             width: int) -> Stmt:
-        acc = Buffer("acc", (height, width), acc_t, "local")
-        start = lanes_loop("r", width, lambda r: seq(*(
-            Store(acc, init, (_c(j), r)) for j in range(height))))
-        steps: list[Stmt] = []
-        for i, pairs in sorted(readers.items()):
-            uses = [(j, kh) for j, kh in pairs if j < height]
-            if not uses:
-                continue
+        def planes(n: PrimExpr, c: PrimExpr) -> Stmt:
+            return seq(Allocate(xplane), fill_plane(n, c), *_channel(window, n, c))
 
-            def column(kw: PrimExpr, i: int = i, uses: list[tuple[int, int]] = uses) -> Stmt:
-                # column (ow0 + r) * sw + kw * dw lies in phase (kw * dw) % sw at
-                # ow0 + r + (kw * dw) // sw: consecutive in r whatever the stride
-                phase, shift = ((kw * dw) % sw, (kw * dw) // sw) if sw > 1 else (_c(0), kw * dw)
+        return seq(_nest(("n", "c"), (shape.n, shape.c_in), planes))
+    xp, prologue = padded_input(x, shape, phases=sw)
+    window = _Window(shape, out, schedule, tap, init, epilogue, xp, x.dtype)
+    return seq(*prologue, _nest(("n", "c"), (shape.n, shape.c_in),
+                                lambda n, c: seq(*_channel(window, n, c))))
 
-                def step(r: PrimExpr) -> Stmt:
-                    xv = Var("xv", acc_t)
-                    return seq(LetStmt(xv, xp(n, c, oh0 * sh + i, phase, ow0 + r + shift)),
-                               *(Store(acc, tap(acc[_c(j), r], xv, c, _c(kh), kw), (_c(j), r))
-                                 for j, kh in uses))
 
-                return lanes_loop("r", width, step)
+@dataclass(frozen=True)
+class _Window:
+    """One window loop nest: what its tiles combine and store, and how they read the
+    padded input (`read`)."""
 
-            # the kw loop stays a loop: the tile's code grows with its rows, not rows x kw
-            steps.append(_loop("kw", shape.kw, column) if shape.kw > 1 else column(_c(0)))
+    shape: ConvShape
+    out: Buffer
+    schedule: WindowSchedule
+    tap: Tap
+    init: PrimExpr
+    epilogue: Epilogue
+    read: PhaseReader
+    acc_t: str  # accumulate in the input dtype (float32); the epilogue may cast
 
-        # The accumulators are copied to a stack array at constant rows (so they stay in
-        # registers), which one loop over the rows stores through the epilogue: one copy
-        # of the epilogue's code per tile shape, however many rows the tile has.
-        stage = Buffer("stage", (height, width), acc_t, "local")
-        copy = lanes_loop("r", width, lambda r: seq(*(
-            Store(stage, acc[_c(j), r], (_c(j), r)) for j in range(height))))
+    @property
+    def readers(self) -> dict[int, list[tuple[int, int]]]:
+        """Input row offset i (from the tile's first row's first input row) -> the
+        (output row j of the tile, window row kh) it feeds: i = j * sh + kh * dh."""
+        out: dict[int, list[tuple[int, int]]] = {}
+        for j in range(self.schedule.rows):
+            for kh in range(self.shape.kh):
+                out.setdefault(j * self.shape.stride[0] + kh * self.shape.dilation[0],
+                               []).append((j, kh))
+        return out
 
-        def store(j: PrimExpr) -> Stmt:
-            return lanes_loop("r", width, lambda r: Store(
-                out, epilogue(stage[j, r], (n, c, oh0 + j, ow0 + r)), (n, c, oh0 + j, ow0 + r)))
 
-        stores = _loop("j", height, store) if height > 1 else store(_c(0))
-        return seq(Allocate(acc), start, *steps, Allocate(stage), copy, stores)
+def _channel(window: _Window, n: PrimExpr, c: PrimExpr) -> list[Stmt]:
+    """The tiles of channel `c` of image `n`: rows of `rows` output rows, then the rest.
+    Every channel writes its own output plane: `parallelize` splits the loop nest at
+    its first loop with enough iterations (the channels, at batch 1)."""
+    rows, oh_n = window.schedule.rows, window.shape.out_h
 
-    def block(n: PrimExpr, c: PrimExpr, oh0: PrimExpr, height: int) -> Stmt:
-        return tiled_row(ow_n, tile_w, lanes,
-                         lambda ow0, width: tile(n, c, oh0, height, ow0, width))
+    def block(oh0: PrimExpr, height: int) -> Stmt:
+        return tiled_row(window.shape.out_w, window.schedule.tile_w, window.schedule.lanes,
+                         lambda ow0, width: _tile(window, n, c, oh0, height, ow0, width))
 
-    def channel(n: PrimExpr, c: PrimExpr) -> Stmt:
-        # Every channel writes its own output plane: `parallelize` splits this loop nest
-        # at its first loop with enough iterations (the channels, at batch 1).
-        full, rest = divmod(oh_n, rows)
-        parts: list[Stmt] = []
-        if full:
-            parts.append(_loop("ob", full, lambda ob: block(n, c, ob * rows, rows))
-                         if full > 1 else block(n, c, _c(0), rows))
-        if rest:
-            parts.append(block(n, c, _c(full * rows), rest))
-        if local:
-            return seq(Allocate(xplane), fill_plane(n, c), *parts)
-        return seq(*parts)
+    full, rest = divmod(oh_n, rows)
+    parts: list[Stmt] = []
+    if full:
+        parts.append(_loop("ob", full, lambda ob: block(ob * rows, rows))
+                     if full > 1 else block(_c(0), rows))
+    if rest:
+        parts.append(block(_c(full * rows), rest))
+    return parts
 
-    return seq(*prologue, _nest(("n", "c"), (shape.n, shape.c_in), channel))
+
+def _tile(window: _Window, n: PrimExpr, c: PrimExpr, oh0: PrimExpr, height: int,
+          ow0: PrimExpr, width: int) -> Stmt:
+    """The tile of `height` output rows from `oh0` x `width` columns from `ow0` of channel
+    `c` of image `n`: the input rows it reads walked once, then its stores."""
+    shape, acc_t, tap = window.shape, window.acc_t, window.tap
+    sh, sw = shape.stride
+    dw = shape.dilation[1]
+    acc = Buffer("acc", (height, width), acc_t, "local")
+    start = lanes_loop("r", width, lambda r: seq(*(
+        Store(acc, window.init, (_c(j), r)) for j in range(height))))
+    steps: list[Stmt] = []
+    for i, pairs in sorted(window.readers.items()):
+        uses = [(j, kh) for j, kh in pairs if j < height]
+        if not uses:
+            continue
+
+        def column(kw: PrimExpr, i: int = i, uses: list[tuple[int, int]] = uses) -> Stmt:
+            # column (ow0 + r) * sw + kw * dw lies in phase (kw * dw) % sw at
+            # ow0 + r + (kw * dw) // sw: consecutive in r whatever the stride
+            phase, shift = ((kw * dw) % sw, (kw * dw) // sw) if sw > 1 else (_c(0), kw * dw)
+
+            def step(r: PrimExpr) -> Stmt:
+                xv = Var("xv", acc_t)
+                return seq(LetStmt(xv, window.read(n, c, oh0 * sh + i, phase, ow0 + r + shift)),
+                           *(Store(acc, tap(acc[_c(j), r], xv, c, _c(kh), kw), (_c(j), r))
+                             for j, kh in uses))
+
+            return lanes_loop("r", width, step)
+
+        # the kw loop stays a loop: the tile's code grows with its rows, not rows x kw
+        steps.append(_loop("kw", shape.kw, column) if shape.kw > 1 else column(_c(0)))
+
+    # The accumulators are copied to a stack array at constant rows (so they stay in
+    # registers), which one loop over the rows stores through the epilogue: one copy
+    # of the epilogue's code per tile shape, however many rows the tile has.
+    stage = Buffer("stage", (height, width), acc_t, "local")
+    copy = lanes_loop("r", width, lambda r: seq(*(
+        Store(stage, acc[_c(j), r], (_c(j), r)) for j in range(height))))
+
+    def store(j: PrimExpr) -> Stmt:
+        return lanes_loop("r", width, lambda r: Store(
+            window.out, window.epilogue(stage[j, r], (n, c, oh0 + j, ow0 + r)),
+            (n, c, oh0 + j, ow0 + r)))
+
+    stores = _loop("j", height, store) if height > 1 else store(_c(0))
+    return seq(Allocate(acc), start, *steps, Allocate(stage), copy, stores)

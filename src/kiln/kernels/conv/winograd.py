@@ -207,125 +207,203 @@ def skewed_rows(rows: int, width: int, itemsize: int = 4) -> int:
     return rows
 
 
+@dataclass(frozen=True)
+class WinogradSchedule:
+    """The choices of a Winograd kernel (`winograd_body`): F(`m` x `m`, 3 x 3), and the
+    GEMM micro-kernel's `mr` x `nr` register tile of its products (the rule's:
+    `gemm_tile`)."""
+
+    m: int
+    mr: int
+    nr: int
+
+
 def winograd_body(shape: ConvShape, x: Buffer, u: Buffer, out: Buffer,
-                  tile: tuple[int, int, int], epilogue: Epilogue, fused: bool, *, isa: ISA) -> Stmt:
+                  schedule: WinogradSchedule, epilogue: Epilogue, fused: bool, *,
+                  isa: ISA) -> Stmt:
     """The loop nest of a convolution by F(m x m, 3 x 3) (module docstring): `x` NCHW,
     `u` the transformed weight `[a*a][O][C]`, `out` NCHW, `epilogue` over its 4-D
     index. Both transforms are vector code over the tiles of a tile row: the padded
     input is stored split by column phase (`[c][row][col % m][col // m]`), so a tile
     row's column `j` of every tile is one contiguous vector."""
-    m, mr, nr = tile
-    bt, _, at = matrices(m)
+    m, nr = schedule.m, schedule.nr
     a = m + 2
-    c_in, c_out = shape.c_in, shape.c_out
     th, tw = tiles(shape, m)
-    t_all = th * tw
-    panels = -(-t_all // nr)
-    hp, qn = th * m + 2, tw + 1  # padded rows; columns per phase (a window spans 2 tiles)
-    top, left = shape.pads[0], shape.pads[1]
+    panels = -(-(th * tw) // nr)
     dt = x.dtype
-    zero = as_expr(0.0, dt)
-    xq = Buffer("wino_in", (c_in, hp, m, qn), dt)
+    xq = Buffer("wino_in", (shape.c_in, th * m + 2, m, tw + 1), dt)
     # rows of whole panels (every GEMM tile stores whole vectors); the transforms touch
     # all a*a positions at once, so positions are skewed apart (`skewed_rows`)
-    v = Buffer("wino_v", (a * a, skewed_rows(c_in, panels * nr), panels * nr), dt)
-    mm = Buffer("wino_m", (a * a, skewed_rows(c_out, panels * nr), panels * nr), dt)
+    v = Buffer("wino_v", (a * a, skewed_rows(shape.c_in, panels * nr), panels * nr), dt)
+    mm = Buffer("wino_m", (a * a, skewed_rows(shape.c_out, panels * nr), panels * nr), dt)
+    nest = _Winograd(shape, x, u, out, schedule, epilogue, fused, isa, xq, v, mm)
 
     def image(n: PrimExpr) -> Stmt:
-        # 1. the zero-padded input by column phase: xq[c, r, ph, q] = x[r - top, q*m + ph - left]
-        def pad_rows(c: PrimExpr) -> Stmt:
-            def zeros(r: PrimExpr, ph: int, start: int, stop: int) -> list[Stmt]:
-                return [loop("q", stop - start, lambda q: Store(xq, zero, (c, r, const(ph), q)),
-                             start=start)] if stop > start else []
-
-            def copy(r: Var) -> Stmt:
-                parts: list[Stmt] = []
-                for ph in range(m):
-                    # the q whose column q*m + ph - left lies in the image
-                    lo = max(0, -(-(left - ph) // m))
-                    hi = min(qn, (shape.w - 1 + left - ph) // m + 1)
-
-                    def put(q: Var, ph: int = ph) -> Stmt:
-                        return Store(xq, x[n, c, r - top, q * m + (ph - left)],
-                                     (c, r, const(ph), q))
-
-                    parts += [*zeros(r, ph, 0, lo), loop("q", hi - lo, put, start=lo),
-                              *zeros(r, ph, hi, qn)]
-                return seq(*parts)
-
-            def fill(r: Var) -> Stmt:
-                return seq(*(z for ph in range(m) for z in zeros(r, ph, 0, qn)))
-
-            parts = [loop("r", top, fill)] if top else []
-            parts.append(loop("r", shape.h, copy, start=top))
-            if hp > top + shape.h:
-                parts.append(loop("r", hp - top - shape.h, fill, start=top + shape.h))
-            return seq(*parts)
-
-        pad = parallel_when(lambda: parallel_tiles((c_in,), pad_rows), c_in * hp * m * qn,
-                            "element", isa=isa)
-
-        # 2. the input transform, per channel and tile row (vectors across its tiles)
-        def transform_in(c: PrimExpr, ty: PrimExpr) -> Stmt:
-            half = Buffer("wino_vh", (a, a, tw), dt, "local")
-            return seq(Allocate(half), transform_2d(
-                bt, lambda k, j, tx: xq[c, ty * m + k, j % m, tx + j // m],
-                lambda i, j, value, tx: Store(v, value, (i * a + j, c, ty * tw + tx)),
-                half, lambda body: lanes_loop("tx", tw, body), "v"))
-
-        transform = parallel_when(lambda: parallel_tiles((c_in, th), transform_in),
-                                  c_in * t_all * a * a * 4, "element", isa=isa)
-        parts = [pad, transform]
-        if panels * nr > t_all:  # the last panel's surplus columns are zero
-            def clear(p: PrimExpr, c: PrimExpr) -> Stmt:
-                return loop("t", panels * nr - t_all, lambda t: Store(v, zero, (p, c, t)),
-                            start=t_all)
-
-            parts.append(parallel_when(lambda: parallel_tiles((a * a, c_in), clear),
-                                       a * a * c_in * (panels * nr - t_all), "element", isa=isa))
-
-        # 3. the a*a products M[p] = U[p] @ V[p]
-        def b_at(bidx: tuple[PrimExpr, ...], panel: PrimExpr, kk: PrimExpr,
-                 lane: PrimExpr) -> PrimExpr:
-            return v[bidx[0], kk, panel * nr + lane]
-
-        product = gk.GemmShape((a * a,), (a * a,), (c_out,), panels * nr, c_in)
-        parts.append(gk.gemm_body(product, gk.GemmTiling(mr, nr), u, b_at, mm,
-                                  lambda value, idx: value, fused, isa=isa))
-
-        # 4. the output transform, per output channel and tile row (vectors across its
-        # tiles), interleaved into output rows, stored through the epilogue
-        def transform_out(oc: PrimExpr, ty: PrimExpr) -> Stmt:
-            ys = Buffer("wino_y", (m, m, tw), dt, "local")
-            row = Buffer("wino_row", (m, tw * m), dt, "local")
-
-            half = Buffer("wino_yh", (m, a, tw), dt, "local")
-            transform = transform_2d(
-                at, lambda k, j, tx: mm[k * a + j, oc, ty * tw + tx],
-                lambda i, j, value, tx: Store(ys, value, (i, const(j), tx)),
-                half, lambda body: lanes_loop("tx", tw, body), "y")
-            interleave = loop("i", m, lambda i: loop("j", m, lambda j: loop(
-                "tx", tw, lambda tx: Store(row, ys[i, j, tx], (i, tx * m + j)))))
-
-            def put(i: Var) -> Stmt:
-                oh = ty * m + i
-                return lanes_loop("w", shape.out_w, lambda w: Store(
-                    out, epilogue(row[i, w], (n, oc, oh, w)), (n, oc, oh, w)))
-
-            i = Var("i", INDEX_DTYPE)
-            rows: PrimExpr = (const(m) if shape.out_h % m == 0
-                              else min_(m, shape.out_h - ty * m))
-            return seq(Allocate(ys), Allocate(row), Allocate(half), transform, interleave,
-                       For(i, const(0), rows, "serial", put(i)))
-
-        parts.append(parallel_when(lambda: parallel_tiles((c_out, th), transform_out),
-                                   c_out * t_all * a * a * 4, "element", isa=isa))
-        return seq(*parts)
+        return seq(_padded_input(nest, n), *_input_transform(nest), _products(nest),
+                   _output_transform(nest, n))
 
     nv = Var("n", INDEX_DTYPE)
     batch = (image(const(0)) if isinstance(shape.n, int) and shape.n == 1
              else For(nv, const(0), as_expr(shape.n, INDEX_DTYPE), "serial", image(nv)))
     return seq(Allocate(xq), Allocate(v), Allocate(mm), batch)
+
+
+@dataclass(frozen=True)
+class _Winograd:
+    """One Winograd loop nest: the call's buffers, its schedule, and the workspaces its
+    steps share: the padded input by column phase `xq`, the transformed input `v` and
+    the products `mm`."""
+
+    shape: ConvShape
+    x: Buffer
+    u: Buffer
+    out: Buffer
+    schedule: WinogradSchedule
+    epilogue: Epilogue
+    fused: bool
+    isa: ISA
+    xq: Buffer
+    v: Buffer
+    mm: Buffer
+
+    @property
+    def a(self) -> int:
+        """The input tile's size."""
+        return self.schedule.m + 2
+
+    @property
+    def tiles(self) -> tuple[int, int]:
+        """Output tiles down and across."""
+        return tiles(self.shape, self.schedule.m)
+
+    @property
+    def t_all(self) -> int:
+        return self.tiles[0] * self.tiles[1]
+
+    @property
+    def panels(self) -> int:
+        return -(-self.t_all // self.schedule.nr)
+
+
+def _padded_input(nest: _Winograd, n: PrimExpr) -> Stmt:
+    """Step 1, per input channel: the zero-padded input by column phase,
+    `xq[c, r, ph, q] = x[r - top, q*m + ph - left]`."""
+    shape, xq, m = nest.shape, nest.xq, nest.schedule.m
+    c_in, hp, _, qn = (int(d) for d in xq.shape)  # padded rows; columns per phase
+    top, left = shape.pads[0], shape.pads[1]
+    zero = as_expr(0.0, nest.x.dtype)
+
+    def pad_rows(c: PrimExpr) -> Stmt:
+        def zeros(r: PrimExpr, ph: int, start: int, stop: int) -> list[Stmt]:
+            return [loop("q", stop - start, lambda q: Store(xq, zero, (c, r, const(ph), q)),
+                         start=start)] if stop > start else []
+
+        def copy(r: Var) -> Stmt:
+            parts: list[Stmt] = []
+            for ph in range(m):
+                # the q whose column q*m + ph - left lies in the image
+                lo = max(0, -(-(left - ph) // m))
+                hi = min(qn, (shape.w - 1 + left - ph) // m + 1)
+
+                def put(q: Var, ph: int = ph) -> Stmt:
+                    return Store(xq, nest.x[n, c, r - top, q * m + (ph - left)],
+                                 (c, r, const(ph), q))
+
+                parts += [*zeros(r, ph, 0, lo), loop("q", hi - lo, put, start=lo),
+                          *zeros(r, ph, hi, qn)]
+            return seq(*parts)
+
+        def fill(r: Var) -> Stmt:
+            return seq(*(z for ph in range(m) for z in zeros(r, ph, 0, qn)))
+
+        parts = [loop("r", top, fill)] if top else []
+        parts.append(loop("r", shape.h, copy, start=top))
+        if hp > top + shape.h:
+            parts.append(loop("r", hp - top - shape.h, fill, start=top + shape.h))
+        return seq(*parts)
+
+    return parallel_when(lambda: parallel_tiles((c_in,), pad_rows), c_in * hp * m * qn,
+                         "element", isa=nest.isa)
+
+
+def _input_transform(nest: _Winograd) -> list[Stmt]:
+    """Step 2, per channel and tile row (vectors across its tiles): `V[p][c][t] =
+    (B^T d B)[p]`; the last panel's surplus columns zero."""
+    m, nr, a, v, xq = nest.schedule.m, nest.schedule.nr, nest.a, nest.v, nest.xq
+    bt, _, _ = matrices(m)
+    c_in, dt = nest.shape.c_in, nest.x.dtype
+    th, tw = nest.tiles
+    t_all, panels = nest.t_all, nest.panels
+
+    def transform_in(c: PrimExpr, ty: PrimExpr) -> Stmt:
+        half = Buffer("wino_vh", (a, a, tw), dt, "local")
+        return seq(Allocate(half), transform_2d(
+            bt, lambda k, j, tx: xq[c, ty * m + k, j % m, tx + j // m],
+            lambda i, j, value, tx: Store(v, value, (i * a + j, c, ty * tw + tx)),
+            half, lambda body: lanes_loop("tx", tw, body), "v"))
+
+    parts = [parallel_when(lambda: parallel_tiles((c_in, th), transform_in),
+                           c_in * t_all * a * a * 4, "element", isa=nest.isa)]
+    if panels * nr > t_all:  # the last panel's surplus columns are zero
+        zero = as_expr(0.0, dt)
+
+        def clear(p: PrimExpr, c: PrimExpr) -> Stmt:
+            return loop("t", panels * nr - t_all, lambda t: Store(v, zero, (p, c, t)),
+                        start=t_all)
+
+        parts.append(parallel_when(lambda: parallel_tiles((a * a, c_in), clear),
+                                   a * a * c_in * (panels * nr - t_all), "element",
+                                   isa=nest.isa))
+    return parts
+
+
+def _products(nest: _Winograd) -> Stmt:
+    """Step 3: the a*a products `M[p] = U[p] @ V[p]` on the GEMM micro-kernel."""
+    a, nr, v = nest.a, nest.schedule.nr, nest.v
+
+    def b_at(bidx: tuple[PrimExpr, ...], panel: PrimExpr, kk: PrimExpr,
+             lane: PrimExpr) -> PrimExpr:
+        return v[bidx[0], kk, panel * nr + lane]
+
+    product = gk.GemmShape((a * a,), (a * a,), (nest.shape.c_out,), nest.panels * nr,
+                           nest.shape.c_in)
+    return gk.gemm_body(product, gk.GemmTiling(nest.schedule.mr, nr), nest.u, b_at, nest.mm,
+                        lambda value, idx: value, nest.fused, isa=nest.isa)
+
+
+def _output_transform(nest: _Winograd, n: PrimExpr) -> Stmt:
+    """Step 4, per output channel and tile row (vectors across its tiles): `Y = A^T M
+    A`, interleaved into output rows on the stack, stored through the epilogue."""
+    shape, m, a, mm = nest.shape, nest.schedule.m, nest.a, nest.mm
+    _, _, at = matrices(m)
+    c_out, dt = shape.c_out, nest.x.dtype
+    th, tw = nest.tiles
+
+    def transform_out(oc: PrimExpr, ty: PrimExpr) -> Stmt:
+        ys = Buffer("wino_y", (m, m, tw), dt, "local")
+        row = Buffer("wino_row", (m, tw * m), dt, "local")
+
+        half = Buffer("wino_yh", (m, a, tw), dt, "local")
+        transform = transform_2d(
+            at, lambda k, j, tx: mm[k * a + j, oc, ty * tw + tx],
+            lambda i, j, value, tx: Store(ys, value, (i, const(j), tx)),
+            half, lambda body: lanes_loop("tx", tw, body), "y")
+        interleave = loop("i", m, lambda i: loop("j", m, lambda j: loop(
+            "tx", tw, lambda tx: Store(row, ys[i, j, tx], (i, tx * m + j)))))
+
+        def put(i: Var) -> Stmt:
+            oh = ty * m + i
+            return lanes_loop("w", shape.out_w, lambda w: Store(
+                nest.out, nest.epilogue(row[i, w], (n, oc, oh, w)), (n, oc, oh, w)))
+
+        i = Var("i", INDEX_DTYPE)
+        rows: PrimExpr = (const(m) if shape.out_h % m == 0
+                          else min_(m, shape.out_h - ty * m))
+        return seq(Allocate(ys), Allocate(row), Allocate(half), transform, interleave,
+                   For(i, const(0), rows, "serial", put(i)))
+
+    return parallel_when(lambda: parallel_tiles((c_out, th), transform_out),
+                         c_out * nest.t_all * a * a * 4, "element", isa=nest.isa)
 
 
 #: The fewest input and output channels the rule takes a convolution to Winograd with
@@ -427,7 +505,8 @@ class WinogradConv(Family):
         if store is None:  # an epilogue needing statements (a reduction, a table)
             return None
         stmt = winograd_body(shape, store.buffers[x], store.buffers[u], store.out,
-                             (tile[0], tile[1], tile[2]), store.epilogue, isa.fma, isa=isa)
+                             WinogradSchedule(tile[0], tile[1], tile[2]), store.epilogue,
+                             isa.fma, isa=isa)
         return PrimFunc((*(store.buffers[t] for t in params), store.out), stmt,
                         {ATTR_CONV_KERNEL: self.op})
 
