@@ -43,8 +43,8 @@ def banded_rows(shape: ConvShape, x: Buffer, blocks: int, per_row: int,
     own (`band_copy`) and then running its tiles (`run(n, block, row, tile, reader)`). A
     padded copy of the whole input made before the tile loop is written by one thread and
     read by all: every call then moves it between the cores' caches, which cost more than
-    the second thread saved (a 32x32x32 3x3 layer: 192 us on one thread, 221 on two; with
-    bands the copy a thread reads is its own). The rows around a band are copied twice."""
+    the second thread saved; with bands the copy a thread reads is its own. The rows
+    around a band are copied twice."""
     sh, dh = shape.stride[0], shape.dilation[0]
     bands = min(ROW_BANDS, shape.out_h)
     band = -(-shape.out_h // bands)  # the tallest band's rows
@@ -96,8 +96,7 @@ def band_copy(shape: ConvShape, x: Buffer, n: PrimExpr, row0: PrimExpr, rows_in:
                                  (c, _c(p), r, q + lo))
 
                 # One phase (stride 1) reads the row's columns consecutively: a vector
-                # loop (a serial one was left as scalar copies, 7% of a 32x32x32 3x3
-                # layer's time on Zen 4).
+                # loop (a serial one was left as scalar copies).
                 cols = (lanes_loop("q", hi - lo + 1, put) if sw == 1
                         else _loop("q", hi - lo + 1, put))
                 copy = seq(*zeros(r, 0, lo), cols, *zeros(r, hi + 1, wq))
@@ -121,8 +120,7 @@ def banded_tiles(shape: ConvShape, x: Buffer, tiles: int, tile_w: int, blocks: i
     input rows its tiles read into a buffer of its own (`band_copy`) and then running
     `run(n, channel block, tile, reader)` for every channel block and tile of the band.
     A padded copy of the whole input made before the tiles, split over the threads by
-    channel, was read by every thread's tiles: on two threads a 3x3 64>64 @56 layer
-    spent a fifth of its time moving it between the cores (Zen 4)."""
+    channel, is read by every thread's tiles: it moves between the cores' caches."""
     per = -(-tiles // min(ROW_BANDS, tiles))  # tiles per band
     bands = -(-tiles // per)
     positions = shape.out_h * shape.out_w

@@ -90,8 +90,8 @@ def choose_tiling(shape: ConvShape, lanes: int, registers: int = 16) -> Tiling:
     tile's surplus slots (a small image: 7x7 computes 54 for 49), the width of
     `TILE_POSITION_CHOICES` (whole image when it has fewer positions) that fits
     `registers` and computes the fewest positions is taken, 6 first on ties, then
-    the widest: 7 on a 7x7 image at 16 lanes (ResNet's last stage, 1.1x faster on
-    Zen 5, docs/performance.md), 5 at 8 lanes, where 7 does not fit."""
+    the widest: 7 on a 7x7 image at 16 lanes (docs/performance.md), 5 at 8 lanes, where
+    7 does not fit."""
     cb = lanes if shape.co_group <= lanes else 2 * lanes
     vectors = cb // lanes
     positions = shape.out_h * shape.out_w
@@ -516,10 +516,8 @@ def _flat_stores(nest: _Nest, stage: Buffer, at: tuple[PrimExpr, ...],
 
 
 #: The padded image size from which the NCHW blocked kernel pads per band of tiles
-#: (`banded_tiles`): 3x3 layers reading 0.86 MB (64 channels at 56x56, stride 1 and 2)
-#: ran 7-20% faster on two threads, those reading 0.46 MB or less (128 at 28x28, 256 at
-#: 14x14) the same, and at 7x7 (one tile per band: each band streams every channel
-#: block's weights again) 4% slower on one thread (Zen 4).
+#: (`banded_tiles`): below it the whole padded input is shared cheaply, and on a small
+#: image (one tile per band) each band would stream every channel block's weights again.
 BANDED_TILES_BYTES = 512 * 1024
 
 

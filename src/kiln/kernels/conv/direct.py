@@ -54,9 +54,7 @@ def blocked_body(isa: ISA, segment: int | None = None, unroll: int | None = None
 #: block's weights are read by few tiles, so fetching them is a large share of its
 #: time), for packed weights of at least `PREFETCH_WEIGHT_L2_SHARE` of the L2 (in a
 #: model, such a layer's weights come from memory on every call), on a CPU with an L2.
-#: One Zen 4 core, kiln/onnxruntime: eight ResNet-50 1x1 pairs at 7x7 (64 MB of weights)
-#: 1.09-1.11 -> 0.98-0.99, the two layers alone 1.00 either way; 3x3 layers at 7x7 and
-#: 14x14 2-4% faster, at 28x28 the same, at 56x56 1% slower (not prefetched).
+#: Larger images read each block's weights from many tiles: not prefetched.
 PREFETCH_MAX_POSITIONS = 256
 PREFETCH_WEIGHT_L2_SHARE = 0.25
 
@@ -64,12 +62,9 @@ PREFETCH_WEIGHT_L2_SHARE = 0.25
 def subsamples_input(shape: ConvShape, isa: ISA) -> bool:
     """Whether the blocked kernel runs an unpadded strided 1x1 layer on a copy of the
     input values it reads (subsampled_input; subsamples names the layers): on
-    256-bit vectors (Zen 3) always, on others where one image's input is at least the L2 (read
+    256-bit vectors always, on others where one image's input is at least the L2 (read
     in place, a stride-2 layer brings in every cache line of it for a quarter of the
-    values). A strided 1x1 layer on one core, ms strided -> subsampled (onnxruntime):
-    Zen 3 512>1024 @28 4.07 -> 3.22 (3.14), 1024>2048 @14 4.51 -> 3.27 (3.58); Zen 4
-    (1 MiB L2) 512>1024 @28 (1.6 MB of input) 2.06-2.10 -> 1.91-1.97 (1.89-1.96),
-    1024>2048 @14 (0.8 MB) 1.90-1.92 -> 1.92-1.93 (2.03-2.17), left in place."""
+    values); an input within the L2 is read in place as fast."""
     # one image's input: the batch may be symbolic, and the tiles run image by image
     return (isa.vector_bits in ZEN3_VECTOR_BITS
             or shape.c_in * shape.h * shape.w * 4 >= isa.l2_bytes > 0)
@@ -100,10 +95,9 @@ def segment_blocking(tiling: Tiling, isa: ISA, channels: int) -> ConvKBlocking |
                          max(1, int(PARTIAL_SUMS_L2_SHARE * isa.l2_bytes) // tile_bytes))
 
 
-#: Input channels per segment of K-blocked sums: 32 ran faster than 16 (3x3 512>512 @28:
-#: 80 against 90 GFLOP/s) and than 64 or 128 on the 7x7 1x1 layers (2048>512: 68 against
-#: 60 and 54) on one Zen 3 core; a group whose channels 32 does not divide takes the
-#: largest divisor from `MIN_SEGMENT_CHANNELS` on, or stays unblocked.
+#: Input channels per segment of K-blocked sums: 32 (fewer per segment re-read the
+#: partial sums more often, more outgrow the L1); a group whose channels 32 does not
+#: divide takes the largest divisor from `MIN_SEGMENT_CHANNELS` on, or stays unblocked.
 SEGMENT_CHANNELS = 32
 MIN_SEGMENT_CHANNELS = 8
 #: Where the blocked kernel's sums are K-blocked: a channel block's weights at least
@@ -112,11 +106,11 @@ MIN_SEGMENT_CHANNELS = 8
 #: tiles wrap rows, and each reads every channel's plane) with weights past the L1.
 KBLOCK_WEIGHT_L2_SHARE = 0.25
 SMALL_IMAGE_POSITIONS = 64
-#: The vector widths the K-blocking rule was measured on: 256 bits (Zen 3, below) and 512
-#: (Zen 4, docs/performance.md "K-blocked sums on AVX-512"), where it blocks a layer whose
+#: The vector widths the K-blocking rule is for: 256 bits (below) and 512
+#: (docs/performance.md, "K-blocked sums on AVX-512"), where it blocks a layer whose
 #: weights pass `KBLOCK_WEIGHT_L2_SHARE` of the L2 and whose padded input passes
 #: `KBLOCK_INPUT_L2_SHARE` (VGG-19's 3x3 layers of 512 channels at 28x28 and 14x14), not
-#: by the small-image criterion (a 7x7 image's layers: no faster blocked).
+#: by the small-image criterion (a 7x7 image's layers gain nothing blocked).
 K_BLOCKING_BITS = (256, 512)
 KBLOCK_INPUT_L2_SHARE = 0.5
 #: The most partial sums (bytes) a K-blocked task keeps: a quarter of the L2.
@@ -132,12 +126,10 @@ def choose_k_blocking(shape: ConvShape, tiling: Tiling, isa: ISA
     parallel task sweeps the image tile by tile with one block of `cb` output channels:
     its weights (`ci * kh * kw * cb` values) and the input rows the tiles read are
     re-read for every tile. Where they outgrow the caches (512-channel 3x3 layers:
-    295 KB of weights per block, with the input rows beyond Zen 3's 512 KB L2) the
-    kernel ran at 50-60% of peak. K-blocked, a task sums `SEGMENT_CHANNELS` channels
-    over all its tiles at a time (a segment's weights, 18 KB for a 3x3 layer, stay in
-    L1), keeping the tiles' partial sums in a buffer of its own; one Zen 3 core, GFLOP/s
-    unblocked -> blocked (onnxruntime): 3x3 512>512 @28 62 -> 90 (94), 3x3/2 512>512
-    @14 48 -> 65 (66), 1x1 2048>512 @7 40 -> 68 (67), 1x1 512>2048 @7 52 -> 67 (72)."""
+    295 KB of weights per block, with the input rows beyond the L2) the tiles wait on
+    memory. K-blocked, a task sums `SEGMENT_CHANNELS` channels over all its tiles at a
+    time (a segment's weights, 18 KB for a 3x3 layer, stay in L1), keeping the tiles'
+    partial sums in a buffer of its own."""
     if isa.vector_bits not in K_BLOCKING_BITS:
         return None
     cig = shape.ci_group
@@ -172,11 +164,8 @@ def band_tiles(shape: ConvShape, tiling: Tiling, isa: ISA) -> int:
     block of output channels, it came from L3 each time, a tile's reads spread over
     `ci * kh` rows of as many planes (more streams than the prefetchers follow). In
     bands of output rows whose input rows fill half the L2, the input is read from L3
-    once and each block's weights (a contiguous run) once per band. One Zen 3 core, ms
-    in the rule's order -> banded (onnxruntime's session): 3x3/2 128>128 @56 2.84-2.88
-    -> 2.65-2.72 (2.56-2.59), 64>128 @56 1.43-1.44 -> 1.32-1.33 (1.29-1.31); 256>256
-    @28 (0.9 MB) 2.589 -> 2.586 and the stride-1 3x3 64>64 @56 2.59 -> 2.60-2.62
-    (unchanged: left in the rule's order). Measured on 256-bit vectors only
+    once and each block's weights (a contiguous run) once per band. Stride-1 layers and
+    inputs within the L2 gain nothing: left in the rule's order. On 256-bit vectors
     (ZEN3_VECTOR_BITS); ungrouped layers with more than one block of output channels
     (not the subsampled strided 1x1 ones, which run at stride 1)."""
     if isa.vector_bits not in ZEN3_VECTOR_BITS or shape.stride == (1, 1) \

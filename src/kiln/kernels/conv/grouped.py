@@ -7,17 +7,15 @@ broadcast) x `nr` consecutive positions (whole vectors, contiguous in the NCHW o
 
 ShuffleNet's pointwise layers are such convolutions (3 groups of 20-160 channels).
 The blocked kernel, vectors along output channels, stores each output one lane at a
-time into the NCHW planes; here every store is a vector along an output row (60->240
-channels, 3 groups, 28x28: 0.18 -> 0.10 ms on one Zen 5 core, loaded).
+time into the NCHW planes; here every store is a vector along an output row.
 
 `X` is the input itself, viewed as `[n][group][ci][h*w]`, for a stride-1 layer
 without padding: where the positions fill no whole last panel, that panel is the last
 `nr` positions (gemm_body's `shifted_tail`). A strided or padded layer's input is
 first copied once per call into a workspace whose rows are padded to whole panels
 (kiln.kernels.conv.gemm.im2col). Over a symbolic image size any grouped layer that
-is not depthwise, any kernel size, is copied so and run here. (The copy was serial and
-took a third of ShuffleNet's 480>120 layer at 14x14: 97 -> 44 us on two Zen 4 threads
-read in place, AVX2.)
+is not depthwise, any kernel size, is copied so and run here. (The copy is serial:
+a layer that can be read in place is.)
 """
 
 from __future__ import annotations
@@ -43,8 +41,7 @@ from kiln.target.isa import ISA
 
 # The share of a tile's lanes that must hold real output positions (the last panel's
 # surplus lanes are thrown away). Lower than the ungrouped GEMM's: the blocked kernel
-# left for the others stores a grouped layer's NCHW output one lane at a time (14x14
-# layers, 94% used, measured faster here; 7x7 ones, 77%, level).
+# left for the others stores a grouped layer's NCHW output one lane at a time.
 MIN_GROUP_LANE_USE = 0.9
 
 
@@ -66,19 +63,16 @@ def group_product(shape: ConvShape) -> tuple[int, int]:
 
 #: Where no width divides the positions (the last panel overlaps the one before), the
 #: share of computed positions the GEMM rule's width may waste before a narrower one is
-#: taken: on AVX2 14x14 layers keep 2 vectors (208 of 196 positions; 6 x 8 left 6 of 16
-#: registers busy: ShuffleNet 1.08x faster on one Zen 3 core), on AVX-512 1 (2 would
-#: compute 224).
+#: taken: on AVX2 14x14 layers keep 2 vectors (208 of 196 positions; 6 x 8 leaves 6 of
+#: 16 registers busy), on AVX-512 1 (2 would compute 224).
 MAX_COPY_WASTE = 0.1
 
 
 def choose_tile(shape: ConvShape, isa: ISA) -> tuple[int, int]:
     """The GEMM tile of one group's `co` x `oh * ow` product (kiln.ops.gemm_kernels),
     its width narrowed to whole vectors that divide the positions where some do (no
-    overlapping last panel: 28x28, 8 x 16 instead of 8 x 32, 0.16 -> 0.09 ms for 60->240
-    channels in 3 groups, one Zen 5 core, loaded, when the overlap was a copy), else kept where
-    it wastes at most `MAX_COPY_WASTE`, else narrowed to the one that wastes the
-    fewest lanes."""
+    overlapping last panel: 28x28, 8 x 16 instead of 8 x 32), else kept where it wastes
+    at most `MAX_COPY_WASTE`, else narrowed to the one that wastes the fewest lanes."""
     lanes = tile_lanes(isa)
     rows, positions = group_product(shape)
     if shape.symbolic_image:  # the GEMM rule's tile for a typical image

@@ -41,7 +41,7 @@ def pointwise_tile(channels: int, positions: int, isa: ISA, half: bool = False
                    ) -> tuple[int, int] | None:
     """`(cb, tile_w)` of a 1x1 NCHWc layer with `channels` outputs and `positions`
     output positions, or None (keep the blocked rule's: fewer than 32 registers or 16
-    lanes, where it was not measured). `cb`:
+    lanes). `cb`:
     the vectors (4 to 1) that compute the fewest padded channels, the most on ties
     (96 channels at 16 lanes: 3 vectors, 2 tiles; 576: 4); with `half` (a layer on
     `pointwise_body`) a tile of all the channels whose last vector they fill at most
@@ -51,7 +51,7 @@ def pointwise_tile(channels: int, positions: int, isa: ISA, half: bool = False
     4 vectors, one broadcast per position (`pointwise_fits`), fewer where that wastes
     less than 2% of the last tile (as the blocked rule does)."""
     if tile_registers(isa) < 32 or tile_lanes(isa) < 16:
-        return None  # measured on AVX-512 only
+        return None  # the tiles are AVX-512's
     lanes = tile_lanes(isa)
     vecs = -(-channels // lanes)
     v = min(range(min(POINTWISE_VECTORS, vecs), 0, -1), key=lambda v: -(-vecs // v) * v)
@@ -79,10 +79,7 @@ def wide_tile(channels: int, positions: int, isa: ISA) -> tuple[int, int] | None
     the channels fill whole tiles of 4 vectors and the image has at least
     WIDE_TILE_POSITIONS positions. Each tile of channels sweeps the whole input, which at
     that size comes from L3 (128 channels at 112x112 are 6.4 MB); twice the channels per
-    tile halves the sweeps. One Zen 4 core, a chain of three 3x3 layers, ms per layer:
-    128>128 @112 33.7-34.8 -> 33.0 (4 or 6 positions alike), 64>64 @224 34.0-34.2 ->
-    33.8 (6 positions: 34.0); at 56x56 and below no faster (256>256 @56 32.4 -> 32.8 with
-    4 positions, 32.5 with 6; 512>512 @28 and @14 within 1%)."""
+    tile halves the sweeps. A smaller image's input stays in the caches: no gain."""
     lanes = tile_lanes(isa)
     cb = POINTWISE_VECTORS * lanes
     if tile_registers(isa) < 32 or lanes < 16 or channels % cb \
@@ -94,23 +91,17 @@ def wide_tile(channels: int, positions: int, isa: ISA) -> tuple[int, int] | None
 def half_vector(channels: int, lanes: int) -> bool:
     """Whether a 1x1 tile of all `channels` ends in half a vector of `lanes` (they fill
     at most half of their last vector). Its last multiply-adds are then half as wide:
-    a 512-bit one takes both of Zen 4's 256-bit FMA pipes, a 256-bit one either, and
-    on cores with two 512-bit FMA units both count one. MobileNetV2's 24-channel layers
-    at 56x56 on one Zen 4 core, ms, 32 -> 24 channels per tile: 96->24 0.185 -> 0.155,
-    144->24 + Add 0.276 -> 0.230 (docs/performance.md, "MobileNetV2 on AVX-512 (Zen
-    4)")."""
+    on a core that runs a 512-bit one on two 256-bit FMA pipes, a 256-bit one takes
+    either, and on cores with two 512-bit FMA units both count one."""
     return 0 < channels % lanes <= lanes // 2
 
 
 def pointwise_fits(vectors: int, positions: int, isa: ISA) -> bool:
     """Whether a 1x1 tile of `vectors` x `positions` fits the registers of `isa`: its
     accumulators, the weight vectors and a broadcast per position (LLVM loads a step's
-    broadcasts ahead of its multiply-adds). Where that spilled, 48 channels x 8
-    positions (24 accumulators, 3 weight vectors, 8 broadcasts), the 1x1 16->96 layer
-    at 112x112 took 0.57 ms against 0.46 at 7 positions, 24->144 at 56x56 0.30 against
-    0.23 (Zen 4, one thread, docs/performance.md, "MobileNetV2 on AVX-512 (Zen 4)").
-    Four vectors keep the one-broadcast budget (`fits_registers`): 64 x 6 ran no slower
-    than 64 x 5 on any 1x1 layer of MobileNetV2 there."""
+    broadcasts ahead of its multiply-adds): a tile past it, 48 channels x 8 positions
+    (24 accumulators, 3 weight vectors, 8 broadcasts), spills. Four vectors keep the
+    one-broadcast budget (`fits_registers`): their wider tiles do not spill."""
     if vectors >= POINTWISE_VECTORS:
         return fits_registers(vectors * positions, vectors, isa)
     return vectors * positions + vectors + positions <= tile_registers(isa)
@@ -120,19 +111,15 @@ def pointwise_body_isa(isa: ISA) -> bool:
     """Whether the unpadded 1x1 layers (`takes_pointwise`) run on `pointwise_body` on
     `isa`: with `pointwise_kernel` (AVX2), and where `pointwise_tile` sets the tile
     (32 registers of 16 lanes: AVX-512). On the blocked kernel an AVX-512 tile's step
-    divides each input channel index by the block for every position (Zen 4, one
-    thread, ms: 32->16 at 112x112 0.217 -> 0.126, 144->24 + Add at 56x56 0.327 ->
-    0.276, 96->24 at 56x56 0.219 -> 0.185; docs/performance.md, "MobileNetV2 on
-    AVX-512 (Zen 4)")."""
+    divides each input channel index by the block for every position."""
     return pointwise_kernel(isa) or (tile_registers(isa) >= 32 and tile_lanes(isa) >= 16)
 
 
 def pointwise_kernel(isa: ISA) -> bool:
     """Whether the 1x1 layers take `pointwise_body` on `isa`: with fewer than 32 registers
-    of at least 8 lanes (AVX2), where it measured 1.1-3x faster than the blocked kernel
-    on every 1x1 layer of MobileNetV2 (Zen 3, docs/performance.md, "AVX2 depthwise (Zen
-    3)"). AVX-512 keeps the blocked kernel with `pointwise_tile`, measured there; NEON
-    (4 lanes) is not measured."""
+    of at least 8 lanes (AVX2), where it beats the blocked kernel on the 1x1 layers
+    (docs/performance.md). AVX-512 keeps the blocked kernel with `pointwise_tile`; NEON
+    (4 lanes) keeps the blocked kernel."""
     return tile_registers(isa) < 32 and tile_lanes(isa) >= 8
 
 
@@ -140,10 +127,7 @@ def takes_pointwise(shape: ConvShape, block: int) -> bool:
     """Whether a layer of `shape` runs on `pointwise_body` (where `pointwise_kernel`
     holds) with NCHW{block}c activations: an unpadded 1x1 layer, strided ones included (a
     tile reads every `stride`-th position's contiguous vector of `block` channels in
-    place). On the blocked kernel, ResNet-50's strided 1x1 layers in NCHWc ran 2.2-2.4x
-    onnxruntime's time on one Zen 3 core (1024>2048 @14 7.31 ms, 512>1024 @28 6.57,
-    256>512 @56 6.27; onnxruntime 3.38, 2.69, 2.85: docs/performance.md, "AVX2 round six
-    (Zen 3)")."""
+    place). The blocked kernel divides the channel index by the block at every step."""
     return (shape.kh, shape.kw) == (1, 1) and not any(shape.pads) and block > 0
 
 
@@ -151,9 +135,8 @@ def pointwise_k_blocking(shape: ConvShape, tiling: Tiling, isa: ISA, block: int
                          ) -> ConvKBlocking | None:
     """The K-blocking of a pointwise layer: the blocked kernel's rule
     (`choose_k_blocking`: ResNet's 7x7 layers of 512 and 2048 channels) where its
-    segments are whole blocks, else None. On the vector widths it was measured on in
-    NCHWc (tiles.ZEN3_VECTOR_BITS) only: the NCHW rule's AVX-512 measurements were of the
-    blocked kernel."""
+    segments are whole blocks, else None. On 256-bit vectors (tiles.ZEN3_VECTOR_BITS)
+    only: on AVX-512 the NCHW rule is the blocked kernel's, not this one's."""
     if isa.vector_bits not in ZEN3_VECTOR_BITS:
         return None
     kblock = choose_k_blocking(shape, tiling, isa)

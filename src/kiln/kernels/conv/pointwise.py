@@ -52,9 +52,8 @@ def pointwise_body(shape: ConvShape, x: Buffer, wp: Buffer, out: Buffer,
     the loop), a tile's positions of one block are one contiguous run, and a channel
     count no multiple of `block` ends with its real lanes only. Not `unrolled`, the
     lanes of a block are a loop instead (the same reads at a lane offset that grows by
-    one): on 32 registers (AVX-512) LLVM hoisted the unrolled lanes' broadcasts ahead
-    of their multiply-adds and spilled them (144->24 + Add at 56x56: 0.331 ms unrolled,
-    0.276 as a loop, Zen 4).
+    one): on 32 registers (AVX-512) LLVM hoists the unrolled lanes' broadcasts ahead
+    of their multiply-adds and spills them.
 
     With `kblock` (whole blocks of input channels per segment) a parallel task takes
     `kblock.band` consecutive tiles of one channel block and sums each segment over all

@@ -51,15 +51,15 @@ from kiln.ops.kernels.tiles import const as _c
 from kiln.ops.kernels.tiles import nest as _nest
 from kiln.target.isa import ISA
 
-# Below this many multiply-adds per output the row-tiled kernel beat the blocked one
-# on AVX-512 (its tile's epilogue is cheaper; measured on 16-32 channel 3x3 layers,
-# while 64-channel 3x3 layers, 576 taps, ran faster blocked).
+# Below this many multiply-adds per output the row-tiled kernel beats the blocked one
+# on AVX-512 (its tile's epilogue is cheaper; a 64-channel 3x3 layer's 576 taps are
+# the blocked kernel's).
 ROWS_MAX_TAPS = 320
 # A 1x1 layer of this many input channels or more whose output rows leave vector lanes
 # empty (`row_lane_use` below conv_gemm's MIN_LANE_USE: 14 columns in 2 vectors of 8)
-# goes to the blocked kernel: 1.2-1.75x faster on AVX2 for 14x14 images of 64-1024
-# channels (docs/performance.md). Fewer channels are not measured (short sums cost the
-# blocked kernel's channel-strided stores more).
+# goes to the blocked kernel, which wastes no lanes there (docs/performance.md). Fewer
+# channels stay on rows (short sums cost the blocked kernel's channel-strided stores
+# more).
 PARTIAL_ROWS_MIN_CHANNELS = 64
 #: Output channels per tile that tuning tries (kiln.tuning).
 TUNED_ROWS = (2, 3, 4, 6, 8, 10, 12)
@@ -76,15 +76,8 @@ def row_lane_use(out_w: int, isa: ISA) -> float:
 #: kernel where the row tiles leave more lanes empty than the blocked tiles lose: the
 #: blocked tile's scalar stores and epilogue cost about as much as this many taps
 #: (input channel x kernel position) of its sums, per vector width, so per computed
-#: lane it runs at `taps / (taps + overhead)` of the row kernel's speed (fitted on Zen 4
-#: to 512-bit and 256-bit code). Layers of one thread, ms rows -> blocked
-#: (onnxruntime): AVX-512 3x3 32>128 @26 0.543 -> 0.467 (0.442), 32>128 @54 2.108 ->
-#: 2.011 (1.939), 32>64 @28 0.297 -> 0.278, 16>64 @26 0.142 -> 0.133; AVX2 code 32>32
-#: @26 0.207 -> 0.128, 32>128 @26 0.654 -> 0.476, 16>32 @28 0.114 -> 0.081, 24>48 @28
-#: 0.202 -> 0.167. Kept on rows: 32>32 @32 (whole vectors; blocked 0.197 against 0.172
-#: on AVX-512), 16>64 @54 (144 taps; 0.555 against 0.540), 16>48 @26 and 24>48 @28 on
-#: AVX-512 (the blocked tiles of 32 channels compute 64). Other vector widths are not
-#: measured: rows as before.
+#: lane it runs at `taps / (taps + overhead)` of the row kernel's speed (fitted to
+#: 512-bit and 256-bit code). Other vector widths keep the row tiles.
 BLOCKED_TILE_OVERHEAD_TAPS = {256: 12, 512: 36}
 BLOCKED_MIN_CHANNELS = 16
 
@@ -188,11 +181,8 @@ class RowsConv(Family):
 
 
 #: The vector widths whose row tiles narrow to a divisor of a narrow output's channels
-#: (`narrow_rows`). AVX2 (Zen 3) and AVX-512: on Zen 4 (one core, CPU time) the small
-#: ResNet's 3x3 32>32 @32 layers took 0.180 ms against 0.199 in 6-row tiles (4 rows: no
-#: surplus rows of 36), the model 1.124 ms against 1.235; the GEMM kernel's narrow rows
-#: stay AVX2-only (SqueezeNet's 96>16 @55 squeeze layer 0.146 against 0.100 ms there;
-#: docs/performance.md, "AVX-512 round (Zen 4)").
+#: (`narrow_rows`): AVX2 and AVX-512 (4 rows of a 32-channel output: no surplus rows, 6
+#: compute 36); the GEMM kernel's narrow rows stay AVX2-only (docs/performance.md).
 NARROW_ROWS_BITS = (256, 512)
 
 #: Output channels per row tile the rule takes (`RowsConv`).

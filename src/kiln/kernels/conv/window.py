@@ -32,8 +32,8 @@ def depthwise_tile_width(shape: ConvShape, lanes: int) -> int:
 
 
 #: The most output rows one depthwise tile holds: past it an input row's loads are
-#: shared by few more rows (8 measured no faster than 4), and the tile's code (and
-#: LLVM's time on it) grows with the rows.
+#: shared by few more rows, and the tile's code (and LLVM's time on it) grows with the
+#: rows.
 DEPTHWISE_MAX_ROWS = 4
 
 
@@ -80,10 +80,9 @@ def window_schedule(shape: ConvShape, dtype: str, tile_w: int, lanes: int, regis
     plane = padded_plane_dims(shape, sw)
     # Stride 1, a padded input larger than the L2 (`l2_bytes`, 0: never): each channel
     # is padded into a stack plane just before its tiles read it, in cache, instead of a
-    # workspace of every channel filled first, a pass through memory of its own
-    # (144x56x56 3x3: 0.155 -> 0.139 ms on one Zen 5 core). Where the workspace fits
-    # the L2 (960x7x7: 0.038 -> 0.055 ms) and for a strided layer's phase-split copy
-    # (96x112x112 3x3/2: 0.36 -> 0.56 ms) the plane measured slower.
+    # workspace of every channel filled first, a pass through memory of its own. A
+    # workspace within the L2, and a strided layer's phase-split copy, stay workspaces:
+    # the per-channel copy costs more there than it saves.
     plane_bytes = plane[0] * plane[1] * plane[2] * itemsize(dtype)
     local = sw == 1 and needs_padding(shape, sw) and plane_bytes <= WINDOW_PLANE_BYTES \
         and shape.c_in * plane_bytes > l2_bytes > 0  # one image's (the batch may be symbolic)

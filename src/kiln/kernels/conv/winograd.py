@@ -23,8 +23,8 @@ with `a = m + 2`, `T` output tiles (`ceil(OH/m)` x `ceil(OW/m)`):
    fused epilogue (bias, activation, residual add) along whole output rows (vector
    stores; partial tiles at the right and bottom edges are cut there).
 
-Measured on one Zen 5 core (loaded; docs/tuning.md): 2.1-2.6x the direct kernel on
-ResNet-50's 56x56, 28x28 and 14x14 3x3 layers with F(4x4).
+F(4x4) does a quarter of the direct kernel's multiplies on the 3x3 layers it takes
+(docs/tuning.md).
 
 The transforms' code is generated from the matrices (`combine`): zero terms skipped,
 terms of equal magnitude summed before one multiply, so both tile sizes share it.
@@ -83,8 +83,8 @@ def weight_transform(w: np.ndarray, m: int) -> np.ndarray:
     stored in `w`'s dtype)."""
     _, g, _ = matrices(m)
     # G w G^T of every (o, i) as one matrix product: (G kron G) [a*a][9] by the weight
-    # laid out [9][O*I] gives u's layout directly (an einsum over the six indices took
-    # 0.3 s for a 512x512 layer, this 0.05)
+    # laid out [9][O*I] gives u's layout directly (an einsum over the six indices is
+    # several times slower)
     o, i = w.shape[:2]
     taps = np.ascontiguousarray(w.astype(np.float64).reshape(o * i, 9).T)
     u = np.dot(np.kron(g, g), taps)
@@ -164,8 +164,7 @@ def transform_2d(mat: np.ndarray, load: Callable[[int, Var, PrimExpr], PrimExpr]
     `store(i, j, value, lane)`. Loops over the rows and columns keep the kernel a sixth
     of the unrolled transform's size, and its compile time with it (ResNet-50: three
     kernels of ~3200 IR nodes each); the loops are `unrolled`: LLVM unrolls them and
-    keeps `half` in registers (as serial loops, 64 > 64 channels at 56x56 ran 1.12x
-    slower)."""
+    keeps `half` in registers (serial loops would keep it in memory)."""
     a, dtype = int(mat.shape[1]), half.dtype
 
     def column(j: Var) -> Stmt:
@@ -198,9 +197,8 @@ def skewed_rows(rows: int, width: int, itemsize: int = 4) -> int:
     """`rows` plus the fewest spare rows that keep a position's `rows x width` block from
     being a multiple of `SET_PERIOD` bytes: the transforms read (or write) all `a*a`
     positions of a tile at once, and blocks of whole pages would put those 16-36 streams
-    in one L1 set (12-way on Zen 5), evicting each other every tile (64->64 channels at
-    56x56: 1.10 -> 0.90 ms with the skew, one Zen 5 core, loaded). Rows of whole pages
-    cannot be skewed by rows: `rows` as it is."""
+    in one L1 set (more than its ways), evicting each other every tile. Rows of whole
+    pages cannot be skewed by rows: `rows` as it is."""
     for extra in range(SET_PERIOD // MIN_SKEW):
         if MIN_SKEW <= (rows + extra) * width * itemsize % SET_PERIOD <= SET_PERIOD - MIN_SKEW:
             return rows + extra
@@ -407,17 +405,13 @@ def _output_transform(nest: _Winograd, n: PrimExpr) -> Stmt:
 
 
 #: The fewest input and output channels the rule takes a convolution to Winograd with
-#: (unless the target's attribute `winograd` is false): ResNet-50's and VGG-19's layers
-#: of 64-512 channels ran 2-3x the direct kernel, the 32-channel ones of DenseNet-121
-#: (128 > 32), SqueezeNet (32 > 128) and the small ResNet (32 > 32 @32) made those
-#: models 4-25% faster on AVX-512 and AVX2 (docs/performance.md, "Winograd 3x3
-#: convolutions"); 16-channel layers are rare and not measured on whole models.
+#: (unless the target's attribute `winograd` is false): from 32 channels on it beats the
+#: direct kernel (docs/performance.md, "Winograd 3x3 convolutions"); 16-channel layers
+#: are rare and stay direct.
 MIN_RULE_CHANNELS = 32
 #: The fewest output positions the rule takes a convolution to Winograd with. On a
 #: small image the layer streams its weights, which F(4x4) makes 4x larger (F(2x2)
-#: 1.8x): ResNet-50's 512>512 @7 ran 1.46x faster than direct on AVX-512 (F(2x2)) and
-#: 0.96x on AVX2 (F(4x4)), and its two such layers' transformed weights were 75 of the
-#: 100 MB F(4x4) added to its library (103 -> 202 MB).
+#: 1.8x): no faster than direct, and a library's weights grow by as much.
 MIN_RULE_POSITIONS = 64
 
 
@@ -471,8 +465,8 @@ class WinogradConv(Family):
         """The tiles tuning tries when another family's call may take this one: the
         rule's (F(4x4)) and F(2x2) with its GEMM rule's tile, each where its output
         tiles fill at least half a vector of the GEMM's panels (F(4x4) on 7x7 has 4
-        tiles for 16 lanes: 0.5x the direct kernel, one Zen 5 core; not worth a build
-        of tuning's budget)."""
+        tiles for 16 lanes: slower than the direct kernel, not worth a build of tuning's
+        budget)."""
         shape = conv_call_shape(call)
         assert shape is not None
         half = tile_lanes(isa) // 2
