@@ -203,7 +203,7 @@ RESNET50_LAYERS = [
 KERNELS += [Conv(cin, cout, size, k, stride, family="resnet50")
             for cin, cout, size, k, stride in RESNET50_LAYERS]
 # VGG-19's distinct 3x3 layers (in channels, out channels, size): the deep ones K-blocked
-# on AVX2 (kiln.ops.kernels.conv_direct.choose_k_blocking)
+# on AVX2 (kiln.kernels.conv.direct.choose_k_blocking)
 VGG19_LAYERS = [(3, 64, 224), (64, 64, 224), (64, 128, 112), (128, 128, 112), (128, 256, 56),
                 (256, 256, 56), (256, 512, 28), (512, 512, 28), (512, 512, 14)]
 KERNELS += [Conv(cin, cout, size, family="vgg19") for cin, cout, size in VGG19_LAYERS]

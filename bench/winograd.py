@@ -54,8 +54,8 @@ class AllWinograd(Session):
         self.forced = 0
 
     def params_for(self, family: Any, call: g.Call, isa: ISA) -> dict[str, Any] | None:
-        from kiln.ops.kernels.conv import conv_call_shape
-        from kiln.ops.kernels.conv_winograd import gemm_tile
+        from kiln.kernels.conv.winograd import gemm_tile
+        from kiln.ops.conv_geometry import conv_call_shape
         from kiln.ops.kernels.search import computes
 
         shape = conv_call_shape(call)

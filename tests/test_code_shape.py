@@ -31,11 +31,6 @@ MAX_LINES = 100
 #: (docs/README.md); `build_parser` is one argparse table.
 LONG_FUNCTIONS: dict[tuple[str, str], int] = {
     ("cli/main.py", "build_parser"): 154,
-    ("ops/conv_kernels.py", "blocked_conv_body"): 214,
-    ("ops/conv_kernels.py", "window_body"): 107,
-    ("ops/conv_kernels.py", "tile"): 104,
-    ("ops/kernels/conv_winograd.py", "winograd_body"): 119,
-    ("ops/kernels/nchwc.py", "pointwise_body"): 103,
 }
 
 

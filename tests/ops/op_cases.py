@@ -560,7 +560,7 @@ CASES: dict[str, list[OpCase]] = {
 
 def winograd_weight(m: int, *shape: int) -> Gen:
     """A random OIHW 3x3 weight of `shape` transformed for F(m x m, 3 x 3)."""
-    from kiln.ops.winograd import weight_transform
+    from kiln.kernels.conv.winograd import weight_transform
 
     return lambda rng: weight_transform(rng.uniform(-2.0, 2.0, shape).astype(np.float32), m)
 
@@ -576,7 +576,7 @@ CASES["conv2d_winograd"] = [
 
 def winograd_panels(m: int, nr: int, *shape: int) -> Gen:
     """`winograd_weight` packed in panels of `nr` output channels (the NCHW{b}c op's)."""
-    from kiln.ops.winograd import pack_panels
+    from kiln.kernels.conv.winograd_nchwc import pack_panels
 
     return lambda rng: pack_panels(winograd_weight(m, *shape)(rng), nr)
 

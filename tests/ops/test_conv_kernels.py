@@ -1,4 +1,4 @@
-"""The hand-scheduled convolution kernels (kiln.ops.conv_kernels) against onnxruntime.
+"""The hand-scheduled convolution kernels (kiln.kernels.conv) against onnxruntime.
 
 One ONNX model holds every edge case as an independent branch (so each backend
 compiles once): remainders of the output-channel block and of the position tile,
@@ -26,7 +26,11 @@ from kiln.frontend import from_onnx
 from kiln.ir import IRModule
 from kiln.ir import graph as g
 from kiln.ir.printer import print_func, print_module
-from kiln.ops import conv_kernels as ck
+from kiln.kernels.conv.blocked import Tiling, choose_tiling, pack_blocked_weight
+from kiln.kernels.conv.ksegments import ConvKBlocking
+from kiln.kernels.conv.rows import pack_rows_weight
+from kiln.ops.conv_direct import unpack_blocked_weight, unpack_rows_weight
+from kiln.ops.conv_geometry import ConvShape
 from kiln.ops.kernels.tiles import tile_lanes
 from kiln.target import Target
 from kiln.target.isa import isa_for
@@ -202,20 +206,20 @@ def test_the_rewrite_is_visible_in_the_graph() -> None:
 
 def test_rows_weight_round_trip() -> None:
     w = RNG.standard_normal((13, 5, 3, 2)).astype(np.float32)
-    packed = ck.pack_rows_weight(w)
+    packed = pack_rows_weight(w)
     assert packed.shape == (3, 5, 3, 2, 6)
     assert np.all(packed[2, ..., 1:] == 0)
     np.testing.assert_array_equal(packed[1, 4, 2, 1, 2], w[8, 4, 2, 1])
-    np.testing.assert_array_equal(ck.unpack_rows_weight(packed, 13), w)
+    np.testing.assert_array_equal(unpack_rows_weight(packed, 13), w)
 
 
 def test_packed_weight_round_trip() -> None:
     w = RNG.standard_normal((20, 3, 3, 3)).astype(np.float32)
-    packed = ck.pack_blocked_weight(w, groups=2, cb=8)
+    packed = pack_blocked_weight(w, groups=2, cb=8)
     assert packed.shape == (2, 2, 3, 3, 3, 8)          # 10 channels per group: 2 blocks of 8
     assert np.all(packed[1, 1, :, :, :, 2:] == 0)      # zero padding past channel 10
     np.testing.assert_array_equal(packed[1, 0, 2, 1, 0, 3], w[10 + 3, 2, 1, 0])
-    np.testing.assert_array_equal(ck.unpack_blocked_weight(packed, 20), w)
+    np.testing.assert_array_equal(unpack_blocked_weight(packed, 20), w)
 
 
 @pytest.mark.parametrize(("hw", "lanes", "registers", "tile_w"), [
@@ -225,8 +229,8 @@ def test_packed_weight_round_trip() -> None:
 ])
 def test_position_tile_leaves_few_slots_empty(hw: int, lanes: int, registers: int,
                                               tile_w: int) -> None:
-    shape = ck.ConvShape(1, 64, hw, hw, 64, 3, 3, (1, 1), (1, 1), (1, 1, 1, 1))
-    tiling = ck.choose_tiling(shape, lanes, registers)
+    shape = ConvShape(1, 64, hw, hw, 64, 3, 3, (1, 1), (1, 1), (1, 1, 1, 1))
+    tiling = choose_tiling(shape, lanes, registers)
     assert (tiling.cb, tiling.tile_w) == (2 * lanes, tile_w)
     # the accumulators, the weight row and a broadcast fit the registers
     assert 2 * tile_w + 3 <= registers
@@ -294,7 +298,7 @@ def _check_gemm_kernel(cases: list[dict[str, Any]], target: str,
     """Compile `cases` with every convolution packed for the GEMM kernel (with `tile`,
     a function of the ISA, or the rule's), compare with onnxruntime and return the
     compiled module."""
-    from kiln.ops.kernels.conv_gemm import CONV_GEMM
+    from kiln.kernels.conv.gemm import CONV_GEMM
     from kiln.transform.functor import rewrite_calls
 
     model = model_of(cases)
@@ -408,11 +412,11 @@ MANY_ROW_TILES = [dict(x=(2, 24, 8, 8), co=512, k=1, pads=(0, 0, 0, 0), tail=("A
 def test_gemm_kernel_copies_panels_read_by_many_row_tiles(target: str) -> None:
     from kiln.ir import tensor as t
     from kiln.ir.visitor import iter_stmts
-    from kiln.ops.kernels.conv_gemm import choose_tile, copies_panels
+    from kiln.kernels.conv.gemm import choose_tile, copies_panels
 
     ex = _check_gemm_kernel(MANY_ROW_TILES, target)
     isa = isa_for(native_target(target))
-    shape = ck.ConvShape(2, 24, 8, 8, 512, 1, 1, (1, 1), (1, 1), (0, 0, 0, 0))
+    shape = ConvShape(2, 24, 8, 8, 512, 1, 1, (1, 1), (1, 1), (0, 0, 0, 0))
     gemm = [f for f in ex.ir.functions.values()
             if f.attrs.get("kiln.conv_kernel") == "conv2d_gemm"]
     allocated = [s.buffer.name for s in iter_stmts(gemm[0].body) if isinstance(s, t.Allocate)]
@@ -424,7 +428,7 @@ def test_gemm_kernel_wide_tile() -> None:
     # L2 on a 32-register target (so only on llvm): 128 positions (2 panels at 16
     # lanes, 4 at 8), 13 channels (a partial row tile), read in place, the residual Add
     # along the flat positions.
-    from kiln.ops.kernels.conv_gemm import WIDE_TILE
+    from kiln.kernels.conv.gemm import WIDE_TILE
 
     rows, vectors = WIDE_TILE
     _check_gemm_kernel([dict(x=(1, 7, 8, 16), co=13, k=1, pads=(0, 0, 0, 0),
@@ -438,11 +442,11 @@ def test_gemm_kernel_wide_tile() -> None:
 ])
 def test_gemm_conv_widens_the_tile_of_a_large_output(spec: str, tile: tuple[int, int]
                                                      ) -> None:
-    from kiln.ops.kernels.conv_gemm import choose_tile
+    from kiln.kernels.conv.gemm import choose_tile
 
     isa = isa_for(Target(spec))
-    big = ck.ConvShape(1, 64, 56, 56, 256, 1, 1, (1, 1), (1, 1), (0, 0, 0, 0))
-    small = ck.ConvShape(1, 256, 56, 56, 64, 1, 1, (1, 1), (1, 1), (0, 0, 0, 0))
+    big = ConvShape(1, 64, 56, 56, 256, 1, 1, (1, 1), (1, 1), (0, 0, 0, 0))
+    small = ConvShape(1, 256, 56, 56, 64, 1, 1, (1, 1), (1, 1), (0, 0, 0, 0))
     assert choose_tile(big, isa) == tile
     assert choose_tile(small, isa) == ((8, 32) if isa.vector_registers == 32 else (6, 16))
 
@@ -458,12 +462,12 @@ def test_gemm_conv_widens_the_tile_of_a_large_output(spec: str, tile: tuple[int,
 ])
 def test_gemm_conv_takes_14x14_1x1_layers_whose_panels_are_copied(
         spec: str, gemm: dict[tuple[int, int, int], bool]) -> None:
-    from kiln.ops.kernels.conv_gemm import choose_tile, copies_panels, takes
+    from kiln.kernels.conv.gemm import choose_tile, copies_panels, takes
 
     isa = isa_for(Target(spec))
     for (ci, h, stride), expected in gemm.items():
-        shape = ck.ConvShape(1, ci, h, h, 256, 1, 1, (stride, stride), (1, 1),
-                             (0, 0, 0, 0))
+        shape = ConvShape(1, ci, h, h, 256, 1, 1, (stride, stride), (1, 1),
+                          (0, 0, 0, 0))
         assert takes(shape, isa) is expected, (ci, h, stride)
         # 256 outputs: 32 row tiles of 8, too few on AVX-512
         assert copies_panels(shape, choose_tile(shape, isa), isa) is (
@@ -480,12 +484,12 @@ def test_gemm_conv_takes_14x14_1x1_layers_whose_panels_are_copied(
 ])
 def test_gemm_conv_copies_panels_read_by_many_row_tiles(
         spec: str, copied: dict[tuple[int, int], bool]) -> None:
-    from kiln.ops.kernels.conv_gemm import PANEL_COPY_READERS, choose_tile, copies_panels
+    from kiln.kernels.conv.gemm import PANEL_COPY_READERS, choose_tile, copies_panels
 
     isa = isa_for(Target(spec))
     for (ci, co), expected in copied.items():
         h = 56 if ci <= 256 else 28
-        shape = ck.ConvShape(1, ci, h, h, co, 1, 1, (1, 1), (1, 1), (0, 0, 0, 0))
+        shape = ConvShape(1, ci, h, h, co, 1, 1, (1, 1), (1, 1), (0, 0, 0, 0))
         tile = choose_tile(shape, isa)
         assert copies_panels(shape, tile, isa) is expected, (ci, co, tile)
         assert expected is (-(-co // tile[0]) >= PANEL_COPY_READERS[isa.vector_bits])
@@ -499,11 +503,11 @@ def test_gemm_conv_copies_panels_read_by_many_row_tiles(
 ])
 def test_gemm_conv_narrow_outputs_take_rows_that_divide_them(
         spec: str, tiles: dict[int, tuple[int, int]]) -> None:
-    from kiln.ops.kernels.conv_gemm import choose_tile
+    from kiln.kernels.conv.gemm import choose_tile
 
     isa = isa_for(Target(spec))
     for co, tile in tiles.items():
-        shape = ck.ConvShape(1, 96, 54, 54, co, 1, 1, (1, 1), (1, 1), (0, 0, 0, 0))
+        shape = ConvShape(1, 96, 54, 54, co, 1, 1, (1, 1), (1, 1), (0, 0, 0, 0))
         assert choose_tile(shape, isa) == tile, co
 
 
@@ -521,7 +525,7 @@ def _conv_calls(main: g.Function) -> list[g.Call]:
 ])
 def test_row_tiled_narrow_outputs_take_rows_that_divide_them(spec: str,
                                                               rows: dict[int, int]) -> None:
-    from kiln.ops.kernels.conv_rows import CONV_ROWS
+    from kiln.kernels.conv.rows import CONV_ROWS
     from kiln.ops.kernels.registry import TILE
 
     isa = isa_for(Target(spec))
@@ -606,13 +610,13 @@ KBLOCK_CASES = [dict(x=(1, 48, 5, 7), co=20, k=3, pads=(1, 1, 1, 1), tail=("Relu
 
 def _kblocked_model(monkeypatch: pytest.MonkeyPatch, target: str, pipeline: str = "default"
                     ) -> tuple[kiln.driver.Executable, kernel_checks.KernelCases]:
-    from kiln.ops.kernels import conv_direct
+    from kiln.kernels.conv import direct as conv_direct
     from kiln.transform import PassContext
 
     model = model_of(KBLOCK_CASES)
     checks = kernel_checks.KernelCases(model, KBLOCK_CASES, TOL, RNG)
     monkeypatch.setattr(conv_direct, "choose_k_blocking",
-                        lambda shape, tiling, isa: ck.ConvKBlocking(8, 2)
+                        lambda shape, tiling, isa: ConvKBlocking(8, 2)
                         if shape.ci_group % 8 == 0 else None)
     monkeypatch.setattr(conv_direct, "band_tiles", lambda shape, tiling, isa: 2)
     with PassContext(config={"kiln.cache": False}):  # not the unblocked kernels' entry
@@ -641,7 +645,7 @@ def test_k_blocked_sums_in_nchwc(monkeypatch: pytest.MonkeyPatch) -> None:
     # the NCHW{b}c kernel (`conv2d_nchwc`) stores blocked vectors after the last
     # segment: a chain of 3x3 layers (24 -> 32 -> 20 -> 32 channels, a partial block)
     # with ReLUs, in the blocked layout from the first convolution to the last
-    from kiln.ops.kernels import conv_direct
+    from kiln.kernels.conv import direct as conv_direct
     from kiln.transform import PassContext, nchwc_layout
 
     b = GraphBuilder()
@@ -658,7 +662,7 @@ def test_k_blocked_sums_in_nchwc(monkeypatch: pytest.MonkeyPatch) -> None:
                     name="chain", check=False)
     x = RNG.standard_normal((1, 24, 6, 7)).astype(np.float32)
     monkeypatch.setattr(conv_direct, "choose_k_blocking",
-                        lambda shape, tiling, isa: ck.ConvKBlocking(8, 2)
+                        lambda shape, tiling, isa: ConvKBlocking(8, 2)
                         if shape.ci_group % 8 == 0 else None)
     # on AVX2 the pass would leave such K-blocked small-image layers NCHW
     monkeypatch.setattr(nchwc_layout, "k_blocked_small_images", lambda func, isa: set())
@@ -694,12 +698,12 @@ def print_module_text(func: Any) -> str:
 ])
 def test_k_blocking_rule(shape: tuple[int, int, int, int],
                                  blocked: tuple[int, int] | None) -> None:
-    from kiln.ops.kernels.conv_direct import choose_k_blocking
+    from kiln.kernels.conv.direct import choose_k_blocking
 
     ci, hw, k, stride = shape
-    conv = ck.ConvShape(1, ci, hw, hw, 512, k, k, (stride, stride), (1, 1), (k // 2,) * 4)
+    conv = ConvShape(1, ci, hw, hw, 512, k, k, (stride, stride), (1, 1), (k // 2,) * 4)
     isa = isa_for(Target("llvm -mcpu=znver3"))
-    tiling = ck.choose_tiling(conv, tile_lanes(isa), isa.vector_registers)
+    tiling = choose_tiling(conv, tile_lanes(isa), isa.vector_registers)
     got = choose_k_blocking(conv, tiling, isa)
     assert (got.kc, got.band) == blocked if blocked else got is None
     # AVX-512 (a 1 MB L2 on Zen 4) blocks where the weights pass a quarter of the L2 and
@@ -707,7 +711,7 @@ def test_k_blocking_rule(shape: tuple[int, int, int, int],
     # KB per 32-channel block) at 14x14 and up; not a 7x7 image's 1x1 layers (401 KB of
     # input at 2048 channels), nor by the small-image criterion
     avx512 = isa_for(Target("llvm -mcpu=znver4"))
-    wide = ck.choose_tiling(conv, 16, 32)
+    wide = choose_tiling(conv, 16, 32)
     got = choose_k_blocking(conv, wide, avx512)
     want = k == 3 and ci >= 256
     assert (got is not None and got.kc == 32) if want else got is None
@@ -721,7 +725,7 @@ def test_weight_prefetches_keep_results_and_stay_in_bounds(
     # the values match onnxruntime and the reference interpreter, which reads each
     # prefetched element, so an address past a weight buffer fails there
     from kiln.ir import evaluate
-    from kiln.ops.kernels import conv_direct
+    from kiln.kernels.conv import direct as conv_direct
 
     monkeypatch.setattr(conv_direct, "prefetches_weights", lambda shape, tiling, isa: True)
     ex, checks = _kblocked_model(monkeypatch, target)
@@ -746,17 +750,17 @@ def test_weight_prefetches_keep_results_and_stay_in_bounds(
     ((32, 32, 7, 3), False),      # 36 KB of weights: they stay in cache
 ])
 def test_weight_prefetch_rule(shape: tuple[int, int, int, int], prefetched: bool) -> None:
-    from kiln.ops.kernels.conv_direct import prefetches_weights
+    from kiln.kernels.conv.direct import prefetches_weights
 
     ci, co, hw, k = shape
-    conv = ck.ConvShape(1, ci, hw, hw, co, k, k, (1, 1), (1, 1), (k // 2,) * 4)
+    conv = ConvShape(1, ci, hw, hw, co, k, k, (1, 1), (1, 1), (k // 2,) * 4)
     for spec in ("llvm -mcpu=znver4", "llvm -mcpu=znver3", "llvm -mtriple=aarch64-linux-gnu"):
         isa = isa_for(Target(spec))
-        tiling = ck.choose_tiling(conv, tile_lanes(isa), isa.vector_registers)
+        tiling = choose_tiling(conv, tile_lanes(isa), isa.vector_registers)
         assert prefetches_weights(conv, tiling, isa) == prefetched, spec
     # a microcontroller has no L2 (nor a cache to fill)
     m4 = isa_for(Target("c -mtriple=thumbv7em-none-eabihf -mcpu=cortex-m4"))
-    assert not prefetches_weights(conv, ck.Tiling(cb=4, tile_w=6), m4)
+    assert not prefetches_weights(conv, Tiling(cb=4, tile_w=6), m4)
 
 
 @pytest.mark.parametrize(("shape", "band"), [
@@ -769,17 +773,17 @@ def test_weight_prefetch_rule(shape: tuple[int, int, int, int], prefetched: bool
     ((128, 16, 56, 3, 2), 0),     # one block of output channels
 ])
 def test_band_rule_on_avx2(shape: tuple[int, int, int, int, int], band: int) -> None:
-    from kiln.ops.kernels.conv_direct import band_tiles
+    from kiln.kernels.conv.direct import band_tiles
 
     ci, co, hw, k, stride = shape
     pads = (0,) * 4 if k == 1 else (k // 2,) * 4
-    conv = ck.ConvShape(1, ci, hw, hw, co, k, k, (stride, stride), (1, 1), pads)
+    conv = ConvShape(1, ci, hw, hw, co, k, k, (stride, stride), (1, 1), pads)
     isa = isa_for(Target("llvm -mcpu=znver3"))
-    assert band_tiles(conv, ck.choose_tiling(conv, tile_lanes(isa), isa.vector_registers),
+    assert band_tiles(conv, choose_tiling(conv, tile_lanes(isa), isa.vector_registers),
                       isa) == band
     # the AVX-512 kernel keeps its order (not measured there)
     avx512 = isa_for(Target("llvm -mcpu=znver4"))
-    assert band_tiles(conv, ck.choose_tiling(conv, 16, 32), avx512) == 0
+    assert band_tiles(conv, choose_tiling(conv, 16, 32), avx512) == 0
 
 
 @pytest.mark.parametrize(("spec", "subsampled"), [
@@ -805,8 +809,8 @@ def test_strided_pointwise_layers_are_subsampled_on_avx2(spec: str, subsampled: 
     ((64, 14), "llvm -mcpu=znver3", True),
 ])
 def test_subsampling_rule(shape: tuple[int, int], spec: str, subsampled: bool) -> None:
-    from kiln.ops.kernels.conv_direct import subsamples_input
+    from kiln.kernels.conv.direct import subsamples_input
 
     ci, hw = shape
-    conv = ck.ConvShape(1, ci, hw, hw, 2 * ci, 1, 1, (2, 2), (1, 1), (0,) * 4)
+    conv = ConvShape(1, ci, hw, hw, 2 * ci, 1, 1, (2, 2), (1, 1), (0,) * 4)
     assert subsamples_input(conv, isa_for(Target(spec))) == subsampled

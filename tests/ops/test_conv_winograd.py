@@ -1,4 +1,4 @@
-"""Winograd convolution (kiln.ops.winograd, kiln.ops.kernels.conv_winograd): the
+"""Winograd convolution (kiln.ops.winograd, kiln.kernels.conv.winograd): the
 transforms compute a 3x3 correlation, the weight transform round-trips, and a
 one-Conv ONNX model tuned to the Winograd family (kiln.tuning.apply.Forced) computes
 onnxruntime's result with the fused bias, residual add and ReLU: F(2x2) and F(4x4),
@@ -29,8 +29,9 @@ import kiln
 from kiln.distributed.tune import discover
 from kiln.ir.tensor import For
 from kiln.ir.visitor import iter_stmts
+from kiln.kernels.conv.winograd import weight_transform
 from kiln.ops.kernels.tiles import tile_lanes
-from kiln.ops.winograd import matrices, weight_transform, weight_untransform
+from kiln.ops.winograd import matrices, weight_untransform
 from kiln.target.isa import isa_for
 from kiln.tuning.apply import Forced, using
 from support.graphs import GraphBuilder, value_info

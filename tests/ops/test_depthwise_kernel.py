@@ -8,7 +8,7 @@ height is not a multiple of the tile's rows (a full block and a partial one) and
 row splits into column tiles with a remainder; the SiLU (x * sigmoid(x)) is fused
 into the kernel's epilogue. Then a squeeze-excite block: global average pooling
 (read through a merged-dims view), two 1x1 convolutions and the broadcast channel
-multiply (kiln.ops.channel_scale), and a [C, 1, 1] scale with a fused ReLU. Last,
+multiply (kiln.kernels.conv.channel_scale), and a [C, 1, 1] scale with a fused ReLU. Last,
 2-D max and average pooling on the same window kernel: stride 2 with a fused ReLU,
 dilation, ceil_mode with asymmetric pads (window counts that vary at the borders),
 and counting the pads.
@@ -26,7 +26,13 @@ import pytest
 import kiln
 from kiln.ir.tensor import DeclBuffer
 from kiln.ir.visitor import iter_stmts
-from kiln.ops import conv_kernels as ck
+from kiln.kernels.conv.window import (
+    DEPTHWISE_MAX_ROWS,
+    WINDOW_PLANE_BYTES,
+    depthwise_tile_rows,
+    depthwise_tile_width,
+)
+from kiln.ops.conv_geometry import ConvShape
 from kiln.ops.kernels.tiles import tile_lanes, tile_registers
 from kiln.target import Target
 from kiln.target.isa import isa_for
@@ -46,7 +52,7 @@ CASES: list[dict[str, Any]] = [
     # 5x5, dilation 2, a 7x7 image (one tile of every row)
     dict(x=(1, 5, 7, 7), k=5, s=1, pads=(4, 4, 4, 4), dil=2, tail=None),
     # padded, 17 channels of 128x128 padded: more than an L2 of 1 MB, so each channel is
-    # padded on the stack next to its tiles (ck.WINDOW_PLANE_BYTES, one plane exactly)
+    # padded on the stack next to its tiles (WINDOW_PLANE_BYTES, one plane exactly)
     dict(x=(1, 17, 126, 126), k=3, s=1, pads=(1, 1, 1, 1), tail="relu6"),
 ]
 PLANE_CASES = 1  # the last cases
@@ -128,7 +134,7 @@ def test_large_padded_inputs_are_padded_per_channel(native: kiln.driver.Executab
             planes.append("xplane" in allocs)
             if "xplane" in allocs:
                 assert allocs["xplane"].scope == "local" and "xpad" not in allocs
-    assert isa_for(native.target).l2_bytes < 17 * ck.WINDOW_PLANE_BYTES
+    assert isa_for(native.target).l2_bytes < 17 * WINDOW_PLANE_BYTES
     assert len(planes) == len(CASES) and planes.count(True) == PLANE_CASES
 
 
@@ -152,15 +158,15 @@ def test_tile_rows_fit_the_registers(target: str, out_h: int, out_w: int) -> Non
     rows split the image into blocks that differ by at most one row."""
     isa = isa_for(Target(target))
     lanes, registers = tile_lanes(isa), tile_registers(isa)
-    shape = ck.ConvShape(1, 8, out_h, out_w, 8, 3, 3, (1, 1), (1, 1), (1, 1, 1, 1), 8)
-    tile_w = ck.depthwise_tile_width(shape, lanes)
-    rows = ck.depthwise_tile_rows(shape, tile_w, lanes, registers)
-    assert 1 <= rows <= min(out_h, ck.DEPTHWISE_MAX_ROWS)
+    shape = ConvShape(1, 8, out_h, out_w, 8, 3, 3, (1, 1), (1, 1), (1, 1, 1, 1), 8)
+    tile_w = depthwise_tile_width(shape, lanes)
+    rows = depthwise_tile_rows(shape, tile_w, lanes, registers)
+    assert 1 <= rows <= min(out_h, DEPTHWISE_MAX_ROWS)
     assert rows * -(-tile_w // lanes) + 2 <= registers
     blocks = -(-out_h // rows)
     assert blocks * rows - out_h < blocks  # the partial block is at most one row short
     # no taller tile fits: fewer blocks would need more rows than the registers allow
     if blocks > 1:
         taller = -(-out_h // (blocks - 1))
-        assert (taller > ck.DEPTHWISE_MAX_ROWS
+        assert (taller > DEPTHWISE_MAX_ROWS
                 or taller * -(-tile_w // lanes) + 2 > registers)

@@ -1,4 +1,4 @@
-"""The grouped GEMM convolution kernel (kiln.ops.kernels.conv_grouped) against
+"""The grouped GEMM convolution kernel (kiln.kernels.conv.grouped) against
 onnxruntime on llvm, llvm with AVX-512 off and c, one and two threads.
 
 The cases are ShuffleNet's pointwise layers, small: a grouped 1x1 convolution with a
@@ -21,8 +21,8 @@ import pytest
 
 import kiln
 from kiln.ir.tensor import PrimFunc
-from kiln.ops import conv_kernels as ck
-from kiln.ops.kernels.conv_grouped import choose_tile, takes
+from kiln.kernels.conv.grouped import choose_tile, takes
+from kiln.ops.conv_geometry import ConvShape
 from kiln.target import Target
 from kiln.target.isa import isa_for
 from support.graphs import GraphBuilder
@@ -94,10 +94,10 @@ def test_matches_onnxruntime(native: kiln.driver.Executable, reference: list[np.
 def test_the_tile_reads_the_input_in_place_where_whole_vectors_divide_the_positions() -> None:
     isa = isa_for(Target("llvm -mtriple=x86_64-linux-gnu -mcpu=znver4"))
     # ShuffleNet's 28x28 layer: 784 positions are 49 vectors of 16, not whole 32s
-    shape = ck.ConvShape(1, 60, 28, 28, 240, 1, 1, (1, 1), (1, 1), (0, 0, 0, 0), 3)
+    shape = ConvShape(1, 60, 28, 28, 240, 1, 1, (1, 1), (1, 1), (0, 0, 0, 0), 3)
     assert choose_tile(shape, isa)[1] == 16 and takes(shape, isa)
     # 7x7: 49 positions fill 77% of 64 lanes (left to the blocked kernel)
-    small = ck.ConvShape(1, 240, 7, 7, 960, 1, 1, (1, 1), (1, 1), (0, 0, 0, 0), 3)
+    small = ConvShape(1, 240, 7, 7, 960, 1, 1, (1, 1), (1, 1), (0, 0, 0, 0), 3)
     assert not takes(small, isa)
 
 
@@ -105,7 +105,7 @@ def test_a_partial_last_panel_keeps_two_vectors_where_they_waste_little() -> Non
     # ShuffleNet's 14x14 layers: no width of whole vectors divides 196 positions, so the
     # last panel overlaps the one before; AVX2 keeps the GEMM rule's 16 (208 computed,
     # 6%), AVX-512 narrows its 32 (224, 14%) to 16
-    shape = ck.ConvShape(1, 480, 14, 14, 120, 1, 1, (1, 1), (1, 1), (0, 0, 0, 0), 3)
+    shape = ConvShape(1, 480, 14, 14, 120, 1, 1, (1, 1), (1, 1), (0, 0, 0, 0), 3)
     avx2 = isa_for(Target("llvm -mtriple=x86_64-linux-gnu -mcpu=znver3"))
     avx512 = isa_for(Target("llvm -mtriple=x86_64-linux-gnu -mcpu=znver4"))
     assert choose_tile(shape, avx2) == (6, 16) and takes(shape, avx2)

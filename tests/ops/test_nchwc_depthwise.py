@@ -1,5 +1,5 @@
 """Depthwise convolutions inside a blocked region (kiln.ops.conv_nchwc_depthwise, its
-kernel kiln.ops.kernels.nchwc_depthwise, the nchwc-layout pass) against onnxruntime.
+kernel kiln.kernels.conv.nchwc_depthwise, the nchwc-layout pass) against onnxruntime.
 
 One ONNX model, a MobileNet/EfficientNet-style chain: a 3x3 convolution with ReLU, a
 1x1 one, a 3x3 depthwise layer with Clip (ReLU6), a 5x5 stride-2 depthwise layer with
@@ -24,7 +24,7 @@ from onnx import TensorProto, helper, numpy_helper
 import kiln
 from kiln.frontend import from_onnx
 from kiln.ir import graph as g
-from kiln.ops.kernels.nchwc import pointwise_body_isa, pointwise_kernel, pointwise_tile
+from kiln.kernels.conv.nchwc import pointwise_body_isa, pointwise_kernel, pointwise_tile
 from kiln.target import Target
 from kiln.target.isa import isa_for
 from kiln.transform.registry import parse_passes

@@ -180,12 +180,12 @@ def test_padded_blocked_convolution_pads_per_band(monkeypatch: pytest.MonkeyPatc
     """A padded NCHW blocked convolution (of an input from `BANDED_TILES_BYTES` on, here
     lowered to any size) runs as one parallel loop over bands of consecutive tiles, each
     padding the input rows its tiles read into a buffer of its own
-    (kiln.ops.conv_kernels.banded_tiles): a 3x3 layer of 64 channels on 11x10 (110
+    (kiln.kernels.conv.bands.banded_tiles): a 3x3 layer of 64 channels on 11x10 (110
     positions, tiles wrapping rows, a partial last band) and a 3x3/2 one with asymmetric
     pads; results match onnxruntime on two threads (llvm and c)."""
     pytest.importorskip("onnxruntime")
-    from kiln.ops import conv_kernels
-    monkeypatch.setattr(conv_kernels, "BANDED_TILES_BYTES", 0)
+    from kiln.kernels.conv import blocked
+    monkeypatch.setattr(blocked, "BANDED_TILES_BYTES", 0)
     rng = np.random.default_rng(6)
     b = GraphBuilder(6)
     feeds = {}

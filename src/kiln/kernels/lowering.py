@@ -56,6 +56,17 @@ _LAZY: dict[str, str] = {
     "cblas_matmul": "kiln.kernels.gemm.cblas:CBLAS_MATMUL",
 
     # conv (kiln.kernels.conv)
+    "conv2d_blocked": "kiln.kernels.conv.lowering:BLOCKED",
+    "conv2d_depthwise": "kiln.kernels.conv.lowering:DEPTHWISE",
+    "conv2d_rows": "kiln.kernels.conv.lowering:ROWS",
+    "conv2d_nchwc": "kiln.kernels.conv.lowering:NCHWC",
+    "conv2d_gemm": "kiln.kernels.conv.lowering:GEMM",
+    "conv2d_group_gemm": "kiln.kernels.conv.lowering:GROUP_GEMM",
+    "conv2d_winograd": "kiln.kernels.conv.lowering:WINOGRAD",
+    "conv2d_winograd_nchwc": "kiln.kernels.conv.lowering:WINOGRAD_NCHWC",
+    "conv2d_nchwc_depthwise": "kiln.kernels.conv.nchwc_depthwise:NCHWC_DEPTHWISE",
+    "multiply": "kiln.kernels.conv.channel_scale:CHANNEL_SCALE",
+    "channel_scale_nchwc": "kiln.kernels.conv.channel_scale:CHANNEL_SCALE_NCHWC",
 
     # int8 (kiln.kernels.int8)
     "qlinear_matmul_packed": "kiln.kernels.int8.matmul:TILED_MATMUL",

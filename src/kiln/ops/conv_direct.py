@@ -1,4 +1,4 @@
-"""2-D convolution operators lowered by the hand-scheduled kernels of `kiln.ops.conv_kernels`.
+"""2-D convolution operators lowered by the hand-scheduled kernels of kiln.kernels.conv.
 
 The `block-convolutions` graph pass (kiln.transform.conv_blocking) rewrites a
 float32 `conv2d` with a constant weight into one of these, so the rewrite is
@@ -19,33 +19,32 @@ visible in the graph (and in its kiln.script text):
   input in place: `NCHW_INPUT_BLOCK`); the `nchwc-layout` pass
   (kiln.transform.nchwc_layout) introduces it;
 - `conv2d_group_gemm(x, w[, bias])`: a grouped (not depthwise) 1x1 convolution as
-  one GEMM per group (kiln.ops.kernels.conv_grouped); same attributes as `conv2d`.
+  one GEMM per group (kiln.kernels.conv.grouped); same attributes as `conv2d`.
 
 Both keep `conv2d`'s meaning (NCHW in and out, ONNX pads), type rule and numpy
 reference; their tensor-expression definitions (used when a kernel cannot be
-built, e.g. for another dtype) unpack the weight on the fly. `legalize` builds
-the kernel; `lower_fused` builds it with an elementwise epilogue that FuseOps
-grouped after the convolution (bias, BatchNorm folded into the weights,
-ReLU/Clip/Sigmoid/SiLU, a residual add), applied as each output is stored.
+built, e.g. for another dtype) unpack the weight on the fly (`unpack_blocked_weight`,
+`unpack_rows_weight`). Their kernels are their families' (kiln.kernels.conv), built
+alone or with an elementwise epilogue that FuseOps grouped after the convolution
+(bias, BatchNorm folded into the weights, ReLU/Clip/Sigmoid/SiLU, a residual add),
+applied as each output is stored.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any, ClassVar, cast
+from typing import Any
 
 import numpy as np
 
 from kiln.errors import IRError
-from kiln.ir.tensor import PrimExpr, PrimFunc, as_expr, min_, select
+from kiln.ir.tensor import PrimExpr, as_expr, min_, select
 from kiln.ir.types import TensorType, Type
-from kiln.ops import conv_kernels as ck
-from kiln.ops import layout, spatial, te
+from kiln.ops import layout, te
+from kiln.ops.conv_geometry import ConvShape, conv_shape
 from kiln.ops.kernels.registry import checking_tile, recorded_tile
 from kiln.ops.nn import conv_compute, conv_infer, conv_ref
-from kiln.ops.registry import OPS, HandBuiltOp
-from kiln.target.isa import ISA
+from kiln.ops.registry import register_op
 
 BLOCKED = "conv2d_blocked"
 DEPTHWISE = "conv2d_depthwise"
@@ -56,24 +55,17 @@ GROUP_GEMM = "conv2d_group_gemm"
 WINOGRAD = "conv2d_winograd"  # kiln.ops.winograd, which builds on this module
 Attrs = Mapping[str, Any]
 
-def conv_shape(x: Sequence[int | PrimExpr], c_out: int, kernel: Sequence[int],
-               attrs: Attrs) -> ck.ConvShape:
-    """The `ConvShape` of a 2-D convolution call (NCHW input shape `x`)."""
-    strides = spatial.ints(attrs, "strides", 2, 1)
-    dilations = spatial.ints(attrs, "dilations", 2, 1)
-    begins, ends = spatial.pads(attrs, 2)
-    # the batch may be symbolic (an int64 expression): only the kernels' batch loops see
-    # it; a symbolic image height or width only the families taking one (ConvShape)
-    batch, h, w = (cast(int, d) if isinstance(d, PrimExpr) else int(d)
-                   for d in (x[0], x[2], x[3]))
-    c = int(cast(int, x[1]))
-    return ck.ConvShape(batch, c, h, w, int(c_out),
-                        int(kernel[0]), int(kernel[1]), (strides[0], strides[1]),
-                        (dilations[0], dilations[1]),
-                        (begins[0], begins[1], ends[0], ends[1]), int(attrs.get("group", 1)))
-
 
 # --------------------------------------------------------------------------- blocked op
+
+def unpack_blocked_weight(wp: np.ndarray, c_out: int) -> np.ndarray:
+    """The OIHW weight with `c_out` output channels of a weight packed
+    `[group][co_block][ci][kh][kw][cb]` (kiln.kernels.conv.blocked.pack_blocked_weight)."""
+    groups, blocks, ci, kh, kw, cb = wp.shape
+    cog = c_out // groups
+    w = wp.transpose(0, 1, 5, 2, 3, 4).reshape(groups, blocks * cb, ci, kh, kw)[:, :cog]
+    return np.ascontiguousarray(w.reshape(c_out, ci, kh, kw))
+
 
 def _blocked_oihw(types: Sequence[Any], attrs: Attrs) -> tuple[int, ...]:
     """The OIHW weight shape a packed `wp` stands for (checked)."""
@@ -118,7 +110,7 @@ def _blocked_compute(inputs: Sequence[te.Tensor], attrs: Attrs) -> te.Tensor:
 
 def _blocked_ref(x: np.ndarray, wp: np.ndarray, b: np.ndarray | None = None,
                  **attrs: Any) -> np.ndarray:
-    w = ck.unpack_blocked_weight(wp, int(attrs["channels"]))
+    w = unpack_blocked_weight(wp, int(attrs["channels"]))
     return conv_ref(x, w, b, **attrs)
 
 
@@ -136,7 +128,7 @@ def nchwc_block(x: Sequence[Any], attrs: Attrs) -> int:
 
 def nchwc_channel_tile(cb: int, blocks: int, block: int) -> bool:
     """Whether `blocks` tiles of `cb` output channels suit an NCHW{block}c output: whole
-    blocks, or one tile ending in half a block (kiln.ops.kernels.nchwc.half_vector;
+    blocks, or one tile ending in half a block (kiln.kernels.conv.nchwc.half_vector;
     its block's upper half stored as zeros)."""
     return cb % block == 0 or (blocks == 1 and 2 * (cb % block) == block)
 
@@ -198,6 +190,14 @@ def _nchwc_ref(x: np.ndarray, wp: np.ndarray, b: np.ndarray | None = None,
 
 # --------------------------------------------------------------------------- row-tiled op
 
+def unpack_rows_weight(wp: np.ndarray, c_out: int) -> np.ndarray:
+    """The OIHW weight with `c_out` output channels of a weight packed
+    `[co_block][ci][kh][kw][rows]` (kiln.kernels.conv.rows.pack_rows_weight)."""
+    blocks, ci, kh, kw, rows = wp.shape
+    w = wp.transpose(0, 4, 1, 2, 3).reshape(blocks * rows, ci, kh, kw)[:c_out]
+    return np.ascontiguousarray(w)
+
+
 def _rows_oihw(types: Sequence[Any], attrs: Attrs) -> tuple[int, ...]:
     wp = tuple(int(d) for d in types[1].shape)
     channels = int(attrs["channels"])
@@ -227,12 +227,12 @@ def _rows_compute(inputs: Sequence[te.Tensor], attrs: Attrs) -> te.Tensor:
 
 def _rows_ref(x: np.ndarray, wp: np.ndarray, b: np.ndarray | None = None,
               **attrs: Any) -> np.ndarray:
-    return conv_ref(x, ck.unpack_rows_weight(wp, int(attrs["channels"])), b, **attrs)
+    return conv_ref(x, unpack_rows_weight(wp, int(attrs["channels"])), b, **attrs)
 
 
-# --------------------------------------------------------------------------- lowering
+# --------------------------------------------------------------------------- kernel calls
 
-def call_conv_shape(op: str, args: Sequence[Any], attrs: Attrs) -> ck.ConvShape | None:
+def call_conv_shape(op: str, args: Sequence[Any], attrs: Attrs) -> ConvShape | None:
     """The geometry of a call of `op` (one of this module's ops, or `conv2d_winograd`) on
     `args` (tensors with shapes), or None when a `conv2d_depthwise` call is not
     depthwise."""
@@ -253,28 +253,24 @@ def call_conv_shape(op: str, args: Sequence[Any], attrs: Attrs) -> ck.ConvShape 
     return shape if shape.depthwise else None
 
 
-@dataclass(frozen=True)
-class DirectConvOp(HandBuiltOp):
-    """A convolution op whose kernel its family (kiln.ops.kernels: `conv_direct`,
-    `conv_rows`, `conv_depthwise`, `nchwc`) builds (`legalize`, `lower_fused`); the
-    batch may be symbolic (channels and image sizes static)."""
+#: The attribute a tuned `conv2d_blocked` call records its K-blocking in: input
+#: channels per segment, 0 for unblocked (absent: the rule's,
+#: kiln.kernels.conv.direct.choose_k_blocking).
+KSEGMENT = "ksegment"
+#: The segment sizes tuning offers (kiln.ops.kernels.search), where they divide the
+#: group's input channels into at least two segments.
+TUNED_SEGMENTS = (0, 16, 32, 64)
 
-    supports_symbolic: ClassVar[bool] = True
 
-    def lower_fused(self, params: Sequence[te.Tensor], args: Sequence[te.Tensor], attrs: Attrs,
-                    anchor: te.Tensor | None, result: te.Tensor | None,
-                    name: str, isa: ISA) -> PrimFunc | None:
-        """The convolution kernel (see `HandBuiltOp.lower_fused`)."""
-        if any(t.dtype != "float32" for t in (args[0], args[1], *params)):
-            return None
-        from kiln.ops.kernels.registry import build_call, family_of
-
-        return build_call(family_of(self.name), params, args, attrs, anchor, result,
-                          isa)
+def legal_segments(shape: ConvShape) -> list[int]:
+    """The `TUNED_SEGMENTS` the blocked kernel computes `shape` with: 0, and sizes
+    dividing the group's input channels in at least two segments."""
+    return [k for k in TUNED_SEGMENTS
+            if k == 0 or (shape.ci_group % k == 0 and shape.ci_group >= 2 * k)]
 
 
 def _register(name: str, infer: Any, compute: Any, reference: Any) -> None:
-    OPS.register(name, DirectConvOp(name, "anchor", infer, compute, reference))
+    register_op(name, pattern="anchor", infer=infer, compute=compute, reference=reference)
 
 
 _register(BLOCKED, _blocked_infer, _blocked_compute, _blocked_ref)

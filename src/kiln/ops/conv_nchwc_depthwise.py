@@ -5,7 +5,7 @@ the blocked NCHW{b}c layout (kiln.ops.layout).
 `[ceil(C/b)][kh][kw][b]` (`pack_weight`: the `b` channels of a block side by side,
 zero-padded), `bias` (optional) `[ceil(C/b) * b]` zero-padded (`pack_bias`); attribute
 `channels` is the real channel count C, `tile` the output positions per register tile
-(kiln.ops.kernels.nchwc_depthwise), the others `conv2d`'s (strides, pads, dilations,
+(kiln.kernels.conv.nchwc_depthwise), the others `conv2d`'s (strides, pads, dilations,
 `group` = C). The result is `[N][ceil(C/b)][OH][OW][b]` with its padding channels zero.
 The `nchwc-layout` pass (kiln.transform.nchwc_layout) introduces it in place of a
 `conv2d_depthwise` whose input is in a blocked region: a vector is then `b` channels
@@ -16,19 +16,17 @@ stride-1 wide one does, and no padded copy of the input is made.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any, ClassVar, cast
+from typing import Any, cast
 
 import numpy as np
 
 from kiln.errors import IRError
-from kiln.ir.tensor import PrimExpr, PrimFunc, as_expr, min_, select
+from kiln.ir.tensor import PrimExpr, as_expr, min_, select
 from kiln.ir.types import TensorType, Type
 from kiln.ops import layout, te
 from kiln.ops.kernels.registry import recorded_tile
 from kiln.ops.nn import conv_compute, conv_infer, conv_ref
-from kiln.ops.registry import OPS, HandBuiltOp
-from kiln.target.isa import ISA
+from kiln.ops.registry import register_op
 
 NCHWC_DEPTHWISE = "conv2d_nchwc_depthwise"
 Attrs = Mapping[str, Any]
@@ -117,24 +115,5 @@ def _reference(x: np.ndarray, wp: np.ndarray, bias: np.ndarray | None = None,
     return layout.to_blocked(out, int(x.shape[4]))
 
 
-@dataclass(frozen=True)
-class NchwcDepthwiseOp(HandBuiltOp):
-    """The op of this module; its kernel is kiln.ops.kernels.nchwc_depthwise's (float32,
-    static channels and image sizes; the batch may be symbolic)."""
-
-    supports_symbolic: ClassVar[bool] = True
-
-    def lower_fused(self, params: Sequence[te.Tensor], args: Sequence[te.Tensor], attrs: Attrs,
-                    anchor: te.Tensor | None, result: te.Tensor | None,
-                    name: str, isa: ISA) -> PrimFunc | None:
-        """The hand-built kernel (see `HandBuiltOp.lower_fused`)."""
-        if any(t.dtype != "float32" for t in (*args, *params)) or not all(
-                isinstance(d, int) for t in args for d in t.shape[1:]):
-            return None
-        from kiln.ops.kernels.nchwc_depthwise import build
-
-        return build(params, args, attrs, anchor, result, isa=isa)
-
-
-OPS.register(NCHWC_DEPTHWISE, NchwcDepthwiseOp(NCHWC_DEPTHWISE, "anchor", _infer, _compute,
-                                               _reference))
+register_op(NCHWC_DEPTHWISE, pattern="anchor", infer=_infer, compute=_compute,
+            reference=_reference)

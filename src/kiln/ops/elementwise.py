@@ -29,7 +29,7 @@ from kiln.ir.types import TensorType, Type
 from kiln.ops import nan_order, te
 from kiln.ops._numpy import is_float, widen
 from kiln.ops.broadcast import broadcast_index, broadcast_types
-from kiln.ops.registry import OPS, register_op
+from kiln.ops.registry import register_op
 
 BinaryFn = Callable[[PrimExpr, PrimExpr], PrimExpr]
 Attrs = Mapping[str, Any]
@@ -331,11 +331,6 @@ def _register_binary(name: str, fn: BinaryFn,
         with np.errstate(all="ignore"):
             return np.asarray(ref(a, b)).astype(a.dtype)
 
-    if name == "multiply":  # a squeeze-excite channel scale has a hand-built kernel
-        from kiln.ops.channel_scale import ChannelScaleOp
-
-        OPS.register(name, ChannelScaleOp(name, "broadcast", infer, compute, reference))
-        return
     register_op(name, pattern="broadcast", infer=infer, compute=compute, reference=reference)
 
 

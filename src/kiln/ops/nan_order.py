@@ -13,7 +13,7 @@ NaN operand. The rules, each named after what it does, and who uses them:
 - `max_keep_first` / `min_keep_first` (with `with_leading_nan` for lanes): onnxruntime's
   scan, a NaN candidate never replaces the best so far and a NaN best stays
   (ReduceMax/Min, ArgMax/Min, Hardmax, the row max of softmax; MaxPool and
-  GlobalMaxPool from the most negative finite value, kiln.ops.max_pool_kernel);
+  GlobalMaxPool from the most negative finite value, kiln.kernels.pool.max_rows);
 - `max_keep_second` / `min_keep_second`: the other way round, a NaN candidate replaces
   and a NaN best is replaced by the next candidate (ScatterElements/ScatterND `max`
   and `min`);

@@ -1,6 +1,6 @@
-"""Winograd convolution F(m x m, 3 x 3): the transform matrices, the weight transform
-done at compile time, and the op `conv2d_winograd` (kiln.ops.kernels.conv_winograd
-builds its kernel).
+"""Winograd convolution F(m x m, 3 x 3): the transform matrices and the op
+`conv2d_winograd` (kiln.kernels.conv.winograd transforms its weight at compile time
+and builds its kernel).
 
 For an output tile of `m x m` and a 3x3 filter the input tile is `a x a`, `a = m + 2`:
 `Y = A^T [(G g G^T) * (B^T d B)] A` (Lavin & Gray, "Fast Algorithms for Convolutional
@@ -10,7 +10,8 @@ product is `a * a` matrix products `U[p] @ V[p]` (`p` a position of the tile),
 `m * m * 9 / (a * a)` of the direct convolution's multiplies: 4x fewer for F(4,3).
 
 `conv2d_winograd(x, u[, bias])` takes `u = G g G^T` of each (output, input) channel
-pair, laid out `[a * a][out channels][in channels]` (`weight_transform`): row-major
+pair, laid out `[a * a][out channels][in channels]` (kiln.kernels.conv.winograd.
+weight_transform): row-major
 A operands of the GEMM micro-kernel. Its type rule, reference and tensor-expression
 fallback recover the OIHW weight (`weight_untransform`: G's left inverse), so the op
 keeps `conv2d`'s meaning (NCHW, ONNX pads, stride and dilation 1, one group).
@@ -27,11 +28,11 @@ from kiln.errors import IRError
 from kiln.ir.tensor import PrimExpr, as_expr, select
 from kiln.ir.types import TensorType, Type
 from kiln.ops import layout, te
-from kiln.ops.conv_direct import DirectConvOp
-from kiln.ops.gemm import pack_b, unpack_b
+from kiln.ops.conv_geometry import ConvShape
+from kiln.ops.gemm import unpack_b
 from kiln.ops.kernels.registry import recorded_tile
 from kiln.ops.nn import conv_compute, conv_infer, conv_ref
-from kiln.ops.registry import OPS
+from kiln.ops.registry import register_op
 
 WINOGRAD = "conv2d_winograd"
 #: The output tile sizes m that have transforms here.
@@ -78,26 +79,14 @@ def matrices(m: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return _MATRICES[m]
 
 
-def weight_transform(w: np.ndarray, m: int) -> np.ndarray:
-    """OIHW 3x3 weight -> `u[a * a][O][I]`, `u[:, o, i] = G w[o, i] G^T` (float64 math,
-    stored in `w`'s dtype)."""
-    _, g, _ = matrices(m)
-    # G w G^T of every (o, i) as one matrix product: (G kron G) [a*a][9] by the weight
-    # laid out [9][O*I] gives u's layout directly (an einsum over the six indices took
-    # 0.3 s for a 512x512 layer, this 0.05)
-    o, i = w.shape[:2]
-    taps = np.ascontiguousarray(w.astype(np.float64).reshape(o * i, 9).T)
-    u = np.dot(np.kron(g, g), taps)
-    return u.astype(w.dtype).reshape((m + 2) ** 2, o, i)
-
-
 def _left_inverse(m: int) -> np.ndarray:
     _, g, _ = matrices(m)
     return np.linalg.pinv(g)
 
 
 def weight_untransform(u: np.ndarray) -> np.ndarray:
-    """`weight_transform` undone (up to rounding): the OIHW weight."""
+    """The OIHW weight of a transformed one, `u[a*a][O][I]` with `u[:, o, i] = G w[o, i]
+    G^T` (kiln.kernels.conv.winograd.weight_transform), up to rounding."""
     m = tile_of(u.shape)
     gi = _left_inverse(m)
     a = m + 2
@@ -115,6 +104,14 @@ def tile_of(u_shape: Sequence[Any]) -> int:
             return m
     raise IRError(f"{WINOGRAD}: transformed weight's first dim {u_shape[0]} is not (m+2)^2 "
                   f"for m in {TILE_SIZES}")
+
+
+def eligible(shape: ConvShape) -> bool:
+    """Whether `conv2d_winograd` computes a convolution of `shape`: 3x3, stride 1,
+    dilation 1, one group (its kernel also needs float32 and static sizes:
+    kiln.ops.conv_geometry.conv_call_shape)."""
+    return ((shape.kh, shape.kw) == (3, 3) and shape.stride == (1, 1)
+            and shape.dilation == (1, 1) and shape.groups == 1)
 
 
 def _oihw(types: Sequence[Any], attrs: Attrs) -> tuple[int, ...]:
@@ -171,7 +168,7 @@ def _ref(x: np.ndarray, u: np.ndarray, b: np.ndarray | None = None,
     return conv_ref(x, weight_untransform(u), b, **attrs)
 
 
-OPS.register(WINOGRAD, DirectConvOp(WINOGRAD, "anchor", _infer, _compute, _ref))
+register_op(WINOGRAD, pattern="anchor", infer=_infer, compute=_compute, reference=_ref)
 
 
 # --------------------------------------------------------------------------- NCHWc op
@@ -181,19 +178,14 @@ OPS.register(WINOGRAD, DirectConvOp(WINOGRAD, "anchor", _infer, _compute, _ref))
 #: blocks; `up` is `u` packed in panels of `nr` output channels, `[a * a][ceil(O / nr)][C]
 #: [nr]` (`pack_panels`; attribute `channels` = O): the B operand of the products
 #: `M^T[p] = V^T[p] @ U^T[p]`, whose rows are tiles and whose lanes are channels
-#: (kiln.ops.kernels.winograd_nchwc). The `nchwc-layout` pass introduces it.
+#: (kiln.kernels.conv.winograd_nchwc, with `pack_panels`). The `nchwc-layout` pass
+#: introduces it.
 WINOGRAD_NCHWC = "conv2d_winograd_nchwc"
 
 
-def pack_panels(u: np.ndarray, nr: int) -> np.ndarray:
-    """`u[a*a][O][C]` -> `[a*a][ceil(O / nr)][C][nr]`: each position's `U^T` (`[C][O]`) as
-    the GEMM kernel's B panels (kiln.ops.gemm.pack_b), output channels
-    zero-padded."""
-    return np.stack([pack_b(up.T, nr) for up in u])
-
-
 def unpack_panels(up: np.ndarray, channels: int) -> np.ndarray:
-    """`pack_panels` undone: `u[a*a][channels][C]`."""
+    """`u[a*a][channels][C]` of a weight packed in panels `[a*a][ceil(O / nr)][C][nr]`
+    (kiln.kernels.conv.winograd_nchwc.pack_panels)."""
     return np.stack([unpack_b(panels, channels).T for panels in up])
 
 
@@ -250,5 +242,5 @@ def _nchwc_ref(x: np.ndarray, up: np.ndarray, b: np.ndarray | None = None,
     return layout.to_blocked(out, int(x.shape[4]))
 
 
-OPS.register(WINOGRAD_NCHWC, DirectConvOp(WINOGRAD_NCHWC, "anchor", _nchwc_infer,
-                                          _nchwc_compute, _nchwc_ref))
+register_op(WINOGRAD_NCHWC, pattern="anchor", infer=_nchwc_infer, compute=_nchwc_compute,
+            reference=_nchwc_ref)

@@ -8,7 +8,7 @@ and float32 operands becomes
 - `conv2d_rows` for an ungrouped convolution with output rows at least one vector
   wide that is 1x1 with stride 1 (MobileNet's expansions and projections: a
   matrix-product tile)
-  or sums over few inputs (`ci * kh * kw < ROWS_MAX_TAPS` of kiln.ops.kernels.conv_rows,
+  or sums over few inputs (`ci * kh * kw < ROWS_MAX_TAPS` of kiln.kernels.conv.rows,
   e.g. a first layer on 3 channels, a 3x3 layer on 32, unless its rows leave more
   vector lanes empty than the blocked tiles lose: `blocked_computes_less`): the weight
   packed into `[co_block][ci][kh][kw][6]`, tiles of 6 channels x 2 vectors of one
@@ -28,7 +28,7 @@ The choice is kiln.ops.kernels.registry's (`select`, over the ISA of the current
 target); each rewritten call records its register tile in its `tile` attribute: the
 rule's, or a tuning database's (kiln.ops.kernels.search).
 
-The kernels themselves are in kiln.ops.conv_kernels; docs/performance.md,
+The kernels themselves are in kiln.kernels.conv; docs/performance.md,
 "Convolution", describes them. The pass runs after fold-batchnorm (which
 folds into `conv2d` weights) and before fuse-ops (which fuses the elementwise
 tail into the new op's kernel). Activations stay NCHW here; the `nchwc-layout`
@@ -91,7 +91,7 @@ class BlockConvolutions(FunctionPass):
 
 def symbolic_image(call: g.Call) -> bool:
     """Whether a `conv2d`'s input has a symbolic height or width (only the GEMM, grouped
-    GEMM and depthwise families take one; kiln.ops.kernels.conv.conv_call_shape)."""
+    GEMM and depthwise families take one; kiln.ops.conv_geometry.conv_call_shape)."""
     t = call.args[0].type
     return isinstance(t, TensorType) and t.ndim == 4 and \
         not all(isinstance(d, int) for d in t.shape[2:])

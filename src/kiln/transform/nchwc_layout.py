@@ -10,7 +10,7 @@ layout-agnostic ops between such convolutions follow it:
   op on the 5-D tensor;
 - 2-D max and average pooling: `pool2d_nchwc` (kiln.ops.pool_nchwc);
 - a Winograd convolution (`conv2d_winograd`) of whole channel blocks:
-  `conv2d_winograd_nchwc` (kiln.ops.kernels.winograd_nchwc), counted as a convolution;
+  `conv2d_winograd_nchwc` (kiln.kernels.conv.winograd_nchwc), counted as a convolution;
 - a channel concat of blocked tensors whose channel counts are multiples of `b`:
   `concat` along the block axis.
 
@@ -76,7 +76,7 @@ class NchwcLayout(FunctionPass):
     a depthwise convolution (where the layout pays most: MobileNet-style networks), leaving
     the others NCHW, and only on ISAs with at least 16 vector registers of 8 float32 lanes
     (AVX2, AVX-512; NEON is not measured). On AVX2 the 1x1 layers of a region run on the
-    NCHWc pointwise kernel (kiln.ops.kernels.nchwc): the blocked kernel runs them slower
+    NCHWc pointwise kernel (kiln.kernels.conv.nchwc): the blocked kernel runs them slower
     than NCHW. Without `depthwise_only`, on AVX2 the layers the blocked kernel K-blocks on
     small images stay NCHW (`k_blocked_small_images`). `pointwise_regions`: with
     `depthwise_only`, on ISAs whose unpadded 1x1 layers take the pointwise kernel
@@ -105,7 +105,7 @@ class NchwcLayout(FunctionPass):
         isa = isa_for(None)
         if self.lanes:
             isa = with_lanes(isa, self.lanes)
-        from kiln.ops.kernels.nchwc import pointwise_body_isa
+        from kiln.kernels.conv.nchwc import pointwise_body_isa
 
         depthwise_only = self.depthwise_only and not (self.pointwise_regions
                                                       and pointwise_body_isa(isa))
@@ -360,13 +360,13 @@ class _Rewriter:
     def _rows(self, c: g.Call, var: g.Var) -> g.Call | None:
         """`c` (a `conv2d_rows`, `[co_block][ci][kh][kw][rows]` weight) as the blocked
         kernel's `conv2d_nchwc`."""
-        from kiln.ops import conv_kernels as ck
+        from kiln.ops.conv_direct import unpack_rows_weight
         from kiln.ops.kernels.registry import TILE
 
         w, channels = c.args[1], c.attrs.get("channels")
         if not isinstance(w, g.Constant) or not isinstance(channels, int):
             return None
-        oihw = ck.unpack_rows_weight(w.data, channels)
+        oihw = unpack_rows_weight(w.data, channels)
         plain = g.Call("conv2d", (c.args[0], g.Constant(oihw, w.name), *c.args[2:]),
                        g.freeze_attrs({k: v for k, v in c.attrs.items()
                                        if k not in (TILE, "channels")}), c.ret_type)
@@ -391,8 +391,8 @@ class _Rewriter:
 
     def _winograd(self, c: g.Call, var: g.Var) -> g.Call | None:
         """`c` (a `conv2d_winograd` of whole channel blocks) as `conv2d_winograd_nchwc`:
-        the weight packed in panels (kiln.ops.kernels.winograd_nchwc)."""
-        from kiln.ops.kernels.conv_winograd import takes
+        the weight packed in panels (kiln.kernels.conv.winograd_nchwc)."""
+        from kiln.kernels.conv.winograd import takes
         from kiln.ops.kernels.registry import KERNELS
 
         x, u = c.args[0], c.args[1]
@@ -412,8 +412,8 @@ class _Rewriter:
     def _depthwise(self, c: g.Call, var: g.Var) -> g.Call | None:
         """`c` (a `conv2d_depthwise`) as `conv2d_nchwc_depthwise`: weight and bias packed
         into whole channel blocks (kiln.ops.conv_nchwc_depthwise)."""
+        from kiln.kernels.conv.nchwc_depthwise import choose_tile_width, conv_geometry
         from kiln.ops import conv_nchwc_depthwise as dw
-        from kiln.ops.kernels.nchwc_depthwise import choose_tile_width, conv_geometry
         from kiln.ops.registry import call
 
         w = c.args[1]
@@ -440,9 +440,9 @@ WINOGRAD = "conv2d_winograd"  # kiln.ops.winograd.WINOGRAD
 CONVS = ("conv2d_blocked", "conv2d_depthwise", "conv2d_gemm", "conv2d_rows", WINOGRAD)
 def k_blocked_small_images(func: g.Function, isa: ISA) -> set[g.Var]:
     """On ISAs whose 1x1 NCHWc layers take the pointwise kernel (AVX2:
-    kiln.ops.kernels.nchwc.pointwise_kernel), the ungrouped convolutions
+    kiln.kernels.conv.nchwc.pointwise_kernel), the ungrouped convolutions
     (`conv2d_blocked`, `conv2d_gemm`) on images of at most `SMALL_IMAGE_POSITIONS` output
-    positions whose sums the blocked kernel K-blocks (kiln.ops.kernels.conv_direct.
+    positions whose sums the blocked kernel K-blocks (kiln.kernels.conv.direct.
     choose_k_blocking: ResNet-50's and DenseNet-121's 7x7 stages); none elsewhere. The
     pass leaves them NCHW outside regions holding a depthwise convolution. In NCHW{b}c
     the blocked kernel's K-blocked loop divides every input channel index by the block,
@@ -451,10 +451,10 @@ def k_blocked_small_images(func: g.Function, isa: ISA) -> set[g.Var]:
     six (Zen 3)"). The stride-1 1x1 layers go
     with them, so that the stage is one NCHW run rather than reorders around each 3x3
     layer (which made DenseNet-121's whole region fail `small_regions`)."""
-    from kiln.ops import conv_kernels as ck
+    from kiln.kernels.conv.blocked import choose_tiling
+    from kiln.kernels.conv.direct import SMALL_IMAGE_POSITIONS, choose_k_blocking
+    from kiln.kernels.conv.nchwc import pointwise_kernel
     from kiln.ops.conv_direct import call_conv_shape
-    from kiln.ops.kernels.conv_direct import SMALL_IMAGE_POSITIONS, choose_k_blocking
-    from kiln.ops.kernels.nchwc import pointwise_kernel
     from kiln.ops.kernels.tiles import tile_lanes, tile_registers
 
     if not pointwise_kernel(isa):
@@ -469,8 +469,8 @@ def k_blocked_small_images(func: g.Function, isa: ISA) -> set[g.Var]:
         if shape is None or shape.groups != 1 \
                 or shape.out_h * shape.out_w > SMALL_IMAGE_POSITIONS:
             continue
-        if choose_k_blocking(shape, ck.choose_tiling(shape, tile_lanes(isa),
-                                                     tile_registers(isa)), isa) is not None:
+        if choose_k_blocking(shape, choose_tiling(shape, tile_lanes(isa),
+                                                  tile_registers(isa)), isa) is not None:
             out.add(b.var)
     return out
 

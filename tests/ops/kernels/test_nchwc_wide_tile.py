@@ -1,4 +1,4 @@
-"""The NCHWc family's wide tile (kiln.ops.kernels.nchwc.wide_tile): on AVX-512, a layer
+"""The NCHWc family's wide tile (kiln.kernels.conv.nchwc.wide_tile): on AVX-512, a layer
 that is not 1x1 over a large image (112x112 and up) whose output channels fill tiles of
 four vectors takes 64 channels x 4 positions instead of the blocked rule's 32 x 6 (each
 channel tile sweeps the whole input, which comes from L3 at that size). The rule per
@@ -14,7 +14,7 @@ import pytest
 
 import kiln
 from kiln.frontend import from_onnx
-from kiln.ops.kernels.nchwc import WIDE_TILE_POSITIONS, wide_tile
+from kiln.kernels.conv.nchwc import WIDE_TILE_POSITIONS, wide_tile
 from kiln.target import Target
 from kiln.target.isa import isa_for
 from support.graphs import GraphBuilder

@@ -8,7 +8,7 @@ int16, OIHW), the bias with the zero-point correction `- x_zp * sum(wp)` folded 
 input's zero point, the requantization multiplier (per tensor or per output channel)
 and the output zero point.
 
-The kernel (kiln.ops.conv_kernels' depthwise layout, in int32): the input is copied
+The kernel (kiln.kernels.conv.window's depthwise layout, in int32): the input is copied
 once into a workspace bordered with `x_zp` (so the correction term holds at the
 borders too) and, for a strided convolution, split into column phases, so every tap
 reads consecutive addresses. A tile is up to two vectors of consecutive output columns
@@ -62,7 +62,7 @@ from kiln.ir.tensor import (
     seq,
 )
 from kiln.ir.types import TensorType
-from kiln.ops import conv_kernels as ck
+from kiln.kernels import conv as ck
 from kiln.ops import quant_words as qw
 from kiln.ops import te
 from kiln.ops.kernels.tiles import const, lanes_loop, nest, tile_lanes, tile_registers

@@ -5,7 +5,7 @@ The order is per output, so the kernel is free to tile and split the work as kil
 GEMM convolution does (`conv2d_mlas_kernel`, on kiln.kernels.gemm.mlas_order): per
 image and group, the weight `[OC / group][K]` (read in place) times the columns
 `[K][positions]`: the input itself for a 1x1 stride-1 unpadded layer (MLAS's GemmDirect),
-else a workspace filled once per call (kiln.ops.kernels.conv_gemm.im2col); register
+else a workspace filled once per call (kiln.kernels.conv.gemm.im2col); register
 tiles of output channels x whole vectors of positions, summed block by block in
 registers, stored along the flat positions through the fused epilogue; every tile of
 every position range in one parallel loop. The K blocks and position ranges are the
@@ -21,11 +21,11 @@ from typing import Any
 
 from kiln.ir.graph import Call
 from kiln.ir.tensor import Buffer, DeclBuffer, PrimExpr, PrimFunc, Stmt, Store, seq
+from kiln.kernels.conv.gemm import im2col
 from kiln.kernels.gemm.mlas_order import BRead, Segment, mlas_gemm_body, plan
 from kiln.ops import te
-from kiln.ops.conv_kernels import ConvShape
+from kiln.ops.conv_geometry import ConvShape
 from kiln.ops.epilogue import fused_store
-from kiln.ops.kernels.conv_gemm import im2col
 from kiln.ops.kernels.flat_epilogue import FlatEpilogue
 from kiln.ops.kernels.parallel_work import worth_parallel
 from kiln.ops.kernels.tiles import const, parallel_split
@@ -45,7 +45,7 @@ def _columns(geo: Geometry, x: Buffer, isa: ISA) -> tuple[BRead, list[Stmt]]:
     """B's reader `(image and group, k, position)` and the statements preparing it: the
     input itself, viewed as `[N][C][positions]`, for a 1x1 stride-1 unpadded layer
     (MLAS's GemmDirect), else a workspace of its columns filled once per call
-    (kiln.ops.kernels.conv_gemm.im2col: `[N][C * KH * KW][positions]`, a group's k rows
+    (kiln.kernels.conv.gemm.im2col: `[N][C * KH * KW][positions]`, a group's k rows
     in a row)."""
     per_group = geo.channels // geo.group
     if geo.shape().direct:

@@ -1,7 +1,7 @@
 """The row-by-row 2-D max pooling kernel (NCHW, static shapes; float32, int8, uint8).
 
 A max needs no multiply and no neutral value inside the input, so unlike the window
-kernel of a depthwise convolution (kiln.ops.conv_kernels.window_body) nothing is copied
+kernel of a depthwise convolution (kiln.kernels.conv.window.window_body) nothing is copied
 into a padded workspace. Each output row is made in two steps:
 
 1. vertical: the max of the window's input rows, contiguous vector loads straight from
@@ -49,7 +49,7 @@ from kiln.ir.tensor import (
     Var,
     seq,
 )
-from kiln.ops import conv_kernels as ck
+from kiln.kernels import conv as ck
 from kiln.ops import nan_order, te
 from kiln.ops.kernels.tiles import const as _c
 from kiln.ops.kernels.tiles import lanes_loop, parallel_tiles, parallel_when

@@ -2,7 +2,7 @@
 
 `max_pool2d` (float32, int8, uint8) runs the row-by-row max kernel of
 kiln.kernels.pool.max_rows: no padded copy of the input. `avg_pool2d` (float32) takes
-the depthwise convolution's window kernel (kiln.ops.conv_kernels.window_body):
+the depthwise convolution's window kernel (kiln.kernels.conv.window.window_body):
 vectors along the output columns, tiles of several output rows that load each input
 row segment once, the input copied once into a workspace padded with 0 and split by
 column phase for stride 2; each sum is divided by its window's count, a compile-time
@@ -36,8 +36,8 @@ from kiln.ir.tensor import (
     min_,
     seq,
 )
+from kiln.kernels import conv as ck
 from kiln.kernels.pool.max_rows import MAX_ELEMENTS, max_pool_body
-from kiln.ops import conv_kernels as ck
 from kiln.ops import nan_order, spatial, te
 from kiln.ops.epilogue import fused_store
 from kiln.ops.kernels.tiles import (

@@ -99,14 +99,14 @@ _FAMILIES: dict[str, str] = {
     "gemm_tiled": "kiln.kernels.gemm.families:GEMM_TILED",
 
     # conv
-    "conv_depthwise": "kiln.ops.kernels.conv_depthwise:CONV_DEPTHWISE",
-    "conv_gemm": "kiln.ops.kernels.conv_gemm:CONV_GEMM",
-    "conv_grouped": "kiln.ops.kernels.conv_grouped:CONV_GROUPED",
-    "conv_rows": "kiln.ops.kernels.conv_rows:CONV_ROWS",
-    "conv_direct": "kiln.ops.kernels.conv_direct:CONV_DIRECT",
-    "nchwc": "kiln.ops.kernels.nchwc:NCHWC",
-    "conv_winograd": "kiln.ops.kernels.conv_winograd:CONV_WINOGRAD",
-    "winograd_nchwc": "kiln.ops.kernels.winograd_nchwc:WINOGRAD_NCHWC",
+    "conv_depthwise": "kiln.kernels.conv.depthwise:CONV_DEPTHWISE",
+    "conv_gemm": "kiln.kernels.conv.gemm:CONV_GEMM",
+    "conv_grouped": "kiln.kernels.conv.grouped:CONV_GROUPED",
+    "conv_rows": "kiln.kernels.conv.rows:CONV_ROWS",
+    "conv_direct": "kiln.kernels.conv.direct:CONV_DIRECT",
+    "nchwc": "kiln.kernels.conv.nchwc:NCHWC",
+    "conv_winograd": "kiln.kernels.conv.winograd:CONV_WINOGRAD",
+    "winograd_nchwc": "kiln.kernels.conv.winograd_nchwc:WINOGRAD_NCHWC",
 
     # int8
     "int8_matmul": "kiln.kernels.int8.families:INT8_MATMUL",

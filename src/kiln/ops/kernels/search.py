@@ -10,7 +10,7 @@
 - `{"tile": [...], "ksegment": C}`: the blocked direct convolution (`conv_direct`)
   with its sums K-blocked in segments of C input channels (0: unblocked; 16, 32, 64
   where they divide the group's channels in two or more: `legal_segments`), other
-  than its rule's (kiln.ops.kernels.conv_direct.choose_k_blocking);
+  than its rule's (kiln.kernels.conv.direct.choose_k_blocking);
 - `{"tile": [...], "unroll": U}`: the rule's tile with the K (reduction) loop of the
   register tile unrolled by U (2, 4, 8 up to a static K: the GEMM kernels' K, the
   blocked direct convolution's input channels per group; `unrolls`), the sums in the
@@ -43,7 +43,7 @@ from typing import Any, Protocol, cast, runtime_checkable
 from kiln.errors import UsageError, shown
 from kiln.ir import graph as g
 from kiln.ir.types import TensorType
-from kiln.ops.kernels.conv_direct import KSEGMENT
+from kiln.ops.conv_direct import KSEGMENT
 from kiln.ops.kernels.parallel_work import worth_parallel
 from kiln.ops.kernels.registry import KBLOCK, KERNELS, SPLIT, TILE, UNROLL, KernelFamily
 from kiln.ops.kernels.tiles import PARALLEL_SPLITS, tile_lanes
@@ -99,7 +99,7 @@ def computes(name: str, call: g.Call, isa: ISA) -> bool:
     ungrouped one, the grouped GEMM one any grouped one but a depthwise, the Winograd one
     a 3x3 ungrouped one of stride and dilation 1, the row-tiled
     one an ungrouped one with rows of at least a vector."""
-    from kiln.ops.kernels.conv import conv_call_shape
+    from kiln.ops.conv_geometry import conv_call_shape
 
     shape = conv_call_shape(call)
     if shape is None or name not in CONV_ALGORITHMS:
@@ -107,7 +107,7 @@ def computes(name: str, call: g.Call, isa: ISA) -> bool:
     if name == "conv_direct":
         return True
     if name == WINOGRAD:  # 3x3, stride and dilation 1, ungrouped (any padding)
-        from kiln.ops.kernels.conv_winograd import eligible
+        from kiln.ops.winograd import eligible
 
         return eligible(shape)
     if name == "conv_grouped":
@@ -130,7 +130,7 @@ def _work(family: KernelFamily, call: g.Call) -> int | None:
     """Multiply-adds of a call whose kernel goes parallel only above the work
     threshold (the GEMM families), None for the others (always parallel)."""
     if family.name in CONV_GEMMS:
-        from kiln.ops.kernels.conv import conv_call_shape
+        from kiln.ops.conv_geometry import conv_call_shape
 
         s = conv_call_shape(call)
         assert s is not None
@@ -154,7 +154,7 @@ def _gemm_m_k(name: str, call: g.Call) -> tuple[object, object]:
     m: object
     k: object
     if name in CONV_GEMMS:
-        from kiln.ops.kernels.conv import conv_call_shape
+        from kiln.ops.conv_geometry import conv_call_shape
 
         s = conv_call_shape(call)
         assert s is not None
@@ -193,7 +193,7 @@ def unrolls(name: str, call: g.Call) -> list[int]:
     if name not in UNROLL_FAMILIES:
         return []
     if name == "conv_direct":
-        from kiln.ops.kernels.conv import conv_call_shape
+        from kiln.ops.conv_geometry import conv_call_shape
 
         shape = conv_call_shape(call)
         k: object = (shape.ci_group if shape is not None and (shape.kh, shape.kw) == (1, 1)
@@ -204,8 +204,8 @@ def unrolls(name: str, call: g.Call) -> list[int]:
 
 
 def _legal_segments(call: g.Call) -> list[int]:
-    from kiln.ops.kernels.conv import conv_call_shape
-    from kiln.ops.kernels.conv_direct import legal_segments
+    from kiln.ops.conv_direct import legal_segments
+    from kiln.ops.conv_geometry import conv_call_shape
 
     shape = conv_call_shape(call)
     return [] if shape is None else legal_segments(shape)
@@ -214,12 +214,14 @@ def _legal_segments(call: g.Call) -> list[int]:
 def segments(call: g.Call, isa: ISA, tile: Sequence[int]) -> list[int]:
     """The K-blocking segments (input channels, 0: unblocked) the blocked direct
     kernel may take for `call` with `tile`, other than its rule's."""
-    from kiln.ops.kernels.conv import conv_call_shape
-    from kiln.ops.kernels.conv_direct import rule_segment
+    from kiln.ops.conv_geometry import conv_call_shape
 
     shape = conv_call_shape(call)
     assert shape is not None
-    rule = rule_segment(shape, tuple(tile), isa)
+    # the blocked family's rule, asked by name (kiln.kernels.conv.direct: ops import no
+    # kernels)
+    family: Any = KERNELS.get("conv_direct")
+    rule = family.rule_segment(shape, tuple(tile), isa)
     return [k for k in _legal_segments(call) if k != rule]
 
 

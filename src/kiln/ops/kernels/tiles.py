@@ -86,8 +86,8 @@ def tile_registers(isa: ISA) -> int:
 
 
 #: The vector widths the AVX2-only rules (`narrow_rows` but for the row-tiled kernel's
-#: tiles, kiln.ops.kernels.conv_rows.NARROW_ROWS_BITS; the blocked convolution's K
-#: blocking and subsampled strided 1x1 layers, kiln.ops.kernels.conv_direct) were
+#: tiles, kiln.kernels.conv.rows.NARROW_ROWS_BITS; the blocked convolution's K
+#: blocking and subsampled strided 1x1 layers, kiln.kernels.conv.direct) were
 #: measured on: AVX2, on Zen 3. On AVX-512 (Zen 5) the kernels as they were ran at
 #: 85-94% of peak on the 3x3 layers and 72-81% on the strided 1x1 ones
 #: (docs/performance.md); they are left so there until measured.

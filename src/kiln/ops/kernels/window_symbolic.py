@@ -1,8 +1,8 @@
 """The per-channel window kernel over an image of symbolic height and width: depthwise
-convolutions (kiln.ops.kernels.conv_depthwise), max and average pools
-(kiln.ops.pool_kernels) whose image size is known at run time only.
+convolutions (kiln.kernels.conv.depthwise), max and average pools
+(kiln.kernels.pool.window) whose image size is known at run time only.
 
-The static kernels (kiln.ops.conv_kernels.window_body, kiln.ops.max_pool_kernel) plan
+The static kernels (kiln.kernels.conv.window.window_body, kiln.kernels.pool.max_rows) plan
 their row tiles, padded copies and border runs from the image size at compile time.
 Here each channel (one parallel tile) first copies its plane into a workspace plane
 bordered by the window's pads, filled with `pad` (0 for a convolution, the lowest
@@ -31,7 +31,7 @@ from kiln.ir.tensor import (
     compare,
     seq,
 )
-from kiln.ops import conv_kernels as ck
+from kiln.ops import conv_geometry as ck
 from kiln.ops.kernels.tiles import (
     Epilogue,
     bound,

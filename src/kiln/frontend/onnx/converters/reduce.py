@@ -298,7 +298,7 @@ def _instance_norm_onnx(ctx: GraphContext, inputs: Sequence[g.Expr | None],
     t = ctx.tensor_type(x)
     eps = float(attrs.get("epsilon", 1e-5))
     if ndim > 3 and all(isinstance(d, int) for d in t.shape):
-        # spatial dims as one row: the hand-built row kernel (kiln.ops.row_kernels) takes it
+        # spatial dims as one row: the hand-built row kernel (kiln.kernels.rows) takes it
         shape = t.static_shape
         rows = ctx.call("reshape", x, shape=(*shape[:2], int(np.prod(shape[2:]))))
         y = ctx.call("reshape", ctx.call("layer_norm", rows, axis=2, epsilon=eps), shape=shape)
@@ -342,7 +342,7 @@ def _mvn_onnx(ctx: GraphContext, inputs: Sequence[g.Expr | None],
     axes = norm_axes(attrs.get("axes", (0, 2, 3)), t.ndim)
     first = t.ndim - len(axes)
     if axes == tuple(range(first, t.ndim)) and all(isinstance(d, int) for d in t.shape):
-        # trailing axes as rows: the row kernel's statistics (kiln.ops.row_kernels), which
+        # trailing axes as rows: the row kernel's statistics (kiln.kernels.rows), which
         # neither overflow in the mean nor lose a far-from-zero row's digits
         shape = t.static_shape
         rows = ctx.call("reshape", x, shape=(int(np.prod(shape[:first])),

@@ -1,6 +1,7 @@
-"""What the convolution families share: which `conv2d` calls any of them takes, and
-the lowering around their loop nests (shape, fused epilogue, bias of a blocked
-output). Each family supplies the tile and the loop nest (`ConvFamily.body`).
+"""What the convolution families share: the lowering around their loop nests (shape,
+fused epilogue, bias of a blocked output) and the packed call. Each family supplies
+the tile and the loop nest (`Body`); which `conv2d` calls any of them takes is
+kiln.ops.conv_geometry.conv_call_shape.
 """
 
 from __future__ import annotations
@@ -13,9 +14,8 @@ from typing import Any, ClassVar
 from kiln.ir import graph as g
 from kiln.ir.attrs import ATTR_CONV_KERNEL, ATTR_NO_SLP
 from kiln.ir.tensor import Buffer, PrimExpr, PrimFunc, Stmt
-from kiln.ir.types import TensorType
-from kiln.ops import conv_kernels as ck
 from kiln.ops import layout
+from kiln.ops.conv_geometry import ConvShape, conv_call_shape
 from kiln.ops.epilogue import fused_store
 from kiln.ops.kernels.registry import TILE, Family, recorded_tile
 from kiln.ops.kernels.tiles import Epilogue
@@ -23,32 +23,8 @@ from kiln.target.isa import ISA
 
 #: The loop nest of one family: (shape, input, weight, output, tile, epilogue, fma,
 #: NCHW{b}c block or 0) -> statement.
-Body = Callable[[ck.ConvShape, Buffer, Buffer, Buffer, tuple[int, ...], Epilogue, bool, int],
+Body = Callable[[ConvShape, Buffer, Buffer, Buffer, tuple[int, ...], Epilogue, bool, int],
                 Stmt]
-
-
-def conv_call_shape(call: g.Call, symbolic_image: bool = False) -> ck.ConvShape | None:
-    """The geometry of a float32 `conv2d` with a constant weight (and constant or no
-    bias), static channels and image sizes (with `symbolic_image`, image sizes that may
-    be symbolic) and non-negative pads; None for any other call (no hand-built kernel
-    takes it)."""
-    from kiln.ops.conv_direct import conv_shape
-
-    if call.op != "conv2d" or len(call.args) not in (2, 3):
-        return None
-    x, w = call.args[0], call.args[1]
-    bias = call.args[2] if len(call.args) == 3 else None
-    if not isinstance(w, g.Constant) or (bias is not None and not isinstance(bias, g.Constant)):
-        return None
-    xt = x.type
-    # the batch may be symbolic; the kernels' tiles need static channels and, but in the
-    # families taking a symbolic image, image sizes
-    if not (isinstance(xt, TensorType) and xt.dtype == "float32" and w.type.dtype == "float32"
-            and xt.ndim == 4 and isinstance(xt.shape[1], int)
-            and (symbolic_image or all(isinstance(d, int) for d in xt.shape[2:]))):
-        return None
-    shape = conv_shape(xt.shape, w.data.shape[0], w.data.shape[2:], call.attrs)
-    return None if min(shape.pads) < 0 else shape
 
 
 #: Output columns per tile that tuning tries (kiln.tuning), where the registers hold them.
@@ -116,7 +92,7 @@ def build_conv(op: str, params: Sequence[Any], args: Sequence[Any], attrs: Mappi
 
 def blocked_bias(epilogue: Epilogue, bias: Buffer, block: int) -> Epilogue:
     """`epilogue` after adding the bias of the NCHW{block}c output index's channel (a
-    real one: kiln.ops.conv_kernels.blocked_tile_stores stores the padding lanes' zeros
+    real one: kiln.kernels.conv.blocked.blocked_tile_stores stores the padding lanes' zeros
     without the epilogue)."""
     def with_bias(v: PrimExpr, idx: tuple[PrimExpr, ...]) -> PrimExpr:
         return epilogue(v + bias[idx[1] * block + idx[4]], idx)
@@ -134,11 +110,11 @@ class UnpackedConv(Family, ABC):
     symbolic_image: ClassVar[bool] = False
 
     @abstractmethod
-    def choose_tile(self, shape: ck.ConvShape, isa: ISA) -> tuple[int, int]:
+    def choose_tile(self, shape: ConvShape, isa: ISA) -> tuple[int, int]:
         """The tile the rule picks for `shape` on `isa`."""
 
     @abstractmethod
-    def loop_nest(self, shape: ck.ConvShape, x: Buffer, w: Buffer, out: Buffer,
+    def loop_nest(self, shape: ConvShape, x: Buffer, w: Buffer, out: Buffer,
                   tile: tuple[int, int], epilogue: Epilogue, fused: bool, isa: ISA) -> Stmt:
         """The kernel's loops with `tile` and the fused `epilogue`."""
 
@@ -155,7 +131,7 @@ class UnpackedConv(Family, ABC):
               anchor: Any, result: Any, isa: ISA) -> PrimFunc | None:
         tile = recorded_tile(attrs, 2, self.op)
 
-        def body(shape: ck.ConvShape, x: Buffer, w: Buffer, out: Buffer, t: tuple[int, ...],
+        def body(shape: ConvShape, x: Buffer, w: Buffer, out: Buffer, t: tuple[int, ...],
                  epilogue: Epilogue, fused: bool, block: int) -> Stmt:
             a, b = t or self.choose_tile(shape, isa)
             return self.loop_nest(shape, x, w, out, (a, b), epilogue, fused, isa)

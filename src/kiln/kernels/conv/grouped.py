@@ -7,17 +7,15 @@ broadcast) x `nr` consecutive positions (whole vectors, contiguous in the NCHW o
 
 ShuffleNet's pointwise layers are such convolutions (3 groups of 20-160 channels).
 The blocked kernel, vectors along output channels, stores each output one lane at a
-time into the NCHW planes; here every store is a vector along an output row (60->240
-channels, 3 groups, 28x28: 0.18 -> 0.10 ms on one Zen 5 core, loaded).
+time into the NCHW planes; here every store is a vector along an output row.
 
 `X` is the input itself, viewed as `[n][group][ci][h*w]`, for a stride-1 layer
 without padding: where the positions fill no whole last panel, that panel is the last
 `nr` positions (gemm_body's `shifted_tail`). A strided or padded layer's input is
 first copied once per call into a workspace whose rows are padded to whole panels
-(kiln.ops.kernels.conv_gemm.im2col). Over a symbolic image size any grouped layer that
-is not depthwise, any kernel size, is copied so and run here. (The copy was serial and
-took a third of ShuffleNet's 480>120 layer at 14x14: 97 -> 44 us on two Zen 4 threads
-read in place, AVX2.)
+(kiln.kernels.conv.gemm.im2col). Over a symbolic image size any grouped layer that
+is not depthwise, any kernel size, is copied so and run here. (The copy is serial:
+a layer that can be read in place is.)
 """
 
 from __future__ import annotations
@@ -27,13 +25,13 @@ from typing import ClassVar
 
 from kiln.ir import graph as g
 from kiln.ir.tensor import Buffer, DeclBuffer, PrimExpr, Stmt, min_, seq
+from kiln.kernels.conv.family import UnpackedConv
+from kiln.kernels.conv.gemm import TYPICAL_POSITIONS, im2col, panel_count
 from kiln.kernels.gemm.families import tile_candidates
 from kiln.kernels.gemm.loop_nest import gemm_body
 from kiln.kernels.gemm.micro_kernel import GemmShape, choose_gemm_tiling
 from kiln.kernels.gemm.schedule import GemmSchedule
-from kiln.ops import conv_kernels as ck
-from kiln.ops.kernels.conv import UnpackedConv, conv_call_shape
-from kiln.ops.kernels.conv_gemm import TYPICAL_POSITIONS, im2col, panel_count
+from kiln.ops.conv_geometry import ConvShape, conv_call_shape
 from kiln.ops.kernels.flat_epilogue import FlatEpilogue
 from kiln.ops.kernels.gemm_knobs import GemmTiling
 from kiln.ops.kernels.tiles import (
@@ -46,12 +44,11 @@ from kiln.target.isa import ISA
 
 # The share of a tile's lanes that must hold real output positions (the last panel's
 # surplus lanes are thrown away). Lower than the ungrouped GEMM's: the blocked kernel
-# left for the others stores a grouped layer's NCHW output one lane at a time (14x14
-# layers, 94% used, measured faster here; 7x7 ones, 77%, level).
+# left for the others stores a grouped layer's NCHW output one lane at a time.
 MIN_GROUP_LANE_USE = 0.9
 
 
-def takes(shape: ck.ConvShape, isa: ISA) -> bool:
+def takes(shape: ConvShape, isa: ISA) -> bool:
     """Whether the registry gives a convolution to this family: a grouped 1x1 layer (any
     stride) whose groups are not single channels, its positions filling the panels."""
     if shape.groups == 1 or shape.depthwise or (shape.kh, shape.kw) != (1, 1):
@@ -62,26 +59,23 @@ def takes(shape: ck.ConvShape, isa: ISA) -> bool:
     return positions >= MIN_GROUP_LANE_USE * panels * nr
 
 
-def group_product(shape: ck.ConvShape) -> tuple[int, int]:
+def group_product(shape: ConvShape) -> tuple[int, int]:
     """(M, N) of one group's product: its output channels x the output positions."""
     return shape.c_out // shape.groups, shape.out_h * shape.out_w
 
 
 #: Where no width divides the positions (the last panel overlaps the one before), the
 #: share of computed positions the GEMM rule's width may waste before a narrower one is
-#: taken: on AVX2 14x14 layers keep 2 vectors (208 of 196 positions; 6 x 8 left 6 of 16
-#: registers busy: ShuffleNet 1.08x faster on one Zen 3 core), on AVX-512 1 (2 would
-#: compute 224).
+#: taken: on AVX2 14x14 layers keep 2 vectors (208 of 196 positions; 6 x 8 leaves 6 of
+#: 16 registers busy), on AVX-512 1 (2 would compute 224).
 MAX_COPY_WASTE = 0.1
 
 
-def choose_tile(shape: ck.ConvShape, isa: ISA) -> tuple[int, int]:
+def choose_tile(shape: ConvShape, isa: ISA) -> tuple[int, int]:
     """The GEMM tile of one group's `co` x `oh * ow` product (kiln.kernels.gemm.micro_kernel),
     its width narrowed to whole vectors that divide the positions where some do (no
-    overlapping last panel: 28x28, 8 x 16 instead of 8 x 32, 0.16 -> 0.09 ms for 60->240
-    channels in 3 groups, one Zen 5 core, loaded, when the overlap was a copy), else kept where
-    it wastes at most `MAX_COPY_WASTE`, else narrowed to the one that wastes the
-    fewest lanes."""
+    overlapping last panel: 28x28, 8 x 16 instead of 8 x 32), else kept where it wastes
+    at most `MAX_COPY_WASTE`, else narrowed to the one that wastes the fewest lanes."""
     lanes = tile_lanes(isa)
     rows, positions = group_product(shape)
     if shape.symbolic_image:  # the GEMM rule's tile for a typical image
@@ -101,7 +95,7 @@ def choose_tile(shape: ck.ConvShape, isa: ISA) -> tuple[int, int]:
     return (t.mr, min(widths, key=lambda w: (computed(w), -w)))
 
 
-def group_gemm_body(shape: ck.ConvShape, x: Buffer, w: Buffer, out: Buffer,
+def group_gemm_body(shape: ConvShape, x: Buffer, w: Buffer, out: Buffer,
                     tile: tuple[int, int], epilogue: Epilogue, fused: bool, *, isa: ISA) -> Stmt:
     """The loop nest of a grouped convolution as one GEMM per image and group (module
     docstring): `x` NCHW, `w` OIHW, `out` NCHW, `epilogue` over the 4-D output index."""
@@ -174,10 +168,10 @@ class GroupGemmConv(UnpackedConv):
             return []
         return list(tile_candidates(*group_product(shape), isa))
 
-    def choose_tile(self, shape: ck.ConvShape, isa: ISA) -> tuple[int, int]:
+    def choose_tile(self, shape: ConvShape, isa: ISA) -> tuple[int, int]:
         return choose_tile(shape, isa)
 
-    def loop_nest(self, shape: ck.ConvShape, x: Buffer, w: Buffer, out: Buffer,
+    def loop_nest(self, shape: ConvShape, x: Buffer, w: Buffer, out: Buffer,
                   tile: tuple[int, int], epilogue: Epilogue, fused: bool, isa: ISA) -> Stmt:
         if shape.symbolic_image:
             with parallel_over_images():

@@ -35,12 +35,12 @@ from kiln.ir.tensor import (
     min_,
     seq,
 )
+from kiln.kernels.conv.family import UnpackedConv
 from kiln.kernels.gemm.families import tile_candidates
 from kiln.kernels.gemm.loop_nest import gemm_body
 from kiln.kernels.gemm.micro_kernel import GemmShape, choose_gemm_tiling
 from kiln.kernels.gemm.schedule import GemmSchedule
-from kiln.ops import conv_kernels as ck
-from kiln.ops.kernels.conv import UnpackedConv, conv_call_shape
+from kiln.ops.conv_geometry import ConvShape, conv_call_shape
 from kiln.ops.kernels.flat_epilogue import FlatEpilogue
 from kiln.ops.kernels.gemm_knobs import GemmTiling
 from kiln.ops.kernels.registry import fits_registers
@@ -62,13 +62,12 @@ from kiln.target.isa import ISA
 # lanes; the blocked kernel, vectors along output channels, wastes none there).
 MIN_LANE_USE = 0.95
 # The share where the panels are copied (`copies_panels`, AVX2): a 14x14 image fills 196
-# of 208 lanes at 16. ResNet-50's, DenseNet-121's, MobileNetV2's and EfficientNet-B0's
-# 14x14 1x1 layers ran 3-20% faster on the GEMM kernel with their panels copied than on
-# the blocked kernel (Zen 3, docs/performance.md "AVX2 round four"); read in place
-# they had run slower.
+# of 208 lanes at 16, and its 1x1 layers run faster on the GEMM kernel with their panels
+# copied than on the blocked kernel (docs/performance.md, "AVX2 round four"); read in
+# place they do not.
 COPIED_LANE_USE = 0.93
-# Fewer panels (a tiny image) leave the layer to the blocked kernel as well: it was
-# faster on every 1x1 layer of 14x14 and 7x7 images measured (ResNet-50's last stages).
+# Fewer panels (a tiny image) leave the layer to the blocked kernel as well: its tiles
+# waste no lanes there.
 MIN_PANELS = 2
 
 
@@ -77,22 +76,20 @@ MIN_PANELS = 2
 TYPICAL_POSITIONS = 28 * 28
 
 
-def panel_count(shape: ck.ConvShape, nr: int) -> int:
+def panel_count(shape: ConvShape, nr: int) -> int:
     """How many panels of `nr` output positions cover one image's output (the last one
     partial where `nr` does not divide it); symbolic for a symbolic image size."""
     return (shape.out_h * shape.out_w + nr - 1) // nr
 
 
-def takes(shape: ck.ConvShape, isa: ISA) -> bool:
+def takes(shape: ConvShape, isa: ISA) -> bool:
     """Whether the registry gives a convolution to the GEMM kernel: an ungrouped 1x1 (any
     stride) with enough output positions to fill its panels (`MIN_LANE_USE`, or
     `COPIED_LANE_USE` for a stride-1 layer whose panels are copied; `MIN_PANELS`).
 
-    Strided KxK layers are left to the blocked kernel, which reads them in place and ran
-    faster (AVX-512: 3x3/2 layers of 128-256 channels, 1-D k=3/2 layers of 384-768
-    channels over 3000 frames; 4-24% ahead, docs/performance.md): the GEMM's
-    `ci*kh*kw`-deep panel is not blocked along `k` and streams from L2. `conv2d_gemm`
-    still computes any ungrouped convolution."""
+    Strided KxK layers are left to the blocked kernel, which reads them in place
+    (docs/performance.md): the GEMM's `ci*kh*kw`-deep panel is not blocked along `k` and
+    streams from L2. `conv2d_gemm` still computes any ungrouped convolution."""
     if shape.groups != 1 or (shape.kh, shape.kw) != (1, 1):
         return False
     positions = shape.out_h * shape.out_w
@@ -106,21 +103,19 @@ def takes(shape: ck.ConvShape, isa: ISA) -> bool:
 
 
 # An image's output larger than this many times the L2 gets the wide tile (`WIDE_TILE`):
-# ResNet-50's 64 -> 256 channel 1x1 layers at 56x56 (3.2 MB of output) ran 1.1-1.2x
-# faster with it on Zen 5 (with and without the residual Add), while the layers of
-# 0.8-1.6 MB (256 -> 64 and 256 -> 128 at 56x56, 128 -> 512 at 28x28) ran slower.
+# its longer runs through memory pay only for an output far past the L2.
 WIDE_OUTPUT_L2_MULTIPLE = 2
 #: The wide tile: rows x vectors (24 accumulators: a 32-register file's).
 WIDE_TILE = (6, 4)
 
 
-def choose_tile(shape: ck.ConvShape, isa: ISA) -> tuple[int, int]:
+def choose_tile(shape: ConvShape, isa: ISA) -> tuple[int, int]:
     """The GEMM tile of the `co` x `oh * ow` product (kiln.kernels.gemm.micro_kernel): the GEMM
     rule's, or for an output far larger than the L2 (`WIDE_OUTPUT_L2_MULTIPLE`) the
     wider `WIDE_TILE` where it fits the registers and fills its panels (each row of a
     tile then stores, and its residual loads, 4 vectors in a row: fewer, longer runs
     through memory, and fewer operand loads per multiply-add). On 256-bit vectors
-    (AVX2, where it was measured) a narrow output takes `narrow_rows`."""
+    (AVX2) a narrow output takes `narrow_rows`."""
     lanes, positions = tile_lanes(isa), shape.out_h * shape.out_w
     if shape.symbolic_image:
         positions = TYPICAL_POSITIONS
@@ -168,7 +163,7 @@ def _plane_copy(col: Buffer, plane: Buffer, n: PrimExpr, ci: PrimExpr, k: PrimEx
                                                (n, k, r0 * w + p)))
 
 
-def im2col(x: Buffer, shape: ck.ConvShape, width: int, *, isa: ISA) -> tuple[Buffer, list[Stmt]]:
+def im2col(x: Buffer, shape: ConvShape, width: int, *, isa: ISA) -> tuple[Buffer, list[Stmt]]:
     """The workspace `col[n][(ci, kh, kw)][width]` holding at `oh * OW + ow` the input
     the tap `(kh, kw)` of output `(oh, ow)` reads (zero in the padding and past the
     positions), and the statements filling it (one parallel loop over images and input
@@ -244,27 +239,21 @@ def im2col(x: Buffer, shape: ck.ConvShape, width: int, *, isa: ISA) -> tuple[Buf
 
 # A panel copied to the stack (`copies_panels`) is at most this many bytes: 1024 input
 # channels at 16 lanes (twice K-blocked partial sums' bound, gemm_knobs.
-# PARTIAL_SUM_BYTES). At 32 KB the 768- and 1024-deep layers read in place ran 1.1-1.7x
-# onnxruntime's time (Inception's 768>192 @17, 1024>256 @16 and @14), copied 0.88-1.0.
+# PARTIAL_SUM_BYTES), so that the 768- and 1024-deep layers are copied too.
 PANEL_COPY_BYTES = 64 * 1024
 
 
 #: The fewest row tiles that must read a panel for it to be copied (`copies_panels`), per
-#: vector width where it was measured. 256 bits (Zen 3): two. 512 bits (Zen 4, one core,
-#: ResNet-50's 1x1 layers in the model, ms in place -> copied): 64>256 @56 with the
-#: residual Add 1.33-1.42 -> 1.14-1.19 (43 row tiles of 6), 128>512 @28 with the Add
-#: 1.20-1.29 -> 1.07-1.09 (64 of 8), 1x1/2 256>512 @56 with the Add 2.39-2.45 -> 2.24-2.32
-#: (64); 512>256 @28 (32) 1.92-2.02 -> 1.95-1.97, no gain; with 16 or 8 readers the copy
-#: cost more than it saved: 256>128 @56 2.33 -> 2.52, 256>64 @56 1.22 -> 1.30, 64>64 @56
-#: 0.26 -> 0.42 (docs/performance.md, "AVX-512 round (Zen 4)").
+#: vector width: 256 bits two; 512 bits 40, below which the copy costs more than it
+#: saves (docs/performance.md).
 PANEL_COPY_READERS = {256: 2, 512: 40}
 
 
-def copies_panels(shape: ck.ConvShape, tile: tuple[int, int], isa: ISA) -> bool:
+def copies_panels(shape: ConvShape, tile: tuple[int, int], isa: ISA) -> bool:
     """Whether a 1x1 layer read in place copies each panel of positions to the stack
-    before its row tiles read it (gemm_body's `copy_panels`), on the vector widths it was
-    measured on (`PANEL_COPY_READERS`): where at least that many row tiles read the panel
-    and the copy fits `PANEL_COPY_BYTES`.
+    before its row tiles read it (gemm_body's `copy_panels`), on the vector widths of
+    `PANEL_COPY_READERS`: where at least that many row tiles read the panel and the copy
+    fits `PANEL_COPY_BYTES`.
 
     In place, a panel is `ci` runs of `nr` positions one input plane apart: at 56x56 a
     plane is 12544 bytes (196 cache lines), so the runs fall into 16 of the L1's 64 sets
@@ -277,11 +266,11 @@ def copies_panels(shape: ck.ConvShape, tile: tuple[int, int], isa: ISA) -> bool:
 
 
 # A group of panels copied together (`panel_group`) is at most this many bytes: 16 panels
-# of 64 input channels, 8 of 128 (at 32 KB, 4 of 128 measured slower).
+# of 64 input channels, 8 of 128 (groups of 4 are too short to pay).
 PANEL_GROUP_BYTES = 64 * 1024
 
 
-def panel_group(shape: ck.ConvShape, tile: tuple[int, int], flat: FlatEpilogue) -> int:
+def panel_group(shape: ConvShape, tile: tuple[int, int], flat: FlatEpilogue) -> int:
     """How many consecutive panels a parallel tile of a panel-copying layer
     (`copies_panels`) copies and runs together, each row tile over all of them in turn:
     for a 1x1 layer whose epilogue reads a residual (`FlatEpilogue.reads_output_shaped`),
@@ -291,16 +280,15 @@ def panel_group(shape: ck.ConvShape, tile: tuple[int, int], flat: FlatEpilogue) 
     Panel by panel, a tile of `co` rows stores one `nr`-wide run in each of `co` output
     planes and reads one from each of the residual's: at 56x56 a 256-channel residual is
     256 streams advancing 64 bytes per panel, more than the hardware prefetchers follow,
-    so every residual line was a demand miss (ResNet-50's 64>256 @56 with its Add took
-    2.3x the time it took without). Grouped, each row reads and writes `group * nr`
-    positions in a row."""
+    so every residual line is a demand miss. Grouped, each row reads and writes
+    `group * nr` positions in a row."""
     if (shape.kh, shape.kw) != (1, 1) or not flat.reads_output_shaped():
         return 1
     fitting = PANEL_GROUP_BYTES // (shape.c_in * tile[1] * 4)
     return max(1, min(panel_count(shape, tile[1]), fitting))
 
 
-def gemm_conv_body(shape: ck.ConvShape, x: Buffer, w: Buffer, out: Buffer,
+def gemm_conv_body(shape: ConvShape, x: Buffer, w: Buffer, out: Buffer,
                    tile: tuple[int, int], epilogue: Epilogue, fused: bool,
                    copy_panels: bool = False, *, isa: ISA) -> Stmt:
     """The loop nest of an ungrouped convolution as one GEMM per image (module
@@ -359,7 +347,7 @@ class GemmConv(UnpackedConv):
         # any ungrouped layer over a symbolic image: the tiled families need static sizes
         return shape.groups == 1
 
-    def choose_tile(self, shape: ck.ConvShape, isa: ISA) -> tuple[int, int]:
+    def choose_tile(self, shape: ConvShape, isa: ISA) -> tuple[int, int]:
         return choose_tile(shape, isa)
 
     def candidates(self, call: g.Call, isa: ISA) -> list[tuple[int, ...]]:
@@ -377,7 +365,7 @@ class GemmConv(UnpackedConv):
         tiles = [(gemm.mr, gemm.nr), *tile_candidates(shape.c_out, positions, isa)]
         return [t for t in tiles if t != rule]
 
-    def loop_nest(self, shape: ck.ConvShape, x: Buffer, w: Buffer, out: Buffer,
+    def loop_nest(self, shape: ConvShape, x: Buffer, w: Buffer, out: Buffer,
                   tile: tuple[int, int], epilogue: Epilogue, fused: bool, isa: ISA) -> Stmt:
         if shape.symbolic_image:
             with parallel_over_images():

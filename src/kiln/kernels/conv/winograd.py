@@ -9,7 +9,7 @@ unless the target's attribute `winograd` is false: its sums are rounded differen
 from a direct convolution's (the transforms scale and cancel terms; the error grows
 with m, about 1e-5 of the output's largest magnitude for F(4x4)); tuning checks a
 candidate against the rule's result (kiln.distributed.tune). Inside a blocked region
-the layout pass turns it into kiln.ops.kernels.winograd_nchwc's kernel. Per image,
+the layout pass turns it into kiln.kernels.conv.winograd_nchwc's kernel. Per image,
 with `a = m + 2`, `T` output tiles (`ceil(OH/m)` x `ceil(OW/m)`):
 
 1. the input copied into a zero-padded workspace covering every tile's `a x a` window
@@ -23,8 +23,8 @@ with `a = m + 2`, `T` output tiles (`ceil(OH/m)` x `ceil(OW/m)`):
    fused epilogue (bias, activation, residual add) along whole output rows (vector
    stores; partial tiles at the right and bottom edges are cut there).
 
-Measured on one Zen 5 core (loaded; docs/tuning.md): 2.1-2.6x the direct kernel on
-ResNet-50's 56x56, 28x28 and 14x14 3x3 layers with F(4x4).
+F(4x4) does a quarter of the direct kernel's multiplies on the 3x3 layers it takes
+(docs/tuning.md).
 
 The transforms' code is generated from the matrices (`combine`): zero terms skipped,
 terms of equal magnitude summed before one multiply, so both tile sizes share it.
@@ -55,13 +55,13 @@ from kiln.ir.tensor import (
     min_,
     seq,
 )
+from kiln.kernels.conv.family import packed_call
 from kiln.kernels.gemm.families import tile_candidates
 from kiln.kernels.gemm.loop_nest import gemm_body
 from kiln.kernels.gemm.micro_kernel import GemmShape, choose_gemm_tiling
 from kiln.kernels.gemm.schedule import GemmSchedule
-from kiln.ops import conv_kernels as ck
+from kiln.ops.conv_geometry import ConvShape, conv_call_shape
 from kiln.ops.epilogue import fused_store
-from kiln.ops.kernels.conv import conv_call_shape, packed_call
 from kiln.ops.kernels.gemm_knobs import GemmTiling
 from kiln.ops.kernels.registry import Family, recorded_tile
 from kiln.ops.kernels.tiles import (
@@ -74,33 +74,39 @@ from kiln.ops.kernels.tiles import (
     tile_lanes,
     tile_registers,
 )
-from kiln.ops.winograd import TILE_SIZES, WINOGRAD, matrices, tile_of, weight_transform
+from kiln.ops.winograd import TILE_SIZES, WINOGRAD, eligible, matrices, tile_of
 from kiln.target.isa import ISA
 
 #: The output tile size the family packs with unless tuning says otherwise.
 DEFAULT_M = 4
 
 
-def eligible(shape: ck.ConvShape) -> bool:
-    """Whether the Winograd kernel computes a convolution of `shape`: 3x3, stride 1,
-    dilation 1, one group (float32 and static sizes: `conv_call_shape`)."""
-    return ((shape.kh, shape.kw) == (3, 3) and shape.stride == (1, 1)
-            and shape.dilation == (1, 1) and shape.groups == 1)
+def weight_transform(w: np.ndarray, m: int) -> np.ndarray:
+    """OIHW 3x3 weight -> `u[a * a][O][I]`, `u[:, o, i] = G w[o, i] G^T` (float64 math,
+    stored in `w`'s dtype)."""
+    _, g, _ = matrices(m)
+    # G w G^T of every (o, i) as one matrix product: (G kron G) [a*a][9] by the weight
+    # laid out [9][O*I] gives u's layout directly (an einsum over the six indices is
+    # several times slower)
+    o, i = w.shape[:2]
+    taps = np.ascontiguousarray(w.astype(np.float64).reshape(o * i, 9).T)
+    u = np.dot(np.kron(g, g), taps)
+    return u.astype(w.dtype).reshape((m + 2) ** 2, o, i)
 
 
 def takes(c_in: int, c_out: int, block: int) -> bool:
     """Whether a Winograd convolution of `c_in` > `c_out` channels runs on NCHW{block}c
-    activations (kiln.ops.kernels.winograd_nchwc): both channel counts whole blocks (no
+    activations (kiln.kernels.conv.winograd_nchwc): both channel counts whole blocks (no
     padding lanes to keep zero)."""
     return c_in % block == 0 and c_out % block == 0
 
 
-def tiles(shape: ck.ConvShape, m: int) -> tuple[int, int]:
+def tiles(shape: ConvShape, m: int) -> tuple[int, int]:
     """Output tiles of `m x m` down and across the output."""
     return -(-shape.out_h // m), -(-shape.out_w // m)
 
 
-def gemm_tile(shape: ck.ConvShape, m: int, isa: ISA) -> tuple[int, int]:
+def gemm_tile(shape: ConvShape, m: int, isa: ISA) -> tuple[int, int]:
     """The GEMM rule's register tile of one position's `O x T` product."""
     th, tw = tiles(shape, m)
     t = choose_gemm_tiling(shape.c_out, th * tw, tile_lanes(isa), tile_registers(isa))
@@ -161,8 +167,7 @@ def transform_2d(mat: np.ndarray, load: Callable[[int, Var, PrimExpr], PrimExpr]
     `store(i, j, value, lane)`. Loops over the rows and columns keep the kernel a sixth
     of the unrolled transform's size, and its compile time with it (ResNet-50: three
     kernels of ~3200 IR nodes each); the loops are `unrolled`: LLVM unrolls them and
-    keeps `half` in registers (as serial loops, 64 > 64 channels at 56x56 ran 1.12x
-    slower)."""
+    keeps `half` in registers (serial loops would keep it in memory)."""
     a, dtype = int(mat.shape[1]), half.dtype
 
     def column(j: Var) -> Stmt:
@@ -195,129 +200,48 @@ def skewed_rows(rows: int, width: int, itemsize: int = 4) -> int:
     """`rows` plus the fewest spare rows that keep a position's `rows x width` block from
     being a multiple of `SET_PERIOD` bytes: the transforms read (or write) all `a*a`
     positions of a tile at once, and blocks of whole pages would put those 16-36 streams
-    in one L1 set (12-way on Zen 5), evicting each other every tile (64->64 channels at
-    56x56: 1.10 -> 0.90 ms with the skew, one Zen 5 core, loaded). Rows of whole pages
-    cannot be skewed by rows: `rows` as it is."""
+    in one L1 set (more than its ways), evicting each other every tile. Rows of whole
+    pages cannot be skewed by rows: `rows` as it is."""
     for extra in range(SET_PERIOD // MIN_SKEW):
         if MIN_SKEW <= (rows + extra) * width * itemsize % SET_PERIOD <= SET_PERIOD - MIN_SKEW:
             return rows + extra
     return rows
 
 
-def winograd_body(shape: ck.ConvShape, x: Buffer, u: Buffer, out: Buffer,
-                  tile: tuple[int, int, int], epilogue: Epilogue, fused: bool, *, isa: ISA) -> Stmt:
+@dataclass(frozen=True)
+class WinogradSchedule:
+    """The choices of a Winograd kernel (`winograd_body`): F(`m` x `m`, 3 x 3), and the
+    GEMM micro-kernel's `mr` x `nr` register tile of its products (the rule's:
+    `gemm_tile`)."""
+
+    m: int
+    mr: int
+    nr: int
+
+
+def winograd_body(shape: ConvShape, x: Buffer, u: Buffer, out: Buffer,
+                  schedule: WinogradSchedule, epilogue: Epilogue, fused: bool, *,
+                  isa: ISA) -> Stmt:
     """The loop nest of a convolution by F(m x m, 3 x 3) (module docstring): `x` NCHW,
     `u` the transformed weight `[a*a][O][C]`, `out` NCHW, `epilogue` over its 4-D
     index. Both transforms are vector code over the tiles of a tile row: the padded
     input is stored split by column phase (`[c][row][col % m][col // m]`), so a tile
     row's column `j` of every tile is one contiguous vector."""
-    m, mr, nr = tile
-    bt, _, at = matrices(m)
+    m, nr = schedule.m, schedule.nr
     a = m + 2
-    c_in, c_out = shape.c_in, shape.c_out
     th, tw = tiles(shape, m)
-    t_all = th * tw
-    panels = -(-t_all // nr)
-    hp, qn = th * m + 2, tw + 1  # padded rows; columns per phase (a window spans 2 tiles)
-    top, left = shape.pads[0], shape.pads[1]
+    panels = -(-(th * tw) // nr)
     dt = x.dtype
-    zero = as_expr(0.0, dt)
-    xq = Buffer("wino_in", (c_in, hp, m, qn), dt)
+    xq = Buffer("wino_in", (shape.c_in, th * m + 2, m, tw + 1), dt)
     # rows of whole panels (every GEMM tile stores whole vectors); the transforms touch
     # all a*a positions at once, so positions are skewed apart (`skewed_rows`)
-    v = Buffer("wino_v", (a * a, skewed_rows(c_in, panels * nr), panels * nr), dt)
-    mm = Buffer("wino_m", (a * a, skewed_rows(c_out, panels * nr), panels * nr), dt)
+    v = Buffer("wino_v", (a * a, skewed_rows(shape.c_in, panels * nr), panels * nr), dt)
+    mm = Buffer("wino_m", (a * a, skewed_rows(shape.c_out, panels * nr), panels * nr), dt)
+    nest = _Winograd(shape, x, u, out, schedule, epilogue, fused, isa, xq, v, mm)
 
     def image(n: PrimExpr) -> Stmt:
-        # 1. the zero-padded input by column phase: xq[c, r, ph, q] = x[r - top, q*m + ph - left]
-        def pad_rows(c: PrimExpr) -> Stmt:
-            def zeros(r: PrimExpr, ph: int, start: int, stop: int) -> list[Stmt]:
-                return [loop("q", stop - start, lambda q: Store(xq, zero, (c, r, const(ph), q)),
-                             start=start)] if stop > start else []
-
-            def copy(r: Var) -> Stmt:
-                parts: list[Stmt] = []
-                for ph in range(m):
-                    # the q whose column q*m + ph - left lies in the image
-                    lo = max(0, -(-(left - ph) // m))
-                    hi = min(qn, (shape.w - 1 + left - ph) // m + 1)
-
-                    def put(q: Var, ph: int = ph) -> Stmt:
-                        return Store(xq, x[n, c, r - top, q * m + (ph - left)],
-                                     (c, r, const(ph), q))
-
-                    parts += [*zeros(r, ph, 0, lo), loop("q", hi - lo, put, start=lo),
-                              *zeros(r, ph, hi, qn)]
-                return seq(*parts)
-
-            def fill(r: Var) -> Stmt:
-                return seq(*(z for ph in range(m) for z in zeros(r, ph, 0, qn)))
-
-            parts = [loop("r", top, fill)] if top else []
-            parts.append(loop("r", shape.h, copy, start=top))
-            if hp > top + shape.h:
-                parts.append(loop("r", hp - top - shape.h, fill, start=top + shape.h))
-            return seq(*parts)
-
-        pad = parallel_when(lambda: parallel_tiles((c_in,), pad_rows), c_in * hp * m * qn,
-                            "element", isa=isa)
-
-        # 2. the input transform, per channel and tile row (vectors across its tiles)
-        def transform_in(c: PrimExpr, ty: PrimExpr) -> Stmt:
-            half = Buffer("wino_vh", (a, a, tw), dt, "local")
-            return seq(Allocate(half), transform_2d(
-                bt, lambda k, j, tx: xq[c, ty * m + k, j % m, tx + j // m],
-                lambda i, j, value, tx: Store(v, value, (i * a + j, c, ty * tw + tx)),
-                half, lambda body: lanes_loop("tx", tw, body), "v"))
-
-        transform = parallel_when(lambda: parallel_tiles((c_in, th), transform_in),
-                                  c_in * t_all * a * a * 4, "element", isa=isa)
-        parts = [pad, transform]
-        if panels * nr > t_all:  # the last panel's surplus columns are zero
-            def clear(p: PrimExpr, c: PrimExpr) -> Stmt:
-                return loop("t", panels * nr - t_all, lambda t: Store(v, zero, (p, c, t)),
-                            start=t_all)
-
-            parts.append(parallel_when(lambda: parallel_tiles((a * a, c_in), clear),
-                                       a * a * c_in * (panels * nr - t_all), "element", isa=isa))
-
-        # 3. the a*a products M[p] = U[p] @ V[p]
-        def b_at(bidx: tuple[PrimExpr, ...], panel: PrimExpr, kk: PrimExpr,
-                 lane: PrimExpr) -> PrimExpr:
-            return v[bidx[0], kk, panel * nr + lane]
-
-        product = GemmShape((a * a,), (a * a,), (c_out,), panels * nr, c_in)
-        parts.append(gemm_body(product, GemmSchedule(GemmTiling(mr, nr), fused), u, b_at,
-                               mm, lambda value, idx: value, isa=isa))
-
-        # 4. the output transform, per output channel and tile row (vectors across its
-        # tiles), interleaved into output rows, stored through the epilogue
-        def transform_out(oc: PrimExpr, ty: PrimExpr) -> Stmt:
-            ys = Buffer("wino_y", (m, m, tw), dt, "local")
-            row = Buffer("wino_row", (m, tw * m), dt, "local")
-
-            half = Buffer("wino_yh", (m, a, tw), dt, "local")
-            transform = transform_2d(
-                at, lambda k, j, tx: mm[k * a + j, oc, ty * tw + tx],
-                lambda i, j, value, tx: Store(ys, value, (i, const(j), tx)),
-                half, lambda body: lanes_loop("tx", tw, body), "y")
-            interleave = loop("i", m, lambda i: loop("j", m, lambda j: loop(
-                "tx", tw, lambda tx: Store(row, ys[i, j, tx], (i, tx * m + j)))))
-
-            def put(i: Var) -> Stmt:
-                oh = ty * m + i
-                return lanes_loop("w", shape.out_w, lambda w: Store(
-                    out, epilogue(row[i, w], (n, oc, oh, w)), (n, oc, oh, w)))
-
-            i = Var("i", INDEX_DTYPE)
-            rows: PrimExpr = (const(m) if shape.out_h % m == 0
-                              else min_(m, shape.out_h - ty * m))
-            return seq(Allocate(ys), Allocate(row), Allocate(half), transform, interleave,
-                       For(i, const(0), rows, "serial", put(i)))
-
-        parts.append(parallel_when(lambda: parallel_tiles((c_out, th), transform_out),
-                                   c_out * t_all * a * a * 4, "element", isa=isa))
-        return seq(*parts)
+        return seq(_padded_input(nest, n), *_input_transform(nest), _products(nest),
+                   _output_transform(nest, n))
 
     nv = Var("n", INDEX_DTYPE)
     batch = (image(const(0)) if isinstance(shape.n, int) and shape.n == 1
@@ -325,18 +249,172 @@ def winograd_body(shape: ck.ConvShape, x: Buffer, u: Buffer, out: Buffer,
     return seq(Allocate(xq), Allocate(v), Allocate(mm), batch)
 
 
+@dataclass(frozen=True)
+class _Winograd:
+    """One Winograd loop nest: the call's buffers, its schedule, and the workspaces its
+    steps share: the padded input by column phase `xq`, the transformed input `v` and
+    the products `mm`."""
+
+    shape: ConvShape
+    x: Buffer
+    u: Buffer
+    out: Buffer
+    schedule: WinogradSchedule
+    epilogue: Epilogue
+    fused: bool
+    isa: ISA
+    xq: Buffer
+    v: Buffer
+    mm: Buffer
+
+    @property
+    def a(self) -> int:
+        """The input tile's size."""
+        return self.schedule.m + 2
+
+    @property
+    def tiles(self) -> tuple[int, int]:
+        """Output tiles down and across."""
+        return tiles(self.shape, self.schedule.m)
+
+    @property
+    def t_all(self) -> int:
+        return self.tiles[0] * self.tiles[1]
+
+    @property
+    def panels(self) -> int:
+        return -(-self.t_all // self.schedule.nr)
+
+
+def _padded_input(nest: _Winograd, n: PrimExpr) -> Stmt:
+    """Step 1, per input channel: the zero-padded input by column phase,
+    `xq[c, r, ph, q] = x[r - top, q*m + ph - left]`."""
+    shape, xq, m = nest.shape, nest.xq, nest.schedule.m
+    c_in, hp, _, qn = (int(d) for d in xq.shape)  # padded rows; columns per phase
+    top, left = shape.pads[0], shape.pads[1]
+    zero = as_expr(0.0, nest.x.dtype)
+
+    def pad_rows(c: PrimExpr) -> Stmt:
+        def zeros(r: PrimExpr, ph: int, start: int, stop: int) -> list[Stmt]:
+            return [loop("q", stop - start, lambda q: Store(xq, zero, (c, r, const(ph), q)),
+                         start=start)] if stop > start else []
+
+        def copy(r: Var) -> Stmt:
+            parts: list[Stmt] = []
+            for ph in range(m):
+                # the q whose column q*m + ph - left lies in the image
+                lo = max(0, -(-(left - ph) // m))
+                hi = min(qn, (shape.w - 1 + left - ph) // m + 1)
+
+                def put(q: Var, ph: int = ph) -> Stmt:
+                    return Store(xq, nest.x[n, c, r - top, q * m + (ph - left)],
+                                 (c, r, const(ph), q))
+
+                parts += [*zeros(r, ph, 0, lo), loop("q", hi - lo, put, start=lo),
+                          *zeros(r, ph, hi, qn)]
+            return seq(*parts)
+
+        def fill(r: Var) -> Stmt:
+            return seq(*(z for ph in range(m) for z in zeros(r, ph, 0, qn)))
+
+        parts = [loop("r", top, fill)] if top else []
+        parts.append(loop("r", shape.h, copy, start=top))
+        if hp > top + shape.h:
+            parts.append(loop("r", hp - top - shape.h, fill, start=top + shape.h))
+        return seq(*parts)
+
+    return parallel_when(lambda: parallel_tiles((c_in,), pad_rows), c_in * hp * m * qn,
+                         "element", isa=nest.isa)
+
+
+def _input_transform(nest: _Winograd) -> list[Stmt]:
+    """Step 2, per channel and tile row (vectors across its tiles): `V[p][c][t] =
+    (B^T d B)[p]`; the last panel's surplus columns zero."""
+    m, nr, a, v, xq = nest.schedule.m, nest.schedule.nr, nest.a, nest.v, nest.xq
+    bt, _, _ = matrices(m)
+    c_in, dt = nest.shape.c_in, nest.x.dtype
+    th, tw = nest.tiles
+    t_all, panels = nest.t_all, nest.panels
+
+    def transform_in(c: PrimExpr, ty: PrimExpr) -> Stmt:
+        half = Buffer("wino_vh", (a, a, tw), dt, "local")
+        return seq(Allocate(half), transform_2d(
+            bt, lambda k, j, tx: xq[c, ty * m + k, j % m, tx + j // m],
+            lambda i, j, value, tx: Store(v, value, (i * a + j, c, ty * tw + tx)),
+            half, lambda body: lanes_loop("tx", tw, body), "v"))
+
+    parts = [parallel_when(lambda: parallel_tiles((c_in, th), transform_in),
+                           c_in * t_all * a * a * 4, "element", isa=nest.isa)]
+    if panels * nr > t_all:  # the last panel's surplus columns are zero
+        zero = as_expr(0.0, dt)
+
+        def clear(p: PrimExpr, c: PrimExpr) -> Stmt:
+            return loop("t", panels * nr - t_all, lambda t: Store(v, zero, (p, c, t)),
+                        start=t_all)
+
+        parts.append(parallel_when(lambda: parallel_tiles((a * a, c_in), clear),
+                                   a * a * c_in * (panels * nr - t_all), "element",
+                                   isa=nest.isa))
+    return parts
+
+
+def _products(nest: _Winograd) -> Stmt:
+    """Step 3: the a*a products `M[p] = U[p] @ V[p]` on the GEMM micro-kernel."""
+    a, nr, v = nest.a, nest.schedule.nr, nest.v
+
+    def b_at(bidx: tuple[PrimExpr, ...], panel: PrimExpr, kk: PrimExpr,
+             lane: PrimExpr) -> PrimExpr:
+        return v[bidx[0], kk, panel * nr + lane]
+
+    product = GemmShape((a * a,), (a * a,), (nest.shape.c_out,), nest.panels * nr,
+                        nest.shape.c_in)
+    return gemm_body(product, GemmSchedule(GemmTiling(nest.schedule.mr, nr), nest.fused),
+                     nest.u, b_at, nest.mm, lambda value, idx: value, isa=nest.isa)
+
+
+def _output_transform(nest: _Winograd, n: PrimExpr) -> Stmt:
+    """Step 4, per output channel and tile row (vectors across its tiles): `Y = A^T M
+    A`, interleaved into output rows on the stack, stored through the epilogue."""
+    shape, m, a, mm = nest.shape, nest.schedule.m, nest.a, nest.mm
+    _, _, at = matrices(m)
+    c_out, dt = shape.c_out, nest.x.dtype
+    th, tw = nest.tiles
+
+    def transform_out(oc: PrimExpr, ty: PrimExpr) -> Stmt:
+        ys = Buffer("wino_y", (m, m, tw), dt, "local")
+        row = Buffer("wino_row", (m, tw * m), dt, "local")
+
+        half = Buffer("wino_yh", (m, a, tw), dt, "local")
+        transform = transform_2d(
+            at, lambda k, j, tx: mm[k * a + j, oc, ty * tw + tx],
+            lambda i, j, value, tx: Store(ys, value, (i, const(j), tx)),
+            half, lambda body: lanes_loop("tx", tw, body), "y")
+        interleave = loop("i", m, lambda i: loop("j", m, lambda j: loop(
+            "tx", tw, lambda tx: Store(row, ys[i, j, tx], (i, tx * m + j)))))
+
+        def put(i: Var) -> Stmt:
+            oh = ty * m + i
+            return lanes_loop("w", shape.out_w, lambda w: Store(
+                nest.out, nest.epilogue(row[i, w], (n, oc, oh, w)), (n, oc, oh, w)))
+
+        i = Var("i", INDEX_DTYPE)
+        rows: PrimExpr = (const(m) if shape.out_h % m == 0
+                          else min_(m, shape.out_h - ty * m))
+        return seq(Allocate(ys), Allocate(row), Allocate(half), transform, interleave,
+                   For(i, const(0), rows, "serial", put(i)))
+
+    return parallel_when(lambda: parallel_tiles((c_out, th), transform_out),
+                         c_out * nest.t_all * a * a * 4, "element", isa=nest.isa)
+
+
 #: The fewest input and output channels the rule takes a convolution to Winograd with
-#: (unless the target's attribute `winograd` is false): ResNet-50's and VGG-19's layers
-#: of 64-512 channels ran 2-3x the direct kernel, the 32-channel ones of DenseNet-121
-#: (128 > 32), SqueezeNet (32 > 128) and the small ResNet (32 > 32 @32) made those
-#: models 4-25% faster on AVX-512 and AVX2 (docs/performance.md, "Winograd 3x3
-#: convolutions"); 16-channel layers are rare and not measured on whole models.
+#: (unless the target's attribute `winograd` is false): from 32 channels on it beats the
+#: direct kernel (docs/performance.md, "Winograd 3x3 convolutions"); 16-channel layers
+#: are rare and stay direct.
 MIN_RULE_CHANNELS = 32
 #: The fewest output positions the rule takes a convolution to Winograd with. On a
 #: small image the layer streams its weights, which F(4x4) makes 4x larger (F(2x2)
-#: 1.8x): ResNet-50's 512>512 @7 ran 1.46x faster than direct on AVX-512 (F(2x2)) and
-#: 0.96x on AVX2 (F(4x4)), and its two such layers' transformed weights were 75 of the
-#: 100 MB F(4x4) added to its library (103 -> 202 MB).
+#: 1.8x): no faster than direct, and a library's weights grow by as much.
 MIN_RULE_POSITIONS = 64
 
 
@@ -390,8 +468,8 @@ class WinogradConv(Family):
         """The tiles tuning tries when another family's call may take this one: the
         rule's (F(4x4)) and F(2x2) with its GEMM rule's tile, each where its output
         tiles fill at least half a vector of the GEMM's panels (F(4x4) on 7x7 has 4
-        tiles for 16 lanes: 0.5x the direct kernel, one Zen 5 core; not worth a build
-        of tuning's budget)."""
+        tiles for 16 lanes: slower than the direct kernel, not worth a build of tuning's
+        budget)."""
         shape = conv_call_shape(call)
         assert shape is not None
         half = tile_lanes(isa) // 2
@@ -410,7 +488,7 @@ class WinogradConv(Family):
 
     def build(self, params: Sequence[Any], args: Sequence[Any], attrs: Mapping[str, Any],
               anchor: Any, result: Any, isa: ISA) -> PrimFunc | None:
-        from kiln.ops.conv_direct import conv_shape
+        from kiln.ops.conv_geometry import conv_shape
 
         x, u = args[0], args[1]
         if not all(isinstance(d, int) for d in (*x.shape[1:], *u.shape)):
@@ -424,7 +502,8 @@ class WinogradConv(Family):
         if store is None:  # an epilogue needing statements (a reduction, a table)
             return None
         stmt = winograd_body(shape, store.buffers[x], store.buffers[u], store.out,
-                             (tile[0], tile[1], tile[2]), store.epilogue, isa.fma, isa=isa)
+                             WinogradSchedule(tile[0], tile[1], tile[2]), store.epilogue,
+                             isa.fma, isa=isa)
         return PrimFunc((*(store.buffers[t] for t in params), store.out), stmt,
                         {ATTR_CONV_KERNEL: self.op})
 

@@ -1,7 +1,7 @@
 """The depthwise family: `conv2d` with one input and one output channel per group ->
 `conv2d_depthwise` (weight unchanged), tile `(tile_w, lanes)`: `tile_w` output
 columns of as many output rows as the ISA's registers hold accumulators for
-(kiln.ops.conv_kernels.depthwise_conv_body, `depthwise_tile_rows`). A padded
+(`depthwise_conv_body`, kiln.kernels.conv.window.depthwise_tile_rows). A padded
 stride-1 input larger than the ISA's L2 is padded channel by channel on the stack
 (`window_body`). Over an image of symbolic height and width, the run-time split
 kernel of kiln.ops.kernels.window_symbolic (the tile unused)."""
@@ -11,10 +11,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
+from kiln.errors import IRError
 from kiln.ir import graph as g
 from kiln.ir.tensor import Buffer, PrimExpr, Stmt, as_expr
-from kiln.ops import conv_kernels as ck
-from kiln.ops.kernels.conv import UnpackedConv, conv_call_shape, vector_widths
+from kiln.kernels.conv.family import UnpackedConv, vector_widths
+from kiln.kernels.conv.window import depthwise_tile_width, window_body
+from kiln.ops.conv_geometry import ConvShape, conv_call_shape
 from kiln.ops.kernels.registry import fits_registers
 from kiln.ops.kernels.tiles import (
     Epilogue,
@@ -23,15 +25,16 @@ from kiln.ops.kernels.tiles import (
     tile_lanes,
     tile_registers,
 )
+from kiln.ops.kernels.tiles import const as _c
 from kiln.ops.kernels.window_symbolic import symbolic_window_body
 from kiln.target.isa import ISA
 
 
-def choose_tile(shape: ck.ConvShape, isa: ISA) -> tuple[int, int]:
+def choose_tile(shape: ConvShape, isa: ISA) -> tuple[int, int]:
     lanes = tile_lanes(isa)
     if shape.symbolic_image:
         return (lanes, lanes)
-    return (ck.depthwise_tile_width(shape, lanes), lanes)
+    return (depthwise_tile_width(shape, lanes), lanes)
 
 
 @dataclass(frozen=True)
@@ -46,7 +49,7 @@ class DepthwiseConv(UnpackedConv):
         return shape is not None and shape.depthwise and isinstance(w, g.Constant) \
             and w.data.shape[1] == 1
 
-    def choose_tile(self, shape: ck.ConvShape, isa: ISA) -> tuple[int, int]:
+    def choose_tile(self, shape: ConvShape, isa: ISA) -> tuple[int, int]:
         return choose_tile(shape, isa)
 
     def candidates(self, call: g.Call, isa: ISA) -> list[tuple[int, ...]]:
@@ -60,7 +63,7 @@ class DepthwiseConv(UnpackedConv):
         return [(tw, lanes) for tw in vector_widths(shape.out_w, lanes)
                 if (tw, lanes) != rule and fits_registers(-(-tw // lanes), 2, isa)]
 
-    def loop_nest(self, shape: ck.ConvShape, x: Buffer, w: Buffer, out: Buffer,
+    def loop_nest(self, shape: ConvShape, x: Buffer, w: Buffer, out: Buffer,
                   tile: tuple[int, int], epilogue: Epilogue, fused: bool, isa: ISA) -> Stmt:
         tw, lanes = tile
         if shape.symbolic_image:
@@ -71,8 +74,23 @@ class DepthwiseConv(UnpackedConv):
             with parallel_over_images():
                 return symbolic_window_body(shape, x, out, lanes, tap, zero, zero, epilogue,
                                             isa=isa)
-        return ck.depthwise_conv_body(shape, x, w, out, tw, epilogue, fused, lanes,
-                                      tile_registers(isa), isa.l2_bytes)
+        return depthwise_conv_body(shape, x, w, out, tw, epilogue, fused, lanes,
+                                   tile_registers(isa), isa.l2_bytes)
+
+
+def depthwise_conv_body(shape: ConvShape, x: Buffer, w: Buffer, out: Buffer, tile_w: int,
+                        epilogue: Epilogue, fused: bool, lanes: int, registers: int,
+                        l2_bytes: int = 0) -> Stmt:
+    """The loop nest of a depthwise convolution (`groups == c_in == c_out`); `w` is the
+    OIHW weight (C, 1, kh, kw). See `window_body`."""
+    if not shape.depthwise:
+        raise IRError(f"depthwise kernel needs groups == channels, got {shape}")
+
+    def tap(acc: PrimExpr, xv: PrimExpr, c: PrimExpr, kh: PrimExpr, kw: PrimExpr) -> PrimExpr:
+        return madd(acc, xv, w[c, _c(0), kh, kw], fused)
+
+    return window_body(shape, x, out, tile_w, lanes, registers, tap, as_expr(0.0, x.dtype),
+                       epilogue, l2_bytes)
 
 
 CONV_DEPTHWISE = DepthwiseConv("conv_depthwise", "conv2d_depthwise", ("conv2d",), 0)

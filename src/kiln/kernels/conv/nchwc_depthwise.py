@@ -14,8 +14,10 @@ tiles of a row (rows of all blocks and images) form one parallel loop.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
+from kiln.ir import graph as g
 from kiln.ir.attrs import ATTR_CONV_KERNEL
 from kiln.ir.tensor import (
     Allocate,
@@ -29,8 +31,8 @@ from kiln.ir.tensor import (
     select,
     seq,
 )
-from kiln.ops import layout
-from kiln.ops.conv_kernels import ConvShape
+from kiln.ops import layout, te
+from kiln.ops.conv_geometry import ConvShape, conv_shape
 from kiln.ops.epilogue import fused_store
 from kiln.ops.kernels.registry import recorded_tile
 from kiln.ops.kernels.tiles import Epilogue, lanes_loop, madd, parallel_tiles, parallel_when
@@ -63,8 +65,6 @@ def inner_columns(shape: ConvShape) -> tuple[int, int]:
 def conv_geometry(x_shape: Sequence[Any], attrs: Mapping[str, Any], kernel: tuple[int, int]
                   ) -> ConvShape:
     """The NCHW geometry of a call on the blocked input shape `x_shape`."""
-    from kiln.ops.conv_direct import conv_shape
-
     c = int(attrs["channels"])
     return conv_shape((x_shape[0], c, x_shape[2], x_shape[3]), c, kernel, attrs)
 
@@ -72,7 +72,8 @@ def conv_geometry(x_shape: Sequence[Any], attrs: Mapping[str, Any], kernel: tupl
 def build(params: Sequence[Any], args: Sequence[Any], attrs: Mapping[str, Any],
           anchor: Any, result: Any, isa: ISA) -> PrimFunc | None:
     """The kernel for `isa` of a `conv2d_nchwc_depthwise` call with its fused elementwise
-    tail (the arguments of `HandBuiltOp.lower_fused`); None when the tail needs statements."""
+    tail (the arguments of kiln.kernels.lowering.Lowering.lower_fused); None when the
+    tail needs statements."""
     x, wp = args[0], args[1]
     bias = args[2] if len(args) > 2 else None
     block = int(x.shape[4])
@@ -89,6 +90,31 @@ def build(params: Sequence[Any], args: Sequence[Any], attrs: Mapping[str, Any],
         isa.fma), shape.n * shape.c_in * shape.out_h * shape.out_w * shape.kh * shape.kw, isa=isa)
     return PrimFunc((*(store.buffers[t] for t in params), store.out), stmt,
                     {ATTR_CONV_KERNEL: "conv2d_nchwc_depthwise"})
+
+
+@dataclass(frozen=True)
+class NchwcDepthwise:
+    """The lowering of `conv2d_nchwc_depthwise`: `build` for float32 calls of static
+    channels and image sizes (the batch may be symbolic)."""
+
+    supports_symbolic = True
+    fuses_producers = False
+
+    def builds(self, call: g.Call) -> bool:
+        """Every call: `lower_fused` declines the ones `build` does not take."""
+        return True
+
+    def lower_fused(self, params: Sequence[te.Tensor], args: Sequence[te.Tensor],
+                    attrs: Mapping[str, Any], anchor: te.Tensor | None,
+                    result: te.Tensor | None, name: str, isa: ISA) -> PrimFunc | None:
+        """The hand-built kernel (see kiln.kernels.lowering.Lowering.lower_fused)."""
+        if any(t.dtype != "float32" for t in (*args, *params)) or not all(
+                isinstance(d, int) for t in args for d in t.shape[1:]):
+            return None
+        return build(params, args, attrs, anchor, result, isa=isa)
+
+
+NCHWC_DEPTHWISE = NchwcDepthwise()
 
 
 def nest(shape: ConvShape, block: int, x: Buffer, w: Buffer, bias: Buffer | None,

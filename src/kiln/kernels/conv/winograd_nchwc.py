@@ -3,13 +3,13 @@ region (kiln.transform.nchwc_layout) -> `conv2d_winograd_nchwc` (kiln.ops.winogr
 tile `(m, mr, nr)`: F(m x m, 3 x 3) with the GEMM micro-kernel's `mr x nr` register
 tile, here over the products' transposes.
 
-In NCHW (kiln.ops.kernels.conv_winograd) a product is `M[p] = U[p] @ V[p]`, output
+In NCHW (kiln.kernels.conv.winograd) a product is `M[p] = U[p] @ V[p]`, output
 channels x tiles, with vectors across a tile row's tiles. In NCHW{b}c a position's `b`
 channels are one vector, so every step runs across channels instead. Per image, with
 `a = m + 2` and `T` output tiles:
 
 1. the input transform `V^T[p][t][c] = (B^T d B)[p]`, one vector of `b` channels per
-   tile and position, read from the (zero-bordered, kiln.ops.conv_kernels.
+   tile and position, read from the (zero-bordered, kiln.kernels.conv.padding.
    padded_blocked_buffer) blocked input, stored contiguous along the channels;
 2. `a * a` products `M^T[p] = V^T[p] @ U^T[p]` (`[T x C] @ [C x O]`) on the GEMM
    kernel: a tile's rows are output tiles (a broadcast value each), its lanes output
@@ -46,14 +46,16 @@ from kiln.ir.tensor import (
     seq,
 )
 from kiln.ir.types import TensorType
+from kiln.kernels.conv.family import blocked_bias
+from kiln.kernels.conv.padding import padded_blocked_buffer
+from kiln.kernels.conv.winograd import skewed_rows, takes, tiles, transform_2d
 from kiln.kernels.gemm.loop_nest import gemm_body
 from kiln.kernels.gemm.micro_kernel import GemmShape, choose_gemm_tiling
 from kiln.kernels.gemm.schedule import GemmSchedule
-from kiln.ops import conv_kernels as ck
 from kiln.ops import layout
+from kiln.ops.conv_geometry import ConvShape
 from kiln.ops.epilogue import fused_store
-from kiln.ops.kernels.conv import blocked_bias
-from kiln.ops.kernels.conv_winograd import skewed_rows, takes, tiles, transform_2d
+from kiln.ops.gemm import pack_b
 from kiln.ops.kernels.gemm_knobs import GemmTiling
 from kiln.ops.kernels.registry import TILE, Family, recorded_tile
 from kiln.ops.kernels.tiles import (
@@ -67,18 +69,25 @@ from kiln.ops.kernels.tiles import (
     tile_registers,
 )
 from kiln.ops.winograd import WINOGRAD_NCHWC as OP
-from kiln.ops.winograd import matrices, pack_panels, tile_of
+from kiln.ops.winograd import matrices, tile_of
 from kiln.target.isa import ISA
 
 
-def gemm_tile(shape: ck.ConvShape, m: int, isa: ISA) -> tuple[int, int]:
+def pack_panels(u: np.ndarray, nr: int) -> np.ndarray:
+    """`u[a*a][O][C]` -> `[a*a][ceil(O / nr)][C][nr]`: each position's `U^T` (`[C][O]`) as
+    the GEMM kernel's B panels (kiln.ops.gemm.pack_b), output channels
+    zero-padded."""
+    return np.stack([pack_b(up.T, nr) for up in u])
+
+
+def gemm_tile(shape: ConvShape, m: int, isa: ISA) -> tuple[int, int]:
     """The GEMM rule's register tile of one position's `T x O` product."""
     th, tw = tiles(shape, m)
     t = choose_gemm_tiling(th * tw, shape.c_out, tile_lanes(isa), tile_registers(isa))
     return (t.mr, t.nr)
 
 
-def winograd_nchwc_body(shape: ck.ConvShape, x: Buffer, up: Buffer, out: Buffer,
+def winograd_nchwc_body(shape: ConvShape, x: Buffer, up: Buffer, out: Buffer,
                         tile: tuple[int, int, int], epilogue: Epilogue, fused: bool,
                         block: int, *, isa: ISA) -> Stmt:
     """The loop nest (module docstring): `x` `[N][C/b][H][W][b]`, `up` the weight packed
@@ -96,7 +105,7 @@ def winograd_nchwc_body(shape: ck.ConvShape, x: Buffer, up: Buffer, out: Buffer,
     # zero rows and columns past the image's padding up to the last tile's window
     extra_h = max(0, th * m + 2 - (shape.h + top + bottom))
     extra_w = max(0, tw * m + 2 - (shape.w + left + right))
-    xp, prologue = ck.padded_blocked_buffer(
+    xp, prologue = padded_blocked_buffer(
         x, replace(shape, pads=(top, left, bottom + extra_h, right + extra_w)), b)
     # the transforms touch all a*a positions at once: positions skewed apart (skewed_rows)
     vt = Buffer("wino_vt", (a * a, skewed_rows(t_all, c_in), c_in), dt)
@@ -173,8 +182,8 @@ class WinogradNchwc(Family):
             return False
         return self._shape(call) is not None
 
-    def _shape(self, call: g.Call) -> ck.ConvShape | None:
-        from kiln.ops.conv_direct import conv_shape
+    def _shape(self, call: g.Call) -> ConvShape | None:
+        from kiln.ops.conv_geometry import conv_shape
 
         x, u = call.args[0].type, call.args[1]
         assert isinstance(u, g.Constant) and isinstance(x, TensorType)
@@ -203,7 +212,7 @@ class WinogradNchwc(Family):
 
     def build(self, params: Sequence[Any], args: Sequence[Any], attrs: Mapping[str, Any],
               anchor: Any, result: Any, isa: ISA) -> PrimFunc | None:
-        from kiln.ops.conv_direct import conv_shape
+        from kiln.ops.conv_geometry import conv_shape
 
         x, up = args[0], args[1]
         if not all(isinstance(d, int) for d in (*x.shape[1:], *up.shape)):

@@ -1,7 +1,7 @@
 """The blocked direct family: any other `conv2d` the kernels take -> `conv2d_blocked`,
 the weight packed at compile time into `[group][co_block][ci][kh][kw][cb]`; tile
 `(cb, tile_w)`: `tile_w` output positions x `cb` output channels, `cb` one or two
-vectors of the ISA's float32 lanes (kiln.ops.conv_kernels.blocked_conv_body)."""
+vectors of the ISA's float32 lanes (kiln.kernels.conv.blocked.blocked_conv_body)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,19 @@ from typing import Any
 
 from kiln.ir import graph as g
 from kiln.ir.tensor import Buffer, PrimFunc, Stmt
-from kiln.ops import conv_kernels as ck
-from kiln.ops.kernels.conv import TUNED_WIDTHS, build_conv, conv_call_shape, packed_call
+from kiln.kernels.conv.blocked import (
+    BlockedSchedule,
+    Tiling,
+    blocked_conv_body,
+    choose_tiling,
+    pack_blocked_weight,
+    subsamples,
+)
+from kiln.kernels.conv.family import TUNED_WIDTHS, build_conv, packed_call
+from kiln.kernels.conv.ksegments import ConvKBlocking
+from kiln.kernels.conv.padding import padded_image_bytes
+from kiln.ops.conv_direct import KSEGMENT, TUNED_SEGMENTS
+from kiln.ops.conv_geometry import ConvShape, conv_call_shape
 from kiln.ops.kernels.registry import Family, fits_registers, recorded_tile
 from kiln.ops.kernels.tiles import ZEN3_VECTOR_BITS, Epilogue, tile_lanes, tile_registers
 from kiln.target.isa import ISA
@@ -23,17 +34,17 @@ def blocked_body(isa: ISA, segment: int | None = None, unroll: int | None = None
     `segment`: the K-blocking's input channels per segment a tuned call records
     (`KSEGMENT`; 0 unblocked), None the rule's (`choose_k_blocking`); `unroll`: the
     input-channel loop unrolled by it (the call's `unroll`), None the rule's."""
-    def body(shape: ck.ConvShape, x: Buffer, w: Buffer, out: Buffer, t: tuple[int, ...],
+    def body(shape: ConvShape, x: Buffer, w: Buffer, out: Buffer, t: tuple[int, ...],
              epilogue: Epilogue, fused: bool, block: int) -> Stmt:
-        tile_w = t[1] if t else ck.choose_tiling(shape, tile_lanes(isa), tile_registers(isa)).tile_w
-        tiling = ck.Tiling(cb=int(w.shape[5]), tile_w=tile_w)
+        tile_w = t[1] if t else choose_tiling(shape, tile_lanes(isa), tile_registers(isa)).tile_w
+        tiling = Tiling(cb=int(w.shape[5]), tile_w=tile_w)
         kblock = choose_k_blocking(shape, tiling, isa) if segment is None else \
             segment_blocking(tiling, isa, segment)
-        return ck.blocked_conv_body(shape, x, w, out, tiling, epilogue, fused, block,
-                                    kblock, subsample=subsamples_input(shape, isa),
-                                    unroll=unroll,
-                                    band=0 if block else band_tiles(shape, tiling, isa),
-                                    prefetch=prefetches_weights(shape, tiling, isa), isa=isa)
+        schedule = BlockedSchedule(tiling, fused, block, kblock,
+                                   subsample=subsamples_input(shape, isa), unroll=unroll,
+                                   band=0 if block else band_tiles(shape, tiling, isa),
+                                   prefetch=prefetches_weights(shape, tiling, isa))
+        return blocked_conv_body(shape, x, w, out, schedule, epilogue, isa=isa)
 
     return body
 
@@ -43,28 +54,23 @@ def blocked_body(isa: ISA, segment: int | None = None, unroll: int | None = None
 #: block's weights are read by few tiles, so fetching them is a large share of its
 #: time), for packed weights of at least `PREFETCH_WEIGHT_L2_SHARE` of the L2 (in a
 #: model, such a layer's weights come from memory on every call), on a CPU with an L2.
-#: One Zen 4 core, kiln/onnxruntime: eight ResNet-50 1x1 pairs at 7x7 (64 MB of weights)
-#: 1.09-1.11 -> 0.98-0.99, the two layers alone 1.00 either way; 3x3 layers at 7x7 and
-#: 14x14 2-4% faster, at 28x28 the same, at 56x56 1% slower (not prefetched).
+#: Larger images read each block's weights from many tiles: not prefetched.
 PREFETCH_MAX_POSITIONS = 256
 PREFETCH_WEIGHT_L2_SHARE = 0.25
 
 
-def subsamples_input(shape: ck.ConvShape, isa: ISA) -> bool:
+def subsamples_input(shape: ConvShape, isa: ISA) -> bool:
     """Whether the blocked kernel runs an unpadded strided 1x1 layer on a copy of the
-    input values it reads (ck.subsampled_input; ck.subsamples names the layers): on
-    256-bit vectors (Zen 3) always, on others where one image's input is at least the L2 (read
+    input values it reads (subsampled_input; subsamples names the layers): on
+    256-bit vectors always, on others where one image's input is at least the L2 (read
     in place, a stride-2 layer brings in every cache line of it for a quarter of the
-    values). A strided 1x1 layer on one core, ms strided -> subsampled (onnxruntime):
-    Zen 3 512>1024 @28 4.07 -> 3.22 (3.14), 1024>2048 @14 4.51 -> 3.27 (3.58); Zen 4
-    (1 MiB L2) 512>1024 @28 (1.6 MB of input) 2.06-2.10 -> 1.91-1.97 (1.89-1.96),
-    1024>2048 @14 (0.8 MB) 1.90-1.92 -> 1.92-1.93 (2.03-2.17), left in place."""
+    values); an input within the L2 is read in place as fast."""
     # one image's input: the batch may be symbolic, and the tiles run image by image
     return (isa.vector_bits in ZEN3_VECTOR_BITS
             or shape.c_in * shape.h * shape.w * 4 >= isa.l2_bytes > 0)
 
 
-def prefetches_weights(shape: ck.ConvShape, tiling: ck.Tiling, isa: ISA) -> bool:
+def prefetches_weights(shape: ConvShape, tiling: Tiling, isa: ISA) -> bool:
     """Whether the blocked kernel's sums prefetch the weights of the channel block (or
     segment) after their own (`PREFETCH_MAX_POSITIONS`)."""
     weights = shape.groups * shape.ci_group * shape.kh * shape.kw \
@@ -73,41 +79,25 @@ def prefetches_weights(shape: ck.ConvShape, tiling: ck.Tiling, isa: ISA) -> bool
             and weights >= PREFETCH_WEIGHT_L2_SHARE * isa.l2_bytes)
 
 
-#: The attribute a tuned `conv2d_blocked` call records its K-blocking in: input
-#: channels per segment, 0 for unblocked (absent: the rule's, `choose_k_blocking`).
-KSEGMENT = "ksegment"
-#: The segment sizes tuning offers (kiln.ops.kernels.search), where they divide the
-#: group's input channels into at least two segments.
-TUNED_SEGMENTS = (0, 16, 32, 64)
-
-
-def rule_segment(shape: ck.ConvShape, tile: tuple[int, ...], isa: ISA) -> int:
+def rule_segment(shape: ConvShape, tile: tuple[int, ...], isa: ISA) -> int:
     """The rule's channels per segment for `tile` (0: unblocked)."""
-    kb = choose_k_blocking(shape, ck.Tiling(cb=tile[0], tile_w=tile[1]), isa)
+    kb = choose_k_blocking(shape, Tiling(cb=tile[0], tile_w=tile[1]), isa)
     return 0 if kb is None else kb.kc
 
 
-def legal_segments(shape: ck.ConvShape) -> list[int]:
-    """The `TUNED_SEGMENTS` the kernel computes `shape` with: 0, and sizes dividing the
-    group's input channels in at least two segments."""
-    return [k for k in TUNED_SEGMENTS
-            if k == 0 or (shape.ci_group % k == 0 and shape.ci_group >= 2 * k)]
-
-
-def segment_blocking(tiling: ck.Tiling, isa: ISA, channels: int) -> ck.ConvKBlocking | None:
+def segment_blocking(tiling: Tiling, isa: ISA, channels: int) -> ConvKBlocking | None:
     """K-blocking of `channels` input channels per segment (0: None, unblocked), the
     band of tiles per task as the rule's (`PARTIAL_SUMS_L2_SHARE` of the L2)."""
     if channels == 0:
         return None
     tile_bytes = tiling.tile_w * tiling.cb * 4
-    return ck.ConvKBlocking(channels,
-                            max(1, int(PARTIAL_SUMS_L2_SHARE * isa.l2_bytes) // tile_bytes))
+    return ConvKBlocking(channels,
+                         max(1, int(PARTIAL_SUMS_L2_SHARE * isa.l2_bytes) // tile_bytes))
 
 
-#: Input channels per segment of K-blocked sums: 32 ran faster than 16 (3x3 512>512 @28:
-#: 80 against 90 GFLOP/s) and than 64 or 128 on the 7x7 1x1 layers (2048>512: 68 against
-#: 60 and 54) on one Zen 3 core; a group whose channels 32 does not divide takes the
-#: largest divisor from `MIN_SEGMENT_CHANNELS` on, or stays unblocked.
+#: Input channels per segment of K-blocked sums: 32 (fewer per segment re-read the
+#: partial sums more often, more outgrow the L1); a group whose channels 32 does not
+#: divide takes the largest divisor from `MIN_SEGMENT_CHANNELS` on, or stays unblocked.
 SEGMENT_CHANNELS = 32
 MIN_SEGMENT_CHANNELS = 8
 #: Where the blocked kernel's sums are K-blocked: a channel block's weights at least
@@ -116,32 +106,30 @@ MIN_SEGMENT_CHANNELS = 8
 #: tiles wrap rows, and each reads every channel's plane) with weights past the L1.
 KBLOCK_WEIGHT_L2_SHARE = 0.25
 SMALL_IMAGE_POSITIONS = 64
-#: The vector widths the K-blocking rule was measured on: 256 bits (Zen 3, below) and 512
-#: (Zen 4, docs/performance.md "K-blocked sums on AVX-512"), where it blocks a layer whose
+#: The vector widths the K-blocking rule is for: 256 bits (below) and 512
+#: (docs/performance.md, "K-blocked sums on AVX-512"), where it blocks a layer whose
 #: weights pass `KBLOCK_WEIGHT_L2_SHARE` of the L2 and whose padded input passes
 #: `KBLOCK_INPUT_L2_SHARE` (VGG-19's 3x3 layers of 512 channels at 28x28 and 14x14), not
-#: by the small-image criterion (a 7x7 image's layers: no faster blocked).
+#: by the small-image criterion (a 7x7 image's layers gain nothing blocked).
 K_BLOCKING_BITS = (256, 512)
 KBLOCK_INPUT_L2_SHARE = 0.5
 #: The most partial sums (bytes) a K-blocked task keeps: a quarter of the L2.
 PARTIAL_SUMS_L2_SHARE = 0.25
 
 
-def choose_k_blocking(shape: ck.ConvShape, tiling: ck.Tiling, isa: ISA
-                      ) -> ck.ConvKBlocking | None:
+def choose_k_blocking(shape: ConvShape, tiling: Tiling, isa: ISA
+                      ) -> ConvKBlocking | None:
     """How the blocked kernel splits its sums along the input channels on `isa`
-    (ck.blocked_conv_body), or None: unblocked.
+    (blocked_conv_body), or None: unblocked.
 
     Unblocked, a tile sums over every input channel and tap before it stores, and a
     parallel task sweeps the image tile by tile with one block of `cb` output channels:
     its weights (`ci * kh * kw * cb` values) and the input rows the tiles read are
     re-read for every tile. Where they outgrow the caches (512-channel 3x3 layers:
-    295 KB of weights per block, with the input rows beyond Zen 3's 512 KB L2) the
-    kernel ran at 50-60% of peak. K-blocked, a task sums `SEGMENT_CHANNELS` channels
-    over all its tiles at a time (a segment's weights, 18 KB for a 3x3 layer, stay in
-    L1), keeping the tiles' partial sums in a buffer of its own; one Zen 3 core, GFLOP/s
-    unblocked -> blocked (onnxruntime): 3x3 512>512 @28 62 -> 90 (94), 3x3/2 512>512
-    @14 48 -> 65 (66), 1x1 2048>512 @7 40 -> 68 (67), 1x1 512>2048 @7 52 -> 67 (72)."""
+    295 KB of weights per block, with the input rows beyond the L2) the tiles wait on
+    memory. K-blocked, a task sums `SEGMENT_CHANNELS` channels over all its tiles at a
+    time (a segment's weights, 18 KB for a 3x3 layer, stay in L1), keeping the tiles'
+    partial sums in a buffer of its own."""
     if isa.vector_bits not in K_BLOCKING_BITS:
         return None
     cig = shape.ci_group
@@ -153,7 +141,7 @@ def choose_k_blocking(shape: ck.ConvShape, tiling: ck.Tiling, isa: ISA
     weights = cig * shape.kh * shape.kw * tiling.cb * 4
     if isa.vector_bits not in ZEN3_VECTOR_BITS:  # AVX-512: big weights and a big input
         big = (weights >= KBLOCK_WEIGHT_L2_SHARE * isa.l2_bytes
-               and ck.padded_image_bytes(shape) >= KBLOCK_INPUT_L2_SHARE * isa.l2_bytes)
+               and padded_image_bytes(shape) >= KBLOCK_INPUT_L2_SHARE * isa.l2_bytes)
         return segment_blocking(tiling, isa, kc) if big else None
     small_image = positions <= SMALL_IMAGE_POSITIONS and weights >= isa.l1d_bytes
     if weights < KBLOCK_WEIGHT_L2_SHARE * isa.l2_bytes and not small_image:
@@ -166,9 +154,9 @@ def choose_k_blocking(shape: ck.ConvShape, tiling: ck.Tiling, isa: ISA
 BAND_INPUT_L2_SHARE = 0.5
 
 
-def band_tiles(shape: ck.ConvShape, tiling: ck.Tiling, isa: ISA) -> int:
+def band_tiles(shape: ConvShape, tiling: Tiling, isa: ISA) -> int:
     """Tiles per band of a strided layer whose tiles run band by band, each band's tiles
-    for every output channel block in turn (ck.blocked_conv_body's `band`), or 0: the
+    for every output channel block in turn (blocked_conv_body's `band`), or 0: the
     rule's order (a channel block's tiles over the whole image, then the next block).
 
     A strided KxK layer's padded input passes the L2 where its image is large (ResNet's
@@ -176,15 +164,12 @@ def band_tiles(shape: ck.ConvShape, tiling: ck.Tiling, isa: ISA) -> int:
     block of output channels, it came from L3 each time, a tile's reads spread over
     `ci * kh` rows of as many planes (more streams than the prefetchers follow). In
     bands of output rows whose input rows fill half the L2, the input is read from L3
-    once and each block's weights (a contiguous run) once per band. One Zen 3 core, ms
-    in the rule's order -> banded (onnxruntime's session): 3x3/2 128>128 @56 2.84-2.88
-    -> 2.65-2.72 (2.56-2.59), 64>128 @56 1.43-1.44 -> 1.32-1.33 (1.29-1.31); 256>256
-    @28 (0.9 MB) 2.589 -> 2.586 and the stride-1 3x3 64>64 @56 2.59 -> 2.60-2.62
-    (unchanged: left in the rule's order). Measured on 256-bit vectors only
+    once and each block's weights (a contiguous run) once per band. Stride-1 layers and
+    inputs within the L2 gain nothing: left in the rule's order. On 256-bit vectors
     (ZEN3_VECTOR_BITS); ungrouped layers with more than one block of output channels
     (not the subsampled strided 1x1 ones, which run at stride 1)."""
     if isa.vector_bits not in ZEN3_VECTOR_BITS or shape.stride == (1, 1) \
-            or shape.groups != 1 or shape.co_group <= tiling.cb or ck.subsamples(shape):
+            or shape.groups != 1 or shape.co_group <= tiling.cb or subsamples(shape):
         return 0  # (a subsampled strided 1x1 layer runs at stride 1)
     top, left, bottom, right = shape.pads
     row_bytes = shape.c_in * (shape.w + left + right) * 4
@@ -207,7 +192,7 @@ class DirectConv(Family):
     def pack(self, call: g.Call, isa: ISA) -> g.Call:
         shape = conv_call_shape(call)
         assert shape is not None
-        t = ck.choose_tiling(shape, tile_lanes(isa), tile_registers(isa))
+        t = choose_tiling(shape, tile_lanes(isa), tile_registers(isa))
         return self.pack_tile(call, isa, (t.cb, t.tile_w))
 
     def candidates(self, call: g.Call, isa: ISA) -> list[tuple[int, ...]]:
@@ -216,19 +201,24 @@ class DirectConv(Family):
         shape = conv_call_shape(call)
         assert shape is not None
         lanes = tile_lanes(isa)
-        rule = ck.choose_tiling(shape, lanes, tile_registers(isa))
+        rule = choose_tiling(shape, lanes, tile_registers(isa))
         out = [(v * lanes, tw) for v in range(1, 5) if v == 1 or (v - 1) * lanes < shape.co_group
                for tw in TUNED_WIDTHS if fits_registers(v * tw, v, isa)]
         return sorted((t for t in out if t != (rule.cb, rule.tile_w)),
                       key=lambda t: (abs(t[1] - rule.tile_w) + 4 * abs(t[0] - rule.cb) // lanes,
                                      t))
 
+    def rule_segment(self, shape: ConvShape, tile: tuple[int, ...], isa: ISA) -> int:
+        """The rule's input channels per K segment for `tile` (`rule_segment`; tuning's
+        search asks it by the family's name, kiln.ops.kernels.search.segments)."""
+        return rule_segment(shape, tile, isa)
+
     def pack_tile(self, call: g.Call, isa: ISA, tile: tuple[int, ...]) -> g.Call:
         shape = conv_call_shape(call)
         w = call.args[1]
         assert shape is not None and isinstance(w, g.Constant)
         cb, tile_w = tile
-        return packed_call(self.op, call, ck.pack_blocked_weight(w.data, shape.groups, cb),
+        return packed_call(self.op, call, pack_blocked_weight(w.data, shape.groups, cb),
                            (cb, tile_w), shape.c_out)
 
     def build(self, params: Sequence[Any], args: Sequence[Any], attrs: Mapping[str, Any],

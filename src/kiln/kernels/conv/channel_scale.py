@@ -1,0 +1,145 @@
+"""The channel-scale kernels: a float32 activation multiplied by one value per (batch,
+channel), the scale of a squeeze-and-excitation block.
+
+- `multiply` (`CHANNEL_SCALE`), NCHW: a scale of shape `[N or 1, C, 1, 1]` or
+  `[C, 1, 1]` (either operand order). The tensor-expression loop nest of that broadcast
+  is scalar code (a serial loop per dimension). The hand-built kernel is the same nest
+  with each row one vector loop (`T.vectorized`, which the vectorize-loops pass makes
+  vector code): the channel's scale is loaded once per row and broadcast. Other
+  shapes and dtypes keep the tensor-expression definition.
+- `channel_scale_nchwc` (`CHANNEL_SCALE_NCHWC`, kiln.ops.channel_scale_nchwc): each
+  position of the NCHW{b}c activation one vector operation along the channel lanes.
+
+An elementwise tail FuseOps groups after either is applied as each value is stored.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from kiln.ir import graph as g
+from kiln.ir.analysis.vector_loops import MAX_LANES
+from kiln.ir.tensor import PrimExpr, PrimFunc, Stmt, Store, seq
+from kiln.ops import te
+from kiln.ops.broadcast import broadcast_index
+from kiln.ops.epilogue import fused_store
+from kiln.ops.kernels.tiles import const, lanes_loop, loop, nest, parallel_tiles, parallel_when
+from kiln.target.isa import ISA
+
+
+def _static(shape: Sequence[Any]) -> bool:
+    return all(isinstance(d, int) for d in shape)
+
+
+def scaled_operand(shapes: Sequence[Sequence[Any]], dtypes: Sequence[str]) -> int | None:
+    """Which operand (0 or 1) of a two-operand multiply is the `[N or 1, C, 1, 1]` (or
+    `[C, 1, 1]`) channel scale of the other, a float32 static NCHW tensor; None when
+    the call is no channel scale."""
+    if len(shapes) != 2 or any(d != "float32" for d in dtypes) or \
+            not all(_static(s) for s in shapes):
+        return None
+    for k in (0, 1):
+        x, s = tuple(shapes[1 - k]), tuple(shapes[k])
+        if len(x) != 4 or 0 in x or x[2] * x[3] < 2:
+            continue
+        if s in ((x[0], x[1], 1, 1), (1, x[1], 1, 1), (x[1], 1, 1)):
+            return k
+    return None
+
+
+@dataclass(frozen=True)
+class ChannelScale:
+    """The lowering of `multiply` where it is an NCHW channel scale (module docstring)."""
+
+    supports_symbolic = False
+    fuses_producers = False
+
+    def builds(self, call: g.Call) -> bool:
+        """Whether `call` multiplies by a channel scale (`scaled_operand`)."""
+        types = [a.type for a in call.args]
+        return scaled_operand([getattr(t, "shape", ()) for t in types],
+                              [getattr(t, "dtype", "") for t in types]) is not None
+
+    def lower_fused(self, params: Sequence[te.Tensor], args: Sequence[te.Tensor],
+                    attrs: Mapping[str, Any], anchor: te.Tensor | None,
+                    result: te.Tensor | None, name: str, isa: ISA) -> PrimFunc | None:
+        """The channel-scale kernel (see kiln.kernels.lowering.Lowering.lower_fused)."""
+        k = scaled_operand([a.shape for a in args], [a.dtype for a in args])
+        final = result if result is not None else anchor
+        if k is None or any(a not in params for a in args) or (
+                final is not None and final.dtype != "float32"):
+            return None
+        return channel_scale_kernel(params, args[1 - k], args[k], anchor, result)
+
+
+def channel_scale_kernel(params: Sequence[te.Tensor], x: te.Tensor, scale: te.Tensor,
+                         anchor: te.Tensor | None, result: te.Tensor | None
+                         ) -> PrimFunc | None:
+    """`x * scale` (`scale` one value per channel) then the fused tail `result` over
+    `anchor`, as a kernel over the parameters `params`; None when the tail cannot be
+    applied as a store."""
+    n, c, h, w = (int(d) for d in x.shape)
+    store = fused_store(params, anchor, result, (n, c, h, w))
+    if store is None:
+        return None
+    xb, sb = store.buffers[x], store.buffers[scale]
+
+    def row(ni: PrimExpr, ci: PrimExpr, hi: PrimExpr) -> Stmt:
+        value = sb[broadcast_index((ni, ci, const(0), const(0)), scale.shape)]
+        parts = []
+        for start in range(0, w, MAX_LANES):
+            def lane(v: PrimExpr, start: int = start) -> Stmt:
+                idx = (ni, ci, hi, v + start)
+                return Store(store.out, store.epilogue(xb[idx] * value, idx), idx)
+
+            parts.append(lanes_loop("v", min(MAX_LANES, w - start), lane))
+        return seq(*parts)
+
+    return PrimFunc((*(store.buffers[t] for t in params), store.out),
+                    nest(("n", "c", "h"), (n, c, h), row), {"kiln.channel_scale": True})
+
+
+CHANNEL_SCALE = ChannelScale()
+
+
+@dataclass(frozen=True)
+class ChannelScaleNchwc:
+    """The lowering of `channel_scale_nchwc` (float32, static channels and image sizes;
+    the batch may be symbolic)."""
+
+    supports_symbolic = True
+    fuses_producers = False
+
+    def builds(self, call: g.Call) -> bool:
+        """Every call: `lower_fused` declines the ones it does not take."""
+        return True
+
+    def lower_fused(self, params: Sequence[te.Tensor], args: Sequence[te.Tensor],
+                    attrs: Mapping[str, Any], anchor: te.Tensor | None,
+                    result: te.Tensor | None, name: str, isa: ISA) -> PrimFunc | None:
+        """The vector kernel (see kiln.kernels.lowering.Lowering.lower_fused)."""
+        x, s = args
+        if x.dtype != "float32" or not all(isinstance(d, int) for d in x.shape[1:]):
+            return None
+        n, cb, h, w, b = x.shape
+        store = fused_store(params, anchor, result, tuple(x.shape))
+        if store is None:
+            return None
+        xb, sb = store.buffers[x], store.buffers[s]
+
+        def row(i: PrimExpr, c: PrimExpr, r: PrimExpr) -> Stmt:
+            def lane(q: PrimExpr, v: PrimExpr) -> Stmt:
+                idx = (i, c, r, q, v)
+                scale = sb[i, c, const(0), const(0), v]
+                return Store(store.out, store.epilogue(xb[idx] * scale, idx), idx)
+
+            return loop("q", w, lambda q: lanes_loop("v", b, lambda v: lane(q, v)))
+
+        stmt = parallel_when(lambda: parallel_tiles((n, cb, h), row), n * cb * h * w * b,
+                             "element", isa=isa)
+        return PrimFunc((*(store.buffers[t] for t in params), store.out), stmt, {})
+
+
+CHANNEL_SCALE_NCHWC = ChannelScaleNchwc()

@@ -1,0 +1,53 @@
+"""The lowerings of the convolution ops whose kernel a family of kiln.kernels.conv builds
+(`conv2d_blocked`, `conv2d_depthwise`, `conv2d_rows`, `conv2d_nchwc`, `conv2d_gemm`,
+`conv2d_group_gemm`: kiln.ops.conv_direct; `conv2d_winograd`, `conv2d_winograd_nchwc`:
+kiln.ops.winograd), registered by op name in kiln.kernels.lowering.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from kiln.ir import graph as g
+from kiln.ir.tensor import PrimFunc
+from kiln.ops import conv_direct as cd
+from kiln.ops import te
+from kiln.ops import winograd as wg
+from kiln.ops.kernels.registry import build_call, family_of
+from kiln.target.isa import ISA
+
+
+@dataclass(frozen=True)
+class FamilyLowering:
+    """The kernel of a float32 call of `op`, built by the kernel family that lowers `op`
+    (kiln.ops.kernels.registry.family_of) with the parallel split, K blocking and K
+    unroll the call records; the batch may be symbolic (channels and image sizes
+    static)."""
+
+    op: str
+    supports_symbolic = True
+    fuses_producers = False
+
+    def builds(self, call: g.Call) -> bool:
+        """Every call: the family decides when it builds (`lower_fused`)."""
+        return True
+
+    def lower_fused(self, params: Sequence[te.Tensor], args: Sequence[te.Tensor],
+                    attrs: Mapping[str, Any], anchor: te.Tensor | None,
+                    result: te.Tensor | None, name: str, isa: ISA) -> PrimFunc | None:
+        """The family's kernel (see kiln.kernels.lowering.Lowering.lower_fused)."""
+        if any(t.dtype != "float32" for t in (args[0], args[1], *params)):
+            return None
+        return build_call(family_of(self.op), params, args, attrs, anchor, result, isa)
+
+
+BLOCKED = FamilyLowering(cd.BLOCKED)
+DEPTHWISE = FamilyLowering(cd.DEPTHWISE)
+ROWS = FamilyLowering(cd.ROWS)
+NCHWC = FamilyLowering(cd.NCHWC)
+GEMM = FamilyLowering(cd.GEMM)
+GROUP_GEMM = FamilyLowering(cd.GROUP_GEMM)
+WINOGRAD = FamilyLowering(wg.WINOGRAD)
+WINOGRAD_NCHWC = FamilyLowering(wg.WINOGRAD_NCHWC)

@@ -1,0 +1,217 @@
+"""The NCHWc family: an ungrouped `conv2d_blocked` whose channel tile is a multiple of
+the block `b` (the ISA's float32 lanes) -> `conv2d_nchwc` on NCHW{b}c activations
+(kiln.transform.nchwc_layout decides where a region pays); the tile `(cb, tile_w)`
+is the blocked call's, except on AVX-512 (32 registers of 16 lanes) for a 1x1 layer
+(`pointwise_tile`: up to four vectors of output channels per tile, each input value
+broadcast to twice as many channels, so the input is read half as often) and for other
+layers over images of 112x112 and up (`wide_tile`: 64 channels x 4 positions). An unpadded
+1x1 layer (strided too) runs on `pointwise_body` instead of the blocked kernel
+(`takes_pointwise`) on ISAs with 16 registers of 8 lanes (AVX2, `pointwise_kernel`)
+and on those `pointwise_tile` holds for (`pointwise_body_isa`)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from kiln.ir import graph as g
+from kiln.ir.tensor import Buffer, PrimFunc, Stmt
+from kiln.ir.types import TensorType
+from kiln.kernels.conv.blocked import MAX_POSITION_WASTE, Tiling, choose_tiling, pack_blocked_weight
+from kiln.kernels.conv.direct import DirectConv, blocked_body, choose_k_blocking
+from kiln.kernels.conv.family import build_conv
+from kiln.kernels.conv.ksegments import ConvKBlocking
+from kiln.kernels.conv.pointwise import PointwiseSchedule, pointwise_body
+from kiln.ops import spatial
+from kiln.ops.conv_direct import unpack_blocked_weight
+from kiln.ops.conv_geometry import ConvShape
+from kiln.ops.kernels.registry import TILE, fits_registers, recorded_tile
+from kiln.ops.kernels.tiles import ZEN3_VECTOR_BITS, Epilogue, tile_lanes, tile_registers
+from kiln.target.isa import ISA
+
+#: The most output-channel vectors a 1x1 tile holds, and its most positions.
+POINTWISE_VECTORS = 4
+POINTWISE_POSITIONS = 8
+
+
+def pointwise_tile(channels: int, positions: int, isa: ISA, half: bool = False
+                   ) -> tuple[int, int] | None:
+    """`(cb, tile_w)` of a 1x1 NCHWc layer with `channels` outputs and `positions`
+    output positions, or None (keep the blocked rule's: fewer than 32 registers or 16
+    lanes). `cb`:
+    the vectors (4 to 1) that compute the fewest padded channels, the most on ties
+    (96 channels at 16 lanes: 3 vectors, 2 tiles; 576: 4); with `half` (a layer on
+    `pointwise_body`) a tile of all the channels whose last vector they fill at most
+    half of ends in half a vector instead (24 channels: 16 + 8, `half_vector`);
+    `tile_w`: the most positions
+    (up to 8) whose accumulators fit the registers with the weight vectors and, but for
+    4 vectors, one broadcast per position (`pointwise_fits`), fewer where that wastes
+    less than 2% of the last tile (as the blocked rule does)."""
+    if tile_registers(isa) < 32 or tile_lanes(isa) < 16:
+        return None  # the tiles are AVX-512's
+    lanes = tile_lanes(isa)
+    vecs = -(-channels // lanes)
+    v = min(range(min(POINTWISE_VECTORS, vecs), 0, -1), key=lambda v: -(-vecs // v) * v)
+    fit = [w for w in range(POINTWISE_POSITIONS, 3, -1) if pointwise_fits(v, w, isa)]
+
+    def waste(w: int) -> int:
+        return -(-positions // w) * w - positions
+
+    tile_w = next((w for w in fit if waste(w) <= MAX_POSITION_WASTE * positions),
+                  min(fit, key=waste))
+    if half and v == vecs and half_vector(channels, lanes):
+        return v * lanes - lanes // 2, tile_w
+    return v * lanes, tile_w
+
+
+#: The fewest output positions of a layer `wide_tile` widens, and its tile's positions.
+WIDE_TILE_POSITIONS = 112 * 112
+WIDE_TILE_WIDTH = 4
+
+
+def wide_tile(channels: int, positions: int, isa: ISA) -> tuple[int, int] | None:
+    """`(cb, tile_w)` of a layer that is not 1x1 with `channels` outputs and `positions`
+    output positions, or None (the blocked rule's tile, `choose_tiling`: 2 vectors x 6
+    positions): on 32 registers of 16 lanes (AVX-512), 4 vectors x 4 positions where
+    the channels fill whole tiles of 4 vectors and the image has at least
+    WIDE_TILE_POSITIONS positions. Each tile of channels sweeps the whole input, which at
+    that size comes from L3 (128 channels at 112x112 are 6.4 MB); twice the channels per
+    tile halves the sweeps. A smaller image's input stays in the caches: no gain."""
+    lanes = tile_lanes(isa)
+    cb = POINTWISE_VECTORS * lanes
+    if tile_registers(isa) < 32 or lanes < 16 or channels % cb \
+            or positions < WIDE_TILE_POSITIONS:
+        return None
+    return cb, WIDE_TILE_WIDTH
+
+
+def half_vector(channels: int, lanes: int) -> bool:
+    """Whether a 1x1 tile of all `channels` ends in half a vector of `lanes` (they fill
+    at most half of their last vector). Its last multiply-adds are then half as wide:
+    on a core that runs a 512-bit one on two 256-bit FMA pipes, a 256-bit one takes
+    either, and on cores with two 512-bit FMA units both count one."""
+    return 0 < channels % lanes <= lanes // 2
+
+
+def pointwise_fits(vectors: int, positions: int, isa: ISA) -> bool:
+    """Whether a 1x1 tile of `vectors` x `positions` fits the registers of `isa`: its
+    accumulators, the weight vectors and a broadcast per position (LLVM loads a step's
+    broadcasts ahead of its multiply-adds): a tile past it, 48 channels x 8 positions
+    (24 accumulators, 3 weight vectors, 8 broadcasts), spills. Four vectors keep the
+    one-broadcast budget (`fits_registers`): their wider tiles do not spill."""
+    if vectors >= POINTWISE_VECTORS:
+        return fits_registers(vectors * positions, vectors, isa)
+    return vectors * positions + vectors + positions <= tile_registers(isa)
+
+
+def pointwise_body_isa(isa: ISA) -> bool:
+    """Whether the unpadded 1x1 layers (`takes_pointwise`) run on `pointwise_body` on
+    `isa`: with `pointwise_kernel` (AVX2), and where `pointwise_tile` sets the tile
+    (32 registers of 16 lanes: AVX-512). On the blocked kernel an AVX-512 tile's step
+    divides each input channel index by the block for every position."""
+    return pointwise_kernel(isa) or (tile_registers(isa) >= 32 and tile_lanes(isa) >= 16)
+
+
+def pointwise_kernel(isa: ISA) -> bool:
+    """Whether the 1x1 layers take `pointwise_body` on `isa`: with fewer than 32 registers
+    of at least 8 lanes (AVX2), where it beats the blocked kernel on the 1x1 layers
+    (docs/performance.md). AVX-512 keeps the blocked kernel with `pointwise_tile`; NEON
+    (4 lanes) keeps the blocked kernel."""
+    return tile_registers(isa) < 32 and tile_lanes(isa) >= 8
+
+
+def takes_pointwise(shape: ConvShape, block: int) -> bool:
+    """Whether a layer of `shape` runs on `pointwise_body` (where `pointwise_kernel`
+    holds) with NCHW{block}c activations: an unpadded 1x1 layer, strided ones included (a
+    tile reads every `stride`-th position's contiguous vector of `block` channels in
+    place). The blocked kernel divides the channel index by the block at every step."""
+    return (shape.kh, shape.kw) == (1, 1) and not any(shape.pads) and block > 0
+
+
+def pointwise_k_blocking(shape: ConvShape, tiling: Tiling, isa: ISA, block: int
+                         ) -> ConvKBlocking | None:
+    """The K-blocking of a pointwise layer: the blocked kernel's rule
+    (`choose_k_blocking`: ResNet's 7x7 layers of 512 and 2048 channels) where its
+    segments are whole blocks, else None. On 256-bit vectors (tiles.ZEN3_VECTOR_BITS)
+    only: on AVX-512 the NCHW rule is the blocked kernel's, not this one's."""
+    if isa.vector_bits not in ZEN3_VECTOR_BITS:
+        return None
+    kblock = choose_k_blocking(shape, tiling, isa)
+    return kblock if kblock is not None and kblock.kc % block == 0 else None
+
+
+@dataclass(frozen=True)
+class NchwcConv(DirectConv):
+    """See the module docstring. `pack` takes the call's input already blocked; `build`
+    is the blocked kernel's, on NCHW{b}c input and output."""
+
+    def applies(self, call: g.Call, isa: ISA) -> bool:
+        x, wt = call.args[0].type, call.args[1].type
+        return (call.op == "conv2d_blocked" and call.attrs.get("group", 1) == 1
+                and isinstance(wt, TensorType) and wt.shape[5] % tile_lanes(isa) == 0
+                and isinstance(x, TensorType) and x.ndim == 4 and x.dtype == "float32"
+                and all(isinstance(d, int) for d in x.shape[1:]))
+
+    def pack(self, call: g.Call, isa: ISA) -> g.Call:
+        from kiln.ops.registry import call as make_call
+
+        wp, out, channels = call.args[1], call.ret_type, call.attrs.get("channels")
+        if isinstance(wp, g.Constant) and isinstance(out, TensorType) \
+                and isinstance(channels, int):
+            oh, ow = out.shape[2], out.shape[3]
+            assert isinstance(oh, int) and isinstance(ow, int)  # `applies` checked the input
+            if wp.data.shape[3:5] == (1, 1):
+                begins, ends = spatial.pads(call.attrs, 2)
+                # `pointwise_body`'s layers (`takes_pointwise`: a blocked input, unpadded)
+                xt = call.args[0].type
+                unpadded = isinstance(xt, TensorType) and xt.ndim == 5 \
+                    and not any((*begins, *ends))
+                tile = pointwise_tile(channels, oh * ow, isa, unpadded)
+            else:
+                tile = wide_tile(channels, oh * ow, isa)
+            if tile is not None and tile != call.attrs.get(TILE):
+                w = unpack_blocked_weight(np.asarray(wp.data), channels)
+                packed = g.Constant(pack_blocked_weight(w, 1, tile[0]), wp.name)
+                return make_call(self.op, call.args[0], packed, *call.args[2:],
+                                 **{**call.attrs, TILE: tile})
+        return make_call(self.op, *call.args, **call.attrs)
+
+    def build(self, params: Sequence[Any], args: Sequence[Any], attrs: Mapping[str, Any],
+              anchor: Any, result: Any, isa: ISA) -> PrimFunc | None:
+        """An unpadded 1x1 layer on `pointwise_body` where `pointwise_body_isa` and
+        `takes_pointwise` say so (its lanes unrolled where `pointwise_kernel` holds), and
+        wherever its channel tile ends in half a block (`half_vector`; None, the
+        generic loop nest, for any other layer with such a tile); the others on the
+        blocked kernel."""
+        from kiln.ops.conv_direct import call_conv_shape, nchwc_block
+
+        blocked = blocked_body(isa)
+        pointwise = pointwise_body_isa(isa)
+        unrolled = pointwise_kernel(isa)
+        shape = call_conv_shape(self.op, args, attrs)
+        block = nchwc_block(args[0].shape, attrs)
+        half = int(args[1].shape[5]) % block > 0
+        if shape is None or (half and not (len(args[0].shape) == 5
+                                           and takes_pointwise(shape, block))):
+            return None
+
+        def body(shape: ConvShape, x: Buffer, w: Buffer, out: Buffer, t: tuple[int, ...],
+                 epilogue: Epilogue, fused: bool, block: int) -> Stmt:
+            if ((pointwise and t) or half) and x.ndim == 5 and takes_pointwise(shape, block):
+                cb = int(w.shape[5])
+                tile_w = t[1] if t else choose_tiling(shape, tile_lanes(isa),
+                                                      tile_registers(isa)).tile_w
+                kblock = pointwise_k_blocking(shape, Tiling(cb, tile_w), isa, block)
+                schedule = PointwiseSchedule(Tiling(cb, tile_w), fused, block, kblock, unrolled)
+                return pointwise_body(shape, x, w, out, schedule, epilogue)
+            return blocked(shape, x, w, out, t, epilogue, fused, block)
+
+        tile = recorded_tile(attrs, 2, self.op)
+        return build_conv(self.op, params, args, attrs, anchor, result, isa, tile or (), body,
+                          no_slp=True)
+
+
+NCHWC = NchwcConv("nchwc", "conv2d_nchwc", ("conv2d_blocked",), 0)
