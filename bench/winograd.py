@@ -55,8 +55,8 @@ class AllWinograd(Session):
 
     def params_for(self, family: Any, call: g.Call, isa: ISA) -> dict[str, Any] | None:
         from kiln.kernels.conv.winograd import gemm_tile
+        from kiln.kernels.search import computes
         from kiln.ops.conv_geometry import conv_call_shape
-        from kiln.ops.kernels.search import computes
 
         shape = conv_call_shape(call)
         if shape is None or not computes("conv_winograd", call, isa):

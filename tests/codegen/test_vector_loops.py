@@ -23,7 +23,7 @@ from kiln.ir import IRBuilder, IRModule
 from kiln.ir.evaluate import evaluate
 from kiln.ir.tensor import BinaryOp, Cast, Const, Intrin, UnaryOp, intrin, select
 from kiln.ir.visitor import iter_stmts
-from kiln.ops.kernels.math import exp_f32
+from kiln.kernels.math import exp_f32
 from kiln.transform.vectorize_loops import VectorizeLoops
 
 RNG = np.random.default_rng(7)
@@ -202,7 +202,7 @@ def test_other_operations_keep_the_scalar_loop() -> None:
 
 
 def _exp_lanes() -> IRModule:
-    """y[v] = exp(x[v]) in kiln.ops.kernels.math's form (selects on comparisons, an
+    """y[v] = exp(x[v]) in kiln.kernels.math's form (selects on comparisons, an
     int32-to-float32 cast, bit casts, int32 shifts, min/max and adds), without fma: the
     interpreter's float32 arithmetic is then the compiled code's, bit for bit. And
     `rounding`: floor of |x|, 0 where x is NaN (rounding intrinsics, isnan: vector code

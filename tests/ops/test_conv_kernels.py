@@ -29,9 +29,9 @@ from kiln.ir.printer import print_func, print_module
 from kiln.kernels.conv.blocked import Tiling, choose_tiling, pack_blocked_weight
 from kiln.kernels.conv.ksegments import ConvKBlocking
 from kiln.kernels.conv.rows import pack_rows_weight
+from kiln.kernels.tiles import tile_lanes
 from kiln.ops.conv_direct import unpack_blocked_weight, unpack_rows_weight
 from kiln.ops.conv_geometry import ConvShape
-from kiln.ops.kernels.tiles import tile_lanes
 from kiln.target import Target
 from kiln.target.isa import isa_for
 from kiln.transform import get_pass
@@ -526,7 +526,7 @@ def _conv_calls(main: g.Function) -> list[g.Call]:
 def test_row_tiled_narrow_outputs_take_rows_that_divide_them(spec: str,
                                                               rows: dict[int, int]) -> None:
     from kiln.kernels.conv.rows import CONV_ROWS
-    from kiln.ops.kernels.registry import TILE
+    from kiln.ops.packed_attrs import TILE
 
     isa = isa_for(Target(spec))
     for co, want in rows.items():

@@ -30,7 +30,7 @@ from kiln.distributed.tune import discover
 from kiln.ir.tensor import For
 from kiln.ir.visitor import iter_stmts
 from kiln.kernels.conv.winograd import weight_transform
-from kiln.ops.kernels.tiles import tile_lanes
+from kiln.kernels.tiles import tile_lanes
 from kiln.ops.winograd import matrices, weight_untransform
 from kiln.target.isa import isa_for
 from kiln.tuning.apply import Forced, using

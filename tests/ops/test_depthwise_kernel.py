@@ -32,8 +32,8 @@ from kiln.kernels.conv.window import (
     depthwise_tile_rows,
     depthwise_tile_width,
 )
+from kiln.kernels.tiles import tile_lanes, tile_registers
 from kiln.ops.conv_geometry import ConvShape
-from kiln.ops.kernels.tiles import tile_lanes, tile_registers
 from kiln.target import Target
 from kiln.target.isa import isa_for
 from support.graphs import GraphBuilder

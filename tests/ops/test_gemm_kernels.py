@@ -26,10 +26,10 @@ from kiln.frontend import from_onnx
 from kiln.ir import assert_structural_equal
 from kiln.ir import graph as g
 from kiln.kernels.gemm.families import choose_tile
+from kiln.kernels.gemm.knobs import GemmTiling
 from kiln.kernels.gemm.micro_kernel import GemmShape
 from kiln.kernels.gemm.schedule import rows_first
 from kiln.ops.gemm import pack_b, unpack_b
-from kiln.ops.kernels.gemm_knobs import GemmTiling
 from kiln.script import from_source, print_module
 from kiln.target import Target
 from kiln.target.isa import isa_for
@@ -66,7 +66,7 @@ CASES: list[dict[str, Any]] = [
     # Gemm transB on an activation B (read transposed while packing)
     dict(a=(6, 12), b=(20, 12), node="Gemm", attrs=dict(transB=1)),
     # attention-like: [1, 4] heads, 65 x 16 @ 16 x 65 (270k multiply-adds: past 5 us on
-    # every target, kiln.ops.kernels.parallel_work), in parallel, a residual add
+    # every target, kiln.kernels.parallel_work), in parallel, a residual add
     dict(a=(1, 4, 65, 16), b=(1, 4, 16, 65), tail=("Add",)),
     # a constant B with batch dims (packed at run time like an activation)
     dict(a=(2, 5, 6), b=(2, 6, 4), w=True),

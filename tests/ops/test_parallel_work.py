@@ -1,4 +1,4 @@
-"""The one parallel-work threshold (kiln.ops.kernels.parallel_work): a time.
+"""The one parallel-work threshold (kiln.kernels.parallel_work): a time.
 
 A kernel goes parallel when its estimated one-thread time reaches PARALLEL_MIN_NS,
 so the same multiply-add count is parallel on a narrow-vector target and serial on a
@@ -19,7 +19,7 @@ from kiln.frontend import from_onnx
 from kiln.ir.module import IRModule
 from kiln.ir.tensor import Allocate, For, PrimFunc
 from kiln.ir.visitor import iter_stmts
-from kiln.ops.kernels.parallel_work import (
+from kiln.kernels.parallel_work import (
     PARALLEL_MIN_NS,
     UNITS,
     min_parallel_work,

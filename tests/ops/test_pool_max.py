@@ -8,7 +8,7 @@ channel's rows staged before the horizontal steps; then a plane too large to sta
 a uint8 pool with short phase rows, one row at a time (the staged byte pools are wide
 enough that their phase rows are not short on AVX-512's 64-byte vectors either). Then
 the parallel loop over (image, channel), chosen by the one work threshold
-(kiln.ops.kernels.parallel_work), bit for bit on two threads.
+(kiln.kernels.parallel_work), bit for bit on two threads.
 """
 
 from __future__ import annotations
@@ -91,12 +91,12 @@ def test_matches_onnxruntime_exactly(target: str, reference: list[np.ndarray]) -
 
 def test_parallel_by_the_work_threshold() -> None:
     """A pool's (image, channel) loop goes to the thread pool when its work reaches the one
-    threshold of kiln.ops.kernels.parallel_work, and `parallelize` splits nothing else:
+    threshold of kiln.kernels.parallel_work, and `parallelize` splits nothing else:
     the cnn's first 2x2/2 pool (16 x 64 x 64) is parallel, its third (64 x 16 x 16, about
     1 us) serial on AVX2 and AVX-512; two threads give the same values bit for bit."""
     from kiln.ir.tensor import For
+    from kiln.kernels.parallel_work import worth_parallel
     from kiln.kernels.pool.max_rows import MAX_ELEMENTS
-    from kiln.ops.kernels.parallel_work import worth_parallel
     from kiln.target import Target
     from kiln.target.isa import isa_for
 
@@ -111,7 +111,7 @@ def test_parallel_by_the_work_threshold() -> None:
     exe = kiln.compile(from_onnx(model), "llvm")
     pools = sorted((f for f in exe.ir.functions.values() if f.attrs.get("kiln.pool_kernel")),
                    key=lambda f: f.params[0].shape[1])
-    # the (image, channel) loop: kiln.ops.kernels.tiles.parallel_tiles's `tile`
+    # the (image, channel) loop: kiln.kernels.tiles.parallel_tiles's `tile`
     kinds = [[s.kind for s in iter_stmts(f.body) if isinstance(s, For) and s.var.name == "tile"]
              for f in pools]
     isa = isa_for(Target("llvm"))  # the ISA the pools were built for

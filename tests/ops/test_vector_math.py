@@ -1,4 +1,4 @@
-"""The vectorizable float32 exp/tanh/sigmoid/erf (kiln.ops.kernels.math) against numpy.
+"""The vectorizable float32 exp/tanh/sigmoid/erf (kiln.kernels.math) against numpy.
 
 One kernel computes every intrinsic over a sweep of float32 inputs (both signs,
 magnitudes from subnormal to overflow, NaN, +-inf) on c (generic target: no FMA)
@@ -129,7 +129,7 @@ def test_softmax_exp_is_mlas_sum_exp(target: str) -> None:
     # softmax's `x - max` (<= 0): within 1.5 ulp of exp down to -87.3; with FMA (MLAS's
     # form) 0 below its clamp at -88.38 (n = -127: a 0 exponent field), as onnxruntime's
     # softmax gives; without FMA, exp_f32 knowing x <= 0 (subnormals as libm's)
-    from kiln.ops.kernels.math import softmax_exp_f32
+    from kiln.kernels.math import softmax_exp_f32
     from kiln.target.isa import isa_for
 
     tgt = kiln.target.Target.from_host() if target == "host" else kiln.target.Target(target)

@@ -26,7 +26,7 @@ from kiln.kernels.int8.grouped import (
     plane_geometry,
     plane_pair,
 )
-from kiln.ops.kernels.tiles import tile_lanes, tile_registers
+from kiln.kernels.tiles import tile_lanes, tile_registers
 from kiln.script import print_module
 from kiln.target import Target
 from kiln.target.isa import isa_for

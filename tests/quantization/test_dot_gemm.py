@@ -20,9 +20,9 @@ from kiln.frontend import from_onnx
 from kiln.ir import graph as g
 from kiln.ir.types import TensorType
 from kiln.kernels.int8 import dot
+from kiln.kernels.registry import select
 from kiln.ops import call as call_op
 from kiln.ops import evaluate_call, quant_words
-from kiln.ops.kernels.registry import select
 from kiln.target import Target
 from kiln.target.isa import isa_for
 from support.graphs import GraphBuilder

@@ -5,7 +5,7 @@ residual layer norms) decide which integer each value quantizes to in the next
 DynamicQuantizeLinear: a difference of one float32 ulp flips a few of them, and over
 12 layers the flips compound to a relative L2 of about 2e-2 (onnxruntime against its
 own unfused graph). kiln computes those ops with onnxruntime's arithmetic: its MLAS
-exp, softmax lane sums and erf (kiln.ops.kernels.math, kiln.kernels.rows.loops'
+exp, softmax lane sums and erf (kiln.kernels.math, kiln.kernels.rows.loops'
 `folded_sum`), its Gelu fusion's formula (recognize-composites) and its
 SkipLayerNormalization's Welford statistics (kiln.kernels.rows.layer_norm_onnxruntime's
 `layer_norm_welford_rows`). Here a 2-layer encoder quantized by

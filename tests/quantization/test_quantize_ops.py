@@ -26,9 +26,9 @@ from kiln.errors import FrontendError
 from kiln.frontend import from_onnx
 from kiln.ir import graph as g
 from kiln.ir.types import TensorType
+from kiln.kernels.registry import select
 from kiln.ops import call as call_op
 from kiln.ops import evaluate_call
-from kiln.ops.kernels.registry import select
 from kiln.target import Target
 from kiln.target.isa import isa_for
 from kiln.transform.quantize_ops import QuantizeOps

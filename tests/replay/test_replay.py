@@ -47,7 +47,7 @@ def test_generated_kernels_match_goldens(model: str, isa: str) -> None:
 def test_replay_fails_on_one_changed_instruction(monkeypatch: pytest.MonkeyPatch) -> None:
     """The multiply-add of the register-tile templates written unfused (a multiply and
     an add in place of one FMA) must show in the convolutions' digests."""
-    from kiln.ops.kernels import tiles
+    from kiln.kernels import tiles
 
     assert not changes("resnet18", "avx2")  # imports every template module it uses
     fused_madd = tiles.madd

@@ -1,6 +1,6 @@
 """The model-level knobs of `kiln tune` (docs/tuning.md, "Model-level knobs"): NCHWc on
 or off per region (kiln.transform.nchwc_layout, pseudo-kernel `nchwc_region`) and the
-parallel work threshold (kiln.ops.kernels.parallel_work, `parallel_threshold`): the pass
+parallel work threshold (kiln.kernels.parallel_work, `parallel_threshold`): the pass
 asks the session per region, forcing a region either way or moving the threshold keeps
 the results equal to onnxruntime's, recorded model timings give the expected records
 and verdict, and an end-to-end `kiln tune` records and applies them."""
@@ -27,8 +27,8 @@ from kiln.distributed.model_tuning import (
 from kiln.distributed.tune import ModelKnob
 from kiln.driver.fingerprint import module_fingerprint
 from kiln.frontend import from_onnx
-from kiln.ops.kernels import parallel_work
-from kiln.ops.kernels.parallel_work import PARALLEL_MIN_NS
+from kiln.kernels import parallel_work
+from kiln.kernels.parallel_work import PARALLEL_MIN_NS
 from kiln.target.isa import isa_for
 from kiln.transform.pipeline import get_pipeline
 from kiln.tuning import TuningDatabase, target_key

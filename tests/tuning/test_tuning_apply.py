@@ -32,9 +32,9 @@ from kiln.ir import graph as g
 from kiln.ir.module import IRModule
 from kiln.ir.tensor import Allocate, For, PrimFunc
 from kiln.ir.visitor import post_order_visit
-from kiln.ops.kernels.registry import KERNELS
-from kiln.ops.kernels.search import CONV_ALGORITHMS
-from kiln.ops.kernels.tiles import PARALLEL_SPLITS, tile_lanes, tile_registers
+from kiln.kernels.registry import KERNELS
+from kiln.kernels.search import CONV_ALGORITHMS
+from kiln.kernels.tiles import PARALLEL_SPLITS, tile_lanes, tile_registers
 from kiln.target.isa import isa_for
 from kiln.transform import PassContext
 from kiln.transform.instruments import PassInstrument

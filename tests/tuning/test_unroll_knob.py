@@ -18,8 +18,8 @@ from kiln.distributed.tune import KernelSpec, discover
 from kiln.errors import IRError, UsageError
 from kiln.ir.tensor import For, PrimFunc
 from kiln.ir.visitor import post_order_visit
-from kiln.ops.kernels.gemm_knobs import TUNED_UNROLLS
-from kiln.ops.kernels.registry import KERNELS, build_call
+from kiln.kernels.gemm.knobs import TUNED_UNROLLS
+from kiln.kernels.registry import KERNELS, build_call
 from kiln.target.isa import isa_for
 from kiln.tuning import Measurement, Record, TuningDatabase, target_key
 from kiln.tuning.apply import Forced, using

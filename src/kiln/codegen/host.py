@@ -71,7 +71,7 @@ from kiln.ir.outlined import has_parallel_loops, kernel_funcs
 from kiln.ir.shape_expr import graph_dims, is_static
 from kiln.ir.tensor import Buffer, PrimFunc, Var
 from kiln.ir.terminate import terminate_flag
-from kiln.ops.kernels.parallel_work import PARALLEL_MIN_NS
+from kiln.kernels.parallel_work import PARALLEL_MIN_NS
 from kiln.runtime.abi import INT64_MAX, SCALAR_RANGES, dl_type
 from kiln.runtime.cpu_features import CPUFeature
 

@@ -1,11 +1,11 @@
 """`kiln tune`: measure the legal variants (tiles, parallel splits, K blocking,
-convolution algorithms: kiln.ops.kernels.search) of each distinct kernel of a model, keep the
+convolution algorithms: kiln.kernels.search) of each distinct kernel of a model, keep the
 clearly faster ones in a tuning database.
 
 1. `discover`: the graph pipeline runs once under a `Recorder` (kiln.tuning.apply);
    every call a tunable kernel family packs becomes a `KernelSpec` — the source call
    (operand types, constant weights, attributes), its signature, how often the model
-   has it and its search space (`kiln.ops.kernels.search.variants`, most promising
+   has it and its search space (`kiln.kernels.search.variants`, most promising
    first). Equal calls are one spec.
 2. Until the budget is spent, every CPU runs one task at a time (`tune`): builds of
    the defaults (the rule's variants) of kernels not built yet, the most frequent
@@ -129,7 +129,7 @@ def discover(model: Any, target: Any, shapes: dict[str, Any] | None = None,
     from kiln.ir import graph as g
     from kiln.ir.module import IRModule
     from kiln.ir.types import TensorType
-    from kiln.ops.kernels.search import default_params, variants
+    from kiln.kernels.search import default_params, variants
     from kiln.transform.pipeline import get_pipeline
     from kiln.tuning.apply import Recorder, using
 
@@ -187,10 +187,10 @@ class ModelKnob:
 def model_knobs(recorder: Any, fingerprint: str) -> list[ModelKnob]:
     """The model-level knobs of a model the graph pipeline ran on under `recorder`:
     the parallel threshold (signed by the model's `fingerprint`; the values of
-    kiln.ops.kernels.parallel_work.THRESHOLD_CHOICES: it applies to every kernel, so it
+    kiln.kernels.parallel_work.THRESHOLD_CHOICES: it applies to every kernel, so it
     comes first), then each NCHWc region the `nchwc-layout` pass formed (the other
     layout than the rule's)."""
-    from kiln.ops.kernels.parallel_work import PARALLEL_MIN_NS, THRESHOLD_CHOICES
+    from kiln.kernels.parallel_work import PARALLEL_MIN_NS, THRESHOLD_CHOICES
     from kiln.transform.nchwc_layout import LAYOUTS
     from kiln.tuning.apply import NCHWC_REGION, PARALLEL_THRESHOLD
 

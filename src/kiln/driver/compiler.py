@@ -255,7 +255,7 @@ def _tuning_session(tuning: Any, tgt: Target, mod: IRModule) -> FromDatabase | N
     pass (kiln.tuning.database.Verdict)."""
     if tuning is None:
         return None
-    from kiln.ops.kernels.search import check_database
+    from kiln.kernels.search import check_database
 
     db = tuning if isinstance(tuning, TuningDatabase) else TuningDatabase.load(tuning)
     check_database(db)  # unknown kernels and parameters: a UsageError naming the record

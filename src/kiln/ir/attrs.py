@@ -47,7 +47,7 @@ ATTR_EXTERNAL: Final = "kiln.external"
 ATTR_PARALLEL_OF: Final = "kiln.parallel_loop_of"   # the kernel the loop came from
 ATTR_PARALLEL_VAR: Final = "kiln.parallel_loop_var"  # the loop variable's name hint
 # Set by a kernel builder that chose its parallel loops itself (the work threshold of
-# kiln.ops.kernels.parallel_work): the parallelize pass leaves the kernel alone.
+# kiln.kernels.parallel_work): the parallelize pass leaves the kernel alone.
 ATTR_PARALLEL_DECIDED: Final = "kiln.parallel_decided"
 
 # Data-dependent output sizes (docs/abi.md, "Data-dependent output sizes").
@@ -63,7 +63,7 @@ ATTR_BINDS_DIMS: Final = "kiln.binds_dims"
 ATTR_RUNTIME_DIMS: Final = "kiln.runtime_dims"
 
 # Set by a kernel builder whose vector code is all explicit (`vector` loops over a register
-# tile, kiln.ops.kernels): the LLVM backend keeps LLVM's SLP vectorizer off the kernel and
+# tile, kiln.kernels): the LLVM backend keeps LLVM's SLP vectorizer off the kernel and
 # its outlined loop bodies (docs/codegen-llvm.md, "Kernels LLVM must not regroup").
 ATTR_NO_SLP: Final = "kiln.no_slp"
 

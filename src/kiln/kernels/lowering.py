@@ -106,14 +106,7 @@ for _op, _where in _LAZY.items():
 
 def lowering_for(op: str) -> Lowering | None:
     """The hand-built lowering of `op`, or None (its tensor-expression definition)."""
-    if op in LOWERINGS:
-        return LOWERINGS.get(op)
-    try:
-        opdef = get_op(op)
-    except KeyError:
-        return None
-    # ops whose kernel is still defined with the op (kiln.ops.registry.HandBuiltOp)
-    return opdef if isinstance(opdef, Lowering) else None
+    return LOWERINGS.get(op) if op in LOWERINGS else None
 
 
 def legalize_call(call: g.Call, lowering: Lowering, isa: ISA) -> tuple[PrimFunc, str]:

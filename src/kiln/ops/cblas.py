@@ -12,7 +12,7 @@ its (absent) result is never read; kiln's interpreter runs it with
 `_sgemm_reference`.
 
 Whether a product calls the library is a tuning choice (`LIBRARY_CHOICE`, a
-kiln.ops.kernels.search.KernelChoice recorded as the pseudo-kernel `cblas_matmul`):
+kiln.kernels.search.KernelChoice recorded as the pseudo-kernel `cblas_matmul`):
 `use-cblas` asks the tuning session (kiln.tuning.apply) for each product it would
 rewrite; `{"library": "cblas"}` is the rule's, `{"library": "own"}` leaves the product
 to kiln's GEMM families (packed by their rule).
@@ -59,7 +59,7 @@ LIBRARIES = ("cblas", "own")
 class LibraryChoice:
     """Whether a product `use-cblas` would rewrite calls CBLAS (the rule) or kiln's own
     GEMM: the tuning knob of the pseudo-kernel `cblas_matmul`, keyed by the source
-    `matmul`'s signature (a kiln.ops.kernels.search.KernelChoice)."""
+    `matmul`'s signature (a kiln.kernels.search.KernelChoice)."""
 
     name: str = NAME
 

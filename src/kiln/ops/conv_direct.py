@@ -42,8 +42,8 @@ from kiln.ir.tensor import PrimExpr, as_expr, min_, select
 from kiln.ir.types import TensorType, Type
 from kiln.ops import layout, te
 from kiln.ops.conv_geometry import ConvShape, conv_shape
-from kiln.ops.kernels.registry import checking_tile, recorded_tile
 from kiln.ops.nn import conv_compute, conv_infer, conv_ref
+from kiln.ops.packed_attrs import checking_tile, recorded_tile
 from kiln.ops.registry import register_op
 
 BLOCKED = "conv2d_blocked"
@@ -257,7 +257,7 @@ def call_conv_shape(op: str, args: Sequence[Any], attrs: Attrs) -> ConvShape | N
 #: channels per segment, 0 for unblocked (absent: the rule's,
 #: kiln.kernels.conv.direct.choose_k_blocking).
 KSEGMENT = "ksegment"
-#: The segment sizes tuning offers (kiln.ops.kernels.search), where they divide the
+#: The segment sizes tuning offers (kiln.kernels.search), where they divide the
 #: group's input channels into at least two segments.
 TUNED_SEGMENTS = (0, 16, 32, 64)
 

@@ -24,8 +24,8 @@ from kiln.errors import IRError
 from kiln.ir.tensor import PrimExpr, as_expr, min_, select
 from kiln.ir.types import TensorType, Type
 from kiln.ops import layout, te
-from kiln.ops.kernels.registry import recorded_tile
 from kiln.ops.nn import conv_compute, conv_infer, conv_ref
+from kiln.ops.packed_attrs import recorded_tile
 from kiln.ops.registry import register_op
 
 NCHWC_DEPTHWISE = "conv2d_nchwc_depthwise"

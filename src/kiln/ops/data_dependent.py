@@ -50,7 +50,6 @@ from kiln.ir.types import Dim, TensorType, TupleType, Type
 from kiln.ops import nan_order, te
 from kiln.ops.reduce import norm_axes, topk_compute, topk_ref
 from kiln.ops.registry import OPS, Attrs, OpDef, register_op, result_types
-from kiln.target.isa import ISA
 
 I64 = "int64"
 # Kernel error codes of the checks here (kiln.ir.kernel_errors).
@@ -94,8 +93,7 @@ class DataDependentOp(OpDef):
     bound: BoundFn
     kernel: KernelFn
 
-    def legalize(self, call: g.Call, isa: ISA | None = None) -> tuple[t.PrimFunc, str]:
-        del isa  # one portable kernel
+    def legalize(self, call: g.Call) -> tuple[t.PrimFunc, str]:
         types = [a.type for a in call.args]
         tensors = [ty for ty in types if isinstance(ty, TensorType)]
         if len(tensors) != len(types):

@@ -34,8 +34,8 @@ from kiln.errors import IRError
 from kiln.ir.tensor import PrimExpr
 from kiln.ir.types import TensorType, Type
 from kiln.ops import te
-from kiln.ops.kernels.registry import checking_tile, recorded_tile
 from kiln.ops.nn import matmul_compute, matmul_infer, matmul_ref
+from kiln.ops.packed_attrs import checking_tile, recorded_tile
 from kiln.ops.registry import OPS, OpDef
 
 PACKED = "matmul_packed"

@@ -11,7 +11,7 @@ onnxruntime's CPU kernel (onnxruntime/core/providers/cpu/nn/lrn.cc) computes:
   over its window, in channel order, each product and sum rounded; the scale of
   channel `c > 0` is the previous channel's plus the entering term minus the leaving
   one (a running sum: the window is never re-added);
-- `y = x * scale ** -beta` with Eigen's float32 `pow` (kiln.ops.kernels.ort_pow).
+- `y = x * scale ** -beta` with Eigen's float32 `pow` (kiln.ops.ort_pow).
 
 The numpy reference runs the same steps, so constant folding and the interpreter
 agree with the compiled kernel bit for bit. Other dtypes and symbolic shapes take a
@@ -34,11 +34,10 @@ from kiln.ir import tensor as t
 from kiln.ir.shape_expr import is_static
 from kiln.ir.types import TensorType, Type
 from kiln.ops import te
-from kiln.ops.kernels.ort_pow import NumpyArith, powf
 from kiln.ops.nn import acc_dtype, widen
+from kiln.ops.ort_pow import NumpyArith, powf
 from kiln.ops.registry import OPS, Attrs, OpDef
 from kiln.ops.spatial import MAX_WINDOW
-from kiln.target.isa import ISA
 
 F32 = "float32"
 I32 = "int32"
@@ -139,7 +138,7 @@ def _reference_wide(x: np.ndarray, attrs: Attrs) -> np.ndarray:
 
 
 class _IRArith:
-    """kiln.ops.kernels.ort_pow's `Arith` building float32 IR; every intermediate is a
+    """kiln.ops.ort_pow's `Arith` building float32 IR; every intermediate is a
     let in `lets` (the expression would otherwise be a DAG copied out as a tree)."""
 
     def __init__(self) -> None:
@@ -199,12 +198,12 @@ class LrnOp(OpDef):
     """lrn: a hand-built kernel for static float32 shapes (see the module docstring),
     the tensor-expression definition otherwise."""
 
-    def legalize(self, call: g.Call, isa: ISA | None = None) -> tuple[t.PrimFunc, str]:
+    def legalize(self, call: g.Call) -> tuple[t.PrimFunc, str]:
         (arg,) = call.args
         xt = arg.type
         assert isinstance(xt, TensorType)
         if xt.dtype != F32 or not is_static(tuple(xt.shape)):
-            return super().legalize(call, isa)
+            return super().legalize(call)
         shape = xt.static_shape
         x = t.Buffer("x0", shape, F32)
         out = t.Buffer("out", shape, F32)

@@ -43,7 +43,6 @@ from kiln.ops.broadcast import broadcast_index, broadcast_shapes
 from kiln.ops.reduce import norm_axes
 from kiln.ops.registry import OPS, OpDef, register_op
 from kiln.ops.reshape_dims import reshape_target
-from kiln.target.isa import ISA
 
 Attrs = Mapping[str, Any]
 
@@ -248,8 +247,8 @@ class ConcatOp(OpDef):
     """`concat`, whose lone kernel says it is one (`kiln.concat_axis`): lowering then
     has the inputs' kernels write into the output (kiln.transform.concat_views)."""
 
-    def legalize(self, call: g.Call, isa: ISA | None = None) -> tuple[PrimFunc, str]:
-        prim, hint = super().legalize(call, isa)
+    def legalize(self, call: g.Call) -> tuple[PrimFunc, str]:
+        prim, hint = super().legalize(call)
         (axis,) = norm_axes(call.attrs.get("axis", 0), len(prim.buffer_params[-1].shape))
         return prim.with_attrs(**{ATTR_CONCAT_AXIS: axis}), hint
 

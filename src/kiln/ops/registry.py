@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any
 
 import numpy as np
 
@@ -22,7 +22,6 @@ from kiln.ir.shape_expr import is_static, shape_text, simplify_shape
 from kiln.ir.tensor import PrimFunc
 from kiln.ir.types import TensorType, TupleType, Type
 from kiln.ops import te
-from kiln.target.isa import ISA
 
 # How an op may fuse (TVM's OpPattern): elementwise and broadcast ops fuse into
 # their producer; "anchor" ops (conv, matmul) take an elementwise epilogue.
@@ -70,52 +69,14 @@ class OpDef:
                           f"{pin_hint_for(t.shape for t in tensors)}") from exc
         return _canonical(out)
 
-    def legalize(self, call: g.Call, isa: ISA | None = None) -> tuple[PrimFunc, str]:
-        """The PrimFunc(inputs..., outputs...) computing `call`, and a name hint; `isa`
-        (the target's, kiln.target.isa) lets a hand-built kernel apply."""
+    def legalize(self, call: g.Call) -> tuple[PrimFunc, str]:
+        """The PrimFunc(inputs..., outputs...) computing `call`, and a name hint (the
+        op's tensor-expression definition; a hand-built kernel is kiln.kernels')."""
         types = [_tensor_type(a.type) for a in call.args]
         inputs = [te.placeholder(t.shape, t.dtype, f"x{k}") for k, t in enumerate(types)]
         outs = self.compute(inputs, call.attrs)
         outputs = outs if isinstance(outs, tuple) else (outs,)
         return te.lower(inputs, outputs, self.name), self.name
-
-
-@dataclass(frozen=True)
-class HandBuiltOp(OpDef):
-    """An operator whose kernel is built by hand (`lower_fused`) for the ISA it is given,
-    which FuseOps may also ask for with an elementwise chain around the op; its
-    tensor-expression definition stays the fallback when the hand-built kernel does not
-    apply or no ISA is given."""
-
-    #: Whether `lower_fused` accepts symbolic dims (it may still return None for them).
-    supports_symbolic: ClassVar[bool] = False
-    #: Whether FuseOps may fuse the chain producing the op's input into the kernel.
-    fuses_producers: ClassVar[bool] = False
-
-    def builds(self, call: g.Call) -> bool:
-        """Whether the hand-built kernel applies to `call` (decided from its types and
-        attributes, without building it); `lower_fused` may still decline a fused chain."""
-        return True
-
-    def legalize(self, call: g.Call, isa: ISA | None = None) -> tuple[PrimFunc, str]:
-        types = [_tensor_type(a.type) for a in call.args]
-        if isa is None or (not self.supports_symbolic
-                           and not all(is_static(t.shape) for t in types)):
-            # No ISA, or a hand-built kernel that assumes static shapes: the te definition.
-            return super().legalize(call)
-        inputs = [te.placeholder(t.shape, t.dtype, f"x{k}") for k, t in enumerate(types)]
-        prim = self.lower_fused(inputs, inputs, call.attrs, None, None, self.name, isa)
-        if prim is None:
-            return super().legalize(call)
-        return prim, self.name
-
-    def lower_fused(self, params: Sequence[te.Tensor], args: Sequence[te.Tensor], attrs: Attrs,
-                    anchor: te.Tensor | None, result: te.Tensor | None,
-                    name: str, isa: ISA) -> PrimFunc | None:
-        """The kernel for `isa` computing `result` (an elementwise chain over `anchor`,
-        this op applied to `args`; None: the op alone) with buffer parameters `params` +
-        the output, or None when the hand-built kernel does not apply."""
-        return None
 
 
 def _canonical(t: Type) -> Type:

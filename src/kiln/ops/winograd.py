@@ -30,8 +30,8 @@ from kiln.ir.types import TensorType, Type
 from kiln.ops import layout, te
 from kiln.ops.conv_geometry import ConvShape
 from kiln.ops.gemm import unpack_b
-from kiln.ops.kernels.registry import recorded_tile
 from kiln.ops.nn import conv_compute, conv_infer, conv_ref
+from kiln.ops.packed_attrs import recorded_tile
 from kiln.ops.registry import register_op
 
 WINOGRAD = "conv2d_winograd"

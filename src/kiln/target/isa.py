@@ -60,7 +60,7 @@ class ISA:
     l3_bytes_per_core: int = 2 * 1024 * 1024
     cpu: str = ""
     #: The target's kind ("llvm", "c", ...; empty: no target): on CPU kinds the kernels
-    #: compute exp/tanh/erf as arithmetic (kiln.ops.kernels.math) instead of libm calls.
+    #: compute exp/tanh/erf as arithmetic (kiln.kernels.math) instead of libm calls.
     kind: str = ""
     #: The target attribute `int8-pairs`: "exact" (ONNX's sums) or "saturate"
     #: (onnxruntime's AVX2 int16 pair sums, docs/quantization.md).

@@ -8,7 +8,7 @@ Older exports (and models written against opsets without `Gelu` or
   products;
 - erf GELU (BERT's): `0.5 x (1 + erf(x / sqrt(2)))`, computed as `gelu` computes it,
   `(0.5 x) (1 + erf(x sqrt(1/2)))`, as onnxruntime's Gelu fusion does (with the same
-  erf, kiln.ops.kernels.math, the results are onnxruntime's bit for bit);
+  erf, kiln.kernels.math, the results are onnxruntime's bit for bit);
 - layer norm: `d = x - mean(x)`, `d / sqrt(mean(d^2) + eps)`, then optionally
   `* gamma + beta`, the means over the last axis.
 

@@ -20,13 +20,13 @@ and float32 operands becomes
 
 Over an image of symbolic height or width (a model exported with dynamic H and W) only
 the families that take one apply: `conv2d_gemm` for any ungrouped layer,
-`conv2d_group_gemm` for any grouped one, `conv2d_depthwise` (kiln.ops.kernels.
-window_symbolic) for depthwise ones; a convolution left on its generic loops there (a
+`conv2d_group_gemm` for any grouped one, `conv2d_depthwise`
+(kiln.kernels.window_symbolic) for depthwise ones; a convolution left on its generic loops there (a
 computed weight) is warned about (`warn_generic_convolutions`).
 
-The choice is kiln.ops.kernels.registry's (`select`, over the ISA of the current
+The choice is kiln.kernels.registry's (`select`, over the ISA of the current
 target); each rewritten call records its register tile in its `tile` attribute: the
-rule's, or a tuning database's (kiln.ops.kernels.search).
+rule's, or a tuning database's (kiln.kernels.search).
 
 The kernels themselves are in kiln.kernels.conv; docs/performance.md,
 "Convolution", describes them. The pass runs after fold-batchnorm (which
@@ -54,7 +54,7 @@ from kiln.transform.pass_base import FunctionPass
 @dataclass(frozen=True)
 class BlockConvolutions(FunctionPass):
     """Rewrite float32 `conv2d` calls to `conv2d_blocked` / `conv2d_rows` /
-    `conv2d_depthwise`, the family chosen by kiln.ops.kernels.registry.
+    `conv2d_depthwise`, the family chosen by kiln.kernels.registry.
 
     `lanes` (0: from the current target's ISA) sets the vector width the weights are
     packed for.
@@ -66,9 +66,9 @@ class BlockConvolutions(FunctionPass):
 
     def run_on_function(self, func: Any, name: str, mod: IRModule) -> g.Function:
         assert isinstance(func, g.Function)
-        from kiln.ops.kernels.registry import select
-        from kiln.ops.kernels.search import pack
-        from kiln.ops.kernels.tiles import with_lanes
+        from kiln.kernels.registry import select
+        from kiln.kernels.search import pack
+        from kiln.kernels.tiles import with_lanes
         from kiln.target.isa import isa_for
 
         isa = isa_for(None)

@@ -2,9 +2,9 @@
 
 The C math library's `expf`, `tanhf` and `erff` are scalar calls, so a loop
 computing one per element is not vectorized (no vector math library is
-linked). On CPU targets (the kinds of kiln.ops.kernels.math.CPU_KINDS) this
+linked). On CPU targets (the kinds of kiln.kernels.math.CPU_KINDS) this
 pass replaces every float32 `exp`, `tanh`, `sigmoid` and `erf` intrinsic in a
-stored value (a `Store`'s or a `LetStmt`'s) with kiln.ops.kernels.math's
+stored value (a `Store`'s or a `LetStmt`'s) with kiln.kernels.math's
 polynomial forms, which the loop vectorizer widens; their intermediate values
 are let variables bound just before the statement, so the expression stays a
 tree of a few dozen nodes instead of a DAG every later walk would copy out.
@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from kiln.ir import tensor as t
 from kiln.ir.module import IRModule
 from kiln.ir.visitor import StmtExprMutator
-from kiln.ops.kernels.math import BUILDERS, CPU_KINDS
+from kiln.kernels.math import BUILDERS, CPU_KINDS
 from kiln.target.isa import isa_for
 from kiln.transform.pass_base import FunctionPass
 

@@ -1,11 +1,12 @@
 """LegalizeOps: replace operator `Call`s by tensor-level functions + `CallTensor`.
 
-Each operator's lowering lives with the operator in `kiln.ops` (JAX style: an
-op's rules together). An op object found by the pass's op resolver (default
-`kiln.ops.get_op(name)`) with a `legalize(call) -> (PrimFunc, name_hint)`
-method turns one call into a PrimFunc, which is added to the module (marked private, so dead-code
-elimination may drop it) and called with `CallTensor`. Calls with the same
-op, attributes and argument types share one PrimFunc.
+A call whose op has a hand-built kernel (`kiln.kernels.lowering_for(op)`) gets that
+kernel for the target's ISA; any other call, its op's portable lowering: the object
+the pass's op resolver finds (default `kiln.ops.get_op(name)`, the op's
+tensor-expression definition) has a `legalize(call) -> (PrimFunc, name_hint)` method.
+The PrimFunc is added to the module (marked private, so dead-code elimination may
+drop it) and called with `CallTensor`. Calls with the same op, attributes and
+argument types share one PrimFunc.
 
 Every call that cannot be legalized is reported at once, with counts.
 """
@@ -41,7 +42,7 @@ def _kiln_ops(name: str) -> Any:
 
 
 def find_legalizer(name: str, ops: OpResolver | None = None
-                   ) -> Callable[..., tuple[PrimFunc, str]] | None:
+                   ) -> Callable[[g.Call], tuple[PrimFunc, str]] | None:
     """The `legalize` method of operator `name` (from `ops`, by default kiln.ops's
     registry), or None if there is no rule for it."""
     lookup = ops or _kiln_ops
@@ -51,14 +52,6 @@ def find_legalizer(name: str, ops: OpResolver | None = None
         return None
     legalize = getattr(op, "legalize", None) if op is not None else None
     return legalize if callable(legalize) else None
-
-
-def _is_kiln_op(legalize: Callable[..., Any]) -> bool:
-    """Whether `legalize` is a kiln OpDef's, which takes the target's ISA (the pipeline
-    runs under the target) to build hand-built kernels; other resolvers' take the call."""
-    from kiln.ops.registry import OpDef
-
-    return isinstance(getattr(legalize, "__self__", None), OpDef)
 
 
 @dataclass(frozen=True)
@@ -102,14 +95,14 @@ class _State:
         self.cache: dict[Any, str] = {}
         self.isa = isa_for(None)  # the target the pipeline runs under
 
-    def legalize(self, call: g.Call, legalize: Callable[..., tuple[PrimFunc, str]]
+    def legalize(self, call: g.Call, legalize: Callable[[g.Call], tuple[PrimFunc, str]]
                  ) -> tuple[PrimFunc, str]:
         """`call`'s kernel: kiln's hand-built one for the target's ISA where there is
         one (kiln.kernels), else its op's `legalize`."""
         lowering = lowering_for(call.op) if self.ops is None else None
         if lowering is not None:
             return legalize_call(call, lowering, self.isa)
-        return legalize(call, self.isa) if _is_kiln_op(legalize) else legalize(call)
+        return legalize(call)
 
     def add_kernel(self, call: g.Call) -> str:
         key: Any = (call.op, tuple(call.attrs.items()), tuple(a.type for a in call.args),

@@ -15,7 +15,7 @@ A `matmul` with float32 operands becomes
   time.
 
 Each rewritten call records its register tile in its `tile` attribute, which
-lowering reads (kiln.ops.kernels): the rule's, or a tuning database's
+lowering reads (kiln.kernels): the rule's, or a tuning database's
 (kiln.tuning.apply). The kernels are in kiln.kernels.gemm;
 docs/performance.md, "Matrix products", describes them. The pass runs before
 fuse-ops, which fuses the elementwise tail (Gemm's alpha and bias, activations,
@@ -38,7 +38,7 @@ from kiln.transform.pass_base import FunctionPass
 @dataclass(frozen=True)
 class BlockMatmuls(FunctionPass):
     """Rewrite float32 `matmul` calls to `matmul_packed` / `matmul_gemv` /
-    `matmul_tiled`, the family chosen by kiln.ops.kernels.registry for the current
+    `matmul_tiled`, the family chosen by kiln.kernels.registry for the current
     target's ISA."""
 
     name = "block-matmuls"
@@ -53,8 +53,8 @@ class BlockMatmuls(FunctionPass):
 
 
 def _rewrite(call: g.Call, isa: ISA) -> g.Call | None:
-    from kiln.ops.kernels.registry import select
-    from kiln.ops.kernels.search import pack
+    from kiln.kernels.registry import select
+    from kiln.kernels.search import pack
 
     family = select(call, isa) if call.op == "matmul" else None
     return pack(family, call, isa) if family is not None else None

@@ -99,7 +99,7 @@ class NchwcLayout(FunctionPass):
 
     def run_on_function(self, func: Any, name: str, mod: IRModule) -> g.Function:
         assert isinstance(func, g.Function)
-        from kiln.ops.kernels.tiles import tile_lanes, tile_registers, with_lanes
+        from kiln.kernels.tiles import tile_lanes, tile_registers, with_lanes
         from kiln.target.isa import isa_for
 
         isa = isa_for(None)
@@ -139,7 +139,7 @@ class NchwcLayout(FunctionPass):
 class _Rewriter:
     def __init__(self, block: int, skip: set[g.Var], isa: ISA,
                  packs: dict[g.Var, g.Call] | None = None, gemm: bool = True) -> None:
-        from kiln.ops.kernels.registry import KERNELS
+        from kiln.kernels.registry import KERNELS
         from kiln.ops.layout import blocked_layout
 
         self.block = block
@@ -361,7 +361,7 @@ class _Rewriter:
         """`c` (a `conv2d_rows`, `[co_block][ci][kh][kw][rows]` weight) as the blocked
         kernel's `conv2d_nchwc`."""
         from kiln.ops.conv_direct import unpack_rows_weight
-        from kiln.ops.kernels.registry import TILE
+        from kiln.ops.packed_attrs import TILE
 
         w, channels = c.args[1], c.attrs.get("channels")
         if not isinstance(w, g.Constant) or not isinstance(channels, int):
@@ -374,7 +374,7 @@ class _Rewriter:
 
     def _gemm(self, c: g.Call, var: g.Var) -> g.Call | None:
         """`c` (a `conv2d_gemm`, OIHW weight) as the blocked kernel's `conv2d_nchwc`."""
-        from kiln.ops.kernels.registry import TILE
+        from kiln.ops.packed_attrs import TILE
 
         plain = g.Call("conv2d", c.args, g.freeze_attrs(
             {k: v for k, v in c.attrs.items() if k != TILE}), c.ret_type)
@@ -382,7 +382,7 @@ class _Rewriter:
 
     def _plain_conv(self, plain: g.Call, var: g.Var) -> g.Call | None:
         """`plain` (a `conv2d`, OIHW weight) as the blocked kernel's `conv2d_nchwc`."""
-        from kiln.ops.kernels.registry import KERNELS
+        from kiln.kernels.registry import KERNELS
 
         direct = KERNELS.get("conv_direct")
         if not direct.applies(plain, self.isa):
@@ -393,7 +393,7 @@ class _Rewriter:
         """`c` (a `conv2d_winograd` of whole channel blocks) as `conv2d_winograd_nchwc`:
         the weight packed in panels (kiln.kernels.conv.winograd_nchwc)."""
         from kiln.kernels.conv.winograd import takes
-        from kiln.ops.kernels.registry import KERNELS
+        from kiln.kernels.registry import KERNELS
 
         x, u = c.args[0], c.args[1]
         if not (_is_plain_4d(x.type) and isinstance(u, g.Constant) and u.data.ndim == 3
@@ -454,8 +454,8 @@ def k_blocked_small_images(func: g.Function, isa: ISA) -> set[g.Var]:
     from kiln.kernels.conv.blocked import choose_tiling
     from kiln.kernels.conv.direct import SMALL_IMAGE_POSITIONS, choose_k_blocking
     from kiln.kernels.conv.nchwc import pointwise_kernel
+    from kiln.kernels.tiles import tile_lanes, tile_registers
     from kiln.ops.conv_direct import call_conv_shape
-    from kiln.ops.kernels.tiles import tile_lanes, tile_registers
 
     if not pointwise_kernel(isa):
         return set()

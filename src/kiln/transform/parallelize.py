@@ -25,7 +25,7 @@ iterations can run in any order, at the same time. It is conservative: a loop
 - the estimated work, `extent * cost(body)` (cost: expression nodes, math
   intrinsics weigh more, calls into the C math library most, inner loops
   multiply), is at least `min_work`: by default the nodes the current target
-  runs in PARALLEL_MIN_NS (kiln.ops.kernels.parallel_work, the threshold every
+  runs in PARALLEL_MIN_NS (kiln.kernels.parallel_work, the threshold every
   kernel family uses), since a launch costs a few microseconds.
 
 Which loop: in each loop nest the outermost candidate is taken; when a
@@ -89,7 +89,7 @@ from kiln.ir.visitor import (
     iter_stmts,
     stmt_children,
 )
-from kiln.ops.kernels.parallel_work import min_parallel_work
+from kiln.kernels.parallel_work import min_parallel_work
 from kiln.target.isa import isa_for
 from kiln.transform.pass_base import FunctionPass
 
@@ -119,7 +119,7 @@ class Parallelize(FunctionPass):
     name = "parallelize"
     level = "tensor"
     # Least estimated work (extent * body cost) worth a thread-pool launch; negative:
-    # PARALLEL_MIN_NS of the current target's work (kiln.ops.kernels.parallel_work),
+    # PARALLEL_MIN_NS of the current target's work (kiln.kernels.parallel_work),
     # the one threshold of the kernel families too.
     min_work: int = -1
     # Prefer a loop of a perfect nest with at least this many iterations.

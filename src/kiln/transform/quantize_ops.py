@@ -135,8 +135,8 @@ class QuantizeOps(FunctionPass):
 
 def _packed(call: g.Call, isa: ISA) -> g.Call | None:
     """`call` packed by the kernel family the registry picks for it on `isa`
-    (kiln.ops.kernels.registry.select, as the float blocking passes ask), or None."""
-    from kiln.ops.kernels.registry import select
+    (kiln.kernels.registry.select, as the float blocking passes ask), or None."""
+    from kiln.kernels.registry import select
 
     family = select(call, isa) if call.op in _PACKED else None
     return family.pack(call, isa) if family is not None else None

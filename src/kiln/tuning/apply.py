@@ -1,8 +1,8 @@
 """Tuning at compile time: the blocking passes pack each kernel call through
-`kiln.ops.kernels.search.pack`, which asks the current session (`current()`) for the
+`kiln.kernels.search.pack`, which asks the current session (`current()`) for the
 call's params (`Session.params_for`): None is the rule's variant, else a dict such as
 `{"tile": [6, 32]}`, `{"tile": [8, 32], "split": "inner"}` or
-`{"family": "conv_gemm", "tile": [8, 32]}` (kiln.ops.kernels.search); the `use-cblas`
+`{"family": "conv_gemm", "tile": [8, 32]}` (kiln.kernels.search); the `use-cblas`
 pass asks it the same way whether a product calls CBLAS (`{"library": "own"}`: not;
 kiln.ops.cblas.LIBRARY_CHOICE). Inside
 `using(session)`:
@@ -15,7 +15,7 @@ kiln.ops.cblas.LIBRARY_CHOICE). Inside
 - `Recorder`: None, remembering every tunable call (what `kiln tune` measures);
 - `Forced`: given params for every call of one family (a candidate's build).
 
-A choice that is not a kernel family's (kiln.ops.kernels.search.KernelChoice: CBLAS
+A choice that is not a kernel family's (kiln.kernels.search.KernelChoice: CBLAS
 or kiln's own GEMM) is asked the same way; `Recorder` and `Forced` answer it with the
 choice that leaves the call to kiln's kernel families (`kernel_params`), so the
 families' variants of those calls are recorded and built too.
@@ -46,11 +46,11 @@ from kiln.ir.types import TensorType
 from kiln.target.isa import ISA
 from kiln.tuning.database import TuningDatabase, target_key
 
-#: The attribute the packed call's tile lives in (kiln.ops.kernels.registry.TILE).
+#: The attribute the packed call's tile lives in (kiln.ops.packed_attrs.TILE).
 TILE_ATTR = "tile"
 #: Model-level knobs: a region of the blocked layout (kiln.transform.nchwc_layout),
 #: params `{"layout": "NCHWc"}` or `{"layout": "NCHW"}`; the parallel work threshold of
-#: the whole compile (kiln.ops.kernels.parallel_work), params `{"min_ns": N}`.
+#: the whole compile (kiln.kernels.parallel_work), params `{"min_ns": N}`.
 NCHWC_REGION = "nchwc_region"
 PARALLEL_THRESHOLD = "parallel_threshold"
 MODEL_KNOBS = (NCHWC_REGION, PARALLEL_THRESHOLD)
@@ -74,8 +74,8 @@ def signature(call: g.Call) -> str:
 
 
 def tunable(family: Any) -> bool:
-    """Whether `family` has a search space: a kiln.ops.kernels.registry.TunableFamily
-    (its tiles) or a kiln.ops.kernels.search.KernelChoice (e.g. CBLAS or kiln's own
+    """Whether `family` has a search space: a kiln.kernels.registry.TunableFamily
+    (its tiles) or a kiln.kernels.search.KernelChoice (e.g. CBLAS or kiln's own
     GEMM); asked by their methods, since the tuning layer sits below the ops."""
     return callable(getattr(family, "other_params", None)) or (
         callable(getattr(family, "candidates", None)) and callable(
@@ -170,7 +170,7 @@ class Chosen(Session):
 
 def _kernel_params(family: Any, call: g.Call, isa: ISA) -> dict[str, Any] | None:
     """A choice's params that leave `call` to kiln's kernel families (a
-    kiln.ops.kernels.search.KernelChoice, e.g. CBLAS: kiln's GEMM), None for a family."""
+    kiln.kernels.search.KernelChoice, e.g. CBLAS: kiln's GEMM), None for a family."""
     route = getattr(family, "kernel_params", None)
     return dict(route(call, isa)) if callable(route) else None
 

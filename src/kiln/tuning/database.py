@@ -34,7 +34,7 @@ again). Files are untrusted input: every deviation is a FormatError naming the p
 and a parameter out of its range (`PARAM_RULES`) a UsageError naming the record; a
 file is read only up to `MAX_DATABASE_BYTES` (docs/security.md, "Limits"). Whether a
 record's kernel and parameters are the kernel's own is checked where the kernels are
-known (kiln.ops.kernels.search.check_database, at compile time).
+known (kiln.kernels.search.check_database, at compile time).
 """
 
 from __future__ import annotations
@@ -88,7 +88,7 @@ def _tile(v: Any) -> bool:
         _whole(1, MAX_TILE)(t) for t in v)
 
 
-#: What each parameter a record may hold must be (kiln.ops.kernels.search lists which
+#: What each parameter a record may hold must be (kiln.kernels.search lists which
 #: parameters each kernel takes, and checks them against the call's variants).
 PARAM_RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "tile": (_tile, f"a list of 1 to {MAX_TILE_DIMS} integers from 1 to {MAX_TILE}"),

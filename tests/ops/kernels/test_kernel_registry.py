@@ -1,4 +1,4 @@
-"""The kernel registry (kiln.ops.kernels): every family selected through it, built on
+"""The kernel registry (kiln.kernels): every family selected through it, built on
 llvm and c and compared with numpy; the tile chosen once at the pass, recorded in
 the call, round-tripped through the DSL, checked by verification and read (not
 chosen again) by lowering."""
@@ -20,7 +20,7 @@ from kiln.ir import graph as g
 from kiln.ir.tensor import Allocate, PrimFunc
 from kiln.ir.types import TensorType
 from kiln.ir.visitor import iter_stmts
-from kiln.ops.kernels.registry import KERNELS, families, family_of, select
+from kiln.kernels.registry import KERNELS, families, family_of, select
 from kiln.ops.registry import call
 from kiln.script import from_source, print_module
 from kiln.target import Target

@@ -13,7 +13,7 @@ not depend on the loop variable are computed once per chunk and broadcast. `min`
 keep the IR's NaN rule with a compare-and-blend, `fma` is `fmaf` per lane (GCC and
 Clang fuse it into vector FMA instructions where the target has them); a `select` is a
 blend on an int32 comparison mask, a `reinterpret` a vector cast (bits kept), a value
-`cast` `__builtin_convertvector` (int32 to float32: exp's forms, kiln.ops.kernels.math;
+`cast` `__builtin_convertvector` (int32 to float32: exp's forms, kiln.kernels.math;
 bytes and words widened to int32 or float32, which C converts by the source's sign: the
 dequantize loops; int32 narrowed to bytes, modulo 256 as GCC and Clang define it).
 Byte and word lanes (int8, uint8, int16, uint16: the integer max pools' rows) load,

@@ -1,6 +1,6 @@
 """Which `vectorized` loops are straight-line vector code (backend-neutral).
 
-kiln's kernels spell the lanes of a register tile (kiln.ops.kernels.tiles) as an
+kiln's kernels spell the lanes of a register tile (kiln.kernels.tiles) as an
 innermost `for v in T.vectorized(n)` loop. When its body is straight-line arithmetic,
 every IR node of the body can be computed for all `n` lanes at once: one vector load,
 operation or store per node. The `vectorize-loops` pass (kiln.transform.vectorize_loops)
@@ -20,7 +20,7 @@ when:
   `isnan`); an int32-to-float32 `cast`, a widening `cast` of byte or word lanes to int32
   or float32 (zero-extended from the unsigned types, sign-extended from the signed ones:
   every dequantize of bytes); a 32-bit `reinterpret` between float32 and
-  int32 (the vectorizable math of kiln.ops.kernels.math); such a let variable, or a
+  int32 (the vectorizable math of kiln.kernels.math); such a let variable, or a
   load whose element moves by exactly one when the variable grows by one (a
   contiguous load); expressions that do not depend on it are computed once and
   broadcast;
@@ -72,7 +72,7 @@ VECTOR_DTYPES = frozenset({"float32", "float64"})
 VECTOR_BINARY = frozenset({"add", "sub", "mul", "div", "min", "max"})
 VECTOR_INTRINSICS = frozenset({"fma", "floor", "ceil", "trunc", "round", "abs"})
 # int32 lanes: loads, stores, the integer dot product (the quantized kernels' tiles) and
-# the integer arithmetic of 2^n in exp (kiln.ops.kernels.math)
+# the integer arithmetic of 2^n in exp (kiln.kernels.math)
 INT_VECTOR_DTYPE = "int32"
 INT_VECTOR_BINARY = frozenset({"add", "sub", "mul", "min", "max", "and", "or", "xor"})
 SHIFTS = frozenset({"shl", "shr"})

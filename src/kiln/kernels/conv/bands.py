@@ -23,11 +23,11 @@ from kiln.ir.tensor import (
     seq,
 )
 from kiln.kernels.conv.padding import PhaseReader, padded_plane_dims
+from kiln.kernels.tiles import const as _c
+from kiln.kernels.tiles import lanes_loop, parallel_tiles
+from kiln.kernels.tiles import loop as _loop
+from kiln.kernels.tiles import nest as _nest
 from kiln.ops.conv_geometry import ConvShape
-from kiln.ops.kernels.tiles import const as _c
-from kiln.ops.kernels.tiles import lanes_loop, parallel_tiles
-from kiln.ops.kernels.tiles import loop as _loop
-from kiln.ops.kernels.tiles import nest as _nest
 
 #: Bands of output rows a padded row-tiled convolution is split into (fewer on an image
 #: of fewer rows), their heights within one of each other: two, four or eight threads

@@ -54,13 +54,13 @@ from kiln.kernels.conv.padding import (
     padded_input,
     unpadded_reader,
 )
+from kiln.kernels.flat_epilogue import FlatEpilogue
 from kiln.kernels.gemm.micro_kernel import reduction_loop
+from kiln.kernels.prefetch import WeightPrefetch
+from kiln.kernels.tiles import Epilogue, lanes_loop, madd, parallel_tiles, parallel_when
+from kiln.kernels.tiles import const as _c
+from kiln.kernels.tiles import loop as _loop
 from kiln.ops.conv_geometry import ConvShape
-from kiln.ops.kernels.flat_epilogue import FlatEpilogue
-from kiln.ops.kernels.prefetch import WeightPrefetch
-from kiln.ops.kernels.tiles import Epilogue, lanes_loop, madd, parallel_tiles, parallel_when
-from kiln.ops.kernels.tiles import const as _c
-from kiln.ops.kernels.tiles import loop as _loop
 from kiln.target.isa import ISA
 
 
@@ -228,7 +228,7 @@ def blocked_conv_body(shape: ConvShape, x: Buffer, wp: Buffer, out: Buffer,
     (unblocked sums only) the tiles run in bands of `band` consecutive tiles, each band's
     tiles for every channel block in turn (kiln.kernels.conv.direct.band_tiles). With
     `prefetch` each step of the sums also prefetches the weights the next channel block
-    (or segment) reads at that step (kiln.ops.kernels.prefetch)."""
+    (or segment) reads at that step (kiln.kernels.prefetch)."""
     if schedule.subsample and not schedule.block and subsamples(shape):
         xs, copy = subsampled_input(x, shape, isa=isa)
         one = replace(shape, h=shape.out_h, w=shape.out_w, stride=(1, 1))

@@ -22,10 +22,10 @@ from typing import Any
 from kiln.ir import graph as g
 from kiln.ir.analysis.vector_loops import MAX_LANES
 from kiln.ir.tensor import PrimExpr, PrimFunc, Stmt, Store, seq
+from kiln.kernels.epilogue import fused_store
+from kiln.kernels.tiles import const, lanes_loop, loop, nest, parallel_tiles, parallel_when
 from kiln.ops import te
 from kiln.ops.broadcast import broadcast_index
-from kiln.ops.epilogue import fused_store
-from kiln.ops.kernels.tiles import const, lanes_loop, loop, nest, parallel_tiles, parallel_when
 from kiln.target.isa import ISA
 
 

@@ -4,7 +4,7 @@ columns of as many output rows as the ISA's registers hold accumulators for
 (`depthwise_conv_body`, kiln.kernels.conv.window.depthwise_tile_rows). A padded
 stride-1 input larger than the ISA's L2 is padded channel by channel on the stack
 (`window_body`). Over an image of symbolic height and width, the run-time split
-kernel of kiln.ops.kernels.window_symbolic (the tile unused)."""
+kernel of kiln.kernels.window_symbolic (the tile unused)."""
 
 from __future__ import annotations
 
@@ -16,17 +16,17 @@ from kiln.ir import graph as g
 from kiln.ir.tensor import Buffer, PrimExpr, Stmt, as_expr
 from kiln.kernels.conv.family import UnpackedConv, vector_widths
 from kiln.kernels.conv.window import depthwise_tile_width, window_body
-from kiln.ops.conv_geometry import ConvShape, conv_call_shape
-from kiln.ops.kernels.registry import fits_registers
-from kiln.ops.kernels.tiles import (
+from kiln.kernels.registry import fits_registers
+from kiln.kernels.tiles import (
     Epilogue,
     madd,
     parallel_over_images,
     tile_lanes,
     tile_registers,
 )
-from kiln.ops.kernels.tiles import const as _c
-from kiln.ops.kernels.window_symbolic import symbolic_window_body
+from kiln.kernels.tiles import const as _c
+from kiln.kernels.window_symbolic import symbolic_window_body
+from kiln.ops.conv_geometry import ConvShape, conv_call_shape
 from kiln.target.isa import ISA
 
 

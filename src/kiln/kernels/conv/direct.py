@@ -22,10 +22,11 @@ from kiln.kernels.conv.blocked import (
 from kiln.kernels.conv.family import TUNED_WIDTHS, build_conv, packed_call
 from kiln.kernels.conv.ksegments import ConvKBlocking
 from kiln.kernels.conv.padding import padded_image_bytes
+from kiln.kernels.registry import Family, fits_registers
+from kiln.kernels.tiles import ZEN3_VECTOR_BITS, Epilogue, tile_lanes, tile_registers
 from kiln.ops.conv_direct import KSEGMENT, TUNED_SEGMENTS
 from kiln.ops.conv_geometry import ConvShape, conv_call_shape
-from kiln.ops.kernels.registry import Family, fits_registers, recorded_tile
-from kiln.ops.kernels.tiles import ZEN3_VECTOR_BITS, Epilogue, tile_lanes, tile_registers
+from kiln.ops.packed_attrs import recorded_tile
 from kiln.target.isa import ISA
 
 
@@ -50,7 +51,7 @@ def blocked_body(isa: ISA, segment: int | None = None, unroll: int | None = None
 
 
 #: Where the blocked kernel prefetches the next channel block's weights
-#: (kiln.ops.kernels.prefetch): on an image of at most this many output positions (a
+#: (kiln.kernels.prefetch): on an image of at most this many output positions (a
 #: block's weights are read by few tiles, so fetching them is a large share of its
 #: time), for packed weights of at least `PREFETCH_WEIGHT_L2_SHARE` of the L2 (in a
 #: model, such a layer's weights come from memory on every call), on a CPU with an L2.
@@ -210,7 +211,7 @@ class DirectConv(Family):
 
     def rule_segment(self, shape: ConvShape, tile: tuple[int, ...], isa: ISA) -> int:
         """The rule's input channels per K segment for `tile` (`rule_segment`; tuning's
-        search asks it by the family's name, kiln.ops.kernels.search.segments)."""
+        search asks it by the family's name, kiln.kernels.search.segments)."""
         return rule_segment(shape, tile, isa)
 
     def pack_tile(self, call: g.Call, isa: ISA, tile: tuple[int, ...]) -> g.Call:
@@ -224,7 +225,7 @@ class DirectConv(Family):
     def build(self, params: Sequence[Any], args: Sequence[Any], attrs: Mapping[str, Any],
               anchor: Any, result: Any, isa: ISA) -> PrimFunc | None:
         from kiln.errors import IRError
-        from kiln.ops.kernels.gemm_knobs import k_unroll
+        from kiln.kernels.gemm.knobs import k_unroll
 
         tile = recorded_tile(attrs, 2, self.op)
         segment = attrs.get(KSEGMENT)

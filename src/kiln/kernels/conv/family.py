@@ -14,11 +14,12 @@ from typing import Any, ClassVar
 from kiln.ir import graph as g
 from kiln.ir.attrs import ATTR_CONV_KERNEL, ATTR_NO_SLP
 from kiln.ir.tensor import Buffer, PrimExpr, PrimFunc, Stmt
+from kiln.kernels.epilogue import fused_store
+from kiln.kernels.registry import Family
+from kiln.kernels.tiles import Epilogue
 from kiln.ops import layout
 from kiln.ops.conv_geometry import ConvShape, conv_call_shape
-from kiln.ops.epilogue import fused_store
-from kiln.ops.kernels.registry import TILE, Family, recorded_tile
-from kiln.ops.kernels.tiles import Epilogue
+from kiln.ops.packed_attrs import TILE, recorded_tile
 from kiln.target.isa import ISA
 
 #: The loop nest of one family: (shape, input, weight, output, tile, epilogue, fma,

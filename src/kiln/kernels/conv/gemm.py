@@ -36,15 +36,14 @@ from kiln.ir.tensor import (
     seq,
 )
 from kiln.kernels.conv.family import UnpackedConv
+from kiln.kernels.flat_epilogue import FlatEpilogue
 from kiln.kernels.gemm.families import tile_candidates
+from kiln.kernels.gemm.knobs import GemmTiling
 from kiln.kernels.gemm.loop_nest import gemm_body
 from kiln.kernels.gemm.micro_kernel import GemmShape, choose_gemm_tiling
 from kiln.kernels.gemm.schedule import GemmSchedule
-from kiln.ops.conv_geometry import ConvShape, conv_call_shape
-from kiln.ops.kernels.flat_epilogue import FlatEpilogue
-from kiln.ops.kernels.gemm_knobs import GemmTiling
-from kiln.ops.kernels.registry import fits_registers
-from kiln.ops.kernels.tiles import (
+from kiln.kernels.registry import fits_registers
+from kiln.kernels.tiles import (
     Epilogue,
     bound,
     loop,
@@ -55,6 +54,7 @@ from kiln.ops.kernels.tiles import (
     tile_lanes,
     tile_registers,
 )
+from kiln.ops.conv_geometry import ConvShape, conv_call_shape
 from kiln.target.isa import ISA
 
 # The share of a tile's lanes that must hold real output positions: the last panel's

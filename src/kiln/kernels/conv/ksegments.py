@@ -24,8 +24,8 @@ from kiln.ir.tensor import (
     min_,
     seq,
 )
-from kiln.ops.kernels.tiles import const as _c
-from kiln.ops.kernels.tiles import lanes_loop
+from kiln.kernels.tiles import const as _c
+from kiln.kernels.tiles import lanes_loop
 
 
 @dataclass(frozen=True)

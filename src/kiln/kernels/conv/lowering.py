@@ -12,17 +12,17 @@ from typing import Any
 
 from kiln.ir import graph as g
 from kiln.ir.tensor import PrimFunc
+from kiln.kernels.registry import build_call, family_of
 from kiln.ops import conv_direct as cd
 from kiln.ops import te
 from kiln.ops import winograd as wg
-from kiln.ops.kernels.registry import build_call, family_of
 from kiln.target.isa import ISA
 
 
 @dataclass(frozen=True)
 class FamilyLowering:
     """The kernel of a float32 call of `op`, built by the kernel family that lowers `op`
-    (kiln.ops.kernels.registry.family_of) with the parallel split, K blocking and K
+    (kiln.kernels.registry.family_of) with the parallel split, K blocking and K
     unroll the call records; the batch may be symbolic (channels and image sizes
     static)."""
 

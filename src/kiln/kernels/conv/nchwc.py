@@ -25,11 +25,12 @@ from kiln.kernels.conv.direct import DirectConv, blocked_body, choose_k_blocking
 from kiln.kernels.conv.family import build_conv
 from kiln.kernels.conv.ksegments import ConvKBlocking
 from kiln.kernels.conv.pointwise import PointwiseSchedule, pointwise_body
+from kiln.kernels.registry import fits_registers
+from kiln.kernels.tiles import ZEN3_VECTOR_BITS, Epilogue, tile_lanes, tile_registers
 from kiln.ops import spatial
 from kiln.ops.conv_direct import unpack_blocked_weight
 from kiln.ops.conv_geometry import ConvShape
-from kiln.ops.kernels.registry import TILE, fits_registers, recorded_tile
-from kiln.ops.kernels.tiles import ZEN3_VECTOR_BITS, Epilogue, tile_lanes, tile_registers
+from kiln.ops.packed_attrs import TILE, recorded_tile
 from kiln.target.isa import ISA
 
 #: The most output-channel vectors a 1x1 tile holds, and its most positions.

@@ -31,13 +31,13 @@ from kiln.ir.tensor import (
     select,
     seq,
 )
+from kiln.kernels.epilogue import fused_store
+from kiln.kernels.tiles import Epilogue, lanes_loop, madd, parallel_tiles, parallel_when
+from kiln.kernels.tiles import const as _c
+from kiln.kernels.tiles import loop as _loop
 from kiln.ops import layout, te
 from kiln.ops.conv_geometry import ConvShape, conv_shape
-from kiln.ops.epilogue import fused_store
-from kiln.ops.kernels.registry import recorded_tile
-from kiln.ops.kernels.tiles import Epilogue, lanes_loop, madd, parallel_tiles, parallel_when
-from kiln.ops.kernels.tiles import const as _c
-from kiln.ops.kernels.tiles import loop as _loop
+from kiln.ops.packed_attrs import recorded_tile
 from kiln.target.isa import ISA
 
 #: Output positions per tile the rule prefers: 8 accumulators leave AVX2's 16 registers

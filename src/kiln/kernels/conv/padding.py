@@ -27,11 +27,11 @@ from kiln.ir.tensor import (
     min_,
     seq,
 )
+from kiln.kernels.tiles import const as _c
+from kiln.kernels.tiles import lanes_loop
+from kiln.kernels.tiles import loop as _loop
+from kiln.kernels.tiles import nest as _nest
 from kiln.ops.conv_geometry import ConvShape
-from kiln.ops.kernels.tiles import const as _c
-from kiln.ops.kernels.tiles import lanes_loop
-from kiln.ops.kernels.tiles import loop as _loop
-from kiln.ops.kernels.tiles import nest as _nest
 
 #: A reader of the padded input: `(n, c, padded row, column phase, column within the
 #: phase) -> value` (`padded_input`).

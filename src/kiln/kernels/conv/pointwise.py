@@ -19,10 +19,10 @@ from kiln.kernels.conv.ksegments import (
     segmented_band,
     tile_accumulators,
 )
+from kiln.kernels.tiles import Epilogue, lanes_loop, madd, parallel_tiles
+from kiln.kernels.tiles import const as _c
+from kiln.kernels.tiles import loop as _loop
 from kiln.ops.conv_geometry import ConvShape
-from kiln.ops.kernels.tiles import Epilogue, lanes_loop, madd, parallel_tiles
-from kiln.ops.kernels.tiles import const as _c
-from kiln.ops.kernels.tiles import loop as _loop
 
 
 @dataclass(frozen=True)

@@ -8,8 +8,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from kiln.ir.tensor import PrimExpr, Stmt, Var, seq
-from kiln.ops.kernels.tiles import const as _c
-from kiln.ops.kernels.tiles import loop as _loop
+from kiln.kernels.tiles import const as _c
+from kiln.kernels.tiles import loop as _loop
 
 
 def row_tiles(out_w: int, tile_w: int, lanes: int) -> list[tuple[int, int, int]]:

@@ -36,9 +36,8 @@ from kiln.kernels.conv.family import build_conv, packed_call, vector_widths
 from kiln.kernels.conv.gemm import MIN_LANE_USE
 from kiln.kernels.conv.padding import PhaseReader, image_rows, kernel_taps, padded_input
 from kiln.kernels.conv.row_tiles import row_tiles, rows_tile_width
-from kiln.ops.conv_geometry import ConvShape, conv_call_shape
-from kiln.ops.kernels.registry import Family, fits_registers, recorded_tile
-from kiln.ops.kernels.tiles import (
+from kiln.kernels.registry import Family, fits_registers
+from kiln.kernels.tiles import (
     Epilogue,
     lanes_loop,
     madd,
@@ -47,8 +46,10 @@ from kiln.ops.kernels.tiles import (
     tile_lanes,
     tile_registers,
 )
-from kiln.ops.kernels.tiles import const as _c
-from kiln.ops.kernels.tiles import nest as _nest
+from kiln.kernels.tiles import const as _c
+from kiln.kernels.tiles import nest as _nest
+from kiln.ops.conv_geometry import ConvShape, conv_call_shape
+from kiln.ops.packed_attrs import recorded_tile
 from kiln.target.isa import ISA
 
 # Below this many multiply-adds per output the row-tiled kernel beats the blocked one

@@ -19,11 +19,11 @@ from kiln.kernels.conv.padding import (
     plane_fill,
 )
 from kiln.kernels.conv.row_tiles import rows_tile_width, tiled_row
+from kiln.kernels.tiles import Epilogue, lanes_loop
+from kiln.kernels.tiles import const as _c
+from kiln.kernels.tiles import loop as _loop
+from kiln.kernels.tiles import nest as _nest
 from kiln.ops.conv_geometry import ConvShape
-from kiln.ops.kernels.tiles import Epilogue, lanes_loop
-from kiln.ops.kernels.tiles import const as _c
-from kiln.ops.kernels.tiles import loop as _loop
-from kiln.ops.kernels.tiles import nest as _nest
 
 
 def depthwise_tile_width(shape: ConvShape, lanes: int) -> int:

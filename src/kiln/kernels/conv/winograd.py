@@ -56,15 +56,14 @@ from kiln.ir.tensor import (
     seq,
 )
 from kiln.kernels.conv.family import packed_call
+from kiln.kernels.epilogue import fused_store
 from kiln.kernels.gemm.families import tile_candidates
+from kiln.kernels.gemm.knobs import GemmTiling
 from kiln.kernels.gemm.loop_nest import gemm_body
 from kiln.kernels.gemm.micro_kernel import GemmShape, choose_gemm_tiling
 from kiln.kernels.gemm.schedule import GemmSchedule
-from kiln.ops.conv_geometry import ConvShape, conv_call_shape
-from kiln.ops.epilogue import fused_store
-from kiln.ops.kernels.gemm_knobs import GemmTiling
-from kiln.ops.kernels.registry import Family, recorded_tile
-from kiln.ops.kernels.tiles import (
+from kiln.kernels.registry import Family
+from kiln.kernels.tiles import (
     Epilogue,
     const,
     lanes_loop,
@@ -74,6 +73,8 @@ from kiln.ops.kernels.tiles import (
     tile_lanes,
     tile_registers,
 )
+from kiln.ops.conv_geometry import ConvShape, conv_call_shape
+from kiln.ops.packed_attrs import recorded_tile
 from kiln.ops.winograd import TILE_SIZES, WINOGRAD, eligible, matrices, tile_of
 from kiln.target.isa import ISA
 

@@ -49,16 +49,13 @@ from kiln.ir.types import TensorType
 from kiln.kernels.conv.family import blocked_bias
 from kiln.kernels.conv.padding import padded_blocked_buffer
 from kiln.kernels.conv.winograd import skewed_rows, takes, tiles, transform_2d
+from kiln.kernels.epilogue import fused_store
+from kiln.kernels.gemm.knobs import GemmTiling
 from kiln.kernels.gemm.loop_nest import gemm_body
 from kiln.kernels.gemm.micro_kernel import GemmShape, choose_gemm_tiling
 from kiln.kernels.gemm.schedule import GemmSchedule
-from kiln.ops import layout
-from kiln.ops.conv_geometry import ConvShape
-from kiln.ops.epilogue import fused_store
-from kiln.ops.gemm import pack_b
-from kiln.ops.kernels.gemm_knobs import GemmTiling
-from kiln.ops.kernels.registry import TILE, Family, recorded_tile
-from kiln.ops.kernels.tiles import (
+from kiln.kernels.registry import Family
+from kiln.kernels.tiles import (
     Epilogue,
     const,
     lanes_loop,
@@ -68,6 +65,10 @@ from kiln.ops.kernels.tiles import (
     tile_lanes,
     tile_registers,
 )
+from kiln.ops import layout
+from kiln.ops.conv_geometry import ConvShape
+from kiln.ops.gemm import pack_b
+from kiln.ops.packed_attrs import TILE, recorded_tile
 from kiln.ops.winograd import WINOGRAD_NCHWC as OP
 from kiln.ops.winograd import matrices, tile_of
 from kiln.target.isa import ISA

@@ -11,5 +11,5 @@
 - `lowering`, `cblas`: the lowerings of the products (kiln.kernels.lowering.LOWERINGS).
 
 The ops (meaning, type rule, reference) are kiln.ops.gemm and kiln.ops.cblas; the
-tile, K blocking and K unroll knobs kiln.ops.kernels.gemm_knobs.
+tile, K blocking and K unroll knobs kiln.kernels.gemm.knobs.
 """

@@ -19,17 +19,18 @@ from kiln.ir.attrs import ATTR_GEMM_KERNEL
 from kiln.ir.dtype import itemsize
 from kiln.ir.tensor import PrimFunc
 from kiln.ir.types import TensorType
+from kiln.kernels.epilogue import fused_store
+from kiln.kernels.gemm.knobs import GemmTiling
 from kiln.kernels.gemm.loop_nest import gemm_body
 from kiln.kernels.gemm.micro_kernel import BReader, GemmShape, choose_gemm_tiling
 from kiln.kernels.gemm.run_time_pack import pack_b_at_run_time
 from kiln.kernels.gemm.schedule import GemmSchedule, rows_first
+from kiln.kernels.registry import Family, fits_registers
+from kiln.kernels.tiles import tile_lanes, tile_registers
 from kiln.ops.broadcast import broadcast_shapes
-from kiln.ops.epilogue import fused_store
 from kiln.ops.gemm import pack_b, packed_kn
-from kiln.ops.kernels.gemm_knobs import GemmTiling
-from kiln.ops.kernels.registry import TILE, Family, fits_registers, recorded_tile
-from kiln.ops.kernels.tiles import tile_lanes, tile_registers
 from kiln.ops.nn import b_shape
+from kiln.ops.packed_attrs import TILE, recorded_tile
 from kiln.target.isa import ISA
 
 #: The row count M assumed when choosing a tile for symbolic M (a full-height tile).

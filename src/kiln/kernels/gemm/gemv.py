@@ -29,8 +29,8 @@ from kiln.ir.tensor import (
     min_,
     seq,
 )
-from kiln.ops.kernels.parallel_work import worth_parallel
-from kiln.ops.kernels.tiles import Epilogue, lanes_loop, madd, parallel_tiles
+from kiln.kernels.parallel_work import worth_parallel
+from kiln.kernels.tiles import Epilogue, lanes_loop, madd, parallel_tiles
 from kiln.target.isa import ISA
 
 # Rows of B per tile and vectors per row: 4 x 2 = 8 independent accumulator chains

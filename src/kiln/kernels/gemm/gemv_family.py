@@ -16,11 +16,12 @@ from kiln.ir.attrs import ATTR_GEMM_KERNEL, ATTR_PARALLEL_DECIDED
 from kiln.ir.shape_expr import is_static
 from kiln.ir.tensor import PrimFunc
 from kiln.ir.types import TensorType
+from kiln.kernels.epilogue import fused_store
 from kiln.kernels.gemm import gemv as gv
 from kiln.kernels.gemm.families import constant_b
-from kiln.ops.epilogue import fused_store
-from kiln.ops.kernels.registry import TILE, Family, recorded_tile
-from kiln.ops.kernels.tiles import tile_lanes
+from kiln.kernels.registry import Family
+from kiln.kernels.tiles import tile_lanes
+from kiln.ops.packed_attrs import TILE, recorded_tile
 from kiln.target.isa import ISA
 
 

@@ -29,17 +29,17 @@ from kiln.ir.tensor import (
     min_,
     seq,
 )
+from kiln.kernels.gemm.knobs import KBlocking, choose_k_blocking, k_block_caches
 from kiln.kernels.gemm.micro_kernel import BReader, GemmShape, register_tile, unflatten
 from kiln.kernels.gemm.schedule import GemmNest, GemmSchedule, KSegment, plan_nest
-from kiln.ops.broadcast import broadcast_index
-from kiln.ops.kernels.gemm_knobs import KBlocking, choose_k_blocking, k_block_caches
-from kiln.ops.kernels.tiles import (
+from kiln.kernels.tiles import (
     Epilogue,
     const,
     lanes_loop,
     parallel_tiles,
     parallel_when,
 )
+from kiln.ops.broadcast import broadcast_index
 from kiln.target.isa import ISA
 
 #: Reads B at `(k, v)` of the current panel from its copy on the stack.

@@ -16,17 +16,17 @@ from typing import Any
 
 from kiln.ir import graph as g
 from kiln.ir.tensor import PrimFunc
+from kiln.kernels.epilogue import float32_operands
+from kiln.kernels.registry import build_call, family_of
 from kiln.ops import te
-from kiln.ops.epilogue import float32_operands
 from kiln.ops.gemm import GEMV, PACKED, TILED
-from kiln.ops.kernels.registry import build_call, family_of
 from kiln.target.isa import ISA
 
 
 @dataclass(frozen=True)
 class GemmLowering:
     """The kernel of calls of `op` (a kiln.kernels.lowering.Lowering): its family's
-    (kiln.ops.kernels.registry.family_of), with the parallel split, K blocking and K
+    (kiln.kernels.registry.family_of), with the parallel split, K blocking and K
     unroll the call records (build_call)."""
 
     op: str

@@ -44,8 +44,8 @@ from kiln.ir.tensor import (
     as_expr,
     seq,
 )
-from kiln.ops.kernels.gemm_knobs import GemmTiling, k_unroll
-from kiln.ops.kernels.tiles import lanes_loop, madd
+from kiln.kernels.gemm.knobs import GemmTiling, k_unroll
+from kiln.kernels.tiles import lanes_loop, madd
 
 # A tile's accumulators: enough independent chains to hide the FMA latency of two
 # pipes; more only grows the unrolled IR (compile time).

@@ -41,10 +41,10 @@ from kiln.ir.tensor import (
     min_,
     seq,
 )
+from kiln.kernels.gemm.knobs import GemmTiling
 from kiln.kernels.gemm.micro_kernel import GemmShape, choose_gemm_tiling, register_tile
 from kiln.kernels.gemm.schedule import rows_first
-from kiln.ops.kernels.gemm_knobs import GemmTiling
-from kiln.ops.kernels.tiles import (
+from kiln.kernels.tiles import (
     const,
     lanes_loop,
     parallel_tiles,

@@ -27,8 +27,8 @@ from kiln.ir.tensor import (
     seq,
 )
 from kiln.kernels.gemm.micro_kernel import BReader, unflatten
+from kiln.kernels.tiles import const, parallel_tiles, parallel_when
 from kiln.ops.broadcast import broadcast_index
-from kiln.ops.kernels.tiles import const, parallel_tiles, parallel_when
 from kiln.target.isa import ISA
 
 

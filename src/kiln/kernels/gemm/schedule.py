@@ -16,9 +16,9 @@ from dataclasses import dataclass
 from kiln.errors import IRError
 from kiln.ir.tensor import Buffer, CallExtern, Intrin, PrimExpr, Var
 from kiln.ir.visitor import iter_exprs
+from kiln.kernels.gemm.knobs import GemmTiling, KBlocking
 from kiln.kernels.gemm.micro_kernel import BReader, GemmShape
-from kiln.ops.kernels.gemm_knobs import GemmTiling, KBlocking
-from kiln.ops.kernels.tiles import Epilogue, const
+from kiln.kernels.tiles import Epilogue, const
 from kiln.target.isa import ISA
 
 
@@ -152,7 +152,7 @@ def calls_a_library(epilogue: Epilogue, ndim: int, *, isa: ISA) -> bool:
     (`GemmNest.two_pass`). On a CPU target (`isa.kind`) the float32 exp/tanh/sigmoid/erf
     become arithmetic (kiln.transform.expand_math) that vectorizes in the one-pass store
     loop."""
-    from kiln.ops.kernels.math import BUILDERS, CPU_KINDS
+    from kiln.kernels.math import BUILDERS, CPU_KINDS
 
     expanded = isa.kind in CPU_KINDS
     zero: tuple[PrimExpr, ...] = (const(0),) * ndim

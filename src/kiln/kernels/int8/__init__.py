@@ -1,7 +1,7 @@
 """The int8 (quantized) kernels: the hand-built lowerings of the packed integer ops of
 kiln.ops (their meaning: kiln.ops.quant_packed, quant_conv_words, quant_dynamic,
 quant_elementwise, quant_mlas_conv), and the kernel families that pack quantized
-products for them (kiln.ops.kernels.registry).
+products for them (kiln.kernels.registry).
 
 - `families`: the int8 families (`select(call, isa)` picks one for each quantized
   product the quantize-ops pass packs), on `packing`: the weights shifted by their zero

@@ -84,11 +84,11 @@ from kiln.kernels.int8.conv_tiles import (
     flat_output,
     position_tiles,
 )
+from kiln.kernels.parallel_work import worth_parallel
+from kiln.kernels.tiles import loop as tile_loop
+from kiln.kernels.tiles import nest
 from kiln.ops import quant_words as qw
 from kiln.ops import te
-from kiln.ops.kernels.parallel_work import worth_parallel
-from kiln.ops.kernels.tiles import loop as tile_loop
-from kiln.ops.kernels.tiles import nest
 from kiln.ops.nn import conv_geometry
 from kiln.ops.quant import out_range, requantize_value
 from kiln.ops.quant_conv_words import CONV_DOT, conv_dot_infer, layouts, tap_major_k, w_shape

@@ -15,9 +15,9 @@ from kiln.kernels.int8 import dot
 from kiln.kernels.int8.conv_input import ConvInput, padded_words
 from kiln.kernels.int8.conv_tile import ConvTile, position_rows
 from kiln.kernels.int8.conv_tiles import InPlace, RowEpilogue, flat_output, position_tiles
+from kiln.kernels.tiles import nest
 from kiln.ops import quant_words as qw
 from kiln.ops import te
-from kiln.ops.kernels.tiles import nest
 from kiln.target.isa import ISA
 
 #: The grid positions an in-place convolution computes (`in_place`: the padding columns

@@ -14,10 +14,10 @@ import numpy as np
 
 from kiln.ir.tensor import Allocate, Buffer, DeclBuffer, PrimExpr, Stmt, Store, as_expr, seq
 from kiln.kernels.int8 import dot
+from kiln.kernels.tiles import loop as tile_loop
+from kiln.kernels.tiles import nest
 from kiln.ops import quant_words as qw
 from kiln.ops import te
-from kiln.ops.kernels.tiles import loop as tile_loop
-from kiln.ops.kernels.tiles import nest
 
 
 def padded_input(x: Buffer, x_zp: Buffer, begins: Sequence[int], ends: Sequence[int]

@@ -36,9 +36,9 @@ from kiln.ir.tensor import (
 )
 from kiln.kernels.int8 import dot
 from kiln.kernels.int8.conv_tile import ConvTile, word_stores
+from kiln.kernels.tiles import lanes_loop, nest, parallel_tiles
+from kiln.kernels.tiles import loop as tile_loop
 from kiln.ops import quant_words as qw
-from kiln.ops.kernels.tiles import lanes_loop, nest, parallel_tiles
-from kiln.ops.kernels.tiles import loop as tile_loop
 from kiln.ops.quant import requantize_value
 
 #: Column tiles that keep the threads busy; with fewer, row tiles (channels) run in parallel.

@@ -51,8 +51,8 @@ from kiln.ir.tensor import (
     compare,
     min_,
 )
+from kiln.kernels.tiles import loop as tile_loop
 from kiln.ops import te
-from kiln.ops.kernels.tiles import loop as tile_loop
 from kiln.ops.quant_words import GROUP, PAIR_GROUP, SATURATE, a_byte, saturates
 from kiln.target.isa import ISA
 

@@ -30,13 +30,13 @@ from kiln.ir.tensor import (
     min_,
     seq,
 )
+from kiln.kernels.epilogue import fused_store
 from kiln.kernels.int8 import dot
 from kiln.kernels.int8.matmul import build_matmul_tiles, tile_isa
+from kiln.kernels.parallel_work import worth_parallel
+from kiln.kernels.tiles import const
+from kiln.kernels.tiles import loop as tile_loop
 from kiln.ops import te
-from kiln.ops.epilogue import fused_store
-from kiln.ops.kernels.parallel_work import worth_parallel
-from kiln.ops.kernels.tiles import const
-from kiln.ops.kernels.tiles import loop as tile_loop
 from kiln.ops.nan_order import max_keep_first, min_keep_first
 from kiln.ops.quant import dynamic_scale, dynamic_zero_point, quantize_value
 from kiln.ops.quant_dynamic import PACKED

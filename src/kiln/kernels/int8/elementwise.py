@@ -37,9 +37,9 @@ from kiln.ir.tensor import (
     seq,
 )
 from kiln.ir.types import TensorType
+from kiln.kernels.parallel_work import worth_parallel
+from kiln.kernels.tiles import const, lanes_loop, loop, tile_lanes
 from kiln.ops import te
-from kiln.ops.kernels.parallel_work import worth_parallel
-from kiln.ops.kernels.tiles import const, lanes_loop, loop, tile_lanes
 from kiln.ops.quant import MAGIC_BITS, ROUNDING_MAGIC, qrange
 from kiln.ops.quant_elementwise import (
     CONCAT,

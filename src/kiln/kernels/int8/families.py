@@ -1,4 +1,4 @@
-"""The int8 kernel families of the kernel registry (kiln.ops.kernels.registry, `select`):
+"""The int8 kernel families of the kernel registry (kiln.kernels.registry, `select`):
 which packed op a quantized product becomes on a target, and its packing
 (kiln.kernels.int8.packing).
 
@@ -32,7 +32,7 @@ from kiln.kernels.int8.packing import (
     plan,
 )
 from kiln.kernels.lowering import lowering_for
-from kiln.ops.kernels.registry import Family
+from kiln.kernels.registry import Family
 from kiln.ops.quant_conv_words import CONV_DOT
 from kiln.ops.quant_dynamic import DYNAMIC, PACKED
 from kiln.ops.quant_packed import CONV, GROUPED, INTEGER, MATMUL

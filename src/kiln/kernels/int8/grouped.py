@@ -63,10 +63,10 @@ from kiln.ir.tensor import (
 )
 from kiln.ir.types import TensorType
 from kiln.kernels import conv as ck
+from kiln.kernels.tiles import const, lanes_loop, nest, tile_lanes, tile_registers
+from kiln.kernels.tiles import loop as tile_loop
 from kiln.ops import quant_words as qw
 from kiln.ops import te
-from kiln.ops.kernels.tiles import const, lanes_loop, nest, tile_lanes, tile_registers
-from kiln.ops.kernels.tiles import loop as tile_loop
 from kiln.ops.nn import conv_geometry
 from kiln.ops.quant import out_range, requantize_value
 from kiln.ops.quant_packed import GROUPED, conv_infer

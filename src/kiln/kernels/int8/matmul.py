@@ -34,11 +34,11 @@ from kiln.ir.tensor import (
     seq,
 )
 from kiln.kernels.int8 import dot
+from kiln.kernels.parallel_work import worth_parallel
+from kiln.kernels.tiles import loop as tile_loop
+from kiln.kernels.tiles import parallel_tiles, parallel_when
 from kiln.ops import quant_words as qw
 from kiln.ops import te
-from kiln.ops.kernels.parallel_work import worth_parallel
-from kiln.ops.kernels.tiles import loop as tile_loop
-from kiln.ops.kernels.tiles import parallel_tiles, parallel_when
 from kiln.ops.quant import out_range, requantize_value
 from kiln.ops.quant_packed import INTEGER, MATMUL, packed_group
 from kiln.target.isa import ISA

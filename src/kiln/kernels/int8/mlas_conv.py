@@ -22,13 +22,13 @@ from typing import Any
 from kiln.ir.graph import Call
 from kiln.ir.tensor import Buffer, DeclBuffer, PrimExpr, PrimFunc, Stmt, Store, seq
 from kiln.kernels.conv.gemm import im2col
+from kiln.kernels.epilogue import fused_store
+from kiln.kernels.flat_epilogue import FlatEpilogue
 from kiln.kernels.gemm.mlas_order import BRead, Segment, mlas_gemm_body, plan
+from kiln.kernels.parallel_work import worth_parallel
+from kiln.kernels.tiles import const, parallel_split
 from kiln.ops import te
 from kiln.ops.conv_geometry import ConvShape
-from kiln.ops.epilogue import fused_store
-from kiln.ops.kernels.flat_epilogue import FlatEpilogue
-from kiln.ops.kernels.parallel_work import worth_parallel
-from kiln.ops.kernels.tiles import const, parallel_split
 from kiln.ops.quant_mlas_conv import Geometry, geometry, k_blocks, threads_attr
 from kiln.target.isa import ISA
 

@@ -13,10 +13,10 @@ from kiln.ir.attrs import ATTR_PARALLEL_DECIDED, ATTR_POOL_KERNEL
 from kiln.ir.shape_expr import is_static
 from kiln.ir.tensor import PrimFunc
 from kiln.ir.types import TensorType
+from kiln.kernels.epilogue import fused_store
 from kiln.kernels.pool import window as pk
 from kiln.kernels.pool.nchwc import pool_nchwc_body
 from kiln.ops import layout, te
-from kiln.ops.epilogue import fused_store
 from kiln.ops.pool import Window, scans_from_first
 from kiln.ops.pool_nchwc import merged_shape, split_attrs
 from kiln.target.isa import ISA

@@ -20,7 +20,7 @@ stores they read stall).
 
 The channels run as one loop over (image, channel), parallel when its work (window
 values read, MAX_ELEMENTS operations each) reaches the threshold of
-kiln.ops.kernels.parallel_work.
+kiln.kernels.parallel_work.
 
 The row loops are vector loops of the ISA's lanes (32 bytes of an int8/uint8 pool with
 AVX2: kiln.ir.analysis.vector_loops), except the horizontal step of a byte pool whose
@@ -50,16 +50,16 @@ from kiln.ir.tensor import (
     seq,
 )
 from kiln.kernels import conv as ck
+from kiln.kernels.tiles import const as _c
+from kiln.kernels.tiles import lanes_loop, parallel_tiles, parallel_when
+from kiln.kernels.tiles import loop as _loop
 from kiln.ops import nan_order, te
-from kiln.ops.kernels.tiles import const as _c
-from kiln.ops.kernels.tiles import lanes_loop, parallel_tiles, parallel_when
-from kiln.ops.kernels.tiles import loop as _loop
 from kiln.ops.pool import first_tap, max_floor, window_max
 from kiln.target.isa import ISA
 
 Epilogue = Callable[[PrimExpr, tuple[PrimExpr, ...]], PrimExpr]
 #: Vector operations per window value read (the "element" unit of
-#: kiln.ops.kernels.parallel_work): its load and its max.
+#: kiln.kernels.parallel_work): its load and its max.
 MAX_ELEMENTS = 2
 
 
@@ -266,7 +266,7 @@ def max_pool_body(shape: ck.ConvShape, x: Buffer, out: Buffer, lanes: int,
     `scans_from_first`: NaN skipped from -inf, but a leading NaN stays)."""
     rows = MaxPoolRows.plan(shape, x, out, lanes, epilogue, l1d_bytes, scan)
     # Every channel writes its own output plane: one loop over (image, channel), parallel
-    # when its work reaches the threshold of kiln.ops.kernels.parallel_work, like every
+    # when its work reaches the threshold of kiln.kernels.parallel_work, like every
     # kernel family's (`parallelize`'s estimate in expression nodes would split even the
     # smallest pools).
     work = shape.n * shape.c_in * shape.out_h * (shape.kh * shape.w + shape.kw * shape.out_w)

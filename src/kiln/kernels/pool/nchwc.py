@@ -33,8 +33,8 @@ from kiln.ir.tensor import (
     seq,
 )
 from kiln.kernels.pool.window import PoolGeometry
+from kiln.kernels.tiles import Epilogue, lanes_loop, loop, parallel_tiles, parallel_when
 from kiln.ops import nan_order, te
-from kiln.ops.kernels.tiles import Epilogue, lanes_loop, loop, parallel_tiles, parallel_when
 from kiln.ops.pool import max_floor, window_max
 from kiln.target.isa import ISA
 

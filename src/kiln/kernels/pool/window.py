@@ -9,7 +9,7 @@ column phase for stride 2; each sum is divided by its window's count, a compile-
 table (ONNX's `count_include_pad` and `ceil_mode` make it vary at the borders).
 Elementwise ops FuseOps groups after a float32 pool are applied as each output is
 stored. A max or average pool over an image of symbolic height and width runs
-kiln.ops.kernels.window_symbolic's kernel (`symbolic_image_pool`). Other dtypes,
+kiln.kernels.window_symbolic's kernel (`symbolic_image_pool`). Other dtypes,
 ranks and symbolic shapes keep the tensor-expression definitions of kiln.ops.pool.
 """
 
@@ -37,17 +37,17 @@ from kiln.ir.tensor import (
     seq,
 )
 from kiln.kernels import conv as ck
+from kiln.kernels.epilogue import fused_store
 from kiln.kernels.pool.max_rows import MAX_ELEMENTS, max_pool_body
-from kiln.ops import nan_order, spatial, te
-from kiln.ops.epilogue import fused_store
-from kiln.ops.kernels.tiles import (
+from kiln.kernels.tiles import (
     Epilogue,
     loop,
     parallel_over_images,
     tile_lanes,
     tile_registers,
 )
-from kiln.ops.kernels.window_symbolic import symbolic_window_body
+from kiln.kernels.window_symbolic import symbolic_window_body
+from kiln.ops import nan_order, spatial, te
 from kiln.ops.pool import first_tap, max_floor, window_max
 from kiln.target.isa import ISA
 
@@ -173,7 +173,7 @@ def symbolic_image_pool(kind: str, t: Any, attrs: Any) -> ck.ConvShape | None:
     """The window of a `kind` ("max" or "avg") pool over `t` (a type or te tensor: NCHW,
     static channels, symbolic height or width; a max of one of `MAX_DTYPES`, an average
     of float32 without dilation) as a convolution's geometry, when
-    kiln.ops.kernels.window_symbolic's kernel takes it (no `ceil_mode`); None otherwise."""
+    kiln.kernels.window_symbolic's kernel takes it (no `ceil_mode`); None otherwise."""
     shape = tuple(getattr(t, "shape", ()))
     dtypes = MAX_DTYPES if kind == "max" else ("float32",)
     if (getattr(t, "dtype", None) not in dtypes or len(shape) != 4
@@ -215,7 +215,7 @@ def symbolic_pool_kernel(kind: str, shape: ck.ConvShape, include_pad: bool,
                          ) -> PrimFunc | None:
     """The `kind` pool of `shape` (`symbolic_image_pool`) over the parameter `x` with the
     fused elementwise chain `result` over `anchor` (float32 only; None when it cannot be
-    applied as a store): kiln.ops.kernels.window_symbolic's kernel. An average sums its
+    applied as a store): kiln.kernels.window_symbolic's kernel. An average sums its
     window in row-major order (onnxruntime's) and divides by its count: the window's
     taps inside the image (its padded size with `include_pad`), a run-time table of
     each column's and an expression of each row's. `scan`: a max scanned from each

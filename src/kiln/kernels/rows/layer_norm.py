@@ -27,7 +27,7 @@ from kiln.ir.tensor import (
     seq,
 )
 from kiln.kernels.rows.loops import F32, Reader, RowLoops, add, halving_sum, let
-from kiln.ops.kernels.tiles import const as _c
+from kiln.kernels.tiles import const as _c
 
 FLT_MAX = float.fromhex("0x1.fffffep+127")
 #: Independent vector accumulators of a row's sums (latency: see stat_loops).

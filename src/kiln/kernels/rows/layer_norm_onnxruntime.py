@@ -28,7 +28,7 @@ from kiln.ir.tensor import (
     seq,
 )
 from kiln.kernels.rows.loops import F32, Reader, RowLoops, bind_zero, halving_sum, let
-from kiln.ops.kernels.tiles import const as _c
+from kiln.kernels.tiles import const as _c
 from kiln.target.isa import ISA
 
 #: Vectors of rows whose Welford chains (a division each step) run side by side.

@@ -24,9 +24,9 @@ from kiln.ir.tensor import (
     min_,
     seq,
 )
+from kiln.kernels.tiles import const as _c
+from kiln.kernels.tiles import parallel_when
 from kiln.ops import te
-from kiln.ops.kernels.tiles import const as _c
-from kiln.ops.kernels.tiles import parallel_when
 from kiln.target.isa import ISA
 
 #: The dtype every row kernel computes in.

@@ -26,6 +26,7 @@ from kiln.ir.tensor import (
     seq,
 )
 from kiln.ir.types import TensorType
+from kiln.kernels.epilogue import SubstituteLoad
 from kiln.kernels.rows.layer_norm import layer_norm_row, stat_loops
 from kiln.kernels.rows.layer_norm_onnxruntime import (
     WELFORD_VECTORS,
@@ -35,10 +36,9 @@ from kiln.kernels.rows.layer_norm_onnxruntime import (
 )
 from kiln.kernels.rows.loops import F32, RowLoops, Rows, row_index
 from kiln.kernels.rows.softmax import softmax_row
+from kiln.kernels.tiles import const as _c
+from kiln.kernels.tiles import parallel_when, tile_lanes
 from kiln.ops import te
-from kiln.ops.epilogue import SubstituteLoad
-from kiln.ops.kernels.tiles import const as _c
-from kiln.ops.kernels.tiles import parallel_when, tile_lanes
 from kiln.ops.reduce import MLAS_LAYER_NORM_MIN
 from kiln.target.isa import ISA
 

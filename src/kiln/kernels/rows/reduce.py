@@ -28,11 +28,11 @@ from kiln.ir.tensor import (
     seq,
 )
 from kiln.ir.types import TensorType
+from kiln.kernels.epilogue import SubstituteLoad
 from kiln.kernels.rows.loops import F32, Reader, RowLoops, Rows, add, let
+from kiln.kernels.tiles import const as _c
+from kiln.kernels.tiles import tile_lanes
 from kiln.ops import nan_order, te
-from kiln.ops.epilogue import SubstituteLoad
-from kiln.ops.kernels.tiles import const as _c
-from kiln.ops.kernels.tiles import tile_lanes
 from kiln.ops.reduce import Reduction, reduction_of
 from kiln.ops.registry import Attrs, get_op
 from kiln.target.isa import ISA

@@ -5,7 +5,7 @@ summing; pass 3, over the output only (in cache), `e * (1/sum)`. One `exp` per e
 (an online max/sum in two passes would need three: two while rescaling the running
 sum, one to normalize). Its lane sums are added up as onnxruntime's MLAS kernels add
 theirs (`RowLoops.folded_sum`), its `exp` being MLAS's softmax exp too on CPU targets
-(kiln.ops.kernels.math.softmax_exp_f32: `x - max` clamped at -88.38, one `2^n`).
+(kiln.kernels.math.softmax_exp_f32: `x - max` clamped at -88.38, one `2^n`).
 
 log_softmax: pass 1 the max; pass 2 the sum of `exp(x - max)`; pass 3
 `x - max - log(sum)`.
@@ -31,9 +31,9 @@ def _row_max(a: PrimExpr, b: PrimExpr) -> PrimExpr:
 
 def _softmax_exp(x: PrimExpr, lets: list[Stmt], *, isa: ISA) -> PrimExpr:
     """`exp(x)` of softmax's `x - max`: on a CPU target (`isa.kind`), float32, as
-    onnxruntime's softmax computes it (kiln.ops.kernels.math.softmax_exp_f32, its
+    onnxruntime's softmax computes it (kiln.kernels.math.softmax_exp_f32, its
     intermediate values let variables appended to `lets`); elsewhere the `exp` intrinsic."""
-    from kiln.ops.kernels.math import CPU_KINDS, softmax_exp_f32
+    from kiln.kernels.math import CPU_KINDS, softmax_exp_f32
 
     if isa.kind not in CPU_KINDS or x.dtype != F32:
         return intrin("exp", x)

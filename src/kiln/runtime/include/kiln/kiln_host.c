@@ -702,7 +702,7 @@ enum {
 };
 /* Loops measured below this many ns run on the caller: a hand-off costs more than it
    saves. The generated host file sets it to the compiler's threshold
-   (kiln.ops.kernels.parallel_work.PARALLEL_MIN_NS); $KILN_SERIAL_NS overrides it. */
+   (kiln.kernels.parallel_work.PARALLEL_MIN_NS); $KILN_SERIAL_NS overrides it. */
 #if !defined(KILN_POOL_DEFAULT_SERIAL_NS)
 #define KILN_POOL_DEFAULT_SERIAL_NS 5000
 #endif

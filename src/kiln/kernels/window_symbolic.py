@@ -31,8 +31,7 @@ from kiln.ir.tensor import (
     compare,
     seq,
 )
-from kiln.ops import conv_geometry as ck
-from kiln.ops.kernels.tiles import (
+from kiln.kernels.tiles import (
     Epilogue,
     bound,
     const,
@@ -41,6 +40,7 @@ from kiln.ops.kernels.tiles import (
     parallel_tiles,
     parallel_when,
 )
+from kiln.ops import conv_geometry as ck
 from kiln.target.isa import ISA
 
 #: (accumulator, input value, channel, kh, kw) -> accumulator: one tap of the window.

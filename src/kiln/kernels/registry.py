@@ -12,7 +12,7 @@ kiln registry (kiln._registry): name -> lazily imported family.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
@@ -20,15 +20,13 @@ from kiln._registry import Registry, RegistryError
 from kiln.ir import graph as g
 from kiln.ir.tensor import PrimFunc
 from kiln.ir.types import TensorType, TupleType
-from kiln.ops.kernels.tiles import PARALLEL_SPLITS, parallel_split, tile_registers
+from kiln.kernels.tiles import PARALLEL_SPLITS, parallel_split, tile_registers
 from kiln.target.isa import ISA
 
-#: The attribute a packed call records its register tile in.
-TILE = "tile"
-#: The attribute a tuned call records its parallel split in (kiln.ops.kernels.tiles).
+#: The attribute a tuned call records its parallel split in (kiln.kernels.tiles).
 SPLIT = "split"
 #: The attribute a tuned GEMM call sets (true) to block its sums along K for the ISA's
-#: caches (kiln.ops.kernels.gemm_knobs.k_blocking; absent: the rule's, unblocked).
+#: caches (kiln.kernels.gemm.knobs.k_blocking; absent: the rule's, unblocked).
 KBLOCK = "kblock"
 #: The attribute a tuned GEMM call records its K unroll factor in (an int: the K loop of
 #: the register tile unrolled by it, kiln.kernels.gemm.micro_kernel.reduction_loop;
@@ -55,7 +53,7 @@ class KernelFamily(Protocol):
     def build(self, params: Sequence[Any], args: Sequence[Any], attrs: Mapping[str, Any],
               anchor: Any, result: Any, isa: ISA) -> PrimFunc | None:
         """The kernel of a call of `op` with the fused elementwise tail (the arguments
-        of `HandBuiltOp.lower_fused`), or None when it cannot be built."""
+        of `Lowering.lower_fused`, kiln.kernels.lowering), or None when it cannot be built."""
         ...
 
 
@@ -158,7 +156,7 @@ def build_call(family: KernelFamily, params: Sequence[Any], args: Sequence[Any],
     records (its `split`, `kblock` and `unroll` attributes, set by tuning; absent: the
     rule's)."""
     from kiln.errors import IRError
-    from kiln.ops.kernels.gemm_knobs import k_blocking, k_unrolling
+    from kiln.kernels.gemm.knobs import k_blocking, k_unrolling
 
     split = attrs.get(SPLIT)
     if split is not None and split not in PARALLEL_SPLITS:
@@ -175,28 +173,3 @@ def build_call(family: KernelFamily, params: Sequence[Any], args: Sequence[Any],
     with parallel_split(split), k_blocking((isa.l1d_bytes, isa.l2_bytes) if kblock
                                            else None), k_unrolling(unroll):
         return family.build(params, args, attrs, anchor, result, isa)
-
-
-def recorded_tile(attrs: Mapping[str, Any], size: int, what: str) -> tuple[int, ...] | None:
-    """The `tile` attribute of a call (None when absent), checked to hold `size`
-    positive ints."""
-    from kiln.errors import IRError
-
-    tile = attrs.get(TILE)
-    if tile is None:
-        return None
-    if (not isinstance(tile, (tuple, list)) or len(tile) != size
-            or not all(isinstance(t, int) and t > 0 for t in tile)):
-        raise IRError(f"{what}: attribute 'tile' must be {size} positive ints, got {tile!r}")
-    return tuple(tile)
-
-
-def checking_tile(infer: Callable[[Any, Any], Any], op: str, size: int
-                  ) -> Callable[[Any, Any], Any]:
-    """The type rule `infer` of `op`, first checking the call's recorded tile (so the
-    verifier refuses a malformed one)."""
-    def checked(types: Any, attrs: Any) -> Any:
-        recorded_tile(attrs, size, op)
-        return infer(types, attrs)
-
-    return checked

@@ -10,7 +10,7 @@ from kiln.ir.dtype import INDEX_DTYPE
 from kiln.ir.shape_expr import shapes_equal
 from kiln.ir.tensor import Buffer, DeclBuffer, Load, PrimExpr, Stmt, Var
 from kiln.ir.visitor import StmtExprMutator, iter_exprs, substitute
-from kiln.ops.kernels.tiles import Epilogue, const
+from kiln.kernels.tiles import Epilogue, const
 
 
 class FlatEpilogue:

@@ -5,10 +5,10 @@ while they build a loop nest: the register tile of `mr` rows x `nr` columns
 (`GemmTiling`, a call's `tile` attribute), the blocking of the sums along K for the
 ISA's caches (`KBlocking`, `choose_k_blocking`; on inside `k_blocking`, a call's
 `kblock` attribute) and the unroll factor of the K loop (inside `k_unrolling`, a
-call's `unroll` attribute). The family registry (kiln.ops.kernels.registry.build_call)
+call's `unroll` attribute). The family registry (kiln.kernels.registry.build_call)
 sets the last two from a call's attributes, as the parallel split
-(kiln.ops.kernels.tiles.parallel_split); the tuning search space
-(kiln.ops.kernels.search) asks `choose_k_blocking` whether blocking changes a kernel
+(kiln.kernels.tiles.parallel_split); the tuning search space
+(kiln.kernels.search) asks `choose_k_blocking` whether blocking changes a kernel
 and offers `TUNED_UNROLLS`.
 """
 
@@ -30,10 +30,10 @@ class GemmTiling:
     nr: int
 
 
-#: The K unroll factors tuning offers (kiln.ops.kernels.search), those no larger than K.
+#: The K unroll factors tuning offers (kiln.kernels.search), those no larger than K.
 TUNED_UNROLLS = (2, 4, 8)
 #: The K unroll factor GEMM kernels built inside `k_unrolling` take (a tuning knob:
-#: kiln.ops.kernels.search's `{"unroll": U}`); None: the rule's, LLVM's to unroll.
+#: kiln.kernels.search's `{"unroll": U}`); None: the rule's, LLVM's to unroll.
 _K_UNROLL: ContextVar[int | None] = ContextVar("kiln_k_unroll", default=None)
 
 
@@ -89,7 +89,7 @@ def choose_k_blocking(m: int | PrimExpr, k: int | PrimExpr, tiling: GemmTiling,
 
 
 #: The (L1d, L2) bytes a kernel built inside `k_blocking` blocks its sums for (a tuning
-#: knob, off by rule: kiln.ops.kernels.search's `{"kblock": true}`); None: no blocking.
+#: knob, off by rule: kiln.kernels.search's `{"kblock": true}`); None: no blocking.
 _K_BLOCK: ContextVar[tuple[int, int] | None] = ContextVar("kiln_k_block", default=None)
 
 

@@ -2,10 +2,10 @@
 
 - `{"tile": [...]}`: the family's register tile (its `candidates`);
 - `{"tile": [...], "split": S}`: the rule's tile with the parallel split S
-  (kiln.ops.kernels.tiles.PARALLEL_SPLITS: one thread, or the tile loop split over
+  (kiln.kernels.tiles.PARALLEL_SPLITS: one thread, or the tile loop split over
   threads in the other order, or parallel below the work threshold);
 - `{"tile": [...], "kblock": true}`: the rule's tile with the sums blocked along K
-  for the ISA's caches (kiln.ops.kernels.gemm_knobs.KBlocking; the GEMM kernels, where K
+  for the ISA's caches (kiln.kernels.gemm.knobs.KBlocking; the GEMM kernels, where K
   is deeper than one block: off by rule, since on average it does not pay);
 - `{"tile": [...], "ksegment": C}`: the blocked direct convolution (`conv_direct`)
   with its sums K-blocked in segments of C input channels (0: unblocked; 16, 32, 64
@@ -43,10 +43,11 @@ from typing import Any, Protocol, cast, runtime_checkable
 from kiln.errors import UsageError, shown
 from kiln.ir import graph as g
 from kiln.ir.types import TensorType
+from kiln.kernels.parallel_work import worth_parallel
+from kiln.kernels.registry import KBLOCK, KERNELS, SPLIT, UNROLL, KernelFamily
+from kiln.kernels.tiles import PARALLEL_SPLITS, tile_lanes
 from kiln.ops.conv_direct import KSEGMENT
-from kiln.ops.kernels.parallel_work import worth_parallel
-from kiln.ops.kernels.registry import KBLOCK, KERNELS, SPLIT, TILE, UNROLL, KernelFamily
-from kiln.ops.kernels.tiles import PARALLEL_SPLITS, tile_lanes
+from kiln.ops.packed_attrs import TILE
 from kiln.target.isa import ISA
 
 #: The convolution families an ungrouped or grouped float32 `conv2d` may take.
@@ -170,8 +171,8 @@ def _gemm_m_k(name: str, call: g.Call) -> tuple[object, object]:
 
 def blocks_k(family: KernelFamily, call: g.Call, isa: ISA, tile: Sequence[int]) -> bool:
     """Whether K blocking changes the kernel of `call` with `tile`: a GEMM family, static
-    M and K, and K deeper than one block (kiln.ops.kernels.gemm_knobs.choose_k_blocking)."""
-    from kiln.ops.kernels.gemm_knobs import GemmTiling, choose_k_blocking
+    M and K, and K deeper than one block (kiln.kernels.gemm.knobs.choose_k_blocking)."""
+    from kiln.kernels.gemm.knobs import GemmTiling, choose_k_blocking
 
     if family.name not in KBLOCK_FAMILIES:
         return False
@@ -184,11 +185,11 @@ def blocks_k(family: KernelFamily, call: g.Call, isa: ISA, tile: Sequence[int]) 
 
 def unrolls(name: str, call: g.Call) -> list[int]:
     """The K unroll factors the family `name` may take for `call`
-    (kiln.ops.kernels.gemm_knobs.TUNED_UNROLLS no larger than a static K: the GEMM kernels'
+    (kiln.kernels.gemm.knobs.TUNED_UNROLLS no larger than a static K: the GEMM kernels'
     K, the blocked direct kernel's input channels per group where its taps are 1x1;
     none for the other families, or a symbolic K). A KxK layer's channel loop is not
     unrolled: U copies of its tap loops do not pay at any U (docs/tuning.md)."""
-    from kiln.ops.kernels.gemm_knobs import TUNED_UNROLLS
+    from kiln.kernels.gemm.knobs import TUNED_UNROLLS
 
     if name not in UNROLL_FAMILIES:
         return []

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from kiln.errors import IRError
 from kiln.ir.tensor import Buffer, Load, PrimExpr, as_expr
 from kiln.ir.visitor import StmtExprMutator
+from kiln.kernels.tiles import Epilogue
 from kiln.ops import te
-from kiln.ops.kernels.tiles import Epilogue
 
 
 class SubstituteLoad(StmtExprMutator):

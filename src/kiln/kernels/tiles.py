@@ -1,8 +1,8 @@
 """Shared pieces of the hand-built kernels: register-tile loops, multiply-adds, the
 parallel tile loop and the rule below which a kernel runs on one thread (the time
-threshold of kiln.ops.kernels.parallel_work).
+threshold of kiln.kernels.parallel_work).
 
-Every kernel family (kiln.ops.kernels.registry) builds its loop nests from these,
+Every kernel family (kiln.kernels.registry) builds its loop nests from these,
 so a change of policy (when to go parallel, how tile lanes are spelled) is made once.
 """
 
@@ -27,7 +27,7 @@ from kiln.ir.tensor import (
     as_expr,
     seq,
 )
-from kiln.ops.kernels.parallel_work import min_parallel_work
+from kiln.kernels.parallel_work import min_parallel_work
 from kiln.target.isa import ISA
 
 #: `epilogue(value, output index)`: what a kernel stores for one output value.
@@ -236,7 +236,7 @@ def _unflatten_inner(t: Var, extents: Sequence[int]) -> list[PrimExpr]:
 def parallel_when(build: Callable[[], Stmt], work: int | PrimExpr, unit: str = "madd",
                   dtype: str = "float32", *, isa: ISA) -> Stmt:
     """The loop `build()` makes (a `parallel` For) run in parallel only when `work`
-    (in `unit`s of `dtype`: "madd" or "element", kiln.ops.kernels.parallel_work) is at
+    (in `unit`s of `dtype`: "madd" or "element", kiln.kernels.parallel_work) is at
     least PARALLEL_MIN_NS of work on `isa`: serial when `work` is a
     smaller int; for a symbolic `work` (sizes known at run time) built twice, parallel
     and serial, chosen at run time, since a launch costs more than a small loop gains.
