@@ -484,7 +484,7 @@ def test_gemm_conv_takes_14x14_1x1_layers_whose_panels_are_copied(
 ])
 def test_gemm_conv_copies_panels_read_by_many_row_tiles(
         spec: str, copied: dict[tuple[int, int], bool]) -> None:
-    from kiln.kernels.conv.gemm import PANEL_COPY_READERS, choose_tile, copies_panels
+    from kiln.kernels.conv.gemm import choose_tile, copies_panels
 
     isa = isa_for(Target(spec))
     for (ci, co), expected in copied.items():
@@ -492,7 +492,8 @@ def test_gemm_conv_copies_panels_read_by_many_row_tiles(
         shape = ConvShape(1, ci, h, h, co, 1, 1, (1, 1), (1, 1), (0, 0, 0, 0))
         tile = choose_tile(shape, isa)
         assert copies_panels(shape, tile, isa) is expected, (ci, co, tile)
-        assert expected is (-(-co // tile[0]) >= PANEL_COPY_READERS[isa.vector_bits])
+        readers = isa.profile.panel_copy_readers
+        assert readers is not None and expected is (-(-co // tile[0]) >= readers)
 
 
 @pytest.mark.parametrize(("spec", "tiles"), [

@@ -85,14 +85,6 @@ def tile_registers(isa: ISA) -> int:
     return isa.vector_registers or SCALAR_TILE_REGISTERS
 
 
-#: The vector widths the AVX2-only rules (`narrow_rows` but for the row-tiled kernel's
-#: tiles, kiln.kernels.conv.rows.NARROW_ROWS_BITS; the blocked convolution's K
-#: blocking and subsampled strided 1x1 layers, kiln.kernels.conv.direct) were
-#: measured on: AVX2, on Zen 3. On AVX-512 (Zen 5) the kernels as they were ran at
-#: 85-94% of peak on the 3x3 layers and 72-81% on the strided 1x1 ones
-#: (docs/performance.md); they are left so there until measured.
-ZEN3_VECTOR_BITS = (256,)
-
 # Narrow outputs (SqueezeNet's 16 and 32 channel squeeze layers, a 32-channel 3x3
 # layer): where a kernel's rule of `rows` output channels per tile leaves more than
 # this share of surplus rows (6 rows: 18 for 16 channels, 36 for 32), a shorter tile
@@ -103,14 +95,13 @@ NARROW_SURPLUS_SHARE = 0.1
 NARROW_MIN_ACCUMULATORS = 8
 
 
-def narrow_rows(isa: ISA, channels: int, rows: int, vectors: int,
-                widths: tuple[int, ...] = ZEN3_VECTOR_BITS) -> int:
+def narrow_rows(isa: ISA, channels: int, rows: int, vectors: int, narrows: bool) -> int:
     """Output channels per register tile for `channels` outputs, the rule's `rows` per
-    tile of `vectors` vectors: `rows`, or on the vector widths the caller's kernel was
-    measured on (`widths`) where `rows` leaves surplus channels past
+    tile of `vectors` vectors: `rows`, or where the caller's rule `narrows` on `isa`
+    (its kernel profile, kiln.target.kernel_profile) and `rows` leaves surplus channels past
     `NARROW_SURPLUS_SHARE` of them, the tallest shorter count dividing `channels` that
     keeps `NARROW_MIN_ACCUMULATORS` accumulators (16 or 32 channels at 2 vectors: 4)."""
-    if isa.vector_bits not in widths or channels <= rows or \
+    if not narrows or channels <= rows or \
             -(-channels // rows) * rows - channels <= NARROW_SURPLUS_SHARE * channels:
         return rows
     return next((r for r in range(rows - 1, 0, -1)

@@ -21,6 +21,7 @@ from typing import Any
 
 from kiln.errors import TargetError
 from kiln.target.host import host_triple, triple_arch
+from kiln.target.kernel_profile import KernelProfile, profile_for
 
 # The features an ISA decision depends on (LLVM spelling). Probing only these keeps
 # `isa_for` fast; the full list a library requires is codegen.cpu_requirements'.
@@ -81,6 +82,12 @@ class ISA:
         """The best vector u8xs8 -> s32 instruction family (None: widen and multiply)."""
         vector = [d for d in self.int8_dots if d != "amx"]
         return vector[0] if vector else None
+
+    @property
+    def profile(self) -> KernelProfile:
+        """The measured per-microarchitecture knobs of the kernel rules for this ISA's
+        vector width (kiln.target.kernel_profile)."""
+        return profile_for(self.vector_bits)
 
     def has(self, feature: str) -> bool:
         """Whether the target enables the LLVM feature `feature` (e.g. "avx512vnni")."""

@@ -23,7 +23,7 @@ from kiln.kernels.conv.family import TUNED_WIDTHS, build_conv, packed_call
 from kiln.kernels.conv.ksegments import ConvKBlocking
 from kiln.kernels.conv.padding import padded_image_bytes
 from kiln.kernels.registry import Family, fits_registers
-from kiln.kernels.tiles import ZEN3_VECTOR_BITS, Epilogue, tile_lanes, tile_registers
+from kiln.kernels.tiles import Epilogue, tile_lanes, tile_registers
 from kiln.ops.conv_direct import KSEGMENT, TUNED_SEGMENTS
 from kiln.ops.conv_geometry import ConvShape, conv_call_shape
 from kiln.ops.packed_attrs import recorded_tile
@@ -67,7 +67,7 @@ def subsamples_input(shape: ConvShape, isa: ISA) -> bool:
     in place, a stride-2 layer brings in every cache line of it for a quarter of the
     values); an input within the L2 is read in place as fast."""
     # one image's input: the batch may be symbolic, and the tiles run image by image
-    return (isa.vector_bits in ZEN3_VECTOR_BITS
+    return (isa.profile.avx2_conv_rules
             or shape.c_in * shape.h * shape.w * 4 >= isa.l2_bytes > 0)
 
 
@@ -107,12 +107,11 @@ MIN_SEGMENT_CHANNELS = 8
 #: tiles wrap rows, and each reads every channel's plane) with weights past the L1.
 KBLOCK_WEIGHT_L2_SHARE = 0.25
 SMALL_IMAGE_POSITIONS = 64
-#: The vector widths the K-blocking rule is for: 256 bits (below) and 512
-#: (docs/performance.md, "K-blocked sums on AVX-512"), where it blocks a layer whose
-#: weights pass `KBLOCK_WEIGHT_L2_SHARE` of the L2 and whose padded input passes
-#: `KBLOCK_INPUT_L2_SHARE` (VGG-19's 3x3 layers of 512 channels at 28x28 and 14x14), not
-#: by the small-image criterion (a 7x7 image's layers gain nothing blocked).
-K_BLOCKING_BITS = (256, 512)
+# The K-blocking rule holds where the ISA's profile has `conv_k_blocking`; without its
+# `avx2_conv_rules` (AVX-512, docs/performance.md, "K-blocked sums on AVX-512") it blocks
+# a layer whose weights pass `KBLOCK_WEIGHT_L2_SHARE` of the L2 and whose padded input
+# passes `KBLOCK_INPUT_L2_SHARE`, not by the small-image criterion (a small image's
+# layers gain nothing blocked).
 KBLOCK_INPUT_L2_SHARE = 0.5
 #: The most partial sums (bytes) a K-blocked task keeps: a quarter of the L2.
 PARTIAL_SUMS_L2_SHARE = 0.25
@@ -131,7 +130,7 @@ def choose_k_blocking(shape: ConvShape, tiling: Tiling, isa: ISA
     memory. K-blocked, a task sums `SEGMENT_CHANNELS` channels over all its tiles at a
     time (a segment's weights, 18 KB for a 3x3 layer, stay in L1), keeping the tiles'
     partial sums in a buffer of its own."""
-    if isa.vector_bits not in K_BLOCKING_BITS:
+    if not isa.profile.conv_k_blocking:
         return None
     cig = shape.ci_group
     kc = next((k for k in range(min(SEGMENT_CHANNELS, cig // 2), MIN_SEGMENT_CHANNELS - 1, -1)
@@ -140,7 +139,7 @@ def choose_k_blocking(shape: ConvShape, tiling: Tiling, isa: ISA
         return None
     positions = shape.out_h * shape.out_w
     weights = cig * shape.kh * shape.kw * tiling.cb * 4
-    if isa.vector_bits not in ZEN3_VECTOR_BITS:  # AVX-512: big weights and a big input
+    if not isa.profile.avx2_conv_rules:  # AVX-512: big weights and a big input
         big = (weights >= KBLOCK_WEIGHT_L2_SHARE * isa.l2_bytes
                and padded_image_bytes(shape) >= KBLOCK_INPUT_L2_SHARE * isa.l2_bytes)
         return segment_blocking(tiling, isa, kc) if big else None
@@ -167,9 +166,9 @@ def band_tiles(shape: ConvShape, tiling: Tiling, isa: ISA) -> int:
     bands of output rows whose input rows fill half the L2, the input is read from L3
     once and each block's weights (a contiguous run) once per band. Stride-1 layers and
     inputs within the L2 gain nothing: left in the rule's order. On 256-bit vectors
-    (ZEN3_VECTOR_BITS); ungrouped layers with more than one block of output channels
+    (the profile's `avx2_conv_rules`); ungrouped layers with more than one block of output channels
     (not the subsampled strided 1x1 ones, which run at stride 1)."""
-    if isa.vector_bits not in ZEN3_VECTOR_BITS or shape.stride == (1, 1) \
+    if not isa.profile.avx2_conv_rules or shape.stride == (1, 1) \
             or shape.groups != 1 or shape.co_group <= tiling.cb or subsamples(shape):
         return 0  # (a subsampled strided 1x1 layer runs at stride 1)
     top, left, bottom, right = shape.pads

@@ -120,7 +120,8 @@ def choose_tile(shape: ConvShape, isa: ISA) -> tuple[int, int]:
     if shape.symbolic_image:
         positions = TYPICAL_POSITIONS
     t = choose_gemm_tiling(shape.c_out, positions, lanes, tile_registers(isa))
-    t = GemmTiling(narrow_rows(isa, shape.c_out, t.mr, t.nr // lanes), t.nr)
+    t = GemmTiling(narrow_rows(isa, shape.c_out, t.mr, t.nr // lanes,
+                               isa.profile.avx2_conv_rules), t.nr)
     if shape.symbolic_image:
         return (t.mr, t.nr)
     rows, vectors = WIDE_TILE
@@ -243,24 +244,18 @@ def im2col(x: Buffer, shape: ConvShape, width: int, *, isa: ISA) -> tuple[Buffer
 PANEL_COPY_BYTES = 64 * 1024
 
 
-#: The fewest row tiles that must read a panel for it to be copied (`copies_panels`), per
-#: vector width: 256 bits two; 512 bits 40, below which the copy costs more than it
-#: saves (docs/performance.md).
-PANEL_COPY_READERS = {256: 2, 512: 40}
-
-
 def copies_panels(shape: ConvShape, tile: tuple[int, int], isa: ISA) -> bool:
     """Whether a 1x1 layer read in place copies each panel of positions to the stack
-    before its row tiles read it (gemm_body's `copy_panels`), on the vector widths of
-    `PANEL_COPY_READERS`: where at least that many row tiles read the panel and the copy
-    fits `PANEL_COPY_BYTES`.
+    before its row tiles read it (gemm_body's `copy_panels`), where the ISA's profile
+    has `panel_copy_readers` (kiln.target.kernel_profile): where at least that many row
+    tiles read the panel and the copy fits `PANEL_COPY_BYTES`.
 
     In place, a panel is `ci` runs of `nr` positions one input plane apart: at 56x56 a
     plane is 12544 bytes (196 cache lines), so the runs fall into 16 of the L1's 64 sets
     and a 256-deep panel (256 lines) cannot stay in L1 between row tiles; at 28x28 each
     run is on another 4 KiB page. Copied, the row tiles read one contiguous block."""
     mr, nr = tile
-    readers = PANEL_COPY_READERS.get(isa.vector_bits)
+    readers = isa.profile.panel_copy_readers
     return (readers is not None and -(-shape.c_out // mr) >= readers
             and shape.c_in * nr * 4 <= PANEL_COPY_BYTES)
 

@@ -26,7 +26,7 @@ from kiln.kernels.conv.family import build_conv
 from kiln.kernels.conv.ksegments import ConvKBlocking
 from kiln.kernels.conv.pointwise import PointwiseSchedule, pointwise_body
 from kiln.kernels.registry import fits_registers
-from kiln.kernels.tiles import ZEN3_VECTOR_BITS, Epilogue, tile_lanes, tile_registers
+from kiln.kernels.tiles import Epilogue, tile_lanes, tile_registers
 from kiln.ops import spatial
 from kiln.ops.conv_direct import unpack_blocked_weight
 from kiln.ops.conv_geometry import ConvShape
@@ -136,9 +136,9 @@ def pointwise_k_blocking(shape: ConvShape, tiling: Tiling, isa: ISA, block: int
                          ) -> ConvKBlocking | None:
     """The K-blocking of a pointwise layer: the blocked kernel's rule
     (`choose_k_blocking`: ResNet's 7x7 layers of 512 and 2048 channels) where its
-    segments are whole blocks, else None. On 256-bit vectors (tiles.ZEN3_VECTOR_BITS)
+    segments are whole blocks, else None. Where the ISA's profile has `avx2_conv_rules`
     only: on AVX-512 the NCHW rule is the blocked kernel's, not this one's."""
-    if isa.vector_bits not in ZEN3_VECTOR_BITS:
+    if not isa.profile.avx2_conv_rules:
         return None
     kblock = choose_k_blocking(shape, tiling, isa)
     return kblock if kblock is not None and kblock.kc % block == 0 else None

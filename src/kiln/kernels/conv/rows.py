@@ -165,7 +165,8 @@ class RowsConv(Family):
         lanes = tile_lanes(isa)
         width = rows_tile_width(shape.out_w, lanes)
         rows = ROW_TILE_CHANNELS
-        rows = narrow_rows(isa, shape.c_out, rows, -(-width // lanes), NARROW_ROWS_BITS)
+        rows = narrow_rows(isa, shape.c_out, rows, -(-width // lanes),
+                           isa.profile.narrow_conv_rows)
         return (rows, width, lanes)
 
     def build(self, params: Sequence[Any], args: Sequence[Any], attrs: Mapping[str, Any],
@@ -180,11 +181,6 @@ class RowsConv(Family):
 
         return build_conv(self.op, params, args, attrs, anchor, result, isa, tile or (), body)
 
-
-#: The vector widths whose row tiles narrow to a divisor of a narrow output's channels
-#: (`narrow_rows`): AVX2 and AVX-512 (4 rows of a 32-channel output: no surplus rows, 6
-#: compute 36); the GEMM kernel's narrow rows stay AVX2-only (docs/performance.md).
-NARROW_ROWS_BITS = (256, 512)
 
 #: Output channels per row tile the rule takes (`RowsConv`).
 ROW_TILE_CHANNELS = 6

@@ -35,9 +35,6 @@ class ConvTile:
     cols: int
 
 
-#: The positions tile is kept unless the transposed one is estimated this much cheaper
-#: (a margin for the estimate's error).
-TRANSPOSE_GAIN = 0.92
 #: Weight of a load or broadcast against a dot product (they issue on ports of their own).
 LOAD_WEIGHT = 0.125
 #: The same for the `vpmaddubsw` tiles of `int8-pairs=saturate` (`step_cost`).
@@ -140,13 +137,13 @@ def choose_tile(isa: ISA, positions: int, channels: int, k: int) -> ConvTile:
     positions are the lanes (`dot.tile_cols_for`) unless they fill the vectors
     badly (7 x 7 = 49 positions in 64 lanes): then output channels are
     (`channels_as_lanes`), when the estimated instructions of all its tiles
-    (`tile_cost`) are below TRANSPOSE_GAIN of the positions tile's."""
+    (`tile_cost`) are below the profile's `int8_transpose_gain` of the positions tile's."""
     nr = dot.tile_cols_for(isa, positions)
     best = ConvTile(False, position_rows(isa, nr, channels), nr)
     lanes = isa.lanes("int32")
     if not isa.vector_bits or channels < lanes:
         return best
-    cost = tile_cost(isa, best, positions, channels, k) * TRANSPOSE_GAIN
+    cost = tile_cost(isa, best, positions, channels, k) * isa.profile.int8_transpose_gain
     for width in range(min(dot.tile_cols(isa), -(-channels // lanes) * lanes), 0,
                        -lanes):
         tile = ConvTile(True, channel_rows(isa, positions, width, k), width)

@@ -1,0 +1,54 @@
+"""The per-microarchitecture knobs of kiln's kernel rules, in one place.
+
+Most of a kernel's choices follow from the ISA's facts (lanes, registers, caches, FMA,
+dot products). The rest are rules measured on one kind of CPU and kept only where they
+were measured: they live here, named for what they decide, keyed by the vector width
+they were measured at, and reach the kernels as `ISA.profile` (kiln.target.isa). A
+vector width with no entry takes `UNMEASURED`: none of the measured rules.
+docs/performance.md holds the measurements behind each.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class KernelProfile:
+    """The knobs of the kernel rules on one vector width (see the module docstring)."""
+
+    #: The blocked convolution copies an unpadded strided 1x1 layer's input values before
+    #: it reads them, even where the input is within the L2; runs strided KxK layers band
+    #: by band; K-blocks by weight size and small images; the NCHWc pointwise kernel
+    #: K-blocks as the blocked kernel does; the GEMM convolution narrows its row tiles
+    #: on narrow outputs (kiln.kernels.conv: direct, nchwc, gemm).
+    avx2_conv_rules: bool
+    #: The row-tiled convolution narrows its row tiles to a divisor of a narrow output's
+    #: channels (kiln.kernels.conv.rows).
+    narrow_conv_rows: bool
+    #: The blocked convolution may K-block its sums (kiln.kernels.conv.direct).
+    conv_k_blocking: bool
+    #: The fewest row tiles that must read a 1x1 layer's panel for it to be copied to
+    #: the stack first (kiln.kernels.conv.gemm.copies_panels); None: never copied.
+    panel_copy_readers: int | None
+    #: The int8 convolution keeps its positions tile unless the transposed one is
+    #: estimated this much cheaper: a margin for the cost estimate's error
+    #: (kiln.kernels.int8.conv_tile).
+    int8_transpose_gain: float = 0.92
+
+
+#: The rules measured on AVX2 (256-bit vectors) and AVX-512 (512-bit vectors).
+PROFILES: dict[int, KernelProfile] = {
+    256: KernelProfile(avx2_conv_rules=True, narrow_conv_rows=True, conv_k_blocking=True,
+                       panel_copy_readers=2),
+    512: KernelProfile(avx2_conv_rules=False, narrow_conv_rows=True, conv_k_blocking=True,
+                       panel_copy_readers=40),
+}
+#: Vector widths none of the rules was measured on (NEON, SSE, no vectors).
+UNMEASURED = KernelProfile(avx2_conv_rules=False, narrow_conv_rows=False,
+                           conv_k_blocking=False, panel_copy_readers=None)
+
+
+def profile_for(vector_bits: int) -> KernelProfile:
+    """The kernel profile of `vector_bits`-wide vectors."""
+    return PROFILES.get(vector_bits, UNMEASURED)
