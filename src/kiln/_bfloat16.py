@@ -16,7 +16,7 @@ from kiln.errors import missing_dependency
 def numpy_bfloat16() -> np.dtype[Any]:
     """ml_dtypes' bfloat16; MissingDependencyError (naming the package) without it."""
     try:
-        import ml_dtypes
+        import ml_dtypes  # optional: ml_dtypes (the ml-dtypes extra)
     except ImportError as exc:  # pragma: no cover - depends on the environment
         raise (missing_dependency(exc, "bfloat16 support") or exc) from exc
     return np.dtype(ml_dtypes.bfloat16)

@@ -24,6 +24,7 @@ import tempfile
 from collections.abc import Callable, Mapping
 from typing import Any, NoReturn
 
+from kiln import __version__
 from kiln.artifact import safe_tar
 from kiln.artifact._json import canonical_json, freeze_object, parse_json_object, thaw
 from kiln.artifact.artifact import Artifact, ArtifactSet, require_serializable
@@ -82,7 +83,6 @@ def member_name(artifact: Artifact) -> str:
 
 def build_manifest(artifacts: list[Artifact], metadata: Mapping[str, Any]) -> dict[str, Any]:
     """The manifest object of an archive holding `artifacts`."""
-    from kiln import __version__
 
     manifest: dict[str, Any] = {
         "format": ARCHIVE_FORMAT,
@@ -258,8 +258,6 @@ def _check_manifest(manifest: Mapping[str, Any], fail: _Fail,
     if not isinstance(version, int) or isinstance(version, bool):
         fail(f"{MANIFEST_NAME}: expected an integer 'version', found {version!r}")
     if version > FORMAT_VERSION:
-        from kiln import __version__
-
         fail(f"archive format version {version} is newer than this kiln {__version__} "
              f"supports (versions {MIN_SUPPORTED_VERSION}..{FORMAT_VERSION}); "
              "upgrade kiln to read it")

@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 import re
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar, TypeAlias
 
 from kiln.artifact._json import FrozenDict, freeze_object, thaw
@@ -89,7 +89,6 @@ def device_key(kind: str, fingerprint: str) -> str:
 
 def with_target_key(artifact: AnyArtifact, key: str) -> AnyArtifact:
     """`artifact` marked as generated for device target `key`, its file name prefixed."""
-    from dataclasses import replace
 
     if artifact.target_key:
         raise ArtifactError(f"artifact {artifact.codegen_id}/{artifact.file_name} already has "
@@ -341,7 +340,9 @@ class ArtifactSet:
 
     def inspect(self) -> str:
         """A plain-text table: codegen_id, loader, file_name, size, metadata summary."""
-        from kiln.artifact.inspect import summary_table
+        from kiln.artifact.inspect import (
+            summary_table,  # cycle: kiln.artifact.inspect imports this module
+        )
 
         return summary_table(self)
 

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field, replace
 from enum import IntEnum
 from typing import Any, NoReturn
 
+from kiln import __version__
 from kiln.artifact._json import canonical_json, freeze_object, parse_json_object
 from kiln.artifact.artifact import (
     NATIVE,
@@ -335,8 +336,6 @@ def unpack(data: bytes | bytearray | memoryview) -> BlobContents:
     total = blob_length(view)
     _magic, version, flags, _total, count, reserved = _HEADER.unpack_from(view, 0)
     if version > FORMAT_VERSION:
-        from kiln import __version__
-
         _fail(f"format version {version} is newer than this kiln {__version__} supports "
               f"(versions {MIN_SUPPORTED_VERSION}..{FORMAT_VERSION}); upgrade kiln to read it")
     if version < MIN_SUPPORTED_VERSION:

@@ -16,6 +16,7 @@ safe. Two users:
 from __future__ import annotations
 
 import os
+import platform
 import struct
 from dataclasses import dataclass
 from typing import BinaryIO, NamedTuple, NoReturn
@@ -283,7 +284,6 @@ def _locate(elf: ElfSymbols, fd: int, sym: Symbol) -> BlobSymbol:
 
 def host_machine() -> int | None:
     """The ELF e_machine of this machine's instruction set (None if kiln does not know it)."""
-    import platform
 
     return _HOST_MACHINES.get(platform.machine().lower())
 

@@ -14,10 +14,15 @@ may come from an untrusted file), and its absence gives an explanatory text.
 from __future__ import annotations
 
 import functools
+import importlib.util
+import io
 import json
 import os
+import platform
 import shutil
+import signal
 import subprocess
+import sys
 import tempfile
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -310,15 +315,11 @@ sys.stdout.write(str(machine.emit_assembly(mod)))
 
 
 def _has_llvmlite() -> bool:
-    import importlib.util
-
     return importlib.util.find_spec("llvmlite") is not None
 
 
 def _llvm_view(a: AnyArtifact, view: str) -> str:
     """LLVM's text ("ll") or assembly ("asm") of a .bc/.ll artifact, made in a child process."""
-    import signal
-    import sys
 
     data = _content(a)
     with tempfile.TemporaryDirectory(prefix="kiln-inspect-") as tmp:
@@ -364,10 +365,8 @@ def _llvm_asm_view(a: AnyArtifact) -> str:
 # -- object files ------------------------------------------------------------
 
 def _object_symbols(a: AnyArtifact) -> str:
-    import io
-
-    from elftools.elf.elffile import ELFFile
-    from elftools.elf.sections import SymbolTableSection
+    from elftools.elf.elffile import ELFFile  # optional: elftools (the compiler extra)
+    from elftools.elf.sections import SymbolTableSection  # optional: elftools (the compiler extra)
 
     data = _content(a)
     if data[:4] != b"\x7fELF":
@@ -429,9 +428,8 @@ def _disassemblers(data: bytes) -> list[str]:
 def _elf_machine(data: bytes) -> str | None:
     if data[:4] != b"\x7fELF":
         return None
-    import io
 
-    from elftools.elf.elffile import ELFFile
+    from elftools.elf.elffile import ELFFile  # optional: elftools (the compiler extra)
 
     try:
         return str(ELFFile(io.BytesIO(data))["e_machine"])
@@ -441,8 +439,6 @@ def _elf_machine(data: bytes) -> str | None:
 
 @functools.cache
 def _host_machine() -> str | None:
-    import platform
-
     return {"x86_64": "EM_X86_64", "amd64": "EM_X86_64", "aarch64": "EM_AARCH64",
             "arm64": "EM_AARCH64", "riscv64": "EM_RISCV"}.get(platform.machine().lower())
 

@@ -25,6 +25,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from kiln.artifact._json import parse_json_object, thaw
 from kiln.errors import FormatError
 
 INT64_MAX = (1 << 63) - 1
@@ -284,7 +285,6 @@ class MapOf(Schema):
 
 def parse(text: str | bytes, schema: Schema, where: str) -> Any:
     """Parse strict JSON (no NaN, no duplicate keys, bounded nesting) and check it."""
-    from kiln.artifact._json import parse_json_object, thaw
 
     return check(schema, thaw(parse_json_object(text, where, FormatError)), where)
 

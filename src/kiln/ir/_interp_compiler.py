@@ -33,6 +33,7 @@ from kiln.ir._interp_runtime import (
     round_bf16,
 )
 from kiln.ir.identity_cache import IdentityCache
+from kiln.ir.kernel_errors import ERROR_TERMINATED
 from kiln.ir.visitor import check_nesting
 
 
@@ -250,8 +251,6 @@ class _Compiler:
             self.emit(depth, self.expr(s.value.args[0]).code)
             return
         if isinstance(s.value, t.Intrin) and s.value.name == t.TERMINATE_CHECK:
-            from kiln.ir.kernel_errors import ERROR_TERMINATED
-
             flag = self.expr(s.value.args[0]).code
             self.emit(depth, f"_check(({flag}) == 0, {ERROR_TERMINATED})")
             return

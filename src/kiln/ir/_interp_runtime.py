@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from kiln.ir import dtype as dt
+from kiln.ir.kernel_errors import error_message
 
 
 class Fault(Exception):
@@ -195,8 +196,6 @@ EXACT_UFUNCS: dict[str, Callable[..., Any]] = {
 def _check(ok: Any, code: int) -> None:
     """The `check` intrinsic: fail the kernel with error `code` unless `ok`."""
     if not ok:
-        from kiln.ir.kernel_errors import error_message
-
         raise Fault(error_message(code))
 
 
@@ -263,6 +262,6 @@ BASE_NS = _base_namespace()
 
 def ir_text(node: object) -> str:
     """One line of IR for a message."""
-    from kiln.ir.printer import NodeText
+    from kiln.ir.printer import NodeText  # cycle: kiln.ir.evaluate imports this module
 
     return NodeText().node(node)

@@ -88,7 +88,7 @@ class IRModule:
 
     def script(self, **kwargs: Any) -> str:
         """The module as kiln.script Python DSL text (see kiln.script.print_module)."""
-        from kiln.ir.printer import print_module  # the printer imports this module
+        from kiln.ir.printer import print_module  # cycle: kiln.ir.printer imports this module
 
         return print_module(self, **kwargs)
 

@@ -40,7 +40,9 @@ class TensorType:
         out: list[int] = []
         for d in self.shape:
             if not isinstance(d, int):
-                from kiln.ir.shape_expr import shape_text  # shape_expr imports this module
+                from kiln.ir.shape_expr import (
+                    shape_text,  # cycle: kiln.ir.shape_expr imports this module
+                )
 
                 raise IRError(f"shape {shape_text(self.shape)} is not static")
             out.append(d)
@@ -65,7 +67,7 @@ class TensorType:
             return False
         if self.shape == other.shape:
             return True
-        from kiln.ir.shape_expr import shapes_equal  # shape_expr imports this module
+        from kiln.ir.shape_expr import shapes_equal  # cycle: kiln.ir.shape_expr imports this module
 
         return shapes_equal(self.shape, other.shape)
 

@@ -47,6 +47,7 @@ from kiln.ir import graph as g
 from kiln.ir import tensor as t
 from kiln.ir.analysis.vector_loops import vector_shape_fault
 from kiln.ir.attrs import ATTR_CHECK_MESSAGES, ATTR_NUM_OUTPUTS, ATTR_OUTPUT_NAMES
+from kiln.ir.kernel_errors import KERNEL_ERRORS
 from kiln.ir.module import BaseFunc, IRModule
 from kiln.ir.printer import NodeText, print_function
 from kiln.ir.shape_expr import graph_dims, shape_text
@@ -502,8 +503,6 @@ class _PrimFuncVerifier(StmtExprVisitor):
         super().visit_reinterpret(e)
 
     def check_check(self, e: t.Intrin) -> None:
-        from kiln.ir.kernel_errors import KERNEL_ERRORS
-
         cond, code = e.args
         if cond.dtype != "bool":
             self.fault(f"intrinsic 'check' needs a bool condition, got {cond.dtype}", e)

@@ -41,6 +41,7 @@ from kiln.artifact.artifact import (
     require_serializable,
 )
 from kiln.artifact.blob import build_contents, pack, place_linked
+from kiln.artifact.elf import SHT_SYMTAB, find_blob_symbol, read_symbols
 from kiln.artifact.integrity import CHUNK_SIZE, DIGEST_SIZE, chunk_count, chunk_digests
 from kiln.artifact.segments import Content, write_content
 from kiln.errors import ArgumentTypeError, CompileError, ExportError, UsageError
@@ -283,7 +284,6 @@ def fill_linked_data(library: Path, prefix: str, deferred: Sequence[LinkedData])
     """Write the data `blob_object` only reserved into the linked `library`, at its
     offsets from the `{prefix}_blob` symbol (checked against the data symbols'
     addresses where the library keeps its symbol table)."""
-    from kiln.artifact.elf import SHT_SYMTAB, find_blob_symbol, read_symbols
 
     path = os.fspath(library)
     with open(library, "r+b") as f:

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from kiln._registry import Registry, RegistryError
 from kiln.errors import ArgumentTypeError, KilnError, missing_dependency
+from kiln.runtime.plugins import failed_backends, load_backends
 
 if TYPE_CHECKING:
     from kiln.artifact import AnyArtifact
@@ -83,7 +84,6 @@ def register_loader(name: str, fn: Loader | None = None, *, lazy: str | None = N
 
 def get_loader(name: str) -> Loader:
     """The loader registered as `name`; KilnError listing the known loaders otherwise."""
-    from kiln.runtime.plugins import failed_backends, load_backends
 
     if name not in LOADERS:
         load_backends()  # an installed plug-in may provide it
@@ -109,7 +109,7 @@ def get_loader(name: str) -> Loader:
 
 def run_loader(name: str, artifacts: list[AnyArtifact], ctx: LoadContext) -> Module:
     """Run loader `name` and check that it returned a Module."""
-    from kiln.runtime.module import Module
+    from kiln.runtime.module import Module  # cycle: kiln.runtime imports this module
 
     module = get_loader(name)(artifacts, ctx)
     if not isinstance(module, Module):

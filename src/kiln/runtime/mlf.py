@@ -66,6 +66,8 @@ from kiln.artifact.schema import (
     parse,
 )
 from kiln.errors import ArgumentTypeError, CallError, FormatError, MissingFileError, shown
+from kiln.runtime import native, object_cache
+from kiln.runtime.native import reads_other_files
 
 # 1: weights as a C array; 2: weights as binary assembled by parameters/<model>_params.S,
 # the allocator in runtime/src/kiln_mlf.c; 3: `checksums` of every member and of
@@ -461,7 +463,6 @@ def _build_inputs(root: Path, workdir: str, build: dict[str, Any]) -> _BuildInpu
     """What the compiles of an extracted archive read besides their command: every file
     of the archive but metadata.json (whose build flags are in each command). None (no
     reuse) when a flag may read files elsewhere or a file names metadata.json."""
-    from kiln.runtime.native import reads_other_files
 
     if any(reads_other_files(flags) for flags in build["cflags"].values()):
         return None
@@ -488,7 +489,6 @@ def _compile(inputs: _BuildInputs | None, cmd: list[str], src: Path, obj: Path,
              what: str) -> None:
     """Run the compile `cmd` of `src` into `obj`, or reuse the object this process built
     from the same command and archive files (kiln.runtime.object_cache)."""
-    from kiln.runtime import native, object_cache
 
     key = None if inputs is None else object_cache.object_key(
         cmd, inputs.digest + src.read_bytes(), str(src), str(obj), roots=inputs.roots)
@@ -536,7 +536,6 @@ def load(path: str | os.PathLike[str], *, cc: str | None = None) -> MLFModel:
     FormatError for a damaged archive or a metadata.json that disagrees with the
     compiled code; CompileError if its sources do not build.
     """
-    from kiln.runtime import native
 
     if not isinstance(path, (str, os.PathLike)):
         raise ArgumentTypeError(f"kiln.mlf.load: path must be a str or os.PathLike, got "

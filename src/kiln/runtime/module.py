@@ -19,6 +19,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kiln._registry import suggest
+from kiln.artifact import inspect_artifact
+from kiln.artifact.library_schema import check_library_metadata
+from kiln.artifact.schema import Anything, Obj, parse
 from kiln.errors import ArgumentTypeError, FormatError, KilnError, UsageError, shown
 from kiln.runtime import abi, ctypes_abi, threads
 from kiln.runtime.dim_binding import is_dim_text
@@ -175,12 +178,13 @@ class Module:
         if not preferred and fmt == "asm":
             preferred = [a for a in stored if a.extension in (".o", ".s")]
             if not preferred and sources:
-                from kiln.runtime.native import c_to_assembly
+                from kiln.runtime.native import (
+                    c_to_assembly,  # cycle: kiln.runtime imports this module
+                )
 
                 return "\n".join(c_to_assembly(a) for a in sources if a.extension == ".c")
         if not preferred:
             return None
-        from kiln.artifact import inspect_artifact
 
         return "\n".join(inspect_artifact(a, fmt) for a in preferred)
 
@@ -464,9 +468,6 @@ def _is_size(value: Any) -> bool:
 
 
 def _parse_library_metadata(text: str, path: Path) -> dict[str, Any]:
-    from kiln.artifact.library_schema import check_library_metadata
-    from kiln.artifact.schema import Anything, Obj, parse
-
     # Strict JSON of bounded depth (a crafted file must not raise RecursionError), typed
     # by the one schema every reader of library metadata uses.
     where = f"{path}: library metadata"

@@ -21,6 +21,7 @@ from __future__ import annotations
 import os
 import shlex
 import subprocess
+import tempfile
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -215,7 +216,6 @@ def reads_other_files(flags: Sequence[str]) -> bool:
 
 def c_to_assembly(artifact: AnyArtifact, cc: str | Sequence[str] | None = None) -> str:
     """The assembly `cc -S` makes of a C source artifact, with the flags it is built with."""
-    import tempfile
 
     where = f"{artifact.codegen_id}/{artifact.file_name}"
     with tempfile.TemporaryDirectory(prefix="kiln-asm-") as tmp:

@@ -3,24 +3,19 @@
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING
 
 from kiln.errors import TargetError
 from kiln.target.attrs import COMMON_OPTIONS, suggest_name
 from kiln.target.kind import TargetKind
 from kiln.target.registry import KINDS, list_kinds
 from kiln.target.tags import all_names, get_tag, is_tag
-
-if TYPE_CHECKING:
-    from kiln.target.target import Target
+from kiln.target.target import Target
 
 
 def describe(name: str) -> str:
     """Describe a kind (its attributes with types and defaults) or a tag (its config);
     "host" describes this machine's llvm target."""
     if name == "host":
-        from kiln.target.target import Target
-
         host = Target("host")
         return f"'host' is this machine's target: {summarize(host)}\n  {host}"
     if name in KINDS:

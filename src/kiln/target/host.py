@@ -23,7 +23,7 @@ from kiln.errors import TargetError
 def llvm_if_installed() -> ModuleType | None:
     """llvmlite.binding with every target initialised, or None when not installed."""
     try:
-        import llvmlite.binding as llvm
+        import llvmlite.binding as llvm  # optional: llvmlite (the compiler extra)
     except ImportError:
         return None
     llvm.initialize_all_targets()
@@ -97,7 +97,9 @@ def _detected() -> tuple[str, str, tuple[str, ...]]:
 def _standing_in(cpu: str) -> tuple[str, str, tuple[str, ...]]:
     """`host` as the LLVM CPU `cpu` of this machine's triple, with that CPU's features."""
     # llvm_names imports this module
-    from kiln.target.llvm_names import check_cpu_names
+    from kiln.target.llvm_names import (
+        check_cpu_names,  # cycle: kiln.target.llvm_names imports this module
+    )
 
     triple = _detected()[0]
     try:

@@ -20,8 +20,11 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from kiln.errors import TargetError
-from kiln.target.host import host_triple, triple_arch
+from kiln.target.host import host_triple, machine_config, triple_arch, triple_bare_metal
 from kiln.target.kernel_profile import KernelProfile, profile_for
+from kiln.target.llvm_features import implied_features
+from kiln.target.llvm_names import check_cpu_names
+from kiln.target.target import Target
 
 # The features an ISA decision depends on (LLVM spelling). Probing only these keeps
 # `isa_for` fast; the full list a library requires is codegen.cpu_requirements'.
@@ -105,8 +108,6 @@ def isa_for(target: Any) -> ISA:
     """The ISA of `target` (a kiln Target; None means the current one, else GENERIC),
     with the target's kind and the kernel choices its attributes make."""
     if target is None:
-        from kiln.target.target import Target
-
         target = Target.current()
         if target is None:
             return GENERIC
@@ -114,8 +115,6 @@ def isa_for(target: Any) -> ISA:
 
 
 def _with_target_choices(isa: ISA, target: Any) -> ISA:
-    from kiln.target.host import triple_bare_metal
-
     attrs = target.attrs
     winograd = attrs.get("winograd")
     if winograd is None:  # firmware's flash and RAM: no transformed weights by default
@@ -132,7 +131,6 @@ def _cpu_isa(target: Any) -> ISA:
     cpu = str(attrs.get("mcpu") or "")
     features = [str(f) for f in attrs.get("mattr") or ()]
     if cpu == "native":  # `c -mcpu=native`: this machine's CPU, as the C compiler takes it
-        from kiln.target.host import machine_config
 
         host = machine_config()
         cpu, features = str(host["mcpu"]), [*host["mattr"], *features]
@@ -147,9 +145,6 @@ def isa_of(triple: str, cpu: str, mattr: str) -> ISA:
         _AARCH64 if arch in ("aarch64", "arm64") else
         _ARM if arch.startswith(("arm", "thumb")) else ())
     try:
-        from kiln.target.llvm_features import implied_features
-        from kiln.target.llvm_names import check_cpu_names
-
         # LLVM aborts the process on some CPUs of another architecture ("64-bit code
         # requested on a subtarget that doesn't support it"): refuse them first
         check_cpu_names(triple, cpu, [f for f in mattr.split(",") if f], "llvm")

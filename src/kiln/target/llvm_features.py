@@ -28,7 +28,7 @@ _PROBE = threading.Lock()
 @functools.cache
 def llvm_binding() -> Any:
     """llvmlite.binding with every target and asm printer initialised (once)."""
-    import llvmlite.binding as llvm
+    import llvmlite.binding as llvm  # optional: llvmlite (the compiler extra)
 
     llvm.initialize_all_targets()
     llvm.initialize_all_asmprinters()

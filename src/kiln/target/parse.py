@@ -26,6 +26,7 @@ from typing import Any
 
 from kiln.errors import TargetError
 from kiln.target.attrs import suggest_name
+from kiln.target.host import host_config
 from kiln.target.registry import KINDS, get_kind, list_kinds
 from kiln.target.tags import all_names, get_tag, is_tag
 
@@ -79,7 +80,6 @@ def _parse_head(head: str) -> dict[str, Any]:
             f"a target command line starts with a kind or tag, e.g. 'llvm {head}'; got '{head}'"
         )
     if head == "host":  # this machine's llvm target: triple, CPU name and features
-        from kiln.target.host import host_config
 
         return host_config()
     if head in KINDS:
