@@ -29,6 +29,7 @@ from __future__ import annotations
 from kiln.errors import UsageError
 from kiln.ir.dtype import itemsize
 from kiln.target.isa import ISA
+from kiln.tuning.apply import PARALLEL_THRESHOLD, current
 
 #: Estimated one-thread work (ns) from which a loop runs on the thread pool: twice a
 #: hand-off, plus a margin for a worker that is not spinning.
@@ -77,7 +78,6 @@ def threshold_ns(isa: ISA) -> int:
     """The one-thread work (ns) from which a loop goes parallel on `isa`: the current
     tuning session's `parallel_threshold` for the model
     compiled, else PARALLEL_MIN_NS."""
-    from kiln.tuning.apply import PARALLEL_THRESHOLD, current
 
     session = current()
     if session is None:

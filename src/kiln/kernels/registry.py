@@ -17,9 +17,11 @@ from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 from kiln._registry import Registry, RegistryError
+from kiln.errors import IRError
 from kiln.ir import graph as g
 from kiln.ir.tensor import PrimFunc
 from kiln.ir.types import TensorType, TupleType
+from kiln.kernels.gemm.knobs import k_blocking, k_unrolling
 from kiln.kernels.tiles import PARALLEL_SPLITS, parallel_split, tile_registers
 from kiln.target.isa import ISA
 
@@ -155,8 +157,6 @@ def build_call(family: KernelFamily, params: Sequence[Any], args: Sequence[Any],
     """`family.build(...)` with the parallel split, K blocking and K unroll the call
     records (its `split`, `kblock` and `unroll` attributes, set by tuning; absent: the
     rule's)."""
-    from kiln.errors import IRError
-    from kiln.kernels.gemm.knobs import k_blocking, k_unrolling
 
     split = attrs.get(SPLIT)
     if split is not None and split not in PARALLEL_SPLITS:

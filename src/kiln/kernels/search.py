@@ -43,12 +43,18 @@ from typing import Any, Protocol, cast, runtime_checkable
 from kiln.errors import UsageError, shown
 from kiln.ir import graph as g
 from kiln.ir.types import TensorType
+from kiln.kernels.gemm.knobs import TUNED_UNROLLS, GemmTiling, choose_k_blocking
 from kiln.kernels.parallel_work import worth_parallel
 from kiln.kernels.registry import KBLOCK, KERNELS, SPLIT, UNROLL, KernelFamily
 from kiln.kernels.tiles import PARALLEL_SPLITS, tile_lanes
-from kiln.ops.conv_direct import KSEGMENT
+from kiln.ops.cblas import LIBRARY, LIBRARY_CHOICE
+from kiln.ops.conv_direct import KSEGMENT, legal_segments
+from kiln.ops.conv_geometry import conv_call_shape
+from kiln.ops.nn import b_shape
 from kiln.ops.packed_attrs import TILE
+from kiln.ops.winograd import eligible
 from kiln.target.isa import ISA
+from kiln.tuning.apply import MODEL_KNOBS, NCHWC_REGION, PARALLEL_THRESHOLD, current, signature
 
 #: The convolution families an ungrouped or grouped float32 `conv2d` may take.
 CONV_ALGORITHMS = ("conv_direct", "conv_rows", "conv_gemm", "conv_grouped", "conv_winograd")
@@ -100,7 +106,6 @@ def computes(name: str, call: g.Call, isa: ISA) -> bool:
     ungrouped one, the grouped GEMM one any grouped one but a depthwise, the Winograd one
     a 3x3 ungrouped one of stride and dilation 1, the row-tiled
     one an ungrouped one with rows of at least a vector."""
-    from kiln.ops.conv_geometry import conv_call_shape
 
     shape = conv_call_shape(call)
     if shape is None or name not in CONV_ALGORITHMS:
@@ -108,7 +113,6 @@ def computes(name: str, call: g.Call, isa: ISA) -> bool:
     if name == "conv_direct":
         return True
     if name == WINOGRAD:  # 3x3, stride and dilation 1, ungrouped (any padding)
-        from kiln.ops.winograd import eligible
 
         return eligible(shape)
     if name == "conv_grouped":
@@ -131,15 +135,11 @@ def _work(family: KernelFamily, call: g.Call) -> int | None:
     """Multiply-adds of a call whose kernel goes parallel only above the work
     threshold (the GEMM families), None for the others (always parallel)."""
     if family.name in CONV_GEMMS:
-        from kiln.ops.conv_geometry import conv_call_shape
-
         s = conv_call_shape(call)
         assert s is not None
         n = s.n if isinstance(s.n, int) else 1
         return n * s.c_out * s.ci_group * s.kh * s.kw * s.out_h * s.out_w
     if family.name in ("gemm", "gemm_tiled"):
-        from kiln.ops.nn import b_shape
-
         a, b = (x.type for x in call.args)
         assert isinstance(a, TensorType) and isinstance(b, TensorType)
         work = int(b_shape(cast(Sequence[int], b.shape), call.attrs)[-1])  # N
@@ -155,14 +155,10 @@ def _gemm_m_k(name: str, call: g.Call) -> tuple[object, object]:
     m: object
     k: object
     if name in CONV_GEMMS:
-        from kiln.ops.conv_geometry import conv_call_shape
-
         s = conv_call_shape(call)
         assert s is not None
         m, k = s.c_out // s.groups, s.ci_group * s.kh * s.kw
     else:
-        from kiln.ops.nn import b_shape
-
         a, b = (x.type for x in call.args)
         assert isinstance(a, TensorType) and isinstance(b, TensorType)
         m, k = a.shape[-2], b_shape(cast(Sequence[int], b.shape), call.attrs)[-2]
@@ -172,7 +168,6 @@ def _gemm_m_k(name: str, call: g.Call) -> tuple[object, object]:
 def blocks_k(family: KernelFamily, call: g.Call, isa: ISA, tile: Sequence[int]) -> bool:
     """Whether K blocking changes the kernel of `call` with `tile`: a GEMM family, static
     M and K, and K deeper than one block (kiln.kernels.gemm.knobs.choose_k_blocking)."""
-    from kiln.kernels.gemm.knobs import GemmTiling, choose_k_blocking
 
     if family.name not in KBLOCK_FAMILIES:
         return False
@@ -189,13 +184,10 @@ def unrolls(name: str, call: g.Call) -> list[int]:
     K, the blocked direct kernel's input channels per group where its taps are 1x1;
     none for the other families, or a symbolic K). A KxK layer's channel loop is not
     unrolled: U copies of its tap loops do not pay at any U (docs/tuning.md)."""
-    from kiln.kernels.gemm.knobs import TUNED_UNROLLS
 
     if name not in UNROLL_FAMILIES:
         return []
     if name == "conv_direct":
-        from kiln.ops.conv_geometry import conv_call_shape
-
         shape = conv_call_shape(call)
         k: object = (shape.ci_group if shape is not None and (shape.kh, shape.kw) == (1, 1)
                      else None)
@@ -205,9 +197,6 @@ def unrolls(name: str, call: g.Call) -> list[int]:
 
 
 def _legal_segments(call: g.Call) -> list[int]:
-    from kiln.ops.conv_direct import legal_segments
-    from kiln.ops.conv_geometry import conv_call_shape
-
     shape = conv_call_shape(call)
     return [] if shape is None else legal_segments(shape)
 
@@ -215,7 +204,6 @@ def _legal_segments(call: g.Call) -> list[int]:
 def segments(call: g.Call, isa: ISA, tile: Sequence[int]) -> list[int]:
     """The K-blocking segments (input channels, 0: unblocked) the blocked direct
     kernel may take for `call` with `tile`, other than its rule's."""
-    from kiln.ops.conv_geometry import conv_call_shape
 
     shape = conv_call_shape(call)
     assert shape is not None
@@ -338,8 +326,6 @@ def kernel_parameters(kernel: str) -> tuple[str, ...] | None:
     """The parameters a tuning record of `kernel` may hold: a kernel family's
     (`FAMILY_PARAMS`), a choice's (kiln.ops.cblas: `library`), a model-level knob's
     (kiln.tuning.apply.MODEL_KNOBS); None for a name that is none of them."""
-    from kiln.ops.cblas import LIBRARY, LIBRARY_CHOICE
-    from kiln.tuning.apply import NCHWC_REGION, PARALLEL_THRESHOLD
 
     if kernel in KERNELS.names():
         return FAMILY_PARAMS
@@ -350,12 +336,9 @@ def kernel_parameters(kernel: str) -> tuple[str, ...] | None:
 def check_params(kernel: str, params: Mapping[str, Any], where: str) -> None:
     """UsageError naming `where` (a record) when `kernel` is not a kernel kiln knows or
     `params` hold a parameter it does not take."""
-    from kiln.tuning.apply import MODEL_KNOBS
 
     known = kernel_parameters(kernel)
     if known is None:
-        from kiln.ops.cblas import LIBRARY_CHOICE
-
         names = sorted([*KERNELS.names(), LIBRARY_CHOICE.name, *MODEL_KNOBS])
         raise UsageError(f"{where}: unknown kernel {shown(kernel)}; the kernels: "
                          f"{', '.join(names)}")
@@ -385,7 +368,6 @@ def pack(family: KernelFamily, call: g.Call, isa: ISA) -> g.Call:
     """`call` packed by `family` as the current tuning session says (kiln.tuning.apply;
     no session, or no params for the call: the rule's `pack`); a UsageError about the
     params names where the session took them from (a database's record)."""
-    from kiln.tuning.apply import current, signature
 
     session = current()
     params = session.params_for(family, call, isa) if session is not None else None

@@ -34,10 +34,11 @@ from typing import Any
 import numpy as np
 
 from kiln import dim_expr
-from kiln.errors import IRError
+from kiln.errors import CallError, IRError
 from kiln.ir import graph as g
 from kiln.ir import tensor as t
 from kiln.ir.attrs import ATTR_BINDS_DIMS
+from kiln.ir.kernel_errors import error_message
 from kiln.ir.shape_expr import (
     dim_product,
     dim_text,
@@ -312,8 +313,6 @@ def _runtime_k_ref(k: np.ndarray, x: np.ndarray, **attrs: Any) -> np.ndarray:
     n = x.shape[norm_axes(int(attrs["axis"]), x.ndim)[0]]
     value = int(k.reshape(-1)[0])
     if not 0 <= value <= n:
-        from kiln.errors import CallError
-        from kiln.ir.kernel_errors import error_message
         raise CallError(error_message(TOPK_K_ERROR))
     return np.arange(value, dtype=np.int64)
 

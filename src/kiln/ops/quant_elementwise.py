@@ -47,10 +47,10 @@ from kiln.ir import dtype as dt
 from kiln.ir.shape_expr import shape_text
 from kiln.ir.tensor import Cast, PrimExpr, as_expr, intrin, min_
 from kiln.ir.types import TensorType, Type
-from kiln.ops import te
+from kiln.ops import get_op, te
 from kiln.ops.broadcast import broadcast_index, broadcast_shapes
 from kiln.ops.nan_order import max_keep_second
-from kiln.ops.quant import PRODUCT_DTYPES, as_float32, qrange
+from kiln.ops.quant import PRODUCT_DTYPES, as_float32, qrange, quantize_ref, quantize_value
 from kiln.ops.registry import register_op
 
 Attrs = Mapping[str, Any]
@@ -277,8 +277,6 @@ def copies_input(t: Any, scale: float, zp: int, y_scale: float, y_zp: int,
 
 
 def _concat_infer(types: Sequence[TensorType], attrs: Attrs) -> Type:
-    from kiln.ops import get_op
-
     _, zps, _, y_zp, dtype = concat_params(len(types), attrs)
     for t, z in zip(types, zps):
         if t.dtype not in PRODUCT_DTYPES:
@@ -296,7 +294,6 @@ def _concat_infer(types: Sequence[TensorType], attrs: Attrs) -> Type:
 def requantize_element(v: PrimExpr, scale: float, zp: int, y_scale: float, y_zp: int,
                        dtype: str) -> PrimExpr:
     """`v` (an integer element) requantized: quantize(dequantize(v)) in float32."""
-    from kiln.ops.quant import quantize_value
 
     lo, hi = qrange(dtype)
     f = Cast("float32", Cast("int32", v) - zp) * as_expr(scale, "float32")
@@ -305,8 +302,6 @@ def requantize_element(v: PrimExpr, scale: float, zp: int, y_scale: float, y_zp:
 
 
 def _concat_compute(inputs: Sequence[te.Tensor], attrs: Attrs) -> te.Tensor:
-    from kiln.ops import get_op
-
     scales, zps, y_scale, y_zp, dtype = concat_params(len(inputs), attrs)
     parts = []
     for x, s, z in zip(inputs, scales, zps):
@@ -326,7 +321,6 @@ def _concat_compute(inputs: Sequence[te.Tensor], attrs: Attrs) -> te.Tensor:
 def qlinear_concat_ref(*xs: np.ndarray, **attrs: Any) -> np.ndarray:
     """numpy QLinearConcat: every input requantized, quantize(dequantize(x)) in float32
     (an input with the output's parameters is then itself)."""
-    from kiln.ops.quant import quantize_ref
 
     scales, zps, y_scale, y_zp, dtype = concat_params(len(xs), attrs)
     yz = np.asarray(y_zp, dtype)

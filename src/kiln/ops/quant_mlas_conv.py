@@ -37,6 +37,8 @@ x `[N, C, H, W]`, w `[OC, C / group, KH, KW]`, an optional bias `[OC]`, all floa
 
 from __future__ import annotations
 
+import glob
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -170,8 +172,6 @@ def default_threads() -> int:
     (kiln.transform.quantize_ops: the default of its `threads` option), once, and records
     the count in each `conv2d_mlas` call's `threads` attribute; the op's rules and its
     kernel (kiln.kernels.int8.mlas_conv) read that attribute, never the host."""
-    import glob
-    import os
 
     cores = set()
     for cpu in glob.glob("/sys/devices/system/cpu/cpu[0-9]*/topology"):

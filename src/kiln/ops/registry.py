@@ -145,7 +145,7 @@ def load_builtin_ops() -> None:
     global _LOADED
     if not _LOADED:
         _LOADED = True
-        import kiln.ops.builtin  # noqa: F401  (registers the built-in operators)
+        import kiln.ops.builtin  # lazy: loaded on first use (registry)  # noqa: F401  (registers the built-in operators)
 
 
 def result_types(t: Type) -> tuple[TensorType, ...]:

@@ -26,6 +26,7 @@ from kiln.errors import IRError
 from kiln.ir.metadata import MetadataLike, resolve_metadata
 from kiln.ir.module import IRModule
 from kiln.script.diagnostics import Source
+from kiln.script.parser import default_env, parse_source
 
 
 class DeferredFunction:
@@ -101,8 +102,6 @@ def _caller_env(depth: int) -> dict[str, Any]:
 
 
 def _parse_object(obj: Any, env: Mapping[str, Any], metadata: MetadataLike) -> IRModule:
-    from kiln.script.parser import default_env, parse_source
-
     try:
         lines, first = inspect.getsourcelines(obj)
         filename = inspect.getsourcefile(obj) or ""

@@ -16,6 +16,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from kiln._registry import suggest
 from kiln.errors import IRError
 from kiln.ir.dtype import DTYPES, check_dtype
 from kiln.ir.tensor import BUFFER_SCOPES, INTRINSICS, Const
@@ -87,8 +88,6 @@ class _Namespace:
     _names: frozenset[str] = frozenset()
 
     def __getattr__(self, name: str) -> Any:
-        from kiln._registry import suggest
-
         if name.startswith("__"):
             raise AttributeError(name)
         if name in self._names:
@@ -115,7 +114,9 @@ class TensorNamespace(_Namespace):
     def prim_func(fn: Any = None, *, name: str | None = None,
                   metadata: Any = None) -> Any:
         """Decorator: parse a tensor-level function (see kiln.script.decorators)."""
-        from kiln.script.decorators import decorate_function
+        from kiln.script.decorators import (
+            decorate_function,  # cycle: kiln.script.parser imports this module
+        )
 
         return decorate_function(fn, "T", name=name, metadata=metadata)
 
@@ -134,7 +135,9 @@ class GraphNamespace(_Namespace):
     @staticmethod
     def function(fn: Any = None, *, name: str | None = None, metadata: Any = None) -> Any:
         """Decorator: parse a graph-level function (see kiln.script.decorators)."""
-        from kiln.script.decorators import decorate_function
+        from kiln.script.decorators import (
+            decorate_function,  # cycle: kiln.script.parser imports this module
+        )
 
         return decorate_function(fn, "G", name=name, metadata=metadata)
 
@@ -158,7 +161,9 @@ class ModuleNamespace(_Namespace):
     @staticmethod
     def ir_module(cls: Any = None, *, metadata: Any = None) -> Any:
         """Decorator: parse a class of DSL functions into an IRModule."""
-        from kiln.script.decorators import ir_module_at
+        from kiln.script.decorators import (
+            ir_module_at,  # cycle: kiln.script.parser imports this module
+        )
 
         return ir_module_at(cls, metadata=metadata, depth=3)
 

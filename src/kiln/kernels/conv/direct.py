@@ -9,6 +9,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from kiln.errors import IRError
 from kiln.ir import graph as g
 from kiln.ir.tensor import Buffer, PrimFunc, Stmt
 from kiln.kernels.conv.blocked import (
@@ -22,6 +23,7 @@ from kiln.kernels.conv.blocked import (
 from kiln.kernels.conv.family import TUNED_WIDTHS, build_conv, packed_call
 from kiln.kernels.conv.ksegments import ConvKBlocking
 from kiln.kernels.conv.padding import padded_image_bytes
+from kiln.kernels.gemm.knobs import k_unroll
 from kiln.kernels.registry import Family, fits_registers
 from kiln.kernels.tiles import Epilogue, tile_lanes, tile_registers
 from kiln.ops.conv_direct import KSEGMENT, TUNED_SEGMENTS
@@ -223,8 +225,6 @@ class DirectConv(Family):
 
     def build(self, params: Sequence[Any], args: Sequence[Any], attrs: Mapping[str, Any],
               anchor: Any, result: Any, isa: ISA) -> PrimFunc | None:
-        from kiln.errors import IRError
-        from kiln.kernels.gemm.knobs import k_unroll
 
         tile = recorded_tile(attrs, 2, self.op)
         segment = attrs.get(KSEGMENT)

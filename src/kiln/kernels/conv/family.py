@@ -17,6 +17,7 @@ from kiln.ir.tensor import Buffer, PrimExpr, PrimFunc, Stmt
 from kiln.kernels.epilogue import fused_store
 from kiln.kernels.registry import Family
 from kiln.kernels.tiles import Epilogue
+from kiln.ops import conv_direct as cd
 from kiln.ops import layout
 from kiln.ops.conv_geometry import ConvShape, conv_call_shape
 from kiln.ops.packed_attrs import TILE, recorded_tile
@@ -64,7 +65,6 @@ def build_conv(op: str, params: Sequence[Any], args: Sequence[Any], attrs: Mappi
     its register tile's vectors are all explicit, and LLVM's SLP vectorizer, left on
     it, regrouped the tile's scalar input addresses into vectors of i64 on the critical
     path of the sums (docs/codegen-llvm.md, "Kernels LLVM must not regroup")."""
-    from kiln.ops import conv_direct as cd
 
     x, w = args[0], args[1]
     if not all(isinstance(d, int) for t in args for d in (t.shape[1:2] if t is x else t.shape)):

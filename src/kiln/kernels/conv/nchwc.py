@@ -28,9 +28,10 @@ from kiln.kernels.conv.pointwise import PointwiseSchedule, pointwise_body
 from kiln.kernels.registry import fits_registers
 from kiln.kernels.tiles import Epilogue, tile_lanes, tile_registers
 from kiln.ops import spatial
-from kiln.ops.conv_direct import unpack_blocked_weight
+from kiln.ops.conv_direct import call_conv_shape, nchwc_block, unpack_blocked_weight
 from kiln.ops.conv_geometry import ConvShape
 from kiln.ops.packed_attrs import TILE, recorded_tile
+from kiln.ops.registry import call as make_call
 from kiln.target.isa import ISA
 
 #: The most output-channel vectors a 1x1 tile holds, and its most positions.
@@ -157,8 +158,6 @@ class NchwcConv(DirectConv):
                 and all(isinstance(d, int) for d in x.shape[1:]))
 
     def pack(self, call: g.Call, isa: ISA) -> g.Call:
-        from kiln.ops.registry import call as make_call
-
         wp, out, channels = call.args[1], call.ret_type, call.attrs.get("channels")
         if isinstance(wp, g.Constant) and isinstance(out, TensorType) \
                 and isinstance(channels, int):
@@ -187,7 +186,6 @@ class NchwcConv(DirectConv):
         wherever its channel tile ends in half a block (`half_vector`; None, the
         generic loop nest, for any other layer with such a tile); the others on the
         blocked kernel."""
-        from kiln.ops.conv_direct import call_conv_shape, nchwc_block
 
         blocked = blocked_body(isa)
         pointwise = pointwise_body_isa(isa)

@@ -38,6 +38,7 @@ from typing import Any
 
 import numpy as np
 
+from kiln.errors import UsageError
 from kiln.ir import graph as g
 from kiln.ir.attrs import ATTR_CONV_KERNEL
 from kiln.ir.dtype import INDEX_DTYPE
@@ -73,7 +74,7 @@ from kiln.kernels.tiles import (
     tile_lanes,
     tile_registers,
 )
-from kiln.ops.conv_geometry import ConvShape, conv_call_shape
+from kiln.ops.conv_geometry import ConvShape, conv_call_shape, conv_shape
 from kiln.ops.packed_attrs import recorded_tile
 from kiln.ops.winograd import TILE_SIZES, WINOGRAD, eligible, matrices, tile_of
 from kiln.target.isa import ISA
@@ -455,7 +456,6 @@ class WinogradConv(Family):
 
     def pack_tile(self, call: g.Call, isa: ISA, tile: tuple[int, ...]) -> g.Call:
         """`call` with the weight transformed for F(tile[0] x tile[0], 3 x 3)."""
-        from kiln.errors import UsageError
 
         if len(tile) != 3 or tile[0] not in TILE_SIZES:
             raise UsageError(f"{self.name}: tile must be (m, mr, nr) with m in "
@@ -489,7 +489,6 @@ class WinogradConv(Family):
 
     def build(self, params: Sequence[Any], args: Sequence[Any], attrs: Mapping[str, Any],
               anchor: Any, result: Any, isa: ISA) -> PrimFunc | None:
-        from kiln.ops.conv_geometry import conv_shape
 
         x, u = args[0], args[1]
         if not all(isinstance(d, int) for d in (*x.shape[1:], *u.shape)):

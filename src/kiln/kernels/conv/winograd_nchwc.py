@@ -66,9 +66,10 @@ from kiln.kernels.tiles import (
     tile_registers,
 )
 from kiln.ops import layout
-from kiln.ops.conv_geometry import ConvShape
+from kiln.ops.conv_geometry import ConvShape, conv_shape
 from kiln.ops.gemm import pack_b
 from kiln.ops.packed_attrs import TILE, recorded_tile
+from kiln.ops.registry import call as make_call
 from kiln.ops.winograd import WINOGRAD_NCHWC as OP
 from kiln.ops.winograd import matrices, tile_of
 from kiln.target.isa import ISA
@@ -184,8 +185,6 @@ class WinogradNchwc(Family):
         return self._shape(call) is not None
 
     def _shape(self, call: g.Call) -> ConvShape | None:
-        from kiln.ops.conv_geometry import conv_shape
-
         x, u = call.args[0].type, call.args[1]
         assert isinstance(u, g.Constant) and isinstance(x, TensorType)
         b, blocks = x.shape[4], x.shape[1]
@@ -206,14 +205,12 @@ class WinogradNchwc(Family):
         mr, nr = gemm_tile(shape, m, isa)
         attrs: dict[str, Any] = {**dict(call.attrs), TILE: (m, mr, nr),
                                  "channels": shape.c_out}
-        from kiln.ops.registry import call as make_call
 
         packed = g.Constant(pack_panels(np.asarray(u.data), nr), u.name)
         return make_call(self.op, call.args[0], packed, *call.args[2:], **attrs)
 
     def build(self, params: Sequence[Any], args: Sequence[Any], attrs: Mapping[str, Any],
               anchor: Any, result: Any, isa: ISA) -> PrimFunc | None:
-        from kiln.ops.conv_geometry import conv_shape
 
         x, up = args[0], args[1]
         if not all(isinstance(d, int) for d in (*x.shape[1:], *up.shape)):

@@ -18,6 +18,7 @@ from kiln.ir.tensor import Buffer, CallExtern, Intrin, PrimExpr, Var
 from kiln.ir.visitor import iter_exprs
 from kiln.kernels.gemm.knobs import GemmTiling, KBlocking
 from kiln.kernels.gemm.micro_kernel import BReader, GemmShape
+from kiln.kernels.math import BUILDERS, CPU_KINDS
 from kiln.kernels.tiles import Epilogue, const
 from kiln.target.isa import ISA
 
@@ -152,7 +153,6 @@ def calls_a_library(epilogue: Epilogue, ndim: int, *, isa: ISA) -> bool:
     (`GemmNest.two_pass`). On a CPU target (`isa.kind`) the float32 exp/tanh/sigmoid/erf
     become arithmetic (kiln.transform.expand_math) that vectorizes in the one-pass store
     loop."""
-    from kiln.kernels.math import BUILDERS, CPU_KINDS
 
     expanded = isa.kind in CPU_KINDS
     zero: tuple[PrimExpr, ...] = (const(0),) * ndim

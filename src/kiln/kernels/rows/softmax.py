@@ -17,6 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 from kiln.ir.tensor import Const, LetStmt, PrimExpr, Stmt, Store, Var, as_expr, intrin, seq
+from kiln.kernels.math import CPU_KINDS, softmax_exp_f32
 from kiln.kernels.rows.loops import F32, Reader, RowLoops, let
 from kiln.ops import nan_order, te
 from kiln.target.isa import ISA
@@ -33,7 +34,6 @@ def _softmax_exp(x: PrimExpr, lets: list[Stmt], *, isa: ISA) -> PrimExpr:
     """`exp(x)` of softmax's `x - max`: on a CPU target (`isa.kind`), float32, as
     onnxruntime's softmax computes it (kiln.kernels.math.softmax_exp_f32, its
     intermediate values let variables appended to `lets`); elsewhere the `exp` intrinsic."""
-    from kiln.kernels.math import CPU_KINDS, softmax_exp_f32
 
     if isa.kind not in CPU_KINDS or x.dtype != F32:
         return intrin("exp", x)
