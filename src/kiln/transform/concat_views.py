@@ -66,7 +66,9 @@ def concat_views(items: Sequence[object], mod: IRModule,
     """The concats of one block (`items`: its GraphSteps and control-flow regions, in
     order) that become views (see the module docstring); `results` are the slots written
     straight into the function's outputs."""
-    from kiln.transform.lower_graph import GraphStep
+    from kiln.transform.lower_graph import (
+        GraphStep,  # cycle: kiln.transform.lower_graph imports this module
+    )
 
     views = ConcatViews()
     producer: dict[GraphSlot, GraphStep] = {}

@@ -47,6 +47,10 @@ from kiln.ir import graph as g
 from kiln.ir.module import IRModule
 from kiln.ir.shape_expr import dim_vars
 from kiln.ir.types import TensorType
+from kiln.kernels.registry import select
+from kiln.kernels.search import pack
+from kiln.kernels.tiles import with_lanes
+from kiln.target.isa import isa_for
 from kiln.transform.functor import SharedPacking, rewrite_calls
 from kiln.transform.pass_base import FunctionPass
 
@@ -66,10 +70,6 @@ class BlockConvolutions(FunctionPass):
 
     def run_on_function(self, func: Any, name: str, mod: IRModule) -> g.Function:
         assert isinstance(func, g.Function)
-        from kiln.kernels.registry import select
-        from kiln.kernels.search import pack
-        from kiln.kernels.tiles import with_lanes
-        from kiln.target.isa import isa_for
 
         isa = isa_for(None)
         if self.lanes:

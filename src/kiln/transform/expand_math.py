@@ -24,6 +24,7 @@ from kiln.ir.module import IRModule
 from kiln.ir.visitor import StmtExprMutator
 from kiln.kernels.math import BUILDERS, CPU_KINDS
 from kiln.target.isa import isa_for
+from kiln.target.target import Target
 from kiln.transform.pass_base import FunctionPass
 
 F32 = "float32"
@@ -38,8 +39,6 @@ class ExpandMath(FunctionPass):
     level = "tensor"
 
     def run_on_function(self, func: t.PrimFunc, name: str, mod: IRModule) -> t.PrimFunc:
-        from kiln.target.target import Target
-
         target = Target.current()
         if target is None or target.kind.name not in CPU_KINDS:
             return func

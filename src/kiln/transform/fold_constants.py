@@ -30,6 +30,7 @@ from kiln.ir import graph as g
 from kiln.ir.module import IRModule
 from kiln.ir.types import TensorType, TupleType, Type
 from kiln.ir.visitor import GraphMutator
+from kiln.ops import evaluate_call
 from kiln.transform.pass_base import FunctionPass
 
 
@@ -114,8 +115,6 @@ class FoldConstants(FunctionPass):
     max_fold_bytes: int = DEFAULT_FOLD_BUDGET
 
     def run_on_function(self, func: Any, name: str, mod: IRModule) -> g.Function:
-        from kiln.ops import evaluate_call
-
         assert isinstance(func, g.Function)
         keep_as_call = result_vars(func.result)
         env: dict[g.Var, g.Expr] = {}

@@ -37,6 +37,7 @@ from kiln.ir.shape_expr import is_static, shapes_equal
 from kiln.ir.tensor import PrimFunc
 from kiln.ir.types import TensorType
 from kiln.kernels.lowering import lowering_for
+from kiln.ops import get_op, te
 from kiln.target.isa import isa_for
 from kiln.transform.pass_base import Pass
 
@@ -67,8 +68,6 @@ class FuseOps(Pass):
 
 
 def _pattern(op: str) -> str | None:
-    from kiln.ops import get_op
-
     try:
         return get_op(op).pattern
     except KeyError:
@@ -208,7 +207,6 @@ def _numel(t: object) -> int | None:
 
 def _fuse_group(group: list[g.Binding], functions: dict[str, BaseFunc],
                 cache: dict[Any, str]) -> g.Binding:
-    from kiln.ops import get_op, te
 
     inside = {id(b.var): k for k, b in enumerate(group)}
     externals: list[g.Expr] = []

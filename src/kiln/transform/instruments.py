@@ -12,6 +12,7 @@ from pathlib import Path
 
 from kiln.ir.module import IRModule
 from kiln.ir.steps import register_step_timer
+from kiln.transform.context import PassContext
 from kiln.transform.pass_base import Pass
 
 
@@ -55,7 +56,6 @@ def timed_step(name: str) -> Iterator[None]:
     raises is not reported. The code generators, which do not import kiln.transform,
     reach this through `kiln.ir.steps.timed_step`.
     """
-    from kiln.transform.context import PassContext
 
     instruments = PassContext.current().instruments
     if not instruments:

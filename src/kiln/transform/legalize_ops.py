@@ -28,6 +28,8 @@ from kiln.ir.tensor import Buffer, PrimFunc, SeqStmt
 from kiln.ir.types import TensorType
 from kiln.ir.visitor import GraphMutator
 from kiln.kernels.lowering import legalize_call, lowering_for
+from kiln.ops import get_op
+from kiln.ops.te import with_dim_params
 from kiln.target.isa import isa_for
 from kiln.transform.pass_base import Pass
 
@@ -36,8 +38,6 @@ OpResolver = Callable[[str], Any]
 
 
 def _kiln_ops(name: str) -> Any:
-    from kiln.ops import get_op  # loads the built-in operators on first use
-
     return get_op(name)
 
 
@@ -124,7 +124,6 @@ class _State:
                 f"legalize rule of operator '{call.op}' returned {result!r}; "
                 "expected (PrimFunc, name_hint)")
         prim, hint = result
-        from kiln.ops.te import with_dim_params
 
         prim = with_dim_params(prim)  # hand-built kernels may omit them
         name = self._unique(_identifier(str(hint) or call.op))

@@ -233,6 +233,7 @@ class GraphAnalyzer:
         if isinstance(expr, g.CallTensor):
             return self._call(expr, hint)
         if isinstance(expr, (g.If, g.Loop)):
+            # cycle: kiln.transform.lower_control_flow imports this module
             from kiln.transform.lower_control_flow import analyze_control_flow
 
             return analyze_control_flow(self, expr, hint)
@@ -373,7 +374,9 @@ def _dimension_scalars(name: str, an: GraphAnalyzer, params: list[t.Buffer],
     them."""
     dims = {v.name: v for v in dim_vars(d for p in params for d in p.shape)}
     if len(an.items) != len(an.steps):  # control flow: bodies' dimensions are ours, by name
-        from kiln.transform.lower_control_flow import rename_dims
+        from kiln.transform.lower_control_flow import (
+            rename_dims,  # cycle: kiln.transform.lower_control_flow imports this module
+        )
 
         rename_dims(an.steps, dims)
     runtime = _runtime_dims(name, an.steps, dims)

@@ -30,7 +30,9 @@ from typing import Any
 
 from kiln.ir import graph as g
 from kiln.ir.module import IRModule
-from kiln.target.isa import ISA
+from kiln.kernels.registry import select
+from kiln.kernels.search import pack
+from kiln.target.isa import ISA, isa_for
 from kiln.transform.functor import SharedPacking, rewrite_calls
 from kiln.transform.pass_base import FunctionPass
 
@@ -46,15 +48,11 @@ class BlockMatmuls(FunctionPass):
 
     def run_on_function(self, func: Any, name: str, mod: IRModule) -> g.Function:
         assert isinstance(func, g.Function)
-        from kiln.target.isa import isa_for
 
         isa = isa_for(None)
         return rewrite_calls(func, SharedPacking(lambda call: _rewrite(call, isa)))
 
 
 def _rewrite(call: g.Call, isa: ISA) -> g.Call | None:
-    from kiln.kernels.registry import select
-    from kiln.kernels.search import pack
-
     family = select(call, isa) if call.op == "matmul" else None
     return pack(family, call, isa) if family is not None else None

@@ -50,11 +50,24 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
+from kiln.errors import UsageError
 from kiln.ir import graph as g
+from kiln.ir.analysis.graph_uses import graph_vars_used
 from kiln.ir.module import IRModule
 from kiln.ir.types import TensorType
-from kiln.target.isa import ISA
+from kiln.kernels.conv.blocked import choose_tiling
+from kiln.kernels.registry import KERNELS
+from kiln.kernels.tiles import tile_lanes, tile_registers, with_lanes
+from kiln.ops import conv_nchwc_depthwise as dw
+from kiln.ops.channel_scale_nchwc import CHANNEL_SCALE
+from kiln.ops.conv_direct import NCHW_INPUT_BLOCK, call_conv_shape, unpack_rows_weight
+from kiln.ops.layout import blocked_layout
+from kiln.ops.packed_attrs import TILE
+from kiln.ops.pool_nchwc import POOL_NCHWC, POOLS
+from kiln.ops.registry import call, get_op
+from kiln.target.isa import ISA, isa_for
 from kiln.transform.pass_base import FunctionPass
+from kiln.tuning.apply import NCHWC_REGION, current
 
 # A region must hold this many convolutions, and more than it has reorders: lone
 # convolutions and pairs between reorders (as between MobileNetV2's depthwise layers)
@@ -99,20 +112,19 @@ class NchwcLayout(FunctionPass):
 
     def run_on_function(self, func: Any, name: str, mod: IRModule) -> g.Function:
         assert isinstance(func, g.Function)
-        from kiln.kernels.tiles import tile_lanes, tile_registers, with_lanes
-        from kiln.target.isa import isa_for
 
         isa = isa_for(None)
         if self.lanes:
             isa = with_lanes(isa, self.lanes)
-        from kiln.kernels.conv.nchwc import pointwise_body_isa
+        from kiln.kernels.conv.nchwc import (
+            pointwise_body_isa,  # lazy: kiln.kernels.registry loads it on first use
+        )
 
         depthwise_only = self.depthwise_only and not (self.pointwise_regions
                                                       and pointwise_body_isa(isa))
         if depthwise_only and (tile_registers(isa) < DEPTHWISE_REGISTERS
                                     or tile_lanes(isa) < DEPTHWISE_LANES):
             return func
-        from kiln.tuning.apply import current
 
         session = current()
         skip: set[g.Var] = set()
@@ -139,8 +151,6 @@ class NchwcLayout(FunctionPass):
 class _Rewriter:
     def __init__(self, block: int, skip: set[g.Var], isa: ISA,
                  packs: dict[g.Var, g.Call] | None = None, gemm: bool = True) -> None:
-        from kiln.kernels.registry import KERNELS
-        from kiln.ops.layout import blocked_layout
 
         self.block = block
         self.isa = isa
@@ -184,8 +194,6 @@ class _Rewriter:
         """The convolutions of the regions left NCHW as `session` says (the
         `nchwc_region` knob, asked once per region; the rule's decision, `small`, is
         the default), `layouts` remembering each region's layout."""
-        from kiln.errors import UsageError
-        from kiln.tuning.apply import NCHWC_REGION
 
         out: set[g.Var] = set()
         for group in self.regions():
@@ -250,7 +258,6 @@ class _Rewriter:
 
     def _materialize(self, var: g.Var) -> None:
         """Bind `var` (NCHW) from its blocked value before its first NCHW reader."""
-        from kiln.ops.registry import call
 
         if var in self.plain or var not in self.blocked:
             return
@@ -265,7 +272,6 @@ class _Rewriter:
 
     def _to_blocked(self, x: g.Expr, conv: g.Var) -> g.Expr:
         """The NCHW{b}c value of `x` (reordered once per variable) for `conv`'s input."""
-        from kiln.ops.registry import call
 
         if isinstance(x, g.Var) and x in self.blocked:
             return self.blocked[x]
@@ -281,10 +287,6 @@ class _Rewriter:
     # ------------------------------------------------------------------ ops
 
     def _blocked_call(self, b: g.Binding) -> g.Call | None:
-        from kiln.ops.channel_scale_nchwc import CHANNEL_SCALE
-        from kiln.ops.pool_nchwc import POOL_NCHWC, POOLS
-        from kiln.ops.registry import call, get_op
-
         c = b.value
         assert isinstance(c, g.Call)
         if c.op == "conv2d_blocked":
@@ -331,8 +333,6 @@ class _Rewriter:
             and a.type.shape[1] % self.block == 0 for a in c.args)
 
     def _conv(self, c: g.Call, var: g.Var) -> g.Call | None:
-        from kiln.ops.conv_direct import NCHW_INPUT_BLOCK
-
         if not self.family.applies(c, self.isa):
             return None
         if self._reads_nchw(c):
@@ -360,8 +360,6 @@ class _Rewriter:
     def _rows(self, c: g.Call, var: g.Var) -> g.Call | None:
         """`c` (a `conv2d_rows`, `[co_block][ci][kh][kw][rows]` weight) as the blocked
         kernel's `conv2d_nchwc`."""
-        from kiln.ops.conv_direct import unpack_rows_weight
-        from kiln.ops.packed_attrs import TILE
 
         w, channels = c.args[1], c.attrs.get("channels")
         if not isinstance(w, g.Constant) or not isinstance(channels, int):
@@ -374,7 +372,6 @@ class _Rewriter:
 
     def _gemm(self, c: g.Call, var: g.Var) -> g.Call | None:
         """`c` (a `conv2d_gemm`, OIHW weight) as the blocked kernel's `conv2d_nchwc`."""
-        from kiln.ops.packed_attrs import TILE
 
         plain = g.Call("conv2d", c.args, g.freeze_attrs(
             {k: v for k, v in c.attrs.items() if k != TILE}), c.ret_type)
@@ -382,7 +379,6 @@ class _Rewriter:
 
     def _plain_conv(self, plain: g.Call, var: g.Var) -> g.Call | None:
         """`plain` (a `conv2d`, OIHW weight) as the blocked kernel's `conv2d_nchwc`."""
-        from kiln.kernels.registry import KERNELS
 
         direct = KERNELS.get("conv_direct")
         if not direct.applies(plain, self.isa):
@@ -392,8 +388,9 @@ class _Rewriter:
     def _winograd(self, c: g.Call, var: g.Var) -> g.Call | None:
         """`c` (a `conv2d_winograd` of whole channel blocks) as `conv2d_winograd_nchwc`:
         the weight packed in panels (kiln.kernels.conv.winograd_nchwc)."""
-        from kiln.kernels.conv.winograd import takes
-        from kiln.kernels.registry import KERNELS
+        from kiln.kernels.conv.winograd import (
+            takes,  # lazy: kiln.kernels.registry loads it on first use
+        )
 
         x, u = c.args[0], c.args[1]
         if not (_is_plain_4d(x.type) and isinstance(u, g.Constant) and u.data.ndim == 3
@@ -412,9 +409,10 @@ class _Rewriter:
     def _depthwise(self, c: g.Call, var: g.Var) -> g.Call | None:
         """`c` (a `conv2d_depthwise`) as `conv2d_nchwc_depthwise`: weight and bias packed
         into whole channel blocks (kiln.ops.conv_nchwc_depthwise)."""
-        from kiln.kernels.conv.nchwc_depthwise import choose_tile_width, conv_geometry
-        from kiln.ops import conv_nchwc_depthwise as dw
-        from kiln.ops.registry import call
+        from kiln.kernels.conv.nchwc_depthwise import (  # lazy: kiln.kernels.lowering loads it
+            choose_tile_width,
+            conv_geometry,
+        )
 
         w = c.args[1]
         bias = c.args[2] if len(c.args) > 2 else None
@@ -451,11 +449,13 @@ def k_blocked_small_images(func: g.Function, isa: ISA) -> set[g.Var]:
     six (Zen 3)"). The stride-1 1x1 layers go
     with them, so that the stage is one NCHW run rather than reorders around each 3x3
     layer (which made DenseNet-121's whole region fail `small_regions`)."""
-    from kiln.kernels.conv.blocked import choose_tiling
-    from kiln.kernels.conv.direct import SMALL_IMAGE_POSITIONS, choose_k_blocking
-    from kiln.kernels.conv.nchwc import pointwise_kernel
-    from kiln.kernels.tiles import tile_lanes, tile_registers
-    from kiln.ops.conv_direct import call_conv_shape
+    from kiln.kernels.conv.direct import (  # lazy: kiln.kernels.registry loads it on first use
+        SMALL_IMAGE_POSITIONS,
+        choose_k_blocking,
+    )
+    from kiln.kernels.conv.nchwc import (
+        pointwise_kernel,  # lazy: kiln.kernels.registry loads it on first use
+    )
 
     if not pointwise_kernel(isa):
         return set()
@@ -484,7 +484,6 @@ def region_signature(convs: list[g.Call]) -> str:
     source convolution as its geometry (input shape, output channels, kernel, strides,
     dilations, pads, groups, bias), whatever kernel family packed it, so equal regions
     in one or two models share a record."""
-    from kiln.ops.conv_direct import call_conv_shape
 
     parts = []
     for c in convs:
@@ -513,6 +512,4 @@ def _is_plain_4d(t: Any) -> bool:
 
 
 def _vars_in(expr: g.Expr) -> list[g.Var]:
-    from kiln.ir.analysis.graph_uses import graph_vars_used
-
     return list(dict.fromkeys(graph_vars_used(expr)))

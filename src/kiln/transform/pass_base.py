@@ -24,6 +24,7 @@ from kiln.errors import CompileError
 from kiln.ir.graph import Function
 from kiln.ir.module import BaseFunc, IRModule
 from kiln.ir.tensor import PrimFunc
+from kiln.transform.context import PassContext
 
 FUNCTION_LEVELS = ("tensor", "graph", "all")
 
@@ -43,7 +44,6 @@ class Pass:
 
     def __call__(self, mod: IRModule) -> IRModule:
         """Run the pass under the current PassContext (instruments, disabled passes)."""
-        from kiln.transform.context import PassContext
 
         return PassContext.current().run_pass(self, mod)
 

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 from kiln._registry import Registry, RegistryError
 from kiln.errors import CompileError
 from kiln.transform.pass_base import ModulePassFromCallable, Pass, Sequential
-from kiln.transform.registry import get_pass, parse_passes
+from kiln.transform.registry import get_pass, list_passes, parse_passes
 
 if TYPE_CHECKING:
     from kiln.target import Target
@@ -80,28 +80,57 @@ def default_graph_pipeline(nchwc: bool = NCHWC_BY_DEFAULT) -> Sequential:
     only chains holding a depthwise convolution are (on ISAs with 8 float32 lanes or more:
     `NchwcLayout(depthwise_only=True)`), and on AVX2 and AVX-512 every chain that pays
     (`pointwise_regions=True`)."""
-    from kiln.transform.composite_ops import RecognizeComposites
-    from kiln.transform.conv_blocking import BlockConvolutions
-    from kiln.transform.dead_code import DeadCodeElimination
-    from kiln.transform.fold_batchnorm import FoldBatchNorm
-    from kiln.transform.fold_constants import FoldConstants
-    from kiln.transform.fuse_ops import FuseOps
-    from kiln.transform.legalize_ops import LegalizeOps
-    from kiln.transform.lower_graph import LowerGraphToTensor
-    from kiln.transform.matmul_blocking import BlockMatmuls
-    from kiln.transform.merge_copies import MergeCopies
-    from kiln.transform.quantize_ops import QuantizeOps
-    from kiln.transform.use_cblas import UseCBLAS, target_wants_cblas
+    from kiln.transform.composite_ops import (
+        RecognizeComposites,  # lazy: kiln.transform.registry loads it on first use
+    )
+    from kiln.transform.conv_blocking import (
+        BlockConvolutions,  # lazy: kiln.transform.registry loads it on first use
+    )
+    from kiln.transform.dead_code import (
+        DeadCodeElimination,  # lazy: kiln.transform.registry loads it on first use
+    )
+    from kiln.transform.fold_batchnorm import (
+        FoldBatchNorm,  # lazy: kiln.transform.registry loads it on first use
+    )
+    from kiln.transform.fold_constants import (
+        FoldConstants,  # lazy: kiln.transform.registry loads it on first use
+    )
+    from kiln.transform.fuse_ops import (
+        FuseOps,  # lazy: kiln.transform.registry loads it on first use
+    )
+    from kiln.transform.legalize_ops import (
+        LegalizeOps,  # lazy: kiln.transform.registry loads it on first use
+    )
+    from kiln.transform.lower_graph import (
+        LowerGraphToTensor,  # lazy: kiln.transform.registry loads it on first use
+    )
+    from kiln.transform.matmul_blocking import (
+        BlockMatmuls,  # lazy: kiln.transform.registry loads it on first use
+    )
+    from kiln.transform.merge_copies import (
+        MergeCopies,  # lazy: kiln.transform.registry loads it on first use
+    )
+    from kiln.transform.quantize_ops import (
+        QuantizeOps,  # lazy: kiln.transform.registry loads it on first use
+    )
+    from kiln.transform.use_cblas import (  # lazy: kiln.transform.registry loads it on first use
+        UseCBLAS,
+        target_wants_cblas,
+    )
 
     # On a target with libs: ["cblas"], matrix products call CBLAS (kiln.ops.cblas).
     blas = [UseCBLAS()] if target_wants_cblas() else []
-    from kiln.transform.nchwc_layout import NchwcLayout
+    from kiln.transform.nchwc_layout import (
+        NchwcLayout,  # lazy: kiln.transform.registry loads it on first use
+    )
 
     # without `nchwc`, only regions with a depthwise convolution (MobileNet-style networks),
     # and on AVX2 and AVX-512 every region that pays (`pointwise_regions`)
     layout = [NchwcLayout()] if nchwc else [NchwcLayout(depthwise_only=True,
                                                         pointwise_regions=True)]
-    from kiln.transform.quant_layout import QuantLayout
+    from kiln.transform.quant_layout import (
+        QuantLayout,  # lazy: kiln.transform.registry loads it on first use
+    )
 
     return Sequential([QuantizeOps(), QuantLayout(), FoldConstants(), RecognizeComposites(),
                        FoldBatchNorm(), MergeCopies(), *blas, BlockConvolutions(), *layout,
@@ -118,13 +147,27 @@ def default_tensor_pipeline() -> Sequential:
     independent loop iterations in parallel, spell float32 exp/tanh/sigmoid/erf as
     arithmetic the vectorizer widens (on CPU targets; kiln.transform.expand_math), then
     decide which lane loops become vector code (kiln.transform.vectorize_loops)."""
-    from kiln.transform.expand_math import ExpandMath
-    from kiln.transform.flatten_loops import FlattenLoops
-    from kiln.transform.interchange_reductions import InterchangeReductions
-    from kiln.transform.parallelize import Parallelize
-    from kiln.transform.partition_loops import PartitionLoops
-    from kiln.transform.simplify import Simplify
-    from kiln.transform.vectorize_loops import VectorizeLoops
+    from kiln.transform.expand_math import (
+        ExpandMath,  # lazy: kiln.transform.registry loads it on first use
+    )
+    from kiln.transform.flatten_loops import (
+        FlattenLoops,  # lazy: kiln.transform.registry loads it on first use
+    )
+    from kiln.transform.interchange_reductions import (
+        InterchangeReductions,  # lazy: kiln.transform.registry loads it on first use
+    )
+    from kiln.transform.parallelize import (
+        Parallelize,  # lazy: kiln.transform.registry loads it on first use
+    )
+    from kiln.transform.partition_loops import (
+        PartitionLoops,  # lazy: kiln.transform.registry loads it on first use
+    )
+    from kiln.transform.simplify import (
+        Simplify,  # lazy: kiln.transform.registry loads it on first use
+    )
+    from kiln.transform.vectorize_loops import (
+        VectorizeLoops,  # lazy: kiln.transform.registry loads it on first use
+    )
 
     return Sequential([Simplify(), PartitionLoops(), FlattenLoops(), InterchangeReductions(),
                        Parallelize(), ExpandMath(), VectorizeLoops()],
@@ -134,12 +177,24 @@ def default_tensor_pipeline() -> Sequential:
 def gpu_graph_pipeline() -> Sequential:
     """The default graph pipeline without the CPU convolution kernels (BlockConvolutions
     and CBLAS pick register-tiled CPU kernels with heap scratch buffers)."""
-    from kiln.transform.dead_code import DeadCodeElimination
-    from kiln.transform.fold_batchnorm import FoldBatchNorm
-    from kiln.transform.fold_constants import FoldConstants
-    from kiln.transform.fuse_ops import FuseOps
-    from kiln.transform.legalize_ops import LegalizeOps
-    from kiln.transform.lower_graph import LowerGraphToTensor
+    from kiln.transform.dead_code import (
+        DeadCodeElimination,  # lazy: kiln.transform.registry loads it on first use
+    )
+    from kiln.transform.fold_batchnorm import (
+        FoldBatchNorm,  # lazy: kiln.transform.registry loads it on first use
+    )
+    from kiln.transform.fold_constants import (
+        FoldConstants,  # lazy: kiln.transform.registry loads it on first use
+    )
+    from kiln.transform.fuse_ops import (
+        FuseOps,  # lazy: kiln.transform.registry loads it on first use
+    )
+    from kiln.transform.legalize_ops import (
+        LegalizeOps,  # lazy: kiln.transform.registry loads it on first use
+    )
+    from kiln.transform.lower_graph import (
+        LowerGraphToTensor,  # lazy: kiln.transform.registry loads it on first use
+    )
 
     return Sequential([FoldConstants(), FoldBatchNorm(), FuseOps(), LegalizeOps(),
                        DeadCodeElimination(), LowerGraphToTensor()], name="graph-gpu")
@@ -150,9 +205,15 @@ def gpu_tensor_pipeline() -> Sequential:
     then bind loops to blocks and threads (kiln.transform.gpu_schedule). Unlike the CPU
     pipeline, reductions keep their output loops outermost: each output element is then
     one thread's (a register accumulator), instead of a row of accumulators per thread."""
-    from kiln.transform.gpu_schedule import BindGpuThreads
-    from kiln.transform.parallelize import Parallelize
-    from kiln.transform.simplify import Simplify
+    from kiln.transform.gpu_schedule import (
+        BindGpuThreads,  # lazy: kiln.transform.registry loads it on first use
+    )
+    from kiln.transform.parallelize import (
+        Parallelize,  # lazy: kiln.transform.registry loads it on first use
+    )
+    from kiln.transform.simplify import (
+        Simplify,  # lazy: kiln.transform.registry loads it on first use
+    )
 
     return Sequential([Simplify(), Parallelize(min_work=1), BindGpuThreads()],
                       name="tensor-gpu")
@@ -211,7 +272,5 @@ def _call_factory(name: str, factory: PipelineFactory) -> Pass:
 
 
 def _pass_names() -> list[str]:
-    from kiln.transform.registry import list_passes
-
     return list_passes()
 

@@ -34,9 +34,14 @@ from typing import Any
 
 import numpy as np
 
+from kiln import ops
 from kiln.ir import graph as g
+from kiln.ir.analysis.graph_uses import graph_vars_used
 from kiln.ir.module import IRModule
 from kiln.ir.types import TensorType
+from kiln.kernels.int8.conv_tile import stores_words
+from kiln.ops import quant_conv_words as qc
+from kiln.ops.quant_conv_words import CONV_DOT, WORDS_LAYOUT
 from kiln.target.isa import isa_for
 from kiln.transform.pass_base import FunctionPass
 
@@ -54,8 +59,6 @@ class QuantLayout(FunctionPass):
     level = "graph"
 
     def run_on_function(self, func: Any, name: str, mod: IRModule) -> g.Function:
-        from kiln.ops.quant_conv_words import CONV_DOT
-
         assert isinstance(func, g.Function)
         if not any(isinstance(b.value, g.Call) and b.value.op == CONV_DOT
                    for b in func.bindings):
@@ -86,9 +89,6 @@ def _residual_add(c: g.Call) -> bool:
 
 def _words_values(func: g.Function) -> set[g.Var]:
     """The bound values that take NCHW4c (see the module docstring)."""
-    from kiln.ir.analysis.graph_uses import graph_vars_used
-    from kiln.kernels.int8.conv_tile import stores_words
-    from kiln.ops import quant_conv_words as qc
 
     isa = isa_for(None)  # the target the pipeline runs under
     producers: dict[g.Var, g.Call] = {}
@@ -133,9 +133,6 @@ def _words_values(func: g.Function) -> set[g.Var]:
 def _rewrite(func: g.Function, words: set[g.Var]) -> g.Function:
     """`func` with the values of `words` in NCHW4c: their producers and readers given the
     layout attributes (residual adds their 5-D operands)."""
-    from kiln.ops.quant_conv_words import CONV_DOT, WORDS_LAYOUT
-    from kiln.ops.registry import call
-
     renamed: dict[g.Var, g.Var] = {}
     bindings: list[g.Binding] = []
     for b in func.bindings:
@@ -153,7 +150,7 @@ def _rewrite(func: g.Function, words: set[g.Var]) -> g.Function:
                 attrs["in_layout"] = WORDS_LAYOUT
             if b.var in words:
                 attrs["out_layout"] = WORDS_LAYOUT
-        new = call(c.op, *args, **attrs)
+        new = ops.call(c.op, *args, **attrs)
         if b.var in words:
             var = g.Var(b.var.name + "_w", new.ret_type)
             renamed[b.var] = var

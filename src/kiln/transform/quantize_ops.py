@@ -75,12 +75,18 @@ from kiln.ir.analysis.graph_uses import var_use_counts
 from kiln.ir.module import IRModule
 from kiln.ir.types import TensorType
 from kiln.ir.visitor import GraphMutator
+from kiln.kernels.registry import select
+from kiln.ops import call as op_call
+from kiln.ops.quant import qrange, quantize_ref, requantize_multiplier
+from kiln.ops.quant_mlas_conv import default_threads
+from kiln.ops.quant_ort import OrtTypes
+from kiln.ops.quant_softmax import MAX_MULTIPLIER, softmax_multiplier, softmax_table
+from kiln.target.isa import isa_for
 from kiln.transform.dead_code import remove_dead_bindings
 from kiln.transform.functor import SharedPacking, rewrite_calls
 from kiln.transform.pass_base import FunctionPass
 
 if TYPE_CHECKING:
-    from kiln.ops.quant_ort import OrtTypes
     from kiln.target.isa import ISA
 
 _CONVS = ("conv1d", "conv2d", "conv3d")
@@ -109,14 +115,10 @@ class QuantizeOps(FunctionPass):
     threads: int | None = None
 
     def run_on_function(self, func: Any, name: str, mod: IRModule) -> g.Function:
-        from kiln.target.isa import isa_for
-
         assert isinstance(func, g.Function)
         if not any(isinstance(b.value, g.Call) and b.value.op in _STARTS
                    for b in func.bindings):
             return func
-        from kiln.ops.quant_ort import OrtTypes
-
         func = _MergeEqualQdq().visit_function(func)
         uses = var_use_counts(func)
         match = _Matcher({b.var: b.value for b in func.bindings}, uses,
@@ -136,7 +138,6 @@ class QuantizeOps(FunctionPass):
 def _packed(call: g.Call, isa: ISA) -> g.Call | None:
     """`call` packed by the kernel family the registry picks for it on `isa`
     (kiln.kernels.registry.select, as the float blocking passes ask), or None."""
-    from kiln.kernels.registry import select
 
     family = select(call, isa) if call.op in _PACKED else None
     return family.pack(call, isa) if family is not None else None
@@ -209,7 +210,6 @@ class _Matcher:
         if y_scale is None or y_zp is None or str(y_zp.dtype) not in _PRODUCT_DTYPES \
                 or not _increasing(y_scale):
             return None
-        from kiln.ops.quant import qrange, quantize_ref
 
         lo, hi = qrange(str(y_zp.dtype))
         part = self._split_part(q.args[0])
@@ -277,7 +277,6 @@ class _Matcher:
                 or source.zero_point.dtype != y_zp.dtype \
                 or source.zero_point.reshape(()) != y_zp:
             return None
-        from kiln.ops import call as op_call
 
         try:
             return op_call(op.op, source.data, *op.args[1:], **op.attrs)
@@ -293,7 +292,6 @@ class _Matcher:
         split = self._producer(item.tuple_value, single_use=False)
         if split is None or split.op != "split":
             return None
-        from kiln.ops import call as op_call
 
         sections, axis = split.attrs["sections"], split.attrs.get("axis", 0)
         if not isinstance(sections, tuple) or not isinstance(axis, int):
@@ -309,7 +307,6 @@ class _Matcher:
         integers copied where an input's scale and zero point are the output's, else
         requantized (onnxruntime's table of quantize(dequantize(v)) for the 256 values,
         the same float32 operations)."""
-        from kiln.ops import call as op_call
 
         xs = [self._dequantized(arg) for arg in concat.args]
         if any(x is None or x.axis is not None or x.scale.ndim or not (
@@ -331,7 +328,6 @@ class _Matcher:
         the output have one type as its kernels see them (kiln.ops.quant_ort); int8
         tensors it runs as uint8 are computed as uint8 (`as_uint8`). Mixed types stay
         float there, and in kiln."""
-        from kiln.ops import call as op_call
 
         ct = call.type
         if not (isinstance(ct, TensorType) and ct.dtype == "float32"):
@@ -360,7 +356,6 @@ class _Matcher:
     def _global_average(self, pool: g.Call, q: g.Call) -> g.Call | None:
         """`quantize(global_avg_pool(dequantize(x)))`, per tensor, x and the output of one
         type: onnxruntime's QLinearGlobalAveragePool (kiln.ops.quant_pool)."""
-        from kiln.ops import call as op_call
 
         x = self._dequantized(pool.args[0])
         if x is None or x.axis is not None or x.scale.ndim or not (
@@ -380,7 +375,6 @@ class _Matcher:
         onnxruntime's kernels see them: its QLinearAveragePool averages the dequantized
         floats as the float op does, then rounds `average / y_scale + y_zp` (the zero point
         added before rounding; for int8 it runs as uint8, with `y_zp + 128`)."""
-        from kiln.ops import call as op_call
 
         x = self._dequantized(pool.args[0])
         if q.attrs.get("zero_point_first") or x is None or x.axis is not None \
@@ -397,8 +391,6 @@ class _Matcher:
                  ) -> g.Call | None:
         """`quantize(softmax(dequantize(x)))` over the last axis, per tensor, uint8 or int8:
         onnxruntime's QLinearSoftmax (kiln.ops.quant_softmax), its exp table built here."""
-        from kiln.ops import call as op_call
-        from kiln.ops.quant_softmax import MAX_MULTIPLIER, softmax_multiplier, softmax_table
 
         x = self._dequantized(softmax.args[0])
         xt = x.data.type if x is not None else None
@@ -468,8 +460,6 @@ class _Matcher:
                          y_zp: np.ndarray, attrs: dict[str, Any]) -> g.Call | None:
         """The fused integer product `op(x, w, bias, x_zp, w_zp, multiplier, y_zp)` of two
         dequantized operands, or None (keep float) where the op refuses the shapes."""
-        from kiln.ops import call as op_call
-        from kiln.ops.quant import requantize_multiplier
 
         w_zp = np.asarray(w.zero_point)
         try:
@@ -488,7 +478,6 @@ class _Matcher:
         `dynamic_quantize_linear(a)` and B, its zero point and scale and the bias are
         constants: `dynamic_quant_matmul(a, ...)` (kiln.ops.quant_dynamic), the same
         float32 operations in the same order."""
-        from kiln.ops import call as op_call
 
         product: g.Call | None = root
         bias: g.Expr | None = None
@@ -644,8 +633,6 @@ class _FloatConvs:
     (onnxruntime runs it on its blocked-layout kernels instead)."""
 
     def __init__(self, func: g.Function, threads: int | None) -> None:
-        from kiln.ops.quant_mlas_conv import default_threads
-
         self.defs = {b.var: b.value for b in func.bindings}
         self.vars = {id(b.value): b.var for b in func.bindings}
         self.uses = var_use_counts(func)
@@ -696,8 +683,6 @@ class _FloatConvs:
         return g.Constant((q.astype(np.float32) * scale).astype(np.float32))
 
     def rewrite(self, call: g.Call) -> g.Call | None:
-        from kiln.ops import call as op_call
-
         if call.op != "conv2d" or not all(self._dequantized(a) for a in call.args[:2]) \
                 or not self._quantized(self.vars.get(id(call))):
             return None

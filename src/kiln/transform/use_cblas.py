@@ -16,13 +16,16 @@ from typing import Any
 from kiln.ir import graph as g
 from kiln.ir.module import IRModule
 from kiln.ir.types import TensorType
+from kiln.ops import cblas
+from kiln.ops.registry import call as op_call
+from kiln.target import Target
+from kiln.target.isa import isa_for
 from kiln.transform.functor import rewrite_calls
 from kiln.transform.pass_base import FunctionPass
+from kiln.tuning.apply import current
 
 
 def target_wants_cblas() -> bool:
-    from kiln.target import Target
-
     target = Target.current()
     return target is not None and "cblas" in (target.get("libs") or ())
 
@@ -37,11 +40,6 @@ class UseCBLAS(FunctionPass):
     force: bool = False
 
     def run_on_function(self, func: Any, name: str, mod: IRModule) -> g.Function:
-        from kiln.ops import cblas
-        from kiln.ops.registry import call as op_call
-        from kiln.target.isa import isa_for
-        from kiln.tuning.apply import current
-
         assert isinstance(func, g.Function)
         allowed = target_wants_cblas()
         if not (self.force or allowed):

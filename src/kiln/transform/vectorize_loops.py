@@ -34,6 +34,7 @@ from kiln.ir.analysis.vector_loops import (
 from kiln.ir.attrs import ATTR_VECTOR_BITS
 from kiln.ir.module import IRModule
 from kiln.ir.visitor import StmtMutator, iter_stmts, substitute
+from kiln.target.isa import isa_for
 from kiln.transform.pass_base import Pass
 
 
@@ -65,8 +66,6 @@ class VectorizeLoops(Pass):
 
 
 def _target_vector_bits() -> int:
-    from kiln.target.isa import isa_for
-
     return isa_for(None).vector_bits
 
 
