@@ -19,7 +19,10 @@ from typing import Any
 
 import numpy as np
 
+from kiln.artifact import Artifact
+from kiln.artifact.integrity import CHUNK_SIZE, chunk_digests, tree_digest
 from kiln.artifact.segments import Segments
+from kiln.codegen.naming import consts_symbol
 from kiln.ir.module import IRModule
 from kiln.ir.tensor import AllocConst
 from kiln.ir.visitor import iter_stmts
@@ -71,8 +74,6 @@ class ConstantPool:
 
     def artifact(self, codegen_id: str, prefix: str, loader: str = "native") -> Any:
         """The pool as a `constants.bin` Artifact with its symbol, alignment and chunk hashes."""
-        from kiln.artifact import Artifact
-        from kiln.codegen.naming import consts_symbol
 
         return Artifact(codegen_id, loader, CONSTANTS_FILE, self.content(),
                         {"symbol": consts_symbol(prefix), "align": CONST_ALIGN,
@@ -118,7 +119,6 @@ class ConstantPool:
         driver can key the cache before codegen without holding a second copy
         of the weights during it.
         """
-        from kiln.artifact.integrity import chunk_digests
 
         if self._digests is None:
             self._digests = chunk_digests(self.content())
@@ -132,13 +132,11 @@ class ConstantPool:
 
     def integrity(self) -> dict[str, Any]:
         """Artifact metadata recording the blob's chunk hashes (docs/format.md)."""
-        from kiln.artifact.integrity import CHUNK_SIZE
 
         return {"chunk_size": CHUNK_SIZE, "chunk_sha256": self.chunk_digests().hex()}
 
     def fingerprint(self) -> str:
         """Hex digest naming the blob's content (its chunk hashes and size)."""
-        from kiln.artifact.integrity import tree_digest
 
         return tree_digest(self.chunk_digests(), self.size)
 

@@ -39,7 +39,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kiln import dim_expr
+from kiln import __version__, dim_expr
+from kiln.artifact import Artifact
 from kiln.codegen.cfamily.helpers import DIM_RUNTIME_FILE, Helpers
 from kiln.codegen.cfamily.printer import HELPER_PREFIX, CPrinter, NameScope
 from kiln.codegen.cfamily.signature import describe_params, param_ctype, qualifiers
@@ -240,8 +241,6 @@ class HostPrinter:
                 *self.helpers.lines(), *(f"#undef {n}" for n in names), ""]
 
     def render(self) -> str:
-        from kiln import __version__
-
         funcs = kernel_funcs(self.mod)
         entries: list[str] = []
         for name, fn in funcs.items():
@@ -545,7 +544,6 @@ def codegen_host(
     metadata asks the linker for `-pthread` (not with `-DKILN_NO_THREADS`, which
     makes parallel loops serial for firmware).
     """
-    from kiln.artifact import Artifact
 
     flags = list(cflags if cflags is not None else DEFAULT_HOST_CFLAGS)
     meta: dict[str, Any] = {"cflags": flags}

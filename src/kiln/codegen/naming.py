@@ -22,9 +22,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from kiln import dim_expr
+from kiln import __version__, dim_expr
 from kiln.errors import CompileError, FormatError
 from kiln.escape import is_c_identifier, symbol_name
+from kiln.ir.aliasing import analyze
 from kiln.ir.attrs import (
     ATTR_GRAPH,
     ATTR_NUM_OUTPUTS,
@@ -34,6 +35,7 @@ from kiln.ir.attrs import (
     ATTR_TUPLE_RESULT,
 )
 from kiln.ir.module import IRModule
+from kiln.ir.outlined import kernel_funcs
 from kiln.ir.shape_expr import dim_bounds, dim_text, graph_dims
 from kiln.ir.tensor import Buffer, PrimExpr, PrimFunc, Var
 from kiln.ir.terminate import terminate_flag
@@ -221,9 +223,6 @@ def function_signature(name: str, fn: PrimFunc, prefix: str,
 
 def library_metadata(mod: IRModule, prefix: str, **extra: Any) -> dict[str, Any]:
     """The library metadata JSON object (docs/abi.md) of a lowered module."""
-    from kiln import __version__
-    from kiln.ir.aliasing import analyze
-    from kiln.ir.outlined import kernel_funcs
 
     # Outlined loop bodies (kiln.ir.outlined) write for their kernel, which lists
     # the buffers as written; they are no functions of the library.
@@ -235,7 +234,9 @@ def library_metadata(mod: IRModule, prefix: str, **extra: Any) -> dict[str, Any]
         raise CompileError(
             f"graph-level functions {graph_left} were not lowered before codegen; "
             "run the default graph pipeline or lower them yourself")
-    from kiln.codegen.graph_summary import graph_summaries
+    from kiln.codegen.graph_summary import (
+        graph_summaries,  # cycle: kiln.codegen.graph_summary imports this module
+    )
 
     graphs = graph_summaries(mod.prim_funcs(), written)
     if graphs:  # the kernel calls and memory plan of each lowered graph function

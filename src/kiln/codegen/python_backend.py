@@ -17,14 +17,18 @@ from typing import Any
 
 import numpy as np
 
+from kiln.artifact import InMemoryArtifact
 from kiln.codegen.constants import ConstantPool
 from kiln.codegen.naming import library_metadata
+from kiln.codegen.registry import graph_signature
 from kiln.errors import FormatError
 from kiln.ir.graph import Function
 from kiln.ir.module import IRModule
+from kiln.ops import evaluate
 from kiln.runtime import abi, ctypes_abi
 from kiln.runtime import function as rf
 from kiln.runtime.function import PackedFunction
+from kiln.runtime.module import FunctionTableModule
 
 CODEGEN_ID = "python"
 LOADER = "python"
@@ -34,8 +38,6 @@ FILE_NAME = "module.kir"
 def codegen_python(mod: IRModule, target: Any, *, prefix: str,
                    pool: ConstantPool | None = None) -> list[Any]:
     """One InMemoryArtifact holding the module and its library metadata."""
-    from kiln.artifact import InMemoryArtifact
-    from kiln.codegen.registry import graph_signature
 
     graph = mod.graph_funcs()
     metadata = library_metadata(mod.without(*graph) if graph else mod, prefix)
@@ -48,7 +50,6 @@ def codegen_python(mod: IRModule, target: Any, *, prefix: str,
 def load_python(artifacts: list[Any], ctx: Any) -> Any:
     """The runtime loader "python" (registered by kiln.codegen on import): a Module of
     interpreted functions."""
-    from kiln.runtime.module import FunctionTableModule
 
     functions: dict[str, Any] = {}
     for art in artifacts:
@@ -80,8 +81,6 @@ class InterpretedFunction(PackedFunction):
         self.module = mod
 
     def _invoke(self, values: list[Any], wheres: list[Any]) -> None:
-        from kiln.ops import evaluate  # graph functions may still call operators
-
         args: list[Any] = []
         for value, param, where in zip(values, self.params + self.results, wheres):
             if param["kind"] == "tensor":

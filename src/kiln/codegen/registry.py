@@ -28,16 +28,22 @@ from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 from kiln._registry import Registry, RegistryError
+from kiln.artifact import Artifact as PlainArtifact
+from kiln.artifact import ArtifactSet, InMemoryArtifact
+from kiln.codegen.constants import ConstantPool
 from kiln.codegen.naming import DEFAULT_PREFIX, check_prefix, entry_symbol
 from kiln.errors import CompileError, ExportError, IRError, TargetError, missing_dependency
 from kiln.ir.attrs import ATTR_GIVEN_OUTPUT_NAMES, ATTR_OUTPUT_NAMES
 from kiln.ir.module import IRModule
+from kiln.ir.steps import timed_step
+from kiln.ir.types import TensorType, TupleType
+from kiln.runtime.library import set_step_timer
+from kiln.runtime.loaders import LOADERS, register_loader
+from kiln.target import Target, TargetKind, get_kind, list_kinds, register_kind
 
 if TYPE_CHECKING:
-    from kiln.artifact import AnyArtifact, ArtifactSet
-    from kiln.codegen.constants import ConstantPool
+    from kiln.artifact import AnyArtifact
     from kiln.ir.graph import Function
-    from kiln.target import Target
 
 CodegenFn = Callable[..., "Iterable[AnyArtifact]"]
 
@@ -112,7 +118,6 @@ def codegen_for(target: Target) -> tuple[str, CodegenFn]:
 
 def kinds_with_codegen() -> list[str]:
     """Names of the registered target kinds a codegen is available for."""
-    from kiln.target.registry import get_kind, list_kinds
 
     out = []
     for kind in list_kinds():
@@ -130,10 +135,6 @@ def build(mod: IRModule, target: Target, *, prefix: str = DEFAULT_PREFIX,
     (`pool`, if given, must be `ConstantPool.from_module(mod)`: the driver builds it
     once and reuses its hashes).
     """
-    from kiln.artifact import Artifact as PlainArtifact
-    from kiln.artifact import ArtifactSet, InMemoryArtifact
-    from kiln.codegen.constants import ConstantPool
-
     check_prefix(prefix)
     name, fn = codegen_for(target)
     pool = pool if pool is not None else ConstantPool.from_module(mod)
@@ -176,8 +177,6 @@ from kiln.runtime.plugins import load_backends, scanned_backends  # noqa: E402
 
 def resolve_target(spec: Any) -> Target:
     """`kiln.target.Target(spec)`, loading `kiln.backends` plug-ins if the kind is unknown."""
-    from kiln.target import Target
-
     if isinstance(spec, Target):
         return spec
     try:
@@ -201,7 +200,6 @@ def graph_signature(name: str, fn: Function, prefix: str = DEFAULT_PREFIX) -> di
     Same shape as `naming.function_signature` of its lowered form: params, then
     results named by the "output_names" attribute (else out0, out1, ...).
     """
-    from kiln.ir.types import TensorType, TupleType
 
     def flat(ty: Any) -> list[TensorType]:
         if isinstance(ty, TupleType):
@@ -232,8 +230,6 @@ def graph_signature(name: str, fn: Function, prefix: str = DEFAULT_PREFIX) -> di
 
 def register_python_kind() -> None:
     """Register target kind "python" (the reference interpreter) if nobody has yet."""
-    from kiln.target import TargetKind, list_kinds, register_kind
-
     if "python" in list_kinds():
         return
     kind = TargetKind("python", {}, ("cpu",),
@@ -256,9 +252,6 @@ def connect_runtime() -> None:
     host has the runtime alone): the loaders of `COMPILER_LOADERS` (kept when registered
     already) and the timer of export_library's steps (kiln.ir.steps: the PassContext
     instruments' timer once the passes are imported). kiln.codegen does this on import."""
-    from kiln.ir.steps import timed_step
-    from kiln.runtime.library import set_step_timer
-    from kiln.runtime.loaders import LOADERS, register_loader
 
     for name, path in COMPILER_LOADERS.items():
         if name not in LOADERS:

@@ -18,7 +18,9 @@ from kiln.errors import CompileError
 from kiln.ir import dtype as dt
 from kiln.ir.attrs import ATTR_PARALLEL_OF
 from kiln.ir.module import IRModule
+from kiln.ir.outlined import is_loop_body, kernel_funcs
 from kiln.ir.tensor import Allocate, AllocConst, Buffer, DeclBuffer
+from kiln.ir.visitor import iter_nodes
 
 # Architectures (the first part of a triple) whose pointers are 64 bits wide;
 # every other one kiln targets (arm, thumb*, riscv32, i686, wasm32, ...) has 32.
@@ -58,8 +60,6 @@ def max_object_bytes(pointer_bits: int) -> int:
 
 def check_buffer_sizes(mod: IRModule, pointer_bits: int) -> None:
     """CompileError if some buffer of `mod` is larger than one object of the target."""
-    from kiln.ir.outlined import is_loop_body, kernel_funcs
-    from kiln.ir.visitor import iter_nodes
 
     limit = max_object_bytes(pointer_bits)
     # An outlined loop body's buffers are its kernel's (parameters) or made in the loop:

@@ -35,14 +35,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kiln import __version__
+from kiln.artifact.archive import add_file
 from kiln.artifact.artifact import NATIVE, Artifact
 from kiln.artifact.integrity import CHUNK_SIZE, DIGEST_SIZE, chunk_count, chunk_digests
 from kiln.artifact.segments import Content
 from kiln.errors import ExportError
 from kiln.escape import c_comment, int64_literal, is_c_identifier
 from kiln.export.dependencies import collect_dependencies
+from kiln.ir import dtype as dt
+from kiln.ir.tensor import Allocate
+from kiln.ir.visitor import iter_stmts
 from kiln.runtime.abi import C_DTYPE_MACROS
 from kiln.runtime.mlf import metadata_digest
+from kiln.runtime.native import include_dir
 
 # The format's versions (docs/mlf.md, "Versions"; kiln.mlf.load reads every one):
 # 1 (2026-11-22): weights as a C array, the allocator generated into <model>_mlf.c.
@@ -61,9 +67,6 @@ def _heap_bytes(executable: Any) -> int:
     """Bytes the kernels' heap buffers need at most: main's own (the arena) plus the
     largest total of any one kernel it calls (each frees its buffers before returning),
     with alignment slack per buffer."""
-    from kiln.ir import dtype as dt
-    from kiln.ir.tensor import Allocate
-    from kiln.ir.visitor import iter_stmts
 
     totals: dict[str, int] = {}
     for name, fn in executable.ir.prim_funcs().items():
@@ -105,8 +108,6 @@ def _signature(metadata: Mapping[str, Any]) -> tuple[list[dict[str, Any]], list[
 
 
 def _nbytes(p: Mapping[str, Any]) -> int:
-    from kiln.ir import dtype as dt
-
     count = 1
     for d in p["shape"]:
         count *= int(d)
@@ -294,7 +295,6 @@ def _archive_metadata(executable: Any, model_name: str, ins: Sequence[Mapping[st
                       m: _Members) -> dict[str, Any]:
     """metadata.json's content (docs/mlf.md) for the members `m` hold so far, its own
     digest included."""
-    from kiln import __version__
 
     io_bytes = sum(_nbytes(p) for p in [*ins, *outs])
     metadata = {
@@ -324,7 +324,6 @@ def _archive_metadata(executable: Any, model_name: str, ins: Sequence[Mapping[st
 def _write_tar(out: Path, files: Mapping[str, Content]) -> Path:
     """Write `files` as an uncompressed tar at `out`, sorted by path, all or nothing
     (through a temporary file beside it)."""
-    from kiln.artifact.archive import add_file
 
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.name}.tmp")
@@ -350,7 +349,6 @@ def export_model_library_format(executable: Any, path: str | os.PathLike[str], *
     if not is_c_identifier(model_name) or model_name.startswith("kiln"):
         raise ExportError(f"model_name {model_name!r} must be a C identifier not starting "
                           "with 'kiln'")
-    from kiln.runtime.native import include_dir
 
     prefix = executable.prefix
     arts = list(executable.artifacts)

@@ -28,7 +28,9 @@ from kiln.errors import ExportError, MissingDependencyError
 
 
 def _consts_object(prefix: str, data: bytes, triple: str) -> bytes:
-    from kiln.codegen.llvm.target_machine import llvm_binding
+    from kiln.codegen.llvm.target_machine import (
+        llvm_binding,  # heavy: kiln.codegen.llvm.target_machine imports llvmlite
+    )
 
     llvm = llvm_binding()
     # each byte as LLVM's string escape \hh, built by numpy: a Python loop over the

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from kiln import __version__
+from kiln.artifact import Artifact
 from kiln.codegen.c.context import ModuleContext
 from kiln.codegen.c.externs import ExternTable
 from kiln.codegen.c.flags import host_cflags, kernel_cflags, selected_cpu, toolchain_metadata
@@ -21,6 +23,7 @@ from kiln.codegen.cfamily.helpers import Helpers
 from kiln.codegen.cfamily.signature import ParamQualifiers, check_shape_vars, qualifiers
 from kiln.codegen.constants import ConstantPool
 from kiln.codegen.cpu_requirements import feature_rows, required_features
+from kiln.codegen.host import codegen_host, uses_heap
 from kiln.codegen.naming import (
     C_TYPE_NAMES,
     check_prefix,
@@ -40,6 +43,8 @@ from kiln.ir.module import IRModule
 from kiln.ir.outlined import kernel_funcs, outlined_launches
 from kiln.ir.profiling import profile_sites
 from kiln.ir.tensor import PROFILE_INTRINSICS, Buffer, Param, PrimFunc
+from kiln.target.host import host_triple, llvm_available
+from kiln.target.llvm_names import check_cpu_names
 
 KERNELS_FILE = C_DIALECT.file_name
 CODEGEN_ID = "c"
@@ -137,7 +142,6 @@ def emit_kernels(mod: IRModule, *, prefix: str, pool: ConstantPool,
     if profiled:
         prototypes[:0] = [*_profile_decls(prefix), ""]
 
-    from kiln import __version__
 
     out = [*dialect.header(__version__), *(f"#include <{h}>" for h in dialect.includes)]
     if ctx.uses_malloc:
@@ -240,8 +244,6 @@ def _cpu_requirements(target: Any) -> dict[str, Any]:
     selected = selected_cpu(target)
     if selected is None:
         return {}
-    from kiln.target.host import host_triple, llvm_available
-    from kiln.target.llvm_names import check_cpu_names
 
     if not llvm_available():
         raise MissingDependencyError(
@@ -259,8 +261,6 @@ def codegen_c(mod: IRModule, target: Any, *, prefix: str, pool: ConstantPool) ->
     `target` is a `kiln.target.Target` of kind "c" (or None for the host): it
     selects the C compiler flags recorded in `metadata["cflags"]`.
     """
-    from kiln.artifact import Artifact
-    from kiln.codegen.host import codegen_host, uses_heap
 
     check_buffer_sizes(mod, target_pointer_bits(target))
     source, info = emit_kernels(mod, prefix=prefix, pool=pool)

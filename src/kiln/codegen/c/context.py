@@ -10,6 +10,7 @@ from kiln.codegen.cfamily.helpers import Helpers
 from kiln.codegen.cfamily.printer import NameScope
 from kiln.codegen.cfamily.signature import ParamQualifiers
 from kiln.codegen.constants import ConstantPool
+from kiln.codegen.naming import C_TYPE_NAMES
 from kiln.errors import CompileError
 from kiln.ir import dtype as dt
 from kiln.ir.module import IRModule
@@ -23,7 +24,6 @@ STATUS_OUT_OF_MEMORY = 1
 
 def value_ctype(dtype: str) -> str:
     """The C type an expression of `dtype` computes in (16-bit floats: float)."""
-    from kiln.codegen.naming import C_TYPE_NAMES
 
     if dtype in ("float16", "bfloat16"):
         return "float"

@@ -27,7 +27,8 @@ import subprocess
 from typing import Any
 
 from kiln.runtime.toolchain import cross_compiler
-from kiln.target.host import triple_bare_metal
+from kiln.target.host import machine_config, triple_bare_metal
+from kiln.target.llvm_features import implied_features
 
 # Python's names for machines -> the architecture part of LLVM triples.
 _MACHINE_ARCH = {"amd64": "x86_64", "x64": "x86_64", "arm64": "aarch64", "i686": "i386"}
@@ -93,7 +94,6 @@ def bare_metal(target: Any) -> bool:
 
 def _is_host_cpu(mcpu: str) -> bool:
     """Whether `mcpu` is LLVM's name of this machine's CPU (kiln.target.machine_config)."""
-    from kiln.target.host import machine_config
 
     try:
         return mcpu == str(machine_config()["mcpu"])
@@ -118,7 +118,7 @@ def _x86_cpu_flags(cpu: str) -> list[str]:
     if cpu == "native" or _system_cc_knows_march(os.environ.get("CC") or "cc", cpu):
         return [f"-march={cpu}"]
     try:
-        from kiln.target.llvm_features import implied_features
+        pass
     except ImportError:  # pragma: no cover - the compiler always has llvmlite
         return [f"-march={cpu}"]
     features = implied_features("x86_64-unknown-linux-gnu", cpu, "",
@@ -173,8 +173,6 @@ def selected_cpu(target: Any) -> tuple[str, str] | None:
     else:
         mattr = []  # other architectures get no feature flags (arch_flags)
     if mcpu == "native":
-        from kiln.target.host import machine_config
-
         host = machine_config()
         mcpu, mattr = str(host["mcpu"]), [*host["mattr"], *mattr]
     if not mcpu and not mattr:

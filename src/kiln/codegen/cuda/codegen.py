@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from kiln.artifact import Artifact
 from kiln.codegen.constants import ConstantPool
 from kiln.codegen.cuda.kernels import thread_functions
 from kiln.codegen.cuda.launch_stubs import (
@@ -40,7 +41,6 @@ PTX_FILE = "kernels.ptx"
 
 def codegen_cuda(mod: IRModule, target: Any, *, prefix: str, pool: ConstantPool) -> list[Any]:
     """The artifacts of the device kernels `mod` for `target` (kind `cuda`)."""
-    from kiln.artifact import Artifact
 
     arch = str(target.get("arch") or "")
     if not arch:

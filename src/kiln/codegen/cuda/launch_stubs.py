@@ -15,6 +15,7 @@ reports as the call's error.
 
 from __future__ import annotations
 
+from kiln import __version__
 from kiln.codegen.cfamily.signature import param_ctype, qualifiers
 from kiln.codegen.naming import kernel_symbol
 from kiln.escape import c_comment
@@ -32,7 +33,6 @@ def set_launcher_symbol(prefix: str) -> str:
 
 def launch_stubs(mod: IRModule, order: list[str], *, prefix: str) -> str:
     """launch.c for the kernels of `mod`, indexed in the order of `order`."""
-    from kiln import __version__
 
     setter = set_launcher_symbol(prefix)
     out = [

@@ -8,11 +8,15 @@ ahead of time.
 from __future__ import annotations
 
 import functools
+import os
 import re
+import shutil
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from kiln.codegen.c.externs import MATH_H
+from kiln.codegen.naming import kernel_symbol
 from kiln.errors import CompileError, TargetError, missing_dependency
 
 NVPTX_TRIPLE = "nvptx64-nvidia-cuda"
@@ -55,9 +59,12 @@ def device_ptx(mod: Any, launches: Mapping[str, Any], *, prefix: str, arch: str,
     """PTX for the per-thread functions `mod` (kiln.codegen.cuda.kernels): one
     `ptx_kernel` entry per launch, named `kernel_entry(prefix, name)`, passing
     ctaid.x and tid.x; math functions come from CUDA's libdevice (`libdevice_path`)."""
-    from llvmlite import ir
+    from llvmlite import ir  # optional: llvmlite (the compiler extra)
 
-    from kiln.codegen.llvm.lower_to_llvm import LoweringOptions, lower_module
+    from kiln.codegen.llvm.lower_to_llvm import (  # heavy: it imports llvmlite
+        LoweringOptions,
+        lower_module,
+    )
 
     llvm = _llvm()
     machine = llvm.Target.from_triple(NVPTX_TRIPLE).create_target_machine(cpu=arch, opt=3)
@@ -94,7 +101,9 @@ def device_ptx(mod: Any, launches: Mapping[str, Any], *, prefix: str, arch: str,
     for fn in parsed.functions:
         if not fn.is_declaration and fn.name not in entries:
             fn.linkage = llvm.Linkage.internal  # lets the optimizer drop unused libdevice
-    from kiln.codegen.llvm.target_machine import optimize
+    from kiln.codegen.llvm.target_machine import (
+        optimize,  # heavy: kiln.codegen.llvm.target_machine imports llvmlite
+    )
 
     optimize(parsed, machine, 3)
     text_ptx: str = machine.emit_assembly(parsed)
@@ -103,15 +112,12 @@ def device_ptx(mod: Any, launches: Mapping[str, Any], *, prefix: str, arch: str,
 
 def kernel_entry(prefix: str, name: str) -> str:
     """The symbol of kernel `name`'s GPU entry point (`__global__` / `ptx_kernel`)."""
-    from kiln.codegen.naming import kernel_symbol
 
     return kernel_symbol(prefix, name) + "_global"
 
 
 def libdevice_path() -> Path | None:
     """CUDA's libdevice bitcode: $KILN_LIBDEVICE, $CUDA_HOME, next to nvcc, /usr/local/cuda."""
-    import os
-    import shutil
 
     given = os.environ.get(LIBDEVICE_ENV)
     if given:
@@ -134,7 +140,6 @@ def libdevice_names() -> Mapping[str, str]:
     math intrinsic NVPTX has no instruction for and each <math.h> function, by the name
     the LLVM lowering declares, -> its CUDA libdevice function (`llvm.exp.f32` and
     `expf` -> `__nv_expf`, `llvm.exp.f64` and `exp` -> `__nv_exp`)."""
-    from kiln.codegen.c.externs import MATH_H
 
     table = {name: f"__nv_{name}" for name in MATH_H}
     for op in _LIBDEVICE_INTRINSICS:
@@ -162,7 +167,7 @@ def _link_libdevice(llvm: Any, module: Any) -> list[str]:
 
 def _llvm() -> Any:
     try:
-        import llvmlite.binding as llvm
+        import llvmlite.binding as llvm  # optional: llvmlite (the compiler extra)
     except ImportError as exc:
         missing = missing_dependency(exc, "PTX generation")
         raise (missing or exc) from exc

@@ -22,7 +22,7 @@ from kiln.codegen.cuda.kernels import CudaLaunchConfig
 from kiln.codegen.cuda.ptx import kernel_entry
 from kiln.ir.aliasing import analyze
 from kiln.ir.module import IRModule
-from kiln.ir.tensor import Buffer
+from kiln.ir.tensor import Buffer, Load
 from kiln.ir.visitor import iter_nodes
 
 TABLE_FORMAT = "kiln-cuda-functions"
@@ -55,6 +55,4 @@ def function_table(mod: IRModule, launches: Mapping[str, CudaLaunchConfig], *, p
 
 
 def _read_buffers(fn: Any) -> set[Buffer]:
-    from kiln.ir.tensor import Load
-
     return {node.buffer for node in iter_nodes(fn.body) if isinstance(node, Load)}

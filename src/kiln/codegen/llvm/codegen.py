@@ -5,7 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from kiln.artifact import Artifact
 from kiln.codegen.constants import ConstantPool
+from kiln.codegen.cpu_requirements import feature_rows
+from kiln.codegen.host import DEFAULT_HOST_CFLAGS, codegen_host
 from kiln.codegen.llvm.lower_to_llvm import (
     C_LIBRARY_HEAP,
     ERROR_CODES,
@@ -24,6 +27,7 @@ from kiln.codegen.naming import check_prefix, library_metadata, workspace_symbol
 from kiln.codegen.sizes import check_buffer_sizes
 from kiln.errors import CompileError
 from kiln.ir.module import IRModule
+from kiln.ir.steps import timed_step
 from kiln.target.isa import isa_of
 
 CODEGEN_ID = "llvm"
@@ -62,7 +66,6 @@ def compile_module(mod: IRModule, target: Any, *, prefix: str, pool: ConstantPoo
     the module): llvmlite runs every call into LLVM under one process-wide lock and
     offers no public way around it, so threads could not optimise parts of a module
     at once (docs/codegen-llvm.md, "One module, one thread")."""
-    from kiln.ir.steps import timed_step
 
     config, tm, lowered = _lower(mod, target, prefix=prefix, pool=pool, jit=jit)
     with timed_step("codegen.parse"):
@@ -91,7 +94,6 @@ def _lower(mod: IRModule, target: Any, *, prefix: str, pool: ConstantPool,
         # wasm has no host.c (kiln.export.wasm), the JIT none either
         heap_functions=(C_LIBRARY_HEAP if jit or config.arch.startswith("wasm")
                         else workspace_symbols(prefix)))
-    from kiln.ir.steps import timed_step
 
     with timed_step("codegen.lower"):
         return config, tm, lower_module(mod, pool, options)
@@ -113,10 +115,6 @@ def codegen_llvm(mod: IRModule, target: Any, *, prefix: str, pool: ConstantPool)
     inspection), `host.c` (the packed entries from kiln.codegen.host) and,
     when `pool` holds constants, `constants.bin` (symbol `{prefix}_consts`).
     """
-    from kiln.artifact import Artifact
-    from kiln.codegen.cpu_requirements import feature_rows
-    from kiln.codegen.host import DEFAULT_HOST_CFLAGS, codegen_host
-    from kiln.ir.steps import timed_step
 
     with timed_step("codegen.lower_optimize"):
         compiled = compile_module(mod, target, prefix=prefix, pool=pool)

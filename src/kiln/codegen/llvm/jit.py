@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from kiln.artifact import Artifact
 from kiln.codegen.constants import ConstantPool
 from kiln.codegen.llvm.codegen import compile_module
 from kiln.codegen.naming import library_metadata
@@ -32,7 +33,6 @@ def codegen_llvmjit(mod: IRModule, target: Any, *, prefix: str,
     the prefix, the host triple, CPU and features) and, when `pool` holds
     constants, `constants.bin`, both with loader "llvmjit".
     """
-    from kiln.artifact import Artifact
 
     compiled = compile_module(mod, target, prefix=prefix, pool=pool, jit=True)
     meta = {

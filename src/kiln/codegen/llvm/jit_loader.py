@@ -17,12 +17,14 @@ from typing import Any
 import numpy as np
 
 from kiln.codegen.constants import CONST_ALIGN, CONSTANTS_FILE
+from kiln.codegen.cpu_requirements import required_features
 from kiln.codegen.llvm.jit import BITCODE_FILE, JIT_FORMAT, JIT_FORMAT_VERSION
 from kiln.codegen.llvm.lower_to_llvm import ERROR_CODES
 from kiln.codegen.llvm.target_machine import llvm_binding
 from kiln.codegen.naming import consts_symbol, kernel_symbol
 from kiln.errors import CallError, FormatError, KilnError
 from kiln.runtime import LoadContext, Module, RawKernelFunction
+from kiln.runtime.cpu_features import CPUFeatureError, skip_requested
 from kiln.runtime.lifetime import CallGuard
 
 
@@ -170,8 +172,6 @@ def _check_metadata(meta: Mapping[str, Any]) -> Mapping[str, Any]:
 def _check_host(llvm: Any, triple: str, cpu: str, features: str) -> None:
     """Refuse code for another architecture or needing CPU features this host lacks
     (every feature LLVM's subtarget for (triple, cpu, features) has, not only `+x`)."""
-    from kiln.codegen.cpu_requirements import required_features
-    from kiln.runtime.cpu_features import CPUFeatureError, skip_requested
 
     host = str(llvm.get_process_triple())
     if triple.split("-", 1)[0] != host.split("-", 1)[0]:

@@ -19,6 +19,7 @@ from typing import Any
 from llvmlite import ir
 from llvmlite.ir.values import MDValue
 
+from kiln._registry import suggest
 from kiln.codegen.cfamily.signature import check_shape_vars
 from kiln.codegen.constants import CONST_ALIGN, ConstantPool
 from kiln.codegen.llvm import arith
@@ -983,8 +984,6 @@ def _evaluate(fl: FunctionLowering, s: Evaluate) -> None:
 def _call_func(fl: FunctionLowering, s: CallFunc) -> None:
     callee = fl.parent.funcs.get(s.func)
     if callee is None:
-        from kiln._registry import suggest
-
         names = list(fl.parent.funcs)
         raise fl.error(f"CallFunc to unknown function {s.func!r}.{suggest(s.func, names)} "
                        f"Tensor-level functions: {', '.join(names)}")

@@ -22,6 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from kiln.codegen.cpu_requirements import required_features
 from kiln.errors import CompileError, TargetError
 from kiln.target.llvm_features import llvm_binding
 
@@ -76,8 +77,6 @@ class MachineConfig:
         return tuple(attrs)
 
     def to_json(self) -> dict[str, Any]:
-        from kiln.codegen.cpu_requirements import required_features
-
         return {"triple": self.triple, "cpu": self.cpu, "features": self.features,
                 "requires_features": required_features(self.triple, self.cpu, self.features),
                 "abi": self.abi, "opt_level": self.opt_level, "reloc": self.reloc,
