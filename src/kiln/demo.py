@@ -12,6 +12,10 @@ from pathlib import Path
 
 import numpy as np
 
+import kiln
+from kiln.frontend import from_onnx
+from kiln.runtime import load_module
+
 DEFAULT_MODEL = Path(__file__).resolve().parents[2] / "models" / "mlp.onnx"
 
 
@@ -25,9 +29,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default=None, help="where to write the .so (default: temp)")
     args = parser.parse_args(argv)
 
-    import kiln
-    from kiln.frontend import from_onnx
-    from kiln.runtime import load_module
 
     target = kiln.Target.from_host()
     print(f"host target : {target.get('mtriple')} mcpu={target.get('mcpu')}")
@@ -69,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
         head = np.array2string(o.ravel()[:8], precision=4)
         print(f"output {k}    : shape {o.shape} {o.dtype}: {head}")
     try:
-        import onnxruntime as ort
+        import onnxruntime as ort  # optional: onnxruntime (the test extra)
     except ImportError:
         return 0
     sess = ort.InferenceSession(args.model, providers=["CPUExecutionProvider"])

@@ -24,8 +24,14 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+import kiln
 from kiln.distributed.executor import Executor, make_executor, task_node
 from kiln.distributed.matrix import BuildMatrix
+from kiln.export.wasm import export_wasm
+from kiln.frontend import from_onnx
+from kiln.frontend.onnx.file_limits import read_model_file
+from kiln.target import Target
+from kiln.target.host import host_triple, triple_arch
 
 SUMMARY_VERSION = 1
 SUMMARY_FILE = "build-summary.json"
@@ -54,7 +60,6 @@ def target_label(spec: Any) -> str:
         label = re.sub(r"[^A-Za-z0-9_.-]+", "_", spec).strip("_.")
         if 0 < len(label) <= 64:
             return label
-    from kiln.target import Target
 
     target = Target(spec)
     return f"{target.kind.name}-{target.fingerprint()[:10]}"
@@ -67,10 +72,6 @@ def build_cell(model: bytes, shape: dict[str, Any], spec: Any, cache_dir: str | 
     the kiln version that built it."""
     if cache_dir is not None:
         os.environ["KILN_CACHE_DIR"] = cache_dir
-    import kiln
-    from kiln.export.wasm import export_wasm
-    from kiln.frontend import from_onnx
-    from kiln.target.host import host_triple, triple_arch
 
     start = time.perf_counter()
     target = kiln.Target.from_host() if spec == "host" else kiln.Target(spec)
@@ -98,15 +99,12 @@ def build_many(matrix: BuildMatrix, out_dir: str | Path, *, executor: Executor |
                cache_dir: str | Path | None = None) -> list[CellResult]:
     """Build every cell of `matrix` into `out_dir`; one CellResult per cell, in the
     matrix's order, and `out_dir/build-summary.json` (with where the work ran)."""
-    import kiln
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     own = executor is None
     runner = make_executor() if executor is None else executor
     try:
-        from kiln.frontend.onnx.file_limits import read_model_file
-
         # each file's size checked before it is read (docs/security.md, "Limits")
         models = {m.path: runner.put(read_model_file(m.path)) for m in matrix.models}
         cells = matrix.cells()

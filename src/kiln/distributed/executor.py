@@ -114,7 +114,7 @@ class RayExecutor:
     _started: bool = field(default=False, init=False)
 
     def __post_init__(self) -> None:
-        import ray
+        import ray  # optional: ray (the distributed extra)
 
         if not ray.is_initialized():
             local = self.address is None  # a joined cluster's nodes have their own
@@ -133,7 +133,7 @@ class RayExecutor:
             self._started = True
 
     def put(self, value: Any) -> Any:
-        import ray
+        import ray  # optional: ray (the distributed extra)
 
         return ray.put(value)
 
@@ -144,14 +144,14 @@ class RayExecutor:
 
     def submit(self, fn: Callable[..., Any], args: Sequence[tuple[Any, ...]], *,
                num_cpus: float = 1, resources: dict[str, float] | None = None) -> Pending:
-        import ray
+        import ray  # optional: ray (the distributed extra)
 
         remote = ray.remote(fn).options(num_cpus=num_cpus, resources=resources or {},
                                         max_retries=0)
         return _RayPending([remote.remote(*a) for a in args])
 
     def first_done(self, pending: Sequence[Pending]) -> int:
-        import ray
+        import ray  # optional: ray (the distributed extra)
 
         assert pending, "first_done of no pending tasks"
         while True:
@@ -166,7 +166,7 @@ class RayExecutor:
             ray.wait(running, num_returns=1, fetch_local=False)  # until one more ends
 
     def describe(self) -> dict[str, Any]:
-        import ray
+        import ray  # optional: ray (the distributed extra)
 
         nodes = [{"id": n["NodeID"], "address": n["NodeManagerAddress"],
                   "cpus": n.get("Resources", {}).get("CPU", 0),
@@ -179,7 +179,7 @@ class RayExecutor:
                 "gcs_address": getattr(context, "gcs_address", None), "nodes": nodes}
 
     def close(self) -> None:
-        import ray
+        import ray  # optional: ray (the distributed extra)
 
         if self._started and ray.is_initialized():
             ray.shutdown()
@@ -192,7 +192,7 @@ class _RayPending:
     refs: list[Any]
 
     def __call__(self) -> list[TaskOutcome]:
-        import ray
+        import ray  # optional: ray (the distributed extra)
 
         out = []
         for ref in self.refs:
@@ -215,7 +215,7 @@ def make_executor(address: str | None = None, *, in_process: bool = False,
     if in_process:
         return InProcessExecutor()
     try:
-        import ray  # noqa: F401
+        import ray  # optional: ray (the distributed extra)  # noqa: F401
     except ImportError:
         if address is not None:
             raise UsageError("--address needs Ray: pip install 'kiln-tensor[distributed]'"
@@ -227,7 +227,7 @@ def make_executor(address: str | None = None, *, in_process: bool = False,
 def task_node() -> str:
     """The Ray node id of the task running this (\"local\" outside Ray)."""
     try:
-        import ray
+        import ray  # optional: ray (the distributed extra)
     except ImportError:
         return "local"
     if not ray.is_initialized():

@@ -30,6 +30,7 @@ from typing import Any
 from kiln.artifact._json import text_depth
 from kiln.artifact.capped import read_capped
 from kiln.errors import UsageError, shown
+from kiln.frontend.onnx.file_limits import check_model_file
 
 MATRIX_VERSION = 1
 _KEYS = {"version", "models", "targets"}
@@ -98,7 +99,7 @@ def _decode(text: str, path: Path) -> Any:
 
 def _decode_yaml(text: str, path: Path) -> Any:
     try:
-        import yaml
+        import yaml  # optional: yaml (the distributed extra)
     except ImportError:
         raise UsageError(f"{path}: YAML matrices need PyYAML (pip install pyyaml, or "
                          "'kiln-tensor[distributed]'); JSON needs nothing") from None
@@ -232,7 +233,6 @@ def _model(entry: Any, base: Path, where: str) -> ModelEntry:
             isinstance(k, str) and _is_size(v) for k, v in shape.items()):
         raise UsageError(f"{where}: 'shape' maps names to a size or a list of sizes from 0 "
                          f"to {MAX_DIM} (null keeps one symbolic), got {shown(shape)}")
-    from kiln.frontend.onnx.file_limits import check_model_file
 
     if not entry["path"] or "\0" in entry["path"]:
         raise UsageError(f"{where}: 'path' must name a file, got {shown(entry['path'])}")

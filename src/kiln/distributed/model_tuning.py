@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+import kiln
 from kiln.distributed.executor import Executor
 from kiln.distributed.tune import (
     REPEATS,
@@ -40,10 +41,15 @@ from kiln.distributed.tune import (
     show,
     tune,
 )
+from kiln.driver.fingerprint import module_fingerprint
 from kiln.errors import UsageError
+from kiln.frontend import from_onnx
+from kiln.ops.cblas import LIBRARY_CHOICE
 from kiln.runtime.threads import check_num_threads
 from kiln.target.isa import isa_for
-from kiln.tuning.database import Measurement, Record, TuningDatabase, target_key
+from kiln.tuning.apply import Chosen, using
+from kiln.tuning.database import Checked, Measurement, Record, TuningDatabase, Verdict, target_key
+from kiln.tuning.select import faster, ratio_bounds
 
 
 def tune_model(model: str | os.PathLike[str], target: Any, budget_s: float, output: str |
@@ -98,7 +104,6 @@ def model_runner(model: str | os.PathLike[str], shapes: dict[str, Any] | None,
     """Builds and measurements of `model` in this process; None (logged) when this
     machine's CPU is not the target's (the model-level knobs and the model check are
     then not measured: the records stay unchecked in the model)."""
-    from kiln.frontend import from_onnx
 
     tgt = resolve(target)
     if measure_resource(tgt) != measure_resource(resolve("host")):
@@ -117,7 +122,6 @@ def measure_knobs(knobs: Sequence[ModelKnob], runner: _ModelRunner, deadline: fl
     per knob (its `times_us`/`default_us` model timings), decided by
     kiln.tuning.select like a kernel's. A variant starts only while the last one's time
     fits before `deadline`; the others are logged as not measured."""
-    from kiln.tuning.select import ratio_bounds
 
     key = target_key(isa_for(runner.tgt))
     # round robin: every knob's first variant, then the second ones, ...
@@ -165,7 +169,6 @@ def check_in_model(model: str | os.PathLike[str], shapes: dict[str, Any] | None,
     """`check_model` of `db`'s choices for `model` (its kernels' and `knobs`') in this
     process, its verdict added to `db`; None (and no verdict) when this machine's CPU is
     not the target's."""
-    from kiln.tuning.database import Checked, Verdict
 
     runner = runner or model_runner(model, shapes, target, threads, repeats, log)
     if runner is None:
@@ -184,8 +187,6 @@ def check_in_model(model: str | os.PathLike[str], shapes: dict[str, Any] | None,
     if not choices:
         log("model check: no record chooses another variant for this model's kernels")
     else:
-        from kiln.tuning.select import ratio_bounds
-
         _, mid, high = ratio_bounds(result.tuned_us, result.untuned_us)
         pairs = f"median ratio {mid:.3f}, bound {high:.3f} over {len(result.tuned_us)} pairs"
         log(f"model check: {len(result.accepted)} of {len(choices)} choice(s) accepted; "
@@ -202,8 +203,6 @@ class _ModelRunner:
     loaded in this process, and paired measurements of two of them."""
 
     def __init__(self, mod: Any, tgt: Any, threads: int | None, repeats: int) -> None:
-        from kiln.driver.fingerprint import module_fingerprint
-
         self.mod, self.tgt, self.threads, self.repeats = mod, tgt, threads, repeats
         # as kiln.compile takes it, before any pass: what the model's verdicts and its
         # `parallel_threshold` record are signed with
@@ -218,9 +217,6 @@ class _ModelRunner:
                                if dtype.kind == "f" else np.zeros(shape, dtype))
 
     def build(self, choices: tuple[Choice, ...]) -> Any:
-        import kiln
-        from kiln.tuning.apply import Chosen, using
-
         with using(Chosen({c.key: c.params for c in choices}, self.fingerprint)):
             ex = kiln.compile(self.mod, self.tgt)
         lib = ex.jit()
@@ -310,8 +306,6 @@ def model_choices(db: TuningDatabase, specs: Sequence[KernelSpec], key: str,
     saving first (ties by kernel and signature; a knob's saving is of the model's time,
     once). A GEMM choice of a product that stays on CBLAS (its `cblas_matmul` record
     does not choose kiln's own kernel) is left out: it cannot change the model."""
-    from kiln.ops.cblas import LIBRARY_CHOICE
-    from kiln.tuning.select import ratio_bounds
 
     out = []
     records = {r.key: r for r in db.records()}
@@ -350,7 +344,6 @@ def check_model(choices: Sequence[Choice], build: Callable[[tuple[Choice, ...]],
 
     The decision depends only on the samples `measure` returns (and `clock`, which only
     stops step 2): the same measurements always give the same verdict."""
-    from kiln.tuning.select import faster
 
     def compare(base: Any, new: Any) -> tuple[bool, float, float, list[float], list[float]]:
         b, n = measure(base, new)

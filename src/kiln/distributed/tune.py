@@ -44,9 +44,32 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from kiln.distributed.executor import Executor, Pending, TaskOutcome, task_node
+import kiln
+from kiln import __version__ as version
+from kiln import ops
+from kiln.distributed.executor import (
+    Executor,
+    InProcessExecutor,
+    Pending,
+    TaskOutcome,
+    error_line,
+    task_node,
+)
+from kiln.driver.fingerprint import module_fingerprint
 from kiln.errors import UsageError
+from kiln.frontend import from_onnx
+from kiln.ir import graph as g
+from kiln.ir.module import IRModule
+from kiln.ir.types import TensorType
+from kiln.kernels import parallel_work
+from kiln.kernels.search import default_params, variants
+from kiln.runtime import load_module
+from kiln.runtime.module import LibraryModule
+from kiln.target.isa import isa_for
+from kiln.transform.pipeline import get_pipeline
+from kiln.tuning.apply import NCHWC_REGION, PARALLEL_THRESHOLD, Forced, Recorder, using
 from kiln.tuning.database import Measurement, Record, TuningDatabase, target_key
+from kiln.tuning.select import MIN_GAIN, ratio_bounds, undecided
 
 if TYPE_CHECKING:
     from kiln.distributed.model_tuning import ModelCheck
@@ -104,7 +127,6 @@ class KernelSpec:
 
 def measure_resource(target: Any) -> str:
     """The Ray custom resource a node offers when its CPU is `target`'s."""
-    from kiln.target.isa import isa_for
 
     return "kiln-cpu-" + hashlib.sha256(target_key(isa_for(target)).encode()).hexdigest()[:12]
 
@@ -112,7 +134,6 @@ def measure_resource(target: Any) -> str:
 def resolve(spec: Any) -> Any:
     """`spec` ("host", a kind, a tag, JSON or a Target) as a Target: "host" is the
     machine that resolves it (the driver), so every task builds the same code."""
-    import kiln
 
     if isinstance(spec, kiln.Target):
         return spec
@@ -124,14 +145,6 @@ def discover(model: Any, target: Any, shapes: dict[str, Any] | None = None,
     """The distinct tunable kernel calls of `model` (an ONNX path, bytes or ModelProto,
     or an IRModule) on `target`, in the order the passes meet them; `knobs`, when given,
     gets the model's model-level knobs appended (`model_knobs`)."""
-    from kiln.driver.fingerprint import module_fingerprint
-    from kiln.frontend import from_onnx
-    from kiln.ir import graph as g
-    from kiln.ir.module import IRModule
-    from kiln.ir.types import TensorType
-    from kiln.kernels.search import default_params, variants
-    from kiln.transform.pipeline import get_pipeline
-    from kiln.tuning.apply import Recorder, using
 
     tgt = resolve(target)
     mod = model if isinstance(model, IRModule) else from_onnx(model, shapes or None)
@@ -190,13 +203,14 @@ def model_knobs(recorder: Any, fingerprint: str) -> list[ModelKnob]:
     kiln.kernels.parallel_work.THRESHOLD_CHOICES: it applies to every kernel, so it
     comes first), then each NCHWc region the `nchwc-layout` pass formed (the other
     layout than the rule's)."""
-    from kiln.kernels.parallel_work import PARALLEL_MIN_NS, THRESHOLD_CHOICES
-    from kiln.transform.nchwc_layout import LAYOUTS
-    from kiln.tuning.apply import NCHWC_REGION, PARALLEL_THRESHOLD
+    from kiln.transform.nchwc_layout import (
+        LAYOUTS,  # lazy: kiln.transform.registry loads it on first use
+    )
 
-    threshold = ModelKnob(PARALLEL_THRESHOLD, fingerprint, {"min_ns": PARALLEL_MIN_NS},
-                          tuple({"min_ns": n} for n in THRESHOLD_CHOICES
-                                if n != PARALLEL_MIN_NS))
+    default_ns = parallel_work.PARALLEL_MIN_NS
+    threshold = ModelKnob(PARALLEL_THRESHOLD, fingerprint, {"min_ns": default_ns},
+                          tuple({"min_ns": n} for n in parallel_work.THRESHOLD_CHOICES
+                                if n != default_ns))
     return [threshold, *(ModelKnob(NCHWC_REGION, sig, dict(default),
                                    tuple({"layout": x} for x in LAYOUTS
                                          if x != default["layout"]))
@@ -229,11 +243,6 @@ def evict_bytes(spec: KernelSpec) -> int:
 
 def kernel_module(spec: KernelSpec) -> Any:
     """An IRModule whose `main` is the one call of `spec` on its inputs."""
-    from kiln.ir import graph as g
-    from kiln.ir.module import IRModule
-    from kiln.ir.types import TensorType
-    from kiln.ops.registry import call
-
     params: list[g.Var] = []
     args: list[g.Expr] = []
     for i, operand in enumerate(spec.operands):
@@ -243,15 +252,13 @@ def kernel_module(spec: KernelSpec) -> Any:
             v = g.Var(f"x{i}", TensorType(operand[2], operand[1]))
             params.append(v)
             args.append(v)
-    c = call(spec.op, *args, **spec.attrs)
+    c = ops.call(spec.op, *args, **spec.attrs)
     out = g.Var("y", c.ret_type)
     return IRModule({"main": g.Function(tuple(params), (g.Binding(out, c),), out)})
 
 
 def build_variant(spec: KernelSpec, target: str, params: Params | None) -> dict[str, Any]:
     """The library of `spec` alone with `params` (None: the rule's), as bytes."""
-    import kiln
-    from kiln.tuning.apply import Forced, using
 
     start, cpu, wall = time.perf_counter(), _cpu_seconds(), time.time()
     forced = Forced(spec.family, params)
@@ -276,7 +283,6 @@ def build_variants(jobs: Sequence[tuple[KernelSpec, str, Params | None]]
     """A task: `build_variant` of each job, in order; a job that fails gives
     `{"error": ...}` (the others are still built). One task builds a batch, so a worker
     pays its start, kiln's import and the shipping of a kernel's weights once."""
-    from kiln.distributed.executor import error_line
 
     out: list[dict[str, Any]] = []
     for job in jobs:
@@ -304,7 +310,6 @@ def measure_blocks(sample: Callable[[Any], float], fns: Sequence[Any], equal: Se
     ratio's bounds straddle the winning line, a kernel's or `line`), up to
     `MORE_BLOCKS` x `repeats` blocks and `MORE_TIME` x the time the first `repeats`
     took: a noisy kernel is measured longer, a clear one not."""
-    from kiln.tuning.select import MIN_GAIN, undecided
 
     win = 1 - MIN_GAIN if line is None else line
     times: list[list[float]] = [[] for _ in fns]
@@ -343,8 +348,6 @@ def measure_kernel(spec: KernelSpec, libraries: Sequence[bytes], warmup: int = W
     longer while the noise leaves a verdict open (`measure_blocks`). Returns the
     samples (us) per library (as many for each, block by block), whether each result
     was equal and the task's seconds."""
-    from kiln.runtime import load_module
-    from kiln.runtime.module import LibraryModule
 
     start, cpu, wall = time.perf_counter(), _cpu_seconds(), time.time()
     inputs = kernel_inputs(spec)
@@ -480,7 +483,6 @@ def tune(specs: Sequence[KernelSpec], target: Any, budget_s: float, *,
     Picks depend on the timings in the order tasks end: an executor whose tasks end in
     submission order (this process, a test's recorded runs) gives the same database
     every run."""
-    from kiln.distributed.executor import InProcessExecutor
 
     tgt = resolve(target)
     spec_text = str(tgt)
@@ -697,8 +699,6 @@ class _TuneRun:
         """Log each kernel's chosen variant with its speed-up over the default."""
         for r in db.records():
             if r.chosen is not None:
-                from kiln.tuning.select import ratio_bounds
-
                 best = next(c for c in r.candidates if c.params == r.chosen)
                 _, mid, high = ratio_bounds(best.times_us, best.default_us,
                                             sum(c.equal for c in r.candidates))
@@ -734,7 +734,6 @@ def _measurement_due(st: _State, more: bool) -> bool:
 def _variant_outcomes(task: _Task, outcome: TaskOutcome) -> list[TaskOutcome]:
     """The outcome of each variant of build `task`: its own, or the task's failure for
     all; a library built by another kiln version fails."""
-    from kiln import __version__ as version
 
     values = [TaskOutcome(error=v["error"]) if "error" in v else TaskOutcome(v)
               for v in outcome.value] if outcome.ok else \
@@ -793,8 +792,6 @@ def _measurer(runner: Executor, tgt: Any, target: Any, threads: int | None,
 
 
 def _isa(tgt: Any) -> Any:
-    from kiln.target.isa import isa_for
-
     return isa_for(tgt)
 
 

@@ -55,9 +55,15 @@ import warnings
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+import kiln
+from kiln import __version__
+from kiln.artifact import Artifact, ArtifactSet
+from kiln.artifact._json import thaw
+from kiln.artifact.artifact import require_serializable
 from kiln.artifact.capped import parse_size
+from kiln.artifact.integrity import DIGEST_SIZE, chunk_count, tree_digest, verify
 from kiln.artifact.schema import (
     Anything,
     Enum,
@@ -71,9 +77,6 @@ from kiln.artifact.schema import (
 )
 from kiln.artifact.segments import content_parts
 from kiln.errors import FormatError, UnsafePathError
-
-if TYPE_CHECKING:
-    from kiln.artifact import Artifact, ArtifactSet
 
 # 3 (2026-11-23): an entry records its key ("key"), checked on lookup.
 CACHE_FORMAT = 3
@@ -147,7 +150,6 @@ def cache_enabled(config: dict[str, Any] | None = None) -> bool:
 def cache_key(*, ir_fingerprint: str, target_fingerprint: str, prefix: str,
               codegen: str) -> str:
     """The hex key of one build."""
-    from kiln import __version__
 
     fields = {"format": CACHE_FORMAT, "ir": ir_fingerprint, "target": target_fingerprint,
               "kiln": __version__, "kiln_source": kiln_source_fingerprint(),
@@ -164,7 +166,6 @@ def kiln_source_fingerprint() -> str:
     The version number alone would serve stale objects to anyone running kiln
     from a source checkout while the codegens change under the same version.
     """
-    import kiln
 
     root = Path(kiln.__file__).resolve().parent
     h = hashlib.sha256()
@@ -306,7 +307,6 @@ def _write_atomic(path: Path, parts: Iterable[Any]) -> None:
 
 def _object_name(a: Artifact) -> tuple[str, tuple[int, bytes] | None]:
     """(content address, (chunk size, chunk digests) when the artifact carries them)."""
-    from kiln.artifact.integrity import DIGEST_SIZE, chunk_count
 
     size, hexed = a.metadata.get("chunk_size"), a.metadata.get("chunk_sha256")
     if isinstance(size, int) and isinstance(hexed, str):
@@ -320,7 +320,6 @@ def _object_name(a: Artifact) -> tuple[str, tuple[int, bytes] | None]:
 def chunked_object_name(size: int, chunk_size: int, digests: bytes) -> str:
     """The content address of an object known by its chunk hashes (e.g. the weights),
     the same name `store` gives an artifact carrying them in its metadata."""
-    from kiln.artifact.integrity import tree_digest
 
     return "c" + tree_digest(digests, size, chunk_size)
 
@@ -360,8 +359,6 @@ def store_object_async(name: str, size: int,
 
 
 def _check_object(name: str, data: bytes, chunks: tuple[int, bytes] | None) -> None:
-    from kiln.artifact.integrity import verify
-
     if chunks is not None:
         verify(data, chunks[1], chunks[0], f"cache object {name}")
     elif hashlib.sha256(data).hexdigest() != name:
@@ -412,8 +409,6 @@ def lookup(key: str) -> ArtifactSet | None:
 
 
 def _lookup(key: str) -> ArtifactSet | None:
-    from kiln.artifact import Artifact, ArtifactSet
-
     path = entry_path(key)
     if not _safe_dirs(create=False) or not path.is_file():
         return None
@@ -453,8 +448,6 @@ def store(key: str, artifacts: ArtifactSet, metadata: dict[str, Any]) -> bool:
     Objects already present are not written again. A cache that cannot be
     written (read-only home, full disk, unsafe directory) never fails a build.
     """
-    from kiln.artifact._json import thaw
-    from kiln.artifact.artifact import require_serializable
 
     if not artifacts.serializable:
         return False
@@ -478,7 +471,6 @@ def store(key: str, artifacts: ArtifactSet, metadata: dict[str, Any]) -> bool:
                           "metadata": thaw(a.metadata),
                           "size": a.size, "object": name,
                           "chunk_size": chunks[0] if chunks else None})
-        from kiln import __version__
 
         entry: dict[str, Any] = {"format": ENTRY_FORMAT, "version": CACHE_FORMAT, "key": key,
                                  "kiln_version": __version__, "created": time.time(),

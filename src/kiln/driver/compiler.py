@@ -24,30 +24,40 @@ from __future__ import annotations
 
 import contextlib
 import os
+import warnings
 from typing import TYPE_CHECKING, Any
 
+import kiln.codegen as codegen
+from kiln.artifact.integrity import CHUNK_SIZE
+from kiln.codegen.constants import ConstantPool
 from kiln.codegen.naming import DEFAULT_PREFIX, check_prefix, library_metadata
+from kiln.codegen.registry import graph_signature, resolve_target
 from kiln.driver import cache
 from kiln.driver.executable import Executable
 from kiln.driver.fingerprint import module_fingerprint
 from kiln.errors import ArgumentTypeError, CompileError, IRError, UsageError
+from kiln.export.dependencies import collect_dependencies
+from kiln.frontend import from_onnx
 from kiln.ir.attrs import ATTR_MAX_LOOP_ITERATIONS, ATTR_TARGET, ATTR_WORKSPACE_BYTES
 from kiln.ir.graph import Function
 from kiln.ir.module import IRModule
+from kiln.ir.outlined import has_parallel_loops
 from kiln.ir.profiling import profile_sites
 from kiln.ir.tensor import PrimFunc
+from kiln.ir.verify import verify
+from kiln.kernels.search import check_database
 from kiln.target import Target
 from kiln.target.isa import isa_for
 from kiln.transform.context import PassContext
 from kiln.transform.instruments import timed_step
 from kiln.transform.pass_base import Pass
 from kiln.transform.pipeline import PipelineSpec, get_pipeline
+from kiln.transform.terminate import TerminateChecks
 from kiln.tuning.apply import FromDatabase, using
 from kiln.tuning.database import TuningDatabase, target_key
 
 if TYPE_CHECKING:
     from kiln.artifact.artifact import ArtifactSet
-    from kiln.codegen.constants import ConstantPool
 
 
 def compile(
@@ -91,14 +101,13 @@ def compile(
         TargetError: the target is malformed.
         FormatError: the tuning database is not a valid one.
     """
-    import kiln.codegen as codegen
 
     if not isinstance(profile, bool):
         raise ArgumentTypeError(f"profile must be True or False, got {type(profile).__name__}")
     mod = _with_loop_limit(_as_module(mod), max_loop_iterations)
     tgt = _pick_target(mod, target)
     prefix = check_prefix(system_lib_prefix if system_lib_prefix is not None else DEFAULT_PREFIX)
-    from kiln.driver import split
+    from kiln.driver import split  # cycle: kiln.driver imports this module
 
     if split.is_split_target(tgt):  # a host and devices (kiln/driver/split.py)
         if tuning is not None:
@@ -119,8 +128,6 @@ def compile(
     # What the codegen compiles; the Executable keeps `mod`, as for outlining.
     built = _terminable(mod, codegen_name, tgt)
 
-    from kiln.codegen.constants import ConstantPool
-
     metadata = executable_metadata(built, prefix)
     if session is not None:
         _note_tuning(metadata, session, tgt)
@@ -134,7 +141,6 @@ def compile(
     hit = artifacts is not None
     if artifacts is None:
         artifacts = _generate(codegen_name, built, tgt, prefix, pool, key)
-        from kiln.export.dependencies import collect_dependencies
 
         deps = collect_dependencies(artifacts)
         if deps:  # in the library metadata too (kiln inspect, docs/mlf.md)
@@ -154,8 +160,6 @@ def _note_tuning(metadata: dict[str, Any], session: FromDatabase, tgt: Target) -
                           "kernels": dict(sorted(session.applied.items())),
                           "checked_in_model": session.checked(tkey) is not None}
     if session.unchecked:
-        import warnings
-
         # stacklevel 3: the warning names compile's caller
         warnings.warn(f"{len(session.applied)} tuned kernel(s) applied from records not "
                       "checked in this model (no verdict of `kiln tune` for it, "
@@ -178,12 +182,9 @@ def _generate(codegen_name: str, built: IRModule, tgt: Target, prefix: str,
               pool: ConstantPool, key: str | None) -> ArtifactSet:
     """The artifacts of codegen `codegen_name` for `built` (outlined if it needs it); with
     a cache `key`, the weights are written to the cache meanwhile."""
-    import kiln.codegen as codegen
 
     writer = None
     if key is not None and pool.size:
-        from kiln.artifact.integrity import CHUNK_SIZE
-
         # The weights go to the cache while the code generator runs.
         writer = cache.store_object_async(
             cache.chunked_object_name(pool.size, CHUNK_SIZE, pool.chunk_digests()),
@@ -203,7 +204,6 @@ def lower_for_codegen(mod: IRModule, target: Target) -> IRModule:
     no tuning database, no profiling): the graph and tensor pipelines under `target`,
     terminate checks and outlined parallel loops where its codegen takes them. What
     tests/replay hashes to prove a refactor changed no kernel."""
-    import kiln.codegen as codegen
 
     verify_stage(mod, "the input module")
     mod = _pipelines(mod, target, "default", "default")
@@ -231,8 +231,9 @@ OUTLINING_CODEGENS = ("llvm", "llvmjit", "c", "cuda")
 def outline_for(codegen_name: str, mod: IRModule) -> IRModule:
     """`mod` with its parallel loops outlined if codegen `codegen_name` needs it (the pass
     `outline-parallel-loops`, which returns an outlined module as is); else `mod`."""
-    from kiln.ir.outlined import has_parallel_loops
-    from kiln.transform.outline import OutlineParallelLoops
+    from kiln.transform.outline import (
+        OutlineParallelLoops,  # lazy: kiln.transform.registry loads it on first use
+    )
 
     if codegen_name not in OUTLINING_CODEGENS or not has_parallel_loops(mod):
         return mod
@@ -255,15 +256,12 @@ def _tuning_session(tuning: Any, tgt: Target, mod: IRModule) -> FromDatabase | N
     pass (kiln.tuning.database.Verdict)."""
     if tuning is None:
         return None
-    from kiln.kernels.search import check_database
 
     db = tuning if isinstance(tuning, TuningDatabase) else TuningDatabase.load(tuning)
     check_database(db)  # unknown kernels and parameters: a UsageError naming the record
     key = target_key(isa_for(tgt))
     targets = {r.target for r in db.records()}
     if targets and key not in targets:
-        import warnings
-
         name = "the tuning database" if tuning is db else f"tuning database {tuning}"
         warnings.warn(f"{name} has no record for this target's CPU ({key}; it has "
                       f"{', '.join(sorted(targets))}): every kernel takes the rule's tile",
@@ -273,7 +271,9 @@ def _tuning_session(tuning: Any, tgt: Target, mod: IRModule) -> FromDatabase | N
 
 def _instrument(mod: IRModule, codegen_name: str) -> IRModule:
     """`mod` with timers around its kernel calls (kiln.transform.profile)."""
-    from kiln.transform.profile import ProfileKernelCalls
+    from kiln.transform.profile import (
+        ProfileKernelCalls,  # lazy: kiln.transform.registry loads it on first use
+    )
 
     if codegen_name not in PROFILING_CODEGENS:
         raise CompileError(
@@ -300,7 +300,6 @@ def _terminable(mod: IRModule, codegen_name: str, tgt: Target) -> IRModule:
     """`mod` whose lowered graph functions poll the caller's terminate flag
     (kiln.transform.terminate), where host.c's entries pass it: the llvm and c codegens
     (a wasm32 module has no host.c: its embedder calls the raw kernels)."""
-    from kiln.transform.terminate import TerminateChecks
 
     wasm = str(tgt.attrs.get("mtriple", "")).startswith("wasm")
     if codegen_name not in PROFILING_CODEGENS or wasm:
@@ -315,7 +314,6 @@ def executable_metadata(mod: IRModule, prefix: str) -> dict[str, Any]:
     out of lowering) have no native entry; they are listed under
     "external_functions" so the native loader does not look for their symbols.
     """
-    from kiln.codegen.registry import graph_signature
 
     graph = mod.graph_funcs()
     lowered = mod.without(*graph) if graph else mod
@@ -335,8 +333,6 @@ def _as_module(mod: Any) -> IRModule:
     if isinstance(mod, (PrimFunc, Function)):
         return IRModule({"main": mod})
     if isinstance(mod, (str, os.PathLike)) or type(mod).__name__ == "ModelProto":
-        from kiln.frontend import from_onnx
-
         return from_onnx(mod)  # an ONNX file or model: imported with default options
     raise CompileError(
         f"kiln.compile expects an IRModule (or a PrimFunc / graph Function), an ONNX "
@@ -346,8 +342,7 @@ def _as_module(mod: Any) -> IRModule:
 
 def _pick_target(mod: IRModule, target: Any) -> Target:
     """The one target of this build (argument, function attributes or the context)."""
-    from kiln.codegen.registry import resolve_target
-    from kiln.driver import split
+    from kiln.driver import split  # cycle: kiln.driver imports this module
 
     per_function: dict[str, Target] = {}
     for name, fn in mod.items():
@@ -375,7 +370,6 @@ def _pick_target(mod: IRModule, target: Any) -> Target:
 
 def verify_stage(mod: IRModule, what: str) -> None:
     """Verify `mod`; an IRError names the compile stage `what` that produced it."""
-    from kiln.ir.verify import verify
 
     try:
         verify(mod)

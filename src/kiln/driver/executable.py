@@ -18,7 +18,9 @@ import os
 import threading
 from typing import TYPE_CHECKING, Any
 
+from kiln.export import export_library
 from kiln.ir.module import IRModule
+from kiln.runtime import loading
 
 if TYPE_CHECKING:
     from kiln.artifact import ArtifactSet
@@ -66,12 +68,11 @@ class Executable:
 
     def _load(self, fcompile: Any, workspace_dir: str | os.PathLike[str] | None,
               cc: Any) -> Module:
-        from kiln.runtime.loading import load_artifacts
 
         if isinstance(fcompile, (str, list, tuple)):  # a compiler command, as in export
             cc = fcompile if cc is None else cc
             fcompile = None
-        return load_artifacts(self.artifacts, metadata=self.metadata, prefix=self.prefix,
+        return loading.load_artifacts(self.artifacts, metadata=self.metadata, prefix=self.prefix,
                               workspace_dir=workspace_dir, cc=cc, fcompile=fcompile)
 
     def __getitem__(self, name: str) -> Any:
@@ -96,7 +97,6 @@ class Executable:
         In-memory artifacts (the python and llvmjit backends' JIT forms) cannot
         be exported and raise ExportError, as does a `file_name` that is a directory.
         """
-        from kiln.export import export_library
 
         return export_library(self.artifacts, self.metadata, file_name, prefix=self.prefix,
                               fcompile=fcompile, workspace_dir=workspace_dir, cc=cc,

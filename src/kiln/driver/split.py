@@ -31,7 +31,12 @@ from typing import Any
 from kiln.artifact import ArtifactSet
 from kiln.artifact.artifact import device_key, with_target_key
 from kiln.codegen.constants import CONSTANTS_FILE, ConstantPool
+from kiln.codegen.cpu_requirements import feature_rows
+from kiln.codegen.host import DEFAULT_HOST_CFLAGS, codegen_host
 from kiln.codegen.naming import library_metadata
+from kiln.codegen.registry import build, codegen_for, resolve_target
+from kiln.driver.compiler import executable_metadata, outline_for, verify_stage
+from kiln.driver.executable import Executable
 from kiln.errors import CompileError
 from kiln.ir.attrs import ATTR_EXTERNAL, ATTR_GRAPH, ATTR_TARGET
 from kiln.ir.module import IRModule
@@ -90,9 +95,6 @@ def target_of(fn: Any) -> Target:
 def compile_split(mod: IRModule, target: Target, *, graph_pipeline: PipelineSpec,
                   tensor_pipeline: PipelineSpec, prefix: str) -> Any:
     """Compile `mod` for a host and devices into one Executable (module docstring)."""
-    from kiln.codegen.registry import codegen_for
-    from kiln.driver.compiler import executable_metadata, verify_stage
-    from kiln.driver.executable import Executable
 
     host, devices = host_and_devices(target)
     for t in (host, *devices):
@@ -118,8 +120,6 @@ def compile_split(mod: IRModule, target: Target, *, graph_pipeline: PipelineSpec
 
 
 def _as_target(spec: Any) -> Target:
-    from kiln.codegen.registry import resolve_target
-
     return resolve_target(spec)
 
 
@@ -141,10 +141,6 @@ def _group(mod: IRModule) -> dict[str, tuple[Target, list[str]]]:
 
 def _codegen(mod: IRModule, groups: dict[str, tuple[Target, list[str]]], host_key: str,
              prefix: str, pool: ConstantPool) -> ArtifactSet:
-    from kiln.codegen.cpu_requirements import feature_rows
-    from kiln.codegen.host import DEFAULT_HOST_CFLAGS, codegen_host
-    from kiln.codegen.registry import build, codegen_for
-    from kiln.driver.compiler import outline_for
 
     out: list[Any] = []
     host_flags: list[str] = list(DEFAULT_HOST_CFLAGS)

@@ -24,6 +24,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from kiln.errors import FrontendError, MissingDependencyError, UsageError
+from kiln.frontend import from_onnx
 from kiln.ir.attrs import ATTR_TORCH_EXPORT
 from kiln.ir.module import IRModule
 
@@ -91,7 +92,6 @@ def from_torch(module: Any, example_inputs: Any, dynamic_shapes: Any = None, *,
                                     f"{_first_line(exc)}") from exc
             record.update(exporter="torchscript",
                           fallback_reason=f"the dynamo exporter failed: {_first_line(exc)}")
-    from kiln.frontend import from_onnx
 
     pins = dict(shape_dict) if shape_dict else None
     if record["exporter"] == "dynamo":
@@ -113,7 +113,7 @@ def from_torch(module: Any, example_inputs: Any, dynamic_shapes: Any = None, *,
 
 def _import_torch() -> Any:
     try:
-        import torch
+        import torch  # optional: torch (the torch extra)
     except ImportError as exc:
         raise MissingDependencyError(
             "from_torch needs the 'torch' package, which is not installed here (pip install "
@@ -207,7 +207,7 @@ def _export_dynamo(torch: Any, module: Any, args: tuple[Any, ...], kwargs: dict[
                    names: Sequence[str], axes: Mapping[str, Mapping[int, str]],
                    opset: int) -> Any:
     try:
-        import onnxscript  # noqa: F401  (the dynamo exporter's translator)
+        import onnxscript  # optional: onnxscript (the torch extra)  # noqa: F401  (the dynamo exporter's translator)
     except ImportError as exc:
         raise MissingDependencyError(
             "from_torch with the dynamo exporter needs the 'onnxscript' package, which is not "
@@ -237,7 +237,7 @@ def _export_dynamo(torch: Any, module: Any, args: tuple[Any, ...], kwargs: dict[
 def _export_torchscript(torch: Any, module: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
                         names: Sequence[str], axes: Mapping[str, Mapping[int, str]], opset: int,
                         record: Mapping[str, Any]) -> Any:
-    import onnx
+    import onnx  # optional: onnx (the compiler extra)
 
     buf = io.BytesIO()
     try:

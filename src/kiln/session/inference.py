@@ -9,12 +9,17 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from kiln.errors import ArgumentTypeError, CallError, UsageError, shown
+import kiln
+from kiln.errors import ArgumentTypeError, CallError, MissingFileError, UsageError, shown
+from kiln.frontend.onnx.importer import parse_onnx
+from kiln.runtime import Module, load_module
+from kiln.runtime.abi import numpy_dtype
+from kiln.runtime.terminate import TerminateFlag
+from kiln.session.io_binding import IOBinding
 from kiln.session.node_arg import ModelMetadata, NodeArg, SessionOptions
 
 if TYPE_CHECKING:
     from kiln.runtime.function import PackedFunction
-    from kiln.session.io_binding import IOBinding
 
 CPU_PROVIDER = "CPUExecutionProvider"
 _ENTRY = "main"
@@ -65,13 +70,10 @@ class InferenceSession:
 
     def _module(self, source: Any, threads: int) -> Any:
         """The loaded library behind `source` (compiled for host when it is a model)."""
-        from kiln.runtime import Module, load_module
 
         if isinstance(source, Module):
             return source
         if isinstance(source, (bytes, bytearray)):
-            from kiln.frontend.onnx.importer import parse_onnx
-
             model = parse_onnx(source)  # FrontendError when the bytes are not ONNX
             return self._compile(model, _metadata_of(model))
         if isinstance(source, (str, os.PathLike)):
@@ -89,8 +91,6 @@ class InferenceSession:
             f"{type(source).__name__}")
 
     def _compile(self, model: Any, meta: ModelMetadata) -> Any:
-        import kiln
-
         self._meta = meta
         limit = self._options.max_loop_iterations
         return kiln.compile(model, "host", max_loop_iterations=limit).jit()
@@ -137,15 +137,11 @@ class InferenceSession:
 
     def io_binding(self) -> IOBinding:
         """A binding of inputs and preallocated outputs for `run_with_iobinding`."""
-        from kiln.session.io_binding import IOBinding
-
         return IOBinding(self)
 
     def run_with_iobinding(self, iobinding: IOBinding, run_options: Any = None) -> None:
         """Run with the binding's inputs; write its bound outputs in place, allocate the
         others (read them with `iobinding.copy_outputs_to_cpu()`)."""
-        from kiln.session.io_binding import IOBinding
-
         if not isinstance(iobinding, IOBinding):
             raise ArgumentTypeError(f"run_with_iobinding takes the IOBinding of "
                                     f"session.io_binding(), got {_given(iobinding)}")
@@ -226,8 +222,6 @@ class RunOptions:
     __slots__ = ("_flag", "log_severity_level", "log_verbosity_level", "logid")
 
     def __init__(self) -> None:
-        from kiln.runtime.terminate import TerminateFlag
-
         self._flag = TerminateFlag()
         self.logid = ""
         self.log_severity_level = -1
@@ -274,8 +268,6 @@ def _entry(module: Any) -> PackedFunction:
 
 
 def _numpy_dtype(dtype: str) -> np.dtype[Any]:
-    from kiln.runtime.abi import numpy_dtype
-
     return numpy_dtype(dtype)
 
 
@@ -351,9 +343,6 @@ def _thread_count(options: SessionOptions) -> int:
 
 
 def _onnx_metadata(path: Path) -> ModelMetadata:
-    from kiln.errors import MissingFileError
-    from kiln.frontend.onnx.importer import parse_onnx
-
     if not os.path.exists(path):  # os.path: a name too long to stat is absent, not an OSError
         raise MissingFileError(f"no ONNX model at {path}")
     return _metadata_of(parse_onnx(path))  # FrontendError when the file is not ONNX

@@ -95,7 +95,7 @@ def _producer(nodes: list[Any], name: str) -> int | None:
 
 
 def _node(op: str, inputs: list[str], output: str, **attrs: Any) -> Any:
-    from onnx import helper
+    from onnx import helper  # optional: onnx (the compiler extra)
 
     return helper.make_node(op, inputs, [output], **attrs)
 
@@ -143,7 +143,7 @@ def _padding_replaces(nodes: list[Any]) -> list[Any]:
 
 def _lowest_of(nodes: list[Any], cast: str) -> np.ndarray:
     """The lowest finite value of the type the Cast node producing `cast` casts to."""
-    from onnx import helper
+    from onnx import helper  # optional: onnx (the compiler extra)
 
     node = nodes[_producer(nodes, cast) or 0]
     to = next(a.i for a in node.attribute if a.name == "to")
@@ -152,13 +152,13 @@ def _lowest_of(nodes: list[Any], cast: str) -> np.ndarray:
 
 
 def _constant(name: str, value: np.ndarray) -> Any:
-    from onnx import numpy_helper
+    from onnx import numpy_helper  # optional: onnx (the compiler extra)
 
     return _node("Constant", [], name, value=numpy_helper.from_array(value))
 
 
 def _renamed_output(node: Any, name: str) -> Any:
-    from onnx import NodeProto
+    from onnx import NodeProto  # optional: onnx (the compiler extra)
 
     copy = NodeProto()
     copy.CopyFrom(node)
@@ -174,7 +174,7 @@ def _rows_fully_masked(nodes: list[Any]) -> list[Any]:
     t = _producer(nodes, "AttnBiasT")
     if r is None or e is None or t is None or nodes[t].op_type != "Cast":
         return nodes
-    from onnx import helper
+    from onnx import helper  # optional: onnx (the compiler extra)
 
     out = list(nodes)
     out[r:r + 1] = [
@@ -197,7 +197,7 @@ def _rows_fully_masked(nodes: list[Any]) -> list[Any]:
 def _lowest(dtype: Any) -> Any:
     """The lowest finite value of a float type (ml_dtypes' for bfloat16)."""
     if np.dtype(dtype).name == "bfloat16":
-        import ml_dtypes
+        import ml_dtypes  # optional: ml_dtypes (the ml-dtypes extra)
 
         return ml_dtypes.finfo(dtype).min
     return np.finfo(dtype).min

@@ -73,7 +73,7 @@ def _graph_attr(node: Any, name: str) -> Any:
 
 
 def _attrs(node: Any) -> dict[str, Any]:
-    from onnx import helper
+    from onnx import helper  # optional: onnx (the compiler extra)
 
     return {a.name: helper.get_attribute_value(a) for a in node.attribute
             if a.type not in (a.GRAPH, a.GRAPHS)}
@@ -160,9 +160,11 @@ def _build_body(imp: GraphImporter, graph: Any, name: str, role: str,
     """Import subgraph `graph` as private graph function `name` with parameters
     `leading + captures`; `bind` maps the subgraph's input names to values, `finish`
     turns its outputs into the function's results."""
-    from onnx import numpy_helper
+    from onnx import numpy_helper  # optional: onnx (the compiler extra)
 
-    from kiln.transform.dead_code import remove_dead_bindings
+    from kiln.transform.dead_code import (
+        remove_dead_bindings,  # lazy: kiln.transform.registry loads it on first use
+    )
 
     sub = imp.sub_importer(graph)
     try:
@@ -344,7 +346,9 @@ def converter_loop(imp: GraphImporter, hint: str, trip: g.Expr, states: Sequence
     of `length`. The body reads values of this graph through `outer`
     (kiln.frontend.onnx.converters.registry.GraphContext), which captures them as
     parameters."""
-    from kiln.transform.dead_code import remove_dead_bindings
+    from kiln.transform.dead_code import (
+        remove_dead_bindings,  # lazy: kiln.transform.registry loads it on first use
+    )
 
     name = fresh_function_name(imp, hint, "body")
     sub = imp.sub_importer(None)

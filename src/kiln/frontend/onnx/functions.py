@@ -30,7 +30,7 @@ def function_schema(op_type: str, domain: str, opset: int) -> Any | None:
     function body (plain or context-dependent), else None. Default domain only."""
     if domain not in ("", "ai.onnx"):
         return None
-    from onnx import defs
+    from onnx import defs  # optional: onnx (the compiler extra)
 
     try:
         schema: Any = defs.get_schema(op_type, opset, "")  # stubs lack the function API
@@ -48,7 +48,7 @@ def _pick(versions: Sequence[int], opset: int) -> int:
 
 
 def _body(schema: Any, node: Any, opset: int, input_types: Sequence[InputType]) -> Any:
-    from onnx import FunctionProto, helper
+    from onnx import FunctionProto, helper  # optional: onnx (the compiler extra)
 
     proto = FunctionProto()
     if schema.function_opset_versions:
@@ -110,7 +110,7 @@ def expand(node: Any, opset: int, input_types: Sequence[InputType], prefix: str
 
 def _renamed(node: Any, rename: Callable[[str], str], attrs: dict[str, Any]) -> Any:
     """A copy of body node `node` with its values renamed and attribute references bound."""
-    from onnx import NodeProto
+    from onnx import NodeProto  # optional: onnx (the compiler extra)
 
     out = NodeProto()
     out.CopyFrom(node)

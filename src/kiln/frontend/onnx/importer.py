@@ -118,8 +118,10 @@ def from_onnx(model: Any, shape_dict: dict[str, Any] | None = None, *,
 def _load(model: Any) -> tuple[Any, dict[int, Any]]:
     """The ModelProto and, for a file, its initializers' data as views of the file's
     bytes by initializer index (kiln.frontend.onnx.raw_data); others decode later."""
-    import onnx
-    from google.protobuf.message import DecodeError
+    import onnx  # optional: onnx (the compiler extra)
+    from google.protobuf.message import (
+        DecodeError,  # optional: google (onnx's protobuf, the compiler extra)
+    )
 
     if isinstance(model, onnx.ModelProto):
         return model, {}
@@ -128,7 +130,7 @@ def _load(model: Any) -> tuple[Any, dict[int, Any]]:
     if not isinstance(model, (str, os.PathLike)):
         raise FrontendError(f"from_onnx expects a path, bytes or onnx.ModelProto, got "
                             f"{type(model).__name__}")
-    from onnx.checker import ValidationError
+    from onnx.checker import ValidationError  # optional: onnx (the compiler extra)
 
     path = _model_file(model)
     try:
@@ -150,8 +152,10 @@ def parse_onnx(source: bytes | bytearray | str | os.PathLike[str]) -> Any:
     Raises FrontendError naming the file (or the bytes) and what it holds instead when
     it is not an ONNX model: missing, a directory, empty, truncated, another format.
     """
-    import onnx
-    from google.protobuf.message import DecodeError
+    import onnx  # optional: onnx (the compiler extra)
+    from google.protobuf.message import (
+        DecodeError,  # optional: google (onnx's protobuf, the compiler extra)
+    )
 
     if isinstance(source, (bytes, bytearray)):
         return _parse_bytes(bytes(source))
@@ -167,8 +171,10 @@ def parse_onnx(source: bytes | bytearray | str | os.PathLike[str]) -> Any:
 
 
 def _parse_bytes(data: bytes) -> Any:
-    import onnx
-    from google.protobuf.message import DecodeError
+    import onnx  # optional: onnx (the compiler extra)
+    from google.protobuf.message import (
+        DecodeError,  # optional: google (onnx's protobuf, the compiler extra)
+    )
 
     try:
         proto = onnx.load_from_string(data)
@@ -260,7 +266,7 @@ def _default_opset(proto: Any) -> int:
 
 def _upgrade(proto: Any, opset: int) -> tuple[Any, int]:
     try:
-        from onnx import version_converter
+        from onnx import version_converter  # optional: onnx (the compiler extra)
 
         return version_converter.convert_version(proto, CONVERT_OLD_TO), CONVERT_OLD_TO
     except Exception as exc:  # the converter raises many types
@@ -321,7 +327,7 @@ def _check_supported(graph: Any, opset: int) -> None:
 
 
 def _onnx_elem_type(dtype: str) -> int:
-    from onnx import helper
+    from onnx import helper  # optional: onnx (the compiler extra)
 
     return int(helper.np_dtype_to_tensor_dtype(np.dtype(to_numpy(dtype))))
 
@@ -330,7 +336,7 @@ def _check_declared_type(out: Any, value: g.Expr) -> None:
     """A graph output's declared element type is the one the graph computes. onnx's
     checker cannot see it on an output declared without a shape (`_declare_ranks` drops
     those), and onnxruntime refuses such a model: the caller would get another type."""
-    from onnx import TensorProto
+    from onnx import TensorProto  # optional: onnx (the compiler extra)
 
     declared = out.type.tensor_type.elem_type if out.type.HasField("tensor_type") else 0
     if not declared or not isinstance(value.type, TensorType):
@@ -362,7 +368,7 @@ def _input_dims(graph: Any, shape_dict: dict[str, Any]) -> InputDims:
 
 
 def _decode_attr(attr: Any) -> Any:
-    from onnx import helper, numpy_helper
+    from onnx import helper, numpy_helper  # optional: onnx (the compiler extra)
 
     if attr.type == attr.GRAPH or attr.type == attr.GRAPHS:
         raise FrontendError(f"attribute {attr.name!r} holds a subgraph; kiln imports "
@@ -624,7 +630,7 @@ class GraphImporter:
     # ---------------------------------------------------------------- import
 
     def run(self) -> IRModule:
-        from onnx import numpy_helper
+        from onnx import numpy_helper  # optional: onnx (the compiler extra)
 
         with self.ib.function("main"):
             for inp in _graph_inputs(self.graph):
@@ -758,7 +764,7 @@ class GraphImporter:
             raise FrontendError(f"input {inp.name!r} is a {kind.replace('_type', '')}; kiln "
                                 "imports tensor inputs only")
         tt = inp.type.tensor_type
-        from onnx import helper
+        from onnx import helper  # optional: onnx (the compiler extra)
 
         try:
             dtype = from_numpy(helper.tensor_dtype_to_np_dtype(tt.elem_type))

@@ -46,9 +46,9 @@ def check_onnx_model(proto: Any, views: dict[int, np.ndarray],
     gives the rank of every graph input as kiln resolved it (a shape_dict may give
     an input the shape the model omits).
     """
-    import onnx
-    from onnx.checker import ValidationError
-    from onnx.shape_inference import InferenceError
+    import onnx  # optional: onnx (the compiler extra)
+    from onnx.checker import ValidationError  # optional: onnx (the compiler extra)
+    from onnx.shape_inference import InferenceError  # optional: onnx (the compiler extra)
 
     try:
         copy = _weightless_copy(proto, views)
@@ -74,7 +74,7 @@ def check_onnx_model(proto: Any, views: dict[int, np.ndarray],
 
 def _weightless_copy(proto: Any, views: dict[int, np.ndarray]) -> Any:
     """`proto` with its large initializers turned into inputs of the same type and shape."""
-    from onnx import TensorProto, helper
+    from onnx import TensorProto, helper  # optional: onnx (the compiler extra)
 
     src = proto.graph
     copy = type(proto)()
@@ -115,7 +115,7 @@ def ir3_undeclared(model: Any) -> list[str]:
 
 def _names_read(graph: Any) -> Any:
     """Every value name a node of `graph` or of its subgraphs reads."""
-    from onnx import AttributeProto
+    from onnx import AttributeProto  # optional: onnx (the compiler extra)
 
     for node in graph.node:
         yield from node.input
@@ -130,7 +130,7 @@ def _names_read(graph: Any) -> Any:
 def _declare_ir3_initializers(model: Any, copy: Any) -> None:
     """Declare `model`'s `ir3_undeclared` initializers as graph inputs of the checked
     `copy` (of their type and shape; large ones already are), with a warning naming them."""
-    from onnx import helper
+    from onnx import helper  # optional: onnx (the compiler extra)
 
     names = ir3_undeclared(model)
     if not names:
@@ -160,7 +160,7 @@ def _declare_ranks(model: Any, input_ranks: Mapping[str, int]) -> None:
     (lenient) inference for outputs, so nothing is asserted that the model
     does not say.
     """
-    import onnx
+    import onnx  # optional: onnx (the compiler extra)
 
     graph = model.graph
     missing = [v for v in (*graph.input, *graph.output)

@@ -26,6 +26,7 @@ from typing import Any, BinaryIO
 import numpy as np
 
 from kiln.errors import FrontendError
+from kiln.frontend.onnx.file_limits import check_external_data
 
 # ModelProto.graph, GraphProto.initializer, TensorProto.raw_data (onnx.proto).
 _MODEL_GRAPH, _GRAPH_INITIALIZER, _TENSOR_RAW_DATA = 7, 5, 9
@@ -172,9 +173,8 @@ def load_with_views(path: str) -> tuple[Any, dict[int, np.ndarray]]:
     damaged one, like `onnx.load`. The caller has checked the file's size
     (kiln.frontend.onnx.file_limits.check_model_file); its external data's is checked here.
     """
-    import onnx
+    import onnx  # optional: onnx (the compiler extra)
 
-    from kiln.frontend.onnx.file_limits import check_external_data
 
     with open(path, "rb") as f:
         if sys.byteorder != "little":
@@ -219,7 +219,9 @@ def load_with_views(path: str) -> tuple[Any, dict[int, np.ndarray]]:
         for v in views.values():
             v.flags.writeable = False
     if any(t.data_location == t.EXTERNAL for t in inits):
-        from onnx.external_data_helper import load_external_data_for_model
+        from onnx.external_data_helper import (
+            load_external_data_for_model,  # optional: onnx (the compiler extra)
+        )
 
         check_external_data(proto, os.path.dirname(os.path.abspath(path)), repr(path))
         load_external_data_for_model(proto, os.path.dirname(os.path.abspath(path)))

@@ -35,7 +35,7 @@ def _shown(names: list[str], limit: int = 5) -> str:
 
 def itemsize(elem_type: int) -> int:
     """Bytes per element of ONNX element type `elem_type` (1 when unknown: checked later)."""
-    from onnx import helper
+    from onnx import helper  # optional: onnx (the compiler extra)
 
     try:
         return int(np.dtype(helper.tensor_dtype_to_np_dtype(elem_type)).itemsize)
@@ -127,7 +127,7 @@ NON_NEGATIVE = {"GatherND": ("batch_dims",)}
 def check_attributes(graph: Any) -> None:
     """FrontendError for a flag attribute other than 0 or 1, or a negative count, in
     `graph` or any subgraph, checked before onnx's checker reads them."""
-    from onnx import AttributeProto
+    from onnx import AttributeProto  # optional: onnx (the compiler extra)
 
     for k, node in enumerate(graph.node):
         op = _text(node.op_type)

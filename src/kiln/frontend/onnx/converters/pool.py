@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from kiln.errors import IRError
+from kiln.frontend.onnx.converters.composed import max_pool_indices
 from kiln.frontend.onnx.converters.registry import GraphContext, onnx_op
 from kiln.frontend.onnx.converters.spatial import onnx_pads
 from kiln.ir import dtype as dt
@@ -39,8 +40,6 @@ def _pool_converter(kind: str) -> Any:
                        strides=strides, dilations=dilations, pads=pads,
                        ceil_mode=bool(attrs.get("ceil_mode", 0)), **extra)
         if kind == "max" and len(ctx.node_outputs) > 1 and ctx.node_outputs[1]:
-            from kiln.frontend.onnx.converters.composed import max_pool_indices
-
             # values and indices from one scan (onnxruntime's pool with indices)
             return list(max_pool_indices(ctx, x, out, kernel, strides, dilations, pads,
                                          int(attrs.get("storage_order", 0))))

@@ -21,13 +21,14 @@ from typing import Any
 import numpy as np
 
 from kiln.errors import IRError
-from kiln.frontend.onnx.converters.registry import GraphContext, onnx_op
+from kiln.frontend.onnx.converters.registry import GraphContext, converters, onnx_op
 from kiln.frontend.onnx.converters.spatial import onnx_pads
 from kiln.ir import dtype as dt
 from kiln.ir import graph as g
 from kiln.ir.shape_expr import shape_text
 from kiln.ops import spatial
 from kiln.ops.quant import PRODUCT_DTYPES, QUANT_DTYPES
+from kiln.ops.quant_softmax import MAX_MULTIPLIER, softmax_multiplier, softmax_table
 
 MS = "com.microsoft."
 
@@ -395,7 +396,6 @@ def _qlinear_average_pool(ctx: GraphContext, inputs: Sequence[g.Expr | None],
                           attrs: dict[str, Any]) -> list[g.Expr]:
     # onnxruntime: the dequantized floats averaged as AveragePool does, then rounded with
     # the zero point added first (quantize_linear's `zero_point_first`)
-    from kiln.frontend.onnx.converters.registry import converters
 
     x, xs, xz, ys = inputs[:4]
     yz = inputs[4] if len(inputs) > 4 else None
@@ -436,7 +436,6 @@ def _qlinear_softmax(ctx: GraphContext, inputs: Sequence[g.Expr | None],
     # onnxruntime's exp table and division (kiln.ops.quant_softmax): built here from the
     # constant scales, uint8 or int8, over rows of static length; anything else is
     # refused, since a float softmax would round differently from onnxruntime's
-    from kiln.ops.quant_softmax import MAX_MULTIPLIER, softmax_multiplier, softmax_table
 
     x, xs, xz, ys, yz = (list(inputs) + [None] * 5)[:5]
     assert x is not None

@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from kiln.errors import IRError
+from kiln.frontend.onnx.converters.data_dependent import topk_runtime_k
 from kiln.frontend.onnx.converters.registry import (
     Converter,
     GraphContext,
@@ -137,7 +138,6 @@ def _topk_onnx(ctx: GraphContext, inputs: Sequence[g.Expr | None],
     if ctx.opset >= 10:
         k_v = ctx.value(inputs[1]) if len(inputs) > 1 else None
         if k_v is None and len(inputs) > 1 and inputs[1] is not None:  # known at run time
-            from kiln.frontend.onnx.converters.data_dependent import topk_runtime_k
             axis = norm_axes(int(attrs.get("axis", -1)), ctx.tensor_type(x).ndim)[0]
             return topk_runtime_k(ctx, x, inputs[1], axis, bool(attrs.get("largest", 1)))
         if k_v is None:

@@ -21,6 +21,9 @@ from kiln._registry import Registry
 from kiln.errors import IRError
 from kiln.ir import dtype as dt
 from kiln.ir import graph as g
+from kiln.ir.pin_hint import pin_hint_for
+from kiln.ir.shape_expr import dim_text
+from kiln.ops.registry import load_builtin_ops
 
 if TYPE_CHECKING:
     from kiln.ir.types import Dim, TensorType
@@ -113,10 +116,9 @@ def onnx_op(*op_types: str, min_opset: int = 1) -> Callable[[Converter], Convert
 def converters() -> Registry[OnnxConverter]:
     """The ONNX converter registry, with the built-in converters loaded (the modules
     kiln.frontend.onnx.converters.builtin lists, and the operators they map to)."""
-    from kiln.ops.registry import load_builtin_ops
 
     load_builtin_ops()
-    import kiln.frontend.onnx.converters.builtin  # noqa: F401  (registers the converters)
+    import kiln.frontend.onnx.converters.builtin  # lazy: loaded on first use (registry)  # noqa: F401  (registers the converters)
 
     return ONNX_CONVERTERS
 
@@ -151,7 +153,7 @@ def check_per_channel(ctx: GraphContext, v: g.Expr, x: g.Expr, what: str,
 def onnx_dtype(code: int, what: str) -> str:
     """The kiln dtype of the ONNX element type number `code`, an attribute such as Cast's
     `to` (`what` names it in the error)."""
-    from onnx import TensorProto, helper  # onnx's table of element types
+    from onnx import TensorProto, helper  # optional: onnx (the compiler extra)
 
     try:
         np_type = helper.tensor_dtype_to_np_dtype(code)
@@ -188,10 +190,7 @@ def need_static(ctx: GraphContext, expr: g.Expr | None, what: str) -> np.ndarray
     symbolic dimension (`what` names it in the error)."""
     value = ctx.dims(expr)
     if value is not None and value.dtype == object:
-        from kiln.ir.shape_expr import dim_text
-
         shown = ", ".join(dim_text(d) for d in value.reshape(-1))
-        from kiln.ir.pin_hint import pin_hint_for
 
         raise IRError(f"{what} is [{shown}]: it depends on a symbolic dimension, and kiln "
                       f"needs it at compile time; {pin_hint_for(value.reshape(-1))}")
