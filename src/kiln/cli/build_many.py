@@ -9,8 +9,15 @@ from pathlib import Path
 def cmd_build_many(matrix_path: str, out_dir: str, address: str | None, in_process: bool,
                    cache_dir: str | None) -> tuple[str, bool]:
     """The summary text, and whether every cell was built."""
-    from kiln.distributed import build_many, load_matrix, make_executor, summary_table
-    from kiln.distributed.build import SUMMARY_FILE
+    from kiln.distributed import (  # heavy: kept off the cli's startup (kiln --help)
+        build_many,
+        load_matrix,
+        make_executor,
+        summary_table,
+    )
+    from kiln.distributed.build import (
+        SUMMARY_FILE,  # heavy: kept off the cli's startup (kiln --help)
+    )
 
     matrix = load_matrix(matrix_path)
     executor = make_executor(address, in_process=in_process)

@@ -44,7 +44,7 @@ def count(lo: int, hi: int | Callable[[], int]) -> Callable[[str], int]:
 
 def max_threads() -> int:
     """The most threads a kiln library runs (kiln.runtime.threads.MAX_THREADS)."""
-    from kiln.runtime.threads import MAX_THREADS
+    from kiln.runtime.threads import MAX_THREADS  # heavy: kept off the cli's startup (kiln --help)
 
     return MAX_THREADS
 

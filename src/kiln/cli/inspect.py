@@ -9,6 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
+from kiln.cli.targets import format_table
 from kiln.errors import FormatError, UsageError
 
 AR_MAGIC = b"!<arch>\n"
@@ -46,21 +47,23 @@ def report_metadata(path: str) -> dict[str, Any]:
 def _library_metadata(path: str, metadata: dict[str, Any] | None) -> dict[str, Any]:
     """The library metadata of `path`, checked (`kiln.artifact.library_schema`): the
     report and the description walk it without guarding each access."""
-    from kiln.artifact.library_schema import check_library_metadata
+    from kiln.artifact.library_schema import (
+        check_library_metadata,  # heavy: kept off the cli's startup (kiln --help)
+    )
 
     return check_library_metadata(metadata or {}, f"{path}: library metadata")
 
 
 def load_any(path: str) -> tuple[Any, dict[str, Any], str]:
     """(artifacts, library metadata, file kind) of a kiln `.so`, `.tar`, blob or `.a`."""
-    from kiln.artifact import load_with_metadata
-    from kiln.artifact.elf import ELF_MAGIC
+    from kiln.artifact import load_with_metadata  # heavy: kept off the cli's startup (kiln --help)
+    from kiln.artifact.elf import ELF_MAGIC  # heavy: kept off the cli's startup (kiln --help)
 
     with open(path, "rb") as f:
         head = f.read(8)
     if not head.startswith(AR_MAGIC):
         artifacts, metadata = load_with_metadata(path)
-        from kiln.artifact.blob import MAGIC
+        from kiln.artifact.blob import MAGIC  # heavy: kept off the cli's startup (kiln --help)
 
         kind = ("shared library" if head.startswith(ELF_MAGIC)
                 else "blob" if head.startswith(MAGIC) else "artifact archive")
@@ -97,7 +100,7 @@ def _mlf_members(path: str, keep: str | None = None) -> MLFFiles | None:
     """The files of a Model Library Format tar (docs/mlf.md), or None if `path` is not
     one (not a tar, or a tar without MLF's metadata.json). The tar may be compressed;
     it is read through `kiln.artifact.safe_tar`, with its limits."""
-    from kiln.artifact import safe_tar
+    from kiln.artifact import safe_tar  # heavy: kept off the cli's startup (kiln --help)
 
     if not safe_tar.looks_like_tar(path):
         return None
@@ -130,8 +133,10 @@ def _failer(where: str) -> Callable[[str], NoReturn]:
 def mlf_metadata(files: MLFFiles, path: str) -> dict[str, Any]:
     """The MLF metadata.json, checked (`kiln.mlf.METADATA_SCHEMA`), with its model's entry
     point as a library-style "functions"."""
-    from kiln.artifact.library_schema import check_library_metadata
-    from kiln.runtime.mlf import read_metadata
+    from kiln.artifact.library_schema import (
+        check_library_metadata,  # heavy: kept off the cli's startup (kiln --help)
+    )
+    from kiln.runtime.mlf import read_metadata  # heavy: kept off the cli's startup (kiln --help)
 
     meta = read_metadata(files.data["metadata.json"], f"{path}: metadata.json")
     # Only what the schema checked reaches the report: no "functions" or "graphs" that
@@ -230,7 +235,6 @@ def _shape(t: dict[str, Any]) -> str:
 
 def as_text(info: dict[str, Any]) -> str:
     """The human-readable report of `describe`."""
-    from kiln.cli.targets import format_table
 
     lines = [f"{info['file']}: kiln {info['kind']}",
              f"  format:   {info['format']} version {info['format_version']} "
@@ -276,7 +280,7 @@ def cmd_inspect(path: str, artifact: str | None, fmt: str | None) -> str:
             raise UsageError(f"--format {fmt!r} without --artifact: use text or json")
         info = describe(path)
         return json.dumps(info, indent=2) if fmt == "json" else as_text(info)
-    from kiln.artifact import inspect_artifact
+    from kiln.artifact import inspect_artifact  # heavy: kept off the cli's startup (kiln --help)
 
     mlf = _mlf_members(path, keep=artifact)
     if mlf is not None:

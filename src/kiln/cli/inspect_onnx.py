@@ -16,7 +16,7 @@ from kiln.errors import MissingFileError
 
 
 def _dtype(elem_type: int) -> str:
-    from onnx import helper
+    from onnx import helper  # optional: onnx (the compiler extra)
 
     try:
         return str(helper.tensor_dtype_to_np_dtype(elem_type).name)
@@ -38,7 +38,11 @@ def _value(info: Any) -> dict[str, Any]:
 
 def describe_onnx(path: str) -> dict[str, Any]:
     """The facts `kiln inspect` prints about the ONNX model at `path` (weights not read)."""
-    from kiln.frontend.onnx.importer import default_opset, parse_onnx, unsupported_ops
+    from kiln.frontend.onnx.importer import (  # heavy: kept off the cli's startup (kiln --help)
+        default_opset,
+        parse_onnx,
+        unsupported_ops,
+    )
 
     if not os.path.exists(path):
         raise MissingFileError(f"no ONNX model at {path}")

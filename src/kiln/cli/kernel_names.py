@@ -22,7 +22,7 @@ def fused_group(kernel: str) -> str:
 
 @cache
 def _op_names() -> tuple[str, ...]:
-    from kiln.ops import list_ops
+    from kiln.ops import list_ops  # heavy: kept off the cli's startup (kiln --help)
 
     return tuple(sorted(list_ops(), key=len, reverse=True))
 

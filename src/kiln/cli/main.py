@@ -30,6 +30,10 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+import kiln
+from kiln import __version__
+from kiln.cli import targets
+from kiln.cli.build_many import cmd_build_many
 from kiln.cli.flags import (
     MAX_LOOP_ITERATIONS,
     MAX_REPEAT,
@@ -38,6 +42,10 @@ from kiln.cli.flags import (
     count,
     max_threads,
 )
+from kiln.cli.inspect import cmd_inspect, report_metadata
+from kiln.cli.inspect_onnx import inspect_onnx
+from kiln.cli.targets import normalize_argv
+from kiln.cli.tune import cmd_tune
 from kiln.errors import KilnError, UsageError, missing_dependency
 
 # Errors about the user's input or environment: one line on stderr, exit code 2.
@@ -72,18 +80,22 @@ def _parse_shapes(items: Sequence[str]) -> dict[str, Any]:
 
 def _model_file(path: str) -> None:
     """The model's size, checked before anything reads it (docs/security.md, "Limits")."""
-    from kiln.frontend.onnx.file_limits import check_model_file
+    from kiln.frontend.onnx.file_limits import (
+        check_model_file,  # heavy: kept off the cli's startup (kiln --help)
+    )
 
     check_model_file(path)
 
 
 def _cmd_compile(args: argparse.Namespace) -> int:
-    import kiln
-    from kiln.cli.progress import CompileProgress
-    from kiln.frontend import from_onnx
-    from kiln.target.describe import summarize
-    from kiln.transform import PassContext
-    from kiln.transform.instruments import PassInstrument, TimingInstrument
+    from kiln.cli.progress import CompileProgress  # heavy: kept off the cli's startup (kiln --help)
+    from kiln.frontend import from_onnx  # heavy: kept off the cli's startup (kiln --help)
+    from kiln.target.describe import summarize  # heavy: kept off the cli's startup (kiln --help)
+    from kiln.transform import PassContext  # heavy: kept off the cli's startup (kiln --help)
+    from kiln.transform.instruments import (  # heavy: kept off the cli's startup (kiln --help)
+        PassInstrument,
+        TimingInstrument,
+    )
 
     if args.mlf_source and not args.mlf:
         raise UsageError("--mlf-source adds the DSL source to a Model Library Format tar; "
@@ -108,7 +120,9 @@ def _cmd_compile(args: argparse.Namespace) -> int:
                 kiln.export_model_library_format(ex, args.output, model_name=args.mlf,
                                                  source=args.mlf_source)
             elif wasm:
-                from kiln.export.wasm import export_wasm
+                from kiln.export.wasm import (
+                    export_wasm,  # heavy: kept off the cli's startup (kiln --help)
+                )
 
                 export_wasm(ex, args.output)
             else:
@@ -121,11 +135,7 @@ def _cmd_compile(args: argparse.Namespace) -> int:
 
 
 def _cmd_inspect(args: argparse.Namespace) -> int:
-    from kiln.cli.inspect import cmd_inspect
-
     if args.file.lower().endswith(".onnx"):
-        from kiln.cli.inspect_onnx import inspect_onnx
-
         if args.report is not None or args.artifact is not None:
             raise UsageError("--report and --show read a compiled library; for an ONNX "
                              "model, kiln inspect prints its inputs, outputs and ops")
@@ -134,8 +144,10 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
         return 0
 
     if args.report is not None:
-        from kiln.cli.inspect import report_metadata
-        from kiln.cli.report import read_profile, write_report
+        from kiln.cli.report import (  # heavy: kept off the cli's startup (kiln --help)
+            read_profile,
+            write_report,
+        )
 
         metadata = report_metadata(args.file)
         profile = read_profile(args.profile_json) if args.profile_json else None
@@ -148,8 +160,6 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
 
 
 def _cmd_targets(args: argparse.Namespace) -> int:
-    from kiln.cli import targets
-
     if args.verb == "show":
         print(targets.cmd_show(args.name))
     elif args.verb == "kinds":
@@ -160,7 +170,7 @@ def _cmd_targets(args: argparse.Namespace) -> int:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    from kiln.cli.run import cmd_run
+    from kiln.cli.run import cmd_run  # heavy: kept off the cli's startup (kiln --help)
 
     print(cmd_run(args.file, args.function, args.input, args.inputs, args.fill, args.output,
                   args.outputs, args.repeat, args.warmup, args.profile, args.size,
@@ -169,8 +179,6 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 
 def _cmd_build_many(args: argparse.Namespace) -> int:
-    from kiln.cli.build_many import cmd_build_many
-
     text, ok = cmd_build_many(args.matrix, args.output, args.address, args.in_process,
                               args.cache_dir)
     print(text)
@@ -178,8 +186,6 @@ def _cmd_build_many(args: argparse.Namespace) -> int:
 
 
 def _cmd_tune(args: argparse.Namespace) -> int:
-    from kiln.cli.tune import cmd_tune
-
     print(cmd_tune(args.model, args.target, args.budget, args.output, args.address,
                    args.in_process, _parse_shapes(args.shape), args.workers, args.threads))
     return 0
@@ -196,7 +202,7 @@ def _human(n: float) -> str:
 
 
 def _cmd_cache(args: argparse.Namespace) -> int:
-    from kiln.driver import cache
+    from kiln.driver import cache  # heavy: kept off the cli's startup (kiln --help)
 
     if args.action == "list":
         entries = cache.list_entries()
@@ -224,7 +230,6 @@ def _cmd_cache(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the `kiln` command and its subcommands."""
-    from kiln import __version__
 
     # --debug is accepted before or after the command (SUPPRESS: a later default of
     # False must not overwrite an earlier --debug).
@@ -391,7 +396,6 @@ def _quiet_closed_pipe() -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the `kiln` command with `argv` (default: sys.argv[1:]); the exit code."""
-    from kiln.cli.targets import normalize_argv
 
     words = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(normalize_argv(words))

@@ -26,7 +26,7 @@ def _console(out: IO[str]) -> Any:
     """A rich console writing to `out`, or None when rich is not installed (an install
     without it compiles without the display)."""
     try:
-        from rich.console import Console
+        from rich.console import Console  # optional: rich (the compiler extra)
     except ImportError:
         return None
     return Console(file=out)
@@ -74,7 +74,12 @@ class CompileProgress(PassInstrument):
                 self._progress.stop()
 
     def _show(self) -> None:
-        from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+        from rich.progress import (  # optional: rich (the compiler extra)
+            Progress,
+            SpinnerColumn,
+            TextColumn,
+            TimeElapsedColumn,
+        )
 
         with self._lock:
             if self._closed:
@@ -86,7 +91,7 @@ class CompileProgress(PassInstrument):
             self._progress.start()
 
     def _text(self) -> str:
-        from rich.markup import escape
+        from rich.markup import escape  # optional: rich (the compiler extra)
 
         return escape(f"compiling {self.what}: {self.current} ({self.passes} passes done)")
 

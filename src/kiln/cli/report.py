@@ -18,6 +18,7 @@ only.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -579,7 +580,6 @@ def write_report(metadata: dict[str, Any], source: str, out: str,
 
 def read_profile(path: str) -> dict[str, Any]:
     """The JSON that `kiln run --profile-json` wrote; UsageError naming `path` otherwise."""
-    import json
 
     try:
         with open(path, encoding="utf-8") as f:

@@ -10,8 +10,12 @@ from typing import Any
 
 import numpy as np
 
-from kiln.errors import UsageError
+from kiln.cli import profiling
+from kiln.errors import CallError, UsageError
+from kiln.runtime import load_module
 from kiln.runtime.abi import INT64_MAX, numpy_dtype
+from kiln.runtime.dim_binding import eval_dim_text
+from kiln.runtime.profile import not_profiled
 
 
 def _signature(lib: Any, function: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
@@ -78,9 +82,6 @@ def gather_inputs(items: Sequence[str], npz: str | None, fill: str | None,
                              f"{p['name']}=FILE.npy, --inputs FILE.npz or --fill random|zeros")
         shape = p.get("shape") or []
         if not all(isinstance(d, int) for d in shape):
-            from kiln.errors import CallError
-            from kiln.runtime.dim_binding import eval_dim_text
-
             try:
                 shape = [d if isinstance(d, int) else eval_dim_text(d, sizes or {})
                          for d in shape]
@@ -165,9 +166,6 @@ def cmd_run(path: str, function: str, items: Sequence[str], npz: str | None, fil
     (kiln.cli.profiling: the `top` longest rows, by default as many as hold 95% of the
     time, and an "other" row), `profile_json`
     and `trace` write them to files."""
-    from kiln.cli import profiling
-    from kiln.runtime import load_module
-    from kiln.runtime.profile import not_profiled
 
     if repeat < 0 or warmup < 0:
         raise UsageError("--repeat and --warmup take counts >= 0")

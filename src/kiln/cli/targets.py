@@ -27,9 +27,11 @@ def normalize_argv(argv: list[str]) -> list[str]:
 
 def has_codegen(kind_name: str) -> bool:
     """Whether a codegen is registered for the kind (its "codegen" attribute or its own name)."""
-    import kiln.codegen  # noqa: F401  (registers the built-in codegens)
-    from kiln.codegen.registry import list_codegens
-    from kiln.target import get_kind
+    import kiln.codegen  # lazy: loaded on first use (registry)  # noqa: F401  (registers the built-in codegens)
+    from kiln.codegen.registry import (
+        list_codegens,  # heavy: kept off the cli's startup (kiln --help)
+    )
+    from kiln.target import get_kind  # heavy: kept off the cli's startup (kiln --help)
 
     attr = get_kind(kind_name).get_attr("codegen")
     if callable(attr):
@@ -39,8 +41,8 @@ def has_codegen(kind_name: str) -> bool:
 
 def tag_rows(kind: str | None) -> list[tuple[str, str, str, str]]:
     """(tag, kind, codegen yes/no, description) of every tag, or only those of `kind`."""
-    from kiln.target import get_kind, list_tags
-    from kiln.target.tags import get_tag
+    from kiln.target import get_kind, list_tags  # heavy: kept off the cli's startup (kiln --help)
+    from kiln.target.tags import get_tag  # heavy: kept off the cli's startup (kiln --help)
 
     if kind is not None:
         get_kind(kind)  # an unknown kind raises TargetError with a suggestion
@@ -75,14 +77,14 @@ def cmd_list(kind: str | None) -> str:
 
 
 def cmd_kinds() -> str:
-    from kiln.target import list_kinds
+    from kiln.target import list_kinds  # heavy: kept off the cli's startup (kiln --help)
 
     rows = [(k, "yes" if has_codegen(k) else "no") for k in list_kinds()]
     return format_table(("kind", "codegen"), rows)
 
 
 def cmd_show(name: str) -> str:
-    from kiln.target import describe
+    from kiln.target import describe  # heavy: kept off the cli's startup (kiln --help)
 
     text: str = describe(name)
     return text

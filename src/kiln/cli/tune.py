@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from kiln.cli.flags import MAX_WORKERS, max_threads
 from kiln.errors import UsageError, shown
 
 
@@ -14,12 +15,20 @@ def cmd_tune(model: str, target: str | None, budget: str, output: str, address: 
     """Tune and save; the closing summary (the log lines are printed as they come).
     UsageError, before anything is measured, for a thread or worker count out of
     range (the command line's flags are checked by kiln.cli.flags already)."""
-    from kiln.cli.flags import MAX_WORKERS, max_threads
-    from kiln.distributed.executor import make_executor
-    from kiln.distributed.model_tuning import tune_model
-    from kiln.distributed.tune import measure_resource, resolve
-    from kiln.frontend.onnx.file_limits import check_model_file
-    from kiln.tuning import parse_budget
+    from kiln.distributed.executor import (
+        make_executor,  # heavy: kept off the cli's startup (kiln --help)
+    )
+    from kiln.distributed.model_tuning import (
+        tune_model,  # heavy: kept off the cli's startup (kiln --help)
+    )
+    from kiln.distributed.tune import (  # heavy: kept off the cli's startup (kiln --help)
+        measure_resource,
+        resolve,
+    )
+    from kiln.frontend.onnx.file_limits import (
+        check_model_file,  # heavy: kept off the cli's startup (kiln --help)
+    )
+    from kiln.tuning import parse_budget  # heavy: kept off the cli's startup (kiln --help)
 
     seconds = parse_budget(budget)
     for flag, value, top in (("--threads", threads, max_threads()),
