@@ -100,9 +100,9 @@ class NchwcLayout(FunctionPass):
     def run_on_function(self, func: Any, name: str, mod: IRModule) -> g.Function:
         assert isinstance(func, g.Function)
         from kiln.kernels.tiles import tile_lanes, tile_registers, with_lanes
-        from kiln.target.isa import isa_for
+        from kiln.transform.kernel_isa import kernel_isa
 
-        isa = isa_for(None)
+        isa = kernel_isa()
         if self.lanes:
             isa = with_lanes(isa, self.lanes)
         from kiln.kernels.conv.nchwc import pointwise_body_isa

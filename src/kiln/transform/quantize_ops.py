@@ -109,7 +109,7 @@ class QuantizeOps(FunctionPass):
     threads: int | None = None
 
     def run_on_function(self, func: Any, name: str, mod: IRModule) -> g.Function:
-        from kiln.target.isa import isa_for
+        from kiln.transform.kernel_isa import kernel_isa
 
         assert isinstance(func, g.Function)
         if not any(isinstance(b.value, g.Call) and b.value.op in _STARTS
@@ -127,7 +127,7 @@ class QuantizeOps(FunctionPass):
         # the quantized convolutions left in float: summed as onnxruntime sums them
         fused = rewrite_calls(fused, _FloatConvs(fused, self.threads).rewrite)
         # weights, zero-point corrections and bias prepared for the kernels
-        isa = isa_for(None)  # the target the pipeline runs under
+        isa = kernel_isa()  # the target the pipeline runs under
         packed = rewrite_calls(fused, SharedPacking(lambda c: _packed(c, isa)))
         # the float products and dequantized weights the fused ops replaced
         return packed if packed is func else remove_dead_bindings(packed)
