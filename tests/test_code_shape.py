@@ -2,7 +2,8 @@
 goes"):
 
 - kernels take their target explicitly: no module of the op and kernel packages reads
-  the ambient target (`isa_for(None)`, `Target.current()`) or types an ISA as `Any`. A
+  the ambient target (`isa_for(None)`, `Target.current()`) or tuning session
+  (`kiln.tuning.apply.current`), or types an ISA as `Any`. A
   kernel built outside `with Target(...)` must not silently get generic tiles; the
   passes read the target once and hand its ISA down (kiln.target.isa);
 - no function over `MAX_LINES` lines, except those of `LONG_FUNCTIONS`, each with its
@@ -46,6 +47,9 @@ def hidden_target_reads(source: str) -> list[tuple[int, str]]:
             elif (isinstance(f, ast.Attribute) and f.attr == "current"
                   and isinstance(f.value, ast.Name) and f.value.id == "Target"):
                 found.append((node.lineno, "Target.current()"))
+        elif (isinstance(node, ast.ImportFrom) and node.module == "kiln.tuning.apply"
+              and any(alias.name == "current" for alias in node.names)):
+            found.append((node.lineno, "the ambient tuning session (kiln.tuning.apply.current)"))
         elif (isinstance(node, ast.arg) and node.arg == "isa" and node.annotation is not None
               and ast.unparse(node.annotation) in ("Any", "object")):
             found.append((node.lineno, f"isa: {ast.unparse(node.annotation)}"))
@@ -90,6 +94,8 @@ def test_no_new_long_function() -> None:
     ("isa = isa_for(None)\n", "isa_for(None)"),
     ("from kiln.target import Target\nt = Target.current()\n", "Target.current()"),
     ("def f(isa: Any) -> None: ...\n", "isa: Any"),
+    ("def f():\n    from kiln.tuning.apply import current\n",
+     "the ambient tuning session (kiln.tuning.apply.current)"),
 ])
 def test_the_reads_are_seen(source: str, what: str) -> None:
     assert [w for _, w in hidden_target_reads(source)] == [what]

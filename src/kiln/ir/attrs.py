@@ -99,19 +99,22 @@ ATTR_CHECK_MESSAGES: Final = "kiln.check_messages"
 # (function, kernel or None) pair per timer site, in site order.
 ATTR_PROFILE_SITES: Final = "kiln.profile_sites"
 
-# Set by kiln.ops' hand-written kernel builders on the PrimFunc they build: which builder
-# made it (the kernel kind as a str); nothing in kiln reads them, the tests do (which
+# Set by kiln.kernels' builders on the PrimFunc they build: which builder made it (the
+# kernel kind as a str, or a marker); nothing in kiln reads them, the tests do (which
 # kernel a model compiled to).
 ATTR_CONV_KERNEL: Final = "kiln.conv_kernel"  # a conv kind, e.g. "conv2d_gemm", "conv2d_nchwc"
 ATTR_GEMM_KERNEL: Final = "kiln.gemm_kernel"  # a matmul kind, e.g. "matmul_tiled", "qlinear_*"
 ATTR_POOL_KERNEL: Final = "kiln.pool_kernel"  # a pooling kernel's name, e.g. "pool2d_nchwc"
 ATTR_ROW_KERNEL: Final = "kiln.row_kernel"    # a row operator's name, e.g. "softmax"
+ATTR_CHANNEL_SCALE: Final = "kiln.channel_scale"   # True: the per-channel scale kernel
+ATTR_QLINEAR_ADD: Final = "kiln.qlinear_add"       # "flat": the flat int8 add kernel
+ATTR_QLINEAR_CONCAT: Final = "kiln.qlinear_concat"  # "runs": the int8 concat by runs
 
 KILN_ATTRS: Final = frozenset({
     ATTR_PRIVATE, ATTR_GRAPH, ATTR_NUM_OUTPUTS, ATTR_TUPLE_RESULT, ATTR_OUTPUT_NAMES,
     ATTR_WORKSPACE_BYTES, ATTR_PARALLEL_OF, ATTR_PARALLEL_VAR, ATTR_EXTERNAL, ATTR_DIM_BOUNDS,
     ATTR_BINDS_DIMS, ATTR_RUNTIME_DIMS, ATTR_CONCAT_AXIS, ATTR_NO_SLP, ATTR_TERMINATE_FLAG,
     ATTR_CHECK_MESSAGES, ATTR_SOURCE_NODE, ATTR_CONV_KERNEL, ATTR_GEMM_KERNEL, ATTR_POOL_KERNEL,
-    ATTR_ROW_KERNEL,
+    ATTR_ROW_KERNEL, ATTR_CHANNEL_SCALE, ATTR_QLINEAR_ADD, ATTR_QLINEAR_CONCAT,
 })
 """Every attribute key kiln sets itself."""

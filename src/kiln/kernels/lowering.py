@@ -94,6 +94,9 @@ _LAZY: dict[str, str] = {
     "global_avg_pool": "kiln.kernels.rows.reduce:GLOBAL_AVG_POOL",
     "global_max_pool": "kiln.kernels.rows.reduce:GLOBAL_MAX_POOL",
 
+    # lrn (kiln.kernels.lrn)
+    "lrn": "kiln.kernels.lrn:LRN",
+
     # pool (kiln.kernels.pool)
     "max_pool2d": "kiln.kernels.pool.lowering:MAX_POOL2D",
     "avg_pool2d": "kiln.kernels.pool.lowering:AVG_POOL2D",

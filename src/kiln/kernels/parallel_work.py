@@ -18,10 +18,12 @@ value once (a matrix-vector product's weights) is bound by the cache instead:
 STREAM_BYTES_PER_CYCLE whatever the vector width (bench/gemv.py).
 
 The threshold is a model-level tuning knob (`kiln tune`, docs/tuning.md "Model-level
-knobs"): a tuning session may give the whole compile another one (`threshold_ns`,
-the pseudo-kernel `parallel_threshold` of kiln.tuning.apply, params `{"min_ns": N}`, N
-in THRESHOLD_CHOICES), for the kernel families' rules and the `parallelize` pass alike;
-the runtime's `KILN_SERIAL_NS` keeps PARALLEL_MIN_NS.
+knobs"): a tuning session may give the whole compile another one (the pseudo-kernel
+`parallel_threshold` of kiln.tuning.apply, params `{"min_ns": N}`, N in
+THRESHOLD_CHOICES), which the passes put on the ISA they hand down
+(`ISA.parallel_min_ns`, kiln.transform.kernel_isa; `threshold_ns` reads it), for the
+kernel families' rules and the `parallelize` pass alike; the runtime's
+`KILN_SERIAL_NS` keeps PARALLEL_MIN_NS.
 """
 
 from __future__ import annotations
@@ -29,7 +31,6 @@ from __future__ import annotations
 from kiln.errors import UsageError
 from kiln.ir.dtype import itemsize
 from kiln.target.isa import ISA
-from kiln.tuning.apply import PARALLEL_THRESHOLD, current
 
 #: Estimated one-thread work (ns) from which a loop runs on the thread pool: twice a
 #: hand-off, plus a margin for a worker that is not spinning.
@@ -75,20 +76,10 @@ def work_ns(work: int, unit: str, isa: ISA, dtype: str = "float32") -> float:
 
 
 def threshold_ns(isa: ISA) -> int:
-    """The one-thread work (ns) from which a loop goes parallel on `isa`: the current
-    tuning session's `parallel_threshold` for the model
-    compiled, else PARALLEL_MIN_NS."""
-
-    session = current()
-    if session is None:
-        return PARALLEL_MIN_NS
-    params = session.knob(PARALLEL_THRESHOLD, None, isa, {"min_ns": PARALLEL_MIN_NS})
-    if params is None:
-        return PARALLEL_MIN_NS
-    ns = params.get("min_ns")
-    if isinstance(ns, bool) or not isinstance(ns, int) or ns <= 0:
-        raise UsageError(f"parallel_threshold: min_ns must be a positive integer, got {ns!r}")
-    return ns
+    """The one-thread work (ns) from which a loop goes parallel on `isa`: the tuning
+    session's `parallel_threshold` the pass put on it (`ISA.parallel_min_ns`,
+    kiln.transform.kernel_isa), else PARALLEL_MIN_NS."""
+    return isa.parallel_min_ns or PARALLEL_MIN_NS
 
 
 def min_parallel_work(unit: str, isa: ISA, dtype: str = "float32") -> int:

@@ -54,7 +54,7 @@ from kiln.ops.nn import b_shape
 from kiln.ops.packed_attrs import TILE
 from kiln.ops.winograd import eligible
 from kiln.target.isa import ISA
-from kiln.tuning.apply import MODEL_KNOBS, NCHWC_REGION, PARALLEL_THRESHOLD, current, signature
+from kiln.tuning.apply import MODEL_KNOBS, NCHWC_REGION, PARALLEL_THRESHOLD, Session, signature
 
 #: The convolution families an ungrouped or grouped float32 `conv2d` may take.
 CONV_ALGORITHMS = ("conv_direct", "conv_rows", "conv_gemm", "conv_grouped", "conv_winograd")
@@ -364,12 +364,11 @@ def check_database(db: Any) -> None:
                          f"{shown(c.signature)}")
 
 
-def pack(family: KernelFamily, call: g.Call, isa: ISA) -> g.Call:
-    """`call` packed by `family` as the current tuning session says (kiln.tuning.apply;
-    no session, or no params for the call: the rule's `pack`); a UsageError about the
-    params names where the session took them from (a database's record)."""
+def pack(family: KernelFamily, call: g.Call, isa: ISA, session: Session | None) -> g.Call:
+    """`call` packed by `family` as the tuning session `session` says (kiln.tuning.apply;
+    None, or no params for the call: the rule's `pack`); a UsageError about the params
+    names where the session took them from (a database's record)."""
 
-    session = current()
     params = session.params_for(family, call, isa) if session is not None else None
     if params is None:
         return family.pack(call, isa)

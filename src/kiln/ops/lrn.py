@@ -14,39 +14,34 @@ onnxruntime's CPU kernel (onnxruntime/core/providers/cpu/nn/lrn.cc) computes:
 - `y = x * scale ** -beta` with Eigen's float32 `pow` (kiln.ops.ort_pow).
 
 The numpy reference runs the same steps, so constant folding and the interpreter
-agree with the compiled kernel bit for bit. Other dtypes and symbolic shapes take a
-tensor-expression definition (the window summed directly, float64-free but not
-onnxruntime's rounding).
+agree with the compiled kernel (kiln.kernels.lrn) bit for bit. Other dtypes and
+symbolic shapes take a tensor-expression definition (the window summed directly,
+float64-free but not onnxruntime's rounding).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
 from kiln.errors import IRError
 from kiln.ir import dtype as dt
-from kiln.ir import graph as g
 from kiln.ir import tensor as t
-from kiln.ir.shape_expr import is_static
 from kiln.ir.types import TensorType, Type
 from kiln.ops import te
 from kiln.ops.nn import acc_dtype, widen
 from kiln.ops.ort_pow import NumpyArith, powf
-from kiln.ops.registry import OPS, Attrs, OpDef
+from kiln.ops.registry import Attrs, register_op
 from kiln.ops.spatial import MAX_WINDOW
 
 F32 = "float32"
 I32 = "int32"
 I64 = "int64"
-# x + 1.5 * 2^23 for an integer-valued float32 |x| < 2^22 has the bits _ROUNDER_BITS + x.
-_ROUNDER, _ROUNDER_BITS = 12582912.0, 0x4B400000
 
 
-def _window(attrs: Attrs) -> tuple[int, int, int]:
+def lrn_window(attrs: Attrs) -> tuple[int, int, int]:
     """(size, channels before, channels after) of the window."""
     size = int(attrs["size"])
     if not 1 <= size <= MAX_WINDOW:  # a window sums `size` channels per element
@@ -54,9 +49,9 @@ def _window(attrs: Attrs) -> tuple[int, int, int]:
     return size, (size - 1) // 2, size - 1 - (size - 1) // 2
 
 
-def _params(attrs: Attrs) -> tuple[float, float, float]:
+def lrn_params(attrs: Attrs) -> tuple[float, float, float]:
     """(alpha / size, beta, bias), alpha / size rounded as a float32 division."""
-    size = _window(attrs)[0]
+    size = lrn_window(attrs)[0]
     a = float(np.float32(attrs.get("alpha", 1e-4)) / np.float32(size))
     return a, float(attrs.get("beta", 0.75)), float(attrs.get("bias", 1.0))
 
@@ -65,13 +60,13 @@ def _infer(types: Sequence[TensorType], attrs: Attrs) -> Type:
     x = types[0]
     if x.ndim < 2 or not dt.is_float(x.dtype):
         raise IRError(f"lrn expects a float (N, C, ...) tensor, got {x}")
-    _window(attrs)
+    lrn_window(attrs)
     return x
 
 
 def _compute(inputs: Sequence[te.Tensor], attrs: Attrs) -> te.Tensor:
     (x,) = inputs
-    size, before, _ = _window(attrs)
+    size, before, _ = lrn_window(attrs)
     acc = acc_dtype(x.dtype)
     alpha = float(attrs.get("alpha", 1e-4)) / size
     beta = float(attrs.get("beta", 0.75))
@@ -94,8 +89,8 @@ def _compute(inputs: Sequence[te.Tensor], attrs: Attrs) -> te.Tensor:
 
 def _scale_np(x: np.ndarray, attrs: Attrs) -> np.ndarray:
     """onnxruntime's running-sum scale of a float32 (N, C, ...) array."""
-    _, before, after = _window(attrs)
-    a, _, bias = _params(attrs)
+    _, before, after = lrn_window(attrs)
+    a, _, bias = lrn_params(attrs)
     af = np.float32(a)
     c = x.shape[1]
     terms = af * (x * x)  # float32 throughout
@@ -124,11 +119,11 @@ def _reference(x: np.ndarray, **attrs: Any) -> np.ndarray:
         return _reference_wide(x, attrs)
     s = _scale_np(x, attrs)
     with np.errstate(all="ignore"):  # IEEE: 0 * inf is NaN, as the kernel computes
-        return (x * _pow_np(s, -_params(attrs)[1])).astype(np.float32)
+        return (x * _pow_np(s, -lrn_params(attrs)[1])).astype(np.float32)
 
 
 def _reference_wide(x: np.ndarray, attrs: Attrs) -> np.ndarray:
-    size, before, after = _window(attrs)
+    size, before, after = lrn_window(attrs)
     x64 = x.astype(np.float64)
     sq = np.pad(x64 ** 2, ((0, 0), (before, after)) + ((0, 0),) * (x.ndim - 2))
     total = sum(sq[:, k:k + x.shape[1]] for k in range(size))
@@ -137,173 +132,4 @@ def _reference_wide(x: np.ndarray, attrs: Attrs) -> np.ndarray:
     return out.astype(x.dtype)
 
 
-class _IRArith:
-    """kiln.ops.ort_pow's `Arith` building float32 IR; every intermediate is a
-    let in `lets` (the expression would otherwise be a DAG copied out as a tree)."""
-
-    def __init__(self) -> None:
-        self.lets: list[t.Stmt] = []
-
-    def const(self, v: float) -> t.PrimExpr:
-        return t.Const(float(np.float32(v)), F32)
-
-    def bind(self, x: t.PrimExpr) -> t.PrimExpr:
-        if isinstance(x, (t.Var, t.Const)):
-            return x
-        v = t.Var(f"p{len(self.lets)}", x.dtype)
-        self.lets.append(t.LetStmt(v, x))
-        return v
-
-    def round(self, x: t.PrimExpr) -> t.PrimExpr:
-        return t.intrin("round", x)
-
-    def floor(self, x: t.PrimExpr) -> t.PrimExpr:
-        return t.intrin("floor", x)
-
-    def frexp(self, x: t.PrimExpr) -> tuple[t.PrimExpr, t.PrimExpr]:
-        # subnormals are scaled into the normal range first (their exponent field is 0)
-        sub = x < self.const(2.0 ** -126)
-        xs = self.bind(t.select(sub, x * self.const(2.0 ** 24), x))
-        bits = self.bind(t.reinterpret(xs, I32))
-        m = t.reinterpret((bits & t.Const(0x007FFFFF, I32)) | t.Const(0x3F000000, I32), F32)
-        e = t.Cast(F32, t.binary("shr", bits, t.Const(23, I32)) - t.Const(126, I32))
-        return self.bind(m), self.bind(e - t.select(sub, self.const(24.0), self.const(0.0)))
-
-    def _exp2i(self, n: t.PrimExpr) -> t.PrimExpr:
-        # 2^n for an integer-valued float n: n + 1.5 2^23 holds n in its low bits (no
-        # float-to-int conversion, which is not vector code), shifted into the exponent
-        low = t.reinterpret(n + self.const(_ROUNDER), I32) - t.Const(_ROUNDER_BITS, I32)
-        return t.reinterpret((low + t.Const(127, I32)) << t.Const(23, I32), F32)
-
-    def ldexp(self, x: t.PrimExpr, n: t.PrimExpr) -> t.PrimExpr:
-        # two factors 2^h 2^(n-h): exact for every normal result, no exponent overflow
-        h = self.bind(t.intrin("floor", n * self.const(0.5)))
-        return self.bind(self.bind(x * self._exp2i(h)) * self._exp2i(n - h))
-
-    def select(self, cond: t.PrimExpr, a: t.PrimExpr, b: t.PrimExpr) -> t.PrimExpr:
-        return t.select(cond, a, b)
-
-    def less(self, a: t.PrimExpr, b: t.PrimExpr) -> t.PrimExpr:
-        return a < b
-
-    def recip(self, x: t.PrimExpr) -> t.PrimExpr:
-        return self.const(1.0) / x
-
-    def equal(self, a: t.PrimExpr, b: t.PrimExpr) -> t.PrimExpr:
-        return t.compare("eq", a, b)
-
-
-@dataclass(frozen=True)
-class LrnOp(OpDef):
-    """lrn: a hand-built kernel for static float32 shapes (see the module docstring),
-    the tensor-expression definition otherwise."""
-
-    def legalize(self, call: g.Call) -> tuple[t.PrimFunc, str]:
-        (arg,) = call.args
-        xt = arg.type
-        assert isinstance(xt, TensorType)
-        if xt.dtype != F32 or not is_static(tuple(xt.shape)):
-            return super().legalize(call)
-        shape = xt.static_shape
-        x = t.Buffer("x0", shape, F32)
-        out = t.Buffer("out", shape, F32)
-        return t.PrimFunc((x, out), _kernel(x, out, call.attrs)), self.name
-
-
-# Lanes of one vector chunk of the last axis (one AVX-512 register of float32; the
-# backends split it on narrower targets).
-LANES = 16
-
-
-def _kernel(x: t.Buffer, out: t.Buffer, attrs: Attrs) -> t.Stmt:
-    """Per chunk of up to LANES elements of the last axis (and per index of the axes
-    between C and it): the running-sum scale of every channel into `out`, each channel
-    reading the previous one, then `out = x * scale ** -beta`. Chunks are independent
-    (the parallel loop); the lanes of a chunk are vector code."""
-    shape = tuple(int(d) for d in x.shape)
-    channels, rest = shape[1], shape[2:]
-    n = t.Var("n", I64)
-    outer = [t.Var(f"i{k}", I64) for k in range(len(rest) - 1)]
-
-    def chunk(start: t.PrimExpr, lanes: int) -> t.Stmt:
-        def at(c: t.PrimExpr, v: t.Var) -> tuple[t.PrimExpr, ...]:
-            last = (start + v,) if rest else ()
-            return (n, c, *outer, *last)
-
-        def vector(body: Callable[[t.Var], t.Stmt]) -> t.Stmt:
-            v = t.Var("v", I64)  # a fresh variable per loop (the IR binds each once)
-            return _loop(v, lanes, body(v), "vectorized")
-
-        return _chunk_body(x, out, at, channels, attrs, vector)
-
-    if rest:
-        width = rest[-1]
-        w0 = t.Var("w0", I64)
-        inner = [_loop(w0, width // LANES, chunk(w0 * t.Const(LANES, I64), LANES))] \
-            if width >= LANES else []
-        if width % LANES:
-            inner.append(chunk(t.Const(width - width % LANES, I64), width % LANES))
-        nest = t.seq(*inner)
-        for var, extent in reversed(list(zip(outer, rest[:-1]))):
-            nest = _loop(var, extent, nest)
-    else:
-        nest = chunk(t.Const(0, I64), 1)
-    return _loop(n, shape[0], nest)
-
-
-def _loop(var: t.Var, extent: int, body: t.Stmt, kind: str = "serial", start: int = 0) -> t.Stmt:
-    return t.For(var, t.Const(start, I64), t.Const(extent - start, I64), kind, body)
-
-
-def _chunk_body(x: t.Buffer, out: t.Buffer, at: Any, channels: int, attrs: Attrs,
-                vector: Callable[[Callable[[t.Var], t.Stmt]], t.Stmt]) -> t.Stmt:
-    """One chunk: channel 0's scale, the running sum over channels 1.., the
-    normalization; `vector(body)` is the chunk's vector loop around `body(lane)`, and
-    `at(c, lane)` the index of channel `c` in it."""
-    _, before, after = _window(attrs)
-    a, beta, bias = _params(attrs)
-    zero = t.Const(0.0, F32)
-    # the previous channel's scale, per lane, in a stack buffer: reading it back from
-    # `out` would hide from the vector-loop analysis that the lanes are independent
-    prev = t.Buffer("prev", (LANES,), F32, "local")
-
-    def term(ch: t.PrimExpr, lane: t.Var, valid: t.PrimExpr | None) -> t.PrimExpr:
-        # a * x^2 of channel `ch`; a channel outside the tensor adds 0 (onnxruntime's
-        # zero padding: s + 0 == s for the positive scale)
-        idx = ch if valid is None else t.max_(t.min_(ch, t.Const(channels - 1, I64)),
-                                             t.Const(0, I64))
-        v = x[at(idx, lane)]
-        sq = t.Const(a, F32) * (v * v)
-        return sq if valid is None else t.select(valid, sq, zero)
-
-    def keep(c: t.PrimExpr, lane: t.Var, value: t.PrimExpr) -> t.Stmt:
-        s = t.Var("s", F32)
-        return t.seq(t.LetStmt(s, value), t.Store(prev, s, (lane,)),
-                     t.Store(out, s, at(c, lane)))
-
-    def first(lane: t.Var) -> t.Stmt:
-        total: t.PrimExpr = t.Const(float(np.float32(bias)), F32)
-        for k in range(-before, after + 1):
-            if 0 <= k < channels:
-                total = total + term(t.Const(k, I64), lane, None)
-        return keep(t.Const(0, I64), lane, total)
-
-    c1, c2 = t.Var("c", I64), t.Var("c", I64)
-
-    def step(lane: t.Var) -> t.Stmt:
-        head, tail = c1 + t.Const(after, I64), c1 - t.Const(1 + before, I64)
-        value = (prev[lane] + term(head, lane, head < t.Const(channels, I64))) \
-            - term(tail, lane, tail >= t.Const(0, I64))
-        return keep(c1, lane, value)
-
-    def normalize(lane: t.Var) -> t.Stmt:
-        ar = _IRArith()
-        value = powf(ar, ar.bind(out[at(c2, lane)]), -beta)
-        return t.seq(*ar.lets, t.Store(out, x[at(c2, lane)] * value, at(c2, lane)))
-
-    return t.seq(t.Allocate(prev), vector(first),
-                 _loop(c1, channels, vector(step), start=1),
-                 _loop(c2, channels, vector(normalize)))
-
-
-OPS.register("lrn", LrnOp("lrn", "opaque", _infer, _compute, _reference))
+register_op("lrn", pattern="opaque", infer=_infer, compute=_compute, reference=_reference)

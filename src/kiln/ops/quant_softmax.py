@@ -15,12 +15,12 @@ the last axis, attribute `y_multiplier`) computes that:
 - `y = clamp(rint(t * y_multiplier / s) + y_zp)` to the byte's range, the quotient in
   float64 (rounded half to even), where `y_multiplier = floor(1.0f / y_scale)` (float32).
 
-Probed against onnxruntime 1.32 on this repository's AMD EPYC Zen 3 host (every byte, rows
-of 1 to 1000 elements, constant rows, saturating rows, int8 and uint8, output zero points
-of the whole range): equal everywhere. A sum of the table's float32 values in any other
-order, or the quotient in float32 (`t * (1/s) * y_multiplier`, as MLAS's vector kernels
-write it), each differed on constant rows; the former integer table (uint32 values, an
-integer division) overflowed its sum on rows longer than 512 near their maximum.
+This is onnxruntime's result byte for byte (every byte, constant and saturating rows,
+int8 and uint8, every output zero point: tests/quantization); a sum of the table's
+float32 values in any other order, or the quotient in float32 (`t * (1/s) *
+y_multiplier`, as MLAS's vector kernels write it), differs on constant rows, and an
+integer table (uint32 values, an integer division) would overflow its sum on long rows
+near their maximum.
 """
 
 from __future__ import annotations

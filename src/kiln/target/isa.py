@@ -72,6 +72,10 @@ class ISA:
     #: Whether the kernel rules may take Winograd convolutions (the target attribute
     #: `winograd`; absent: on where the target has an OS, off on bare metal).
     winograd: bool = False
+    #: The tuning session's one-thread work (ns) from which a kernel loop goes parallel,
+    #: for the model compiled (its `parallel_threshold` knob, kiln.tuning.apply); 0: the
+    #: rule's (kiln.kernels.parallel_work.PARALLEL_MIN_NS). The passes set it.
+    parallel_min_ns: int = 0
 
     def lanes(self, dtype: str = "float32") -> int:
         """Elements of `dtype` in one vector register (1 without vectors)."""

@@ -50,9 +50,10 @@ from kiln.ir.types import TensorType
 from kiln.kernels.registry import select
 from kiln.kernels.search import pack
 from kiln.kernels.tiles import with_lanes
-from kiln.target.isa import isa_for
 from kiln.transform.functor import SharedPacking, rewrite_calls
+from kiln.transform.kernel_isa import kernel_isa
 from kiln.transform.pass_base import FunctionPass
+from kiln.tuning.apply import current
 
 
 @dataclass(frozen=True)
@@ -71,7 +72,7 @@ class BlockConvolutions(FunctionPass):
     def run_on_function(self, func: Any, name: str, mod: IRModule) -> g.Function:
         assert isinstance(func, g.Function)
 
-        isa = isa_for(None)
+        isa, session = kernel_isa(), current()
         if self.lanes:
             isa = with_lanes(isa, self.lanes)
 
@@ -81,7 +82,7 @@ class BlockConvolutions(FunctionPass):
             family = select(call, isa) if call.op == "conv2d" else None
             if family is None and call.op == "conv2d" and symbolic_image(call):
                 generic.append(call)
-            return pack(family, call, isa) if family is not None else None
+            return pack(family, call, isa, session) if family is not None else None
 
         out = rewrite_calls(func, SharedPacking(rewrite))
         if generic:

@@ -38,7 +38,7 @@ from kiln.ir.tensor import PrimFunc
 from kiln.ir.types import TensorType
 from kiln.kernels.lowering import lowering_for
 from kiln.ops import get_op, te
-from kiln.target.isa import isa_for
+from kiln.transform.kernel_isa import kernel_isa
 from kiln.transform.pass_base import Pass
 
 FUSABLE_TAIL = ("elemwise", "broadcast")
@@ -268,7 +268,7 @@ def _lower_group(group: list[g.Binding], externals: list[g.Expr], inside: dict[i
     static = all(is_static(e.type.shape) for e in externals if isinstance(e.type, TensorType))
     if lowering is not None and (static or lowering.supports_symbolic):
         fused = lowering.lower_fused(placeholders, arguments[k], first.attrs, values[k],
-                                     values[-1], name, isa_for(None))  # the pipeline's target
+                                     values[-1], name, kernel_isa())  # the pipeline's target
         if fused is not None:  # hand-built kernels may leave the dim scalars to us
             return te.with_dim_params(fused).with_attrs(**{ATTR_PRIVATE: True})
     prim: PrimFunc = te.lower(placeholders, [values[-1]], name)

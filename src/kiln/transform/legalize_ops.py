@@ -30,7 +30,7 @@ from kiln.ir.visitor import GraphMutator
 from kiln.kernels.lowering import legalize_call, lowering_for
 from kiln.ops import get_op
 from kiln.ops.te import with_dim_params
-from kiln.target.isa import isa_for
+from kiln.transform.kernel_isa import kernel_isa
 from kiln.transform.pass_base import Pass
 
 #: Operator name -> an object with `legalize(call) -> (PrimFunc, name_hint)`.
@@ -93,7 +93,7 @@ class _State:
         self.functions = functions
         self.ops = ops
         self.cache: dict[Any, str] = {}
-        self.isa = isa_for(None)  # the target the pipeline runs under
+        self.isa = kernel_isa()  # the target the pipeline runs under
 
     def legalize(self, call: g.Call, legalize: Callable[[g.Call], tuple[PrimFunc, str]]
                  ) -> tuple[PrimFunc, str]:

@@ -32,9 +32,11 @@ from kiln.ir import graph as g
 from kiln.ir.module import IRModule
 from kiln.kernels.registry import select
 from kiln.kernels.search import pack
-from kiln.target.isa import ISA, isa_for
+from kiln.target.isa import ISA
 from kiln.transform.functor import SharedPacking, rewrite_calls
+from kiln.transform.kernel_isa import kernel_isa
 from kiln.transform.pass_base import FunctionPass
+from kiln.tuning.apply import Session, current
 
 
 @dataclass(frozen=True)
@@ -49,10 +51,10 @@ class BlockMatmuls(FunctionPass):
     def run_on_function(self, func: Any, name: str, mod: IRModule) -> g.Function:
         assert isinstance(func, g.Function)
 
-        isa = isa_for(None)
-        return rewrite_calls(func, SharedPacking(lambda call: _rewrite(call, isa)))
+        isa, session = kernel_isa(), current()
+        return rewrite_calls(func, SharedPacking(lambda call: _rewrite(call, isa, session)))
 
 
-def _rewrite(call: g.Call, isa: ISA) -> g.Call | None:
+def _rewrite(call: g.Call, isa: ISA, session: Session | None) -> g.Call | None:
     family = select(call, isa) if call.op == "matmul" else None
-    return pack(family, call, isa) if family is not None else None
+    return pack(family, call, isa, session) if family is not None else None

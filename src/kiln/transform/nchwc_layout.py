@@ -65,7 +65,8 @@ from kiln.ops.layout import blocked_layout
 from kiln.ops.packed_attrs import TILE
 from kiln.ops.pool_nchwc import POOL_NCHWC, POOLS
 from kiln.ops.registry import call, get_op
-from kiln.target.isa import ISA, isa_for
+from kiln.target.isa import ISA
+from kiln.transform.kernel_isa import kernel_isa
 from kiln.transform.pass_base import FunctionPass
 from kiln.tuning.apply import NCHWC_REGION, current
 
@@ -113,7 +114,7 @@ class NchwcLayout(FunctionPass):
     def run_on_function(self, func: Any, name: str, mod: IRModule) -> g.Function:
         assert isinstance(func, g.Function)
 
-        isa = isa_for(None)
+        isa = kernel_isa()
         if self.lanes:
             isa = with_lanes(isa, self.lanes)
         from kiln.kernels.conv.nchwc import (

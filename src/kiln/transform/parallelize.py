@@ -90,7 +90,7 @@ from kiln.ir.visitor import (
     stmt_children,
 )
 from kiln.kernels.parallel_work import min_parallel_work
-from kiln.target.isa import isa_for
+from kiln.transform.kernel_isa import kernel_isa
 from kiln.transform.pass_base import FunctionPass
 
 # Cost-model weights (units: one simple expression node). Intrinsics the backends
@@ -127,8 +127,7 @@ class Parallelize(FunctionPass):
 
     def least_work(self) -> int:
         """`min_work`, or when negative the target's PARALLEL_MIN_NS of work."""
-        return self.min_work if self.min_work >= 0 else min_parallel_work("node",
-                                                                          isa_for(None))
+        return self.min_work if self.min_work >= 0 else min_parallel_work("node", kernel_isa())
 
     def run(self, mod: IRModule) -> IRModule:
         funcs = mod.prim_funcs()

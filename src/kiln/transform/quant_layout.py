@@ -42,7 +42,7 @@ from kiln.ir.types import TensorType
 from kiln.kernels.int8.conv_tile import stores_words
 from kiln.ops import quant_conv_words as qc
 from kiln.ops.quant_conv_words import CONV_DOT, WORDS_LAYOUT
-from kiln.target.isa import isa_for
+from kiln.transform.kernel_isa import kernel_isa
 from kiln.transform.pass_base import FunctionPass
 
 _ADD = "qlinear_add"
@@ -90,7 +90,7 @@ def _residual_add(c: g.Call) -> bool:
 def _words_values(func: g.Function) -> set[g.Var]:
     """The bound values that take NCHW4c (see the module docstring)."""
 
-    isa = isa_for(None)  # the target the pipeline runs under
+    isa = kernel_isa()  # the target the pipeline runs under
     producers: dict[g.Var, g.Call] = {}
     readers: dict[g.Var, list[tuple[g.Var, g.Call, int]]] = {}
     fixed: set[g.Var] = set(graph_vars_used(func.result))  # NCHW: the result's

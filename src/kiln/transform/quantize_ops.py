@@ -81,9 +81,9 @@ from kiln.ops.quant import qrange, quantize_ref, requantize_multiplier
 from kiln.ops.quant_mlas_conv import default_threads
 from kiln.ops.quant_ort import OrtTypes
 from kiln.ops.quant_softmax import MAX_MULTIPLIER, softmax_multiplier, softmax_table
-from kiln.target.isa import isa_for
 from kiln.transform.dead_code import remove_dead_bindings
 from kiln.transform.functor import SharedPacking, rewrite_calls
+from kiln.transform.kernel_isa import kernel_isa
 from kiln.transform.pass_base import FunctionPass
 
 if TYPE_CHECKING:
@@ -129,7 +129,7 @@ class QuantizeOps(FunctionPass):
         # the quantized convolutions left in float: summed as onnxruntime sums them
         fused = rewrite_calls(fused, _FloatConvs(fused, self.threads).rewrite)
         # weights, zero-point corrections and bias prepared for the kernels
-        isa = isa_for(None)  # the target the pipeline runs under
+        isa = kernel_isa()  # the target the pipeline runs under
         packed = rewrite_calls(fused, SharedPacking(lambda c: _packed(c, isa)))
         # the float products and dequantized weights the fused ops replaced
         return packed if packed is func else remove_dead_bindings(packed)

@@ -1,7 +1,7 @@
-"""Tuning at compile time: the blocking passes pack each kernel call through
-`kiln.kernels.search.pack`, which asks the current session (`current()`) for the
-call's params (`Session.params_for`): None is the rule's variant, else a dict such as
-`{"tile": [6, 32]}`, `{"tile": [8, 32], "split": "inner"}` or
+"""Tuning at compile time: the blocking passes read the current session (`current()`)
+once and pack each kernel call through `kiln.kernels.search.pack`, which asks that
+session for the call's params (`Session.params_for`): None is the rule's variant, else
+a dict such as `{"tile": [6, 32]}`, `{"tile": [8, 32], "split": "inner"}` or
 `{"family": "conv_gemm", "tile": [8, 32]}` (kiln.kernels.search); the `use-cblas`
 pass asks it the same way whether a product calls CBLAS (`{"library": "own"}`: not;
 kiln.ops.cblas.LIBRARY_CHOICE). Inside

@@ -21,6 +21,7 @@ from typing import Any
 
 from kiln.ir import graph as g
 from kiln.ir.analysis.vector_loops import MAX_LANES
+from kiln.ir.attrs import ATTR_CHANNEL_SCALE
 from kiln.ir.tensor import PrimExpr, PrimFunc, Stmt, Store, seq
 from kiln.kernels.epilogue import fused_store
 from kiln.kernels.tiles import const, lanes_loop, loop, nest, parallel_tiles, parallel_when
@@ -98,7 +99,7 @@ def channel_scale_kernel(params: Sequence[te.Tensor], x: te.Tensor, scale: te.Te
         return seq(*parts)
 
     return PrimFunc((*(store.buffers[t] for t in params), store.out),
-                    nest(("n", "c", "h"), (n, c, h), row), {"kiln.channel_scale": True})
+                    nest(("n", "c", "h"), (n, c, h), row), {ATTR_CHANNEL_SCALE: True})
 
 
 CHANNEL_SCALE = ChannelScale()

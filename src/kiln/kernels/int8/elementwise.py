@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from kiln.ir.attrs import ATTR_QLINEAR_ADD, ATTR_QLINEAR_CONCAT
 from kiln.ir.graph import Call
 from kiln.ir.tensor import (
     Buffer,
@@ -180,7 +181,7 @@ class FlatAdd:
         out = Buffer("out", tuple(params[0].shape), params[7].dtype)
         body = flat_add_body(buffers, out, tile_lanes(isa, "float32"),
                              uint8_shift(attrs), isa=isa)
-        return PrimFunc((*buffers, out), body, {"kiln.qlinear_add": "flat"})
+        return PrimFunc((*buffers, out), body, {ATTR_QLINEAR_ADD: "flat"})
 
 
 @dataclass(frozen=True)
@@ -207,7 +208,7 @@ class ConcatRuns:
         assert isinstance(out_type, TensorType)
         out = Buffer("out", tuple(out_type.shape), out_type.dtype)
         body = concat_body(buffers, out, attrs, tile_lanes(isa, "float32"), isa=isa)
-        return PrimFunc((*buffers, out), body, {"kiln.qlinear_concat": "runs"})
+        return PrimFunc((*buffers, out), body, {ATTR_QLINEAR_CONCAT: "runs"})
 
 
 #: The lowerings of `qlinear_add` and `qlinear_concat` (kiln.kernels.lowering).
