@@ -1,7 +1,8 @@
 """Write the kernel replay test's golden digests (and, once, its int8 model files).
 
-    .venv/bin/python tests/replay/make_goldens.py           # goldens.json only
-    .venv/bin/python tests/replay/make_goldens.py --models  # the int8 files too
+    PYTHONPATH=tests .venv/bin/python tests/replay/make_goldens.py   # goldens.json only
+    PYTHONPATH=tests:tests/quantization .venv/bin/python tests/replay/make_goldens.py --models
+                                                                     # the int8 files too
 
 Regenerate goldens.json only in a commit that means to change generated kernels, and
 say which in the commit message: tests/replay/test_replay.py compares every lowered
@@ -14,13 +15,9 @@ from __future__ import annotations
 
 import json
 import sys
-from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-sys.path[:0] = [str(HERE), str(HERE.parent), str(HERE.parent / "quantization")]
-
-import onnx  # noqa: E402
-from replay_models import GOLDENS, MODELS, MODELS_DIR, TARGETS, digests  # noqa: E402
+import onnx
+from replay_models import GOLDENS, MODELS, MODELS_DIR, TARGETS, digests
 
 
 def write_int8_models() -> None:
