@@ -38,6 +38,7 @@ from kiln.ir.tensor import PrimFunc
 from kiln.ir.types import TensorType
 from kiln.kernels.lowering import lowering_for
 from kiln.ops import get_op, te
+from kiln.target.isa import ISA
 from kiln.transform.kernel_isa import kernel_isa
 from kiln.transform.pass_base import Pass
 
@@ -59,8 +60,9 @@ class FuseOps(Pass):
         functions: dict[str, BaseFunc] = dict(mod.functions)
         cache: dict[Any, str] = {}
         changed = False
+        isa = kernel_isa()  # the pipeline's target, read once for every hand-built kernel
         for fname, fn in mod.graph_funcs().items():
-            new = _fuse_function(fn, functions, cache, self.max_group)
+            new = _fuse_function(fn, functions, cache, self.max_group, isa)
             if new is not fn:
                 functions[fname] = new
                 changed = True
@@ -75,7 +77,7 @@ def _pattern(op: str) -> str | None:
 
 
 def _fuse_function(fn: g.Function, functions: dict[str, BaseFunc], cache: dict[Any, str],
-                   max_group: int) -> g.Function:
+                   max_group: int, isa: ISA) -> g.Function:
     groups = _groups(fn.bindings, var_use_counts(fn), max_group)
     if not any(len(grp) > 1 for grp in groups):
         return fn
@@ -84,7 +86,7 @@ def _fuse_function(fn: g.Function, functions: dict[str, BaseFunc], cache: dict[A
         if len(grp) <= 1:
             bindings.extend(grp)
             continue
-        bindings.append(_fuse_group(grp, functions, cache))
+        bindings.append(_fuse_group(grp, functions, cache, isa))
     return g.Function(fn.params, tuple(bindings), fn.result, dict(fn.attrs))
 
 
@@ -206,7 +208,7 @@ def _numel(t: object) -> int | None:
 
 
 def _fuse_group(group: list[g.Binding], functions: dict[str, BaseFunc],
-                cache: dict[Any, str]) -> g.Binding:
+                cache: dict[Any, str], isa: ISA) -> g.Binding:
 
     inside = {id(b.var): k for k, b in enumerate(group)}
     externals: list[g.Expr] = []
@@ -233,14 +235,14 @@ def _fuse_group(group: list[g.Binding], functions: dict[str, BaseFunc],
     if name is None:
         name = _unique(functions, "fused_" + "_".join(
             b.value.op for b in group if isinstance(b.value, g.Call)))
-        functions[name] = _lower_group(group, externals, inside, get_op, te, name)
+        functions[name] = _lower_group(group, externals, inside, name, isa)
         cache[key] = name
     last = group[-1]
     return g.Binding(last.var, g.CallTensor(name, tuple(externals), last.var.type))
 
 
 def _lower_group(group: list[g.Binding], externals: list[g.Expr], inside: dict[int, int],
-                 get_op: Any, te: Any, name: str) -> PrimFunc:
+                 name: str, isa: ISA) -> PrimFunc:
     placeholders = []
     for k, e in enumerate(externals):
         t = e.type
@@ -268,7 +270,7 @@ def _lower_group(group: list[g.Binding], externals: list[g.Expr], inside: dict[i
     static = all(is_static(e.type.shape) for e in externals if isinstance(e.type, TensorType))
     if lowering is not None and (static or lowering.supports_symbolic):
         fused = lowering.lower_fused(placeholders, arguments[k], first.attrs, values[k],
-                                     values[-1], name, kernel_isa())  # the pipeline's target
+                                     values[-1], name, isa)
         if fused is not None:  # hand-built kernels may leave the dim scalars to us
             return te.with_dim_params(fused).with_attrs(**{ATTR_PRIVATE: True})
     prim: PrimFunc = te.lower(placeholders, [values[-1]], name)
