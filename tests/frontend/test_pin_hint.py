@@ -16,8 +16,8 @@ from support.graphs import GraphBuilder
 
 def test_pin_hint_names_both_forms_for_each_variable() -> None:
     assert pin_hint(["seq", "batch", "seq"]) == (
-        'pin batch, seq with shape_dict={"batch": 128, "seq": 128} '
-        "(CLI: kiln compile ... --shape batch=128 --shape seq=128)")
+        'pin batch, seq with shape_dict={"batch": 1, "seq": 128} '
+        "(CLI: kiln compile ... --shape batch=1 --shape seq=128)")
 
 
 def test_pin_hint_without_names_is_generic() -> None:

@@ -3,6 +3,10 @@
 Every error about a dimension that must be known at compile time ends with this text,
 so Python users and CLI users both see the exact spelling that fixes it, with the
 real variable names (`shape_dict={"seq": 128}` and `kiln compile ... --shape seq=128`).
+The example size is the one a user most likely pins: 1 for a batch (what a single
+request runs, and what exports with a symbolic batch are served at), 128 for any other
+size (a sequence length, an image side: a plausible size, to be replaced by the size
+served).
 """
 
 from __future__ import annotations
@@ -12,8 +16,17 @@ from typing import Any
 
 from kiln.ir.shape_expr import dim_vars
 
-# The example size in the hint: any size works; 128 reads as a plausible sequence length.
+# The example size in the hint for a size that is no batch: any size works; 128 reads as
+# a plausible sequence length or image side.
 _EXAMPLE_SIZE = 128
+# Names that read as a batch (exporters' `batch`, `batch_size`; `b`, `bs`).
+_BATCH_NAMES = frozenset({"b", "bs"})
+
+
+def example_size(name: str) -> int:
+    """The size the hint suggests pinning `name` to: 1 for a batch, else 128."""
+    lower = name.lower()
+    return 1 if "batch" in lower or lower in _BATCH_NAMES else _EXAMPLE_SIZE
 
 
 def pin_hint(names: Iterable[str]) -> str:
@@ -23,8 +36,8 @@ def pin_hint(names: Iterable[str]) -> str:
     if not unique:
         return ("pin the symbolic dimensions with shape_dict={\"NAME\": N} "
                 "(CLI: kiln compile ... --shape NAME=N)")
-    py = ", ".join(f'"{n}": {_EXAMPLE_SIZE}' for n in unique)
-    cli = " ".join(f"--shape {n}={_EXAMPLE_SIZE}" for n in unique)
+    py = ", ".join(f'"{n}": {example_size(n)}' for n in unique)
+    cli = " ".join(f"--shape {n}={example_size(n)}" for n in unique)
     return f"pin {', '.join(unique)} with shape_dict={{{py}}} (CLI: kiln compile ... {cli})"
 
 

@@ -9,7 +9,11 @@ spellings of one size compare equal and print alike.
 The canonical form is a polynomial with integer coefficients over *atoms*: a
 dimension variable, or an expression that is not a polynomial (a floor division
 or remainder that does not divide out, `min`, `max`, ...), itself canonical
-inside. `simplify_dim` returns an `int` when the value is constant.
+inside. `simplify_dim` returns an `int` when the value is constant. A floor
+division (or remainder) divides out when its divisor is a positive constant
+dividing every coefficient, or a polynomial dividing the dividend exactly
+(`kiln.ir.polynomial.divide`): `batch*seq // batch` is `seq`, `(p + s)*64 % (p + s)`
+is 0.
 """
 
 from __future__ import annotations
@@ -20,15 +24,15 @@ from typing import Any
 from kiln import dim_expr
 from kiln.errors import IRError
 from kiln.ir import dtype as dt
+from kiln.ir import polynomial
 from kiln.ir.attrs import ATTR_DIM_BOUNDS, ATTR_GRAPH
 from kiln.ir.dtype import INDEX_DTYPE
 from kiln.ir.tensor import BinaryOp, Cast, Const, PrimExpr, PrimFunc, UnaryOp, Var, as_expr
 from kiln.ir.types import Dim
 
 # An atom: a dimension variable, or a canonical non-polynomial expression.
-_AtomKey = tuple[Any, ...]
-_Mono = tuple[tuple[_AtomKey, int], ...]          # sorted (atom, power) pairs
-_Poly = dict[_Mono, int]                          # monomial -> coefficient (non-zero)
+_AtomKey = polynomial.Atom
+_Poly = polynomial.Poly
 
 
 def dim_var(name: str) -> Var:
@@ -85,12 +89,12 @@ class _Canon:
 
     def _binary(self, e: BinaryOp, a: _Poly, b: _Poly) -> _Poly:
         if e.op == "add":
-            return _add(a, b, 1)
+            return polynomial.add(a, b, 1)
         if e.op == "sub":
-            return _add(a, b, -1)
+            return polynomial.add(a, b, -1)
         if e.op == "mul":
-            return _mul(a, b)
-        ca, cb = _constant(a), _constant(b)
+            return polynomial.mul(a, b)
+        ca, cb = polynomial.constant(a), polynomial.constant(b)
         if ca is not None and cb is not None:
             return self.poly(_fold(e.op, ca, cb))
         if e.op in ("floordiv", "floormod", "div", "mod") and cb is not None and cb > 0:
@@ -100,6 +104,13 @@ class _Canon:
                 return {}
             if cb == 1:
                 return a if e.op in ("floordiv", "div") else {}
+        if e.op in ("floordiv", "floormod", "div", "mod") and cb is None:
+            # `b` divides `a` as polynomials (`batch*seq // batch`): the quotient is exact
+            # wherever `b` is not 0 (where the division itself is an error), rounding
+            # either way, and the remainder 0.
+            q = polynomial.divide(a, b)
+            if q is not None:
+                return q if e.op in ("floordiv", "div") else {}
         if e.op in ("min", "max") and a == b:
             return a
         key = (e.op, _poly_key(a), _poly_key(b))
@@ -110,7 +121,7 @@ class _Canon:
     def expr(self, p: _Poly) -> Dim:
         const = p.get((), 0)
         # positive terms first, so `seq - min(1, seq)` rather than `min(1, seq)*-1 + seq`
-        terms = sorted((m for m in p if m), key=lambda m: (p[m] < 0, -_degree(m), m))
+        terms = sorted((m for m in p if m), key=lambda m: (p[m] < 0, -polynomial.degree(m), m))
         out: PrimExpr | None = None
         for m in terms:
             coeff = p[m]
@@ -155,62 +166,8 @@ def _fold(op: str, a: int, b: int) -> int:
     return int(table[op]())
 
 
-def _constant(p: _Poly) -> int | None:
-    if not p:
-        return 0
-    if len(p) == 1 and () in p:
-        return p[()]
-    return None
-
-
-def _degree(m: _Mono) -> int:
-    return sum(power for _, power in m)
-
-
 def _poly_key(p: _Poly) -> tuple[Any, ...]:
     return tuple(sorted(p.items()))
-
-
-def _accumulate(out: _Poly, m: _Mono, c: int) -> None:
-    """`out[m] += c`, dropping the term when it cancels (coefficients stay non-zero)."""
-    v = out.get(m, 0) + c
-    if v:
-        out[m] = v
-    else:
-        out.pop(m, None)
-
-
-def _add(a: _Poly, b: _Poly, sign: int) -> _Poly:
-    out = dict(a)
-    for m, c in b.items():
-        _accumulate(out, m, sign * c)
-    return out
-
-
-def _mono_mul(x: _Mono, y: _Mono) -> _Mono:
-    powers: dict[_AtomKey, int] = dict(x)
-    for key, p in y:
-        powers[key] = powers.get(key, 0) + p
-    return tuple(sorted(powers.items()))
-
-
-def _mul(a: _Poly, b: _Poly) -> _Poly:
-    out: _Poly = {}
-    for ma, ca in a.items():
-        for mb, cb in b.items():
-            _accumulate(out, _mono_mul(ma, mb), ca * cb)
-    return out
-
-
-def _mono_div(x: _Mono, y: _Mono) -> _Mono | None:
-    powers = dict(x)
-    for key, p in y:
-        if powers.get(key, 0) < p:
-            return None
-        powers[key] -= p
-        if not powers[key]:
-            del powers[key]
-    return tuple(sorted(powers.items()))
 
 
 # ---------------------------------------------------------------------- public API
@@ -230,8 +187,8 @@ def simplify_shape(shape: Iterable[Dim]) -> tuple[Dim, ...]:
 def dims_equal(a: Dim, b: Dim) -> bool | None:
     """True if `a == b` for every value of the variables, False if never, None if it depends."""
     c = _Canon()
-    diff = _add(c.poly(a), c.poly(b), -1)
-    k = _constant(diff)
+    diff = polynomial.add(c.poly(a), c.poly(b), -1)
+    k = polynomial.constant(diff)
     if k is None:
         return None
     return k == 0
@@ -251,7 +208,7 @@ def dim_at_least(a: Dim, b: Dim) -> bool:
     non-negative (sizes are): `a - b` has no negative coefficient and only plain variables.
     False when that cannot be shown (not: when it is false)."""
     c = _Canon()
-    diff = _add(c.poly(a), c.poly(b), -1)
+    diff = polynomial.add(c.poly(a), c.poly(b), -1)
     return all(coeff >= 0 and all(key[0] == "var" for key, _ in m)
                for m, coeff in diff.items())
 
@@ -299,39 +256,18 @@ def dim_product(dims: Iterable[Dim]) -> Dim:
     c = _Canon()
     p: _Poly = {(): 1}
     for d in dims:
-        p = _mul(p, c.poly(d))
+        p = polynomial.mul(p, c.poly(d))
     return c.expr(p)
 
 
 def exact_div(a: Dim, b: Dim) -> Dim | None:
-    """`a / b` when `b` divides `a` for every value of the variables (as polynomials), else None.
-
-    Handles a monomial divisor (`batch*seq*768 / (seq*12)` = `batch*64`) and a
-    divisor proportional to `a`; `b == 0` gives None.
-    """
+    """`a / b` when `b` divides `a` for every value of the variables (as polynomials with
+    integer coefficients), else None: `batch*seq*768 / (seq*12)` = `batch*64`,
+    `batch*(past + seq)*768 / ((past + seq)*64)` = `batch*12`; `b == 0` gives None.
+    None means that `a` is not such a multiple (`kiln.ir.polynomial.divide`)."""
     c = _Canon()
-    pa, pb = c.poly(a), c.poly(b)
-    if not pb:
-        return None
-    if not pa:
-        return 0
-    if len(pb) == 1:
-        ((mb, cb),) = pb.items()
-        out: _Poly = {}
-        for ma, ca in pa.items():
-            m = _mono_div(ma, mb)
-            if m is None or ca % cb:
-                return None
-            out[m] = ca // cb
-        return c.expr(out)
-    ratios = {ma: pa.get(ma, 0) for ma in pb}
-    first_m = next(iter(pb))
-    if pa.keys() != pb.keys() or ratios[first_m] % pb[first_m]:
-        return None
-    k = ratios[first_m] // pb[first_m]
-    if all(pa[m] == k * pb[m] for m in pb):
-        return k
-    return None
+    q = polynomial.divide(c.poly(a), c.poly(b))
+    return None if q is None else c.expr(q)
 
 
 def dim_vars(x: Dim | Iterable[Dim]) -> tuple[Var, ...]:

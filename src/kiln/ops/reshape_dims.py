@@ -23,6 +23,7 @@ from kiln.ir.shape_expr import (
     dims_equal,
     exact_div,
     from_dim_expr,
+    is_static,
     shape_text,
     simplify_dim,
 )
@@ -79,8 +80,13 @@ def fill_rest(src: Sequence[Dim], shape: Sequence[Dim]) -> tuple[Dim, ...]:
         known = dim_product(d for k, d in enumerate(out) if k != rest[0])
         size = exact_div(dim_product(src), known)
         if size is None:
+            # exact_div is a proof (polynomial division): None means "not a multiple for
+            # every value", which a pin can change; say so, so the importer hints one.
+            symbolic = "" if is_static([*src, known]) else \
+                " for every value of the symbolic dimensions"
             raise IRError(f"reshape: cannot view {shape_text(src)} as {shape_text(shape)}: "
-                          f"{dim_text(dim_product(src))} is not a multiple of {dim_text(known)}")
+                          f"{dim_text(dim_product(src))} is not a multiple of "
+                          f"{dim_text(known)}{symbolic}")
         out[rest[0]] = size
     return tuple(out)
 
