@@ -101,19 +101,26 @@ def _flat_cache(cache: Any) -> tuple[Any, ...]:
     return tuple(out)
 
 
-def gpt2(layers: int | None = None, past: bool = False, vocab: int | None = None) -> Decoder:
+def gpt2(layers: int | None = None, past: bool = False, vocab: int | None = None,
+         width: tuple[int, int] | None = None, eager: bool = True) -> Decoder:
     """GPT-2 (the published 124M configuration, `GPT2Config()` defaults) with its LM head.
 
     Without a cache the inputs are `input_ids` and `attention_mask` `[batch, seq]`. With
     `past=True` they are `input_ids` and each layer's `past_key_i`/`past_value_i`
     `[batch, 12, past_seq, 64]`, and the model also returns the present key/values
-    `[batch, 12, past_seq + seq, 64]`."""
+    `[batch, 12, past_seq + seq, 64]`. `width=(n_embd, n_head)` overrides the published
+    (768, 12); `eager=False` keeps transformers' default attention (SDPA, which the
+    dynamo exporter writes as reshapes to `[-1, past_seq + seq, head_dim]`)."""
     import torch
     import transformers
 
-    config = _eager(transformers.GPT2Config())
+    config = transformers.GPT2Config()
+    if eager:
+        _eager(config)
     if layers is not None:
         config.n_layer = layers
+    if width is not None:
+        config.n_embd, config.n_head = width
     _set_vocab(config, vocab)
     n_layer, heads = config.n_layer, config.n_head
     head_dim = config.n_embd // heads
@@ -247,9 +254,12 @@ def feeds(decoder: Decoder, sizes: dict[str, int], seed: int = 0) -> dict[str, n
 EXAMPLE_SIZES = {"batch": 2, "seq": 5, "past_seq": 3, "enc_seq": 7}
 
 
-def export(decoder: Decoder, exporter: str) -> onnx.ModelProto:
+def export(decoder: Decoder, exporter: str, plain_names: bool = False) -> onnx.ModelProto:
     """`decoder` exported in memory by `exporter` ("torchscript" or "dynamo") with every
-    named axis dynamic (hf_export.export_module)."""
+    named axis dynamic (hf_export.export_module). The dynamo exporter gets each axis as
+    `torch.export.Dim(name)`, or with `plain_names` as its name alone (`{0: "batch"}`, as
+    users write it: torch then simplifies less of the shape arithmetic, and the export
+    holds sizes such as `batch*seq // batch`)."""
     import torch
 
     hf_export.check_exporter(exporter)
@@ -258,8 +268,13 @@ def export(decoder: Decoder, exporter: str) -> onnx.ModelProto:
     axes = {i.name: {k: d for k, d in enumerate(i.dims) if isinstance(d, str)}
             for i in decoder.inputs}
     dims: dict[str, Any] = {}
-    shapes = [{k: dims.setdefault(d, torch.export.Dim(d, min=1, max=4096))
-               for k, d in enumerate(inp.dims) if isinstance(d, str)} for inp in decoder.inputs]
+
+    def axis(name: str) -> Any:
+        return name if plain_names else dims.setdefault(name, torch.export.Dim(name, min=1,
+                                                                               max=4096))
+
+    shapes = [{k: axis(d) for k, d in enumerate(inp.dims) if isinstance(d, str)}
+              for inp in decoder.inputs]
     # forward(*inputs): torch.export wants the shapes of the inputs as one nested tuple.
     return hf_export.export_module(module, example, [i.name for i in decoder.inputs],
                                    list(decoder.outputs), exporter, dynamic_axes=axes,
