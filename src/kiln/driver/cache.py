@@ -11,6 +11,11 @@ Layout under the cache directory (docs/compile.md):
                                the library metadata and a SHA-256 of the entry itself
     v2/objects/<aa>/<name>     artifact contents, content-addressed: stored once, shared
                                by every entry (recompiles of one model store no new weights)
+    v2/staging/                libraries being linked, moved into objects/ when stored
+
+An entry may instead hold one linked shared library (`store_library`, for
+`kiln.InferenceSession`, kiln/session/start.py): that object is loaded from where it
+lies, after every byte of it is checked (`lookup_library`).
 
 An object's name is the SHA-256 of its bytes, or for data carrying chunk hashes
 (the weights) the digest of those hashes (`kiln.artifact.integrity.tree_digest`),
@@ -45,6 +50,7 @@ import functools
 import hashlib
 import importlib.metadata
 import json
+import mmap
 import os
 import shutil
 import stat
@@ -63,7 +69,14 @@ from kiln.artifact import Artifact, ArtifactSet
 from kiln.artifact._json import thaw
 from kiln.artifact.artifact import require_serializable
 from kiln.artifact.capped import parse_size
-from kiln.artifact.integrity import DIGEST_SIZE, chunk_count, tree_digest, verify
+from kiln.artifact.integrity import (
+    CHUNK_SIZE,
+    DIGEST_SIZE,
+    chunk_count,
+    chunk_digests,
+    tree_digest,
+    verify,
+)
 from kiln.artifact.schema import (
     Anything,
     Enum,
@@ -471,12 +484,7 @@ def store(key: str, artifacts: ArtifactSet, metadata: dict[str, Any]) -> bool:
                           "metadata": thaw(a.metadata),
                           "size": a.size, "object": name,
                           "chunk_size": chunks[0] if chunks else None})
-
-        entry: dict[str, Any] = {"format": ENTRY_FORMAT, "version": CACHE_FORMAT, "key": key,
-                                 "kiln_version": __version__, "created": time.time(),
-                                 "artifacts": items, "metadata": metadata}
-        entry["checksum"] = _entry_checksum(entry)
-        _write_atomic(entry_path(key), [json.dumps(entry, sort_keys=True).encode()])
+        _write_entry(key, items, metadata)
     except OSError as exc:
         _degrade(exc, "write to the compile cache at")
         return False
@@ -484,16 +492,166 @@ def store(key: str, artifacts: ArtifactSet, metadata: dict[str, Any]) -> bool:
         STATS.errors += 1
         return False
     STATS.stores += 1
-    if cap is not None:
-        try:
-            # Under the cap, nothing to evict: only stat the files. A new process (a CLI
-            # compile) would otherwise parse every entry of the cache at its first store.
-            used = usage()
-            if used > cap:
-                evict(cap, used=used)
-        except OSError as exc:
-            _degrade(exc, "evict entries from the compile cache at")
+    _keep_under(cap)
     return True
+
+
+def _write_entry(key: str, items: list[dict[str, Any]], metadata: dict[str, Any]) -> None:
+    """Write the entry of `key` (its objects stored already); OSError, or TypeError and
+    ValueError for metadata that is not JSON."""
+    entry: dict[str, Any] = {"format": ENTRY_FORMAT, "version": CACHE_FORMAT, "key": key,
+                             "kiln_version": __version__, "created": time.time(),
+                             "artifacts": items, "metadata": metadata}
+    entry["checksum"] = _entry_checksum(entry)
+    _write_atomic(entry_path(key), [json.dumps(entry, sort_keys=True).encode()])
+
+
+def _keep_under(cap: int | None) -> None:
+    """Evict down to `cap` bytes after a store, if the cache holds more."""
+    if cap is None:
+        return
+    try:
+        # Under the cap, nothing to evict: only stat the files. A new process (a CLI
+        # compile) would otherwise parse every entry of the cache at its first store.
+        used = usage()
+        if used > cap:
+            evict(cap, used=used)
+    except OSError as exc:
+        _degrade(exc, "evict entries from the compile cache at")
+
+
+# ------------------------------------------------------------------ linked libraries
+
+# The codegen_id of an entry holding one linked library (kiln.session.start): such an
+# entry's one object is a shared library, loaded from where it lies, never read back.
+LIBRARY_ENTRY = "linked-library"
+LIBRARY_FILE = "lib.so"
+
+
+@dataclass(frozen=True)
+class LibraryHit:
+    """A linked library found in the cache: its checked file and its entry's metadata."""
+
+    path: Path
+    metadata: dict[str, Any]
+
+
+def staging_dir() -> Path | None:
+    """A fresh private directory inside the cache (the objects' filesystem, so a library
+    linked there is stored by a rename), or None when the cache cannot be written."""
+    try:
+        if not _safe_dirs(create=True):
+            return None
+        parent = _root() / "staging"
+        parent.mkdir(mode=0o700, exist_ok=True)
+        return Path(tempfile.mkdtemp(prefix="link-", dir=parent))
+    except OSError as exc:
+        _degrade(exc, "write to the compile cache at")
+        return None
+
+
+def store_library(key: str, path: Path, metadata: dict[str, Any]) -> Path | None:
+    """Move the linked library at `path` (written in `staging_dir()`) into the cache as
+    the entry of `key`, with `metadata` beside it; the path it now has, or None (the
+    file left where it is) when the cache cannot take it."""
+    cap = max_bytes()
+    try:
+        size = path.stat().st_size
+        if (cap is not None and size > cap) or not _safe_dirs(create=True):
+            return None
+        name = chunked_object_name(size, CHUNK_SIZE, file_chunk_digests(path, size))
+        target = object_path(name)
+        target.parent.mkdir(mode=0o700, exist_ok=True)
+        os.chmod(path, 0o600)
+        os.replace(path, target)  # atomic; an equal object already there is replaced
+        _write_entry(key, [{"codegen_id": LIBRARY_ENTRY, "loader": "none",
+                            "file_name": LIBRARY_FILE, "target_key": "", "metadata": {},
+                            "size": size, "object": name, "chunk_size": CHUNK_SIZE}],
+                     metadata)
+    except OSError as exc:
+        _degrade(exc, "write to the compile cache at")
+        return None
+    except (TypeError, ValueError):  # metadata that is not JSON: not cacheable
+        STATS.errors += 1
+        return None
+    STATS.stores += 1
+    _keep_under(cap)
+    return target
+
+
+def lookup_library(key: str) -> LibraryHit | None:
+    """The linked library stored under `key`, every byte checked against its name, or None.
+
+    A damaged or foreign entry (another key's, one that holds no linked library, a
+    library whose bytes changed) is refused with a CacheWarning saying why, deleted and
+    counted a miss; an unsafe one (wrong owner or permissions) is left alone.
+    """
+    path = entry_path(key)
+    try:
+        found = _safe_dirs(create=False) and path.is_file() and _library_of(path, key)
+    except OSError as exc:
+        _degrade(exc, "read the compile cache at")
+        found = None
+    if not found:
+        STATS.misses += 1
+        return None
+    with contextlib.suppress(OSError):
+        os.utime(path)  # most recently used
+    STATS.hits += 1
+    return found
+
+
+def _library_of(path: Path, key: str) -> LibraryHit | None:
+    """The checked library of entry file `path` (key `key`); None, warned and deleted,
+    when the entry cannot be used."""
+    obj = None
+    try:
+        entry = _parse_entry(_read_checked(path), key)
+        items = entry["artifacts"]
+        if len(items) != 1 or items[0]["codegen_id"] != LIBRARY_ENTRY:
+            held = ", ".join(f"{i['codegen_id']}/{i['file_name']}" for i in items) or "nothing"
+            raise FormatError(f"cache entry {path} holds {held}, not a linked library")
+        obj = object_path(str(items[0]["object"]))
+        _check_library_file(obj, items[0])
+    except (FormatError, FileNotFoundError, KeyError, TypeError, ValueError) as exc:
+        STATS.errors += 1
+        if not isinstance(exc, _Unsafe):
+            _warn(str(exc))
+            for damaged in [p for p in (path, obj) if p is not None]:
+                with contextlib.suppress(OSError):
+                    damaged.unlink()
+        return None
+    return LibraryHit(obj, dict(entry["metadata"]))
+
+
+def _check_library_file(path: Path, item: Mapping[str, Any]) -> None:
+    """FormatError (or _Unsafe) unless `path` is a trusted regular file of the entry
+    item's size whose chunk hashes give its object name."""
+    st = os.lstat(path)
+    if not stat.S_ISREG(st.st_mode):
+        raise FormatError(f"cache object {path} is not a regular file")
+    problem = _unsafe(st, f"file {path}")
+    if problem:
+        _warn(problem)
+        raise _Unsafe(problem)
+    if st.st_size != item["size"]:
+        raise FormatError(f"cache object {path}: {st.st_size} bytes where its entry says "
+                          f"{item['size']} (the library is damaged)")
+    chunk = int(item["chunk_size"] or CHUNK_SIZE)
+    if chunked_object_name(st.st_size, chunk, file_chunk_digests(path, st.st_size, chunk)) \
+            != item["object"]:
+        raise FormatError(f"cache object {path}: its bytes do not match its SHA-256 "
+                          "(the library is damaged)")
+
+
+def file_chunk_digests(path: Path, size: int, chunk_size: int = CHUNK_SIZE) -> bytes:
+    """The chunk digests of the file at `path` (`size` bytes), hashed on several threads
+    from a read-only mapping (no copy of a file of hundreds of megabytes)."""
+    if size == 0:
+        return b""
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m, \
+            memoryview(m) as view:
+        return chunk_digests(view, chunk_size)
 
 
 # ------------------------------------------------------------------ management
