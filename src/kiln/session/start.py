@@ -22,6 +22,7 @@ import os
 import platform
 import shutil
 import tempfile
+import time
 import warnings
 import weakref
 from collections.abc import Mapping, Sequence
@@ -58,9 +59,20 @@ _LOADED: dict[str, weakref.WeakSet[LibraryModule]] = {}
 
 
 def file_digest(path: str | os.PathLike[str]) -> str:
-    """The SHA-256 tree digest of a file's bytes (4 MiB chunks, hashed on several threads)."""
-    size = os.stat(path).st_size
-    return tree_digest(cache.file_chunk_digests(Path(path), size), size, CHUNK_SIZE)
+    """The SHA-256 tree digest of a file's bytes (4 MiB chunks, hashed on several threads),
+    or the one the cache remembers of this very file, unchanged since
+    (kiln.driver.cache.remembered_digest)."""
+    where = Path(os.path.abspath(path))
+    before = os.stat(where)
+    known = cache.remembered_digest(where, before)
+    if known is not None:
+        return known
+    began = time.time()
+    digest = tree_digest(cache.file_chunk_digests(where, before.st_size), before.st_size,
+                         CHUNK_SIZE)
+    if cache.stat_identity(os.stat(where)) == cache.stat_identity(before):
+        cache.remember_digest(where, before, digest, began)
+    return digest
 
 
 def session_key(path: Path, options: SessionOptions, providers: Any,
@@ -148,7 +160,7 @@ def cached_session(key: str, path: Path, threads: int) -> tuple[LibraryModule,
         if not _external_data_unchanged(meta.get("external_data", []), path.parent):
             return None
         model = ModelMetadata(**meta["model"])
-        return load_cached(hit.path, threads), model
+        return load_cached(hit.path, threads, hashed=hit.hashed), model
     except (FormatError, OSError, KeyError, TypeError) as exc:
         cache.STATS.errors += 1
         _refuse(f"cache entry {key} for {path.name} cannot be used ({exc})")
@@ -172,13 +184,16 @@ def _external_data_unchanged(files: Sequence[Mapping[str, Any]], folder: Path) -
     return True
 
 
-def load_cached(library: Path, threads: int) -> LibraryModule:
+def load_cached(library: Path, threads: int, *, hashed: bool = True) -> LibraryModule:
     """dlopen a checked library of the cache, or a private copy of it when this process
-    has it open already (a session's thread settings are its library's)."""
+    has it open already (a session's thread settings are its library's). Its weights are
+    checked as any library's (lazily by default, kiln.runtime.weights) unless every byte
+    of it was `hashed` just now."""
     name = str(library)
     live = [m for m in _LOADED.get(name, ()) if not m.closed]
+    verify = False if hashed else None
     if not live:
-        module = load_shared_library(library, verify_weights=False,  # hashed whole already
+        module = load_shared_library(library, verify_weights=verify,
                                      num_threads=threads or None)
         _LOADED.setdefault(name, weakref.WeakSet()).add(module)
         return module
@@ -186,7 +201,7 @@ def load_cached(library: Path, threads: int) -> LibraryModule:
     try:
         copy = Path(folder) / "lib.so"
         shutil.copyfile(library, copy)
-        return load_shared_library(copy, cleanup_dir=folder, verify_weights=False,
+        return load_shared_library(copy, cleanup_dir=folder, verify_weights=verify,
                                    num_threads=threads or None)
     except BaseException:
         shutil.rmtree(folder, ignore_errors=True)
