@@ -15,6 +15,7 @@ progress (kiln.session.progress), links the library into the cache and loads it.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib.metadata
 import json
@@ -109,19 +110,37 @@ def host_identity() -> Any:
     /proc/cpuinfo cannot be read, the resolved target itself."""
     fields: dict[str, str] = {"machine": platform.machine(),
                               "host_cpu": os.environ.get("KILN_HOST_CPU", "").strip()}
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
-            text = f.read()
-    except OSError:
+    first = _first_cpu()
+    if first is None:
         from kiln.target import Target  # heavy: llvmlite, only without /proc/cpuinfo
 
         fields["target"] = Target.from_host().fingerprint()
-        return fields
-    for line in text.split("\n\n", 1)[0].splitlines():  # the first CPU's block
+    else:
+        fields.update(first)
+    return fields
+
+
+@functools.cache
+def _first_cpu() -> dict[str, str] | None:
+    """The first CPU's block of /proc/cpuinfo without the lines that change by core or
+    by second; None when there is none. Read once per process, and only that block (on
+    a machine of hundreds of cores the whole file takes a while to generate)."""
+    text = ""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            while "\n\n" not in text:
+                piece = f.read(4096)
+                if not piece:
+                    break
+                text += piece
+    except OSError:
+        return None
+    fields = {}
+    for line in text.split("\n\n", 1)[0].splitlines():
         name, _, value = line.partition(":")
         if name.strip().lower() not in _VOLATILE_CPU_KEYS:
             fields[name.strip()] = " ".join(value.split())
-    return fields
+    return fields or None
 
 
 def compile_environment() -> dict[str, str]:
