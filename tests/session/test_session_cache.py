@@ -7,6 +7,9 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
+import pty
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -74,6 +77,9 @@ def test_a_hit_loads_the_library_without_import_or_compile(
         assert np.array_equal(g, w)
     for g, w in zip(got, onnxruntime_outputs(model, {"x": X}), strict=True):
         np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)
+    _entry, obj = _entry_and_object(own_cache)
+    obj.touch()  # not the very file stored any more: hashed whole, intact, still a hit
+    assert kiln.InferenceSession(model).cache_hit
 
 
 def test_runtime_options_hit_and_compile_options_or_bytes_miss(model: Path) -> None:
@@ -187,3 +193,20 @@ def test_without_the_cache_nothing_is_stored(model: Path, own_cache: Path,
     first = kiln.InferenceSession(model)
     assert not first.cache_hit and not kiln.InferenceSession(model).cache_hit
     assert not (own_cache / cache.LAYOUT / "entries").exists()
+
+
+def test_on_a_terminal_the_line_is_drawn_and_nothing_logged(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("rich", reason="the terminal line needs rich (the compiler extra)")
+    from kiln.session.progress import progress_for
+
+    main, side = pty.openpty()
+    with open(side, "w", closefd=True) as terminal:
+        monkeypatch.setattr(sys, "stderr", terminal)
+        shown = progress_for("m.onnx", kiln.SessionOptions())
+        assert shown.enabled and shown.report is None
+        options = kiln.SessionOptions()
+        options.progress = print
+        called = progress_for("m.onnx", options)
+        assert not called.enabled and called.report is print
+    os.close(main)
