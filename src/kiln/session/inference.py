@@ -124,8 +124,7 @@ class InferenceSession:
 
     def _compile(self, model: Any, meta: ModelMetadata) -> Any:
         self._meta = meta
-        limit = self._options.max_loop_iterations
-        return kiln.compile(model, "host", max_loop_iterations=limit).jit()
+        return kiln.compile(model, "host", **start.compile_arguments(self._options)).jit()
 
     # ------------------------------------------------------------ describing
     def get_inputs(self) -> list[NodeArg]:

@@ -257,6 +257,12 @@ def require_file(path: Path) -> None:
         raise MissingFileError(f"no ONNX model at {path}")
 
 
+def compile_arguments(options: SessionOptions) -> dict[str, Any]:
+    """The keyword arguments of `kiln.compile` that a session's options give: every
+    compile a session makes (of a file, bytes or an IRModule) takes them."""
+    return {"max_loop_iterations": options.max_loop_iterations}
+
+
 def compiled_session(path: Path, key: str | None, options: SessionOptions, threads: int,
                      metadata_of: Any) -> tuple[Any, ModelMetadata]:
     """Compile the ONNX file at `path` for `host` with its progress shown or reported
@@ -279,7 +285,7 @@ def compiled_session(path: Path, key: str | None, options: SessionOptions, threa
         # The session's entry holds the weights (in its library): not the codegen's too.
         config = {**outer.config, "kiln.cache": False} if key is not None else outer.config
         with PassContext([*outer.instruments, progress], config, outer.disabled_passes):
-            ex = compile_model(path, "host", max_loop_iterations=options.max_loop_iterations)
+            ex = compile_model(path, "host", **compile_arguments(options))
             if key is None:
                 return ex.jit(), meta
             stored = entry_metadata(meta, external_data_files(proto, path.parent), path)
