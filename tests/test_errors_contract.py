@@ -36,6 +36,8 @@ BUILTIN_EXCEPTIONS = frozenset(
 ALLOWED: dict[str, str] = {
     "__init__.py:__getattr__":
         "module __getattr__ protocol: hasattr(kiln, name) needs AttributeError",
+    "driver/__init__.py:__getattr__":
+        "module __getattr__ protocol: hasattr(kiln.driver, name) needs AttributeError",
     "script/namespace.py:_Namespace.__getattr__":
         "attribute protocol: hasattr/getattr with a default need AttributeError",
     "target/target.py:Target.__setattr__":

@@ -71,7 +71,7 @@ def test_the_line_waits_for_the_delay() -> None:
     the line (then erased) when it runs past it."""
     import time
 
-    from kiln.cli.progress import CompileProgress
+    from kiln.driver.progress import CompileProgress
 
     def written(show_after: float, work: float) -> bytes:
         main, side = pty.openpty()

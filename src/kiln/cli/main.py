@@ -88,7 +88,9 @@ def _model_file(path: str) -> None:
 
 
 def _cmd_compile(args: argparse.Namespace) -> int:
-    from kiln.cli.progress import CompileProgress  # heavy: kept off the cli's startup (kiln --help)
+    from kiln.driver.progress import (
+        CompileProgress,  # heavy: kept off the cli's startup (kiln --help)
+    )
     from kiln.frontend import from_onnx  # heavy: kept off the cli's startup (kiln --help)
     from kiln.target.describe import summarize  # heavy: kept off the cli's startup (kiln --help)
     from kiln.transform import PassContext  # heavy: kept off the cli's startup (kiln --help)

@@ -11,6 +11,18 @@ Layout under the cache directory (docs/compile.md):
                                the library metadata and a SHA-256 of the entry itself
     v2/objects/<aa>/<name>     artifact contents, content-addressed: stored once, shared
                                by every entry (recompiles of one model store no new weights)
+    v2/staging/                libraries being linked, moved into objects/ when stored
+    v2/digests/<h>.json        the digest of a file hashed before (a model given to a
+                               session), with its stat identity
+
+An entry may instead hold one linked shared library (`store_library`, for
+`kiln.InferenceSession`, kiln/session/start.py): that object is loaded from where it
+lies, after every byte of it is checked (`lookup_library`), unless it is the very file
+stored: the same inode, size, mtime and ctime (a write, a truncation, a replacement, a
+chmod or touch each change one of them; the library's own weight check, lazy by
+default, still runs before its first call). The same rule lets a session skip hashing a
+model file again (`remembered_digest`), except one changed less than RACY_SECONDS
+before it was hashed.
 
 An object's name is the SHA-256 of its bytes, or for data carrying chunk hashes
 (the weights) the digest of those hashes (`kiln.artifact.integrity.tree_digest`),
@@ -45,6 +57,7 @@ import functools
 import hashlib
 import importlib.metadata
 import json
+import mmap
 import os
 import shutil
 import stat
@@ -52,7 +65,7 @@ import tempfile
 import threading
 import time
 import warnings
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -63,7 +76,14 @@ from kiln.artifact import Artifact, ArtifactSet
 from kiln.artifact._json import thaw
 from kiln.artifact.artifact import require_serializable
 from kiln.artifact.capped import parse_size
-from kiln.artifact.integrity import DIGEST_SIZE, chunk_count, tree_digest, verify
+from kiln.artifact.integrity import (
+    CHUNK_SIZE,
+    DIGEST_SIZE,
+    chunk_count,
+    chunk_digests,
+    tree_digest,
+    verify,
+)
 from kiln.artifact.schema import (
     Anything,
     Enum,
@@ -272,17 +292,22 @@ def _read_checked(path: Path) -> bytes:
     """The bytes of `path` if it is a regular file we may trust; OSError/FormatError otherwise."""
     fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
     try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise FormatError(f"{path} is not a regular file")
-        problem = _unsafe(st, f"file {path}")
-        if problem:
-            _warn(problem)
-            raise _Unsafe(problem)
+        _check_trusted(os.fstat(fd), path, str(path))
         with os.fdopen(fd, "rb", closefd=False) as f:
             return f.read()
     finally:
         os.close(fd)
+
+
+def _check_trusted(st: os.stat_result, path: Path, what: str) -> None:
+    """FormatError naming `what` unless `st` (of `path`) is a regular file; _Unsafe
+    (warned) unless we may trust it."""
+    if not stat.S_ISREG(st.st_mode):
+        raise FormatError(f"{what} is not a regular file")
+    problem = _unsafe(st, f"file {path}")
+    if problem:
+        _warn(problem)
+        raise _Unsafe(problem)
 
 
 def _write_atomic(path: Path, parts: Iterable[Any]) -> None:
@@ -455,7 +480,8 @@ def store(key: str, artifacts: ArtifactSet, metadata: dict[str, Any]) -> bool:
     cap = max_bytes()
     if cap is not None and sum(a.size for a in arts) > cap:
         return False  # would evict everything, then itself
-    try:
+
+    def write() -> bool:
         if not _safe_dirs(create=True):
             return False
         items = []
@@ -471,12 +497,18 @@ def store(key: str, artifacts: ArtifactSet, metadata: dict[str, Any]) -> bool:
                           "metadata": thaw(a.metadata),
                           "size": a.size, "object": name,
                           "chunk_size": chunks[0] if chunks else None})
+        _write_entry(key, items, metadata)
+        return True
 
-        entry: dict[str, Any] = {"format": ENTRY_FORMAT, "version": CACHE_FORMAT, "key": key,
-                                 "kiln_version": __version__, "created": time.time(),
-                                 "artifacts": items, "metadata": metadata}
-        entry["checksum"] = _entry_checksum(entry)
-        _write_atomic(entry_path(key), [json.dumps(entry, sort_keys=True).encode()])
+    return _committed(write, cap)
+
+
+def _committed(write: Callable[[], bool], cap: int | None) -> bool:
+    """Whether `write()` stored its objects and entry (False: it did not, or a filesystem
+    error or metadata that is not JSON stopped it, counted); then evict down to `cap`."""
+    try:
+        if not write():
+            return False
     except OSError as exc:
         _degrade(exc, "write to the compile cache at")
         return False
@@ -484,16 +516,217 @@ def store(key: str, artifacts: ArtifactSet, metadata: dict[str, Any]) -> bool:
         STATS.errors += 1
         return False
     STATS.stores += 1
-    if cap is not None:
-        try:
-            # Under the cap, nothing to evict: only stat the files. A new process (a CLI
-            # compile) would otherwise parse every entry of the cache at its first store.
-            used = usage()
-            if used > cap:
-                evict(cap, used=used)
-        except OSError as exc:
-            _degrade(exc, "evict entries from the compile cache at")
+    _keep_under(cap)
     return True
+
+
+def _write_entry(key: str, items: list[dict[str, Any]], metadata: dict[str, Any]) -> None:
+    """Write the entry of `key` (its objects stored already); OSError, or TypeError and
+    ValueError for metadata that is not JSON."""
+    entry: dict[str, Any] = {"format": ENTRY_FORMAT, "version": CACHE_FORMAT, "key": key,
+                             "kiln_version": __version__, "created": time.time(),
+                             "artifacts": items, "metadata": metadata}
+    entry["checksum"] = _entry_checksum(entry)
+    _write_atomic(entry_path(key), [json.dumps(entry, sort_keys=True).encode()])
+
+
+def _keep_under(cap: int | None) -> None:
+    """Evict down to `cap` bytes after a store, if the cache holds more."""
+    if cap is None:
+        return
+    try:
+        # Under the cap, nothing to evict: only stat the files. A new process (a CLI
+        # compile) would otherwise parse every entry of the cache at its first store.
+        used = usage()
+        if used > cap:
+            evict(cap, used=used)
+    except OSError as exc:
+        _degrade(exc, "evict entries from the compile cache at")
+
+
+# ------------------------------------------------------------------ linked libraries
+
+# The codegen_id of an entry holding one linked library (kiln.session.start): such an
+# entry's one object is a shared library, loaded from where it lies, never read back.
+LIBRARY_ENTRY = "linked-library"
+LIBRARY_FILE = "lib.so"
+
+
+# A file changed this close to the moment it was hashed may change again within one
+# timestamp tick unseen (git's "racy clean" case): its digest is not remembered.
+RACY_SECONDS = 2.0
+_DIGEST_MEMO = Obj(required={"path": Str(max_len=4096), "stat": ListOf(Int(), 5, 5),
+                             "digest": Str(_HEX64, 64, "a digest (64 hex digits)")})
+
+
+@dataclass(frozen=True)
+class LibraryHit:
+    """A linked library found in the cache: its file, its entry's metadata, and whether
+    every byte was hashed now (`hashed`; else the file is the very one stored, unchanged
+    since: same inode, size, mtime and ctime)."""
+
+    path: Path
+    metadata: dict[str, Any]
+    hashed: bool
+
+
+def stat_identity(st: os.stat_result) -> list[int]:
+    """What changes whenever a file is written, replaced or touched: device, inode,
+    size, mtime and ctime (nanoseconds)."""
+    return [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
+
+
+def _digest_memo(path: Path) -> Path:
+    return _root() / "digests" / f"{hashlib.sha256(str(path).encode()).hexdigest()}.json"
+
+
+def remembered_digest(path: Path, st: os.stat_result) -> str | None:
+    """The digest `remember_digest` kept for the file at `path` (an absolute path) if
+    the file is unchanged since (`st`, its stat now, has the same identity); else None."""
+    memo = _digest_memo(path)
+    try:
+        if not _safe_dirs(create=False) or not memo.is_file():
+            return None
+        found = parse(_read_checked(memo), _DIGEST_MEMO, f"digest memo {memo}")
+    except (OSError, FormatError):
+        return None
+    if found["path"] != str(path) or found["stat"] != stat_identity(st):
+        return None
+    return str(found["digest"])
+
+
+def remember_digest(path: Path, st: os.stat_result, digest: str, hashed_at: float) -> None:
+    """Keep `digest`, hashed from the file at `path` (stat `st` before and after) from
+    time `hashed_at` on, unless the file changed less than RACY_SECONDS before."""
+    if max(st.st_mtime_ns, st.st_ctime_ns) > (hashed_at - RACY_SECONDS) * 1e9:
+        return
+    try:
+        if _safe_dirs(create=True):
+            memo = _digest_memo(path)
+            body = {"path": str(path), "stat": stat_identity(st), "digest": digest}
+            _write_atomic(memo, [json.dumps(body).encode()])
+    except OSError as exc:
+        _degrade(exc, "write to the compile cache at")
+
+
+def staging_dir() -> Path | None:
+    """A fresh private directory inside the cache (the objects' filesystem, so a library
+    linked there is stored by a rename), or None when the cache cannot be written."""
+    try:
+        if not _safe_dirs(create=True):
+            return None
+        parent = _root() / "staging"
+        parent.mkdir(mode=0o700, exist_ok=True)
+        return Path(tempfile.mkdtemp(prefix="link-", dir=parent))
+    except OSError as exc:
+        _degrade(exc, "write to the compile cache at")
+        return None
+
+
+def store_library(key: str, path: Path, metadata: dict[str, Any]) -> Path | None:
+    """Move the linked library at `path` (written in `staging_dir()`) into the cache as
+    the entry of `key`, with `metadata` beside it; the path it now has, or None (the
+    file left where it is) when the cache cannot take it."""
+    cap = max_bytes()
+    moved: list[Path] = []
+
+    def write() -> bool:
+        size = path.stat().st_size
+        if (cap is not None and size > cap) or not _safe_dirs(create=True):
+            return False
+        name = chunked_object_name(size, CHUNK_SIZE, file_chunk_digests(path, size))
+        target = object_path(name)
+        target.parent.mkdir(mode=0o700, exist_ok=True)
+        os.chmod(path, 0o600)
+        os.replace(path, target)  # atomic; an equal object already there is replaced
+        moved.append(target)
+        stored = {"stat": stat_identity(os.lstat(target))}  # a hit on it hashes nothing
+        _write_entry(key, [{"codegen_id": LIBRARY_ENTRY, "loader": "none",
+                            "file_name": LIBRARY_FILE, "target_key": "", "metadata": stored,
+                            "size": size, "object": name, "chunk_size": CHUNK_SIZE}],
+                     metadata)
+        return True
+
+    if _committed(write, cap):
+        return moved[0]
+    for target in moved:  # the entry failed: the library goes back to the caller
+        with contextlib.suppress(OSError):
+            os.replace(target, path)
+    return None
+
+
+def lookup_library(key: str) -> LibraryHit | None:
+    """The linked library stored under `key`, every byte checked against its name, or None.
+
+    A damaged or foreign entry (another key's, one that holds no linked library, a
+    library whose bytes changed) is refused with a CacheWarning saying why, deleted and
+    counted a miss; an unsafe one (wrong owner or permissions) is left alone.
+    """
+    path = entry_path(key)
+    try:
+        found = _safe_dirs(create=False) and path.is_file() and _library_of(path, key)
+    except OSError as exc:
+        _degrade(exc, "read the compile cache at")
+        found = None
+    if not found:
+        STATS.misses += 1
+        return None
+    with contextlib.suppress(OSError):
+        os.utime(path)  # most recently used
+    STATS.hits += 1
+    return found
+
+
+def _library_of(path: Path, key: str) -> LibraryHit | None:
+    """The checked library of entry file `path` (key `key`); None, warned and deleted,
+    when the entry cannot be used."""
+    obj = None
+    try:
+        entry = _parse_entry(_read_checked(path), key)
+        items = entry["artifacts"]
+        if len(items) != 1 or items[0]["codegen_id"] != LIBRARY_ENTRY:
+            held = ", ".join(f"{i['codegen_id']}/{i['file_name']}" for i in items) or "nothing"
+            raise FormatError(f"cache entry {path} holds {held}, not a linked library")
+        obj = object_path(str(items[0]["object"]))
+        hashed = _check_library_file(obj, items[0])
+    except (FormatError, FileNotFoundError, KeyError, TypeError, ValueError) as exc:
+        STATS.errors += 1
+        if not isinstance(exc, _Unsafe):
+            _warn(str(exc))
+            for damaged in [p for p in (path, obj) if p is not None]:
+                with contextlib.suppress(OSError):
+                    damaged.unlink()
+        return None
+    return LibraryHit(obj, dict(entry["metadata"]), hashed)
+
+
+def _check_library_file(path: Path, item: Mapping[str, Any]) -> bool:
+    """FormatError (or _Unsafe) unless `path` is a trusted regular file of the entry
+    item's size, either the very file stored (its stat identity unchanged: False) or one
+    whose chunk hashes give its object name (True)."""
+    st = os.lstat(path)
+    _check_trusted(st, path, f"cache object {path}")
+    if st.st_size != item["size"]:
+        raise FormatError(f"cache object {path}: {st.st_size} bytes where its entry says "
+                          f"{item['size']} (the library is damaged)")
+    if item["metadata"].get("stat") == stat_identity(st):
+        return False
+    chunk = int(item["chunk_size"] or CHUNK_SIZE)
+    if chunked_object_name(st.st_size, chunk, file_chunk_digests(path, st.st_size, chunk)) \
+            != item["object"]:
+        raise FormatError(f"cache object {path}: its bytes do not match its SHA-256 "
+                          "(the library is damaged)")
+    return True
+
+
+def file_chunk_digests(path: Path, size: int, chunk_size: int = CHUNK_SIZE) -> bytes:
+    """The chunk digests of the file at `path` (`size` bytes), hashed on several threads
+    from a read-only mapping (no copy of a file of hundreds of megabytes)."""
+    if size == 0:
+        return b""
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m, \
+            memoryview(m) as view:
+        return chunk_digests(view, chunk_size)
 
 
 # ------------------------------------------------------------------ management

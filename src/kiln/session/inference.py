@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -10,11 +11,12 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 import kiln
-from kiln.errors import ArgumentTypeError, CallError, MissingFileError, UsageError, shown
-from kiln.frontend.onnx.importer import parse_onnx
+from kiln.driver import cache
+from kiln.errors import ArgumentTypeError, CallError, UsageError, shown
 from kiln.runtime import Module, load_module
 from kiln.runtime.abi import numpy_dtype
 from kiln.runtime.terminate import TerminateFlag
+from kiln.session import start
 from kiln.session.io_binding import IOBinding
 from kiln.session.node_arg import ModelMetadata, NodeArg, SessionOptions
 
@@ -27,6 +29,11 @@ _ENTRY = "main"
 
 class InferenceSession:
     """Run a model as `onnxruntime.InferenceSession` does.
+
+    An ONNX file is looked up in the compile cache by its bytes and the options before
+    anything is imported: a hit loads the library linked before (kiln.session.start);
+    a miss compiles, showing or reporting its progress (`SessionOptions.progress`,
+    kiln.session.progress), and stores the linked library.
 
     Args:
         path_or_library: an ONNX file (compiled for this machine, `host`, through the
@@ -53,7 +60,9 @@ class InferenceSession:
         if kwargs:
             raise UsageError(f"InferenceSession: unknown keyword(s) {', '.join(sorted(kwargs))}")
         self._options = _checked_options(sess_options, providers, provider_options)
+        self._providers = (providers, provider_options)
         self._meta = ModelMetadata()
+        self.cache_hit = False  # kiln's own: the library came from the compile cache
         threads = _thread_count(self._options)
         self._function = self._open(path_or_library, threads)
         self._inputs = [NodeArg.of(p) for p in self._function.params]
@@ -74,12 +83,16 @@ class InferenceSession:
         if isinstance(source, Module):
             return source
         if isinstance(source, (bytes, bytearray)):
+            from kiln.frontend.onnx.importer import (
+                parse_onnx,  # heavy: the ONNX front end, only to compile
+            )
+
             model = parse_onnx(source)  # FrontendError when the bytes are not ONNX
             return self._compile(model, _metadata_of(model))
         if isinstance(source, (str, os.PathLike)):
             path = Path(source)
             if path.suffix.lower() == ".onnx":
-                return self._compile(path, _onnx_metadata(path))
+                return self._open_onnx(path, threads)
             return load_module(path, num_threads=threads or None)
         if callable(getattr(source, "export_library", None)):  # a kiln.Executable
             return source.jit()
@@ -90,10 +103,28 @@ class InferenceSession:
             f"library (.so, .tar), a kiln.Executable, Module or IRModule; got "
             f"{type(source).__name__}")
 
+    def _open_onnx(self, path: Path, threads: int) -> Any:
+        """The library of the ONNX file at `path`: the compile cache's, else compiled."""
+        start.require_file(path)
+        key = None
+        if cache.cache_enabled(_pass_config()):
+            try:
+                key = start.session_key(path, self._options, *self._providers)
+            except OSError:  # a directory, unreadable: the import says what it is
+                key = None
+        if key is not None:
+            found = start.cached_session(key, path, threads)
+            if found is not None:
+                module, self._meta = found
+                self.cache_hit = True
+                return module
+        module, self._meta = start.compiled_session(path, key, self._options, threads,
+                                                    _metadata_of)
+        return module
+
     def _compile(self, model: Any, meta: ModelMetadata) -> Any:
         self._meta = meta
-        limit = self._options.max_loop_iterations
-        return kiln.compile(model, "host", max_loop_iterations=limit).jit()
+        return kiln.compile(model, "host", **start.compile_arguments(self._options)).jit()
 
     # ------------------------------------------------------------ describing
     def get_inputs(self) -> list[NodeArg]:
@@ -298,6 +329,11 @@ def _checked_options(sess_options: Any, providers: Any,
             _check_provider(entry)
     for name in ("intra_op_num_threads", "inter_op_num_threads"):
         _thread_option(sess_options, name)
+    progress = getattr(sess_options, "progress", None)
+    if progress is not None and not callable(progress):
+        raise ArgumentTypeError(f"SessionOptions.progress must be a callable taking a "
+                                f"kiln.driver.progress.ProgressEvent, or None; got "
+                                f"{_given(progress)}")
     return sess_options
 
 
@@ -342,10 +378,11 @@ def _thread_count(options: SessionOptions) -> int:
     return _thread_option(options, "intra_op_num_threads")
 
 
-def _onnx_metadata(path: Path) -> ModelMetadata:
-    if not os.path.exists(path):  # os.path: a name too long to stat is absent, not an OSError
-        raise MissingFileError(f"no ONNX model at {path}")
-    return _metadata_of(parse_onnx(path))  # FrontendError when the file is not ONNX
+def _pass_config() -> dict[str, Any] | None:
+    """The config of the caller's PassContext (`kiln.cache` off there turns the cache
+    off), or None when kiln.transform was never imported (no context can be open)."""
+    context = sys.modules.get("kiln.transform.context")
+    return None if context is None else dict(context.PassContext.current().config)
 
 
 def _metadata_of(model: Any) -> ModelMetadata:

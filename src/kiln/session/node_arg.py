@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -67,9 +68,14 @@ class SessionOptions:
             the session compiles the model (`kiln.compile(..., max_loop_iterations=)`);
             a run whose Loop would run more raises CallError naming the Loop node.
             None (default): no limit, as onnxruntime.
+        progress: kiln's own: None, or a callable given a
+            `kiln.driver.progress.ProgressEvent` at every step of a compile (a session
+            over an ONNX file that misses the compile cache); None shows a line on a
+            terminal, else logs to the `logging` logger "kiln" (docs/session.md).
     """
 
     def __init__(self) -> None:
         self.intra_op_num_threads = 0
         self.inter_op_num_threads = 0
         self.max_loop_iterations: int | None = None
+        self.progress: Callable[[Any], None] | None = None

@@ -119,6 +119,18 @@ def check_external_data(model: Any, directory: str, what: str) -> int:
     return total
 
 
+def external_data_locations(model: Any) -> list[str]:
+    """The files (relative to the model's folder) the tensors of `model`, an
+    onnx.ModelProto loaded without its external data, keep their data in, each once,
+    in order of first use."""
+    seen: dict[str, None] = {}
+    for tensor in _tensors(model.graph):
+        if tensor.data_location == tensor.EXTERNAL:
+            info = {e.key: e.value for e in tensor.external_data}
+            seen.setdefault(str(info.get("location", "")), None)
+    return list(seen)
+
+
 def _tensors(graph: Any) -> Iterator[Any]:
     """Every TensorProto of `graph`: initializers, sparse initializers' parts and
     attribute tensors, in subgraphs too (iteratively: nesting costs no stack)."""
@@ -140,5 +152,5 @@ def _tensors(graph: Any) -> Iterator[Any]:
 
 
 __all__ = ["EXTERNAL_DATA_BYTES_VAR", "MAX_EXTERNAL_DATA_BYTES", "MAX_MODEL_BYTES",
-           "MODEL_BYTES_VAR", "check_external_data", "check_model_file",
+           "MODEL_BYTES_VAR", "check_external_data", "check_model_file", "external_data_locations",
            "max_external_data_bytes", "max_model_bytes", "read_model_file"]

@@ -1,17 +1,22 @@
-"""The progress display of `kiln compile`: what the compiler is doing, on a terminal only.
+"""The progress of a compile: what the compiler is doing, shown on a terminal or reported.
 
 `CompileProgress` is a pass instrument (kiln.transform.instruments): every
 pass run and backend step (`timed_step`: codegen, object emission, export,
 link) updates one line drawn by rich (a spinner, the current pass or step,
 how many passes ran, the elapsed time). The line appears only once a compile
 has taken longer than a second, only when stderr is a terminal, and is erased
-when the compile ends; piped or redirected output never sees it.
+when the compile ends; piped or redirected output never sees it. `kiln compile`
+shows it; `kiln.InferenceSession` shows it too, or, off a terminal, hands each
+change to a callback (`report`, a `ProgressEvent` each) (docs/session.md).
 """
 
 from __future__ import annotations
 
 import sys
 import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import IO, Any
 
 from kiln.ir.module import IRModule
@@ -32,19 +37,43 @@ def _console(out: IO[str]) -> Any:
     return Console(file=out)
 
 
+@dataclass(frozen=True)
+class ProgressEvent:
+    """One change of a compile's progress, as `CompileProgress(report=...)` hands it.
+
+    Attributes:
+        what: what is compiled (e.g. the model file's name).
+        stage: what runs now: "importing the ONNX model", "pass fuse-ops", "codegen",
+            "export.link", ..., and "done" last.
+        passes: how many passes have run.
+        elapsed: seconds since the compile began.
+    """
+
+    what: str
+    stage: str
+    passes: int
+    elapsed: float
+
+
 class CompileProgress(PassInstrument):
     """A one-line live display of the running pass or backend step.
 
     Use it as a context manager around the compile, with the instrument in the
     PassContext; `stage(text)` names a phase outside the passes (e.g. the import).
+    `report`, if given, is called with a `ProgressEvent` at every change (and the
+    display is off: `display=False`).
     """
 
     def __init__(self, what: str, *, stream: IO[str] | None = None,
-                 show_after: float = SHOW_AFTER) -> None:
+                 show_after: float = SHOW_AFTER,
+                 report: Callable[[ProgressEvent], None] | None = None,
+                 display: bool = True) -> None:
         self.what = what
+        self.report = report
+        self._start = time.perf_counter()
         out = stream if stream is not None else sys.stderr
         self.console: Any = None
-        if out.isatty():
+        if display and out.isatty():
             self.console = _console(out)
         self.enabled = bool(self.console is not None and self.console.is_terminal
                             and not self.console.is_dumb_terminal)
@@ -66,6 +95,8 @@ class CompileProgress(PassInstrument):
         return self
 
     def __exit__(self, *exc: object) -> None:
+        if exc[0] is None:
+            self.stage("done")
         with self._lock:
             self._closed = True
             if self._timer is not None:
@@ -96,11 +127,14 @@ class CompileProgress(PassInstrument):
         return escape(f"compiling {self.what}: {self.current} ({self.passes} passes done)")
 
     def stage(self, text: str) -> None:
-        """Show `text` as the current phase."""
+        """Show (and report) `text` as the current phase."""
         with self._lock:
             self.current = text
             if self._progress is not None:
                 self._progress.update(self._task, description=self._text())
+        if self.report is not None:
+            self.report(ProgressEvent(self.what, text, self.passes,
+                                      time.perf_counter() - self._start))
 
     # -- PassInstrument hooks
     def run_before_pass(self, mod: IRModule, p: Pass) -> None:

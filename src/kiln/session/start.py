@@ -1,0 +1,313 @@
+"""How a session starts from an `.onnx` file: the compile cache, asked before the import.
+
+The key is found from the file's bytes (a chunked SHA-256, hashed on several threads
+from a read-only mapping) and from everything else that changes the library: the
+session options that reach the compiler, the providers and their options, this
+machine's CPU (what LLVM resolves `host` from: /proc/cpuinfo's identity and flags,
+`$KILN_HOST_CPU`), kiln's version and sources, llvmlite's version, the C compiler and
+the `KILN_*` environment variables a compile reads. A hit is the linked library
+itself (kiln.driver.cache.store_library), checked byte for byte and dlopen'ed where it
+lies: no import, no pass, no link. Beside it the entry keeps what the session answers
+from the model file (`get_modelmeta()`) and the external data files the model read,
+with their hashes: a changed data file is a miss. A miss compiles, reporting its
+progress (kiln.session.progress), links the library into the cache and loads it.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import importlib.metadata
+import json
+import os
+import platform
+import shutil
+import tempfile
+import time
+import warnings
+import weakref
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from kiln import __version__
+from kiln.artifact.integrity import CHUNK_SIZE, tree_digest
+from kiln.driver import cache
+from kiln.errors import FormatError, MissingFileError
+from kiln.runtime.loading import load_shared_library
+from kiln.runtime.module import LibraryModule
+from kiln.session.node_arg import ModelMetadata, SessionOptions
+
+# 1 (2026-11-27): the first format: key fields below, entry metadata {"model",
+# "external_data", "source"}.
+SESSION_CACHE_FORMAT = 1
+# Options that change how the library runs, never what is compiled: out of the key.
+RUNTIME_OPTIONS = frozenset({"intra_op_num_threads", "inter_op_num_threads", "progress"})
+# KILN_* variables read at run time or by the cache itself, never by a compile.
+RUNTIME_VARIABLES = frozenset({
+    "KILN_NUM_THREADS", "KILN_SPIN_US", "KILN_PIN_THREADS", "KILN_SERIAL_NS",
+    "KILN_VERIFY_WEIGHTS", "KILN_SKIP_CPU_CHECK", "KILN_CACHE", "KILN_CACHE_DIR",
+    "KILN_CACHE_MAX", "KILN_WORKSPACE_CACHE", "KILN_POOL_STATS", "KILN_MALLOC", "KILN_FREE",
+})
+# /proc/cpuinfo lines that differ between the cores of one CPU or from second to second.
+_VOLATILE_CPU_KEYS = frozenset({"processor", "cpu mhz", "bogomips", "core id", "apicid",
+                                "initial apicid", "physical id", "siblings", "cpu cores"})
+
+# The cached libraries this process has loaded, by path: a second session of one model
+# gets its own copy (a library's thread pool and settings are per loaded file).
+_LOADED: dict[str, weakref.WeakSet[LibraryModule]] = {}
+
+
+def file_digest(path: str | os.PathLike[str]) -> str:
+    """The SHA-256 tree digest of a file's bytes (4 MiB chunks, hashed on several threads),
+    or the one the cache remembers of this very file, unchanged since
+    (kiln.driver.cache.remembered_digest)."""
+    where = Path(os.path.abspath(path))
+    before = os.stat(where)
+    known = cache.remembered_digest(where, before)
+    if known is not None:
+        return known
+    began = time.time()
+    digest = tree_digest(cache.file_chunk_digests(where, before.st_size), before.st_size,
+                         CHUNK_SIZE)
+    if cache.stat_identity(os.stat(where)) == cache.stat_identity(before):
+        cache.remember_digest(where, before, digest, began)
+    return digest
+
+
+def session_key(path: Path, options: SessionOptions, providers: Any,
+                provider_options: Any) -> str:
+    """The cache key of a session over the ONNX file at `path` (see the module docstring)."""
+    fields = {
+        "format": SESSION_CACHE_FORMAT, "kind": "onnx-session", "model": file_digest(path),
+        "options": _canonical({k: v for k, v in sorted(vars(options).items())
+                               if k not in RUNTIME_OPTIONS}),
+        "providers": _canonical(providers), "provider_options": _canonical(provider_options),
+        "cpu": host_identity(), "kiln": __version__,
+        "kiln_source": cache.kiln_source_fingerprint(), "llvmlite": _version("llvmlite"),
+        "cc": _compiler_identity(), "env": compile_environment()}
+    return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()
+
+
+def _canonical(value: Any) -> Any:
+    """`value` as JSON that changes whenever it does (a repr holding an address only
+    costs a miss, never a wrong hit)."""
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return [type(value).__name__, value]
+    if isinstance(value, range):
+        return ["range", value.start, value.stop, value.step]
+    if isinstance(value, Mapping):
+        return ["map", sorted([str(k), _canonical(v)] for k, v in value.items())]
+    if isinstance(value, (list, tuple)):
+        return [type(value).__name__, [_canonical(v) for v in value]]
+    return [f"{type(value).__module__}.{type(value).__qualname__}", repr(value)]
+
+
+def host_identity() -> Any:
+    """What LLVM resolves `host` from: this CPU's /proc/cpuinfo identity and flags and
+    `$KILN_HOST_CPU` (read without llvmlite: a hit never imports the compiler); where
+    /proc/cpuinfo cannot be read, the resolved target itself."""
+    fields: dict[str, str] = {"machine": platform.machine(),
+                              "host_cpu": os.environ.get("KILN_HOST_CPU", "").strip()}
+    first = _first_cpu()
+    if first is None:
+        from kiln.target import Target  # heavy: llvmlite, only without /proc/cpuinfo
+
+        fields["target"] = Target.from_host().fingerprint()
+    else:
+        fields.update(first)
+    return fields
+
+
+@functools.cache
+def _first_cpu() -> dict[str, str] | None:
+    """The first CPU's block of /proc/cpuinfo without the lines that change by core or
+    by second; None when there is none. Read once per process, and only that block (on
+    a machine of hundreds of cores the whole file takes a while to generate)."""
+    text = ""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            while "\n\n" not in text:
+                piece = f.read(4096)
+                if not piece:
+                    break
+                text += piece
+    except OSError:
+        return None
+    fields = {}
+    for line in text.split("\n\n", 1)[0].splitlines():
+        name, _, value = line.partition(":")
+        if name.strip().lower() not in _VOLATILE_CPU_KEYS:
+            fields[name.strip()] = " ".join(value.split())
+    return fields or None
+
+
+def compile_environment() -> dict[str, str]:
+    """The KILN_* environment variables a compile may read (all but the run-time ones)."""
+    return {k: v for k, v in sorted(os.environ.items())
+            if k.startswith("KILN_") and k not in RUNTIME_VARIABLES}
+
+
+def _compiler_identity() -> str:
+    """The C compiler that links the library: $CC or cc, its resolved path, size, mtime."""
+    program = (os.environ.get("CC") or "cc").split()[0]
+    found = shutil.which(program)
+    if found is None:
+        return program
+    st = os.stat(os.path.realpath(found))
+    return f"{os.path.realpath(found)}\0{st.st_size}\0{st.st_mtime_ns}"
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+# ------------------------------------------------------------------ hit
+
+def cached_session(key: str, path: Path, threads: int) -> tuple[LibraryModule,
+                                                                  ModelMetadata] | None:
+    """The library and metadata of a hit on `key` (the ONNX file at `path`), or None."""
+    hit = cache.lookup_library(key)
+    if hit is None:
+        return None
+    meta = hit.metadata
+    try:
+        if not _external_data_unchanged(meta.get("external_data", []), path.parent):
+            return None
+        model = ModelMetadata(**meta["model"])
+        return load_cached(hit.path, threads, hashed=hit.hashed), model
+    except (FormatError, OSError, KeyError, TypeError) as exc:
+        cache.STATS.errors += 1
+        _refuse(f"cache entry {key} for {path.name} cannot be used ({exc})")
+        return None
+
+
+def _refuse(message: str) -> None:
+    warnings.warn(f"kiln compile cache: {message}; compiling instead", cache.CacheWarning,
+                  stacklevel=4)
+
+
+def _external_data_unchanged(files: Sequence[Mapping[str, Any]], folder: Path) -> bool:
+    """Whether every external data file the model read still holds the same bytes."""
+    for item in files:
+        where = folder / str(item["location"])
+        try:
+            if where.stat().st_size != item["size"] or file_digest(where) != item["sha256"]:
+                return False
+        except OSError:
+            return False
+    return True
+
+
+def load_cached(library: Path, threads: int, *, hashed: bool = True) -> LibraryModule:
+    """dlopen a checked library of the cache, or a private copy of it when this process
+    has it open already (a session's thread settings are its library's). Its weights are
+    checked as any library's (lazily by default, kiln.runtime.weights) unless every byte
+    of it was `hashed` just now."""
+    name = str(library)
+    live = [m for m in _LOADED.get(name, ()) if not m.closed]
+    verify = False if hashed else None
+    if not live:
+        module = load_shared_library(library, verify_weights=verify,
+                                     num_threads=threads or None)
+        _LOADED.setdefault(name, weakref.WeakSet()).add(module)
+        return module
+    folder = tempfile.mkdtemp(prefix="kiln-session-")
+    try:
+        copy = Path(folder) / "lib.so"
+        shutil.copyfile(library, copy)
+        return load_shared_library(copy, cleanup_dir=folder, verify_weights=verify,
+                                   num_threads=threads or None)
+    except BaseException:
+        shutil.rmtree(folder, ignore_errors=True)
+        raise
+
+
+# ------------------------------------------------------------------ miss
+
+def external_data_files(model: Any, folder: Path) -> list[dict[str, Any]]:
+    """The external data files the onnx.ModelProto `model` reads, under `folder`, each
+    with its size and digest (what a hit checks again)."""
+    from kiln.frontend.onnx.file_limits import (
+        external_data_locations,  # heavy: the ONNX front end, only on a miss
+    )
+
+    out = []
+    for location in external_data_locations(model):
+        where = folder / location
+        with_bytes = where.is_file()
+        out.append({"location": location, "size": where.stat().st_size if with_bytes else -1,
+                    "sha256": file_digest(where) if with_bytes else ""})
+    return out
+
+
+def entry_metadata(model_meta: ModelMetadata, external: list[dict[str, Any]],
+                   source: Path) -> dict[str, Any]:
+    """What a session entry keeps beside its library."""
+    return {"model": asdict(model_meta), "external_data": external, "source": source.name}
+
+
+def require_file(path: Path) -> None:
+    """MissingFileError when no ONNX model file is at `path`."""
+    if not os.path.exists(path):  # os.path: a name too long to stat is absent, not an OSError
+        raise MissingFileError(f"no ONNX model at {path}")
+
+
+def compile_arguments(options: SessionOptions) -> dict[str, Any]:
+    """The keyword arguments of `kiln.compile` that a session's options give: every
+    compile a session makes (of a file, bytes or an IRModule) takes them."""
+    return {"max_loop_iterations": options.max_loop_iterations}
+
+
+def compiled_session(path: Path, key: str | None, options: SessionOptions, threads: int,
+                     metadata_of: Any) -> tuple[Any, ModelMetadata]:
+    """Compile the ONNX file at `path` for `host` with its progress shown or reported
+    (kiln.session.progress), link it (into the cache under `key`, unless None) and load
+    it; the library and the model's metadata (`metadata_of(proto)`)."""
+    from kiln.driver.compiler import (
+        compile as compile_model,  # heavy: the compiler, only on a miss
+    )
+    from kiln.frontend.onnx.importer import (
+        parse_onnx,  # heavy: the ONNX front end, only on a miss
+    )
+    from kiln.session.progress import progress_for  # heavy: kiln.transform, only on a miss
+    from kiln.transform.context import PassContext  # heavy: the compiler, only on a miss
+
+    with progress_for(path.name, options) as progress:
+        progress.stage("importing the ONNX model")
+        proto = parse_onnx(path)  # FrontendError when the file is not ONNX
+        meta = metadata_of(proto)
+        outer = PassContext.current()
+        # The session's entry holds the weights (in its library): not the codegen's too.
+        config = {**outer.config, "kiln.cache": False} if key is not None else outer.config
+        with PassContext([*outer.instruments, progress], config, outer.disabled_passes):
+            ex = compile_model(path, "host", **compile_arguments(options))
+            if key is None:
+                return ex.jit(), meta
+            stored = entry_metadata(meta, external_data_files(proto, path.parent), path)
+            return _link_and_store(ex, key, stored, threads), meta
+
+
+def _link_and_store(ex: Any, key: str, metadata: dict[str, Any], threads: int) -> Any:
+    """Link `ex` into the cache as the entry of `key` and load it from there; linked
+    into a private directory and loaded when the cache cannot take it."""
+    staging = cache.staging_dir()
+    if staging is None:
+        return ex.jit()
+    try:
+        linked = staging / cache.LIBRARY_FILE
+        ex.export_library(linked)
+        stored = cache.store_library(key, linked, metadata)
+        if stored is None:  # the cache refused it: load it from the staging directory
+            module = load_shared_library(linked, cleanup_dir=str(staging),
+                                         verify_weights=False, num_threads=threads or None)
+            staging = None  # removed with the module
+            return module
+        return load_cached(stored, threads)
+    finally:
+        if staging is not None:
+            shutil.rmtree(staging, ignore_errors=True)
