@@ -129,7 +129,8 @@ class TiledConv:
                         {ATTR_GEMM_KERNEL: CONV_DOT})
 
 
-#: The lowering of `qlinear_conv_dot` (kiln.kernels.lowering).
+#: The lowering of `qlinear_conv_dot` (kiln.kernels.lowering); over a symbolic batch,
+#: chunk by chunk (kiln.kernels.int8.per_sample).
 TILED_CONV = PerSample(TiledConv())
 
 

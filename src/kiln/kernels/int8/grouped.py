@@ -404,5 +404,6 @@ class GroupedConv:
                         {ATTR_GEMM_KERNEL: GROUPED})
 
 
-#: The lowering of `qlinear_conv_grouped` (kiln.kernels.lowering).
+#: The lowering of `qlinear_conv_grouped` (kiln.kernels.lowering); over a symbolic
+#: batch, chunk by chunk (kiln.kernels.int8.per_sample).
 GROUPED_CONV = PerSample(GroupedConv())
