@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from kiln.ir.attrs import ATTR_GEMM_KERNEL
+from kiln.ir.dtype import INDEX_DTYPE
 from kiln.ir.graph import Call
 from kiln.ir.shape_expr import dim_product, is_static
 from kiln.ir.tensor import (
@@ -22,6 +23,7 @@ from kiln.ir.tensor import (
     Buffer,
     Cast,
     DeclBuffer,
+    IfThenElse,
     PrimExpr,
     PrimFunc,
     Stmt,
@@ -34,7 +36,7 @@ from kiln.ir.tensor import (
 from kiln.kernels.epilogue import fused_store
 from kiln.kernels.int8 import dot
 from kiln.kernels.int8.matmul import build_matmul_tiles, tile_isa
-from kiln.kernels.parallel_work import worth_parallel
+from kiln.kernels.parallel_work import min_parallel_work, worth_parallel
 from kiln.kernels.tiles import bound, const
 from kiln.kernels.tiles import loop as tile_loop
 from kiln.ops import te
@@ -95,16 +97,22 @@ def quantize_tensor(a: Buffer, a_q: Buffer, params: Buffer, zp: Buffer,
     return seq(Allocate(lo), Allocate(hi), init, scan, fold, scale, zero_point, quantize)
 
 
-def _quantize_rows(a: Buffer, scalars: Buffer, zp: Buffer, isa: ISA) -> tuple[Buffer, Stmt]:
+def _quantize_rows(a: Buffer, scalars: Buffer, zp: Buffer, n: int, isa: ISA
+                   ) -> tuple[Buffer, Stmt]:
     """A of symbolic rows (leading dims: batch, seq) quantized as `quantize_tensor` does,
-    read as rows (a 2-D view: no division per element), into a uint8 buffer of rows."""
+    read as rows (a 2-D view: no division per element), into a uint8 buffer of rows;
+    its quantizing loop parallel where the product's work (rows x K x `n`) pays for it,
+    as a static A's is, decided at run time (a recurrent step's few rows stay serial)."""
     lets: list[Stmt] = []
     rows = bound("rows", dim_product(a.shape[:-1]), lets)
     k = int(a.shape[-1])
     a_rows = Buffer("a_rows", (rows, k), a.dtype)
     a_q = Buffer("a_q", (rows, k), "uint8", "global")
+    work = as_expr(rows, INDEX_DTYPE) * (k * n) >= min_parallel_work("madd", isa, "int8")
+    choose = IfThenElse(work, quantize_tensor(a_rows, a_q, scalars, zp, True, isa),
+                        quantize_tensor(a_rows, a_q, scalars, zp, False, isa))
     return a_q, seq(*lets, DeclBuffer(a_rows, a, 0), Allocate(a_q), Allocate(scalars),
-                    Allocate(zp), quantize_tensor(a_rows, a_q, scalars, zp, True, isa))
+                    Allocate(zp), choose)
 
 
 @dataclass(frozen=True)
@@ -145,7 +153,7 @@ class DynamicTiledMatmul:
                                            worth_parallel(work, "madd", dtype="int8", isa=isa),
                                            isa))
         else:
-            a_q, prologue = _quantize_rows(a, scalars, zp, isa)
+            a_q, prologue = _quantize_rows(a, scalars, zp, n, isa)
 
         def epilogue(acc: PrimExpr, j: PrimExpr, at: tuple[PrimExpr, ...]) -> PrimExpr:
             exact = acc - Cast("int32", zp[0]) * colsum[j]
