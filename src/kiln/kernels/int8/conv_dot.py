@@ -84,6 +84,7 @@ from kiln.kernels.int8.conv_tiles import (
     flat_output,
     position_tiles,
 )
+from kiln.kernels.int8.per_sample import PerSample
 from kiln.kernels.parallel_work import worth_parallel
 from kiln.kernels.tiles import loop as tile_loop
 from kiln.kernels.tiles import nest
@@ -128,8 +129,9 @@ class TiledConv:
                         {ATTR_GEMM_KERNEL: CONV_DOT})
 
 
-#: The lowering of `qlinear_conv_dot` (kiln.kernels.lowering).
-TILED_CONV = TiledConv()
+#: The lowering of `qlinear_conv_dot` (kiln.kernels.lowering); over a symbolic batch,
+#: chunk by chunk (kiln.kernels.int8.per_sample).
+TILED_CONV = PerSample(TiledConv())
 
 
 @dataclass(frozen=True)

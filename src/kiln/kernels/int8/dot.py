@@ -38,6 +38,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Any
 
+from kiln.ir.shape_expr import is_static
 from kiln.ir.tensor import (
     DOT2_I16,
     DOT4_U8S8,
@@ -149,16 +150,17 @@ def pack_word(values: Callable[[int], PrimExpr], group: int = GROUP) -> PrimExpr
     return total
 
 
-def a_word(a: Buffer, lead: tuple[int, ...], row: PrimExpr, g: PrimExpr,
+def a_word(a: Buffer, lead: tuple[int, ...] | None, row: PrimExpr, g: PrimExpr,
            group: int = GROUP) -> PrimExpr:
     """Group `g` of A's row `row` as one word of `group` unsigned bytes (or int16
-    halves; zero past K)."""
+    halves; zero past K). `lead`: A's leading dims (its rows flattened); None: A is
+    2-D, indexed by `row` itself (rows of a symbolic count)."""
     k_extent = int(a.shape[-1])
 
     def value(i: int) -> PrimExpr:
         k = g * group + i
-        index = (*te.unflatten_index(row, lead), k if k_extent % group == 0 else
-                 min_(k, k_extent - 1))
+        rows = te.unflatten_index(row, lead) if lead is not None else (row,)
+        index = (*rows, k if k_extent % group == 0 else min_(k, k_extent - 1))
         byte = a_byte(a[index])
         if k_extent % group:
             byte = Select(compare("lt", k, k_extent), byte, as_expr(0, "int32"))
@@ -168,7 +170,13 @@ def a_word(a: Buffer, lead: tuple[int, ...], row: PrimExpr, g: PrimExpr,
 
 
 def pack_a(a: Buffer, words_out: Buffer, kind: str, group: int = GROUP) -> Stmt:
-    """`words_out[row, g] = a_word(...)` for every row of A (its leading dims flattened)."""
+    """`words_out[row, g] = a_word(...)` for every row of A (its leading dims flattened;
+    with a symbolic row count, A is 2-D)."""
+    if not is_static(tuple(a.shape)):
+        groups = int(words_out.shape[1])
+        return tile_loop("i", words_out.shape[0], lambda i: tile_loop(
+            "g", groups, lambda g: Store(words_out, a_word(a, None, i, g, group), (i, g))),
+            kind)
     lead = tuple(int(d) for d in a.shape[:-1])
     rows, groups = int(words_out.shape[0]), int(words_out.shape[1])
     return tile_loop("i", rows, lambda i: tile_loop(

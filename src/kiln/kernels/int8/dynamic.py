@@ -15,12 +15,15 @@ from typing import Any
 import numpy as np
 
 from kiln.ir.attrs import ATTR_GEMM_KERNEL
+from kiln.ir.dtype import INDEX_DTYPE
 from kiln.ir.graph import Call
-from kiln.ir.shape_expr import is_static
+from kiln.ir.shape_expr import dim_product, is_static
 from kiln.ir.tensor import (
     Allocate,
     Buffer,
     Cast,
+    DeclBuffer,
+    IfThenElse,
     PrimExpr,
     PrimFunc,
     Stmt,
@@ -33,8 +36,8 @@ from kiln.ir.tensor import (
 from kiln.kernels.epilogue import fused_store
 from kiln.kernels.int8 import dot
 from kiln.kernels.int8.matmul import build_matmul_tiles, tile_isa
-from kiln.kernels.parallel_work import worth_parallel
-from kiln.kernels.tiles import const
+from kiln.kernels.parallel_work import min_parallel_work, worth_parallel
+from kiln.kernels.tiles import bound, const
 from kiln.kernels.tiles import loop as tile_loop
 from kiln.ops import te
 from kiln.ops.nan_order import max_keep_first, min_keep_first
@@ -58,8 +61,10 @@ def quantize_tensor(a: Buffer, a_q: Buffer, params: Buffer, zp: Buffer,
     `params[2]` and zero point into `zp[0]` (`params[0:2]`: A's range with 0). A's
     rows are its leading dims flattened; the range is scanned `range_lanes(isa)` columns
     at a time (a column past K rereads the last one, which leaves a minimum unchanged)."""
-    lead = tuple(int(d) for d in a.shape[:-1])
-    m, k = int(np.prod(lead, dtype=np.int64)), int(a.shape[-1])
+    symbolic = not is_static(tuple(a.shape))  # then A is 2-D: rows of a symbolic count
+    lead = tuple(int(d) for d in a.shape[:-1]) if not symbolic else ()
+    m = int(np.prod(lead, dtype=np.int64)) if not symbolic else a.shape[0]
+    k = int(a.shape[-1])
     lanes = min(range_lanes(isa), k)
     chunks = -(-k // lanes)
     lo = Buffer("a_lo", (lanes,), "float32", "local")
@@ -67,7 +72,8 @@ def quantize_tensor(a: Buffer, a_q: Buffer, params: Buffer, zp: Buffer,
 
     def at(row: PrimExpr, c: PrimExpr, v: PrimExpr) -> tuple[PrimExpr, ...]:
         col = c * lanes + v
-        return (*te.unflatten_index(row, lead), col if k % lanes == 0 else min_(col, k - 1))
+        rows = te.unflatten_index(row, lead) if not symbolic else (row,)
+        return (*rows, col if k % lanes == 0 else min_(col, k - 1))
 
     zero = as_expr(0.0, "float32")
     # starting from 0: the range DynamicQuantizeLinear takes includes 0
@@ -87,16 +93,35 @@ def quantize_tensor(a: Buffer, a_q: Buffer, params: Buffer, zp: Buffer,
     quantize = tile_loop("r", m, lambda r: tile_loop("c", chunks, lambda c: tile_loop(
         "v", lanes, lambda v: Store(a_q, quantize_value(
             a[at(r, c, v)], params[2], zp[0], 0, 255, "uint8"), at(r, c, v)), "vectorized")),
-        "parallel" if parallel and m > 1 else "serial")
+        "parallel" if parallel and (symbolic or m > 1) else "serial")
     return seq(Allocate(lo), Allocate(hi), init, scan, fold, scale, zero_point, quantize)
+
+
+def _quantize_rows(a: Buffer, scalars: Buffer, zp: Buffer, n: int, isa: ISA
+                   ) -> tuple[Buffer, Stmt]:
+    """A of symbolic rows (leading dims: batch, seq) quantized as `quantize_tensor` does,
+    read as rows (a 2-D view: no division per element), into a uint8 buffer of rows;
+    its quantizing loop parallel where the product's work (rows x K x `n`) pays for it,
+    as a static A's is, decided at run time (a recurrent step's few rows stay serial)."""
+    lets: list[Stmt] = []
+    rows = bound("rows", dim_product(a.shape[:-1]), lets)
+    k = int(a.shape[-1])
+    a_rows = Buffer("a_rows", (rows, k), a.dtype)
+    a_q = Buffer("a_q", (rows, k), "uint8", "global")
+    work = as_expr(rows, INDEX_DTYPE) * (k * n) >= min_parallel_work("madd", isa, "int8")
+    choose = IfThenElse(work, quantize_tensor(a_rows, a_q, scalars, zp, True, isa),
+                        quantize_tensor(a_rows, a_q, scalars, zp, False, isa))
+    return a_q, seq(*lets, DeclBuffer(a_rows, a, 0), Allocate(a_q), Allocate(scalars),
+                    Allocate(zp), choose)
 
 
 @dataclass(frozen=True)
 class DynamicTiledMatmul:
-    """The packed op on the integer register tiles, for a static A of rank >= 2 (the te
-    definition otherwise), with a fused elementwise tail applied as it stores."""
+    """The packed op on the integer register tiles, for A of rank >= 2 whose rows
+    (leading dims) are static or symbolic (K static; the te definition otherwise), with
+    a fused elementwise tail applied as it stores."""
 
-    supports_symbolic = False
+    supports_symbolic = True  # A's rows (batch, seq); K and B static
     fuses_producers = False
 
     def builds(self, call: Call) -> bool:
@@ -107,7 +132,7 @@ class DynamicTiledMatmul:
                     attrs: Attrs, anchor: te.Tensor | None, result: te.Tensor | None,
                     name: str, isa: ISA) -> PrimFunc | None:
         """The tiled kernel computing `result` (None: the product alone)."""
-        if args[0].ndim < 2 or not is_static((*args[0].shape, *args[1].shape)):
+        if args[0].ndim < 2 or not is_static((args[0].shape[-1], *args[1].shape)):
             return None
         group = int(attrs.get("k_group", 1))
         tiles = tile_isa(attrs, isa)
@@ -118,14 +143,17 @@ class DynamicTiledMatmul:
         if store is None:
             return None
         a, bp, colsum, b_scale, bias = (store.buffers[t] for t in args)
-        a_q = Buffer("a_q", a.shape, "uint8", "global")
         scalars = Buffer("a_params", (3,), "float32", "global")
         zp = Buffer("a_zero_point", (1,), "uint8", "global")
-        work = int(np.prod(a.shape, dtype=np.int64)) * n
-        prologue = seq(Allocate(a_q), Allocate(scalars), Allocate(zp),
-                       quantize_tensor(a, a_q, scalars, zp,
-                                       worth_parallel(work, "madd", dtype="int8", isa=isa),
-                                       isa))
+        if is_static(a.shape):
+            a_q = Buffer("a_q", a.shape, "uint8", "global")
+            work = int(np.prod(a.shape, dtype=np.int64)) * n
+            prologue = seq(Allocate(a_q), Allocate(scalars), Allocate(zp),
+                           quantize_tensor(a, a_q, scalars, zp,
+                                           worth_parallel(work, "madd", dtype="int8", isa=isa),
+                                           isa))
+        else:
+            a_q, prologue = _quantize_rows(a, scalars, zp, n, isa)
 
         def epilogue(acc: PrimExpr, j: PrimExpr, at: tuple[PrimExpr, ...]) -> PrimExpr:
             exact = acc - Cast("int32", zp[0]) * colsum[j]

@@ -38,6 +38,7 @@ from kiln.ir.tensor import (
     seq,
 )
 from kiln.ir.types import TensorType
+from kiln.kernels.int8.per_sample import PerSample
 from kiln.kernels.parallel_work import worth_parallel
 from kiln.kernels.tiles import const, lanes_loop, loop, tile_lanes
 from kiln.ops import te
@@ -211,6 +212,7 @@ class ConcatRuns:
         return PrimFunc((*buffers, out), body, {ATTR_QLINEAR_CONCAT: "runs"})
 
 
-#: The lowerings of `qlinear_add` and `qlinear_concat` (kiln.kernels.lowering).
-FLAT_ADD = FlatAdd()
-CONCAT_RUNS = ConcatRuns()
+#: The lowerings of `qlinear_add` and `qlinear_concat` (kiln.kernels.lowering); over a
+#: symbolic batch, chunk by chunk (kiln.kernels.int8.per_sample).
+FLAT_ADD = PerSample(FlatAdd())
+CONCAT_RUNS = PerSample(ConcatRuns())

@@ -63,6 +63,7 @@ from kiln.ir.tensor import (
 )
 from kiln.ir.types import TensorType
 from kiln.kernels import conv as ck
+from kiln.kernels.int8.per_sample import PerSample
 from kiln.kernels.tiles import const, lanes_loop, nest, tile_lanes, tile_registers
 from kiln.kernels.tiles import loop as tile_loop
 from kiln.ops import quant_words as qw
@@ -403,5 +404,6 @@ class GroupedConv:
                         {ATTR_GEMM_KERNEL: GROUPED})
 
 
-#: The lowering of `qlinear_conv_grouped` (kiln.kernels.lowering).
-GROUPED_CONV = GroupedConv()
+#: The lowering of `qlinear_conv_grouped` (kiln.kernels.lowering); over a symbolic
+#: batch, chunk by chunk (kiln.kernels.int8.per_sample).
+GROUPED_CONV = PerSample(GroupedConv())

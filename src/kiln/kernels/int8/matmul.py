@@ -3,7 +3,8 @@
 `dynamic_quant_matmul_packed`, kiln.kernels.int8.dynamic): register tiles of int32
 accumulators over B's panels (`build_matmul_tiles`), on the dot form's words where the
 target has a dot product (kiln.kernels.int8.dot), with the requantizing (or zero-point
-correcting) epilogue applied as the tiles store.
+correcting) epilogue applied as the tiles store. A's rows (its leading dims: batch x
+seq) may be symbolic: the same tiles, a run-time count of row tiles (`_symbolic_tiles`).
 """
 
 from __future__ import annotations
@@ -16,12 +17,13 @@ import numpy as np
 
 from kiln.ir.attrs import ATTR_GEMM_KERNEL
 from kiln.ir.graph import Call
-from kiln.ir.shape_expr import is_static
+from kiln.ir.shape_expr import dim_product, is_static
 from kiln.ir.tensor import (
     DOT4_U8S8,
     Allocate,
     Buffer,
     Cast,
+    DeclBuffer,
     IfThenElse,
     Intrin,
     PrimExpr,
@@ -35,8 +37,8 @@ from kiln.ir.tensor import (
 )
 from kiln.kernels.int8 import dot
 from kiln.kernels.parallel_work import worth_parallel
+from kiln.kernels.tiles import bound, parallel_tiles, parallel_when
 from kiln.kernels.tiles import loop as tile_loop
-from kiln.kernels.tiles import parallel_tiles, parallel_when
 from kiln.ops import quant_words as qw
 from kiln.ops import te
 from kiln.ops.quant import out_range, requantize_value
@@ -76,6 +78,8 @@ def build_matmul_tiles(a: Buffer, bp: Buffer, n: int, out: Buffer, epilogue: Til
     Without `isa`, B holds int8/int16 elements and a tile has TILE_ROWS rows; with it,
     B holds the dot form's words (kiln.kernels.int8.dot), A's rows are packed into words first and
     a tile has `dot.tile_rows(isa)` rows. `target`: the target's ISA (threads)."""
+    if not is_static(tuple(a.shape)):
+        return _symbolic_tiles(a, bp, n, out, epilogue, isa, intrinsic, target)
     lead = tuple(int(d) for d in a.shape[:-1])
     m, k_extent = int(np.prod(lead, dtype=np.int64)), int(a.shape[-1])
     col_tiles, nr = int(bp.shape[0]), int(bp.shape[2])
@@ -132,13 +136,78 @@ def build_matmul_tiles(a: Buffer, bp: Buffer, n: int, out: Buffer, epilogue: Til
     return seq(*prologue, tiles)
 
 
+def _symbolic_tiles(a: Buffer, bp: Buffer, n: int, out: Buffer, epilogue: TileEpilogue,
+                    isa: ISA | None, intrinsic: str, target: ISA) -> Stmt:
+    """`build_matmul_tiles` for A with symbolic rows (its leading dims: batch, seq; K
+    static): the same register tiles, as many row tiles as the rows need at run time,
+    the last one's surplus rows reading the last row and not stored."""
+    m = dim_product(a.shape[:-1])
+    k_extent, col_tiles, nr = int(a.shape[-1]), int(bp.shape[0]), int(bp.shape[2])
+    mr = dot.tile_rows(isa, nr) if isa else TILE_ROWS
+    lets: list[Stmt] = []
+    rows = bound("rows", m, lets)
+    row_tiles = bound("row_tiles", (as_expr(rows) + (mr - 1)) // mr, lets)
+    work = as_expr(rows) * (n * k_extent)
+    # A as rows (one view, no division per element)
+    a_rows = Buffer("a_rows", (rows, k_extent), a.dtype)
+    lets.append(DeclBuffer(a_rows, a, 0))
+    packed_a: Buffer | None = None
+    if isa is not None:
+        packed_a = Buffer("a_words", (rows, int(bp.shape[1])), "int32", "global")
+        pack = a_rows, packed_a, dot.k_group(isa)
+        lets += [Allocate(packed_a), parallel_when(
+            lambda: dot.pack_a(pack[0], pack[1], "parallel", pack[2]), work, "madd", "int8",
+            isa=target)]
+    lead_out = tuple(out.shape[:-1])
+
+    def tile(ct: PrimExpr, rt: PrimExpr) -> Stmt:
+        acc = Buffer("acc", (mr, nr), "int32", "local")
+
+        def col(v: PrimExpr) -> PrimExpr:
+            return ct * nr + v if n % nr == 0 else min_(ct * nr + v, n - 1)
+
+        def row(r: PrimExpr) -> PrimExpr:
+            return min_(rt * mr + r, as_expr(rows) - 1)
+
+        def update(k: PrimExpr, r: PrimExpr, v: PrimExpr) -> PrimExpr:
+            if packed_a is not None:
+                return Intrin(intrinsic, (acc[r, v], packed_a[row(r), k], bp[ct, k, v]))
+            return acc[r, v] + Cast("int32", a_rows[row(r), k]) * Cast("int32", bp[ct, k, v])
+
+        zero = tile_loop("r", mr, lambda r: tile_loop(
+            "v", nr, lambda v: Store(acc, as_expr(0, "int32"), (r, v)), "vectorized"))
+        step = tile_loop("k", int(bp.shape[1]), lambda k: tile_loop(
+            "r", mr, lambda r: tile_loop(
+                "v", nr, lambda v: Store(acc, update(k, r, v), (r, v)), "vectorized"),
+            "unrolled"))
+
+        def store_row(r: PrimExpr) -> Stmt:
+            at_row = te.unflatten_index(rt * mr + r, lead_out)
+
+            def store(v: PrimExpr) -> Stmt:
+                at = (*at_row, ct * nr + v)
+                return Store(out, epilogue(acc[r, v], col(v), at), at)
+
+            cols = tile_loop("v", nr, store, "vectorized") if n % nr == 0 \
+                else tile_loop("v", nr, lambda v: IfThenElse(compare("lt", ct * nr + v, n),
+                                                             store(v)))
+            return IfThenElse(compare("lt", rt * mr + r, rows), cols)
+
+        return seq(Allocate(acc), zero, step, tile_loop("r", mr, store_row))
+
+    tiles = parallel_when(lambda: parallel_tiles((col_tiles, row_tiles), tile), work,
+                          "madd", "int8", isa=target)
+    return seq(*lets, tiles)
+
+
 @dataclass(frozen=True)
 class TiledMatmul:
-    """A packed matrix product (`op`) on register tiles for a static A of rank >= 2 (the
-    te definition otherwise, and under a fused elementwise tail)."""
+    """A packed matrix product (`op`) on register tiles for A of rank >= 2, its rows
+    (leading dims) static or symbolic (the te definition otherwise, and under a fused
+    elementwise tail)."""
 
     op: str
-    supports_symbolic = False
+    supports_symbolic = True
     fuses_producers = False
 
     def builds(self, call: Call) -> bool:
@@ -150,7 +219,7 @@ class TiledMatmul:
                     name: str, isa: ISA) -> PrimFunc | None:
         """The tiled kernel of the product alone (None under a fused tail)."""
         if result is not None or len(args) != len(params) or args[0].ndim < 2 \
-                or not is_static((*args[0].shape, *args[1].shape)):
+                or not is_static((args[0].shape[-1], *args[1].shape)):
             return None
         buffers = [Buffer(t.name, t.shape, t.dtype) for t in params]
         a, bp = buffers[0], buffers[1]

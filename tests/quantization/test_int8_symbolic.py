@@ -1,0 +1,155 @@
+"""int8 models with a symbolic batch (as onnxruntime's quantizer leaves an exported
+model's dynamic axes) against onnxruntime, and the kernels they run: the packed int8
+kernels a pinned batch runs (kiln.kernels.int8.per_sample), not the operators' generic
+tensor-expression loops (docs/dynamic-shapes.md).
+
+Each model is quantized with its batch pinned to 1 (the calibration reader's), then its
+inputs' and outputs' first axis is made the symbol `batch`; one library runs batches 1
+and 3 (a chunk of 8 samples' kernel is not reached at 3, the one-sample kernel is; 9
+reaches both on one target). The dynamically quantized models (`quantize_dynamic`: an
+MLP with a symbolic batch, an encoder with a symbolic batch and sequence) run their
+products on `dynamic_quant_matmul_packed`'s tiles over a run-time row count
+(kiln.kernels.int8.matmul); kiln quantizes A as onnxruntime does, so they agree closely.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import onnx
+import pytest
+from quantized_models import (
+    MAX_REL_L2,
+    RECURRENT_REL_L2,
+    quantize_dynamic_model,
+    quantize_static_model,
+    rel_l2,
+)
+
+import kiln
+from kiln.frontend import from_onnx
+from kiln.target import Target
+from kiln.target.isa import isa_for
+from support import dynamic_models
+from support import small_models as builders
+from support.reference import like_onnxruntime, onnxruntime_outputs
+
+#: Targets: generic x86-64 (llvm, c), and the AVX2 and AVX-512 kernels where this host
+#: runs them (`-mattr=-avx512f`: the AVX2 path, as tests/ops/test_conv_kernels.py does).
+AVX2 = "llvm -mcpu=znver4 -mattr=-avx512f"
+AVX512 = "llvm -mcpu=znver4"
+TARGETS = ("llvm", "c", AVX2, AVX512)
+#: The packed int8 kernels' names (the `kiln.gemm_kernel` attribute of their functions).
+PACKED_CONVS = {"qlinear_conv_dot", "qlinear_conv_grouped"}
+PACKED_PRODUCTS = {"qlinear_matmul_packed", "matmul_integer_packed",
+                   "dynamic_quant_matmul_packed"}
+
+
+def _host_runs(target: str) -> bool:
+    return isa_for(Target(target)).features <= isa_for(Target.from_host()).features
+
+
+def symbolic_batch(model: onnx.ModelProto) -> onnx.ModelProto:
+    """`model` with its inputs' and outputs' first axis the symbol `batch` (the inferred
+    shapes inside dropped: they name the pinned batch)."""
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    del out.graph.value_info[:]
+    for value in (*out.graph.input, *out.graph.output):
+        dim = value.type.tensor_type.shape.dim[0]
+        dim.Clear()
+        dim.dim_param = "batch"
+    return out
+
+
+CONFIGS: dict[str, tuple[str, bool]] = {
+    "qdq-per-tensor": ("QDQ", False),
+    "qdq-per-channel": ("QDQ", True),
+    "qoperator": ("QOperator", True),
+}
+
+
+@pytest.fixture(scope="module", params=list(CONFIGS))
+def cnn(request: pytest.FixtureRequest) -> onnx.ModelProto:
+    fmt, per_channel = CONFIGS[request.param]
+    return symbolic_batch(quantize_static_model(dynamic_models.cnn(batch=1), fmt, per_channel))
+
+
+_BUILDS: dict[tuple[int, str, str], Any] = {}
+
+
+def _compiled(model: onnx.ModelProto, target: str, pins: dict[str, int] | None = None) -> Any:
+    """`model` compiled for `target` (with `pins`), once per module."""
+    key = (id(model), target, repr(pins))
+    if key not in _BUILDS:
+        _BUILDS[key] = kiln.compile(from_onnx(model, shape_dict=pins), like_onnxruntime(target))
+    return _BUILDS[key]
+
+
+def _kernels(ex: Any) -> list[str]:
+    return [f.attrs.get("kiln.gemm_kernel") for f in ex.ir.functions.values()
+            if not f.attrs.get("kiln.graph")]
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_cnn_with_a_symbolic_batch_matches_onnxruntime(cnn: onnx.ModelProto,
+                                                       target: str) -> None:
+    if not _host_runs(target):
+        pytest.skip(f"this host does not run {target}")
+    ex = _compiled(cnn, target)
+    for batch in (1, 3) if target != AVX512 else (9,):
+        feeds = dynamic_models.feeds(cnn, {"batch": batch}, seed=batch)
+        want = onnxruntime_outputs(cnn, feeds)[0]
+        got = np.asarray(ex["main"](*feeds.values()))
+        assert got.shape == want.shape
+        assert rel_l2(got, want) < MAX_REL_L2, (target, batch)
+
+
+@pytest.mark.parametrize("target", (AVX2, AVX512))
+def test_symbolic_batch_convolutions_take_the_packed_kernels(cnn: onnx.ModelProto,
+                                                             target: str) -> None:
+    # compiled, not run: any host checks which kernels the target's build has
+    ex = _compiled(cnn, target)
+    pinned = _compiled(cnn, target, {"batch": 1})
+    kernels = [k for k in _kernels(ex) if k in PACKED_CONVS]
+    assert len(kernels) == 2, _kernels(ex)  # both convolutions
+    assert sorted(kernels) == sorted(k for k in _kernels(pinned) if k in PACKED_CONVS)
+
+
+DYNAMIC: dict[str, Any] = {
+    "mlp": (lambda: symbolic_batch(builders.mlp(batch=1)), ({"batch": 1}, {"batch": 5})),
+    "encoder": (lambda: dynamic_models.encoder(layers=1),
+                ({"batch": 1, "seq": 16}, {"batch": 3, "seq": 7})),
+}
+
+
+@pytest.fixture(scope="module", params=list(DYNAMIC))
+def dynamic(request: pytest.FixtureRequest) -> tuple[onnx.ModelProto, Any]:
+    build, sizes = DYNAMIC[request.param]
+    return quantize_dynamic_model(build()), sizes
+
+
+@pytest.mark.parametrize("target", (*TARGETS[:2], AVX2))
+def test_dynamic_quantization_with_symbolic_rows_matches_onnxruntime(
+        dynamic: tuple[onnx.ModelProto, Any], target: str) -> None:
+    if not _host_runs(target):
+        pytest.skip(f"this host does not run {target}")
+    model, sizes = dynamic
+    ex = _compiled(model, target)
+    for size in sizes:
+        feeds = dynamic_models.feeds(model, size, seed=sum(size.values()))
+        want = onnxruntime_outputs(model, feeds)[0]
+        got = np.asarray(ex["main"](*feeds.values()))
+        assert got.shape == want.shape
+        assert rel_l2(got, want) < RECURRENT_REL_L2, (target, size)
+
+
+@pytest.mark.parametrize("target", (AVX2, AVX512))
+def test_symbolic_rows_take_the_packed_products(dynamic: tuple[onnx.ModelProto, Any],
+                                                target: str) -> None:
+    model, sizes = dynamic
+    ex = _compiled(model, target)
+    pinned = _compiled(model, target, sizes[0])
+    kernels = sorted(k for k in _kernels(ex) if k in PACKED_PRODUCTS)
+    assert kernels and kernels == sorted(k for k in _kernels(pinned) if k in PACKED_PRODUCTS)
