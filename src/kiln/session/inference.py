@@ -93,6 +93,16 @@ class InferenceSession:
     def _compile(self, model: Any, meta: ModelMetadata) -> Any:
         self._meta = meta
         limit = self._options.max_loop_iterations
+        shape_dict = getattr(self._options, "shape_dict", None)
+        if shape_dict is not None:
+            if type(model).__name__ == "IRModule":
+                raise UsageError("SessionOptions.shape_dict applies when the session imports "
+                                 "an ONNX model (a file or its bytes); an IRModule is imported "
+                                 "already: pass shape_dict to kiln.frontend.from_onnx")
+            if not isinstance(shape_dict, Mapping):
+                raise ArgumentTypeError("SessionOptions.shape_dict must be a dict of pins and "
+                                        f"ranges or None, got {type(shape_dict).__name__}")
+            model = kiln.frontend.from_onnx(model, dict(shape_dict))
         return kiln.compile(model, "host", max_loop_iterations=limit).jit()
 
     # ------------------------------------------------------------ describing
@@ -252,6 +262,10 @@ def _check_loop_limit(options: SessionOptions, source: Any) -> None:
         raise UsageError("SessionOptions.max_loop_iterations applies when the session "
                          "compiles the model (an ONNX file or bytes, an IRModule); compile a "
                          "library with kiln.compile(..., max_loop_iterations=N) instead")
+    if getattr(options, "shape_dict", None) is not None and not compiles:
+        raise UsageError("SessionOptions.shape_dict applies when the session compiles an ONNX "
+                         "model (a file or its bytes); import with kiln.frontend.from_onnx(..., "
+                         "shape_dict=...) and compile a library instead")
 
 
 def _entry(module: Any) -> PackedFunction:

@@ -67,9 +67,14 @@ class SessionOptions:
             the session compiles the model (`kiln.compile(..., max_loop_iterations=)`);
             a run whose Loop would run more raises CallError naming the Loop node.
             None (default): no limit, as onnxruntime.
+        shape_dict: kiln's own: pins or bounds of the model's symbolic dimensions when
+            the session compiles an ONNX model, as `kiln.frontend.from_onnx` takes them
+            (`{"past_seq": range(0, 4097)}` bounds, `{"batch": 1}` pins). None
+            (default): every symbolic dimension takes any size from 0 up.
     """
 
     def __init__(self) -> None:
         self.intra_op_num_threads = 0
         self.inter_op_num_threads = 0
         self.max_loop_iterations: int | None = None
+        self.shape_dict: dict[str, Any] | None = None
