@@ -56,10 +56,10 @@ def reduction_of(op: str) -> Reduction:
 
 def mean_of(total: PrimExpr, count: int | PrimExpr) -> PrimExpr:
     """`total / count`; a symbolic `count` (a product of int64 dim scalars) is converted to
-    the total's dtype first, and taken as at least 1: the mean of no elements is 0, as
-    onnxruntime's ReduceMean gives it (the total is 0), not 0/0."""
+    the total's dtype first. Either is taken as at least 1: the mean of no elements is 0,
+    as onnxruntime's ReduceMean gives it (the total is 0), not 0/0."""
     if isinstance(count, int):
-        return total / count
+        return total / max(count, 1)
     return total / Cast(total.dtype, max_(count, 1))
 
 
