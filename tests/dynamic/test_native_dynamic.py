@@ -159,7 +159,7 @@ def test_inspect_shows_the_symbolic_shapes(libraries) -> None:
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert re.search(r"input\s+features\s+\(batch, seq, 32\)\s+float32", proc.stdout)
-    assert re.search(r"dim\s+seq\s+1 <= seq", proc.stdout)
+    assert re.search(r"dim\s+seq\s+0 <= seq", proc.stdout)  # sizes from 0, as onnxruntime
     assert load_module(str(so)).metadata["functions"]["main"]["params"][1]["shape"] == [
         "batch", "seq"]
     report = so.with_suffix(".html")
@@ -207,5 +207,6 @@ def test_any_dim_param_name_round_trips_through_a_library(dim: str, tmp_path) ->
     assert name.isidentifier()
     feed = feeds(model, {dim: 3})
     assert rel_l2(lib["main"](*feed.values()), reference(model, feed)) < 1e-4
-    with pytest.raises(CallError, match=re.escape(f"dimension '{name}' = 0 is below")):
-        lib["main"](np.zeros((0, 3, 16, 16), np.float32))
+    assert lib["main"](np.zeros((0, 3, 16, 16), np.float32)).shape == (0, 10)
+    with pytest.raises(CallError, match=re.escape(f"expected shape [{name}, 3, 16, 16]")):
+        lib["main"](np.zeros((2, 4, 16, 16), np.float32))

@@ -19,7 +19,7 @@ from kiln.codegen.cfamily.printer import CPrinter, NameScope
 from kiln.errors import CompileError
 from kiln.escape import c_string_literal, int64_literal
 from kiln.ir.attrs import ATTR_GRAPH
-from kiln.ir.shape_expr import dim_bounds, dim_vars, shape_text, to_dim_expr
+from kiln.ir.shape_expr import dim_bounds, dim_nonzero, dim_vars, shape_text, to_dim_expr
 from kiln.ir.tensor import Buffer, PrimExpr, PrimFunc, Var
 
 _NS = "kiln_host_"  # kiln_host.c's static helpers
@@ -88,16 +88,18 @@ def emit_binding(p: CPrinter, names: NameScope, fn_name: str, fn: PrimFunc,
                 checks.append(
                     f"{_NS}bind_dim(fn, {c_string_literal(d.name)}, &{locals_[d.name]}, &{at}, "
                     f"&{where}, {arg.index}, {arg.name_c}, {shape}[{axis}])")
-    # A graph function's variables are sizes of at least 1 unless `kiln.dim_bounds` says
-    # otherwise (its metadata lists them so); a kernel's scalars only as that attribute says.
+    # A graph function's variables are sizes from 0 up (as onnxruntime takes them) unless
+    # `kiln.dim_bounds` says otherwise (its metadata lists them so); a kernel's scalars
+    # only as that attribute says.
     bounds = dim_bounds(fn)
-    default = (1, None) if fn.attrs.get(ATTR_GRAPH) else None
+    default = (0, None) if fn.attrs.get(ATTR_GRAPH) else None
     for var in variables:
         if var not in bounds and default is None:
             continue
         low, high = bounds.get(var) or default or (0, None)
         checks.append(f"{_NS}dim_range(fn, {c_string_literal(var)}, {locals_[var]}, "
                       f"{int64_literal(low)}, {int64_literal(-1 if high is None else high)})")
+    checks.extend(_nonzero_checks(p, names, fn, locals_))
     for arg in tensors:
         if all(isinstance(d, Var) for d in arg.buffer.shape):
             continue  # every dimension was bound or checked above
@@ -122,6 +124,24 @@ def emit_binding(p: CPrinter, names: NameScope, fn_name: str, fn: PrimFunc,
                       f"{c_string_literal(shape_text(arg.buffer.shape))}))")
     or_return(p, checks)
     return locals_
+
+
+def _nonzero_checks(p: CPrinter, names: NameScope, fn: PrimFunc,
+                    locals_: Mapping[str, str]) -> list[str]:
+    """The checks that the sizes the model divides by (`kiln.dim_nonzero`) are not 0, in
+    order, as bind_dims runs them."""
+    checks: list[str] = []
+    for text, why in dim_nonzero(fn):
+        expr = dim_expr.parse(text)
+        if not dim_expr.variables(expr) <= set(locals_):
+            continue  # a size of variables this entry does not bind (none in practice)
+        status, value = names.fresh("nonzero_status"), names.fresh("nonzero")
+        p.line(f"int32_t {status} = 0;")
+        p.line(f"int64_t {value} = 0;")
+        checks.append(f"({value} = {dim_expr.to_c(expr, locals_, status)}, "
+                      f"{_NS}dim_nonzero(fn, {status}, {value}, "
+                      f"{c_string_literal(dim_expr.quote(expr))}, {c_string_literal(why)}))")
+    return checks
 
 
 def or_return(p: CPrinter, checks: Sequence[str]) -> None:

@@ -36,7 +36,7 @@ from kiln.ir.attrs import (
 )
 from kiln.ir.module import IRModule
 from kiln.ir.outlined import kernel_funcs
-from kiln.ir.shape_expr import dim_bounds, dim_text, graph_dims
+from kiln.ir.shape_expr import dim_bounds, dim_nonzero, dim_text, graph_dims
 from kiln.ir.tensor import Buffer, PrimExpr, PrimFunc, Var
 from kiln.ir.terminate import terminate_flag
 from kiln.runtime import abi
@@ -60,6 +60,9 @@ LIBRARY_FORMAT = "kiln.library"
 #   5 (2026-11-27): `"terminate": true` on a graph function whose entry takes the caller's
 #     terminate flag as one more argument (docs/abi.md, "Stopping a call"); a Loop's
 #     iteration limit (max_loop_iterations). Every key of version 4 is unchanged.
+#     Also: `"dims"` minima default to 0, and an optional `"nonzero"` list of sizes the
+#     model divides by (docs/dynamic-shapes.md, "Zero sizes"); the entry checks them
+#     itself, so a runtime that ignores the key still refuses such a call.
 LIBRARY_FORMAT_VERSION = 5
 
 
@@ -199,9 +202,11 @@ def function_signature(name: str, fn: PrimFunc, prefix: str,
     dims, runtime = graph_dims(fn), runtime_dims(fn)
     if dims:
         bounds = dim_bounds(fn)
-        extra = {"dims": [{"name": d.name, "min": bounds.get(d.name, (1, None))[0],
-                           "max": bounds.get(d.name, (1, None))[1]} for d in dims],
+        extra = {"dims": [{"name": d.name, "min": bounds.get(d.name, (0, None))[0],
+                           "max": bounds.get(d.name, (0, None))[1]} for d in dims],
                  "output_shapes_symbol": output_shapes_symbol(prefix, name)}
+        if dim_nonzero(fn):  # sizes the model divides by (docs/dynamic-shapes.md)
+            extra["nonzero"] = [{"dim": text, "why": why} for text, why in dim_nonzero(fn)]
     if terminate_flag(fn) is not None:  # the entry takes the caller's flag (docs/abi.md)
         extra["terminate"] = True
     if runtime:

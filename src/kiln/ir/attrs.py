@@ -20,6 +20,13 @@ ATTR_TARGET: Final = "target"                    # compile this function for thi
 # packed entry checks every bound before any kernel runs (docs/dynamic-shapes.md).
 ATTR_DIM_BOUNDS: Final = "kiln.dim_bounds"
 
+# Set by the ONNX importer beside `kiln.dim_bounds`: sizes the model divides by, which
+# must not be 0 at call time (a Reshape's -1 is the element count divided by the other
+# dimensions, and onnxruntime refuses the reshape when they are 0). One `(text, why)`
+# pair per size: its `kiln.dim_expr` text and the node that needs it; the packed entry
+# checks each after the bounds (docs/dynamic-shapes.md, "Zero sizes").
+ATTR_DIM_NONZERO: Final = "kiln.dim_nonzero"
+
 # Set by LegalizeOps / FuseOps on the PrimFuncs they create: reachable only through a
 # call, so dead-code elimination may drop them and they get no public entry.
 ATTR_PRIVATE: Final = "kiln.private"

@@ -25,7 +25,7 @@ from kiln import dim_expr
 from kiln.errors import IRError
 from kiln.ir import dtype as dt
 from kiln.ir import polynomial
-from kiln.ir.attrs import ATTR_DIM_BOUNDS, ATTR_GRAPH
+from kiln.ir.attrs import ATTR_DIM_BOUNDS, ATTR_DIM_NONZERO, ATTR_GRAPH
 from kiln.ir.dtype import INDEX_DTYPE
 from kiln.ir.tensor import BinaryOp, Cast, Const, PrimExpr, PrimFunc, UnaryOp, Var, as_expr
 from kiln.ir.types import Dim
@@ -390,9 +390,16 @@ def graph_dims(fn: PrimFunc) -> tuple[Var, ...]:
 
 
 def dim_bounds(fn: PrimFunc) -> dict[str, tuple[int, int | None]]:
-    """`{variable: (min, max)}` of `kiln.dim_bounds` (min 1, no max when not given)."""
+    """`{variable: (min, max)}` of `kiln.dim_bounds` (a variable it does not list is a size:
+    min 0, no max)."""
     bounds: dict[str, tuple[int, int | None]] = {}
     for entry in fn.attrs.get(ATTR_DIM_BOUNDS, ()) or ():
         name, low, high = entry
         bounds[str(name)] = (int(low), None if high is None else int(high))
     return bounds
+
+
+def dim_nonzero(fn: PrimFunc) -> tuple[tuple[str, str], ...]:
+    """`(text, why)` of every size `fn` needs to be non-zero at call time
+    (`kiln.dim_nonzero`: a Reshape's -1 divides by it)."""
+    return tuple((str(text), str(why)) for text, why in fn.attrs.get(ATTR_DIM_NONZERO, ()) or ())

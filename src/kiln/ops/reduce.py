@@ -19,7 +19,7 @@ import numpy as np
 from kiln.errors import IRError
 from kiln.ir import dtype as dt
 from kiln.ir.shape_expr import dim_product, shape_text
-from kiln.ir.tensor import Cast, PrimExpr, as_expr, intrin, select
+from kiln.ir.tensor import Cast, PrimExpr, as_expr, intrin, max_, select
 from kiln.ir.types import TensorType, TupleType, Type
 from kiln.ops import nan_order, te
 from kiln.ops._numpy import is_float, widen, work
@@ -56,8 +56,11 @@ def reduction_of(op: str) -> Reduction:
 
 def mean_of(total: PrimExpr, count: int | PrimExpr) -> PrimExpr:
     """`total / count`; a symbolic `count` (a product of int64 dim scalars) is converted to
-    the total's dtype first."""
-    return total / (count if isinstance(count, int) else Cast(total.dtype, count))
+    the total's dtype first. Either is taken as at least 1: the mean of no elements is 0,
+    as onnxruntime's ReduceMean gives it (the total is 0), not 0/0."""
+    if isinstance(count, int):
+        return total / max(count, 1)
+    return total / Cast(total.dtype, max_(count, 1))
 
 
 def norm_axes(axes: Any, ndim: int) -> tuple[int, ...]:
@@ -170,7 +173,7 @@ def _mean_ref(x: np.ndarray, axis: tuple[int, ...], keepdims: bool) -> np.ndarra
     total = np.sum(work(x), axis=axis, keepdims=keepdims)
     count = int(np.prod([x.shape[a] for a in axis]))
     if is_float(x):
-        return total / count
+        return total / max(count, 1)  # no elements: 0, as onnxruntime (mean_of)
     # integers: truncating division, like the kernel
     return np.where(total < 0, -(-total // max(count, 1)), total // max(count, 1))
 

@@ -30,15 +30,17 @@ def bind_dims(
     *,
     indices: Sequence[int] | None = None,
     given: Mapping[str, tuple[int, int, str]] | None = None,
+    nonzero: Sequence[tuple[str, str]] = (),
 ) -> dict[str, int]:
     """Return ``{variable: size}`` read from ``shapes``, the tensors' shapes.
 
     ``params`` lists each tensor as ``(name, dims)`` (``indices``: their argument
     positions, else 0, 1, ...); ``bounds`` maps each variable to ``(min, max)``
     (``max`` None when unbounded); ``given`` maps variables the caller passes as
-    scalars to ``(value, argument index, name)``. The checks run in the order of the
-    C entry (docs/abi.md, check 7): each variable is bound at its first plain
-    occurrence and every later one must agree; then the bounds, by name; then each
+    scalars to ``(value, argument index, name)``; ``nonzero`` lists ``(text, why)`` of
+    sizes the model divides by. The checks run in the order of the C entry (docs/abi.md,
+    check 7): each variable is bound at its first plain occurrence and every later one
+    must agree; then the bounds, by name; then the sizes that must not be 0; then each
     tensor's whole shape. Raises :class:`CallError` with the entry's texts.
     """
     if len(params) != len(shapes):
@@ -78,6 +80,9 @@ def bind_dims(
             raise CallError(
                 f"{func}: dimension '{name}' = {values[name]} is above its maximum {high}"
             )
+    for text, why in nonzero:  # a size the model divides by (a Reshape's -1)
+        if dim_size(func, text, values) == 0:
+            raise CallError(f"{func}: {why}, which is 0 here (onnxruntime refuses it too)")
     for index, (pname, dims), shape in zip(where, params, shapes, strict=True):
         if all(isinstance(d, str) and d.isidentifier() for d in dims):
             continue  # every dimension was bound or checked above

@@ -83,6 +83,9 @@ class PackedFunction:
         self.dims: dict[str, tuple[int, int | None]] = {
             str(d["name"]): (int(d["min"]), None if d.get("max") is None else int(d["max"]))
             for d in signature.get("dims", [])}
+        # Sizes the model divides by, which a call must not make 0 (a Reshape's -1).
+        self.nonzero: list[tuple[str, str]] = [(str(d["dim"]), str(d["why"]))
+                                               for d in signature.get("nonzero", [])]
         # Data-dependent sizes (docs/abi.md): results are allocated at their bound ("shape")
         # and trimmed to the extents the call reports.
         self.runtime_dims: list[dict[str, Any]] = [dict(d) for d in
@@ -229,7 +232,7 @@ class PackedFunction:
         return bind_dims(self.name, [(str(self._arguments[i]["name"]), self._arguments[i]["shape"])
                                      for i in tensors],
                          [values[i].shape for i in tensors], self.dims,
-                         indices=tensors, given=given)
+                         indices=tensors, given=given, nonzero=self.nonzero)
 
     def concrete_shape(self, i: int, sizes: Mapping[str, int]) -> tuple[int, ...]:
         """Argument i's shape for these sizes of the dimension variables."""

@@ -457,6 +457,11 @@ def _check_signature(name: str, sig: Any) -> None:
             and _is_size(d.get("min")) and (d.get("max") is None or _is_size(d.get("max")))
             for d in dims):
         raise fail(f"'dims' {dims!r} is not a list of {{name, min, max}}")
+    nonzero = sig.get("nonzero", [])
+    if not isinstance(nonzero, list) or not all(
+            isinstance(d, dict) and isinstance(d.get("dim"), str) and is_dim_text(d["dim"])
+            and isinstance(d.get("why"), str) for d in nonzero):
+        raise fail(f"'nonzero' {nonzero!r} is not a list of {{dim, why}}")
     shapes = sig.get("output_shapes_symbol")
     if dims and (not isinstance(shapes, str) or not shapes.isascii()
                  or not shapes.replace("_", "a").isidentifier()):

@@ -124,6 +124,7 @@ class InferenceSession:
 
     def _compile(self, model: Any, meta: ModelMetadata) -> Any:
         self._meta = meta
+        model = start.with_shape_dict(model, self._options)
         return kiln.compile(model, "host", **start.compile_arguments(self._options)).jit()
 
     # ------------------------------------------------------------ describing
@@ -283,6 +284,10 @@ def _check_loop_limit(options: SessionOptions, source: Any) -> None:
         raise UsageError("SessionOptions.max_loop_iterations applies when the session "
                          "compiles the model (an ONNX file or bytes, an IRModule); compile a "
                          "library with kiln.compile(..., max_loop_iterations=N) instead")
+    if getattr(options, "shape_dict", None) is not None and not compiles:
+        raise UsageError("SessionOptions.shape_dict applies when the session compiles an ONNX "
+                         "model (a file or its bytes); import with kiln.frontend.from_onnx(..., "
+                         "shape_dict=...) and compile a library instead")
 
 
 def _entry(module: Any) -> PackedFunction:

@@ -72,6 +72,10 @@ class SessionOptions:
             `kiln.driver.progress.ProgressEvent` at every step of a compile (a session
             over an ONNX file that misses the compile cache); None shows a line on a
             terminal, else logs to the `logging` logger "kiln" (docs/session.md).
+        shape_dict: kiln's own: pins or bounds of the model's symbolic dimensions when
+            the session compiles an ONNX model, as `kiln.frontend.from_onnx` takes them
+            (`{"past_seq": range(0, 4097)}` bounds, `{"batch": 1}` pins). None
+            (default): every symbolic dimension takes any size from 0 up.
     """
 
     def __init__(self) -> None:
@@ -79,3 +83,4 @@ class SessionOptions:
         self.inter_op_num_threads = 0
         self.max_loop_iterations: int | None = None
         self.progress: Callable[[Any], None] | None = None
+        self.shape_dict: dict[str, Any] | None = None

@@ -34,7 +34,7 @@ from typing import Any
 from kiln import __version__
 from kiln.artifact.integrity import CHUNK_SIZE, tree_digest
 from kiln.driver import cache
-from kiln.errors import FormatError, MissingFileError
+from kiln.errors import ArgumentTypeError, FormatError, MissingFileError, UsageError
 from kiln.runtime.loading import load_shared_library
 from kiln.runtime.module import LibraryModule
 from kiln.session.node_arg import ModelMetadata, SessionOptions
@@ -263,6 +263,24 @@ def compile_arguments(options: SessionOptions) -> dict[str, Any]:
     return {"max_loop_iterations": options.max_loop_iterations}
 
 
+def with_shape_dict(model: Any, options: SessionOptions) -> Any:
+    """`model` (an ONNX file, its proto or an IRModule) imported with the options'
+    `shape_dict` when one is given, else `model` as it is."""
+    shape_dict = options.shape_dict
+    if shape_dict is None:
+        return model
+    if type(model).__name__ == "IRModule":
+        raise UsageError("SessionOptions.shape_dict applies when the session imports an ONNX "
+                         "model (a file or its bytes); an IRModule is imported already: pass "
+                         "shape_dict to kiln.frontend.from_onnx")
+    if not isinstance(shape_dict, Mapping):
+        raise ArgumentTypeError("SessionOptions.shape_dict must be a dict of pins and ranges "
+                                f"or None, got {type(shape_dict).__name__}")
+    from kiln.frontend import from_onnx  # heavy: the ONNX front end, only to compile
+
+    return from_onnx(model, dict(shape_dict))
+
+
 def compiled_session(path: Path, key: str | None, options: SessionOptions, threads: int,
                      metadata_of: Any) -> tuple[Any, ModelMetadata]:
     """Compile the ONNX file at `path` for `host` with its progress shown or reported
@@ -285,7 +303,8 @@ def compiled_session(path: Path, key: str | None, options: SessionOptions, threa
         # The session's entry holds the weights (in its library): not the codegen's too.
         config = {**outer.config, "kiln.cache": False} if key is not None else outer.config
         with PassContext([*outer.instruments, progress], config, outer.disabled_passes):
-            ex = compile_model(path, "host", **compile_arguments(options))
+            ex = compile_model(with_shape_dict(path, options), "host",
+                               **compile_arguments(options))
             if key is None:
                 return ex.jit(), meta
             stored = entry_metadata(meta, external_data_files(proto, path.parent), path)

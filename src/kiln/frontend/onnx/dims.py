@@ -12,6 +12,10 @@ variable `<input>_dim<k>`. Names that are not identifiers are rewritten (`batch 
 - `{"batch": 1}`: pins a dimension to a size everywhere it occurs;
 - `{"seq": range(1, 513)}`: bounds a dimension (min 1, max 512), kept symbolic.
 
+A dimension no range bounds takes every size from 0 up, as onnxruntime does (an empty
+batch, the empty past of a generation loop's first step); a size the model divides by
+(a Reshape's -1) must still be non-zero when called (`nonzero`, kiln.ir.attrs).
+
 A dimension may also be named as kiln names it (`batch_size`, `x_dim1`). An
 input's name wins over a dimension of the same name.
 """
@@ -62,6 +66,8 @@ class InputDims:
     bounds: dict[str, tuple[int, int | None]] = field(default_factory=dict)
     vars: dict[str, Var] = field(default_factory=dict)
     auto: set[str] = field(default_factory=set)  # names made for unnamed dynamic dims
+    # sizes the model divides by (their text -> the node and why), checked at call time
+    nonzero: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self._name_dims()
@@ -188,8 +194,9 @@ class InputDims:
         return tuple(out)
 
     def dim_bounds(self) -> tuple[tuple[str, int, int | None], ...]:
-        """`(name, min, max)` of every dimension variable made so far, sorted by name."""
-        return tuple((name, *self.bounds.get(name, (1, None))) for name in sorted(self.vars))
+        """`(name, min, max)` of every dimension variable made so far, sorted by name (min 0
+        and no max unless `shape_dict` gives a range)."""
+        return tuple((name, *self.bounds.get(name, (0, None))) for name in sorted(self.vars))
 
 
 def declared_dims(tensor_type: Any) -> list[Declared] | None:

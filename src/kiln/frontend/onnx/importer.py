@@ -33,12 +33,12 @@ from kiln.frontend.onnx.shape_values import evaluate as evaluate_shape
 from kiln.frontend.onnx.shape_values import is_constant, shape_value
 from kiln.frontend.onnx.validate import check_graph, check_shape, itemsize
 from kiln.ir import graph as g
-from kiln.ir.attrs import ATTR_DIM_BOUNDS, ATTR_GIVEN_OUTPUT_NAMES
+from kiln.ir.attrs import ATTR_DIM_BOUNDS, ATTR_DIM_NONZERO, ATTR_GIVEN_OUTPUT_NAMES
 from kiln.ir.builder import IRBuilder
 from kiln.ir.dtype import from_numpy, to_numpy
 from kiln.ir.module import IRModule
 from kiln.ir.pin_hint import pin_hint, pin_hint_for
-from kiln.ir.shape_expr import dim_terms, dim_text, dims_equal, shape_text
+from kiln.ir.shape_expr import dim_terms, dim_text, dims_equal, shape_text, simplify_dim
 from kiln.ir.types import Dim, TensorType, Type
 from kiln.ops import registry as op_registry
 from kiln.ops.reshape_dims import reshape_attr
@@ -454,6 +454,16 @@ class GraphImporter:
         """A Loop whose body `step` builds (control_flow.converter_loop)."""
         return control_flow.converter_loop(self, hint, trip, states, length, step)
 
+    def require_nonzero(self, size: Dim, what: str) -> None:
+        """Record that a call must fail when `size` is 0 (the node divides by it, e.g. a
+        Reshape's -1); `what` says why. A constant 0 fails the import here."""
+        size = simplify_dim(size)
+        if isinstance(size, int):
+            if size == 0:
+                raise FrontendError(f"{self._where}: {what}, which is 0")
+            return
+        self.input_dims.nonzero.setdefault(dim_text(size), f"{self._where}: {what}")
+
     def call(self, op: str, *args: g.Expr, **attrs: Any) -> g.Expr:
         """Emit `op(*args, **attrs)`, folded into a Constant when every arg is constant."""
         try:
@@ -658,6 +668,8 @@ class GraphImporter:
             self.ib.func_attr(ATTR_GIVEN_OUTPUT_NAMES, tuple(o.name for o in self.graph.output))
             if self.input_dims.vars:
                 self.ib.func_attr(ATTR_DIM_BOUNDS, self.input_dims.dim_bounds())
+            if self.input_dims.nonzero:
+                self.ib.func_attr(ATTR_DIM_NONZERO, tuple(self.input_dims.nonzero.items()))
             self.ib.ret(outputs[0] if len(outputs) == 1 else g.Tuple(tuple(outputs)))
         mod = self.ib.get()
         for name, fn in self.functions.items():

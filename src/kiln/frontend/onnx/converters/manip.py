@@ -59,6 +59,12 @@ def reshape_to(ctx: GraphContext, x: g.Expr, target: Sequence[Dim]) -> g.Expr:
     shared with the recurrent ops' converters."""
     src = ctx.tensor_type(x).shape
     shape: list[Dim] = [int(d) if isinstance(d, (int, np.integer)) else d for d in target]
+    if any(isinstance(d, int) and d == -1 for d in shape):
+        # the -1 is the element count divided by the other sizes: onnxruntime refuses
+        # the reshape when they are 0 (an empty batch before a head merge), and so do we
+        known = dim_product(d for d in shape if not (isinstance(d, int) and d == -1))
+        ctx.require_nonzero(known, f"the -1 of shape {shape_text(shape)} divides the element "
+                                   f"count by {dim_text(known)}")
     if is_static(shape) and is_static(src):
         ints = [int(d) for d in shape]  # type: ignore[arg-type]
         if -1 in ints:

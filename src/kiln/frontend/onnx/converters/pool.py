@@ -12,6 +12,7 @@ from kiln.frontend.onnx.converters.registry import GraphContext, onnx_op
 from kiln.frontend.onnx.converters.spatial import onnx_pads
 from kiln.ir import dtype as dt
 from kiln.ir import graph as g
+from kiln.ir.shape_expr import dim_product, dim_text
 from kiln.ops import spatial
 
 
@@ -61,6 +62,10 @@ def _global_converter(op: str) -> Any:
                 attrs: dict[str, Any]) -> list[g.Expr]:
         x = inputs[0]
         assert x is not None
+        # onnxruntime refuses a global pool over an empty image: the window has no element
+        window = dim_product(ctx.tensor_type(x).shape[2:])
+        ctx.require_nonzero(window, f"a global pool's window is the whole image, of "
+                                    f"{dim_text(window)} elements")
         return [ctx.call(op, x)]
     return convert
 

@@ -40,6 +40,11 @@ class GraphContext(Protocol):
         """Emit (or constant-fold) an operator call."""
         ...
 
+    def require_nonzero(self, size: Dim, what: str) -> None:
+        """Make a call fail (CallError naming this node and `what`) when `size`, which the
+        node divides by, is 0; a constant 0 fails the import."""
+        ...
+
     def const(self, data: np.ndarray | float | int, dtype: str | None = None) -> g.Expr:
         ...
 

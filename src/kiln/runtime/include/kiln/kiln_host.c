@@ -324,6 +324,20 @@ static KILN_UNUSED int32_t kiln_host_dim_ok(const char* fn, int32_t status, int6
   return 0;
 }
 
+/* A size the model divides by (a Reshape's -1), computed into `status`: it must not be 0;
+   `why` names the node (docs/dynamic-shapes.md, "Zero sizes"). */
+static KILN_UNUSED int32_t kiln_host_dim_nonzero(const char* fn, int32_t status, int64_t value,
+    const char* text, const char* why) {
+  int32_t failed = kiln_host_dim_ok(fn, status, value, text);
+  if (failed != 0) {
+    return failed;
+  }
+  if (value == 0) {
+    return kiln_host_fail("%s: %s, which is 0 here (onnxruntime refuses it too)", fn, why);
+  }
+  return 0;
+}
+
 /* An integer (or bool) scalar argument, range-checked against its dtype. */
 static KILN_UNUSED int32_t kiln_host_int(int64_t* out, const char* fn, int32_t index,
     const char* param, KilnValue arg, int32_t type_code, int64_t lo, int64_t hi,
