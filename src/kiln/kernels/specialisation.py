@@ -185,10 +185,14 @@ def note_unselected(call: g.Call, isa: ISA, select: Any) -> None:
         _record(call, *found)
 
 
-def note_lowering(call: g.Call, lowering: Any, op: str | None = None) -> None:
+def note_lowering(call: g.Call, lowering: Any) -> None:
     """Record `call`, whose hand-built `lowering` declined it (generic loops instead),
-    when the lowering takes it with its variables pinned."""
-    found = _probe(call, lambda c: (op or c.op) if lowering.builds(c) else None)
+    when the lowering takes it with its variables pinned. A lowering that takes symbolic
+    sizes and claims `call` declined something else (a fused chain): not recorded, the
+    pinned build would decline it too."""
+    if lowering.supports_symbolic and lowering.builds(call):
+        return
+    found = _probe(call, lambda c: c.op if lowering.builds(c) else None)
     if found is not None:
         _record(call, *found)
 

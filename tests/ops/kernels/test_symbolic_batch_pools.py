@@ -57,3 +57,29 @@ def test_pools_over_a_symbolic_batch_take_the_window_kernel(kind: str, case: str
         got = np.asarray(exe["main"](x))
         assert got.shape == want.shape
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6, err_msg=str(batch))
+
+
+@pytest.mark.parametrize("kind", NATIVE_TARGETS)
+def test_blocked_pools_over_a_symbolic_batch_take_the_nchwc_kernel(kind: str) -> None:
+    """In the blocked layout (graph_pipeline="nchwc") a pool between convolutions is a
+    `pool2d_nchwc` (where the layout pass blocks the chain): its vector kernel loops
+    over the symbolic batch."""
+    gb = GraphBuilder(seed=9)
+    x = gb.input("x", ("batch", 8, 12, 12))
+    h = gb.op("Relu", gb.conv(x, 8, 16, 3))
+    h = gb.op("MaxPool", h, kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1])
+    gb.output(gb.op("Relu", gb.conv(h, 16, 16, 3)), typed=False)
+    model = gb.model(check=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", PerformanceWarning)
+        exe = kiln.compile(from_onnx(model), native_target(kind), graph_pipeline="nchwc")
+    pools = {f.attrs.get(ATTR_POOL_KERNEL) for f in exe.ir.functions.values()
+             if hasattr(f, "attrs")} - {None}
+    # the layout pass blocks this chain where the ISA's lanes pay (AVX-512 here); the
+    # pool is hand-built either way
+    assert pools in ({"pool2d_nchwc"}, {"max_pool2d"})
+    rng = np.random.default_rng(11)
+    for batch in (1, 3):
+        x_in = rng.standard_normal((batch, 8, 12, 12)).astype(np.float32)
+        [want] = onnxruntime_outputs(model, {"x": x_in})
+        np.testing.assert_allclose(np.asarray(exe["main"](x_in)), want, rtol=1e-4, atol=1e-4)

@@ -78,16 +78,16 @@ class WindowPoolLowering:
 
 @dataclass(frozen=True)
 class PoolNchwcLowering:
-    """`pool2d_nchwc`: float32 inputs of static shape take the vector kernel of
-    kiln.kernels.pool.nchwc."""
+    """`pool2d_nchwc`: float32 inputs of static shape (the batch may be symbolic) take
+    the vector kernel of kiln.kernels.pool.nchwc."""
 
     fuses_producers = False
-    supports_symbolic = False
+    supports_symbolic = True  # a symbolic batch: the kernel's outer loop
 
     def builds(self, call: g.Call) -> bool:
         x = call.args[0].type if call.args else None
         return (isinstance(x, TensorType) and x.ndim == 5 and x.dtype == "float32"
-                and is_static(tuple(x.shape)))
+                and is_static(tuple(x.shape[1:])))
 
     def lower_fused(self, params: Sequence[te.Tensor], args: Sequence[te.Tensor], attrs: Attrs,
                     anchor: te.Tensor | None, result: te.Tensor | None,
@@ -95,6 +95,7 @@ class PoolNchwcLowering:
         """The vector kernel (see `kiln.kernels.lowering.Lowering.lower_fused`)."""
         x = args[0]
         if x not in params or x.dtype != "float32" or len(x.shape) != 5 \
+                or not is_static(tuple(x.shape[1:])) \
                 or (result is not None and result.dtype != x.dtype):
             return None
         pool, rest = split_attrs(attrs)
