@@ -22,6 +22,11 @@ class PerformanceWarning(UserWarning):
     than kiln's tuned kernels; the message says which part and how to avoid it."""
 
 
+class GenericKernelWarning(PerformanceWarning):
+    """A kernel runs its generic loops only because a size is symbolic: with the size
+    pinned (the message gives the `shape_dict`), a hand-built kernel takes it."""
+
+
 class CallError(KilnError, RuntimeError):
     """A compiled function rejected its arguments or failed while running."""
 

@@ -67,12 +67,19 @@ GRAPH = Obj(required={"tensors": ListOf(GRAPH_TENSOR), "kernels": ListOf(Obj(
             optional={"workspace_bytes": SIZE}, extra=Anything())
 DEPENDENCY = Obj(optional={"short_name": Str(), "url": optional(Str()), "url_type": Str(),
                            "version_spec": Str()}, extra=Anything())
+# A kernel a symbolic size left on its generic loops (kiln.kernels.specialisation).
+GENERIC_KERNEL = Obj(required={"node": NAME, "op": Str(max_len=256), "kernel": Str(max_len=256),
+                               "hint": Str(max_len=NAME_MAX)},
+                     optional={"shapes": ListOf(Str(max_len=NAME_MAX), max_len=64),
+                               "pins": ListOf(Anything(), max_len=64)},
+                     extra=Anything())
 LIBRARY_METADATA = Obj(
     optional={"format": Str(max_len=64), "version": Int(0), "kiln_version": Str(max_len=64),
               "prefix": Str(max_len=256), "functions": MapOf(FUNCTION, NAME),
               "graphs": MapOf(GRAPH, NAME),
               "profile": Obj(optional={"sites": ListOf(Anything())}, extra=Anything()),
-              "external_dependencies": ListOf(DEPENDENCY)},
+              "external_dependencies": ListOf(DEPENDENCY),
+              "generic_kernels": ListOf(GENERIC_KERNEL)},
     extra=Anything())
 
 

@@ -225,6 +225,7 @@ def describe(path: str) -> dict[str, Any]:
         "external_dependencies": list(metadata.get("external_dependencies") or []),
         "profile_sites": len((metadata.get("profile") or {}).get("sites", [])),
         "tuning": metadata.get("tuning"),
+        "generic_kernels": list(metadata.get("generic_kernels") or []),
     }
 
 
@@ -264,6 +265,7 @@ def as_text(info: dict[str, Any]) -> str:
         for d in fn.get("dims", []):
             high = "" if d["max"] is None else f" <= {d['max']}"
             lines.append(f"    {'dim':<7}{d['name']:<12}{d['min']} <= {d['name']}{high}")
+    lines.extend(_generic_lines(info.get("generic_kernels") or []))
     lines.append("artifacts:")
     rows = [(a["codegen"], a["loader"], a["name"],
              f"{a['size']}" + (" (linked)" if a["linked"] else ""))
@@ -271,6 +273,19 @@ def as_text(info: dict[str, Any]) -> str:
     table = format_table(("codegen", "loader", "name", "size"), rows)
     lines.extend("  " + line for line in table.splitlines())
     return "\n".join(lines)
+
+
+def _generic_lines(found: list[dict[str, Any]]) -> list[str]:
+    """The block listing kernels a symbolic size left on their generic loops (the
+    library metadata's "generic_kernels", kiln.driver.generic_kernels), with each pin."""
+    if not found:
+        return []
+    lines = [f"generic kernels: {len(found)} run their generic loops because a size is "
+             "symbolic (pinned, a hand-built kernel takes them):"]
+    for e in found:
+        lines.append(f"  {e.get('node')!s:<16} {e.get('op')} of {', '.join(e.get('shapes') or [])}"
+                     f" -> {e.get('kernel')} with {e.get('hint')}")
+    return lines
 
 
 def cmd_inspect(path: str, artifact: str | None, fmt: str | None) -> str:

@@ -27,6 +27,7 @@ import argparse
 import os
 import sys
 import time
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
@@ -46,7 +47,7 @@ from kiln.cli.inspect import cmd_inspect, report_metadata
 from kiln.cli.inspect_onnx import inspect_onnx
 from kiln.cli.targets import normalize_argv
 from kiln.cli.tune import cmd_tune
-from kiln.errors import KilnError, UsageError, missing_dependency
+from kiln.errors import GenericKernelWarning, KilnError, UsageError, missing_dependency
 
 # Errors about the user's input or environment: one line on stderr, exit code 2.
 # Every kiln error is one (KilnError is their base); so are missing files.
@@ -91,6 +92,7 @@ def _cmd_compile(args: argparse.Namespace) -> int:
     from kiln.driver.progress import (
         CompileProgress,  # heavy: kept off the cli's startup (kiln --help)
     )
+    from kiln.artifact import generic_kernels  # lazy: kept off the cli's startup (kiln --help)
     from kiln.frontend import from_onnx  # heavy: kept off the cli's startup (kiln --help)
     from kiln.target.describe import summarize  # heavy: kept off the cli's startup (kiln --help)
     from kiln.transform import PassContext  # heavy: kept off the cli's startup (kiln --help)
@@ -114,7 +116,9 @@ def _cmd_compile(args: argparse.Namespace) -> int:
         instruments: list[PassInstrument] = [timing] if args.timings else []
         if progress.enabled:
             instruments.append(progress)
-        with PassContext(instruments=instruments):
+        with PassContext(instruments=instruments), warnings.catch_warnings():
+            # printed below as a block, after the line saying where the library went
+            warnings.simplefilter("ignore", GenericKernelWarning)
             ex = kiln.compile(mod, target, system_lib_prefix=args.prefix, profile=args.profile,
                               tuning=args.tuning,
                               max_loop_iterations=args.max_loop_iterations)
@@ -131,6 +135,9 @@ def _cmd_compile(args: argparse.Namespace) -> int:
                 ex.export_library(args.output, cc=args.cc)
     print(f"compiled {args.model} for {summarize(target)} -> {args.output} "
           f"in {time.perf_counter() - t0:.2f} s")
+    generic = ex.metadata.get(generic_kernels.METADATA_KEY)
+    if generic:
+        print("warning: " + generic_kernels.report(generic))
     if args.timings:
         print(timing.report())
     return 0

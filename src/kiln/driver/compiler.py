@@ -32,7 +32,7 @@ from kiln.artifact.integrity import CHUNK_SIZE
 from kiln.codegen.constants import ConstantPool
 from kiln.codegen.naming import DEFAULT_PREFIX, check_prefix, library_metadata
 from kiln.codegen.registry import graph_signature, resolve_target
-from kiln.driver import cache
+from kiln.driver import cache, generic_kernels
 from kiln.driver.executable import Executable
 from kiln.driver.fingerprint import module_fingerprint
 from kiln.errors import ArgumentTypeError, CompileError, IRError, UsageError
@@ -121,7 +121,8 @@ def compile(
     session = _tuning_session(tuning, tgt, mod)
     # no database: leave a session of the caller's (kiln tune's) in place
     with using(session) if session is not None else contextlib.nullcontext():
-        mod = _pipelines(mod, tgt, graph_pipeline, tensor_pipeline)
+        mod, generic = generic_kernels.recorded(
+            mod, lambda m: _pipelines(m, tgt, graph_pipeline, tensor_pipeline))
     codegen_name, codegen_fn = codegen.codegen_for(tgt)
     if profile and not profile_sites(mod):  # else the tensor pipeline named the pass
         mod = _instrument(mod, codegen_name)
@@ -131,6 +132,7 @@ def compile(
     metadata = executable_metadata(built, prefix)
     if session is not None:
         _note_tuning(metadata, session, tgt)
+    generic_kernels.note(metadata, generic)
     artifacts = None
     with timed_step("constants"):
         pool = ConstantPool.from_module(mod)

@@ -16,6 +16,7 @@ from kiln.ir import graph as g
 from kiln.ir.shape_expr import is_static
 from kiln.ir.tensor import PrimFunc
 from kiln.ir.types import TensorType
+from kiln.kernels import specialisation
 from kiln.ops import te
 from kiln.ops.registry import get_op
 from kiln.target.isa import ISA
@@ -124,4 +125,6 @@ def legalize_call(call: g.Call, lowering: Lowering, isa: ISA) -> tuple[PrimFunc,
         prim = lowering.lower_fused(inputs, inputs, call.attrs, None, None, opdef.name, isa)
         if prim is not None:
             return prim, opdef.name
+    if specialisation.active():
+        specialisation.note_lowering(call, lowering)
     return opdef.legalize(call)

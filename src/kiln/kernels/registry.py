@@ -21,6 +21,7 @@ from kiln.errors import IRError
 from kiln.ir import graph as g
 from kiln.ir.tensor import PrimFunc
 from kiln.ir.types import TensorType, TupleType
+from kiln.kernels import specialisation
 from kiln.kernels.gemm.knobs import k_blocking, k_unrolling
 from kiln.kernels.tiles import PARALLEL_SPLITS, parallel_split, tile_registers
 from kiln.target.isa import ISA
@@ -131,6 +132,13 @@ def select(call: g.Call, isa: ISA) -> KernelFamily | None:
     expressions, whose loops run zero times: the families' tiles assume elements."""
     if any(_empty(t) for t in (*(a.type for a in call.args), call.type)):
         return None
+    family = _first(call, isa)
+    if family is None and specialisation.active():
+        specialisation.note_unselected(call, isa, _first)
+    return family
+
+
+def _first(call: g.Call, isa: ISA) -> KernelFamily | None:
     for family in families():
         if call.op in family.sources and family.applies(call, isa):
             return family

@@ -248,10 +248,12 @@ def _build_tree(root: LibraryModule, contents: BlobContents) -> None:
     root.artifacts = [*contents.module_artifacts(0), *inspect_only]
     if not root.metadata:
         root.metadata = dict(contents.metadata)
-    elif "external_dependencies" in contents.metadata:
-        # Known only after code generation: the blob's metadata carries them.
-        root.metadata.setdefault("external_dependencies",
-                                 contents.metadata["external_dependencies"])
+    else:
+        # Known only after code generation (the dependencies) or after the passes (the
+        # kernels a symbolic size left generic): the blob's metadata carries them.
+        for key in ("external_dependencies", "generic_kernels"):
+            if key in contents.metadata:
+                root.metadata.setdefault(key, contents.metadata[key])
 
     loaded: dict[int, Module] = {0: root}
     ctx: LoadContext | None = None

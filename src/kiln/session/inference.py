@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -11,8 +12,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 import kiln
+from kiln.artifact import generic_kernels
 from kiln.driver import cache
-from kiln.errors import ArgumentTypeError, CallError, UsageError, shown
+from kiln.errors import ArgumentTypeError, CallError, GenericKernelWarning, UsageError, shown
 from kiln.runtime import Module, load_module
 from kiln.runtime.abi import numpy_dtype
 from kiln.runtime.terminate import TerminateFlag
@@ -64,7 +66,11 @@ class InferenceSession:
         self._meta = ModelMetadata()
         self.cache_hit = False  # kiln's own: the library came from the compile cache
         threads = _thread_count(self._options)
+        self._generic: list[dict[str, Any]] = []
         self._function = self._open(path_or_library, threads)
+        if self._generic:  # once per session, naming the caller's line
+            warnings.warn(generic_kernels.report(self._generic), GenericKernelWarning,
+                          stacklevel=2)
         self._inputs = [NodeArg.of(p) for p in self._function.params]
         self._outputs = [NodeArg.of(r) for r in self._function.results]
         self._output_index = {o.name: i for i, o in enumerate(self._outputs)}
@@ -72,7 +78,11 @@ class InferenceSession:
     # ------------------------------------------------------------ loading
     def _open(self, source: Any, threads: int) -> PackedFunction:
         _check_loop_limit(self._options, source)
-        module = self._module(source, threads)
+        with warnings.catch_warnings():  # the session warns once, from the metadata
+            warnings.simplefilter("ignore", GenericKernelWarning)
+            module = self._module(source, threads)
+        metadata = getattr(module, "metadata", None) or {}
+        self._generic = list(metadata.get(generic_kernels.METADATA_KEY) or [])
         if threads and hasattr(module, "set_num_threads"):
             module.set_num_threads(threads)  # this library only, from its next call
         return _entry(module)
@@ -128,6 +138,13 @@ class InferenceSession:
         return kiln.compile(model, "host", **start.compile_arguments(self._options)).jit()
 
     # ------------------------------------------------------------ describing
+    @property
+    def generic_kernels(self) -> list[dict[str, Any]]:
+        """The kernels a symbolic size left on their generic loops, each with the node,
+        the op, the kernel that takes it pinned and the `shape_dict` pin ("hint"); empty
+        when every kernel is hand-built (docs/dynamic-shapes.md)."""
+        return [dict(e) for e in self._generic]
+
     def get_inputs(self) -> list[NodeArg]:
         """The model's inputs: name, shape (symbolic dimensions by name), type."""
         return list(self._inputs)

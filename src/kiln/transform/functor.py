@@ -12,6 +12,7 @@ from collections.abc import Callable
 import numpy as np
 
 from kiln.ir import graph as g
+from kiln.kernels.specialisation import naming
 
 
 def rewrite_calls(fn: g.Function, rewrite: Callable[[g.Call], g.Expr | None]) -> g.Function:
@@ -20,7 +21,11 @@ def rewrite_calls(fn: g.Function, rewrite: Callable[[g.Call], g.Expr | None]) ->
     bindings: list[g.Binding] = []
     changed = False
     for b in fn.bindings:
-        new = rewrite(b.value) if isinstance(b.value, g.Call) else None
+        if isinstance(b.value, g.Call):
+            with naming(b.var.name):  # a generic kernel is reported by the value's name
+                new = rewrite(b.value)
+        else:
+            new = None
         if new is None:
             bindings.append(b)
         else:

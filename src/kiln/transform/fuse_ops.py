@@ -36,6 +36,7 @@ from kiln.ir.module import BaseFunc, IRModule
 from kiln.ir.shape_expr import is_static, shapes_equal
 from kiln.ir.tensor import PrimFunc
 from kiln.ir.types import TensorType
+from kiln.kernels import specialisation
 from kiln.kernels.lowering import lowering_for
 from kiln.ops import get_op, te
 from kiln.target.isa import ISA
@@ -273,6 +274,9 @@ def _lower_group(group: list[g.Binding], externals: list[g.Expr], inside: dict[i
                                      values[-1], name, isa)
         if fused is not None:  # hand-built kernels may leave the dim scalars to us
             return te.with_dim_params(fused).with_attrs(**{ATTR_PRIVATE: True})
+    if lowering is not None and not static and specialisation.active():
+        with specialisation.naming(group[k].var.name):
+            specialisation.note_lowering(first, lowering)
     prim: PrimFunc = te.lower(placeholders, [values[-1]], name)
     return prim.with_attrs(**{ATTR_PRIVATE: True})
 

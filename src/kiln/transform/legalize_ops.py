@@ -28,6 +28,7 @@ from kiln.ir.tensor import Buffer, PrimFunc, SeqStmt
 from kiln.ir.types import TensorType
 from kiln.ir.visitor import GraphMutator
 from kiln.kernels.lowering import legalize_call, lowering_for
+from kiln.kernels.specialisation import naming
 from kiln.ops import get_op
 from kiln.ops.te import with_dim_params
 from kiln.transform.kernel_isa import kernel_isa
@@ -162,6 +163,10 @@ class _Legalizer(GraphMutator):
 
     def __init__(self, state: _State) -> None:
         self.state = state
+
+    def visit_binding(self, b: g.Binding) -> g.Binding | list[g.Binding] | None:
+        with naming(b.var.name):  # a generic kernel is reported by the value's name
+            return super().visit_binding(b)
 
     def visit_call(self, e: g.Call) -> g.Expr:
         call = super().visit_call(e)

@@ -25,12 +25,13 @@ Attrs = Mapping[str, Any]
 
 
 def window_geometry(shape: Sequence[Any], attrs: Attrs) -> pk.PoolGeometry:
-    """The checked window of a 2-D pool (its attributes `attrs`) on a static NCHW input
-    of `shape`."""
+    """The checked window of a 2-D pool (its attributes `attrs`) on an NCHW input of
+    `shape` (static but for, perhaps, the batch)."""
     win = Window(shape, attrs)
     pair = tuple[int, int]
+    n = shape[0] if not isinstance(shape[0], int) else int(shape[0])
     return pk.PoolGeometry(
-        cast(tuple[int, int, int, int], tuple(int(d) for d in shape)),
+        cast(tuple[int, int, int, int], (n, *(int(d) for d in shape[1:]))),
         cast(pair, win.kernel), cast(pair, win.strides),
         cast(pair, win.dilations), cast(pair, win.begins), cast(pair, win.ends),
         cast(pair, tuple(int(d) for d in win.out)))
@@ -39,9 +40,9 @@ def window_geometry(shape: Sequence[Any], attrs: Attrs) -> pk.PoolGeometry:
 @dataclass(frozen=True)
 class WindowPoolLowering:
     """`max_pool2d` / `avg_pool2d` (`kind` "max" or "avg"): NCHW inputs of static shape
-    (float32; a max also int8 and uint8), or of a symbolic image size, take the
-    hand-built window kernel (kiln.kernels.pool.window); the tensor-expression
-    definition stays the fallback."""
+    (float32; a max also int8 and uint8; the batch may be symbolic), or of a symbolic
+    image size, take the hand-built window kernel (kiln.kernels.pool.window); the
+    tensor-expression definition stays the fallback."""
 
     kind: str
 
@@ -54,7 +55,7 @@ class WindowPoolLowering:
 
     def builds(self, call: g.Call) -> bool:
         return bool(call.args) and (
-            pk.static_4d(call.args[0].type, self.dtypes())
+            pk.static_image_4d(call.args[0].type, self.dtypes())
             or pk.symbolic_image_pool(self.kind, call.args[0].type, call.attrs) is not None)
 
     def lower_fused(self, params: Sequence[te.Tensor], args: Sequence[te.Tensor], attrs: Attrs,
@@ -63,7 +64,7 @@ class WindowPoolLowering:
         x = args[0]
         if x not in params or (result is not None and result.dtype != x.dtype):
             return None
-        if not pk.static_4d(x, self.dtypes()):
+        if not pk.static_image_4d(x, self.dtypes()):
             shape = pk.symbolic_image_pool(self.kind, x, attrs)
             return None if shape is None else pk.symbolic_pool_kernel(
                 self.kind, shape, bool(attrs.get("count_include_pad", False)), params, x,
@@ -77,16 +78,16 @@ class WindowPoolLowering:
 
 @dataclass(frozen=True)
 class PoolNchwcLowering:
-    """`pool2d_nchwc`: float32 inputs of static shape take the vector kernel of
-    kiln.kernels.pool.nchwc."""
+    """`pool2d_nchwc`: float32 inputs of static shape (the batch may be symbolic) take
+    the vector kernel of kiln.kernels.pool.nchwc."""
 
     fuses_producers = False
-    supports_symbolic = False
+    supports_symbolic = True  # a symbolic batch: the kernel's outer loop
 
     def builds(self, call: g.Call) -> bool:
         x = call.args[0].type if call.args else None
         return (isinstance(x, TensorType) and x.ndim == 5 and x.dtype == "float32"
-                and is_static(tuple(x.shape)))
+                and is_static(tuple(x.shape[1:])))
 
     def lower_fused(self, params: Sequence[te.Tensor], args: Sequence[te.Tensor], attrs: Attrs,
                     anchor: te.Tensor | None, result: te.Tensor | None,
@@ -94,6 +95,7 @@ class PoolNchwcLowering:
         """The vector kernel (see `kiln.kernels.lowering.Lowering.lower_fused`)."""
         x = args[0]
         if x not in params or x.dtype != "float32" or len(x.shape) != 5 \
+                or not is_static(tuple(x.shape[1:])) \
                 or (result is not None and result.dtype != x.dtype):
             return None
         pool, rest = split_attrs(attrs)

@@ -63,7 +63,9 @@ def pool_nchwc_body(kind: str, geometry: PoolGeometry, include_pad: bool, x: Buf
     window on the channel-merged NCHW input (kiln.ops.pool_nchwc). `scan`: a max scanned
     from each window's first element inside the input (kiln.ops.pool's
     `scans_from_first`: from -inf, a leading NaN kept)."""
-    batch, blocks, h, w, block = (int(d) for d in x.shape)
+    # the batch may be symbolic: the outer loop's extent, the rest planned as pinned
+    batch = x.shape[0] if not isinstance(x.shape[0], int) else int(x.shape[0])
+    blocks, h, w, block = (int(d) for d in x.shape[1:])
     (kh, kw), (sh, sw), (dh, dw) = geometry.kernel, geometry.strides, geometry.dilations
     top, left = geometry.begins
     out_h, out_w = geometry.out

@@ -169,6 +169,15 @@ def static_4d(t: Any, dtypes: Sequence[str]) -> bool:
             and all(isinstance(d, int) for d in shape))
 
 
+def static_image_4d(t: Any, dtypes: Sequence[str]) -> bool:
+    """Whether `t` (a type or te tensor) is an NCHW tensor of one of `dtypes` whose
+    channels and image size are static (the batch may be symbolic: the window kernel's
+    outer loop runs over it at run time, the rows inside planned as for a pinned one)."""
+    shape = tuple(getattr(t, "shape", ()))
+    return (getattr(t, "dtype", None) in dtypes and len(shape) == 4
+            and all(isinstance(d, int) for d in shape[1:]))
+
+
 def symbolic_image_pool(kind: str, t: Any, attrs: Any) -> ck.ConvShape | None:
     """The window of a `kind` ("max" or "avg") pool over `t` (a type or te tensor: NCHW,
     static channels, symbolic height or width; a max of one of `MAX_DTYPES`, an average
