@@ -89,10 +89,10 @@ def _model_file(path: str) -> None:
 
 
 def _cmd_compile(args: argparse.Namespace) -> int:
+    from kiln.artifact import generic_kernels  # lazy: kept off the cli's startup (kiln --help)
     from kiln.driver.progress import (
         CompileProgress,  # heavy: kept off the cli's startup (kiln --help)
     )
-    from kiln.artifact import generic_kernels  # lazy: kept off the cli's startup (kiln --help)
     from kiln.frontend import from_onnx  # heavy: kept off the cli's startup (kiln --help)
     from kiln.target.describe import summarize  # heavy: kept off the cli's startup (kiln --help)
     from kiln.transform import PassContext  # heavy: kept off the cli's startup (kiln --help)
