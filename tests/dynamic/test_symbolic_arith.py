@@ -21,10 +21,19 @@ from kiln.errors import FrontendError
 from kiln.frontend.onnx import from_onnx
 from kiln.ir import polynomial
 from kiln.ir.pin_hint import pin_hint
-from kiln.ir.shape_expr import dim_text, dim_var, dims_equal, eval_dim, exact_div, simplify_dim
+from kiln.ir.shape_expr import (
+    dim_text,
+    dim_var,
+    dims_equal,
+    eval_dim,
+    exact_div,
+    scaled_form,
+    simplify_dim,
+)
 from kiln.ir.tensor import BinaryOp, as_expr
 from kiln.ops.manip import reshape_groups
 from kiln.ops.reshape_dims import fill_rest
+from kiln.transform.memory_plan import plan_symbolic
 
 B, S, P = dim_var("batch"), dim_var("seq"), dim_var("past")
 SAMPLES = [dict(zip(("batch", "seq", "past"), v))
@@ -166,3 +175,19 @@ def test_a_size_that_is_no_multiple_is_refused_naming_the_node_and_a_pin() -> No
                            "symbolic dimensions; "), text
     assert text.endswith(pin_hint(["batch", "seq"])), text
     from_onnx(model, shape_dict={"batch": 1, "seq": 128})   # and the pin works
+
+
+def test_sizes_of_a_cache_are_one_class_of_the_memory_plan() -> None:
+    # keys [batch, 12, past + seq, 64] and the scores' rows: multiples of one polynomial,
+    # planned as the static plan of their multiples scaled by it
+    keys = B * 12 * (P + S) * 64 * 4
+    assert scaled_form(keys) is not None
+    assert scaled_form(keys)[0] == 3072 and dim_text(scaled_form(keys)[1]) == \
+        "batch*past + batch*seq"
+    assert scaled_form(B * S - S) is None and scaled_form(7) is None
+    blocks = [("k", keys, 0, 1), ("v", keys, 0, 2), ("k2", keys * 2, 2, 3)]
+    offsets, total = plan_symbolic(blocks, 0)
+    env = {"batch": 2, "past": 3, "seq": 5}
+    assert eval_dim(total, env) == 2 * eval_dim(keys, env) + eval_dim(keys * 2, env) - \
+        eval_dim(keys, env)   # k2 reuses k's bytes once k is dead
+    assert eval_dim(offsets["k2"], env) != eval_dim(offsets["v"], env)
