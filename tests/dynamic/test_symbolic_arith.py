@@ -1,10 +1,12 @@
 """The symbolic arithmetic exporters rely on (issue 59): exact division of polynomial
 sizes (kiln.ir.polynomial.divide), used by the canonical form's floor division and
-remainder and by `exact_div`, checked against integer evaluation; and the exporters'
-patterns it lets through, each compiled once with every axis symbolic and run against
-onnxruntime at three sizes: a Range whose length is `batch*seq // batch` (the dynamo
-exporter's position ids), a Reshape to `[-1, past + seq, 64]` (its attention over a
-key/value cache), and a size that is no multiple, refused naming the node and a pin."""
+remainder and by `exact_div`, checked against integer evaluation; the memory plan's
+classes of multiples of one polynomial (a cache's `batch*(past + seq)`); and the
+exporters' patterns it lets through, each compiled once with every axis symbolic and
+run against onnxruntime at three sizes: a Range whose length is `batch*seq // batch`
+(the dynamo exporter's position ids) and a Reshape to `[-1, past + seq, 4]` (its
+attention over a key/value cache). What stays unproven is refused naming the node and
+the fewest variables whose pin fixes it (kiln.ir.pin_hint)."""
 
 from __future__ import annotations
 
@@ -20,7 +22,7 @@ from symbolic_check import Feeds, check_vs_onnxruntime, const, f32, onnx_model
 from kiln.errors import FrontendError
 from kiln.frontend.onnx import from_onnx
 from kiln.ir import polynomial
-from kiln.ir.pin_hint import pin_hint
+from kiln.ir.pin_hint import pin_hint, pin_hint_where
 from kiln.ir.shape_expr import (
     dim_text,
     dim_var,
@@ -29,6 +31,7 @@ from kiln.ir.shape_expr import (
     exact_div,
     scaled_form,
     simplify_dim,
+    substitute,
 )
 from kiln.ir.tensor import BinaryOp, as_expr
 from kiln.ops.manip import reshape_groups
@@ -210,3 +213,16 @@ def test_sizes_an_operator_needs_equal_name_the_variables_that_differ() -> None:
     assert text.startswith("node 'weigh' (MatMul): matmul: inner dimensions differ"), text
     assert "kiln cannot prove p + s == q + s for every value of the symbolic dimensions; " \
         f"{pin_hint(['p', 'q'])}" in text, text
+
+
+def test_the_pin_hint_names_the_fewest_variables_that_fix_a_size() -> None:
+    # `batch*seq*3` viewed with a -1 beside a 2: pinning batch to 1 leaves seq*3, no
+    # multiple of 2; pinning seq to 128 alone makes it one
+    count, known = B * S * 3, 2
+
+    def holds(pins: Mapping[str, int]) -> bool:
+        return exact_div(substitute(count, pins), substitute(known, pins)) is not None
+
+    assert pin_hint_where(holds, ["batch", "seq"]) == pin_hint(["seq"])
+    assert pin_hint_where(lambda pins: False, ["seq", "batch"]) == pin_hint(["batch", "seq"])
+    assert dim_text(substitute(B * S + P, {"batch": 1, "past": 4})) == "seq + 4"
