@@ -1,7 +1,6 @@
 """The symbolic arithmetic exporters rely on (issue 59): exact division of polynomial
 sizes (kiln.ir.polynomial.divide), used by the canonical form's floor division and
-remainder and by `exact_div`, checked against integer evaluation; the memory plan's
-classes of multiples of one polynomial (a cache's `batch*(past + seq)`); and the
+remainder and by `exact_div`, checked against integer evaluation; and the
 exporters' patterns it lets through, each compiled once with every axis symbolic and
 run against onnxruntime at three sizes: a Range whose length is `batch*seq // batch`
 (the dynamo exporter's position ids) and a Reshape to `[-1, past + seq, 4]` (its
@@ -29,14 +28,12 @@ from kiln.ir.shape_expr import (
     dims_equal,
     eval_dim,
     exact_div,
-    scaled_form,
     simplify_dim,
     substitute,
 )
 from kiln.ir.tensor import BinaryOp, as_expr
 from kiln.ops.manip import reshape_groups
 from kiln.ops.reshape_dims import fill_rest
-from kiln.transform.memory_plan import plan_symbolic
 
 B, S, P = dim_var("batch"), dim_var("seq"), dim_var("past")
 SAMPLES = [dict(zip(("batch", "seq", "past"), v))
@@ -179,22 +176,6 @@ def test_a_size_that_is_no_multiple_is_refused_naming_the_node_and_a_pin() -> No
     # the fewest variables whose pin makes it a multiple, and the pin works
     assert text.endswith(pin_hint(["seq"])), text
     from_onnx(model, shape_dict={"seq": 128})
-
-
-def test_sizes_of_a_cache_are_one_class_of_the_memory_plan() -> None:
-    # keys [batch, 12, past + seq, 64] and the scores' rows: multiples of one polynomial,
-    # planned as the static plan of their multiples scaled by it
-    keys = B * 12 * (P + S) * 64 * 4
-    assert scaled_form(keys) is not None
-    assert scaled_form(keys)[0] == 3072 and dim_text(scaled_form(keys)[1]) == \
-        "batch*past + batch*seq"
-    assert scaled_form(B * S - S) is None and scaled_form(7) is None
-    blocks = [("k", keys, 0, 1), ("v", keys, 0, 2), ("k2", keys * 2, 2, 3)]
-    offsets, total = plan_symbolic(blocks, 0)
-    env = {"batch": 2, "past": 3, "seq": 5}
-    assert eval_dim(total, env) == 2 * eval_dim(keys, env) + eval_dim(keys * 2, env) - \
-        eval_dim(keys, env)   # k2 reuses k's bytes once k is dead
-    assert eval_dim(offsets["k2"], env) != eval_dim(offsets["v"], env)
 
 
 def test_sizes_an_operator_needs_equal_name_the_variables_that_differ() -> None:

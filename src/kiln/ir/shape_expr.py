@@ -18,7 +18,6 @@ is 0.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -225,22 +224,6 @@ def monomial(d: Dim) -> tuple[int, Dim] | None:
     if not mono or coeff <= 0 or any(key[0] != "var" for key, _ in mono):
         return None
     return coeff, c.expr({mono: 1})
-
-
-def scaled_form(d: Dim) -> tuple[int, Dim] | None:
-    """`(c, g)` when `d` is `c * g` for a positive int `c` (the gcd of the coefficients)
-    and a polynomial `g` over dimension variables with positive coefficients, not a
-    constant (`batch*seq*256` -> `(256, batch*seq)`, `batch*past*3072 + batch*seq*3072`
-    -> `(3072, batch*past + batch*seq)`), else None. `g` is never negative, since sizes
-    are not: blocks of sizes `c_i * g` laid out by a plan of the `c_i` scaled by `g`
-    never overlap, whatever `g` is (the memory planner's classes)."""
-    c = _Canon()
-    p = c.poly(d)
-    if polynomial.constant(p) is not None or any(
-            coeff <= 0 or any(key[0] != "var" for key, _ in mono) for mono, coeff in p.items()):
-        return None
-    content = math.gcd(*p.values())
-    return content, c.expr({mono: coeff // content for mono, coeff in p.items()})
 
 
 def dim_terms(d: Dim) -> tuple[Dim, ...] | None:

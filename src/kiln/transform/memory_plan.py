@@ -27,7 +27,7 @@ from kiln.ir.shape_expr import (
     dim_text,
     dim_vars,
     eval_dim,
-    scaled_form,
+    monomial,
     simplify_dim,
 )
 from kiln.ir.tensor import BinaryOp, as_expr
@@ -214,8 +214,8 @@ def plan_symbolic(blocks: Sequence[tuple[Hashable, Dim, int, int]], base: int, *
     """Offsets of blocks whose sizes are expressions of dimension variables, and the end.
 
     `blocks` are `(key, size, start, end)` (live range as for `Block`), placed from byte
-    `base` on (after the static plan). Blocks whose sizes are multiples of one polynomial
-    of variables (`scaled_form`) get the static plan of the multiples, scaled by it. The
+    `base` on (after the static plan). Blocks whose sizes are multiples of one product
+    of variables get the static plan of the multiples, scaled by the product. The
     others are taken in definition order: each joins a slot no block of which is
     still live, preferring one at least as large for every value of the variables
     (`dim_at_least`), else the one it grows least at typical sizes, else a new slot.
@@ -224,14 +224,13 @@ def plan_symbolic(blocks: Sequence[tuple[Hashable, Dim, int, int]], base: int, *
     """
     offset: Dim = align_up(base, alignment)
     offsets: dict[Hashable, Dim] = {}
-    # Blocks whose sizes are multiples of one polynomial (every value of a CNN with a
-    # symbolic batch; the `batch*seq` rows of a transformer; the `batch*(past + seq)`
-    # keys of a cache): the static plan of their multiples, scaled by the polynomial,
-    # holds for every value of it (scaled_form).
+    # Blocks whose sizes are multiples of one product of variables (every value of a
+    # CNN with a symbolic batch; the `batch*seq` rows of a transformer): the static
+    # plan of their multiples, scaled by the product, holds for every value of it.
     classes: dict[str, list[tuple[Hashable, int, int, int, Dim]]] = {}
     rest = []
     for key, size, start, end in blocks:
-        factored = scaled_form(size)
+        factored = monomial(size)
         if factored is None:
             rest.append((key, size, start, end))
         else:
