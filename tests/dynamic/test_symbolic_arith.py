@@ -1,10 +1,11 @@
 """The symbolic arithmetic exporters rely on (issue 59): exact division of polynomial
 sizes (kiln.ir.polynomial.divide), used by the canonical form's floor division and
-remainder and by `exact_div`, checked against integer evaluation; and the exporters'
-patterns it lets through, each compiled once with every axis symbolic and run against
-onnxruntime at three sizes: a Range whose length is `batch*seq // batch` (the dynamo
-exporter's position ids), a Reshape to `[-1, past + seq, 64]` (its attention over a
-key/value cache), and a size that is no multiple, refused naming the node and a pin."""
+remainder and by `exact_div`, checked against integer evaluation; and the
+exporters' patterns it lets through, each compiled once with every axis symbolic and
+run against onnxruntime at three sizes: a Range whose length is `batch*seq // batch`
+(the dynamo exporter's position ids) and a Reshape to `[-1, past + seq, 4]` (its
+attention over a key/value cache). What stays unproven is refused naming the node and
+the fewest variables whose pin fixes it (kiln.ir.pin_hint)."""
 
 from __future__ import annotations
 
@@ -20,8 +21,16 @@ from symbolic_check import Feeds, check_vs_onnxruntime, const, f32, onnx_model
 from kiln.errors import FrontendError
 from kiln.frontend.onnx import from_onnx
 from kiln.ir import polynomial
-from kiln.ir.pin_hint import pin_hint
-from kiln.ir.shape_expr import dim_text, dim_var, dims_equal, eval_dim, exact_div, simplify_dim
+from kiln.ir.pin_hint import pin_hint, pin_hint_where
+from kiln.ir.shape_expr import (
+    dim_text,
+    dim_var,
+    dims_equal,
+    eval_dim,
+    exact_div,
+    simplify_dim,
+    substitute,
+)
 from kiln.ir.tensor import BinaryOp, as_expr
 from kiln.ops.manip import reshape_groups
 from kiln.ops.reshape_dims import fill_rest
@@ -164,5 +173,37 @@ def test_a_size_that_is_no_multiple_is_refused_naming_the_node_and_a_pin() -> No
     assert text.startswith("node 'view_it' (Reshape): reshape: cannot view [batch, seq, 3] as "
                            "[-1, 2]: batch*seq*3 is not a multiple of 2 for every value of the "
                            "symbolic dimensions; "), text
-    assert text.endswith(pin_hint(["batch", "seq"])), text
-    from_onnx(model, shape_dict={"batch": 1, "seq": 128})   # and the pin works
+    # the fewest variables whose pin makes it a multiple, and the pin works
+    assert text.endswith(pin_hint(["seq"])), text
+    from_onnx(model, shape_dict={"seq": 128})
+
+
+def test_sizes_an_operator_needs_equal_name_the_variables_that_differ() -> None:
+    # An export that named the past keys' and values' lengths apart (torch's Dim.DYNAMIC):
+    # the scores [.., s, p + s] times the values [.., q + s, 4]; pinning p and q (alike)
+    # makes the sizes equal, so the hint names those two and not s.
+    nodes = [node("Concat", ["past_scores", "new_scores"], ["scores"], axis=3),
+             node("Concat", ["past_v", "v"], ["values"], axis=2),
+             node("MatMul", ["scores", "values"], ["o"], name="weigh")]
+    model = onnx_model(nodes, [f32("past_scores", ["b", 2, "s", "p"]),
+                               f32("new_scores", ["b", 2, "s", "s"]),
+                               f32("past_v", ["b", 2, "q", 4]), f32("v", ["b", 2, "s", 4])])
+    with pytest.raises(FrontendError) as info:
+        from_onnx(model)
+    text = str(info.value)
+    assert text.startswith("node 'weigh' (MatMul): matmul: inner dimensions differ"), text
+    assert "kiln cannot prove p + s == q + s for every value of the symbolic dimensions; " \
+        f"{pin_hint(['p', 'q'])}" in text, text
+
+
+def test_the_pin_hint_names_the_fewest_variables_that_fix_a_size() -> None:
+    # `batch*seq*3` viewed with a -1 beside a 2: pinning batch to 1 leaves seq*3, no
+    # multiple of 2; pinning seq to 128 alone makes it one
+    count, known = B * S * 3, 2
+
+    def holds(pins: Mapping[str, int]) -> bool:
+        return exact_div(substitute(count, pins), substitute(known, pins)) is not None
+
+    assert pin_hint_where(holds, ["batch", "seq"]) == pin_hint(["seq"])
+    assert pin_hint_where(lambda pins: False, ["seq", "batch"]) == pin_hint(["batch", "seq"])
+    assert dim_text(substitute(B * S + P, {"batch": 1, "past": 4})) == "seq + 4"

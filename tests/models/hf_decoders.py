@@ -206,31 +206,52 @@ def whisper_decoder(layers: int | None = None, vocab: int | None = None) -> Deco
                    ("last_hidden_state",))
 
 
-def llama(layers: int | None = None, vocab: int | None = None) -> Decoder:
+def llama(layers: int | None = None, vocab: int | None = None, past: bool = False,
+          width: tuple[int, int, int] | None = None, eager: bool = True) -> Decoder:
     """A Llama-architecture causal LM from a small configuration (hidden 256, FFN 512,
     2 layers, 8 query heads over 2 key/value heads: rotary embeddings, RMSNorm,
-    grouped-query attention), with `input_ids` and `attention_mask` `[batch, seq]`."""
+    grouped-query attention), with `input_ids` and `attention_mask` `[batch, seq]`.
+
+    With `past=True` the inputs are `input_ids` and each layer's
+    `past_key_i`/`past_value_i` `[batch, kv_heads, past_seq, head_dim]` (the rotary
+    positions start at `past_seq`), and the model also returns the present key/values.
+    `width=(hidden, heads, kv_heads)` overrides (256, 8, 2) (the FFN is twice the
+    hidden size); `eager=False` keeps transformers' default attention (SDPA)."""
     import torch
     import transformers
 
-    config = _eager(transformers.LlamaConfig(
-        vocab_size=32000, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
-        num_attention_heads=8, num_key_value_heads=2, max_position_embeddings=2048))
+    hidden, heads, kv_heads = width or (256, 8, 2)
+    config = transformers.LlamaConfig(
+        vocab_size=32000, hidden_size=hidden, intermediate_size=2 * hidden,
+        num_hidden_layers=2, num_attention_heads=heads, num_key_value_heads=kv_heads,
+        max_position_embeddings=2048)
+    if eager:
+        _eager(config)
     if layers is not None:
         config.num_hidden_layers = layers
     _set_vocab(config, vocab)
+    n_layer = config.num_hidden_layers
 
-    def call(model: Any, input_ids: Any, attention_mask: Any) -> Any:
+    def no_cache(model: Any, input_ids: Any, attention_mask: Any) -> Any:
         return model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits
+
+    def with_cache(model: Any, input_ids: Any, *past: Any) -> Any:
+        out = model(input_ids=input_ids, past_key_values=_cache(past, n_layer), use_cache=True)
+        return (out.logits, *_flat_cache(out.past_key_values))
 
     def build() -> Any:
         torch.manual_seed(0)
-        return _wrapped(transformers.LlamaForCausalLM(config).eval(), call)
+        return _wrapped(transformers.LlamaForCausalLM(config).eval(),
+                        with_cache if past else no_cache)
 
-    return Decoder("llama", build,
-                   (Input("input_ids", ("batch", "seq"), "ids", config.vocab_size),
-                    Input("attention_mask", ("batch", "seq"), "mask")),
-                   ("logits",))
+    ids = Input("input_ids", ("batch", "seq"), "ids", config.vocab_size)
+    if not past:
+        return Decoder("llama", build, (ids, Input("attention_mask", ("batch", "seq"), "mask")),
+                       ("logits",))
+    kv = tuple(Input(f"past_{kind}_{i}", ("batch", kv_heads, "past_seq", hidden // heads),
+                     "float") for i in range(n_layer) for kind in ("key", "value"))
+    present = tuple(f"present_{kind}_{i}" for i in range(n_layer) for kind in ("key", "value"))
+    return Decoder("llama_past", build, (ids, *kv), ("logits", *present))
 
 
 def feeds(decoder: Decoder, sizes: dict[str, int], seed: int = 0) -> dict[str, np.ndarray]:

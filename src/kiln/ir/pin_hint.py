@@ -11,16 +11,21 @@ served).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import itertools
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from kiln.ir.shape_expr import dim_vars
+from kiln.ir.shape_expr import dim_text, dim_vars, simplify_dim
+from kiln.ir.tensor import as_expr
+from kiln.ir.types import Dim
 
 # The example size in the hint for a size that is no batch: any size works; 128 reads as
 # a plausible sequence length or image side.
 _EXAMPLE_SIZE = 128
 # Names that read as a batch (exporters' `batch`, `batch_size`; `b`, `bs`).
 _BATCH_NAMES = frozenset({"b", "bs"})
+# pin_hint_where tries subsets of at most this many names (2**6 checks at most).
+MAX_PIN_SEARCH = 6
 
 
 def example_size(name: str) -> int:
@@ -41,9 +46,32 @@ def pin_hint(names: Iterable[str]) -> str:
     return f"pin {', '.join(unique)} with shape_dict={{{py}}} (CLI: kiln compile ... {cli})"
 
 
+def pin_hint_where(holds: Callable[[Mapping[str, int]], bool], names: Iterable[str]) -> str:
+    """`pin_hint` for the fewest of `names` (batches first) whose pinning at their
+    example sizes makes `holds(pins)` true, so the hint names what a pin must fix and no
+    more; all of `names` when no smaller set does (at most MAX_PIN_SEARCH names are
+    searched)."""
+    unique = sorted(set(names), key=lambda n: (example_size(n) != 1, n))
+    for k in range(1, min(len(unique), MAX_PIN_SEARCH)):
+        for subset in itertools.combinations(unique, k):
+            if holds({n: example_size(n) for n in subset}):
+                return pin_hint(subset)
+    return pin_hint(unique)
+
+
 def pin_hint_for(shapes: Iterable[Any]) -> str:
     """`pin_hint` for the dimension variables that the shapes (or dims) `shapes` mention."""
     names: list[str] = []
     for shape in shapes:
         names.extend(v.name for v in dim_vars(shape))
     return pin_hint(names)
+
+
+def unproven_equal(a: Dim, b: Dim) -> str:
+    """The refusal's end when two sizes an operator needs equal are not provably so
+    (`s20 + s41` against `s41 + s8`, as an export that named the past keys' and values'
+    lengths apart writes them): what kiln could not prove, and the pin of the variables
+    of their difference only (pinned alike, the two sizes are equal)."""
+    diff = simplify_dim(as_expr(a, "int64") - as_expr(b, "int64"))
+    return (f"kiln cannot prove {dim_text(a)} == {dim_text(b)} for every value of the "
+            f"symbolic dimensions; {pin_hint_for([diff])}")

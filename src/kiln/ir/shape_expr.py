@@ -337,10 +337,10 @@ def _to_node(e: Any, done: Mapping[int, dim_expr.Expr]) -> dim_expr.Expr:
     raise IRError(f"unsupported dimension expression {e!r}")
 
 
-def from_dim_expr(e: dim_expr.Expr, variables: Mapping[str, Var] | None = None) -> Dim:
+def from_dim_expr(e: dim_expr.Expr, variables: Mapping[str, Dim] | None = None) -> Dim:
     """The canonical Dim of `e`; each variable is `variables[name]` (a fresh `dim_var`
-    when not given, one per name)."""
-    found = dict(variables or {})
+    when not given, one per name; a size where the mapping gives one)."""
+    found: dict[str, Dim] = dict(variables or {})
 
     def leaf(n: dim_expr.Const | dim_expr.Var) -> Dim:
         if isinstance(n, dim_expr.Const):
@@ -356,6 +356,14 @@ def from_dim_expr(e: dim_expr.Expr, variables: Mapping[str, Var] | None = None) 
     out = dim_expr.fold(e, leaf, node)
     assert isinstance(out, int | PrimExpr)
     return simplify_dim(out)
+
+
+def substitute(d: Dim, values: Mapping[str, int]) -> Dim:
+    """`d` with the variables named in `values` replaced by those sizes, canonical (the
+    size a pin would give)."""
+    variables: dict[str, Any] = {v.name: v for v in dim_vars(d)}
+    variables.update(values)
+    return from_dim_expr(to_dim_expr(d), variables)
 
 
 def eval_dim(d: Dim, values: Mapping[str, int]) -> int:

@@ -17,6 +17,7 @@ import numpy as np
 
 from kiln.errors import IRError
 from kiln.ir import dtype as dt
+from kiln.ir.pin_hint import unproven_equal
 from kiln.ir.shape_expr import dim_text, dims_equal, is_static, shape_text, simplify_dim
 from kiln.ir.tensor import Cast, PrimExpr, as_expr, min_, select
 from kiln.ir.types import Dim, TensorType, Type
@@ -66,7 +67,9 @@ def matmul_shapes(a: Sequence[int], b: Sequence[int]) -> tuple[int, ...]:
     b2 = (*b, 1) if len(b) == 1 else tuple(b)
     if dims_equal(a2[-1], b2[-2]) is not True:
         shown = [str(tuple(x)) if is_static(x) else shape_text(x) for x in (a, b)]
-        raise IRError(f"matmul: inner dimensions differ: {shown[0]} @ {shown[1]}")
+        why = "" if dims_equal(a2[-1], b2[-2]) is False else \
+            f" ({unproven_equal(a2[-1], b2[-2])})"
+        raise IRError(f"matmul: inner dimensions differ: {shown[0]} @ {shown[1]}{why}")
     batch = broadcast_shapes(a2[:-2], b2[:-2])
     out = (*batch, a2[-2], b2[-1])
     if len(a) == 1:

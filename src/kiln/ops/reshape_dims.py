@@ -16,6 +16,7 @@ from collections.abc import Sequence
 
 from kiln import dim_expr
 from kiln.errors import FormatError, IRError
+from kiln.ir.pin_hint import pin_hint_where
 from kiln.ir.shape_expr import (
     dim_product,
     dim_text,
@@ -26,6 +27,7 @@ from kiln.ir.shape_expr import (
     is_static,
     shape_text,
     simplify_dim,
+    substitute,
 )
 from kiln.ir.types import Dim
 
@@ -81,12 +83,15 @@ def fill_rest(src: Sequence[Dim], shape: Sequence[Dim]) -> tuple[Dim, ...]:
         size = exact_div(dim_product(src), known)
         if size is None:
             # exact_div is a proof (polynomial division): None means "not a multiple for
-            # every value", which a pin can change; say so, so the importer hints one.
-            symbolic = "" if is_static([*src, known]) else \
-                " for every value of the symbolic dimensions"
+            # every value", which a pin can change: hint the fewest variables that do.
+            count = dim_product(src)
+            symbolic = "" if is_static([count, known]) else (
+                " for every value of the symbolic dimensions; " + pin_hint_where(
+                    lambda pins: exact_div(substitute(count, pins),
+                                           substitute(known, pins)) is not None,
+                    (v.name for v in dim_vars([count, known]))))
             raise IRError(f"reshape: cannot view {shape_text(src)} as {shape_text(shape)}: "
-                          f"{dim_text(dim_product(src))} is not a multiple of "
-                          f"{dim_text(known)}{symbolic}")
+                          f"{dim_text(count)} is not a multiple of {dim_text(known)}{symbolic}")
         out[rest[0]] = size
     return tuple(out)
 
