@@ -12,9 +12,8 @@ Those exports hold the arithmetic kiln must prove (kiln.ir.polynomial): position
 sizes; with past key/values, a greedy loop of STEPS tokens from a prompt of 4, feeding
 the present back as the past, gives onnxruntime's tokens.
 
-The loop starts from an empty past: the import bounds `past_seq` to `range(0, 4097)`
-(a bound, not a pin: `past_seq` stays symbolic), since a dimension's default minimum
-is 1.
+The loop starts from an empty past with no pins and no bounds: a symbolic dimension
+takes 0 by default, as onnxruntime's do.
 """
 
 from __future__ import annotations
@@ -40,7 +39,6 @@ WIDTH = (64, 4)          # n_embd, n_head: head_dim 16
 LAYERS = 2
 SIZES = ({"batch": 1, "seq": 3, "past_seq": 2}, {"batch": 3, "seq": 6, "past_seq": 5})
 STEPS = 8
-EMPTY_PAST = {"past_seq": range(0, 4097)}
 
 
 def _decoder(past: bool) -> hf_decoders.Decoder:
@@ -85,8 +83,6 @@ def test_gpt2_as_exported_matches_onnxruntime(past: bool, exporter: str) -> None
     named = {i.name: [d for d in i.dims if isinstance(d, str)] for i in decoder.inputs}
     assert {p.name: [dim_text(d) for d in p.type.shape if not isinstance(d, int)]
             for p in module["main"].params} == named   # every axis symbolic
-    if past:  # the same, bounded so that the greedy loop may start from an empty past
-        module = kiln.frontend.from_onnx(model, shape_dict=EMPTY_PAST)
     targets = ("llvm", "c") if (past, exporter) == (True, "torchscript") else ("llvm",)
     for target in targets:
         main = kiln.compile(module, target)["main"]
@@ -128,6 +124,6 @@ def test_llama_with_a_cache_as_exported_matches_onnxruntime() -> None:
     pytest.importorskip("onnxscript", reason="the dynamo exporter needs onnxscript")
     decoder = hf_decoders.llama(LAYERS, vocab=VOCAB, past=True, width=(64, 4, 2), eager=False)
     model = hf_decoders.export(decoder, "dynamo", plain_names=True)
-    main = kiln.compile(kiln.frontend.from_onnx(model, shape_dict=EMPTY_PAST), "llvm")["main"]
+    main = kiln.compile(kiln.frontend.from_onnx(model), "llvm")["main"]
     _check_sizes(decoder, model, main)
     _check_greedy_loop(decoder, model, main)
