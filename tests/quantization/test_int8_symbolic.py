@@ -164,3 +164,19 @@ def test_symbolic_rows_take_the_packed_products(dynamic: tuple[onnx.ModelProto, 
     pinned = _compiled(model, target, sizes[0])
     kernels = sorted(k for k in _kernels(ex) if k in PACKED_PRODUCTS)
     assert kernels and kernels == sorted(k for k in _kernels(pinned) if k in PACKED_PRODUCTS)
+
+
+def test_depthwise_convolutions_over_a_symbolic_batch() -> None:
+    # MobileNetV2's depthwise layers: qlinear_conv_grouped, chunk by chunk (AVX2 only:
+    # the other targets run the same wrapper, tested above on the dot-form layers)
+    if not _host_runs(AVX2):
+        pytest.skip(f"this host does not run {AVX2}")
+    model = symbolic_batch(quantize_static_model(builders.mobilenet_v2(batch=1), "QDQ", True))
+    ex = _compiled(model, AVX2)
+    assert "qlinear_conv_grouped" in _kernels(ex)
+    assert sorted(map(str, _kernels(ex))) == \
+        sorted(map(str, _kernels(_compiled(model, AVX2, {"batch": 1}))))
+    for batch in (1, 9):
+        feeds = dynamic_models.feeds(model, {"batch": batch}, seed=batch)
+        got = np.asarray(ex["main"](*feeds.values()))
+        assert rel_l2(got, onnxruntime_outputs(model, feeds)[0]) < MAX_REL_L2, batch
