@@ -23,7 +23,7 @@ breaks the rule: no reorders are added, and a chain's first convolution reads NC
 reads it.
 
 Runs after quantize-ops (which packs the weights for the target's tile, so the pass
-sees each convolution's tile) on static shapes only; a no-op on targets without a dot
+sees each convolution's tile) on shapes static but for the batch; a no-op on targets without a dot
 product (the convolutions are then not dot-form).
 """
 
@@ -70,8 +70,11 @@ class QuantLayout(FunctionPass):
 
 
 def _static_4d(t: Any) -> bool:
+    """A 4-D tensor type static but for its batch: the int8 kernels run a symbolic batch
+    chunk by chunk on a static batch's kernels (kiln.kernels.int8.per_sample), the
+    layout's words included."""
     return isinstance(t, TensorType) and t.ndim == 4 and all(
-        isinstance(d, int) for d in t.shape)
+        isinstance(d, int) for d in t.shape[1:])
 
 
 def _scalar_constant(e: g.Expr) -> bool:
@@ -79,7 +82,7 @@ def _scalar_constant(e: g.Expr) -> bool:
 
 
 def _residual_add(c: g.Call) -> bool:
-    """Whether `c` is a qlinear_add of two operands of its output's static 4-D shape with
+    """Whether `c` is a qlinear_add of two operands of its output's 4-D shape with
     scalar parameters: element-wise, whatever the layout."""
     return (c.op == _ADD and _static_4d(c.ret_type)
             and all(isinstance(c.args[i], g.Var) and c.args[i].type == c.ret_type

@@ -13,7 +13,7 @@ kiln.ops.quant_words.weight_panels).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -167,7 +167,8 @@ def stores_words(call: Any, isa: ISA) -> bool:
         return False  # the te definition (words packed for another target)
     if ww.ndim == 3:
         return True
-    dims = out.static_shape
+    # static but for the batch (kiln.transform.quant_layout)
+    dims = (0, *(cast(int, d) for d in out.shape[1:]))
     positions = int(np.prod(dims[2:]))
     widths = {dot.tile_cols_for(dot_isa, positions), dot.tile_cols(dot_isa)}
     return all(position_rows(dot_isa, nr, dims[1]) % qw.GROUP == 0 for nr in widths)
