@@ -10,7 +10,7 @@ kiln.kernels.gemm.micro_kernel) stored through the epilogue (`_tile_stores`).
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from kiln.ir.dtype import INDEX_DTYPE
 from kiln.ir.tensor import (
@@ -165,6 +165,32 @@ def _a_rows(nest: GemmNest, bidx: tuple[PrimExpr, ...], mt: PrimExpr, head: list
 
 def _tile(nest: GemmNest, bflat: PrimExpr, panel: PrimExpr, mt: PrimExpr,
           part: KSegment | None = None, copied: PanelRead | None = None) -> Stmt:
+    """One register tile (`_one_tile`); over a symbolic M, the last, partial row tile
+    runs one row at a time (`_row_remainder`)."""
+    if nest.static_m or nest.mr == 1 or part is not None:
+        return _one_tile(nest, bflat, panel, mt, part, copied)
+    return _row_remainder(nest, bflat, panel, mt, copied)
+
+
+def _row_remainder(nest: GemmNest, bflat: PrimExpr, panel: PrimExpr, mt: PrimExpr,
+                   copied: PanelRead | None) -> Stmt:
+    """Row tile `mt` of a symbolic M: the full `mr`-row tile where `mr` rows are left,
+    else each row left on a one-row tile of the same panel. A full-height tile over the
+    few rows of a small M (batch 1: one row) would multiply `mr` times the work, its
+    surplus rows reading the last row again (an LSTM's h @ R at batch 1: 6x its pinned
+    GEMV); one-row tiles read B's panel once per row, as many times as rows are left."""
+    mr = nest.mr
+    single = replace(nest, mr=1, many_tiles=True, surplus_from=1, last_rows=1)
+    j = Var("mrow", INDEX_DTYPE)
+    left = nest.m - mt * mr
+    rows = For(j, const(0), left, "serial",
+               _one_tile(single, bflat, panel, mt * mr + j, None, copied))
+    return IfThenElse(compare("ge", left, const(mr)),
+                      _one_tile(nest, bflat, panel, mt, None, copied), rows)
+
+
+def _one_tile(nest: GemmNest, bflat: PrimExpr, panel: PrimExpr, mt: PrimExpr,
+              part: KSegment | None = None, copied: PanelRead | None = None) -> Stmt:
     """One register tile; `part`: only K's segment `part.k0 ..` of it, its sums started
     from (and, but in the last segment, left in) the partial sums; `copied`: reads B at
     `(k, v)` from the panel's copy."""
