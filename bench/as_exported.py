@@ -290,9 +290,9 @@ def run_all(args: Any, target: kiln.target.Target,
     rows: list[list[str]] = []
     for name in model_names(args.models):
         rows += rows_of(name, target, batches, seqs, args.repeat, args.seconds, ort_session)
-    if args.write_docs:
-        command = " ".join(["bench/models.py", *sys.argv[1:]])
-        block = "as-exported" if args.docs_block == "models" else args.docs_block
-        write_block(DOCS / "performance.md", block, [
-            machine_line(command, describe_target(target), load_before, os.getloadavg()[0]),
-            "", *markdown_table(COLUMNS, rows)])
+        if args.write_docs:  # after each model: a run cut short still leaves its rows
+            command = " ".join(["bench/models.py", *sys.argv[1:]])
+            block = "as-exported" if args.docs_block == "models" else args.docs_block
+            write_block(DOCS / "performance.md", block, [
+                machine_line(command, describe_target(target), load_before,
+                             os.getloadavg()[0]), "", *markdown_table(COLUMNS, rows)])
