@@ -30,7 +30,14 @@ from kiln.ir.tensor import (
     seq,
 )
 from kiln.kernels.gemm.knobs import KBlocking, choose_k_blocking, k_block_caches
-from kiln.kernels.gemm.micro_kernel import BReader, GemmShape, register_tile, unflatten
+from kiln.kernels.gemm.micro_kernel import (
+    ROW_SPLITS,
+    BReader,
+    GemmShape,
+    register_tile,
+    row_tile,
+    unflatten,
+)
 from kiln.kernels.gemm.schedule import GemmNest, GemmSchedule, KSegment, plan_nest
 from kiln.kernels.tiles import (
     Epilogue,
@@ -200,8 +207,12 @@ def _one_tile(nest: GemmNest, bflat: PrimExpr, panel: PrimExpr, mt: PrimExpr,
     a_rows = _a_rows(nest, bidx, mt, head)
     b_row = ((lambda kk, v: nest.b_at(bidx, panel, kk, v)) if copied is None
              else copied)
-    if part is None:
-        acc, red = register_tile(mr, nr, nest.shape.k, a_rows, b_row, acc_t, fused)
+    k = nest.shape.k
+    if part is None and mr == 1 and not nest.static_m and isinstance(k, int) \
+            and k >= 2 * ROW_SPLITS:  # a symbolic M's rows left (`_row_remainder`)
+        acc, red = row_tile(nr, k, a_rows[0], b_row, acc_t, fused)
+    elif part is None:
+        acc, red = register_tile(mr, nr, k, a_rows, b_row, acc_t, fused)
     else:
         sums, row0 = part.sums, part.row0
         acc, red = register_tile(
