@@ -181,18 +181,19 @@ def _tile(nest: GemmNest, bflat: PrimExpr, panel: PrimExpr, mt: PrimExpr,
 
 def _row_remainder(nest: GemmNest, bflat: PrimExpr, panel: PrimExpr, mt: PrimExpr,
                    copied: PanelRead | None) -> Stmt:
-    """Row tile `mt` of a symbolic M: the full `mr`-row tile where `mr` rows are left,
-    else each row left on a one-row tile of the same panel. A full-height tile over the
-    few rows of a small M (batch 1: one row) would multiply `mr` times the work, its
-    surplus rows reading the last row again (an LSTM's h @ R at batch 1: 6x its pinned
-    GEMV); one-row tiles read B's panel once per row, as many times as rows are left."""
+    """Row tile `mt` of a symbolic M: the full `mr`-row tile where more than half of
+    `mr` rows are left (its surplus rows read the last row again), else each row left
+    on a one-row tile of the same panel (`micro_kernel.row_tile`). A full-height tile
+    over the few rows of a small M (batch 1: one row) multiplies `mr` times the work (an
+    LSTM's h @ R at batch 1: 6x its pinned product); a one-row tile reads B's panel
+    once per row, so past half a tile of rows the full tile costs less."""
     mr = nest.mr
     single = replace(nest, mr=1, many_tiles=True, surplus_from=1, last_rows=1)
     j = Var("mrow", INDEX_DTYPE)
     left = nest.m - mt * mr
     rows = For(j, const(0), left, "serial",
                _one_tile(single, bflat, panel, mt * mr + j, None, copied))
-    return IfThenElse(compare("ge", left, const(mr)),
+    return IfThenElse(compare("gt", left * 2, const(mr)),
                       _one_tile(nest, bflat, panel, mt, None, copied), rows)
 
 
