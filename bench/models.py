@@ -77,8 +77,9 @@ GPT-2, ViT, ConvNeXt, the Whisper encoder, the LSTM, and int8 ResNet-50 QDQ and
 QOperator, MobileNetV2 and BERT from onnxruntime's quantizer) has its batch and
 sequence axes dynamic, as exporters write them, and each is timed as exported (no
 pins) against its pinned build (`shape_dict`) and onnxruntime at every size of
-`--batches` x `--seqs` (default 1,8 x 16,128); `--models` takes its names, `quick`
-(a few-minute subset) or `all` (bench/as_exported.py). `--write-docs` writes the block
+`--batches` x `--seqs` (default 1,8 x 16,128; `--seconds` defaults to 2 per size
+here); `--models` takes its names, `quick` (a few-minute subset) or `all`
+(bench/as_exported.py). `--write-docs` writes the block
 `as-exported` of docs/performance.md.
 """
 
@@ -408,8 +409,9 @@ def model_names(spec: str) -> list[str]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeat", type=int, default=30, help="most timed calls per runtime")
-    parser.add_argument("--seconds", type=float, default=20.0,
-                        help="time budget per model for the timed calls (both runtimes)")
+    parser.add_argument("--seconds", type=float, default=None,
+                        help="time budget per model for the timed calls (both runtimes; "
+                             "default 20, with --as-exported 2 per size)")
     parser.add_argument("--target", default=None, help="kiln target (default: this host)")
     parser.add_argument("--mattr", default=None,
                         help="the target's LLVM features instead of its own, comma-separated "
@@ -454,6 +456,8 @@ def main() -> None:
                              "host has and kiln's target lacks (bench/ort_isa.py); host: "
                              "onnxruntime on all of the host's")
     args = parser.parse_args()
+    if args.seconds is None:
+        args.seconds = 2.0 if args.as_exported else 20.0
     names = [] if args.as_exported else model_names(
         args.models or ("int8" if args.int8 else "small"))
     target = kiln.target.Target(args.target or "host")
