@@ -109,7 +109,7 @@ def _hf(name: str, axes: dict[str, dict[int, str]]) -> Callable[[], tuple[onnx.M
         import hf_set  # heavy: torch and transformers
         import torch  # heavy: only the Hugging Face models need it
 
-        make, feeds, exporter = hf_set._MODELS[name]
+        make, feeds, exporter = hf_set.torch_model(name)
         torch.manual_seed(0)
         example = {k: torch.from_numpy(v) for k, v in feeds(np.random.default_rng(0)).items()}
         model = hf_export.export(make().eval(), example, axes, exporter)
