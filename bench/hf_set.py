@@ -80,6 +80,12 @@ _MODELS: dict[str, tuple[Callable[[], Any], Feeds, str]] = {
 FEEDS: dict[str, Feeds] = {name: feeds for name, (_, feeds, _) in _MODELS.items()}
 
 
+def torch_model(name: str) -> tuple[Callable[[], Any], Feeds, str]:
+    """Model `name`'s torch-module builder, its inputs and its exporter, for an export
+    with other axes dynamic (bench/as_exported.py)."""
+    return _MODELS[name]
+
+
 def _builder(name: str) -> Callable[[], tuple[onnx.ModelProto, Shapes]]:
     def build() -> tuple[onnx.ModelProto, Shapes]:
         import hf_export

@@ -71,6 +71,16 @@ build and their ratio to the float32 build's; the int8/ort and int8/fp32 ratios 
 medians of paired rounds, as kiln/ort. `--cpu-time` times one thread's CPU time
 per call (both runtimes on one thread, the best of 5 blocks) instead of the wall clock:
 the figure a machine shared with other jobs barely moves.
+
+With `--as-exported`, every model of the bench set (the CNN zoo, BERT, DistilBERT,
+GPT-2, ViT, ConvNeXt, the Whisper encoder, the LSTM, and int8 ResNet-50 QDQ and
+QOperator, MobileNetV2 and BERT from onnxruntime's quantizer) has its batch and
+sequence axes dynamic, as exporters write them, and each is timed as exported (no
+pins) against its pinned build (`shape_dict`) and onnxruntime at every size of
+`--batches` x `--seqs` (default 1,8 x 16,128; `--seconds` defaults to 2 per size
+here); `--models` takes its names, `quick` (a few-minute subset) or `all`
+(bench/as_exported.py). `--write-docs` writes the block
+`as-exported` of docs/performance.md.
 """
 
 from __future__ import annotations
@@ -399,8 +409,9 @@ def model_names(spec: str) -> list[str]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeat", type=int, default=30, help="most timed calls per runtime")
-    parser.add_argument("--seconds", type=float, default=20.0,
-                        help="time budget per model for the timed calls (both runtimes)")
+    parser.add_argument("--seconds", type=float, default=None,
+                        help="time budget per model for the timed calls (both runtimes; "
+                             "default 20, with --as-exported 2 per size)")
     parser.add_argument("--target", default=None, help="kiln target (default: this host)")
     parser.add_argument("--mattr", default=None,
                         help="the target's LLVM features instead of its own, comma-separated "
@@ -423,6 +434,12 @@ def main() -> None:
                         help="leave out the paced columns (a call every 2 ms and 10 ms)")
     parser.add_argument("--dynamic", action="store_true",
                         help="compare symbolic-shape builds with static ones instead")
+    parser.add_argument("--as-exported", action="store_true",
+                        help="the bench set with its axes dynamic: as exported vs pinned vs "
+                             "ort (bench/as_exported.py)")
+    parser.add_argument("--batches", default="1,8", help="with --as-exported: the batch sizes")
+    parser.add_argument("--seqs", default="16,128",
+                        help="with --as-exported: the sequence lengths")
     parser.add_argument("--write-docs", action="store_true",
                         help="also write the table into docs/performance.md (block 'models')")
     parser.add_argument("--docs-block", default="models",
@@ -439,7 +456,10 @@ def main() -> None:
                              "host has and kiln's target lacks (bench/ort_isa.py); host: "
                              "onnxruntime on all of the host's")
     args = parser.parse_args()
-    names = model_names(args.models or ("int8" if args.int8 else "small"))
+    if args.seconds is None:
+        args.seconds = 2.0 if args.as_exported else 20.0
+    names = [] if args.as_exported else model_names(
+        args.models or ("int8" if args.int8 else "small"))
     target = kiln.target.Target(args.target or "host")
     if args.mattr is not None:
         target = target.with_attrs(mattr=tuple(f for f in args.mattr.split(",") if f))
@@ -455,6 +475,11 @@ def main() -> None:
           f"call path: {args.call_path}   "
           + ("one thread's CPU time per call, best of 5 blocks" if args.cpu_time else
              f"median of up to {args.repeat} calls in {args.seconds:g} s, alternating blocks"))
+    if args.as_exported:
+        import as_exported  # cycle: it imports this module's builders and quantize
+
+        as_exported.run_all(args, target, ort_session)
+        return
     if args.dynamic:
         print_dynamic(target, args.repeat, args.seconds)
         return

@@ -53,3 +53,30 @@ def test_attention_products_with_a_symbolic_seq(target: str) -> None:
         for g, want in zip(got, session.run(None, feed)):
             assert g.shape == want.shape
             assert rel_l2(g, want) < 1e-5, (b, h, s)
+
+
+@pytest.mark.parametrize("target", ["llvm", "c"])
+def test_packed_products_with_a_symbolic_row_count(target: str) -> None:
+    """`x @ W` with W a constant and x's rows symbolic (batch*seq): full row tiles, then
+    the rows left one at a time (kiln.kernels.gemm.loop_nest), for every row count from
+    1 past two tiles of any ISA's height, with a bias and an activation fused."""
+    b = GraphBuilder()
+    rng = np.random.default_rng(2)
+    b.node("MatMul", ["x", "w"], ["p"])
+    b.node("Add", ["p", "bias"], ["s"])
+    b.node("Tanh", ["s"], ["y"])
+    b.input("x", ["batch", "seq", 40])
+    b.output("y", ["batch", "seq", 72])
+    b.const(rng.standard_normal((40, 72)).astype(np.float32), name="w")
+    b.const(rng.standard_normal(72).astype(np.float32), name="bias")
+    model = b.model(name="dense", ir_version=None)
+    exe = kiln.compile(from_onnx(model), target)
+    assert any(f.attrs.get("kiln.gemm_kernel") == "matmul_packed"
+               for f in exe.ir.prim_funcs().values())
+    session = ort_session(model)
+    for batch, seq in [(1, m) for m in range(1, 30)] + [(3, 5), (2, 16)]:
+        feed = {"x": rng.standard_normal((batch, seq, 40)).astype(np.float32)}
+        got = exe["main"](*feed.values())
+        want = session.run(None, feed)[0]
+        assert got.shape == want.shape
+        assert rel_l2(got, want) < 1e-5, (batch, seq)

@@ -171,6 +171,10 @@ SYMBOLIC_CASES = [
     ("GRU", {"direction": "reverse", "linear_before_reset": 1, "batch": "batch"}, "llvm"),
     # without linear_before_reset: the shared h product has z's and r's columns only
     ("GRU", {"direction": "bidirectional", "lens": [2, 4, 1]}, "c"),
+    # a symbolic batch: the h product's rows are symbolic, one row (batch 1) or full row
+    # tiles and the rows left (13) on the packed kernel inside the loop body
+    ("LSTM", {"direction": "bidirectional", "batch": "batch"}, "c"),
+    ("RNN", {"direction": "reverse", "batch": "batch"}, "llvm"),
 ]
 
 
@@ -193,7 +197,7 @@ def test_symbolic_sequence_length_is_a_loop_for_every_length(op: str, kw: dict[s
     ex = kiln.compile(mod, target)
     rng = np.random.default_rng(5)
     sizes = ((4, 3), (6, 3)) if "lens" in kw else ((1, 3), (4, 3), (7, 3))
-    for steps, batch in (((1, 1), (4, 3), (7, 2)) if symbolic_batch else sizes):
+    for steps, batch in (((1, 1), (4, 3), (7, 2), (3, 13)) if symbolic_batch else sizes):
         x = rng.normal(0, 1, (steps, batch, 5)).astype(np.float32)
         got = ex["main"](x)
         for g_, w in zip(got if isinstance(got, (tuple, list)) else (got,),

@@ -10,7 +10,7 @@ kiln.kernels.gemm.micro_kernel) stored through the epilogue (`_tile_stores`).
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from kiln.ir.dtype import INDEX_DTYPE
 from kiln.ir.tensor import (
@@ -30,7 +30,14 @@ from kiln.ir.tensor import (
     seq,
 )
 from kiln.kernels.gemm.knobs import KBlocking, choose_k_blocking, k_block_caches
-from kiln.kernels.gemm.micro_kernel import BReader, GemmShape, register_tile, unflatten
+from kiln.kernels.gemm.micro_kernel import (
+    ROW_SPLITS,
+    BReader,
+    GemmShape,
+    register_tile,
+    row_tile,
+    unflatten,
+)
 from kiln.kernels.gemm.schedule import GemmNest, GemmSchedule, KSegment, plan_nest
 from kiln.kernels.tiles import (
     Epilogue,
@@ -165,6 +172,33 @@ def _a_rows(nest: GemmNest, bidx: tuple[PrimExpr, ...], mt: PrimExpr, head: list
 
 def _tile(nest: GemmNest, bflat: PrimExpr, panel: PrimExpr, mt: PrimExpr,
           part: KSegment | None = None, copied: PanelRead | None = None) -> Stmt:
+    """One register tile (`_one_tile`); over a symbolic M, the last, partial row tile
+    runs one row at a time (`_row_remainder`)."""
+    if nest.static_m or nest.mr == 1 or part is not None:
+        return _one_tile(nest, bflat, panel, mt, part, copied)
+    return _row_remainder(nest, bflat, panel, mt, copied)
+
+
+def _row_remainder(nest: GemmNest, bflat: PrimExpr, panel: PrimExpr, mt: PrimExpr,
+                   copied: PanelRead | None) -> Stmt:
+    """Row tile `mt` of a symbolic M: the full `mr`-row tile where more than half of
+    `mr` rows are left (its surplus rows read the last row again), else each row left
+    on a one-row tile of the same panel (`micro_kernel.row_tile`). A full-height tile
+    over the few rows of a small M (batch 1: one row) multiplies `mr` times the work (an
+    LSTM's h @ R at batch 1: 6x its pinned product); a one-row tile reads B's panel
+    once per row, so past half a tile of rows the full tile costs less."""
+    mr = nest.mr
+    single = replace(nest, mr=1, many_tiles=True, surplus_from=1, last_rows=1)
+    j = Var("mrow", INDEX_DTYPE)
+    left = nest.m - mt * mr
+    rows = For(j, const(0), left, "serial",
+               _one_tile(single, bflat, panel, mt * mr + j, None, copied))
+    return IfThenElse(compare("gt", left * 2, const(mr)),
+                      _one_tile(nest, bflat, panel, mt, None, copied), rows)
+
+
+def _one_tile(nest: GemmNest, bflat: PrimExpr, panel: PrimExpr, mt: PrimExpr,
+              part: KSegment | None = None, copied: PanelRead | None = None) -> Stmt:
     """One register tile; `part`: only K's segment `part.k0 ..` of it, its sums started
     from (and, but in the last segment, left in) the partial sums; `copied`: reads B at
     `(k, v)` from the panel's copy."""
@@ -174,8 +208,12 @@ def _tile(nest: GemmNest, bflat: PrimExpr, panel: PrimExpr, mt: PrimExpr,
     a_rows = _a_rows(nest, bidx, mt, head)
     b_row = ((lambda kk, v: nest.b_at(bidx, panel, kk, v)) if copied is None
              else copied)
-    if part is None:
-        acc, red = register_tile(mr, nr, nest.shape.k, a_rows, b_row, acc_t, fused)
+    k = nest.shape.k
+    if part is None and mr == 1 and not nest.static_m and isinstance(k, int) \
+            and k >= 2 * ROW_SPLITS:  # a symbolic M's rows left (`_row_remainder`)
+        acc, red = row_tile(nr, k, a_rows[0], b_row, acc_t, fused)
+    elif part is None:
+        acc, red = register_tile(mr, nr, k, a_rows, b_row, acc_t, fused)
     else:
         sums, row0 = part.sums, part.row0
         acc, red = register_tile(

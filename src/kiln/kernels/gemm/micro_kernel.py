@@ -175,6 +175,48 @@ def register_tile(mr: int, nr: int, k: PrimExpr | int,
     return acc, stmts
 
 
+#: K's interleaved partial sums in a one-row tile (`row_tile`): a tile of one row has
+#: one multiply-add chain per vector, bound by the FMA latency; four chains cover it.
+ROW_SPLITS = 4
+
+
+def row_tile(nr: int, k: int, a_row: Callable[[PrimExpr], PrimExpr],
+             b_row: Callable[[PrimExpr, PrimExpr], PrimExpr], dtype: str, fused: bool,
+             splits: int = ROW_SPLITS) -> tuple[Buffer, list[Stmt]]:
+    """`register_tile` of one row (`acc[1][nr]`), K's steps dealt round-robin to
+    `splits` partial sums added at the end (the rows of a symbolic M left after the
+    full tiles, kiln.kernels.gemm.loop_nest: batch 1's one row). The sums are rounded
+    in another order than `register_tile`'s, as any other tile's are."""
+    parts = Buffer("parts", (splits, nr), dtype, "local")
+    acc = Buffer("acc", (1, nr), dtype, "local")
+    zero = as_expr(0.0, dtype)
+    stmts: list[Stmt] = [Allocate(parts), Allocate(acc), lanes_loop("v", nr, lambda v: seq(
+        *(Store(parts, zero, (_c(s), v)) for s in range(splits))))]
+
+    def step(k0: PrimExpr, count: int) -> Stmt:
+        xs = [Var(f"a{s}", dtype) for s in range(count)]
+        lets: list[Stmt] = [LetStmt(x, a_row(k0 + s)) for s, x in enumerate(xs)]
+        return seq(*lets, lanes_loop("v", nr, lambda v: seq(*(
+            Store(parts, madd(parts[_c(s), v], xs[s], b_row(k0 + s, v), fused), (_c(s), v))
+            for s in range(count)))))
+
+    whole, rest = divmod(k, splits)
+    ko = Var("ko", INDEX_DTYPE)
+    stmts.append(For(ko, _c(0), _c(whole), "serial", step(ko * splits, splits)))
+    if rest:
+        stmts.append(step(_c(whole * splits), rest))
+
+    def total(v: PrimExpr) -> Stmt:
+        sums: list[PrimExpr] = [parts[_c(s), v] for s in range(splits)]
+        while len(sums) > 1:  # pairwise: (p0 + p1) + (p2 + p3)
+            sums = [sums[i] + sums[i + 1] if i + 1 < len(sums) else sums[i]
+                    for i in range(0, len(sums), 2)]
+        return Store(acc, sums[0], (_c(0), v))
+
+    stmts.append(lanes_loop("v", nr, total))
+    return acc, stmts
+
+
 def reduction_loop(name: str, k0: PrimExpr | int, k: PrimExpr | int, unroll: int | None,
                    step: Callable[[PrimExpr], Stmt]) -> Stmt:
     """`step(kk)` for `kk` in `k0 .. k0 + k`, in that order: one `serial` loop (unroll
