@@ -332,6 +332,24 @@ def test_interpreter_passes_dims_by_name(case: str) -> None:
                                    rtol=1e-4, atol=1e-5)
 
 
+def _bind_constants(engine: Any, bitcode: Any, pool: Any) -> np.ndarray | None:
+    """Map the kernels' constant symbol (a window's divisors, ...) to an aligned copy of
+    `pool`, as the llvmjit loader does; None when no kernel reads constants."""
+    from kiln.codegen.constants import CONST_ALIGN
+    from kiln.codegen.naming import consts_symbol
+
+    try:
+        gv = bitcode.get_global_variable(consts_symbol("kiln_"))
+    except NameError:
+        return None
+    data = np.frombuffer(bytes(pool.to_bytes()), np.uint8)
+    raw = np.zeros(len(data) + CONST_ALIGN, np.uint8)
+    start = (-raw.ctypes.data) % CONST_ALIGN
+    raw[start:start + len(data)] = data
+    engine.add_global_mapping(gv, raw.ctypes.data + start)
+    return raw
+
+
 def _llvm_kernels(mod: IRModule) -> tuple[Any, dict[str, Any]]:
     """Every PrimFunc of `mod` through the tensor pipeline and the llvm backend (MCJIT)."""
     from llvmlite import binding as llvm
@@ -344,11 +362,13 @@ def _llvm_kernels(mod: IRModule) -> tuple[Any, dict[str, Any]]:
 
     prims = {k: f for k, f in mod.functions.items() if isinstance(f, PrimFunc)}
     tmod = OutlineParallelLoops()(default_tensor_pipeline()(IRModule(prims)))
-    c = compile_module(tmod, Target("llvmjit"), prefix="kiln_",
-                       pool=ConstantPool.from_module(tmod), jit=True)
-    engine = llvm.create_mcjit_compiler(llvm.parse_bitcode(c.module.as_bitcode()),
-                                        c.target_machine)
+    pool = ConstantPool.from_module(tmod)
+    c = compile_module(tmod, Target("llvmjit"), prefix="kiln_", pool=pool, jit=True)
+    bitcode = llvm.parse_bitcode(c.module.as_bitcode())
+    engine = llvm.create_mcjit_compiler(bitcode, c.target_machine)
+    consts = _bind_constants(engine, bitcode, pool)
     engine.finalize_object()
+    engine.kiln_constants = consts  # kept alive as long as the engine
     kernels = {}
     for name, f in kernel_funcs(tmod).items():  # loop bodies are internal
         sig = [ctypes.c_void_p if isinstance(p, Buffer) else ctypes.c_int64 for p in f.params]
@@ -414,8 +434,10 @@ def _c_kernels(mod: IRModule, directory: Any) -> tuple[Any, dict[str, Any]]:
     tmod = OutlineParallelLoops()(InterchangeReductions()(Simplify()(IRModule(prims))))
     pool = ConstantPool.from_module(tmod)
     source, _ = emit_kernels(tmod, prefix="kiln_", pool=pool)
-    assert len(pool) == 0  # these cases have no constants to link
     wrappers = []
+    if len(pool):  # the constants the kernels read (a window's divisors), as the link gives
+        data = ", ".join(str(b) for b in bytes(pool.to_bytes()))
+        wrappers.append(f"__attribute__((aligned(64))) const uint8_t kiln__consts[] = {{{data}}};")
     for name, f in kernel_funcs(tmod).items():  # loop bodies are static
         params = ", ".join(f"void* a{k}" if isinstance(p, Buffer) else f"int64_t a{k}"
                            for k, p in enumerate(f.params))

@@ -264,14 +264,14 @@ def max_pool_body(shape: ck.ConvShape, x: Buffer, out: Buffer, lanes: int,
     bounds the rows staged per channel (`staged_rows`). `scan`: onnxruntime's scan of
     each window from its first element inside the input (kiln.ops.pool's
     `scans_from_first`: NaN skipped from -inf, but a leading NaN stays)."""
-    rows = MaxPoolRows.plan(shape, x, out, lanes, epilogue, l1d_bytes, scan)
     # Every channel writes its own output plane: one loop over (image, channel), parallel
     # when its work reaches the threshold of kiln.kernels.parallel_work, like every
     # kernel family's (`parallelize`'s estimate in expression nodes would split even the
     # smallest pools).
     work = shape.n * shape.c_in * shape.out_h * (shape.kh * shape.w + shape.kw * shape.out_w)
 
-    def build() -> Stmt:
+    def build() -> Stmt:  # planned per build: each copy allocates its own row buffers
+        rows = MaxPoolRows.plan(shape, x, out, lanes, epilogue, l1d_bytes, scan)
         if shape.n == 1:  # the channel is the loop's index (no remainder to take)
             return parallel_tiles((shape.c_in,), lambda c: rows.channel(_c(0), c))
         return parallel_tiles((shape.n, shape.c_in), rows.channel)
