@@ -72,8 +72,11 @@ class Region:
         if all(isinstance(d, int) for d in (self.offset, self.size, other.offset, other.size)):
             return bool(self.offset < other.offset + other.size
                         and other.offset < self.offset + self.size)
-        return not (dim_at_least(other.offset, self.offset + self.size)
-                    or dim_at_least(self.offset, other.offset + other.size))
+        try:
+            return not (dim_at_least(other.offset, self.offset + self.size)
+                        or dim_at_least(self.offset, other.offset + other.size))
+        except IRError:  # an offset that is no dim expression (a Select of a loop's slot)
+            return True
 
 
 @dataclass
