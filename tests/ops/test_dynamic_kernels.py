@@ -505,3 +505,21 @@ def test_scheduled_symbolic_kernels_round_trip_through_the_dsl(case: str) -> Non
     tmod = default_tensor_pipeline()(IRModule(prims))
     text = print_module(tmod, metadata="reference")
     assert_structural_equal(from_source(text, metadata=text.metadata), tmod)
+
+
+# the row kernels whose row count is `n`: at n = 0 they run no row (the graph entry
+# rejects a dim below its minimum 1 first, so only the kernels themselves see a 0)
+ZERO_ROW_CASES = ("softmax_rows", "layer_norm_rows", "reduce_sum_rows", "global_avg_pool")
+
+
+@pytest.mark.parametrize("case", ZERO_ROW_CASES)
+def test_row_kernels_run_no_row_at_a_row_count_of_zero(case: str, tmp_path: Any) -> None:
+    mod = _legalized(CASES[case][0])
+    fn = mod["main"]
+    assert isinstance(fn, g.Function)
+    args = _inputs(case, 0)
+    for build in (lambda: _llvm_kernels(mod), lambda: _c_kernels(mod, tmp_path)):
+        keep, kernels = build()
+        got = _run_graph(fn, kernels, args, {"n": 0})
+        assert got.size == 0 and got.shape == CASES[case][2](*args).shape
+        del keep
