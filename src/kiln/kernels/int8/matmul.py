@@ -109,12 +109,7 @@ def build_matmul_tiles(a: Buffer, bp: Buffer, n: int, out: Buffer, epilogue: Til
             a_rk = Cast("int32", a[(*te.unflatten_index(row(r), lead), k)])
             return acc[r, v] + a_rk * Cast("int32", bp[ct, k, v])
 
-        zero = tile_loop("r", mr, lambda r: tile_loop(
-            "v", nr, lambda v: Store(acc, as_expr(0, "int32"), (r, v)), "vectorized"))
-        step = tile_loop("k", int(bp.shape[1]), lambda k: tile_loop(
-            "r", mr, lambda r: tile_loop(
-                "v", nr, lambda v: Store(acc, update(k, r, v), (r, v)), "vectorized"),
-            "unrolled"))
+        zero, step = _accumulate(acc, int(bp.shape[1]), update)
 
         def store(r: PrimExpr, v: PrimExpr) -> Stmt:
             j = ct * nr + v
@@ -134,6 +129,21 @@ def build_matmul_tiles(a: Buffer, bp: Buffer, n: int, out: Buffer, epilogue: Til
     tiles = parallel_when(lambda: parallel_tiles((col_tiles, row_tiles), tile), work,
                           "madd", "int8", isa=target)
     return seq(*prologue, tiles)
+
+
+
+def _accumulate(acc: Buffer, k_steps: int, update: Callable[[PrimExpr, PrimExpr, PrimExpr],
+                                                            PrimExpr]) -> tuple[Stmt, Stmt]:
+    """A register tile's zeroing of `acc` (rows x lanes) and its `k_steps` updates, each
+    `acc[r, v] = update(k, r, v)`: rows unrolled, lanes vectorized."""
+    mr, nr = int(acc.shape[0]), int(acc.shape[1])
+    zero = tile_loop("r", mr, lambda r: tile_loop(
+        "v", nr, lambda v: Store(acc, as_expr(0, "int32"), (r, v)), "vectorized"))
+    step = tile_loop("k", k_steps, lambda k: tile_loop(
+        "r", mr, lambda r: tile_loop(
+            "v", nr, lambda v: Store(acc, update(k, r, v), (r, v)), "vectorized"),
+        "unrolled"))
+    return zero, step
 
 
 def _symbolic_tiles(a: Buffer, bp: Buffer, n: int, out: Buffer, epilogue: TileEpilogue,
@@ -174,12 +184,7 @@ def _symbolic_tiles(a: Buffer, bp: Buffer, n: int, out: Buffer, epilogue: TileEp
                 return Intrin(intrinsic, (acc[r, v], packed_a[row(r), k], bp[ct, k, v]))
             return acc[r, v] + Cast("int32", a_rows[row(r), k]) * Cast("int32", bp[ct, k, v])
 
-        zero = tile_loop("r", mr, lambda r: tile_loop(
-            "v", nr, lambda v: Store(acc, as_expr(0, "int32"), (r, v)), "vectorized"))
-        step = tile_loop("k", int(bp.shape[1]), lambda k: tile_loop(
-            "r", mr, lambda r: tile_loop(
-                "v", nr, lambda v: Store(acc, update(k, r, v), (r, v)), "vectorized"),
-            "unrolled"))
+        zero, step = _accumulate(acc, int(bp.shape[1]), update)
 
         def store_row(r: PrimExpr) -> Stmt:
             at_row = te.unflatten_index(rt * mr + r, lead_out)
