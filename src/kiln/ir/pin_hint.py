@@ -22,16 +22,22 @@ from kiln.ir.types import Dim
 # The example size in the hint for a size that is no batch: any size works; 128 reads as
 # a plausible sequence length or image side.
 _EXAMPLE_SIZE = 128
-# Names that read as a batch (exporters' `batch`, `batch_size`; `b`, `bs`).
-_BATCH_NAMES = frozenset({"b", "bs"})
+# Names that read as a batch besides those containing "batch" (exporters' `batch`,
+# `batch_size`, `nbatch`): `b`, `bs`, and NCHW's `n`.
+_BATCH_NAMES = frozenset({"n", "b", "bs"})
 # pin_hint_where tries subsets of at most this many names (2**6 checks at most).
 MAX_PIN_SEARCH = 6
 
 
+def is_batch_name(name: str) -> bool:
+    """Whether the dimension variable `name` reads as a batch (pinned to 1 in hints)."""
+    lower = name.lower()
+    return "batch" in lower or lower in _BATCH_NAMES
+
+
 def example_size(name: str) -> int:
     """The size the hint suggests pinning `name` to: 1 for a batch, else 128."""
-    lower = name.lower()
-    return 1 if "batch" in lower or lower in _BATCH_NAMES else _EXAMPLE_SIZE
+    return 1 if is_batch_name(name) else _EXAMPLE_SIZE
 
 
 def pin_hint(names: Iterable[str]) -> str:

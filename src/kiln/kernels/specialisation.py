@@ -23,12 +23,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kiln.ir import graph as g
+from kiln.ir.pin_hint import is_batch_name
 from kiln.ir.shape_expr import dim_vars, eval_dim, is_static, shape_text
 from kiln.ir.types import TensorType, TupleType, Type
 from kiln.target.isa import ISA
 
-#: Names a variable is read as a batch by: pinned to 1, the size served most.
-_BATCH_NAMES = frozenset({"n", "b", "bs", "batch", "batch_size", "batchsize", "nbatch"})
 #: The size a variable without a typical value or bound is probed at (never shown: the
 #: hint then asks for the size served, by name).
 _PROBE_SIZE = 64
@@ -126,7 +125,7 @@ def pins(names: list[str], bounds: Mapping[str, tuple[int, int | None]]
     out: list[tuple[str, int | None]] = []
     for n in names:
         low, high = bounds.get(n, (1, None))
-        if n.lower() in _BATCH_NAMES and low <= 1 and (high is None or high >= 1):
+        if is_batch_name(n) and low <= 1 and (high is None or high >= 1):
             out.append((n, 1))
         else:
             out.append((n, high))
