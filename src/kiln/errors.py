@@ -43,6 +43,15 @@ class IRError(KilnError, ValueError):
     """Ill-formed IR: the verifier's or the DSL parser's complaint."""
 
 
+class UnprovenEqualError(IRError):
+    """Two sizes an operator needs equal are not provably equal for every value of the
+    symbolic dimensions (`sizes`: the two, as the operator saw them)."""
+
+    def __init__(self, message: str, sizes: tuple[object, object]) -> None:
+        super().__init__(message)
+        self.sizes = sizes
+
+
 class CompileError(KilnError, RuntimeError):
     """Code generation, a pass, or the system toolchain failed."""
 

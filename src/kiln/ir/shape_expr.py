@@ -213,6 +213,22 @@ def dim_at_least(a: Dim, b: Dim) -> bool:
                for m, coeff in diff.items())
 
 
+def equated_variables(a: Dim, b: Dim) -> tuple[str, str] | None:
+    """`(x, y)` when `a == b` holds exactly when the variables `x` and `y` are equal
+    (`a - b` is `x - y`: `s20 + s41` against `s41 + s8`), else None; the names sorted."""
+    c = _Canon()
+    diff = polynomial.add(c.poly(a), c.poly(b), -1)
+    if len(diff) != 2 or sorted(diff.values()) != [-1, 1]:
+        return None
+    names: list[str] = []
+    for mono in diff:
+        if len(mono) != 1 or mono[0][1] != 1 or mono[0][0][0] != "var":
+            return None
+        names.append(str(mono[0][0][1]))
+    x, y = sorted(names)
+    return (x, y) if x != y else None
+
+
 def monomial(d: Dim) -> tuple[int, Dim] | None:
     """`(c, m)` when `d` is `c * m` for a positive int `c` and a product `m` of
     variables (`batch*seq*256` -> `(256, batch*seq)`), else None (a constant, a sum)."""

@@ -6,10 +6,10 @@ from collections.abc import Sequence
 from typing import overload
 
 from kiln.errors import IRError
-from kiln.ir.pin_hint import unproven_equal
 from kiln.ir.shape_expr import dim_text, dims_equal, shape_text, simplify_dim
 from kiln.ir.tensor import PrimExpr, Var
 from kiln.ir.types import Dim, TensorType
+from kiln.ops.assumptions import unproven
 
 
 @overload
@@ -35,10 +35,11 @@ def broadcast_shapes(*shapes: Sequence[Dim]) -> tuple[Dim, ...]:
             if isinstance(out[pos], int) and out[pos] == 1:
                 out[pos] = d
             elif not (isinstance(d, int) and d == 1) and dims_equal(out[pos], d) is not True:
-                maybe = f": {unproven_equal(out[pos], d)}" \
-                    if dims_equal(out[pos], d) is None else ""
-                raise IRError(f"shapes {[shape_text(x) for x in shapes]} do not broadcast "
-                              f"(dimension {pos}: {dim_text(out[pos])} vs {dim_text(d)}){maybe}")
+                text = (f"shapes {[shape_text(x) for x in shapes]} do not broadcast "
+                        f"(dimension {pos}: {dim_text(out[pos])} vs {dim_text(d)})")
+                if dims_equal(out[pos], d) is not None:
+                    raise IRError(text)
+                unproven(text, out[pos], d)
     return tuple(out)
 
 

@@ -39,6 +39,7 @@ from kiln.ir.tensor import (
 )
 from kiln.ir.types import Dim, TensorType, TupleType, Type
 from kiln.ops import te
+from kiln.ops.assumptions import unproven
 from kiln.ops.broadcast import broadcast_index, broadcast_shapes
 from kiln.ops.reduce import norm_axes
 from kiln.ops.registry import OPS, OpDef, register_op
@@ -200,11 +201,16 @@ def _concat_infer(types: Sequence[TensorType], attrs: Attrs) -> Type:
     first = types[0]
     (axis,) = norm_axes(attrs.get("axis", 0), first.ndim)
     for t in types[1:]:
-        if t.dtype != first.dtype or t.ndim != first.ndim or any(
-                dims_equal(a, b) is not True
-                for k, (a, b) in enumerate(zip(t.shape, first.shape)) if k != axis):
-            raise IRError(f"concat: {t.dtype}{shape_text(t.shape)} does not fit "
-                          f"{first.dtype}{shape_text(first.shape)} along axis {axis}")
+        text = (f"concat: {t.dtype}{shape_text(t.shape)} does not fit "
+                f"{first.dtype}{shape_text(first.shape)} along axis {axis}")
+        if t.dtype != first.dtype or t.ndim != first.ndim:
+            raise IRError(text)
+        for k, (a, b) in enumerate(zip(t.shape, first.shape)):
+            same = dims_equal(a, b) if k != axis else True
+            if same is None:
+                unproven(text, a, b)
+            elif not same:
+                raise IRError(text)
     shape = list(first.shape)
     shape[axis] = sum_dims(t.shape[axis] for t in types)
     return TensorType(tuple(shape), first.dtype)

@@ -17,13 +17,13 @@ import numpy as np
 
 from kiln.errors import IRError
 from kiln.ir import dtype as dt
-from kiln.ir.pin_hint import unproven_equal
 from kiln.ir.shape_expr import dim_text, dims_equal, is_static, shape_text, simplify_dim
 from kiln.ir.tensor import Cast, PrimExpr, as_expr, min_, select
 from kiln.ir.types import Dim, TensorType, Type
 from kiln.ops import spatial, te
 from kiln.ops._numpy import is_float
 from kiln.ops._numpy import widen as widen_np
+from kiln.ops.assumptions import unproven
 from kiln.ops.broadcast import broadcast_index, broadcast_shapes
 from kiln.ops.registry import register_op
 
@@ -67,9 +67,10 @@ def matmul_shapes(a: Sequence[int], b: Sequence[int]) -> tuple[int, ...]:
     b2 = (*b, 1) if len(b) == 1 else tuple(b)
     if dims_equal(a2[-1], b2[-2]) is not True:
         shown = [str(tuple(x)) if is_static(x) else shape_text(x) for x in (a, b)]
-        why = "" if dims_equal(a2[-1], b2[-2]) is False else \
-            f" ({unproven_equal(a2[-1], b2[-2])})"
-        raise IRError(f"matmul: inner dimensions differ: {shown[0]} @ {shown[1]}{why}")
+        text = f"matmul: inner dimensions differ: {shown[0]} @ {shown[1]}"
+        if dims_equal(a2[-1], b2[-2]) is not None:
+            raise IRError(text)
+        unproven(text, a2[-1], b2[-2])
     batch = broadcast_shapes(a2[:-2], b2[:-2])
     out = (*batch, a2[-2], b2[-1])
     if len(a) == 1:

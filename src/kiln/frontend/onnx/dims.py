@@ -68,6 +68,8 @@ class InputDims:
     auto: set[str] = field(default_factory=set)  # names made for unnamed dynamic dims
     # sizes the model divides by (their text -> the node and why), checked at call time
     nonzero: dict[str, str] = field(default_factory=dict)
+    # variable name -> the variable it is read as (two names the graph needs equal)
+    aliases: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self._name_dims()
@@ -98,6 +100,8 @@ class InputDims:
                     dims[k] = key = f"\0{inp}_dim{k}"
                     self.auto.add(key)
                     self.names[key] = self._fresh(identifier(key[1:]), used)
+        for key, name in self.names.items():
+            self.names[key] = self.aliases.get(name, name)
 
     @staticmethod
     def _fresh(name: str, used: set[str]) -> str:
@@ -130,7 +134,12 @@ class InputDims:
             if value.stop - 1 > INT64_MAX:  # sizes cross the C ABI as int64_t
                 raise FrontendError(f"shape_dict[{key!r}] = {value!r}: the largest size must "
                                     f"fit int64 (at most {INT64_MAX})")
-            self.bounds[name] = (value.start, value.stop - 1)
+            low, high = self.bounds.get(name, (value.start, None))  # an alias's range too
+            top = value.stop - 1 if high is None else min(high, value.stop - 1)
+            if max(low, value.start) > top:
+                raise FrontendError(f"shape_dict[{key!r}] = {value!r} and the range of "
+                                    f"{name!r}, which the graph needs equal, do not overlap")
+            self.bounds[name] = (max(low, value.start), top)
         elif _is_int(value) and value >= 0:
             self._pin(name, int(value), f"shape_dict[{key!r}]")
         else:

@@ -38,9 +38,16 @@ from kiln.ir.builder import IRBuilder
 from kiln.ir.dtype import from_numpy, to_numpy
 from kiln.ir.module import IRModule
 from kiln.ir.pin_hint import pin_hint, pin_hint_for
-from kiln.ir.shape_expr import dim_terms, dim_text, dims_equal, shape_text, simplify_dim
+from kiln.ir.shape_expr import (
+    dim_terms,
+    dim_text,
+    dims_equal,
+    shape_text,
+    simplify_dim,
+)
 from kiln.ir.types import Dim, TensorType, Type
 from kiln.ops import registry as op_registry
+from kiln.ops.assumptions import assuming_equal
 from kiln.ops.reshape_dims import reshape_attr
 from kiln.transform.dead_code import remove_dead_bindings
 from kiln.transform.fold_constants import DEFAULT_FOLD_BUDGET, type_bytes
@@ -112,7 +119,45 @@ def from_onnx(model: Any, shape_dict: dict[str, Any] | None = None, *,
         shapes = {i.name: dims.shape(i.name) for i in _graph_inputs(graph)}
         check_onnx_model(proto, views, {name: len(shape) for name, shape in shapes.items()
                                         if shape is not None})
+    return _import_unifying(graph, opset, dict(shape_dict or {}), dims, max_fold_bytes, views)
+
+
+def _import_unifying(graph: Any, opset: int, shape_dict: dict[str, Any], dims: InputDims,
+                     max_fold_bytes: int, views: dict[int, Any]) -> IRModule:
+    """Import `graph`, making one variable of two input dimensions the graph needs equal.
+
+    Exporters may name one size twice (torch's `Dim.AUTO` gives the past keys' length
+    `s20` and the past values' `s8`), and an operator that needs them equal cannot prove
+    it. onnxruntime checks such sizes when it runs. kiln imports once assuming them
+    equal (kiln.ops.assumptions), which finds every such pair, then imports again with
+    each pair one variable (`s8` read as `s20`): every call then checks that the inputs
+    agree, as for any variable two inputs share (docs/dynamic-shapes.md). A pair that is
+    not two of the inputs' variables is refused by a plain import, naming the node."""
+    aliases: dict[str, str] = {}
+    for _ in range(len(dims.names) + 1):  # each pass that goes on removes a variable
+        with assuming_equal() as assumed:
+            module = GraphImporter(graph, opset, dims, max_fold_bytes, views).run()
+        if not assumed:
+            return module
+        if not _equate(aliases, assumed, dims):
+            break
+        dims = _input_dims(graph, shape_dict, aliases)
     return GraphImporter(graph, opset, dims, max_fold_bytes, views).run()
+
+
+def _equate(aliases: dict[str, str], pairs: Sequence[tuple[str, str]], dims: InputDims
+            ) -> bool:
+    """Add `pairs` (variables assumed equal) to `aliases` (variable -> the one it is read
+    as); False when a pair is not two of the inputs' variables."""
+    if not all(x in dims.vars and y in dims.vars for x, y in pairs):
+        return False
+    for x, y in pairs:
+        keep, drop = aliases.get(x, x), aliases.get(y, y)
+        keep, drop = min(keep, drop), max(keep, drop)
+        if keep != drop:
+            aliases.update({k: keep for k, v in aliases.items() if v == drop})
+            aliases[drop] = keep
+    return True
 
 
 def _load(model: Any) -> tuple[Any, dict[int, Any]]:
@@ -358,13 +403,15 @@ def _graph_inputs(graph: Any) -> list[Any]:
     return [i for i in graph.input if i.name not in init_names]
 
 
-def _input_dims(graph: Any, shape_dict: dict[str, Any]) -> InputDims:
-    """The inputs' dimensions resolved against `shape_dict` (pins, bounds, variables)."""
+def _input_dims(graph: Any, shape_dict: dict[str, Any],
+                aliases: Mapping[str, str] | None = None) -> InputDims:
+    """The inputs' dimensions resolved against `shape_dict` (pins, bounds, variables),
+    the variables named in `aliases` read as the one they map to."""
     declared: dict[str, list[Declared] | None] = {}
     for inp in _graph_inputs(graph):
         tt = inp.type.tensor_type
         declared[inp.name] = declared_dims(tt) if inp.type.HasField("tensor_type") else None
-    return InputDims(declared, shape_dict)
+    return InputDims(declared, shape_dict, aliases=dict(aliases or {}))
 
 
 def _decode_attr(attr: Any) -> Any:
