@@ -201,6 +201,29 @@ def test_a_global_pool_over_an_empty_image_is_refused_naming_the_node(target: st
     _assert_like(ex["main"](*feed.values()), onnxruntime_outputs(model, feed), "empty batch")
 
 
+@pytest.mark.parametrize("target", ["llvm", "c"])
+def test_a_conv_over_an_image_smaller_than_its_kernel_is_refused_naming_the_node(
+        target: str) -> None:
+    # onnxruntime's Conv refuses an empty or negative output image ("Invalid input
+    # shape"), where its pools give an empty result; kiln refuses the same, by node
+    b = GraphBuilder()
+    b.consts({"w": np.ones((2, 3, 3, 3), np.float32)})
+    b.node("Conv", ["x", "w"], ["y"], name="conv")
+    model = b.model([vi("x", ["n", 3, "h", "w"])], [vi("y", ["n", 2, None, None])], 13)
+    ex = kiln.compile(kiln.frontend.from_onnx(model), target)
+    for h, size in ((2, 0), (1, -1)):
+        small = np.ones((1, 3, h, 4), np.float32)
+        with pytest.raises(Exception, match="Invalid input shape"):
+            onnxruntime_outputs(model, {"x": small})
+        with pytest.raises(CallError, match=rf"main: node 'conv' \(Conv\): Conv's output image "
+                                            rf"is h - 2 along spatial axis 0 .*, which is "
+                                            rf"{size} here"):
+            ex["main"](small)
+    for shape in ((0, 3, 3, 5), (2, 3, 3, 3)):   # an empty batch, the smallest image
+        feed = {"x": np.ones(shape, np.float32)}
+        _assert_like(ex["main"](*feed.values()), onnxruntime_outputs(model, feed), str(shape))
+
+
 def test_explicit_bounds_still_refuse_sizes_outside_them() -> None:
     model = MODELS["attention"]
     mod = kiln.frontend.from_onnx(model, {"past_seq": range(1, 5), "batch": range(0, 3)})

@@ -80,9 +80,13 @@ def bind_dims(
             raise CallError(
                 f"{func}: dimension '{name}' = {values[name]} is above its maximum {high}"
             )
-    for text, why in nonzero:  # a size the model divides by (a Reshape's -1)
-        if dim_size(func, text, values) == 0:
-            raise CallError(f"{func}: {why}, which is 0 here (onnxruntime refuses it too)")
+    for text, why in nonzero:  # a size the model divides by (a Reshape's -1), a conv's image
+        try:
+            value = eval_dim_text(text, values)
+        except CallError as err:
+            raise CallError(f"{func}: {err}") from None
+        if value <= 0:
+            raise CallError(f"{func}: {why}, which is {value} here (onnxruntime refuses it too)")
     for index, (pname, dims), shape in zip(where, params, shapes, strict=True):
         if all(isinstance(d, str) and d.isidentifier() for d in dims):
             continue  # every dimension was bound or checked above

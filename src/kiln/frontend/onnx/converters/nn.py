@@ -13,7 +13,7 @@ import numpy as np
 
 from kiln.errors import IRError
 from kiln.frontend.onnx.converters.registry import GraphContext, check_per_channel, onnx_op
-from kiln.frontend.onnx.converters.spatial import onnx_pads
+from kiln.frontend.onnx.converters.spatial import nonempty_image, onnx_pads
 from kiln.ir import graph as g
 from kiln.ir.types import TensorType
 from kiln.ops import spatial
@@ -42,10 +42,12 @@ def _conv_onnx(ctx: GraphContext, inputs: Sequence[g.Expr | None],
     pads = onnx_pads(attrs, xt.shape[2:], kernel, strides, dilations)
     group = int(attrs.get("group", 1))
     if rank == 1 and xt.dtype == "float32":
-        return [_conv1d_as_2d(ctx, x, w, b, group, strides, dilations, pads)]
+        return [nonempty_image(ctx, _conv1d_as_2d(ctx, x, w, b, group, strides, dilations,
+                                                  pads), "Conv")]
     args = [x, w] if b is None else [x, w, b]
-    return [ctx.call(f"conv{spatial.SUFFIX[rank]}", *args, group=group,
-                     strides=strides, dilations=dilations, pads=pads)]
+    return [nonempty_image(ctx, ctx.call(f"conv{spatial.SUFFIX[rank]}", *args, group=group,
+                                         strides=strides, dilations=dilations, pads=pads),
+                           "Conv")]
 
 
 def _conv1d_as_2d(ctx: GraphContext, x: g.Expr, w: g.Expr, b: g.Expr | None, group: int,

@@ -22,7 +22,7 @@ import numpy as np
 
 from kiln.errors import IRError
 from kiln.frontend.onnx.converters.registry import GraphContext, converters, onnx_op
-from kiln.frontend.onnx.converters.spatial import onnx_pads
+from kiln.frontend.onnx.converters.spatial import nonempty_image, onnx_pads
 from kiln.ir import dtype as dt
 from kiln.ir import graph as g
 from kiln.ir.shape_expr import shape_text
@@ -220,8 +220,9 @@ def _conv_integer(ctx: GraphContext, inputs: Sequence[g.Expr | None],
     out_channels = ctx.tensor_type(w).static_shape[0]
     x_zp = _product_zp(ctx, inputs[2] if len(inputs) > 2 else None, x, "X", None)
     w_zp = _product_zp(ctx, inputs[3] if len(inputs) > 3 else None, w, "W", out_channels)
-    return [ctx.call("conv_integer", x, w, x_zp, w_zp, **conv_attrs(ctx, x, w, attrs,
-                                                                    "ConvInteger"))]
+    return [nonempty_image(ctx, ctx.call("conv_integer", x, w, x_zp, w_zp,
+                                         **conv_attrs(ctx, x, w, attrs, "ConvInteger")),
+                           "ConvInteger")]
 
 
 # --------------------------------------------------------------------------- QOperator products
@@ -283,7 +284,7 @@ def _qlinear_conv(ctx: GraphContext, inputs: Sequence[g.Expr | None],
                     _product_zp(ctx, xz, x, "x", None),
                     _product_zp(ctx, wz, w, "w", out_channels), _multiplier(ctx, xs, ws, ys),
                     _out_zp(ctx, yz), **conv_attrs(ctx, x, w, attrs, "QLinearConv"))
-    return [call]
+    return [nonempty_image(ctx, call, "QLinearConv")]
 
 
 @onnx_op("QLinearMatMul", min_opset=10)

@@ -8,6 +8,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from kiln.errors import IRError
+from kiln.ir import graph as g
+from kiln.ir.shape_expr import dim_text
 from kiln.ops.spatial import pads
 
 
@@ -35,3 +37,14 @@ def onnx_pads(attrs: Mapping[str, Any], spatial: Sequence[Any], kernel: Sequence
         raise IRError(f"unknown auto_pad {auto!r}; known: NOTSET, SAME_UPPER, SAME_LOWER, VALID")
     b, e = pads(attrs, n)
     return (*b, *e)
+
+
+def nonempty_image(ctx: Any, out: g.Expr, op: str) -> g.Expr:
+    """`out`, a convolution's result, after recording that a call fails when its image is
+    empty along a symbolic axis (an input smaller than the kernel): onnxruntime refuses
+    such a Conv ("Invalid input shape") where a pool gives an empty result. `ctx` is the
+    converter's GraphContext."""
+    for k, d in enumerate(ctx.tensor_type(out).shape[2:]):
+        ctx.require_nonzero(d, f"{op}'s output image is {dim_text(d)} along spatial axis "
+                               f"{k} (the input is smaller than the kernel)")
+    return out

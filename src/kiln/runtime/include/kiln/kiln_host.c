@@ -324,16 +324,18 @@ static KILN_UNUSED int32_t kiln_host_dim_ok(const char* fn, int32_t status, int6
   return 0;
 }
 
-/* A size the model divides by (a Reshape's -1), computed into `status`: it must not be 0;
-   `why` names the node (docs/dynamic-shapes.md, "Zero sizes"). */
+/* A size the model divides by (a Reshape's -1) or a convolution's output image, computed
+   into `status`: it must be positive; `why` names the node (docs/dynamic-shapes.md,
+   "Zero sizes"). */
 static KILN_UNUSED int32_t kiln_host_dim_nonzero(const char* fn, int32_t status, int64_t value,
     const char* text, const char* why) {
-  int32_t failed = kiln_host_dim_ok(fn, status, value, text);
+  int32_t failed = kiln_host_dim_ok(fn, status, value < 0 ? 0 : value, text);
   if (failed != 0) {
     return failed;
   }
-  if (value == 0) {
-    return kiln_host_fail("%s: %s, which is 0 here (onnxruntime refuses it too)", fn, why);
+  if (value <= 0) {  /* a negative one (a conv's image below its kernel) named by `why` too */
+    return kiln_host_fail("%s: %s, which is %lld here (onnxruntime refuses it too)", fn, why,
+                          (long long)value);
   }
   return 0;
 }
