@@ -43,7 +43,13 @@ from kiln.session.node_arg import ModelMetadata, SessionOptions
 # "external_data", "source"}.
 SESSION_CACHE_FORMAT = 1
 # Options that change how the library runs, never what is compiled: out of the key.
-RUNTIME_OPTIONS = frozenset({"intra_op_num_threads", "inter_op_num_threads", "progress"})
+RUNTIME_OPTIONS = frozenset({
+    "intra_op_num_threads", "inter_op_num_threads", "progress", "_config",
+    # onnxruntime's fields that kiln accepts and does not compile by (session_options.py)
+    "graph_optimization_level", "execution_mode", "execution_order",
+    "optimized_model_filepath", "profile_file_prefix", "log_severity_level",
+    "log_verbosity_level", "logid", "enable_cpu_mem_arena", "enable_mem_pattern",
+    "enable_mem_reuse", "use_deterministic_compute", "use_per_session_threads"})
 # KILN_* variables read at run time or by the cache itself, never by a compile.
 RUNTIME_VARIABLES = frozenset({
     "KILN_NUM_THREADS", "KILN_SPIN_US", "KILN_PIN_THREADS", "KILN_SERIAL_NS",
@@ -260,7 +266,8 @@ def require_file(path: Path) -> None:
 def compile_arguments(options: SessionOptions) -> dict[str, Any]:
     """The keyword arguments of `kiln.compile` that a session's options give: every
     compile a session makes (of a file, bytes or an IRModule) takes them."""
-    return {"max_loop_iterations": options.max_loop_iterations}
+    return {"max_loop_iterations": options.max_loop_iterations,
+            "profile": bool(options.enable_profiling)}  # timers for end_profiling()
 
 
 def with_shape_dict(model: Any, options: SessionOptions) -> Any:
