@@ -66,7 +66,7 @@ class InferenceSession:
             raise UsageError(f"InferenceSession: unknown keyword(s) {', '.join(sorted(kwargs))}")
         self._options = _checked_options(sess_options, providers, provider_options)
         self._providers = (providers, provider_options)
-        self._provider_options = chosen_options(providers, provider_options)
+        chosen_options(providers, provider_options)  # warns for those kiln lacks
         self._meta = ModelMetadata()
         self.cache_hit = False  # kiln's own: the library came from the compile cache
         threads = _thread_count(self._options)
@@ -177,9 +177,9 @@ class InferenceSession:
         return [CPU_PROVIDER]
 
     def get_provider_options(self) -> dict[str, dict[str, str]]:
-        """Each provider in use with its options, as strings (what was given for the
-        CPU's; kiln reads none of them)."""
-        return {CPU_PROVIDER: dict(self._provider_options)}
+        """Each provider in use with its options: the CPU's, with none (as onnxruntime's
+        CPU provider, which keeps none of the options it is given)."""
+        return {CPU_PROVIDER: {}}
 
     def end_profiling(self) -> str:
         """With `SessionOptions.enable_profiling`: write onnxruntime's profile JSON
@@ -413,5 +413,7 @@ def _metadata_of(model: Any) -> ModelMetadata:
     return ModelMetadata(
         producer_name=model.producer_name, graph_name=model.graph.name,
         domain=model.domain, description=model.doc_string,
-        graph_description=model.graph.doc_string, version=model.model_version,
+        graph_description=model.graph.doc_string,
+        # onnxruntime answers INT64_MAX for a model that does not set its version
+        version=model.model_version if model.HasField("model_version") else (1 << 63) - 1,
         custom_metadata_map={p.key: p.value for p in model.metadata_props})

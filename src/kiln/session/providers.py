@@ -70,10 +70,9 @@ def provider_name(entry: Any) -> Any:
 
 def chosen_options(providers: Sequence[Any] | None,
                    provider_options: Sequence[Mapping[str, Any]] | None) -> dict[str, str]:
-    """The CPU provider's options of a checked providers list, as strings (onnxruntime's
-    `get_provider_options()` prints every value as a string); warns, in onnxruntime's
-    words, for each provider that is not available, and for CUDA that kiln's session
-    runs on the CPU."""
+    """The CPU provider's options given in a checked providers list, as strings; warns,
+    in onnxruntime's words, for each provider that is not available, and for CUDA that
+    kiln's session runs on the CPU."""
     if not providers:
         return {}
     available = get_available_providers()
