@@ -73,6 +73,8 @@ _SESSION_ONLY = {
     "set_ep_dynamic_options": _PROVIDERS,
     "release_captured_graph": "kiln has no captured graphs (CUDA graphs)",
     "run_with_ortvaluevector": "use run_with_ort_values(output_names, {name: OrtValue})",
+    "create_ortvalue_from_shape_and_type": "use OrtValue.ortvalue_from_shape_and_type(shape, "
+                                           "dtype)",
 }
 _OPTIONS_ONLY = {
     "add_external_initializers": "kiln compiles the weights into the library: put them in "
