@@ -54,7 +54,7 @@ def test_instances_refuse_onnxruntime_methods_with_what_to_use(tmp_path: Path) -
     sess = kiln.InferenceSession(write_model(tmp_path / "m.onnx"))
     with pytest.raises(UsageError, match=r"InferenceSession\.set_providers: kiln does not "):
         sess.set_providers(["CPUExecutionProvider"])
-    with pytest.raises(UsageError, match="register_custom_ops_library.*docs/ops.md"):
+    with pytest.raises(UsageError, match=r"register_custom_ops_library.*docs/ops\.md"):
         kiln.SessionOptions().register_custom_ops_library("libcustom.so")
     with pytest.raises(AttributeError):
         sess.not_an_onnxruntime_method  # noqa: B018
