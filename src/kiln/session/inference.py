@@ -264,6 +264,12 @@ class InferenceSession:
             raise ArgumentTypeError(f"run_options must be a kiln.RunOptions or None, got "
                                     f"{type(run_options).__name__}")
         flag = None if run_options is None else run_options.flag
+        if flag is not None and flag.is_set and not self._function.terminable:
+            # A library too old to poll the flag: refuse the run up front, as onnxruntime
+            # does and as a library with the flag would, at its first check.
+            raise CallError(f"{self._function.name}: terminated: the caller set the call's "
+                            "terminate flag (before the run: this library, built before "
+                            "kiln's library metadata version 5, cannot stop during one)")
 
         def call() -> Any:
             if flag is None:

@@ -20,8 +20,9 @@ class RunOptions:
             CallError ("main: terminated: the caller set the call's terminate flag").
             It stays True until reset (a run started with it set stops at once, as
             onnxruntime's "Exiting due to terminate flag being set to true"). A
-            library compiled before kiln's library metadata version 5 cannot be stopped:
-            its runs go to the end.
+            library compiled before kiln's library metadata version 5 cannot be stopped
+            once running: a run started with the flag set is refused the same way, one
+            already running goes to its end.
         logid, log_severity_level, log_verbosity_level, only_execute_path_to_fetches:
             accepted for compatibility; kiln does not log runs, and a kiln library
             computes every output of its graph.
