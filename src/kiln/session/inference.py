@@ -65,7 +65,6 @@ class InferenceSession:
         if kwargs:
             raise UsageError(f"InferenceSession: unknown keyword(s) {', '.join(sorted(kwargs))}")
         self._options = _checked_options(sess_options, providers, provider_options)
-        self._providers = (providers, provider_options)
         chosen_options(providers, provider_options)  # warns for those kiln lacks
         self._meta = ModelMetadata()
         self.cache_hit = False  # kiln's own: the library came from the compile cache
@@ -134,7 +133,7 @@ class InferenceSession:
         key = None
         if cache.cache_enabled(_pass_config()):
             try:
-                key = start.session_key(path, self._options, *self._providers)
+                key = start.session_key(path, self._options)
             except OSError:  # a directory, unreadable: the import says what it is
                 key = None
         if key is not None:

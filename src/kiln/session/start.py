@@ -2,8 +2,8 @@
 
 The key is found from the file's bytes (a chunked SHA-256, hashed on several threads
 from a read-only mapping) and from everything else that changes the library: the
-session options that reach the compiler, the providers and their options, this
-machine's CPU (what LLVM resolves `host` from: /proc/cpuinfo's identity and flags,
+session options that reach the compiler (not the providers: every session runs on
+the CPU), this machine's CPU (what LLVM resolves `host` from: /proc/cpuinfo's identity and flags,
 `$KILN_HOST_CPU`), kiln's version and sources, llvmlite's version, the C compiler and
 the `KILN_*` environment variables a compile reads. A hit is the linked library
 itself (kiln.driver.cache.store_library), checked byte for byte and dlopen'ed where it
@@ -41,7 +41,9 @@ from kiln.session.node_arg import ModelMetadata, SessionOptions
 
 # 1 (2026-11-27): the first format: key fields below, entry metadata {"model",
 # "external_data", "source"}.
-SESSION_CACHE_FORMAT = 1
+# 2 (2026-11-27): providers and provider_options out of the key (every session
+# compiles for the CPU; another provider falls back with a warning).
+SESSION_CACHE_FORMAT = 2
 # Options that change how the library runs, never what is compiled: out of the key.
 RUNTIME_OPTIONS = frozenset({
     "intra_op_num_threads", "inter_op_num_threads", "progress", "_config",
@@ -82,14 +84,12 @@ def file_digest(path: str | os.PathLike[str]) -> str:
     return digest
 
 
-def session_key(path: Path, options: SessionOptions, providers: Any,
-                provider_options: Any) -> str:
+def session_key(path: Path, options: SessionOptions) -> str:
     """The cache key of a session over the ONNX file at `path` (see the module docstring)."""
     fields = {
         "format": SESSION_CACHE_FORMAT, "kind": "onnx-session", "model": file_digest(path),
         "options": _canonical({k: v for k, v in sorted(vars(options).items())
                                if k not in RUNTIME_OPTIONS}),
-        "providers": _canonical(providers), "provider_options": _canonical(provider_options),
         "cpu": host_identity(), "kiln": __version__,
         "kiln_source": cache.kiln_source_fingerprint(), "llvmlite": _version("llvmlite"),
         "cc": _compiler_identity(), "env": compile_environment()}
