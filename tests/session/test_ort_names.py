@@ -135,3 +135,20 @@ def test_module_settings_are_accepted() -> None:
         kiln.disable_telemetry_events()
     kiln.set_global_thread_pool_sizes(1, 1)
     kiln.set_global_thread_pool_sizes(0, 0)  # back to one thread per CPU
+
+
+def test_feeds_convert_as_onnxruntime_and_refuse_what_would_change() -> None:
+    from kiln.session.feeds import converted
+
+    got = converted("ids", [[1, 2], [3, 4]], np.dtype(np.int64))
+    assert got.dtype == np.int64 and got.tolist() == [[1, 2], [3, 4]]
+    assert converted("x", 2, np.dtype(np.float32)).dtype == np.float32  # a scalar: rank 0
+    assert converted("mask", [True, False], np.dtype(np.bool_)).tolist() == [True, False]
+    with pytest.raises(ArgumentTypeError, match=r"input 'ids' expects tensor\(int64\): "
+                                                r"\[1\.5\] has values that int64 cannot hold"):
+        converted("ids", [1.5], np.dtype(np.int64))
+    with pytest.raises(ArgumentTypeError, match=r"input 'x' expects tensor\(float\), got "
+                                                r"str 'a' \(numpy reads it as <U1\)"):
+        converted("x", "a", np.dtype(np.float32))
+    array = np.ones(3, np.float64)
+    assert converted("x", array, np.dtype(np.float32)) is array  # arrays: the call checks
