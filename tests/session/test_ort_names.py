@@ -102,6 +102,8 @@ def test_ortvalue_checks_what_it_is_given() -> None:
         kiln.OrtValue.ortvalue_from_shape_and_type([2, -1], np.float32)
     with pytest.raises(ArgumentTypeError, match="no tensor type for numpy dtype <U1"):
         kiln.OrtValue(np.array(["a"]))
+    with pytest.raises(ArgumentTypeError, match="no tensor type for numpy dtype complex64"):
+        kiln.OrtValue.ortvalue_from_numpy(np.ones(2, np.complex64))
     value = kiln.OrtValue.ortvalue_from_numpy(np.arange(4, dtype=np.int32))
     back = np.from_dlpack(value)
     assert back.dtype == np.int32 and np.shares_memory(back, value.numpy())

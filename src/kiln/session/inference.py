@@ -22,7 +22,7 @@ from kiln.session.io_binding import IOBinding
 from kiln.session.node_arg import ModelMetadata, NodeArg, SessionOptions
 from kiln.session.ort_value import OrtValue
 from kiln.session.profiling import SessionProfiler
-from kiln.session.providers import CPU_PROVIDER, chosen_options, provider_name
+from kiln.session.providers import CPU_PROVIDER, provider_name, warn_unavailable
 from kiln.session.run_options import RunOptions
 from kiln.session.session_options import check_ort_fields
 
@@ -65,7 +65,7 @@ class InferenceSession:
         if kwargs:
             raise UsageError(f"InferenceSession: unknown keyword(s) {', '.join(sorted(kwargs))}")
         self._options = _checked_options(sess_options, providers, provider_options)
-        chosen_options(providers, provider_options)  # warns for those kiln lacks
+        warn_unavailable(providers)  # onnxruntime's fallback, with its warning
         self._meta = ModelMetadata()
         self.cache_hit = False  # kiln's own: the library came from the compile cache
         threads = _thread_count(self._options)

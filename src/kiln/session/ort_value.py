@@ -45,7 +45,7 @@ class OrtValue:
         if not isinstance(array, np.ndarray):
             raise ArgumentTypeError(f"OrtValue holds a numpy array, got {type(array).__name__}"
                                     "; make one with OrtValue.ortvalue_from_numpy(array)")
-        if array.dtype.name not in _ONNX_ELEMENT:
+        if array.dtype.kind in "OUSVc":  # text, objects, records, complex: no tensor type
             raise ArgumentTypeError(f"OrtValue: kiln has no tensor type for numpy dtype "
                                     f"{array.dtype}; its types: {', '.join(_ONNX_ELEMENT)}")
         self._array = array
@@ -114,6 +114,9 @@ class OrtValue:
 
     def element_type(self) -> int:
         """The ONNX TensorProto element type (1 float, 7 int64, ...)."""
+        if self._array.dtype.name not in _ONNX_ELEMENT:
+            raise UsageError(f"OrtValue.element_type: no ONNX element type number for "
+                             f"{self._array.dtype}; data_type() names it")
         return _ONNX_ELEMENT[self._array.dtype.name]
 
     def device_name(self) -> str:

@@ -68,33 +68,25 @@ def provider_name(entry: Any) -> Any:
     return entry
 
 
-def chosen_options(providers: Sequence[Any] | None,
-                   provider_options: Sequence[Mapping[str, Any]] | None) -> dict[str, str]:
-    """The CPU provider's options given in a checked providers list, as strings; warns,
-    in onnxruntime's words, for each provider that is not available, and for CUDA that
-    kiln's session runs on the CPU."""
-    if not providers:
-        return {}
+def warn_unavailable(providers: Sequence[Any] | None) -> None:
+    """Warn, in onnxruntime's words, for each provider of a checked providers list that
+    is not available (the session falls back to the CPU, as onnxruntime's), and for
+    an available CUDA that kiln's session runs on the CPU anyway."""
     available = get_available_providers()
-    options: dict[str, str] = {}
-    for i, entry in enumerate(providers):
+    for entry in providers or ():
         name = provider_name(entry)
-        given = entry[1] if isinstance(entry, tuple) else (
-            provider_options[i] if provider_options is not None else {})
         if name not in available:
             # onnxruntime's text, missing space included, so log filters match both.
             warnings.warn(f"Specified provider '{name}' is not in available provider names."
                           f"Available providers: '{', '.join(available)}'", UserWarning,
                           stacklevel=4)
-        elif name == CPU_PROVIDER:
-            options = {str(k): str(v) for k, v in given.items()}
-        else:
+        elif name != CPU_PROVIDER:
             warnings.warn(f"{name} is available, but kiln's InferenceSession compiles for the "
                           "CPU and runs there; compile a CUDA library with kiln.compile(model, "
                           "'cuda -arch=sm_XY') and open it (docs/gpu.md)", UserWarning,
                           stacklevel=4)
-    return options
 
 
-__all__ = ["ALL_PROVIDERS", "CPU_PROVIDER", "CUDA_PROVIDER", "chosen_options", "cuda_usable",
-           "get_all_providers", "get_available_providers", "get_device", "provider_name"]
+__all__ = ["ALL_PROVIDERS", "CPU_PROVIDER", "CUDA_PROVIDER", "cuda_usable",
+           "get_all_providers", "get_available_providers", "get_device", "provider_name",
+           "warn_unavailable"]
