@@ -8,8 +8,6 @@ REASONS says why; never an AttributeError. docs/session.md's table is current.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 from compat_scripts import REASONS, SCRIPTS
 from compat_table import Outcome, difference, documented, outcomes, render, write_mlp
@@ -34,9 +32,8 @@ def test_kiln_runs_each_script_as_onnxruntime_or_says_why(
     problems = []
     for name, (ort, got) in pairs.items():
         if got.error is not None and not isinstance(got.error, kiln.KilnError):
+            # an AttributeError included: an onnxruntime name kiln neither has nor refuses
             problems.append(f"{name}: kiln raised {type(got.error).__name__}: {got.error}")
-        elif isinstance(got.error, AttributeError):
-            problems.append(f"{name}: AttributeError {got.error}")
         elif difference(ort, got) is not None and name not in REASONS:
             problems.append(f"{name}: onnxruntime {ort.describe()} ({ort.error}), kiln "
                             f"{difference(ort, got)} ({got.error}) with no reason listed")
@@ -45,19 +42,9 @@ def test_kiln_runs_each_script_as_onnxruntime_or_says_why(
     assert not stale, f"REASONS lists scripts that now run the same: {stale}"
 
 
-def test_onnxruntime_runs_the_scripts_kiln_refuses(
-        pairs: dict[str, tuple[Outcome, Outcome]]) -> None:
-    """A refusal is a difference only where onnxruntime runs the script."""
-    refused = [n for n, (ort, got) in pairs.items() if got.error is not None and ort.error is None]
-    assert set(refused) <= set(REASONS)
-
-
 def test_the_table_in_docs_session_md_is_current(
         pairs: dict[str, tuple[Outcome, Outcome]]) -> None:
     assert documented() == render(pairs), (
         "docs/session.md's compatibility table is stale: run "
         "PYTHONPATH=src:tests:tests/session/compat python tests/session/compat/make_table.py")
 
-
-def test_the_model_is_shared(tmp_path: Path) -> None:
-    assert write_mlp(tmp_path / "m.onnx").stat().st_size < 4096  # a small MLP
