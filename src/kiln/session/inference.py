@@ -45,15 +45,17 @@ class InferenceSession:
             compile cache) or its serialized bytes; a library written by
             `export_library` (.so, .tar); a `kiln.Executable`, a loaded
             `kiln.runtime.Module`, or an IRModule (compiled for `host`).
-        sess_options: a `kiln.SessionOptions` (`intra_op_num_threads`).
+        sess_options: a `kiln.SessionOptions` (kiln.session.session_options).
         providers: None or execution providers as onnxruntime takes them (names, or
-            (name, options dict) tuples); kiln runs on the CPU, so only
-            "CPUExecutionProvider" is accepted.
+            (name, options dict) tuples); kiln runs on the CPU: another provider is
+            skipped with onnxruntime's warning, as onnxruntime falls back
+            (kiln.session.providers).
         provider_options: None or one options dict per name in `providers`.
 
     Raises:
         ArgumentTypeError: an argument of the wrong type (named, with the type expected).
-        UsageError: a provider other than the CPU's, or an option's bad value.
+        UsageError: an option's bad value, or one kiln cannot honour
+            (`optimized_model_filepath`).
         MissingFileError, FormatError, FrontendError, CompileError: the model cannot
             be read or compiled.
     """
