@@ -64,8 +64,7 @@ class InferenceSession:
                  providers: Sequence[Any] | None = None,
                  provider_options: Sequence[Mapping[str, Any]] | None = None,
                  **kwargs: Any) -> None:
-        if kwargs:
-            raise UsageError(f"InferenceSession: unknown keyword(s) {', '.join(sorted(kwargs))}")
+        _check_keywords(kwargs)
         self._options = _checked_options(sess_options, providers, provider_options)
         warn_unavailable(providers)  # onnxruntime's fallback, with its warning
         self._meta = ModelMetadata()
@@ -304,6 +303,19 @@ class InferenceSession:
 
     def __getattr__(self, name: str) -> Any:
         raise ort_names.missing("InferenceSession", name)
+
+
+def _check_keywords(kwargs: Mapping[str, Any]) -> None:
+    """onnxruntime's keyword `disabled_optimizers` (names of its graph transformers, of
+    which kiln has none: checked, then nothing to disable); UsageError for any other."""
+    disabled = kwargs.get("disabled_optimizers")
+    if disabled is not None and (isinstance(disabled, (str, bytes)) or not all(
+            isinstance(n, str) for n in disabled)):
+        raise ArgumentTypeError("InferenceSession: disabled_optimizers must be a list of "
+                                f"optimizer names, got {_given(disabled)}")
+    unknown = sorted(k for k in kwargs if k != "disabled_optimizers")
+    if unknown:
+        raise UsageError(f"InferenceSession: unknown keyword(s) {', '.join(unknown)}")
 
 
 def _check_loop_limit(options: SessionOptions, source: Any) -> None:

@@ -68,6 +68,13 @@ def session_metadata(rt: Any, model: str, tmp: Path) -> Any:
 
 
 @script
+def disabled_optimizers_keyword(rt: Any, model: str, tmp: Path) -> Any:
+    sess = rt.InferenceSession(model, providers=["CPUExecutionProvider"],
+                               disabled_optimizers=["NchwcTransformer", "GemmActivationFusion"])
+    return sess.run(None, {"x": X})
+
+
+@script
 def output_names_subset(rt: Any, model: str, tmp: Path) -> Any:
     sess = _session(rt, model)
     return sess.run(["y"], {"x": X}), sess.run([sess.get_outputs()[1].name], {"x": X[:1]})
@@ -358,6 +365,50 @@ def io_binding_buffers(rt: Any, model: str, tmp: Path) -> Any:
     sess.run_with_iobinding(io)
     io.synchronize_outputs()
     return buf, io.copy_outputs_to_cpu()
+
+
+@script
+def io_binding_rebind(rt: Any, model: str, tmp: Path) -> Any:
+    sess = _session(rt, model)
+    io = sess.io_binding()
+    io.bind_cpu_input("x", X)
+    io.bind_output("y")
+    sess.run_with_iobinding(io)
+    first = io.copy_outputs_to_cpu()
+    io.clear_binding_inputs()
+    io.clear_binding_outputs()
+    io.bind_cpu_input("x", X[:1] * 2)
+    io.bind_output("s")
+    io.bind_output("y")
+    sess.run_with_iobinding(io)
+    return first, io.copy_outputs_to_cpu()
+
+
+@script
+def io_binding_terminate(rt: Any, model: str, tmp: Path) -> Any:
+    sess = _session(rt, model)
+    io = sess.io_binding()
+    io.bind_cpu_input("x", X)
+    io.bind_output("y")
+    ro = rt.RunOptions()
+    ro.terminate = True
+    sess.run_with_iobinding(io, ro)
+    return io.copy_outputs_to_cpu()
+
+
+@script
+def ortvalue_types(rt: Any, model: str, tmp: Path) -> Any:
+    arrays = [np.ones(2, t) for t in (np.bool_, np.float16, np.float64, np.int8, np.uint8,
+                                      np.int32, np.uint64)]
+    values = [rt.OrtValue.ortvalue_from_numpy(a) for a in arrays]
+    return [(v.data_type(), v.element_type(), v.numpy().dtype.name) for v in values]
+
+
+@script
+def run_options_defaults(rt: Any, model: str, tmp: Path) -> Any:
+    ro = rt.RunOptions()
+    return (ro.terminate, ro.logid, ro.log_severity_level, ro.log_verbosity_level,
+            ro.only_execute_path_to_fetches)
 
 
 # ------------------------------------------------------------------ profiling
