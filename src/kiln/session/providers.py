@@ -79,12 +79,12 @@ def warn_unavailable(providers: Sequence[Any] | None) -> None:
             # onnxruntime's text, missing space included, so log filters match both.
             warnings.warn(f"Specified provider '{name}' is not in available provider names."
                           f"Available providers: '{', '.join(available)}'", UserWarning,
-                          stacklevel=4)
+                          stacklevel=3)
         elif name != CPU_PROVIDER:
             warnings.warn(f"{name} is available, but kiln's InferenceSession compiles for the "
                           "CPU and runs there; compile a CUDA library with kiln.compile(model, "
                           "'cuda -arch=sm_XY') and open it (docs/gpu.md)", UserWarning,
-                          stacklevel=4)
+                          stacklevel=3)
 
 
 __all__ = ["ALL_PROVIDERS", "CPU_PROVIDER", "CUDA_PROVIDER", "cuda_usable",
