@@ -451,7 +451,7 @@ def test_ortvalue_bindings_take_arrays_and_get_outputs_returns_them(
     session.run_with_iobinding(io_binding)
     np.testing.assert_array_equal(out, want)
     (got,) = io_binding.get_outputs()
-    assert got is out  # the array the run wrote, as onnxruntime returns its OrtValue
+    assert got.numpy() is out  # an OrtValue over the array the run wrote, not a copy
     (copied,) = io_binding.copy_outputs_to_cpu()
     assert copied is not out and np.array_equal(copied, out)
 

@@ -13,7 +13,9 @@ import pytest
 
 TESTS = Path(__file__).resolve().parent
 REFERENCE = "support/reference.py"
-SESSION_ALLOWED = {REFERENCE}
+# The compatibility scripts are onnxruntime scripts on purpose: they run with
+# `rt` = onnxruntime and `rt` = kiln and are compared (tests/session/compat).
+SESSION_ALLOWED = {REFERENCE, "session/compat/compat_scripts.py"}
 HELPER_NAMES = {"onnxruntime_outputs", "ort_session"}
 PATH_EDITS = {"insert", "append", "extend", "remove"}
 GRAPHS = "support/graphs.py"

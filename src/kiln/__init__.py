@@ -16,6 +16,7 @@ neither llvmlite nor onnx.
 from __future__ import annotations
 
 import importlib as _importlib
+import importlib.util as _importlib_util
 from typing import Any as _Any
 
 from kiln.errors import (
@@ -53,6 +54,13 @@ _LAZY = {
     "SessionOptions": "kiln.session:SessionOptions",
     "RunOptions": "kiln.session:RunOptions",
 }
+# onnxruntime's Python API (docs/session.md): `import kiln as rt` runs its scripts.
+_LAZY.update({name: f"kiln.session:{name}" for name in (
+    "ExecutionMode", "ExecutionOrder", "GraphOptimizationLevel", "IOBinding", "ModelMetadata",
+    "NodeArg", "OrtValue", "disable_telemetry_events", "enable_telemetry_events",
+    "get_all_providers", "get_available_providers", "get_device",
+    "set_default_logger_severity", "set_default_logger_verbosity",
+    "set_global_thread_pool_sizes")})
 _SUBMODULES = (
     "artifact", "cli", "codegen", "export", "frontend", "ir", "mlf", "ops", "runtime",
     "script", "session", "target", "transform",
@@ -74,7 +82,14 @@ def __getattr__(name: str) -> _Any:
         return value
     if name in _SUBMODULES:
         return _importlib.import_module(f"kiln.{name}")
-    raise AttributeError(f"module 'kiln' has no attribute {name!r}")
+    # Python's own probes (__wrapped__, __path__ ...), and a submodule not imported yet
+    # (`from kiln import dim_expr` asks here first, maybe while kiln is half imported).
+    if name.startswith("_") or _importlib_util.find_spec(f"kiln.{name}") is not None:
+        raise AttributeError(f"module 'kiln' has no attribute {name!r}")
+    # onnxruntime's names kiln lacks raise a KilnError saying what to use instead.
+    from kiln.session import ort_names  # lazy: a light table, only for a missing name
+
+    raise ort_names.missing(None, name)
 
 
 def __dir__() -> list[str]:

@@ -87,6 +87,11 @@ def test_runtime_options_hit_and_compile_options_or_bytes_miss(model: Path) -> N
     threads = kiln.SessionOptions()
     threads.intra_op_num_threads = 1  # how the library runs, not what it is: a hit
     assert kiln.InferenceSession(model, threads).cache_hit
+    onnxruntime_fields = kiln.SessionOptions()  # accepted, change nothing compiled: a hit
+    onnxruntime_fields.graph_optimization_level = kiln.GraphOptimizationLevel.ORT_DISABLE_ALL
+    onnxruntime_fields.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    assert kiln.InferenceSession(model, onnxruntime_fields,
+                                 providers=[("CPUExecutionProvider", {})]).cache_hit
     limited = kiln.SessionOptions()
     limited.max_loop_iterations = 7
     assert not kiln.InferenceSession(model, limited).cache_hit

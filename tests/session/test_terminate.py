@@ -133,13 +133,17 @@ def test_terminate_through_the_c_abi(tmp_path: Path) -> None:
 
 
 @pytest.mark.skipif(platform.machine() != "x86_64", reason="the golden library is x86-64 code")
-def test_library_before_the_flag_runs_to_its_end() -> None:
-    """A library of metadata version 4 (no terminate flag) loads and runs; a session over
-    it ignores RunOptions.terminate, as it cannot be stopped, and computes the Loop."""
+def test_library_before_the_flag_refuses_a_terminated_run() -> None:
+    """A library of metadata version 4 (no terminate flag) loads and runs; it cannot be
+    stopped while running, so a session refuses a run started with RunOptions.terminate
+    set (as onnxruntime does, with kiln's message) and computes the Loop once reset."""
     sess = kiln.InferenceSession(str(GOLDEN))
     ro = kiln.RunOptions()
     ro.terminate = True
     feeds = {"M": np.array(5, np.int64), "x": np.arange(4, dtype=np.float32)}
+    with pytest.raises(kiln.CallError, match=re.escape(TERMINATED) + r" \(before the run"):
+        sess.run(None, feeds, ro)
+    ro.terminate = False
     got = sess.run(None, feeds, ro)
     assert_close(got, onnxruntime_outputs(loop_model(), feeds), 1e-6)
     lib = kiln.runtime.load_module(GOLDEN)

@@ -17,15 +17,18 @@ from kiln.driver import cache
 from kiln.errors import ArgumentTypeError, CallError, GenericKernelWarning, UsageError, shown
 from kiln.runtime import Module, load_module
 from kiln.runtime.abi import numpy_dtype
-from kiln.runtime.terminate import TerminateFlag
-from kiln.session import start
+from kiln.session import config_entries, feeds, ort_names, start
 from kiln.session.io_binding import IOBinding
 from kiln.session.node_arg import ModelMetadata, NodeArg, SessionOptions
+from kiln.session.ort_value import OrtValue
+from kiln.session.profiling import SessionProfiler
+from kiln.session.providers import CPU_PROVIDER, provider_name, warn_unavailable
+from kiln.session.run_options import RunOptions
+from kiln.session.session_options import check_ort_fields
 
 if TYPE_CHECKING:
     from kiln.runtime.function import PackedFunction
 
-CPU_PROVIDER = "CPUExecutionProvider"
 _ENTRY = "main"
 
 
@@ -42,15 +45,17 @@ class InferenceSession:
             compile cache) or its serialized bytes; a library written by
             `export_library` (.so, .tar); a `kiln.Executable`, a loaded
             `kiln.runtime.Module`, or an IRModule (compiled for `host`).
-        sess_options: a `kiln.SessionOptions` (`intra_op_num_threads`).
+        sess_options: a `kiln.SessionOptions` (kiln.session.session_options).
         providers: None or execution providers as onnxruntime takes them (names, or
-            (name, options dict) tuples); kiln runs on the CPU, so only
-            "CPUExecutionProvider" is accepted.
+            (name, options dict) tuples); kiln runs on the CPU: another provider is
+            skipped with onnxruntime's warning, as onnxruntime falls back
+            (kiln.session.providers).
         provider_options: None or one options dict per name in `providers`.
 
     Raises:
         ArgumentTypeError: an argument of the wrong type (named, with the type expected).
-        UsageError: a provider other than the CPU's, or an option's bad value.
+        UsageError: an option's bad value, or one kiln cannot honour
+            (`optimized_model_filepath`).
         MissingFileError, FormatError, FrontendError, CompileError: the model cannot
             be read or compiled.
     """
@@ -59,14 +64,14 @@ class InferenceSession:
                  providers: Sequence[Any] | None = None,
                  provider_options: Sequence[Mapping[str, Any]] | None = None,
                  **kwargs: Any) -> None:
-        if kwargs:
-            raise UsageError(f"InferenceSession: unknown keyword(s) {', '.join(sorted(kwargs))}")
+        _check_keywords(kwargs)
         self._options = _checked_options(sess_options, providers, provider_options)
-        self._providers = (providers, provider_options)
+        warn_unavailable(providers)  # onnxruntime's fallback, with its warning
         self._meta = ModelMetadata()
         self.cache_hit = False  # kiln's own: the library came from the compile cache
         threads = _thread_count(self._options)
         self._generic: list[dict[str, Any]] = []
+        self._profiler: SessionProfiler | None = None
         self._function = self._open(path_or_library, threads)
         if self._generic:  # once per session, naming the caller's line
             warnings.warn(generic_kernels.report(self._generic), GenericKernelWarning,
@@ -74,10 +79,15 @@ class InferenceSession:
         self._inputs = [NodeArg.of(p) for p in self._function.params]
         self._outputs = [NodeArg.of(r) for r in self._function.results]
         self._output_index = {o.name: i for i, o in enumerate(self._outputs)}
+        self._dtypes = [_numpy_dtype(str(p["dtype"])) for p in self._function.params]
+        if self._profiler is not None:
+            self._profiler.initialized()
 
     # ------------------------------------------------------------ loading
     def _open(self, source: Any, threads: int) -> PackedFunction:
         _check_loop_limit(self._options, source)
+        if self._options.enable_profiling:  # from the start, as onnxruntime's
+            self._profiler = SessionProfiler(self._options.profile_file_prefix, None)
         with warnings.catch_warnings():  # the session warns once, from the metadata
             warnings.simplefilter("ignore", GenericKernelWarning)
             module = self._module(source, threads)
@@ -85,6 +95,11 @@ class InferenceSession:
         self._generic = list(metadata.get(generic_kernels.METADATA_KEY) or [])
         if threads and hasattr(module, "set_num_threads"):
             module.set_num_threads(threads)  # this library only, from its next call
+        spin = config_entries.spin_us(self._options.session_config_entries())
+        if spin is not None and hasattr(module, "set_spin_us"):
+            module.set_spin_us(spin)
+        if self._profiler is not None and metadata.get("profile", {}).get("sites"):
+            self._profiler.read = module.profile  # the kernels' timers, per run
         return _entry(module)
 
     def _module(self, source: Any, threads: int) -> Any:
@@ -119,7 +134,7 @@ class InferenceSession:
         key = None
         if cache.cache_enabled(_pass_config()):
             try:
-                key = start.session_key(path, self._options, *self._providers)
+                key = start.session_key(path, self._options)
             except OSError:  # a directory, unreadable: the import says what it is
                 key = None
         if key is not None:
@@ -161,6 +176,21 @@ class InferenceSession:
         """The execution providers in use: the CPU's."""
         return [CPU_PROVIDER]
 
+    def get_provider_options(self) -> dict[str, dict[str, str]]:
+        """Each provider in use with its options: the CPU's, with none (as onnxruntime's
+        CPU provider, which keeps none of the options it is given)."""
+        return {CPU_PROVIDER: {}}
+
+    def end_profiling(self) -> str:
+        """With `SessionOptions.enable_profiling`: write onnxruntime's profile JSON
+        (kiln.session.profiling) and return its path; profiling stops. Else ""."""
+        profiler, self._profiler = self._profiler, None
+        return "" if profiler is None else profiler.end()
+
+    def get_profiling_start_time_ns(self) -> int:
+        """When profiling started (ns since the epoch); 0 without profiling."""
+        return 0 if self._profiler is None else self._profiler.start_ns
+
     def get_session_options(self) -> SessionOptions:
         """The options this session was made with."""
         return self._options
@@ -183,6 +213,14 @@ class InferenceSession:
         picks = self._picks(output_names)
         results = self._call(self._arguments(input_feed), None, run_options)
         return [results[i] for i in picks]
+
+    def run_with_ort_values(self, output_names: Sequence[str] | None,
+                            input_dict_ort_values: Mapping[str, Any],
+                            run_options: RunOptions | None = None) -> list[OrtValue]:
+        """`run` with OrtValues in and out (kiln.OrtValue: numpy arrays behind
+        onnxruntime's methods; arrays are taken too)."""
+        return [OrtValue(a) for a in self.run(output_names, input_dict_ort_values,
+                                              run_options)]
 
     def io_binding(self) -> IOBinding:
         """A binding of inputs and preallocated outputs for `run_with_iobinding`."""
@@ -218,17 +256,27 @@ class InferenceSession:
         if missing:
             raise CallError(f"missing input(s): {', '.join(missing)} (the model's inputs: "
                             f"{', '.join(names)})")
-        return [feed[n] for n in names]
+        return [feeds.converted(n, feed[n], dtype) for n, dtype in zip(names, self._dtypes)]
 
     def _call(self, args: list[Any], out: tuple[np.ndarray, ...] | None,
               run_options: RunOptions | None = None) -> list[np.ndarray]:
-        if run_options is None:
-            result = self._function(*args, out=out)
-        elif isinstance(run_options, RunOptions):
-            result = self._function.call_with_flag(run_options._flag, *args, out=out)
-        else:
+        if run_options is not None and not isinstance(run_options, RunOptions):
             raise ArgumentTypeError(f"run_options must be a kiln.RunOptions or None, got "
                                     f"{type(run_options).__name__}")
+        flag = None if run_options is None else run_options.flag
+        if flag is not None and flag.is_set and not self._function.terminable:
+            # A library too old to poll the flag: refuse the run up front, as onnxruntime
+            # does and as a library with the flag would, at its first check.
+            raise CallError(f"{self._function.name}: terminated: the caller set the call's "
+                            "terminate flag (before the run: this library, built before "
+                            "kiln's library metadata version 5, cannot stop during one)")
+
+        def call() -> Any:
+            if flag is None:
+                return self._function(*args, out=out)
+            return self._function.call_with_flag(flag, *args, out=out)
+
+        result = call() if self._profiler is None else self._profiler.run(call)
         return list(result) if isinstance(result, tuple) else [result]
 
     def _picks(self, output_names: Sequence[str] | None) -> list[int]:
@@ -253,43 +301,21 @@ class InferenceSession:
         """The position of output `name` (CallError naming the outputs if unknown)."""
         return self._picks([name])[0]
 
+    def __getattr__(self, name: str) -> Any:
+        raise ort_names.missing("InferenceSession", name)
 
-class RunOptions:
-    """Options of one `run`, named as in onnxruntime.
 
-    Attributes:
-        terminate: set it to True, from any thread, to stop the runs given these
-            options: each stops at its next kernel call or Loop iteration with a
-            CallError ("main: terminated: the caller set the call's terminate flag").
-            It stays True until reset (a run started with it set stops at once). A
-            library compiled before kiln's library metadata version 5 cannot be stopped:
-            its runs go to the end.
-        logid, log_severity_level, log_verbosity_level: accepted for compatibility;
-            kiln does not log runs.
-    """
-
-    __slots__ = ("_flag", "log_severity_level", "log_verbosity_level", "logid")
-
-    def __init__(self) -> None:
-        self._flag = TerminateFlag()
-        self.logid = ""
-        self.log_severity_level = -1
-        self.log_verbosity_level = 0
-
-    @property
-    def terminate(self) -> bool:
-        """Whether the runs given these options are asked to stop."""
-        return self._flag.is_set
-
-    @terminate.setter
-    def terminate(self, value: bool) -> None:
-        if not isinstance(value, (bool, np.bool_)):
-            raise ArgumentTypeError(f"RunOptions.terminate must be a bool, got "
-                                    f"{type(value).__name__}")
-        if value:
-            self._flag.set()
-        else:
-            self._flag.clear()
+def _check_keywords(kwargs: Mapping[str, Any]) -> None:
+    """onnxruntime's keyword `disabled_optimizers` (names of its graph transformers, of
+    which kiln has none: checked, then nothing to disable); UsageError for any other."""
+    disabled = kwargs.get("disabled_optimizers")
+    if disabled is not None and (isinstance(disabled, (str, bytes)) or not all(
+            isinstance(n, str) for n in disabled)):
+        raise ArgumentTypeError("InferenceSession: disabled_optimizers must be a list of "
+                                f"optimizer names, got {_given(disabled)}")
+    unknown = sorted(k for k in kwargs if k != "disabled_optimizers")
+    if unknown:
+        raise UsageError(f"InferenceSession: unknown keyword(s) {', '.join(unknown)}")
 
 
 def _check_loop_limit(options: SessionOptions, source: Any) -> None:
@@ -351,6 +377,7 @@ def _checked_options(sess_options: Any, providers: Any,
             _check_provider(entry)
     for name in ("intra_op_num_threads", "inter_op_num_threads"):
         _thread_option(sess_options, name)
+    check_ort_fields(sess_options)
     progress = getattr(sess_options, "progress", None)
     if progress is not None and not callable(progress):
         raise ArgumentTypeError(f"SessionOptions.progress must be a callable taking a "
@@ -374,19 +401,12 @@ def _check_provider_options(options: Any, providers: Any) -> None:
 
 
 def _check_provider(entry: Any) -> None:
-    """One entry of `providers`: a name, or a (name, options dict) tuple, the CPU's."""
-    if isinstance(entry, tuple) and len(entry) == 2 and isinstance(entry[1], Mapping):
-        name = entry[0]
-    else:
-        name = entry
+    """One entry of `providers`: a name, or a (name, options dict) tuple (a provider kiln
+    does not have is skipped with onnxruntime's warning, kiln.session.providers)."""
+    name = provider_name(entry)
     if not isinstance(name, str):
         raise ArgumentTypeError(f"InferenceSession: each provider must be a name (str) or a "
                                 f"(name, options dict) tuple, got {_given(entry)}")
-    if name != CPU_PROVIDER:
-        raise UsageError(
-            f"execution provider {name!r} is not available: kiln compiles for the CPU "
-            f"(use {CPU_PROVIDER!r} or leave providers out; GPU targets are compiled "
-            "with kiln.compile, docs/gpu.md)")
 
 
 def _thread_option(options: SessionOptions, name: str) -> int:
@@ -412,5 +432,7 @@ def _metadata_of(model: Any) -> ModelMetadata:
     return ModelMetadata(
         producer_name=model.producer_name, graph_name=model.graph.name,
         domain=model.domain, description=model.doc_string,
-        graph_description=model.graph.doc_string, version=model.model_version,
+        graph_description=model.graph.doc_string,
+        # onnxruntime answers INT64_MAX for a model that does not set its version
+        version=model.model_version if model.HasField("model_version") else (1 << 63) - 1,
         custom_metadata_map={p.key: p.value for p in model.metadata_props})

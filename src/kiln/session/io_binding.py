@@ -23,7 +23,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from kiln.errors import ArgumentTypeError, CallError, UsageError, shown
+from kiln.session import ort_names
 from kiln.session.node_arg import NodeArg, ort_type
+from kiln.session.ort_value import OrtValue
 
 if TYPE_CHECKING:
     from kiln.session.inference import InferenceSession
@@ -60,8 +62,8 @@ class IOBinding:
                                       buffer_ptr)
 
     def bind_ortvalue_input(self, name: str, ortvalue: Any) -> None:
-        """Bind input `name` to a value: kiln has no OrtValue, so an array (numpy or
-        DLPack) stands for one, as in `bind_cpu_input`."""
+        """Bind input `name` to a kiln.OrtValue (or an array, numpy or DLPack, as in
+        `bind_cpu_input`)."""
         self.bind_cpu_input(name, _array_for_ortvalue(name, ortvalue, writable=False))
 
     def bind_output(self, name: str, device_type: str = "cpu", device_id: int = 0,
@@ -75,20 +77,23 @@ class IOBinding:
                                         buffer_ptr))
 
     def bind_ortvalue_output(self, name: str, ortvalue: Any) -> None:
-        """Bind output `name` to a writable numpy array (kiln's stand-in for an OrtValue),
-        written in place by the run."""
+        """Bind output `name` to a kiln.OrtValue or a writable numpy array, written in
+        place by the run."""
         arg = self._arg(name, self._session.get_outputs(), "output")
         self.outputs[arg.name] = _array_for_ortvalue(arg.name, ortvalue, writable=True)
 
-    def get_outputs(self) -> list[np.ndarray]:
-        """The bound outputs after `run_with_iobinding`, in binding order, as the arrays
-        the run wrote (not copies; onnxruntime returns OrtValues here)."""
-        picks = [self._session.output_index(n) for n in self.outputs]
-        return [self.results[i] for i in picks] if self.results else []
+    def get_outputs(self) -> list[OrtValue]:
+        """The bound outputs after `run_with_iobinding`, in binding order, as OrtValues
+        over the arrays the run wrote (not copies: `.numpy()` is the array)."""
+        return [OrtValue(a) for a in self._results()]
 
     def copy_outputs_to_cpu(self) -> list[np.ndarray]:
         """Copies of the bound outputs after `run_with_iobinding`, in binding order."""
-        return [result.copy() for result in self.get_outputs()]
+        return [result.copy() for result in self._results()]
+
+    def _results(self) -> list[np.ndarray]:
+        picks = [self._session.output_index(n) for n in self.outputs]
+        return [self.results[i] for i in picks] if self.results else []
 
     def clear_binding_inputs(self) -> None:
         """Forget the bound inputs."""
@@ -105,6 +110,9 @@ class IOBinding:
     def synchronize_outputs(self) -> None:
         """Nothing to do: kiln runs on the CPU, synchronously."""
 
+    def __getattr__(self, name: str) -> Any:
+        raise ort_names.missing("IOBinding", name)
+
     @staticmethod
     def _arg(name: Any, args: list[NodeArg], kind: str) -> NodeArg:
         """The model's input or output `name` (a KilnError naming them all otherwise)."""
@@ -119,17 +127,21 @@ class IOBinding:
 
 
 def _array_for_ortvalue(name: str, value: Any, *, writable: bool) -> Any:
-    """`value` when it is an array kiln can bind (a writable numpy array for an output)."""
-    if type(value).__name__ == "OrtValue":
-        raise ArgumentTypeError(f"'{name}': kiln has no OrtValue; bind a numpy array "
-                                "(an onnxruntime OrtValue's .numpy() is one)")
+    """`value` when it is an array kiln can bind (a writable numpy array for an output),
+    or a kiln.OrtValue's array."""
+    if isinstance(value, OrtValue):
+        value = value.numpy()
+    elif type(value).__name__ == "OrtValue":
+        raise ArgumentTypeError(f"'{name}': an onnxruntime OrtValue; bind a kiln.OrtValue "
+                                "or a numpy array (the OrtValue's .numpy())")
     if writable:
         if not isinstance(value, np.ndarray) or not value.flags.writeable:
             raise ArgumentTypeError(f"'{name}': an output binds to a writable numpy array, got "
                                     f"{type(value).__name__}")
     elif not isinstance(value, np.ndarray) and not hasattr(value, "__dlpack__"):
         raise ArgumentTypeError(f"'{name}': an input binds to a numpy array or a DLPack "
-                                f"tensor, got {type(value).__name__}")
+                                f"tensor, got {type(value).__name__} (or to a kiln.OrtValue: "
+                                "OrtValue.ortvalue_from_numpy(array))")
     return value
 
 

@@ -1,10 +1,12 @@
-"""The small value types of a session: NodeArg, ModelMetadata, SessionOptions."""
+"""The small value types of a session: NodeArg, ModelMetadata (SessionOptions lives in
+kiln.session.session_options and is importable from here too)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
+
+from kiln.session.session_options import SessionOptions
 
 # kiln dtype -> the element type name onnxruntime prints inside "tensor(...)".
 _ORT_ELEMENT = {
@@ -55,32 +57,4 @@ class ModelMetadata:
     custom_metadata_map: dict[str, str] = field(default_factory=dict)
 
 
-class SessionOptions:
-    """Session settings, named as in onnxruntime.
-
-    Attributes:
-        intra_op_num_threads: threads of the library's thread pool, the caller included;
-            0 (default) = the process default (`kiln.runtime.set_num_threads`, else
-            `KILN_NUM_THREADS`, else one per online CPU). Applied to this session's
-            library only (`Module.set_num_threads`, docs/runtime.md).
-        inter_op_num_threads: accepted for compatibility; kiln runs one op at a time.
-        max_loop_iterations: kiln's own: the most iterations an ONNX Loop may run when
-            the session compiles the model (`kiln.compile(..., max_loop_iterations=)`);
-            a run whose Loop would run more raises CallError naming the Loop node.
-            None (default): no limit, as onnxruntime.
-        progress: kiln's own: None, or a callable given a
-            `kiln.driver.progress.ProgressEvent` at every step of a compile (a session
-            over an ONNX file that misses the compile cache); None shows a line on a
-            terminal, else logs to the `logging` logger "kiln" (docs/session.md).
-        shape_dict: kiln's own: pins or bounds of the model's symbolic dimensions when
-            the session compiles an ONNX model, as `kiln.frontend.from_onnx` takes them
-            (`{"past_seq": range(0, 4097)}` bounds, `{"batch": 1}` pins). None
-            (default): every symbolic dimension takes any size from 0 up.
-    """
-
-    def __init__(self) -> None:
-        self.intra_op_num_threads = 0
-        self.inter_op_num_threads = 0
-        self.max_loop_iterations: int | None = None
-        self.progress: Callable[[Any], None] | None = None
-        self.shape_dict: dict[str, Any] | None = None
+__all__ = ["ModelMetadata", "NodeArg", "SessionOptions", "ort_type"]

@@ -2,8 +2,8 @@
 
 The key is found from the file's bytes (a chunked SHA-256, hashed on several threads
 from a read-only mapping) and from everything else that changes the library: the
-session options that reach the compiler, the providers and their options, this
-machine's CPU (what LLVM resolves `host` from: /proc/cpuinfo's identity and flags,
+session options that reach the compiler (not the providers: every session runs on
+the CPU), this machine's CPU (what LLVM resolves `host` from: /proc/cpuinfo's identity and flags,
 `$KILN_HOST_CPU`), kiln's version and sources, llvmlite's version, the C compiler and
 the `KILN_*` environment variables a compile reads. A hit is the linked library
 itself (kiln.driver.cache.store_library), checked byte for byte and dlopen'ed where it
@@ -41,9 +41,17 @@ from kiln.session.node_arg import ModelMetadata, SessionOptions
 
 # 1 (2026-11-27): the first format: key fields below, entry metadata {"model",
 # "external_data", "source"}.
-SESSION_CACHE_FORMAT = 1
+# 2 (2026-11-27): providers and provider_options out of the key (every session
+# compiles for the CPU; another provider falls back with a warning).
+SESSION_CACHE_FORMAT = 2
 # Options that change how the library runs, never what is compiled: out of the key.
-RUNTIME_OPTIONS = frozenset({"intra_op_num_threads", "inter_op_num_threads", "progress"})
+RUNTIME_OPTIONS = frozenset({
+    "intra_op_num_threads", "inter_op_num_threads", "progress", "_config",
+    # onnxruntime's fields that kiln accepts and does not compile by (session_options.py)
+    "graph_optimization_level", "execution_mode", "execution_order",
+    "optimized_model_filepath", "profile_file_prefix", "log_severity_level",
+    "log_verbosity_level", "logid", "enable_cpu_mem_arena", "enable_mem_pattern",
+    "enable_mem_reuse", "use_deterministic_compute", "use_per_session_threads"})
 # KILN_* variables read at run time or by the cache itself, never by a compile.
 RUNTIME_VARIABLES = frozenset({
     "KILN_NUM_THREADS", "KILN_SPIN_US", "KILN_PIN_THREADS", "KILN_SERIAL_NS",
@@ -76,14 +84,12 @@ def file_digest(path: str | os.PathLike[str]) -> str:
     return digest
 
 
-def session_key(path: Path, options: SessionOptions, providers: Any,
-                provider_options: Any) -> str:
+def session_key(path: Path, options: SessionOptions) -> str:
     """The cache key of a session over the ONNX file at `path` (see the module docstring)."""
     fields = {
         "format": SESSION_CACHE_FORMAT, "kind": "onnx-session", "model": file_digest(path),
         "options": _canonical({k: v for k, v in sorted(vars(options).items())
                                if k not in RUNTIME_OPTIONS}),
-        "providers": _canonical(providers), "provider_options": _canonical(provider_options),
         "cpu": host_identity(), "kiln": __version__,
         "kiln_source": cache.kiln_source_fingerprint(), "llvmlite": _version("llvmlite"),
         "cc": _compiler_identity(), "env": compile_environment()}
@@ -260,7 +266,8 @@ def require_file(path: Path) -> None:
 def compile_arguments(options: SessionOptions) -> dict[str, Any]:
     """The keyword arguments of `kiln.compile` that a session's options give: every
     compile a session makes (of a file, bytes or an IRModule) takes them."""
-    return {"max_loop_iterations": options.max_loop_iterations}
+    return {"max_loop_iterations": options.max_loop_iterations,
+            "profile": bool(options.enable_profiling)}  # timers for end_profiling()
 
 
 def with_shape_dict(model: Any, options: SessionOptions) -> Any:
