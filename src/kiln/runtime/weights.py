@@ -91,7 +91,7 @@ class WeightCheck:
 class _CheckedEntry:
     """Stands in for a native entry: runs the weight check, then the entry."""
 
-    def __init__(self, c_func: Any, check: WeightCheck) -> None:
+    def __init__(self, c_func: Any, check: Any) -> None:
         self.c_func = c_func
         self.check = check
 
@@ -107,10 +107,17 @@ def check_weights(lib: LibraryModule, address: int, symbol_size: int,
 
     `address` is where the blob symbol is mapped and `symbol_size` its ELF size.
     """
-    mode = verify_mode(mode)
-    if mode is False or not contents.linked:
+    if verify_mode(mode) is False or not contents.linked:
         return
-    check = WeightCheck(lib, address, symbol_size, contents)
+    arm_check(lib, WeightCheck(lib, address, symbol_size, contents), mode)
+
+
+def arm_check(lib: LibraryModule, check: Any, mode: bool | str | None) -> None:
+    """Run `check` (an object with `done` and `run()`) now, or before the first call of
+    any of `lib`'s functions, per `mode` (see verify_mode); False: never."""
+    mode = verify_mode(mode)
+    if mode is False:
+        return
     entries = [fn for name in lib.function_names()
                if (fn := lib.get_function(name, query_imports=False)) is not None]
     wrappable = all(hasattr(fn, "c_func") for fn in entries)
@@ -121,4 +128,4 @@ def check_weights(lib: LibraryModule, address: int, symbol_size: int,
         fn.c_func = _CheckedEntry(fn.c_func, check)  # type: ignore[attr-defined]
 
 
-__all__ = ["WeightCheck", "check_weights", "verify_mode"]
+__all__ = ["WeightCheck", "arm_check", "check_weights", "verify_mode"]
