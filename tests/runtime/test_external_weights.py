@@ -20,13 +20,15 @@ import numpy as np
 import pytest
 
 import kiln
-from kiln.artifact import weights_file
+from kiln.artifact import Artifact, weights_file
+from kiln.artifact.integrity import chunk_digests
 from kiln.errors import FormatError, MissingFileError, UsageError
 from kiln.ir import IRBuilder, IRModule
 from kiln.ir import graph as g
 from kiln.runtime import external_weights, load_module
 from support.c_programs import EXAMPLES, build_c_program
 from support.processes import run_python
+from support.toolchains import c_compiler
 
 RNG = np.random.default_rng(60)
 X = RNG.standard_normal((2, 40)).astype(np.float32)
@@ -211,3 +213,16 @@ def test_a_c_program_maps_the_weights_file(libs, tmp_path):
     env = {**os.environ, "KILN_WEIGHTS": str(libs["other"]) + ".weights"}
     proc = subprocess.run(args, capture_output=True, text=True, timeout=60, env=env)
     assert proc.returncode == 1 and "(-3)" in proc.stderr
+
+
+def test_the_weights_loader_is_warning_free_c(tmp_path):
+    """kiln_weights.c as export_library writes it compiles with every warning an error."""
+    data = Artifact("llvm", "native", "constants.bin", bytes(range(256)) * 40,
+                    {"symbol": "m_consts", "align": 64})
+    loader, entry = external_weights.export_weights(
+        [(data, 4096, chunk_digests(data.content, 4096))], "m", tmp_path / "m.so.weights")
+    assert entry["file"] == "m.so.weights" and entry["tensors"][0]["size"] == 10240
+    src = tmp_path / "kiln_weights.c"
+    src.write_bytes(bytes(loader.content))
+    subprocess.run([c_compiler(), "-std=c99", "-Wall", "-Wextra", "-Werror", "-fPIC", "-c",
+                    str(src), "-o", str(tmp_path / "w.o")], check=True, timeout=120)

@@ -28,13 +28,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kiln.artifact.artifact import Artifact
-from kiln.artifact.integrity import CHUNK_SIZE, chunk_digests, verify
+from kiln.artifact.integrity import verify
 from kiln.artifact.segments import Content
 from kiln.artifact.weights_file import ALIGN, WeightsHeader, read_header, write_weights
 from kiln.errors import FormatError, MissingFileError, UsageError
 from kiln.runtime import ctypes_abi
 from kiln.runtime.memory_library import is_memory_path
 from kiln.runtime.native import include_dir
+from kiln.runtime.weights import CheckOnce
 
 if TYPE_CHECKING:
     from kiln.runtime.module import LibraryModule
@@ -57,16 +58,6 @@ def default_weights_path(library: Path) -> Path:
     return library.with_name(library.name + WEIGHTS_SUFFIX)
 
 
-def _chunks(a: Artifact) -> tuple[int, bytes]:
-    meta = a.metadata
-    size, hexed = meta.get("chunk_size"), meta.get("chunk_sha256")
-    if isinstance(size, int) and isinstance(hexed, str):
-        digests = bytes.fromhex(hexed)
-        if len(digests) == -(-a.size // size) * 32:
-            return size, digests
-    return CHUNK_SIZE, chunk_digests(a.content)
-
-
 def tensor_name(a: Artifact, data: Sequence[Artifact]) -> str:
     """A data artifact's name in the weights file: its file name, unless two share it."""
     if sum(d.file_name == a.file_name for d in data) == 1:
@@ -74,14 +65,14 @@ def tensor_name(a: Artifact, data: Sequence[Artifact]) -> str:
     return f"{a.codegen_id}/{a.file_name}"
 
 
-def export_weights(data: Sequence[Artifact], prefix: str, weights_path: Path
-                   ) -> tuple[Artifact, dict[str, Any]]:
-    """Write the weights file of `data` (the native .bin artifacts); return the C loader
-    artifact to link in their place and the blob metadata entry `weights`."""
-    items: list[tuple[str, Content, int, bytes]] = []
-    for a in data:
-        chunk, digests = _chunks(a)
-        items.append((tensor_name(a, data), a.content, chunk, digests))
+def export_weights(hashed: Sequence[tuple[Artifact, int, bytes]], prefix: str,
+                   weights_path: Path) -> tuple[Artifact, dict[str, Any]]:
+    """Write the weights file of the native .bin artifacts, given with their chunk size
+    and chunk SHA-256s; return the C loader artifact to link in their place and the
+    blob metadata entry `weights`."""
+    data = [a for a, _chunk, _digests in hashed]
+    items: list[tuple[str, Content, int, bytes]] = [
+        (tensor_name(a, data), a.content, chunk, digests) for a, chunk, digests in hashed]
     header = write_weights(weights_path, items)
     symbols = [str(a.metadata["symbol"]) for a in data]
     regions = " ".join(f"X({s}, {t.size}ULL, {max(ALIGN, -(-t.size // ALIGN) * ALIGN)}ULL)"
@@ -103,14 +94,15 @@ def export_weights(data: Sequence[Artifact], prefix: str, weights_path: Path
     return loader, entry
 
 
-class SharedWeights:
+class SharedWeights(CheckOnce):
     """One weights file mapped read-only, shared by every library of its content hash.
 
-    `view` is the mapping (a memoryview of the whole file); `check()` verifies
+    `view` is the mapping (a memoryview of the whole file); `run()` verifies
     every tensor against the index's chunk hashes once, remembering a failure.
     """
 
     def __init__(self, path: Path, fd: int, header: WeightsHeader) -> None:
+        super().__init__()
         self.path = path
         self.fd = fd
         self.header = header
@@ -118,8 +110,6 @@ class SharedWeights:
         self._map = mmap.mmap(fd, header.file_size, prot=mmap.PROT_READ)
         self.view = memoryview(self._map)
         self.done = False
-        self.error: FormatError | None = None
-        self._lock = threading.Lock()
         weakref.finalize(self, _release, self.view, self._map, fd)
 
     def tensor(self, name: str) -> memoryview:
@@ -129,23 +119,11 @@ class SharedWeights:
             raise UsageError(f"{self.path}: no tensor {name!r} in the weights file")
         return self.view[t.offset:t.offset + t.size]
 
-    def run(self) -> None:
-        """Check every tensor (once); FormatError naming the damaged bytes otherwise."""
-        if self.done:
-            return
-        with self._lock:
-            if self.error is not None:
-                raise self.error
-            if self.done:
-                return
-            try:
-                for t in self.header.tensors:
-                    with self.view[t.offset:t.offset + t.size] as part:
-                        verify(part, t.digests, t.chunk_size, f"{self.path}: tensor '{t.name}'")
-            except FormatError as exc:
-                self.error = exc
-                raise
-            self.done = True
+    def check(self) -> None:
+        """Check every tensor against the index's chunk hashes."""
+        for t in self.header.tensors:
+            with self.view[t.offset:t.offset + t.size] as part:
+                verify(part, t.digests, t.chunk_size, f"{self.path}: tensor '{t.name}'")
 
 
 def _release(view: memoryview, mapping: mmap.mmap, fd: int) -> None:

@@ -125,7 +125,7 @@ def export_library(
             target = Path(weights_path) if weights_path is not None \
                 else default_weights_path(path)
             _check_writable(target)
-            loader, entry = export_weights(data, prefix, target)
+            loader, entry = export_weights([(a, *_digests(a)) for a in data], prefix, target)
             code.append(loader)
             metadata = {**metadata, "weights": entry}
         with _step("export.compile"):

@@ -47,11 +47,45 @@ def verify_mode(value: bool | str | None) -> bool | str:
     raise UsageError(f"verify_weights must be True, False or 'lazy', got {value!r}")
 
 
-class WeightCheck:
+class CheckOnce:
+    """A check that runs once, on the first `run()`; remembers and re-raises a failure.
+
+    Subclasses set `done` (True: nothing to check) and define `check()`.
+    """
+
+    done: bool
+
+    def __init__(self) -> None:
+        self.error: FormatError | None = None
+        self._lock = threading.Lock()
+
+    def check(self) -> None:
+        """Check everything; FormatError on a mismatch."""
+        raise NotImplementedError
+
+    def run(self) -> None:
+        """`check()` once; FormatError (the same one each time) if it failed."""
+        if self.done:
+            return
+        with self._lock:
+            if self.error is not None:
+                raise self.error
+            if self.done:
+                return
+            try:
+                self.check()
+            except FormatError as exc:
+                self.error = exc
+                raise
+            self.done = True
+
+
+class WeightCheck(CheckOnce):
     """Hashes a library's linked data once; remembers and re-raises a failure."""
 
     def __init__(self, lib: LibraryModule, address: int, symbol_size: int,
                  contents: BlobContents) -> None:
+        super().__init__()
         items = list(contents.artifacts)
         self.where = str(lib.path)
         self.regions = []
@@ -63,35 +97,21 @@ class WeightCheck:
                                   f"symbol, which holds only {symbol_size} (damaged file)")
             self.regions.append((address + d.offset, d.length, d.chunk_size, d.digests, what))
         self.done = not self.regions
-        self.error: FormatError | None = None
-        self._lock = threading.Lock()
 
-    def run(self) -> None:
-        """Check every region (once); FormatError if one does not match its hashes."""
-        if self.done:
-            return
-        with self._lock:
-            if self.error is not None:
-                raise self.error
-            if self.done:
-                return
+    def check(self) -> None:
+        """Check every region against its chunk hashes."""
+        for address, length, chunk, digests, what in self.regions:
+            view = memoryview((ctypes.c_uint8 * length).from_address(address)).cast("B")
             try:
-                for address, length, chunk, digests, what in self.regions:
-                    view = memoryview((ctypes.c_uint8 * length).from_address(address)).cast("B")
-                    try:
-                        verify(view, digests, chunk, what)
-                    finally:
-                        view.release()
-            except FormatError as exc:
-                self.error = exc
-                raise
-            self.done = True
+                verify(view, digests, chunk, what)
+            finally:
+                view.release()
 
 
 class _CheckedEntry:
     """Stands in for a native entry: runs the weight check, then the entry."""
 
-    def __init__(self, c_func: Any, check: Any) -> None:
+    def __init__(self, c_func: Any, check: CheckOnce) -> None:
         self.c_func = c_func
         self.check = check
 
@@ -112,8 +132,8 @@ def check_weights(lib: LibraryModule, address: int, symbol_size: int,
     arm_check(lib, WeightCheck(lib, address, symbol_size, contents), mode)
 
 
-def arm_check(lib: LibraryModule, check: Any, mode: bool | str | None) -> None:
-    """Run `check` (an object with `done` and `run()`) now, or before the first call of
+def arm_check(lib: LibraryModule, check: CheckOnce, mode: bool | str | None) -> None:
+    """Run `check` now, or before the first call of
     any of `lib`'s functions, per `mode` (see verify_mode); False: never."""
     mode = verify_mode(mode)
     if mode is False:
@@ -128,4 +148,4 @@ def arm_check(lib: LibraryModule, check: Any, mode: bool | str | None) -> None:
         fn.c_func = _CheckedEntry(fn.c_func, check)  # type: ignore[attr-defined]
 
 
-__all__ = ["WeightCheck", "arm_check", "check_weights", "verify_mode"]
+__all__ = ["CheckOnce", "WeightCheck", "arm_check", "check_weights", "verify_mode"]
