@@ -118,11 +118,11 @@ def test_weights_elsewhere_are_named_with_weights_path(libs, tmp_path):
 def _refused(so: Path, match: str, **kw) -> None:
     """Loading `so` raises FormatError matching `match` and leaves nothing cached."""
     gc.collect()
-    before = set(external_weights._SHARED.keys())
+    before = set(external_weights.mapped_hashes())
     with pytest.raises(FormatError, match=match):
         load_module(so, **kw)
     gc.collect()
-    assert set(external_weights._SHARED.keys()) <= before
+    assert set(external_weights.mapped_hashes()) <= before
 
 
 def test_a_damaged_truncated_or_foreign_weights_file_is_refused(libs, tmp_path):
@@ -169,7 +169,7 @@ def test_libraries_of_one_weights_content_share_one_mapping(libs, tmp_path):
         key = a.weights.content_hash
     del a, b
     gc.collect()
-    assert key not in external_weights._SHARED  # weak: gone with its libraries
+    assert key not in external_weights.mapped_hashes()  # weak: gone with its libraries
 
 
 def test_a_library_loads_from_bytes(libs):

@@ -141,6 +141,12 @@ _SHARED: weakref.WeakValueDictionary[str, SharedWeights] = weakref.WeakValueDict
 _SHARED_LOCK = threading.Lock()
 
 
+def mapped_hashes() -> list[str]:
+    """The content hashes of the weights files mapped in this process (one each)."""
+    with _SHARED_LOCK:
+        return sorted(_SHARED.keys())
+
+
 def shared_weights(path: Path, entry: Mapping[str, Any], where: str) -> SharedWeights:
     """The shared mapping of the weights a library's `entry` names, opening `path` if
     no library of this process holds it yet (its header checked against `entry`)."""
@@ -208,4 +214,4 @@ def attach(lib: LibraryModule, entry: Mapping[str, Any], weights: Any) -> Shared
 
 
 __all__ = ["MAP_ERRORS", "WEIGHTS_MODES", "SharedWeights", "attach", "default_weights_path",
-           "export_weights", "map_symbols", "shared_weights", "tensor_name"]
+           "export_weights", "map_symbols", "mapped_hashes", "shared_weights", "tensor_name"]
