@@ -22,7 +22,7 @@ import pytest
 import kiln
 from kiln.artifact import Artifact, weights_file
 from kiln.artifact.integrity import chunk_digests
-from kiln.errors import FormatError, MissingFileError, UsageError
+from kiln.errors import ExportError, FormatError, MissingFileError, UsageError
 from kiln.ir import IRBuilder, IRModule
 from kiln.ir import graph as g
 from kiln.runtime import external_weights, load_module
@@ -196,6 +196,15 @@ def test_external_weights_need_a_shared_library(libs, tmp_path):
             ex.export_library(tmp_path / name, weights="external")
     with pytest.raises(UsageError, match="embedded, external"):
         ex.export_library(tmp_path / "x.so", weights="outside")
+
+
+def test_a_failed_export_leaves_no_weights_file(libs, tmp_path):
+    def broken_link(out, objects, options):
+        raise ExportError("the link failed")
+
+    with pytest.raises(ExportError, match="the link failed"):
+        libs["ex"].export_library(tmp_path / "f.so", weights="external", fcompile=broken_link)
+    assert list(tmp_path.iterdir()) == []  # neither the library nor its weights file
 
 
 def test_a_c_program_maps_the_weights_file(libs, tmp_path):

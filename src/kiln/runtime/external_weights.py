@@ -66,10 +66,12 @@ def tensor_name(a: Artifact, data: Sequence[Artifact]) -> str:
 
 
 def export_weights(hashed: Sequence[tuple[Artifact, int, bytes]], prefix: str,
-                   weights_path: Path) -> tuple[Artifact, dict[str, Any]]:
+                   weights_path: Path, *, name: str | None = None
+                   ) -> tuple[Artifact, dict[str, Any]]:
     """Write the weights file of the native .bin artifacts, given with their chunk size
     and chunk SHA-256s; return the C loader artifact to link in their place and the
-    blob metadata entry `weights`."""
+    blob metadata entry `weights`. `name` is the file name the library records
+    (default: `weights_path`'s), looked up beside it at load."""
     data = [a for a, _chunk, _digests in hashed]
     items: list[tuple[str, Content, int, bytes]] = [
         (tensor_name(a, data), a.content, chunk, digests) for a, chunk, digests in hashed]
@@ -87,7 +89,7 @@ def export_weights(hashed: Sequence[tuple[Artifact, int, bytes]], prefix: str,
     source = "\n".join(lines) + (Path(include_dir()) / "kiln" / "kiln_weights.c").read_text()
     loader = Artifact("weights", "native", "kiln_weights.c", source.encode(),
                       {"exports": map_symbols(prefix)})
-    entry = {"file": weights_path.name, "format_version": header.version,
+    entry = {"file": name or weights_path.name, "format_version": header.version,
              "content_sha256": header.content_hash, "size": header.file_size,
              "tensors": [{"name": t.name, "symbol": s, "size": t.size, "sha256": t.sha256}
                          for s, t in zip(symbols, header.tensors)]}

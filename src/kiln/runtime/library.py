@@ -118,16 +118,12 @@ def export_library(
             f"cannot export {path.name!r}: there is no native code to link into a static "
             f"library (artifact loaders: {', '.join(loaders)}); export a .so or .tar, whose "
             "blob carries these artifacts to their loaders")
-    with _workspace(workspace_dir) as work, _step("export"):
+    weights_file = _weights_file(external, native_arts, prefix, path, weights_path)
+    with weights_file as outside, _workspace(workspace_dir) as work, _step("export"):
         code = [a for a in native_arts if a.extension != ".bin"]
-        if external:
-            data = [require_serializable(a) for a in native_arts if a.extension == ".bin"]
-            target = Path(weights_path) if weights_path is not None \
-                else default_weights_path(path)
-            _check_writable(target)
-            loader, entry = export_weights([(a, *_digests(a)) for a in data], prefix, target)
-            code.append(loader)
-            metadata = {**metadata, "weights": entry}
+        if outside is not None:  # the weights go to their own file; a loader comes in
+            code.append(outside[0])
+            metadata = {**metadata, "weights": outside[1]}
         with _step("export.compile"):
             objects = native.compile_native(code, work / "native", prefix=prefix, cc=cc,
                                             options=options)
@@ -160,6 +156,23 @@ def export_library(
                 tmp_h.write_text(static_header(metadata, prefix, header.name, path.name,
                                                native.native_libs(native_arts)))
     return path
+
+
+@contextlib.contextmanager
+def _weights_file(external: bool, native_arts: Sequence[AnyArtifact], prefix: str, path: Path,
+                  weights_path: str | os.PathLike[str] | None
+                  ) -> Iterator[tuple[Artifact, dict[str, Any]] | None]:
+    """With `external`, write the weights file (under a temporary name, renamed into
+    place only when the library was written too) and give (its C loader artifact, the
+    blob metadata entry); otherwise None."""
+    if not external:
+        yield None
+        return
+    target = Path(weights_path) if weights_path is not None else default_weights_path(path)
+    _check_writable(target)
+    data = [require_serializable(a) for a in native_arts if a.extension == ".bin"]
+    with _atomic(target, 0o644) as tmp:
+        yield export_weights([(a, *_digests(a)) for a in data], prefix, tmp, name=target.name)
 
 
 def _weights_mode(weights: Any, suffix: str, path: Path, arts: ArtifactSet) -> bool:
