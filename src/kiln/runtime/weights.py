@@ -21,6 +21,7 @@ Version-1 blobs carry no hashes: their weights are not checked.
 
 from __future__ import annotations
 
+import abc
 import ctypes
 import os
 import threading
@@ -47,7 +48,7 @@ def verify_mode(value: bool | str | None) -> bool | str:
     raise UsageError(f"verify_weights must be True, False or 'lazy', got {value!r}")
 
 
-class CheckOnce:
+class CheckOnce(abc.ABC):
     """A check that runs once, on the first `run()`; remembers and re-raises a failure.
 
     Subclasses set `done` (True: nothing to check) and define `check()`.
@@ -59,9 +60,9 @@ class CheckOnce:
         self.error: FormatError | None = None
         self._lock = threading.Lock()
 
+    @abc.abstractmethod
     def check(self) -> None:
         """Check everything; FormatError on a mismatch."""
-        raise NotImplementedError
 
     def run(self) -> None:
         """`check()` once; FormatError (the same one each time) if it failed."""
