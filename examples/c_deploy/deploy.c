@@ -12,6 +12,10 @@
  * Arguments: library, system_lib_prefix, a float32 input file and its shape, the file
  * to write the float32 output to and its shape. One input and one output; the
  * library checks the shapes against its own signature and says what is wrong.
+ *
+ * A library exported with weights="external" exports `{prefix}_map_weights`: the
+ * program maps $KILN_WEIGHTS, else `<library>.weights`, before the first call
+ * (docs/runtime.md "External weights").
  */
 #include <kiln/kiln.h>
 
@@ -51,6 +55,26 @@ static float *read_floats(const char *path, int64_t count) {
   return data;
 }
 
+#ifndef KILN_STATIC_ENTRY
+/* Map the weights file of an external-weights library (nothing to do otherwise). */
+static int map_weights(void *lib, const char *path, const char *prefix) {
+  int32_t (*map)(const char *);
+  char name[256], file[4096];
+  const char *weights = getenv("KILN_WEIGHTS");
+  int32_t rc;
+  snprintf(name, sizeof name, "%s_map_weights", prefix);
+  *(void **)&map = dlsym(lib, name);
+  if (!map) return 0; /* the weights are embedded in the library */
+  if (!weights) {
+    snprintf(file, sizeof file, "%s.weights", path);
+    weights = file;
+  }
+  rc = map(weights);
+  if (rc != 0) fprintf(stderr, "%s: cannot map the weights file %s (%d)\n", path, weights, rc);
+  return rc;
+}
+#endif
+
 int main(int argc, char **argv) {
   int64_t in_shape[MAX_DIMS], out_shape[MAX_DIMS];
   int32_t in_ndim, out_ndim;
@@ -80,6 +104,7 @@ int main(int argc, char **argv) {
       fprintf(stderr, "%s: no entry %smain\n", argv[1], argv[2]);
       return 1;
     }
+    if (map_weights(lib, argv[1], argv[2]) != 0) return 1;
   }
 #endif
   {

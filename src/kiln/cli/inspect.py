@@ -222,6 +222,9 @@ def describe(path: str) -> dict[str, Any]:
         "format_version": metadata.get("version"), "kiln_version": metadata.get("kiln_version"),
         "prefix": metadata.get("prefix"), "targets": targets, "functions": functions,
         "artifacts": rows, "weight_bytes": weight_bytes,
+        # weights="external": the weights file the library maps (docs/format.md)
+        "weights_file": metadata.get("weights") if isinstance(metadata.get("weights"), dict)
+        else None,
         "external_dependencies": list(metadata.get("external_dependencies") or []),
         "profile_sites": len((metadata.get("profile") or {}).get("sites", [])),
         "tuning": metadata.get("tuning"),
@@ -244,6 +247,10 @@ def as_text(info: dict[str, Any]) -> str:
         lines.append(f"  target:   {t['codegen']}" + (f": {t['triple']}" if t["triple"] else "")
                      + (f" cpu={t['cpu']}" if t["cpu"] else ""))
     lines.append(f"  weights:  {info['weight_bytes']} bytes")
+    external = info.get("weights_file")
+    if external:
+        lines[-1] += (f" in the weights file {external.get('file')!r} beside the library "
+                      f"(content sha256 {str(external.get('content_sha256'))[:16]}...)")
     if info.get("profile_sites"):
         lines.append(f"  profile:  {info['profile_sites']} timer sites (kiln run --profile)")
     tuning = info.get("tuning")

@@ -91,16 +91,20 @@ class Executable:
 
     def export_library(self, file_name: str | os.PathLike[str], *, fcompile: Any = None,
                        workspace_dir: str | os.PathLike[str] | None = None, cc: Any = None,
-                       options: Any = None) -> Any:
+                       options: Any = None, weights: str = "embedded",
+                       weights_path: str | os.PathLike[str] | None = None) -> Any:
         """Write a deployable library: `.so`, `.tar` or `.a` (+ header), by suffix.
 
         In-memory artifacts (the python and llvmjit backends' JIT forms) cannot
         be exported and raise ExportError, as does a `file_name` that is a directory.
+        `weights="external"` (a `.so`) writes the weights to their own file,
+        `weights_path` or `<file_name>.weights`, which `load_module` maps
+        (docs/runtime.md "External weights").
         """
 
         return export_library(self.artifacts, self.metadata, file_name, prefix=self.prefix,
                               fcompile=fcompile, workspace_dir=workspace_dir, cc=cc,
-                              options=options)
+                              options=options, weights=weights, weights_path=weights_path)
 
     # ------------------------------------------------------------------ inspection
 

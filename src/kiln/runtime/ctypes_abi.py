@@ -72,6 +72,8 @@ SIGNATURES: dict[str, tuple[Any, list[Any]]] = {
                       ctypes.POINTER(ctypes.c_char_p), ctypes.POINTER(ctypes.c_uint64),
                       ctypes.POINTER(ctypes.c_uint64)]),
     "profile_reset": (None, []),
+    # {prefix}_map_weights_fd(fd): map an external weights file (kiln_weights.c).
+    "map_weights_fd": (ctypes.c_int32, [ctypes.c_int32]),
 }
 
 

@@ -48,6 +48,12 @@ from kiln.errors import ArgumentTypeError, CompileError, ExportError, UsageError
 from kiln.escape import c_comment, is_c_identifier
 from kiln.runtime import native
 from kiln.runtime.data_object import DataSymbol, machine_of, write_data_object
+from kiln.runtime.external_weights import (
+    WEIGHTS_MODES,
+    default_weights_path,
+    export_weights,
+    map_symbols,
+)
 from kiln.runtime.threads import POOL_EXPORTS
 from kiln.runtime.toolchain import default_compiler
 
@@ -62,7 +68,8 @@ def export_library(
     artifacts: Iterable[AnyArtifact], metadata: Mapping[str, Any],
     file_name: str | os.PathLike[str], *, prefix: str, fcompile: FCompile | None = None,
     workspace_dir: str | os.PathLike[str] | None = None, cc: Any = None,
-    options: Sequence[str] | None = None,
+    options: Sequence[str] | None = None, weights: str = "embedded",
+    weights_path: str | os.PathLike[str] | None = None,
 ) -> Path:
     """Write `artifacts` as the library `file_name`; the suffix picks the kind.
 
@@ -74,6 +81,11 @@ def export_library(
     `workspace_dir` (kept) or a temporary directory (removed). An in-memory
     artifact raises ExportError, as does a `file_name` that is a directory or
     cannot be written; an unknown suffix raises UsageError.
+
+    `weights="external"` (a `.so` only) writes the weights to a file of their own,
+    `weights_path` (default `<file_name>.weights`), whose content hash the library
+    records (kiln.runtime.external_weights, docs/format.md); "embedded" (the
+    default) keeps them inside the library.
     """
     if not isinstance(file_name, (str, os.PathLike)):
         raise ArgumentTypeError(f"export_library: file_name must be a str or os.PathLike, "
@@ -89,6 +101,7 @@ def export_library(
                          f"{suffix or '(none)'!r}; valid suffixes: {valid}")
     _check_prefix(prefix, metadata)
     arts = ArtifactSet(require_serializable(a) for a in artifacts)
+    external = _weights_mode(weights, suffix, path, arts)
     if cc is None and not os.environ.get("CC") and suffix != ".tar":
         cc = default_compiler(arts)  # a cross compiler for another target
     if isinstance(options, str):
@@ -105,8 +118,12 @@ def export_library(
             f"cannot export {path.name!r}: there is no native code to link into a static "
             f"library (artifact loaders: {', '.join(loaders)}); export a .so or .tar, whose "
             "blob carries these artifacts to their loaders")
-    with _workspace(workspace_dir) as work, _step("export"):
+    weights_file = _weights_file(external, native_arts, prefix, path, weights_path)
+    with weights_file as outside, _workspace(workspace_dir) as work, _step("export"):
         code = [a for a in native_arts if a.extension != ".bin"]
+        if outside is not None:  # the weights go to their own file; a loader comes in
+            code.append(outside[0])
+            metadata = {**metadata, "weights": outside[1]}
         with _step("export.compile"):
             objects = native.compile_native(code, work / "native", prefix=prefix, cc=cc,
                                             options=options)
@@ -115,9 +132,10 @@ def export_library(
             else None
         with _step("export.data"):
             objects.append(blob_object(arts, metadata, prefix, work, cc=cc, like=objects,
-                                       deferred=deferred))
+                                       deferred=deferred, embed_data=not external))
         # Without native code the library only carries the blob (for the loaders).
         exports = (abi_symbols(metadata, prefix) + native.native_exports(native_arts)
+                   + (map_symbols(prefix) if external else [])
                    if native_arts else [f"{prefix}_blob"])
         _check_symbols(exports)
         if suffix == ".so":
@@ -138,6 +156,39 @@ def export_library(
                 tmp_h.write_text(static_header(metadata, prefix, header.name, path.name,
                                                native.native_libs(native_arts)))
     return path
+
+
+@contextlib.contextmanager
+def _weights_file(external: bool, native_arts: Sequence[AnyArtifact], prefix: str, path: Path,
+                  weights_path: str | os.PathLike[str] | None
+                  ) -> Iterator[tuple[Artifact, dict[str, Any]] | None]:
+    """With `external`, write the weights file (under a temporary name, renamed into
+    place only when the library was written too) and give (its C loader artifact, the
+    blob metadata entry); otherwise None."""
+    if not external:
+        yield None
+        return
+    target = Path(weights_path) if weights_path is not None else default_weights_path(path)
+    _check_writable(target)
+    data = [require_serializable(a) for a in native_arts if a.extension == ".bin"]
+    with _atomic(target, 0o644) as tmp:
+        yield export_weights([(a, *_digests(a)) for a in data], prefix, tmp, name=target.name)
+
+
+def _weights_mode(weights: Any, suffix: str, path: Path, arts: ArtifactSet) -> bool:
+    """Whether `weights` asks for an external weights file (UsageError if it cannot be)."""
+    if weights not in WEIGHTS_MODES:
+        raise UsageError(f"export_library: weights must be one of {', '.join(WEIGHTS_MODES)}, "
+                         f"got {weights!r}")
+    if weights == "embedded":
+        return False
+    if suffix != ".so":
+        raise UsageError(f"cannot export {path.name!r} with weights='external': only a .so "
+                         "maps a weights file; export a .so, or keep the weights embedded")
+    if not any(a.loader == NATIVE and a.extension == ".bin" for a in arts):
+        raise UsageError(f"cannot export {path.name!r} with weights='external': the library "
+                         "has no weights (no native data artifact); keep weights='embedded'")
+    return True
 
 
 def _check_writable(path: Path) -> None:
@@ -190,7 +241,7 @@ def _asm_path(path: Path) -> str:
 
 def blob_object(arts: ArtifactSet, metadata: Mapping[str, Any], prefix: str, work: Path, *,
                 cc: Any = None, like: Sequence[Path] = (),
-                deferred: list[LinkedData] | None = None) -> Path:
+                deferred: list[LinkedData] | None = None, embed_data: bool = True) -> Path:
     """One object: `{prefix}_blob`, then the native data artifacts, in one section.
 
     The data (`.bin`, e.g. the weights) follows the blob at the offsets its
@@ -205,13 +256,16 @@ def blob_object(arts: ArtifactSet, metadata: Mapping[str, Any], prefix: str, wor
     which the linker lays out as a hole of the library file) and `deferred`
     receives a LinkedData per artifact for `fill_linked_data` to write into
     the linked library: the weights reach the disk once, in the library.
+
+    With `embed_data` False (external weights) the data artifacts stay stubs in
+    the blob and are not placed: kiln_weights.c defines their symbols.
     """
     contents = build_contents(arts, metadata)
     data: list[tuple[int, Artifact]] = []
     align = BLOB_ALIGN
     for i, a in enumerate(arts):
         art = require_serializable(a)
-        if art.loader != NATIVE or art.extension != ".bin":
+        if art.loader != NATIVE or art.extension != ".bin" or not embed_data:
             continue
         symbol = art.metadata.get("symbol")
         if not isinstance(symbol, str) or not symbol.replace("_", "a").isidentifier():

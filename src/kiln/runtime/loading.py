@@ -21,9 +21,11 @@ handed to their loader directly and imported into the root.
 from __future__ import annotations
 
 import ctypes
+import mmap
 import os
 import shutil
 import tempfile
+import weakref
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -32,21 +34,24 @@ from kiln.artifact.archive import read_tar
 from kiln.artifact.artifact import NATIVE, NONE, AnyArtifact, ArtifactSet
 from kiln.artifact.blob import HEADER_SIZE, BlobContents, blob_length, unpack
 from kiln.artifact.elf import host_machine, machine_name
-from kiln.errors import ArgumentTypeError, FormatError, MissingFileError
+from kiln.errors import ArgumentTypeError, FormatError, MissingFileError, UsageError
 from kiln.runtime.cpu_features import check_library
 from kiln.runtime.dynsym import find_blob_symbol
+from kiln.runtime.external_weights import attach
 from kiln.runtime.library import export_library
 from kiln.runtime.loaders import LoadContext, run_loader
+from kiln.runtime.memory_library import memory_file
 from kiln.runtime.module import HostModule, LibraryModule, Module
-from kiln.runtime.weights import check_weights
+from kiln.runtime.weights import arm_check, check_weights
 
 LIBRARY_SUFFIXES = (".so", ".tar")
 
 
-def load_module(path: str | os.PathLike[str], *, prefix: str | None = None,
+def load_module(path: str | os.PathLike[str] | bytes | bytearray | memoryview | mmap.mmap,
+                *, prefix: str | None = None,
                 verify_weights: bool | str | None = None,
-                num_threads: int | None = None) -> Module:
-    """Load a library written by `export_library`: a `.so` or a `.tar`.
+                num_threads: int | None = None, weights: Any = None) -> Module:
+    """Load a library written by `export_library`: a `.so` or a `.tar`, or a `.so` in memory.
 
     `prefix` picks the library when one `.so` holds several kiln libraries.
     A damaged file or an unknown suffix raises FormatError. `verify_weights`
@@ -55,13 +60,26 @@ def load_module(path: str | os.PathLike[str], *, prefix: str | None = None,
     for trusted files); see kiln.runtime.weights. `num_threads` is the thread count of
     the library's parallel loops, the calling thread included (None: the process
     default, kiln.runtime.set_num_threads, else $KILN_NUM_THREADS, else one per CPU).
+
+    A library exported with `weights="external"` maps its weights file: `weights`
+    (a path) names it, else the file the library records, beside it; a file
+    of other content, version or size raises FormatError (kiln.runtime.external_weights).
+    `path` may also be the bytes of a `.so` (`bytes`, `bytearray`, `memoryview`,
+    `mmap`): they are placed in an anonymous memory file (Linux `memfd_create`)
+    that the dynamic loader maps; kiln.runtime.memory_library.
     """
+    if isinstance(path, (bytes, bytearray, memoryview, mmap.mmap)):
+        return load_from_memory(path, prefix=prefix, verify_weights=verify_weights,
+                                num_threads=num_threads, weights=weights)
     p = _library_path(path)
     if prefix is not None and not isinstance(prefix, str):
         raise ArgumentTypeError(f"load_module: prefix must be a str or None, got "
                                 f"{type(prefix).__name__}")
     suffix = p.suffix.lower()
     if suffix == ".tar":
+        if weights is not None:
+            raise UsageError(f"{p}: weights= applies to a .so exported with "
+                             "weights='external', not to an archive")
         artifacts, metadata = read_tar(p)
         tar_prefix = metadata.get("prefix")
         if not isinstance(tar_prefix, str):
@@ -69,7 +87,22 @@ def load_module(path: str | os.PathLike[str], *, prefix: str | None = None,
         return load_artifacts(artifacts, metadata=metadata, prefix=tar_prefix,
                               num_threads=num_threads)
     return load_shared_library(p, prefix=prefix, verify_weights=verify_weights,
-                               num_threads=num_threads)
+                               num_threads=num_threads, weights=weights)
+
+
+def load_from_memory(data: Any, *, prefix: str | None = None,
+                     verify_weights: bool | str | None = None,
+                     num_threads: int | None = None, weights: Any = None) -> LibraryModule:
+    """`load_module` of a `.so` given as bytes (kiln.runtime.memory_library)."""
+    fd, path = memory_file(data)
+    try:
+        root = load_shared_library(path, prefix=prefix, verify_weights=verify_weights,
+                                   num_threads=num_threads, weights=weights)
+    except BaseException:
+        os.close(fd)
+        raise
+    weakref.finalize(root, os.close, fd)  # the memory file lives as long as the module
+    return root
 
 
 def _library_path(path: Any) -> Path:
@@ -157,11 +190,12 @@ def _path_or_none(path: str | os.PathLike[str] | None) -> Path | None:
 def load_shared_library(path: Path, *, prefix: str | None = None,
                         cleanup_dir: str | None = None,
                         verify_weights: bool | str | None = None,
-                        num_threads: int | None = None) -> LibraryModule:
+                        num_threads: int | None = None, weights: Any = None) -> LibraryModule:
     """dlopen a kiln `.so`, unpack its blob, run its loader groups, build the tree.
 
     The prefix is the name of the library's one `{prefix}_blob` data symbol
     (found in the ELF dynamic symbol table, without running the file).
+    `weights` as in load_module.
     """
     found = find_blob_symbol(str(path), prefix=prefix)
     symbol, lib_prefix = found.name, found.prefix
@@ -177,6 +211,12 @@ def load_shared_library(path: Path, *, prefix: str | None = None,
         _build_tree(root, contents)
         address = ctypes.addressof(ctypes.c_uint8.in_dll(root.cdll, symbol))
         check_weights(root, address, found.size, contents, verify_weights)
+        if "weights" in contents.metadata:  # exported with weights="external"
+            root.weights = attach(root, contents.metadata["weights"], weights)
+            arm_check(root, root.weights, verify_weights)
+        elif weights is not None:
+            raise UsageError(f"{path}: weights={weights!r} given, but the library's weights "
+                             "are embedded in it")
     except BaseException:
         root.close()
         raise

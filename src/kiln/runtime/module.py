@@ -27,6 +27,7 @@ from kiln.runtime import abi, ctypes_abi, threads
 from kiln.runtime.dim_binding import is_dim_text
 from kiln.runtime.function import NativeFunction, PackedFunction
 from kiln.runtime.lifetime import CallGuard
+from kiln.runtime.memory_library import is_memory_path
 from kiln.runtime.profile import ProfileCounters, ProfileRow, not_profiled
 
 if TYPE_CHECKING:
@@ -251,7 +252,8 @@ class LibraryModule(Module):
                  artifacts: Iterable[AnyArtifact] = (), cleanup_dir: str | None = None,
                  num_threads: int | None = None) -> None:
         super().__init__(artifacts=artifacts)
-        self.path = Path(path).resolve()
+        # A memory file's /proc/self/fd/N stays as it is (it resolves to no real path).
+        self.path = Path(path) if is_memory_path(Path(path)) else Path(path).resolve()
         self.prefix = prefix
         self.cleanup_dir = cleanup_dir
         self._cleanup: Any = None
@@ -271,6 +273,8 @@ class LibraryModule(Module):
         self._last_error_fn: Any = None
         self._profile: ProfileCounters | None = None
         self.pool: threads.PoolControls | None = None
+        # The shared mapping of an external weights file (kiln.runtime.external_weights).
+        self.weights: Any = None
         try:
             metadata_fn = ctypes_abi.bind(lib, f"{prefix}_metadata", "metadata")
         except AttributeError:
@@ -360,6 +364,7 @@ class LibraryModule(Module):
         self._guard.close()
         super().close()
         self._release(_dlclose)
+        self.weights = None  # the shared weights mapping may go with the last library
         if self._cleanup is not None:
             self._cleanup()  # idempotent
 

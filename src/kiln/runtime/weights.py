@@ -21,6 +21,7 @@ Version-1 blobs carry no hashes: their weights are not checked.
 
 from __future__ import annotations
 
+import abc
 import ctypes
 import os
 import threading
@@ -47,11 +48,45 @@ def verify_mode(value: bool | str | None) -> bool | str:
     raise UsageError(f"verify_weights must be True, False or 'lazy', got {value!r}")
 
 
-class WeightCheck:
+class CheckOnce(abc.ABC):
+    """A check that runs once, on the first `run()`; remembers and re-raises a failure.
+
+    Subclasses set `done` (True: nothing to check) and define `check()`.
+    """
+
+    done: bool
+
+    def __init__(self) -> None:
+        self.error: FormatError | None = None
+        self._lock = threading.Lock()
+
+    @abc.abstractmethod
+    def check(self) -> None:
+        """Check everything; FormatError on a mismatch."""
+
+    def run(self) -> None:
+        """`check()` once; FormatError (the same one each time) if it failed."""
+        if self.done:
+            return
+        with self._lock:
+            if self.error is not None:
+                raise self.error
+            if self.done:
+                return
+            try:
+                self.check()
+            except FormatError as exc:
+                self.error = exc
+                raise
+            self.done = True
+
+
+class WeightCheck(CheckOnce):
     """Hashes a library's linked data once; remembers and re-raises a failure."""
 
     def __init__(self, lib: LibraryModule, address: int, symbol_size: int,
                  contents: BlobContents) -> None:
+        super().__init__()
         items = list(contents.artifacts)
         self.where = str(lib.path)
         self.regions = []
@@ -63,35 +98,21 @@ class WeightCheck:
                                   f"symbol, which holds only {symbol_size} (damaged file)")
             self.regions.append((address + d.offset, d.length, d.chunk_size, d.digests, what))
         self.done = not self.regions
-        self.error: FormatError | None = None
-        self._lock = threading.Lock()
 
-    def run(self) -> None:
-        """Check every region (once); FormatError if one does not match its hashes."""
-        if self.done:
-            return
-        with self._lock:
-            if self.error is not None:
-                raise self.error
-            if self.done:
-                return
+    def check(self) -> None:
+        """Check every region against its chunk hashes."""
+        for address, length, chunk, digests, what in self.regions:
+            view = memoryview((ctypes.c_uint8 * length).from_address(address)).cast("B")
             try:
-                for address, length, chunk, digests, what in self.regions:
-                    view = memoryview((ctypes.c_uint8 * length).from_address(address)).cast("B")
-                    try:
-                        verify(view, digests, chunk, what)
-                    finally:
-                        view.release()
-            except FormatError as exc:
-                self.error = exc
-                raise
-            self.done = True
+                verify(view, digests, chunk, what)
+            finally:
+                view.release()
 
 
 class _CheckedEntry:
     """Stands in for a native entry: runs the weight check, then the entry."""
 
-    def __init__(self, c_func: Any, check: WeightCheck) -> None:
+    def __init__(self, c_func: Any, check: CheckOnce) -> None:
         self.c_func = c_func
         self.check = check
 
@@ -107,10 +128,17 @@ def check_weights(lib: LibraryModule, address: int, symbol_size: int,
 
     `address` is where the blob symbol is mapped and `symbol_size` its ELF size.
     """
-    mode = verify_mode(mode)
-    if mode is False or not contents.linked:
+    if verify_mode(mode) is False or not contents.linked:
         return
-    check = WeightCheck(lib, address, symbol_size, contents)
+    arm_check(lib, WeightCheck(lib, address, symbol_size, contents), mode)
+
+
+def arm_check(lib: LibraryModule, check: CheckOnce, mode: bool | str | None) -> None:
+    """Run `check` now, or before the first call of
+    any of `lib`'s functions, per `mode` (see verify_mode); False: never."""
+    mode = verify_mode(mode)
+    if mode is False:
+        return
     entries = [fn for name in lib.function_names()
                if (fn := lib.get_function(name, query_imports=False)) is not None]
     wrappable = all(hasattr(fn, "c_func") for fn in entries)
@@ -121,4 +149,4 @@ def check_weights(lib: LibraryModule, address: int, symbol_size: int,
         fn.c_func = _CheckedEntry(fn.c_func, check)  # type: ignore[attr-defined]
 
 
-__all__ = ["WeightCheck", "check_weights", "verify_mode"]
+__all__ = ["CheckOnce", "WeightCheck", "arm_check", "check_weights", "verify_mode"]

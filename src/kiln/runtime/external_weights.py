@@ -1,0 +1,219 @@
+"""External weights: a library's weights in a file beside it (docs/runtime.md).
+
+Export (`export_library(..., weights="external")`): the native data artifacts
+(the weights) go to one weights file (kiln.artifact.weights_file) instead of
+into the `.so`; the library gets, in their place, a page-aligned region of
+`.bss` per tensor and the small C loader `kiln_weights.c`, which maps the
+file's tensors over those regions (`{prefix}_map_weights(path)` for C hosts);
+the blob's metadata records the file's content hash and default name
+(`metadata["weights"]`).
+
+Load (`load_module(path, weights=None)`): the file (beside the library, or
+`weights=PATH`) is opened once per content hash in the process: a weak cache
+keyed by the hash holds one read-only mapping of it, which every library of
+that hash maps its regions from (the same page-cache pages: the weights cost
+memory once) and which is verified once, lazily per `verify_weights`, against
+the chunk hashes of its index. A file whose header, version, size or hash
+differs is refused with a FormatError before any function is bound.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import threading
+import weakref
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from kiln.artifact.artifact import Artifact
+from kiln.artifact.integrity import verify
+from kiln.artifact.segments import Content
+from kiln.artifact.weights_file import ALIGN, WeightsHeader, read_header, write_weights
+from kiln.errors import FormatError, MissingFileError, UsageError
+from kiln.runtime import ctypes_abi
+from kiln.runtime.memory_library import is_memory_path
+from kiln.runtime.native import include_dir
+from kiln.runtime.weights import CheckOnce
+
+if TYPE_CHECKING:
+    from kiln.runtime.module import LibraryModule
+
+WEIGHTS_MODES = ("embedded", "external")
+WEIGHTS_SUFFIX = ".weights"
+# What {prefix}_map_weights returns (kiln_weights.c), as words.
+MAP_ERRORS = {-1: "cannot be opened or read", -2: "is not a kiln weights file of version 1",
+              -3: "holds other weights than this library was built with",
+              -4: "is truncated or holds tensors of other sizes", -5: "could not be mapped"}
+
+
+def map_symbols(prefix: str) -> list[str]:
+    """The entries an external-weights library exports besides the ABI symbols."""
+    return [f"{prefix}_map_weights", f"{prefix}_map_weights_fd"]
+
+
+def default_weights_path(library: Path) -> Path:
+    """`model.so` -> `model.so.weights`: where export puts and load looks for the file."""
+    return library.with_name(library.name + WEIGHTS_SUFFIX)
+
+
+def tensor_name(a: Artifact, data: Sequence[Artifact]) -> str:
+    """A data artifact's name in the weights file: its file name, unless two share it."""
+    if sum(d.file_name == a.file_name for d in data) == 1:
+        return a.file_name
+    return f"{a.codegen_id}/{a.file_name}"
+
+
+def export_weights(hashed: Sequence[tuple[Artifact, int, bytes]], prefix: str,
+                   weights_path: Path, *, name: str | None = None
+                   ) -> tuple[Artifact, dict[str, Any]]:
+    """Write the weights file of the native .bin artifacts, given with their chunk size
+    and chunk SHA-256s; return the C loader artifact to link in their place and the
+    blob metadata entry `weights`. `name` is the file name the library records
+    (default: `weights_path`'s), looked up beside it at load."""
+    data = [a for a, _chunk, _digests in hashed]
+    items: list[tuple[str, Content, int, bytes]] = [
+        (tensor_name(a, data), a.content, chunk, digests) for a, chunk, digests in hashed]
+    header = write_weights(weights_path, items)
+    symbols = [str(a.metadata["symbol"]) for a in data]
+    regions = " ".join(f"X({s}, {t.size}ULL, {max(ALIGN, -(-t.size // ALIGN) * ALIGN)}ULL)"
+                       for s, t in zip(symbols, header.tensors))
+    hash_init = ", ".join(f"0x{b:02x}" for b in bytes.fromhex(header.content_hash))
+    lines = [f"#define KILN_WEIGHTS_MAP {prefix}_map_weights",
+             f"#define KILN_WEIGHTS_MAP_FD {prefix}_map_weights_fd",
+             f"#define KILN_WEIGHTS_HASH {{{hash_init}}}",
+             f"#define KILN_WEIGHTS_COUNT {len(data)}",
+             f"#define KILN_WEIGHTS_REGIONS {regions}",
+             f"#define KILN_WEIGHTS_ALIGN {ALIGN}", ""]
+    source = "\n".join(lines) + (Path(include_dir()) / "kiln" / "kiln_weights.c").read_text()
+    loader = Artifact("weights", "native", "kiln_weights.c", source.encode(),
+                      {"exports": map_symbols(prefix)})
+    entry = {"file": name or weights_path.name, "format_version": header.version,
+             "content_sha256": header.content_hash, "size": header.file_size,
+             "tensors": [{"name": t.name, "symbol": s, "size": t.size, "sha256": t.sha256}
+                         for s, t in zip(symbols, header.tensors)]}
+    return loader, entry
+
+
+class SharedWeights(CheckOnce):
+    """One weights file mapped read-only, shared by every library of its content hash.
+
+    `view` is the mapping (a memoryview of the whole file); `run()` verifies
+    every tensor against the index's chunk hashes once, remembering a failure.
+    """
+
+    def __init__(self, path: Path, fd: int, header: WeightsHeader) -> None:
+        super().__init__()
+        self.path = path
+        self.fd = fd
+        self.header = header
+        self.content_hash = header.content_hash
+        self._map = mmap.mmap(fd, header.file_size, prot=mmap.PROT_READ)
+        self.view = memoryview(self._map)
+        self.done = False
+        weakref.finalize(self, _release, self.view, self._map, fd)
+
+    def tensor(self, name: str) -> memoryview:
+        """The bytes of tensor `name` in the mapping (no copy)."""
+        t = self.header.tensor(name)
+        if t is None:
+            raise UsageError(f"{self.path}: no tensor {name!r} in the weights file")
+        return self.view[t.offset:t.offset + t.size]
+
+    def check(self) -> None:
+        """Check every tensor against the index's chunk hashes."""
+        for t in self.header.tensors:
+            with self.view[t.offset:t.offset + t.size] as part:
+                verify(part, t.digests, t.chunk_size, f"{self.path}: tensor '{t.name}'")
+
+
+def _release(view: memoryview, mapping: mmap.mmap, fd: int) -> None:
+    os.close(fd)  # the libraries' own mappings keep the file's pages
+    try:
+        view.release()
+        mapping.close()
+    except BufferError:
+        pass  # a caller still holds a tensor view: the mapping goes with it
+
+
+# The weights files open in this process, by content hash (weak: a file is unmapped
+# when the last library using it goes).
+_SHARED: weakref.WeakValueDictionary[str, SharedWeights] = weakref.WeakValueDictionary()
+_SHARED_LOCK = threading.Lock()
+
+
+def mapped_hashes() -> list[str]:
+    """The content hashes of the weights files mapped in this process (one each)."""
+    with _SHARED_LOCK:
+        return sorted(_SHARED.keys())
+
+
+def shared_weights(path: Path, entry: Mapping[str, Any], where: str) -> SharedWeights:
+    """The shared mapping of the weights a library's `entry` names, opening `path` if
+    no library of this process holds it yet (its header checked against `entry`)."""
+    wanted = str(entry.get("content_sha256", ""))
+    with _SHARED_LOCK:
+        found = _SHARED.get(wanted)
+        if found is not None:
+            return found
+        try:
+            fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        except FileNotFoundError:
+            raise MissingFileError(f"{where}: its weights file {str(path)!r} does not exist; "
+                                   "put it beside the library or pass "
+                                   "load_module(..., weights=PATH)") from None
+        except OSError as exc:
+            raise FormatError(f"{where}: cannot open its weights file {str(path)!r}: "
+                              f"{exc.strerror or exc}") from None
+        try:
+            header = read_header(fd, str(path))
+            _match(header, entry, path, where)
+            shared = SharedWeights(path, fd, header)
+        except BaseException:
+            os.close(fd)
+            raise
+        _SHARED[wanted] = shared
+        return shared
+
+
+def _match(header: WeightsHeader, entry: Mapping[str, Any], path: Path, where: str) -> None:
+    if header.content_hash != entry.get("content_sha256"):
+        raise FormatError(f"{where}: {str(path)!r} is not this library's weights file "
+                          f"(content hash {header.content_hash[:16]}..., the library was "
+                          f"built with {str(entry.get('content_sha256'))[:16]}...)")
+    wanted = [(t.get("name"), t.get("size")) for t in entry.get("tensors", [])]
+    if [(t.name, t.size) for t in header.tensors] != wanted:
+        raise FormatError(f"{where}: the tensors of {str(path)!r} differ from the library's "
+                          f"({wanted})")
+
+
+def attach(lib: LibraryModule, entry: Mapping[str, Any], weights: Any) -> SharedWeights:
+    """Map `lib`'s external weights (from `weights`, else beside the library) into it."""
+    if not isinstance(entry, Mapping) or not isinstance(entry.get("file"), str):
+        raise FormatError(f"{lib.path}: the library metadata's 'weights' entry is malformed")
+    if weights is None:
+        if is_memory_path(lib.path):
+            raise UsageError(f"{lib.path}: a library loaded from memory with external weights "
+                             "needs load_module(data, weights=PATH)")
+        path = lib.path.parent / str(entry["file"])
+    elif isinstance(weights, (str, os.PathLike)):
+        path = Path(weights)
+    else:
+        raise UsageError(f"load_module: weights must be a path (str or os.PathLike) or None, "
+                         f"got {type(weights).__name__}")
+    shared = shared_weights(path, entry, str(lib.path))
+    try:
+        map_fd = ctypes_abi.bind(lib.cdll, f"{lib.prefix}_map_weights_fd", "map_weights_fd")
+    except AttributeError:
+        raise FormatError(f"{lib.path}: records external weights but exports no "
+                          f"{lib.prefix}_map_weights_fd; the file is damaged") from None
+    rc = map_fd(shared.fd)
+    if rc != 0:
+        raise FormatError(f"{lib.path}: its weights file {str(shared.path)!r} "
+                          f"{MAP_ERRORS.get(rc, f'was refused ({rc})')}")
+    return shared
+
+
+__all__ = ["MAP_ERRORS", "WEIGHTS_MODES", "SharedWeights", "attach", "default_weights_path",
+           "export_weights", "map_symbols", "mapped_hashes", "shared_weights", "tensor_name"]
