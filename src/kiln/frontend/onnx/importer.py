@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from kiln.errors import FrontendError, IRError
+from kiln.errors import FrontendError, IRError, missing_dependency
 from kiln.frontend.onnx import control_flow
 from kiln.frontend.onnx.control_flow import CONTROL_FLOW_OPS
 from kiln.frontend.onnx.converters.registry import LoopStep, converters
@@ -150,12 +150,16 @@ def parse_onnx(source: bytes | bytearray | str | os.PathLike[str]) -> Any:
     of its weights as arrays.
 
     Raises FrontendError naming the file (or the bytes) and what it holds instead when
-    it is not an ONNX model: missing, a directory, empty, truncated, another format.
+    it is not an ONNX model: missing, a directory, empty, truncated, another format,
+    and MissingDependencyError naming the compiler extra on a runtime-only install.
     """
-    import onnx  # optional: onnx (the compiler extra)
-    from google.protobuf.message import (
-        DecodeError,  # optional: google (onnx's protobuf, the compiler extra)
-    )
+    try:
+        import onnx  # optional: onnx (the compiler extra)
+        from google.protobuf.message import (
+            DecodeError,  # optional: google (onnx's protobuf, the compiler extra)
+        )
+    except ImportError as exc:  # `pip install kiln-tensor` alone: name the extra
+        raise (missing_dependency(exc, "reading an ONNX model") or exc) from exc
 
     if isinstance(source, (bytes, bytearray)):
         return _parse_bytes(bytes(source))
