@@ -212,6 +212,8 @@ _OTHER_FORMATS = (
                     "loads with kiln.runtime.load_module, `kiln run`, or InferenceSession "
                     "from a .so path)"),
     (b"KILNBLOB", 0, "a kiln blob (kiln.artifact.load reads it)"),
+    (b"\x93NUMPY", 0, "a NumPy .npy array, not a model: the model is the .onnx file, and "
+                      "an array is an input (`kiln run MODEL.so --input NAME=FILE.npy`)"),
     (b"ustar", 257, "a tar archive, such as a kiln .tar library or an MLF archive"),
     (b"PK\x03\x04", 0, "a zip archive, such as a PyTorch checkpoint (kiln.from_torch "
                         "imports a torch.nn.Module)"),
