@@ -31,6 +31,7 @@ from kiln.frontend.onnx.onnx_checker import check_onnx_model
 from kiln.frontend.onnx.raw_data import load_with_views
 from kiln.frontend.onnx.shape_values import evaluate as evaluate_shape
 from kiln.frontend.onnx.shape_values import is_constant, shape_value
+from kiln.frontend.onnx.unsupported_hints import next_steps
 from kiln.frontend.onnx.validate import check_graph, check_shape, itemsize
 from kiln.ir import graph as g
 from kiln.ir.attrs import ATTR_DIM_BOUNDS, ATTR_DIM_NONZERO, ATTR_GIVEN_OUTPUT_NAMES
@@ -329,7 +330,7 @@ def _check_supported(graph: Any, opset: int) -> None:
                          f"{', '.join(shown)}{more}")
         raise FrontendError(
             f"the model uses {len(missing)} operator type(s) kiln does not support "
-            f"(opset {opset}):\n" + "\n".join(lines))
+            f"(opset {opset}):\n" + "\n".join(lines + next_steps(missing)))
 
 
 def _onnx_elem_type(dtype: str) -> int:
