@@ -519,9 +519,13 @@ def profile_views(metadata: dict[str, Any], profile: dict[str, Any] | None) -> d
         fname = profile["function"]
         sites = profile["sites"]
         calls = int(profile["calls"]) or 1
-        whole = float(profile["whole_call"]["total_ns"]) / calls
+        # the median per call (robust to a descheduled call); a file from before
+        # medians were written has the totals
+        whole = float(profile["whole_call"].get("median_ns",
+                                                profile["whole_call"]["total_ns"] / calls))
         kernels = [str(s["kernel"]) for s in sites]
-        times = {int(s["call"]): float(s["total_ns"]) / calls for s in sites}
+        times = {int(s["call"]): float(s.get("median_ns", s["total_ns"] / calls))
+                 for s in sites}
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise UsageError(f"--profile-json: not a profile written by kiln run --profile-json "
                          f"({type(exc).__name__}: {exc})") from None
