@@ -5,8 +5,9 @@ with the suffix `kiln compile` is given for it (`cell_suffix`): `.so` for a
 target with an operating system, this machine's or another's (linked by its
 cross compiler, as `kiln compile -o model.so` links it), `.wasm` for wasm32,
 `.tar` (objects and sources, linked on the deploy side) for a bare-metal target
-and for a cross target whose C compiler the building node lacks. The file's bytes come back through the
-executor (Ray's object store on a cluster) and are written to `out_dir` as
+and for a cross target whose C compiler the building node lacks. The file's
+bytes come back through the executor (Ray's object store on a cluster) and are
+written to `out_dir` as
 `MODEL--TARGET.EXT`; nothing else needs a shared filesystem. A shared
 `cache_dir` makes the cells share kiln's compile cache (kiln.driver.cache
 locks its entries, so nodes may write it at once).
