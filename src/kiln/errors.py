@@ -110,9 +110,17 @@ def missing_dependency(exc: ImportError, feature: str) -> MissingDependencyError
         return None
     return MissingDependencyError(
         f"{feature} needs the '{package}' package, which is not installed here "
-        f"(pip install \"kiln-tensor[{_EXTRAS.get(top, 'compiler')}]\", or pip install "
-        f"{package}); a deploy host with kiln.runtime alone can load and run "
+        f"({install_hint(top)}); a deploy host with kiln.runtime alone can load and run "
         "exported libraries but not compile")
+
+
+def install_hint(module: str) -> str:
+    """How to install the optional package that provides `module` (a top-level name
+    kiln imports: 'llvmlite', 'onnx', ...): the kiln-tensor extra first, as a deploy
+    host that installed the runtime alone (`pip install kiln-tensor`) needs it."""
+    package = _PACKAGES.get(module, module)
+    return (f"pip install \"kiln-tensor[{_EXTRAS.get(module, 'compiler')}]\", "
+            f"or pip install {package}")
 
 
 def shown(value: Any, limit: int = 120) -> str:

@@ -114,6 +114,9 @@ def test_run_profile_aggregates_json_and_trace(tmp_path: Path, backend: str) -> 
         assert sum(r["total_ns"] for r in rows) == summed
         assert sum(r["calls"] for r in rows) == 30 * len(callees)
         assert all(r["min_ns"] <= r["mean_ns"] for r in rows)
+        assert all(0 <= r["median_ns"] <= r["p90_ns"] for r in rows)
+        medians = [r["median_ns"] for r in rows]
+        assert medians == sorted(medians, reverse=True)  # the median leads
     assert {r["name"] for r in prof["by_kernel"]} == set(callees)
     whole = prof["whole_call"]["total_ns"]
     assert 0.8 * whole <= summed <= 1.2 * whole, prof
@@ -123,8 +126,12 @@ def test_run_profile_aggregates_json_and_trace(tmp_path: Path, backend: str) -> 
                          ("by_group", "by fused group")):
         start = next(i for i, x in enumerate(text) if x.startswith(heading))
         rows = text[start + 1:start + 1 + len(prof[key])]
+        assert text[start].split()[-8:] == ["median", "ms", "p90", "ms", "calls", "min", "ms",
+                                            "share"]
         assert [r.split()[0] for r in rows] == [r["name"] for r in prof[key]]
-        assert [int(r.split()[1]) for r in rows] == [r["calls"] for r in prof[key]]
+        assert [float(r.split()[1]) for r in rows] == \
+            [round(r["median_ns"] / 1e6, 4) for r in prof[key]]
+        assert [int(r.split()[3]) for r in rows] == [r["calls"] for r in prof[key]]
     trace = json.loads((tmp_path / "t.json").read_text())
     check_trace(trace)
     calls = [e for e in trace["traceEvents"] if e.get("cat") == "call"]
@@ -153,10 +160,32 @@ def test_top_rows_and_the_other_row(tmp_path: Path) -> None:
     rest = prof["by_kernel"][2:]
     other = lines[start + 3]
     assert other.startswith(f"other ({len(rest)} kernels)")
-    assert int(other.split(")")[1].split()[0]) == sum(r["calls"] for r in rest)
+    assert int(other.split(")")[1].split()[1]) == sum(r["calls"] for r in rest)
     bad = one_line_error(run_kiln("run", "cnn.so", "--fill", "random", "--profile",
                                   "--profile-by", "layer", cwd=tmp_path))
     assert "--profile-by" in bad and "op, group, kernel" in bad
+
+
+def test_one_descheduled_call_moves_neither_median_nor_order() -> None:
+    """Ten calls, one of them 100 times slower in the conv (the OS took the core away):
+    the total and the mean of the conv follow the outlier, its median and the order of
+    the table do not."""
+    from kiln.cli.profiling import Recording, Site, aggregate, table, to_json
+
+    conv = [1_000_000] * 9 + [100_000_000]
+    rec = Recording("main", [Site(0, "conv2d", ns=conv, calls=[1] * 10),
+                             Site(1, "fused_matmul_add", ns=[2_000_000] * 10, calls=[1] * 10)],
+                    whole_ns=[c + 2_000_000 for c in conv])
+    rows = aggregate(rec, "op")
+    assert [r.name for r in rows] == ["matmul", "conv2d"]
+    assert rows[1].median_ns() == 1_000_000 and rows[1].p90_ns() == 1_000_000
+    assert rows[1].mean_ns() > rows[0].mean_ns()  # what a mean-led table would have shown
+    lines = table(rec, ["op"]).splitlines()
+    assert "median 3.0000 ms per call, p90 3.0000 ms" in lines[0]
+    assert lines[2].split()[:3] == ["matmul", "2.0000", "2.0000"]
+    assert lines[2].split()[-1] == "66.7%"
+    whole = to_json(rec)["whole_call"]
+    assert whole["median_ns"] == 3_000_000 and whole["total_ns"] == 9 * 3_000_000 + 102_000_000
 
 
 def test_kernel_names_give_group_and_op_type() -> None:
@@ -311,7 +340,7 @@ def test_bert_profile_fits_a_screen(tmp_path: Path, monkeypatch: pytest.MonkeyPa
             if line.startswith("by "):
                 break
             rows.append(line)
-        ms = [float(r.split(")")[1].split()[1] if r.startswith("other (") else r.split()[2])
+        ms = [float(r.split(")")[1].split()[0] if r.startswith("other (") else r.split()[1])
               for r in rows]
         shown = sum(ms[:-1]) if rows[-1].startswith("other (") else sum(ms)
         assert shown >= 0.95 * sum(ms), ran.stdout

@@ -207,7 +207,7 @@ def test_profile_times_on_the_page(tmp_path: Path) -> None:
     prof = json.loads((tmp_path / "p.json").read_text())
     html = (tmp_path / "r.html").read_text()
     for site in prof["sites"]:
-        ms = f"{site['total_ns'] / prof['calls'] / 1e6:.4f}"
+        ms = f"{site['median_ns'] / 1e6:.4f}"  # the median per call
         assert re.search(rf"<td>{site['call']}</td><td>{re.escape(site['kernel'])}</td>"
                          rf".*?<td>{ms}</td></tr>", html), site
         assert re.search(rf"#{site['call']} {re.escape(site['kernel'])}</title>.*?{ms} ms",

@@ -25,6 +25,7 @@ import pytest
 import kiln
 from kiln.cli.main import main
 from kiln.distributed import load_matrix
+from kiln.distributed.build import build_cell, cell_suffix
 from kiln.distributed.executor import InProcessExecutor, make_executor
 from kiln.distributed.tune import measure_resource
 from kiln.errors import MissingFileError, UsageError
@@ -267,3 +268,22 @@ def test_two_node_ray_cluster(matrix: Path, tmp_path: Path) -> None:
 
 def test_make_executor_in_process_flag() -> None:
     assert isinstance(make_executor(in_process=True), InProcessExecutor)
+
+
+def test_a_cell_writes_the_suffix_kiln_compile_writes() -> None:
+    """A cross target with an OS is a `.so`, as `kiln compile -o model.so` makes it."""
+    assert cell_suffix("x86_64-unknown-linux-gnu") == ".so"
+    assert cell_suffix("aarch64-unknown-linux-gnu") == ".so"
+    assert cell_suffix("armv7a-linux-gnueabihf") == ".so"
+    assert cell_suffix("thumbv7em-none-eabi") == ".tar"
+    assert cell_suffix("wasm32-unknown-unknown") == ".wasm"
+
+
+def test_an_aarch64_cell_is_a_shared_library(tmp_path: Path) -> None:
+    if shutil.which("aarch64-linux-gnu-gcc") is None:
+        pytest.skip("aarch64-linux-gnu-gcc (gcc-aarch64-linux-gnu) is not installed")
+    _mlp(tmp_path / "mlp.onnx")
+    cell = build_cell((tmp_path / "mlp.onnx").read_bytes(), {},
+                      "llvm -mtriple=aarch64-linux-gnu", None)
+    assert cell["suffix"] == ".so"
+    assert cell["data"][:4] == b"\x7fELF" and cell["data"][18] == 183  # e_machine AArch64

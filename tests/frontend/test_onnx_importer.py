@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import onnx
 import pytest
@@ -191,6 +193,31 @@ def test_unsupported_ops_are_all_listed_with_counts_and_node_names() -> None:
     assert "  StringNormalizer x2: nodes #2 (output 'u'), 'norm_b'" in text
     assert "  com.microsoft.FusedConv x1: node 'fc'" in text
     assert "Relu" not in text
+    assert 'to add an operator to kiln: docs/ops.md, "Adding an operator"' in text
+    assert "com.microsoft.FusedConv: written by onnxruntime's graph optimizer" in text
+
+
+def test_contrib_ops_of_the_transformer_optimizer_name_the_option_that_avoids_them() -> None:
+    """FastGelu and SkipLayerNormalization, as onnxruntime.transformers.optimizer writes
+    them for a BERT: the refusal names the FusionOptions fields that keep standard ops."""
+    b = GraphBuilder()
+    b.const(np.zeros(8, np.float32), name="gamma")
+    b.node("SkipLayerNormalization", ["x", "x", "gamma"], ["n"], domain="com.microsoft",
+           name="skip_ln")
+    b.node("FastGelu", ["n"], ["y"], domain="com.microsoft", name="gelu")
+    b.input("x", [1, 4, 8])
+    b.output("y", [1, 4, 8])
+    with pytest.raises(FrontendError) as info:
+        from_onnx(b.model(opset={"": 17, "com.microsoft": 1}), check=False)
+    lines = str(info.value).splitlines()
+    assert lines[-2] == 'to add an operator to kiln: docs/ops.md, "Adding an operator"'
+    assert lines[-1].startswith("com.microsoft.FastGelu, com.microsoft.SkipLayerNormalization: "
+                                "written by onnxruntime's transformer optimizer "
+                                "(onnxruntime.transformers.optimizer.optimize_model)")
+    assert ("FusionOptions enable_bias_skip_layer_norm=False, enable_gelu=False, "
+            "enable_gelu_approximation=False, enable_skip_layer_norm=False") in lines[-1]
+    docs = (Path(__file__).resolve().parents[2] / "docs" / "ops.md").read_text()
+    assert "\n## Adding an operator\n" in docs  # the section the refusal cites
 
 
 def test_many_nodes_of_one_unsupported_op_are_summarised() -> None:

@@ -76,8 +76,13 @@ RUNTIME_SCRIPT = textwrap.dedent("""
         refusal = None
     except kiln.MissingDependencyError as exc:
         refusal = str(exc)
+    try:  # a drop-in onnxruntime script: a KilnError naming the extra, not a bare import
+        kiln.InferenceSession(sys.argv[4])
+        session = None
+    except kiln.MissingDependencyError as exc:
+        session = str(exc)
     print(json.dumps({"version": kiln.__version__, "file": kiln.__file__,
-                      "unexpected": missing, "refusal": refusal}))
+                      "unexpected": missing, "refusal": refusal, "session": session}))
 """)
 
 
@@ -110,12 +115,21 @@ def test_runtime_wheel_loads_and_runs_with_numpy_only(tmp_path: Path) -> None:
     assert report["version"] == kiln.__version__
     assert report["unexpected"] == [], "the runtime install pulled in compiler packages"
     assert "needs the 'onnx' package" in (report["refusal"] or ""), report
+    assert 'pip install "kiln-tensor[compiler]"' in (report["session"] or ""), report
     np.testing.assert_allclose(np.load(tmp_path / "y.npy"), expected, rtol=1e-5, atol=1e-6)
 
     # The command line's `run` works there too, through the wheel's `kiln` script.
     _run(venv / "bin" / "kiln", "run", library, "--input", f"x={tmp_path / 'x.npy'}",
          "--output", tmp_path / "y_cli.npy", cwd=work)
     np.testing.assert_allclose(np.load(tmp_path / "y_cli.npy"), expected, rtol=1e-5, atol=1e-6)
+
+    # `kiln compile` there is refused in one line that names the extra to install.
+    proc = subprocess.run([str(venv / "bin" / "kiln"), "compile", str(MODEL), "-o",
+                           str(tmp_path / "again.so")], cwd=work, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    assert 'pip install "kiln-tensor[compiler]"' in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr, proc.stderr
 
 
 def test_the_version_is_written_once() -> None:

@@ -72,6 +72,14 @@ def test_unknown_kind() -> None:
     assert "Known: c, composite, cuda" in text
 
 
+def test_a_typo_of_host_is_suggested_host() -> None:
+    """`host` is a head of its own, not a kind: a typo of it still gets the hint."""
+    for typo in ("hots", "hsot", "Host"):
+        text = error_text(typo)
+        assert f"unknown target kind '{typo}'. did you mean 'host'?" in text, text
+    assert "'host' (this machine's CPU)" in error_text("hots")
+
+
 def test_unknown_tag() -> None:
     text = error_text("raspberry-pi/4b-arch64")
     assert "unknown target tag 'raspberry-pi/4b-arch64'." in text

@@ -113,14 +113,33 @@ def test_kept_one_by_one_but_not_together_drops_them_all() -> None:
 
 
 def test_choices_not_reached_before_the_deadline_are_dropped() -> None:
-    """Every step takes one tick of the clock: a step starts only if one more fits."""
-    ticks = itertools.count()
-    build, measure, _ = _recorded(IN_MODEL)
-    result = check_model(_choices("A", "B", "C"), build, measure, 6.5,  # type: ignore[arg-type]
-                         clock=lambda: float(next(ticks)))
-    assert [c.kernel for c in result.accepted] == ["A"]
+    """Every step takes two ticks of the clock (its builds, its measurement): a step
+    starts only if one more fits, and, once a choice is kept, one more measurement (the
+    kept set against untuned) after it."""
+    for deadline, measured in ((10.5, "B"), (8.5, "")):
+        ticks = itertools.count()
+        build, measure, _ = _recorded(IN_MODEL)
+        result = check_model(_choices("A", "B", "C"), build, measure,  # type: ignore[arg-type]
+                             deadline, clock=lambda: float(next(ticks)))  # noqa: B023
+        assert [c.kernel for c in result.accepted] == ["A"]
+        assert [(c.kernel, "ran out" in why) for c, why in result.rejected] == [
+            (k, k not in measured) for k in "BC"]
+
+
+def test_no_check_starts_that_cannot_end_before_the_deadline() -> None:
+    """A build and a measurement of the model took 30 s before: with 20 s left the check
+    does not start (so `kiln tune` ends within its budget), and every choice is dropped
+    as not checked: a compile applies none of them."""
+    build, measure, measured = _recorded(IN_MODEL)
+    logged: list[str] = []
+    result = check_model(_choices("A", "C"), build, measure, 20.0,  # type: ignore[arg-type]
+                         clock=lambda: 0.0, log=logged.append, step_s=30.0)
+    assert measured == [] and not result.accepted and not result.tuned_us
     assert [(c.kernel, "ran out" in why) for c, why in result.rejected] == [
-        ("B", False), ("C", True)]
+        ("A", True), ("C", True)]
+    assert "no time left for a build and a measurement" in logged[0]
+    result, _ = _check("AC")  # the same with time: checked
+    assert [c.kernel for c in result.accepted] == ["A", "C"]
 
 
 KEY = "x86_64:znver3:abc"

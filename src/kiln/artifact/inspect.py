@@ -31,7 +31,7 @@ from typing import Any
 from kiln._registry import Registry
 from kiln.artifact._json import MAX_DEPTH, canonical_json, text_depth
 from kiln.artifact.artifact import AnyArtifact, Artifact, ArtifactSet, InMemoryArtifact
-from kiln.errors import ArgumentTypeError, ArtifactError, FormatError, UsageError
+from kiln.errors import ArgumentTypeError, ArtifactError, FormatError, UsageError, install_hint
 
 View = Callable[[AnyArtifact], str]
 
@@ -274,8 +274,8 @@ def _asm_text_view(a: AnyArtifact) -> str:
 # here (docs/security.md).
 
 _NO_LLVMLITE = ("llvmlite is not installed, so LLVM {what} cannot be shown as text "
-                "(pip install llvmlite). The artifact holds {size} bytes; use fmt='hex' "
-                "to see them.")
+                f"({install_hint('llvmlite')}). The artifact holds {{size}} bytes; use "
+                "fmt='hex' to see them.")
 
 # Exit codes of _LLVM_CHILD besides 0 (its stdout is the view).
 _PARSE_FAILED, _NO_TARGET = 3, 4

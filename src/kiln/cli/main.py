@@ -45,6 +45,7 @@ from kiln.cli.flags import (
 )
 from kiln.cli.inspect import cmd_inspect, report_metadata
 from kiln.cli.inspect_onnx import inspect_onnx
+from kiln.cli.outputs import WASM, check_output
 from kiln.cli.targets import normalize_argv
 from kiln.cli.tune import cmd_tune
 from kiln.errors import GenericKernelWarning, KilnError, UsageError, missing_dependency
@@ -104,7 +105,9 @@ def _cmd_compile(args: argparse.Namespace) -> int:
     if args.mlf_source and not args.mlf:
         raise UsageError("--mlf-source adds the DSL source to a Model Library Format tar; "
                          "give --mlf MODEL_NAME too")
-    wasm = args.output.lower().endswith(".wasm")
+    if not args.mlf:  # an MLF archive is a .tar whatever its name
+        check_output(args.output)
+    wasm = args.output.lower().endswith(WASM)
     target = kiln.Target(args.target or ("web/wasm32" if wasm else "host"))
     t0 = time.perf_counter()
     timing = TimingInstrument()

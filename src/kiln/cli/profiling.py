@@ -14,7 +14,9 @@ spread evenly over the gaps.
 from __future__ import annotations
 
 import json
+import math
 import os
+import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -107,6 +109,18 @@ def record(lib: Any, function: str, call: Callable[[], Any], times: int) -> Reco
     return rec
 
 
+def median(samples: Sequence[float]) -> float:
+    """The median of `samples` (0 for none): robust to a call the OS descheduled, where a
+    total or a mean takes the outlier in whole."""
+    return statistics.median(samples) if samples else 0.0
+
+
+def p90(samples: Sequence[float]) -> float:
+    """The 90th percentile of `samples` by nearest rank (0 for none)."""
+    ordered = sorted(samples)
+    return ordered[max(math.ceil(0.9 * len(ordered)) - 1, 0)] if ordered else 0.0
+
+
 @dataclass(frozen=True)
 class Aggregate:
     """The kernel calls that share a name (a kernel, an op type or a fused group)."""
@@ -116,14 +130,23 @@ class Aggregate:
     total_ns: int
     min_ns: int  # the shortest single call (a site that ran in a loop counts its mean)
     kernels: int  # distinct timer sites
+    per_call_ns: tuple[int, ...] = ()  # its time in each recorded call of the function
 
     def mean_ns(self) -> float:
         """Mean time of one call."""
         return self.total_ns / self.calls if self.calls else 0.0
 
+    def median_ns(self) -> float:
+        """Median over the function's recorded calls of this row's time in one of them."""
+        return median(self.per_call_ns)
+
+    def p90_ns(self) -> float:
+        """The 90th percentile of the same."""
+        return p90(self.per_call_ns)
+
 
 def aggregate(rec: Recording, by: str) -> list[Aggregate]:
-    """Rows by `by` ("op", "group" or "kernel"), longest total first."""
+    """Rows by `by` ("op", "group" or "kernel"), longest median per call first."""
     groups: dict[str, list[Site]] = {}
     for site in rec.sites:
         groups.setdefault(site.key(by), []).append(site)
@@ -132,8 +155,9 @@ def aggregate(rec: Recording, by: str) -> list[Aggregate]:
         calls = sum(sum(s.calls) for s in sites)
         total = sum(sum(s.ns) for s in sites)
         each = [ns // n for s in sites for ns, n in zip(s.ns, s.calls) if n]
-        rows.append(Aggregate(name, calls, total, min(each, default=0), len(sites)))
-    return sorted(rows, key=lambda r: (-r.total_ns, r.name))
+        per_call = tuple(sum(c) for c in zip(*(s.ns for s in sites), strict=True))
+        rows.append(Aggregate(name, calls, total, min(each, default=0), len(sites), per_call))
+    return sorted(rows, key=lambda r: (-r.median_ns(), -r.total_ns, r.name))
 
 
 def _ms(ns: float) -> str:
@@ -157,9 +181,9 @@ def row_counts(tables: Sequence[Sequence[Aggregate]], top: int | None) -> list[i
 
 
 def _rows_holding_the_share(rows: Sequence[Aggregate]) -> int:
-    total, running = sum(r.total_ns for r in rows), 0
+    total, running = sum(r.median_ns() for r in rows), 0.0
     for k, r in enumerate(rows):
-        running += r.total_ns
+        running += r.median_ns()
         if running >= AUTO_SHARE * total:
             return k + 1
     return len(rows)
@@ -167,47 +191,53 @@ def _rows_holding_the_share(rows: Sequence[Aggregate]) -> int:
 
 def table(rec: Recording, by: Sequence[str], top: int | None = None) -> str:
     """The text tables, one per aggregate in `by`: the longest rows (kiln.cli.profiling.
-    row_counts), then one "other" row for the rest; shares are of the library-timed
-    whole call."""
-    whole = sum(rec.whole_ns) or 1
-    kernels = sum(sum(s.ns) for s in rec.sites)
-    lines = [f"profile of {rec.function} over {rec.calls} calls: {_ms(whole / rec.calls).strip()}"
-             f" ms per call (the library's monotonic clock), kernels {100 * kernels / whole:.1f}%"
-             " of it"]
+    row_counts), then one "other" row for the rest. The leading columns are the median
+    and the 90th percentile over the recorded calls of a row's time in one call (a call
+    the OS descheduled moves neither, where it would move a total or a mean); shares
+    are of the median library-timed whole call."""
+    whole = median(rec.whole_ns) or 1
+    kernels = median([sum(s.ns[c] for s in rec.sites) for c in range(rec.calls)])
+    lines = [f"profile of {rec.function} over {rec.calls} calls: median "
+             f"{_ms(whole).strip()} ms per call, p90 {_ms(p90(rec.whole_ns)).strip()} ms (the "
+             f"library's monotonic clock), kernels {100 * kernels / whole:.1f}% of it"]
     tables = [aggregate(rec, key) for key in by]
     for key, rows, n in zip(by, tables, row_counts(tables, top), strict=True):
         shown, rest = rows[:n], rows[n:]
         width = max([len(r.name) for r in shown] + [len(HEADINGS[key]), 24])
-        lines.append(f"{'by ' + HEADINGS[key]:<{width}}  {'calls':>7}  {'total ms':>10}  "
-                     f"{'mean ms':>10}  {'min ms':>10}  {'share':>6}")
+        lines.append(f"{'by ' + HEADINGS[key]:<{width}}  {'median ms':>10}  {'p90 ms':>10}  "
+                     f"{'calls':>7}  {'min ms':>10}  {'share':>6}")
         for r in shown:
-            lines.append(f"{r.name:<{width}}  {r.calls:>7}  {_ms(r.total_ns)}  "
-                         f"{_ms(r.mean_ns())}  {_ms(r.min_ns)}  {100 * r.total_ns / whole:5.1f}%")
-        if rest:
-            ns = sum(r.total_ns for r in rest)
+            lines.append(f"{r.name:<{width}}  {_ms(r.median_ns())}  {_ms(r.p90_ns())}  "
+                         f"{r.calls:>7}  {_ms(r.min_ns)}  {100 * r.median_ns() / whole:5.1f}%")
+        if rest:  # the sum of its rows' medians, so that the column adds up
+            ns = sum(r.median_ns() for r in rest)
             label = f"other ({len(rest)} {HEADINGS[key]}{'s' if len(rest) > 1 else ''})"
-            lines.append(f"{label:<{width}}  {sum(r.calls for r in rest):>7}  {_ms(ns)}  "
-                         f"{'':>10}  {'':>10}  {100 * ns / whole:5.1f}%")
+            lines.append(f"{label:<{width}}  {_ms(ns)}  {'':>10}  "
+                         f"{sum(r.calls for r in rest):>7}  {'':>10}  {100 * ns / whole:5.1f}%")
     return "\n".join(lines)
 
 
-def _row_json(r: Aggregate, whole: int) -> dict[str, Any]:
-    return {"name": r.name, "calls": r.calls, "kernels": r.kernels, "total_ns": r.total_ns,
-            "mean_ns": r.mean_ns(), "min_ns": r.min_ns, "share": r.total_ns / whole}
+def _row_json(r: Aggregate, whole: float) -> dict[str, Any]:
+    return {"name": r.name, "median_ns": r.median_ns(), "p90_ns": r.p90_ns(),
+            "calls": r.calls, "kernels": r.kernels, "total_ns": r.total_ns,
+            "mean_ns": r.mean_ns(), "min_ns": r.min_ns, "share": r.median_ns() / whole}
 
 
 def to_json(rec: Recording) -> dict[str, Any]:
     """Every aggregate in full and every site, for `--profile-json` (docs/profiling.md)."""
-    whole = sum(rec.whole_ns) or 1
+    whole = median(rec.whole_ns) or 1
     return {
         "function": rec.function, "calls": rec.calls,
-        "whole_call": {"total_ns": sum(rec.whole_ns), "mean_ns": whole / max(rec.calls, 1),
+        "whole_call": {"median_ns": median(rec.whole_ns), "p90_ns": p90(rec.whole_ns),
+                       "total_ns": sum(rec.whole_ns),
+                       "mean_ns": sum(rec.whole_ns) / max(rec.calls, 1),
                        "min_ns": min(rec.whole_ns, default=0)},
         **{f"by_{key}": [_row_json(r, whole) for r in aggregate(rec, key)]
            for key in AGGREGATES},
         "sites": [{"call": s.index, "kernel": s.kernel, "op": op_type(s.kernel),
                    "group": fused_group(s.kernel), "outputs": s.outputs,
-                   "calls": sum(s.calls), "total_ns": sum(s.ns),
+                   "calls": sum(s.calls), "median_ns": median(s.ns), "p90_ns": p90(s.ns),
+                   "total_ns": sum(s.ns),
                    "min_ns": min((ns // n for ns, n in zip(s.ns, s.calls) if n), default=0)}
                   for s in rec.sites],
     }

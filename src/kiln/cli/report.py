@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kiln.cli.kernel_names import op_type
+from kiln.cli.report_binding import Binding, concrete, representative
 from kiln.cli.report_structure import Repeat, repeated_run, unique_names
 from kiln.errors import UsageError
 from kiln.escape import html_text as h
@@ -164,9 +165,26 @@ def _shape(t: dict[str, Any]) -> str:
     return f"{dims} {t.get('dtype', '?')}"
 
 
-def _workspace(size: Any) -> str:
-    """A workspace's size: bytes, or the expression of a symbolic one (its text)."""
-    return size if isinstance(size, str) else _bytes(size or 0)
+def _workspace(g: dict[str, Any], binding: Binding) -> str:
+    """A workspace's size: bytes; for a symbolic one its formula and its bytes at the
+    report's binding (kiln.cli.report_binding)."""
+    size, formula = g.get("workspace_bytes"), g.get("workspace_formula")
+    if formula is None:
+        return size if isinstance(size, str) else _bytes(size or 0)
+    at = f" = {_bytes(size)} at {binding.text()}" if isinstance(size, int) else ""
+    return f"{formula} bytes{at}"
+
+
+def _sized(info: dict[str, Any]) -> str:
+    """A tensor's bytes as the memory plan's tooltip says them, with the formula of a
+    symbolic size."""
+    size = _bytes(info["bytes"]) if isinstance(info.get("bytes"), int) else "?"
+    return f"{info['formula']} = {size}" if "formula" in info else size
+
+
+def _offset(info: dict[str, Any]) -> str:
+    offset = info.get("offset", "")
+    return f"{info['offset_formula']} = {offset}" if "offset_formula" in info else str(offset)
 
 
 def _bytes(n: float) -> str:
@@ -408,8 +426,8 @@ def memory_svg(fname: str, g: dict[str, Any], names: Sequence[str] | None = None
             f'y="{MEMORY_TOP + info["offset"] * scale:.1f}" '
             f'width="{(last - first + 1) * col - 2:.1f}" '
             f'height="{max(info["bytes"] * scale, 2.0):.1f}">'
-            f'<title>{h(names[t])}: {h(_shape(info))}, {h(_bytes(info["bytes"]))} at '
-            f'offset {info["offset"]}, calls {first}-{last}</title></rect>')
+            f'<title>{h(names[t])}: {h(_shape(info))}, {h(_sized(info))} at '
+            f'offset {h(_offset(info))}, calls {first}-{last}</title></rect>')
     if not planned:
         parts.append(f'<text x="{MEMORY_LEFT + 8}" y="{MEMORY_TOP + 20}">'
                      "no planned workspace</text>")
@@ -459,7 +477,8 @@ def summary_rows(g: dict[str, Any], v: _View) -> list[list[object]]:
     return rows
 
 
-def _function_section(fname: str, g: dict[str, Any], v: _View) -> str:
+def _function_section(fname: str, g: dict[str, Any], v: _View,
+                      binding: Binding | None = None) -> str:
     tensors = g["tensors"]
     span = lifetimes(g)
     repeat = repeated_run([c["name"] for c in g["kernels"]])
@@ -467,13 +486,16 @@ def _function_section(fname: str, g: dict[str, Any], v: _View) -> str:
                 ", ".join(v.names[t] for t in c["outputs"]),
                 f"{v.times[k] / 1e6:.4f}" if k in v.times else ""]
                for k, c in enumerate(g["kernels"])]
-    rows = [[t, v.names[t], info["kind"], _shape(info), info.get("bytes") or "?",
-             info.get("offset", ""), "{}-{}".format(*span[t]) if t in span else ""]
+    binding = binding or Binding()
+    rows = [[t, v.names[t], info["kind"], _shape(info),
+             _sized(info) if "formula" in info else info.get("bytes") or "?",
+             _offset(info), "{}-{}".format(*span[t]) if t in span else ""]
             for t, info in enumerate(tensors)]
     weights = sum(_nbytes(t) for t in tensors if t["kind"] == "weight")
     timed = (f", {v.whole_ns / 1e6:.4f} ms per call (kiln run --profile-json)"
              if v.times else "")
-    head = ["op type", "kernel calls", "bytes written", "weights"]
+    at = f" at {binding.text()}" if binding.values else ""
+    head = ["op type", "kernel calls", f"bytes written{at}", "weights"]
     head += ["ms per call", "share"] if v.times else []
     tools = ('<div class="tools"><button data-act="fit">fit to screen</button>'
              '<button data-act="width">fit width</button><button data-act="in">zoom in'
@@ -489,14 +511,15 @@ def _function_section(fname: str, g: dict[str, Any], v: _View) -> str:
         graphs += "\n" + graph_svg(fname, g, v, repeat, full=True)
     return "\n".join([
         f"<h2>{h(fname)}: {len(g['kernels'])} kernel calls, workspace "
-        f"{h(_workspace(g.get('workspace_bytes')))}, weights {h(_bytes(weights))}"
+        f"{h(_workspace(g, binding))}, weights {h(_bytes(weights))}"
         f"{h(timed)}</h2>",
+        _binding_note(binding),
         "<h3>Summary by op type</h3>", _table(head, summary_rows(g, v)),
         "<h3>Graph</h3>",
         f'<div class="graphbox">{tools}<div class="viewport">{graphs}</div></div>',
         "<h3>Memory plan</h3>",
         "<p>Each bar is a tensor of the workspace arena: down, its byte offset and size; "
-        "across, the kernel calls from its first to its last use.</p>",
+        f"across, the kernel calls from its first to its last use{h(at)}.</p>",
         f'<div class="scroll">{memory_svg(fname, g, v.names)}</div>',
         f"<details><summary>Kernel calls ({len(kernels)})</summary>",
         _table(["#", "kernel", "op type", "inputs", "outputs", "ms per call"], kernels),
@@ -505,6 +528,17 @@ def _function_section(fname: str, g: dict[str, Any], v: _View) -> str:
         _table(["id", "name", "kind", "shape", "bytes", "offset", "calls"], rows),
         "</details>",
     ])
+
+
+def _binding_note(binding: Binding) -> str:
+    """The paragraph saying at which sizes a function of symbolic shape is drawn."""
+    if not binding.values:
+        return ""
+    return (f'<p class="binding">Symbolic sizes are drawn at {h(binding.text())}: each '
+            "dimension variable at the size kiln's pin hints suggest (1 for a batch, 128 "
+            "for any other size; kiln.ir.pin_hint), within its bounds. The bytes and "
+            "offsets of the tables and the memory plan's tooltips give the formula and "
+            "its value there.</p>")
 
 
 def profile_views(metadata: dict[str, Any], profile: dict[str, Any] | None) -> dict[str, _View]:
@@ -519,9 +553,13 @@ def profile_views(metadata: dict[str, Any], profile: dict[str, Any] | None) -> d
         fname = profile["function"]
         sites = profile["sites"]
         calls = int(profile["calls"]) or 1
-        whole = float(profile["whole_call"]["total_ns"]) / calls
+        # the median per call (robust to a descheduled call); a file from before
+        # medians were written has the totals
+        whole = float(profile["whole_call"].get("median_ns",
+                                                profile["whole_call"]["total_ns"] / calls))
         kernels = [str(s["kernel"]) for s in sites]
-        times = {int(s["call"]): float(s["total_ns"]) / calls for s in sites}
+        times = {int(s["call"]): float(s.get("median_ns", s["total_ns"] / calls))
+                 for s in sites}
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise UsageError(f"--profile-json: not a profile written by kiln run --profile-json "
                          f"({type(exc).__name__}: {exc})") from None
@@ -555,7 +593,10 @@ def render_report(metadata: dict[str, Any], source: str,
                     "Format archive, or no lowered graph function): a .so, .tar or .a built "
                     "by this kiln has the graph and memory plan pictures.</p>")
     for fname, g in graphs.items():
-        body.append(_function_section(fname, g, views[fname]))
+        dims = ((metadata.get("functions") or {}).get(fname) or {}).get("dims")
+        binding = representative(g, dims if isinstance(dims, list) else None)
+        body.append(_function_section(fname, concrete(g, binding) if binding.values else g,
+                                      views[fname], binding))
     body += ["<h2>Functions</h2>",
              _table(["function", "kind", "parameters", "results"], _signature_rows(metadata))]
     return "\n".join([

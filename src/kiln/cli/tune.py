@@ -3,18 +3,38 @@
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from typing import Any
 
 from kiln.cli.flags import MAX_WORKERS, max_threads
 from kiln.errors import UsageError, shown
 
+#: Seconds kept from the budget for closing a Ray executor (`ray.shutdown()`, about
+#: 1.5 s on a 2-vCPU host), which runs after the tuning.
+CLOSE_RAY_S = 3.0
+
+
+def tuning_budget(seconds: float, began: float, now: float, engine: str, budget: str) -> float:
+    """What is left of `--budget` (`seconds`, the command began at `began`) for the
+    tuning once the executor is up at `now`: the budget is the command's, so starting
+    Ray (ten seconds and more) and closing it count. UsageError when nothing is left."""
+    spent = now - began
+    left = seconds - spent - (CLOSE_RAY_S if engine == "ray" else 0.0)
+    if left <= 0:
+        raise UsageError(f"--budget {budget}: starting {engine} took {spent:.0f} s of the "
+                         f"{seconds:.0f} s; give a longer budget, or --in-process")
+    return left
+
 
 def cmd_tune(model: str, target: str | None, budget: str, output: str, address: str | None,
              in_process: bool, shapes: dict[str, Any], workers: int | None,
-             threads: int | None = None) -> str:
+             threads: int | None = None, clock: Callable[[], float] = time.monotonic) -> str:
     """Tune and save; the closing summary (the log lines are printed as they come).
     UsageError, before anything is measured, for a thread or worker count out of
-    range (the command line's flags are checked by kiln.cli.flags already)."""
+    range (the command line's flags are checked by kiln.cli.flags already). The
+    budget counts from the call (`clock`), so the command ends within it."""
+    began = clock()
     from kiln.distributed.executor import (
         make_executor,  # heavy: kept off the cli's startup (kiln --help)
     )
@@ -52,7 +72,11 @@ def cmd_tune(model: str, target: str | None, budget: str, output: str, address: 
                              for n in nodes) if where["engine"] == "ray" else "")
               + (f"; measurements on nodes with resource {measure_resource(tgt)}"
                  if where["engine"] == "ray" else ""), flush=True)
-        report = tune_model(model, tgt, seconds, output, executor=executor, shapes=shapes,
+        left = tuning_budget(seconds, began, clock(), where["engine"], budget)
+        if where["engine"] == "ray":
+            print(f"budget: {left:.0f} s of {seconds:.0f} s left for tuning (starting and "
+                  f"closing {where['engine']} take the rest)", flush=True)
+        report = tune_model(model, tgt, left, output, executor=executor, shapes=shapes,
                             log=lambda line: print(line, flush=True), threads=threads)
     finally:
         executor.close()

@@ -1,10 +1,13 @@
 """`build_many`: every (model, target) cell of a build matrix as one task.
 
-A cell imports the model, compiles it for the target and exports one file:
-`.so` for a target the building machine can run (host, llvm, c on this
-architecture), `.tar` (objects and sources, linked on the deploy side) for a
-cross target, `.wasm` for wasm32. The file's bytes come back through the
-executor (Ray's object store on a cluster) and are written to `out_dir` as
+A cell imports the model, compiles it for the target and exports one file
+with the suffix `kiln compile` is given for it (`cell_suffix`): `.so` for a
+target with an operating system, this machine's or another's (linked by its
+cross compiler, as `kiln compile -o model.so` links it), `.wasm` for wasm32,
+`.tar` (objects and sources, linked on the deploy side) for a bare-metal target
+and for a cross target whose C compiler the building node lacks. The file's
+bytes come back through the executor (Ray's object store on a cluster) and are
+written to `out_dir` as
 `MODEL--TARGET.EXT`; nothing else needs a shared filesystem. A shared
 `cache_dir` makes the cells share kiln's compile cache (kiln.driver.cache
 locks its entries, so nodes may write it at once).
@@ -27,6 +30,7 @@ from typing import Any
 import kiln
 from kiln.distributed.executor import Executor, make_executor, task_node
 from kiln.distributed.matrix import BuildMatrix
+from kiln.errors import MissingDependencyError
 from kiln.export.wasm import export_wasm
 from kiln.frontend import from_onnx
 from kiln.frontend.onnx.file_limits import read_model_file
@@ -65,6 +69,15 @@ def target_label(spec: Any) -> str:
     return f"{target.kind.name}-{target.fingerprint()[:10]}"
 
 
+def cell_suffix(triple: str) -> str:
+    """The file a cell for `triple` writes, as `kiln compile` writes it (docs/cli.md):
+    `.wasm` for wasm32, `.tar` for a bare-metal triple (`-none`: no loader for a
+    shared library there), `.so` for any other, cross targets included."""
+    if triple_arch(triple).startswith("wasm"):
+        return ".wasm"
+    return ".tar" if "-none" in triple else ".so"
+
+
 def build_cell(model: bytes, shape: dict[str, Any], spec: Any, cache_dir: str | None
                ) -> dict[str, Any]:
     """Compile and export one cell; runs where the executor puts it. Returns the
@@ -76,19 +89,17 @@ def build_cell(model: bytes, shape: dict[str, Any], spec: Any, cache_dir: str | 
     start = time.perf_counter()
     target = kiln.Target.from_host() if spec == "host" else kiln.Target(spec)
     ex = kiln.compile(from_onnx(model, shape or None), target)
-    triple = str(target.attrs.get("mtriple") or host_triple())
-    if triple_arch(triple).startswith("wasm"):
-        suffix = ".wasm"
-    elif triple_arch(triple) == triple_arch(host_triple()) and "-none" not in triple:
-        suffix = ".so"
-    else:
-        suffix = ".tar"
+    suffix = cell_suffix(str(target.attrs.get("mtriple") or host_triple()))
     with tempfile.TemporaryDirectory(prefix="kiln-cell-") as tmp:
         out = Path(tmp) / f"model{suffix}"
         if suffix == ".wasm":
             export_wasm(ex, out)
         else:
-            ex.export_library(out)
+            try:
+                ex.export_library(out)
+            except MissingDependencyError:  # no cross compiler on this node: link later
+                suffix, out = ".tar", out.with_suffix(".tar")
+                ex.export_library(out)
         data = out.read_bytes()
     return {"suffix": suffix, "data": data, "seconds": time.perf_counter() - start,
             "cache_hit": bool(ex.cache_hit), "node": task_node(),

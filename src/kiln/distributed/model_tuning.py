@@ -177,7 +177,8 @@ def check_in_model(model: str | os.PathLike[str], shapes: dict[str, Any] | None,
     choices = model_choices(db, specs, key, knobs)
     log(f"model check on {threads or 'the default'} thread(s): {len(choices)} choice(s), "
         f"{max(0.0, deadline - time.monotonic()):.0f} s left")
-    result = check_model(choices, runner.build, runner.measure, deadline, log=log)
+    result = check_model(choices, runner.build, runner.measure, deadline, log=log,
+                         step_s=runner.step_estimate())
     db.add_verdict(Verdict(
         runner.fingerprint, key, threads,
         tuple(Checked(c.kernel, c.signature, c.params, "the model was faster with it")
@@ -208,6 +209,9 @@ class _ModelRunner:
         # `parallel_threshold` record are signed with
         self.fingerprint = module_fingerprint(mod)
         self.libs: list[Any] = []  # keeps the loaded libraries alive
+        # the longest build and measurement so far (seconds): what the check's first
+        # step is estimated to take before it starts
+        self.longest = {"build": 0.0, "measure": 0.0}
         rng = np.random.default_rng(0)
         self.inputs = []
         for p in mod["main"].params:
@@ -217,13 +221,19 @@ class _ModelRunner:
                                if dtype.kind == "f" else np.zeros(shape, dtype))
 
     def build(self, choices: tuple[Choice, ...]) -> Any:
+        began = time.monotonic()
         with using(Chosen({c.key: c.params for c in choices}, self.fingerprint)):
             ex = kiln.compile(self.mod, self.tgt)
         lib = ex.jit()
         if self.threads:
             lib.set_num_threads(self.threads)
         self.libs.append(lib)
+        self.longest["build"] = max(self.longest["build"], time.monotonic() - began)
         return lib["main"]
+
+    def step_estimate(self) -> float:
+        """Seconds one build and one measurement took at most so far (0 before any)."""
+        return self.longest["build"] + self.longest["measure"]
 
     def outputs(self, fn: Any) -> list[np.ndarray]:
         """The outputs of build `fn` on the inputs."""
@@ -246,11 +256,15 @@ class _ModelRunner:
             fn(*self.inputs)
             return (time.perf_counter() - t0) * 1e6
 
+        began = time.monotonic()
         base, new = measure_blocks(sample, [a, b], [True, True], self.repeats,
                                    line=MODEL_LINE)
+        self.longest["measure"] = max(self.longest["measure"], time.monotonic() - began)
         return base, new
 
 
+#: Why a choice the check did not reach is dropped.
+OUT_OF_TIME = "not checked in the model: the check's time ran out"
 #: Share of `kiln tune`'s budget reserved for the whole-model check (`check_model`):
 #: the kernels are tuned in the rest, the check takes this plus what tuning left.
 CHECK_SHARE = 0.25
@@ -328,7 +342,8 @@ def model_choices(db: TuningDatabase, specs: Sequence[KernelSpec], key: str,
 def check_model(choices: Sequence[Choice], build: Callable[[tuple[Choice, ...]], Any],
                 measure: Callable[[Any, Any], tuple[Sequence[float], Sequence[float]]],
                 deadline: float, clock: Callable[[], float] = time.monotonic,
-                log: Callable[[str], None] = lambda s: None) -> ModelCheck:
+                log: Callable[[str], None] = lambda s: None, step_s: float = 0.0
+                ) -> ModelCheck:
     """Which `choices` (largest expected saving first) a model gains from as a whole.
 
     `build(choices)` gives the model built with those choices (the rule's elsewhere),
@@ -337,13 +352,17 @@ def check_model(choices: Sequence[Choice], build: Callable[[tuple[Choice, ...]],
 
     1. The model with every choice against the untuned model: faster, all are kept.
     2. Else (two or more choices) they are added one at a time in order, each kept only
-       if the model with it is faster than without it, while the last step's time fits
+       if the model with it is faster than without it, while the last step's time (and,
+       once one is kept, the last measurement's, for the comparison that follows) fits
        before `deadline` (the rest are dropped: not checked); then, if more than one
        was kept, the kept set against the untuned model once more: not faster, all
        are dropped.
 
-    The decision depends only on the samples `measure` returns (and `clock`, which only
-    stops step 2): the same measurements always give the same verdict."""
+    Step 1 starts only if `step_s` (a build and a measurement of this model as timed
+    before, 0 when unknown) fits before `deadline`; else every choice is dropped, not
+    checked, so the budget holds. The decision depends only on the samples `measure`
+    returns (and `clock`, which only stops the steps): the same measurements always
+    give the same verdict."""
 
     def compare(base: Any, new: Any) -> tuple[bool, float, float, list[float], list[float]]:
         b, n = measure(base, new)
@@ -356,9 +375,17 @@ def check_model(choices: Sequence[Choice], build: Callable[[tuple[Choice, ...]],
     if not choices:
         return ModelCheck([], [], [], [])
     began = clock()
+    if began + step_s > deadline:
+        log(f"model check: no time left for a build and a measurement of the model "
+            f"({step_s:.0f} s); a longer --budget checks the choices")
+        return ModelCheck([], [(c, OUT_OF_TIME) for c in choices], [], [])
     untuned = build(())
-    ok, mid, high, base_us, new_us = compare(untuned, build(tuple(choices)))
-    step = clock() - began  # a step of 2 takes about as long: one build, one measurement
+    tuned = build(tuple(choices))
+    measuring = clock()
+    ok, mid, high, base_us, new_us = compare(untuned, tuned)
+    end = clock()
+    step = end - began  # a step of 2 takes about as long: one build, one measurement
+    compare_s = end - measuring
     log(f"model check: all {len(choices)} choice(s) against untuned: "
         f"{text(mid, high, len(new_us))}")
     if ok:
@@ -372,13 +399,15 @@ def check_model(choices: Sequence[Choice], build: Callable[[tuple[Choice, ...]],
     last = (base_us, new_us, False)  # the last comparison against untuned, kept or not
     for i, c in enumerate(choices):
         now = clock()
-        if now + step > deadline:
-            rejected += [(r, "not checked in the model: the check's time ran out")
-                         for r in choices[i:]]
+        # once one is kept, a comparison of the kept set with untuned may follow
+        if now + step + (compare_s if kept else 0.0) > deadline:
+            rejected += [(r, OUT_OF_TIME) for r in choices[i:]]
             break
         trial = build((*kept, c))
+        measuring = clock()
         ok, mid, high, b, n = compare(current, trial)
-        step = clock() - now
+        end = clock()
+        step, compare_s = end - now, end - measuring
         log(f"  model with {len(kept)} kept + {c.kernel} {c.signature} {show(c.params)}: "
             f"{text(mid, high, len(n))}: {'kept' if ok else 'dropped'}")
         if ok:

@@ -45,6 +45,15 @@ from kiln.runtime.module import HostModule, LibraryModule, Module
 from kiln.runtime.weights import arm_check, check_weights
 
 LIBRARY_SUFFIXES = (".so", ".tar")
+# The next step for a file given where a library goes, by its suffix.
+_NOT_A_LIBRARY = {
+    ".onnx": (" (an .onnx model is compiled first: `kiln compile MODEL.onnx -o MODEL.so`, "
+              "or opened with kiln.InferenceSession)"),
+    ".npy": (" (a .npy array is an input, the library comes first: `kiln run MODEL.so "
+             "--input NAME=FILE.npy`; an .onnx model is compiled first with `kiln compile`)"),
+    ".npz": (" (a .npz holds inputs, the library comes first: `kiln run MODEL.so --inputs "
+             "FILE.npz`; an .onnx model is compiled first with `kiln compile`)"),
+}
 
 
 def load_module(path: str | os.PathLike[str] | bytes | bytearray | memoryview | mmap.mmap,
@@ -114,7 +123,8 @@ def _library_path(path: Any) -> Path:
     suffix = p.suffix.lower()
     if suffix not in LIBRARY_SUFFIXES:
         raise FormatError(f"{p}: cannot load a {suffix or 'suffix-less'} file; kiln loads "
-                          f"{' and '.join(LIBRARY_SUFFIXES)} files written by export_library")
+                          f"{' and '.join(LIBRARY_SUFFIXES)} files written by export_library"
+                          f"{_NOT_A_LIBRARY.get(suffix, _NOT_A_LIBRARY['.onnx'])}")
     # os.path's tests: a name too long for the filesystem is absent, not an OSError
     if os.path.isdir(p):
         raise FormatError(f"{p}: is a directory, not a library file")

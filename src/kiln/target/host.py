@@ -16,7 +16,7 @@ import sys
 from types import ModuleType
 from typing import Any
 
-from kiln.errors import TargetError
+from kiln.errors import TargetError, install_hint
 
 
 @functools.cache
@@ -85,8 +85,9 @@ def _detected() -> tuple[str, str, tuple[str, ...]]:
     llvm = llvm_if_installed()
     if llvm is None:
         raise TargetError(
-            "Target.from_host() needs llvmlite to detect the CPU; install llvmlite "
-            "or write the target yourself, e.g. Target('llvm -mcpu=...')"
+            "Target.from_host() needs llvmlite to detect the CPU, which is not installed "
+            f"here ({install_hint('llvmlite')}); or write the target yourself, e.g. "
+            "Target('llvm -mcpu=...')"
         )
     features: dict[str, bool] = dict(llvm.get_host_cpu_features())
     mattr = tuple(("+" if on else "-") + name for name, on in sorted(features.items()))

@@ -89,8 +89,10 @@ def _parse_head(head: str) -> dict[str, Any]:
     if "/" in head:
         get_tag(head)  # raises the tag error, with its suggestion
     raise TargetError(
-        f"unknown target kind '{head}'.{suggest_name(head, [*list_kinds(), *all_names()])} "
-        f"Kinds: {', '.join(list_kinds())}; tags: see kiln.target.list_tags()"
+        f"unknown target kind '{head}'."
+        f"{suggest_name(head, ['host', *list_kinds(), *all_names()])} "
+        f"Kinds: {', '.join(list_kinds())}; 'host' (this machine's CPU); tags: see "
+        "kiln.target.list_tags()"
     )
 
 

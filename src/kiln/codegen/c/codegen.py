@@ -35,7 +35,7 @@ from kiln.codegen.naming import (
     workspace_symbols,
 )
 from kiln.codegen.sizes import check_buffer_sizes, target_pointer_bits
-from kiln.errors import CompileError, MissingDependencyError
+from kiln.errors import CompileError, MissingDependencyError, install_hint
 from kiln.escape import c_comment
 from kiln.ir.analysis.tensor_queries import extern_calls
 from kiln.ir.attrs import ATTR_EXTERNAL
@@ -248,7 +248,7 @@ def _cpu_requirements(target: Any) -> dict[str, Any]:
     if not llvm_available():
         raise MissingDependencyError(
             "a c target with mcpu/mattr needs llvmlite to know the CPU features the "
-            "kernels may use (pip install llvmlite); or drop mcpu/mattr")
+            f"kernels may use ({install_hint('llvmlite')}); or drop mcpu/mattr")
     triple, (cpu, features) = host_triple(), selected
     # A name LLVM does not know would silently probe a generic CPU: say so instead.
     check_cpu_names(triple, cpu, [f for f in features.split(",") if f], "c")

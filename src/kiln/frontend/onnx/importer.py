@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from kiln.errors import FrontendError, IRError
+from kiln.errors import FrontendError, IRError, missing_dependency
 from kiln.frontend.onnx import control_flow
 from kiln.frontend.onnx.control_flow import CONTROL_FLOW_OPS
 from kiln.frontend.onnx.converters.registry import LoopStep, converters
@@ -31,6 +31,7 @@ from kiln.frontend.onnx.onnx_checker import check_onnx_model
 from kiln.frontend.onnx.raw_data import load_with_views
 from kiln.frontend.onnx.shape_values import evaluate as evaluate_shape
 from kiln.frontend.onnx.shape_values import is_constant, shape_value
+from kiln.frontend.onnx.unsupported_hints import next_steps
 from kiln.frontend.onnx.validate import check_graph, check_shape, itemsize
 from kiln.ir import graph as g
 from kiln.ir.attrs import ATTR_DIM_BOUNDS, ATTR_DIM_NONZERO, ATTR_GIVEN_OUTPUT_NAMES
@@ -195,12 +196,16 @@ def parse_onnx(source: bytes | bytearray | str | os.PathLike[str]) -> Any:
     of its weights as arrays.
 
     Raises FrontendError naming the file (or the bytes) and what it holds instead when
-    it is not an ONNX model: missing, a directory, empty, truncated, another format.
+    it is not an ONNX model: missing, a directory, empty, truncated, another format,
+    and MissingDependencyError naming the compiler extra on a runtime-only install.
     """
-    import onnx  # optional: onnx (the compiler extra)
-    from google.protobuf.message import (
-        DecodeError,  # optional: google (onnx's protobuf, the compiler extra)
-    )
+    try:
+        import onnx  # optional: onnx (the compiler extra)
+        from google.protobuf.message import (
+            DecodeError,  # optional: google (onnx's protobuf, the compiler extra)
+        )
+    except ImportError as exc:  # `pip install kiln-tensor` alone: name the extra
+        raise (missing_dependency(exc, "reading an ONNX model") or exc) from exc
 
     if isinstance(source, (bytes, bytearray)):
         return _parse_bytes(bytes(source))
@@ -253,6 +258,8 @@ _OTHER_FORMATS = (
                     "loads with kiln.runtime.load_module, `kiln run`, or InferenceSession "
                     "from a .so path)"),
     (b"KILNBLOB", 0, "a kiln blob (kiln.artifact.load reads it)"),
+    (b"\x93NUMPY", 0, "a NumPy .npy array, not a model: the model is the .onnx file, and "
+                      "an array is an input (`kiln run MODEL.so --input NAME=FILE.npy`)"),
     (b"ustar", 257, "a tar archive, such as a kiln .tar library or an MLF archive"),
     (b"PK\x03\x04", 0, "a zip archive, such as a PyTorch checkpoint (kiln.from_torch "
                         "imports a torch.nn.Module)"),
@@ -368,7 +375,7 @@ def _check_supported(graph: Any, opset: int) -> None:
                          f"{', '.join(shown)}{more}")
         raise FrontendError(
             f"the model uses {len(missing)} operator type(s) kiln does not support "
-            f"(opset {opset}):\n" + "\n".join(lines))
+            f"(opset {opset}):\n" + "\n".join(lines + next_steps(missing)))
 
 
 def _onnx_elem_type(dtype: str) -> int:
