@@ -11,22 +11,22 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from onnx import TensorProto, helper
+from onnx import helper
 
 import kiln
 from kiln.errors import CallError, FrontendError
 from kiln.frontend import from_onnx
 from kiln.ir.shape_expr import dim_text, equated_variables
 from kiln.ir.tensor import Var
+from support.graphs import GraphBuilder
+from support.graphs import value_info as vi
 from support.reference import onnxruntime_outputs
 
 
 def _model(nodes: list, inputs: dict[str, list], out: str = "y") -> object:
-    graph = helper.make_graph(
-        nodes, "g", [helper.make_tensor_value_info(n, TensorProto.FLOAT, d)
-                     for n, d in inputs.items()],
-        [helper.make_tensor_value_info(out, TensorProto.FLOAT, None)])
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    b = GraphBuilder()
+    b.add(*nodes)
+    return b.model([vi(n, d) for n, d in inputs.items()], [vi(out, None)], check=False)
 
 
 # keys and values of a cache named apart: `concat(past_k, k) + concat(k, past_v)`
