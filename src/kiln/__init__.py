@@ -32,6 +32,7 @@ from kiln.errors import (
     MissingDependencyError,
     MissingFileError,
     TargetError,
+    UnprovenEqualError,
     UnsafePathError,
     UsageError,
 )
@@ -69,7 +70,8 @@ _SUBMODULES = (
 __all__ = [
     "ArgumentTypeError", "ArtifactError", "CallError", "CompileError", "ExportError",
     "FormatError", "FrontendError", "IRError", "KilnError", "MissingDependencyError",
-    "MissingFileError", "TargetError", "UnsafePathError", "UsageError", "__version__",
+    "MissingFileError", "TargetError", "UnprovenEqualError", "UnsafePathError", "UsageError",
+    "__version__",
     *_LAZY, *_SUBMODULES,
 ]
 
