@@ -39,6 +39,7 @@ from harness import (
     alternating_blocks,
     calls_within,
     describe_target,
+    kiln_fastest_call,
     ort_bound_run,
     paired_ratio,
     pooled_ms,
@@ -46,7 +47,6 @@ from harness import (
 )
 
 import kiln
-from kiln.errors import UsageError
 from kiln.frontend import from_onnx
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -79,15 +79,6 @@ def ort_session(model: onnx.ModelProto, threads: int) -> Any:
     options.intra_op_num_threads = threads
     return ort.InferenceSession(model.SerializeToString(), options,
                                 providers=["CPUExecutionProvider"])
-
-
-def kiln_call(fn: Any, args: list[np.ndarray]) -> Callable[[], object]:
-    """kiln's fastest call of `fn` on `args`: a prepared call, or the plain call where
-    the results' sizes are known only after it (`prepare` refuses those)."""
-    try:
-        return fn.prepare(*args)  # type: ignore[no-any-return]
-    except UsageError:
-        return lambda: fn(*args)
 
 
 class Loop:
@@ -127,7 +118,7 @@ def time_step(main: Any, session: Any, feeds: dict[str, np.ndarray], rounds: int
     wants = session.run(None, feeds)
     args = list(feeds.values())
     got = np.asarray(main(*args)[0])
-    fns = {"kiln": kiln_call(main, args),
+    fns = {"kiln": kiln_fastest_call(main, args),
            "ort": ort_bound_run(session, feeds, [np.empty_like(w) for w in wants])}
     calls = calls_within(fns, 400, seconds)
     times = alternating_blocks(fns, calls, rounds)
