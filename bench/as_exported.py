@@ -39,6 +39,7 @@ from harness import (
     alternating_blocks,
     calls_within,
     describe_target,
+    kiln_fastest_call,
     ort_bound_run,
     paired_ratio,
     pooled_ms,
@@ -48,7 +49,6 @@ from harness import (
 from nets import Graph, symbolic_dims
 
 import kiln
-from kiln.errors import UsageError
 from kiln.frontend import from_onnx
 
 Sizes = dict[str, int]
@@ -189,15 +189,6 @@ def load(name: str) -> tuple[onnx.ModelProto, Case, dict[str, list[int]]]:
     return model, case, shapes
 
 
-def _fast(fn: Any, args: list[np.ndarray]) -> Callable[[], object]:
-    """kiln's fastest call of `fn` on `args`: a prepared call, or the plain call where
-    the results' sizes are known only after it (`prepare` refuses those)."""
-    try:
-        return fn.prepare(*args)  # type: ignore[no-any-return]
-    except UsageError:
-        return lambda: fn(*args)
-
-
 def time_size(model: onnx.ModelProto, dynamic: Any, session: Any, feed: dict[str, np.ndarray],
               sizes: Sizes, target: kiln.target.Target, repeat: int, seconds: float
               ) -> dict[str, float]:
@@ -211,7 +202,8 @@ def time_size(model: onnx.ModelProto, dynamic: Any, session: Any, feed: dict[str
     if actual.shape != expected.shape:
         raise ValueError(f"shape {actual.shape}, onnxruntime {expected.shape}")
     ort_outs = [np.empty_like(o) for o in session.run(None, feed)]
-    fns = {"pinned": _fast(pinned, args), "dynamic": _fast(dynamic, args),
+    fns = {"pinned": kiln_fastest_call(pinned, args),
+           "dynamic": kiln_fastest_call(dynamic, args),
            "ort": ort_bound_run(session, feed, ort_outs)}
     if one_call > SLOW_CALL_S:  # far from the goal whatever the noise: one call each
         # the dynamic build ran once above; the others are warmed by one untimed call

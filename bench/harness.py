@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 import kiln
+from kiln.errors import UsageError
 
 # Features worth naming when describing a CPU (the host target lists ~150).
 NOTABLE_FEATURES = (
@@ -161,6 +162,15 @@ def short_error(exc: BaseException, width: int = 90) -> str:
     first = (str(exc).strip().splitlines() or [""])[0]
     text = f"{type(exc).__name__}: {first}" if first else type(exc).__name__
     return text if len(text) <= width else text[: width - 3] + "..."
+
+
+def kiln_fastest_call(fn: Any, args: Sequence[np.ndarray]) -> Callable[[], object]:
+    """kiln's fastest call of `fn` on `args`: a prepared call, or the plain call where
+    the results' sizes are known only after it (`prepare` refuses those)."""
+    try:
+        return fn.prepare(*args)  # type: ignore[no-any-return]
+    except UsageError:
+        return lambda: fn(*args)
 
 
 def ort_bound_run(session: Any, feed: dict[str, np.ndarray],

@@ -101,6 +101,24 @@ def _flat_cache(cache: Any) -> tuple[Any, ...]:
     return tuple(out)
 
 
+def _cross_cache(self_kv: Sequence[Any], layers: int) -> Any:
+    """An encoder-decoder cache: the self-attention one holding `self_kv` (as `_cache`),
+    the cross-attention one empty, so every step computes it from the encoder's states."""
+    from transformers import DynamicCache, EncoderDecoderCache
+
+    return EncoderDecoderCache(_cache(self_kv, layers), DynamicCache())
+
+
+def _past_inputs(layers: int, heads: int, head_dim: int) -> tuple[Input, ...]:
+    """Each layer's `past_key_i`/`past_value_i` `[batch, heads, past_seq, head_dim]`."""
+    return tuple(Input(f"past_{kind}_{i}", ("batch", heads, "past_seq", head_dim), "float")
+                 for i in range(layers) for kind in ("key", "value"))
+
+
+def _present_names(layers: int) -> tuple[str, ...]:
+    return tuple(f"present_{kind}_{i}" for i in range(layers) for kind in ("key", "value"))
+
+
 def gpt2(layers: int | None = None, past: bool = False, vocab: int | None = None,
          width: tuple[int, int] | None = None, eager: bool = True) -> Decoder:
     """GPT-2 (the published 124M configuration, `GPT2Config()` defaults) with its LM head.
@@ -141,68 +159,111 @@ def gpt2(layers: int | None = None, past: bool = False, vocab: int | None = None
     if not past:
         return Decoder("gpt2", build, (ids, Input("attention_mask", ("batch", "seq"), "mask")),
                        ("logits",))
-    kv = tuple(Input(f"past_{kind}_{i}", ("batch", heads, "past_seq", head_dim), "float")
-               for i in range(n_layer) for kind in ("key", "value"))
-    present = tuple(f"present_{kind}_{i}" for i in range(n_layer) for kind in ("key", "value"))
-    return Decoder("gpt2_past", build, (ids, *kv), ("logits", *present))
+    return Decoder("gpt2_past", build, (ids, *_past_inputs(n_layer, heads, head_dim)),
+                   ("logits", *_present_names(n_layer)))
 
 
-def t5_decoder(layers: int | None = None, vocab: int | None = None) -> Decoder:
+def t5_decoder(layers: int | None = None, vocab: int | None = None, past: bool = False,
+               width: tuple[int, int] | None = None) -> Decoder:
     """The decoder stack of T5-small (`T5Config()` defaults are t5-small: d_model 512,
     6 layers, 8 heads, relative position buckets) over `encoder_hidden_states`
-    `[batch, enc_seq, 512]`; returns the last hidden state."""
+    `[batch, enc_seq, 512]`; returns the last hidden state.
+
+    With `past=True` the inputs are `input_ids`, `encoder_hidden_states` and each
+    layer's self-attention `past_key_i`/`past_value_i` `[batch, heads, past_seq, d_kv]`,
+    and the model returns the LM head's logits and the present self-attention
+    key/values; the cross-attention keys/values are computed from the encoder's states
+    at every step (an empty cross-attention cache), so one graph serves the first step
+    and the next. `width=(d_model, heads)` overrides (512, 8) (d_kv = d_model / heads,
+    the FFN twice d_model)."""
     import torch
     import transformers
 
     config = _eager(transformers.T5Config())
-    config.is_decoder, config.use_cache = True, False
+    config.is_decoder, config.use_cache = True, past
     if layers is not None:
         config.num_decoder_layers = layers
+    if width is not None:
+        config.d_model, config.num_heads = width
+        config.d_kv, config.d_ff = width[0] // width[1], 2 * width[0]
     _set_vocab(config, vocab)
+    n_layer, heads, d_kv = config.num_decoder_layers, config.num_heads, config.d_kv
 
     def call(model: Any, input_ids: Any, encoder_hidden_states: Any) -> Any:
         return model(input_ids=input_ids, encoder_hidden_states=encoder_hidden_states,
                      use_cache=False).last_hidden_state
 
+    def with_cache(model: Any, input_ids: Any, encoder_hidden_states: Any, *kv: Any) -> Any:
+        out = model(encoder_outputs=(encoder_hidden_states,), decoder_input_ids=input_ids,
+                    past_key_values=_cross_cache(kv, n_layer), use_cache=True)
+        return (out.logits, *_flat_cache(out.past_key_values.self_attention_cache))
+
     def build() -> Any:
         torch.manual_seed(0)
-        decoder = transformers.T5ForConditionalGeneration(config).eval().get_decoder()
-        return _wrapped(decoder, call)
+        model = transformers.T5ForConditionalGeneration(config).eval()
+        return _wrapped(model, with_cache) if past else _wrapped(model.get_decoder(), call)
 
-    return Decoder("t5_decoder", build,
-                   (Input("input_ids", ("batch", "seq"), "ids", config.vocab_size),
-                    Input("encoder_hidden_states", ("batch", "enc_seq", config.d_model), "float")),
-                   ("last_hidden_state",))
+    ids = Input("input_ids", ("batch", "seq"), "ids", config.vocab_size)
+    states = Input("encoder_hidden_states", ("batch", "enc_seq", config.d_model), "float")
+    if not past:
+        return Decoder("t5_decoder", build, (ids, states), ("last_hidden_state",))
+    return Decoder("t5_decoder_past", build, (ids, states, *_past_inputs(n_layer, heads, d_kv)),
+                   ("logits", *_present_names(n_layer)))
 
 
-def whisper_decoder(layers: int | None = None, vocab: int | None = None) -> Decoder:
+def whisper_decoder(layers: int | None = None, vocab: int | None = None, past: bool = False,
+                    width: tuple[int, int] | None = None) -> Decoder:
     """The decoder of Whisper-tiny (its published hyper-parameters: d_model 384, 4 layers,
     6 heads, FFN 1536, vocabulary 51865, 448 positions) over `encoder_hidden_states`
     `[batch, enc_seq, 384]`, with the decoder's `attention_mask` `[batch, seq]`; returns
-    the last hidden state."""
+    the last hidden state.
+
+    With `past=True` the inputs are `input_ids`, `encoder_hidden_states` and each
+    layer's self-attention `past_key_i`/`past_value_i` `[batch, heads, past_seq,
+    head_dim]` (no mask: the positions start at `past_seq`), and the model returns the
+    logits (the output projection tied to the token embedding) and the present
+    self-attention key/values; cross-attention is recomputed from the encoder's states
+    at every step, as in `t5_decoder`. `width=(d_model, heads)` overrides (384, 6) (the
+    FFN twice d_model)."""
     import torch
     import transformers
 
+    d_model, heads = width or (384, 6)
+    ffn = 2 * d_model if width else 1536
     config = _eager(transformers.WhisperConfig(
-        vocab_size=51865, num_mel_bins=80, d_model=384, encoder_layers=4, decoder_layers=4,
-        encoder_attention_heads=6, decoder_attention_heads=6, encoder_ffn_dim=1536,
-        decoder_ffn_dim=1536, max_source_positions=1500, max_target_positions=448))
+        vocab_size=51865, num_mel_bins=80, d_model=d_model, encoder_layers=4, decoder_layers=4,
+        encoder_attention_heads=heads, decoder_attention_heads=heads, encoder_ffn_dim=ffn,
+        decoder_ffn_dim=ffn, max_source_positions=1500, max_target_positions=448,
+        use_cache=past))
     if layers is not None:
         config.decoder_layers = layers
     _set_vocab(config, vocab)
+    n_layer = config.decoder_layers
 
     def call(model: Any, input_ids: Any, attention_mask: Any, encoder_hidden_states: Any) -> Any:
         return model(input_ids=input_ids, attention_mask=attention_mask,
                      encoder_hidden_states=encoder_hidden_states, use_cache=False).last_hidden_state
 
+    def with_cache(model: Any, input_ids: Any, encoder_hidden_states: Any, *kv: Any) -> Any:
+        out = model(encoder_outputs=(encoder_hidden_states,), decoder_input_ids=input_ids,
+                    past_key_values=_cross_cache(kv, n_layer), use_cache=True)
+        return (out.logits, *_flat_cache(out.past_key_values.self_attention_cache))
+
     def build() -> Any:
         torch.manual_seed(0)
+        if past:
+            return _wrapped(transformers.WhisperForConditionalGeneration(config).eval(),
+                            with_cache)
         return _wrapped(transformers.WhisperModel(config).eval().get_decoder(), call)
 
+    ids = Input("input_ids", ("batch", "seq"), "ids", config.vocab_size)
+    states = Input("encoder_hidden_states", ("batch", "enc_seq", config.d_model), "float")
+    if past:
+        return Decoder("whisper_decoder_past", build,
+                       (ids, states, *_past_inputs(n_layer, heads, d_model // heads)),
+                       ("logits", *_present_names(n_layer)))
     return Decoder("whisper_decoder", build,
-                   (Input("input_ids", ("batch", "seq"), "ids", config.vocab_size),
-                    Input("attention_mask", ("batch", "seq"), "mask"),
-                    Input("encoder_hidden_states", ("batch", "enc_seq", config.d_model), "float")),
+                   (ids, Input("attention_mask", ("batch", "seq"), "mask"), states),
                    ("last_hidden_state",))
 
 
@@ -248,10 +309,8 @@ def llama(layers: int | None = None, vocab: int | None = None, past: bool = Fals
     if not past:
         return Decoder("llama", build, (ids, Input("attention_mask", ("batch", "seq"), "mask")),
                        ("logits",))
-    kv = tuple(Input(f"past_{kind}_{i}", ("batch", kv_heads, "past_seq", hidden // heads),
-                     "float") for i in range(n_layer) for kind in ("key", "value"))
-    present = tuple(f"present_{kind}_{i}" for i in range(n_layer) for kind in ("key", "value"))
-    return Decoder("llama_past", build, (ids, *kv), ("logits", *present))
+    return Decoder("llama_past", build, (ids, *_past_inputs(n_layer, kv_heads, hidden // heads)),
+                   ("logits", *_present_names(n_layer)))
 
 
 def feeds(decoder: Decoder, sizes: dict[str, int], seed: int = 0) -> dict[str, np.ndarray]:

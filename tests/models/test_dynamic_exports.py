@@ -1,23 +1,38 @@
 """Decoders as users export them, every axis dynamic, imported with no pins (issue 59).
 
-A tiny GPT-2 (2 layers, width 64, 4 heads, random weights after `torch.manual_seed(0)`,
-transformers' default SDPA attention), exported by both torch exporters with `batch`,
-`seq` and `past_seq` dynamic, with and without past key/values; and a tiny Llama with
-a cache (grouped-query attention, 4 query heads over 2 key/value heads, rotary
-embeddings) exported by the dynamo exporter. The dynamo exporter gets plain axis
-names (`dynamic_shapes={"input_ids": {0: "batch", 1: "seq"}}`, as users write them).
-Those exports hold the arithmetic kiln must prove (kiln.ir.polynomial): position ids
-`Range(0, batch*seq // batch)`, and keys over the cache viewed as `[-1, past_seq + seq,
-16]`. Each compiles once for llvm (one case also for c) and matches onnxruntime at two
-sizes; with past key/values, a greedy loop of STEPS tokens from a prompt of 4, feeding
-the present back as the past, gives onnxruntime's tokens.
+Tiny configurations (2 layers, width 64 over 4 heads, a vocabulary of VOCAB tokens,
+random weights after `torch.manual_seed(0)`; tests/models/hf_decoders.py), exported by
+both torch exporters with `batch`, `seq`, `past_seq` (and `enc_seq`) dynamic; the
+dynamo exporter gets plain axis names (`dynamic_shapes={"input_ids": {0: "batch",
+1: "seq"}}`, as users write them):
 
-The loop starts from an empty past with no pins and no bounds: a symbolic dimension
-takes 0 by default, as onnxruntime's do.
+- GPT-2 without a cache (transformers' default SDPA attention): its dynamo export holds
+  position ids `Range(0, batch*seq // batch)`, arithmetic kiln must prove
+  (kiln.ir.polynomial);
+- decoders with past key/values (`PAST_CASES`): GPT-2 (keys over the cache viewed as
+  `[-1, past_seq + seq, 16]`), a Llama (grouped-query attention, 4 query heads over 2
+  key/value heads, rotary embeddings whose positions start at `past_seq`), and the T5
+  and Whisper decoders over `encoder_hidden_states` (cross-attention recomputed from the
+  encoder's states at each step, the self-attention cache fed back; T5's relative
+  position buckets, Whisper's learned positions from `past_seq`).
+
+Each model is exported and compiled once (a module-scope fixture; llvm, one case also
+c), matches onnxruntime at two sizes, and, with a cache, a greedy loop of STEPS tokens
+from a prompt of 4 and an empty past (`past_seq` = 0: a symbolic dimension takes 0 by
+default, as onnxruntime's do), feeding the present back as the past, gives
+onnxruntime's tokens.
+
+The suite is at its time bound, so CI runs GPT-2 with a cache with both exporters and
+the Llama, T5 and Whisper with one exporter each (`CI_PAST_CASES`: Llama and T5 with
+TorchScript, Whisper with dynamo); `KILN_FULL_MODELS=1` runs every model with both, and
+GPT-2 without a cache.
 """
 
 from __future__ import annotations
 
+import os
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -35,14 +50,50 @@ from kiln.ir.shape_expr import dim_text
 
 MAX_REL_L2 = 1e-4
 VOCAB = 101
-WIDTH = (64, 4)          # n_embd, n_head: head_dim 16
+WIDTH = (64, 4)          # hidden size, query heads: head_dim 16
 LAYERS = 2
-SIZES = ({"batch": 1, "seq": 3, "past_seq": 2}, {"batch": 3, "seq": 6, "past_seq": 5})
-STEPS = 8
+SIZES = ({"batch": 1, "seq": 3, "past_seq": 2, "enc_seq": 5},
+         {"batch": 3, "seq": 6, "past_seq": 5, "enc_seq": 2})
+STEPS = 64
+PROMPT = (2, 4)          # batch, tokens
+ENC_SEQ = 7              # the encoder's length in the greedy loop
+FULL = os.environ.get("KILN_FULL_MODELS") == "1"
+
+DECODERS: dict[str, Callable[[], hf_decoders.Decoder]] = {
+    "gpt2": lambda: hf_decoders.gpt2(LAYERS, past=False, vocab=VOCAB, width=WIDTH,
+                                     eager=False),
+    "gpt2_past": lambda: hf_decoders.gpt2(LAYERS, past=True, vocab=VOCAB, width=WIDTH,
+                                          eager=False),
+    "llama_past": lambda: hf_decoders.llama(LAYERS, vocab=VOCAB, past=True,
+                                            width=(*WIDTH, 2), eager=False),
+    "t5_decoder_past": lambda: hf_decoders.t5_decoder(LAYERS, vocab=VOCAB, past=True,
+                                                      width=WIDTH),
+    "whisper_decoder_past": lambda: hf_decoders.whisper_decoder(LAYERS, vocab=VOCAB,
+                                                                past=True, width=WIDTH),
+}
+PAST_CASES = [(name, exporter) for name in DECODERS if name.endswith("_past")
+              for exporter in hf_decoders.EXPORTERS]
+# In CI, GPT-2 with a cache runs with both exporters and the others with one each, the
+# two alternating (a dynamo export costs 10-30 s on 2 cores, a TorchScript one 1-10 s).
+# GPT-2 without a cache runs with KILN_FULL_MODELS=1 only: its dynamo export's
+# `Range(0, batch*seq // batch)` is tests/dynamic/test_symbolic_arith.py's pattern, its
+# TorchScript export's are tests/models/test_transformers_decoders.py's gpt2 case.
+CI_PAST_CASES = [("gpt2_past", "torchscript"), ("gpt2_past", "dynamo"),
+                 ("llama_past", "torchscript"), ("t5_decoder_past", "torchscript"),
+                 ("whisper_decoder_past", "dynamo")]
+# The case also compiled for the c backend.
+C_CASE = ("gpt2_past", "torchscript")
 
 
-def _decoder(past: bool) -> hf_decoders.Decoder:
-    return hf_decoders.gpt2(LAYERS, past=past, vocab=VOCAB, width=WIDTH, eager=False)
+@dataclass
+class Compiled:
+    """One decoder exported with every axis dynamic, imported with no pins or bounds,
+    compiled for each target in `mains`."""
+
+    decoder: hf_decoders.Decoder
+    model: Any
+    module: Any
+    mains: dict[str, Any]
 
 
 def _rel_l2(got: np.ndarray, want: np.ndarray) -> float:
@@ -54,76 +105,82 @@ def _outputs(result: Any) -> list[np.ndarray]:
     return [np.asarray(r) for r in (result if isinstance(result, (tuple, list)) else [result])]
 
 
-def _export(past: bool, exporter: str) -> tuple[hf_decoders.Decoder, Any]:
+def _compile(name: str, exporter: str) -> Compiled:
     if exporter == "dynamo":
         pytest.importorskip("onnxscript", reason="the dynamo exporter needs onnxscript")
-    decoder = _decoder(past)
-    return decoder, hf_decoders.export(decoder, exporter, plain_names=True)
+    decoder = DECODERS[name]()
+    model = hf_decoders.export(decoder, exporter, plain_names=True)
+    module = kiln.frontend.from_onnx(model)   # no pins, no bounds
+    targets = ("llvm", "c") if (name, exporter) == C_CASE else ("llvm",)
+    return Compiled(decoder, model, module,
+                    {t: kiln.compile(module, t)["main"] for t in targets})
 
 
-def _check_sizes(decoder: hf_decoders.Decoder, model: Any, run: Any) -> None:
-    session = ort_session(model)
-    for sizes in SIZES:
-        feeds = hf_decoders.feeds(decoder, sizes, seed=sum(sizes.values()))
-        wants = session.run(None, feeds)
-        gots = _outputs(run(*feeds.values()))
-        assert len(gots) == len(wants) == len(decoder.outputs)
-        for name, got, want in zip(decoder.outputs, gots, wants, strict=True):
-            assert got.shape == want.shape, f"{name} at {sizes}"
-            err = _rel_l2(got, want)
-            assert err < MAX_REL_L2, f"{name} at {sizes}: rel. L2 {err:.2e}"
+@pytest.fixture(scope="module")
+def compiled(request: pytest.FixtureRequest) -> Iterator[Compiled]:
+    """The case `request.param` = (model, exporter), exported and compiled once."""
+    yield _compile(*request.param)
+
+
+def _check_symbolic(compiled: Compiled) -> None:
+    named = {i.name: [d for d in i.dims if isinstance(d, str)] for i in compiled.decoder.inputs}
+    assert {p.name: [dim_text(d) for d in p.type.shape if not isinstance(d, int)]
+            for p in compiled.module["main"].params} == named   # every axis symbolic
+
+
+def _check_sizes(compiled: Compiled, session: Any) -> None:
+    decoder = compiled.decoder
+    for target, main in compiled.mains.items():
+        for sizes in SIZES:
+            feeds = hf_decoders.feeds(decoder, sizes, seed=sum(sizes.values()))
+            wants = session.run(None, feeds)
+            gots = _outputs(main(*feeds.values()))
+            assert len(gots) == len(wants) == len(decoder.outputs)
+            for name, got, want in zip(decoder.outputs, gots, wants, strict=True):
+                assert got.shape == want.shape, f"{name} at {sizes} on {target}"
+                err = _rel_l2(got, want)
+                assert err < MAX_REL_L2, f"{name} at {sizes} on {target}: rel. L2 {err:.2e}"
 
 
 @pytest.mark.slow  # exports and compiles: runs first (tests/conftest.py)
-@pytest.mark.parametrize(("past", "exporter"), [(False, "torchscript"), (False, "dynamo"),
-                                                (True, "torchscript"), (True, "dynamo")])
-def test_gpt2_as_exported_matches_onnxruntime(past: bool, exporter: str) -> None:
-    decoder, model = _export(past, exporter)
-    module = kiln.frontend.from_onnx(model)   # no pins, no bounds
-    named = {i.name: [d for d in i.dims if isinstance(d, str)] for i in decoder.inputs}
-    assert {p.name: [dim_text(d) for d in p.type.shape if not isinstance(d, int)]
-            for p in module["main"].params} == named   # every axis symbolic
-    targets = ("llvm", "c") if (past, exporter) == (True, "torchscript") else ("llvm",)
-    for target in targets:
-        main = kiln.compile(module, target)["main"]
-        _check_sizes(decoder, model, main)
-    if past:  # the last one compiled
-        _check_greedy_loop(decoder, model, main)
+@pytest.mark.skipif(not FULL, reason="in CI through its patterns: set KILN_FULL_MODELS=1")
+@pytest.mark.parametrize("compiled", [("gpt2", e) for e in hf_decoders.EXPORTERS],
+                         indirect=True, ids="-".join)
+def test_gpt2_as_exported_matches_onnxruntime(compiled: Compiled) -> None:
+    _check_symbolic(compiled)
+    _check_sizes(compiled, ort_session(compiled.model))
 
 
-def _greedy(step: Any, prompt: np.ndarray, decoder: hf_decoders.Decoder) -> list[list[int]]:
-    """STEPS tokens of greedy decoding from an empty past: `step(ids, *past)` returns the
-    logits and the present key/values, fed back as the next past."""
-    sizes = {"batch": prompt.shape[0], "past_seq": 0}
+def _greedy(step: Callable[..., Any], decoder: hf_decoders.Decoder) -> list[list[int]]:
+    """STEPS tokens of greedy decoding from an empty past: `step(*inputs)` returns the
+    logits and the present key/values, fed back as the next past; the encoder's states
+    (if the decoder takes them) are the same at every step."""
+    rng = np.random.default_rng(5)
+    ids = rng.integers(0, VOCAB, PROMPT).astype(np.int64)
+    sizes = {"batch": PROMPT[0], "past_seq": 0, "enc_seq": ENC_SEQ}
+    fixed = [rng.standard_normal(tuple(sizes[d] if isinstance(d, str) else d for d in i.dims))
+             .astype(np.float32) for i in decoder.inputs[1:] if "past_seq" not in i.dims]
     past = [np.zeros(tuple(sizes[d] if isinstance(d, str) else d for d in i.dims), np.float32)
-            for i in decoder.inputs[1:]]
-    ids, tokens = prompt, []
+            for i in decoder.inputs if "past_seq" in i.dims]
+    tokens = []
     for _ in range(STEPS):
-        logits, *present = _outputs(step(ids, *past))
+        logits, *present = _outputs(step(ids, *fixed, *past))
         token = np.argmax(logits[:, -1, :], axis=-1)
         tokens.append(token.tolist())
         ids, past = token[:, None].astype(np.int64), present
     return tokens
 
 
-def _check_greedy_loop(decoder: hf_decoders.Decoder, model: Any, main: Any) -> None:
-    session = ort_session(model)
-    names = [i.name for i in decoder.inputs]
-    prompt = np.random.default_rng(5).integers(0, VOCAB, (2, 4)).astype(np.int64)
-    want = _greedy(lambda *a: session.run(None, dict(zip(names, a, strict=True))), prompt,
-                   decoder)
-    got = _greedy(main, prompt, decoder)
-    assert got == want, f"kiln {got}, onnxruntime {want}"
-
-
-@pytest.mark.slow  # an export and a compile: runs first (tests/conftest.py)
-def test_llama_with_a_cache_as_exported_matches_onnxruntime() -> None:
-    # Grouped-query attention (4 query heads over 2 key/value heads) and rotary
-    # embeddings whose positions start at past_seq. The dynamo exporter only: the
-    # TorchScript export of the same model takes minutes to compile on 2 cores.
-    pytest.importorskip("onnxscript", reason="the dynamo exporter needs onnxscript")
-    decoder = hf_decoders.llama(LAYERS, vocab=VOCAB, past=True, width=(64, 4, 2), eager=False)
-    model = hf_decoders.export(decoder, "dynamo", plain_names=True)
-    main = kiln.compile(kiln.frontend.from_onnx(model), "llvm")["main"]
-    _check_sizes(decoder, model, main)
-    _check_greedy_loop(decoder, model, main)
+@pytest.mark.slow  # exports and compiles: runs first (tests/conftest.py)
+@pytest.mark.parametrize("compiled", PAST_CASES if FULL else CI_PAST_CASES, indirect=True,
+                         ids="-".join)
+def test_decoder_with_a_cache_as_exported(compiled: Compiled) -> None:
+    _check_symbolic(compiled)
+    session = ort_session(compiled.model)
+    _check_sizes(compiled, session)
+    names = [i.name for i in compiled.decoder.inputs]
+    want = _greedy(lambda *a: session.run(None, dict(zip(names, a, strict=True))),
+                   compiled.decoder)
+    for target, main in compiled.mains.items():
+        got = _greedy(main, compiled.decoder)
+        assert got == want, f"{target}: kiln {got}, onnxruntime {want}"
