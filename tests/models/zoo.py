@@ -213,7 +213,7 @@ def squeezenet(image: int = 224, batch: int = 1, classes: int = 1000) -> onnx.Mo
             cin = 2 * expand
     h = b.op("Dropout", h, ratio=0.5)
     h = b.op("Relu", b.conv2d(h, cin, classes, 1, bias=True, gain=0.5))
-    h = b.op("Reshape", b.op("GlobalAveragePool", h), b.ints(batch, classes))
+    h = b.op("Reshape", b.op("GlobalAveragePool", h), b.ints(0, classes))  # 0: the batch
     b.nodes.append(helper.make_node("Softmax", [h], ["probs"], axis=1))
     return b.model([vi("image", [batch, 3, image, image])], [vi("probs", [batch, classes])],
                    9, "squeezenet")
@@ -300,9 +300,10 @@ def shufflenet(image: int = 224, batch: int = 1, classes: int = 1000, groups: in
 
     def shuffle(x: str, c: int) -> str:
         hw = b.hw
-        x = b.op("Reshape", x, b.ints(batch, groups, c // groups, hw, hw))
+        # 0 copies the batch, as exporters keep it (a symbolic batch stays symbolic)
+        x = b.op("Reshape", x, b.ints(0, groups, c // groups, hw, hw))
         x = b.op("Transpose", x, perm=[0, 2, 1, 3, 4])
-        return b.op("Reshape", x, b.ints(batch, c, hw, hw))
+        return b.op("Reshape", x, b.ints(0, c, hw, hw))
 
     for stage, (cout, n) in enumerate(zip((240, 480, 960), repeats)):
         for i in range(n):
