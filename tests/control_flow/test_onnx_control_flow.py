@@ -67,7 +67,10 @@ def _close(got: Any, ref: list[np.ndarray]) -> None:
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
 
 
-@pytest.fixture(scope="module", params=TARGETS)
+@pytest.fixture(scope="module", params=[
+    # one xdist worker runs each target's tests (`make test` distributes with --dist
+    # loadgroup): the models are compiled once per target, not once per worker
+    pytest.param(t, marks=pytest.mark.xdist_group(f"control-flow-{t}")) for t in TARGETS])
 def compiled(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
              ) -> tuple[str, Path, dict[str, tuple[onnx.ModelProto, Feeds, kiln.Executable]]]:
     """Every model compiled once for the target and exported to `<dir>/<name>.so`."""

@@ -51,7 +51,10 @@ def _encoder() -> onnx.ModelProto:
     return encoder(layers=2, width=32, heads=2, ffn=64, gelu_op=True)
 
 
-@pytest.fixture(scope="module", params=TARGETS)
+@pytest.fixture(scope="module", params=[
+    # one xdist worker runs each target's tests (`make test` distributes with --dist
+    # loadgroup): both models are compiled once per target, not once per worker
+    pytest.param(t, marks=pytest.mark.xdist_group(f"native-dynamic-{t}")) for t in TARGETS])
 def libraries(request: pytest.FixtureRequest,
               tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[kiln.Executable, Path]]:
     """Per model: the executable compiled once for symbolic sizes, and its exported .so."""

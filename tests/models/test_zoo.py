@@ -9,6 +9,7 @@ structurally equal). DenseNet-121 compiles at half its depth (`REDUCED`).
 
 from __future__ import annotations
 
+import functools
 from collections import Counter
 
 import numpy as np
@@ -27,8 +28,14 @@ TARGETS = ("llvm", "c")
 MAX_REL_L2 = 1e-4
 # Full-depth builds the c backend skips, with why: the suite's 15-minute budget.
 LLVM_ONLY: dict[str, dict[str, str]] = {
-    "densenet121": {"c": "densenet121's ops and concatenations are covered on c by inception "
-                         "and squeezenet at full depth; its c build alone is ~28 s of CI"},
+    "densenet121": {"c": "densenet121's ops and concatenations are covered on c by squeezenet "
+                         "and shufflenet at full depth; its c build alone is ~28 s of CI"},
+    "inception": {"c": "inception's convolutions, concatenations and pools are covered on c "
+                       "by squeezenet and resnet50 at full depth, LRN by the node suite's c "
+                       "sample (tests/frontend); its c build is ~6 s of CI"},
+    "efficientnet": {"c": "efficientnet's depthwise and pointwise convolutions are covered on "
+                          "c by mobilenet_v2 at full depth, Mul by gpt2 and bert, Sigmoid by "
+                          "the node suite's c sample; its c build is ~6 s of CI"},
 }
 # Models compiled at a reduced depth, with why (their layout test keeps the full depth).
 # DenseNet-121's 120 convolutions each have their own shape (the input grows by 32
@@ -56,14 +63,27 @@ def rel_l2(got: np.ndarray, want: np.ndarray) -> float:
     return float(np.linalg.norm(got.astype(np.float64) - want) / np.linalg.norm(want))
 
 
+def _group(name: str) -> pytest.MarkDecorator:
+    """One xdist worker runs every test of model `name` (`make test` distributes with
+    --dist loadgroup): the model is built and run by onnxruntime once (`case`, `_model`),
+    not once per worker its tests land on (~5 s for BERT-base at full depth)."""
+    return pytest.mark.xdist_group(f"zoo-{name}")
+
+
 def _params() -> list[object]:
-    return list(zoo.ZOO)
+    return [pytest.param(name, marks=_group(name)) for name in zoo.ZOO]
+
+
+@functools.cache
+def _model(name: str) -> onnx.ModelProto:
+    """zoo.ZOO[name] at its test size, built once per process (callers do not modify it)."""
+    return zoo.ZOO[name].model("test")
 
 
 @pytest.fixture(scope="module", params=_params())
 def case(request: pytest.FixtureRequest) -> tuple[str, onnx.ModelProto, dict, list]:
     name = request.param
-    model = zoo.ZOO[name].model("test")
+    model = _model(name)
     feeds = zoo.example_inputs(model)
     return name, model, feeds, onnxruntime_outputs(model, feeds)
 
@@ -155,15 +175,16 @@ def _at_size(model: onnx.ModelProto, axes: dict[int, str],
 
 @pytest.mark.slow  # runs first (tests/conftest.py)
 @pytest.mark.parametrize(("name", "axes", "sizes"), [
-    ("resnet50", {0: "batch"}, [{"batch": 1}, {"batch": 2}]),
-    ("bert", {0: "batch", 1: "seq"}, [{"batch": 1, "seq": 16}, {"batch": 2, "seq": 9}]),
+    pytest.param("resnet50", {0: "batch"}, [{"batch": 1}, {"batch": 2}],
+                 marks=_group("resnet50")),
+    pytest.param("bert", {0: "batch", 1: "seq"},
+                 [{"batch": 1, "seq": 16}, {"batch": 2, "seq": 9}], marks=_group("bert")),
 ])
 def test_symbolic_sizes_at_full_depth(name: str, axes: dict[int, str],
                                       sizes: list[dict[str, int]]) -> None:
     """ResNet-50 with a symbolic batch and the 12-layer BERT-base encoder with symbolic
     (batch, seq): compiled once, run at two sizes, against onnxruntime."""
-    entry = zoo.ZOO[name]
-    model = _symbolic(entry.model("test"), axes)
+    model = _symbolic(_model(name), axes)
     main = kiln.compile(from_onnx(model), "llvm")["main"]
     session = ort_session(model)
     for size in sizes:

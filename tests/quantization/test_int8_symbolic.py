@@ -28,7 +28,9 @@ from quantized_models import (
 )
 
 import kiln
+from kiln.driver.compiler import lower_for_codegen
 from kiln.frontend import from_onnx
+from kiln.ir import IRModule
 from kiln.target import Target
 from kiln.target.isa import isa_for
 from support import dynamic_models
@@ -73,29 +75,51 @@ CONFIGS: dict[str, tuple[Any, str, bool]] = {
 }
 
 
-@pytest.fixture(scope="module", params=list(CONFIGS))
+def _grouped(names: list[str]) -> list[Any]:
+    """Fixture params whose tests one xdist worker runs, per param (`make test`
+    distributes with --dist loadgroup): the model is quantized and each target's build
+    compiled once (`_compiled`), not once per worker its tests land on."""
+    return [pytest.param(n, marks=pytest.mark.xdist_group(f"int8-symbolic-{n}")) for n in names]
+
+
+@pytest.fixture(scope="module", params=_grouped(list(CONFIGS)))
 def cnn(request: pytest.FixtureRequest) -> onnx.ModelProto:
     build, fmt, per_channel = CONFIGS[request.param]
     return symbolic_batch(quantize_static_model(build(batch=1), fmt, per_channel))
 
 
-_BUILDS: dict[tuple[int, str, str], Any] = {}
+_BUILDS: dict[tuple[int, str], Any] = {}
 
 
-def _compiled(model: onnx.ModelProto, target: str, pins: dict[str, int] | None = None) -> Any:
-    """`model` compiled for `target` (with `pins`), once per module."""
-    key = (id(model), target, repr(pins))
+def _compiled(model: onnx.ModelProto, target: str) -> Any:
+    """`model` compiled for `target`, once per module."""
+    key = (id(model), target)
     if key not in _BUILDS:
-        _BUILDS[key] = kiln.compile(from_onnx(model, shape_dict=pins), like_onnxruntime(target))
+        _BUILDS[key] = kiln.compile(from_onnx(model), like_onnxruntime(target))
     return _BUILDS[key]
 
 
 def _kernels(ex: Any) -> list[str]:
     """The hand-built kernels of `ex` (a function's `kiln.gemm_kernel`, or `qlinear_add`
     for the flat int8 add), one per function; the generic loops have neither."""
+    return _kernels_of(ex.ir)
+
+
+def _kernels_of(mod: IRModule) -> list[str]:
+    """_kernels of a lowered module; the parallel loops outlined out of a function (where
+    lower_for_codegen outlines them, compile's `ex.ir` does not) are part of it."""
     return [f.attrs.get("kiln.gemm_kernel") or
             ("qlinear_add" if f.attrs.get("kiln.qlinear_add") else None)
-            for f in ex.ir.functions.values() if not f.attrs.get("kiln.graph")]
+            for f in mod.functions.values()
+            if not f.attrs.get("kiln.graph") and "kiln.parallel_loop_of" not in f.attrs]
+
+
+def _pinned_kernels(model: onnx.ModelProto, target: str, pins: dict[str, int]) -> list[str]:
+    """_kernels of `model` built with `pins`, lowered as compile hands it to the code
+    generator but not compiled: the pinned builds are only compared with, never run
+    (the code generator was most of their time)."""
+    return _kernels_of(lower_for_codegen(from_onnx(model, shape_dict=pins),
+                                         Target(like_onnxruntime(target))))
 
 
 @pytest.mark.parametrize("target", TARGETS)
@@ -117,7 +141,7 @@ def test_symbolic_batch_convolutions_take_the_packed_kernels(cnn: onnx.ModelProt
                                                              target: str) -> None:
     # compiled, not run: any host checks which kernels the target's build has
     ex = _compiled(cnn, target)
-    pinned = _compiled(cnn, target, {"batch": 1})
+    pinned = _pinned_kernels(cnn, target, {"batch": 1})
     kernels = sorted(k for k in _kernels(ex) if k in PACKED_CONVS | {"qlinear_add"})
     # every convolution (and residual add) on the kernel a pinned batch takes: no
     # function of theirs runs the generic loops
@@ -125,7 +149,7 @@ def test_symbolic_batch_convolutions_take_the_packed_kernels(cnn: onnx.ModelProt
                if name.startswith(("qlinear_conv", "qlinear_add"))
                and not (f.attrs.get("kiln.gemm_kernel") or f.attrs.get("kiln.qlinear_add"))]
     assert kernels and not generic, generic
-    assert kernels == sorted(k for k in _kernels(pinned) if k in PACKED_CONVS | {"qlinear_add"})
+    assert kernels == sorted(k for k in pinned if k in PACKED_CONVS | {"qlinear_add"})
     # and no int8 op of theirs (the global average pool included) is left on a generic
     # loop that a pinned build would run on a kernel (docs/dynamic-shapes.md)
     assert "generic_kernels" not in ex.metadata, ex.metadata["generic_kernels"]
@@ -138,7 +162,7 @@ DYNAMIC: dict[str, Any] = {
 }
 
 
-@pytest.fixture(scope="module", params=list(DYNAMIC))
+@pytest.fixture(scope="module", params=_grouped(list(DYNAMIC)))
 def dynamic(request: pytest.FixtureRequest) -> tuple[onnx.ModelProto, Any]:
     build, sizes = DYNAMIC[request.param]
     return quantize_dynamic_model(build()), sizes
@@ -164,9 +188,9 @@ def test_symbolic_rows_take_the_packed_products(dynamic: tuple[onnx.ModelProto, 
                                                 target: str) -> None:
     model, sizes = dynamic
     ex = _compiled(model, target)
-    pinned = _compiled(model, target, sizes[0])
+    pinned = _pinned_kernels(model, target, sizes[0])
     kernels = sorted(k for k in _kernels(ex) if k in PACKED_PRODUCTS)
-    assert kernels and kernels == sorted(k for k in _kernels(pinned) if k in PACKED_PRODUCTS)
+    assert kernels and kernels == sorted(k for k in pinned if k in PACKED_PRODUCTS)
 
 
 def test_depthwise_convolutions_over_a_symbolic_batch() -> None:
@@ -178,7 +202,7 @@ def test_depthwise_convolutions_over_a_symbolic_batch() -> None:
     ex = _compiled(model, AVX2)
     assert "qlinear_conv_grouped" in _kernels(ex)
     assert sorted(map(str, _kernels(ex))) == \
-        sorted(map(str, _kernels(_compiled(model, AVX2, {"batch": 1}))))
+        sorted(map(str, _pinned_kernels(model, AVX2, {"batch": 1})))
     for batch in (1, 9):
         feeds = dynamic_models.feeds(model, {"batch": batch}, seed=batch)
         got = np.asarray(ex["main"](*feeds.values()))
