@@ -6,6 +6,7 @@ import re
 import subprocess
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from kiln.artifact import Artifact, ArtifactSet, blob, elf, load, load_with_metadata
@@ -110,6 +111,11 @@ def test_missing_symbol_non_elf_and_truncated_files(tmp_path, packed):
     expected = re.escape("notes.txt: not a kiln library, archive or blob")
     with pytest.raises(FormatError, match=expected):
         load(text)
+    array = tmp_path / "x.npy"
+    np.save(array, np.ones(3))
+    with pytest.raises(FormatError, match=r"x\.npy: .*a NumPy \.npy array, an input .*an "
+                                          r"\.onnx model is read by `kiln inspect model\.onnx`"):
+        load(array)
 
     so = build_so(tmp_path, "lib", [blob_asm("kiln__blob", packed)])
     data = so.read_bytes()

@@ -42,9 +42,12 @@ def load_with_metadata(path: str | os.PathLike[str], *,
         return contents.artifacts, thaw(contents.metadata)
     if _looks_like_tar(head) or path.endswith(".tar"):
         return archive.read_tar(path)
+    what = ("it is a NumPy .npy array, an input rather than a model or library; "
+            if head.startswith(b"\x93NUMPY") else f"it starts with {head[:8]!r}; ")
     raise FormatError(
-        f"{path}: not a kiln library, archive or blob (starts with {head[:8]!r}); expected "
-        f"an ELF shared library ({elf.ELF_MAGIC!r}), a tar archive, or a blob ({blob.MAGIC!r})")
+        f"{path}: not a kiln library, archive or blob ({what}expected an ELF shared library "
+        f"({elf.ELF_MAGIC!r}), a tar archive, or a blob ({blob.MAGIC!r}); an .onnx model is "
+        "read by `kiln inspect model.onnx` and compiled by `kiln compile`)")
 
 
 def _head(path: Any) -> bytes:
