@@ -17,6 +17,7 @@ from kiln.ir.tensor import (
     Allocate,
     Buffer,
     Const,
+    DeclBuffer,
     For,
     IfThenElse,
     LetStmt,
@@ -41,6 +42,7 @@ from kiln.kernels.gemm.micro_kernel import (
 from kiln.kernels.gemm.schedule import GemmNest, GemmSchedule, KSegment, plan_nest
 from kiln.kernels.tiles import (
     Epilogue,
+    bound,
     const,
     lanes_loop,
     parallel_tiles,
@@ -60,6 +62,7 @@ def gemm_body(shape: GemmShape, schedule: GemmSchedule, a: Buffer, b_at: BReader
     (`[*a_batch, *rows, k]`, read in place), `b_at` reads B's panels, `out` is
     `[*batch, *rows, n]`; `prologue` runs first (a run-time packing of B)."""
     nest = plan_nest(shape, schedule, a, b_at, out, epilogue, isa)
+    nest, prologue = _rows_flattened(nest, prologue)
     blocking = schedule.blocking
     caches = k_block_caches()
     if blocking is None and caches is not None:
@@ -71,6 +74,24 @@ def gemm_body(shape: GemmShape, schedule: GemmSchedule, a: Buffer, b_at: BReader
             or shape.k <= blocking.kc:
         return seq(*prologue, _tiles_in_order(nest))
     return seq(*prologue, _k_blocked(nest, blocking))
+
+
+def _rows_flattened(nest: GemmNest, prologue: Sequence[Stmt]
+                    ) -> tuple[GemmNest, Sequence[Stmt]]:
+    """Over symbolic rows of more than one dim (`[seq, batch]`), A read and the output
+    stored through views of their rows flattened (`[*a_batch, m, k]`, `[*batch, m,
+    n]`), so a tile finds each of its rows without a division by the symbolic sizes
+    (the epilogue still gets the output's own index: divisions only it reads)."""
+    shape, a, out = nest.shape, nest.a, nest.out
+    if nest.static_m or sum(1 for d in shape.rows if not (isinstance(d, int) and d == 1)) < 2:
+        return nest, prologue
+    lets: list[Stmt] = []
+    rows = bound("gemm_rows", nest.m, lets)
+    a_view = Buffer(f"{a.name}_rows", (*a.shape[:len(shape.a_batch)], rows, shape.k), a.dtype)
+    out_view = Buffer(f"{out.name}_rows", (*out.shape[:len(shape.batch)], rows,
+                                          out.shape[-1]), out.dtype)
+    return (replace(nest, a=a_view, out_rows=out_view),
+            (*prologue, *lets, DeclBuffer(a_view, a, 0), DeclBuffer(out_view, out, 0)))
 
 
 def _tiles_in_order(nest: GemmNest) -> Stmt:
@@ -160,7 +181,7 @@ def _a_rows(nest: GemmNest, bidx: tuple[PrimExpr, ...], mt: PrimExpr, head: list
             row = min_(row, nest.m - 1)
         rv = Var(f"m{r}", INDEX_DTYPE)
         head.append(LetStmt(rv, row))
-        ridx = unflatten(rv, shape.rows, f"r{r}_", head)
+        ridx = (rv,) if nest.out_rows is not None else unflatten(rv, shape.rows, f"r{r}_", head)
         a_pre.append((*a_batch, *ridx))
     a = nest.a
 
@@ -263,14 +284,17 @@ def _tile_stores(nest: GemmNest, at: _TileOut) -> list[Stmt]:
         rv = Var("row", INDEX_DTYPE)
         lets.append(LetStmt(rv, at.mt * mr + r if nest.many_tiles else r))
         idx = (*at.bidx, *unflatten(rv, nest.shape.rows, "o", lets), n0 + v)
+        out, to = nest.out, idx
+        if nest.out_rows is not None:  # stored through the flat rows (`_rows_flattened`)
+            out, to = nest.out_rows, (*at.bidx, rv, n0 + v)
         # a shifted last panel's columns are its upper lanes (`shifted_tail`)
         lane: PrimExpr = v + (const(nr) - cols) if nest.shift and not isinstance(cols, Const) \
             else v
-        value: PrimExpr = nest.out[idx] if from_out else at.stage[r, lane]
+        value: PrimExpr = out[to] if from_out else at.stage[r, lane]
         # whole panels store as vectors when the epilogue allows (vector_loops)
         kind = "vectorized" if isinstance(cols, Const) else "serial"
         row = For(v, const(0), cols, kind,
-                  Store(nest.out, nest.epilogue(value, idx) if apply else value, idx))
+                  Store(out, nest.epilogue(value, idx) if apply else value, to))
         return For(r, const(0), rows_here, "serial", seq(*lets, row))
 
     def panel_stores(from_out: bool, apply: bool) -> Stmt:
