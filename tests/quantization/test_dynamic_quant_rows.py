@@ -2,8 +2,9 @@
 sizes where its kernel changes course (kiln.kernels.int8.dynamic): no row, the one row
 that runs the kernel of a pinned one-row build (a recurrent step or a decoder token at
 batch 1), and the row tiles' boundaries (7, 8, 9: one short of a full tile of 8, full,
-one past), on llvm, c and the AVX2 path; rank 2 (an MLP, batch) and rank 3 (an encoder,
-batch x seq, on llvm) so the fused tail's index is checked at both ranks.
+one past), on llvm, c and the AVX2 path. The product's rows are `[batch, seq]` and a
+residual of the output's shape is fused into its tail, so the one-row kernel's `[1, N]`
+view is checked to give the tail the output's own index.
 """
 
 from __future__ import annotations
@@ -14,67 +15,74 @@ import numpy as np
 import onnx
 import pytest
 from quantized_models import RECURRENT_REL_L2, quantize_dynamic_model, rel_l2
-from test_int8_symbolic import AVX2, symbolic_batch
 
 import kiln
 from kiln.frontend import from_onnx
-from kiln.ir.tensor import IfThenElse
+from kiln.ir.tensor import DeclBuffer, IfThenElse
 from kiln.ir.visitor import iter_stmts
 from kiln.target import Target
 from kiln.target.isa import isa_for
-from support import dynamic_models
-from support import small_models as builders
+from support.graphs import GraphBuilder
 from support.reference import like_onnxruntime, onnxruntime_outputs
 
+#: The AVX2 path on an AVX-512 host, as tests/quantization/test_int8_symbolic.py runs it.
+AVX2 = "llvm -mcpu=znver4 -mattr=-avx512f"
 TARGETS = ("llvm", "c", AVX2)
-#: Each model's sizes: rows 0 (the encoder's mask needs a token), 1, 7, 8 and 9.
-SIZES: dict[str, list[dict[str, int]]] = {
-    "mlp": [{"batch": b} for b in (0, 1, 7, 8, 9)],
-    "encoder": [{"batch": 1, "seq": 1}, {"batch": 1, "seq": 7}, {"batch": 2, "seq": 4},
-                {"batch": 3, "seq": 3}],
-}
-#: The rank-3 case on one target (its kernels are the MLP's; compiles are what cost).
-CASES = [("mlp", t) for t in TARGETS] + [("encoder", "llvm")]
+K, N = 48, 40
+#: (batch, seq): rows 0, 1, 7, 8 and 9
+SIZES = [(3, 0), (1, 1), (1, 7), (2, 4), (3, 3)]
 
 
 @pytest.fixture(scope="module")
-def models() -> dict[str, onnx.ModelProto]:
-    return {"mlp": quantize_dynamic_model(symbolic_batch(builders.mlp(batch=1))),
-            "encoder": quantize_dynamic_model(dynamic_models.encoder(layers=1))}
+def model() -> onnx.ModelProto:
+    b = GraphBuilder()
+    rng = np.random.default_rng(5)
+    b.node("MatMul", ["x", "w"], ["p"])
+    b.node("Add", ["p", "bias"], ["s"])
+    b.node("Add", ["s", "res"], ["y"])
+    b.input("x", ["batch", "seq", K])
+    b.input("res", ["batch", "seq", N])
+    b.output("y", ["batch", "seq", N])
+    b.const(rng.standard_normal((K, N)).astype(np.float32), name="w")
+    b.const(rng.standard_normal(N).astype(np.float32), name="bias")
+    return quantize_dynamic_model(b.model(name="dense_int8", ir_version=None))
 
 
-_BUILDS: dict[tuple[str, str], Any] = {}
+_BUILDS: dict[str, Any] = {}
 
 
-def _compiled(models: dict[str, onnx.ModelProto], name: str, target: str) -> Any:
-    if (name, target) not in _BUILDS:
-        _BUILDS[name, target] = kiln.compile(from_onnx(models[name]), like_onnxruntime(target))
-    return _BUILDS[name, target]
+def _compiled(model: onnx.ModelProto, target: str) -> Any:
+    if target not in _BUILDS:
+        _BUILDS[target] = kiln.compile(from_onnx(model), like_onnxruntime(target))
+    return _BUILDS[target]
 
 
-@pytest.mark.parametrize(("name", "target"), CASES)
-def test_rows_at_the_kernel_boundaries_match_onnxruntime(
-        models: dict[str, onnx.ModelProto], name: str, target: str) -> None:
+@pytest.mark.parametrize("target", TARGETS)
+def test_rows_at_the_kernel_boundaries_match_onnxruntime(model: onnx.ModelProto,
+                                                         target: str) -> None:
     if not isa_for(Target(target)).features <= isa_for(Target.from_host()).features:
         pytest.skip(f"this host does not run {target}")
-    model, ex = models[name], _compiled(models, name, target)
-    for size in SIZES[name]:
-        feeds = dynamic_models.feeds(model, size, seed=7 + sum(size.values()))
+    ex = _compiled(model, target)
+    rng = np.random.default_rng(6)
+    for batch, seq in SIZES:
+        feeds = {"x": rng.standard_normal((batch, seq, K)).astype(np.float32),
+                 "res": rng.standard_normal((batch, seq, N)).astype(np.float32)}
         want = onnxruntime_outputs(model, feeds)[0]
         got = np.asarray(ex["main"](*feeds.values()))
-        assert got.shape == want.shape, (target, size)
+        assert got.shape == want.shape, (target, batch, seq)
         if got.size:
-            assert rel_l2(got, want) < RECURRENT_REL_L2, (target, size)
+            assert rel_l2(got, want) < RECURRENT_REL_L2, (target, batch, seq)
 
 
-def test_one_row_is_chosen_at_run_time(models: dict[str, onnx.ModelProto]) -> None:
-    """Each symbolic product's kernel branches on its row count being 1, to the kernel
-    a pinned one-row build has (its `[1, K]` view of A)."""
-    ex = _compiled(models, "mlp", "llvm")
+def test_one_row_is_chosen_at_run_time(model: onnx.ModelProto) -> None:
+    """The symbolic product's kernel branches on its row count, one side on views of A
+    and the output of one row (the kernel a pinned one-row build has)."""
+    ex = _compiled(model, "llvm")
     kernels = [f for f in ex.ir.functions.values()
                if f.attrs.get("kiln.gemm_kernel") == "dynamic_quant_matmul_packed"]
     assert kernels
     for f in kernels:
-        branches = [s for s in iter_stmts(f.body) if isinstance(s, IfThenElse)
-                    and "a_one" in str(s.then_body)]
-        assert branches, f
+        one_row = [s for s in iter_stmts(f.body) if isinstance(s, IfThenElse)
+                   and any(isinstance(d, DeclBuffer) and d.buffer.shape[0] == 1
+                           for d in iter_stmts(s.then_body))]
+        assert one_row, f
