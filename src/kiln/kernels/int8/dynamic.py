@@ -38,7 +38,7 @@ from kiln.kernels.epilogue import fused_store
 from kiln.kernels.int8 import dot
 from kiln.kernels.int8.matmul import build_matmul_tiles, tile_isa
 from kiln.kernels.parallel_work import min_parallel_work, worth_parallel
-from kiln.kernels.tiles import bound, const
+from kiln.kernels.tiles import Epilogue, bound, const
 from kiln.kernels.tiles import loop as tile_loop
 from kiln.ops import te
 from kiln.ops.nan_order import max_keep_first, min_keep_first
@@ -165,7 +165,7 @@ class _Product:
     b_scale: Buffer
     bias: Buffer
     n: int
-    store_epilogue: Any
+    store_epilogue: Epilogue
     tiles: ISA | None
     intrinsic: str
     isa: ISA
