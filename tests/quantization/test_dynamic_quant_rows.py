@@ -1,8 +1,9 @@
 """`dynamic_quant_matmul_packed` over a symbolic row count against onnxruntime at the
-sizes where its kernel changes course (kiln.kernels.int8.dynamic): no row, the one row
-that runs the kernel of a pinned one-row build (a recurrent step or a decoder token at
-batch 1), and the row tiles' boundaries (7, 8, 9: one short of a full tile of 8, full,
-one past), on llvm, c and the AVX2 path. The product's rows are `[batch, seq]` and a
+sizes where its kernel changes course (kiln.kernels.int8.dynamic and .matmul): no row,
+the one row that runs the kernel of a pinned one-row build (a recurrent step or a
+decoder token at batch 1), the edges of the small row counts' shorter tiles (2 to 5),
+and the row tiles' boundaries (7, 8, 9: one short of a full tile of 8, full, one past),
+on llvm, c and the AVX2 path. The product's rows are `[batch, seq]` and a
 residual of the output's shape is fused into its tail, so the one-row kernel's `[1, N]`
 view is checked to give the tail the output's own index.
 """
@@ -29,8 +30,9 @@ from support.reference import like_onnxruntime, onnxruntime_outputs
 AVX2 = "llvm -mcpu=znver4 -mattr=-avx512f"
 TARGETS = ("llvm", "c", AVX2)
 K, N = 48, 40
-#: (batch, seq): rows 0, 1, 7, 8 and 9
-SIZES = [(3, 0), (1, 1), (1, 7), (2, 4), (3, 3)]
+#: (batch, seq): rows 0, 1, the small-row classes' edges (2, 3, 4, 5: kiln.kernels.int8.
+#: matmul.SMALL_ROW_CLASSES), 7, 8 and 9
+SIZES = [(3, 0), (1, 1), (2, 1), (1, 3), (2, 2), (1, 5), (1, 7), (2, 4), (3, 3)]
 
 
 @pytest.fixture(scope="module")
