@@ -1,7 +1,8 @@
 """The float GEMM over symbolic rows of several dims (`[seq, batch]`, an LSTM's input
 product) and over `[1, batch]` (a recurrent step's `h @ R`), against onnxruntime at the
-row counts where the tiles change course: 0, 1, 7, 8 and 9 (one short of an AVX-512
-tile of 8 rows, a full one, one past), on llvm, c and the AVX2 path. A and the output
+row counts where the tiles change course: 0, 1, 2 to 5 (the short tiles of 1, 2 and 4
+rows a few rows take), 7, 8 and 9 (one short of an AVX-512 tile of 8 rows, a full one,
+one past), on llvm, c and the AVX2 path. A and the output
 are read and stored through views of their rows flattened (kiln.kernels.gemm.loop_nest)
 while the fused tail (a bias and a residual of the output's shape) still reads at the
 output's own index.
@@ -27,8 +28,8 @@ from support.reference import ort_session
 
 AVX2 = "llvm -mcpu=znver4 -mattr=-avx512f"
 K, N = 40, 72
-#: (seq, batch): rows 0, 1, 7, 8 and 9
-SIZES = [(0, 3), (1, 1), (7, 1), (2, 4), (3, 3)]
+#: (seq, batch): rows 0, 1, the short tiles' edges (2, 3, 4, 5), 7, 8 and 9
+SIZES = [(0, 3), (1, 1), (1, 2), (3, 1), (2, 2), (1, 5), (7, 1), (2, 4), (3, 3)]
 
 
 def _model(lead: list[Any]) -> onnx.ModelProto:

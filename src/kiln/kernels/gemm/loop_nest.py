@@ -203,19 +203,33 @@ def _tile(nest: GemmNest, bflat: PrimExpr, panel: PrimExpr, mt: PrimExpr,
 def _row_remainder(nest: GemmNest, bflat: PrimExpr, panel: PrimExpr, mt: PrimExpr,
                    copied: PanelRead | None) -> Stmt:
     """Row tile `mt` of a symbolic M: the full `mr`-row tile where more than half of
-    `mr` rows are left (its surplus rows read the last row again), else each row left
-    on a one-row tile of the same panel (`micro_kernel.row_tile`). A full-height tile
+    `mr` rows are left (its surplus rows read the last row again), else the rows left
+    on the shortest tile of the same panel that holds them, its height a divisor of
+    `mr` (8: 1, 2 or 4 rows; one row on `micro_kernel.row_tile`). A full-height tile
     over the few rows of a small M (batch 1: one row) multiplies `mr` times the work (an
-    LSTM's h @ R at batch 1: 6x its pinned product); a one-row tile reads B's panel
-    once per row, so past half a tile of rows the full tile costs less."""
+    LSTM's h @ R at batch 1: 6x its pinned product); rows one at a time read B's panel
+    once per row (batch 2-4), so a short tile takes them together."""
     mr = nest.mr
-    single = replace(nest, mr=1, many_tiles=True, surplus_from=1, last_rows=1)
-    j = Var("mrow", INDEX_DTYPE)
     left = nest.m - mt * mr
-    rows = For(j, const(0), left, "serial",
-               _one_tile(single, bflat, panel, mt * mr + j, None, copied))
+    # 1, 2, 4, ...: heights dividing mr, so a short tile starts where row tile `mt` does
+    heights = [h for h in (1, 2, 4, 8) if 2 * h <= mr and mr % h == 0]
+
+    def tile_of(h: int) -> Stmt:
+        sub = replace(nest, mr=h, many_tiles=True, surplus_from=1, last_rows=h)
+        return _one_tile(sub, bflat, panel, mt * (mr // h), None, copied)
+
+    if 2 * heights[-1] >= mr:  # the tallest holds every count left
+        short = tile_of(heights[-1])
+        heights = heights[:-1]
+    else:  # (an odd mr) the rows left one at a time
+        j = Var("mrow", INDEX_DTYPE)
+        one = replace(nest, mr=1, many_tiles=True, surplus_from=1, last_rows=1)
+        short = For(j, const(0), left, "serial",
+                    _one_tile(one, bflat, panel, mt * mr + j, None, copied))
+    for h in reversed(heights):
+        short = IfThenElse(compare("le", left, const(h)), tile_of(h), short)
     return IfThenElse(compare("gt", left * 2, const(mr)),
-                      _one_tile(nest, bflat, panel, mt, None, copied), rows)
+                      _one_tile(nest, bflat, panel, mt, None, copied), short)
 
 
 def _one_tile(nest: GemmNest, bflat: PrimExpr, panel: PrimExpr, mt: PrimExpr,
