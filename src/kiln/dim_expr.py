@@ -32,6 +32,7 @@ import operator
 import re
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
+from typing import cast
 
 from kiln.errors import CallError, FormatError
 from kiln.escape import int64_literal
@@ -238,6 +239,94 @@ def evaluate_size(e: Expr, values: Mapping[str, int]) -> int:
     if value < 0:
         raise CallError(f"dimension '{quote(e)}' = {value} is negative")
     return value
+
+
+#: The most nodes an expression compiled to closures may have (`size_function`): each
+#: node is one nested call, so a larger one is walked by `evaluate_size` instead.
+MAX_COMPILED_NODES = 64
+
+SizeFunction = Callable[[Mapping[str, int]], int]
+
+
+class _Irregular(Exception):
+    """A compiled expression met something only the walk decides (a failure, a value
+    that is no plain int64): `size_function` then asks `evaluate_size`."""
+
+
+def size_function(e: Expr) -> SizeFunction:
+    """A function of the variables' values equal to `evaluate_size(e, values)`, for a
+    call's every size: the expression compiled once to closures over Python ints.
+    Anything but plain int64 arithmetic (an overflow, a zero divisor, a negative result,
+    a missing variable, a value that is no `int`) falls back to `evaluate_size`, so the
+    results and every error are its own; an expression of more than
+    `MAX_COMPILED_NODES` nodes is walked by it always."""
+    general: SizeFunction = lambda values: evaluate_size(e, values)  # noqa: E731
+    if isinstance(e, Var):  # the usual case: a dimension that is a variable
+        name = e.name
+
+        def variable(values: Mapping[str, int]) -> int:
+            v = values.get(name)
+            if type(v) is int and 0 <= v <= INT64_MAX:
+                return v
+            return general(values)
+        return variable
+    if sum(1 for _ in postorder(e)) > MAX_COMPILED_NODES:
+        return general
+    compiled = cast(SizeFunction, fold(e, _compiled_leaf, _compiled_node))
+
+    def size(values: Mapping[str, int]) -> int:
+        try:
+            v = compiled(values)
+        except (_Irregular, KeyError):
+            return general(values)
+        return v if v >= 0 else general(values)
+    return size
+
+
+def _compiled_leaf(n: Const | Var) -> SizeFunction:
+    if isinstance(n, Const):
+        value = n.value
+        return lambda values: value
+    name = n.name
+
+    def variable(values: Mapping[str, int]) -> int:
+        v = values[name]
+        if type(v) is not int or not INT64_MIN <= v <= INT64_MAX:
+            raise _Irregular
+        return v
+    return variable
+
+
+def _compiled_node(n: Neg | Binary, args: list[object]) -> SizeFunction:
+    fs: list[SizeFunction] = args  # type: ignore[assignment]
+    if isinstance(n, Neg):
+        return _checked(lambda values: -fs[0](values))
+    a, b = fs
+    if n.op in (Op.FLOORDIV, Op.FLOORMOD):
+        div = operator.floordiv if n.op is Op.FLOORDIV else operator.mod
+
+        def divide(values: Mapping[str, int]) -> int:
+            d = b(values)
+            if d == 0:
+                raise _Irregular
+            return int(div(a(values), d))
+        return _checked(divide)  # INT64_MIN // -1 leaves int64
+    py = _PY_OPS[n.op]
+    return _checked(lambda values: py(a(values), b(values)))
+
+
+_PY_OPS: dict[Op, Callable[[int, int], int]] = {
+    Op.ADD: operator.add, Op.SUB: operator.sub, Op.MUL: operator.mul, Op.MIN: min,
+    Op.MAX: max}
+
+
+def _checked(f: SizeFunction) -> SizeFunction:
+    def in_range(values: Mapping[str, int]) -> int:
+        v = f(values)
+        if not INT64_MIN <= v <= INT64_MAX:
+            raise _Irregular
+        return v
+    return in_range
 
 
 def failure_message(e: Expr, failed: Failure) -> str:

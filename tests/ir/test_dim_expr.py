@@ -22,6 +22,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -167,6 +168,40 @@ def test_int64_edges() -> None:
     for bad in (1 << 63, "7", 1.5, True):  # a variable's value must be an int64 as well
         with pytest.raises(CallError, match=r"'a' = .* is not an int64"):
             dim_expr.evaluate(dim_expr.parse("a*2"), {"a": bad})
+
+
+def _size_or_error(f: object, vals: Mapping[str, object]) -> object:
+    try:
+        return f(vals)  # type: ignore[operator]
+    except CallError as err:
+        return str(err)
+
+
+@settings(max_examples=300, deadline=None)
+@given(e=exprs, vals=values)
+def test_compiled_sizes_are_evaluate_sizes(e: Expr, vals: dict[str, int]) -> None:
+    """`size_function` (the runtime's per-call sizes) gives `evaluate_size`'s value, or its
+    very error, for every expression and value (the int64 extremes included)."""
+    small = {n: v % 50 for n, v in vals.items()}  # mostly sizes that compute
+    for at in (vals, small):
+        want = _size_or_error(lambda v: dim_expr.evaluate_size(e, v), at)
+        assert _size_or_error(dim_expr.size_function(e), at) == want, dim_expr.to_text(e)
+
+
+def test_compiled_sizes_fall_back_on_what_the_walk_decides() -> None:
+    """A value that is no plain int (numpy's, a bool), a missing variable, a large tree."""
+    seq = dim_expr.size_function(dim_expr.parse("seq"))
+    assert seq({"seq": np.int64(7)}) == 7 and seq({"seq": 0}) == 0
+    for bad, why in (({"seq": True}, "is not an int64"), ({}, "has no value for 'seq'"),
+                     ({"seq": -2}, "= -2 is negative")):
+        with pytest.raises(CallError, match=why):
+            seq(bad)
+    product = dim_expr.size_function(dim_expr.parse("batch*seq*768"))
+    assert product({"batch": np.int32(3), "seq": 5}) == 3 * 5 * 768
+    with pytest.raises(CallError, match="has no value for 'batch'"):
+        product({"seq": 5})
+    long_sum = dim_expr.parse(" + ".join(["a"] * (dim_expr.MAX_COMPILED_NODES + 1)))
+    assert dim_expr.size_function(long_sum)({"a": 2}) == 2 * (dim_expr.MAX_COMPILED_NODES + 1)
 
 
 # ---------------------------------------------------------------------- limits

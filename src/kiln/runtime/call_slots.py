@@ -65,12 +65,13 @@ class ArgumentSlots:
         self.values[self.count].v_handle = address
         return 1
 
-    def set_shapes(self, shapes: Sequence[Sequence[int]]) -> None:
-        """Write each tensor's shape (a signature with symbolic dimensions: the sizes of
-        this call; the rank stays the signature's)."""
-        for array, shape in zip(self.shapes, shapes):
-            for d, size in enumerate(shape):
-                array[d] = size
+    def set_sizes(self, shapes: Sequence[Sequence[int]],
+                  axes: Sequence[tuple[int, int]]) -> None:
+        """Write the sizes of this call's symbolic dimensions only, `axes` listing each as
+        (tensor, axis): the rest of every shape stays the signature's, written once."""
+        arrays = self.shapes
+        for i, d in axes:
+            arrays[i][d] = shapes[i][d]
 
 
 class SlotPool:

@@ -132,8 +132,10 @@ SizeOf = Callable[[Mapping[str, int]], int]
 @functools.lru_cache(maxsize=4096)
 def compile_dim_text(text: str) -> SizeOf:
     """A function of the variables' values computing the size `text` spells (see
-    `eval_dim_text`; a negative size is a CallError as well). Each text is read once."""
-    return functools.partial(dim_expr.evaluate_size, _read(text))
+    `eval_dim_text`; a negative size is a CallError as well). Each text is read and
+    compiled once (`kiln.dim_expr.size_function`): every call of a symbolic function
+    computes its sizes with it."""
+    return dim_expr.size_function(_read(text))
 
 
 def dim_size(func: str, text: str, values: Mapping[str, int]) -> int:

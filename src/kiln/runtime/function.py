@@ -440,35 +440,50 @@ class SymbolicSizes:
     """The fast path's view of a signature with symbolic dimensions: each variable read
     from its first plain occurrence among the inputs, and the shapes every argument then
     has. `shapes` answers None for anything else (a size that disagrees, out of its
-    bounds, a missing rank): the general path then reports it with the entry's text."""
+    bounds, a missing rank): the general path then reports it with the entry's text.
+    Everything that does not depend on the call is worked out here, once (a tiny
+    model's call costs little more than these few lookups)."""
 
     def __init__(self, params: Sequence[Mapping[str, Any]], results: Sequence[Mapping[str, Any]],
                  bounds: Mapping[str, tuple[int, int | None]]) -> None:
-        self.first: dict[str, tuple[int, int]] = {}
+        first: dict[str, tuple[int, int]] = {}
         for i, p in enumerate(params):
             for axis, d in enumerate(p["shape"]):
                 if isinstance(d, str) and d.isidentifier():
-                    self.first.setdefault(d, (i, axis))
-        self.bounds = dict(bounds)
-        self.dims = [[d if isinstance(d, int) else compile_dim_text(d) for d in p["shape"]]
-                     for p in (*params, *results)]
+                    first.setdefault(d, (i, axis))
+        self.first = list(first.items())
+        self.bounds = [(name, low, high) for name, (low, high) in bounds.items()]
+        # each argument's shape: the tuple itself when static, else its dims' sizes
+        self.dims: list[tuple[int, ...] | list[Any]] = [
+            tuple(p["shape"]) if all(isinstance(d, int) for d in p["shape"])
+            else [d if isinstance(d, int) else compile_dim_text(d) for d in p["shape"]]
+            for p in (*params, *results)]
+        #: (argument, axis) of every symbolic dimension: what a call writes into the
+        #: prebuilt DLTensors' shapes (`ArgumentSlots.set_sizes`)
+        self.symbolic_axes = [(i, axis) for i, dims in enumerate(self.dims)
+                              if not isinstance(dims, tuple)
+                              for axis, d in enumerate(dims) if not isinstance(d, int)]
 
     def shapes(self, args: Sequence[Any]) -> list[tuple[int, ...]] | None:
+        sizes: dict[str, int] = {}
         try:
-            sizes = {name: args[i].shape[axis] for name, (i, axis) in self.first.items()}
+            for name, (i, axis) in self.first:
+                sizes[name] = args[i].shape[axis]
         except (AttributeError, IndexError):
             return None
-        for name, (low, high) in self.bounds.items():
+        for name, low, high in self.bounds:
             size = sizes.get(name)
             if size is None or size < low or (high is not None and size > high):
                 return None
         try:
-            shapes = [tuple(d if isinstance(d, int) else d(sizes) for d in dims)
+            shapes = [dims if isinstance(dims, tuple)
+                      else tuple(d if isinstance(d, int) else d(sizes) for d in dims)
                       for dims in self.dims]
         except CallError:
             return None
-        if any(getattr(a, "shape", None) != s for a, s in zip(args, shapes)):
-            return None
+        for a, s in zip(args, shapes):
+            if getattr(a, "shape", None) != s:
+                return None
         return shapes
 
 
@@ -612,10 +627,11 @@ class NativeFunction(PackedFunction):
         shapes: list[tuple[int, ...]] | None = None
         params: Sequence[tuple[tuple[int, ...], np.dtype[Any]]]
         results: Sequence[tuple[tuple[int, ...], np.dtype[Any]]]
-        if self._sizes is None:
+        symbolic = self._sizes
+        if symbolic is None:
             params, results = self._param_layouts, self._result_layouts
         else:  # this call's layouts, if its arguments are valid
-            shapes = self._sizes.shapes(args)
+            shapes = symbolic.shapes(args)
             if shapes is None:
                 return _SLOW
             layouts = [(shape, layout[1]) for shape, layout in
@@ -645,8 +661,8 @@ class NativeFunction(PackedFunction):
         assert pool is not None
         slots = pool.take()
         try:
-            if shapes is not None:
-                slots.set_shapes(shapes)
+            if symbolic is not None and shapes is not None:
+                slots.set_sizes(shapes, symbolic.symbolic_axes)
             slots.set_data(addresses)
             self._run(slots.values, slots.codes, slots.count + slots.set_flag(
                 flag.address if flag is not None and self.terminable else None))

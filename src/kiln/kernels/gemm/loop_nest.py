@@ -17,6 +17,7 @@ from kiln.ir.tensor import (
     Allocate,
     Buffer,
     Const,
+    DeclBuffer,
     For,
     IfThenElse,
     LetStmt,
@@ -41,6 +42,7 @@ from kiln.kernels.gemm.micro_kernel import (
 from kiln.kernels.gemm.schedule import GemmNest, GemmSchedule, KSegment, plan_nest
 from kiln.kernels.tiles import (
     Epilogue,
+    bound,
     const,
     lanes_loop,
     parallel_tiles,
@@ -60,6 +62,7 @@ def gemm_body(shape: GemmShape, schedule: GemmSchedule, a: Buffer, b_at: BReader
     (`[*a_batch, *rows, k]`, read in place), `b_at` reads B's panels, `out` is
     `[*batch, *rows, n]`; `prologue` runs first (a run-time packing of B)."""
     nest = plan_nest(shape, schedule, a, b_at, out, epilogue, isa)
+    nest, prologue = _rows_flattened(nest, prologue)
     blocking = schedule.blocking
     caches = k_block_caches()
     if blocking is None and caches is not None:
@@ -71,6 +74,24 @@ def gemm_body(shape: GemmShape, schedule: GemmSchedule, a: Buffer, b_at: BReader
             or shape.k <= blocking.kc:
         return seq(*prologue, _tiles_in_order(nest))
     return seq(*prologue, _k_blocked(nest, blocking))
+
+
+def _rows_flattened(nest: GemmNest, prologue: Sequence[Stmt]
+                    ) -> tuple[GemmNest, Sequence[Stmt]]:
+    """Over symbolic rows of more than one dim (`[seq, batch]`), A read and the output
+    stored through views of their rows flattened (`[*a_batch, m, k]`, `[*batch, m,
+    n]`), so a tile finds each of its rows without a division by the symbolic sizes
+    (the epilogue still gets the output's own index: divisions only it reads)."""
+    shape, a, out = nest.shape, nest.a, nest.out
+    if nest.static_m or sum(1 for d in shape.rows if not (isinstance(d, int) and d == 1)) < 2:
+        return nest, prologue
+    lets: list[Stmt] = []
+    rows = bound("gemm_rows", nest.m, lets)
+    a_view = Buffer(f"{a.name}_rows", (*a.shape[:len(shape.a_batch)], rows, shape.k), a.dtype)
+    out_view = Buffer(f"{out.name}_rows", (*out.shape[:len(shape.batch)], rows,
+                                          out.shape[-1]), out.dtype)
+    return (replace(nest, a=a_view, out_rows=out_view),
+            (*prologue, *lets, DeclBuffer(a_view, a, 0), DeclBuffer(out_view, out, 0)))
 
 
 def _tiles_in_order(nest: GemmNest) -> Stmt:
@@ -160,7 +181,7 @@ def _a_rows(nest: GemmNest, bidx: tuple[PrimExpr, ...], mt: PrimExpr, head: list
             row = min_(row, nest.m - 1)
         rv = Var(f"m{r}", INDEX_DTYPE)
         head.append(LetStmt(rv, row))
-        ridx = unflatten(rv, shape.rows, f"r{r}_", head)
+        ridx = (rv,) if nest.out_rows is not None else unflatten(rv, shape.rows, f"r{r}_", head)
         a_pre.append((*a_batch, *ridx))
     a = nest.a
 
@@ -182,19 +203,33 @@ def _tile(nest: GemmNest, bflat: PrimExpr, panel: PrimExpr, mt: PrimExpr,
 def _row_remainder(nest: GemmNest, bflat: PrimExpr, panel: PrimExpr, mt: PrimExpr,
                    copied: PanelRead | None) -> Stmt:
     """Row tile `mt` of a symbolic M: the full `mr`-row tile where more than half of
-    `mr` rows are left (its surplus rows read the last row again), else each row left
-    on a one-row tile of the same panel (`micro_kernel.row_tile`). A full-height tile
+    `mr` rows are left (its surplus rows read the last row again), else the rows left
+    on the shortest tile of the same panel that holds them, its height a divisor of
+    `mr` (8: 1, 2 or 4 rows; one row on `micro_kernel.row_tile`). A full-height tile
     over the few rows of a small M (batch 1: one row) multiplies `mr` times the work (an
-    LSTM's h @ R at batch 1: 6x its pinned product); a one-row tile reads B's panel
-    once per row, so past half a tile of rows the full tile costs less."""
+    LSTM's h @ R at batch 1: 6x its pinned product); rows one at a time read B's panel
+    once per row (batch 2-4), so a short tile takes them together."""
     mr = nest.mr
-    single = replace(nest, mr=1, many_tiles=True, surplus_from=1, last_rows=1)
-    j = Var("mrow", INDEX_DTYPE)
     left = nest.m - mt * mr
-    rows = For(j, const(0), left, "serial",
-               _one_tile(single, bflat, panel, mt * mr + j, None, copied))
+    # 1, 2, 4, ...: heights dividing mr, so a short tile starts where row tile `mt` does
+    heights = [h for h in (1, 2, 4, 8) if 2 * h <= mr and mr % h == 0]
+
+    def tile_of(h: int) -> Stmt:
+        sub = replace(nest, mr=h, many_tiles=True, surplus_from=1, last_rows=h)
+        return _one_tile(sub, bflat, panel, mt * (mr // h), None, copied)
+
+    if 2 * heights[-1] >= mr:  # the tallest holds every count left
+        short = tile_of(heights[-1])
+        heights = heights[:-1]
+    else:  # (an odd mr) the rows left one at a time
+        j = Var("mrow", INDEX_DTYPE)
+        one = replace(nest, mr=1, many_tiles=True, surplus_from=1, last_rows=1)
+        short = For(j, const(0), left, "serial",
+                    _one_tile(one, bflat, panel, mt * mr + j, None, copied))
+    for h in reversed(heights):
+        short = IfThenElse(compare("le", left, const(h)), tile_of(h), short)
     return IfThenElse(compare("gt", left * 2, const(mr)),
-                      _one_tile(nest, bflat, panel, mt, None, copied), rows)
+                      _one_tile(nest, bflat, panel, mt, None, copied), short)
 
 
 def _one_tile(nest: GemmNest, bflat: PrimExpr, panel: PrimExpr, mt: PrimExpr,
@@ -263,14 +298,17 @@ def _tile_stores(nest: GemmNest, at: _TileOut) -> list[Stmt]:
         rv = Var("row", INDEX_DTYPE)
         lets.append(LetStmt(rv, at.mt * mr + r if nest.many_tiles else r))
         idx = (*at.bidx, *unflatten(rv, nest.shape.rows, "o", lets), n0 + v)
+        out, to = nest.out, idx
+        if nest.out_rows is not None:  # stored through the flat rows (`_rows_flattened`)
+            out, to = nest.out_rows, (*at.bidx, rv, n0 + v)
         # a shifted last panel's columns are its upper lanes (`shifted_tail`)
         lane: PrimExpr = v + (const(nr) - cols) if nest.shift and not isinstance(cols, Const) \
             else v
-        value: PrimExpr = nest.out[idx] if from_out else at.stage[r, lane]
+        value: PrimExpr = out[to] if from_out else at.stage[r, lane]
         # whole panels store as vectors when the epilogue allows (vector_loops)
         kind = "vectorized" if isinstance(cols, Const) else "serial"
         row = For(v, const(0), cols, kind,
-                  Store(nest.out, nest.epilogue(value, idx) if apply else value, idx))
+                  Store(out, nest.epilogue(value, idx) if apply else value, to))
         return For(r, const(0), rows_here, "serial", seq(*lets, row))
 
     def panel_stores(from_out: bool, apply: bool) -> Stmt:

@@ -118,9 +118,16 @@ def _c(v: int) -> Const:
 
 def unflatten(flat: PrimExpr, dims: Sequence[int], name: str,
               lets: list[Stmt]) -> tuple[PrimExpr, ...]:
-    """The index into `dims` of the row-major flat index `flat` (bound once in `lets`)."""
+    """The index into `dims` of the row-major flat index `flat` (bound once in `lets`).
+    Among symbolic dims, leading dims of 1 take index 0 without a division (a recurrent
+    step's rows `[1, batch]`: the row itself, not its remainder by `batch`)."""
     if len(dims) <= 1:
         return (flat,) if dims else ()
+    units = 0
+    while units < len(dims) - 1 and isinstance(dims[units], int) and dims[units] == 1:
+        units += 1
+    if units and not all(isinstance(d, int) for d in dims):
+        return (*(_c(0),) * units, *unflatten(flat, dims[units:], name, lets))
     idx: list[PrimExpr] = []
     rest = flat
     for k in range(len(dims) - 1, -1, -1):

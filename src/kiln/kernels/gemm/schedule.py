@@ -117,6 +117,10 @@ class GemmNest:
     acc_t: str
     #: the sums stored as they are, then the epilogue run over the tile on its own
     two_pass: bool
+    #: symbolic rows of several dims: `a` is a view of A with its rows flattened
+    #: (`[*a_batch, m, k]`) and the tiles store through this view of `out` (`[*batch,
+    #: m, n]`); None: A and `out` as they are
+    out_rows: Buffer | None = None
 
 
 def plan_nest(shape: GemmShape, schedule: GemmSchedule, a: Buffer, b_at: BReader,

@@ -8,7 +8,7 @@ product is a tensor of the graph.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,6 +29,7 @@ from kiln.ir.tensor import (
     Stmt,
     Store,
     as_expr,
+    compare,
     max_,
     min_,
     seq,
@@ -37,7 +38,7 @@ from kiln.kernels.epilogue import fused_store
 from kiln.kernels.int8 import dot
 from kiln.kernels.int8.matmul import build_matmul_tiles, tile_isa
 from kiln.kernels.parallel_work import min_parallel_work, worth_parallel
-from kiln.kernels.tiles import bound, const
+from kiln.kernels.tiles import Epilogue, bound, const
 from kiln.kernels.tiles import loop as tile_loop
 from kiln.ops import te
 from kiln.ops.nan_order import max_keep_first, min_keep_first
@@ -143,27 +144,75 @@ class DynamicTiledMatmul:
         if store is None:
             return None
         a, bp, colsum, b_scale, bias = (store.buffers[t] for t in args)
+        product = _Product(bp, colsum, b_scale, bias, n, store.epilogue, tiles,
+                           dot.dot_intrinsic(attrs), isa)
+        if is_static(a.shape):
+            body = product.body(a, store.out, lambda at: at)
+        else:
+            body = _one_row_or_any(a, store.out, product)
+        return PrimFunc((*(store.buffers[t] for t in params), store.out), body,
+                        {ATTR_GEMM_KERNEL: PACKED})
+
+
+@dataclass(frozen=True)
+class _Product:
+    """What a product's kernel reads besides A and writes besides the output: B's packed
+    panels, its column sums and scale, the bias, the fused store's epilogue, the dot form
+    (`tiles`, `intrinsic`) and the target's ISA."""
+
+    bp: Buffer
+    colsum: Buffer
+    b_scale: Buffer
+    bias: Buffer
+    n: int
+    store_epilogue: Epilogue
+    tiles: ISA | None
+    intrinsic: str
+    isa: ISA
+
+    def body(self, a: Buffer, out: Buffer,
+             out_index: Callable[[tuple[PrimExpr, ...]], tuple[PrimExpr, ...]]) -> Stmt:
+        """A quantized (its own scalars), then the integer tiles over it into `out`, their
+        epilogue reading the fused tail at `out_index(at)` (the fused store's index of
+        the tile's output index `at`)."""
         scalars = Buffer("a_params", (3,), "float32", "global")
         zp = Buffer("a_zero_point", (1,), "uint8", "global")
         if is_static(a.shape):
             a_q = Buffer("a_q", a.shape, "uint8", "global")
-            work = int(np.prod(a.shape, dtype=np.int64)) * n
-            prologue = seq(Allocate(a_q), Allocate(scalars), Allocate(zp),
-                           quantize_tensor(a, a_q, scalars, zp,
-                                           worth_parallel(work, "madd", dtype="int8", isa=isa),
-                                           isa))
+            work = int(np.prod(a.shape, dtype=np.int64)) * self.n
+            prologue = seq(Allocate(a_q), Allocate(scalars), Allocate(zp), quantize_tensor(
+                a, a_q, scalars, zp, worth_parallel(work, "madd", dtype="int8", isa=self.isa),
+                self.isa))
         else:
-            a_q, prologue = _quantize_rows(a, scalars, zp, n, isa)
+            a_q, prologue = _quantize_rows(a, scalars, zp, self.n, self.isa)
+        colsum, b_scale, bias = self.colsum, self.b_scale, self.bias
 
         def epilogue(acc: PrimExpr, j: PrimExpr, at: tuple[PrimExpr, ...]) -> PrimExpr:
             exact = acc - Cast("int32", zp[0]) * colsum[j]
             mult = scalars[2] * (b_scale[()] if b_scale.ndim == 0 else b_scale[j])
-            return store.epilogue(Cast("float32", exact) * mult + bias[j], at)
+            return self.store_epilogue(Cast("float32", exact) * mult + bias[j], out_index(at))
 
-        body = build_matmul_tiles(a_q, bp, n, store.out, epilogue, tiles,
-                                  dot.dot_intrinsic(attrs), target=isa)
-        return PrimFunc((*(store.buffers[t] for t in params), store.out), seq(prologue, body),
-                        {ATTR_GEMM_KERNEL: PACKED})
+        tiles = build_matmul_tiles(a_q, self.bp, self.n, out, epilogue, self.tiles,
+                                   self.intrinsic, target=self.isa)
+        return seq(prologue, tiles)
+
+
+def _one_row_or_any(a: Buffer, out: Buffer, product: _Product) -> Stmt:
+    """The product over A's symbolic rows, chosen at run time: one row (a recurrent step
+    at batch 1, a decoder's token) runs the kernel a pinned build of one row has, on
+    views of A and the output as `[1, K]` and `[1, N]` (a one-row register tile, the
+    quantizing loops without a row loop); any other count the tiles over a run-time row
+    count, whose full-height tile would compute its surplus rows for nothing."""
+    lead = len(a.shape) - 1
+    k = int(a.shape[-1])
+    a_one = Buffer("a_one", (1, k), a.dtype)
+    out_one = Buffer("out_one", (1, product.n), out.dtype)
+    # every leading dim is 1 when their product is: the fused tail's index is (0, ..., j)
+    one_row = seq(DeclBuffer(a_one, a, 0), DeclBuffer(out_one, out, 0), product.body(
+        a_one, out_one, lambda at: (*(const(0),) * lead, at[-1])))
+    rows = as_expr(dim_product(a.shape[:-1]), INDEX_DTYPE)
+    return IfThenElse(compare("eq", rows, const(1)), one_row,
+                      product.body(a, out, lambda at: at))
 
 
 #: The lowering of `dynamic_quant_matmul_packed` (kiln.kernels.lowering).

@@ -146,17 +146,24 @@ def _accumulate(acc: Buffer, k_steps: int, update: Callable[[PrimExpr, PrimExpr,
     return zero, step
 
 
+#: Tile heights a symbolic row count of at most that many rows runs on, below the
+#: full height (a recurrent step's or a decoder's few rows at batch 2-4): a full-height
+#: tile over them would compute its surplus rows for nothing.
+SMALL_ROW_CLASSES = (2, 4)
+
+
 def _symbolic_tiles(a: Buffer, bp: Buffer, n: int, out: Buffer, epilogue: TileEpilogue,
                     isa: ISA | None, intrinsic: str, target: ISA) -> Stmt:
     """`build_matmul_tiles` for A with symbolic rows (its leading dims: batch, seq; K
     static): the same register tiles, as many row tiles as the rows need at run time,
-    the last one's surplus rows reading the last row and not stored."""
+    the last one's surplus rows reading the last row and not stored. A row count of at
+    most a class of `SMALL_ROW_CLASSES` runs tiles of that height instead, chosen at
+    run time."""
     m = dim_product(a.shape[:-1])
-    k_extent, col_tiles, nr = int(a.shape[-1]), int(bp.shape[0]), int(bp.shape[2])
+    k_extent, nr = int(a.shape[-1]), int(bp.shape[2])
     mr = dot.tile_rows(isa, nr) if isa else TILE_ROWS
     lets: list[Stmt] = []
     rows = bound("rows", m, lets)
-    row_tiles = bound("row_tiles", (as_expr(rows) + (mr - 1)) // mr, lets)
     work = as_expr(rows) * (n * k_extent)
     # A as rows (one view, no division per element)
     a_rows = Buffer("a_rows", (rows, k_extent), a.dtype)
@@ -168,41 +175,69 @@ def _symbolic_tiles(a: Buffer, bp: Buffer, n: int, out: Buffer, epilogue: TileEp
         lets += [Allocate(packed_a), parallel_when(
             lambda: dot.pack_a(pack[0], pack[1], "parallel", pack[2]), work, "madd", "int8",
             isa=target)]
-    lead_out = tuple(out.shape[:-1])
-
-    def tile(ct: PrimExpr, rt: PrimExpr) -> Stmt:
-        acc = Buffer("acc", (mr, nr), "int32", "local")
-
-        def col(v: PrimExpr) -> PrimExpr:
-            return ct * nr + v if n % nr == 0 else min_(ct * nr + v, n - 1)
-
-        def row(r: PrimExpr) -> PrimExpr:
-            return min_(rt * mr + r, as_expr(rows) - 1)
-
-        def update(k: PrimExpr, r: PrimExpr, v: PrimExpr) -> PrimExpr:
-            if packed_a is not None:
-                return Intrin(intrinsic, (acc[r, v], packed_a[row(r), k], bp[ct, k, v]))
-            return acc[r, v] + Cast("int32", a_rows[row(r), k]) * Cast("int32", bp[ct, k, v])
-
-        zero, step = _accumulate(acc, int(bp.shape[1]), update)
-
-        def store_row(r: PrimExpr) -> Stmt:
-            at_row = te.unflatten_index(rt * mr + r, lead_out)
-
-            def store(v: PrimExpr) -> Stmt:
-                at = (*at_row, ct * nr + v)
-                return Store(out, epilogue(acc[r, v], col(v), at), at)
-
-            cols = tile_loop("v", nr, store, "vectorized") if n % nr == 0 \
-                else tile_loop("v", nr, lambda v: IfThenElse(compare("lt", ct * nr + v, n),
-                                                             store(v)))
-            return IfThenElse(compare("lt", rt * mr + r, rows), cols)
-
-        return seq(Allocate(acc), zero, step, tile_loop("r", mr, store_row))
-
-    tiles = parallel_when(lambda: parallel_tiles((col_tiles, row_tiles), tile), work,
-                          "madd", "int8", isa=target)
+    source = _RowSource(a_rows, packed_a, bp, n, out, epilogue, intrinsic, rows, work, target)
+    tiles = source.tiles(mr)
+    for height in reversed([h for h in SMALL_ROW_CLASSES if h < mr]):
+        tiles = IfThenElse(compare("le", as_expr(rows), height), source.tiles(height), tiles)
     return seq(*lets, tiles)
+
+
+@dataclass(frozen=True)
+class _RowSource:
+    """What the tiles of a symbolic row count read and write (`_symbolic_tiles`): A's
+    rows (or their packed words), B's panels, the output and its epilogue."""
+
+    a_rows: Buffer
+    packed_a: Buffer | None
+    bp: Buffer
+    n: int
+    out: Buffer
+    epilogue: TileEpilogue
+    intrinsic: str
+    rows: Any
+    work: PrimExpr
+    target: ISA
+
+    def tiles(self, mr: int) -> Stmt:
+        """Every (panel, row tile) of `mr` rows, over the threads."""
+        bp, n, rows, packed_a, a_rows = self.bp, self.n, self.rows, self.packed_a, self.a_rows
+        col_tiles, nr = int(bp.shape[0]), int(bp.shape[2])
+        lets: list[Stmt] = []
+        row_tiles = bound("row_tiles", (as_expr(rows) + (mr - 1)) // mr, lets)
+        lead_out = tuple(self.out.shape[:-1])
+
+        def tile(ct: PrimExpr, rt: PrimExpr) -> Stmt:
+            acc = Buffer("acc", (mr, nr), "int32", "local")
+
+            def col(v: PrimExpr) -> PrimExpr:
+                return ct * nr + v if n % nr == 0 else min_(ct * nr + v, n - 1)
+
+            def row(r: PrimExpr) -> PrimExpr:
+                return min_(rt * mr + r, as_expr(rows) - 1)
+
+            def update(k: PrimExpr, r: PrimExpr, v: PrimExpr) -> PrimExpr:
+                if packed_a is not None:
+                    return Intrin(self.intrinsic, (acc[r, v], packed_a[row(r), k], bp[ct, k, v]))
+                return acc[r, v] + Cast("int32", a_rows[row(r), k]) * Cast("int32", bp[ct, k, v])
+
+            zero, step = _accumulate(acc, int(bp.shape[1]), update)
+
+            def store_row(r: PrimExpr) -> Stmt:
+                at_row = te.unflatten_index(rt * mr + r, lead_out)
+
+                def store(v: PrimExpr) -> Stmt:
+                    at = (*at_row, ct * nr + v)
+                    return Store(self.out, self.epilogue(acc[r, v], col(v), at), at)
+
+                cols = tile_loop("v", nr, store, "vectorized") if n % nr == 0 \
+                    else tile_loop("v", nr, lambda v: IfThenElse(compare("lt", ct * nr + v, n),
+                                                                 store(v)))
+                return IfThenElse(compare("lt", rt * mr + r, rows), cols)
+
+            return seq(Allocate(acc), zero, step, tile_loop("r", mr, store_row))
+
+        return seq(*lets, parallel_when(lambda: parallel_tiles((col_tiles, row_tiles), tile),
+                                        self.work, "madd", "int8", isa=self.target))
 
 
 @dataclass(frozen=True)
