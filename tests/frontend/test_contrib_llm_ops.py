@@ -12,9 +12,10 @@ import warnings
 import numpy as np
 import onnx
 import pytest
+from onnx import TensorProto
 
 import kiln
-from kiln.errors import PerformanceWarning
+from kiln.errors import FrontendError, PerformanceWarning
 from kiln.frontend import from_onnx
 from support.graphs import GraphBuilder
 from support.reference import onnxruntime_outputs
@@ -76,3 +77,150 @@ def test_rms_norms_and_skip_layer_norm_match_onnxruntime(norms) -> None:  # type
             assert g.shape == w.shape, name
             np.testing.assert_allclose(g, w, rtol=2e-5, atol=2e-5, err_msg=f"{name} {seq}")
 
+
+# ------------------------------------------------------------------------- MatMulNBits
+
+#: name -> (bits, block_size, symmetric, K, N): what MatMulNBitsQuantizer writes
+QUANTIZED = {
+    "s4b32": (4, 32, True, 96, 40),
+    "a4b32": (4, 32, False, 100, 24),     # K not a multiple of the block
+    "s4b128": (4, 128, True, 200, 16),    # one full block and one padded
+    "a4b128": (4, 128, False, 130, 8),
+    "a8b32": (8, 32, False, 72, 16),
+}
+
+
+def _quantized_node(name: str, bits: int, block: int, symmetric: bool, k: int,
+                    n: int) -> onnx.ModelProto:
+    """A MatMul by a random [K, N] weight (+ an Add of a bias the quantizer leaves apart),
+    quantized by onnxruntime's MatMulNBitsQuantizer."""
+    quantizer = pytest.importorskip("onnxruntime.quantization.matmul_nbits_quantizer")
+    b = GraphBuilder(seed=len(name) + k)
+    b.input(f"a_{name}", ["batch", "seq", k])
+    w = b.const(b.rng.normal(0, 1, (k, n)).astype(np.float32), name=f"w_{name}")
+    b.node("MatMul", [f"a_{name}", w], [f"y_{name}"], name=f"mm_{name}")
+    b.output(f"y_{name}", ["batch", "seq", n])
+    q = quantizer.MatMulNBitsQuantizer(_model(b), bits=bits, block_size=block,
+                                       is_symmetric=symmetric)
+    q.process()
+    model = q.model.model
+    assert [node.op_type for node in model.graph.node] == ["MatMulNBits"], name
+    return model
+
+
+def _merged(models: list[onnx.ModelProto]) -> onnx.ModelProto:
+    """One model holding every node, initializer, input and output of `models`."""
+    b = GraphBuilder()
+    for m in models:
+        b.add(*m.graph.node)
+        b.consts(list(m.graph.initializer))
+        b.inputs.extend(m.graph.input)
+        b.outputs.extend(m.graph.output)
+    return _model(b)
+
+
+def _pack(codes: np.ndarray, bits: int) -> np.ndarray:
+    """uint8 bytes of `codes` ([rows, count], count a multiple of 8 // bits), low bits
+    first: MatMulNBits' packing, written independently of the converter's unpacking."""
+    per = 8 // bits
+    rows = codes.reshape(codes.shape[0], -1, per).astype(np.uint16)
+    out = np.zeros(rows.shape[:2], np.uint16)
+    for i in range(per):
+        out |= rows[..., i] << (i * bits)
+    return out.astype(np.uint8)
+
+
+def hand_packed(b: GraphBuilder, name: str, bits: int, k: int, n: int, block: int, *,
+                zp: str = "packed", g_idx: bool = False, bias: bool = False) -> None:
+    """A MatMulNBits node packed here: zero points packed uint8, float, or none (the
+    default 2^(bits-1)); act-order g_idx (a permutation of the K rows' blocks); a bias."""
+    rng = b.rng
+    blocks = -(-k // block)
+    codes = rng.integers(0, 1 << bits, (n, blocks * block))
+    inputs = [b.input(f"a_{name}", ["batch", "seq", k]),
+              b.const(_pack(codes, bits).reshape(n, blocks, block * bits // 8)),
+              b.const(rng.uniform(0.01, 0.1, (n, blocks)).astype(np.float32))]
+    if zp == "packed":
+        zps = rng.integers(0, 1 << bits, (n, blocks + (-blocks) % (8 // bits)))
+        inputs.append(b.const(_pack(zps, bits)))
+    elif zp == "float":
+        inputs.append(b.const(rng.uniform(0, 1 << bits, (n, blocks)).astype(np.float32)))
+    else:
+        inputs.append("")
+    if g_idx:
+        inputs.append(b.const(rng.permutation(np.arange(k) // block).astype(np.int32)))
+    if bias:
+        inputs += [""] * (5 - len(inputs)) + [b.const(rng.normal(0, 1, n).astype(np.float32))]
+    b.node("MatMulNBits", inputs, [f"y_{name}"], domain=MS, K=k, N=n, bits=bits,
+           block_size=block)
+    b.output(f"y_{name}", ["batch", "seq", n])
+
+
+def hand_packed_model() -> onnx.ModelProto:
+    b = GraphBuilder(seed=13)
+    hand_packed(b, "h8_bias", 8, 48, 12, 16, bias=True)
+    hand_packed(b, "h4_float_zp", 4, 80, 8, 32, zp="float")
+    hand_packed(b, "h4_default_zp", 4, 50, 8, 16, zp="none", bias=True)
+    hand_packed(b, "h4_gidx", 4, 64, 8, 16, zp="float", g_idx=True)
+    hand_packed(b, "h4_gidx_default_zp", 4, 48, 8, 16, zp="none", g_idx=True)
+    hand_packed(b, "h2", 2, 40, 8, 16)
+    return _model(b)
+
+
+@pytest.fixture(scope="module")
+def nbits_model() -> onnx.ModelProto:
+    """Every quantized and hand-packed node in one model: one compile a target."""
+    return _merged([_quantized_node(name, *cfg) for name, cfg in QUANTIZED.items()]
+                   + [hand_packed_model()])
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_matmul_nbits_matches_onnxruntime(nbits_model: onnx.ModelProto, target: str) -> None:
+    """accuracy_level unset: onnxruntime dequantizes B and multiplies in float32, as kiln
+    does, so only the order of the sums differs (rtol 1e-4 over K <= 200 products)."""
+    model = nbits_model
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", PerformanceWarning)
+        exe = kiln.compile(from_onnx(model), target)
+    rng = np.random.default_rng(17)
+    for batch, seq in SHAPES[:2]:
+        feeds = {i.name: rng.standard_normal(
+            (batch, seq, i.type.tensor_type.shape.dim[2].dim_value)).astype(np.float32)
+            for i in model.graph.input}
+        want = onnxruntime_outputs(model, feeds)
+        got = exe["main"](*feeds.values())
+        for out, g, w in zip(model.graph.output, got, want):
+            np.testing.assert_allclose(np.asarray(g), w, rtol=1e-4, atol=1e-4,
+                                       err_msg=f"{out.name} {batch}x{seq}")
+
+
+@pytest.mark.parametrize(("attrs", "why"), [
+    ({"bits": 3}, "bits 3"),
+    ({"block_size": 24}, "power of two"),
+    ({"K": 40}, r"B of type uint8 and shape \[8, 2, 8\]: expected uint8 \[8, 3, 8\]"),
+    ({"g_idx": np.arange(32, dtype=np.int32) % 2, "zp": True}, "packed uint8 zero_points"),
+    ({"g_idx": np.arange(32, dtype=np.int32) % 3}, r"32 block indices in \[0, 2\)"),
+])
+def test_malformed_matmul_nbits_is_refused(attrs: dict, why: str) -> None:
+    b = GraphBuilder(seed=2)
+    b.input("a", ["seq", 32])
+    g_idx = attrs.pop("g_idx", None)
+    zp = b.const(np.zeros((8, 1), np.uint8)) if attrs.pop("zp", False) else ""
+    node_attrs = {"K": 32, "N": 8, "bits": 4, "block_size": 16, **attrs}
+    b.node("MatMulNBits", ["a", b.const(np.zeros((8, 2, 8), np.uint8)),
+                           b.const(np.ones((8, 2), np.float32)), zp]
+           + ([] if g_idx is None else [b.const(g_idx)]), ["y"], domain=MS, **node_attrs)
+    b.output("y", ["seq", 8])
+    with pytest.raises(FrontendError, match=why):
+        from_onnx(_model(b))
+
+
+def test_matmul_nbits_of_another_k_than_a_is_refused() -> None:
+    b = GraphBuilder(seed=2)
+    b.input("a", ["seq", 48], TensorProto.FLOAT)
+    b.node("MatMulNBits", ["a", b.const(np.zeros((8, 2, 8), np.uint8)),
+                           b.const(np.ones((8, 2), np.float32))], ["y"], domain=MS,
+           K=32, N=8, bits=4, block_size=16)
+    b.output("y", ["seq", 8])
+    with pytest.raises(FrontendError, match="last dimension K = 32"):
+        from_onnx(_model(b))
