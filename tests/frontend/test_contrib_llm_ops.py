@@ -80,13 +80,16 @@ def test_rms_norms_and_skip_layer_norm_match_onnxruntime(norms) -> None:  # type
 
 # ------------------------------------------------------------------------- MatMulNBits
 
-#: name -> (bits, block_size, symmetric, K, N): what MatMulNBitsQuantizer writes
+#: name -> (bits, block_size, symmetric, K, N): what MatMulNBitsQuantizer writes. One
+#: K = 144 (4.5 blocks of 32, 1.125 of 128: the last block padded) and N = 16 throughout,
+#: so that the products share their kernels and the test stays fast.
+K, N = 144, 16
 QUANTIZED = {
-    "s4b32": (4, 32, True, 96, 40),
-    "a4b32": (4, 32, False, 100, 24),     # K not a multiple of the block
-    "s4b128": (4, 128, True, 200, 16),    # one full block and one padded
-    "a4b128": (4, 128, False, 130, 8),
-    "a8b32": (8, 32, False, 72, 16),
+    "s4b32": (4, 32, True, K, N),
+    "a4b32": (4, 32, False, K, N),
+    "s4b128": (4, 128, True, K, N),
+    "a4b128": (4, 128, False, K, N),
+    "a8b32": (8, 32, False, K, N),
 }
 
 
@@ -158,12 +161,12 @@ def hand_packed(b: GraphBuilder, name: str, bits: int, k: int, n: int, block: in
 
 def hand_packed_model() -> onnx.ModelProto:
     b = GraphBuilder(seed=13)
-    hand_packed(b, "h8_bias", 8, 48, 12, 16, bias=True)
-    hand_packed(b, "h4_float_zp", 4, 80, 8, 32, zp="float")
-    hand_packed(b, "h4_default_zp", 4, 50, 8, 16, zp="none", bias=True)
-    hand_packed(b, "h4_gidx", 4, 64, 8, 16, zp="float", g_idx=True)
-    hand_packed(b, "h4_gidx_default_zp", 4, 48, 8, 16, zp="none", g_idx=True)
-    hand_packed(b, "h2", 2, 40, 8, 16)
+    hand_packed(b, "h8_bias", 8, K, N, 16, bias=True)  # K a multiple of the block
+    hand_packed(b, "h4_float_zp", 4, K, N, 32, zp="float")
+    hand_packed(b, "h4_default_zp", 4, K, N, 64, zp="none", bias=True)
+    hand_packed(b, "h4_gidx", 4, K, N, 16, zp="float", g_idx=True)
+    hand_packed(b, "h4_gidx_default_zp", 4, K, N, 32, zp="none", g_idx=True)
+    hand_packed(b, "h2", 2, K, N, 16)
     return _model(b)
 
 
@@ -177,7 +180,7 @@ def nbits_model() -> onnx.ModelProto:
 @pytest.mark.parametrize("target", TARGETS)
 def test_matmul_nbits_matches_onnxruntime(nbits_model: onnx.ModelProto, target: str) -> None:
     """accuracy_level unset: onnxruntime dequantizes B and multiplies in float32, as kiln
-    does, so only the order of the sums differs (rtol 1e-4 over K <= 200 products)."""
+    does, so only the order of the sums differs (rtol 1e-4 over K = 144 products)."""
     model = nbits_model
     with warnings.catch_warnings():
         warnings.simplefilter("error", PerformanceWarning)
@@ -224,3 +227,62 @@ def test_matmul_nbits_of_another_k_than_a_is_refused() -> None:
     b.output("y", ["seq", 8])
     with pytest.raises(FrontendError, match="last dimension K = 32"):
         from_onnx(_model(b))
+
+
+# --------------------------------------------------------------------- RotaryEmbedding
+
+MAX_POS = 64
+
+
+def _caches(b: GraphBuilder, half: int) -> tuple[str, str]:
+    """cos/sin caches (MAX_POS, half) of RoPE's angles (base 10000), as the builder bakes."""
+    inv = 1.0 / 10000 ** (np.arange(half) / half)
+    angles = np.outer(np.arange(MAX_POS), inv)
+    return (b.const(np.cos(angles).astype(np.float32), "cos"),
+            b.const(np.sin(angles).astype(np.float32), "sin"))
+
+
+#: name -> (input shape, attributes, position ids "2d" (batch, seq) or "start" (1,))
+ROTARIES = {
+    "half_3d": (["batch", "seq", 32], {"num_heads": 2}, "2d"),
+    "interleaved_partial_3d": (["batch", "seq", 32],
+                               {"num_heads": 2, "interleaved": 1, "rotary_embedding_dim": 8},
+                               "2d"),
+    "half_4d_start": (["batch", 2, "seq", 16], {}, "start"),
+    "interleaved_4d": (["batch", 3, "seq", 16], {"interleaved": 1}, "2d"),
+}
+
+
+def rotary_model() -> onnx.ModelProto:
+    b = GraphBuilder(seed=21)
+    b.input("pos", ["batch", "seq"], TensorProto.INT64)
+    b.input("start", [1], TensorProto.INT64)
+    for name, (shape, attrs, ids) in ROTARIES.items():
+        half = attrs.get("rotary_embedding_dim", 16) // 2
+        cos, sin = _caches(b, half)
+        b.input(name, shape)
+        b.node("RotaryEmbedding", [name, "pos" if ids == "2d" else "start", cos, sin],
+               [f"y_{name}"], domain=MS, **attrs)
+        b.output(f"y_{name}", shape)
+    return _model(b)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_rotary_embedding_matches_onnxruntime(target: str) -> None:
+    model = rotary_model()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", PerformanceWarning)
+        exe = kiln.compile(from_onnx(model), target)
+    rng = np.random.default_rng(23)
+    for batch, seq in SHAPES:
+        feeds: dict[str, np.ndarray] = {
+            "pos": rng.integers(0, MAX_POS, (batch, seq)).astype(np.int64),
+            "start": np.array([MAX_POS - seq - 1], np.int64)}
+        for name, (shape, _, _) in ROTARIES.items():
+            dims = [batch if d == "batch" else seq if d == "seq" else d for d in shape]
+            feeds[name] = rng.standard_normal(dims).astype(np.float32)
+        want = onnxruntime_outputs(model, feeds)
+        got = exe["main"](*feeds.values())
+        for out, g, w in zip(model.graph.output, got, want):
+            np.testing.assert_allclose(np.asarray(g), w, rtol=1e-5, atol=1e-6,
+                                       err_msg=f"{out.name} {batch}x{seq}")

@@ -11,8 +11,13 @@ model builder, onnxruntime's `MatMulNBitsQuantizer`), as compositions of kiln op
   the product runs on the float GEMM kernels. A GEMV that reads the packed nibbles is
   later work (issue 61).
 
-Not imported yet: `RotaryEmbedding`, `GroupQueryAttention`, `MultiHeadAttention`,
-`GatherBlockQuantized` (docs/onnx.md says what they need).
+- com.microsoft `RotaryEmbedding` (RoPE from cos/sin caches, half-split or interleaved,
+  partial rotation): `x * C + partner(x) * S`, where `partner` permutes the lanes of each
+  head (a constant gather) and C, S are the caches' rows at the positions, spread over
+  the lanes with the rotation's signs.
+
+Not imported yet: `GroupQueryAttention`, `MultiHeadAttention`, `GatherBlockQuantized`
+(docs/onnx.md says what they need).
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from kiln.errors import IRError
+from kiln.frontend.onnx.converters.manip import reshape_to
 from kiln.frontend.onnx.converters.registry import GraphContext, need_constant, onnx_op
 from kiln.ir import dtype as dt
 from kiln.ir import graph as g
@@ -264,3 +270,92 @@ def _matmul_nbits(ctx: GraphContext, inputs: Sequence[g.Expr | None],
     y = ctx.call("matmul", a, ctx.const(weight))
     bias = inputs[5] if len(inputs) > 5 else None
     return [y if bias is None else ctx.call("add", y, bias)]
+
+
+# --------------------------------------------------------------------- RotaryEmbedding
+
+def _rotary_lanes(lanes: int, head: int, rot: int, interleaved: bool
+                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """For each of `lanes` (heads of `head` lanes side by side): the cache column it
+    reads, its rotation partner lane, and the sign of the partner's sine term (0: a lane
+    past `rot`, which passes through)."""
+    j = np.arange(lanes)
+    within = j % head
+    half = rot // 2
+    if interleaved:  # pairs (2i, 2i + 1)
+        col, partner, sign = within // 2, j ^ 1, np.where(within % 2 == 0, -1.0, 1.0)
+    else:  # halves (i, i + rot / 2)
+        first = within < half
+        col = within % half
+        partner = np.where(first, j + half, j - half)
+        sign = np.where(first, -1.0, 1.0)
+    rotated = within < rot
+    return (np.where(rotated, col, 0), np.where(rotated, partner, j),
+            np.where(rotated, sign, 0.0))
+
+
+def _positions(ctx: GraphContext, position_ids: g.Expr, seq: Any) -> g.Expr:
+    """The position of each token: position_ids (batch, seq) as given, or a 1-element
+    position_ids as the first position of `seq` consecutive ones."""
+    pt = ctx.tensor_type(position_ids)
+    if pt.ndim == 2:
+        return position_ids
+    if pt.ndim != 1 or pt.shape[0] != 1:
+        raise IRError(f"RotaryEmbedding position_ids of shape {list(pt.shape)}: (1) or "
+                      "(batch, seq)")
+    one = ctx.const(np.array(1, dt.to_numpy(pt.dtype)))
+    iota = ctx.call("cumsum", ctx.call("where", ctx.true_of_shape([seq]), one, one), axis=0,
+                    exclusive=1)
+    return ctx.call("add", iota, ctx.call("reshape", position_ids, shape=()))
+
+
+def _rotary_geometry(ctx: GraphContext, x: g.Expr, cos: g.Expr,
+                     attrs: dict[str, Any]) -> tuple[int, int, int]:
+    """(lanes of the last axis, head size, rotated lanes of a head), checked."""
+    t = ctx.tensor_type(x)
+    lanes = t.shape[-1]
+    half = ctx.tensor_type(cos).shape[-1]
+    if t.ndim not in (3, 4) or not isinstance(lanes, int) or not isinstance(half, int):
+        raise IRError(f"RotaryEmbedding input of shape {list(t.shape)}: (batch, seq, hidden) "
+                      "or (batch, heads, seq, head_size) with a static last dimension")
+    heads = int(attrs.get("num_heads", 0))
+    head = lanes if t.ndim == 4 else lanes // heads if heads else 2 * half
+    rot = int(attrs.get("rotary_embedding_dim", 0)) or head
+    if head < 1 or lanes % head or rot != 2 * half or rot > head:
+        raise IRError(f"RotaryEmbedding: {lanes} lanes, head size {head}, rotary dimension "
+                      f"{rot} and caches of {half} columns do not agree (the caches hold "
+                      "rotary_embedding_dim / 2 columns, a head at least that dimension)")
+    return lanes, head, rot
+
+
+@onnx_op(MS + "RotaryEmbedding")
+def _rotary_embedding(ctx: GraphContext, inputs: Sequence[g.Expr | None],
+                      attrs: dict[str, Any]) -> list[g.Expr]:
+    """onnxruntime's formula lane by lane: `x[i] * cos - x[partner] * sin` for the first
+    lane of a pair, `x[i] * cos + x[partner] * sin` for the second."""
+    x, position_ids, cos, sin = inputs[:4]
+    assert x is not None and position_ids is not None and cos is not None and sin is not None
+    if int(attrs.get("is_packed_batching", 0)):
+        raise IRError("RotaryEmbedding is_packed_batching (ragged batches) is not supported")
+    if float(attrs.get("scale", 1.0)) != 1.0:
+        raise IRError("RotaryEmbedding scale other than 1 is not supported")
+    _check_float(ctx, x, "RotaryEmbedding input")
+    t = ctx.tensor_type(x)
+    lanes, head, rot = _rotary_geometry(ctx, x, cos, attrs)
+    col, partner, sign = _rotary_lanes(lanes, head, rot, bool(attrs.get("interleaved", 0)))
+    seq = t.shape[-2] if t.ndim == 4 else t.shape[1]
+    pos = _positions(ctx, position_ids, seq)
+    where_col = ctx.const(col.astype(np.int64))
+    last = ctx.tensor_type(pos).ndim  # the cache rows at `pos` add its axes before columns
+    c = ctx.call("gather", ctx.call("gather", cos, pos, axis=0), where_col, axis=last)
+    s = ctx.call("gather", ctx.call("gather", sin, pos, axis=0), where_col, axis=last)
+    rotated = ctx.const((sign != 0).astype(dt.to_numpy(t.dtype)))
+    c = ctx.call("add", ctx.call("multiply", c, rotated),
+                 ctx.const((sign == 0).astype(dt.to_numpy(t.dtype))))
+    s = ctx.call("multiply", s, ctx.const(sign.astype(dt.to_numpy(t.dtype))))
+    ct = ctx.tensor_type(c)
+    if t.ndim == 4 and ct.ndim == 3:  # (batch, seq, lanes) -> (batch, 1, seq, lanes)
+        c = reshape_to(ctx, c, (ct.shape[0], 1, *ct.shape[1:]))
+        s = reshape_to(ctx, s, (ct.shape[0], 1, *ct.shape[1:]))
+    moved = ctx.call("gather", x, ctx.const(partner.astype(np.int64)), axis=t.ndim - 1)
+    return [ctx.call("add", ctx.call("multiply", x, c), ctx.call("multiply", moved, s))]
