@@ -286,3 +286,25 @@ def test_rotary_embedding_matches_onnxruntime(target: str) -> None:
         for out, g, w in zip(model.graph.output, got, want):
             np.testing.assert_allclose(np.asarray(g), w, rtol=1e-5, atol=1e-6,
                                        err_msg=f"{out.name} {batch}x{seq}")
+
+
+def test_unsupported_llm_op_forms_are_refused() -> None:
+    """A float16 MatMulNBits, a RotaryEmbedding whose caches disagree with its rotary
+    dimension: clear errors naming the node, not a wrong answer."""
+    b = GraphBuilder(seed=2)
+    b.input("a", ["seq", 32], TensorProto.FLOAT16)
+    b.node("MatMulNBits", ["a", b.const(np.zeros((8, 2, 8), np.uint8)),
+                           b.const(np.ones((8, 2), np.float16))], ["y"], domain=MS,
+           K=32, N=8, bits=4, block_size=16, name="mm16")
+    b.output("y", ["seq", 8], TensorProto.FLOAT16)
+    with pytest.raises(FrontendError, match=r"mm16.*float16 and bfloat16 ones are not"):
+        from_onnx(_model(b))
+    b = GraphBuilder(seed=2)
+    b.input("x", ["batch", "seq", 32])
+    b.input("pos", ["batch", "seq"], TensorProto.INT64)
+    cos, sin = _caches(b, 4)
+    b.node("RotaryEmbedding", ["x", "pos", cos, sin], ["y"], domain=MS, num_heads=2,
+           name="rope")
+    b.output("y", ["batch", "seq", 32])
+    with pytest.raises(FrontendError, match=r"rope.*rotary dimension 16 and caches of 4"):
+        from_onnx(_model(b))

@@ -16,8 +16,8 @@ model builder, onnxruntime's `MatMulNBitsQuantizer`), as compositions of kiln op
   head (a constant gather) and C, S are the caches' rows at the positions, spread over
   the lanes with the rotation's signs.
 
-Not imported yet: `GroupQueryAttention`, `MultiHeadAttention`, `GatherBlockQuantized`
-(docs/onnx.md says what they need).
+Not imported yet: `GroupQueryAttention` (docs/onnx.md says what it needs: its present
+outputs' length is a value read at run time), `MultiHeadAttention`, `GatherBlockQuantized`.
 """
 
 from __future__ import annotations
