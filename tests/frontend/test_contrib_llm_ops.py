@@ -31,7 +31,7 @@ def _model(b: GraphBuilder) -> onnx.ModelProto:
 
 
 def norms_model() -> onnx.ModelProto:
-    """SimplifiedLayerNormalization (with inv_std_var), SkipSimplifiedLayerNormalization
+    """SimplifiedLayerNormalization (with inv_std_var; on float16), SkipSimplifiedLayerNormalization
     (bias, a (seq, hidden) skip, all four outputs) and SkipLayerNormalization (beta,
     bias, all four outputs), as onnxruntime-genai's builder chains them."""
     b = GraphBuilder(seed=3)
@@ -48,7 +48,12 @@ def norms_model() -> onnx.ModelProto:
     # the residual stream as the builder writes it: output 0 and output 3 only
     b.node("SkipSimplifiedLayerNormalization", ["sln", "sln_sum", gamma],
            ["last", "", "", "last_sum"], domain=MS)
-    for name in ("rms", "rms_inv", "srms", "srms_mean", "srms_inv", "srms_sum", "sln",
+    # float16 computed in the float32 stash type, rounded once (as onnxruntime does)
+    x16 = b.input("x16", ["batch", "seq", HIDDEN], TensorProto.FLOAT16)
+    b.node("SimplifiedLayerNormalization",
+           [x16, b.const(b.rng.uniform(0.5, 1.5, HIDDEN).astype(np.float16), "g16")],
+           ["rms16"])
+    for name in ("rms16", "rms", "rms_inv", "srms", "srms_mean", "srms_inv", "srms_sum", "sln",
                  "sln_mean", "sln_inv", "sln_sum", "last", "last_sum"):
         b.output(name, typed=False)
     return _model(b)
@@ -69,7 +74,8 @@ def test_rms_norms_and_skip_layer_norm_match_onnxruntime(norms) -> None:  # type
     rng = np.random.default_rng(5)
     for batch, seq in SHAPES:
         feeds = {"x": rng.standard_normal((batch, seq, HIDDEN)).astype(np.float32) * 3,
-                 "skip": rng.standard_normal((seq, HIDDEN)).astype(np.float32)}
+                 "skip": rng.standard_normal((seq, HIDDEN)).astype(np.float32),
+                 "x16": rng.standard_normal((batch, seq, HIDDEN)).astype(np.float16)}
         want = onnxruntime_outputs(model, feeds)
         got = exe["main"](*feeds.values())
         for name, g, w in zip([o.name for o in model.graph.output], got, want):

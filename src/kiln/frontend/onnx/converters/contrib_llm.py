@@ -77,9 +77,10 @@ def _simplified_layer_norm(ctx: GraphContext, inputs: Sequence[g.Expr | None],
         stash = "float64"  # onnxruntime computes a double input in double
     xs = x if stash == t.dtype else ctx.call("cast", x, dtype=stash)
     y, root = _rms(ctx, xs, axis, float(attrs.get("epsilon", 1e-5)))
-    if stash != t.dtype:
-        y = ctx.call("cast", y, dtype=t.dtype)
-    outs = [ctx.call("multiply", y, scale)]
+    if stash != ctx.tensor_type(scale).dtype:
+        scale = ctx.call("cast", scale, dtype=stash)
+    y = ctx.call("multiply", y, scale)  # in the stash type, rounded once to X's (onnxruntime)
+    outs = [y if stash == t.dtype else ctx.call("cast", y, dtype=t.dtype)]
     if _wanted(ctx, 1):
         outs.append(ctx.call("reciprocal", root))
     return outs
