@@ -54,6 +54,7 @@ def check_onnx_model(proto: Any, views: dict[int, np.ndarray],
         copy = _weightless_copy(proto, views)
         _declare_ir3_initializers(proto, copy)
         _declare_ranks(copy, input_ranks)
+        _contrib_default_domain_ops(copy)
         onnx.checker.check_model(copy, full_check=True)
     except UnicodeDecodeError:  # onnx quotes the model's bytes in its message
         raise FrontendError(
@@ -70,6 +71,24 @@ def check_onnx_model(proto: Any, views: dict[int, np.ndarray],
             f"the ONNX model is invalid (onnx.checker, full check): {text}. "
             "Fix the model, or skip this check with from_onnx(..., check=False) "
             "(CLI: kiln compile --no-check)") from exc
+
+
+#: Operators onnxruntime registers as contrib ops in the default ONNX domain, which onnx's
+#: checker does not know (onnxruntime-genai's builder writes SimplifiedLayerNormalization).
+ONNXRUNTIME_DEFAULT_DOMAIN_OPS = frozenset({"SimplifiedLayerNormalization"})
+
+
+def _contrib_default_domain_ops(copy: Any) -> None:
+    """Move the main graph's `ONNXRUNTIME_DEFAULT_DOMAIN_OPS` nodes of the checked copy to
+    onnxruntime's com.microsoft domain, which the checker leaves to onnxruntime (their
+    outputs then have no inferred type; kiln's converters check them)."""
+    moved = False
+    for node in copy.graph.node:
+        if node.op_type in ONNXRUNTIME_DEFAULT_DOMAIN_OPS and node.domain in ("", "ai.onnx"):
+            node.domain = "com.microsoft"
+            moved = True
+    if moved and all(o.domain != "com.microsoft" for o in copy.opset_import):
+        copy.opset_import.add(domain="com.microsoft", version=1)
 
 
 def _weightless_copy(proto: Any, views: dict[int, np.ndarray]) -> Any:

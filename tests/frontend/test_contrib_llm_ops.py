@@ -1,0 +1,316 @@
+"""The contrib ops decoder-LLM exporters write (kiln/frontend/onnx/converters/contrib_llm.py)
+against onnxruntime, on llvm and c, with a symbolic batch and sequence: the RMSNorm family
+and SkipLayerNormalization (every output), and MatMulNBits with weights packed by
+onnxruntime's own MatMulNBitsQuantizer (4 and 8 bits, symmetric and not, blocks of 32
+and 128, K not a multiple of the block) or by hand (g_idx, float zero points, 2 bits).
+One model per group, compiled once per target."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto
+
+import kiln
+from kiln.errors import FrontendError, PerformanceWarning
+from kiln.frontend import from_onnx
+from support.graphs import GraphBuilder
+from support.reference import onnxruntime_outputs
+
+MS = "com.microsoft"
+HIDDEN = 64
+SHAPES = ((2, 5), (1, 1), (3, 17))  # (batch, seq) the libraries run at
+TARGETS = ["llvm", "c"]
+
+
+def _model(b: GraphBuilder) -> onnx.ModelProto:
+    return b.model(opset={"": 17, MS: 1}, check=False)
+
+
+def norms_model() -> onnx.ModelProto:
+    """SimplifiedLayerNormalization (with inv_std_var; on float16), SkipSimplifiedLayerNormalization
+    (bias, a (seq, hidden) skip, all four outputs) and SkipLayerNormalization (beta,
+    bias, all four outputs), as onnxruntime-genai's builder chains them."""
+    b = GraphBuilder(seed=3)
+    x = b.input("x", ["batch", "seq", HIDDEN])
+    skip = b.input("skip", ["seq", HIDDEN])
+    gamma = b.const(b.rng.uniform(0.5, 1.5, HIDDEN).astype(np.float32), "gamma")
+    bias = b.const(b.rng.normal(0, 0.1, HIDDEN).astype(np.float32), "bias")
+    beta = b.const(b.rng.normal(0, 0.1, HIDDEN).astype(np.float32), "beta")
+    b.node("SimplifiedLayerNormalization", [x, gamma], ["rms", "rms_inv"], epsilon=1e-6)
+    b.node("SkipSimplifiedLayerNormalization", ["rms", skip, gamma, bias],
+           ["srms", "srms_mean", "srms_inv", "srms_sum"], domain=MS, epsilon=1e-6)
+    b.node("SkipLayerNormalization", ["srms_sum", x, gamma, beta, bias],
+           ["sln", "sln_mean", "sln_inv", "sln_sum"], domain=MS, epsilon=1e-5)
+    # the residual stream as the builder writes it: output 0 and output 3 only
+    b.node("SkipSimplifiedLayerNormalization", ["sln", "sln_sum", gamma],
+           ["last", "", "", "last_sum"], domain=MS)
+    # float16 computed in the float32 stash type, rounded once (as onnxruntime does)
+    x16 = b.input("x16", ["batch", "seq", HIDDEN], TensorProto.FLOAT16)
+    b.node("SimplifiedLayerNormalization",
+           [x16, b.const(b.rng.uniform(0.5, 1.5, HIDDEN).astype(np.float16), "g16")],
+           ["rms16"])
+    for name in ("rms16", "rms", "rms_inv", "srms", "srms_mean", "srms_inv", "srms_sum", "sln",
+                 "sln_mean", "sln_inv", "sln_sum", "last", "last_sum"):
+        b.output(name, typed=False)
+    return _model(b)
+
+
+@pytest.fixture(scope="module", params=TARGETS)
+def norms(request: pytest.FixtureRequest) -> tuple[onnx.ModelProto, kiln.Executable]:
+    model = norms_model()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", PerformanceWarning)  # GenericKernelWarning included
+        exe = kiln.compile(from_onnx(model), request.param)
+    return model, exe
+
+
+def test_rms_norms_and_skip_layer_norm_match_onnxruntime(norms) -> None:  # type: ignore[no-untyped-def]
+    model, exe = norms
+    assert "generic_kernels" not in exe.metadata
+    rng = np.random.default_rng(5)
+    for batch, seq in SHAPES:
+        feeds = {"x": rng.standard_normal((batch, seq, HIDDEN)).astype(np.float32) * 3,
+                 "skip": rng.standard_normal((seq, HIDDEN)).astype(np.float32),
+                 "x16": rng.standard_normal((batch, seq, HIDDEN)).astype(np.float16)}
+        want = onnxruntime_outputs(model, feeds)
+        got = exe["main"](*feeds.values())
+        for name, g, w in zip([o.name for o in model.graph.output], got, want):
+            g = np.asarray(g)
+            assert g.shape == w.shape, name
+            np.testing.assert_allclose(g, w, rtol=2e-5, atol=2e-5, err_msg=f"{name} {seq}")
+
+
+# ------------------------------------------------------------------------- MatMulNBits
+
+#: name -> (bits, block_size, symmetric, K, N): what MatMulNBitsQuantizer writes. One
+#: K = 144 (4.5 blocks of 32, 1.125 of 128: the last block padded) and N = 16 throughout,
+#: so that the products share their kernels and the test stays fast.
+K, N = 144, 16
+QUANTIZED = {
+    "s4b32": (4, 32, True, K, N),
+    "a4b32": (4, 32, False, K, N),
+    "s4b128": (4, 128, True, K, N),
+    "a4b128": (4, 128, False, K, N),
+    "a8b32": (8, 32, False, K, N),
+}
+
+
+def _quantized_node(name: str, bits: int, block: int, symmetric: bool, k: int,
+                    n: int) -> onnx.ModelProto:
+    """A MatMul by a random [K, N] weight (+ an Add of a bias the quantizer leaves apart),
+    quantized by onnxruntime's MatMulNBitsQuantizer."""
+    quantizer = pytest.importorskip("onnxruntime.quantization.matmul_nbits_quantizer")
+    b = GraphBuilder(seed=len(name) + k)
+    b.input(f"a_{name}", ["batch", "seq", k])
+    w = b.const(b.rng.normal(0, 1, (k, n)).astype(np.float32), name=f"w_{name}")
+    b.node("MatMul", [f"a_{name}", w], [f"y_{name}"], name=f"mm_{name}")
+    b.output(f"y_{name}", ["batch", "seq", n])
+    q = quantizer.MatMulNBitsQuantizer(_model(b), bits=bits, block_size=block,
+                                       is_symmetric=symmetric)
+    q.process()
+    model = q.model.model
+    assert [node.op_type for node in model.graph.node] == ["MatMulNBits"], name
+    return model
+
+
+def _merged(models: list[onnx.ModelProto]) -> onnx.ModelProto:
+    """One model holding every node, initializer, input and output of `models`."""
+    b = GraphBuilder()
+    for m in models:
+        b.add(*m.graph.node)
+        b.consts(list(m.graph.initializer))
+        b.inputs.extend(m.graph.input)
+        b.outputs.extend(m.graph.output)
+    return _model(b)
+
+
+def _pack(codes: np.ndarray, bits: int) -> np.ndarray:
+    """uint8 bytes of `codes` ([rows, count], count a multiple of 8 // bits), low bits
+    first: MatMulNBits' packing, written independently of the converter's unpacking."""
+    per = 8 // bits
+    rows = codes.reshape(codes.shape[0], -1, per).astype(np.uint16)
+    out = np.zeros(rows.shape[:2], np.uint16)
+    for i in range(per):
+        out |= rows[..., i] << (i * bits)
+    return out.astype(np.uint8)
+
+
+def hand_packed(b: GraphBuilder, name: str, bits: int, k: int, n: int, block: int, *,
+                zp: str = "packed", g_idx: bool = False, bias: bool = False) -> None:
+    """A MatMulNBits node packed here: zero points packed uint8, float, or none (the
+    default 2^(bits-1)); act-order g_idx (a permutation of the K rows' blocks); a bias."""
+    rng = b.rng
+    blocks = -(-k // block)
+    codes = rng.integers(0, 1 << bits, (n, blocks * block))
+    inputs = [b.input(f"a_{name}", ["batch", "seq", k]),
+              b.const(_pack(codes, bits).reshape(n, blocks, block * bits // 8)),
+              b.const(rng.uniform(0.01, 0.1, (n, blocks)).astype(np.float32))]
+    if zp == "packed":
+        zps = rng.integers(0, 1 << bits, (n, blocks + (-blocks) % (8 // bits)))
+        inputs.append(b.const(_pack(zps, bits)))
+    elif zp == "float":
+        inputs.append(b.const(rng.uniform(0, 1 << bits, (n, blocks)).astype(np.float32)))
+    else:
+        inputs.append("")
+    if g_idx:
+        inputs.append(b.const(rng.permutation(np.arange(k) // block).astype(np.int32)))
+    if bias:
+        inputs += [""] * (5 - len(inputs)) + [b.const(rng.normal(0, 1, n).astype(np.float32))]
+    b.node("MatMulNBits", inputs, [f"y_{name}"], domain=MS, K=k, N=n, bits=bits,
+           block_size=block)
+    b.output(f"y_{name}", ["batch", "seq", n])
+
+
+def hand_packed_model() -> onnx.ModelProto:
+    b = GraphBuilder(seed=13)
+    hand_packed(b, "h8_bias", 8, K, N, 16, bias=True)  # K a multiple of the block
+    hand_packed(b, "h4_float_zp", 4, K, N, 32, zp="float")
+    hand_packed(b, "h4_default_zp", 4, K, N, 64, zp="none", bias=True)
+    hand_packed(b, "h4_gidx", 4, K, N, 16, zp="float", g_idx=True)
+    hand_packed(b, "h4_gidx_default_zp", 4, K, N, 32, zp="none", g_idx=True)
+    hand_packed(b, "h2", 2, K, N, 16)
+    return _model(b)
+
+
+@pytest.fixture(scope="module")
+def nbits_model() -> onnx.ModelProto:
+    """Every quantized and hand-packed node in one model: one compile a target."""
+    return _merged([_quantized_node(name, *cfg) for name, cfg in QUANTIZED.items()]
+                   + [hand_packed_model()])
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_matmul_nbits_matches_onnxruntime(nbits_model: onnx.ModelProto, target: str) -> None:
+    """accuracy_level unset: onnxruntime dequantizes B and multiplies in float32, as kiln
+    does, so only the order of the sums differs (rtol 1e-4 over K = 144 products)."""
+    model = nbits_model
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", PerformanceWarning)
+        exe = kiln.compile(from_onnx(model), target)
+    rng = np.random.default_rng(17)
+    for batch, seq in SHAPES[:2]:
+        feeds = {i.name: rng.standard_normal(
+            (batch, seq, i.type.tensor_type.shape.dim[2].dim_value)).astype(np.float32)
+            for i in model.graph.input}
+        want = onnxruntime_outputs(model, feeds)
+        got = exe["main"](*feeds.values())
+        for out, g, w in zip(model.graph.output, got, want):
+            np.testing.assert_allclose(np.asarray(g), w, rtol=1e-4, atol=1e-4,
+                                       err_msg=f"{out.name} {batch}x{seq}")
+
+
+@pytest.mark.parametrize(("attrs", "why"), [
+    ({"bits": 3}, "bits 3"),
+    ({"block_size": 24}, "power of two"),
+    ({"K": 40}, r"B of type uint8 and shape \[8, 2, 8\]: expected uint8 \[8, 3, 8\]"),
+    ({"g_idx": np.arange(32, dtype=np.int32) % 2, "zp": True}, "packed uint8 zero_points"),
+    ({"g_idx": np.arange(32, dtype=np.int32) % 3}, r"32 block indices in \[0, 2\)"),
+])
+def test_malformed_matmul_nbits_is_refused(attrs: dict, why: str) -> None:
+    b = GraphBuilder(seed=2)
+    b.input("a", ["seq", 32])
+    g_idx = attrs.pop("g_idx", None)
+    zp = b.const(np.zeros((8, 1), np.uint8)) if attrs.pop("zp", False) else ""
+    node_attrs = {"K": 32, "N": 8, "bits": 4, "block_size": 16, **attrs}
+    b.node("MatMulNBits", ["a", b.const(np.zeros((8, 2, 8), np.uint8)),
+                           b.const(np.ones((8, 2), np.float32)), zp]
+           + ([] if g_idx is None else [b.const(g_idx)]), ["y"], domain=MS, **node_attrs)
+    b.output("y", ["seq", 8])
+    with pytest.raises(FrontendError, match=why):
+        from_onnx(_model(b))
+
+
+def test_matmul_nbits_of_another_k_than_a_is_refused() -> None:
+    b = GraphBuilder(seed=2)
+    b.input("a", ["seq", 48], TensorProto.FLOAT)
+    b.node("MatMulNBits", ["a", b.const(np.zeros((8, 2, 8), np.uint8)),
+                           b.const(np.ones((8, 2), np.float32))], ["y"], domain=MS,
+           K=32, N=8, bits=4, block_size=16)
+    b.output("y", ["seq", 8])
+    with pytest.raises(FrontendError, match="last dimension K = 32"):
+        from_onnx(_model(b))
+
+
+# --------------------------------------------------------------------- RotaryEmbedding
+
+MAX_POS = 64
+
+
+def _caches(b: GraphBuilder, half: int) -> tuple[str, str]:
+    """cos/sin caches (MAX_POS, half) of RoPE's angles (base 10000), as the builder bakes."""
+    inv = 1.0 / 10000 ** (np.arange(half) / half)
+    angles = np.outer(np.arange(MAX_POS), inv)
+    return (b.const(np.cos(angles).astype(np.float32), "cos"),
+            b.const(np.sin(angles).astype(np.float32), "sin"))
+
+
+#: name -> (input shape, attributes, position ids "2d" (batch, seq) or "start" (1,))
+ROTARIES = {
+    "half_3d": (["batch", "seq", 32], {"num_heads": 2}, "2d"),
+    "interleaved_partial_3d": (["batch", "seq", 32],
+                               {"num_heads": 2, "interleaved": 1, "rotary_embedding_dim": 8},
+                               "2d"),
+    "half_4d_start": (["batch", 2, "seq", 16], {}, "start"),
+    "interleaved_4d": (["batch", 3, "seq", 16], {"interleaved": 1}, "2d"),
+}
+
+
+def rotary_model() -> onnx.ModelProto:
+    b = GraphBuilder(seed=21)
+    b.input("pos", ["batch", "seq"], TensorProto.INT64)
+    b.input("start", [1], TensorProto.INT64)
+    for name, (shape, attrs, ids) in ROTARIES.items():
+        half = attrs.get("rotary_embedding_dim", 16) // 2
+        cos, sin = _caches(b, half)
+        b.input(name, shape)
+        b.node("RotaryEmbedding", [name, "pos" if ids == "2d" else "start", cos, sin],
+               [f"y_{name}"], domain=MS, **attrs)
+        b.output(f"y_{name}", shape)
+    return _model(b)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_rotary_embedding_matches_onnxruntime(target: str) -> None:
+    model = rotary_model()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", PerformanceWarning)
+        exe = kiln.compile(from_onnx(model), target)
+    rng = np.random.default_rng(23)
+    for batch, seq in SHAPES:
+        feeds: dict[str, np.ndarray] = {
+            "pos": rng.integers(0, MAX_POS, (batch, seq)).astype(np.int64),
+            "start": np.array([MAX_POS - seq - 1], np.int64)}
+        for name, (shape, _, _) in ROTARIES.items():
+            dims = [batch if d == "batch" else seq if d == "seq" else d for d in shape]
+            feeds[name] = rng.standard_normal(dims).astype(np.float32)
+        want = onnxruntime_outputs(model, feeds)
+        got = exe["main"](*feeds.values())
+        for out, g, w in zip(model.graph.output, got, want):
+            np.testing.assert_allclose(np.asarray(g), w, rtol=1e-5, atol=1e-6,
+                                       err_msg=f"{out.name} {batch}x{seq}")
+
+
+def test_unsupported_llm_op_forms_are_refused() -> None:
+    """A float16 MatMulNBits, a RotaryEmbedding whose caches disagree with its rotary
+    dimension: clear errors naming the node, not a wrong answer."""
+    b = GraphBuilder(seed=2)
+    b.input("a", ["seq", 32], TensorProto.FLOAT16)
+    b.node("MatMulNBits", ["a", b.const(np.zeros((8, 2, 8), np.uint8)),
+                           b.const(np.ones((8, 2), np.float16))], ["y"], domain=MS,
+           K=32, N=8, bits=4, block_size=16, name="mm16")
+    b.output("y", ["seq", 8], TensorProto.FLOAT16)
+    with pytest.raises(FrontendError, match=r"mm16.*float16 and bfloat16 ones are not"):
+        from_onnx(_model(b))
+    b = GraphBuilder(seed=2)
+    b.input("x", ["batch", "seq", 32])
+    b.input("pos", ["batch", "seq"], TensorProto.INT64)
+    cos, sin = _caches(b, 4)
+    b.node("RotaryEmbedding", ["x", "pos", cos, sin], ["y"], domain=MS, num_heads=2,
+           name="rope")
+    b.output("y", ["batch", "seq", 32])
+    with pytest.raises(FrontendError, match=r"rope.*rotary dimension 16 and caches of 4"):
+        from_onnx(_model(b))
