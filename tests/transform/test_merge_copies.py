@@ -125,3 +125,42 @@ def test_transposes_compose_and_cancel() -> None:
     assert [(op, a.get("perm")) for op, a in ops if op != "relu"] == [
         ("transpose", (1, 0, 2)), ("reshape", None)]
     _check(model, {"x": RNG.normal(size=(2, 3, 4)).astype(np.float32)}, "llvm")
+
+
+def _heads_over_batch(heads: int = 3, dim: int = 4) -> onnx.ModelProto:
+    """An encoder's heads split and merge as torch exports them with batch and seq
+    dynamic: Reshape by (0, 0, heads, dim) -> Transpose, a ReLU on the heads, then an
+    identity Reshape, the Transpose back and the Reshape by (0, 0, heads*dim)."""
+    gb = GraphBuilder()
+    x = gb.input("x", ("batch", "seq", heads * dim))
+    h = gb.op("Reshape", x, gb.const(np.array((0, 0, heads, dim), np.int64)))
+    h = gb.op("Relu", gb.op("Transpose", h, perm=(0, 2, 1, 3)))
+    h = gb.op("Reshape", h, gb.const(np.array((0, heads, 0, dim), np.int64)))
+    h = gb.op("Transpose", h, perm=(0, 2, 1, 3))
+    gb.node("Reshape", [h, gb.const(np.array((0, 0, heads * dim), np.int64))], ["merged"])
+    gb.output("merged", typed=False)
+    return gb.model(check=False)
+
+
+def test_heads_over_a_symbolic_batch_are_one_copy_each() -> None:
+    """The chains keep batch and seq as they are: one reshape_transpose each way, the
+    symbolic sizes named by the input dimension they copy."""
+    ops = _ops(_heads_over_batch())
+    assert [op for op, _ in ops] == ["reshape_transpose", "relu", "reshape_transpose"]
+    split, merge = (a for op, a in ops if op == "reshape_transpose")
+    assert split["inner"] == (-2, -3, 3, 4) and split["shape"] == (-2, 3, -3, 4)
+    assert merge["inner"] == (-2, 3, -4, 4) and merge["shape"] == (-2, -4, 12)
+
+
+@pytest.fixture(scope="module", params=["llvm", "c"])
+def heads_lib(request: pytest.FixtureRequest) -> kiln.runtime.PackedFunction:
+    return kiln.compile(from_onnx(_heads_over_batch()), Target(request.param)).jit()["main"]
+
+
+def test_heads_over_a_symbolic_batch_match_onnxruntime(
+        heads_lib: kiln.runtime.PackedFunction) -> None:
+    model = _heads_over_batch()
+    for batch, seq in ((0, 5), (1, 5), (3, 7), (8, 2)):
+        x = RNG.normal(size=(batch, seq, 12)).astype(np.float32)
+        (want,) = onnxruntime_outputs(model, {"x": x})
+        np.testing.assert_array_equal(heads_lib(x), want)

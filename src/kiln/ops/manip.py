@@ -24,7 +24,6 @@ from kiln.ir.shape_expr import (
     dim_product,
     dims_equal,
     exact_div,
-    is_static,
     shape_text,
     simplify_dim,
 )
@@ -43,7 +42,7 @@ from kiln.ops.assumptions import unproven
 from kiln.ops.broadcast import broadcast_index, broadcast_shapes
 from kiln.ops.reduce import norm_axes
 from kiln.ops.registry import OPS, OpDef, register_op
-from kiln.ops.reshape_dims import reshape_target
+from kiln.ops.reshape_dims import reshape_attr, reshape_target
 
 Attrs = Mapping[str, Any]
 
@@ -152,16 +151,18 @@ register_op("transpose", pattern="injective", infer=_transpose_infer,
 # ---------------------------------------------------------- reshape_transpose
 
 def _reshape_transpose_attrs(x: TensorType | te.Tensor, attrs: Attrs
-                             ) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
-    """(inner, perm, shape) of a `reshape_transpose` call, checked against the input."""
-    inner = tuple(int(d) for d in attrs["inner"])
+                             ) -> tuple[tuple[Dim, ...], tuple[int, ...], tuple[Dim, ...]]:
+    """(inner, perm, shape) of a `reshape_transpose` call, checked against the input.
+    `inner` and `shape` are reshape targets (kiln.ops.reshape_dims): a symbolic size is
+    an input dimension (`-2 - k`, a batch the chain keeps) or a dimension text."""
+    inner = reshape_target(x.shape, attrs["inner"])
     perm = _perm(attrs, len(inner))
-    shape = tuple(int(d) for d in attrs["shape"])
-    size = int(np.prod(inner, dtype=np.int64))
-    if not is_static(tuple(x.shape)) or dim_product(x.shape) != size or \
-            int(np.prod(shape, dtype=np.int64)) != size:
-        raise IRError(f"reshape_transpose: a static input {shape_text(x.shape)}, its view "
-                      f"{inner} and the result {shape} must hold as many elements")
+    shape = reshape_target(x.shape, attrs["shape"])
+    size = dim_product(x.shape)
+    if any(dims_equal(dim_product(s), size) is not True for s in (inner, shape)):
+        raise IRError(f"reshape_transpose: the input {shape_text(x.shape)}, its view "
+                      f"{shape_text(inner)} and the result {shape_text(shape)} must hold "
+                      "as many elements")
     return inner, perm, shape
 
 
@@ -176,23 +177,23 @@ def _reshape_transpose_compute(inputs: Sequence[te.Tensor], attrs: Attrs) -> te.
     e.g. the spatial axes of a channel shuffle, is indexed directly)."""
     (x,) = inputs
     inner, perm, shape = _reshape_transpose_attrs(x, attrs)
-    viewed = _reshape_compute([x], {"shape": inner})
+    viewed = _reshape_compute([x], {"shape": reshape_attr(tuple(x.shape), inner)})
     moved = _transpose_compute([viewed], {"perm": perm})
-    return _reshape_compute([moved], {"shape": shape})
+    return _reshape_compute([moved], {"shape": reshape_attr(tuple(moved.shape), shape)})
 
 
 def _reshape_transpose_ref(x: np.ndarray, **attrs: Any) -> np.ndarray:
-    inner = tuple(int(d) for d in attrs["inner"])
-    perm = _perm(attrs, len(inner))
-    shape = tuple(int(d) for d in attrs["shape"])
-    return np.transpose(x.reshape(inner), perm).reshape(shape).copy()
+    inner = tuple(int(d) for d in reshape_target(x.shape, attrs["inner"]))  # type: ignore[arg-type]
+    shape = tuple(int(d) for d in reshape_target(x.shape, attrs["shape"]))  # type: ignore[arg-type]
+    return np.transpose(x.reshape(inner), _perm(attrs, len(inner))).reshape(shape).copy()
 
 
 # `reshape(x, inner) -> transpose(perm) -> reshape(shape)` in one copy; the
 # `merge-copies` graph pass (kiln.transform.merge_copies) builds it from chains of
 # reshapes and transposes such as ShuffleNet's channel shuffle.
 register_op("reshape_transpose", pattern="injective", infer=_reshape_transpose_infer,
-            compute=_reshape_transpose_compute, reference=_reshape_transpose_ref)
+            compute=_reshape_transpose_compute, reference=_reshape_transpose_ref,
+            dim_text_attrs=("inner", "shape"))
 
 
 # --------------------------------------------------------------------- concat

@@ -16,8 +16,11 @@ writes the whole tensor. Two patterns cost most of them:
   becomes one `reshape`, one `transpose`, or one `reshape_transpose(x, inner, perm,
   shape)` (kiln.ops.manip), one copy instead of two or three.
 
-Only static shapes are merged (a symbolic reshape keeps its own kernel); an
-intermediate read elsewhere stops the chain.
+A chain over symbolic sizes is merged when each of them is carried by the chain as it
+is (the batch of an attention's heads split, `[batch, seq, 512] -> [batch, seq, 8, 64]
+-> [batch, 8, seq, 64]`): the merged op names it by the input dimension it copies
+(kiln.ops.reshape_dims), and a chain whose merged op would not have the last op's type
+is left as it is. An intermediate read elsewhere stops the chain.
 """
 
 from __future__ import annotations
@@ -26,25 +29,27 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
+from kiln.errors import IRError
 from kiln.ir import graph as g
 from kiln.ir.analysis.graph_uses import var_use_counts
 from kiln.ir.module import IRModule
-from kiln.ir.shape_expr import is_static
-from kiln.ir.types import TensorType
+from kiln.ir.types import Dim, TensorType
 from kiln.ops import call
+from kiln.ops.reshape_dims import reshape_attr, reshape_target
 from kiln.transform.pass_base import FunctionPass
 
 COPY_OPS = ("reshape", "transpose", "reshape_transpose")
-Shape = tuple[int, ...]
+Shape = tuple[Dim, ...]
+Perm = tuple[int, ...]
 
 
 @dataclass(frozen=True)
 class _Chain:
-    """`reshape(src, inner) -> transpose(perm) -> reshape(shape)`, all static."""
+    """`reshape(src, inner) -> transpose(perm) -> reshape(shape)`."""
 
     src: g.Expr
     inner: Shape
-    perm: Shape
+    perm: Perm
     shape: Shape
 
     @property
@@ -55,7 +60,7 @@ class _Chain:
     def then_reshape(self, shape: Shape) -> _Chain:
         return _Chain(self.src, self.inner, self.perm, shape)
 
-    def then_transpose(self, perm: Shape) -> _Chain | None:
+    def then_transpose(self, perm: Perm) -> _Chain | None:
         """This chain followed by `transpose(perm)`, when one chain expresses both."""
         if self.shape == self.moved:      # no reshape between the two transposes
             composed = tuple(self.perm[a] for a in perm)
@@ -65,42 +70,42 @@ class _Chain:
         return None
 
     def call(self) -> g.Call:
-        """The one op that copies the chain."""
+        """The one op that copies the chain (IRError when a symbolic size of it has no
+        spelling over the input's)."""
         src_type = self.src.type
         assert isinstance(src_type, TensorType)
+        src = tuple(src_type.shape)
         if self.perm == tuple(range(len(self.perm))):
-            return call("reshape", self.src, shape=self.shape)
-        if self.inner == tuple(src_type.shape) and self.shape == self.moved:
+            return call("reshape", self.src, shape=reshape_attr(src, self.shape))
+        if self.inner == src and self.shape == self.moved:
             return call("transpose", self.src, perm=self.perm)
-        return call("reshape_transpose", self.src, inner=self.inner, perm=self.perm,
-                    shape=self.shape)
+        return call("reshape_transpose", self.src, inner=reshape_attr(src, self.inner),
+                    perm=self.perm, shape=reshape_attr(src, self.shape))
 
 
-def _static(t: Any) -> Shape | None:
-    if isinstance(t, TensorType) and is_static(tuple(t.shape)):
-        return tuple(int(cast(int, d)) for d in t.shape)
-    return None
+def _dims(t: Any) -> Shape | None:
+    return tuple(t.shape) if isinstance(t, TensorType) else None
 
 
-def _perm_of(value: g.Call, ndim: int) -> Shape:
+def _perm_of(value: g.Call, ndim: int) -> Perm:
     perm = cast("Sequence[int] | None", value.attrs.get("perm"))
     return tuple(range(ndim))[::-1] if perm is None else tuple(int(a) for a in perm)
 
 
-def _steps(value: g.Call) -> list[tuple[str, Shape]] | None:
-    """A static copy op as steps ("reshape", shape) / ("transpose", perm), else None."""
-    src, out = _static(value.args[0].type), _static(value.ret_type)
+def _steps(value: g.Call) -> list[tuple[str, Any]] | None:
+    """A copy op as steps ("reshape", shape) / ("transpose", perm), else None."""
+    src, out = _dims(value.args[0].type), _dims(value.ret_type)
     if src is None or out is None:
         return None
     if value.op == "reshape":
         return [("reshape", out)]
     if value.op == "transpose":
         return [("transpose", _perm_of(value, len(src)))]
-    inner = tuple(int(d) for d in cast(Sequence[int], value.attrs["inner"]))
+    inner = reshape_target(src, cast("Sequence[int | str]", value.attrs["inner"]))
     return [("reshape", inner), ("transpose", _perm_of(value, len(inner))), ("reshape", out)]
 
 
-def _extend(chain: _Chain, steps: Sequence[tuple[str, Shape]]) -> _Chain | None:
+def _extend(chain: _Chain, steps: Sequence[tuple[str, Any]]) -> _Chain | None:
     for kind, arg in steps:
         nxt = chain.then_reshape(arg) if kind == "reshape" else chain.then_transpose(arg)
         if nxt is None:
@@ -110,9 +115,9 @@ def _extend(chain: _Chain, steps: Sequence[tuple[str, Shape]]) -> _Chain | None:
 
 
 def _start(value: g.Call) -> _Chain | None:
-    """The chain of one static copy op."""
+    """The chain of one copy op."""
     steps = _steps(value)
-    src = _static(value.args[0].type)
+    src = _dims(value.args[0].type)
     if steps is None or src is None:
         return None
     return _extend(_Chain(value.args[0], src, tuple(range(len(src))), src), steps)
@@ -217,8 +222,17 @@ def _bind(stmts: list[g.Binding], hint: str, value: g.Call) -> g.Var:
     return var
 
 
+def _copies(chain: _Chain, var: g.Var) -> bool:
+    """Whether `chain`'s one op computes `var`'s type (a symbolic size may have no
+    spelling over the chain's input, or another form than the last op's)."""
+    try:
+        return chain.call().ret_type == var.type
+    except IRError:
+        return False
+
+
 def _merge_chains(func: g.Function, bindings: list[g.Binding] | None) -> list[g.Binding] | None:
-    """Each static copy op read only by another copy op is merged into its reader."""
+    """Each copy op read only by another copy op is merged into its reader."""
     changed = bindings is not None
     items = list(func.bindings) if bindings is None else bindings
     uses = var_use_counts(g.Function(func.params, tuple(items), func.result))
@@ -232,7 +246,7 @@ def _merge_chains(func: g.Function, bindings: list[g.Binding] | None) -> list[g.
         prev = chains.get(src) if isinstance(src, g.Var) and uses[src] == 1 else None
         steps = _steps(v)
         merged = _extend(prev, steps) if prev is not None and steps is not None else None
-        if merged is not None:
+        if merged is not None and _copies(merged, b.var):
             assert isinstance(src, g.Var)
             chains[b.var] = merged
             absorbed.add(src)
