@@ -19,8 +19,9 @@ from kiln.errors import UsageError
 def test_the_time_before_tuning_comes_off_the_budget() -> None:
     assert tuning_budget(90.0, 100.0, 112.0, "ray", "90s") == 90.0 - 12.0 - CLOSE_RAY_S
     assert tuning_budget(90.0, 100.0, 100.5, "in-process", "90s") == 89.5
-    with pytest.raises(UsageError, match=r"--budget 10s: starting ray took 12 s of the 10 s; "
-                                         r"give a longer budget, or --in-process"):
+    with pytest.raises(UsageError, match=r"--budget 10s: starting ray took 12 s of the 10 s "
+                                         r"and 3 s are kept for closing it; give a longer "
+                                         r"budget, or --in-process"):
         tuning_budget(10.0, 0.0, 12.0, "ray", "10s")
 
 

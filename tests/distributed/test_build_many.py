@@ -244,16 +244,18 @@ def test_two_node_ray_cluster(matrix: Path, tmp_path: Path) -> None:
         db = tmp_path / "conv.tuning.json"
         proc = subprocess.run([sys.executable, "-m", "kiln", "tune",
                                str(matrix.parent / "models" / "conv.onnx"), "--shape", "n=1",
-                               "--budget", "2s", "-o", str(db), "--address", head,
+                               "--budget", "12s", "-o", str(db), "--address", head,
                                "--threads", "1"],
                               env=env, capture_output=True, text=True, timeout=600)
         assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
         print(proc.stdout)
         assert f"running on: ray at {head}, 2 node(s)" in proc.stdout
         assert f"measurements on: {head_node[:12]}\n" in proc.stdout
-        (record,) = TuningDatabase.load(db).records()
-        # conv_direct or conv_rows: the rule picks the family from the host's ISA
-        assert record.kernel.startswith("conv_") and record.candidates
+        records = TuningDatabase.load(db).records()
+        # conv_direct or conv_rows: the rule picks the family from the host's ISA (a
+        # budget with time left measures model knobs too)
+        assert any(getattr(r, "kernel", "").startswith("conv_") and r.candidates
+                   for r in records), records
     finally:
         _stop(raylets)
         shutil.rmtree(temp, ignore_errors=True)

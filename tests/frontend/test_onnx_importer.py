@@ -198,12 +198,12 @@ def test_unsupported_ops_are_all_listed_with_counts_and_node_names() -> None:
 
 
 def test_contrib_ops_of_the_transformer_optimizer_name_the_option_that_avoids_them() -> None:
-    """FastGelu and SkipLayerNormalization, as onnxruntime.transformers.optimizer writes
-    them for a BERT: the refusal names the FusionOptions fields that keep standard ops."""
+    """FastGelu and BiasGelu, as onnxruntime.transformers.optimizer writes them for a
+    BERT: the refusal names the FusionOptions fields that keep standard ops (its
+    SkipLayerNormalization kiln imports: tests/frontend/test_contrib_llm_ops.py)."""
     b = GraphBuilder()
-    b.const(np.zeros(8, np.float32), name="gamma")
-    b.node("SkipLayerNormalization", ["x", "x", "gamma"], ["n"], domain="com.microsoft",
-           name="skip_ln")
+    b.const(np.zeros(8, np.float32), name="bias")
+    b.node("BiasGelu", ["x", "bias"], ["n"], domain="com.microsoft", name="bias_gelu")
     b.node("FastGelu", ["n"], ["y"], domain="com.microsoft", name="gelu")
     b.input("x", [1, 4, 8])
     b.output("y", [1, 4, 8])
@@ -211,11 +211,11 @@ def test_contrib_ops_of_the_transformer_optimizer_name_the_option_that_avoids_th
         from_onnx(b.model(opset={"": 17, "com.microsoft": 1}), check=False)
     lines = str(info.value).splitlines()
     assert lines[-2] == 'to add an operator to kiln: docs/ops.md, "Adding an operator"'
-    assert lines[-1].startswith("com.microsoft.FastGelu, com.microsoft.SkipLayerNormalization: "
+    assert lines[-1].startswith("com.microsoft.BiasGelu, com.microsoft.FastGelu: "
                                 "written by onnxruntime's transformer optimizer "
                                 "(onnxruntime.transformers.optimizer.optimize_model)")
-    assert ("FusionOptions enable_bias_skip_layer_norm=False, enable_gelu=False, "
-            "enable_gelu_approximation=False, enable_skip_layer_norm=False") in lines[-1]
+    assert ("FusionOptions enable_bias_gelu=False, enable_gelu=False, "
+            "enable_gelu_approximation=False") in lines[-1]
     docs = (Path(__file__).resolve().parents[2] / "docs" / "ops.md").read_text()
     assert "\n## Adding an operator\n" in docs  # the section the refusal cites
 

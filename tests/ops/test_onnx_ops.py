@@ -503,7 +503,11 @@ COMPARED_ELSEWHERE = {
     "TensorScatter", "TfIdfVectorizer", "ai.onnx.ml.ArrayFeatureExtractor",
     "ai.onnx.ml.Binarizer", "ai.onnx.ml.TreeEnsemble",
     # models quantized by onnxruntime itself (tests/quantization/test_dynamic_lstm.py)
-    "com.microsoft.DynamicQuantizeLSTM"}
+    "com.microsoft.DynamicQuantizeLSTM",
+    # the LLM exporters' ops, compiled for llvm and c (tests/frontend/test_contrib_llm_ops.py)
+    "SimplifiedLayerNormalization", "com.microsoft.MatMulNBits",
+    "com.microsoft.RotaryEmbedding", "com.microsoft.SkipLayerNormalization",
+    "com.microsoft.SkipSimplifiedLayerNormalization"}
 
 
 def test_every_converted_op_type_has_a_case() -> None:

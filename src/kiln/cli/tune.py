@@ -22,8 +22,9 @@ def tuning_budget(seconds: float, began: float, now: float, engine: str, budget:
     spent = now - began
     left = seconds - spent - (CLOSE_RAY_S if engine == "ray" else 0.0)
     if left <= 0:
+        kept = f" and {CLOSE_RAY_S:.0f} s are kept for closing it" if engine == "ray" else ""
         raise UsageError(f"--budget {budget}: starting {engine} took {spent:.0f} s of the "
-                         f"{seconds:.0f} s; give a longer budget, or --in-process")
+                         f"{seconds:.0f} s{kept}; give a longer budget, or --in-process")
     return left
 
 

@@ -50,6 +50,15 @@ MODULE: dict[str, str] = {
     "OrtSparseFormat": _SPARSE, "SparseTensor": _SPARSE,
     "SessionIOBinding": "use session.io_binding() (kiln.IOBinding)",
     "capi": "kiln has no onnxruntime C API binding; its C API is kiln.h (docs/abi.md)",
+    # onnxruntime's subpackages: attributes of the module once something imported them
+    "backend": "kiln has no ONNX backend-test adapter: compile with kiln.compile or open a "
+               "kiln.InferenceSession",
+    "datasets": "kiln ships no sample models: tests build theirs with onnx.helper",
+    "quantization": "quantize with onnxruntime.quantization (kiln compiles its output: "
+                    "QDQ, QOperator, quantize_dynamic, MatMulNBits)",
+    "tools": "use onnxruntime.tools with onnxruntime; kiln's own tools are its CLI (docs/cli.md)",
+    "transformers": "optimize with onnxruntime.transformers (kiln imports the standard ops; "
+                    "see docs/ops.md for the contrib ops it takes)",
     "import_capi_exception": "kiln raises kiln.KilnError subclasses (kiln.errors)",
     "onnxruntime_validation": "kiln checks its libraries when it loads them",
     "get_build_info": _VERSION, "get_version_string": _VERSION, "version": _VERSION,
