@@ -329,9 +329,8 @@ static KILN_UNUSED int32_t kiln_host_dim_ok(const char* fn, int32_t status, int6
    "Zero sizes"). */
 static KILN_UNUSED int32_t kiln_host_dim_nonzero(const char* fn, int32_t status, int64_t value,
     const char* text, const char* why) {
-  int32_t failed = kiln_host_dim_ok(fn, status, value < 0 ? 0 : value, text);
-  if (failed != 0) {
-    return failed;
+  if (status != 0) {  /* an overflow or a zero divisor: named by the dimension's text */
+    return kiln_host_dim_ok(fn, status, value, text);
   }
   if (value <= 0) {  /* a negative one (a conv's image below its kernel) named by `why` too */
     return kiln_host_fail("%s: %s, which is %lld here (onnxruntime refuses it too)", fn, why,
