@@ -49,6 +49,7 @@ _LAZY = {
     "from_torch": "kiln.frontend.pytorch:from_torch",
     "Executable": "kiln.driver:Executable",
     "evaluate": "kiln.ops:evaluate",
+    "generate": "kiln.runtime.generation:generate",
     "export_model_library_format": "kiln.export.mlf:export_model_library_format",
     "cuda": "kiln.runtime.cuda_device:cuda",
     "InferenceSession": "kiln.session:InferenceSession",

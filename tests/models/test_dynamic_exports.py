@@ -20,7 +20,8 @@ Each model is exported and compiled once (a module-scope fixture; llvm, one case
 c), matches onnxruntime at two sizes, and, with a cache, a greedy loop of STEPS tokens
 from a prompt of 4 and an empty past (`past_seq` = 0: a symbolic dimension takes 0 by
 default, as onnxruntime's do), feeding the present back as the past, gives
-onnxruntime's tokens.
+onnxruntime's tokens: kiln's through `kiln.generate` (streaming each step's tokens),
+onnxruntime's through the loop written out here.
 
 The suite is at its time bound, so CI runs GPT-2 with a cache with both exporters and
 the Llama, T5 and Whisper with one exporter each (`CI_PAST_CASES`: Llama and T5 with
@@ -151,20 +152,29 @@ def test_gpt2_as_exported_matches_onnxruntime(compiled: Compiled) -> None:
     _check_sizes(compiled, ort_session(compiled.model))
 
 
-def _greedy(step: Callable[..., Any], decoder: hf_decoders.Decoder) -> list[list[int]]:
-    """STEPS tokens of greedy decoding from an empty past: `step(*inputs)` returns the
-    logits and the present key/values, fed back as the next past; the encoder's states
-    (if the decoder takes them) are the same at every step."""
+def _prompt(decoder: hf_decoders.Decoder) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    """A prompt of PROMPT token ids and the decoder's other inputs that stay the same at
+    every step (the encoder's states, if it takes them)."""
     rng = np.random.default_rng(5)
     ids = rng.integers(0, VOCAB, PROMPT).astype(np.int64)
-    sizes = {"batch": PROMPT[0], "past_seq": 0, "enc_seq": ENC_SEQ}
-    fixed = [rng.standard_normal(tuple(sizes[d] if isinstance(d, str) else d for d in i.dims))
-             .astype(np.float32) for i in decoder.inputs[1:] if "past_seq" not in i.dims]
-    past = [np.zeros(tuple(sizes[d] if isinstance(d, str) else d for d in i.dims), np.float32)
+    sizes = {"batch": PROMPT[0], "enc_seq": ENC_SEQ}
+    fixed = {i.name: rng.standard_normal(tuple(sizes[d] if isinstance(d, str) else d
+                                               for d in i.dims)).astype(np.float32)
+             for i in decoder.inputs[1:] if "past_seq" not in i.dims}
+    return ids, fixed
+
+
+def _greedy(step: Callable[..., Any], decoder: hf_decoders.Decoder) -> list[list[int]]:
+    """STEPS tokens of greedy decoding from an empty past, written out as a reference:
+    `step(*inputs)` returns the logits and the present key/values, fed back as the next
+    past; the fixed inputs are `_prompt`'s."""
+    ids, fixed = _prompt(decoder)
+    past = [np.zeros(tuple({"batch": PROMPT[0], "past_seq": 0}[d] if isinstance(d, str) else d
+                           for d in i.dims), np.float32)
             for i in decoder.inputs if "past_seq" in i.dims]
     tokens = []
     for _ in range(STEPS):
-        logits, *present = _outputs(step(ids, *fixed, *past))
+        logits, *present = _outputs(step(ids, *fixed.values(), *past))
         token = np.argmax(logits[:, -1, :], axis=-1)
         tokens.append(token.tolist())
         ids, past = token[:, None].astype(np.int64), present
@@ -181,6 +191,9 @@ def test_decoder_with_a_cache_as_exported(compiled: Compiled) -> None:
     names = [i.name for i in compiled.decoder.inputs]
     want = _greedy(lambda *a: session.run(None, dict(zip(names, a, strict=True))),
                    compiled.decoder)
+    ids, fixed = _prompt(compiled.decoder)
     for target, main in compiled.mains.items():
-        got = _greedy(main, compiled.decoder)
-        assert got == want, f"{target}: kiln {got}, onnxruntime {want}"
+        streamed: list[list[int]] = []
+        got = kiln.generate(main, ids, STEPS, inputs=fixed,
+                            on_token=lambda t, seen=streamed: seen.append(t.tolist()))
+        assert got.T.tolist() == want == streamed, f"{target}: kiln {got.T}, onnxruntime {want}"

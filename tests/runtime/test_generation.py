@@ -1,0 +1,161 @@
+"""kiln.generate over a small decoder with a cache, against the same decoder recomputed
+from the whole sequence in numpy at every step (no cache), so a wrong past, position or
+mask changes the tokens.
+
+The decoder: token and position embeddings `h` [batch, seq, D]; the present is the past
+with this step's `h` appended along the cached axis; logits = (h + mean of the present
+over the cached axis, scaled by the attention mask's sum / total) @ W. Its names are
+Hugging Face's (`input_ids`, `attention_mask`, `position_ids`, `past_key_values.0.key`,
+`logits`, `present.0.key`) and it takes an extra `bias` input (as an encoder's states)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+from onnx import TensorProto
+
+import kiln
+from support.graphs import GraphBuilder
+
+VOCAB, D, MAX_POS = 23, 8, 64
+PROMPT = np.array([[3, 1, 4, 1], [5, 9, 2, 6], [5, 3, 5, 8]], np.int64)
+STEPS = 12
+
+# One compile of the decoder for the module: its tests run on one xdist worker.
+pytestmark = pytest.mark.xdist_group("generation")
+
+
+def _decoder(seed: int = 0) -> tuple[Any, dict[str, np.ndarray]]:
+    b = GraphBuilder(seed)
+    rng = np.random.default_rng(seed)
+    w = {"emb": rng.standard_normal((VOCAB, D)).astype(np.float32),
+         "pos": rng.standard_normal((MAX_POS, D)).astype(np.float32),
+         "head": rng.standard_normal((D, VOCAB)).astype(np.float32)}
+    b.consts(w)
+    ids = b.input("input_ids", ["batch", "seq"], TensorProto.INT64)
+    mask = b.input("attention_mask", ["batch", "total"], TensorProto.INT64)
+    pos = b.input("position_ids", ["batch", "seq"], TensorProto.INT64)
+    past = b.input("past_key_values.0.key", ["batch", 1, "past_seq", D])
+    bias = b.input("bias", ["batch", D])
+    h = b.op("Add", b.op("Gather", "emb", ids), b.op("Gather", "pos", pos))
+    b.node("Concat", [past, b.op("Unsqueeze", h, b.const(np.array([1]), "ax"))],
+           ["present.0.key"], axis=2)
+    total = b.op("Cast", b.op("ReduceSum", mask, b.const(np.array([1]), "ax"), keepdims=1),
+                 to=TensorProto.FLOAT)                                  # [batch, 1]
+    ctx = b.op("Div", b.op("ReduceSum", "present.0.key", b.const(np.array([2]), "ax"),
+                           keepdims=0), b.op("Unsqueeze", total, b.const(np.array([2]), "ax")))
+    ctx = b.op("Add", ctx, b.op("Unsqueeze", bias, b.const(np.array([1]), "ax")))
+    b.node("MatMul", [b.op("Add", h, ctx), "head"], ["logits"])       # ctx [batch, 1, D]
+    b.output("logits", ["batch", "seq", VOCAB])
+    b.output("present.0.key", ["batch", 1, "total", D])
+    return b.model(), w
+
+
+def _reference_logits(w: dict[str, np.ndarray], seq: np.ndarray, bias: np.ndarray) -> np.ndarray:
+    """The last position's logits of every row, from the whole sequence `seq`."""
+    h = w["emb"][seq] + w["pos"][np.arange(seq.shape[1])]
+    ctx = h.mean(axis=1) + bias
+    return (h[:, -1] + ctx) @ w["head"]
+
+
+def _reference_greedy(w: dict[str, np.ndarray], bias: np.ndarray, steps: int,
+                      penalty: float = 1.0) -> np.ndarray:
+    seq = PROMPT.copy()
+    for _ in range(steps):
+        logits = _reference_logits(w, seq, bias).astype(np.float64)
+        for row, seen in enumerate(seq):
+            picked = logits[row, seen]
+            logits[row, seen] = np.where(picked > 0, picked / penalty, picked * penalty)
+        seq = np.concatenate([seq, logits.argmax(axis=-1)[:, None]], axis=1)
+    return seq[:, PROMPT.shape[1]:]
+
+
+@pytest.fixture(scope="module")
+def built() -> tuple[Any, dict[str, np.ndarray], np.ndarray]:
+    model, w = _decoder()
+    bias = np.random.default_rng(1).standard_normal((PROMPT.shape[0], D)).astype(np.float32)
+    return kiln.compile(kiln.frontend.from_onnx(model), "llvm"), w, bias
+
+
+def test_greedy_equals_recomputing_the_whole_sequence(built: Any) -> None:
+    exe, w, bias = built
+    streamed: list[list[int]] = []
+    got = kiln.generate(exe, PROMPT, STEPS, inputs={"bias": bias},
+                        on_token=lambda t: streamed.append(t.tolist()))
+    want = _reference_greedy(w, bias, STEPS)
+    assert got.dtype == np.int64 and got.shape == (PROMPT.shape[0], STEPS)
+    np.testing.assert_array_equal(got, want)
+    assert streamed == got.T.tolist()
+    penalised = kiln.generate(exe["main"], PROMPT, STEPS, inputs={"bias": bias},
+                              repetition_penalty=1.7)
+    np.testing.assert_array_equal(penalised, _reference_greedy(w, bias, STEPS, 1.7))
+    assert not np.array_equal(penalised, got)       # the penalty changed some choice
+
+
+def test_a_loaded_library_generates_the_same(built: Any, tmp_path: Any) -> None:
+    exe, _, bias = built
+    path = tmp_path / "decoder.so"
+    exe.export_library(path)
+    lib = kiln.runtime.load_module(path)
+    np.testing.assert_array_equal(kiln.generate(lib, PROMPT, 5, inputs={"bias": bias}),
+                                  kiln.generate(exe, PROMPT, 5, inputs={"bias": bias}))
+
+
+def test_sampling_keeps_to_the_top_k_and_follows_the_seed(built: Any) -> None:
+    exe, w, bias = built
+    kw: dict[str, Any] = {"inputs": {"bias": bias}, "do_sample": True}
+    greedy = kiln.generate(exe, PROMPT, STEPS, inputs={"bias": bias})
+    np.testing.assert_array_equal(kiln.generate(exe, PROMPT, STEPS, top_k=1, seed=3, **kw), greedy)
+    np.testing.assert_array_equal(kiln.generate(exe, PROMPT, STEPS, top_p=1e-6, seed=3, **kw),
+                                  greedy)
+    a = kiln.generate(exe, PROMPT, STEPS, top_k=3, temperature=2.0, seed=7, **kw)
+    np.testing.assert_array_equal(a, kiln.generate(exe, PROMPT, STEPS, top_k=3,
+                                                   temperature=2.0, seed=7, **kw))
+    assert not np.array_equal(a, greedy)
+    seq = PROMPT
+    for step in range(STEPS):                       # every token among that step's top 3
+        top3 = np.argsort(_reference_logits(w, seq, bias), axis=-1)[:, -3:]
+        assert all(a[r, step] in top3[r] for r in range(len(a)))
+        seq = np.concatenate([seq, a[:, step:step + 1]], axis=1)
+
+
+def test_stop_tokens_end_rows_and_the_loop(built: Any) -> None:
+    exe, _, bias = built
+    greedy = kiln.generate(exe, PROMPT, STEPS, inputs={"bias": bias})
+    stop = int(greedy[0, 2])
+    got = kiln.generate(exe, PROMPT, STEPS, inputs={"bias": bias}, stop_tokens=[stop],
+                        pad_token=-1)
+    for row, want in zip(got, greedy, strict=True):
+        end = next((k for k, t in enumerate(want) if t == stop), None)
+        if end is None:
+            np.testing.assert_array_equal(row, want[:len(row)])
+        else:                                       # the stop token, then padding
+            np.testing.assert_array_equal(row[:end + 1], want[:end + 1])
+            assert (row[end + 1:] == -1).all()
+    if all(stop in want for want in greedy):
+        assert got.shape[1] < STEPS
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({}, "missing: bias"),
+    ({"inputs": {"bias": None, "other": 1}}, "not an input of the loop: other"),
+    ({"inputs": {"bias": None}, "temperature": 0}, "temperature must be > 0"),
+    ({"inputs": {"bias": None}, "top_p": 1.5}, "top_p must be in"),
+    ({"inputs": {"bias": None}, "function": "decode"}, "no function 'decode'"),
+])
+def test_bad_arguments_are_refused(built: Any, kwargs: dict[str, Any], message: str) -> None:
+    exe, _, _ = built
+    with pytest.raises(kiln.UsageError, match=message):
+        kiln.generate(exe, PROMPT, 2, **kwargs)
+
+
+def test_a_function_without_a_cache_is_refused_by_name() -> None:
+    b = GraphBuilder()
+    b.node("Gather", [b.const(np.eye(5, dtype=np.float32)), b.input("input_ids", ["b", "s"],
+                                                                  TensorProto.INT64)], ["logits"])
+    b.output("logits", ["b", "s", 5])
+    f = kiln.compile(kiln.frontend.from_onnx(b.model()), "llvm")["main"]
+    with pytest.raises(kiln.UsageError, match="no past key/value inputs"):
+        kiln.generate(f, np.zeros((1, 2), np.int64), 2, inputs={})
