@@ -1,0 +1,208 @@
+"""Generation with a Llama-style decoder: prefill, time to first token, tokens/s, peak RSS.
+
+    .venv/bin/python bench/llm.py [--hidden 512] [--layers 8] [--heads 8,2] [--vocab 32000]
+                                  [--prompt 128] [--new 64] [--threads 2] [--rounds 3]
+                                  [--precisions fp32,int4] [--write-docs]
+
+The model is tests/models/hf_decoders.py's Llama (grouped-query attention, rotary
+embeddings, RMSNorm; the FFN twice the hidden size) at the size given, random weights,
+exported by torch (TorchScript) with its cache and every axis dynamic. `int4` is that
+file with its MatMuls quantized by onnxruntime's MatMulNBitsQuantizer (4 bits, blocks of
+32, symmetric), as users quantize for onnxruntime-genai.
+
+Each (runtime, precision) runs in a fresh process (so peak RSS is its own): kiln compiles
+the file as exported once (`kiln.compile`, no pins; the time is printed), exports the
+library, and each process loads it (what a deploy host does) and generates with
+`kiln.generate`; onnxruntime runs the same file
+with the same greedy loop written out (the presents fed back as the pasts, numpy argmax).
+A round is one prompt of `--prompt` tokens and `--new` greedy tokens; the rounds of the
+two runtimes alternate and each column is the median: the time to the first token in ms (the
+prompt's prefill, one call from an empty cache, and choosing its token), decode tokens/s
+over the other tokens, and
+the process's peak RSS (MiB, ru_maxrss after the last round). Both generate the same
+tokens or the row says how many differ. onnxruntime-genai is not measured (not a
+dependency; see docs/performance.md). Asserts nothing (not a test).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+from doc_table import machine_line, markdown_table, write_block
+from harness import describe_target
+
+import kiln
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "tests" / "models"))
+
+import hf_decoders  # noqa: E402  (tests/models, on the path just above)
+
+DOCS = ROOT / "docs" / "performance.md"
+COLUMNS = ["precision", "runtime", "first token ms", "decode tokens/s",
+           "peak RSS MiB", "weights MiB", "tokens equal"]
+
+
+def build_files(args: argparse.Namespace, where: Path) -> dict[str, Path]:
+    """The exported model (fp32) and its 4-bit form, saved under `where`."""
+    heads, kv_heads = (int(h) for h in args.heads.split(","))
+    decoder = hf_decoders.llama(args.layers, vocab=args.vocab, past=True,
+                                width=(args.hidden, heads, kv_heads), eager=False)
+    fp32 = hf_decoders.export(decoder, "torchscript", plain_names=True)
+    files = {"fp32": where / "llama_fp32.onnx"}
+    onnx.save(fp32, files["fp32"])
+    if "int4" in args.precisions:
+        from onnxruntime.quantization import matmul_nbits_quantizer  # heavy: only for int4
+
+        q = matmul_nbits_quantizer.MatMulNBitsQuantizer(fp32, bits=4, block_size=32,
+                                                        is_symmetric=True)
+        q.process()
+        files["int4"] = where / "llama_int4.onnx"
+        onnx.save(q.model.model, files["int4"])
+    return files
+
+
+def _ort_step(path: Path, threads: int) -> tuple[Callable[..., Any], list[Any]]:
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    names = [i.name for i in session.get_inputs()]
+    pasts = [i for i in session.get_inputs() if "past" in i.name]
+
+    def generate(ids: np.ndarray, new: int, on_token: Callable[[np.ndarray], object]) -> Any:
+        past = [np.zeros([ids.shape[0] if d == "batch" else 0 if isinstance(d, str) else d
+                          for d in p.shape], np.float32) for p in pasts]
+        out = []
+        for _ in range(new):
+            logits, *past = session.run(None, dict(zip(names, [ids, *past], strict=True)))
+            ids = np.argmax(logits[:, -1, :], axis=-1)[:, None].astype(np.int64)
+            on_token(ids[:, 0])
+            out.append(ids[:, 0])
+        return np.stack(out, axis=1)
+
+    return generate, []
+
+
+def _kiln_step(path: Path, threads: int) -> tuple[Callable[..., Any], list[Any]]:
+    kiln.runtime.set_num_threads(threads)
+    exe = kiln.runtime.load_module(path.with_suffix(".so"))   # exported by the parent
+
+    def generate(ids: np.ndarray, new: int, on_token: Callable[[np.ndarray], object]) -> Any:
+        return kiln.generate(exe, ids, new, on_token=on_token)
+
+    return generate, [exe]
+
+
+def child(args: argparse.Namespace) -> None:
+    """One runtime on one file: `--rounds` generations, their times as JSON on stdout."""
+    path = Path(args.child_file)
+    generate, keep = (_kiln_step if args.child == "kiln" else _ort_step)(path, args.threads)
+    ids = np.random.default_rng(0).integers(0, args.vocab, (1, args.prompt)).astype(np.int64)
+    generate(ids, 2, lambda t: None)                    # warm: first-call costs out
+    rounds = []
+    for _ in range(args.rounds):
+        stamps: list[float] = []
+        start = time.perf_counter()
+        tokens = generate(ids, args.new, lambda t, s=stamps: s.append(time.perf_counter()))
+        rounds.append({"first": stamps[0] - start,
+                       "decode": (stamps[-1] - stamps[0]) / max(len(stamps) - 1, 1)})
+    json.dump({"rounds": rounds, "tokens": tokens.tolist(), "kept": len(keep),
+               "rss_mib": peak_rss_mib()}, sys.stdout)
+
+
+def peak_rss_mib() -> float:
+    """This process's peak resident set (VmHWM: ru_maxrss would keep the parent's peak,
+    which Linux carries across fork and exec)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def run_child(runtime: str, path: Path, args: argparse.Namespace) -> dict[str, Any]:
+    command = [sys.executable, __file__, "--child", runtime, "--child-file", str(path),
+               *(f"--{k}={v}" for k, v in (("threads", args.threads), ("rounds", 1),
+                                          ("prompt", args.prompt), ("new", args.new),
+                                          ("vocab", args.vocab)))]
+    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise SystemExit(f"{runtime} on {path.name} failed:\n{done.stderr[-3000:]}")
+    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return result
+
+
+def rows_of(precision: str, path: Path, args: argparse.Namespace) -> list[list[str]]:
+    """Alternating rounds of both runtimes on `path`: the two rows."""
+    results: dict[str, list[dict[str, Any]]] = {"kiln": [], "ort": []}
+    for _ in range(args.rounds):
+        for runtime in results:
+            results[runtime].append(run_child(runtime, path, args))
+    want = np.array(results["ort"][0]["tokens"])
+    rows = []
+    for runtime, runs in results.items():
+        first = float(np.median([r["rounds"][0]["first"] for r in runs])) * 1e3
+        decode = float(np.median([r["rounds"][0]["decode"] for r in runs]))
+        equal = int((np.array(runs[0]["tokens"]) == want).sum())
+        rows.append([precision, runtime, f"{first:.1f}",
+                     f"{1 / decode:.1f}", f"{np.median([r['rss_mib'] for r in runs]):.0f}",
+                     f"{path.stat().st_size / 2**20:.0f}", f"{equal}/{want.size}"])
+        print("  ".join(f"{c:>14}" for c in rows[-1]), flush=True)
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--hidden", type=int, default=512)
+    parser.add_argument("--layers", type=int, default=8)
+    parser.add_argument("--heads", default="8,2", help="query heads, key/value heads")
+    parser.add_argument("--vocab", type=int, default=32000)
+    parser.add_argument("--prompt", type=int, default=128)
+    parser.add_argument("--new", type=int, default=64)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--precisions", default="fp32,int4")
+    parser.add_argument("--write-docs", action="store_true",
+                        help="write the table to docs/performance.md (block 'llm')")
+    parser.add_argument("--child", choices=("kiln", "ort"), help=argparse.SUPPRESS)
+    parser.add_argument("--child-file", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        child(args)
+        return
+    print(f"kiln: {describe_target(kiln.Target.from_host())}; {args.threads} threads each")
+    load_before = os.getloadavg()[0]
+    rows: list[list[str]] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        files = build_files(args, Path(tmp))
+        print("  ".join(f"{c:>14}" for c in COLUMNS))
+        for precision in args.precisions.split(","):
+            start = time.perf_counter()
+            kiln.compile(kiln.frontend.from_onnx(str(files[precision])),
+                         kiln.Target.from_host()).export_library(
+                             files[precision].with_suffix(".so"))
+            print(f"{precision}: kiln compiled and exported in "
+                  f"{time.perf_counter() - start:.1f} s", flush=True)
+            rows += rows_of(precision, files[precision], args)
+    if args.write_docs:
+        command = " ".join(["bench/llm.py", *sys.argv[1:]])
+        write_block(DOCS, "llm", [
+            machine_line(command, describe_target(kiln.Target.from_host()), load_before,
+                         os.getloadavg()[0]), "", *markdown_table(COLUMNS, rows)])
+
+
+if __name__ == "__main__":
+    main()
