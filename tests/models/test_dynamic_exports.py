@@ -21,7 +21,8 @@ c), matches onnxruntime at two sizes, and, with a cache, a greedy loop of STEPS 
 from a prompt of 4 and an empty past (`past_seq` = 0: a symbolic dimension takes 0 by
 default, as onnxruntime's do), feeding the present back as the past, gives
 onnxruntime's tokens: kiln's through `kiln.generate` (streaming each step's tokens),
-onnxruntime's through the loop written out here.
+onnxruntime's through the loop written out here. GPT-2's library also generates from
+plain C (examples/c_deploy/generate.c) the tokens `kiln.generate` gives.
 
 The suite is at its time bound, so CI runs GPT-2 with a cache with both exporters and
 the Llama, T5 and Whisper with one exporter each (`CI_PAST_CASES`: Llama and T5 with
@@ -32,13 +33,16 @@ GPT-2 without a cache.
 from __future__ import annotations
 
 import os
+import subprocess
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 
+from support.c_programs import EXAMPLES, build_c_program
 from support.reference import ort_session
 
 pytest.importorskip("torch", reason="exporting transformers models needs torch")
@@ -94,7 +98,11 @@ class Compiled:
     decoder: hf_decoders.Decoder
     model: Any
     module: Any
-    mains: dict[str, Any]
+    exes: dict[str, Any]
+
+    @property
+    def mains(self) -> dict[str, Any]:
+        return {t: exe["main"] for t, exe in self.exes.items()}
 
 
 def _rel_l2(got: np.ndarray, want: np.ndarray) -> float:
@@ -113,8 +121,7 @@ def _compile(name: str, exporter: str) -> Compiled:
     model = hf_decoders.export(decoder, exporter, plain_names=True)
     module = kiln.frontend.from_onnx(model)   # no pins, no bounds
     targets = ("llvm", "c") if (name, exporter) == C_CASE else ("llvm",)
-    return Compiled(decoder, model, module,
-                    {t: kiln.compile(module, t)["main"] for t in targets})
+    return Compiled(decoder, model, module, {t: kiln.compile(module, t) for t in targets})
 
 
 @pytest.fixture(scope="module")
@@ -184,7 +191,7 @@ def _greedy(step: Callable[..., Any], decoder: hf_decoders.Decoder) -> list[list
 @pytest.mark.slow  # exports and compiles: runs first (tests/conftest.py)
 @pytest.mark.parametrize("compiled", PAST_CASES if FULL else CI_PAST_CASES, indirect=True,
                          ids="-".join)
-def test_decoder_with_a_cache_as_exported(compiled: Compiled) -> None:
+def test_decoder_with_a_cache_as_exported(compiled: Compiled, tmp_path: Path) -> None:
     _check_symbolic(compiled)
     session = ort_session(compiled.model)
     _check_sizes(compiled, session)
@@ -197,3 +204,19 @@ def test_decoder_with_a_cache_as_exported(compiled: Compiled) -> None:
         got = kiln.generate(main, ids, STEPS, inputs=fixed,
                             on_token=lambda t, seen=streamed: seen.append(t.tolist()))
         assert got.T.tolist() == want == streamed, f"{target}: kiln {got.T}, onnxruntime {want}"
+    if "c" in compiled.exes:          # C_CASE: GPT-2 (TorchScript)
+        _check_c_program(compiled, ids[:1], tmp_path)
+
+
+def _check_c_program(compiled: Compiled, prompt: np.ndarray, tmp: Path) -> None:
+    """examples/c_deploy/generate.c, plain C over the exported library, generates the
+    tokens kiln.generate does from the same library (one row: the program's batch)."""
+    lib = compiled.exes["llvm"].export_library(tmp / "decoder.so")
+    program = build_c_program(EXAMPLES / "generate.c", tmp / "generate")
+    pasts = [i for i in compiled.decoder.inputs if "past_seq" in i.dims]
+    heads, head_dim = pasts[0].dims[1], pasts[0].dims[3]
+    done = subprocess.run([str(program), str(lib), "kiln_", "main", str(STEPS),
+                           f"{len(pasts)}:{heads}:{head_dim}", *map(str, prompt[0])],
+                          capture_output=True, text=True, timeout=300, check=True)
+    want = kiln.generate(kiln.runtime.load_module(lib), prompt, STEPS)[0]
+    assert [int(t) for t in done.stdout.split()] == want.tolist()
