@@ -110,7 +110,7 @@ def fuzz(archive: Path, work: Path, count: int, seed: int
 # What refused a flip, by a phrase of its message (the first that matches).
 # A damaged tar header after the first ends the archive there (tarfile reads it as the
 # end), so the members after it are missing.
-REASONS = [("is damaged", "checksum mismatch"), ("which is not in the archive", "member lost"),
+REASONS = [("parameter tensor '", "weight checksum mismatch"), ("is damaged", "checksum mismatch"), ("which is not in the archive", "member lost"),
            ("metadata.json: missing", "member lost"), ("tar archive", "unreadable tar"),
            ("has no checksum", "unlisted member"), ("metadata.json: ", "invalid metadata.json")]
 
