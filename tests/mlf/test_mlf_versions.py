@@ -131,7 +131,7 @@ def test_load_refuses_a_damaged_member_before_compiling(tmp_path: Path,
 
     monkeypatch.setattr(native, "run", no_compiler)
     path = write_archive(tmp_path / "bad.tar", _flipped(archive_files(GOLDEN_V4), PARAMS, 0))
-    with pytest.raises(FormatError, match="parameter tensor 'b' .* is damaged"):
+    with pytest.raises(FormatError, match=r"parameter tensor 'b' .* is damaged"):
         kiln.mlf.load(path)
 
 

@@ -602,5 +602,5 @@ def load(path: str | os.PathLike[str], *, cc: str | None = None) -> MLFModel:
 
 
 __all__ = ["CHECKSUMS_SCHEMA", "CHECKSUMS_SINCE", "METADATA_SCHEMA", "MLFModel",
-           "UncheckedArchiveWarning", "UncheckedParametersWarning", "extract_checked", "load", "metadata_digest",
-           "probe_source", "read_metadata", "verify"]
+           "UncheckedArchiveWarning", "UncheckedParametersWarning", "extract_checked", "load",
+           "metadata_digest", "probe_source", "read_metadata", "verify"]
