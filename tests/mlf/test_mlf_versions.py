@@ -153,18 +153,13 @@ def test_damaged_metadata_and_missing_or_extra_members_are_refused(tmp_path: Pat
     assert b'"-O3"' in text
     for i, (case, message) in enumerate(cases):
         assert message in _refused(write_archive(tmp_path / f"c{i}.tar", case), tmp_path)
-    meta = json.loads(text)
-    del meta["checksums"]
-    no_sums = write_archive(tmp_path / "none.tar", {**files, "metadata.json":
-                                                    json.dumps(meta).encode()})
-    assert "checksums: missing (a version-4 archive records the SHA-256 of every file" in \
-        _refused(no_sums, tmp_path)
-    meta = json.loads(text)
-    del meta["parameters"]
-    no_params = write_archive(tmp_path / "noparams.tar", {**files, "metadata.json":
-                                                          json.dumps(meta).encode()})
-    assert "parameters: missing (a version-4 archive records the SHA-256 of every weight" in \
-        _refused(no_params, tmp_path)
+    for key, what in [("checksums", "file"), ("parameters", "weight")]:
+        meta = json.loads(text)
+        del meta[key]
+        missing = write_archive(tmp_path / f"no_{key}.tar", {**files, "metadata.json":
+                                                             json.dumps(meta).encode()})
+        assert f"{key}: missing (a version-4 archive records the SHA-256 of every {what}" in \
+            _refused(missing, tmp_path)
 
 
 @pytest.mark.parametrize("edit, message", [

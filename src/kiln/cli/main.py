@@ -297,9 +297,7 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("--format", default=None,
                    help="text (default) or json for the report; with --artifact the view: "
                         "c, ll, asm, json, hex, symbols")
-    i.add_argument("--weights", action="store_true",
-                   help="list each weight tensor with its SHA-256 (the report's weights "
-                        "section: embedded or in a weights file, found, hash matching)")
+    i.add_argument("--weights", action="store_true", help="list each weight tensor's SHA-256")
     i.add_argument("--report", metavar="PAGE.html", default=None,
                    help="write a self-contained HTML page: summary, kernel graph (zoom, "
                         "search) and memory plan")
