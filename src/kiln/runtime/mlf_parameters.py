@@ -2,7 +2,7 @@
 
 metadata.json's `parameters` lists every weight array of `parameters/<model>.params`:
 its name, dtype, shape, byte offset and size in that file, and the SHA-256 of those
-bytes (written by kiln.export.mlf_parameters). `check_parameters` reads the file once,
+bytes (written by the MLF exporter). `check_parameters` reads the file once,
 tensor by tensor, and refuses the first damaged weight with a FormatError naming it and
 its byte range: a flipped bit in a weight never reaches an answer, and the error says
 which weight the damage hit. The member's chunk SHA-256s (`checksums`) still cover the
