@@ -15,7 +15,7 @@ import hashlib
 from pathlib import Path
 from typing import Any
 
-from kiln.artifact.library_schema import DTYPE
+from kiln.artifact.library_schema import DTYPE, NAME
 from kiln.artifact.schema import Int, ListOf, Obj, Str
 from kiln.errors import FormatError
 
@@ -27,7 +27,7 @@ MAX_PARAMETERS = 1 << 20
 READ_BYTES = 1 << 20
 
 PARAMETER_SCHEMA = Obj(required={
-    "name": Str(max_len=4096, what="a name"), "dtype": DTYPE,
+    "name": NAME, "dtype": DTYPE,
     "shape": ListOf(Int(0), max_len=64), "offset": Int(0), "bytes": Int(0),
     "sha256": Str(r"[0-9a-f]{64}", 64, "a SHA-256 as 64 lowercase hex digits")})
 PARAMETERS_SCHEMA = ListOf(PARAMETER_SCHEMA, max_len=MAX_PARAMETERS)
