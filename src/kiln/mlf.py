@@ -17,6 +17,7 @@ from kiln.runtime.mlf import (
     READ_VERSIONS,
     MLFModel,
     UncheckedArchiveWarning,
+    UncheckedParametersWarning,
     extract_checked,
     load,
     metadata_digest,
@@ -26,5 +27,6 @@ from kiln.runtime.mlf import (
 )
 
 __all__ = ["CHECKSUMS_SCHEMA", "CHECKSUMS_SINCE", "METADATA_SCHEMA", "READ_VERSIONS",
-           "MLFModel", "UncheckedArchiveWarning", "extract_checked", "load",
-           "metadata_digest", "probe_source", "read_metadata", "verify"]
+           "MLFModel", "UncheckedArchiveWarning", "UncheckedParametersWarning",
+           "extract_checked", "load", "metadata_digest", "probe_source", "read_metadata",
+           "verify"]

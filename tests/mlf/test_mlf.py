@@ -4,6 +4,7 @@ round-trips it; a Cortex-M4 build prints its size report."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import subprocess
 import tarfile
@@ -15,6 +16,7 @@ import pytest
 
 import kiln
 from kiln.errors import ExportError, FormatError
+from kiln.export.mlf import MLF_VERSION
 from support.graphs import GraphBuilder, value_info
 from support.reference import ort_session
 from support.toolchains import needs
@@ -101,10 +103,18 @@ def test_mlf_builds_runs_and_matches(tmp_path: Path, cnn: tuple[Path, np.ndarray
     archive = kiln.export_model_library_format(ex, tmp_path / "cnn.tar", model_name="cnn")
     root = tmp_path / "tree"
     meta = _extract(archive, root)
-    assert meta["version"] == 3 and meta["model_name"] == "cnn"
+    assert meta["version"] == MLF_VERSION and meta["model_name"] == "cnn"
     assert meta["inputs"] == [{"name": "x", "shape": list(IN_SHAPE), "dtype": "float32"}]
     mem = meta["memory"]["main"]  # type: ignore[index]
-    assert mem["constants_bytes"] == (root / "parameters/cnn.params").stat().st_size > 0
+    params = (root / "parameters/cnn.params").read_bytes()
+    assert mem["constants_bytes"] == len(params) > 0
+    # each weight's place and SHA-256 (MLF version 4), recomputed from the file
+    table = meta["parameters"]  # type: ignore[index]
+    assert sorted(t["name"] for t in table) == ["fc", "w1", "w2"]
+    for t in table:
+        piece = params[t["offset"]:t["offset"] + t["bytes"]]
+        assert len(piece) == t["bytes"] > 0
+        assert t["sha256"] == hashlib.sha256(piece).hexdigest()
     assert mem["io_bytes"] == 4 * (int(np.prod(IN_SHAPE)) + int(np.prod(OUT_SHAPE)))
     assert not (root / "src").exists()  # the DSL source only on request (source=True)
     assert (root / "runtime/include/kiln/kiln.h").is_file()

@@ -110,7 +110,8 @@ def fuzz(archive: Path, work: Path, count: int, seed: int
 # What refused a flip, by a phrase of its message (the first that matches).
 # A damaged tar header after the first ends the archive there (tarfile reads it as the
 # end), so the members after it are missing.
-REASONS = [("is damaged", "checksum mismatch"), ("which is not in the archive", "member lost"),
+REASONS = [("parameter tensor '", "weight checksum mismatch"),
+           ("is damaged", "checksum mismatch"), ("which is not in the archive", "member lost"),
            ("metadata.json: missing", "member lost"), ("tar archive", "unreadable tar"),
            ("has no checksum", "unlisted member"), ("metadata.json: ", "invalid metadata.json")]
 
@@ -132,6 +133,16 @@ def summary(results: list[tuple[Region, int, int, str, str]]) -> str:
     lines += [f"  {where:15s} " + "  ".join(f"{k}={n}" for k, n in sorted(c.items()))
               for where, c in by_kind.items()]
     return "\n".join(lines)
+
+
+def weight_flips(results: list[tuple[Region, int, int, str, str]]) -> tuple[int, dict[str, int]]:
+    """(flips in a `.params` member's data, refusals per weight they named): since MLF
+    version 4 each one names the weight it hit (metadata.json's `parameters`)."""
+    hits = [d for r, _, _, kind, d in results
+            if r[1] == "data" and r[0].startswith("parameters/") and r[0].endswith(".params")]
+    named = Counter(d.split("parameter tensor ")[1].split(" (")[0] for d in hits
+                    if "parameter tensor " in d)
+    return len(hits), dict(named)
 
 
 @pytest.fixture(scope="module")
@@ -158,6 +169,9 @@ def test_every_flip_is_refused_or_changes_nothing(archive: Path, tmp_path: Path)
     # Every member's data was hit, and damage to it refused.
     refused = {r[0] for r, _, _, kind, _ in results if r[1] == "data" and kind == "refused"}
     assert refused == set(archive_files(archive)), report
+    # A flipped bit of the weight is refused naming it.
+    count, named = weight_flips(results)
+    assert count > 0 and named == {"'b'": count}, (count, named)
     # What passed answers as the archive does (bit for bit).
     x = np.array([1.0, 0.5, -3.0, 0.1], np.float32)
     want = _answer(archive, x)

@@ -77,7 +77,7 @@ DISAGREEMENTS = [
     (_set("build.include_dirs", ["/usr/include"]), "build.include_dirs[0]: expected a "
                                                    "relative path"),
     (_set("build.libs", ["-Wl,-rpath,/tmp"]), "build.libs[0]: expected a -l<library> flag"),
-    (_set("version", 4), "Model Library Format version 4 is not one this kiln reads"),
+    (_set("version", 5), "Model Library Format version 5 is not one this kiln reads"),
     (lambda m: m["build"]["cflags"].pop("codegen/host/src/kernels.c"),
      "build.cflags does not list codegen/host/src/kernels.c, which the archive holds"),
 ]

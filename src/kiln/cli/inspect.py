@@ -9,6 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
+from kiln.cli.inspect_weights import library_weights, mlf_weights, weights_lines
 from kiln.cli.targets import format_table
 from kiln.errors import FormatError, UsageError
 
@@ -165,6 +166,7 @@ def _describe_mlf(path: str, files: MLFFiles) -> dict[str, Any]:
                        "linked": False} for name, size in files.sizes.items()],
         "weight_bytes": sum(size for n, size in files.sizes.items()
                             if n.startswith("parameters/") and n.endswith(".params")),
+        "weights": mlf_weights(meta, files.sizes),
         "external_dependencies": list(meta.get("external_dependencies") or []),
         "profile_sites": 0,  # MLF's metadata.json does not list them
     }
@@ -225,6 +227,7 @@ def describe(path: str) -> dict[str, Any]:
         # weights="external": the weights file the library maps (docs/format.md)
         "weights_file": metadata.get("weights") if isinstance(metadata.get("weights"), dict)
         else None,
+        "weights": library_weights(path, artifacts, metadata),
         "external_dependencies": list(metadata.get("external_dependencies") or []),
         "profile_sites": len((metadata.get("profile") or {}).get("sites", [])),
         "tuning": metadata.get("tuning"),
@@ -237,8 +240,9 @@ def _shape(t: dict[str, Any]) -> str:
     return "?" if shape is None else "(" + ", ".join(str(d) for d in shape) + ")"
 
 
-def as_text(info: dict[str, Any]) -> str:
-    """The human-readable report of `describe`."""
+def as_text(info: dict[str, Any], weights: bool = False) -> str:
+    """The human-readable report of `describe`; `weights` lists every weight tensor with
+    its SHA-256."""
 
     lines = [f"{info['file']}: kiln {info['kind']}",
              f"  format:   {info['format']} version {info['format_version']} "
@@ -273,6 +277,7 @@ def as_text(info: dict[str, Any]) -> str:
             high = "" if d["max"] is None else f" <= {d['max']}"
             lines.append(f"    {'dim':<7}{d['name']:<12}{d['min']} <= {d['name']}{high}")
     lines.extend(_generic_lines(info.get("generic_kernels") or []))
+    lines.extend(weights_lines(info["weights"], info["kind"], weights))
     lines.append("artifacts:")
     rows = [(a["codegen"], a["loader"], a["name"],
              f"{a['size']}" + (" (linked)" if a["linked"] else ""))
@@ -295,13 +300,17 @@ def _generic_lines(found: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
-def cmd_inspect(path: str, artifact: str | None, fmt: str | None) -> str:
-    """The output of `kiln inspect` (see the command's --help)."""
+def cmd_inspect(path: str, artifact: str | None, fmt: str | None,
+                weights: bool = False) -> str:
+    """The output of `kiln inspect` (see the command's --help); `weights` lists each
+    weight tensor with its SHA-256 in the text report (the JSON one always has them)."""
     if artifact is None:
         if fmt not in (None, "text", "json"):
             raise UsageError(f"--format {fmt!r} without --artifact: use text or json")
         info = describe(path)
-        return json.dumps(info, indent=2) if fmt == "json" else as_text(info)
+        return json.dumps(info, indent=2) if fmt == "json" else as_text(info, weights)
+    if weights:
+        raise UsageError("--weights goes with the report, not with --show")
     from kiln.artifact import inspect_artifact  # heavy: kept off the cli's startup (kiln --help)
 
     mlf = _mlf_members(path, keep=artifact)

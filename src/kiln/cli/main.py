@@ -4,7 +4,7 @@
                  [--shape x=1,64 | batch=1 | seq=1:512]
                  [--profile]
     kiln inspect model.onnx [--format text|json]   (before compiling)
-    kiln inspect model.so [--format text|json] [--show llvm/kernels.bc --format ll]
+    kiln inspect model.so [--format text|json] [--weights] [--show llvm/kernels.bc --format ll]
                           [--report report.html [--profile-json prof.json]]
     kiln targets list [--kind K] | kiln targets show NAME | kiln targets kinds
     kiln run model.so --input x=x.npy | --inputs in.npz | --fill random|zeros [--size seq=N]
@@ -148,9 +148,9 @@ def _cmd_compile(args: argparse.Namespace) -> int:
 
 def _cmd_inspect(args: argparse.Namespace) -> int:
     if args.file.lower().endswith(".onnx"):
-        if args.report is not None or args.artifact is not None:
-            raise UsageError("--report and --show read a compiled library; for an ONNX "
-                             "model, kiln inspect prints its inputs, outputs and ops")
+        if args.report is not None or args.artifact is not None or args.weights:
+            raise UsageError("--report, --show and --weights read a compiled library; for "
+                             "an ONNX model, kiln inspect prints its inputs, outputs and ops")
         _model_file(args.file)
         print(inspect_onnx(args.file, args.format))
         return 0
@@ -167,7 +167,7 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
         return 0
     if args.profile_json is not None:
         raise UsageError("--profile-json goes with --report: it adds kernel times to the page")
-    print(cmd_inspect(args.file, args.artifact, args.format))
+    print(cmd_inspect(args.file, args.artifact, args.format, args.weights))
     return 0
 
 
@@ -297,6 +297,7 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("--format", default=None,
                    help="text (default) or json for the report; with --artifact the view: "
                         "c, ll, asm, json, hex, symbols")
+    i.add_argument("--weights", action="store_true", help="list each weight tensor's SHA-256")
     i.add_argument("--report", metavar="PAGE.html", default=None,
                    help="write a self-contained HTML page: summary, kernel graph (zoom, "
                         "search) and memory plan")

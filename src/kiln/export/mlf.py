@@ -10,6 +10,8 @@
     codegen/host/lib/*.o              generated objects (llvm targets)
     codegen/host/include/<model>.h    the plain C interface
     parameters/<model>.params         the weights: the `{prefix}_consts` image, binary
+                                      (metadata.json's `parameters`: each weight's place
+                                      and SHA-256)
     parameters/<model>_params.S       assembles that file (`.incbin`) into `.rodata`
     runtime/src/kiln_mlf.c            the workspace allocator (-DKILN_MLF_PREFIX=<model>)
     runtime/include/kiln/*.h          kiln.h and kiln_mlf.h
@@ -43,6 +45,7 @@ from kiln.artifact.segments import Content
 from kiln.errors import ExportError
 from kiln.escape import c_comment, int64_literal, is_c_identifier
 from kiln.export.dependencies import collect_dependencies
+from kiln.export.mlf_parameters import parameter_table
 from kiln.ir import dtype as dt
 from kiln.ir.tensor import Allocate
 from kiln.ir.visitor import iter_stmts
@@ -56,7 +59,9 @@ from kiln.runtime.native import include_dir
 #   in runtime/src/kiln_mlf.c, the DSL source optional.
 # 3 (2026-11-27): `checksums` in metadata.json: the chunk SHA-256s of every member and the
 #   SHA-256 of metadata.json's own content, checked by kiln.mlf.load before it compiles.
-MLF_VERSION = 3
+# 4 (2026-11-27): `parameters` in metadata.json: each weight's name, dtype, shape, place in
+#   `<model>.params` and SHA-256, checked by kiln.mlf.load, which names a damaged one.
+MLF_VERSION = 4
 # kiln_mlf.h's KILN_MLF_ALIGN: the workspace's and every buffer's alignment.
 WORKSPACE_ALIGN = 64
 # The model-independent allocator, copied into the archive as is.
@@ -311,6 +316,7 @@ def _archive_metadata(executable: Any, model_name: str, ins: Sequence[Mapping[st
         "outputs": [{"name": p["name"], "shape": list(p["shape"]), "dtype": p["dtype"]}
                     for p in outs],
         "external_dependencies": [d.to_json() for d in collect_dependencies(arts)],
+        "parameters": parameter_table(executable, m.consts, m.consts_record),
         "build": {"cflags": m.cflags,
                   "include_dirs": ["codegen/host/include", "runtime/include", "parameters"],
                   "libs": ["-lm"]},

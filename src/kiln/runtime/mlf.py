@@ -10,7 +10,10 @@ and directories only, no absolute paths or `..`, bounded member count and
 sizes), checks `metadata.json` against `METADATA_SCHEMA` and, before
 anything is compiled, the SHA-256s its `checksums` record (of every member
 and of metadata.json itself; an archive of a version before 3 has none and
-gets an `UncheckedArchiveWarning`; `extract_checked` does this much alone),
+gets an `UncheckedArchiveWarning`) and the SHA-256 of every weight its
+`parameters` record (kiln.runtime.mlf_parameters: a damaged weight is refused
+by name; a version-3 archive records none and gets an
+`UncheckedParametersWarning`); `extract_checked` does this much alone),
 compiles the sources with the flags the metadata lists plus `-fPIC`, links them with the
 objects and the parameters into a shared library in a temporary directory,
 and then **checks metadata.json against the compiled code before trusting
@@ -67,13 +70,15 @@ from kiln.artifact.schema import (
 )
 from kiln.errors import ArgumentTypeError, CallError, FormatError, MissingFileError, shown
 from kiln.runtime import native, object_cache
+from kiln.runtime.mlf_parameters import PARAMETERS_SCHEMA, PARAMETERS_SINCE, check_parameters
 from kiln.runtime.native import reads_other_files
 
 # 1: weights as a C array; 2: weights as binary assembled by parameters/<model>_params.S,
 # the allocator in runtime/src/kiln_mlf.c; 3: `checksums` of every member and of
-# metadata.json (the writer's changelog: kiln/export/mlf.py, MLF_VERSION). The reader
-# builds them all the same way: compile every listed source with its flags.
-READ_VERSIONS = (1, 2, 3)
+# metadata.json; 4: `parameters`, each weight's place and SHA-256 (the writer's changelog:
+# kiln/export/mlf.py, MLF_VERSION). The reader builds them all the same way: compile
+# every listed source with its flags.
+READ_VERSIONS = (1, 2, 3, 4)
 # From this version on metadata.json must carry `checksums`.
 CHECKSUMS_SINCE = 3
 # A firmware model's workspace; more than this is not a Model Library Format archive
@@ -112,10 +117,11 @@ METADATA_SCHEMA = Obj(
             "libs": ListOf(Str(r"-l[A-Za-z0-9_.+-]+", 256, "a -l<library> flag"),
                            max_len=64)}),
     },
-    # `checksums` is required from version CHECKSUMS_SINCE on (read_metadata checks).
+    # `checksums` is required from version CHECKSUMS_SINCE on, `parameters` from
+    # PARAMETERS_SINCE on (read_metadata checks).
     optional={"kiln_version": Str(max_len=64), "export_datetime": Str(max_len=64),
               "target": Obj(extra=Anything()), "external_dependencies": ListOf(Anything()),
-              "checksums": CHECKSUMS_SCHEMA},
+              "checksums": CHECKSUMS_SCHEMA, "parameters": PARAMETERS_SCHEMA},
     # A newer writer may add keys; nothing here reads them.
     extra=Anything())
 
@@ -125,6 +131,12 @@ PROBE_SYMBOL = "kiln_mlf_probe"
 class UncheckedArchiveWarning(UserWarning):
     """An MLF archive written before version 3 records no checksums: `load` cannot tell
     damaged weights or sources from good ones. Re-export it with this kiln."""
+
+
+class UncheckedParametersWarning(UncheckedArchiveWarning):
+    """An MLF archive of version 3 records the checksum of its parameters file as a whole
+    but no SHA-256 per weight: damage is still refused, without the weight's name.
+    Re-export it with this kiln."""
 
 
 def _extract(path: Path, into: Path) -> None:
@@ -189,6 +201,9 @@ def read_metadata(text: bytes, where: str) -> dict[str, Any]:
     if version >= CHECKSUMS_SINCE and "checksums" not in meta:
         raise FormatError(f"{where}: checksums: missing (a version-{version} archive records "
                           "the SHA-256 of every file; this one is damaged)")
+    if version >= PARAMETERS_SINCE and "parameters" not in meta:
+        raise FormatError(f"{where}: parameters: missing (a version-{version} archive records "
+                          "the SHA-256 of every weight; this one is damaged)")
     return meta
 
 
@@ -231,6 +246,14 @@ def _check_checksums(meta: dict[str, Any], root: Path, archive: Path) -> None:
         raise FormatError(f"{archive}: metadata.json is damaged: expected SHA-256 "
                           f"{checksums['metadata_sha256']} (checksums.metadata_sha256), "
                           f"found {found}")
+    if "parameters" in meta:  # first: a damaged weight is named, not only its file
+        check_parameters(meta, root, archive)
+    else:
+        warnings.warn(f"{archive}: Model Library Format version {meta['version']} archive "
+                      "has no per-tensor checksums of its parameters: damage to a weight is "
+                      "refused without its name; re-export it with this kiln (version "
+                      f"{PARAMETERS_SINCE} and later record them)", UncheckedParametersWarning,
+                      stacklevel=4)
     where = f"{archive}: Model Library Format archive"
     listed = checksums["chunk_sha256"]
     held = {p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file()}
@@ -579,5 +602,5 @@ def load(path: str | os.PathLike[str], *, cc: str | None = None) -> MLFModel:
 
 
 __all__ = ["CHECKSUMS_SCHEMA", "CHECKSUMS_SINCE", "METADATA_SCHEMA", "MLFModel",
-           "UncheckedArchiveWarning", "extract_checked", "load", "metadata_digest",
-           "probe_source", "read_metadata", "verify"]
+           "UncheckedArchiveWarning", "UncheckedParametersWarning", "extract_checked", "load",
+           "metadata_digest", "probe_source", "read_metadata", "verify"]

@@ -1,0 +1,175 @@
+"""The "weights" section of `kiln inspect`: where a library's or MLF archive's weights
+live, how many tensors and bytes, their SHA-256s, and which weight transforms the file
+can replay (docs/cli.md, "kiln inspect").
+
+A library's weights are embedded (native data artifacts linked into it, each recorded
+with its chunk SHA-256s) or external (a weights file, docs/format.md "The weights
+file": its name, content hash and tensors are in the library metadata, and the file is
+looked for beside the library, its header read and its content hash compared; the data
+itself is checked by `load_module`, lazily). An MLF archive's weights are its
+`parameters/<model>.params` member; from MLF version 4 metadata.json records each
+weight's SHA-256 (`parameters`).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from kiln.errors import KilnError
+
+# No weight transformation is compiled into a library yet: `Module.swap_weights` (a new
+# checkpoint installed without the compiler) is not built, so new weights need a compile.
+REPLAYABLE: list[str] = []
+REPLAYABLE_NOTE = "none (swap_weights not built yet: new weights need a compile)"
+
+
+def _tree_sha256(chunks: Any, size: int, chunk_size: Any) -> str | None:
+    """The tree digest (kiln.artifact.integrity) of recorded chunk hashes, or None when
+    the record is not one."""
+    from kiln.artifact.integrity import (  # heavy: kept off the cli's startup (kiln --help)
+        chunk_count,
+        tree_digest,
+    )
+
+    if not isinstance(chunks, str) or not isinstance(chunk_size, int) or chunk_size <= 0:
+        return None
+    try:
+        digests = bytes.fromhex(chunks)
+    except ValueError:
+        return None
+    if len(digests) != 32 * chunk_count(size, chunk_size):
+        return None
+    return tree_digest(digests, size, chunk_size)
+
+
+def _embedded(artifacts: Sequence[Any]) -> dict[str, Any]:
+    """The weights of the native data artifacts linked into a library."""
+    tensors = []
+    for a in artifacts:
+        meta = dict(a.metadata)
+        if "chunk_sha256" not in meta:
+            continue
+        linked = meta.get("size")  # a linked stub's size (its bytes are in the library)
+        size = linked if meta.get("linked") and isinstance(linked, int) else a.size
+        tensors.append({"name": f"{a.codegen_id}/{a.file_name}", "bytes": size,
+                        "arrays": meta.get("count"),
+                        "chunked_sha256": _tree_sha256(meta["chunk_sha256"], size,
+                                               meta.get("chunk_size"))})
+    return {"where": "embedded", "tensors": tensors}
+
+
+def _external(path: str, entry: Mapping[str, Any]) -> dict[str, Any]:
+    """The weights file a library records: found beside it or not, and whether its
+    header's content hash is the one the library was built with."""
+    from kiln.artifact.weights_file import (
+        read_header,  # heavy: kept off the cli's startup (kiln --help)
+    )
+
+    file = Path(path).resolve().parent / str(entry.get("file"))
+    wanted = str(entry.get("content_sha256"))
+    info: dict[str, Any] = {
+        "where": "external", "file": str(file), "content_sha256": wanted,
+        "found": file.is_file(), "hash_matches": None, "problem": None,
+        "tensors": [{"name": t.get("name"), "bytes": t.get("size"),
+                     "chunked_sha256": t.get("sha256")}
+                    for t in entry.get("tensors") or [] if isinstance(t, Mapping)]}
+    if not info["found"]:
+        info["problem"] = "not found (load_module(..., weights=PATH) points elsewhere)"
+        return info
+    try:
+        fd = os.open(file, os.O_RDONLY)
+    except OSError as exc:
+        info["problem"] = f"found, but cannot be opened: {exc.strerror or exc}"
+        return info
+    try:
+        found = read_header(fd, str(file)).content_hash
+    except KilnError as exc:
+        info["hash_matches"], info["problem"] = False, f"found, but refused: {exc}"
+        return info
+    finally:
+        os.close(fd)
+    info["hash_matches"] = found == wanted
+    if found != wanted:
+        info["problem"] = (f"found, but holds other weights: content sha256 {found}, the "
+                           f"library's is {wanted}")
+    return info
+
+
+def library_weights(path: str, artifacts: Sequence[Any], metadata: Mapping[str, Any]
+                    ) -> dict[str, Any]:
+    """The "weights" section of a library's report."""
+    entry = metadata.get("weights")
+    info = _external(path, entry) if isinstance(entry, Mapping) else _embedded(artifacts)
+    return _totals(info)
+
+
+def mlf_weights(meta: Mapping[str, Any], sizes: Mapping[str, int]) -> dict[str, Any]:
+    """The "weights" section of an MLF archive's report, from its (checked) metadata.json
+    and its members' sizes."""
+    member = f"parameters/{meta['model_name']}.params"
+    size = sizes.get(member, 0)
+    checksums = meta.get("checksums") or {}
+    table = meta.get("parameters")
+    info: dict[str, Any] = {
+        "where": "embedded", "file": member, "file_bytes": size,
+        "file_chunked_sha256": _tree_sha256((checksums.get("chunk_sha256") or {}).get(member), size,
+                                    checksums.get("chunk_size")),
+        "per_tensor_sha256": table is not None,
+        "tensors": [{"name": t["name"], "dtype": t["dtype"], "shape": t["shape"],
+                     "offset": t["offset"], "bytes": t["bytes"], "sha256": t["sha256"]}
+                    for t in table or []]}
+    if table is None:  # before version 4: the file as a whole
+        info.update(count=None, bytes=size)
+    return _totals(info)
+
+
+def _totals(info: dict[str, Any]) -> dict[str, Any]:
+    info.setdefault("count", len(info["tensors"]))
+    info.setdefault("bytes", sum(t["bytes"] for t in info["tensors"]
+                                 if isinstance(t["bytes"], int)))
+    info["transforms_replayable"] = list(REPLAYABLE)
+    return info
+
+
+def _where(info: Mapping[str, Any], kind: str) -> str:
+    if info["where"] == "external":
+        state = (info["problem"] if info["problem"] else
+                 f"found, content sha256 {info['content_sha256']} matches the library's")
+        return f"external: {info['file']} ({state})"
+    if "file" in info:  # an MLF archive
+        digest = info["file_chunked_sha256"]
+        return (f"embedded in the archive: {info['file']}, {info['file_bytes']} bytes, "
+                "assembled into .rodata" + (f" (chunked sha256 {digest})" if digest else ""))
+    return f"embedded in the {kind}"
+
+
+def _tensor_line(t: Mapping[str, Any]) -> str:
+    """One tensor: an MLF weight (dtype, shape, offset, SHA-256 of its bytes) or a
+    library's weights blob (its constant arrays, its chunked SHA-256)."""
+    if "dtype" in t:
+        return (f"  tensor   {t['name']}: {t['dtype']}{list(t['shape'])} at {t['offset']}, "
+                f"{t['bytes']} bytes, sha256 {t['sha256']}")
+    arrays = f" holding {t['arrays']} constant array(s)" if t.get("arrays") else ""
+    return (f"  tensor   {t['name']}: {t['bytes']} bytes{arrays}, "
+            f"chunked sha256 {t['chunked_sha256'] or 'not recorded'}")
+
+
+def weights_lines(info: Mapping[str, Any], kind: str, per_tensor: bool) -> list[str]:
+    """The text block of the "weights" section; `per_tensor` lists each tensor's hash."""
+    count = "not recorded (this MLF version has no per-tensor SHA-256s; re-export it)" \
+        if info["count"] is None else info["count"]
+    lines = ["weights:", f"  where:    {_where(info, kind)}",
+             f"  tensors:  {count}, {info['bytes']} bytes"]
+    lines.append("  transforms replayable: " + (", ".join(info["transforms_replayable"])
+                                               or REPLAYABLE_NOTE))
+    if per_tensor:
+        lines.extend(_tensor_line(t) for t in info["tensors"])
+    elif info["tensors"]:
+        lines.append("  (--weights lists each tensor with its SHA-256)")
+    return lines
+
+
+__all__ = ["REPLAYABLE", "REPLAYABLE_NOTE", "library_weights", "mlf_weights", "weights_lines"]
