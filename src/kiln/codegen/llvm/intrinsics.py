@@ -17,9 +17,9 @@ from llvmlite import ir
 
 from kiln.codegen.llvm import arith
 from kiln.codegen.llvm.arith import MathContext, call_float_intrinsic
+from kiln.codegen.llvm.bf16_dot import emit_dot2_bf16
 from kiln.codegen.llvm.decls import declare, intrinsic
 from kiln.codegen.llvm.dtypes import I1, libm_name
-from kiln.codegen.llvm.bf16_dot import emit_dot2_bf16
 from kiln.codegen.llvm.int_dot import emit_dot2_i16, emit_dot4_u8s8
 from kiln.errors import CompileError
 from kiln.ir import dtype as dt

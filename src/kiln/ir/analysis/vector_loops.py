@@ -16,7 +16,8 @@ when:
 - every expression that depends on the loop variable is a float32/float64 `add`, `sub`,
   `mul`, `div`, `min`, `max`, `neg`, `fma`, `floor`, `ceil`, `trunc`, `round` or
   `abs`; an int32 `add`, `sub`, `mul`, `min`, `max`, `and`, `or`, `xor`, `neg`, a
-  shift by a constant or `dot4_u8s8`; `dot2_bf16` (a float32 sum of int32 words); a `select` on a comparison of such values (or
+  shift by a constant or `dot4_u8s8`; `dot2_bf16` (a float32 sum, int32 words); a
+  `select` on a comparison of such values (or
   `isnan`); an int32-to-float32 `cast`, a widening `cast` of byte or word lanes to int32
   or float32 (zero-extended from the unsigned types, sign-extended from the signed ones:
   every dequantize of bytes); a 32-bit `reinterpret` between float32 and

@@ -50,7 +50,7 @@ from kiln.kernels.epilogue import fused_store
 from kiln.kernels.gemm.families import PackedGemm, choose_tile, constant_b
 from kiln.kernels.gemm.micro_kernel import unflatten
 from kiln.kernels.tiles import Epilogue, const, lanes_loop, parallel_tiles, parallel_when
-from kiln.ops.gemm_bf16 import PAIR_BLOCK, PAIR_STRIDE, packed_bf16_kn, pack_b_bf16
+from kiln.ops.gemm_bf16 import PAIR_BLOCK, PAIR_STRIDE, pack_b_bf16, packed_bf16_kn
 from kiln.ops.packed_attrs import TILE, recorded_tile
 from kiln.target.isa import ISA
 
@@ -105,7 +105,8 @@ class _Nest:
 def _convert_rows(nest: _Nest, mt: PrimExpr, abuf: Buffer, head: list[Stmt]) -> list[Stmt]:
     """`abuf[r, w]`: the bfloat16 words of the tile's rows of A (rows past M read the
     last row; K past its end reads zero)."""
-    k, stmts = nest.k, []
+    k = nest.k
+    stmts: list[Stmt] = []
     whole = k // PAIR_BLOCK
     for r in range(nest.mr):
         rv = Var(f"m{r}", INDEX_DTYPE)
@@ -116,11 +117,15 @@ def _convert_rows(nest: _Nest, mt: PrimExpr, abuf: Buffer, head: list[Stmt]) -> 
             return nest.a[(*pre, kk)]
 
         q = Var("q", INDEX_DTYPE)
+
+        def pair(j: PrimExpr, r: int = r, at: Any = at, q: Var = q) -> Stmt:
+            return Store(abuf, bf16_word(at(q * PAIR_BLOCK + j),
+                                         at(q * PAIR_BLOCK + PAIR_STRIDE + j)),
+                         (const(r), q * PAIR_STRIDE + j))
+
         if whole:
-            stmts.append(For(q, const(0), const(whole), "serial", lanes_loop(
-                "j", PAIR_STRIDE, lambda j, r=r, at=at, q=q: Store(abuf, bf16_word(
-                    at(q * PAIR_BLOCK + j), at(q * PAIR_BLOCK + PAIR_STRIDE + j)),
-                    (const(r), q * PAIR_STRIDE + j)))))
+            stmts.append(For(q, const(0), const(whole), "serial",
+                             lanes_loop("j", PAIR_STRIDE, pair)))
         if k % PAIR_BLOCK:  # the last, partial block: K's end read as zero
             j = Var("j", INDEX_DTYPE)
 
