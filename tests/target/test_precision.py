@@ -32,7 +32,7 @@ def test_a_cpu_without_avx512bf16_refuses_bf16() -> None:
 
 @pytest.mark.parametrize(("spec", "message"), [
     (f"{SPR} -precision=f16", "float16 compute .* is not built yet"),
-    (f"c -mtriple=x86_64-linux-gnu -mcpu=sapphirerapids -precision=bf16",
+    ("c -mtriple=x86_64-linux-gnu -mcpu=sapphirerapids -precision=bf16",
      "'c' code generator does not emit the bfloat16"),
     ("llvm -mtriple=aarch64-linux-gnu -mcpu=neoverse-v1 -precision=bf16", "x86 .* only"),
     (f"{SPR} -precision=fp8", "precision"),
