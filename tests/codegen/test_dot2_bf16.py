@@ -69,7 +69,8 @@ def _assembly(target: str) -> str:
     return str(compiled.target_machine.emit_assembly(compiled.module))
 
 
-@pytest.mark.parametrize(("target", "bf16"), [(SPR, True), ("llvm -mcpu=znver3", False)])
+@pytest.mark.parametrize(("target", "bf16"), [(SPR, True), ("llvm -mcpu=znver4", True),
+                                                 ("llvm -mcpu=znver3", False)])
 def test_llvm(target: str, bf16: bool) -> None:
     # 37 lanes: vdpbf16ps on whole vectors of 16, the rest however LLVM splits it
     found = len(re.findall(r"\bvdpbf16ps\b", _assembly(target)))
