@@ -17,7 +17,6 @@ machine, an AMD EPYC Zen 5, has it); elsewhere the run tests skip.
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -130,7 +129,7 @@ def test_pack_round_trips_the_rounded_weights() -> None:
     assert np.all(np.abs(back[2:] - w[2:]) <= np.abs(w[2:]) * 2.0 ** -8)
 
 
-def test_sapphirerapids_build_only(tmp_path: Path) -> None:
+def test_sapphirerapids_build_only() -> None:
     """A library for another CPU with the instructions (AMX too) builds on any host; it
     is not loaded (the loader refuses it on a host without AMX)."""
     b = GraphBuilder()
@@ -139,5 +138,5 @@ def test_sapphirerapids_build_only(tmp_path: Path) -> None:
     b.output("y", ("M", 24))
     model = b.model()
     target = Target("llvm -mcpu=sapphirerapids -precision=bf16")
-    lib = kiln.compile(from_onnx(model), target).export_library(tmp_path / "m.so")
-    assert Path(lib).stat().st_size > 0
+    ex = kiln.compile(from_onnx(model), target)  # the object file, not linked or loaded
+    assert "matmul_packed_bf16" in ex.ir.script() and "kernels.o" in ex.artifacts.inspect()

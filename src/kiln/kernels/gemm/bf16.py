@@ -102,42 +102,40 @@ class _Nest:
         return int(self.bp.shape[0])
 
 
-def _convert_rows(nest: _Nest, mt: PrimExpr, abuf: Buffer, head: list[Stmt]) -> list[Stmt]:
+def _convert_rows(nest: _Nest, mt: PrimExpr, abuf: Buffer) -> Stmt:
     """`abuf[r, w]`: the bfloat16 words of the tile's rows of A (rows past M read the
-    last row; K past its end reads zero)."""
-    k = nest.k
-    stmts: list[Stmt] = []
-    whole = k // PAIR_BLOCK
-    for r in range(nest.mr):
-        rv = Var(f"m{r}", INDEX_DTYPE)
-        head.append(LetStmt(rv, min_(mt * nest.mr + r, nest.m - 1)))
-        pre = unflatten(rv, nest.rows, f"r{r}_", head)
+    last row; K past its end reads zero). One loop over the rows: the conversion is in
+    the IR once, not once per row."""
+    k, whole = nest.k, nest.k // PAIR_BLOCK
+    r, q, j = (Var(v, INDEX_DTYPE) for v in ("cr", "q", "j"))
+    lets: list[Stmt] = []
+    row = Var("crow", INDEX_DTYPE)
+    lets.append(LetStmt(row, min_(mt * nest.mr + r, nest.m - 1)))
+    pre = unflatten(row, nest.rows, "cr_", lets)
 
-        def at(kk: PrimExpr, pre: tuple[PrimExpr, ...] = pre) -> PrimExpr:
-            return nest.a[(*pre, kk)]
+    def at(kk: PrimExpr) -> PrimExpr:
+        return nest.a[(*pre, kk)]
 
-        q = Var("q", INDEX_DTYPE)
+    def pair(jj: PrimExpr) -> Stmt:
+        return Store(abuf, bf16_word(at(q * PAIR_BLOCK + jj),
+                                     at(q * PAIR_BLOCK + PAIR_STRIDE + jj)),
+                     (r, q * PAIR_STRIDE + jj))
 
-        def pair(j: PrimExpr, r: int = r, at: Any = at, q: Var = q) -> Stmt:
-            return Store(abuf, bf16_word(at(q * PAIR_BLOCK + j),
-                                         at(q * PAIR_BLOCK + PAIR_STRIDE + j)),
-                         (const(r), q * PAIR_STRIDE + j))
+    body: list[Stmt] = list(lets)
+    if whole:
+        body.append(For(q, const(0), const(whole), "serial",
+                        lanes_loop("j", PAIR_STRIDE, pair)))
+    if k % PAIR_BLOCK:  # the last, partial block: K's end read as zero
 
-        if whole:
-            stmts.append(For(q, const(0), const(whole), "serial",
-                             lanes_loop("j", PAIR_STRIDE, pair)))
-        if k % PAIR_BLOCK:  # the last, partial block: K's end read as zero
-            j = Var("j", INDEX_DTYPE)
+        def tail(kk: PrimExpr) -> PrimExpr:
+            return select(compare("lt", kk, const(k)), at(min_(kk, k - 1)),
+                          as_expr(0.0, "float32"))
 
-            def tail(kk: PrimExpr, at: Any = at) -> PrimExpr:
-                return select(compare("lt", kk, const(k)), at(min_(kk, k - 1)),
-                              as_expr(0.0, "float32"))
-
-            lo = const(whole * PAIR_BLOCK) + j
-            stmts.append(For(j, const(0), const(PAIR_STRIDE), "serial", Store(
-                abuf, bf16_word(tail(lo), tail(lo + PAIR_STRIDE)),
-                (const(r), const(whole * PAIR_STRIDE) + j))))
-    return stmts
+        lo = const(whole * PAIR_BLOCK) + j
+        body.append(For(j, const(0), const(PAIR_STRIDE), "serial", Store(
+            abuf, bf16_word(tail(lo), tail(lo + PAIR_STRIDE)),
+            (r, const(whole * PAIR_STRIDE) + j))))
+    return For(r, const(0), const(nest.mr), "serial", seq(*body))
 
 
 def _panel(nest: _Nest, mt: PrimExpr, panel: PrimExpr, abuf: Buffer) -> Stmt:
@@ -196,14 +194,13 @@ def bf16_body(nest: _Nest) -> Stmt:
 
     def tile(gi: PrimExpr, mt: PrimExpr) -> Stmt:
         abuf = Buffer("a_bf16", (nest.mr, nest.words), "int32", "local")
-        head: list[Stmt] = []
-        convert = _convert_rows(nest, mt, abuf, head)
+        convert = _convert_rows(nest, mt, abuf)
         pj = Var("pj", INDEX_DTYPE)
         here: PrimExpr = (const(nest.group) if nest.panels % nest.group == 0
                           else min_(nest.group, nest.panels - gi * nest.group))
         panels = For(pj, const(0), here, "serial", _panel(nest, mt, gi * nest.group + pj,
                                                           abuf))
-        return seq(Allocate(abuf), *head, *convert, panels)
+        return seq(Allocate(abuf), convert, panels)
 
     madds = nest.m * nest.n * nest.k
     return parallel_when(lambda: parallel_tiles((groups, mtiles), tile), madds,
