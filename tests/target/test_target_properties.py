@@ -28,6 +28,8 @@ SPECIAL: dict[str, st.SearchStrategy[Any]] = {
     "mtriple": st.sampled_from(OTHER_TRIPLES),
     "max_shared_memory_per_block": st.integers(min_value=0, max_value=49152),
     "max_shared_memory_per_block_optin": st.integers(min_value=49152, max_value=1 << 20),
+    # bf16 depends on the drawn CPU's features (tests/target/test_precision.py): f32 only
+    "precision": st.just("f32"),
 }
 SKIP = {"kind", "tag", "host", "devices", "mfloat-abi"}
 

@@ -618,6 +618,8 @@ class _Compiler:
         depth = max(a.depth for a in args) + 1
         dtype = e.args[0].dtype
         name = e.name
+        if name == t.DOT2_BF16:
+            return _V(f"_dot2_bf16({codes})", depth=depth)
         if name in t.DOT4_INTRINSICS:
             return self.wrap(f"_{name}({codes})", None, None, "int32", depth)
         if not dt.is_float(dtype):

@@ -235,10 +235,25 @@ def _dot2_i16(acc: Any, a: Any, b: Any) -> int:
     return total
 
 
+def _bf16_half(word: int, shift: int) -> np.float32:
+    """The bfloat16 in bits `shift .. shift + 16` of `word`, widened to float32."""
+    bits = ((int(word) >> shift) & 0xFFFF) << 16
+    return np.array([bits], dtype=np.uint32).view(np.float32)[0]
+
+
+def _dot2_bf16(acc: Any, a: Any, b: Any) -> np.float32:
+    """The `dot2_bf16` intrinsic: `(acc + hi(a) * hi(b)) + lo(a) * lo(b)` in float32
+    (the products of two bfloat16 values are exact in float32)."""
+    with np.errstate(all="ignore"):
+        hi = _bf16_half(a, 16) * _bf16_half(b, 16)
+        lo = _bf16_half(a, 0) * _bf16_half(b, 0)
+        return np.float32(np.float32(np.float32(acc) + hi) + lo)
+
+
 def _base_namespace() -> dict[str, Any]:
     ns: dict[str, Any] = {
         "_check": _check, "_dot4_u8s8": _dot4_u8s8, "_dot4_u8s8_sat16": _dot4_u8s8_sat16,
-        "_dot2_i16": _dot2_i16,
+        "_dot2_i16": _dot2_i16, "_dot2_bf16": _dot2_bf16,
         "_Fault": Fault, "_tdiv": _tdiv, "_tmod": _tmod, "_ipow": _ipow, "_shl": _shl,
         "_shr": _shr, "_sel": _sel, "_f2i": _f2i, "_fmin": _fmin, "_fmax": _fmax,
         "_ffloordiv": _ffloordiv, "_ffloormod": _ffloormod, "_round16": round16,

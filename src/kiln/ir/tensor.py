@@ -277,6 +277,8 @@ INTRINSICS: dict[str, int] = {
     "dot4_u8s8_sat16": 3,
     # dot2_i16(acc, a, b): two int16 products per word (DOT2_I16)
     "dot2_i16": 3,
+    # dot2_bf16(acc, a, b): two bfloat16 products per word summed into float32 (DOT2_BF16)
+    "dot2_bf16": 3,
     CHECK_INTRINSIC: 2,
     PREFETCH_INTRINSIC: 1,
     PROFILE_START: 1, PROFILE_STOP: 2,
@@ -299,6 +301,13 @@ DOT4_U8S8_SAT16 = "dot4_u8s8_sat16"
 # AVX2 / AVX-512BW without VNNI, with u8 or s8 values stored widened in int16 pairs
 # (docs/quantization.md, "Without VNNI: int16 pairs").
 DOT2_I16 = "dot2_i16"
+# `dot2_bf16(acc, a, b)`: `acc` float32, `a` and `b` int32 words of two bfloat16 values
+# (half 0 the least significant); `(acc + hi(a) * hi(b)) + lo(a) * lo(b)` in float32,
+# each bfloat16 widened exactly (its bits the upper half of a float32), the products
+# exact, the two additions rounded to nearest even. One lane of x86 `vdpbf16ps` (which
+# also flushes subnormals to zero); the llvm backend emits it where the target has
+# AVX512-BF16, else these float32 operations (kiln.codegen.llvm.bf16_dot).
+DOT2_BF16 = "dot2_bf16"
 #: The integer dot-product intrinsics (int32 arguments: packed words of 4 bytes, or of
 #: 2 int16 halves for `dot2_i16`).
 DOT4_INTRINSICS = frozenset({DOT4_U8S8, DOT4_U8S8_SAT16, DOT2_I16})

@@ -541,6 +541,12 @@ class _PrimFuncVerifier(StmtExprVisitor):
         if e.name in (t.CHECK_INTRINSIC, t.PREFETCH_INTRINSIC, t.TERMINATE_CHECK):
             self.fault(f"intrinsic '{e.name}' is valid only as the value of an Evaluate", e)
         first = e.args[0].dtype
+        if e.name == t.DOT2_BF16:
+            if first != "float32" or any(a.dtype != "int32" for a in e.args[1:]):
+                self.fault(f"intrinsic '{e.name}' takes a float32 sum and two int32 words "
+                           f"(bfloat16 pairs), got {[a.dtype for a in e.args]}", e)
+            super().visit_intrin(e)
+            return
         if e.name in t.DOT4_INTRINSICS and first != "int32":
             self.fault(f"intrinsic '{e.name}' takes int32 arguments (4 packed bytes), "
                        f"got {first}", e)

@@ -52,6 +52,7 @@ LOWERINGS: Registry[Lowering] = Registry("hand-built lowering")
 _LAZY: dict[str, str] = {
     # gemm (kiln.kernels.gemm)
     "matmul_packed": "kiln.kernels.gemm.lowering:MATMUL_PACKED",
+    "matmul_packed_bf16": "kiln.kernels.gemm.lowering:MATMUL_PACKED_BF16",
     "matmul_tiled": "kiln.kernels.gemm.lowering:MATMUL_TILED",
     "matmul_gemv": "kiln.kernels.gemm.lowering:MATMUL_GEMV",
     "cblas_matmul": "kiln.kernels.gemm.cblas:CBLAS_MATMUL",

@@ -98,6 +98,7 @@ _FAMILIES: dict[str, str] = {
     "gemv": "kiln.kernels.gemm.gemv_family:GEMV",
     "gemm": "kiln.kernels.gemm.families:GEMM",
     "gemm_tiled": "kiln.kernels.gemm.families:GEMM_TILED",
+    "gemm_bf16": "kiln.kernels.gemm.bf16:GEMM_BF16",
 
     # conv
     "conv_depthwise": "kiln.kernels.conv.depthwise:CONV_DEPTHWISE",

@@ -8,6 +8,7 @@ from kiln.ops import (  # noqa: F401
     data_dependent,
     elementwise,
     gemm,
+    gemm_bf16,
     image,
     indexing,
     layout,

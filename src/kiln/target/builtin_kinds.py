@@ -16,8 +16,11 @@ from kiln.target.attrs import AttrSpec, canonical_features
 from kiln.target.host import check_triple, host_triple, triple_arch
 from kiln.target.kind import TargetKind
 from kiln.target.llvm_names import check_cpu_names
+from kiln.target.precision import check_precision
 
 _FLOAT_ABIS = ("hard", "soft", "softfp")
+#: The values of the CPU kinds' `precision` attribute (kiln.target.precision).
+PRECISIONS = ("f32", "bf16", "f16")
 _CUDA_ARCH = re.compile(r"sm_[1-9][0-9]{1,2}[af]?")
 _AMDGPU_CPU = re.compile(r"gfx[0-9a-f]{3,4}")
 
@@ -52,6 +55,13 @@ def _cpu_options(triple_doc: str) -> dict[str, AttrSpec]:
                 "on, but off for a bare-metal triple (firmware: 4x the weights, and "
                 "workspace); false: direct convolutions only",
         ),
+        "precision": AttrSpec(
+            str, choices=PRECISIONS,
+            doc="the arithmetic of float32 GEMMs: 'f32' (absent: the default), or 'bf16': "
+                "weights stored in bfloat16 and products of bfloat16 values summed in "
+                "float32 (AVX512-BF16 vdpbf16ps), float32 inputs and outputs; 'f16' is "
+                "not built yet (docs/targets.md)",
+        ),
     }
 
 
@@ -79,7 +89,7 @@ def _check_cpu_attrs(attrs: dict[str, Any], kind: str) -> dict[str, Any]:
                 f"attribute 'mfloat-abi' of target kind '{kind}' applies to Arm triples "
                 f"(arm*, thumb*) only, but mtriple is '{triple}'"
             )
-    return attrs
+    return check_precision(attrs, kind)
 
 
 def _canonicalize_llvm(attrs: dict[str, Any]) -> dict[str, Any]:

@@ -76,6 +76,9 @@ class ISA:
     #: for the model compiled (its `parallel_threshold` knob, kiln.tuning.apply); 0: the
     #: rule's (kiln.kernels.parallel_work.PARALLEL_MIN_NS). The passes set it.
     parallel_min_ns: int = 0
+    #: The target attribute `precision` (kiln.target.precision): "f32", or "bf16" for
+    #: GEMMs on bfloat16 weights with float32 sums (kiln.kernels.gemm.bf16).
+    precision: str = "f32"
 
     def lanes(self, dtype: str = "float32") -> int:
         """Elements of `dtype` in one vector register (1 without vectors)."""
@@ -124,7 +127,8 @@ def _with_target_choices(isa: ISA, target: Any) -> ISA:
     if winograd is None:  # firmware's flash and RAM: no transformed weights by default
         winograd = not triple_bare_metal(str(attrs.get("mtriple") or host_triple()))
     return replace(isa, kind=target.kind.name, int8_pairs=str(attrs.get("int8-pairs") or
-                                                              "exact"), winograd=bool(winograd))
+                                                              "exact"), winograd=bool(winograd),
+                   precision=str(attrs.get("precision") or "f32"))
 
 
 def _cpu_isa(target: Any) -> ISA:

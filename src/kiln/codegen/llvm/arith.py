@@ -48,6 +48,8 @@ class MathContext:
     native_roundeven: bool = True
     # The target's integer dot-product family (kiln.target.isa.ISA.int8_dot).
     int8_dot: str | None = None
+    # Lanes of the target's bfloat16 dot product (kiln.codegen.llvm.bf16_dot; 0: none).
+    bf16_dot: int = 0
     _ipow: dict[str, ir.Function] = field(default_factory=dict)
 
 

@@ -9,6 +9,7 @@ from kiln.artifact import Artifact
 from kiln.codegen.constants import ConstantPool
 from kiln.codegen.cpu_requirements import feature_rows
 from kiln.codegen.host import DEFAULT_HOST_CFLAGS, codegen_host
+from kiln.codegen.llvm.bf16_dot import bf16_dot_lanes
 from kiln.codegen.llvm.lower_to_llvm import (
     C_LIBRARY_HEAP,
     ERROR_CODES,
@@ -90,6 +91,7 @@ def _lower(mod: IRModule, target: Any, *, prefix: str, pool: ConstantPool,
         native_roundeven=config.native_roundeven, sext_int32=config.sext_int32,
         no_slp=config.no_slp,
         int8_dot=isa_of(config.triple, config.cpu, config.features).int8_dot,
+        bf16_dot=bf16_dot_lanes(isa_of(config.triple, config.cpu, config.features)),
         function_attrs=config.function_attrs(), serial_parallel_for=jit,
         # wasm has no host.c (kiln.export.wasm), the JIT none either
         heap_functions=(C_LIBRARY_HEAP if jit or config.arch.startswith("wasm")

@@ -127,6 +127,8 @@ class LoweringOptions:
     native_roundeven: bool = True
     # The integer dot-product family of the target's ISA (`dot4_u8s8`, int_dot.py).
     int8_dot: str | None = None
+    # Lanes of the target's bfloat16 dot product (`dot2_bf16`, bf16_dot.py; 0: none).
+    bf16_dot: int = 0
     # ABIs that pass 32-bit integers sign-extended in 64-bit registers (RISC-V 64...).
     sext_int32: bool = False
     # Function attributes ("target-cpu", "target-features", "prefer-vector-width").
@@ -252,7 +254,7 @@ class _ModuleLowering:
         self.math = MathContext(
             self.module, HalfConversions(self.module),
             FAST_MATH_FLAGS if options.fast_math else (), options.native_roundeven,
-            int8_dot=options.int8_dot)
+            int8_dot=options.int8_dot, bf16_dot=options.bf16_dot)
         self.size_t = ir.IntType(options.pointer_bits)
         self.kernels: dict[str, ir.Function] = {}
         self.funcs = mod.prim_funcs()

@@ -16,7 +16,8 @@ when:
 - every expression that depends on the loop variable is a float32/float64 `add`, `sub`,
   `mul`, `div`, `min`, `max`, `neg`, `fma`, `floor`, `ceil`, `trunc`, `round` or
   `abs`; an int32 `add`, `sub`, `mul`, `min`, `max`, `and`, `or`, `xor`, `neg`, a
-  shift by a constant or `dot4_u8s8`; a `select` on a comparison of such values (or
+  shift by a constant or `dot4_u8s8`; `dot2_bf16` (a float32 sum, int32 words); a
+  `select` on a comparison of such values (or
   `isnan`); an int32-to-float32 `cast`, a widening `cast` of byte or word lanes to int32
   or float32 (zero-extended from the unsigned types, sign-extended from the signed ones:
   every dequantize of bytes); a 32-bit `reinterpret` between float32 and
@@ -42,6 +43,7 @@ from __future__ import annotations
 from kiln.ir.affine import constant_offset, flat_coefficient, mentions
 from kiln.ir.dtype import itemsize as dtype_bytes
 from kiln.ir.tensor import (
+    DOT2_BF16,
     DOT4_INTRINSICS,
     Allocate,
     AllocConst,
@@ -214,6 +216,11 @@ class VectorBody:
                     and self.expr(e.a) and self.expr(e.b))
         if isinstance(e, UnaryOp):
             return (e.op == "neg" or self.fail(f"'{e.op}' has no vector form")) and self.expr(e.a)
+        if isinstance(e, Intrin) and e.name == DOT2_BF16:
+            return ((e.dtype == "float32" and all(a.dtype == INT_VECTOR_DTYPE
+                                                  for a in e.args[1:]))
+                    or self.fail("dot2_bf16 takes a float32 sum and int32 words")
+                    ) and all(self.expr(a) for a in e.args)
         if isinstance(e, Intrin):
             return (((e.name in VECTOR_INTRINSICS and all(a.dtype == e.dtype for a in e.args))
                      or self.fail(f"'{e.name}' has no vector form"))

@@ -20,6 +20,7 @@ from kiln.kernels.epilogue import float32_operands
 from kiln.kernels.registry import build_call, family_of
 from kiln.ops import te
 from kiln.ops.gemm import GEMV, PACKED, TILED
+from kiln.ops.gemm_bf16 import PACKED_BF16
 from kiln.target.isa import ISA
 
 
@@ -42,7 +43,7 @@ class GemmLowering:
                     result: te.Tensor | None, name: str, isa: ISA) -> PrimFunc | None:
         """The GEMM kernel (see kiln.kernels.lowering.Lowering.lower_fused); None for
         operands or a result other than float32."""
-        if not float32_operands(args[:2], result):
+        if not float32_operands(args[:1 if self.op == PACKED_BF16 else 2], result):
             return None
         return build_call(family_of(self.op), params, args, attrs, anchor, result, isa)
 
@@ -50,3 +51,4 @@ class GemmLowering:
 MATMUL_PACKED = GemmLowering(PACKED)
 MATMUL_TILED = GemmLowering(TILED)
 MATMUL_GEMV = GemmLowering(GEMV)
+MATMUL_PACKED_BF16 = GemmLowering(PACKED_BF16)

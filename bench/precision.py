@@ -1,0 +1,71 @@
+"""The target attribute `precision`: float32 vs bfloat16 GEMMs, latency and accuracy.
+
+    .venv/bin/python bench/precision.py [--models bert,resnet50] [--repeat 20]
+                                        [--seconds 10] [--threads 2]
+
+Each model (bench/models.py's builders: `bert`, BERT-base-like, 12 layers, width 768,
+sequence 128; `resnet50`, 224x224) is compiled for `host` and for `host
+-precision=bf16` (the GEMMs of constant weights on bfloat16 weights with float32 sums,
+kiln.kernels.gemm.bf16; convolutions, attention's activation products, element-wise
+and normalisation stay float32), and the two are timed in alternating blocks
+(bench/harness.py; wall time, `--threads` threads through
+`kiln.runtime.set_num_threads`, batch 1). `rel L2` is the
+bf16 output's relative L2 distance from the float32 build's; `top-1` whether the two
+agree on the output's largest entry (per row of the last axis, as a share). Prints a
+table; asserts nothing. The host must have AVX512-BF16.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import numpy as np
+from harness import alternating_blocks_ms, calls_within, describe_target, rel_l2
+
+import kiln
+from kiln.frontend import from_onnx
+from models import build
+
+
+def _top1(a: np.ndarray, b: np.ndarray) -> float:
+    a2, b2 = a.reshape(-1, a.shape[-1]), b.reshape(-1, b.shape[-1])
+    return float(np.mean(a2.argmax(axis=1) == b2.argmax(axis=1)))
+
+
+def row(name: str, args: argparse.Namespace) -> str:
+    model, feed = build(name)
+    inputs = list(feed.values())
+    fns, compile_s = {}, {}
+    for precision in ("f32", "bf16"):
+        start = time.perf_counter()
+        fn = kiln.compile(from_onnx(model), f"host -precision={precision}")["main"]
+        fn(*inputs)  # links and loads the library
+        fns[precision], compile_s[precision] = fn, time.perf_counter() - start
+    f32, bf16 = (np.asarray(fns[p](*inputs)) for p in ("f32", "bf16"))
+    calls = {p: (lambda f=f: f(*inputs)) for p, f in fns.items()}
+    n = calls_within(calls, args.repeat, args.seconds)
+    ms = alternating_blocks_ms(calls, n, clock=time.perf_counter)
+    return (f"{name:<10} {ms['f32']:>9.2f} {ms['bf16']:>9.2f} "
+            f"{ms['f32'] / ms['bf16']:>7.2f}x {rel_l2(bf16, f32):>9.1e} "
+            f"{_top1(bf16, f32):>6.3f} {compile_s['f32']:>7.1f} {compile_s['bf16']:>7.1f}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--models", default="bert,resnet50")
+    parser.add_argument("--repeat", type=int, default=20)
+    parser.add_argument("--seconds", type=float, default=10.0)
+    parser.add_argument("--threads", type=int, default=2)
+    args = parser.parse_args()
+    kiln.runtime.set_num_threads(args.threads)
+    target = kiln.target.Target("host -precision=bf16")
+    print(f"host: {describe_target(target)}; {args.threads} threads, batch 1")
+    print(f"{'model':<10} {'f32 ms':>9} {'bf16 ms':>9} {'speedup':>8} {'rel L2':>9} "
+          f"{'top-1':>6} {'f32 s':>7} {'bf16 s':>7}")
+    for name in args.models.split(","):
+        print(row(name, args), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,87 @@
+"""The `dot2_bf16` intrinsic (kiln.ir.tensor) as AVX512-BF16 `vdpbf16ps`, or float32
+arithmetic.
+
+`dot2_bf16(acc, a, b)` adds to each float32 lane of `acc` the two products of the
+bfloat16 halves of the int32 words `a` and `b`. Where the target has AVX512-BF16
+(`bf16_dot_lanes`), a vector of it is one `llvm.x86.avx512bf16.dpbf16ps.512` per 16
+lanes (the words passed as `<16 x i32>`: LLVM's bitcode upgrade reads them as its
+`<32 x bfloat>`); elsewhere, and on scalars, each half is widened exactly (its bits
+the upper half of a float32) and the products added high half first, as the
+instruction does. The instruction flushes subnormal inputs and results to zero, the
+float32 form does not: the two differ on values below 2^-126 only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from llvmlite import ir
+
+from kiln.codegen.llvm.decls import intrinsic
+from kiln.target.isa import ISA
+
+I32, F32 = ir.IntType(32), ir.FloatType()
+#: The lanes of one `vdpbf16ps` on zmm registers.
+ZMM_LANES = 16
+
+
+def bf16_dot_lanes(isa: ISA) -> int:
+    """The lanes of the target's bfloat16 dot-product instruction (0: none)."""
+    return ZMM_LANES if isa.has("avx512bf16") and isa.vector_bits >= 512 else 0
+
+
+def _splat(ty: ir.Type, n: int, value: int) -> ir.Constant:
+    return ir.Constant(ir.VectorType(ty, n), [value] * n)
+
+
+def _halves(b: ir.IRBuilder, word: ir.Value) -> tuple[ir.Value, ir.Value]:
+    """The high and low bfloat16 of `<n x i32>` words, as `<n x float>`."""
+    n = word.type.count
+    ft = ir.VectorType(F32, n)
+    hi = b.bitcast(b.and_(word, _splat(I32, n, -0x10000)), ft)
+    lo = b.bitcast(b.shl(word, _splat(I32, n, 16)), ft)
+    return hi, lo
+
+
+def _portable(b: ir.IRBuilder, acc: ir.Value, a: ir.Value, w: ir.Value) -> ir.Value:
+    (ah, al), (wh, wl) = _halves(b, a), _halves(b, w)
+    return b.fadd(b.fadd(acc, b.fmul(ah, wh)), b.fmul(al, wl))
+
+
+def _slice(b: ir.IRBuilder, v: ir.Value, start: int, count: int) -> ir.Value:
+    mask = ir.Constant(ir.VectorType(I32, count), [start + i if start + i < v.type.count
+                                                   else v.type.count for i in range(count)])
+    return b.shuffle_vector(v, ir.Constant(v.type, ir.Undefined), mask)
+
+
+def _concat(b: ir.IRBuilder, parts: list[ir.Value], n: int) -> ir.Value:
+    """The first `n` lanes of `parts` end to end."""
+    while len(parts) > 1:
+        if len(parts) % 2:
+            parts.append(ir.Constant(parts[0].type, ir.Undefined))
+        width = parts[0].type.count
+        mask = ir.Constant(ir.VectorType(I32, 2 * width), list(range(2 * width)))
+        parts = [b.shuffle_vector(parts[i], parts[i + 1], mask)
+                 for i in range(0, len(parts), 2)]
+    whole = parts[0]
+    return whole if whole.type.count == n else _slice(b, whole, 0, n)
+
+
+def emit_dot2_bf16(b: ir.IRBuilder, mod: ir.Module, lanes: int,
+                   args: Sequence[ir.Value]) -> ir.Value:
+    """`dot2_bf16(acc, a, b)` on scalars or `<n x float>` / `<n x i32>` vectors (any n);
+    `lanes`: the instruction's (`bf16_dot_lanes`; 0: the float32 form)."""
+    acc, a, w = args
+    if not isinstance(acc.type, ir.VectorType):
+        one = [b.insert_element(ir.Constant(ir.VectorType(v.type, 1), ir.Undefined), v,
+                                ir.Constant(I32, 0)) for v in (acc, a, w)]
+        return b.extract_element(_portable(b, *one), ir.Constant(I32, 0))
+    n = acc.type.count
+    if lanes != ZMM_LANES or n < lanes // 2:
+        return _portable(b, acc, a, w)
+    name = "llvm.x86.avx512bf16.dpbf16ps.512"
+    ft, it = ir.VectorType(F32, lanes), ir.VectorType(I32, lanes)
+    fn = intrinsic(mod, name, ft, [ft, it, it])
+    parts = [b.call(fn, [_slice(b, v, c, lanes) for v in (acc, a, w)])
+             for c in range(0, n, lanes)]
+    return _concat(b, parts, n)

@@ -1,0 +1,253 @@
+"""The bfloat16 GEMM (`matmul_packed_bf16`, kiln.ops.gemm_bf16): float32 A by bfloat16
+weights packed at compile time, float32 sums, for targets with `precision=bf16`
+(kiln.target.precision).
+
+A parallel tile is one row tile of `mr` rows of A by a group of B's panels (as many
+as fill half of L2, `PANEL_GROUP_L2_SHARE`, so that a thread's consecutive tiles reuse
+them from L2). It first converts its rows of A to bfloat16 words on the stack (two
+contiguous runs of each row paired lane by lane, the pairing `pack_b_bf16` gave B; K
+zero-padded to whole blocks), then runs each panel's register tile over them: per
+word of K, one broadcast A word per row and `mr * nr` float32 lanes of `dot2_bf16`
+(one `vdpbf16ps` per 16 lanes: two multiply-adds each), the accumulators held at
+constant rows so they stay in registers, as the float32 micro-kernel's
+(kiln.kernels.gemm.micro_kernel). Each output then goes through the fused epilogue in
+float32. Rows past M read the last row (symbolic M: a tile count of the kernel's dim
+scalars), columns past N multiply zero weights and are not stored.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from kiln.ir import graph as g
+from kiln.ir.attrs import ATTR_GEMM_KERNEL
+from kiln.ir.dtype import INDEX_DTYPE
+from kiln.ir.shape_expr import dim_product
+from kiln.ir.tensor import (
+    DOT2_BF16,
+    Allocate,
+    Buffer,
+    Const,
+    For,
+    Intrin,
+    LetStmt,
+    PrimExpr,
+    PrimFunc,
+    Stmt,
+    Store,
+    Var,
+    as_expr,
+    compare,
+    intrin,
+    min_,
+    reinterpret,
+    select,
+    seq,
+)
+from kiln.kernels.epilogue import fused_store
+from kiln.kernels.gemm.families import PackedGemm, choose_tile, constant_b
+from kiln.kernels.gemm.micro_kernel import unflatten
+from kiln.kernels.tiles import Epilogue, const, lanes_loop, parallel_tiles, parallel_when
+from kiln.ops.gemm_bf16 import PAIR_BLOCK, PAIR_STRIDE, pack_b_bf16, packed_bf16_kn
+from kiln.ops.packed_attrs import TILE, recorded_tile
+from kiln.target.isa import ISA
+
+#: The share of L2 one parallel tile's group of packed panels may fill.
+PANEL_GROUP_L2_SHARE = 0.5
+
+
+def _i32(v: int) -> Const:
+    return Const(v, "int32")
+
+
+def bf16_upper(x: PrimExpr) -> PrimExpr:
+    """An int32 whose upper half is float32 `x` rounded to bfloat16 (nearest, ties to
+    even; NaN a quiet NaN): the bits plus 0x7FFF plus the lowest kept bit."""
+    bits = reinterpret(x, "int32")
+    rounded = bits + _i32(0x7FFF) + ((bits >> _i32(16)) & _i32(1))
+    return select(intrin("isnan", x), _i32(0x7FC00000), rounded)
+
+
+def bf16_word(lo: PrimExpr, hi: PrimExpr) -> PrimExpr:
+    """The int32 word of two bfloat16 values: `lo` rounded in its low half, `hi` in its
+    high half."""
+    return ((bf16_upper(lo) >> _i32(16)) & _i32(0xFFFF)) | (bf16_upper(hi) & _i32(-0x10000))
+
+
+@dataclass(frozen=True)
+class _Nest:
+    """The sizes and operands of one bf16 GEMM kernel."""
+
+    a: Buffer
+    bp: Buffer
+    out: Buffer
+    epilogue: Epilogue
+    rows: tuple[Any, ...]
+    m: Any  # an int, or an expression of the kernel's dim scalars
+    n: int
+    k: int
+    mr: int
+    nr: int
+    group: int
+    isa: ISA
+
+    @property
+    def words(self) -> int:
+        return int(self.bp.shape[1])
+
+    @property
+    def panels(self) -> int:
+        return int(self.bp.shape[0])
+
+
+def _convert_rows(nest: _Nest, mt: PrimExpr, abuf: Buffer) -> Stmt:
+    """`abuf[r, w]`: the bfloat16 words of the tile's rows of A (rows past M read the
+    last row; K past its end reads zero). One loop over the rows: the conversion is in
+    the IR once, not once per row."""
+    k, whole = nest.k, nest.k // PAIR_BLOCK
+    r, q, j = (Var(v, INDEX_DTYPE) for v in ("cr", "q", "j"))
+    lets: list[Stmt] = []
+    row = Var("crow", INDEX_DTYPE)
+    lets.append(LetStmt(row, min_(mt * nest.mr + r, nest.m - 1)))
+    pre = unflatten(row, nest.rows, "cr_", lets)
+
+    def at(kk: PrimExpr) -> PrimExpr:
+        return nest.a[(*pre, kk)]
+
+    def pair(jj: PrimExpr) -> Stmt:
+        return Store(abuf, bf16_word(at(q * PAIR_BLOCK + jj),
+                                     at(q * PAIR_BLOCK + PAIR_STRIDE + jj)),
+                     (r, q * PAIR_STRIDE + jj))
+
+    body: list[Stmt] = list(lets)
+    if whole:
+        body.append(For(q, const(0), const(whole), "serial",
+                        lanes_loop("j", PAIR_STRIDE, pair)))
+    if k % PAIR_BLOCK:  # the last, partial block: K's end read as zero
+
+        def tail(kk: PrimExpr) -> PrimExpr:
+            return select(compare("lt", kk, const(k)), at(min_(kk, k - 1)),
+                          as_expr(0.0, "float32"))
+
+        lo = const(whole * PAIR_BLOCK) + j
+        body.append(For(j, const(0), const(PAIR_STRIDE), "serial", Store(
+            abuf, bf16_word(tail(lo), tail(lo + PAIR_STRIDE)),
+            (r, const(whole * PAIR_STRIDE) + j))))
+    return For(r, const(0), const(nest.mr), "serial", seq(*body))
+
+
+def _panel(nest: _Nest, mt: PrimExpr, panel: PrimExpr, abuf: Buffer) -> Stmt:
+    """One register tile: the rows' words by panel `panel`, stored through the epilogue."""
+    mr, nr = nest.mr, nest.nr
+    acc = Buffer("acc", (mr, nr), "float32", "local")
+    zero = as_expr(0.0, "float32")
+    init = lanes_loop("v", nr, lambda v: seq(*(Store(acc, zero, (const(r), v))
+                                               for r in range(mr))))
+    w = Var("w", INDEX_DTYPE)
+    xs = [Var(f"a{r}", "int32") for r in range(mr)]
+
+    def lane(v: PrimExpr) -> Stmt:
+        bv = Var("b", "int32")
+        return seq(LetStmt(bv, nest.bp[panel, w, v]), *(
+            Store(acc, Intrin(DOT2_BF16, (acc[const(r), v], xs[r], bv)), (const(r), v))
+            for r in range(mr)))
+
+    step = seq(*(LetStmt(x, abuf[const(r), w]) for r, x in enumerate(xs)),
+               lanes_loop("v", nr, lane))
+    reduce = For(w, const(0), const(nest.words), "serial", step)
+    stage = Buffer("stage", (mr, nr), "float32", "local")
+    copy = lanes_loop("v", nr, lambda v: seq(*(Store(stage, acc[const(r), v], (const(r), v))
+                                              for r in range(mr))))
+    return seq(Allocate(acc), init, reduce, Allocate(stage), copy,
+               _stores(nest, mt, panel, stage))
+
+
+def _stores(nest: _Nest, mt: PrimExpr, panel: PrimExpr, stage: Buffer) -> Stmt:
+    """The tile's rows (those before M) and columns (those before N) stored."""
+    mr, nr, n = nest.mr, nest.nr, nest.n
+    n0 = panel * nr
+    static_rows = isinstance(nest.m, int) and nest.m % mr == 0
+    rows_here: PrimExpr = const(mr) if static_rows else min_(mr, nest.m - mt * mr)
+
+    def store_loops(cols: PrimExpr) -> Stmt:
+        r, v, rv = Var("r", INDEX_DTYPE), Var("v", INDEX_DTYPE), Var("row", INDEX_DTYPE)
+        lets: list[Stmt] = [LetStmt(rv, mt * mr + r)]
+        idx = (*unflatten(rv, nest.rows, "o", lets), n0 + v)
+        kind = "vectorized" if isinstance(cols, Const) else "serial"
+        row = For(v, const(0), cols, kind,
+                  Store(nest.out, nest.epilogue(stage[r, v], idx), idx))
+        return For(r, const(0), rows_here, "serial", seq(*lets, row))
+
+    if n % nr == 0:
+        return store_loops(const(nr))
+    if n < nr:
+        return store_loops(const(n))
+    return store_loops(min_(nr, n - n0))
+
+
+def bf16_body(nest: _Nest) -> Stmt:
+    """The kernel's loop nest: parallel tiles over (panel group, row tile)."""
+    mtiles = (nest.m + nest.mr - 1) // nest.mr
+    groups = -(-nest.panels // nest.group)
+
+    def tile(gi: PrimExpr, mt: PrimExpr) -> Stmt:
+        abuf = Buffer("a_bf16", (nest.mr, nest.words), "int32", "local")
+        convert = _convert_rows(nest, mt, abuf)
+        pj = Var("pj", INDEX_DTYPE)
+        here: PrimExpr = (const(nest.group) if nest.panels % nest.group == 0
+                          else min_(nest.group, nest.panels - gi * nest.group))
+        panels = For(pj, const(0), here, "serial", _panel(nest, mt, gi * nest.group + pj,
+                                                          abuf))
+        return seq(Allocate(abuf), convert, panels)
+
+    madds = nest.m * nest.n * nest.k
+    return parallel_when(lambda: parallel_tiles((groups, mtiles), tile), madds,
+                         isa=nest.isa)
+
+
+@dataclass(frozen=True)
+class Bf16Gemm(PackedGemm):
+    """`matmul(a, B)` with B constant on a `precision=bf16` target ->
+    `matmul_packed_bf16(a, bp)`, tile `(mr, nr)`."""
+
+    def applies(self, call: g.Call, isa: ISA) -> bool:
+        return isa.precision == "bf16" and constant_b(call)
+
+    def candidates(self, call: g.Call, isa: ISA) -> list[tuple[int, ...]]:
+        return []
+
+    def pack_tile(self, call: g.Call, isa: ISA, tile: tuple[int, ...]) -> g.Call:
+        a, b = call.args
+        assert isinstance(b, g.Constant)
+        data = b.data.T if call.attrs.get("transpose_b") else b.data
+        mr, nr = tile
+        packed = g.Constant(pack_b_bf16(data, nr), b.name)
+        attrs = {"n": data.shape[1], "k": data.shape[0], TILE: (mr, nr)}
+        return g.Call(self.op, (a, packed), g.freeze_attrs(attrs), call.ret_type)
+
+    def build(self, params: Sequence[Any], args: Sequence[Any], attrs: Mapping[str, Any],
+              anchor: Any, result: Any, isa: ISA) -> PrimFunc | None:
+        a, bp = args[0], args[1]
+        k, n = packed_bf16_kn(args, attrs)
+        rows = tuple(a.shape[:-1])
+        store = fused_store(params, anchor, result, (*rows, n))
+        if store is None or a.dtype != "float32":
+            return None
+        m = dim_product(rows)
+        tile = recorded_tile(attrs, 2, self.op)
+        mr = tile[0] if tile else choose_tile(m, n, isa).mr
+        mr = min(mr, m) if isinstance(m, int) else mr
+        nr = int(bp.shape[2])
+        panel_bytes = int(bp.shape[1]) * nr * 4
+        group = max(1, min(int(bp.shape[0]), int(PANEL_GROUP_L2_SHARE * isa.l2_bytes)
+                           // panel_bytes))
+        nest = _Nest(store.buffers[a], store.buffers[bp], store.out, store.epilogue, rows,
+                     m, n, k, mr, nr, group, isa)
+        body = bf16_body(nest)
+        return PrimFunc((*(store.buffers[t] for t in params), store.out), body,
+                        {ATTR_GEMM_KERNEL: self.op})
+
+
+GEMM_BF16 = Bf16Gemm("gemm_bf16", "matmul_packed_bf16", ("matmul",), -1)

@@ -1,0 +1,83 @@
+"""The `dot2_bf16` intrinsic (two bfloat16 products per int32 word added to a float32,
+kiln.ir.tensor; the bf16 GEMM's step, kiln.kernels.gemm.bf16): on the reference
+interpreter and llvm against numpy, one `vdpbf16ps` per 16 lanes on an AVX512-BF16
+target, the float32 form elsewhere (llvm's `znver3`), through kiln.script and back."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+
+import kiln
+from kiln.codegen.constants import ConstantPool
+from kiln.codegen.llvm.codegen import compile_module
+from kiln.ir import IRModule, assert_structural_equal, evaluate
+from kiln.ir.tensor import DOT2_BF16, Buffer, Const, For, Intrin, PrimFunc, Store, Var
+from kiln.ops.gemm_bf16 import bf16_round
+from kiln.script import from_source, print_module
+from kiln.target import Target
+from kiln.target.isa import isa_for
+from kiln.transform.vectorize_loops import VectorizeLoops
+
+N = 37  # not a multiple of the instruction's 16 lanes
+SPR = "llvm -mtriple=x86_64-linux-gnu -mcpu=sapphirerapids"
+
+
+def _module() -> IRModule:
+    acc, out = Buffer("acc", (N,), "float32"), Buffer("out", (N,), "float32")
+    a, b = Buffer("a", (N,), "int32"), Buffer("b", (N,), "int32")
+    i = Var("i", "int64")
+    body = For(i, Const(0, "int64"), Const(N, "int64"), "vectorized",
+               Store(out, Intrin(DOT2_BF16, (acc[i], a[i], b[i])), (i,)))
+    return IRModule({"dot": PrimFunc((acc, a, b, out), body)})
+
+
+def _operands() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(7)
+    acc = rng.standard_normal(N).astype(np.float32)
+    a, b = (bf16_round(rng.standard_normal(2 * N).astype(np.float32)).view(np.uint32) >> 16
+            for _ in range(2))
+    words = [(x[0::2] | (x[1::2] << 16)).astype(np.uint32).view(np.int32) for x in (a, b)]
+    return acc, words[0], words[1]
+
+
+def _expected(acc: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    def halves(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        u = w.view(np.uint32)
+        return (u & 0xFFFF0000).view(np.float32), (u << 16).view(np.float32)
+
+    (ah, al), (bh, bl) = halves(a), halves(b)
+    return (acc + ah * bh) + al * bl  # float32, the high half first (vdpbf16ps's order)
+
+
+def test_interpreter_and_script() -> None:
+    out = np.zeros(N, np.float32)
+    evaluate(_module(), "dot", *_operands(), out)
+    np.testing.assert_array_equal(out, _expected(*_operands()))
+    text = print_module(_module())
+    assert "T.dot2_bf16(" in text
+    assert_structural_equal(from_source(text), _module())
+
+
+def _assembly(target: str) -> str:
+    with Target(target):  # the pass makes the lane loop a vector loop
+        mod = VectorizeLoops()(_module())
+    compiled = compile_module(mod, Target(target), prefix="kiln_",
+                              pool=ConstantPool.from_module(mod))
+    return str(compiled.target_machine.emit_assembly(compiled.module))
+
+
+@pytest.mark.parametrize(("target", "bf16"), [(SPR, True), ("llvm -mcpu=znver4", True),
+                                                 ("llvm -mcpu=znver3", False)])
+def test_llvm(target: str, bf16: bool) -> None:
+    # 37 lanes: vdpbf16ps on whole vectors of 16, the rest however LLVM splits it
+    found = len(re.findall(r"\bvdpbf16ps\b", _assembly(target)))
+    assert found >= 2 if bf16 else found == 0
+    if not isa_for(Target(target)).features <= isa_for(Target.from_host()).features:
+        pytest.skip(f"this host cannot run {target}: compiled only")
+    out = np.zeros(N, np.float32)
+    kiln.compile(_module(), target)["dot"](*_operands(), out)
+    # exact: the products of bfloat16 values are exact in float32, the operands normal
+    np.testing.assert_array_equal(out, _expected(*_operands()))

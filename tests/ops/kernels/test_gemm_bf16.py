@@ -1,0 +1,142 @@
+"""The bfloat16 GEMM (`host -precision=bf16`: kiln.ops.gemm_bf16, kiln.kernels.gemm.bf16)
+against float32 numpy.
+
+Tolerance: bfloat16 keeps 8 significant bits (a relative rounding error up to 2^-9,
+about 2e-3, on each of A and B), so each product is off by up to about 4e-3 relative;
+on random data those errors have random signs and the relative L2 error of a whole
+output comes out near 2-3e-3. 1e-2 leaves margin for it and catches any wrong pairing
+or packing (which gives errors near 1). Against the same product of the bfloat16-rounded
+operands in float64 the kernel must agree to float32 summation error: that pins the
+rounding (to nearest, ties to even) of both A and the weights.
+
+One model holds every case as a branch (one compile): remainders of M, N and K (K past
+whole blocks of 32, N past whole panels), Gemm's transB and bias with ReLU, M = 1, and
+rows of a symbolic M with a second row dim. The host must have AVX512-BF16 (the test
+machine, an AMD EPYC Zen 5, has it); elsewhere the run tests skip.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+import kiln
+from kiln.errors import TargetError
+from kiln.frontend import from_onnx
+from kiln.ops.gemm_bf16 import bf16_round, pack_b_bf16, unpack_b_bf16
+from kiln.target import Target
+from support.graphs import GraphBuilder
+
+RNG = np.random.default_rng(63)
+TOL = 1e-2        # against float32 (see the module docstring)
+TIGHT = 1e-5      # against the product of the rounded operands
+CASES = [  # (name, A's shape, K, N, Gemm with transB and bias)
+    ("remainders", (7, 45), 45, 70, False),
+    ("gemm_transb_bias", (5, 100), 100, 19, True),
+    ("one_row", (1, 64), 64, 96, False),
+]
+SYMBOLIC = ("symbolic_rows", ("M", 3, 33), 33, 50)
+
+
+Case = tuple[str, tuple[Any, ...], int, int, bool]
+
+
+def _model() -> tuple[Any, dict[str, tuple[np.ndarray, np.ndarray | None]]]:
+    """The model (a branch per case) and each case's weight `[K, N]` and bias."""
+    b = GraphBuilder()
+    weights: dict[str, tuple[np.ndarray, np.ndarray | None]] = {}
+    cases: list[Case] = [*CASES, (*SYMBOLIC, False)]
+    for name, shape, k, n, gemm in cases:
+        x = b.input(f"x_{name}", shape)
+        w = RNG.standard_normal((n, k) if gemm else (k, n)).astype(np.float32)
+        out = f"y_{name}"
+        if gemm:
+            bias = RNG.standard_normal(n).astype(np.float32)
+            y = b.op("Gemm", x, b.const(w, "w"), b.const(bias, "bias"), transB=1)
+            b.node("Relu", [y], [out])
+            weights[name] = (w.T, bias)
+        else:
+            b.node("MatMul", [x, b.const(w, "w")], [out])
+            weights[name] = (w, None)
+        b.output(out, (*shape[:-1], n))
+    return b.model(), weights
+
+
+def _reference(x: np.ndarray, w: np.ndarray, bias: np.ndarray | None,
+               rounded: bool) -> np.ndarray:
+    if rounded:  # the operands rounded as the kernel rounds them, summed in float64
+        x, w = bf16_round(x).astype(np.float64), bf16_round(w).astype(np.float64)
+    y = x @ w
+    return np.maximum(y + bias, 0) if bias is not None else y
+
+
+def _rel_l2(got: np.ndarray, want: np.ndarray) -> float:
+    return float(np.linalg.norm(got - want) / np.linalg.norm(want))
+
+
+def _bf16_host() -> Target:
+    try:
+        return Target("host -precision=bf16")
+    except TargetError as err:
+        pytest.skip(f"this host cannot run precision=bf16: {err}")
+
+
+@pytest.fixture(scope="module")
+def built() -> tuple[Any, Any, dict[str, tuple[np.ndarray, np.ndarray | None]]]:
+    target = _bf16_host()
+    model, weights = _model()
+    return kiln.compile(from_onnx(model), target), model, weights
+
+
+def _feeds(rows: int) -> dict[str, np.ndarray]:
+    shapes = {name: shape for name, shape, *_ in CASES}
+    shapes[SYMBOLIC[0]] = (rows, *SYMBOLIC[1][1:])
+    return {f"x_{name}": RNG.standard_normal(shape).astype(np.float32)
+            for name, shape in shapes.items()}
+
+
+@pytest.mark.parametrize("rows", [1, 5])
+def test_bf16_gemm_matches_float32(built: Any, rows: int) -> None:
+    ex, _, weights = built
+    feeds = _feeds(rows)
+    outs = ex["main"](*feeds.values())
+    names = [*(c[0] for c in CASES), SYMBOLIC[0]]
+    for name, got in zip(names, outs):
+        w, bias = weights[name]
+        x = feeds[f"x_{name}"]
+        got = np.asarray(got)
+        assert _rel_l2(got, _reference(x, w, bias, False)) <= TOL, name
+        assert _rel_l2(got, _reference(x, w, bias, True)) <= TIGHT, name
+
+
+def test_bf16_weights_are_packed_at_compile_time(built: Any) -> None:
+    ex, _, _ = built
+    text = ex.ir.script()
+    assert text.count("matmul_packed_bf16") >= len(CASES) + 1
+    assert "matmul_packed(" not in text and "matmul_gemv" not in text
+
+
+def test_pack_round_trips_the_rounded_weights() -> None:
+    w = RNG.standard_normal((45, 70)).astype(np.float32)
+    w[0, 0], w[1, 1] = np.nan, 1.0 + 2.0 ** -8  # a NaN stays NaN; a tie rounds to even
+    packed = pack_b_bf16(w, 32)
+    assert packed.shape == (3, 32, 32) and packed.dtype == np.int32
+    back = unpack_b_bf16(packed, 45, 70)
+    assert np.isnan(back[0, 0]) and back[1, 1] == 1.0
+    np.testing.assert_array_equal(back[2:], bf16_round(w)[2:])
+    assert np.all(np.abs(back[2:] - w[2:]) <= np.abs(w[2:]) * 2.0 ** -8)
+
+
+def test_sapphirerapids_build_only() -> None:
+    """A library for another CPU with the instructions (AMX too) builds on any host; it
+    is not loaded (the loader refuses it on a host without AMX)."""
+    b = GraphBuilder()
+    b.node("MatMul", [b.input("x", ("M", 40)), b.const(RNG.standard_normal((40, 24))
+                                                       .astype(np.float32), "w")], ["y"])
+    b.output("y", ("M", 24))
+    model = b.model()
+    target = Target("llvm -mcpu=sapphirerapids -precision=bf16")
+    ex = kiln.compile(from_onnx(model), target)  # the object file, not linked or loaded
+    assert "matmul_packed_bf16" in ex.ir.script() and "kernels.o" in ex.artifacts.inspect()
