@@ -27,7 +27,7 @@ from support.numerics import rel_l2
 from support.reference import ort_session
 
 AVX2 = "llvm -mcpu=znver4 -mattr=-avx512f"
-K, N = 40, 72
+K, N = 43, 72  # K: the split sums of one and two rows have steps left over
 #: (seq, batch): rows 0, 1, the short tiles' edges (2, 3, 4, 5), 7, 8 and 9
 SIZES = [(0, 3), (1, 1), (1, 2), (3, 1), (2, 2), (1, 5), (7, 1), (2, 4), (3, 3)]
 

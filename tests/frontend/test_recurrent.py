@@ -12,6 +12,7 @@ import kiln
 from kiln.errors import FrontendError
 from kiln.frontend import from_onnx
 from kiln.ir import assert_structural_equal
+from kiln.ir.aliasing import analyze
 from kiln.script import from_source, print_module
 from support.graphs import GraphBuilder
 from support.reference import onnxruntime_outputs
@@ -184,7 +185,8 @@ def test_symbolic_sequence_length_is_a_loop_for_every_length(op: str, kw: dict[s
                                                              target: str) -> None:
     """A symbolic sequence length (what exporters write for a dynamic time axis) becomes
     a graph Loop over the steps: one library runs every length, including 1 and lengths
-    past every row's `sequence_lens`, and with a symbolic batch every batch size."""
+    past every row's `sequence_lens`, and with a symbolic batch every batch size; no
+    kernel of the steps loses `noalias` to the state's two slots."""
     kw = dict(kw)
     symbolic_batch = kw.pop("batch", None) is not None
     model, _ = _model(op, seq="seq", **kw)
@@ -195,6 +197,9 @@ def test_symbolic_sequence_length_is_a_loop_for_every_length(op: str, kw: dict[s
     assert f'G.loop("{op.lower()}_body"' in text
     assert_structural_equal(from_source(text), mod)  # the DSL round-trips the loop
     ex = kiln.compile(mod, target)
+    # the step kernels on the loop's double-buffered state keep noalias (kiln.ir.aliasing)
+    info = analyze(dict(ex.ir.prim_funcs()))
+    assert [n for n, w in info.written.items() if info.noalias[n] != w] == []
     rng = np.random.default_rng(5)
     sizes = ((4, 3), (6, 3)) if "lens" in kw else ((1, 3), (4, 3), (7, 3))
     for steps, batch in (((1, 1), (4, 3), (7, 2), (3, 13)) if symbolic_batch else sizes):

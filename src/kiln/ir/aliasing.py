@@ -33,9 +33,11 @@ from kiln.ir.attrs import ATTR_EXTERN_READS
 from kiln.ir.dtype import itemsize
 from kiln.ir.identity_cache import IdentityCache
 from kiln.ir.shape_expr import dim_at_least, dim_product
+from kiln.ir.structural import structural_equal
 from kiln.ir.tensor import (
     Allocate,
     AllocConst,
+    BinaryOp,
     Buffer,
     CallExtern,
     CallFunc,
@@ -44,6 +46,7 @@ from kiln.ir.tensor import (
     IfThenElse,
     PrimExpr,
     PrimFunc,
+    Select,
     SeqStmt,
     Stmt,
     Store,
@@ -69,14 +72,49 @@ class Region:
             return True
         assert self.offset is not None and self.size is not None
         assert other.offset is not None and other.size is not None
-        if all(isinstance(d, int) for d in (self.offset, self.size, other.offset, other.size)):
-            return bool(self.offset < other.offset + other.size
-                        and other.offset < self.offset + self.size)
-        try:
-            return not (dim_at_least(other.offset, self.offset + self.size)
-                        or dim_at_least(self.offset, other.offset + other.size))
-        except IRError:  # an offset that is no dim expression (a Select of a loop's slot)
-            return True
+        # A loop's state slots sit at `Select(even, a, b)`: apart when every choice of
+        # branches both offsets can take at once is (the same condition, the same branch)
+        for taken_a, a in _alternatives(self.offset):
+            for taken_b, b in _alternatives(other.offset):
+                if not _contradict(taken_a, taken_b) and _may_meet(a, self.size, b,
+                                                                   other.size):
+                    return True
+        return False
+
+
+def _may_meet(a: Dim, a_size: Dim, b: Dim, b_size: Dim) -> bool:
+    """Whether bytes `a .. a + a_size` may meet bytes `b .. b + b_size`."""
+    if all(isinstance(d, int) for d in (a, a_size, b, b_size)):
+        return bool(a < b + b_size and b < a + a_size)
+    try:
+        return not (dim_at_least(b, a + a_size) or dim_at_least(a, b + b_size))
+    except IRError:  # an offset that is no dim expression (a loop's counter in it)
+        return True
+
+
+#: The branches an offset takes: (condition, whether it holds) for each Select chosen.
+Taken = tuple[tuple[PrimExpr, bool], ...]
+
+
+def _alternatives(offset: Dim) -> list[tuple[Taken, Dim]]:
+    """The values `offset` may take, each with the branches of its Selects that give it
+    (a loop's slots double-buffered at `Select(iteration % 2 == 0, a, b)`, plus a view's
+    own offset); an offset without a Select is its only value."""
+    if isinstance(offset, Select):
+        return [((*taken, (offset.cond, holds)), value)
+                for holds, arm in ((True, offset.true_value), (False, offset.false_value))
+                for taken, value in _alternatives(arm)]
+    if isinstance(offset, BinaryOp) and offset.op == "add":
+        left, right = _alternatives(offset.a), _alternatives(offset.b)
+        if len(left) > 1 or len(right) > 1:
+            return [((*ta, *tb), a + b) for ta, a in left for tb, b in right]
+    return [((), offset)]
+
+
+def _contradict(a: Taken, b: Taken) -> bool:
+    """Whether branch choices `a` and `b` cannot hold together: one condition taken
+    both ways (the current slot and the next one of a loop's state)."""
+    return any(ha != hb and structural_equal(ca, cb) for ca, ha in a for cb, hb in b)
 
 
 @dataclass

@@ -32,10 +32,10 @@ from kiln.ir.tensor import (
 )
 from kiln.kernels.gemm.knobs import KBlocking, choose_k_blocking, k_block_caches
 from kiln.kernels.gemm.micro_kernel import (
-    ROW_SPLITS,
     BReader,
     GemmShape,
     register_tile,
+    row_splits,
     row_tile,
     unflatten,
 )
@@ -205,7 +205,7 @@ def _row_remainder(nest: GemmNest, bflat: PrimExpr, panel: PrimExpr, mt: PrimExp
     """Row tile `mt` of a symbolic M: the full `mr`-row tile where more than half of
     `mr` rows are left (its surplus rows read the last row again), else the rows left
     on the shortest tile of the same panel that holds them, its height a divisor of
-    `mr` (8: 1, 2 or 4 rows; one row on `micro_kernel.row_tile`). A full-height tile
+    `mr` (8: 1, 2 or 4 rows; one or two rows on `micro_kernel.row_tile`). A full-height tile
     over the few rows of a small M (batch 1: one row) multiplies `mr` times the work (an
     LSTM's h @ R at batch 1: 6x its pinned product); rows one at a time read B's panel
     once per row (batch 2-4), so a short tile takes them together."""
@@ -244,9 +244,10 @@ def _one_tile(nest: GemmNest, bflat: PrimExpr, panel: PrimExpr, mt: PrimExpr,
     b_row = ((lambda kk, v: nest.b_at(bidx, panel, kk, v)) if copied is None
              else copied)
     k = nest.shape.k
-    if part is None and mr == 1 and not nest.static_m and isinstance(k, int) \
-            and k >= 2 * ROW_SPLITS:  # a symbolic M's rows left (`_row_remainder`)
-        acc, red = row_tile(nr, k, a_rows[0], b_row, acc_t, fused)
+    splits = row_splits(mr)
+    if part is None and splits > 1 and not nest.static_m and isinstance(k, int) \
+            and k >= 2 * splits:  # a symbolic M's few rows left (`_row_remainder`)
+        acc, red = row_tile(nr, k, a_rows, b_row, acc_t, fused, splits)
     elif part is None:
         acc, red = register_tile(mr, nr, k, a_rows, b_row, acc_t, fused)
     else:

@@ -187,25 +187,35 @@ def register_tile(mr: int, nr: int, k: PrimExpr | int,
 ROW_SPLITS = 4
 
 
-def row_tile(nr: int, k: int, a_row: Callable[[PrimExpr], PrimExpr],
+def row_splits(rows: int) -> int:
+    """The partial sums `row_tile` deals K to for a tile of `rows` rows: `ROW_SPLITS`
+    chains per vector over the rows (4 for one row, 2 for two, none past that)."""
+    return max(1, ROW_SPLITS // rows)
+
+
+def row_tile(nr: int, k: int, a_rows: Sequence[Callable[[PrimExpr], PrimExpr]],
              b_row: Callable[[PrimExpr, PrimExpr], PrimExpr], dtype: str, fused: bool,
              splits: int = ROW_SPLITS) -> tuple[Buffer, list[Stmt]]:
-    """`register_tile` of one row (`acc[1][nr]`), K's steps dealt round-robin to
-    `splits` partial sums added at the end (the rows of a symbolic M left after the
-    full tiles, kiln.kernels.gemm.loop_nest: batch 1's one row). The sums are rounded
-    in another order than `register_tile`'s, as any other tile's are."""
-    parts = Buffer("parts", (splits, nr), dtype, "local")
-    acc = Buffer("acc", (1, nr), dtype, "local")
+    """`register_tile` of a few rows (`acc[len(a_rows)][nr]`), K's steps dealt
+    round-robin to `splits` partial sums per row added at the end (the rows of a
+    symbolic M left after the full tiles, kiln.kernels.gemm.loop_nest: batch 1's one
+    row, batch 2's two). The sums are rounded in another order than
+    `register_tile`'s, as any other tile's are."""
+    mr = len(a_rows)
+    parts = Buffer("parts", (splits * mr, nr), dtype, "local")
+    acc = Buffer("acc", (mr, nr), dtype, "local")
     zero = as_expr(0.0, dtype)
     stmts: list[Stmt] = [Allocate(parts), Allocate(acc), lanes_loop("v", nr, lambda v: seq(
-        *(Store(parts, zero, (_c(s), v)) for s in range(splits))))]
+        *(Store(parts, zero, (_c(p), v)) for p in range(splits * mr))))]
 
     def step(k0: PrimExpr, count: int) -> Stmt:
-        xs = [Var(f"a{s}", dtype) for s in range(count)]
-        lets: list[Stmt] = [LetStmt(x, a_row(k0 + s)) for s, x in enumerate(xs)]
+        xs = [[Var(f"a{r}_{s}", dtype) for s in range(count)] for r in range(mr)]
+        lets: list[Stmt] = [LetStmt(xs[r][s], a_rows[r](k0 + s))
+                            for r in range(mr) for s in range(count)]
         return seq(*lets, lanes_loop("v", nr, lambda v: seq(*(
-            Store(parts, madd(parts[_c(s), v], xs[s], b_row(k0 + s, v), fused), (_c(s), v))
-            for s in range(count)))))
+            Store(parts, madd(parts[_c(s * mr + r), v], xs[r][s], b_row(k0 + s, v), fused),
+                  (_c(s * mr + r), v))
+            for s in range(count) for r in range(mr)))))
 
     whole, rest = divmod(k, splits)
     ko = Var("ko", INDEX_DTYPE)
@@ -214,11 +224,14 @@ def row_tile(nr: int, k: int, a_row: Callable[[PrimExpr], PrimExpr],
         stmts.append(step(_c(whole * splits), rest))
 
     def total(v: PrimExpr) -> Stmt:
-        sums: list[PrimExpr] = [parts[_c(s), v] for s in range(splits)]
-        while len(sums) > 1:  # pairwise: (p0 + p1) + (p2 + p3)
-            sums = [sums[i] + sums[i + 1] if i + 1 < len(sums) else sums[i]
-                    for i in range(0, len(sums), 2)]
-        return Store(acc, sums[0], (_c(0), v))
+        out: list[Stmt] = []
+        for r in range(mr):
+            sums: list[PrimExpr] = [parts[_c(s * mr + r), v] for s in range(splits)]
+            while len(sums) > 1:  # pairwise: (p0 + p1) + (p2 + p3)
+                sums = [sums[i] + sums[i + 1] if i + 1 < len(sums) else sums[i]
+                        for i in range(0, len(sums), 2)]
+            out.append(Store(acc, sums[0], (_c(r), v)))
+        return seq(*out)
 
     stmts.append(lanes_loop("v", nr, total))
     return acc, stmts
