@@ -342,10 +342,22 @@ def _rotary_embedding(ctx: GraphContext, inputs: Sequence[g.Expr | None],
         raise IRError("RotaryEmbedding scale other than 1 is not supported")
     _check_float(ctx, x, "RotaryEmbedding input")
     t = ctx.tensor_type(x)
-    lanes, head, rot = _rotary_geometry(ctx, x, cos, attrs)
-    col, partner, sign = _rotary_lanes(lanes, head, rot, bool(attrs.get("interleaved", 0)))
+    _, head, rot = _rotary_geometry(ctx, x, cos, attrs)
     seq = t.shape[-2] if t.ndim == 4 else t.shape[1]
     pos = _positions(ctx, position_ids, seq)
+    return [rotate(ctx, x, pos, cos, sin, head, rot, bool(attrs.get("interleaved", 0)))]
+
+
+def rotate(ctx: GraphContext, x: g.Expr, pos: g.Expr, cos: g.Expr, sin: g.Expr, head: int,
+           rot: int, interleaved: bool) -> g.Expr:
+    """RoPE of `x` ((batch, seq, heads * head) or (batch, heads, seq, head)) at the
+    positions `pos` (batch, seq) from the cos/sin caches (positions, rot / 2), the first
+    `rot` lanes of each head rotated: onnxruntime's formula lane by lane (RotaryEmbedding,
+    and GroupQueryAttention's do_rotary)."""
+    t = ctx.tensor_type(x)
+    lanes = t.shape[-1]
+    assert isinstance(lanes, int)
+    col, partner, sign = _rotary_lanes(lanes, head, rot, interleaved)
     where_col = ctx.const(col.astype(np.int64))
     last = ctx.tensor_type(pos).ndim  # the cache rows at `pos` add its axes before columns
     c = ctx.call("gather", ctx.call("gather", cos, pos, axis=0), where_col, axis=last)
@@ -359,4 +371,4 @@ def _rotary_embedding(ctx: GraphContext, inputs: Sequence[g.Expr | None],
         c = reshape_to(ctx, c, (ct.shape[0], 1, *ct.shape[1:]))
         s = reshape_to(ctx, s, (ct.shape[0], 1, *ct.shape[1:]))
     moved = ctx.call("gather", x, ctx.const(partner.astype(np.int64)), axis=t.ndim - 1)
-    return [ctx.call("add", ctx.call("multiply", x, c), ctx.call("multiply", moved, s))]
+    return ctx.call("add", ctx.call("multiply", x, c), ctx.call("multiply", moved, s))

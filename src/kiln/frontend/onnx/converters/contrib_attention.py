@@ -1,0 +1,282 @@
+"""ONNX converters of com.microsoft's attention operators as LLM exporters write them,
+composed from kiln operators (docs/onnx.md, "LLM contrib operators"):
+
+- `GroupQueryAttention` as onnxruntime's CPU kernel computes it: the new key/value rows
+  written into the cache at each batch row's past length (a scatter of run-time
+  positions), every key/value head serving `num_heads / kv_num_heads` query heads (a
+  broadcast matrix product, never a repeated cache), the causal, padding and local-window
+  mask read from `seqlens_k`, RoPE from the cos/sin caches, softcap, softmax. The
+  present outputs' length `max(past, total_sequence_length)` is a symbolic size when
+  `total_sequence_length` comes from a Shape subgraph (onnxruntime-genai's builder reads
+  it from the attention mask's shape), else a run-time dimension bound by its value
+  (kiln.ops.data_dependent).
+
+This is correct, not fast: the scores are a materialised (seq x present) matrix per
+head. A fused kernel over the cache is later work (issue 61).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from kiln.errors import IRError
+from kiln.frontend.onnx.converters.contrib_llm import MS, rotate
+from kiln.frontend.onnx.converters.data_dependent import fresh_dim_name
+from kiln.frontend.onnx.converters.manip import reshape_to
+from kiln.frontend.onnx.converters.registry import GraphContext, onnx_op
+from kiln.ir import graph as g
+from kiln.ir import tensor as t
+from kiln.ir.shape_expr import simplify_dim
+from kiln.ir.types import Dim
+
+I64 = "int64"
+
+#: GroupQueryAttention inputs past the ones kiln reads: (index, name, why refused).
+_GQA_REFUSED = ((9, "position_ids"), (10, "attention_bias"), (11, "head_sink"),
+                (12, "k_scale"), (13, "v_scale"), (14, "q_norm_weight"),
+                (15, "k_norm_weight"), (16, "query_seqlens"))
+#: attributes kiln refuses at a value other than their default: (name, default)
+_GQA_ATTR_DEFAULTS = (("smooth_softmax", 0), ("qk_output", 0), ("sliding_window_cache", 0),
+                      ("causal", 1), ("k_quant_type", "NONE"), ("v_quant_type", "NONE"))
+
+
+@dataclass(frozen=True)
+class _Heads:
+    """The head geometry of one attention node."""
+
+    heads: int
+    kv_heads: int
+    head: int
+
+    @property
+    def group(self) -> int:
+        return self.heads // self.kv_heads
+
+
+# ----------------------------------------------------------------------- small helpers
+
+def _iota(ctx: GraphContext, length: Dim) -> g.Expr:
+    """0, 1, ..., length - 1 (int64)."""
+    one = ctx.const(np.array(1, np.int64))
+    return ctx.call("cumsum", ctx.call("where", ctx.true_of_shape([length]), one, one),
+                    axis=0, exclusive=1)
+
+
+def _shaped(ctx: GraphContext, x: g.Expr, rank: int, axis: int) -> g.Expr:
+    """The vector `x` as a tensor of `rank` whose only axis of its length is `axis`."""
+    n = ctx.tensor_type(x).shape[0]
+    return reshape_to(ctx, x, [n if k == axis else 1 for k in range(rank)])
+
+
+def _i64(ctx: GraphContext, x: g.Expr) -> g.Expr:
+    return x if ctx.tensor_type(x).dtype == I64 else ctx.call("cast", x, dtype=I64)
+
+
+def _to_heads(ctx: GraphContext, x: g.Expr, n: int, head: int) -> g.Expr:
+    """(batch, seq, n * head) -> (batch, n, seq, head)."""
+    xt = ctx.tensor_type(x)
+    return ctx.call("transpose", reshape_to(ctx, x, (xt.shape[0], xt.shape[1], n, head)),
+                    perm=(0, 2, 1, 3))
+
+
+# ------------------------------------------------------------------ GroupQueryAttention
+
+def _gqa_heads(ctx: GraphContext, inputs: Sequence[g.Expr | None],
+               attrs: dict[str, Any]) -> _Heads:
+    """The head geometry, checked as onnxruntime checks it; unsupported forms refused."""
+    heads, kv_heads = int(attrs["num_heads"]), int(attrs["kv_num_heads"])
+    for index, name in _GQA_REFUSED:
+        if len(inputs) > index and inputs[index] is not None:
+            raise IRError(f"GroupQueryAttention input {name} is not supported yet")
+    for name, default in _GQA_ATTR_DEFAULTS:
+        if attrs.get(name, default) != default:
+            raise IRError(f"GroupQueryAttention {name}={attrs[name]!r} is not supported (only "
+                          f"{default!r})")
+    if heads < 1 or kv_heads < 1 or heads % kv_heads:
+        raise IRError(f"GroupQueryAttention num_heads {heads} must be a positive multiple of "
+                      f"kv_num_heads {kv_heads}")
+    q = inputs[0]
+    assert q is not None
+    qt = ctx.tensor_type(q)
+    if qt.dtype != "float32":
+        raise IRError(f"GroupQueryAttention query of type {qt.dtype}: kiln imports float32 "
+                      "attention (float16 and bfloat16 are not supported yet)")
+    hidden = qt.shape[-1] if qt.ndim == 3 else None
+    packed = len(inputs) < 2 or inputs[1] is None
+    per_token = heads + 2 * kv_heads if packed else heads
+    if not isinstance(hidden, int) or hidden % per_token:
+        raise IRError(f"GroupQueryAttention query of shape {list(qt.shape)}: (batch, seq, "
+                      f"{'(num_heads + 2 * kv_num_heads)' if packed else 'num_heads'} * "
+                      "head_size) with a static last dimension")
+    return _Heads(heads, kv_heads, hidden // per_token)
+
+
+def _gqa_qkv(ctx: GraphContext, inputs: Sequence[g.Expr | None],
+             h: _Heads) -> tuple[g.Expr, g.Expr, g.Expr]:
+    """query, key, value as (batch, seq, n * head), split from a packed QKV."""
+    q, k, v = inputs[0], inputs[1], inputs[2]
+    assert q is not None
+    if k is None:
+        if v is not None:
+            raise IRError("GroupQueryAttention: key and value are both given, or both "
+                          "absent (packed QKV)")
+        cuts = np.cumsum([0, h.heads * h.head, h.kv_heads * h.head, h.kv_heads * h.head])
+        q, k, v = (ctx.call("strided_slice", q, starts=(int(a),), ends=(int(b),), axes=(2,))
+                   for a, b in itertools.pairwise(cuts))
+        return q, k, v
+    if v is None:
+        raise IRError("GroupQueryAttention: value is missing where key is given")
+    for name, x in (("key", k), ("value", v)):
+        shape = ctx.tensor_type(x).shape
+        if len(shape) != 3 or shape[-1] != h.kv_heads * h.head:
+            raise IRError(f"GroupQueryAttention {name} of shape {list(shape)}: (batch, seq, "
+                          f"kv_num_heads * head_size = {h.kv_heads * h.head})")
+    return q, k, v
+
+
+def _present_iota(ctx: GraphContext, total: g.Expr, past: g.Expr, new: g.Expr) -> g.Expr:
+    """The cache positions 0 .. L - 1 of the present outputs, L = max(past length,
+    total_sequence_length): a symbolic size when total_sequence_length's value is one
+    (a Shape subgraph), else a run-time dimension whose value is read from it, checked
+    against its bound past + seq (onnxruntime's rule: total is past + seq, or at most
+    past for a shared buffer)."""
+    past_len = ctx.tensor_type(past).shape[2]
+    dims = ctx.dims(total)
+    if dims is not None and dims.size == 1:
+        value = dims.reshape(-1)[0]
+        total_dim: Dim = int(value) if isinstance(value, (int, np.integer)) else value
+        return _iota(ctx, simplify_dim(t.max_(past_len, total_dim)))
+    cat = ctx.call("concat", past, new, axis=2)  # its length past + seq is the bound
+    length = ctx.call("maximum", ctx.call("shape_of", past, start=2, end=3),
+                      ctx.call("reshape", _i64(ctx, total), shape=(1,)))
+    name = fresh_dim_name("present", next((o for o in ctx.node_outputs[1:] if o), "length"))
+    return ctx.call("topk_k", length, cat, axis=2, dim=name)
+
+
+def _cache(ctx: GraphContext, past: g.Expr, new: g.Expr, pos_t: g.Expr,
+           start: g.Expr) -> g.Expr:
+    """present (batch, kv, L, head): row t of batch row b is the past's row t before
+    start[b], the new row t - start[b] up to start[b] + seq (a padded prompt's padding
+    rows too, as onnxruntime writes them), zero after (onnxruntime's present when it is
+    not the past's buffer). One gather of rows from past and new side by side, so the
+    copy costs what the present holds."""
+    cat = ctx.call("concat", past, new, axis=2)  # (batch, kv, P + S, head)
+    ct = ctx.tensor_type(cat)
+    batch, kv, _, head = ct.shape
+    p = ctx.call("shape_of", past, start=2, end=3)
+    n = ctx.call("shape_of", cat, start=2, end=3)
+    t3 = _shaped(ctx, pos_t, 3, 2)  # (1, 1, L)
+    start3 = ctx.call("reshape", start, shape=(-1, 1, 1))
+    from_new = ctx.call("add", ctx.call("subtract", t3, start3), p)
+    row = ctx.call("where", ctx.call("less", t3, start3), t3, from_new)
+    row = ctx.call("minimum", row, ctx.call("subtract", n, ctx.const(np.array(1, np.int64))))
+    slab = ctx.call("add", ctx.call("multiply", _shaped(ctx, _iota(ctx, batch), 3, 0),
+                                    ctx.const(np.array(kv, np.int64))),
+                    _shaped(ctx, _iota(ctx, kv), 3, 1))  # (batch, kv, 1): b * kv + h
+    index = ctx.call("add", ctx.call("multiply", slab, n), row)  # (batch, kv, L)
+    flat = reshape_to(ctx, cat, (-1, head))
+    rows = ctx.call("gather", flat, index, axis=0)
+    end = ctx.call("add", start, ctx.call("shape_of", new, start=2, end=3))
+    keep = ctx.call("less", _shaped(ctx, pos_t, 4, 2),
+                    ctx.call("reshape", end, shape=(-1, 1, 1, 1)))
+    return ctx.call("where", keep, rows, ctx.const(np.array(0, np.float32)))
+
+
+def _scores_mask(ctx: GraphContext, pos_t: g.Expr, start: g.Expr, totals: g.Expr,
+                 seq: Dim, window: int) -> g.Expr:
+    """Which keys (batch, 1, 1, seq, L) each query sees: key t of row b from query s when
+    t < seqlens_k[b] + 1 (padding), t <= start[b] + s (causal) and, with a local
+    window w, t >= start[b] + s - w."""
+    t5 = _shaped(ctx, pos_t, 5, 4)
+    at = ctx.call("add", ctx.call("reshape", start, shape=(-1, 1, 1, 1, 1)),
+                  _shaped(ctx, _iota(ctx, seq), 5, 3))  # a query's position (b, 1, 1, s, 1)
+    seen = ctx.call("logical_and", ctx.call("less_equal", t5, at), ctx.call(
+        "less", t5, ctx.call("reshape", totals, shape=(-1, 1, 1, 1, 1))))
+    if window > 0:
+        low = ctx.call("subtract", at, ctx.const(np.array(window, np.int64)))
+        seen = ctx.call("logical_and", seen, ctx.call("greater_equal", t5, low))
+    return seen
+
+
+def _attend(ctx: GraphContext, q: g.Expr, k: g.Expr, v: g.Expr, seen: g.Expr, h: _Heads,
+            scale: float, softcap: float) -> g.Expr:
+    """softmax(mask(softcap(Q K^T * scale))) V with each K/V head shared by `group`
+    query heads: q (batch, seq, heads * head), k/v (batch, kv, L, head); the result
+    (batch, seq, heads * head)."""
+    qt = ctx.tensor_type(q)
+    batch, seq = qt.shape[0], qt.shape[1]
+    q5 = ctx.call("transpose", reshape_to(ctx, q, (batch, seq, h.kv_heads, h.group, h.head)),
+                  perm=(0, 2, 3, 1, 4))  # (batch, kv, group, seq, head)
+    kt = ctx.call("transpose", k, perm=(0, 1, 3, 2))
+    ktt = ctx.tensor_type(kt)
+    k5 = reshape_to(ctx, kt, (ktt.shape[0], ktt.shape[1], 1, ktt.shape[2], ktt.shape[3]))
+    scores = ctx.call("multiply", ctx.call("matmul", q5, k5),
+                      ctx.const(np.array(scale, np.float32)))
+    if softcap > 0:
+        cap = ctx.const(np.array(softcap, np.float32))
+        scores = ctx.call("multiply", ctx.call("tanh", ctx.call("divide", scores, cap)), cap)
+    lowest = ctx.const(np.array(np.finfo(np.float32).min, np.float32))
+    probs = ctx.call("softmax", ctx.call("where", seen, scores, lowest), axis=4)
+    vt = ctx.tensor_type(v)
+    v5 = reshape_to(ctx, v, (vt.shape[0], vt.shape[1], 1, vt.shape[2], vt.shape[3]))
+    out = ctx.call("transpose", ctx.call("matmul", probs, v5), perm=(0, 3, 1, 2, 4))
+    return reshape_to(ctx, out, (batch, seq, h.heads * h.head))
+
+
+def _gqa_rotary(ctx: GraphContext, inputs: Sequence[g.Expr | None], q: g.Expr, k: g.Expr,
+                start: g.Expr, h: _Heads, attrs: dict[str, Any]) -> tuple[g.Expr, g.Expr]:
+    """Q and the new K rotated at their positions start[b] + s (do_rotary)."""
+    cos, sin = (inputs[k] if len(inputs) > k else None for k in (7, 8))
+    if cos is None or sin is None:
+        raise IRError("GroupQueryAttention do_rotary needs cos_cache and sin_cache")
+    shape = ctx.tensor_type(cos).shape
+    half = shape[-1]
+    if not isinstance(half, int) or 2 * half > h.head or len(shape) != 2:
+        raise IRError(f"GroupQueryAttention cos_cache of shape {list(shape)}: (max_sequence_"
+                      f"length, rotary_dim / 2) with rotary_dim <= head_size {h.head}")
+    seq = ctx.tensor_type(q).shape[1]
+    pos = ctx.call("add", ctx.call("reshape", start, shape=(-1, 1)),
+                   _shaped(ctx, _iota(ctx, seq), 2, 1))
+    interleaved = bool(attrs.get("rotary_interleaved", 0))
+    return (rotate(ctx, q, pos, cos, sin, h.head, 2 * half, interleaved),
+            rotate(ctx, k, pos, cos, sin, h.head, 2 * half, interleaved))
+
+
+@onnx_op(MS + "GroupQueryAttention")
+def _group_query_attention(ctx: GraphContext, inputs: Sequence[g.Expr | None],
+                           attrs: dict[str, Any]) -> list[g.Expr]:
+    """Per batch row b: T = seqlens_k[b] + 1 keys after this step, Q = min(seq, T) new
+    rows, P = T - Q rows of the past kept (onnxruntime's rule without query_seqlens)."""
+    h = _gqa_heads(ctx, inputs, attrs)
+    q, k, v = _gqa_qkv(ctx, inputs, h)
+    past_k, past_v, seqlens, total = (inputs[i] if len(inputs) > i else None
+                                      for i in (3, 4, 5, 6))
+    if seqlens is None or total is None:
+        raise IRError("GroupQueryAttention needs seqlens_k and total_sequence_length")
+    seq = ctx.tensor_type(q).shape[1]
+    if past_k is None or past_v is None:
+        if past_k is not None or past_v is not None:
+            raise IRError("GroupQueryAttention: past_key and past_value are both given or "
+                          "both absent")
+        empty = ctx.call("strided_slice", _to_heads(ctx, k, h.kv_heads, h.head),
+                         starts=(0,), ends=(0,), axes=(2,))
+        past_k = past_v = empty
+    totals = ctx.call("add", _i64(ctx, seqlens), ctx.const(np.array(1, np.int64)))
+    count = ctx.call("minimum", totals, ctx.call("shape_of", q, start=1, end=2))
+    start = ctx.call("subtract", totals, count)  # (batch,) P of each row
+    if int(attrs.get("do_rotary", 0)):
+        q, k = _gqa_rotary(ctx, inputs, q, k, start, h, attrs)
+    kh, vh = _to_heads(ctx, k, h.kv_heads, h.head), _to_heads(ctx, v, h.kv_heads, h.head)
+    pos_t = _present_iota(ctx, total, past_k, kh)
+    present_k = _cache(ctx, past_k, kh, pos_t, start)
+    present_v = _cache(ctx, past_v, vh, pos_t, start)
+    seen = _scores_mask(ctx, pos_t, start, totals, seq, int(attrs.get("local_window_size", -1)))
+    scale = float(attrs.get("scale", 0.0)) or 1.0 / float(np.sqrt(h.head))
+    out = _attend(ctx, q, present_k, present_v, seen, h, scale,
+                  float(attrs.get("softcap", 0.0)))
+    return [out, present_k, present_v]
