@@ -25,13 +25,11 @@ from typing import Any
 import numpy as np
 
 from kiln.errors import IRError
-from kiln.frontend.onnx.converters.contrib_llm import MS, rotate
+from kiln.frontend.onnx.converters.contrib_llm import MS, float32_input, rotate
 from kiln.frontend.onnx.converters.data_dependent import fresh_dim_name
 from kiln.frontend.onnx.converters.manip import reshape_to
 from kiln.frontend.onnx.converters.registry import GraphContext, onnx_op
 from kiln.ir import graph as g
-from kiln.ir import tensor as t
-from kiln.ir.shape_expr import simplify_dim
 from kiln.ir.types import Dim
 
 I64 = "int64"
@@ -100,12 +98,7 @@ def _gqa_heads(ctx: GraphContext, inputs: Sequence[g.Expr | None],
     if heads < 1 or kv_heads < 1 or heads % kv_heads:
         raise IRError(f"GroupQueryAttention num_heads {heads} must be a positive multiple of "
                       f"kv_num_heads {kv_heads}")
-    q = inputs[0]
-    assert q is not None
-    qt = ctx.tensor_type(q)
-    if qt.dtype != "float32":
-        raise IRError(f"GroupQueryAttention query of type {qt.dtype}: kiln imports float32 "
-                      "attention (float16 and bfloat16 are not supported yet)")
+    _, qt = float32_input(ctx, inputs, "GroupQueryAttention query")
     hidden = qt.shape[-1] if qt.ndim == 3 else None
     packed = len(inputs) < 2 or inputs[1] is None
     per_token = heads + 2 * kv_heads if packed else heads
@@ -139,67 +132,79 @@ def _gqa_qkv(ctx: GraphContext, inputs: Sequence[g.Expr | None],
     return q, k, v
 
 
-def _present_iota(ctx: GraphContext, total: g.Expr, past: g.Expr, new: g.Expr) -> g.Expr:
+def _present_iota(ctx: GraphContext, total: g.Expr, past: g.Expr, cat: g.Expr) -> g.Expr:
     """The cache positions 0 .. L - 1 of the present outputs, L = max(past length,
-    total_sequence_length): a symbolic size when total_sequence_length's value is one
-    (a Shape subgraph), else a run-time dimension whose value is read from it, checked
-    against its bound past + seq (onnxruntime's rule: total is past + seq, or at most
-    past for a shared buffer)."""
-    past_len = ctx.tensor_type(past).shape[2]
-    dims = ctx.dims(total)
-    if dims is not None and dims.size == 1:
-        value = dims.reshape(-1)[0]
-        total_dim: Dim = int(value) if isinstance(value, (int, np.integer)) else value
-        return _iota(ctx, simplify_dim(t.max_(past_len, total_dim)))
-    cat = ctx.call("concat", past, new, axis=2)  # its length past + seq is the bound
+    total_sequence_length): a run-time dimension read from total_sequence_length's value
+    (even where a Shape subgraph gives it, as onnxruntime-genai's builder writes it: the
+    attention mask's length, which kiln cannot prove to be past + seq), bound by the
+    length past + seq of `cat` and checked against it (onnxruntime refuses any other
+    total: past + seq for a growing cache, at most past for a shared buffer)."""
     length = ctx.call("maximum", ctx.call("shape_of", past, start=2, end=3),
                       ctx.call("reshape", _i64(ctx, total), shape=(1,)))
     name = fresh_dim_name("present", next((o for o in ctx.node_outputs[1:] if o), "length"))
     return ctx.call("topk_k", length, cat, axis=2, dim=name)
 
 
-def _cache(ctx: GraphContext, past: g.Expr, new: g.Expr, pos_t: g.Expr,
-           start: g.Expr) -> g.Expr:
-    """present (batch, kv, L, head): row t of batch row b is the past's row t before
-    start[b], the new row t - start[b] up to start[b] + seq (a padded prompt's padding
-    rows too, as onnxruntime writes them), zero after (onnxruntime's present when it is
-    not the past's buffer). One gather of rows from past and new side by side, so the
-    copy costs what the present holds."""
-    cat = ctx.call("concat", past, new, axis=2)  # (batch, kv, P + S, head)
-    ct = ctx.tensor_type(cat)
-    batch, kv, _, head = ct.shape
+@dataclass(frozen=True)
+class _Rows:
+    """Each batch row's place in the cache (int64 tensors): `start` (batch,) the past
+    rows kept, `totals` (batch,) the keys after this step (seqlens_k + 1), `pos_t` (L,)
+    the present's positions, `steps` (seq,) 0 .. seq - 1."""
+
+    start: g.Expr
+    totals: g.Expr
+    pos_t: g.Expr
+    steps: g.Expr
+
+
+def _present_rows(ctx: GraphContext, cat: g.Expr, past: g.Expr, rows: _Rows
+                  ) -> tuple[g.Expr, g.Expr]:
+    """Where each present row (batch, kv, L) comes from in `cat` (past and new side by
+    side, (batch, kv, P + S, head)) flattened to rows, and which present rows hold data
+    (batch, 1, L, 1): row t of batch row b is the past's row t before start[b], the new
+    row t - start[b] up to start[b] + seq (a padded prompt's padding rows too, as
+    onnxruntime writes them), zero after (onnxruntime's present when it is not the
+    past's buffer)."""
+    batch, kv = ctx.tensor_type(cat).shape[:2]
+    assert isinstance(kv, int)  # kv_num_heads, checked against the past
     p = ctx.call("shape_of", past, start=2, end=3)
     n = ctx.call("shape_of", cat, start=2, end=3)
-    t3 = _shaped(ctx, pos_t, 3, 2)  # (1, 1, L)
-    start3 = ctx.call("reshape", start, shape=(-1, 1, 1))
+    t3 = _shaped(ctx, rows.pos_t, 3, 2)  # (1, 1, L)
+    start3 = ctx.call("reshape", rows.start, shape=(-1, 1, 1))
     from_new = ctx.call("add", ctx.call("subtract", t3, start3), p)
     row = ctx.call("where", ctx.call("less", t3, start3), t3, from_new)
     row = ctx.call("minimum", row, ctx.call("subtract", n, ctx.const(np.array(1, np.int64))))
     slab = ctx.call("add", ctx.call("multiply", _shaped(ctx, _iota(ctx, batch), 3, 0),
                                     ctx.const(np.array(kv, np.int64))),
-                    _shaped(ctx, _iota(ctx, kv), 3, 1))  # (batch, kv, 1): b * kv + h
-    index = ctx.call("add", ctx.call("multiply", slab, n), row)  # (batch, kv, L)
-    flat = reshape_to(ctx, cat, (-1, head))
-    rows = ctx.call("gather", flat, index, axis=0)
-    end = ctx.call("add", start, ctx.call("shape_of", new, start=2, end=3))
-    keep = ctx.call("less", _shaped(ctx, pos_t, 4, 2),
+                    ctx.const(np.arange(kv, dtype=np.int64).reshape(1, -1, 1)))
+    index = ctx.call("add", ctx.call("multiply", slab, n), row)  # b * kv + h, then the row
+    end = ctx.call("add", rows.start, ctx.call("shape_of", rows.steps, start=0, end=1))
+    keep = ctx.call("less", _shaped(ctx, rows.pos_t, 4, 2),
                     ctx.call("reshape", end, shape=(-1, 1, 1, 1)))
+    return index, keep
+
+
+def _present(ctx: GraphContext, cat: g.Expr, index: g.Expr, keep: g.Expr) -> g.Expr:
+    """present (batch, kv, L, head): one gather of rows of `cat`, so the copy costs what
+    the present holds."""
+    head = ctx.tensor_type(cat).shape[3]
+    rows = ctx.call("gather", reshape_to(ctx, cat, (-1, head)), index, axis=0)
     return ctx.call("where", keep, rows, ctx.const(np.array(0, np.float32)))
 
 
-def _scores_mask(ctx: GraphContext, pos_t: g.Expr, start: g.Expr, totals: g.Expr,
-                 seq: Dim, window: int) -> g.Expr:
+def _scores_mask(ctx: GraphContext, rows: _Rows, window: int) -> g.Expr:
     """Which keys (batch, 1, 1, seq, L) each query sees: key t of row b from query s when
     t < seqlens_k[b] + 1 (padding), t <= start[b] + s (causal) and, with a local
-    window w, t >= start[b] + s - w."""
-    t5 = _shaped(ctx, pos_t, 5, 4)
-    at = ctx.call("add", ctx.call("reshape", start, shape=(-1, 1, 1, 1, 1)),
-                  _shaped(ctx, _iota(ctx, seq), 5, 3))  # a query's position (b, 1, 1, s, 1)
+    window w, t > start[b] + s - w (onnxruntime's window: w keys, the query's own
+    included)."""
+    t5 = _shaped(ctx, rows.pos_t, 5, 4)
+    at = ctx.call("add", ctx.call("reshape", rows.start, shape=(-1, 1, 1, 1, 1)),
+                  _shaped(ctx, rows.steps, 5, 3))  # a query's position (b, 1, 1, s, 1)
     seen = ctx.call("logical_and", ctx.call("less_equal", t5, at), ctx.call(
-        "less", t5, ctx.call("reshape", totals, shape=(-1, 1, 1, 1, 1))))
+        "less", t5, ctx.call("reshape", rows.totals, shape=(-1, 1, 1, 1, 1))))
     if window > 0:
         low = ctx.call("subtract", at, ctx.const(np.array(window, np.int64)))
-        seen = ctx.call("logical_and", seen, ctx.call("greater_equal", t5, low))
+        seen = ctx.call("logical_and", seen, ctx.call("greater", t5, low))
     return seen
 
 
@@ -229,7 +234,7 @@ def _attend(ctx: GraphContext, q: g.Expr, k: g.Expr, v: g.Expr, seen: g.Expr, h:
 
 
 def _gqa_rotary(ctx: GraphContext, inputs: Sequence[g.Expr | None], q: g.Expr, k: g.Expr,
-                start: g.Expr, h: _Heads, attrs: dict[str, Any]) -> tuple[g.Expr, g.Expr]:
+                rows: _Rows, h: _Heads, attrs: dict[str, Any]) -> tuple[g.Expr, g.Expr]:
     """Q and the new K rotated at their positions start[b] + s (do_rotary)."""
     cos, sin = (inputs[k] if len(inputs) > k else None for k in (7, 8))
     if cos is None or sin is None:
@@ -239,43 +244,56 @@ def _gqa_rotary(ctx: GraphContext, inputs: Sequence[g.Expr | None], q: g.Expr, k
     if not isinstance(half, int) or 2 * half > h.head or len(shape) != 2:
         raise IRError(f"GroupQueryAttention cos_cache of shape {list(shape)}: (max_sequence_"
                       f"length, rotary_dim / 2) with rotary_dim <= head_size {h.head}")
-    seq = ctx.tensor_type(q).shape[1]
-    pos = ctx.call("add", ctx.call("reshape", start, shape=(-1, 1)),
-                   _shaped(ctx, _iota(ctx, seq), 2, 1))
+    pos = ctx.call("add", ctx.call("reshape", rows.start, shape=(-1, 1)),
+                   _shaped(ctx, rows.steps, 2, 1))
     interleaved = bool(attrs.get("rotary_interleaved", 0))
     return (rotate(ctx, q, pos, cos, sin, h.head, 2 * half, interleaved),
             rotate(ctx, k, pos, cos, sin, h.head, 2 * half, interleaved))
+
+
+def _gqa_past(ctx: GraphContext, inputs: Sequence[g.Expr | None], k: g.Expr,
+              h: _Heads) -> tuple[g.Expr, g.Expr]:
+    """past_key and past_value, or empty (batch, kv, 0, head) ones when both are absent."""
+    past_k, past_v = (inputs[i] if len(inputs) > i else None for i in (3, 4))
+    if past_k is not None and past_v is not None:
+        for name, x in (("past_key", past_k), ("past_value", past_v)):
+            shape = ctx.tensor_type(x).shape
+            if len(shape) != 4 or shape[1] != h.kv_heads or shape[3] != h.head:
+                raise IRError(f"GroupQueryAttention {name} of shape {list(shape)}: (batch, "
+                              f"kv_num_heads = {h.kv_heads}, past, head_size = {h.head})")
+        return past_k, past_v
+    if past_k is not None or past_v is not None:
+        raise IRError("GroupQueryAttention: past_key and past_value are both given or both "
+                      "absent")
+    empty = ctx.call("strided_slice", _to_heads(ctx, k, h.kv_heads, h.head),
+                     starts=(0,), ends=(0,), axes=(2,))
+    return empty, empty
 
 
 @onnx_op(MS + "GroupQueryAttention")
 def _group_query_attention(ctx: GraphContext, inputs: Sequence[g.Expr | None],
                            attrs: dict[str, Any]) -> list[g.Expr]:
     """Per batch row b: T = seqlens_k[b] + 1 keys after this step, Q = min(seq, T) new
-    rows, P = T - Q rows of the past kept (onnxruntime's rule without query_seqlens)."""
+    rows, P = T - Q rows of the past kept (onnxruntime's rule without query_seqlens);
+    query s sits at position P + s."""
     h = _gqa_heads(ctx, inputs, attrs)
     q, k, v = _gqa_qkv(ctx, inputs, h)
-    past_k, past_v, seqlens, total = (inputs[i] if len(inputs) > i else None
-                                      for i in (3, 4, 5, 6))
+    past_k, past_v = _gqa_past(ctx, inputs, k, h)
+    seqlens, total = (inputs[i] if len(inputs) > i else None for i in (5, 6))
     if seqlens is None or total is None:
         raise IRError("GroupQueryAttention needs seqlens_k and total_sequence_length")
-    seq = ctx.tensor_type(q).shape[1]
-    if past_k is None or past_v is None:
-        if past_k is not None or past_v is not None:
-            raise IRError("GroupQueryAttention: past_key and past_value are both given or "
-                          "both absent")
-        empty = ctx.call("strided_slice", _to_heads(ctx, k, h.kv_heads, h.head),
-                         starts=(0,), ends=(0,), axes=(2,))
-        past_k = past_v = empty
+    steps = _iota(ctx, ctx.tensor_type(q).shape[1])
     totals = ctx.call("add", _i64(ctx, seqlens), ctx.const(np.array(1, np.int64)))
-    count = ctx.call("minimum", totals, ctx.call("shape_of", q, start=1, end=2))
-    start = ctx.call("subtract", totals, count)  # (batch,) P of each row
+    count = ctx.call("minimum", totals, ctx.call("shape_of", steps, start=0, end=1))
+    rows = _Rows(ctx.call("subtract", totals, count), totals, steps, steps)
     if int(attrs.get("do_rotary", 0)):
-        q, k = _gqa_rotary(ctx, inputs, q, k, start, h, attrs)
-    kh, vh = _to_heads(ctx, k, h.kv_heads, h.head), _to_heads(ctx, v, h.kv_heads, h.head)
-    pos_t = _present_iota(ctx, total, past_k, kh)
-    present_k = _cache(ctx, past_k, kh, pos_t, start)
-    present_v = _cache(ctx, past_v, vh, pos_t, start)
-    seen = _scores_mask(ctx, pos_t, start, totals, seq, int(attrs.get("local_window_size", -1)))
+        q, k = _gqa_rotary(ctx, inputs, q, k, rows, h, attrs)
+    cat_k = ctx.call("concat", past_k, _to_heads(ctx, k, h.kv_heads, h.head), axis=2)
+    cat_v = ctx.call("concat", past_v, _to_heads(ctx, v, h.kv_heads, h.head), axis=2)
+    rows = _Rows(rows.start, totals, _present_iota(ctx, total, past_k, cat_k), steps)
+    index, keep = _present_rows(ctx, cat_k, past_k, rows)
+    present_k, present_v = _present(ctx, cat_k, index, keep), _present(ctx, cat_v, index, keep)
+    seen = _scores_mask(ctx, rows, int(attrs.get("local_window_size", -1)))
     scale = float(attrs.get("scale", 0.0)) or 1.0 / float(np.sqrt(h.head))
     out = _attend(ctx, q, present_k, present_v, seen, h, scale,
                   float(attrs.get("softcap", 0.0)))
