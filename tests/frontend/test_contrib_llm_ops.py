@@ -498,3 +498,79 @@ def test_malformed_gather_block_quantized_is_refused(attrs: dict, why: str) -> N
     b.output("y", ["seq", WIDTH])
     with pytest.raises(FrontendError, match=f"gbq.*{why}"):
         from_onnx(_model(b))
+
+
+# ------------------------------------------------------------------- MultiHeadAttention
+
+MHA_HEADS, MHA_HEAD = 2, 16
+
+
+def mha_model() -> onnx.ModelProto:
+    """Self-attention with the projection's bias, a 0/1 key_padding_mask over past +
+    seq, a past and unidirectional; cross-attention over another length with per-row key
+    lengths, an attention_bias, a scale and a narrower value; keys and values given per
+    head (BNSH), as a decoder's cross-attention cache is."""
+    b = GraphBuilder(seed=41)
+    width = MHA_HEADS * MHA_HEAD
+    b.node("MultiHeadAttention",
+           [b.input("q1", ["batch", "seq", width]), b.input("k1", ["batch", "seq", width]),
+            b.input("v1", ["batch", "seq", width]),
+            b.const(b.rng.normal(0, 1, 3 * width).astype(np.float32)),
+            b.input("mask1", ["batch", "total"], TensorProto.INT32), "",
+            b.input("pk1", ["batch", MHA_HEADS, "past", MHA_HEAD]),
+            b.input("pv1", ["batch", MHA_HEADS, "past", MHA_HEAD])],
+           ["y1", "present_k1", "present_v1"], domain=MS, num_heads=MHA_HEADS,
+           unidirectional=1)
+    b.node("MultiHeadAttention",
+           [b.input("q2", ["batch", "seq", width]), b.input("k2", ["batch", "kv", width]),
+            b.input("v2", ["batch", "kv", MHA_HEADS * 8]), "",
+            b.input("lengths2", ["batch"], TensorProto.INT32),
+            b.input("bias2", [1, MHA_HEADS, "seq", "kv"])], ["y2"], domain=MS,
+           num_heads=MHA_HEADS, scale=0.2)
+    b.node("MultiHeadAttention",
+           [b.input("q3", ["batch", "seq", width]),
+            b.input("k3", ["batch", MHA_HEADS, "kv", MHA_HEAD]),
+            b.input("v3", ["batch", MHA_HEADS, "kv", MHA_HEAD])], ["y3"], domain=MS,
+           num_heads=MHA_HEADS)
+    for out in ("y1", "present_k1", "present_v1", "y2", "y3"):
+        b.output(out, typed=False)
+    return _model(b)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_multi_head_attention_matches_onnxruntime(target: str) -> None:
+    model = mha_model()
+    exe = kiln.compile(from_onnx(model), target)
+    rng = np.random.default_rng(43)
+    for batch, seq, past, kv in ((2, 3, 0, 4), (2, 1, 4, 1), (1, 4, 2, 3)):
+        sizes = {"batch": batch, "seq": seq, "past": past, "kv": kv, "total": past + seq}
+        feeds = {i.name: rng.standard_normal(
+            [d.dim_value or sizes[d.dim_param] for d in i.type.tensor_type.shape.dim]
+        ).astype(np.float32) for i in model.graph.input}
+        feeds["mask1"] = (rng.uniform(size=(batch, past + seq)) > 0.3).astype(np.int32)
+        feeds["mask1"][:, 0] = 1
+        feeds["lengths2"] = rng.integers(1, kv + 1, batch).astype(np.int32)
+        want = onnxruntime_outputs(model, feeds)
+        got = exe["main"](*feeds.values())
+        for out, g, w in zip(model.graph.output, got, want):
+            np.testing.assert_allclose(np.asarray(g), w, rtol=1e-4, atol=1e-5,
+                                       err_msg=f"{out.name} {batch}x{seq} past {past}")
+
+
+def test_unsupported_multi_head_attention_is_refused() -> None:
+    """Packed QKV (onnxruntime's CPU kernel refuses it too) and the (3 * batch + 2) mask."""
+    b = GraphBuilder(seed=2)
+    b.node("MultiHeadAttention", [b.input("q", ["batch", "seq", 2, 3, 16])], ["y"],
+           domain=MS, num_heads=2, name="mha")
+    b.output("y", ["batch", "seq", 32])
+    with pytest.raises(FrontendError, match=r"mha.*packed QKV or packed KV is not supported"):
+        from_onnx(_model(b))
+    b = GraphBuilder(seed=2)
+    b.node("MultiHeadAttention", [b.input("q", ["batch", "seq", 32]),
+                                  b.input("k", ["batch", "seq", 32]),
+                                  b.input("v", ["batch", "seq", 32]), "",
+                                  b.input("m", ["pad"], TensorProto.INT32)], ["y"],
+           domain=MS, num_heads=2, name="mha")
+    b.output("y", ["batch", "seq", 32])
+    with pytest.raises(FrontendError, match=r"mha.*the \(3 \* batch \+ 2\) form"):
+        from_onnx(_model(b))

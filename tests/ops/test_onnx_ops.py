@@ -508,7 +508,7 @@ COMPARED_ELSEWHERE = {
     "SimplifiedLayerNormalization", "com.microsoft.MatMulNBits",
     "com.microsoft.RotaryEmbedding", "com.microsoft.SkipLayerNormalization",
     "com.microsoft.SkipSimplifiedLayerNormalization", "com.microsoft.GroupQueryAttention",
-    "com.microsoft.GatherBlockQuantized"}
+    "com.microsoft.GatherBlockQuantized", "com.microsoft.MultiHeadAttention"}
 
 
 def test_every_converted_op_type_has_a_case() -> None:

@@ -30,6 +30,7 @@ from kiln.frontend.onnx.converters.data_dependent import fresh_dim_name
 from kiln.frontend.onnx.converters.manip import reshape_to
 from kiln.frontend.onnx.converters.registry import GraphContext, onnx_op
 from kiln.ir import graph as g
+from kiln.ir.shape_expr import dim_text, dims_equal
 from kiln.ir.types import Dim
 
 I64 = "int64"
@@ -298,3 +299,158 @@ def _group_query_attention(ctx: GraphContext, inputs: Sequence[g.Expr | None],
     out = _attend(ctx, q, present_k, present_v, seen, h, scale,
                   float(attrs.get("softcap", 0.0)))
     return [out, present_k, present_v]
+
+
+# ------------------------------------------------------------------- MultiHeadAttention
+
+#: MultiHeadAttention inputs kiln refuses: (index, name)
+_MHA_REFUSED = ((8, "past_sequence_length (a shared buffer)"),
+                (9, "cache_indirection (beam search)"))
+
+
+def _opt(inputs: Sequence[g.Expr | None], k: int) -> g.Expr | None:
+    return inputs[k] if len(inputs) > k else None
+
+
+def _mha_split(ctx: GraphContext, inputs: Sequence[g.Expr | None], heads: int
+               ) -> tuple[g.Expr, g.Expr, g.Expr, bool]:
+    """query, key, value as (batch, heads, seq, head) before the bias, and whether the
+    bias applies to key and value (not to a key/value given per head, BNSH). The packed
+    forms (QKV (batch, seq, heads, 3, head), KV (batch, kv_seq, heads, 2, head)) are
+    refused: onnxruntime's CPU kernel does not compute them either."""
+    q, k, v = inputs[0], _opt(inputs, 1), _opt(inputs, 2)
+    assert q is not None
+    qt = ctx.tensor_type(q)
+    kt = ctx.tensor_type(k) if k is not None else None
+    if qt.ndim == 5 or (kt is not None and kt.ndim == 5):
+        raise IRError("MultiHeadAttention with packed QKV or packed KV is not supported "
+                      "(nor by onnxruntime's CPU kernel)")
+    if qt.ndim != 3 or k is None or kt is None or v is None:
+        raise IRError(f"MultiHeadAttention query of shape {list(qt.shape)}: (batch, seq, "
+                      "hidden), with key and value")
+    qh = _to_heads(ctx, q, heads, _split_width(qt.shape[2], heads, "query"))
+    vt = ctx.tensor_type(v)
+    if kt.ndim == 4 and vt.ndim == 4:  # per head already (cross attention's cache)
+        return qh, k, v, False
+    if kt.ndim != 3 or vt.ndim != 3:
+        raise IRError(f"MultiHeadAttention key {list(kt.shape)} and value {list(vt.shape)}: "
+                      "both (batch, kv_seq, hidden) or both (batch, heads, kv_seq, head)")
+    return (qh, _to_heads(ctx, k, heads, _split_width(kt.shape[2], heads, "key")),
+            _to_heads(ctx, v, heads, _split_width(vt.shape[2], heads, "value")), True)
+
+
+def _split_width(width: Dim, heads: int, what: str) -> int:
+    if not isinstance(width, int) or width % heads:
+        raise IRError(f"MultiHeadAttention {what} width {width}: a static multiple of "
+                      f"num_heads {heads}")
+    return width // heads
+
+
+def _with_bias(ctx: GraphContext, qkv: tuple[g.Expr, g.Expr, g.Expr], bias: g.Expr | None,
+               on_kv: bool) -> tuple[g.Expr, ...]:
+    """query, key, value plus their parts of `bias` (hidden + hidden + v_hidden), each
+    part as (heads, 1, head)."""
+    if bias is None:
+        return qkv
+    if not on_kv:
+        raise IRError("MultiHeadAttention bias with key and value given per head (BNSH) is "
+                      "not supported")
+    out, at = [], 0
+    for x in qkv:
+        heads, _, head = ctx.tensor_type(x).shape[1:]
+        assert isinstance(heads, int) and isinstance(head, int)
+        part = ctx.call("strided_slice", bias, starts=(at,), ends=(at + heads * head,),
+                        axes=(0,))
+        out.append(ctx.call("add", x, reshape_to(ctx, part, (heads, 1, head))))
+        at += heads * head
+    if ctx.tensor_type(bias).shape != (at,):
+        raise IRError(f"MultiHeadAttention bias of shape {list(ctx.tensor_type(bias).shape)}: "
+                      f"({at},), the query's, key's and value's widths")
+    return tuple(out)
+
+
+def _mha_mask(ctx: GraphContext, mask: g.Expr | None, causal: bool, shape: Sequence[Dim],
+              total: Dim, fill: float) -> g.Expr | None:
+    """The additive mask (batch or 1, 1, seq or 1, total): `fill` (mask_filter_value)
+    where key_padding_mask hides a key (a length per batch row (batch,), 0/1 over the
+    keys (batch, total), or per query (batch, seq, total)) and, unidirectional, after
+    the query's position total - seq + s. `shape`: the query's (batch, heads, seq, head)."""
+    batch, seq = shape[0], shape[2]
+    seen: g.Expr | None = None
+    t4 = _shaped(ctx, _iota(ctx, total), 4, 3)  # (1, 1, 1, total)
+    if mask is not None:
+        mt = ctx.tensor_type(mask)
+        if mt.ndim == 1:
+            if dims_equal(mt.shape[0], batch) is not True:
+                raise IRError(f"MultiHeadAttention key_padding_mask of shape {list(mt.shape)}: "
+                              f"a 1-D mask holds one length per batch row ({dim_text(batch)}); "
+                              "the (3 * batch + 2) form is not supported")
+            lengths = ctx.call("reshape", _i64(ctx, mask), shape=(-1, 1, 1, 1))
+            seen = ctx.call("less", t4, lengths)
+        elif mt.ndim in (2, 3):
+            # its columns read at the keys' positions: exporters name its last size apart
+            # from past + kv_seq, so kiln cannot prove them equal (the gather checks that
+            # each key has a column)
+            keys = ctx.call("gather", mask, _iota(ctx, total), axis=mt.ndim - 1)
+            nonzero = ctx.call("not_equal", keys, ctx.const(np.array(0, np.int32)))
+            shape = (mt.shape[0], 1, 1, total) if mt.ndim == 2 else \
+                (mt.shape[0], 1, mt.shape[1], total)
+            seen = reshape_to(ctx, nonzero, shape)
+        else:
+            raise IRError(f"MultiHeadAttention key_padding_mask of shape {list(mt.shape)}: "
+                          "(batch), (batch, total) or (batch, seq, total)")
+    if causal:
+        s4 = _shaped(ctx, _iota(ctx, seq), 4, 2)
+        offset = ctx.call("subtract", ctx.call("shape_of", t4, start=3, end=4),
+                          ctx.call("shape_of", s4, start=2, end=3))
+        ok = ctx.call("less_equal", t4, ctx.call("add", s4, offset))
+        seen = ok if seen is None else ctx.call("logical_and", seen, ok)
+    if seen is None:
+        return None
+    return ctx.call("where", seen, ctx.const(np.array(0, np.float32)),
+                    ctx.const(np.array(fill, np.float32)))
+
+
+@onnx_op(MS + "MultiHeadAttention")
+def _multi_head_attention(ctx: GraphContext, inputs: Sequence[g.Expr | None],
+                          attrs: dict[str, Any]) -> list[g.Expr]:
+    """softmax(Q K^T * scale + mask + attention_bias) V per head, the past's rows before
+    the new keys and values (present), as onnxruntime's CPU kernel computes it."""
+    heads = int(attrs["num_heads"])
+    for index, name in _MHA_REFUSED:
+        if _opt(inputs, index) is not None:
+            raise IRError(f"MultiHeadAttention input {name} is not supported yet")
+    if len(ctx.node_outputs) > 3 and ctx.node_outputs[3]:
+        raise IRError("MultiHeadAttention output qk is not supported yet")
+    float32_input(ctx, inputs, "MultiHeadAttention query")
+    q, k, v = _with_bias(ctx, *_mha_split_biased(ctx, inputs, heads))
+    past_k, past_v = _opt(inputs, 6), _opt(inputs, 7)
+    if (past_k is None) != (past_v is None):
+        raise IRError("MultiHeadAttention: past_key and past_value are both given or both "
+                      "absent")
+    if past_k is not None and past_v is not None:
+        k = ctx.call("concat", past_k, k, axis=2)
+        v = ctx.call("concat", past_v, v, axis=2)
+    qt, kt = ctx.tensor_type(q), ctx.tensor_type(k)
+    head = qt.shape[3]
+    assert isinstance(head, int)
+    scale = float(attrs.get("scale", 0.0)) or 1.0 / float(np.sqrt(head))
+    scores = ctx.call("multiply", ctx.call("matmul", q, ctx.call("transpose", k,
+                                                                 perm=(0, 1, 3, 2))),
+                      ctx.const(np.array(scale, np.float32)))
+    mask = _mha_mask(ctx, _opt(inputs, 4), bool(attrs.get("unidirectional", 0)), qt.shape,
+                     kt.shape[2], float(attrs.get("mask_filter_value", -10000.0)))
+    for extra in (mask, _opt(inputs, 5)):
+        if extra is not None:
+            scores = ctx.call("add", scores, extra)
+    out = ctx.call("transpose", ctx.call("matmul", ctx.call("softmax", scores, axis=3), v),
+                   perm=(0, 2, 1, 3))
+    ot = ctx.tensor_type(out)
+    out = reshape_to(ctx, out, (ot.shape[0], ot.shape[1], heads * ot.shape[3]))
+    return [out, k, v]
+
+
+def _mha_split_biased(ctx: GraphContext, inputs: Sequence[g.Expr | None], heads: int
+                      ) -> tuple[tuple[g.Expr, g.Expr, g.Expr], g.Expr | None, bool]:
+    q, k, v, on_kv = _mha_split(ctx, inputs, heads)
+    return (q, k, v), _opt(inputs, 3), on_kv
