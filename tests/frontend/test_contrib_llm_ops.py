@@ -507,9 +507,9 @@ MHA_HEADS, MHA_HEAD = 2, 16
 
 def mha_model() -> onnx.ModelProto:
     """Self-attention with the projection's bias, a 0/1 key_padding_mask over past +
-    seq, a past and unidirectional; cross-attention over another length with per-row key
-    lengths, an attention_bias, a scale and a narrower value; keys and values given per
-    head (BNSH), as a decoder's cross-attention cache is."""
+    seq, a past and unidirectional; cross-attention over another length with keys and
+    values given per head (BNSH, as a decoder's cross-attention cache is), per-row key
+    lengths, an attention_bias and a scale. Two nodes: the compile is the test's cost."""
     b = GraphBuilder(seed=41)
     width = MHA_HEADS * MHA_HEAD
     b.node("MultiHeadAttention",
@@ -522,17 +522,13 @@ def mha_model() -> onnx.ModelProto:
            ["y1", "present_k1", "present_v1"], domain=MS, num_heads=MHA_HEADS,
            unidirectional=1)
     b.node("MultiHeadAttention",
-           [b.input("q2", ["batch", "seq", width]), b.input("k2", ["batch", "kv", width]),
-            b.input("v2", ["batch", "kv", MHA_HEADS * 8]), "",
+           [b.input("q2", ["batch", "seq", width]),
+            b.input("k2", ["batch", MHA_HEADS, "kv", MHA_HEAD]),
+            b.input("v2", ["batch", MHA_HEADS, "kv", MHA_HEAD]), "",
             b.input("lengths2", ["batch"], TensorProto.INT32),
             b.input("bias2", [1, MHA_HEADS, "seq", "kv"])], ["y2"], domain=MS,
            num_heads=MHA_HEADS, scale=0.2)
-    b.node("MultiHeadAttention",
-           [b.input("q3", ["batch", "seq", width]),
-            b.input("k3", ["batch", MHA_HEADS, "kv", MHA_HEAD]),
-            b.input("v3", ["batch", MHA_HEADS, "kv", MHA_HEAD])], ["y3"], domain=MS,
-           num_heads=MHA_HEADS)
-    for out in ("y1", "present_k1", "present_v1", "y2", "y3"):
+    for out in ("y1", "present_k1", "present_v1", "y2"):
         b.output(out, typed=False)
     return _model(b)
 
