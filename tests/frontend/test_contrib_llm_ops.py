@@ -18,7 +18,7 @@ import pytest
 from onnx import TensorProto
 
 import kiln
-from kiln.errors import FrontendError, PerformanceWarning
+from kiln.errors import CallError, FrontendError, PerformanceWarning
 from kiln.frontend import from_onnx
 from support.graphs import GraphBuilder
 from support.reference import onnxruntime_outputs
@@ -408,6 +408,18 @@ def test_group_query_attention_matches_onnxruntime(gqa) -> None:  # type: ignore
                 g, w = g[valid], w[valid]
             np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-5,
                                        err_msg=f"{out.name} {batch}x{seq} past {past}")
+
+
+def test_group_query_attention_refuses_seqlens_past_the_present(gqa) -> None:  # type: ignore[no-untyped-def]
+    """seqlens_k + 1 above the present's length, or below 1: onnxruntime refuses the call,
+    and so does kiln (a clear error, not rows read from elsewhere)."""
+    model, exe = gqa
+    rng = np.random.default_rng(3)
+    for seqlens in ([6, 2], [-1, 2]):
+        feeds = _gqa_feeds(model, rng, 2, 1, 4, [2, 2], 5)
+        feeds["seqlens_k"] = np.array(seqlens, np.int32)
+        with pytest.raises(CallError, match="out of range"):
+            exe["main"](*feeds.values())
 
 
 @pytest.mark.parametrize(("change", "why"), [

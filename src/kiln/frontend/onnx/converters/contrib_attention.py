@@ -158,6 +158,19 @@ class _Rows:
     steps: g.Expr
 
 
+def _checked(ctx: GraphContext, rows: _Rows) -> g.Expr:
+    """`rows.totals`, failing the call (gather's index check) unless every batch row has
+    1 <= seqlens_k + 1 <= L: onnxruntime refuses those calls, and kiln would read other
+    rows as the past's. (Then a row keeps at most L - seq <= past rows of the past, as
+    L is past + seq or at most past.) The check is a gather of position 0 (which adds 0)
+    or of L (out of range) where a row is wrong."""
+    length = ctx.call("shape_of", rows.pos_t, start=0, end=1)
+    ok = ctx.call("logical_and", ctx.call("greater", rows.totals, ctx.const(
+        np.array(0, np.int64))), ctx.call("less_equal", rows.totals, length))
+    index = ctx.call("where", ok, ctx.const(np.array(0, np.int64)), length)
+    return ctx.call("add", rows.totals, ctx.call("gather", rows.pos_t, index, axis=0))
+
+
 def _present_rows(ctx: GraphContext, cat: g.Expr, past: g.Expr, rows: _Rows
                   ) -> tuple[g.Expr, g.Expr]:
     """Where each present row (batch, kv, L) comes from in `cat` (past and new side by
@@ -296,6 +309,7 @@ def _group_query_attention(ctx: GraphContext, inputs: Sequence[g.Expr | None],
     cat_k = ctx.call("concat", past_k, _to_heads(ctx, k, h.kv_heads, h.head), axis=2)
     cat_v = ctx.call("concat", past_v, _to_heads(ctx, v, h.kv_heads, h.head), axis=2)
     rows = _Rows(rows.start, totals, _present_iota(ctx, total, past_k, cat_k), steps)
+    rows = _Rows(rows.start, _checked(ctx, rows), rows.pos_t, steps)
     index, keep = _present_rows(ctx, cat_k, past_k, rows)
     present_k, present_v = _present(ctx, cat_k, index, keep), _present(ctx, cat_v, index, keep)
     seen = _scores_mask(ctx, rows, int(attrs.get("local_window_size", -1)))
