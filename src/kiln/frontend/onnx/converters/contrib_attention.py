@@ -248,7 +248,8 @@ def _attend(ctx: GraphContext, q: g.Expr, k: g.Expr, v: g.Expr, seen: g.Expr, h:
 
 
 def _gqa_rotary(ctx: GraphContext, inputs: Sequence[g.Expr | None], q: g.Expr, k: g.Expr,
-                rows: _Rows, h: _Heads, attrs: dict[str, Any]) -> tuple[g.Expr, g.Expr]:
+                start: g.Expr, steps: g.Expr, h: _Heads, attrs: dict[str, Any]
+                ) -> tuple[g.Expr, g.Expr]:
     """Q and the new K rotated at their positions start[b] + s (do_rotary)."""
     cos, sin = (inputs[k] if len(inputs) > k else None for k in (7, 8))
     if cos is None or sin is None:
@@ -258,8 +259,8 @@ def _gqa_rotary(ctx: GraphContext, inputs: Sequence[g.Expr | None], q: g.Expr, k
     if not isinstance(half, int) or 2 * half > h.head or len(shape) != 2:
         raise IRError(f"GroupQueryAttention cos_cache of shape {list(shape)}: (max_sequence_"
                       f"length, rotary_dim / 2) with rotary_dim <= head_size {h.head}")
-    pos = ctx.call("add", ctx.call("reshape", rows.start, shape=(-1, 1)),
-                   _shaped(ctx, rows.steps, 2, 1))
+    pos = ctx.call("add", ctx.call("reshape", start, shape=(-1, 1)),
+                   _shaped(ctx, steps, 2, 1))
     interleaved = bool(attrs.get("rotary_interleaved", 0))
     return (rotate(ctx, q, pos, cos, sin, h.head, 2 * half, interleaved),
             rotate(ctx, k, pos, cos, sin, h.head, 2 * half, interleaved))
@@ -303,13 +304,13 @@ def _group_query_attention(ctx: GraphContext, inputs: Sequence[g.Expr | None],
     steps = _iota(ctx, ctx.tensor_type(q).shape[1])
     totals = ctx.call("add", _i64(ctx, seqlens), ctx.const(np.array(1, np.int64)))
     count = ctx.call("minimum", totals, ctx.call("shape_of", steps, start=0, end=1))
-    rows = _Rows(ctx.call("subtract", totals, count), totals, steps, steps)
+    start = ctx.call("subtract", totals, count)
     if int(attrs.get("do_rotary", 0)):
-        q, k = _gqa_rotary(ctx, inputs, q, k, rows, h, attrs)
+        q, k = _gqa_rotary(ctx, inputs, q, k, start, steps, h, attrs)
     cat_k = ctx.call("concat", past_k, _to_heads(ctx, k, h.kv_heads, h.head), axis=2)
     cat_v = ctx.call("concat", past_v, _to_heads(ctx, v, h.kv_heads, h.head), axis=2)
-    rows = _Rows(rows.start, totals, _present_iota(ctx, total, past_k, cat_k), steps)
-    rows = _Rows(rows.start, _checked(ctx, rows), rows.pos_t, steps)
+    rows = _Rows(start, totals, _present_iota(ctx, total, past_k, cat_k), steps)
+    rows = _Rows(start, _checked(ctx, rows), rows.pos_t, steps)
     index, keep = _present_rows(ctx, cat_k, past_k, rows)
     present_k, present_v = _present(ctx, cat_k, index, keep), _present(ctx, cat_v, index, keep)
     seen = _scores_mask(ctx, rows, int(attrs.get("local_window_size", -1)))
