@@ -2,7 +2,10 @@
 against onnxruntime, on llvm and c, with a symbolic batch and sequence: the RMSNorm family
 and SkipLayerNormalization (every output), and MatMulNBits with weights packed by
 onnxruntime's own MatMulNBitsQuantizer (4 and 8 bits, symmetric and not, blocks of 32
-and 128, K not a multiple of the block) or by hand (g_idx, float zero points, 2 bits).
+and 128, K not a multiple of the block) or by hand (g_idx, float zero points, 2 bits),
+RotaryEmbedding, GroupQueryAttention (prompt, decode on a growing cache and on a shared
+buffer, a later prompt chunk; GQA ratios 4 and 1, RoPE on and off, softcap, a local
+window, packed QKV, lengths from an attention mask) and GatherBlockQuantized.
 One model per group, compiled once per target."""
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ import pytest
 from onnx import TensorProto
 
 import kiln
-from kiln.errors import FrontendError, PerformanceWarning
+from kiln.errors import CallError, FrontendError, PerformanceWarning
 from kiln.frontend import from_onnx
 from support.graphs import GraphBuilder
 from support.reference import onnxruntime_outputs
@@ -313,4 +316,269 @@ def test_unsupported_llm_op_forms_are_refused() -> None:
            name="rope")
     b.output("y", ["batch", "seq", 32])
     with pytest.raises(FrontendError, match=r"rope.*rotary dimension 16 and caches of 4"):
+        from_onnx(_model(b))
+
+
+# ------------------------------------------------------------------ GroupQueryAttention
+
+#: name -> (num_heads, kv_num_heads, head_size, attributes, packed QKV, rotary columns):
+#: GQA ratio 4 from a packed QKV with a local window and no rotary; ratio 1 with softcap,
+#: a scale and RoPE over part of a head (half-split: the interleaved lanes are
+#: RotaryEmbedding's, tested above). Two nodes: each costs some 40 kernels to compile.
+GQA_NODES = {
+    "g4": (8, 2, 16, {"local_window_size": 2}, True, 0),
+    "mk": (2, 2, 32, {"softcap": 2.0, "scale": 0.3}, False, 8),
+}
+#: (batch, seq, past, seqlens_k, total_sequence_length): a padded prompt from an empty
+#: past, decode steps on a growing cache and on a shared buffer (past = the buffer's
+#: length, seqlens_k below it), a later prompt chunk after a past.
+GQA_STEPS = ((2, 5, 0, [4, 2], 5), (2, 1, 5, [5, 3], 6), (2, 1, 8, [3, 6], 7),
+             (1, 3, 4, [6], 7))
+
+
+def _gqa_node(b: GraphBuilder, name: str, heads: int, kv: int, head: int, attrs: dict,
+              packed: bool, half: int, lengths: tuple[str, str]) -> None:
+    if packed:
+        qkv = [b.input(f"q_{name}", ["batch", "seq", (heads + 2 * kv) * head]), "", ""]
+    else:
+        qkv = [b.input(f"q_{name}", ["batch", "seq", heads * head]),
+               b.input(f"k_{name}", ["batch", "seq", kv * head]),
+               b.input(f"v_{name}", ["batch", "seq", kv * head])]
+    past = [b.input(f"{p}_{name}", ["batch", kv, "past", head]) for p in ("pk", "pv")]
+    caches = list(_caches(b, half)) if half else []
+    b.node("GroupQueryAttention", [*qkv, *past, *lengths, *caches],
+           [f"y_{name}", f"present_k_{name}", f"present_v_{name}"], domain=MS,
+           num_heads=heads, kv_num_heads=kv, do_rotary=int(bool(half)), **attrs)
+    for out in ("y", "present_k", "present_v"):
+        b.output(f"{out}_{name}", typed=False)
+
+
+def gqa_model() -> onnx.ModelProto:
+    """Every GQA_NODES node in one model; "mk" reads seqlens_k and total_sequence_length
+    from an attention mask as onnxruntime-genai's builder writes them (ReduceSum - 1, and
+    the mask's length through Shape), the others from the inputs."""
+    b = GraphBuilder(seed=29)
+    given = (b.input("seqlens_k", ["batch"], TensorProto.INT32),
+             b.input("total_sequence_length", [], TensorProto.INT32))
+    mask = b.input("attention_mask", ["batch", "total"], TensorProto.INT64)
+    seqlens = b.op("Cast", b.op("Sub", b.op("ReduceSum", mask, b.const(np.array([1])),
+                                            keepdims=0), b.const(np.array(1))),
+                   to=TensorProto.INT32)
+    total = b.op("Cast", b.op("Gather", b.op("Shape", mask), b.const(np.array(1))),
+                 to=TensorProto.INT32)
+    for name, (heads, kv, head, attrs, packed, half) in GQA_NODES.items():
+        _gqa_node(b, name, heads, kv, head, attrs, packed, half,
+                  (seqlens, total) if name == "mk" else given)
+    return _model(b)
+
+
+@pytest.fixture(scope="module", params=TARGETS)
+def gqa(request: pytest.FixtureRequest) -> tuple[onnx.ModelProto, kiln.Executable]:
+    model = gqa_model()
+    return model, kiln.compile(from_onnx(model), request.param)
+
+
+def _gqa_feeds(model: onnx.ModelProto, rng: np.random.Generator, batch: int, seq: int,
+               past: int, seqlens: list[int], total: int) -> dict[str, np.ndarray]:
+    sizes = {"batch": batch, "seq": seq, "past": past}
+    feeds: dict[str, np.ndarray] = {}
+    for i in model.graph.input:
+        dims = [d.dim_value or sizes.get(d.dim_param, 0) for d in i.type.tensor_type.shape.dim]
+        feeds[i.name] = rng.standard_normal(dims).astype(np.float32)
+    feeds["seqlens_k"] = np.array(seqlens, np.int32)
+    feeds["total_sequence_length"] = np.array(total, np.int32)
+    feeds["attention_mask"] = (np.arange(total) <= np.array(seqlens)[:, None]).astype(np.int64)
+    return feeds
+
+
+def test_group_query_attention_matches_onnxruntime(gqa) -> None:  # type: ignore[no-untyped-def]
+    """Output rows of a padded prompt's padding (row s >= seqlens_k + 1) are unspecified
+    (the contrib op's spec), so only the others are compared; every present row is."""
+    model, exe = gqa
+    rng = np.random.default_rng(31)
+    for batch, seq, past, seqlens, total in GQA_STEPS:
+        feeds = _gqa_feeds(model, rng, batch, seq, past, seqlens, total)
+        want = onnxruntime_outputs(model, feeds)
+        got = exe["main"](*feeds.values())
+        valid = np.arange(seq) < np.minimum(seq, np.array(seqlens) + 1)[:, None]
+        for out, g, w in zip(model.graph.output, got, want):
+            g = np.asarray(g)
+            assert g.shape == w.shape, (out.name, seq, past)
+            if out.name.startswith("y_"):
+                g, w = g[valid], w[valid]
+            np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-5,
+                                       err_msg=f"{out.name} {batch}x{seq} past {past}")
+
+
+def test_group_query_attention_refuses_seqlens_past_the_present(gqa) -> None:  # type: ignore[no-untyped-def]
+    """seqlens_k + 1 above the present's length, or below 1: onnxruntime refuses the call,
+    and so does kiln (a clear error, not rows read from elsewhere)."""
+    model, exe = gqa
+    rng = np.random.default_rng(3)
+    for seqlens in ([6, 2], [-1, 2]):
+        feeds = _gqa_feeds(model, rng, 2, 1, 4, [2, 2], 5)
+        feeds["seqlens_k"] = np.array(seqlens, np.int32)
+        with pytest.raises(CallError, match="out of range"):
+            exe["main"](*feeds.values())
+
+
+@pytest.mark.parametrize(("change", "why"), [
+    ({"inputs": {10: "bias"}}, "input attention_bias is not supported"),
+    ({"attrs": {"smooth_softmax": 1}}, "smooth_softmax=1 is not supported"),
+    ({"attrs": {"num_heads": 3}}, "num_heads 3 must be a positive multiple of kv_num_heads 2"),
+    ({"attrs": {"do_rotary": 1}}, "do_rotary needs cos_cache and sin_cache"),
+    ({"inputs": {4: ""}}, "past_key and past_value are both given or both absent"),
+])
+def test_unsupported_group_query_attention_is_refused(change: dict, why: str) -> None:
+    b = GraphBuilder(seed=2)
+    inputs = [b.input("q", ["batch", "seq", 64]), b.input("k", ["batch", "seq", 32]),
+              b.input("v", ["batch", "seq", 32]), b.input("pk", ["batch", 2, "past", 16]),
+              b.input("pv", ["batch", 2, "past", 16]),
+              b.input("seqlens", ["batch"], TensorProto.INT32),
+              b.input("total", [], TensorProto.INT32), "", "", "", ""]
+    b.input("bias", ["batch", 4, "seq", "total"])
+    for k, name in change.get("inputs", {}).items():
+        inputs[k] = name
+    attrs = {"num_heads": 4, "kv_num_heads": 2, **change.get("attrs", {})}
+    b.node("GroupQueryAttention", inputs, ["y"], domain=MS, name="gqa", **attrs)
+    b.output("y", ["batch", "seq", 64])
+    with pytest.raises(FrontendError, match=f"gqa.*{why}"):
+        from_onnx(_model(b))
+
+
+# ---------------------------------------------------------------- GatherBlockQuantized
+
+VOCAB, WIDTH = 10, 64
+
+
+def _gbq_model() -> onnx.ModelProto:
+    """Embedding tables as onnxruntime-genai's builder writes tied int4 embeddings (uint8
+    data packing 4 bits, packed uint8 zero points) and the other forms: 8 and 2 bits,
+    default zero points, and int4/uint4 tensors gathered along axis 1, quantized along 0."""
+    b = GraphBuilder(seed=37)
+    rng = b.rng
+    b.input("ids", ["batch", "seq"], TensorProto.INT64)
+    for bits, block, zp in ((4, 32, True), (8, 16, False), (2, 32, True), (4, 64, False)):
+        blocks = WIDTH // block
+        inputs = [b.const(_pack(rng.integers(0, 1 << bits, (VOCAB, WIDTH)), bits)), "ids",
+                  b.const(rng.uniform(0.01, 0.1, (VOCAB, blocks)).astype(np.float32))]
+        if zp:
+            width = -(-blocks // (8 // bits)) * (8 // bits)
+            inputs.append(b.const(_pack(rng.integers(0, 1 << bits, (VOCAB, width)), bits)))
+        b.node("GatherBlockQuantized", inputs, [f"u{bits}_{block}"], domain=MS, bits=bits,
+               block_size=block)
+        b.output(f"u{bits}_{block}", typed=False)
+    for elem, low in ((TensorProto.INT4, -8), (TensorProto.UINT4, 0)):
+        data, zps = rng.integers(low, low + 16, (WIDTH, VOCAB)), rng.integers(low, low + 16,
+                                                                            (2, VOCAB))
+        names = [b.name("data"), b.name("zp")]
+        b.consts([onnx.helper.make_tensor(n, elem, v.shape, v.reshape(-1).tolist())
+                  for n, v in zip(names, (data, zps))])
+        b.node("GatherBlockQuantized",
+               [names[0], "ids", b.const(rng.uniform(0.01, 0.1, (2, VOCAB)).astype(np.float32)),
+                names[1]], [f"i{elem}"], domain=MS, block_size=32, gather_axis=1,
+               quantize_axis=0)
+        b.output(f"i{elem}", typed=False)
+    return _model(b)
+
+
+def test_gather_block_quantized_matches_onnxruntime() -> None:
+    """Dequantized at import, so exact; out-of-range ids give zeros as onnxruntime's
+    kernel does. One target: the gather is kiln's own, tested on both elsewhere."""
+    model = _gbq_model()
+    exe = kiln.compile(from_onnx(model), "llvm")
+    for ids in (np.array([[0, 3, 9, -1], [11, -10, 2, -11]]), np.array([[5]])):
+        want = onnxruntime_outputs(model, {"ids": ids})
+        got = exe["main"](ids)
+        for out, g, w in zip(model.graph.output, got, want):
+            np.testing.assert_array_equal(np.asarray(g), w, err_msg=out.name)
+
+
+@pytest.mark.parametrize(("attrs", "why"), [
+    ({"bits": 3}, "bits 3: uint8 data packs 2, 4 or 8"),
+    ({"block_size": 24}, "power of two"),
+    ({"gather_axis": 1}, "uint8 data gathers along axis 0"),
+    ({"quantize_axis": 0}, "uint8 data quantizes along the last axis"),
+    ({"block_size": 16}, r"scales of shape \[10, 2\]: expected \[10, 4\]"),
+])
+def test_malformed_gather_block_quantized_is_refused(attrs: dict, why: str) -> None:
+    b = GraphBuilder(seed=2)
+    b.input("ids", ["seq"], TensorProto.INT64)
+    b.node("GatherBlockQuantized", [b.const(np.zeros((VOCAB, 32), np.uint8)), "ids",
+                                    b.const(np.ones((VOCAB, 2), np.float32))], ["y"],
+           domain=MS, name="gbq", **{"bits": 4, "block_size": 32, **attrs})
+    b.output("y", ["seq", WIDTH])
+    with pytest.raises(FrontendError, match=f"gbq.*{why}"):
+        from_onnx(_model(b))
+
+
+# ------------------------------------------------------------------- MultiHeadAttention
+
+MHA_HEADS, MHA_HEAD = 2, 16
+
+
+def mha_model() -> onnx.ModelProto:
+    """Self-attention with the projection's bias, a 0/1 key_padding_mask over past +
+    seq, a past and unidirectional; cross-attention over another length with keys and
+    values given per head (BNSH, as a decoder's cross-attention cache is), per-row key
+    lengths, an attention_bias and a scale. Two nodes: the compile is the test's cost."""
+    b = GraphBuilder(seed=41)
+    width = MHA_HEADS * MHA_HEAD
+    b.node("MultiHeadAttention",
+           [b.input("q1", ["batch", "seq", width]), b.input("k1", ["batch", "seq", width]),
+            b.input("v1", ["batch", "seq", width]),
+            b.const(b.rng.normal(0, 1, 3 * width).astype(np.float32)),
+            b.input("mask1", ["batch", "total"], TensorProto.INT32), "",
+            b.input("pk1", ["batch", MHA_HEADS, "past", MHA_HEAD]),
+            b.input("pv1", ["batch", MHA_HEADS, "past", MHA_HEAD])],
+           ["y1", "present_k1", "present_v1"], domain=MS, num_heads=MHA_HEADS,
+           unidirectional=1)
+    b.node("MultiHeadAttention",
+           [b.input("q2", ["batch", "seq", width]),
+            b.input("k2", ["batch", MHA_HEADS, "kv", MHA_HEAD]),
+            b.input("v2", ["batch", MHA_HEADS, "kv", MHA_HEAD]), "",
+            b.input("lengths2", ["batch"], TensorProto.INT32),
+            b.input("bias2", [1, MHA_HEADS, "seq", "kv"])], ["y2"], domain=MS,
+           num_heads=MHA_HEADS, scale=0.2)
+    for out in ("y1", "present_k1", "present_v1", "y2"):
+        b.output(out, typed=False)
+    return _model(b)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_multi_head_attention_matches_onnxruntime(target: str) -> None:
+    model = mha_model()
+    exe = kiln.compile(from_onnx(model), target)
+    rng = np.random.default_rng(43)
+    for batch, seq, past, kv in ((2, 3, 0, 4), (2, 1, 4, 1), (1, 4, 2, 3)):
+        sizes = {"batch": batch, "seq": seq, "past": past, "kv": kv, "total": past + seq}
+        feeds = {i.name: rng.standard_normal(
+            [d.dim_value or sizes[d.dim_param] for d in i.type.tensor_type.shape.dim]
+        ).astype(np.float32) for i in model.graph.input}
+        feeds["mask1"] = (rng.uniform(size=(batch, past + seq)) > 0.3).astype(np.int32)
+        feeds["mask1"][:, 0] = 1
+        feeds["lengths2"] = rng.integers(1, kv + 1, batch).astype(np.int32)
+        want = onnxruntime_outputs(model, feeds)
+        got = exe["main"](*feeds.values())
+        for out, g, w in zip(model.graph.output, got, want):
+            np.testing.assert_allclose(np.asarray(g), w, rtol=1e-4, atol=1e-5,
+                                       err_msg=f"{out.name} {batch}x{seq} past {past}")
+
+
+def test_unsupported_multi_head_attention_is_refused() -> None:
+    """Packed QKV (onnxruntime's CPU kernel refuses it too) and the (3 * batch + 2) mask."""
+    b = GraphBuilder(seed=2)
+    b.node("MultiHeadAttention", [b.input("q", ["batch", "seq", 2, 3, 16])], ["y"],
+           domain=MS, num_heads=2, name="mha")
+    b.output("y", ["batch", "seq", 32])
+    with pytest.raises(FrontendError, match=r"mha.*packed QKV or packed KV is not supported"):
+        from_onnx(_model(b))
+    b = GraphBuilder(seed=2)
+    b.node("MultiHeadAttention", [b.input("q", ["batch", "seq", 32]),
+                                  b.input("k", ["batch", "seq", 32]),
+                                  b.input("v", ["batch", "seq", 32]), "",
+                                  b.input("m", ["pad"], TensorProto.INT32)], ["y"],
+           domain=MS, num_heads=2, name="mha")
+    b.output("y", ["batch", "seq", 32])
+    with pytest.raises(FrontendError, match=r"mha.*the \(3 \* batch \+ 2\) form"):
         from_onnx(_model(b))

@@ -2,6 +2,7 @@
 
 from kiln.frontend.onnx.converters import (  # noqa: F401
     composed,
+    contrib_attention,
     contrib_llm,
     data_dependent,
     elementwise,

@@ -16,8 +16,11 @@ model builder, onnxruntime's `MatMulNBitsQuantizer`), as compositions of kiln op
   head (a constant gather) and C, S are the caches' rows at the positions, spread over
   the lanes with the rotation's signs.
 
-Not imported yet: `GroupQueryAttention` (docs/onnx.md says what it needs: its present
-outputs' length is a value read at run time), `MultiHeadAttention`, `GatherBlockQuantized`.
+- com.microsoft `GatherBlockQuantized` (block-quantized embedding tables): the constant
+  table is dequantized at import, as MatMulNBits' weight is, and the node becomes a
+  Gather whose out-of-range indices give zeros (onnxruntime's kernel).
+
+The attention operators are contrib_attention.py's.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from kiln.frontend.onnx.converters.manip import reshape_to
 from kiln.frontend.onnx.converters.registry import GraphContext, need_constant, onnx_op
 from kiln.ir import dtype as dt
 from kiln.ir import graph as g
+from kiln.ir.types import TensorType
 from kiln.ops.reduce import norm_axes
 
 MS = "com.microsoft."
@@ -251,18 +255,25 @@ def dequantize_nbits(ctx: GraphContext, inputs: Sequence[g.Expr | None],
     return np.ascontiguousarray(weight.T)
 
 
+def float32_input(ctx: GraphContext, inputs: Sequence[g.Expr | None],
+                  what: str) -> tuple[g.Expr, TensorType]:
+    """The node's first input and its type, which must be float32 (`what` names it)."""
+    a = inputs[0]
+    assert a is not None
+    at = ctx.tensor_type(a)
+    if at.dtype != "float32":
+        raise IRError(f"{what} of type {at.dtype}: kiln imports it in float32 (float16 and "
+                      "bfloat16 ones are not supported yet)")
+    return a, at
+
+
 @onnx_op(MS + "MatMulNBits")
 def _matmul_nbits(ctx: GraphContext, inputs: Sequence[g.Expr | None],
                   attrs: dict[str, Any]) -> list[g.Expr]:
     """`A @ dequantize(B) (+ bias)` on the float GEMM: the weight is dequantized at import
     (`dequantize_nbits`), so `accuracy_level` (how far onnxruntime may quantize A) does not
     apply: kiln computes in the weight's float32."""
-    a = inputs[0]
-    assert a is not None
-    at = ctx.tensor_type(a)
-    if at.dtype != "float32":
-        raise IRError(f"MatMulNBits input A of type {at.dtype}: kiln imports float32 models "
-                      "of MatMulNBits (float16 and bfloat16 ones are not supported yet)")
+    a, at = float32_input(ctx, inputs, "MatMulNBits input A")
     weight = dequantize_nbits(ctx, inputs, attrs)
     last = at.shape[-1] if at.ndim else None
     if at.ndim < 2 or (isinstance(last, int) and last != weight.shape[0]):
@@ -271,6 +282,100 @@ def _matmul_nbits(ctx: GraphContext, inputs: Sequence[g.Expr | None],
     y = ctx.call("matmul", a, ctx.const(weight))
     bias = inputs[5] if len(inputs) > 5 else None
     return [y if bias is None else ctx.call("add", y, bias)]
+
+
+# ---------------------------------------------------------------- GatherBlockQuantized
+
+def _block_codes(data: np.ndarray, dtype: str, bits: int) -> tuple[np.ndarray, int]:
+    """The codes of a GatherBlockQuantized `data` as int32 of its logical shape, and the
+    default zero point: uint8 packs 8 / bits codes a byte along the last axis (low bits
+    first, default zero point 2^(bits-1)); int4/uint4 tensors hold one code an element
+    (default zero point 0)."""
+    if dtype == "uint8":
+        if bits not in (2, 4, 8):
+            raise IRError(f"bits {bits}: uint8 data packs 2, 4 or 8 bits a code")
+        rows = data.reshape(-1, data.shape[-1])
+        codes = _unpack(rows, bits, rows.shape[1] * 8 // bits) if bits < 8 else rows
+        return (codes.astype(np.int32).reshape(*data.shape[:-1], -1), 1 << (bits - 1))
+    if dtype in ("int4", "uint4"):
+        if bits != 4:
+            raise IRError(f"bits {bits}: {dtype} data holds 4-bit codes")
+        return data.astype(np.int32), 0
+    raise IRError(f"GatherBlockQuantized data of type {dtype}: uint8, int4 or uint4 (the "
+                  "float8/float4 forms are not supported yet)")
+
+
+def _gbq_zero_points(ctx: GraphContext, zp: g.Expr | None, dtype: str, bits: int,
+                     shape: tuple[int, ...], default: int) -> np.ndarray:
+    """Each block's zero point, of the scales' `shape`: packed like the data (uint8 along
+    the last axis), or the default."""
+    if zp is None:
+        return np.full(shape, default, np.int32)
+    value = need_constant(ctx, zp, "GatherBlockQuantized zero_points")
+    if value.dtype.name != dtype:
+        raise IRError(f"GatherBlockQuantized zero_points of type {value.dtype.name}: they "
+                      f"must have the data's type {dtype}")
+    codes, _ = _block_codes(value, dtype, bits)
+    if codes.ndim != len(shape) or codes.shape[:-1] != shape[:-1] or \
+            codes.shape[-1] < shape[-1]:
+        raise IRError(f"GatherBlockQuantized zero_points of shape {list(value.shape)} do not "
+                      f"match scales of shape {list(shape)}")
+    return codes[..., :shape[-1]]
+
+
+def dequantize_gather_data(ctx: GraphContext, inputs: Sequence[g.Expr | None],
+                           attrs: dict[str, Any]) -> np.ndarray:
+    """GatherBlockQuantized's `data` as a float array of its logical shape:
+    `(code - zero_point) * scale` per block of `block_size` along `quantize_axis`."""
+    data_expr, scales_expr = inputs[0], inputs[2]
+    assert data_expr is not None and scales_expr is not None
+    data = need_constant(ctx, data_expr, "GatherBlockQuantized data")
+    dtype = data.dtype.name  # int4/uint4 (ml_dtypes) have no kiln tensor type
+    bits, block = int(attrs.get("bits", 4)), int(attrs.get("block_size", 128))
+    if block < 16 or block & (block - 1):
+        raise IRError(f"block_size {block}: it must be a power of two of at least 16")
+    codes, default = _block_codes(data, dtype, bits)
+    qaxis = norm_axes(int(attrs.get("quantize_axis", 1)), codes.ndim)[0]
+    if dtype == "uint8" and qaxis != codes.ndim - 1:
+        raise IRError("GatherBlockQuantized with uint8 data quantizes along the last axis")
+    scales = need_constant(ctx, scales_expr, "GatherBlockQuantized scales")
+    want = list(codes.shape)
+    want[qaxis] = -(-want[qaxis] // block)
+    if list(scales.shape) != want:
+        raise IRError(f"GatherBlockQuantized scales of shape {list(scales.shape)}: expected "
+                      f"{want} (a scale a block of {block} along axis {qaxis})")
+    zp = _gbq_zero_points(ctx, inputs[3] if len(inputs) > 3 else None, dtype, bits,
+                          tuple(want), default)
+    at = np.arange(codes.shape[qaxis]) // block
+    value = (codes - np.take(zp, at, axis=qaxis)).astype(np.float32) * \
+        np.take(scales.astype(np.float32), at, axis=qaxis)
+    return value.astype(scales.dtype)
+
+
+@onnx_op(MS + "GatherBlockQuantized")
+def _gather_block_quantized(ctx: GraphContext, inputs: Sequence[g.Expr | None],
+                            attrs: dict[str, Any]) -> list[g.Expr]:
+    """A Gather from the data dequantized at import (`dequantize_gather_data`, like
+    MatMulNBits' weight); an index outside [-n, n) gives zeros, as onnxruntime's kernel
+    does (ONNX Gather would fail)."""
+    indices = inputs[1]
+    assert indices is not None
+    table = dequantize_gather_data(ctx, inputs, attrs)
+    axis = norm_axes(int(attrs.get("gather_axis", 0)), table.ndim)[0]
+    data = ctx.value(inputs[0])
+    if data is not None and data.dtype == np.uint8 and axis != 0:
+        raise IRError("GatherBlockQuantized with uint8 data gathers along axis 0")
+    it = ctx.tensor_type(indices)
+    n = table.shape[axis]
+    index_type = dt.to_numpy(it.dtype)
+    inside = ctx.call("logical_and",
+                      ctx.call("greater_equal", indices, ctx.const(np.array(-n, index_type))),
+                      ctx.call("less", indices, ctx.const(np.array(n, index_type))))
+    safe = ctx.call("where", inside, indices, ctx.const(np.array(0, index_type)))
+    out = ctx.call("gather", ctx.const(table), safe, axis=axis)
+    shape = [1] * axis + list(it.shape) + [1] * (table.ndim - axis - 1)
+    mask = reshape_to(ctx, inside, shape)
+    return [ctx.call("where", mask, out, ctx.const(np.array(0, table.dtype)))]
 
 
 # --------------------------------------------------------------------- RotaryEmbedding
@@ -342,10 +447,22 @@ def _rotary_embedding(ctx: GraphContext, inputs: Sequence[g.Expr | None],
         raise IRError("RotaryEmbedding scale other than 1 is not supported")
     _check_float(ctx, x, "RotaryEmbedding input")
     t = ctx.tensor_type(x)
-    lanes, head, rot = _rotary_geometry(ctx, x, cos, attrs)
-    col, partner, sign = _rotary_lanes(lanes, head, rot, bool(attrs.get("interleaved", 0)))
+    _, head, rot = _rotary_geometry(ctx, x, cos, attrs)
     seq = t.shape[-2] if t.ndim == 4 else t.shape[1]
     pos = _positions(ctx, position_ids, seq)
+    return [rotate(ctx, x, pos, cos, sin, head, rot, bool(attrs.get("interleaved", 0)))]
+
+
+def rotate(ctx: GraphContext, x: g.Expr, pos: g.Expr, cos: g.Expr, sin: g.Expr, head: int,
+           rot: int, interleaved: bool) -> g.Expr:
+    """RoPE of `x` ((batch, seq, heads * head) or (batch, heads, seq, head)) at the
+    positions `pos` (batch, seq) from the cos/sin caches (positions, rot / 2), the first
+    `rot` lanes of each head rotated: onnxruntime's formula lane by lane (RotaryEmbedding,
+    and GroupQueryAttention's do_rotary)."""
+    t = ctx.tensor_type(x)
+    lanes = t.shape[-1]
+    assert isinstance(lanes, int)
+    col, partner, sign = _rotary_lanes(lanes, head, rot, interleaved)
     where_col = ctx.const(col.astype(np.int64))
     last = ctx.tensor_type(pos).ndim  # the cache rows at `pos` add its axes before columns
     c = ctx.call("gather", ctx.call("gather", cos, pos, axis=0), where_col, axis=last)
@@ -359,4 +476,4 @@ def _rotary_embedding(ctx: GraphContext, inputs: Sequence[g.Expr | None],
         c = reshape_to(ctx, c, (ct.shape[0], 1, *ct.shape[1:]))
         s = reshape_to(ctx, s, (ct.shape[0], 1, *ct.shape[1:]))
     moved = ctx.call("gather", x, ctx.const(partner.astype(np.int64)), axis=t.ndim - 1)
-    return [ctx.call("add", ctx.call("multiply", x, c), ctx.call("multiply", moved, s))]
+    return ctx.call("add", ctx.call("multiply", x, c), ctx.call("multiply", moved, s))
