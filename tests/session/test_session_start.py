@@ -38,13 +38,18 @@ def own_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 def _count_parses(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """The names of onnx's parsers called from now on, in order."""
     calls: list[str] = []
-    for name in _PARSERS:
-        def counted(*args: Any, _parse: Any = getattr(onnx, name), _name: str = name,
-                    **kwargs: Any) -> Any:
-            calls.append(_name)
-            return _parse(*args, **kwargs)
 
-        monkeypatch.setattr(onnx, name, counted)
+    def counting(name: str) -> Any:
+        parse = getattr(onnx, name)
+
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            calls.append(name)
+            return parse(*args, **kwargs)
+
+        return counted
+
+    for name in _PARSERS:
+        monkeypatch.setattr(onnx, name, counting(name))
     return calls
 
 
@@ -85,9 +90,10 @@ def test_bytes_and_a_model_proto_hit_the_cache(tmp_path: Path,
 
 def _features() -> onnx.ModelProto:
     """The LRN block of an AlexNet-style network (its convolution left out to keep the
-    test fast), as torch's exporter names its nodes, over a dynamic batch: kiln's LRN kernel takes static shapes only, so both
-    LRNs run their generic loops. The second LRN has no name (some exporters and
-    hand-edited graphs leave it out): it is named by its output."""
+    test fast), its nodes named as torch's exporter names them, over a dynamic batch:
+    kiln's LRN kernel takes static shapes only, so both LRNs run their generic loops.
+    The second LRN has no name (some exporters and hand-edited graphs leave it out):
+    it is named by its output."""
     gb = GraphBuilder(seed=7)
     x = gb.input("images", ("batch", 4, 8, 8))
     gb.node("Relu", [x], ["r0"], name="/features/features.1/Relu")
