@@ -1,7 +1,8 @@
 """How a session starts (kiln/session/start.py): serialized ONNX bytes and an
-onnx.ModelProto are cached by the bytes' digest as a file is; a miss on a file reads it
-once; a kernel a symbolic size leaves generic is reported by the ONNX node the user
-knows (its name and op type), not by kiln's value name."""
+onnx.ModelProto are cached by the bytes' digest as a file is, an IRModule by its
+structural fingerprint; a miss on a file reads it once; a kernel a symbolic size leaves
+generic is reported by the ONNX node the user knows (its name and op type), not by
+kiln's value name."""
 
 from __future__ import annotations
 
@@ -86,6 +87,19 @@ def test_bytes_and_a_model_proto_hit_the_cache(tmp_path: Path,
     limited.max_loop_iterations = 3  # an option that changes the library: another key
     with pytest.raises(AssertionError, match="a cache hit imported or compiled"):
         kiln.InferenceSession(proto, limited)
+
+
+def test_an_irmodule_is_keyed_by_its_fingerprint(tmp_path: Path,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    path = write_model(tmp_path / "tiny.onnx")
+    assert not kiln.InferenceSession(kiln.frontend.from_onnx(path)).cache_hit
+    again = kiln.frontend.from_onnx(path)  # another object of the same structure
+    _no_compile(monkeypatch)
+    hit = kiln.InferenceSession(again)
+    assert hit.cache_hit
+    for got, want in zip(hit.run(None, {"x": X}), onnxruntime_outputs(path, {"x": X}),
+                         strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
 
 
 def _features() -> onnx.ModelProto:

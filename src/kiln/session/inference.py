@@ -11,7 +11,6 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-import kiln
 from kiln.artifact import generic_kernels
 from kiln.driver import cache
 from kiln.errors import ArgumentTypeError, CallError, GenericKernelWarning, UsageError, shown
@@ -118,7 +117,11 @@ class InferenceSession:
         if callable(getattr(source, "export_library", None)):  # a kiln.Executable
             return source.jit()
         if type(source).__name__ == "IRModule":
-            return self._compile(source, ModelMetadata())
+            start.with_shape_dict(source, self._options)  # UsageError: imported already
+            key = None
+            if cache.cache_enabled(_pass_config()):
+                key = start.module_session_key(source, self._options)
+            return self._cached_or_compiled(source, key, None, threads)
         raise ArgumentTypeError(
             "InferenceSession: path_or_library must be an ONNX file, its bytes or an "
             "onnx.ModelProto, a library (.so, .tar), a kiln.Executable, Module or IRModule; got "
@@ -162,11 +165,6 @@ class InferenceSession:
         module, self._meta = start.compiled_session(source, key, self._options, threads,
                                                     _metadata_of)
         return module
-
-    def _compile(self, model: Any, meta: ModelMetadata) -> Any:
-        self._meta = meta
-        model = start.with_shape_dict(model, self._options)
-        return kiln.compile(model, "host", **start.compile_arguments(self._options)).jit()
 
     # ------------------------------------------------------------ describing
     @property

@@ -101,6 +101,17 @@ def bytes_session_key(data: bytes | bytearray, options: SessionOptions) -> str:
     return _key("onnx-bytes-session", bytes_digest(data), options)
 
 
+def module_session_key(mod: Any, options: SessionOptions) -> str:
+    """The cache key of a session over an IRModule: its structural fingerprint
+    (kiln.driver.fingerprint: every op, attribute, name hint and constant byte), exact
+    and cheap beside a compile (one hash of the weights)."""
+    from kiln.driver.fingerprint import (
+        module_fingerprint,  # heavy: kiln.driver's IR walk, only for an IRModule
+    )
+
+    return _key("ir-session", module_fingerprint(mod), options)
+
+
 def _key(kind: str, model_digest: str, options: SessionOptions) -> str:
     fields = {
         "format": SESSION_CACHE_FORMAT, "kind": kind, "model": model_digest,
@@ -216,6 +227,8 @@ def _shown_name(source: Any) -> str:
         return source.name
     if isinstance(source, (bytes, bytearray)) or source is None:
         return "the model bytes"
+    if type(source).__name__ == "IRModule":
+        return "the IRModule"
     return f"the ONNX ModelProto {getattr(source.graph, 'name', '')!r}"
 
 
@@ -321,8 +334,8 @@ def _shape_dict(options: SessionOptions) -> dict[str, Any] | None:
 
 def compiled_session(source: Path | bytes | Any, key: str | None, options: SessionOptions,
                      threads: int, metadata_of: Any) -> tuple[Any, ModelMetadata]:
-    """Compile `source` (the ONNX file at a path, serialized ONNX bytes or an
-    onnx.ModelProto), read once, for `host` with its progress shown or reported
+    """Compile `source` (the ONNX file at a path, serialized ONNX bytes, an
+    onnx.ModelProto or an IRModule), read once, for `host` with its progress shown or reported
     (kiln.session.progress), link it (into the cache under `key`, unless None) and load
     it; the library and the model's metadata (`metadata_of(proto)`)."""
     from kiln.driver.compiler import (
@@ -336,12 +349,13 @@ def compiled_session(source: Path | bytes | Any, key: str | None, options: Sessi
     with progress_for(name, options) as progress:
         progress.stage("importing the ONNX model")
         model, proto, external = _read_once(source)  # FrontendError when it is not ONNX
-        meta = metadata_of(proto)  # before the import, which may fill the proto's data
+        # before the import, which may fill the proto's data; an IRModule has none
+        meta = ModelMetadata() if proto is None else metadata_of(proto)
         outer = PassContext.current()
         # The session's entry holds the weights (in its library): not the codegen's too.
         config = {**outer.config, "kiln.cache": False} if key is not None else outer.config
         with PassContext([*outer.instruments, progress], config, outer.disabled_passes):
-            imported = from_onnx(model, _shape_dict(options))
+            imported = model if proto is None else from_onnx(model, _shape_dict(options))
             ex = compile_model(imported, "host", **compile_arguments(options))
             if key is None:
                 return ex.jit(), meta
@@ -352,7 +366,7 @@ def compiled_session(source: Path | bytes | Any, key: str | None, options: Sessi
 def _read_once(source: Path | bytes | Any) -> tuple[Any, Any, list[dict[str, Any]]]:
     """What `from_onnx` imports of `source`, its onnx.ModelProto (for the metadata) and
     the external data files it read (a file's, each with its digest): the model's bytes
-    parsed once."""
+    parsed once. An IRModule is imported already: itself, no proto, no files."""
     from kiln.frontend.onnx.importer import (  # heavy: the ONNX front end, only on a miss
         load_onnx,
         parse_onnx,
@@ -364,6 +378,8 @@ def _read_once(source: Path | bytes | Any) -> tuple[Any, Any, list[dict[str, Any
     if isinstance(source, (bytes, bytearray)):
         proto = parse_onnx(source)
         return proto, proto, []
+    if type(source).__name__ == "IRModule":
+        return source, None, []
     return source, source, []
 
 
