@@ -22,18 +22,10 @@ from kiln.errors import GenericKernelWarning
 from support.graphs import GraphBuilder
 from support.reference import onnxruntime_outputs
 
+pytestmark = pytest.mark.usefixtures("own_cache")  # each test: an empty cache (conftest)
 X = np.random.default_rng(5).standard_normal((2, 8)).astype(np.float32)
 # onnx's entry points that parse a model's bytes (load_with_views and parse_onnx use them)
 _PARSERS = ("load", "load_model", "load_from_string", "load_model_from_string")
-
-
-@pytest.fixture(autouse=True)
-def own_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """Each test starts with an empty cache of its own."""
-    folder = tmp_path / "cache"
-    monkeypatch.setenv("KILN_CACHE_DIR", str(folder))
-    monkeypatch.delenv("KILN_CACHE", raising=False)
-    return folder
 
 
 def _count_parses(monkeypatch: pytest.MonkeyPatch) -> list[str]:

@@ -1,16 +1,19 @@
 """How a session starts from an `.onnx` file: the compile cache, asked before the import.
 
 The key is found from the file's bytes (a chunked SHA-256, hashed on several threads
-from a read-only mapping) and from everything else that changes the library: the
-session options that reach the compiler (not the providers: every session runs on
-the CPU), this machine's CPU (what LLVM resolves `host` from: /proc/cpuinfo's identity and flags,
-`$KILN_HOST_CPU`), kiln's version and sources, llvmlite's version, the C compiler and
-the `KILN_*` environment variables a compile reads. A hit is the linked library
+from a read-only mapping; serialized bytes and an onnx.ModelProto's `SerializeToString()`
+the same way, an IRModule by its structural fingerprint) and from everything else that
+changes the library: the session options that reach the compiler (not the providers:
+every session runs on the CPU), this machine's CPU (what LLVM resolves `host` from:
+/proc/cpuinfo's identity and flags, `$KILN_HOST_CPU`), kiln's version and sources,
+llvmlite's version, the C compiler and the `KILN_*` environment variables a compile
+reads. A hit is the linked library
 itself (kiln.driver.cache.store_library), checked byte for byte and dlopen'ed where it
 lies: no import, no pass, no link. Beside it the entry keeps what the session answers
 from the model file (`get_modelmeta()`) and the external data files the model read,
-with their hashes: a changed data file is a miss. A miss compiles, reporting its
-progress (kiln.session.progress), links the library into the cache and loads it.
+with their hashes: a changed data file is a miss. A miss reads the model once
+(kiln.frontend.onnx.importer.load_onnx), compiles, reporting its progress
+(kiln.session.progress), links the library into the cache and loads it.
 """
 
 from __future__ import annotations
