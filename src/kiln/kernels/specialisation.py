@@ -101,6 +101,17 @@ def naming(node: g.Var | str) -> Iterator[None]:
         _NODE.reset(token)
 
 
+def current_node() -> str:
+    """How a message names the value being rewritten now (inside `naming`): the ONNX
+    node it was imported from (`node 'conv1' (Conv)`) when known, else its name
+    (`value 'conv2d'`); "" outside `naming`."""
+    value = _NODE.get()
+    if not isinstance(value, g.Var):
+        return f"value {value!r}" if value else ""
+    source = source_of(value)
+    return source.label() if source is not None else f"value {value.name!r}"
+
+
 def active() -> bool:
     """Whether a compile run is recording (probes cost a family check each)."""
     return _RECORDER.get() is not None
@@ -208,5 +219,5 @@ def note_lowering(call: g.Call, lowering: Any) -> None:
         _record(call, *found)
 
 
-__all__ = ["GenericKernel", "active", "naming", "note_lowering", "note_unselected",
+__all__ = ["GenericKernel", "active", "current_node", "naming", "note_lowering", "note_unselected",
            "pinned_call", "pins", "recording", "symbolic"]
