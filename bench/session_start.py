@@ -20,6 +20,8 @@ imported before any timing, 2 threads each:
   library checks its weights against its hashes before its first call, kiln.runtime.weights).
 
 Prints a table with the ratio hit / ort; asserts nothing (this is not a test).
+`--write-docs` also writes it into the block `session-start` of docs/performance.md, under
+a line naming the CPU, the date and the load average (bench/doc_table.py).
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from typing import Any
 
 import numpy as np
 import onnx
+from doc_table import machine_line, markdown_table, write_block
 
 import kiln.session
 
@@ -150,17 +153,27 @@ def measure(name: str, folder: Path, repeat: int) -> dict[str, float]:
     return out
 
 
+COLUMNS = ["ort", "miss", "hit", "hit/ort", "hit, hashed", "hashed/ort", "ort, new process",
+           "hit, new process", "new/new", "ort 1st run", "hit 1st run"]
+
+
+def cell(r: dict[str, float], column: str) -> str:
+    """A ratio as `0.08x`, seconds with three decimals."""
+    return f"{r[column]:.2f}x" if "/" in column else f"{r[column]:.3f}"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--models", nargs="+", default=["bert", "vit"],
                         choices=sorted(builders()))
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--write-docs", action="store_true",
+                        help="write the table to docs/performance.md (block 'session-start')")
     args = parser.parse_args()
     print(f"CPU: {cpu_name()}; {THREADS} threads; seconds (best of {args.repeat})")
-    columns = ["ort", "miss", "hit", "hit/ort", "hit, hashed", "hashed/ort",
-               "ort, new process", "hit, new process", "new/new", "ort 1st run",
-               "hit 1st run"]
-    print(f"{'model':8}" + "".join(f"{c:>18}" for c in columns))
+    print(f"{'model':8}" + "".join(f"{c:>18}" for c in COLUMNS))
+    load_before = os.getloadavg()[0]
+    rows = []
     with tempfile.TemporaryDirectory(prefix="kiln-session-start-") as tmp:
         os.environ["KILN_CACHE_DIR"] = str(Path(tmp) / "cache")
         for name in args.models:
@@ -168,9 +181,14 @@ def main() -> None:
             r["hit/ort"] = r["hit"] / r["ort"]
             r["hashed/ort"] = r["hit, hashed"] / r["ort"]
             r["new/new"] = r["hit, new process"] / r["ort, new process"]
-            print(f"{name:8}" + "".join(
-                f"{r[c]:>17.2f}x" if "/" in c else f"{r[c]:>18.3f}" for c in columns),
-                flush=True)
+            print(f"{name:8}" + "".join(f"{cell(r, c):>18}" for c in COLUMNS), flush=True)
+            rows.append([name, *(cell(r, c) for c in COLUMNS)])
+    if args.write_docs:
+        command = " ".join(["bench/session_start.py", *sys.argv[1:]])
+        isa = f"{THREADS} threads each, seconds (best of {args.repeat})"
+        write_block(ROOT / "docs" / "performance.md", "session-start", [
+            machine_line(command, isa, load_before, os.getloadavg()[0]), "",
+            *markdown_table(["model", *COLUMNS], rows)])
 
 
 if __name__ == "__main__":

@@ -47,7 +47,7 @@ def test_compile_warns_with_node_and_pin(kind: str) -> None:
     exe, caught = _compile(model, native_target(kind))
     assert len(caught) == 1
     text = str(caught[0].message)
-    assert "node 'lrn' (lrn of [batch, 8, 5, 5])" in text
+    assert "node 'norm1' (LRN), kiln's lrn of [batch, 8, 5, 5]" in text
     assert 'shape_dict={"batch": 1}' in text and "--shape batch=1" in text
     [entry] = exe.metadata["generic_kernels"]
     assert entry["op"] == "lrn" and entry["pins"] == [{"name": "batch", "size": 1}]
@@ -70,7 +70,8 @@ def test_inspect_lists_them_from_the_exported_library(tmp_path: Path) -> None:
     exe.export_library(str(lib))
     text = cmd_inspect(str(lib), None, None)
     assert "generic kernels: 1 run their generic loops" in text
-    assert 'lrn of [batch, 8, 5, 5] -> lrn with shape_dict={"batch": 1}' in text
+    assert ("node 'norm1' (LRN), kiln's lrn of [batch, 8, 5, 5] -> lrn with "
+            'shape_dict={"batch": 1}') in text
     assert '"generic_kernels"' in cmd_inspect(str(lib), None, "json")
 
 

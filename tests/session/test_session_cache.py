@@ -26,16 +26,8 @@ from kiln.driver.progress import ProgressEvent
 from kiln.errors import ArgumentTypeError
 from support.reference import onnxruntime_outputs
 
+pytestmark = pytest.mark.usefixtures("own_cache")  # each test: an empty cache (conftest)
 X = np.random.default_rng(3).standard_normal((3, 8)).astype(np.float32)
-
-
-@pytest.fixture(autouse=True)
-def own_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """Each test starts with an empty cache of its own."""
-    folder = tmp_path / "cache"
-    monkeypatch.setenv("KILN_CACHE_DIR", str(folder))
-    monkeypatch.delenv("KILN_CACHE", raising=False)
-    return folder
 
 
 @pytest.fixture

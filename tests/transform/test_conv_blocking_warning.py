@@ -49,8 +49,10 @@ def test_a_symbolic_image_size_warns_and_still_matches_onnxruntime() -> None:
     model = conv_net((1, 4, "height", "width"), weights_given=True)
     with pytest.warns(PerformanceWarning, match=r"2 convolution\(s\) over a symbolic image "
                       r"size \(in height, width\).*shape_dict=\{'height': \.\.\., "
-                      r"'width': \.\.\.\}.*--shape height="):
+                      r"'width': \.\.\.\}.*--shape height=") as caught:
         ex = kiln.compile(from_onnx(model), "llvm")
+    convs = [n.name for n in model.graph.node if n.op_type == "Conv"]
+    assert f"(node {convs[0]!r} (Conv), node {convs[1]!r} (Conv))" in str(caught[0].message)
     assert conv_kernels(ex) == []  # the generic loops: what the warning is about
     for hw in ((5, 7), (12, 3)):
         x = RNG.standard_normal((1, 4, *hw)).astype(np.float32)

@@ -292,11 +292,12 @@ def _generic_lines(found: list[dict[str, Any]]) -> list[str]:
     library metadata's "generic_kernels", kiln.driver.generic_kernels), with each pin."""
     if not found:
         return []
+    from kiln.artifact import generic_kernels  # lazy: kept off the cli's startup (kiln --help)
+
     lines = [f"generic kernels: {len(found)} run their generic loops because a size is "
              "symbolic (pinned, a hand-built kernel takes them):"]
     for e in found:
-        lines.append(f"  {e.get('node')!s:<16} {e.get('op')} of {', '.join(e.get('shapes') or [])}"
-                     f" -> {e.get('kernel')} with {e.get('hint')}")
+        lines.append(f"  {generic_kernels.where(e)} -> {e.get('kernel')} with {e.get('hint')}")
     return lines
 
 

@@ -36,7 +36,8 @@ class Expr:
         raise NotImplementedError
 
 
-@dataclass(frozen=True, eq=False, slots=True)
+# weakref_slot: kiln.ir.source_nodes keys its side table by the variable, weakly.
+@dataclass(frozen=True, eq=False, slots=True, weakref_slot=True)
 class Var(Expr):
     """A function parameter or a binding's name. `name` is a hint."""
 

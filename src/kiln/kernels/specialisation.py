@@ -6,8 +6,9 @@ call then runs its tensor-expression loops, correct but slower. kiln never slows
 silently: while `kiln.compile` runs (`recording`), every such refusal is checked
 against the same call with its variables pinned (`pins`); when a family would take the
 pinned call, a `GenericKernel` is recorded, naming the value the call computes (the
-binding's name, set by the passes with `naming`), the op, the family that would take
-it, and the pin. kiln.driver.compiler warns (`kiln.errors.GenericKernelWarning`) and
+binding, set by the passes with `naming`) and the ONNX node it was imported from
+(kiln.ir.source_nodes), the op, the family that would take it, and the pin.
+kiln.driver.compiler warns (`kiln.errors.GenericKernelWarning`) and
 writes them to the library metadata ("generic_kernels"), which `kiln inspect` and
 `kiln.InferenceSession` read back.
 
@@ -25,6 +26,7 @@ from typing import Any
 from kiln.ir import graph as g
 from kiln.ir.pin_hint import is_batch_name
 from kiln.ir.shape_expr import dim_vars, eval_dim, is_static, shape_text
+from kiln.ir.source_nodes import SourceNode, source_of
 from kiln.ir.types import TensorType, TupleType, Type
 from kiln.target.isa import ISA
 
@@ -42,6 +44,7 @@ class GenericKernel:
     kernel: str                  # the hand-built family / kernel that takes it pinned
     shapes: tuple[str, ...]      # the operands' shapes, as text
     pins: tuple[tuple[str, int | None], ...]  # variable -> suggested size (None: yours)
+    source: SourceNode | None = None  # the model's node it was imported from, if known
 
     def pin_text(self) -> str:
         """`shape_dict={...}` and the CLI spelling; a variable without a typical size
@@ -53,10 +56,14 @@ class GenericKernel:
 
     def as_json(self) -> dict[str, Any]:
         """The entry of the library metadata's "generic_kernels"."""
-        return {"node": self.node, "op": self.op, "kernel": self.kernel,
-                "shapes": list(self.shapes),
-                "pins": [{"name": n, "size": v} for n, v in self.pins],
-                "hint": self.pin_text()}
+        entry: dict[str, Any] = {"node": self.node, "op": self.op, "kernel": self.kernel,
+                                 "shapes": list(self.shapes),
+                                 "pins": [{"name": n, "size": v} for n, v in self.pins],
+                                 "hint": self.pin_text()}
+        if self.source is not None:  # what the user knows: the ONNX node
+            entry.update(onnx_node=self.source.name, onnx_op=self.source.op_type,
+                         onnx_output=self.source.output)
+        return entry
 
 
 @dataclass
@@ -66,7 +73,7 @@ class _Recorder:
 
 
 _RECORDER: ContextVar[_Recorder | None] = ContextVar("kiln_generic_kernels", default=None)
-_NODE: ContextVar[str] = ContextVar("kiln_generic_node", default="")
+_NODE: ContextVar[g.Var | str] = ContextVar("kiln_generic_node", default="")
 
 
 @contextmanager
@@ -84,13 +91,25 @@ def recording(bounds: Mapping[str, tuple[int, int | None]]) -> Iterator[list[Gen
 
 
 @contextmanager
-def naming(node: str) -> Iterator[None]:
-    """The calls probed inside compute the value `node` (a binding's name)."""
+def naming(node: g.Var | str) -> Iterator[None]:
+    """The calls probed inside compute the value `node` (a binding's variable, which
+    may know its ONNX node, or a name)."""
     token = _NODE.set(node)
     try:
         yield
     finally:
         _NODE.reset(token)
+
+
+def current_node() -> str:
+    """How a message names the value being rewritten now (inside `naming`): the ONNX
+    node it was imported from (`node 'conv1' (Conv)`) when known, else its name
+    (`value 'conv2d'`); "" outside `naming`."""
+    value = _NODE.get()
+    if not isinstance(value, g.Var):
+        return f"value {value!r}" if value else ""
+    source = source_of(value)
+    return source.label() if source is not None else f"value {value.name!r}"
 
 
 def active() -> bool:
@@ -166,10 +185,14 @@ def _probe(call: g.Call, accepts: Any) -> tuple[str, tuple[tuple[str, int | None
 def _record(call: g.Call, kernel: str, suggested: tuple[tuple[str, int | None], ...]) -> None:
     rec = _RECORDER.get()
     assert rec is not None
-    node = _NODE.get() or call.op
+    value = _NODE.get()
+    source = source_of(value) if isinstance(value, g.Var) else None
+    node = (value.name if isinstance(value, g.Var) else value) or call.op
     shapes = tuple(_shape_text(a.type) for a in call.args if not isinstance(a, g.Constant))
-    rec.found.setdefault((node, call.op), GenericKernel(node, call.op, kernel, shapes,
-                                                        suggested))
+    # One entry per source node and op (a node's helper values share its name hint).
+    where = source.label() if source is not None else node
+    rec.found.setdefault((where, call.op), GenericKernel(node, call.op, kernel, shapes,
+                                                         suggested, source))
 
 
 def _shape_text(t: Type) -> str:
@@ -196,5 +219,5 @@ def note_lowering(call: g.Call, lowering: Any) -> None:
         _record(call, *found)
 
 
-__all__ = ["GenericKernel", "active", "naming", "note_lowering", "note_unselected",
+__all__ = ["GenericKernel", "active", "current_node", "naming", "note_lowering", "note_unselected",
            "pinned_call", "pins", "recording", "symbolic"]

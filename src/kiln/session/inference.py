@@ -11,7 +11,6 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-import kiln
 from kiln.artifact import generic_kernels
 from kiln.driver import cache
 from kiln.errors import ArgumentTypeError, CallError, GenericKernelWarning, UsageError, shown
@@ -42,7 +41,8 @@ class InferenceSession:
 
     Args:
         path_or_library: an ONNX file (compiled for this machine, `host`, through the
-            compile cache) or its serialized bytes; a library written by
+            compile cache), its serialized bytes or an onnx.ModelProto (cached by the
+            bytes' digest); a library written by
             `export_library` (.so, .tar); a `kiln.Executable`, a loaded
             `kiln.runtime.Module`, or an IRModule (compiled for `host`).
         sess_options: a `kiln.SessionOptions` (kiln.session.session_options).
@@ -107,13 +107,8 @@ class InferenceSession:
 
         if isinstance(source, Module):
             return source
-        if isinstance(source, (bytes, bytearray)):
-            from kiln.frontend.onnx.importer import (
-                parse_onnx,  # heavy: the ONNX front end, only to compile
-            )
-
-            model = parse_onnx(source)  # FrontendError when the bytes are not ONNX
-            return self._compile(model, _metadata_of(model))
+        if isinstance(source, (bytes, bytearray)) or _is_model_proto(source):
+            return self._open_in_memory(source, threads)
         if isinstance(source, (str, os.PathLike)):
             path = Path(source)
             if path.suffix.lower() == ".onnx":
@@ -122,10 +117,14 @@ class InferenceSession:
         if callable(getattr(source, "export_library", None)):  # a kiln.Executable
             return source.jit()
         if type(source).__name__ == "IRModule":
-            return self._compile(source, ModelMetadata())
+            start.with_shape_dict(source, self._options)  # UsageError: imported already
+            key = None
+            if cache.cache_enabled(_pass_config()):
+                key = start.module_session_key(source, self._options)
+            return self._cached_or_compiled(source, key, None, threads)
         raise ArgumentTypeError(
-            "InferenceSession: path_or_library must be an ONNX file or its bytes, a "
-            f"library (.so, .tar), a kiln.Executable, Module or IRModule; got "
+            "InferenceSession: path_or_library must be an ONNX file, its bytes or an "
+            "onnx.ModelProto, a library (.so, .tar), a kiln.Executable, Module or IRModule; got "
             f"{type(source).__name__}")
 
     def _open_onnx(self, path: Path, threads: int) -> Any:
@@ -137,20 +136,35 @@ class InferenceSession:
                 key = start.session_key(path, self._options)
             except OSError:  # a directory, unreadable: the import says what it is
                 key = None
+        return self._cached_or_compiled(path, key, path, threads)
+
+    def _open_in_memory(self, source: Any, threads: int) -> Any:
+        """The library of ONNX bytes or an onnx.ModelProto, keyed by the bytes' digest (a
+        proto's serialized bytes) as a file is by its own."""
+        key = None
+        if cache.cache_enabled(_pass_config()):
+            try:
+                data = source if isinstance(source, (bytes, bytearray)) \
+                    else source.SerializeToString()
+            except ValueError:  # a proto over protobuf's 2 GiB: compiled, not cached
+                data = None
+            if data is not None:
+                key = start.bytes_session_key(data, self._options)
+        return self._cached_or_compiled(source, key, None, threads)
+
+    def _cached_or_compiled(self, source: Any, key: str | None, path: Path | None,
+                            threads: int) -> Any:
+        """The library of the cache entry `key` (None: no cache) when it holds one, else
+        `source` compiled (and stored under `key`)."""
         if key is not None:
             found = start.cached_session(key, path, threads)
             if found is not None:
                 module, self._meta = found
                 self.cache_hit = True
                 return module
-        module, self._meta = start.compiled_session(path, key, self._options, threads,
+        module, self._meta = start.compiled_session(source, key, self._options, threads,
                                                     _metadata_of)
         return module
-
-    def _compile(self, model: Any, meta: ModelMetadata) -> Any:
-        self._meta = meta
-        model = start.with_shape_dict(model, self._options)
-        return kiln.compile(model, "host", **start.compile_arguments(self._options)).jit()
 
     # ------------------------------------------------------------ describing
     @property
@@ -322,6 +336,7 @@ def _check_loop_limit(options: SessionOptions, source: Any) -> None:
     """UsageError when the options ask for a Loop limit that a compiled library cannot
     take (the limit is compiled in: kiln.compile(..., max_loop_iterations=N))."""
     compiles = isinstance(source, (bytes, bytearray)) or type(source).__name__ == "IRModule" \
+        or _is_model_proto(source) \
         or (isinstance(source, (str, os.PathLike)) and Path(source).suffix.lower() == ".onnx")
     if getattr(options, "max_loop_iterations", None) is not None and not compiles:
         raise UsageError("SessionOptions.max_loop_iterations applies when the session "
@@ -425,6 +440,13 @@ def _pass_config() -> dict[str, Any] | None:
     off), or None when kiln.transform was never imported (no context can be open)."""
     context = sys.modules.get("kiln.transform.context")
     return None if context is None else dict(context.PassContext.current().config)
+
+
+def _is_model_proto(source: Any) -> bool:
+    """Whether `source` is an onnx.ModelProto (told without importing onnx: a session over
+    a library never needs it)."""
+    return type(source).__name__ == "ModelProto" and callable(
+        getattr(source, "SerializeToString", None))
 
 
 def _metadata_of(model: Any) -> ModelMetadata:

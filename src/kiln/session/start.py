@@ -1,16 +1,19 @@
 """How a session starts from an `.onnx` file: the compile cache, asked before the import.
 
 The key is found from the file's bytes (a chunked SHA-256, hashed on several threads
-from a read-only mapping) and from everything else that changes the library: the
-session options that reach the compiler (not the providers: every session runs on
-the CPU), this machine's CPU (what LLVM resolves `host` from: /proc/cpuinfo's identity and flags,
-`$KILN_HOST_CPU`), kiln's version and sources, llvmlite's version, the C compiler and
-the `KILN_*` environment variables a compile reads. A hit is the linked library
+from a read-only mapping; serialized bytes and an onnx.ModelProto's `SerializeToString()`
+the same way, an IRModule by its structural fingerprint) and from everything else that
+changes the library: the session options that reach the compiler (not the providers:
+every session runs on the CPU), this machine's CPU (what LLVM resolves `host` from:
+/proc/cpuinfo's identity and flags, `$KILN_HOST_CPU`), kiln's version and sources,
+llvmlite's version, the C compiler and the `KILN_*` environment variables a compile
+reads. A hit is the linked library
 itself (kiln.driver.cache.store_library), checked byte for byte and dlopen'ed where it
 lies: no import, no pass, no link. Beside it the entry keeps what the session answers
 from the model file (`get_modelmeta()`) and the external data files the model read,
-with their hashes: a changed data file is a miss. A miss compiles, reporting its
-progress (kiln.session.progress), links the library into the cache and loads it.
+with their hashes: a changed data file is a miss. A miss reads the model once
+(kiln.frontend.onnx.importer.load_onnx), compiles, reporting its progress
+(kiln.session.progress), links the library into the cache and loads it.
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from kiln import __version__
-from kiln.artifact.integrity import CHUNK_SIZE, tree_digest
+from kiln.artifact.integrity import CHUNK_SIZE, chunk_digests, tree_digest
 from kiln.driver import cache
 from kiln.errors import ArgumentTypeError, FormatError, MissingFileError, UsageError
 from kiln.runtime.loading import load_shared_library
@@ -84,10 +87,37 @@ def file_digest(path: str | os.PathLike[str]) -> str:
     return digest
 
 
+def bytes_digest(data: bytes | bytearray) -> str:
+    """The SHA-256 tree digest of `data`, as `file_digest` hashes a file of these bytes."""
+    return tree_digest(chunk_digests(data, CHUNK_SIZE), len(data), CHUNK_SIZE)
+
+
 def session_key(path: Path, options: SessionOptions) -> str:
     """The cache key of a session over the ONNX file at `path` (see the module docstring)."""
+    return _key("onnx-session", file_digest(path), options)
+
+
+def bytes_session_key(data: bytes | bytearray, options: SessionOptions) -> str:
+    """The cache key of a session over serialized ONNX bytes (an onnx.ModelProto's:
+    `SerializeToString()`). Another kind than a file's: a model in memory reads no
+    external data from a folder, a file's entry may list some."""
+    return _key("onnx-bytes-session", bytes_digest(data), options)
+
+
+def module_session_key(mod: Any, options: SessionOptions) -> str:
+    """The cache key of a session over an IRModule: its structural fingerprint
+    (kiln.driver.fingerprint: every op, attribute, name hint and constant byte), exact
+    and cheap beside a compile (one hash of the weights)."""
+    from kiln.driver.fingerprint import (
+        module_fingerprint,  # heavy: kiln.driver's IR walk, only for an IRModule
+    )
+
+    return _key("ir-session", module_fingerprint(mod), options)
+
+
+def _key(kind: str, model_digest: str, options: SessionOptions) -> str:
     fields = {
-        "format": SESSION_CACHE_FORMAT, "kind": "onnx-session", "model": file_digest(path),
+        "format": SESSION_CACHE_FORMAT, "kind": kind, "model": model_digest,
         "options": _canonical({k: v for k, v in sorted(vars(options).items())
                                if k not in RUNTIME_OPTIONS}),
         "cpu": host_identity(), "kiln": __version__,
@@ -174,22 +204,35 @@ def _version(dist: str) -> str | None:
 
 # ------------------------------------------------------------------ hit
 
-def cached_session(key: str, path: Path, threads: int) -> tuple[LibraryModule,
-                                                                  ModelMetadata] | None:
-    """The library and metadata of a hit on `key` (the ONNX file at `path`), or None."""
+def cached_session(key: str, path: Path | None, threads: int) -> tuple[LibraryModule,
+                                                                         ModelMetadata] | None:
+    """The library and metadata of a hit on `key` (the ONNX file at `path`; None: bytes
+    or a proto in memory), or None."""
     hit = cache.lookup_library(key)
     if hit is None:
         return None
     meta = hit.metadata
     try:
-        if not _external_data_unchanged(meta.get("external_data", []), path.parent):
+        external = meta.get("external_data", [])
+        if external and (path is None or not _external_data_unchanged(external, path.parent)):
             return None
         model = ModelMetadata(**meta["model"])
         return load_cached(hit.path, threads, hashed=hit.hashed), model
     except (FormatError, OSError, KeyError, TypeError) as exc:
         cache.STATS.errors += 1
-        _refuse(f"cache entry {key} for {path.name} cannot be used ({exc})")
+        _refuse(f"cache entry {key} for {_shown_name(path)} cannot be used ({exc})")
         return None
+
+
+def _shown_name(source: Any) -> str:
+    """How progress and warnings name a session's model: a file by its name."""
+    if isinstance(source, Path):
+        return source.name
+    if isinstance(source, (bytes, bytearray)) or source is None:
+        return "the model bytes"
+    if type(source).__name__ == "IRModule":
+        return "the IRModule"
+    return f"the ONNX ModelProto {getattr(source.graph, 'name', '')!r}"
 
 
 def _refuse(message: str) -> None:
@@ -235,15 +278,11 @@ def load_cached(library: Path, threads: int, *, hashed: bool = True) -> LibraryM
 
 # ------------------------------------------------------------------ miss
 
-def external_data_files(model: Any, folder: Path) -> list[dict[str, Any]]:
-    """The external data files the onnx.ModelProto `model` reads, under `folder`, each
-    with its size and digest (what a hit checks again)."""
-    from kiln.frontend.onnx.file_limits import (
-        external_data_locations,  # heavy: the ONNX front end, only on a miss
-    )
-
+def external_data_files(locations: Sequence[str], folder: Path) -> list[dict[str, Any]]:
+    """The external data files a model reads (`locations`, under `folder`), each with
+    its size and digest (what a hit checks again)."""
     out = []
-    for location in external_data_locations(model):
+    for location in locations:
         where = folder / location
         with_bytes = where.is_file()
         out.append({"location": location, "size": where.stat().st_size if with_bytes else -1,
@@ -252,9 +291,9 @@ def external_data_files(model: Any, folder: Path) -> list[dict[str, Any]]:
 
 
 def entry_metadata(model_meta: ModelMetadata, external: list[dict[str, Any]],
-                   source: Path) -> dict[str, Any]:
-    """What a session entry keeps beside its library."""
-    return {"model": asdict(model_meta), "external_data": external, "source": source.name}
+                   source: str) -> dict[str, Any]:
+    """What a session entry keeps beside its library (`source`: the model's name)."""
+    return {"model": asdict(model_meta), "external_data": external, "source": source}
 
 
 def require_file(path: Path) -> None:
@@ -273,49 +312,78 @@ def compile_arguments(options: SessionOptions) -> dict[str, Any]:
 def with_shape_dict(model: Any, options: SessionOptions) -> Any:
     """`model` (an ONNX file, its proto or an IRModule) imported with the options'
     `shape_dict` when one is given, else `model` as it is."""
-    shape_dict = options.shape_dict
-    if shape_dict is None:
+    if options.shape_dict is None:
         return model
     if type(model).__name__ == "IRModule":
         raise UsageError("SessionOptions.shape_dict applies when the session imports an ONNX "
                          "model (a file or its bytes); an IRModule is imported already: pass "
                          "shape_dict to kiln.frontend.from_onnx")
+    from kiln.frontend import from_onnx  # heavy: the ONNX front end, only to compile
+
+    return from_onnx(model, _shape_dict(options))
+
+
+def _shape_dict(options: SessionOptions) -> dict[str, Any] | None:
+    """The options' `shape_dict` as `from_onnx` takes it (ArgumentTypeError when it is
+    not a dict)."""
+    shape_dict = options.shape_dict
+    if shape_dict is None:
+        return None
     if not isinstance(shape_dict, Mapping):
         raise ArgumentTypeError("SessionOptions.shape_dict must be a dict of pins and ranges "
                                 f"or None, got {type(shape_dict).__name__}")
-    from kiln.frontend import from_onnx  # heavy: the ONNX front end, only to compile
-
-    return from_onnx(model, dict(shape_dict))
+    return dict(shape_dict)
 
 
-def compiled_session(path: Path, key: str | None, options: SessionOptions, threads: int,
-                     metadata_of: Any) -> tuple[Any, ModelMetadata]:
-    """Compile the ONNX file at `path` for `host` with its progress shown or reported
+def compiled_session(source: Path | bytes | Any, key: str | None, options: SessionOptions,
+                     threads: int, metadata_of: Any) -> tuple[Any, ModelMetadata]:
+    """Compile `source` (the ONNX file at a path, serialized ONNX bytes, an
+    onnx.ModelProto or an IRModule), read once, for `host` with its progress shown or reported
     (kiln.session.progress), link it (into the cache under `key`, unless None) and load
     it; the library and the model's metadata (`metadata_of(proto)`)."""
     from kiln.driver.compiler import (
         compile as compile_model,  # heavy: the compiler, only on a miss
     )
-    from kiln.frontend.onnx.importer import (
-        parse_onnx,  # heavy: the ONNX front end, only on a miss
-    )
+    from kiln.frontend import from_onnx  # heavy: the ONNX front end, only on a miss
     from kiln.session.progress import progress_for  # heavy: kiln.transform, only on a miss
     from kiln.transform.context import PassContext  # heavy: the compiler, only on a miss
 
-    with progress_for(path.name, options) as progress:
+    name = _shown_name(source)
+    with progress_for(name, options) as progress:
         progress.stage("importing the ONNX model")
-        proto = parse_onnx(path)  # FrontendError when the file is not ONNX
-        meta = metadata_of(proto)
+        model, proto, external = _read_once(source)  # FrontendError when it is not ONNX
+        # before the import, which may fill the proto's data; an IRModule has none
+        meta = ModelMetadata() if proto is None else metadata_of(proto)
         outer = PassContext.current()
         # The session's entry holds the weights (in its library): not the codegen's too.
         config = {**outer.config, "kiln.cache": False} if key is not None else outer.config
         with PassContext([*outer.instruments, progress], config, outer.disabled_passes):
-            ex = compile_model(with_shape_dict(path, options), "host",
-                               **compile_arguments(options))
+            imported = model if proto is None else from_onnx(model, _shape_dict(options))
+            ex = compile_model(imported, "host", **compile_arguments(options))
             if key is None:
                 return ex.jit(), meta
-            stored = entry_metadata(meta, external_data_files(proto, path.parent), path)
+            stored = entry_metadata(meta, external, name)
             return _link_and_store(ex, key, stored, threads), meta
+
+
+def _read_once(source: Path | bytes | Any) -> tuple[Any, Any, list[dict[str, Any]]]:
+    """What `from_onnx` imports of `source`, its onnx.ModelProto (for the metadata) and
+    the external data files it read (a file's, each with its digest): the model's bytes
+    parsed once. An IRModule is imported already: itself, no proto, no files."""
+    from kiln.frontend.onnx.importer import (  # heavy: the ONNX front end, only on a miss
+        load_onnx,
+        parse_onnx,
+    )
+
+    if isinstance(source, Path):
+        loaded = load_onnx(source)
+        return loaded, loaded.proto, external_data_files(loaded.external_data, source.parent)
+    if isinstance(source, (bytes, bytearray)):
+        proto = parse_onnx(source)
+        return proto, proto, []
+    if type(source).__name__ == "IRModule":
+        return source, None, []
+    return source, source, []
 
 
 def _link_and_store(ex: Any, key: str, metadata: dict[str, Any], threads: int) -> Any:

@@ -39,6 +39,7 @@ the blocked NCHW{b}c layout.
 from __future__ import annotations
 
 import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -49,11 +50,15 @@ from kiln.ir.shape_expr import dim_vars
 from kiln.ir.types import TensorType
 from kiln.kernels.registry import select
 from kiln.kernels.search import pack
+from kiln.kernels.specialisation import current_node
 from kiln.kernels.tiles import with_lanes
 from kiln.transform.functor import SharedPacking, rewrite_calls
 from kiln.transform.kernel_isa import kernel_isa
 from kiln.transform.pass_base import FunctionPass
 from kiln.tuning.apply import current
+
+# The warning names at most this many nodes (a CNN over a symbolic image has dozens).
+_LISTED_NODES = 6
 
 
 @dataclass(frozen=True)
@@ -77,16 +82,18 @@ class BlockConvolutions(FunctionPass):
             isa = with_lanes(isa, self.lanes)
 
         generic: list[g.Call] = []
+        nodes: list[str] = []  # the ONNX nodes of `generic`, for the warning
 
         def rewrite(call: g.Call) -> g.Call | None:
             family = select(call, isa) if call.op == "conv2d" else None
             if family is None and call.op == "conv2d" and symbolic_image(call):
                 generic.append(call)
+                nodes.append(current_node())
             return pack(family, call, isa, session) if family is not None else None
 
         out = rewrite_calls(func, SharedPacking(rewrite))
         if generic:
-            warn_generic_convolutions(name, generic)
+            warn_generic_convolutions(name, generic, nodes)
         return out
 
 
@@ -98,16 +105,24 @@ def symbolic_image(call: g.Call) -> bool:
         not all(isinstance(d, int) for d in t.shape[2:])
 
 
-def warn_generic_convolutions(func: str, calls: list[g.Call]) -> None:
+def warn_generic_convolutions(func: str, calls: list[g.Call],
+                              nodes: Sequence[str] = ()) -> None:
     """One PerformanceWarning for the convolutions of `func` left on their generic
-    loops because their image size is symbolic, naming the variables to pin."""
+    loops because their image size is symbolic, naming the variables to pin and the
+    ONNX `nodes` of the calls (kiln.kernels.specialisation.current_node; the first
+    _LISTED_NODES of them)."""
     names = sorted({v.name for c in calls for t in (c.args[0].type,)
                     if isinstance(t, TensorType) for v in dim_vars(t.shape[2:])})
     pins = ", ".join(f"{n!r}: ..." for n in names)
+    known = [n for n in nodes if n]
+    which = ""
+    if known:
+        more = len(known) - _LISTED_NODES
+        which = f" ({', '.join(known[:_LISTED_NODES])}{f' and {more} more' if more > 0 else ''})"
     warnings.warn(
         f"{func}: {len(calls)} convolution(s) over a symbolic image size (in {', '.join(names)}) "
         "run their generic loops (kiln's kernels for run-time image sizes take layers with "
         "constant weights), several to tens of times slower than "
         f"with the size pinned; pin it for full speed: shape_dict={{{pins}}} (CLI: "
         f"--shape {names[0]}=...) "
-        "(docs/dynamic-shapes.md)", PerformanceWarning, stacklevel=2)
+        f"(docs/dynamic-shapes.md){which}", PerformanceWarning, stacklevel=2)

@@ -22,7 +22,7 @@ def rewrite_calls(fn: g.Function, rewrite: Callable[[g.Call], g.Expr | None]) ->
     changed = False
     for b in fn.bindings:
         if isinstance(b.value, g.Call):
-            with naming(b.var.name):  # a generic kernel is reported by the value's name
+            with naming(b.var):  # a generic kernel is reported by the value's name
                 new = rewrite(b.value)
         else:
             new = None

@@ -275,7 +275,7 @@ def _lower_group(group: list[g.Binding], externals: list[g.Expr], inside: dict[i
         if fused is not None:  # hand-built kernels may leave the dim scalars to us
             return te.with_dim_params(fused).with_attrs(**{ATTR_PRIVATE: True})
     if lowering is not None and not static and specialisation.active():
-        with specialisation.naming(group[k].var.name):
+        with specialisation.naming(group[k].var):
             specialisation.note_lowering(first, lowering)
     prim: PrimFunc = te.lower(placeholders, [values[-1]], name)
     return prim.with_attrs(**{ATTR_PRIVATE: True})

@@ -165,7 +165,7 @@ class _Legalizer(GraphMutator):
         self.state = state
 
     def visit_binding(self, b: g.Binding) -> g.Binding | list[g.Binding] | None:
-        with naming(b.var.name):  # a generic kernel is reported by the value's name
+        with naming(b.var):  # a generic kernel is reported by the value's name
             return super().visit_binding(b)
 
     def visit_call(self, e: g.Call) -> g.Expr:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -24,11 +25,11 @@ from kiln.frontend.onnx import control_flow
 from kiln.frontend.onnx.control_flow import CONTROL_FLOW_OPS
 from kiln.frontend.onnx.converters.registry import LoopStep, converters
 from kiln.frontend.onnx.dims import Declared, InputDims, declared_dims
-from kiln.frontend.onnx.file_limits import check_model_file
+from kiln.frontend.onnx.file_limits import check_model_file, external_data_locations
 from kiln.frontend.onnx.functions import InputType, function_schema
 from kiln.frontend.onnx.functions import expand as expand_function
 from kiln.frontend.onnx.onnx_checker import check_onnx_model
-from kiln.frontend.onnx.raw_data import load_with_views
+from kiln.frontend.onnx.raw_data import load_external_data, read_with_views
 from kiln.frontend.onnx.shape_values import evaluate as evaluate_shape
 from kiln.frontend.onnx.shape_values import is_constant, shape_value
 from kiln.frontend.onnx.unsupported_hints import next_steps
@@ -46,6 +47,7 @@ from kiln.ir.shape_expr import (
     shape_text,
     simplify_dim,
 )
+from kiln.ir.source_nodes import SourceNode, set_source
 from kiln.ir.types import Dim, TensorType, Type
 from kiln.ops import registry as op_registry
 from kiln.ops.assumptions import assuming_equal
@@ -70,7 +72,8 @@ _MAX_SUM_TERMS = 8
 
 def from_onnx(model: Any, shape_dict: dict[str, Any] | None = None, *,
               max_fold_bytes: int = DEFAULT_MAX_FOLD_BYTES, check: bool = True) -> IRModule:
-    """Import `model` (a path, bytes or onnx.ModelProto) as an IRModule.
+    """Import `model` (a path, bytes, an onnx.ModelProto or a file read by `load_onnx`)
+    as an IRModule.
 
     Symbolic dimensions (`dim_param`s, and dynamic dims without a name) become
     dimension variables, one per name (kiln.frontend.onnx.dims). `shape_dict` may
@@ -109,7 +112,7 @@ def from_onnx(model: Any, shape_dict: dict[str, Any] | None = None, *,
         views = {}
         proto, opset = _upgrade(proto, opset)
     graph = proto.graph
-    check_graph(graph, in_memory=not isinstance(model, (str, os.PathLike)))
+    check_graph(graph, in_memory=not isinstance(model, (str, os.PathLike, LoadedOnnx)))
     _check_supported(graph, opset)
     if not isinstance(check, bool):
         raise FrontendError(f"check must be True or False, got {check!r}")
@@ -165,10 +168,9 @@ def _load(model: Any) -> tuple[Any, dict[int, Any]]:
     """The ModelProto and, for a file, its initializers' data as views of the file's
     bytes by initializer index (kiln.frontend.onnx.raw_data); others decode later."""
     import onnx  # optional: onnx (the compiler extra)
-    from google.protobuf.message import (
-        DecodeError,  # optional: google (onnx's protobuf, the compiler extra)
-    )
 
+    if isinstance(model, LoadedOnnx):
+        return model.proto, model.views
     if isinstance(model, onnx.ModelProto):
         return model, {}
     if isinstance(model, (bytes, bytearray)):
@@ -176,18 +178,44 @@ def _load(model: Any) -> tuple[Any, dict[int, Any]]:
     if not isinstance(model, (str, os.PathLike)):
         raise FrontendError(f"from_onnx expects a path, bytes or onnx.ModelProto, got "
                             f"{type(model).__name__}")
+    loaded = load_onnx(model)
+    return loaded.proto, loaded.views
+
+
+@dataclass(frozen=True)
+class LoadedOnnx:
+    """An ONNX file read once (`load_onnx`): its proto with the external data loaded,
+    its initializers' data as views of the file's bytes (kiln.frontend.onnx.raw_data),
+    and the external data files it read, relative to its folder. `from_onnx` takes it
+    as it takes the path, once (an import may fill the proto's raw data)."""
+
+    path: str
+    proto: Any
+    views: dict[int, Any]
+    external_data: tuple[str, ...]
+
+
+def load_onnx(model: str | os.PathLike[str]) -> LoadedOnnx:
+    """The ONNX file at `model`, read once (`LoadedOnnx`); FrontendError naming it when it
+    is missing, too large, not ONNX, or its external data cannot be loaded."""
+    from google.protobuf.message import (
+        DecodeError,  # optional: google (onnx's protobuf, the compiler extra)
+    )
     from onnx.checker import ValidationError  # optional: onnx (the compiler extra)
 
     path = _model_file(model)
     try:
-        proto, views = load_with_views(path)
+        proto, views = read_with_views(path)
+        external = tuple(external_data_locations(proto))  # before the data replaces them
+        load_external_data(proto, path)
     except ValidationError as exc:  # onnx checks external data locations while loading
         raise FrontendError(f"{path!r}: its external data cannot be loaded: {exc}") from exc
     except FrontendError:  # the size limits (file_limits) already name the file
         raise
     except (DecodeError, ValueError, RuntimeError, OSError) as exc:
         raise _unreadable(path, exc) from exc
-    return _check_nonempty(proto, repr(path), lambda: _head(path)), views
+    return LoadedOnnx(path, _check_nonempty(proto, repr(path), lambda: _head(path)), views,
+                      external)
 
 
 def parse_onnx(source: bytes | bytearray | str | os.PathLike[str]) -> Any:
@@ -460,6 +488,9 @@ class GraphImporter:
         self.node_outputs: tuple[str, ...] = ()
         self.params: set[g.Expr] = set()
         self._where = "model"
+        # The ONNX node being converted (a function body's nodes are their caller's).
+        self._source: SourceNode | None = None
+        self._expanding = 0  # function bodies being expanded, nested
         self._functions = 0  # function-body expansions so far (their value name prefixes)
         # If branches and Loop bodies (control_flow.py), shared with nested importers
         self.functions: dict[str, g.Function] = {}
@@ -478,6 +509,14 @@ class GraphImporter:
     @where.setter
     def where(self, text: str) -> None:
         self._where = text
+
+    def _emit(self, expr: g.Expr, name: str) -> g.Var:
+        """Bind `expr` in the graph being built, recorded as a value of the ONNX node
+        being converted (kiln.ir.source_nodes: what messages about it name)."""
+        var = self.ib.emit(expr, name)
+        if self._source is not None:
+            set_source(var, self._source)
+        return var
 
     def sub_importer(self, graph: Any) -> GraphImporter:
         """An importer for a subgraph of this graph (an If branch, a Loop body)."""
@@ -535,7 +574,7 @@ class GraphImporter:
                 if isinstance(folded, tuple):
                     return g.Tuple(tuple(self._folded(f, origin) for f in folded))
                 return self._folded(folded, origin)
-            var = self.ib.emit(expr, op)
+            var = self._emit(expr, op)
             self._unfolded[var] = (f"{self._where} computes it at run time: its value of "
                                    f"{nbytes} bytes is above the fold budget of "
                                    f"{self.max_fold_bytes} bytes (from_onnx max_fold_bytes)")
@@ -544,7 +583,7 @@ class GraphImporter:
         if known is not None and is_constant(known):
             return self._folded(known.astype(to_numpy(self.tensor_type(expr).dtype)),
                                 int(known.size) * 8)
-        var = self.ib.emit(expr, op)
+        var = self._emit(expr, op)
         if known is not None:
             self.shape_values[var] = known
         return var
@@ -689,7 +728,7 @@ class GraphImporter:
         """Element `index` of a tuple-valued expression (folded when constant)."""
         if isinstance(expr, g.Tuple):
             return expr.fields[index]
-        return self.ib.emit(g.TupleGetItem(expr, index), "item")
+        return self._emit(g.TupleGetItem(expr, index), "item")
 
     # ---------------------------------------------------------------- import
 
@@ -745,6 +784,9 @@ class GraphImporter:
 
     def _convert(self, node: Any, index: int) -> None:
         self._where = f"node {_node_label(node, index)} ({_text(node.op_type)})"
+        if not self._expanding:
+            self._source = SourceNode(_text(node.name), _text(node.op_type),
+                                      next((_text(o) for o in node.output if o), ""))
         key = _op_key(node)
         if key not in converters() and key not in CONTROL_FLOW_OPS:
             # _check_supported let it through: onnx defines it by a function body
@@ -810,6 +852,7 @@ class GraphImporter:
             raise FrontendError(f"{where}: {exc}") from exc
         outer = self.opset
         self.opset = body_opset
+        self._expanding += 1
         try:
             for k, inner in enumerate(body):
                 if _op_key(inner) not in converters() and \
@@ -822,6 +865,7 @@ class GraphImporter:
             raise FrontendError(f"{where}, imported as its ONNX function body: {exc}") from exc
         finally:
             self.opset = outer
+            self._expanding -= 1
         self._where = where
 
     def _input_type(self, inp: Any) -> Type:

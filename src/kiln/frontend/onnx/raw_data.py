@@ -164,14 +164,24 @@ ARENA_ALIGN = 64
 
 
 def load_with_views(path: str) -> tuple[Any, dict[int, np.ndarray]]:
-    """`(ModelProto, {initializer index: array})` for the ONNX file at `path`.
+    """`(ModelProto, {initializer index: array})` for the ONNX file at `path`, its
+    external data loaded (`read_with_views`, then `load_external_data`)."""
+    proto, views = read_with_views(path)
+    load_external_data(proto, path)
+    return proto, views
+
+
+def read_with_views(path: str) -> tuple[Any, dict[int, np.ndarray]]:
+    """`(ModelProto, {initializer index: array})` for the ONNX file at `path`, its
+    external data not loaded yet (the tensors still name their files).
 
     The arrays are read-only views of one arena holding every plain `raw_data`,
     each 64-byte aligned, read from the file once; initializers not in the dict
     (and the whole model when the scan does not apply) are left to onnx.
     Raises OSError for an unreadable file and the protobuf/onnx errors of a
     damaged one, like `onnx.load`. The caller has checked the file's size
-    (kiln.frontend.onnx.file_limits.check_model_file); its external data's is checked here.
+    (kiln.frontend.onnx.file_limits.check_model_file); its external data's is checked by
+    `load_external_data`.
     """
     import onnx  # optional: onnx (the compiler extra)
 
@@ -218,14 +228,19 @@ def load_with_views(path: str) -> tuple[Any, dict[int, np.ndarray]]:
         arena.flags.writeable = False
         for v in views.values():
             v.flags.writeable = False
-    if any(t.data_location == t.EXTERNAL for t in inits):
+    return proto, views
+
+
+def load_external_data(proto: Any, path: str) -> None:
+    """Load into `proto`, read from the ONNX file at `path`, the data of its tensors
+    kept in external files (after checking their locations and sizes)."""
+    if any(t.data_location == t.EXTERNAL for t in proto.graph.initializer):
         from onnx.external_data_helper import (
             load_external_data_for_model,  # optional: onnx (the compiler extra)
         )
 
         check_external_data(proto, os.path.dirname(os.path.abspath(path)), repr(path))
         load_external_data_for_model(proto, os.path.dirname(os.path.abspath(path)))
-    return proto, views
 
 
 def _aligned_bytes(size: int) -> np.ndarray:
@@ -235,4 +250,4 @@ def _aligned_bytes(size: int) -> np.ndarray:
     return raw[start:start + size]
 
 
-__all__ = ["ARENA_ALIGN", "load_with_views"]
+__all__ = ["ARENA_ALIGN", "load_external_data", "load_with_views", "read_with_views"]
