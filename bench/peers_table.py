@@ -49,6 +49,11 @@ def geomean(values: Iterable[float]) -> float:
     return math.exp(sum(logs) / len(logs)) if logs else math.nan
 
 
+def ms_text(ms: float) -> str:
+    """Milliseconds in three significant digits, without an exponent."""
+    return f"{ms:.0f}" if ms >= 100 else f"{ms:.3g}"
+
+
 def l2_text(value: float) -> str:
     """A relative L2 error in one significant digit; "0" when the outputs are equal."""
     return "0" if value == 0 else f"{value:.0e}"
@@ -61,7 +66,7 @@ def _missing(result: PeerResult, runtime: str) -> str:
 def latency_row(result: PeerResult, runtimes: Sequence[str]) -> list[str]:
     """Model, onnxruntime's milliseconds, then per other runtime 'ratio (rel L2)'."""
     label = f"{result.model} (int8)" if result.int8 else result.model
-    cells = [label, f"{result.ort_ms:.3g}" if REFERENCE not in result.missing
+    cells = [label, ms_text(result.ort_ms) if REFERENCE not in result.missing
              else _missing(result, REFERENCE)]
     for r in runtimes:
         if r == REFERENCE:

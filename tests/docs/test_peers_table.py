@@ -58,6 +58,8 @@ def test_rows_name_absent_and_failed_runtimes(peers: ModuleType) -> None:
     q = _result(peers, "resnet50", {"kiln": 0.7}, int8=True)
     q.rel_l2["kiln"] = 0.0
     assert peers.latency_row(q, runtimes)[:3] == ["resnet50 (int8)", "2", "0.70x (0)"]
+    q.ort_ms = 1284.4
+    assert peers.latency_row(q, runtimes)[1] == "1284"
 
 
 def test_geomean_row_leaves_out_int8_and_counts_each_column(peers: ModuleType) -> None:
