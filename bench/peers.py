@@ -18,7 +18,8 @@ batch 1, the same `.onnx` file runs on:
 - OpenVINO default: the same without the precision hint (bfloat16 compute on a CPU
   with AVX512-BF16 or AMX);
 - torch eager, and with `--torch-compile` `torch.compile` (slow to start: its first
-  call is its compile time), where bench/hf_set.py has the model's torch module.
+  call is its compile time, with inductor's on-disk cache in a new empty directory),
+  where bench/hf_set.py has the model's torch module.
 
 Every runtime gets `--threads` threads (default 2). The timed calls alternate in blocks
 (harness.alternating_blocks: a pause between blocks, so no runtime's spinning threads
@@ -256,7 +257,7 @@ def versions() -> str:
     for package in ("openvino", "torch"):
         try:
             module = __import__(package)
-            found.append(f"{package} {module.__version__}")
+            found.append(f"{package} {module.__version__.split('-')[0]}")  # no build tag
         except ImportError:
             found.append(f"{package} absent")
     return ", ".join(found)
@@ -307,6 +308,8 @@ def main() -> None:
     target = kiln.target.Target("host")
     kiln.runtime.set_num_threads(args.threads)
     runtimes = [r for r in RUNTIMES if r != "torch_compile" or args.torch_compile]
+    if args.torch_compile:  # a cold torch.compile: inductor's on-disk cache starts empty
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="peers-inductor-")
     print(f"target: {target.kind.name} {describe_target(target)}")
     print(ort_on_target_isa(target, "host"))
     print(f"{versions()}; threads: {args.threads}; batch 1; median of up to "
