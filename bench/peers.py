@@ -37,8 +37,10 @@ docs/performance.md. Asserts nothing (this is not a test).
 from __future__ import annotations
 
 import argparse
+import atexit
 import gc
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -309,7 +311,8 @@ def main() -> None:
     kiln.runtime.set_num_threads(args.threads)
     runtimes = [r for r in RUNTIMES if r != "torch_compile" or args.torch_compile]
     if args.torch_compile:  # a cold torch.compile: inductor's on-disk cache starts empty
-        os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="peers-inductor-")
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = inductor = tempfile.mkdtemp(prefix="peers-")
+        atexit.register(shutil.rmtree, inductor, True)
     print(f"target: {target.kind.name} {describe_target(target)}")
     print(ort_on_target_isa(target, "host"))
     print(f"{versions()}; threads: {args.threads}; batch 1; median of up to "
