@@ -25,6 +25,17 @@ one-node model first, show how compile time grows with graph size (`ms/node`
 stays flat when the growth is linear). A model that fails to compile
 is skipped with a one-line reason. Prints a table; asserts nothing (this is not
 a test).
+
+With `--stages`, the same fresh process compiles each model under a
+`TimingInstrument` and loads it (`ex["main"]`, as `kiln.InferenceSession` does), and
+the table splits that cold start by stage (STAGES below): the ONNX import, the graph
+passes and within them weight packing (`block-convolutions`, `block-matmuls`: the
+weights rearranged into the kernels' tiles, the kernels' tiles chosen), the tensor
+passes, kiln's lowering to LLVM IR, LLVM's parse, optimization and object emission,
+the rest of the codegen step (the target machine, host.c's source, the bitcode), the C
+compiler on host.c (the packed entries), the link, and the compile cache (the model's
+fingerprint, the store into the empty cache); `other` is what the named stages leave of
+the total (lazy imports, LLVM's set-up, the constant pool, the loader).
 """
 
 from __future__ import annotations
@@ -44,6 +55,7 @@ if TYPE_CHECKING:
     import onnx
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests"))  # the zoo builds its graphs with tests/support
 sys.path.insert(0, str(ROOT / "tests" / "models"))
 
 MB = 1e6
@@ -116,7 +128,61 @@ def worker(path: str, target_text: str, out_dir: str, warm: bool) -> None:
                       "library_bytes": library.stat().st_size, "cache_hit": ex.cache_hit}))
 
 
-def measure(model: onnx.ModelProto, target: str, warm: bool = False) -> dict[str, Any]:
+# (column, timings it sums: "pass:NAME" a top-level pass pipeline or a pass in one,
+# "step:NAME" a backend step of TimingInstrument, "-..." one it subtracts) for --stages;
+# outline-parallel-loops runs inside the codegen step (as codegen.outline)
+STAGES: list[tuple[str, tuple[str, ...]]] = [
+    ("graph passes", ("pass:graph-default",)),
+    ("packing", ("pass:block-convolutions", "pass:block-matmuls")),
+    ("tensor passes", ("pass:tensor-default", "pass:terminate-checks",
+                       "pass:outline-parallel-loops")),
+    ("cache", ("step:fingerprint", "step:cache.lookup", "step:cache.weights",
+               "step:cache.store")),
+    ("lower to LLVM IR", ("step:codegen.lower",)),
+    ("LLVM parse", ("step:codegen.parse",)),
+    ("LLVM optimize", ("step:codegen.optimize",)),
+    ("LLVM emit", ("step:codegen.emit_object",)),
+    # the codegen step less its named parts: the target machine, host.c's source, bitcode
+    ("codegen rest", ("step:codegen", "-step:codegen.lower", "-step:codegen.parse",
+                      "-step:codegen.optimize", "-step:codegen.emit_object",
+                      "-step:codegen.constants", "-step:codegen.outline")),
+    ("C compile", ("step:export.compile",)),
+    ("link", ("step:export.data", "step:export.link")),
+]
+
+
+def stage_seconds(timing: Any) -> dict[str, float]:
+    """Seconds of each of STAGES from a TimingInstrument's passes and steps."""
+    def seconds(key: str) -> float:
+        sign = -1.0 if key.startswith("-") else 1.0
+        kind, name = key.lstrip("-").split(":", 1)
+        if kind == "step":
+            return sign * timing.step_seconds(name)
+        return sign * sum(x.seconds for x in timing.timings if x.name == name)
+    return {column: sum(seconds(k) for k in keys) for column, keys in STAGES}
+
+
+def stage_worker(path: str, target_text: str) -> None:
+    """Runs in the child process: import, compile and load under a TimingInstrument;
+    prints one JSON line of STAGES' seconds, the import's and the total."""
+    import kiln
+    from kiln.frontend import from_onnx
+    from kiln.transform import PassContext
+    from kiln.transform.instruments import TimingInstrument
+
+    target = kiln.Target.from_host() if target_text == "host" else kiln.Target(target_text)
+    timing = TimingInstrument()
+    with PassContext(instruments=[timing]):
+        t0 = time.perf_counter()
+        mod = from_onnx(path)
+        t1 = time.perf_counter()
+        kiln.compile(mod, target)["main"]  # links and loads the library
+        t2 = time.perf_counter()
+    print(json.dumps({"import": t1 - t0, **stage_seconds(timing), "total": t2 - t0}))
+
+
+def measure(model: onnx.ModelProto, target: str, warm: bool = False,
+            stages: bool = False) -> dict[str, Any]:
     """Save `model`, compile it in a fresh process with an empty cache; the worker's
     figures, or {"error": one line} when it fails."""
     import onnx
@@ -132,12 +198,31 @@ def measure(model: onnx.ModelProto, target: str, warm: bool = False) -> dict[str
         env["PYTHONPATH"] = os.pathsep.join(
             [kiln_root, *filter(None, [os.environ.get("PYTHONPATH")])])
         proc = subprocess.run([sys.executable, __file__, "--worker", str(path), "--target",
-                               target, "--out-dir", tmp, *(["--warm"] if warm else [])],
+                               target, "--out-dir", tmp, *(["--warm"] if warm else []),
+                               *(["--stages"] if stages else [])],
                               env=env, capture_output=True, text=True)
     if proc.returncode != 0:
         lines = (proc.stderr or proc.stdout or f"exit status {proc.returncode}").splitlines()
         return {"error": (lines or ["?"])[-1][:150]}
     return json.loads(proc.stdout.splitlines()[-1])
+
+
+def print_stages(models: list[tuple[str, onnx.ModelProto]], target: str) -> None:
+    """The --stages table: each model's cold compile and load, by stage, in seconds."""
+    columns = ["import", *(c for c, _ in STAGES), "other", "total"]
+    print(f"seconds; one fresh process and empty KILN_CACHE_DIR per model; load average "
+          f"{os.getloadavg()[0]:.1f} at the start")
+    print(f"{'model':<13}" + "".join(f"{c:>{max(9, len(c) + 1)}}" for c in columns))
+    for name, model in models:
+        r = measure(model, target, stages=True)
+        if "error" in r:
+            print(f"{name:<13}   skipped: {r['error']}")
+            continue
+        # packing is part of the graph passes; the others do not overlap
+        named = r["import"] + sum(r[c] for c, _ in STAGES if c != "packing")
+        r["other"] = r["total"] - named
+        print(f"{name:<13}" + "".join(f"{r[c]:>{max(9, len(c) + 1)}.2f}" for c in columns),
+              flush=True)
 
 
 def main() -> None:
@@ -149,10 +234,15 @@ def main() -> None:
     parser.add_argument("--chains", default="1000,2000,4000",
                         help="node counts of the elementwise chains ('' for none)")
     parser.add_argument("--target", default="host", help="kiln target (default: this host)")
+    parser.add_argument("--stages", action="store_true",
+                        help="split each model's cold compile and load by stage instead")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--out-dir", help=argparse.SUPPRESS)
     parser.add_argument("--warm", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.worker and args.stages:
+        stage_worker(args.worker, args.target)
+        return
     if args.worker:
         worker(args.worker, args.target, args.out_dir, args.warm)
         return
@@ -176,6 +266,9 @@ def main() -> None:
     host = kiln.Target.from_host()
     target = host if args.target == "host" else kiln.Target(args.target)
     print(f"host: {describe_target(host)}   target: {target.kind.name}   sizes: {args.size}")
+    if args.stages:
+        print_stages([(name, build(name)) for name in names], args.target)
+        return
     print("one fresh process and empty KILN_CACHE_DIR per model; "
           "RSS/w = (peak - base) / weights")
     header = (f"{'model':<13} {'weights MB':>10} {'import s':>8} {'compile s':>9} "
