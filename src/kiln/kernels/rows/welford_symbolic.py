@@ -7,8 +7,10 @@ another layer norm's rounding, some of those values round to the next integer st
 
 The rows run in groups of `lanes` (`vector x WELFORD_VECTORS`) over the threads, the
 last partial group on a narrower class of lanes (one or two vectors) when it fits, its
-surplus lanes reading the last row and not storing. The output is read and written as
-rows (a 2-D view): a row's index over the symbolic dims is divided out once per row.
+surplus lanes reading the last row and not storing. A group's input rows are held in a
+buffer of its own for the statistics (no division per element; the output, written
+once per element, stays vector code); a row's index over the symbolic dims is divided
+out once per row.
 """
 
 from __future__ import annotations
@@ -18,8 +20,8 @@ from collections.abc import Callable
 from kiln.ir.dtype import INDEX_DTYPE
 from kiln.ir.shape_expr import dim_product
 from kiln.ir.tensor import (
+    Allocate,
     Buffer,
-    DeclBuffer,
     For,
     IfThenElse,
     LetStmt,
@@ -33,7 +35,7 @@ from kiln.ir.tensor import (
     seq,
 )
 from kiln.kernels.rows.layer_norm_onnxruntime import WELFORD_VECTORS, layer_norm_welford_rows
-from kiln.kernels.rows.loops import RowLoops
+from kiln.kernels.rows.loops import F32, RowLoops
 from kiln.kernels.tiles import bound, parallel_when
 from kiln.kernels.tiles import const as _c
 from kiln.ops import te
@@ -58,10 +60,13 @@ def symbolic_welford_groups(outer: tuple[int | PrimExpr, ...], n: int, vector: i
     groups = bound("groups", as_expr(total, INDEX_DTYPE) // lanes, lets)
     rest = bound("rest", as_expr(total, INDEX_DTYPE) - as_expr(groups, INDEX_DTYPE) * lanes,
                  lets)
-    out_rows = Buffer("out_rows", (total, n), out.dtype)
     loops = RowLoops(n, min(vector, max(n, 1)))
 
     def group(base: PrimExpr, count: int, rows: int | PrimExpr, last: bool) -> Stmt:
+        # the group's inputs in a buffer of its own: the statistics read it `n` apart
+        # with no division, and it aliases nothing (the output stays vector code)
+        held = Buffer("ln_rows", (count, n), F32, "global")
+
         def row_lets(row: PrimExpr, body: Callable[[Index], Stmt]) -> Stmt:
             # the row's index over the symbolic dims, divided out once for its elements
             names = [Var(f"o{k}", INDEX_DTYPE) for k in range(len(outer))]
@@ -70,19 +75,18 @@ def symbolic_welford_groups(outer: tuple[int | PrimExpr, ...], n: int, vector: i
 
         r = Var("r", INDEX_DTYPE)
         inputs = For(r, _c(0), as_expr(rows, INDEX_DTYPE), "serial", row_lets(
-            r, lambda o: loops.each(lambda j, lane: Store(
-                out_rows, load_x((*o, j)), (base + r, j)))))
+            r, lambda o: loops.each(lambda j, lane: Store(held, load_x((*o, j)), (r, j)))))
 
         def read(row: PrimExpr, k: PrimExpr) -> PrimExpr:
-            at = min_(base + row, as_expr(total, INDEX_DTYPE) - 1) if last else base + row
-            return out_rows[at, k]
+            # a surplus lane of the last group reads its last row
+            return held[min_(row, as_expr(rows, INDEX_DTYPE) - 1) if last else row, k]
 
         def normalize(row: PrimExpr, mean: PrimExpr, std: PrimExpr) -> Stmt:
             return row_lets(row, lambda o: loops.each(lambda j, lane: Store(
-                out_rows, value((*o, j), (out_rows[base + row, j] - mean) / std),
-                (base + row, j))))
+                out, value((*o, j), (held[row, j] - mean) / std), (*o, j))))
 
-        return seq(inputs, layer_norm_welford_rows(count, read, n, eps, normalize, rows))
+        return seq(Allocate(held), inputs,
+                   layer_norm_welford_rows(count, read, n, eps, normalize, rows))
 
     g = Var("g", INDEX_DTYPE)
     full = parallel_when(lambda: For(g, _c(0), as_expr(groups, INDEX_DTYPE), "parallel",
@@ -93,5 +97,5 @@ def symbolic_welford_groups(outer: tuple[int | PrimExpr, ...], n: int, vector: i
     for k in reversed(TAIL_VECTORS):
         tail = IfThenElse(compare("le", as_expr(rest, INDEX_DTYPE), vector * k),
                           group(base, vector * k, rest, True), tail)
-    return seq(*lets, DeclBuffer(out_rows, out, 0), full,
+    return seq(*lets, full,
                IfThenElse(compare("gt", as_expr(rest, INDEX_DTYPE), 0), tail))
