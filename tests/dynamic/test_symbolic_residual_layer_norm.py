@@ -85,8 +85,9 @@ def test_symbolic_residual_layer_norm_matches_onnxruntime(model: onnx.ModelProto
 def test_symbolic_residual_layer_norm_equals_the_pinned_build(model: onnx.ModelProto) -> None:
     size = SIZES[-1]
     feeds = _feeds(size)
+    # on c, whose builds compile fastest (the kernels are the same IR on every codegen)
     pinned = kiln.compile(from_onnx(model, shape_dict={"batch": size[0], "seq": size[1]}),
-                          like_onnxruntime("llvm"))
-    for got, want in zip(_compiled(model, "llvm")["main"](*feeds.values()),
+                          like_onnxruntime("c"))
+    for got, want in zip(_compiled(model, "c")["main"](*feeds.values()),
                          pinned["main"](*feeds.values())):
         np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
