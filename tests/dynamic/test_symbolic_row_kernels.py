@@ -2,7 +2,7 @@
 against onnxruntime on llvm, c and the AVX2 path: row counts of 1, of a multiple of the
 symbolic row loop's chunk (kiln.kernels.rows.loops.ROW_CHUNK) and of neither, a row
 length that is no multiple of the vector width, and the kernels' loop structure (no
-division a row)."""
+division a row, one parallel loop)."""
 
 from __future__ import annotations
 
@@ -90,3 +90,7 @@ def test_symbolic_row_loop_divides_once_a_chunk_not_once_a_row() -> None:
                        if isinstance(s, For) and s.var.name == "chunk"]
         assert chunk_loops, fn.attrs["kiln.row_kernel"]
         assert _divisions_by_a_dim_a_row(fn) == 0
+        # the kernel chose its parallel loop by the work at run time: parallelize leaves
+        # its serial copy (for a few rows) serial, not a launch per chunk of rows
+        parallel = [s for s in iter_stmts(fn.body) if isinstance(s, For) and s.kind == "parallel"]
+        assert [s.var.name for s in parallel] == ["chunk"], fn.attrs["kiln.row_kernel"]

@@ -41,7 +41,9 @@ as that constant, another one as UNKNOWN_EXTENT iterations. A chosen loop of
 symbolic extent (a batch that may be 1 at run time) is merged with the
 independent loops right inside it (up to COLLAPSE_EXTENT iterations of theirs)
 into one parallel loop over the product, the indices recovered by division,
-so that a batch of one still splits its channels or rows. A parallel loop of
+so that a batch of one still splits its channels or rows; a remainder of the
+body's index arithmetic that the merged loops' bounds make plain is dropped
+(kiln.transform.index_ranges: the backend no longer sees those bounds). A parallel loop of
 symbolic extent runs only when its extent at run time gives `min_work`; else a
 copy of the serial nest runs (fresh variables: each copy binds its own).
 Graph-level functions lowered to PrimFuncs (`kiln.graph`: a sequence of
@@ -90,6 +92,7 @@ from kiln.ir.visitor import (
     stmt_children,
 )
 from kiln.kernels.parallel_work import min_parallel_work
+from kiln.transform.index_ranges import drop_known_mods
 from kiln.transform.kernel_isa import kernel_isa
 from kiln.transform.pass_base import FunctionPass
 
@@ -270,7 +273,10 @@ def _collapsed(group: list[For]) -> For:
     extent: PrimExpr = group[0].extent
     for loop in group[1:]:
         extent = extent * loop.extent
-    return For(flat, Const(0, flat.dtype), extent, "parallel", seq(*lets, group[-1].body))
+    # the merged loops' bounds, hidden from the backend behind the divisions, given back
+    # to the index arithmetic that relied on them (kiln.transform.index_ranges)
+    return For(flat, Const(0, flat.dtype), extent, "parallel",
+               drop_known_mods(seq(*lets, group[-1].body)))
 
 
 def _outer_locals(loop: For) -> bool:

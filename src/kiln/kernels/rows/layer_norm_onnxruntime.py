@@ -37,7 +37,8 @@ WELFORD_VECTORS = 4
 
 def layer_norm_welford_rows(count: int, read: Callable[[PrimExpr, PrimExpr], PrimExpr],
                             n: int, eps: float,
-                            normalize: Callable[[PrimExpr, PrimExpr, PrimExpr], Stmt]) -> Stmt:
+                            normalize: Callable[[PrimExpr, PrimExpr, PrimExpr], Stmt],
+                            rows: int | PrimExpr | None = None) -> Stmt:
     """`count` rows of layer_norm, lane `l` of the statistics loop on row `l`: Welford's
     running mean and sum of squared deviations, element by element in row order, then
     `normalize(l, mean, std)` for each row (`std = sqrt(var + eps)`). This is
@@ -45,7 +46,9 @@ def layer_norm_welford_rows(count: int, read: Callable[[PrimExpr, PrimExpr], Pri
     `mean += d / k`, `m2 += d * (x - mean)`, then `(x - mean) / std * gamma + beta`), so
     the two agree bit for bit; a row's elements are read `count` rows apart, but the
     serial chain through the mean, not the loads, bounds the loop, and `count` rows run
-    it side by side."""
+    it side by side. `rows` (default `count`; at most `count`, may be symbolic): the rows
+    normalized, the first ones of the lanes (a symbolic row count's last group: the
+    caller's `read` gives the surplus lanes a row that exists)."""
     lane = Var("l", INDEX_DTYPE)
     kind = "vectorized" if count > 1 else "serial"
     mean = Buffer("w_mean", (count,), F32, "local")
@@ -68,8 +71,9 @@ def layer_norm_welford_rows(count: int, read: Callable[[PrimExpr, PrimExpr], Pri
         Store(stats, intrin("sqrt", m2[lane] / as_expr(float(n), F32) + as_expr(eps, F32)),
               (_c(1), lane))))
     r = Var("r", INDEX_DTYPE)
-    rows = For(r, _c(0), _c(count), "serial", normalize(r, stats[_c(0), r], stats[_c(1), r]))
-    return seq(Allocate(mean), Allocate(m2), Allocate(stats), init, step, keep, rows)
+    extent = as_expr(count if rows is None else rows, INDEX_DTYPE)
+    each = For(r, _c(0), extent, "serial", normalize(r, stats[_c(0), r], stats[_c(1), r]))
+    return seq(Allocate(mean), Allocate(m2), Allocate(stats), init, step, keep, each)
 
 
 def mlas_layer_norm(isa: ISA) -> bool:

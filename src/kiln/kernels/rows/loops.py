@@ -9,6 +9,7 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from kiln.ir.attrs import ATTR_PARALLEL_DECIDED, ATTR_ROW_KERNEL
 from kiln.ir.dtype import INDEX_DTYPE
 from kiln.ir.shape_expr import dim_product
 from kiln.ir.tensor import (
@@ -197,6 +198,16 @@ class Rows:
                     row((*index, i)))
         return For(p, _c(0), as_expr(dim_product(lead), INDEX_DTYPE) * chunks, "parallel",
                    seq(let_c, *lets, inner))
+
+
+def row_kernel_attrs(op: str, outer: Sequence[int | PrimExpr]) -> dict[str, object]:
+    """The attributes of the row kernel of `op` over rows `outer`: with a symbolic row
+    count, its builder chose the parallel loop by the work at run time (`Rows.around`,
+    `parallel_when`), so the parallelize pass leaves it: else it would split the serial
+    copy meant for a few rows (a parallel launch per chunk of 8 rows)."""
+    if all(isinstance(d, int) for d in outer):
+        return {ATTR_ROW_KERNEL: op}
+    return {ATTR_ROW_KERNEL: op, ATTR_PARALLEL_DECIDED: True}
 
 
 def _loops(d: int | PrimExpr) -> bool:

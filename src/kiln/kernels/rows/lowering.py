@@ -12,7 +12,6 @@ from typing import Any
 
 from kiln.errors import IRError
 from kiln.ir import graph as g
-from kiln.ir.attrs import ATTR_ROW_KERNEL
 from kiln.ir.dtype import INDEX_DTYPE
 from kiln.ir.tensor import (
     Buffer,
@@ -34,8 +33,9 @@ from kiln.kernels.rows.layer_norm_onnxruntime import (
     layer_norm_welford_rows,
     mlas_layer_norm,
 )
-from kiln.kernels.rows.loops import F32, RowLoops, Rows, row_index
+from kiln.kernels.rows.loops import F32, RowLoops, Rows, row_index, row_kernel_attrs
 from kiln.kernels.rows.softmax import softmax_row
+from kiln.kernels.rows.welford_symbolic import symbolic_welford_groups
 from kiln.kernels.tiles import const as _c
 from kiln.kernels.tiles import parallel_when, tile_lanes
 from kiln.ops import te
@@ -106,8 +106,7 @@ class RowLowering:
             return None
         if self.op == _LAYER_NORM and not isinstance(n, int):
             return None  # its shift reads element 0, which an empty row lacks
-        if self.op == _LAYER_NORM and isinstance(n, int) and \
-                all(isinstance(d, int) for d in outer) and attrs.get("residual"):
+        if self.op == _LAYER_NORM and isinstance(n, int) and attrs.get("residual"):
             kernel = self._welford_groups(x, args, attrs, n, buffers, mapping, value_buf,
                                           out, result, isa=isa)
         else:
@@ -115,19 +114,29 @@ class RowLowering:
                 lambda o: self._row(o, x, args, attrs, n, buffers, mapping, value_buf, out,
                                     result, isa=isa), isa=isa)
         return PrimFunc((*(buffers[t] for t in params), out), kernel,
-                        {ATTR_ROW_KERNEL: self.op})
+                        row_kernel_attrs(self.op, outer))
 
     def _welford_groups(self, x: te.Tensor, args: Sequence[te.Tensor], attrs: Attrs, n: int,
                         buffers: dict[te.Tensor, Buffer], mapping: dict[te.Tensor, Buffer],
                         value_buf: Buffer, out: Buffer, result: te.Tensor | None, *,
                         isa: ISA) -> Stmt:
-        """layer_norm over static rows in groups of `lanes` rows
-        (layer_norm_welford_rows), the groups split over threads like rows."""
+        """layer_norm in groups of `lanes` rows (layer_norm_welford_rows), the groups
+        split over threads like rows; a symbolic row count's in
+        kiln.kernels.rows.welford_symbolic."""
+        vector = tile_lanes(isa)
+        eps = float(attrs.get("epsilon", 1e-5))
+        if not all(isinstance(d, int) for d in x.shape[:-1]):
+            def value(idx: tuple[PrimExpr, ...], y: PrimExpr) -> PrimExpr:
+                y = self._affine(args, idx, x.ndim, buffers, y)
+                return y if result is None else SubstituteLoad(value_buf, y).visit_expr(
+                    te.inline_expr(result, idx, mapping))
+
+            return symbolic_welford_groups(
+                tuple(x.shape[:-1]), n, vector, eps,
+                lambda idx: te.inline_expr(x, idx, buffers), value, out, isa=isa)
         outer = [int(d) for d in x.shape[:-1]]
         total = math.prod(outer)
-        vector = tile_lanes(isa)
         lanes = vector * WELFORD_VECTORS
-        eps = float(attrs.get("epsilon", 1e-5))
         loops = RowLoops(n, min(vector, max(n, 1)))
 
         def group(base: PrimExpr, count: int) -> Stmt:

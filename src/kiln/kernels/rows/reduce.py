@@ -12,7 +12,6 @@ from typing import Any
 
 from kiln.errors import IRError
 from kiln.ir import graph as g
-from kiln.ir.attrs import ATTR_ROW_KERNEL
 from kiln.ir.shape_expr import dim_product
 from kiln.ir.tensor import (
     Buffer,
@@ -29,7 +28,7 @@ from kiln.ir.tensor import (
 )
 from kiln.ir.types import TensorType
 from kiln.kernels.epilogue import SubstituteLoad
-from kiln.kernels.rows.loops import F32, Reader, RowLoops, Rows, add, let
+from kiln.kernels.rows.loops import F32, Reader, RowLoops, Rows, add, let, row_kernel_attrs
 from kiln.kernels.tiles import const as _c
 from kiln.kernels.tiles import tile_lanes
 from kiln.ops import nan_order, te
@@ -154,7 +153,7 @@ class RowReduceLowering:
         if flat is not None:
             body = seq(DeclBuffer(flat, buffers[x], 0), body)
         return PrimFunc((*(buffers[t] for t in params), out), body,
-                        {ATTR_ROW_KERNEL: self.op})
+                        row_kernel_attrs(self.op, tuple(outer)))
 
 
 REDUCE_SUM = RowReduceLowering("reduce_sum")
