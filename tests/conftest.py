@@ -74,4 +74,5 @@ def _shared_fixture_group(item: pytest.Item) -> str | None:
     callspec = getattr(item, "callspec", None)
     params = [f"{name}={callspec.indices[name]}" for name in sorted(scopes)
               if callspec is not None and name in callspec.indices]
-    return f"{node}[{','.join(params)}]" if params else node
+    # no brackets: xdist takes a group name only where no "]" follows the last "@"
+    return f"{node}:{','.join(params)}" if params else node
