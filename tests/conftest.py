@@ -39,7 +39,8 @@ if _worker and "KILN_CACHE_DIR" not in os.environ:
     atexit.register(shutil.rmtree, _cache, ignore_errors=True)
 
 
-# First: pytest-xdist's own hook turns the `xdist_group` marks into node ids (`@group`).
+# tryfirst: the marks must be on the items before pytest-xdist's own hook of this name
+# turns them into node ids (`...@group`).
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Slow tests first, each group in collection order (the sort is stable). Every
