@@ -169,3 +169,29 @@ def test_toolchain_probes_skip_with_the_missing_tools_name() -> None:
     assert find_tool(missing, "sh") == find_tool("sh") is not None
     with pytest.raises(pytest.skip.Exception, match=missing):
         require_tool(missing)
+
+
+@pytest.fixture(scope="module")
+def shared_value() -> int:
+    return 1
+
+
+@pytest.fixture(scope="module", params=["first", "second"])
+def shared_param(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+def test_tests_sharing_a_module_fixture_run_in_one_xdist_group(
+        request: pytest.FixtureRequest, shared_param: str, shared_value: int) -> None:
+    """tests/conftest.py groups them per module and fixture parameter, in a name that
+    pytest-xdist's loadgroup takes (it ignores one that a "]" ends); the random data
+    of rng_for do not depend on the group."""
+    from support.seeds import node_id_of  # lazy: this test alone uses it
+
+    mark = request.node.get_closest_marker("xdist_group")
+    assert mark is not None
+    index = ["first", "second"].index(shared_param)
+    assert mark.args[0] == f"tests/test_test_support.py:shared_param={index}"
+    assert "[" not in mark.args[0] and "]" not in mark.args[0]
+    assert node_id_of(request.node) == request.node.nodeid.split("@")[0]
+    assert node_id_of(request.node).endswith(f"[{shared_param}]")

@@ -5,8 +5,8 @@ product fits int64 and the sum does not. The `c` backend used to wrap it to a
 negative count, malloc one byte and crash in the first kernel (SIGSEGV); now both
 backends return kernel error 10 ("size overflows int64") before allocating. The
 calls go through the packed C entry with DLTensors built by ctypes (numpy cannot make
-arrays that large, not even as stride-0 views), each in a subprocess so a crash is
-seen as a signal, not as the death of the test run.
+arrays that large, not even as stride-0 views), a test's calls in one subprocess so a
+crash is seen as a signal, not as the death of the test run.
 """
 
 from __future__ import annotations
@@ -32,38 +32,41 @@ from support.graphs import GraphBuilder
 F = TensorProto.FLOAT
 HUGE = 1 << 30
 
-# Calls `{prefix}{entry}` (or the output-shapes entry) of a library with float32
-# DLTensors of the given shapes over one small buffer; prints the status, the last
-# error and, for output shapes, the dimensions written.
+# Makes each call of a JSON list [symbol, shapes, n_out] on a library: `symbol` (or the
+# output-shapes entry) with float32 DLTensors of the given shapes over one small buffer;
+# prints a line per call (the status, the last error and, for output shapes, the
+# dimensions written) as it returns, so a crash shows which call died.
 CALLER = """
 import ctypes, json, sys
 from kiln.runtime.abi import ARG_DLTENSOR, KDL_CPU, KDL_FLOAT
 from kiln.runtime.ctypes_abi import DLTensor, KilnValue
 
-path, symbol, last_error, shapes, n_out = sys.argv[1:6]
+path, last_error, calls = sys.argv[1:4]
 lib = ctypes.CDLL(path)
-backing = (ctypes.c_float * 1024)()
-keep = []
-values = []
-for shape in json.loads(shapes):
-    t = DLTensor()
-    t.data = ctypes.cast(backing, ctypes.c_void_p)
-    t.device.device_type = KDL_CPU
-    t.ndim = len(shape)
-    t.dtype.code, t.dtype.bits, t.dtype.lanes = KDL_FLOAT, 32, 1
-    dims = (ctypes.c_int64 * len(shape))(*shape)
-    t.shape = dims
-    keep += [t, dims]
-    values.append(KilnValue(v_handle=ctypes.addressof(t)))
-args = (KilnValue * len(values))(*values)
-codes = (ctypes.c_int32 * len(values))(*[ARG_DLTENSOR] * len(values))
-entry = getattr(lib, symbol)
-entry.restype = ctypes.c_int32
-out = (ctypes.c_int64 * max(int(n_out), 1))()
-rc = entry(args, codes, len(values), out) if int(n_out) else entry(args, codes, len(values))
 error = getattr(lib, last_error)
 error.restype = ctypes.c_char_p
-print(json.dumps({"rc": rc, "error": error().decode(), "shapes": list(out)[:int(n_out)]}))
+backing = (ctypes.c_float * 1024)()
+for symbol, shapes, n_out in json.loads(calls):
+    keep = []
+    values = []
+    for shape in shapes:
+        t = DLTensor()
+        t.data = ctypes.cast(backing, ctypes.c_void_p)
+        t.device.device_type = KDL_CPU
+        t.ndim = len(shape)
+        t.dtype.code, t.dtype.bits, t.dtype.lanes = KDL_FLOAT, 32, 1
+        dims = (ctypes.c_int64 * len(shape))(*shape)
+        t.shape = dims
+        keep += [t, dims]
+        values.append(KilnValue(v_handle=ctypes.addressof(t)))
+    args = (KilnValue * len(values))(*values)
+    codes = (ctypes.c_int32 * len(values))(*[ARG_DLTENSOR] * len(values))
+    entry = getattr(lib, symbol)
+    entry.restype = ctypes.c_int32
+    out = (ctypes.c_int64 * max(n_out, 1))()
+    rc = entry(args, codes, len(values), out) if n_out else entry(args, codes, len(values))
+    print(json.dumps({"rc": rc, "error": error().decode(), "shapes": list(out)[:n_out]}),
+          flush=True)
 """
 
 
@@ -94,15 +97,18 @@ def flatten() -> onnx.ModelProto:
     return b.model(ir_version=None)
 
 
-def _call(lib: Path, symbol: str, shapes: list[tuple[int, ...]],
-          n_out: int = 0) -> dict[str, object]:
-    proc = subprocess.run([sys.executable, "-c", CALLER, str(lib), symbol, "kiln__last_error",
-                           json.dumps(shapes), str(n_out)],
-                          capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, f"the call died (status {proc.returncode}): {proc.stderr}"
-    result = json.loads(proc.stdout)
-    assert isinstance(result, dict)
-    return result
+Call = tuple[str, list[tuple[int, ...]], int]  # (symbol, argument shapes, n_out)
+
+
+def _calls(lib: Path, calls: list[Call]) -> list[dict[str, object]]:
+    """The result of each call, made in order by one new process (CALLER)."""
+    proc = subprocess.run([sys.executable, "-c", CALLER, str(lib), "kiln__last_error",
+                           json.dumps(calls)], capture_output=True, text=True, timeout=120)
+    done = [json.loads(line) for line in proc.stdout.splitlines()]
+    assert proc.returncode == 0, (f"call {len(done)} {calls[len(done):][:1]} died (status "
+                                  f"{proc.returncode}): {proc.stderr}")
+    assert len(done) == len(calls) and all(isinstance(r, dict) for r in done), proc.stdout
+    return done
 
 
 @pytest.fixture(scope="module", params=["llvm", "c"])
@@ -120,34 +126,35 @@ def libraries(request: pytest.FixtureRequest,
 
 
 def test_a_workspace_whose_size_overflows_int64_is_refused(libraries) -> None:
-    lib = libraries["chains"]
     big = [(HUGE, HUGE), (HUGE, HUGE)] * 2  # x, z, y, w: 2**62 + 2**62 bytes of workspace
-    result = _call(lib, "kiln_main", big)
+    # one product alone past int64, and 2**62 rows of 2 (2**65 bytes)
+    alone = [[(a, b), (1, 1), (a, b), (1, 1)] for a, b in ((3037000500, 3037000500),
+                                                           (1 << 62, 2))]
+    result, *others = _calls(libraries["chains"], [("kiln_main", shapes, 0)
+                                                   for shapes in (big, *alone)])
     assert result["rc"] == ERROR_SIZE_OVERFLOW
     assert result["error"] == f"main: {KERNEL_ERRORS[ERROR_SIZE_OVERFLOW]}"
     assert "size overflows int64" in str(result["error"])
-    # one product alone past int64, and 2**62 rows of 2 (2**65 bytes)
-    for a, b in ((3037000500, 3037000500), (1 << 62, 2)):
-        result = _call(lib, "kiln_main", [(a, b), (1, 1), (a, b), (1, 1)])
+    for result in others:
         assert result["rc"] == ERROR_SIZE_OVERFLOW, result
 
 
 def test_small_sizes_still_run(libraries) -> None:
-    result = _call(libraries["chains"], "kiln_main", [(2, 3), (4, 5), (2, 3), (4, 5)])
+    (result,) = _calls(libraries["chains"], [("kiln_main", [(2, 3), (4, 5), (2, 3), (4, 5)],
+                                              0)])
     assert result == {"rc": 0, "error": "", "shapes": []}
 
 
 def test_an_output_dimension_that_overflows_is_named_as_python_names_it(libraries) -> None:
-    lib = libraries["flatten"]
-    result = _call(lib, "kiln__output_shapes_main", [(5, 2)], n_out=1)
-    assert result["rc"] == 0 and result["shapes"] == [10]
-    result = _call(lib, "kiln__output_shapes_main", [(1 << 62, 2)], n_out=1)
+    shapes, entry = "kiln__output_shapes_main", "kiln_main"
+    small, big, entry_big, entry_wrong = _calls(libraries["flatten"], [
+        (shapes, [(5, 2)], 1), (shapes, [(1 << 62, 2)], 1),
+        (entry, [(1 << 62, 2), (4,)], 0), (entry, [(3, 2), (7,)], 0)])
+    assert small["rc"] == 0 and small["shapes"] == [10]
     with pytest.raises(CallError) as err:
         compile_dim_text("a*2")({"a": 1 << 62})
-    assert result["rc"] == -1
-    assert result["error"] == f"main: {err.value}" == "main: dimension 'a*2' overflows int64"
+    assert big["rc"] == -1
+    assert big["error"] == f"main: {err.value}" == "main: dimension 'a*2' overflows int64"
     # the entry checks a result's expression dimension the same way (check 7)
-    result = _call(lib, "kiln_main", [(1 << 62, 2), (4,)])
-    assert (result["rc"], result["error"]) == (-1, "main: dimension 'a*2' overflows int64")
-    result = _call(lib, "kiln_main", [(3, 2), (7,)])
-    assert result["error"] == "main: argument 1 'y': expected shape [a*2], got [7]"
+    assert (entry_big["rc"], entry_big["error"]) == (-1, "main: dimension 'a*2' overflows int64")
+    assert entry_wrong["error"] == "main: argument 1 'y': expected shape [a*2], got [7]"

@@ -19,9 +19,19 @@ def seed_for(nodeid: str) -> int:
     return zlib.crc32(nodeid.encode())
 
 
+def node_id_of(node: pytest.Item | pytest.Collector) -> str:
+    """`node`'s id without the `@group` that `--dist loadgroup` appends for its
+    `xdist_group` mark (tests/conftest.py groups tests that share a fixture): a test
+    draws the same data in `make test` as when it is run alone."""
+    mark = node.get_closest_marker("xdist_group")
+    suffix = f"@{mark.args[0]}" if mark is not None and mark.args else ""
+    nodeid = node.nodeid
+    return nodeid[:-len(suffix)] if suffix and nodeid.endswith(suffix) else nodeid
+
+
 def rng_for(request: pytest.FixtureRequest) -> np.random.Generator:
-    """A generator seeded by the requesting test's node id (seed_for)."""
-    return np.random.default_rng(seed_for(request.node.nodeid))
+    """A generator seeded by the requesting test's node id (seed_for, node_id_of)."""
+    return np.random.default_rng(seed_for(node_id_of(request.node)))
 
 
 def reseed(request: pytest.FixtureRequest, name: str = "RNG") -> None:
