@@ -545,7 +545,9 @@ def mha_model() -> onnx.ModelProto:
     return _model(b)
 
 
-@pytest.mark.parametrize("target", TARGETS)
+# llvm only: MultiHeadAttention composes the kernels GroupQueryAttention's test runs
+# through the c backend too, and the suite is at its time bound.
+@pytest.mark.parametrize("target", ["llvm"])
 def test_multi_head_attention_matches_onnxruntime(target: str) -> None:
     model = mha_model()
     exe = kiln.compile(from_onnx(model), target)
