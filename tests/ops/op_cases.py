@@ -50,6 +50,19 @@ def weight_panels(nr: int, *shape: int) -> Gen:
     return lambda rng: pack(rng.integers(-128, 128, shape).astype(np.int8), nr)
 
 
+def bf16_exact(*shape: int) -> Gen:
+    """float32 values bfloat16 holds exactly (quarters in [-2, 2)): the te compute reads A
+    as it is where the reference rounds it, so only such values compare bit for bit."""
+    return lambda rng: (rng.integers(-8, 8, shape) / 4).astype(np.float32)
+
+
+def bf16_panels(nr: int, k: int, n: int) -> Gen:
+    """Random float32 weights [k, n] packed as matmul_packed_bf16's panels of `nr`."""
+    from kiln.ops.gemm_bf16 import pack_b_bf16
+
+    return lambda rng: pack_b_bf16(rng.uniform(-2, 2, (k, n)).astype(np.float32), nr)
+
+
 def exp_table(x_scale: float, row: int) -> Gen:
     """qlinear_softmax's float32 exp table for `x_scale` and rows of `row`."""
     from kiln.ops.quant_softmax import softmax_table
@@ -165,6 +178,9 @@ CASES: dict[str, list[OpCase]] = {
     "matmul_packed": [OpCase((f32(7, 5), f32(3, 5, 8)), {"n": 19}),
                       OpCase((f32(2, 3, 4), f32(1, 4, 16)), {"n": 16}),
                       OpCase((f32(4,), f32(2, 4, 4)), {"n": 5})],
+    # K 40 zero-padded to the 64 of two pair blocks; 19 columns in 3 panels of 8
+    "matmul_packed_bf16": [OpCase((bf16_exact(3, 40), bf16_panels(8, 40, 19)),
+                                  {"n": 19, "k": 40}, rtol=1e-5, atol=1e-5)],
     # one row of A; B stored [N][K] (Gemm's transB) and read in place
     "matmul_gemv": [OpCase((f32(1, 5), f32(7, 5)), {"transpose_b": True}),
                     OpCase((f32(1, 33), f32(19, 33)), {"transpose_b": True})],

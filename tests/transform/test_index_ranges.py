@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from onnx import TensorProto, helper
 
 import kiln
 from kiln.frontend import from_onnx
@@ -15,6 +14,7 @@ from kiln.ir.dtype import INDEX_DTYPE
 from kiln.ir.tensor import BinaryOp, Buffer, Const, For, LetStmt, Store, Var, seq
 from kiln.ir.visitor import expr_children, iter_exprs, iter_stmts
 from kiln.transform.index_ranges import drop_known_mods
+from support.graphs import GraphBuilder
 
 
 def _mods(stmt: object) -> list[BinaryOp]:
@@ -48,14 +48,12 @@ def test_a_remainder_that_may_wrap_is_kept(i3_extent: int, head: str) -> None:
 
 @pytest.mark.parametrize("target", ["llvm", "c"])
 def test_head_split_over_symbolic_sizes_copies_rows(target: str) -> None:
-    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "seq", 768])
-    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 12, "seq", 64])
-    shape = helper.make_tensor("shape", TensorProto.INT64, [4], [0, 0, 12, 64])
-    graph = helper.make_graph(
-        [helper.make_node("Reshape", ["x", "shape"], ["r"]),
-         helper.make_node("Transpose", ["r"], ["y"], perm=[0, 2, 1, 3])],
-        "head_split", [x], [y], [shape])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    b = GraphBuilder()
+    b.input("x", ["batch", "seq", 768])
+    b.node("Reshape", ["x", b.const(np.array([0, 0, 12, 64], np.int64), name="shape")], ["r"])
+    b.node("Transpose", ["r"], ["y"], perm=[0, 2, 1, 3])
+    b.output("y", ["batch", 12, "seq", 64])
+    model = b.model(name="head_split")
     ex = kiln.compile(from_onnx(model), target)
     merged = [s for f in ex.ir.prim_funcs().values() for s in iter_stmts(f.body)
               if isinstance(s, For) and s.kind == "parallel" and s.var.name.endswith("_flat")]

@@ -197,11 +197,15 @@ class LoadedOnnx:
 
 def load_onnx(model: str | os.PathLike[str]) -> LoadedOnnx:
     """The ONNX file at `model`, read once (`LoadedOnnx`); FrontendError naming it when it
-    is missing, too large, not ONNX, or its external data cannot be loaded."""
-    from google.protobuf.message import (
-        DecodeError,  # optional: google (onnx's protobuf, the compiler extra)
-    )
-    from onnx.checker import ValidationError  # optional: onnx (the compiler extra)
+    is missing, too large, not ONNX, or its external data cannot be loaded, and
+    MissingDependencyError naming the compiler extra on a runtime-only install."""
+    try:
+        from google.protobuf.message import (
+            DecodeError,  # optional: google (onnx's protobuf, the compiler extra)
+        )
+        from onnx.checker import ValidationError  # optional: onnx (the compiler extra)
+    except ImportError as exc:  # `pip install kiln-tensor` alone: name the extra
+        raise (missing_dependency(exc, "reading an ONNX model") or exc) from exc
 
     path = _model_file(model)
     try:
