@@ -74,7 +74,7 @@ def build_files(args: argparse.Namespace, where: Path) -> dict[str, Path]:
     return files
 
 
-def _ort_step(path: Path, threads: int) -> tuple[Callable[..., Any], list[Any]]:
+def _ort_step(path: Path, threads: int) -> Callable[..., Any]:
     import onnxruntime as ort
 
     options = ort.SessionOptions()
@@ -94,23 +94,23 @@ def _ort_step(path: Path, threads: int) -> tuple[Callable[..., Any], list[Any]]:
             out.append(ids[:, 0])
         return np.stack(out, axis=1)
 
-    return generate, []
+    return generate
 
 
-def _kiln_step(path: Path, threads: int) -> tuple[Callable[..., Any], list[Any]]:
+def _kiln_step(path: Path, threads: int) -> Callable[..., Any]:
     kiln.runtime.set_num_threads(threads)
     exe = kiln.runtime.load_module(path.with_suffix(".so"))   # exported by the parent
 
     def generate(ids: np.ndarray, new: int, on_token: Callable[[np.ndarray], object]) -> Any:
         return kiln.generate(exe, ids, new, on_token=on_token)
 
-    return generate, [exe]
+    return generate
 
 
 def child(args: argparse.Namespace) -> None:
     """One runtime on one file: `--rounds` generations, their times as JSON on stdout."""
     path = Path(args.child_file)
-    generate, keep = (_kiln_step if args.child == "kiln" else _ort_step)(path, args.threads)
+    generate = (_kiln_step if args.child == "kiln" else _ort_step)(path, args.threads)
     ids = np.random.default_rng(0).integers(0, args.vocab, (1, args.prompt)).astype(np.int64)
     generate(ids, 2, lambda t: None)                    # warm: first-call costs out
     rounds = []
@@ -120,7 +120,7 @@ def child(args: argparse.Namespace) -> None:
         tokens = generate(ids, args.new, lambda t, s=stamps: s.append(time.perf_counter()))
         rounds.append({"first": stamps[0] - start,
                        "decode": (stamps[-1] - stamps[0]) / max(len(stamps) - 1, 1)})
-    json.dump({"rounds": rounds, "tokens": tokens.tolist(), "kept": len(keep),
+    json.dump({"rounds": rounds, "tokens": tokens.tolist(),
                "rss_mib": peak_rss_mib()}, sys.stdout)
 
 

@@ -82,10 +82,11 @@ def test_int4_tokens_match_onnxruntime_and_stay_near_float32(
     # Teacher-forced: the 4-bit model's choice at each position of the float32 model's
     # own greedy sequence (free-running sequences part for good at their first
     # difference); the float32 model runs in onnxruntime.
-    fp32_tokens = _ort_greedy(ort_session(fp32), names, past_shapes)
+    fp32_session = ort_session(fp32)
+    fp32_tokens = _ort_greedy(fp32_session, names, past_shapes)
     empty = [np.zeros(s, np.float32) for s in past_shapes]
     forced = np.asarray(int4_main(np.concatenate([PROMPTS, fp32_tokens], axis=1), *empty)[0])
-    want = ort_session(fp32).run(None, dict(zip(names, [PROMPTS, *empty], strict=True)))[0]
+    want = fp32_session.run(None, dict(zip(names, [PROMPTS, *empty], strict=True)))[0]
     agreement = float((forced[:, PROMPTS.shape[1] - 1:-1].argmax(axis=-1)
                        == fp32_tokens).mean())
     prompt_logits = forced[:, :PROMPTS.shape[1]]
